@@ -1,0 +1,57 @@
+# Quick start: `make demo` (local end-to-end recovery against an embedded AWS emulator)
+# and `make test` (every test, offline). Both install what they need first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NPM_STAMP := node_modules/.installed
+CDK := npx --no-install cdk
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export PYTHONPATH := $(CURDIR)/lambdas:$(CURDIR)
+# Tests and local mode must never reach AWS: fake credentials, fixed region.
+LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
+	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
+
+.PHONY: install install-cdk demo test lint typecheck bench synth deploy clean local-api
+
+$(STAMP): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(NPM_STAMP): package.json
+	npm install --no-audit --no-fund --loglevel=error
+	touch $(NPM_STAMP)
+
+install-cdk: $(NPM_STAMP)
+
+demo: $(STAMP)
+	$(LOCAL_ENV) $(PY) -m local_mode.demo
+
+local-api: $(STAMP)
+	$(LOCAL_ENV) $(PY) -m local_mode.server
+
+test: $(STAMP) install-cdk
+	$(VENV)/bin/ruff check .
+	$(LOCAL_ENV) $(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(LOCAL_ENV) $(PY) -m bench.run
+
+synth: $(STAMP) install-cdk
+	$(CDK) synth --app "$(PY) app.py" $(CDK_ARGS)
+
+deploy: $(STAMP) install-cdk
+	$(CDK) deploy --app "$(PY) app.py" $(CDK_ARGS)
+
+clean:
+	rm -rf $(VENV) node_modules cdk.out .pytest_cache .ruff_cache .mypy_cache

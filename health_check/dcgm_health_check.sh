@@ -1,0 +1,208 @@
+# dcgm_health_check.sh - GPU health check run as an ECS task in the DCGM image.
+# Passed to the container as ["sh", "-c", <this text>]: POSIX sh (dash), no $0,
+# no own path, no python/jq. Needs awk, sed, hostname, dcgmi, nvidia-smi.
+#
+# EXIT-CODE CONTRACT (read by the recovery monitor):
+#   2 replace: remapped-rows failure on any GPU, dcgmi exit 205 (DCGM -51
+#              "isolate" error), or an isolate-severity error (error_severity 2)
+#              in the dcgmi JSON.
+#   1 reboot:  dcgmi failed otherwise (non-zero, incl. 226 = DCGM -30 NVVS
+#              error), a pending row remap, uncorrected volatile ECC > 0, or
+#              dcgmi / nvidia-smi cannot run at all (missing, failing, no GPU).
+#   0 healthy: dcgmi passed and no hardware signal.
+# STDOUT: exactly one line of JSON, the verdict:
+#   {"verdict","exit_code","dcgm_level","dcgmi_exit_code","failed_tests",
+#    "gpus":[{"index","uuid","ecc_uncorrected_volatile","remap_pending",
+#    "remap_failure"}],"reasons","notes","hostname"}
+# Everything else (progress, raw dcgmi output prefixed "dcgmi| ") goes to stderr.
+# ENV: DCGM_LEVEL 1..4 (default 2; anything else -> 2 and a note), DCGMI
+#      (default dcgmi), NVIDIA_SMI (default nvidia-smi), DCGM_TIMEOUT (optional
+#      seconds for dcgmi, needs timeout(1)).
+
+hc_log() { printf 'dcgm_health_check: %s\n' "$*" >&2; }
+
+DCGMI=${DCGMI:-dcgmi}
+NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
+HC_LEVEL_RAW=${DCGM_LEVEL:-2}
+HC_LEVEL_BAD=0
+case "$HC_LEVEL_RAW" in
+  1|2|3|4) HC_LEVEL=$HC_LEVEL_RAW ;;
+  *) HC_LEVEL=2; HC_LEVEL_BAD=1; hc_log "invalid DCGM_LEVEL, using 2" ;;
+esac
+
+HC_SMI_FOUND=0; HC_GPU_RC=127; HC_GPU_OUT=; HC_REMAP_RC=127; HC_REMAP_OUT=
+if command -v "$NVIDIA_SMI" >/dev/null 2>&1; then
+  HC_SMI_FOUND=1
+  HC_GPU_OUT=$("$NVIDIA_SMI" --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits)
+  HC_GPU_RC=$?
+  HC_REMAP_OUT=$("$NVIDIA_SMI" --query-remapped-rows=gpu_uuid,remapped_rows.pending,remapped_rows.failure --format=csv,noheader,nounits)
+  HC_REMAP_RC=$?
+  hc_log "nvidia-smi exit codes: query-gpu $HC_GPU_RC, query-remapped-rows $HC_REMAP_RC"
+else
+  hc_log "nvidia-smi not found: $NVIDIA_SMI"
+fi
+
+HC_DIAG_FOUND=0; HC_DIAG_RC=127; HC_DIAG_OUT=
+if command -v "$DCGMI" >/dev/null 2>&1; then
+  HC_DIAG_FOUND=1
+  hc_log "running: $DCGMI diag -r $HC_LEVEL -j"
+  if [ -n "${DCGM_TIMEOUT:-}" ] && command -v timeout >/dev/null 2>&1; then
+    HC_DIAG_OUT=$(timeout "$DCGM_TIMEOUT" "$DCGMI" diag -r "$HC_LEVEL" -j)
+  else
+    HC_DIAG_OUT=$("$DCGMI" diag -r "$HC_LEVEL" -j)
+  fi
+  HC_DIAG_RC=$?
+  hc_log "dcgmi exit code $HC_DIAG_RC"
+  printf '%s\n' "$HC_DIAG_OUT" | sed 's/^/dcgmi| /' >&2
+else
+  hc_log "dcgmi not found: $DCGMI"
+fi
+
+HC_HOST=$(hostname 2>/dev/null || cat /proc/sys/kernel/hostname 2>/dev/null)
+export DCGMI NVIDIA_SMI HC_LEVEL HC_LEVEL_RAW HC_LEVEL_BAD HC_SMI_FOUND HC_GPU_RC \
+  HC_GPU_OUT HC_REMAP_RC HC_REMAP_OUT HC_DIAG_FOUND HC_DIAG_RC HC_HOST
+
+# The dcgmi output goes through stdin (it can exceed the size limit of one
+# environment string); everything else through ENVIRON (no escape processing).
+HC_AWK='
+function esc(s,  i, c, o) {
+  o = ""
+  for (i = 1; i <= length(s); i++) {
+    c = substr(s, i, 1)
+    if (c == "\\") o = o "\\\\"; else if (c == "\"") o = o "\\\""
+    else if (c == "\n") o = o "\\n"; else if (c == "\t") o = o "\\t"
+    else if (c == "\r") o = o "\\r"; else if (c in CTL) o = o sprintf("\\u%04x", CTL[c])
+    else o = o c
+  }
+  return o
+}
+function unesc(s,  i, c, o, h, x) {
+  o = ""
+  for (i = 1; i <= length(s); i++) {
+    c = substr(s, i, 1)
+    if (c == "\\") {
+      c = substr(s, ++i, 1)
+      if (c == "n") c = "\n"; else if (c == "t") c = "\t"; else if (c == "r") c = "\r"
+      else if (c == "b") c = "\b"; else if (c == "f") c = "\f"
+      else if (c == "u") {
+        h = tolower(substr(s, i + 1, 4)); c = "\\u" h; i += 4
+        x = index(HEX, substr(h, 3, 1)) * 16 + index(HEX, substr(h, 4, 1)) - 17
+        if (h ~ /^00[0-7][0-9a-f]$/ && x > 0) c = sprintf("%c", x)
+      }
+    }
+    o = o c
+  }
+  return o
+}
+function trim(s) { gsub(/^[ \t\r]+|[ \t\r]+$/, "", s); return s }
+function num(v) { v = trim(v); return (v ~ /^[0-9]+$/) ? v + 0 : "null" }
+function flag(v) {
+  v = tolower(trim(v))
+  if (v == "yes" || v == "true") return "true"
+  if (v == "no" || v == "false") return "false"
+  if (v ~ /^[0-9]+$/) return (v + 0 > 0) ? "true" : "false"
+  return "null"
+}
+function val(k, v) {
+  if (k == "status" && td && tolower(v) ~ /^fail/) tf = 1
+  else if (k == "name" && d == td) tn = v
+  else if (k == "error_severity" && v + 0 == 2) iso = 1
+  else if (k == "runtime_error" && v != "") rte = v
+}
+function reason(lv, s) { if (lv > V) V = lv; R[++nr] = s }
+function list(A, n,  i, o) { o = ""; for (i = 1; i <= n; i++) o = o (i > 1 ? "," : "") "\"" esc(A[i]) "\""; return "[" o "]" }
+BEGIN { HEX = "0123456789abcdef"; for (i = 1; i < 32; i++) CTL[sprintf("%c", i)] = i }
+{ J = J $0 "\n" }
+END {
+  n = length(J); i = index(J, "{"); if (!i) i = n + 1
+  json = (i <= n); d = 0; td = 0; WK = 0
+  while (i <= n) {
+    c = substr(J, i, 1)
+    if (c == "{" || c == "[") {
+      d++; T[d] = c; K[d] = ""; WK = (c == "{"); KO[d] = (d > 1 && T[d-1] == "{") ? K[d-1] : ""
+      if (c == "{" && !td && d > 2 && T[d-1] == "[" && KO[d-1] == "tests") { td = d; tn = ""; tf = 0 }
+      i++; continue
+    }
+    if (c == "}" || c == "]") {
+      if (d == td) {
+        td = 0
+        if (tf) { if (tn == "") tn = "unknown"; if (!(tn in SEEN)) { SEEN[tn] = 1; FL[++nf] = tn } }
+      }
+      d--; i++; if (d <= 0) break; continue
+    }
+    if (c == ",") { WK = (T[d] == "{"); i++; continue }
+    if (c == ":") { WK = 0; i++; continue }
+    if (c == "\"") {
+      j = i + 1
+      while (j <= n) { e = substr(J, j, 1); if (e == "\\") j += 2; else if (e == "\"") break; else j++ }
+      s = unesc(substr(J, i + 1, j - i - 1)); i = j + 1
+      if (WK) { K[d] = s; WK = 0 } else if (T[d] == "{") val(K[d], s)
+      continue
+    }
+    if (index(" \t\r\n", c)) { i++; continue }
+    j = i; while (j <= n && !index(",}] \t\r\n", substr(J, j, 1))) j++
+    if (T[d] == "{") val(K[d], substr(J, i, j - i))
+    i = (j > i) ? j : i + 1
+  }
+
+  V = 0; nr = 0; nn = 0; drc = ENVIRON["HC_DIAG_RC"] + 0
+  if (ENVIRON["HC_LEVEL_BAD"] == 1) N[++nn] = "invalid DCGM_LEVEL \"" ENVIRON["HC_LEVEL_RAW"] "\"; used level 2"
+  if (ENVIRON["HC_DIAG_FOUND"] != 1) reason(1, "dcgmi cannot run (not found: " ENVIRON["DCGMI"] ")")
+  else {
+    if (drc == 205) reason(2, "dcgmi diag reported an isolate error (exit 205): isolate/replace the GPU")
+    else if (drc == 124) reason(1, "dcgmi diag timed out")
+    else if (drc != 0) reason(1, "dcgmi diag failed (exit " drc ")")
+    else if (nf) reason(1, "dcgmi diag exited 0 but reported failed tests")
+    if (iso) reason(2, "dcgmi diag reported an isolate-severity error")
+    if (rte != "") reason(1, "dcgmi runtime error: " rte)
+    if (!json) N[++nn] = "dcgmi printed no JSON"
+  }
+
+  ng = 0
+  if (ENVIRON["HC_SMI_FOUND"] != 1) reason(1, "nvidia-smi cannot run (not found: " ENVIRON["NVIDIA_SMI"] ")")
+  else if (ENVIRON["HC_GPU_RC"] != 0) reason(1, "nvidia-smi --query-gpu failed (exit " ENVIRON["HC_GPU_RC"] ")")
+  else {
+    m = split(ENVIRON["HC_GPU_OUT"], L, "\n")
+    for (x = 1; x <= m; x++) {
+      if (split(L[x], F, ",") < 3) continue
+      ng++; GI[ng] = num(F[1]); GU[ng] = trim(F[2]); GE[ng] = num(F[3]); UI[GU[ng]] = GI[ng]
+    }
+    if (!ng) reason(1, "nvidia-smi lists no GPU")
+  }
+  if (ENVIRON["HC_SMI_FOUND"] == 1 && ENVIRON["HC_REMAP_RC"] != 0)
+    N[++nn] = "nvidia-smi --query-remapped-rows failed (exit " ENVIRON["HC_REMAP_RC"] "); no row-remap data"
+  else if (ENVIRON["HC_SMI_FOUND"] == 1) {
+    m = split(ENVIRON["HC_REMAP_OUT"], L, "\n")
+    for (x = 1; x <= m; x++) {
+      if (split(L[x], F, ",") < 3) continue
+      u = trim(F[1]); RP[u] = flag(F[2]); RF[u] = flag(F[3]); w = (u in UI) ? UI[u] " (" u ")" : u
+      if (RF[u] == "true") reason(2, "row remapping failure on GPU " w)
+      if (RP[u] == "true") reason(1, "row remapping pending on GPU " w)
+    }
+  }
+  g = ""
+  for (x = 1; x <= ng; x++) {
+    u = GU[x]
+    if (GE[x] != "null" && GE[x] > 0)
+      reason(1, "uncorrected volatile ECC errors on GPU " GI[x] ": " GE[x])
+    g = g (x > 1 ? "," : "") "{\"index\":" GI[x] ",\"uuid\":\"" esc(u) "\",\"ecc_uncorrected_volatile\":" GE[x] \
+      ",\"remap_pending\":" ((u in RP) ? RP[u] : "null") ",\"remap_failure\":" ((u in RF) ? RF[u] : "null") "}"
+  }
+  split("healthy reboot replace", VN, " ")
+  printf "{\"verdict\":\"%s\",\"exit_code\":%d,\"dcgm_level\":%d,\"dcgmi_exit_code\":%s,", VN[V + 1], V, ENVIRON["HC_LEVEL"], (ENVIRON["HC_DIAG_FOUND"] == 1) ? drc : "null"
+  printf "\"failed_tests\":%s,\"gpus\":[%s],\"reasons\":%s,\"notes\":%s,\"hostname\":\"%s\"}\n", list(FL, nf), g, list(R, nr), list(N, nn), esc(ENVIRON["HC_HOST"])
+  exit V
+}'
+
+printf '%s\n' "$HC_DIAG_OUT" | awk "$HC_AWK"
+HC_RC=$?
+case "$HC_RC" in
+  0|1|2) ;;
+  *)
+    hc_log "result evaluation failed (awk exit $HC_RC); defaulting to reboot"
+    [ "$HC_DIAG_FOUND" = 1 ] || HC_DIAG_RC=null
+    printf '{"verdict":"reboot","exit_code":1,"dcgm_level":%s,"dcgmi_exit_code":%s,"failed_tests":[],"gpus":[],"reasons":["health check could not evaluate results"],"notes":[],"hostname":"%s"}\n' \
+      "$HC_LEVEL" "$HC_DIAG_RC" "$(printf '%s' "$HC_HOST" | tr -cd 'A-Za-z0-9._-')"
+    HC_RC=1 ;;
+esac
+exit "$HC_RC"

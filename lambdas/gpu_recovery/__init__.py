@@ -1,0 +1,1 @@
+"""GPU training recovery: domain logic, repositories and AWS adapters."""

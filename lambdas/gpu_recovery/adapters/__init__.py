@@ -1,0 +1,1 @@
+"""Thin AWS adapters: the only modules that talk to boto3."""

@@ -1,0 +1,97 @@
+"""Amazon ECS adapter: the handful of ECS calls the recovery loop makes."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StartResult:
+    task_arns: list[str] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def placement_failed(self) -> bool:
+        """ECS answers 200 with ``failures`` when a task cannot be placed."""
+        return not self.task_arns and bool(self.failures)
+
+    def reasons(self) -> str:
+        return ", ".join(str(f.get("reason", "?")) for f in self.failures) or "unknown"
+
+
+class EcsAdapter:
+    def __init__(self, ecs_client: Any, cluster: str) -> None:
+        self._ecs = ecs_client
+        self.cluster = cluster
+
+    def start_task(
+        self,
+        *,
+        task_definition: str,
+        container_instance_arn: str,
+        overrides: dict[str, Any] | None = None,
+        tags: list[dict[str, str]] | None = None,
+        started_by: str = "",
+        group: str | None = None,
+    ) -> StartResult:
+        params: dict[str, Any] = {
+            "cluster": self.cluster,
+            "taskDefinition": task_definition,
+            "containerInstances": [container_instance_arn],
+            "overrides": overrides or {},
+        }
+        # "aws:" tags are ECS-managed and rejected by StartTask: replay only ours.
+        user_tags = [t for t in tags or [] if not t.get("key", "").startswith("aws:")]
+        if user_tags:
+            params["tags"] = user_tags
+        if started_by:
+            params["startedBy"] = started_by[:36]
+        if group:
+            params["group"] = group
+        response = self._ecs.start_task(**params)
+        return StartResult(
+            task_arns=[t["taskArn"] for t in response.get("tasks", [])],
+            failures=list(response.get("failures", [])),
+        )
+
+    def stop_task(self, task_arn: str, reason: str) -> None:
+        try:
+            self._ecs.stop_task(cluster=self.cluster, task=task_arn, reason=reason[:255])
+        except self._ecs.exceptions.InvalidParameterException as error:
+            # Already stopped and expired from ECS: nothing left to stop.
+            logger.info("stop_task on a task ECS no longer knows", extra={"task": task_arn,
+                                                                          "error": str(error)})
+
+    def describe_task(self, task_arn: str) -> dict[str, Any] | None:
+        """One task with its tags (DescribeTasks returns tags only with include=TAGS)."""
+        response = self._ecs.describe_tasks(cluster=self.cluster, tasks=[task_arn], include=["TAGS"])
+        tasks = response.get("tasks", [])
+        return tasks[0] if tasks else None
+
+    def tasks_started_by(self, started_by: str) -> list[str]:
+        """Task ARNs (running or recently stopped) carrying a deterministic startedBy."""
+        arns: list[str] = []
+        for status in ("RUNNING", "STOPPED"):
+            paginator = self._ecs.get_paginator("list_tasks")
+            for page in paginator.paginate(
+                cluster=self.cluster, startedBy=started_by[:36], desiredStatus=status
+            ):
+                arns.extend(page.get("taskArns", []))
+        return arns
+
+    def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None:
+        response = self._ecs.describe_container_instances(
+            cluster=self.cluster, containerInstances=[container_instance]
+        )
+        found = response.get("containerInstances", [])
+        return found[0] if found else None
+
+    def drain(self, container_instance_arn: str) -> None:
+        """Quarantine: DRAINING keeps ECS from placing new tasks on the instance."""
+        self._ecs.update_container_instances_state(
+            cluster=self.cluster, containerInstances=[container_instance_arn], status="DRAINING"
+        )

@@ -1,0 +1,286 @@
+"""Single source of truth shared by ``infra/``, ``lambdas/`` and ``local_mode/``.
+
+Table keys and indexes, environment variable names, state names, task tags and
+EventBridge patterns are defined here once. Nothing in this module imports boto3
+or the CDK, so every layer can import it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+# --------------------------------------------------------------------------------------
+# Environment variables (names kept from the original design where it had them)
+# --------------------------------------------------------------------------------------
+ENV_JOB_TABLE = "TRAINING_JOB_TABLE_NAME"
+ENV_INSTANCE_TABLE = "CONTAINER_INSTANCE_TABLE_NAME"
+ENV_CLUSTER_NAME = "ECS_CLUSTER_NAME"
+ENV_HEALTH_CHECK_TASK = "DCGM_HEALTH_CHECK_TASK"  # task definition ARN or family
+ENV_SNS_TOPIC_ARN = "SNS_TOPIC_ARN"
+ENV_MAX_RECOVERY_ATTEMPTS = "MAX_RECOVERY_ATTEMPTS"
+ENV_SUSPECT_EXIT_CODES = "SUSPECT_EXIT_CODES"  # JSON list, e.g. "[1]"
+ENV_REBOOT_TIMEOUT_MINUTES = "REBOOT_TIMEOUT_MINUTES"
+ENV_HEALTH_CHECK_TIMEOUT_MINUTES = "HEALTH_CHECK_TIMEOUT_MINUTES"
+ENV_HEALTH_CHECK_START_RETRIES = "HEALTH_CHECK_START_RETRIES"
+ENV_DCGM_LEVEL = "DCGM_LEVEL"
+ENV_HEALTH_CHECK_GPUS = "HEALTH_CHECK_GPUS"
+ENV_HEARTBEAT_STALE_SECONDS = "HEARTBEAT_STALE_SECONDS"
+ENV_NODE_LOST_FAIL_SECONDS = "NODE_LOST_FAIL_SECONDS"
+ENV_HANG_SECONDS = "HANG_SECONDS"
+ENV_HANG_ACTION = "HANG_ACTION"
+ENV_NODE_TOKEN_TABLE = "NODE_TOKEN_TABLE_NAME"
+ENV_IDEMPOTENCY_TABLE = "IDEMPOTENCY_TABLE_NAME"
+ENV_SCHEDULER_FUNCTION = "SCHEDULER_FUNCTION_NAME"
+ENV_HEALTH_CHECK_LOG_GROUP = "HEALTH_CHECK_LOG_GROUP"
+ENV_RESTART_START_RETRIES = "RESTART_START_RETRIES"
+
+# Powertools' own variables, set by infra and by local mode alike.
+ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
+ENV_POWERTOOLS_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
+METRICS_NAMESPACE = "GpuTrainingRecovery"
+
+# --------------------------------------------------------------------------------------
+# DynamoDB: job table (original name "ecs-job-sub")
+# --------------------------------------------------------------------------------------
+DEFAULT_JOB_TABLE_NAME = "ecs-job-sub"
+JOB_PK = "job_id_rank"  # "<job_id>#<rank>" for rank items, "<job_id>#JOB" for the job item
+JOB_ITEM_SUFFIX = "JOB"
+
+# Index: look a rank up from the task ARN in an ECS event.
+JOB_BY_TASK_INDEX = "by-task-arn"
+JOB_BY_TASK_PK = "task_arn"
+# Index: every item of one job (job item + rank items), sorted by the table key.
+JOB_BY_JOB_INDEX = "by-job-id"
+JOB_BY_JOB_PK = "job_id"
+JOB_BY_JOB_SK = "job_id_rank"
+# Sparse index: only ranks that are live (STARTING/RUNNING/NODE_LOST) carry this
+# attribute, so "what runs on this instance" never reads history.
+JOB_BY_INSTANCE_INDEX = "by-container-instance"
+JOB_BY_INSTANCE_PK = "live_container_inst_id"
+JOB_BY_INSTANCE_SK = "job_id_rank"
+
+# Sparse index shared by both tables' sweeps: only items with a pending deadline
+# (reboot, health check, restart) carry these attributes, so the scheduled sweep
+# reads only what can have timed out, never the whole table.
+DEADLINE_INDEX = "by-deadline"
+DEADLINE_PK = "deadline_bucket"  # constant DEADLINE_BUCKET while a deadline is set
+DEADLINE_SK = "deadline_at"  # epoch seconds (number)
+DEADLINE_BUCKET = "DEADLINE"
+
+# --------------------------------------------------------------------------------------
+# DynamoDB: container-instance table (original name "ecs_container_instance")
+# --------------------------------------------------------------------------------------
+DEFAULT_INSTANCE_TABLE_NAME = "ecs_container_instance"
+INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
+
+
+def job_item_key(job_id: str) -> str:
+    return f"{job_id}#{JOB_ITEM_SUFFIX}"
+
+
+def rank_item_key(job_id: str, rank: int) -> str:
+    return f"{job_id}#{rank}"
+
+
+def table_definitions() -> dict[str, dict[str, Any]]:
+    """Key schema and indexes of every table, as DynamoDB CreateTable arguments.
+
+    infra/ turns these into CDK tables; local mode and tests create them in moto.
+    """
+    projection = {"ProjectionType": "ALL"}
+    deadline_index = {
+        "IndexName": DEADLINE_INDEX,
+        "KeySchema": [
+            {"AttributeName": DEADLINE_PK, "KeyType": "HASH"},
+            {"AttributeName": DEADLINE_SK, "KeyType": "RANGE"},
+        ],
+        "Projection": projection,
+    }
+    return {
+        "job": {
+            "KeySchema": [{"AttributeName": JOB_PK, "KeyType": "HASH"}],
+            "AttributeDefinitions": [
+                {"AttributeName": JOB_PK, "AttributeType": "S"},
+                {"AttributeName": JOB_BY_TASK_PK, "AttributeType": "S"},
+                {"AttributeName": JOB_BY_JOB_PK, "AttributeType": "S"},
+                {"AttributeName": JOB_BY_INSTANCE_PK, "AttributeType": "S"},
+                {"AttributeName": DEADLINE_PK, "AttributeType": "S"},
+                {"AttributeName": DEADLINE_SK, "AttributeType": "N"},
+            ],
+            "GlobalSecondaryIndexes": [
+                {
+                    "IndexName": JOB_BY_TASK_INDEX,
+                    "KeySchema": [{"AttributeName": JOB_BY_TASK_PK, "KeyType": "HASH"}],
+                    "Projection": projection,
+                },
+                {
+                    "IndexName": JOB_BY_JOB_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": JOB_BY_JOB_PK, "KeyType": "HASH"},
+                        {"AttributeName": JOB_BY_JOB_SK, "KeyType": "RANGE"},
+                    ],
+                    "Projection": projection,
+                },
+                {
+                    "IndexName": JOB_BY_INSTANCE_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": JOB_BY_INSTANCE_PK, "KeyType": "HASH"},
+                        {"AttributeName": JOB_BY_INSTANCE_SK, "KeyType": "RANGE"},
+                    ],
+                    "Projection": projection,
+                },
+                deadline_index,
+            ],
+        },
+        "instance": {
+            "KeySchema": [{"AttributeName": INSTANCE_PK, "KeyType": "HASH"}],
+            "AttributeDefinitions": [
+                {"AttributeName": INSTANCE_PK, "AttributeType": "S"},
+                {"AttributeName": DEADLINE_PK, "AttributeType": "S"},
+                {"AttributeName": DEADLINE_SK, "AttributeType": "N"},
+            ],
+            "GlobalSecondaryIndexes": [deadline_index],
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------
+# States
+# --------------------------------------------------------------------------------------
+class JobState(str, Enum):
+    """One state machine for the job record (shared with the queue service)."""
+
+    QUEUED = "QUEUED"
+    PENDING_RESOURCES = "PENDING_RESOURCES"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    PENDING_HEALTHCHECK = "PENDING_HEALTHCHECK"
+    PENDING_RESTART = "PENDING_RESTART"
+    NODE_LOST = "NODE_LOST"
+    HUNG = "HUNG"
+    CANCELING = "CANCELING"
+    COMPLETE = "COMPLETE"
+    FAILED = "FAILED"
+    USER_STOPPED = "USER_STOPPED"
+    CANCELED = "CANCELED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_JOB_STATES
+
+
+TERMINAL_JOB_STATES = frozenset(
+    {JobState.COMPLETE, JobState.FAILED, JobState.USER_STOPPED, JobState.CANCELED}
+)
+
+
+class RankState(str, Enum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    NODE_LOST = "NODE_LOST"
+    HUNG = "HUNG"
+    STOP_REQUESTED = "STOP_REQUESTED"  # this system asked ECS to stop it
+    DONE = "DONE"  # exited 0
+    FAILED = "FAILED"  # exited non-zero on its own
+    STOPPED = "STOPPED"  # stopped by this system or a user
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RankState.DONE, RankState.FAILED, RankState.STOPPED)
+
+
+LIVE_RANK_STATES = frozenset(
+    {RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG}
+)
+
+
+class InstanceState(str, Enum):
+    AVAILABLE = "AVAILABLE"
+    HEALTH_CHECK_PENDING = "HEALTH_CHECK_PENDING"  # waiting for its GPUs to be free
+    HEALTH_CHECKING = "HEALTH_CHECKING"
+    REBOOTING = "REBOOTING"
+    QUARANTINED = "QUARANTINED"  # drained; needs an operator
+    SUSPECT = "SUSPECT"  # hardware signals from telemetry
+
+
+class DcgmVerdict(int, Enum):
+    """Exit-code contract of the health-check task (health_check/dcgm_health_check.sh)."""
+
+    HEALTHY = 0
+    REBOOT = 1
+    REPLACE = 2
+
+
+class NotificationKind(str, Enum):
+    """SNS message attribute ``event_kind``: operators filter subscriptions on it."""
+
+    RECOVERED = "recovered"
+    FAILED = "failed"
+    QUARANTINED = "quarantined"
+    APPLICATION_ERROR = "application_error"
+    REBOOT_TIMEOUT = "reboot_timeout"
+    HEALTH_CHECK_TIMEOUT = "health_check_timeout"
+    NODE_LOST = "node_lost"
+    HUNG = "hung"
+    SUSPECT_NODE = "suspect_node"
+
+
+NOTIFICATION_KIND_ATTRIBUTE = "event_kind"
+
+# --------------------------------------------------------------------------------------
+# ECS task tags that opt a job in to recovery
+# --------------------------------------------------------------------------------------
+TAG_JOB_ID = "gpu-recovery:job-id"
+TAG_RANK = "gpu-recovery:rank"
+TAG_WORLD_SIZE = "gpu-recovery:world-size"
+TAG_ATTEMPT = "gpu-recovery:attempt"
+# Health-check tasks are started with this group / startedBy so their events are
+# routed to the DCGM monitor and never to the training-task handler.
+HEALTH_CHECK_GROUP = "gpu-recovery-health-check"
+HEALTH_CHECK_STARTED_BY = "gpu-recovery-hc"
+# StopTask reasons this system sets; a stop carrying it is not a user stop.
+SYSTEM_STOP_REASON_PREFIX = "gpu-recovery:"
+
+DEFAULT_HEALTH_CHECK_FAMILY = "gpu-health-check"
+HEALTH_CHECK_CONTAINER_NAME = "dcgm"
+HEALTH_CHECK_LOG_STREAM_PREFIX = "dcgm"  # awslogs stream: <prefix>/<container>/<task-id>
+
+
+# --------------------------------------------------------------------------------------
+# EventBridge patterns (deployed by infra/, matched in local mode by the same code)
+#
+# Kept to what AWS and moto's matcher both evaluate identically: plain values and
+# prefix on top-level detail strings. Exit codes (an array of objects) are read in code.
+# --------------------------------------------------------------------------------------
+def training_task_pattern(cluster_arn: str) -> dict[str, Any]:
+    """Training task state changes: everything in the cluster not in the HC group."""
+    return {
+        "source": ["aws.ecs"],
+        "detail-type": ["ECS Task State Change"],
+        "detail": {
+            "clusterArn": [cluster_arn],
+            "group": [{"anything-but": {"prefix": HEALTH_CHECK_GROUP}}],
+        },
+    }
+
+
+def health_check_task_pattern(cluster_arn: str) -> dict[str, Any]:
+    """The health-check task stopped."""
+    return {
+        "source": ["aws.ecs"],
+        "detail-type": ["ECS Task State Change"],
+        "detail": {
+            "clusterArn": [cluster_arn],
+            "group": [{"prefix": HEALTH_CHECK_GROUP}],
+            "lastStatus": ["STOPPED"],
+        },
+    }
+
+
+def container_instance_pattern(cluster_arn: str) -> dict[str, Any]:
+    return {
+        "source": ["aws.ecs"],
+        "detail-type": ["ECS Container Instance State Change"],
+        "detail": {"clusterArn": [cluster_arn]},
+    }

@@ -1,0 +1,103 @@
+"""Records of the recovery loop, as plain dataclasses (the repository maps them to items)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery.constants import InstanceState, JobState, RankState
+
+
+def container_instance_id(arn_or_id: str) -> str:
+    """``arn:aws:ecs:r:a:container-instance/cluster/ID`` -> ``ID`` (ids pass through)."""
+    return arn_or_id.rsplit("/", 1)[-1]
+
+
+def task_id(task_arn: str) -> str:
+    return task_arn.rsplit("/", 1)[-1]
+
+
+@dataclass
+class Rank:
+    """One ECS task of one attempt of a job."""
+
+    job_id: str
+    rank: int
+    state: RankState
+    attempt: int
+    task_arn: str
+    task_definition_arn: str
+    container_inst_id: str
+    container_instance_arn: str = ""
+    ec2_instance_id: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    tags: list[dict[str, str]] = field(default_factory=list)
+    group: str = ""
+    started_by: str = ""
+    exit_code: int | None = None
+    stop_reason: str = ""
+    last_heartbeat_at: float | None = None
+    registered_at: float = 0.0
+
+    @property
+    def is_live(self) -> bool:
+        return not self.state.is_terminal
+
+
+@dataclass
+class SuspectInstance:
+    """A health-check verdict the job waits for (one per suspect instance)."""
+
+    container_inst_id: str
+    verdict: str = "PENDING"  # PENDING | HEALTHY | REBOOT | REPLACE | TIMEOUT | UNAVAILABLE
+
+
+@dataclass
+class Job:
+    """The job record: one per job, beside its rank items."""
+
+    job_id: str
+    state: JobState
+    world_size: int
+    attempt: int = 1
+    recoveries_used: int = 0
+    max_recovery_attempts: int = 1
+    suspects: dict[str, str] = field(default_factory=dict)  # container_inst_id -> verdict
+    fault_started_at: float | None = None
+    last_error: str = ""
+    verdicts: dict[str, Any] = field(default_factory=dict)  # container_inst_id -> verdict JSON
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    source: str = "ecs-tags"  # "ecs-tags" (registered from task tags) or "queue"
+
+    @property
+    def attempts_left(self) -> int:
+        return max(0, self.max_recovery_attempts - self.recoveries_used)
+
+
+@dataclass
+class Instance:
+    """A container instance as the recovery loop sees it."""
+
+    container_inst_id: str
+    state: InstanceState = InstanceState.AVAILABLE
+    container_instance_arn: str = ""
+    ec2_instance_id: str = ""
+    hc_jobs: set[str] = field(default_factory=set)  # jobs waiting for this verdict
+    hc_task_arn: str = ""
+    hc_started_by: str = ""
+    hc_start_attempts: int = 0
+    hc_requested_at: float | None = None
+    reboot_requested_at: float | None = None
+    reboot_issued_at: float | None = None
+    seen_disconnected_after_reboot: bool = False
+    boot_time: float | None = None
+    waiting_jobs: set[str] = field(default_factory=set)  # jobs to restart when back
+    deadline_at: float | None = None
+    last_verdict: dict[str, Any] = field(default_factory=dict)
+    quarantine_reason: str = ""
+
+    @property
+    def is_managed_instance(self) -> bool:
+        """ECS Anywhere nodes are SSM managed instances (``mi-...``)."""
+        return self.ec2_instance_id.startswith("mi-")

@@ -1,0 +1,59 @@
+"""Operator notifications: readable subject and body, plus a filterable kind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpu_recovery.constants import NotificationKind
+
+
+@dataclass(frozen=True)
+class Notification:
+    kind: NotificationKind
+    subject: str
+    body: str
+    job_id: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NotificationFacts:
+    job_id: str
+    ranks: Iterable[int] = ()
+    container_inst_id: str = ""
+    instance_id: str = ""  # EC2 i-... or managed mi-...
+    what_happened: str = ""
+    what_was_done: str = ""
+    attempt: int = 0
+    max_attempts: int = 0
+    operator_action: str = ""
+
+
+_SUBJECT_PREFIX = "[GPU recovery]"
+
+
+def build(kind: NotificationKind, headline: str, facts: NotificationFacts) -> Notification:
+    # SNS e-mail subjects are limited to 100 characters.
+    subject = f"{_SUBJECT_PREFIX} {headline}: job {facts.job_id}"[:100]
+    ranks = ", ".join(str(r) for r in sorted(facts.ranks)) or "-"
+    lines = [
+        headline,
+        "",
+        f"Job:                {facts.job_id}",
+        f"Ranks:              {ranks}",
+        f"Container instance: {facts.container_inst_id or '-'}",
+        f"Instance:           {facts.instance_id or '-'}",
+        f"What happened:      {facts.what_happened}",
+        f"What was done:      {facts.what_was_done}",
+        f"Recovery attempt:   {facts.attempt} of {facts.max_attempts}",
+        "",
+        f"What to do: {facts.operator_action}",
+    ]
+    return Notification(
+        kind=kind,
+        subject=subject,
+        body="\n".join(lines) + "\n",
+        job_id=facts.job_id,
+        attributes={"job_id": facts.job_id, "instance_id": facts.instance_id or "-"},
+    )

@@ -1,0 +1,63 @@
+"""Wiring: builds services from the environment, once per Lambda container.
+
+Handlers call these factories lazily (on first invocation, not at import), so local
+mode can install its emulator and hooks before any boto3 client exists. ``reset``
+forgets everything (tests and local mode switch environments with it).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from gpu_recovery.adapters import aws
+from gpu_recovery.adapters.compute import RebootAdapter
+from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery.adapters.logs import VerdictLogReader
+from gpu_recovery.adapters.notifier import SnsNotifier
+from gpu_recovery.recovery import MetricsPort, RecoveryService
+from gpu_recovery.repository import Repository
+from gpu_recovery.settings import Settings
+
+_lock = threading.Lock()
+_services: dict[str, Any] = {}
+
+
+class PowertoolsMetrics:
+    """Adapts Powertools Metrics to the service's MetricsPort."""
+
+    def __init__(self, metrics: Any) -> None:
+        self._metrics = metrics
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        self._metrics.add_metric(name=name, unit=unit, value=value)
+
+
+def repository(settings: Settings | None = None) -> Repository:
+    settings = settings or Settings.from_env()
+    return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
+
+
+def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
+    with _lock:
+        service = _services.get("recovery")
+        if service is None:
+            settings = Settings.from_env()
+            service = RecoveryService(
+                repo=repository(settings),
+                ecs=EcsAdapter(aws.client("ecs"), settings.cluster),
+                rebooter=RebootAdapter(aws.client("ec2"), aws.client("ssm")),
+                notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
+                verdicts=VerdictLogReader(aws.client("logs"), settings.health_check_log_group),
+                settings=settings,
+            )
+            _services["recovery"] = service
+    if metrics is not None:
+        service.metrics = metrics
+    return service
+
+
+def reset() -> None:
+    with _lock:
+        _services.clear()
+    aws.reset()

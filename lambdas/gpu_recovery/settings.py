@@ -1,0 +1,84 @@
+"""Runtime settings, read once from the environment the stack (or local mode) sets."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpu_recovery import constants as c
+
+
+class SettingsError(ValueError):
+    """A missing or malformed environment variable; names the variable."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as error:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from error
+    if value < minimum:
+        raise SettingsError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_exit_codes(raw: str) -> tuple[int, ...]:
+    """``"[1, 134]"`` or ``"1,134"`` -> (1, 134)."""
+    text = raw.strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else [v for v in text.split(",") if v.strip()]
+        codes = tuple(int(v) for v in values)
+    except (ValueError, TypeError) as error:
+        raise SettingsError(
+            f"{c.ENV_SUSPECT_EXIT_CODES} must be a JSON list of integers, got {raw!r}"
+        ) from error
+    if 0 in codes:
+        raise SettingsError(f"{c.ENV_SUSPECT_EXIT_CODES} cannot contain 0 (success)")
+    return codes
+
+
+@dataclass(frozen=True)
+class Settings:
+    job_table: str
+    instance_table: str
+    cluster: str
+    health_check_task: str
+    topic_arn: str
+    max_recovery_attempts: int = 1
+    suspect_exit_codes: tuple[int, ...] = (1,)
+    reboot_timeout_seconds: int = 30 * 60
+    health_check_timeout_seconds: int = 30 * 60
+    health_check_start_retries: int = 5
+    health_check_log_group: str = ""
+    restart_start_retries: int = 3
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        missing = [
+            name
+            for name in (c.ENV_JOB_TABLE, c.ENV_INSTANCE_TABLE, c.ENV_CLUSTER_NAME)
+            if not env.get(name)
+        ]
+        if missing:
+            raise SettingsError(f"missing environment variables: {', '.join(missing)}")
+        return cls(
+            job_table=env[c.ENV_JOB_TABLE],
+            instance_table=env[c.ENV_INSTANCE_TABLE],
+            cluster=env[c.ENV_CLUSTER_NAME],
+            health_check_task=env.get(c.ENV_HEALTH_CHECK_TASK) or c.DEFAULT_HEALTH_CHECK_FAMILY,
+            topic_arn=env.get(c.ENV_SNS_TOPIC_ARN, ""),
+            max_recovery_attempts=_int(env, c.ENV_MAX_RECOVERY_ATTEMPTS, 1),
+            suspect_exit_codes=parse_exit_codes(env.get(c.ENV_SUSPECT_EXIT_CODES) or "[1]"),
+            reboot_timeout_seconds=60 * _int(env, c.ENV_REBOOT_TIMEOUT_MINUTES, 30, minimum=1),
+            health_check_timeout_seconds=60
+            * _int(env, c.ENV_HEALTH_CHECK_TIMEOUT_MINUTES, 30, minimum=1),
+            health_check_start_retries=_int(env, c.ENV_HEALTH_CHECK_START_RETRIES, 5, minimum=1),
+            health_check_log_group=env.get(c.ENV_HEALTH_CHECK_LOG_GROUP, ""),
+            restart_start_retries=_int(env, c.ENV_RESTART_START_RETRIES, 3, minimum=1),
+        )

@@ -1,0 +1,26 @@
+"""ECS task state changes of training tasks: register ranks, detect faults, finish jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpu_recovery import runtime
+from gpu_recovery.ecs_events import EcsTaskStateChangeEvent
+from handlers._common import dropped, parse_or_drop, powertools
+
+logger, tracer, metrics = powertools("ecs-task-handler")
+
+
+@logger.inject_lambda_context(correlation_id_path="id")
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    parsed = parse_or_drop(event, EcsTaskStateChangeEvent, logger)
+    if parsed is None:
+        return dropped("malformed ECS Task State Change event")
+    service = runtime.recovery_service(runtime.PowertoolsMetrics(metrics))
+    outcome = service.on_task_state_change(parsed.detail).as_dict()
+    logger.info("task event handled", extra=outcome)
+    return outcome

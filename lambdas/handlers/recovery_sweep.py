@@ -1,0 +1,23 @@
+"""Scheduled sweep (every minute): reboot and health-check timeouts, retries, crash recovery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpu_recovery import runtime
+from handlers._common import powertools
+
+logger, tracer, metrics = powertools("recovery-sweep")
+
+
+@logger.inject_lambda_context(correlation_id_path="id")
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    # The schedule's event carries nothing the sweep needs; time comes from the clock.
+    service = runtime.recovery_service(runtime.PowertoolsMetrics(metrics))
+    outcome = service.sweep().as_dict()
+    logger.info("sweep done", extra=outcome)
+    return outcome

@@ -1,0 +1,506 @@
+"""Offline tests for health_check/dcgm_health_check.sh.
+
+The script is run exactly as the ECS task runs it, ``sh -c <script text>``, with
+fake ``dcgmi`` / ``nvidia-smi`` executables on PATH that print recorded outputs
+(tests/health_check/fixtures) and exit with recorded codes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "health_check" / "dcgm_health_check.sh"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SYSTEM_PATH = "/usr/bin:/bin"
+
+GPU_QUERY = "--query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total"
+REMAP_QUERY = "--query-remapped-rows=gpu_uuid,remapped_rows.pending,remapped_rows.failure"
+CSV_FORMAT = "--format=csv,noheader,nounits"
+UUID0 = "GPU-8f3c2a1e-5b7d-4c9e-a0f1-2d3e4f5a6b70"
+UUID1 = "GPU-1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f809"
+
+REQUIRED_FIELDS = {
+    "verdict",
+    "exit_code",
+    "dcgm_level",
+    "dcgmi_exit_code",
+    "failed_tests",
+    "gpus",
+    "reasons",
+    "hostname",
+}
+GPU_FIELDS = {"index", "uuid", "ecc_uncorrected_volatile", "remap_pending", "remap_failure"}
+VERDICT_FOR_CODE = {0: "healthy", 1: "reboot", 2: "replace"}
+
+HAVE_DASH = Path("/bin/dash").exists()
+SHELLS = [
+    "sh",
+    pytest.param("/bin/dash", marks=pytest.mark.skipif(not HAVE_DASH, reason="no /bin/dash")),
+]
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    verdict: dict
+    bindir: Path
+
+
+def _write_exe(path: Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def _fixture(name: str) -> Path:
+    path = FIXTURES / name
+    assert path.is_file(), path
+    return path
+
+
+def run_check(
+    tmp_path: Path,
+    *,
+    dcgmi: tuple[str, int] | None = ("dcgmi_pass_r2.json", 0),
+    smi_gpu: tuple[str, int] | None = ("smi_gpu_healthy.csv", 0),
+    smi_remap: tuple[str, int] = ("smi_remap_healthy.csv", 0),
+    env: dict[str, str] | None = None,
+    shell: str = "sh",
+    hostname: str | None = None,
+) -> Run:
+    """Run the script via ``<shell> -c <text>`` with fakes on PATH.
+
+    ``dcgmi=None`` / ``smi_gpu=None`` leave that executable out (it cannot run).
+    """
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    if dcgmi is not None:
+        name, code = dcgmi
+        _write_exe(
+            bindir / "dcgmi",
+            f'printf "%s\\n" "$*" >> "{bindir}/dcgmi.args"\ncat "{_fixture(name)}"\nexit {code}\n',
+        )
+    if smi_gpu is not None:
+        (gname, gcode), (rname, rcode) = smi_gpu, smi_remap
+        _write_exe(
+            bindir / "nvidia-smi",
+            f'printf "%s\\n" "$*" >> "{bindir}/nvidia-smi.args"\n'
+            'case "$1" in\n'
+            f'  {GPU_QUERY}) cat "{_fixture(gname)}"; exit {gcode} ;;\n'
+            f'  {REMAP_QUERY}) cat "{_fixture(rname)}"; exit {rcode} ;;\n'
+            "esac\n"
+            'echo "fake nvidia-smi: unexpected arguments: $*" >&2\nexit 2\n',
+        )
+    if hostname is not None:
+        _write_exe(bindir / "hostname", f"cat <<'EOF'\n{hostname}\nEOF\n")
+    full_env = {"PATH": f"{bindir}:{SYSTEM_PATH}", "LANG": "C"}
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [shell, "-c", SCRIPT.read_text()],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, f"stdout must be exactly one line:\n{proc.stdout}\n{proc.stderr}"
+    verdict = json.loads(lines[0])
+    _assert_shape(verdict, proc.returncode)
+    return Run(proc.returncode, proc.stdout, proc.stderr, verdict, bindir)
+
+
+def _assert_shape(verdict: dict, returncode: int) -> None:
+    assert verdict.keys() >= REQUIRED_FIELDS
+    assert verdict["exit_code"] == returncode
+    assert verdict["verdict"] == VERDICT_FOR_CODE[returncode]
+    assert verdict["dcgm_level"] in (1, 2, 3, 4)
+    assert verdict["dcgmi_exit_code"] is None or isinstance(verdict["dcgmi_exit_code"], int)
+    assert all(isinstance(t, str) for t in verdict["failed_tests"])
+    assert all(isinstance(r, str) for r in verdict["reasons"])
+    assert isinstance(verdict["hostname"], str)
+    for gpu in verdict["gpus"]:
+        assert gpu.keys() == GPU_FIELDS
+        assert isinstance(gpu["uuid"], str)
+        assert gpu["ecc_uncorrected_volatile"] is None or isinstance(
+            gpu["ecc_uncorrected_volatile"], int
+        )
+        assert gpu["remap_pending"] in (True, False, None)
+        assert gpu["remap_failure"] in (True, False, None)
+    if returncode == 0:
+        assert verdict["reasons"] == []
+    else:
+        assert verdict["reasons"], "a non-healthy verdict must say why"
+
+
+# --- healthy ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_all_healthy_exits_0(tmp_path, shell):
+    """Given dcgmi passes and nvidia-smi shows no ECC / remap signal,
+    When the health check runs,
+    Then it exits 0 with verdict healthy and lists every GPU."""
+    run = run_check(tmp_path, shell=shell)
+
+    assert run.returncode == 0
+    v = run.verdict
+    assert v["verdict"] == "healthy"
+    assert v["dcgmi_exit_code"] == 0
+    assert v["dcgm_level"] == 2
+    assert v["failed_tests"] == []
+    assert v["gpus"] == [
+        {
+            "index": 0,
+            "uuid": UUID0,
+            "ecc_uncorrected_volatile": 0,
+            "remap_pending": False,
+            "remap_failure": False,
+        },
+        {
+            "index": 1,
+            "uuid": UUID1,
+            "ecc_uncorrected_volatile": 0,
+            "remap_pending": False,
+            "remap_failure": False,
+        },
+    ]
+
+
+def test_runs_the_documented_commands(tmp_path):
+    """Given the default configuration,
+    When the health check runs,
+    Then it calls `dcgmi diag -r 2 -j` and both nvidia-smi CSV queries."""
+    run = run_check(tmp_path)
+
+    assert (run.bindir / "dcgmi.args").read_text().splitlines() == ["diag -r 2 -j"]
+    assert (run.bindir / "nvidia-smi.args").read_text().splitlines() == [
+        f"{GPU_QUERY} {CSV_FORMAT}",
+        f"{REMAP_QUERY} {CSV_FORMAT}",
+    ]
+
+
+def test_yes_no_remap_values_are_understood(tmp_path):
+    """Given nvidia-smi prints remap flags as "No"/"No",
+    When the health check runs,
+    Then they read as false and the node is healthy."""
+    run = run_check(tmp_path, smi_remap=("smi_remap_healthy_yesno.csv", 0))
+
+    assert run.returncode == 0
+    assert [g["remap_pending"] for g in run.verdict["gpus"]] == [False, False]
+    assert [g["remap_failure"] for g in run.verdict["gpus"]] == [False, False]
+
+
+def test_not_available_values_become_null_and_stay_healthy(tmp_path):
+    """Given nvidia-smi reports "[N/A]" for ECC and remap fields (e.g. ECC off),
+    When the health check runs,
+    Then the values are null, not errors, and dcgmi decides: healthy."""
+    run = run_check(tmp_path, smi_gpu=("smi_gpu_na.csv", 0), smi_remap=("smi_remap_na.csv", 0))
+
+    assert run.returncode == 0
+    for gpu in run.verdict["gpus"]:
+        assert gpu["ecc_uncorrected_volatile"] is None
+        assert gpu["remap_pending"] is None
+        assert gpu["remap_failure"] is None
+
+
+# --- reboot (1) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_dcgmi_nvvs_error_226_means_reboot(tmp_path, shell):
+    """Given dcgmi fails the memory test (volatile SBEs) and exits 226 (DCGM -30),
+    When the health check runs,
+    Then it exits 1 (reboot) and names the failed test."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_memory_ecc_fail_r2.json", 226), shell=shell)
+
+    assert run.returncode == 1
+    assert run.verdict["dcgmi_exit_code"] == 226
+    assert run.verdict["failed_tests"] == ["memory"]
+    assert "dcgmi diag failed (exit 226)" in run.verdict["reasons"]
+
+
+def test_pcie_nvlink_failure_in_dcgm3_layout_means_reboot(tmp_path):
+    """Given a DCGM 3.x style JSON ("DCGM GPU Diagnostic", gpu_id) where PCIe fails
+    on NVLink CRC errors and dcgmi exits 226,
+    When the health check runs,
+    Then it exits 1 and lists the PCIe test."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_pcie_nvlink_fail_r2_v3.json", 226))
+
+    assert run.returncode == 1
+    assert run.verdict["failed_tests"] == ["PCIe"]
+
+
+def test_ecc_uncorrected_with_dcgmi_pass_means_reboot(tmp_path):
+    """Given dcgmi passes but GPU 1 has 3 uncorrected volatile ECC errors,
+    When the health check runs,
+    Then it exits 1 and explains which GPU."""
+    run = run_check(tmp_path, smi_gpu=("smi_gpu_ecc_uncorrected.csv", 0))
+
+    assert run.returncode == 1
+    assert run.verdict["dcgmi_exit_code"] == 0
+    assert run.verdict["gpus"][1]["ecc_uncorrected_volatile"] == 3
+    assert any("ECC" in r and "GPU 1" in r for r in run.verdict["reasons"])
+
+
+def test_pending_row_remap_means_reboot(tmp_path):
+    """Given dcgmi passes but GPU 1 has a pending row remap,
+    When the health check runs,
+    Then it exits 1 (a reset/reboot applies the remap)."""
+    run = run_check(tmp_path, smi_remap=("smi_remap_pending.csv", 0))
+
+    assert run.returncode == 1
+    assert run.verdict["gpus"][1]["remap_pending"] is True
+    assert any("pending" in r and UUID1 in r for r in run.verdict["reasons"])
+
+
+def test_dcgmi_missing_means_reboot(tmp_path):
+    """Given no dcgmi executable can be found,
+    When the health check runs,
+    Then it exits 1 with a null dcgmi exit code."""
+    if shutil.which("dcgmi", path=SYSTEM_PATH):
+        pytest.skip("a real dcgmi is installed on this host")
+    run = run_check(tmp_path, dcgmi=None)
+
+    assert run.returncode == 1
+    assert run.verdict["dcgmi_exit_code"] is None
+    assert any("dcgmi cannot run" in r for r in run.verdict["reasons"])
+
+
+def test_dcgmi_override_path_missing_means_reboot(tmp_path):
+    """Given DCGMI points at a path that does not exist,
+    When the health check runs,
+    Then it exits 1."""
+    run = run_check(tmp_path, env={"DCGMI": str(tmp_path / "nope" / "dcgmi")})
+
+    assert run.returncode == 1
+    assert run.verdict["dcgmi_exit_code"] is None
+
+
+def test_nvidia_smi_missing_means_reboot(tmp_path):
+    """Given no nvidia-smi executable can be found,
+    When the health check runs (dcgmi passes),
+    Then it exits 1 and reports no GPUs."""
+    if shutil.which("nvidia-smi", path=SYSTEM_PATH):
+        pytest.skip("a real nvidia-smi is installed on this host")
+    run = run_check(tmp_path, smi_gpu=None)
+
+    assert run.returncode == 1
+    assert run.verdict["gpus"] == []
+    assert any("nvidia-smi cannot run" in r for r in run.verdict["reasons"])
+
+
+def test_nvidia_smi_failing_means_reboot(tmp_path):
+    """Given nvidia-smi cannot talk to the driver (exit 9, GPU off the bus),
+    When the health check runs,
+    Then it exits 1."""
+    run = run_check(
+        tmp_path,
+        smi_gpu=("smi_no_driver.txt", 9),
+        smi_remap=("smi_no_driver.txt", 9),
+    )
+
+    assert run.returncode == 1
+    assert "nvidia-smi --query-gpu failed (exit 9)" in run.verdict["reasons"]
+
+
+# --- replace (2) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_dcgmi_isolate_205_means_replace(tmp_path, shell):
+    """Given dcgmi finds a volatile double-bit ECC error and exits 205 (DCGM -51),
+    When the health check runs,
+    Then it exits 2 (replace)."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_isolate_dbe_r2.json", 205), shell=shell)
+
+    assert run.returncode == 2
+    assert run.verdict["dcgmi_exit_code"] == 205
+    assert run.verdict["failed_tests"] == ["memory"]
+
+
+def test_isolate_severity_in_json_means_replace_even_with_other_exit(tmp_path):
+    """Given the dcgmi JSON carries an isolate-severity error but dcgmi exits 226,
+    When the health check runs,
+    Then the JSON wins: exit 2."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_isolate_dbe_r2.json", 226))
+
+    assert run.returncode == 2
+    assert "dcgmi diag reported an isolate-severity error" in run.verdict["reasons"]
+
+
+def test_remap_failure_means_replace(tmp_path):
+    """Given dcgmi passes but GPU 0 reports a row-remapping failure ("Yes"),
+    When the health check runs,
+    Then it exits 2."""
+    run = run_check(tmp_path, smi_remap=("smi_remap_failure.csv", 0))
+
+    assert run.returncode == 2
+    assert run.verdict["gpus"][0]["remap_failure"] is True
+    assert any("failure" in r and UUID0 in r for r in run.verdict["reasons"])
+
+
+def test_replace_outranks_reboot_signals(tmp_path):
+    """Given both reboot signals (ECC, dcgmi 226) and a remap failure,
+    When the health check runs,
+    Then the worst verdict wins (2) and all reasons are kept."""
+    run = run_check(
+        tmp_path,
+        dcgmi=("dcgmi_memory_ecc_fail_r2.json", 226),
+        smi_gpu=("smi_gpu_ecc_uncorrected.csv", 0),
+        smi_remap=("smi_remap_failure.csv", 0),
+    )
+
+    assert run.returncode == 2
+    assert len(run.verdict["reasons"]) == 3
+
+
+# --- configuration --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["1", "3", "4"])
+def test_valid_level_is_passed_to_dcgmi(tmp_path, level):
+    """Given DCGM_LEVEL is 1, 3 or 4,
+    When the health check runs,
+    Then dcgmi runs at that level and the verdict records it."""
+    run = run_check(tmp_path, env={"DCGM_LEVEL": level})
+
+    assert (run.bindir / "dcgmi.args").read_text().strip() == f"diag -r {level} -j"
+    assert run.verdict["dcgm_level"] == int(level)
+
+
+@pytest.mark.parametrize("level", ["0", "5", "two", "2; rm -rf /", '"\\'])
+def test_invalid_level_falls_back_to_2_with_a_note(tmp_path, level):
+    """Given an invalid DCGM_LEVEL (including quotes and backslashes),
+    When the health check runs,
+    Then dcgmi runs at level 2, the node is still judged, and a note says so."""
+    run = run_check(tmp_path, env={"DCGM_LEVEL": level})
+
+    assert run.returncode == 0
+    assert (run.bindir / "dcgmi.args").read_text().strip() == "diag -r 2 -j"
+    assert run.verdict["dcgm_level"] == 2
+    assert any(level in n and "DCGM_LEVEL" in n for n in run.verdict["notes"])
+
+
+def test_fakes_can_be_selected_by_environment(tmp_path):
+    """Given DCGMI and NVIDIA_SMI point at executables outside PATH,
+    When the health check runs,
+    Then those are used."""
+    other = tmp_path / "other"
+    other.mkdir()
+    run_check(other)  # creates other/bin/{dcgmi,nvidia-smi}
+    fakes = other / "bin"
+    run = run_check(
+        tmp_path,
+        dcgmi=None,
+        smi_gpu=None,
+        env={"DCGMI": str(fakes / "dcgmi"), "NVIDIA_SMI": str(fakes / "nvidia-smi")},
+    )
+
+    assert run.returncode == 0
+    assert len(run.verdict["gpus"]) == 2
+
+
+# --- output hygiene --------------------------------------------------------------
+
+
+def test_strings_are_json_escaped(tmp_path):
+    """Given a hostname and a failed test name with quotes, backslashes, tabs and
+    control characters,
+    When the health check runs,
+    Then the single output line is still valid JSON carrying them intact."""
+    (tmp_path / "weird.json").write_text(
+        "WARNING: chatter before the JSON\n"
+        '{"DCGM Diagnostic":{"test_categories":[{"category":"Hardware","tests":['
+        '{"name":"mem \\"x\\" \\\\ \\t\\u0001","results":[{"status":"Fail"}]}]}]}}\n'
+    )
+    weird_host = 'ip-10-0-0-1"\\\t'
+    run = run_check(
+        tmp_path,
+        dcgmi=(str(tmp_path / "weird.json"), 226),
+        hostname=weird_host,
+    )
+
+    assert run.verdict["hostname"] == weird_host
+    assert run.verdict["failed_tests"] == ['mem "x" \\ \t\x01']
+
+
+def test_diagnostic_chatter_goes_to_stderr(tmp_path):
+    """Given a normal run,
+    When the health check runs,
+    Then stdout holds only the verdict and the raw dcgmi output is on stderr."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_memory_ecc_fail_r2.json", 226))
+
+    assert run.stdout.count("\n") == 1
+    assert "dcgmi| " in run.stderr
+    assert "single-bit ECC" in run.stderr
+
+
+def test_does_not_depend_on_its_own_path(tmp_path):
+    """Given the script text is the whole command (no file, $0 is "sh"),
+    When it runs from an unrelated working directory,
+    Then it works the same."""
+    env = {"PATH": f"{SYSTEM_PATH}"}
+    proc = subprocess.run(
+        ["sh", "-c", SCRIPT.read_text()],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    verdict = json.loads(proc.stdout)
+    assert proc.returncode == verdict["exit_code"] == 1  # no dcgmi / nvidia-smi here
+
+
+def test_script_is_small_posix_and_has_no_bashisms():
+    """Given the script file,
+    Then it is under 12 KB (it is embedded in the container command),
+    parses under dash -n and documents the exit-code contract at the top."""
+    data = SCRIPT.read_bytes()
+    assert len(data) < 12 * 1024
+    head = data.decode()[:1500]
+    for marker in ("2 replace", "1 reboot", "0 healthy"):
+        assert marker in head
+    if HAVE_DASH:
+        subprocess.run(["/bin/dash", "-n", str(SCRIPT)], check=True)
+    text = data.decode()
+    for bashism in ("[[", "$'", "function ", "local ", "pipefail", "<<<"):
+        assert bashism not in text.split("HC_AWK='")[0], bashism
+
+
+def test_remap_query_failure_is_only_a_note(tmp_path):
+    """Given an older GPU where `--query-remapped-rows` fails (no row remapping),
+    When the health check runs and everything else is fine,
+    Then the node stays healthy, remap fields are null and a note explains why."""
+    run = run_check(tmp_path, smi_remap=("smi_no_driver.txt", 2))
+
+    assert run.returncode == 0
+    assert [g["remap_failure"] for g in run.verdict["gpus"]] == [None, None]
+    assert any("query-remapped-rows failed (exit 2)" in n for n in run.verdict["notes"])
+
+
+def test_dcgmi_timeout_means_reboot(tmp_path):
+    """Given DCGM_TIMEOUT=1 and a dcgmi that hangs,
+    When the health check runs,
+    Then dcgmi is stopped (exit 124) and the verdict is reboot."""
+    if not shutil.which("timeout", path=SYSTEM_PATH):
+        pytest.skip("timeout(1) not available")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _write_exe(bindir / "dcgmi", "exec sleep 10\n")
+    run = run_check(tmp_path, dcgmi=None, env={"DCGM_TIMEOUT": "1"})
+
+    assert run.returncode == 1
+    assert run.verdict["dcgmi_exit_code"] == 124
+    assert "dcgmi diag timed out" in run.verdict["reasons"]
