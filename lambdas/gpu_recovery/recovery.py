@@ -403,13 +403,24 @@ class RecoveryService:
 
     # --------------------------------------------------------- suspected GPU fault
     def _on_suspected_fault(self, job: Job, rank: Rank, stop: TaskStop) -> Outcome:
-        inst_id = rank.container_inst_id
+        reason = (f"rank {rank.rank} exited {stop.exit_code} on {rank.container_inst_id}: "
+                  "suspected GPU fault")
+        return self.report_suspected_fault(job.job_id, rank.attempt, rank.container_inst_id,
+                                           reason, failing_rank=rank.rank)
+
+    def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
+                               failing_rank: int | None = None) -> Outcome:
+        """Enter the recovery loop for a suspected node fault of one attempt.
+
+        Called for a suspect exit code, and by the heartbeat service for a node lost
+        too long or a hung rank. Stops the other ranks and opens (or joins) exactly one
+        health check on the instance.
+        """
         now = clock.now()
-        reason = f"rank {rank.rank} exited {stop.exit_code} on {inst_id}: suspected GPU fault"
         entered = self.repo.apply(
             self.repo.job_transition(
-                job.job_id, JobState.PENDING_HEALTHCHECK,
-                from_states=ACTIVE_JOB_STATES, attempt=rank.attempt, reason=reason, actor=ACTOR,
+                job_id, JobState.PENDING_HEALTHCHECK,
+                from_states=ACTIVE_JOB_STATES, attempt=attempt, reason=reason, actor=ACTOR,
                 set_fields={"suspects": {inst_id: "PENDING"}, "fault_started_at": now,
                             "last_error": reason, "verdicts": {}},
             )
@@ -422,22 +433,22 @@ class RecoveryService:
             self.repo.apply(
                 Update(
                     table=self.repo.job_table_name,
-                    key={"job_id_rank": f"{job.job_id}#JOB"},
+                    key={"job_id_rank": f"{job_id}#JOB"},
                     set_fields={f"suspects.{inst_id}": "PENDING"},
                     condition="#st = :phc AND #att = :att AND attribute_not_exists(#sus.#inst)",
-                    condition_values={":phc": JobState.PENDING_HEALTHCHECK.value,
-                                      ":att": rank.attempt},
+                    condition_values={":phc": JobState.PENDING_HEALTHCHECK.value, ":att": attempt},
                     condition_names={"#st": "job_state", "#att": "attempt", "#sus": "suspects",
                                      "#inst": inst_id},
                 )
             )
-        job = self.repo.get_job(job.job_id) or job
-        if job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != rank.attempt:
-            return Outcome("recorded", job.job_id, {"rank": rank.rank, "why": job.state.value})
-        self._stop_live_ranks(job, exclude=rank.rank, why=f"rank {rank.rank} suspected GPU fault")
+        job = self.repo.get_job(job_id)
+        if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
+            state = job.state.value if job else "missing"
+            return Outcome("recorded", job_id, {"rank": failing_rank, "why": state})
+        self._stop_live_ranks(job, exclude=failing_rank, why=reason)
         hc = self.request_health_check(job, inst_id)
-        return Outcome("health_check_requested", job.job_id,
-                       {"rank": rank.rank, "instance": inst_id, "health_check": hc})
+        return Outcome("health_check_requested", job_id,
+                       {"rank": failing_rank, "instance": inst_id, "health_check": hc})
 
     def request_health_check(self, job: Job, inst_id: str) -> str:
         """Join or open the health check of an instance; at most one per instance."""
