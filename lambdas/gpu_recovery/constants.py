@@ -34,6 +34,7 @@ ENV_IDEMPOTENCY_TABLE = "IDEMPOTENCY_TABLE_NAME"
 ENV_SCHEDULER_FUNCTION = "SCHEDULER_FUNCTION_NAME"
 ENV_HEALTH_CHECK_LOG_GROUP = "HEALTH_CHECK_LOG_GROUP"
 ENV_RESTART_START_RETRIES = "RESTART_START_RETRIES"
+ENV_HEARTBEAT_MAX_SKEW_SECONDS = "HEARTBEAT_MAX_SKEW_SECONDS"
 
 # Powertools' own variables, set by infra and by local mode alike.
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
@@ -68,10 +69,47 @@ DEADLINE_PK = "deadline_bucket"  # constant DEADLINE_BUCKET while a deadline is 
 DEADLINE_SK = "deadline_at"  # epoch seconds (number)
 DEADLINE_BUCKET = "DEADLINE"
 
+# Sparse index of heartbeating ranks (issue: node heartbeats): only ranks in
+# RUNNING / NODE_LOST / HUNG that have had at least one heartbeat carry HB_BUCKET,
+# sorted by last heartbeat, so the stale sweep reads only the stale ones.
+JOB_BY_HEARTBEAT_INDEX = "by-heartbeat"
+HB_PK = "hb_bucket"  # constant HB_BUCKET while the rank is watched
+HB_SK = "last_heartbeat_at"  # epoch seconds (number)
+HB_BUCKET = "WATCHED"
+
+# Queue indexes (issue: job queue). Sparse: only QUEUED / PENDING_RESOURCES job items
+# carry QUEUE_PK, ordered by QUEUE_SK = "<999-priority:03d>#<submitted_at:017.6f>#<job_id>"
+# so ascending order is priority high -> low, then first come first served.
+JOB_BY_QUEUE_INDEX = "by-queue-order"
+QUEUE_PK = "queue_bucket"
+QUEUE_SK = "queue_order"
+QUEUE_BUCKET = "QUEUE"
+# Listing, newest first: every queue-submitted job item carries these.
+JOB_BY_USER_INDEX = "by-user"
+USER_PK = "user"
+SUBMITTED_SK = "submitted_at"  # epoch seconds (number)
+JOB_BY_STATE_INDEX = "by-state"
+STATE_PK = "job_state"
+JOB_LIST_INDEX = "by-submitted"
+LIST_PK = "list_bucket"  # constant LIST_BUCKET on every job item created by the queue
+LIST_BUCKET = "JOB"
+
+
+def queue_order(priority: int, submitted_at: float, job_id: str) -> str:
+    return f"{999 - priority:03d}#{submitted_at:017.6f}#{job_id}"
+
+
+# --------------------------------------------------------------------------------------
+# DynamoDB: node token table (issue: node heartbeats) — one item per node, token hash only
+# --------------------------------------------------------------------------------------
+NODE_TOKEN_PK = "node_id"
+
 # --------------------------------------------------------------------------------------
 # DynamoDB: container-instance table (original name "ecs_container_instance")
 # --------------------------------------------------------------------------------------
 DEFAULT_INSTANCE_TABLE_NAME = "ecs_container_instance"
+DEFAULT_NODE_TOKEN_TABLE_NAME = "gpu_node_token"
+DEFAULT_IDEMPOTENCY_TABLE_NAME = "gpu_job_idempotency"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
 
 
@@ -81,6 +119,17 @@ def job_item_key(job_id: str) -> str:
 
 def rank_item_key(job_id: str, rank: int) -> str:
     return f"{job_id}#{rank}"
+
+
+def _gsi(name: str, pk: str, sk: str) -> dict[str, Any]:
+    return {
+        "IndexName": name,
+        "KeySchema": [
+            {"AttributeName": pk, "KeyType": "HASH"},
+            {"AttributeName": sk, "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "ALL"},
+    }
 
 
 def table_definitions() -> dict[str, dict[str, Any]]:
@@ -98,6 +147,10 @@ def table_definitions() -> dict[str, dict[str, Any]]:
         "Projection": projection,
     }
     return {
+        "node_token": {
+            "KeySchema": [{"AttributeName": NODE_TOKEN_PK, "KeyType": "HASH"}],
+            "AttributeDefinitions": [{"AttributeName": NODE_TOKEN_PK, "AttributeType": "S"}],
+        },
         "job": {
             "KeySchema": [{"AttributeName": JOB_PK, "KeyType": "HASH"}],
             "AttributeDefinitions": [
@@ -107,6 +160,14 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                 {"AttributeName": JOB_BY_INSTANCE_PK, "AttributeType": "S"},
                 {"AttributeName": DEADLINE_PK, "AttributeType": "S"},
                 {"AttributeName": DEADLINE_SK, "AttributeType": "N"},
+                {"AttributeName": HB_PK, "AttributeType": "S"},
+                {"AttributeName": HB_SK, "AttributeType": "N"},
+                {"AttributeName": QUEUE_PK, "AttributeType": "S"},
+                {"AttributeName": QUEUE_SK, "AttributeType": "S"},
+                {"AttributeName": USER_PK, "AttributeType": "S"},
+                {"AttributeName": SUBMITTED_SK, "AttributeType": "N"},
+                {"AttributeName": STATE_PK, "AttributeType": "S"},
+                {"AttributeName": LIST_PK, "AttributeType": "S"},
             ],
             "GlobalSecondaryIndexes": [
                 {
@@ -131,6 +192,11 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                     "Projection": projection,
                 },
                 deadline_index,
+                _gsi(JOB_BY_HEARTBEAT_INDEX, HB_PK, HB_SK),
+                _gsi(JOB_BY_QUEUE_INDEX, QUEUE_PK, QUEUE_SK),
+                _gsi(JOB_BY_USER_INDEX, USER_PK, SUBMITTED_SK),
+                _gsi(JOB_BY_STATE_INDEX, STATE_PK, SUBMITTED_SK),
+                _gsi(JOB_LIST_INDEX, LIST_PK, SUBMITTED_SK),
             ],
         },
         "instance": {
