@@ -1,0 +1,260 @@
+"""Deployment configuration, read from CDK context and validated once.
+
+Every option can be set in ``cdk.json`` (``"context"``) or on the command line
+(``cdk synth -c key=value``). Values given with ``-c`` arrive as strings, values in
+``cdk.json`` as JSON types; both are accepted. A bad value raises ``ConfigError``
+naming the key.
+
+Options (key: default -- meaning):
+
+- cluster_name: required -- existing ECS cluster whose GPU training jobs are guarded
+- alert_email: none -- e-mail address subscribed to the alert topic
+- health_check_family: ``gpu-health-check`` -- family of the DCGM health-check task definition
+- health_check_task_arn: none -- use your own health-check task definition (none is created)
+- health_check_image: DEFAULT_HEALTH_CHECK_IMAGE -- NVIDIA DCGM image of the health check
+- dcgm_level: 2 -- ``dcgmi diag -r`` level, 1..4
+- health_check_gpus: 8 -- GPUs the health-check task reserves, 1..16
+- max_recovery_attempts: 1 -- recoveries per job, 0..10
+- suspect_exit_codes: ``[1]`` -- exit codes meaning "suspected GPU fault" (JSON list or
+  comma string, each 1..255)
+- reboot_timeout_minutes: 30 -- an instance must be back within, 1..1440
+- health_check_timeout_minutes: 30 -- a health check must finish within, 1..1440
+- table_removal_policy: ``retain`` -- ``retain`` or ``destroy`` for the DynamoDB tables
+- instance_tag_key: ``gpu-recovery:cluster`` -- tag on the cluster's GPU instances; the
+  reboot / SSM permissions are conditioned on it
+- instance_tag_value: = cluster_name -- value of that tag
+- lambda_architecture: ``x86_64`` -- ``x86_64`` or ``arm64``
+- powertools_layer_version: POWERTOOLS_LAYER_VERSION -- version of the public Powertools layer
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY
+
+# Public layer AWSLambdaPowertoolsPythonV3-python312-<arch>:<version> (account 017000801446).
+# Intended to carry Powertools 3.37.0 (requirements.txt pins the same version for tests).
+# Verify with: aws ssm get-parameter --name /aws/service/powertools/python/x86_64/python3.12/3.37.0
+POWERTOOLS_LAYER_ACCOUNT = "017000801446"
+POWERTOOLS_LAYER_VERSION = 40
+DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+DEFAULT_INSTANCE_TAG_KEY = "gpu-recovery:cluster"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_TASK_DEF_ARN_RE = re.compile(
+    r"^arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:task-definition/[A-Za-z0-9_-]{1,255}(:\d+)?$"
+)
+_TAG_KEY_RE = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
+_TAG_VALUE_RE = re.compile(r"^[\w.:/=+\-@ ]{0,256}$")
+_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
+
+KNOWN_KEYS = (
+    "cluster_name",
+    "alert_email",
+    "health_check_family",
+    "health_check_task_arn",
+    "health_check_image",
+    "dcgm_level",
+    "health_check_gpus",
+    "max_recovery_attempts",
+    "suspect_exit_codes",
+    "reboot_timeout_minutes",
+    "health_check_timeout_minutes",
+    "table_removal_policy",
+    "instance_tag_key",
+    "instance_tag_value",
+    "lambda_architecture",
+    "powertools_layer_version",
+)
+
+
+class ConfigError(ValueError):
+    """A context value is missing or invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    cluster_name: str
+    alert_email: str | None = None
+    health_check_family: str = DEFAULT_HEALTH_CHECK_FAMILY
+    health_check_task_arn: str | None = None
+    health_check_image: str = DEFAULT_HEALTH_CHECK_IMAGE
+    dcgm_level: int = 2
+    health_check_gpus: int = 8
+    max_recovery_attempts: int = 1
+    suspect_exit_codes: tuple[int, ...] = (1,)
+    reboot_timeout_minutes: int = 30
+    health_check_timeout_minutes: int = 30
+    table_removal_policy: str = "retain"
+    instance_tag_key: str = DEFAULT_INSTANCE_TAG_KEY
+    instance_tag_value: str = ""  # filled with cluster_name by from_context
+    lambda_architecture: str = "x86_64"
+    powertools_layer_version: int = POWERTOOLS_LAYER_VERSION
+
+    @property
+    def creates_health_check_task(self) -> bool:
+        return self.health_check_task_arn is None
+
+    @property
+    def suspect_exit_codes_json(self) -> str:
+        return json.dumps(list(self.suspect_exit_codes))
+
+    @classmethod
+    def from_context(cls, get: Callable[[str], Any] | Mapping[str, Any]) -> RecoveryConfig:
+        """Build from CDK context: pass ``node.try_get_context`` or a plain mapping."""
+        getter: Callable[[str], Any] = get.get if isinstance(get, Mapping) else get
+
+        def raw(key: str) -> Any:
+            value = getter(key)
+            if isinstance(value, str):
+                value = value.strip()
+                if value == "":
+                    return None
+            return value
+
+        cluster_name = raw("cluster_name")
+        if cluster_name is None:
+            raise ConfigError(
+                "context key 'cluster_name' is required: the name of the existing ECS "
+                "cluster to protect (cdk synth -c cluster_name=<name>)"
+            )
+        cluster_name = _match(
+            "cluster_name", cluster_name, _NAME_RE, "1-255 letters, digits, - or _"
+        )
+
+        alert_email = raw("alert_email")
+        if alert_email is not None:
+            alert_email = _match("alert_email", alert_email, _EMAIL_RE, "an e-mail address")
+
+        task_arn = raw("health_check_task_arn")
+        if task_arn is not None:
+            task_arn = _match(
+                "health_check_task_arn",
+                task_arn,
+                _TASK_DEF_ARN_RE,
+                "an ECS task definition ARN "
+                "(arn:aws:ecs:<region>:<account>:task-definition/<family>[:<revision>])",
+            )
+
+        removal = raw("table_removal_policy")
+        removal = "retain" if removal is None else str(removal).lower()
+        if removal not in ("retain", "destroy"):
+            raise ConfigError(
+                f"context key 'table_removal_policy' must be 'retain' or 'destroy', got {removal!r}"
+            )
+
+        arch = raw("lambda_architecture")
+        arch = "x86_64" if arch is None else str(arch).lower()
+        if arch not in ("x86_64", "arm64"):
+            raise ConfigError(
+                f"context key 'lambda_architecture' must be 'x86_64' or 'arm64', got {arch!r}"
+            )
+
+        tag_key = raw("instance_tag_key") or DEFAULT_INSTANCE_TAG_KEY
+        tag_key = _match("instance_tag_key", tag_key, _TAG_KEY_RE, "a valid tag key (1-128 chars)")
+        if tag_key.lower().startswith("aws:"):
+            raise ConfigError("context key 'instance_tag_key' must not start with 'aws:'")
+        tag_value = raw("instance_tag_value")
+        tag_value = cluster_name if tag_value is None else str(tag_value)
+        tag_value = _match("instance_tag_value", tag_value, _TAG_VALUE_RE, "a valid tag value")
+
+        return cls(
+            cluster_name=cluster_name,
+            alert_email=alert_email,
+            health_check_family=_match(
+                "health_check_family",
+                raw("health_check_family") or DEFAULT_HEALTH_CHECK_FAMILY,
+                _NAME_RE,
+                "1-255 letters, digits, - or _",
+            ),
+            health_check_task_arn=task_arn,
+            health_check_image=_match(
+                "health_check_image",
+                raw("health_check_image") or DEFAULT_HEALTH_CHECK_IMAGE,
+                _IMAGE_RE,
+                "a container image reference",
+            ),
+            dcgm_level=_int("dcgm_level", raw("dcgm_level"), 2, 1, 4),
+            health_check_gpus=_int("health_check_gpus", raw("health_check_gpus"), 8, 1, 16),
+            max_recovery_attempts=_int(
+                "max_recovery_attempts", raw("max_recovery_attempts"), 1, 0, 10
+            ),
+            suspect_exit_codes=_exit_codes(raw("suspect_exit_codes")),
+            reboot_timeout_minutes=_int(
+                "reboot_timeout_minutes", raw("reboot_timeout_minutes"), 30, 1, 1440
+            ),
+            health_check_timeout_minutes=_int(
+                "health_check_timeout_minutes", raw("health_check_timeout_minutes"), 30, 1, 1440
+            ),
+            table_removal_policy=removal,
+            instance_tag_key=tag_key,
+            instance_tag_value=tag_value,
+            lambda_architecture=arch,
+            powertools_layer_version=_int(
+                "powertools_layer_version",
+                raw("powertools_layer_version"),
+                POWERTOOLS_LAYER_VERSION,
+                1,
+                10_000,
+            ),
+        )
+
+
+def _match(key: str, value: Any, pattern: re.Pattern[str], what: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ConfigError(f"context key {key!r} must be {what}, got {value!r}")
+    return value
+
+
+def _int(key: str, value: Any, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise ConfigError(f"context key {key!r} must be an integer {low}..{high}, got {value!r}")
+    if isinstance(value, str):
+        if not re.fullmatch(r"[+-]?\d+", value):
+            raise ConfigError(
+                f"context key {key!r} must be an integer {low}..{high}, got {value!r}"
+            )
+        value = int(value)
+    if not isinstance(value, int):
+        raise ConfigError(f"context key {key!r} must be an integer {low}..{high}, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(f"context key {key!r} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _exit_codes(value: Any) -> tuple[int, ...]:
+    key = "suspect_exit_codes"
+    hint = "a JSON list or comma-separated list of exit codes 1..255, e.g. [1] or 1,134"
+    if value is None:
+        return (1,)
+    items: Any = value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}") from exc
+        else:
+            items = [part.strip() for part in text.split(",")]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        items = [value]
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+    codes: list[int] = []
+    for item in items:
+        if isinstance(item, str) and re.fullmatch(r"\d+", item):
+            item = int(item)
+        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 255:
+            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+        if item not in codes:
+            codes.append(item)
+    return tuple(codes)

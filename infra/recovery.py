@@ -1,0 +1,436 @@
+"""The recovery loop: EventBridge rules -> Lambda functions, with DLQs and alarms.
+
+Also holds ``ClusterAccess``: the least-privilege IAM statements for the ECS cluster,
+its GPU instances and SSM, shared by every function (and by constructs added later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda_destinations as destinations
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from gpu_recovery.constants import (
+    container_instance_pattern,
+    health_check_task_pattern,
+    training_task_pattern,
+)
+from infra.config import RecoveryConfig
+from infra.health_check import HealthCheck
+from infra.lambda_common import LambdaDefaults, RecoveryFunction
+from infra.nag import acknowledge
+from infra.notifications import Notifications
+from infra.tables import RecoveryTables
+
+EVENT_MAX_AGE = Duration.hours(2)
+EVENT_RETRY_ATTEMPTS = 8
+DLQ_RETENTION = Duration.days(14)
+
+
+def nag_resource_id(scope: Construct, value: str) -> str:
+    """How cdk-nag 3 spells a resource in an IAM5 finding id (tokens as ``<Ref>``)."""
+    resolved = Stack.of(scope).resolve(value)
+    return _flatten(resolved)
+
+
+def _flatten(node: Any) -> str:
+    if isinstance(node, str):
+        return node
+    if isinstance(node, dict):
+        if "Fn::Join" in node:
+            sep, parts = node["Fn::Join"]
+            return sep.join(_flatten(p) for p in parts)
+        if "Ref" in node:
+            return f"<{node['Ref']}>"
+        if "Fn::GetAtt" in node:
+            return f"<{'.'.join(node['Fn::GetAtt'])}>"
+    return str(node)
+
+
+class ClusterAccess:
+    """IAM statements scoped to one ECS cluster and its tagged GPU instances."""
+
+    def __init__(self, scope: Construct, config: RecoveryConfig) -> None:
+        stack = Stack.of(scope)
+        region, account, name = stack.region, stack.account, config.cluster_name
+        self.config = config
+        self.cluster_arn = f"arn:aws:ecs:{region}:{account}:cluster/{name}"
+        self.task_arns = f"arn:aws:ecs:{region}:{account}:task/{name}/*"
+        self.container_instance_arns = f"arn:aws:ecs:{region}:{account}:container-instance/{name}/*"
+        self.task_definition_arns = f"arn:aws:ecs:{region}:{account}:task-definition/*"
+        self.ec2_instance_arns = f"arn:aws:ec2:{region}:{account}:instance/*"
+        self.run_shell_document_arn = f"arn:aws:ssm:{region}::document/AWS-RunShellScript"
+        self.managed_instance_arns = f"arn:aws:ssm:{region}:{account}:managed-instance/*"
+        self.task_role_arns = f"arn:aws:iam::{account}:role/*"
+
+    @property
+    def _in_cluster(self) -> dict[str, Any]:
+        return {"ArnEquals": {"ecs:cluster": self.cluster_arn}}
+
+    @property
+    def _tagged(self) -> dict[str, Any]:
+        key, value = self.config.instance_tag_key, self.config.instance_tag_value
+        return {"StringEquals": {f"aws:ResourceTag/{key}": value}}
+
+    # ----- ECS ---------------------------------------------------------------------
+    def start_task(self) -> list[iam.PolicyStatement]:
+        """StartTask (health checks, gang restarts) with the tags, and PassRole to ECS."""
+        return [
+            iam.PolicyStatement(
+                sid="StartTaskInCluster",
+                actions=["ecs:StartTask"],
+                resources=[self.task_definition_arns],
+                conditions=self._in_cluster,
+            ),
+            iam.PolicyStatement(
+                sid="TagTasksOnStart",
+                actions=["ecs:TagResource"],
+                resources=[self.task_arns],
+                conditions={"StringEquals": {"ecs:CreateAction": "StartTask"}},
+            ),
+            iam.PolicyStatement(
+                sid="PassTaskRolesToEcs",
+                actions=["iam:PassRole"],
+                resources=[self.task_role_arns],
+                conditions={"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
+            ),
+        ]
+
+    def stop_task(self) -> list[iam.PolicyStatement]:
+        return [
+            iam.PolicyStatement(
+                sid="StopTaskInCluster",
+                actions=["ecs:StopTask"],
+                resources=[self.task_arns],
+                conditions=self._in_cluster,
+            )
+        ]
+
+    def describe_tasks(self) -> list[iam.PolicyStatement]:
+        return [
+            iam.PolicyStatement(
+                sid="DescribeTasksInCluster",
+                actions=["ecs:DescribeTasks"],
+                resources=[self.task_arns],
+                conditions=self._in_cluster,
+            )
+        ]
+
+    def list_tasks(self) -> list[iam.PolicyStatement]:
+        return [
+            iam.PolicyStatement(
+                sid="ListTasksInCluster",
+                actions=["ecs:ListTasks"],
+                resources=[self.container_instance_arns],
+                conditions=self._in_cluster,
+            )
+        ]
+
+    def describe_container_instances(self) -> list[iam.PolicyStatement]:
+        return [
+            iam.PolicyStatement(
+                sid="DescribeContainerInstancesInCluster",
+                actions=["ecs:DescribeContainerInstances"],
+                resources=[self.container_instance_arns],
+                conditions=self._in_cluster,
+            )
+        ]
+
+    def update_container_instances_state(self) -> list[iam.PolicyStatement]:
+        return [
+            iam.PolicyStatement(
+                sid="DrainContainerInstancesInCluster",
+                actions=["ecs:UpdateContainerInstancesState"],
+                resources=[self.container_instance_arns],
+                conditions=self._in_cluster,
+            )
+        ]
+
+    # ----- EC2 / SSM -----------------------------------------------------------------
+    def reboot_instances(self) -> list[iam.PolicyStatement]:
+        return [
+            iam.PolicyStatement(
+                sid="RebootTaggedGpuInstances",
+                actions=["ec2:RebootInstances"],
+                resources=[self.ec2_instance_arns],
+                conditions=self._tagged,
+            ),
+            iam.PolicyStatement(
+                sid="DescribeInstances",
+                actions=["ec2:DescribeInstances"],
+                resources=["*"],
+            ),
+        ]
+
+    def send_reboot_command(self) -> list[iam.PolicyStatement]:
+        """ECS Anywhere (mi-) hosts are rebooted with AWS-RunShellScript."""
+        return [
+            iam.PolicyStatement(
+                sid="SendRunShellScriptDocument",
+                actions=["ssm:SendCommand"],
+                resources=[self.run_shell_document_arn],
+            ),
+            iam.PolicyStatement(
+                sid="SendCommandToTaggedManagedInstances",
+                actions=["ssm:SendCommand"],
+                resources=[self.managed_instance_arns],
+                conditions=self._tagged,
+            ),
+        ]
+
+
+class RecoveryFunctions(Construct):
+    """Four functions, each with its own role, trigger, DLQ and DLQ alarm."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: RecoveryConfig,
+        defaults: LambdaDefaults,
+        tables: RecoveryTables,
+        notifications: Notifications,
+        health_check: HealthCheck,
+        access: ClusterAccess,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._defaults = defaults
+        self._topic = notifications.topic
+        self.access = access
+        self.functions: dict[str, RecoveryFunction] = {}
+        self.dead_letter_queues: dict[str, sqs.Queue] = {}
+        self.dlq_alarms: dict[str, cloudwatch.Alarm] = {}
+        self.rules: dict[str, events.Rule] = {}
+        cluster_arn = access.cluster_arn
+
+        self.task_handler = self._function(
+            "TaskHandler",
+            handler="handlers.ecs_task_handler.lambda_handler",
+            service="ecs-task-handler",
+            description="Training task stopped: classify, stop the other ranks, start DCGM",
+            permissions=[
+                access.start_task,
+                access.stop_task,
+                access.describe_tasks,
+                access.list_tasks,
+            ],
+        )
+        self.dcgm_monitor = self._function(
+            "DcgmMonitor",
+            handler="handlers.dcgm_task_monitor.lambda_handler",
+            service="dcgm-task-monitor",
+            description="DCGM health check stopped: reboot, quarantine or fail the job",
+            permissions=[
+                access.reboot_instances,
+                access.send_reboot_command,
+                access.update_container_instances_state,
+                access.describe_tasks,
+                access.describe_container_instances,
+            ],
+        )
+        if health_check.log_group is not None:
+            health_check.log_group.grant(self.dcgm_monitor.role, "logs:GetLogEvents")
+        self.instance_monitor = self._function(
+            "InstanceMonitor",
+            handler="handlers.ecs_instance_monitor.lambda_handler",
+            service="ecs-instance-monitor",
+            description="Container instance back after reboot: gang-restart waiting jobs",
+            timeout=Duration.seconds(120),
+            permissions=[
+                access.start_task,
+                access.describe_tasks,
+                access.describe_container_instances,
+            ],
+        )
+        self.sweep = self._function(
+            "RecoverySweep",
+            handler="handlers.recovery_sweep.lambda_handler",
+            service="recovery-sweep",
+            description="Every minute: reboot / health-check timeouts, pending health checks",
+            timeout=Duration.seconds(55),
+            async_retries=0,
+            permissions=[
+                access.start_task,
+                access.stop_task,
+                access.describe_tasks,
+                access.list_tasks,
+                access.describe_container_instances,
+                access.update_container_instances_state,
+            ],
+        )
+        for fn in self.functions.values():
+            tables.grant_read_write_data(fn.role)
+            notifications.grant_publish(fn.role)
+
+        self._rule(
+            "TaskHandler",
+            "Training task state changes in the cluster (not the health-check group)",
+            events.EventPattern(**_pattern_props(training_task_pattern(cluster_arn))),
+        )
+        self._rule(
+            "DcgmMonitor",
+            "Health-check task stopped",
+            events.EventPattern(**_pattern_props(health_check_task_pattern(cluster_arn))),
+        )
+        self._rule(
+            "InstanceMonitor",
+            "Container instance state changes in the cluster",
+            events.EventPattern(**_pattern_props(container_instance_pattern(cluster_arn))),
+        )
+        self._rule(
+            "RecoverySweep",
+            "Recovery timeouts and pending health checks",
+            schedule=events.Schedule.rate(Duration.minutes(1)),
+        )
+
+    # ---------------------------------------------------------------------------------
+    def _function(
+        self,
+        name: str,
+        *,
+        handler: str,
+        service: str,
+        description: str,
+        permissions: list[Callable[[], list[iam.PolicyStatement]]],
+        timeout: Duration = Duration.seconds(60),
+        async_retries: int = 2,
+    ) -> RecoveryFunction:
+        fn = RecoveryFunction(
+            self,
+            name,
+            defaults=self._defaults,
+            handler=handler,
+            service_name=service,
+            description=description,
+            timeout=timeout,
+        )
+        for make in permissions:
+            fn.add_to_policy(*make())
+        dlq = sqs.Queue(
+            self,
+            f"{name}Dlq",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=DLQ_RETENTION,
+        )
+        acknowledge(
+            dlq,
+            (
+                "AwsSolutions-SQS3",
+                "This queue is itself the dead-letter queue of the EventBridge target and "
+                "the Lambda on-failure destination; a DLQ of a DLQ would never be read.",
+            ),
+        )
+        # Lambda's own async handling: retry function errors, then keep the event.
+        fn.function.configure_async_invoke(
+            max_event_age=EVENT_MAX_AGE,
+            retry_attempts=async_retries,
+            on_failure=destinations.SqsDestination(dlq),
+        )
+        alarm = cloudwatch.Alarm(
+            self,
+            f"{name}DlqAlarm",
+            alarm_description=f"Events for {service} ended in its dead-letter queue",
+            metric=dlq.metric_approximate_number_of_messages_visible(
+                period=Duration.minutes(1), statistic="Maximum"
+            ),
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        alarm.add_alarm_action(cw_actions.SnsAction(self._topic))
+        self.functions[name] = fn
+        self.dead_letter_queues[name] = dlq
+        self.dlq_alarms[name] = alarm
+        self._acknowledge_wildcards(fn)
+        return fn
+
+    def _rule(
+        self,
+        name: str,
+        description: str,
+        event_pattern: events.EventPattern | None = None,
+        schedule: events.Schedule | None = None,
+    ) -> None:
+        rule = events.Rule(
+            self,
+            f"{name}Rule",
+            description=description,
+            event_pattern=event_pattern,
+            schedule=schedule,
+        )
+        rule.add_target(
+            targets.LambdaFunction(
+                self.functions[name].function,
+                dead_letter_queue=self.dead_letter_queues[name],
+                retry_attempts=EVENT_RETRY_ATTEMPTS,
+                max_event_age=EVENT_MAX_AGE,
+            )
+        )
+        self.rules[name] = rule
+
+    def _acknowledge_wildcards(self, fn: RecoveryFunction) -> None:
+        """Acknowledge exactly the wildcard resources this function's policy carries."""
+        access = self.access
+        reasons = {
+            access.task_definition_arns: (
+                "ecs:StartTask restarts each job with its own task definition (any family, "
+                "unknown at deploy time) and starts the health check; limited to this cluster "
+                "by ArnEquals ecs:cluster."
+            ),
+            access.task_arns: (
+                "Task ids are generated by ECS; access is limited to tasks of this one "
+                "cluster (task/<cluster>/*) and additionally by ArnEquals ecs:cluster."
+            ),
+            access.container_instance_arns: (
+                "Container instance ids are generated by ECS; limited to instances of this "
+                "one cluster (container-instance/<cluster>/*) and ArnEquals ecs:cluster."
+            ),
+            access.task_role_arns: (
+                "Jobs are restarted with their own task and execution roles (unknown at "
+                "deploy time); PassRole only with iam:PassedToService ecs-tasks.amazonaws.com."
+            ),
+            access.ec2_instance_arns: (
+                "GPU instances come and go with the Auto Scaling group; RebootInstances is "
+                "allowed only on instances tagged with the configured cluster tag."
+            ),
+            access.managed_instance_arns: (
+                "ECS Anywhere managed-instance ids are not known at deploy time; SendCommand "
+                "is allowed only on managed instances tagged with the cluster tag."
+            ),
+        }
+        policy_resources: set[str] = set()
+        for statement in fn.statements:
+            policy_resources.update(statement.resources)
+        for resource, reason in reasons.items():
+            if resource in policy_resources:
+                acknowledge(
+                    fn.role,
+                    (f"AwsSolutions-IAM5[Resource::{nag_resource_id(self, resource)}]", reason),
+                )
+        star_reason = (
+            "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) "
+            + ("and ec2:DescribeInstances " if "*" in policy_resources else "")
+            + "support no resource-level permissions, so their resource must be '*'."
+        )
+        acknowledge(fn.role, ("AwsSolutions-IAM5[Resource::*]", star_reason))
+
+
+def _pattern_props(pattern: dict[str, Any]) -> dict[str, Any]:
+    """constants' dict pattern -> EventPattern kwargs, rendering to exactly the dict."""
+    mapping = {"source": "source", "detail-type": "detail_type", "detail": "detail"}
+    unknown = set(pattern) - set(mapping)
+    if unknown:
+        raise ValueError(f"unsupported top-level pattern keys: {sorted(unknown)}")
+    return {mapping[key]: value for key, value in pattern.items()}

@@ -1,0 +1,94 @@
+"""DynamoDB tables, built from ``gpu_recovery.constants.table_definitions()``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from gpu_recovery.constants import table_definitions
+
+_ATTRIBUTE_TYPES = {
+    "S": dynamodb.AttributeType.STRING,
+    "N": dynamodb.AttributeType.NUMBER,
+    "B": dynamodb.AttributeType.BINARY,
+}
+
+# The data-plane actions of Table.grant_read_write_data (no table management, no streams).
+READ_WRITE_DATA_ACTIONS = [
+    "dynamodb:BatchGetItem",
+    "dynamodb:ConditionCheckItem",
+    "dynamodb:DescribeTable",
+    "dynamodb:GetItem",
+    "dynamodb:Query",
+    "dynamodb:Scan",
+    "dynamodb:BatchWriteItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+]
+
+
+def _attribute(definition: dict[str, Any], name: str) -> dynamodb.Attribute:
+    types = {a["AttributeName"]: a["AttributeType"] for a in definition["AttributeDefinitions"]}
+    return dynamodb.Attribute(name=name, type=_ATTRIBUTE_TYPES[types[name]])
+
+
+def _keys(definition: dict[str, Any], key_schema: list[dict[str, str]]) -> dict[str, Any]:
+    keys: dict[str, Any] = {}
+    for key in key_schema:
+        arg = "partition_key" if key["KeyType"] == "HASH" else "sort_key"
+        keys[arg] = _attribute(definition, key["AttributeName"])
+    return keys
+
+
+class RecoveryTables(Construct):
+    """The job table and the container-instance table (CloudFormation names them)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, removal_policy: str) -> None:
+        super().__init__(scope, construct_id)
+        policy = RemovalPolicy.DESTROY if removal_policy == "destroy" else RemovalPolicy.RETAIN
+        definitions = table_definitions()
+        self.index_names: dict[str, list[str]] = {}
+        self.tables: dict[str, dynamodb.Table] = {}
+        for logical, construct_name in (("job", "JobTable"), ("instance", "InstanceTable")):
+            definition = definitions[logical]
+            table = dynamodb.Table(
+                self,
+                construct_name,
+                billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+                point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                    point_in_time_recovery_enabled=True
+                ),
+                encryption=dynamodb.TableEncryption.AWS_MANAGED,
+                removal_policy=policy,
+                **_keys(definition, definition["KeySchema"]),
+            )
+            for gsi in definition.get("GlobalSecondaryIndexes", []):
+                projection = gsi.get("Projection", {}).get("ProjectionType", "ALL")
+                table.add_global_secondary_index(
+                    index_name=gsi["IndexName"],
+                    projection_type=dynamodb.ProjectionType(projection),
+                    **_keys(definition, gsi["KeySchema"]),
+                )
+            self.index_names[logical] = [
+                gsi["IndexName"] for gsi in definition.get("GlobalSecondaryIndexes", [])
+            ]
+            self.tables[logical] = table
+        self.job_table = self.tables["job"]
+        self.instance_table = self.tables["instance"]
+
+    def grant_read_write_data(self, grantee: iam.IGrantable) -> None:
+        """Data access to both tables and each of their indexes, by name (no wildcard)."""
+        resources: list[str] = []
+        for logical, table in self.tables.items():
+            resources.append(table.table_arn)
+            resources.extend(
+                f"{table.table_arn}/index/{name}" for name in self.index_names[logical]
+            )
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=READ_WRITE_DATA_ACTIONS, resource_arns=resources
+        )

@@ -1,0 +1,20 @@
+"""Local mode: the recovery Lambdas end to end on a laptop, in simulated time.
+
+* :mod:`local_mode.emulator` — ``LocalAws``: moto with the stack's tables, topic,
+  cluster and health-check task definition; handler environment; API hooks.
+* :mod:`local_mode.ecs_sim` — ``SimulatedEcs`` / ``SimClock``: GPU nodes, agents,
+  tasks, reboots and faults, driven in simulated time.
+* :mod:`local_mode.event_bus` — ``LocalEventBus``: EventBridge rules (the deployed
+  patterns), at-least-once delivery, schedules; ``wire_recovery_handlers``.
+* :mod:`local_mode.events` — AWS-documented ECS event builders.
+* :mod:`local_mode.faults` — ``ApiFaults``: transient / persistent AWS API errors.
+
+Typical use::
+
+    with LocalAws() as local:
+        bus = LocalEventBus()
+        sim = SimulatedEcs(local, bus)
+        wire_recovery_handlers(bus, local.cluster_arn)
+        ...
+        sim.run_for(3600)
+"""

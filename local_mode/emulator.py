@@ -1,0 +1,375 @@
+"""``LocalAws``: the embedded AWS emulator (moto) that local mode and tests run against.
+
+Entering the context:
+
+* starts ``moto.mock_aws()`` and sets fake credentials and region (us-east-1,
+  account 123456789012), with AWS config files pointed at /dev/null;
+* creates what the stack deploys: both DynamoDB tables (``table_definitions()``,
+  PAY_PER_REQUEST), the SNS topic ``gpu-training-notifications`` with an SQS queue
+  subscribed (envelope delivery, so subject and message attributes survive), the
+  ECS cluster and the DCGM health-check task definition (GPU resource requirement);
+* sets every environment variable the Lambda handlers read;
+* resets ``gpu_recovery.adapters.aws`` and registers **dispatching** botocore hooks
+  on its session before any handler client exists, so :class:`ApiHooks` listeners
+  (the simulated ECS data plane) and :class:`~local_mode.faults.ApiFaults` (error
+  injection) can be added at any time afterwards;
+* makes botocore's retry back-off a no-op (delays are recorded in ``retry_sleeps``)
+  so injected throttling costs no wall time.
+
+Exiting restores the environment, the clock and the adapters. Example::
+
+    with LocalAws(max_recovery_attempts=2) as local:
+        ...
+        for n in local.notifications():
+            print(n["subject"], n["attributes"].get("event_kind"))
+
+``local.client("ecs")`` is an *internal* client (no hooks, no faults) for setup and
+inspection; handlers use ``gpu_recovery.adapters.aws.client`` which sees the hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import threading
+import time as _time
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+import botocore.endpoint
+from moto import mock_aws
+from moto.moto_api import state_manager
+
+from gpu_recovery import clock as gr_clock
+from gpu_recovery import constants as C
+from gpu_recovery.adapters import aws
+
+from .faults import ApiFaults
+
+ACCOUNT_ID = "123456789012"
+REGION = "us-east-1"
+TOPIC_NAME = "gpu-training-notifications"
+QUEUE_NAME = "gpu-training-notifications-inbox"
+HEALTH_CHECK_LOG_GROUP = "/ecs/gpu-health-check"
+PARAMS_KEY = "local_mode_params"
+
+BeforeCall = Callable[[dict[str, Any], dict[str, Any]], Any]
+AfterCall = Callable[[dict[str, Any], int, dict[str, Any], dict[str, Any]], None]
+
+
+class ApiHooks:
+    """Per-operation listeners behind the botocore hooks ``LocalAws`` registers.
+
+    * ``on_before_call(service, operation, fn)``: ``fn(params, context)`` sees the
+      API parameters (as the caller passed them) before the call; returning
+      ``(http_response, parsed)`` short-circuits it (the caller gets ``parsed``).
+    * ``on_after_call(service, operation, fn)``: ``fn(params, status, parsed,
+      context)`` sees every completed call (``parsed`` may be modified in place).
+
+    ``service`` is the botocore service id in event-name form ("ecs", "ec2", "ssm").
+    ``context`` is botocore's per-call dict: before- and after-call share it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._before: dict[tuple[str, str], list[BeforeCall]] = {}
+        self._after: dict[tuple[str, str], list[AfterCall]] = {}
+
+    def on_before_call(self, service: str, operation: str, fn: BeforeCall) -> None:
+        with self._lock:
+            self._before.setdefault((service, operation), []).append(fn)
+
+    def on_after_call(self, service: str, operation: str, fn: AfterCall) -> None:
+        with self._lock:
+            self._after.setdefault((service, operation), []).append(fn)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._before.clear()
+            self._after.clear()
+
+    # --- botocore handlers -------------------------------------------------------
+    @staticmethod
+    def _key(model: Any) -> tuple[str, str]:
+        return model.service_model.service_id.hyphenize(), model.name
+
+    def stash_params(self, params: dict[str, Any], model: Any, context: Any = None, **_: Any):
+        if context is not None:
+            try:
+                context[PARAMS_KEY] = copy.deepcopy(params)
+            except Exception:  # streaming bodies and the like
+                context[PARAMS_KEY] = dict(params)
+
+    def before_call(self, model: Any, params: Any, context: Any = None, **_: Any) -> Any:
+        with self._lock:
+            fns = list(self._before.get(self._key(model), ()))
+        if not fns or context is None:
+            return None
+        context["local_mode_request"] = params
+        api_params = context.get(PARAMS_KEY, {})
+        for fn in fns:
+            result = fn(api_params, context)
+            if result is not None:
+                return result
+        return None
+
+    def after_call(
+        self, http_response: Any, parsed: Any, model: Any, context: Any = None, **_: Any
+    ) -> None:
+        with self._lock:
+            fns = list(self._after.get(self._key(model), ()))
+        if not fns or context is None:
+            return
+        status = getattr(http_response, "status_code", 200)
+        api_params = context.get(PARAMS_KEY, {})
+        for fn in fns:
+            fn(api_params, status, parsed, context)
+
+
+_loader_lock = threading.Lock()
+_shared_loader: Any = None
+
+
+def _share_model_loader(session: boto3.session.Session) -> None:
+    """Let every session reuse one botocore data loader: service models are parsed
+    once per process instead of once per ``LocalAws`` (tests create many)."""
+    global _shared_loader
+    with _loader_lock:
+        if _shared_loader is None:
+            _shared_loader = session._session.get_component("data_loader")
+        else:
+            session._session.register_component("data_loader", _shared_loader)
+
+
+class _NoSleepTime:
+    """Stand-in for ``time`` inside botocore.endpoint: retry back-off is recorded."""
+
+    def __init__(self, record: Callable[[float], None]) -> None:
+        self._record = record
+
+    def sleep(self, seconds: float) -> None:
+        self._record(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_time, name)
+
+
+class LocalAws:
+    """Context manager: moto + the stack's resources + handler environment."""
+
+    def __init__(
+        self,
+        *,
+        cluster_name: str = "gpu-cluster",
+        max_recovery_attempts: int = 1,
+        suspect_exit_codes: tuple[int, ...] | list[int] = (1,),
+        reboot_timeout_minutes: int = 15,
+        health_check_timeout_minutes: int = 30,
+        dcgm_level: int = 2,
+        health_check_gpus: int = 8,
+        service_name: str = "gpu-recovery",
+        metrics_disabled: bool = False,
+        sleep_on_retry: bool = False,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.cluster_name = cluster_name
+        self.cluster_arn = f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:cluster/{cluster_name}"
+        self.account_id = ACCOUNT_ID
+        self.region = REGION
+        self.job_table = C.DEFAULT_JOB_TABLE_NAME
+        self.instance_table = C.DEFAULT_INSTANCE_TABLE_NAME
+        self.health_check_gpus = health_check_gpus
+        self.topic_arn = ""
+        self.queue_url = ""
+        self.health_check_task_definition_arn = ""
+        self.hooks = ApiHooks()
+        self.faults = ApiFaults()
+        #: back-off delays botocore asked for (not slept unless sleep_on_retry)
+        self.retry_sleeps: list[float] = []
+        self._sleep_on_retry = sleep_on_retry
+        self._settings = {
+            C.ENV_JOB_TABLE: self.job_table,
+            C.ENV_INSTANCE_TABLE: self.instance_table,
+            C.ENV_CLUSTER_NAME: cluster_name,
+            C.ENV_MAX_RECOVERY_ATTEMPTS: str(max_recovery_attempts),
+            C.ENV_SUSPECT_EXIT_CODES: json.dumps(list(suspect_exit_codes)),
+            C.ENV_REBOOT_TIMEOUT_MINUTES: str(reboot_timeout_minutes),
+            C.ENV_HEALTH_CHECK_TIMEOUT_MINUTES: str(health_check_timeout_minutes),
+            C.ENV_DCGM_LEVEL: str(dcgm_level),
+            C.ENV_HEALTH_CHECK_GPUS: str(health_check_gpus),
+            C.ENV_POWERTOOLS_SERVICE_NAME: service_name,
+            C.ENV_POWERTOOLS_METRICS_NAMESPACE: C.METRICS_NAMESPACE,
+            "POWERTOOLS_TRACE_DISABLED": "true",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        if metrics_disabled:
+            self._settings["POWERTOOLS_METRICS_DISABLED"] = "true"
+        self._settings.update(extra_env or {})
+        self.env: dict[str, str] = {}
+        self._saved_env: dict[str, str | None] = {}
+        self._mock: Any = None
+        self._session: boto3.session.Session | None = None
+        self._clients: dict[str, Any] = {}
+        self._client_lock = threading.Lock()
+        self._notif_lock = threading.Lock()
+        self._notifications: list[dict[str, Any]] = []
+        self._saved_endpoint_time: Any = None
+
+    # --- lifecycle ---------------------------------------------------------------
+    def __enter__(self) -> LocalAws:
+        self._set_env(self._settings)
+        self._mock = mock_aws()
+        self._mock.start()
+        # moto advances a described task RUNNING -> ... -> STOPPED on its own; the
+        # simulated data plane owns task state instead.
+        state_manager.set_transition("ecs::task", {"progression": "manual", "times": 10**12})
+        self._saved_endpoint_time = botocore.endpoint.time
+        if not self._sleep_on_retry:
+            botocore.endpoint.time = _NoSleepTime(self.retry_sleeps.append)  # type: ignore[assignment]
+        self._session = boto3.session.Session()
+        _share_model_loader(self._session)
+        try:
+            self._create_resources()
+        except Exception:
+            self.__exit__(None, None, None)
+            raise
+        aws.reset()
+        _share_model_loader(aws.session())
+        events = aws.session().events
+        events.register("before-parameter-build", self.hooks.stash_params)
+        events.register("before-call", self.hooks.before_call)
+        events.register("after-call", self.hooks.after_call)
+        events.register_first("before-send", self.faults.before_send)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        aws.reset()
+        gr_clock.reset_clock()
+        self.hooks.clear()
+        if self._saved_endpoint_time is not None:
+            botocore.endpoint.time = self._saved_endpoint_time
+            self._saved_endpoint_time = None
+        state_manager.unset_transition("ecs::task")
+        if self._mock is not None:
+            self._mock.stop()
+            self._mock = None
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+        self._clients.clear()
+
+    def _set_env(self, values: dict[str, str]) -> None:
+        for key, value in values.items():
+            if key not in self._saved_env:
+                self._saved_env[key] = os.environ.get(key)
+            os.environ[key] = value
+            self.env[key] = value
+
+    def client(self, service: str) -> Any:
+        """Internal client: bypasses the hooks and fault injection."""
+        assert self._session is not None, "use inside `with LocalAws()`"
+        with self._client_lock:
+            if service not in self._clients:
+                self._clients[service] = self._session.client(service, region_name=REGION)
+            return self._clients[service]
+
+    def _create_resources(self) -> None:
+        ddb = self.client("dynamodb")
+        defs = C.table_definitions()
+        for kind, name in (("job", self.job_table), ("instance", self.instance_table)):
+            ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **defs[kind])
+        sns, sqs = self.client("sns"), self.client("sqs")
+        self.topic_arn = sns.create_topic(Name=TOPIC_NAME)["TopicArn"]
+        self.queue_url = sqs.create_queue(QueueName=QUEUE_NAME)["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        sns.subscribe(
+            TopicArn=self.topic_arn,
+            Protocol="sqs",
+            Endpoint=queue_arn,
+            Attributes={"RawMessageDelivery": "false"},
+        )
+        ecs = self.client("ecs")
+        ecs.create_cluster(clusterName=self.cluster_name)
+        self.health_check_task_definition_arn = ecs.register_task_definition(
+            family=C.DEFAULT_HEALTH_CHECK_FAMILY,
+            requiresCompatibilities=["EC2"],
+            networkMode="host",
+            containerDefinitions=[
+                {
+                    "name": "dcgm",
+                    "image": "nvcr.io/nvidia/cloud-native/dcgm:latest",
+                    "memory": 1024,
+                    "essential": True,
+                    "command": ["/opt/health_check/dcgm_health_check.sh"],
+                    "resourceRequirements": [
+                        {"type": "GPU", "value": str(self.health_check_gpus)}
+                    ],
+                    "logConfiguration": {
+                        "logDriver": "awslogs",
+                        "options": {
+                            "awslogs-group": HEALTH_CHECK_LOG_GROUP,
+                            "awslogs-region": REGION,
+                            "awslogs-stream-prefix": "dcgm",
+                        },
+                    },
+                }
+            ],
+        )["taskDefinition"]["taskDefinitionArn"]
+        self.client("logs").create_log_group(logGroupName=HEALTH_CHECK_LOG_GROUP)
+        self._set_env(
+            {
+                C.ENV_SNS_TOPIC_ARN: self.topic_arn,
+                C.ENV_HEALTH_CHECK_TASK: self.health_check_task_definition_arn,
+            }
+        )
+
+    # --- notifications -----------------------------------------------------------
+    def notifications(self) -> list[dict[str, Any]]:
+        """Every SNS notification published so far, oldest first.
+
+        Each is ``{"subject", "message", "attributes", "message_id", "timestamp"}``;
+        ``message`` is JSON-decoded when it is JSON, ``attributes`` maps name -> value.
+        """
+        sqs = self.client("sqs")
+        with self._notif_lock:
+            while True:
+                resp = sqs.receive_message(
+                    QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+                )
+                msgs = resp.get("Messages", [])
+                if not msgs:
+                    break
+                for m in msgs:
+                    env = json.loads(m["Body"])
+                    message: Any = env.get("Message", "")
+                    with contextlib.suppress(TypeError, ValueError):
+                        message = json.loads(message)
+                    self._notifications.append(
+                        {
+                            "subject": env.get("Subject"),
+                            "message": message,
+                            "attributes": {
+                                k: v.get("Value")
+                                for k, v in (env.get("MessageAttributes") or {}).items()
+                            },
+                            "message_id": env.get("MessageId"),
+                            "timestamp": env.get("Timestamp"),
+                        }
+                    )
+                    sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"])
+            return list(self._notifications)

@@ -1,0 +1,259 @@
+"""AWS-shaped EventBridge events, built the way AWS documents them.
+
+* :func:`task_state_change` — "ECS Task State Change" (detail = the ECS Task object:
+  attachments, availabilityZone, clusterArn, containerInstanceArn, containers, cpu,
+  memory, createdAt, desiredStatus, group, launchType, lastStatus, overrides,
+  startedAt, startedBy, stoppedAt, stoppedReason, stopCode, stoppingAt, taskArn,
+  taskDefinitionArn, updatedAt, version). Real task events carry **no tags**, and a
+  container's ``exitCode`` appears only once it has stopped.
+* :func:`container_instance_state_change` — "ECS Container Instance State Change"
+  (detail = the ContainerInstance object incl. GPU ``STRINGSET`` resources).
+* :func:`scheduled_event` — an EventBridge rule's "Scheduled Event".
+
+Times accept epoch seconds, ``datetime`` or an ISO string and are emitted as
+``2026-11-20T14:03:10.123Z``. Omitted detail times are left out, like AWS does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+ACCOUNT_ID = "123456789012"
+REGION = "us-east-1"
+
+TASK_DETAIL_TYPE = "ECS Task State Change"
+CONTAINER_INSTANCE_DETAIL_TYPE = "ECS Container Instance State Change"
+
+# Detail keys in documented order (AWS example events).
+TASK_DETAIL_KEYS = (
+    "attachments",
+    "availabilityZone",
+    "clusterArn",
+    "containerInstanceArn",
+    "containers",
+    "cpu",
+    "createdAt",
+    "desiredStatus",
+    "group",
+    "launchType",
+    "lastStatus",
+    "memory",
+    "overrides",
+    "connectivity",
+    "connectivityAt",
+    "pullStartedAt",
+    "pullStoppedAt",
+    "startedAt",
+    "startedBy",
+    "stoppingAt",
+    "stoppedAt",
+    "stoppedReason",
+    "stopCode",
+    "executionStoppedAt",
+    "taskArn",
+    "taskDefinitionArn",
+    "updatedAt",
+    "version",
+)
+TASK_TIME_KEYS = frozenset(
+    {
+        "createdAt",
+        "connectivityAt",
+        "pullStartedAt",
+        "pullStoppedAt",
+        "startedAt",
+        "stoppingAt",
+        "stoppedAt",
+        "executionStoppedAt",
+        "updatedAt",
+    }
+)
+CONTAINER_KEYS = (
+    "containerArn",
+    "exitCode",
+    "lastStatus",
+    "name",
+    "image",
+    "taskArn",
+    "networkInterfaces",
+    "cpu",
+    "memory",
+    "gpuIds",
+    "reason",
+)
+CONTAINER_INSTANCE_DETAIL_KEYS = (
+    "agentConnected",
+    "attributes",
+    "clusterArn",
+    "containerInstanceArn",
+    "ec2InstanceId",
+    "registeredResources",
+    "remainingResources",
+    "status",
+    "version",
+    "versionInfo",
+    "registeredAt",
+    "updatedAt",
+    "accountType",
+)
+
+
+def iso(value: float | datetime | str | None) -> str | None:
+    """ISO 8601 UTC with milliseconds and a ``Z``, as EventBridge writes times."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        dt = value if value.tzinfo else value.replace(tzinfo=UTC)
+    else:
+        dt = datetime.fromtimestamp(float(value), tz=UTC)
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def envelope(
+    detail_type: str,
+    source: str,
+    detail: dict[str, Any],
+    resources: list[str],
+    *,
+    time: float | datetime | str | None = None,
+    account: str = ACCOUNT_ID,
+    region: str = REGION,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """The EventBridge envelope (``version`` "0", fresh ``id`` unless given)."""
+    return {
+        "version": "0",
+        "id": event_id or str(uuid.uuid4()),
+        "detail-type": detail_type,
+        "source": source,
+        "account": account,
+        "time": (iso(time) or iso(datetime.now(tz=UTC)) or "")[:19] + "Z",
+        "region": region,
+        "resources": list(resources),
+        "detail": detail,
+    }
+
+
+def _container(c: Mapping[str, Any], task_stopped: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in CONTAINER_KEYS:
+        if key not in c or c[key] is None:
+            continue
+        if key == "exitCode" and not (task_stopped or c.get("lastStatus") == "STOPPED"):
+            continue
+        out[key] = c[key]
+    out.setdefault("networkInterfaces", [])
+    return out
+
+
+def task_detail(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A documented task detail from a DescribeTasks-shaped mapping (tags dropped)."""
+    stopped = task.get("lastStatus") == "STOPPED"
+    detail: dict[str, Any] = {}
+    for key in TASK_DETAIL_KEYS:
+        if key not in task or task[key] is None:
+            continue
+        value = task[key]
+        if key in TASK_TIME_KEYS:
+            value = iso(value)
+        elif key == "containers":
+            value = [_container(c, stopped) for c in value]
+        detail[key] = value
+    detail.setdefault("attachments", [])
+    detail.setdefault("overrides", {"containerOverrides": []})
+    detail.setdefault("launchType", "EC2")
+    return detail
+
+
+def task_state_change(
+    task: Mapping[str, Any],
+    *,
+    time: float | datetime | str | None = None,
+    account: str = ACCOUNT_ID,
+    region: str = REGION,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """An "ECS Task State Change" event for ``task`` (camelCase ECS Task fields).
+
+    ``time`` defaults to the task's ``updatedAt``.
+    """
+    detail = task_detail(task)
+    return envelope(
+        TASK_DETAIL_TYPE,
+        "aws.ecs",
+        detail,
+        [detail["taskArn"]],
+        time=time if time is not None else task.get("updatedAt"),
+        account=account,
+        region=region,
+        event_id=event_id,
+    )
+
+
+def container_instance_detail(ci: Mapping[str, Any]) -> dict[str, Any]:
+    detail: dict[str, Any] = {}
+    for key in CONTAINER_INSTANCE_DETAIL_KEYS:
+        if key not in ci or ci[key] is None:
+            continue
+        value = ci[key]
+        if key in ("registeredAt", "updatedAt"):
+            value = iso(value)
+        detail[key] = value
+    detail.setdefault("accountType", "ec2_instance")
+    return detail
+
+
+def container_instance_state_change(
+    ci: Mapping[str, Any],
+    *,
+    time: float | datetime | str | None = None,
+    account: str = ACCOUNT_ID,
+    region: str = REGION,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """An "ECS Container Instance State Change" event for ``ci`` (ContainerInstance)."""
+    detail = container_instance_detail(ci)
+    return envelope(
+        CONTAINER_INSTANCE_DETAIL_TYPE,
+        "aws.ecs",
+        detail,
+        [detail["containerInstanceArn"]],
+        time=time if time is not None else ci.get("updatedAt"),
+        account=account,
+        region=region,
+        event_id=event_id,
+    )
+
+
+def gpu_resource(gpu_ids: list[str]) -> dict[str, Any]:
+    """The ``GPU`` entry of registered/remainingResources, as ECS reports it."""
+    return {
+        "name": "GPU",
+        "type": "STRINGSET",
+        "doubleValue": 0.0,
+        "integerValue": 0,
+        "longValue": 0,
+        "stringSetValue": list(gpu_ids),
+    }
+
+
+def scheduled_event(
+    rule_arn: str,
+    *,
+    time: float | datetime | str | None = None,
+    account: str = ACCOUNT_ID,
+    region: str = REGION,
+) -> dict[str, Any]:
+    """What an EventBridge schedule rule delivers to its target."""
+    return envelope(
+        "Scheduled Event",
+        "aws.events",
+        {},
+        [rule_arn],
+        time=time,
+        account=account,
+        region=region,
+    )

@@ -1,0 +1,94 @@
+"""Deployed rule patterns vs. AWS-documented sample events (moto's EventBridge matcher)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from conftest import CLUSTER_ARN, Synth, load_event
+from moto.events.models import EventPattern
+
+OTHER_CLUSTER_ARN = "arn:aws:ecs:us-east-1:111122223333:cluster/other-cluster"
+
+
+def _rules_by_handler(synth: Synth) -> dict[str, dict[str, Any]]:
+    """The synthesized pattern of each event rule, keyed by its target's handler."""
+    functions = synth.resources("AWS::Lambda::Function")
+    out = {}
+    for rule in synth.resources("AWS::Events::Rule").values():
+        if "EventPattern" not in rule["Properties"]:
+            continue
+        (target,) = rule["Properties"]["Targets"]
+        handler = functions[target["Arn"]["Fn::GetAtt"][0]]["Properties"]["Handler"]
+        out[handler.split(".")[1]] = rule["Properties"]["EventPattern"]
+    return out
+
+
+def _matching_rules(synth: Synth, event: dict[str, Any]) -> set[str]:
+    return {
+        name
+        for name, pattern in _rules_by_handler(synth).items()
+        if EventPattern.load(json.dumps(pattern)).matches_event(event)
+    }
+
+
+def _in_cluster(event: dict[str, Any], cluster_arn: str = CLUSTER_ARN) -> dict[str, Any]:
+    event = copy.deepcopy(event)
+    event["detail"]["clusterArn"] = cluster_arn
+    return event
+
+
+def test_documented_task_event_goes_to_the_task_handler_only(default_synth: Synth) -> None:
+    """Given the ECS guide's task state change (rewritten to our cluster),
+    When matched against the deployed rules, Then only the training-task rule matches."""
+    event = _in_cluster(load_event("aws_doc_ecs_task_state_change.json"))
+    assert _matching_rules(default_synth, event) == {"ecs_task_handler"}
+
+
+def test_training_task_stopped_goes_to_the_task_handler_only(default_synth: Synth) -> None:
+    """Given a training rank stopped with exit code 1, Then only the task handler gets it."""
+    event = load_event("training_task_stopped_exit1.json")
+    assert event["detail"]["clusterArn"] == CLUSTER_ARN
+    assert _matching_rules(default_synth, event) == {"ecs_task_handler"}
+
+
+def test_health_check_stopped_goes_to_the_dcgm_monitor_only(default_synth: Synth) -> None:
+    """Given the health-check task stopped (group gpu-recovery-health-check, exit 1),
+    Then only the DCGM monitor rule matches (never the training-task rule)."""
+    event = _in_cluster(load_event("health_check_task_stopped.json"))
+    assert _matching_rules(default_synth, event) == {"dcgm_task_monitor"}
+
+
+def test_running_health_check_matches_no_rule(default_synth: Synth) -> None:
+    """Given the health-check task still RUNNING, Then neither task rule matches."""
+    event = _in_cluster(load_event("health_check_task_stopped.json"))
+    event["detail"]["lastStatus"] = "RUNNING"
+    assert _matching_rules(default_synth, event) == set()
+
+
+def test_documented_container_instance_event_goes_to_instance_monitor_only(
+    default_synth: Synth,
+) -> None:
+    """Given the ECS guide's container instance state change (our cluster),
+    Then only the container-instance rule matches."""
+    event = _in_cluster(load_event("aws_doc_ecs_container_instance_state_change.json"))
+    assert _matching_rules(default_synth, event) == {"ecs_instance_monitor"}
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "aws_doc_ecs_task_state_change.json",
+        "aws_doc_ecs_container_instance_state_change.json",
+        "health_check_task_stopped.json",
+        "training_task_stopped_exit1.json",
+    ],
+)
+def test_events_from_another_cluster_match_nothing(default_synth: Synth, fixture: str) -> None:
+    """Given any event from another cluster (or the documented default cluster),
+    Then no rule of this stack matches it."""
+    assert _matching_rules(default_synth, _in_cluster(load_event(fixture), OTHER_CLUSTER_ARN)) == set()
+    if fixture.startswith("aws_doc"):
+        assert _matching_rules(default_synth, load_event(fixture)) == set()

@@ -1,0 +1,348 @@
+"""Template assertions on the synthesized stack (default and customised configuration)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_cdk.assertions import Match
+from conftest import CLUSTER, CLUSTER_ARN, CUSTOM_TASK_ARN, Synth
+
+from gpu_recovery import constants as c
+from infra.health_check import read_health_check_script
+
+
+def _table_with_key(synth: Synth, pk: str) -> dict[str, Any]:
+    for resource in synth.resources("AWS::DynamoDB::Table").values():
+        if resource["Properties"]["KeySchema"] == [{"AttributeName": pk, "KeyType": "HASH"}]:
+            return resource
+    raise AssertionError(f"no table keyed on {pk}")
+
+
+def _statements(synth: Synth) -> list[dict[str, Any]]:
+    out = []
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        out.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return out
+
+
+def _policy_of_function(synth: Synth, construct: str) -> list[dict[str, Any]]:
+    for logical, policy in synth.resources("AWS::IAM::Policy").items():
+        if logical.startswith(f"Recovery{construct}RoleDefaultPolicy"):
+            return policy["Properties"]["PolicyDocument"]["Statement"]
+    raise AssertionError(construct)
+
+
+def _actions(statements: list[dict[str, Any]]) -> set[str]:
+    actions: set[str] = set()
+    for s in statements:
+        a = s["Action"]
+        actions.update([a] if isinstance(a, str) else a)
+    return actions
+
+
+def test_tables_follow_table_definitions(default_synth: Synth) -> None:
+    """Given the constants' table definitions, When synthesized, Then both tables match them."""
+    for name, pk in (("job", c.JOB_PK), ("instance", c.INSTANCE_PK)):
+        definition = c.table_definitions()[name]
+        props = _table_with_key(default_synth, pk)["Properties"]
+        assert "TableName" not in props  # CloudFormation names the tables
+        assert props["BillingMode"] == "PAY_PER_REQUEST"
+        assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+        assert props["SSESpecification"] == {"SSEEnabled": True}
+        assert sorted(props["AttributeDefinitions"], key=lambda a: a["AttributeName"]) == sorted(
+            definition["AttributeDefinitions"], key=lambda a: a["AttributeName"]
+        )
+        expected_gsis = definition.get("GlobalSecondaryIndexes", [])
+        gsis = {g["IndexName"]: g for g in props.get("GlobalSecondaryIndexes", [])}
+        assert set(gsis) == {g["IndexName"] for g in expected_gsis}
+        for expected in expected_gsis:
+            assert gsis[expected["IndexName"]]["KeySchema"] == expected["KeySchema"]
+            assert gsis[expected["IndexName"]]["Projection"] == expected["Projection"]
+
+
+def test_tables_retained_by_default_and_deleted_on_destroy(
+    default_synth: Synth, custom_synth: Synth
+) -> None:
+    """Given table_removal_policy default / destroy, Then DeletionPolicy is Retain / Delete."""
+    for table in default_synth.resources("AWS::DynamoDB::Table").values():
+        assert table["DeletionPolicy"] == "Retain"
+        assert table["UpdateReplacePolicy"] == "Retain"
+    for table in custom_synth.resources("AWS::DynamoDB::Table").values():
+        assert table["DeletionPolicy"] == "Delete"
+
+
+def test_topic_is_kms_encrypted_with_rotating_key_and_ssl_enforced(default_synth: Synth) -> None:
+    """Given the alert topic, Then it uses a rotating customer key and denies non-TLS."""
+    t = default_synth.assertions
+    t.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+    t.has_resource_properties(
+        "AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [Match.any_value(), "Arn"]}}
+    )
+    t.has_resource_properties(
+        "AWS::SNS::TopicPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Effect": "Deny",
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        )
+                    ]
+                )
+            }
+        },
+    )
+
+
+def test_email_subscription_only_when_configured(
+    default_synth: Synth, custom_synth: Synth
+) -> None:
+    """Given alert_email unset / set, Then there is no / one e-mail subscription."""
+    default_synth.assertions.resource_count_is("AWS::SNS::Subscription", 0)
+    custom_synth.assertions.has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "oncall@example.com"}
+    )
+
+
+def test_three_rules_deploy_exactly_the_constants_patterns(default_synth: Synth) -> None:
+    """Given the cluster ARN, Then the rules' patterns equal the constants' functions."""
+    patterns = [
+        r["Properties"]["EventPattern"]
+        for r in default_synth.resources("AWS::Events::Rule").values()
+        if "EventPattern" in r["Properties"]
+    ]
+    expected = [
+        c.training_task_pattern(CLUSTER_ARN),
+        c.health_check_task_pattern(CLUSTER_ARN),
+        c.container_instance_pattern(CLUSTER_ARN),
+    ]
+    def canonical(items: list[dict[str, Any]]) -> list[str]:
+        return sorted(json.dumps(p, sort_keys=True) for p in items)
+
+    assert canonical(patterns) == canonical(expected)
+
+
+def test_rules_target_their_handlers_with_retry_and_dlq(default_synth: Synth) -> None:
+    """Given each rule, Then its single Lambda target has a retry policy and a DLQ."""
+    functions = default_synth.resources("AWS::Lambda::Function")
+    handler_by_logical = {k: v["Properties"]["Handler"] for k, v in functions.items()}
+    seen = set()
+    for rule in default_synth.resources("AWS::Events::Rule").values():
+        (target,) = rule["Properties"]["Targets"]
+        assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 7200, "MaximumRetryAttempts": 8}
+        assert "Fn::GetAtt" in target["DeadLetterConfig"]["Arn"]
+        handler = handler_by_logical[target["Arn"]["Fn::GetAtt"][0]]
+        seen.add(handler)
+        if "ScheduleExpression" in rule["Properties"]:
+            assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"
+            assert handler == "handlers.recovery_sweep.lambda_handler"
+    assert seen == {
+        "handlers.ecs_task_handler.lambda_handler",
+        "handlers.dcgm_task_monitor.lambda_handler",
+        "handlers.ecs_instance_monitor.lambda_handler",
+        "handlers.recovery_sweep.lambda_handler",
+    }
+
+
+def test_dead_letter_queues_are_encrypted_tls_only_and_alarmed(default_synth: Synth) -> None:
+    """Given the four DLQs, Then each is SSE, 14-day, TLS-only, and alarmed to the topic."""
+    queues = default_synth.resources("AWS::SQS::Queue")
+    assert len(queues) == 4
+    for q in queues.values():
+        assert q["Properties"]["SqsManagedSseEnabled"] is True
+        assert q["Properties"]["MessageRetentionPeriod"] == 14 * 24 * 3600
+    policies = default_synth.resources("AWS::SQS::QueuePolicy").values()
+    assert len(policies) == 4
+    for p in policies:
+        assert any(
+            s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+            for s in p["Properties"]["PolicyDocument"]["Statement"]
+        )
+    dlq_alarms = [
+        a
+        for a in default_synth.resources("AWS::CloudWatch::Alarm").values()
+        if a["Properties"].get("MetricName") == "ApproximateNumberOfMessagesVisible"
+    ]
+    assert len(dlq_alarms) == 4
+    for a in dlq_alarms:
+        assert a["Properties"]["Threshold"] == 0
+        assert a["Properties"]["ComparisonOperator"] == "GreaterThanThreshold"
+        (action,) = a["Properties"]["AlarmActions"]
+        assert action["Ref"].startswith("NotificationsAlertTopic")
+
+
+def test_lambda_async_failures_go_to_the_dlq(default_synth: Synth) -> None:
+    """Given each function, Then Lambda's own async config sends failures to an SQS queue."""
+    configs = default_synth.resources("AWS::Lambda::EventInvokeConfig").values()
+    assert len(configs) == 4
+    for cfg in configs:
+        assert cfg["Properties"]["MaximumEventAgeInSeconds"] == 7200
+        dest = cfg["Properties"]["DestinationConfig"]["OnFailure"]["Destination"]
+        assert dest["Fn::GetAtt"][1] == "Arn"
+
+
+def test_health_check_task_definition(default_synth: Synth) -> None:
+    """Given defaults, Then the DCGM task: EC2, 8 GPUs, DCGM image, awslogs, the script."""
+    (task,) = default_synth.resources("AWS::ECS::TaskDefinition").values()
+    props = task["Properties"]
+    assert props["Family"] == c.DEFAULT_HEALTH_CHECK_FAMILY
+    assert props["RequiresCompatibilities"] == ["EC2"]
+    (container,) = props["ContainerDefinitions"]
+    assert container["ResourceRequirements"] == [{"Type": "GPU", "Value": "8"}]
+    assert container["Image"].startswith("nvcr.io/nvidia/cloud-native/dcgm:4.")
+    assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+    assert container["Environment"] == [{"Name": "DCGM_LEVEL", "Value": "2"}]
+    assert container["Command"] == ["sh", "-c", read_health_check_script()]
+    assert container["LinuxParameters"]["Capabilities"] == {"Add": ["SYS_ADMIN"]}
+    assert "Privileged" not in container
+    log_groups = default_synth.resources("AWS::Logs::LogGroup")
+    assert all("RetentionInDays" in g["Properties"] for g in log_groups.values())
+
+
+def test_no_task_definition_when_own_arn_given(custom_synth: Synth) -> None:
+    """Given health_check_task_arn, Then no task definition is created and the ARN is used."""
+    custom_synth.assertions.resource_count_is("AWS::ECS::TaskDefinition", 0)
+    for fn in custom_synth.resources("AWS::Lambda::Function").values():
+        env = fn["Properties"]["Environment"]["Variables"]
+        assert env[c.ENV_HEALTH_CHECK_TASK] == CUSTOM_TASK_ARN
+        assert env[c.ENV_SUSPECT_EXIT_CODES] == "[1, 134]"
+    assert custom_synth.template["Outputs"]["HealthCheckTaskDefinitionArn"]["Value"] == (
+        CUSTOM_TASK_ARN
+    )
+
+
+def test_lambda_runtime_layer_tracing_and_environment(default_synth: Synth) -> None:
+    """Given the four functions, Then runtime, layer, tracing and env vars are the shared ones."""
+    functions = default_synth.resources("AWS::Lambda::Function").values()
+    assert len(functions) == 4
+    services = set()
+    for fn in functions:
+        props = fn["Properties"]
+        assert props["Runtime"] == "python3.12"
+        assert props["TracingConfig"] == {"Mode": "Active"}
+        assert props["Architectures"] == ["x86_64"]
+        (layer,) = props["Layers"]
+        layer_text = json.dumps(layer)
+        assert "017000801446:layer:AWSLambdaPowertoolsPythonV3-python312-x86_64:" in layer_text
+        assert "${AWS::Region}" in layer_text
+        env = props["Environment"]["Variables"]
+        assert env[c.ENV_CLUSTER_NAME] == CLUSTER
+        assert env[c.ENV_HEALTH_CHECK_TASK] == c.DEFAULT_HEALTH_CHECK_FAMILY
+        assert env[c.ENV_MAX_RECOVERY_ATTEMPTS] == "1"
+        assert env[c.ENV_SUSPECT_EXIT_CODES] == "[1]"
+        assert env[c.ENV_REBOOT_TIMEOUT_MINUTES] == "30"
+        assert env[c.ENV_HEALTH_CHECK_TIMEOUT_MINUTES] == "30"
+        assert env[c.ENV_DCGM_LEVEL] == "2"
+        assert env[c.ENV_HEALTH_CHECK_GPUS] == "8"
+        assert env[c.ENV_POWERTOOLS_METRICS_NAMESPACE] == c.METRICS_NAMESPACE
+        assert env["POWERTOOLS_LOG_LEVEL"] == "INFO"
+        assert env[c.ENV_JOB_TABLE]["Ref"].startswith("TablesJobTable")
+        assert env[c.ENV_INSTANCE_TABLE]["Ref"].startswith("TablesInstanceTable")
+        assert env[c.ENV_SNS_TOPIC_ARN]["Ref"].startswith("NotificationsAlertTopic")
+        services.add(env[c.ENV_POWERTOOLS_SERVICE_NAME])
+        assert "LoggingConfig" in props  # own log group with retention
+    assert len(services) == 4
+
+
+def test_one_role_per_function_and_no_managed_policies(default_synth: Synth) -> None:
+    """Given the functions, Then each has its own role and none uses a managed policy."""
+    roles = {fn["Properties"]["Role"]["Fn::GetAtt"][0] for fn in
+             default_synth.resources("AWS::Lambda::Function").values()}
+    assert len(roles) == 4
+    for logical in roles:
+        assert "ManagedPolicyArns" not in default_synth.template["Resources"][logical]["Properties"]
+
+
+def test_ecs_actions_are_conditioned_on_the_cluster(default_synth: Synth) -> None:
+    """Given every ECS statement (except TagResource), Then ArnEquals ecs:cluster = cluster."""
+    ecs_statements = [
+        s for s in _statements(default_synth)
+        if any(a.startswith("ecs:") for a in _actions([s])) and s["Action"] != "ecs:TagResource"
+    ]
+    assert ecs_statements
+    for s in ecs_statements:
+        assert s["Condition"] == {"ArnEquals": {"ecs:cluster": CLUSTER_ARN}}
+        for resource in [s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"]:
+            assert f"/{CLUSTER}/" in resource or ":task-definition/" in resource
+    tag = [s for s in _statements(default_synth) if s["Action"] == "ecs:TagResource"]
+    assert tag and all(
+        s["Condition"] == {"StringEquals": {"ecs:CreateAction": "StartTask"}} for s in tag
+    )
+    passrole = [s for s in _statements(default_synth) if s["Action"] == "iam:PassRole"]
+    assert passrole and all(
+        s["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+        for s in passrole
+    )
+
+
+def test_reboot_and_ssm_are_limited_to_tagged_instances(
+    default_synth: Synth, custom_synth: Synth
+) -> None:
+    """Given the DCGM monitor, Then reboot / SSM need the instance tag and the shell document."""
+    for synth, key, value in (
+        (default_synth, "gpu-recovery:cluster", CLUSTER),
+        (custom_synth, "team", "ml-platform"),
+    ):
+        statements = _policy_of_function(synth, "DcgmMonitor")
+        (reboot,) = [s for s in statements if s["Action"] == "ec2:RebootInstances"]
+        assert reboot["Condition"] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
+        assert reboot["Resource"].endswith(":instance/*")
+        ssm = [s for s in statements if s["Action"] == "ssm:SendCommand"]
+        resources = {s["Resource"]: s.get("Condition") for s in ssm}
+        assert resources["arn:aws:ssm:us-east-1::document/AWS-RunShellScript"] is None
+        managed = [r for r in resources if ":managed-instance/" in r]
+        assert resources[managed[0]] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
+        (describe,) = [s for s in statements if s["Action"] == "ec2:DescribeInstances"]
+        assert describe["Resource"] == "*"
+
+
+def test_each_function_gets_only_what_it_needs(default_synth: Synth) -> None:
+    """Given the four roles, Then reboot/SSM only for the monitor, StopTask not for it."""
+    task = _actions(_policy_of_function(default_synth, "TaskHandler"))
+    monitor = _actions(_policy_of_function(default_synth, "DcgmMonitor"))
+    instance = _actions(_policy_of_function(default_synth, "InstanceMonitor"))
+    sweep = _actions(_policy_of_function(default_synth, "RecoverySweep"))
+    assert {"ecs:StartTask", "ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks"} <= task
+    assert {"ec2:RebootInstances", "ssm:SendCommand", "ecs:UpdateContainerInstancesState",
+            "logs:GetLogEvents"} <= monitor
+    assert "ecs:StartTask" in instance and "ecs:StopTask" not in instance
+    assert "ecs:UpdateContainerInstancesState" in sweep
+    for actions in (task, instance, sweep):
+        assert not {"ec2:RebootInstances", "ssm:SendCommand", "logs:GetLogEvents"} & actions
+    for actions in (task, monitor, instance, sweep):
+        assert {"sns:Publish", "dynamodb:PutItem", "dynamodb:Query"} <= actions
+        assert not any(a.endswith("*") for a in actions)
+
+
+def test_dynamodb_access_is_tables_and_named_indexes_only(default_synth: Synth) -> None:
+    """Given the DynamoDB statements, Then resources are the tables and their named indexes."""
+    for s in _statements(default_synth):
+        if "dynamodb:PutItem" in _actions([s]):
+            text = json.dumps(s["Resource"])
+            assert "index/*" not in text
+            for name in ("job", "instance"):
+                for gsi in c.table_definitions()[name].get("GlobalSecondaryIndexes", []):
+                    assert f"/index/{gsi['IndexName']}" in text
+
+
+def test_outputs_and_dashboard(default_synth: Synth) -> None:
+    """Given the stack, Then outputs and the dashboard with the business metrics exist."""
+    outputs = default_synth.template["Outputs"]
+    for key in ("JobTableName", "InstanceTableName", "AlertTopicArn",
+                "HealthCheckTaskDefinitionArn", "TaskHandlerDeadLetterQueueUrl",
+                "DcgmMonitorDeadLetterQueueUrl", "InstanceMonitorDeadLetterQueueUrl",
+                "RecoverySweepDeadLetterQueueUrl"):
+        assert key in outputs
+    (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for metric in ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries",
+                   "Failures", "TimeToRestartSeconds", c.METRICS_NAMESPACE,
+                   "ApproximateNumberOfMessagesVisible", "Errors", "Duration"):
+        assert metric in body
+    error_alarms = [a for a in default_synth.resources("AWS::CloudWatch::Alarm").values()
+                    if a["Properties"].get("MetricName") == "Errors"]
+    assert len(error_alarms) == 4
