@@ -157,6 +157,35 @@ class _NoSleepTime:
         return getattr(_time, name)
 
 
+_DYNAMODB_WRITES = ("put_item", "update_item", "delete_item", "transact_write_items",
+                    "batch_write_item")
+_dynamodb_lock = threading.RLock()
+
+
+def _make_dynamodb_writes_atomic() -> None:
+    """Serialize moto's DynamoDB writes.
+
+    moto evaluates a ConditionExpression and then writes, without a lock, so two
+    threads can both pass the same condition. Real DynamoDB applies a conditional
+    write atomically per item; the recovery loop's exactly-once guarantees rest on
+    that, so the emulator must provide it too. Idempotent: wraps each method once.
+    """
+    from moto.dynamodb.models import DynamoDBBackend
+
+    for name in _DYNAMODB_WRITES:
+        method = getattr(DynamoDBBackend, name)
+        if getattr(method, "_atomic", False):
+            continue
+
+        def atomic(self: Any, *args: Any, __method: Any = method, **kwargs: Any) -> Any:
+            with _dynamodb_lock:
+                return __method(self, *args, **kwargs)
+
+        atomic._atomic = True  # type: ignore[attr-defined]
+        atomic.__name__ = name
+        setattr(DynamoDBBackend, name, atomic)
+
+
 class LocalAws:
     """Context manager: moto + the stack's resources + handler environment."""
 
@@ -230,6 +259,7 @@ class LocalAws:
         self._set_env(self._settings)
         self._mock = mock_aws()
         self._mock.start()
+        _make_dynamodb_writes_atomic()
         # moto advances a described task RUNNING -> ... -> STOPPED on its own; the
         # simulated data plane owns task state instead.
         state_manager.set_transition("ecs::task", {"progression": "manual", "times": 10**12})

@@ -207,4 +207,9 @@ class ApiFaults:
         protocol = next(
             (p for sid, p in _protocol_cache.values() if sid == service_id), "json"
         )
-        return error_response(request.url, protocol, hit.code, hit.status, hit.message)
+        url = request.url
+        # botocore emits before-send to *every* handler (moto's stubber runs after this
+        # one even though we answered). Divert the request so moto does not execute it:
+        # a throttled or 5xx call must not change state.
+        request.url = "https://fault-injected.invalid/"
+        return error_response(url, protocol, hit.code, hit.status, hit.message)

@@ -68,6 +68,7 @@ class EcsPort(Protocol):
     def stop_task(self, task_arn: str, reason: str) -> None: ...
     def describe_task(self, task_arn: str) -> dict[str, Any] | None: ...
     def tasks_started_by(self, started_by: str) -> list[str]: ...
+    def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]: ...
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
     def drain(self, container_instance_arn: str) -> None: ...
 
@@ -378,6 +379,21 @@ class RecoveryService:
             )
         )
 
+    def _register_missing_ranks(self, job: Job) -> None:
+        """Find ranks whose RUNNING event never arrived, so they are stopped and restarted too."""
+        known = {r.rank for r in self.repo.get_ranks(job) if r.attempt == job.attempt}
+        if len(known) >= job.world_size:
+            return
+        for task in self.ecs.running_tasks_tagged(TAG_JOB_ID, job.job_id):
+            try:
+                reg = registration_from_tags(task, task.get("tags", []))
+            except NotProtected:
+                continue
+            if reg.rank not in known and reg.attempt == job.attempt:
+                logger.info("registering a rank found running", extra={
+                    "job_id": job.job_id, "rank": reg.rank, "task": reg.task_arn})
+                self.register_rank(reg)
+
     def _stop_live_ranks(self, job: Job, *, exclude: int | None, why: str) -> list[int]:
         """Mark every other live rank STOP_REQUESTED (once), then ask ECS to stop it.
 
@@ -445,6 +461,7 @@ class RecoveryService:
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": state})
+        self._register_missing_ranks(job)
         self._stop_live_ranks(job, exclude=failing_rank, why=reason)
         hc = self.request_health_check(job, inst_id)
         return Outcome("health_check_requested", job_id,

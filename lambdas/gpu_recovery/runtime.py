@@ -57,7 +57,12 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
     return service
 
 
-def reset() -> None:
+def reset(*, clients: bool = True) -> None:
+    """Forget built services; with ``clients`` also the boto3 session and clients.
+
+    Local mode passes ``clients=False``: its emulator registered hooks on the session.
+    """
     with _lock:
         _services.clear()
-    aws.reset()
+    if clients:
+        aws.reset()

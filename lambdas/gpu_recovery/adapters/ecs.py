@@ -83,6 +83,26 @@ class EcsAdapter:
                 arns.extend(page.get("taskArns", []))
         return arns
 
+    def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
+        """Running tasks of the cluster carrying a tag (ListTasks + DescribeTasks with TAGS).
+
+        Costs one DescribeTasks per 100 running tasks: used only on the rare path where
+        a rank's RUNNING event never arrived, never per event.
+        """
+        found: list[dict[str, Any]] = []
+        paginator = self._ecs.get_paginator("list_tasks")
+        for page in paginator.paginate(cluster=self.cluster, desiredStatus="RUNNING"):
+            arns = page.get("taskArns", [])
+            for start in range(0, len(arns), 100):
+                response = self._ecs.describe_tasks(
+                    cluster=self.cluster, tasks=arns[start : start + 100], include=["TAGS"]
+                )
+                for task in response.get("tasks", []):
+                    tags = {t.get("key"): t.get("value") for t in task.get("tags", [])}
+                    if tags.get(tag_key) == tag_value:
+                        found.append(task)
+        return found
+
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None:
         response = self._ecs.describe_container_instances(
             cluster=self.cluster, containerInstances=[container_instance]

@@ -1,0 +1,1 @@
+"""Command-line tools for the GPU training job API (``gpujobs``)."""

@@ -1,0 +1,53 @@
+"""Settings parsing and operator messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_recovery import constants as c
+from gpu_recovery.constants import NotificationKind
+from gpu_recovery.domain.notifications import NotificationFacts, build
+from gpu_recovery.settings import Settings, SettingsError, parse_exit_codes
+
+BASE = {c.ENV_JOB_TABLE: "jobs", c.ENV_INSTANCE_TABLE: "instances", c.ENV_CLUSTER_NAME: "gpu"}
+
+
+def test_defaults_match_the_documented_ones() -> None:
+    s = Settings.from_env(BASE)
+    assert s.max_recovery_attempts == 1
+    assert s.suspect_exit_codes == (1,)
+    assert s.reboot_timeout_seconds == 30 * 60
+    assert s.health_check_task == c.DEFAULT_HEALTH_CHECK_FAMILY
+
+
+@pytest.mark.parametrize(("raw", "codes"), [("[1, 134]", (1, 134)), ("1,134", (1, 134)), ("[]", ())])
+def test_exit_codes_as_json_or_commas(raw: str, codes: tuple[int, ...]) -> None:
+    assert parse_exit_codes(raw) == codes
+
+
+@pytest.mark.parametrize("raw", ["[0]", "one", "[1.5x]"])
+def test_bad_exit_codes_name_the_variable(raw: str) -> None:
+    with pytest.raises(SettingsError, match=c.ENV_SUSPECT_EXIT_CODES):
+        parse_exit_codes(raw)
+
+
+def test_missing_variables_are_named() -> None:
+    with pytest.raises(SettingsError, match=c.ENV_CLUSTER_NAME):
+        Settings.from_env({c.ENV_JOB_TABLE: "a", c.ENV_INSTANCE_TABLE: "b"})
+
+
+def test_notification_is_readable_and_filterable() -> None:
+    """Given a failed recovery, Then the e-mail names job, ranks, instance, what happened,
+    what was done, the attempt count and what to do, and carries its kind."""
+    note = build(
+        NotificationKind.QUARANTINED,
+        "Job failed: GPU node quarantined",
+        NotificationFacts(job_id="llama", ranks=[1], container_inst_id="ci-1", instance_id="i-0abc",
+                          what_happened="rank 1 exited 1", what_was_done="drained",
+                          attempt=1, max_attempts=1, operator_action="replace the node"),
+    )
+    assert note.kind is NotificationKind.QUARANTINED
+    assert len(note.subject) <= 100 and "llama" in note.subject
+    for text in ("Job:", "llama", "Ranks:              1", "i-0abc", "rank 1 exited 1", "drained",
+                 "Recovery attempt:   1 of 1", "What to do: replace the node"):
+        assert text in note.body

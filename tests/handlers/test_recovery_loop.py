@@ -1,0 +1,353 @@
+"""The recovery loop end to end: real handlers, moto, a simulated ECS data plane.
+
+Every event is delivered twice unless a test says otherwise (EventBridge is
+at-least-once), so each scenario is also a duplicate-delivery test.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpu_recovery import runtime
+from gpu_recovery.constants import InstanceState, JobState, RankState
+from local_mode.event_bus import LambdaContext
+from local_mode.faults import INTERNAL, THROTTLING
+from tests.handlers.conftest import Cluster, cluster_with, make_cluster
+
+MIN = 60
+
+
+def start(cluster: Cluster, job_id: str, nodes: list[str], kind: str = "ec2") -> list[str]:
+    for node in nodes:
+        if node not in {n.name for n in cluster.sim.nodes.values()}:
+            cluster.sim.add_node(node, gpus=8, kind=kind)
+    tasks = cluster.sim.start_job(job_id, cluster.train_td, nodes)
+    cluster.sim.run_for(1 * MIN)
+    return tasks
+
+
+def test_ecc_fault_is_recovered_and_the_job_completes(cluster: Cluster) -> None:
+    """Given a 2-node job, When rank 1's GPU faults (NCCL kills rank 0 too),
+    Then one health check and one reboot run on rank 1's node only, every rank is
+    restarted as attempt 2 with the same task definition and tags, operators get a
+    "recovered" message, and the job completes."""
+    tasks = start(cluster, "llama", ["node-a", "node-b"])
+    cluster.sim.inject_gpu_fault("node-b", after=10 * MIN, health="reboot_fixable", nccl_cascade=True)
+
+    cluster.sim.run_for(20 * MIN)
+
+    job = cluster.job("llama")
+    assert job.state in (JobState.RUNNING, JobState.STARTING)
+    assert job.attempt == 2 and job.recoveries_used == 1
+    assert list(job.suspects) == [cluster.sim.node("node-b").container_instance_id]
+    assert cluster.counter("health_checks_started") == 1
+    assert cluster.counter("reboots") == 1 and cluster.counter("reboots_ec2") == 1
+    ranks = cluster.repo.get_ranks(job)
+    assert [r.attempt for r in ranks] == [2, 2]
+    assert all(r.task_arn not in tasks for r in ranks)
+    assert {t["key"]: t["value"] for t in ranks[1].tags}["gpu-recovery:attempt"] == "2"
+    assert [n["subject"] for n in cluster.notifications("recovered")] == [
+        "[GPU recovery] Job recovered and restarted: job llama"]
+
+    cluster.sim.run_for(70 * MIN)
+    assert cluster.state("llama") is JobState.COMPLETE
+    assert cluster.instance("node-b").state is InstanceState.AVAILABLE
+    assert not cluster.bus.dead_letters
+
+
+def test_budget_exhausted_fails_quarantines_and_notifies(cluster: Cluster) -> None:
+    """Given a node whose GPU a reboot cannot fix, When it faults again after the
+    job's single recovery, Then the job FAILS, the node is drained, operators are told."""
+    start(cluster, "bert", ["node-a", "node-b"])
+    cluster.sim.inject_gpu_fault("node-b", after=5 * MIN, health="persistent_reboot")
+    cluster.sim.inject_gpu_fault("node-b", after=30 * MIN, health="persistent_reboot")
+
+    cluster.sim.run_for(40 * MIN)
+
+    job = cluster.job("bert")
+    assert job.state is JobState.FAILED
+    assert "recovery attempt" in job.last_error
+    assert cluster.instance("node-b").state is InstanceState.QUARANTINED
+    assert cluster.counter("reboots") == 1  # the budget allowed exactly one
+    quarantined = cluster.notifications("quarantined")
+    assert len(quarantined) == 1
+    body = quarantined[0]["message"]
+    assert "bert" in body and cluster.sim.node("node-b").instance_id in body
+    assert "Recovery attempt:   1 of 1" in body
+    described = cluster.local.client("ecs").describe_container_instances(
+        cluster=cluster.local.cluster_name,
+        containerInstances=[cluster.sim.node("node-b").container_instance_arn])
+    assert described["containerInstances"][0]["status"] == "DRAINING"
+
+
+def test_replace_verdict_quarantines_without_reboot(cluster: Cluster) -> None:
+    start(cluster, "gpt", ["node-a", "node-b"])
+    cluster.sim.inject_gpu_fault("node-a", after=5 * MIN, health="replace")
+
+    cluster.sim.run_for(15 * MIN)
+
+    assert cluster.state("gpt") is JobState.FAILED
+    assert cluster.counter("reboots") == 0
+    assert cluster.instance("node-a").state is InstanceState.QUARANTINED
+    assert len(cluster.notifications("quarantined")) == 1
+
+
+def test_healthy_verdict_means_application_error(cluster: Cluster) -> None:
+    """Given rank 0 exits 1 on a healthy node, Then DCGM says healthy, the job FAILS as
+    an application error, nothing is rebooted and the node is back in service."""
+    tasks = start(cluster, "resnet", ["node-a", "node-b"])
+    cluster.sim.inject_task_exit(tasks[0], exit_code=1, after=5 * MIN)
+
+    cluster.sim.run_for(15 * MIN)
+
+    job = cluster.job("resnet")
+    assert job.state is JobState.FAILED
+    assert "application" in job.last_error
+    assert cluster.counter("reboots") == 0
+    assert cluster.instance("node-a").state is InstanceState.AVAILABLE
+    assert len(cluster.notifications("application_error")) == 1
+
+
+def test_other_exit_codes_fail_without_health_check(cluster: Cluster) -> None:
+    tasks = start(cluster, "oom", ["node-a", "node-b"])
+    cluster.sim.inject_task_exit(tasks[1], exit_code=137, after=2 * MIN)
+
+    cluster.sim.run_for(5 * MIN)
+
+    job = cluster.job("oom")
+    assert job.state is JobState.FAILED
+    assert "exit code 137" in job.last_error
+    assert cluster.counter("health_checks_started") == 0
+    ranks = cluster.repo.get_ranks(job)
+    assert ranks[1].exit_code == 137 and ranks[0].state is RankState.STOPPED
+
+
+def test_all_ranks_exit_zero_completes_the_job(cluster: Cluster) -> None:
+    start(cluster, "short", ["node-a", "node-b"])
+    cluster.sim.run_for(65 * MIN)
+    assert cluster.state("short") is JobState.COMPLETE
+    assert cluster.notifications() == []
+
+
+def test_user_stop_is_not_recovered(cluster: Cluster) -> None:
+    """Given a user stops one rank with StopTask, Then the job is USER_STOPPED, the
+    other rank is stopped by the system, and no health check runs."""
+    from gpu_recovery.adapters import aws
+
+    tasks = start(cluster, "manual", ["node-a", "node-b"])
+    # Through the session the simulated control plane observes, as a user's CLI call would be.
+    aws.client("ecs").stop_task(cluster=cluster.local.cluster_name, task=tasks[0],
+                                reason="alice: wrong learning rate")
+    cluster.sim.run_for(3 * MIN)
+
+    job = cluster.job("manual")
+    assert job.state is JobState.USER_STOPPED
+    ranks = cluster.repo.get_ranks(job)
+    assert [r.state for r in ranks] == [RankState.STOPPED, RankState.STOPPED]
+    assert ranks[1].stop_reason.endswith("gpu-recovery: job stopped by a user")
+    assert cluster.counter("health_checks_started") == 0
+    assert cluster.notifications() == []
+
+
+def test_ecs_anywhere_node_is_rebooted_through_ssm() -> None:
+    """Given an ECS Anywhere (mi-) node, Then the reboot goes through SSM RunShellScript."""
+    with cluster_with() as cluster:
+        start(cluster, "edge", ["edge-a", "edge-b"], kind="anywhere")
+        cluster.sim.inject_gpu_fault("edge-b", after=5 * MIN, health="reboot_fixable")
+        cluster.sim.run_for(20 * MIN)
+        assert cluster.counter("reboots_ssm") == 1 and cluster.counter("reboots_ec2") == 0
+        assert cluster.job("edge").attempt == 2
+        assert cluster.sim.node("edge-b").instance_id.startswith("mi-")
+
+
+def test_active_event_between_reboot_request_and_disconnect_does_not_restart() -> None:
+    """Given a reboot was requested, When a plain ACTIVE event arrives before the agent
+    disconnects (ECS emits them for many reasons), Then nothing restarts until the node
+    really came back."""
+    with cluster_with(disconnect_delay_seconds=60, reboot_seconds=300) as cluster:
+        start(cluster, "flap", ["node-a", "node-b"])
+        cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
+        # health check: +2 min after the fault; reboot requested at about t+4m05s
+        cluster.sim.run_until_true(lambda: cluster.instance("node-b") is not None
+                                   and cluster.instance("node-b").state is InstanceState.REBOOTING,
+                                   max_seconds=10 * MIN)
+        cluster.sim.emit_instance_change("node-b", after=5)
+        cluster.sim.run_for(30)
+        assert cluster.state("flap") is JobState.PENDING_RESTART
+        assert cluster.instance("node-b").state is InstanceState.REBOOTING
+        cluster.sim.run_for(10 * MIN)
+        assert cluster.job("flap").attempt == 2
+
+
+def test_reboot_timeout_fails_the_job() -> None:
+    """Given a node that never comes back after its reboot, Then the sweep fails the job
+    after reboot_timeout_minutes, quarantines the node and notifies once."""
+    with cluster_with(reboot_timeout_minutes=10, reboot_seconds=10**6) as cluster:
+        start(cluster, "stuck", ["node-a", "node-b"])
+        cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
+        cluster.sim.run_for(30 * MIN)
+        job = cluster.job("stuck")
+        assert job.state is JobState.FAILED
+        assert "did not come back" in job.last_error
+        assert cluster.instance("node-b").state is InstanceState.QUARANTINED
+        assert len(cluster.notifications("reboot_timeout")) == 1
+
+
+def test_health_check_that_never_finishes_times_out() -> None:
+    with cluster_with(health_check_timeout_minutes=10, dcgm_seconds=10**6) as cluster:
+        start(cluster, "hang", ["node-a", "node-b"])
+        cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
+        cluster.sim.run_for(20 * MIN)
+        assert cluster.state("hang") is JobState.FAILED
+        assert len(cluster.notifications("health_check_timeout")) == 1
+        assert cluster.instance("node-b").state is InstanceState.QUARANTINED
+
+
+def test_eight_ranks_failing_at_once_from_threads_give_one_health_check_per_instance() -> None:
+    """Given an 8-rank job (ranks 0-3 on node-a, 4-7 on node-b, 2 GPUs each), When all
+    eight STOPPED events are handled simultaneously from 8 threads, Then the job enters
+    PENDING_HEALTHCHECK once and exactly one health check starts per instance."""
+    with cluster_with(duplicate_delivery=False) as cluster:
+        cluster.sim.add_node("node-a", gpus=8)
+        cluster.sim.add_node("node-b", gpus=8)
+        td = cluster.sim.register_training_task_definition("small", gpus=2)
+        cluster.sim.plan_family("small", run_seconds=3600)
+        tasks = cluster.sim.start_job("wide", td, ["node-a"] * 4 + ["node-b"] * 4)
+        cluster.sim.run_for(MIN)
+        captured: list[dict[str, Any]] = []
+        rule = next(r for r in cluster.bus.rules if r.name == "training-task-state")
+        handler = rule.target
+        rule.target = lambda event, context: captured.append(event) or {"captured": True}
+        for arn in tasks:
+            cluster.sim.inject_task_exit(arn, exit_code=1, after=1)
+        cluster.sim.run_for(2)
+        stopped = [e for e in captured if e["detail"]["lastStatus"] == "STOPPED"]
+        assert len(stopped) == 8
+        rule.target = handler
+
+        barrier = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def deliver(event: dict[str, Any]) -> None:
+            try:
+                barrier.wait()
+                handler(event, LambdaContext("test"))
+            except BaseException as error:  # pragma: no cover - reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=deliver, args=(e,)) for e in stopped]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        job = cluster.job("wide")
+        assert job.state is JobState.PENDING_HEALTHCHECK
+        assert set(job.suspects) == {cluster.sim.node("node-a").container_instance_id,
+                                     cluster.sim.node("node-b").container_instance_id}
+        history = [h for h in cluster.repo._jobs.get_item(
+            Key={"job_id_rank": "wide#JOB"})["Item"]["history"] if h["to"] == "PENDING_HEALTHCHECK"]
+        assert len(history) == 1
+        cluster.sim.run_for(5 * MIN)
+        assert cluster.counter("health_checks_started") == 2
+
+
+def test_transient_api_errors_are_absorbed(cluster: Cluster) -> None:
+    """Given ECS/EC2 throttle and 5xx a few times (fewer than the retry budget),
+    Then the standard retry mode absorbs them and the job is recovered."""
+    from local_mode.faults import ATTEMPTS
+
+    start(cluster, "flaky", ["node-a", "node-b"])
+    cluster.local.faults.inject("ecs", "StopTask", count=ATTEMPTS - 1, error=THROTTLING)
+    cluster.local.faults.inject("ecs", "StartTask", count=ATTEMPTS - 2, error=INTERNAL)
+    cluster.local.faults.inject("ec2", "RebootInstances", count=ATTEMPTS - 1, error=THROTTLING)
+    cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
+    cluster.sim.run_for(20 * MIN)
+    assert cluster.job("flaky").attempt == 2
+    assert not cluster.bus.dead_letters
+
+
+def test_persistent_reboot_failure_loses_nothing_and_is_finished_by_the_sweep(cluster: Cluster) -> None:
+    """Given RebootInstances fails on every try, Then the event fails (to its DLQ after
+    EventBridge retries) but the state is whole: instance REBOOTING with the reboot not
+    yet issued, job PENDING_RESTART. When EC2 recovers, the sweep re-issues the reboot
+    and the job is restarted."""
+    start(cluster, "outage", ["node-a", "node-b"])
+    cluster.local.faults.persistent("ec2", "RebootInstances", error=INTERNAL)
+    cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
+    cluster.sim.run_for(5 * MIN)
+
+    assert cluster.bus.dead_letters  # the monitor raised: EventBridge would retry / DLQ
+    inst = cluster.instance("node-b")
+    assert inst.state is InstanceState.REBOOTING and inst.reboot_issued_at is None
+    assert cluster.state("outage") is JobState.PENDING_RESTART
+    assert cluster.counter("reboots") == 0
+
+    cluster.local.faults.clear()
+    cluster.sim.run_for(10 * MIN)
+    assert cluster.counter("reboots") == 1
+    assert cluster.job("outage").attempt == 2
+
+
+def test_dynamodb_outage_writes_nothing_half_way(cluster: Cluster) -> None:
+    """Given DynamoDB rejects every TransactWriteItems, When the verdict arrives,
+    Then neither the instance nor the job changes (the transaction is all or nothing)."""
+    start(cluster, "ddb", ["node-a", "node-b"])
+    cluster.local.faults.persistent("dynamodb", "TransactWriteItems", error=INTERNAL)
+    cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
+    cluster.sim.run_for(6 * MIN)
+    assert cluster.state("ddb") is JobState.PENDING_HEALTHCHECK
+    assert cluster.instance("node-b").state is InstanceState.HEALTH_CHECKING
+    assert cluster.counter("reboots") == 0
+
+
+@pytest.mark.parametrize(
+    ("handler_name", "event"),
+    [
+        ("ecs_task_handler", {}),
+        ("ecs_task_handler", {"detail-type": "ECS Task State Change", "detail": {"taskArn": ""}}),
+        ("dcgm_task_monitor", {"source": "aws.ecs", "detail": "not an object"}),
+        ("ecs_instance_monitor", {"id": "x", "detail": {"containerInstanceArn": "a"}}),
+    ],
+)
+def test_malformed_events_are_logged_and_dropped(cluster: Cluster, handler_name: str,
+                                                 event: dict[str, Any]) -> None:
+    import importlib
+
+    handler = importlib.import_module(f"handlers.{handler_name}").lambda_handler
+    assert handler(event, LambdaContext("test"))["action"] == "dropped"
+
+
+def test_untagged_tasks_are_ignored(cluster: Cluster) -> None:
+    """Given a task without recovery tags, Then its events change nothing."""
+    cluster.sim.add_node("node-a")
+    arn = cluster.local.client("ecs").start_task(
+        cluster=cluster.local.cluster_name, taskDefinition=cluster.train_td,
+        containerInstances=[cluster.sim.node("node-a").container_instance_arn])["tasks"][0]["taskArn"]
+    assert runtime.recovery_service().repo.find_rank_by_task(arn) is None
+
+
+@pytest.fixture
+def quiet_cluster() -> Iterator[Cluster]:
+    yield from make_cluster(duplicate_delivery=False)
+
+
+def test_stopped_event_before_running_event_still_recovers(quiet_cluster: Cluster) -> None:
+    """Given the RUNNING event is lost or late, When the STOPPED event comes first,
+    Then the rank is registered from DescribeTasks(include=TAGS) and handled."""
+    cluster = quiet_cluster
+    cluster.sim.add_node("node-a")
+    cluster.sim.add_node("node-b")
+    rule = next(r for r in cluster.bus.rules if r.name == "training-task-state")
+    handler = rule.target
+    rule.target = lambda event, context: {"dropped": "simulating a late RUNNING event"}
+    cluster.sim.start_job("late", cluster.train_td, ["node-a", "node-b"])
+    cluster.sim.run_for(MIN)
+    rule.target = handler
+    cluster.sim.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable")
+    cluster.sim.run_for(15 * MIN)
+    assert cluster.job("late").attempt == 2
