@@ -45,7 +45,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
-	$(LOCAL_ENV) $(PY) -m bench.run
+	$(LOCAL_ENV) $(PY) -m bench.run $(BENCH)
 
 synth: $(STAMP) install-cdk
 	$(CDK) synth --app "$(PY) app.py" $(CDK_ARGS)

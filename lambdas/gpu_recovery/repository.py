@@ -22,6 +22,7 @@ from gpu_recovery.constants import (
     DEADLINE_INDEX,
     DEADLINE_PK,
     DEADLINE_SK,
+    HB_PK,
     INSTANCE_PK,
     JOB_BY_INSTANCE_INDEX,
     JOB_BY_INSTANCE_PK,
@@ -538,6 +539,8 @@ class Repository:
         names["#task"] = JOB_BY_TASK_PK
         remove = [] if to in (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST,
                               RankState.HUNG, RankState.STOP_REQUESTED) else [JOB_BY_INSTANCE_PK]
+        if to not in (RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG):
+            remove.append(HB_PK)  # leave the sparse heartbeat index: only watched ranks stay
         return Update(
             table=self.job_table_name,
             key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},

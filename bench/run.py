@@ -1,0 +1,44 @@
+"""`make bench`: every performance figure the issues ask for, printed (not asserted).
+
+Runs against the embedded emulator; absolute times are those of moto on this
+machine, while call and item counts are what AWS would see.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from typing import Any
+
+SECTIONS = (
+    ("Recovery loop", "bench.recovery_bench"),
+    ("Node heartbeats", "bench.heartbeat_bench"),
+    ("Job queue API", "bench.queue_api_bench"),
+    ("Queue scheduler", "bench.scheduler_bench"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    wanted = set(argv if argv is not None else sys.argv[1:])
+    from bench.recovery_bench import quiet_logs
+
+    quiet_logs()
+    results: dict[str, Any] = {}
+    for title, module_name in SECTIONS:
+        short = module_name.rsplit(".", 1)[-1].removesuffix("_bench")
+        if wanted and short not in wanted:
+            continue
+        print(f"\n{'=' * 78}\n{title}  ({module_name})\n{'=' * 78}", flush=True)
+        started = time.perf_counter()
+        module = importlib.import_module(module_name)
+        results[short] = module.run()
+        print(f"[{title}: {time.perf_counter() - started:.1f} s]", flush=True)
+    print("\nAll figures as JSON:")
+    print(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,696 @@
+"""Node heartbeats: task reports, GPU telemetry and the stale sweep.
+
+Bookkeeping (job table):
+
+* a rank item carries ``last_heartbeat_at`` / ``last_seen_in_report_at`` and, while it
+  is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat), ``hb_bucket``:
+  the sparse ``by-heartbeat`` index then holds only watched ranks, sorted by their last
+  heartbeat, so the sweep reads just the stale ones (``last_heartbeat_at < now - stale``).
+* a node that reports but omits a rank does not refresh it, so the same sweep catches
+  a task missing from its node's reports.
+* the job item keeps, per attempt, the string sets ``hb_lost_a<attempt>`` and
+  ``hb_hung_a<attempt>`` of its NODE_LOST / HUNG ranks; the job's own state follows
+  them (``_settle_job``) with conditional transitions, so concurrent reports and
+  sweeps converge without "read, decide, write".
+
+Writes per task report: one conditional UpdateItem per reported watched rank plus one
+on the container-instance item (``last_report_at``); reads: one Query of the node's
+live ranks (sparse ``by-container-instance`` index). State changes (lost, revived,
+hung) cost a few more writes, but only when they happen.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    HB_BUCKET,
+    HB_PK,
+    HB_SK,
+    INSTANCE_PK,
+    JOB_BY_HEARTBEAT_INDEX,
+    JOB_BY_INSTANCE_INDEX,
+    JOB_BY_INSTANCE_PK,
+    JOB_BY_TASK_PK,
+    JOB_PK,
+    SYSTEM_STOP_REASON_PREFIX,
+    InstanceState,
+    JobState,
+    NotificationKind,
+    RankState,
+    job_item_key,
+)
+from gpu_recovery.domain import heartbeat_policy as policy
+from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
+from gpu_recovery.domain.models import Instance, Rank
+from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
+from gpu_recovery.repository import Repository, Update, from_ddb, to_ddb
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "heartbeat"
+WATCHED = (RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+# Job states in which ranks are watched (a queue job is STARTING until every rank runs).
+WATCHED_JOB_STATES = (JobState.STARTING, JobState.RUNNING, JobState.NODE_LOST, JobState.HUNG)
+LIVE_RANKS = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+
+
+class ReplayedReport(Exception):
+    """The node already sent a report with this timestamp or a later one."""
+
+
+# ------------------------------------------------------------------------- ports
+class EcsPort(Protocol):
+    def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
+    def drain(self, container_instance_arn: str) -> None: ...
+    def stop_task(self, task_arn: str, reason: str) -> None: ...
+
+
+class NotifierPort(Protocol):
+    def publish(self, notification: Notification) -> str: ...
+
+
+class RecoveryPort(Protocol):
+    def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
+                               failing_rank: int | None = None) -> Any: ...
+
+
+class MetricsPort(Protocol):
+    def add_metric(self, name: str, unit: str, value: float) -> None: ...
+
+
+class _NullMetrics:
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        return None
+
+
+@dataclass
+class ReportResult:
+    node_id: str
+    refreshed: int = 0
+    unknown: list[str] = field(default_factory=list)
+    ignored: dict[str, str] = field(default_factory=dict)  # task -> why (e.g. rank STOPPED)
+    revived: list[str] = field(default_factory=list)
+    hung: list[str] = field(default_factory=list)
+    unhung: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id, "refreshed": self.refreshed, "unknown": self.unknown,
+            "ignored": self.ignored, "revived": self.revived, "hung": self.hung,
+            "unhung": self.unhung,
+        }
+
+
+@dataclass
+class GpuResult:
+    node_id: str
+    gpus: int
+    signals: list[str] = field(default_factory=list)
+    new_signals: list[str] = field(default_factory=list)
+    suspect: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "gpus": self.gpus, "signals": self.signals,
+                "new_signals": self.new_signals, "suspect": self.suspect}
+
+
+@dataclass
+class SweepResult:
+    read: int = 0
+    marked_lost: list[str] = field(default_factory=list)
+    escalated: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    unwatched: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"read": self.read, "marked_lost": self.marked_lost, "escalated": self.escalated,
+                "failed": self.failed, "unwatched": self.unwatched}
+
+
+def _watched_job_values() -> dict[str, str]:
+    return {f":j{i}": state.value for i, state in enumerate(WATCHED_JOB_STATES)}
+
+
+def lost_attr(attempt: int) -> str:
+    return f"hb_lost_a{attempt}"
+
+
+def hung_attr(attempt: int) -> str:
+    return f"hb_hung_a{attempt}"
+
+
+def _rank_label(item: dict[str, Any]) -> str:
+    return str(item.get(JOB_PK, "?"))
+
+
+class HeartbeatService:
+    def __init__(
+        self,
+        repo: Repository,
+        settings: HeartbeatSettings,
+        ecs: EcsPort,
+        notifier: NotifierPort,
+        recovery: Callable[[], RecoveryPort],
+        metrics: MetricsPort | None = None,
+    ) -> None:
+        self.repo = repo
+        self.settings = settings
+        self.ecs = ecs
+        self.notifier = notifier
+        self._recovery = recovery
+        self.metrics = metrics or _NullMetrics()
+        self._jobs = repo._ddb.Table(repo.job_table_name)
+        self._instances = repo._ddb.Table(repo.instance_table_name)
+
+    # ============================================================== task reports
+    def report_tasks(self, node_id: str, reported_at: float, tasks: Iterable[ReportedTask]) -> ReportResult:
+        """Refresh every watched rank the node lists; the node's own ``last_report_at``.
+
+        Raises :class:`ReplayedReport` (nothing written) for a timestamp not newer than
+        the node's last accepted task report.
+        """
+        now = clock.now()
+        tasks = list(tasks)
+        result = ReportResult(node_id)
+        self._touch_node(node_id, reported_at, now, len(tasks))
+        by_key = self._live_ranks_by_key(node_id)
+        done: set[str] = set()
+        for task in tasks:
+            item = by_key.get(task.task_arn or "") or by_key.get(f"log:{task.running_log_id}")
+            if item is None:
+                result.unknown.append(task.key)
+                continue
+            label = _rank_label(item)
+            if label in done:
+                continue
+            done.add(label)
+            state = RankState(item["rank_state"])
+            if state not in WATCHED:
+                result.ignored[task.key] = f"rank {label} is {state.value}"
+                continue
+            self._refresh(item, task, now, result)
+        if result.unknown:
+            logger.info("report lists tasks this system does not track",
+                        extra={"node_id": node_id, "unknown": result.unknown[:20]})
+        self.metrics.add_metric("HeartbeatsRecorded", "Count", result.refreshed)
+        return result
+
+    def _touch_node(self, node_id: str, reported_at: float, now: float, task_count: int) -> None:
+        update = Update(
+            table=self.repo.instance_table_name,
+            key={INSTANCE_PK: node_id},
+            set_fields={"last_report_at": now, "last_tasks_report_ts": reported_at,
+                        "reported_tasks": task_count},
+            condition="attribute_exists(#k) AND (attribute_not_exists(#ts) OR #ts < :ts)",
+            condition_values={":ts": reported_at},
+            condition_names={"#k": INSTANCE_PK, "#ts": "last_tasks_report_ts"},
+        )
+        self._apply_node_update(node_id, update, "last_tasks_report_ts", reported_at)
+
+    def _apply_node_update(self, node_id: str, update: Update, ts_attr: str, reported_at: float) -> None:
+        if self.repo.apply(update):
+            return
+        item = self._instances.get_item(Key={INSTANCE_PK: node_id}, ConsistentRead=True).get("Item")
+        if item is not None:
+            last = from_ddb(item.get(ts_attr))
+            if last is not None and last >= reported_at:
+                raise ReplayedReport(
+                    f"a report with timestamp {last} was already accepted from node {node_id}; "
+                    "send the current time"
+                )
+        else:
+            self._register_node(node_id)
+        if not self.repo.apply(update):
+            raise ReplayedReport(f"a newer report from node {node_id} was accepted concurrently")
+
+    def _register_node(self, node_id: str) -> None:
+        """First report of a node without an item: record what ECS knows about it, so
+        the recovery loop can reboot / drain it later (ec2 id and ARN)."""
+        arn, ec2_id = "", ""
+        try:
+            described = self.ecs.describe_container_instance(node_id)
+        except Exception:
+            logger.warning("cannot describe the reporting node", exc_info=True,
+                           extra={"node_id": node_id})
+            described = None
+        if described:
+            arn = str(described.get("containerInstanceArn", ""))
+            ec2_id = str(described.get("ec2InstanceId", ""))
+        self.repo.put_instance_if_absent(Instance(node_id, container_instance_arn=arn,
+                                                  ec2_instance_id=ec2_id))
+
+    def _live_ranks_by_key(self, node_id: str) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        kwargs: dict[str, Any] = {
+            "IndexName": JOB_BY_INSTANCE_INDEX,
+            "KeyConditionExpression": "#i = :i",
+            "ExpressionAttributeNames": {"#i": JOB_BY_INSTANCE_PK},
+            "ExpressionAttributeValues": {":i": node_id},
+        }
+        while True:
+            page = self._jobs.query(**kwargs)
+            for raw in page.get("Items", []):
+                item = from_ddb(dict(raw))
+                if item.get(JOB_BY_TASK_PK):
+                    found[item[JOB_BY_TASK_PK]] = item
+                if item.get("running_log_id") not in (None, ""):
+                    found[f"log:{item['running_log_id']}"] = item
+                found[f"log:{item[JOB_PK]}"] = item  # running_log_id may be "<job_id>#<rank>"
+            if "LastEvaluatedKey" not in page:
+                return found
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def _refresh(self, item: dict[str, Any], task: ReportedTask, now: float, result: ReportResult,
+                 retry: bool = True) -> None:
+        rank = self.repo.rank_from_item(item)
+        state = rank.state
+        verdict = policy.step_verdict(item.get("step"), item.get("step_changed_at"), task.step, now,
+                                      self.settings.hang_seconds)
+        fields: dict[str, Any] = {HB_SK: now, HB_PK: HB_BUCKET, "last_seen_in_report_at": now}
+        if verdict.advanced:
+            fields.update(step=task.step, step_changed_at=now)
+        if task.remote_pid is not None:
+            fields["remote_pid"] = task.remote_pid
+        label = _rank_label(item)
+        if state is RankState.NODE_LOST:
+            # Back: the hang clock restarts, the job leaves NODE_LOST once no rank is lost.
+            fields.setdefault("step_changed_at", now)
+            ok = self._rank_and_job(rank, RankState.NODE_LOST, RankState.RUNNING, fields,
+                                    delete={lost_attr(rank.attempt)}, remove=["node_lost_at"],
+                                    reason=f"heartbeat again from rank {rank.rank}")
+            if ok:
+                result.revived.append(label)
+                self.metrics.add_metric("RanksRevived", "Count", 1)
+        elif state is RankState.HUNG and verdict.advanced:
+            ok = self._rank_and_job(rank, RankState.HUNG, RankState.RUNNING, fields,
+                                    delete={hung_attr(rank.attempt)}, remove=[],
+                                    reason=f"rank {rank.rank} progresses again (step {task.step})")
+            if ok:
+                result.unhung.append(label)
+        elif state is RankState.RUNNING and verdict.hung:
+            ok = self._rank_and_job(rank, RankState.RUNNING, RankState.HUNG, fields,
+                                    add={hung_attr(rank.attempt)}, remove=[],
+                                    reason=f"rank {rank.rank} stuck at step {task.step}")
+            if ok:
+                result.hung.append(label)
+                self._on_hung(rank, item, task.step, now)
+        else:
+            ok = self.repo.apply(self.repo.rank_update(rank, state, from_states=[state],
+                                                       set_fields=fields))
+        if ok:
+            result.refreshed += 1
+            return
+        if not retry:
+            result.ignored[task.key] = f"rank {label} changed concurrently"
+            return
+        # The index copy was stale (or a sweep raced us): decide again from the item.
+        fresh = self._jobs.get_item(Key={JOB_PK: item[JOB_PK]}, ConsistentRead=True).get("Item")
+        fresh = from_ddb(dict(fresh)) if fresh else None
+        if fresh is None or fresh.get(JOB_BY_TASK_PK) != item.get(JOB_BY_TASK_PK):
+            result.ignored[task.key] = f"rank {label} now belongs to another task"
+            return
+        if RankState(fresh["rank_state"]) not in WATCHED:
+            result.ignored[task.key] = f"rank {label} is {fresh['rank_state']}"
+            return
+        self._refresh(fresh, task, now, result, retry=False)
+
+    def _rank_and_job(self, rank: Rank, from_state: RankState, to: RankState, fields: dict[str, Any],
+                      *, reason: str, add: set[str] | None = None, delete: set[str] | None = None,
+                      remove: list[str] | None = None) -> bool:
+        """Rank transition + the job's per-attempt set, atomically; then settle the job."""
+        rank_update = self.repo.rank_update(rank, to, from_states=[from_state], set_fields=fields)
+        rank_update.remove_fields.extend(remove or [])
+        member = {str(rank.rank)}
+        job_update = Update(
+            table=self.repo.job_table_name,
+            key={JOB_PK: job_item_key(rank.job_id)},
+            set_fields={"updated_at": clock.now()},
+            add_to_sets={a: member for a in (add or set())},
+            delete_from_sets={d: member for d in (delete or set())},
+            condition="#att = :att AND #js IN (:j0, :j1, :j2, :j3)",
+            condition_values={":att": rank.attempt, **_watched_job_values()},
+            condition_names={"#att": "attempt", "#js": "job_state"},
+        )
+        if not self.repo.transact([rank_update, job_update]):
+            job = self.repo.get_job(rank.job_id)
+            if job is None or job.attempt != rank.attempt or job.state not in WATCHED_JOB_STATES:
+                # A terminal / recovering / newer job never comes back through a heartbeat.
+                self._unwatch(rank, reason="job is "
+                              + (job.state.value if job else "missing"))
+            return False
+        logger.info("rank %s -> %s", from_state.value, to.value,
+                    extra={"job_id": rank.job_id, "rank": rank.rank, "why": reason})
+        self._settle_job(rank.job_id, rank.attempt, reason)
+        return True
+
+    def _unwatch(self, rank: Rank, reason: str) -> bool:
+        """Drop a rank from the heartbeat index (its job no longer needs watching)."""
+        done = self.repo.apply(Update(
+            table=self.repo.job_table_name,
+            key={JOB_PK: f"{rank.job_id}#{rank.rank}"},
+            remove_fields=[HB_PK],
+            condition="#t = :t AND attribute_exists(#hb)",
+            condition_values={":t": rank.task_arn},
+            condition_names={"#t": JOB_BY_TASK_PK, "#hb": HB_PK},
+        ))
+        if done:
+            logger.info("rank no longer watched", extra={"job_id": rank.job_id, "rank": rank.rank,
+                                                          "why": reason})
+        return done
+
+    def _settle_job(self, job_id: str, attempt: int, reason: str) -> None:
+        """Make the job's state follow its lost / hung rank sets (conditional, convergent).
+
+        NODE_LOST wins over HUNG; HUNG -> NODE_LOST is not a legal transition, so it goes
+        through RUNNING. Every writer settles after its own change, so the last one sees
+        the final sets.
+        """
+        raw = self._jobs.get_item(Key={JOB_PK: job_item_key(job_id)}, ConsistentRead=True).get("Item")
+        if not raw:
+            return
+        item = from_ddb(dict(raw))
+        if int(item.get("attempt", 1)) != attempt:
+            return
+        state = JobState(item["job_state"])
+        lost, hung = lost_attr(attempt), hung_attr(attempt)
+        has_lost, has_hung = bool(item.get(lost)), bool(item.get(hung))
+        names = {"#lost": lost, "#hung": hung}
+        steps: list[tuple[JobState, JobState, str]] = []
+        if state is JobState.NODE_LOST and not has_lost:
+            steps.append((JobState.NODE_LOST, JobState.RUNNING, "attribute_not_exists(#lost)"))
+            state = JobState.RUNNING
+        if state is JobState.HUNG and (not has_hung or has_lost):
+            steps.append((JobState.HUNG, JobState.RUNNING, "attribute_not_exists(#hung) OR "
+                          "attribute_exists(#lost)"))
+            state = JobState.RUNNING
+        if state in (JobState.RUNNING, JobState.STARTING) and has_lost:
+            steps.append((state, JobState.NODE_LOST, "attribute_exists(#lost)"))
+        elif state is JobState.RUNNING and has_hung:
+            steps.append((JobState.RUNNING, JobState.HUNG,
+                          "attribute_exists(#hung) AND attribute_not_exists(#lost)"))
+        for source, target, condition in steps:
+            used = {k: v for k, v in names.items() if k in condition}
+            moved = self.repo.apply(self.repo.job_transition(
+                job_id, target, from_states=[source], attempt=attempt, reason=reason, actor=ACTOR,
+                extra_condition=condition, extra_names=used))
+            if not moved:
+                return
+            logger.info("job %s -> %s", source.value, target.value,
+                        extra={"job_id": job_id, "why": reason})
+            self.metrics.add_metric(f"Jobs{target.value.title().replace('_', '')}", "Count", 1)
+
+    def _on_hung(self, rank: Rank, item: dict[str, Any], step: int | None, now: float) -> None:
+        since = item.get("step_changed_at") or now
+        recover = self.settings.hang_action == "recover"
+        self.metrics.add_metric("RanksHung", "Count", 1)
+        self._publish(NotificationKind.HUNG, "Training rank hung", NotificationFacts(
+            job_id=rank.job_id, ranks=[rank.rank], container_inst_id=rank.container_inst_id,
+            instance_id=rank.ec2_instance_id,
+            what_happened=(f"rank {rank.rank} has reported step {step} for {int(now - since)} s "
+                           f"(threshold {self.settings.hang_seconds} s) while its node keeps "
+                           "sending heartbeats"),
+            what_was_done=("Job handed to the recovery loop (DCGM health check of the node)"
+                           if recover else "Job marked HUNG; nothing was stopped"),
+            attempt=rank.attempt,
+            operator_action=("Watch the recovery notifications for this job." if recover else
+                             "Look at the rank's logs (NCCL timeouts, deadlocks, data loader); "
+                             "stop the job if it does not progress again."),
+        ))
+        if recover:
+            self._recovery().report_suspected_fault(
+                rank.job_id, rank.attempt, rank.container_inst_id,
+                f"rank {rank.rank} hung at step {step} on {rank.container_inst_id}")
+
+    # ============================================================== GPU reports
+    def report_gpu(self, node_id: str, reported_at: float, gpus: list[dict[str, Any]],
+                   unmapped_xids: list[dict[str, Any]] | None = None, error: str | None = None) -> GpuResult:
+        now = clock.now()
+        signals = policy.hardware_signals(gpus, unmapped_xids or [])
+        result = GpuResult(node_id, len(gpus), signals=[s.fingerprint for s in signals])
+        raw = self._instances.get_item(Key={INSTANCE_PK: node_id}, ConsistentRead=True).get("Item")
+        if raw is None:
+            self._register_node(node_id)
+            raw = {}
+        known = set(from_ddb(dict(raw)).get("hw_signals", set()))
+        last = from_ddb(raw.get("last_gpu_report_ts"))
+        if last is not None and last >= reported_at:
+            raise ReplayedReport(f"a GPU report with timestamp {last} was already accepted from "
+                                 f"node {node_id}; send the current time")
+        fresh = policy.new_signals(signals, known)
+        fields: dict[str, Any] = {"gpu_telemetry": policy.compact_telemetry(gpus),
+                                  "last_gpu_report_at": now, "last_gpu_report_ts": reported_at,
+                                  "gpu_count": len(gpus)}
+        if error:
+            fields["gpu_report_error"] = error[:500]
+        update = Update(
+            table=self.repo.instance_table_name, key={INSTANCE_PK: node_id}, set_fields=fields,
+            add_to_sets={"hw_signals": {s.fingerprint for s in fresh}},
+            remove_fields=[] if error else ["gpu_report_error"],
+            condition="attribute_exists(#k) AND (attribute_not_exists(#ts) OR #ts < :ts)",
+            condition_values={":ts": reported_at},
+            condition_names={"#k": INSTANCE_PK, "#ts": "last_gpu_report_ts"},
+        )
+        if fresh:
+            # Only the report that records a fingerprint first notifies about it.
+            update.condition_names["#sig"] = "hw_signals"
+            for i, signal in enumerate(fresh):
+                update.condition_values[f":fp{i}"] = signal.fingerprint
+                update.condition += f" AND NOT contains(#sig, :fp{i})"
+        if not self.repo.apply(update):
+            raise ReplayedReport(f"a concurrent GPU report from node {node_id} was accepted first")
+        if fresh:
+            result.new_signals = [s.fingerprint for s in fresh]
+            result.suspect = self._flag_suspect(node_id, fresh, now)
+        return result
+
+    def _flag_suspect(self, node_id: str, fresh: list[HardwareSignal], now: float) -> bool:
+        flagged = self.repo.apply(self.repo.instance_update(
+            node_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
+            allow_missing=True, set_fields={"suspect_since": now,
+                                            "suspect_reason": "; ".join(s.describe() for s in fresh)[:500]},
+        ))
+        instance = self.repo.get_instance(node_id)
+        self.metrics.add_metric("HardwareSignals", "Count", len(fresh))
+        jobs = sorted({r.job_id for r in self.repo.live_ranks_on_instance(node_id)})
+        state = instance.state.value if instance else InstanceState.SUSPECT.value
+        self._publish(NotificationKind.SUSPECT_NODE, "GPU node shows hardware errors", NotificationFacts(
+            job_id=", ".join(jobs) or "-", container_inst_id=node_id,
+            instance_id=instance.ec2_instance_id if instance else "",
+            what_happened="GPU telemetry: " + "; ".join(s.describe() for s in fresh),
+            what_was_done=("Node flagged SUSPECT (was AVAILABLE)" if flagged else
+                           f"Node left {state} (only AVAILABLE nodes are flagged SUSPECT)"),
+            operator_action=("Drain the node when its jobs allow, run a DCGM diagnostic "
+                             "(dcgmi diag -r 2) and reboot or replace the GPU as the signal says."),
+        ))
+        return flagged
+
+    # ==================================================================== sweep
+    def sweep(self) -> SweepResult:
+        """Every minute: stale watched ranks -> NODE_LOST; NODE_LOST too long -> recovery."""
+        now = clock.now()
+        cutoff = policy.stale_cutoff(now, self.settings.stale_seconds)
+        items = self._stale_items(cutoff)
+        result = SweepResult(read=len(items))
+        node_ids = sorted({i.get("container_inst_id", "") for i in items} - {""})
+        node_items = {
+            str(raw[INSTANCE_PK]): from_ddb(dict(raw))
+            for raw in self.repo._batch_get(self.repo.instance_table_name,
+                                            [{INSTANCE_PK: n} for n in node_ids])
+        }
+        escalations: dict[tuple[str, int, str], list[tuple[Rank, float]]] = {}
+        for item in items:
+            rank = self.repo.rank_from_item(item)
+            label = _rank_label(item)
+            if rank.state in (RankState.RUNNING, RankState.HUNG):
+                node_seen = (node_items.get(rank.container_inst_id) or {}).get("last_report_at")
+                if node_seen is not None and node_seen >= cutoff:
+                    reason = (f"rank {rank.rank} missing from node {rank.container_inst_id}'s "
+                              f"reports for over {self.settings.stale_seconds} s")
+                else:
+                    reason = (f"no heartbeat from node {rank.container_inst_id} for over "
+                              f"{self.settings.stale_seconds} s")
+                if self._mark_lost(rank, item, now, reason):
+                    result.marked_lost.append(label)
+            elif rank.state is RankState.NODE_LOST:
+                lost_at = item.get("node_lost_at")
+                if policy.node_lost_expired(lost_at, now, self.settings.node_lost_fail_seconds):
+                    key = (rank.job_id, rank.attempt, rank.container_inst_id)
+                    escalations.setdefault(key, []).append((rank, float(lost_at)))
+            elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):
+                result.unwatched.append(label)
+        for (job_id, attempt, inst_id), lost in sorted(escalations.items(), key=lambda kv: kv[0]):
+            node = node_items.get(inst_id)
+            instance = self.repo.instance_from_item(node) if node else None
+            outcome = self._escalate(job_id, attempt, inst_id, lost, instance, now)
+            if outcome == "recovery":
+                result.escalated.append(job_id)
+            elif outcome == "failed":
+                result.failed.append(job_id)
+            elif outcome == "unwatched":
+                result.unwatched.extend(f"{r.job_id}#{r.rank}" for r, _ in lost)
+        self.metrics.add_metric("HeartbeatSweepRead", "Count", result.read)
+        return result
+
+    def _stale_items(self, cutoff: float) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {
+            "IndexName": JOB_BY_HEARTBEAT_INDEX,
+            "KeyConditionExpression": "#b = :b AND #h < :cutoff",
+            "ExpressionAttributeNames": {"#b": HB_PK, "#h": HB_SK},
+            "ExpressionAttributeValues": {":b": HB_BUCKET, ":cutoff": to_ddb(float(cutoff))},
+        }
+        while True:
+            page = self._jobs.query(**kwargs)
+            items.extend(from_ddb(dict(i)) for i in page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def _mark_lost(self, rank: Rank, item: dict[str, Any], now: float, reason: str) -> bool:
+        fields = {"node_lost_at": now, "node_lost_reason": reason[:300]}
+        rank_update = self.repo.rank_update(rank, RankState.NODE_LOST, from_states=[rank.state],
+                                            set_fields=fields)
+        # A heartbeat that lands between the query and this write wins.
+        rank_update.condition = f"({rank_update.condition}) AND #hbseen = :hbseen"
+        rank_update.condition_names["#hbseen"] = HB_SK
+        rank_update.condition_values[":hbseen"] = item.get(HB_SK)
+        member = {str(rank.rank)}
+        job_update = Update(
+            table=self.repo.job_table_name,
+            key={JOB_PK: job_item_key(rank.job_id)},
+            set_fields={"updated_at": now},
+            add_to_sets={lost_attr(rank.attempt): member},
+            delete_from_sets={hung_attr(rank.attempt): member} if rank.state is RankState.HUNG else {},
+            condition="#att = :att AND #js IN (:j0, :j1, :j2, :j3)",
+            condition_values={":att": rank.attempt, **_watched_job_values()},
+            condition_names={"#att": "attempt", "#js": "job_state"},
+        )
+        if not self.repo.transact([rank_update, job_update]):
+            job = self.repo.get_job(rank.job_id)
+            if job is None or job.attempt != rank.attempt or job.state not in WATCHED_JOB_STATES:
+                self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))
+            return False
+        logger.warning("rank NODE_LOST", extra={"job_id": rank.job_id, "rank": rank.rank,
+                                                 "why": reason})
+        self.metrics.add_metric("RanksNodeLost", "Count", 1)
+        self._settle_job(rank.job_id, rank.attempt, reason)
+        return True
+
+    def _escalate(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
+                  instance: Instance | None, now: float) -> str:
+        """NODE_LOST too long: recovery loop if ECS still reaches the node, else fail."""
+        ranks = [r for r, _ in lost]
+        job = self.repo.get_job(job_id)
+        if job is None or job.attempt != attempt or job.state not in WATCHED_JOB_STATES:
+            for rank in ranks:
+                self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))
+            return "unwatched"
+        lost_for = int(now - min(at for _, at in lost))
+        names = ", ".join(str(r.rank) for r in ranks)
+        reason = (f"rank(s) {names} NODE_LOST on {inst_id} for {lost_for} s "
+                  f"(limit {self.settings.node_lost_fail_seconds} s): suspected node fault")
+        arn = (instance.container_instance_arn if instance else "") or inst_id
+        try:
+            described = self.ecs.describe_container_instance(arn)
+        except Exception:
+            logger.warning("DescribeContainerInstances failed; retried next sweep", exc_info=True,
+                           extra={"instance": inst_id})
+            return "retry"
+        if described and described.get("agentConnected"):
+            self._recovery().report_suspected_fault(job_id, attempt, inst_id, reason)
+            self.metrics.add_metric("NodeLostEscalated", "Count", 1)
+            return "recovery"
+        return self._fail_lost_job(job, inst_id, instance, ranks, reason + "; ECS agent disconnected")
+
+    def _fail_lost_job(self, job: Any, inst_id: str, instance: Instance | None, ranks: list[Rank],
+                       reason: str) -> str:
+        failed = self.repo.apply(self.repo.job_transition(
+            job.job_id, JobState.FAILED, from_states=WATCHED_JOB_STATES, attempt=job.attempt,
+            reason=reason, actor=ACTOR, set_fields={"last_error": reason[:500]},
+            remove_fields=self.repo.deadline_attributes()))
+        if not failed:
+            for rank in ranks:
+                self._unwatch(rank, reason="job left NODE_LOST concurrently")
+            return "unwatched"
+        # Ask ECS to stop every live rank (it does once the agent reconnects).
+        for other in self.repo.get_ranks(job):
+            if other.attempt != job.attempt or other.state not in LIVE_RANKS:
+                continue
+            if self.repo.apply(self.repo.rank_update(other, RankState.STOP_REQUESTED,
+                                                     from_states=LIVE_RANKS,
+                                                     set_fields={"stop_reason": reason[:300]})):
+                try:
+                    self.ecs.stop_task(other.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {reason}")
+                except Exception:
+                    logger.warning("StopTask failed", exc_info=True, extra={"task": other.task_arn})
+        quarantined = self.repo.apply(self.repo.instance_update(
+            inst_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT],
+            to=InstanceState.QUARANTINED, allow_missing=True,
+            set_fields={"quarantine_reason": reason[:500]}))
+        if quarantined:
+            try:
+                self.ecs.drain((instance.container_instance_arn if instance else "") or inst_id)
+            except Exception:
+                logger.warning("drain failed", exc_info=True, extra={"instance": inst_id})
+        self.metrics.add_metric("NodeLostFailed", "Count", 1)
+        self._publish(NotificationKind.NODE_LOST, "Job failed: GPU node lost", NotificationFacts(
+            job_id=job.job_id, ranks=[r.rank for r in ranks], container_inst_id=inst_id,
+            instance_id=instance.ec2_instance_id if instance else "",
+            what_happened=reason,
+            what_was_done=("Job marked FAILED; its tasks were asked to stop"
+                           + ("; node quarantined (DRAINING)" if quarantined else "")),
+            attempt=job.recoveries_used, max_attempts=job.max_recovery_attempts,
+            operator_action=("Check the node (network, ECS agent, power); once repaired set it "
+                             "ACTIVE again and resubmit the job."),
+        ))
+        return "failed"
+
+    # ================================================================= helpers
+    def _publish(self, kind: NotificationKind, headline: str, facts: NotificationFacts) -> None:
+        try:
+            self.notifier.publish(build(kind, headline, facts))
+        except Exception:
+            logger.exception("notification failed", extra={"kind": kind.value, "job_id": facts.job_id})
+
+
+# ============================================================= wiring (Lambdas)
+_lock = threading.Lock()
+_cache: dict[str, Any] = {}
+
+
+def service(metrics: MetricsPort | None = None) -> HeartbeatService:
+    """The service built from the environment, once per boto3 session (local mode and
+    tests swap sessions with ``aws.reset()``; a new session builds a new service)."""
+    from gpu_recovery import runtime
+    from gpu_recovery.adapters import aws
+    from gpu_recovery.adapters.ecs import EcsAdapter
+    from gpu_recovery.adapters.notifier import SnsNotifier
+    from gpu_recovery.settings import Settings
+
+    session = aws.session()
+    with _lock:
+        cached = _cache.get("service")
+        if cached is None or _cache.get("session") is not session:
+            settings = Settings.from_env()
+            cached = HeartbeatService(
+                repo=runtime.repository(settings),
+                settings=HeartbeatSettings.from_env(),
+                ecs=EcsAdapter(aws.client("ecs"), settings.cluster),
+                notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
+                recovery=lambda: runtime.recovery_service(),
+            )
+            _cache.update(service=cached, session=session)
+    if metrics is not None:
+        cached.metrics = metrics
+    return cached
+
+
+def reset() -> None:
+    with _lock:
+        _cache.clear()

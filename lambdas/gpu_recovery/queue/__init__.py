@@ -1,0 +1,1 @@
+"""Job queue: submission API and scheduling."""

@@ -1,0 +1,555 @@
+"""Launch an admitted queue job on ECS: claim, StartTask per rank, register, or roll back.
+
+Exactly once per attempt
+------------------------
+1. **Claim**: one conditional write moves the job QUEUED/PENDING_RESOURCES ->
+   STARTING with ``attempt + 1``, removes it from the queue index and records the
+   launch plan (node per rank, MASTER_ADDR/PORT). Only one tick can win the claim.
+2. **Start**: rank by rank, ``StartTask`` on the planned container instance with a
+   deterministic ``startedBy`` (``q-<sha256(job_id)[:12]>-a<attempt>-r<rank>``), then
+   ``RecoveryService.register_rank`` right away (the recovery loop owns it from then).
+3. **Finish**: a conditional write marks the launch complete (``launched_at``) and
+   appends the attempt entry. If the job was canceled or ended meanwhile, the ranks
+   just started are stopped.
+
+A tick that dies anywhere in step 2 leaves the job in STARTING without
+``launched_at``; the next tick (after ``stale_launch_seconds``) *resumes* it: for each
+rank not registered for the attempt, ``ListTasks(startedBy)`` first (register the task
+found), ``StartTask`` only when none exists. No rank is ever started twice.
+
+Failures: a placement failure (``RESOURCE:GPU`` ...) or a vanished node is
+INSUFFICIENT_RESOURCES: started ranks are stopped, the job goes back to
+PENDING_RESOURCES with its original ``queue_order`` (priority, submitted_at) and
+``not_before = now + backoff`` (60 s doubling to 10 min). A task-definition / override
+error is USER_ERROR: FAILED, never retried. Throttling and other unknown errors are
+treated like a crash (resumed later, at most ``max_launch_resumes`` times).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    JOB_PK,
+    QUEUE_BUCKET,
+    QUEUE_PK,
+    QUEUE_SK,
+    SYSTEM_STOP_REASON_PREFIX,
+    TAG_ATTEMPT,
+    TAG_JOB_ID,
+    TAG_RANK,
+    TAG_WORLD_SIZE,
+    JobState,
+    RankState,
+    job_item_key,
+    queue_order,
+)
+from gpu_recovery.domain.models import Rank
+from gpu_recovery.queue.admission import (
+    FailureKind,
+    backoff_seconds,
+    classify_failure,
+)
+from gpu_recovery.recovery import RankRegistration
+from gpu_recovery.repository import Repository, Update, from_ddb
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "scheduler"
+DEFAULT_MASTER_PORT = 29500
+MAX_ATTEMPT_ENTRIES = 50
+# Container-instance attribute an operator can set (ECS_INSTANCE_ATTRIBUTES) to give a
+# node's address explicitly, e.g. for ECS Anywhere hosts.
+HOST_ADDRESS_ATTRIBUTE = "gpu-recovery.host-address"
+LIVE_RANKS = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+NOT_LIVE_JOB_STATES = (
+    JobState.COMPLETE, JobState.FAILED, JobState.USER_STOPPED, JobState.CANCELED, JobState.CANCELING,
+)
+
+
+def started_by(job_id: str, attempt: int, rank: int) -> str:
+    """Deterministic per attempt and rank, <= 36 characters (ECS limit)."""
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:12]
+    return f"q-{digest}-a{attempt}-r{rank}"[:36]
+
+
+class LaunchError(Exception):
+    """A start failed in a way that ends the attempt (classified)."""
+
+    def __init__(self, kind: FailureKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+# ------------------------------------------------------------------------ spec
+@dataclass(frozen=True)
+class JobSpec:
+    task_definition: str
+    nnodes: int
+    gpus_per_node: int
+    container_name: str = ""
+    command: list[str] | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    master_port: int = DEFAULT_MASTER_PORT
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any]) -> JobSpec:
+        raw = item.get("spec_json") or "{}"
+        spec = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        overrides = spec.get("overrides") or {}
+        env_in = overrides.get("environment") or {}
+        if isinstance(env_in, list):
+            env = {str(e["name"]): str(e.get("value", "")) for e in env_in}
+        else:
+            env = {str(k): str(v) for k, v in dict(env_in).items()}
+        command = overrides.get("command")
+        port = spec.get("master_port") or env.get("MASTER_PORT") or DEFAULT_MASTER_PORT
+        return cls(
+            task_definition=str(spec["task_definition"]),
+            nnodes=int(item.get("world_size") or spec.get("nnodes") or 1),
+            gpus_per_node=int(item.get("gpus_per_node", spec.get("gpus_per_node", 0))),
+            container_name=str(spec.get("container_name") or ""),
+            command=[str(c) for c in command] if command else None,
+            environment=env,
+            master_port=int(port),
+        )
+
+
+# ------------------------------------------------------------------ ports
+class TaskDefinitions:
+    """DescribeTaskDefinition, cached (TTL): the container name and the resolved ARN."""
+
+    def __init__(self, ecs_client: Any, ttl_seconds: float = 300) -> None:
+        self._ecs = ecs_client
+        self._ttl = ttl_seconds
+        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def describe(self, ref: str) -> dict[str, Any]:
+        with self._lock:
+            hit = self._cache.get(ref)
+        if hit and time.monotonic() - hit[0] < self._ttl:
+            return hit[1]
+        td = self._ecs.describe_task_definition(taskDefinition=ref)["taskDefinition"]
+        with self._lock:
+            self._cache[ref] = (time.monotonic(), td)
+        return td
+
+    @staticmethod
+    def first_essential_container(td: Mapping[str, Any]) -> str:
+        containers = td.get("containerDefinitions") or []
+        for c in containers:
+            if c.get("essential", True):
+                return str(c["name"])
+        return str(containers[0]["name"]) if containers else ""
+
+
+class HostAddresses:
+    """Rank 0's address for MASTER_ADDR: attribute, EC2 private IP, or SSM (mi- hosts)."""
+
+    def __init__(self, ec2_client: Any, ssm_client: Any | None = None, ttl_seconds: float = 600) -> None:
+        self._ec2 = ec2_client
+        self._ssm = ssm_client
+        self._ttl = ttl_seconds
+        self._cache: dict[str, tuple[float, str]] = {}
+
+    def address(self, ec2_instance_id: str, attributes: Mapping[str, str] | None = None) -> str:
+        explicit = (attributes or {}).get(HOST_ADDRESS_ATTRIBUTE)
+        if explicit:
+            return str(explicit)
+        hit = self._cache.get(ec2_instance_id)
+        if hit and time.monotonic() - hit[0] < self._ttl:
+            return hit[1]
+        found = self._lookup(ec2_instance_id)
+        if found:
+            self._cache[ec2_instance_id] = (time.monotonic(), found)
+        return found
+
+    def _lookup(self, instance_id: str) -> str:
+        if not instance_id:
+            return ""
+        if instance_id.startswith("mi-"):
+            if self._ssm is None:
+                return ""
+            response = self._ssm.describe_instance_information(
+                Filters=[{"Key": "InstanceIds", "Values": [instance_id]}]
+            )
+            infos = response.get("InstanceInformationList") or []
+            return str(infos[0].get("IPAddress", "")) if infos else ""
+        response = self._ec2.describe_instances(InstanceIds=[instance_id])
+        for reservation in response.get("Reservations", []):
+            for inst in reservation.get("Instances", []):
+                if inst.get("PrivateIpAddress"):
+                    return str(inst["PrivateIpAddress"])
+        return ""
+
+
+@dataclass(frozen=True)
+class PlacedNode:
+    """What the launcher needs about a node chosen by admission."""
+
+    container_instance_arn: str
+    ec2_instance_id: str = ""
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LaunchOutcome:
+    job_id: str
+    action: str  # launched | resumed | raced | skipped | requeued | failed | interrupted | ...
+    attempt: int = 0
+    tasks: list[str] = field(default_factory=list)
+    kind: str = ""
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in ("", [], 0) or k == "action"}
+
+
+# ------------------------------------------------------------------ launcher
+class Launcher:
+    def __init__(self, repo: Repository, ecs: Any, recovery: Any, task_definitions: TaskDefinitions,
+                 hosts: HostAddresses, ledger: LaunchLedger, *, max_launch_resumes: int = 3) -> None:
+        self.repo = repo
+        self.ledger = ledger
+        self.ecs = ecs  # EcsAdapter (start_task / stop_task / tasks_started_by / describe_task)
+        self.recovery = recovery  # RecoveryService (register_rank)
+        self.task_definitions = task_definitions
+        self.hosts = hosts
+        self.max_launch_resumes = max_launch_resumes
+
+    # -------------------------------------------------------------- new launch
+    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode]) -> LaunchOutcome:
+        """Claim the job for a new attempt on ``nodes`` (rank i on nodes[i]) and start it."""
+        item = from_ddb(dict(item))
+        job_id = item["job_id"]
+        try:
+            spec = JobSpec.from_item(item)
+        except (KeyError, ValueError, TypeError) as error:
+            return LaunchOutcome(job_id, "skipped", reason=f"malformed spec: {error}")
+        master = nodes[0]
+        master_addr = self.hosts.address(master.ec2_instance_id, master.attributes)
+        if not master_addr:
+            return LaunchOutcome(job_id, "skipped", reason="no address for rank 0's host")
+        current = item.get("attempt")
+        attempt = int(current or 0) + 1
+        now = clock.now()
+        plan = {
+            "attempt": attempt,
+            "nodes": [n.container_instance_arn for n in nodes],
+            "ec2_instance_ids": [n.ec2_instance_id for n in nodes],
+            "master_addr": master_addr,
+            "master_port": spec.master_port,
+        }
+        claim = self.repo.job_transition(
+            job_id, JobState.STARTING,
+            from_states=[JobState.QUEUED, JobState.PENDING_RESOURCES],
+            attempt=None if current is None else int(current),
+            extra_condition=None if current is not None else "attribute_not_exists(#attempt0)",
+            extra_names=None if current is not None else {"#attempt0": "attempt"},
+            reason=f"admitted: attempt {attempt} on {len(nodes)} node(s)", actor=ACTOR,
+            set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now},
+            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at"],
+        )
+        if not self.repo.transact([claim, self.ledger.claim_update(job_id, attempt, now)]):
+            return LaunchOutcome(job_id, "raced", attempt, reason="claim lost: canceled, taken, lease lost")
+        item = {**item, "attempt": attempt, "launch": plan, "job_state": JobState.STARTING.value,
+                "launch_claimed_at": now}
+        return self._start_ranks(item, spec, attempt, plan, resume=False)
+
+    # ---------------------------------------------------------------- resume
+    def resume(self, job_id: str, entry: Mapping[str, Any]) -> LaunchOutcome:
+        """Finish (or clean up) a launch a dead tick left in the ledger."""
+        attempt, resumes = int(entry.get("attempt", 0)), int(entry.get("resumes", 0))
+        item = self.ledger.job_item(job_id)
+        if item is None or int(item.get("attempt", 0)) != attempt or item.get("launched_at") is not None:
+            self.ledger.done(job_id)
+            return LaunchOutcome(job_id, "ledger_cleared", attempt)
+        state = JobState(item["job_state"])
+        if state not in (JobState.STARTING, JobState.RUNNING):
+            # Canceled / failed / in recovery meanwhile: stop tasks only this launch knows.
+            stopped = self._stop_unregistered(item, attempt, all_ranks=state.is_terminal
+                                              or state is JobState.CANCELING)
+            self.ledger.done(job_id)
+            return LaunchOutcome(job_id, "abandoned", attempt, stopped, reason=state.value)
+        if resumes >= self.max_launch_resumes:
+            self._stop_unregistered(item, attempt)
+            return self._abort(item, attempt, list(self._registered_ranks(item, attempt).values()),
+                               FailureKind.UNKNOWN, f"launch did not complete after {resumes} resume(s)")
+        self.ledger.bump(job_id)
+        try:
+            spec = JobSpec.from_item(item)
+        except (KeyError, ValueError, TypeError) as error:
+            return self._abort(item, attempt, [], FailureKind.USER_ERROR, f"malformed spec: {error}")
+        outcome = self._start_ranks(item, spec, attempt, item.get("launch") or {}, resume=True)
+        if outcome.action == "launched":
+            outcome.action = "resumed"
+        return outcome
+
+    def _stop_unregistered(self, item: Mapping[str, Any], attempt: int, *,
+                           all_ranks: bool = False) -> list[str]:
+        """Stop this attempt's tasks found by startedBy (registered ones too with ``all_ranks``)."""
+        job_id = item["job_id"]
+        world_size = len((item.get("launch") or {}).get("nodes") or []) or int(item.get("world_size", 1))
+        registered = self._registered_ranks(item, attempt)
+        if all_ranks:
+            self._stop(list(registered.values()), f"launch of attempt {attempt} abandoned")
+        known = {r.task_arn for r in registered.values()}
+        stopped: list[str] = sorted(known) if all_ranks else []
+        for rank in range(world_size):
+            for arn in self.ecs.tasks_started_by(started_by(job_id, attempt, rank)):
+                if arn not in known:
+                    self.ecs.stop_task(arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt {attempt} "
+                                            "abandoned")
+                    stopped.append(arn)
+        return stopped
+
+    # ----------------------------------------------------------------- start
+    def _start_ranks(self, item: dict[str, Any], spec: JobSpec, attempt: int, plan: Mapping[str, Any],
+                     *, resume: bool) -> LaunchOutcome:
+        job_id = item["job_id"]
+        world_size = len(plan["nodes"])
+        ec2_ids = list(plan.get("ec2_instance_ids") or [""] * world_size)
+        registered: list[Rank] = []
+        known = self._registered_ranks(item, attempt) if resume else {}
+        try:
+            td = self._task_definition(spec.task_definition)
+            container = spec.container_name or TaskDefinitions.first_essential_container(td)
+            td_arn = str(td.get("taskDefinitionArn") or spec.task_definition)
+            for rank in range(world_size):
+                if rank in known:
+                    registered.append(known[rank])
+                    continue
+                ci_arn = plan["nodes"][rank]
+                sb = started_by(job_id, attempt, rank)
+                overrides = build_overrides(spec, container, job_id=job_id, rank=rank,
+                                            world_size=world_size, attempt=attempt,
+                                            master_addr=plan["master_addr"],
+                                            master_port=int(plan.get("master_port") or spec.master_port))
+                tags = rank_tags(job_id, rank, world_size, attempt)
+                existing = self.ecs.tasks_started_by(sb) if resume else []
+                task_arn = existing[0] if existing else self._start_one(td_arn, ci_arn, overrides, tags, sb)
+                registered.append(self.recovery.register_rank(RankRegistration(
+                    job_id=job_id, rank=rank, world_size=world_size, attempt=attempt,
+                    task_arn=task_arn, task_definition_arn=td_arn, container_instance_arn=ci_arn,
+                    ec2_instance_id=ec2_ids[rank] if rank < len(ec2_ids) else "",
+                    overrides=overrides, tags=tags, started_by=sb, state=RankState.STARTING,
+                    max_recovery_attempts=int(item.get("max_recovery_attempts", 1)),
+                )))
+        except LaunchError as error:
+            return self._abort(item, attempt, registered, error.kind, error.reason)
+        except ClientError as error:
+            err = error.response.get("Error", {})
+            kind = classify_failure(error_code=str(err.get("Code", "")),
+                                    error_message=str(err.get("Message", "")))
+            if kind is FailureKind.UNKNOWN:
+                logger.warning("launch interrupted; the next tick resumes it",
+                               extra={"job_id": job_id, "attempt": attempt, "error": str(error)})
+                return LaunchOutcome(job_id, "interrupted", attempt, kind=kind.value, reason=str(error))
+            return self._abort(item, attempt, registered, kind, f"{err.get('Code')}: {err.get('Message')}")
+        except BotoCoreError as error:
+            logger.warning("launch interrupted; the next tick resumes it",
+                           extra={"job_id": job_id, "attempt": attempt, "error": str(error)})
+            return LaunchOutcome(job_id, "interrupted", attempt, kind=FailureKind.UNKNOWN.value,
+                                 reason=str(error))
+        return self._finish(item, attempt, registered)
+
+    def _task_definition(self, ref: str) -> dict[str, Any]:
+        td = self.task_definitions.describe(ref)
+        if str(td.get("status", "ACTIVE")).upper() == "INACTIVE":
+            raise LaunchError(FailureKind.USER_ERROR, f"task definition {ref} is INACTIVE")
+        return td
+
+    def _start_one(self, td_arn: str, ci_arn: str, overrides: dict[str, Any],
+                   tags: list[dict[str, str]], sb: str) -> str:
+        result = self.ecs.start_task(task_definition=td_arn, container_instance_arn=ci_arn,
+                                     overrides=overrides, tags=tags, started_by=sb)
+        if result.task_arns:
+            return str(result.task_arns[0])
+        reasons = [str(f.get("reason", "")) for f in result.failures]
+        kind = classify_failure(placement_reasons=reasons or ["UNKNOWN"])
+        raise LaunchError(kind, f"StartTask on {ci_arn} failed: {', '.join(reasons) or 'no task'}")
+
+    def _registered_ranks(self, item: Mapping[str, Any], attempt: int) -> dict[int, Rank]:
+        job = self.repo.job_from_item(item)
+        return {r.rank: r for r in self.repo.get_ranks(job) if r.attempt == attempt}
+
+    # ----------------------------------------------------------------- finish
+    def _finish(self, item: dict[str, Any], attempt: int, ranks: list[Rank]) -> LaunchOutcome:
+        job_id = item["job_id"]
+        now = clock.now()
+        entry = {"attempt": attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": None,
+                 "outcome": "STARTED", "failure_kind": "", "reason": ""}
+        attempts = _with_entry(item.get("attempts"), entry)
+        names = {"#a": "attempt", "#s": "job_state"}
+        states = {f":x{i}": s.value for i, s in enumerate(NOT_LIVE_JOB_STATES)}
+        done = self.repo.apply(Update(
+            table=self.repo.job_table_name, key={JOB_PK: job_item_key(job_id)},
+            set_fields={"launched_at": now, "resource_failures": 0, "attempts": attempts,
+                        "updated_at": now},
+            condition=f"#a = :a AND NOT (#s IN ({', '.join(states)}))",
+            condition_values={":a": attempt, **states}, condition_names=names,
+        ))
+        self.ledger.done(job_id)
+        tasks = [r.task_arn for r in ranks]
+        if not done:
+            # Canceled (or ended) while we were starting: stop what we started.
+            self._stop(ranks, "job canceled while it was being launched")
+            return LaunchOutcome(job_id, "canceled_during_launch", attempt, tasks)
+        logger.info("job launched", extra={"job_id": job_id, "attempt": attempt, "tasks": tasks})
+        return LaunchOutcome(job_id, "launched", attempt, tasks)
+
+    def _abort(self, item: dict[str, Any], attempt: int, ranks: list[Rank], kind: FailureKind,
+               reason: str) -> LaunchOutcome:
+        job_id = item["job_id"]
+        now = clock.now()
+        entry = {"attempt": attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": now,
+                 "outcome": "START_FAILED", "failure_kind": kind.value, "reason": reason[:500]}
+        attempts = _with_entry(item.get("attempts"), entry)
+        # RUNNING too: the recovery loop moves the job to RUNNING as soon as rank 0 runs.
+        from_states = [JobState.STARTING, JobState.RUNNING]
+        if kind is FailureKind.INSUFFICIENT_RESOURCES:
+            failures = int(item.get("resource_failures", 0)) + 1
+            delay = backoff_seconds(failures)
+            order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at", 0.0)), job_id)
+            update = self.repo.job_transition(
+                job_id, JobState.PENDING_RESOURCES, from_states=from_states, attempt=attempt,
+                reason=f"start failed ({kind.value}): {reason}; retry in {delay} s", actor=ACTOR,
+                set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: order, "not_before": now + delay,
+                            "resource_failures": failures, "attempts": attempts,
+                            "last_error": reason[:1000]},
+                remove_fields=["launch_claimed_at"],
+            )
+            action = "requeued"
+        else:
+            update = self.repo.job_transition(
+                job_id, JobState.FAILED, from_states=from_states, attempt=attempt,
+                reason=f"start failed ({kind.value}): {reason}", actor=ACTOR,
+                set_fields={"attempts": attempts, "last_error": reason[:1000],
+                            "failure_kind": kind.value},
+                remove_fields=["launch_claimed_at", *self.repo.deadline_attributes()],
+            )
+            action = "failed"
+        applied = self.repo.apply(update)
+        self.ledger.done(job_id)
+        self._stop(ranks, f"launch of attempt {attempt} failed ({kind.value})")
+        # Tasks started but not registered (crash window) are found by startedBy.
+        if not applied:
+            action = "raced"
+        logger.warning("launch failed", extra={"job_id": job_id, "attempt": attempt,
+                                               "kind": kind.value, "reason": reason, "action": action})
+        return LaunchOutcome(job_id, action, attempt, [r.task_arn for r in ranks], kind.value, reason)
+
+    def _stop(self, ranks: list[Rank], why: str) -> None:
+        for rank in ranks:
+            if rank.state in LIVE_RANKS:
+                self.repo.apply(self.repo.rank_update(rank, RankState.STOP_REQUESTED, from_states=LIVE_RANKS,
+                                                      set_fields={"stop_reason": why}))
+            try:
+                self.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}")
+            except (ClientError, BotoCoreError):
+                logger.exception("could not stop a rank", extra={"task": rank.task_arn})
+
+
+class LaunchLedger:
+    """In-flight launches, kept as a map on the scheduler's lease item.
+
+    The claim adds ``inflight.<job_id> = {attempt, claimed_at, resumes}`` in the same
+    transaction as the job's claim (condition: the lease is still ours); finishing or
+    rolling back removes it. A tick that dies leaves the entry, and the next tick
+    resumes exactly those launches by one GetItem, whatever state the job moved to
+    meanwhile (the recovery loop marks it RUNNING as soon as rank 0 runs).
+    """
+
+    def __init__(self, table_name: str, table: Any, key: str, owner: str) -> None:
+        self.table_name = table_name
+        self._table = table
+        self.key = key
+        self.owner = owner
+
+    def claim_update(self, job_id: str, attempt: int, now: float) -> Update:
+        return Update(
+            table=self.table_name, key={JOB_PK: self.key},
+            set_fields={f"inflight.{job_id}": {"attempt": attempt, "claimed_at": now, "resumes": 0}},
+            condition="#owner = :owner AND attribute_exists(#inflight)",
+            condition_values={":owner": self.owner},
+            condition_names={"#owner": "owner", "#inflight": "inflight"},
+        )
+
+    def bump(self, job_id: str) -> None:
+        self._apply(Update(table=self.table_name, key={JOB_PK: self.key},
+                           increments={f"inflight.{job_id}.resumes": 1},
+                           condition="attribute_exists(#i.#j)",
+                           condition_names={"#i": "inflight", "#j": job_id}))
+
+    def done(self, job_id: str) -> None:
+        self._apply(Update(table=self.table_name, key={JOB_PK: self.key},
+                           remove_fields=[f"inflight.{job_id}"],
+                           condition="attribute_exists(#i)", condition_names={"#i": "inflight"}))
+
+    def job_item(self, job_id: str) -> dict[str, Any] | None:
+        raw = self._table.get_item(Key={JOB_PK: job_item_key(job_id)}, ConsistentRead=True).get("Item")
+        return from_ddb(dict(raw)) if raw else None
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        item = self._table.get_item(Key={JOB_PK: self.key}, ConsistentRead=True).get("Item") or {}
+        return from_ddb(dict(item.get("inflight") or {}))
+
+    def _apply(self, update: Update) -> None:
+        try:
+            self._table.meta.client.update_item(**update.expression())
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+
+
+def _with_entry(existing: Any, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    attempts = [a for a in (existing or []) if isinstance(a, dict) and a.get("attempt") != entry["attempt"]]
+    return [*attempts, entry][-MAX_ATTEMPT_ENTRIES:]
+
+
+def rank_tags(job_id: str, rank: int, world_size: int, attempt: int) -> list[dict[str, str]]:
+    return [
+        {"key": TAG_JOB_ID, "value": job_id},
+        {"key": TAG_RANK, "value": str(rank)},
+        {"key": TAG_WORLD_SIZE, "value": str(world_size)},
+        {"key": TAG_ATTEMPT, "value": str(attempt)},
+    ]
+
+
+def build_overrides(spec: JobSpec, container: str, *, job_id: str, rank: int, world_size: int,
+                    attempt: int, master_addr: str, master_port: int) -> dict[str, Any]:
+    """ECS ``overrides``: the job's command/environment plus the rendezvous variables.
+
+    The GPU resource requirement is set to ``gpus_per_node`` so ECS reserves exactly
+    what admission counted.
+    """
+    env = {
+        **spec.environment,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "JOB_ID": job_id,
+        "ATTEMPT": str(attempt),
+    }
+    override: dict[str, Any] = {
+        "name": container,
+        "environment": [{"name": k, "value": v} for k, v in sorted(env.items())],
+    }
+    if spec.command:
+        override["command"] = list(spec.command)
+    if spec.gpus_per_node > 0:
+        override["resourceRequirements"] = [{"type": "GPU", "value": str(spec.gpus_per_node)}]
+    return {"containerOverrides": [override]}

@@ -1,0 +1,170 @@
+"""What a user submits to the job queue (``JobSpec``) and the priority levels.
+
+The validated spec is stored as ``spec_json`` on the job item (task definition pinned to
+its ARN, container name resolved, environment in ECS ``[{name, value}]`` form); the
+scheduler's launcher rebuilds the ECS ``StartTask`` overrides from it.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import IntEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Priority(IntEnum):
+    """Priority levels (HAI-style); higher runs first, equal priority is FIFO."""
+
+    LOW = 0
+    BELOW_NORMAL = 5
+    NORMAL = 10
+    ABOVE_NORMAL = 20
+    HIGH = 30
+    VERY_HIGH = 40
+    EXTREME_HIGH = 50
+
+
+PRIORITY_VALUES = frozenset(int(p) for p in Priority)
+PRIORITY_NAMES = {p.name: int(p) for p in Priority}
+
+
+def priority_name(value: int) -> str:
+    try:
+        return Priority(value).name
+    except ValueError:
+        return str(value)
+
+
+NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+# arn:aws:ecs:<region>:<account>:task-definition/<family>[:<revision>] or <family>:<revision>
+TASK_DEFINITION_PATTERN = (
+    r"^(arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:task-definition/[A-Za-z0-9_-]{1,255}(:\d+)?"
+    r"|[A-Za-z0-9_-]{1,255}:\d+)$"
+)
+CONTAINER_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,255}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,254}$"
+MAX_LABELS = 20
+MAX_LABEL_KEY = 128
+MAX_LABEL_VALUE = 256
+MAX_COMMAND_ARGS = 256
+MAX_ENV_VARS = 200
+MAX_ARG_LENGTH = 8192
+
+
+class EnvVar(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=ENV_NAME_PATTERN)
+    value: str = Field(max_length=MAX_ARG_LENGTH)
+
+
+class ContainerOverrides(BaseModel):
+    """Overrides of the training container (the same for every rank).
+
+    ``environment`` accepts ``{"NAME": "value"}`` or ECS's ``[{"name", "value"}]``; it is
+    stored in the ECS list form.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] | None = Field(default=None, max_length=MAX_COMMAND_ARGS)
+    environment: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV_VARS)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(len(arg) > MAX_ARG_LENGTH for arg in value):
+            raise ValueError(f"each argument must be at most {MAX_ARG_LENGTH} characters")
+        return value
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return [{"name": k, "value": v} for k, v in value.items()]
+        return value
+
+    @field_validator("environment")
+    @classmethod
+    def _unique(cls, value: list[EnvVar]) -> list[EnvVar]:
+        names = [v.name for v in value]
+        if len(names) != len(set(names)):
+            raise ValueError("environment variable names must be unique")
+        return value
+
+
+class JobSpec(BaseModel):
+    """A multi-node training job: ``nnodes`` ECS tasks with ``gpus_per_node`` GPUs each."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "llama-ft",
+                    "task_definition": "llama-train:3",
+                    "nnodes": 2,
+                    "gpus_per_node": 8,
+                    "priority": "HIGH",
+                    "overrides": {"command": ["torchrun", "train.py"], "environment": {"EPOCHS": "3"}},
+                    "labels": {"team": "nlp"},
+                }
+            ]
+        },
+    )
+
+    name: str = Field(pattern=NAME_PATTERN, description="1-64 characters: letters, digits, . _ -")
+    task_definition: str = Field(
+        pattern=TASK_DEFINITION_PATTERN,
+        description="Task definition ARN or family:revision (pinned to its ARN on submit)",
+    )
+    container_name: str | None = Field(
+        default=None,
+        pattern=CONTAINER_NAME_PATTERN,
+        description="Training container; default: the task definition's first container",
+    )
+    overrides: ContainerOverrides = Field(default_factory=ContainerOverrides)
+    nnodes: int = Field(ge=1, le=256, description="Ranks (ECS tasks), one per node")
+    gpus_per_node: int = Field(ge=1, le=16)
+    priority: int | Literal[
+        "LOW", "BELOW_NORMAL", "NORMAL", "ABOVE_NORMAL", "HIGH", "VERY_HIGH", "EXTREME_HIGH"
+    ] = Field(default=int(Priority.NORMAL), description="A level name or its value")
+    max_recovery_attempts: int = Field(default=1, ge=0, le=5)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a priority level name or value")
+        if isinstance(value, str):
+            upper = value.strip().upper()
+            if upper in PRIORITY_NAMES:
+                return PRIORITY_NAMES[upper]
+            if re.fullmatch(r"\d{1,3}", upper):
+                value = int(upper)
+            else:
+                raise ValueError(f"must be one of {', '.join(PRIORITY_NAMES)}")
+        if isinstance(value, int) and value not in PRIORITY_VALUES:
+            allowed = ", ".join(f"{n}={v}" for n, v in PRIORITY_NAMES.items())
+            raise ValueError(f"must be one of {allowed}")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not 1 <= len(key) <= MAX_LABEL_KEY:
+                raise ValueError(f"label keys must be 1-{MAX_LABEL_KEY} characters")
+            if len(val) > MAX_LABEL_VALUE:
+                raise ValueError(f"label values must be at most {MAX_LABEL_VALUE} characters")
+        return value
+
+    @property
+    def priority_value(self) -> int:
+        return int(self.priority)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)

@@ -1,0 +1,690 @@
+"""The job queue service behind the HTTP API: submit, get, list, cancel, events, logs.
+
+Jobs share the recovery loop's job model (table key ``job_id_rank``): a job item
+``<job_id>#JOB`` and rank items ``<job_id>#<rank>``. Every state change is a conditional
+write through :class:`~gpu_recovery.repository.Repository` on the exact state read, so
+it races safely with the scheduler and the recovery handlers. Reads use keys and
+indexes only, never a Scan.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Protocol
+
+from botocore.exceptions import ClientError
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    JOB_BY_STATE_INDEX,
+    JOB_BY_USER_INDEX,
+    JOB_LIST_INDEX,
+    JOB_PK,
+    LIST_BUCKET,
+    LIST_PK,
+    QUEUE_BUCKET,
+    QUEUE_PK,
+    QUEUE_SK,
+    STATE_PK,
+    SUBMITTED_SK,
+    SYSTEM_STOP_REASON_PREFIX,
+    USER_PK,
+    JobState,
+    RankState,
+    job_item_key,
+    queue_order,
+)
+from gpu_recovery.domain.models import container_instance_id, task_id
+from gpu_recovery.domain.state_machine import can_transition, check_transition
+from gpu_recovery.queue.models import JobSpec, priority_name
+from gpu_recovery.repository import Repository, from_ddb, to_ddb
+
+logger = logging.getLogger(__name__)
+
+SOURCE_QUEUE = "queue"
+QUEUED_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES})
+LIVE_RANK_STATES = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+CAPACITY_CACHE_SECONDS = 60.0
+LOG_EVENTS_LIMIT = 200
+_CANCEL_RETRIES = 5
+_SLUG_MAX = 40
+
+
+# ------------------------------------------------------------------------------ errors
+class QueueError(Exception):
+    """An error the API shows to the caller: HTTP status, message, optional field."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": self.code, "message": self.message}
+        if self.field:
+            body["field"] = self.field
+        return body
+
+
+class InvalidRequest(QueueError):
+    status = 400
+    code = "validation_error"
+
+
+class JobNotFound(QueueError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(QueueError):
+    status = 409
+    code = "conflict"
+
+
+# ------------------------------------------------------------------------ scheduler port
+class SchedulerTrigger(Protocol):
+    """Wakes the scheduler up after the queue changed; never blocks the API on it."""
+
+    def trigger(self, reason: str, job_id: str) -> None: ...
+
+
+class NoSchedulerTrigger:
+    """No scheduler configured: its periodic schedule picks the job up."""
+
+    def trigger(self, reason: str, job_id: str) -> None:
+        logger.debug("no scheduler to trigger", extra={"reason": reason, "job_id": job_id})
+
+
+class LambdaSchedulerTrigger:
+    """Asynchronous ``Invoke`` (InvocationType=Event) of the scheduler function."""
+
+    def __init__(self, lambda_client: Any, function_name: str) -> None:
+        self._lambda = lambda_client
+        self.function_name = function_name
+
+    def trigger(self, reason: str, job_id: str) -> None:
+        payload = scheduler_payload(reason, job_id)
+        self._lambda.invoke(
+            FunctionName=self.function_name,
+            InvocationType="Event",
+            Payload=json.dumps(payload).encode(),
+        )
+
+
+class CallbackSchedulerTrigger:
+    """In-process trigger (local mode): calls ``callback(payload)`` directly."""
+
+    def __init__(self, callback: Callable[[dict[str, Any]], Any]) -> None:
+        self._callback = callback
+
+    def trigger(self, reason: str, job_id: str) -> None:
+        self._callback(scheduler_payload(reason, job_id))
+
+
+def scheduler_payload(reason: str, job_id: str) -> dict[str, Any]:
+    """The event the scheduler function receives from the API."""
+    return {"source": "gpu-recovery.jobs-api", "reason": reason, "job_id": job_id, "at": clock.now()}
+
+
+# ---------------------------------------------------------------------------- helpers
+def slugify(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9-]+", "-", name.lower())
+    slug = re.sub(r"-{2,}", "-", slug).strip("-")[:_SLUG_MAX].rstrip("-")
+    return slug or "job"
+
+
+def new_job_id(name: str, now: float) -> str:
+    """``llama-ft-20261120-143201-7f3a``: readable, sortable by time, unique enough."""
+    stamp = datetime.fromtimestamp(now, tz=UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{slugify(name)}-{stamp}-{secrets.token_hex(2)}"
+
+
+def encode_token(payload: Mapping[str, Any]) -> str:
+    raw = json.dumps(from_ddb(dict(payload)), separators=(",", ":"), sort_keys=True)
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_token(token: str) -> dict[str, Any]:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        value = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
+    except (binascii.Error, ValueError, UnicodeDecodeError) as error:
+        raise InvalidRequest("next_token: is not a token this API returned", "next_token") from error
+    if not isinstance(value, dict):
+        raise InvalidRequest("next_token: is not a token this API returned", "next_token")
+    return value
+
+
+def _ddb_number(value: Any) -> Any:
+    return Decimal(repr(value)) if isinstance(value, float) else value
+
+
+# ------------------------------------------------------------------------- capacity
+@dataclass
+class _CapacityCache:
+    value: int | None = None
+    at: float = float("-inf")
+
+
+class ClusterCapacity:
+    """Largest GPU count of any container instance in the cluster, cached briefly."""
+
+    def __init__(self, ecs_client: Any, cluster: str, ttl: float = CAPACITY_CACHE_SECONDS) -> None:
+        self._ecs = ecs_client
+        self.cluster = cluster
+        self.ttl = ttl
+        self._cache = _CapacityCache()
+        self._lock = threading.Lock()
+
+    def max_gpus_per_node(self) -> int | None:
+        """None when the cluster has no container instances (it may scale out later)."""
+        with self._lock:
+            if time.monotonic() - self._cache.at < self.ttl:
+                return self._cache.value
+        value = self._read()
+        with self._lock:
+            self._cache = _CapacityCache(value, time.monotonic())
+        return value
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._cache = _CapacityCache()
+
+    def _read(self) -> int | None:
+        arns: list[str] = []
+        for page in self._ecs.get_paginator("list_container_instances").paginate(cluster=self.cluster):
+            arns.extend(page.get("containerInstanceArns", []))
+        if not arns:
+            return None
+        best = 0
+        for start in range(0, len(arns), 100):
+            response = self._ecs.describe_container_instances(
+                cluster=self.cluster, containerInstances=arns[start : start + 100]
+            )
+            for instance in response.get("containerInstances", []):
+                best = max(best, gpu_count(instance.get("registeredResources", [])))
+        return best
+
+
+def gpu_count(resources: list[dict[str, Any]]) -> int:
+    for resource in resources:
+        if resource.get("name") == "GPU" and resource.get("type") == "STRINGSET":
+            return len(resource.get("stringSetValue") or [])
+    return 0
+
+
+# --------------------------------------------------------------------------- service
+class JobQueueService:
+    """The queue's use cases; ``user`` is the caller identity the handler resolved."""
+
+    def __init__(
+        self,
+        *,
+        repo: Repository,
+        ecs_client: Any,
+        logs_client: Any,
+        cluster: str,
+        scheduler: SchedulerTrigger | None = None,
+        capacity: ClusterCapacity | None = None,
+    ) -> None:
+        self.repo = repo
+        self._table = repo._ddb.Table(repo.job_table_name)
+        self._ecs = ecs_client
+        self._logs = logs_client
+        self.cluster = cluster
+        self.scheduler: SchedulerTrigger = scheduler or NoSchedulerTrigger()
+        self.capacity = capacity or ClusterCapacity(ecs_client, cluster)
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, spec: JobSpec, user: str) -> dict[str, Any]:
+        spec = self._validate_against_aws(spec)
+        now = clock.now()
+        item: dict[str, Any] = {}
+        for _ in range(5):
+            job_id = new_job_id(spec.name, now)
+            item = self._new_item(job_id, spec, user, now)
+            try:
+                self._table.put_item(
+                    Item=to_ddb(item),
+                    ConditionExpression="attribute_not_exists(#k)",
+                    ExpressionAttributeNames={"#k": JOB_PK},
+                )
+                break
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                    raise
+        else:  # pragma: no cover - 5 collisions of a 16-bit suffix in the same second
+            raise Conflict("could not allocate a unique job id, retry")
+        logger.info("job submitted", extra={"job_id": item["job_id"], "user": user})
+        self._trigger("submitted", item["job_id"])
+        return self.summary(item)
+
+    def _new_item(self, job_id: str, spec: JobSpec, user: str, now: float) -> dict[str, Any]:
+        priority = spec.priority_value
+        return {
+            JOB_PK: job_item_key(job_id),
+            "item_type": "JOB",
+            "job_id": job_id,
+            "job_state": JobState.QUEUED.value,
+            "source": SOURCE_QUEUE,
+            "name": spec.name,
+            "user": user,
+            "priority": priority,
+            "submitted_at": now,
+            "created_at": now,
+            "updated_at": now,
+            "spec_json": spec.to_json(),
+            "task_definition_arn": spec.task_definition,
+            "world_size": spec.nnodes,
+            "gpus_per_node": spec.gpus_per_node,
+            "attempt": 0,
+            "recoveries_used": 0,
+            "max_recovery_attempts": spec.max_recovery_attempts,
+            "suspects": {},
+            "verdicts": {},
+            QUEUE_PK: QUEUE_BUCKET,
+            QUEUE_SK: queue_order(priority, now, job_id),
+            LIST_PK: LIST_BUCKET,
+            "not_before": 0,
+            "attempts": [],
+            "last_error": "",
+            "history": [
+                {"at": now, "from": "", "to": JobState.QUEUED.value, "reason": "submitted", "actor": user}
+            ],
+        }
+
+    def _validate_against_aws(self, spec: JobSpec) -> JobSpec:
+        """Pin the task definition, resolve the container, refuse what could never run."""
+        try:
+            task_def = self._ecs.describe_task_definition(taskDefinition=spec.task_definition)[
+                "taskDefinition"
+            ]
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code in ("ClientException", "InvalidParameterException"):
+                raise InvalidRequest(
+                    f"task_definition: {spec.task_definition} does not exist", "task_definition"
+                ) from error
+            raise
+        containers = task_def.get("containerDefinitions", [])
+        names = [c.get("name") for c in containers]
+        container_name = spec.container_name or (names[0] if names else None)
+        if container_name not in names:
+            raise InvalidRequest(
+                f"container_name: {container_name} is not a container of {spec.task_definition} "
+                f"({', '.join(n for n in names if n) or 'none'})",
+                "container_name",
+            )
+        largest = self.capacity.max_gpus_per_node()
+        if largest is not None and spec.gpus_per_node > largest:
+            raise InvalidRequest(
+                f"gpus_per_node: {spec.gpus_per_node} GPUs per node could never run: the largest "
+                f"node of cluster {self.cluster} has {largest}",
+                "gpus_per_node",
+            )
+        return spec.model_copy(
+            update={"task_definition": task_def["taskDefinitionArn"], "container_name": container_name}
+        )
+
+    # --------------------------------------------------------------------- get
+    def _item(self, job_id: str) -> dict[str, Any]:
+        item = self._table.get_item(Key={JOB_PK: job_item_key(job_id)}, ConsistentRead=True).get("Item")
+        if not item or item.get("item_type", "JOB") != "JOB":
+            raise JobNotFound(f"job {job_id} not found")
+        return from_ddb(dict(item))
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        item = self._item(job_id)
+        job = self.repo.job_from_item(item)
+        ranks = [r for r in self.repo.get_ranks(job)] if job.world_size else []
+        out = self.summary(item)
+        out.update(
+            {
+                "spec": json.loads(item.get("spec_json") or "{}"),
+                "source": item.get("source", ""),
+                "recoveries_used": int(item.get("recoveries_used", 0)),
+                "max_recovery_attempts": int(item.get("max_recovery_attempts", 0)),
+                "not_before": item.get("not_before", 0) or 0,
+                "last_error": item.get("last_error", ""),
+                "ranks": [
+                    {
+                        "rank": r.rank,
+                        "attempt": r.attempt,
+                        "state": r.state.value,
+                        "task_arn": r.task_arn,
+                        "container_instance_id": r.container_inst_id
+                        or container_instance_id(r.container_instance_arn),
+                        "ec2_instance_id": r.ec2_instance_id,
+                        "last_heartbeat_at": r.last_heartbeat_at,
+                        "exit_code": r.exit_code,
+                        "stop_reason": r.stop_reason,
+                    }
+                    for r in ranks
+                ],
+                "attempts": [_attempt(a) for a in item.get("attempts") or []],
+            }
+        )
+        return out
+
+    @staticmethod
+    def summary(item: Mapping[str, Any]) -> dict[str, Any]:
+        item = from_ddb(dict(item))
+        priority = int(item.get("priority", 0))
+        return {
+            "job_id": item["job_id"],
+            "name": item.get("name", item["job_id"]),
+            "user": item.get("user", ""),
+            "state": item["job_state"],
+            "priority": priority,
+            "priority_name": priority_name(priority),
+            "nnodes": int(item.get("world_size", 0)),
+            "gpus_per_node": int(item.get("gpus_per_node", 0)),
+            "attempt": int(item.get("attempt", 0)),
+            "submitted_at": item.get("submitted_at", item.get("created_at", 0)),
+            "updated_at": item.get("updated_at", 0),
+        }
+
+    # -------------------------------------------------------------------- list
+    def list(
+        self,
+        *,
+        state: JobState | None = None,
+        user: str | None = None,
+        limit: int = DEFAULT_LIMIT,
+        next_token: str | None = None,
+    ) -> dict[str, Any]:
+        """Newest first, from an index (never a Scan); ``next_token`` is opaque."""
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidRequest(f"limit: must be between 1 and {MAX_LIMIT}", "limit")
+        names: dict[str, str] = {"#sk": SUBMITTED_SK}
+        values: dict[str, Any] = {}
+        filter_expr = None
+        if user:
+            index, names["#pk"], values[":pk"] = JOB_BY_USER_INDEX, USER_PK, user
+            if state:
+                filter_expr, names["#st"], values[":st"] = "#st = :st", STATE_PK, state.value
+        elif state:
+            index, names["#pk"], values[":pk"] = JOB_BY_STATE_INDEX, STATE_PK, state.value
+        else:
+            index, names["#pk"], values[":pk"] = JOB_LIST_INDEX, LIST_PK, LIST_BUCKET
+        scope = f"{index}|{values[':pk']}|{state.value if state else ''}"
+        kwargs: dict[str, Any] = {
+            "IndexName": index,
+            "KeyConditionExpression": "#pk = :pk AND #sk > :zero",
+            "ExpressionAttributeNames": names,
+            "ScanIndexForward": False,
+        }
+        values[":zero"] = 0
+        kwargs["ExpressionAttributeValues"] = values
+        if filter_expr:
+            kwargs["FilterExpression"] = filter_expr
+        if next_token:
+            token = decode_token(next_token)
+            if token.get("q") != scope or not isinstance(token.get("k"), dict):
+                raise InvalidRequest(
+                    "next_token: belongs to a different query (same filters are needed)", "next_token"
+                )
+            kwargs["ExclusiveStartKey"] = {k: _ddb_number(v) for k, v in token["k"].items()}
+        items: list[dict[str, Any]] = []
+        last_key: dict[str, Any] | None = None
+        while True:
+            kwargs["Limit"] = limit - len(items) if not filter_expr else max(limit, 25)
+            try:
+                response = self._table.query(**kwargs)
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") == "ValidationException" and next_token:
+                    raise InvalidRequest("next_token: is not valid for this query", "next_token") from error
+                raise
+            page = response.get("Items", [])
+            room = limit - len(items)
+            if len(page) > room:  # filtered query read past the page: resume after the last one kept
+                items.extend(page[:room])
+                last_key = _index_key(items[-1], names["#pk"])
+                break
+            items.extend(page)
+            last_key = response.get("LastEvaluatedKey")
+            if last_key is None or len(items) >= limit:
+                break
+            kwargs["ExclusiveStartKey"] = last_key
+        return {
+            "jobs": [self.summary(i) for i in items],
+            "next_token": encode_token({"q": scope, "k": last_key}) if last_key else None,
+        }
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, job_id: str, user: str) -> dict[str, Any]:
+        """Queued -> CANCELED now; running -> CANCELING + StopTask; terminal: unchanged."""
+        for _ in range(_CANCEL_RETRIES):
+            item = self._item(job_id)
+            current = JobState(item["job_state"])
+            result: dict[str, Any] = {"job_id": job_id, "previous_state": current.value, "stopping_ranks": []}
+            if current.is_terminal:
+                return {**result, "state": current.value, "changed": False}
+            reason = f"canceled by {user}"
+            if current in QUEUED_STATES:
+                if self._move(job_id, current, JobState.CANCELED, reason, user,
+                              remove=[QUEUE_PK, QUEUE_SK]):
+                    self._trigger("canceled", job_id)
+                    return {**result, "state": JobState.CANCELED.value, "changed": True}
+                continue
+            if current is JobState.CANCELING:
+                stopping, state = self._stop_and_finish(job_id, user, was_starting=False)
+                return {**result, "state": state.value, "changed": False, "stopping_ranks": stopping}
+            target = JobState.CANCELING if can_transition(current, JobState.CANCELING) else JobState.CANCELED
+            check_transition(current, target)
+            if not self._move(job_id, current, target, reason, user,
+                              remove=[QUEUE_PK, QUEUE_SK, *self.repo.deadline_attributes()]):
+                continue
+            stopping, state = self._stop_and_finish(
+                job_id, user, was_starting=current is JobState.STARTING
+            )
+            if state.is_terminal:
+                self._trigger("canceled", job_id)
+            return {**result, "state": state.value, "changed": True, "stopping_ranks": stopping}
+        raise Conflict(f"job {job_id} changed state repeatedly while canceling, retry")
+
+    def _move(self, job_id: str, current: JobState, to: JobState, reason: str, actor: str,
+              remove: list[str]) -> bool:
+        return self.repo.apply(
+            self.repo.job_transition(
+                job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
+                remove_fields=remove,
+            )
+        )
+
+    def _stop_and_finish(self, job_id: str, user: str, *, was_starting: bool) -> tuple[list[int], JobState]:
+        """StopTask every live rank of the current attempt; CANCELED once none is left.
+
+        The job is CANCELING *before* the ranks are read, so a rank that stops after
+        this read is finished by the task handler (``_maybe_canceled``).
+        """
+        item = self._item(job_id)
+        job = self.repo.job_from_item(item)
+        ranks = [r for r in self.repo.get_ranks(job) if r.attempt == job.attempt]
+        why = f"{SYSTEM_STOP_REASON_PREFIX} canceled by {user}"
+        stopping: list[int] = []
+        for rank in ranks:
+            if rank.state in LIVE_RANK_STATES:
+                if not self.repo.apply(self.repo.rank_update(
+                        rank, RankState.STOP_REQUESTED, from_states=LIVE_RANK_STATES,
+                        set_fields={"stop_reason": f"canceled by {user}"})):
+                    fresh = self.repo.get_rank(job_id, rank.rank)
+                    if fresh is None or fresh.state is not RankState.STOP_REQUESTED:
+                        continue
+            elif rank.state is not RankState.STOP_REQUESTED:
+                continue
+            self._stop_task(rank.task_arn, why)
+            stopping.append(rank.rank)
+        if job.state is not JobState.CANCELING:
+            return stopping, job.state
+        complete = not was_starting or len(ranks) >= job.world_size
+        fresh_ranks = [r for r in self.repo.get_ranks(job) if r.attempt == job.attempt]
+        if complete and all(r.state.is_terminal for r in fresh_ranks):
+            self.repo.apply(self.repo.job_transition(
+                job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
+                reason="every rank stopped", actor=user))
+            return stopping, JobState(self._item(job_id)["job_state"])
+        return stopping, JobState.CANCELING
+
+    def _stop_task(self, task_arn: str, reason: str) -> None:
+        try:
+            self._ecs.stop_task(cluster=self.cluster, task=task_arn, reason=reason[:255])
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code not in ("InvalidParameterException", "ClientException"):
+                raise
+            logger.info("stop_task on a task ECS no longer knows", extra={"task": task_arn})
+
+    # ------------------------------------------------------------------ events
+    def events(self, job_id: str) -> dict[str, Any]:
+        item = self._item(job_id)
+        return {
+            "job_id": job_id,
+            "state": item["job_state"],
+            "events": [
+                {
+                    "at": e.get("at", 0),
+                    "from": e.get("from", ""),
+                    "to": e.get("to", ""),
+                    "reason": e.get("reason", ""),
+                    "actor": e.get("actor", ""),
+                }
+                for e in item.get("history") or []
+            ],
+        }
+
+    # -------------------------------------------------------------------- logs
+    def logs(
+        self,
+        job_id: str,
+        *,
+        rank: int = 0,
+        attempt: int | None = None,
+        next_token: str | None = None,
+        limit: int = LOG_EVENTS_LIMIT,
+    ) -> dict[str, Any]:
+        """One rank's container log (awslogs driver), oldest first, page by page."""
+        item = self._item(job_id)
+        world_size = int(item.get("world_size", 0))
+        if not 0 <= rank < max(world_size, 1):
+            raise InvalidRequest(f"rank: must be between 0 and {max(world_size - 1, 0)}", "rank")
+        current_attempt = int(item.get("attempt", 0))
+        attempt = current_attempt if attempt is None else attempt
+        if attempt < 1 or attempt > current_attempt:
+            if current_attempt == 0:
+                raise JobNotFound(f"job {job_id} has not started yet: no logs")
+            raise InvalidRequest(f"attempt: must be between 1 and {current_attempt}", "attempt")
+        task_arn, task_def = self._task_of(item, rank, attempt)
+        if not task_arn:
+            raise JobNotFound(f"no task recorded for rank {rank} of attempt {attempt}")
+        spec = json.loads(item.get("spec_json") or "{}")
+        group, stream = self._log_location(task_def or spec.get("task_definition", ""),
+                                           spec.get("container_name"), task_arn)
+        params: dict[str, Any] = {
+            "logGroupName": group,
+            "logStreamName": stream,
+            "startFromHead": True,
+            "limit": limit,
+        }
+        if next_token:
+            params["nextToken"] = next_token
+        try:
+            response = self._logs.get_log_events(**params)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code == "ResourceNotFoundException":
+                raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
+            if code == "InvalidParameterException" and next_token:
+                raise InvalidRequest("next_token: is not valid for this log stream", "next_token") from error
+            raise
+        events = response.get("events", [])
+        forward = response.get("nextForwardToken")
+        return {
+            "job_id": job_id,
+            "rank": rank,
+            "attempt": attempt,
+            "task_arn": task_arn,
+            "log_group": group,
+            "log_stream": stream,
+            "events": [
+                {"timestamp": e.get("timestamp"), "message": e.get("message", "")} for e in events
+            ],
+            "next_token": forward,
+            "end_of_stream": not events or forward == next_token,
+        }
+
+    def _task_of(self, item: Mapping[str, Any], rank: int, attempt: int) -> tuple[str, str]:
+        """The rank's task ARN in that attempt: the rank item, else the attempt record."""
+        found = self.repo.get_rank(item["job_id"], rank)
+        if found is not None and found.attempt == attempt and found.task_arn:
+            return found.task_arn, found.task_definition_arn
+        for record in item.get("attempts") or []:
+            if int(record.get("attempt", -1)) == attempt:
+                arns = record.get("task_arns") or []
+                if isinstance(arns, Mapping):
+                    arn = arns.get(str(rank), "")
+                else:
+                    arn = arns[rank] if rank < len(arns) else ""
+                return arn, record.get("task_definition_arn", "")
+        return "", ""
+
+    def _log_location(self, task_definition: str, container_name: str | None,
+                      task_arn: str) -> tuple[str, str]:
+        try:
+            task_def = self._ecs.describe_task_definition(taskDefinition=task_definition)["taskDefinition"]
+        except ClientError as error:
+            raise JobNotFound(f"task definition {task_definition} no longer exists") from error
+        containers = task_def.get("containerDefinitions", [])
+        container = next((c for c in containers if c.get("name") == container_name),
+                         containers[0] if containers else {})
+        config = container.get("logConfiguration") or {}
+        options = config.get("options") or {}
+        if config.get("logDriver") != "awslogs" or not options.get("awslogs-group"):
+            raise JobNotFound(
+                f"container {container.get('name', '?')} of {task_definition} does not log to "
+                "CloudWatch Logs (awslogs driver)"
+            )
+        prefix = options.get("awslogs-stream-prefix")
+        if not prefix:
+            raise JobNotFound("the awslogs configuration has no awslogs-stream-prefix: stream unknown")
+        return options["awslogs-group"], f"{prefix}/{container['name']}/{task_id(task_arn)}"
+
+    # ----------------------------------------------------------------- helpers
+    def _trigger(self, reason: str, job_id: str) -> None:
+        try:
+            self.scheduler.trigger(reason, job_id)
+        except Exception:  # the scheduler's own schedule catches up; never fail the request
+            logger.warning("could not trigger the scheduler", exc_info=True,
+                           extra={"reason": reason, "job_id": job_id})
+
+
+def _attempt(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "attempt": record.get("attempt"),
+        "started_at": record.get("started_at"),
+        "ended_at": record.get("ended_at"),
+        "outcome": record.get("outcome", ""),
+        "failure_kind": record.get("failure_kind", ""),
+        "reason": record.get("reason", ""),
+    }
+
+
+def _index_key(item: Mapping[str, Any], index_pk: str) -> dict[str, Any]:
+    """ExclusiveStartKey of an index query that resumes right after ``item``."""
+    return {JOB_PK: item[JOB_PK], index_pk: item[index_pk], SUBMITTED_SK: item[SUBMITTED_SK]}

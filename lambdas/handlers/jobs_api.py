@@ -1,0 +1,463 @@
+"""The jobs API (API Gateway REST, IAM auth): submit, get, list, cancel, events, logs.
+
+Routes (Powertools ``APIGatewayRestResolver`` with validation; OpenAPI at ``/swagger``):
+
+    POST /v1/jobs                      201 submit (``Idempotency-Key`` header honoured)
+    GET  /v1/jobs                      200 list, newest first (state=, user=, limit=, next_token=)
+    GET  /v1/jobs/{job_id}             200 detail: ranks, attempts, last error
+    POST /v1/jobs/{job_id}/cancel      200 cancel (idempotent)
+    GET  /v1/jobs/{job_id}/events      200 state history
+    GET  /v1/jobs/{job_id}/logs        200 one rank's container log (rank=, attempt=, next_token=)
+
+Errors: ``{"error": code, "message": "...", "field": "..."}`` with 400 (field named),
+404, 409, 413. ``python -m handlers.jobs_api --openapi`` prints the OpenAPI document
+(committed as ``docs/openapi.json``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import threading
+from http import HTTPStatus
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
+from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+    idempotent_function,
+)
+from aws_lambda_powertools.utilities.idempotency.exceptions import (
+    IdempotencyAlreadyInProgressError,
+    IdempotencyValidationError,
+)
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpu_recovery import runtime
+from gpu_recovery.adapters import aws
+from gpu_recovery.constants import (
+    DEFAULT_IDEMPOTENCY_TABLE_NAME,
+    DEFAULT_JOB_TABLE_NAME,
+    ENV_CLUSTER_NAME,
+    ENV_IDEMPOTENCY_TABLE,
+    ENV_INSTANCE_TABLE,
+    ENV_JOB_TABLE,
+    ENV_SCHEDULER_FUNCTION,
+    JobState,
+)
+from gpu_recovery.queue.api_models import (
+    CancelResult,
+    ErrorBody,
+    JobDetail,
+    JobEvents,
+    JobList,
+    JobLogs,
+    JobSummary,
+)
+from gpu_recovery.queue.models import JobSpec
+from gpu_recovery.queue.service import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    JobQueueService,
+    LambdaSchedulerTrigger,
+    NoSchedulerTrigger,
+    QueueError,
+    SchedulerTrigger,
+)
+from gpu_recovery.repository import Repository
+from handlers._common import powertools
+
+API_TITLE = "GPU training jobs API"
+API_VERSION = "1.0.0"
+MAX_BODY_BYTES = 128 * 1024
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+LOCAL_USER_HEADER = "X-Local-User"
+DEFAULT_LOCAL_USER = "arn:aws:iam::123456789012:user/local"
+JOB_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,80}$"
+
+logger, tracer, metrics = powertools("jobs-api")
+app = APIGatewayRestResolver(enable_validation=True)
+app.enable_swagger(
+    path="/swagger",
+    title=API_TITLE,
+    version=API_VERSION,
+    description="Submit multi-node GPU training jobs to the queue and follow them on Amazon ECS.",
+    security_schemes={
+        "sigv4": APIKey(
+            name="Authorization",
+            in_=APIKeyIn.header,
+            description="AWS Signature Version 4 (API Gateway AuthorizationType AWS_IAM)",
+        )
+    },
+    security=[{"sigv4": []}],
+)
+
+_ERRORS = {
+    400: {"description": "Invalid request; `field` names the offending field",
+          "content": {"application/json": {"model": ErrorBody}}},
+    404: {"description": "Unknown job", "content": {"application/json": {"model": ErrorBody}}},
+}
+
+
+# ------------------------------------------------------------------------------ wiring
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def set_scheduler_trigger(trigger: SchedulerTrigger | None) -> None:
+    """Local mode: install an in-process trigger (``CallbackSchedulerTrigger``)."""
+    with _lock:
+        _state["trigger"] = trigger
+        service = _state.get("service")
+    if service is not None and trigger is not None:
+        service.scheduler = trigger
+
+
+def reset() -> None:
+    """Forget cached clients/services (tests and local mode switch environments)."""
+    with _lock:
+        _state.clear()
+    runtime.reset()
+
+
+def service() -> JobQueueService:
+    with _lock:
+        svc = _state.get("service")
+        if svc is None:
+            env = os.environ
+            trigger = _state.get("trigger")
+            if trigger is None:
+                function = env.get(ENV_SCHEDULER_FUNCTION, "")
+                trigger = (LambdaSchedulerTrigger(aws.client("lambda"), function) if function
+                           else NoSchedulerTrigger())
+            svc = JobQueueService(
+                repo=Repository(
+                    aws.resource("dynamodb"),
+                    env.get(ENV_JOB_TABLE) or DEFAULT_JOB_TABLE_NAME,
+                    env.get(ENV_INSTANCE_TABLE) or "unused",
+                ),
+                ecs_client=aws.client("ecs"),
+                logs_client=aws.client("logs"),
+                cluster=env.get(ENV_CLUSTER_NAME, "default"),
+                scheduler=trigger,
+            )
+            _state["service"] = svc
+        return svc
+
+
+def _idempotency() -> tuple[IdempotencyConfig, Any]:
+    """The idempotent submit, built once (Powertools persistence on the idempotency table)."""
+    with _lock:
+        built = _state.get("idempotency")
+        if built is None:
+            config = IdempotencyConfig(
+                event_key_jmespath="[caller, key]",
+                payload_validation_jmespath="spec",
+                expires_after_seconds=IDEMPOTENCY_TTL_SECONDS,
+                raise_on_no_idempotency_key=True,
+                response_hook=_mark_replay,
+            )
+            store = DynamoDBPersistenceLayer(
+                table_name=os.environ.get(ENV_IDEMPOTENCY_TABLE) or DEFAULT_IDEMPOTENCY_TABLE_NAME,
+                boto3_client=aws.client("dynamodb"),
+            )
+            submit = idempotent_function(
+                data_keyword_argument="request", config=config, persistence_store=store
+            )(_submit_once)
+            built = (config, submit)
+            _state["idempotency"] = built
+        return built
+
+
+def _submit_once(request: dict[str, Any]) -> dict[str, Any]:
+    spec = JobSpec.model_validate(request["spec"])
+    return service().submit(spec, request["caller"])
+
+
+def _mark_replay(response: Any, data_record: Any) -> Any:
+    app.append_context(idempotent_replay=True)
+    return response
+
+
+# ------------------------------------------------------------------------------ helpers
+def caller() -> str:
+    """IAM identity of the signed request; local mode falls back to ``X-Local-User``."""
+    context = app.current_event.request_context
+    identity = context.identity
+    if identity.user_arn:
+        return identity.user_arn
+    if identity.caller:
+        return identity.caller
+    authorizer = app.current_event.raw_event.get("requestContext", {}).get("authorizer") or {}
+    principal = authorizer.get("principalId") if isinstance(authorizer, dict) else None
+    if principal:
+        return str(principal)
+    # No IAM identity at all: only local mode (every deployed method is AWS_IAM) gets here.
+    return _header(LOCAL_USER_HEADER) or DEFAULT_LOCAL_USER
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body,
+                    headers=headers)
+
+
+def error_response(status: int, code: str, message: str, field: str | None = None) -> Response:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if field:
+        body["field"] = field
+    return _json(status, body)
+
+
+_MESSAGES = {
+    "missing": "is required",
+    "extra_forbidden": "is not a known field",
+    "string_pattern_mismatch": "has an invalid format",
+    "int_parsing": "must be an integer",
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "dict_type": "must be an object",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "json_invalid": "is not valid JSON",
+}
+
+
+def _describe(error: dict[str, Any]) -> tuple[str, str]:
+    """Pydantic error -> (field path, short message) e.g. ('nnodes', 'must be >= 1')."""
+    loc = [str(p) for p in error.get("loc", ())]
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]
+    # Union members (int | Literal) add their own loc parts; keep the field path only.
+    loc = [p for p in loc if not p.startswith(("int", "literal[", "function-")) and p != "str"]
+    field = ".".join(loc) or "body"
+    kind = error.get("type", "")
+    ctx = error.get("ctx") or {}
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
+              "less_than": "<"}[kind]
+        bound = next(iter(ctx.values()), "?")
+        return field, f"must be {op} {bound}"
+    if kind in ("string_too_short", "too_short"):
+        return field, f"must have at least {ctx.get('min_length', '?')} items/characters"
+    if kind in ("string_too_long", "too_long"):
+        return field, f"must have at most {ctx.get('max_length', '?')} items/characters"
+    if kind == "value_error":
+        return field, str(ctx.get("error") or error.get("msg", "is invalid")).removeprefix("Value error, ")
+    if kind == "json_invalid":
+        return "body", "is not valid JSON"
+    if kind == "enum":
+        return field, f"must be one of {ctx.get('expected', '')}".strip()
+    return field, _MESSAGES.get(kind, str(error.get("msg", "is invalid")).lower())
+
+
+@app.exception_handler(RequestValidationError)
+def _invalid(error: RequestValidationError) -> Response:
+    errors = list(error.errors())
+    # A union (priority: int | name) reports one error per member: name the field once.
+    field, message = _describe(errors[0]) if errors else ("body", "is invalid")
+    for candidate in errors:
+        if candidate.get("type") == "value_error":
+            field, message = _describe(candidate)
+            break
+    return error_response(400, "validation_error", f"{field}: {message}", field)
+
+
+@app.exception_handler(QueueError)
+def _queue_error(error: QueueError) -> Response:
+    return _json(error.status, error.body())
+
+
+@app.exception_handler(IdempotencyValidationError)
+def _idempotency_mismatch(error: IdempotencyValidationError) -> Response:
+    return error_response(409, "idempotency_key_reused",
+                          f"{IDEMPOTENCY_HEADER} was already used with a different request body")
+
+
+@app.exception_handler(IdempotencyAlreadyInProgressError)
+def _idempotency_in_progress(error: IdempotencyAlreadyInProgressError) -> Response:
+    return error_response(409, "idempotency_in_progress",
+                          f"a request with this {IDEMPOTENCY_HEADER} is still being processed; retry")
+
+
+@app.not_found
+def _not_found(error: Exception) -> Response:
+    return error_response(404, "not_found", f"no route {app.current_event.http_method} "
+                          f"{app.current_event.path}")
+
+
+# ------------------------------------------------------------------------------- routes
+@app.post(
+    "/v1/jobs",
+    summary="Submit a job",
+    description="Queues a multi-node job. With an Idempotency-Key header a retried submission "
+    "returns the same job (24 h); the same key with a different body is refused with 409.",
+    responses={
+        201: {"description": "Queued", "content": {"application/json": {"model": JobSummary}}},
+        **_ERRORS,
+        409: {"description": "Idempotency-Key reused with another body, or still in progress",
+              "content": {"application/json": {"model": ErrorBody}}},
+        413: {"description": "Body too large", "content": {"application/json": {"model": ErrorBody}}},
+    },
+    tags=["jobs"],
+)
+def submit_job(
+    spec: Annotated[JobSpec, Body()],
+    idempotency_key: Annotated[
+        str | None, Header(alias=IDEMPOTENCY_HEADER, max_length=255, description="Retry-safe key")
+    ] = None,
+) -> Response[JobSummary]:
+    who = caller()
+    key = idempotency_key or _header(IDEMPOTENCY_HEADER)
+    if key:
+        _, submit = _idempotency()
+        result = submit(request={"caller": who, "key": key, "spec": spec.model_dump(mode="json")})
+    else:
+        result = service().submit(spec, who)
+    metrics.add_metric(name="JobsSubmitted", unit=MetricUnit.Count, value=1)
+    headers = {"Location": f"/v1/jobs/{result['job_id']}"}
+    if app.context.get("idempotent_replay"):
+        headers["Idempotent-Replayed"] = "true"
+    return _json(HTTPStatus.CREATED, result, headers)
+
+
+@app.get("/v1/jobs", summary="List jobs, newest first", tags=["jobs"], responses={
+    200: {"description": "A page of jobs", "content": {"application/json": {"model": JobList}}},
+    400: _ERRORS[400],
+})
+def list_jobs(
+    state: Annotated[JobState | None, Query(description="Only jobs in this state")] = None,
+    user: Annotated[str | None, Query(description="Only jobs of this user (IAM ARN)",
+                                      max_length=2048)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+    next_token: Annotated[str | None, Query(max_length=4096, description="From the previous page")] = None,
+) -> JobList:
+    return service().list(state=state, user=user, limit=limit, next_token=next_token)
+
+
+@app.get("/v1/jobs/<job_id>", summary="A job with its ranks and attempts", tags=["jobs"],
+         responses={200: {"description": "The job", "content": {"application/json": {"model": JobDetail}}},
+                    404: _ERRORS[404]})
+def get_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobDetail:
+    return service().get(job_id)
+
+
+@app.post("/v1/jobs/<job_id>/cancel", summary="Cancel a job (idempotent)", tags=["jobs"],
+          description="QUEUED/PENDING_RESOURCES: CANCELED now. Running: CANCELING, every live rank "
+          "is stopped, CANCELED once all stopped. Terminal: unchanged, 200.",
+          responses={200: {"description": "Outcome",
+                           "content": {"application/json": {"model": CancelResult}}},
+                     404: _ERRORS[404],
+                     409: {"description": "The job kept changing state; retry",
+                           "content": {"application/json": {"model": ErrorBody}}}})
+def cancel_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> CancelResult:
+    result = service().cancel(job_id, caller())
+    if result["changed"]:
+        metrics.add_metric(name="JobsCanceled", unit=MetricUnit.Count, value=1)
+    return result
+
+
+@app.get("/v1/jobs/<job_id>/events", summary="State history of a job", tags=["jobs"],
+         responses={200: {"description": "Events, oldest first",
+                          "content": {"application/json": {"model": JobEvents}}},
+                    404: _ERRORS[404]})
+def job_events(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobEvents:
+    return service().events(job_id)
+
+
+@app.get("/v1/jobs/<job_id>/logs", summary="Container log of one rank", tags=["jobs"],
+         description="CloudWatch Logs of the rank's training container (awslogs driver of the task "
+         "definition), oldest first.",
+         responses={200: {"description": "A page of log events",
+                          "content": {"application/json": {"model": JobLogs}}},
+                    **_ERRORS})
+def job_logs(
+    job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)],
+    rank: Annotated[int, Query(ge=0, le=255)] = 0,
+    attempt: Annotated[int | None, Query(ge=1, description="Default: the current attempt")] = None,
+    next_token: Annotated[str | None, Query(max_length=4096)] = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 200,
+) -> JobLogs:
+    return service().logs(job_id, rank=rank, attempt=attempt, next_token=next_token, limit=limit)
+
+
+def _header(name: str) -> str | None:
+    headers = app.current_event.headers or {}
+    return next((v for k, v in headers.items() if k.lower() == name.lower()), None)
+
+
+# ------------------------------------------------------------------------------ entry
+def _body_size(event: dict[str, Any]) -> int:
+    body = event.get("body") or ""
+    if event.get("isBase64Encoded"):
+        try:
+            return len(base64.b64decode(body))
+        except ValueError:
+            return len(body)
+    return len(body.encode()) if isinstance(body, str) else len(body)
+
+
+@logger.inject_lambda_context(correlation_id_path="requestContext.requestId")
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    if _body_size(event) > MAX_BODY_BYTES:
+        return {
+            "statusCode": 413,
+            "headers": {"Content-Type": content_types.APPLICATION_JSON},
+            "body": json.dumps({"error": "payload_too_large",
+                                "message": f"body: must be at most {MAX_BODY_BYTES} bytes",
+                                "field": "body"}),
+            "isBase64Encoded": False,
+        }
+    config, _ = _idempotency()
+    config.register_lambda_context(context)
+    return app.resolve(event, context)
+
+
+# ---------------------------------------------------------------------------- OpenAPI
+def openapi_json() -> str:
+    """The OpenAPI document generated from the resolver (stable key order, newline-terminated)."""
+    document = json.loads(
+        app.get_openapi_json_schema(
+            title=API_TITLE,
+            version=API_VERSION,
+            description="Submit multi-node GPU training jobs to the queue and follow them on Amazon ECS.",
+            security_schemes={
+                "sigv4": APIKey(
+                    name="Authorization",
+                    in_=APIKeyIn.header,
+                    description="AWS Signature Version 4 (API Gateway AuthorizationType AWS_IAM)",
+                )
+            },
+            security=[{"sigv4": []}],
+        )
+    )
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def openapi_digest() -> str:
+    return hashlib.sha256(openapi_json().encode()).hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--openapi"]:
+        print("usage: python -m handlers.jobs_api --openapi > docs/openapi.json", file=sys.stderr)
+        return 2
+    sys.stdout.write(openapi_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,371 @@
+"""The REST API on 127.0.0.1: HTTP -> API Gateway REST proxy events (1.0) -> the SAME handlers.
+
+Routes (what API Gateway does in AWS, reproduced here):
+
+* ``POST /v1/report_tasks``, ``POST /v1/report_gpu`` -> ``handlers.node_api`` behind
+  ``handlers.node_authorizer`` (invoked first, like a TOKEN authorizer without cache:
+  no ``Authorization`` header or ``Unauthorized`` -> 401, Deny -> 403, Allow ->
+  its ``context`` lands in ``requestContext.authorizer``).
+* ``/v1/jobs``, ``/v1/jobs/...``, ``/swagger`` -> ``handlers.jobs_api`` (imported lazily;
+  404 while it does not exist). IAM auth in AWS; locally the caller is
+  ``requestContext.identity.userArn`` = ``X-Local-User`` (an ARN, or a user name made
+  into ``arn:aws:iam::123456789012:user/<name>``), default ``.../user/local``. No
+  signature is checked.
+
+A path may carry the stage prefix (``/prod/v1/report_tasks``), as with the
+execute-api URL of the deployed stage.
+
+Run it (``make local-api``)::
+
+    python -m local_mode.server [--port 8080] [--node-id NODE] [--sweep-seconds 60]
+
+It starts the embedded emulator (:class:`local_mode.emulator.LocalAws`), adds the
+node-token table, issues a token for ``--node-id`` and prints it, then serves until
+Ctrl-C, running the heartbeat sweep every ``--sweep-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import fnmatch
+import importlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+ACCOUNT_ID = "123456789012"
+REGION = "us-east-1"
+API_ID = "local"
+STAGE = "prod"
+DEFAULT_USER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/local"
+MAX_REQUEST_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
+NODE_ROUTES = ("/v1/report_tasks", "/v1/report_gpu")
+DENY_MESSAGE = "User is not authorized to access this resource with an explicit deny"
+
+Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+@dataclass
+class LocalContext:
+    """The Lambda context fields Powertools reads."""
+
+    function_name: str
+    memory_limit_in_mb: int = 256
+    function_version: str = "$LATEST"
+    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    log_group_name: str = ""
+    log_stream_name: str = "local"
+
+    @property
+    def invoked_function_arn(self) -> str:
+        return f"arn:aws:lambda:{REGION}:{ACCOUNT_ID}:function:{self.function_name}"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 29_000
+
+
+@dataclass
+class ApiResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body or b"null")
+
+
+def _json(status: int, payload: Any) -> ApiResponse:
+    return ApiResponse(status, {"Content-Type": "application/json"}, json.dumps(payload).encode())
+
+
+class LocalApi:
+    """The routing and event building, without sockets (tests call :meth:`handle`)."""
+
+    def __init__(self, *, stage: str = STAGE, node_handler: Handler | None = None,
+                 authorizer: Handler | None = None, jobs_module: str = "handlers.jobs_api") -> None:
+        self.stage = stage
+        self._node_handler = node_handler
+        self._authorizer = authorizer
+        self._jobs_module = jobs_module
+        # Powertools resolvers keep the current event on a module-level app: one at a time.
+        self._lock = threading.Lock()
+
+    # --------------------------------------------------------------- handlers
+    def node_handler(self) -> Handler:
+        if self._node_handler is None:
+            self._node_handler = importlib.import_module("handlers.node_api").lambda_handler
+        return self._node_handler
+
+    def authorizer(self) -> Handler:
+        if self._authorizer is None:
+            self._authorizer = importlib.import_module("handlers.node_authorizer").lambda_handler
+        return self._authorizer
+
+    def jobs_handler(self) -> Handler | None:
+        try:
+            return importlib.import_module(self._jobs_module).lambda_handler
+        except ModuleNotFoundError as error:
+            if error.name and self._jobs_module.startswith(error.name):
+                return None
+            raise
+
+    # ---------------------------------------------------------------- routing
+    def _route(self, path: str) -> tuple[str, str, dict[str, str] | None] | None:
+        """path -> (kind, resource, pathParameters)."""
+        for candidate in (path, path[len(self.stage) + 1:] if path.startswith(f"/{self.stage}/") else None):
+            if candidate is None:
+                continue
+            if candidate in NODE_ROUTES:
+                return "node", candidate, None
+            if candidate == "/swagger":
+                return "jobs", "/swagger", None
+            if candidate == "/v1/jobs":
+                return "jobs", "/v1/jobs", None
+            if candidate.startswith("/v1/jobs/"):
+                return "jobs", "/v1/jobs/{proxy+}", {"proxy": candidate[len("/v1/jobs/"):]}
+        return None
+
+    @staticmethod
+    def _strip_stage(path: str, stage: str) -> str:
+        return path[len(stage) + 1:] if path.startswith(f"/{stage}/") else path
+
+    def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes,
+               source_ip: str = "127.0.0.1") -> ApiResponse:
+        path, _, query = raw_path.partition("?")
+        route = self._route(path)
+        if route is None:
+            return _json(403 if method != "OPTIONS" else 404, {"message": "Missing Authentication Token"})
+        kind, resource, path_params = route
+        path = self._strip_stage(path, self.stage)
+        if kind == "node" and method != "POST":
+            return _json(403, {"message": "Missing Authentication Token"})
+        event = self._event(method, path, resource, path_params, headers, body, query, source_ip)
+        with self._lock:
+            if kind == "node":
+                denied = self._authorize(event, headers)
+                if denied is not None:
+                    return denied
+                return self._invoke(self.node_handler(), event, "node-api")
+            handler = self.jobs_handler()
+            if handler is None:
+                return _json(404, {"message": "jobs API not available (handlers.jobs_api is missing)"})
+            user = headers_lower(headers).get("x-local-user") or DEFAULT_USER_ARN
+            if not user.startswith("arn:"):
+                user = f"arn:aws:iam::{ACCOUNT_ID}:user/{user}"
+            event["requestContext"]["identity"].update(
+                userArn=user, user=user.rsplit("/", 1)[-1], accountId=ACCOUNT_ID, caller=user,
+                accessKey="ASIALOCALLOCALLOCAL0")
+            return self._invoke(handler, event, "jobs-api")
+
+    def _event(self, method: str, path: str, resource: str, path_params: dict[str, str] | None,
+               headers: dict[str, str], body: bytes, query: str, source_ip: str) -> dict[str, Any]:
+        from urllib.parse import parse_qs
+
+        multi_query = parse_qs(query, keep_blank_values=True) if query else {}
+        try:
+            text, is_b64 = body.decode("utf-8"), False
+        except UnicodeDecodeError:
+            text, is_b64 = base64.b64encode(body).decode(), True
+        now = time.time()
+        request_id = str(uuid.uuid4())
+        return {
+            "resource": resource,
+            "path": path,
+            "httpMethod": method,
+            "headers": dict(headers),
+            "multiValueHeaders": {k: [v] for k, v in headers.items()},
+            "queryStringParameters": {k: v[-1] for k, v in multi_query.items()} or None,
+            "multiValueQueryStringParameters": multi_query or None,
+            "pathParameters": path_params,
+            "stageVariables": None,
+            "requestContext": {
+                "resourceId": "local", "resourcePath": resource, "httpMethod": method,
+                "extendedRequestId": request_id, "requestTime": formatdate(now, usegmt=True),
+                "path": f"/{self.stage}{path}", "accountId": ACCOUNT_ID, "protocol": "HTTP/1.1",
+                "stage": self.stage, "domainPrefix": API_ID, "requestTimeEpoch": int(now * 1000),
+                "requestId": request_id, "apiId": API_ID, "domainName": "127.0.0.1",
+                "identity": {"sourceIp": source_ip, "userAgent": headers_lower(headers).get("user-agent"),
+                             "accessKey": None, "accountId": None, "caller": None, "user": None,
+                             "userArn": None, "cognitoIdentityId": None},
+                "authorizer": None,
+            },
+            "body": text if body else None,
+            "isBase64Encoded": is_b64,
+        }
+
+    def _authorize(self, event: dict[str, Any], headers: dict[str, str]) -> ApiResponse | None:
+        token = headers_lower(headers).get("authorization")
+        if not token:  # identity source missing: API Gateway answers without invoking
+            return _json(401, {"message": "Unauthorized"})
+        method_arn = (f"arn:aws:execute-api:{REGION}:{ACCOUNT_ID}:{API_ID}/{self.stage}/"
+                      f"{event['httpMethod']}{event['path']}")
+        auth_event = {"type": "TOKEN", "authorizationToken": token, "methodArn": method_arn}
+        try:
+            result = self.authorizer()(auth_event, LocalContext("node-authorizer"))
+        except Exception as error:
+            if str(error) == "Unauthorized":
+                return _json(401, {"message": "Unauthorized"})
+            return _json(500, {"message": None})
+        statements = (result.get("policyDocument") or {}).get("Statement") or []
+        allowed = False
+        for statement in statements:
+            resources = statement.get("Resource")
+            resources = [resources] if isinstance(resources, str) else resources or []
+            if any(fnmatch.fnmatchcase(method_arn, r) for r in resources):
+                if statement.get("Effect") == "Deny":
+                    return _json(403, {"message": DENY_MESSAGE})
+                allowed = allowed or statement.get("Effect") == "Allow"
+        if not allowed:
+            return _json(403, {"message": "User is not authorized to access this resource"})
+        event["requestContext"]["authorizer"] = {
+            "principalId": result.get("principalId"),
+            **{k: str(v) for k, v in (result.get("context") or {}).items()},
+        }
+        return None
+
+    @staticmethod
+    def _invoke(handler: Handler, event: dict[str, Any], name: str) -> ApiResponse:
+        try:
+            result = handler(event, LocalContext(name))
+        except Exception:
+            import logging
+
+            logging.getLogger(__name__).exception("handler %s failed", name)
+            return _json(502, {"message": "Internal server error"})
+        headers = {k: str(v) for k, v in (result.get("headers") or {}).items()}
+        for key, values in (result.get("multiValueHeaders") or {}).items():
+            headers[key] = ", ".join(str(v) for v in values)
+        raw = result.get("body") or ""
+        body = base64.b64decode(raw) if result.get("isBase64Encoded") else str(raw).encode()
+        return ApiResponse(int(result.get("statusCode", 200)), headers, body)
+
+
+def headers_lower(headers: dict[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
+
+
+class LocalApiServer:
+    """``ThreadingHTTPServer`` on 127.0.0.1 in front of :class:`LocalApi`."""
+
+    def __init__(self, api: LocalApi | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError("the local API only listens on the loopback interface")
+        self.api = api or LocalApi()
+        api_ref = self.api
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > MAX_REQUEST_BYTES:
+                    response = _json(413, {"message": "Request Too Long"})
+                    self.close_connection = True
+                else:
+                    body = self.rfile.read(length) if length else b""
+                    response = api_ref.handle(self.command, self.path, dict(self.headers.items()), body,
+                                              self.client_address[0])
+                self.send_response(response.status)
+                for key, value in response.headers.items():
+                    if key.lower() not in ("content-length", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(response.body)))
+                self.end_headers()
+                self.wfile.write(response.body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _serve
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        kwargs={"poll_interval": 0.1}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> LocalApiServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> LocalApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def create_node_token_table(local: Any) -> str:
+    """The node-token table in the emulator (``LocalAws`` creates only the recovery tables)."""
+    import os
+
+    from gpu_recovery.constants import DEFAULT_NODE_TOKEN_TABLE_NAME, ENV_NODE_TOKEN_TABLE, table_definitions
+
+    name = os.environ.get(ENV_NODE_TOKEN_TABLE) or DEFAULT_NODE_TOKEN_TABLE_NAME
+    ddb = local.client("dynamodb")
+    if name not in ddb.list_tables()["TableNames"]:
+        ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **table_definitions()["node_token"])
+    os.environ[ENV_NODE_TOKEN_TABLE] = name
+    return name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Local REST API (node + jobs routes) on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--node-id", default="0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+                        help="issue (and print) a report token for this node")
+    parser.add_argument("--sweep-seconds", type=float, default=60.0,
+                        help="run the heartbeat sweep this often (0: never)")
+    args = parser.parse_args(argv)
+
+    from gpu_recovery import heartbeat
+    from gpu_recovery.adapters import aws
+    from gpu_recovery.tokens import TokenStore
+    from local_mode.emulator import LocalAws
+
+    with LocalAws() as local:
+        table = create_node_token_table(local)
+        token = TokenStore(aws.resource("dynamodb").Table(table)).issue(args.node_id, issued_by="local")
+        stop = threading.Event()
+
+        def sweeper() -> None:
+            while not stop.wait(args.sweep_seconds):
+                try:
+                    print("sweep:", heartbeat.service().sweep().as_dict(), flush=True)
+                except Exception as error:  # keep serving
+                    print("sweep failed:", error, flush=True)
+
+        if args.sweep_seconds > 0:
+            threading.Thread(target=sweeper, daemon=True).start()
+        with LocalApiServer(port=args.port) as server:
+            print(f"local API on {server.url} (stage prefix /{STAGE} optional)", flush=True)
+            print(f"node {args.node_id} token: {token}", flush=True)
+            print(f"try: GPU_AGENT_API_URL={server.url} GPU_AGENT_TOKEN={token} "
+                  f"GPU_AGENT_NODE_ID={args.node_id} python3 agent/gpu_node_agent.py --once", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,283 @@
+"""Heartbeat semantics against moto: report, sweep, revive, terminal, missing task, hang,
+SUSPECT once, NODE_LOST escalation."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_recovery.constants import HB_PK, InstanceState, JobState, NotificationKind, RankState
+from gpu_recovery.domain.heartbeat_policy import ReportedTask
+from gpu_recovery.heartbeat import ReplayedReport
+
+from .conftest import NODE, NODE_B, task_arn
+
+
+def test_report_refreshes_ranks_and_node(world) -> None:
+    """Given a RUNNING job with 2 ranks on one node, When the node reports both tasks,
+    Then each rank gets last_heartbeat_at + hb_bucket and the node last_report_at."""
+    world.seed_job("j1")
+    svc = world.service()
+    result = world.report(svc, NODE, task_arn("j1", 0), task_arn("j1", 1), "arn:aws:ecs:us-east-1:"
+                          "123456789012:task/gpu-cluster/agentdaemon")
+    assert result.refreshed == 2
+    assert result.unknown == ["arn:aws:ecs:us-east-1:123456789012:task/gpu-cluster/agentdaemon"]
+    for r in (0, 1):
+        item = world.item(f"j1#{r}")
+        assert item["last_heartbeat_at"] == world.clock()
+        assert item[HB_PK] == "WATCHED"
+        assert item["last_seen_in_report_at"] == world.clock()
+    assert world.node_item(NODE)["last_report_at"] == world.clock()
+
+
+def test_replayed_timestamp_is_rejected_without_writes(world) -> None:
+    """Given an accepted report at t, When the same timestamp is sent again,
+    Then ReplayedReport and the ranks' heartbeat is unchanged."""
+    world.seed_job("j1")
+    svc = world.service()
+    world.report(svc, NODE, task_arn("j1", 0))
+    before = world.item("j1#0")["last_heartbeat_at"]
+    world.clock.advance(10)
+    with pytest.raises(ReplayedReport):
+        world.report(svc, NODE, task_arn("j1", 0), at=world.clock() - 10)
+    assert world.item("j1#0")["last_heartbeat_at"] == before
+
+
+def test_stale_sweep_marks_node_lost_then_heartbeat_revives(world) -> None:
+    """Given ranks with a heartbeat, When no report comes for > 180 s and the sweep runs,
+    Then ranks and job are NODE_LOST (history entry); When a heartbeat comes again,
+    Then both are RUNNING again."""
+    world.seed_job("j1")
+    svc = world.service()
+    world.report(svc, NODE, task_arn("j1", 0), task_arn("j1", 1))
+    world.clock.advance(170)
+    assert svc.sweep().marked_lost == []
+    world.clock.advance(20)
+    swept = svc.sweep()
+    assert sorted(swept.marked_lost) == ["j1#0", "j1#1"]
+    assert world.job_state("j1") is JobState.NODE_LOST
+    assert world.rank_state("j1", 0) is RankState.NODE_LOST
+    history = world.item("j1#JOB")["history"]
+    assert history[-1]["to"] == "NODE_LOST" and "no heartbeat" in history[-1]["reason"]
+    world.clock.advance(30)
+    result = world.report(svc, NODE, task_arn("j1", 0))
+    assert result.revived == ["j1#0"]
+    assert world.job_state("j1") is JobState.NODE_LOST  # rank 1 still lost
+    world.report(svc, NODE, task_arn("j1", 0), task_arn("j1", 1), at=world.clock() + 1)
+    assert world.rank_state("j1", 1) is RankState.RUNNING
+    assert world.job_state("j1") is JobState.RUNNING
+    assert world.item("j1#JOB")["history"][-1]["to"] == "RUNNING"
+
+
+def test_rank_without_heartbeat_is_never_marked_lost(world) -> None:
+    """Given a RUNNING rank that never had a heartbeat (upgrade safety),
+    When the sweep runs much later, Then nothing changes (it is not in the index)."""
+    world.seed_job("j1")
+    world.clock.advance(10_000)
+    assert world.service().sweep().read == 0
+    assert world.job_state("j1") is JobState.RUNNING
+
+
+def test_terminal_job_is_never_revived(world) -> None:
+    """Given a NODE_LOST job that then FAILED (ranks still NODE_LOST in the table),
+    When a late heartbeat arrives, Then job stays FAILED, the rank is not RUNNING and
+    it leaves the heartbeat index."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service()
+    world.report(svc, NODE, task_arn("j1", 0))
+    world.clock.advance(200)
+    svc.sweep()
+    assert world.job_state("j1") is JobState.NODE_LOST
+    world.repo.apply(world.repo.job_transition("j1", JobState.FAILED, from_states=[JobState.NODE_LOST],
+                                               attempt=1, reason="operator", actor="test"))
+    result = world.report(svc, NODE, task_arn("j1", 0))
+    assert result.revived == []
+    assert world.job_state("j1") is JobState.FAILED
+    assert world.rank_state("j1", 0) is RankState.NODE_LOST
+    assert HB_PK not in world.item("j1#0")
+
+
+def test_terminal_rank_is_ignored_and_unindexed(world) -> None:
+    """Given a rank that finished (DONE through rank_update), Then hb_bucket is removed and
+    a late report of its task is ignored (no write makes it RUNNING)."""
+    ranks = world.seed_job("j1", world_size=1)
+    svc = world.service()
+    world.report(svc, NODE, task_arn("j1", 0))
+    assert world.repo.apply(world.repo.rank_update(ranks[0], RankState.DONE,
+                                                   from_states=[RankState.RUNNING]))
+    assert HB_PK not in world.item("j1#0")
+    result = world.report(svc, NODE, task_arn("j1", 0), at=world.clock() + 1)
+    assert result.refreshed == 0
+    assert world.rank_state("j1", 0) is RankState.DONE
+
+
+def test_task_missing_from_node_reports_goes_stale(world) -> None:
+    """Given 2 ranks on a node, When the node keeps reporting but omits rank 1 for > 180 s,
+    Then the sweep marks only rank 1 NODE_LOST, with a 'missing from reports' reason."""
+    world.seed_job("j1")
+    svc = world.service()
+    world.report(svc, NODE, task_arn("j1", 0), task_arn("j1", 1))
+    for _ in range(7):
+        world.clock.advance(30)
+        world.report(svc, NODE, task_arn("j1", 0))
+    swept = svc.sweep()
+    assert swept.marked_lost == ["j1#1"]
+    assert world.rank_state("j1", 0) is RankState.RUNNING
+    assert "missing from node" in world.item("j1#1")["node_lost_reason"]
+    assert world.job_state("j1") is JobState.NODE_LOST
+
+
+def test_sweep_reads_only_stale_ranks(world) -> None:
+    """Given 6 watched ranks of which 2 are stale, Then the sweep reads 2 items."""
+    world.seed_job("old", world_size=2, nodes=(NODE_B,))
+    world.seed_job("fresh", world_size=4)
+    svc = world.service()
+    world.report(svc, NODE_B, task_arn("old", 0), task_arn("old", 1))
+    world.clock.advance(200)
+    world.report(svc, NODE, *[task_arn("fresh", r) for r in range(4)])
+    assert svc.sweep().read == 2
+
+
+def test_hang_detection_and_recovery(world) -> None:
+    """Given hang_seconds=300, When a rank keeps reporting the same step for > 300 s,
+    Then rank and job are HUNG and operators are notified once (kind hung);
+    When the step advances, Then both are RUNNING again."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service(hang_seconds=300)
+    world.report(svc, NODE, ReportedTask(task_arn("j1", 0), step=10))
+    for _ in range(11):
+        world.clock.advance(30)
+        world.report(svc, NODE, ReportedTask(task_arn("j1", 0), step=10))
+    assert world.rank_state("j1", 0) is RankState.HUNG
+    assert world.job_state("j1") is JobState.HUNG
+    assert [n.kind for n in world.notifier.sent] == [NotificationKind.HUNG]
+    assert world.recovery.calls == []
+    world.clock.advance(30)
+    result = world.report(svc, NODE, ReportedTask(task_arn("j1", 0), step=11))
+    assert result.unhung == ["j1#0"]
+    assert world.job_state("j1") is JobState.RUNNING
+
+
+def test_hang_action_recover_hands_job_to_recovery(world) -> None:
+    """Given hang_action=recover, When a rank hangs, Then report_suspected_fault is called
+    once with the rank's instance."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service(hang_seconds=60, hang_action="recover")
+    world.report(svc, NODE, ReportedTask(task_arn("j1", 0), step=5))
+    for _ in range(4):
+        world.clock.advance(30)
+        world.report(svc, NODE, ReportedTask(task_arn("j1", 0), step=5))
+    assert [(c[0], c[1], c[2]) for c in world.recovery.calls] == [("j1", 1, NODE)]
+
+
+def test_no_step_never_hangs(world) -> None:
+    """Given hang detection on, When reports carry no step, Then the rank stays RUNNING."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service(hang_seconds=60)
+    for _ in range(10):
+        world.report(svc, NODE, task_arn("j1", 0))
+        world.clock.advance(30)
+    assert world.rank_state("j1", 0) is RankState.RUNNING
+
+
+def _lose(world, svc, job: str = "j1") -> None:
+    world.report(svc, NODE, task_arn(job, 0))
+    world.clock.advance(200)
+    svc.sweep()
+    assert world.job_state(job) is JobState.NODE_LOST
+
+
+def test_node_lost_too_long_with_agent_connected_goes_to_recovery(world) -> None:
+    """Given a job NODE_LOST, When it stays so for > node_lost_fail_seconds and ECS says
+    the agent is connected, Then the recovery loop gets a suspected fault (once)."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service(node_lost_fail_seconds=600)
+    _lose(world, svc)
+    world.clock.advance(500)
+    assert svc.sweep().escalated == []
+    world.clock.advance(200)
+    assert svc.sweep().escalated == ["j1"]
+    assert world.recovery.calls[0][:3] == ("j1", 1, NODE)
+
+
+def test_node_lost_too_long_with_agent_disconnected_fails_and_quarantines(world) -> None:
+    """Given NODE_LOST too long and the ECS agent disconnected, Then the job FAILED, its
+    task asked to stop, the node QUARANTINED + drained, one NODE_LOST notification, and
+    the rank leaves the heartbeat index."""
+    world.seed_job("j1", world_size=1)
+    world.ecs.connected = False
+    svc = world.service(node_lost_fail_seconds=600)
+    _lose(world, svc)
+    world.clock.advance(700)
+    assert svc.sweep().failed == ["j1"]
+    assert world.job_state("j1") is JobState.FAILED
+    assert world.instance_state(NODE) is InstanceState.QUARANTINED
+    assert world.ecs.drained and world.ecs.stopped == [task_arn("j1", 0)]
+    assert [n.kind for n in world.notifier.sent] == [NotificationKind.NODE_LOST]
+    assert HB_PK not in world.item("j1#0")
+    world.clock.advance(60)
+    assert svc.sweep().read == 0  # nothing left to re-read
+
+
+def test_node_lost_fail_disabled(world) -> None:
+    """Given node_lost_fail_seconds=0, Then NODE_LOST lasts until a heartbeat or an operator."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service(node_lost_fail_seconds=0)
+    _lose(world, svc)
+    world.clock.advance(100_000)
+    assert svc.sweep().escalated == [] and world.recovery.calls == []
+
+
+HEALTHY = {"index": 0, "uuid": "GPU-0", "utilization_gpu": 90, "memory_used_mib": 1,
+           "memory_total_mib": 2, "temperature_c": 60, "ecc_uncorrected_volatile": 0,
+           "remapped_rows_pending": False, "remapped_rows_failure": False, "xids": []}
+
+
+def test_gpu_report_flags_suspect_once_per_new_signal(world) -> None:
+    """Given an AVAILABLE node, When reports carry Xid 79, Then SUSPECT and one notification;
+    When the same signal repeats, Then no new notification; When a new one comes, one more."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service()
+    result = svc.report_gpu(NODE, world.clock(), [HEALTHY])
+    assert result.signals == [] and world.instance_state(NODE) is InstanceState.AVAILABLE
+    bad = {**HEALTHY, "xids": [79]}
+    world.clock.advance(30)
+    assert svc.report_gpu(NODE, world.clock(), [bad]).new_signals == ["xid:79:GPU-0"]
+    assert world.instance_state(NODE) is InstanceState.SUSPECT
+    world.clock.advance(30)
+    assert svc.report_gpu(NODE, world.clock(), [bad]).new_signals == []
+    world.clock.advance(30)
+    assert svc.report_gpu(NODE, world.clock(),
+                          [{**bad, "remapped_rows_pending": True}]).new_signals == ["remap_pending:GPU-0"]
+    kinds = [n.kind for n in world.notifier.sent]
+    assert kinds == [NotificationKind.SUSPECT_NODE, NotificationKind.SUSPECT_NODE]
+    telemetry = world.node_item(NODE)["gpu_telemetry"]
+    assert telemetry[0]["u"] == "GPU-0" and telemetry[0]["x"] == [79]
+
+
+def test_gpu_signal_does_not_clobber_recovery_states(world) -> None:
+    """Given a node REBOOTING, When a hardware signal arrives, Then it stays REBOOTING
+    (operators are still told once)."""
+    world.seed_job("j1", world_size=1)
+    world.repo.apply(world.repo.instance_update(NODE, to=InstanceState.REBOOTING))
+    svc = world.service()
+    svc.report_gpu(NODE, world.clock(), [{**HEALTHY, "ecc_uncorrected_volatile": 3}])
+    assert world.instance_state(NODE) is InstanceState.REBOOTING
+    assert len(world.notifier.sent) == 1
+
+
+def test_application_xid_is_not_a_signal(world) -> None:
+    """Xid 13 / 63 are telemetry only."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service()
+    svc.report_gpu(NODE, world.clock(), [{**HEALTHY, "xids": [13, 63]}])
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE and world.notifier.sent == []
+
+
+def test_first_report_of_unknown_node_creates_its_item(world) -> None:
+    """Given a node with no container-instance item, When it reports, Then the item is
+    created (ECS is asked for its ARN / EC2 id) and last_report_at set."""
+    svc = world.service()
+    world.report(svc, NODE_B)
+    item = world.node_item(NODE_B)
+    assert item["last_report_at"] == world.clock()
+    assert item["ec2_instance_id"] == "i-0123456789abcdef0"

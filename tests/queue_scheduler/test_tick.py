@@ -1,0 +1,345 @@
+"""The scheduler tick against moto with simulated GPU accounting (SimulatedEcs)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpu_recovery import constants as C
+from gpu_recovery.adapters import aws
+from gpu_recovery.constants import InstanceState, JobState
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.queue import launcher as launcher_mod
+from gpu_recovery.queue.scheduler import LEASE_KEY
+
+from .conftest import make_queue_cluster
+
+
+def env_of(task: Any) -> dict[str, str]:
+    [override] = task.overrides["containerOverrides"]
+    return {e["name"]: e["value"] for e in override["environment"]}
+
+
+def steal_gpus(qc: Any, node: str) -> str:
+    """Another tenant takes every free GPU of a node (an untagged task: not a job)."""
+    td = qc.sim.register_training_task_definition("thief", gpus=len(qc.sim.node(node).free_gpu_ids))
+    resp = aws.client("ecs").start_task(cluster=qc.local.cluster_name, taskDefinition=td,
+                                        containerInstances=[qc.sim.node(node).container_instance_arn])
+    return resp["tasks"][0]["taskArn"]
+
+
+def test_launches_a_gang_with_rendezvous_env_tags_and_started_by(qc):
+    """Given four free 8-GPU nodes and a queued 2x8 job
+    When the scheduler ticks
+    Then both ranks start on distinct nodes with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/JOB_ID/
+    ATTEMPT, recovery tags and deterministic startedBy, are registered, and the job runs."""
+    job = qc.submit(nnodes=2, gpus=8)
+    result = qc.scheduler().tick()
+    assert result.admitted == [job]
+    item = qc.item(job)
+    assert item["job_state"] == "STARTING" and item["attempt"] == 1
+    assert C.QUEUE_PK not in item and C.QUEUE_SK not in item
+    tasks = sorted(qc.live_tasks(job), key=lambda t: int(t.tags[C.TAG_RANK]))
+    assert len(tasks) == 2 and tasks[0].node != tasks[1].node
+    master_ip = qc.local.client("ec2").describe_instances(
+        InstanceIds=[qc.node_of(tasks[0]).instance_id])["Reservations"][0]["Instances"][0]["PrivateIpAddress"]
+    for rank, task in enumerate(tasks):
+        env = env_of(task)
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2" and env["JOB_ID"] == job
+        assert env["MASTER_ADDR"] == master_ip and env["MASTER_PORT"] == "29500"
+        assert env["ATTEMPT"] == "1" and env["LR"] == "0.1"
+        assert task.tags == {C.TAG_JOB_ID: job, C.TAG_RANK: str(rank), C.TAG_WORLD_SIZE: "2",
+                             C.TAG_ATTEMPT: "1"}
+        assert task.started_by == launcher_mod.started_by(job, 1, rank)
+        assert len(task.started_by) <= 36 and task.overrides["containerOverrides"][0]["name"] == "trainer"
+        rank_item = qc.repo.get_rank(job, rank)
+        assert rank_item.task_arn == task.arn and rank_item.attempt == 1
+    qc.sim.run_for(30)
+    assert qc.state(job) is JobState.RUNNING
+    assert qc.item(job)["attempts"][-1]["outcome"] == "STARTED"
+
+
+def test_higher_priority_first_then_fifo(qc):
+    """Given a full-cluster low-priority job submitted first and a high-priority one later
+    When the scheduler ticks
+    Then the high-priority job starts and the earlier low-priority job waits."""
+    low = qc.submit(nnodes=4, gpus=8, priority=0)
+    high = qc.submit(nnodes=3, gpus=8, priority=50)
+    result = qc.scheduler().tick()
+    assert result.admitted == [high]
+    assert qc.state(low) is JobState.QUEUED
+
+
+def test_per_node_gang_in_a_real_tick():
+    """Given four nodes each with 4 of 8 GPUs taken (16 free as 4+4+4+4)
+    When a 2x8 job is queued and the scheduler ticks
+    Then the job is not started (no StartTask at all) and stays queued."""
+    gen = make_queue_cluster(nodes=[8, 8, 8, 8])
+    qc = next(gen)
+    try:
+        half = qc.sim.register_training_task_definition("half", gpus=4)
+        for i in range(4):
+            aws.client("ecs").start_task(cluster=qc.local.cluster_name, taskDefinition=half,
+                                         containerInstances=[qc.sim.node(f"node-{i}").container_instance_arn])
+        job = qc.submit(nnodes=2, gpus=8)
+        started = qc.sim.counters["tasks_started"]
+        result = qc.scheduler().tick()
+        assert result.admitted == [] and result.blocked == [job]
+        assert qc.sim.counters["tasks_started"] == started
+        assert qc.state(job) is JobState.QUEUED
+    finally:
+        gen.close()
+
+
+def test_skips_nodes_the_recovery_loop_owns_or_ecs_cannot_use(qc):
+    """Given node-0 REBOOTING, node-1 QUARANTINED, node-2 with its agent disconnected
+    When a 2x8 job and a 1x8 job are queued
+    Then the 2x8 job cannot start and the 1x8 job starts on node-3."""
+    for name, state in (("node-0", InstanceState.REBOOTING), ("node-1", InstanceState.QUARANTINED)):
+        node = qc.sim.node(name)
+        qc.repo.put_instance_if_absent(Instance(node.container_instance_id, state,
+                                                node.container_instance_arn, node.instance_id))
+    qc.sim.node("node-2").agent_connected = False
+    two = qc.submit(nnodes=2, gpus=8)
+    one = qc.submit(nnodes=1, gpus=8)
+    result = qc.scheduler().tick()
+    assert result.admitted == [one]
+    assert qc.state(two) is JobState.QUEUED
+    [task] = qc.live_tasks(one)
+    assert task.node == "node-3"
+
+
+def test_race_on_start_task_requeues_with_backoff_60_then_120():
+    """Given one 8-GPU node whose GPUs another tenant takes between snapshot and StartTask
+    When the scheduler ticks twice (the second time after the backoff)
+    Then each time the job returns to PENDING_RESOURCES, keeps its queue place, backs off
+    60 s then 120 s, and records an INSUFFICIENT_RESOURCES attempt."""
+    gen = make_queue_cluster(nodes=[8])
+    qc = next(gen)
+    try:
+        job = qc.submit(nnodes=1, gpus=8, priority=20)
+        order = qc.item(job)[C.QUEUE_SK]
+        scheduler = qc.scheduler()
+        real_snapshot = scheduler.snapshot
+        thieves: list[str] = []
+
+        def racing_snapshot():
+            nodes = real_snapshot()
+            thieves.append(steal_gpus(qc, "node-0"))
+            return nodes
+
+        scheduler.snapshot = racing_snapshot  # type: ignore[method-assign]
+        for expected_backoff, attempt in ((60, 1), (120, 2)):
+            now = qc.sim.now()
+            result = scheduler.tick()
+            assert result.admitted == [] and result.launch_failures == 1
+            item = qc.item(job)
+            assert item["job_state"] == "PENDING_RESOURCES" and item["attempt"] == attempt
+            assert item[C.QUEUE_SK] == order and item[C.QUEUE_PK] == C.QUEUE_BUCKET
+            assert item["not_before"] == pytest.approx(now + expected_backoff)
+            assert item["attempts"][-1]["failure_kind"] == "INSUFFICIENT_RESOURCES"
+            assert qc.live_tasks(job) == []
+            # The thief leaves; still backing off: a tick before not_before leaves the job alone.
+            aws.client("ecs").stop_task(cluster=qc.local.cluster_name, task=thieves[-1])
+            qc.sim.run_for(30)
+            assert scheduler.tick().launches == []
+            assert qc.state(job) is JobState.PENDING_RESOURCES
+            qc.sim.run_for(expected_backoff - 30 + 1)
+        scheduler.snapshot = real_snapshot  # type: ignore[method-assign]
+        qc.sim.run_for(120)
+        assert scheduler.tick().admitted == [job]
+        assert qc.item(job)["attempt"] == 3 and qc.item(job)["resource_failures"] == 0
+    finally:
+        gen.close()
+
+
+@pytest.mark.parametrize("broken", ["missing", "inactive"])
+def test_user_error_fails_the_job_without_retry(qc, broken):
+    """Given a queued job whose task definition does not exist (or is INACTIVE)
+    When the scheduler ticks (twice)
+    Then the job is FAILED with a USER_ERROR attempt, nothing runs, and it is never retried."""
+    td = "does-not-exist:7"
+    if broken == "inactive":
+        td = qc.sim.register_training_task_definition("retired", gpus=8)
+        qc.local.client("ecs").deregister_task_definition(taskDefinition=td)
+    job = qc.submit(nnodes=2, gpus=8, task_definition=td)
+    result = qc.scheduler().tick()
+    assert result.launch_failures == 1
+    item = qc.item(job)
+    assert item["job_state"] == "FAILED" and item["failure_kind"] == "USER_ERROR"
+    assert item["attempts"][-1]["failure_kind"] == "USER_ERROR"
+    assert C.QUEUE_PK not in item
+    assert qc.live_tasks() == []
+    qc.sim.run_for(3600)
+    assert qc.scheduler().tick().launches == []
+    assert qc.state(job) is JobState.FAILED
+
+
+def test_crash_between_start_task_and_its_write_never_duplicates_a_rank(qc, monkeypatch):
+    """Given a tick that dies right after StartTask of rank 1 of a 2x8 job (before registering)
+    When later ticks run (before and after the 2-minute staleness)
+    Then rank 1's task is found by startedBy and registered, nothing is started twice, and
+    the job runs with exactly one task per rank."""
+    job = qc.submit(nnodes=2, gpus=8)
+    service = qc.recovery
+    real_register = service.register_rank
+    calls = {"n": 0}
+
+    def crash_on_rank_1(reg):
+        calls["n"] += 1
+        if reg.rank == 1 and calls["n"] == 2:
+            raise RuntimeError("Lambda died")
+        return real_register(reg)
+
+    monkeypatch.setattr(service, "register_rank", crash_on_rank_1)
+    with pytest.raises(RuntimeError):
+        qc.scheduler().tick()
+    monkeypatch.setattr(service, "register_rank", real_register)
+    assert len(qc.live_tasks(job)) == 2
+    started = qc.sim.counters["tasks_started"]
+    qc.sim.run_for(30)  # both ranks RUNNING; the job RUNNING (recovery loop saw rank 0)
+    result = qc.scheduler().tick()
+    assert result.resumed == [] and result.launches == []  # not stale yet, not in the queue
+    qc.sim.run_for(120)
+    result = qc.scheduler().tick()
+    assert [r["action"] for r in result.resumed] == ["resumed"]
+    assert qc.sim.counters["tasks_started"] == started
+    assert len(qc.live_tasks(job)) == 2
+    assert {qc.repo.get_rank(job, r).task_arn for r in (0, 1)} == {t.arn for t in qc.live_tasks(job)}
+    assert qc.item(job)["launched_at"] is not None
+    assert qc.scheduler().tick().resumed == []  # the ledger entry is gone
+
+
+def test_crash_before_start_task_starts_the_missing_rank_once(qc, monkeypatch):
+    """Given a tick that dies before StartTask of rank 1 (rank 0 started and registered)
+    When a tick runs after the staleness delay
+    Then rank 1 is started once on its planned node, and rank 0 is not started again."""
+    job = qc.submit(nnodes=2, gpus=8)
+    sched = qc.scheduler()
+    real_start = sched.launcher._start_one
+    calls = {"n": 0}
+
+    def crash_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("Lambda died")
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(sched.launcher, "_start_one", crash_second)
+    with pytest.raises(RuntimeError):
+        sched.tick()
+    assert len(qc.live_tasks(job)) == 1
+    plan = qc.item(job)["launch"]
+    qc.sim.run_for(150)
+    result = qc.scheduler().tick()
+    assert [r["action"] for r in result.resumed] == ["resumed"]
+    tasks = sorted(qc.live_tasks(job), key=lambda t: int(t.tags[C.TAG_RANK]))
+    assert len(tasks) == 2
+    assert tasks[1].node == qc.sim.node(plan["nodes"][1]).name
+    assert env_of(tasks[1])["MASTER_ADDR"] == plan["master_addr"]
+
+
+def test_canceled_while_half_launched_stops_the_orphan(qc, monkeypatch):
+    """Given a tick that died after starting (not registering) rank 0, and the job canceled
+    When a tick runs after the staleness delay
+    Then the orphan task is found by startedBy and stopped, and nothing new starts."""
+    job = qc.submit(nnodes=2, gpus=8)
+    service = qc.recovery
+    monkeypatch.setattr(service, "register_rank", lambda reg: (_ for _ in ()).throw(RuntimeError("died")))
+    with pytest.raises(RuntimeError):
+        qc.scheduler().tick()
+    monkeypatch.undo()
+    qc.repo.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
+                                         attempt=None, reason="user cancel", actor="api"))
+    qc.sim.run_for(150)
+    result = qc.scheduler().tick()
+    assert [r["action"] for r in result.resumed] == ["abandoned"]
+    qc.sim.run_for(30)
+    assert qc.live_tasks(job) == []
+
+
+def test_lease_excludes_a_concurrent_tick(qc):
+    """Given one tick holding the lease
+    When another scheduler ticks meanwhile
+    Then it exits at once as busy; after the lease is released or expired, ticks run."""
+    first, second = qc.scheduler(owner="first"), qc.scheduler(owner="second")
+    assert first.lease.acquire()
+    qc.submit(nnodes=1, gpus=8)
+    assert second.tick().action == "busy"
+    first.lease.release()
+    assert second.tick().action == "ticked"
+    # A dead holder: its lease expires after lease_seconds.
+    assert first.lease.acquire()
+    assert second.tick().action == "busy"
+    qc.sim.run_for(121)
+    assert second.tick().action == "ticked"
+    lease = qc.table().get_item(Key={C.JOB_PK: LEASE_KEY})["Item"]
+    assert lease["owner"] == "second" and lease["inflight"] == {}
+
+
+def test_claim_fails_when_the_lease_was_lost(qc):
+    """Given a tick whose lease was taken over by another scheduler (it expired)
+    When the first tick tries to claim a job
+    Then the claim transaction fails: no job is launched by a tick without the lease."""
+    job = qc.submit(nnodes=1, gpus=8)
+    old, new = qc.scheduler(owner="old"), qc.scheduler(owner="new")
+    assert old.lease.acquire()
+    qc.sim.run_for(121)
+    assert new.lease.acquire()
+    infos = old.snapshot()
+    node = next(iter(infos.values())).placed
+    outcome = old.launcher.launch(qc.item(job), [node])
+    assert outcome.action == "raced"
+    assert qc.state(job) is JobState.QUEUED
+
+
+def test_reads_follow_placeable_jobs_not_queue_length(qc):
+    """Given a full cluster and 300 queued jobs
+    When the scheduler ticks
+    Then it reads only the first page (the scan stops: no free GPU anywhere)."""
+    filler = qc.submit(nnodes=4, gpus=8, priority=50)
+    assert qc.scheduler().tick().admitted == [filler]
+    for _ in range(300):
+        qc.submit(nnodes=1, gpus=8)
+    result = qc.scheduler(page_size=25).tick()
+    assert result.queue_items_read == 1
+    assert result.stop_reason == "no free GPUs left on unreserved nodes"
+
+
+def test_many_unplaceable_jobs_stop_the_scan(qc):
+    """Given one free node and 100 queued jobs too large for the cluster
+    When the scheduler ticks with max_unplaced=10
+    Then it reads at most 10 items (plus nothing else) and stops."""
+    for _ in range(100):
+        qc.submit(nnodes=8, gpus=8)
+    result = qc.scheduler(max_unplaced=10, page_size=5).tick()
+    assert result.queue_items_read == 10
+    assert result.stop_reason == "10 jobs could not be placed"
+
+
+def test_job_in_backoff_is_skipped(qc):
+    """Given a queued job whose not_before is in the future
+    When the scheduler ticks
+    Then it is not started; a job behind it is."""
+    waiting = qc.submit(nnodes=1, gpus=8, priority=50)
+    qc.table().update_item(Key={C.JOB_PK: C.job_item_key(waiting)}, UpdateExpression="SET not_before = :t",
+                           ExpressionAttributeValues={":t": int(qc.sim.now() + 300)})
+    other = qc.submit(nnodes=1, gpus=8)
+    assert qc.scheduler().tick().admitted == [other]
+    assert qc.state(waiting) is JobState.QUEUED
+
+
+def test_handler_runs_a_tick_and_emits_metrics(qc, monkeypatch):
+    """Given the Lambda handler and a queued job
+    When it is invoked like the schedule would
+    Then it returns the tick outcome with the job admitted."""
+    from handlers import queue_scheduler
+
+    job = qc.submit(nnodes=1, gpus=8)
+    context = SimpleNamespace(function_name="queue-scheduler", memory_limit_in_mb=256,
+                              invoked_function_arn="arn:aws:lambda:us-east-1:123456789012:function:qs",
+                              aws_request_id="req-1", get_remaining_time_in_millis=lambda: 90_000)
+    out = queue_scheduler.lambda_handler({"id": "evt-1", "detail-type": "Scheduled Event"}, context)
+    assert out["admitted"] == [job] and out["queue_items_read"] == 1
