@@ -343,3 +343,25 @@ def test_handler_runs_a_tick_and_emits_metrics(qc, monkeypatch):
                               aws_request_id="req-1", get_remaining_time_in_millis=lambda: 90_000)
     out = queue_scheduler.lambda_handler({"id": "evt-1", "detail-type": "Scheduled Event"}, context)
     assert out["admitted"] == [job] and out["queue_items_read"] == 1
+
+
+def test_canceled_before_any_rank_started_reaches_canceled(qc, monkeypatch):
+    """Given a tick that claimed a job and died before any StartTask, and a user cancel
+    that moved the job to CANCELING meanwhile
+    When a tick resumes the launch
+    Then nothing is started and the job is CANCELED (no STOPPED event will ever come)."""
+    job = qc.submit(nnodes=2, gpus=8)
+    sched = qc.scheduler()
+    monkeypatch.setattr(sched.launcher, "_start_one",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("Lambda died")))
+    with pytest.raises(RuntimeError):
+        sched.tick()
+    monkeypatch.undo()
+    assert qc.live_tasks(job) == []
+    qc.repo.apply(qc.repo.job_transition(job, JobState.CANCELING, from_states=[JobState.STARTING],
+                                         attempt=None, reason="user cancel", actor="api"))
+    qc.sim.run_for(150)
+    result = qc.scheduler().tick()
+    assert [r["action"] for r in result.resumed] == ["abandoned"]
+    assert qc.item(job)["job_state"] == JobState.CANCELED.value
+    assert qc.live_tasks(job) == []

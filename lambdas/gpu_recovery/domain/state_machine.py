@@ -14,10 +14,12 @@ JOB_TRANSITIONS: dict[S, frozenset[S]] = {
             S.USER_STOPPED, S.CANCELING, S.CANCELED, S.NODE_LOST,
         }
     ),
+    # RUNNING -> PENDING_RESOURCES: a queue launch rolled back (a later rank could not
+    # be placed) after rank 0 was already seen RUNNING.
     S.RUNNING: frozenset(
         {
             S.PENDING_HEALTHCHECK, S.NODE_LOST, S.HUNG, S.COMPLETE, S.FAILED,
-            S.USER_STOPPED, S.CANCELING, S.CANCELED,
+            S.USER_STOPPED, S.CANCELING, S.CANCELED, S.PENDING_RESOURCES,
         }
     ),
     S.NODE_LOST: frozenset(

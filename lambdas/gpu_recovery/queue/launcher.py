@@ -281,6 +281,13 @@ class Launcher:
             # Canceled / failed / in recovery meanwhile: stop tasks only this launch knows.
             stopped = self._stop_unregistered(item, attempt, all_ranks=state.is_terminal
                                               or state is JobState.CANCELING)
+            if state is JobState.CANCELING and not stopped and not any(
+                r.is_live for r in self._registered_ranks(item, attempt).values()
+            ):
+                # Canceled before any task started: no STOPPED event will ever finish it.
+                self.repo.apply(self.repo.job_transition(
+                    job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
+                    reason="canceled before any rank started", actor=ACTOR))
             self.ledger.done(job_id)
             return LaunchOutcome(job_id, "abandoned", attempt, stopped, reason=state.value)
         if resumes >= self.max_launch_resumes:
