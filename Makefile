@@ -38,6 +38,7 @@ local-api: $(STAMP)
 
 test: $(STAMP) install-cdk
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(LOCAL_ENV) $(PY) -m pytest -q
 
 lint: $(STAMP)

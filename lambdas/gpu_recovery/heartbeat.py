@@ -461,7 +461,7 @@ class HeartbeatService:
             update.condition_names["#sig"] = "hw_signals"
             for i, signal in enumerate(fresh):
                 update.condition_values[f":fp{i}"] = signal.fingerprint
-                update.condition += f" AND NOT contains(#sig, :fp{i})"
+                update.condition = f"({update.condition}) AND NOT contains(#sig, :fp{i})"
         if not self.repo.apply(update):
             raise ReplayedReport(f"a concurrent GPU report from node {node_id} was accepted first")
         if fresh:
@@ -519,7 +519,9 @@ class HeartbeatService:
                     result.marked_lost.append(label)
             elif rank.state is RankState.NODE_LOST:
                 lost_at = item.get("node_lost_at")
-                if policy.node_lost_expired(lost_at, now, self.settings.node_lost_fail_seconds):
+                if lost_at is not None and policy.node_lost_expired(
+                    lost_at, now, self.settings.node_lost_fail_seconds
+                ):
                     key = (rank.job_id, rank.attempt, rank.container_inst_id)
                     escalations.setdefault(key, []).append((rank, float(lost_at)))
             elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):

@@ -302,7 +302,7 @@ class RecoveryService:
             return self._converge_after_stop(job, rank, kind, duplicate=True)
         logger.info("rank stopped", extra={"job_id": job.job_id, "rank": rank.rank,
                                            "kind": kind.value, "exit_code": stop.exit_code})
-        fields = {"stop_reason": policy.describe_failure(stop)}
+        fields: dict[str, Any] = {"stop_reason": policy.describe_failure(stop)}
         if stop.exit_code is not None:
             fields["exit_code"] = stop.exit_code
         target = {
@@ -614,9 +614,12 @@ class RecoveryService:
         waiting = [j for j in jobs if j.state in (JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART)]
         action = policy.instance_action(verdict, waiting)
         now = clock.now()
-        condition = {"extra_condition": "#hct = :hct", "extra_values": {":hct": detail.taskArn},
-                     "extra_names": {"#hct": "hc_task_arn"}}
-        common = {"set_fields": {"last_verdict": findings}, "remove_fields": ["hc_jobs"]}
+        # Applies only to this health check: a duplicate or stale verdict loses the race.
+        condition: dict[str, Any] = {
+            "extra_condition": "#hct = :hct", "extra_values": {":hct": detail.taskArn},
+            "extra_names": {"#hct": "hc_task_arn"},
+        }
+        common: dict[str, Any] = {"set_fields": {"last_verdict": findings}, "remove_fields": ["hc_jobs"]}
         if action is VerdictAction.MARK_AVAILABLE:
             inst_update = self.repo.instance_update(
                 inst_id, from_states=[InstanceState.HEALTH_CHECKING], to=InstanceState.AVAILABLE,
@@ -873,13 +876,10 @@ class RecoveryService:
             started_by = restart_started_by(job.job_id, attempt, rank.rank)
             existing = self.ecs.tasks_started_by(started_by) if rank.attempt == attempt - 1 and \
                 self._possibly_started(job) else []
-            if existing:
-                task_arn = existing[0]
-            else:
-                task_arn = self._start_rank(rank, attempt, started_by)
-                if task_arn is None:
-                    self._fail_restart(job, rank, attempt)
-                    return None
+            task_arn = existing[0] if existing else self._start_rank(rank, attempt, started_by)
+            if task_arn is None:
+                self._fail_restart(job, rank, attempt)
+                return None
             self.register_rank(RankRegistration(
                 job_id=job.job_id, rank=rank.rank, world_size=job.world_size, attempt=attempt,
                 task_arn=task_arn, task_definition_arn=rank.task_definition_arn,

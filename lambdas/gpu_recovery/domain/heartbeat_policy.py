@@ -192,7 +192,7 @@ def hardware_signals(
             add(HardwareSignal(f"remap_pending:{name}", "remap_pending", name,
                                "row remap pending", "reboot"))
         ecc = gpu.get("ecc_uncorrected_volatile")
-        if _positive(ecc):
+        if ecc is not None and _positive(ecc):
             add(HardwareSignal(f"ecc:{name}:{int(ecc)}", "ecc_uncorrected", name,
                                f"{int(ecc)} uncorrected volatile ECC errors", "reboot"))
         for xid in gpu.get("xids") or []:

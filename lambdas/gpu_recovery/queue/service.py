@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import json
 import logging
 import re
@@ -500,7 +501,7 @@ class JobQueueService:
         raise Conflict(f"job {job_id} changed state repeatedly while canceling, retry")
 
     def _move(self, job_id: str, current: JobState, to: JobState, reason: str, actor: str,
-              remove: list[str]) -> bool:
+              remove: builtins.list[str]) -> bool:
         return self.repo.apply(
             self.repo.job_transition(
                 job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
@@ -508,7 +509,9 @@ class JobQueueService:
             )
         )
 
-    def _stop_and_finish(self, job_id: str, user: str, *, was_starting: bool) -> tuple[list[int], JobState]:
+    def _stop_and_finish(
+        self, job_id: str, user: str, *, was_starting: bool
+    ) -> tuple[builtins.list[int], JobState]:
         """StopTask every live rank of the current attempt; CANCELED once none is left.
 
         The job is CANCELING *before* the ranks are read, so a rank that stops after
