@@ -84,7 +84,8 @@ class HeartbeatConfig:
 class NodeApi(Construct):
     """Attributes: ``rest_api``, ``v1`` (the /v1 resource), ``stage``, ``url``,
     ``token_table``, ``authorizer``, ``authorizer_function``, ``api_function``,
-    ``sweep_function``, ``functions``, ``access_log_group``, ``sweep_rule``."""
+    ``sweep_function``, ``functions``, ``access_log_group``, ``sweep_rule``,
+    ``sweep_dead_letter_queue``."""
 
     def __init__(
         self,
@@ -227,6 +228,7 @@ class NodeApi(Construct):
                         retention_period=Duration.days(14))
         acknowledge(dlq, ("AwsSolutions-SQS3", "This queue is the dead-letter queue of the sweep "
                                                "schedule target; a DLQ of a DLQ would never be read."))
+        self.sweep_dead_letter_queue = dlq
         self.sweep_rule = events.Rule(
             self, "HeartbeatSweepRule", description="Heartbeat sweep: stale ranks, NODE_LOST timeouts",
             schedule=events.Schedule.rate(Duration.minutes(1)),

@@ -25,6 +25,23 @@ Options (key: default -- meaning):
 - instance_tag_value: = cluster_name -- value of that tag
 - lambda_architecture: ``x86_64`` -- ``x86_64`` or ``arm64``
 - powertools_layer_version: POWERTOOLS_LAYER_VERSION -- version of the public Powertools layer
+
+Node heartbeats, the REST API and the job queue:
+
+- heartbeat_stale_seconds: 180 -- a rank whose node sent no report for longer is marked
+  NODE_LOST by the heartbeat sweep, 60..86400 (the node agent reports every 30 s)
+- node_lost_fail_seconds: 1800 -- a rank NODE_LOST for longer is handed to the recovery
+  loop (suspected node fault); 0 disables, else 60..604800
+- hang_seconds: 0 -- a rank whose training step has not advanced for longer while its node
+  keeps reporting is HUNG; 0 disables hang detection, else 60..604800
+- hang_action: ``notify`` -- on a hang: ``notify`` (alert only) or ``recover`` (recovery loop)
+- api_throttle_rate: 1000 -- steady-state requests/s of the API stage (all routes), 1..10000
+  (10,000 nodes reporting every 30 s send ~667/s)
+- api_throttle_burst: 2000 -- burst requests of the API stage, 1..5000
+- node_agent_daemon: false -- also deploy the GPU node agent as an ECS DAEMON service on the
+  cluster (``infra/node_agent.py``; each host needs its node token file)
+- training_log_groups: ``["/ecs/*"]`` -- CloudWatch log groups (names or ``*`` patterns) the
+  jobs API may read training logs from (JSON list or comma string)
 """
 
 from __future__ import annotations
@@ -71,7 +88,22 @@ KNOWN_KEYS = (
     "instance_tag_value",
     "lambda_architecture",
     "powertools_layer_version",
+    "heartbeat_stale_seconds",
+    "node_lost_fail_seconds",
+    "hang_seconds",
+    "hang_action",
+    "api_throttle_rate",
+    "api_throttle_burst",
+    "node_agent_daemon",
+    "training_log_groups",
 )
+
+HANG_ACTIONS = ("notify", "recover")
+DEFAULT_TRAINING_LOG_GROUPS = ("/ecs/*",)
+# CloudWatch Logs group names: 1-512 of [.-_/#A-Za-z0-9]; '*' allowed as an IAM wildcard.
+_LOG_GROUP_RE = re.compile(r"^[.\-_/#A-Za-z0-9*]{1,512}$")
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no")
 
 
 class ConfigError(ValueError):
@@ -96,6 +128,14 @@ class RecoveryConfig:
     instance_tag_value: str = ""  # filled with cluster_name by from_context
     lambda_architecture: str = "x86_64"
     powertools_layer_version: int = POWERTOOLS_LAYER_VERSION
+    heartbeat_stale_seconds: int = 180
+    node_lost_fail_seconds: int = 1800  # 0 disables
+    hang_seconds: int = 0  # 0 disables
+    hang_action: str = "notify"
+    api_throttle_rate: float = 1000.0
+    api_throttle_burst: int = 2000
+    node_agent_daemon: bool = False
+    training_log_groups: tuple[str, ...] = DEFAULT_TRAINING_LOG_GROUPS
 
     @property
     def creates_health_check_task(self) -> bool:
@@ -164,6 +204,13 @@ class RecoveryConfig:
         tag_value = cluster_name if tag_value is None else str(tag_value)
         tag_value = _match("instance_tag_value", tag_value, _TAG_VALUE_RE, "a valid tag value")
 
+        hang_action = raw("hang_action")
+        hang_action = "notify" if hang_action is None else str(hang_action).lower()
+        if hang_action not in HANG_ACTIONS:
+            raise ConfigError(
+                f"context key 'hang_action' must be 'notify' or 'recover', got {hang_action!r}"
+            )
+
         return cls(
             cluster_name=cluster_name,
             alert_email=alert_email,
@@ -203,6 +250,22 @@ class RecoveryConfig:
                 1,
                 10_000,
             ),
+            heartbeat_stale_seconds=_int(
+                "heartbeat_stale_seconds", raw("heartbeat_stale_seconds"), 180, 60, 86_400
+            ),
+            node_lost_fail_seconds=_int_or_zero(
+                "node_lost_fail_seconds", raw("node_lost_fail_seconds"), 1800, 60, 604_800
+            ),
+            hang_seconds=_int_or_zero("hang_seconds", raw("hang_seconds"), 0, 60, 604_800),
+            hang_action=hang_action,
+            api_throttle_rate=_number(
+                "api_throttle_rate", raw("api_throttle_rate"), 1000.0, 1, 10_000
+            ),
+            api_throttle_burst=_int(
+                "api_throttle_burst", raw("api_throttle_burst"), 2000, 1, 5000
+            ),
+            node_agent_daemon=_bool("node_agent_daemon", raw("node_agent_daemon"), False),
+            training_log_groups=_log_groups(raw("training_log_groups")),
         )
 
 
@@ -228,6 +291,69 @@ def _int(key: str, value: Any, default: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ConfigError(f"context key {key!r} must be between {low} and {high}, got {value}")
     return value
+
+
+def _int_or_zero(key: str, value: Any, default: int, low: int, high: int) -> int:
+    """0 (disabled) or an integer ``low..high``."""
+    number = _int(key, value, default, 0, high)
+    if 0 < number < low:
+        raise ConfigError(
+            f"context key {key!r} must be 0 (disabled) or between {low} and {high}, got {number}"
+        )
+    return number
+
+
+def _number(key: str, value: Any, default: float, low: float, high: float) -> float:
+    if value is None:
+        return default
+    hint = f"context key {key!r} must be a number {low:g}..{high:g}, got {value!r}"
+    if isinstance(value, bool):
+        raise ConfigError(hint)
+    if isinstance(value, str):
+        if not re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", value):
+            raise ConfigError(hint)
+        value = float(value)
+    if not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ConfigError(hint)
+    return float(value)
+
+
+def _bool(key: str, value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"context key {key!r} must be true or false, got {value!r}")
+
+
+def _log_groups(value: Any) -> tuple[str, ...]:
+    key = "training_log_groups"
+    hint = 'a JSON list or comma-separated list of log group names or patterns, e.g. ["/ecs/*"]'
+    if value is None:
+        return DEFAULT_TRAINING_LOG_GROUPS
+    items: Any = value
+    if isinstance(value, str):
+        if value.startswith("["):
+            try:
+                items = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}") from exc
+        else:
+            items = [part.strip() for part in value.split(",")]
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+    groups: list[str] = []
+    for item in items:
+        if not isinstance(item, str) or not _LOG_GROUP_RE.match(item) or item.strip("*/") == "":
+            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+        if item not in groups:
+            groups.append(item)
+    return tuple(groups)
 
 
 def _exit_codes(value: Any) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""The stack: composes the constructs; later constructs (API, scheduler) plug in here.
+"""The stack: composes the constructs of the product (recovery loop, API, job queue).
 
 Attributes for composition:
     config          RecoveryConfig
@@ -9,14 +9,32 @@ Attributes for composition:
     lambda_defaults LambdaDefaults (shared runtime/layer/env for new RecoveryFunctions)
     recovery        RecoveryFunctions (.task_handler, .dcgm_monitor, .instance_monitor,
                     .sweep, .functions, .dead_letter_queues, .rules, .dlq_alarms)
-    monitoring      Monitoring (.dashboard, .error_alarms)
+    api             NodeApi (.rest_api, .v1, .stage, .url, .token_table, .functions, ...):
+                    THE RestApi (stage prod) with the node routes (token authorizer)
+    queue_api       JobQueueApi (.function, .idempotency_table, .methods): /v1/jobs routes
+                    (IAM) on api.rest_api
+    scheduler       QueueScheduler (.function, .rule, .dead_letter_queue, .dlq_alarm)
+    node_agent      NodeAgentDaemon | None (context node_agent_daemon)
+    functions       every RecoveryFunction of the stack by name
+    dead_letter_queues  every dead-letter queue of the stack by name
+    monitoring      Monitoring (.dashboard, .error_alarms, .dlq_alarms)
+
+API security (cdk-nag AwsSolutions): every method is AWS_IAM (jobs, swagger) or CUSTOM
+(node routes, Lambda token authorizer); the stage has access logs, execution logs (ERROR),
+X-Ray and throttling (api_throttle_rate / api_throttle_burst); the API has a request
+validator (node report bodies are schema-checked; job specs are validated by the jobs
+handler). No WAF web ACL is created (AwsSolutions-APIG3 is acknowledged in infra/api.py):
+no default rule set fits both signed IAM calls and node reports at ~700 requests/s without
+per-request WAF cost or false positives on telemetry bodies; associate a web ACL of your
+choice with the ``prod`` stage if your policy requires one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import CfnOutput, RemovalPolicy, Stack
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from gpu_recovery.constants import (
@@ -32,13 +50,29 @@ from gpu_recovery.constants import (
     ENV_SNS_TOPIC_ARN,
     ENV_SUSPECT_EXIT_CODES,
 )
+from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
 from infra.health_check import HealthCheck
-from infra.lambda_common import LambdaDefaults
+from infra.lambda_common import LambdaDefaults, RecoveryFunction
 from infra.monitoring import Monitoring
+from infra.node_agent import NodeAgentDaemon
 from infra.notifications import Notifications
+from infra.queue_api import JobQueueApi
 from infra.recovery import ClusterAccess, RecoveryFunctions
+from infra.scheduler import QueueScheduler
 from infra.tables import RecoveryTables
+
+
+def heartbeat_config(config: RecoveryConfig) -> HeartbeatConfig:
+    """The heartbeat / API stage settings of ``config`` (other fields: HeartbeatConfig's)."""
+    return HeartbeatConfig(
+        stale_seconds=config.heartbeat_stale_seconds,
+        node_lost_fail_seconds=config.node_lost_fail_seconds,
+        hang_seconds=config.hang_seconds,
+        hang_action=config.hang_action,
+        throttle_rate=config.api_throttle_rate,
+        throttle_burst=config.api_throttle_burst,
+    )
 
 
 class GpuRecoveryStack(Stack):
@@ -80,12 +114,72 @@ class GpuRecoveryStack(Stack):
             health_check=self.health_check,
             access=self.access,
         )
+        # One RestApi: node routes (token authorizer) + the jobs routes (IAM) on the same stage.
+        self.api = NodeApi(
+            self,
+            "NodeApi",
+            defaults=self.lambda_defaults,
+            tables=self.tables,
+            notifications=self.notifications,
+            access=self.access,
+            heartbeat=heartbeat_config(config),
+            removal_policy=config.table_removal_policy,
+        )
+        self.scheduler = QueueScheduler(
+            self,
+            "QueueScheduler",
+            job_table=self.tables.job_table,
+            instance_table=self.tables.instance_table,
+            cluster_name=config.cluster_name,
+            defaults=self.lambda_defaults,
+            access=self.access,
+            topic=self.notifications.topic,
+        )
+        # Given the scheduler, the jobs API gets SCHEDULER_FUNCTION_NAME and
+        # lambda:InvokeFunction on exactly that function (the grant_invoke equivalent).
+        self.queue_api = JobQueueApi(
+            self,
+            "JobQueueApi",
+            rest_api=self.api.rest_api,
+            job_table=self.tables.job_table,
+            cluster_name=config.cluster_name,
+            defaults=self.lambda_defaults,
+            scheduler_function=self.scheduler.function,
+            training_log_groups=config.training_log_groups,
+            removal_policy=(
+                RemovalPolicy.DESTROY
+                if config.table_removal_policy == "destroy"
+                else RemovalPolicy.RETAIN
+            ),
+        )
+        self.node_agent: NodeAgentDaemon | None = None
+        if config.node_agent_daemon:
+            self.node_agent = NodeAgentDaemon(
+                self, "NodeAgent", cluster_name=config.cluster_name, api_url=self.api.url
+            )
+
+        self.functions: dict[str, RecoveryFunction] = {
+            **self.recovery.functions,
+            "NodeAuthorizer": self.api.authorizer_function,
+            "NodeApi": self.api.api_function,
+            "HeartbeatSweep": self.api.sweep_function,
+            "JobsApi": self.queue_api.function,
+            "QueueScheduler": self.scheduler.recovery_function,
+        }
+        self.dead_letter_queues: dict[str, sqs.IQueue] = {
+            **self.recovery.dead_letter_queues,
+            "HeartbeatSweep": self.api.sweep_dead_letter_queue,
+            "QueueScheduler": self.scheduler.dead_letter_queue,
+        }
         self.monitoring = Monitoring(
             self,
             "Monitoring",
-            functions=self.recovery.functions,
-            dead_letter_queues=self.recovery.dead_letter_queues,
+            functions=self.functions,
+            dead_letter_queues=self.dead_letter_queues,
             topic=self.notifications.topic,
+            # The recovery and scheduler DLQs come with their alarms; the sweep's does not.
+            unalarmed_dead_letter_queues={"HeartbeatSweep": self.api.sweep_dead_letter_queue},
+            rest_api=self.api.rest_api,
         )
 
         CfnOutput(self, "JobTableName", value=self.tables.job_table.table_name)
@@ -94,5 +188,12 @@ class GpuRecoveryStack(Stack):
         CfnOutput(
             self, "HealthCheckTaskDefinitionArn", value=self.health_check.task_definition_arn
         )
-        for name, queue in self.recovery.dead_letter_queues.items():
+        for name, queue in self.dead_letter_queues.items():
             CfnOutput(self, f"{name}DeadLetterQueueUrl", value=queue.queue_url)
+        CfnOutput(self, "ApiUrl", value=self.api.url,
+                  description="REST API base URL (stage prod): /v1/report_* (nodes), /v1/jobs (IAM)")
+        CfnOutput(self, "NodeTokenTableName", value=self.api.token_table.table_name)
+        CfnOutput(self, "IdempotencyTableName", value=self.queue_api.idempotency_table.table_name)
+        CfnOutput(self, "SchedulerFunctionName", value=self.scheduler.function.function_name)
+        if self.node_agent is not None:
+            CfnOutput(self, "NodeAgentServiceName", value=self.node_agent.service.attr_name)

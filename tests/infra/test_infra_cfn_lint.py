@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Synth
+from infra_synth import Synth
 
 # Warnings tolerated, each with the reason.
 ALLOWED_WARNINGS: dict[str, str] = {
@@ -21,7 +21,7 @@ ALLOWED_WARNINGS: dict[str, str] = {
 _CODE = re.compile(r":([EWI]\d{4}):")
 
 
-@pytest.mark.parametrize("which", ["default_synth", "custom_synth"])
+@pytest.mark.parametrize("which", ["default_synth", "custom_synth", "agent_synth"])
 def test_cfn_lint_has_no_errors(which: str, request: pytest.FixtureRequest) -> None:
     """Given a synthesized template, When cfn-lint runs on it, Then it reports no error
     and only listed warnings."""

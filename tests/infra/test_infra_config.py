@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
+import aws_cdk as cdk
 import pytest
 
-from infra.config import DEFAULT_HEALTH_CHECK_IMAGE, ConfigError, RecoveryConfig
+from infra import REPO_ROOT, node_agent
+from infra.config import DEFAULT_HEALTH_CHECK_IMAGE, KNOWN_KEYS, ConfigError, RecoveryConfig
 
 
 def test_defaults_are_documented_values() -> None:
@@ -97,3 +101,101 @@ def test_config_is_frozen() -> None:
     config = RecoveryConfig.from_context({"cluster_name": "c"})
     with pytest.raises(AttributeError):
         config.dcgm_level = 4  # type: ignore[misc]
+
+
+def test_heartbeat_api_and_queue_defaults() -> None:
+    """Given only cluster_name, Then the heartbeat / API / queue options have their defaults."""
+    config = RecoveryConfig.from_context({"cluster_name": "c"})
+    assert config.heartbeat_stale_seconds == 180
+    assert config.node_lost_fail_seconds == 1800
+    assert config.hang_seconds == 0
+    assert config.hang_action == "notify"
+    assert config.api_throttle_rate == 1000.0
+    assert config.api_throttle_burst == 2000
+    assert config.node_agent_daemon is False
+    assert config.training_log_groups == ("/ecs/*",)
+
+
+def test_heartbeat_api_and_queue_values_from_cli_strings() -> None:
+    """Given -c style strings, When parsed, Then they become typed values; 0 disables."""
+    config = RecoveryConfig.from_context(
+        {
+            "cluster_name": "c",
+            "heartbeat_stale_seconds": "240",
+            "node_lost_fail_seconds": "0",
+            "hang_seconds": "900",
+            "hang_action": "RECOVER",
+            "api_throttle_rate": "250.5",
+            "api_throttle_burst": "500",
+            "node_agent_daemon": "true",
+            "training_log_groups": "/ecs/*, /aws/batch/job,/ecs/*",
+        }
+    )
+    assert config.heartbeat_stale_seconds == 240
+    assert config.node_lost_fail_seconds == 0
+    assert config.hang_seconds == 900
+    assert config.hang_action == "recover"
+    assert config.api_throttle_rate == 250.5
+    assert config.api_throttle_burst == 500
+    assert config.node_agent_daemon is True
+    assert config.training_log_groups == ("/ecs/*", "/aws/batch/job")
+    assert RecoveryConfig.from_context(
+        {"cluster_name": "c", "training_log_groups": '["/ecs/train"]', "node_agent_daemon": False,
+         "api_throttle_rate": 10}
+    ).training_log_groups == ("/ecs/train",)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("heartbeat_stale_seconds", "59"),
+        ("heartbeat_stale_seconds", "0"),
+        ("heartbeat_stale_seconds", "86401"),
+        ("node_lost_fail_seconds", "30"),  # 0 disables; otherwise at least a minute
+        ("node_lost_fail_seconds", "-1"),
+        ("node_lost_fail_seconds", "604801"),
+        ("hang_seconds", "59"),
+        ("hang_seconds", "1.5"),
+        ("hang_action", "reboot"),
+        ("api_throttle_rate", "0"),
+        ("api_throttle_rate", "10001"),
+        ("api_throttle_rate", "fast"),
+        ("api_throttle_rate", True),
+        ("api_throttle_burst", "0"),
+        ("api_throttle_burst", "5001"),
+        ("node_agent_daemon", "maybe"),
+        ("training_log_groups", "*"),  # every log group of the account: refused
+        ("training_log_groups", "/"),
+        ("training_log_groups", "[]"),
+        ("training_log_groups", "bad group name"),
+        ("training_log_groups", "[1]"),
+        ("training_log_groups", "["),
+    ],
+)
+def test_bad_heartbeat_api_and_queue_values_name_their_key(key: str, value: object) -> None:
+    """Given an invalid value for a new option, When parsed, Then ConfigError names the key."""
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        RecoveryConfig.from_context({"cluster_name": "c", key: value})
+
+
+def test_cdk_json_context_matches_the_documented_defaults() -> None:
+    """Given cdk.json's context (plus a cluster name), When parsed, Then it equals the
+    defaults of an empty context: cdk.json restates the defaults, it does not change them."""
+    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    assert set(context) <= set(KNOWN_KEYS)
+    assert {
+        "heartbeat_stale_seconds", "node_lost_fail_seconds", "hang_seconds", "hang_action",
+        "api_throttle_rate", "api_throttle_burst", "node_agent_daemon", "training_log_groups",
+    } <= set(context)
+    assert RecoveryConfig.from_context({**context, "cluster_name": "c"}) == (
+        RecoveryConfig.from_context({"cluster_name": "c"})
+    )
+
+
+@pytest.mark.parametrize("value", [None, True, False, "true", "false", "1", "0", "yes", "no"])
+def test_node_agent_flag_agrees_with_infra_node_agent(value: object) -> None:
+    """Given any accepted node_agent_daemon value, Then the config and
+    ``infra.node_agent.enabled`` read it the same way."""
+    app = cdk.App(context={} if value is None else {"node_agent_daemon": value})
+    config = RecoveryConfig.from_context({"cluster_name": "c", "node_agent_daemon": value})
+    assert config.node_agent_daemon is node_agent.enabled(app)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import CLUSTER_ARN, Synth, load_event
+from infra_synth import CLUSTER_ARN, Synth, load_event
 from moto.events.models import EventPattern
 
 OTHER_CLUSTER_ARN = "arn:aws:ecs:us-east-1:111122223333:cluster/other-cluster"

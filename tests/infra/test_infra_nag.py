@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aws_cdk as cdk
 from aws_cdk import aws_sqs as sqs
-from conftest import Synth
+from infra_synth import Synth
 
 from infra.nag import acknowledge, add_nag_checks, read_findings
 
@@ -20,6 +20,14 @@ def test_custom_stack_has_no_unacknowledged_findings(custom_synth: Synth) -> Non
     """Given e-mail, destroy, own task definition, arm64: Then no finding either."""
     assert custom_synth.error is None, custom_synth.findings
     assert custom_synth.findings == []
+
+
+def test_agent_stack_has_no_unacknowledged_findings(agent_synth: Synth) -> None:
+    """Given the node-agent daemon on and every heartbeat / API option changed,
+    Then no finding either (the ECS daemon service and task definition included)."""
+    assert agent_synth.error is None, agent_synth.findings
+    assert agent_synth.findings == []
+    assert agent_synth.resources("AWS::ECS::Service")
 
 
 def test_an_unacknowledged_finding_fails_the_check(tmp_path) -> None:

@@ -6,10 +6,23 @@ import json
 from typing import Any
 
 from aws_cdk.assertions import Match
-from conftest import CLUSTER, CLUSTER_ARN, CUSTOM_TASK_ARN, Synth
+from infra_synth import CLUSTER, CLUSTER_ARN, CUSTOM_TASK_ARN, Synth
 
 from gpu_recovery import constants as c
 from infra.health_check import read_health_check_script
+
+RECOVERY_HANDLERS = {
+    "handlers.ecs_task_handler.lambda_handler",
+    "handlers.dcgm_task_monitor.lambda_handler",
+    "handlers.ecs_instance_monitor.lambda_handler",
+    "handlers.recovery_sweep.lambda_handler",
+}
+SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
+SCHEDULER_HANDLER = "handlers.queue_scheduler.lambda_handler"
+# The recovery loop (4), node API (authorizer, reports, heartbeat sweep), jobs API, scheduler.
+FUNCTION_COUNT = 9
+# One per recovery function, the heartbeat sweep's and the scheduler's.
+DLQ_COUNT = 6
 
 
 def _table_with_key(synth: Synth, pk: str) -> dict[str, Any]:
@@ -127,36 +140,42 @@ def test_three_rules_deploy_exactly_the_constants_patterns(default_synth: Synth)
 
 
 def test_rules_target_their_handlers_with_retry_and_dlq(default_synth: Synth) -> None:
-    """Given each rule, Then its single Lambda target has a retry policy and a DLQ."""
+    """Given each rule, Then its single Lambda target has a DLQ; the recovery rules retry
+    8 times for 2 h; the other two are the every-minute heartbeat sweep and scheduler tick
+    (whose stale events are worthless: short event age)."""
     functions = default_synth.resources("AWS::Lambda::Function")
     handler_by_logical = {k: v["Properties"]["Handler"] for k, v in functions.items()}
-    seen = set()
+    recovery, others = [], {}
     for rule in default_synth.resources("AWS::Events::Rule").values():
         (target,) = rule["Properties"]["Targets"]
-        assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 7200, "MaximumRetryAttempts": 8}
         assert "Fn::GetAtt" in target["DeadLetterConfig"]["Arn"]
         handler = handler_by_logical[target["Arn"]["Fn::GetAtt"][0]]
-        seen.add(handler)
-        if "ScheduleExpression" in rule["Properties"]:
-            assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"
-            assert handler == "handlers.recovery_sweep.lambda_handler"
-    assert seen == {
-        "handlers.ecs_task_handler.lambda_handler",
-        "handlers.dcgm_task_monitor.lambda_handler",
-        "handlers.ecs_instance_monitor.lambda_handler",
-        "handlers.recovery_sweep.lambda_handler",
-    }
+        if handler in RECOVERY_HANDLERS:
+            recovery.append(handler)
+            assert target["RetryPolicy"] == {
+                "MaximumEventAgeInSeconds": 7200, "MaximumRetryAttempts": 8}
+            if "ScheduleExpression" in rule["Properties"]:
+                assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"
+                assert handler == "handlers.recovery_sweep.lambda_handler"
+        else:
+            others[handler] = (rule, target)
+    assert sorted(recovery) == sorted(RECOVERY_HANDLERS)
+    assert set(others) == {SWEEP_HANDLER, SCHEDULER_HANDLER}
+    for rule, target in others.values():
+        assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"
+        assert "EventPattern" not in rule["Properties"]
+        assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] <= 300
 
 
 def test_dead_letter_queues_are_encrypted_tls_only_and_alarmed(default_synth: Synth) -> None:
-    """Given the four DLQs, Then each is SSE, 14-day, TLS-only, and alarmed to the topic."""
+    """Given the six DLQs, Then each is SSE, 14-day, TLS-only, and alarmed to the topic."""
     queues = default_synth.resources("AWS::SQS::Queue")
-    assert len(queues) == 4
+    assert len(queues) == DLQ_COUNT
     for q in queues.values():
         assert q["Properties"]["SqsManagedSseEnabled"] is True
         assert q["Properties"]["MessageRetentionPeriod"] == 14 * 24 * 3600
     policies = default_synth.resources("AWS::SQS::QueuePolicy").values()
-    assert len(policies) == 4
+    assert len(policies) == DLQ_COUNT
     for p in policies:
         assert any(
             s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
@@ -167,7 +186,9 @@ def test_dead_letter_queues_are_encrypted_tls_only_and_alarmed(default_synth: Sy
         for a in default_synth.resources("AWS::CloudWatch::Alarm").values()
         if a["Properties"].get("MetricName") == "ApproximateNumberOfMessagesVisible"
     ]
-    assert len(dlq_alarms) == 4
+    assert len(dlq_alarms) == DLQ_COUNT
+    alarmed = {a["Properties"]["Dimensions"][0]["Value"]["Fn::GetAtt"][0] for a in dlq_alarms}
+    assert alarmed == set(queues)  # one alarm per queue
     for a in dlq_alarms:
         assert a["Properties"]["Threshold"] == 0
         assert a["Properties"]["ComparisonOperator"] == "GreaterThanThreshold"
@@ -176,13 +197,22 @@ def test_dead_letter_queues_are_encrypted_tls_only_and_alarmed(default_synth: Sy
 
 
 def test_lambda_async_failures_go_to_the_dlq(default_synth: Synth) -> None:
-    """Given each function, Then Lambda's own async config sends failures to an SQS queue."""
+    """Given each recovery function and the scheduler, Then Lambda's own async config sends
+    failures to an SQS queue (2 h for recovery events, 5 min for scheduler ticks)."""
+    functions = default_synth.resources("AWS::Lambda::Function")
     configs = default_synth.resources("AWS::Lambda::EventInvokeConfig").values()
-    assert len(configs) == 4
+    assert len(configs) == 5
+    handlers = []
     for cfg in configs:
-        assert cfg["Properties"]["MaximumEventAgeInSeconds"] == 7200
+        handler = functions[cfg["Properties"]["FunctionName"]["Ref"]]["Properties"]["Handler"]
+        handlers.append(handler)
+        expected_age = 300 if handler == SCHEDULER_HANDLER else 7200
+        assert cfg["Properties"]["MaximumEventAgeInSeconds"] == expected_age
         dest = cfg["Properties"]["DestinationConfig"]["OnFailure"]["Destination"]
         assert dest["Fn::GetAtt"][1] == "Arn"
+        assert default_synth.template["Resources"][dest["Fn::GetAtt"][0]]["Type"] == (
+            "AWS::SQS::Queue")
+    assert sorted(handlers) == sorted(RECOVERY_HANDLERS | {SCHEDULER_HANDLER})
 
 
 def test_health_check_task_definition(default_synth: Synth) -> None:
@@ -216,9 +246,9 @@ def test_no_task_definition_when_own_arn_given(custom_synth: Synth) -> None:
 
 
 def test_lambda_runtime_layer_tracing_and_environment(default_synth: Synth) -> None:
-    """Given the four functions, Then runtime, layer, tracing and env vars are the shared ones."""
+    """Given every function, Then runtime, layer, tracing and env vars are the shared ones."""
     functions = default_synth.resources("AWS::Lambda::Function").values()
-    assert len(functions) == 4
+    assert len(functions) == FUNCTION_COUNT
     services = set()
     for fn in functions:
         props = fn["Properties"]
@@ -245,24 +275,41 @@ def test_lambda_runtime_layer_tracing_and_environment(default_synth: Synth) -> N
         assert env[c.ENV_SNS_TOPIC_ARN]["Ref"].startswith("NotificationsAlertTopic")
         services.add(env[c.ENV_POWERTOOLS_SERVICE_NAME])
         assert "LoggingConfig" in props  # own log group with retention
-    assert len(services) == 4
+    assert len(services) == FUNCTION_COUNT
 
 
 def test_one_role_per_function_and_no_managed_policies(default_synth: Synth) -> None:
     """Given the functions, Then each has its own role and none uses a managed policy."""
     roles = {fn["Properties"]["Role"]["Fn::GetAtt"][0] for fn in
              default_synth.resources("AWS::Lambda::Function").values()}
-    assert len(roles) == 4
+    assert len(roles) == FUNCTION_COUNT
     for logical in roles:
         assert "ManagedPolicyArns" not in default_synth.template["Resources"][logical]["Properties"]
 
 
+# ECS actions that support no ecs:cluster condition, with the only resource allowed.
+UNCONDITIONED_ECS = {
+    # Task definitions are not cluster resources (resource-level permission unsupported).
+    "ecs:DescribeTaskDefinition": "*",
+    # The cluster itself is the resource: exactly this cluster.
+    "ecs:ListContainerInstances": CLUSTER_ARN,
+}
+
+
 def test_ecs_actions_are_conditioned_on_the_cluster(default_synth: Synth) -> None:
-    """Given every ECS statement (except TagResource), Then ArnEquals ecs:cluster = cluster."""
-    ecs_statements = [
-        s for s in _statements(default_synth)
-        if any(a.startswith("ecs:") for a in _actions([s])) and s["Action"] != "ecs:TagResource"
-    ]
+    """Given every ECS statement (except TagResource), Then ArnEquals ecs:cluster = cluster;
+    only the two actions without that condition key are exempt, each on its one resource."""
+    ecs_statements = []
+    for s in _statements(default_synth):
+        ecs_actions = {a for a in _actions([s]) if a.startswith("ecs:")}
+        if not ecs_actions or s["Action"] == "ecs:TagResource":
+            continue
+        if ecs_actions & UNCONDITIONED_ECS.keys():
+            (action,) = ecs_actions  # never mixed with cluster-conditioned ECS actions
+            assert s["Resource"] == UNCONDITIONED_ECS[action]
+            assert "Condition" not in s
+            continue
+        ecs_statements.append(s)
     assert ecs_statements
     for s in ecs_statements:
         assert s["Condition"] == {"ArnEquals": {"ecs:cluster": CLUSTER_ARN}}
@@ -318,15 +365,45 @@ def test_each_function_gets_only_what_it_needs(default_synth: Synth) -> None:
         assert not any(a.endswith("*") for a in actions)
 
 
+def _table_arns(resource: Any) -> list[tuple[str, str]]:
+    """(table logical id, suffix) of each resource: ``""`` or ``"/index/<name>"``."""
+    out = []
+    for item in resource if isinstance(resource, list) else [resource]:
+        if "Fn::GetAtt" in item:
+            out.append((item["Fn::GetAtt"][0], ""))
+        else:
+            (att, suffix) = item["Fn::Join"][1]
+            out.append((att["Fn::GetAtt"][0], suffix))
+    return out
+
+
 def test_dynamodb_access_is_tables_and_named_indexes_only(default_synth: Synth) -> None:
-    """Given the DynamoDB statements, Then resources are the tables and their named indexes."""
+    """Given the DynamoDB write statements, Then resources are whole tables of the stack
+    and, for each job / instance table granted, exactly all of its named indexes."""
+    tables = default_synth.resources("AWS::DynamoDB::Table")
+    gsis_by_pk = {
+        c.table_definitions()[name]["KeySchema"][0]["AttributeName"]: {
+            g["IndexName"] for g in c.table_definitions()[name].get("GlobalSecondaryIndexes", [])
+        }
+        for name in ("job", "instance")
+    }
+    writers = 0
     for s in _statements(default_synth):
-        if "dynamodb:PutItem" in _actions([s]):
-            text = json.dumps(s["Resource"])
-            assert "index/*" not in text
-            for name in ("job", "instance"):
-                for gsi in c.table_definitions()[name].get("GlobalSecondaryIndexes", []):
-                    assert f"/index/{gsi['IndexName']}" in text
+        if "dynamodb:PutItem" not in _actions([s]):
+            continue
+        writers += 1
+        assert "index/*" not in json.dumps(s["Resource"])
+        granted: dict[str, set[str]] = {}
+        for logical, suffix in _table_arns(s["Resource"]):
+            assert logical in tables
+            granted.setdefault(logical, set())
+            if suffix:
+                assert suffix.startswith("/index/")
+                granted[logical].add(suffix.removeprefix("/index/"))
+        for logical, indexes in granted.items():
+            pk = tables[logical]["Properties"]["KeySchema"][0]["AttributeName"]
+            assert indexes == gsis_by_pk.get(pk, set()), (logical, indexes)
+    assert writers >= FUNCTION_COUNT - 1  # every function but the authorizer writes
 
 
 def test_outputs_and_dashboard(default_synth: Synth) -> None:
@@ -335,14 +412,23 @@ def test_outputs_and_dashboard(default_synth: Synth) -> None:
     for key in ("JobTableName", "InstanceTableName", "AlertTopicArn",
                 "HealthCheckTaskDefinitionArn", "TaskHandlerDeadLetterQueueUrl",
                 "DcgmMonitorDeadLetterQueueUrl", "InstanceMonitorDeadLetterQueueUrl",
-                "RecoverySweepDeadLetterQueueUrl"):
+                "RecoverySweepDeadLetterQueueUrl", "HeartbeatSweepDeadLetterQueueUrl",
+                "QueueSchedulerDeadLetterQueueUrl", "ApiUrl", "NodeTokenTableName",
+                "IdempotencyTableName", "SchedulerFunctionName"):
         assert key in outputs
     (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     for metric in ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries",
                    "Failures", "TimeToRestartSeconds", c.METRICS_NAMESPACE,
-                   "ApproximateNumberOfMessagesVisible", "Errors", "Duration"):
+                   "ApproximateNumberOfMessagesVisible", "Errors", "Duration",
+                   "AWS/ApiGateway", "5XXError", "4XXError", "Latency"):
         assert metric in body
+    functions = default_synth.resources("AWS::Lambda::Function")
     error_alarms = [a for a in default_synth.resources("AWS::CloudWatch::Alarm").values()
                     if a["Properties"].get("MetricName") == "Errors"]
-    assert len(error_alarms) == 4
+    assert len(error_alarms) == FUNCTION_COUNT
+    alarmed = {a["Properties"]["Dimensions"][0]["Value"]["Ref"] for a in error_alarms}
+    assert alarmed == set(functions)  # one error alarm per function
+    for a in error_alarms:
+        (action,) = a["Properties"]["AlarmActions"]
+        assert action["Ref"].startswith("NotificationsAlertTopic")

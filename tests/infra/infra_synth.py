@@ -1,0 +1,85 @@
+"""Shared by the infra tests: contexts, the ``Synth`` result and ``synthesize``.
+
+Test modules import from here, not from ``conftest``: tests/infra has no __init__.py, so
+``conftest`` is a top-level module name that other rootless test folders (tests/queue_api)
+also use; in a combined pytest run ``from conftest import ...`` would get theirs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk.assertions import Template
+
+from app import STACK_NAME, build_app
+from infra.nag import read_findings
+
+ACCOUNT = "111122223333"
+REGION = "us-east-1"
+CLUSTER = "gpu-cluster"
+CLUSTER_ARN = f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{CLUSTER}"
+EVENTS_DIR = Path(__file__).resolve().parent.parent / "events"
+CUSTOM_TASK_ARN = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/my-dcgm:3"
+
+DEFAULT_CONTEXT = {"cluster_name": CLUSTER}
+CUSTOM_CONTEXT = {
+    "cluster_name": CLUSTER,
+    "alert_email": "oncall@example.com",
+    "table_removal_policy": "destroy",
+    "health_check_task_arn": CUSTOM_TASK_ARN,
+    "suspect_exit_codes": "1,134",
+    "instance_tag_key": "team",
+    "instance_tag_value": "ml-platform",
+    "lambda_architecture": "arm64",
+}
+# Node agent daemon on, every heartbeat / API / queue option changed (-c style strings).
+AGENT_CONTEXT = {
+    "cluster_name": CLUSTER,
+    "node_agent_daemon": "true",
+    "heartbeat_stale_seconds": "240",
+    "node_lost_fail_seconds": "0",
+    "hang_seconds": "900",
+    "hang_action": "recover",
+    "api_throttle_rate": "250.5",
+    "api_throttle_burst": "500",
+    "training_log_groups": '["/ecs/*", "/aws/batch/job"]',
+}
+
+
+@dataclass
+class Synth:
+    stack: cdk.Stack
+    template: dict[str, Any]
+    outdir: Path
+    error: str | None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def assertions(self) -> Template:
+        return Template.from_json(self.template)
+
+    def resources(self, type_name: str) -> dict[str, dict[str, Any]]:
+        return {
+            k: v for k, v in self.template["Resources"].items() if v["Type"] == type_name
+        }
+
+
+def synthesize(context: dict[str, Any], outdir: Path) -> Synth:
+    """Synthesize the real app (with the cdk-nag plugin) into ``outdir``."""
+    app = cdk.App(outdir=str(outdir), context=context)
+    _, stack = build_app(app, env=cdk.Environment(account=ACCOUNT, region=REGION))
+    error = None
+    try:
+        app.synth()
+    except RuntimeError as exc:  # cdk-nag findings interrupt synthesis
+        error = str(exc)
+    template = json.loads((outdir / f"{STACK_NAME}.template.json").read_text())
+    return Synth(stack, template, outdir, error, read_findings(outdir))
+
+
+def load_event(name: str) -> dict[str, Any]:
+    return json.loads((EVENTS_DIR / name).read_text())
