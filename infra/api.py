@@ -28,6 +28,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -236,6 +237,12 @@ class NodeApi(Construct):
         self.sweep_rule.add_target(targets.LambdaFunction(
             self.sweep_function.function, dead_letter_queue=dlq, retry_attempts=0,
             max_event_age=Duration.minutes(2)))
+        # As the recovery sweep and the scheduler: no Lambda async retries (the next run,
+        # one minute later, is the retry) and failed invocations land in the same DLQ.
+        self.sweep_function.function.configure_async_invoke(
+            max_event_age=Duration.minutes(2), retry_attempts=0,
+            on_failure=destinations.SqsDestination(dlq),
+        )
 
     def _acknowledge_wildcards(self, fn: RecoveryFunction) -> None:
         access = self.access

@@ -19,6 +19,7 @@ RECOVERY_HANDLERS = {
 }
 SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
 SCHEDULER_HANDLER = "handlers.queue_scheduler.lambda_handler"
+HEARTBEAT_SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
 # The recovery loop (4), node API (authorizer, reports, heartbeat sweep), jobs API, scheduler.
 FUNCTION_COUNT = 9
 # One per recovery function, the heartbeat sweep's and the scheduler's.
@@ -197,22 +198,23 @@ def test_dead_letter_queues_are_encrypted_tls_only_and_alarmed(default_synth: Sy
 
 
 def test_lambda_async_failures_go_to_the_dlq(default_synth: Synth) -> None:
-    """Given each recovery function and the scheduler, Then Lambda's own async config sends
-    failures to an SQS queue (2 h for recovery events, 5 min for scheduler ticks)."""
+    """Given each recovery function, the scheduler and the heartbeat sweep, Then Lambda's own
+    async config sends failures to an SQS queue (2 h for recovery events, 5 min for scheduler
+    ticks, 2 min for heartbeat sweeps)."""
     functions = default_synth.resources("AWS::Lambda::Function")
     configs = default_synth.resources("AWS::Lambda::EventInvokeConfig").values()
-    assert len(configs) == 5
+    assert len(configs) == 6
     handlers = []
     for cfg in configs:
         handler = functions[cfg["Properties"]["FunctionName"]["Ref"]]["Properties"]["Handler"]
         handlers.append(handler)
-        expected_age = 300 if handler == SCHEDULER_HANDLER else 7200
+        expected_age = {SCHEDULER_HANDLER: 300, HEARTBEAT_SWEEP_HANDLER: 120}.get(handler, 7200)
         assert cfg["Properties"]["MaximumEventAgeInSeconds"] == expected_age
         dest = cfg["Properties"]["DestinationConfig"]["OnFailure"]["Destination"]
         assert dest["Fn::GetAtt"][1] == "Arn"
         assert default_synth.template["Resources"][dest["Fn::GetAtt"][0]]["Type"] == (
             "AWS::SQS::Queue")
-    assert sorted(handlers) == sorted(RECOVERY_HANDLERS | {SCHEDULER_HANDLER})
+    assert sorted(handlers) == sorted(RECOVERY_HANDLERS | {SCHEDULER_HANDLER, HEARTBEAT_SWEEP_HANDLER})
 
 
 def test_health_check_task_definition(default_synth: Synth) -> None:
