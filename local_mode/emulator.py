@@ -4,11 +4,15 @@ Entering the context:
 
 * starts ``moto.mock_aws()`` and sets fake credentials and region (us-east-1,
   account 123456789012), with AWS config files pointed at /dev/null;
-* creates what the stack deploys: both DynamoDB tables (``table_definitions()``,
-  PAY_PER_REQUEST), the SNS topic ``gpu-training-notifications`` with an SQS queue
-  subscribed (envelope delivery, so subject and message attributes survive), the
-  ECS cluster and the DCGM health-check task definition (GPU resource requirement);
-* sets every environment variable the Lambda handlers read;
+* creates what the stack deploys: the DynamoDB tables (``table_definitions()``,
+  PAY_PER_REQUEST: jobs, container instances, node tokens; and the jobs API's
+  idempotency table, PK ``id``, TTL ``expiration``), the SNS topic
+  ``gpu-training-notifications`` with an SQS queue subscribed (envelope delivery,
+  so subject and message attributes survive), the ECS cluster and the DCGM
+  health-check task definition (GPU resource requirement);
+* sets every environment variable the Lambda handlers read (heartbeat settings
+  included: stale 180 s, NODE_LOST fail 1800 s, hang detection off unless
+  ``hang_seconds``, hang action ``notify``);
 * resets ``gpu_recovery.adapters.aws`` and registers **dispatching** botocore hooks
   on its session before any handler client exists, so :class:`ApiHooks` listeners
   (the simulated ECS data plane) and :class:`~local_mode.faults.ApiFaults` (error
@@ -200,6 +204,10 @@ class LocalAws:
         dcgm_level: int = 2,
         health_check_gpus: int = 8,
         service_name: str = "gpu-recovery",
+        heartbeat_stale_seconds: int = 180,
+        node_lost_fail_seconds: int = 1800,
+        hang_seconds: int = 0,
+        hang_action: str = "notify",
         metrics_disabled: bool = False,
         sleep_on_retry: bool = False,
         extra_env: dict[str, str] | None = None,
@@ -210,6 +218,8 @@ class LocalAws:
         self.region = REGION
         self.job_table = C.DEFAULT_JOB_TABLE_NAME
         self.instance_table = C.DEFAULT_INSTANCE_TABLE_NAME
+        self.node_token_table = C.DEFAULT_NODE_TOKEN_TABLE_NAME
+        self.idempotency_table = C.DEFAULT_IDEMPOTENCY_TABLE_NAME
         self.health_check_gpus = health_check_gpus
         self.topic_arn = ""
         self.queue_url = ""
@@ -229,6 +239,12 @@ class LocalAws:
             C.ENV_HEALTH_CHECK_TIMEOUT_MINUTES: str(health_check_timeout_minutes),
             C.ENV_DCGM_LEVEL: str(dcgm_level),
             C.ENV_HEALTH_CHECK_GPUS: str(health_check_gpus),
+            C.ENV_NODE_TOKEN_TABLE: self.node_token_table,
+            C.ENV_IDEMPOTENCY_TABLE: self.idempotency_table,
+            C.ENV_HEARTBEAT_STALE_SECONDS: str(heartbeat_stale_seconds),
+            C.ENV_NODE_LOST_FAIL_SECONDS: str(node_lost_fail_seconds),
+            C.ENV_HANG_SECONDS: str(hang_seconds),
+            C.ENV_HANG_ACTION: hang_action,
             C.ENV_POWERTOOLS_SERVICE_NAME: service_name,
             C.ENV_POWERTOOLS_METRICS_NAMESPACE: C.METRICS_NAMESPACE,
             "POWERTOOLS_TRACE_DISABLED": "true",
@@ -244,6 +260,10 @@ class LocalAws:
         if metrics_disabled:
             self._settings["POWERTOOLS_METRICS_DISABLED"] = "true"
         self._settings.update(extra_env or {})
+        self.node_token_table = self._settings[C.ENV_NODE_TOKEN_TABLE]
+        self.idempotency_table = self._settings[C.ENV_IDEMPOTENCY_TABLE]
+        #: tables created on the stack's behalf (see ``_tolerate_create_table``)
+        self._provisioned_tables: set[str] = set()
         self.env: dict[str, str] = {}
         self._saved_env: dict[str, str | None] = {}
         self._mock: Any = None
@@ -317,10 +337,28 @@ class LocalAws:
             return self._clients[service]
 
     def _create_resources(self) -> None:
+        # Setup code written before LocalAws provided the node-token / idempotency tables
+        # creates them itself (registered before the first internal client exists).
+        self._session.events.register(  # type: ignore[union-attr]
+            "before-call.dynamodb.CreateTable", self._tolerate_create_table
+        )
         ddb = self.client("dynamodb")
         defs = C.table_definitions()
-        for kind, name in (("job", self.job_table), ("instance", self.instance_table)):
+        for kind, name in (("job", self.job_table), ("instance", self.instance_table),
+                           ("node_token", self.node_token_table)):
             ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **defs[kind])
+        ddb.create_table(
+            TableName=self.idempotency_table,
+            BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        )
+        with contextlib.suppress(Exception):  # TTL is optional in the emulator
+            ddb.update_time_to_live(
+                TableName=self.idempotency_table,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": "expiration"},
+            )
+        self._provisioned_tables = {self.node_token_table, self.idempotency_table}
         sns, sqs = self.client("sns"), self.client("sqs")
         self.topic_arn = sns.create_topic(Name=TOPIC_NAME)["TopicArn"]
         self.queue_url = sqs.create_queue(QueueName=QUEUE_NAME)["QueueUrl"]
@@ -367,6 +405,29 @@ class LocalAws:
                 C.ENV_HEALTH_CHECK_TASK: self.health_check_task_definition_arn,
             }
         )
+
+    def _tolerate_create_table(self, params: dict[str, Any], **_: Any) -> Any:
+        """Internal clients: CreateTable of a table LocalAws already provisioned (node
+        tokens, idempotency) answers with the existing table instead of
+        ResourceInUseException, so older fixtures that create it themselves still work."""
+        try:
+            name = json.loads(params.get("body") or b"{}").get("TableName")
+        except (TypeError, ValueError):
+            return None
+        if name not in self._provisioned_tables:
+            return None
+        try:
+            from moto.dynamodb.models import dynamodb_backends
+
+            table = dynamodb_backends[ACCOUNT_ID][REGION].get_table(name)
+        except Exception:
+            return None  # gone (deleted by the caller): a real CreateTable
+        from botocore.awsrequest import AWSResponse
+        from botocore.compat import HTTPHeaders
+
+        http = AWSResponse("https://dynamodb.us-east-1.amazonaws.com/", 200, HTTPHeaders(), None)  # type: ignore[arg-type]
+        return http, {"TableDescription": table.describe(base_key="TableDescription")["TableDescription"],
+                      "ResponseMetadata": {"HTTPStatusCode": 200, "HTTPHeaders": {}, "RetryAttempts": 0}}
 
     # --- notifications -----------------------------------------------------------
     def notifications(self) -> list[dict[str, Any]]:

@@ -311,7 +311,7 @@ class LocalApiServer:
 
 
 def create_node_token_table(local: Any) -> str:
-    """The node-token table in the emulator (``LocalAws`` creates only the recovery tables)."""
+    """The node-token table in the emulator (``LocalAws`` creates it too: then it is reused)."""
     import os
 
     from gpu_recovery.constants import DEFAULT_NODE_TOKEN_TABLE_NAME, ENV_NODE_TOKEN_TABLE, table_definitions

@@ -438,7 +438,12 @@ class RecoveryService:
                 job_id, JobState.PENDING_HEALTHCHECK,
                 from_states=ACTIVE_JOB_STATES, attempt=attempt, reason=reason, actor=ACTOR,
                 set_fields={"suspects": {inst_id: "PENDING"}, "fault_started_at": now,
-                            "last_error": reason, "verdicts": {}},
+                            "last_error": reason, "verdicts": {},
+                            # In the deadline index while in recovery: the queue scheduler
+                            # holds the job's nodes for its gang restart.
+                            **self.repo.job_deadline_fields(
+                                now + self.settings.health_check_timeout_seconds
+                                + RETRY_INTERVAL_SECONDS)},
             )
         )
         if entered:
@@ -1052,6 +1057,15 @@ class RecoveryService:
                     attempt=job.attempt, reason="still waiting for instances", actor="sweep",
                     set_fields=self.repo.job_deadline_fields(now + RETRY_INTERVAL_SECONDS)))
             return f"restart_{outcome.action}"
+        if job.state is JobState.PENDING_HEALTHCHECK:
+            # Health-check timeouts are the instance sweep's; keep the job listed as
+            # "in recovery" (its nodes stay held) until a verdict moves it on.
+            self.repo.apply(self.repo.job_transition(
+                job.job_id, JobState.PENDING_HEALTHCHECK, from_states=[JobState.PENDING_HEALTHCHECK],
+                attempt=job.attempt, reason="still waiting for health checks", actor="sweep",
+                set_fields=self.repo.job_deadline_fields(
+                    now + self.settings.health_check_timeout_seconds)))
+            return "health_check_waiting"
         if job.state is JobState.STARTING and job.source == "ecs-tags":
             ranks = self.repo.get_ranks(job)
             stale = [r for r in ranks if r.attempt == job.attempt - 1]

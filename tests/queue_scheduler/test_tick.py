@@ -365,3 +365,26 @@ def test_canceled_before_any_rank_started_reaches_canceled(qc, monkeypatch):
     assert [r["action"] for r in result.resumed] == ["abandoned"]
     assert qc.item(job)["job_state"] == JobState.CANCELED.value
     assert qc.live_tasks(job) == []
+
+
+def test_nodes_of_a_job_in_recovery_are_held_for_its_gang_restart(qc):
+    """Given a 2x8 job whose rank 1 exits with a suspect code (PENDING_HEALTHCHECK: rank 0
+    is stopped, its node's GPUs are free)
+    When a 1x8 job is queued and a tick runs
+    Then the freed node is not given away: the 1x8 job starts on a node outside the
+    recovering job, and after the reboot the gang restarts on its own nodes."""
+    job = qc.submit(nnodes=2, gpus=8)
+    qc.scheduler().tick()
+    qc.sim.run_for(60)
+    ranks = sorted(qc.live_tasks(job), key=lambda t: int(t.tags[C.TAG_RANK]))
+    own_nodes = {t.node for t in ranks}
+    qc.sim.inject_gpu_fault(ranks[1].node, after=1, health="reboot_fixable")
+    qc.sim.run_for(30)
+    assert qc.state(job) is JobState.PENDING_HEALTHCHECK
+    other = qc.submit(nnodes=1, gpus=8)
+    qc.scheduler().tick()
+    [task] = qc.live_tasks(other)
+    assert task.node not in own_nodes
+    qc.sim.run_for(15 * 60)
+    assert int(qc.item(job)["attempt"]) == 2
+    assert {t.node for t in qc.live_tasks(job)} == own_nodes

@@ -375,14 +375,16 @@ class QueueScheduler:
         return infos
 
     def _held_for_restart(self) -> set[str]:
-        """Nodes of jobs waiting to be gang-restarted on them (PENDING_RESTART).
+        """Nodes of jobs in recovery (PENDING_HEALTHCHECK, PENDING_RESTART): their gang
+        restart needs them back, so no queued job may take their freed GPUs.
 
         Those jobs carry a deadline, so the sparse deadline index lists them; the
         number read is the number of jobs in recovery, not the table size.
         """
         held: set[str] = set()
+        in_recovery = {JobState.PENDING_HEALTHCHECK.value, JobState.PENDING_RESTART.value}
         for item in self._query_all(DEADLINE_INDEX, DEADLINE_PK, DEADLINE_BUCKET):
-            if item.get("item_type") != "JOB" or item.get("job_state") != JobState.PENDING_RESTART.value:
+            if item.get("item_type") != "JOB" or item.get("job_state") not in in_recovery:
                 continue
             job = self.repo.job_from_item(item)
             for rank in self.repo.get_ranks(job):
