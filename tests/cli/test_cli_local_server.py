@@ -1,0 +1,77 @@
+"""The gpujobs CLI against the real local API server (same handlers as API Gateway)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cli.gpujobs import main
+
+
+@pytest.fixture
+def endpoint() -> Iterator[dict[str, Any]]:
+    from handlers import jobs_api
+    from local_mode.ecs_sim import SimulatedEcs
+    from local_mode.emulator import LocalAws
+    from local_mode.event_bus import LocalEventBus
+    from local_mode.server import LocalApi, LocalApiServer
+
+    jobs_api.reset()
+    try:
+        with LocalAws(metrics_disabled=True) as local, LocalApiServer(LocalApi()) as server:
+            sim = SimulatedEcs(local, LocalEventBus())
+            sim.add_node("node-a", gpus=8)
+            td = sim.register_training_task_definition("train", gpus=8)
+            yield {"url": server.url, "td": td.rsplit("/", 1)[-1]}
+    finally:
+        jobs_api.reset()
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_submit_list_show_events_cancel(endpoint: dict[str, Any], capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the local API on 127.0.0.1, When a user submits, lists, shows, reads events and
+    cancels with the CLI, Then every command talks to the real handlers over HTTP."""
+    monkeypatch.setenv("USER", "alice")
+    url = endpoint["url"]
+    code, out, err = run(capsys, "--endpoint", url, "submit", "--name", "llama-ft",
+                         "--task-definition", endpoint["td"], "--nnodes", "1", "--gpus-per-node", "8",
+                         "--priority", "HIGH", "--env", "LR=3e-4", "--command", "python train.py")
+    assert code == 0, err
+    job_id = out.strip().splitlines()[-1]
+    assert job_id.startswith("llama-ft-")
+
+    code, out, _ = run(capsys, "--endpoint", url, "--json", "list")
+    assert code == 0
+    assert [j["job_id"] for j in json.loads(out)["jobs"]] == [job_id]
+
+    code, out, _ = run(capsys, "--endpoint", url, "--json", "show", job_id)
+    shown = json.loads(out)
+    assert code == 0 and shown["state"] == "QUEUED" and shown["priority"] == 30
+
+    code, out, _ = run(capsys, "--endpoint", url, "cancel", job_id)
+    assert code == 0 and "CANCELED" in out
+
+    code, out, _ = run(capsys, "--endpoint", url, "--json", "events", job_id)
+    assert [e["to"] for e in json.loads(out)["events"]] == ["QUEUED", "CANCELED"]
+
+
+def test_invalid_spec_is_a_4xx_naming_the_field(endpoint: dict[str, Any],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "--endpoint", endpoint["url"], "submit", "--name", "big",
+                       "--task-definition", endpoint["td"], "--nnodes", "1", "--gpus-per-node", "16")
+    assert code == 2
+    assert "gpus_per_node" in err
+
+
+def test_unknown_job_is_a_4xx(endpoint: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "--endpoint", endpoint["url"], "show", "nope-20261120-000000-abcd")
+    assert code == 2 and "404" in err
