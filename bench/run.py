@@ -6,11 +6,40 @@ machine, while call and item counts are what AWS would see.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import sys
 import time
 from typing import Any
+
+
+class _DropEmf(io.TextIOBase):
+    """Passes output through, minus Powertools' EMF metric lines.
+
+    Powertools ``Metrics`` instances share one buffer per process and flush it as EMF JSON
+    on stdout (in Lambda, CloudWatch reads it); here every handler runs in one process.
+    """
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if not line.startswith('{"_aws"'):
+                self._target.write(line + "\n")
+        self._target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial and not self._partial.startswith('{"_aws"'):
+            self._target.write(self._partial)
+        self._partial = ""
+        self._target.flush()
 
 SECTIONS = (
     ("Recovery loop", "bench.recovery_bench"),
@@ -33,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'=' * 78}\n{title}  ({module_name})\n{'=' * 78}", flush=True)
         started = time.perf_counter()
         module = importlib.import_module(module_name)
-        results[short] = module.run()
+        with contextlib.redirect_stdout(_DropEmf(sys.stdout)) as filtered:
+            results[short] = module.run()
+            filtered.flush()
         print(f"[{title}: {time.perf_counter() - started:.1f} s]", flush=True)
     print("\nAll figures as JSON:")
     print(json.dumps(results, indent=2, default=str))
