@@ -138,6 +138,7 @@ def table_definitions() -> dict[str, dict[str, Any]]:
     infra/ turns these into CDK tables; local mode and tests create them in moto.
     """
     projection = {"ProjectionType": "ALL"}
+    keys_only = {"ProjectionType": "KEYS_ONLY"}
     deadline_index = {
         "IndexName": DEADLINE_INDEX,
         "KeySchema": [
@@ -170,10 +171,12 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                 {"AttributeName": LIST_PK, "AttributeType": "S"},
             ],
             "GlobalSecondaryIndexes": [
+                # KEYS_ONLY: readers re-read the item by key, and an update that touches no
+                # key attribute (every heartbeat) then costs no write on these indexes.
                 {
                     "IndexName": JOB_BY_TASK_INDEX,
                     "KeySchema": [{"AttributeName": JOB_BY_TASK_PK, "KeyType": "HASH"}],
-                    "Projection": projection,
+                    "Projection": keys_only,
                 },
                 {
                     "IndexName": JOB_BY_JOB_INDEX,
@@ -181,7 +184,7 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                         {"AttributeName": JOB_BY_JOB_PK, "KeyType": "HASH"},
                         {"AttributeName": JOB_BY_JOB_SK, "KeyType": "RANGE"},
                     ],
-                    "Projection": projection,
+                    "Projection": keys_only,
                 },
                 {
                     "IndexName": JOB_BY_INSTANCE_INDEX,

@@ -329,9 +329,9 @@ class Repository:
         items = response.get("Items", [])
         if not items:
             return None
-        # The index is eventually consistent: re-read the item itself by key.
-        found = self.rank_from_item(items[0])
-        return self.get_rank(found.job_id, found.rank)
+        # The index holds keys only (and is eventually consistent): read the item by key.
+        item = self._jobs.get_item(Key={JOB_PK: items[0][JOB_PK]}, ConsistentRead=True).get("Item")
+        return self.rank_from_item(item) if item and "rank" in item else None
 
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]:
         """Ranks still holding GPUs on an instance (sparse index: history is never read)."""
