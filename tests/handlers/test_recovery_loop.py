@@ -351,3 +351,63 @@ def test_stopped_event_before_running_event_still_recovers(quiet_cluster: Cluste
     cluster.sim.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable")
     cluster.sim.run_for(15 * MIN)
     assert cluster.job("late").attempt == 2
+
+
+def _occupy_gpus(cluster: Cluster, node: str) -> str:
+    """Another tenant's untagged task takes every free GPU of a node (not a protected job)."""
+    from gpu_recovery.adapters import aws
+
+    free = len(cluster.sim.node(node).free_gpu_ids)
+    td = cluster.sim.register_training_task_definition("tenant", gpus=free)
+    cluster.sim.plan_family("tenant", run_seconds=None)
+    return aws.client("ecs").start_task(
+        cluster=cluster.local.cluster_name, taskDefinition=td,
+        containerInstances=[cluster.sim.node(node).container_instance_arn])["tasks"][0]["taskArn"]
+
+
+def test_health_check_placement_failure_is_retried_until_gpus_free(cluster: Cluster) -> None:
+    """Given the suspect node's GPUs are taken by another tenant when the fault happens,
+    When StartTask of the health check fails with RESOURCE:GPU, Then the sweep retries it
+    every minute and it starts once the GPUs are free; the job is then recovered."""
+    from gpu_recovery.adapters import aws
+
+    cluster.sim.add_node("node-a", gpus=8)
+    cluster.sim.add_node("node-b", gpus=8)
+    half = cluster.sim.register_training_task_definition("half", gpus=4)
+    cluster.sim.plan_family("half", run_seconds=3600)
+    tasks = cluster.sim.start_job("shared", half, ["node-a", "node-b"])
+    cluster.sim.run_for(MIN)
+    tenant = _occupy_gpus(cluster, "node-b")
+    cluster.sim.set_health("node-b", "reboot_fixable")
+    cluster.sim.inject_task_exit(tasks[1], exit_code=1, after=MIN)
+    cluster.sim.run_for(2 * MIN + 30)  # the first try and one sweep retry fail
+    inst = cluster.instance("node-b")
+    assert inst.state is InstanceState.HEALTH_CHECK_PENDING and inst.hc_start_attempts >= 2
+    assert cluster.counter("health_checks_started") == 0
+
+    aws.client("ecs").stop_task(cluster=cluster.local.cluster_name, task=tenant, reason="tenant done")
+    cluster.sim.run_for(20 * MIN)
+    assert cluster.counter("health_checks_started") == 1
+    assert cluster.job("shared").attempt == 2
+
+
+def test_health_check_that_can_never_be_placed_gives_up_after_the_bound(cluster: Cluster) -> None:
+    """Given the suspect node's GPUs stay taken, Then after the bounded placement retries the
+    job FAILS, operators are told, and the node is marked SUSPECT (not quarantined: nothing
+    proved it faulty)."""
+    cluster.sim.add_node("node-a", gpus=8)
+    cluster.sim.add_node("node-b", gpus=8)
+    half = cluster.sim.register_training_task_definition("half", gpus=4)
+    cluster.sim.plan_family("half", run_seconds=3600)
+    tasks = cluster.sim.start_job("stuck-hc", half, ["node-a", "node-b"])
+    cluster.sim.run_for(MIN)
+    _occupy_gpus(cluster, "node-b")
+    cluster.sim.set_health("node-b", "reboot_fixable")
+    cluster.sim.inject_task_exit(tasks[1], exit_code=1, after=MIN)
+    cluster.sim.run_for(15 * MIN)
+    job = cluster.job("stuck-hc")
+    assert job.state is JobState.FAILED
+    assert "could not start" in job.last_error
+    assert cluster.counter("health_checks_started") == 0
+    assert cluster.instance("node-b").state is InstanceState.SUSPECT
+    assert len(cluster.notifications("health_check_timeout")) == 1
