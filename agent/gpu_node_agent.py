@@ -87,6 +87,7 @@ class Config(object):
         ).strip()
         self.tasks_dir = os.path.expanduser(env.get("GPU_AGENT_TASKS_DIR") or "~/.gputasker/running_tasks")
         self.progress_dir = env.get("GPU_AGENT_PROGRESS_DIR") or "/var/run/gpu-recovery/progress"
+        self.proc_stat = env.get("GPU_AGENT_PROC_STAT") or "/proc/stat"
         self.nvidia_smi = env.get("GPU_AGENT_NVIDIA_SMI") or "nvidia-smi"
         self.xid_command = (env.get("GPU_AGENT_XID_COMMAND") or "").strip() or None
         self.command_timeout = _float(env, "GPU_AGENT_COMMAND_TIMEOUT", 10.0, minimum=0.1)
@@ -572,6 +573,22 @@ def read_step(config: Config, key: str) -> Optional[int]:
         return None
 
 
+def read_boot_time(path: str) -> Optional[float]:
+    """Host boot time (epoch seconds) from the ``btime`` line of /proc/stat, or None.
+
+    Sent with each task report so the service can tell a rebooted node is back even if
+    the ECS agent-disconnect event was missed.
+    """
+    try:
+        with open(path) as handle:
+            for line in handle:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        LOG.debug("no boot time from %s", path)
+    return None
+
+
 def collect_tasks(config: Config, timeout: float) -> List[Dict[str, Any]]:
     """Every task on the node, merged by task ARN, with null fields omitted."""
     merged: collections.OrderedDict = collections.OrderedDict()
@@ -768,6 +785,9 @@ class Agent(object):
         token = read_token(cfg)
         timestamp = self.wall_clock()
         tasks_body = {"node_id": self.node_id, "timestamp": timestamp, "tasks": tasks}
+        boot_time = read_boot_time(cfg.proc_stat)
+        if boot_time is not None:
+            tasks_body["boot_time"] = boot_time
         gpu_body: Dict[str, Any] = {"node_id": self.node_id, "timestamp": timestamp, "gpus": gpus}
         if unmapped:
             gpu_body["unmapped_xids"] = unmapped

@@ -78,6 +78,7 @@ class NotifierPort(Protocol):
 class RecoveryPort(Protocol):
     def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
                                failing_rank: int | None = None) -> Any: ...
+    def on_boot_reported(self, inst_id: str, boot_time: float) -> Any: ...
 
 
 class MetricsPort(Protocol):
@@ -169,8 +170,10 @@ class HeartbeatService:
         self._instances = repo._ddb.Table(repo.instance_table_name)
 
     # ============================================================== task reports
-    def report_tasks(self, node_id: str, reported_at: float, tasks: Iterable[ReportedTask]) -> ReportResult:
-        """Refresh every watched rank the node lists; the node's own ``last_report_at``.
+    def report_tasks(self, node_id: str, reported_at: float, tasks: Iterable[ReportedTask],
+                     boot_time: float | None = None) -> ReportResult:
+        """Refresh every watched rank the node lists; the node's own ``last_report_at``
+        (and its ``boot_time``, when the agent sends it).
 
         Raises :class:`ReplayedReport` (nothing written) for a timestamp not newer than
         the node's last accepted task report.
@@ -178,7 +181,13 @@ class HeartbeatService:
         now = clock.now()
         tasks = list(tasks)
         result = ReportResult(node_id)
-        self._touch_node(node_id, reported_at, now, len(tasks))
+        node = self._touch_node(node_id, reported_at, now, len(tasks), boot_time)
+        requested = node.get("reboot_requested_at")
+        if (boot_time is not None and node.get("instance_state") == InstanceState.REBOOTING.value
+                and requested is not None and boot_time > float(requested)):
+            # Booted after the reboot request: back, even if the agent-disconnect event
+            # was never seen (the recovery loop checks the ECS agent is connected).
+            self._recovery().on_boot_reported(node_id, boot_time)
         by_key = self._live_ranks_by_key(node_id)
         done: set[str] = set()
         for task in tasks:
@@ -201,21 +210,28 @@ class HeartbeatService:
         self.metrics.add_metric("HeartbeatsRecorded", "Count", result.refreshed)
         return result
 
-    def _touch_node(self, node_id: str, reported_at: float, now: float, task_count: int) -> None:
+    def _touch_node(self, node_id: str, reported_at: float, now: float, task_count: int,
+                    boot_time: float | None = None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"last_report_at": now, "last_tasks_report_ts": reported_at,
+                                  "reported_tasks": task_count}
+        if boot_time is not None:
+            fields["boot_time"] = boot_time
         update = Update(
             table=self.repo.instance_table_name,
             key={INSTANCE_PK: node_id},
-            set_fields={"last_report_at": now, "last_tasks_report_ts": reported_at,
-                        "reported_tasks": task_count},
+            set_fields=fields,
             condition="attribute_exists(#k) AND (attribute_not_exists(#ts) OR #ts < :ts)",
             condition_values={":ts": reported_at},
             condition_names={"#k": INSTANCE_PK, "#ts": "last_tasks_report_ts"},
         )
-        self._apply_node_update(node_id, update, "last_tasks_report_ts", reported_at)
+        return self._apply_node_update(node_id, update, "last_tasks_report_ts", reported_at)
 
-    def _apply_node_update(self, node_id: str, update: Update, ts_attr: str, reported_at: float) -> None:
-        if self.repo.apply(update):
-            return
+    def _apply_node_update(self, node_id: str, update: Update, ts_attr: str,
+                           reported_at: float) -> dict[str, Any]:
+        """Apply a node update; returns the node item as written."""
+        written = self.repo.apply_returning(update)
+        if written is not None:
+            return written
         item = self._instances.get_item(Key={INSTANCE_PK: node_id}, ConsistentRead=True).get("Item")
         if item is not None:
             last = from_ddb(item.get(ts_attr))
@@ -226,8 +242,10 @@ class HeartbeatService:
                 )
         else:
             self._register_node(node_id)
-        if not self.repo.apply(update):
+        written = self.repo.apply_returning(update)
+        if written is None:
             raise ReplayedReport(f"a newer report from node {node_id} was accepted concurrently")
+        return written
 
     def _register_node(self, node_id: str) -> None:
         """First report of a node without an item: record what ECS knows about it, so

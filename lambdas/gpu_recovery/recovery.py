@@ -818,6 +818,26 @@ class RecoveryService:
         if not policy.instance_is_back(instance, status=detail.status,
                                        agent_connected=detail.agentConnected):
             return Outcome("ignored", detail={"instance": inst_id, "why": "not back yet"})
+        return self._mark_back(instance)
+
+    def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
+        """The node agent reported a boot time: a REBOOTING node that booted after the
+        request and whose ECS agent is connected is back, even if its disconnect event
+        was never seen."""
+        instance = self.repo.get_instance(inst_id)
+        if instance is None or instance.state is not InstanceState.REBOOTING:
+            return Outcome("ignored", detail={"instance": inst_id, "why": "not rebooting"})
+        instance.boot_time = max(boot_time, instance.boot_time or 0.0)
+        described = self.ecs.describe_container_instance(
+            instance.container_instance_arn or inst_id) or {}
+        if not policy.instance_is_back(instance, status=str(described.get("status", "")),
+                                       agent_connected=bool(described.get("agentConnected"))):
+            return Outcome("ignored", detail={"instance": inst_id, "why": "not back yet"})
+        return self._mark_back(instance)
+
+    def _mark_back(self, instance: Instance) -> Outcome:
+        """REBOOTING -> AVAILABLE once, then restart every job waiting for the instance."""
+        inst_id = instance.container_inst_id
         back = self.repo.apply(self.repo.instance_update(
             inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
             set_fields={"returned_at": clock.now()},

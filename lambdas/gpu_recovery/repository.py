@@ -467,6 +467,16 @@ class Repository:
                 return False
             raise
 
+    def apply_returning(self, update: Update) -> dict[str, Any] | None:
+        """Like :meth:`apply`, returning the item as written (None when the condition failed)."""
+        try:
+            response = self._client.update_item(**update.expression(), ReturnValues="ALL_NEW")
+            return from_ddb(dict(response.get("Attributes", {})))
+        except ClientError as error:
+            if _is_condition_failure(error):
+                return None
+            raise
+
     def transact(self, updates: Sequence[Update]) -> bool:
         """All or nothing: no state is ever half-written across items."""
         if len(updates) == 1:

@@ -88,6 +88,9 @@ class _Report(_Model):
 
 class ReportTasksIn(_Report):
     tasks: list[TaskIn] = Field(..., max_length=MAX_TASKS)
+    # Host boot time (epoch seconds, /proc/stat btime): lets a rebooted node count as
+    # back even when its agent-disconnect event was missed.
+    boot_time: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 class GpuIn(_Model):
@@ -207,8 +210,8 @@ def report_tasks() -> dict[str, Any]:
     _check_common(report)
     tasks = [ReportedTask(t.task_arn, t.running_log_id, t.remote_pid, t.remote_pgid, t.step)
              for t in report.tasks]
-    result = heartbeat.service(runtime.PowertoolsMetrics(metrics)).report_tasks(report.node_id,
-                                                                       report.timestamp, tasks)
+    result = heartbeat.service(runtime.PowertoolsMetrics(metrics)).report_tasks(
+        report.node_id, report.timestamp, tasks, boot_time=report.boot_time)
     logger.info("tasks reported", extra=result.as_dict())
     return {"accepted": True, "server_time": clock.now(), **result.as_dict()}
 

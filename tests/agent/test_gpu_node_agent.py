@@ -90,6 +90,8 @@ def node(tmp_path, server, monkeypatch):
     progress_dir.mkdir()
     token_file = tmp_path / "token"
     token_file.write_text("token-one\n")
+    proc_stat = tmp_path / "stat"
+    proc_stat.write_text("cpu  1 2 3 4\nintr 5\nctxt 6\nbtime 1795183000\nprocesses 7\n")
     env = {
         "GPU_AGENT_API_URL": server.url,
         "GPU_AGENT_ECS_INTROSPECTION_URL": server.url,
@@ -98,6 +100,7 @@ def node(tmp_path, server, monkeypatch):
         "GPU_AGENT_XID_COMMAND": str(kcmd),
         "GPU_AGENT_TASKS_DIR": str(tasks_dir),
         "GPU_AGENT_PROGRESS_DIR": str(progress_dir),
+        "GPU_AGENT_PROC_STAT": str(proc_stat),
         "GPU_AGENT_TOKEN_FILE": str(token_file),
         "GPU_AGENT_RETRY_BASE_SECONDS": "0.01",
     }
@@ -278,6 +281,7 @@ def test_once_posts_both_reports_with_auth_and_exact_bodies(node, server, monkey
             {"task_arn": TASK_ARN, "step": 1200},
             {"running_log_id": "123", "remote_pid": os.getpid(), "remote_pgid": os.getpid()},
         ],
+        "boot_time": 1795183000.0,
     }
     gbody = gpu_posts[0].body
     assert gbody == {
@@ -639,3 +643,14 @@ def test_sigterm_stops_the_loop_within_a_second(node, server):
     assert rc == 0, stderr
     assert elapsed < 1.0
     assert "stopping on signal" in stderr
+
+
+def test_task_report_carries_the_host_boot_time(node, server):
+    """Given /proc/stat with a btime line, When a cycle runs, Then the task report carries
+    boot_time (the service uses it to tell a rebooted node is back); without the file the
+    field is simply absent."""
+    assert new_agent().run_cycle()
+    assert server.posts("/v1/report_tasks")[-1].body["boot_time"] == 1795183000.0
+    os.remove(node.env["GPU_AGENT_PROC_STAT"])
+    assert new_agent().run_cycle()
+    assert "boot_time" not in server.posts("/v1/report_tasks")[-1].body

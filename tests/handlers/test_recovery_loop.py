@@ -411,3 +411,49 @@ def test_health_check_that_can_never_be_placed_gives_up_after_the_bound(cluster:
     assert cluster.counter("health_checks_started") == 0
     assert cluster.instance("node-b").state is InstanceState.SUSPECT
     assert len(cluster.notifications("health_check_timeout")) == 1
+
+
+def test_boot_time_from_the_agent_brings_a_node_back_when_its_disconnect_was_missed(
+    quiet_cluster: Cluster,
+) -> None:
+    """Given a rebooted node whose agent-disconnect event never arrived (so ACTIVE events
+    alone do not prove it rebooted), When its node agent reports a boot time later than
+    the reboot request, Then the node is back and the job is gang-restarted."""
+    from gpu_recovery import heartbeat
+
+    cluster = quiet_cluster
+    start(cluster, "boot", ["node-a", "node-b"])
+    rule = next(r for r in cluster.bus.rules if r.name == "container-instance-state")
+    monitor = rule.target
+    rule.target = lambda event, context: (
+        monitor(event, context) if event["detail"]["agentConnected"] else {"lost": True})
+    cluster.sim.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable")
+    cluster.sim.run_for(10 * MIN)
+    assert cluster.state("boot") is JobState.PENDING_RESTART
+    assert cluster.instance("node-b").state is InstanceState.REBOOTING
+
+    node = cluster.sim.node("node-b")
+    heartbeat.reset()
+    heartbeat.service().report_tasks(node.container_instance_id, cluster.sim.now(), [],
+                                     boot_time=node.boot_time)
+    assert cluster.instance("node-b").state is InstanceState.AVAILABLE
+    cluster.sim.run_for(MIN)
+    assert cluster.job("boot").attempt == 2
+    assert cluster.state("boot") is JobState.RUNNING
+
+
+def test_an_old_boot_time_does_not_bring_a_rebooting_node_back(quiet_cluster: Cluster) -> None:
+    from gpu_recovery import heartbeat
+
+    cluster = quiet_cluster
+    start(cluster, "stale-boot", ["node-a", "node-b"])
+    rule = next(r for r in cluster.bus.rules if r.name == "container-instance-state")
+    rule.target = lambda event, context: {"lost": True}
+    booted = cluster.sim.node("node-b").boot_time
+    cluster.sim.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable")
+    cluster.sim.run_for(10 * MIN)
+    heartbeat.reset()
+    heartbeat.service().report_tasks(cluster.sim.node("node-b").container_instance_id,
+                                     cluster.sim.now(), [], boot_time=booted)
+    assert cluster.instance("node-b").state is InstanceState.REBOOTING
+    assert cluster.state("stale-boot") is JobState.PENDING_RESTART
