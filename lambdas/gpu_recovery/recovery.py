@@ -340,7 +340,8 @@ class RecoveryService:
         job = self.repo.get_job(job.job_id) or job
         if job.attempt == rank.attempt:
             if job.state is JobState.PENDING_HEALTHCHECK:
-                self._stop_live_ranks(job, exclude=rank.rank, why="suspected GPU fault")
+                self._stop_live_ranks(job, exclude=rank.rank, why="suspected GPU fault",
+                                      reissue=duplicate)
                 for inst_id, verdict in job.suspects.items():
                     if verdict == "PENDING":
                         self.maybe_start_health_check(inst_id)
@@ -349,7 +350,8 @@ class RecoveryService:
             elif job.state is JobState.CANCELING:
                 self._maybe_canceled(job)
             elif job.state.is_terminal:
-                self._stop_live_ranks(job, exclude=rank.rank, why=f"job {job.state.value}")
+                self._stop_live_ranks(job, exclude=rank.rank, why=f"job {job.state.value}",
+                                      reissue=duplicate)
         return Outcome("duplicate" if duplicate else "recorded", job.job_id,
                        {"rank": rank.rank, "kind": kind.value})
 
@@ -394,11 +396,13 @@ class RecoveryService:
                     "job_id": job.job_id, "rank": reg.rank, "task": reg.task_arn})
                 self.register_rank(reg)
 
-    def _stop_live_ranks(self, job: Job, *, exclude: int | None, why: str) -> list[int]:
+    def _stop_live_ranks(self, job: Job, *, exclude: int | None, why: str,
+                         reissue: bool = False) -> list[int]:
         """Mark every other live rank STOP_REQUESTED (once), then ask ECS to stop it.
 
-        StopTask is idempotent, so ranks already marked are asked again: that is what
-        finishes the job after a throttled StopTask made an earlier attempt fail.
+        With ``reissue`` (a redelivered or retried event) ranks already marked are asked
+        again: StopTask is idempotent, and that finishes the job after a throttled
+        StopTask made an earlier attempt fail.
         """
         stopped: list[int] = []
         for other in self.repo.get_ranks(job):
@@ -411,7 +415,7 @@ class RecoveryService:
                 )
                 if not marked:
                     continue
-            elif other.state is not RankState.STOP_REQUESTED:
+            elif other.state is not RankState.STOP_REQUESTED or not reissue:
                 continue
             self.ecs.stop_task(other.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}")
             stopped.append(other.rank)
