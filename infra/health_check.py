@@ -10,6 +10,7 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from gpu_recovery.constants import HEALTH_CHECK_CONTAINER_NAME, HEALTH_CHECK_LOG_STREAM_PREFIX
 from infra import REPO_ROOT
 from infra.config import ConfigError, RecoveryConfig
 from infra.nag import acknowledge
@@ -17,8 +18,9 @@ from infra.nag import acknowledge
 # Tests (or an operator) may point at another copy of the script.
 SCRIPT_ENV_VAR = "GPU_RECOVERY_HEALTH_CHECK_SCRIPT"
 DEFAULT_SCRIPT = REPO_ROOT / "health_check" / "dcgm_health_check.sh"
-CONTAINER_NAME = "dcgm-health-check"
-LOG_STREAM_PREFIX = "dcgm"
+# The DCGM monitor reads the verdict line from <prefix>/<container>/<task-id>.
+CONTAINER_NAME = HEALTH_CHECK_CONTAINER_NAME
+LOG_STREAM_PREFIX = HEALTH_CHECK_LOG_STREAM_PREFIX
 
 
 def health_check_script_path() -> Path:

@@ -20,6 +20,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from gpu_recovery.constants import (
+    ENV_HEALTH_CHECK_LOG_GROUP,
     container_instance_pattern,
     health_check_task_pattern,
     training_task_pattern,
@@ -240,6 +241,9 @@ class RecoveryFunctions(Construct):
         )
         if health_check.log_group is not None:
             health_check.log_group.grant(self.dcgm_monitor.role, "logs:GetLogEvents")
+            # Where the monitor reads the verdict JSON line to record it on the job.
+            self.dcgm_monitor.function.add_environment(
+                ENV_HEALTH_CHECK_LOG_GROUP, health_check.log_group.log_group_name)
         self.instance_monitor = self._function(
             "InstanceMonitor",
             handler="handlers.ecs_instance_monitor.lambda_handler",

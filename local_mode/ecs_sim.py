@@ -1067,20 +1067,30 @@ class SimulatedEcs:
         return out
 
     def _write_verdict_log(self, task: SimTask, node: Node, verdict: int) -> None:
+        # Same shape as health_check/dcgm_health_check.sh prints (see its README).
+        name = {0: "healthy", 1: "reboot", 2: "replace"}[verdict]
+        reasons = {
+            "healthy": [],
+            "reboot": ["dcgmi diag failed (exit 226)", "gpu 3: 2 uncorrected volatile ECC errors"],
+            "replace": ["dcgmi diag reported an isolate error (exit 205)"],
+        }[name]
         line = json.dumps(
             {
-                "instance": node.instance_id,
-                "container_instance": node.container_instance_arn,
-                "dcgm_level": int(self.local.env.get(C.ENV_DCGM_LEVEL, "2")),
-                "verdict": {0: "HEALTHY", 1: "REBOOT", 2: "REPLACE"}[verdict],
+                "verdict": name,
                 "exit_code": verdict,
-                "health": node.health,
-                "gpus": task.gpu_ids,
+                "dcgm_level": int(self.local.env.get(C.ENV_DCGM_LEVEL, "2")),
+                "dcgmi_exit_code": {0: 0, 1: 226, 2: 205}[verdict],
+                "failed_tests": [] if verdict == 0 else ["memory"],
+                "gpus": [{"index": i, "uuid": gpu} for i, gpu in enumerate(task.gpu_ids)],
+                "reasons": reasons,
+                "notes": [],
+                "hostname": node.name,
             }
         )
         try:
             logs = self.local.client("logs")
-            stream = f"dcgm/{task.containers[0]['name']}/{task.arn.rsplit('/', 1)[-1]}"
+            stream = (f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.containers[0]['name']}/"
+                      f"{task.arn.rsplit('/', 1)[-1]}")
             logs.create_log_stream(logGroupName=HEALTH_CHECK_LOG_GROUP, logStreamName=stream)
             logs.put_log_events(
                 logGroupName=HEALTH_CHECK_LOG_GROUP,

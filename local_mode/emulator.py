@@ -239,6 +239,7 @@ class LocalAws:
             C.ENV_HEALTH_CHECK_TIMEOUT_MINUTES: str(health_check_timeout_minutes),
             C.ENV_DCGM_LEVEL: str(dcgm_level),
             C.ENV_HEALTH_CHECK_GPUS: str(health_check_gpus),
+            C.ENV_HEALTH_CHECK_LOG_GROUP: HEALTH_CHECK_LOG_GROUP,
             C.ENV_NODE_TOKEN_TABLE: self.node_token_table,
             C.ENV_IDEMPOTENCY_TABLE: self.idempotency_table,
             C.ENV_HEARTBEAT_STALE_SECONDS: str(heartbeat_stale_seconds),
@@ -379,7 +380,7 @@ class LocalAws:
             networkMode="host",
             containerDefinitions=[
                 {
-                    "name": "dcgm",
+                    "name": C.HEALTH_CHECK_CONTAINER_NAME,
                     "image": "nvcr.io/nvidia/cloud-native/dcgm:latest",
                     "memory": 1024,
                     "essential": True,
@@ -392,7 +393,7 @@ class LocalAws:
                         "options": {
                             "awslogs-group": HEALTH_CHECK_LOG_GROUP,
                             "awslogs-region": REGION,
-                            "awslogs-stream-prefix": "dcgm",
+                            "awslogs-stream-prefix": C.HEALTH_CHECK_LOG_STREAM_PREFIX,
                         },
                     },
                 }

@@ -44,6 +44,10 @@ def test_ecc_fault_is_recovered_and_the_job_completes(cluster: Cluster) -> None:
     assert job.state in (JobState.RUNNING, JobState.STARTING)
     assert job.attempt == 2 and job.recoveries_used == 1
     assert list(job.suspects) == [cluster.sim.node("node-b").container_instance_id]
+    # The health check's JSON verdict line, read from its log stream, is kept on the job.
+    verdict = job.verdicts[cluster.sim.node("node-b").container_instance_id]
+    assert verdict["verdict"] == "reboot" and verdict["dcgmi_exit_code"] == 226
+    assert verdict["reasons"] and verdict["hostname"] == "node-b"
     assert cluster.counter("health_checks_started") == 1
     assert cluster.counter("reboots") == 1 and cluster.counter("reboots_ec2") == 1
     ranks = cluster.repo.get_ranks(job)

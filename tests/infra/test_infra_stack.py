@@ -231,6 +231,15 @@ def test_health_check_task_definition(default_synth: Synth) -> None:
     assert container["Command"] == ["sh", "-c", read_health_check_script()]
     assert container["LinuxParameters"]["Capabilities"] == {"Add": ["SYS_ADMIN"]}
     assert "Privileged" not in container
+    # The DCGM monitor reads the verdict line from <prefix>/<container>/<task-id> of this group.
+    assert container["Name"] == c.HEALTH_CHECK_CONTAINER_NAME
+    options = container["LogConfiguration"]["Options"]
+    assert options["awslogs-stream-prefix"] == c.HEALTH_CHECK_LOG_STREAM_PREFIX
+    monitors = [fn for fn in default_synth.resources("AWS::Lambda::Function").values()
+                if fn["Properties"]["Handler"] == "handlers.dcgm_task_monitor.lambda_handler"]
+    (monitor,) = monitors
+    assert monitor["Properties"]["Environment"]["Variables"][c.ENV_HEALTH_CHECK_LOG_GROUP] == (
+        options["awslogs-group"])
     log_groups = default_synth.resources("AWS::Logs::LogGroup")
     assert all("RetentionInDays" in g["Properties"] for g in log_groups.values())
 
