@@ -77,7 +77,8 @@ class NotifierPort(Protocol):
 
 class RecoveryPort(Protocol):
     def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
-                               failing_rank: int | None = None) -> Any: ...
+                               failing_rank: int | None = None,
+                               from_states: Iterable[JobState] = ...) -> Any: ...
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Any: ...
 
 
@@ -623,7 +624,9 @@ class HeartbeatService:
                            extra={"instance": inst_id})
             return "retry"
         if described and described.get("agentConnected"):
-            self._recovery().report_suspected_fault(job_id, attempt, inst_id, reason)
+            # Only a job still NODE_LOST: a heartbeat may have revived it since the read.
+            self._recovery().report_suspected_fault(job_id, attempt, inst_id, reason,
+                                                    from_states=[JobState.NODE_LOST])
             self.metrics.add_metric("NodeLostEscalated", "Count", 1)
             return "recovery"
         return self._fail_lost_job(job, inst_id, instance, ranks, reason + "; ECS agent disconnected")
@@ -631,7 +634,7 @@ class HeartbeatService:
     def _fail_lost_job(self, job: Any, inst_id: str, instance: Instance | None, ranks: list[Rank],
                        reason: str) -> str:
         failed = self.repo.apply(self.repo.job_transition(
-            job.job_id, JobState.FAILED, from_states=WATCHED_JOB_STATES, attempt=job.attempt,
+            job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
             reason=reason, actor=ACTOR, set_fields={"last_error": reason[:500]},
             remove_fields=self.repo.deadline_attributes()))
         if not failed:

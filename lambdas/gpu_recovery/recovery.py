@@ -277,14 +277,25 @@ class RecoveryService:
                                                   from_states=[RankState.STARTING]))
         job = self.repo.get_job(rank.job_id)
         if job and job.state is JobState.STARTING and job.attempt == rank.attempt:
-            self.repo.apply(
-                self.repo.job_transition(
-                    job.job_id, JobState.RUNNING, from_states=[JobState.STARTING],
-                    attempt=job.attempt, reason=f"rank {rank.rank} running", actor=ACTOR,
-                    remove_fields=self.repo.deadline_attributes(),
-                )
-            )
+            self._running_once_gang_registered(job, f"rank {rank.rank} running")
         return Outcome("running", rank.job_id, {"rank": rank.rank})
+
+    def _running_once_gang_registered(self, job: Job, reason: str, actor: str = ACTOR) -> bool:
+        """STARTING -> RUNNING only once every rank of the attempt is registered.
+
+        A launch interrupted half-way (Lambda timeout, crash) keeps the job STARTING with
+        its deadline, so the sweep (or the queue's resume) starts the missing ranks.
+        """
+        current = [r for r in self.repo.get_ranks(job) if r.attempt == job.attempt]
+        if len(current) < job.world_size:
+            return False
+        return self.repo.apply(
+            self.repo.job_transition(
+                job.job_id, JobState.RUNNING, from_states=[JobState.STARTING],
+                attempt=job.attempt, reason=reason, actor=actor,
+                remove_fields=self.repo.deadline_attributes(),
+            )
+        )
 
     def _on_task_stopped(self, detail: EcsTaskDetail) -> Outcome:
         rank = self._rank_for_task(detail)
@@ -429,7 +440,8 @@ class RecoveryService:
                                            reason, failing_rank=rank.rank)
 
     def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
-                               failing_rank: int | None = None) -> Outcome:
+                               failing_rank: int | None = None,
+                               from_states: Iterable[JobState] = ACTIVE_JOB_STATES) -> Outcome:
         """Enter the recovery loop for a suspected node fault of one attempt.
 
         Called for a suspect exit code, and by the heartbeat service for a node lost
@@ -440,14 +452,13 @@ class RecoveryService:
         entered = self.repo.apply(
             self.repo.job_transition(
                 job_id, JobState.PENDING_HEALTHCHECK,
-                from_states=ACTIVE_JOB_STATES, attempt=attempt, reason=reason, actor=ACTOR,
+                from_states=from_states, attempt=attempt, reason=reason, actor=ACTOR,
                 set_fields={"suspects": {inst_id: "PENDING"}, "fault_started_at": now,
                             "last_error": reason, "verdicts": {},
                             # In the deadline index while in recovery: the queue scheduler
-                            # holds the job's nodes for its gang restart.
-                            **self.repo.job_deadline_fields(
-                                now + self.settings.health_check_timeout_seconds
-                                + RETRY_INTERVAL_SECONDS)},
+                            # holds the job's nodes for its gang restart, and the sweep
+                            # opens any health check this fault still lacks.
+                            **self.repo.job_deadline_fields(now + RETRY_INTERVAL_SECONDS)},
             )
         )
         if entered:
@@ -597,9 +608,23 @@ class RecoveryService:
     # ========================================================= health-check stopped
     def on_health_check_stopped(self, detail: EcsTaskDetail) -> Outcome:
         inst_id = container_instance_id(detail.containerInstanceArn or "")
-        instance = self.repo.get_instance(inst_id) if inst_id else None
-        if instance is None:
-            return Outcome("ignored", detail={"why": "untracked instance"})
+        outcome = Outcome("ignored", detail={"why": "untracked instance"})
+        # A job can join the check between our read and our write: the verdict's
+        # condition includes the set of waiting jobs, and a lost race is retried.
+        for _ in range(3):
+            instance = self.repo.get_instance(inst_id) if inst_id else None
+            if instance is None:
+                return outcome
+            outcome = self._on_health_check_stopped(instance, detail)
+            fresh = self.repo.get_instance(inst_id)
+            still_open = (fresh is not None and fresh.state is InstanceState.HEALTH_CHECKING
+                          and fresh.hc_task_arn == detail.taskArn)
+            if outcome.action != "duplicate" or not still_open:
+                return outcome
+        return outcome
+
+    def _on_health_check_stopped(self, instance: Instance, detail: EcsTaskDetail) -> Outcome:
+        inst_id = instance.container_inst_id
         ours = detail.taskArn == instance.hc_task_arn or (
             instance.hc_started_by and detail.startedBy == instance.hc_started_by
         )
@@ -611,10 +636,13 @@ class RecoveryService:
             # The check itself did not run (image pull, OOM, ...): try again later.
             logger.warning("health check ended without a verdict", extra={
                 "instance": inst_id, "exit_code": exit_code, "reason": detail.stoppedReason})
-            self._release_health_check_claim(instance, instance.hc_started_by, failed_start=True)
             self.repo.apply(self.repo.instance_update(
-                inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
-                remove_fields=["hc_task_arn"]))
+                inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+                to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
+                remove_fields=["hc_task_arn", "hc_started_by"],
+                deadline_at=clock.now() + RETRY_INTERVAL_SECONDS,
+                extra_condition="#hct = :hct", extra_values={":hct": detail.taskArn},
+                extra_names={"#hct": "hc_task_arn"}))
             return Outcome("health_check_retry", detail={"instance": inst_id})
         findings = self.verdicts.read_verdict(detail.taskArn) or {}
         findings = {"exit_code": exit_code, "verdict": verdict.name.lower(),
@@ -625,8 +653,9 @@ class RecoveryService:
         now = clock.now()
         # Applies only to this health check: a duplicate or stale verdict loses the race.
         condition: dict[str, Any] = {
-            "extra_condition": "#hct = :hct", "extra_values": {":hct": detail.taskArn},
-            "extra_names": {"#hct": "hc_task_arn"},
+            "extra_condition": "#hct = :hct AND size(#hcj) = :hcn",
+            "extra_values": {":hct": detail.taskArn, ":hcn": len(instance.hc_jobs)},
+            "extra_names": {"#hct": "hc_task_arn", "#hcj": "hc_jobs"},
         }
         common: dict[str, Any] = {"set_fields": {"last_verdict": findings}, "remove_fields": ["hc_jobs"]}
         if action is VerdictAction.MARK_AVAILABLE:
@@ -726,14 +755,10 @@ class RecoveryService:
         return f"{inst_id} has a GPU fault a reboot cannot fix (DCGM verdict {verdict.name.lower()})"
 
     def _converge_after_verdict(self, instance: Instance, detail: EcsTaskDetail | None) -> Outcome:
-        """A verdict seen again: finish a reboot whose API call did not go through."""
-        if (
-            instance.state is InstanceState.REBOOTING
-            and instance.reboot_issued_at is None
-            and (detail is None or instance.last_verdict.get("task_arn") == detail.taskArn)
-        ):
-            self._issue_reboot(instance)
-            return Outcome("reboot_reissued", detail={"instance": instance.container_inst_id})
+        """A verdict seen again. A reboot whose API call did not go through is re-issued by
+        the sweep after REBOOT_ISSUE_GRACE_SECONDS, never here: a concurrent duplicate of
+        the event may still be in that call, and a second reboot could hit the node after
+        it came back under the restarted job."""
         return Outcome("duplicate", detail={"instance": instance.container_inst_id})
 
     def _issue_reboot(self, instance: Instance) -> None:
@@ -863,12 +888,21 @@ class RecoveryService:
             return Outcome("ignored", job_id, {"why": "not pending restart"})
         ranks = [r for r in self.repo.get_ranks(job) if r.attempt == job.attempt]
         if len(ranks) != job.world_size:
-            return Outcome("ignored", job_id, {"why": "rank records incomplete"})
+            self._fail_pending_restart(job, f"rank records of attempt {job.attempt} are incomplete "
+                                            f"({len(ranks)} of {job.world_size}): cannot restart")
+            return Outcome("restart_failed", job_id, {"why": "rank records incomplete"})
         instances = self.repo.get_instances(r.container_inst_id for r in ranks)
-        if len(instances) < len({r.container_inst_id for r in ranks}) or not policy.gang_ready(
-            instances.values()
-        ):
-            return Outcome("waiting", job_id, {"instances": {
+        unusable = sorted(i for i, inst in instances.items()
+                          if inst.state in policy.UNUSABLE_INSTANCE_STATES)
+        if unusable:
+            self._fail_pending_restart(job, f"instance(s) {', '.join(unusable)} the job needs "
+                                            "were quarantined or marked suspect meanwhile")
+            return Outcome("restart_failed", job_id, {"unusable": unusable})
+        stopping = [r.rank for r in ranks if not r.state.is_terminal]
+        if (len(instances) < len({r.container_inst_id for r in ranks})
+                or not policy.gang_ready(instances.values()) or stopping):
+            # Also wait until every old rank has stopped: its GPUs are the restart's.
+            return Outcome("waiting", job_id, {"stopping_ranks": stopping, "instances": {
                 i: inst.state.value for i, inst in instances.items()}})
         new_attempt = job.attempt + 1
         claimed = self.repo.apply(self.repo.job_transition(
@@ -897,6 +931,18 @@ class RecoveryService:
                             "it should be replaced.",
         )
         return Outcome("restarted", job_id, {"attempt": new_attempt, "tasks": launched})
+
+    def _fail_pending_restart(self, job: Job, reason: str) -> None:
+        if self.repo.apply(self.repo.job_transition(
+            job.job_id, JobState.FAILED, from_states=[JobState.PENDING_RESTART],
+            attempt=job.attempt, reason=reason, actor=ACTOR, set_fields={"last_error": reason},
+            remove_fields=self.repo.deadline_attributes(),
+        )):
+            self.metrics.add_metric("Failures", "Count", 1)
+            self._notify(job, None, NotificationKind.FAILED, "Job failed: cannot be restarted",
+                         what_happened=reason, what_was_done="Job marked FAILED",
+                         operator_action="Repair or replace the node, set it ACTIVE again, and "
+                                         "resubmit the job.")
 
     def _launch_ranks(self, job: Job, ranks: list[Rank], attempt: int) -> list[str] | None:
         """Start every rank of ``attempt`` not yet started (crash-safe by startedBy)."""
@@ -1074,21 +1120,24 @@ class RecoveryService:
             return "ignored"
         job = self.repo.job_from_item(item)
         if job.state is JobState.PENDING_RESTART:
+            give_up_at = (job.fault_started_at or now) + self.settings.health_check_timeout_seconds \
+                + self.settings.reboot_timeout_seconds + RESTART_CONFIRM_SECONDS
+            if now >= give_up_at:
+                self._fail_pending_restart(job, "the gang restart did not happen in time "
+                                                "(instances or old ranks never became ready)")
+                return "restart_timed_out"
             outcome = self.try_gang_restart(job.job_id)
             if outcome.action == "waiting":
-                self.repo.apply(self.repo.job_transition(
-                    job.job_id, JobState.PENDING_RESTART, from_states=[JobState.PENDING_RESTART],
-                    attempt=job.attempt, reason="still waiting for instances", actor="sweep",
-                    set_fields=self.repo.job_deadline_fields(now + RETRY_INTERVAL_SECONDS)))
+                self._rearm(job, now + RETRY_INTERVAL_SECONDS)
             return f"restart_{outcome.action}"
         if job.state is JobState.PENDING_HEALTHCHECK:
-            # Health-check timeouts are the instance sweep's; keep the job listed as
-            # "in recovery" (its nodes stay held) until a verdict moves it on.
-            self.repo.apply(self.repo.job_transition(
-                job.job_id, JobState.PENDING_HEALTHCHECK, from_states=[JobState.PENDING_HEALTHCHECK],
-                attempt=job.attempt, reason="still waiting for health checks", actor="sweep",
-                set_fields=self.repo.job_deadline_fields(
-                    now + self.settings.health_check_timeout_seconds)))
+            # Open any health check this fault still lacks (its opening may have been cut
+            # short by an AWS error after the job was committed). Timeouts of open checks
+            # are the instance sweep's; the deadline keeps the job's nodes held meanwhile.
+            for inst_id, verdict in sorted(job.suspects.items()):
+                if verdict == "PENDING" and not self._waits_on(job, inst_id):
+                    self.request_health_check(job, inst_id)
+            self._rearm(job, now + RETRY_INTERVAL_SECONDS)
             return "health_check_waiting"
         if job.state is JobState.STARTING and job.source == "ecs-tags":
             ranks = self.repo.get_ranks(job)
@@ -1096,12 +1145,35 @@ class RecoveryService:
             if stale:
                 launched = self._launch_ranks(job, stale, job.attempt)
                 return "restart_resumed" if launched is not None else "restart_failed"
-            self.repo.apply(self.repo.job_transition(
-                job.job_id, JobState.STARTING, from_states=[JobState.STARTING],
-                attempt=job.attempt, reason="restart launched; waiting for RUNNING",
-                actor="sweep", remove_fields=self.repo.deadline_attributes()))
-            return "restart_confirmed"
-        self.repo.apply(Update(table=self.repo.job_table_name,
-                               key={"job_id_rank": f"{job.job_id}#JOB"},
-                               remove_fields=self.repo.deadline_attributes()))
+            if self._running_once_gang_registered(job, "restart launched", actor="sweep"):
+                return "restart_confirmed"
+        self.repo.apply(Update(
+            table=self.repo.job_table_name, key={"job_id_rank": f"{job.job_id}#JOB"},
+            remove_fields=self.repo.deadline_attributes(),
+            # Only the deadline this sweep read: a newer one (new state) stays.
+            condition="#st = :st AND #dl = :dl",
+            condition_values={":st": job.state.value, ":dl": item.get("deadline_at")},
+            condition_names={"#st": "job_state", "#dl": "deadline_at"},
+        ))
         return "cleared"
+
+    def _waits_on(self, job: Job, inst_id: str) -> bool:
+        """Whether an instance already has this job in its health check or reboot."""
+        instance = self.repo.get_instance(inst_id)
+        if instance is None:
+            return False
+        if instance.state in (InstanceState.HEALTH_CHECK_PENDING, InstanceState.HEALTH_CHECKING):
+            return job.job_id in instance.hc_jobs
+        if instance.state is InstanceState.REBOOTING:
+            return job.job_id in instance.waiting_jobs
+        return False
+
+    def _rearm(self, job: Job, deadline_at: float) -> None:
+        """Push a job's deadline (no history entry: nothing happened to the job)."""
+        self.repo.apply(Update(
+            table=self.repo.job_table_name, key={"job_id_rank": f"{job.job_id}#JOB"},
+            set_fields=self.repo.job_deadline_fields(deadline_at),
+            condition="#st = :st AND #att = :att",
+            condition_values={":st": job.state.value, ":att": job.attempt},
+            condition_names={"#st": "job_state", "#att": "attempt"},
+        ))

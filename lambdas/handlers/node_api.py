@@ -152,7 +152,11 @@ def _describe_validation(error: ValidationError) -> str:
 def _read_body(list_field: str, limit: int) -> dict[str, Any]:
     event = app.current_event
     raw = event.raw_event.get("body") or ""
-    data = base64.b64decode(raw) if event.raw_event.get("isBase64Encoded") else raw.encode("utf-8")
+    try:
+        data = (base64.b64decode(raw, validate=True) if event.raw_event.get("isBase64Encoded")
+                else raw.encode("utf-8"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise ApiError(400, "malformed_body", f"request body is not valid base64: {exc}") from exc
     if len(data) > MAX_BODY_BYTES:
         raise ApiError(413, "body_too_large",
                        f"request body is {len(data)} bytes; the limit is {MAX_BODY_BYTES} bytes")

@@ -461,3 +461,108 @@ def test_an_old_boot_time_does_not_bring_a_rebooting_node_back(quiet_cluster: Cl
                                      cluster.sim.now(), [], boot_time=booted)
     assert cluster.instance("node-b").state is InstanceState.REBOOTING
     assert cluster.state("stale-boot") is JobState.PENDING_RESTART
+
+
+# --------------------------------------------------------------------------------------
+# Regressions found in review: every one of these used to leave a job stuck or wrong.
+# --------------------------------------------------------------------------------------
+def test_health_check_never_opened_after_an_outage_is_opened_by_the_sweep(cluster: Cluster) -> None:
+    """Given StopTask fails (5xx) right after the job entered PENDING_HEALTHCHECK, so the
+    health check was never opened, When EventBridge redelivers the failed events after
+    the outage, Then the sweep opens the missing health check and the job recovers."""
+    start(cluster, "outage-hc", ["node-a", "node-b"])
+    cluster.local.faults.persistent("ecs", "StopTask", error=INTERNAL)
+    cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
+    cluster.sim.run_for(2 * MIN + 5)
+    assert cluster.state("outage-hc") is JobState.PENDING_HEALTHCHECK
+    assert cluster.instance("node-b").state is InstanceState.AVAILABLE  # not opened
+    cluster.local.faults.clear()
+    for failed in list(cluster.bus.dead_letters):
+        cluster.bus.put_events(failed.event)
+    cluster.sim.run_for(20 * MIN)
+    assert cluster.counter("health_checks_started") == 1
+    assert cluster.job("outage-hc").attempt == 2
+
+
+def test_restart_interrupted_half_way_is_finished_by_the_sweep(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given the gang restart dies after starting rank 0 (Lambda timeout), When rank 0's
+    RUNNING event arrives, Then the job stays STARTING (not RUNNING with one rank) and the
+    sweep starts rank 1 once, by its deterministic startedBy."""
+    from gpu_recovery.recovery import RecoveryService
+
+    start(cluster, "half", ["node-a", "node-b"])
+    real = RecoveryService._start_rank
+    calls = {"n": 0}
+
+    def dies_on_second(self: Any, rank: Any, attempt: int, started_by: str) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise TimeoutError("Lambda timed out after rank 0 was started")
+        return real(self, rank, attempt, started_by)
+
+    monkeypatch.setattr(RecoveryService, "_start_rank", dies_on_second)
+    cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable", nccl_cascade=True)
+    cluster.sim.run_for(8 * MIN)
+    assert cluster.state("half") is JobState.STARTING
+    cluster.sim.run_for(15 * MIN)
+    job = cluster.job("half")
+    assert job.state is JobState.RUNNING and job.attempt == 2
+    assert sorted(t.node for t in cluster.sim.running_tasks()) == ["node-a", "node-b"]
+
+
+def test_two_reboot_verdicts_of_one_fault_spend_one_recovery(cluster: Cluster) -> None:
+    """Given max_recovery_attempts 1 and two suspect instances in the same fault, When both
+    verdicts say reboot, Then both are rebooted and the job restarts (one recovery)."""
+    start(cluster, "two", ["node-a", "node-b"])
+    cluster.sim.inject_gpu_fault("node-a", after=5 * MIN, health="reboot_fixable")
+    cluster.sim.run_for(5 * MIN + 2)
+    # Rank 1's node becomes suspect in the same fault (e.g. reported lost by its agent).
+    cluster.sim.set_health("node-b", "reboot_fixable")
+    runtime.recovery_service().report_suspected_fault(
+        "two", 1, cluster.sim.node("node-b").container_instance_id, "rank 1 lost on node-b",
+        failing_rank=1)
+    cluster.sim.run_for(20 * MIN)
+    job = cluster.job("two")
+    assert job.state is JobState.RUNNING and job.attempt == 2 and job.recoveries_used == 1
+    assert cluster.counter("reboots") == 2
+
+
+def test_job_waiting_for_a_node_that_got_quarantined_fails_instead_of_waiting(cluster: Cluster) -> None:
+    """Given j2 waits to restart on node-a and node-c, When another job's fault gets node-a
+    quarantined meanwhile, Then j2 FAILS with a notification instead of waiting forever."""
+    cluster.sim.add_node("node-a", gpus=16)
+    cluster.sim.add_node("node-b", gpus=8)
+    cluster.sim.add_node("node-c", gpus=8)
+    cluster.sim.start_job("j1", cluster.train_td, ["node-a", "node-b"])
+    j2_tasks = cluster.sim.start_job("j2", cluster.train_td, ["node-a", "node-c"])
+    cluster.sim.run_for(MIN)
+    cluster.sim.inject_gpu_fault("node-c", after=2 * MIN, health="reboot_fixable")
+    cluster.sim.run_for(2 * MIN + 30)
+    j1_on_a = [t for t in cluster.sim.running_tasks("node-a") if t.arn not in j2_tasks]
+    cluster.sim.set_health("node-a", "replace")
+    cluster.sim.inject_task_exit(j1_on_a[0].arn, 1, after=1)
+    cluster.sim.run_for(60 * MIN)
+    assert cluster.instance("node-a").state is InstanceState.QUARANTINED
+    job = cluster.job("j2")
+    assert job.state is JobState.FAILED and "quarantined" in job.last_error
+    assert any("j2" in n["subject"] for n in cluster.notifications("failed"))
+
+
+def test_health_check_without_a_verdict_is_retried(request: pytest.FixtureRequest) -> None:
+    """Given the DCGM container dies without a verdict (OOM-killed, exit 137), Then the
+    health check is started again and the job recovers (no 30-minute timeout)."""
+    with cluster_with(dcgm_seconds=600) as cluster:
+        start(cluster, "oom-hc", ["node-a", "node-b"])
+        cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable",
+                                     nccl_cascade=True)
+        cluster.sim.run_for(3 * MIN)
+        first = cluster.instance("node-b").hc_task_arn
+        cluster.sim.inject_task_exit(first, 137, after=5)
+        cluster.sim.run_for(MIN)
+        inst = cluster.instance("node-b")
+        assert inst.state is InstanceState.HEALTH_CHECK_PENDING and inst.hc_start_attempts == 1
+        cluster.sim.run_for(20 * MIN)
+        assert cluster.counter("health_checks_started") == 2
+        assert cluster.job("oom-hc").attempt == 2

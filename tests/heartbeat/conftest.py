@@ -83,9 +83,17 @@ class StubEcs:
 class StubRecovery:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
 
+    from_states: list[Any] = field(default_factory=list)
+    boots: list[tuple[str, float]] = field(default_factory=list)
+
     def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
-                               failing_rank: int | None = None) -> Any:
+                               failing_rank: int | None = None, from_states: Any = None) -> Any:
         self.calls.append((job_id, attempt, inst_id, reason))
+        self.from_states.append(list(from_states or []))
+        return None
+
+    def on_boot_reported(self, inst_id: str, boot_time: float) -> Any:
+        self.boots.append((inst_id, boot_time))
         return None
 
 

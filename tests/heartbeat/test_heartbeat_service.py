@@ -197,6 +197,8 @@ def test_node_lost_too_long_with_agent_connected_goes_to_recovery(world) -> None
     world.clock.advance(200)
     assert svc.sweep().escalated == ["j1"]
     assert world.recovery.calls[0][:3] == ("j1", 1, NODE)
+    # Only a job still NODE_LOST may be escalated: a heartbeat may revive it meanwhile.
+    assert world.recovery.from_states[0] == [JobState.NODE_LOST]
 
 
 def test_node_lost_too_long_with_agent_disconnected_fails_and_quarantines(world) -> None:

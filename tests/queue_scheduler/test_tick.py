@@ -388,3 +388,26 @@ def test_nodes_of_a_job_in_recovery_are_held_for_its_gang_restart(qc):
     qc.sim.run_for(15 * 60)
     assert int(qc.item(job)["attempt"]) == 2
     assert {t.node for t in qc.live_tasks(job)} == own_nodes
+
+
+def test_cancel_during_a_launch_that_fails_to_place_reaches_canceled(qc):
+    """Given a cancel that lands while the scheduler is starting rank 0 (job CANCELING,
+    no rank yet), When that StartTask fails for lack of GPUs, Then the job is CANCELED:
+    no rank exists, so no STOPPED event would ever finish the cancel."""
+    from gpu_recovery.queue.admission import FailureKind
+    from gpu_recovery.queue.launcher import LaunchError
+    from gpu_recovery.queue.service import JobQueueService
+
+    job = qc.submit(nnodes=2, gpus=8)
+    sched = qc.scheduler()
+    service = JobQueueService(repo=qc.repo, ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
+                              cluster=qc.recovery.settings.cluster)
+
+    def cancel_then_fail(*args, **kwargs):
+        service.cancel(job, "bob")
+        raise LaunchError(FailureKind.INSUFFICIENT_RESOURCES, "StartTask failed: RESOURCE:GPU")
+
+    sched.launcher._start_one = cancel_then_fail
+    sched.tick()
+    assert qc.state(job) is JobState.CANCELED
+    assert qc.live_tasks(job) == []

@@ -13,6 +13,7 @@ from gpu_recovery.constants import (
     SYSTEM_STOP_REASON_PREFIX,
     DcgmVerdict,
     InstanceState,
+    JobState,
     RankState,
 )
 from gpu_recovery.domain.models import Instance, Job
@@ -83,9 +84,15 @@ def instance_action(verdict: DcgmVerdict, waiting_jobs: Iterable[Job]) -> Verdic
         return VerdictAction.MARK_AVAILABLE
     if verdict is DcgmVerdict.REPLACE:
         return VerdictAction.QUARANTINE
-    if any(job.attempts_left > 0 for job in waiting_jobs):
+    if any(may_reboot_for(job) for job in waiting_jobs):
         return VerdictAction.REBOOT
     return VerdictAction.QUARANTINE
+
+
+def may_reboot_for(job: Job) -> bool:
+    """A job may spend a reboot: it has budget left, or this fault already paid for it
+    (PENDING_RESTART: another suspect instance of the same fault is being rebooted)."""
+    return job.attempts_left > 0 or job.state is JobState.PENDING_RESTART
 
 
 class JobVerdictOutcome(str, Enum):
@@ -101,7 +108,7 @@ def job_outcome(suspects: dict[str, str], job: Job) -> JobVerdictOutcome:
     if verdicts & {"REPLACE", "TIMEOUT", "UNAVAILABLE", "QUARANTINED"}:
         return JobVerdictOutcome.FAIL_NODE_FAULT
     if "REBOOT" in verdicts:
-        if job.attempts_left <= 0:
+        if not may_reboot_for(job):
             return JobVerdictOutcome.FAIL_NODE_FAULT
         if "PENDING" in verdicts:
             # Reboot now; the job restarts once every instance is back, and a later
@@ -147,3 +154,7 @@ def is_disconnect_after_reboot(instance: Instance, *, agent_connected: bool, eve
 def gang_ready(instances: Iterable[Instance]) -> bool:
     """A job restarts only when every instance it needs is available again."""
     return all(inst.state is InstanceState.AVAILABLE for inst in instances)
+
+
+# A job waiting for these can never be restarted on its own nodes: an operator must act.
+UNUSABLE_INSTANCE_STATES = frozenset({InstanceState.QUARANTINED, InstanceState.SUSPECT})

@@ -239,7 +239,13 @@ class Launcher:
         except (KeyError, ValueError, TypeError) as error:
             return LaunchOutcome(job_id, "skipped", reason=f"malformed spec: {error}")
         master = nodes[0]
-        master_addr = self.hosts.address(master.ec2_instance_id, master.attributes)
+        try:
+            master_addr = self.hosts.address(master.ec2_instance_id, master.attributes)
+        except (ClientError, BotoCoreError) as error:
+            # One unreachable lookup (a terminated instance ECS still lists, throttling)
+            # must not stop the whole tick: skip this job, the next tick tries again.
+            logger.warning("host address lookup failed", extra={"job_id": job_id, "error": str(error)})
+            return LaunchOutcome(job_id, "skipped", reason=f"no address for rank 0's host: {error}")
         if not master_addr:
             return LaunchOutcome(job_id, "skipped", reason="no address for rank 0's host")
         current = item.get("attempt")
@@ -281,13 +287,7 @@ class Launcher:
             # Canceled / failed / in recovery meanwhile: stop tasks only this launch knows.
             stopped = self._stop_unregistered(item, attempt, all_ranks=state.is_terminal
                                               or state is JobState.CANCELING)
-            if state is JobState.CANCELING and not stopped and not any(
-                r.is_live for r in self._registered_ranks(item, attempt).values()
-            ):
-                # Canceled before any task started: no STOPPED event will ever finish it.
-                self.repo.apply(self.repo.job_transition(
-                    job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
-                    reason="canceled before any rank started", actor=ACTOR))
+            self._finish_cancel_if_no_rank(job_id, item, attempt)
             self.ledger.done(job_id)
             return LaunchOutcome(job_id, "abandoned", attempt, stopped, reason=state.value)
         if resumes >= self.max_launch_resumes:
@@ -388,6 +388,17 @@ class Launcher:
         kind = classify_failure(placement_reasons=reasons or ["UNKNOWN"])
         raise LaunchError(kind, f"StartTask on {ci_arn} failed: {', '.join(reasons) or 'no task'}")
 
+    def _finish_cancel_if_no_rank(self, job_id: str, item: Mapping[str, Any], attempt: int) -> None:
+        """CANCELING with no live registered rank: no STOPPED event will ever finish the
+        cancel (the recovery loop completes it when ranks stop), so finish it here."""
+        if item.get("job_state") != JobState.CANCELING.value:
+            return
+        if any(r.is_live for r in self._registered_ranks(item, attempt).values()):
+            return
+        self.repo.apply(self.repo.job_transition(
+            job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
+            reason="canceled before any rank of the launch was running", actor=ACTOR))
+
     def _registered_ranks(self, item: Mapping[str, Any], attempt: int) -> dict[int, Rank]:
         job = self.repo.job_from_item(item)
         return {r.rank: r for r in self.repo.get_ranks(job) if r.attempt == attempt}
@@ -454,6 +465,10 @@ class Launcher:
         # Tasks started but not registered (crash window) are found by startedBy.
         if not applied:
             action = "raced"
+            # Typically a cancel that landed during the launch.
+            fresh = self.ledger.job_item(job_id)
+            if fresh is not None:
+                self._finish_cancel_if_no_rank(job_id, fresh, attempt)
         logger.warning("launch failed", extra={"job_id": job_id, "attempt": attempt,
                                                "kind": kind.value, "reason": reason, "action": action})
         return LaunchOutcome(job_id, action, attempt, [r.task_arn for r in ranks], kind.value, reason)
