@@ -86,20 +86,21 @@ JOB_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,80}$"
 
 logger, tracer, metrics = powertools("jobs-api")
 app = APIGatewayRestResolver(enable_validation=True)
-app.enable_swagger(
-    path="/swagger",
-    title=API_TITLE,
-    version=API_VERSION,
-    description="Submit multi-node GPU training jobs to the queue and follow them on Amazon ECS.",
-    security_schemes={
+# One description of the API for the Swagger UI and the committed OpenAPI document.
+OPENAPI_INFO: dict[str, Any] = {
+    "title": API_TITLE,
+    "version": API_VERSION,
+    "description": "Submit multi-node GPU training jobs to the queue and follow them on Amazon ECS.",
+    "security_schemes": {
         "sigv4": APIKey(
             name="Authorization",
             in_=APIKeyIn.header,
             description="AWS Signature Version 4 (API Gateway AuthorizationType AWS_IAM)",
         )
     },
-    security=[{"sigv4": []}],
-)
+    "security": [{"sigv4": []}],
+}
+app.enable_swagger(path="/swagger", **OPENAPI_INFO)
 
 _ERRORS = {
     400: {"description": "Invalid request; `field` names the offending field",
@@ -428,21 +429,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
 # ---------------------------------------------------------------------------- OpenAPI
 def openapi_json() -> str:
     """The OpenAPI document generated from the resolver (stable key order, newline-terminated)."""
-    document = json.loads(
-        app.get_openapi_json_schema(
-            title=API_TITLE,
-            version=API_VERSION,
-            description="Submit multi-node GPU training jobs to the queue and follow them on Amazon ECS.",
-            security_schemes={
-                "sigv4": APIKey(
-                    name="Authorization",
-                    in_=APIKeyIn.header,
-                    description="AWS Signature Version 4 (API Gateway AuthorizationType AWS_IAM)",
-                )
-            },
-            security=[{"sigv4": []}],
-        )
-    )
+    document = json.loads(app.get_openapi_json_schema(**OPENAPI_INFO))
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
