@@ -51,7 +51,7 @@ from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 
-from .faults import ApiFaults
+from .faults import ApiFaults, CallFaults
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
@@ -226,6 +226,8 @@ class LocalAws:
         self.health_check_task_definition_arn = ""
         self.hooks = ApiHooks()
         self.faults = ApiFaults()
+        #: one fault at the n-th API call (crash-consistency tests)
+        self.call_faults = CallFaults()
         #: back-off delays botocore asked for (not slept unless sleep_on_retry)
         self.retry_sleeps: list[float] = []
         self._sleep_on_retry = sleep_on_retry
@@ -301,6 +303,8 @@ class LocalAws:
         events.register("before-call", self.hooks.before_call)
         events.register("after-call", self.hooks.after_call)
         events.register_first("before-send", self.faults.before_send)
+        events.register_first("before-call", self.call_faults.before_call)
+        events.register_last("after-call", self.call_faults.after_call)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -336,6 +340,15 @@ class LocalAws:
             if service not in self._clients:
                 self._clients[service] = self._session.client(service, region_name=REGION)
             return self._clients[service]
+
+    def resource(self, service: str) -> Any:
+        """Internal resource (e.g. DynamoDB tables to inspect): no hooks, no faults."""
+        assert self._session is not None, "use inside `with LocalAws()`"
+        with self._client_lock:
+            key = f"resource:{service}"
+            if key not in self._clients:
+                self._clients[key] = self._session.resource(service, region_name=REGION)
+            return self._clients[key]
 
     def _create_resources(self) -> None:
         # Setup code written before LocalAws provided the node-token / idempotency tables

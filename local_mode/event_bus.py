@@ -7,8 +7,11 @@ are ``lambda_handler(event, context)`` callables; each gets a Lambda-shaped cont
 * ``put_events(event)`` delivers synchronously to every matching rule's target.
   ``duplicate_delivery=True`` delivers each event twice (EventBridge is
   at-least-once; the duplicate is the same dict content with the same ``id``).
-* A target exception is recorded in ``deliveries`` (ok=False) and ``dead_letters``
-  (like an async Lambda invoke failure landing in a DLQ) and never stops the bus.
+* A target exception is recorded in ``deliveries`` (ok=False) and never stops the bus.
+  A rule's ``retry_delays`` redeliver the failed event later, as Lambda's asynchronous
+  invocation does for the deployed functions (2 retries, about 1 and 2 minutes apart);
+  when they are spent (or there are none) the event lands in ``dead_letters``, like an
+  async invoke failure landing in the function's DLQ.
 * ``add_schedule(name, every_seconds, target)`` fires "Scheduled Event" events as
   the simulation clock passes each due time (the driver in ``ecs_sim`` calls
   :meth:`fire_due`).
@@ -19,6 +22,7 @@ are ``lambda_handler(event, context)`` callables; each gets a Lambda-shaped cont
 from __future__ import annotations
 
 import copy
+import heapq
 import importlib
 import json
 import threading
@@ -36,6 +40,11 @@ from gpu_recovery import constants as C
 from . import events as ev
 
 Target = Callable[[dict[str, Any], Any], Any]
+
+#: Lambda asynchronous invocation: on a function error, 2 more attempts, the first
+#: about a minute later and the second about two minutes after that.
+LAMBDA_ASYNC_RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0)
+SWEEP_SCHEDULE = "recovery-sweep"
 
 
 @dataclass
@@ -69,6 +78,7 @@ class Rule:
     pattern: dict[str, Any]
     target: Target
     target_name: str
+    retry_delays: tuple[float, ...] = ()
     _matcher: Any = field(repr=False, default=None)
 
     @property
@@ -107,6 +117,16 @@ class Delivery:
     time: float | None = None
     duplicate: bool = False
     result: Any = None
+    attempt: int = 1  # 2, 3...: a retry of a failed delivery
+
+
+@dataclass(order=True)
+class _Retry:
+    due: float
+    seq: int
+    rule: Rule = field(compare=False)
+    event: dict[str, Any] = field(compare=False)
+    attempt: int = field(compare=False)
 
 
 @dataclass
@@ -145,13 +165,20 @@ class LocalEventBus:
         self.deliveries: list[Delivery] = []
         self.dead_letters: list[DeadLetter] = []
         self.events: list[dict[str, Any]] = []  # every event put, in order
+        self._retries: list[_Retry] = []
+        self._retry_seq = 0
         self._lock = threading.RLock()
 
     # --- configuration -----------------------------------------------------------
     def add_rule(
-        self, name: str, pattern: dict[str, Any], target: Target, target_name: str | None = None
+        self,
+        name: str,
+        pattern: dict[str, Any],
+        target: Target,
+        target_name: str | None = None,
+        retry_delays: tuple[float, ...] = (),
     ) -> Rule:
-        rule = Rule(name, pattern, target, target_name or _name_of(target))
+        rule = Rule(name, pattern, target, target_name or _name_of(target), retry_delays)
         rule.matches({"source": "probe"})  # fail fast on a pattern moto cannot load
         with self._lock:
             self.rules.append(rule)
@@ -186,32 +213,49 @@ class LocalEventBus:
         for rule in self.matching_rules(event):
             copies = 2 if self.duplicate_delivery else 1
             for i in range(copies):
-                out.append(self._invoke(rule.name, rule.target, rule.target_name, event, i > 0))
+                delivery = self._invoke(rule.name, rule.target, rule.target_name, event, i > 0,
+                                        rule=rule)
+                out.append(delivery)
         return out
 
     def _invoke(
-        self, rule: str, target: Target, target_name: str, event: dict[str, Any], dup: bool
+        self,
+        rule_name: str,
+        target: Target,
+        target_name: str,
+        event: dict[str, Any],
+        dup: bool,
+        *,
+        rule: Rule | None = None,
+        attempt: int = 1,
     ) -> Delivery:
         payload = copy.deepcopy(event)  # each invocation gets its own JSON-decoded copy
         context = LambdaContext(function_name=target_name)
         delivery = Delivery(
             event_id=event.get("id", ""),
             detail_type=event.get("detail-type", ""),
-            rule=rule,
+            rule=rule_name,
             target=target_name,
             ok=True,
             time=self.clock(),
             duplicate=dup,
+            attempt=attempt,
         )
         try:
             delivery.result = target(payload, context)
         except Exception as exc:
             delivery.ok = False
             delivery.error = f"{type(exc).__name__}: {exc}"
+            delays = rule.retry_delays if rule is not None else ()
             with self._lock:
-                self.dead_letters.append(
-                    DeadLetter(rule, target_name, event, exc, traceback.format_exc())
-                )
+                if rule is not None and attempt <= len(delays):
+                    self._retry_seq += 1
+                    heapq.heappush(self._retries, _Retry(self.clock() + delays[attempt - 1],
+                                                         self._retry_seq, rule, event, attempt + 1))
+                else:
+                    self.dead_letters.append(
+                        DeadLetter(rule_name, target_name, event, exc, traceback.format_exc())
+                    )
             if self.raise_errors:
                 with self._lock:
                     self.deliveries.append(delivery)
@@ -222,18 +266,36 @@ class LocalEventBus:
 
     # --- schedules ---------------------------------------------------------------
     def next_schedule_due(self) -> float | None:
+        """When the next schedule or retry is due."""
         with self._lock:
-            return min((s.next_due for s in self.schedules), default=None)
+            times = [s.next_due for s in self.schedules]
+            if self._retries:
+                times.append(self._retries[0].due)
+            return min(times, default=None)
+
+    def pending_retries(self) -> int:
+        with self._lock:
+            return len(self._retries)
 
     def fire_due(self, now: float | None = None) -> list[Delivery]:
-        """Fire every schedule due at or before ``now`` (each period once, in order)."""
+        """Fire every schedule and retry due at or before ``now`` (in time order)."""
         now = self.clock() if now is None else now
         out: list[Delivery] = []
         while True:
             with self._lock:
                 due = [s for s in self.schedules if s.next_due <= now]
-                if not due:
+                retry = self._retries[0] if self._retries and self._retries[0].due <= now else None
+                if retry is not None and (not due or retry.due <= min(s.next_due for s in due)):
+                    heapq.heappop(self._retries)
+                else:
+                    retry = None
+                if retry is None and not due:
                     return out
+            if retry is not None:
+                out.append(self._invoke(retry.rule.name, retry.rule.target, retry.rule.target_name,
+                                        retry.event, False, rule=retry.rule, attempt=retry.attempt))
+                continue
+            with self._lock:
                 sched = min(due, key=lambda s: s.next_due)
                 fire_at = sched.next_due
                 sched.next_due += sched.every_seconds
@@ -280,21 +342,24 @@ def wire_recovery_handlers(
         C.training_task_pattern(cluster_arn),
         targets["ecs_task_handler"],
         "ecs_task_handler",
+        retry_delays=LAMBDA_ASYNC_RETRY_DELAYS,
     )
     bus.add_rule(
         "health-check-task-stopped",
         C.health_check_task_pattern(cluster_arn),
         targets["dcgm_task_monitor"],
         "dcgm_task_monitor",
+        retry_delays=LAMBDA_ASYNC_RETRY_DELAYS,
     )
     bus.add_rule(
         "container-instance-state",
         C.container_instance_pattern(cluster_arn),
         targets["ecs_instance_monitor"],
         "ecs_instance_monitor",
+        retry_delays=LAMBDA_ASYNC_RETRY_DELAYS,
     )
     if sweep_every_seconds:
         sweep = load("recovery_sweep")
         targets["recovery_sweep"] = sweep
-        bus.add_schedule("recovery-sweep", sweep_every_seconds, sweep, "recovery_sweep")
+        bus.add_schedule(SWEEP_SCHEDULE, sweep_every_seconds, sweep, "recovery_sweep")
     return targets

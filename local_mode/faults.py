@@ -9,7 +9,7 @@ stub), so the clients' standard retry mode behaves exactly as against AWS:
 * a **persistent** fault (``count=None``, or ``count`` >= :data:`ATTEMPTS`) surfaces
   as ``botocore.exceptions.ClientError`` to the caller.
 
-``RETRY_CONFIG`` says ``max_attempts: 5``; botocore reads that key as *retries*, so a
+``MAX_RETRIES`` is the clients' ``max_attempts: 5``; botocore reads that key as *retries*, so a
 call makes up to 6 HTTP attempts (:data:`ATTEMPTS`).
 
 Retry back-off is not slept in local mode (see ``LocalAws``), so injected errors
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import threading
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from io import BytesIO
@@ -34,14 +35,14 @@ import botocore.session
 from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
 
-from gpu_recovery.adapters.aws import RETRY_CONFIG
+from gpu_recovery.adapters.aws import MAX_RETRIES
 
 #: (error code, HTTP status) pairs. Standard retry mode retries all three.
 THROTTLING = ("ThrottlingException", 400)
 INTERNAL = ("InternalError", 500)
 UNAVAILABLE = ("ServiceUnavailable", 503)
 #: HTTP attempts per API call with the handlers' retry config (1 + max_attempts).
-ATTEMPTS = int(RETRY_CONFIG.retries["max_attempts"]) + 1  # type: ignore[index]
+ATTEMPTS = MAX_RETRIES + 1
 #: Not retried by botocore: always surfaces on the first failure.
 ACCESS_DENIED = ("AccessDeniedException", 400)
 
@@ -213,3 +214,93 @@ class ApiFaults:
         # a throttled or 5xx call must not change state.
         request.url = "https://fault-injected.invalid/"
         return error_response(url, protocol, hit.code, hit.status, hit.message)
+
+
+# ============================================================ one fault at one call
+THROTTLE = "throttle"  # the call is refused (all its attempts throttled): nothing happens
+LOST_RESPONSE = "lost_response"  # the call executes, then its caller never hears back
+FAULT_MODES = (THROTTLE, LOST_RESPONSE)
+_CALL_INDEX = "local_mode_call_index"
+
+
+@dataclass
+class ApiCall:
+    """One API call a handler made (not an HTTP attempt: retries belong to the call)."""
+
+    index: int
+    service: str
+    operation: str
+    site: str = ""  # the recovery code that made it ("recovery/reboots.py:issue")
+
+
+def _call_site() -> str:
+    for frame in reversed(traceback.extract_stack(limit=48)):
+        path = frame.filename.replace("\\", "/")
+        if "/gpu_recovery/" in path and "/adapters/" not in path and "/repository/" not in path:
+            return f"{path.rsplit('/gpu_recovery/', 1)[-1]}:{frame.name}"
+    return "?"
+
+
+@dataclass
+class CallFaults:
+    """Counts every API call the handlers make and breaks exactly one of them.
+
+    ``arm(n, mode)`` makes the n-th call (1-based, counted from when it was armed)
+    fail once: ``throttle`` answers it with ThrottlingException without executing it
+    (as AWS does once botocore's retries are spent); ``lost_response`` lets it execute
+    and then raises ``ReadTimeoutError`` to the caller, as when the answer is lost or
+    the Lambda dies right after the call. ``calls`` lists every call seen.
+    """
+
+    calls: list[ApiCall] = field(default_factory=list)
+    target: int | None = None
+    mode: str | None = None
+    fired: ApiCall | None = None
+    record_sites: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def arm(self, index: int | None, mode: str = THROTTLE, *, record_sites: bool = False) -> None:
+        """Count calls from now on; break the ``index``-th (None: only count)."""
+        if mode not in FAULT_MODES:
+            raise ValueError(f"mode is one of {FAULT_MODES}")
+        with self._lock:
+            self.calls.clear()
+            self.target, self.mode, self.fired = index, mode, None
+            self.record_sites = record_sites
+
+    def disarm(self) -> None:
+        with self._lock:
+            self.target = self.mode = None
+
+    # botocore hook: before-call (registered first, so it wins over the simulator's hooks)
+    def before_call(self, model: Any, params: Any = None, context: Any = None, **_: Any) -> Any:
+        site = _call_site() if self.record_sites else ""
+        with self._lock:
+            call = ApiCall(len(self.calls) + 1, model.service_model.service_id.hyphenize(), model.name, site)
+            self.calls.append(call)
+            hit = self.target == call.index and self.fired is None
+            if hit:
+                self.fired = call
+            mode = self.mode
+        if context is not None:
+            context[_CALL_INDEX] = call.index
+        if not hit or mode != THROTTLE:
+            return None
+        code, status = THROTTLING
+        http = AWSResponse("https://fault-injected.invalid/", status, HTTPHeaders(), None)  # type: ignore[arg-type]
+        return http, {"Error": {"Code": code, "Message": "Rate exceeded (injected)"},
+                      "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": {},
+                                           "RetryAttempts": ATTEMPTS - 1}}
+
+    # botocore hook: after-call (registered last: the simulator has seen the call)
+    def after_call(self, http_response: Any = None, parsed: Any = None, model: Any = None,
+                   context: Any = None, **_: Any) -> None:
+        if context is None or self.mode != LOST_RESPONSE:
+            return
+        with self._lock:
+            lost = self.fired is not None and self.fired.index == context.get(_CALL_INDEX)
+        if lost:
+            from botocore.exceptions import ReadTimeoutError
+
+            raise ReadTimeoutError(endpoint_url=f"https://{model.service_model.endpoint_prefix}"
+                                                ".us-east-1.amazonaws.com/ (injected: response lost)")

@@ -10,6 +10,19 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+# States and verdicts are the domain's (gpu_recovery.domain.states); re-exported here for
+# infra/ and local mode, which take every shared name from this module.
+from gpu_recovery.domain.states import (  # noqa: F401
+    ACTIVE_JOB_STATES,
+    HOLDING_RANK_STATES,
+    LIVE_RANK_STATES,
+    TERMINAL_JOB_STATES,
+    DcgmVerdict,
+    InstanceState,
+    JobState,
+    RankState,
+)
+
 # --------------------------------------------------------------------------------------
 # Environment variables (names kept from the original design where it had them)
 # --------------------------------------------------------------------------------------
@@ -35,6 +48,13 @@ ENV_SCHEDULER_FUNCTION = "SCHEDULER_FUNCTION_NAME"
 ENV_HEALTH_CHECK_LOG_GROUP = "HEALTH_CHECK_LOG_GROUP"
 ENV_RESTART_START_RETRIES = "RESTART_START_RETRIES"
 ENV_HEARTBEAT_MAX_SKEW_SECONDS = "HEARTBEAT_MAX_SKEW_SECONDS"
+ENV_HEALTH_CHECK_ALL_NODES = "HEALTH_CHECK_ALL_NODES"  # "true": check every node of a faulted job
+
+# Recovery functions run at most this long (infra sets their timeouts from it), so a
+# claim (health-check start, reboot call, rank launch) older than the lease belongs to
+# an invocation that died: the next sweep or redelivery takes it over.
+RECOVERY_FUNCTION_TIMEOUT_SECONDS = 60
+CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
 
 # Powertools' own variables, set by infra and by local mode alike.
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
@@ -212,73 +232,6 @@ def table_definitions() -> dict[str, dict[str, Any]]:
             "GlobalSecondaryIndexes": [deadline_index],
         },
     }
-
-
-# --------------------------------------------------------------------------------------
-# States
-# --------------------------------------------------------------------------------------
-class JobState(str, Enum):
-    """One state machine for the job record (shared with the queue service)."""
-
-    QUEUED = "QUEUED"
-    PENDING_RESOURCES = "PENDING_RESOURCES"
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    PENDING_HEALTHCHECK = "PENDING_HEALTHCHECK"
-    PENDING_RESTART = "PENDING_RESTART"
-    NODE_LOST = "NODE_LOST"
-    HUNG = "HUNG"
-    CANCELING = "CANCELING"
-    COMPLETE = "COMPLETE"
-    FAILED = "FAILED"
-    USER_STOPPED = "USER_STOPPED"
-    CANCELED = "CANCELED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_JOB_STATES
-
-
-TERMINAL_JOB_STATES = frozenset(
-    {JobState.COMPLETE, JobState.FAILED, JobState.USER_STOPPED, JobState.CANCELED}
-)
-
-
-class RankState(str, Enum):
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    NODE_LOST = "NODE_LOST"
-    HUNG = "HUNG"
-    STOP_REQUESTED = "STOP_REQUESTED"  # this system asked ECS to stop it
-    DONE = "DONE"  # exited 0
-    FAILED = "FAILED"  # exited non-zero on its own
-    STOPPED = "STOPPED"  # stopped by this system or a user
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (RankState.DONE, RankState.FAILED, RankState.STOPPED)
-
-
-LIVE_RANK_STATES = frozenset(
-    {RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG}
-)
-
-
-class InstanceState(str, Enum):
-    AVAILABLE = "AVAILABLE"
-    HEALTH_CHECK_PENDING = "HEALTH_CHECK_PENDING"  # waiting for its GPUs to be free
-    HEALTH_CHECKING = "HEALTH_CHECKING"
-    REBOOTING = "REBOOTING"
-    QUARANTINED = "QUARANTINED"  # drained; needs an operator
-    SUSPECT = "SUSPECT"  # hardware signals from telemetry
-
-
-class DcgmVerdict(int, Enum):
-    """Exit-code contract of the health-check task (health_check/dcgm_health_check.sh)."""
-
-    HEALTHY = 0
-    REBOOT = 1
-    REPLACE = 2
 
 
 class NotificationKind(str, Enum):

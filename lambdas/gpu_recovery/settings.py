@@ -27,6 +27,17 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("true", "1", "yes"):
+        return True
+    if raw in ("false", "0", "no"):
+        return False
+    raise SettingsError(f"{name} must be true or false, got {raw!r}")
+
+
 def parse_exit_codes(raw: str) -> tuple[int, ...]:
     """``"[1, 134]"`` or ``"1,134"`` -> (1, 134)."""
     text = raw.strip()
@@ -56,6 +67,9 @@ class Settings:
     health_check_start_retries: int = 5
     health_check_log_group: str = ""
     restart_start_retries: int = 3
+    # On a suspected GPU fault, health-check every node of the job (in parallel) rather
+    # than only the nodes whose rank failed on its own.
+    check_all_nodes_on_fault: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -81,4 +95,5 @@ class Settings:
             health_check_start_retries=_int(env, c.ENV_HEALTH_CHECK_START_RETRIES, 5, minimum=1),
             health_check_log_group=env.get(c.ENV_HEALTH_CHECK_LOG_GROUP, ""),
             restart_start_retries=_int(env, c.ENV_RESTART_START_RETRIES, 3, minimum=1),
+            check_all_nodes_on_fault=_bool(env, c.ENV_HEALTH_CHECK_ALL_NODES, False),
         )

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_recovery.constants import DcgmVerdict, InstanceState, JobState, RankState
+from gpu_recovery.constants import DcgmVerdict, InstanceState, JobState
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.models import Instance, Job
-from gpu_recovery.domain.policy import JobVerdictOutcome, StopKind, TaskStop, VerdictAction
+from gpu_recovery.domain.policy import (
+    AgentEvent,
+    JobVerdictOutcome,
+    RebootProgress,
+    StopKind,
+    StopReaction,
+    TaskStop,
+    VerdictAction,
+)
 
 SUSPECT = (1,)
 
@@ -18,33 +26,64 @@ def job(attempts_left: int = 1) -> Job:
 
 
 @pytest.mark.parametrize(
-    ("stop", "rank_state", "expected"),
+    ("stop", "expected"),
     [
-        (TaskStop(0, "EssentialContainerExited", "Essential container in task exited"),
-         RankState.RUNNING, StopKind.SUCCEEDED),
-        (TaskStop(1, "EssentialContainerExited", ""), RankState.RUNNING, StopKind.SUSPECTED_GPU_FAULT),
-        (TaskStop(2, "EssentialContainerExited", ""), RankState.RUNNING, StopKind.FAILED),
-        (TaskStop(None, "TaskFailedToStart", "CannotPullContainerError"), RankState.RUNNING,
-         StopKind.FAILED),
-        (TaskStop(143, "UserInitiated", "stopped by alice"), RankState.RUNNING,
-         StopKind.STOPPED_BY_USER),
+        (TaskStop(0, "EssentialContainerExited", "Essential container in task exited"), StopKind.SUCCEEDED),
+        (TaskStop(1, "EssentialContainerExited", ""), StopKind.SUSPECTED_GPU_FAULT),
+        (TaskStop(2, "EssentialContainerExited", ""), StopKind.FAILED),
+        (TaskStop(None, "TaskFailedToStart", "CannotPullContainerError"), StopKind.FAILED),
+        (TaskStop(143, "UserInitiated", "stopped by alice"), StopKind.STOPPED_BY_USER),
         # A stop this system asked for is never a failure, whatever the exit code.
-        (TaskStop(1, "UserInitiated", "gpu-recovery: rank 1 suspected"), RankState.RUNNING,
-         StopKind.STOPPED_BY_SYSTEM),
-        (TaskStop(1, "EssentialContainerExited", ""), RankState.STOP_REQUESTED,
-         StopKind.STOPPED_BY_SYSTEM),
+        (TaskStop(1, "UserInitiated", "gpu-recovery: rank 1 suspected"), StopKind.STOPPED_BY_SYSTEM),
     ],
 )
-def test_classify_stop(stop: TaskStop, rank_state: RankState, expected: StopKind) -> None:
-    """Given a stopped task, When classified, Then the kind follows the fault policy."""
-    assert policy.classify_stop(stop, rank_state, SUSPECT) is expected
+def test_classify_stop_trusts_what_ecs_says(stop: TaskStop, expected: StopKind) -> None:
+    """Given a stopped task, When classified, Then the kind follows the event's stop code,
+    reason and exit code."""
+    assert policy.classify_stop(stop, SUSPECT) is expected
+
+
+def test_a_rank_that_died_on_its_own_is_a_suspect_even_if_we_meant_to_stop_it() -> None:
+    """The classification takes no rank state at all: a container that exited on its own
+    (EssentialContainerExited, suspect code) is a suspect whatever we had intended, so
+    the NCCL cascade's order cannot blame the wrong node."""
+    assert policy.classify_stop(TaskStop(1, "EssentialContainerExited", "Essential container in task exited"),
+                                SUSPECT) is StopKind.SUSPECTED_GPU_FAULT
 
 
 def test_suspect_exit_codes_are_configurable() -> None:
     """Given suspect codes (1, 134), Then 134 is a suspected fault and 1 still is."""
     stop = TaskStop(134, "EssentialContainerExited", "")
-    assert policy.classify_stop(stop, RankState.RUNNING, (1, 134)) is StopKind.SUSPECTED_GPU_FAULT
-    assert policy.classify_stop(stop, RankState.RUNNING, (1,)) is StopKind.FAILED
+    assert policy.classify_stop(stop, (1, 134)) is StopKind.SUSPECTED_GPU_FAULT
+    assert policy.classify_stop(stop, (1,)) is StopKind.FAILED
+
+
+@pytest.mark.parametrize(
+    ("kind", "state", "same", "expected"),
+    [
+        (StopKind.SUSPECTED_GPU_FAULT, JobState.RUNNING, True, StopReaction.ENTER_RECOVERY),
+        (StopKind.SUSPECTED_GPU_FAULT, JobState.NODE_LOST, True, StopReaction.ENTER_RECOVERY),
+        (StopKind.SUSPECTED_GPU_FAULT, JobState.PENDING_HEALTHCHECK, True, StopReaction.ADD_SUSPECT),
+        (StopKind.SUSPECTED_GPU_FAULT, JobState.PENDING_RESTART, True, StopReaction.RECORD),
+        (StopKind.SUSPECTED_GPU_FAULT, JobState.RUNNING, False, StopReaction.RECORD),
+        # Other exits during a fault's recovery (NCCL aborts, SIGTERM handlers) do not fail it.
+        (StopKind.FAILED, JobState.PENDING_HEALTHCHECK, True, StopReaction.RECORD),
+        (StopKind.FAILED, JobState.RUNNING, True, StopReaction.FAIL_JOB),
+        (StopKind.STOPPED_BY_USER, JobState.RUNNING, True, StopReaction.USER_STOPPED),
+        (StopKind.STOPPED_BY_USER, JobState.PENDING_HEALTHCHECK, True, StopReaction.USER_STOPPED),
+        (StopKind.STOPPED_BY_SYSTEM, JobState.PENDING_HEALTHCHECK, True, StopReaction.RECORD),
+        (StopKind.SUCCEEDED, JobState.RUNNING, True, StopReaction.MAYBE_COMPLETE),
+        (StopKind.SUCCEEDED, JobState.FAILED, True, StopReaction.RECORD),
+    ],
+)
+def test_stop_reaction_depends_on_the_job_state(kind: StopKind, state: JobState, same: bool,
+                                                expected: StopReaction) -> None:
+    assert policy.stop_reaction(kind, state, same) is expected
+
+
+def test_all_nodes_are_checked_when_configured() -> None:
+    assert policy.suspects_for_fault("b", ["a", "b"], check_all_nodes=False) == ["b"]
+    assert policy.suspects_for_fault("b", ["a", "b", "a"], check_all_nodes=True) == ["a", "b"]
 
 
 @pytest.mark.parametrize(("code", "verdict"), [(0, DcgmVerdict.HEALTHY), (1, DcgmVerdict.REBOOT),
@@ -86,28 +125,63 @@ def rebooting(**kw: object) -> Instance:
     return Instance("ci-1", state=InstanceState.REBOOTING, reboot_requested_at=1000.0, **kw)  # type: ignore[arg-type]
 
 
+def event(connected: bool, at: float, version: int = 0, status: str = "ACTIVE") -> AgentEvent:
+    return AgentEvent(status=status, agent_connected=connected, at=at, version=version)
+
+
 def test_active_event_before_the_disconnect_is_not_back() -> None:
     """Given a reboot requested, When an ACTIVE+connected event arrives before any
     disconnect, Then the instance is not back (ECS emits such events all the time)."""
-    assert not policy.instance_is_back(rebooting(), status="ACTIVE", agent_connected=True)
+    assert not policy.instance_is_back(rebooting(), event(True, 1001.0, 5))
 
 
 def test_back_after_a_disconnect_seen_after_the_request() -> None:
     inst = rebooting()
-    assert policy.is_disconnect_after_reboot(inst, agent_connected=False, event_time=1001.0)
-    inst.seen_disconnected_after_reboot = True
-    assert policy.instance_is_back(inst, status="ACTIVE", agent_connected=True)
-    assert not policy.instance_is_back(inst, status="DRAINING", agent_connected=True)
+    assert policy.is_disconnect_after_reboot(inst, event(False, 1001.0, 6))
+    inst.disconnected_at, inst.disconnected_version = 1001.0, 6
+    assert policy.instance_is_back(inst, event(True, 1100.0, 7))
+    assert not policy.instance_is_back(inst, event(True, 1100.0, 7, status="DRAINING"))
+
+
+def test_a_stale_connected_event_redelivered_after_the_disconnect_is_not_back() -> None:
+    """Given the disconnect (version 6) was recorded, When the "connected" event of
+    version 5 (sent before the disconnect) is redelivered, Then the node is not back."""
+    inst = rebooting(disconnected_at=1001.0, disconnected_version=6)
+    assert not policy.instance_is_back(inst, event(True, 1000.5, 5))
+    assert not policy.instance_is_back(inst, event(True, 1002.0, 6))  # same version: not newer
+    # Without versions, time decides.
+    unversioned = rebooting(disconnected_at=1001.0)
+    assert not policy.instance_is_back(unversioned, event(True, 1000.5))
+    assert policy.instance_is_back(unversioned, event(True, 1001.5))
 
 
 def test_a_disconnect_from_before_the_request_does_not_count() -> None:
     """Given a delayed disconnect event older than the reboot request, Then it is ignored."""
-    assert not policy.is_disconnect_after_reboot(rebooting(), agent_connected=False, event_time=999.0)
+    assert not policy.is_disconnect_after_reboot(rebooting(), event(False, 999.0))
 
 
 def test_back_when_boot_time_is_later_than_the_request() -> None:
-    assert policy.instance_is_back(rebooting(boot_time=1100.0), status="ACTIVE", agent_connected=True)
-    assert not policy.instance_is_back(rebooting(boot_time=900.0), status="ACTIVE", agent_connected=True)
+    assert policy.instance_is_back(rebooting(boot_time=1100.0), event(True, 1200.0))
+    assert not policy.instance_is_back(rebooting(boot_time=900.0), event(True, 1200.0))
+
+
+@pytest.mark.parametrize(
+    ("fields", "connected", "now", "expected"),
+    [
+        ({}, True, 1010.0, RebootProgress.NOT_ISSUED),
+        ({"reboot_issued_at": 1002.0}, True, 1010.0, RebootProgress.CONFIRMED),
+        ({"reboot_claimed_at": 1001.0}, True, 1010.0, RebootProgress.IN_FLIGHT),
+        ({"reboot_claimed_at": 1001.0}, True, 1400.0, RebootProgress.UNCONFIRMED),
+        # Signs that it happened: never issue it twice.
+        ({"reboot_claimed_at": 1001.0}, False, 1400.0, RebootProgress.HAPPENING),
+        ({"reboot_claimed_at": 1001.0, "disconnected_at": 1020.0}, True, 1400.0, RebootProgress.HAPPENING),
+        ({"reboot_claimed_at": 1001.0, "boot_time": 1100.0}, True, 1400.0, RebootProgress.HAPPENING),
+    ],
+)
+def test_reboot_progress_never_reboots_twice(fields: dict[str, float], connected: bool, now: float,
+                                             expected: RebootProgress) -> None:
+    inst = rebooting(**fields)
+    assert policy.reboot_progress(inst, now=now, lease_seconds=300, agent_connected=connected) is expected
 
 
 def test_gang_restart_waits_for_every_instance() -> None:

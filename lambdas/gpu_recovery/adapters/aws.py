@@ -13,11 +13,16 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-RETRY_CONFIG = Config(
-    retries={"mode": "standard", "max_attempts": 5},
-    connect_timeout=5,
-    read_timeout=20,
-)
+MAX_RETRIES = 5  # botocore's client-config "max_attempts" counts retries: 6 attempts per call
+
+
+def retry_config() -> Config:
+    """A fresh Config per client: botocore rewrites the ``retries`` dict it is given."""
+    return Config(
+        retries={"mode": "standard", "max_attempts": MAX_RETRIES},
+        connect_timeout=5,
+        read_timeout=20,
+    )
 
 _lock = threading.Lock()
 _session: boto3.session.Session | None = None
@@ -37,7 +42,7 @@ def client(service: str) -> Any:
     sess = session()
     with _lock:
         if service not in _clients:
-            _clients[service] = sess.client(service, config=RETRY_CONFIG)
+            _clients[service] = sess.client(service, config=retry_config())
         return _clients[service]
 
 
@@ -46,7 +51,7 @@ def resource(service: str) -> Any:
     with _lock:
         key = f"resource:{service}"
         if key not in _clients:
-            _clients[key] = sess.resource(service, config=RETRY_CONFIG)
+            _clients[key] = sess.resource(service, config=retry_config())
         return _clients[key]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_recovery.constants import InstanceState, JobState, RankState
+from gpu_recovery.domain.states import InstanceState, JobState, RankState
 
 
 def container_instance_id(arn_or_id: str) -> str:
@@ -38,18 +38,14 @@ class Rank:
     stop_reason: str = ""
     last_heartbeat_at: float | None = None
     registered_at: float = 0.0
+    stop_requested_at: float | None = None
+    # Gang restart lease: which attempt this rank is being started for, until when.
+    launch_attempt: int | None = None
+    launch_lease_until: float | None = None
 
     @property
     def is_live(self) -> bool:
         return not self.state.is_terminal
-
-
-@dataclass
-class SuspectInstance:
-    """A health-check verdict the job waits for (one per suspect instance)."""
-
-    container_inst_id: str
-    verdict: str = "PENDING"  # PENDING | HEALTHY | REBOOT | REPLACE | TIMEOUT | UNAVAILABLE
 
 
 @dataclass
@@ -62,13 +58,14 @@ class Job:
     attempt: int = 1
     recoveries_used: int = 0
     max_recovery_attempts: int = 1
-    suspects: dict[str, str] = field(default_factory=dict)  # container_inst_id -> verdict
+    suspects: dict[str, str] = field(default_factory=dict)  # container_inst_id -> SuspectVerdict
     fault_started_at: float | None = None
     last_error: str = ""
     verdicts: dict[str, Any] = field(default_factory=dict)  # container_inst_id -> verdict JSON
     created_at: float = 0.0
     updated_at: float = 0.0
     source: str = "ecs-tags"  # "ecs-tags" (registered from task tags) or "queue"
+    restarted_attempt: int | None = None  # the attempt the recovery loop's gang restart started
 
     @property
     def attempts_left(self) -> int:
@@ -85,19 +82,27 @@ class Instance:
     ec2_instance_id: str = ""
     hc_jobs: set[str] = field(default_factory=set)  # jobs waiting for this verdict
     hc_task_arn: str = ""
-    hc_started_by: str = ""
+    hc_started_by: str = ""  # the claim: committed before StartTask, found by ListTasks
     hc_start_attempts: int = 0
     hc_requested_at: float | None = None
+    hc_lease_until: float | None = None  # the claimer may still be starting the task
     reboot_requested_at: float | None = None
-    reboot_issued_at: float | None = None
-    seen_disconnected_after_reboot: bool = False
+    reboot_claimed_at: float | None = None  # intent: a delivery is calling the reboot API
+    reboot_issued_at: float | None = None  # confirmed: the reboot API answered
+    disconnected_at: float | None = None  # agent seen disconnected after the reboot request
+    disconnected_version: int = 0  # that event's detail.version (0: unknown)
     boot_time: float | None = None
     waiting_jobs: set[str] = field(default_factory=set)  # jobs to restart when back
     deadline_at: float | None = None
     last_verdict: dict[str, Any] = field(default_factory=dict)
     quarantine_reason: str = ""
+    drain_pending: bool = False  # quarantined in the table, not yet confirmed DRAINING in ECS
 
     @property
     def is_managed_instance(self) -> bool:
         """ECS Anywhere nodes are SSM managed instances (``mi-...``)."""
         return self.ec2_instance_id.startswith("mi-")
+
+    @property
+    def seen_disconnected_after_reboot(self) -> bool:
+        return self.disconnected_at is not None

@@ -1,29 +1,35 @@
 """Fault policy: what a stopped task, a DCGM verdict or an instance event means.
 
-Every function here is pure: it takes what the handler read and returns a decision.
+Every function here is pure: it takes what a stage read and returns a decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from gpu_recovery.constants import (
-    SYSTEM_STOP_REASON_PREFIX,
+from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX
+from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.states import (
+    ACTIVE_JOB_STATES,
+    FATAL_SUSPECT_VERDICTS,
+    UNUSABLE_INSTANCE_STATES,
     DcgmVerdict,
     InstanceState,
     JobState,
-    RankState,
+    SuspectVerdict,
 )
-from gpu_recovery.domain.models import Instance, Job
+
+__all__ = ["UNUSABLE_INSTANCE_STATES"]
 
 
+# =============================================================== a training task stopped
 class StopKind(str, Enum):
     SUCCEEDED = "SUCCEEDED"  # exit 0
-    STOPPED_BY_SYSTEM = "STOPPED_BY_SYSTEM"  # we asked ECS to stop it: not a failure
-    STOPPED_BY_USER = "STOPPED_BY_USER"  # someone else stopped it: no recovery
-    SUSPECTED_GPU_FAULT = "SUSPECTED_GPU_FAULT"  # exit code in the suspect set
+    STOPPED_BY_SYSTEM = "STOPPED_BY_SYSTEM"  # our StopTask: not a failure
+    STOPPED_BY_USER = "STOPPED_BY_USER"  # someone else's StopTask: no recovery
+    SUSPECTED_GPU_FAULT = "SUSPECTED_GPU_FAULT"  # exited on its own with a suspect code
     FAILED = "FAILED"  # any other exit (or none: failed to start)
 
 
@@ -36,12 +42,16 @@ class TaskStop:
     stopped_reason: str
 
 
-def classify_stop(stop: TaskStop, rank_state: RankState, suspect_exit_codes: Collection[int]) -> StopKind:
-    # Our own StopTask calls carry our reason prefix and happen after the rank was
-    # marked STOP_REQUESTED; either is enough (the mark may race the event).
-    if rank_state is RankState.STOP_REQUESTED or stop.stopped_reason.startswith(
-        SYSTEM_STOP_REASON_PREFIX
-    ):
+def classify_stop(stop: TaskStop, suspect_exit_codes: Collection[int]) -> StopKind:
+    """Who stopped the task is what ECS says, never whether we had meant to stop it.
+
+    A StopTask (ours or a user's) gives ``stopCode=UserInitiated`` and its reason; ours
+    carries our prefix. A container that died on its own gives
+    ``EssentialContainerExited`` and its exit code, and is a suspect even when our
+    StopTask was already on its way (in an NCCL cascade the order is arbitrary).
+    """
+    ours = stop.stopped_reason.startswith(SYSTEM_STOP_REASON_PREFIX)
+    if ours:
         return StopKind.STOPPED_BY_SYSTEM
     if stop.stop_code == "UserInitiated":
         return StopKind.STOPPED_BY_USER
@@ -52,12 +62,56 @@ def classify_stop(stop: TaskStop, rank_state: RankState, suspect_exit_codes: Col
     return StopKind.FAILED
 
 
+class StopReaction(str, Enum):
+    """What the job does about one rank's stop (given the job's current state)."""
+
+    RECORD = "RECORD"  # only the rank changes
+    MAYBE_COMPLETE = "MAYBE_COMPLETE"  # complete once every rank exited 0
+    USER_STOPPED = "USER_STOPPED"
+    FAIL_JOB = "FAIL_JOB"
+    ENTER_RECOVERY = "ENTER_RECOVERY"  # first suspect of a fault
+    ADD_SUSPECT = "ADD_SUSPECT"  # another suspect of the fault being handled
+
+
+def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool) -> StopReaction:
+    if not same_attempt or job_state.is_terminal:
+        return StopReaction.RECORD
+    active = job_state in ACTIVE_JOB_STATES
+    if kind is StopKind.SUCCEEDED:
+        return StopReaction.MAYBE_COMPLETE if active else StopReaction.RECORD
+    if kind is StopKind.STOPPED_BY_USER:
+        # A user stop during a health check ends the job too: the user wanted it gone.
+        recovering = job_state in (JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART)
+        return StopReaction.USER_STOPPED if active or recovering else StopReaction.RECORD
+    if kind is StopKind.SUSPECTED_GPU_FAULT:
+        if active:
+            return StopReaction.ENTER_RECOVERY
+        if job_state is JobState.PENDING_HEALTHCHECK:
+            return StopReaction.ADD_SUSPECT
+        return StopReaction.RECORD
+    if kind is StopKind.FAILED:
+        # During a fault's recovery the other ranks die of all sorts (NCCL aborts,
+        # SIGTERM handlers): only suspect exits add suspects, other exits are recorded.
+        return StopReaction.FAIL_JOB if active else StopReaction.RECORD
+    return StopReaction.RECORD
+
+
 def describe_failure(stop: TaskStop) -> str:
     code = "no exit code" if stop.exit_code is None else f"exit code {stop.exit_code}"
     reason = stop.stopped_reason or stop.stop_code or "unknown reason"
     return f"{code}: {reason}"
 
 
+def suspects_for_fault(failed_instance: str, job_instances: Iterable[str], *,
+                       check_all_nodes: bool) -> list[str]:
+    """The instances a suspected fault health-checks: where a rank failed on its own, or
+    (``check_all_nodes``) every node of the job, in parallel, since the job is down anyway."""
+    if not check_all_nodes:
+        return [failed_instance]
+    return sorted({failed_instance, *job_instances})
+
+
+# ==================================================================== DCGM verdicts
 class VerdictAction(str, Enum):
     MARK_AVAILABLE = "MARK_AVAILABLE"  # healthy: the failure was the application's
     REBOOT = "REBOOT"
@@ -89,6 +143,15 @@ def instance_action(verdict: DcgmVerdict, waiting_jobs: Iterable[Job]) -> Verdic
     return VerdictAction.QUARANTINE
 
 
+def suspect_label(verdict: DcgmVerdict, action: VerdictAction) -> SuspectVerdict:
+    """What a waiting job records for this instance."""
+    if action is VerdictAction.MARK_AVAILABLE:
+        return SuspectVerdict.HEALTHY
+    if verdict is DcgmVerdict.REBOOT:
+        return SuspectVerdict.REBOOT  # needed a reboot; the job's budget decides its fate
+    return SuspectVerdict.REPLACE if verdict is DcgmVerdict.REPLACE else SuspectVerdict.QUARANTINED
+
+
 def may_reboot_for(job: Job) -> bool:
     """A job may spend a reboot: it has budget left, or this fault already paid for it
     (PENDING_RESTART: another suspect instance of the same fault is being rebooted)."""
@@ -102,59 +165,106 @@ class JobVerdictOutcome(str, Enum):
     FAIL_NODE_FAULT = "FAIL_NODE_FAULT"
 
 
-def job_outcome(suspects: dict[str, str], job: Job) -> JobVerdictOutcome:
+def job_outcome(suspects: Mapping[str, str], job: Job) -> JobVerdictOutcome:
     """Decide the job's fate from the verdicts of all its suspect instances."""
-    verdicts = set(suspects.values())
-    if verdicts & {"REPLACE", "TIMEOUT", "UNAVAILABLE", "QUARANTINED"}:
+    verdicts = {SuspectVerdict(v) for v in suspects.values()}
+    if verdicts & FATAL_SUSPECT_VERDICTS:
         return JobVerdictOutcome.FAIL_NODE_FAULT
-    if "REBOOT" in verdicts:
+    if SuspectVerdict.REBOOT in verdicts:
         if not may_reboot_for(job):
             return JobVerdictOutcome.FAIL_NODE_FAULT
-        if "PENDING" in verdicts:
-            # Reboot now; the job restarts once every instance is back, and a later
-            # bad verdict on another instance still fails it.
-            return JobVerdictOutcome.RESTART_AFTER_REBOOT
+        # Reboot now; the restart waits until every instance is back and every other
+        # verdict is in (a later bad verdict still fails the job).
         return JobVerdictOutcome.RESTART_AFTER_REBOOT
-    if "PENDING" in verdicts:
+    if SuspectVerdict.PENDING in verdicts:
         return JobVerdictOutcome.WAIT
     return JobVerdictOutcome.FAIL_APPLICATION_ERROR
 
 
-def instance_is_back(
-    instance: Instance,
-    *,
-    status: str,
-    agent_connected: bool,
-) -> bool:
-    """A rebooted instance is back only after a disconnect seen after the request.
+def verdicts_pending(suspects: Mapping[str, str]) -> list[str]:
+    return sorted(i for i, v in suspects.items() if v == SuspectVerdict.PENDING.value)
+
+
+# ============================================================= instance after a reboot
+@dataclass(frozen=True)
+class AgentEvent:
+    """What an ``ECS Container Instance State Change`` says about the agent."""
+
+    status: str
+    agent_connected: bool
+    at: float  # detail.updatedAt (or the event time)
+    version: int = 0  # detail.version: increases with every change of the instance
+
+
+def is_disconnect_after_reboot(instance: Instance, event: AgentEvent) -> bool:
+    """The first agent disconnect that happened after the reboot was requested."""
+    return (
+        instance.state is InstanceState.REBOOTING
+        and instance.reboot_requested_at is not None
+        and not event.agent_connected
+        and event.at >= instance.reboot_requested_at
+        and instance.disconnected_at is None
+    )
+
+
+def _newer_than_disconnect(instance: Instance, event: AgentEvent) -> bool:
+    """A redelivered or reordered "connected" event from before the disconnect is stale."""
+    if instance.disconnected_at is None:
+        return False
+    if event.version and instance.disconnected_version:
+        return event.version > instance.disconnected_version
+    return event.at > instance.disconnected_at
+
+
+def instance_is_back(instance: Instance, event: AgentEvent) -> bool:
+    """A rebooted instance is back only once its agent reconnected *after* a disconnect
+    seen after the reboot request, or once it booted after the request.
 
     ECS emits ACTIVE container-instance events for many reasons and ``status`` stays
     ACTIVE across a reboot, so a plain ACTIVE event is never enough.
     """
     if instance.state is not InstanceState.REBOOTING or instance.reboot_requested_at is None:
         return False
-    if status != "ACTIVE" or not agent_connected:
+    if event.status != "ACTIVE" or not event.agent_connected:
         return False
     booted_after_request = (
         instance.boot_time is not None and instance.boot_time > instance.reboot_requested_at
     )
-    return instance.seen_disconnected_after_reboot or booted_after_request
+    return booted_after_request or _newer_than_disconnect(instance, event)
 
 
-def is_disconnect_after_reboot(instance: Instance, *, agent_connected: bool, event_time: float) -> bool:
-    return (
-        instance.state is InstanceState.REBOOTING
-        and instance.reboot_requested_at is not None
-        and not agent_connected
-        and event_time >= instance.reboot_requested_at
-        and not instance.seen_disconnected_after_reboot
-    )
+class RebootProgress(str, Enum):
+    """Where an instance's reboot stands, from what the record and ECS say."""
+
+    NOT_ISSUED = "NOT_ISSUED"  # nobody is calling the API: issue it
+    IN_FLIGHT = "IN_FLIGHT"  # a delivery claimed the call recently: leave it
+    UNCONFIRMED = "UNCONFIRMED"  # claimed long ago, no answer recorded, no sign of a reboot
+    HAPPENING = "HAPPENING"  # the node shows it rebooted or is rebooting
+    CONFIRMED = "CONFIRMED"  # the API answered
+
+
+def reboot_progress(instance: Instance, *, now: float, lease_seconds: float,
+                    agent_connected: bool | None) -> RebootProgress:
+    """Decide whether a reboot may be (re-)issued without rebooting a node twice.
+
+    The claim (intent) is committed before the API call and the answer is recorded
+    after it. A claim whose answer was never recorded (lost response, crash) is
+    re-issued only when the node shows no sign of the reboot: no disconnect seen, no
+    later boot time, its agent still connected.
+    """
+    if instance.reboot_issued_at is not None:
+        return RebootProgress.CONFIRMED
+    if instance.reboot_claimed_at is None:
+        return RebootProgress.NOT_ISSUED
+    booted = (instance.boot_time is not None and instance.reboot_requested_at is not None
+              and instance.boot_time > instance.reboot_requested_at)
+    if instance.disconnected_at is not None or booted or agent_connected is False:
+        return RebootProgress.HAPPENING
+    if now < instance.reboot_claimed_at + lease_seconds:
+        return RebootProgress.IN_FLIGHT
+    return RebootProgress.UNCONFIRMED
 
 
 def gang_ready(instances: Iterable[Instance]) -> bool:
     """A job restarts only when every instance it needs is available again."""
     return all(inst.state is InstanceState.AVAILABLE for inst in instances)
-
-
-# A job waiting for these can never be restarted on its own nodes: an operator must act.
-UNUSABLE_INSTANCE_STATES = frozenset({InstanceState.QUARANTINED, InstanceState.SUSPECT})

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_recovery.constants import JobState as S
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES as ACTIVE_JOB_STATES
+from gpu_recovery.domain.states import JobState as S
 
 # from-state -> states it may move to. Terminal states have no way out.
 JOB_TRANSITIONS: dict[S, frozenset[S]] = {
@@ -38,9 +39,6 @@ JOB_TRANSITIONS: dict[S, frozenset[S]] = {
     S.USER_STOPPED: frozenset(),
     S.CANCELED: frozenset(),
 }
-
-# States in which ranks are (or should be) running on ECS.
-ACTIVE_JOB_STATES = frozenset({S.STARTING, S.RUNNING, S.NODE_LOST, S.HUNG})
 
 
 class InvalidTransition(ValueError):

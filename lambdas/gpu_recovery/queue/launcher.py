@@ -40,10 +40,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
-    JOB_PK,
-    QUEUE_BUCKET,
-    QUEUE_PK,
-    QUEUE_SK,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_JOB_ID,
@@ -51,30 +47,26 @@ from gpu_recovery.constants import (
     TAG_WORLD_SIZE,
     JobState,
     RankState,
-    job_item_key,
     queue_order,
 )
 from gpu_recovery.domain.models import Rank
+from gpu_recovery.domain.states import LIVE_RANK_STATES
 from gpu_recovery.queue.admission import (
     FailureKind,
     backoff_seconds,
     classify_failure,
 )
 from gpu_recovery.recovery import RankRegistration
-from gpu_recovery.repository import Repository, Update, from_ddb
+from gpu_recovery.repository import Repository, from_ddb
+from gpu_recovery.repository.scheduling import SchedulingRepository
 
 logger = logging.getLogger(__name__)
 
-ACTOR = "scheduler"
 DEFAULT_MASTER_PORT = 29500
 MAX_ATTEMPT_ENTRIES = 50
 # Container-instance attribute an operator can set (ECS_INSTANCE_ATTRIBUTES) to give a
 # node's address explicitly, e.g. for ECS Anywhere hosts.
 HOST_ADDRESS_ATTRIBUTE = "gpu-recovery.host-address"
-LIVE_RANKS = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
-NOT_LIVE_JOB_STATES = (
-    JobState.COMPLETE, JobState.FAILED, JobState.USER_STOPPED, JobState.CANCELED, JobState.CANCELING,
-)
 
 
 def started_by(job_id: str, attempt: int, rank: int) -> str:
@@ -220,9 +212,11 @@ class LaunchOutcome:
 # ------------------------------------------------------------------ launcher
 class Launcher:
     def __init__(self, repo: Repository, ecs: Any, recovery: Any, task_definitions: TaskDefinitions,
-                 hosts: HostAddresses, ledger: LaunchLedger, *, max_launch_resumes: int = 3) -> None:
+                 hosts: HostAddresses, store: SchedulingRepository, owner: str, *,
+                 max_launch_resumes: int = 3) -> None:
         self.repo = repo
-        self.ledger = ledger
+        self.store = store  # the scheduler's lease, launch ledger and launch transitions
+        self.owner = owner  # the lease owner: a claim holds only while the lease is ours
         self.ecs = ecs  # EcsAdapter (start_task / stop_task / tasks_started_by / describe_task)
         self.recovery = recovery  # RecoveryService (register_rank)
         self.task_definitions = task_definitions
@@ -258,17 +252,8 @@ class Launcher:
             "master_addr": master_addr,
             "master_port": spec.master_port,
         }
-        claim = self.repo.job_transition(
-            job_id, JobState.STARTING,
-            from_states=[JobState.QUEUED, JobState.PENDING_RESOURCES],
-            attempt=None if current is None else int(current),
-            extra_condition=None if current is not None else "attribute_not_exists(#attempt0)",
-            extra_names=None if current is not None else {"#attempt0": "attempt"},
-            reason=f"admitted: attempt {attempt} on {len(nodes)} node(s)", actor=ACTOR,
-            set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now},
-            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at"],
-        )
-        if not self.repo.transact([claim, self.ledger.claim_update(job_id, attempt, now)]):
+        if not self.store.claim_launch(job_id, None if current is None else int(current), attempt, plan, now,
+                                       self.owner, f"admitted: attempt {attempt} on {len(nodes)} node(s)"):
             return LaunchOutcome(job_id, "raced", attempt, reason="claim lost: canceled, taken, lease lost")
         item = {**item, "attempt": attempt, "launch": plan, "job_state": JobState.STARTING.value,
                 "launch_claimed_at": now}
@@ -278,9 +263,9 @@ class Launcher:
     def resume(self, job_id: str, entry: Mapping[str, Any]) -> LaunchOutcome:
         """Finish (or clean up) a launch a dead tick left in the ledger."""
         attempt, resumes = int(entry.get("attempt", 0)), int(entry.get("resumes", 0))
-        item = self.ledger.job_item(job_id)
+        item = self.store.job_item(job_id)
         if item is None or int(item.get("attempt", 0)) != attempt or item.get("launched_at") is not None:
-            self.ledger.done(job_id)
+            self.store.launch_done(job_id)
             return LaunchOutcome(job_id, "ledger_cleared", attempt)
         state = JobState(item["job_state"])
         if state not in (JobState.STARTING, JobState.RUNNING):
@@ -288,13 +273,13 @@ class Launcher:
             stopped = self._stop_unregistered(item, attempt, all_ranks=state.is_terminal
                                               or state is JobState.CANCELING)
             self._finish_cancel_if_no_rank(job_id, item, attempt)
-            self.ledger.done(job_id)
+            self.store.launch_done(job_id)
             return LaunchOutcome(job_id, "abandoned", attempt, stopped, reason=state.value)
         if resumes >= self.max_launch_resumes:
             self._stop_unregistered(item, attempt)
             return self._abort(item, attempt, list(self._registered_ranks(item, attempt).values()),
                                FailureKind.UNKNOWN, f"launch did not complete after {resumes} resume(s)")
-        self.ledger.bump(job_id)
+        self.store.bump_resumes(job_id)
         try:
             spec = JobSpec.from_item(item)
         except (KeyError, ValueError, TypeError) as error:
@@ -395,9 +380,7 @@ class Launcher:
             return
         if any(r.is_live for r in self._registered_ranks(item, attempt).values()):
             return
-        self.repo.apply(self.repo.job_transition(
-            job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
-            reason="canceled before any rank of the launch was running", actor=ACTOR))
+        self.store.cancel_unlaunched(job_id, "canceled before any rank of the launch was running")
 
     def _registered_ranks(self, item: Mapping[str, Any], attempt: int) -> dict[int, Rank]:
         job = self.repo.job_from_item(item)
@@ -410,16 +393,8 @@ class Launcher:
         entry = {"attempt": attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": None,
                  "outcome": "STARTED", "failure_kind": "", "reason": ""}
         attempts = _with_entry(item.get("attempts"), entry)
-        names = {"#a": "attempt", "#s": "job_state"}
-        states = {f":x{i}": s.value for i, s in enumerate(NOT_LIVE_JOB_STATES)}
-        done = self.repo.apply(Update(
-            table=self.repo.job_table_name, key={JOB_PK: job_item_key(job_id)},
-            set_fields={"launched_at": now, "resource_failures": 0, "attempts": attempts,
-                        "updated_at": now},
-            condition=f"#a = :a AND NOT (#s IN ({', '.join(states)}))",
-            condition_values={":a": attempt, **states}, condition_names=names,
-        ))
-        self.ledger.done(job_id)
+        done = self.store.finish_launch(job_id, attempt, attempts, now)
+        self.store.launch_done(job_id)
         tasks = [r.task_arn for r in ranks]
         if not done:
             # Canceled (or ended) while we were starting: stop what we started.
@@ -435,38 +410,25 @@ class Launcher:
         entry = {"attempt": attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": now,
                  "outcome": "START_FAILED", "failure_kind": kind.value, "reason": reason[:500]}
         attempts = _with_entry(item.get("attempts"), entry)
-        # RUNNING too: the recovery loop moves the job to RUNNING as soon as rank 0 runs.
-        from_states = [JobState.STARTING, JobState.RUNNING]
         if kind is FailureKind.INSUFFICIENT_RESOURCES:
             failures = int(item.get("resource_failures", 0)) + 1
             delay = backoff_seconds(failures)
             order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at", 0.0)), job_id)
-            update = self.repo.job_transition(
-                job_id, JobState.PENDING_RESOURCES, from_states=from_states, attempt=attempt,
-                reason=f"start failed ({kind.value}): {reason}; retry in {delay} s", actor=ACTOR,
-                set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: order, "not_before": now + delay,
-                            "resource_failures": failures, "attempts": attempts,
-                            "last_error": reason[:1000]},
-                remove_fields=["launch_claimed_at"],
-            )
+            applied = self.store.requeue_after_failed_launch(
+                job_id, attempt, reason=f"start failed ({kind.value}): {reason}; retry in {delay} s",
+                queue_order=order, not_before=now + delay, resource_failures=failures, attempts=attempts)
             action = "requeued"
         else:
-            update = self.repo.job_transition(
-                job_id, JobState.FAILED, from_states=from_states, attempt=attempt,
-                reason=f"start failed ({kind.value}): {reason}", actor=ACTOR,
-                set_fields={"attempts": attempts, "last_error": reason[:1000],
-                            "failure_kind": kind.value},
-                remove_fields=["launch_claimed_at", *self.repo.deadline_attributes()],
-            )
+            applied = self.store.fail_launch(job_id, attempt, reason=f"start failed ({kind.value}): {reason}",
+                                             failure_kind=kind.value, attempts=attempts)
             action = "failed"
-        applied = self.repo.apply(update)
-        self.ledger.done(job_id)
+        self.store.launch_done(job_id)
         self._stop(ranks, f"launch of attempt {attempt} failed ({kind.value})")
         # Tasks started but not registered (crash window) are found by startedBy.
         if not applied:
             action = "raced"
             # Typically a cancel that landed during the launch.
-            fresh = self.ledger.job_item(job_id)
+            fresh = self.store.job_item(job_id)
             if fresh is not None:
                 self._finish_cancel_if_no_rank(job_id, fresh, attempt)
         logger.warning("launch failed", extra={"job_id": job_id, "attempt": attempt,
@@ -475,65 +437,12 @@ class Launcher:
 
     def _stop(self, ranks: list[Rank], why: str) -> None:
         for rank in ranks:
-            if rank.state in LIVE_RANKS:
-                self.repo.apply(self.repo.rank_update(rank, RankState.STOP_REQUESTED, from_states=LIVE_RANKS,
-                                                      set_fields={"stop_reason": why}))
+            if rank.state in LIVE_RANK_STATES:
+                self.repo.request_rank_stop(rank, why, clock.now())
             try:
                 self.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}")
             except (ClientError, BotoCoreError):
                 logger.exception("could not stop a rank", extra={"task": rank.task_arn})
-
-
-class LaunchLedger:
-    """In-flight launches, kept as a map on the scheduler's lease item.
-
-    The claim adds ``inflight.<job_id> = {attempt, claimed_at, resumes}`` in the same
-    transaction as the job's claim (condition: the lease is still ours); finishing or
-    rolling back removes it. A tick that dies leaves the entry, and the next tick
-    resumes exactly those launches by one GetItem, whatever state the job moved to
-    meanwhile (the recovery loop marks it RUNNING as soon as rank 0 runs).
-    """
-
-    def __init__(self, table_name: str, table: Any, key: str, owner: str) -> None:
-        self.table_name = table_name
-        self._table = table
-        self.key = key
-        self.owner = owner
-
-    def claim_update(self, job_id: str, attempt: int, now: float) -> Update:
-        return Update(
-            table=self.table_name, key={JOB_PK: self.key},
-            set_fields={f"inflight.{job_id}": {"attempt": attempt, "claimed_at": now, "resumes": 0}},
-            condition="#owner = :owner AND attribute_exists(#inflight)",
-            condition_values={":owner": self.owner},
-            condition_names={"#owner": "owner", "#inflight": "inflight"},
-        )
-
-    def bump(self, job_id: str) -> None:
-        self._apply(Update(table=self.table_name, key={JOB_PK: self.key},
-                           increments={f"inflight.{job_id}.resumes": 1},
-                           condition="attribute_exists(#i.#j)",
-                           condition_names={"#i": "inflight", "#j": job_id}))
-
-    def done(self, job_id: str) -> None:
-        self._apply(Update(table=self.table_name, key={JOB_PK: self.key},
-                           remove_fields=[f"inflight.{job_id}"],
-                           condition="attribute_exists(#i)", condition_names={"#i": "inflight"}))
-
-    def job_item(self, job_id: str) -> dict[str, Any] | None:
-        raw = self._table.get_item(Key={JOB_PK: job_item_key(job_id)}, ConsistentRead=True).get("Item")
-        return from_ddb(dict(raw)) if raw else None
-
-    def entries(self) -> dict[str, dict[str, Any]]:
-        item = self._table.get_item(Key={JOB_PK: self.key}, ConsistentRead=True).get("Item") or {}
-        return from_ddb(dict(item.get("inflight") or {}))
-
-    def _apply(self, update: Update) -> None:
-        try:
-            self._table.meta.client.update_item(**update.expression())
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                raise
 
 
 def _with_entry(existing: Any, entry: dict[str, Any]) -> list[dict[str, Any]]:

@@ -36,21 +36,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from gpu_recovery import clock
-from gpu_recovery.constants import (
-    DEADLINE_BUCKET,
-    DEADLINE_INDEX,
-    DEADLINE_PK,
-    JOB_BY_QUEUE_INDEX,
-    JOB_BY_STATE_INDEX,
-    JOB_PK,
-    QUEUE_BUCKET,
-    QUEUE_PK,
-    STATE_PK,
-    JobState,
-)
 from gpu_recovery.domain.models import container_instance_id
 from gpu_recovery.queue.admission import (
     Admitter,
@@ -62,16 +48,16 @@ from gpu_recovery.queue.admission import (
 from gpu_recovery.queue.launcher import (
     HostAddresses,
     Launcher,
-    LaunchLedger,
     LaunchOutcome,
     PlacedNode,
     TaskDefinitions,
 )
-from gpu_recovery.repository import Repository, from_ddb, to_ddb
+from gpu_recovery.repository import Repository
+from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
 
 logger = logging.getLogger(__name__)
 
-LEASE_KEY = "SCHEDULER#LEASE"
+__all__ = ["LEASE_KEY", "QueueScheduler", "SchedulerConfig", "build_scheduler"]
 ENV_MAX_ADMISSIONS = "SCHEDULER_MAX_ADMISSIONS"
 ENV_MAX_UNPLACED = "SCHEDULER_MAX_UNPLACED"
 ENV_LEASE_SECONDS = "SCHEDULER_LEASE_SECONDS"
@@ -124,46 +110,20 @@ class TickResult:
 class Lease:
     """One scheduler at a time: a conditional item with an expiry in the job table.
 
-    The same item carries the launch ledger (``inflight``), see
-    :class:`~gpu_recovery.queue.launcher.LaunchLedger`; taking the lease never erases it.
+    The same item carries the launch ledger (``inflight``); taking the lease never
+    erases it.
     """
 
-    def __init__(self, table: Any, owner: str | None = None, seconds: int = 120) -> None:
-        self._table = table
+    def __init__(self, store: SchedulingRepository, owner: str | None = None, seconds: int = 120) -> None:
+        self._store = store
         self.owner = owner or uuid.uuid4().hex
         self.seconds = seconds
 
     def acquire(self) -> bool:
-        now = clock.now()
-        try:
-            self._table.update_item(
-                Key={JOB_PK: LEASE_KEY},
-                UpdateExpression=("SET #o = :me, #e = :exp, #a = :now, #t = :type, "
-                                  "#i = if_not_exists(#i, :empty)"),
-                ConditionExpression="attribute_not_exists(#k) OR #e < :now OR #o = :me",
-                ExpressionAttributeNames={"#k": JOB_PK, "#e": "expires_at", "#o": "owner",
-                                          "#a": "acquired_at", "#t": "item_type", "#i": "inflight"},
-                ExpressionAttributeValues={":now": to_ddb(now), ":me": self.owner,
-                                           ":exp": to_ddb(now + self.seconds), ":type": "LEASE",
-                                           ":empty": {}},
-            )
-            return True
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-                return False
-            raise
+        return self._store.acquire_lease(self.owner, clock.now(), self.seconds)
 
     def release(self) -> None:
-        try:
-            self._table.update_item(
-                Key={JOB_PK: LEASE_KEY}, UpdateExpression="SET #e = :zero",
-                ConditionExpression="#o = :me",
-                ExpressionAttributeNames={"#o": "owner", "#e": "expires_at"},
-                ExpressionAttributeValues={":me": self.owner, ":zero": 0},
-            )
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                raise
+        self._store.release_lease(self.owner)
 
 
 # --------------------------------------------------------------------- snapshot
@@ -212,7 +172,6 @@ class QueueScheduler:
         self.cluster = cluster
         self.lease = lease
         self.config = config or SchedulerConfig()
-        self._jobs = repo._ddb.Table(repo.job_table_name)
 
     # ------------------------------------------------------------------ tick
     def tick(self, time_budget_seconds: float | None = None) -> TickResult:
@@ -232,37 +191,14 @@ class QueueScheduler:
     def _resume_stuck(self, result: TickResult) -> None:
         now = clock.now()
         stale = self.config.stale_launch_seconds
-        for job_id, entry in sorted(self.launcher.ledger.entries().items()):
+        for job_id, entry in sorted(self.launcher.store.ledger_entries().items()):
             if now - float(entry.get("claimed_at") or 0) < stale:
                 continue
             outcome = self.launcher.resume(job_id, entry)
             result.resumed.append(outcome.as_dict())
             if outcome.action in ("requeued", "failed"):
                 result.launch_failures += 1
-        # Gang restarts of queue jobs by the recovery loop (its sweep resumes only
-        # ecs-tags jobs): STARTING queue jobs whose attempt is not one we launched.
-        for item in self._query_all(JOB_BY_STATE_INDEX, STATE_PK, JobState.STARTING.value):
-            plan = item.get("launch") or {}
-            if item.get("source") != "queue" or int(plan.get("attempt", -1)) == int(item.get("attempt", 0)):
-                continue
-            if now - float(item.get("restarted_at") or now) >= stale:
-                result.resumed.append(self._resume_recovery_restart(item))
-
-    def _resume_recovery_restart(self, item: dict[str, Any]) -> dict[str, Any]:
-        """A gang restart of a queue job the recovery loop left half-done.
-
-        The recovery sweep resumes only ``ecs-tags`` jobs; queue jobs are resumed here
-        with the recovery loop's own crash-safe launcher (startedBy lookup first).
-        """
-        job = self.repo.job_from_item(item)
-        ranks = self.repo.get_ranks(job)
-        current = [r for r in ranks if r.attempt == job.attempt]
-        previous = [r for r in ranks if r.attempt == job.attempt - 1]
-        if len(current) >= job.world_size or not previous:
-            return {"job_id": job.job_id, "action": "restart_complete"}
-        launched = self.launcher.recovery._launch_ranks(job, previous, job.attempt)
-        return {"job_id": job.job_id,
-                "action": "restart_resumed" if launched is not None else "restart_failed"}
+        # Gang restarts of queue jobs by the recovery loop are resumed by its sweep.
 
     # ----------------------------------------------------------------- admit
     def _admit(self, result: TickResult, out_of_time: Any) -> None:
@@ -317,37 +253,7 @@ class QueueScheduler:
             result.launch_failures += 1
 
     def _queue_head(self) -> Iterator[dict[str, Any]]:
-        """The queue index ascending (priority high -> low, FIFO), page by page, lazily."""
-        kwargs: dict[str, Any] = {
-            "IndexName": JOB_BY_QUEUE_INDEX,
-            "KeyConditionExpression": "#b = :b",
-            "ExpressionAttributeNames": {"#b": QUEUE_PK},
-            "ExpressionAttributeValues": {":b": QUEUE_BUCKET},
-            "ScanIndexForward": True,
-            "Limit": self.config.page_size,
-        }
-        while True:
-            response = self._jobs.query(**kwargs)
-            for item in response.get("Items", []):
-                yield from_ddb(dict(item))
-            if "LastEvaluatedKey" not in response:
-                return
-            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
-
-    def _query_all(self, index: str, pk: str, value: str) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {
-            "IndexName": index,
-            "KeyConditionExpression": "#p = :v",
-            "ExpressionAttributeNames": {"#p": pk},
-            "ExpressionAttributeValues": {":v": value},
-        }
-        items: list[dict[str, Any]] = []
-        while True:
-            response = self._jobs.query(**kwargs)
-            items.extend(from_ddb(dict(i)) for i in response.get("Items", []))
-            if "LastEvaluatedKey" not in response:
-                return items
-            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        return self.launcher.store.queue_head(self.config.page_size)
 
     # -------------------------------------------------------------- snapshot
     def snapshot(self) -> dict[str, NodeInfo]:
@@ -382,10 +288,7 @@ class QueueScheduler:
         number read is the number of jobs in recovery, not the table size.
         """
         held: set[str] = set()
-        in_recovery = {JobState.PENDING_HEALTHCHECK.value, JobState.PENDING_RESTART.value}
-        for item in self._query_all(DEADLINE_INDEX, DEADLINE_PK, DEADLINE_BUCKET):
-            if item.get("item_type") != "JOB" or item.get("job_state") not in in_recovery:
-                continue
+        for item in self.launcher.store.jobs_in_recovery():
             job = self.repo.job_from_item(item)
             for rank in self.repo.get_ranks(job):
                 if rank.attempt == job.attempt and rank.container_inst_id:
@@ -402,7 +305,7 @@ def _candidate(item: Mapping[str, Any]) -> Candidate | None:
             priority=int(item.get("priority") or 0),
         )
     except (KeyError, TypeError, ValueError):
-        logger.warning("malformed queue item skipped", extra={"key": item.get(JOB_PK)})
+        logger.warning("malformed queue item skipped", extra={"job_id": item.get("job_id")})
         return None
 
 
@@ -413,11 +316,10 @@ def build_scheduler(*, repo: Repository, ecs_adapter: Any, recovery: Any, ecs_cl
                     task_definitions: TaskDefinitions | None = None,
                     hosts: HostAddresses | None = None, owner: str | None = None) -> QueueScheduler:
     config = config or SchedulerConfig()
-    table = repo._ddb.Table(repo.job_table_name)
-    lease = Lease(table, owner, config.lease_seconds)
-    ledger = LaunchLedger(repo.job_table_name, table, LEASE_KEY, lease.owner)
+    store = SchedulingRepository(repo)
+    lease = Lease(store, owner, config.lease_seconds)
     launcher = Launcher(repo, ecs_adapter, recovery, task_definitions or TaskDefinitions(ecs_client),
-                        hosts or HostAddresses(ec2_client, ssm_client), ledger)
+                        hosts or HostAddresses(ec2_client, ssm_client), store, lease.owner)
     return QueueScheduler(repo, launcher, ClusterReader(ecs_client, cluster), lease, config)
 
 

@@ -1,0 +1,18 @@
+"""What an AWS error means for a side effect that may have to be repeated."""
+
+from __future__ import annotations
+
+from botocore.exceptions import ClientError
+
+
+def refused(error: BaseException) -> bool:
+    """The service answered with a client error (throttled, invalid, denied): the call
+    did nothing, so repeating it cannot do it twice.
+
+    Anything else (a 5xx, a timeout, a dropped connection, a crash) may have executed:
+    the caller must look the effect up before repeating it.
+    """
+    if not isinstance(error, ClientError):
+        return False
+    status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return 400 <= status < 500

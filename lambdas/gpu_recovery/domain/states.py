@@ -1,0 +1,106 @@
+"""The vocabulary of the recovery loop and the queue: states, verdicts and state sets.
+
+Defined once here (the domain owns them); ``gpu_recovery.constants`` re-exports them
+for ``infra/`` and local mode. Pure: no I/O, no environment.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    """One state machine for the job record (shared with the queue service)."""
+
+    QUEUED = "QUEUED"
+    PENDING_RESOURCES = "PENDING_RESOURCES"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    PENDING_HEALTHCHECK = "PENDING_HEALTHCHECK"
+    PENDING_RESTART = "PENDING_RESTART"
+    NODE_LOST = "NODE_LOST"
+    HUNG = "HUNG"
+    CANCELING = "CANCELING"
+    COMPLETE = "COMPLETE"
+    FAILED = "FAILED"
+    USER_STOPPED = "USER_STOPPED"
+    CANCELED = "CANCELED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_JOB_STATES
+
+
+TERMINAL_JOB_STATES = frozenset(
+    {JobState.COMPLETE, JobState.FAILED, JobState.USER_STOPPED, JobState.CANCELED}
+)
+# Ranks are (or should be) running on ECS: a suspected fault can enter recovery from these.
+ACTIVE_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.NODE_LOST, JobState.HUNG})
+# The recovery loop owns the job: its nodes are held for the gang restart.
+RECOVERING_JOB_STATES = frozenset({JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART})
+
+
+class RankState(str, Enum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    NODE_LOST = "NODE_LOST"
+    HUNG = "HUNG"
+    STOP_REQUESTED = "STOP_REQUESTED"  # this system asked ECS to stop it
+    DONE = "DONE"  # exited 0
+    FAILED = "FAILED"  # exited non-zero on its own
+    STOPPED = "STOPPED"  # stopped by this system or a user
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_RANK_STATES
+
+
+TERMINAL_RANK_STATES = frozenset({RankState.DONE, RankState.FAILED, RankState.STOPPED})
+# Holding GPUs and not yet asked to stop.
+LIVE_RANK_STATES = frozenset(
+    {RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG}
+)
+# Holding GPUs: live, or asked to stop and not yet seen STOPPED.
+HOLDING_RANK_STATES = LIVE_RANK_STATES | {RankState.STOP_REQUESTED}
+
+
+class InstanceState(str, Enum):
+    AVAILABLE = "AVAILABLE"
+    HEALTH_CHECK_PENDING = "HEALTH_CHECK_PENDING"  # waiting for its GPUs to be free
+    HEALTH_CHECKING = "HEALTH_CHECKING"
+    REBOOTING = "REBOOTING"
+    QUARANTINED = "QUARANTINED"  # drained; needs an operator
+    SUSPECT = "SUSPECT"  # hardware signals from telemetry
+
+
+# A job waiting for these can never be restarted on its own nodes: an operator must act.
+UNUSABLE_INSTANCE_STATES = frozenset({InstanceState.QUARANTINED, InstanceState.SUSPECT})
+# A health check of the instance is open (a suspect job joins it).
+HEALTH_CHECK_STATES = frozenset({InstanceState.HEALTH_CHECK_PENDING, InstanceState.HEALTH_CHECKING})
+
+
+class DcgmVerdict(int, Enum):
+    """Exit-code contract of the health-check task (health_check/dcgm_health_check.sh)."""
+
+    HEALTHY = 0
+    REBOOT = 1
+    REPLACE = 2
+
+
+class SuspectVerdict(str, Enum):
+    """What a job records per suspect instance (``job.suspects``)."""
+
+    PENDING = "PENDING"
+    HEALTHY = "HEALTHY"
+    REBOOT = "REBOOT"
+    REPLACE = "REPLACE"
+    QUARANTINED = "QUARANTINED"
+    TIMEOUT = "TIMEOUT"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+# A job with any of these verdicts cannot be restarted on its own nodes.
+FATAL_SUSPECT_VERDICTS = frozenset(
+    {SuspectVerdict.REPLACE, SuspectVerdict.QUARANTINED, SuspectVerdict.TIMEOUT,
+     SuspectVerdict.UNAVAILABLE}
+)

@@ -1,0 +1,29 @@
+"""The recovery loop, one module per stage over shared rank operations and ports.
+
+* ``task_events`` — training task state changes: rank records, job outcomes, fault detection
+* ``health_checks`` — the DCGM health check of each suspect instance and its verdict
+* ``reboots`` — reboot or quarantine a node, and notice it coming back
+* ``gang_restart`` — restart every rank of a job once its nodes are back
+* ``sweep`` — the scheduled converge step: retries, dead claims, lost events, timeouts
+* ``service`` — ``RecoveryService``, the thin façade handlers call
+"""
+
+from gpu_recovery.recovery.ports import MetricsPort, NullMetrics, Outcome
+from gpu_recovery.recovery.ranks import (
+    NotProtected,
+    RankRegistration,
+    registration_from_tags,
+    restart_started_by,
+)
+from gpu_recovery.recovery.service import RecoveryService
+
+__all__ = [
+    "MetricsPort",
+    "NotProtected",
+    "NullMetrics",
+    "Outcome",
+    "RankRegistration",
+    "RecoveryService",
+    "registration_from_tags",
+    "restart_started_by",
+]

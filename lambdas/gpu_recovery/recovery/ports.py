@@ -1,0 +1,72 @@
+"""What the recovery stages need from the outside world, and what they return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpu_recovery.adapters.ecs import StartResult
+from gpu_recovery.domain.notifications import Notification
+from gpu_recovery.repository import Repository
+from gpu_recovery.settings import Settings
+
+
+class EcsPort(Protocol):
+    cluster: str
+
+    def start_task(self, *, task_definition: str, container_instance_arn: str,
+                   overrides: dict[str, Any] | None = None,
+                   tags: list[dict[str, str]] | None = None, started_by: str = "",
+                   group: str | None = None) -> StartResult: ...
+    def stop_task(self, task_arn: str, reason: str) -> None: ...
+    def describe_task(self, task_arn: str) -> dict[str, Any] | None: ...
+    def tasks_started_by(self, started_by: str) -> list[str]: ...
+    def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]: ...
+    def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
+    def drain(self, container_instance_arn: str) -> None: ...
+
+
+class RebootPort(Protocol):
+    def reboot(self, instance_id: str, reason: str) -> str: ...
+
+
+class NotifierPort(Protocol):
+    def publish(self, notification: Notification) -> str: ...
+
+
+class VerdictReaderPort(Protocol):
+    def read_verdict(self, task_arn: str) -> dict[str, Any] | None: ...
+
+
+class MetricsPort(Protocol):
+    def add_metric(self, name: str, unit: str, value: float) -> None: ...
+
+
+class NullMetrics:
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        return None
+
+
+@dataclass
+class Deps:
+    """Everything a stage uses; one instance shared by the stages of a service."""
+
+    repo: Repository
+    ecs: EcsPort
+    rebooter: RebootPort
+    notifier: NotifierPort
+    verdicts: VerdictReaderPort
+    settings: Settings
+    metrics: MetricsPort = field(default_factory=NullMetrics)
+
+
+@dataclass
+class Outcome:
+    """What a handler did, returned to Lambda (visible in logs and tests)."""
+
+    action: str
+    job_id: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "job_id": self.job_id, **self.detail}

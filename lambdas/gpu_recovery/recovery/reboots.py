@@ -1,0 +1,196 @@
+"""Stage 3: reboot (or quarantine) a node, and notice it coming back.
+
+A reboot is issued at most once per verdict: the intent (``reboot_claimed_at``) is
+committed before the API call and its answer (``reboot_issued_at``) after it. A claim
+whose answer was lost is re-issued only when the node shows no sign of the reboot
+(agent never disconnected, no later boot time) after a grace period.
+
+"Back" is judged by event time and version: only an agent reconnect newer than the
+disconnect seen after the reboot request (or a boot time later than the request)
+brings the node back; a stale or redelivered "connected" event changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+
+from gpu_recovery import clock
+from gpu_recovery.adapters.errors import refused
+from gpu_recovery.constants import NotificationKind
+from gpu_recovery.domain import policy
+from gpu_recovery.domain.models import Instance, container_instance_id
+from gpu_recovery.domain.policy import AgentEvent, RebootProgress
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
+from gpu_recovery.ecs_events import EcsContainerInstanceDetail
+from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.repository import JobFailure
+
+logger = logging.getLogger(__name__)
+
+RETRY_INTERVAL_SECONDS = 60
+# A reboot call whose answer was lost is repeated only if, this long after it, the node
+# still shows no sign of rebooting (an EC2 reboot falls back to a hard reboot after a
+# few minutes; an ECS agent disconnects well within this).
+REBOOT_CONFIRM_SECONDS = 300
+
+
+class Reboots:
+    def __init__(self, deps: Deps, ranks: RankOperations, restarts: GangRestart) -> None:
+        self.deps = deps
+        self.ranks = ranks
+        self.restarts = restarts
+
+    # -------------------------------------------------------------------- issue
+    def issue(self, instance: Instance, *, agent_connected: bool | None = None) -> str:
+        """Reboot a REBOOTING instance unless it is (or may be) rebooting already."""
+        now = clock.now()
+        progress = policy.reboot_progress(instance, now=now, lease_seconds=REBOOT_CONFIRM_SECONDS,
+                                          agent_connected=agent_connected)
+        repo = self.deps.repo
+        if progress is RebootProgress.NOT_ISSUED:
+            claimed = repo.claim_reboot(instance, now)
+        elif progress is RebootProgress.UNCONFIRMED:
+            logger.warning("reboot not confirmed and no sign of it: issuing it again", extra={
+                "instance": instance.container_inst_id, "claimed_at": instance.reboot_claimed_at})
+            claimed = repo.take_over_reboot_claim(instance, now)
+        else:
+            return progress.value.lower()
+        if not claimed:
+            return "raced"
+        try:
+            path = self.deps.rebooter.reboot(
+                instance.ec2_instance_id,
+                f"gpu-recovery: DCGM asked for a reboot of {instance.container_inst_id}")
+        except Exception as error:
+            if refused(error):  # nothing happened: the next try may issue it
+                repo.release_reboot_claim(instance, now, now + RETRY_INTERVAL_SECONDS)
+            raise
+        timeout_at = (instance.reboot_requested_at or now) + self.deps.settings.reboot_timeout_seconds
+        repo.record_reboot_issued(instance, path, clock.now(), min(timeout_at, now + RETRY_INTERVAL_SECONDS))
+        self.deps.metrics.add_metric("Reboots", "Count", 1)
+        logger.info("reboot requested", extra={"instance": instance.container_inst_id,
+                                               "ec2_instance": instance.ec2_instance_id, "via": path})
+        return "issued"
+
+    def quarantine(self, instance: Instance) -> None:
+        """Drain (idempotent): ECS places nothing new on the instance; then confirm it."""
+        self.deps.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
+        if self.deps.repo.record_drained(instance.container_inst_id):
+            self.deps.metrics.add_metric("Quarantines", "Count", 1)
+            logger.warning("instance quarantined", extra={"instance": instance.container_inst_id,
+                                                          "why": instance.quarantine_reason})
+
+    def finish_quarantine(self, instance: Instance) -> str:
+        """The sweep: a quarantine whose drain was never confirmed."""
+        self.quarantine(instance)
+        return "drained"
+
+    def converge_after_verdict(self, instance: Instance) -> Outcome:
+        """A verdict event seen again (or a stale one). The reboot or drain it led to is
+        finished by the sweep, never here: a concurrent duplicate may still be in that
+        call, and the sweep decides from what the node shows."""
+        return Outcome("duplicate", detail={"instance": instance.container_inst_id,
+                                            "state": instance.state.value})
+
+    # ------------------------------------------------------------- node is back
+    def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
+                                     event_time: datetime | None = None) -> Outcome:
+        inst_id = container_instance_id(detail.containerInstanceArn)
+        instance = self.deps.repo.get_instance(inst_id)
+        if instance is None or instance.state is not InstanceState.REBOOTING:
+            return Outcome("ignored", detail={"instance": inst_id, "why": "not rebooting"})
+        when = detail.updatedAt or event_time
+        event = AgentEvent(status=detail.status, agent_connected=detail.agentConnected,
+                           at=when.timestamp() if when else clock.now(), version=detail.version)
+        return self._judge(instance, event)
+
+    def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
+        """The node agent reported a boot time: a REBOOTING node that booted after the
+        request and whose ECS agent is connected is back, even if its disconnect event
+        was never seen."""
+        instance = self.deps.repo.get_instance(inst_id)
+        if instance is None or instance.state is not InstanceState.REBOOTING:
+            return Outcome("ignored", detail={"instance": inst_id, "why": "not rebooting"})
+        instance.boot_time = max(boot_time, instance.boot_time or 0.0)
+        return self._judge(instance, self._described(instance))
+
+    def _described(self, instance: Instance) -> AgentEvent:
+        described = self.deps.ecs.describe_container_instance(
+            instance.container_instance_arn or instance.container_inst_id) or {}
+        return AgentEvent(status=str(described.get("status", "")),
+                          agent_connected=bool(described.get("agentConnected")),
+                          at=clock.now(), version=int(described.get("version") or 0))
+
+    def _judge(self, instance: Instance, event: AgentEvent) -> Outcome:
+        inst_id = instance.container_inst_id
+        if policy.is_disconnect_after_reboot(instance, event):
+            self.deps.repo.record_agent_disconnected(instance, event.at, event.version)
+            return Outcome("agent_disconnected", detail={"instance": inst_id})
+        if not policy.instance_is_back(instance, event):
+            return Outcome("ignored", detail={"instance": inst_id, "why": "not back yet"})
+        return self._mark_back(instance)
+
+    def _mark_back(self, instance: Instance) -> Outcome:
+        """REBOOTING -> AVAILABLE once, then restart every job waiting for the instance."""
+        inst_id = instance.container_inst_id
+        if not self.deps.repo.mark_instance_back(instance, clock.now()):
+            return Outcome("duplicate", detail={"instance": inst_id})
+        logger.info("instance back after reboot", extra={"instance": inst_id})
+        restarted = [job_id for job_id in sorted(instance.waiting_jobs)
+                     if self.restarts.try_restart(job_id).action == "restarted"]
+        return Outcome("instance_available", detail={"instance": inst_id, "restarted": restarted})
+
+    # -------------------------------------------------------------------- sweep
+    def sweep(self, instance: Instance, now: float) -> str:
+        """Scheduled, every minute while REBOOTING: issue what was never issued, repeat
+        what provably did not happen, notice the node back from ECS if its events were
+        lost, and give up after the reboot timeout."""
+        requested = instance.reboot_requested_at or now
+        if now >= requested + self.deps.settings.reboot_timeout_seconds:
+            return self.time_out(instance, NotificationKind.REBOOT_TIMEOUT,
+                                 "did not come back after its reboot", verdict=SuspectVerdict.TIMEOUT)
+        observed = self._described(instance)
+        issued = self.issue(instance, agent_connected=observed.agent_connected)
+        fresh = self.deps.repo.get_instance(instance.container_inst_id)
+        if fresh is not None and fresh.state is InstanceState.REBOOTING and issued != "raced":
+            judged = self._judge(fresh, observed)
+            if judged.action == "instance_available":
+                return "back"
+        self.deps.repo.rearm_instance(instance.container_inst_id, InstanceState.REBOOTING,
+                                      min(requested + self.deps.settings.reboot_timeout_seconds,
+                                          now + RETRY_INTERVAL_SECONDS))
+        return f"rebooting_{issued}"
+
+    # ----------------------------------------------------------------- timeouts
+    def time_out(self, instance: Instance, kind: NotificationKind, what: str, *,
+                 verdict: SuspectVerdict, quarantine: bool = True) -> str:
+        """The instance's check or reboot ran out of time: the instance leaves recovery and
+        every job waiting for it fails, atomically; then drain and notify."""
+        inst_id = instance.container_inst_id
+        job_ids: Iterable[str] = (instance.hc_jobs if instance.state in (
+            InstanceState.HEALTH_CHECK_PENDING, InstanceState.HEALTH_CHECKING) else instance.waiting_jobs)
+        failures = []
+        for job_id in sorted(job_ids):
+            job = self.deps.repo.get_job(job_id)
+            if job is not None and job.state in RECOVERING_JOB_STATES:
+                failures.append(JobFailure(job, f"instance {inst_id} {what}", verdict))
+        if not self.deps.repo.time_out_instance(instance, quarantine=quarantine, what=what,
+                                                failures=failures):
+            return "raced"
+        if quarantine:
+            self.quarantine(instance)
+        for failure in failures:
+            self.deps.metrics.add_metric("Failures", "Count", 1)
+            job = self.deps.repo.get_job(failure.job.job_id) or failure.job
+            self.ranks.notify(
+                job, instance, kind, f"Job failed: instance {what}",
+                what_happened=f"Instance {inst_id} {what}",
+                what_was_done="Job marked FAILED" + ("; instance drained (DRAINING)" if quarantine
+                                                     else "; instance marked SUSPECT"),
+                operator_action="Check the instance (console, SSM, ECS agent log); repair or replace "
+                                "it, then resubmit the job.")
+        return kind.value

@@ -1,0 +1,92 @@
+"""``RecoveryService``: the façade the handlers (and the heartbeat and queue services)
+call. It builds the stages over shared ports and delegates; it holds no logic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from gpu_recovery.domain.models import Rank
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
+from gpu_recovery.ecs_events import EcsContainerInstanceDetail, EcsTaskDetail
+from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.health_checks import HealthChecks
+from gpu_recovery.recovery.ports import (
+    Deps,
+    EcsPort,
+    MetricsPort,
+    NotifierPort,
+    NullMetrics,
+    Outcome,
+    RebootPort,
+    VerdictReaderPort,
+)
+from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
+from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.sweep import Sweep
+from gpu_recovery.recovery.task_events import TaskEvents
+from gpu_recovery.repository import Repository
+from gpu_recovery.settings import Settings
+
+
+class RecoveryService:
+    def __init__(self, repo: Repository, ecs: EcsPort, rebooter: RebootPort, notifier: NotifierPort,
+                 verdicts: VerdictReaderPort, settings: Settings, metrics: MetricsPort | None = None) -> None:
+        self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics())
+        self.ranks = RankOperations(self.deps)
+        self.restarts = GangRestart(self.deps, self.ranks)
+        self.reboots = Reboots(self.deps, self.ranks, self.restarts)
+        self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts)
+        self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts)
+        self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts)
+
+    # The ports, for callers that share them (queue scheduler, tests).
+    @property
+    def repo(self) -> Repository:
+        return self.deps.repo
+
+    @property
+    def ecs(self) -> EcsPort:
+        return self.deps.ecs
+
+    @property
+    def settings(self) -> Settings:
+        return self.deps.settings
+
+    @property
+    def metrics(self) -> MetricsPort:
+        return self.deps.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: MetricsPort) -> None:
+        self.deps.metrics = metrics
+
+    # Handlers.
+    def on_task_state_change(self, detail: EcsTaskDetail) -> Outcome:
+        return self.faults.on_task_state_change(detail)
+
+    def on_health_check_stopped(self, detail: EcsTaskDetail) -> Outcome:
+        return self.health.on_stopped(detail)
+
+    def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
+                                     event_time: datetime | None = None) -> Outcome:
+        return self.reboots.on_container_instance_change(detail, event_time)
+
+    def sweep(self) -> Outcome:
+        return self.sweeper.run()
+
+    # Other services.
+    def register_rank(self, reg: RankRegistration) -> Rank:
+        return self.ranks.register_rank(reg)
+
+    def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
+                               failing_rank: int | None = None,
+                               from_states: Iterable[JobState] = ACTIVE_JOB_STATES) -> Outcome:
+        return self.faults.report_suspected_fault(job_id, attempt, inst_id, reason, failing_rank,
+                                                  from_states)
+
+    def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
+        return self.reboots.on_boot_reported(inst_id, boot_time)
+
+    def try_gang_restart(self, job_id: str) -> Outcome:
+        return self.restarts.try_restart(job_id)

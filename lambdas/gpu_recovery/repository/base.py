@@ -1,0 +1,259 @@
+"""Shared DynamoDB plumbing of the repositories: value mapping, conditional updates,
+transactions and batched reads.
+
+Only modules of this package import it; services speak to repositories in intents.
+Every state change is a conditional write (or a transaction of them): duplicated,
+reordered and concurrent events race on the condition and exactly one wins. Reads use
+keys or indexes only: never a Scan.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+logger = logging.getLogger(__name__)
+
+MAX_HISTORY = 200  # bounded so a flapping job can never outgrow the 400 KB item limit
+_BATCH_GET_LIMIT = 100
+
+
+# ----------------------------------------------------------------------------- values
+def to_ddb(value: Any) -> Any:
+    """Python -> DynamoDB resource types (floats become Decimal)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, Mapping):
+        return {k: to_ddb(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_ddb(v) for v in value]
+    return value
+
+
+def from_ddb(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, Mapping):
+        return {k: from_ddb(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_ddb(v) for v in value]
+    if isinstance(value, set):
+        return {from_ddb(v) for v in value}
+    return value
+
+
+def is_condition_failure(error: ClientError) -> bool:
+    code = error.response.get("Error", {}).get("Code", "")
+    if code == "ConditionalCheckFailedException":
+        return True
+    if code == "TransactionCanceledException":
+        reasons = error.response.get("CancellationReasons") or []
+        message = error.response.get("Error", {}).get("Message", "")
+        return any(r.get("Code") == "ConditionalCheckFailed" for r in reasons) or (
+            "ConditionalCheckFailed" in message
+        )
+    return False
+
+
+# ------------------------------------------------------------------------- updates
+@dataclass
+class Update:
+    """A conditional UpdateItem, usable alone or inside a transaction."""
+
+    table: str
+    key: dict[str, Any]
+    set_fields: dict[str, Any] = field(default_factory=dict)
+    add_to_sets: dict[str, set[str]] = field(default_factory=dict)
+    delete_from_sets: dict[str, set[str]] = field(default_factory=dict)
+    remove_fields: list[str] = field(default_factory=list)
+    increments: dict[str, int] = field(default_factory=dict)
+    set_if_absent: dict[str, Any] = field(default_factory=dict)  # SET a = if_not_exists(a, v)
+    history_entry: dict[str, Any] | None = None
+    condition: str | None = None
+    condition_values: dict[str, Any] = field(default_factory=dict)
+    condition_names: dict[str, str] = field(default_factory=dict)
+
+    def expression(self) -> dict[str, Any]:
+        names: dict[str, str] = dict(self.condition_names)
+        values: dict[str, Any] = {k: to_ddb(v) for k, v in self.condition_values.items()}
+        sets, adds, deletes, removes = [], [], [], []
+
+        def name(attr: str) -> str:
+            # Nested map paths ("suspects.i-1") become "#n0.#n1".
+            parts = []
+            for part in attr.split("."):
+                placeholder = f"#f{len(names)}"
+                names[placeholder] = part
+                parts.append(placeholder)
+            return ".".join(parts)
+
+        for i, (attr, value) in enumerate(self.set_fields.items()):
+            values[f":s{i}"] = to_ddb(value)
+            sets.append(f"{name(attr)} = :s{i}")
+        for i, (attr, amount) in enumerate(self.increments.items()):
+            values[f":inc{i}"] = amount
+            values[":zero"] = 0
+            n = name(attr)
+            sets.append(f"{n} = if_not_exists({n}, :zero) + :inc{i}")
+        for i, (attr, value) in enumerate(self.set_if_absent.items()):
+            values[f":ine{i}"] = to_ddb(value)
+            n = name(attr)
+            sets.append(f"{n} = if_not_exists({n}, :ine{i})")
+        if self.history_entry is not None:
+            values[":hist"] = [to_ddb(self.history_entry)]
+            values[":empty"] = []
+            n = name("history")
+            sets.append(f"{n} = list_append(if_not_exists({n}, :empty), :hist)")
+        for i, (attr, members) in enumerate(self.add_to_sets.items()):
+            if members:
+                values[f":a{i}"] = set(members)
+                adds.append(f"{name(attr)} :a{i}")
+        for i, (attr, members) in enumerate(self.delete_from_sets.items()):
+            if members:
+                values[f":d{i}"] = set(members)
+                deletes.append(f"{name(attr)} :d{i}")
+        removes = [name(attr) for attr in self.remove_fields]
+        clauses = []
+        if sets:
+            clauses.append("SET " + ", ".join(sets))
+        if adds:
+            clauses.append("ADD " + ", ".join(adds))
+        if deletes:
+            clauses.append("DELETE " + ", ".join(deletes))
+        if removes:
+            clauses.append("REMOVE " + ", ".join(removes))
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": self.key,
+            "UpdateExpression": " ".join(clauses),
+            "ExpressionAttributeNames": names,
+        }
+        if values:
+            params["ExpressionAttributeValues"] = values
+        if self.condition:
+            params["ConditionExpression"] = self.condition
+        return params
+
+
+def state_condition(
+    attr: str, allowed: Iterable[str], prefix: str, extra: str | None = None
+) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """``#attr IN (:p0, :p1)`` plus its values, for an Update's condition."""
+    allowed = list(allowed)
+    placeholders = [f":{prefix}{i}" for i in range(len(allowed))]
+    names = {f"#{prefix}": attr}
+    condition = f"#{prefix} IN ({', '.join(placeholders)})"
+    if extra:
+        condition = f"({condition}) AND ({extra})"
+    return condition, dict(zip(placeholders, allowed, strict=True)), names
+
+
+class DynamoGateway:
+    """The few DynamoDB operations the repositories build on (boto3 *resource* in)."""
+
+    def __init__(self, dynamodb: Any) -> None:
+        self._ddb = dynamodb
+        self._client = dynamodb.meta.client  # type-transforming client (transactions)
+
+    def table(self, name: str) -> Any:
+        return self._ddb.Table(name)
+
+    def get(self, table: str, key: dict[str, Any]) -> dict[str, Any] | None:
+        item = self.table(table).get_item(Key=key, ConsistentRead=True).get("Item")
+        return dict(item) if item else None
+
+    def query_all(self, table: str, **kwargs: Any) -> list[dict[str, Any]]:
+        """Every page of a Query (the caller bounds it by its key condition)."""
+        items: list[dict[str, Any]] = []
+        handle = self.table(table)
+        while True:
+            response = handle.query(**kwargs)
+            items.extend(response.get("Items", []))
+            if "LastEvaluatedKey" not in response:
+                return items
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    def query_page(self, table: str, **kwargs: Any) -> dict[str, Any]:
+        return dict(self.table(table).query(**kwargs))
+
+    def put_if_absent(self, table: str, item: dict[str, Any], key_attr: str) -> bool:
+        try:
+            self.table(table).put_item(
+                Item=item,
+                ConditionExpression="attribute_not_exists(#k)",
+                ExpressionAttributeNames={"#k": key_attr},
+            )
+            return True
+        except ClientError as error:
+            if is_condition_failure(error):
+                return False
+            raise
+
+    def put_conditional(self, table: str, item: dict[str, Any], condition: str,
+                        names: dict[str, str], values: dict[str, Any]) -> bool:
+        try:
+            self.table(table).put_item(Item=item, ConditionExpression=condition,
+                                       ExpressionAttributeNames=names,
+                                       ExpressionAttributeValues=values)
+            return True
+        except ClientError as error:
+            if is_condition_failure(error):
+                return False
+            raise
+
+    def apply(self, update: Update) -> bool:
+        """Run one conditional update; False when its condition did not hold."""
+        try:
+            self._client.update_item(**update.expression())
+            return True
+        except ClientError as error:
+            if is_condition_failure(error):
+                return False
+            raise
+
+    def apply_returning(self, update: Update) -> dict[str, Any] | None:
+        """Like :meth:`apply`, returning the item as written (None when the condition failed)."""
+        try:
+            response = self._client.update_item(**update.expression(), ReturnValues="ALL_NEW")
+            return from_ddb(dict(response.get("Attributes", {})))
+        except ClientError as error:
+            if is_condition_failure(error):
+                return None
+            raise
+
+    def transact(self, updates: Sequence[Update]) -> bool:
+        """All or nothing: no state is ever half-written across items."""
+        if len(updates) == 1:
+            return self.apply(updates[0])
+        try:
+            self._client.transact_write_items(
+                TransactItems=[{"Update": u.expression()} for u in updates]
+            )
+            return True
+        except ClientError as error:
+            if is_condition_failure(error):
+                return False
+            raise
+
+    def batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        for start in range(0, len(keys), _BATCH_GET_LIMIT):
+            pending: dict[str, Any] = {
+                table: {"Keys": list(keys[start : start + _BATCH_GET_LIMIT]), "ConsistentRead": True}
+            }
+            for _ in range(8):
+                response = self._client.batch_get_item(RequestItems=pending)
+                items.extend(response.get("Responses", {}).get(table, []))
+                pending = response.get("UnprocessedKeys") or {}
+                if not pending:
+                    break
+            else:
+                raise RuntimeError(f"BatchGetItem left keys unprocessed on {table}")
+        return items

@@ -1,0 +1,790 @@
+"""Persistence of the recovery loop: jobs, ranks and container instances.
+
+Stages call intents (``enter_recovery``, ``claim_health_check``,
+``record_reboot_issued``...): every condition expression of the loop is written here.
+An intent returns False when its condition did not hold (a duplicate, a race lost, a
+state moved on); it raises on any other error, having written nothing (single items
+and transactions are all-or-nothing).
+
+The generic builders (``job_transition``, ``rank_update``, ``instance_update``) remain
+for the heartbeat and queue repositories, which share these tables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    DEADLINE_BUCKET,
+    DEADLINE_INDEX,
+    DEADLINE_PK,
+    DEADLINE_SK,
+    HB_PK,
+    INSTANCE_PK,
+    JOB_BY_INSTANCE_INDEX,
+    JOB_BY_INSTANCE_PK,
+    JOB_BY_TASK_INDEX,
+    JOB_BY_TASK_PK,
+    JOB_PK,
+    job_item_key,
+    rank_item_key,
+)
+from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.state_machine import check_transition, sources_of
+from gpu_recovery.domain.states import (
+    HEALTH_CHECK_STATES,
+    HOLDING_RANK_STATES,
+    LIVE_RANK_STATES,
+    InstanceState,
+    JobState,
+    RankState,
+    SuspectVerdict,
+)
+from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
+
+_DEADLINE = [DEADLINE_PK, DEADLINE_SK]
+
+
+@dataclass(frozen=True)
+class RankStop:
+    """A rank's STOPPED event, written in the same transaction as the job's reaction."""
+
+    rank: Rank
+    to: RankState
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobVerdict:
+    """What one health-check verdict does to one waiting job."""
+
+    job: Job
+    to: JobState
+    label: SuspectVerdict
+    findings: dict[str, Any]
+    last_error: str = ""
+    spend_recovery: bool = False
+    deadline_at: float | None = None  # PENDING_RESTART: when the sweep looks again
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """A job failed because an instance it waits for timed out."""
+
+    job: Job
+    reason: str
+    label: SuspectVerdict
+
+
+class Repository:
+    """Jobs, ranks and instances of the recovery loop."""
+
+    def __init__(self, dynamodb: Any, job_table: str, instance_table: str) -> None:
+        self.db = DynamoGateway(dynamodb)
+        self._ddb = dynamodb  # boto3 DynamoDB *resource* (the other repositories share it)
+        self.job_table_name = job_table
+        self.instance_table_name = instance_table
+        self._jobs = dynamodb.Table(job_table)
+        self._instances = dynamodb.Table(instance_table)
+
+    # ================================================================== mapping
+    @staticmethod
+    def job_from_item(item: Mapping[str, Any]) -> Job:
+        item = from_ddb(dict(item))
+        restarted = item.get("restarted_attempt")
+        return Job(
+            job_id=item["job_id"],
+            state=JobState(item["job_state"]),
+            world_size=int(item["world_size"]),
+            attempt=int(item.get("attempt", 1)),
+            recoveries_used=int(item.get("recoveries_used", 0)),
+            max_recovery_attempts=int(item.get("max_recovery_attempts", 1)),
+            suspects=dict(item.get("suspects", {})),
+            fault_started_at=item.get("fault_started_at"),
+            last_error=item.get("last_error", ""),
+            verdicts=dict(item.get("verdicts", {})),
+            created_at=item.get("created_at", 0.0),
+            updated_at=item.get("updated_at", 0.0),
+            source=item.get("source", "ecs-tags"),
+            restarted_attempt=int(restarted) if restarted is not None else None,
+        )
+
+    @staticmethod
+    def job_to_item(job: Job) -> dict[str, Any]:
+        return to_ddb(
+            {
+                JOB_PK: job_item_key(job.job_id),
+                "item_type": "JOB",
+                "job_id": job.job_id,
+                "job_state": job.state.value,
+                "world_size": job.world_size,
+                "attempt": job.attempt,
+                "recoveries_used": job.recoveries_used,
+                "max_recovery_attempts": job.max_recovery_attempts,
+                "suspects": job.suspects,
+                "verdicts": job.verdicts,
+                "last_error": job.last_error,
+                "created_at": job.created_at,
+                "updated_at": job.updated_at,
+                "source": job.source,
+            }
+        )
+
+    @staticmethod
+    def rank_from_item(item: Mapping[str, Any]) -> Rank:
+        item = from_ddb(dict(item))
+        return Rank(
+            job_id=item["job_id"],
+            rank=int(item["rank"]),
+            state=RankState(item["rank_state"]),
+            attempt=int(item.get("attempt", 1)),
+            task_arn=item.get(JOB_BY_TASK_PK, ""),
+            task_definition_arn=item.get("task_definition_arn", ""),
+            container_inst_id=item.get("container_inst_id", ""),
+            container_instance_arn=item.get("container_instance_arn", ""),
+            ec2_instance_id=item.get("ec2_instance_id", ""),
+            overrides=json.loads(item.get("overrides_json") or "{}"),
+            tags=json.loads(item.get("tags_json") or "[]"),
+            group=item.get("group", ""),
+            started_by=item.get("started_by", ""),
+            exit_code=item.get("exit_code"),
+            stop_reason=item.get("stop_reason", ""),
+            last_heartbeat_at=item.get("last_heartbeat_at"),
+            registered_at=item.get("registered_at", 0.0),
+            stop_requested_at=item.get("stop_requested_at"),
+            launch_attempt=item.get("launch_attempt"),
+            launch_lease_until=item.get("launch_lease_until"),
+        )
+
+    @staticmethod
+    def rank_to_item(rank: Rank) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            JOB_PK: rank_item_key(rank.job_id, rank.rank),
+            "item_type": "RANK",
+            "job_id": rank.job_id,
+            "rank": rank.rank,
+            "rank_state": rank.state.value,
+            "attempt": rank.attempt,
+            JOB_BY_TASK_PK: rank.task_arn,
+            "task_definition_arn": rank.task_definition_arn,
+            "container_inst_id": rank.container_inst_id,
+            "container_instance_arn": rank.container_instance_arn,
+            "ec2_instance_id": rank.ec2_instance_id,
+            # Overrides and tags are kept verbatim as JSON: they are replayed as-is on
+            # restart, and stopped tasks vanish from ECS after about an hour.
+            "overrides_json": json.dumps(rank.overrides, sort_keys=True),
+            "tags_json": json.dumps(rank.tags, sort_keys=True),
+            "group": rank.group,
+            "started_by": rank.started_by,
+            "registered_at": rank.registered_at,
+        }
+        if rank.is_live and rank.container_inst_id:
+            item[JOB_BY_INSTANCE_PK] = rank.container_inst_id
+        if rank.exit_code is not None:
+            item["exit_code"] = rank.exit_code
+        if rank.last_heartbeat_at is not None:
+            item["last_heartbeat_at"] = rank.last_heartbeat_at
+        return to_ddb({k: v for k, v in item.items() if v != ""})
+
+    @staticmethod
+    def instance_from_item(item: Mapping[str, Any]) -> Instance:
+        item = from_ddb(dict(item))
+        return Instance(
+            container_inst_id=item[INSTANCE_PK],
+            state=InstanceState(item.get("instance_state", InstanceState.AVAILABLE.value)),
+            container_instance_arn=item.get("container_instance_arn", ""),
+            ec2_instance_id=item.get("ec2_instance_id", ""),
+            hc_jobs=set(item.get("hc_jobs", set())),
+            hc_task_arn=item.get("hc_task_arn", ""),
+            hc_started_by=item.get("hc_started_by", ""),
+            hc_start_attempts=int(item.get("hc_start_attempts", 0)),
+            hc_requested_at=item.get("hc_requested_at"),
+            hc_lease_until=item.get("hc_lease_until"),
+            reboot_requested_at=item.get("reboot_requested_at"),
+            reboot_claimed_at=item.get("reboot_claimed_at"),
+            reboot_issued_at=item.get("reboot_issued_at"),
+            disconnected_at=item.get("disconnected_at"),
+            disconnected_version=int(item.get("disconnected_version", 0)),
+            boot_time=item.get("boot_time"),
+            waiting_jobs=set(item.get("waiting_jobs", set())),
+            deadline_at=item.get(DEADLINE_SK),
+            last_verdict=dict(item.get("last_verdict", {})),
+            quarantine_reason=item.get("quarantine_reason", ""),
+            drain_pending=bool(item.get("drain_pending", False)),
+        )
+
+    # ==================================================================== reads
+    def get_job(self, job_id: str) -> Job | None:
+        item = self.db.get(self.job_table_name, {JOB_PK: job_item_key(job_id)})
+        return self.job_from_item(item) if item else None
+
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None:
+        item = self.db.get(self.job_table_name, {JOB_PK: job_item_key(job_id)})
+        return from_ddb(item) if item else None
+
+    def get_rank(self, job_id: str, rank: int) -> Rank | None:
+        item = self.db.get(self.job_table_name, {JOB_PK: rank_item_key(job_id, rank)})
+        return self.rank_from_item(item) if item else None
+
+    def get_ranks(self, job: Job) -> list[Rank]:
+        """All rank items of a job, strongly consistent, by key (world_size items)."""
+        keys = [{JOB_PK: rank_item_key(job.job_id, r)} for r in range(job.world_size)]
+        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)]
+        return sorted(ranks, key=lambda r: r.rank)
+
+    def find_rank_by_task(self, task_arn: str) -> Rank | None:
+        response = self.db.query_page(
+            self.job_table_name,
+            IndexName=JOB_BY_TASK_INDEX,
+            KeyConditionExpression="#t = :t",
+            ExpressionAttributeNames={"#t": JOB_BY_TASK_PK},
+            ExpressionAttributeValues={":t": task_arn},
+            Limit=2,
+        )
+        items = response.get("Items", [])
+        if not items:
+            return None
+        # The index holds keys only (and is eventually consistent): read the item by key.
+        item = self.db.get(self.job_table_name, {JOB_PK: items[0][JOB_PK]})
+        return self.rank_from_item(item) if item and "rank" in item else None
+
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]:
+        """Ranks still holding GPUs on an instance (sparse index: history is never read)."""
+        items = self.db.query_all(
+            self.job_table_name,
+            IndexName=JOB_BY_INSTANCE_INDEX,
+            KeyConditionExpression="#i = :i",
+            ExpressionAttributeNames={"#i": JOB_BY_INSTANCE_PK},
+            ExpressionAttributeValues={":i": container_inst_id},
+        )
+        return [self.rank_from_item(i) for i in items]
+
+    def get_instance(self, container_inst_id: str) -> Instance | None:
+        item = self.db.get(self.instance_table_name, {INSTANCE_PK: container_inst_id})
+        return self.instance_from_item(item) if item else None
+
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]:
+        keys = [{INSTANCE_PK: i} for i in sorted(set(ids))]
+        found = (self.instance_from_item(i) for i in self.db.batch_get(self.instance_table_name, keys))
+        return {inst.container_inst_id: inst for inst in found}
+
+    def due_instances(self, now: float) -> list[Instance]:
+        return [self.instance_from_item(i) for i in self._due(self.instance_table_name, now)]
+
+    def due_job_items(self, now: float) -> list[dict[str, Any]]:
+        return [from_ddb(dict(i)) for i in self._due(self.job_table_name, now)]
+
+    def _due(self, table: str, now: float) -> list[dict[str, Any]]:
+        return self.db.query_all(
+            table,
+            IndexName=DEADLINE_INDEX,
+            KeyConditionExpression="#b = :b AND #d <= :now",
+            ExpressionAttributeNames={"#b": DEADLINE_PK, "#d": DEADLINE_SK},
+            ExpressionAttributeValues={":b": DEADLINE_BUCKET, ":now": to_ddb(float(now))},
+        )
+
+    # ============================================================ registration
+    def create_job_if_absent(self, job: Job) -> bool:
+        return self.db.put_if_absent(self.job_table_name, self.job_to_item(job), JOB_PK)
+
+    def put_rank_registration(self, rank: Rank) -> bool:
+        """Write a rank unless the table already has this task or a newer attempt."""
+        return self.db.put_conditional(
+            self.job_table_name,
+            self.rank_to_item(rank),
+            "attribute_not_exists(#k) OR (#a < :a) OR (#a = :a AND #t <> :t AND #s IN (:starting))",
+            {"#k": JOB_PK, "#a": "attempt", "#t": JOB_BY_TASK_PK, "#s": "rank_state"},
+            {":a": rank.attempt, ":t": rank.task_arn, ":starting": RankState.STARTING.value},
+        )
+
+    def put_instance_if_absent(self, instance: Instance) -> bool:
+        item = to_ddb(
+            {
+                INSTANCE_PK: instance.container_inst_id,
+                "instance_state": instance.state.value,
+                "container_instance_arn": instance.container_instance_arn,
+                "ec2_instance_id": instance.ec2_instance_id,
+                "registered_at": clock.now(),
+            }
+        )
+        item = {k: v for k, v in item.items() if v != ""}
+        return self.db.put_if_absent(self.instance_table_name, item, INSTANCE_PK)
+
+    # ================================================================ rank intents
+    def mark_rank_running(self, rank: Rank) -> bool:
+        return self.db.apply(self.rank_update(rank, RankState.RUNNING, from_states=[RankState.STARTING]))
+
+    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool:
+        """Mark a live rank STOP_REQUESTED (once) before asking ECS to stop it."""
+        return self.db.apply(self.rank_update(rank, RankState.STOP_REQUESTED, from_states=LIVE_RANK_STATES,
+                                              set_fields={"stop_reason": why[:300],
+                                                          "stop_requested_at": now}))
+
+    def record_rank_stop(self, stop: RankStop) -> bool:
+        return self.db.apply(self._rank_stop_update(stop))
+
+    def _rank_stop_update(self, stop: RankStop) -> Update:
+        return self.rank_update(stop.rank, stop.to, from_states=HOLDING_RANK_STATES, set_fields=stop.fields)
+
+    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
+        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
+        of the previous attempt. A holder that died lets the lease expire; the next one
+        looks the task up by startedBy before starting it."""
+        return self.db.apply(Update(
+            table=self.job_table_name,
+            key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
+            condition=("#a = :prev AND (attribute_not_exists(#la) OR #la <> :a OR #lu < :now)"),
+            condition_values={":prev": attempt - 1, ":a": attempt, ":now": now},
+            condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
+        ))
+
+    # ================================================================= job intents
+    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState],
+                       suspects: Sequence[str], reason: str, now: float, deadline_at: float,
+                       rank_stop: RankStop | None = None, actor: str = "recovery") -> bool:
+        """The first suspect of a fault: job -> PENDING_HEALTHCHECK (with the rank's stop
+        in the same transaction, so a retry never finds one written without the other)."""
+        job = self.job_transition(
+            job_id, JobState.PENDING_HEALTHCHECK, from_states=from_states, attempt=attempt,
+            reason=reason, actor=actor,
+            set_fields={"suspects": {i: SuspectVerdict.PENDING.value for i in suspects},
+                        "fault_started_at": now, "last_error": reason[:1000], "verdicts": {},
+                        # In the deadline index while in recovery: the queue scheduler holds
+                        # the job's nodes, and the sweep opens any health check still missing.
+                        **self.job_deadline_fields(deadline_at)},
+        )
+        return self._with_rank(job, rank_stop)
+
+    def add_suspects(self, job_id: str, attempt: int, suspects: Sequence[str],
+                     rank_stop: RankStop | None = None) -> bool:
+        """Another suspect of the fault being handled (idempotent per instance)."""
+        job = Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
+            set_if_absent={f"suspects.{i}": SuspectVerdict.PENDING.value for i in suspects},
+            condition="#st = :phc AND #att = :att",
+            condition_values={":phc": JobState.PENDING_HEALTHCHECK.value, ":att": attempt},
+            condition_names={"#st": "job_state", "#att": "attempt"},
+        )
+        return self._with_rank(job, rank_stop)
+
+    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
+                   actor: str = "recovery", fields: dict[str, Any] | None = None,
+                   from_states: Iterable[JobState] | None = None,
+                   rank_stop: RankStop | None = None) -> bool:
+        """Move a job to a terminal state (from any state that may reach it)."""
+        sources = [s for s in (from_states or sources_of(to))]
+        job = self.job_transition(job_id, to, from_states=sources, attempt=attempt, reason=reason,
+                                  actor=actor, set_fields=fields, remove_fields=list(_DEADLINE))
+        return self._with_rank(job, rank_stop)
+
+    def _with_rank(self, job_update: Update, rank_stop: RankStop | None) -> bool:
+        if rank_stop is None:
+            return self.db.apply(job_update)
+        return self.db.transact([self._rank_stop_update(rank_stop), job_update])
+
+    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery") -> bool:
+        return self.db.apply(self.job_transition(
+            job_id, JobState.RUNNING, from_states=[JobState.STARTING], attempt=attempt,
+            reason=reason, actor=actor, remove_fields=list(_DEADLINE)))
+
+    def mark_job_canceled(self, job_id: str, reason: str, actor: str = "recovery") -> bool:
+        return self.db.apply(self.job_transition(
+            job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
+            reason=reason, actor=actor))
+
+    def rearm_job(self, job: Job, deadline_at: float) -> bool:
+        """Push a job's deadline (no history entry: nothing happened to the job)."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields=self.job_deadline_fields(deadline_at),
+            condition="#st = :st AND #att = :att",
+            condition_values={":st": job.state.value, ":att": job.attempt},
+            condition_names={"#st": "job_state", "#att": "attempt"},
+        ))
+
+    def clear_job_deadline(self, job_id: str, state: JobState, deadline_at: Any) -> bool:
+        """Only the deadline the sweep read: a newer one (a new state) stays."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
+            remove_fields=list(_DEADLINE),
+            condition="#st = :st AND #dl = :dl",
+            condition_values={":st": state.value, ":dl": deadline_at},
+            condition_names={"#st": "job_state", "#dl": DEADLINE_SK},
+        ))
+
+    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float) -> bool:
+        """PENDING_RESTART -> STARTING with attempt + 1, exactly once per fault."""
+        new_attempt = job.attempt + 1
+        return self.db.apply(self.job_transition(
+            job.job_id, JobState.STARTING, from_states=[JobState.PENDING_RESTART],
+            attempt=job.attempt, reason=f"gang restart, attempt {new_attempt}", actor="recovery",
+            set_fields={"attempt": new_attempt, "restarted_attempt": new_attempt, "restarted_at": now,
+                        **self.job_deadline_fields(deadline_at)},
+        ))
+
+    # ============================================================ instance intents
+    def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float) -> bool:
+        """AVAILABLE / SUSPECT (or unknown) -> HEALTH_CHECK_PENDING with this job waiting."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT], allow_missing=True,
+            to=InstanceState.HEALTH_CHECK_PENDING,
+            set_fields={"hc_requested_at": now, "hc_start_attempts": 0},
+            add_to_sets={"hc_jobs": {job_id}},
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "waiting_jobs"],
+            deadline_at=retry_at,
+        ))
+
+    def join_health_check(self, inst_id: str, job_id: str) -> bool:
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=HEALTH_CHECK_STATES, add_to_sets={"hc_jobs": {job_id}}))
+
+    def claim_health_check(self, instance: Instance, started_by: str, lease_until: float) -> bool:
+        """HEALTH_CHECK_PENDING -> HEALTH_CHECKING: the claim is committed before StartTask,
+        and its startedBy finds the task again if the answer to StartTask is lost."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
+            to=InstanceState.HEALTH_CHECKING,
+            set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until},
+            deadline_at=lease_until,
+            extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
+            extra_names={"#att": "hc_start_attempts"},
+        ))
+
+    def take_over_health_check_claim(self, instance: Instance, lease_until: float, now: float) -> bool:
+        """A claim whose holder died (lease expired, no task recorded): take it over."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+            set_fields={"hc_lease_until": lease_until}, deadline_at=lease_until,
+            extra_condition="#sb = :sb AND attribute_not_exists(#arn) AND "
+                            "(attribute_not_exists(#lu) OR #lu < :now)",
+            extra_values={":sb": instance.hc_started_by, ":now": now},
+            extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn", "#lu": "hc_lease_until"},
+        ))
+
+    def record_health_check_task(self, inst_id: str, started_by: str, task_arn: str,
+                                 deadline_at: float) -> bool:
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+            set_fields={"hc_task_arn": task_arn}, remove_fields=["hc_lease_until"],
+            deadline_at=deadline_at,
+            extra_condition="#sb = :sb", extra_values={":sb": started_by},
+            extra_names={"#sb": "hc_started_by"},
+        ))
+
+    def release_health_check_claim(self, inst_id: str, started_by: str, *, placement_failed: bool,
+                                   retry_at: float) -> bool:
+        """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+            to=InstanceState.HEALTH_CHECK_PENDING,
+            increments={"hc_start_attempts": 1} if placement_failed else {},
+            remove_fields=["hc_started_by", "hc_lease_until"], deadline_at=retry_at,
+            extra_condition="#sb = :sb AND attribute_not_exists(#arn)",
+            extra_values={":sb": started_by},
+            extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn"},
+        ))
+
+    def retry_health_check(self, inst_id: str, started_by: str, retry_at: float) -> bool:
+        """The check ended without a verdict (image pull, OOM...): run it again."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+            to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until"], deadline_at=retry_at,
+            extra_condition="#sb = :sb", extra_values={":sb": started_by},
+            extra_names={"#sb": "hc_started_by"},
+        ))
+
+    def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:
+        return self.db.apply(self.instance_update(inst_id, from_states=[state], deadline_at=deadline_at))
+
+    def clear_instance_deadline(self, inst_id: str, state: InstanceState) -> bool:
+        return self.db.apply(self.instance_update(inst_id, from_states=[state], clear_deadline=True))
+
+    def record_verdict(self, instance: Instance, *, to: InstanceState, findings: dict[str, Any],
+                       jobs: Sequence[JobVerdict], now: float, follow_up_at: float,
+                       quarantine_reason: str = "", restart_jobs: Iterable[str] = ()) -> bool:
+        """One health check's verdict on the instance and every job waiting for it,
+        atomically. Applies only to this check (its startedBy) and only if no job joined
+        it since it was read. A reboot or a drain still to do keeps a deadline
+        (``follow_up_at``) so the sweep finishes it if this delivery dies."""
+        fields: dict[str, Any] = {"last_verdict": findings}
+        remove = ["hc_jobs", "hc_lease_until"]
+        follow_up = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
+        if to is InstanceState.REBOOTING:
+            fields.update(reboot_requested_at=now)
+            remove += ["reboot_claimed_at", "reboot_issued_at", "disconnected_at", "disconnected_version"]
+        if to is InstanceState.QUARANTINED:
+            fields.update(quarantine_reason=quarantine_reason[:500], drain_pending=True)
+        updates = [self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING], to=to,
+            set_fields=fields, remove_fields=remove, deadline_at=follow_up_at if follow_up else None,
+            clear_deadline=not follow_up,
+            add_to_sets={"waiting_jobs": set(restart_jobs)} if restart_jobs else None,
+            extra_condition="#sb = :sb AND size(#hcj) = :hcn",
+            extra_values={":sb": instance.hc_started_by, ":hcn": len(instance.hc_jobs)},
+            extra_names={"#sb": "hc_started_by", "#hcj": "hc_jobs"},
+        )]
+        updates += [self._job_verdict_update(instance.container_inst_id, v) for v in jobs]
+        return self.db.transact(updates)
+
+    def record_drained(self, inst_id: str) -> bool:
+        """ECS confirmed the quarantine's DRAINING: nothing left for the sweep."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.QUARANTINED], remove_fields=["drain_pending"],
+            clear_deadline=True, extra_condition="attribute_exists(#dp)",
+            extra_names={"#dp": "drain_pending"}))
+
+    def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
+                                        restart: bool) -> bool:
+        """A job joins an instance already rebooting or quarantined by another job's fault:
+        the verdict it waits for is already known."""
+        updates = [self.instance_update(
+            instance.container_inst_id, from_states=[instance.state],
+            add_to_sets={"waiting_jobs": {verdict.job.job_id}} if restart else None)]
+        updates.append(self._job_verdict_update(instance.container_inst_id, verdict))
+        return self.db.transact(updates)
+
+    def _job_verdict_update(self, inst_id: str, verdict: JobVerdict) -> Update:
+        fields: dict[str, Any] = {f"suspects.{inst_id}": verdict.label.value,
+                                  f"verdicts.{inst_id}": verdict.findings}
+        if verdict.last_error:
+            fields["last_error"] = verdict.last_error[:1000]
+        if verdict.deadline_at is not None:
+            fields.update(self.job_deadline_fields(verdict.deadline_at))
+        return self.job_transition(
+            verdict.job.job_id, verdict.to, from_states=[verdict.job.state], attempt=verdict.job.attempt,
+            reason=f"verdict {verdict.label.value} on {inst_id}", actor="recovery", set_fields=fields,
+            increments={"recoveries_used": 1} if verdict.spend_recovery else None,
+            remove_fields=list(_DEADLINE) if verdict.to.is_terminal else None,
+        )
+
+    def claim_reboot(self, instance: Instance, now: float) -> bool:
+        """The intent to call the reboot API, committed before the call (one caller at a
+        time; a claim whose answer was never recorded is taken over only by
+        :meth:`take_over_reboot_claim`)."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"reboot_claimed_at": now},
+            extra_condition="#rq = :rq AND attribute_not_exists(#rc) AND attribute_not_exists(#ri)",
+            extra_values={":rq": instance.reboot_requested_at},
+            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
+        ))
+
+    def take_over_reboot_claim(self, instance: Instance, now: float) -> bool:
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"reboot_claimed_at": now},
+            extra_condition="#rq = :rq AND #rc = :rc AND attribute_not_exists(#ri)",
+            extra_values={":rq": instance.reboot_requested_at, ":rc": instance.reboot_claimed_at},
+            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
+        ))
+
+    def record_reboot_issued(self, instance: Instance, path: str, now: float, deadline_at: float) -> bool:
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"reboot_issued_at": now, "reboot_path": path}, deadline_at=deadline_at,
+            extra_condition="#rq = :rq", extra_values={":rq": instance.reboot_requested_at},
+            extra_names={"#rq": "reboot_requested_at"},
+        ))
+
+    def release_reboot_claim(self, instance: Instance, claimed_at: float, retry_at: float) -> bool:
+        """The reboot API refused the call (nothing happened): let the next try issue it."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            remove_fields=["reboot_claimed_at"], deadline_at=retry_at,
+            extra_condition="#rq = :rq AND #rc = :rc AND attribute_not_exists(#ri)",
+            extra_values={":rq": instance.reboot_requested_at, ":rc": claimed_at},
+            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
+        ))
+
+    def record_agent_disconnected(self, instance: Instance, at: float, version: int) -> bool:
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"disconnected_at": at, "disconnected_version": version},
+            extra_condition="#rq = :rq AND attribute_not_exists(#dc)",
+            extra_values={":rq": instance.reboot_requested_at},
+            extra_names={"#rq": "reboot_requested_at", "#dc": "disconnected_at"},
+        ))
+
+    def mark_instance_back(self, instance: Instance, now: float) -> bool:
+        """REBOOTING -> AVAILABLE, once per reboot."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
+            set_fields={"returned_at": now}, remove_fields=["waiting_jobs"], clear_deadline=True,
+            extra_condition="#rq = :rq", extra_values={":rq": instance.reboot_requested_at},
+            extra_names={"#rq": "reboot_requested_at"},
+        ))
+
+    def time_out_instance(self, instance: Instance, *, quarantine: bool, what: str,
+                          failures: Sequence[JobFailure], actor: str = "sweep") -> bool:
+        """The instance's health check or reboot ran out of time: the instance leaves
+        recovery (QUARANTINED, or SUSPECT when nothing proved it faulty) and every job
+        waiting for it fails, atomically."""
+        fields: dict[str, Any] = {"quarantine_reason": what[:500]}
+        if quarantine:
+            fields["drain_pending"] = True
+        updates = [self.instance_update(
+            instance.container_inst_id, from_states=[instance.state],
+            to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
+            set_fields=fields, remove_fields=["hc_jobs", "waiting_jobs", "hc_lease_until"],
+            deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
+        for failure in failures:
+            updates.append(self.job_transition(
+                failure.job.job_id, JobState.FAILED, from_states=[failure.job.state],
+                attempt=failure.job.attempt, reason=failure.reason, actor=actor,
+                set_fields={"last_error": failure.reason[:1000],
+                            f"suspects.{instance.container_inst_id}": failure.label.value},
+                remove_fields=list(_DEADLINE)))
+        return self.db.transact(updates)
+
+    # ======================================================= generic (shared) API
+    def apply(self, update: Update) -> bool:
+        return self.db.apply(update)
+
+    def apply_returning(self, update: Update) -> dict[str, Any] | None:
+        return self.db.apply_returning(update)
+
+    def transact(self, updates: Sequence[Update]) -> bool:
+        return self.db.transact(updates)
+
+    def _batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self.db.batch_get(table, keys)
+
+    def job_transition(
+        self,
+        job_id: str,
+        to: JobState,
+        *,
+        from_states: Iterable[JobState],
+        attempt: int | None,
+        reason: str,
+        actor: str,
+        set_fields: dict[str, Any] | None = None,
+        increments: dict[str, int] | None = None,
+        remove_fields: list[str] | None = None,
+        extra_condition: str | None = None,
+        extra_values: dict[str, Any] | None = None,
+        extra_names: dict[str, str] | None = None,
+    ) -> Update:
+        """A job state change, checked against the one job state machine."""
+        sources = list(from_states)
+        for source in sources:
+            if source is not to:
+                check_transition(source, to)
+        states = [s.value for s in sources]
+        extra = "#att = :att" if attempt is not None else None
+        if extra_condition:
+            extra = f"({extra}) AND ({extra_condition})" if extra else extra_condition
+        condition, values, names = state_condition("job_state", states, "js", extra)
+        if attempt is not None:
+            values[":att"] = attempt
+            names["#att"] = "attempt"
+        values.update(extra_values or {})
+        names.update(extra_names or {})
+        now = clock.now()
+        fields = {"job_state": to.value, "updated_at": now, **(set_fields or {})}
+        return Update(
+            table=self.job_table_name,
+            key={JOB_PK: job_item_key(job_id)},
+            set_fields=fields,
+            increments=increments or {},
+            remove_fields=remove_fields or [],
+            history_entry={"at": now, "to": to.value, "reason": reason[:500], "actor": actor,
+                           "from": "|".join(states)},
+            condition=condition,
+            condition_values=values,
+            condition_names=names,
+        )
+
+    def rank_update(
+        self,
+        rank: Rank,
+        to: RankState,
+        *,
+        from_states: Iterable[RankState],
+        set_fields: dict[str, Any] | None = None,
+    ) -> Update:
+        """Move one rank; the task ARN in the condition ignores stale attempts."""
+        condition, values, names = state_condition(
+            "rank_state", [s.value for s in from_states], "rs", "#task = :task"
+        )
+        values[":task"] = rank.task_arn
+        names["#task"] = JOB_BY_TASK_PK
+        remove = [] if to in HOLDING_RANK_STATES else [JOB_BY_INSTANCE_PK]
+        if to not in (RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG):
+            remove.append(HB_PK)  # leave the sparse heartbeat index: only watched ranks stay
+        return Update(
+            table=self.job_table_name,
+            key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            set_fields={"rank_state": to.value, "updated_at": clock.now(), **(set_fields or {})},
+            remove_fields=remove,
+            condition=condition,
+            condition_values=values,
+            condition_names=names,
+        )
+
+    def instance_update(
+        self,
+        container_inst_id: str,
+        *,
+        from_states: Iterable[InstanceState] | None = None,
+        to: InstanceState | None = None,
+        set_fields: dict[str, Any] | None = None,
+        add_to_sets: dict[str, set[str]] | None = None,
+        delete_from_sets: dict[str, set[str]] | None = None,
+        remove_fields: list[str] | None = None,
+        increments: dict[str, int] | None = None,
+        deadline_at: float | None = None,
+        clear_deadline: bool = False,
+        extra_condition: str | None = None,
+        extra_values: dict[str, Any] | None = None,
+        extra_names: dict[str, str] | None = None,
+        allow_missing: bool = False,
+    ) -> Update:
+        fields = dict(set_fields or {})
+        remove = list(remove_fields or [])
+        if to is not None:
+            fields["instance_state"] = to.value
+        fields["updated_at"] = clock.now()
+        if deadline_at is not None:
+            fields[DEADLINE_PK] = DEADLINE_BUCKET
+            fields[DEADLINE_SK] = deadline_at
+        elif clear_deadline:
+            remove += _DEADLINE
+        condition = None
+        values: dict[str, Any] = {}
+        names: dict[str, str] = {}
+        if from_states is not None:
+            states = [s.value for s in from_states]
+            condition, values, names = state_condition("instance_state", states, "is", extra_condition)
+            if allow_missing:
+                names["#ik"] = INSTANCE_PK
+                condition = f"attribute_not_exists(#ik) OR ({condition})"
+        elif extra_condition:
+            condition = extra_condition
+        values.update(extra_values or {})
+        names.update(extra_names or {})
+        return Update(
+            table=self.instance_table_name,
+            key={INSTANCE_PK: container_inst_id},
+            set_fields=fields,
+            add_to_sets=add_to_sets or {},
+            delete_from_sets=delete_from_sets or {},
+            remove_fields=remove,
+            increments=increments or {},
+            condition=condition,
+            condition_values=values,
+            condition_names=names,
+        )
+
+    def job_deadline_fields(self, deadline_at: float) -> dict[str, Any]:
+        return {DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: deadline_at}
+
+    @staticmethod
+    def deadline_attributes() -> list[str]:
+        return list(_DEADLINE)

@@ -1,0 +1,166 @@
+"""Persistence of the queue scheduler: its lease, the launch ledger, the queue head and
+the launch transitions of a job (claim, finish, requeue, fail).
+
+The lease item (``SCHEDULER#LEASE`` in the job table) carries the ledger of launches
+in flight (``inflight.<job_id>``), written in the same transaction as a job's claim, so
+a tick that dies anywhere leaves exactly the launches it must resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from gpu_recovery.constants import (
+    DEADLINE_BUCKET,
+    DEADLINE_INDEX,
+    DEADLINE_PK,
+    JOB_BY_QUEUE_INDEX,
+    JOB_PK,
+    QUEUE_BUCKET,
+    QUEUE_PK,
+    QUEUE_SK,
+    job_item_key,
+)
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, JobState
+from gpu_recovery.repository.base import Update, from_ddb, to_ddb
+from gpu_recovery.repository.recovery import Repository
+
+LEASE_KEY = "SCHEDULER#LEASE"
+# A launch is over once the job is in one of these: nothing may mark it launched.
+_NOT_LIVE = (JobState.COMPLETE, JobState.FAILED, JobState.USER_STOPPED, JobState.CANCELED, JobState.CANCELING)
+
+
+class SchedulingRepository:
+    def __init__(self, repo: Repository) -> None:
+        self.repo = repo
+        self.db = repo.db
+        self.table = repo.job_table_name
+
+    # ----------------------------------------------------------------- lease
+    def acquire_lease(self, owner: str, now: float, seconds: float) -> bool:
+        """Take (or renew) the one scheduler lease; the ledger on it is never erased."""
+        return self.db.apply(Update(
+            table=self.table, key={JOB_PK: LEASE_KEY},
+            set_fields={"owner": owner, "expires_at": now + seconds, "acquired_at": now,
+                        "item_type": "LEASE"},
+            set_if_absent={"inflight": {}},
+            condition="attribute_not_exists(#k) OR #e < :now OR #o = :me",
+            condition_values={":now": to_ddb(now), ":me": owner},
+            condition_names={"#k": JOB_PK, "#e": "expires_at", "#o": "owner"},
+        ))
+
+    def release_lease(self, owner: str) -> bool:
+        return self.db.apply(Update(
+            table=self.table, key={JOB_PK: LEASE_KEY}, set_fields={"expires_at": 0},
+            condition="#o = :me", condition_values={":me": owner}, condition_names={"#o": "owner"},
+        ))
+
+    # ---------------------------------------------------------------- ledger
+    def ledger_entries(self) -> dict[str, dict[str, Any]]:
+        item = self.db.get(self.table, {JOB_PK: LEASE_KEY}) or {}
+        return dict(from_ddb(dict(item.get("inflight") or {})))
+
+    def bump_resumes(self, job_id: str) -> bool:
+        return self.db.apply(Update(
+            table=self.table, key={JOB_PK: LEASE_KEY}, increments={f"inflight.{job_id}.resumes": 1},
+            condition="attribute_exists(#i.#j)", condition_names={"#i": "inflight", "#j": job_id}))
+
+    def launch_done(self, job_id: str) -> bool:
+        return self.db.apply(Update(
+            table=self.table, key={JOB_PK: LEASE_KEY}, remove_fields=[f"inflight.{job_id}"],
+            condition="attribute_exists(#i)", condition_names={"#i": "inflight"}))
+
+    # --------------------------------------------------------------- reads
+    def job_item(self, job_id: str) -> dict[str, Any] | None:
+        return self.repo.get_job_item(job_id)
+
+    def queue_head(self, page_size: int) -> Iterator[dict[str, Any]]:
+        """The queue index ascending (priority high -> low, FIFO), page by page, lazily."""
+        kwargs: dict[str, Any] = {
+            "IndexName": JOB_BY_QUEUE_INDEX,
+            "KeyConditionExpression": "#b = :b",
+            "ExpressionAttributeNames": {"#b": QUEUE_PK},
+            "ExpressionAttributeValues": {":b": QUEUE_BUCKET},
+            "ScanIndexForward": True,
+            "Limit": page_size,
+        }
+        while True:
+            response = self.db.query_page(self.table, **kwargs)
+            for item in response.get("Items", []):
+                yield from_ddb(dict(item))
+            if "LastEvaluatedKey" not in response:
+                return
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    def jobs_in_recovery(self) -> list[dict[str, Any]]:
+        """Jobs in PENDING_HEALTHCHECK / PENDING_RESTART: they carry a deadline, so the
+        sparse deadline index lists them (as many items as jobs in recovery)."""
+        items = self.db.query_all(
+            self.table, IndexName=DEADLINE_INDEX, KeyConditionExpression="#p = :v",
+            ExpressionAttributeNames={"#p": DEADLINE_PK}, ExpressionAttributeValues={":v": DEADLINE_BUCKET})
+        states = {s.value for s in RECOVERING_JOB_STATES}
+        return [from_ddb(dict(i)) for i in items
+                if i.get("item_type") == "JOB" and i.get("job_state") in states]
+
+    # ----------------------------------------------------------- launches
+    def claim_launch(self, job_id: str, current_attempt: int | None, attempt: int, plan: dict[str, Any],
+                     now: float, owner: str, reason: str) -> bool:
+        """QUEUED / PENDING_RESOURCES -> STARTING with ``attempt``, out of the queue index,
+        and the ledger entry, in one transaction (only while the lease is ours)."""
+        claim = self.repo.job_transition(
+            job_id, JobState.STARTING, from_states=[JobState.QUEUED, JobState.PENDING_RESOURCES],
+            attempt=current_attempt,
+            extra_condition=None if current_attempt is not None else "attribute_not_exists(#attempt0)",
+            extra_names=None if current_attempt is not None else {"#attempt0": "attempt"},
+            reason=reason, actor="scheduler",
+            set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now},
+            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at"],
+        )
+        ledger = Update(
+            table=self.table, key={JOB_PK: LEASE_KEY},
+            set_fields={f"inflight.{job_id}": {"attempt": attempt, "claimed_at": now, "resumes": 0}},
+            condition="#owner = :owner AND attribute_exists(#inflight)",
+            condition_values={":owner": owner}, condition_names={"#owner": "owner", "#inflight": "inflight"},
+        )
+        return self.db.transact([claim, ledger])
+
+    def finish_launch(self, job_id: str, attempt: int, attempts: Sequence[Mapping[str, Any]],
+                      now: float) -> bool:
+        """The launch is complete, unless the job was canceled or ended meanwhile."""
+        states = {f":x{i}": s.value for i, s in enumerate(_NOT_LIVE)}
+        return self.db.apply(Update(
+            table=self.table, key={JOB_PK: job_item_key(job_id)},
+            set_fields={"launched_at": now, "resource_failures": 0, "attempts": list(attempts),
+                        "updated_at": now},
+            condition=f"#a = :a AND NOT (#s IN ({', '.join(states)}))",
+            condition_values={":a": attempt, **states}, condition_names={"#a": "attempt", "#s": "job_state"},
+        ))
+
+    def requeue_after_failed_launch(self, job_id: str, attempt: int, *, reason: str, queue_order: str,
+                                    not_before: float, resource_failures: int,
+                                    attempts: Sequence[Mapping[str, Any]]) -> bool:
+        """Back to PENDING_RESOURCES at its original queue position, after a back-off.
+        From RUNNING too: the recovery loop marks the job RUNNING as soon as rank 0 runs."""
+        return self.db.apply(self.repo.job_transition(
+            job_id, JobState.PENDING_RESOURCES, from_states=[JobState.STARTING, JobState.RUNNING],
+            attempt=attempt, reason=reason, actor="scheduler",
+            set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": not_before,
+                        "resource_failures": resource_failures, "attempts": list(attempts),
+                        "last_error": reason[:1000]},
+            remove_fields=["launch_claimed_at"],
+        ))
+
+    def fail_launch(self, job_id: str, attempt: int, *, reason: str, failure_kind: str,
+                    attempts: Sequence[Mapping[str, Any]]) -> bool:
+        return self.db.apply(self.repo.job_transition(
+            job_id, JobState.FAILED, from_states=[JobState.STARTING, JobState.RUNNING], attempt=attempt,
+            reason=reason, actor="scheduler",
+            set_fields={"attempts": list(attempts), "last_error": reason[:1000],
+                        "failure_kind": failure_kind},
+            remove_fields=["launch_claimed_at", *self.repo.deadline_attributes()],
+        ))
+
+    def cancel_unlaunched(self, job_id: str, reason: str) -> bool:
+        """CANCELING with no live rank: no STOPPED event will finish the cancel."""
+        return self.repo.mark_job_canceled(job_id, reason, actor="scheduler")

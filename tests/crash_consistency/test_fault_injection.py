@@ -1,0 +1,98 @@
+"""The recovery loop never loses a fault, whatever AWS call fails and in whatever order
+the events arrive.
+
+One GPU-fault recovery of a 2-node job (NCCL cascade, DCGM says reboot, the reboot
+fixes it) is broken at an AWS call, once, in two ways: a throttle that does not execute
+the call, and a call that executes but whose response is lost. Failed events are
+redelivered as Lambda's asynchronous invocation does (twice, a minute and two minutes
+later) and the sweep runs every minute. Every run must end with the job recovered and
+completed, exactly one health check per suspect node, exactly one reboot of the faulty
+node, and nothing stuck.
+
+The default run breaks the first call of every distinct call site of the flow (every
+place the loop talks to AWS); ``make test-faults`` breaks every call of the flow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from functools import cache
+
+import pytest
+
+from local_mode import crash_campaign as campaign
+from local_mode.faults import FAULT_MODES, LOST_RESPONSE, THROTTLE
+
+EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
+
+
+@cache
+def baseline() -> campaign.RunResult:
+    return campaign.run_recovery()
+
+
+def positions() -> list[int]:
+    result = baseline()
+    if EVERY_CALL:
+        return [call.index for call in result.calls]
+    return campaign.sample_positions(result)
+
+
+def test_the_unbroken_recovery_is_exactly_right() -> None:
+    result = baseline()
+    assert campaign.check(result) == []
+    assert result.suspects == {campaign.FAULTY: "REBOOT"}
+    assert result.recovered_mails == 1
+    # The flow talks to ECS, EC2, DynamoDB, CloudWatch Logs and SNS.
+    assert {c.service for c in result.calls} >= {"ecs", "ec2", "dynamodb", "cloudwatch-logs", "sns"}
+
+
+def test_every_call_site_of_the_flow_is_covered() -> None:
+    """The sample breaks every operation the flow uses at least once."""
+    sampled = {baseline().calls[i - 1].operation for i in positions()}
+    assert sampled == {c.operation for c in baseline().calls}
+    assert {"StartTask", "StopTask", "RebootInstances", "TransactWriteItems", "UpdateItem", "PutItem",
+            "GetItem", "Query", "BatchGetItem", "GetLogEvents", "Publish"} <= sampled
+
+
+def _cases() -> list[tuple[int, str]]:
+    return [(index, mode) for index in positions() for mode in FAULT_MODES]
+
+
+@pytest.mark.parametrize(("index", "mode"), _cases())
+def test_a_fault_at_any_call_still_recovers_the_job_exactly_once(index: int, mode: str) -> None:
+    result = campaign.run_recovery((index, mode))
+    assert result.fired is not None, "the fault never fired"
+    fired = f"{result.fired.service}.{result.fired.operation} at {result.fired.site}"
+    assert campaign.check(result) == [], f"{mode} at call {index} ({fired})"
+
+
+def test_both_fault_models_are_injected() -> None:
+    """The two models differ as they should: a throttle changes nothing, a lost response
+    changes what the call was meant to change (the call after the GPU fault that
+    records the rank's stop and the job's PENDING_HEALTHCHECK)."""
+    enter = next(c.index for c in baseline().calls if c.operation == "TransactWriteItems")
+    throttled = campaign.run_recovery((enter, THROTTLE))
+    lost = campaign.run_recovery((enter, LOST_RESPONSE))
+    assert throttled.fired is not None and lost.fired is not None
+    assert throttled.fired.operation == lost.fired.operation == "TransactWriteItems"
+    assert campaign.check(throttled) == [] and campaign.check(lost) == []
+
+
+# ------------------------------------------------------------------ event orders
+def _orders() -> list[tuple[str, ...]]:
+    """Every distinct order of the two ranks' STOPPED events, each delivered twice."""
+    return sorted(set(itertools.permutations(("faulty", "faulty", "peer", "peer"))))
+
+
+@pytest.mark.parametrize("order", _orders(), ids=lambda o: "-".join(o))
+def test_any_order_of_the_cascade_blames_the_faulty_node(order: tuple[str, ...]) -> None:
+    """Given rank 1's GPU faults and NCCL kills rank 0 on the healthy node, both before
+    any handler ran, When their STOPPED events (each duplicated) arrive in any order,
+    Then both nodes (both ranks exited on their own) are checked once, only the faulty
+    one is rebooted, and the job is restarted and completes."""
+    result = campaign.run_reordered(order)
+    assert campaign.check(result) == [], order
+    assert result.suspects == {campaign.HEALTHY: "HEALTHY", campaign.FAULTY: "REBOOT"}
+    assert result.health_checks == {campaign.HEALTHY: 1, campaign.FAULTY: 1}
