@@ -151,7 +151,12 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, fault: tuple
     # Inspect through the emulator's own client: these reads are not the flow's calls.
     repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
 
-    def ended() -> bool:
+    checked = [0.0]
+
+    def ended() -> bool:  # read the job at most once a simulated minute
+        if sim.now() < checked[0] + MIN:
+            return False
+        checked[0] = sim.now()
         job = repo.get_job(JOB_ID)
         return job is not None and job.state.is_terminal
 

@@ -1,0 +1,261 @@
+"""In-memory fakes of the recovery loop's ports, and a world to drive its stages.
+
+The repository is the real one on moto's DynamoDB (it is the DynamoDB adapter); ECS,
+the reboot API, SNS and CloudWatch Logs are fakes that record every call, so a stage
+test says exactly which side effects happened and how often.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+from moto import mock_aws
+
+from gpu_recovery import clock
+from gpu_recovery import constants as C
+from gpu_recovery.adapters.ecs import StartResult
+from gpu_recovery.domain.notifications import Notification
+from gpu_recovery.ecs_events import EcsContainerInstanceDetail, EcsTaskDetail
+from gpu_recovery.recovery import RankRegistration, RecoveryService
+from gpu_recovery.repository import Repository
+from gpu_recovery.settings import Settings
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+REGION, ACCOUNT, CLUSTER = "us-east-1", "111122223333", "gpu-cluster"
+CLUSTER_ARN = f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{CLUSTER}"
+
+
+def ci_arn(node: str) -> str:
+    return f"arn:aws:ecs:{REGION}:{ACCOUNT}:container-instance/{CLUSTER}/{node}"
+
+
+@dataclass
+class FakeTask:
+    arn: str
+    node: str
+    started_by: str
+    group: str
+    last_status: str = "RUNNING"
+    exit_code: int | None = None
+    stop_code: str = ""
+    stopped_reason: str = ""
+
+
+class LostResponse(Exception):
+    """The call executed; its answer never came back."""
+
+
+@dataclass
+class FakeEcs:
+    cluster: str = CLUSTER
+    tasks: dict[str, FakeTask] = field(default_factory=dict)
+    stop_calls: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    agent_connected: dict[str, bool] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    #: fail the next call of an operation: ("refuse" | "lose" | "place_nothing")
+    failures: dict[str, list[str]] = field(default_factory=dict)
+
+    def _fault(self, operation: str) -> str | None:
+        queue = self.failures.get(operation) or []
+        return queue.pop(0) if queue else None
+
+    def start_task(self, *, task_definition: str, container_instance_arn: str,
+                   overrides: dict[str, Any] | None = None, tags: list[dict[str, str]] | None = None,
+                   started_by: str = "", group: str | None = None) -> StartResult:
+        fault = self._fault("start_task")
+        if fault == "refuse":
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "StartTask")
+        if fault == "place_nothing":
+            return StartResult([], [{"arn": container_instance_arn, "reason": "RESOURCE:GPU"}])
+        arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
+        self.tasks[arn] = FakeTask(arn, container_instance_arn.rsplit("/", 1)[-1], started_by, group or "")
+        if fault == "lose":
+            raise LostResponse("StartTask: response lost")
+        return StartResult([arn], [])
+
+    def stop_task(self, task_arn: str, reason: str) -> None:
+        self.stop_calls.append(task_arn)
+
+    def describe_task(self, task_arn: str) -> dict[str, Any] | None:
+        task = self.tasks.get(task_arn)
+        if task is None:
+            return None
+        return {"taskArn": task.arn, "clusterArn": CLUSTER_ARN, "lastStatus": task.last_status,
+                "containerInstanceArn": ci_arn(task.node), "startedBy": task.started_by,
+                "group": task.group, "stopCode": task.stop_code, "stoppedReason": task.stopped_reason,
+                "containers": [{"name": "dcgm", "exitCode": task.exit_code}], "tags": []}
+
+    def tasks_started_by(self, started_by: str) -> list[str]:
+        return [t.arn for t in self.tasks.values() if t.started_by == started_by]
+
+    def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
+        return []
+
+    def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None:
+        node = container_instance.rsplit("/", 1)[-1]
+        return {"containerInstanceArn": ci_arn(node), "status": "ACTIVE",
+                "agentConnected": self.agent_connected.get(node, True),
+                "version": self.versions.get(node, 1), "ec2InstanceId": f"i-{node}"}
+
+    def drain(self, container_instance_arn: str) -> None:
+        self.drained.append(container_instance_arn)
+
+    def health_checks_on(self, node: str) -> list[FakeTask]:
+        return [t for t in self.tasks.values() if t.node == node and t.group == C.HEALTH_CHECK_GROUP]
+
+
+@dataclass
+class FakeRebooter:
+    calls: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # "refuse" | "lose"
+
+    def reboot(self, instance_id: str, reason: str) -> str:
+        fault = self.failures.pop(0) if self.failures else None
+        if fault == "refuse":
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "RebootInstances")
+        self.calls.append(instance_id)
+        if fault == "lose":
+            raise LostResponse("RebootInstances: response lost")
+        return "ec2"
+
+
+@dataclass
+class FakeNotifier:
+    sent: list[Notification] = field(default_factory=list)
+
+    def publish(self, notification: Notification) -> str:
+        self.sent.append(notification)
+        return str(len(self.sent))
+
+
+class FakeVerdicts:
+    def read_verdict(self, task_arn: str) -> dict[str, Any] | None:
+        return {"verdict": "reboot", "failed_tests": ["memory"]}
+
+
+class Flaky:
+    """Wraps the repository: the named intent executes, then raises (lost response),
+    or raises without executing (refused), once."""
+
+    def __init__(self, repo: Repository) -> None:
+        self._repo = repo
+        self._faults: dict[str, str] = {}
+
+    def fail_once(self, intent: str, how: str) -> None:
+        self._faults[intent] = how
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._repo, name)
+        if not callable(real) or name not in self._faults:
+            return real
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            how = self._faults.pop(name, None)
+            if how == "refuse":
+                raise TimeoutError(f"{name}: throttled (injected)")
+            result = real(*args, **kwargs)
+            if how == "lose":
+                raise LostResponse(f"{name}: response lost (injected)")
+            return result
+
+        return wrapper
+
+
+@dataclass
+class World:
+    service: RecoveryService
+    repo: Any
+    ecs: FakeEcs
+    rebooter: FakeRebooter
+    notifier: FakeNotifier
+    now: list[float]
+
+    def advance(self, seconds: float) -> None:
+        self.now[0] += seconds
+
+    def register_job(self, job_id: str, nodes: list[str], attempt: int = 1) -> list[str]:
+        arns = []
+        for rank, node in enumerate(nodes):
+            arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{job_id}{rank}{uuid.uuid4().hex[:8]}"
+            self.ecs.tasks[arn] = FakeTask(arn, node, "gpujobs", "family:train")
+            self.service.register_rank(RankRegistration(
+                job_id=job_id, rank=rank, world_size=len(nodes), attempt=attempt, task_arn=arn,
+                task_definition_arn=f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/train:1",
+                container_instance_arn=ci_arn(node), ec2_instance_id=f"i-{node}",
+                tags=[{"key": C.TAG_JOB_ID, "value": job_id}, {"key": C.TAG_RANK, "value": str(rank)},
+                      {"key": C.TAG_WORLD_SIZE, "value": str(len(nodes))}]))
+            arns.append(arn)
+        return arns
+
+    def task_stopped(self, task_arn: str, *, exit_code: int | None,
+                     stop_code: str = "EssentialContainerExited",
+                     reason: str = "Essential container in task exited") -> EcsTaskDetail:
+        """The STOPPED event of a training task, from the AWS-shaped fixture."""
+        task = self.ecs.tasks[task_arn]
+        task.last_status, task.exit_code, task.stop_code, task.stopped_reason = "STOPPED", exit_code, \
+            stop_code, reason
+        event = copy.deepcopy(json.loads((EVENTS / "training_task_stopped_exit1.json").read_text()))
+        detail = event["detail"]
+        detail.update(taskArn=task_arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
+                      stopCode=stop_code, stoppedReason=reason, startedBy=task.started_by, group=task.group)
+        detail["containers"][0]["exitCode"] = exit_code
+        return EcsTaskDetail.model_validate(detail)
+
+    def health_check_stopped(self, task: FakeTask, exit_code: int) -> EcsTaskDetail:
+        task.last_status, task.exit_code = "STOPPED", exit_code
+        event = json.loads((EVENTS / "health_check_task_stopped.json").read_text())
+        detail = event["detail"]
+        detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
+                      startedBy=task.started_by)
+        detail["containers"][0]["exitCode"] = exit_code
+        return EcsTaskDetail.model_validate(detail)
+
+    def instance_event(self, node: str, *, connected: bool, version: int,
+                       at: float) -> EcsContainerInstanceDetail:
+        event = json.loads((EVENTS / "aws_doc_ecs_container_instance_state_change.json").read_text())
+        detail = event["detail"]
+        from datetime import UTC, datetime
+
+        detail.update(containerInstanceArn=ci_arn(node), clusterArn=CLUSTER_ARN, agentConnected=connected,
+                      status="ACTIVE", version=version,
+                      updatedAt=datetime.fromtimestamp(at, tz=UTC).isoformat())
+        return EcsContainerInstanceDetail.model_validate(detail)
+
+
+@contextmanager
+def world(**settings: Any) -> Iterator[World]:
+    now = [1_800_000_000.0]
+    with mock_aws():
+        ddb = boto3.resource("dynamodb", region_name=REGION)
+        defs = C.table_definitions()
+        for kind, name in (("job", "jobs"), ("instance", "instances")):
+            ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **defs[kind])
+        repo = Repository(ddb, "jobs", "instances")
+        flaky = Flaky(repo)
+        ecs, rebooter, notifier = FakeEcs(), FakeRebooter(), FakeNotifier()
+        service = RecoveryService(flaky, ecs, rebooter, notifier, FakeVerdicts(),  # type: ignore[arg-type]
+                                  Settings("jobs", "instances", CLUSTER, "gpu-health-check", "topic",
+                                           **settings))
+        clock.set_clock(lambda: now[0])
+        try:
+            yield World(service, flaky, ecs, rebooter, notifier, now)
+        finally:
+            clock.reset_clock()
+
+
+Step = Callable[[], Any]

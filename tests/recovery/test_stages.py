@@ -1,0 +1,268 @@
+"""Stage logic with fakes of the ports: each defect the crash-consistency work fixed,
+one test each (the acceptance campaign in tests/crash_consistency covers every call)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from gpu_recovery.constants import CLAIM_LEASE_SECONDS, InstanceState, JobState, RankState
+from tests.recovery.fakes import LostResponse, World, world
+
+FAULTY, PEER = "node-b", "node-a"
+
+
+def fault(w: World, arns: list[str]) -> None:
+    """Rank 1's GPU faults (exit 1 on its own)."""
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+
+
+def test_a_retried_stop_event_finishes_what_a_lost_write_left() -> None:  # defect 1
+    """Given the write that records the suspect's stop and the job's PENDING_HEALTHCHECK
+    executed but its answer was lost, When the event is retried, Then the health check
+    starts (the rank's stop and the job's state were written together, so the retry is
+    not taken for a harmless duplicate)."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.repo.fail_once("enter_recovery", "lose")
+        with pytest.raises(LostResponse):
+            fault(w, arns)
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK
+        assert w.repo.get_rank("j", 1).state is RankState.FAILED
+        assert w.ecs.health_checks_on(FAULTY) == []
+        fault(w, arns)  # Lambda's retry
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+        assert arns[0] in w.ecs.stop_calls
+
+
+def test_a_throttled_stop_write_leaves_nothing_half_written() -> None:
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.repo.fail_once("enter_recovery", "refuse")
+        with pytest.raises(TimeoutError):
+            fault(w, arns)
+        assert w.repo.get_job("j").state is JobState.RUNNING
+        assert w.repo.get_rank("j", 1).state is RankState.RUNNING
+        fault(w, arns)
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+
+
+def test_the_faulty_node_is_a_suspect_when_the_peer_exit_is_processed_first() -> None:  # defect 2
+    """Given the healthy peer's NCCL exit (exit 1) is handled first (so the faulty rank is
+    marked STOP_REQUESTED), When the faulty rank's own exit 1 arrives
+    (EssentialContainerExited), Then its node is a suspect too and is checked."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
+        assert w.repo.get_rank("j", 1).state is RankState.STOP_REQUESTED
+        fault(w, arns)
+        job = w.repo.get_job("j")
+        assert set(job.suspects) == {PEER, FAULTY}
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1 and len(w.ecs.health_checks_on(PEER)) == 1
+
+
+def test_a_rank_our_stop_reached_is_not_a_suspect() -> None:
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        fault(w, arns)
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        assert set(w.repo.get_job("j").suspects) == {FAULTY}
+        assert w.ecs.health_checks_on(PEER) == []
+
+
+def test_a_user_stop_racing_ours_ends_the_job_without_a_wasted_check() -> None:
+    """Given rank 1 exits 1 (NCCL, after a user stopped rank 0 whose event is late), When
+    the user's stop arrives, Then the job is USER_STOPPED, not an application error."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        fault(w, arns)
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="alice: wrong learning rate"))
+        assert w.repo.get_job("j").state is JobState.USER_STOPPED
+        task = w.ecs.health_checks_on(FAULTY)[0]
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
+        assert w.notifier.sent == []  # no "application error" e-mail
+
+
+def test_a_verdict_is_applied_when_the_task_arn_was_never_recorded() -> None:  # defect 3
+    """Given StartTask worked but writing the health-check task ARN failed, When the
+    verdict arrives, Then it is matched on the claim's startedBy and applied."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.repo.fail_once("record_health_check_task", "refuse")
+        with pytest.raises(TimeoutError):
+            fault(w, arns)
+        assert w.repo.get_instance(FAULTY).hc_task_arn == ""
+        [task] = w.ecs.health_checks_on(FAULTY)
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+
+
+def test_a_lost_claim_answer_is_finished_by_the_next_sweep() -> None:  # defect 4
+    """Given the health-check claim was written but its answer lost (no StartTask), Then
+    the sweep after the claim's lease starts the check, once, within two minutes."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.repo.fail_once("claim_health_check", "lose")
+        with pytest.raises(LostResponse):
+            fault(w, arns)
+        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        w.advance(60)
+        w.service.sweep()
+        assert w.ecs.health_checks_on(FAULTY) == []  # the claimer may still be alive
+        w.advance(CLAIM_LEASE_SECONDS)
+        w.service.sweep()
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+        w.advance(60)
+        w.service.sweep()
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+
+
+def test_a_lost_start_task_answer_never_starts_a_second_check() -> None:  # defect 7
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.ecs.failures["start_task"] = ["lose"]
+        with pytest.raises(LostResponse):
+            fault(w, arns)
+        fault(w, arns)  # retried at once: the claim's lease still holds
+        for _ in range(4):
+            w.advance(60)
+            w.service.sweep()
+        [task] = w.ecs.health_checks_on(FAULTY)
+        assert w.repo.get_instance(FAULTY).hc_task_arn == task.arn  # found by startedBy
+
+
+def test_a_refused_start_task_is_retried() -> None:
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.ecs.failures["start_task"] = ["refuse"]
+        with pytest.raises(Exception, match="Throttling"):
+            fault(w, arns)
+        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECK_PENDING
+        fault(w, arns)
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+
+
+def _to_rebooting(w: World) -> list[str]:
+    arns = w.register_job("j", [PEER, FAULTY])
+    fault(w, arns)
+    w.service.on_task_state_change(w.task_stopped(
+        arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+    [task] = w.ecs.health_checks_on(FAULTY)
+    # The injected fault, if any: the state it left is what the test looks at.
+    with contextlib.suppress(LostResponse, TimeoutError):
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+    return arns
+
+
+def test_a_lost_reboot_answer_never_reboots_twice() -> None:  # defect 6
+    """Given RebootInstances executed but its answer was lost, When the node shows the
+    reboot (agent disconnected), Then nobody reboots it again; it comes back and the
+    job is restarted."""
+    with world() as w:
+        w.rebooter.failures = ["lose"]
+        _to_rebooting(w)
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+        w.ecs.agent_connected[FAULTY] = False
+        w.ecs.versions[FAULTY] = 7
+        for _ in range(8):
+            w.advance(60)
+            w.service.sweep()
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+        w.ecs.agent_connected[FAULTY] = True
+        w.ecs.versions[FAULTY] = 8
+        w.advance(60)
+        w.service.sweep()
+        assert w.repo.get_instance(FAULTY).state is InstanceState.AVAILABLE
+        assert w.repo.get_job("j").attempt == 2
+
+
+def test_a_lost_reboot_marker_write_never_reboots_twice() -> None:
+    with world() as w:
+        w.repo.fail_once("record_reboot_issued", "refuse")
+        _to_rebooting(w)
+        w.ecs.agent_connected[FAULTY] = False
+        for _ in range(8):
+            w.advance(60)
+            w.service.sweep()
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+
+
+def test_a_reboot_that_provably_never_happened_is_issued_again() -> None:
+    """Given the reboot call's answer was lost and, five minutes later, the node still
+    shows no sign of it (agent connected, no disconnect, same boot), Then it is issued
+    again, once."""
+    with world() as w:
+        w.rebooter.failures = ["lose"]
+        _to_rebooting(w)
+        w.rebooter.calls.clear()  # pretend the lost call did nothing
+        for _ in range(7):
+            w.advance(60)
+            w.service.sweep()
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+
+
+def test_a_refused_reboot_is_issued_by_the_next_try() -> None:
+    with world() as w:
+        w.rebooter.failures = ["refuse"]
+        with pytest.raises(Exception, match="RequestLimitExceeded"):
+            _to_rebooting_raising(w)
+        assert w.rebooter.calls == []
+        w.advance(60)
+        w.service.sweep()
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+
+
+def _to_rebooting_raising(w: World) -> None:
+    arns = w.register_job("j", [PEER, FAULTY])
+    fault(w, arns)
+    [task] = w.ecs.health_checks_on(FAULTY)
+    w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+
+
+def test_a_stale_connected_event_after_the_disconnect_is_not_back() -> None:  # defect 5
+    """Given the agent disconnect (version 11) after the reboot was recorded, When the
+    "connected" event of version 10 (from before the reboot) is redelivered, Then the
+    node is not back; the reconnect of version 12 brings it back."""
+    with world() as w:
+        _to_rebooting(w)
+        t = w.now[0]
+        gone = w.instance_event(FAULTY, connected=False, version=11, at=t + 20)
+        w.service.on_container_instance_change(gone)
+        stale = w.instance_event(FAULTY, connected=True, version=10, at=t - 5)
+        assert w.service.on_container_instance_change(stale).action == "ignored"
+        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+        back = w.instance_event(FAULTY, connected=True, version=12, at=t + 200)
+        assert w.service.on_container_instance_change(back).action == "instance_available"
+
+
+def test_every_node_is_checked_when_configured() -> None:
+    with world(check_all_nodes_on_fault=True) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        fault(w, arns)
+        assert set(w.repo.get_job("j").suspects) == {PEER, FAULTY}
+        assert w.ecs.health_checks_on(PEER) == []  # its rank still holds the GPUs
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        assert len(w.ecs.health_checks_on(PEER)) == 1
+        # The restart waits for both verdicts.
+        [task] = w.ecs.health_checks_on(FAULTY)
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        w.ecs.agent_connected[FAULTY] = False
+        w.advance(60)
+        w.service.sweep()
+        w.ecs.agent_connected[FAULTY] = True
+        w.ecs.versions[FAULTY] = 5
+        w.advance(60)
+        w.service.sweep()
+        assert w.repo.get_instance(FAULTY).state is InstanceState.AVAILABLE
+        assert w.repo.get_job("j").state is JobState.PENDING_RESTART  # node-a's verdict pending
+        [task] = w.ecs.health_checks_on(PEER)
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
+        assert w.repo.get_job("j").attempt == 2
