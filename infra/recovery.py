@@ -21,6 +21,7 @@ from constructs import Construct
 
 from gpu_recovery.constants import (
     ENV_HEALTH_CHECK_LOG_GROUP,
+    RECOVERY_FUNCTION_TIMEOUT_SECONDS,
     container_instance_pattern,
     health_check_task_pattern,
     training_task_pattern,
@@ -249,7 +250,6 @@ class RecoveryFunctions(Construct):
             handler="handlers.ecs_instance_monitor.lambda_handler",
             service="ecs-instance-monitor",
             description="Container instance back after reboot: gang-restart waiting jobs",
-            timeout=Duration.seconds(120),
             permissions=[
                 access.start_task,
                 access.describe_tasks,
@@ -306,7 +306,8 @@ class RecoveryFunctions(Construct):
         service: str,
         description: str,
         permissions: list[Callable[[], list[iam.PolicyStatement]]],
-        timeout: Duration = Duration.seconds(60),
+        # No recovery function may outlive a claim's lease (see CLAIM_LEASE_SECONDS).
+        timeout: Duration = Duration.seconds(RECOVERY_FUNCTION_TIMEOUT_SECONDS),
         async_retries: int = 2,
     ) -> RecoveryFunction:
         fn = RecoveryFunction(

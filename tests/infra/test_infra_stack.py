@@ -443,3 +443,17 @@ def test_outputs_and_dashboard(default_synth: Synth) -> None:
     for a in error_alarms:
         (action,) = a["Properties"]["AlarmActions"]
         assert action["Ref"].startswith("NotificationsAlertTopic")
+
+
+def test_no_recovery_function_outlives_a_claim_lease(default_synth: Synth) -> None:
+    """A claim (health-check start, reboot call, rank launch) older than its lease belongs to
+    an invocation that died; that holds only if no recovery function runs longer."""
+    from gpu_recovery.constants import CLAIM_LEASE_SECONDS, RECOVERY_FUNCTION_TIMEOUT_SECONDS
+
+    prefixes = ("handlers.ecs_", "handlers.dcgm_", "handlers.recovery_sweep", "handlers.heartbeat_sweep")
+    recovery = [r for r in default_synth.template["Resources"].values()
+                if r["Type"] == "AWS::Lambda::Function"
+                and str(r["Properties"].get("Handler", "")).startswith(prefixes)]
+    assert len(recovery) >= 4
+    for function in recovery:
+        assert function["Properties"]["Timeout"] <= RECOVERY_FUNCTION_TIMEOUT_SECONDS < CLAIM_LEASE_SECONDS
