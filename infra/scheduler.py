@@ -29,13 +29,11 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from gpu_recovery.constants import ENV_SCHEDULER_LEASE_SECONDS as ENV_LEASE_SECONDS
+from gpu_recovery.constants import ENV_SCHEDULER_MAX_ADMISSIONS as ENV_MAX_ADMISSIONS
+from gpu_recovery.constants import ENV_SCHEDULER_MAX_UNPLACED as ENV_MAX_UNPLACED
+from gpu_recovery.constants import ENV_SCHEDULER_TIME_BUDGET_SECONDS as ENV_TIME_BUDGET_SECONDS
 from gpu_recovery.constants import table_definitions
-from gpu_recovery.queue.scheduler import (
-    ENV_LEASE_SECONDS,
-    ENV_MAX_ADMISSIONS,
-    ENV_MAX_UNPLACED,
-    ENV_TIME_BUDGET_SECONDS,
-)
 from infra.lambda_common import LambdaDefaults, RecoveryFunction
 from infra.nag import acknowledge
 from infra.recovery import DLQ_RETENTION, EVENT_RETRY_ATTEMPTS, ClusterAccess, nag_resource_id

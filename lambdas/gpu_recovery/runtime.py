@@ -8,7 +8,7 @@ forgets everything (tests and local mode switch environments with it).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_recovery.adapters import aws
 from gpu_recovery.adapters.compute import RebootAdapter
@@ -17,7 +17,10 @@ from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.recovery import MetricsPort, RecoveryService
 from gpu_recovery.repository import Repository
-from gpu_recovery.settings import Settings
+from gpu_recovery.settings import SchedulerConfig, Settings
+
+if TYPE_CHECKING:
+    from gpu_recovery.queue.scheduler import QueueScheduler
 
 _lock = threading.Lock()
 _services: dict[str, Any] = {}
@@ -55,6 +58,28 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
     if metrics is not None:
         service.metrics = metrics
     return service
+
+
+def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
+    """The scheduler tick, over the recovery service's ports (per invocation: its lease
+    owner is new each time); task-definition and host-address caches live per container."""
+    # Imported here: the recovery handlers never load the queue's modules.
+    from gpu_recovery.queue.launcher import HostAddresses, TaskDefinitions
+    from gpu_recovery.queue.scheduler import build_scheduler
+
+    recovery = recovery_service(metrics)
+    ecs_client = aws.client("ecs")
+    with _lock:
+        caches = _services.get("scheduler_caches")
+        if caches is None or caches[0] is not ecs_client:
+            caches = (ecs_client, TaskDefinitions(ecs_client),
+                      HostAddresses(aws.client("ec2"), aws.client("ssm")))
+            _services["scheduler_caches"] = caches
+    return build_scheduler(
+        repo=recovery.repo, ecs_adapter=recovery.ecs, recovery=recovery, ecs_client=ecs_client,
+        ec2_client=aws.client("ec2"), ssm_client=aws.client("ssm"), cluster=recovery.settings.cluster,
+        config=SchedulerConfig.from_env(), task_definitions=caches[1], hosts=caches[2],
+    )
 
 
 def reset(*, clients: bool = True) -> None:

@@ -97,3 +97,25 @@ class Settings:
             restart_start_retries=_int(env, c.ENV_RESTART_START_RETRIES, 3, minimum=1),
             check_all_nodes_on_fault=_bool(env, c.ENV_HEALTH_CHECK_ALL_NODES, False),
         )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The queue scheduler's tick (infra sets the lease and budgets from the same names)."""
+
+    lease_seconds: int = 120
+    page_size: int = 25
+    max_admissions: int = 20  # per tick: each costs nnodes StartTask calls
+    max_unplaced: int = 32  # stop reading after this many jobs that could not be placed
+    stale_launch_seconds: int = 120
+    time_budget_seconds: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerConfig:
+        env = os.environ if env is None else env
+        return cls(
+            lease_seconds=_int(env, c.ENV_SCHEDULER_LEASE_SECONDS, 120, minimum=1),
+            max_admissions=_int(env, c.ENV_SCHEDULER_MAX_ADMISSIONS, 20, minimum=1),
+            max_unplaced=_int(env, c.ENV_SCHEDULER_MAX_UNPLACED, 32, minimum=1),
+            time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60, minimum=1)),
+        )

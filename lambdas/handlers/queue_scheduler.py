@@ -13,7 +13,6 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
-from gpu_recovery.queue.scheduler import scheduler_from_env
 from handlers._common import powertools
 
 logger, tracer, metrics = powertools("queue-scheduler")
@@ -28,7 +27,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     remaining = getattr(context, "get_remaining_time_in_millis", None)
     if callable(remaining):
         budget = max(1.0, remaining() / 1000 - SAFETY_MARGIN_SECONDS)
-    scheduler = scheduler_from_env(runtime.PowertoolsMetrics(metrics))
+    scheduler = runtime.queue_scheduler(runtime.PowertoolsMetrics(metrics))
     result = scheduler.tick(time_budget_seconds=budget)
     metrics.add_metric(name="JobsAdmitted", unit=MetricUnit.Count, value=len(result.admitted))
     metrics.add_metric(name="LaunchFailures", unit=MetricUnit.Count, value=result.launch_failures)

@@ -29,7 +29,6 @@ One tick (every minute, and right after submit / cancel / job end):
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -54,40 +53,12 @@ from gpu_recovery.queue.launcher import (
 )
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
+from gpu_recovery.settings import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LEASE_KEY", "QueueScheduler", "SchedulerConfig", "build_scheduler"]
-ENV_MAX_ADMISSIONS = "SCHEDULER_MAX_ADMISSIONS"
-ENV_MAX_UNPLACED = "SCHEDULER_MAX_UNPLACED"
-ENV_LEASE_SECONDS = "SCHEDULER_LEASE_SECONDS"
-ENV_TIME_BUDGET_SECONDS = "SCHEDULER_TIME_BUDGET_SECONDS"
 _DESCRIBE_BATCH = 100
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    lease_seconds: int = 120
-    page_size: int = 25
-    max_admissions: int = 20  # per tick: each costs nnodes StartTask calls
-    max_unplaced: int = 32  # stop reading after this many jobs that could not be placed
-    stale_launch_seconds: int = 120
-    time_budget_seconds: float = 60.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerConfig:
-        env = os.environ if env is None else env
-
-        def num(name: str, default: int) -> int:
-            raw = env.get(name)
-            return int(raw) if raw else default
-
-        return cls(
-            lease_seconds=num(ENV_LEASE_SECONDS, 120),
-            max_admissions=num(ENV_MAX_ADMISSIONS, 20),
-            max_unplaced=num(ENV_MAX_UNPLACED, 32),
-            time_budget_seconds=float(num(ENV_TIME_BUDGET_SECONDS, 60)),
-        )
 
 
 @dataclass
@@ -321,32 +292,3 @@ def build_scheduler(*, repo: Repository, ecs_adapter: Any, recovery: Any, ecs_cl
     launcher = Launcher(repo, ecs_adapter, recovery, task_definitions or TaskDefinitions(ecs_client),
                         hosts or HostAddresses(ec2_client, ssm_client), store, lease.owner)
     return QueueScheduler(repo, launcher, ClusterReader(ecs_client, cluster), lease, config)
-
-
-def scheduler_from_env(metrics: Any | None = None) -> QueueScheduler:
-    """Wire the tick from the Lambda environment (the same variables as the recovery loop)."""
-    from gpu_recovery import runtime
-    from gpu_recovery.adapters import aws
-
-    recovery = runtime.recovery_service(metrics)
-    ecs_client = aws.client("ecs")
-    return build_scheduler(
-        repo=recovery.repo, ecs_adapter=recovery.ecs, recovery=recovery, ecs_client=ecs_client,
-        ec2_client=aws.client("ec2"), ssm_client=aws.client("ssm"), cluster=recovery.settings.cluster,
-        config=SchedulerConfig.from_env(),
-        task_definitions=_cached("task_definitions", ecs_client, lambda: TaskDefinitions(ecs_client)),
-        hosts=_cached("hosts", ecs_client,
-                      lambda: HostAddresses(aws.client("ec2"), aws.client("ssm"))),
-    )
-
-
-_process_cache: dict[str, tuple[int, Any]] = {}
-
-
-def _cached(name: str, owner: Any, make: Any) -> Any:
-    """Per-container caches (task definitions, host addresses), rebuilt with new clients."""
-    hit = _process_cache.get(name)
-    if hit is None or hit[0] != id(owner):
-        hit = (id(owner), make())
-        _process_cache[name] = hit
-    return hit[1]
