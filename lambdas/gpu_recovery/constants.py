@@ -279,6 +279,7 @@ class DcgmVerdict(int, Enum):
     HEALTHY = 0
     REBOOT = 1
     REPLACE = 2
+    OPERATOR_ACTION = 3  # configuration problem (e.g. persistence mode off): a reboot cannot fix it
 
 
 class NotificationKind(str, Enum):
