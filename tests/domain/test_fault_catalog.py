@@ -260,3 +260,12 @@ def test_dict_input_is_not_modified_and_the_document_is_kept() -> None:
     assert document == before
     assert catalog.document == before
     assert read_catalog_file(DEFAULT_CATALOG_PATH) == before
+
+
+def test_the_documentation_lists_every_default_rule_with_its_action() -> None:
+    """docs/fault-catalog.md stays true: one table row per default rule, same action."""
+    doc = (REPO / "docs" / "fault-catalog.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line.split("|")[3].strip()
+            for line in doc.splitlines() if line.startswith("| `")}
+    for rule in default_document()["rules"]:
+        assert rows.get(rule["id"]) == rule["action"], rule["id"]
