@@ -149,7 +149,7 @@ def test_render_lines_tell_the_operator_what_was_seen() -> None:
     text = "\n".join(ev.render_lines())
     assert "task exit on ci-1" in text and "rank 3 exit code 1 (EssentialContainerExited)" in text
     assert "XIDs: 79 on GPU-a at 2024-12-14" in text
-    assert "DCGM health check: operator_action (exit 3, dcgmi exit 226, level 2)" in text
+    assert "DCGM health check: operator_action (exit 3, dcgmi exit 226, level 2, nvidia-smi exit 0)" in text
     assert "DCGM error 29 in software (config, software_other): Persistence Mode" in text
     assert "remap_pending on GPU-a" in text
     quiet = Evidence(node_id="ci-1", fault_at=T, trigger=Trigger.NODE_LOST).render_lines()

@@ -280,13 +280,16 @@ class Evidence:
                 f"{s.kind.value} on {s.gpu} ({s.detail}, from {s.source})" for s in self.gpu_signals))
         if self.dcgm is not None:
             d = self.dcgm
-            lines.append(f"DCGM health check: {d.verdict} (exit {d.exit_code}, dcgmi exit "
-                         f"{d.dcgmi_exit_code}, level {d.dcgm_level})")
+            known = [f"{name} {value}" for name, value in (
+                ("exit", d.exit_code), ("dcgmi exit", d.dcgmi_exit_code), ("level", d.dcgm_level),
+                ("nvidia-smi exit", d.smi_exit_code)) if value is not None]
+            lines.append(f"DCGM health check: {d.verdict}" + (f" ({', '.join(known)})" if known else ""))
             if d.failed_tests:
                 lines.append("  failed tests: " + ", ".join(d.failed_tests))
             for e in d.errors:
                 lines.append(f"  DCGM error {e.error_id} in {e.test or '-'} ({e.severity_name}, "
                              f"{e.category_name}): {e.message}")
+            lines += [f"  nvidia-smi: {e}" for e in d.smi_errors]
             lines += [f"  reason: {r}" for r in d.reasons] + [f"  note: {n}" for n in d.notes]
         return lines
 
