@@ -2,18 +2,22 @@
 # Passed to the container as ["sh", "-c", <this text>]: POSIX sh (dash), no $0,
 # no own path, no python/jq. Needs awk, sed, hostname, dcgmi, nvidia-smi.
 #
-# EXIT-CODE CONTRACT (read by the recovery monitor):
+# EXIT-CODE CONTRACT (read by the recovery monitor; worst of 2 > 1 > 3 > 0 wins):
 #   2 replace: remapped-rows failure on any GPU, dcgmi exit 205 (DCGM -51
 #              "isolate" error), or an isolate-severity error (error_severity 2)
 #              in the dcgmi JSON.
 #   1 reboot:  dcgmi failed otherwise (non-zero, incl. 226 = DCGM -30 NVVS
 #              error), a pending row remap, uncorrected volatile ECC > 0, or
 #              dcgmi / nvidia-smi cannot run at all (missing, failing, no GPU).
+#   3 operator_action: dcgmi failed only on configuration-severity errors
+#              (error_severity 5, e.g. error 29 persistence mode disabled): a
+#              reboot cannot fix it, an operator must.
 #   0 healthy: dcgmi passed and no hardware signal.
 # STDOUT: exactly one line of JSON, the verdict:
 #   {"verdict","exit_code","dcgm_level","dcgmi_exit_code","failed_tests",
+#    "errors":[{"test","error_id","severity","category","message"}],
 #    "gpus":[{"index","uuid","ecc_uncorrected_volatile","remap_pending",
-#    "remap_failure"}],"reasons","notes","hostname"}
+#    "remap_failure"}],"smi_exit_code","smi_errors","reasons","notes","hostname"}
 # Everything else (progress, raw dcgmi output prefixed "dcgmi| ") goes to stderr.
 # ENV: DCGM_LEVEL 1..4 (default 2; anything else -> 2 and a note), DCGMI
 #      (default dcgmi), NVIDIA_SMI (default nvidia-smi), DCGM_TIMEOUT (optional
@@ -33,7 +37,7 @@ esac
 HC_SMI_FOUND=0; HC_GPU_RC=127; HC_GPU_OUT=; HC_REMAP_RC=127; HC_REMAP_OUT=
 if command -v "$NVIDIA_SMI" >/dev/null 2>&1; then
   HC_SMI_FOUND=1
-  HC_GPU_OUT=$("$NVIDIA_SMI" --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits)
+  HC_GPU_OUT=$("$NVIDIA_SMI" --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits 2>&1)
   HC_GPU_RC=$?
   HC_REMAP_OUT=$("$NVIDIA_SMI" --query-remapped-rows=gpu_uuid,remapped_rows.pending,remapped_rows.failure --format=csv,noheader,nounits)
   HC_REMAP_RC=$?
@@ -106,11 +110,27 @@ function flag(v) {
 function val(k, v) {
   if (k == "status" && td && tolower(v) ~ /^fail/) tf = 1
   else if (k == "name" && d == td) tn = v
-  else if (k == "error_severity" && v + 0 == 2) iso = 1
+  else if (k == "error_id") EI[d] = v
+  else if (k == "error_severity") { ES[d] = v; if (v + 0 == 2) iso = 1 }
+  else if (k == "error_category") EC[d] = v
+  else if (k == "warning" || k == "error") EM[d] = v
   else if (k == "runtime_error" && v != "") rte = v
+}
+# One DCGM error object: config-severity (5) ones mark their test; others do not.
+function err(x,  key) {
+  if (ES[x] != "" && ES[x] + 0 == 5) { CT[tn] = 1; if (!(EI[x] in CS)) { CS[EI[x]] = 1; cids = cids (cids == "" ? "" : ", ") EI[x] } }
+  else ncfg = 1
+  key = tn SUBSEP EI[x]
+  if (key in ESEEN) return
+  ESEEN[key] = 1
+  ER[++ne] = "{\"test\":\"" esc(tn) "\",\"error_id\":" num(EI[x]) ",\"severity\":" num(ES[x]) \
+    ",\"category\":" num(EC[x]) ",\"message\":\"" esc(EM[x]) "\"}"
 }
 function reason(lv, s) { if (lv > V) V = lv; R[++nr] = s }
 function list(A, n,  i, o) { o = ""; for (i = 1; i <= n; i++) o = o (i > 1 ? "," : "") "\"" esc(A[i]) "\""; return "[" o "]" }
+# The last 5 lines of nvidia-smi output that are not GPU rows (its error messages).
+function sl(s,  y) { if (ns == 5) { for (y = 1; y < 5; y++) SE[y] = SE[y + 1]; ns = 4 } SE[++ns] = s }
+function raw(A, n,  i, o) { o = ""; for (i = 1; i <= n; i++) o = o (i > 1 ? "," : "") A[i]; return "[" o "]" }
 BEGIN { HEX = "0123456789abcdef"; for (i = 1; i < 32; i++) CTL[sprintf("%c", i)] = i }
 { J = J $0 "\n" }
 END {
@@ -120,12 +140,15 @@ END {
     c = substr(J, i, 1)
     if (c == "{" || c == "[") {
       d++; T[d] = c; K[d] = ""; WK = (c == "{"); KO[d] = (d > 1 && T[d-1] == "{") ? K[d-1] : ""
+      EI[d] = ES[d] = EC[d] = EM[d] = ""
       if (c == "{" && !td && d > 2 && T[d-1] == "[" && KO[d-1] == "tests") { td = d; tn = ""; tf = 0 }
       i++; continue
     }
     if (c == "}" || c == "]") {
+      if (EI[d] != "") err(d)
       if (d == td) {
         td = 0
+        if (tf && !(tn in CT)) ncfg = 1
         if (tf) { if (tn == "") tn = "unknown"; if (!(tn in SEEN)) { SEEN[tn] = 1; FL[++nf] = tn } }
       }
       d--; i++; if (d <= 0) break; continue
@@ -145,12 +168,13 @@ END {
     i = (j > i) ? j : i + 1
   }
 
-  V = 0; nr = 0; nn = 0; drc = ENVIRON["HC_DIAG_RC"] + 0
+  V = 0; nr = 0; nn = 0; drc = ENVIRON["HC_DIAG_RC"] + 0; cfg = (ne > 0 && !ncfg); OP = 0
   if (ENVIRON["HC_LEVEL_BAD"] == 1) N[++nn] = "invalid DCGM_LEVEL \"" ENVIRON["HC_LEVEL_RAW"] "\"; used level 2"
   if (ENVIRON["HC_DIAG_FOUND"] != 1) reason(1, "dcgmi cannot run (not found: " ENVIRON["DCGMI"] ")")
   else {
     if (drc == 205) reason(2, "dcgmi diag reported an isolate error (exit 205): isolate/replace the GPU")
     else if (drc == 124) reason(1, "dcgmi diag timed out")
+    else if (drc != 0 && cfg || nf && cfg) OP = 1
     else if (drc != 0) reason(1, "dcgmi diag failed (exit " drc ")")
     else if (nf) reason(1, "dcgmi diag exited 0 but reported failed tests")
     if (iso) reason(2, "dcgmi diag reported an isolate-severity error")
@@ -158,16 +182,16 @@ END {
     if (!json) N[++nn] = "dcgmi printed no JSON"
   }
 
-  ng = 0
+  ng = 0; ns = 0
   if (ENVIRON["HC_SMI_FOUND"] != 1) reason(1, "nvidia-smi cannot run (not found: " ENVIRON["NVIDIA_SMI"] ")")
-  else if (ENVIRON["HC_GPU_RC"] != 0) reason(1, "nvidia-smi --query-gpu failed (exit " ENVIRON["HC_GPU_RC"] ")")
   else {
+    if (ENVIRON["HC_GPU_RC"] != 0) reason(1, "nvidia-smi --query-gpu failed (exit " ENVIRON["HC_GPU_RC"] ")")
     m = split(ENVIRON["HC_GPU_OUT"], L, "\n")
     for (x = 1; x <= m; x++) {
-      if (split(L[x], F, ",") < 3) continue
+      if (split(L[x], F, ",") < 3 || num(F[1]) == "null") { if (trim(L[x]) != "") sl(trim(L[x])); continue }
       ng++; GI[ng] = num(F[1]); GU[ng] = trim(F[2]); GE[ng] = num(F[3]); UI[GU[ng]] = GI[ng]
     }
-    if (!ng) reason(1, "nvidia-smi lists no GPU")
+    if (!ng && ENVIRON["HC_GPU_RC"] == 0) reason(1, "nvidia-smi lists no GPU")
   }
   if (ENVIRON["HC_SMI_FOUND"] == 1 && ENVIRON["HC_REMAP_RC"] != 0)
     N[++nn] = "nvidia-smi --query-remapped-rows failed (exit " ENVIRON["HC_REMAP_RC"] "); no row-remap data"
@@ -188,20 +212,25 @@ END {
     g = g (x > 1 ? "," : "") "{\"index\":" GI[x] ",\"uuid\":\"" esc(u) "\",\"ecc_uncorrected_volatile\":" GE[x] \
       ",\"remap_pending\":" ((u in RP) ? RP[u] : "null") ",\"remap_failure\":" ((u in RF) ? RF[u] : "null") "}"
   }
-  split("healthy reboot replace", VN, " ")
+  if (OP) {
+    s = "dcgmi diag failed only on configuration errors (DCGM error " cids "): an operator must fix the configuration, a reboot does not"
+    if (V) N[++nn] = s; else { V = 3; R[++nr] = s }
+  }
+  split("healthy reboot replace operator_action", VN, " ")
   printf "{\"verdict\":\"%s\",\"exit_code\":%d,\"dcgm_level\":%d,\"dcgmi_exit_code\":%s,", VN[V + 1], V, ENVIRON["HC_LEVEL"], (ENVIRON["HC_DIAG_FOUND"] == 1) ? drc : "null"
-  printf "\"failed_tests\":%s,\"gpus\":[%s],\"reasons\":%s,\"notes\":%s,\"hostname\":\"%s\"}\n", list(FL, nf), g, list(R, nr), list(N, nn), esc(ENVIRON["HC_HOST"])
+  printf "\"failed_tests\":%s,\"errors\":%s,\"gpus\":[%s],\"smi_exit_code\":%s,\"smi_errors\":%s,", list(FL, nf), raw(ER, ne), g, (ENVIRON["HC_SMI_FOUND"] == 1) ? ENVIRON["HC_GPU_RC"] + 0 : "null", list(SE, ns)
+  printf "\"reasons\":%s,\"notes\":%s,\"hostname\":\"%s\"}\n", list(R, nr), list(N, nn), esc(ENVIRON["HC_HOST"])
   exit V
 }'
 
 printf '%s\n' "$HC_DIAG_OUT" | awk "$HC_AWK"
 HC_RC=$?
 case "$HC_RC" in
-  0|1|2) ;;
+  0|1|2|3) ;;
   *)
     hc_log "result evaluation failed (awk exit $HC_RC); defaulting to reboot"
     [ "$HC_DIAG_FOUND" = 1 ] || HC_DIAG_RC=null
-    printf '{"verdict":"reboot","exit_code":1,"dcgm_level":%s,"dcgmi_exit_code":%s,"failed_tests":[],"gpus":[],"reasons":["health check could not evaluate results"],"notes":[],"hostname":"%s"}\n' \
+    printf '{"verdict":"reboot","exit_code":1,"dcgm_level":%s,"dcgmi_exit_code":%s,"failed_tests":[],"errors":[],"gpus":[],"smi_exit_code":null,"smi_errors":[],"reasons":["health check could not evaluate results"],"notes":[],"hostname":"%s"}\n' \
       "$HC_LEVEL" "$HC_DIAG_RC" "$(printf '%s' "$HC_HOST" | tr -cd 'A-Za-z0-9._-')"
     HC_RC=1 ;;
 esac

@@ -467,6 +467,10 @@ class HeartbeatService:
                                   "gpu_count": len(gpus)}
         if error:
             fields["gpu_report_error"] = error[:500]
+        old_events = from_ddb(raw.get("gpu_events")) or []
+        events = policy.merge_gpu_events(old_events, policy.xid_events(gpus, unmapped_xids or [], now), now)
+        if events != old_events:
+            fields["gpu_events"] = events
         update = Update(
             table=self.repo.instance_table_name, key={INSTANCE_PK: node_id}, set_fields=fields,
             add_to_sets={"hw_signals": {s.fingerprint for s in fresh}},
@@ -475,6 +479,12 @@ class HeartbeatService:
             condition_values={":ts": reported_at},
             condition_names={"#k": INSTANCE_PK, "#ts": "last_gpu_report_ts"},
         )
+        if "gpu_events" in fields:
+            # The list was merged from what we read: no other report may have written since.
+            same = "#ts = :prev" if last is not None else "attribute_not_exists(#ts)"
+            update.condition = f"({update.condition}) AND {same}"
+            if last is not None:
+                update.condition_values[":prev"] = last
         if fresh:
             # Only the report that records a fingerprint first notifies about it.
             update.condition_names["#sig"] = "hw_signals"

@@ -87,9 +87,17 @@ def test_all_nodes_are_checked_when_configured() -> None:
 
 
 @pytest.mark.parametrize(("code", "verdict"), [(0, DcgmVerdict.HEALTHY), (1, DcgmVerdict.REBOOT),
-                                               (2, DcgmVerdict.REPLACE), (137, None), (None, None)])
+                                               (2, DcgmVerdict.REPLACE), (3, DcgmVerdict.OPERATOR_ACTION),
+                                               (137, None), (None, None)])
 def test_parse_verdict_follows_the_exit_code_contract(code: int | None, verdict: DcgmVerdict | None) -> None:
     assert policy.parse_verdict(code) is verdict
+
+
+def test_operator_action_verdict_never_reboots() -> None:
+    """Given a configuration-problem verdict (health check exit 3), Then the node is drained
+    for an operator, never rebooted, whatever the jobs' budgets."""
+    assert policy.instance_action(DcgmVerdict.OPERATOR_ACTION, [job(1)]) is VerdictAction.QUARANTINE
+    assert policy.instance_action(DcgmVerdict.OPERATOR_ACTION, []) is VerdictAction.QUARANTINE
 
 
 def test_instance_action_reboots_only_with_budget() -> None:

@@ -51,3 +51,24 @@ def test_notification_is_readable_and_filterable() -> None:
     for text in ("Job:", "llama", "Ranks:              1", "i-0abc", "rank 1 exited 1", "drained",
                  "Recovery attempt:   1 of 1", "What to do: replace the node"):
         assert text in note.body
+
+
+def test_notification_carries_the_fault_evidence_and_plan_when_given() -> None:
+    """Given the evidence and the remediation plan as detail lines, Then they close the e-mail;
+    without them the body is as before."""
+    from gpu_recovery.domain.evidence import Evidence, XidEvent
+    from gpu_recovery.domain.fault_catalog import load_catalog
+    from gpu_recovery.domain.fault_vocabulary import Trigger
+    from gpu_recovery.domain.remediation_plan import RemediationPolicy, plan_remediation
+
+    evidence = Evidence(node_id="ci-1", fault_at=1_734_220_000.0, trigger=Trigger.TASK_EXIT, job_id="llama",
+                        rank=1, exit_code=1, xids=(XidEvent(79, "GPU-a", 1_734_219_990.0),))
+    plan = plan_remediation(evidence, RemediationPolicy(catalog=load_catalog()), now=1_734_220_000.0)
+    facts = NotificationFacts(job_id="llama", what_happened="rank 1 exited 1", what_was_done="rebooted",
+                              operator_action="none", details=evidence.render_lines() + plan.render_lines())
+    body = build(NotificationKind.RECOVERED, "Job recovered", facts).body
+    assert body.index("What to do: none") < body.index("Details:")
+    assert "  XIDs: 79 on GPU-a" in body and "  Decision: reboot (catalog rule 'xid-79'" in body
+    plain = build(NotificationKind.RECOVERED, "Job recovered",
+                  NotificationFacts(job_id="llama", operator_action="none")).body
+    assert "Details:" not in plain and plain.endswith("What to do: none\n")

@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "health_check" / "dcgm_health_check.sh"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REAL = "real"  # fixtures/real: captures printed by real machines (see fixtures/real/SOURCES.md)
 SYSTEM_PATH = "/usr/bin:/bin"
 
 GPU_QUERY = "--query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total"
@@ -33,12 +34,16 @@ REQUIRED_FIELDS = {
     "dcgm_level",
     "dcgmi_exit_code",
     "failed_tests",
+    "errors",
     "gpus",
+    "smi_exit_code",
+    "smi_errors",
     "reasons",
     "hostname",
 }
 GPU_FIELDS = {"index", "uuid", "ecc_uncorrected_volatile", "remap_pending", "remap_failure"}
-VERDICT_FOR_CODE = {0: "healthy", 1: "reboot", 2: "replace"}
+ERROR_FIELDS = {"test", "error_id", "severity", "category", "message"}
+VERDICT_FOR_CODE = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action"}
 
 HAVE_DASH = Path("/bin/dash").exists()
 SHELLS = [
@@ -127,6 +132,13 @@ def _assert_shape(verdict: dict, returncode: int) -> None:
     assert verdict["dcgmi_exit_code"] is None or isinstance(verdict["dcgmi_exit_code"], int)
     assert all(isinstance(t, str) for t in verdict["failed_tests"])
     assert all(isinstance(r, str) for r in verdict["reasons"])
+    assert all(isinstance(e, str) for e in verdict["smi_errors"])
+    assert verdict["smi_exit_code"] is None or isinstance(verdict["smi_exit_code"], int)
+    for error in verdict["errors"]:
+        assert error.keys() == ERROR_FIELDS
+        assert isinstance(error["test"], str) and isinstance(error["message"], str)
+        for key in ("error_id", "severity", "category"):
+            assert error[key] is None or isinstance(error[key], int)
     assert isinstance(verdict["hostname"], str)
     for gpu in verdict["gpus"]:
         assert gpu.keys() == GPU_FIELDS
@@ -504,3 +516,194 @@ def test_dcgmi_timeout_means_reboot(tmp_path):
     assert run.returncode == 1
     assert run.verdict["dcgmi_exit_code"] == 124
     assert "dcgmi diag timed out" in run.verdict["reasons"]
+
+
+# --- DCGM errors in the verdict ------------------------------------------------------
+
+
+def test_errors_carry_id_severity_category_and_message_once_per_test(tmp_path):
+    """Given dcgmi reports a volatile DBE (error 4, isolate, hardware-memory) both on the
+    GPU's result and in the test summary,
+    When the health check runs,
+    Then the verdict lists that error once, with its test, severity, category and text."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_isolate_dbe_r2.json", 205))
+
+    assert run.verdict["errors"] == [{
+        "test": "memory", "error_id": 4, "severity": 2, "category": 10,
+        "message": "Detected 2 volatile double-bit ECC error(s) in GPU 0.",
+    }]
+
+
+def test_dcgm3_layout_errors_are_listed(tmp_path):
+    """Given the DCGM 3.x layout with two triage-severity errors in the PCIe test,
+    When the health check runs,
+    Then both are listed (and the verdict stays reboot)."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_pcie_nvlink_fail_r2_v3.json", 226))
+
+    assert run.returncode == 1
+    assert [(e["test"], e["error_id"], e["severity"], e["category"]) for e in run.verdict["errors"]] == [
+        ("PCIe", 13, 4, 11), ("PCIe", 45, 4, 13)]
+
+
+# --- operator action (3): configuration problems ---------------------------------------
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_real_persistence_mode_failure_means_operator_action_not_reboot(tmp_path, shell):
+    """Given the real DCGM 4.5.2 level-2 run on a GB10 whose only failure is DCGM error 29
+    (persistence mode disabled, severity 5 = configuration) and dcgmi exit 226,
+    When the health check runs,
+    Then it exits 3 (operator_action), not 1: a reboot leaves persistence mode off."""
+    run = run_check(tmp_path, dcgmi=(f"{REAL}/dcgmi_r2_dcgm4.5.2_gb10_plugins_allowed.json", 226),
+                    shell=shell)
+
+    assert run.returncode == 3
+    v = run.verdict
+    assert v["verdict"] == "operator_action"
+    assert v["dcgmi_exit_code"] == 226
+    assert v["failed_tests"] == ["software"]
+    assert [(e["test"], e["error_id"], e["severity"], e["category"]) for e in v["errors"]] == [
+        ("software", 29, 5, 8)]
+    assert "nvidia-smi -i <gpuId> -pm 1" in v["errors"][0]["message"]
+    assert len(v["reasons"]) == 1
+    assert "configuration" in v["reasons"][0] and "29" in v["reasons"][0]
+
+
+def test_configuration_problem_does_not_hide_a_hardware_signal(tmp_path):
+    """Given the persistence-mode failure and a pending row remap on GPU 1,
+    When the health check runs,
+    Then the remap wins (reboot, exit 1) and the configuration problem is kept as a note."""
+    run = run_check(tmp_path, dcgmi=(f"{REAL}/dcgmi_r2_dcgm4.5.2_gb10_plugins_allowed.json", 226),
+                    smi_remap=("smi_remap_pending.csv", 0))
+
+    assert run.returncode == 1
+    assert any("pending" in r for r in run.verdict["reasons"])
+    assert not any("configuration" in r for r in run.verdict["reasons"])
+    assert any("configuration" in n and "29" in n for n in run.verdict["notes"])
+
+
+def test_configuration_problem_with_remap_failure_means_replace(tmp_path):
+    """Given the persistence-mode failure and a row-remapping failure,
+    When the health check runs,
+    Then it exits 2 (replace)."""
+    run = run_check(tmp_path, dcgmi=(f"{REAL}/dcgmi_r2_dcgm4.5.2_gb10_plugins_allowed.json", 226),
+                    smi_remap=("smi_remap_failure.csv", 0))
+
+    assert run.returncode == 2
+
+
+def _diag(tests: list[tuple[str, str, list[tuple[int, int, int]]]]) -> str:
+    """A DCGM 4.x diag JSON: (test name, status, [(error_id, severity, category)])."""
+    rendered = []
+    for name, status, errors in tests:
+        warnings = ",".join(
+            f'{{"error_category":{cat},"error_id":{eid},"error_severity":{sev},"warning":"e{eid}"}}'
+            for eid, sev, cat in errors)
+        rendered.append(f'{{"name":"{name}","results":[{{"entity_group":"GPU","entity_id":0,'
+                        f'"status":"{status}","warnings":[{warnings}]}}],'
+                        f'"test_summary":{{"status":"{status}"}}}}')
+    return ('{"DCGM Diagnostic":{"test_categories":[{"category":"Hardware","tests":['
+            + ",".join(rendered) + "]}]}}\n")
+
+
+@pytest.mark.parametrize(
+    ("tests", "dcgmi_exit", "expected"),
+    [
+        # config error plus a triage-severity memory error: the memory error needs a reboot
+        ([("software", "Fail", [(29, 5, 8)]), ("memory", "Fail", [(5, 4, 10)])], 226, 1),
+        # config error plus a failed test that says nothing about why: not explained, reboot
+        ([("software", "Fail", [(29, 5, 8)]), ("pcie", "Fail", [])], 226, 1),
+        # two different configuration errors (ECC disabled 55, persistence mode 29)
+        ([("software", "Fail", [(29, 5, 8)]), ("memory", "Fail", [(55, 5, 10)])], 226, 3),
+        # a configuration warning on a passing run is not a failure
+        ([("software", "Pass", [(29, 5, 8)])], 0, 0),
+        # configuration-only failure but dcgmi exited 0 (3.x counts only Fail results)
+        ([("software", "Fail", [(29, 5, 8)])], 0, 3),
+        # an error without a severity is not known to be configuration
+        ([("software", "Fail", [(29, -1, 8)])], 226, 1),
+    ],
+)
+def test_only_configuration_errors_give_operator_action(tmp_path, tests, dcgmi_exit, expected):
+    """Given dcgmi results mixing configuration-severity and other errors,
+    When the health check runs,
+    Then operator_action (3) only when every error is configuration-severity and every failed
+    test is explained by one; otherwise the usual verdict."""
+    text = _diag(tests).replace('"error_severity":-1,', "")
+    (tmp_path / "diag.json").write_text(text)
+    run = run_check(tmp_path, dcgmi=(str(tmp_path / "diag.json"), dcgmi_exit))
+
+    assert run.returncode == expected, run.verdict
+
+
+def test_timeout_is_never_a_configuration_problem(tmp_path):
+    """Given dcgmi printed a configuration error and then timed out (exit 124),
+    When the health check runs,
+    Then the verdict is reboot."""
+    (tmp_path / "diag.json").write_text(_diag([("software", "Fail", [(29, 5, 8)])]))
+    run = run_check(tmp_path, dcgmi=(str(tmp_path / "diag.json"), 124))
+
+    assert run.returncode == 1
+    assert "dcgmi diag timed out" in run.verdict["reasons"]
+
+
+# --- real nvidia-smi captures ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("smi_exit", [255, 15])
+def test_real_fallen_off_the_bus_output_means_reboot_with_the_message(tmp_path, smi_exit):
+    """Given nvidia-smi prints the real "Unable to determine the device handle ... Unknown
+    Error" line (NVIDIA/nvidia-docker#1553) and exits 255 (or 15, "fallen off the bus"),
+    When the health check runs,
+    Then the verdict is reboot, and the message and exit code are in the verdict for the
+    fault catalog (which escalates a repeat to replace)."""
+    capture = (f"{REAL}/smi_fell_off_bus.txt", smi_exit)
+    run = run_check(tmp_path, smi_gpu=capture, smi_remap=capture)
+
+    assert run.returncode == 1
+    assert run.verdict["smi_exit_code"] == smi_exit
+    assert run.verdict["smi_errors"] == [
+        "Unable to determine the device handle for GPU 0000:09:00.0: Unknown Error"]
+    assert f"nvidia-smi --query-gpu failed (exit {smi_exit})" in run.verdict["reasons"]
+
+
+def test_real_inforom_warning_is_reported(tmp_path):
+    """Given nvidia-smi exits 14 (infoROM corrupted) and prints NVIDIA's documented example
+    output ending in "WARNING: infoROM is corrupted at gpu 0000:0B:00.0",
+    When the health check runs,
+    Then the verdict is reboot (the script's contract: any failing query) and the warning
+    is kept in smi_errors, so the fault catalog can choose replace."""
+    capture = (f"{REAL}/smi_inforom_corrupted_p100.txt", 14)
+    run = run_check(tmp_path, smi_gpu=capture, smi_remap=("smi_remap_na.csv", 0))
+
+    assert run.returncode == 1
+    assert run.verdict["smi_exit_code"] == 14
+    assert len(run.verdict["smi_errors"]) == 5
+    assert run.verdict["smi_errors"][-1] == "WARNING: infoROM is corrupted at gpu 0000:0B:00.0"
+
+
+def test_gpu_rows_are_kept_beside_an_error_line(tmp_path):
+    """Given nvidia-smi lists GPU 0 but cannot reach GPU 1 (error line, exit 255),
+    When the health check runs,
+    Then GPU 0 is still listed, the error line is kept and the verdict is reboot."""
+    (tmp_path / "partial.txt").write_text(
+        "0, GPU-8f3c2a1e-5b7d-4c9e-a0f1-2d3e4f5a6b70, 0\n"
+        "Unable to determine the device handle for GPU 0000:10:1C.0: Unknown Error\n")
+    run = run_check(tmp_path, smi_gpu=(str(tmp_path / "partial.txt"), 255))
+
+    assert run.returncode == 1
+    assert [g["index"] for g in run.verdict["gpus"]] == [0]
+    assert run.verdict["smi_errors"] == [
+        "Unable to determine the device handle for GPU 0000:10:1C.0: Unknown Error"]
+
+
+def test_real_captures_are_unmodified_copies_with_their_sources():
+    """The real captures are byte-for-byte the shared ones and keep their attribution."""
+    real = FIXTURES / REAL
+    sources = (real / "SOURCES.md").read_text()
+    for name in ("dcgmi_r2_dcgm4.5.2_gb10_plugins_allowed.json", "smi_fell_off_bus.txt",
+                 "smi_inforom_corrupted_p100.txt"):
+        assert (real / name).is_file()
+        assert f"`{name}`" in sources
+    for origin in ("baldwinSPC/glimmer-burnin", "NVIDIA/nvidia-docker issue #1553",
+                   "NVIDIA/cloud-native-docs"):
+        assert origin in sources

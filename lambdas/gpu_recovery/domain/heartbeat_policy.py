@@ -213,6 +213,35 @@ def new_signals(signals: Iterable[HardwareSignal], known: Iterable[str]) -> list
     return [s for s in signals if s.fingerprint not in seen]
 
 
+# Every XID reported, with when it arrived, kept on the node's item for the fault evidence
+# (domain.evidence): the telemetry only holds the latest report and ``hw_signals`` has no time.
+GPU_EVENTS_RETENTION_SECONDS = 72 * 3600
+MAX_GPU_EVENTS = 100
+
+
+def xid_events(gpus: Iterable[Mapping[str, Any]], unmapped_xids: Iterable[Mapping[str, Any]],
+               at: float) -> list[dict[str, Any]]:
+    """This report's XIDs as compact events {"t": at, "g": GPU, "x": xid}."""
+    events = []
+    for gpu in gpus:
+        for xid in gpu.get("xids") or []:
+            if isinstance(xid, int) and not isinstance(xid, bool):
+                events.append({"t": at, "g": _gpu_name(gpu), "x": xid})
+    for entry in unmapped_xids:
+        xid = entry.get("xid")
+        if isinstance(xid, int) and not isinstance(xid, bool):
+            events.append({"t": at, "g": f"pci-{entry.get('pci_bus_id') or '?'}", "x": xid})
+    return events
+
+
+def merge_gpu_events(existing: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, Any]], now: float,
+                     retention_seconds: float = GPU_EVENTS_RETENTION_SECONDS,
+                     max_events: int = MAX_GPU_EVENTS) -> list[dict[str, Any]]:
+    """The kept events plus ``new``: older than the retention dropped, newest ``max_events`` kept."""
+    kept = [dict(e) for e in existing if now - float(e.get("t", 0)) < retention_seconds]
+    return (kept + [dict(e) for e in new])[-max_events:]
+
+
 _TELEMETRY_FIELDS = (
     ("index", "i"),
     ("uuid", "u"),

@@ -28,6 +28,7 @@ class NotificationFacts:
     attempt: int = 0
     max_attempts: int = 0
     operator_action: str = ""
+    details: Iterable[str] = ()  # e.g. Evidence.render_lines() + RemediationPlan.render_lines()
 
 
 _SUBJECT_PREFIX = "[GPU recovery]"
@@ -50,6 +51,9 @@ def build(kind: NotificationKind, headline: str, facts: NotificationFacts) -> No
         "",
         f"What to do: {facts.operator_action}",
     ]
+    details = list(facts.details)
+    if details:
+        lines += ["", "Details:", *(f"  {line}" for line in details)]
     return Notification(
         kind=kind,
         subject=subject,

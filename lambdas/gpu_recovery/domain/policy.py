@@ -132,11 +132,12 @@ def instance_action(verdict: DcgmVerdict, waiting_jobs: Iterable[Job]) -> Verdic
     """What to do with the node itself once its verdict is known.
 
     A reboot is spent only if some waiting job still has recovery budget; otherwise
-    the node is drained (quarantined) for an operator.
+    the node is drained (quarantined) for an operator. A configuration problem
+    (OPERATOR_ACTION) is never rebooted: a reboot does not fix it.
     """
     if verdict is DcgmVerdict.HEALTHY:
         return VerdictAction.MARK_AVAILABLE
-    if verdict is DcgmVerdict.REPLACE:
+    if verdict in (DcgmVerdict.REPLACE, DcgmVerdict.OPERATOR_ACTION):
         return VerdictAction.QUARANTINE
     if any(may_reboot_for(job) for job in waiting_jobs):
         return VerdictAction.REBOOT
@@ -149,6 +150,8 @@ def suspect_label(verdict: DcgmVerdict, action: VerdictAction) -> SuspectVerdict
         return SuspectVerdict.HEALTHY
     if verdict is DcgmVerdict.REBOOT:
         return SuspectVerdict.REBOOT  # needed a reboot; the job's budget decides its fate
+    if verdict is DcgmVerdict.OPERATOR_ACTION:
+        return SuspectVerdict.OPERATOR_ACTION
     return SuspectVerdict.REPLACE if verdict is DcgmVerdict.REPLACE else SuspectVerdict.QUARANTINED
 
 

@@ -85,6 +85,7 @@ class DcgmVerdict(int, Enum):
     HEALTHY = 0
     REBOOT = 1
     REPLACE = 2
+    OPERATOR_ACTION = 3  # a configuration problem (e.g. persistence mode off): a reboot cannot fix it
 
 
 class SuspectVerdict(str, Enum):
@@ -95,12 +96,13 @@ class SuspectVerdict(str, Enum):
     REBOOT = "REBOOT"
     REPLACE = "REPLACE"
     QUARANTINED = "QUARANTINED"
+    OPERATOR_ACTION = "OPERATOR_ACTION"
     TIMEOUT = "TIMEOUT"
     UNAVAILABLE = "UNAVAILABLE"
 
 
 # A job with any of these verdicts cannot be restarted on its own nodes.
 FATAL_SUSPECT_VERDICTS = frozenset(
-    {SuspectVerdict.REPLACE, SuspectVerdict.QUARANTINED, SuspectVerdict.TIMEOUT,
-     SuspectVerdict.UNAVAILABLE}
+    {SuspectVerdict.REPLACE, SuspectVerdict.QUARANTINED, SuspectVerdict.OPERATOR_ACTION,
+     SuspectVerdict.TIMEOUT, SuspectVerdict.UNAVAILABLE}
 )

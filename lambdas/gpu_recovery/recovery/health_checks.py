@@ -256,6 +256,9 @@ class HealthChecks:
         if verdict is DcgmVerdict.REBOOT:
             return (f"{inst_id} needs a reboot but the job used all {job.max_recovery_attempts} "
                     "recovery attempt(s)")
+        if verdict is DcgmVerdict.OPERATOR_ACTION:
+            return (f"{inst_id} has a configuration problem DCGM reported (e.g. persistence mode "
+                    "off); a reboot cannot fix it")
         return f"{inst_id} has a GPU fault a reboot cannot fix (DCGM verdict {verdict.name.lower()})"
 
     def _notify_outcome(self, job: Job, outcome: JobVerdictOutcome, instance: Instance,

@@ -1,0 +1,196 @@
+"""Blast-radius breaker: automatic reboots, replacements and quarantines stop when too many
+of the cluster's GPU nodes were acted on within a sliding window.
+
+Pure functions over one state dict (one DynamoDB item; the caller writes it back with a
+condition on ``version``). The breaker trips when acting on one more node would exceed
+``floor(max_share x GPU nodes)`` (default 20 %, never below ``min_allowed``) or
+``max_nodes``; while tripped every node action is refused and kept in a backlog. It never
+closes by itself: an operator resets it and chooses to resume or drop the backlog (stale
+backlogs replayed after a long trip are a known hazard: NVSentinel #450).
+
+Anchors: NVSentinel fault-quarantine circuit breaker (sliding window of unique nodes,
+persistent state, manual reset), Karpenter node repair (blocked above 20 % unhealthy), EKS
+``maxUnhealthyNodeThresholdCount|Percentage``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CLOSED = "closed"
+TRIPPED = "tripped"
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    enabled: bool = True
+    max_share: float = 0.20  # of the cluster's GPU nodes
+    max_nodes: int | None = None  # absolute cap on nodes acted on per window (None: share only)
+    window_seconds: float = 600.0
+    min_allowed: int = 1  # a small cluster can still fix one node per window
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0 < self.max_share <= 1:
+            problems.append(f"max_share must be in (0, 1], got {self.max_share}")
+        if self.max_nodes is not None and self.max_nodes < 1:
+            problems.append(f"max_nodes must be >= 1 or unset, got {self.max_nodes}")
+        if self.window_seconds <= 0:
+            problems.append(f"window_seconds must be > 0, got {self.window_seconds}")
+        if self.min_allowed < 0:
+            problems.append(f"min_allowed must be >= 0, got {self.min_allowed}")
+        if problems:
+            raise ValueError("breaker policy: " + "; ".join(problems))
+
+    def allowed_nodes(self, cluster_gpu_nodes: int) -> int:
+        """How many distinct nodes may be acted on within one window."""
+        limit = math.floor(self.max_share * max(0, cluster_gpu_nodes) + 1e-9)
+        if self.max_nodes is not None:
+            limit = min(limit, self.max_nodes)
+        return max(limit, self.min_allowed)
+
+
+def new_state() -> dict[str, Any]:
+    return {"state": CLOSED, "version": 0, "window": [], "backlog": [], "tripped_at": None,
+            "trip_reason": "", "trips": 0, "last_reset_at": None, "last_reset_by": ""}
+
+
+def normalize(item: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A state dict from a stored item (missing fields defaulted, numbers as float/int)."""
+    state = new_state()
+    if not item:
+        return state
+    state["state"] = TRIPPED if item.get("state") == TRIPPED else CLOSED
+    state["version"] = int(item.get("version") or 0)
+    state["trips"] = int(item.get("trips") or 0)
+    state["trip_reason"] = str(item.get("trip_reason") or "")
+    state["last_reset_by"] = str(item.get("last_reset_by") or "")
+    for key in ("tripped_at", "last_reset_at"):
+        state[key] = float(item[key]) if item.get(key) is not None else None
+    state["window"] = [{"node": str(e["node"]), "action": str(e.get("action", "")), "at": float(e["at"])}
+                       for e in item.get("window") or ()]
+    state["backlog"] = [{"node": str(e["node"]), "action": str(e.get("action", "")), "at": float(e["at"]),
+                         "job_id": str(e.get("job_id", "")), "reason": str(e.get("reason", ""))}
+                        for e in item.get("backlog") or ()]
+    return state
+
+
+def _in_window(state: Mapping[str, Any], now: float, policy: BreakerPolicy) -> list[dict[str, Any]]:
+    return [e for e in state["window"] if now - policy.window_seconds < e["at"] <= now]
+
+
+def _nodes(window: list[dict[str, Any]]) -> set[str]:
+    return {e["node"] for e in window}
+
+
+@dataclass(frozen=True)
+class BreakerDecision:
+    allowed: bool  # carry the action out now
+    state: dict[str, Any]  # write back (conditional on the version read)
+    tripped_now: bool  # this call tripped it: notify once
+    reason: str
+    nodes_in_window: int
+    limit: int
+
+
+def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, now: float,
+                  cluster_gpu_nodes: int, policy: BreakerPolicy | None = None, job_id: str = "",
+                  reason: str = "") -> BreakerDecision:
+    """Ask to act on ``node`` (reboot / replace / quarantine). Idempotent for a node already
+    acted on in the window and for an entry already in the backlog."""
+    policy = policy or BreakerPolicy()
+    current = normalize(state)
+    limit = policy.allowed_nodes(cluster_gpu_nodes)
+    window = _in_window(current, now, policy)
+    nodes = _nodes(window)
+    if not policy.enabled:
+        return BreakerDecision(True, current, False, "breaker disabled", len(nodes), limit)
+    entry = {"node": node, "action": action, "at": now}
+    if current["state"] == TRIPPED:
+        if not any(b["node"] == node and b["action"] == action for b in current["backlog"]):
+            current["backlog"].append({**entry, "job_id": job_id, "reason": reason})
+            current["version"] += 1
+        return BreakerDecision(False, current, False,
+                               f"breaker tripped at {current['tripped_at']}: {current['trip_reason']}; "
+                               f"{action} of {node} kept in the backlog", len(nodes), limit)
+    if node in nodes:
+        current["window"] = [*window, entry]
+        current["version"] += 1
+        return BreakerDecision(True, current, False, f"{node} already acted on in this window",
+                               len(nodes), limit)
+    if len(nodes) + 1 > limit:
+        why = (f"{len(nodes) + 1} of {cluster_gpu_nodes} GPU nodes would be acted on within "
+               f"{policy.window_seconds:g} s (limit {limit}: {policy.max_share:.0%} of the cluster"
+               + (f", at most {policy.max_nodes}" if policy.max_nodes is not None else "") + ")")
+        current.update(state=TRIPPED, tripped_at=now, trip_reason=why, window=window,
+                       backlog=[{**entry, "job_id": job_id, "reason": reason}],
+                       trips=current["trips"] + 1, version=current["version"] + 1)
+        return BreakerDecision(False, current, True, f"breaker tripped: {why}; {action} of {node} "
+                               "kept in the backlog", len(nodes), limit)
+    current["window"] = [*window, entry]
+    current["version"] += 1
+    return BreakerDecision(True, current, False, f"{len(nodes) + 1} of {limit} allowed nodes in the window",
+                           len(nodes) + 1, limit)
+
+
+@dataclass(frozen=True)
+class BreakerReset:
+    state: dict[str, Any]
+    released: tuple[dict[str, Any], ...]  # backlog entries to carry out now
+    dropped: tuple[dict[str, Any], ...]
+
+
+def reset(state: Mapping[str, Any] | None, *, now: float, resume_backlog: bool,
+          max_backlog_age_seconds: float | None = None, by: str = "") -> BreakerReset:
+    """Close the breaker. ``resume_backlog`` releases the backlog (entries older than
+    ``max_backlog_age_seconds`` are dropped anyway); otherwise it is dropped. The window
+    starts empty, so released actions do not trip it again at once."""
+    current = normalize(state)
+    backlog = current["backlog"]
+    if resume_backlog:
+        fresh = [b for b in backlog
+                 if max_backlog_age_seconds is None or now - b["at"] <= max_backlog_age_seconds]
+        stale = [b for b in backlog if b not in fresh]
+    else:
+        fresh, stale = [], list(backlog)
+    current.update(state=CLOSED, window=[], backlog=[], tripped_at=None, trip_reason="",
+                   last_reset_at=now, last_reset_by=by, version=current["version"] + 1)
+    return BreakerReset(current, tuple(fresh), tuple(stale))
+
+
+@dataclass(frozen=True)
+class BreakerStatus:
+    state: str
+    nodes_in_window: int
+    limit: int
+    cluster_gpu_nodes: int
+    utilization: float  # nodes in the window / limit
+    backlog: tuple[dict[str, Any], ...]
+    tripped_at: float | None
+    trip_reason: str
+    trips: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "nodes_in_window": self.nodes_in_window, "limit": self.limit,
+                "cluster_gpu_nodes": self.cluster_gpu_nodes, "utilization": self.utilization,
+                "backlog": list(self.backlog), "tripped_at": self.tripped_at,
+                "trip_reason": self.trip_reason, "trips": self.trips}
+
+    def metrics(self) -> dict[str, float]:
+        """CloudWatch metric values (cf. NVSentinel fault_quarantine_breaker_state / _utilization)."""
+        return {"BreakerTripped": 1.0 if self.state == TRIPPED else 0.0,
+                "BreakerUtilization": self.utilization, "BreakerBacklog": float(len(self.backlog))}
+
+
+def status(state: Mapping[str, Any] | None, *, now: float, cluster_gpu_nodes: int,
+           policy: BreakerPolicy | None = None) -> BreakerStatus:
+    policy = policy or BreakerPolicy()
+    current = normalize(state)
+    limit = policy.allowed_nodes(cluster_gpu_nodes)
+    in_window = len(_nodes(_in_window(current, now, policy)))
+    return BreakerStatus(current["state"], in_window, limit, cluster_gpu_nodes,
+                         in_window / limit if limit else 0.0, tuple(current["backlog"]),
+                         current["tripped_at"], current["trip_reason"], current["trips"])

@@ -1,0 +1,106 @@
+"""Words the fault catalog, the evidence and the remediation policies share.
+
+Pure data: what can be observed about a fault (triggers, GPU signals, DCGM severities
+and categories), what can be done about it (actions) and whose budget pays for it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Action(str, Enum):
+    """What the catalog says a fault needs, mildest first (see ``ACTION_SEVERITY``)."""
+
+    NONE = "none"  # informational: record it, do nothing
+    APPLICATION_ERROR = "application_error"  # the job's own fault: restart it, no node action
+    RESTART_JOB = "restart_job"  # transient: restart the gang, no node action
+    HEALTH_CHECK = "health_check"  # not sure yet: run the DCGM diag on the node first
+    OPERATOR_ACTION = "operator_action"  # configuration problem: drain + notify, never reboot
+    REBOOT = "reboot"
+    REPLACE = "replace"  # per deployment: quarantine (drain + notify) or terminate in its ASG
+
+
+# When several catalog rules match, the most severe action wins (then priority, then order).
+ACTION_SEVERITY: dict[Action, int] = {action: rank for rank, action in enumerate(Action)}
+
+# Actions that change the node itself (the blast-radius breaker and escalation count them).
+NODE_ACTIONS = frozenset({Action.OPERATOR_ACTION, Action.REBOOT, Action.REPLACE})
+# Actions a catalog rule may take without running the DCGM diag first.
+SKIPPABLE_ACTIONS = NODE_ACTIONS
+
+
+class Budget(str, Enum):
+    """Which of a job's two budgets a fault spends."""
+
+    APPLICATION = "application"  # application-error restarts (default 0 = fail as before)
+    INFRASTRUCTURE = "infrastructure"  # node faults fixed by a reboot or a move (default 3)
+    NONE = "none"  # nothing to spend (informational, or decided after the diag)
+
+
+DEFAULT_BUDGET: dict[Action, Budget] = {
+    Action.NONE: Budget.NONE,
+    Action.APPLICATION_ERROR: Budget.APPLICATION,
+    Action.RESTART_JOB: Budget.INFRASTRUCTURE,
+    Action.HEALTH_CHECK: Budget.NONE,
+    Action.OPERATOR_ACTION: Budget.INFRASTRUCTURE,
+    Action.REBOOT: Budget.INFRASTRUCTURE,
+    Action.REPLACE: Budget.INFRASTRUCTURE,
+}
+
+
+class Trigger(str, Enum):
+    """How the fault was noticed."""
+
+    TASK_EXIT = "task_exit"  # an ECS task of the job stopped on its own
+    NODE_LOST = "node_lost"  # the heartbeat service lost the node for too long
+    HUNG = "hung"  # a rank stopped making progress
+    TELEMETRY = "telemetry"  # GPU telemetry alone (no job fault)
+
+
+class GpuSignalKind(str, Enum):
+    """GPU state read from nvidia-smi (node agent telemetry or the health check)."""
+
+    REMAP_PENDING = "remap_pending"  # row remap waits for a GPU reset
+    REMAP_FAILURE = "remap_failure"  # no spare rows left
+    ECC_UNCORRECTED_VOLATILE = "ecc_uncorrected_volatile"  # uncorrected ECC since the last reset
+    FALLEN_OFF_BUS = "fallen_off_bus"  # nvidia-smi exit 15 or "Unable to determine the device handle"
+    INFOROM_CORRUPTED = "inforom_corrupted"  # nvidia-smi exit 14
+    DRIVER_NOT_LOADED = "driver_not_loaded"  # nvidia-smi exit 9
+    GPU_QUERY_FAILED = "gpu_query_failed"  # nvidia-smi failed otherwise
+
+
+# dcgmErrorSeverity_t (NVIDIA/DCGM dcgmlib/dcgm_errors.h): the "error_severity" numbers.
+DCGM_SEVERITY_NAMES: dict[int, str] = {
+    0: "none", 1: "monitor", 2: "isolate", 3: "unknown", 4: "triage", 5: "config", 6: "reset",
+}
+# dcgmErrorCategory_t (same header): the "error_category" numbers.
+DCGM_CATEGORY_NAMES: dict[int, str] = {
+    0: "none", 1: "performance_threshold", 2: "performance_violation", 3: "software_config",
+    4: "software_library", 5: "software_xid", 6: "software_cuda", 7: "software_eud",
+    8: "software_other", 9: "hardware_thermal", 10: "hardware_memory", 11: "hardware_nvlink",
+    12: "hardware_nvswitch", 13: "hardware_pcie", 14: "hardware_power", 15: "hardware_other",
+    16: "internal_other",
+}
+
+# The health check's verdict names (health_check/dcgm_health_check.sh, constants.DcgmVerdict).
+DCGM_VERDICT_NAMES = ("healthy", "reboot", "replace", "operator_action")
+# A verdict no catalog rule matched still means this.
+DCGM_VERDICT_FALLBACK: dict[str, Action] = {
+    "healthy": Action.APPLICATION_ERROR,
+    "reboot": Action.REBOOT,
+    "replace": Action.REPLACE,
+    "operator_action": Action.OPERATOR_ACTION,
+}
+
+
+def severity_name(severity: int | None) -> str:
+    if severity is None:
+        return "unknown"
+    return DCGM_SEVERITY_NAMES.get(severity, f"severity-{severity}")
+
+
+def category_name(category: int | None) -> str:
+    if category is None:
+        return "unknown"
+    return DCGM_CATEGORY_NAMES.get(category, f"category-{category}")

@@ -1,0 +1,135 @@
+"""Observe-only mode: which side effects run and which are only recorded and notified.
+
+``remediation_mode`` is ``enforce`` (default) or ``observe`` for everything, optionally with
+per-effect exceptions, e.g. ``observe`` (a dry run, like NVSentinel's ``global.dryRun``) or
+``enforce,reboot=observe,terminate=observe`` (act, but leave nodes alone). Parsed from the
+setting's text by :func:`parse_remediation_mode`; the domain reads no environment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from gpu_recovery.domain.fault_vocabulary import Action
+
+
+class Mode(str, Enum):
+    ENFORCE = "enforce"
+    OBSERVE = "observe"
+
+
+class Effect(str, Enum):
+    """A side effect the recovery loop can have on AWS."""
+
+    STOP_TASKS = "stop_tasks"  # StopTask of the job's other ranks
+    HEALTH_CHECK = "health_check"  # RunTask of the DCGM health check
+    REBOOT = "reboot"
+    DRAIN = "drain"  # quarantine: container instance to DRAINING
+    TERMINATE = "terminate"  # TerminateInstanceInAutoScalingGroup (replace_action terminate_in_asg)
+    RESTART_JOB = "restart_job"  # RunTask of the gang again (same or other nodes)
+
+
+REPLACE_ACTIONS = ("quarantine", "terminate_in_asg")
+
+
+def effects_of(action: Action, *, replace_action: str = "quarantine",
+               quarantine_only: bool = False) -> tuple[Effect, ...]:
+    """The side effects carrying out ``action`` takes, in order."""
+    if replace_action not in REPLACE_ACTIONS:
+        raise ValueError(f"replace_action must be one of {', '.join(REPLACE_ACTIONS)}, "
+                         f"got {replace_action!r}")
+    if action is Action.NONE:
+        return ()
+    if action in (Action.APPLICATION_ERROR, Action.RESTART_JOB):
+        return (Effect.STOP_TASKS, Effect.RESTART_JOB)
+    if action is Action.HEALTH_CHECK:
+        return (Effect.STOP_TASKS, Effect.HEALTH_CHECK)
+    if action is Action.OPERATOR_ACTION:
+        return (Effect.STOP_TASKS, Effect.DRAIN)
+    if action is Action.REBOOT:
+        return (Effect.STOP_TASKS, Effect.REBOOT)
+    if replace_action == "terminate_in_asg" and not quarantine_only:
+        return (Effect.STOP_TASKS, Effect.DRAIN, Effect.TERMINATE)
+    return (Effect.STOP_TASKS, Effect.DRAIN)
+
+
+@dataclass(frozen=True)
+class RemediationModes:
+    default: Mode = Mode.ENFORCE
+    per_effect: Mapping[Effect, Mode] = field(default_factory=dict)
+
+    def mode_for(self, effect: Effect) -> Mode:
+        return self.per_effect.get(effect, self.default)
+
+    def executes(self, effect: Effect) -> bool:
+        """True: carry ``effect`` out. False: only record and notify what would have been done."""
+        return self.mode_for(effect) is Mode.ENFORCE
+
+    def split(self, effects: Iterable[Effect]) -> tuple[tuple[Effect, ...], tuple[Effect, ...]]:
+        """(effects to carry out, effects to record only)."""
+        effects = tuple(effects)
+        return (tuple(e for e in effects if self.executes(e)),
+                tuple(e for e in effects if not self.executes(e)))
+
+    @property
+    def observes_anything(self) -> bool:
+        return any(not self.executes(e) for e in Effect)
+
+    def describe(self) -> str:
+        parts = [self.default.value] + [f"{e.value}={m.value}" for e, m in sorted(
+            self.per_effect.items(), key=lambda kv: kv[0].value) if m is not self.default]
+        return ",".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"default": self.default.value, **{e.value: m.value for e, m in self.per_effect.items()}}
+
+
+def _mode(value: Any, where: str) -> Mode:
+    try:
+        return Mode(str(value).strip().lower())
+    except ValueError:
+        raise ValueError(f"{where}: mode must be 'enforce' or 'observe', got {value!r}") from None
+
+
+def _effect(name: Any, where: str) -> Effect:
+    try:
+        return Effect(str(name).strip().lower())
+    except ValueError:
+        allowed = ", ".join(e.value for e in Effect)
+        raise ValueError(f"{where}: unknown effect {name!r} (allowed: {allowed})") from None
+
+
+def parse_remediation_mode(text: str | None, *, setting: str = "remediation_mode") -> RemediationModes:
+    """``"enforce"`` / ``"observe"`` / ``"enforce,reboot=observe"`` / JSON
+    ``{"default": "observe", "stop_tasks": "enforce"}``. Empty means enforce.
+    Raises ValueError naming ``setting`` and what to fix."""
+    raw = (text or "").strip()
+    if not raw:
+        return RemediationModes()
+    if raw.startswith(("{", "[")):
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{setting}: not valid JSON ({error.msg})") from error
+        if not isinstance(data, dict):
+            raise ValueError(f"{setting}: JSON must be an object")
+        default = _mode(data.get("default", Mode.ENFORCE.value), f"{setting}.default")
+        per = {_effect(k, setting): _mode(v, f"{setting}.{k}") for k, v in data.items() if k != "default"}
+        return RemediationModes(default, per)
+    default, per = Mode.ENFORCE, {}
+    for position, part in enumerate(p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        if "=" in part:
+            name, value = part.split("=", 1)
+            per[_effect(name, setting)] = _mode(value, f"{setting} {name.strip()}")
+        elif position == 0:
+            default = _mode(part, setting)
+        else:
+            raise ValueError(f"{setting}: {part!r} must be <effect>=<mode>; only the first item may "
+                             "be a bare mode")
+    return RemediationModes(default, per)

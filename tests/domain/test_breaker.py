@@ -1,0 +1,177 @@
+"""Blast-radius breaker: a share (or count) of the cluster's GPU nodes per window, then stop."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import CLOSED, TRIPPED, BreakerPolicy
+
+T = 1_734_220_000.0
+POLICY = BreakerPolicy()
+
+
+def act(state, node: str, at: float, *, nodes: int = 16, policy: BreakerPolicy = POLICY,
+        action: str = "reboot"):
+    return breaker.record_action(state, node=node, action=action, now=at, cluster_gpu_nodes=nodes,
+                                 policy=policy, job_id="j", reason="xid-79")
+
+
+def test_four_of_sixteen_nodes_in_ten_minutes_trip_it_and_nothing_more_is_rebooted() -> None:
+    """The issue's demo: 16 GPU nodes, 20 % -> 3 nodes per 10 min. Given faults on 4 nodes
+    within 10 min, Then 3 reboots go ahead, the 4th trips the breaker (notify once) and waits
+    in the backlog; a 5th node is refused without a second notification."""
+    state = breaker.new_state()
+    allowed, notified = [], 0
+    for n in range(5):
+        result = act(state, f"node-{n}", T + 60 * n)
+        state = result.state
+        allowed.append(result.allowed)
+        notified += result.tripped_now
+    assert allowed == [True, True, True, False, False]
+    assert notified == 1
+    assert state["state"] == TRIPPED and state["trips"] == 1
+    assert [b["node"] for b in state["backlog"]] == ["node-3", "node-4"]
+    assert ("4 of 16 GPU nodes would be acted on within 600 s (limit 3: 20% of the cluster)"
+            in state["trip_reason"])
+
+
+def test_it_never_closes_by_itself() -> None:
+    state = breaker.new_state()
+    for n in range(4):
+        state = act(state, f"node-{n}", T + n).state
+    later = act(state, "node-9", T + 7 * 86400)
+    assert not later.allowed and later.state["state"] == TRIPPED
+
+
+def test_the_window_slides() -> None:
+    state = breaker.new_state()
+    for n in range(3):
+        state = act(state, f"node-{n}", T + n).state
+    assert act(state, "node-3", T + 300).allowed is False
+    assert act(state, "node-3", T + 601).allowed is True  # node-0..2 left the window
+
+
+def test_acting_again_on_a_node_in_the_window_does_not_widen_the_blast_radius() -> None:
+    """A redelivered event, or a reboot escalated to a replacement, on the same node."""
+    state = breaker.new_state()
+    for n in range(3):
+        state = act(state, f"node-{n}", T + n).state
+    again = act(state, "node-1", T + 10, action="replace")
+    assert again.allowed and again.nodes_in_window == 3
+    assert breaker.status(again.state, now=T + 10, cluster_gpu_nodes=16).nodes_in_window == 3
+
+
+def test_absolute_cap_and_small_clusters() -> None:
+    capped = BreakerPolicy(max_nodes=2)
+    assert capped.allowed_nodes(100) == 2 and POLICY.allowed_nodes(100) == 20
+    assert POLICY.allowed_nodes(4) == 1  # floor(0.8) -> at least one node may be fixed
+    assert BreakerPolicy(min_allowed=0).allowed_nodes(4) == 0
+    state = breaker.new_state()
+    assert act(state, "a", T, nodes=100, policy=capped).allowed
+    state = act(state, "a", T, nodes=100, policy=capped).state
+    state = act(state, "b", T, nodes=100, policy=capped).state
+    assert act(state, "c", T, nodes=100, policy=capped).tripped_now
+
+
+def test_disabled_breaker_allows_everything() -> None:
+    policy = BreakerPolicy(enabled=False)
+    state = breaker.new_state()
+    for n in range(10):
+        result = act(state, f"n{n}", T, nodes=10, policy=policy)
+        assert result.allowed
+        state = result.state
+
+
+def test_reset_resumes_or_drops_the_backlog() -> None:
+    state = breaker.new_state()
+    for n in range(6):
+        state = act(state, f"node-{n}", T + n).state
+    resumed = breaker.reset(state, now=T + 3600, resume_backlog=True, by="alice")
+    assert resumed.state["state"] == CLOSED and resumed.state["backlog"] == []
+    assert [b["node"] for b in resumed.released] == ["node-3", "node-4", "node-5"]
+    assert resumed.state["window"] == [] and resumed.state["last_reset_by"] == "alice"
+    dropped = breaker.reset(state, now=T + 3600, resume_backlog=False)
+    assert dropped.released == () and len(dropped.dropped) == 3
+    stale = breaker.reset(state, now=T + 3600, resume_backlog=True, max_backlog_age_seconds=60)
+    assert stale.released == () and len(stale.dropped) == 3  # NVSentinel #450: no stale replays
+    assert act(resumed.state, "node-7", T + 3601).allowed
+
+
+def test_backlog_keeps_one_entry_per_node_and_action() -> None:
+    state = breaker.new_state()
+    for n in range(4):
+        state = act(state, f"node-{n}", T + n).state
+    again = act(state, "node-3", T + 5)
+    assert not again.allowed and len(again.state["backlog"]) == 1
+
+
+def test_status_metrics_and_stored_item() -> None:
+    state = breaker.new_state()
+    for n in range(2):
+        state = act(state, f"node-{n}", T + n).state
+    stored = {k: (str(v) if k == "version" else v) for k, v in state.items()}  # as DynamoDB returns
+    status = breaker.status(stored, now=T + 5, cluster_gpu_nodes=16)
+    assert (status.state, status.nodes_in_window, status.limit) == (CLOSED, 2, 3)
+    assert status.utilization == pytest.approx(2 / 3)
+    assert status.metrics() == {"BreakerTripped": 0.0, "BreakerUtilization": pytest.approx(2 / 3),
+                                "BreakerBacklog": 0.0}
+    assert breaker.normalize(None) == breaker.new_state()
+    assert status.to_dict()["limit"] == 3
+
+
+def test_policy_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="max_share"):
+        BreakerPolicy(max_share=0)
+    with pytest.raises(ValueError, match="max_nodes"):
+        BreakerPolicy(max_nodes=0)
+
+
+# --- properties ----------------------------------------------------------------------------
+
+requests = st.lists(st.tuples(st.integers(0, 19), st.integers(0, 1800)), min_size=1, max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests, st.integers(1, 40), st.sampled_from([0.1, 0.2, 0.5]), st.sampled_from([None, 1, 3]))
+def test_no_window_ever_sees_more_nodes_acted_on_than_the_limit(reqs, nodes, share, cap) -> None:
+    """For any sequence of requests (node, time): within every sliding window, the distinct
+    nodes actually acted on never exceed the limit; the breaker notifies at most once; every
+    refused request is in the backlog; the version only grows."""
+    policy = BreakerPolicy(max_share=share, max_nodes=cap, window_seconds=600)
+    limit = policy.allowed_nodes(nodes)
+    state = breaker.new_state()
+    acted: list[tuple[float, int]] = []
+    refused: set[int] = set()
+    notified = 0
+    for node, offset in sorted(reqs, key=lambda r: r[1]):
+        at = T + offset
+        result = breaker.record_action(state, node=f"n{node}", action="reboot", now=at,
+                                       cluster_gpu_nodes=nodes, policy=policy)
+        assert result.state["version"] >= state["version"]
+        state = result.state
+        notified += result.tripped_now
+        if result.allowed:
+            acted.append((at, node))
+        else:
+            refused.add(node)
+    for start, _ in acted:
+        in_window = {n for at, n in acted if start - 600 < at <= start}
+        assert len(in_window) <= limit
+    assert notified <= 1
+    assert notified == (1 if refused else 0)
+    assert {b["node"] for b in state["backlog"]} == {f"n{n}" for n in refused}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 500), st.floats(min_value=0.01, max_value=1.0),
+       st.one_of(st.none(), st.integers(1, 50)))
+def test_limit_is_the_share_or_the_cap_and_never_below_the_minimum(nodes, share, cap) -> None:
+    policy = BreakerPolicy(max_share=share, max_nodes=cap)
+    limit = policy.allowed_nodes(nodes)
+    assert limit >= policy.min_allowed
+    assert limit <= max(policy.min_allowed, int(share * nodes + 1e-9))
+    if cap is not None:
+        assert limit <= max(cap, policy.min_allowed)
