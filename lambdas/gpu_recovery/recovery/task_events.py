@@ -204,8 +204,8 @@ class TaskEvents:
         # stopping the other ranks must not hold its check back.
         checks = {inst_id: self.health.request(job, inst_id)
                   for inst_id in policy.verdicts_pending(job.suspects)}
-        self.ranks.register_missing_ranks(job)
-        self.ranks.stop_live_ranks(job, why=job.last_error or "suspected GPU fault", reissue=reissue)
+        self.ranks.stop_live_ranks(job, why=job.last_error or "suspected GPU fault", reissue=reissue,
+                                   ranks=self.ranks.current_ranks(job))
         return checks
 
     # ------------------------------------------------------------ job endings
