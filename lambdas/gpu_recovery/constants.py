@@ -35,6 +35,20 @@ ENV_SCHEDULER_FUNCTION = "SCHEDULER_FUNCTION_NAME"
 ENV_HEALTH_CHECK_LOG_GROUP = "HEALTH_CHECK_LOG_GROUP"
 ENV_RESTART_START_RETRIES = "RESTART_START_RETRIES"
 ENV_HEARTBEAT_MAX_SKEW_SECONDS = "HEARTBEAT_MAX_SKEW_SECONDS"
+# Telemetry: per node and signal kind, at most one notification per this many seconds;
+# stored signals not seen for the retention period are forgotten.
+ENV_HW_SIGNAL_NOTIFY_SECONDS = "HW_SIGNAL_NOTIFY_SECONDS"
+ENV_HW_SIGNAL_RETENTION_SECONDS = "HW_SIGNAL_RETENTION_SECONDS"
+# The stack's reboot-only SSM Command document (ECS Anywhere hosts).
+ENV_REBOOT_DOCUMENT = "REBOOT_DOCUMENT_NAME"
+# Jobs API authorization (JSON lists): admin principals, team roles, task-definition
+# families that may be submitted, task-role name prefixes, roles that may use the
+# reserved (highest) priorities.
+ENV_JOBS_ADMIN_ROLES = "JOBS_ADMIN_ROLES"
+ENV_JOBS_TEAM_ROLES = "JOBS_TEAM_ROLES"
+ENV_JOBS_ALLOWED_FAMILIES = "JOBS_ALLOWED_TASK_FAMILIES"
+ENV_JOBS_TASK_ROLE_PREFIXES = "JOBS_TASK_ROLE_PREFIXES"
+ENV_JOBS_PRIORITY_ROLES = "JOBS_RESERVED_PRIORITY_ROLES"
 
 # Powertools' own variables, set by infra and by local mode alike.
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
@@ -312,6 +326,8 @@ HEALTH_CHECK_STARTED_BY = "gpu-recovery-hc"
 SYSTEM_STOP_REASON_PREFIX = "gpu-recovery:"
 
 DEFAULT_HEALTH_CHECK_FAMILY = "gpu-health-check"
+# Reboot-only SSM document: the name local mode uses (the stack passes its own name).
+DEFAULT_REBOOT_DOCUMENT_NAME = "GpuRecovery-RebootNode"
 HEALTH_CHECK_CONTAINER_NAME = "dcgm"
 HEALTH_CHECK_LOG_STREAM_PREFIX = "dcgm"  # awslogs stream: <prefix>/<container>/<task-id>
 
