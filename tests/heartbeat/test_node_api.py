@@ -139,7 +139,7 @@ def test_report_gpu_event_is_accepted(world) -> None:
         ("SKEW", 400, "clock_skew", "synchronise"),
         ("OTHER_NODE", 403, "node_mismatch", "not the node"),
         ("MANY_TASKS", 413, "too_many_tasks", "512"),
-        ("HUGE", 413, "body_too_large", "262144"),
+        ("HUGE", 413, "payload_too_large", "262144"),
     ],
 )
 def test_bad_reports_are_rejected_and_nothing_is_written(world, body, status, code, hint) -> None:

@@ -151,11 +151,12 @@ class HeartbeatRepository:
         Reports are ordered by the server's receive time: a node clock that steps back
         (within the allowed skew) is not a replay.
         """
-        return self._record_report(node_id, TASKS_REPORT_KEY, report_ts, fields)
+        return self.base.apply_returning(
+            self._report_update(node_id, TASKS_REPORT_KEY, report_ts, fields))
 
-    def _record_report(self, node_id: str, key_attr: str, report_ts: float,
+    def _report_update(self, node_id: str, key_attr: str, report_ts: float,
                        fields: dict[str, Any], version: int | None = None,
-                       extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                       extra: dict[str, Any] | None = None) -> Update:
         names = {"#k": INSTANCE_PK, "#ts": key_attr}
         values: dict[str, Any] = {":ts": report_ts}
         condition = "attribute_exists(#k) AND (attribute_not_exists(#ts) OR #ts <> :ts)"
@@ -168,18 +169,17 @@ class HeartbeatRepository:
                 condition += " AND #v = :v"
                 values[":v"] = version
             set_fields[GPU_REPORT_VERSION] = version + 1
-        update = Update(table=self.base.instance_table_name, key={INSTANCE_PK: node_id},
-                        set_fields=set_fields, condition=condition, condition_values=values,
-                        condition_names=names, **(extra or {}))
-        return self.base.apply_returning(update)
+        return Update(table=self.base.instance_table_name, key={INSTANCE_PK: node_id},
+                      set_fields=set_fields, condition=condition, condition_values=values,
+                      condition_names=names, **(extra or {}))
 
     def record_gpu_report(self, node_id: str, report_ts: float, version: int,
                           fields: dict[str, Any], clear_error: bool) -> bool:
         """Write a GPU report over the version read (optimistic: a concurrent report
         of the same node makes this one fail, and the caller re-reads)."""
-        written = self._record_report(node_id, GPU_REPORT_KEY, report_ts, fields, version,
-                                      {"remove_fields": ["gpu_report_error"] if clear_error else []})
-        return written is not None
+        return self.base.apply(self._report_update(
+            node_id, GPU_REPORT_KEY, report_ts, fields, version,
+            {"remove_fields": ["gpu_report_error"] if clear_error else []}))
 
     def flag_suspect(self, node_id: str, now: float, reason: str) -> bool:
         """AVAILABLE (or unknown) -> SUSPECT."""
