@@ -109,6 +109,38 @@ LIST_PK = "list_bucket"  # constant LIST_BUCKET on every job item created by the
 LIST_BUCKET = "JOB"
 
 
+# --------------------------------------------------------------------------------------
+# REST API (one API Gateway stage): the methods each route has. Anything else is answered
+# by API Gateway itself (403 MISSING_AUTHENTICATION_TOKEN), as local mode does too.
+# --------------------------------------------------------------------------------------
+NODE_API_ROUTES: tuple[tuple[str, str], ...] = (
+    ("POST", "v1/report_tasks"),
+    ("POST", "v1/report_gpu"),
+)
+JOBS_API_ROUTES: tuple[tuple[str, str], ...] = (
+    ("POST", "v1/jobs"),
+    ("GET", "v1/jobs"),
+    ("GET", "v1/jobs/{job_id}"),
+    ("POST", "v1/jobs/{job_id}/cancel"),
+    ("GET", "v1/jobs/{job_id}/events"),
+    ("GET", "v1/jobs/{job_id}/logs"),
+    ("GET", "swagger"),
+)
+# API Gateway's own answers (gateway responses), in the APIs' error shape
+# {"error": <response type>, "message": ...}: infra configures them, local mode sends them.
+GATEWAY_ERRORS: dict[str, tuple[int, str]] = {
+    "UNAUTHORIZED": (401, "missing, unknown or revoked node token"),
+    "ACCESS_DENIED": (403, "wrong node token"),
+    "MISSING_AUTHENTICATION_TOKEN": (403, "no such route or method, or the request is not signed "
+                                          "(SigV4)"),
+    "REQUEST_TOO_LARGE": (413, "request body over API Gateway's 10 MB limit"),
+    "THROTTLED": (429, "too many requests: retry with exponential backoff"),
+}
+# The node authorizer's identity validation expression (API Gateway rejects a header
+# that does not match with 401, without invoking the authorizer).
+NODE_TOKEN_HEADER_PATTERN = r"^[Bb]earer [A-Za-z0-9_.-]{16,512}$"
+
+
 def queue_order(priority: int, submitted_at: float, job_id: str) -> str:
     return f"{999 - priority:03d}#{submitted_at:017.6f}#{job_id}"
 
