@@ -56,6 +56,7 @@ class Settings:
     health_check_start_retries: int = 5
     health_check_log_group: str = ""
     restart_start_retries: int = 3
+    reboot_document: str = c.DEFAULT_REBOOT_DOCUMENT_NAME
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -81,4 +82,5 @@ class Settings:
             health_check_start_retries=_int(env, c.ENV_HEALTH_CHECK_START_RETRIES, 5, minimum=1),
             health_check_log_group=env.get(c.ENV_HEALTH_CHECK_LOG_GROUP, ""),
             restart_start_retries=_int(env, c.ENV_RESTART_START_RETRIES, 3, minimum=1),
+            reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
         )

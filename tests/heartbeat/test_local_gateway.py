@@ -52,7 +52,7 @@ def test_route_table_is_the_deployed_one() -> None:
 def test_oversized_body_gets_a_readable_413(world) -> None:
     """The connection used to be closed before the client could read the 413."""
     with LocalApiServer() as server:
-        status, headers, body = request(server.url, "POST", "/v1/report_tasks",
+        status, _, body = request(server.url, "POST", "/v1/report_tasks",
                                         body=b"x" * (MAX_REQUEST_BYTES + 1),
                                         headers={"Content-Type": "application/json"})
     assert status == 413
