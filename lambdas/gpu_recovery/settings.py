@@ -70,6 +70,7 @@ class Settings:
     # On a suspected GPU fault, health-check every node of the job (in parallel) rather
     # than only the nodes whose rank failed on its own.
     check_all_nodes_on_fault: bool = False
+    reboot_document: str = c.DEFAULT_REBOOT_DOCUMENT_NAME
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -96,6 +97,7 @@ class Settings:
             health_check_log_group=env.get(c.ENV_HEALTH_CHECK_LOG_GROUP, ""),
             restart_start_retries=_int(env, c.ENV_RESTART_START_RETRIES, 3, minimum=1),
             check_all_nodes_on_fault=_bool(env, c.ENV_HEALTH_CHECK_ALL_NODES, False),
+            reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
         )
 
 

@@ -20,6 +20,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import DEFAULT_NODE_TOKEN_TABLE_NAME, ENV_NODE_TOKEN_TABLE
+from gpu_recovery.repository.heartbeat import NodeTokenRepository
 from gpu_recovery.tokens import TokenStore, Verdict, token_from_authorization
 from handlers._common import powertools
 
@@ -38,7 +39,7 @@ def token_store() -> TokenStore:
     with _lock:
         if _cache.get("session") is not session or _cache.get("table") != table:
             _cache.update(session=session, table=table,
-                          store=TokenStore(aws.resource("dynamodb").Table(table)))
+                          store=TokenStore(NodeTokenRepository(aws.resource("dynamodb").Table(table))))
         return _cache["store"]
 
 

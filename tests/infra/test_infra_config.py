@@ -199,3 +199,29 @@ def test_node_agent_flag_agrees_with_infra_node_agent(value: object) -> None:
     app = cdk.App(context={} if value is None else {"node_agent_daemon": value})
     config = RecoveryConfig.from_context({"cluster_name": "c", "node_agent_daemon": value})
     assert config.node_agent_daemon is node_agent.enabled(app)
+
+
+def test_authorization_and_telemetry_keys() -> None:
+    """Issue 8's keys: lists as JSON or comma strings, a role-name prefix, bounded ints."""
+    config = RecoveryConfig.from_context({
+        "cluster_name": "c", "admin_roles": "gpu-ops, arn:aws:iam::111122223333:user/alice",
+        "team_roles": '["ml-team"]', "allowed_task_families": "llama-*", "task_role_name_prefix": "ml-",
+        "reserved_priority_roles": "gpu-ops", "telemetry_notify_interval_seconds": "600",
+        "telemetry_signal_retention_seconds": 7200})
+    assert config.admin_roles == ("gpu-ops", "arn:aws:iam::111122223333:user/alice")
+    assert config.team_roles == ("ml-team",) and config.allowed_task_families == ("llama-*",)
+    assert config.task_role_name_prefix == "ml-" and config.reserved_priority_roles == ("gpu-ops",)
+    assert config.telemetry_notify_interval_seconds == 600
+    assert config.telemetry_signal_retention_seconds == 7200
+    defaults = RecoveryConfig.from_context({"cluster_name": "c"})
+    assert defaults.allowed_task_families == ("*",) and defaults.task_role_name_prefix == "gpu-training-"
+    assert defaults.admin_roles == () and defaults.telemetry_notify_interval_seconds == 3600
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("admin_roles", "bad name!"), ("allowed_task_families", "a*b"), ("task_role_name_prefix", "a/b"),
+    ("telemetry_notify_interval_seconds", "5"), ("team_roles", '["ok", 3]'),
+])
+def test_bad_authorization_keys_are_refused(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        RecoveryConfig.from_context({"cluster_name": "c", key: value})

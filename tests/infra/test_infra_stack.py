@@ -340,7 +340,8 @@ def test_ecs_actions_are_conditioned_on_the_cluster(default_synth: Synth) -> Non
 def test_reboot_and_ssm_are_limited_to_tagged_instances(
     default_synth: Synth, custom_synth: Synth
 ) -> None:
-    """Given the DCGM monitor, Then reboot / SSM need the instance tag and the shell document."""
+    """Given the DCGM monitor, Then reboot / SSM need the instance tag, and SendCommand is
+    granted on the stack's reboot-only document, never on AWS-RunShellScript."""
     for synth, key, value in (
         (default_synth, "gpu-recovery:cluster", CLUSTER),
         (custom_synth, "team", "ml-platform"),
@@ -350,16 +351,22 @@ def test_reboot_and_ssm_are_limited_to_tagged_instances(
         assert reboot["Condition"] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
         assert reboot["Resource"].endswith(":instance/*")
         ssm = [s for s in statements if s["Action"] == "ssm:SendCommand"]
-        resources = {s["Resource"]: s.get("Condition") for s in ssm}
-        assert resources["arn:aws:ssm:us-east-1::document/AWS-RunShellScript"] is None
-        managed = [r for r in resources if ":managed-instance/" in r]
-        assert resources[managed[0]] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
+        (document,) = [s for s in ssm if s["Sid"] == "SendRebootDocument"]
+        (doc_id,) = synth.resources("AWS::SSM::Document")
+        assert document["Resource"] == {"Fn::Join": ["", [
+            "arn:aws:ssm:us-east-1:111122223333:document/", {"Ref": doc_id}]]}
+        assert "Condition" not in document
+        (managed,) = [s for s in ssm if s["Sid"] == "SendCommandToTaggedManagedInstances"]
+        assert managed["Resource"].endswith(":managed-instance/*")
+        assert managed["Condition"] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
+        assert "AWS-RunShellScript" not in json.dumps(synth.template)
         (describe,) = [s for s in statements if s["Action"] == "ec2:DescribeInstances"]
         assert describe["Resource"] == "*"
 
 
 def test_each_function_gets_only_what_it_needs(default_synth: Synth) -> None:
-    """Given the four roles, Then reboot/SSM only for the monitor, StopTask not for it."""
+    """Given the four roles, Then reboot/SSM only for the monitor and the sweep, StopTask
+    not for the monitor."""
     task = _actions(_policy_of_function(default_synth, "TaskHandler"))
     monitor = _actions(_policy_of_function(default_synth, "DcgmMonitor"))
     instance = _actions(_policy_of_function(default_synth, "InstanceMonitor"))
@@ -369,7 +376,9 @@ def test_each_function_gets_only_what_it_needs(default_synth: Synth) -> None:
             "logs:GetLogEvents"} <= monitor
     assert "ecs:StartTask" in instance and "ecs:StopTask" not in instance
     assert "ecs:UpdateContainerInstancesState" in sweep
-    for actions in (task, instance, sweep):
+    # The sweep re-issues a reboot whose issue was never confirmed (RecoveryService._issue_reboot).
+    assert {"ec2:RebootInstances", "ssm:SendCommand"} <= sweep and "logs:GetLogEvents" not in sweep
+    for actions in (task, instance):
         assert not {"ec2:RebootInstances", "ssm:SendCommand", "logs:GetLogEvents"} & actions
     for actions in (task, monitor, instance, sweep):
         assert {"sns:Publish", "dynamodb:PutItem", "dynamodb:Query"} <= actions
