@@ -46,7 +46,12 @@ from gpu_recovery.constants import (
     NODE_TOKEN_HEADER_PATTERN,
     NODE_TOKEN_PK,
 )
-from infra.lambda_common import LambdaDefaults, RecoveryFunction
+from infra.lambda_common import (
+    SCHEDULED_ASYNC_RETRIES,
+    SCHEDULED_MAX_EVENT_AGE,
+    LambdaDefaults,
+    RecoveryFunction,
+)
 from infra.nag import acknowledge
 from infra.notifications import Notifications
 from infra.recovery import ClusterAccess, nag_resource_id
@@ -251,11 +256,11 @@ class NodeApi(Construct):
         )
         self.sweep_rule.add_target(targets.LambdaFunction(
             self.sweep_function.function, dead_letter_queue=dlq, retry_attempts=0,
-            max_event_age=Duration.minutes(2)))
-        # As the recovery sweep and the scheduler: no Lambda async retries (the next run,
-        # one minute later, is the retry) and failed invocations land in the same DLQ.
+            max_event_age=SCHEDULED_MAX_EVENT_AGE))
+        # As the recovery sweep and the scheduler: a failed run is retried by Lambda (a
+        # throttle passes); only a run that failed every retry lands in the same DLQ.
         self.sweep_function.function.configure_async_invoke(
-            max_event_age=Duration.minutes(2), retry_attempts=0,
+            max_event_age=SCHEDULED_MAX_EVENT_AGE, retry_attempts=SCHEDULED_ASYNC_RETRIES,
             on_failure=destinations.SqsDestination(dlq),
         )
 

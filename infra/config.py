@@ -1,83 +1,40 @@
-"""Deployment configuration, read from CDK context and validated once.
+"""Deployment configuration: one declarative registry of this app's CDK context keys.
 
-Every option can be set in ``cdk.json`` (``"context"``) or on the command line
-(``cdk synth -c key=value``). Values given with ``-c`` arrive as strings, values in
-``cdk.json`` as JSON types; both are accepted. A bad value raises ``ConfigError``
-naming the key.
+Every key is one field of :class:`RecoveryConfig`, declared with :func:`option`: its
+default, its parser (type and accepted values) and a one-line doc. From these fields come
 
-Options (key: default -- meaning):
+* validation (``RecoveryConfig.from_context``): a bad value raises ``ConfigError`` naming
+  the key; a key that is not ours fails with a "did you mean" suggestion;
+* the README configuration table (:func:`markdown_table`; ``make config-docs`` rewrites it,
+  a test fails when it drifts).
 
-- cluster_name: required -- existing ECS cluster whose GPU training jobs are guarded
-- alert_email: none -- e-mail address subscribed to the alert topic
-- health_check_family: ``gpu-health-check`` -- family of the DCGM health-check task definition
-- health_check_task_arn: none -- use your own health-check task definition (none is created)
-- health_check_image: DEFAULT_HEALTH_CHECK_IMAGE -- NVIDIA DCGM image of the health check
-- dcgm_level: 2 -- ``dcgmi diag -r`` level, 1..4
-- health_check_gpus: 8 -- GPUs the health-check task reserves, 1..16
-- max_recovery_attempts: 1 -- recoveries per job, 0..10
-- suspect_exit_codes: ``[1]`` -- exit codes meaning "suspected GPU fault" (JSON list or
-  comma string, each 1..255)
-- reboot_timeout_minutes: 30 -- an instance must be back within, 1..1440
-- health_check_timeout_minutes: 30 -- a health check must finish within, 1..1440
-- table_removal_policy: ``retain`` -- ``retain`` or ``destroy`` for the DynamoDB tables
-- instance_tag_key: ``gpu-recovery:cluster`` -- tag on the cluster's GPU instances; the
-  reboot / SSM permissions are conditioned on it
-- instance_tag_value: = cluster_name -- value of that tag
-- lambda_architecture: ``x86_64`` -- ``x86_64`` or ``arm64``
-- powertools_layer_version: POWERTOOLS_LAYER_VERSION -- version of the public Powertools layer
+To add a key: add one field with ``option(...)`` (a test checks that every field is one).
+Values given with ``-c key=value`` arrive as strings, values in ``cdk.json`` as JSON
+types; both are accepted. CDK's own keys (``@aws-cdk/...``, ``aws:cdk:...``, ``cdk-...``,
+context lookups such as ``availability-zones:...``) are not ours and are left alone.
 
-Node heartbeats, the REST API and the job queue:
-
-- heartbeat_stale_seconds: 180 -- a rank whose node sent no report for longer is marked
-  NODE_LOST by the heartbeat sweep, 60..86400 (the node agent reports every 30 s)
-- node_lost_fail_seconds: 1800 -- a rank NODE_LOST for longer is handed to the recovery
-  loop (suspected node fault); 0 disables, else 60..604800
-- hang_seconds: 0 -- a rank whose training step has not advanced for longer while its node
-  keeps reporting is HUNG; 0 disables hang detection, else 60..604800
-- hang_action: ``notify`` -- on a hang: ``notify`` (alert only) or ``recover`` (recovery loop)
-- api_throttle_rate: 1000 -- steady-state requests/s of the API stage (all routes), 1..10000
-  (10,000 nodes reporting every 30 s send ~667/s)
-- api_throttle_burst: 2000 -- burst requests of the API stage, 1..5000
-- node_agent_daemon: false -- also deploy the GPU node agent as an ECS DAEMON service on the
-  cluster (``infra/node_agent.py``; each host needs its node token file)
-- training_log_groups: ``["/ecs/*"]`` -- CloudWatch log groups (names or ``*`` patterns) the
-  jobs API may read training logs from (JSON list or comma string)
-
-Authorization of the jobs API and telemetry limits (docs/security.md):
-
-- admin_roles: ``[]`` -- IAM role names (or principal ARNs) that read, list and cancel every
-  job, tag-registered ones included
-- team_roles: ``[]`` -- IAM role names whose sessions share the jobs submitted under the role
-- allowed_task_families: ``["*"]`` -- task-definition families that may be submitted (names,
-  or prefixes ending in ``*``); the health-check family is never allowed
-- task_role_name_prefix: ``gpu-training-`` -- ``iam:PassRole`` (and job submission) only for
-  task / execution roles whose name starts with this; the stack's own health-check roles
-  are added by ARN
-- reserved_priority_roles: ``[]`` -- IAM role names that may submit at VERY_HIGH and
-  EXTREME_HIGH (admins may too)
-- telemetry_notify_interval_seconds: 3600 -- at most one hardware-signal e-mail per node and
-  signal kind per interval, 60..86400
-- telemetry_signal_retention_seconds: 604800 -- a stored hardware signal not seen for this
-  long is forgotten, 3600..31536000
+``python -m infra.config`` prints the table; ``--write-readme`` updates README.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY
 
-# Public layer AWSLambdaPowertoolsPythonV3-python312-<arch>:<version> (account 017000801446).
-# Intended to carry Powertools 3.37.0 (requirements.txt pins the same version for tests).
-# Verify with: aws ssm get-parameter --name /aws/service/powertools/python/x86_64/python3.12/3.37.0
-POWERTOOLS_LAYER_ACCOUNT = "017000801446"
-POWERTOOLS_LAYER_VERSION = 40
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 DEFAULT_INSTANCE_TAG_KEY = "gpu-recovery:cluster"
+DEFAULT_TRAINING_LOG_GROUPS = ("/ecs/*",)
+DEFAULT_TASK_ROLE_PREFIX = "gpu-training-"
+HANG_ACTIONS = ("notify", "recover")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -87,46 +44,8 @@ _TASK_DEF_ARN_RE = re.compile(
 _TAG_KEY_RE = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
 _TAG_VALUE_RE = re.compile(r"^[\w.:/=+\-@ ]{0,256}$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
-
-KNOWN_KEYS = (
-    "cluster_name",
-    "alert_email",
-    "health_check_family",
-    "health_check_task_arn",
-    "health_check_image",
-    "dcgm_level",
-    "health_check_gpus",
-    "max_recovery_attempts",
-    "suspect_exit_codes",
-    "reboot_timeout_minutes",
-    "health_check_timeout_minutes",
-    "table_removal_policy",
-    "instance_tag_key",
-    "instance_tag_value",
-    "lambda_architecture",
-    "powertools_layer_version",
-    "heartbeat_stale_seconds",
-    "node_lost_fail_seconds",
-    "hang_seconds",
-    "hang_action",
-    "api_throttle_rate",
-    "api_throttle_burst",
-    "node_agent_daemon",
-    "training_log_groups",
-    "admin_roles",
-    "team_roles",
-    "allowed_task_families",
-    "task_role_name_prefix",
-    "reserved_priority_roles",
-    "telemetry_notify_interval_seconds",
-    "telemetry_signal_retention_seconds",
-)
-
-HANG_ACTIONS = ("notify", "recover")
-DEFAULT_TRAINING_LOG_GROUPS = ("/ecs/*",)
 # CloudWatch Logs group names: 1-512 of [.-_/#A-Za-z0-9]; '*' allowed as an IAM wildcard.
 _LOG_GROUP_RE = re.compile(r"^[.\-_/#A-Za-z0-9*]{1,512}$")
-DEFAULT_TASK_ROLE_PREFIX = "gpu-training-"
 # An IAM role / user name, or a principal ARN.
 _PRINCIPAL_RE = re.compile(r"^([\w+=,.@-]{1,64}|arn:aws[a-z-]*:(iam|sts)::\d{12}:[\w+=,.@/-]{1,512})$")
 _FAMILY_RE = re.compile(r"^[A-Za-z0-9_-]{0,255}\*?$")
@@ -134,44 +53,305 @@ _ROLE_PREFIX_RE = re.compile(r"^[\w+=,.@-]{1,64}$")
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
 
+# Keys this app once read; setting one fails synthesis with what replaced it.
+RETIRED_KEYS = {
+    "powertools_layer_version": (
+        "the Powertools layer is no longer chosen by number: the stack resolves the layer of "
+        "the exact version pinned in requirements.txt from its public SSM parameter"
+    ),
+}
+# Context keys of the CDK toolkit that look like ours (no '@', ':' or 'cdk' prefix).
+_TOOLKIT_KEYS = frozenset({"acknowledged-issue-numbers"})
+
 
 class ConfigError(ValueError):
     """A context value is missing or invalid; the message names the key."""
 
 
+# --------------------------------------------------------------------------- parsers
+Parse = Callable[[str, Any], Any]
+
+
+@dataclass(frozen=True)
+class Parser:
+    """Turns a raw context value (never None or "") into the typed value, or raises
+    ConfigError naming the key. ``accepts`` is shown in the README table."""
+
+    parse: Parse
+    accepts: str = ""
+
+    def __call__(self, key: str, value: Any) -> Any:
+        return self.parse(key, value)
+
+
+def text(pattern: re.Pattern[str], what: str, accepts: str = "") -> Parser:
+    def parse(key: str, value: Any) -> str:
+        if not isinstance(value, str) or not pattern.match(value):
+            raise ConfigError(f"context key {key!r} must be {what}, got {value!r}")
+        return value
+
+    return Parser(parse, accepts)
+
+
+def choice(*values: str) -> Parser:
+    def parse(key: str, value: Any) -> str:
+        lowered = str(value).lower()
+        if lowered not in values:
+            options = " or ".join(repr(v) for v in values)
+            raise ConfigError(f"context key {key!r} must be {options}, got {lowered!r}")
+        return lowered
+
+    return Parser(parse, " / ".join(f"`{v}`" for v in values))
+
+
+def integer(low: int, high: int, *, zero_disables: bool = False) -> Parser:
+    """An integer ``low..high`` (or 0 when ``zero_disables``)."""
+
+    def parse(key: str, value: Any) -> int:
+        hint = f"context key {key!r} must be an integer {low}..{high}, got {value!r}"
+        if isinstance(value, bool):
+            raise ConfigError(hint)
+        if isinstance(value, str):
+            if not re.fullmatch(r"[+-]?\d+", value):
+                raise ConfigError(hint)
+            value = int(value)
+        if not isinstance(value, int):
+            raise ConfigError(hint)
+        if zero_disables and value == 0:
+            return 0
+        if not low <= value <= high:
+            if zero_disables:
+                raise ConfigError(f"context key {key!r} must be 0 (disabled) or between {low} "
+                                  f"and {high}, got {value}")
+            raise ConfigError(f"context key {key!r} must be between {low} and {high}, got {value}")
+        return value
+
+    return Parser(parse, f"0 or {low}..{high}" if zero_disables else f"{low}..{high}")
+
+
+def number(low: float, high: float) -> Parser:
+    def parse(key: str, value: Any) -> float:
+        hint = f"context key {key!r} must be a number {low:g}..{high:g}, got {value!r}"
+        if isinstance(value, bool):
+            raise ConfigError(hint)
+        if isinstance(value, str):
+            if not re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", value):
+                raise ConfigError(hint)
+            value = float(value)
+        if not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ConfigError(hint)
+        return float(value)
+
+    return Parser(parse, f"{low:g}..{high:g}")
+
+
+def boolean() -> Parser:
+    def parse(key: str, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        lowered = str(value).strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ConfigError(f"context key {key!r} must be true or false, got {value!r}")
+
+    return Parser(parse, "`true` / `false`")
+
+
+def _list_items(key: str, value: Any, hint: str) -> list[Any]:
+    """A JSON list (string or list) or a comma-separated string -> its items."""
+    items: Any = value
+    if isinstance(value, str):
+        if value.startswith("["):
+            try:
+                items = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}") from exc
+        else:
+            items = [part.strip() for part in value.split(",")]
+    if not isinstance(items, list):
+        raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+    return items
+
+
+def exit_codes() -> Parser:
+    hint = "a JSON list or comma-separated list of exit codes 1..255, e.g. [1] or 1,134"
+
+    def parse(key: str, value: Any) -> tuple[int, ...]:
+        items = [value] if isinstance(value, int) and not isinstance(value, bool) else (
+            _list_items(key, value, hint))
+        codes: list[int] = []
+        for item in items:
+            if isinstance(item, str) and re.fullmatch(r"\d+", item):
+                item = int(item)
+            if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 255:
+                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+            if item not in codes:
+                codes.append(item)
+        if not codes:
+            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+        return tuple(codes)
+
+    return Parser(parse, "list of 1..255")
+
+
+def log_groups() -> Parser:
+    hint = 'a JSON list or comma-separated list of log group names or patterns, e.g. ["/ecs/*"]'
+
+    def parse(key: str, value: Any) -> tuple[str, ...]:
+        groups: list[str] = []
+        for item in _list_items(key, value, hint):
+            # '*' or '/' alone would open every log group of the account: refused.
+            if not isinstance(item, str) or not _LOG_GROUP_RE.match(item) or item.strip("*/") == "":
+                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+            if item not in groups:
+                groups.append(item)
+        if not groups:
+            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+        return tuple(groups)
+
+    return Parser(parse, "list of names / patterns")
+
+
+def names(pattern: re.Pattern[str], accepts: str) -> Parser:
+    """A JSON list or comma-separated list of names matching ``pattern`` (may be empty)."""
+
+    def parse(key: str, value: Any) -> tuple[str, ...]:
+        hint = "a JSON list or comma-separated list of names"
+        items = _list_items(key, value, hint)
+        if not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
+        entries = tuple(dict.fromkeys(i for i in items if i))
+        for entry in entries:
+            if not pattern.match(entry):
+                raise ConfigError(f"context key {key!r}: {entry!r} is not a valid entry")
+        return entries
+
+    return Parser(parse, accepts)
+
+
+def _instance_tag_key(key: str, value: Any) -> str:
+    tag = text(_TAG_KEY_RE, "a valid tag key (1-128 chars)")(key, value)
+    if tag.lower().startswith("aws:"):
+        raise ConfigError(f"context key {key!r} must not start with 'aws:'")
+    return tag
+
+
+# --------------------------------------------------------------------------- registry
+REQUIRED: Any = object()  # sentinel: the key has no default
+
+
+@dataclass(frozen=True)
+class Option:
+    """One context key: what ``option()`` records in its field's metadata."""
+
+    key: str
+    default: Any
+    parse: Parser
+    doc: str
+    default_text: str | None = None
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def shown_default(self) -> str:
+        if self.default_text is not None:
+            return self.default_text
+        if self.required:
+            return "required"
+        if self.default is None:
+            return "none"
+        value = list(self.default) if isinstance(self.default, tuple) else self.default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return f"`{json.dumps(value)}`" if not isinstance(value, str) else f"`{value}`"
+
+
+def option(default: Any, parse: Parser, doc: str, *, default_text: str | None = None,
+           derive: Callable[[Mapping[str, Any]], Any] | None = None) -> Any:
+    """A :class:`RecoveryConfig` field that is a context key.
+
+    ``default``: the value when the key is absent (``REQUIRED``: no default); ``derive``
+    computes it from the keys parsed before instead (then say so in ``default_text``).
+    ``doc``: one line for the README table (the key's meaning, not its accepted values,
+    which come from ``parse``).
+    """
+    meta = {"option": (default, parse, doc, default_text, derive)}
+    if default is REQUIRED:
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class RecoveryConfig:
-    cluster_name: str
-    alert_email: str | None = None
-    health_check_family: str = DEFAULT_HEALTH_CHECK_FAMILY
-    health_check_task_arn: str | None = None
-    health_check_image: str = DEFAULT_HEALTH_CHECK_IMAGE
-    dcgm_level: int = 2
-    health_check_gpus: int = 8
-    max_recovery_attempts: int = 1
-    suspect_exit_codes: tuple[int, ...] = (1,)
-    reboot_timeout_minutes: int = 30
-    health_check_timeout_minutes: int = 30
-    table_removal_policy: str = "retain"
-    instance_tag_key: str = DEFAULT_INSTANCE_TAG_KEY
-    instance_tag_value: str = ""  # filled with cluster_name by from_context
-    lambda_architecture: str = "x86_64"
-    powertools_layer_version: int = POWERTOOLS_LAYER_VERSION
-    heartbeat_stale_seconds: int = 180
-    node_lost_fail_seconds: int = 1800  # 0 disables
-    hang_seconds: int = 0  # 0 disables
-    hang_action: str = "notify"
-    api_throttle_rate: float = 1000.0
-    api_throttle_burst: int = 2000
-    node_agent_daemon: bool = False
-    training_log_groups: tuple[str, ...] = DEFAULT_TRAINING_LOG_GROUPS
-    admin_roles: tuple[str, ...] = ()
-    team_roles: tuple[str, ...] = ()
-    allowed_task_families: tuple[str, ...] = ("*",)
-    task_role_name_prefix: str = DEFAULT_TASK_ROLE_PREFIX
-    reserved_priority_roles: tuple[str, ...] = ()
-    telemetry_notify_interval_seconds: int = 3600
-    telemetry_signal_retention_seconds: int = 604_800
+    # --- the cluster and the recovery loop
+    cluster_name: str = option(REQUIRED, text(_NAME_RE, "1-255 letters, digits, - or _"),
+                               "the existing ECS cluster whose GPU training jobs are guarded")
+    alert_email: str | None = option(None, text(_EMAIL_RE, "an e-mail address"),
+                                     "e-mail address subscribed to the operator SNS topic")
+    health_check_family: str = option(
+        DEFAULT_HEALTH_CHECK_FAMILY, text(_NAME_RE, "1-255 letters, digits, - or _"),
+        "family of the DCGM health-check task definition the stack creates")
+    health_check_task_arn: str | None = option(
+        None, text(_TASK_DEF_ARN_RE, "an ECS task definition ARN "
+                   "(arn:aws:ecs:<region>:<account>:task-definition/<family>[:<revision>])"),
+        "your own health-check task definition (same exit-code contract); none is created")
+    health_check_image: str = option(DEFAULT_HEALTH_CHECK_IMAGE,
+                                     text(_IMAGE_RE, "a container image reference"),
+                                     "NVIDIA DCGM image of the health check")
+    dcgm_level: int = option(2, integer(1, 4), "`dcgmi diag -r` level (1 quick, 2 ~2 min, 3 ~15 min)")
+    health_check_gpus: int = option(8, integer(1, 16), "GPUs the health-check task reserves (a whole node)")
+    max_recovery_attempts: int = option(1, integer(0, 10),
+                                        "recoveries (reboot + restart) per job before it fails")
+    suspect_exit_codes: tuple[int, ...] = option(
+        (1,), exit_codes(), "exit codes meaning a suspected GPU fault (JSON list or `1,134`)")
+    reboot_timeout_minutes: int = option(30, integer(1, 1440),
+                                         "a rebooted node must be back within this, else quarantine")
+    health_check_timeout_minutes: int = option(30, integer(1, 1440),
+                                               "a health check must start and finish within this")
+    table_removal_policy: str = option("retain", choice("retain", "destroy"),
+                                       "what stack deletion does to the DynamoDB tables")
+    instance_tag_key: str = option(DEFAULT_INSTANCE_TAG_KEY, Parser(_instance_tag_key),
+                                   "tag on the GPU instances: only tagged ones may be rebooted")
+    instance_tag_value: str = option(
+        "", text(_TAG_VALUE_RE, "a valid tag value"), "value of that tag",
+        default_text="cluster name", derive=lambda values: values["cluster_name"])
+    lambda_architecture: str = option("x86_64", choice("x86_64", "arm64"), "CPU architecture of the Lambdas")
+    # --- node heartbeats, the REST API and the job queue
+    heartbeat_stale_seconds: int = option(180, integer(60, 86_400),
+                                          "a rank without heartbeat this long becomes NODE_LOST")
+    node_lost_fail_seconds: int = option(1800, integer(60, 604_800, zero_disables=True),
+                                         "NODE_LOST this long goes to the recovery loop (0: never)")
+    hang_seconds: int = option(0, integer(60, 604_800, zero_disables=True),
+                               "a rank whose `step` stalls this long while reporting is HUNG (0: off)")
+    hang_action: str = option("notify", choice(*HANG_ACTIONS),
+                              "on a hang: alert only, or hand the job to the recovery loop")
+    api_throttle_rate: float = option(1000.0, number(1, 10_000), "API stage steady-state requests/s")
+    api_throttle_burst: int = option(2000, integer(1, 5000), "API stage burst requests")
+    node_agent_daemon: bool = option(False, boolean(), "also deploy the node agent as an ECS daemon service")
+    training_log_groups: tuple[str, ...] = option(
+        DEFAULT_TRAINING_LOG_GROUPS, log_groups(), "log groups the jobs API may read training logs from")
+    # --- authorization of the jobs API and telemetry (docs/security.md)
+    admin_roles: tuple[str, ...] = option((), names(_PRINCIPAL_RE, "IAM role names / ARNs"),
+                                          "roles that read, list and cancel every job")
+    team_roles: tuple[str, ...] = option((), names(_PRINCIPAL_RE, "IAM role names / ARNs"),
+                                         "roles whose sessions share the jobs submitted under the role")
+    allowed_task_families: tuple[str, ...] = option(
+        ("*",), names(_FAMILY_RE, "families or `prefix*`"),
+        "task-definition families that may be submitted (never the health check's)")
+    task_role_name_prefix: str = option(
+        DEFAULT_TASK_ROLE_PREFIX, text(_ROLE_PREFIX_RE, "1-64 characters of an IAM role name"),
+        "`iam:PassRole` only for job roles named with this prefix")
+    reserved_priority_roles: tuple[str, ...] = option(
+        (), names(_PRINCIPAL_RE, "IAM role names / ARNs"),
+        "roles that may submit at VERY_HIGH / EXTREME_HIGH")
+    telemetry_notify_interval_seconds: int = option(
+        3600, integer(60, 86_400), "at most one hardware-signal e-mail per node and kind per interval")
+    telemetry_signal_retention_seconds: int = option(
+        604_800, integer(3600, 31_536_000), "a hardware signal not seen this long is forgotten")
 
     @property
     def creates_health_check_task(self) -> bool:
@@ -182,277 +362,108 @@ class RecoveryConfig:
         return json.dumps(list(self.suspect_exit_codes))
 
     @classmethod
-    def from_context(cls, get: Callable[[str], Any] | Mapping[str, Any]) -> RecoveryConfig:
-        """Build from CDK context: pass ``node.try_get_context`` or a plain mapping."""
-        getter: Callable[[str], Any] = get.get if isinstance(get, Mapping) else get
+    def from_context(cls, context: Callable[[str], Any] | Mapping[str, Any]) -> RecoveryConfig:
+        """Build from CDK context, validating every key.
 
-        def raw(key: str) -> Any:
-            value = getter(key)
-            if isinstance(value, str):
-                value = value.strip()
-                if value == "":
-                    return None
-            return value
-
-        cluster_name = raw("cluster_name")
-        if cluster_name is None:
-            raise ConfigError(
-                "context key 'cluster_name' is required: the name of the existing ECS "
-                "cluster to protect (cdk synth -c cluster_name=<name>)"
-            )
-        cluster_name = _match(
-            "cluster_name", cluster_name, _NAME_RE, "1-255 letters, digits, - or _"
-        )
-
-        alert_email = raw("alert_email")
-        if alert_email is not None:
-            alert_email = _match("alert_email", alert_email, _EMAIL_RE, "an e-mail address")
-
-        task_arn = raw("health_check_task_arn")
-        if task_arn is not None:
-            task_arn = _match(
-                "health_check_task_arn",
-                task_arn,
-                _TASK_DEF_ARN_RE,
-                "an ECS task definition ARN "
-                "(arn:aws:ecs:<region>:<account>:task-definition/<family>[:<revision>])",
-            )
-
-        removal = raw("table_removal_policy")
-        removal = "retain" if removal is None else str(removal).lower()
-        if removal not in ("retain", "destroy"):
-            raise ConfigError(
-                f"context key 'table_removal_policy' must be 'retain' or 'destroy', got {removal!r}"
-            )
-
-        arch = raw("lambda_architecture")
-        arch = "x86_64" if arch is None else str(arch).lower()
-        if arch not in ("x86_64", "arm64"):
-            raise ConfigError(
-                f"context key 'lambda_architecture' must be 'x86_64' or 'arm64', got {arch!r}"
-            )
-
-        tag_key = raw("instance_tag_key") or DEFAULT_INSTANCE_TAG_KEY
-        tag_key = _match("instance_tag_key", tag_key, _TAG_KEY_RE, "a valid tag key (1-128 chars)")
-        if tag_key.lower().startswith("aws:"):
-            raise ConfigError("context key 'instance_tag_key' must not start with 'aws:'")
-        tag_value = raw("instance_tag_value")
-        tag_value = cluster_name if tag_value is None else str(tag_value)
-        tag_value = _match("instance_tag_value", tag_value, _TAG_VALUE_RE, "a valid tag value")
-
-        hang_action = raw("hang_action")
-        hang_action = "notify" if hang_action is None else str(hang_action).lower()
-        if hang_action not in HANG_ACTIONS:
-            raise ConfigError(
-                f"context key 'hang_action' must be 'notify' or 'recover', got {hang_action!r}"
-            )
-
-        return cls(
-            cluster_name=cluster_name,
-            alert_email=alert_email,
-            health_check_family=_match(
-                "health_check_family",
-                raw("health_check_family") or DEFAULT_HEALTH_CHECK_FAMILY,
-                _NAME_RE,
-                "1-255 letters, digits, - or _",
-            ),
-            health_check_task_arn=task_arn,
-            health_check_image=_match(
-                "health_check_image",
-                raw("health_check_image") or DEFAULT_HEALTH_CHECK_IMAGE,
-                _IMAGE_RE,
-                "a container image reference",
-            ),
-            dcgm_level=_int("dcgm_level", raw("dcgm_level"), 2, 1, 4),
-            health_check_gpus=_int("health_check_gpus", raw("health_check_gpus"), 8, 1, 16),
-            max_recovery_attempts=_int(
-                "max_recovery_attempts", raw("max_recovery_attempts"), 1, 0, 10
-            ),
-            suspect_exit_codes=_exit_codes(raw("suspect_exit_codes")),
-            reboot_timeout_minutes=_int(
-                "reboot_timeout_minutes", raw("reboot_timeout_minutes"), 30, 1, 1440
-            ),
-            health_check_timeout_minutes=_int(
-                "health_check_timeout_minutes", raw("health_check_timeout_minutes"), 30, 1, 1440
-            ),
-            table_removal_policy=removal,
-            instance_tag_key=tag_key,
-            instance_tag_value=tag_value,
-            lambda_architecture=arch,
-            powertools_layer_version=_int(
-                "powertools_layer_version",
-                raw("powertools_layer_version"),
-                POWERTOOLS_LAYER_VERSION,
-                1,
-                10_000,
-            ),
-            heartbeat_stale_seconds=_int(
-                "heartbeat_stale_seconds", raw("heartbeat_stale_seconds"), 180, 60, 86_400
-            ),
-            node_lost_fail_seconds=_int_or_zero(
-                "node_lost_fail_seconds", raw("node_lost_fail_seconds"), 1800, 60, 604_800
-            ),
-            hang_seconds=_int_or_zero("hang_seconds", raw("hang_seconds"), 0, 60, 604_800),
-            hang_action=hang_action,
-            api_throttle_rate=_number(
-                "api_throttle_rate", raw("api_throttle_rate"), 1000.0, 1, 10_000
-            ),
-            api_throttle_burst=_int(
-                "api_throttle_burst", raw("api_throttle_burst"), 2000, 1, 5000
-            ),
-            node_agent_daemon=_bool("node_agent_daemon", raw("node_agent_daemon"), False),
-            training_log_groups=_log_groups(raw("training_log_groups")),
-            admin_roles=_names("admin_roles", raw("admin_roles"), _PRINCIPAL_RE),
-            team_roles=_names("team_roles", raw("team_roles"), _PRINCIPAL_RE),
-            allowed_task_families=_names("allowed_task_families", raw("allowed_task_families"),
-                                         _FAMILY_RE, ("*",)),
-            task_role_name_prefix=_match("task_role_name_prefix",
-                                         raw("task_role_name_prefix") or DEFAULT_TASK_ROLE_PREFIX,
-                                         _ROLE_PREFIX_RE, "1-64 characters of an IAM role name"),
-            reserved_priority_roles=_names("reserved_priority_roles", raw("reserved_priority_roles"),
-                                           _PRINCIPAL_RE),
-            telemetry_notify_interval_seconds=_int(
-                "telemetry_notify_interval_seconds", raw("telemetry_notify_interval_seconds"),
-                3600, 60, 86_400),
-            telemetry_signal_retention_seconds=_int(
-                "telemetry_signal_retention_seconds", raw("telemetry_signal_retention_seconds"),
-                604_800, 3600, 31_536_000),
-        )
-
-
-def _match(key: str, value: Any, pattern: re.Pattern[str], what: str) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
-        raise ConfigError(f"context key {key!r} must be {what}, got {value!r}")
-    return value
-
-
-def _int(key: str, value: Any, default: int, low: int, high: int) -> int:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        raise ConfigError(f"context key {key!r} must be an integer {low}..{high}, got {value!r}")
-    if isinstance(value, str):
-        if not re.fullmatch(r"[+-]?\d+", value):
-            raise ConfigError(
-                f"context key {key!r} must be an integer {low}..{high}, got {value!r}"
-            )
-        value = int(value)
-    if not isinstance(value, int):
-        raise ConfigError(f"context key {key!r} must be an integer {low}..{high}, got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(f"context key {key!r} must be between {low} and {high}, got {value}")
-    return value
-
-
-def _int_or_zero(key: str, value: Any, default: int, low: int, high: int) -> int:
-    """0 (disabled) or an integer ``low..high``."""
-    number = _int(key, value, default, 0, high)
-    if 0 < number < low:
-        raise ConfigError(
-            f"context key {key!r} must be 0 (disabled) or between {low} and {high}, got {number}"
-        )
-    return number
-
-
-def _number(key: str, value: Any, default: float, low: float, high: float) -> float:
-    if value is None:
-        return default
-    hint = f"context key {key!r} must be a number {low:g}..{high:g}, got {value!r}"
-    if isinstance(value, bool):
-        raise ConfigError(hint)
-    if isinstance(value, str):
-        if not re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", value):
-            raise ConfigError(hint)
-        value = float(value)
-    if not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ConfigError(hint)
-    return float(value)
-
-
-def _bool(key: str, value: Any, default: bool) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ConfigError(f"context key {key!r} must be true or false, got {value!r}")
-
-
-def _log_groups(value: Any) -> tuple[str, ...]:
-    key = "training_log_groups"
-    hint = 'a JSON list or comma-separated list of log group names or patterns, e.g. ["/ecs/*"]'
-    if value is None:
-        return DEFAULT_TRAINING_LOG_GROUPS
-    items: Any = value
-    if isinstance(value, str):
-        if value.startswith("["):
-            try:
-                items = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}") from exc
+        Given a mapping (``app.node.get_all_context()``), keys that are not this app's and
+        not CDK's fail with a "did you mean" suggestion. A getter
+        (``node.try_get_context``) cannot be enumerated: only the values are checked.
+        """
+        if isinstance(context, Mapping):
+            check_unknown_keys(context)
+            getter: Callable[[str], Any] = context.get
         else:
-            items = [part.strip() for part in value.split(",")]
-    if not isinstance(items, list) or not items:
-        raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-    groups: list[str] = []
-    for item in items:
-        if not isinstance(item, str) or not _LOG_GROUP_RE.match(item) or item.strip("*/") == "":
-            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-        if item not in groups:
-            groups.append(item)
-    return tuple(groups)
+            getter = context
+        values: dict[str, Any] = {}
+        for opt in OPTIONS:
+            raw = getter(opt.key)
+            if isinstance(raw, str):
+                raw = raw.strip() or None
+            if raw is not None:
+                values[opt.key] = opt.parse(opt.key, raw)
+            elif opt.required:
+                raise ConfigError(f"context key {opt.key!r} is required: {opt.doc} "
+                                  f"(cdk synth -c {opt.key}=<value>)")
+            elif opt.derive is not None:
+                values[opt.key] = opt.derive(values)
+            else:
+                values[opt.key] = opt.default
+        return cls(**values)
 
 
-def _exit_codes(value: Any) -> tuple[int, ...]:
-    key = "suspect_exit_codes"
-    hint = "a JSON list or comma-separated list of exit codes 1..255, e.g. [1] or 1,134"
-    if value is None:
-        return (1,)
-    items: Any = value
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                items = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}") from exc
+def _options() -> tuple[Option, ...]:
+    found = []
+    for f in dataclasses.fields(RecoveryConfig):
+        if "option" not in f.metadata:
+            raise TypeError(f"RecoveryConfig.{f.name} must be declared with option(...)")
+        default, parse, doc, default_text, derive = f.metadata["option"]
+        found.append(Option(f.name, default, parse, doc, default_text, derive))
+    return tuple(found)
+
+
+OPTIONS: tuple[Option, ...] = _options()
+KNOWN_KEYS: tuple[str, ...] = tuple(o.key for o in OPTIONS)
+
+
+def is_foreign_key(key: str) -> bool:
+    """CDK's own context (feature flags, toolkit settings, cached lookups) is not ours."""
+    return (key.startswith(("@", "aws:", "cdk-", "cdk:", "aws-cdk")) or ":" in key
+            or "/" in key or key in _TOOLKIT_KEYS)
+
+
+def check_unknown_keys(context: Mapping[str, Any]) -> None:
+    problems = []
+    for key in sorted(context):
+        if key in KNOWN_KEYS or is_foreign_key(key):
+            continue
+        if key in RETIRED_KEYS:
+            problems.append(f"context key {key!r} is no longer used: {RETIRED_KEYS[key]}; remove it")
+            continue
+        normalized = key.strip().lower().replace("-", "_")
+        match = difflib.get_close_matches(normalized, KNOWN_KEYS, n=1, cutoff=0.6)
+        hint = f"did you mean {match[0]!r}?" if match else "it is not an option of this app"
+        problems.append(f"unknown context key {key!r}: {hint}")
+    if problems:
+        raise ConfigError("; ".join(problems) + " (options: README.md 'Configuration', "
+                          "or `python -m infra.config`)")
+
+
+# --------------------------------------------------------------------------- README table
+README_PATH = Path(__file__).resolve().parent.parent / "README.md"
+TABLE_BEGIN = "<!-- configuration table: generated by `make config-docs` from infra/config.py -->"
+TABLE_END = "<!-- end of configuration table -->"
+
+
+def markdown_table() -> str:
+    rows = ["| key | default | accepts | meaning |", "|---|---|---|---|"]
+    for opt in OPTIONS:
+        rows.append(f"| `{opt.key}` | {opt.shown_default()} | {opt.parse.accepts} | {opt.doc} |")
+    return "\n".join(rows)
+
+
+def readme_with_table(readme: str) -> str:
+    """``readme`` with the text between the table markers replaced by the current table."""
+    try:
+        head, rest = readme.split(TABLE_BEGIN, 1)
+        _, tail = rest.split(TABLE_END, 1)
+    except ValueError as exc:
+        raise ValueError(f"README.md lacks the markers {TABLE_BEGIN!r} ... {TABLE_END!r}") from exc
+    return f"{head}{TABLE_BEGIN}\n{markdown_table()}\n{TABLE_END}{tail}"
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--write-readme"]:
+        current = README_PATH.read_text()
+        updated = readme_with_table(current)
+        if updated != current:
+            README_PATH.write_text(updated)
+            print(f"updated the configuration table in {README_PATH}")
         else:
-            items = [part.strip() for part in text.split(",")]
-    elif isinstance(value, int) and not isinstance(value, bool):
-        items = [value]
-    if not isinstance(items, list) or not items:
-        raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-    codes: list[int] = []
-    for item in items:
-        if isinstance(item, str) and re.fullmatch(r"\d+", item):
-            item = int(item)
-        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 255:
-            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-        if item not in codes:
-            codes.append(item)
-    return tuple(codes)
+            print(f"{README_PATH}: configuration table up to date")
+        return 0
+    print(markdown_table())
+    return 0
 
 
-def _names(key: str, value: Any, pattern: re.Pattern[str],
-           default: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """A JSON list or comma-separated list of names matching ``pattern``."""
-    if value is None:
-        return default
-    hint = f'context key {key!r} must be a JSON list or comma-separated list of names, got {value!r}'
-    items: Any = value
-    if isinstance(value, str):
-        try:
-            items = json.loads(value) if value.startswith("[") else [v.strip() for v in value.split(",")]
-        except json.JSONDecodeError as exc:
-            raise ConfigError(hint) from exc
-    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-        raise ConfigError(hint)
-    names = tuple(dict.fromkeys(i for i in items if i))
-    for name in names:
-        if not pattern.match(name) or name == "":
-            raise ConfigError(f"context key {key!r}: {name!r} is not a valid entry")
-    return names
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,14 +1,26 @@
-"""Shared Lambda defaults: one place for runtime, layer, tracing, logs and environment."""
+"""Shared Lambda defaults: one place for runtime, layer, tracing, logs and environment.
+
+What is tested is what runs: the functions import Powertools (and, through it, pydantic)
+from the public Powertools layer of exactly the version ``requirements.txt`` pins, the
+version the tests install. Powertools publishes each release's layer ARN as a public SSM
+parameter ``/aws/service/powertools/python/<arch>/<runtime>/<version>``; the template
+resolves it at deploy time (a CloudFormation parameter of type
+``AWS::SSM::Parameter::Value<String>``), so synthesis needs no network and no Docker, and
+a deploy to a region without that release fails before it changes anything.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from aws_cdk import Duration, Fn, RemovalPolicy, Stack
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from gpu_recovery.constants import (
@@ -16,22 +28,44 @@ from gpu_recovery.constants import (
     ENV_POWERTOOLS_SERVICE_NAME,
     METRICS_NAMESPACE,
 )
-from infra import LAMBDAS_DIR
-from infra.config import POWERTOOLS_LAYER_ACCOUNT, RecoveryConfig
+from infra import LAMBDAS_DIR, REPO_ROOT
+from infra.config import RecoveryConfig
 from infra.nag import acknowledge
 
 RUNTIME = lambda_.Runtime.PYTHON_3_12
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 ASSET_EXCLUDES = ["**/__pycache__", "**/*.pyc", "**/.mypy_cache", "**/.pytest_cache"]
+REQUIREMENTS = REPO_ROOT / "requirements.txt"
+POWERTOOLS_PACKAGE = "aws-lambda-powertools"
+# Scheduled functions (recovery sweep, heartbeat sweep, queue scheduler): a run that fails
+# (say, one throttled DynamoDB call) is retried by Lambda after about 1 and 2 more
+# minutes; only a tick that failed three times lands in the DLQ (and alarms). Every run
+# is idempotent (conditional writes; the scheduler also holds a lease), so a retry that
+# overlaps the next tick is harmless. Older than 5 minutes, a tick is worth nothing.
+SCHEDULED_ASYNC_RETRIES = 2
+SCHEDULED_MAX_EVENT_AGE = Duration.minutes(5)
 
 
-def powertools_layer_arn(config: RecoveryConfig) -> str:
-    """Public Powertools v3 layer for python3.12 in the deployment region."""
-    return Fn.sub(
-        "arn:${AWS::Partition}:lambda:${AWS::Region}:"
-        f"{POWERTOOLS_LAYER_ACCOUNT}:layer:AWSLambdaPowertoolsPythonV3-python312-"
-        f"{config.lambda_architecture}:{config.powertools_layer_version}"
-    )
+def pinned_version(package: str, requirements: Path = REQUIREMENTS) -> str:
+    """The exact version ``requirements`` pins for ``package`` (``name[extras]==X.Y.Z``)."""
+    wanted = re.sub(r"[-_.]+", "-", package).lower()
+    for line in requirements.read_text().splitlines():
+        match = re.match(r"^\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*==\s*([^\s;#]+)", line)
+        if match and re.sub(r"[-_.]+", "-", match.group(1)).lower() == wanted:
+            return match.group(3)
+    raise ValueError(f"{requirements} must pin {package} with '==' (the Lambdas deploy that version)")
+
+
+def powertools_parameter_name(architecture: str, version: str | None = None) -> str:
+    """Public SSM parameter holding the ARN of the Powertools layer of ``version``."""
+    version = version or pinned_version(POWERTOOLS_PACKAGE)
+    return f"/aws/service/powertools/python/{architecture}/{RUNTIME.name}/{version}"
+
+
+def powertools_layer_arn(scope: Construct, config: RecoveryConfig) -> str:
+    """The layer ARN of the pinned Powertools release, resolved at deploy time."""
+    return ssm.StringParameter.value_for_string_parameter(
+        Stack.of(scope), powertools_parameter_name(config.lambda_architecture))
 
 
 @dataclass
@@ -47,7 +81,7 @@ class LambdaDefaults:
         if self._layer is None:
             stack = Stack.of(scope)
             self._layer = lambda_.LayerVersion.from_layer_version_arn(
-                stack, "PowertoolsLayer", powertools_layer_arn(self.config)
+                stack, "PowertoolsLayer", powertools_layer_arn(stack, self.config)
             )
         return self._layer
 
@@ -124,7 +158,7 @@ class RecoveryFunction(Construct):
             (
                 "AwsSolutions-L1",
                 "Python 3.12 is pinned on purpose: the Powertools public layer used is the "
-                "python312 build and the handlers are tested on 3.12.",
+                "python3.12 build of the pinned release and the handlers are tested on 3.12.",
             ),
         )
 

@@ -1,8 +1,26 @@
-"""Dashboard and alarms: Lambda health, DLQ depth and the recovery business metrics."""
+"""Alarms that mean something, and the dashboard an operator opens first.
+
+Every alarm pages (SNS topic) only for what a person must act on, and its description
+says what to do (the runbook is docs/operations.md):
+
+* **dead-letter queue not empty** (one per DLQ): an event or tick failed every retry;
+* **errors that persist** (one per function), judged by how the function is invoked:
+  a scheduled function failing three one-minute runs in a row (one failed run is
+  retried by Lambda and fixed by the next tick, so it does not page); an event function
+  failing in two of three 5-minute periods (a single failure is retried, and one that
+  never succeeds reaches the DLQ alarm); an API function with 5 or more errors in each of
+  two consecutive 5-minute periods (callers retry single failures).
+
+The dashboard: recoveries and failures, time to restart (MTTR), quarantines and the
+circuit breaker, dead-letter queue depth, Lambda errors and duration, the API, and the
+state of every alarm. Business metrics come from Powertools (namespace
+``GpuTrainingRecovery``, dimension ``service``), summed over services with SEARCH.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
 
 from aws_cdk import Duration
 from aws_cdk import aws_apigateway as apigw
@@ -13,18 +31,87 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from gpu_recovery.constants import METRICS_NAMESPACE
-from infra.lambda_common import RecoveryFunction
+from infra.lambda_common import SCHEDULED_ASYNC_RETRIES, RecoveryFunction
 
-BUSINESS_COUNTERS = ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries", "Failures")
+RECOVERY_COUNTERS = ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries", "Failures")
 TIME_TO_RESTART = "TimeToRestartSeconds"
+# Quarantines: the recovery loop; BreakerTripped (count) / BreakerOpen (1 while open): the
+# remediation circuit breaker, graphed as soon as the code emits them.
+QUARANTINE_COUNTERS = ("Quarantines", "BreakerTripped")
+BREAKER_GAUGE = "BreakerOpen"
+BUSINESS_COUNTERS = RECOVERY_COUNTERS + QUARANTINE_COUNTERS
+RUNBOOK = "Runbook: docs/operations.md of the gpu-training-recovery repository."
+
+
+class Invocation(Enum):
+    """How a function is invoked: decides when its errors are worth a page."""
+
+    SCHEDULED = "scheduled"  # EventBridge schedule, every minute
+    EVENT = "event"  # EventBridge event pattern (asynchronous, retried, DLQ)
+    REQUEST = "request"  # API Gateway (synchronous: the caller sees the error)
+
+
+def _error_alarm_props(invocation: Invocation) -> dict[str, object]:
+    if invocation is Invocation.SCHEDULED:
+        return {"period": Duration.minutes(1), "threshold": 1, "evaluation_periods": 3,
+                "datapoints_to_alarm": 3}
+    if invocation is Invocation.EVENT:
+        return {"period": Duration.minutes(5), "threshold": 1, "evaluation_periods": 3,
+                "datapoints_to_alarm": 2}
+    return {"period": Duration.minutes(5), "threshold": 5, "evaluation_periods": 2,
+            "datapoints_to_alarm": 2}
+
+
+def error_alarm_description(name: str, fn: RecoveryFunction, invocation: Invocation) -> str:
+    logs = f"Read the ERROR lines of its log group ({fn.service_name}) in CloudWatch Logs Insights"
+    if invocation is Invocation.SCHEDULED:
+        return (
+            f"{name} ({fn.service_name}) failed in each of the last 3 one-minute runs; a single "
+            f"failed run is retried and does not page. Timeouts, reboots and escalations it "
+            f"drives are late until it runs again. {logs}; usual causes: DynamoDB throttling, "
+            f"a changed IAM policy, the ECS cluster renamed or deleted. Run `gpu-recovery-admin "
+            f"doctor`. Once fixed, the next tick catches up by itself: nothing to replay. {RUNBOOK}"
+        )
+    if invocation is Invocation.EVENT:
+        return (
+            f"{name} ({fn.service_name}) kept failing for 10 minutes or more. Failed ECS events "
+            f"are retried and finally kept in its dead-letter queue, so GPU faults may be "
+            f"waiting unhandled. {logs}; run `gpu-recovery-admin doctor`; once fixed, replay "
+            f"what reached the dead-letter queue (section 'Dead-letter queues'). {RUNBOOK}"
+        )
+    return (
+        f"{name} ({fn.service_name}) answered 5 or more errors in each of two 5-minute periods: "
+        f"callers (node agents, gpujobs) got 5xx. Node agents retry every 30 s, but nodes that "
+        f"cannot report are marked NODE_LOST after heartbeat_stale_seconds. {logs}; check the "
+        f"API's 5XX on the dashboard and `gpu-recovery-admin doctor`. {RUNBOOK}"
+    )
+
+
+def dlq_alarm_description(name: str, invocation: Invocation) -> str:
+    if invocation is Invocation.SCHEDULED:
+        return (
+            f"A {name} tick failed all {1 + SCHEDULED_ASYNC_RETRIES} tries (one run and "
+            f"{SCHEDULED_ASYNC_RETRIES} retries, minutes apart) and was set aside in its "
+            f"dead-letter queue: it failed repeatedly, not once. The tick carries no data: fix "
+            f"the cause from the function's ERROR log lines (see its Errors alarm), then purge "
+            f"the queue (stack output {name}DeadLetterQueueUrl; aws sqs purge-queue). The alarm "
+            f"clears when the queue is empty. {RUNBOOK}"
+        )
+    return (
+        f"An ECS event for {name} failed every retry and is kept in its dead-letter queue "
+        f"(stack output {name}DeadLetterQueueUrl, 14 days): that job or node may not have "
+        f"been recovered. Read the message (aws sqs receive-message) and the function's ERROR "
+        f"log lines, fix the cause, replay the event (section 'Dead-letter queues'), then "
+        f"delete the message. The alarm clears when the queue is empty. {RUNBOOK}"
+    )
 
 
 class Monitoring(Construct):
-    """An error alarm per function, the dashboard, and optionally the API's traffic.
+    """An error alarm per function, a depth alarm per dead-letter queue, the dashboard.
 
-    ``dead_letter_queues`` are graphed; those also in ``unalarmed_dead_letter_queues``
-    (queues whose owner made no alarm) get a depth > 0 alarm to ``topic`` here
-    (``dlq_alarms``). ``rest_api``: a widget with its requests, 4XX/5XX and latency.
+    ``invocations`` says how each function of ``functions`` is invoked (every function
+    needs one); ``dead_letter_queues`` are named like the function they serve.
+    Attributes: ``error_alarms``, ``dlq_alarms`` (by name), ``alarms`` (all), ``dashboard``.
     """
 
     def __init__(
@@ -33,94 +120,101 @@ class Monitoring(Construct):
         construct_id: str,
         *,
         functions: Mapping[str, RecoveryFunction],
+        invocations: Mapping[str, Invocation],
         dead_letter_queues: Mapping[str, sqs.IQueue],
         topic: sns.ITopic,
-        unalarmed_dead_letter_queues: Mapping[str, sqs.IQueue] | None = None,
         rest_api: apigw.RestApi | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        missing = set(functions) - set(invocations)
+        if missing:
+            raise ValueError(f"say how these functions are invoked: {sorted(missing)}")
         self.error_alarms: dict[str, cloudwatch.Alarm] = {}
         self.dlq_alarms: dict[str, cloudwatch.Alarm] = {}
-        period = Duration.minutes(5)
-        for name, queue in (unalarmed_dead_letter_queues or {}).items():
+        action = cw_actions.SnsAction(topic)
+
+        for name, queue in dead_letter_queues.items():
             alarm = cloudwatch.Alarm(
-                self,
-                f"{name}DlqAlarm",
-                alarm_description=f"{name}: events ended in its dead-letter queue",
+                self, f"{name}DlqAlarm",
+                alarm_description=dlq_alarm_description(name, invocations.get(name, Invocation.EVENT)),
                 metric=queue.metric_approximate_number_of_messages_visible(
-                    period=Duration.minutes(1), statistic="Maximum"
-                ),
+                    period=Duration.minutes(1), statistic="Maximum"),
                 threshold=0,
                 comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
                 evaluation_periods=1,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             )
-            alarm.add_alarm_action(cw_actions.SnsAction(topic))
+            alarm.add_alarm_action(action)
             self.dlq_alarms[name] = alarm
         for name, fn in functions.items():
+            props = _error_alarm_props(invocations[name])
             alarm = cloudwatch.Alarm(
-                self,
-                f"{name}ErrorsAlarm",
-                alarm_description=f"{fn.service_name} Lambda function reported errors",
-                metric=fn.function.metric_errors(period=period, statistic="Sum"),
-                threshold=0,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-                evaluation_periods=1,
+                self, f"{name}ErrorsAlarm",
+                alarm_description=error_alarm_description(name, fn, invocations[name]),
+                metric=fn.function.metric_errors(period=props["period"], statistic="Sum"),  # type: ignore[arg-type]
+                threshold=props["threshold"],  # type: ignore[arg-type]
+                evaluation_periods=props["evaluation_periods"],  # type: ignore[arg-type]
+                datapoints_to_alarm=props["datapoints_to_alarm"],  # type: ignore[arg-type]
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             )
-            alarm.add_alarm_action(cw_actions.SnsAction(topic))
+            alarm.add_alarm_action(action)
             self.error_alarms[name] = alarm
+        self.alarms: list[cloudwatch.Alarm] = [*self.dlq_alarms.values(), *self.error_alarms.values()]
+        self.dashboard = self._dashboard(functions, dead_letter_queues, rest_api)
 
-        self.dashboard = cloudwatch.Dashboard(
-            self,
-            "Dashboard",
-            default_interval=Duration.hours(24),
+    def _dashboard(self, functions: Mapping[str, RecoveryFunction],
+                   dead_letter_queues: Mapping[str, sqs.IQueue],
+                   rest_api: apigw.RestApi | None) -> cloudwatch.Dashboard:
+        period = Duration.minutes(5)
+        dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(24))
+        dashboard.add_widgets(cloudwatch.TextWidget(
+            width=24, height=2,
+            markdown=("**GPU training recovery.** Something red below? Run `gpu-recovery-admin "
+                      "doctor --stack-name <stack>` and see docs/operations.md (alarms, "
+                      "dead-letter queues, quarantined nodes)."),
+        ))
+        dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Recoveries, failures and what led to them (all services)", width=8,
+                left=[_total(name, period) for name in RECOVERY_COUNTERS],
+            ),
+            cloudwatch.GraphWidget(
+                title="Time to restart after a fault, MTTR (s)", width=8,
+                left=[
+                    _combined("AVG", TIME_TO_RESTART, "Average", period, "MTTR (average)"),
+                    _combined("MAX", TIME_TO_RESTART, "p90", period, "p90"),
+                    _combined("MAX", TIME_TO_RESTART, "Maximum", period, "slowest"),
+                ],
+            ),
+            cloudwatch.GraphWidget(
+                title="Quarantined nodes and remediation circuit breaker", width=8,
+                left=[_total(name, period) for name in QUARANTINE_COUNTERS],
+                right=[_combined("MAX", BREAKER_GAUGE, "Maximum", period, "breaker open (1)")],
+            ),
         )
-        self.dashboard.add_widgets(
+        dashboard.add_widgets(
             cloudwatch.GraphWidget(
-                title="Recovery events (per service)",
-                width=12,
-                left=[_search(name, "Sum", period) for name in BUSINESS_COUNTERS],
+                title="Dead-letter queue depth (should be 0)", width=8,
+                left=[queue.metric_approximate_number_of_messages_visible(
+                    period=Duration.minutes(1), statistic="Maximum", label=name)
+                    for name, queue in dead_letter_queues.items()],
             ),
             cloudwatch.GraphWidget(
-                title="Time to restart (s)",
-                width=12,
-                left=[_search(TIME_TO_RESTART, stat, period) for stat in ("Average", "Maximum")],
-            ),
-        )
-        self.dashboard.add_widgets(
-            cloudwatch.GraphWidget(
-                title="Lambda errors",
-                width=8,
-                left=[
-                    fn.function.metric_errors(period=period, statistic="Sum", label=name)
-                    for name, fn in functions.items()
-                ],
+                title="Lambda errors", width=8,
+                left=[fn.function.metric_errors(period=period, statistic="Sum", label=name)
+                      for name, fn in functions.items()],
             ),
             cloudwatch.GraphWidget(
-                title="Lambda duration p90 (ms)",
-                width=8,
-                left=[
-                    fn.function.metric_duration(period=period, statistic="p90", label=name)
-                    for name, fn in functions.items()
-                ],
-            ),
-            cloudwatch.GraphWidget(
-                title="Dead-letter queue depth",
-                width=8,
-                left=[
-                    queue.metric_approximate_number_of_messages_visible(
-                        period=Duration.minutes(1), statistic="Maximum", label=name
-                    )
-                    for name, queue in dead_letter_queues.items()
-                ],
+                title="Lambda duration p90 (ms)", width=8,
+                left=[fn.function.metric_duration(period=period, statistic="p90", label=name)
+                      for name, fn in functions.items()],
             ),
         )
         if rest_api is not None:
-            self.dashboard.add_widgets(
+            dashboard.add_widgets(
                 cloudwatch.GraphWidget(
-                    title="API requests and errors",
-                    width=12,
+                    title="API requests and errors", width=12,
                     left=[
                         rest_api.metric_count(period=period, statistic="Sum", label="Requests"),
                         rest_api.metric_client_error(period=period, statistic="Sum", label="4XX"),
@@ -128,21 +222,31 @@ class Monitoring(Construct):
                     ],
                 ),
                 cloudwatch.GraphWidget(
-                    title="API latency p90 (ms)",
-                    width=12,
+                    title="API latency p90 (ms)", width=12,
                     left=[rest_api.metric_latency(period=period, statistic="p90", label="Latency")],
                 ),
             )
+        dashboard.add_widgets(cloudwatch.AlarmStatusWidget(
+            title="Alarms", width=24, alarms=self.alarms,
+            sort_by=cloudwatch.AlarmStatusWidgetSortBy.STATE_UPDATED_TIMESTAMP,
+        ))
+        return dashboard
 
 
-def _search(metric_name: str, statistic: str, period: Duration) -> cloudwatch.MathExpression:
-    """Powertools adds a ``service`` dimension; SEARCH finds the metric for every service."""
+def _search(metric_name: str, statistic: str, period: Duration) -> str:
+    """Powertools adds a ``service`` dimension; SEARCH finds the metric of every service."""
+    return (f"SEARCH('{{{METRICS_NAMESPACE},service}} MetricName=\"{metric_name}\"', "
+            f"'{statistic}', {int(period.to_seconds())})")
+
+
+def _combined(function: str, metric_name: str, statistic: str, period: Duration,
+              label: str) -> cloudwatch.MathExpression:
     return cloudwatch.MathExpression(
-        expression=(
-            f"SEARCH('{{{METRICS_NAMESPACE},service}} MetricName=\"{metric_name}\"', "
-            f"'{statistic}', {int(period.to_seconds())})"
-        ),
-        using_metrics={},
-        label=f"{metric_name} ({statistic})",
-        period=period,
+        expression=f"{function}({_search(metric_name, statistic, period)})",
+        using_metrics={}, label=label, period=period,
     )
+
+
+def _total(metric_name: str, period: Duration) -> cloudwatch.MathExpression:
+    """The metric summed over every service that emits it (one line per metric)."""
+    return _combined("SUM", metric_name, "Sum", period, metric_name)

@@ -1,4 +1,5 @@
-"""The recovery loop: EventBridge rules -> Lambda functions, with DLQs and alarms.
+"""The recovery loop: EventBridge rules -> Lambda functions, with retries and DLQs
+(their alarms: infra/monitoring.py).
 
 Also holds ``ClusterAccess``: the least-privilege IAM statements for the ECS cluster,
 its GPU instances and SSM, shared by every function (and by constructs added later).
@@ -10,8 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from aws_cdk import Duration, Stack
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -28,7 +27,12 @@ from gpu_recovery.constants import (
 )
 from infra.config import RecoveryConfig
 from infra.health_check import HealthCheck
-from infra.lambda_common import LambdaDefaults, RecoveryFunction
+from infra.lambda_common import (
+    SCHEDULED_ASYNC_RETRIES,
+    SCHEDULED_MAX_EVENT_AGE,
+    LambdaDefaults,
+    RecoveryFunction,
+)
 from infra.nag import acknowledge
 from infra.notifications import Notifications
 from infra.tables import RecoveryTables
@@ -212,7 +216,7 @@ class ClusterAccess:
 
 
 class RecoveryFunctions(Construct):
-    """Four functions, each with its own role, trigger, DLQ and DLQ alarm."""
+    """Four functions, each with its own role, trigger, retries and DLQ."""
 
     def __init__(
         self,
@@ -228,11 +232,10 @@ class RecoveryFunctions(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self._defaults = defaults
-        self._topic = notifications.topic
+        self._max_event_age: dict[str, Duration] = {}
         self.access = access
         self.functions: dict[str, RecoveryFunction] = {}
         self.dead_letter_queues: dict[str, sqs.Queue] = {}
-        self.dlq_alarms: dict[str, cloudwatch.Alarm] = {}
         self.rules: dict[str, events.Rule] = {}
         cluster_arn = access.cluster_arn
 
@@ -283,7 +286,8 @@ class RecoveryFunctions(Construct):
             service="recovery-sweep",
             description="Every minute: reboot / health-check timeouts, pending health checks",
             timeout=Duration.seconds(55),
-            async_retries=0,
+            async_retries=SCHEDULED_ASYNC_RETRIES,
+            max_event_age=SCHEDULED_MAX_EVENT_AGE,
             permissions=[
                 access.start_task,
                 access.stop_task,
@@ -333,6 +337,7 @@ class RecoveryFunctions(Construct):
         # No recovery function may outlive a claim's lease (see CLAIM_LEASE_SECONDS).
         timeout: Duration = Duration.seconds(RECOVERY_FUNCTION_TIMEOUT_SECONDS),
         async_retries: int = 2,
+        max_event_age: Duration = EVENT_MAX_AGE,
     ) -> RecoveryFunction:
         fn = RecoveryFunction(
             self,
@@ -362,26 +367,13 @@ class RecoveryFunctions(Construct):
         )
         # Lambda's own async handling: retry function errors, then keep the event.
         fn.function.configure_async_invoke(
-            max_event_age=EVENT_MAX_AGE,
+            max_event_age=max_event_age,
             retry_attempts=async_retries,
             on_failure=destinations.SqsDestination(dlq),
         )
-        alarm = cloudwatch.Alarm(
-            self,
-            f"{name}DlqAlarm",
-            alarm_description=f"Events for {service} ended in its dead-letter queue",
-            metric=dlq.metric_approximate_number_of_messages_visible(
-                period=Duration.minutes(1), statistic="Maximum"
-            ),
-            threshold=0,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-        )
-        alarm.add_alarm_action(cw_actions.SnsAction(self._topic))
         self.functions[name] = fn
         self.dead_letter_queues[name] = dlq
-        self.dlq_alarms[name] = alarm
+        self._max_event_age[name] = max_event_age
         self._acknowledge_wildcards(fn)
         return fn
 
@@ -404,7 +396,7 @@ class RecoveryFunctions(Construct):
                 self.functions[name].function,
                 dead_letter_queue=self.dead_letter_queues[name],
                 retry_attempts=EVENT_RETRY_ATTEMPTS,
-                max_event_age=EVENT_MAX_AGE,
+                max_event_age=self._max_event_age[name],
             )
         )
         self.rules[name] = rule

@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 
 from aws_cdk import Duration
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -34,7 +32,12 @@ from gpu_recovery.constants import ENV_SCHEDULER_MAX_ADMISSIONS as ENV_MAX_ADMIS
 from gpu_recovery.constants import ENV_SCHEDULER_MAX_UNPLACED as ENV_MAX_UNPLACED
 from gpu_recovery.constants import ENV_SCHEDULER_TIME_BUDGET_SECONDS as ENV_TIME_BUDGET_SECONDS
 from gpu_recovery.constants import table_definitions
-from infra.lambda_common import LambdaDefaults, RecoveryFunction
+from infra.lambda_common import (
+    SCHEDULED_ASYNC_RETRIES,
+    SCHEDULED_MAX_EVENT_AGE,
+    LambdaDefaults,
+    RecoveryFunction,
+)
 from infra.nag import acknowledge
 from infra.recovery import DLQ_RETENTION, EVENT_RETRY_ATTEMPTS, ClusterAccess, nag_resource_id
 
@@ -42,7 +45,7 @@ TIMEOUT = Duration.seconds(90)  # shorter than the lease, so a tick never outliv
 LEASE_SECONDS = 120
 TIME_BUDGET_SECONDS = 60
 # A tick is superseded by the next one a minute later: old events are worth nothing.
-TICK_MAX_EVENT_AGE = Duration.minutes(5)
+TICK_MAX_EVENT_AGE = SCHEDULED_MAX_EVENT_AGE
 
 _JOB_TABLE_ACTIONS = [
     "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:PutItem",
@@ -54,10 +57,11 @@ _INSTANCE_TABLE_ACTIONS = [
 
 
 class QueueScheduler(Construct):
-    """Scheduler Lambda, its every-minute rule, DLQ and DLQ alarm, least-privilege role.
+    """Scheduler Lambda, its every-minute rule, retries and DLQ, least-privilege role
+    (the DLQ's alarm: infra/monitoring.py).
 
     Attributes: ``function`` (lambda.Function), ``recovery_function`` (RecoveryFunction),
-    ``rule``, ``dead_letter_queue``, ``dlq_alarm``.
+    ``rule``, ``dead_letter_queue``.
     """
 
     def __init__(
@@ -140,7 +144,8 @@ class QueueScheduler(Construct):
         ))
         self.function.configure_async_invoke(
             max_event_age=TICK_MAX_EVENT_AGE,
-            retry_attempts=0,  # the next tick (one minute later) is the retry
+            # A failed tick is retried (a throttle passes); three failures reach the DLQ.
+            retry_attempts=SCHEDULED_ASYNC_RETRIES,
             on_failure=destinations.SqsDestination(self.dead_letter_queue),
         )
         self.rule = events.Rule(
@@ -151,18 +156,6 @@ class QueueScheduler(Construct):
             self.function, dead_letter_queue=self.dead_letter_queue,
             retry_attempts=EVENT_RETRY_ATTEMPTS, max_event_age=TICK_MAX_EVENT_AGE,
         ))
-        self.dlq_alarm = cloudwatch.Alarm(
-            self, "DlqAlarm",
-            alarm_description="Scheduler ticks ended in the scheduler's dead-letter queue",
-            metric=self.dead_letter_queue.metric_approximate_number_of_messages_visible(
-                period=Duration.minutes(1), statistic="Maximum"),
-            threshold=0,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-        )
-        if topic is not None:
-            self.dlq_alarm.add_alarm_action(cw_actions.SnsAction(topic))
         self._acknowledge_wildcards()
 
     @staticmethod

@@ -8,16 +8,21 @@ Attributes for composition:
     health_check    HealthCheck (.task_definition | None, .log_group | None, .task_reference)
     lambda_defaults LambdaDefaults (shared runtime/layer/env for new RecoveryFunctions)
     recovery        RecoveryFunctions (.task_handler, .dcgm_monitor, .instance_monitor,
-                    .sweep, .functions, .dead_letter_queues, .rules, .dlq_alarms)
+                    .sweep, .functions, .dead_letter_queues, .rules)
     api             NodeApi (.rest_api, .v1, .stage, .url, .token_table, .functions, ...):
                     THE RestApi (stage prod) with the node routes (token authorizer)
     queue_api       JobQueueApi (.function, .idempotency_table, .methods): /v1/jobs routes
                     (IAM) on api.rest_api
-    scheduler       QueueScheduler (.function, .rule, .dead_letter_queue, .dlq_alarm)
+    scheduler       QueueScheduler (.function, .rule, .dead_letter_queue)
     node_agent      NodeAgentDaemon | None (context node_agent_daemon)
     functions       every RecoveryFunction of the stack by name
+    invocations     how each of them is invoked (monitoring.Invocation: its alarm policy)
     dead_letter_queues  every dead-letter queue of the stack by name
-    monitoring      Monitoring (.dashboard, .error_alarms, .dlq_alarms)
+    rules           every EventBridge rule of the stack by name (the function it triggers)
+    monitoring      Monitoring (.dashboard, .error_alarms, .dlq_alarms, .alarms)
+
+Outputs: what ``gpu-recovery-admin doctor`` reads (cluster, tag, tables, topic, health
+check, rules and their DLQs) plus the API URL and the resolved Powertools layer.
 
 API security (cdk-nag AwsSolutions): every method is AWS_IAM (jobs, swagger) or CUSTOM
 (node routes, Lambda token authorizer); the stage has access logs, execution logs (ERROR),
@@ -35,6 +40,7 @@ import json
 from typing import Any
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack
+from aws_cdk import aws_events as events
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
@@ -60,8 +66,14 @@ from gpu_recovery.constants import (
 from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
 from infra.health_check import HealthCheck
-from infra.lambda_common import LambdaDefaults, RecoveryFunction
-from infra.monitoring import Monitoring
+from infra.lambda_common import (
+    POWERTOOLS_PACKAGE,
+    LambdaDefaults,
+    RecoveryFunction,
+    pinned_version,
+    powertools_layer_arn,
+)
+from infra.monitoring import Invocation, Monitoring
 from infra.node_agent import NodeAgentDaemon
 from infra.notifications import Notifications
 from infra.queue_api import JobQueueApi
@@ -196,21 +208,53 @@ class GpuRecoveryStack(Stack):
             "JobsApi": self.queue_api.function,
             "QueueScheduler": self.scheduler.recovery_function,
         }
+        self.invocations: dict[str, Invocation] = {
+            "TaskHandler": Invocation.EVENT,
+            "DcgmMonitor": Invocation.EVENT,
+            "InstanceMonitor": Invocation.EVENT,
+            "RecoverySweep": Invocation.SCHEDULED,
+            "HeartbeatSweep": Invocation.SCHEDULED,
+            "QueueScheduler": Invocation.SCHEDULED,
+            "NodeAuthorizer": Invocation.REQUEST,
+            "NodeApi": Invocation.REQUEST,
+            "JobsApi": Invocation.REQUEST,
+        }
         self.dead_letter_queues: dict[str, sqs.IQueue] = {
             **self.recovery.dead_letter_queues,
             "HeartbeatSweep": self.api.sweep_dead_letter_queue,
             "QueueScheduler": self.scheduler.dead_letter_queue,
         }
+        self.rules: dict[str, events.Rule] = {
+            **self.recovery.rules,
+            "HeartbeatSweep": self.api.sweep_rule,
+            "QueueScheduler": self.scheduler.rule,
+        }
         self.monitoring = Monitoring(
             self,
             "Monitoring",
             functions=self.functions,
+            invocations=self.invocations,
             dead_letter_queues=self.dead_letter_queues,
             topic=self.notifications.topic,
-            # The recovery and scheduler DLQs come with their alarms; the sweep's does not.
-            unalarmed_dead_letter_queues={"HeartbeatSweep": self.api.sweep_dead_letter_queue},
             rest_api=self.api.rest_api,
         )
+        self._outputs()
+
+    def _outputs(self) -> None:
+        """What operators and ``gpu-recovery-admin doctor`` need to find in the account."""
+        config = self.config
+        CfnOutput(self, "ClusterName", value=config.cluster_name,
+                  description="ECS cluster whose GPU training jobs this stack guards")
+        CfnOutput(self, "InstanceTagKey", value=config.instance_tag_key,
+                  description="Tag the GPU instances need (key) so the stack may reboot them")
+        CfnOutput(self, "InstanceTagValue", value=config.instance_tag_value or config.cluster_name,
+                  description="... and its value")
+        CfnOutput(self, "HeartbeatStaleSeconds", value=str(config.heartbeat_stale_seconds),
+                  description="A node that has not reported for this long is silent")
+        CfnOutput(self, "PowertoolsVersion", value=pinned_version(POWERTOOLS_PACKAGE),
+                  description="Powertools release the functions run (= requirements.txt)")
+        CfnOutput(self, "PowertoolsLayerArn", value=powertools_layer_arn(self, config),
+                  description="Public Powertools layer of that release, resolved at deploy time")
 
         CfnOutput(self, "JobTableName", value=self.tables.job_table.table_name)
         CfnOutput(self, "InstanceTableName", value=self.tables.instance_table.table_name)
@@ -220,6 +264,9 @@ class GpuRecoveryStack(Stack):
         )
         for name, queue in self.dead_letter_queues.items():
             CfnOutput(self, f"{name}DeadLetterQueueUrl", value=queue.queue_url)
+        for name, rule in self.rules.items():
+            CfnOutput(self, f"{name}RuleName", value=rule.rule_name,
+                      description=f"EventBridge rule that triggers {name}")
         CfnOutput(self, "ApiUrl", value=self.api.url,
                   description="REST API base URL (stage prod): /v1/report_* (nodes), /v1/jobs (IAM)")
         CfnOutput(self, "NodeTokenTableName", value=self.api.token_table.table_name)
