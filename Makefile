@@ -13,7 +13,8 @@ export PYTHONPATH := $(CURDIR)/lambdas:$(CURDIR)
 LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
-.PHONY: install install-cdk demo test test-faults lint typecheck bench synth deploy clean local-api fuzz
+.PHONY: install install-cdk demo test test-faults lint typecheck bench synth deploy clean local-api fuzz \
+	config-docs doctor
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +64,14 @@ synth: $(STAMP) install-cdk
 
 deploy: $(STAMP) install-cdk
 	$(CDK) deploy --app "$(PY) app.py" $(CDK_ARGS)
+
+# Is the deployed account ready for a GPU fault? Read-only (DOCTOR_ARGS="--stack-name ...").
+doctor: $(STAMP)
+	$(VENV)/bin/gpu-recovery-admin doctor $(DOCTOR_ARGS)
+
+# Regenerate README.md's configuration table from infra/config.py (a test checks it).
+config-docs: $(STAMP)
+	$(PY) -m infra.config --write-readme
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .pytest_cache .ruff_cache .mypy_cache

@@ -288,19 +288,20 @@ def option(default: Any, parse: Parser, doc: str, *, default_text: str | None = 
 @dataclass(frozen=True)
 class RecoveryConfig:
     # --- the cluster and the recovery loop
-    cluster_name: str = option(REQUIRED, text(_NAME_RE, "1-255 letters, digits, - or _"),
+    cluster_name: str = option(REQUIRED, text(_NAME_RE, "1-255 letters, digits, - or _", "cluster name"),
                                "the existing ECS cluster whose GPU training jobs are guarded")
-    alert_email: str | None = option(None, text(_EMAIL_RE, "an e-mail address"),
+    alert_email: str | None = option(None, text(_EMAIL_RE, "an e-mail address", "e-mail address"),
                                      "e-mail address subscribed to the operator SNS topic")
     health_check_family: str = option(
-        DEFAULT_HEALTH_CHECK_FAMILY, text(_NAME_RE, "1-255 letters, digits, - or _"),
+        DEFAULT_HEALTH_CHECK_FAMILY, text(_NAME_RE, "1-255 letters, digits, - or _", "family name"),
         "family of the DCGM health-check task definition the stack creates")
     health_check_task_arn: str | None = option(
         None, text(_TASK_DEF_ARN_RE, "an ECS task definition ARN "
-                   "(arn:aws:ecs:<region>:<account>:task-definition/<family>[:<revision>])"),
+                   "(arn:aws:ecs:<region>:<account>:task-definition/<family>[:<revision>])",
+                   "task definition ARN"),
         "your own health-check task definition (same exit-code contract); none is created")
     health_check_image: str = option(DEFAULT_HEALTH_CHECK_IMAGE,
-                                     text(_IMAGE_RE, "a container image reference"),
+                                     text(_IMAGE_RE, "a container image reference", "image reference"),
                                      "NVIDIA DCGM image of the health check")
     dcgm_level: int = option(2, integer(1, 4), "`dcgmi diag -r` level (1 quick, 2 ~2 min, 3 ~15 min)")
     health_check_gpus: int = option(8, integer(1, 16), "GPUs the health-check task reserves (a whole node)")
@@ -314,10 +315,10 @@ class RecoveryConfig:
                                                "a health check must start and finish within this")
     table_removal_policy: str = option("retain", choice("retain", "destroy"),
                                        "what stack deletion does to the DynamoDB tables")
-    instance_tag_key: str = option(DEFAULT_INSTANCE_TAG_KEY, Parser(_instance_tag_key),
+    instance_tag_key: str = option(DEFAULT_INSTANCE_TAG_KEY, Parser(_instance_tag_key, "tag key, not `aws:`"),
                                    "tag on the GPU instances: only tagged ones may be rebooted")
     instance_tag_value: str = option(
-        "", text(_TAG_VALUE_RE, "a valid tag value"), "value of that tag",
+        "", text(_TAG_VALUE_RE, "a valid tag value", "tag value"), "value of that tag",
         default_text="cluster name", derive=lambda values: values["cluster_name"])
     lambda_architecture: str = option("x86_64", choice("x86_64", "arm64"), "CPU architecture of the Lambdas")
     # --- node heartbeats, the REST API and the job queue
@@ -343,7 +344,8 @@ class RecoveryConfig:
         ("*",), names(_FAMILY_RE, "families or `prefix*`"),
         "task-definition families that may be submitted (never the health check's)")
     task_role_name_prefix: str = option(
-        DEFAULT_TASK_ROLE_PREFIX, text(_ROLE_PREFIX_RE, "1-64 characters of an IAM role name"),
+        DEFAULT_TASK_ROLE_PREFIX, text(_ROLE_PREFIX_RE, "1-64 characters of an IAM role name",
+                                       "role name prefix"),
         "`iam:PassRole` only for job roles named with this prefix")
     reserved_priority_roles: tuple[str, ...] = option(
         (), names(_PRINCIPAL_RE, "IAM role names / ARNs"),

@@ -262,6 +262,9 @@ class GpuRecoveryStack(Stack):
         CfnOutput(
             self, "HealthCheckTaskDefinitionArn", value=self.health_check.task_definition_arn
         )
+        if self.health_check.log_group is not None:
+            CfnOutput(self, "HealthCheckLogGroupName", value=self.health_check.log_group.log_group_name,
+                      description="Where each health check writes its DCGM output and verdict line")
         for name, queue in self.dead_letter_queues.items():
             CfnOutput(self, f"{name}DeadLetterQueueUrl", value=queue.queue_url)
         for name, rule in self.rules.items():

@@ -225,3 +225,110 @@ def test_authorization_and_telemetry_keys() -> None:
 def test_bad_authorization_keys_are_refused(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=key):
         RecoveryConfig.from_context({"cluster_name": "c", key: value})
+
+
+# ----------------------------------------------------------------- strict configuration
+def test_misspelled_key_fails_naming_the_right_key() -> None:
+    """Given -c max_recovery_attemps=3 (a typo), When parsed, Then synthesis stops with a
+    "did you mean" naming max_recovery_attempts instead of deploying the default."""
+    with pytest.raises(ConfigError, match=r"unknown context key 'max_recovery_attemps': "
+                                          r"did you mean 'max_recovery_attempts'\?"):
+        RecoveryConfig.from_context({"cluster_name": "c", "max_recovery_attemps": "3"})
+
+
+@pytest.mark.parametrize(("typo", "meant"), [
+    ("max-recovery-attempts", "max_recovery_attempts"), ("Alert_Email", "alert_email"),
+    ("dcgm_levle", "dcgm_level"), ("heartbeat_stale_secs", "heartbeat_stale_seconds"),
+    ("clustername", "cluster_name"),
+])
+def test_did_you_mean_handles_dashes_case_and_transpositions(typo: str, meant: str) -> None:
+    with pytest.raises(ConfigError, match=f"'{typo}': did you mean '{meant}'"):
+        RecoveryConfig.from_context({"cluster_name": "c", typo: "1"})
+
+
+def test_every_unknown_key_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as caught:
+        RecoveryConfig.from_context({"cluster_name": "c", "dcgm_levle": 2, "something_else": 1})
+    message = str(caught.value)
+    assert "'dcgm_levle'" in message and "'something_else': it is not an option" in message
+
+
+@pytest.mark.parametrize("key", [
+    "@aws-cdk/core:newStyleStackSynthesis", "@aws-cdk/aws-lambda:recognizeVersionProps",
+    "aws:cdk:enable-path-metadata", "aws:cdk:bundling-stacks",
+    "availability-zones:account=111122223333:region=us-east-1", "cdk-migrate",
+    "acknowledged-issue-numbers",
+])
+def test_cdk_own_keys_are_not_ours(key: str) -> None:
+    """Given the keys the CDK toolkit and feature flags put in context, Then they pass."""
+    config = RecoveryConfig.from_context({"cluster_name": "c", key: True})
+    assert config.cluster_name == "c"
+
+
+def test_retired_key_says_what_replaced_it() -> None:
+    with pytest.raises(ConfigError, match=r"'powertools_layer_version' is no longer used.*requirements.txt"):
+        RecoveryConfig.from_context({"cluster_name": "c", "powertools_layer_version": 40})
+
+
+def test_app_synthesis_refuses_a_misspelled_key() -> None:
+    """Given the real app with a typo in its context (as `cdk synth -c` passes it), Then
+    building the app raises before any construct is made."""
+    from app import build_app
+
+    app = cdk.App(context={"cluster_name": "c", "max_recovery_attemps": "3"})
+    with pytest.raises(ConfigError, match="did you mean 'max_recovery_attempts'"):
+        build_app(app)
+
+
+def test_app_py_prints_one_line_and_exits_1_on_a_misspelled_key() -> None:
+    """Given `python app.py` run by the CDK CLI with a typo in the context, Then it exits 1
+    with one message naming the key (no traceback), before synthesizing anything."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({"cluster_name": "c", "max_recovery_attemps": "3"}),
+           "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1"}
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "app.py")], env=env, cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 1, result.stderr
+    assert "configuration error: unknown context key 'max_recovery_attemps': did you mean " \
+           "'max_recovery_attempts'?" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_every_field_is_one_documented_option() -> None:
+    """Every RecoveryConfig field is declared with option(): one key, one default, one parser,
+    one line of doc (the registry the README table, validation and "did you mean" read)."""
+    import dataclasses
+
+    from infra.config import OPTIONS
+
+    fields = [f.name for f in dataclasses.fields(RecoveryConfig)]
+    assert [o.key for o in OPTIONS] == fields == list(KNOWN_KEYS)
+    for opt in OPTIONS:
+        assert opt.doc and "\n" not in opt.doc and "|" not in opt.doc and len(opt.doc) <= 100, opt.key
+        assert opt.required or opt.derive is not None or opt.default is None or (
+            opt.parse(opt.key, opt.default if not isinstance(opt.default, tuple) else list(opt.default))
+            == opt.default), f"{opt.key}: its default does not pass its own parser"
+
+
+def test_parsed_defaults_are_the_dataclass_defaults() -> None:
+    """The defaults come from one place: an empty context gives the dataclass's defaults."""
+    assert RecoveryConfig.from_context({"cluster_name": "c"}) == RecoveryConfig(
+        cluster_name="c", instance_tag_value="c")
+
+
+def test_readme_configuration_table_is_generated_from_the_code() -> None:
+    """The README's table is exactly markdown_table() (regenerate: make config-docs)."""
+    from infra.config import OPTIONS, README_PATH, markdown_table, readme_with_table
+
+    readme = README_PATH.read_text()
+    assert readme_with_table(readme) == readme, "README configuration table drifted: run make config-docs"
+    table = markdown_table()
+    assert table in readme
+    for opt in OPTIONS:
+        assert f"| `{opt.key}` |" in table
+    stale = readme.replace("| `dcgm_level` |", "| `dcgm_levels` |")
+    assert readme_with_table(stale) == readme
+    assert "config-docs:" in (REPO_ROOT / "Makefile").read_text()

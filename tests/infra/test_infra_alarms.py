@@ -1,0 +1,90 @@
+"""Alarms that mean something: a transient failure does not page; every alarm says what to do."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from infra_synth import Synth
+
+from infra.monitoring import Invocation
+
+SCHEDULED = {"RecoverySweep", "HeartbeatSweep", "QueueScheduler"}
+
+
+def _alarms(synth: Synth) -> list[dict[str, Any]]:
+    return [a["Properties"] for a in synth.resources("AWS::CloudWatch::Alarm").values()]
+
+
+def _function_name_of(synth: Synth, alarm: dict[str, Any]) -> str:
+    stack = synth.stack
+    logical = alarm["Dimensions"][0]["Value"]["Ref"]
+    for name, fn in stack.functions.items():
+        if stack.resolve(fn.function.function_name) == {"Ref": logical}:
+            return name
+    raise AssertionError(logical)
+
+
+def test_every_function_has_an_invocation_kind(default_synth: Synth) -> None:
+    stack = default_synth.stack
+    assert set(stack.invocations) == set(stack.functions)
+    assert {n for n, kind in stack.invocations.items() if kind is Invocation.SCHEDULED} == SCHEDULED
+
+
+def test_every_alarm_says_what_the_operator_should_do(default_synth: Synth) -> None:
+    """Given every alarm, Then its description is an instruction (read, fix, replay or purge)
+    pointing to the runbook, within CloudWatch's 1024 characters, and it notifies the topic."""
+    alarms = _alarms(default_synth)
+    assert len(alarms) == 9 + 6  # an errors alarm per function, a depth alarm per DLQ
+    for alarm in alarms:
+        text = alarm["AlarmDescription"]
+        assert len(text) <= 1024, text
+        assert "docs/operations.md" in text
+        assert any(verb in text for verb in ("Read ", "fix ", "Run `gpu-recovery-admin doctor`")), text
+        (action,) = alarm["AlarmActions"]
+        assert action["Ref"].startswith("NotificationsAlertTopic")
+
+
+def test_a_single_failure_does_not_page(default_synth: Synth) -> None:
+    """Given the errors alarms, Then none fires on one failed invocation: scheduled functions
+    alarm after 3 failing one-minute runs in a row, event functions after errors in 2 of 3
+    five-minute periods, API functions after 5+ errors in 2 consecutive periods."""
+    seen = set()
+    for alarm in _alarms(default_synth):
+        if alarm["MetricName"] != "Errors":
+            continue
+        name = _function_name_of(default_synth, alarm)
+        seen.add(name)
+        kind = default_synth.stack.invocations[name]
+        policy = (alarm["Period"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"], alarm["Threshold"])
+        expected = {Invocation.SCHEDULED: (60, 3, 3, 1), Invocation.EVENT: (300, 3, 2, 1),
+                    Invocation.REQUEST: (300, 2, 2, 5)}[kind]
+        assert policy == expected, name
+        assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert alarm["TreatMissingData"] == "notBreaching"
+        if kind is Invocation.SCHEDULED:
+            text = alarm["AlarmDescription"]
+            assert "does not page" in text and "nothing to replay" in text
+    assert seen == set(default_synth.stack.functions)
+
+
+def test_dlq_alarms_explain_retries_and_replay(default_synth: Synth) -> None:
+    """A scheduled function's DLQ alarm says the tick failed all 3 tries and is purged, not
+    replayed; an event function's says the event is kept and how to replay it."""
+    dlq_alarms = {a["AlarmDescription"] for a in _alarms(default_synth)
+                  if a["MetricName"] == "ApproximateNumberOfMessagesVisible"}
+    assert len(dlq_alarms) == 6
+    for name in SCHEDULED:
+        (text,) = [t for t in dlq_alarms if t.startswith(f"A {name} tick")]
+        assert "failed all 3 tries" in text and "purge" in text
+    for name in ("TaskHandler", "DcgmMonitor", "InstanceMonitor"):
+        (text,) = [t for t in dlq_alarms if t.startswith(f"An ECS event for {name}")]
+        assert "replay" in text and f"{name}DeadLetterQueueUrl" in text
+
+
+def test_dashboard_shows_recoveries_mttr_dlq_breaker_and_alarms(default_synth: Synth) -> None:
+    (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for text in ("Recoveries", "TimeToRestartSeconds", "MTTR", "Dead-letter queue depth", "Quarantines",
+                 "BreakerTripped", "BreakerOpen", "SUM(SEARCH(", "alarm", "gpu-recovery-admin doctor"):
+        assert text in body, text
