@@ -20,6 +20,7 @@ state of every alarm. Business metrics come from Powertools (namespace
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 
 from aws_cdk import Duration
@@ -51,19 +52,25 @@ class Invocation(Enum):
     REQUEST = "request"  # API Gateway (synchronous: the caller sees the error)
 
 
-def _error_alarm_props(invocation: Invocation) -> dict[str, object]:
-    if invocation is Invocation.SCHEDULED:
-        return {"period": Duration.minutes(1), "threshold": 1, "evaluation_periods": 3,
-                "datapoints_to_alarm": 3}
-    if invocation is Invocation.EVENT:
-        return {"period": Duration.minutes(5), "threshold": 1, "evaluation_periods": 3,
-                "datapoints_to_alarm": 2}
-    return {"period": Duration.minutes(5), "threshold": 5, "evaluation_periods": 2,
-            "datapoints_to_alarm": 2}
+@dataclass(frozen=True)
+class ErrorAlarmPolicy:
+    """Errors >= ``threshold`` in ``datapoints`` of ``periods`` periods of ``minutes``."""
+
+    minutes: int
+    threshold: int
+    periods: int
+    datapoints: int
+
+
+ERROR_ALARM_POLICIES = {
+    Invocation.SCHEDULED: ErrorAlarmPolicy(minutes=1, threshold=1, periods=3, datapoints=3),
+    Invocation.EVENT: ErrorAlarmPolicy(minutes=5, threshold=1, periods=3, datapoints=2),
+    Invocation.REQUEST: ErrorAlarmPolicy(minutes=5, threshold=5, periods=2, datapoints=2),
+}
 
 
 def error_alarm_description(name: str, fn: RecoveryFunction, invocation: Invocation) -> str:
-    logs = f"Read the ERROR lines of its log group ({fn.service_name}) in CloudWatch Logs Insights"
+    logs = f"Read the ERROR lines of its log group {fn.log_group.log_group_name} (CloudWatch Logs Insights)"
     if invocation is Invocation.SCHEDULED:
         return (
             f"{name} ({fn.service_name}) failed in each of the last 3 one-minute runs; a single "
@@ -147,14 +154,14 @@ class Monitoring(Construct):
             alarm.add_alarm_action(action)
             self.dlq_alarms[name] = alarm
         for name, fn in functions.items():
-            props = _error_alarm_props(invocations[name])
+            policy = ERROR_ALARM_POLICIES[invocations[name]]
             alarm = cloudwatch.Alarm(
                 self, f"{name}ErrorsAlarm",
                 alarm_description=error_alarm_description(name, fn, invocations[name]),
-                metric=fn.function.metric_errors(period=props["period"], statistic="Sum"),  # type: ignore[arg-type]
-                threshold=props["threshold"],  # type: ignore[arg-type]
-                evaluation_periods=props["evaluation_periods"],  # type: ignore[arg-type]
-                datapoints_to_alarm=props["datapoints_to_alarm"],  # type: ignore[arg-type]
+                metric=fn.function.metric_errors(period=Duration.minutes(policy.minutes), statistic="Sum"),
+                threshold=policy.threshold,
+                evaluation_periods=policy.periods,
+                datapoints_to_alarm=policy.datapoints,
                 comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             )
