@@ -11,10 +11,12 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from gpu_recovery.adapters import aws
+from gpu_recovery.adapters.autoscaling import AutoScalingReplacer
 from gpu_recovery.adapters.compute import RebootAdapter
 from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
+from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
 from gpu_recovery.recovery import MetricsPort, RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import SchedulerConfig, Settings
@@ -41,6 +43,17 @@ def repository(settings: Settings | None = None) -> Repository:
     return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
 
 
+def fault_catalog(settings: Settings) -> FaultCatalog:
+    """The shipped catalog with the deployment's override (validated at synth; validated
+    again here so a hand-edited file fails the cold start loudly, not a fault later)."""
+    key = f"catalog:{settings.fault_catalog_override}"
+    catalog = _services.get(key)
+    if catalog is None:
+        catalog = load_catalog(None, override=settings.fault_catalog_override or None)
+        _services[key] = catalog
+    return catalog
+
+
 def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
     with _lock:
         service = _services.get("recovery")
@@ -53,6 +66,8 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
                 notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
                 verdicts=VerdictLogReader(aws.client("logs"), settings.health_check_log_group),
                 settings=settings,
+                catalog=fault_catalog(settings),
+                replacer=AutoScalingReplacer(aws.client("autoscaling")),
             )
             _services["recovery"] = service
     if metrics is not None:

@@ -5,9 +5,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpu_recovery import constants as c
+from gpu_recovery.domain.remediation_settings import (
+    SETTINGS as REMEDIATION_KEYS,
+)
+from gpu_recovery.domain.remediation_settings import (
+    RemediationSettings,
+    parse_remediation_settings,
+)
 
 
 class SettingsError(ValueError):
@@ -53,6 +60,31 @@ def parse_exit_codes(raw: str) -> tuple[int, ...]:
     return codes
 
 
+def remediation_settings_from_env(env: Mapping[str, str]) -> RemediationSettings:
+    """``REMEDIATION_SETTINGS`` (a JSON object of remediation settings) plus the two job
+    budgets from ``MAX_RECOVERY_ATTEMPTS`` / ``MAX_APP_RESTARTS``, validated in one go."""
+    raw = (env.get(c.ENV_REMEDIATION_SETTINGS) or "").strip()
+    values: dict[str, str] = {}
+    if raw:
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise SettingsError(f"{c.ENV_REMEDIATION_SETTINGS} must be a JSON object: {error.msg}") from error
+        if not isinstance(parsed, dict):
+            raise SettingsError(f"{c.ENV_REMEDIATION_SETTINGS} must be a JSON object of "
+                                f"{', '.join(REMEDIATION_KEYS)}")
+        values = {str(k): "" if v is None else (json.dumps(v) if isinstance(v, dict) else str(v))
+                  for k, v in parsed.items()}
+    for key, name in (("max_infra_recoveries", c.ENV_MAX_RECOVERY_ATTEMPTS),
+                      ("max_app_restarts", c.ENV_MAX_APP_RESTARTS)):
+        if env.get(name):
+            values[key] = str(env[name])
+    try:
+        return parse_remediation_settings(values)
+    except ValueError as error:
+        raise SettingsError(str(error)) from error
+
+
 @dataclass(frozen=True)
 class Settings:
     job_table: str
@@ -60,7 +92,7 @@ class Settings:
     cluster: str
     health_check_task: str
     topic_arn: str
-    max_recovery_attempts: int = 1
+    max_recovery_attempts: int = 3  # a job's infrastructure recoveries (deployment default)
     suspect_exit_codes: tuple[int, ...] = (1,)
     reboot_timeout_seconds: int = 30 * 60
     health_check_timeout_seconds: int = 30 * 60
@@ -70,6 +102,13 @@ class Settings:
     # On a suspected GPU fault, health-check every node of the job (in parallel) rather
     # than only the nodes whose rank failed on its own.
     check_all_nodes_on_fault: bool = False
+    max_app_restarts: int = 0  # a job's application-error restarts (deployment default)
+    # Fault catalog, escalation, breaker, observe mode (domain.remediation_settings).
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)
+    # Move a job to healthy free nodes as soon as a fault is confirmed instead of waiting
+    # for its node's reboot (relocatable jobs only).
+    relocate_instead_of_wait: bool = False
+    fault_catalog_override: str = ""  # path of the deployment's catalog override ("" = none)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -81,13 +120,14 @@ class Settings:
         ]
         if missing:
             raise SettingsError(f"missing environment variables: {', '.join(missing)}")
+        remediation = remediation_settings_from_env(env)
         return cls(
             job_table=env[c.ENV_JOB_TABLE],
             instance_table=env[c.ENV_INSTANCE_TABLE],
             cluster=env[c.ENV_CLUSTER_NAME],
             health_check_task=env.get(c.ENV_HEALTH_CHECK_TASK) or c.DEFAULT_HEALTH_CHECK_FAMILY,
             topic_arn=env.get(c.ENV_SNS_TOPIC_ARN, ""),
-            max_recovery_attempts=_int(env, c.ENV_MAX_RECOVERY_ATTEMPTS, 1),
+            max_recovery_attempts=remediation.max_infra_recoveries,
             suspect_exit_codes=parse_exit_codes(env.get(c.ENV_SUSPECT_EXIT_CODES) or "[1]"),
             reboot_timeout_seconds=60 * _int(env, c.ENV_REBOOT_TIMEOUT_MINUTES, 30, minimum=1),
             health_check_timeout_seconds=60
@@ -96,6 +136,10 @@ class Settings:
             health_check_log_group=env.get(c.ENV_HEALTH_CHECK_LOG_GROUP, ""),
             restart_start_retries=_int(env, c.ENV_RESTART_START_RETRIES, 3, minimum=1),
             check_all_nodes_on_fault=_bool(env, c.ENV_HEALTH_CHECK_ALL_NODES, False),
+            max_app_restarts=remediation.max_app_restarts,
+            remediation=remediation,
+            relocate_instead_of_wait=_bool(env, c.ENV_RELOCATE_INSTEAD_OF_WAIT, False),
+            fault_catalog_override=env.get(c.ENV_FAULT_CATALOG_OVERRIDE, ""),
         )
 
 

@@ -63,6 +63,7 @@ class FakeEcs:
     versions: dict[str, int] = field(default_factory=dict)
     #: fail the next call of an operation: ("refuse" | "lose" | "place_nothing")
     failures: dict[str, list[str]] = field(default_factory=dict)
+    spare_nodes: list[str] = field(default_factory=list)
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -111,6 +112,20 @@ class FakeEcs:
 
     def drain(self, container_instance_arn: str) -> None:
         self.drained.append(container_instance_arn)
+
+    def container_instances(self) -> list[dict[str, Any]]:
+        """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy."""
+        nodes = sorted({t.node for t in self.tasks.values()} | set(self.spare_nodes))
+        out = []
+        for node in nodes:
+            busy = any(t.node == node and t.last_status == "RUNNING" for t in self.tasks.values())
+            gpu = lambda n: [{"name": "GPU", "type": "STRINGSET",  # noqa: E731
+                              "stringSetValue": [f"GPU-{i}" for i in range(n)]}]
+            out.append({"containerInstanceArn": ci_arn(node), "status": "ACTIVE",
+                        "agentConnected": self.agent_connected.get(node, True),
+                        "ec2InstanceId": f"i-{node}", "registeredResources": gpu(8),
+                        "remainingResources": gpu(0 if busy else 8)})
+        return out
 
     def health_checks_on(self, node: str) -> list[FakeTask]:
         return [t for t in self.tasks.values() if t.node == node and t.group == C.HEALTH_CHECK_GROUP]

@@ -99,10 +99,11 @@ class SuspectVerdict(str, Enum):
     OPERATOR_ACTION = "OPERATOR_ACTION"
     TIMEOUT = "TIMEOUT"
     UNAVAILABLE = "UNAVAILABLE"
+    BLOCKED = "BLOCKED"  # needed a node action that was not carried out (observe mode, breaker)
 
 
 # A job with any of these verdicts cannot be restarted on its own nodes.
 FATAL_SUSPECT_VERDICTS = frozenset(
     {SuspectVerdict.REPLACE, SuspectVerdict.QUARANTINED, SuspectVerdict.OPERATOR_ACTION,
-     SuspectVerdict.TIMEOUT, SuspectVerdict.UNAVAILABLE}
+     SuspectVerdict.TIMEOUT, SuspectVerdict.UNAVAILABLE, SuspectVerdict.BLOCKED}
 )

@@ -18,7 +18,7 @@ from datetime import datetime
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
-from gpu_recovery.constants import NotificationKind
+from gpu_recovery.constants import CLAIM_LEASE_SECONDS, NotificationKind
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.policy import AgentEvent, RebootProgress
@@ -64,7 +64,7 @@ class Reboots:
         try:
             path = self.deps.rebooter.reboot(
                 instance.ec2_instance_id,
-                f"gpu-recovery: DCGM asked for a reboot of {instance.container_inst_id}")
+                f"gpu-recovery: {instance.reboot_reason or 'DCGM asked for a reboot'}"[:100])
         except Exception as error:
             if refused(error):  # nothing happened: the next try may issue it
                 repo.release_reboot_claim(instance, now, now + RETRY_INTERVAL_SECONDS)
@@ -77,15 +77,46 @@ class Reboots:
         return "issued"
 
     def quarantine(self, instance: Instance) -> None:
-        """Drain (idempotent): ECS places nothing new on the instance; then confirm it."""
-        self.deps.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
-        if self.deps.repo.record_drained(instance.container_inst_id):
-            self.deps.metrics.add_metric("Quarantines", "Count", 1)
-            logger.warning("instance quarantined", extra={"instance": instance.container_inst_id,
-                                                          "why": instance.quarantine_reason})
+        """Drain (idempotent): ECS places nothing new on the instance; then confirm it.
+        A replacement by ``terminate_in_asg`` then terminates the instance in its group."""
+        if instance.drain_pending:
+            self.deps.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
+            if self.deps.repo.record_drained(instance.container_inst_id,
+                                             terminate_next=instance.terminate_pending):
+                self.deps.metrics.add_metric("Quarantines", "Count", 1)
+                logger.warning("instance quarantined", extra={"instance": instance.container_inst_id,
+                                                              "why": instance.quarantine_reason})
+        if instance.terminate_pending:
+            self.terminate(instance)
+
+    def terminate(self, instance: Instance) -> str:
+        """TerminateInstanceInAutoScalingGroup without decrementing the desired capacity:
+        the group launches a new node. The intent (``terminate_claimed_at``) is committed
+        first; a claim taken over is looked up (DescribeAutoScalingInstances) before the
+        call is repeated; the result is recorded after."""
+        now = clock.now()
+        retaken = instance.terminate_claimed_at is not None
+        if not self.deps.repo.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
+            return "in_flight"
+        ec2_id = instance.ec2_instance_id
+        state = self.deps.replacer.lifecycle_state(ec2_id) if ec2_id.startswith("i-") else None
+        if state is None or state.startswith("Terminat"):
+            result = ("terminating in its Auto Scaling group" if state or retaken
+                      else "not in an Auto Scaling group: left drained for an operator")
+        else:
+            try:
+                result = self.deps.replacer.terminate_in_asg(ec2_id)
+            except Exception as error:
+                if refused(error):  # nothing happened: let the next try claim it again
+                    logger.warning("termination refused", extra={"instance": ec2_id, "error": str(error)})
+                raise
+            self.deps.metrics.add_metric("Replacements", "Count", 1)
+        self.deps.repo.record_termination(instance.container_inst_id, result, clock.now())
+        logger.warning("instance replaced", extra={"instance": instance.container_inst_id, "result": result})
+        return result
 
     def finish_quarantine(self, instance: Instance) -> str:
-        """The sweep: a quarantine whose drain was never confirmed."""
+        """The sweep: a quarantine whose drain (or termination) was never confirmed."""
         self.quarantine(instance)
         return "drained"
 
