@@ -85,6 +85,15 @@ def remediation_settings_from_env(env: Mapping[str, str]) -> RemediationSettings
         raise SettingsError(str(error)) from error
 
 
+def job_budget_defaults(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """The deployment's default job budgets (infrastructure recoveries, application-error
+    restarts), for services that read nothing else (the jobs API)."""
+    env = os.environ if env is None else env
+    settings = remediation_settings_from_env(
+        {k: v for k, v in env.items() if k in (c.ENV_MAX_RECOVERY_ATTEMPTS, c.ENV_MAX_APP_RESTARTS)})
+    return settings.max_infra_recoveries, settings.max_app_restarts
+
+
 @dataclass(frozen=True)
 class Settings:
     job_table: str

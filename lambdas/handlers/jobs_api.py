@@ -73,6 +73,7 @@ from gpu_recovery.queue.service import (
     SchedulerTrigger,
 )
 from gpu_recovery.repository import Repository
+from gpu_recovery.settings import job_budget_defaults
 from handlers._common import powertools
 
 API_TITLE = "GPU training jobs API"
@@ -150,6 +151,7 @@ def service() -> JobQueueService:
                 logs_client=aws.client("logs"),
                 cluster=env.get(ENV_CLUSTER_NAME, "default"),
                 scheduler=trigger,
+                default_budgets=job_budget_defaults(env),
             )
             _state["service"] = svc
         return svc

@@ -46,6 +46,7 @@ from gpu_recovery.constants import (
     job_item_key,
     queue_order,
 )
+from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.models import container_instance_id, task_id
 from gpu_recovery.domain.state_machine import can_transition, check_transition
 from gpu_recovery.queue.models import JobSpec, priority_name
@@ -243,6 +244,7 @@ class JobQueueService:
         cluster: str,
         scheduler: SchedulerTrigger | None = None,
         capacity: ClusterCapacity | None = None,
+        default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS),
     ) -> None:
         self.repo = repo
         self._table = repo._ddb.Table(repo.job_table_name)
@@ -251,6 +253,7 @@ class JobQueueService:
         self.cluster = cluster
         self.scheduler: SchedulerTrigger = scheduler or NoSchedulerTrigger()
         self.capacity = capacity or ClusterCapacity(ecs_client, cluster)
+        self.default_budgets = default_budgets  # (infrastructure recoveries, application restarts)
 
     # ------------------------------------------------------------------ submit
     def submit(self, spec: JobSpec, user: str) -> dict[str, Any]:
@@ -296,7 +299,9 @@ class JobQueueService:
             "gpus_per_node": spec.gpus_per_node,
             "attempt": 0,
             "recoveries_used": 0,
-            "max_recovery_attempts": spec.max_recovery_attempts,
+            "max_recovery_attempts": spec.budgets(*self.default_budgets)[0],
+            "app_restarts_used": 0,
+            "max_app_restarts": spec.budgets(*self.default_budgets)[1],
             "suspects": {},
             "verdicts": {},
             QUEUE_PK: QUEUE_BUCKET,
@@ -361,6 +366,9 @@ class JobQueueService:
                 "source": item.get("source", ""),
                 "recoveries_used": int(item.get("recoveries_used", 0)),
                 "max_recovery_attempts": int(item.get("max_recovery_attempts", 0)),
+                "app_restarts_used": int(item.get("app_restarts_used", 0)),
+                "max_app_restarts": int(item.get("max_app_restarts", 0)),
+                "relocations": list(item.get("relocations") or []),
                 "not_before": item.get("not_before", 0) or 0,
                 "last_error": item.get("last_error", ""),
                 "ranks": [

@@ -19,6 +19,7 @@ waits, like a restart, for every verdict of the fault and every old rank to stop
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -32,6 +33,7 @@ from gpu_recovery.constants import (
     relocated_queue_order,
 )
 from gpu_recovery.domain import policy
+from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id
 from gpu_recovery.domain.relocation import SpareNode, choose_targets, describe_moves, gpu_count
 from gpu_recovery.domain.states import (
@@ -275,13 +277,20 @@ class GangRestart:
 
     @staticmethod
     def _fault_lines(job: Job) -> list[str]:
-        lines = []
+        """The evidence and decision of every node of the fault just recovered from."""
+        lines: list[str] = []
         for key, record in sorted(job.faults.items()):
-            if not key.startswith(f"a{job.attempt - 1}:"):
+            if not key.startswith(f"a{job.attempt - 1}:") or not isinstance(record, dict):
                 continue
-            plan = (record or {}).get("plan") or {}
+            if record.get("evidence"):
+                # An older record may not parse: the decision line below still says what happened.
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    lines += Evidence.from_dict(record["evidence"]).render_lines()
+            plan = record.get("plan") or {}
             decision = plan.get("decision") or {}
-            lines.append(f"{key.split(':', 1)[1]}: {plan.get('action', '?')} — {decision.get('reason', '')}")
+            if plan:
+                lines.append(f"Decision for {key.split(':', 1)[1]}: {plan.get('action', '?')} "
+                             f"({decision.get('reason', '')})")
         return lines
 
     def confirm_running(self, job: Job, reason: str, actor: str = "recovery") -> bool:
