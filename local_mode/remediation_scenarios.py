@@ -281,10 +281,12 @@ def observe() -> ScenarioResult:
         observed = [n for n in w.local.notifications()
                     if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "observed"]
         _expect(problems, "observe e-mails", len(observed), 1)
-        if observed and "Would have done (not carried out): stop_tasks, reboot" not in str(observed[0]["message"]):
+        said = "Would have done (not carried out): stop_tasks, reboot"
+        if observed and said not in str(observed[0]["message"]):
             problems.append("the e-mail does not say what would have been done")
         history = w.node_item("node-b").get("fault_history", [])
-        _expect(problems, "node-b record", [(r["action"], r["executed"]) for r in history], [("reboot", False)])
+        _expect(problems, "node-b record", [(r["action"], r["executed"]) for r in history],
+                [("reboot", False)])
         return _finish(w, "observe", title, problems, ["vit-observe"])
 
 
@@ -327,7 +329,8 @@ SCENARIOS: dict[str, Callable[[], ScenarioResult]] = {
 def _restart_seconds(job: dict[str, Any]) -> float | None:
     """Fault -> every rank running again, from the job's history."""
     history = job.get("history") or []
-    fault = next((h["at"] for h in history if h.get("to") in ("PENDING_HEALTHCHECK", "PENDING_RESTART")), None)
+    fault = next((h["at"] for h in history
+                  if h.get("to") in ("PENDING_HEALTHCHECK", "PENDING_RESTART")), None)
     running = [h["at"] for h in history if h.get("to") == "RUNNING" and fault is not None and h["at"] > fault]
     return float(running[0] - fault) if running and fault is not None else None
 
