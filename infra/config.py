@@ -14,7 +14,11 @@ Options (key: default -- meaning):
 - health_check_image: DEFAULT_HEALTH_CHECK_IMAGE -- NVIDIA DCGM image of the health check
 - dcgm_level: 2 -- ``dcgmi diag -r`` level, 1..4
 - health_check_gpus: 8 -- GPUs the health-check task reserves, 1..16
-- max_recovery_attempts: 1 -- recoveries per job, 0..10
+- max_infra_recoveries: 3 -- a job's infrastructure recoveries (node faults fixed by a
+  reboot or a move to healthy nodes), 0..20; a queue job's JobSpec or a tag-registered
+  job's ``gpu-recovery:max-infra-recoveries`` tag overrides it
+- max_recovery_attempts: -- older name of max_infra_recoveries (kept for existing deployments)
+- max_app_restarts: 0 -- a job's restarts after an application error, 0..20 (0: the job fails)
 - suspect_exit_codes: ``[1]`` -- exit codes meaning "suspected GPU fault" (JSON list or
   comma string, each 1..255)
 - reboot_timeout_minutes: 30 -- an instance must be back within, 1..1440
@@ -42,6 +46,28 @@ Node heartbeats, the REST API and the job queue:
   cluster (``infra/node_agent.py``; each host needs its node token file)
 - training_log_groups: ``["/ecs/*"]`` -- CloudWatch log groups (names or ``*`` patterns) the
   jobs API may read training logs from (JSON list or comma string)
+
+Remediation (fault catalog, escalation, blast-radius breaker, observe mode, relocation;
+docs/remediation.md):
+
+- fault_catalog_file: none -- a JSON or YAML override of the shipped fault catalog (path,
+  relative to the CDK app), merged and validated at synth: a bad file fails ``cdk synth``
+  with the validator's messages (rule and field)
+- remediation_mode: ``enforce`` -- ``enforce`` or ``observe``, with per-effect exceptions
+  (``enforce,reboot=observe``; effects stop_tasks, health_check, reboot, drain, terminate,
+  restart_job)
+- replace_action: ``quarantine`` -- ``quarantine`` (drain + notify) or ``terminate_in_asg``
+  (TerminateInstanceInAutoScalingGroup, capacity kept; ECS Anywhere nodes are quarantined)
+- reboots_before_replace: 2 -- reboots for one cause on a node before its next fault replaces it
+- reboot_window_hours: 72 -- the window of those reboots
+- max_remediations: 5 -- remediations of a node after which it is quarantined and an operator paged
+- remediation_window_days: 7 -- the window of those remediations
+- breaker_enabled: true -- the blast-radius breaker
+- breaker_max_percent: 20 -- share of the cluster's GPU nodes acted on per window before it trips
+- breaker_max_nodes: none -- an absolute cap per window as well
+- breaker_window_minutes: 10 -- the breaker's sliding window
+- relocate_instead_of_wait: false -- move a relocatable job to healthy free nodes as soon as a
+  fault is confirmed, instead of waiting for its node's reboot
 """
 
 from __future__ import annotations
@@ -50,9 +76,14 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY
+from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog, read_catalog_file
+from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
+from gpu_recovery.domain.remediation_settings import SETTINGS as REMEDIATION_DEFAULTS
+from gpu_recovery.domain.remediation_settings import parse_remediation_settings
 
 # Public layer AWSLambdaPowertoolsPythonV3-python312-<arch>:<version> (account 017000801446).
 # Intended to carry Powertools 3.37.0 (requirements.txt pins the same version for tests).
@@ -96,6 +127,26 @@ KNOWN_KEYS = (
     "api_throttle_burst",
     "node_agent_daemon",
     "training_log_groups",
+    "max_infra_recoveries",
+    "max_app_restarts",
+    "fault_catalog_file",
+    "remediation_mode",
+    "replace_action",
+    "reboots_before_replace",
+    "reboot_window_hours",
+    "max_remediations",
+    "remediation_window_days",
+    "breaker_enabled",
+    "breaker_max_percent",
+    "breaker_max_nodes",
+    "breaker_window_minutes",
+    "relocate_instead_of_wait",
+)
+# Context keys handed to the functions as REMEDIATION_SETTINGS (domain.remediation_settings).
+REMEDIATION_KEYS = (
+    "remediation_mode", "replace_action", "reboots_before_replace", "reboot_window_hours",
+    "max_remediations", "remediation_window_days", "breaker_enabled", "breaker_max_percent",
+    "breaker_max_nodes", "breaker_window_minutes",
 )
 
 HANG_ACTIONS = ("notify", "recover")
@@ -119,7 +170,8 @@ class RecoveryConfig:
     health_check_image: str = DEFAULT_HEALTH_CHECK_IMAGE
     dcgm_level: int = 2
     health_check_gpus: int = 8
-    max_recovery_attempts: int = 1
+    max_recovery_attempts: int = DEFAULT_MAX_INFRA_RECOVERIES  # infrastructure recoveries
+    max_app_restarts: int = DEFAULT_MAX_APP_RESTARTS
     suspect_exit_codes: tuple[int, ...] = (1,)
     reboot_timeout_minutes: int = 30
     health_check_timeout_minutes: int = 30
@@ -136,6 +188,16 @@ class RecoveryConfig:
     api_throttle_burst: int = 2000
     node_agent_daemon: bool = False
     training_log_groups: tuple[str, ...] = DEFAULT_TRAINING_LOG_GROUPS
+    # Remediation: the validated settings (REMEDIATION_SETTINGS), the catalog override (its
+    # file and its validated document), relocation.
+    remediation: tuple[tuple[str, str], ...] = ()
+    fault_catalog_file: str | None = None
+    fault_catalog_override: str | None = None  # the override as JSON text (validated)
+    relocate_instead_of_wait: bool = False
+
+    @property
+    def remediation_settings_json(self) -> str:
+        return json.dumps(dict(self.remediation), sort_keys=True)
 
     @property
     def creates_health_check_task(self) -> bool:
@@ -204,6 +266,8 @@ class RecoveryConfig:
         tag_value = cluster_name if tag_value is None else str(tag_value)
         tag_value = _match("instance_tag_value", tag_value, _TAG_VALUE_RE, "a valid tag value")
 
+        catalog_file, catalog_override = _fault_catalog(raw("fault_catalog_file"))
+
         hang_action = raw("hang_action")
         hang_action = "notify" if hang_action is None else str(hang_action).lower()
         if hang_action not in HANG_ACTIONS:
@@ -229,9 +293,9 @@ class RecoveryConfig:
             ),
             dcgm_level=_int("dcgm_level", raw("dcgm_level"), 2, 1, 4),
             health_check_gpus=_int("health_check_gpus", raw("health_check_gpus"), 8, 1, 16),
-            max_recovery_attempts=_int(
-                "max_recovery_attempts", raw("max_recovery_attempts"), 1, 0, 10
-            ),
+            max_recovery_attempts=_infra_budget(raw("max_infra_recoveries"), raw("max_recovery_attempts")),
+            max_app_restarts=_int("max_app_restarts", raw("max_app_restarts"), DEFAULT_MAX_APP_RESTARTS, 0,
+                                  MAX_BUDGET),
             suspect_exit_codes=_exit_codes(raw("suspect_exit_codes")),
             reboot_timeout_minutes=_int(
                 "reboot_timeout_minutes", raw("reboot_timeout_minutes"), 30, 1, 1440
@@ -266,7 +330,66 @@ class RecoveryConfig:
             ),
             node_agent_daemon=_bool("node_agent_daemon", raw("node_agent_daemon"), False),
             training_log_groups=_log_groups(raw("training_log_groups")),
+            remediation=_remediation(raw),
+            fault_catalog_file=catalog_file,
+            fault_catalog_override=catalog_override,
+            relocate_instead_of_wait=_bool("relocate_instead_of_wait", raw("relocate_instead_of_wait"),
+                                           False),
         )
+
+
+def _infra_budget(value: Any, legacy: Any) -> int:
+    infra = _int("max_infra_recoveries", value, DEFAULT_MAX_INFRA_RECOVERIES, 0, MAX_BUDGET)
+    if legacy is None:
+        return infra
+    older = _int("max_recovery_attempts", legacy, DEFAULT_MAX_INFRA_RECOVERIES, 0, MAX_BUDGET)
+    if value is not None and older != infra:
+        raise ConfigError("context keys 'max_infra_recoveries' and 'max_recovery_attempts' (its older name) "
+                          f"disagree ({infra} and {older}): give one of them")
+    return older
+
+
+def _remediation(raw: Callable[[str], Any]) -> tuple[tuple[str, str], ...]:
+    """The remediation settings given, validated together (every bad key named)."""
+    given: dict[str, str] = {}
+    for key in REMEDIATION_KEYS:
+        value = raw(key)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, dict):
+            value = json.dumps(value)
+        given[key] = str(value)
+    try:
+        parse_remediation_settings(given)
+    except ValueError as error:
+        message = str(error).removeprefix("remediation settings: ")
+        raise ConfigError(f"remediation context key(s): {message}") from error
+    # Every key, given or default: the functions' settings say exactly what was deployed.
+    return tuple(sorted({**{k: REMEDIATION_DEFAULTS[k][0] for k in REMEDIATION_KEYS}, **given}.items()))
+
+
+def _fault_catalog(value: Any) -> tuple[str | None, str | None]:
+    """The override file, merged onto the shipped catalog and validated now (synth), as JSON."""
+    if value is None:
+        return None, None
+    if not isinstance(value, str):
+        raise ConfigError("context key 'fault_catalog_file' must be a path to a JSON or YAML file, "
+                          f"got {value!r}")
+    from infra import REPO_ROOT
+
+    path = Path(value)
+    if not path.is_absolute() and not path.exists():
+        path = REPO_ROOT / value
+    try:
+        document = read_catalog_file(path)
+        load_catalog(None, override=document)
+    except CatalogError as error:
+        problems = "\n  ".join(error.errors)
+        raise ConfigError(f"context key 'fault_catalog_file' ({value}): the fault catalog is invalid:\n  "
+                          f"{problems}") from error
+    return value, json.dumps(document, sort_keys=True)
 
 
 def _match(key: str, value: Any, pattern: re.Pattern[str], what: str) -> str:

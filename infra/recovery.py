@@ -72,6 +72,8 @@ class ClusterAccess:
         self.ec2_instance_arns = f"arn:aws:ec2:{region}:{account}:instance/*"
         self.run_shell_document_arn = f"arn:aws:ssm:{region}::document/AWS-RunShellScript"
         self.managed_instance_arns = f"arn:aws:ssm:{region}:{account}:managed-instance/*"
+        self.auto_scaling_group_arns = (f"arn:aws:autoscaling:{region}:{account}:autoScalingGroup:*:"
+                                        "autoScalingGroupName/*")
         self.task_role_arns = f"arn:aws:iam::{account}:role/*"
 
     @property
@@ -157,6 +159,16 @@ class ClusterAccess:
             )
         ]
 
+    def list_container_instances(self) -> list[iam.PolicyStatement]:
+        """The breaker counts the cluster's GPU nodes; relocation looks for free ones."""
+        return [
+            iam.PolicyStatement(
+                sid="ListContainerInstancesOfCluster",
+                actions=["ecs:ListContainerInstances"],
+                resources=[self.cluster_arn],
+            )
+        ]
+
     # ----- EC2 / SSM -----------------------------------------------------------------
     def reboot_instances(self) -> list[iam.PolicyStatement]:
         return [
@@ -186,6 +198,27 @@ class ClusterAccess:
                 actions=["ssm:SendCommand"],
                 resources=[self.managed_instance_arns],
                 conditions=self._tagged,
+            ),
+        ]
+
+
+    # ----- Auto Scaling ----------------------------------------------------------------
+    def terminate_in_asg(self) -> list[iam.PolicyStatement]:
+        """replace_action=terminate_in_asg only: terminate a GPU node in its Auto Scaling
+        group (capacity kept), only in groups tagged with the cluster tag."""
+        if dict(self.config.remediation).get("replace_action") != "terminate_in_asg":
+            return []
+        return [
+            iam.PolicyStatement(
+                sid="TerminateInTaggedAutoScalingGroups",
+                actions=["autoscaling:TerminateInstanceInAutoScalingGroup"],
+                resources=[self.auto_scaling_group_arns],
+                conditions=self._tagged,
+            ),
+            iam.PolicyStatement(
+                sid="DescribeAutoScalingInstances",
+                actions=["autoscaling:DescribeAutoScalingInstances"],
+                resources=["*"],
             ),
         ]
 
@@ -220,11 +253,18 @@ class RecoveryFunctions(Construct):
             handler="handlers.ecs_task_handler.lambda_handler",
             service="ecs-task-handler",
             description="Training task stopped: classify, stop the other ranks, start DCGM",
+            # A definitive fault (the catalog's fast path) is remediated from here at once.
             permissions=[
                 access.start_task,
                 access.stop_task,
                 access.describe_tasks,
                 access.list_tasks,
+                access.describe_container_instances,
+                access.list_container_instances,
+                access.reboot_instances,
+                access.send_reboot_command,
+                access.update_container_instances_state,
+                access.terminate_in_asg,
             ],
         )
         self.dcgm_monitor = self._function(
@@ -232,12 +272,18 @@ class RecoveryFunctions(Construct):
             handler="handlers.dcgm_task_monitor.lambda_handler",
             service="dcgm-task-monitor",
             description="DCGM health check stopped: reboot, quarantine or fail the job",
+            # A verdict may also restart (or relocate) the job whose last node it was.
             permissions=[
                 access.reboot_instances,
                 access.send_reboot_command,
                 access.update_container_instances_state,
                 access.describe_tasks,
                 access.describe_container_instances,
+                access.list_container_instances,
+                access.terminate_in_asg,
+                access.start_task,
+                access.stop_task,
+                access.list_tasks,
             ],
         )
         if health_check.log_group is not None:
@@ -254,6 +300,8 @@ class RecoveryFunctions(Construct):
                 access.start_task,
                 access.describe_tasks,
                 access.describe_container_instances,
+                access.list_container_instances,
+                access.list_tasks,
             ],
         )
         self.sweep = self._function(
@@ -263,13 +311,19 @@ class RecoveryFunctions(Construct):
             description="Every minute: reboot / health-check timeouts, pending health checks",
             timeout=Duration.seconds(55),
             async_retries=0,
+            # It finishes what any delivery left undone: reboots, drains, terminations, the
+            # breaker's released backlog.
             permissions=[
                 access.start_task,
                 access.stop_task,
                 access.describe_tasks,
                 access.list_tasks,
                 access.describe_container_instances,
+                access.list_container_instances,
                 access.update_container_instances_state,
+                access.reboot_instances,
+                access.send_reboot_command,
+                access.terminate_in_asg,
             ],
         )
         for fn in self.functions.values():
@@ -414,6 +468,11 @@ class RecoveryFunctions(Construct):
                 "ECS Anywhere managed-instance ids are not known at deploy time; SendCommand "
                 "is allowed only on managed instances tagged with the cluster tag."
             ),
+            access.auto_scaling_group_arns: (
+                "GPU nodes' Auto Scaling groups are not known at deploy time; "
+                "TerminateInstanceInAutoScalingGroup is allowed only in groups tagged with the "
+                "cluster tag (replace_action terminate_in_asg)."
+            ),
         }
         policy_resources: set[str] = set()
         for statement in fn.statements:
@@ -426,7 +485,8 @@ class RecoveryFunctions(Construct):
                 )
         star_reason = (
             "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) "
-            + ("and ec2:DescribeInstances " if "*" in policy_resources else "")
+            + ("and ec2:DescribeInstances / autoscaling:DescribeAutoScalingInstances "
+               if "*" in policy_resources else "")
             + "support no resource-level permissions, so their resource must be '*'."
         )
         acknowledge(fn.role, ("AwsSolutions-IAM5[Resource::*]", star_reason))

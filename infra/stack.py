@@ -40,18 +40,23 @@ from constructs import Construct
 from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
     ENV_DCGM_LEVEL,
+    ENV_FAULT_CATALOG_OVERRIDE,
     ENV_HEALTH_CHECK_GPUS,
     ENV_HEALTH_CHECK_TASK,
     ENV_HEALTH_CHECK_TIMEOUT_MINUTES,
     ENV_INSTANCE_TABLE,
     ENV_JOB_TABLE,
+    ENV_MAX_APP_RESTARTS,
     ENV_MAX_RECOVERY_ATTEMPTS,
     ENV_REBOOT_TIMEOUT_MINUTES,
+    ENV_RELOCATE_INSTEAD_OF_WAIT,
+    ENV_REMEDIATION_SETTINGS,
     ENV_SNS_TOPIC_ARN,
     ENV_SUSPECT_EXIT_CODES,
 )
 from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
+from infra.fault_catalog import RUNTIME_PATH, override_layer
 from infra.health_check import HealthCheck
 from infra.lambda_common import LambdaDefaults, RecoveryFunction
 from infra.monitoring import Monitoring
@@ -88,6 +93,14 @@ class GpuRecoveryStack(Stack):
         self.tables = RecoveryTables(self, "Tables", removal_policy=config.table_removal_policy)
         self.notifications = Notifications(self, "Notifications", alert_email=config.alert_email)
         self.health_check = HealthCheck(self, "HealthCheck", config=config)
+        self.fault_catalog_layer = override_layer(self, config)
+        remediation_env = {
+            ENV_MAX_APP_RESTARTS: str(config.max_app_restarts),
+            ENV_REMEDIATION_SETTINGS: config.remediation_settings_json,
+            ENV_RELOCATE_INSTEAD_OF_WAIT: "true" if config.relocate_instead_of_wait else "false",
+        }
+        if self.fault_catalog_layer is not None:
+            remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH
         self.lambda_defaults = LambdaDefaults(
             config=config,
             environment={
@@ -102,7 +115,9 @@ class GpuRecoveryStack(Stack):
                 ENV_HEALTH_CHECK_TIMEOUT_MINUTES: str(config.health_check_timeout_minutes),
                 ENV_DCGM_LEVEL: str(config.dcgm_level),
                 ENV_HEALTH_CHECK_GPUS: str(config.health_check_gpus),
+                **remediation_env,
             },
+            extra_layers=[self.fault_catalog_layer] if self.fault_catalog_layer is not None else [],
         )
         self.recovery = RecoveryFunctions(
             self,
