@@ -351,6 +351,9 @@ class NodeRemediation:
             state = dict(decided.state)
             if stored and stored.get("released"):
                 state["released"] = stored["released"]
+            # What the decision was measured against, for `gpu-recovery-admin breaker show`.
+            state.update(limit=decided.limit, cluster_gpu_nodes=self.cluster_gpu_nodes(),
+                         window_seconds=self.deps.settings.remediation.breaker.window_seconds)
             update = repo.breaker_update(state, read_version)
         return plan.with_breaker(decided), update, decided if decided.tripped_now else None
 

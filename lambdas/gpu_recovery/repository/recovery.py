@@ -703,8 +703,9 @@ class Repository:
         fields = {k: state.get(k) for k in ("state", "version", "window", "backlog", "tripped_at",
                                              "trip_reason", "trips", "last_reset_at", "last_reset_by")}
         fields["item_type"] = "BREAKER"
-        if "released" in state:
-            fields["released"] = state["released"]
+        for extra in ("released", "limit", "cluster_gpu_nodes", "window_seconds"):
+            if extra in state:
+                fields[extra] = state[extra]
         if read_version is None:
             condition, values, names = "attribute_not_exists(#k)", {}, {"#k": INSTANCE_PK}
         else:
