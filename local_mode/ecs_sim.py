@@ -273,7 +273,7 @@ class SimulatedEcs:
         )
         hooks.on_after_call("ec2", "RebootInstances", self._after_reboot_instances)
         hooks.on_after_call("ssm", "SendCommand", self._after_send_command)
-        hooks.on_after_call("autoscaling", "TerminateInstanceInAutoScalingGroup",
+        hooks.on_after_call("auto-scaling", "TerminateInstanceInAutoScalingGroup",
                             self._after_terminate_in_asg)
 
     # ================================================================ helpers

@@ -217,11 +217,12 @@ class NodeRemediation:
             self._page_operator(fresh, plan, evidence)
         elif anywhere or (plan.action is Action.OPERATOR_ACTION and not waiting):
             self._tell_operator(fresh, plan, evidence)
-        if fresh.state is InstanceState.AVAILABLE:
-            # A healthy node may be the last one a job was waiting for.
-            for verdict, outcome in verdicts:
-                if outcome.restarts:
-                    self.restarts.try_restart(verdict.job.job_id)
+        for verdict, outcome in verdicts:
+            # A healthy node may be the last one a job was waiting for; a job leaving an
+            # unusable node moves now (once its old ranks stopped), not at the next sweep.
+            if outcome.restarts and (fresh.state is InstanceState.AVAILABLE
+                                     or outcome is JobOutcome.RELOCATE):
+                self.restarts.try_restart(verdict.job.job_id)
         return Applied(plan, label, outcomes)
 
     def _for_this_node(self, plan: RemediationPlan, instance: Instance) -> RemediationPlan:
