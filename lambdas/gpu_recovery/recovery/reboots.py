@@ -22,7 +22,7 @@ from gpu_recovery.constants import CLAIM_LEASE_SECONDS, NotificationKind
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.policy import AgentEvent, RebootProgress
-from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, JobState, SuspectVerdict
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Outcome
@@ -79,15 +79,15 @@ class Reboots:
     def quarantine(self, instance: Instance) -> None:
         """Drain (idempotent): ECS places nothing new on the instance; then confirm it.
         A replacement by ``terminate_in_asg`` then terminates the instance in its group."""
-        if instance.drain_pending:
-            self.deps.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
-            if self.deps.repo.record_drained(instance.container_inst_id,
-                                             terminate_next=instance.terminate_pending):
+        fresh = self.deps.repo.get_instance(instance.container_inst_id) or instance
+        if fresh.drain_pending or not fresh.terminate_pending:
+            self.deps.ecs.drain(fresh.container_instance_arn or fresh.container_inst_id)
+            if self.deps.repo.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending):
                 self.deps.metrics.add_metric("Quarantines", "Count", 1)
-                logger.warning("instance quarantined", extra={"instance": instance.container_inst_id,
-                                                              "why": instance.quarantine_reason})
-        if instance.terminate_pending:
-            self.terminate(instance)
+                logger.warning("instance quarantined", extra={"instance": fresh.container_inst_id,
+                                                              "why": fresh.quarantine_reason})
+        if fresh.terminate_pending:
+            self.terminate(fresh)
 
     def terminate(self, instance: Instance) -> str:
         """TerminateInstanceInAutoScalingGroup without decrementing the desired capacity:
@@ -200,20 +200,27 @@ class Reboots:
     def time_out(self, instance: Instance, kind: NotificationKind, what: str, *,
                  verdict: SuspectVerdict, quarantine: bool = True) -> str:
         """The instance's check or reboot ran out of time: the instance leaves recovery and
-        every job waiting for it fails, atomically; then drain and notify."""
+        every job waiting for it fails, atomically; then drain and notify. A relocatable
+        job waiting to restart (its fault already paid for) moves to healthy nodes instead."""
         inst_id = instance.container_inst_id
         job_ids: Iterable[str] = (instance.hc_jobs if instance.state in (
             InstanceState.HEALTH_CHECK_PENDING, InstanceState.HEALTH_CHECKING) else instance.waiting_jobs)
-        failures = []
+        failures, moving = [], []
         for job_id in sorted(job_ids):
             job = self.deps.repo.get_job(job_id)
-            if job is not None and job.state in RECOVERING_JOB_STATES:
+            if job is None or job.state not in RECOVERING_JOB_STATES:
+                continue
+            if quarantine and job.state is JobState.PENDING_RESTART and self.restarts.relocatable(job):
+                moving.append(job_id)
+            else:
                 failures.append(JobFailure(job, f"instance {inst_id} {what}", verdict))
         if not self.deps.repo.time_out_instance(instance, quarantine=quarantine, what=what,
                                                 failures=failures):
             return "raced"
         if quarantine:
             self.quarantine(instance)
+        for job_id in moving:
+            self.restarts.try_restart(job_id)  # the instance is unusable now: relocation
         for failure in failures:
             self.deps.metrics.add_metric("Failures", "Count", 1)
             job = self.deps.repo.get_job(failure.job.job_id) or failure.job
