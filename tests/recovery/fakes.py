@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,24 @@ class FakeRebooter:
 
 
 @dataclass
+class FakeReplacer:
+    """Auto Scaling: every i- node in a group, InService until terminated."""
+
+    terminated: list[str] = field(default_factory=list)
+    fail_next: str = ""  # "lose": the call executes, its answer is lost
+
+    def lifecycle_state(self, instance_id: str) -> str | None:
+        return "Terminating" if instance_id in self.terminated else "InService"
+
+    def terminate_in_asg(self, instance_id: str) -> str:
+        self.terminated.append(instance_id)
+        if self.fail_next == "lose":
+            self.fail_next = ""
+            raise LostResponse("TerminateInstanceInAutoScalingGroup: response lost")
+        return "terminating in gpu-nodes"
+
+
+@dataclass
 class FakeNotifier:
     sent: list[Notification] = field(default_factory=list)
 
@@ -199,6 +218,7 @@ class World:
     rebooter: FakeRebooter
     notifier: FakeNotifier
     now: list[float]
+    replacer: FakeReplacer = field(default_factory=FakeReplacer)
 
     def advance(self, seconds: float) -> None:
         self.now[0] += seconds
@@ -229,6 +249,10 @@ class World:
         detail.update(taskArn=task_arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
                       stopCode=stop_code, stoppedReason=reason, startedBy=task.started_by, group=task.group)
         detail["containers"][0]["exitCode"] = exit_code
+        # The event is as recent as the world's clock, so node evidence (XIDs) reported
+        # "now" falls inside the fault's window as it would in a live cluster.
+        stamp = datetime.fromtimestamp(self.now[0], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        detail.update(stoppingAt=stamp, stoppedAt=stamp, executionStoppedAt=stamp, updatedAt=stamp)
         return EcsTaskDetail.model_validate(detail)
 
     def health_check_stopped(self, task: FakeTask, exit_code: int) -> EcsTaskDetail:
@@ -262,13 +286,13 @@ def world(**settings: Any) -> Iterator[World]:
             ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **defs[kind])
         repo = Repository(ddb, "jobs", "instances")
         flaky = Flaky(repo)
-        ecs, rebooter, notifier = FakeEcs(), FakeRebooter(), FakeNotifier()
+        ecs, rebooter, notifier, replacer = FakeEcs(), FakeRebooter(), FakeNotifier(), FakeReplacer()
         service = RecoveryService(flaky, ecs, rebooter, notifier, FakeVerdicts(),  # type: ignore[arg-type]
                                   Settings("jobs", "instances", CLUSTER, "gpu-health-check", "topic",
-                                           **settings))
+                                           **settings), replacer=replacer)
         clock.set_clock(lambda: now[0])
         try:
-            yield World(service, flaky, ecs, rebooter, notifier, now)
+            yield World(service, flaky, ecs, rebooter, notifier, now, replacer)
         finally:
             clock.reset_clock()
 

@@ -119,9 +119,7 @@ class GangRestart:
         leaving = sorted(set(unusable) | (set(rebooting) if self.deps.settings.relocate_instead_of_wait
                                           else set()))
         why = self._relocation_reason(job, unusable, rebooting)
-        if job.is_queue_job:
-            if not unusable and not self._spares_for(job, ranks, instances, leaving):
-                return None  # no healthy free node now: the reboot is the faster way back
+        if job.is_queue_job and unusable:
             return self._requeue(job, ranks, why)
         try:
             targets = self._spares_for(job, ranks, instances, leaving)
@@ -130,6 +128,10 @@ class GangRestart:
             logger.warning("relocation snapshot failed", extra={"job_id": job.job_id, "error": str(error)})
             self.deps.repo.rearm_job(job, clock.now())
             return Outcome("waiting", job.job_id, {"why": "cluster snapshot failed"})
+        if job.is_queue_job:
+            # relocate_instead_of_wait: only when healthy free nodes exist now; otherwise the
+            # reboot is the faster way back.
+            return self._requeue(job, ranks, why) if targets is not None else None
         if targets is None:
             if unusable:
                 self.fail_pending_restart(job, f"no healthy free node to relocate the ranks on "
