@@ -22,7 +22,6 @@ hung) cost a few more writes, but only when they happen.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -591,40 +590,18 @@ class HeartbeatService:
 
 
 # ============================================================= wiring (Lambdas)
-_lock = threading.Lock()
-_cache: dict[str, Any] = {}
-
-
 def service(metrics: MetricsPort | None = None) -> HeartbeatService:
-    """The service built from the environment, once per boto3 session (local mode and
-    tests swap sessions with ``aws.reset()``; a new session builds a new service)."""
+    """The service ``gpu_recovery.runtime`` builds (kept here for the handlers' callers)."""
     from gpu_recovery import runtime
-    from gpu_recovery.adapters import aws
-    from gpu_recovery.adapters.ecs import EcsAdapter
-    from gpu_recovery.adapters.notifier import SnsNotifier
-    from gpu_recovery.settings import Settings
 
-    session = aws.session()
-    with _lock:
-        cached = _cache.get("service")
-        if cached is None or _cache.get("session") is not session:
-            settings = Settings.from_env()
-            cached = HeartbeatService(
-                repo=HeartbeatRepository(runtime.repository(settings)),
-                settings=HeartbeatSettings.from_env(),
-                ecs=EcsAdapter(aws.client("ecs"), settings.cluster),
-                notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
-                recovery=lambda: runtime.recovery_service(),
-            )
-            _cache.update(service=cached, session=session)
-    if metrics is not None:
-        cached.metrics = metrics
-    return cached
+    return runtime.heartbeat_service(metrics)
 
 
 def reset() -> None:
-    with _lock:
-        _cache.clear()
+    """Forget the built service (tests and local mode switch environments)."""
+    from gpu_recovery import runtime
+
+    runtime.forget("heartbeat")
 
 
 def _repaired_at(node: dict[str, Any]) -> float | None:
