@@ -43,6 +43,7 @@ from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
+from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, LIVE_RANK_STATES
 from gpu_recovery.repository.heartbeat import (
     GPU_REPORT_VERSION,
     WATCHED_JOB_STATES,
@@ -54,8 +55,8 @@ from gpu_recovery.repository.heartbeat import (
 logger = logging.getLogger(__name__)
 
 ACTOR = "heartbeat"
-WATCHED = (RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
-LIVE_RANKS = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+WATCHED = HEARTBEAT_WATCHED_RANK_STATES
+LIVE_RANKS = LIVE_RANK_STATES
 
 
 class ReplayedReport(Exception):

@@ -51,6 +51,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.models import container_instance_id, task_id
 from gpu_recovery.domain.state_machine import can_transition, check_transition
+from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
 from gpu_recovery.queue.access import AccessPolicy, Denied, Principal
 from gpu_recovery.queue.models import JobSpec, priority_name
 from gpu_recovery.repository import Repository, from_ddb
@@ -59,8 +60,7 @@ from gpu_recovery.repository.queue_api import InvalidPageToken, JobQueueReposito
 logger = logging.getLogger(__name__)
 
 SOURCE_QUEUE = "queue"
-QUEUED_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES})
-LIVE_RANK_STATES = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+QUEUED_STATES = QUEUED_JOB_STATES
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 CAPACITY_CACHE_SECONDS = 60.0
