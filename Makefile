@@ -13,7 +13,7 @@ export PYTHONPATH := $(CURDIR)/lambdas:$(CURDIR)
 LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
-.PHONY: install install-cdk demo test test-faults lint typecheck bench synth deploy clean local-api
+.PHONY: install install-cdk demo test test-faults lint typecheck bench synth deploy clean local-api fuzz
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ test: $(STAMP) install-cdk
 # Every AWS call of a GPU-fault recovery broken in turn (make test breaks one per call site).
 test-faults: $(STAMP)
 	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q tests/crash_consistency
+
+# Longer schemathesis run of both APIs against the local API (make test runs 25 examples
+# per operation; FUZZ_EXAMPLES=... to change).
+FUZZ_EXAMPLES ?= 400
+fuzz: $(STAMP)
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(LOCAL_ENV) $(PY) -m pytest -q tests/fuzz
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -68,6 +68,22 @@ docs/remediation.md):
 - breaker_window_minutes: 10 -- the breaker's sliding window
 - relocate_instead_of_wait: false -- move a relocatable job to healthy free nodes as soon as a
   fault is confirmed, instead of waiting for its node's reboot
+Authorization of the jobs API and telemetry limits (docs/security.md):
+
+- admin_roles: ``[]`` -- IAM role names (or principal ARNs) that read, list and cancel every
+  job, tag-registered ones included
+- team_roles: ``[]`` -- IAM role names whose sessions share the jobs submitted under the role
+- allowed_task_families: ``["*"]`` -- task-definition families that may be submitted (names,
+  or prefixes ending in ``*``); the health-check family is never allowed
+- task_role_name_prefix: ``gpu-training-`` -- ``iam:PassRole`` (and job submission) only for
+  task / execution roles whose name starts with this; the stack's own health-check roles
+  are added by ARN
+- reserved_priority_roles: ``[]`` -- IAM role names that may submit at VERY_HIGH and
+  EXTREME_HIGH (admins may too)
+- telemetry_notify_interval_seconds: 3600 -- at most one hardware-signal e-mail per node and
+  signal kind per interval, 60..86400
+- telemetry_signal_retention_seconds: 604800 -- a stored hardware signal not seen for this
+  long is forgotten, 3600..31536000
 """
 
 from __future__ import annotations
@@ -127,6 +143,13 @@ KNOWN_KEYS = (
     "api_throttle_burst",
     "node_agent_daemon",
     "training_log_groups",
+    "admin_roles",
+    "team_roles",
+    "allowed_task_families",
+    "task_role_name_prefix",
+    "reserved_priority_roles",
+    "telemetry_notify_interval_seconds",
+    "telemetry_signal_retention_seconds",
     "max_infra_recoveries",
     "max_app_restarts",
     "fault_catalog_file",
@@ -153,6 +176,11 @@ HANG_ACTIONS = ("notify", "recover")
 DEFAULT_TRAINING_LOG_GROUPS = ("/ecs/*",)
 # CloudWatch Logs group names: 1-512 of [.-_/#A-Za-z0-9]; '*' allowed as an IAM wildcard.
 _LOG_GROUP_RE = re.compile(r"^[.\-_/#A-Za-z0-9*]{1,512}$")
+DEFAULT_TASK_ROLE_PREFIX = "gpu-training-"
+# An IAM role / user name, or a principal ARN.
+_PRINCIPAL_RE = re.compile(r"^([\w+=,.@-]{1,64}|arn:aws[a-z-]*:(iam|sts)::\d{12}:[\w+=,.@/-]{1,512})$")
+_FAMILY_RE = re.compile(r"^[A-Za-z0-9_-]{0,255}\*?$")
+_ROLE_PREFIX_RE = re.compile(r"^[\w+=,.@-]{1,64}$")
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
 
@@ -198,6 +226,13 @@ class RecoveryConfig:
     @property
     def remediation_settings_json(self) -> str:
         return json.dumps(dict(self.remediation), sort_keys=True)
+    admin_roles: tuple[str, ...] = ()
+    team_roles: tuple[str, ...] = ()
+    allowed_task_families: tuple[str, ...] = ("*",)
+    task_role_name_prefix: str = DEFAULT_TASK_ROLE_PREFIX
+    reserved_priority_roles: tuple[str, ...] = ()
+    telemetry_notify_interval_seconds: int = 3600
+    telemetry_signal_retention_seconds: int = 604_800
 
     @property
     def creates_health_check_task(self) -> bool:
@@ -335,6 +370,21 @@ class RecoveryConfig:
             fault_catalog_override=catalog_override,
             relocate_instead_of_wait=_bool("relocate_instead_of_wait", raw("relocate_instead_of_wait"),
                                            False),
+            admin_roles=_names("admin_roles", raw("admin_roles"), _PRINCIPAL_RE),
+            team_roles=_names("team_roles", raw("team_roles"), _PRINCIPAL_RE),
+            allowed_task_families=_names("allowed_task_families", raw("allowed_task_families"),
+                                         _FAMILY_RE, ("*",)),
+            task_role_name_prefix=_match("task_role_name_prefix",
+                                         raw("task_role_name_prefix") or DEFAULT_TASK_ROLE_PREFIX,
+                                         _ROLE_PREFIX_RE, "1-64 characters of an IAM role name"),
+            reserved_priority_roles=_names("reserved_priority_roles", raw("reserved_priority_roles"),
+                                           _PRINCIPAL_RE),
+            telemetry_notify_interval_seconds=_int(
+                "telemetry_notify_interval_seconds", raw("telemetry_notify_interval_seconds"),
+                3600, 60, 86_400),
+            telemetry_signal_retention_seconds=_int(
+                "telemetry_signal_retention_seconds", raw("telemetry_signal_retention_seconds"),
+                604_800, 3600, 31_536_000),
         )
 
 
@@ -507,3 +557,24 @@ def _exit_codes(value: Any) -> tuple[int, ...]:
         if item not in codes:
             codes.append(item)
     return tuple(codes)
+
+
+def _names(key: str, value: Any, pattern: re.Pattern[str],
+           default: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A JSON list or comma-separated list of names matching ``pattern``."""
+    if value is None:
+        return default
+    hint = f'context key {key!r} must be a JSON list or comma-separated list of names, got {value!r}'
+    items: Any = value
+    if isinstance(value, str):
+        try:
+            items = json.loads(value) if value.startswith("[") else [v.strip() for v in value.split(",")]
+        except json.JSONDecodeError as exc:
+            raise ConfigError(hint) from exc
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(hint)
+    names = tuple(dict.fromkeys(i for i in items if i))
+    for name in names:
+        if not pattern.match(name) or name == "":
+            raise ConfigError(f"context key {key!r}: {name!r} is not a valid entry")
+    return names

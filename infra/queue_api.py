@@ -18,7 +18,7 @@ permissions:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigateway
@@ -32,6 +32,7 @@ from gpu_recovery.constants import (
     ENV_IDEMPOTENCY_TABLE,
     ENV_JOB_TABLE,
     ENV_SCHEDULER_FUNCTION,
+    JOBS_API_ROUTES,
     table_definitions,
 )
 from infra.lambda_common import LambdaDefaults, RecoveryFunction
@@ -48,16 +49,9 @@ JOB_TABLE_ACTIONS = [
 ]
 IDEMPOTENCY_ACTIONS = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"]
 
-# (HTTP method, resource path under the API root)
-ROUTES: tuple[tuple[str, str], ...] = (
-    ("POST", "v1/jobs"),
-    ("GET", "v1/jobs"),
-    ("GET", "v1/jobs/{job_id}"),
-    ("POST", "v1/jobs/{job_id}/cancel"),
-    ("GET", "v1/jobs/{job_id}/events"),
-    ("GET", "v1/jobs/{job_id}/logs"),
-)
+# (HTTP method, resource path under the API root): one table with local mode's router.
 SWAGGER_ROUTE = ("GET", "swagger")
+ROUTES: tuple[tuple[str, str], ...] = tuple(r for r in JOBS_API_ROUTES if r != SWAGGER_ROUTE)
 
 
 class JobQueueApi(Construct):
@@ -82,11 +76,12 @@ class JobQueueApi(Construct):
         training_log_groups: Sequence[str] = DEFAULT_TRAINING_LOG_GROUPS,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
         swagger: bool = True,
+        extra_environment: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        region, account = stack.region, stack.account
-        cluster_arn = f"arn:aws:ecs:{region}:{account}:cluster/{cluster_name}"
+        region, account, partition = stack.region, stack.account, stack.partition
+        cluster_arn = f"arn:{partition}:ecs:{region}:{account}:cluster/{cluster_name}"
 
         if idempotency_table is None:
             idempotency_table = dynamodb.Table(
@@ -104,6 +99,7 @@ class JobQueueApi(Construct):
         self.idempotency_table = idempotency_table
 
         environment = {
+            **(extra_environment or {}),  # authorization settings (AccessPolicy.from_env)
             ENV_JOB_TABLE: job_table.table_name,
             ENV_CLUSTER_NAME: cluster_name,
             ENV_IDEMPOTENCY_TABLE: idempotency_table.table_name,
@@ -141,8 +137,9 @@ class JobQueueApi(Construct):
             ),
         )
         # ----------------------------------------------------------------------- ECS
-        task_arns = f"arn:aws:ecs:{region}:{account}:task/{cluster_name}/*"
-        container_instance_arns = f"arn:aws:ecs:{region}:{account}:container-instance/{cluster_name}/*"
+        task_arns = f"arn:{partition}:ecs:{region}:{account}:task/{cluster_name}/*"
+        container_instance_arns = (
+            f"arn:{partition}:ecs:{region}:{account}:container-instance/{cluster_name}/*")
         in_cluster = {"ArnEquals": {"ecs:cluster": cluster_arn}}
         self.function.add_to_policy(
             iam.PolicyStatement(
@@ -170,7 +167,7 @@ class JobQueueApi(Construct):
         )
         # ---------------------------------------------------------------------- Logs
         log_group_arns = [
-            f"arn:aws:logs:{region}:{account}:log-group:{name}:*" for name in training_log_groups
+            f"arn:{partition}:logs:{region}:{account}:log-group:{name}:*" for name in training_log_groups
         ]
         self.function.add_to_policy(
             iam.PolicyStatement(

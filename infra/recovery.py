@@ -59,22 +59,39 @@ def _flatten(node: Any) -> str:
 
 
 class ClusterAccess:
-    """IAM statements scoped to one ECS cluster and its tagged GPU instances."""
+    """IAM statements scoped to one ECS cluster and its tagged GPU instances.
+
+    ARNs carry the stack's partition (``aws``, ``aws-cn``, ``aws-us-gov``). Roles may be
+    passed to ECS only when named with ``config.task_role_name_prefix`` (and the roles
+    added with :meth:`allow_passing`, e.g. the stack's own health-check roles); GPU hosts
+    managed by SSM are rebooted only through the reboot-only document
+    (:meth:`use_reboot_document`).
+    """
 
     def __init__(self, scope: Construct, config: RecoveryConfig) -> None:
         stack = Stack.of(scope)
         region, account, name = stack.region, stack.account, config.cluster_name
+        partition = stack.partition
         self.config = config
-        self.cluster_arn = f"arn:aws:ecs:{region}:{account}:cluster/{name}"
-        self.task_arns = f"arn:aws:ecs:{region}:{account}:task/{name}/*"
-        self.container_instance_arns = f"arn:aws:ecs:{region}:{account}:container-instance/{name}/*"
-        self.task_definition_arns = f"arn:aws:ecs:{region}:{account}:task-definition/*"
-        self.ec2_instance_arns = f"arn:aws:ec2:{region}:{account}:instance/*"
-        self.run_shell_document_arn = f"arn:aws:ssm:{region}::document/AWS-RunShellScript"
-        self.managed_instance_arns = f"arn:aws:ssm:{region}:{account}:managed-instance/*"
-        self.auto_scaling_group_arns = (f"arn:aws:autoscaling:{region}:{account}:autoScalingGroup:*:"
+        self.partition = partition
+        self.cluster_arn = f"arn:{partition}:ecs:{region}:{account}:cluster/{name}"
+        self.task_arns = f"arn:{partition}:ecs:{region}:{account}:task/{name}/*"
+        self.container_instance_arns = f"arn:{partition}:ecs:{region}:{account}:container-instance/{name}/*"
+        self.task_definition_arns = f"arn:{partition}:ecs:{region}:{account}:task-definition/*"
+        self.ec2_instance_arns = f"arn:{partition}:ec2:{region}:{account}:instance/*"
+        self.managed_instance_arns = f"arn:{partition}:ssm:{region}:{account}:managed-instance/*"
+        self.auto_scaling_group_arns = (f"arn:{partition}:autoscaling:{region}:{account}:autoScalingGroup:*:"
                                         "autoScalingGroupName/*")
-        self.task_role_arns = f"arn:aws:iam::{account}:role/*"
+        self.task_role_arns = f"arn:{partition}:iam::{account}:role/{config.task_role_name_prefix}*"
+        self.passable_role_arns: list[str] = []
+        self.reboot_document_arn: str | None = None
+
+    def allow_passing(self, *role_arns: str) -> None:
+        """Roles (by exact ARN) that may be passed to ECS besides the prefixed ones."""
+        self.passable_role_arns.extend(r for r in role_arns if r not in self.passable_role_arns)
+
+    def use_reboot_document(self, document_arn: str) -> None:
+        self.reboot_document_arn = document_arn
 
     @property
     def _in_cluster(self) -> dict[str, Any]:
@@ -87,7 +104,8 @@ class ClusterAccess:
 
     # ----- ECS ---------------------------------------------------------------------
     def start_task(self) -> list[iam.PolicyStatement]:
-        """StartTask (health checks, gang restarts) with the tags, and PassRole to ECS."""
+        """StartTask (health checks, gang restarts) with the tags, and PassRole to ECS of
+        the roles named with the configured prefix (plus :meth:`allow_passing`'s)."""
         return [
             iam.PolicyStatement(
                 sid="StartTaskInCluster",
@@ -104,7 +122,7 @@ class ClusterAccess:
             iam.PolicyStatement(
                 sid="PassTaskRolesToEcs",
                 actions=["iam:PassRole"],
-                resources=[self.task_role_arns],
+                resources=[self.task_role_arns, *self.passable_role_arns],
                 conditions={"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
             ),
         ]
@@ -186,12 +204,15 @@ class ClusterAccess:
         ]
 
     def send_reboot_command(self) -> list[iam.PolicyStatement]:
-        """ECS Anywhere (mi-) hosts are rebooted with AWS-RunShellScript."""
+        """ECS Anywhere (mi-) hosts are rebooted with the stack's reboot-only document."""
+        if self.reboot_document_arn is None:
+            raise ValueError("ClusterAccess.use_reboot_document(...) first: SendCommand is "
+                             "granted on the reboot-only document only")
         return [
             iam.PolicyStatement(
-                sid="SendRunShellScriptDocument",
+                sid="SendRebootDocument",
                 actions=["ssm:SendCommand"],
-                resources=[self.run_shell_document_arn],
+                resources=[self.reboot_document_arn],
             ),
             iam.PolicyStatement(
                 sid="SendCommandToTaggedManagedInstances",
@@ -321,6 +342,7 @@ class RecoveryFunctions(Construct):
                 access.describe_container_instances,
                 access.list_container_instances,
                 access.update_container_instances_state,
+                # A reboot whose issue was not confirmed is re-issued by the sweep.
                 access.reboot_instances,
                 access.send_reboot_command,
                 access.terminate_in_asg,
@@ -458,7 +480,8 @@ class RecoveryFunctions(Construct):
             ),
             access.task_role_arns: (
                 "Jobs are restarted with their own task and execution roles (unknown at "
-                "deploy time); PassRole only with iam:PassedToService ecs-tasks.amazonaws.com."
+                "deploy time): PassRole only on roles named with the configured prefix "
+                "(task_role_name_prefix) and only to ecs-tasks.amazonaws.com."
             ),
             access.ec2_instance_arns: (
                 "GPU instances come and go with the Auto Scaling group; RebootInstances is "

@@ -31,6 +31,7 @@ choice with the ``prod`` stage if your policy requires one.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack
@@ -46,8 +47,14 @@ from gpu_recovery.constants import (
     ENV_HEALTH_CHECK_TIMEOUT_MINUTES,
     ENV_INSTANCE_TABLE,
     ENV_JOB_TABLE,
+    ENV_JOBS_ADMIN_ROLES,
+    ENV_JOBS_ALLOWED_FAMILIES,
+    ENV_JOBS_PRIORITY_ROLES,
+    ENV_JOBS_TASK_ROLE_PREFIXES,
+    ENV_JOBS_TEAM_ROLES,
     ENV_MAX_APP_RESTARTS,
     ENV_MAX_RECOVERY_ATTEMPTS,
+    ENV_REBOOT_DOCUMENT,
     ENV_REBOOT_TIMEOUT_MINUTES,
     ENV_RELOCATE_INSTEAD_OF_WAIT,
     ENV_REMEDIATION_SETTINGS,
@@ -63,6 +70,7 @@ from infra.monitoring import Monitoring
 from infra.node_agent import NodeAgentDaemon
 from infra.notifications import Notifications
 from infra.queue_api import JobQueueApi
+from infra.reboot_document import RebootDocument
 from infra.recovery import ClusterAccess, RecoveryFunctions
 from infra.scheduler import QueueScheduler
 from infra.tables import RecoveryTables
@@ -77,7 +85,20 @@ def heartbeat_config(config: RecoveryConfig) -> HeartbeatConfig:
         hang_action=config.hang_action,
         throttle_rate=config.api_throttle_rate,
         throttle_burst=config.api_throttle_burst,
+        signal_notify_seconds=config.telemetry_notify_interval_seconds,
+        signal_retention_seconds=config.telemetry_signal_retention_seconds,
     )
+
+
+def jobs_access_environment(config: RecoveryConfig) -> dict[str, str]:
+    """The jobs API's authorization settings (gpu_recovery.queue.access.AccessPolicy)."""
+    return {
+        ENV_JOBS_ADMIN_ROLES: json.dumps(list(config.admin_roles)),
+        ENV_JOBS_TEAM_ROLES: json.dumps(list(config.team_roles)),
+        ENV_JOBS_ALLOWED_FAMILIES: json.dumps(list(config.allowed_task_families)),
+        ENV_JOBS_TASK_ROLE_PREFIXES: json.dumps([config.task_role_name_prefix]),
+        ENV_JOBS_PRIORITY_ROLES: json.dumps(list(config.reserved_priority_roles)),
+    }
 
 
 class GpuRecoveryStack(Stack):
@@ -93,6 +114,13 @@ class GpuRecoveryStack(Stack):
         self.tables = RecoveryTables(self, "Tables", removal_policy=config.table_removal_policy)
         self.notifications = Notifications(self, "Notifications", alert_email=config.alert_email)
         self.health_check = HealthCheck(self, "HealthCheck", config=config)
+        if self.health_check.task_definition is not None:
+            # The stack's own health check runs with its own (CDK-named) roles.
+            task_definition = self.health_check.task_definition
+            self.access.allow_passing(task_definition.task_role.role_arn, *(
+                [task_definition.execution_role.role_arn] if task_definition.execution_role else []))
+        self.reboot_document = RebootDocument(self, "RebootDocument")
+        self.access.use_reboot_document(self.reboot_document.arn)
         self.fault_catalog_layer = override_layer(self, config)
         remediation_env = {
             ENV_MAX_APP_RESTARTS: str(config.max_app_restarts),
@@ -116,6 +144,7 @@ class GpuRecoveryStack(Stack):
                 ENV_DCGM_LEVEL: str(config.dcgm_level),
                 ENV_HEALTH_CHECK_GPUS: str(config.health_check_gpus),
                 **remediation_env,
+                ENV_REBOOT_DOCUMENT: self.reboot_document.name,
             },
             extra_layers=[self.fault_catalog_layer] if self.fault_catalog_layer is not None else [],
         )
@@ -161,6 +190,7 @@ class GpuRecoveryStack(Stack):
             defaults=self.lambda_defaults,
             scheduler_function=self.scheduler.function,
             training_log_groups=config.training_log_groups,
+            extra_environment=jobs_access_environment(config),
             removal_policy=(
                 RemovalPolicy.DESTROY
                 if config.table_removal_policy == "destroy"

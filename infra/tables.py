@@ -17,16 +17,15 @@ _ATTRIBUTE_TYPES = {
     "B": dynamodb.AttributeType.BINARY,
 }
 
-# The data-plane actions of Table.grant_read_write_data (no table management, no streams).
+# The data-plane actions the recovery loop and the heartbeat service use: keys, indexes,
+# conditional writes and transactions (TransactWriteItems is authorized per item as
+# UpdateItem / ConditionCheckItem). No Scan (no request path scans), no BatchWriteItem,
+# no DeleteItem (nothing deletes; history is kept).
 READ_WRITE_DATA_ACTIONS = [
     "dynamodb:BatchGetItem",
     "dynamodb:ConditionCheckItem",
-    "dynamodb:DescribeTable",
     "dynamodb:GetItem",
     "dynamodb:Query",
-    "dynamodb:Scan",
-    "dynamodb:BatchWriteItem",
-    "dynamodb:DeleteItem",
     "dynamodb:PutItem",
     "dynamodb:UpdateItem",
 ]

@@ -11,9 +11,9 @@ behind it, driven by the API calls it observes through ``LocalAws.hooks``:
   check tasks exit with the node's DCGM verdict after ``dcgm_seconds``.
 * **StopTask** — a "stopping" event now, STOPPED (stopCode UserInitiated, the given
   reason) after ``stop_delay_seconds``; GPUs are freed at STOPPED.
-* **RebootInstances** (EC2) / **SendCommand** (SSM AWS-RunShellScript with a reboot
-  command, ``mi-`` ids) — running tasks die (exit 137), the agent disconnects
-  (+15 s) and reconnects after ``reboot_seconds`` with a new boot time; health
+* **RebootInstances** (EC2) / **SendCommand** (the stack's reboot-only SSM document,
+  or AWS-RunShellScript with a reboot command, ``mi-`` ids) — running tasks die (exit
+  137), the agent disconnects (+15 s) and reconnects after ``reboot_seconds`` with a new boot time; health
   ``reboot_fixable`` heals, the others stay bad.
 * **DescribeContainerInstances** — answers carry GPU registered/remaining
   resources and the simulated agentConnected.
@@ -54,6 +54,7 @@ import contextlib
 import heapq
 import itertools
 import json
+import os
 import secrets
 import threading
 from collections.abc import Callable
@@ -956,15 +957,19 @@ class SimulatedEcs:
     def _after_send_command(
         self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
     ) -> None:
-        if status >= 300 or params.get("DocumentName") != "AWS-RunShellScript":
+        document = params.get("DocumentName")
+        if status >= 300:
             return
-        commands = " ; ".join((params.get("Parameters") or {}).get("commands") or [])
-        if not any(word in commands for word in REBOOT_WORDS):
-            return
+        if document == "AWS-RunShellScript":
+            commands = " ; ".join((params.get("Parameters") or {}).get("commands") or [])
+            if not any(word in commands for word in REBOOT_WORDS):
+                return
+        elif document != (os.environ.get(C.ENV_REBOOT_DOCUMENT) or C.DEFAULT_REBOOT_DOCUMENT_NAME):
+            return  # the stack's reboot-only document: every send is a reboot
         for iid in params.get("InstanceIds") or []:
             node = self._node_or_none(iid)
             if node is not None:
-                self._reboot(node, "SSM AWS-RunShellScript")
+                self._reboot(node, f"SSM {document}")
 
     # ================================================================ Auto Scaling
     def put_in_auto_scaling_group(self, nodes: list[str], group: str = "gpu-nodes") -> str:

@@ -15,6 +15,12 @@ Routes (what API Gateway does in AWS, reproduced here):
 A path may carry the stage prefix (``/prod/v1/report_tasks``), as with the
 execute-api URL of the deployed stage.
 
+What API Gateway answers itself is answered here the same way, in the APIs' error shape
+(``gpu_recovery.constants.GATEWAY_ERRORS``): a method or path the stage does not define
+(TRACE, DELETE, ...) -> 403 ``MISSING_AUTHENTICATION_TOKEN``; an ``Authorization`` header
+that fails the authorizer's identity validation expression -> 401 without invoking it;
+a body over 10 MB -> 413, sent after the body was read so the client sees it.
+
 Run it (``make local-api``)::
 
     python -m local_mode.server [--port 8080] [--node-id NODE] [--sweep-seconds 60]
@@ -31,6 +37,7 @@ import base64
 import fnmatch
 import importlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -40,14 +47,21 @@ from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gpu_recovery.constants import (
+    GATEWAY_ERRORS,
+    JOBS_API_ROUTES,
+    NODE_API_ROUTES,
+    NODE_TOKEN_HEADER_PATTERN,
+)
+
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
 API_ID = "local"
 STAGE = "prod"
 DEFAULT_USER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/local"
 MAX_REQUEST_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
-NODE_ROUTES = ("/v1/report_tasks", "/v1/report_gpu")
-DENY_MESSAGE = "User is not authorized to access this resource with an explicit deny"
+MAX_DRAIN_BYTES = 64 * 1024 * 1024  # read (and drop) at most this much of an oversized body
+NODE_ROUTES = tuple(f"/{path}" for _, path in NODE_API_ROUTES)
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
@@ -83,6 +97,23 @@ class ApiResponse:
 
 def _json(status: int, payload: Any) -> ApiResponse:
     return ApiResponse(status, {"Content-Type": "application/json"}, json.dumps(payload).encode())
+
+
+def gateway_error(response_type: str) -> ApiResponse:
+    """What API Gateway answers itself (gateway response), in the APIs' error shape."""
+    status, message = GATEWAY_ERRORS[response_type]
+    return _json(status, {"error": response_type, "message": message})
+
+
+def _template_matches(template: str, path: str) -> bool:
+    parts, wanted = path.strip("/").split("/"), template.split("/")
+    return len(parts) == len(wanted) and all(
+        w == p or (w.startswith("{") and p != "") for w, p in zip(wanted, parts, strict=True))
+
+
+def route_defined(method: str, path: str) -> bool:
+    """Does the deployed stage define this method on this path (jobs and node routes)?"""
+    return any(m == method and _template_matches(t, path) for m, t in NODE_API_ROUTES + JOBS_API_ROUTES)
 
 
 class LocalApi:
@@ -140,12 +171,10 @@ class LocalApi:
                source_ip: str = "127.0.0.1") -> ApiResponse:
         path, _, query = raw_path.partition("?")
         route = self._route(path)
-        if route is None:
-            return _json(403 if method != "OPTIONS" else 404, {"message": "Missing Authentication Token"})
+        if route is None or not route_defined(method, self._strip_stage(path, self.stage)):
+            return gateway_error("MISSING_AUTHENTICATION_TOKEN")
         kind, resource, path_params = route
         path = self._strip_stage(path, self.stage)
-        if kind == "node" and method != "POST":
-            return _json(403, {"message": "Missing Authentication Token"})
         event = self._event(method, path, resource, path_params, headers, body, query, source_ip)
         with self._lock:
             if kind == "node":
@@ -202,8 +231,10 @@ class LocalApi:
 
     def _authorize(self, event: dict[str, Any], headers: dict[str, str]) -> ApiResponse | None:
         token = headers_lower(headers).get("authorization")
-        if not token:  # identity source missing: API Gateway answers without invoking
-            return _json(401, {"message": "Unauthorized"})
+        if not token or not re.fullmatch(NODE_TOKEN_HEADER_PATTERN, token):
+            # Identity source missing or failing the validation expression: API Gateway
+            # answers without invoking the authorizer.
+            return gateway_error("UNAUTHORIZED")
         method_arn = (f"arn:aws:execute-api:{REGION}:{ACCOUNT_ID}:{API_ID}/{self.stage}/"
                       f"{event['httpMethod']}{event['path']}")
         auth_event = {"type": "TOKEN", "authorizationToken": token, "methodArn": method_arn}
@@ -211,8 +242,8 @@ class LocalApi:
             result = self.authorizer()(auth_event, LocalContext("node-authorizer"))
         except Exception as error:
             if str(error) == "Unauthorized":
-                return _json(401, {"message": "Unauthorized"})
-            return _json(500, {"message": None})
+                return gateway_error("UNAUTHORIZED")
+            return _json(500, {"error": "AUTHORIZER_FAILURE", "message": "authorizer error"})
         statements = (result.get("policyDocument") or {}).get("Statement") or []
         allowed = False
         for statement in statements:
@@ -220,10 +251,10 @@ class LocalApi:
             resources = [resources] if isinstance(resources, str) else resources or []
             if any(fnmatch.fnmatchcase(method_arn, r) for r in resources):
                 if statement.get("Effect") == "Deny":
-                    return _json(403, {"message": DENY_MESSAGE})
+                    return gateway_error("ACCESS_DENIED")
                 allowed = allowed or statement.get("Effect") == "Allow"
         if not allowed:
-            return _json(403, {"message": "User is not authorized to access this resource"})
+            return gateway_error("ACCESS_DENIED")
         event["requestContext"]["authorizer"] = {
             "principalId": result.get("principalId"),
             **{k: str(v) for k, v in (result.get("context") or {}).items()},
@@ -266,10 +297,29 @@ class LocalApiServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
+            def _drain(self, length: int) -> None:
+                """Read and drop an oversized body, so the client (still sending) reads
+                our 413 instead of a reset connection."""
+                left = min(length, MAX_DRAIN_BYTES)
+                self.connection.settimeout(5)
+                try:
+                    while left > 0:
+                        chunk = self.rfile.read(min(left, 1 << 16))
+                        if not chunk:
+                            break
+                        left -= len(chunk)
+                except OSError:  # timeouts included
+                    pass
+
             def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_REQUEST_BYTES:
-                    response = _json(413, {"message": "Request Too Long"})
+                raw_length = self.headers.get("Content-Length") or "0"
+                length = int(raw_length) if raw_length.isdigit() else -1
+                if length < 0:
+                    response = _json(400, {"error": "BAD_REQUEST", "message": "invalid Content-Length"})
+                    self.close_connection = True
+                elif length > MAX_REQUEST_BYTES:
+                    self._drain(length)
+                    response = gateway_error("REQUEST_TOO_LARGE")
                     self.close_connection = True
                 else:
                     body = self.rfile.read(length) if length else b""
@@ -280,10 +330,19 @@ class LocalApiServer:
                     if key.lower() not in ("content-length", "connection"):
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(response.body)))
+                if self.close_connection:
+                    self.send_header("Connection", "close")
                 self.end_headers()
-                self.wfile.write(response.body)
+                if self.command != "HEAD":
+                    self.wfile.write(response.body)
 
-            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _serve
+            def __getattr__(self, name: str) -> Any:
+                # Every method (TRACE, CONNECT, made-up ones) reaches the router, which
+                # answers what the stage does not define with 403 as API Gateway does
+                # (http.server would answer 501 in HTML).
+                if name.startswith("do_"):
+                    return self._serve
+                raise AttributeError(name)
 
         self._httpd = ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True

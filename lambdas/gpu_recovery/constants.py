@@ -68,6 +68,20 @@ FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 # an invocation that died: the next sweep or redelivery takes it over.
 RECOVERY_FUNCTION_TIMEOUT_SECONDS = 60
 CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
+# Telemetry: per node and signal kind, at most one notification per this many seconds;
+# stored signals not seen for the retention period are forgotten.
+ENV_HW_SIGNAL_NOTIFY_SECONDS = "HW_SIGNAL_NOTIFY_SECONDS"
+ENV_HW_SIGNAL_RETENTION_SECONDS = "HW_SIGNAL_RETENTION_SECONDS"
+# The stack's reboot-only SSM Command document (ECS Anywhere hosts).
+ENV_REBOOT_DOCUMENT = "REBOOT_DOCUMENT_NAME"
+# Jobs API authorization (JSON lists): admin principals, team roles, task-definition
+# families that may be submitted, task-role name prefixes, roles that may use the
+# reserved (highest) priorities.
+ENV_JOBS_ADMIN_ROLES = "JOBS_ADMIN_ROLES"
+ENV_JOBS_TEAM_ROLES = "JOBS_TEAM_ROLES"
+ENV_JOBS_ALLOWED_FAMILIES = "JOBS_ALLOWED_TASK_FAMILIES"
+ENV_JOBS_TASK_ROLE_PREFIXES = "JOBS_TASK_ROLE_PREFIXES"
+ENV_JOBS_PRIORITY_ROLES = "JOBS_RESERVED_PRIORITY_ROLES"
 
 # Powertools' own variables, set by infra and by local mode alike.
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
@@ -126,6 +140,38 @@ STATE_PK = "job_state"
 JOB_LIST_INDEX = "by-submitted"
 LIST_PK = "list_bucket"  # constant LIST_BUCKET on every job item created by the queue
 LIST_BUCKET = "JOB"
+
+
+# --------------------------------------------------------------------------------------
+# REST API (one API Gateway stage): the methods each route has. Anything else is answered
+# by API Gateway itself (403 MISSING_AUTHENTICATION_TOKEN), as local mode does too.
+# --------------------------------------------------------------------------------------
+NODE_API_ROUTES: tuple[tuple[str, str], ...] = (
+    ("POST", "v1/report_tasks"),
+    ("POST", "v1/report_gpu"),
+)
+JOBS_API_ROUTES: tuple[tuple[str, str], ...] = (
+    ("POST", "v1/jobs"),
+    ("GET", "v1/jobs"),
+    ("GET", "v1/jobs/{job_id}"),
+    ("POST", "v1/jobs/{job_id}/cancel"),
+    ("GET", "v1/jobs/{job_id}/events"),
+    ("GET", "v1/jobs/{job_id}/logs"),
+    ("GET", "swagger"),
+)
+# API Gateway's own answers (gateway responses), in the APIs' error shape
+# {"error": <response type>, "message": ...}: infra configures them, local mode sends them.
+GATEWAY_ERRORS: dict[str, tuple[int, str]] = {
+    "UNAUTHORIZED": (401, "missing, unknown or revoked node token"),
+    "ACCESS_DENIED": (403, "wrong node token"),
+    "MISSING_AUTHENTICATION_TOKEN": (403, "no such route or method, or the request is not signed "
+                                          "(SigV4)"),
+    "REQUEST_TOO_LARGE": (413, "request body over API Gateway's 10 MB limit"),
+    "THROTTLED": (429, "too many requests: retry with exponential backoff"),
+}
+# The node authorizer's identity validation expression (API Gateway rejects a header
+# that does not match with 401, without invoking the authorizer).
+NODE_TOKEN_HEADER_PATTERN = r"^[Bb]earer [A-Za-z0-9_.-]{16,512}$"
 
 
 def queue_order(priority: int, submitted_at: float, job_id: str) -> str:
@@ -298,6 +344,8 @@ HEALTH_CHECK_STARTED_BY = "gpu-recovery-hc"
 SYSTEM_STOP_REASON_PREFIX = "gpu-recovery:"
 
 DEFAULT_HEALTH_CHECK_FAMILY = "gpu-health-check"
+# Reboot-only SSM document: the name local mode uses (the stack passes its own name).
+DEFAULT_REBOOT_DOCUMENT_NAME = "GpuRecovery-RebootNode"
 HEALTH_CHECK_CONTAINER_NAME = "dcgm"
 HEALTH_CHECK_LOG_STREAM_PREFIX = "dcgm"  # awslogs stream: <prefix>/<container>/<task-id>
 

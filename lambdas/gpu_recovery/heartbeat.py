@@ -22,7 +22,6 @@ hung) cost a few more writes, but only when they happen.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,10 +31,6 @@ from gpu_recovery.constants import (
     HB_BUCKET,
     HB_PK,
     HB_SK,
-    INSTANCE_PK,
-    JOB_BY_HEARTBEAT_INDEX,
-    JOB_BY_INSTANCE_INDEX,
-    JOB_BY_INSTANCE_PK,
     JOB_BY_TASK_PK,
     JOB_PK,
     SYSTEM_STOP_REASON_PREFIX,
@@ -43,25 +38,32 @@ from gpu_recovery.constants import (
     JobState,
     NotificationKind,
     RankState,
-    job_item_key,
 )
 from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
-from gpu_recovery.repository import Repository, Update, from_ddb, to_ddb
+from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, LIVE_RANK_STATES
+from gpu_recovery.repository.heartbeat import (
+    GPU_REPORT_VERSION,
+    WATCHED_JOB_STATES,
+    HeartbeatRepository,
+    hung_attr,
+    lost_attr,
+)
 
 logger = logging.getLogger(__name__)
 
 ACTOR = "heartbeat"
-WATCHED = (RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
-# Job states in which ranks are watched (a queue job is STARTING until every rank runs).
-WATCHED_JOB_STATES = (JobState.STARTING, JobState.RUNNING, JobState.NODE_LOST, JobState.HUNG)
-LIVE_RANKS = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+WATCHED = HEARTBEAT_WATCHED_RANK_STATES
+LIVE_RANKS = LIVE_RANK_STATES
 
 
 class ReplayedReport(Exception):
-    """The node already sent a report with this timestamp or a later one."""
+    """The node's last accepted report carried this very timestamp (a repeat)."""
+
+
+_GPU_REPORT_RETRIES = 3
 
 
 # ------------------------------------------------------------------------- ports
@@ -116,10 +118,13 @@ class GpuResult:
     signals: list[str] = field(default_factory=list)
     new_signals: list[str] = field(default_factory=list)
     suspect: bool = False
+    notified: bool = False
+    suppressed: list[str] = field(default_factory=list)  # new, held back by the rate limit
 
     def as_dict(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "gpus": self.gpus, "signals": self.signals,
-                "new_signals": self.new_signals, "suspect": self.suspect}
+                "new_signals": self.new_signals, "suspect": self.suspect,
+                "notified": self.notified, "suppressed": self.suppressed}
 
 
 @dataclass
@@ -135,18 +140,6 @@ class SweepResult:
                 "failed": self.failed, "unwatched": self.unwatched}
 
 
-def _watched_job_values() -> dict[str, str]:
-    return {f":j{i}": state.value for i, state in enumerate(WATCHED_JOB_STATES)}
-
-
-def lost_attr(attempt: int) -> str:
-    return f"hb_lost_a{attempt}"
-
-
-def hung_attr(attempt: int) -> str:
-    return f"hb_hung_a{attempt}"
-
-
 def _rank_label(item: dict[str, Any]) -> str:
     return str(item.get(JOB_PK, "?"))
 
@@ -154,7 +147,7 @@ def _rank_label(item: dict[str, Any]) -> str:
 class HeartbeatService:
     def __init__(
         self,
-        repo: Repository,
+        repo: HeartbeatRepository,
         settings: HeartbeatSettings,
         ecs: EcsPort,
         notifier: NotifierPort,
@@ -167,8 +160,6 @@ class HeartbeatService:
         self.notifier = notifier
         self._recovery = recovery
         self.metrics = metrics or _NullMetrics()
-        self._jobs = repo._ddb.Table(repo.job_table_name)
-        self._instances = repo._ddb.Table(repo.instance_table_name)
 
     # ============================================================== task reports
     def report_tasks(self, node_id: str, reported_at: float, tasks: Iterable[ReportedTask],
@@ -213,39 +204,22 @@ class HeartbeatService:
 
     def _touch_node(self, node_id: str, reported_at: float, now: float, task_count: int,
                     boot_time: float | None = None) -> dict[str, Any]:
-        fields: dict[str, Any] = {"last_report_at": now, "last_tasks_report_ts": reported_at,
-                                  "reported_tasks": task_count}
+        """Record the report on the node's item (registering the node on its first report)."""
+        fields: dict[str, Any] = {"last_report_at": now, "reported_tasks": task_count}
         if boot_time is not None:
             fields["boot_time"] = boot_time
-        update = Update(
-            table=self.repo.instance_table_name,
-            key={INSTANCE_PK: node_id},
-            set_fields=fields,
-            condition="attribute_exists(#k) AND (attribute_not_exists(#ts) OR #ts < :ts)",
-            condition_values={":ts": reported_at},
-            condition_names={"#k": INSTANCE_PK, "#ts": "last_tasks_report_ts"},
-        )
-        return self._apply_node_update(node_id, update, "last_tasks_report_ts", reported_at)
-
-    def _apply_node_update(self, node_id: str, update: Update, ts_attr: str,
-                           reported_at: float) -> dict[str, Any]:
-        """Apply a node update; returns the node item as written."""
-        written = self.repo.apply_returning(update)
+        written = self.repo.record_tasks_report(node_id, reported_at, fields)
         if written is not None:
             return written
-        item = self._instances.get_item(Key={INSTANCE_PK: node_id}, ConsistentRead=True).get("Item")
-        if item is not None:
-            last = from_ddb(item.get(ts_attr))
-            if last is not None and last >= reported_at:
-                raise ReplayedReport(
-                    f"a report with timestamp {last} was already accepted from node {node_id}; "
-                    "send the current time"
-                )
-        else:
-            self._register_node(node_id)
-        written = self.repo.apply_returning(update)
+        if self.repo.node_item(node_id) is not None:
+            raise ReplayedReport(
+                f"the last report accepted from node {node_id} carried this timestamp "
+                f"({reported_at}); each report must carry its own send time")
+        self._register_node(node_id)
+        written = self.repo.record_tasks_report(node_id, reported_at, fields)
         if written is None:
-            raise ReplayedReport(f"a newer report from node {node_id} was accepted concurrently")
+            raise ReplayedReport(f"a report with timestamp {reported_at} from node {node_id} "
+                                 "was accepted concurrently")
         return written
 
     def _register_node(self, node_id: str) -> None:
@@ -261,29 +235,17 @@ class HeartbeatService:
         if described:
             arn = str(described.get("containerInstanceArn", ""))
             ec2_id = str(described.get("ec2InstanceId", ""))
-        self.repo.put_instance_if_absent(Instance(node_id, container_instance_arn=arn,
-                                                  ec2_instance_id=ec2_id))
+        self.repo.register_node(Instance(node_id, container_instance_arn=arn, ec2_instance_id=ec2_id))
 
     def _live_ranks_by_key(self, node_id: str) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
-        kwargs: dict[str, Any] = {
-            "IndexName": JOB_BY_INSTANCE_INDEX,
-            "KeyConditionExpression": "#i = :i",
-            "ExpressionAttributeNames": {"#i": JOB_BY_INSTANCE_PK},
-            "ExpressionAttributeValues": {":i": node_id},
-        }
-        while True:
-            page = self._jobs.query(**kwargs)
-            for raw in page.get("Items", []):
-                item = from_ddb(dict(raw))
-                if item.get(JOB_BY_TASK_PK):
-                    found[item[JOB_BY_TASK_PK]] = item
-                if item.get("running_log_id") not in (None, ""):
-                    found[f"log:{item['running_log_id']}"] = item
-                found[f"log:{item[JOB_PK]}"] = item  # running_log_id may be "<job_id>#<rank>"
-            if "LastEvaluatedKey" not in page:
-                return found
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        for item in self.repo.live_rank_items_on_node(node_id):
+            if item.get(JOB_BY_TASK_PK):
+                found[item[JOB_BY_TASK_PK]] = item
+            if item.get("running_log_id") not in (None, ""):
+                found[f"log:{item['running_log_id']}"] = item
+            found[f"log:{item[JOB_PK]}"] = item  # running_log_id may be "<job_id>#<rank>"
+        return found
 
     def _refresh(self, item: dict[str, Any], task: ReportedTask, now: float, result: ReportResult,
                  retry: bool = True) -> None:
@@ -320,8 +282,7 @@ class HeartbeatService:
                 result.hung.append(label)
                 self._on_hung(rank, item, task.step, now)
         else:
-            ok = self.repo.apply(self.repo.rank_update(rank, state, from_states=[state],
-                                                       set_fields=fields))
+            ok = self.repo.refresh_rank(rank, fields)
         if ok:
             result.refreshed += 1
             return
@@ -329,8 +290,7 @@ class HeartbeatService:
             result.ignored[task.key] = f"rank {label} changed concurrently"
             return
         # The index copy was stale (or a sweep raced us): decide again from the item.
-        fresh = self._jobs.get_item(Key={JOB_PK: item[JOB_PK]}, ConsistentRead=True).get("Item")
-        fresh = from_ddb(dict(fresh)) if fresh else None
+        fresh = self.repo.rank_item(item[JOB_PK])
         if fresh is None or fresh.get(JOB_BY_TASK_PK) != item.get(JOB_BY_TASK_PK):
             result.ignored[task.key] = f"rank {label} now belongs to another task"
             return
@@ -343,20 +303,8 @@ class HeartbeatService:
                       *, reason: str, add: set[str] | None = None, delete: set[str] | None = None,
                       remove: list[str] | None = None) -> bool:
         """Rank transition + the job's per-attempt set, atomically; then settle the job."""
-        rank_update = self.repo.rank_update(rank, to, from_states=[from_state], set_fields=fields)
-        rank_update.remove_fields.extend(remove or [])
-        member = {str(rank.rank)}
-        job_update = Update(
-            table=self.repo.job_table_name,
-            key={JOB_PK: job_item_key(rank.job_id)},
-            set_fields={"updated_at": clock.now()},
-            add_to_sets={a: member for a in (add or set())},
-            delete_from_sets={d: member for d in (delete or set())},
-            condition="#att = :att AND #js IN (:j0, :j1, :j2, :j3)",
-            condition_values={":att": rank.attempt, **_watched_job_values()},
-            condition_names={"#att": "attempt", "#js": "job_state"},
-        )
-        if not self.repo.transact([rank_update, job_update]):
+        if not self.repo.move_rank(rank, from_state, to, fields, add=add, delete=delete,
+                                   remove=remove):
             job = self.repo.get_job(rank.job_id)
             if job is None or job.attempt != rank.attempt or job.state not in WATCHED_JOB_STATES:
                 # A terminal / recovering / newer job never comes back through a heartbeat.
@@ -370,14 +318,7 @@ class HeartbeatService:
 
     def _unwatch(self, rank: Rank, reason: str) -> bool:
         """Drop a rank from the heartbeat index (its job no longer needs watching)."""
-        done = self.repo.apply(Update(
-            table=self.repo.job_table_name,
-            key={JOB_PK: f"{rank.job_id}#{rank.rank}"},
-            remove_fields=[HB_PK],
-            condition="#t = :t AND attribute_exists(#hb)",
-            condition_values={":t": rank.task_arn},
-            condition_names={"#t": JOB_BY_TASK_PK, "#hb": HB_PK},
-        ))
+        done = self.repo.unwatch_rank(rank)
         if done:
             logger.info("rank no longer watched", extra={"job_id": rank.job_id, "rank": rank.rank,
                                                           "why": reason})
@@ -390,35 +331,26 @@ class HeartbeatService:
         through RUNNING. Every writer settles after its own change, so the last one sees
         the final sets.
         """
-        raw = self._jobs.get_item(Key={JOB_PK: job_item_key(job_id)}, ConsistentRead=True).get("Item")
-        if not raw:
+        item = self.repo.job_item(job_id)
+        if not item:
             return
-        item = from_ddb(dict(raw))
         if int(item.get("attempt", 1)) != attempt:
             return
         state = JobState(item["job_state"])
-        lost, hung = lost_attr(attempt), hung_attr(attempt)
-        has_lost, has_hung = bool(item.get(lost)), bool(item.get(hung))
-        names = {"#lost": lost, "#hung": hung}
+        has_lost, has_hung = bool(item.get(lost_attr(attempt))), bool(item.get(hung_attr(attempt)))
         steps: list[tuple[JobState, JobState, str]] = []
         if state is JobState.NODE_LOST and not has_lost:
-            steps.append((JobState.NODE_LOST, JobState.RUNNING, "attribute_not_exists(#lost)"))
+            steps.append((JobState.NODE_LOST, JobState.RUNNING, "none_lost"))
             state = JobState.RUNNING
         if state is JobState.HUNG and (not has_hung or has_lost):
-            steps.append((JobState.HUNG, JobState.RUNNING, "attribute_not_exists(#hung) OR "
-                          "attribute_exists(#lost)"))
+            steps.append((JobState.HUNG, JobState.RUNNING, "none_hung_or_some_lost"))
             state = JobState.RUNNING
         if state in (JobState.RUNNING, JobState.STARTING) and has_lost:
-            steps.append((state, JobState.NODE_LOST, "attribute_exists(#lost)"))
+            steps.append((state, JobState.NODE_LOST, "some_lost"))
         elif state is JobState.RUNNING and has_hung:
-            steps.append((JobState.RUNNING, JobState.HUNG,
-                          "attribute_exists(#hung) AND attribute_not_exists(#lost)"))
-        for source, target, condition in steps:
-            used = {k: v for k, v in names.items() if k in condition}
-            moved = self.repo.apply(self.repo.job_transition(
-                job_id, target, from_states=[source], attempt=attempt, reason=reason, actor=ACTOR,
-                extra_condition=condition, extra_names=used))
-            if not moved:
+            steps.append((JobState.RUNNING, JobState.HUNG, "some_hung_none_lost"))
+        for source, target, requires in steps:
+            if not self.repo.settle_job(job_id, attempt, source, target, requires, reason, ACTOR):
                 return
             logger.info("job %s -> %s", source.value, target.value,
                         extra={"job_id": job_id, "why": reason})
@@ -449,71 +381,81 @@ class HeartbeatService:
     # ============================================================== GPU reports
     def report_gpu(self, node_id: str, reported_at: float, gpus: list[dict[str, Any]],
                    unmapped_xids: list[dict[str, Any]] | None = None, error: str | None = None) -> GpuResult:
-        now = clock.now()
+        """Store the node's telemetry and its hardware signals (bounded, pruned); a new
+        signal flags the node SUSPECT and notifies, at most once per node and signal kind
+        per ``signal_notify_seconds``.
+
+        Raises :class:`ReplayedReport` (nothing written) for a repeat of the last report.
+        """
         signals = policy.hardware_signals(gpus, unmapped_xids or [])
         result = GpuResult(node_id, len(gpus), signals=[s.fingerprint for s in signals])
-        raw = self._instances.get_item(Key={INSTANCE_PK: node_id}, ConsistentRead=True).get("Item")
-        if raw is None:
-            self._register_node(node_id)
-            raw = {}
-        known = set(from_ddb(dict(raw)).get("hw_signals", set()))
-        last = from_ddb(raw.get("last_gpu_report_ts"))
-        if last is not None and last >= reported_at:
-            raise ReplayedReport(f"a GPU report with timestamp {last} was already accepted from "
-                                 f"node {node_id}; send the current time")
-        fresh = policy.new_signals(signals, known)
-        fields: dict[str, Any] = {"gpu_telemetry": policy.compact_telemetry(gpus),
-                                  "last_gpu_report_at": now, "last_gpu_report_ts": reported_at,
-                                  "gpu_count": len(gpus)}
-        if error:
-            fields["gpu_report_error"] = error[:500]
-        old_events = from_ddb(raw.get("gpu_events")) or []
-        events = policy.merge_gpu_events(old_events, policy.xid_events(gpus, unmapped_xids or [], now), now)
-        if events != old_events:
-            fields["gpu_events"] = events
-        update = Update(
-            table=self.repo.instance_table_name, key={INSTANCE_PK: node_id}, set_fields=fields,
-            add_to_sets={"hw_signals": {s.fingerprint for s in fresh}},
-            remove_fields=[] if error else ["gpu_report_error"],
-            condition="attribute_exists(#k) AND (attribute_not_exists(#ts) OR #ts < :ts)",
-            condition_values={":ts": reported_at},
-            condition_names={"#k": INSTANCE_PK, "#ts": "last_gpu_report_ts"},
-        )
-        if "gpu_events" in fields:
-            # The list was merged from what we read: no other report may have written since.
-            same = "#ts = :prev" if last is not None else "attribute_not_exists(#ts)"
-            update.condition = f"({update.condition}) AND {same}"
-            if last is not None:
-                update.condition_values[":prev"] = last
-        if fresh:
-            # Only the report that records a fingerprint first notifies about it.
-            update.condition_names["#sig"] = "hw_signals"
-            for i, signal in enumerate(fresh):
-                update.condition_values[f":fp{i}"] = signal.fingerprint
-                update.condition = f"({update.condition}) AND NOT contains(#sig, :fp{i})"
-        if not self.repo.apply(update):
-            raise ReplayedReport(f"a concurrent GPU report from node {node_id} was accepted first")
-        if fresh:
-            result.new_signals = [s.fingerprint for s in fresh]
-            result.suspect = self._flag_suspect(node_id, fresh, now)
+        telemetry = policy.compact_telemetry(gpus)
+        for _ in range(_GPU_REPORT_RETRIES):
+            now = clock.now()
+            node = self.repo.node_item(node_id)
+            if node is None:
+                self._register_node(node_id)
+                node = self.repo.node_item(node_id) or {}
+            if node.get("last_gpu_report_ts") == reported_at:
+                raise ReplayedReport(
+                    f"the last GPU report accepted from node {node_id} carried this timestamp "
+                    f"({reported_at}); each report must carry its own send time")
+            update = policy.update_signals(
+                policy.stored_signals(node.get("hw_signals"), now), signals,
+                node.get("hw_notified") or {}, now,
+                retention_seconds=self.settings.signal_retention_seconds,
+                notify_interval_seconds=self.settings.signal_notify_seconds,
+                repaired_at=_repaired_at(node),
+            )
+            fields: dict[str, Any] = {"gpu_telemetry": telemetry, "last_gpu_report_at": now,
+                                      "gpu_count": len(gpus), "hw_signals": update.stored,
+                                      "hw_notified": update.notified}
+            if error:
+                fields["gpu_report_error"] = error[:500]
+            # Time-stamped XID log (the evidence of a fault): merged from what was read, and
+            # the write holds only if no other report was written since (its version).
+            old_events = node.get("gpu_events") or []
+            new_events = policy.xid_events(gpus, unmapped_xids or [], now)
+            events = policy.merge_gpu_events(old_events, new_events, now)
+            if events != old_events:
+                fields["gpu_events"] = events
+            version = int(node.get(GPU_REPORT_VERSION) or 0)
+            if self.repo.record_gpu_report(node_id, reported_at, version, fields,
+                                           clear_error=not error):
+                break
+        else:
+            raise ReplayedReport(f"GPU reports of node {node_id} keep arriving concurrently; "
+                                 "send one report at a time")
+        if update.fresh:
+            result.new_signals = [s.fingerprint for s in update.fresh]
+            result.suppressed = [s.fingerprint for s in update.suppressed]
+            result.suspect = self._flag_suspect(node_id, update.fresh, update.notify, now)
+            result.notified = bool(update.notify)
         return result
 
-    def _flag_suspect(self, node_id: str, fresh: list[HardwareSignal], now: float) -> bool:
-        flagged = self.repo.apply(self.repo.instance_update(
-            node_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
-            allow_missing=True, set_fields={"suspect_since": now,
-                                            "suspect_reason": "; ".join(s.describe() for s in fresh)[:500]},
-        ))
-        instance = self.repo.get_instance(node_id)
+    def _flag_suspect(self, node_id: str, fresh: list[HardwareSignal], notify: list[HardwareSignal],
+                      now: float) -> bool:
+        reason = "; ".join(s.describe() for s in fresh)
+        flagged = self.repo.flag_suspect(node_id, now, reason)
         self.metrics.add_metric("HardwareSignals", "Count", len(fresh))
+        if not notify:
+            self.metrics.add_metric("HardwareSignalNotificationsSuppressed", "Count", len(fresh))
+            return flagged
+        instance = self.repo.get_instance(node_id)
         jobs = sorted({r.job_id for r in self.repo.live_ranks_on_instance(node_id)})
         state = instance.state.value if instance else InstanceState.SUSPECT.value
+        held = len(fresh) - len(notify)
         self._publish(NotificationKind.SUSPECT_NODE, "GPU node shows hardware errors", NotificationFacts(
             job_id=", ".join(jobs) or "-", container_inst_id=node_id,
             instance_id=instance.ec2_instance_id if instance else "",
-            what_happened="GPU telemetry: " + "; ".join(s.describe() for s in fresh),
+            what_happened=("GPU telemetry: " + "; ".join(s.describe() for s in notify[:16])
+                           + (f"; and {len(notify) - 16} more" if len(notify) > 16 else "")
+                           + (f" ({held} other new signal(s) of recently notified kinds)"
+                              if held else "")),
             what_was_done=("Node flagged SUSPECT (was AVAILABLE)" if flagged else
-                           f"Node left {state} (only AVAILABLE nodes are flagged SUSPECT)"),
+                           f"Node left {state} (only AVAILABLE nodes are flagged SUSPECT)")
+            + f"; further signals of these kinds are not e-mailed for "
+              f"{self.settings.signal_notify_seconds} s",
             operator_action=("Drain the node when its jobs allow, run a DCGM diagnostic "
                              "(dcgmi diag -r 2) and reboot or replace the GPU as the signal says."),
         ))
@@ -524,14 +466,10 @@ class HeartbeatService:
         """Every minute: stale watched ranks -> NODE_LOST; NODE_LOST too long -> recovery."""
         now = clock.now()
         cutoff = policy.stale_cutoff(now, self.settings.stale_seconds)
-        items = self._stale_items(cutoff)
+        items = self.repo.stale_rank_items(cutoff)
         result = SweepResult(read=len(items))
         node_ids = sorted({i.get("container_inst_id", "") for i in items} - {""})
-        node_items = {
-            str(raw[INSTANCE_PK]): from_ddb(dict(raw))
-            for raw in self.repo._batch_get(self.repo.instance_table_name,
-                                            [{INSTANCE_PK: n} for n in node_ids])
-        }
+        node_items = self.repo.node_items(node_ids)
         escalations: dict[tuple[str, int, str], list[tuple[Rank, float]]] = {}
         for item in items:
             rank = self.repo.rank_from_item(item)
@@ -568,41 +506,10 @@ class HeartbeatService:
         self.metrics.add_metric("HeartbeatSweepRead", "Count", result.read)
         return result
 
-    def _stale_items(self, cutoff: float) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {
-            "IndexName": JOB_BY_HEARTBEAT_INDEX,
-            "KeyConditionExpression": "#b = :b AND #h < :cutoff",
-            "ExpressionAttributeNames": {"#b": HB_PK, "#h": HB_SK},
-            "ExpressionAttributeValues": {":b": HB_BUCKET, ":cutoff": to_ddb(float(cutoff))},
-        }
-        while True:
-            page = self._jobs.query(**kwargs)
-            items.extend(from_ddb(dict(i)) for i in page.get("Items", []))
-            if "LastEvaluatedKey" not in page:
-                return items
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-
     def _mark_lost(self, rank: Rank, item: dict[str, Any], now: float, reason: str) -> bool:
         fields = {"node_lost_at": now, "node_lost_reason": reason[:300]}
-        rank_update = self.repo.rank_update(rank, RankState.NODE_LOST, from_states=[rank.state],
-                                            set_fields=fields)
         # A heartbeat that lands between the query and this write wins.
-        rank_update.condition = f"({rank_update.condition}) AND #hbseen = :hbseen"
-        rank_update.condition_names["#hbseen"] = HB_SK
-        rank_update.condition_values[":hbseen"] = item.get(HB_SK)
-        member = {str(rank.rank)}
-        job_update = Update(
-            table=self.repo.job_table_name,
-            key={JOB_PK: job_item_key(rank.job_id)},
-            set_fields={"updated_at": now},
-            add_to_sets={lost_attr(rank.attempt): member},
-            delete_from_sets={hung_attr(rank.attempt): member} if rank.state is RankState.HUNG else {},
-            condition="#att = :att AND #js IN (:j0, :j1, :j2, :j3)",
-            condition_values={":att": rank.attempt, **_watched_job_values()},
-            condition_names={"#att": "attempt", "#js": "job_state"},
-        )
-        if not self.repo.transact([rank_update, job_update]):
+        if not self.repo.mark_rank_lost(rank, item.get(HB_SK), fields):
             job = self.repo.get_job(rank.job_id)
             if job is None or job.attempt != rank.attempt or job.state not in WATCHED_JOB_STATES:
                 self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))
@@ -643,11 +550,7 @@ class HeartbeatService:
 
     def _fail_lost_job(self, job: Any, inst_id: str, instance: Instance | None, ranks: list[Rank],
                        reason: str) -> str:
-        failed = self.repo.apply(self.repo.job_transition(
-            job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
-            reason=reason, actor=ACTOR, set_fields={"last_error": reason[:500]},
-            remove_fields=self.repo.deadline_attributes()))
-        if not failed:
+        if not self.repo.fail_lost_job(job, reason, ACTOR):
             for rank in ranks:
                 self._unwatch(rank, reason="job left NODE_LOST concurrently")
             return "unwatched"
@@ -655,17 +558,12 @@ class HeartbeatService:
         for other in self.repo.get_ranks(job):
             if other.attempt != job.attempt or other.state not in LIVE_RANKS:
                 continue
-            if self.repo.apply(self.repo.rank_update(other, RankState.STOP_REQUESTED,
-                                                     from_states=LIVE_RANKS,
-                                                     set_fields={"stop_reason": reason[:300]})):
+            if self.repo.request_rank_stop(other, LIVE_RANKS, reason):
                 try:
                     self.ecs.stop_task(other.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {reason}")
                 except Exception:
                     logger.warning("StopTask failed", exc_info=True, extra={"task": other.task_arn})
-        quarantined = self.repo.apply(self.repo.instance_update(
-            inst_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT],
-            to=InstanceState.QUARANTINED, allow_missing=True,
-            set_fields={"quarantine_reason": reason[:500]}))
+        quarantined = self.repo.quarantine_instance(inst_id, reason)
         if quarantined:
             try:
                 self.ecs.drain((instance.container_instance_arn if instance else "") or inst_id)
@@ -693,37 +591,23 @@ class HeartbeatService:
 
 
 # ============================================================= wiring (Lambdas)
-_lock = threading.Lock()
-_cache: dict[str, Any] = {}
-
-
 def service(metrics: MetricsPort | None = None) -> HeartbeatService:
-    """The service built from the environment, once per boto3 session (local mode and
-    tests swap sessions with ``aws.reset()``; a new session builds a new service)."""
+    """The service ``gpu_recovery.runtime`` builds (kept here for the handlers' callers)."""
     from gpu_recovery import runtime
-    from gpu_recovery.adapters import aws
-    from gpu_recovery.adapters.ecs import EcsAdapter
-    from gpu_recovery.adapters.notifier import SnsNotifier
-    from gpu_recovery.settings import Settings
 
-    session = aws.session()
-    with _lock:
-        cached = _cache.get("service")
-        if cached is None or _cache.get("session") is not session:
-            settings = Settings.from_env()
-            cached = HeartbeatService(
-                repo=runtime.repository(settings),
-                settings=HeartbeatSettings.from_env(),
-                ecs=EcsAdapter(aws.client("ecs"), settings.cluster),
-                notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
-                recovery=lambda: runtime.recovery_service(),
-            )
-            _cache.update(service=cached, session=session)
-    if metrics is not None:
-        cached.metrics = metrics
-    return cached
+    return runtime.heartbeat_service(metrics)
 
 
 def reset() -> None:
-    with _lock:
-        _cache.clear()
+    """Forget the built service (tests and local mode switch environments)."""
+    from gpu_recovery import runtime
+
+    runtime.forget("heartbeat")
+
+
+def _repaired_at(node: dict[str, Any]) -> float | None:
+    """When the node was last repaired: its boot after a reboot, or its return to service.
+    Signals last seen before then are forgotten (a reboot resets volatile ECC counts)."""
+    times = [float(v) for v in (node.get("boot_time"), node.get("returned_at"))
+             if isinstance(v, int | float) and not isinstance(v, bool)]
+    return max(times) if times else None

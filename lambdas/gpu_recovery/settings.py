@@ -8,6 +8,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpu_recovery import constants as c
+from gpu_recovery.domain.heartbeat_policy import (
+    DEFAULT_HANG_SECONDS,
+    DEFAULT_MAX_SKEW_SECONDS,
+    DEFAULT_NODE_LOST_FAIL_SECONDS,
+    DEFAULT_SIGNAL_NOTIFY_SECONDS,
+    DEFAULT_SIGNAL_RETENTION_SECONDS,
+    DEFAULT_STALE_SECONDS,
+    HANG_ACTIONS,
+    HeartbeatSettings,
+)
 from gpu_recovery.domain.remediation_settings import (
     SETTINGS as REMEDIATION_KEYS,
 )
@@ -15,6 +25,7 @@ from gpu_recovery.domain.remediation_settings import (
     RemediationSettings,
     parse_remediation_settings,
 )
+from gpu_recovery.queue.access import AccessPolicy, family_of
 
 
 class SettingsError(ValueError):
@@ -118,6 +129,7 @@ class Settings:
     # for its node's reboot (relocatable jobs only).
     relocate_instead_of_wait: bool = False
     fault_catalog_override: str = ""  # path of the deployment's catalog override ("" = none)
+    reboot_document: str = c.DEFAULT_REBOOT_DOCUMENT_NAME
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -149,6 +161,7 @@ class Settings:
             remediation=remediation,
             relocate_instead_of_wait=_bool(env, c.ENV_RELOCATE_INSTEAD_OF_WAIT, False),
             fault_catalog_override=env.get(c.ENV_FAULT_CATALOG_OVERRIDE, ""),
+            reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
         )
 
 
@@ -172,3 +185,52 @@ class SchedulerConfig:
             max_unplaced=_int(env, c.ENV_SCHEDULER_MAX_UNPLACED, 32, minimum=1),
             time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60, minimum=1)),
         )
+
+
+def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSettings:
+    """The heartbeat service's settings (the domain owns the record, not the parsing)."""
+    env = os.environ if env is None else env
+    action = (env.get(c.ENV_HANG_ACTION) or "notify").strip().lower()
+    if action not in HANG_ACTIONS:
+        raise SettingsError(f"{c.ENV_HANG_ACTION} must be one of {', '.join(HANG_ACTIONS)}, got {action!r}")
+    return HeartbeatSettings(
+        stale_seconds=_int(env, c.ENV_HEARTBEAT_STALE_SECONDS, DEFAULT_STALE_SECONDS, 1),
+        node_lost_fail_seconds=_int(env, c.ENV_NODE_LOST_FAIL_SECONDS, DEFAULT_NODE_LOST_FAIL_SECONDS),
+        hang_seconds=_int(env, c.ENV_HANG_SECONDS, DEFAULT_HANG_SECONDS),
+        hang_action=action,
+        max_skew_seconds=_int(env, c.ENV_HEARTBEAT_MAX_SKEW_SECONDS, DEFAULT_MAX_SKEW_SECONDS, 1),
+        node_token_table=env.get(c.ENV_NODE_TOKEN_TABLE) or c.DEFAULT_NODE_TOKEN_TABLE_NAME,
+        signal_notify_seconds=_int(env, c.ENV_HW_SIGNAL_NOTIFY_SECONDS, DEFAULT_SIGNAL_NOTIFY_SECONDS),
+        signal_retention_seconds=_int(env, c.ENV_HW_SIGNAL_RETENTION_SECONDS,
+                                      DEFAULT_SIGNAL_RETENTION_SECONDS, 60),
+    )
+
+
+def access_policy(env: Mapping[str, str] | None = None) -> AccessPolicy:
+    """Who may do what through the jobs API (JSON lists or comma-separated values)."""
+    env = os.environ if env is None else env
+    health = {c.DEFAULT_HEALTH_CHECK_FAMILY}
+    if env.get(c.ENV_HEALTH_CHECK_TASK):
+        health.add(family_of(env[c.ENV_HEALTH_CHECK_TASK]))
+    return AccessPolicy(
+        admin_roles=_list(env, c.ENV_JOBS_ADMIN_ROLES, ()),
+        team_roles=_list(env, c.ENV_JOBS_TEAM_ROLES, ()),
+        allowed_families=_list(env, c.ENV_JOBS_ALLOWED_FAMILIES, ("*",)),
+        task_role_prefixes=_list(env, c.ENV_JOBS_TASK_ROLE_PREFIXES, ("*",)),
+        reserved_priority_roles=_list(env, c.ENV_JOBS_PRIORITY_ROLES, ()),
+        health_check_families=frozenset(health),
+    )
+
+
+def _list(env: Mapping[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    text = raw.strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else [v.strip() for v in text.split(",")]
+    except ValueError as error:
+        raise SettingsError(f"{name} must be a JSON list of strings, got {raw!r}") from error
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise SettingsError(f"{name} must be a JSON list of strings, got {raw!r}")
+    return tuple(v for v in values if v)

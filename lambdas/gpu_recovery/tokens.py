@@ -20,6 +20,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NODE_TOKEN_PK
+from gpu_recovery.repository.heartbeat import NodeTokenRepository
 
 SECRET_BYTES = 32
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -118,14 +119,17 @@ def verify_against_item(token: str, item: dict[str, Any] | None) -> Verification
 
 
 class TokenStore:
-    """The node-token table (boto3 ``Table`` resource)."""
+    """Issue, verify, revoke and list node tokens through :class:`NodeTokenRepository`.
 
-    def __init__(self, table: Any) -> None:
-        self._table = table
+    ``TokenStore(table)`` (a boto3 ``Table``) is accepted too: the store then builds the
+    repository on it (the admin CLI and local mode pass the table).
+    """
+
+    def __init__(self, tokens: NodeTokenRepository | Any) -> None:
+        self._tokens = tokens if isinstance(tokens, NodeTokenRepository) else NodeTokenRepository(tokens)
 
     def get(self, node_id: str) -> dict[str, Any] | None:
-        item = self._table.get_item(Key={NODE_TOKEN_PK: node_id}, ConsistentRead=True).get("Item")
-        return dict(item) if item else None
+        return self._tokens.get(node_id)
 
     def verify(self, token: str | None) -> Verification:
         parsed = parse_token(token or "")
@@ -137,44 +141,23 @@ class TokenStore:
         """Create or rotate the node's token; returns it (shown once, never stored)."""
         validate_node_id(node_id)
         token = format_token(node_id, generate_secret())
-        now = clock.now()
-        self._table.put_item(
-            Item={
-                NODE_TOKEN_PK: node_id,
-                HASH_ATTR: hash_token(token),
-                STATUS_ATTR: ACTIVE,
-                "issued_at": int(now),
-                "issued_by": issued_by or "-",
-                "hash_prefix": hash_token(token)[:8],  # to tell rotations apart in listings
-            }
-        )
+        self._tokens.put_active(node_id, {
+            HASH_ATTR: hash_token(token),
+            STATUS_ATTR: ACTIVE,
+            "issued_at": int(clock.now()),
+            "issued_by": issued_by or "-",
+            "hash_prefix": hash_token(token)[:8],  # to tell rotations apart in listings
+        })
         return token
 
     def revoke(self, node_id: str, *, revoked_by: str = "") -> bool:
         """Mark revoked and drop the hash; False if the node never had a token."""
         validate_node_id(node_id)
-        try:
-            self._table.update_item(
-                Key={NODE_TOKEN_PK: node_id},
-                UpdateExpression="SET #s = :r, revoked_at = :t, revoked_by = :b REMOVE #h",
-                ConditionExpression="attribute_exists(#k)",
-                ExpressionAttributeNames={"#s": STATUS_ATTR, "#h": HASH_ATTR, "#k": NODE_TOKEN_PK},
-                ExpressionAttributeValues={":r": REVOKED, ":t": int(clock.now()),
-                                           ":b": revoked_by or "-"},
-            )
-            return True
-        except self._table.meta.client.exceptions.ConditionalCheckFailedException:
-            return False
+        return self._tokens.revoke(node_id, status_attr=STATUS_ATTR, hash_attr=HASH_ATTR,
+                                   status=REVOKED, revoked_at=int(clock.now()),
+                                   revoked_by=revoked_by or "-")
 
     def list(self) -> list[dict[str, Any]]:
         """Every node's token metadata, hashes left out (operator command: a Scan is fine)."""
-        items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {}
-        while True:
-            page = self._table.scan(**kwargs)
-            for item in page.get("Items", []):
-                items.append({k: v for k, v in item.items() if k != HASH_ATTR})
-            if "LastEvaluatedKey" not in page:
-                break
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = [{k: v for k, v in item.items() if k != HASH_ATTR} for item in self._tokens.all_items()]
         return sorted(items, key=lambda i: str(i.get(NODE_TOKEN_PK)))

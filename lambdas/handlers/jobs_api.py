@@ -9,20 +9,23 @@ Routes (Powertools ``APIGatewayRestResolver`` with validation; OpenAPI at ``/swa
     GET  /v1/jobs/{job_id}/events      200 state history
     GET  /v1/jobs/{job_id}/logs        200 one rank's container log (rank=, attempt=, next_token=)
 
-Errors: ``{"error": code, "message": "...", "field": "..."}`` with 400 (field named),
-404, 409, 413. ``python -m handlers.jobs_api --openapi`` prints the OpenAPI document
-(committed as ``docs/openapi.json``).
+Errors: ``{"error": code, "message": "...", "field": "..."}``: 400 (field named: also a
+body that is not UTF-8, not JSON or nested deeper than 32 levels), 403 (an authorization
+rule, named in ``error`` as ``forbidden:<rule>``: see ``gpu_recovery.queue.access``), 404,
+409, 413, 415 (a submit body that is not ``application/json``); API Gateway adds 403
+(IAM signature) and 429 (throttling) in the same shape. ``python -m handlers.jobs_api
+--openapi`` prints the OpenAPI document (committed as ``docs/openapi.json``).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 import sys
 import threading
 from http import HTTPStatus
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
@@ -45,12 +48,7 @@ from gpu_recovery import runtime
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import (
     DEFAULT_IDEMPOTENCY_TABLE_NAME,
-    DEFAULT_JOB_TABLE_NAME,
-    ENV_CLUSTER_NAME,
     ENV_IDEMPOTENCY_TABLE,
-    ENV_INSTANCE_TABLE,
-    ENV_JOB_TABLE,
-    ENV_SCHEDULER_FUNCTION,
     JobState,
 )
 from gpu_recovery.queue.api_models import (
@@ -67,14 +65,11 @@ from gpu_recovery.queue.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
     JobQueueService,
-    LambdaSchedulerTrigger,
-    NoSchedulerTrigger,
     QueueError,
     SchedulerTrigger,
 )
-from gpu_recovery.repository import Repository
-from gpu_recovery.settings import job_budget_defaults
 from handlers._common import powertools
+from handlers._http import BodyError, body_text, media_type, parse_json
 
 API_TITLE = "GPU training jobs API"
 API_VERSION = "1.0.0"
@@ -101,13 +96,20 @@ OPENAPI_INFO: dict[str, Any] = {
     },
     "security": [{"sigv4": []}],
 }
-app.enable_swagger(path="/swagger", **OPENAPI_INFO)
 
-_ERRORS = {
-    400: {"description": "Invalid request; `field` names the offending field",
-          "content": {"application/json": {"model": ErrorBody}}},
-    404: {"description": "Unknown job", "content": {"application/json": {"model": ErrorBody}}},
-}
+
+def _error_doc(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"model": ErrorBody}}}
+
+
+_E400 = _error_doc("Invalid request; `field` names the offending field")
+_E403 = _error_doc("Refused: a missing or invalid SigV4 signature (API Gateway), or an "
+                   "authorization rule named in `error` (`forbidden:ownership`, "
+                   "`forbidden:tag_registered`, `forbidden:task_definition_family`, "
+                   "`forbidden:task_role`, `forbidden:reserved_priority`)")
+_E404 = _error_doc("Unknown job")
+_E429 = _error_doc("Throttled by the API stage (API Gateway)")
+_READ_ERRORS: dict[int | HTTPStatus, Any] = {400: _E400, 403: _E403, 404: _E404, 429: _E429}
 
 
 # ------------------------------------------------------------------------------ wiring
@@ -135,24 +137,7 @@ def service() -> JobQueueService:
     with _lock:
         svc = _state.get("service")
         if svc is None:
-            env = os.environ
-            trigger = _state.get("trigger")
-            if trigger is None:
-                function = env.get(ENV_SCHEDULER_FUNCTION, "")
-                trigger = (LambdaSchedulerTrigger(aws.client("lambda"), function) if function
-                           else NoSchedulerTrigger())
-            svc = JobQueueService(
-                repo=Repository(
-                    aws.resource("dynamodb"),
-                    env.get(ENV_JOB_TABLE) or DEFAULT_JOB_TABLE_NAME,
-                    env.get(ENV_INSTANCE_TABLE) or "unused",
-                ),
-                ecs_client=aws.client("ecs"),
-                logs_client=aws.client("logs"),
-                cluster=env.get(ENV_CLUSTER_NAME, "default"),
-                scheduler=trigger,
-                default_budgets=job_budget_defaults(env),
-            )
+            svc = runtime.jobs_service(_state.get("trigger"))
             _state["service"] = svc
         return svc
 
@@ -307,10 +292,12 @@ def _not_found(error: Exception) -> Response:
     "returns the same job (24 h); the same key with a different body is refused with 409.",
     responses={
         201: {"description": "Queued", "content": {"application/json": {"model": JobSummary}}},
-        **_ERRORS,
-        409: {"description": "Idempotency-Key reused with another body, or still in progress",
-              "content": {"application/json": {"model": ErrorBody}}},
-        413: {"description": "Body too large", "content": {"application/json": {"model": ErrorBody}}},
+        400: _E400,
+        403: _E403,
+        409: _error_doc("Idempotency-Key reused with another body, or still in progress"),
+        413: _error_doc("Body over 128 KiB"),
+        415: _error_doc("Content-Type is not application/json"),
+        429: _E429,
     },
     tags=["jobs"],
 )
@@ -334,10 +321,13 @@ def submit_job(
     return _json(HTTPStatus.CREATED, result, headers)
 
 
-@app.get("/v1/jobs", summary="List jobs, newest first", tags=["jobs"], responses={
-    200: {"description": "A page of jobs", "content": {"application/json": {"model": JobList}}},
-    400: _ERRORS[400],
-})
+@app.get("/v1/jobs", summary="List jobs, newest first", tags=["jobs"],
+         description="Your own jobs; admin roles see every job, and may (like a team role for "
+         "sessions of the same role) name another principal with user=.",
+         responses={
+             200: {"description": "A page of jobs", "content": {"application/json": {"model": JobList}}},
+             400: _E400, 403: _E403, 429: _E429,
+         })
 def list_jobs(
     state: Annotated[JobState | None, Query(description="Only jobs in this state")] = None,
     user: Annotated[str | None, Query(description="Only jobs of this user (IAM ARN)",
@@ -345,14 +335,14 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
     next_token: Annotated[str | None, Query(max_length=4096, description="From the previous page")] = None,
 ) -> JobList:
-    return service().list(state=state, user=user, limit=limit, next_token=next_token)
+    return service().list(state=state, user=user, limit=limit, next_token=next_token, caller=caller())
 
 
 @app.get("/v1/jobs/<job_id>", summary="A job with its ranks and attempts", tags=["jobs"],
          responses={200: {"description": "The job", "content": {"application/json": {"model": JobDetail}}},
-                    404: _ERRORS[404]})
+                    **_READ_ERRORS})
 def get_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobDetail:
-    return service().get(job_id)
+    return service().get(job_id, caller())
 
 
 @app.post("/v1/jobs/<job_id>/cancel", summary="Cancel a job (idempotent)", tags=["jobs"],
@@ -360,9 +350,8 @@ def get_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobDetail:
           "is stopped, CANCELED once all stopped. Terminal: unchanged, 200.",
           responses={200: {"description": "Outcome",
                            "content": {"application/json": {"model": CancelResult}}},
-                     404: _ERRORS[404],
-                     409: {"description": "The job kept changing state; retry",
-                           "content": {"application/json": {"model": ErrorBody}}}})
+                     **_READ_ERRORS,
+                     409: _error_doc("The job kept changing state; retry")})
 def cancel_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> CancelResult:
     result = service().cancel(job_id, caller())
     if result["changed"]:
@@ -373,9 +362,9 @@ def cancel_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> CancelRe
 @app.get("/v1/jobs/<job_id>/events", summary="State history of a job", tags=["jobs"],
          responses={200: {"description": "Events, oldest first",
                           "content": {"application/json": {"model": JobEvents}}},
-                    404: _ERRORS[404]})
+                    **_READ_ERRORS})
 def job_events(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobEvents:
-    return service().events(job_id)
+    return service().events(job_id, caller())
 
 
 @app.get("/v1/jobs/<job_id>/logs", summary="Container log of one rank", tags=["jobs"],
@@ -383,15 +372,30 @@ def job_events(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobEvent
          "definition), oldest first.",
          responses={200: {"description": "A page of log events",
                           "content": {"application/json": {"model": JobLogs}}},
-                    **_ERRORS})
+                    **_READ_ERRORS})
 def job_logs(
     job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)],
     rank: Annotated[int, Query(ge=0, le=255)] = 0,
-    attempt: Annotated[int | None, Query(ge=1, description="Default: the current attempt")] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=10000, description="Default: the current attempt")] = None,
     next_token: Annotated[str | None, Query(max_length=4096)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 200,
 ) -> JobLogs:
-    return service().logs(job_id, rank=rank, attempt=attempt, next_token=next_token, limit=limit)
+    return service().logs(job_id, rank=rank, attempt=attempt, next_token=next_token, limit=limit,
+                          user=caller())
+
+
+@app.get("/swagger", include_in_schema=False)
+def swagger() -> Response[str]:
+    """Swagger UI of the committed OpenAPI document (``?format=json``: the document)."""
+    from aws_lambda_powertools.event_handler.openapi.swagger_ui import generate_swagger_html
+
+    spec = openapi_json().replace("</", "<\\/")
+    if (app.current_event.query_string_parameters or {}).get("format") == "json":
+        return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=spec)
+    ui = FilePath(generate_swagger_html.__code__.co_filename).parent
+    html = generate_swagger_html(spec, (ui / "swagger-ui-bundle.min.js").read_text(encoding="utf-8"),
+                                 (ui / "swagger-ui.min.css").read_text(encoding="utf-8"), "", None)
+    return Response(status_code=200, content_type="text/html", body=html)
 
 
 def _header(name: str) -> str | None:
@@ -400,39 +404,65 @@ def _header(name: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------ entry
-def _body_size(event: dict[str, Any]) -> int:
-    body = event.get("body") or ""
-    if event.get("isBase64Encoded"):
-        try:
-            return len(base64.b64decode(body))
-        except ValueError:
-            return len(body)
-    return len(body.encode()) if isinstance(body, str) else len(body)
+JSON_MEDIA_TYPES = ("application/json", "")
+
+
+def _error_result(status: int, body: dict[str, Any]) -> dict[str, Any]:
+    return {"statusCode": status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
+            "body": json.dumps(body), "isBase64Encoded": False}
+
+
+def _submit_route(event: dict[str, Any]) -> bool:
+    path = str(event.get("path") or "").rstrip("/")
+    return event.get("httpMethod") == "POST" and (path == "/v1/jobs" or path.endswith("/prod/v1/jobs"))
+
+
+def _guard_body(event: dict[str, Any]) -> dict[str, Any]:
+    """Everything that can be wrong with a body before routing becomes a 4xx: size (413),
+    encoding and JSON (400), media type of a submit (415). Returns the event with the
+    body as UTF-8 text, so the resolver's own parsing cannot fail."""
+    text = body_text(event, MAX_BODY_BYTES)
+    if _submit_route(event):
+        media = media_type(event.get("headers"))
+        if media not in JSON_MEDIA_TYPES:
+            raise BodyError(415, "unsupported_media_type",
+                            f"Content-Type: {media} is not supported; send application/json",
+                            "Content-Type")
+        if text.strip():
+            parse_json(text)
+    return {**event, "body": text if text else None, "isBase64Encoded": False}
 
 
 @logger.inject_lambda_context(correlation_id_path="requestContext.requestId")
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    if _body_size(event) > MAX_BODY_BYTES:
-        return {
-            "statusCode": 413,
-            "headers": {"Content-Type": content_types.APPLICATION_JSON},
-            "body": json.dumps({"error": "payload_too_large",
-                                "message": f"body: must be at most {MAX_BODY_BYTES} bytes",
-                                "field": "body"}),
-            "isBase64Encoded": False,
-        }
+    try:
+        event = _guard_body(event)
+    except BodyError as error:
+        return _error_result(error.status, error.body())
     config, _ = _idempotency()
     config.register_lambda_context(context)
     return app.resolve(event, context)
 
 
 # ---------------------------------------------------------------------------- OpenAPI
+def openapi_document() -> dict[str, Any]:
+    """The resolver's OpenAPI document with the status codes the API really answers: the
+    resolver's generic 422 is replaced by the 400 this API returns (ErrorBody)."""
+    document: dict[str, Any] = json.loads(app.get_openapi_json_schema(**OPENAPI_INFO))
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = document.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return document
+
+
 def openapi_json() -> str:
-    """The OpenAPI document generated from the resolver (stable key order, newline-terminated)."""
-    document = json.loads(app.get_openapi_json_schema(**OPENAPI_INFO))
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+    """The OpenAPI document (stable key order, newline-terminated)."""
+    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
 
 
 def openapi_digest() -> str:

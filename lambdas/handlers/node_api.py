@@ -6,30 +6,44 @@ Routes (every one behind the node-token Lambda authorizer, which puts the caller
 * ``POST /v1/report_tasks`` -- every task running on the node (``[]`` is valid)
 * ``POST /v1/report_gpu``   -- the node's GPU telemetry
 
-Status codes: 200 accepted; 400 malformed (the message says what to fix) or a
+Status codes: 200 accepted; 400 malformed (the message says what to fix: not UTF-8,
+not JSON, nested deeper than 32 levels, a field out of its documented bounds) or a
 timestamp more than ``HEARTBEAT_MAX_SKEW_SECONDS`` off; 403 body ``node_id`` is not the
-token's node; 409 replayed report (timestamp not newer than the last accepted one);
+token's node; 409 a repeat of the node's last accepted report (same ``timestamp``);
 413 body over 256 KB, more than 512 tasks or more than 64 GPUs. (401/403 for a
-missing, wrong or revoked token come from API Gateway via the authorizer.) Error body:
-``{"error": "<code>", "message": "<what to fix>"}``. Nothing is written on any error.
+missing, wrong or revoked token and 429 come from API Gateway.) Error body:
+``{"error": "<code>", "message": "<what to fix>", "field": "<field>"}``. Nothing is
+written on any error. Reports are ordered by the server's receive time: a node clock
+that steps back within the allowed skew is accepted. ``python -m handlers.node_api
+--openapi`` prints the routes' OpenAPI document (committed as ``docs/node-api.openapi.json``).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import math
+import sys
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpu_recovery import clock, heartbeat, runtime
-from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask, timestamp_acceptable
+from gpu_recovery.domain.heartbeat_policy import ReportedTask, timestamp_acceptable
+from gpu_recovery.settings import heartbeat_settings
 from gpu_recovery.tokens import NODE_ID_RE
 from handlers._common import powertools
+from handlers._http import BodyError, body_text, parse_json
 
 logger, tracer, metrics = powertools("node-api")
 app = APIGatewayRestResolver()
@@ -42,18 +56,33 @@ NODE_ID_PATTERN = NODE_ID_RE.pattern
 TASK_ARN_PATTERN = r"^arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:task/[A-Za-z0-9_/-]{1,1024}$"
 
 
+# Epoch seconds accepted for a node's boot time: 2001-09-09 .. 2100-01-01.
+MIN_EPOCH = 1_000_000_000
+MAX_EPOCH = 4_102_444_800
+
+
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.field = field
 
 
 # ------------------------------------------------------------------------ models
-Int64 = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Pid = Annotated[int, Field(ge=0, le=2**31 - 1)]
-Num = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true/false")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)
+# Every number has bounds (DynamoDB stores 38 significant digits, 1e-130..1e126).
+Int64 = Annotated[int, NotBool, Field(ge=0, le=2**63 - 1)]
+Pid = Annotated[int, NotBool, Field(ge=0, le=2**31 - 1)]
+Num = Annotated[float, NotBool, Field(ge=0, le=1e12, allow_inf_nan=False)]
+Count = Annotated[int, NotBool, Field(ge=0, le=2**31 - 1)]
 
 
 class _Model(BaseModel):
@@ -82,33 +111,37 @@ class TaskIn(_Model):
 
 
 class _Report(_Model):
-    node_id: str = Field(..., pattern=NODE_ID_PATTERN)
-    timestamp: float = Field(..., allow_inf_nan=False, gt=0)
+    node_id: str = Field(..., pattern=NODE_ID_PATTERN, description="The token's node")
+    timestamp: Annotated[float, NotBool] = Field(
+        ..., allow_inf_nan=False, gt=0, le=MAX_EPOCH,
+        description="Send time (epoch seconds), within the allowed skew of the server's clock")
 
 
 class ReportTasksIn(_Report):
     tasks: list[TaskIn] = Field(..., max_length=MAX_TASKS)
     # Host boot time (epoch seconds, /proc/stat btime): lets a rebooted node count as
     # back even when its agent-disconnect event was missed.
-    boot_time: float | None = Field(None, gt=0, allow_inf_nan=False)
+    boot_time: Annotated[float, NotBool] | None = Field(None, ge=MIN_EPOCH, le=MAX_EPOCH,
+                                                        allow_inf_nan=False)
 
 
 class GpuIn(_Model):
-    index: int = Field(..., ge=0, le=1023)
+    index: Annotated[int, NotBool] = Field(..., ge=0, le=1023)
     uuid: str | None = Field(None, max_length=128)
     utilization_gpu: Num | None = None
     memory_used_mib: Num | None = None
     memory_total_mib: Num | None = None
-    temperature_c: float | None = Field(None, ge=-100, le=300, allow_inf_nan=False)
+    temperature_c: Annotated[float, NotBool] | None = Field(None, ge=-100, le=300, allow_inf_nan=False)
     ecc_uncorrected_volatile: Int64 | None = None
-    remapped_rows_pending: bool | int | None = None
-    remapped_rows_failure: bool | int | None = None
-    xids: list[Annotated[int, Field(ge=0, le=100000)]] = Field(default_factory=list, max_length=MAX_XIDS)
+    remapped_rows_pending: bool | Count | None = None
+    remapped_rows_failure: bool | Count | None = None
+    xids: list[Annotated[int, NotBool, Field(ge=0, le=100000)]] = Field(default_factory=list,
+                                                                        max_length=MAX_XIDS)
 
 
 class UnmappedXidIn(_Model):
     pci_bus_id: str | None = Field(None, max_length=64)
-    xid: int = Field(..., ge=0, le=100000)
+    xid: Annotated[int, NotBool] = Field(..., ge=0, le=100000)
 
 
 class ReportGpuIn(_Report):
@@ -117,10 +150,43 @@ class ReportGpuIn(_Report):
     error: str | None = Field(None, max_length=4000)
 
 
+class TasksAccepted(BaseModel):
+    accepted: bool
+    server_time: float
+    node_id: str
+    refreshed: int = Field(description="Watched ranks whose heartbeat this report refreshed")
+    unknown: list[str] = Field(description="Reported tasks this system does not track")
+    ignored: dict[str, str] = Field(description="Task -> why its rank was not refreshed")
+    revived: list[str]
+    hung: list[str]
+    unhung: list[str]
+
+
+class GpusAccepted(BaseModel):
+    accepted: bool
+    server_time: float
+    node_id: str
+    gpus: int
+    signals: list[str] = Field(description="Hardware signals in this report (kind:GPU)")
+    new_signals: list[str] = Field(description="Signals not known for this node before")
+    suspect: bool = Field(description="This report flagged the node SUSPECT")
+    notified: bool = Field(description="Operators were e-mailed about new signals")
+    suppressed: list[str] = Field(description="New signals not e-mailed (rate limit per kind)")
+
+
+class NodeError(BaseModel):
+    error: str
+    message: str = Field(description="What to fix")
+    field: str | None = Field(default=None, description="The offending field, when one is")
+
+
 # ---------------------------------------------------------------------- helpers
-def _error(status: int, code: str, message: str) -> Response:
+def _error(status: int, code: str, message: str, field: str | None = None) -> Response:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if field:
+        body["field"] = field
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON,
-                    body=json.dumps({"error": code, "message": message}))
+                    body=json.dumps(body))
 
 
 @app.exception_handler(ApiError)
@@ -132,7 +198,12 @@ def _reject(error: ApiError) -> Response:
     logger.warning("report rejected", extra={"status": error.status, "error": error.code,
                                              "why": error.message[:500]})
     metrics.add_metric(name=f"Rejected{error.status}", unit="Count", value=1)
-    return _error(error.status, error.code, error.message)
+    return _error(error.status, error.code, error.message, error.field)
+
+
+@app.exception_handler(BodyError)
+def _body_error(error: BodyError) -> Response:
+    return _reject(ApiError(error.status, error.code, error.message, error.field))
 
 
 @app.exception_handler(heartbeat.ReplayedReport)
@@ -140,36 +211,34 @@ def _replayed(error: heartbeat.ReplayedReport) -> Response:
     return _reject(ApiError(409, "replayed_report", str(error)))
 
 
-def _describe_validation(error: ValidationError) -> str:
-    parts = []
-    for detail in error.errors()[:10]:
-        where = ".".join(str(p) for p in detail.get("loc", ())) or "body"
-        parts.append(f"{where}: {detail.get('msg')}")
-    more = len(error.errors()) - 10
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+_UNION_TAGS = ("bool", "int", "float", "str")
+
+
+def _where(detail: Any) -> str:
+    """The field path of a pydantic error, without union-member tags ("bool", "int")."""
+    return ".".join(str(p) for p in detail.get("loc", ()) if str(p) not in _UNION_TAGS
+                    and not str(p).startswith(("function-", "constrained-"))) or "body"
+
+
+def _describe_validation(error: ValidationError) -> tuple[str, str]:
+    """(message, first offending field)."""
+    details = error.errors()
+    parts = [f"{_where(d)}: {d.get('msg')}" for d in details[:10]]
+    more = len(details) - 10
+    return ("; ".join(parts) + (f"; and {more} more" if more > 0 else ""),
+            _where(details[0]) if details else "body")
 
 
 def _read_body(list_field: str, limit: int) -> dict[str, Any]:
-    event = app.current_event
-    raw = event.raw_event.get("body") or ""
-    try:
-        data = (base64.b64decode(raw, validate=True) if event.raw_event.get("isBase64Encoded")
-                else raw.encode("utf-8"))
-    except (ValueError, UnicodeEncodeError) as exc:
-        raise ApiError(400, "malformed_body", f"request body is not valid base64: {exc}") from exc
-    if len(data) > MAX_BODY_BYTES:
-        raise ApiError(413, "body_too_large",
-                       f"request body is {len(data)} bytes; the limit is {MAX_BODY_BYTES} bytes")
-    try:
-        body = json.loads(data or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from exc
+    text = body_text(app.current_event.raw_event, MAX_BODY_BYTES)
+    body = parse_json(text) if text.strip() else None
     if not isinstance(body, dict):
         raise ApiError(400, "malformed_body", "request body must be a JSON object")
     items = body.get(list_field)
     if isinstance(items, list) and len(items) > limit:
         raise ApiError(413, f"too_many_{list_field}",
-                       f"{list_field} lists {len(items)} entries; the limit is {limit} per report")
+                       f"{list_field} lists {len(items)} entries; the limit is {limit} per report",
+                       list_field)
     return body
 
 
@@ -186,7 +255,8 @@ def _validate(model: type[BaseModel], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as error:
-        raise ApiError(400, "invalid_report", _describe_validation(error)) from error
+        message, field = _describe_validation(error)
+        raise ApiError(400, "invalid_report", message, field) from error
 
 
 def _check_common(report: _Report) -> None:
@@ -194,8 +264,8 @@ def _check_common(report: _Report) -> None:
     if report.node_id != node_id:
         raise ApiError(403, "node_mismatch",
                        f"node_id {report.node_id!r} is not the node this token belongs to; "
-                       "send the node's own id or use that node's token")
-    settings = HeartbeatSettings.from_env()
+                       "send the node's own id or use that node's token", "node_id")
+    settings = heartbeat_settings()
     now = clock.now()
     if not math.isfinite(report.timestamp) or not timestamp_acceptable(
         report.timestamp, now, settings.max_skew_seconds
@@ -203,7 +273,7 @@ def _check_common(report: _Report) -> None:
         raise ApiError(400, "clock_skew",
                        f"timestamp {report.timestamp} is {abs(now - report.timestamp):.0f} s away from "
                        f"the server's time {now:.0f}; the limit is {settings.max_skew_seconds} s "
-                       "(synchronise the node's clock, e.g. chrony)")
+                       "(synchronise the node's clock, e.g. chrony)", "timestamp")
 
 
 # ----------------------------------------------------------------------- routes
@@ -234,8 +304,85 @@ def report_gpu() -> dict[str, Any]:
     return {"accepted": True, "server_time": clock.now(), **result.as_dict()}
 
 
+@app.not_found
+def _no_route(error: Exception) -> Response:
+    return _error(404, "not_found", f"no route {app.current_event.http_method} {app.current_event.path}")
+
+
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return app.resolve(event, context)
+
+
+# ---------------------------------------------------------------------- OpenAPI
+_ERROR_CODES = {
+    400: "Malformed or out-of-bounds report (not UTF-8, not JSON, nested deeper than 32 levels, "
+         "a field outside its bounds) or a timestamp outside the allowed clock skew",
+    401: "Missing, malformed, unknown or revoked node token (API Gateway, token authorizer)",
+    403: "Wrong token secret (authorizer Deny), or the body's node_id is not the token's node",
+    409: "A repeat of the node's last accepted report (same timestamp)",
+    413: "Body over 256 KB, more than 512 tasks or more than 64 GPUs",
+    429: "Throttled by the API stage (API Gateway)",
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1 description of the node routes, from the same models the handler uses."""
+    schemas: dict[str, Any] = {}
+
+    def ref(model: type[BaseModel], mode: str) -> dict[str, str]:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}", mode=mode)  # type: ignore[arg-type]
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+    def operation(summary: str, request: type[BaseModel], response: type[BaseModel]) -> dict[str, Any]:
+        errors = {str(code): {"description": text, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/NodeError"}}}} for code, text in _ERROR_CODES.items()}
+        return {
+            "summary": summary,
+            "security": [{"nodeToken": []}],
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": ref(request, "validation")}}},
+            "responses": {"200": {"description": "Accepted", "content": {"application/json": {
+                "schema": ref(response, "serialization")}}}, **errors},
+        }
+
+    paths = {
+        "/v1/report_tasks": {"post": operation("Heartbeat: every task running on the node",
+                                               ReportTasksIn, TasksAccepted)},
+        "/v1/report_gpu": {"post": operation("GPU telemetry of the node", ReportGpuIn, GpusAccepted)},
+    }
+    ref(NodeError, "serialization")
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "GPU node API", "version": "1.0.0",
+                 "description": "Heartbeats and GPU telemetry of GPU nodes (node agent)."},
+        "paths": paths,
+        "components": {
+            "schemas": dict(sorted(schemas.items())),
+            "securitySchemes": {"nodeToken": {
+                "type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "Bearer <node_id>.<secret> (gpu-recovery-admin issue-token)"}},
+        },
+    }
+
+
+def openapi_json() -> str:
+    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--openapi"]:
+        print("usage: python -m handlers.node_api --openapi > docs/node-api.openapi.json",
+              file=sys.stderr)
+        return 2
+    sys.stdout.write(openapi_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

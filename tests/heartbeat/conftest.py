@@ -28,6 +28,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.heartbeat import HeartbeatService
+from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.tokens import TokenStore
 from local_mode.emulator import LocalAws
 
@@ -120,8 +121,8 @@ class World:
         self.tokens = TokenStore(aws.resource("dynamodb").Table(DEFAULT_NODE_TOKEN_TABLE_NAME))
 
     def service(self, **settings: Any) -> HeartbeatService:
-        return HeartbeatService(self.repo, HeartbeatSettings(**settings), self.ecs, self.notifier,
-                                lambda: self.recovery)
+        return HeartbeatService(HeartbeatRepository(self.repo), HeartbeatSettings(**settings),
+                                self.ecs, self.notifier, lambda: self.recovery)
 
     def seed_job(self, job_id: str, world_size: int = 2, nodes: tuple[str, ...] = (NODE,),
                  state: JobState = JobState.RUNNING, rank_state: RankState = RankState.RUNNING,

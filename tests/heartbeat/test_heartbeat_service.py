@@ -243,7 +243,7 @@ def test_gpu_report_flags_suspect_once_per_new_signal(world) -> None:
     assert result.signals == [] and world.instance_state(NODE) is InstanceState.AVAILABLE
     bad = {**HEALTHY, "xids": [79]}
     world.clock.advance(30)
-    assert svc.report_gpu(NODE, world.clock(), [bad]).new_signals == ["xid:79:GPU-0"]
+    assert svc.report_gpu(NODE, world.clock(), [bad]).new_signals == ["xid:GPU-0"]
     assert world.instance_state(NODE) is InstanceState.SUSPECT
     world.clock.advance(30)
     assert svc.report_gpu(NODE, world.clock(), [bad]).new_signals == []

@@ -76,16 +76,49 @@ class Synth:
         }
 
 
-def synthesize(context: dict[str, Any], outdir: Path) -> Synth:
-    """Synthesize the real app (with the cdk-nag plugin) into ``outdir``."""
+PARTITIONS = {"us-east-1": "aws", "cn-north-1": "aws-cn", "us-gov-west-1": "aws-us-gov"}
+
+
+def with_partition(node: Any, partition: str) -> Any:
+    """The template with ``{"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ...]]}``
+    joined into plain strings (as CloudFormation will in ``partition``), so tests can
+    compare ARNs as text. Joins holding other tokens are left as they are."""
+    if isinstance(node, list):
+        return [with_partition(n, partition) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: with_partition(v, partition) for k, v in node.items()}
+    if list(node) == ["Ref"] and node["Ref"] == "AWS::Partition":
+        return partition
+    if list(node) == ["Fn::Join"]:
+        sep, parts = node["Fn::Join"]
+        if isinstance(parts, list) and all(isinstance(x, str) for x in parts):
+            return sep.join(parts)
+        if sep == "" and isinstance(parts, list):  # merge adjacent text around other tokens
+            merged: list[Any] = []
+            for part in parts:
+                if isinstance(part, str) and merged and isinstance(merged[-1], str):
+                    merged[-1] += part
+                else:
+                    merged.append(part)
+            return {"Fn::Join": ["", merged]}
+    return node
+
+
+def synthesize(context: dict[str, Any], outdir: Path, region: str = REGION) -> Synth:
+    """Synthesize the real app (with the cdk-nag plugin) into ``outdir``.
+
+    ``template`` has the partition resolved for ``region`` (see :func:`with_partition`);
+    the file in ``outdir`` is the raw template (cfn-lint reads it)."""
     app = cdk.App(outdir=str(outdir), context=context)
-    _, stack = build_app(app, env=cdk.Environment(account=ACCOUNT, region=REGION))
+    _, stack = build_app(app, env=cdk.Environment(account=ACCOUNT, region=region))
     error = None
     try:
         app.synth()
     except RuntimeError as exc:  # cdk-nag findings interrupt synthesis
         error = str(exc)
     template = json.loads((outdir / f"{STACK_NAME}.template.json").read_text())
+    template = with_partition(template, PARTITIONS[region])
     return Synth(stack, template, outdir, error, read_findings(outdir))
 
 

@@ -245,3 +245,27 @@ def test_a_bad_fault_catalog_fails_synthesis_with_the_validators_messages(tmp_pa
     assert "rules[13] (id 'xid-79'): field 'action' must be one of" in message
     assert "(id 'site-rule'): field 'source' is required" in message
     assert "field 'match.xid' must be a list of XID numbers 1..1023; not: 9999" in message
+def test_authorization_and_telemetry_keys() -> None:
+    """Issue 8's keys: lists as JSON or comma strings, a role-name prefix, bounded ints."""
+    config = RecoveryConfig.from_context({
+        "cluster_name": "c", "admin_roles": "gpu-ops, arn:aws:iam::111122223333:user/alice",
+        "team_roles": '["ml-team"]', "allowed_task_families": "llama-*", "task_role_name_prefix": "ml-",
+        "reserved_priority_roles": "gpu-ops", "telemetry_notify_interval_seconds": "600",
+        "telemetry_signal_retention_seconds": 7200})
+    assert config.admin_roles == ("gpu-ops", "arn:aws:iam::111122223333:user/alice")
+    assert config.team_roles == ("ml-team",) and config.allowed_task_families == ("llama-*",)
+    assert config.task_role_name_prefix == "ml-" and config.reserved_priority_roles == ("gpu-ops",)
+    assert config.telemetry_notify_interval_seconds == 600
+    assert config.telemetry_signal_retention_seconds == 7200
+    defaults = RecoveryConfig.from_context({"cluster_name": "c"})
+    assert defaults.allowed_task_families == ("*",) and defaults.task_role_name_prefix == "gpu-training-"
+    assert defaults.admin_roles == () and defaults.telemetry_notify_interval_seconds == 3600
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("admin_roles", "bad name!"), ("allowed_task_families", "a*b"), ("task_role_name_prefix", "a/b"),
+    ("telemetry_notify_interval_seconds", "5"), ("team_roles", '["ok", 3]'),
+])
+def test_bad_authorization_keys_are_refused(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        RecoveryConfig.from_context({"cluster_name": "c", key: value})

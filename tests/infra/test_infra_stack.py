@@ -344,7 +344,8 @@ def test_ecs_actions_are_conditioned_on_the_cluster(default_synth: Synth) -> Non
 def test_reboot_and_ssm_are_limited_to_tagged_instances(
     default_synth: Synth, custom_synth: Synth
 ) -> None:
-    """Given the DCGM monitor, Then reboot / SSM need the instance tag and the shell document."""
+    """Given the DCGM monitor, Then reboot / SSM need the instance tag, and SendCommand is
+    granted on the stack's reboot-only document, never on AWS-RunShellScript."""
     for synth, key, value in (
         (default_synth, "gpu-recovery:cluster", CLUSTER),
         (custom_synth, "team", "ml-platform"),
@@ -354,10 +355,15 @@ def test_reboot_and_ssm_are_limited_to_tagged_instances(
         assert reboot["Condition"] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
         assert reboot["Resource"].endswith(":instance/*")
         ssm = [s for s in statements if s["Action"] == "ssm:SendCommand"]
-        resources = {s["Resource"]: s.get("Condition") for s in ssm}
-        assert resources["arn:aws:ssm:us-east-1::document/AWS-RunShellScript"] is None
-        managed = [r for r in resources if ":managed-instance/" in r]
-        assert resources[managed[0]] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
+        (document,) = [s for s in ssm if s["Sid"] == "SendRebootDocument"]
+        (doc_id,) = synth.resources("AWS::SSM::Document")
+        assert document["Resource"] == {"Fn::Join": ["", [
+            "arn:aws:ssm:us-east-1:111122223333:document/", {"Ref": doc_id}]]}
+        assert "Condition" not in document
+        (managed,) = [s for s in ssm if s["Sid"] == "SendCommandToTaggedManagedInstances"]
+        assert managed["Resource"].endswith(":managed-instance/*")
+        assert managed["Condition"] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
+        assert "AWS-RunShellScript" not in json.dumps(synth.template)
         (describe,) = [s for s in statements if s["Action"] == "ec2:DescribeInstances"]
         assert describe["Resource"] == "*"
 

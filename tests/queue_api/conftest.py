@@ -21,6 +21,7 @@ from gpu_recovery.constants import (
     ENV_IDEMPOTENCY_TABLE,
     ENV_INSTANCE_TABLE,
     ENV_JOB_TABLE,
+    ENV_JOBS_ADMIN_ROLES,
     ENV_SCHEDULER_FUNCTION,
     table_definitions,
 )
@@ -36,6 +37,9 @@ LOG_PREFIX = "train"
 CONTAINER = "trainer"
 ALICE = "arn:aws:iam::111122223333:user/alice"
 BOB = "arn:aws:iam::111122223333:user/bob"
+# A session of the admin role configured for these tests (JOBS_ADMIN_ROLES).
+OPS = "arn:aws:sts::111122223333:assumed-role/gpu-ops/oncall"
+ADMIN_ROLE = "gpu-ops"
 EVENTS_DIR = Path(__file__).resolve().parent.parent / "events"
 START = 1_795_185_121.0  # 2026-11-20T14:32:01Z
 
@@ -191,6 +195,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(ENV_INSTANCE_TABLE, INSTANCE_TABLE)
     monkeypatch.setenv(ENV_IDEMPOTENCY_TABLE, IDEMPOTENCY_TABLE)
     monkeypatch.setenv(ENV_CLUSTER_NAME, CLUSTER)
+    monkeypatch.setenv(ENV_JOBS_ADMIN_ROLES, json.dumps([ADMIN_ROLE]))
     monkeypatch.delenv(ENV_SCHEDULER_FUNCTION, raising=False)
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "test")

@@ -6,10 +6,10 @@ import boto3
 import pytest
 
 from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX
-from tests.queue_api.conftest import BOB, CLUSTER, REGION, Api, set_state, start_job
+from tests.queue_api.conftest import CLUSTER, OPS, REGION, Api, set_state, start_job
 
 
-def _cancel(api: Api, job_id: str, user: str = BOB) -> tuple[int, dict]:
+def _cancel(api: Api, job_id: str, user: str = OPS) -> tuple[int, dict]:
     status, body, _ = api.call("POST", f"/v1/jobs/{job_id}/cancel", user_arn=user)
     return status, body
 
@@ -37,7 +37,7 @@ def test_cancel_queued_job_is_immediate(api: Api, state: str) -> None:
     item = _job(api, job["job_id"])
     assert item["job_state"] == "CANCELED"
     assert "queue_bucket" not in item and "queue_order" not in item
-    assert item["history"][-1]["actor"] == BOB and item["history"][-1]["from"] == state
+    assert item["history"][-1]["actor"] == OPS and item["history"][-1]["from"] == state
     assert [t["reason"] for t in api.triggers] == ["canceled"]
 
 
@@ -55,7 +55,7 @@ def test_cancel_running_job_stops_every_live_rank(api: Api, state: str) -> None:
     for rank, arn in enumerate(arns):
         task = _task(arn)
         assert task["desiredStatus"] == "STOPPED"
-        assert task["stoppedReason"] == f"{SYSTEM_STOP_REASON_PREFIX} canceled by {BOB}"
+        assert task["stoppedReason"] == f"{SYSTEM_STOP_REASON_PREFIX} canceled by {OPS}"
         rank_item = api.job_table.get_item(Key={"job_id_rank": f"{job['job_id']}#{rank}"})["Item"]
         assert rank_item["rank_state"] == "STOP_REQUESTED"
     assert _job(api, job["job_id"])["job_state"] == "CANCELING"

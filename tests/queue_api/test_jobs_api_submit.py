@@ -16,6 +16,7 @@ from tests.queue_api.conftest import (
     ALICE,
     BOB,
     CLUSTER,
+    OPS,
     START,
     Api,
     add_gpu_instances,
@@ -147,7 +148,7 @@ def test_priority_names_and_values(api: Api) -> None:
     Then they are stored as the numeric level; no priority means NORMAL (10)."""
     for given, stored in (("extreme_high", 50), (5, 5), ("LOW", 0), (None, 10)):
         spec = valid_spec(priority=given)
-        status, body = api.submit(spec)
+        status, body = api.submit(spec, user_arn=OPS)  # the highest levels are reserved
         assert status == 201, body
         assert body["priority"] == stored
 
@@ -185,7 +186,7 @@ def test_more_gpus_per_node_than_any_node_is_400(api: Api) -> None:
     When a job asks for 16 GPUs per node
     Then 400 'could never run' naming gpus_per_node."""
     register_task_definition(family="big-train", gpus=16)
-    status, body = api.submit(valid_spec(task_definition="big-train:1", gpus_per_node=16))
+    status, body = api.submit(valid_spec(task_definition="big-train:1", gpus_per_node=16, nnodes=1))
     assert status == 400
     assert body["field"] == "gpus_per_node"
     assert "could never run" in body["message"] and "has 8" in body["message"]
@@ -196,11 +197,11 @@ def test_capacity_is_cached_briefly(api: Api) -> None:
     When a bigger node joins right after
     Then the cached maximum is used until it expires (or is invalidated)."""
     register_task_definition(family="big-train", gpus=16)
-    assert api.submit(valid_spec(task_definition="big-train:1", gpus_per_node=16))[0] == 400
+    assert api.submit(valid_spec(task_definition="big-train:1", gpus_per_node=16, nnodes=1))[0] == 400
     add_gpu_instances([16])
-    assert api.submit(valid_spec(task_definition="big-train:1", gpus_per_node=16))[0] == 400
+    assert api.submit(valid_spec(task_definition="big-train:1", gpus_per_node=16, nnodes=1))[0] == 400
     jobs_api.service().capacity.invalidate()
-    assert api.submit(valid_spec(task_definition="big-train:1", gpus_per_node=16))[0] == 201
+    assert api.submit(valid_spec(task_definition="big-train:1", gpus_per_node=16, nnodes=1))[0] == 201
 
 
 def test_idempotent_submit_returns_the_same_job(api: Api) -> None:

@@ -50,3 +50,20 @@ def test_swagger_ui_is_served(api: Api) -> None:
     response = jobs_api.lambda_handler(api_event("GET", "/swagger"), FakeContext())
     assert response["statusCode"] == 200
     assert "swagger" in response["body"].lower()
+
+
+def test_openapi_states_the_real_status_codes() -> None:
+    """Every operation documented 422 while the API answers 400, and 415 was undocumented
+    (its body not ErrorBody): now the document lists what the API and API Gateway answer,
+    each error with the ErrorBody schema."""
+    document = json.loads(OPENAPI.read_text())
+    assert all("422" not in op["responses"] for ops in document["paths"].values() for op in ops.values())
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    submit = document["paths"]["/v1/jobs"]["post"]["responses"]
+    assert {"201", "400", "403", "409", "413", "415", "429"} <= set(submit)
+    for ops in document["paths"].values():
+        for op in ops.values():
+            for code, response in op["responses"].items():
+                if code.startswith("4"):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (code, schema)

@@ -60,7 +60,9 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> _Synth:
         app.synth()
     except RuntimeError as exc:  # nag findings interrupt synthesis
         error = str(exc)
-    template = json.loads((outdir / "QueueApiTest.template.json").read_text())
+    from tests.infra.infra_synth import with_partition
+
+    template = with_partition(json.loads((outdir / "QueueApiTest.template.json").read_text()), "aws")
     return _Synth(template, read_findings(outdir), error)
 
 

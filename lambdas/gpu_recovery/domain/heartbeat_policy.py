@@ -7,7 +7,6 @@ writes. Thresholds come from :class:`HeartbeatSettings` (environment, see consta
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,23 +30,8 @@ DEFAULT_STALE_SECONDS = 180
 DEFAULT_NODE_LOST_FAIL_SECONDS = 1800
 DEFAULT_HANG_SECONDS = 0
 DEFAULT_MAX_SKEW_SECONDS = 300
-
-
-class HeartbeatSettingsError(ValueError):
-    """A malformed heartbeat environment variable; names the variable."""
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError as error:
-        raise HeartbeatSettingsError(f"{name} must be an integer, got {raw!r}") from error
-    if value < minimum:
-        raise HeartbeatSettingsError(f"{name} must be >= {minimum}, got {value}")
-    return value
+DEFAULT_SIGNAL_NOTIFY_SECONDS = 3600  # one e-mail per node per signal kind per hour at most
+DEFAULT_SIGNAL_RETENTION_SECONDS = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -58,25 +42,8 @@ class HeartbeatSettings:
     hang_action: str = "notify"  # notify | recover
     max_skew_seconds: int = DEFAULT_MAX_SKEW_SECONDS
     node_token_table: str = c.DEFAULT_NODE_TOKEN_TABLE_NAME
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> HeartbeatSettings:
-        env = os.environ if env is None else env
-        action = (env.get(c.ENV_HANG_ACTION) or "notify").strip().lower()
-        if action not in HANG_ACTIONS:
-            raise HeartbeatSettingsError(
-                f"{c.ENV_HANG_ACTION} must be one of {', '.join(HANG_ACTIONS)}, got {action!r}"
-            )
-        return cls(
-            stale_seconds=_int(env, c.ENV_HEARTBEAT_STALE_SECONDS, DEFAULT_STALE_SECONDS, 1),
-            node_lost_fail_seconds=_int(
-                env, c.ENV_NODE_LOST_FAIL_SECONDS, DEFAULT_NODE_LOST_FAIL_SECONDS
-            ),
-            hang_seconds=_int(env, c.ENV_HANG_SECONDS, DEFAULT_HANG_SECONDS),
-            hang_action=action,
-            max_skew_seconds=_int(env, c.ENV_HEARTBEAT_MAX_SKEW_SECONDS, DEFAULT_MAX_SKEW_SECONDS, 1),
-            node_token_table=env.get(c.ENV_NODE_TOKEN_TABLE) or c.DEFAULT_NODE_TOKEN_TABLE_NAME,
-        )
+    signal_notify_seconds: int = DEFAULT_SIGNAL_NOTIFY_SECONDS
+    signal_retention_seconds: int = DEFAULT_SIGNAL_RETENTION_SECONDS
 
 
 # ------------------------------------------------------------------ reports
@@ -148,22 +115,35 @@ def step_verdict(
 
 
 # --------------------------------------------------------- hardware signals
+# Bounds that keep the node's item small whatever a node sends (DynamoDB items are
+# at most 400 KB and every report rewrites the telemetry).
+MAX_STORED_SIGNALS = 256
+MAX_UNMAPPED_SIGNALS = 32
+MAX_XIDS_STORED_PER_GPU = 16
+MAX_SIGNAL_NAME = 64
+SIGNAL_KINDS = ("xid", "unmapped_xid", "ecc_uncorrected", "remap_pending", "remap_failure")
+
+
 @dataclass(frozen=True)
 class HardwareSignal:
-    """One reason to suspect a node; ``fingerprint`` identifies it across reports."""
+    """One reason to suspect a node, identified by its kind and GPU (never by a counter
+    value: a growing ECC count is the same signal, not a new one)."""
 
-    fingerprint: str
-    kind: str  # xid | unmapped_xid | ecc_uncorrected | remap_pending | remap_failure
+    kind: str  # one of SIGNAL_KINDS
     gpu: str  # GPU uuid (or index / PCI bus id when unknown)
     detail: str
     action: str  # reboot | replace
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.kind}:{self.gpu}"
 
     def describe(self) -> str:
         return f"{self.detail} (GPU {self.gpu}; needs {self.action})"
 
 
 def _gpu_name(gpu: Mapping[str, Any]) -> str:
-    return str(gpu.get("uuid") or f"index-{gpu.get('index')}")
+    return str(gpu.get("uuid") or f"index-{gpu.get('index')}")[:MAX_SIGNAL_NAME]
 
 
 def _positive(value: Any) -> bool:
@@ -173,12 +153,12 @@ def _positive(value: Any) -> bool:
 def hardware_signals(
     gpus: Iterable[Mapping[str, Any]], unmapped_xids: Iterable[Mapping[str, Any]] = ()
 ) -> list[HardwareSignal]:
-    """Signals that make a node SUSPECT, deduplicated by fingerprint, sorted.
+    """Signals that make a node SUSPECT, one per (kind, GPU), sorted by fingerprint.
 
-    An uncorrected volatile ECC count is keyed by its value: it only grows until the
-    next reset, so a growing count is a new signal while the same count is not.
+    At most :data:`MAX_UNMAPPED_SIGNALS` Xids on GPUs missing from nvidia-smi are kept.
     """
     found: dict[str, HardwareSignal] = {}
+    xids: dict[str, set[int]] = {}
 
     def add(signal: HardwareSignal) -> None:
         found.setdefault(signal.fingerprint, signal)
@@ -186,31 +166,113 @@ def hardware_signals(
     for gpu in gpus:
         name = _gpu_name(gpu)
         if gpu.get("remapped_rows_failure") is True or _positive(gpu.get("remapped_rows_failure")):
-            add(HardwareSignal(f"remap_failure:{name}", "remap_failure", name,
-                               "row remapping failed", "replace"))
+            add(HardwareSignal("remap_failure", name, "row remapping failed", "replace"))
         if gpu.get("remapped_rows_pending") is True or _positive(gpu.get("remapped_rows_pending")):
-            add(HardwareSignal(f"remap_pending:{name}", "remap_pending", name,
-                               "row remap pending", "reboot"))
+            add(HardwareSignal("remap_pending", name, "row remap pending", "reboot"))
         ecc = gpu.get("ecc_uncorrected_volatile")
         if ecc is not None and _positive(ecc):
-            add(HardwareSignal(f"ecc:{name}:{int(ecc)}", "ecc_uncorrected", name,
-                               f"{int(ecc)} uncorrected volatile ECC errors", "reboot"))
+            add(HardwareSignal("ecc_uncorrected", name, f"{int(ecc)} uncorrected volatile ECC errors",
+                               "reboot"))
         for xid in gpu.get("xids") or []:
             if isinstance(xid, int) and xid in REBOOT_OR_REPLACE_XIDS:
-                add(HardwareSignal(f"xid:{xid}:{name}", "xid", name, f"Xid {xid}",
-                                   "replace" if xid in (74, 79) else "reboot"))
+                xids.setdefault(name, set()).add(xid)
+    for name, seen in xids.items():
+        listed = sorted(seen)
+        add(HardwareSignal("xid", name, "Xid " + ", ".join(map(str, listed)),
+                           "replace" if seen & {74, 79} else "reboot"))
+    unmapped = 0
     for entry in unmapped_xids:
         xid = entry.get("xid")
-        bus = str(entry.get("pci_bus_id") or "?")
+        bus = str(entry.get("pci_bus_id") or "?")[:MAX_SIGNAL_NAME]
         if isinstance(xid, int) and xid in REBOOT_OR_REPLACE_XIDS:
-            add(HardwareSignal(f"xid:{xid}:pci-{bus}", "unmapped_xid", f"pci-{bus}",
-                               f"Xid {xid} on a GPU missing from nvidia-smi", "replace"))
+            signal = HardwareSignal("unmapped_xid", f"pci-{bus}",
+                                    f"Xid {xid} on a GPU missing from nvidia-smi", "replace")
+            if signal.fingerprint not in found:
+                if unmapped >= MAX_UNMAPPED_SIGNALS:
+                    continue
+                unmapped += 1
+            add(signal)
     return [found[k] for k in sorted(found)]
 
 
-def new_signals(signals: Iterable[HardwareSignal], known: Iterable[str]) -> list[HardwareSignal]:
-    seen = set(known)
-    return [s for s in signals if s.fingerprint not in seen]
+@dataclass(frozen=True)
+class SignalUpdate:
+    """The node's stored signals after a report, and what the report brought."""
+
+    stored: dict[str, dict[str, Any]]  # fingerprint -> {"k": kind, "f": first seen, "l": last seen}
+    fresh: list[HardwareSignal]  # not stored before (or pruned since): may notify / flag SUSPECT
+    notify: list[HardwareSignal]  # fresh signals whose kind may notify now
+    suppressed: list[HardwareSignal]  # fresh signals held back by the per-kind rate limit
+    notified: dict[str, float]  # kind -> last notification time, after this report
+
+
+def stored_signals(raw: Any, now: float) -> dict[str, dict[str, Any]]:
+    """The stored signals in their current form; an older string set (one fingerprint
+    per counter value) reads as seen now, so it is pruned by the usual rules."""
+    if isinstance(raw, Mapping):
+        return {str(k): dict(v) for k, v in raw.items() if isinstance(v, Mapping)}
+    if isinstance(raw, set | frozenset | list):
+        return {str(fp): {"k": str(fp).split(":", 1)[0], "f": now, "l": now} for fp in raw}
+    return {}
+
+
+def update_signals(
+    stored: Mapping[str, Mapping[str, Any]],
+    signals: Iterable[HardwareSignal],
+    notified: Mapping[str, Any],
+    now: float,
+    *,
+    retention_seconds: float,
+    notify_interval_seconds: float,
+    repaired_at: float | None = None,
+) -> SignalUpdate:
+    """Merge a report's signals into the stored ones, pruned and bounded.
+
+    * A stored signal not seen for ``retention_seconds``, or last seen before the node
+      was repaired (``repaired_at``: its boot after a reboot), is forgotten.
+    * At most :data:`MAX_STORED_SIGNALS` are kept (the most recently seen).
+    * A fresh signal notifies only if no signal of its kind notified for this node in
+      the last ``notify_interval_seconds``; otherwise it is suppressed (still stored,
+      still flags the node SUSPECT).
+    """
+    kept: dict[str, dict[str, Any]] = {}
+    for fingerprint, entry in stored.items():
+        last = float(entry.get("l", 0) or 0)
+        if now - last > retention_seconds:
+            continue
+        if repaired_at is not None and last < repaired_at <= now:
+            continue
+        kept[fingerprint] = {"k": str(entry.get("k", "")), "f": float(entry.get("f", last) or last),
+                             "l": last}
+    fresh: list[HardwareSignal] = []
+    for signal in signals:
+        known = kept.get(signal.fingerprint)
+        if known is None:
+            fresh.append(signal)
+            kept[signal.fingerprint] = {"k": signal.kind, "f": now, "l": now}
+        else:
+            known["l"] = now
+    if len(kept) > MAX_STORED_SIGNALS:
+        newest = sorted(kept.items(), key=lambda kv: (kv[1]["l"], kv[0]), reverse=True)
+        kept = dict(newest[:MAX_STORED_SIGNALS])
+    last_notified = {str(k): float(v) for k, v in notified.items() if _number(v)}
+    notify: list[HardwareSignal] = []
+    suppressed: list[HardwareSignal] = []
+    due: set[str] = set()
+    for signal in fresh:
+        previous = last_notified.get(signal.kind)
+        if signal.kind in due or previous is None or now - previous >= notify_interval_seconds:
+            due.add(signal.kind)
+            notify.append(signal)
+        else:
+            suppressed.append(signal)
+    for kind in due:
+        last_notified[kind] = now
+    return SignalUpdate(kept, fresh, notify, suppressed, last_notified)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # Every XID reported, with when it arrived, kept on the node's item for the fault evidence
@@ -256,9 +318,20 @@ _TELEMETRY_FIELDS = (
 )
 
 
+def _compact(value: Any) -> Any:
+    if isinstance(value, float):
+        # Two decimals are plenty for telemetry, and a tiny float (1e-300) would be
+        # outside DynamoDB's number range.
+        return round(value, 2)
+    if isinstance(value, list):
+        return sorted({v for v in value if isinstance(v, int)})[:MAX_XIDS_STORED_PER_GPU]
+    return value
+
+
 def compact_telemetry(gpus: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Short keys, nulls and empty Xid lists dropped: the item stays near 1 KB for 8 GPUs
-    (every report rewrites it, and DynamoDB bills writes per KB of item size)."""
+    """Short keys, nulls and empty Xid lists dropped, numbers rounded, Xids deduplicated
+    and capped: the item stays near 1 KB for 8 GPUs (every report rewrites it, and
+    DynamoDB bills writes per KB of item size)."""
     rows = []
     for gpu in gpus:
         row = {}
@@ -266,6 +339,6 @@ def compact_telemetry(gpus: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]
             value = gpu.get(name)
             if value is None or value == []:
                 continue
-            row[short] = value
+            row[short] = _compact(value)
         rows.append(row)
     return rows

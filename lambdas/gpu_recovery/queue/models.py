@@ -7,6 +7,7 @@ scheduler's launcher rebuilds the ECS ``StartTask`` overrides from it.
 
 from __future__ import annotations
 
+import json
 import re
 from enum import IntEnum
 from typing import Any, Literal
@@ -53,6 +54,10 @@ MAX_LABEL_VALUE = 256
 MAX_COMMAND_ARGS = 256
 MAX_ENV_VARS = 200
 MAX_ARG_LENGTH = 8192
+# ECS refuses a StartTask whose overrides exceed 8192 characters of JSON; the launcher adds
+# the container name, the rendezvous variables and the GPU requirement (under 1 KiB).
+ECS_OVERRIDES_LIMIT = 8192
+MAX_OVERRIDES_BYTES = ECS_OVERRIDES_LIMIT - 1024
 
 
 class EnvVar(BaseModel):
@@ -96,6 +101,16 @@ class ContainerOverrides(BaseModel):
             raise ValueError("environment variable names must be unique")
         return value
 
+    @model_validator(mode="after")
+    def _fits_ecs(self) -> ContainerOverrides:
+        size = len(json.dumps(self.model_dump(exclude_none=True), separators=(",", ":")))
+        if size > MAX_OVERRIDES_BYTES:
+            raise ValueError(
+                f"command and environment take {size} characters of JSON; at most "
+                f"{MAX_OVERRIDES_BYTES} fit in ECS's {ECS_OVERRIDES_LIMIT}-character task overrides"
+            )
+        return self
+
 
 class JobSpec(BaseModel):
     """A multi-node training job: ``nnodes`` ECS tasks with ``gpus_per_node`` GPUs each."""
@@ -128,21 +143,21 @@ class JobSpec(BaseModel):
         description="Training container; default: the task definition's first container",
     )
     overrides: ContainerOverrides = Field(default_factory=ContainerOverrides)
-    nnodes: int = Field(ge=1, le=256, description="Ranks (ECS tasks), one per node")
-    gpus_per_node: int = Field(ge=1, le=16)
+    nnodes: int = Field(ge=1, le=256, strict=True, description="Ranks (ECS tasks), one per node")
+    gpus_per_node: int = Field(ge=1, le=16, strict=True)
     priority: int | Literal[
         "LOW", "BELOW_NORMAL", "NORMAL", "ABOVE_NORMAL", "HIGH", "VERY_HIGH", "EXTREME_HIGH"
     ] = Field(default=int(Priority.NORMAL), description="A level name or its value")
     max_infra_recoveries: int | None = Field(
-        default=None, ge=0, le=MAX_BUDGET,
+        default=None, ge=0, le=MAX_BUDGET, strict=True,
         description="Infrastructure recoveries (node faults fixed by a reboot or by moving the job "
                     "to healthy nodes); default: the deployment's (3)")
     max_app_restarts: int | None = Field(
-        default=None, ge=0, le=MAX_BUDGET,
+        default=None, ge=0, le=MAX_BUDGET, strict=True,
         description="Restarts after an application error (the job's own fault, no node action); "
                     "default: the deployment's (0: the job fails)")
     max_recovery_attempts: int | None = Field(
-        default=None, ge=0, le=MAX_BUDGET, description="Older name of max_infra_recoveries")
+        default=None, ge=0, le=MAX_BUDGET, strict=True, description="Older name of max_infra_recoveries")
     labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
 
     @model_validator(mode="after")

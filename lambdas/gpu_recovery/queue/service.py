@@ -2,9 +2,13 @@
 
 Jobs share the recovery loop's job model (table key ``job_id_rank``): a job item
 ``<job_id>#JOB`` and rank items ``<job_id>#<rank>``. Every state change is a conditional
-write through :class:`~gpu_recovery.repository.Repository` on the exact state read, so
-it races safely with the scheduler and the recovery handlers. Reads use keys and
-indexes only, never a Scan.
+write through :class:`~gpu_recovery.repository.queue_api.JobQueueRepository` on the exact
+state read, so it races safely with the scheduler and the recovery handlers. Reads use
+keys and indexes only, never a Scan.
+
+With an :class:`~gpu_recovery.queue.access.AccessPolicy` (the API always passes one)
+every use case is authorized for the calling principal; without one the service is a
+trusted in-process caller (the scheduler's tests, operators' tooling).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
@@ -49,14 +52,16 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.models import container_instance_id, task_id
 from gpu_recovery.domain.state_machine import can_transition, check_transition
+from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
+from gpu_recovery.queue.access import AccessPolicy, Denied, Principal
 from gpu_recovery.queue.models import JobSpec, priority_name
-from gpu_recovery.repository import Repository, from_ddb, to_ddb
+from gpu_recovery.repository import Repository, from_ddb
+from gpu_recovery.repository.queue_api import InvalidPageToken, JobQueueRepository
 
 logger = logging.getLogger(__name__)
 
 SOURCE_QUEUE = "queue"
-QUEUED_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES})
-LIVE_RANK_STATES = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+QUEUED_STATES = QUEUED_JOB_STATES
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 CAPACITY_CACHE_SECONDS = 60.0
@@ -92,6 +97,16 @@ class InvalidRequest(QueueError):
 class JobNotFound(QueueError):
     status = 404
     code = "not_found"
+
+
+class Forbidden(QueueError):
+    """An authorization rule refused the request; ``code`` is ``forbidden:<rule>``."""
+
+    status = 403
+
+    def __init__(self, denied: Denied) -> None:
+        super().__init__(f"{denied.rule}: {denied.message}", denied.field)
+        self.code = f"forbidden:{denied.rule}"
 
 
 class Conflict(QueueError):
@@ -173,19 +188,29 @@ def decode_token(token: str) -> dict[str, Any]:
     return value
 
 
-def _ddb_number(value: Any) -> Any:
-    return Decimal(repr(value)) if isinstance(value, float) else value
-
-
 # ------------------------------------------------------------------------- capacity
 @dataclass
 class _CapacityCache:
-    value: int | None = None
+    value: Capacity | None = None
     at: float = float("-inf")
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """GPU counts of the cluster's container instances (registered, any state)."""
+
+    gpus_per_node: tuple[int, ...]
+
+    @property
+    def largest(self) -> int:
+        return max(self.gpus_per_node, default=0)
+
+    def nodes_with(self, gpus: int) -> int:
+        return sum(1 for n in self.gpus_per_node if n >= gpus)
+
+
 class ClusterCapacity:
-    """Largest GPU count of any container instance in the cluster, cached briefly."""
+    """GPU counts of the cluster's container instances, cached briefly."""
 
     def __init__(self, ecs_client: Any, cluster: str, ttl: float = CAPACITY_CACHE_SECONDS) -> None:
         self._ecs = ecs_client
@@ -195,6 +220,11 @@ class ClusterCapacity:
         self._lock = threading.Lock()
 
     def max_gpus_per_node(self) -> int | None:
+        """None when the cluster has no container instances (it may scale out later)."""
+        capacity = self.capacity()
+        return capacity.largest if capacity is not None else None
+
+    def capacity(self) -> Capacity | None:
         """None when the cluster has no container instances (it may scale out later)."""
         with self._lock:
             if time.monotonic() - self._cache.at < self.ttl:
@@ -208,20 +238,20 @@ class ClusterCapacity:
         with self._lock:
             self._cache = _CapacityCache()
 
-    def _read(self) -> int | None:
+    def _read(self) -> Capacity | None:
         arns: list[str] = []
         for page in self._ecs.get_paginator("list_container_instances").paginate(cluster=self.cluster):
             arns.extend(page.get("containerInstanceArns", []))
         if not arns:
             return None
-        best = 0
+        counts: list[int] = []
         for start in range(0, len(arns), 100):
             response = self._ecs.describe_container_instances(
                 cluster=self.cluster, containerInstances=arns[start : start + 100]
             )
-            for instance in response.get("containerInstances", []):
-                best = max(best, gpu_count(instance.get("registeredResources", [])))
-        return best
+            counts.extend(gpu_count(i.get("registeredResources", []))
+                          for i in response.get("containerInstances", []))
+        return Capacity(tuple(counts))
 
 
 def gpu_count(resources: list[dict[str, Any]]) -> int:
@@ -238,16 +268,17 @@ class JobQueueService:
     def __init__(
         self,
         *,
-        repo: Repository,
+        repo: JobQueueRepository | Repository,
         ecs_client: Any,
         logs_client: Any,
         cluster: str,
         scheduler: SchedulerTrigger | None = None,
         capacity: ClusterCapacity | None = None,
         default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS),
+        access: AccessPolicy | None = None,
     ) -> None:
-        self.repo = repo
-        self._table = repo._ddb.Table(repo.job_table_name)
+        self.repo = repo if isinstance(repo, JobQueueRepository) else JobQueueRepository(repo)
+        self.access = access
         self._ecs = ecs_client
         self._logs = logs_client
         self.cluster = cluster
@@ -256,23 +287,28 @@ class JobQueueService:
         self.default_budgets = default_budgets  # (infrastructure recoveries, application restarts)
 
     # ------------------------------------------------------------------ submit
+    def _authorize(self, check: Callable[[AccessPolicy], None]) -> None:
+        if self.access is not None:
+            try:
+                check(self.access)
+            except Denied as denied:
+                raise Forbidden(denied) from denied
+
     def submit(self, spec: JobSpec, user: str) -> dict[str, Any]:
+        caller = Principal.parse(user)
+        self._authorize(lambda a: a.check_family(spec.task_definition))
+        self._authorize(lambda a: a.check_priority(caller, spec.priority_value,
+                                                   priority_name(spec.priority_value)))
         spec = self._validate_against_aws(spec)
         now = clock.now()
         item: dict[str, Any] = {}
         for _ in range(5):
             job_id = new_job_id(spec.name, now)
             item = self._new_item(job_id, spec, user, now)
-            try:
-                self._table.put_item(
-                    Item=to_ddb(item),
-                    ConditionExpression="attribute_not_exists(#k)",
-                    ExpressionAttributeNames={"#k": JOB_PK},
-                )
+            if caller.role:
+                item["owner_role"] = caller.role
+            if self.repo.create_job(item):
                 break
-            except ClientError as error:
-                if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                    raise
         else:  # pragma: no cover - 5 collisions of a 16-bit suffix in the same second
             raise Conflict("could not allocate a unique job id, retry")
         logger.info("job submitted", extra={"job_id": item["job_id"], "user": user})
@@ -328,6 +364,10 @@ class JobQueueService:
                     f"task_definition: {spec.task_definition} does not exist", "task_definition"
                 ) from error
             raise
+        # The family as ECS resolved it (a revision ARN may name another family's alias).
+        self._authorize(lambda a: a.check_family(task_def.get("taskDefinitionArn", spec.task_definition)))
+        self._authorize(lambda a: a.check_task_roles(
+            [r for r in (task_def.get("taskRoleArn"), task_def.get("executionRoleArn")) if r]))
         containers = task_def.get("containerDefinitions", [])
         names = [c.get("name") for c in containers]
         container_name = spec.container_name or (names[0] if names else None)
@@ -337,12 +377,19 @@ class JobQueueService:
                 f"({', '.join(n for n in names if n) or 'none'})",
                 "container_name",
             )
-        largest = self.capacity.max_gpus_per_node()
-        if largest is not None and spec.gpus_per_node > largest:
+        capacity = self.capacity.capacity()
+        if capacity is not None and spec.gpus_per_node > capacity.largest:
             raise InvalidRequest(
                 f"gpus_per_node: {spec.gpus_per_node} GPUs per node could never run: the largest "
-                f"node of cluster {self.cluster} has {largest}",
+                f"node of cluster {self.cluster} has {capacity.largest}",
                 "gpus_per_node",
+            )
+        if capacity is not None and spec.nnodes > capacity.nodes_with(spec.gpus_per_node):
+            raise InvalidRequest(
+                f"nnodes: {spec.nnodes} nodes with {spec.gpus_per_node} GPUs each could never run: "
+                f"cluster {self.cluster} has {capacity.nodes_with(spec.gpus_per_node)} such "
+                f"node(s) of {len(capacity.gpus_per_node)} registered; add nodes first",
+                "nnodes",
             )
         return spec.model_copy(
             update={"task_definition": task_def["taskDefinitionArn"], "container_name": container_name}
@@ -350,13 +397,21 @@ class JobQueueService:
 
     # --------------------------------------------------------------------- get
     def _item(self, job_id: str) -> dict[str, Any]:
-        item = self._table.get_item(Key={JOB_PK: job_item_key(job_id)}, ConsistentRead=True).get("Item")
-        if not item or item.get("item_type", "JOB") != "JOB":
+        item = self.repo.job_item(job_id)
+        if item is None:
             raise JobNotFound(f"job {job_id} not found")
-        return from_ddb(dict(item))
+        return item
 
-    def get(self, job_id: str) -> dict[str, Any]:
+    def _readable(self, job_id: str, user: str | None, action: str = "read") -> dict[str, Any]:
+        """The job item, once the caller may ``action`` it (403 names the rule)."""
         item = self._item(job_id)
+        if user is not None:
+            caller = Principal.parse(user)
+            self._authorize(lambda a: a.check_read(caller, item, action))
+        return item
+
+    def get(self, job_id: str, user: str | None = None) -> dict[str, Any]:
+        item = self._readable(job_id, user)
         job = self.repo.job_from_item(item)
         ranks = [r for r in self.repo.get_ranks(job)] if job.world_size else []
         out = self.summary(item)
@@ -417,60 +472,55 @@ class JobQueueService:
         user: str | None = None,
         limit: int = DEFAULT_LIMIT,
         next_token: str | None = None,
+        caller: str | None = None,
     ) -> dict[str, Any]:
-        """Newest first, from an index (never a Scan); ``next_token`` is opaque."""
+        """Newest first, from an index (never a Scan); ``next_token`` is opaque.
+
+        With an access policy, a caller who is not an admin lists its own jobs (``user``
+        defaults to the caller) and may name another principal only as the rules allow.
+        """
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidRequest(f"limit: must be between 1 and {MAX_LIMIT}", "limit")
-        names: dict[str, str] = {"#sk": SUBMITTED_SK}
-        values: dict[str, Any] = {}
-        filter_expr = None
+        if caller is not None and self.access is not None:
+            principal = Principal.parse(caller)
+            self._authorize(lambda a: a.check_list(principal, user))
+            if user is None and not self.access.is_admin(principal):
+                user = caller
+        filter_state: str | None = None
         if user:
-            index, names["#pk"], values[":pk"] = JOB_BY_USER_INDEX, USER_PK, user
-            if state:
-                filter_expr, names["#st"], values[":st"] = "#st = :st", STATE_PK, state.value
+            index, pk_attr, pk_value = JOB_BY_USER_INDEX, USER_PK, user
+            filter_state = state.value if state else None
         elif state:
-            index, names["#pk"], values[":pk"] = JOB_BY_STATE_INDEX, STATE_PK, state.value
+            index, pk_attr, pk_value = JOB_BY_STATE_INDEX, STATE_PK, state.value
         else:
-            index, names["#pk"], values[":pk"] = JOB_LIST_INDEX, LIST_PK, LIST_BUCKET
-        scope = f"{index}|{values[':pk']}|{state.value if state else ''}"
-        kwargs: dict[str, Any] = {
-            "IndexName": index,
-            "KeyConditionExpression": "#pk = :pk AND #sk > :zero",
-            "ExpressionAttributeNames": names,
-            "ScanIndexForward": False,
-        }
-        values[":zero"] = 0
-        kwargs["ExpressionAttributeValues"] = values
-        if filter_expr:
-            kwargs["FilterExpression"] = filter_expr
+            index, pk_attr, pk_value = JOB_LIST_INDEX, LIST_PK, LIST_BUCKET
+        scope = f"{index}|{pk_value}|{state.value if state else ''}"
+        start_key: dict[str, Any] | None = None
         if next_token:
             token = decode_token(next_token)
             if token.get("q") != scope or not isinstance(token.get("k"), dict):
                 raise InvalidRequest(
                     "next_token: belongs to a different query (same filters are needed)", "next_token"
                 )
-            kwargs["ExclusiveStartKey"] = {k: _ddb_number(v) for k, v in token["k"].items()}
+            start_key = token["k"]
         items: list[dict[str, Any]] = []
         last_key: dict[str, Any] | None = None
         while True:
-            kwargs["Limit"] = limit - len(items) if not filter_expr else max(limit, 25)
+            page_limit = limit - len(items) if not filter_state else max(limit, 25)
             try:
-                response = self._table.query(**kwargs)
-            except ClientError as error:
-                if error.response.get("Error", {}).get("Code") == "ValidationException" and next_token:
-                    raise InvalidRequest("next_token: is not valid for this query", "next_token") from error
-                raise
-            page = response.get("Items", [])
+                page, last_key = self.repo.list_page(index, pk_attr, pk_value, state=filter_state,
+                                                     limit=page_limit, start_key=start_key)
+            except InvalidPageToken as error:
+                raise InvalidRequest("next_token: is not valid for this query", "next_token") from error
             room = limit - len(items)
             if len(page) > room:  # filtered query read past the page: resume after the last one kept
                 items.extend(page[:room])
-                last_key = _index_key(items[-1], names["#pk"])
+                last_key = _index_key(items[-1], pk_attr)
                 break
             items.extend(page)
-            last_key = response.get("LastEvaluatedKey")
             if last_key is None or len(items) >= limit:
                 break
-            kwargs["ExclusiveStartKey"] = last_key
+            start_key = last_key
         return {
             "jobs": [self.summary(i) for i in items],
             "next_token": encode_token({"q": scope, "k": last_key}) if last_key else None,
@@ -480,15 +530,15 @@ class JobQueueService:
     def cancel(self, job_id: str, user: str) -> dict[str, Any]:
         """Queued -> CANCELED now; running -> CANCELING + StopTask; terminal: unchanged."""
         for _ in range(_CANCEL_RETRIES):
-            item = self._item(job_id)
+            item = self._readable(job_id, user if self.access is not None else None, "cancel")
             current = JobState(item["job_state"])
             result: dict[str, Any] = {"job_id": job_id, "previous_state": current.value, "stopping_ranks": []}
             if current.is_terminal:
                 return {**result, "state": current.value, "changed": False}
             reason = f"canceled by {user}"
             if current in QUEUED_STATES:
-                if self._move(job_id, current, JobState.CANCELED, reason, user,
-                              remove=[QUEUE_PK, QUEUE_SK]):
+                if self.repo.move_job(job_id, current, JobState.CANCELED, reason=reason, actor=user,
+                                      leave_queue=True):
                     self._trigger("canceled", job_id)
                     return {**result, "state": JobState.CANCELED.value, "changed": True}
                 continue
@@ -497,8 +547,8 @@ class JobQueueService:
                 return {**result, "state": state.value, "changed": False, "stopping_ranks": stopping}
             target = JobState.CANCELING if can_transition(current, JobState.CANCELING) else JobState.CANCELED
             check_transition(current, target)
-            if not self._move(job_id, current, target, reason, user,
-                              remove=[QUEUE_PK, QUEUE_SK, *self.repo.deadline_attributes()]):
+            if not self.repo.move_job(job_id, current, target, reason=reason, actor=user,
+                                      leave_queue=True, clear_deadline=True):
                 continue
             stopping, state = self._stop_and_finish(
                 job_id, user, was_starting=current is JobState.STARTING
@@ -507,15 +557,6 @@ class JobQueueService:
                 self._trigger("canceled", job_id)
             return {**result, "state": state.value, "changed": True, "stopping_ranks": stopping}
         raise Conflict(f"job {job_id} changed state repeatedly while canceling, retry")
-
-    def _move(self, job_id: str, current: JobState, to: JobState, reason: str, actor: str,
-              remove: builtins.list[str]) -> bool:
-        return self.repo.apply(
-            self.repo.job_transition(
-                job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
-                remove_fields=remove,
-            )
-        )
 
     def _stop_and_finish(
         self, job_id: str, user: str, *, was_starting: bool
@@ -532,9 +573,7 @@ class JobQueueService:
         stopping: list[int] = []
         for rank in ranks:
             if rank.state in LIVE_RANK_STATES:
-                if not self.repo.apply(self.repo.rank_update(
-                        rank, RankState.STOP_REQUESTED, from_states=LIVE_RANK_STATES,
-                        set_fields={"stop_reason": f"canceled by {user}"})):
+                if not self.repo.request_rank_stop(rank, LIVE_RANK_STATES, f"canceled by {user}"):
                     fresh = self.repo.get_rank(job_id, rank.rank)
                     if fresh is None or fresh.state is not RankState.STOP_REQUESTED:
                         continue
@@ -547,9 +586,8 @@ class JobQueueService:
         complete = not was_starting or len(ranks) >= job.world_size
         fresh_ranks = [r for r in self.repo.get_ranks(job) if r.attempt == job.attempt]
         if complete and all(r.state.is_terminal for r in fresh_ranks):
-            self.repo.apply(self.repo.job_transition(
-                job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
-                reason="every rank stopped", actor=user))
+            self.repo.move_job(job_id, JobState.CANCELING, JobState.CANCELED,
+                               reason="every rank stopped", actor=user, leave_queue=False)
             return stopping, JobState(self._item(job_id)["job_state"])
         return stopping, JobState.CANCELING
 
@@ -563,8 +601,8 @@ class JobQueueService:
             logger.info("stop_task on a task ECS no longer knows", extra={"task": task_arn})
 
     # ------------------------------------------------------------------ events
-    def events(self, job_id: str) -> dict[str, Any]:
-        item = self._item(job_id)
+    def events(self, job_id: str, user: str | None = None) -> dict[str, Any]:
+        item = self._readable(job_id, user)
         return {
             "job_id": job_id,
             "state": item["job_state"],
@@ -589,9 +627,10 @@ class JobQueueService:
         attempt: int | None = None,
         next_token: str | None = None,
         limit: int = LOG_EVENTS_LIMIT,
+        user: str | None = None,
     ) -> dict[str, Any]:
         """One rank's container log (awslogs driver), oldest first, page by page."""
-        item = self._item(job_id)
+        item = self._readable(job_id, user)
         world_size = int(item.get("world_size", 0))
         if not 0 <= rank < max(world_size, 1):
             raise InvalidRequest(f"rank: must be between 0 and {max(world_size - 1, 0)}", "rank")

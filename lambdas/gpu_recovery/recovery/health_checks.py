@@ -28,6 +28,7 @@ from gpu_recovery.domain.evidence import DcgmFindings, Evidence
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Instance, Job, container_instance_id, fault_key
 from gpu_recovery.domain.states import (
+    HEALTH_CHECK_STATES,
     RECOVERING_JOB_STATES,
     InstanceState,
     SuspectVerdict,
@@ -68,6 +69,9 @@ class HealthChecks:
     def request(self, job: Job, inst_id: str) -> str:
         """Open or join the health check of an instance (at most one per instance)."""
         repo = self.deps.repo
+        instance = repo.get_instance(inst_id)
+        if instance is not None and instance.state in HEALTH_CHECK_STATES and job.job_id in instance.hc_jobs:
+            return self._start_read(instance) or "waiting_for_gpus"  # joined by an earlier delivery
         now = clock.now()
         opened = repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS)
         if not opened and not repo.join_health_check(inst_id, job.job_id):
@@ -103,8 +107,10 @@ class HealthChecks:
     def start_if_ready(self, inst_id: str) -> str | None:
         """Start the DCGM task once the instance's GPUs are free; finish a dead claim."""
         instance = self.deps.repo.get_instance(inst_id)
-        if instance is None:
-            return None
+        return self._start_read(instance) if instance is not None else None
+
+    def _start_read(self, instance: Instance) -> str | None:
+        inst_id = instance.container_inst_id
         now = clock.now()
         if instance.state is InstanceState.HEALTH_CHECKING:
             if instance.hc_task_arn or (instance.hc_lease_until or 0.0) > now:

@@ -172,11 +172,16 @@ class RankOperations:
             return None
         return self.register_rank(reg)
 
-    def register_missing_ranks(self, job: Job) -> None:
-        """Find ranks whose RUNNING event never arrived, so they are stopped and restarted too."""
-        known = {r.rank for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt}
-        if len(known) >= job.world_size:
-            return
+    def current_ranks(self, job: Job) -> list[Rank]:
+        """The attempt's ranks, registering any whose RUNNING event never arrived (found
+        running by its tags), so they are stopped and restarted too."""
+        ranks = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
+        if len(ranks) < job.world_size:
+            self.register_missing_ranks(job, {r.rank for r in ranks})
+            ranks = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
+        return ranks
+
+    def register_missing_ranks(self, job: Job, known: set[int]) -> None:
         for task in self.deps.ecs.running_tasks_tagged(TAG_JOB_ID, job.job_id):
             try:
                 reg = registration_from_tags(task, task.get("tags", []))
@@ -188,7 +193,8 @@ class RankOperations:
                 self.register_rank(reg)
 
     # ----------------------------------------------------------------- stopping
-    def stop_live_ranks(self, job: Job, *, why: str, reissue: bool = False) -> list[int]:
+    def stop_live_ranks(self, job: Job, *, why: str, reissue: bool = False,
+                        ranks: list[Rank] | None = None) -> list[int]:
         """Mark every live rank of the attempt STOP_REQUESTED (once), then ask ECS to stop it.
 
         With ``reissue`` (a retried event, the sweep), ranks marked a while ago and still
@@ -200,7 +206,7 @@ class RankOperations:
         if not self.deps.policy.modes.executes(Effect.STOP_TASKS):
             logger.info("observe mode: ranks not stopped", extra={"job_id": job.job_id, "why": why})
             return stopped
-        for other in self.deps.repo.get_ranks(job):
+        for other in self.deps.repo.get_ranks(job) if ranks is None else ranks:
             if other.attempt != job.attempt:
                 continue
             if other.state in LIVE_RANK_STATES:

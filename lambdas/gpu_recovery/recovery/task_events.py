@@ -338,8 +338,8 @@ class TaskEvents:
         # is definitive (its recorded plan skips the diag) is acted on at once.
         checks = {inst_id: self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id)
                   for inst_id in policy.verdicts_pending(job.suspects)}
-        self.ranks.register_missing_ranks(job)
-        self.ranks.stop_live_ranks(job, why=job.last_error or "suspected GPU fault", reissue=reissue)
+        self.ranks.stop_live_ranks(job, why=job.last_error or "suspected GPU fault", reissue=reissue,
+                                   ranks=self.ranks.current_ranks(job))
         return checks
 
     def _observed(self, job: Job, rank: Rank, assessment: Assessment) -> None:

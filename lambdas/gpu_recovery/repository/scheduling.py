@@ -22,13 +22,13 @@ from gpu_recovery.constants import (
     QUEUE_SK,
     job_item_key,
 )
-from gpu_recovery.domain.states import RECOVERING_JOB_STATES, JobState
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, TERMINAL_JOB_STATES, JobState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 from gpu_recovery.repository.recovery import Repository
 
 LEASE_KEY = "SCHEDULER#LEASE"
 # A launch is over once the job is in one of these: nothing may mark it launched.
-_NOT_LIVE = (JobState.COMPLETE, JobState.FAILED, JobState.USER_STOPPED, JobState.CANCELED, JobState.CANCELING)
+_NOT_LIVE = sorted(TERMINAL_JOB_STATES | {JobState.CANCELING}, key=lambda s: s.value)
 
 
 class SchedulingRepository:

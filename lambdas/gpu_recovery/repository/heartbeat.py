@@ -1,0 +1,315 @@
+"""Persistence of node heartbeats, GPU telemetry and node tokens, in intents.
+
+The heartbeat service (:mod:`gpu_recovery.heartbeat`) and the token store
+(:mod:`gpu_recovery.tokens`) never touch DynamoDB themselves: every read and every
+conditional write they need is a method here, so no condition expression lives
+outside the repository package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    HB_BUCKET,
+    HB_PK,
+    HB_SK,
+    INSTANCE_PK,
+    JOB_BY_HEARTBEAT_INDEX,
+    JOB_BY_INSTANCE_INDEX,
+    JOB_BY_INSTANCE_PK,
+    JOB_BY_TASK_PK,
+    JOB_PK,
+    NODE_TOKEN_PK,
+    InstanceState,
+    JobState,
+    RankState,
+    job_item_key,
+    rank_item_key,
+)
+from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES
+from gpu_recovery.repository import Repository, Update, from_ddb, is_condition_failure, to_ddb
+
+# Job states in which ranks are watched (a queue job is STARTING until every rank runs).
+WATCHED_JOB_STATES = tuple(sorted(ACTIVE_JOB_STATES, key=lambda s: s.value))  # heartbeats count for these
+# Attribute that orders a node's reports: the timestamp of its last accepted report.
+TASKS_REPORT_KEY = "last_tasks_report_ts"
+GPU_REPORT_KEY = "last_gpu_report_ts"
+GPU_REPORT_VERSION = "gpu_report_version"
+
+
+def lost_attr(attempt: int) -> str:
+    return f"hb_lost_a{attempt}"
+
+
+def hung_attr(attempt: int) -> str:
+    return f"hb_hung_a{attempt}"
+
+
+def _watched_job_condition(attempt: int) -> tuple[str, dict[str, Any], dict[str, str]]:
+    values: dict[str, Any] = {f":j{i}": s.value for i, s in enumerate(WATCHED_JOB_STATES)}
+    values[":att"] = attempt
+    placeholders = ", ".join(f":j{i}" for i in range(len(WATCHED_JOB_STATES)))
+    return (f"#att = :att AND #js IN ({placeholders})", values,
+            {"#att": "attempt", "#js": "job_state"})
+
+
+# What a settling step of a job requires of its per-attempt lost / hung rank sets.
+SETTLE_CONDITIONS = {
+    "none_lost": "attribute_not_exists(#lost)",
+    "none_hung_or_some_lost": "attribute_not_exists(#hung) OR attribute_exists(#lost)",
+    "some_lost": "attribute_exists(#lost)",
+    "some_hung_none_lost": "attribute_exists(#hung) AND attribute_not_exists(#lost)",
+}
+
+
+class HeartbeatRepository:
+    """Heartbeat bookkeeping on the job and container-instance tables."""
+
+    def __init__(self, base: Repository) -> None:
+        self.base = base
+        self._jobs = base._ddb.Table(base.job_table_name)
+        self._instances = base._ddb.Table(base.instance_table_name)
+
+    # ------------------------------------------------------------------ reads
+    def get_job(self, job_id: str) -> Job | None:
+        return self.base.get_job(job_id)
+
+    def get_instance(self, node_id: str) -> Instance | None:
+        return self.base.get_instance(node_id)
+
+    def get_ranks(self, job: Job) -> list[Rank]:
+        return self.base.get_ranks(job)
+
+    def live_ranks_on_instance(self, node_id: str) -> list[Rank]:
+        return self.base.live_ranks_on_instance(node_id)
+
+    @staticmethod
+    def rank_from_item(item: dict[str, Any]) -> Rank:
+        return Repository.rank_from_item(item)
+
+    @staticmethod
+    def instance_from_item(item: dict[str, Any]) -> Instance:
+        return Repository.instance_from_item(item)
+
+    def node_item(self, node_id: str) -> dict[str, Any] | None:
+        raw = self._instances.get_item(Key={INSTANCE_PK: node_id}, ConsistentRead=True).get("Item")
+        return from_ddb(dict(raw)) if raw else None
+
+    def node_items(self, node_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        keys = [{INSTANCE_PK: n} for n in sorted(set(node_ids))]
+        return {str(raw[INSTANCE_PK]): from_ddb(dict(raw))
+                for raw in self.base._batch_get(self.base.instance_table_name, keys)}
+
+    def rank_item(self, key: str) -> dict[str, Any] | None:
+        raw = self._jobs.get_item(Key={JOB_PK: key}, ConsistentRead=True).get("Item")
+        return from_ddb(dict(raw)) if raw else None
+
+    def job_item(self, job_id: str) -> dict[str, Any] | None:
+        return self.rank_item(job_item_key(job_id))
+
+    def live_rank_items_on_node(self, node_id: str) -> list[dict[str, Any]]:
+        """Every live rank item on the node (sparse ``by-container-instance`` index)."""
+        return self._query_all({
+            "IndexName": JOB_BY_INSTANCE_INDEX,
+            "KeyConditionExpression": "#i = :i",
+            "ExpressionAttributeNames": {"#i": JOB_BY_INSTANCE_PK},
+            "ExpressionAttributeValues": {":i": node_id},
+        })
+
+    def stale_rank_items(self, cutoff: float) -> list[dict[str, Any]]:
+        """Watched ranks whose last heartbeat is older than ``cutoff`` (sparse index)."""
+        return self._query_all({
+            "IndexName": JOB_BY_HEARTBEAT_INDEX,
+            "KeyConditionExpression": "#b = :b AND #h < :cutoff",
+            "ExpressionAttributeNames": {"#b": HB_PK, "#h": HB_SK},
+            "ExpressionAttributeValues": {":b": HB_BUCKET, ":cutoff": to_ddb(float(cutoff))},
+        })
+
+    def _query_all(self, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        while True:
+            page = self._jobs.query(**kwargs)
+            items.extend(from_ddb(dict(i)) for i in page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    # ----------------------------------------------------------- node reports
+    def register_node(self, instance: Instance) -> bool:
+        return self.base.put_instance_if_absent(instance)
+
+    def record_tasks_report(self, node_id: str, report_ts: float,
+                            fields: dict[str, Any]) -> dict[str, Any] | None:
+        """Accept a task report unless it repeats the last accepted one (same timestamp);
+        returns the node item as written, None when the node is unknown or it is a repeat.
+
+        Reports are ordered by the server's receive time: a node clock that steps back
+        (within the allowed skew) is not a replay.
+        """
+        return self.base.apply_returning(
+            self._report_update(node_id, TASKS_REPORT_KEY, report_ts, fields))
+
+    def _report_update(self, node_id: str, key_attr: str, report_ts: float,
+                       fields: dict[str, Any], version: int | None = None,
+                       extra: dict[str, Any] | None = None) -> Update:
+        names = {"#k": INSTANCE_PK, "#ts": key_attr}
+        values: dict[str, Any] = {":ts": report_ts}
+        condition = "attribute_exists(#k) AND (attribute_not_exists(#ts) OR #ts <> :ts)"
+        set_fields = {**fields, key_attr: report_ts}
+        if version is not None:
+            names["#v"] = GPU_REPORT_VERSION
+            if version == 0:
+                condition += " AND attribute_not_exists(#v)"
+            else:
+                condition += " AND #v = :v"
+                values[":v"] = version
+            set_fields[GPU_REPORT_VERSION] = version + 1
+        return Update(table=self.base.instance_table_name, key={INSTANCE_PK: node_id},
+                      set_fields=set_fields, condition=condition, condition_values=values,
+                      condition_names=names, **(extra or {}))
+
+    def record_gpu_report(self, node_id: str, report_ts: float, version: int,
+                          fields: dict[str, Any], clear_error: bool) -> bool:
+        """Write a GPU report over the version read (optimistic: a concurrent report
+        of the same node makes this one fail, and the caller re-reads)."""
+        return self.base.apply(self._report_update(
+            node_id, GPU_REPORT_KEY, report_ts, fields, version,
+            {"remove_fields": ["gpu_report_error"] if clear_error else []}))
+
+    def flag_suspect(self, node_id: str, now: float, reason: str) -> bool:
+        """AVAILABLE (or unknown) -> SUSPECT."""
+        return self.base.apply(self.base.instance_update(
+            node_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
+            allow_missing=True, set_fields={"suspect_since": now, "suspect_reason": reason[:500]}))
+
+    # ------------------------------------------------------------------ ranks
+    def refresh_rank(self, rank: Rank, fields: dict[str, Any]) -> bool:
+        """Record a heartbeat on a rank still in the state (and task) it was read in."""
+        return self.base.apply(self.base.rank_update(rank, rank.state, from_states=[rank.state],
+                                                     set_fields=fields))
+
+    def move_rank(self, rank: Rank, from_state: RankState, to: RankState, fields: dict[str, Any],
+                  *, add: set[str] | None = None, delete: set[str] | None = None,
+                  remove: list[str] | None = None) -> bool:
+        """Rank transition and the job's per-attempt lost / hung sets, atomically; only
+        while the job is watched and on the rank's attempt."""
+        rank_update = self.base.rank_update(rank, to, from_states=[from_state], set_fields=fields)
+        rank_update.remove_fields.extend(remove or [])
+        member = {str(rank.rank)}
+        condition, values, names = _watched_job_condition(rank.attempt)
+        job_update = Update(
+            table=self.base.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
+            set_fields={"updated_at": clock.now()},
+            add_to_sets={a: member for a in (add or set())},
+            delete_from_sets={d: member for d in (delete or set())},
+            condition=condition, condition_values=values, condition_names=names,
+        )
+        return self.base.transact([rank_update, job_update])
+
+    def mark_rank_lost(self, rank: Rank, heartbeat_seen: Any, fields: dict[str, Any]) -> bool:
+        """RUNNING / HUNG -> NODE_LOST, unless a heartbeat landed since ``heartbeat_seen``."""
+        rank_update = self.base.rank_update(rank, RankState.NODE_LOST, from_states=[rank.state],
+                                            set_fields=fields)
+        rank_update.condition = f"({rank_update.condition}) AND #hbseen = :hbseen"
+        rank_update.condition_names["#hbseen"] = HB_SK
+        rank_update.condition_values[":hbseen"] = heartbeat_seen
+        member = {str(rank.rank)}
+        condition, values, names = _watched_job_condition(rank.attempt)
+        job_update = Update(
+            table=self.base.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
+            set_fields={"updated_at": clock.now()},
+            add_to_sets={lost_attr(rank.attempt): member},
+            delete_from_sets={hung_attr(rank.attempt): member} if rank.state is RankState.HUNG else {},
+            condition=condition, condition_values=values, condition_names=names,
+        )
+        return self.base.transact([rank_update, job_update])
+
+    def unwatch_rank(self, rank: Rank) -> bool:
+        """Drop a rank from the heartbeat index (its job no longer needs watching)."""
+        return self.base.apply(Update(
+            table=self.base.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            remove_fields=[HB_PK],
+            condition="#t = :t AND attribute_exists(#hb)",
+            condition_values={":t": rank.task_arn},
+            condition_names={"#t": JOB_BY_TASK_PK, "#hb": HB_PK},
+        ))
+
+    def request_rank_stop(self, rank: Rank, from_states: Iterable[RankState], reason: str) -> bool:
+        return self.base.apply(self.base.rank_update(
+            rank, RankState.STOP_REQUESTED, from_states=from_states,
+            set_fields={"stop_reason": reason[:300]}))
+
+    # ------------------------------------------------------------------- jobs
+    def settle_job(self, job_id: str, attempt: int, source: JobState, target: JobState,
+                   requires: str, reason: str, actor: str) -> bool:
+        """One step of a job following its lost / hung rank sets (see SETTLE_CONDITIONS)."""
+        condition = SETTLE_CONDITIONS[requires]
+        names = {k: v for k, v in (("#lost", lost_attr(attempt)), ("#hung", hung_attr(attempt)))
+                 if k in condition}
+        return self.base.apply(self.base.job_transition(
+            job_id, target, from_states=[source], attempt=attempt, reason=reason, actor=actor,
+            extra_condition=condition, extra_names=names))
+
+    def fail_lost_job(self, job: Job, reason: str, actor: str) -> bool:
+        """NODE_LOST -> FAILED (on the same attempt), its deadline cleared."""
+        return self.base.apply(self.base.job_transition(
+            job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
+            reason=reason, actor=actor, set_fields={"last_error": reason[:500]},
+            remove_fields=self.base.deadline_attributes()))
+
+    def quarantine_instance(self, node_id: str, reason: str) -> bool:
+        return self.base.apply(self.base.instance_update(
+            node_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT],
+            to=InstanceState.QUARANTINED, allow_missing=True,
+            set_fields={"quarantine_reason": reason[:500]}))
+
+
+# ------------------------------------------------------------------------- tokens
+class NodeTokenRepository:
+    """The node-token table: one item per node, the token's SHA-256 only."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table  # boto3 Table resource
+
+    def get(self, node_id: str) -> dict[str, Any] | None:
+        item = self._table.get_item(Key={NODE_TOKEN_PK: node_id}, ConsistentRead=True).get("Item")
+        return dict(item) if item else None
+
+    def put_active(self, node_id: str, fields: dict[str, Any]) -> None:
+        """Create or rotate the node's token item (a rotation replaces it whole)."""
+        self._table.put_item(Item={NODE_TOKEN_PK: node_id, **fields})
+
+    def revoke(self, node_id: str, *, status_attr: str, hash_attr: str, status: str,
+               revoked_at: int, revoked_by: str) -> bool:
+        """Mark the item revoked and drop its hash; False if the node has no item."""
+        try:
+            self._table.update_item(
+                Key={NODE_TOKEN_PK: node_id},
+                UpdateExpression="SET #s = :r, revoked_at = :t, revoked_by = :b REMOVE #h",
+                ConditionExpression="attribute_exists(#k)",
+                ExpressionAttributeNames={"#s": status_attr, "#h": hash_attr, "#k": NODE_TOKEN_PK},
+                ExpressionAttributeValues={":r": status, ":t": revoked_at, ":b": revoked_by},
+            )
+            return True
+        except ClientError as error:
+            if is_condition_failure(error):
+                return False
+            raise
+
+    def all_items(self) -> list[dict[str, Any]]:
+        """Every token item. Operator command only (gpu-recovery-admin list): a Scan,
+        never on a request path; the deployed roles are not granted dynamodb:Scan."""
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {}
+        while True:
+            page = self._table.scan(**kwargs)
+            items.extend(dict(i) for i in page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]

@@ -1,0 +1,155 @@
+"""Narrower IAM (issue 8): no unused DynamoDB actions, PassRole limited to the task-role
+prefix, a reboot-only SSM document, partition-aware ARNs (aws-cn, aws-us-gov), API
+Gateway's own errors in the APIs' error shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from infra_synth import DEFAULT_CONTEXT, Synth, synthesize
+
+from gpu_recovery.adapters.compute import REBOOT_COMMAND
+from gpu_recovery.constants import (
+    ENV_JOBS_ADMIN_ROLES,
+    ENV_JOBS_ALLOWED_FAMILIES,
+    ENV_JOBS_TASK_ROLE_PREFIXES,
+    ENV_REBOOT_DOCUMENT,
+    GATEWAY_ERRORS,
+)
+
+SECURITY_CONTEXT = {**DEFAULT_CONTEXT, "admin_roles": "gpu-ops", "team_roles": '["ml-team"]',
+                    "allowed_task_families": "llama-*,bert-train", "task_role_name_prefix": "ml-jobs-",
+                    "reserved_priority_roles": "gpu-ops", "telemetry_notify_interval_seconds": "600"}
+
+
+def _statements_by_role(synth: Synth) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        for role in policy["Properties"]["Roles"]:
+            found.setdefault(role["Ref"], []).extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return found
+
+
+def _actions(statement: dict[str, Any]) -> set[str]:
+    action = statement["Action"]
+    return {action} if isinstance(action, str) else set(action)
+
+
+def _resources(statement: dict[str, Any]) -> list[Any]:
+    resource = statement["Resource"]
+    return resource if isinstance(resource, list) else [resource]
+
+
+def _function_role(synth: Synth, service: str) -> str:
+    for function in synth.resources("AWS::Lambda::Function").values():
+        env = function["Properties"].get("Environment", {}).get("Variables", {})
+        if env.get("POWERTOOLS_SERVICE_NAME") == service:
+            return function["Properties"]["Role"]["Fn::GetAtt"][0]
+    raise AssertionError(service)
+
+
+def _environment(synth: Synth, service: str) -> dict[str, Any]:
+    for function in synth.resources("AWS::Lambda::Function").values():
+        env = function["Properties"].get("Environment", {}).get("Variables", {})
+        if env.get("POWERTOOLS_SERVICE_NAME") == service:
+            return env
+    raise AssertionError(service)
+
+
+@pytest.fixture(scope="module")
+def security_synth(tmp_path_factory: pytest.TempPathFactory, health_check_script: Path) -> Synth:
+    return synthesize(SECURITY_CONTEXT, tmp_path_factory.mktemp("cdk-security"))
+
+
+def test_no_scan_batch_write_or_delete_where_unused(default_synth: Synth) -> None:
+    """Scan / BatchWriteItem / DeleteItem were granted to 6 roles; no code uses them
+    (DeleteItem only on the idempotency table: Powertools deletes a failed record)."""
+    idempotency = next(iter(k for k, v in default_synth.resources("AWS::DynamoDB::Table").items()
+                            if v["Properties"].get("TimeToLiveSpecification")))
+    for role, statements in _statements_by_role(default_synth).items():
+        for statement in statements:
+            actions = _actions(statement)
+            assert not {"dynamodb:Scan", "dynamodb:BatchWriteItem", "dynamodb:*"} & actions, role
+            if "dynamodb:DeleteItem" in actions:
+                assert _resources(statement) == [{"Fn::GetAtt": [idempotency, "Arn"]}], role
+
+
+def test_pass_role_only_for_the_task_role_prefix(default_synth: Synth, security_synth: Synth) -> None:
+    """iam:PassRole on role/* was held by 6 roles; now role/<prefix>* and the stack's own
+    health-check roles (by ARN), only to ecs-tasks."""
+    for synth, prefix in ((default_synth, "gpu-training-"), (security_synth, "ml-jobs-")):
+        passes = [s for ss in _statements_by_role(synth).values() for s in ss
+                  if "iam:PassRole" in _actions(s)]
+        assert passes
+        for statement in passes:
+            resources = _resources(statement)
+            assert f"arn:aws:iam::111122223333:role/{prefix}*" in resources
+            others = [r for r in resources if isinstance(r, str) and r.endswith("*")]
+            assert others == [f"arn:aws:iam::111122223333:role/{prefix}*"]
+            assert all(isinstance(r, str) or "Fn::GetAtt" in r for r in resources)
+            assert statement["Condition"] == {
+                "StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+
+
+def test_node_authorizer_reads_one_table_only(default_synth: Synth) -> None:
+    role = _function_role(default_synth, "node-authorizer")
+    actions = set().union(*(_actions(s) for s in _statements_by_role(default_synth)[role]))
+    assert actions <= {"dynamodb:GetItem", "logs:CreateLogStream", "logs:PutLogEvents",
+                       "xray:PutTraceSegments", "xray:PutTelemetryRecords"}, actions
+
+
+def test_reboot_only_ssm_document(default_synth: Synth) -> None:
+    (document,) = default_synth.resources("AWS::SSM::Document").values()
+    props = document["Properties"]
+    assert props["DocumentType"] == "Command"
+    content = props["Content"]
+    assert "parameters" not in content
+    (step,) = content["mainSteps"]
+    assert step["inputs"]["runCommand"] == [REBOOT_COMMAND]
+    doc_id = next(iter(default_synth.resources("AWS::SSM::Document")))
+    for service in ("dcgm-task-monitor", "recovery-sweep", "ecs-task-handler"):
+        assert _environment(default_synth, service)[ENV_REBOOT_DOCUMENT] == {"Ref": doc_id}
+
+
+def test_jobs_api_gets_the_authorization_settings(security_synth: Synth) -> None:
+    env = _environment(security_synth, "jobs-api")
+    assert json.loads(env[ENV_JOBS_ADMIN_ROLES]) == ["gpu-ops"]
+    assert json.loads(env[ENV_JOBS_ALLOWED_FAMILIES]) == ["llama-*", "bert-train"]
+    assert json.loads(env[ENV_JOBS_TASK_ROLE_PREFIXES]) == ["ml-jobs-"]
+    assert _environment(security_synth, "node-api")["HW_SIGNAL_NOTIFY_SECONDS"] == "600"
+    assert security_synth.error is None, security_synth.error
+
+
+def test_gateway_errors_use_the_error_shape(default_synth: Synth) -> None:
+    responses = {r["Properties"]["ResponseType"]: r["Properties"]
+                 for r in default_synth.resources("AWS::ApiGateway::GatewayResponse").values()}
+    for name in [*GATEWAY_ERRORS, "DEFAULT_4XX", "DEFAULT_5XX", "BAD_REQUEST_BODY"]:
+        template = responses[name]["ResponseTemplates"]["application/json"]
+        assert template.startswith('{"error": "$context.error.responseType", "message": '), name
+
+
+@pytest.mark.parametrize(("region", "partition"), [("cn-north-1", "aws-cn"),
+                                                   ("us-gov-west-1", "aws-us-gov")])
+def test_synthesis_in_other_partitions(region: str, partition: str, health_check_script: Path,
+                                       tmp_path: Path) -> None:
+    """ARNs are built from the stack's partition: no hard-coded arn:aws: in the template,
+    and every IAM resource resolves into the region's partition; cdk-nag stays clean."""
+    synth = synthesize(DEFAULT_CONTEXT, tmp_path, region=region)
+    assert synth.error is None, synth.error
+    template = synth.outdir / "GpuTrainingRecovery.template.json"
+    raw = template.read_text()
+    assert '"arn:aws:' not in raw
+    lint = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--format", "parseable",
+                           "--regions", region, "--", str(template)],
+                          capture_output=True, text=True, check=False, timeout=180)
+    assert not [line for line in lint.stdout.splitlines() if ":E" in line], lint.stdout
+    for statements in _statements_by_role(synth).values():
+        for statement in statements:
+            for resource in _resources(statement):
+                if isinstance(resource, str) and resource != "*":
+                    assert resource.startswith(f"arn:{partition}:"), resource
