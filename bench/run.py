@@ -44,6 +44,7 @@ class _DropEmf(io.TextIOBase):
 SECTIONS = (
     ("Recovery loop", "bench.recovery_bench"),
     ("Crash consistency", "bench.fault_bench"),
+    ("Remediation MTTR", "bench.remediation_bench"),
     ("Node heartbeats", "bench.heartbeat_bench"),
     ("Job queue API", "bench.queue_api_bench"),
     ("Queue scheduler", "bench.scheduler_bench"),

@@ -457,7 +457,9 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     for flag, key in (("name", "name"), ("task_definition", "task_definition"),
                       ("container_name", "container_name"), ("nnodes", "nnodes"),
                       ("gpus_per_node", "gpus_per_node"),
-                      ("max_recovery_attempts", "max_recovery_attempts")):
+                      ("max_recovery_attempts", "max_recovery_attempts"),
+                      ("max_infra_recoveries", "max_infra_recoveries"),
+                      ("max_app_restarts", "max_app_restarts")):
         value = getattr(args, flag)
         if value is not None:
             spec[key] = value
@@ -479,7 +481,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
         spec["overrides"] = overrides
     if "priority" in spec:
         spec["priority"] = normalize_priority(spec["priority"])
-    for key in ("nnodes", "gpus_per_node", "max_recovery_attempts"):
+    for key in ("nnodes", "gpus_per_node", "max_recovery_attempts", "max_infra_recoveries",
+                "max_app_restarts"):
         if key in spec and not isinstance(spec[key], int):
             try:
                 spec[key] = int(spec[key])
@@ -988,7 +991,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--command", action="append", metavar="ARG",
                    help="command override: repeat once per argument, or one shell-quoted string")
     p.add_argument("--env", action="append", metavar="K=V", help="environment variable (repeatable)")
-    p.add_argument("--max-recovery-attempts", type=int)
+    p.add_argument("--max-recovery-attempts", type=int, help="older name of --max-infra-recoveries")
+    p.add_argument("--max-infra-recoveries", type=int,
+                   help="node faults fixed by a reboot or a move to healthy nodes (default 3)")
+    p.add_argument("--max-app-restarts", type=int,
+                   help="restarts after an application error (default 0: the job fails)")
     p.add_argument("--label", action="append", metavar="K=V", help="label (repeatable)")
     p.add_argument("--idempotency-key", help="Idempotency-Key header (default: a fresh UUID4)")
     p.add_argument("--dry-run", action="store_true",

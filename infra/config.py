@@ -25,10 +25,15 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY
+from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog, read_catalog_file
+from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
+from gpu_recovery.domain.remediation_settings import SETTINGS as REMEDIATION_DEFAULTS
+from gpu_recovery.domain.remediation_settings import parse_remediation_settings
 
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 DEFAULT_INSTANCE_TAG_KEY = "gpu-recovery:cluster"
@@ -156,7 +161,7 @@ def boolean() -> Parser:
             return False
         raise ConfigError(f"context key {key!r} must be true or false, got {value!r}")
 
-    return Parser(parse, "`true` / `false`")
+    return Parser(parse, "bool")
 
 
 def _list_items(key: str, value: Any, hint: str) -> list[Any]:
@@ -238,6 +243,56 @@ def _instance_tag_key(key: str, value: Any) -> str:
     return tag
 
 
+# Context keys handed to the functions as REMEDIATION_SETTINGS (domain.remediation_settings
+# validates them: one source of truth for their bounds).
+REMEDIATION_KEYS = (
+    "remediation_mode", "replace_action", "reboots_before_replace", "reboot_window_hours",
+    "max_remediations", "remediation_window_days", "breaker_enabled", "breaker_max_percent",
+    "breaker_max_nodes", "breaker_window_minutes",
+)
+
+
+def remediation_setting(accepts: str) -> Parser:
+    """One remediation setting, validated by the domain's own parser; kept as its text."""
+
+    def parse(key: str, value: Any) -> str:
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        text_value = str(value).strip()
+        try:
+            parse_remediation_settings({key: text_value})
+        except ValueError as error:
+            message = str(error).removeprefix("remediation settings: ")
+            raise ConfigError(f"context key {key!r}: {message}") from error
+        return text_value
+
+    return Parser(parse, accepts)
+
+
+def _resolve_catalog_path(value: str) -> Path:
+    from infra import REPO_ROOT
+
+    path = Path(value)
+    return path if path.is_absolute() or path.exists() else REPO_ROOT / value
+
+
+def catalog_file() -> Parser:
+    """A fault-catalog override: merged onto the shipped catalog and validated now (synth)."""
+
+    def parse(key: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ConfigError(f"context key {key!r} must be a path to a JSON or YAML file, got {value!r}")
+        try:
+            load_catalog(None, override=read_catalog_file(_resolve_catalog_path(value)))
+        except CatalogError as error:
+            problems = "\n  ".join(error.errors)
+            raise ConfigError(f"context key {key!r} ({value}): the fault catalog is invalid:\n  "
+                              f"{problems}") from error
+        return value
+
+    return Parser(parse, "JSON / YAML path")
+
+
 # --------------------------------------------------------------------------- registry
 REQUIRED: Any = object()  # sentinel: the key has no default
 
@@ -289,24 +344,33 @@ def option(default: Any, parse: Parser, doc: str, *, default_text: str | None = 
 class RecoveryConfig:
     # --- the cluster and the recovery loop
     cluster_name: str = option(REQUIRED, text(_NAME_RE, "1-255 letters, digits, - or _", "cluster name"),
-                               "the existing ECS cluster whose GPU training jobs are guarded")
+                               "the existing ECS cluster to guard")
     alert_email: str | None = option(None, text(_EMAIL_RE, "an e-mail address", "e-mail address"),
-                                     "e-mail address subscribed to the operator SNS topic")
+                                     "subscribed to the operator SNS topic")
     health_check_family: str = option(
         DEFAULT_HEALTH_CHECK_FAMILY, text(_NAME_RE, "1-255 letters, digits, - or _", "family name"),
-        "family of the DCGM health-check task definition the stack creates")
+        "family of the health-check task definition the stack creates")
     health_check_task_arn: str | None = option(
         None, text(_TASK_DEF_ARN_RE, "an ECS task definition ARN "
                    "(arn:aws:ecs:<region>:<account>:task-definition/<family>[:<revision>])",
                    "task definition ARN"),
-        "your own health-check task definition (same exit-code contract); none is created")
+        "your own health-check task definition (same contract); none is created")
     health_check_image: str = option(DEFAULT_HEALTH_CHECK_IMAGE,
                                      text(_IMAGE_RE, "a container image reference", "image reference"),
                                      "NVIDIA DCGM image of the health check")
     dcgm_level: int = option(2, integer(1, 4), "`dcgmi diag -r` level (1 quick, 2 ~2 min, 3 ~15 min)")
     health_check_gpus: int = option(8, integer(1, 16), "GPUs the health-check task reserves (a whole node)")
-    max_recovery_attempts: int = option(1, integer(0, 10),
-                                        "recoveries (reboot + restart) per job before it fails")
+    max_infra_recoveries: int = option(
+        DEFAULT_MAX_INFRA_RECOVERIES, integer(0, MAX_BUDGET),
+        "a job's infrastructure recoveries (reboot or move) before it fails")
+    max_recovery_attempts: int = option(
+        DEFAULT_MAX_INFRA_RECOVERIES, integer(0, MAX_BUDGET),
+        "older name of `max_infra_recoveries`",
+        default_text="`max_infra_recoveries`", derive=lambda values: values["max_infra_recoveries"])
+    max_app_restarts: int = option(DEFAULT_MAX_APP_RESTARTS, integer(0, MAX_BUDGET),
+                                   "a job's restarts after an application error (0: the job fails)")
+    health_check_all_nodes: bool = option(
+        False, boolean(), "on a GPU fault, check every node of the job, not only the failed ranks'")
     suspect_exit_codes: tuple[int, ...] = option(
         (1,), exit_codes(), "exit codes meaning a suspected GPU fault (JSON list or `1,134`)")
     reboot_timeout_minutes: int = option(30, integer(1, 1440),
@@ -342,7 +406,7 @@ class RecoveryConfig:
                                          "roles whose sessions share the jobs submitted under the role")
     allowed_task_families: tuple[str, ...] = option(
         ("*",), names(_FAMILY_RE, "families or `prefix*`"),
-        "task-definition families that may be submitted (never the health check's)")
+        "task-definition families that may be submitted")
     task_role_name_prefix: str = option(
         DEFAULT_TASK_ROLE_PREFIX, text(_ROLE_PREFIX_RE, "1-64 characters of an IAM role name",
                                        "role name prefix"),
@@ -354,6 +418,55 @@ class RecoveryConfig:
         3600, integer(60, 86_400), "at most one hardware-signal e-mail per node and kind per interval")
     telemetry_signal_retention_seconds: int = option(
         604_800, integer(3600, 31_536_000), "a hardware signal not seen this long is forgotten")
+    # --- remediation (docs/remediation.md)
+    fault_catalog_file: str | None = option(
+        None, catalog_file(), "fault-catalog override, validated at synth")
+    remediation_mode: str = option(
+        REMEDIATION_DEFAULTS["remediation_mode"][0],
+        remediation_setting("`enforce` / `observe`[,effect=mode]"),
+        "act, or only record what would be done (per effect)")
+    replace_action: str = option(
+        REMEDIATION_DEFAULTS["replace_action"][0], remediation_setting("`quarantine` / `terminate_in_asg`"),
+        "replacing a node: drain it, or terminate it in its Auto Scaling group")
+    reboots_before_replace: str = option(
+        REMEDIATION_DEFAULTS["reboots_before_replace"][0], remediation_setting("integer"),
+        "reboots for one cause before the next fault replaces the node")
+    reboot_window_hours: str = option(REMEDIATION_DEFAULTS["reboot_window_hours"][0],
+                                      remediation_setting("hours"), "the window of those reboots")
+    max_remediations: str = option(
+        REMEDIATION_DEFAULTS["max_remediations"][0], remediation_setting("integer"),
+        "remediations of a node before it is quarantined, an operator paged")
+    remediation_window_days: str = option(REMEDIATION_DEFAULTS["remediation_window_days"][0],
+                                          remediation_setting("days"), "the window of those remediations")
+    breaker_enabled: str = option(REMEDIATION_DEFAULTS["breaker_enabled"][0],
+                                  remediation_setting("`true` / `false`"), "the blast-radius breaker")
+    breaker_max_percent: str = option(
+        REMEDIATION_DEFAULTS["breaker_max_percent"][0], remediation_setting("1..100"),
+        "% of GPU nodes acted on per window before the breaker trips")
+    breaker_max_nodes: str = option(
+        REMEDIATION_DEFAULTS["breaker_max_nodes"][0], remediation_setting("integer"),
+        "also cap nodes acted on per window", default_text="none")
+    breaker_window_minutes: str = option(REMEDIATION_DEFAULTS["breaker_window_minutes"][0],
+                                         remediation_setting("minutes"), "the breaker's sliding window")
+    relocate_instead_of_wait: bool = option(
+        False, boolean(), "move relocatable jobs to free healthy nodes at once, not after the reboot")
+
+    @property
+    def remediation(self) -> tuple[tuple[str, str], ...]:
+        """Every remediation setting, given or default: the functions' settings say exactly
+        what was deployed."""
+        return tuple(sorted((key, getattr(self, key)) for key in REMEDIATION_KEYS))
+
+    @property
+    def remediation_settings_json(self) -> str:
+        return json.dumps(dict(self.remediation), sort_keys=True)
+
+    @cached_property
+    def fault_catalog_override(self) -> str | None:
+        """The override document as JSON text (validated when the key was parsed)."""
+        if self.fault_catalog_file is None:
+            return None
+        return json.dumps(read_catalog_file(_resolve_catalog_path(self.fault_catalog_file)), sort_keys=True)
 
     @property
     def creates_health_check_task(self) -> bool:
@@ -390,7 +503,23 @@ class RecoveryConfig:
                 values[opt.key] = opt.derive(values)
             else:
                 values[opt.key] = opt.default
+        _check_together(values, given={opt.key for opt in OPTIONS if getter(opt.key) not in (None, "")})
         return cls(**values)
+
+
+def _check_together(values: dict[str, Any], given: set[str]) -> None:
+    """Constraints across keys (``values`` is completed in place)."""
+    if "max_recovery_attempts" in given:
+        infra, older = values["max_infra_recoveries"], values["max_recovery_attempts"]
+        if "max_infra_recoveries" in given and infra != older:
+            raise ConfigError("context keys 'max_infra_recoveries' and 'max_recovery_attempts' (its older "
+                              f"name) disagree ({infra} and {older}): give one of them")
+        values["max_infra_recoveries"] = older
+    try:
+        parse_remediation_settings({key: values[key] for key in REMEDIATION_KEYS})
+    except ValueError as error:
+        message = str(error).removeprefix("remediation settings: ")
+        raise ConfigError(f"remediation context key(s): {message}") from error
 
 
 def _options() -> tuple[Option, ...]:

@@ -74,6 +74,8 @@ class LambdaDefaults:
 
     config: RecoveryConfig
     environment: Mapping[str, str] = field(default_factory=dict)
+    # Layers every function also gets (the deployment's fault-catalog override).
+    extra_layers: list[lambda_.ILayerVersion] = field(default_factory=list)
     _layer: lambda_.ILayerVersion | None = None
     _code: lambda_.Code | None = None
 
@@ -144,7 +146,7 @@ class RecoveryFunction(Construct):
             architecture=defaults.architecture,
             handler=handler,
             code=defaults.code(),
-            layers=[defaults.layer(self)],
+            layers=[defaults.layer(self), *defaults.extra_layers],
             role=self.role,
             log_group=self.log_group,
             tracing=lambda_.Tracing.ACTIVE,

@@ -84,6 +84,8 @@ class ClusterAccess:
         self.task_definition_arns = f"arn:{partition}:ecs:{region}:{account}:task-definition/*"
         self.ec2_instance_arns = f"arn:{partition}:ec2:{region}:{account}:instance/*"
         self.managed_instance_arns = f"arn:{partition}:ssm:{region}:{account}:managed-instance/*"
+        self.auto_scaling_group_arns = (f"arn:{partition}:autoscaling:{region}:{account}:autoScalingGroup:*:"
+                                        "autoScalingGroupName/*")
         self.task_role_arns = f"arn:{partition}:iam::{account}:role/{config.task_role_name_prefix}*"
         self.passable_role_arns: list[str] = []
         self.reboot_document_arn: str | None = None
@@ -179,6 +181,16 @@ class ClusterAccess:
             )
         ]
 
+    def list_container_instances(self) -> list[iam.PolicyStatement]:
+        """The breaker counts the cluster's GPU nodes; relocation looks for free ones."""
+        return [
+            iam.PolicyStatement(
+                sid="ListContainerInstancesOfCluster",
+                actions=["ecs:ListContainerInstances"],
+                resources=[self.cluster_arn],
+            )
+        ]
+
     # ----- EC2 / SSM -----------------------------------------------------------------
     def reboot_instances(self) -> list[iam.PolicyStatement]:
         return [
@@ -215,6 +227,27 @@ class ClusterAccess:
         ]
 
 
+    # ----- Auto Scaling ----------------------------------------------------------------
+    def terminate_in_asg(self) -> list[iam.PolicyStatement]:
+        """replace_action=terminate_in_asg only: terminate a GPU node in its Auto Scaling
+        group (capacity kept), only in groups tagged with the cluster tag."""
+        if dict(self.config.remediation).get("replace_action") != "terminate_in_asg":
+            return []
+        return [
+            iam.PolicyStatement(
+                sid="TerminateInTaggedAutoScalingGroups",
+                actions=["autoscaling:TerminateInstanceInAutoScalingGroup"],
+                resources=[self.auto_scaling_group_arns],
+                conditions=self._tagged,
+            ),
+            iam.PolicyStatement(
+                sid="DescribeAutoScalingInstances",
+                actions=["autoscaling:DescribeAutoScalingInstances"],
+                resources=["*"],
+            ),
+        ]
+
+
 class RecoveryFunctions(Construct):
     """Four functions, each with its own role, trigger, retries and DLQ."""
 
@@ -244,11 +277,18 @@ class RecoveryFunctions(Construct):
             handler="handlers.ecs_task_handler.lambda_handler",
             service="ecs-task-handler",
             description="Training task stopped: classify, stop the other ranks, start DCGM",
+            # A definitive fault (the catalog's fast path) is remediated from here at once.
             permissions=[
                 access.start_task,
                 access.stop_task,
                 access.describe_tasks,
                 access.list_tasks,
+                access.describe_container_instances,
+                access.list_container_instances,
+                access.reboot_instances,
+                access.send_reboot_command,
+                access.update_container_instances_state,
+                access.terminate_in_asg,
             ],
         )
         self.dcgm_monitor = self._function(
@@ -256,12 +296,18 @@ class RecoveryFunctions(Construct):
             handler="handlers.dcgm_task_monitor.lambda_handler",
             service="dcgm-task-monitor",
             description="DCGM health check stopped: reboot, quarantine or fail the job",
+            # A verdict may also restart (or relocate) the job whose last node it was.
             permissions=[
                 access.reboot_instances,
                 access.send_reboot_command,
                 access.update_container_instances_state,
                 access.describe_tasks,
                 access.describe_container_instances,
+                access.list_container_instances,
+                access.terminate_in_asg,
+                access.start_task,
+                access.stop_task,
+                access.list_tasks,
             ],
         )
         if health_check.log_group is not None:
@@ -278,6 +324,8 @@ class RecoveryFunctions(Construct):
                 access.start_task,
                 access.describe_tasks,
                 access.describe_container_instances,
+                access.list_container_instances,
+                access.list_tasks,
             ],
         )
         self.sweep = self._function(
@@ -288,16 +336,20 @@ class RecoveryFunctions(Construct):
             timeout=Duration.seconds(55),
             async_retries=SCHEDULED_ASYNC_RETRIES,
             max_event_age=SCHEDULED_MAX_EVENT_AGE,
+            # It finishes what any delivery left undone: reboots, drains, terminations, the
+            # breaker's released backlog.
             permissions=[
                 access.start_task,
                 access.stop_task,
                 access.describe_tasks,
                 access.list_tasks,
                 access.describe_container_instances,
+                access.list_container_instances,
                 access.update_container_instances_state,
                 # A reboot whose issue was not confirmed is re-issued by the sweep.
                 access.reboot_instances,
                 access.send_reboot_command,
+                access.terminate_in_asg,
             ],
         )
         for fn in self.functions.values():
@@ -431,6 +483,11 @@ class RecoveryFunctions(Construct):
                 "ECS Anywhere managed-instance ids are not known at deploy time; SendCommand "
                 "is allowed only on managed instances tagged with the cluster tag."
             ),
+            access.auto_scaling_group_arns: (
+                "GPU nodes' Auto Scaling groups are not known at deploy time; "
+                "TerminateInstanceInAutoScalingGroup is allowed only in groups tagged with the "
+                "cluster tag (replace_action terminate_in_asg)."
+            ),
         }
         policy_resources: set[str] = set()
         for statement in fn.statements:
@@ -443,7 +500,8 @@ class RecoveryFunctions(Construct):
                 )
         star_reason = (
             "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) "
-            + ("and ec2:DescribeInstances " if "*" in policy_resources else "")
+            + ("and ec2:DescribeInstances / autoscaling:DescribeAutoScalingInstances "
+               if "*" in policy_resources else "")
             + "support no resource-level permissions, so their resource must be '*'."
         )
         acknowledge(fn.role, ("AwsSolutions-IAM5[Resource::*]", star_reason))

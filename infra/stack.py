@@ -47,6 +47,8 @@ from constructs import Construct
 from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
     ENV_DCGM_LEVEL,
+    ENV_FAULT_CATALOG_OVERRIDE,
+    ENV_HEALTH_CHECK_ALL_NODES,
     ENV_HEALTH_CHECK_GPUS,
     ENV_HEALTH_CHECK_TASK,
     ENV_HEALTH_CHECK_TIMEOUT_MINUTES,
@@ -57,14 +59,18 @@ from gpu_recovery.constants import (
     ENV_JOBS_PRIORITY_ROLES,
     ENV_JOBS_TASK_ROLE_PREFIXES,
     ENV_JOBS_TEAM_ROLES,
+    ENV_MAX_APP_RESTARTS,
     ENV_MAX_RECOVERY_ATTEMPTS,
     ENV_REBOOT_DOCUMENT,
     ENV_REBOOT_TIMEOUT_MINUTES,
+    ENV_RELOCATE_INSTEAD_OF_WAIT,
+    ENV_REMEDIATION_SETTINGS,
     ENV_SNS_TOPIC_ARN,
     ENV_SUSPECT_EXIT_CODES,
 )
 from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
+from infra.fault_catalog import RUNTIME_PATH, override_layer
 from infra.health_check import HealthCheck
 from infra.lambda_common import (
     POWERTOOLS_PACKAGE,
@@ -128,6 +134,14 @@ class GpuRecoveryStack(Stack):
                 [task_definition.execution_role.role_arn] if task_definition.execution_role else []))
         self.reboot_document = RebootDocument(self, "RebootDocument")
         self.access.use_reboot_document(self.reboot_document.arn)
+        self.fault_catalog_layer = override_layer(self, config)
+        remediation_env = {
+            ENV_MAX_APP_RESTARTS: str(config.max_app_restarts),
+            ENV_REMEDIATION_SETTINGS: config.remediation_settings_json,
+            ENV_RELOCATE_INSTEAD_OF_WAIT: "true" if config.relocate_instead_of_wait else "false",
+        }
+        if self.fault_catalog_layer is not None:
+            remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH
         self.lambda_defaults = LambdaDefaults(
             config=config,
             environment={
@@ -142,8 +156,11 @@ class GpuRecoveryStack(Stack):
                 ENV_HEALTH_CHECK_TIMEOUT_MINUTES: str(config.health_check_timeout_minutes),
                 ENV_DCGM_LEVEL: str(config.dcgm_level),
                 ENV_HEALTH_CHECK_GPUS: str(config.health_check_gpus),
+                ENV_HEALTH_CHECK_ALL_NODES: "true" if config.health_check_all_nodes else "false",
+                **remediation_env,
                 ENV_REBOOT_DOCUMENT: self.reboot_document.name,
             },
+            extra_layers=[self.fault_catalog_layer] if self.fault_catalog_layer is not None else [],
         )
         self.recovery = RecoveryFunctions(
             self,

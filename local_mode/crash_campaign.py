@@ -10,6 +10,15 @@ and two minutes later) and the sweep runs every minute.
 fault was injected, once: ``throttle`` (refused, not executed) or ``lost_response``
 (executed, the caller never hears back). ``check(result)`` lists what ended wrong.
 Used by the crash-consistency tests and by ``make bench``.
+
+Two more scenarios break the remediation flows the same way (``scenario=``):
+
+* ``fast_path`` — node-b's GPU logs XID 79; the node agent reports it (``/v1/report_gpu``
+  through the heartbeat service: its calls are in the flow, and a failed report is
+  retried as the agent does) and the rank dies 10 s later: node-b is rebooted without a
+  DCGM diag, exactly once, and the job restarts and completes;
+* ``relocation`` — node-b's GPU dies (DCGM says replace): node-b is quarantined, never
+  rebooted, and rank 1 of the relocatable job moves to the spare node-c, exactly once.
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ from .faults import FAULT_MODES, ApiCall
 
 MIN = 60
 JOB_ID = "campaign"
-FAULTY, HEALTHY = "node-b", "node-a"
+FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
+SCENARIOS = ("gpu_fault", "fast_path", "relocation")
 TRAIN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 90 * MIN
 
@@ -55,6 +65,9 @@ class RunResult:
     dead_letters: int
     recovered_mails: int
     timeline: list[str] = field(default_factory=list)
+    scenario: str = "gpu_fault"
+    final_nodes: list[str] = field(default_factory=list)  # where the last attempt's ranks ran
+    ecs_status: dict[str, str] = field(default_factory=dict)
 
 
 def check(result: RunResult) -> list[str]:
@@ -63,16 +76,26 @@ def check(result: RunResult) -> list[str]:
     if result.job_state != JobState.COMPLETE.value or result.attempt != 2 or result.recoveries_used != 1:
         problems.append(f"job {result.job_state} attempt {result.attempt} "
                         f"recoveries {result.recoveries_used} (want COMPLETE, 2, 1)")
-    if result.reboots != {HEALTHY: 0, FAULTY: 1}:
-        problems.append(f"reboots {result.reboots} (want node-b once)")
+    relocation = result.scenario == "relocation"
+    want_reboots = {n: (1 if n == FAULTY and not relocation else 0) for n in result.reboots}
+    if result.reboots != want_reboots:
+        problems.append(f"reboots {result.reboots} (want {want_reboots})")
     for node, count in result.health_checks.items():
         suspect = node in result.suspects
-        if count != (1 if suspect else 0):
-            problems.append(f"{count} health check(s) on {node} (suspect: {suspect})")
+        want = 1 if suspect and not (result.scenario == "fast_path" and node == FAULTY) else 0
+        if count != want:
+            problems.append(f"{count} health check(s) on {node} (suspect: {suspect}, want {want})")
     if FAULTY not in result.suspects:
         problems.append("the faulty node was never a suspect")
-    if any(state != InstanceState.AVAILABLE.value for state in result.instance_states.values()):
-        problems.append(f"instances {result.instance_states} (want all AVAILABLE)")
+    want_states = {n: InstanceState.AVAILABLE.value for n in result.instance_states}
+    if relocation:
+        want_states[FAULTY] = InstanceState.QUARANTINED.value
+        if result.ecs_status.get(FAULTY) != "DRAINING":
+            problems.append(f"node-b is {result.ecs_status.get(FAULTY)} in ECS (want DRAINING)")
+        if result.final_nodes != [HEALTHY, SPARE]:
+            problems.append(f"ranks ended on {result.final_nodes} (want rank 1 moved to {SPARE})")
+    if result.instance_states != want_states:
+        problems.append(f"instances {result.instance_states} (want {want_states})")
     if result.stuck:
         problems.append(f"still pending: {result.stuck}")
     if result.dead_letters:
@@ -97,17 +120,26 @@ def _cluster() -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
             runtime.reset(clients=False)
 
 
-def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) -> RunResult:
+def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+                 scenario: str = "gpu_fault") -> RunResult:
     """The scenario, with ``fault`` (n-th call, mode) broken once (None: unbroken)."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario is one of {SCENARIOS}")
     with _cluster() as (local, bus, sim):
-        _start_job(sim)
+        _start_job(sim, scenario)
         calls = local.call_faults
         if fault is None:
             calls.arm(None, record_sites=True)
         else:
             calls.arm(fault[0], fault[1])
-        sim.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True)
-        return _finish(local, bus, sim, fault, keep_timeline)
+        if scenario == "fast_path":
+            sim.inject_xid(FAULTY, 79, after=MIN, health="reboot_fixable", nccl_cascade=True,
+                           crash_delay_seconds=10)
+        elif scenario == "relocation":
+            sim.inject_gpu_fault(FAULTY, after=MIN, health="replace", nccl_cascade=True)
+        else:
+            sim.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True)
+        return _finish(local, bus, sim, fault, keep_timeline, scenario)
 
 
 def run_reordered(order: tuple[str, ...], *, keep_timeline: bool = False) -> RunResult:
@@ -137,17 +169,22 @@ def run_reordered(order: tuple[str, ...], *, keep_timeline: bool = False) -> Run
         return _finish(local, bus, sim, None, keep_timeline)
 
 
-def _start_job(sim: SimulatedEcs) -> None:
-    for node in (HEALTHY, FAULTY):
+def _start_job(sim: SimulatedEcs, scenario: str = "gpu_fault") -> None:
+    for node in _nodes(scenario):
         sim.add_node(node, gpus=8)
     td = sim.register_training_task_definition("train", gpus=8)
     sim.plan_family("train", run_seconds=TRAIN_SECONDS, exit_code=0)
-    sim.start_job(JOB_ID, td, [HEALTHY, FAULTY])
+    tags = {C.TAG_RELOCATABLE: "true"} if scenario == "relocation" else None
+    sim.start_job(JOB_ID, td, [HEALTHY, FAULTY], extra_tags=tags)
     sim.run_for(MIN)
 
 
+def _nodes(scenario: str) -> tuple[str, ...]:
+    return (HEALTHY, FAULTY, SPARE) if scenario == "relocation" else (HEALTHY, FAULTY)
+
+
 def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, fault: tuple[int, str] | None,
-            keep_timeline: bool) -> RunResult:
+            keep_timeline: bool, scenario: str = "gpu_fault") -> RunResult:
     # Inspect through the emulator's own client: these reads are not the flow's calls.
     repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
 
@@ -166,7 +203,14 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, fault: tuple
     sim.run_for(3 * MIN)  # let retries and the sweep settle
     job = repo.get_job(JOB_ID)
     assert job is not None
-    node_of = {sim.node(n).container_instance_id: n for n in (HEALTHY, FAULTY)}
+    nodes = _nodes(scenario)
+    node_of = {sim.node(n).container_instance_id: n for n in nodes}
+    final = sorted(node_of.get(r.container_inst_id, r.container_inst_id) for r in repo.get_ranks(job)
+                   if r.attempt == job.attempt)
+    described = local.client("ecs").describe_container_instances(
+        cluster=local.cluster_name, containerInstances=[sim.node(n).container_instance_arn for n in nodes])
+    ecs_status = {node_of.get(ci["containerInstanceArn"].rsplit("/", 1)[-1], "?"): ci["status"]
+                  for ci in described["containerInstances"]}
     far = sim.now() + 10**7
     stuck = [f"instance {node_of.get(i.container_inst_id, i.container_inst_id)} {i.state.value}"
              for i in repo.due_instances(far)]
@@ -180,10 +224,10 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, fault: tuple
         recoveries_used=job.recoveries_used,
         suspects={node_of.get(i, i): v for i, v in job.suspects.items()},
         health_checks={n: sum(1 for t in sim.tasks.values() if t.health_check and t.node == n)
-                       for n in (HEALTHY, FAULTY)},
-        reboots={n: sim.node(n).reboots for n in (HEALTHY, FAULTY)},
+                       for n in nodes},
+        reboots={n: sim.node(n).reboots for n in nodes},
         instance_states={n: _state(repo.get_instance(sim.node(n).container_instance_id))
-                         for n in (HEALTHY, FAULTY)},
+                         for n in nodes},
         stuck=stuck,
         # A failed sweep is not retried (the next minute's sweep is its retry): only
         # events that exhausted their retries are lost work.
@@ -191,6 +235,7 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, fault: tuple
         recovered_mails=sum(1 for n in local.notifications()
                             if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "recovered"),
         timeline=sim.format_timeline() if keep_timeline else [],
+        scenario=scenario, final_nodes=final, ecs_status=ecs_status,
     )
 
 
@@ -219,9 +264,10 @@ class CampaignSummary:
     failures: list[tuple[tuple[int, str], ApiCall | None, list[str]]]
 
 
-def campaign(positions: list[int] | None = None, modes: tuple[str, ...] = FAULT_MODES) -> CampaignSummary:
+def campaign(positions: list[int] | None = None, modes: tuple[str, ...] = FAULT_MODES,
+             scenario: str = "gpu_fault") -> CampaignSummary:
     """Break each position (default: every call of the baseline run) in each mode."""
-    baseline = run_recovery()
+    baseline = run_recovery(scenario=scenario)
     problems = check(baseline)
     if problems:
         raise AssertionError(f"the unbroken run itself failed: {problems}")
@@ -230,7 +276,7 @@ def campaign(positions: list[int] | None = None, modes: tuple[str, ...] = FAULT_
     runs = 0
     for index in chosen:
         for mode in modes:
-            result = run_recovery((index, mode))
+            result = run_recovery((index, mode), scenario=scenario)
             runs += 1
             wrong = check(result)
             if wrong:

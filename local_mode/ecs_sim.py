@@ -18,6 +18,16 @@ behind it, driven by the API calls it observes through ``LocalAws.hooks``:
 * **DescribeContainerInstances** — answers carry GPU registered/remaining
   resources and the simulated agentConnected.
 * **UpdateContainerInstancesState** — emits the container-instance event.
+* **TerminateInstanceInAutoScalingGroup** (nodes put in a group with
+  ``put_in_auto_scaling_group``) — the node's tasks die, its agent disconnects and its
+  container instance is deregistered; ``replacement_seconds`` later a new node (``<name>-r1``)
+  registers, as the group's new instance would.
+
+GPU faults with XIDs (``inject_xid``) reach the stack the way the node agent reports them:
+``POST /v1/report_gpu`` through the heartbeat service (``gpu_reporter``, by default the
+service itself; the demo's node agents send it over HTTP), then the training tasks on the
+node die. Health-check verdicts follow the node's ``health`` (exit codes 0-3 of the DCGM
+health check, and its JSON verdict line in the log group).
 
 Time never passes by itself: ``run_for`` / ``run_until`` / ``run_until_idle`` pop the
 action queue in time order, deliver each emitted event to the ``LocalEventBus`` and
@@ -64,8 +74,10 @@ from .emulator import HEALTH_CHECK_LOG_GROUP, LocalAws
 from .event_bus import LocalEventBus
 
 DEFAULT_START = datetime(2026, 11, 20, 14, 0, 0, tzinfo=UTC).timestamp()
-HEALTH_VALUES = ("healthy", "reboot_fixable", "persistent_reboot", "replace")
-VERDICT_EXIT = {"healthy": 0, "reboot_fixable": 1, "persistent_reboot": 1, "replace": 2}
+HEALTH_VALUES = ("healthy", "reboot_fixable", "persistent_reboot", "replace", "config_error")
+# config_error: DCGM's persistence-mode failure (error 29, severity config): exit 3.
+VERDICT_EXIT = {"healthy": 0, "reboot_fixable": 1, "persistent_reboot": 1, "replace": 2,
+                "config_error": 3}
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
 
@@ -207,6 +219,7 @@ class SimulatedEcs:
         stop_delay_seconds: float = 10,
         run_delay_seconds: float = 5,
         disconnect_delay_seconds: float = 15,
+        replacement_seconds: float = 240,
         instance_events_on_placement: bool = True,
         install_clock: bool = True,
         node_tag_key: str = "gpu-recovery:cluster",
@@ -220,6 +233,11 @@ class SimulatedEcs:
         self.stop_delay_seconds = stop_delay_seconds
         self.run_delay_seconds = run_delay_seconds
         self.disconnect_delay_seconds = disconnect_delay_seconds
+        self.replacement_seconds = replacement_seconds
+        #: how an XID reaches the stack: (node name, report body) -> None; raises on failure
+        self.gpu_reporter: Callable[[str, dict[str, Any]], Any] = self._report_gpu_to_service
+        self.auto_scaling_groups: dict[str, str] = {}  # node name -> group name
+        self.gpu_reports: list[tuple[float, str, int]] = []  # (time, node, xid) accepted
         self.instance_events_on_placement = instance_events_on_placement
         self.node_tag_key = node_tag_key
         self.nodes: dict[str, Node] = {}
@@ -233,6 +251,7 @@ class SimulatedEcs:
             "reboots": 0,
             "reboots_ec2": 0,
             "reboots_ssm": 0,
+            "terminations": 0,
             "events_emitted": 0,
         }
         self._family_plans: dict[str, _Plan] = {}
@@ -255,6 +274,8 @@ class SimulatedEcs:
         )
         hooks.on_after_call("ec2", "RebootInstances", self._after_reboot_instances)
         hooks.on_after_call("ssm", "SendCommand", self._after_send_command)
+        hooks.on_after_call("auto-scaling", "TerminateInstanceInAutoScalingGroup",
+                            self._after_terminate_in_asg)
 
     # ================================================================ helpers
     @property
@@ -498,6 +519,89 @@ class SimulatedEcs:
         for task in others:
             out += self._container_exit(task, 1, "NCCL error")
         return out
+
+    def inject_xid(
+        self,
+        node: str,
+        xid: int,
+        at: float | None = None,
+        after: float | None = None,
+        *,
+        gpu: int = 0,
+        health: str = "reboot_fixable",
+        exit_code: int | None = 1,
+        nccl_cascade: bool = False,
+        report_delay_seconds: float = 1,
+        crash_delay_seconds: float = 3,
+    ) -> None:
+        """The driver logs ``XID <xid>`` on GPU ``gpu`` of ``node``: the node agent reports
+        it (``report_delay_seconds`` later, through ``gpu_reporter``: the heartbeat service's
+        ``report_gpu``, retried as the agent retries), and ``crash_delay_seconds`` after the
+        XID every training task on the node exits ``exit_code`` (None: the XID kills no task;
+        the node's health still becomes ``health`` for a later health check)."""
+        if health not in HEALTH_VALUES:
+            raise ValueError(f"health is one of {HEALTH_VALUES}")
+        n = self.node(node)
+        t = self._when(at, after)
+
+        def logged() -> list[dict[str, Any]]:
+            with self._lock:
+                n.health = health
+            self._log("fault", f"XID {xid} on GPU {gpu} (driver log; health: {health})", n.name)
+            return []
+
+        self.schedule(t, logged, f"xid {xid} {node}")
+        self.schedule(t + report_delay_seconds, lambda: self._report_xid(n, xid, gpu, attempt=1),
+                      f"agent reports xid {xid}")
+        if exit_code is not None:
+            self.schedule(t + crash_delay_seconds, lambda: self._xid_crash(n, xid, exit_code, nccl_cascade),
+                          f"xid {xid} crash")
+
+    def _xid_crash(self, n: Node, xid: int, exit_code: int, nccl_cascade: bool) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            victims = [task for task in self.tasks.values()
+                       if task.node == n.name and not task.done and not task.health_check]
+        jobs = set()
+        for task in victims:
+            out += self._container_exit(task, exit_code, f"CUDA error after XID {xid}")
+            if C.TAG_JOB_ID in task.tags:
+                jobs.add(task.tags[C.TAG_JOB_ID])
+        if nccl_cascade and jobs:
+            self.schedule(self.now() + 5, lambda: self._cascade(jobs, n.name), "nccl cascade")
+        return out
+
+    def gpu_report_body(self, n: Node, xids: dict[int, list[int]] | None = None) -> dict[str, Any]:
+        """The node agent's ``/v1/report_gpu`` body (agent/README.md) for this node now."""
+        xids = xids or {}
+        gpus = [{"index": i, "uuid": uuid, "pci_bus_id": f"00000000:{16 + i:02X}:00.0",
+                 "utilization_gpu": 0, "memory_used_mib": 0, "memory_total_mib": 81920,
+                 "temperature_c": 40, "ecc_uncorrected_volatile": 0, "remapped_rows_pending": False,
+                 "remapped_rows_failure": False, "xids": list(xids.get(i, []))}
+                for i, uuid in enumerate(n.gpu_ids)]
+        return {"node_id": n.container_instance_id, "timestamp": self.now(), "gpus": gpus}
+
+    def _report_xid(self, n: Node, xid: int, gpu: int, attempt: int) -> list[dict[str, Any]]:
+        body = self.gpu_report_body(n, {gpu: [xid]})
+        try:
+            self.gpu_reporter(n.name, body)
+        except Exception as error:  # the agent retries a failed report (and keeps the XID)
+            if attempt >= 5:
+                self._log("agent", f"report_gpu failed {attempt} times, XID {xid} lost: {error}", n.name)
+                return []
+            self.schedule(self.now() + 2, lambda: self._report_xid(n, xid, gpu, attempt + 1), "report retry")
+            return []
+        with self._lock:
+            self.gpu_reports.append((self.now(), n.name, xid))
+        self._log("agent", f"node agent reported XID {xid} on GPU {gpu} (POST /v1/report_gpu)", n.name)
+        return []
+
+    def _report_gpu_to_service(self, node: str, body: dict[str, Any]) -> Any:
+        """What the node API does with a GPU report: the heartbeat service's report_gpu."""
+        from gpu_recovery import heartbeat
+
+        return heartbeat.service().report_gpu(body["node_id"], body["timestamp"], body["gpus"],
+                                              body.get("unmapped_xids") or [], body.get("error"))
 
     def inject_task_exit(
         self,
@@ -867,6 +971,60 @@ class SimulatedEcs:
             if node is not None:
                 self._reboot(node, f"SSM {document}")
 
+    # ================================================================ Auto Scaling
+    def put_in_auto_scaling_group(self, nodes: list[str], group: str = "gpu-nodes") -> str:
+        """Create an Auto Scaling group (tagged with the cluster tag) holding ``nodes``."""
+        asg, ec2 = self.local.client("autoscaling"), self.local.client("ec2")
+        if group not in set(self.auto_scaling_groups.values()):
+            template = ec2.create_launch_template(
+                LaunchTemplateName=f"{group}-lt",
+                LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "p4d.24xlarge"})
+            asg.create_auto_scaling_group(
+                AutoScalingGroupName=group, MinSize=0, MaxSize=64, DesiredCapacity=0,
+                LaunchTemplate={"LaunchTemplateId": template["LaunchTemplate"]["LaunchTemplateId"]},
+                AvailabilityZones=[f"{self.local.region}a"],
+                Tags=[{"Key": self.node_tag_key, "Value": self.local.cluster_name, "PropagateAtLaunch": True,
+                       "ResourceId": group, "ResourceType": "auto-scaling-group"}])
+        ids = [self.node(n).instance_id for n in nodes]
+        asg.attach_instances(AutoScalingGroupName=group, InstanceIds=ids)
+        for n in nodes:
+            self.auto_scaling_groups[self.node(n).name] = group
+        return group
+
+    def _after_terminate_in_asg(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        if status >= 300:
+            return
+        node = self._node_or_none(params.get("InstanceId", ""))
+        if node is None:
+            return
+        with self._lock:
+            self.counters["terminations"] += 1
+        self._log("node", "terminated in its Auto Scaling group (desired capacity kept)", node.name)
+        host = node.instance_id
+
+        def gone() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            for task in self.running_tasks(node.name):
+                out += self._finish(task, exit_code=137, stop_code="EssentialContainerExited",
+                                    reason=f"Host EC2 (instance {host}) terminated", why="host terminated")
+            node.agent_connected = False
+            with contextlib.suppress(Exception):
+                self.local.client("ecs").deregister_container_instance(
+                    cluster=self.local.cluster_name, containerInstance=node.container_instance_arn,
+                    force=True)
+            return [*out, self._ci_event(node)]
+
+        def replacement() -> list[dict[str, Any]]:
+            count = sum(1 for name in self.nodes if name.startswith(f"{node.name}-r")) + 1
+            new = self.add_node(f"{node.name}-r{count}", gpus=len(node.gpu_ids))
+            self._log("node", f"replacement for {node.name} launched by the Auto Scaling group", new.name)
+            return []
+
+        self.schedule(self.now() + 5, gone, "terminated")
+        self.schedule(self.now() + self.replacement_seconds, replacement, "asg replacement")
+
     # ================================================================ reboot
     def reboot(self, node: str) -> None:
         """Reboot a node as if the API had been called (no API call)."""
@@ -1073,19 +1231,32 @@ class SimulatedEcs:
 
     def _write_verdict_log(self, task: SimTask, node: Node, verdict: int) -> None:
         # Same shape as health_check/dcgm_health_check.sh prints (see its README).
-        name = {0: "healthy", 1: "reboot", 2: "replace"}[verdict]
+        name = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action"}[verdict]
         reasons = {
             "healthy": [],
             "reboot": ["dcgmi diag failed (exit 226)", "gpu 3: 2 uncorrected volatile ECC errors"],
             "replace": ["dcgmi diag reported an isolate error (exit 205)"],
+            "operator_action": ["dcgmi diag failed (exit 226) on configuration problems only"],
         }[name]
+        # As the real DCGM 4.x capture: persistence mode off is error 29, severity 5 (config),
+        # category 3 (software config), and makes dcgmi exit 226 like a failed test.
+        errors = {
+            "reboot": [{"test": "memory", "error_id": 2, "severity": 4, "category": 10,
+                        "message": "Memory test failed: 2 uncorrected volatile ECC errors on GPU 3"}],
+            "replace": [{"test": "memory", "error_id": 70, "severity": 2, "category": 10,
+                         "message": "A row remapping failure occurred on GPU 0"}],
+            "operator_action": [{"test": "software", "error_id": 29, "severity": 5, "category": 3,
+                                 "message": "Persistence mode for GPU 0 is disabled. Enable "
+                                            "persistence mode by running \"nvidia-smi -i 0 -pm 1\""}],
+        }.get(name, [])
         line = json.dumps(
             {
                 "verdict": name,
                 "exit_code": verdict,
                 "dcgm_level": int(self.local.env.get(C.ENV_DCGM_LEVEL, "2")),
-                "dcgmi_exit_code": {0: 0, 1: 226, 2: 205}[verdict],
-                "failed_tests": [] if verdict == 0 else ["memory"],
+                "dcgmi_exit_code": {0: 0, 1: 226, 2: 205, 3: 226}[verdict],
+                "failed_tests": {0: [], 3: ["software"]}.get(verdict, ["memory"]),
+                "errors": errors,
                 "gpus": [{"index": i, "uuid": gpu} for i, gpu in enumerate(task.gpu_ids)],
                 "reasons": reasons,
                 "notes": [],

@@ -53,6 +53,15 @@ ENV_SCHEDULER_MAX_ADMISSIONS = "SCHEDULER_MAX_ADMISSIONS"
 ENV_SCHEDULER_MAX_UNPLACED = "SCHEDULER_MAX_UNPLACED"
 ENV_SCHEDULER_LEASE_SECONDS = "SCHEDULER_LEASE_SECONDS"
 ENV_SCHEDULER_TIME_BUDGET_SECONDS = "SCHEDULER_TIME_BUDGET_SECONDS"
+# Remediation (fault catalog, escalation, breaker, observe mode, budgets, relocation).
+ENV_MAX_APP_RESTARTS = "MAX_APP_RESTARTS"  # a job's application-error restarts (default 0)
+# JSON object of domain.remediation_settings keys (remediation_mode, replace_action, ...).
+ENV_REMEDIATION_SETTINGS = "REMEDIATION_SETTINGS"
+ENV_RELOCATE_INSTEAD_OF_WAIT = "RELOCATE_INSTEAD_OF_WAIT"  # "true": move a job off a rebooting node
+# Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
+ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
+FAULT_CATALOG_LAYER_DIR = "fault-catalog"  # /opt/<dir>/override.json in the Lambda runtime
+FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 
 # Recovery functions run at most this long (infra sets their timeouts from it), so a
 # claim (health-check start, reboot call, rank launch) older than the lease belongs to
@@ -169,6 +178,16 @@ def queue_order(priority: int, submitted_at: float, job_id: str) -> str:
     return f"{999 - priority:03d}#{submitted_at:017.6f}#{job_id}"
 
 
+# A job relocated off a faulty node goes back to the queue ahead of every job of its
+# priority ("!" sorts before the digits of a submission time), keeping its original
+# submission order among relocated jobs.
+RELOCATED_QUEUE_MARK = "!"
+
+
+def relocated_queue_order(priority: int, submitted_at: float, job_id: str) -> str:
+    return f"{999 - priority:03d}#{RELOCATED_QUEUE_MARK}{submitted_at:017.6f}#{job_id}"
+
+
 # --------------------------------------------------------------------------------------
 # DynamoDB: node token table (issue: node heartbeats) — one item per node, token hash only
 # --------------------------------------------------------------------------------------
@@ -181,6 +200,8 @@ DEFAULT_INSTANCE_TABLE_NAME = "ecs_container_instance"
 DEFAULT_NODE_TOKEN_TABLE_NAME = "gpu_node_token"
 DEFAULT_IDEMPOTENCY_TABLE_NAME = "gpu_job_idempotency"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
+# The blast-radius breaker's state: one item in the container-instance table.
+BREAKER_ITEM_KEY = "BREAKER#node-actions"
 
 
 def job_item_key(job_id: str) -> str:
@@ -296,6 +317,10 @@ class NotificationKind(str, Enum):
     NODE_LOST = "node_lost"
     HUNG = "hung"
     SUSPECT_NODE = "suspect_node"
+    OPERATOR_ACTION = "operator_action"  # a configuration problem, or a node needing a person
+    OBSERVED = "observed"  # observe mode: what would have been done
+    BREAKER_TRIPPED = "breaker_tripped"
+    RELOCATED = "relocated"
 
 
 NOTIFICATION_KIND_ATTRIBUTE = "event_kind"
@@ -307,6 +332,10 @@ TAG_JOB_ID = "gpu-recovery:job-id"
 TAG_RANK = "gpu-recovery:rank"
 TAG_WORLD_SIZE = "gpu-recovery:world-size"
 TAG_ATTEMPT = "gpu-recovery:attempt"
+# Optional task tags of tag-registered jobs: relocation opt-in and per-job budgets.
+TAG_RELOCATABLE = "gpu-recovery:relocatable"  # "true": may be restarted on other nodes
+TAG_MAX_INFRA_RECOVERIES = "gpu-recovery:max-infra-recoveries"
+TAG_MAX_APP_RESTARTS = "gpu-recovery:max-app-restarts"
 # Health-check tasks are started with this group / startedBy so their events are
 # routed to the DCGM monitor and never to the training-task handler.
 HEALTH_CHECK_GROUP = "gpu-recovery-health-check"

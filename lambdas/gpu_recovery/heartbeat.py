@@ -22,7 +22,6 @@ hung) cost a few more writes, but only when they happen.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,6 +43,7 @@ from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
+from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, LIVE_RANK_STATES
 from gpu_recovery.repository.heartbeat import (
     GPU_REPORT_VERSION,
     WATCHED_JOB_STATES,
@@ -55,8 +55,8 @@ from gpu_recovery.repository.heartbeat import (
 logger = logging.getLogger(__name__)
 
 ACTOR = "heartbeat"
-WATCHED = (RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
-LIVE_RANKS = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+WATCHED = HEARTBEAT_WATCHED_RANK_STATES
+LIVE_RANKS = LIVE_RANK_STATES
 
 
 class ReplayedReport(Exception):
@@ -591,40 +591,18 @@ class HeartbeatService:
 
 
 # ============================================================= wiring (Lambdas)
-_lock = threading.Lock()
-_cache: dict[str, Any] = {}
-
-
 def service(metrics: MetricsPort | None = None) -> HeartbeatService:
-    """The service built from the environment, once per boto3 session (local mode and
-    tests swap sessions with ``aws.reset()``; a new session builds a new service)."""
+    """The service ``gpu_recovery.runtime`` builds (kept here for the handlers' callers)."""
     from gpu_recovery import runtime
-    from gpu_recovery.adapters import aws
-    from gpu_recovery.adapters.ecs import EcsAdapter
-    from gpu_recovery.adapters.notifier import SnsNotifier
-    from gpu_recovery.settings import Settings
 
-    session = aws.session()
-    with _lock:
-        cached = _cache.get("service")
-        if cached is None or _cache.get("session") is not session:
-            settings = Settings.from_env()
-            cached = HeartbeatService(
-                repo=HeartbeatRepository(runtime.repository(settings)),
-                settings=HeartbeatSettings.from_env(),
-                ecs=EcsAdapter(aws.client("ecs"), settings.cluster),
-                notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
-                recovery=lambda: runtime.recovery_service(),
-            )
-            _cache.update(service=cached, session=session)
-    if metrics is not None:
-        cached.metrics = metrics
-    return cached
+    return runtime.heartbeat_service(metrics)
 
 
 def reset() -> None:
-    with _lock:
-        _cache.clear()
+    """Forget the built service (tests and local mode switch environments)."""
+    from gpu_recovery import runtime
+
+    runtime.forget("heartbeat")
 
 
 def _repaired_at(node: dict[str, Any]) -> float | None:

@@ -7,20 +7,27 @@ forgets everything (tests and local mode switch environments with it).
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from gpu_recovery import constants as c
 from gpu_recovery.adapters import aws
+from gpu_recovery.adapters.autoscaling import AutoScalingReplacer
 from gpu_recovery.adapters.compute import RebootAdapter
 from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
+from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
 from gpu_recovery.recovery import MetricsPort, RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import SchedulerConfig, Settings
 
 if TYPE_CHECKING:
+    from gpu_recovery.heartbeat import HeartbeatService
     from gpu_recovery.queue.scheduler import QueueScheduler
+    from gpu_recovery.queue.service import JobQueueService, SchedulerTrigger
+    from gpu_recovery.tokens import TokenStore
 
 _lock = threading.Lock()
 _services: dict[str, Any] = {}
@@ -41,6 +48,17 @@ def repository(settings: Settings | None = None) -> Repository:
     return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
 
 
+def fault_catalog(settings: Settings) -> FaultCatalog:
+    """The shipped catalog with the deployment's override (validated at synth; validated
+    again here so a hand-edited file fails the cold start loudly, not a fault later)."""
+    key = f"catalog:{settings.fault_catalog_override}"
+    catalog = _services.get(key)
+    if catalog is None:
+        catalog = load_catalog(None, override=settings.fault_catalog_override or None)
+        _services[key] = catalog
+    return catalog
+
+
 def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
     with _lock:
         service = _services.get("recovery")
@@ -53,6 +71,8 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
                 notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
                 verdicts=VerdictLogReader(aws.client("logs"), settings.health_check_log_group),
                 settings=settings,
+                catalog=fault_catalog(settings),
+                replacer=AutoScalingReplacer(aws.client("autoscaling")),
             )
             _services["recovery"] = service
     if metrics is not None:
@@ -80,6 +100,79 @@ def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
         ec2_client=aws.client("ec2"), ssm_client=aws.client("ssm"), cluster=recovery.settings.cluster,
         config=SchedulerConfig.from_env(), task_definitions=caches[1], hosts=caches[2],
     )
+
+
+def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
+    """The node heartbeat service, once per boto3 session (local mode and tests swap
+    sessions with ``aws.reset()``; a new session builds a new service)."""
+    from gpu_recovery.heartbeat import HeartbeatService
+    from gpu_recovery.repository.heartbeat import HeartbeatRepository
+    from gpu_recovery.settings import heartbeat_settings
+
+    session = aws.session()
+    with _lock:
+        built = _services.get("heartbeat")
+        if built is None or built[0] is not session:
+            settings = Settings.from_env()
+            service = HeartbeatService(
+                repo=HeartbeatRepository(repository(settings)),
+                settings=heartbeat_settings(),
+                ecs=EcsAdapter(aws.client("ecs"), settings.cluster),
+                notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
+                recovery=lambda: recovery_service(),
+            )
+            built = (session, service)
+            _services["heartbeat"] = built
+    if metrics is not None:
+        built[1].metrics = metrics
+    return built[1]  # type: ignore[no-any-return]
+
+
+def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
+    """The jobs API's service; ``trigger`` wakes the scheduler after a submit or cancel
+    (None: invoke the scheduler function the stack names, if any)."""
+    from gpu_recovery.queue.service import JobQueueService, LambdaSchedulerTrigger, NoSchedulerTrigger
+    from gpu_recovery.repository.queue_api import JobQueueRepository
+    from gpu_recovery.settings import access_policy, job_budget_defaults
+
+    env = os.environ
+    if trigger is None:
+        function = env.get(c.ENV_SCHEDULER_FUNCTION, "")
+        trigger = LambdaSchedulerTrigger(aws.client("lambda"), function) if function else NoSchedulerTrigger()
+    return JobQueueService(
+        repo=JobQueueRepository(Repository(
+            aws.resource("dynamodb"),
+            env.get(c.ENV_JOB_TABLE) or c.DEFAULT_JOB_TABLE_NAME,
+            env.get(c.ENV_INSTANCE_TABLE) or "unused",
+        )),
+        ecs_client=aws.client("ecs"),
+        logs_client=aws.client("logs"),
+        cluster=env.get(c.ENV_CLUSTER_NAME, "default"),
+        scheduler=trigger,
+        access=access_policy(),
+        default_budgets=job_budget_defaults(env),
+    )
+
+
+def node_token_store() -> TokenStore:
+    """The node-token store of the authorizer and the admin CLI, once per session."""
+    from gpu_recovery.repository.heartbeat import NodeTokenRepository
+    from gpu_recovery.tokens import TokenStore
+
+    session = aws.session()
+    table = os.environ.get(c.ENV_NODE_TOKEN_TABLE) or c.DEFAULT_NODE_TOKEN_TABLE_NAME
+    with _lock:
+        built = _services.get("tokens")
+        if built is None or built[0] is not session or built[1] != table:
+            built = (session, table, TokenStore(NodeTokenRepository(aws.resource("dynamodb").Table(table))))
+            _services["tokens"] = built
+    return built[2]  # type: ignore[no-any-return]
+
+
+def forget(name: str) -> None:
+    """Forget one built service (the next call builds it again)."""
+    with _lock:
+        _services.pop(name, None)
 
 
 def reset(*, clients: bool = True) -> None:

@@ -5,9 +5,27 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpu_recovery import constants as c
+from gpu_recovery.domain.heartbeat_policy import (
+    DEFAULT_HANG_SECONDS,
+    DEFAULT_MAX_SKEW_SECONDS,
+    DEFAULT_NODE_LOST_FAIL_SECONDS,
+    DEFAULT_SIGNAL_NOTIFY_SECONDS,
+    DEFAULT_SIGNAL_RETENTION_SECONDS,
+    DEFAULT_STALE_SECONDS,
+    HANG_ACTIONS,
+    HeartbeatSettings,
+)
+from gpu_recovery.domain.remediation_settings import (
+    SETTINGS as REMEDIATION_KEYS,
+)
+from gpu_recovery.domain.remediation_settings import (
+    RemediationSettings,
+    parse_remediation_settings,
+)
+from gpu_recovery.queue.access import AccessPolicy, family_of
 
 
 class SettingsError(ValueError):
@@ -53,6 +71,40 @@ def parse_exit_codes(raw: str) -> tuple[int, ...]:
     return codes
 
 
+def remediation_settings_from_env(env: Mapping[str, str]) -> RemediationSettings:
+    """``REMEDIATION_SETTINGS`` (a JSON object of remediation settings) plus the two job
+    budgets from ``MAX_RECOVERY_ATTEMPTS`` / ``MAX_APP_RESTARTS``, validated in one go."""
+    raw = (env.get(c.ENV_REMEDIATION_SETTINGS) or "").strip()
+    values: dict[str, str] = {}
+    if raw:
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise SettingsError(f"{c.ENV_REMEDIATION_SETTINGS} must be a JSON object: {error.msg}") from error
+        if not isinstance(parsed, dict):
+            raise SettingsError(f"{c.ENV_REMEDIATION_SETTINGS} must be a JSON object of "
+                                f"{', '.join(REMEDIATION_KEYS)}")
+        values = {str(k): "" if v is None else (json.dumps(v) if isinstance(v, dict) else str(v))
+                  for k, v in parsed.items()}
+    for key, name in (("max_infra_recoveries", c.ENV_MAX_RECOVERY_ATTEMPTS),
+                      ("max_app_restarts", c.ENV_MAX_APP_RESTARTS)):
+        if env.get(name):
+            values[key] = str(env[name])
+    try:
+        return parse_remediation_settings(values)
+    except ValueError as error:
+        raise SettingsError(str(error)) from error
+
+
+def job_budget_defaults(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """The deployment's default job budgets (infrastructure recoveries, application-error
+    restarts), for services that read nothing else (the jobs API)."""
+    env = os.environ if env is None else env
+    settings = remediation_settings_from_env(
+        {k: v for k, v in env.items() if k in (c.ENV_MAX_RECOVERY_ATTEMPTS, c.ENV_MAX_APP_RESTARTS)})
+    return settings.max_infra_recoveries, settings.max_app_restarts
+
+
 @dataclass(frozen=True)
 class Settings:
     job_table: str
@@ -60,7 +112,7 @@ class Settings:
     cluster: str
     health_check_task: str
     topic_arn: str
-    max_recovery_attempts: int = 1
+    max_recovery_attempts: int = 3  # a job's infrastructure recoveries (deployment default)
     suspect_exit_codes: tuple[int, ...] = (1,)
     reboot_timeout_seconds: int = 30 * 60
     health_check_timeout_seconds: int = 30 * 60
@@ -70,6 +122,13 @@ class Settings:
     # On a suspected GPU fault, health-check every node of the job (in parallel) rather
     # than only the nodes whose rank failed on its own.
     check_all_nodes_on_fault: bool = False
+    max_app_restarts: int = 0  # a job's application-error restarts (deployment default)
+    # Fault catalog, escalation, breaker, observe mode (domain.remediation_settings).
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)
+    # Move a job to healthy free nodes as soon as a fault is confirmed instead of waiting
+    # for its node's reboot (relocatable jobs only).
+    relocate_instead_of_wait: bool = False
+    fault_catalog_override: str = ""  # path of the deployment's catalog override ("" = none)
     reboot_document: str = c.DEFAULT_REBOOT_DOCUMENT_NAME
 
     @classmethod
@@ -82,13 +141,14 @@ class Settings:
         ]
         if missing:
             raise SettingsError(f"missing environment variables: {', '.join(missing)}")
+        remediation = remediation_settings_from_env(env)
         return cls(
             job_table=env[c.ENV_JOB_TABLE],
             instance_table=env[c.ENV_INSTANCE_TABLE],
             cluster=env[c.ENV_CLUSTER_NAME],
             health_check_task=env.get(c.ENV_HEALTH_CHECK_TASK) or c.DEFAULT_HEALTH_CHECK_FAMILY,
             topic_arn=env.get(c.ENV_SNS_TOPIC_ARN, ""),
-            max_recovery_attempts=_int(env, c.ENV_MAX_RECOVERY_ATTEMPTS, 1),
+            max_recovery_attempts=remediation.max_infra_recoveries,
             suspect_exit_codes=parse_exit_codes(env.get(c.ENV_SUSPECT_EXIT_CODES) or "[1]"),
             reboot_timeout_seconds=60 * _int(env, c.ENV_REBOOT_TIMEOUT_MINUTES, 30, minimum=1),
             health_check_timeout_seconds=60
@@ -97,6 +157,10 @@ class Settings:
             health_check_log_group=env.get(c.ENV_HEALTH_CHECK_LOG_GROUP, ""),
             restart_start_retries=_int(env, c.ENV_RESTART_START_RETRIES, 3, minimum=1),
             check_all_nodes_on_fault=_bool(env, c.ENV_HEALTH_CHECK_ALL_NODES, False),
+            max_app_restarts=remediation.max_app_restarts,
+            remediation=remediation,
+            relocate_instead_of_wait=_bool(env, c.ENV_RELOCATE_INSTEAD_OF_WAIT, False),
+            fault_catalog_override=env.get(c.ENV_FAULT_CATALOG_OVERRIDE, ""),
             reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
         )
 
@@ -121,3 +185,52 @@ class SchedulerConfig:
             max_unplaced=_int(env, c.ENV_SCHEDULER_MAX_UNPLACED, 32, minimum=1),
             time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60, minimum=1)),
         )
+
+
+def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSettings:
+    """The heartbeat service's settings (the domain owns the record, not the parsing)."""
+    env = os.environ if env is None else env
+    action = (env.get(c.ENV_HANG_ACTION) or "notify").strip().lower()
+    if action not in HANG_ACTIONS:
+        raise SettingsError(f"{c.ENV_HANG_ACTION} must be one of {', '.join(HANG_ACTIONS)}, got {action!r}")
+    return HeartbeatSettings(
+        stale_seconds=_int(env, c.ENV_HEARTBEAT_STALE_SECONDS, DEFAULT_STALE_SECONDS, 1),
+        node_lost_fail_seconds=_int(env, c.ENV_NODE_LOST_FAIL_SECONDS, DEFAULT_NODE_LOST_FAIL_SECONDS),
+        hang_seconds=_int(env, c.ENV_HANG_SECONDS, DEFAULT_HANG_SECONDS),
+        hang_action=action,
+        max_skew_seconds=_int(env, c.ENV_HEARTBEAT_MAX_SKEW_SECONDS, DEFAULT_MAX_SKEW_SECONDS, 1),
+        node_token_table=env.get(c.ENV_NODE_TOKEN_TABLE) or c.DEFAULT_NODE_TOKEN_TABLE_NAME,
+        signal_notify_seconds=_int(env, c.ENV_HW_SIGNAL_NOTIFY_SECONDS, DEFAULT_SIGNAL_NOTIFY_SECONDS),
+        signal_retention_seconds=_int(env, c.ENV_HW_SIGNAL_RETENTION_SECONDS,
+                                      DEFAULT_SIGNAL_RETENTION_SECONDS, 60),
+    )
+
+
+def access_policy(env: Mapping[str, str] | None = None) -> AccessPolicy:
+    """Who may do what through the jobs API (JSON lists or comma-separated values)."""
+    env = os.environ if env is None else env
+    health = {c.DEFAULT_HEALTH_CHECK_FAMILY}
+    if env.get(c.ENV_HEALTH_CHECK_TASK):
+        health.add(family_of(env[c.ENV_HEALTH_CHECK_TASK]))
+    return AccessPolicy(
+        admin_roles=_list(env, c.ENV_JOBS_ADMIN_ROLES, ()),
+        team_roles=_list(env, c.ENV_JOBS_TEAM_ROLES, ()),
+        allowed_families=_list(env, c.ENV_JOBS_ALLOWED_FAMILIES, ("*",)),
+        task_role_prefixes=_list(env, c.ENV_JOBS_TASK_ROLE_PREFIXES, ("*",)),
+        reserved_priority_roles=_list(env, c.ENV_JOBS_PRIORITY_ROLES, ()),
+        health_check_families=frozenset(health),
+    )
+
+
+def _list(env: Mapping[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    text = raw.strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else [v.strip() for v in text.split(",")]
+    except ValueError as error:
+        raise SettingsError(f"{name} must be a JSON list of strings, got {raw!r}") from error
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise SettingsError(f"{name} must be a JSON list of strings, got {raw!r}")
+    return tuple(v for v in values if v)

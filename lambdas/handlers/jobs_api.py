@@ -48,15 +48,9 @@ from gpu_recovery import runtime
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import (
     DEFAULT_IDEMPOTENCY_TABLE_NAME,
-    DEFAULT_JOB_TABLE_NAME,
-    ENV_CLUSTER_NAME,
     ENV_IDEMPOTENCY_TABLE,
-    ENV_INSTANCE_TABLE,
-    ENV_JOB_TABLE,
-    ENV_SCHEDULER_FUNCTION,
     JobState,
 )
-from gpu_recovery.queue.access import AccessPolicy
 from gpu_recovery.queue.api_models import (
     CancelResult,
     ErrorBody,
@@ -71,13 +65,9 @@ from gpu_recovery.queue.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
     JobQueueService,
-    LambdaSchedulerTrigger,
-    NoSchedulerTrigger,
     QueueError,
     SchedulerTrigger,
 )
-from gpu_recovery.repository import Repository
-from gpu_recovery.repository.queue_api import JobQueueRepository
 from handlers._common import powertools
 from handlers._http import BodyError, body_text, media_type, parse_json
 
@@ -147,24 +137,7 @@ def service() -> JobQueueService:
     with _lock:
         svc = _state.get("service")
         if svc is None:
-            env = os.environ
-            trigger = _state.get("trigger")
-            if trigger is None:
-                function = env.get(ENV_SCHEDULER_FUNCTION, "")
-                trigger = (LambdaSchedulerTrigger(aws.client("lambda"), function) if function
-                           else NoSchedulerTrigger())
-            svc = JobQueueService(
-                repo=JobQueueRepository(Repository(
-                    aws.resource("dynamodb"),
-                    env.get(ENV_JOB_TABLE) or DEFAULT_JOB_TABLE_NAME,
-                    env.get(ENV_INSTANCE_TABLE) or "unused",
-                )),
-                ecs_client=aws.client("ecs"),
-                logs_client=aws.client("logs"),
-                cluster=env.get(ENV_CLUSTER_NAME, "default"),
-                scheduler=trigger,
-                access=AccessPolicy.from_env(),
-            )
+            svc = runtime.jobs_service(_state.get("trigger"))
             _state["service"] = svc
         return svc
 

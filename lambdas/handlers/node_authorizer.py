@@ -12,15 +12,11 @@ SHA-256 hash in constant time; the token itself is never logged. REQUEST events
 
 from __future__ import annotations
 
-import os
-import threading
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpu_recovery.adapters import aws
-from gpu_recovery.constants import DEFAULT_NODE_TOKEN_TABLE_NAME, ENV_NODE_TOKEN_TABLE
-from gpu_recovery.repository.heartbeat import NodeTokenRepository
+from gpu_recovery import runtime
 from gpu_recovery.tokens import TokenStore, Verdict, token_from_authorization
 from handlers._common import powertools
 
@@ -29,18 +25,8 @@ logger, tracer, metrics = powertools("node-authorizer")
 UNAUTHORIZED = "Unauthorized"  # the exact message API Gateway maps to 401
 NODE_ROUTES = ("POST/v1/report_tasks", "POST/v1/report_gpu")
 
-_lock = threading.Lock()
-_cache: dict[str, Any] = {}
-
-
 def token_store() -> TokenStore:
-    session = aws.session()
-    table = os.environ.get(ENV_NODE_TOKEN_TABLE) or DEFAULT_NODE_TOKEN_TABLE_NAME
-    with _lock:
-        if _cache.get("session") is not session or _cache.get("table") != table:
-            _cache.update(session=session, table=table,
-                          store=TokenStore(NodeTokenRepository(aws.resource("dynamodb").Table(table))))
-        return _cache["store"]
+    return runtime.node_token_store()
 
 
 def _authorization(event: dict[str, Any]) -> str | None:

@@ -385,7 +385,7 @@ def test_admin_commands_are_a_registry() -> None:
     assert {"doctor", "issue-token", "revoke-token", "list-tokens"} <= set(names)
     assert len(names) == len(set(names))
     parser = build_parser()
+    required = {"issue-token": ["--node-id", "n1"], "revoke-token": ["--node-id", "n1"],
+                "breaker": ["show"]}
     for name in names:
-        parser.parse_args(
-            [name] + (["--node-id", "n1"] if name.endswith("-token") and name != "list-tokens" else [])
-        )
+        parser.parse_args([name, *required.get(name, [])])

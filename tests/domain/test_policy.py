@@ -9,12 +9,11 @@ from gpu_recovery.domain import policy
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.policy import (
     AgentEvent,
-    JobVerdictOutcome,
+    JobOutcome,
     RebootProgress,
     StopKind,
     StopReaction,
     TaskStop,
-    VerdictAction,
 )
 
 SUSPECT = (1,)
@@ -93,40 +92,49 @@ def test_parse_verdict_follows_the_exit_code_contract(code: int | None, verdict:
     assert policy.parse_verdict(code) is verdict
 
 
-def test_operator_action_verdict_never_reboots() -> None:
-    """Given a configuration-problem verdict (health check exit 3), Then the node is drained
-    for an operator, never rebooted, whatever the jobs' budgets."""
-    assert policy.instance_action(DcgmVerdict.OPERATOR_ACTION, [job(1)]) is VerdictAction.QUARANTINE
-    assert policy.instance_action(DcgmVerdict.OPERATOR_ACTION, []) is VerdictAction.QUARANTINE
-
-
-def test_instance_action_reboots_only_with_budget() -> None:
-    """Given a reboot verdict, Then reboot if a waiting job has budget, else quarantine."""
-    assert policy.instance_action(DcgmVerdict.REBOOT, [job(1)]) is VerdictAction.REBOOT
-    assert policy.instance_action(DcgmVerdict.REBOOT, [job(0)]) is VerdictAction.QUARANTINE
-    assert policy.instance_action(DcgmVerdict.REBOOT, []) is VerdictAction.QUARANTINE
-    assert policy.instance_action(DcgmVerdict.REPLACE, [job(1)]) is VerdictAction.QUARANTINE
-    assert policy.instance_action(DcgmVerdict.HEALTHY, [job(0)]) is VerdictAction.MARK_AVAILABLE
-
-
 @pytest.mark.parametrize(
-    ("suspects", "left", "expected"),
+    ("suspects", "relocatable", "expected"),
     [
-        ({"a": "HEALTHY"}, 1, JobVerdictOutcome.FAIL_APPLICATION_ERROR),
-        ({"a": "HEALTHY", "b": "PENDING"}, 1, JobVerdictOutcome.WAIT),
-        ({"a": "REBOOT"}, 1, JobVerdictOutcome.RESTART_AFTER_REBOOT),
-        ({"a": "REBOOT", "b": "PENDING"}, 1, JobVerdictOutcome.RESTART_AFTER_REBOOT),
-        ({"a": "REBOOT", "b": "HEALTHY"}, 1, JobVerdictOutcome.RESTART_AFTER_REBOOT),
-        ({"a": "REBOOT"}, 0, JobVerdictOutcome.FAIL_NODE_FAULT),
-        ({"a": "REPLACE", "b": "REBOOT"}, 1, JobVerdictOutcome.FAIL_NODE_FAULT),
-        ({"a": "TIMEOUT"}, 1, JobVerdictOutcome.FAIL_NODE_FAULT),
+        ({"a": "HEALTHY"}, False, JobOutcome.RESTART),
+        ({"a": "HEALTHY", "b": "PENDING"}, False, JobOutcome.WAIT),
+        ({"a": "REBOOT"}, False, JobOutcome.RESTART_AFTER_REBOOT),
+        ({"a": "REBOOT", "b": "PENDING"}, False, JobOutcome.RESTART_AFTER_REBOOT),
+        ({"a": "REBOOT", "b": "HEALTHY"}, False, JobOutcome.RESTART_AFTER_REBOOT),
+        ({"a": "REPLACE", "b": "REBOOT"}, False, JobOutcome.FAIL_NODE_FAULT),
+        ({"a": "REPLACE", "b": "REBOOT"}, True, JobOutcome.RELOCATE),
+        ({"a": "OPERATOR_ACTION"}, False, JobOutcome.FAIL_NODE_FAULT),
+        ({"a": "BLOCKED"}, True, JobOutcome.RELOCATE),
+        ({"a": "TIMEOUT"}, False, JobOutcome.FAIL_NODE_FAULT),
     ],
 )
 def test_job_outcome_combines_every_suspect_instance(
-    suspects: dict[str, str], left: int, expected: JobVerdictOutcome
+    suspects: dict[str, str], relocatable: bool, expected: JobOutcome
 ) -> None:
-    """Given the verdicts of all suspect instances, Then the job's fate is decided once."""
-    assert policy.job_outcome(suspects, job(left)) is expected
+    """Given the verdicts of all suspect instances, Then the job's fate is decided once (the
+    budget is settled by the caller: a restart needs one left)."""
+    assert policy.job_outcome(suspects, relocatable=relocatable) is expected
+    assert expected.fails == expected.value.startswith("fail_")
+
+
+@pytest.mark.parametrize(
+    ("state", "node_fault", "observed", "may_restart", "expected"),
+    [
+        (JobState.RUNNING, True, False, False, StopReaction.ENTER_RECOVERY),
+        (JobState.RUNNING, True, True, False, StopReaction.FAIL_OBSERVED),
+        (JobState.PENDING_HEALTHCHECK, True, False, False, StopReaction.ADD_SUSPECT),
+        (JobState.PENDING_RESTART, True, False, False, StopReaction.RECORD),
+        (JobState.RUNNING, False, False, True, StopReaction.RESTART),
+        (JobState.RUNNING, False, False, False, StopReaction.FAIL_JOB),
+        (JobState.PENDING_HEALTHCHECK, False, False, True, StopReaction.RECORD),
+        (JobState.FAILED, True, False, True, StopReaction.RECORD),
+    ],
+)
+def test_fault_reaction_follows_the_catalog_decision(state: JobState, node_fault: bool, observed: bool,
+                                                     may_restart: bool, expected: StopReaction) -> None:
+    assert policy.fault_reaction(state, True, node_fault=node_fault, observed=observed,
+                                 may_restart=may_restart) is expected
+    assert policy.fault_reaction(state, False, node_fault=node_fault, observed=observed,
+                                 may_restart=may_restart) is StopReaction.RECORD
 
 
 def rebooting(**kw: object) -> Instance:

@@ -14,10 +14,34 @@ BASE = {c.ENV_JOB_TABLE: "jobs", c.ENV_INSTANCE_TABLE: "instances", c.ENV_CLUSTE
 
 def test_defaults_match_the_documented_ones() -> None:
     s = Settings.from_env(BASE)
-    assert s.max_recovery_attempts == 1
+    assert s.max_recovery_attempts == 3  # infrastructure recoveries
+    assert s.max_app_restarts == 0
     assert s.suspect_exit_codes == (1,)
     assert s.reboot_timeout_seconds == 30 * 60
     assert s.health_check_task == c.DEFAULT_HEALTH_CHECK_FAMILY
+    assert s.remediation.modes.describe() == "enforce"
+    assert s.remediation.replace_action == "quarantine"
+    assert s.remediation.breaker.max_share == 0.2 and s.remediation.breaker.window_seconds == 600
+    assert s.relocate_instead_of_wait is False and s.fault_catalog_override == ""
+
+
+def test_remediation_settings_come_from_one_json_variable_and_the_budget_variables() -> None:
+    s = Settings.from_env({**BASE, c.ENV_REMEDIATION_SETTINGS: '{"remediation_mode": "observe", '
+                                                              '"breaker_max_nodes": 4}',
+                           c.ENV_MAX_RECOVERY_ATTEMPTS: "2", c.ENV_MAX_APP_RESTARTS: "1",
+                           c.ENV_RELOCATE_INSTEAD_OF_WAIT: "true"})
+    assert s.remediation.modes.describe() == "observe"
+    assert s.remediation.breaker.max_nodes == 4
+    assert (s.max_recovery_attempts, s.max_app_restarts) == (2, 1)
+    assert s.relocate_instead_of_wait is True
+
+
+@pytest.mark.parametrize(("raw", "named"), [('{"replace_action": "melt"}', "replace_action"),
+                                            ('{"breaker_max_percent": 0}', "breaker_max_percent"),
+                                            ('{"typo_key": 1}', "typo_key"), ("[1]", "REMEDIATION_SETTINGS")])
+def test_bad_remediation_settings_fail_the_cold_start_naming_the_key(raw: str, named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        Settings.from_env({**BASE, c.ENV_REMEDIATION_SETTINGS: raw})
 
 
 @pytest.mark.parametrize(("raw", "codes"), [("[1, 134]", (1, 134)), ("1,134", (1, 134)), ("[]", ())])

@@ -55,7 +55,7 @@ def make_cluster(**options: Any) -> Iterator[Cluster]:
     logging.getLogger().setLevel(logging.WARNING)
     local_options = {k: options.pop(k) for k in list(options)
                      if k in ("max_recovery_attempts", "reboot_timeout_minutes",
-                              "health_check_timeout_minutes", "suspect_exit_codes")}
+                              "health_check_timeout_minutes", "suspect_exit_codes", "extra_env")}
     duplicate = options.pop("duplicate_delivery", True)
     with LocalAws(metrics_disabled=True, **local_options) as local:
         runtime.reset(clients=False)

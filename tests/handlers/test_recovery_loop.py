@@ -63,29 +63,51 @@ def test_ecc_fault_is_recovered_and_the_job_completes(cluster: Cluster) -> None:
     assert not cluster.bus.dead_letters
 
 
-def test_budget_exhausted_fails_quarantines_and_notifies(cluster: Cluster) -> None:
-    """Given a node whose GPU a reboot cannot fix, When it faults again after the
-    job's single recovery, Then the job FAILS, the node is drained, operators are told."""
+def test_flapping_node_is_escalated_and_its_job_charged_once(cluster: Cluster) -> None:
+    """Given a node whose GPU a reboot cannot fix and a job with one recovery, When it
+    faults three times, Then the node is rebooted twice (the job charged once: a flapping
+    node never eats a job's budget twice), and its third fault replaces it: drained, the
+    job (not relocatable) FAILS, operators are told."""
     start(cluster, "bert", ["node-a", "node-b"])
-    cluster.sim.inject_gpu_fault("node-b", after=5 * MIN, health="persistent_reboot")
-    cluster.sim.inject_gpu_fault("node-b", after=30 * MIN, health="persistent_reboot")
+    for minutes in (5, 30, 55):
+        cluster.sim.inject_gpu_fault("node-b", after=minutes * MIN, health="persistent_reboot")
 
-    cluster.sim.run_for(40 * MIN)
+    cluster.sim.run_for(70 * MIN)
 
     job = cluster.job("bert")
     assert job.state is JobState.FAILED
-    assert "recovery attempt" in job.last_error
+    assert job.attempt == 3 and job.recoveries_used == 1
+    assert "cannot fix" in job.last_error
     assert cluster.instance("node-b").state is InstanceState.QUARANTINED
-    assert cluster.counter("reboots") == 1  # the budget allowed exactly one
+    assert cluster.counter("reboots") == 2
+    history = cluster.instance("node-b").fault_history
+    assert [(r["action"], r["charged_job"]) for r in history] == [
+        ("reboot", True), ("reboot", False), ("replace", False)]
     quarantined = cluster.notifications("quarantined")
     assert len(quarantined) == 1
     body = quarantined[0]["message"]
     assert "bert" in body and cluster.sim.node("node-b").instance_id in body
     assert "Recovery attempt:   1 of 1" in body
+    assert "rebooted 2 times" in body  # the escalation, with the evidence, in the e-mail
     described = cluster.local.client("ecs").describe_container_instances(
         cluster=cluster.local.cluster_name,
         containerInstances=[cluster.sim.node("node-b").container_instance_arn])
     assert described["containerInstances"][0]["status"] == "DRAINING"
+
+
+def test_a_node_is_rebooted_even_when_the_job_has_no_recovery_left() -> None:
+    """Given a job with no infrastructure recovery (max 0), When its node needs a reboot,
+    Then the node is rebooted and returns to service (not drained for a job-level
+    reason), and the job FAILS with a message saying so."""
+    with cluster_with(max_recovery_attempts=0) as cluster:
+        start(cluster, "nobudget", ["node-a", "node-b"])
+        cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable", nccl_cascade=True)
+        cluster.sim.run_for(20 * MIN)
+        job = cluster.job("nobudget")
+        assert job.state is JobState.FAILED and "returns to service" in job.last_error
+        assert cluster.counter("reboots") == 1
+        assert cluster.instance("node-b").state is InstanceState.AVAILABLE
+        assert len(cluster.notifications("failed")) == 1
 
 
 def test_replace_verdict_quarantines_without_reboot(cluster: Cluster) -> None:
@@ -512,11 +534,11 @@ def test_restart_interrupted_half_way_is_finished_by_the_sweep(
     real = GangRestart._start_rank
     calls = {"n": 0}
 
-    def dies_on_second(self: Any, rank: Any, attempt: int, started_by: str) -> Any:
+    def dies_on_second(self: Any, rank: Any, attempt: int, started_by: str, node_arn: str) -> Any:
         calls["n"] += 1
         if calls["n"] == 2:
             raise TimeoutError("Lambda timed out after rank 0 was started")
-        return real(self, rank, attempt, started_by)
+        return real(self, rank, attempt, started_by, node_arn)
 
     monkeypatch.setattr(GangRestart, "_start_rank", dies_on_second)
     cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable", nccl_cascade=True)
@@ -528,9 +550,18 @@ def test_restart_interrupted_half_way_is_finished_by_the_sweep(
     assert sorted(t.node for t in cluster.sim.running_tasks()) == ["node-a", "node-b"]
 
 
-def test_two_reboot_verdicts_of_one_fault_spend_one_recovery(cluster: Cluster) -> None:
+NO_BREAKER = {"REMEDIATION_SETTINGS": '{"breaker_enabled": "false"}'}
+
+
+def test_two_reboot_verdicts_of_one_fault_spend_one_recovery() -> None:
     """Given max_recovery_attempts 1 and two suspect instances in the same fault, When both
-    verdicts say reboot, Then both are rebooted and the job restarts (one recovery)."""
+    verdicts say reboot, Then both are rebooted and the job restarts (one recovery).
+    (Both nodes of a 2-node cluster: without the breaker, which would hold the second.)"""
+    with cluster_with(extra_env=NO_BREAKER) as cluster:
+        _two_reboots(cluster)
+
+
+def _two_reboots(cluster: Cluster) -> None:
     start(cluster, "two", ["node-a", "node-b"])
     cluster.sim.inject_gpu_fault("node-a", after=5 * MIN, health="reboot_fixable")
     cluster.sim.run_for(5 * MIN + 2)
@@ -545,9 +576,14 @@ def test_two_reboot_verdicts_of_one_fault_spend_one_recovery(cluster: Cluster) -
     assert cluster.counter("reboots") == 2
 
 
-def test_job_waiting_for_a_node_that_got_quarantined_fails_instead_of_waiting(cluster: Cluster) -> None:
+def test_job_waiting_for_a_node_that_got_quarantined_fails_instead_of_waiting() -> None:
     """Given j2 waits to restart on node-a and node-c, When another job's fault gets node-a
     quarantined meanwhile, Then j2 FAILS with a notification instead of waiting forever."""
+    with cluster_with(extra_env=NO_BREAKER) as cluster:
+        _quarantined_meanwhile(cluster)
+
+
+def _quarantined_meanwhile(cluster: Cluster) -> None:
     cluster.sim.add_node("node-a", gpus=16)
     cluster.sim.add_node("node-b", gpus=8)
     cluster.sim.add_node("node-c", gpus=8)

@@ -26,12 +26,21 @@ EVENTS_DIR = Path(__file__).resolve().parent.parent / "events"
 CUSTOM_TASK_ARN = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/my-dcgm:3"
 
 DEFAULT_CONTEXT = {"cluster_name": CLUSTER}
+CATALOG_OVERRIDE = Path(__file__).resolve().parent / "fixtures" / "fault_catalog_override.yaml"
 CUSTOM_CONTEXT = {
     "cluster_name": CLUSTER,
+    # Remediation: a catalog override (YAML), replacement by termination, observe-only reboots.
+    "fault_catalog_file": str(CATALOG_OVERRIDE),
+    "replace_action": "terminate_in_asg",
+    "remediation_mode": "enforce,reboot=observe",
+    "breaker_max_nodes": "4",
+    "max_app_restarts": "1",
+    "relocate_instead_of_wait": "true",
     "alert_email": "oncall@example.com",
     "table_removal_policy": "destroy",
     "health_check_task_arn": CUSTOM_TASK_ARN,
     "suspect_exit_codes": "1,134",
+    "health_check_all_nodes": "true",
     "instance_tag_key": "team",
     "instance_tag_value": "ml-platform",
     "lambda_architecture": "arm64",

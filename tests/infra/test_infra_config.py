@@ -18,7 +18,12 @@ def test_defaults_are_documented_values() -> None:
     assert config.health_check_task_arn is None and config.creates_health_check_task
     assert config.dcgm_level == 2
     assert config.health_check_gpus == 8
-    assert config.max_recovery_attempts == 1
+    assert config.max_recovery_attempts == 3  # infrastructure recoveries (max_infra_recoveries)
+    assert config.max_app_restarts == 0
+    settings = dict(config.remediation)
+    assert settings["remediation_mode"] == "enforce" and settings["replace_action"] == "quarantine"
+    assert settings["breaker_max_percent"] == "20" and settings["breaker_window_minutes"] == "10"
+    assert config.fault_catalog_file is None and config.relocate_instead_of_wait is False
     assert config.suspect_exit_codes == (1,)
     assert config.suspect_exit_codes_json == "[1]"
     assert config.reboot_timeout_minutes == 30
@@ -201,6 +206,45 @@ def test_node_agent_flag_agrees_with_infra_node_agent(value: object) -> None:
     assert config.node_agent_daemon is node_agent.enabled(app)
 
 
+@pytest.mark.parametrize(
+    ("context", "named"),
+    [
+        ({"remediation_mode": "observ"}, "remediation_mode"),
+        ({"replace_action": "terminate"}, "replace_action"),
+        ({"breaker_max_percent": "0"}, "breaker_max_percent"),
+        ({"reboots_before_replace": "zero"}, "reboots_before_replace"),
+        ({"max_app_restarts": "21"}, "max_app_restarts"),
+        ({"max_infra_recoveries": "2", "max_recovery_attempts": "1"}, "max_infra_recoveries"),
+        ({"relocate_instead_of_wait": "maybe"}, "relocate_instead_of_wait"),
+        ({"fault_catalog_file": "does/not/exist.json"}, "fault_catalog_file"),
+    ],
+)
+def test_bad_remediation_values_name_their_key(context: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        RecoveryConfig.from_context({"cluster_name": "c", **context})
+
+
+def test_the_older_budget_name_still_works() -> None:
+    config = RecoveryConfig.from_context({"cluster_name": "c", "max_recovery_attempts": "1"})
+    assert config.max_recovery_attempts == 1
+
+
+def test_a_bad_fault_catalog_fails_synthesis_with_the_validators_messages(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Given an override whose rule has a typo'd action and a new rule missing its fields,
+    When the app is synthesized, Then it fails before anything is built, naming each rule
+    and field at fault."""
+    from app import build_app
+
+    bad = tmp_path / "catalog.json"
+    bad.write_text(json.dumps({"rules": [{"id": "xid-79", "action": "reboo"},
+                                         {"id": "site-rule", "match": {"xid": [9999]}}]}))
+    app = cdk.App(context={"cluster_name": "c", "fault_catalog_file": str(bad)})
+    with pytest.raises(ConfigError) as error:
+        build_app(app)
+    message = str(error.value)
+    assert "rules[13] (id 'xid-79'): field 'action' must be one of" in message
+    assert "(id 'site-rule'): field 'source' is required" in message
+    assert "field 'match.xid' must be a list of XID numbers 1..1023; not: 9999" in message
 def test_authorization_and_telemetry_keys() -> None:
     """Issue 8's keys: lists as JSON or comma strings, a role-name prefix, bounded ints."""
     config = RecoveryConfig.from_context({

@@ -256,6 +256,7 @@ def test_no_task_definition_when_own_arn_given(custom_synth: Synth) -> None:
         env = fn["Properties"]["Environment"]["Variables"]
         assert env[c.ENV_HEALTH_CHECK_TASK] == CUSTOM_TASK_ARN
         assert env[c.ENV_SUSPECT_EXIT_CODES] == "[1, 134]"
+        assert env[c.ENV_HEALTH_CHECK_ALL_NODES] == "true"
     assert custom_synth.template["Outputs"]["HealthCheckTaskDefinitionArn"]["Value"] == (
         CUSTOM_TASK_ARN
     )
@@ -271,19 +272,24 @@ def test_lambda_runtime_layer_tracing_and_environment(default_synth: Synth) -> N
         assert props["Runtime"] == "python3.12"
         assert props["TracingConfig"] == {"Mode": "Active"}
         assert props["Architectures"] == ["x86_64"]
-        (layer,) = props["Layers"]
+        (layer,) = props["Layers"]  # no catalog override: the Powertools layer only
         parameter = default_synth.template["Parameters"][layer["Ref"]]
         assert parameter["Type"] == "AWS::SSM::Parameter::Value<String>"
         assert parameter["Default"].startswith("/aws/service/powertools/python/x86_64/python3.12/")
         env = props["Environment"]["Variables"]
         assert env[c.ENV_CLUSTER_NAME] == CLUSTER
         assert env[c.ENV_HEALTH_CHECK_TASK] == c.DEFAULT_HEALTH_CHECK_FAMILY
-        assert env[c.ENV_MAX_RECOVERY_ATTEMPTS] == "1"
+        assert env[c.ENV_MAX_RECOVERY_ATTEMPTS] == "3"  # infrastructure recoveries
+        assert env[c.ENV_MAX_APP_RESTARTS] == "0"
+        assert json.loads(env[c.ENV_REMEDIATION_SETTINGS])["remediation_mode"] == "enforce"
+        assert env[c.ENV_RELOCATE_INSTEAD_OF_WAIT] == "false"
+        assert c.ENV_FAULT_CATALOG_OVERRIDE not in env
         assert env[c.ENV_SUSPECT_EXIT_CODES] == "[1]"
         assert env[c.ENV_REBOOT_TIMEOUT_MINUTES] == "30"
         assert env[c.ENV_HEALTH_CHECK_TIMEOUT_MINUTES] == "30"
         assert env[c.ENV_DCGM_LEVEL] == "2"
         assert env[c.ENV_HEALTH_CHECK_GPUS] == "8"
+        assert env[c.ENV_HEALTH_CHECK_ALL_NODES] == "false"  # only the nodes whose rank failed on its own
         assert env[c.ENV_POWERTOOLS_METRICS_NAMESPACE] == c.METRICS_NAMESPACE
         assert env["POWERTOOLS_LOG_LEVEL"] == "INFO"
         assert env[c.ENV_JOB_TABLE]["Ref"].startswith("TablesJobTable")
@@ -369,25 +375,65 @@ def test_reboot_and_ssm_are_limited_to_tagged_instances(
         assert describe["Resource"] == "*"
 
 
+NODE_ACTIONS = {"ec2:RebootInstances", "ssm:SendCommand", "ecs:UpdateContainerInstancesState"}
+
+
 def test_each_function_gets_only_what_it_needs(default_synth: Synth) -> None:
-    """Given the four roles, Then reboot/SSM only for the monitor and the sweep, StopTask
-    not for the monitor."""
+    """Given the four roles, Then node actions (reboot, SSM, drain) only for the stages that
+    carry them out: the task handler (a definitive fault, without the diag), the DCGM
+    monitor (verdicts) and the sweep (what a delivery left undone, the breaker's released
+    backlog); never for the instance monitor. The health-check log only for the monitor.
+    Auto Scaling only with replace_action terminate_in_asg."""
     task = _actions(_policy_of_function(default_synth, "TaskHandler"))
     monitor = _actions(_policy_of_function(default_synth, "DcgmMonitor"))
     instance = _actions(_policy_of_function(default_synth, "InstanceMonitor"))
     sweep = _actions(_policy_of_function(default_synth, "RecoverySweep"))
     assert {"ecs:StartTask", "ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks"} <= task
-    assert {"ec2:RebootInstances", "ssm:SendCommand", "ecs:UpdateContainerInstancesState",
-            "logs:GetLogEvents"} <= monitor
+    assert "logs:GetLogEvents" in monitor
+    for actions in (task, monitor, sweep):
+        assert NODE_ACTIONS | {"ecs:ListContainerInstances"} <= actions
     assert "ecs:StartTask" in instance and "ecs:StopTask" not in instance
-    assert "ecs:UpdateContainerInstancesState" in sweep
-    # The sweep re-issues a reboot whose issue was never confirmed (RecoveryService._issue_reboot).
-    assert {"ec2:RebootInstances", "ssm:SendCommand"} <= sweep and "logs:GetLogEvents" not in sweep
-    for actions in (task, instance):
-        assert not {"ec2:RebootInstances", "ssm:SendCommand", "logs:GetLogEvents"} & actions
+    assert not (NODE_ACTIONS & instance)
+    for actions in (task, instance, sweep):
+        assert "logs:GetLogEvents" not in actions
     for actions in (task, monitor, instance, sweep):
         assert {"sns:Publish", "dynamodb:PutItem", "dynamodb:Query"} <= actions
         assert not any(a.endswith("*") for a in actions)
+        assert not any(a.startswith("autoscaling:") for a in actions)
+
+
+def test_terminate_in_asg_only_in_groups_tagged_with_the_cluster(custom_synth: Synth) -> None:
+    """Given replace_action terminate_in_asg, Then the stages that replace nodes may
+    TerminateInstanceInAutoScalingGroup, only in Auto Scaling groups carrying the cluster
+    tag; DescribeAutoScalingInstances (no resource-level permission) on '*'."""
+    for construct in ("TaskHandler", "DcgmMonitor", "RecoverySweep"):
+        statements = _policy_of_function(custom_synth, construct)
+        (terminate,) = [s for s in statements
+                        if s["Action"] == "autoscaling:TerminateInstanceInAutoScalingGroup"]
+        assert terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/team": "ml-platform"}}
+        assert ":autoScalingGroup:*:autoScalingGroupName/*" in json.dumps(terminate["Resource"])
+        (describe,) = [s for s in statements if s["Action"] == "autoscaling:DescribeAutoScalingInstances"]
+        assert describe["Resource"] == "*"
+    assert not any(a.startswith("autoscaling:") for a in
+                   _actions(_policy_of_function(custom_synth, "InstanceMonitor")))
+
+
+def test_remediation_settings_and_the_catalog_override_reach_every_function(custom_synth: Synth) -> None:
+    """Given a catalog override file (YAML) and remediation options, Then every function gets
+    the validated override in a layer (and its path) and the settings in REMEDIATION_SETTINGS."""
+    (layer,) = custom_synth.resources("AWS::Lambda::LayerVersion").values()
+    assert "fault-catalog override" in layer["Properties"]["Description"]
+    functions = custom_synth.resources("AWS::Lambda::Function").values()
+    for fn in functions:
+        props = fn["Properties"]
+        assert len(props["Layers"]) == 2
+        env = props["Environment"]["Variables"]
+        assert env[c.ENV_FAULT_CATALOG_OVERRIDE] == "/opt/fault-catalog/override.json"
+        settings = json.loads(env[c.ENV_REMEDIATION_SETTINGS])
+        assert settings["replace_action"] == "terminate_in_asg"
+        assert settings["remediation_mode"] == "enforce,reboot=observe"
+        assert settings["breaker_max_nodes"] == "4"
+        assert env[c.ENV_MAX_APP_RESTARTS] == "1" and env[c.ENV_RELOCATE_INSTEAD_OF_WAIT] == "true"
 
 
 def _table_arns(resource: Any) -> list[tuple[str, str]]:

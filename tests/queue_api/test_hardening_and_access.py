@@ -173,10 +173,11 @@ def test_health_check_family_is_never_accepted(api: Api) -> None:
 
 def test_configured_health_check_task_is_never_accepted(api: Api, monkeypatch) -> None:
     from gpu_recovery.constants import ENV_HEALTH_CHECK_TASK
-    from gpu_recovery.queue.access import AccessPolicy
 
     monkeypatch.setenv(ENV_HEALTH_CHECK_TASK, "arn:aws:ecs:us-east-1:123456789012:task-definition/my-dcgm:3")
-    jobs_api.service().access = AccessPolicy.from_env()
+    from gpu_recovery.settings import access_policy
+
+    jobs_api.service().access = access_policy()
     register_task_definition(family="my-dcgm")
     status, body, _ = api.call("POST", "/v1/jobs", body=valid_spec(task_definition="my-dcgm:1"))
     assert_error(status, body, 403, "task_definition")

@@ -42,7 +42,9 @@ def test_submit_creates_the_queue_job_item(api: Api) -> None:
     assert item["user"] == ALICE and item["name"] == "llama-ft"
     assert item["priority"] == 30 and item["submitted_at"] == Decimal(repr(START))
     assert item["world_size"] == 2 and item["gpus_per_node"] == 8
-    assert item["attempt"] == 0 and item["recoveries_used"] == 0 and item["max_recovery_attempts"] == 1
+    assert item["attempt"] == 0 and item["recoveries_used"] == 0
+    # The two budgets: infrastructure recoveries 3 and application-error restarts 0 by default.
+    assert item["max_recovery_attempts"] == 3 and item["max_app_restarts"] == 0
     assert item["queue_bucket"] == "QUEUE"
     assert item["queue_order"] == queue_order(30, START, body["job_id"])
     assert item["list_bucket"] == "JOB" and item["not_before"] == 0
@@ -100,7 +102,8 @@ def test_iam_identity_wins_over_local_header(api: Api) -> None:
         ({"priority": 7}, "priority", None),
         ({"priority": "URGENT"}, "priority", None),
         ({"priority": True}, "priority", None),
-        ({"max_recovery_attempts": 6}, "max_recovery_attempts", "max_recovery_attempts: must be <= 5"),
+        ({"max_recovery_attempts": 21}, "max_recovery_attempts", "max_recovery_attempts: must be <= 20"),
+        ({"max_app_restarts": 21}, "max_app_restarts", "max_app_restarts: must be <= 20"),
         ({"max_recovery_attempts": -1}, "max_recovery_attempts", "max_recovery_attempts: must be >= 0"),
         ({"labels": {f"k{i}": "v" for i in range(21)}}, "labels", None),
         ({"labels": {"k": "v" * 257}}, "labels", None),
@@ -295,3 +298,16 @@ def test_environment_selects_the_lambda_trigger(api: Api, monkeypatch: pytest.Mo
     assert isinstance(service.scheduler, LambdaSchedulerTrigger)
     assert service.scheduler.function_name == "gpu-scheduler"
     assert service.cluster == CLUSTER
+
+
+def test_the_job_spec_sets_both_budgets(api) -> None:  # type: ignore[no-untyped-def]
+    """Given a spec with its own budgets, Then the job item carries them (the infrastructure
+    one under its older name too); two different values for it are refused."""
+    status, body, _ = api.call("POST", "/v1/jobs", body={**valid_spec(), "max_infra_recoveries": 5,
+                                                          "max_app_restarts": 2})
+    assert status == 201
+    item = api.job_table.get_item(Key={"job_id_rank": f"{body['job_id']}#JOB"})["Item"]
+    assert (item["max_recovery_attempts"], item["max_app_restarts"]) == (5, 2)
+    status, body, _ = api.call("POST", "/v1/jobs", body={**valid_spec(), "max_infra_recoveries": 5,
+                                                          "max_recovery_attempts": 2})
+    assert status == 400 and "max_infra_recoveries" in json.dumps(body)

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ class FakeEcs:
     versions: dict[str, int] = field(default_factory=dict)
     #: fail the next call of an operation: ("refuse" | "lose" | "place_nothing")
     failures: dict[str, list[str]] = field(default_factory=dict)
+    spare_nodes: list[str] = field(default_factory=list)
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -112,6 +114,20 @@ class FakeEcs:
     def drain(self, container_instance_arn: str) -> None:
         self.drained.append(container_instance_arn)
 
+    def container_instances(self) -> list[dict[str, Any]]:
+        """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy."""
+        nodes = sorted({t.node for t in self.tasks.values()} | set(self.spare_nodes))
+        out = []
+        for node in nodes:
+            busy = any(t.node == node and t.last_status == "RUNNING" for t in self.tasks.values())
+            gpu = lambda n: [{"name": "GPU", "type": "STRINGSET",  # noqa: E731
+                              "stringSetValue": [f"GPU-{i}" for i in range(n)]}]
+            out.append({"containerInstanceArn": ci_arn(node), "status": "ACTIVE",
+                        "agentConnected": self.agent_connected.get(node, True),
+                        "ec2InstanceId": f"i-{node}", "registeredResources": gpu(8),
+                        "remainingResources": gpu(0 if busy else 8)})
+        return out
+
     def health_checks_on(self, node: str) -> list[FakeTask]:
         return [t for t in self.tasks.values() if t.node == node and t.group == C.HEALTH_CHECK_GROUP]
 
@@ -132,6 +148,24 @@ class FakeRebooter:
         if fault == "lose":
             raise LostResponse("RebootInstances: response lost")
         return "ec2"
+
+
+@dataclass
+class FakeReplacer:
+    """Auto Scaling: every i- node in a group, InService until terminated."""
+
+    terminated: list[str] = field(default_factory=list)
+    fail_next: str = ""  # "lose": the call executes, its answer is lost
+
+    def lifecycle_state(self, instance_id: str) -> str | None:
+        return "Terminating" if instance_id in self.terminated else "InService"
+
+    def terminate_in_asg(self, instance_id: str) -> str:
+        self.terminated.append(instance_id)
+        if self.fail_next == "lose":
+            self.fail_next = ""
+            raise LostResponse("TerminateInstanceInAutoScalingGroup: response lost")
+        return "terminating in gpu-nodes"
 
 
 @dataclass
@@ -184,6 +218,7 @@ class World:
     rebooter: FakeRebooter
     notifier: FakeNotifier
     now: list[float]
+    replacer: FakeReplacer = field(default_factory=FakeReplacer)
 
     def advance(self, seconds: float) -> None:
         self.now[0] += seconds
@@ -214,6 +249,10 @@ class World:
         detail.update(taskArn=task_arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
                       stopCode=stop_code, stoppedReason=reason, startedBy=task.started_by, group=task.group)
         detail["containers"][0]["exitCode"] = exit_code
+        # The event is as recent as the world's clock, so node evidence (XIDs) reported
+        # "now" falls inside the fault's window as it would in a live cluster.
+        stamp = datetime.fromtimestamp(self.now[0], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        detail.update(stoppingAt=stamp, stoppedAt=stamp, executionStoppedAt=stamp, updatedAt=stamp)
         return EcsTaskDetail.model_validate(detail)
 
     def health_check_stopped(self, task: FakeTask, exit_code: int) -> EcsTaskDetail:
@@ -247,13 +286,13 @@ def world(**settings: Any) -> Iterator[World]:
             ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **defs[kind])
         repo = Repository(ddb, "jobs", "instances")
         flaky = Flaky(repo)
-        ecs, rebooter, notifier = FakeEcs(), FakeRebooter(), FakeNotifier()
+        ecs, rebooter, notifier, replacer = FakeEcs(), FakeRebooter(), FakeNotifier(), FakeReplacer()
         service = RecoveryService(flaky, ecs, rebooter, notifier, FakeVerdicts(),  # type: ignore[arg-type]
                                   Settings("jobs", "instances", CLUSTER, "gpu-health-check", "topic",
-                                           **settings))
+                                           **settings), replacer=replacer)
         clock.set_clock(lambda: now[0])
         try:
-            yield World(service, flaky, ecs, rebooter, notifier, now)
+            yield World(service, flaky, ecs, rebooter, notifier, now, replacer)
         finally:
             clock.reset_clock()
 

@@ -110,6 +110,23 @@ class EcsAdapter:
         found = response.get("containerInstances", [])
         return found[0] if found else None
 
+    def container_instances(self) -> list[dict[str, Any]]:
+        """Every ACTIVE or DRAINING container instance of the cluster, described
+        (ListContainerInstances + DescribeContainerInstances by 100): the breaker counts the
+        GPU nodes, relocation looks for healthy free ones. Used on node actions only."""
+        arns: list[str] = []
+        paginator = self._ecs.get_paginator("list_container_instances")
+        for status in ("ACTIVE", "DRAINING"):
+            for page in paginator.paginate(cluster=self.cluster, status=status,
+                                           PaginationConfig={"PageSize": 100}):
+                arns.extend(page.get("containerInstanceArns", []))
+        described: list[dict[str, Any]] = []
+        for start in range(0, len(arns), 100):
+            response = self._ecs.describe_container_instances(
+                cluster=self.cluster, containerInstances=arns[start:start + 100])
+            described.extend(response.get("containerInstances", []))
+        return described
+
     def drain(self, container_instance_arn: str) -> None:
         """Quarantine: DRAINING keeps ECS from placing new tasks on the instance."""
         self._ecs.update_container_instances_state(

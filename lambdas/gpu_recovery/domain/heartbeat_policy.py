@@ -7,7 +7,6 @@ writes. Thresholds come from :class:`HeartbeatSettings` (environment, see consta
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,23 +34,6 @@ DEFAULT_SIGNAL_NOTIFY_SECONDS = 3600  # one e-mail per node per signal kind per 
 DEFAULT_SIGNAL_RETENTION_SECONDS = 7 * 24 * 3600
 
 
-class HeartbeatSettingsError(ValueError):
-    """A malformed heartbeat environment variable; names the variable."""
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError as error:
-        raise HeartbeatSettingsError(f"{name} must be an integer, got {raw!r}") from error
-    if value < minimum:
-        raise HeartbeatSettingsError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 @dataclass(frozen=True)
 class HeartbeatSettings:
     stale_seconds: int = DEFAULT_STALE_SECONDS
@@ -62,29 +44,6 @@ class HeartbeatSettings:
     node_token_table: str = c.DEFAULT_NODE_TOKEN_TABLE_NAME
     signal_notify_seconds: int = DEFAULT_SIGNAL_NOTIFY_SECONDS
     signal_retention_seconds: int = DEFAULT_SIGNAL_RETENTION_SECONDS
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> HeartbeatSettings:
-        env = os.environ if env is None else env
-        action = (env.get(c.ENV_HANG_ACTION) or "notify").strip().lower()
-        if action not in HANG_ACTIONS:
-            raise HeartbeatSettingsError(
-                f"{c.ENV_HANG_ACTION} must be one of {', '.join(HANG_ACTIONS)}, got {action!r}"
-            )
-        return cls(
-            stale_seconds=_int(env, c.ENV_HEARTBEAT_STALE_SECONDS, DEFAULT_STALE_SECONDS, 1),
-            node_lost_fail_seconds=_int(
-                env, c.ENV_NODE_LOST_FAIL_SECONDS, DEFAULT_NODE_LOST_FAIL_SECONDS
-            ),
-            hang_seconds=_int(env, c.ENV_HANG_SECONDS, DEFAULT_HANG_SECONDS),
-            hang_action=action,
-            max_skew_seconds=_int(env, c.ENV_HEARTBEAT_MAX_SKEW_SECONDS, DEFAULT_MAX_SKEW_SECONDS, 1),
-            node_token_table=env.get(c.ENV_NODE_TOKEN_TABLE) or c.DEFAULT_NODE_TOKEN_TABLE_NAME,
-            signal_notify_seconds=_int(env, c.ENV_HW_SIGNAL_NOTIFY_SECONDS,
-                                       DEFAULT_SIGNAL_NOTIFY_SECONDS),
-            signal_retention_seconds=_int(env, c.ENV_HW_SIGNAL_RETENTION_SECONDS,
-                                          DEFAULT_SIGNAL_RETENTION_SECONDS, 60),
-        )
 
 
 # ------------------------------------------------------------------ reports

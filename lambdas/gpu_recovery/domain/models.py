@@ -42,10 +42,15 @@ class Rank:
     # Gang restart lease: which attempt this rank is being started for, until when.
     launch_attempt: int | None = None
     launch_lease_until: float | None = None
+    gpus: int = 0  # GPUs the task held (ECS gpuIds); 0: unknown
 
     @property
     def is_live(self) -> bool:
         return not self.state.is_terminal
+
+    @property
+    def tag_values(self) -> dict[str, str]:
+        return {str(t.get("key")): str(t.get("value", "")) for t in self.tags}
 
 
 @dataclass
@@ -56,8 +61,10 @@ class Job:
     state: JobState
     world_size: int
     attempt: int = 1
-    recoveries_used: int = 0
-    max_recovery_attempts: int = 1
+    recoveries_used: int = 0  # infrastructure recoveries used (node faults: reboot, relocation)
+    max_recovery_attempts: int = 1  # infrastructure recoveries allowed
+    app_restarts_used: int = 0  # application-error restarts used
+    max_app_restarts: int = 0
     suspects: dict[str, str] = field(default_factory=dict)  # container_inst_id -> SuspectVerdict
     fault_started_at: float | None = None
     last_error: str = ""
@@ -66,10 +73,25 @@ class Job:
     updated_at: float = 0.0
     source: str = "ecs-tags"  # "ecs-tags" (registered from task tags) or "queue"
     restarted_attempt: int | None = None  # the attempt the recovery loop's gang restart started
+    # Evidence and decision of every fault, "a<attempt>:<instance>" -> {evidence, plan, at}.
+    faults: dict[str, Any] = field(default_factory=dict)
+    # Relocation of the pending gang restart: rank -> {"arn", "ec2", "from"}; empty: same nodes.
+    placement: dict[str, Any] = field(default_factory=dict)
+    relocate: bool = False  # the pending restart moves ranks off unusable nodes
+    restart_reason: str = ""  # why the pending restart happens (application error, transient, ...)
 
     @property
     def attempts_left(self) -> int:
         return max(0, self.max_recovery_attempts - self.recoveries_used)
+
+    @property
+    def is_queue_job(self) -> bool:
+        return self.source == "queue"
+
+
+def fault_key(attempt: int, container_inst_id: str) -> str:
+    """Key of one node's fault of one attempt in ``Job.faults``."""
+    return f"a{attempt}:{container_inst_id}"
 
 
 @dataclass
@@ -97,6 +119,12 @@ class Instance:
     last_verdict: dict[str, Any] = field(default_factory=dict)
     quarantine_reason: str = ""
     drain_pending: bool = False  # quarantined in the table, not yet confirmed DRAINING in ECS
+    # Replacement by TerminateInstanceInAutoScalingGroup (replace_action terminate_in_asg).
+    terminate_pending: bool = False
+    terminate_claimed_at: float | None = None
+    fault_history: list[dict[str, Any]] = field(default_factory=list)  # escalation records
+    reboot_reason: str = ""
+    breaker_blocked: dict[str, Any] = field(default_factory=dict)  # the node action held back
 
     @property
     def is_managed_instance(self) -> bool:

@@ -35,13 +35,14 @@ _SUBJECT_PREFIX = "[GPU recovery]"
 
 
 def build(kind: NotificationKind, headline: str, facts: NotificationFacts) -> Notification:
-    # SNS e-mail subjects are limited to 100 characters.
-    subject = f"{_SUBJECT_PREFIX} {headline}: job {facts.job_id}"[:100]
+    # SNS e-mail subjects are limited to 100 characters. A node-level message has no job.
+    about = f"job {facts.job_id}" if facts.job_id else f"node {facts.container_inst_id or '-'}"
+    subject = f"{_SUBJECT_PREFIX} {headline}: {about}"[:100]
     ranks = ", ".join(str(r) for r in sorted(facts.ranks)) or "-"
     lines = [
         headline,
         "",
-        f"Job:                {facts.job_id}",
+        f"Job:                {facts.job_id or '-'}",
         f"Ranks:              {ranks}",
         f"Container instance: {facts.container_inst_id or '-'}",
         f"Instance:           {facts.instance_id or '-'}",
@@ -59,5 +60,5 @@ def build(kind: NotificationKind, headline: str, facts: NotificationFacts) -> No
         subject=subject,
         body="\n".join(lines) + "\n",
         job_id=facts.job_id,
-        attributes={"job_id": facts.job_id, "instance_id": facts.instance_id or "-"},
+        attributes={"job_id": facts.job_id or "-", "instance_id": facts.instance_id or "-"},
     )

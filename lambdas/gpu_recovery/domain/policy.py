@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX
-from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import (
     ACTIVE_JOB_STATES,
     FATAL_SUSPECT_VERDICTS,
@@ -71,6 +71,8 @@ class StopReaction(str, Enum):
     FAIL_JOB = "FAIL_JOB"
     ENTER_RECOVERY = "ENTER_RECOVERY"  # first suspect of a fault
     ADD_SUSPECT = "ADD_SUSPECT"  # another suspect of the fault being handled
+    RESTART = "RESTART"  # no node action (application error within budget, transient fault)
+    FAIL_OBSERVED = "FAIL_OBSERVED"  # observe mode: recorded and notified, nothing done
 
 
 def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool) -> StopReaction:
@@ -96,6 +98,30 @@ def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool) -> St
     return StopReaction.RECORD
 
 
+def fault_reaction(job_state: JobState, same_attempt: bool, *, node_fault: bool, observed: bool,
+                   may_restart: bool) -> StopReaction:
+    """What the job does about a rank that exited on its own (not 0, not a stop), once the
+    fault catalog said what its node needs.
+
+    ``node_fault``: the catalog wants the node checked (health check) or acted on (fast
+    path); ``observed``: that recovery cannot even begin (observe mode keeps the ranks
+    running or the diag from starting); ``may_restart``: for a fault without node action,
+    the job's budget allows a restart and restarts are enforced.
+    """
+    if not same_attempt or job_state.is_terminal:
+        return StopReaction.RECORD
+    active = job_state in ACTIVE_JOB_STATES
+    if node_fault:
+        if active:
+            return StopReaction.FAIL_OBSERVED if observed else StopReaction.ENTER_RECOVERY
+        if job_state is JobState.PENDING_HEALTHCHECK:
+            return StopReaction.ADD_SUSPECT
+        return StopReaction.RECORD
+    if active:
+        return StopReaction.RESTART if may_restart else StopReaction.FAIL_JOB
+    return StopReaction.RECORD
+
+
 def describe_failure(stop: TaskStop) -> str:
     code = "no exit code" if stop.exit_code is None else f"exit code {stop.exit_code}"
     reason = stop.stopped_reason or stop.stop_code or "unknown reason"
@@ -112,14 +138,10 @@ def suspects_for_fault(failed_instance: str, job_instances: Iterable[str], *,
 
 
 # ==================================================================== DCGM verdicts
-class VerdictAction(str, Enum):
-    MARK_AVAILABLE = "MARK_AVAILABLE"  # healthy: the failure was the application's
-    REBOOT = "REBOOT"
-    QUARANTINE = "QUARANTINE"
-
-
 def parse_verdict(exit_code: int | None) -> DcgmVerdict | None:
-    """The health check's exit-code contract; anything else means it did not run."""
+    """The health check's exit-code contract; anything else means it did not run.
+    (What a verdict does to the node and its jobs is the fault catalog's:
+    ``recovery.remediation``.)"""
     if exit_code is None:
         return None
     try:
@@ -128,60 +150,41 @@ def parse_verdict(exit_code: int | None) -> DcgmVerdict | None:
         return None
 
 
-def instance_action(verdict: DcgmVerdict, waiting_jobs: Iterable[Job]) -> VerdictAction:
-    """What to do with the node itself once its verdict is known.
+class JobOutcome(str, Enum):
+    """A waiting job's fate once a node decision (a verdict) of its fault is known."""
 
-    A reboot is spent only if some waiting job still has recovery budget; otherwise
-    the node is drained (quarantined) for an operator. A configuration problem
-    (OPERATOR_ACTION) is never rebooted: a reboot does not fix it.
-    """
-    if verdict is DcgmVerdict.HEALTHY:
-        return VerdictAction.MARK_AVAILABLE
-    if verdict in (DcgmVerdict.REPLACE, DcgmVerdict.OPERATOR_ACTION):
-        return VerdictAction.QUARANTINE
-    if any(may_reboot_for(job) for job in waiting_jobs):
-        return VerdictAction.REBOOT
-    return VerdictAction.QUARANTINE
+    WAIT = "wait"  # other suspects of the fault still being checked
+    RESTART_AFTER_REBOOT = "restart_after_reboot"  # restart once the node is back
+    RESTART = "restart"  # no node fault: restart on the same nodes (budget permitting)
+    RELOCATE = "relocate"  # a node is unusable: restart on healthy nodes
+    FAIL_APPLICATION_ERROR = "fail_application_error"
+    FAIL_NODE_FAULT = "fail_node_fault"
+    FAIL_NO_BUDGET = "fail_no_budget"
+    FAIL_OBSERVED = "fail_observed"  # the restart itself is observe-only
 
+    @property
+    def restarts(self) -> bool:
+        return self in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.RESTART, JobOutcome.RELOCATE)
 
-def suspect_label(verdict: DcgmVerdict, action: VerdictAction) -> SuspectVerdict:
-    """What a waiting job records for this instance."""
-    if action is VerdictAction.MARK_AVAILABLE:
-        return SuspectVerdict.HEALTHY
-    if verdict is DcgmVerdict.REBOOT:
-        return SuspectVerdict.REBOOT  # needed a reboot; the job's budget decides its fate
-    if verdict is DcgmVerdict.OPERATOR_ACTION:
-        return SuspectVerdict.OPERATOR_ACTION
-    return SuspectVerdict.REPLACE if verdict is DcgmVerdict.REPLACE else SuspectVerdict.QUARANTINED
+    @property
+    def fails(self) -> bool:
+        return self.value.startswith("fail_")
 
 
-def may_reboot_for(job: Job) -> bool:
-    """A job may spend a reboot: it has budget left, or this fault already paid for it
-    (PENDING_RESTART: another suspect instance of the same fault is being rebooted)."""
-    return job.attempts_left > 0 or job.state is JobState.PENDING_RESTART
-
-
-class JobVerdictOutcome(str, Enum):
-    WAIT = "WAIT"  # other suspect instances still being checked
-    RESTART_AFTER_REBOOT = "RESTART_AFTER_REBOOT"
-    FAIL_APPLICATION_ERROR = "FAIL_APPLICATION_ERROR"
-    FAIL_NODE_FAULT = "FAIL_NODE_FAULT"
-
-
-def job_outcome(suspects: Mapping[str, str], job: Job) -> JobVerdictOutcome:
-    """Decide the job's fate from the verdicts of all its suspect instances."""
+def job_outcome(suspects: Mapping[str, str], *, relocatable: bool) -> JobOutcome:
+    """The job's fate from its verdicts for every suspect node of the fault (before its
+    budget is looked at): an unusable node relocates the job (or fails it), a reboot
+    restarts it once the node is back, all healthy restarts it without node action."""
     verdicts = {SuspectVerdict(v) for v in suspects.values()}
     if verdicts & FATAL_SUSPECT_VERDICTS:
-        return JobVerdictOutcome.FAIL_NODE_FAULT
+        return JobOutcome.RELOCATE if relocatable else JobOutcome.FAIL_NODE_FAULT
     if SuspectVerdict.REBOOT in verdicts:
-        if not may_reboot_for(job):
-            return JobVerdictOutcome.FAIL_NODE_FAULT
-        # Reboot now; the restart waits until every instance is back and every other
-        # verdict is in (a later bad verdict still fails the job).
-        return JobVerdictOutcome.RESTART_AFTER_REBOOT
+        # Reboot now; the restart waits until every node is back and every other verdict
+        # is in (a later unusable node still relocates or fails the job).
+        return JobOutcome.RESTART_AFTER_REBOOT
     if SuspectVerdict.PENDING in verdicts:
-        return JobVerdictOutcome.WAIT
-    return JobVerdictOutcome.FAIL_APPLICATION_ERROR
+        return JobOutcome.WAIT
+    return JobOutcome.RESTART
 
 
 def verdicts_pending(suspects: Mapping[str, str]) -> list[str]:

@@ -11,28 +11,36 @@ JOB_TRANSITIONS: dict[S, frozenset[S]] = {
     S.PENDING_RESOURCES: frozenset({S.QUEUED, S.STARTING, S.CANCELED, S.FAILED}),
     S.STARTING: frozenset(
         {
-            S.RUNNING, S.PENDING_RESOURCES, S.PENDING_HEALTHCHECK, S.COMPLETE, S.FAILED,
-            S.USER_STOPPED, S.CANCELING, S.CANCELED, S.NODE_LOST,
+            S.RUNNING, S.PENDING_RESOURCES, S.PENDING_HEALTHCHECK, S.PENDING_RESTART, S.COMPLETE,
+            S.FAILED, S.USER_STOPPED, S.CANCELING, S.CANCELED, S.NODE_LOST,
         }
     ),
     # RUNNING -> PENDING_RESOURCES: a queue launch rolled back (a later rank could not
     # be placed) after rank 0 was already seen RUNNING.
+    # ACTIVE -> PENDING_RESTART: a fault that needs no node action (an application error
+    # within its budget, a transient fault): the gang restarts on the same nodes.
     S.RUNNING: frozenset(
         {
-            S.PENDING_HEALTHCHECK, S.NODE_LOST, S.HUNG, S.COMPLETE, S.FAILED,
+            S.PENDING_HEALTHCHECK, S.PENDING_RESTART, S.NODE_LOST, S.HUNG, S.COMPLETE, S.FAILED,
             S.USER_STOPPED, S.CANCELING, S.CANCELED, S.PENDING_RESOURCES,
         }
     ),
     S.NODE_LOST: frozenset(
-        {S.RUNNING, S.PENDING_HEALTHCHECK, S.COMPLETE, S.FAILED, S.USER_STOPPED, S.CANCELING}
+        {S.RUNNING, S.PENDING_HEALTHCHECK, S.PENDING_RESTART, S.COMPLETE, S.FAILED, S.USER_STOPPED,
+         S.CANCELING}
     ),
     S.HUNG: frozenset(
-        {S.RUNNING, S.PENDING_HEALTHCHECK, S.COMPLETE, S.FAILED, S.USER_STOPPED, S.CANCELING}
+        {S.RUNNING, S.PENDING_HEALTHCHECK, S.PENDING_RESTART, S.COMPLETE, S.FAILED, S.USER_STOPPED,
+         S.CANCELING}
     ),
     S.PENDING_HEALTHCHECK: frozenset(
         {S.PENDING_RESTART, S.FAILED, S.USER_STOPPED, S.CANCELING, S.CANCELED}
     ),
-    S.PENDING_RESTART: frozenset({S.STARTING, S.FAILED, S.USER_STOPPED, S.CANCELED}),
+    # PENDING_RESTART -> PENDING_RESOURCES: a queue job relocated off a faulty node goes
+    # back through the scheduler (head of its priority) to start on healthy nodes.
+    S.PENDING_RESTART: frozenset(
+        {S.STARTING, S.PENDING_RESOURCES, S.FAILED, S.USER_STOPPED, S.CANCELED}
+    ),
     S.CANCELING: frozenset({S.CANCELED}),
     S.COMPLETE: frozenset(),
     S.FAILED: frozenset(),

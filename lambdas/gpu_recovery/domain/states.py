@@ -36,6 +36,8 @@ TERMINAL_JOB_STATES = frozenset(
 )
 # Ranks are (or should be) running on ECS: a suspected fault can enter recovery from these.
 ACTIVE_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.NODE_LOST, JobState.HUNG})
+# Waiting in the queue (the scheduler may admit it).
+QUEUED_JOB_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES})
 # The recovery loop owns the job: its nodes are held for the gang restart.
 RECOVERING_JOB_STATES = frozenset({JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART})
 
@@ -60,6 +62,8 @@ TERMINAL_RANK_STATES = frozenset({RankState.DONE, RankState.FAILED, RankState.ST
 LIVE_RANK_STATES = frozenset(
     {RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG}
 )
+# Watched by the heartbeat service (started and not asked to stop).
+HEARTBEAT_WATCHED_RANK_STATES = frozenset({RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG})
 # Holding GPUs: live, or asked to stop and not yet seen STOPPED.
 HOLDING_RANK_STATES = LIVE_RANK_STATES | {RankState.STOP_REQUESTED}
 
@@ -99,10 +103,11 @@ class SuspectVerdict(str, Enum):
     OPERATOR_ACTION = "OPERATOR_ACTION"
     TIMEOUT = "TIMEOUT"
     UNAVAILABLE = "UNAVAILABLE"
+    BLOCKED = "BLOCKED"  # needed a node action that was not carried out (observe mode, breaker)
 
 
 # A job with any of these verdicts cannot be restarted on its own nodes.
 FATAL_SUSPECT_VERDICTS = frozenset(
     {SuspectVerdict.REPLACE, SuspectVerdict.QUARANTINED, SuspectVerdict.OPERATOR_ACTION,
-     SuspectVerdict.TIMEOUT, SuspectVerdict.UNAVAILABLE}
+     SuspectVerdict.TIMEOUT, SuspectVerdict.UNAVAILABLE, SuspectVerdict.BLOCKED}
 )

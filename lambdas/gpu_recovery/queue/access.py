@@ -24,8 +24,6 @@ role session or the user name, ARNs match the principal's ARN or its role's ARN.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,10 +33,6 @@ from gpu_recovery import constants as c
 _ARN_RE = re.compile(r"^arn:(?P<partition>aws[a-z-]*):(?P<service>iam|sts)::(?P<account>\d{12}):"
                      r"(?P<resource>.+)$")
 RESERVED_PRIORITY_MIN = 40  # VERY_HIGH and EXTREME_HIGH
-
-
-class AccessSettingsError(ValueError):
-    """A malformed authorization setting; names the environment variable."""
 
 
 class Denied(Exception):
@@ -94,18 +88,6 @@ def role_name_of(role_arn: str) -> str:
     return role_arn.rsplit("/", 1)[-1]
 
 
-def _list(env: Mapping[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    text = raw.strip()
-    try:
-        values = json.loads(text) if text.startswith("[") else [v.strip() for v in text.split(",")]
-    except ValueError as error:
-        raise AccessSettingsError(f"{name} must be a JSON list of strings, got {raw!r}") from error
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise AccessSettingsError(f"{name} must be a JSON list of strings, got {raw!r}")
-    return tuple(v for v in values if v)
 
 
 @dataclass(frozen=True)
@@ -118,21 +100,6 @@ class AccessPolicy:
     health_check_families: frozenset[str] = field(
         default_factory=lambda: frozenset({c.DEFAULT_HEALTH_CHECK_FAMILY}))
     reserved_priority_min: int = RESERVED_PRIORITY_MIN
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> AccessPolicy:
-        env = os.environ if env is None else env
-        health = {c.DEFAULT_HEALTH_CHECK_FAMILY}
-        if env.get(c.ENV_HEALTH_CHECK_TASK):
-            health.add(family_of(env[c.ENV_HEALTH_CHECK_TASK]))
-        return cls(
-            admin_roles=_list(env, c.ENV_JOBS_ADMIN_ROLES, ()),
-            team_roles=_list(env, c.ENV_JOBS_TEAM_ROLES, ()),
-            allowed_families=_list(env, c.ENV_JOBS_ALLOWED_FAMILIES, ("*",)),
-            task_role_prefixes=_list(env, c.ENV_JOBS_TASK_ROLE_PREFIXES, ("*",)),
-            reserved_priority_roles=_list(env, c.ENV_JOBS_PRIORITY_ROLES, ()),
-            health_check_families=frozenset(health),
-        )
 
     # ---------------------------------------------------------------- principals
     def is_admin(self, caller: Principal) -> bool:

@@ -51,8 +51,12 @@ class AttemptView(BaseModel):
 class JobDetail(JobSummary):
     spec: dict[str, Any]
     source: str
-    recoveries_used: int
-    max_recovery_attempts: int
+    recoveries_used: int = Field(description="Infrastructure recoveries used")
+    max_recovery_attempts: int = Field(description="Infrastructure recoveries allowed")
+    app_restarts_used: int = 0
+    max_app_restarts: int = 0
+    relocations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Where each rank moved after a node fault, and why")
     not_before: float = Field(description="Scheduler backoff: not started before (epoch seconds)")
     last_error: str
     ranks: list[RankView]

@@ -49,7 +49,7 @@ from gpu_recovery.constants import (
     RankState,
     queue_order,
 )
-from gpu_recovery.domain.models import Rank
+from gpu_recovery.domain.models import Rank, container_instance_id
 from gpu_recovery.domain.states import LIVE_RANK_STATES
 from gpu_recovery.queue.admission import (
     FailureKind,
@@ -252,8 +252,11 @@ class Launcher:
             "master_addr": master_addr,
             "master_port": spec.master_port,
         }
+        reason, moved = f"admitted: attempt {attempt} on {len(nodes)} node(s)", None
+        if item.get("relocation"):
+            reason, moved = relocation_record(item, plan, now)
         if not self.store.claim_launch(job_id, None if current is None else int(current), attempt, plan, now,
-                                       self.owner, f"admitted: attempt {attempt} on {len(nodes)} node(s)"):
+                                       self.owner, reason, relocations=moved):
             return LaunchOutcome(job_id, "raced", attempt, reason="claim lost: canceled, taken, lease lost")
         item = {**item, "attempt": attempt, "launch": plan, "job_state": JobState.STARTING.value,
                 "launch_claimed_at": now}
@@ -338,6 +341,7 @@ class Launcher:
                     ec2_instance_id=ec2_ids[rank] if rank < len(ec2_ids) else "",
                     overrides=overrides, tags=tags, started_by=sb, state=RankState.STARTING,
                     max_recovery_attempts=int(item.get("max_recovery_attempts", 1)),
+                    max_app_restarts=int(item.get("max_app_restarts", 0)), gpus=spec.gpus_per_node,
                 )))
         except LaunchError as error:
             return self._abort(item, attempt, registered, error.kind, error.reason)
@@ -443,6 +447,23 @@ class Launcher:
                 self.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}")
             except (ClientError, BotoCoreError):
                 logger.exception("could not stop a rank", extra={"task": rank.task_arn})
+
+
+def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any],
+                      now: float) -> tuple[str, list[dict[str, Any]]]:
+    """A job the recovery loop relocated off a faulty node: where each rank moves and why
+    (history reason, and the job's ``relocations`` list)."""
+    relocation = dict(item.get("relocation") or {})
+    before = {str(k): str(v) for k, v in (relocation.get("from") or {}).items()}
+    after = {str(r): container_instance_id(arn) for r, arn in enumerate(plan["nodes"])}
+    moves = {r: {"from": before.get(r, ""), "to": node} for r, node in after.items()}
+    ordered = sorted(moves.items(), key=lambda x: int(x[0]))
+    text = ", ".join(f"rank {r} {m['from'] or '?'} -> {m['to']}" for r, m in ordered)
+    why = str(relocation.get("reason") or "node fault")
+    entry = {"at": now, "attempt": plan["attempt"], "reason": why[:500], "moves": moves,
+             "master_addr": plan.get("master_addr", "")}
+    relocations = [*(item.get("relocations") or []), entry][-MAX_ATTEMPT_ENTRIES:]
+    return f"relocated (attempt {plan['attempt']}): {text}; {why}"[:500], relocations
 
 
 def _with_entry(existing: Any, entry: dict[str, Any]) -> list[dict[str, Any]]:

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpu_recovery.domain.job_budgets import MAX_BUDGET
+
 
 class Priority(IntEnum):
     """Priority levels (HAI-style); higher runs first, equal priority is FIFO."""
@@ -146,8 +148,33 @@ class JobSpec(BaseModel):
     priority: int | Literal[
         "LOW", "BELOW_NORMAL", "NORMAL", "ABOVE_NORMAL", "HIGH", "VERY_HIGH", "EXTREME_HIGH"
     ] = Field(default=int(Priority.NORMAL), description="A level name or its value")
-    max_recovery_attempts: int = Field(default=1, ge=0, le=5, strict=True)
+    max_infra_recoveries: int | None = Field(
+        default=None, ge=0, le=MAX_BUDGET, strict=True,
+        description="Infrastructure recoveries (node faults fixed by a reboot or by moving the job "
+                    "to healthy nodes); default: the deployment's (3)")
+    max_app_restarts: int | None = Field(
+        default=None, ge=0, le=MAX_BUDGET, strict=True,
+        description="Restarts after an application error (the job's own fault, no node action); "
+                    "default: the deployment's (0: the job fails)")
+    max_recovery_attempts: int | None = Field(
+        default=None, ge=0, le=MAX_BUDGET, strict=True, description="Older name of max_infra_recoveries")
     labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
+
+    @model_validator(mode="after")
+    def _one_infra_budget(self) -> JobSpec:
+        if (self.max_infra_recoveries is not None and self.max_recovery_attempts is not None
+                and self.max_infra_recoveries != self.max_recovery_attempts):
+            raise ValueError("give max_infra_recoveries or its older name max_recovery_attempts, not "
+                             "two different values")
+        return self
+
+    def budgets(self, default_infra: int, default_app: int) -> tuple[int, int]:
+        """(infrastructure recoveries, application-error restarts) of this job."""
+        infra = self.max_infra_recoveries
+        if infra is None:
+            infra = self.max_recovery_attempts
+        return (default_infra if infra is None else infra,
+                default_app if self.max_app_restarts is None else self.max_app_restarts)
 
     @field_validator("priority", mode="before")
     @classmethod

@@ -264,6 +264,8 @@ class QueueScheduler:
             for rank in self.repo.get_ranks(job):
                 if rank.attempt == job.attempt and rank.container_inst_id:
                     held.add(rank.container_inst_id)
+            # A relocation's target nodes (tag-registered jobs) are the restart's too.
+            held.update(str(p.get("node")) for p in job.placement.values() if p.get("node"))
         return held
 
 

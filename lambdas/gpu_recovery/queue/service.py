@@ -49,8 +49,10 @@ from gpu_recovery.constants import (
     job_item_key,
     queue_order,
 )
+from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.models import container_instance_id, task_id
 from gpu_recovery.domain.state_machine import can_transition, check_transition
+from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
 from gpu_recovery.queue.access import AccessPolicy, Denied, Principal
 from gpu_recovery.queue.models import JobSpec, priority_name
 from gpu_recovery.repository import Repository, from_ddb
@@ -59,8 +61,7 @@ from gpu_recovery.repository.queue_api import InvalidPageToken, JobQueueReposito
 logger = logging.getLogger(__name__)
 
 SOURCE_QUEUE = "queue"
-QUEUED_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES})
-LIVE_RANK_STATES = (RankState.STARTING, RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG)
+QUEUED_STATES = QUEUED_JOB_STATES
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 CAPACITY_CACHE_SECONDS = 60.0
@@ -273,6 +274,7 @@ class JobQueueService:
         cluster: str,
         scheduler: SchedulerTrigger | None = None,
         capacity: ClusterCapacity | None = None,
+        default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS),
         access: AccessPolicy | None = None,
     ) -> None:
         self.repo = repo if isinstance(repo, JobQueueRepository) else JobQueueRepository(repo)
@@ -282,6 +284,7 @@ class JobQueueService:
         self.cluster = cluster
         self.scheduler: SchedulerTrigger = scheduler or NoSchedulerTrigger()
         self.capacity = capacity or ClusterCapacity(ecs_client, cluster)
+        self.default_budgets = default_budgets  # (infrastructure recoveries, application restarts)
 
     # ------------------------------------------------------------------ submit
     def _authorize(self, check: Callable[[AccessPolicy], None]) -> None:
@@ -332,7 +335,9 @@ class JobQueueService:
             "gpus_per_node": spec.gpus_per_node,
             "attempt": 0,
             "recoveries_used": 0,
-            "max_recovery_attempts": spec.max_recovery_attempts,
+            "max_recovery_attempts": spec.budgets(*self.default_budgets)[0],
+            "app_restarts_used": 0,
+            "max_app_restarts": spec.budgets(*self.default_budgets)[1],
             "suspects": {},
             "verdicts": {},
             QUEUE_PK: QUEUE_BUCKET,
@@ -416,6 +421,9 @@ class JobQueueService:
                 "source": item.get("source", ""),
                 "recoveries_used": int(item.get("recoveries_used", 0)),
                 "max_recovery_attempts": int(item.get("max_recovery_attempts", 0)),
+                "app_restarts_used": int(item.get("app_restarts_used", 0)),
+                "max_app_restarts": int(item.get("max_app_restarts", 0)),
+                "relocations": list(item.get("relocations") or []),
                 "not_before": item.get("not_before", 0) or 0,
                 "last_error": item.get("last_error", ""),
                 "ranks": [

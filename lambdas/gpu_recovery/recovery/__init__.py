@@ -5,6 +5,9 @@
 * ``reboots`` — reboot or quarantine a node, and notice it coming back
 * ``gang_restart`` — restart every rank of a job once its nodes are back
 * ``sweep`` — the scheduled converge step: retries, dead claims, lost events, timeouts
+* ``remediation`` — what a node needs (fault catalog, escalation, breaker, observe mode),
+  committed with every waiting job's outcome, then carried out
+* ``breaker`` — the blast-radius breaker's metrics, operator reset and released backlog
 * ``service`` — ``RecoveryService``, the thin façade handlers call
 """
 

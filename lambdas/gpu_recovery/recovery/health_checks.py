@@ -23,14 +23,14 @@ from gpu_recovery.constants import (
     NotificationKind,
 )
 from gpu_recovery.domain import policy
-from gpu_recovery.domain.models import Instance, Job, container_instance_id
-from gpu_recovery.domain.policy import JobVerdictOutcome, VerdictAction
+from gpu_recovery.domain.escalation import history_from_item
+from gpu_recovery.domain.evidence import DcgmFindings, Evidence
+from gpu_recovery.domain.fault_vocabulary import Trigger
+from gpu_recovery.domain.models import Instance, Job, container_instance_id, fault_key
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
     RECOVERING_JOB_STATES,
-    DcgmVerdict,
     InstanceState,
-    JobState,
     SuspectVerdict,
 )
 from gpu_recovery.ecs_events import EcsTaskDetail
@@ -38,7 +38,7 @@ from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
-from gpu_recovery.repository import JobVerdict
+from gpu_recovery.recovery.remediation import JobOutcome, NodeRemediation, rebuild
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +58,12 @@ def health_check_started_by(instance: Instance) -> str:
 
 class HealthChecks:
     def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots,
-                 restarts: GangRestart) -> None:
+                 restarts: GangRestart, remediation: NodeRemediation) -> None:
         self.deps = deps
         self.ranks = ranks
         self.reboots = reboots
         self.restarts = restarts
+        self.remediation = remediation
 
     # ------------------------------------------------------------ open / join
     def request(self, job: Job, inst_id: str) -> str:
@@ -94,13 +95,12 @@ class HealthChecks:
         result = "joined_reboot" if label is SuspectVerdict.REBOOT else "instance_quarantined"
         if job.suspects.get(inst_id) == label.value:
             return result  # recorded by an earlier delivery
-        verdict = DcgmVerdict.REBOOT if label is SuspectVerdict.REBOOT else DcgmVerdict.REPLACE
-        record, outcome = self._job_verdict(job, inst_id, label, findings, verdict)
-        restart = outcome is JobVerdictOutcome.RESTART_AFTER_REBOOT
+        history = history_from_item(instance.fault_history)
+        record, outcome = self.remediation.job_verdict(job, inst_id, label, None, None, findings, history,
+                                                       clock.now())
+        restart = outcome == JobOutcome.RESTART_AFTER_REBOOT
         if self.deps.repo.record_verdict_of_busy_instance(instance, record, restart):
-            self._notify_outcome(job, outcome, instance, verdict,
-                                 VerdictAction.REBOOT if label is SuspectVerdict.REBOOT
-                                 else VerdictAction.QUARANTINE)
+            self.remediation.notify_outcome(job, outcome, instance, None, None)
         return result
 
     # -------------------------------------------------------------------- start
@@ -204,92 +204,35 @@ class HealthChecks:
             return Outcome("health_check_retry", detail={"instance": inst_id})
         findings = {"exit_code": exit_code, "verdict": verdict.name.lower(), "task_arn": detail.taskArn,
                     **(self.deps.verdicts.read_verdict(detail.taskArn) or {})}
+        # The exit code is the contract; a log line that disagrees (or is missing) never wins.
+        findings["exit_code"], findings["verdict"] = exit_code, verdict.name.lower()
         jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
-        waiting = [j for j in jobs if j.state in RECOVERING_JOB_STATES]
-        action = policy.instance_action(verdict, waiting)
-        label = policy.suspect_label(verdict, action)
-        decisions = [self._job_verdict(job, inst_id, label, findings, verdict) for job in waiting]
-        restart_jobs = [d.job.job_id for d, o in decisions
-                        if o is JobVerdictOutcome.RESTART_AFTER_REBOOT and label is SuspectVerdict.REBOOT]
+        raw = repo.get_instance_item(inst_id) or {}
         now = clock.now()
-        to = {VerdictAction.MARK_AVAILABLE: InstanceState.AVAILABLE,
-              VerdictAction.REBOOT: InstanceState.REBOOTING,
-              VerdictAction.QUARANTINE: InstanceState.QUARANTINED}[action]
-        recorded = repo.record_verdict(
-            instance, to=to, findings=findings, jobs=[d for d, _ in decisions], now=now,
-            follow_up_at=now + FOLLOW_UP_SECONDS,
-            quarantine_reason=f"DCGM verdict {verdict.name.lower()}", restart_jobs=restart_jobs)
-        if not recorded:
+        dcgm = DcgmFindings.from_verdict_json(findings, exit_code=exit_code, task_arn=detail.taskArn)
+        evidence = self._evidence(instance, raw, jobs).with_dcgm(dcgm, now)
+        plan = self.remediation.plan(evidence, raw, now=now)
+        applied = self.remediation.apply(
+            instance, raw, plan, evidence, jobs, from_states=(InstanceState.HEALTH_CHECKING,),
+            hc_started_by=instance.hc_started_by, hc_jobs_count=len(instance.hc_jobs), findings=findings)
+        if applied is None:
             return None
-        logger.info("verdict applied", extra={"instance": inst_id, "verdict": label.value,
-                                              "action": action.value})
-        fresh = repo.get_instance(inst_id) or instance
-        if action is VerdictAction.REBOOT:
-            self.reboots.issue(fresh)
-        elif action is VerdictAction.QUARANTINE:
-            self.reboots.quarantine(fresh)
-        for decision, outcome in decisions:
-            self._notify_outcome(decision.job, outcome, instance, verdict, action)
-        if action is VerdictAction.MARK_AVAILABLE:
-            # A healthy instance may be the last one a rebooted job was waiting for.
-            for decision, outcome in decisions:
-                if outcome is JobVerdictOutcome.RESTART_AFTER_REBOOT:
-                    self.restarts.try_restart(decision.job.job_id)
-        return Outcome("verdict_applied", detail={"instance": inst_id, "verdict": label.value,
-                                                  "instance_action": action.value,
-                                                  "jobs": [d.job.job_id for d, _ in decisions]})
+        return Outcome("verdict_applied", detail={"instance": inst_id, "verdict": applied.label.value,
+                                                  "instance_action": applied.plan.action.value,
+                                                  "jobs": [j.job_id for j, _ in applied.outcomes]})
 
-    def _job_verdict(self, job: Job, inst_id: str, label: SuspectVerdict, findings: dict[str, Any],
-                     verdict: DcgmVerdict) -> tuple[JobVerdict, JobVerdictOutcome]:
-        suspects = {**job.suspects, inst_id: label.value}
-        outcome = policy.job_outcome(suspects, job)
-        to, spend, deadline, error = job.state, False, None, ""
-        if outcome is JobVerdictOutcome.RESTART_AFTER_REBOOT:
-            if job.state is JobState.PENDING_HEALTHCHECK:
-                to, spend = JobState.PENDING_RESTART, True
-            deadline = clock.now() + RETRY_INTERVAL_SECONDS
-        elif outcome in (JobVerdictOutcome.FAIL_APPLICATION_ERROR, JobVerdictOutcome.FAIL_NODE_FAULT):
-            to, error = JobState.FAILED, self._failure_text(outcome, inst_id, verdict, job)
-        record = JobVerdict(job=job, to=to, label=label, findings=findings, last_error=error,
-                            spend_recovery=spend, deadline_at=deadline)
-        return record, outcome
-
-    @staticmethod
-    def _failure_text(outcome: JobVerdictOutcome, inst_id: str, verdict: DcgmVerdict, job: Job) -> str:
-        if outcome is JobVerdictOutcome.FAIL_APPLICATION_ERROR:
-            return (f"DCGM found the GPUs of {inst_id} healthy: the failure was the "
-                    f"application's ({job.last_error})")
-        if verdict is DcgmVerdict.REBOOT:
-            return (f"{inst_id} needs a reboot but the job used all {job.max_recovery_attempts} "
-                    "recovery attempt(s)")
-        if verdict is DcgmVerdict.OPERATOR_ACTION:
-            return (f"{inst_id} has a configuration problem DCGM reported (e.g. persistence mode "
-                    "off); a reboot cannot fix it")
-        return f"{inst_id} has a GPU fault a reboot cannot fix (DCGM verdict {verdict.name.lower()})"
-
-    def _notify_outcome(self, job: Job, outcome: JobVerdictOutcome, instance: Instance,
-                        verdict: DcgmVerdict, action: VerdictAction) -> None:
-        if outcome in (JobVerdictOutcome.WAIT, JobVerdictOutcome.RESTART_AFTER_REBOOT):
-            return
-        job = self.deps.repo.get_job(job.job_id) or job
-        self.deps.metrics.add_metric("Failures", "Count", 1)
-        if outcome is JobVerdictOutcome.FAIL_APPLICATION_ERROR:
-            self.ranks.notify(job, instance, NotificationKind.APPLICATION_ERROR,
-                              "Job failed: application error (GPUs healthy)",
-                              what_happened=f"{job.last_error}; DCGM health check passed",
-                              what_was_done="Job marked FAILED; the instance is back in service",
-                              operator_action="Look at the job's logs: the GPUs passed DCGM diagnostics.")
-            return
-        quarantined = action is VerdictAction.QUARANTINE
-        self.ranks.notify(
-            job, instance, NotificationKind.QUARANTINED if quarantined else NotificationKind.FAILED,
-            "Job failed: GPU node quarantined" if quarantined else "Job failed: GPU fault",
-            what_happened=f"{job.last_error}; DCGM verdict: {verdict.name.lower()}",
-            what_was_done=("Job marked FAILED; instance drained (DRAINING) so nothing new is placed "
-                           "on it" if quarantined else "Job marked FAILED"),
-            operator_action=("Inspect the node (DCGM verdict in the job record and the health-check "
-                             "log), replace or repair it, then set it ACTIVE again and resubmit the job."),
-        )
+    def _evidence(self, instance: Instance, raw: dict[str, Any], jobs: list[Job]) -> Evidence:
+        """The fault's evidence as recorded when it was noticed (with what the node agent
+        reported since), else rebuilt from the node's reports around the check's request."""
+        for job in jobs:
+            stored = job.faults.get(fault_key(job.attempt, instance.container_inst_id)) or {}
+            if stored.get("evidence"):
+                return rebuild(Evidence.from_dict(stored["evidence"]), raw, self.deps.policy.catalog)
+        waiting = next((j for j in jobs if j.state in RECOVERING_JOB_STATES), None)
+        fault_at = (waiting.fault_started_at if waiting and waiting.fault_started_at else None) \
+            or instance.hc_requested_at or clock.now()
+        return self.remediation.evidence(inst_id=instance.container_inst_id, instance_item=raw,
+                                         trigger=Trigger.TASK_EXIT, fault_at=fault_at, job=waiting)
 
     # -------------------------------------------------------------------- sweep
     def sweep(self, instance: Instance, now: float) -> str:

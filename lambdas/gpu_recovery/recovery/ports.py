@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Protocol
 
 from gpu_recovery.adapters.ecs import StartResult
+from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
 from gpu_recovery.domain.notifications import Notification
+from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import Settings
 
@@ -24,10 +27,28 @@ class EcsPort(Protocol):
     def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]: ...
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
     def drain(self, container_instance_arn: str) -> None: ...
+    def container_instances(self) -> list[dict[str, Any]]: ...
 
 
 class RebootPort(Protocol):
     def reboot(self, instance_id: str, reason: str) -> str: ...
+
+
+class ReplacePort(Protocol):
+    """Replacement of an EC2 node in its Auto Scaling group (replace_action terminate_in_asg)."""
+
+    def lifecycle_state(self, instance_id: str) -> str | None: ...
+    def terminate_in_asg(self, instance_id: str) -> str: ...
+
+
+class NoReplacer:
+    """No Auto Scaling access configured: every node looks outside any group."""
+
+    def lifecycle_state(self, instance_id: str) -> str | None:
+        return None
+
+    def terminate_in_asg(self, instance_id: str) -> str:
+        raise RuntimeError("no Auto Scaling client configured")
 
 
 class NotifierPort(Protocol):
@@ -47,6 +68,12 @@ class NullMetrics:
         return None
 
 
+@cache
+def default_catalog() -> FaultCatalog:
+    """The catalog shipped in the asset (read and validated once per process)."""
+    return load_catalog()
+
+
 @dataclass
 class Deps:
     """Everything a stage uses; one instance shared by the stages of a service."""
@@ -58,6 +85,9 @@ class Deps:
     verdicts: VerdictReaderPort
     settings: Settings
     metrics: MetricsPort = field(default_factory=NullMetrics)
+    policy: RemediationPolicy = field(default_factory=lambda: RemediationPolicy(default_catalog()))
+    replacer: ReplacePort = field(default_factory=NoReplacer)
+
 
 
 @dataclass

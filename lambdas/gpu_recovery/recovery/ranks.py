@@ -12,12 +12,16 @@ from gpu_recovery.constants import (
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_JOB_ID,
+    TAG_MAX_APP_RESTARTS,
+    TAG_MAX_INFRA_RECOVERIES,
     TAG_RANK,
     TAG_WORLD_SIZE,
     NotificationKind,
 )
+from gpu_recovery.domain.job_budgets import MAX_BUDGET
 from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id
 from gpu_recovery.domain.notifications import NotificationFacts, build
+from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import LIVE_RANK_STATES, JobState, RankState
 from gpu_recovery.ecs_events import EcsTaskDetail
 from gpu_recovery.recovery.ports import Deps
@@ -47,7 +51,9 @@ class RankRegistration:
     group: str = ""
     started_by: str = ""
     state: RankState = RankState.RUNNING
-    max_recovery_attempts: int | None = None
+    max_recovery_attempts: int | None = None  # infrastructure recoveries (None: the deployment's)
+    max_app_restarts: int | None = None  # application-error restarts (None: the deployment's)
+    gpus: int = 0  # GPUs the task holds (0: unknown)
 
 
 class NotProtected(ValueError):
@@ -67,6 +73,7 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
     job_id = str(values[TAG_JOB_ID]).strip()
     if not job_id or "#" in job_id or not 0 <= rank < world_size or world_size > MAX_WORLD_SIZE:
         raise NotProtected(f"malformed recovery tags: {values}")
+    gpus = sum(len(c.get("gpuIds") or []) for c in task.get("containers") or [] if isinstance(c, dict))
     return RankRegistration(
         job_id=job_id,
         rank=rank,
@@ -79,7 +86,20 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
         tags=[{"key": str(t["key"]), "value": str(t.get("value", ""))} for t in tags],
         group=task.get("group", ""),
         started_by=task.get("startedBy", ""),
+        max_recovery_attempts=_budget_tag(values, TAG_MAX_INFRA_RECOVERIES),
+        max_app_restarts=_budget_tag(values, TAG_MAX_APP_RESTARTS),
+        gpus=gpus,
     )
+
+
+def _budget_tag(values: dict[Any, Any], key: str) -> int | None:
+    """A per-job budget tag; a malformed one is ignored (the deployment's default applies)."""
+    raw = str(values.get(key) or "").strip()
+    if not raw.isdigit() or int(raw) > MAX_BUDGET:
+        if raw:
+            logger.warning("ignoring malformed budget tag", extra={"tag": key, "value": raw})
+        return None
+    return int(raw)
 
 
 def restart_started_by(job_id: str, attempt: int, rank: int) -> str:
@@ -109,18 +129,20 @@ class RankOperations:
         )
         max_attempts = (reg.max_recovery_attempts if reg.max_recovery_attempts is not None
                         else self.deps.settings.max_recovery_attempts)
+        max_app = (reg.max_app_restarts if reg.max_app_restarts is not None
+                   else self.deps.settings.max_app_restarts)
         repo.create_job_if_absent(Job(
             job_id=reg.job_id,
             state=JobState.RUNNING if reg.state is RankState.RUNNING else JobState.STARTING,
             world_size=reg.world_size, attempt=reg.attempt, max_recovery_attempts=max_attempts,
-            created_at=now, updated_at=now,
+            max_app_restarts=max_app, created_at=now, updated_at=now,
         ))
         rank = Rank(
             job_id=reg.job_id, rank=reg.rank, state=reg.state, attempt=reg.attempt,
             task_arn=reg.task_arn, task_definition_arn=reg.task_definition_arn,
             container_inst_id=inst_id, container_instance_arn=reg.container_instance_arn,
             ec2_instance_id=ec2_id, overrides=reg.overrides, tags=reg.tags, group=reg.group,
-            started_by=reg.started_by, registered_at=now,
+            started_by=reg.started_by, registered_at=now, gpus=reg.gpus,
         )
         if repo.put_rank_registration(rank):
             logger.info("rank registered", extra={"job_id": reg.job_id, "rank": reg.rank,
@@ -181,6 +203,9 @@ class RankOperations:
         """
         stopped: list[int] = []
         now = clock.now()
+        if not self.deps.policy.modes.executes(Effect.STOP_TASKS):
+            logger.info("observe mode: ranks not stopped", extra={"job_id": job.job_id, "why": why})
+            return stopped
         for other in self.deps.repo.get_ranks(job) if ranks is None else ranks:
             if other.attempt != job.attempt:
                 continue
@@ -196,7 +221,8 @@ class RankOperations:
 
     # ------------------------------------------------------------ notifications
     def notify(self, job: Job, instance: Instance | None, kind: NotificationKind, headline: str, *,
-               what_happened: str, what_was_done: str, operator_action: str) -> None:
+               what_happened: str, what_was_done: str, operator_action: str,
+               details: list[str] | None = None) -> None:
         ranks: list[int] = []
         if instance is not None:
             ranks = [r.rank for r in self.deps.repo.get_ranks(job)
@@ -208,9 +234,27 @@ class RankOperations:
             what_happened=what_happened, what_was_done=what_was_done,
             attempt=job.recoveries_used, max_attempts=job.max_recovery_attempts,
             operator_action=operator_action,
+            details=[*(details or ()), *_budget_lines(job)],
         )
+        self._publish(kind, headline, facts)
+
+    def notify_node(self, kind: NotificationKind, headline: str, *, container_inst_id: str, instance_id: str,
+                    what_happened: str, what_was_done: str, operator_action: str,
+                    details: list[str] | None = None) -> None:
+        """A node-level message (breaker tripped, a node that needs a person)."""
+        self._publish(kind, headline, NotificationFacts(
+            job_id="", container_inst_id=container_inst_id, instance_id=instance_id,
+            what_happened=what_happened, what_was_done=what_was_done, operator_action=operator_action,
+            details=list(details or ())))
+
+    def _publish(self, kind: NotificationKind, headline: str, facts: NotificationFacts) -> None:
         try:
             self.deps.notifier.publish(build(kind, headline, facts))
         except Exception:
             # The state change is committed; a lost e-mail must not undo or retry it.
-            logger.exception("notification failed", extra={"job_id": job.job_id, "kind": kind.value})
+            logger.exception("notification failed", extra={"job_id": facts.job_id, "kind": kind.value})
+
+
+def _budget_lines(job: Job) -> list[str]:
+    return [f"Job budgets: infrastructure recoveries {job.recoveries_used} of {job.max_recovery_attempts} "
+            f"used, application-error restarts {job.app_restarts_used} of {job.max_app_restarts} used"]

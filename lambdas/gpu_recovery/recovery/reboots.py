@@ -18,11 +18,11 @@ from datetime import datetime
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
-from gpu_recovery.constants import NotificationKind
+from gpu_recovery.constants import CLAIM_LEASE_SECONDS, NotificationKind
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.policy import AgentEvent, RebootProgress
-from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, JobState, SuspectVerdict
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Outcome
@@ -64,7 +64,7 @@ class Reboots:
         try:
             path = self.deps.rebooter.reboot(
                 instance.ec2_instance_id,
-                f"gpu-recovery: DCGM asked for a reboot of {instance.container_inst_id}")
+                f"gpu-recovery: {instance.reboot_reason or 'DCGM asked for a reboot'}"[:100])
         except Exception as error:
             if refused(error):  # nothing happened: the next try may issue it
                 repo.release_reboot_claim(instance, now, now + RETRY_INTERVAL_SECONDS)
@@ -77,15 +77,46 @@ class Reboots:
         return "issued"
 
     def quarantine(self, instance: Instance) -> None:
-        """Drain (idempotent): ECS places nothing new on the instance; then confirm it."""
-        self.deps.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
-        if self.deps.repo.record_drained(instance.container_inst_id):
-            self.deps.metrics.add_metric("Quarantines", "Count", 1)
-            logger.warning("instance quarantined", extra={"instance": instance.container_inst_id,
-                                                          "why": instance.quarantine_reason})
+        """Drain (idempotent): ECS places nothing new on the instance; then confirm it.
+        A replacement by ``terminate_in_asg`` then terminates the instance in its group."""
+        fresh = self.deps.repo.get_instance(instance.container_inst_id) or instance
+        if fresh.drain_pending or not fresh.terminate_pending:
+            self.deps.ecs.drain(fresh.container_instance_arn or fresh.container_inst_id)
+            if self.deps.repo.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending):
+                self.deps.metrics.add_metric("Quarantines", "Count", 1)
+                logger.warning("instance quarantined", extra={"instance": fresh.container_inst_id,
+                                                              "why": fresh.quarantine_reason})
+        if fresh.terminate_pending:
+            self.terminate(fresh)
+
+    def terminate(self, instance: Instance) -> str:
+        """TerminateInstanceInAutoScalingGroup without decrementing the desired capacity:
+        the group launches a new node. The intent (``terminate_claimed_at``) is committed
+        first; a claim taken over is looked up (DescribeAutoScalingInstances) before the
+        call is repeated; the result is recorded after."""
+        now = clock.now()
+        retaken = instance.terminate_claimed_at is not None
+        if not self.deps.repo.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
+            return "in_flight"
+        ec2_id = instance.ec2_instance_id
+        state = self.deps.replacer.lifecycle_state(ec2_id) if ec2_id.startswith("i-") else None
+        if state is None or state.startswith("Terminat"):
+            result = ("terminating in its Auto Scaling group" if state or retaken
+                      else "not in an Auto Scaling group: left drained for an operator")
+        else:
+            try:
+                result = self.deps.replacer.terminate_in_asg(ec2_id)
+            except Exception as error:
+                if refused(error):  # nothing happened: let the next try claim it again
+                    logger.warning("termination refused", extra={"instance": ec2_id, "error": str(error)})
+                raise
+            self.deps.metrics.add_metric("Replacements", "Count", 1)
+        self.deps.repo.record_termination(instance.container_inst_id, result, clock.now())
+        logger.warning("instance replaced", extra={"instance": instance.container_inst_id, "result": result})
+        return result
 
     def finish_quarantine(self, instance: Instance) -> str:
-        """The sweep: a quarantine whose drain was never confirmed."""
+        """The sweep: a quarantine whose drain (or termination) was never confirmed."""
         self.quarantine(instance)
         return "drained"
 
@@ -169,20 +200,27 @@ class Reboots:
     def time_out(self, instance: Instance, kind: NotificationKind, what: str, *,
                  verdict: SuspectVerdict, quarantine: bool = True) -> str:
         """The instance's check or reboot ran out of time: the instance leaves recovery and
-        every job waiting for it fails, atomically; then drain and notify."""
+        every job waiting for it fails, atomically; then drain and notify. A relocatable
+        job waiting to restart (its fault already paid for) moves to healthy nodes instead."""
         inst_id = instance.container_inst_id
         job_ids: Iterable[str] = (instance.hc_jobs if instance.state in (
             InstanceState.HEALTH_CHECK_PENDING, InstanceState.HEALTH_CHECKING) else instance.waiting_jobs)
-        failures = []
+        failures, moving = [], []
         for job_id in sorted(job_ids):
             job = self.deps.repo.get_job(job_id)
-            if job is not None and job.state in RECOVERING_JOB_STATES:
+            if job is None or job.state not in RECOVERING_JOB_STATES:
+                continue
+            if quarantine and job.state is JobState.PENDING_RESTART and self.restarts.relocatable(job):
+                moving.append(job_id)
+            else:
                 failures.append(JobFailure(job, f"instance {inst_id} {what}", verdict))
         if not self.deps.repo.time_out_instance(instance, quarantine=quarantine, what=what,
                                                 failures=failures):
             return "raced"
         if quarantine:
             self.quarantine(instance)
+        for job_id in moving:
+            self.restarts.try_restart(job_id)  # the instance is unusable now: relocation
         for failure in failures:
             self.deps.metrics.add_metric("Failures", "Count", 1)
             job = self.deps.repo.get_job(failure.job.job_id) or failure.job

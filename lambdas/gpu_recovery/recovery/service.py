@@ -6,23 +6,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail, EcsTaskDetail
+from gpu_recovery.recovery.breaker import BreakerOperations
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import (
     Deps,
     EcsPort,
     MetricsPort,
+    NoReplacer,
     NotifierPort,
     NullMetrics,
     Outcome,
     RebootPort,
+    ReplacePort,
     VerdictReaderPort,
+    default_catalog,
 )
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
 from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.remediation import NodeRemediation
 from gpu_recovery.recovery.sweep import Sweep
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.repository import Repository
@@ -31,14 +37,19 @@ from gpu_recovery.settings import Settings
 
 class RecoveryService:
     def __init__(self, repo: Repository, ecs: EcsPort, rebooter: RebootPort, notifier: NotifierPort,
-                 verdicts: VerdictReaderPort, settings: Settings, metrics: MetricsPort | None = None) -> None:
-        self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics())
+                 verdicts: VerdictReaderPort, settings: Settings, metrics: MetricsPort | None = None, *,
+                 catalog: FaultCatalog | None = None, replacer: ReplacePort | None = None) -> None:
+        policy = settings.remediation.policy(catalog or default_catalog(), settings.suspect_exit_codes)
+        self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics(),
+                         policy=policy, replacer=replacer or NoReplacer())
         self.ranks = RankOperations(self.deps)
         self.restarts = GangRestart(self.deps, self.ranks)
         self.reboots = Reboots(self.deps, self.ranks, self.restarts)
-        self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts)
-        self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts)
-        self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts)
+        self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts)
+        self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
+        self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation)
+        self.breaker = BreakerOperations(self.deps, self.remediation)
+        self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker)
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property

@@ -15,6 +15,7 @@ from typing import Any
 from gpu_recovery import clock
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState, JobState
+from gpu_recovery.recovery.breaker import BreakerOperations
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
@@ -31,12 +32,13 @@ RESTART_GIVE_UP_MARGIN_SECONDS = 600
 
 class Sweep:
     def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
-                 restarts: GangRestart) -> None:
+                 restarts: GangRestart, breaker: BreakerOperations) -> None:
         self.deps = deps
         self.faults = faults
         self.health = health
         self.reboots = reboots
         self.restarts = restarts
+        self.breaker = breaker
 
     def run(self) -> Outcome:
         now = clock.now()
@@ -46,6 +48,12 @@ class Sweep:
                         {"instance": instance.container_inst_id})
         for item in self.deps.repo.due_job_items(now):
             self._count(handled, partial(self._job, item, now), {"job_id": item.get("job_id")})
+        try:
+            for action, count in self.breaker.sweep(now).items():
+                handled[action] = handled.get(action, 0) + count
+        except Exception:
+            logger.exception("breaker sweep failed")
+            handled["error"] = handled.get("error", 0) + 1
         return Outcome("swept", detail={"handled": handled})
 
     @staticmethod
@@ -64,7 +72,8 @@ class Sweep:
             return self.health.sweep(instance, now)
         if instance.state is InstanceState.REBOOTING:
             return self.reboots.sweep(instance, now)
-        if instance.state is InstanceState.QUARANTINED and instance.drain_pending:
+        if instance.state is InstanceState.QUARANTINED and (instance.drain_pending
+                                                             or instance.terminate_pending):
             return self.reboots.finish_quarantine(instance)
         self.deps.repo.clear_instance_deadline(instance.container_inst_id, instance.state)
         return "cleared"

@@ -16,13 +16,14 @@ from gpu_recovery.repository.base import (
     state_condition,
     to_ddb,
 )
-from gpu_recovery.repository.recovery import JobFailure, JobVerdict, RankStop, Repository
+from gpu_recovery.repository.recovery import JobFailure, JobVerdict, NodeDecision, RankStop, Repository
 
 __all__ = [
     "MAX_HISTORY",
     "DynamoGateway",
     "JobFailure",
     "JobVerdict",
+    "NodeDecision",
     "RankStop",
     "Repository",
     "Update",

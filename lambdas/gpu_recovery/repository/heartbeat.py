@@ -32,10 +32,11 @@ from gpu_recovery.constants import (
     rank_item_key,
 )
 from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES
 from gpu_recovery.repository import Repository, Update, from_ddb, is_condition_failure, to_ddb
 
 # Job states in which ranks are watched (a queue job is STARTING until every rank runs).
-WATCHED_JOB_STATES = (JobState.STARTING, JobState.RUNNING, JobState.NODE_LOST, JobState.HUNG)
+WATCHED_JOB_STATES = tuple(sorted(ACTIVE_JOB_STATES, key=lambda s: s.value))  # heartbeats count for these
 # Attribute that orders a node's reports: the timestamp of its last accepted report.
 TASKS_REPORT_KEY = "last_tasks_report_ts"
 GPU_REPORT_KEY = "last_gpu_report_ts"

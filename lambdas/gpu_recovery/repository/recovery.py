@@ -19,6 +19,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
+    BREAKER_ITEM_KEY,
     DEADLINE_BUCKET,
     DEADLINE_INDEX,
     DEADLINE_PK,
@@ -30,6 +31,8 @@ from gpu_recovery.constants import (
     JOB_BY_TASK_INDEX,
     JOB_BY_TASK_PK,
     JOB_PK,
+    QUEUE_PK,
+    QUEUE_SK,
     job_item_key,
     rank_item_key,
 )
@@ -47,6 +50,12 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
 
 _DEADLINE = [DEADLINE_PK, DEADLINE_SK]
+# Each fault's evidence and decision is one top-level attribute of the job item,
+# "fault:a<attempt>:<instance>" (queue items are created without a map to nest into).
+FAULT_ATTR_PREFIX = "fault:"
+SPEND_INFRASTRUCTURE = "infrastructure"
+SPEND_APPLICATION = "application"
+_SPEND_COUNTER = {SPEND_INFRASTRUCTURE: "recoveries_used", SPEND_APPLICATION: "app_restarts_used"}
 
 
 @dataclass(frozen=True)
@@ -60,15 +69,39 @@ class RankStop:
 
 @dataclass(frozen=True)
 class JobVerdict:
-    """What one health-check verdict does to one waiting job."""
+    """What one node decision (a health-check verdict, or a definitive fault) does to one
+    waiting job."""
 
     job: Job
     to: JobState
     label: SuspectVerdict
     findings: dict[str, Any]
     last_error: str = ""
-    spend_recovery: bool = False
+    spend: str = ""  # "infrastructure" | "application" | "" (nothing charged)
     deadline_at: float | None = None  # PENDING_RESTART: when the sweep looks again
+    fault: tuple[str, dict[str, Any]] | None = None  # (Job.faults key, evidence + plan)
+    relocate: bool = False  # the restart moves ranks off unusable nodes
+    restart_reason: str = ""
+    reason: str = ""  # the history entry (default: "verdict <label> on <instance>")
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """What a node decision does to the instance item (see ``record_node_decision``)."""
+
+    from_states: tuple[InstanceState, ...]
+    to: InstanceState | None  # None: the state stays
+    findings: dict[str, Any] | None = None  # last_verdict
+    fault_history: list[dict[str, Any]] | None = None
+    last_fault: dict[str, Any] | None = None
+    quarantine_reason: str = ""
+    reboot_reason: str = ""
+    terminate: bool = False  # replace by TerminateInstanceInAutoScalingGroup after the drain
+    breaker_blocked: dict[str, Any] | None = None  # SUSPECT: the action the breaker held back
+    hc_started_by: str | None = None  # the verdict of this health check only
+    hc_jobs_count: int | None = None  # ... and only if no job joined it since it was read
+    restart_jobs: tuple[str, ...] = ()  # jobs restarting once the node is back
+    follow_up_at: float | None = None  # a reboot or drain still to do: the sweep finishes it
 
 
 @dataclass(frozen=True)
@@ -103,6 +136,8 @@ class Repository:
             attempt=int(item.get("attempt", 1)),
             recoveries_used=int(item.get("recoveries_used", 0)),
             max_recovery_attempts=int(item.get("max_recovery_attempts", 1)),
+            app_restarts_used=int(item.get("app_restarts_used", 0)),
+            max_app_restarts=int(item.get("max_app_restarts", 0)),
             suspects=dict(item.get("suspects", {})),
             fault_started_at=item.get("fault_started_at"),
             last_error=item.get("last_error", ""),
@@ -111,6 +146,11 @@ class Repository:
             updated_at=item.get("updated_at", 0.0),
             source=item.get("source", "ecs-tags"),
             restarted_attempt=int(restarted) if restarted is not None else None,
+            faults={k[len(FAULT_ATTR_PREFIX):]: v for k, v in item.items()
+                    if k.startswith(FAULT_ATTR_PREFIX)},
+            placement=dict(item.get("placement") or {}),
+            relocate=bool(item.get("relocate", False)),
+            restart_reason=str(item.get("restart_reason", "")),
         )
 
     @staticmethod
@@ -125,6 +165,8 @@ class Repository:
                 "attempt": job.attempt,
                 "recoveries_used": job.recoveries_used,
                 "max_recovery_attempts": job.max_recovery_attempts,
+                "app_restarts_used": job.app_restarts_used,
+                "max_app_restarts": job.max_app_restarts,
                 "suspects": job.suspects,
                 "verdicts": job.verdicts,
                 "last_error": job.last_error,
@@ -158,6 +200,7 @@ class Repository:
             stop_requested_at=item.get("stop_requested_at"),
             launch_attempt=item.get("launch_attempt"),
             launch_lease_until=item.get("launch_lease_until"),
+            gpus=int(item.get("gpus") or 0),
         )
 
     @staticmethod
@@ -182,6 +225,8 @@ class Repository:
             "started_by": rank.started_by,
             "registered_at": rank.registered_at,
         }
+        if rank.gpus:
+            item["gpus"] = rank.gpus
         if rank.is_live and rank.container_inst_id:
             item[JOB_BY_INSTANCE_PK] = rank.container_inst_id
         if rank.exit_code is not None:
@@ -215,6 +260,11 @@ class Repository:
             last_verdict=dict(item.get("last_verdict", {})),
             quarantine_reason=item.get("quarantine_reason", ""),
             drain_pending=bool(item.get("drain_pending", False)),
+            terminate_pending=bool(item.get("terminate_pending", False)),
+            terminate_claimed_at=item.get("terminate_claimed_at"),
+            fault_history=list(item.get("fault_history") or []),
+            reboot_reason=item.get("reboot_reason", ""),
+            breaker_blocked=dict(item.get("breaker_blocked") or {}),
         )
 
     # ==================================================================== reads
@@ -346,31 +396,59 @@ class Repository:
     # ================================================================= job intents
     def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState],
                        suspects: Sequence[str], reason: str, now: float, deadline_at: float,
-                       rank_stop: RankStop | None = None, actor: str = "recovery") -> bool:
+                       rank_stop: RankStop | None = None, actor: str = "recovery",
+                       faults: Mapping[str, dict[str, Any]] | None = None) -> bool:
         """The first suspect of a fault: job -> PENDING_HEALTHCHECK (with the rank's stop
-        in the same transaction, so a retry never finds one written without the other)."""
+        in the same transaction, so a retry never finds one written without the other).
+        ``faults`` (Job.faults key -> evidence and decision) are recorded with it."""
         job = self.job_transition(
             job_id, JobState.PENDING_HEALTHCHECK, from_states=from_states, attempt=attempt,
             reason=reason, actor=actor,
             set_fields={"suspects": {i: SuspectVerdict.PENDING.value for i in suspects},
                         "fault_started_at": now, "last_error": reason[:1000], "verdicts": {},
+                        **self.fault_fields(faults),
                         # In the deadline index while in recovery: the queue scheduler holds
                         # the job's nodes, and the sweep opens any health check still missing.
                         **self.job_deadline_fields(deadline_at)},
+            remove_fields=["placement", "relocate", "restart_reason"],
         )
         return self._with_rank(job, rank_stop)
 
     def add_suspects(self, job_id: str, attempt: int, suspects: Sequence[str],
-                     rank_stop: RankStop | None = None) -> bool:
+                     rank_stop: RankStop | None = None,
+                     faults: Mapping[str, dict[str, Any]] | None = None) -> bool:
         """Another suspect of the fault being handled (idempotent per instance)."""
         job = Update(
             table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
-            set_if_absent={f"suspects.{i}": SuspectVerdict.PENDING.value for i in suspects},
+            set_if_absent={**{f"suspects.{i}": SuspectVerdict.PENDING.value for i in suspects},
+                           **self.fault_fields(faults)},
             condition="#st = :phc AND #att = :att",
             condition_values={":phc": JobState.PENDING_HEALTHCHECK.value, ":att": attempt},
             condition_names={"#st": "job_state", "#att": "attempt"},
         )
         return self._with_rank(job, rank_stop)
+
+    @staticmethod
+    def fault_fields(faults: Mapping[str, dict[str, Any]] | None) -> dict[str, Any]:
+        return {f"{FAULT_ATTR_PREFIX}{key}": record for key, record in (faults or {}).items()}
+
+    def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
+                         deadline_at: float, spend: str, restart_reason: str,
+                         rank_stop: RankStop | None = None,
+                         faults: Mapping[str, dict[str, Any]] | None = None) -> bool:
+        """A fault that needs no node action (an application error within its budget, a
+        transient fault): job -> PENDING_RESTART on the same nodes, the budget charged, with
+        the rank's stop in the same transaction."""
+        update = self.job_transition(
+            job.job_id, JobState.PENDING_RESTART, from_states=from_states, attempt=job.attempt,
+            reason=reason, actor="recovery",
+            set_fields={"suspects": {}, "verdicts": {}, "fault_started_at": now,
+                        "last_error": reason[:1000], "restart_reason": restart_reason[:500],
+                        **self.fault_fields(faults), **self.job_deadline_fields(deadline_at)},
+            increments={_SPEND_COUNTER[spend]: 1} if spend else None,
+            remove_fields=["placement", "relocate"],
+        )
+        return self._with_rank(update, rank_stop)
 
     def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
                    actor: str = "recovery", fields: dict[str, Any] | None = None,
@@ -417,14 +495,42 @@ class Repository:
             condition_names={"#st": "job_state", "#dl": DEADLINE_SK},
         ))
 
-    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float) -> bool:
-        """PENDING_RESTART -> STARTING with attempt + 1, exactly once per fault."""
+    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float,
+                           placement: Mapping[str, dict[str, Any]] | None = None,
+                           reason: str = "") -> bool:
+        """PENDING_RESTART -> STARTING with attempt + 1, exactly once per fault. A
+        relocation's ``placement`` (rank -> target node) is committed with it: whoever
+        resumes the launch starts every rank where this claim said."""
         new_attempt = job.attempt + 1
+        fields: dict[str, Any] = {"attempt": new_attempt, "restarted_attempt": new_attempt,
+                                  "restarted_at": now, **self.job_deadline_fields(deadline_at)}
+        if placement:
+            fields["placement"] = dict(placement)
+            fields["relocations"] = [*self._relocations(job.job_id), {
+                "at": now, "attempt": new_attempt, "reason": reason[:500],
+                "moves": {r: {"from": p.get("from", ""), "to": p.get("node", "")}
+                          for r, p in placement.items() if p.get("from") != p.get("node")}}][-20:]
         return self.db.apply(self.job_transition(
             job.job_id, JobState.STARTING, from_states=[JobState.PENDING_RESTART],
-            attempt=job.attempt, reason=f"gang restart, attempt {new_attempt}", actor="recovery",
-            set_fields={"attempt": new_attempt, "restarted_attempt": new_attempt, "restarted_at": now,
-                        **self.job_deadline_fields(deadline_at)},
+            attempt=job.attempt, reason=reason or f"gang restart, attempt {new_attempt}", actor="recovery",
+            set_fields=fields, remove_fields=[] if placement else ["placement"],
+        ))
+
+    def _relocations(self, job_id: str) -> list[dict[str, Any]]:
+        item = self.get_job_item(job_id) or {}
+        return list(item.get("relocations") or [])
+
+    def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
+                               reason: str) -> bool:
+        """A queue job leaves its unusable nodes: PENDING_RESTART -> PENDING_RESOURCES at the
+        head of its priority; the scheduler places it on healthy nodes (attempt + 1, a new
+        MASTER_ADDR) and records where each rank moved."""
+        return self.db.apply(self.job_transition(
+            job.job_id, JobState.PENDING_RESOURCES, from_states=[JobState.PENDING_RESTART],
+            attempt=job.attempt, reason=reason, actor="recovery",
+            set_fields={QUEUE_PK: "QUEUE", QUEUE_SK: queue_order, "not_before": 0,
+                        "relocation": relocation},
+            remove_fields=[*_DEADLINE, "placement", "relocate", "launched_at", "launch_claimed_at"],
         ))
 
     # ============================================================ instance intents
@@ -505,39 +611,133 @@ class Repository:
     def clear_instance_deadline(self, inst_id: str, state: InstanceState) -> bool:
         return self.db.apply(self.instance_update(inst_id, from_states=[state], clear_deadline=True))
 
-    def record_verdict(self, instance: Instance, *, to: InstanceState, findings: dict[str, Any],
-                       jobs: Sequence[JobVerdict], now: float, follow_up_at: float,
-                       quarantine_reason: str = "", restart_jobs: Iterable[str] = ()) -> bool:
-        """One health check's verdict on the instance and every job waiting for it,
-        atomically. Applies only to this check (its startedBy) and only if no job joined
+    def record_node_decision(self, instance: Instance, decision: NodeDecision,
+                             jobs: Sequence[JobVerdict], now: float,
+                             breaker: Update | None = None) -> bool:
+        """One node decision (a health check's verdict, or a definitive fault without one)
+        on the instance, every job waiting for it and the blast-radius breaker, atomically.
+        A verdict applies only to its own check (its startedBy) and only if no job joined
         it since it was read. A reboot or a drain still to do keeps a deadline
         (``follow_up_at``) so the sweep finishes it if this delivery dies."""
-        fields: dict[str, Any] = {"last_verdict": findings}
+        fields: dict[str, Any] = {}
         remove = ["hc_jobs", "hc_lease_until"]
-        follow_up = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
+        if decision.findings is not None:
+            fields["last_verdict"] = decision.findings
+        if decision.fault_history is not None:
+            fields["fault_history"] = decision.fault_history
+        if decision.last_fault is not None:
+            fields["last_fault"] = decision.last_fault
+        to = decision.to
         if to is InstanceState.REBOOTING:
-            fields.update(reboot_requested_at=now)
-            remove += ["reboot_claimed_at", "reboot_issued_at", "disconnected_at", "disconnected_version"]
+            fields.update(reboot_requested_at=now, reboot_reason=decision.reboot_reason[:300])
+            remove += ["reboot_claimed_at", "reboot_issued_at", "disconnected_at", "disconnected_version",
+                       "breaker_blocked"]
         if to is InstanceState.QUARANTINED:
-            fields.update(quarantine_reason=quarantine_reason[:500], drain_pending=True)
+            fields.update(quarantine_reason=decision.quarantine_reason[:500], drain_pending=True)
+            if decision.terminate:
+                fields["terminate_pending"] = True
+            remove += ["breaker_blocked"]
+        if decision.breaker_blocked is not None:
+            fields["breaker_blocked"] = decision.breaker_blocked
+        extra: list[str] = []
+        values: dict[str, Any] = {}
+        names: dict[str, str] = {}
+        if decision.hc_started_by is not None:
+            extra.append("#sb = :sb")
+            values[":sb"] = decision.hc_started_by
+            names["#sb"] = "hc_started_by"
+        if decision.hc_jobs_count is not None:
+            extra.append("size(#hcj) = :hcn")
+            values[":hcn"] = decision.hc_jobs_count
+            names["#hcj"] = "hc_jobs"
+        follow_up = decision.follow_up_at is not None
         updates = [self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING], to=to,
-            set_fields=fields, remove_fields=remove, deadline_at=follow_up_at if follow_up else None,
-            clear_deadline=not follow_up,
-            add_to_sets={"waiting_jobs": set(restart_jobs)} if restart_jobs else None,
-            extra_condition="#sb = :sb AND size(#hcj) = :hcn",
-            extra_values={":sb": instance.hc_started_by, ":hcn": len(instance.hc_jobs)},
-            extra_names={"#sb": "hc_started_by", "#hcj": "hc_jobs"},
+            instance.container_inst_id, from_states=decision.from_states, to=to,
+            set_fields=fields, remove_fields=remove,
+            deadline_at=decision.follow_up_at, clear_deadline=not follow_up,
+            add_to_sets={"waiting_jobs": set(decision.restart_jobs)} if decision.restart_jobs else None,
+            extra_condition=" AND ".join(extra) or None, extra_values=values, extra_names=names,
         )]
         updates += [self._job_verdict_update(instance.container_inst_id, v) for v in jobs]
+        if breaker is not None:
+            updates.append(breaker)
         return self.db.transact(updates)
 
-    def record_drained(self, inst_id: str) -> bool:
-        """ECS confirmed the quarantine's DRAINING: nothing left for the sweep."""
+    def record_drained(self, inst_id: str, *, terminate_next: bool = False) -> bool:
+        """ECS confirmed the quarantine's DRAINING: nothing left for the sweep (unless the
+        node is still to be terminated in its Auto Scaling group)."""
         return self.db.apply(self.instance_update(
             inst_id, from_states=[InstanceState.QUARANTINED], remove_fields=["drain_pending"],
-            clear_deadline=True, extra_condition="attribute_exists(#dp)",
+            clear_deadline=not terminate_next, extra_condition="attribute_exists(#dp)",
             extra_names={"#dp": "drain_pending"}))
+
+    def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool:
+        """The intent to call TerminateInstanceInAutoScalingGroup, committed before the call;
+        a claim older than the lease (its holder died) may be taken over, and the taker
+        looks the instance up before calling again."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.QUARANTINED],
+            set_fields={"terminate_claimed_at": now},
+            extra_condition="attribute_exists(#tp) AND (attribute_not_exists(#tc) OR #tc < :stale)",
+            extra_values={":stale": now - lease_seconds},
+            extra_names={"#tp": "terminate_pending", "#tc": "terminate_claimed_at"},
+        ))
+
+    def record_termination(self, inst_id: str, result: str, now: float) -> bool:
+        """The termination was requested (or found done / impossible): confirmed."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.QUARANTINED],
+            set_fields={"terminate_result": result[:300], "terminated_at": now},
+            remove_fields=["terminate_pending"], clear_deadline=True,
+            extra_condition="attribute_exists(#tp)", extra_names={"#tp": "terminate_pending"},
+        ))
+
+    # ================================================================ breaker
+    def get_breaker(self) -> dict[str, Any] | None:
+        item = self.db.get(self.instance_table_name, {INSTANCE_PK: BREAKER_ITEM_KEY})
+        return from_ddb(item) if item else None
+
+    def breaker_update(self, state: Mapping[str, Any], read_version: int | None) -> Update:
+        """Write the breaker's state, only if nobody wrote it since it was read (its version;
+        ``None``: the item did not exist)."""
+        fields = {k: state.get(k) for k in ("state", "version", "window", "backlog", "tripped_at",
+                                             "trip_reason", "trips", "last_reset_at", "last_reset_by")}
+        fields["item_type"] = "BREAKER"
+        for extra in ("released", "limit", "cluster_gpu_nodes", "window_seconds"):
+            if extra in state:
+                fields[extra] = state[extra]
+        if read_version is None:
+            condition, values, names = "attribute_not_exists(#k)", {}, {"#k": INSTANCE_PK}
+        else:
+            condition, values, names = "#v = :v", {":v": read_version}, {"#v": "version"}
+        return Update(table=self.instance_table_name, key={INSTANCE_PK: BREAKER_ITEM_KEY},
+                      set_fields=fields, condition=condition, condition_values=values,
+                      condition_names=names)
+
+    def save_breaker(self, state: Mapping[str, Any], read_version: int | None) -> bool:
+        return self.db.apply(self.breaker_update(state, read_version))
+
+    def drop_released(self, node: str) -> bool:
+        """A released backlog entry was carried out (or is moot): remove it."""
+        return self.db.apply(Update(
+            table=self.instance_table_name, key={INSTANCE_PK: BREAKER_ITEM_KEY},
+            remove_fields=[f"released.{node}"], condition="attribute_exists(#r.#n)",
+            condition_names={"#r": "released", "#n": node}))
+
+    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
+                              last_fault: dict[str, Any]) -> bool:
+        """Observe mode: what would have been done, on the node (its state untouched)."""
+        fields: dict[str, Any] = {"last_fault": last_fault}
+        if fault_history is not None:
+            fields["fault_history"] = fault_history
+        return self.db.apply(self.instance_update(
+            inst_id, set_fields=fields, extra_condition="attribute_exists(#k)",
+            extra_names={"#k": INSTANCE_PK}))
+
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None:
+        """The raw instance item (the node agent's XIDs and telemetry, the fault history)."""
+        item = self.db.get(self.instance_table_name, {INSTANCE_PK: container_inst_id})
+        return from_ddb(item) if item else None
 
     def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
                                         restart: bool) -> bool:
@@ -556,10 +756,17 @@ class Repository:
             fields["last_error"] = verdict.last_error[:1000]
         if verdict.deadline_at is not None:
             fields.update(self.job_deadline_fields(verdict.deadline_at))
+        if verdict.fault is not None:
+            fields.update(self.fault_fields({verdict.fault[0]: verdict.fault[1]}))
+        if verdict.relocate:
+            fields["relocate"] = True
+        if verdict.restart_reason:
+            fields["restart_reason"] = verdict.restart_reason[:500]
         return self.job_transition(
             verdict.job.job_id, verdict.to, from_states=[verdict.job.state], attempt=verdict.job.attempt,
-            reason=f"verdict {verdict.label.value} on {inst_id}", actor="recovery", set_fields=fields,
-            increments={"recoveries_used": 1} if verdict.spend_recovery else None,
+            reason=verdict.reason or f"verdict {verdict.label.value} on {inst_id}", actor="recovery",
+            set_fields=fields,
+            increments={_SPEND_COUNTER[verdict.spend]: 1} if verdict.spend else None,
             remove_fields=list(_DEADLINE) if verdict.to.is_terminal else None,
         )
 

@@ -22,13 +22,13 @@ from gpu_recovery.constants import (
     QUEUE_SK,
     job_item_key,
 )
-from gpu_recovery.domain.states import RECOVERING_JOB_STATES, JobState
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, TERMINAL_JOB_STATES, JobState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 from gpu_recovery.repository.recovery import Repository
 
 LEASE_KEY = "SCHEDULER#LEASE"
 # A launch is over once the job is in one of these: nothing may mark it launched.
-_NOT_LIVE = (JobState.COMPLETE, JobState.FAILED, JobState.USER_STOPPED, JobState.CANCELED, JobState.CANCELING)
+_NOT_LIVE = sorted(TERMINAL_JOB_STATES | {JobState.CANCELING}, key=lambda s: s.value)
 
 
 class SchedulingRepository:
@@ -105,17 +105,20 @@ class SchedulingRepository:
 
     # ----------------------------------------------------------- launches
     def claim_launch(self, job_id: str, current_attempt: int | None, attempt: int, plan: dict[str, Any],
-                     now: float, owner: str, reason: str) -> bool:
+                     now: float, owner: str, reason: str,
+                     relocations: Sequence[Mapping[str, Any]] | None = None) -> bool:
         """QUEUED / PENDING_RESOURCES -> STARTING with ``attempt``, out of the queue index,
-        and the ledger entry, in one transaction (only while the lease is ours)."""
+        and the ledger entry, in one transaction (only while the lease is ours). A job the
+        recovery loop relocated records where its ranks moved (``relocations``)."""
+        extra = {"relocations": list(relocations)} if relocations is not None else {}
         claim = self.repo.job_transition(
             job_id, JobState.STARTING, from_states=[JobState.QUEUED, JobState.PENDING_RESOURCES],
             attempt=current_attempt,
             extra_condition=None if current_attempt is not None else "attribute_not_exists(#attempt0)",
             extra_names=None if current_attempt is not None else {"#attempt0": "attempt"},
             reason=reason, actor="scheduler",
-            set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now},
-            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at"],
+            set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now, **extra},
+            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", *(["relocation"] if extra else [])],
         )
         ledger = Update(
             table=self.table, key={JOB_PK: LEASE_KEY},

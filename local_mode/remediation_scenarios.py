@@ -1,0 +1,355 @@
+"""Remediation scenarios: one per class of the fault catalog, each in its own simulated
+cluster (moto + simulated ECS, AWS-shaped events delivered at least once, the sweep
+every minute), through the same handlers the stack deploys.
+
+1. ``fast_path`` — XID 79 (GPU fallen off the bus) is reported by the node agent; the
+   rank dies: the node is rebooted at once, without the ~2 min DCGM diag, the job restarts.
+2. ``flapping`` — the same node faults three times: rebooted twice (the job charged once),
+   then replaced (drained) on its 3rd fault; the relocatable job moves to a spare node.
+3. ``relocation`` — a dead GPU: DCGM says replace, the node is quarantined, the job's rank
+   moves to a healthy spare node and the job completes.
+4. ``breaker`` — 4 of 16 nodes fault within 10 minutes: 3 are rebooted, the 4th trips the
+   blast-radius breaker (one e-mail, the action kept in its backlog), a 5th fault is not
+   acted on either; an operator's reset releases the backlog and the node is rebooted.
+5. ``observe`` — observe mode: the fault is detected, classified and e-mailed with what would
+   have been done; no StopTask, reboot, drain or termination.
+6. ``persistence_mode`` — the DCGM diag fails only on "persistence mode disabled" (error 29,
+   severity config): operator action, the node drained, never rebooted.
+
+``run_all()`` returns a :class:`ScenarioResult` per scenario; each carries the problems
+found (empty: it ended exactly as described). ``make demo`` prints them; tests assert them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery import runtime
+
+MIN = 60
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    title: str
+    problems: list[str]
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # instance items by node name
+    counters: dict[str, int] = field(default_factory=dict)
+    notifications: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def kinds(self) -> list[str]:
+        return [str(n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE)) for n in self.notifications]
+
+
+@dataclass
+class World:
+    local: Any
+    bus: Any
+    sim: Any
+    td: str
+
+    @property
+    def repo(self) -> Any:
+        from gpu_recovery.repository import Repository
+
+        return Repository(self.local.resource("dynamodb"), self.local.job_table, self.local.instance_table)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.repo.get_job_item(job_id) or {}
+
+    def node_item(self, name: str) -> dict[str, Any]:
+        return self.repo.get_instance_item(self.sim.node(name).container_instance_id) or {}
+
+    def node_name(self, inst_id: str) -> str:
+        try:
+            return str(self.sim.node(inst_id).name)
+        except KeyError:
+            return inst_id
+
+    def ranks_on(self, job_id: str) -> list[str]:
+        return sorted(t.node for t in self.sim.running_tasks()
+                      if not t.health_check and t.tags.get(C.TAG_JOB_ID) == job_id)
+
+
+@contextmanager
+def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: int = 3,
+          relocate_instead_of_wait: bool = False, duplicate_delivery: bool = True,
+          **sim_options: Any) -> Iterator[World]:
+    from local_mode.ecs_sim import SimulatedEcs
+    from local_mode.emulator import LocalAws
+    from local_mode.event_bus import LocalEventBus, wire_recovery_handlers
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger().setLevel(logging.CRITICAL)
+    env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL"}
+    if remediation:
+        env[C.ENV_REMEDIATION_SETTINGS] = json.dumps(remediation)
+    if relocate_instead_of_wait:
+        env[C.ENV_RELOCATE_INSTEAD_OF_WAIT] = "true"
+    with LocalAws(metrics_disabled=True, max_recovery_attempts=max_recovery_attempts,
+                  extra_env=env) as local:
+        runtime.reset(clients=False)
+        from gpu_recovery import heartbeat
+
+        heartbeat.reset()
+        bus = LocalEventBus(duplicate_delivery=duplicate_delivery)
+        sim = SimulatedEcs(local, bus, train_seconds=None, **sim_options)
+        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
+        td = sim.register_training_task_definition("train", gpus=8)
+        sim.plan_family("train", run_seconds=60 * MIN, exit_code=0)
+        try:
+            yield World(local, bus, sim, td)
+        finally:
+            heartbeat.reset()
+            runtime.reset(clients=False)
+
+
+def _finish(w: World, name: str, title: str, problems: list[str], job_ids: list[str],
+            facts: dict[str, Any] | None = None) -> ScenarioResult:
+    if w.bus.dead_letters:
+        problems.append(f"{len(w.bus.dead_letters)} event(s) in a DLQ")
+    return ScenarioResult(
+        name=name, title=title, problems=problems,
+        jobs={j: w.job(j) for j in job_ids},
+        nodes={n: w.node_item(n) for n in sorted(w.sim.nodes)},
+        counters=w.sim.summary(), notifications=w.local.notifications(),
+        timeline=w.sim.format_timeline(), facts=facts or {})
+
+
+def _expect(problems: list[str], what: str, got: Any, want: Any) -> None:
+    if got != want:
+        problems.append(f"{what}: {got!r} (want {want!r})")
+
+
+def _relocatable(job_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {C.TAG_RELOCATABLE: "true", **(extra or {})}
+
+
+# ---------------------------------------------------------------------- scenarios
+def fast_path() -> ScenarioResult:
+    """XID 79 on rank 1's GPU: reboot without the DCGM diag; the job restarts and completes."""
+    title = "fast path: XID 79 -> reboot without the DCGM diag -> job restarted and COMPLETE"
+    with world() as w:
+        for node in ("node-a", "node-b"):
+            w.sim.add_node(node)
+        w.sim.start_job("llama-fp", w.td, ["node-a", "node-b"])
+        w.sim.inject_xid("node-b", 79, after=10 * MIN, nccl_cascade=True)
+        w.sim.run_for(16 * MIN)
+        restarted = w.job("llama-fp")
+        mttr = _restart_seconds(restarted)
+        w.sim.run_for(70 * MIN)
+        problems: list[str] = []
+        job = w.job("llama-fp")
+        _expect(problems, "job", (job.get("job_state"), job.get("attempt")), ("COMPLETE", 2))
+        _expect(problems, "health checks", w.sim.counters["health_checks_started"], 0)
+        _expect(problems, "reboots of node-b", w.sim.node("node-b").reboots, 1)
+        verdict = (job.get("verdicts") or {}).get(w.sim.node("node-b").container_instance_id) or {}
+        _expect(problems, "decision", (verdict.get("source"), verdict.get("rule")), ("fast path", "xid-79"))
+        return _finish(w, "fast_path", title, problems, ["llama-fp"], {"fault_to_running_seconds": mttr})
+
+
+def flapping() -> ScenarioResult:
+    """The same node faults three times: reboot, reboot, then replace; charged once."""
+    title = ("flapping node: XID 79 three times -> rebooted twice, replaced (drained) on its 3rd "
+             "fault; the job charged once and relocated to a spare")
+    with world() as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.sim.add_node(node)
+        w.sim.start_job("bert-flap", w.td, ["node-a", "node-b"],
+                        extra_tags=_relocatable("bert-flap", {C.TAG_MAX_INFRA_RECOVERIES: "1"}))
+        for minutes in (10, 30, 50):
+            w.sim.inject_xid("node-b", 79, after=minutes * MIN, health="persistent_reboot", nccl_cascade=True)
+        w.sim.run_for(60 * MIN)
+        during = w.ranks_on("bert-flap")
+        w.sim.run_for(70 * MIN)
+        problems: list[str] = []
+        job = w.job("bert-flap")
+        _expect(problems, "job", (job.get("job_state"), job.get("attempt"), job.get("recoveries_used")),
+                ("COMPLETE", 4, 1))
+        _expect(problems, "reboots of node-b", w.sim.node("node-b").reboots, 2)
+        _expect(problems, "node-b", w.node_item("node-b").get("instance_state"), "QUARANTINED")
+        history = [(r["action"], r["charged_job"]) for r in w.node_item("node-b").get("fault_history", [])]
+        _expect(problems, "node-b fault history", history,
+                [("reboot", True), ("reboot", False), ("replace", False)])
+        _expect(problems, "ranks after the 3rd fault", during, ["node-a", "node-c"])
+        return _finish(w, "flapping", title, problems, ["bert-flap"])
+
+
+def relocation() -> ScenarioResult:
+    """A dead GPU (DCGM replace): the node is quarantined, rank 1 moves to the spare."""
+    title = "dead GPU: DCGM says replace -> node quarantined, rank moved to a spare node -> COMPLETE"
+    with world() as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.sim.add_node(node)
+        w.sim.start_job("gpt-dead", w.td, ["node-a", "node-b"], extra_tags=_relocatable("gpt-dead"))
+        w.sim.inject_gpu_fault("node-b", after=10 * MIN, health="replace", nccl_cascade=True)
+        w.sim.run_for(20 * MIN)
+        during = w.ranks_on("gpt-dead")
+        restarted = w.job("gpt-dead")
+        w.sim.run_for(70 * MIN)
+        problems: list[str] = []
+        job = w.job("gpt-dead")
+        _expect(problems, "job", (job.get("job_state"), job.get("attempt")), ("COMPLETE", 2))
+        _expect(problems, "ranks after relocation", during, ["node-a", "node-c"])
+        _expect(problems, "reboots", w.sim.counters["reboots"], 0)
+        _expect(problems, "node-b", w.node_item("node-b").get("instance_state"), "QUARANTINED")
+        moves = [m.get("moves") for m in job.get("relocations", [])]
+        want = {"1": {"from": w.sim.node("node-b").container_instance_id,
+                      "to": w.sim.node("node-c").container_instance_id}}
+        _expect(problems, "relocation record", moves, [want])
+        return _finish(w, "relocation", title, problems, ["gpt-dead"],
+                       {"fault_to_running_seconds": _restart_seconds(restarted)})
+
+
+def breaker() -> ScenarioResult:
+    """4 of 16 nodes fault within 10 minutes: the 4th trips the breaker."""
+    title = ("blast-radius breaker: 4 of 16 nodes fault within 10 min -> 3 rebooted, the 4th trips "
+             "the breaker (notified once, backlog kept), nothing more rebooted; reset resumes it")
+    from gpu_recovery.recovery.breaker import reset_breaker
+
+    with world() as w:
+        nodes = [f"node-{i:02d}" for i in range(16)]
+        for node in nodes:
+            w.sim.add_node(node)
+        jobs = [f"job-{i}" for i in range(8)]
+        for i, job_id in enumerate(jobs):
+            w.sim.start_job(job_id, w.td, nodes[2 * i:2 * i + 2])
+        faulty = ["node-01", "node-03", "node-05", "node-07", "node-09"]
+        for k, node in enumerate(faulty):
+            w.sim.inject_xid(node, 79, after=(10 + 2 * k) * MIN, nccl_cascade=True)
+        w.sim.run_for(25 * MIN)
+        rebooted = [n for n in nodes if w.sim.node(n).reboots]
+        state = w.repo.get_breaker() or {}
+        held = sorted(w.node_name(b["node"]) for b in state.get("backlog", []))
+        trips = [n for n in w.local.notifications()
+                 if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "breaker_tripped"]
+        problems: list[str] = []
+        _expect(problems, "rebooted before the reset", rebooted, faulty[:3])
+        _expect(problems, "breaker", (state.get("state"), state.get("trips")), ("tripped", 1))
+        _expect(problems, "backlog", held, faulty[3:])
+        _expect(problems, "breaker e-mails", len(trips), 1)
+        _expect(problems, "held nodes", sorted(w.node_item(n).get("instance_state") for n in faulty[3:]),
+                ["SUSPECT", "SUSPECT"])
+        # The operator resets the breaker and resumes its backlog: the sweep carries it out.
+        reset = reset_breaker(w.repo, now=w.sim.now(), resume_backlog=True, by="demo-operator")
+        w.sim.run_for(10 * MIN)
+        after = sorted(n for n in nodes if w.sim.node(n).reboots)
+        _expect(problems, "reset", reset.done, True)
+        _expect(problems, "rebooted after the reset", after, faulty)
+        _expect(problems, "held nodes back", sorted(w.node_item(n).get("instance_state") for n in faulty[3:]),
+                ["AVAILABLE", "AVAILABLE"])
+        return _finish(w, "breaker", title, problems, jobs,
+                       {"trip_reason": state.get("trip_reason", ""), "backlog": held})
+
+
+def observe() -> ScenarioResult:
+    """Observe mode: detect, classify, record and notify; change nothing."""
+    title = "observe mode: XID 79 detected and e-mailed with what would have been done; nothing done"
+    with world(remediation={"remediation_mode": "observe"}) as w:
+        for node in ("node-a", "node-b"):
+            w.sim.add_node(node)
+        w.sim.start_job("vit-observe", w.td, ["node-a", "node-b"])
+        w.sim.inject_xid("node-b", 79, after=10 * MIN)
+        w.sim.run_for(30 * MIN)
+        problems: list[str] = []
+        counters = w.sim.counters
+        _expect(problems, "StopTask / reboots / health checks / terminations",
+                (counters["stop_requests"], counters["reboots"], counters["health_checks_started"],
+                 counters["terminations"]), (0, 0, 0, 0))
+        ecs = w.local.client("ecs")
+        statuses = [ci["status"] for ci in ecs.describe_container_instances(
+            cluster=w.local.cluster_name,
+            containerInstances=[w.sim.node(n).container_instance_arn for n in ("node-a", "node-b")])[
+            "containerInstances"]]
+        _expect(problems, "container instances", statuses, ["ACTIVE", "ACTIVE"])
+        _expect(problems, "rank 0 still running", w.ranks_on("vit-observe"), ["node-a"])
+        observed = [n for n in w.local.notifications()
+                    if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "observed"]
+        _expect(problems, "observe e-mails", len(observed), 1)
+        said = "Would have done (not carried out): stop_tasks, reboot"
+        if observed and said not in str(observed[0]["message"]):
+            problems.append("the e-mail does not say what would have been done")
+        history = w.node_item("node-b").get("fault_history", [])
+        _expect(problems, "node-b record", [(r["action"], r["executed"]) for r in history],
+                [("reboot", False)])
+        return _finish(w, "observe", title, problems, ["vit-observe"])
+
+
+def persistence_mode() -> ScenarioResult:
+    """DCGM fails only on persistence mode (error 29): operator action, no reboot."""
+    title = ("persistence mode off: DCGM error 29 (severity config) -> operator action, node drained, "
+             "never rebooted")
+    with world() as w:
+        for node in ("node-a", "node-b"):
+            w.sim.add_node(node)
+        w.sim.start_job("t5-config", w.td, ["node-a", "node-b"])
+        w.sim.inject_gpu_fault("node-b", after=10 * MIN, health="config_error", nccl_cascade=True)
+        w.sim.run_for(20 * MIN)
+        problems: list[str] = []
+        job = w.job("t5-config")
+        _expect(problems, "job", job.get("job_state"), "FAILED")
+        _expect(problems, "reboots", w.sim.counters["reboots"], 0)
+        _expect(problems, "health checks", w.sim.counters["health_checks_started"], 1)
+        _expect(problems, "node-b", w.node_item("node-b").get("instance_state"), "QUARANTINED")
+        node_b = w.sim.node("node-b").container_instance_id
+        _expect(problems, "node-b verdict", (job.get("suspects") or {}).get(node_b), "OPERATOR_ACTION")
+        mails = [n for n in w.local.notifications()
+                 if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "operator_action"]
+        _expect(problems, "operator e-mails", len(mails), 1)
+        if mails and "DCGM error 29" not in str(mails[0]["message"]):
+            problems.append("the e-mail lacks the DCGM evidence (error 29)")
+        return _finish(w, "persistence_mode", title, problems, ["t5-config"])
+
+
+SCENARIOS: dict[str, Callable[[], ScenarioResult]] = {
+    "fast_path": fast_path,
+    "flapping": flapping,
+    "relocation": relocation,
+    "breaker": breaker,
+    "observe": observe,
+    "persistence_mode": persistence_mode,
+}
+
+
+def _restart_seconds(job: dict[str, Any]) -> float | None:
+    """Fault -> every rank running again, from the job's history."""
+    history = job.get("history") or []
+    fault = next((h["at"] for h in history
+                  if h.get("to") in ("PENDING_HEALTHCHECK", "PENDING_RESTART")), None)
+    running = [h["at"] for h in history if h.get("to") == "RUNNING" and fault is not None and h["at"] > fault]
+    return float(running[0] - fault) if running and fault is not None else None
+
+
+def run_all(names: list[str] | None = None) -> list[ScenarioResult]:
+    return [SCENARIOS[name]() for name in (names or list(SCENARIOS))]
+
+
+def report(results: list[ScenarioResult]) -> list[str]:
+    lines = ["Remediation scenarios (one per catalog class, each in its own simulated cluster)", "-" * 78]
+    for result in results:
+        lines.append(f"{'ok ' if result.ok else '!! '}{result.name:<17} {result.title}")
+        for problem in result.problems:
+            lines.append(f"     !! {problem}")
+        kinds = ", ".join(sorted(set(result.kinds())))
+        lines.append(f"     reboots {result.counters.get('reboots', 0)}, health checks "
+                     f"{result.counters.get('health_checks_started', 0)}, StopTask "
+                     f"{result.counters.get('stop_requests', 0)}, e-mails: {kinds or 'none'}")
+        seconds = result.facts.get("fault_to_running_seconds")
+        if seconds is not None:
+            lines.append(f"     fault -> every rank running again: {seconds:.0f} s (simulated)")
+    return lines

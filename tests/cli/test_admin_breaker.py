@@ -1,0 +1,91 @@
+"""``gpu-recovery-admin breaker show|reset``: the operator's view and reset of the
+blast-radius breaker, on its DynamoDB item (moto)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from cli import admin
+from gpu_recovery import constants as C
+from gpu_recovery.domain import breaker
+from gpu_recovery.repository import Repository
+
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def repo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Repository]:
+    monkeypatch.setattr(admin, "_caller", lambda: "oncall")
+    with mock_aws():
+        ddb = boto3.resource("dynamodb", region_name="us-east-1")
+        defs = C.table_definitions()
+        for kind, name in (("job", "jobs"), ("instance", "instances")):
+            ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **defs[kind])
+        yield Repository(ddb, "jobs", "instances")
+
+
+def _tripped(repo: Repository) -> None:
+    """Four of ten nodes acted on: the 3rd trips (limit 2), the 4th joins the backlog."""
+    policy = breaker.BreakerPolicy()
+    state: dict[str, Any] | None = None
+    for i, node in enumerate(["n1", "n2", "n3", "n4"]):
+        decided = breaker.record_action(state, node=node, action="reboot", now=NOW + i, cluster_gpu_nodes=10,
+                                        policy=policy, job_id=f"job-{i}", reason="XID 79")
+        assert repo.save_breaker({**decided.state, "limit": decided.limit, "cluster_gpu_nodes": 10},
+                                 None if state is None else state["version"])
+        state = decided.state
+
+
+def _run(repo: Repository, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
+    code = admin.main(["breaker", *argv], repo=repo)
+    out = capsys.readouterr()
+    return code, json.loads(out.out) if out.out.strip() else None, out.err
+
+
+def test_show_a_tripped_breaker(repo: Repository, capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    _tripped(repo)
+    monkeypatch.setattr("time.time", lambda: NOW + 60)
+    code, shown, _ = _run(repo, capsys, "show")
+    assert code == 0
+    assert shown["state"] == "tripped" and shown["trips"] == 1
+    assert "3 of 10 GPU nodes" in shown["trip_reason"]
+    assert shown["nodes_in_window"] == ["n1", "n2"] and shown["limit"] == 2
+    assert [b["node"] for b in shown["backlog"]] == ["n3", "n4"]
+
+
+def test_reset_resuming_the_backlog_releases_it_for_the_sweep(repo: Repository,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    _tripped(repo)
+    code, shown, err = _run(repo, capsys, "reset", "--resume-backlog")
+    assert code == 0 and shown["state"] == "closed"
+    assert [e["node"] for e in shown["released"]] == ["n3", "n4"]
+    assert "carries them out within a minute" in err
+    stored = repo.get_breaker()
+    assert stored["state"] == "closed" and stored["backlog"] == [] and stored["last_reset_by"] == "oncall"
+    assert sorted(stored["released"]) == ["n3", "n4"]  # the recovery sweep's to carry out
+
+
+def test_reset_dropping_the_backlog_releases_nothing(repo: Repository,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _tripped(repo)
+    code, shown, err = _run(repo, capsys, "reset", "--drop-backlog")
+    assert code == 0 and shown["released"] == [] and len(shown["dropped"]) == 2
+    assert not repo.get_breaker().get("released")
+    assert "dropped" in err
+
+
+def test_reset_needs_a_choice(repo: Repository) -> None:
+    with pytest.raises(SystemExit):
+        admin.main(["breaker", "reset"], repo=repo)
+
+
+def test_show_before_any_node_action(repo: Repository, capsys: pytest.CaptureFixture[str]) -> None:
+    code, shown, err = _run(repo, capsys, "show")
+    assert code == 0 and shown["state"] == "closed" and "never acted" in err

@@ -1,0 +1,166 @@
+"""The remediation paths beyond the demo's scenarios, end to end under the emulator: the
+application-error budget and the XID repeat rule, replacement in an Auto Scaling group,
+ECS Anywhere, a queue job relocated through the scheduler, relocate_instead_of_wait."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpu_recovery import constants as C
+from local_mode.remediation_scenarios import MIN, world
+
+
+def _job_history(job: dict[str, Any]) -> list[str]:
+    return [str(h.get("to")) for h in job.get("history", [])]
+
+
+def test_application_xid_restarts_within_its_budget_and_a_repeat_earns_a_health_check() -> None:
+    """Given a job with one application-error restart, When XID 13 (an application error by
+    NVIDIA's catalog) kills a rank, Then the job restarts on the same nodes with no diag and
+    no node action; When XID 13 repeats on the same GPU (within 24 h), Then the catalog's
+    repeat rule runs the DCGM diag, which finds the GPU healthy: an application error with
+    no restart left, the job FAILS."""
+    with world() as w:
+        for node in ("node-a", "node-b"):
+            w.sim.add_node(node)
+        w.sim.start_job("app-err", w.td, ["node-a", "node-b"],
+                        extra_tags={C.TAG_MAX_APP_RESTARTS: "1"})
+        w.sim.inject_xid("node-b", 13, after=5 * MIN, health="healthy", nccl_cascade=True)
+        w.sim.run_for(10 * MIN)
+        job = w.job("app-err")
+        assert job["job_state"] == "RUNNING" and job["attempt"] == 2
+        assert (job["app_restarts_used"], job["recoveries_used"]) == (1, 0)
+        assert w.sim.counters["health_checks_started"] == 0 and w.sim.counters["reboots"] == 0
+        assert "PENDING_RESTART" in _job_history(job) and "PENDING_HEALTHCHECK" not in _job_history(job)
+        record = next(v for k, v in job.items() if k.startswith("fault:a1:"))
+        assert record["plan"]["decision"]["rule_id"] == "xid-13"
+
+        w.sim.inject_xid("node-b", 13, after=5 * MIN, health="healthy")
+        w.sim.run_for(10 * MIN)
+        job = w.job("app-err")
+        assert job["job_state"] == "FAILED"
+        assert w.sim.counters["health_checks_started"] == 1 and w.sim.counters["reboots"] == 0
+        second = next(v for k, v in job.items() if k.startswith("fault:a2:"))
+        assert second["plan"]["decision"]["repeated"] is False  # decided after the diag
+        assert "application error" in job["last_error"]
+        assert not w.bus.dead_letters
+
+
+def test_replace_terminates_the_node_in_its_auto_scaling_group_and_the_job_moves() -> None:
+    """Given replace_action terminate_in_asg and nodes in an Auto Scaling group, When XID 64
+    (row-remap failure: replace, definitive) kills a rank, Then the node is drained and
+    terminated in its group without decrementing capacity (the group launches a new node),
+    and the relocatable job moves to the spare node and completes."""
+    with world(remediation={"replace_action": "terminate_in_asg"}, replacement_seconds=120) as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.sim.add_node(node)
+        w.sim.put_in_auto_scaling_group(["node-a", "node-b", "node-c"])
+        w.sim.start_job("asg-job", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.sim.inject_xid("node-b", 64, after=5 * MIN, health="replace", nccl_cascade=True)
+        w.sim.run_for(10 * MIN)
+        assert w.ranks_on("asg-job") == ["node-a", "node-c"]
+        node_b = w.node_item("node-b")
+        assert node_b["instance_state"] == "QUARANTINED" and "terminat" in node_b["terminate_result"]
+        assert w.sim.counters["terminations"] == 1 and w.sim.counters["reboots"] == 0
+        assert "node-b-r1" in w.sim.nodes  # the group's new node registered
+        asg = w.local.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"][0]
+        assert asg["DesiredCapacity"] == 3  # capacity kept
+        w.sim.run_for(70 * MIN)
+        assert w.job("asg-job")["job_state"] == "COMPLETE"
+        assert not w.bus.dead_letters
+
+
+def test_an_ecs_anywhere_node_is_quarantined_and_the_operator_told_instead_of_terminated() -> None:
+    with world(remediation={"replace_action": "terminate_in_asg"}) as w:
+        w.sim.add_node("node-a")
+        w.sim.add_node("node-b", kind="anywhere")
+        w.sim.start_job("onprem", w.td, ["node-a", "node-b"])
+        w.sim.inject_xid("node-b", 64, after=5 * MIN, health="replace", nccl_cascade=True)
+        w.sim.run_for(10 * MIN)
+        assert w.node_item("node-b")["instance_state"] == "QUARANTINED"
+        assert w.sim.counters["terminations"] == 0
+        kinds = [n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) for n in w.local.notifications()]
+        assert "operator_action" in kinds
+        told = next(n for n in w.local.notifications()
+                    if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "operator_action")
+        assert "ECS Anywhere" in told["subject"] + str(told["message"])
+        assert w.job("onprem")["job_state"] == "FAILED"  # not relocatable: its tasks lack the tag
+
+
+def test_relocate_instead_of_wait_moves_the_job_while_its_node_reboots() -> None:
+    """Given relocate_instead_of_wait and a healthy free node, When XID 79 needs node-b
+    rebooted, Then the job restarts on node-a and the spare at once (not ~3 minutes later,
+    after the reboot), and node-b is still rebooted and back in service."""
+    with world(relocate_instead_of_wait=True) as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.sim.add_node(node)
+        w.sim.start_job("fast-move", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.sim.inject_xid("node-b", 79, after=5 * MIN, nccl_cascade=True)
+        w.sim.run_for(5 * MIN + 40)
+        assert w.ranks_on("fast-move") == ["node-a", "node-c"]
+        assert w.sim.node("node-b").rebooting
+        job = w.job("fast-move")
+        assert "relocate_instead_of_wait" in json.dumps(job["relocations"])
+        w.sim.run_for(10 * MIN)
+        assert w.node_item("node-b")["instance_state"] == "AVAILABLE"
+        assert not w.bus.dead_letters
+
+
+def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_priority() -> None:
+    """Given a queue job on node-0 and node-1, When node-1's GPU dies (DCGM: replace), Then
+    the job goes back to the queue ahead of every job of its priority (its original
+    submission order kept), and the scheduler starts it on healthy nodes with a new
+    MASTER_ADDR; its history says where each rank moved and why."""
+    from handlers import queue_scheduler
+
+    with world() as w:
+        for node in ("node-0", "node-1", "node-2"):
+            w.sim.add_node(node)
+        w.bus.add_schedule("queue-scheduler", 60, queue_scheduler.lambda_handler, "queue_scheduler")
+        _submit(w, "q-job", nnodes=2, priority=10, at=w.sim.now())
+        w.sim.run_for(2 * MIN)
+        first = w.job("q-job")
+        assert first["job_state"] == "RUNNING"
+        victim = w.node_name(first["launch"]["nodes"][1].rsplit("/", 1)[-1])
+        w.sim.inject_gpu_fault(victim, after=MIN, health="replace", nccl_cascade=True)
+        seen: list[str] = []
+
+        def requeued() -> bool:
+            order = str(w.job("q-job").get(C.QUEUE_SK, ""))
+            if order:
+                seen.append(order)
+            return bool(order)
+
+        w.sim.run_until_true(requeued, max_seconds=15 * MIN)
+        assert seen[0].startswith(f"{999 - 10:03d}#{C.RELOCATED_QUEUE_MARK}")
+        w.sim.run_for(5 * MIN)
+        job = w.job("q-job")
+        assert job["job_state"] == "RUNNING" and job["attempt"] == 2
+        assert job["recoveries_used"] == 1
+        assert w.node_item(victim)["instance_state"] == "QUARANTINED"
+        assert victim not in w.ranks_on("q-job") and len(w.ranks_on("q-job")) == 2
+        (moved,) = job["relocations"]
+        assert moved["reason"].startswith("node(s) unusable")
+        assert moved["master_addr"] == job["launch"]["master_addr"]
+        assert any(h["reason"].startswith("relocated (attempt 2): rank 0") for h in job["history"])
+        assert not w.bus.dead_letters
+
+
+def _submit(w: Any, job_id: str, *, nnodes: int, priority: int, at: float) -> None:
+    """A queued job item as the jobs API writes it (tests/queue_scheduler does the same)."""
+    from gpu_recovery.adapters import aws
+    from gpu_recovery.repository import to_ddb
+
+    spec = {"name": job_id, "task_definition": w.td, "nnodes": nnodes, "gpus_per_node": 8,
+            "priority": priority, "overrides": {"command": ["python", "train.py"]}, "labels": {}}
+    item = {
+        C.JOB_PK: C.job_item_key(job_id), "item_type": "JOB", "job_id": job_id, "job_state": "QUEUED",
+        "source": "queue", "name": job_id, "user": "alice", "priority": priority, "submitted_at": at,
+        "spec_json": json.dumps(spec), "world_size": nnodes, "gpus_per_node": 8, "attempt": 0,
+        "recoveries_used": 0, "max_recovery_attempts": 3, "app_restarts_used": 0, "max_app_restarts": 0,
+        C.QUEUE_PK: C.QUEUE_BUCKET, C.QUEUE_SK: C.queue_order(priority, at, job_id),
+        C.LIST_PK: C.LIST_BUCKET, "not_before": 0, "attempts": [], "last_error": "", "history": [],
+        "suspects": {}, "verdicts": {}, "created_at": at, "updated_at": at,
+    }
+    aws.resource("dynamodb").Table(w.local.job_table).put_item(Item=to_ddb(item))

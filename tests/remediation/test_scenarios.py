@@ -1,0 +1,48 @@
+"""The remediation scenarios of ``make demo`` (one per catalog class), under the emulator
+with AWS-shaped events delivered at least once: each must end exactly as described."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_recovery import constants as C
+from local_mode import remediation_scenarios as scenarios
+
+
+@pytest.mark.parametrize("name", list(scenarios.SCENARIOS))
+def test_scenario_ends_as_described(name: str) -> None:
+    result = scenarios.SCENARIOS[name]()
+    assert result.problems == [], "\n".join([*result.problems, *result.timeline[-60:]])
+
+
+def test_the_fast_path_skips_the_diag_and_its_evidence_reaches_job_node_and_mail() -> None:
+    """Given XID 79 reported by the node agent and the rank's exit, Then the reboot starts
+    at the exit (no DCGM run), and the XID is in the job's fault record, the node's fault
+    history and the 'recovered' e-mail."""
+    result = scenarios.fast_path()
+    job = result.jobs["llama-fp"]
+    node_b = next(item for name, item in result.nodes.items() if name == "node-b")
+    record = next(v for k, v in job.items() if k.startswith("fault:a1:"))
+    assert [x["xid"] for x in record["evidence"]["xids"]] == [79]
+    assert record["plan"]["decision"]["skip_health_check"] is True
+    assert [x["xid"] for x in node_b["fault_history"][0]["xids"]] == [79]
+    mail = next(n for n in result.notifications
+                if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "recovered")
+    assert "XIDs: 79 on GPU-" in mail["message"] and "no DCGM diag" in mail["message"]
+    assert result.facts["fault_to_running_seconds"] < 240  # diag (120 s) skipped: reboot + restart
+
+
+def test_a_tripped_breaker_holds_every_later_node_action() -> None:
+    """Given the breaker tripped on the 4th of 16 nodes, Then the 5th node is not rebooted
+    either (kept in the backlog), and the trip was told once."""
+    result = scenarios.breaker()
+    assert result.facts["backlog"] == ["node-07", "node-09"]
+    assert result.kinds().count("breaker_tripped") == 1
+    assert "4 of 16 GPU nodes" in result.facts["trip_reason"]
+
+
+def test_observe_mode_changes_nothing_on_aws() -> None:
+    result = scenarios.observe()
+    assert (result.counters["reboots"], result.counters["stop_requests"],
+            result.counters["health_checks_started"]) == (0, 0, 0)
+    assert result.kinds().count("observed") == 1
