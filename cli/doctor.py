@@ -13,7 +13,8 @@ and prints one line per check, PASS / WARN / FAIL, with the fix under each failu
 * the alert topic has a confirmed subscription;
 * every rule is enabled, has a dead-letter queue, and that queue is empty;
 * point-in-time recovery is on for every table;
-* node report tokens are issued for the registered nodes, and when each last reported.
+* node report tokens are issued for the registered nodes, and when each last reported;
+* the blast-radius breaker is closed (a tripped breaker holds every node action back).
 
 Exit status 1 when a check fails (warnings do not fail). Credentials need read access
 only (e.g. the ReadOnlyAccess managed policy).
@@ -170,6 +171,7 @@ class Doctor:
             ("rules", self.check_rules, ()),
             ("tables PITR", self.check_tables, ()),
             ("node tokens", self.check_node_tokens, ("NodeTokenTableName", "ClusterName")),
+            ("breaker", self.check_breaker, ("InstanceTableName",)),
         ]
         for name, check, needs in checks:
             absent = [k for k in needs if not self.out(k)]
@@ -500,6 +502,24 @@ class Doctor:
             findings.insert(0, Finding("node tokens", PASS, f"all {len(nodes)} GPU nodes have a token; "
                                        f"last reports: {_listing(reports) or 'none yet'}"))
         return findings
+
+    # ------------------------------------------------------------------ breaker
+    def check_breaker(self) -> list[Finding]:
+        from gpu_recovery.domain import breaker
+
+        resource = self.session.resource("dynamodb", config=Config(retries={"mode": "standard"}))
+        repo = Repository(resource, self.out("JobTableName") or "-", self.out("InstanceTableName"))
+        stored = repo.get_breaker()
+        state = breaker.normalize(stored)
+        if state["state"] != breaker.TRIPPED:
+            acted = "never acted" if stored is None else f"tripped {state['trips']} time(s) so far"
+            return [Finding("breaker", PASS, f"closed ({acted})")]
+        held = sorted({str(e.get("node")) for e in state["backlog"]})
+        return [Finding("breaker", FAIL, f"tripped ({state['trip_reason'] or 'no reason recorded'}): node "
+                        f"actions are held back; backlog: {_listing(held) or 'empty'}",
+                        "find the common cause (a driver or image rollout?) with `gpu-recovery-admin "
+                        "breaker show`, then `gpu-recovery-admin breaker reset --resume-backlog` "
+                        "(or --drop-backlog); docs/remediation.md")]
 
 
 # ---------------------------------------------------------------------- output

@@ -218,6 +218,7 @@ def test_doctor_passes_on_a_ready_account(
         "alerts",
         "tables PITR",
         "node tokens",
+        "breaker",
     } <= checks
     assert {
         f"rule {name}"
@@ -268,6 +269,7 @@ def test_doctor_names_each_problem_of_a_broken_account(
     local.client("dynamodb").update_continuous_backups(
         TableName=local.instance_table, PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": False}
     )
+    _trip_the_breaker(local)
     sim.run_for(600)  # node reports are now 10 minutes old
 
     findings = account.findings(expected_cluster="other-cluster")
@@ -299,6 +301,8 @@ def test_doctor_names_each_problem_of_a_broken_account(
     assert account.container_instance("node-c") in no_token.detail and "issue-token" in no_token.fix
     silent = _one(findings, "node tokens", doctor.WARN)
     assert "10 min ago" in silent.detail and account.container_instance("node-a") in silent.detail
+    tripped = _one(findings, "breaker", doctor.FAIL)
+    assert "tripped" in tripped.detail and "node-z" in tripped.detail and "breaker reset" in tripped.fix
 
     code = main(
         ["doctor", *[f"--output={k}={v}" for k, v in account.outputs.items()]], session=account.session
@@ -306,6 +310,22 @@ def test_doctor_names_each_problem_of_a_broken_account(
     out = capsys.readouterr().out
     assert code == 1
     assert out.count("FAIL") >= 8 and "fix: aws events enable-rule" in out
+
+
+def _trip_the_breaker(local: Any) -> None:
+    """Three node actions in one window of a 4-node cluster: the third is held back."""
+    from gpu_recovery import clock
+    from gpu_recovery.domain import breaker
+    from gpu_recovery.repository import Repository
+
+    repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
+    state = None
+    for i, node in enumerate(("node-x", "node-y", "node-z")):
+        decided = breaker.record_action(state, node=node, action="reboot", now=clock.now() - 60 + i,
+                                        cluster_gpu_nodes=4)
+        assert repo.save_breaker(decided.state, None if state is None else state["version"])
+        state = decided.state
+    assert state is not None and state["state"] == breaker.TRIPPED
 
 
 def _pending_confirmation(params: Any, status: int, parsed: dict[str, Any], context: Any) -> None:

@@ -23,12 +23,15 @@ FIRST_PARTY = {"gpu_recovery", "handlers"}
 
 
 def _layer_parameters(synth: Synth) -> set[str]:
-    """The SSM parameter names the functions' layers are resolved from."""
+    """The SSM parameter names the functions' public layers are resolved from (a deployment's
+    own fault-catalog layer, when it has one, is an asset of this stack, not a parameter)."""
     parameters = synth.template.get("Parameters", {})
     names = set()
     for fn in synth.resources("AWS::Lambda::Function").values():
-        (layer,) = fn["Properties"]["Layers"]
-        parameter = parameters[layer["Ref"]]
+        public = [layer for layer in fn["Properties"]["Layers"]
+                  if isinstance(layer, dict) and "Ref" in layer and layer["Ref"] in parameters]
+        assert len(public) == 1, f"expected one Powertools layer, got {fn['Properties']['Layers']}"
+        parameter = parameters[public[0]["Ref"]]
         assert parameter["Type"] == "AWS::SSM::Parameter::Value<String>"
         names.add(parameter["Default"])
     return names
