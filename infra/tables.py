@@ -67,10 +67,11 @@ class RecoveryTables(Construct):
                 **_keys(definition, definition["KeySchema"]),
             )
             for gsi in definition.get("GlobalSecondaryIndexes", []):
-                projection = gsi.get("Projection", {}).get("ProjectionType", "ALL")
+                projection = gsi.get("Projection", {})
                 table.add_global_secondary_index(
                     index_name=gsi["IndexName"],
-                    projection_type=dynamodb.ProjectionType(projection),
+                    projection_type=dynamodb.ProjectionType(projection.get("ProjectionType", "ALL")),
+                    non_key_attributes=projection.get("NonKeyAttributes"),
                     **_keys(definition, gsi["KeySchema"]),
                 )
             self.index_names[logical] = [

@@ -25,6 +25,7 @@ from gpu_recovery.settings import SchedulerConfig, Settings
 
 if TYPE_CHECKING:
     from gpu_recovery.heartbeat import HeartbeatService
+    from gpu_recovery.queue.control import JobControlService
     from gpu_recovery.queue.scheduler import QueueScheduler
     from gpu_recovery.queue.service import JobQueueService, SchedulerTrigger
     from gpu_recovery.tokens import TokenStore
@@ -99,6 +100,7 @@ def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
         repo=recovery.repo, ecs_adapter=recovery.ecs, recovery=recovery, ecs_client=ecs_client,
         ec2_client=aws.client("ec2"), ssm_client=aws.client("ssm"), cluster=recovery.settings.cluster,
         config=SchedulerConfig.from_env(), task_definitions=caches[1], hosts=caches[2],
+        dynamodb=aws.resource("dynamodb"),
     )
 
 
@@ -131,11 +133,14 @@ def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
 def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
     """The jobs API's service; ``trigger`` wakes the scheduler after a submit or cancel
     (None: invoke the scheduler function the stack names, if any)."""
+    from gpu_recovery.queue.quotas import QuotaService
     from gpu_recovery.queue.service import JobQueueService, LambdaSchedulerTrigger, NoSchedulerTrigger
     from gpu_recovery.repository.queue_api import JobQueueRepository
-    from gpu_recovery.settings import access_policy, job_budget_defaults
+    from gpu_recovery.repository.time_sharing import QuotaRepository
+    from gpu_recovery.settings import TimeSharingSettings, access_policy, job_budget_defaults
 
     env = os.environ
+    sharing = TimeSharingSettings.from_env(env)
     if trigger is None:
         function = env.get(c.ENV_SCHEDULER_FUNCTION, "")
         trigger = LambdaSchedulerTrigger(aws.client("lambda"), function) if function else NoSchedulerTrigger()
@@ -151,7 +156,33 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
         scheduler=trigger,
         access=access_policy(),
         default_budgets=job_budget_defaults(env),
+        quotas=QuotaService(QuotaRepository(aws.resource("dynamodb"), sharing.quota_table),
+                            sharing.default_node_quotas),
+        suspend_grace_seconds=sharing.suspend_grace_seconds,
     )
+
+
+def job_control_service() -> JobControlService:
+    """The job-control channel of training code (control API and its authorizer)."""
+    from gpu_recovery.queue.control import JobControlService
+    from gpu_recovery.settings import TimeSharingSettings
+
+    session = aws.session()
+    with _lock:
+        built = _services.get("job_control")
+    if built is None or built[0] is not session:
+        env = os.environ
+        repo = Repository(aws.resource("dynamodb"), env.get(c.ENV_JOB_TABLE) or c.DEFAULT_JOB_TABLE_NAME,
+                          env.get(c.ENV_INSTANCE_TABLE) or c.DEFAULT_INSTANCE_TABLE_NAME)
+
+        def go_suspend(job_id: str, rank: int, attempt: int | None) -> Any:
+            return recovery_service().go_suspend(job_id, rank, attempt)
+
+        service = JobControlService(repo, go_suspend, TimeSharingSettings.from_env(env).control_poll_seconds)
+        built = (session, service)
+        with _lock:
+            _services["job_control"] = built
+    return built[1]  # type: ignore[no-any-return]
 
 
 def node_token_store() -> TokenStore:

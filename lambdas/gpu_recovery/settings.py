@@ -25,6 +25,13 @@ from gpu_recovery.domain.remediation_settings import (
     RemediationSettings,
     parse_remediation_settings,
 )
+from gpu_recovery.domain.time_sharing import (
+    DEFAULT_DEMOTE_AFTER_SECONDS,
+    DEFAULT_SUSPEND_GRACE_SECONDS,
+    MAX_SUSPEND_GRACE_SECONDS,
+    MIN_SUSPEND_GRACE_SECONDS,
+    parse_priority,
+)
 from gpu_recovery.queue.access import AccessPolicy, family_of
 
 
@@ -166,6 +173,61 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class TimeSharingSettings:
+    """Quotas, preemption, suspend grace and demotion (the scheduler and the jobs API)."""
+
+    quota_table: str = c.DEFAULT_QUOTA_TABLE_NAME
+    default_node_quotas: Mapping[int, int] = field(default_factory=dict)  # level -> nodes
+    preemption: bool = True
+    suspend_grace_seconds: int = DEFAULT_SUSPEND_GRACE_SECONDS
+    demote_after_seconds: int = DEFAULT_DEMOTE_AFTER_SECONDS  # ABOVE_NORMAL -> NORMAL (0: never)
+    control_api_url: str = ""  # given to every queue rank ("" : no suspend channel)
+    control_poll_seconds: int = 2
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TimeSharingSettings:
+        env = os.environ if env is None else env
+        grace = _int(env, c.ENV_SUSPEND_GRACE_SECONDS, DEFAULT_SUSPEND_GRACE_SECONDS,
+                     minimum=MIN_SUSPEND_GRACE_SECONDS)
+        if grace > MAX_SUSPEND_GRACE_SECONDS:
+            raise SettingsError(f"{c.ENV_SUSPEND_GRACE_SECONDS} must be <= {MAX_SUSPEND_GRACE_SECONDS}, "
+                                f"got {grace}")
+        return cls(
+            quota_table=env.get(c.ENV_QUOTA_TABLE) or c.DEFAULT_QUOTA_TABLE_NAME,
+            default_node_quotas=parse_node_quotas(env.get(c.ENV_DEFAULT_NODE_QUOTAS) or ""),
+            preemption=_bool(env, c.ENV_PREEMPTION, True),
+            suspend_grace_seconds=grace,
+            demote_after_seconds=_int(env, c.ENV_DEMOTE_AFTER_SECONDS, DEFAULT_DEMOTE_AFTER_SECONDS),
+            control_api_url=(env.get(c.ENV_CONTROL_API_URL) or "").rstrip("/"),
+            control_poll_seconds=_int(env, c.ENV_CONTROL_POLL_SECONDS, 2, minimum=1),
+        )
+
+
+def parse_node_quotas(raw: str) -> dict[int, int]:
+    """``{"HIGH": 8, "LOW": 64}`` (level names or values) -> {30: 8, 0: 64}."""
+    text = raw.strip()
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SettingsError(f"{c.ENV_DEFAULT_NODE_QUOTAS} must be a JSON object: {error.msg}") from error
+    if not isinstance(parsed, dict):
+        raise SettingsError(f"{c.ENV_DEFAULT_NODE_QUOTAS} must be a JSON object of level -> nodes")
+    quotas: dict[int, int] = {}
+    for level, nodes in parsed.items():
+        try:
+            value = parse_priority(level)
+        except ValueError as error:
+            raise SettingsError(f"{c.ENV_DEFAULT_NODE_QUOTAS}: level {level!r} {error}") from error
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 0 <= nodes <= 100_000:
+            raise SettingsError(f"{c.ENV_DEFAULT_NODE_QUOTAS}: {level} must be 0..100000 nodes, "
+                                f"got {nodes!r}")
+        quotas[value] = nodes
+    return quotas
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """The queue scheduler's tick (infra sets the lease and budgets from the same names)."""
 
@@ -175,6 +237,7 @@ class SchedulerConfig:
     max_unplaced: int = 32  # stop reading after this many jobs that could not be placed
     stale_launch_seconds: int = 120
     time_budget_seconds: float = 60.0
+    sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerConfig:
@@ -184,6 +247,7 @@ class SchedulerConfig:
             max_admissions=_int(env, c.ENV_SCHEDULER_MAX_ADMISSIONS, 20, minimum=1),
             max_unplaced=_int(env, c.ENV_SCHEDULER_MAX_UNPLACED, 32, minimum=1),
             time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60, minimum=1)),
+            sharing=TimeSharingSettings.from_env(env),
         )
 
 

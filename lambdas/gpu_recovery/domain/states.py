@@ -20,6 +20,11 @@ class JobState(str, Enum):
     PENDING_RESTART = "PENDING_RESTART"
     NODE_LOST = "NODE_LOST"
     HUNG = "HUNG"
+    # Time sharing: rank 0 was told to checkpoint and call go_suspend(); its ranks are
+    # then stopped (at go_suspend() or after the grace). SUSPENDED: every rank stopped,
+    # GPUs free; queued again at its original position (or held, for a user's suspend).
+    SUSPENDING = "SUSPENDING"
+    SUSPENDED = "SUSPENDED"
     CANCELING = "CANCELING"
     COMPLETE = "COMPLETE"
     FAILED = "FAILED"
@@ -36,10 +41,15 @@ TERMINAL_JOB_STATES = frozenset(
 )
 # Ranks are (or should be) running on ECS: a suspected fault can enter recovery from these.
 ACTIVE_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.NODE_LOST, JobState.HUNG})
-# Waiting in the queue (the scheduler may admit it).
-QUEUED_JOB_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES})
+# Waiting in the queue (the scheduler may admit it; a held SUSPENDED job is not in the
+# queue index until it is resumed).
+QUEUED_JOB_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES, JobState.SUSPENDED})
 # The recovery loop owns the job: its nodes are held for the gang restart.
 RECOVERING_JOB_STATES = frozenset({JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART})
+# A queue job in these holds its nodes (its quota charge stays); in any other state it
+# holds none and its charge is released.
+HOLDING_JOB_STATES = ACTIVE_JOB_STATES | RECOVERING_JOB_STATES | {JobState.SUSPENDING,
+                                                                  JobState.CANCELING}
 
 
 class RankState(str, Enum):

@@ -17,6 +17,8 @@ Rules, each named in the 403 that applies it:
   of the allowed prefixes (the stack's ``iam:PassRole`` is limited to the same prefixes).
 * ``reserved_priority`` -- priorities from ``reserved_priority_min`` up are for the
   configured roles (and admins).
+* ``admin`` -- node quotas are set and removed by admin roles only (everyone reads their
+  own).
 
 A configured entry is a role (or user) name, or a full ARN; names match the role of a
 role session or the user name, ARNs match the principal's ARN or its role's ARN.
@@ -76,6 +78,19 @@ class Principal:
             elif entry == (self.role if self.role is not None else self.name):
                 return True
         return False
+
+
+def quota_subject(arn: str) -> str:
+    """The user a job (and its node quota) belongs to: the IAM user name, or
+    ``<role>/<session>`` for a role session (an SSO session is named after its user)."""
+    match = _ARN_RE.match(arn or "")
+    if not match:
+        return arn
+    resource = match["resource"]
+    if match["service"] == "sts" and resource.startswith("assumed-role/"):
+        parts = resource.split("/")
+        return "/".join(parts[1:3]) if len(parts) > 2 else resource
+    return resource.rsplit("/", 1)[-1]
 
 
 def family_of(task_definition: str) -> str:
@@ -172,10 +187,16 @@ class AccessPolicy:
                              "context task_role_name_prefixes): the stack may not pass it to ECS",
                              "task_definition")
 
+    def may_use_priority(self, caller: Principal, priority: int) -> bool:
+        return (priority < self.reserved_priority_min or self.is_admin(caller)
+                or caller.matches(self.reserved_priority_roles))
+
+    def check_admin(self, caller: Principal, action: str) -> None:
+        if not self.is_admin(caller):
+            raise Denied("admin", f"only an admin role ({self._names(self.admin_roles)}) may {action}")
+
     def check_priority(self, caller: Principal, priority: int, name: str) -> None:
-        if priority < self.reserved_priority_min or self.is_admin(caller):
-            return
-        if caller.matches(self.reserved_priority_roles):
+        if self.may_use_priority(caller, priority):
             return
         raise Denied("reserved_priority",
                      f"priority {name} ({priority}) is reserved to the roles "

@@ -40,6 +40,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
+    CONTROL_TOKEN_ENV,
+    CONTROL_URL_ENV,
+    RESUME_COUNT_ENV,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_JOB_ID,
@@ -49,6 +52,7 @@ from gpu_recovery.constants import (
     RankState,
     queue_order,
 )
+from gpu_recovery.domain.control_token import make_token
 from gpu_recovery.domain.models import Rank, container_instance_id
 from gpu_recovery.domain.states import LIVE_RANK_STATES
 from gpu_recovery.queue.admission import (
@@ -59,6 +63,8 @@ from gpu_recovery.queue.admission import (
 from gpu_recovery.recovery import RankRegistration
 from gpu_recovery.repository import Repository, from_ddb
 from gpu_recovery.repository.scheduling import SchedulingRepository
+from gpu_recovery.repository.time_sharing import ChargeClaim
+from gpu_recovery.settings import TimeSharingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +219,8 @@ class LaunchOutcome:
 class Launcher:
     def __init__(self, repo: Repository, ecs: Any, recovery: Any, task_definitions: TaskDefinitions,
                  hosts: HostAddresses, store: SchedulingRepository, owner: str, *,
-                 max_launch_resumes: int = 3) -> None:
+                 max_launch_resumes: int = 3, sharing: TimeSharingSettings | None = None) -> None:
+        self.sharing = sharing or TimeSharingSettings()
         self.repo = repo
         self.store = store  # the scheduler's lease, launch ledger and launch transitions
         self.owner = owner  # the lease owner: a claim holds only while the lease is ours
@@ -224,8 +231,10 @@ class Launcher:
         self.max_launch_resumes = max_launch_resumes
 
     # -------------------------------------------------------------- new launch
-    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode]) -> LaunchOutcome:
-        """Claim the job for a new attempt on ``nodes`` (rank i on nodes[i]) and start it."""
+    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode],
+               charge: ChargeClaim | None = None) -> LaunchOutcome:
+        """Claim the job for a new attempt on ``nodes`` (rank i on nodes[i]), with its quota
+        ``charge``, and start it. A SUSPENDED job is resumed (``RESUME_COUNT`` + 1)."""
         item = from_ddb(dict(item))
         job_id = item["job_id"]
         try:
@@ -252,14 +261,21 @@ class Launcher:
             "master_addr": master_addr,
             "master_port": spec.master_port,
         }
+        resumed = item.get("job_state") == JobState.SUSPENDED.value
         reason, moved = f"admitted: attempt {attempt} on {len(nodes)} node(s)", None
-        if item.get("relocation"):
+        if resumed:
+            count = int(item.get("resume_count") or 0) + 1
+            reason = (f"resumed (resume {count}, attempt {attempt}) on {len(nodes)} node(s)"
+                      f"{_last_suspend(item)}")
+        elif item.get("relocation"):
             reason, moved = relocation_record(item, plan, now)
         if not self.store.claim_launch(job_id, None if current is None else int(current), attempt, plan, now,
-                                       self.owner, reason, relocations=moved):
-            return LaunchOutcome(job_id, "raced", attempt, reason="claim lost: canceled, taken, lease lost")
+                                       self.owner, reason, relocations=moved, charge=charge, resumed=resumed):
+            return LaunchOutcome(job_id, "raced", attempt,
+                                 reason="claim lost: canceled, taken, lease lost or quota full")
         item = {**item, "attempt": attempt, "launch": plan, "job_state": JobState.STARTING.value,
-                "launch_claimed_at": now}
+                "launch_claimed_at": now,
+                "resume_count": int(item.get("resume_count") or 0) + (1 if resumed else 0)}
         return self._start_ranks(item, spec, attempt, plan, resume=False)
 
     # ---------------------------------------------------------------- resume
@@ -331,7 +347,8 @@ class Launcher:
                 overrides = build_overrides(spec, container, job_id=job_id, rank=rank,
                                             world_size=world_size, attempt=attempt,
                                             master_addr=plan["master_addr"],
-                                            master_port=int(plan.get("master_port") or spec.master_port))
+                                            master_port=int(plan.get("master_port") or spec.master_port),
+                                            extra_env=self.control_env(item, rank))
                 tags = rank_tags(job_id, rank, world_size, attempt)
                 existing = self.ecs.tasks_started_by(sb) if resume else []
                 task_arn = existing[0] if existing else self._start_one(td_arn, ci_arn, overrides, tags, sb)
@@ -360,6 +377,15 @@ class Launcher:
             return LaunchOutcome(job_id, "interrupted", attempt, kind=FailureKind.UNKNOWN.value,
                                  reason=str(error))
         return self._finish(item, attempt, registered)
+
+    def control_env(self, item: Mapping[str, Any], rank: int) -> dict[str, str]:
+        """What a rank needs for the suspend channel (and how often it was resumed)."""
+        env = {RESUME_COUNT_ENV: str(int(item.get("resume_count") or 0))}
+        secret = str(item.get("control_secret") or "")
+        if secret and self.sharing.control_api_url:
+            env[CONTROL_URL_ENV] = self.sharing.control_api_url
+            env[CONTROL_TOKEN_ENV] = make_token(str(item["job_id"]), rank, secret)
+        return env
 
     def _task_definition(self, ref: str) -> dict[str, Any]:
         td = self.task_definitions.describe(ref)
@@ -466,6 +492,15 @@ def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any],
     return f"relocated (attempt {plan['attempt']}): {text}; {why}"[:500], relocations
 
 
+def _last_suspend(item: Mapping[str, Any]) -> str:
+    suspend = item.get("suspend") or {}
+    if suspend.get("kind") == "preempted" and suspend.get("by_job"):
+        return f"; it had been preempted by job {suspend['by_job']}"
+    if suspend.get("reason"):
+        return f"; it had been suspended: {str(suspend['reason'])[:200]}"
+    return ""
+
+
 def _with_entry(existing: Any, entry: dict[str, Any]) -> list[dict[str, Any]]:
     attempts = [a for a in (existing or []) if isinstance(a, dict) and a.get("attempt") != entry["attempt"]]
     return [*attempts, entry][-MAX_ATTEMPT_ENTRIES:]
@@ -481,14 +516,17 @@ def rank_tags(job_id: str, rank: int, world_size: int, attempt: int) -> list[dic
 
 
 def build_overrides(spec: JobSpec, container: str, *, job_id: str, rank: int, world_size: int,
-                    attempt: int, master_addr: str, master_port: int) -> dict[str, Any]:
-    """ECS ``overrides``: the job's command/environment plus the rendezvous variables.
+                    attempt: int, master_addr: str, master_port: int,
+                    extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """ECS ``overrides``: the job's command/environment plus the rendezvous variables
+    (and ``extra_env``: the suspend channel, ``RESUME_COUNT``).
 
     The GPU resource requirement is set to ``gpus_per_node`` so ECS reserves exactly
     what admission counted.
     """
     env = {
         **spec.environment,
+        **(extra_env or {}),
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
         "MASTER_ADDR": master_addr,

@@ -7,14 +7,18 @@ One tick (every minute, and right after submit / cancel / job end):
    Reserved concurrency 1 on the function is the second fence. The Lambda timeout
    (90 s) is shorter than the lease (120 s), so a tick never outlives its lease. The
    lease is deleted (condition: still ours) at the end.
-2. **Resume** launches a dead tick left half-done: the launch ledger on the lease
+2. **Time sharing** (:mod:`gpu_recovery.queue.time_sharing`): the sparse holding index
+   (queue jobs holding nodes) is read once: quota charges of jobs that stopped holding
+   nodes are released, ABOVE_NORMAL jobs that ran long enough drop to NORMAL.
+3. **Resume** launches a dead tick left half-done: the launch ledger on the lease
    item lists every claimed-but-unfinished launch (one GetItem); entries older than
    ``stale_launch_seconds`` are resumed, ranks looked up by ``startedBy`` before
    anything is started again. Queue jobs whose *gang restart* (recovery loop) was
    left half-done are found in the sparse ``by-state`` index (STARTING; only queue
    jobs carry its sort key) and resumed with the recovery loop's own launcher.
-3. **Read the head of the queue** (``by-queue-order`` ascending, pages of
-   ``page_size``) and feed each job to :class:`~gpu_recovery.queue.admission.Admitter`.
+4. **Read the head of the queue** (``by-queue-order`` ascending, pages of
+   ``page_size``) and offer each job to :class:`~gpu_recovery.queue.planner.TickPlanner`
+   (quota, gang admission, preemption: a blocked job's victims are asked to suspend).
    The node snapshot (ListContainerInstances ACTIVE + DescribeContainerInstances by
    100 + instance-table BatchGet + nodes held for gang restarts) is taken only when
    the first page holds a job that is not backing off.
@@ -23,7 +27,8 @@ One tick (every minute, and right after submit / cancel / job end):
    backing off), (c) ``max_admissions`` jobs were admitted, or (d) the time budget is
    spent. Items read <= admitted + max_unplaced + page_size, and admitted <= free
    GPUs: the read cost follows what can be placed now, never the queue's length.
-4. **Launch** each admitted job (see :mod:`gpu_recovery.queue.launcher`).
+5. **Launch** each admitted job (see :mod:`gpu_recovery.queue.launcher`); the launch
+   claim carries the job's quota charge (one transaction).
 """
 
 from __future__ import annotations
@@ -37,13 +42,8 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.domain.models import container_instance_id
-from gpu_recovery.queue.admission import (
-    Admitter,
-    Candidate,
-    Node,
-    Verdict,
-    node_ineligibility,
-)
+from gpu_recovery.domain.time_sharing import QuotaBook
+from gpu_recovery.queue.admission import Node, node_ineligibility
 from gpu_recovery.queue.launcher import (
     HostAddresses,
     Launcher,
@@ -51,8 +51,11 @@ from gpu_recovery.queue.launcher import (
     PlacedNode,
     TaskDefinitions,
 )
+from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
+from gpu_recovery.queue.time_sharing import TimeSharing, subject_of
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
+from gpu_recovery.repository.time_sharing import HoldingRepository, QuotaRepository
 from gpu_recovery.settings import SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -69,6 +72,10 @@ class TickResult:
     launch_failures: int = 0
     queue_items_read: int = 0
     blocked: list[str] = field(default_factory=list)
+    quota_waiting: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # victims asked to suspend this tick
+    quota_released: list[str] = field(default_factory=list)
+    demoted: list[str] = field(default_factory=list)
     resumed: list[dict[str, Any]] = field(default_factory=list)
     nodes_seen: int = 0
     stop_reason: str = ""
@@ -137,12 +144,15 @@ class ClusterReader:
 # -------------------------------------------------------------------- scheduler
 class QueueScheduler:
     def __init__(self, repo: Repository, launcher: Launcher, cluster: ClusterReader, lease: Lease,
-                 config: SchedulerConfig | None = None) -> None:
+                 config: SchedulerConfig | None = None, sharing: TimeSharing | None = None,
+                 quotas: QuotaRepository | None = None) -> None:
         self.repo = repo
         self.launcher = launcher
         self.cluster = cluster
         self.lease = lease
         self.config = config or SchedulerConfig()
+        self.sharing = sharing  # None: no quota table (quotas, preemption and demotion off)
+        self.quotas = quotas
 
     # ------------------------------------------------------------------ tick
     def tick(self, time_budget_seconds: float | None = None) -> TickResult:
@@ -153,6 +163,9 @@ class QueueScheduler:
         try:
             result = TickResult()
             self._resume_stuck(result)
+            if self.sharing is not None:
+                done = self.sharing.housekeeping(clock.now())
+                result.quota_released, result.demoted = done["released"], done["demoted"]
             self._admit(result, lambda: time.monotonic() - started > budget)
             return result
         finally:
@@ -174,36 +187,64 @@ class QueueScheduler:
     # ----------------------------------------------------------------- admit
     def _admit(self, result: TickResult, out_of_time: Any) -> None:
         now = clock.now()
-        admitter: Admitter | None = None
+        planner: TickPlanner | None = None
         infos: dict[str, NodeInfo] = {}
         unplaced = 0
         for item in self._queue_head():
             result.queue_items_read += 1
+            if self.sharing is not None and item.get("quota_charge"):
+                self.sharing.release_if_waiting(item)  # its last run's charge, before it is charged again
             if float(item.get("not_before") or 0) > now:
                 unplaced += 1
             else:
-                if admitter is None:
+                if planner is None:
                     infos = self.snapshot()
                     result.nodes_seen = len(infos)
-                    admitter = Admitter({i: n.node for i, n in infos.items()})
-                candidate = _candidate(item)
-                if candidate is None:
+                    planner = self._planner(infos)
+                queued = _queued(item)
+                if queued is None:
                     unplaced += 1
                 else:
-                    decision = admitter.offer(candidate)
-                    if decision.verdict is Verdict.ADMITTED:
-                        outcome = self.launcher.launch(item, [infos[i].placed for i in decision.nodes])
+                    step = planner.offer(queued)
+                    if step.kind is StepKind.ADMIT:
+                        charge = self.sharing.charge_for(planner.quotas, item) if self.sharing else None
+                        outcome = self.launcher.launch(item, [infos[i].placed for i in step.nodes],
+                                                       charge=charge)
                         self._record(result, outcome)
                     else:
                         unplaced += 1
-                        result.blocked.append(candidate.job_id)
-            stop = self._should_stop(result, admitter, unplaced, out_of_time)
+                        self._not_placed(result, step, item)
+            stop = self._should_stop(result, planner, unplaced, out_of_time)
             if stop:
                 result.stop_reason = stop
                 return
         result.stop_reason = "queue read to the end"
 
-    def _should_stop(self, result: TickResult, admitter: Admitter | None, unplaced: int,
+    def _planner(self, infos: Mapping[str, NodeInfo]) -> TickPlanner:
+        nodes = {i: n.node for i, n in infos.items()}
+        if self.sharing is None:
+            return TickPlanner(nodes, QuotaBook())
+        quotas = self.quotas
+        book = self.sharing.quota_book(quotas.entry if quotas is not None else None)
+        return TickPlanner(nodes, book, self.sharing.running_gangs,
+                           preemption=self.config.sharing.preemption)
+
+    def _not_placed(self, result: TickResult, step: Step, item: Mapping[str, Any]) -> None:
+        if step.kind is StepKind.QUOTA:
+            result.quota_waiting.append(step.job_id)
+            why = step.reason
+        else:
+            result.blocked.append(step.job_id)
+            why = f"waiting for GPUs: {step.reason}" if step.reason else "waiting for GPUs"
+        if step.kind is StepKind.PREEMPT and self.sharing is not None:
+            result.preempted.extend(self.sharing.suspend_victims(step, item))
+            why = f"waiting for GPUs: {step.reason}"
+        elif step.waiting_for:
+            why = f"waiting for {', '.join(step.waiting_for)} to suspend"
+        if self.sharing is not None and why and item.get("wait_reason") != why:
+            self.sharing.holding.record_wait_reason(step.job_id, why)
+
+    def _should_stop(self, result: TickResult, admitter: TickPlanner | None, unplaced: int,
                      out_of_time: Any) -> str:
         if admitter is not None and admitter.exhausted:
             return "no free GPUs left on unreserved nodes"
@@ -269,13 +310,14 @@ class QueueScheduler:
         return held
 
 
-def _candidate(item: Mapping[str, Any]) -> Candidate | None:
+def _queued(item: Mapping[str, Any]) -> QueuedJob | None:
     try:
-        return Candidate(
+        return QueuedJob(
             job_id=str(item["job_id"]),
+            user=subject_of(item),
+            priority=int(item.get("priority") or 0),
             nnodes=int(item.get("world_size") or 1),
             gpus_per_node=int(item.get("gpus_per_node") or 0),
-            priority=int(item.get("priority") or 0),
         )
     except (KeyError, TypeError, ValueError):
         logger.warning("malformed queue item skipped", extra={"job_id": item.get("job_id")})
@@ -287,10 +329,16 @@ def build_scheduler(*, repo: Repository, ecs_adapter: Any, recovery: Any, ecs_cl
                     ec2_client: Any, ssm_client: Any | None, cluster: str,
                     config: SchedulerConfig | None = None,
                     task_definitions: TaskDefinitions | None = None,
-                    hosts: HostAddresses | None = None, owner: str | None = None) -> QueueScheduler:
+                    hosts: HostAddresses | None = None, owner: str | None = None,
+                    dynamodb: Any | None = None) -> QueueScheduler:
+    """``dynamodb`` (the boto3 resource) enables time sharing on ``config.sharing.quota_table``."""
     config = config or SchedulerConfig()
-    store = SchedulingRepository(repo)
+    quotas = QuotaRepository(dynamodb, config.sharing.quota_table) if dynamodb is not None else None
+    holding = HoldingRepository(repo, quotas) if quotas is not None else None
+    store = SchedulingRepository(repo, holding)
     lease = Lease(store, owner, config.lease_seconds)
     launcher = Launcher(repo, ecs_adapter, recovery, task_definitions or TaskDefinitions(ecs_client),
-                        hosts or HostAddresses(ec2_client, ssm_client), store, lease.owner)
-    return QueueScheduler(repo, launcher, ClusterReader(ecs_client, cluster), lease, config)
+                        hosts or HostAddresses(ec2_client, ssm_client), store, lease.owner,
+                        sharing=config.sharing)
+    sharing = TimeSharing(repo, holding, recovery, config.sharing) if holding is not None else None
+    return QueueScheduler(repo, launcher, ClusterReader(ecs_client, cluster), lease, config, sharing, quotas)

@@ -1,4 +1,5 @@
-"""The job queue service behind the HTTP API: submit, get, list, cancel, events, logs.
+"""The job queue service behind the HTTP API: submit, get, list, cancel, suspend, resume,
+events, logs, node quotas.
 
 Jobs share the recovery loop's job model (table key ``job_id_rank``): a job item
 ``<job_id>#JOB`` and rank items ``<job_id>#<rank>``. Every state change is a conditional
@@ -49,14 +50,26 @@ from gpu_recovery.constants import (
     job_item_key,
     queue_order,
 )
+from gpu_recovery.domain.control_token import new_secret
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.models import container_instance_id, task_id
 from gpu_recovery.domain.state_machine import can_transition, check_transition
 from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
-from gpu_recovery.queue.access import AccessPolicy, Denied, Principal
+from gpu_recovery.domain.time_sharing import (
+    AUTO_PRIORITY,
+    DEFAULT_SUSPEND_GRACE_SECONDS,
+    PRIORITY_VALUES,
+    QuotaBook,
+    SuspendKind,
+    resolve_auto_priority,
+    suspend_record,
+)
+from gpu_recovery.queue.access import AccessPolicy, Denied, Principal, quota_subject
 from gpu_recovery.queue.models import JobSpec, priority_name
+from gpu_recovery.queue.quotas import QuotaInputError, QuotaService, subject_from
 from gpu_recovery.repository import Repository, from_ddb
 from gpu_recovery.repository.queue_api import InvalidPageToken, JobQueueRepository
+from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
 
@@ -276,8 +289,13 @@ class JobQueueService:
         capacity: ClusterCapacity | None = None,
         default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS),
         access: AccessPolicy | None = None,
+        quotas: QuotaService | None = None,
+        suspend_grace_seconds: int = DEFAULT_SUSPEND_GRACE_SECONDS,
     ) -> None:
         self.repo = repo if isinstance(repo, JobQueueRepository) else JobQueueRepository(repo)
+        self.suspensions = SuspensionRepository(self.repo.base)
+        self.quotas = quotas  # None: no quota table (every level unlimited, AUTO is NORMAL)
+        self.suspend_grace_seconds = suspend_grace_seconds
         self.access = access
         self._ecs = ecs_client
         self._logs = logs_client
@@ -296,15 +314,31 @@ class JobQueueService:
 
     def submit(self, spec: JobSpec, user: str) -> dict[str, Any]:
         caller = Principal.parse(user)
+        subject = quota_subject(user)
         self._authorize(lambda a: a.check_family(spec.task_definition))
+        book = self.quotas.book() if self.quotas is not None else QuotaBook()
+        auto_note = ""
+        if spec.is_auto_priority:
+            allowed = [lvl for lvl in PRIORITY_VALUES
+                       if self.access is None or self.access.may_use_priority(caller, lvl)]
+            level, auto_note = resolve_auto_priority(book, subject, spec.nnodes, allowed)
+            spec = spec.model_copy(update={"priority": level})
         self._authorize(lambda a: a.check_priority(caller, spec.priority_value,
                                                    priority_name(spec.priority_value)))
+        never = book.never_fits(subject, spec.priority_value, spec.nnodes)
+        if never:
+            raise InvalidRequest(f"nnodes: the job could never start: {never} (ask an administrator "
+                                 "for a larger quota, or choose another priority)", "nnodes")
         spec = self._validate_against_aws(spec)
         now = clock.now()
         item: dict[str, Any] = {}
         for _ in range(5):
             job_id = new_job_id(spec.name, now)
             item = self._new_item(job_id, spec, user, now)
+            item["quota_subject"] = subject
+            if auto_note:
+                item["priority_requested"] = AUTO_PRIORITY
+                item["history"][0]["reason"] = f"submitted; {auto_note}"
             if caller.role:
                 item["owner_role"] = caller.role
             if self.repo.create_job(item):
@@ -338,6 +372,10 @@ class JobQueueService:
             "max_recovery_attempts": spec.budgets(*self.default_budgets)[0],
             "app_restarts_used": 0,
             "max_app_restarts": spec.budgets(*self.default_budgets)[1],
+            "suspend_grace_seconds": spec.suspend_grace_seconds or self.suspend_grace_seconds,
+            "control_secret": new_secret(),
+            "suspend_count": 0,
+            "resume_count": 0,
             "suspects": {},
             "verdicts": {},
             QUEUE_PK: QUEUE_BUCKET,
@@ -426,6 +464,16 @@ class JobQueueService:
                 "relocations": list(item.get("relocations") or []),
                 "not_before": item.get("not_before", 0) or 0,
                 "last_error": item.get("last_error", ""),
+                "wait_reason": item.get("wait_reason", "") if JobState(item["job_state"]) in QUEUED_STATES
+                else "",
+                "quota_user": str(item.get("quota_subject") or quota_subject(str(item.get("user") or ""))),
+                "priority_requested": str(item.get("priority_requested") or ""),
+                "demoted_from": item.get("demoted_from"),
+                "suspend_grace_seconds": int(item.get("suspend_grace_seconds") or self.suspend_grace_seconds),
+                "suspend": _suspend_view(item.get("suspend")),
+                "held": bool(item.get("held", False)),
+                "suspend_count": int(item.get("suspend_count") or 0),
+                "resume_count": int(item.get("resume_count") or 0),
                 "ranks": [
                     {
                         "rank": r.rank,
@@ -600,6 +648,122 @@ class JobQueueService:
                 raise
             logger.info("stop_task on a task ECS no longer knows", extra={"task": task_arn})
 
+    # ----------------------------------------------------------- suspend/resume
+    def suspend(self, job_id: str, user: str) -> dict[str, Any]:
+        """The owner suspends a job: a running one gracefully (rank 0 is told, has the
+        job's grace to checkpoint and call go_suspend(), then its ranks are stopped); a
+        waiting one at once. Either way it is held until resumed."""
+        for _ in range(_CANCEL_RETRIES):
+            item = self._suspendable(job_id, user, "suspend")
+            current = JobState(item["job_state"])
+            result = {"job_id": job_id, "previous_state": current.value, "held": True}
+            if current is JobState.RUNNING:
+                grace = int(item.get("suspend_grace_seconds") or self.suspend_grace_seconds)
+                now = clock.now()
+                record = suspend_record(SuspendKind.USER, f"suspended by {user}", grace_seconds=grace,
+                                        now=now, hold=True, by_user=quota_subject(user))
+                if self.suspensions.request(job_id, int(item.get("attempt") or 0), suspend=record,
+                                            deadline_at=now + grace, actor=user,
+                                            reason=f"suspend requested by {user}; grace {grace} s"):
+                    return {**result, "state": JobState.SUSPENDING.value, "changed": True,
+                            "deadline_at": now + grace}
+                continue
+            if current in (JobState.QUEUED, JobState.PENDING_RESOURCES) or (
+                    current is JobState.SUSPENDED and not item.get("held")):
+                record = suspend_record(SuspendKind.USER, f"suspended by {user}", grace_seconds=0,
+                                        now=clock.now(), hold=True, by_user=quota_subject(user))
+                if self.suspensions.hold_waiting(job_id, current, suspend=record, actor=user,
+                                                 reason=f"suspended by {user} while waiting: held "
+                                                        "until resumed"):
+                    return {**result, "state": JobState.SUSPENDED.value, "changed": True}
+                continue
+            if current is JobState.SUSPENDING:
+                held = bool((item.get("suspend") or {}).get("hold"))
+                if held or self.suspensions.set_hold(job_id, True, actor=user,
+                                                     reason=f"suspend by {user}: held once stopped"):
+                    return {**result, "state": current.value, "changed": not held}
+                continue
+            if current is JobState.SUSPENDED:
+                return {**result, "state": current.value, "changed": False}
+            raise Conflict(_not_now(job_id, current, "suspended"))
+        raise Conflict(f"job {job_id} changed state repeatedly while suspending, retry")
+
+    def resume(self, job_id: str, user: str) -> dict[str, Any]:
+        """A held job back into the queue at its original position (a suspending one once
+        its ranks stopped)."""
+        for _ in range(_CANCEL_RETRIES):
+            item = self._suspendable(job_id, user, "resume")
+            current = JobState(item["job_state"])
+            result = {"job_id": job_id, "previous_state": current.value, "held": False}
+            if current is JobState.SUSPENDED:
+                if not item.get("held"):
+                    return {**result, "state": current.value, "changed": False}
+                order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0),
+                                    job_id)
+                if self.suspensions.resume_held(job_id, queue_order=order, actor=user,
+                                                reason=f"resumed by {user}: queued again at its original "
+                                                       "position"):
+                    self._trigger("resumed", job_id)
+                    return {**result, "state": current.value, "changed": True}
+                continue
+            if current is JobState.SUSPENDING:
+                held = bool((item.get("suspend") or {}).get("hold"))
+                if not held or self.suspensions.set_hold(job_id, False, actor=user,
+                                                         reason=f"resumed by {user}: queued again once "
+                                                                "stopped"):
+                    return {**result, "state": current.value, "changed": held}
+                continue
+            raise Conflict(_not_now(job_id, current, "resumed"))
+        raise Conflict(f"job {job_id} changed state repeatedly while resuming, retry")
+
+    def _suspendable(self, job_id: str, user: str, action: str) -> dict[str, Any]:
+        item = self._readable(job_id, user if self.access is not None else None, action)
+        if item.get("source", SOURCE_QUEUE) != SOURCE_QUEUE:
+            raise Conflict(f"job {job_id} was started on ECS directly (registered from its task tags): "
+                           f"only queue jobs can be {action}ed, since only the queue can start them again")
+        return item
+
+    # ------------------------------------------------------------------ quotas
+    def quota_view(self, caller: str, user: str | None = None) -> dict[str, Any]:
+        """A user's quota at every level (your own; admins may name another user)."""
+        subject = quota_subject(caller)
+        if user is not None:
+            try:
+                wanted = subject_from(user)
+            except QuotaInputError as error:
+                raise InvalidRequest(str(error), error.field) from error
+            if wanted != subject:
+                self._authorize(lambda a: a.check_admin(Principal.parse(caller), f"read the quota of {user}"))
+            subject = wanted
+        return self._quota_service().view(subject)
+
+    def quota_list(self, caller: str, *, limit: int = 50, next_token: str | None = None) -> dict[str, Any]:
+        self._authorize(lambda a: a.check_admin(Principal.parse(caller), "list every user's quota"))
+        return self._quota_call(lambda q: q.list_all(limit=limit, next_token=next_token))
+
+    def quota_set(self, caller: str, user: str, priority: Any, max_nodes: Any) -> dict[str, Any]:
+        self._authorize(lambda a: a.check_admin(Principal.parse(caller), "set node quotas"))
+        result = self._quota_call(lambda q: q.set_limit(user, priority, max_nodes, by=caller))
+        self._trigger("quota changed", "")
+        return result
+
+    def quota_remove(self, caller: str, user: str, priority: Any) -> dict[str, Any]:
+        self._authorize(lambda a: a.check_admin(Principal.parse(caller), "remove node quotas"))
+        result = self._quota_call(lambda q: q.remove_limit(user, priority, by=caller))
+        self._trigger("quota changed", "")
+        return result
+
+    def _quota_service(self) -> QuotaService:
+        if self.quotas is None:
+            raise Conflict("node quotas are not configured in this deployment (no quota table)")
+        return self.quotas
+
+    def _quota_call(self, call: Callable[[QuotaService], dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return call(self._quota_service())
+        except QuotaInputError as error:
+            raise InvalidRequest(str(error), error.field) from error
+
     # ------------------------------------------------------------------ events
     def events(self, job_id: str, user: str | None = None) -> dict[str, Any]:
         item = self._readable(job_id, user)
@@ -722,6 +886,25 @@ class JobQueueService:
         except Exception:  # the scheduler's own schedule catches up; never fail the request
             logger.warning("could not trigger the scheduler", exc_info=True,
                            extra={"reason": reason, "job_id": job_id})
+
+
+def _not_now(job_id: str, state: JobState, action: str) -> str:
+    if state.is_terminal:
+        return f"job {job_id} is {state.value}: it can no longer be {action}"
+    if state in (JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART, JobState.NODE_LOST, JobState.HUNG):
+        return (f"job {job_id} is {state.value}: the recovery loop owns it; it can be {action} once it "
+                "is RUNNING again")
+    if action == "resumed":
+        return f"job {job_id} is {state.value}: only a suspended job can be resumed"
+    return f"job {job_id} is {state.value}: it can be {action} once RUNNING (or while it waits)"
+
+
+def _suspend_view(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    keys = ("kind", "reason", "requested_at", "deadline_at", "grace_seconds", "hold", "by_job", "by_user",
+            "stop_requested_at", "stop_reason")
+    return {k: raw[k] for k in keys if k in raw}
 
 
 def _attempt(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -151,6 +151,7 @@ class Repository:
             placement=dict(item.get("placement") or {}),
             relocate=bool(item.get("relocate", False)),
             restart_reason=str(item.get("restart_reason", "")),
+            suspend=dict(item.get("suspend") or {}),
         )
 
     @staticmethod

@@ -1,5 +1,5 @@
 """Persistence of the queue scheduler: its lease, the launch ledger, the queue head and
-the launch transitions of a job (claim, finish, requeue, fail).
+the launch transitions of a job (claim with its quota charge, finish, requeue, fail).
 
 The lease item (``SCHEDULER#LEASE`` in the job table) carries the ledger of launches
 in flight (``inflight.<job_id>``), written in the same transaction as a job's claim, so
@@ -25,6 +25,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, TERMINAL_JOB_STATES, JobState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 from gpu_recovery.repository.recovery import Repository
+from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository
 
 LEASE_KEY = "SCHEDULER#LEASE"
 # A launch is over once the job is in one of these: nothing may mark it launched.
@@ -32,10 +33,11 @@ _NOT_LIVE = sorted(TERMINAL_JOB_STATES | {JobState.CANCELING}, key=lambda s: s.v
 
 
 class SchedulingRepository:
-    def __init__(self, repo: Repository) -> None:
+    def __init__(self, repo: Repository, holding: HoldingRepository | None = None) -> None:
         self.repo = repo
         self.db = repo.db
         self.table = repo.job_table_name
+        self.holding = holding  # quota charges (None: no quota table, nothing charged)
 
     # ----------------------------------------------------------------- lease
     def acquire_lease(self, owner: str, now: float, seconds: float) -> bool:
@@ -106,19 +108,33 @@ class SchedulingRepository:
     # ----------------------------------------------------------- launches
     def claim_launch(self, job_id: str, current_attempt: int | None, attempt: int, plan: dict[str, Any],
                      now: float, owner: str, reason: str,
-                     relocations: Sequence[Mapping[str, Any]] | None = None) -> bool:
-        """QUEUED / PENDING_RESOURCES -> STARTING with ``attempt``, out of the queue index,
-        and the ledger entry, in one transaction (only while the lease is ours). A job the
-        recovery loop relocated records where its ranks moved (``relocations``)."""
-        extra = {"relocations": list(relocations)} if relocations is not None else {}
+                     relocations: Sequence[Mapping[str, Any]] | None = None, *,
+                     charge: ChargeClaim | None = None, resumed: bool = False) -> bool:
+        """QUEUED / PENDING_RESOURCES / SUSPENDED -> STARTING with ``attempt``, out of the
+        queue index, the ledger entry and the quota charge, in one transaction (only while
+        the lease is ours, and only if the quota still has room). A job the recovery loop
+        relocated records where its ranks moved (``relocations``); a suspended job resumed
+        counts it (``resume_count``)."""
+        extra: dict[str, Any] = {"relocations": list(relocations)} if relocations is not None else {}
+        conditions = [] if current_attempt is not None else ["attribute_not_exists(#attempt0)"]
+        names = {} if current_attempt is not None else {"#attempt0": "attempt"}
+        updates: list[Update] = []
+        if charge is not None and self.holding is not None:
+            extra.update(self.holding.charge_fields(charge.charge, now))
+            conditions.append("attribute_not_exists(#qc)")
+            names["#qc"] = "quota_charge"
+            updates.append(self.holding.quotas.charge_update(charge.charge, limit_read=charge.limit_read,
+                                                             default_limit=charge.default_limit))
         claim = self.repo.job_transition(
-            job_id, JobState.STARTING, from_states=[JobState.QUEUED, JobState.PENDING_RESOURCES],
+            job_id, JobState.STARTING,
+            from_states=[JobState.SUSPENDED] if resumed else [JobState.QUEUED, JobState.PENDING_RESOURCES],
             attempt=current_attempt,
-            extra_condition=None if current_attempt is not None else "attribute_not_exists(#attempt0)",
-            extra_names=None if current_attempt is not None else {"#attempt0": "attempt"},
+            extra_condition=" AND ".join(conditions) or None, extra_names=names or None,
             reason=reason, actor="scheduler",
             set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now, **extra},
-            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", *(["relocation"] if extra else [])],
+            increments={"resume_count": 1} if resumed else None,
+            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", "wait_reason", "held",
+                           *(["relocation"] if "relocations" in extra else [])],
         )
         ledger = Update(
             table=self.table, key={JOB_PK: LEASE_KEY},
@@ -126,7 +142,7 @@ class SchedulingRepository:
             condition="#owner = :owner AND attribute_exists(#inflight)",
             condition_values={":owner": owner}, condition_names={"#owner": "owner", "#inflight": "inflight"},
         )
-        return self.db.transact([claim, ledger])
+        return self.db.transact([claim, ledger, *updates])
 
     def finish_launch(self, job_id: str, attempt: int, attempts: Sequence[Mapping[str, Any]],
                       now: float) -> bool:
