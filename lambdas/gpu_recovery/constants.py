@@ -197,8 +197,8 @@ RESUME_COUNT_ENV = "RESUME_COUNT"
 # API Gateway's own answers (gateway responses), in the APIs' error shape
 # {"error": <response type>, "message": ...}: infra configures them, local mode sends them.
 GATEWAY_ERRORS: dict[str, tuple[int, str]] = {
-    "UNAUTHORIZED": (401, "missing, unknown or revoked node token"),
-    "ACCESS_DENIED": (403, "wrong node token"),
+    "UNAUTHORIZED": (401, "missing, malformed, unknown or revoked token (node or job-control token)"),
+    "ACCESS_DENIED": (403, "token refused (wrong secret, or not valid for this route)"),
     "MISSING_AUTHENTICATION_TOKEN": (403, "no such route or method, or the request is not signed "
                                           "(SigV4)"),
     "REQUEST_TOO_LARGE": (413, "request body over API Gateway's 10 MB limit"),

@@ -77,6 +77,7 @@ _ERRORS: dict[int, Any] = {
     401: _error_doc("No Authorization header, or not a control token (API Gateway)"),
     403: _error_doc("The control token was refused (API Gateway)"),
     404: _error_doc("The job no longer exists"),
+    413: _error_doc("Body over 16 KiB (the routes read no body: send none)"),
     429: _error_doc("Throttled by the API stage (API Gateway)"),
 }
 

@@ -139,7 +139,10 @@ def set_scheduler_trigger(trigger: SchedulerTrigger | None) -> None:
 
 
 def reset() -> None:
-    """Forget cached clients/services (tests and local mode switch environments)."""
+    """Forget cached clients/services (tests and local mode switch environments).
+
+    It also drops the boto3 session (``runtime.reset``): call it before entering the
+    emulator (``LocalAws``), whose hooks live on the session it creates."""
     with _lock:
         _state.clear()
     runtime.reset()
@@ -543,9 +546,13 @@ def openapi_document() -> dict[str, Any]:
     """The resolver's OpenAPI document with the status codes the API really answers: the
     resolver's generic 422 is replaced by the 400 this API returns (ErrorBody)."""
     document: dict[str, Any] = json.loads(app.get_openapi_json_schema(**OPENAPI_INFO))
+    too_large = {"description": "Body over 128 KiB (checked on every route)",
+                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
     for operations in document.get("paths", {}).values():
         for operation in operations.values():
-            operation.get("responses", {}).pop("422", None)
+            responses = operation.get("responses", {})
+            responses.pop("422", None)
+            responses.setdefault("413", too_large)
     schemas = document.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)

@@ -23,6 +23,7 @@ from gpu_recovery.adapters import aws
 from gpu_recovery.constants import JobState
 from gpu_recovery.queue.scheduler import QueueScheduler, SchedulerConfig, build_scheduler
 from gpu_recovery.repository import from_ddb, to_ddb
+from gpu_recovery.settings import TimeSharingSettings
 
 
 @dataclass
@@ -46,16 +47,18 @@ class QueueCluster:
         return aws.resource("dynamodb").Table(self.local.job_table)
 
     def scheduler(self, owner: str | None = None, **config: Any) -> QueueScheduler:
+        """The tick as deployed (time sharing on: quotas, preemption, demotion)."""
         svc = self.recovery
         return build_scheduler(
             repo=svc.repo, ecs_adapter=svc.ecs, recovery=svc, ecs_client=aws.client("ecs"),
             ec2_client=aws.client("ec2"), ssm_client=aws.client("ssm"), cluster=svc.settings.cluster,
-            config=SchedulerConfig(**config), owner=owner,
+            config=SchedulerConfig(**{"sharing": TimeSharingSettings.from_env(), **config}), owner=owner,
+            dynamodb=aws.resource("dynamodb"),
         )
 
     def submit(self, job_id: str | None = None, *, nnodes: int = 1, gpus: int = 8, priority: int = 0,
                submitted_at: float | None = None, task_definition: str | None = None,
-               container_name: str | None = None) -> str:
+               container_name: str | None = None, user: str = "alice", **extra: Any) -> str:
         """Write a queued job item exactly as the queue API's contract describes it."""
         self._seq += 1
         job_id = job_id or f"job-{self._seq:04d}"
@@ -68,13 +71,13 @@ class QueueCluster:
             spec["container_name"] = container_name
         item = {
             C.JOB_PK: C.job_item_key(job_id), "item_type": "JOB", "job_id": job_id,
-            "job_state": JobState.QUEUED.value, "source": "queue", "name": job_id, "user": "alice",
+            "job_state": JobState.QUEUED.value, "source": "queue", "name": job_id, "user": user,
             "priority": priority, "submitted_at": at, "spec_json": json.dumps(spec),
             "world_size": nnodes, "gpus_per_node": gpus, "attempt": 0, "recoveries_used": 0,
             "max_recovery_attempts": 1, C.QUEUE_PK: C.QUEUE_BUCKET,
             C.QUEUE_SK: C.queue_order(priority, at, job_id), C.LIST_PK: C.LIST_BUCKET,
             "not_before": 0, "attempts": [], "last_error": "", "history": [],
-            "created_at": at, "updated_at": at,
+            "created_at": at, "updated_at": at, **extra,
         }
         self.table().put_item(Item=to_ddb(item))
         self.submitted.append(job_id)

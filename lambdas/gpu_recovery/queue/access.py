@@ -132,7 +132,9 @@ class AccessPolicy:
             return
         job_id = job.get("job_id", "?")
         owner = str(job.get("user") or "")
-        if job.get("source", "queue") != "queue" or not owner:
+        # A job item without a source was registered from task tags (the repository's
+        # default too): never treat it as a queue job someone owns.
+        if job.get("source", "ecs-tags") != "queue" or not owner:
             raise Denied("tag_registered",
                          f"job {job_id} was registered from ECS task tags, not submitted through "
                          f"the queue: only an admin role ({self._names(self.admin_roles)}) may "

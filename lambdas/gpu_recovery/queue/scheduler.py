@@ -153,6 +153,7 @@ class QueueScheduler:
         self.config = config or SchedulerConfig()
         self.sharing = sharing  # None: no quota table (quotas, preemption and demotion off)
         self.quotas = quotas
+        self._launching: set[str] = set()  # nodes of launches a dead tick left (this tick)
 
     # ------------------------------------------------------------------ tick
     def tick(self, time_budget_seconds: float | None = None) -> TickResult:
@@ -175,8 +176,12 @@ class QueueScheduler:
     def _resume_stuck(self, result: TickResult) -> None:
         now = clock.now()
         stale = self.config.stale_launch_seconds
+        self._launching = set()
         for job_id, entry in sorted(self.launcher.store.ledger_entries().items()):
             if now - float(entry.get("claimed_at") or 0) < stale:
+                # A launch a dead tick left half-done, not resumed yet: its planned nodes are
+                # its own, no other job may take their GPUs meanwhile.
+                self._launching.update(self._planned_nodes(job_id, entry))
                 continue
             outcome = self.launcher.resume(job_id, entry)
             result.resumed.append(outcome.as_dict())
@@ -268,11 +273,18 @@ class QueueScheduler:
         return self.launcher.store.queue_head(self.config.page_size)
 
     # -------------------------------------------------------------- snapshot
+    def _planned_nodes(self, job_id: str, entry: Mapping[str, Any]) -> set[str]:
+        item = self.launcher.store.job_item(job_id) or {}
+        if int(item.get("attempt") or 0) != int(entry.get("attempt") or -1) or item.get("launched_at"):
+            return set()
+        plan = item.get("launch") or {}
+        return {container_instance_id(str(arn)) for arn in plan.get("nodes") or []}
+
     def snapshot(self) -> dict[str, NodeInfo]:
         described = self.cluster.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         states = self.repo.get_instances(ids) if ids else {}
-        held = self._held_for_restart()
+        held = self._held_for_restart() | self._launching
         infos: dict[str, NodeInfo] = {}
         for ci, node_id in zip(described, ids, strict=True):
             instance = states.get(node_id)

@@ -125,11 +125,12 @@ class QuotaRepository:
             set_if_absent={"used_nodes": 0}))
 
     def remove_limit(self, subject: str, priority: int, *, by: str, now: float) -> bool:
-        """Back to the deployment's default (the usage counter stays: jobs still hold nodes)."""
+        """Back to the deployment's default (the usage counter stays: jobs still hold nodes);
+        False when no limit was set."""
         return self.db.apply(Update(
             table=self.table, key=self._key(subject, priority), remove_fields=["max_nodes"],
             set_fields={"updated_at": now, "updated_by": by[:512]},
-            condition="attribute_exists(#k)", condition_names={"#k": QUOTA_SK}))
+            condition="attribute_exists(#m)", condition_names={"#m": "max_nodes"}))
 
     def charge_update(self, charge: QuotaCharge, *, limit_read: int | None, default_limit: int | None
                       ) -> Update:
