@@ -18,6 +18,7 @@ from gpu_recovery.domain.heartbeat_policy import (
     HANG_ACTIONS,
     HeartbeatSettings,
 )
+from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.remediation_settings import (
     SETTINGS as REMEDIATION_KEYS,
 )
@@ -251,6 +252,71 @@ class SchedulerConfig:
         )
 
 
+def _required(env: Mapping[str, str], *names: str) -> None:
+    missing = [name for name in names if not (env.get(name) or "").strip()]
+    if missing:
+        raise SettingsError(f"missing environment variables: {', '.join(missing)}")
+
+
+@dataclass(frozen=True)
+class JobsApiSettings:
+    """The jobs API's settings (``runtime.jobs_service`` and the handler's idempotency layer)."""
+
+    job_table: str
+    cluster: str  # the cluster submits are checked against (capacity, task definitions)
+    # The jobs API reads no instance item; the repository it shares with the recovery loop
+    # names the table all the same (the stack's default name when the function has none).
+    instance_table: str = c.DEFAULT_INSTANCE_TABLE_NAME
+    scheduler_function: str = ""  # "" : no scheduler to wake up (its schedule picks jobs up)
+    idempotency_table: str = c.DEFAULT_IDEMPOTENCY_TABLE_NAME
+    # (infrastructure recoveries, application restarts) of a job that names none
+    default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS)
+    access: AccessPolicy = field(default_factory=AccessPolicy)
+    sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JobsApiSettings:
+        env = os.environ if env is None else env
+        _required(env, c.ENV_JOB_TABLE, c.ENV_CLUSTER_NAME)
+        return cls(
+            job_table=env[c.ENV_JOB_TABLE].strip(),
+            cluster=env[c.ENV_CLUSTER_NAME].strip(),
+            instance_table=(env.get(c.ENV_INSTANCE_TABLE) or "").strip() or c.DEFAULT_INSTANCE_TABLE_NAME,
+            scheduler_function=(env.get(c.ENV_SCHEDULER_FUNCTION) or "").strip(),
+            idempotency_table=(env.get(c.ENV_IDEMPOTENCY_TABLE) or "").strip()
+            or c.DEFAULT_IDEMPOTENCY_TABLE_NAME,
+            default_budgets=job_budget_defaults(env),
+            access=access_policy(env),
+            sharing=TimeSharingSettings.from_env(env),
+        )
+
+
+@dataclass(frozen=True)
+class JobControlSettings:
+    """The job-control channel's settings (control API and its authorizer)."""
+
+    job_table: str
+    instance_table: str = c.DEFAULT_INSTANCE_TABLE_NAME  # read by no control route (see above)
+    control_poll_seconds: int = 2
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JobControlSettings:
+        env = os.environ if env is None else env
+        _required(env, c.ENV_JOB_TABLE)
+        return cls(
+            job_table=env[c.ENV_JOB_TABLE].strip(),
+            instance_table=(env.get(c.ENV_INSTANCE_TABLE) or "").strip() or c.DEFAULT_INSTANCE_TABLE_NAME,
+            control_poll_seconds=TimeSharingSettings.from_env(env).control_poll_seconds,
+        )
+
+
+def node_token_table(env: Mapping[str, str] | None = None) -> str:
+    """The node-token table (node authorizer, admin CLI); the heartbeat service reads it
+    from :func:`heartbeat_settings`."""
+    env = os.environ if env is None else env
+    return (env.get(c.ENV_NODE_TOKEN_TABLE) or "").strip() or c.DEFAULT_NODE_TOKEN_TABLE_NAME
+
+
 def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSettings:
     """The heartbeat service's settings (the domain owns the record, not the parsing)."""
     env = os.environ if env is None else env
@@ -263,7 +329,7 @@ def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSetting
         hang_seconds=_int(env, c.ENV_HANG_SECONDS, DEFAULT_HANG_SECONDS),
         hang_action=action,
         max_skew_seconds=_int(env, c.ENV_HEARTBEAT_MAX_SKEW_SECONDS, DEFAULT_MAX_SKEW_SECONDS, 1),
-        node_token_table=env.get(c.ENV_NODE_TOKEN_TABLE) or c.DEFAULT_NODE_TOKEN_TABLE_NAME,
+        node_token_table=node_token_table(env),
         signal_notify_seconds=_int(env, c.ENV_HW_SIGNAL_NOTIFY_SECONDS, DEFAULT_SIGNAL_NOTIFY_SECONDS),
         signal_retention_seconds=_int(env, c.ENV_HW_SIGNAL_RETENTION_SECONDS,
                                       DEFAULT_SIGNAL_RETENTION_SECONDS, 60),

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import threading
 from http import HTTPStatus
@@ -52,11 +51,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
 from gpu_recovery.adapters import aws
-from gpu_recovery.constants import (
-    DEFAULT_IDEMPOTENCY_TABLE_NAME,
-    ENV_IDEMPOTENCY_TABLE,
-    JobState,
-)
+from gpu_recovery.constants import JobState
 from gpu_recovery.queue.api_models import (
     CancelResult,
     ErrorBody,
@@ -169,8 +164,10 @@ def _idempotency() -> tuple[IdempotencyConfig, Any]:
                 raise_on_no_idempotency_key=True,
                 response_hook=_mark_replay,
             )
+            # The one DynamoDB use outside the repository (tests/test_architecture.py): the
+            # Powertools layer owns its table and record format.
             store = DynamoDBPersistenceLayer(
-                table_name=os.environ.get(ENV_IDEMPOTENCY_TABLE) or DEFAULT_IDEMPOTENCY_TABLE_NAME,
+                table_name=runtime.jobs_api_settings().idempotency_table,
                 boto3_client=aws.client("dynamodb"),
             )
             submit = idempotent_function(

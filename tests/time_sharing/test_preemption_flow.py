@@ -155,13 +155,10 @@ def test_user_suspend_holds_and_resume_requeues_at_the_original_position(tc):
     When she suspends the first (held), the second runs after the cluster frees; she resumes the
     first and suspends the second
     Then the first waits at its original position (ahead of later LOW jobs) and starts first."""
-    from gpu_recovery.queue.service import JobQueueService
-
     blocker = start_low(tc, nnodes=4, user="carol", run=120)
     first = tc.submit(nnodes=4, priority=LOW, user="alice", quota_subject="alice")
     second = tc.submit(nnodes=4, priority=LOW, user="alice", quota_subject="alice")
-    service = JobQueueService(repo=tc.repo, ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
-                              cluster=tc.local.cluster_name)
+    service = tc.jobs_service()
     out = service.suspend(first, "alice")
     assert out["state"] == "SUSPENDED" and out["held"] and tc.item(first)["held"] is True
     assert C.QUEUE_PK not in tc.item(first)
@@ -176,10 +173,7 @@ def test_user_suspend_holds_and_resume_requeues_at_the_original_position(tc):
 
 def test_running_user_suspend_is_graceful_then_held(tc):
     low = start_low(tc, run=3600)
-    from gpu_recovery.queue.service import JobQueueService
-
-    service = JobQueueService(repo=tc.repo, ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
-                              cluster=tc.local.cluster_name)
+    service = tc.jobs_service()
     out = service.suspend(low, "alice")
     assert out["state"] == "SUSPENDING" and out["deadline_at"] > tc.sim.now()
     assert runtime.job_control_service().status(low, 0)["suspend"] is True

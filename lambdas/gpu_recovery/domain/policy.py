@@ -14,6 +14,7 @@ from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import (
     ACTIVE_JOB_STATES,
     FATAL_SUSPECT_VERDICTS,
+    RECOVERING_JOB_STATES,
     UNUSABLE_INSTANCE_STATES,
     DcgmVerdict,
     InstanceState,
@@ -96,7 +97,7 @@ def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool, *,
         return StopReaction.MAYBE_COMPLETE if active else StopReaction.RECORD
     if kind is StopKind.STOPPED_BY_USER:
         # A user stop during a health check ends the job too: the user wanted it gone.
-        recovering = job_state in (JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART)
+        recovering = job_state in RECOVERING_JOB_STATES
         return StopReaction.USER_STOPPED if active or recovering else StopReaction.RECORD
     if kind is StopKind.SUSPECTED_GPU_FAULT:
         if active:

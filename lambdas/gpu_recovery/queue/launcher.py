@@ -23,6 +23,11 @@ PENDING_RESOURCES with its original ``queue_order`` (priority, submitted_at) and
 ``not_before = now + backoff`` (60 s doubling to 10 min). A task-definition / override
 error is USER_ERROR: FAILED, never retried. Throttling and other unknown errors are
 treated like a crash (resumed later, at most ``max_launch_resumes`` times).
+
+AWS is reached through the adapters ``runtime.queue_scheduler`` builds (``EcsAdapter``,
+``TaskDefinitions``, ``HostAddresses``). They pass AWS errors through as botocore raised
+them (an unknown task definition as ``TaskDefinitionNotFound``): the classification by
+error code above is the launcher's, in ``admission.classify_failure``.
 """
 
 from __future__ import annotations
@@ -30,15 +35,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import (
     CONTROL_TOKEN_ENV,
     CONTROL_URL_ENV,
@@ -54,7 +58,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.control_token import make_token
 from gpu_recovery.domain.models import Rank, container_instance_id
-from gpu_recovery.domain.states import LIVE_RANK_STATES
+from gpu_recovery.domain.states import ENDING_JOB_STATES, LIVE_RANK_STATES, STARTED_JOB_STATES
 from gpu_recovery.queue.admission import (
     FailureKind,
     backoff_seconds,
@@ -125,72 +129,31 @@ class JobSpec:
 
 
 # ------------------------------------------------------------------ ports
-class TaskDefinitions:
-    """DescribeTaskDefinition, cached (TTL): the container name and the resolved ARN."""
+class TaskDefinitionPort(Protocol):
+    """``adapters.task_definitions.TaskDefinitions`` (cached DescribeTaskDefinition)."""
 
-    def __init__(self, ecs_client: Any, ttl_seconds: float = 300) -> None:
-        self._ecs = ecs_client
-        self._ttl = ttl_seconds
-        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
-        self._lock = threading.Lock()
-
-    def describe(self, ref: str) -> dict[str, Any]:
-        with self._lock:
-            hit = self._cache.get(ref)
-        if hit and time.monotonic() - hit[0] < self._ttl:
-            return hit[1]
-        td = self._ecs.describe_task_definition(taskDefinition=ref)["taskDefinition"]
-        with self._lock:
-            self._cache[ref] = (time.monotonic(), td)
-        return td
-
-    @staticmethod
-    def first_essential_container(td: Mapping[str, Any]) -> str:
-        containers = td.get("containerDefinitions") or []
-        for c in containers:
-            if c.get("essential", True):
-                return str(c["name"])
-        return str(containers[0]["name"]) if containers else ""
+    def describe(self, ref: str) -> dict[str, Any]: ...
 
 
-class HostAddresses:
-    """Rank 0's address for MASTER_ADDR: attribute, EC2 private IP, or SSM (mi- hosts)."""
+class HostAddressPort(Protocol):
+    """``adapters.hosts.HostAddresses``: an instance's private IP ("" when unknown)."""
 
-    def __init__(self, ec2_client: Any, ssm_client: Any | None = None, ttl_seconds: float = 600) -> None:
-        self._ec2 = ec2_client
-        self._ssm = ssm_client
-        self._ttl = ttl_seconds
-        self._cache: dict[str, tuple[float, str]] = {}
+    def address(self, instance_id: str) -> str: ...
 
-    def address(self, ec2_instance_id: str, attributes: Mapping[str, str] | None = None) -> str:
-        explicit = (attributes or {}).get(HOST_ADDRESS_ATTRIBUTE)
-        if explicit:
-            return str(explicit)
-        hit = self._cache.get(ec2_instance_id)
-        if hit and time.monotonic() - hit[0] < self._ttl:
-            return hit[1]
-        found = self._lookup(ec2_instance_id)
-        if found:
-            self._cache[ec2_instance_id] = (time.monotonic(), found)
-        return found
 
-    def _lookup(self, instance_id: str) -> str:
-        if not instance_id:
-            return ""
-        if instance_id.startswith("mi-"):
-            if self._ssm is None:
-                return ""
-            response = self._ssm.describe_instance_information(
-                Filters=[{"Key": "InstanceIds", "Values": [instance_id]}]
-            )
-            infos = response.get("InstanceInformationList") or []
-            return str(infos[0].get("IPAddress", "")) if infos else ""
-        response = self._ec2.describe_instances(InstanceIds=[instance_id])
-        for reservation in response.get("Reservations", []):
-            for inst in reservation.get("Instances", []):
-                if inst.get("PrivateIpAddress"):
-                    return str(inst["PrivateIpAddress"])
-        return ""
+def first_essential_container(td: Mapping[str, Any]) -> str:
+    containers = td.get("containerDefinitions") or []
+    for c in containers:
+        if c.get("essential", True):
+            return str(c["name"])
+    return str(containers[0]["name"]) if containers else ""
+
+
+def master_address(hosts: HostAddressPort, node: PlacedNode) -> str:
+    """Rank 0's address for MASTER_ADDR: the node's explicit attribute (ECS Anywhere hosts
+    whose SSM address is not the one peers reach), else its private IP."""
+    explicit = node.attributes.get(HOST_ADDRESS_ATTRIBUTE)
+    return str(explicit) if explicit else hosts.address(node.ec2_instance_id)
 
 
 @dataclass(frozen=True)
@@ -217,8 +180,8 @@ class LaunchOutcome:
 
 # ------------------------------------------------------------------ launcher
 class Launcher:
-    def __init__(self, repo: Repository, ecs: Any, recovery: Any, task_definitions: TaskDefinitions,
-                 hosts: HostAddresses, store: SchedulingRepository, owner: str, *,
+    def __init__(self, repo: Repository, ecs: Any, recovery: Any, task_definitions: TaskDefinitionPort,
+                 hosts: HostAddressPort, store: SchedulingRepository, owner: str, *,
                  max_launch_resumes: int = 3, sharing: TimeSharingSettings | None = None) -> None:
         self.sharing = sharing or TimeSharingSettings()
         self.repo = repo
@@ -243,7 +206,7 @@ class Launcher:
             return LaunchOutcome(job_id, "skipped", reason=f"malformed spec: {error}")
         master = nodes[0]
         try:
-            master_addr = self.hosts.address(master.ec2_instance_id, master.attributes)
+            master_addr = master_address(self.hosts, master)
         except (ClientError, BotoCoreError) as error:
             # One unreachable lookup (a terminated instance ECS still lists, throttling)
             # must not stop the whole tick: skip this job, the next tick tries again.
@@ -287,10 +250,9 @@ class Launcher:
             self.store.launch_done(job_id)
             return LaunchOutcome(job_id, "ledger_cleared", attempt)
         state = JobState(item["job_state"])
-        if state not in (JobState.STARTING, JobState.RUNNING):
+        if state not in STARTED_JOB_STATES:
             # Canceled / failed / in recovery meanwhile: stop tasks only this launch knows.
-            stopped = self._stop_unregistered(item, attempt, all_ranks=state.is_terminal
-                                              or state is JobState.CANCELING)
+            stopped = self._stop_unregistered(item, attempt, all_ranks=state in ENDING_JOB_STATES)
             self._finish_cancel_if_no_rank(job_id, item, attempt)
             self.store.launch_done(job_id)
             return LaunchOutcome(job_id, "abandoned", attempt, stopped, reason=state.value)
@@ -336,7 +298,7 @@ class Launcher:
         known = self._registered_ranks(item, attempt) if resume else {}
         try:
             td = self._task_definition(spec.task_definition)
-            container = spec.container_name or TaskDefinitions.first_essential_container(td)
+            container = spec.container_name or first_essential_container(td)
             td_arn = str(td.get("taskDefinitionArn") or spec.task_definition)
             for rank in range(world_size):
                 if rank in known:
@@ -388,7 +350,11 @@ class Launcher:
         return env
 
     def _task_definition(self, ref: str) -> dict[str, Any]:
-        td = self.task_definitions.describe(ref)
+        try:
+            td = self.task_definitions.describe(ref)
+        except TaskDefinitionNotFound as error:
+            # As classify_failure() has it for ClientException / InvalidParameterException.
+            raise LaunchError(FailureKind.USER_ERROR, f"{error.code}: {error.message}") from error
         if str(td.get("status", "ACTIVE")).upper() == "INACTIVE":
             raise LaunchError(FailureKind.USER_ERROR, f"task definition {ref} is INACTIVE")
         return td

@@ -36,20 +36,20 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain.models import container_instance_id
 from gpu_recovery.domain.time_sharing import QuotaBook
 from gpu_recovery.queue.admission import Node, node_ineligibility
 from gpu_recovery.queue.launcher import (
-    HostAddresses,
+    HostAddressPort,
     Launcher,
     LaunchOutcome,
     PlacedNode,
-    TaskDefinitions,
+    TaskDefinitionPort,
 )
 from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
 from gpu_recovery.queue.time_sharing import TimeSharing, subject_of
@@ -61,7 +61,6 @@ from gpu_recovery.settings import SchedulerConfig
 logger = logging.getLogger(__name__)
 
 __all__ = ["LEASE_KEY", "QueueScheduler", "SchedulerConfig", "build_scheduler"]
-_DESCRIBE_BATCH = 100
 
 
 @dataclass
@@ -120,25 +119,21 @@ def gpu_count(resources: list[Mapping[str, Any]] | None) -> int | None:
     return None
 
 
-class ClusterReader:
-    """ListContainerInstances(ACTIVE) + DescribeContainerInstances in batches of 100."""
+class ContainerInstancesPort(Protocol):
+    """``adapters.ecs.EcsAdapter.container_instances``."""
 
-    def __init__(self, ecs_client: Any, cluster: str) -> None:
-        self._ecs = ecs_client
-        self.cluster = cluster
+    def container_instances(self, statuses: Sequence[str | None] = ...) -> list[dict[str, Any]]: ...
+
+
+class ClusterReader:
+    """The snapshot's nodes: ListContainerInstances(ACTIVE) + DescribeContainerInstances in
+    batches of 100, through the ECS adapter."""
+
+    def __init__(self, ecs: ContainerInstancesPort) -> None:
+        self._ecs = ecs
 
     def container_instances(self) -> list[dict[str, Any]]:
-        arns: list[str] = []
-        paginator = self._ecs.get_paginator("list_container_instances")
-        for page in paginator.paginate(cluster=self.cluster, status="ACTIVE",
-                                       PaginationConfig={"PageSize": 100}):
-            arns.extend(page.get("containerInstanceArns", []))
-        described: list[dict[str, Any]] = []
-        for start in range(0, len(arns), _DESCRIBE_BATCH):
-            response = self._ecs.describe_container_instances(
-                cluster=self.cluster, containerInstances=arns[start:start + _DESCRIBE_BATCH])
-            described.extend(response.get("containerInstances", []))
-        return described
+        return self._ecs.container_instances(("ACTIVE",))
 
 
 # -------------------------------------------------------------------- scheduler
@@ -337,20 +332,47 @@ def _queued(item: Mapping[str, Any]) -> QueuedJob | None:
 
 
 # ------------------------------------------------------------------- wiring
-def build_scheduler(*, repo: Repository, ecs_adapter: Any, recovery: Any, ecs_client: Any,
-                    ec2_client: Any, ssm_client: Any | None, cluster: str,
-                    config: SchedulerConfig | None = None,
-                    task_definitions: TaskDefinitions | None = None,
-                    hosts: HostAddresses | None = None, owner: str | None = None,
-                    dynamodb: Any | None = None) -> QueueScheduler:
-    """``dynamodb`` (the boto3 resource) enables time sharing on ``config.sharing.quota_table``."""
+def build_scheduler(*, repo: Repository, ecs_adapter: Any, recovery: Any,
+                    task_definitions: TaskDefinitionPort | None = None, hosts: HostAddressPort | None = None,
+                    config: SchedulerConfig | None = None, owner: str | None = None,
+                    quotas: QuotaRepository | None = None, dynamodb: Any | None = None,
+                    ecs_client: Any | None = None, ec2_client: Any | None = None,
+                    ssm_client: Any | None = None, cluster: str = "") -> QueueScheduler:
+    """The tick over the adapters ``runtime.queue_scheduler`` builds: ``ecs_adapter`` (an
+    ``EcsAdapter``: StartTask/StopTask/ListTasks and the node snapshot), ``task_definitions``
+    and ``hosts``. ``quotas`` (the quota table's repository) enables time sharing.
+
+    Raw boto3 arguments remain for callers not migrated yet (the scheduler benchmark):
+    ``ecs_client``/``ec2_client``/``ssm_client`` are wrapped in the adapters runtime.py
+    would build, ``dynamodb`` (the resource) in a ``QuotaRepository`` on
+    ``config.sharing.quota_table``; ``cluster`` is ignored (the ECS adapter's is used)."""
     config = config or SchedulerConfig()
-    quotas = QuotaRepository(dynamodb, config.sharing.quota_table) if dynamodb is not None else None
+    if task_definitions is None or hosts is None:
+        task_definitions, hosts = _wrap_raw_clients(task_definitions, hosts, ecs_client, ec2_client,
+                                                    ssm_client)
+    if quotas is None and dynamodb is not None:
+        quotas = QuotaRepository(dynamodb, config.sharing.quota_table)
     holding = HoldingRepository(repo, quotas) if quotas is not None else None
     store = SchedulingRepository(repo, holding)
     lease = Lease(store, owner, config.lease_seconds)
-    launcher = Launcher(repo, ecs_adapter, recovery, task_definitions or TaskDefinitions(ecs_client),
-                        hosts or HostAddresses(ec2_client, ssm_client), store, lease.owner,
+    launcher = Launcher(repo, ecs_adapter, recovery, task_definitions, hosts, store, lease.owner,
                         sharing=config.sharing)
     sharing = TimeSharing(repo, holding, recovery, config.sharing) if holding is not None else None
-    return QueueScheduler(repo, launcher, ClusterReader(ecs_client, cluster), lease, config, sharing, quotas)
+    return QueueScheduler(repo, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas)
+
+
+def _wrap_raw_clients(task_definitions: TaskDefinitionPort | None, hosts: HostAddressPort | None,
+                      ecs_client: Any | None, ec2_client: Any | None,
+                      ssm_client: Any | None) -> tuple[TaskDefinitionPort, HostAddressPort]:
+    from gpu_recovery.adapters.hosts import HostAddresses
+    from gpu_recovery.adapters.task_definitions import TaskDefinitions
+
+    if task_definitions is None:
+        if ecs_client is None:
+            raise TypeError("build_scheduler needs task_definitions= (or ecs_client=)")
+        task_definitions = TaskDefinitions(ecs_client)
+    if hosts is None:
+        if ec2_client is None:
+            raise TypeError("build_scheduler needs hosts= (or ec2_client=)")
+        hosts = HostAddresses(ec2_client, ssm_client)
+    return task_definitions, hosts

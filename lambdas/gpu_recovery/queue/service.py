@@ -10,6 +10,13 @@ keys and indexes only, never a Scan.
 With an :class:`~gpu_recovery.queue.access.AccessPolicy` (the API always passes one)
 every use case is authorized for the calling principal; without one the service is a
 trusted in-process caller (the scheduler's tests, operators' tooling).
+
+AWS is reached through adapters only (``gpu_recovery.adapters``; ``runtime.jobs_service``
+builds them): ECS (StopTask, the container instances of the capacity check), task
+definitions, training logs and the scheduler's Lambda. They turn the errors this service
+shows to the caller into exceptions of their own (``TaskDefinitionNotFound``,
+``LogStreamNotFound``, ``InvalidLogToken``; ``stop_task_if_known`` -> False); any other AWS
+error propagates (a 5xx the client retries).
 """
 
 from __future__ import annotations
@@ -23,14 +30,14 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from botocore.exceptions import ClientError
-
 from gpu_recovery import clock
+from gpu_recovery.adapters.logs import InvalidLogToken, LogStreamNotFound
+from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import (
     JOB_BY_STATE_INDEX,
     JOB_BY_USER_INDEX,
@@ -54,7 +61,12 @@ from gpu_recovery.domain.control_token import new_secret
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.models import container_instance_id, task_id
 from gpu_recovery.domain.state_machine import can_transition, check_transition
-from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
+from gpu_recovery.domain.states import (
+    LIVE_RANK_STATES,
+    QUEUED_JOB_STATES,
+    RECOVERY_OWNED_JOB_STATES,
+    WAITING_JOB_STATES,
+)
 from gpu_recovery.domain.time_sharing import (
     AUTO_PRIORITY,
     DEFAULT_SUSPEND_GRACE_SECONDS,
@@ -141,20 +153,23 @@ class NoSchedulerTrigger:
         logger.debug("no scheduler to trigger", extra={"reason": reason, "job_id": job_id})
 
 
+class AsyncInvoker(Protocol):
+    """``adapters.scheduler_trigger.LambdaInvoker``: an asynchronous Lambda Invoke."""
+
+    function_name: str
+
+    def invoke_async(self, payload: Mapping[str, Any]) -> None: ...
+
+
 class LambdaSchedulerTrigger:
     """Asynchronous ``Invoke`` (InvocationType=Event) of the scheduler function."""
 
-    def __init__(self, lambda_client: Any, function_name: str) -> None:
-        self._lambda = lambda_client
-        self.function_name = function_name
+    def __init__(self, invoker: AsyncInvoker) -> None:
+        self._invoker = invoker
+        self.function_name = invoker.function_name
 
     def trigger(self, reason: str, job_id: str) -> None:
-        payload = scheduler_payload(reason, job_id)
-        self._lambda.invoke(
-            FunctionName=self.function_name,
-            InvocationType="Event",
-            Payload=json.dumps(payload).encode(),
-        )
+        self._invoker.invoke_async(scheduler_payload(reason, job_id))
 
 
 class CallbackSchedulerTrigger:
@@ -201,6 +216,30 @@ def decode_token(token: str) -> dict[str, Any]:
     return value
 
 
+# ------------------------------------------------------------------------ AWS ports
+class JobsEcs(Protocol):
+    """What the service asks ECS (``adapters.ecs.EcsAdapter``)."""
+
+    cluster: str
+
+    def stop_task_if_known(self, task_arn: str, reason: str) -> bool: ...
+
+    def container_instances(self, statuses: Sequence[str | None] = ...) -> list[dict[str, Any]]: ...
+
+
+class TaskDefinitionReader(Protocol):
+    """``adapters.task_definitions.TaskDefinitions`` (raises TaskDefinitionNotFound)."""
+
+    def describe(self, ref: str) -> dict[str, Any]: ...
+
+
+class LogReader(Protocol):
+    """``adapters.logs.TrainingLogReader`` (raises LogStreamNotFound, InvalidLogToken)."""
+
+    def read_stream(self, group: str, stream: str, *, limit: int,
+                    next_token: str | None = None) -> dict[str, Any]: ...
+
+
 # ------------------------------------------------------------------------- capacity
 @dataclass
 class _CapacityCache:
@@ -225,9 +264,9 @@ class Capacity:
 class ClusterCapacity:
     """GPU counts of the cluster's container instances, cached briefly."""
 
-    def __init__(self, ecs_client: Any, cluster: str, ttl: float = CAPACITY_CACHE_SECONDS) -> None:
-        self._ecs = ecs_client
-        self.cluster = cluster
+    def __init__(self, ecs: JobsEcs, ttl: float = CAPACITY_CACHE_SECONDS) -> None:
+        self._ecs = ecs
+        self.cluster = ecs.cluster
         self.ttl = ttl
         self._cache = _CapacityCache()
         self._lock = threading.Lock()
@@ -252,19 +291,12 @@ class ClusterCapacity:
             self._cache = _CapacityCache()
 
     def _read(self) -> Capacity | None:
-        arns: list[str] = []
-        for page in self._ecs.get_paginator("list_container_instances").paginate(cluster=self.cluster):
-            arns.extend(page.get("containerInstanceArns", []))
-        if not arns:
+        # No status filter: every registered instance but INACTIVE ones (a DRAINING node
+        # comes back; the check refuses only what could never run).
+        described = self._ecs.container_instances((None,))
+        if not described:
             return None
-        counts: list[int] = []
-        for start in range(0, len(arns), 100):
-            response = self._ecs.describe_container_instances(
-                cluster=self.cluster, containerInstances=arns[start : start + 100]
-            )
-            counts.extend(gpu_count(i.get("registeredResources", []))
-                          for i in response.get("containerInstances", []))
-        return Capacity(tuple(counts))
+        return Capacity(tuple(gpu_count(i.get("registeredResources", [])) for i in described))
 
 
 def gpu_count(resources: list[dict[str, Any]]) -> int:
@@ -282,26 +314,37 @@ class JobQueueService:
         self,
         *,
         repo: JobQueueRepository | Repository,
-        ecs_client: Any,
-        logs_client: Any,
-        cluster: str,
+        ecs: JobsEcs | None = None,
+        task_definitions: TaskDefinitionReader | None = None,
+        log_reader: LogReader | None = None,
+        cluster: str = "",
         scheduler: SchedulerTrigger | None = None,
         capacity: ClusterCapacity | None = None,
         default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS),
         access: AccessPolicy | None = None,
         quotas: QuotaService | None = None,
         suspend_grace_seconds: int = DEFAULT_SUSPEND_GRACE_SECONDS,
+        ecs_client: Any | None = None,
+        logs_client: Any | None = None,
     ) -> None:
+        """``ecs``, ``task_definitions`` and ``log_reader`` are the adapters ``runtime.jobs_service``
+        builds. ``ecs_client``/``logs_client`` (raw boto3 clients, wrapped in those adapters
+        here) remain for callers not migrated yet: local mode's time-sharing campaign and
+        the scheduler benchmark."""
+        if ecs is None or task_definitions is None or log_reader is None:
+            ecs, task_definitions, log_reader = _wrap_raw_clients(ecs, task_definitions, log_reader,
+                                                                  ecs_client, logs_client, cluster)
         self.repo = repo if isinstance(repo, JobQueueRepository) else JobQueueRepository(repo)
         self.suspensions = SuspensionRepository(self.repo.base)
         self.quotas = quotas  # None: no quota table (every level unlimited, AUTO is NORMAL)
         self.suspend_grace_seconds = suspend_grace_seconds
         self.access = access
-        self._ecs = ecs_client
-        self._logs = logs_client
-        self.cluster = cluster
+        self.ecs = ecs
+        self.task_definitions = task_definitions
+        self.log_reader = log_reader
+        self.cluster = cluster or ecs.cluster
         self.scheduler: SchedulerTrigger = scheduler or NoSchedulerTrigger()
-        self.capacity = capacity or ClusterCapacity(ecs_client, cluster)
+        self.capacity = capacity or ClusterCapacity(ecs)
         self.default_budgets = default_budgets  # (infrastructure recoveries, application restarts)
 
     # ------------------------------------------------------------------ submit
@@ -392,16 +435,11 @@ class JobQueueService:
     def _validate_against_aws(self, spec: JobSpec) -> JobSpec:
         """Pin the task definition, resolve the container, refuse what could never run."""
         try:
-            task_def = self._ecs.describe_task_definition(taskDefinition=spec.task_definition)[
-                "taskDefinition"
-            ]
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            if code in ("ClientException", "InvalidParameterException"):
-                raise InvalidRequest(
-                    f"task_definition: {spec.task_definition} does not exist", "task_definition"
-                ) from error
-            raise
+            task_def = self.task_definitions.describe(spec.task_definition)
+        except TaskDefinitionNotFound as error:
+            raise InvalidRequest(
+                f"task_definition: {spec.task_definition} does not exist", "task_definition"
+            ) from error
         # The family as ECS resolved it (a revision ARN may name another family's alias).
         self._authorize(lambda a: a.check_family(task_def.get("taskDefinitionArn", spec.task_definition)))
         self._authorize(lambda a: a.check_task_roles(
@@ -640,13 +678,7 @@ class JobQueueService:
         return stopping, JobState.CANCELING
 
     def _stop_task(self, task_arn: str, reason: str) -> None:
-        try:
-            self._ecs.stop_task(cluster=self.cluster, task=task_arn, reason=reason[:255])
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            if code not in ("InvalidParameterException", "ClientException"):
-                raise
-            logger.info("stop_task on a task ECS no longer knows", extra={"task": task_arn})
+        self.ecs.stop_task_if_known(task_arn, reason)  # False: ECS no longer knows the task
 
     # ----------------------------------------------------------- suspend/resume
     def suspend(self, job_id: str, user: str) -> dict[str, Any]:
@@ -668,7 +700,7 @@ class JobQueueService:
                     return {**result, "state": JobState.SUSPENDING.value, "changed": True,
                             "deadline_at": now + grace}
                 continue
-            if current in (JobState.QUEUED, JobState.PENDING_RESOURCES) or (
+            if current in WAITING_JOB_STATES or (
                     current is JobState.SUSPENDED and not item.get("held")):
                 record = suspend_record(SuspendKind.USER, f"suspended by {user}", grace_seconds=0,
                                         now=clock.now(), hold=True, by_user=quota_subject(user))
@@ -810,25 +842,14 @@ class JobQueueService:
         spec = json.loads(item.get("spec_json") or "{}")
         group, stream = self._log_location(task_def or spec.get("task_definition", ""),
                                            spec.get("container_name"), task_arn)
-        params: dict[str, Any] = {
-            "logGroupName": group,
-            "logStreamName": stream,
-            "startFromHead": True,
-            "limit": limit,
-        }
-        if next_token:
-            params["nextToken"] = next_token
         try:
-            response = self._logs.get_log_events(**params)
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            if code == "ResourceNotFoundException":
-                raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
-            if code == "InvalidParameterException" and next_token:
-                raise InvalidRequest("next_token: is not valid for this log stream", "next_token") from error
-            raise
-        events = response.get("events", [])
-        forward = response.get("nextForwardToken")
+            page = self.log_reader.read_stream(group, stream, limit=limit, next_token=next_token)
+        except LogStreamNotFound as error:
+            raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
+        except InvalidLogToken as error:
+            raise InvalidRequest("next_token: is not valid for this log stream", "next_token") from error
+        events = page["events"]
+        forward = page["next_token"]
         return {
             "job_id": job_id,
             "rank": rank,
@@ -836,9 +857,7 @@ class JobQueueService:
             "task_arn": task_arn,
             "log_group": group,
             "log_stream": stream,
-            "events": [
-                {"timestamp": e.get("timestamp"), "message": e.get("message", "")} for e in events
-            ],
+            "events": events,
             "next_token": forward,
             "end_of_stream": not events or forward == next_token,
         }
@@ -861,8 +880,8 @@ class JobQueueService:
     def _log_location(self, task_definition: str, container_name: str | None,
                       task_arn: str) -> tuple[str, str]:
         try:
-            task_def = self._ecs.describe_task_definition(taskDefinition=task_definition)["taskDefinition"]
-        except ClientError as error:
+            task_def = self.task_definitions.describe(task_definition)
+        except TaskDefinitionNotFound as error:
             raise JobNotFound(f"task definition {task_definition} no longer exists") from error
         containers = task_def.get("containerDefinitions", [])
         container = next((c for c in containers if c.get("name") == container_name),
@@ -888,10 +907,33 @@ class JobQueueService:
                            extra={"reason": reason, "job_id": job_id})
 
 
+def _wrap_raw_clients(ecs: JobsEcs | None, task_definitions: TaskDefinitionReader | None,
+                      logs: LogReader | None, ecs_client: Any | None, logs_client: Any | None,
+                      cluster: str) -> tuple[JobsEcs, TaskDefinitionReader, LogReader]:
+    """The adapters runtime.py would build, around raw clients a caller passed."""
+    from gpu_recovery.adapters.ecs import EcsAdapter
+    from gpu_recovery.adapters.logs import TrainingLogReader
+    from gpu_recovery.adapters.task_definitions import TaskDefinitions
+
+    if ecs is None:
+        if ecs_client is None:
+            raise TypeError("JobQueueService needs ecs= (an EcsAdapter) or ecs_client=")
+        ecs = EcsAdapter(ecs_client, cluster)
+    if task_definitions is None:
+        if ecs_client is None:
+            raise TypeError("JobQueueService needs task_definitions= or ecs_client=")
+        task_definitions = TaskDefinitions(ecs_client, ttl_seconds=0)
+    if logs is None:
+        if logs_client is None:
+            raise TypeError("JobQueueService needs log_reader= (a TrainingLogReader) or logs_client=")
+        logs = TrainingLogReader(logs_client)
+    return ecs, task_definitions, logs
+
+
 def _not_now(job_id: str, state: JobState, action: str) -> str:
     if state.is_terminal:
         return f"job {job_id} is {state.value}: it can no longer be {action}"
-    if state in (JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART, JobState.NODE_LOST, JobState.HUNG):
+    if state in RECOVERY_OWNED_JOB_STATES:
         return (f"job {job_id} is {state.value}: the recovery loop owns it; it can be {action} once it "
                 "is RUNNING again")
     if action == "resumed":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
@@ -27,10 +28,12 @@ from gpu_recovery.domain.escalation import history_from_item
 from gpu_recovery.domain.evidence import DcgmFindings, Evidence
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Instance, Job, container_instance_id, fault_key
+from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
     RECOVERING_JOB_STATES,
     InstanceState,
+    JobState,
     SuspectVerdict,
 )
 from gpu_recovery.ecs_events import EcsTaskDetail
@@ -68,6 +71,8 @@ class HealthChecks:
     # ------------------------------------------------------------ open / join
     def request(self, job: Job, inst_id: str) -> str:
         """Open or join the health check of an instance (at most one per instance)."""
+        if not self.deps.policy.modes.executes(Effect.HEALTH_CHECK):
+            return self._diag_observed(job, inst_id)
         repo = self.deps.repo
         instance = repo.get_instance(inst_id)
         if instance is not None and instance.state in HEALTH_CHECK_STATES and job.job_id in instance.hc_jobs:
@@ -102,6 +107,42 @@ class HealthChecks:
         if self.deps.repo.record_verdict_of_busy_instance(instance, record, restart):
             self.remediation.notify_outcome(job, outcome, instance, None, None)
         return result
+
+    def _diag_observed(self, job: Job, inst_id: str) -> str:
+        """Observe mode for the diag (``health_check=observe``): a suspect that reached the
+        loop without its exit being judged first (the heartbeat service's lost node or
+        hung rank) gets no RunTask. Its verdict is BLOCKED: the job relocates (if it may
+        and restarts are enforced) or fails in the job table only; the node's last fault
+        says what would have been done; one e-mail."""
+        repo = self.deps.repo
+        if job.suspects.get(inst_id) != SuspectVerdict.PENDING.value:
+            return "observed"
+        raw = repo.get_instance_item(inst_id)
+        if raw is None:
+            return "instance_missing"
+        instance = repo.instance_from_item(raw)
+        now = clock.now()
+        evidence = self._evidence(instance, raw, [job])
+        plan = self.remediation.plan(evidence, raw, now=now)
+        findings = {"verdict": "not run", "source": "observe mode", "rule": plan.decision.rule_id,
+                    "reason": plan.decision.reason[:300]}
+        record, outcome = self.remediation.job_verdict(job, inst_id, SuspectVerdict.BLOCKED, plan, evidence,
+                                                       findings, history_from_item(raw.get("fault_history")),
+                                                       now)
+        if outcome.fails:
+            outcome = JobOutcome.FAIL_OBSERVED
+            record = replace(record, to=JobState.FAILED, spend="", deadline_at=None, relocate=False,
+                             last_error=(f"observe mode: the DCGM diag of {inst_id} would have run "
+                                         f"({plan.decision.reason})"))
+        if not repo.record_verdict_of_busy_instance(instance, record, restart=False):
+            return "raced"
+        repo.record_observed_fault(inst_id, fault_history=None, last_fault={
+            "at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]})
+        self.deps.metrics.add_metric("ObservedFaults", "Count", 1)
+        self.remediation.notify_outcome(job, outcome, instance, plan, evidence)
+        if outcome is JobOutcome.RELOCATE:
+            self.restarts.try_restart(job.job_id)
+        return "observed"
 
     # -------------------------------------------------------------------- start
     def start_if_ready(self, inst_id: str) -> str | None:

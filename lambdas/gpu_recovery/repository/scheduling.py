@@ -22,14 +22,22 @@ from gpu_recovery.constants import (
     QUEUE_SK,
     job_item_key,
 )
-from gpu_recovery.domain.states import RECOVERING_JOB_STATES, TERMINAL_JOB_STATES, JobState
+from gpu_recovery.domain.states import (
+    ENDING_JOB_STATES,
+    RECOVERING_JOB_STATES,
+    STARTED_JOB_STATES,
+    WAITING_JOB_STATES,
+    JobState,
+)
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 from gpu_recovery.repository.recovery import Repository
 from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository
 
 LEASE_KEY = "SCHEDULER#LEASE"
-# A launch is over once the job is in one of these: nothing may mark it launched.
-_NOT_LIVE = sorted(TERMINAL_JOB_STATES | {JobState.CANCELING}, key=lambda s: s.value)
+# Sorted: the condition's placeholders (and so the request) are the same every time.
+_ENDING = sorted(ENDING_JOB_STATES, key=lambda s: s.value)
+_STARTED = sorted(STARTED_JOB_STATES, key=lambda s: s.value)
+_WAITING = sorted(WAITING_JOB_STATES, key=lambda s: s.value)
 
 
 class SchedulingRepository:
@@ -127,7 +135,7 @@ class SchedulingRepository:
                                                              default_limit=charge.default_limit))
         claim = self.repo.job_transition(
             job_id, JobState.STARTING,
-            from_states=[JobState.SUSPENDED] if resumed else [JobState.QUEUED, JobState.PENDING_RESOURCES],
+            from_states=[JobState.SUSPENDED] if resumed else _WAITING,
             attempt=current_attempt,
             extra_condition=" AND ".join(conditions) or None, extra_names=names or None,
             reason=reason, actor="scheduler",
@@ -147,7 +155,7 @@ class SchedulingRepository:
     def finish_launch(self, job_id: str, attempt: int, attempts: Sequence[Mapping[str, Any]],
                       now: float) -> bool:
         """The launch is complete, unless the job was canceled or ended meanwhile."""
-        states = {f":x{i}": s.value for i, s in enumerate(_NOT_LIVE)}
+        states = {f":x{i}": s.value for i, s in enumerate(_ENDING)}
         return self.db.apply(Update(
             table=self.table, key={JOB_PK: job_item_key(job_id)},
             set_fields={"launched_at": now, "resource_failures": 0, "attempts": list(attempts),
@@ -162,7 +170,7 @@ class SchedulingRepository:
         """Back to PENDING_RESOURCES at its original queue position, after a back-off.
         From RUNNING too: the recovery loop marks the job RUNNING as soon as rank 0 runs."""
         return self.db.apply(self.repo.job_transition(
-            job_id, JobState.PENDING_RESOURCES, from_states=[JobState.STARTING, JobState.RUNNING],
+            job_id, JobState.PENDING_RESOURCES, from_states=_STARTED,
             attempt=attempt, reason=reason, actor="scheduler",
             set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": not_before,
                         "resource_failures": resource_failures, "attempts": list(attempts),
@@ -173,7 +181,7 @@ class SchedulingRepository:
     def fail_launch(self, job_id: str, attempt: int, *, reason: str, failure_kind: str,
                     attempts: Sequence[Mapping[str, Any]]) -> bool:
         return self.db.apply(self.repo.job_transition(
-            job_id, JobState.FAILED, from_states=[JobState.STARTING, JobState.RUNNING], attempt=attempt,
+            job_id, JobState.FAILED, from_states=_STARTED, attempt=attempt,
             reason=reason, actor="scheduler",
             set_fields={"attempts": list(attempts), "last_error": reason[:1000],
                         "failure_kind": failure_kind},
