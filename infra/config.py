@@ -428,7 +428,7 @@ class RecoveryConfig:
     node_agent_daemon: bool = option(False, boolean(), "also deploy the node agent as an ECS daemon service")
     node_agent_image: str = option(DEFAULT_NODE_AGENT_IMAGE,
                                    text(_IMAGE_RE, "a container image reference", "image reference"),
-                                   "image of that daemon (Python 3.8+)")
+                                   "its image (Python 3.8+)", default_text="`python:3.12-slim` (ECR Public)")
     training_log_groups: tuple[str, ...] = option(
         DEFAULT_TRAINING_LOG_GROUPS, log_groups(), "log groups the jobs API may read training logs from")
     # --- authorization of the jobs API and telemetry (docs/security.md)
@@ -484,14 +484,14 @@ class RecoveryConfig:
         False, boolean(), "move relocatable jobs to free healthy nodes at once, not after the reboot")
     # --- time sharing (quotas, preemption, suspend)
     default_node_quotas: str | None = option(None, node_quotas(),
-                                             "a user's nodes per priority level (none: unlimited)")
-    preemption: bool = option(True, boolean(), "higher-priority jobs suspend lower ones")
+                                             "nodes per user and level (none: unlimited)")
+    preemption: bool = option(True, boolean(), "higher priorities suspend lower ones")
     suspend_grace_seconds: int = option(
         DEFAULT_SUSPEND_GRACE_SECONDS, integer(MIN_SUSPEND_GRACE_SECONDS, MAX_SUSPEND_GRACE_SECONDS),
-        "a job's default time to checkpoint before a forced suspend")
+        "default time to checkpoint before a forced suspend")
     demote_above_normal_minutes: int = option(
         DEFAULT_DEMOTE_AFTER_SECONDS // 60, integer(1, 10_080, zero_disables=True),
-        "ABOVE_NORMAL jobs become NORMAL after running this long (0: never)")
+        "ABOVE_NORMAL runs this long, then NORMAL (0: never)")
 
     @property
     def remediation(self) -> tuple[tuple[str, str], ...]:

@@ -12,8 +12,8 @@ says what to do (the runbook is docs/operations.md):
   two consecutive 5-minute periods (callers retry single failures).
 
 The dashboard: recoveries and failures, time to restart (MTTR), quarantines and the
-circuit breaker, suspends (time sharing), dead-letter queue depth, Lambda errors and duration, the API, and the
-state of every alarm. Business metrics come from Powertools (namespace
+circuit breaker, suspends (time sharing), dead-letter queue depth, Lambda errors and
+duration, the API, and the state of every alarm. Business metrics come from Powertools (namespace
 ``GpuTrainingRecovery``, dimension ``service``), summed over services with SEARCH.
 """
 

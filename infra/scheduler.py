@@ -7,6 +7,8 @@ Usage from the stack (the API invokes ``.function`` asynchronously after submit/
         job_table=self.tables.job_table, instance_table=self.tables.instance_table,
         cluster_name=config.cluster_name, defaults=self.lambda_defaults,
         access=self.access, topic=self.notifications.topic,
+        quota_table=self.tables.quota_table,          # time sharing: quota charges
+        extra_environment={...},                      # quota / preemption / control URL
     )
     api_function.add_environment(ENV_SCHEDULER_FUNCTION, self.scheduler.function.function_name)
     self.scheduler.function.grant_invoke(api_function)

@@ -28,13 +28,14 @@ Outputs: what ``gpu-recovery-admin doctor`` reads (cluster, tag, tables, topic, 
 check, rules and their DLQs) plus the API URL and the resolved Powertools layer.
 
 API security (cdk-nag AwsSolutions): every method is AWS_IAM (jobs, quotas, swagger) or
-CUSTOM (node routes and job-control routes, each with its Lambda token authorizer); the stage has access logs, execution logs (ERROR),
-X-Ray and throttling (api_throttle_rate / api_throttle_burst); the API has a request
-validator (node report bodies are schema-checked; job specs are validated by the jobs
-handler). No WAF web ACL is created (AwsSolutions-APIG3 is acknowledged in infra/api.py):
-no default rule set fits both signed IAM calls and node reports at ~700 requests/s without
-per-request WAF cost or false positives on telemetry bodies; associate a web ACL of your
-choice with the ``prod`` stage if your policy requires one.
+CUSTOM (node routes and job-control routes, each with its Lambda token authorizer); the
+stage has access logs, execution logs (ERROR), X-Ray and throttling (api_throttle_rate /
+api_throttle_burst); the API has a request validator (node report bodies are
+schema-checked; job specs are validated by the jobs handler). No WAF web ACL is created
+(AwsSolutions-APIG3 is acknowledged in infra/api.py): no default rule set fits both
+signed IAM calls and node reports at ~700 requests/s without per-request WAF cost or
+false positives on telemetry bodies; associate a web ACL of your choice with the
+``prod`` stage if your policy requires one.
 """
 
 from __future__ import annotations

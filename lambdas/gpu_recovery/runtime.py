@@ -177,8 +177,9 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
     )
 
 
-def job_control_service() -> JobControlService:
-    """The job-control channel of training code (control API and its authorizer)."""
+def job_control_service(metrics: MetricsPort | None = None) -> JobControlService:
+    """The job-control channel of training code (control API and its authorizer);
+    ``metrics`` receives what its go_suspend() records (suspends requested, forced)."""
     from gpu_recovery.queue.control import JobControlService
     from gpu_recovery.settings import JobControlSettings
 
@@ -190,12 +191,14 @@ def job_control_service() -> JobControlService:
         repo = Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
 
         def go_suspend(job_id: str, rank: int, attempt: int | None) -> Any:
-            return recovery_service().go_suspend(job_id, rank, attempt)
+            return recovery_service(_services.get("job_control_metrics")).go_suspend(job_id, rank, attempt)
 
         service = JobControlService(repo, go_suspend, settings.control_poll_seconds)
         built = (session, service)
         with _lock:
             _services["job_control"] = built
+    if metrics is not None:
+        _services["job_control_metrics"] = metrics
     return built[1]  # type: ignore[no-any-return]
 
 

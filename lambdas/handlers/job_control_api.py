@@ -137,7 +137,7 @@ def go_suspend(
     attempt: Annotated[int | None, Query(ge=1, le=100_000, description="The rank's ATTEMPT")] = None,
 ) -> SuspendAck:
     job_id, rank = _caller()
-    result = runtime.job_control_service().go_suspend(job_id, rank, attempt)
+    result = runtime.job_control_service(runtime.PowertoolsMetrics(metrics)).go_suspend(job_id, rank, attempt)
     metrics.add_metric(name="GoSuspendCalls", unit="Count", value=1)
     return SuspendAck.model_validate(result)
 

@@ -137,7 +137,7 @@ def test_control_routes_use_the_control_authorizer(default_synth: Synth) -> None
     control_auth, _ = _authorizer_of(default_synth, CONTROL_AUTHORIZER_HANDLER)
     control_fn, _ = _function(default_synth, CONTROL_API_HANDLER)
     methods = _methods(default_synth)
-    assert CONTROL_ROUTE_KEYS == {"GET /v1/control", "POST /v1/control/suspend"}
+    assert {"GET /v1/control", "POST /v1/control/suspend"} == CONTROL_ROUTE_KEYS
     for key in CONTROL_ROUTE_KEYS:
         props = methods[key]
         assert props["AuthorizationType"] == "CUSTOM"
@@ -429,8 +429,9 @@ def test_node_agent_image_is_a_registry_option(
 ) -> None:
     """Given node_agent_image unset / set, Then the daemon runs the default / that image
     (the key comes from the registry, not from a raw context read)."""
-    from infra.config import DEFAULT_NODE_AGENT_IMAGE
     from infra_synth import AGENT_CONTEXT, synthesize
+
+    from infra.config import DEFAULT_NODE_AGENT_IMAGE
 
     def image(synth: Synth) -> str:
         (task,) = [t for t in synth.resources("AWS::ECS::TaskDefinition").values()
@@ -440,6 +441,7 @@ def test_node_agent_image_is_a_registry_option(
 
     assert image(agent_synth) == DEFAULT_NODE_AGENT_IMAGE
     own = "123456789012.dkr.ecr.us-east-1.amazonaws.com/agent:1"
-    custom = synthesize({**AGENT_CONTEXT, "node_agent_image": own}, tmp_path_factory.mktemp("cdk-agent-image"))
+    custom = synthesize({**AGENT_CONTEXT, "node_agent_image": own},
+                        tmp_path_factory.mktemp("cdk-agent-image"))
     assert custom.error is None, custom.error
     assert image(custom) == own
