@@ -210,9 +210,12 @@ class Rank0Program:
         step = self.step_now(task)
         if not told_before:
             self.told_at[attempt] = self.sim.now()
-            state = self._client.read_state()
-            self.note(task.node, f"rank 0: receive_suspend_command() -> True at step {step} "
-                                 f"(grace {state.get('grace_seconds')} s: {state.get('reason')})")
+            state = self._client.read_state()  # what the API answered (shared by the container)
+            grace = float(state.get("grace_seconds") or 0)
+            decided = float(state.get("deadline_at") or 0) - grace
+            self.note(task.node, f"rank 0: receive_suspend_command() -> True at step {step}, "
+                                 f"{self.sim.now() - decided:.1f} s after the decision (grace {grace:.0f} s: "
+                                 f"{state.get('reason')})")
             if not self.respond:
                 self.note(task.node, "rank 0: this program ignores it (no checkpoint, no go_suspend())")
                 return
@@ -245,7 +248,8 @@ class _Scenario:
         self.sim = sim
         self.server = server
         self.clients = clients
-        self.notes: list[tuple[float, tuple[int, int, int], str, str, str]] = []  # (time, order, label, node, text)
+        # (time, order, label, node, text)
+        self.notes: list[tuple[float, tuple[int, int, int], str, str, str]] = []
         self.job_ids: dict[str, str] = {}  # name -> job id
         self.charged: dict[str, tuple[str, str]] = {}  # job id -> (user, level name)
         self.quota_checks = 0
@@ -529,7 +533,8 @@ def _check_complete(w: _Scenario, program: Rank0Program, result: TimeSharingResu
     result.facts["quota_wait"] = quota_wait
     if not quota_wait or "0 node(s) free" in quota_wait:
         problems.append(f"bob-sweep did not wait on its quota with nodes free: {quota_wait!r}")
-    sweep_runs = [float(h["at"]) for h in jobs.get("bob-sweep", {}).get("history") or [] if h.get("to") == "RUNNING"]
+    sweep = jobs.get("bob-sweep", {})
+    sweep_runs = [float(h["at"]) for h in sweep.get("history") or [] if h.get("to") == "RUNNING"]
     finetune_end = [float(h["at"]) for h in finetune.get("history") or [] if h.get("to") == "COMPLETE"]
     if sweep_runs and finetune_end and sweep_runs[0] < finetune_end[0]:
         problems.append("bob-sweep ran while bob-finetune held his HIGH quota")
@@ -591,7 +596,8 @@ def report(result: TimeSharingResult) -> list[str]:
                f"every 2 s); -> StopTask: {result.stop_issued_seconds} s; -> GPUs free (every rank "
                f"STOPPED): {result.gpus_free_seconds} s (the simulated containers exit 10 s after SIGTERM)")
     out.append(f"checkpoint at step {facts.get('checkpoint_step')} of {PRETRAIN_STEPS}; the resumed attempt "
-               f"ran {facts.get('resumed_ran_seconds')} s for {facts.get('steps_left_seconds')} s of steps left; "
+               f"ran {facts.get('resumed_ran_seconds')} s for {facts.get('steps_left_seconds')} s of steps "
+               "left; "
                f"RESUME_COUNT per attempt {facts.get('resume_counts')}")
     out.append(f"quota never exceeded: {'yes' if facts.get('quota_never_exceeded') else 'NO'} (checked after "
                f"each of {facts.get('quota_checks')} scheduler runs; most held {facts.get('max_held')}); "

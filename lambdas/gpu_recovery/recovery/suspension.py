@@ -140,8 +140,8 @@ def _cause(suspend: dict[str, Any]) -> str:
     kind = str(suspend.get("kind") or "")
     if kind == SuspendKind.PREEMPTED.value:
         by_priority = suspend.get("by_priority")
-        level = f", {priority_name(int(by_priority))}" if by_priority is not None else ""
-        return f"preempted by job {suspend.get('by_job', '?')} ({suspend.get('by_user', '?')}{level})"
+        level = f"{priority_name(int(by_priority))}, " if by_priority is not None else ""
+        return f"preempted by job {suspend.get('by_job', '?')} ({level}{suspend.get('by_user', '?')})"
     if kind == SuspendKind.USER.value:
         return f"suspended by {suspend.get('by_user', 'its owner')}"
     return str(suspend.get("reason") or "suspended")
