@@ -35,6 +35,11 @@ def test_application_xid_restarts_within_its_budget_and_a_repeat_earns_a_health_
         assert "PENDING_RESTART" in _job_history(job) and "PENDING_HEALTHCHECK" not in _job_history(job)
         record = next(v for k, v in job.items() if k.startswith("fault:a1:"))
         assert record["plan"]["decision"]["rule_id"] == "xid-13"
+        # The node's history has it too, with its evidence, though nothing was done to it.
+        node_item = w.local.resource("dynamodb").Table(w.local.instance_table).get_item(
+            Key={C.INSTANCE_PK: w.sim.node("node-b").container_instance_id})["Item"]
+        [entry] = [h for h in node_item["fault_history"] if h.get("job_id") == "app-err"]
+        assert entry["evidence"]["spent"] == "application" and entry["charged_job"] is False
 
         w.sim.inject_xid("node-b", 13, after=5 * MIN, health="healthy")
         w.sim.run_for(10 * MIN)

@@ -86,6 +86,28 @@ def _nodes(window: list[dict[str, Any]]) -> set[str]:
     return {e["node"] for e in window}
 
 
+def needs_cluster_count(state: Mapping[str, Any] | None, *, node: str, now: float,
+                        policy: BreakerPolicy | None = None) -> bool:
+    """Can the cluster's size change the answer to acting on ``node`` now? Not when the
+    breaker is off or tripped, the node is already in the window, or one more node fits
+    even the smallest limit (``allowed_nodes`` never falls below ``allowed_nodes(0)``):
+    then nobody needs to list the cluster (the common single fault costs no ECS call)."""
+    policy = policy or BreakerPolicy()
+    current = normalize(state)
+    if not policy.enabled or current["state"] == TRIPPED:
+        return False
+    nodes = _nodes(_in_window(current, now, policy))
+    return node not in nodes and len(nodes) + 1 > policy.allowed_nodes(0)
+
+
+def is_busy(state: Mapping[str, Any] | None, *, now: float, policy: BreakerPolicy | None = None) -> bool:
+    """Tripped, holding a backlog, or with actions still inside the window."""
+    policy = policy or BreakerPolicy()
+    current = normalize(state)
+    return (current["state"] == TRIPPED or bool(current["backlog"])
+            or bool((state or {}).get("released")) or bool(_in_window(current, now, policy)))
+
+
 @dataclass(frozen=True)
 class BreakerDecision:
     allowed: bool  # carry the action out now

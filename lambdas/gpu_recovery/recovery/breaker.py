@@ -83,13 +83,15 @@ class BreakerOperations:
         self.deps = deps
         self.remediation = remediation
 
-    def status(self, now: float) -> policy.BreakerStatus:
-        stored = self.deps.repo.get_breaker()
-        state = policy.normalize(stored)
-        busy = state["state"] == policy.TRIPPED or state["window"] or state["backlog"]
-        nodes = self.remediation.cluster_gpu_nodes() if busy else 0
-        return policy.status(stored, now=now, cluster_gpu_nodes=nodes,
-                             policy=self.deps.settings.remediation.breaker)
+    def status(self, now: float, stored: dict[str, Any] | None = None) -> policy.BreakerStatus:
+        """The breaker's state (``stored``: the item already read, if any). The cluster is
+        counted only while the breaker is busy; an idle one reports no utilisation."""
+        if stored is None:
+            stored = self.deps.repo.get_breaker()
+        settings = self.deps.settings.remediation.breaker
+        nodes = self.remediation.reboots.gate.cluster_gpu_nodes(stored) \
+            if policy.is_busy(stored, now=now, policy=settings) else 0
+        return policy.status(stored, now=now, cluster_gpu_nodes=nodes, policy=settings)
 
     def sweep(self, now: float) -> dict[str, int]:
         """Every minute: the breaker's metrics, then the released backlog (oldest first,
@@ -98,7 +100,7 @@ class BreakerOperations:
         if stored is None:
             self.deps.metrics.add_metric("BreakerOpen", "Count", 0)
             return {}
-        status = self.status(now)
+        status = self.status(now, stored)
         metrics = status.metrics()
         self.deps.metrics.add_metric("BreakerOpen", "Count", metrics["BreakerTripped"])
         self.deps.metrics.add_metric("BreakerUtilization", "Percent", 100 * metrics["BreakerUtilization"])

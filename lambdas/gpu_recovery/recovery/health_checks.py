@@ -215,21 +215,23 @@ class HealthChecks:
     # ------------------------------------------------------------------ verdict
     def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
         inst_id = container_instance_id(detail.containerInstanceArn or "")
+        repo = self.deps.repo
         for _ in range(_VERDICT_ROUNDS):
-            instance = self.deps.repo.get_instance(inst_id) if inst_id else None
-            if instance is None:
+            raw = repo.get_instance_item(inst_id) if inst_id else None  # read once per round
+            instance = repo.instance_from_item(raw) if raw else None
+            if instance is None or raw is None:
                 return Outcome("ignored", detail={"why": "untracked instance"})
             ours = instance.state is InstanceState.HEALTH_CHECKING and (
                 (instance.hc_started_by and detail.startedBy == instance.hc_started_by)
                 or (instance.hc_task_arn and detail.taskArn == instance.hc_task_arn))
             if not ours:
                 return self.reboots.converge_after_verdict(instance)
-            outcome = self._apply(instance, detail)
+            outcome = self._apply(instance, raw, detail)
             if outcome is not None:
                 return outcome
         return Outcome("duplicate", detail={"instance": inst_id})
 
-    def _apply(self, instance: Instance, detail: EcsTaskDetail) -> Outcome | None:
+    def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail) -> Outcome | None:
         """None when the write lost a race (a job joined meanwhile): read and try again."""
         inst_id = instance.container_inst_id
         repo = self.deps.repo
@@ -248,7 +250,6 @@ class HealthChecks:
         # The exit code is the contract; a log line that disagrees (or is missing) never wins.
         findings["exit_code"], findings["verdict"] = exit_code, verdict.name.lower()
         jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
-        raw = repo.get_instance_item(inst_id) or {}
         now = clock.now()
         dcgm = DcgmFindings.from_verdict_json(findings, exit_code=exit_code, task_arn=detail.taskArn)
         evidence = self._evidence(instance, raw, jobs).with_dcgm(dcgm, now)

@@ -17,7 +17,6 @@ lost with their agent disconnected), its answer written in the caller's transact
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -316,8 +315,8 @@ class NodeActionGate:
         When ECS cannot be listed (throttled, or a function without the permission) the
         count the breaker last measured against is used (none: 0, i.e. the policy's minimum,
         one node per window): the breaker never gets looser for want of a count."""
-        now = time.monotonic()
-        if self._cluster_count and now - self._cluster_count.at < CLUSTER_COUNT_TTL_SECONDS:
+        now = clock.now()
+        if self._cluster_count and 0 <= now - self._cluster_count.at < CLUSTER_COUNT_TTL_SECONDS:
             return self._cluster_count.count
         try:
             count = sum(1 for ci in self.deps.ecs.container_instances()
@@ -336,8 +335,11 @@ class NodeActionGate:
         repo = self.deps.repo
         stored = repo.get_breaker()
         read_version = int(stored.get("version") or 0) if stored else None
-        nodes = self.cluster_gpu_nodes(stored)
         policy = self.deps.settings.remediation.breaker
+        if breaker_policy.needs_cluster_count(stored, node=node, now=now, policy=policy):
+            nodes = self.cluster_gpu_nodes(stored)
+        else:  # the answer does not depend on it: keep what the breaker last measured
+            nodes = int((stored or {}).get("cluster_gpu_nodes") or 0)
         decided = breaker_policy.record_action(
             stored, node=node, action=action, now=now, cluster_gpu_nodes=nodes, policy=policy,
             job_id=",".join(job_ids), reason=reason[:300])

@@ -52,6 +52,7 @@ from gpu_recovery.domain.remediation_plan import (
     plan_remediation,
 )
 from gpu_recovery.domain.states import (
+    FATAL_SUSPECT_VERDICTS,
     RECOVERING_JOB_STATES,
     InstanceState,
     JobState,
@@ -478,8 +479,9 @@ class NodeRemediation:
         outcome, and the budget it spends (once per fault; a flapping node's repeat is
         not charged again)."""
         suspects = {**job.suspects, inst_id: label.value}
-        relocatable = self.restarts.relocatable(job)
-        outcome = job_outcome(suspects, relocatable=relocatable)
+        # Only an unusable node makes relocation matter (reading it reads every rank).
+        fatal = any(SuspectVerdict(v) in FATAL_SUSPECT_VERDICTS for v in suspects.values())
+        outcome = job_outcome(suspects, relocatable=fatal and self.restarts.relocatable(job))
         spend, error, to = "", "", job.state
         reason = f"verdict {label.value} on {inst_id}" + (f" ({plan.action.value}, rule "
                                                           f"{plan.decision.rule_id})" if plan else "")

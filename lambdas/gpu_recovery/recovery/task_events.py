@@ -268,6 +268,9 @@ class TaskEvents:
             return Outcome("observed", job.job_id, {"rank": rank.rank,
                                                     "would_have_done": [e.value for e in
                                                                         assessment.plan.record_only]})
+        if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
+                and not assessment.node_fault:
+            self._remember_on_node(fresh, rank, assessment)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank)
         if reaction is StopReaction.RESTART:
             return Outcome("restart_requested", job.job_id, {"rank": rank.rank, **outcome.detail})
@@ -279,6 +282,19 @@ class TaskEvents:
         if reaction is StopReaction.FAIL_JOB:
             return Outcome("failed", job.job_id, {"rank": rank.rank, "reason": fresh.last_error})
         return outcome
+
+    def _remember_on_node(self, job: Job, rank: Rank, assessment: Assessment) -> None:
+        """A fault without node action (application error, transient fault) joins the node's
+        history too, so escalation and the repeat rules see it. Best effort: the job's
+        reaction is committed; a lost history record costs no recovery."""
+        budget = assessment.plan.decision.budget
+        spent = "" if budget is Budget.NONE else budget.value
+        try:
+            self.remediation.record_fault_on_node(job, rank.container_inst_id, assessment.evidence,
+                                                  assessment.plan, spent=spent)
+        except Exception:
+            logger.warning("fault not recorded on the node", exc_info=True,
+                           extra={"job_id": job.job_id, "instance": rank.container_inst_id})
 
     def _converge(self, job: Job, *, redelivered: bool, kind: StopKind, rank: Rank) -> Outcome:
         """Do what the job's state still needs (the work a dead delivery left undone)."""
