@@ -42,7 +42,7 @@ from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
-from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES
+from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, STARTED_JOB_STATES
 from gpu_recovery.repository.heartbeat import (
     GPU_REPORT_VERSION,
     WATCHED_JOB_STATES,
@@ -351,7 +351,7 @@ class HeartbeatService:
         if state is JobState.HUNG and (not has_hung or has_lost):
             steps.append((JobState.HUNG, JobState.RUNNING, "none_hung_or_some_lost"))
             state = JobState.RUNNING
-        if state in (JobState.RUNNING, JobState.STARTING) and has_lost:
+        if state in STARTED_JOB_STATES and has_lost:
             steps.append((state, JobState.NODE_LOST, "some_lost"))
         elif state is JobState.RUNNING and has_hung:
             steps.append((JobState.RUNNING, JobState.HUNG, "some_hung_none_lost"))

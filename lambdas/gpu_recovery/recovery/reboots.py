@@ -41,7 +41,13 @@ from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.policy import AgentEvent, RebootProgress
 from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, JobState, SuspectVerdict
+from gpu_recovery.domain.states import (
+    HEALTH_CHECK_STATES,
+    RECOVERING_JOB_STATES,
+    InstanceState,
+    JobState,
+    SuspectVerdict,
+)
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Outcome
@@ -229,8 +235,8 @@ class Reboots:
         marked SUSPECT (no new work; the breaker's hold is kept in its backlog) and the
         node's history records the quarantine as not executed."""
         inst_id = instance.container_inst_id
-        job_ids: Iterable[str] = (instance.hc_jobs if instance.state in (
-            InstanceState.HEALTH_CHECK_PENDING, InstanceState.HEALTH_CHECKING) else instance.waiting_jobs)
+        job_ids: Iterable[str] = (instance.hc_jobs if instance.state in HEALTH_CHECK_STATES
+                                     else instance.waiting_jobs)
         failures, moving, jobs = [], [], []
         for job_id in sorted(job_ids):
             job = self.deps.repo.get_job(job_id)

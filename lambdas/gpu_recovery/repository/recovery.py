@@ -40,6 +40,7 @@ from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.state_machine import check_transition, sources_of
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
+    HEARTBEAT_WATCHED_RANK_STATES,
     HOLDING_RANK_STATES,
     LIVE_RANK_STATES,
     InstanceState,
@@ -967,7 +968,7 @@ class Repository:
         values[":task"] = rank.task_arn
         names["#task"] = JOB_BY_TASK_PK
         remove = [] if to in HOLDING_RANK_STATES else [JOB_BY_INSTANCE_PK]
-        if to not in (RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG):
+        if to not in HEARTBEAT_WATCHED_RANK_STATES:
             remove.append(HB_PK)  # leave the sparse heartbeat index: only watched ranks stay
         return Update(
             table=self.job_table_name,
