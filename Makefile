@@ -44,7 +44,7 @@ test: $(STAMP) install-cdk
 
 # Every AWS call of a GPU-fault recovery broken in turn (make test breaks one per call site).
 test-faults: $(STAMP)
-	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q tests/crash_consistency
+	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q -n auto tests/crash_consistency
 
 # Longer schemathesis run of both APIs against the local API (make test runs 25 examples
 # per operation; FUZZ_EXAMPLES=... to change).

@@ -48,6 +48,7 @@ SECTIONS = (
     ("Node heartbeats", "bench.heartbeat_bench"),
     ("Job queue API", "bench.queue_api_bench"),
     ("Queue scheduler", "bench.scheduler_bench"),
+    ("Time sharing", "bench.time_sharing_bench"),
 )
 
 

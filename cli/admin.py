@@ -6,12 +6,23 @@
     gpu-recovery-admin list-tokens
     gpu-recovery-admin breaker show
     gpu-recovery-admin breaker reset --resume-backlog | --drop-backlog
+    gpu-recovery-admin quota set --user alice --priority HIGH --nodes 8
+    gpu-recovery-admin quota list [--user alice] [--json]
+    gpu-recovery-admin quota remove --user alice --priority HIGH
 
 ``breaker`` reads and writes the breaker's item in the container-instance table
 (``--instance-table`` or ``$CONTAINER_INSTANCE_TABLE_NAME``). ``reset --resume-backlog``
 releases the held-back node actions: the recovery sweep carries them out within a
 minute (entries older than ``--max-backlog-age-hours``, default 24, are dropped: a stale
 backlog is not replayed); ``--drop-backlog`` forgets them.
+
+``quota`` manages node quotas (the most nodes a user may hold at once at a priority level)
+in the quota table (``--quota-table`` or ``$QUOTA_TABLE_NAME``), through the same service
+as the jobs API's admin routes. A user is an IAM ARN or the name ``gpujobs quota`` shows
+(IAM user name, or ``<role>/<session>``). ``list`` shows what applies: a level without a
+set quota has the deployment's default, read from ``$DEFAULT_NODE_QUOTAS`` (the JSON the
+stack gives the jobs API, e.g. ``{"HIGH": 8}``), else no limit. A change applies from the
+scheduler's next tick. ``remove`` exits 1 when no quota was set at that level.
 
 Credentials and region come from the usual AWS settings (``--region`` / ``--profile``
 override them). Token commands use the table ``--table`` or ``$NODE_TOKEN_TABLE_NAME``
@@ -37,9 +48,12 @@ from gpu_recovery.constants import (
     DEFAULT_INSTANCE_TABLE_NAME,
     DEFAULT_JOB_TABLE_NAME,
     DEFAULT_NODE_TOKEN_TABLE_NAME,
+    DEFAULT_QUOTA_TABLE_NAME,
+    ENV_DEFAULT_NODE_QUOTAS,
     ENV_INSTANCE_TABLE,
     ENV_JOB_TABLE,
     ENV_NODE_TOKEN_TABLE,
+    ENV_QUOTA_TABLE,
 )
 from gpu_recovery.tokens import TokenError, TokenStore
 
@@ -52,6 +66,7 @@ class Context:
     store: TokenStore | None = None
     session: Any = None
     repo: Any = None  # the recovery Repository (breaker commands)
+    quotas: Any = None  # the QuotaService (quota commands)
 
     def boto_session(self) -> Any:
         if self.session is None:
@@ -76,6 +91,18 @@ class Context:
             jobs = os.environ.get(ENV_JOB_TABLE) or DEFAULT_JOB_TABLE_NAME
             self.repo = Repository(self.boto_session().resource("dynamodb"), jobs, instances)
         return self.repo
+
+    def quota_service(self) -> Any:
+        if self.quotas is None:
+            from gpu_recovery.queue.quotas import QuotaService
+            from gpu_recovery.repository.time_sharing import QuotaRepository
+            from gpu_recovery.settings import parse_node_quotas
+
+            table = self.args.quota_table or os.environ.get(ENV_QUOTA_TABLE) or DEFAULT_QUOTA_TABLE_NAME
+            defaults = parse_node_quotas(os.environ.get(ENV_DEFAULT_NODE_QUOTAS) or "")
+            self.quotas = QuotaService(QuotaRepository(self.boto_session().resource("dynamodb"), table),
+                                       defaults)
+        return self.quotas
 
 
 @dataclass(frozen=True)
@@ -182,6 +209,120 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
     return 0
 
 
+def _quota_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quota-table", help=f"quota table (default ${ENV_QUOTA_TABLE} or "
+                                              f"{DEFAULT_QUOTA_TABLE_NAME})")
+    actions = parser.add_subparsers(dest="quota_command", required=True)
+    set_ = actions.add_parser("set", help="set a user's node quota at one priority level")
+    set_.add_argument("--user", required=True, help="IAM ARN, or the user name gpujobs quota shows")
+    set_.add_argument("--priority", required=True, help="level name (LOW ... EXTREME_HIGH) or its value")
+    set_.add_argument("--nodes", required=True, type=int, help="nodes the user may hold at once (0..100000)")
+    listing = actions.add_parser("list", help="every set quota and usage (or one user's, at every level)")
+    listing.add_argument("--user", help="one user: every level, with the default where none is set")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    remove = actions.add_parser("remove", help="remove a user's quota at one level (the default applies)")
+    remove.add_argument("--user", required=True, help="IAM ARN, or the user name gpujobs quota shows")
+    remove.add_argument("--priority", required=True, help="level name or value")
+
+
+# QuotaInputError.field -> the option the operator typed.
+_QUOTA_OPTIONS = {"user": "--user", "priority": "--priority", "max_nodes": "--nodes"}
+
+
+def _quota(args: argparse.Namespace, ctx: Context) -> int:
+    from gpu_recovery.queue.quotas import QuotaInputError
+    from gpu_recovery.settings import SettingsError
+
+    try:
+        return quota_command(args, ctx.quota_service())
+    except QuotaInputError as error:
+        option = _QUOTA_OPTIONS.get(error.field, f"--{error.field.replace('_', '-')}")
+        message = str(error).removeprefix(f"{error.field}: ")
+        print(f"error: {option}: {message}", file=sys.stderr)
+        return 2
+    except SettingsError as error:  # a malformed $DEFAULT_NODE_QUOTAS
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _limit_text(limit: Any) -> str:
+    return "no limit" if limit is None else f"{limit} node(s)"
+
+
+def _quota_cells(row: dict[str, Any]) -> list[str]:
+    """PRIORITY, LIMIT, SOURCE, IN USE, ROOM (no limit: "unlimited")."""
+    limit, room = row.get("max_nodes"), row.get("room")
+    return [str(row.get("priority_name")), "unlimited" if limit is None else str(limit),
+            str(row.get("source")), str(row.get("used_nodes", 0)), "-" if room is None else str(room)]
+
+
+_QUOTA_HEADERS = ["PRIORITY", "LIMIT", "SOURCE", "IN USE", "ROOM"]
+
+
+def _print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    for row in [headers, *rows]:
+        print("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
+
+
+def quota_command(args: argparse.Namespace, service: Any) -> int:
+    """``quota set`` / ``list`` / ``remove`` over a QuotaService; input errors raise
+    ``QuotaInputError`` naming the field."""
+    from gpu_recovery.domain.time_sharing import priority_name
+    from gpu_recovery.queue.quotas import MAX_PAGE, subject_from
+
+    if args.quota_command == "set":
+        row = service.set_limit(args.user, args.priority, args.nodes, by=_caller())
+        print(json.dumps(row, default=str, sort_keys=True, indent=2))
+        print(f"quota set: {row['user']} may hold {row['max_nodes']} node(s) at once at "
+              f"{row['priority_name']}; the scheduler applies it from its next tick", file=sys.stderr)
+        if row["used_nodes"] > row["max_nodes"]:
+            print(f"note: {row['user']} holds {row['used_nodes']} node(s) at that level now: no new job of "
+                  "theirs starts there until the usage is below the quota", file=sys.stderr)
+        return 0
+    if args.quota_command == "remove":
+        result = service.remove_limit(args.user, args.priority, by=_caller())
+        print(json.dumps(result, default=str, sort_keys=True, indent=2))
+        if not result["removed"]:
+            print(f"{result['user']} has no quota set at {result['priority_name']}: nothing removed",
+                  file=sys.stderr)
+            return 1
+        print(f"quota removed: {result['user']} at {result['priority_name']} now has "
+              f"{_limit_text(result['max_nodes'])} ({result['source']})", file=sys.stderr)
+        return 0
+    if args.user:
+        view = service.view(subject_from(args.user))
+        if args.json:
+            print(json.dumps(view, default=str, sort_keys=True, indent=2))
+            return 0
+        print(f"User: {view['user']}")
+        _print_table(_QUOTA_HEADERS, [_quota_cells(r) for r in view["quotas"]])
+        return 0
+    rows: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:  # every page: the quota partition holds one item per user and level in use
+        page = service.list_all(limit=MAX_PAGE, next_token=token)
+        rows += page["quotas"]
+        token = page["next_token"]
+        if not token:
+            break
+    defaults = {priority_name(level): nodes
+                for level, nodes in sorted(service.defaults.items(), reverse=True)}
+    if args.json:
+        print(json.dumps({"quotas": rows, "defaults": defaults}, default=str, sort_keys=True, indent=2))
+        return 0
+    if rows:
+        _print_table(["USER", *_QUOTA_HEADERS],
+                     [[str(r["user"]), *_quota_cells(r)] for r in rows])
+    else:
+        print("no quota set and no node in use at any level", file=sys.stderr)
+    shown = ", ".join(f"{name} {nodes}" for name, nodes in defaults.items())
+    print(f"defaults (${ENV_DEFAULT_NODE_QUOTAS}): " + (
+        f"{shown}; other levels: no limit" if shown else "none: a level without a set quota has no limit"),
+        file=sys.stderr)
+    return 0
+
+
 COMMANDS: list[Command] = [
     Command("doctor", "check, read-only, that the deployed stack's account is ready for a GPU fault",
             doctor.add_arguments, _doctor),
@@ -190,6 +331,7 @@ COMMANDS: list[Command] = [
     Command("revoke-token", "revoke a node's report token", _node_id_argument, _revoke_token),
     Command("list-tokens", "list nodes and token status (never the tokens)", _no_arguments, _list_tokens),
     Command("breaker", "show or reset the blast-radius breaker", _breaker_arguments, _breaker),
+    Command("quota", "set, list or remove users' node quotas per priority level", _quota_arguments, _quota),
 ]
 
 
@@ -206,11 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, store: TokenStore | None = None,
-         session: Any = None, repo: Any = None) -> int:
+         session: Any = None, repo: Any = None, quotas: Any = None) -> int:
     args = build_parser().parse_args(argv)
     command = next(c for c in COMMANDS if c.name == args.command)
     try:
-        return command.run(args, Context(args, store=store, session=session, repo=repo))
+        return command.run(args, Context(args, store=store, session=session, repo=repo, quotas=quotas))
     except TokenError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

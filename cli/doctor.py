@@ -43,7 +43,10 @@ DEFAULT_STACK_NAME = "GpuTrainingRecovery"
 REQUIRED_OUTPUTS = ("ClusterName", "InstanceTagKey", "InstanceTagValue", "AlertTopicArn",
                     "HealthCheckTaskDefinitionArn", "JobTableName", "InstanceTableName",
                     "NodeTokenTableName")
-TABLE_OUTPUTS = ("JobTableName", "InstanceTableName", "NodeTokenTableName", "IdempotencyTableName")
+# Tables whose point-in-time recovery is checked (a stack from before time sharing has no
+# QuotaTableName: only the tables it names are checked).
+TABLE_OUTPUTS = ("JobTableName", "InstanceTableName", "NodeTokenTableName", "IdempotencyTableName",
+                 "QuotaTableName")
 RULE_SUFFIX, DLQ_SUFFIX = "RuleName", "DeadLetterQueueUrl"
 DEFAULT_STALE_SECONDS = 180
 LISTED = 8  # names shown per line before "and N more"

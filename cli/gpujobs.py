@@ -1,7 +1,7 @@
 """``gpujobs``: submit and follow multi-node GPU training jobs through the jobs REST API.
 
-Subcommands: ``submit``, ``list``, ``show``, ``cancel``, ``events``, ``logs``, ``watch``.
-See ``cli/README.md`` for examples.
+Subcommands: ``submit``, ``list``, ``show``, ``cancel``, ``suspend``, ``resume``, ``events``,
+``logs``, ``watch``, ``quota``. See ``cli/README.md`` for examples.
 
 Transport is stdlib ``urllib.request``. Requests to API Gateway endpoints (host ending in
 ``.amazonaws.com``) are signed with SigV4 (service ``execute-api``) using botocore
@@ -44,11 +44,12 @@ API_PREFIX = "/v1"
 
 NON_TERMINAL_STATES = (
     "QUEUED", "PENDING_RESOURCES", "STARTING", "RUNNING", "PENDING_HEALTHCHECK",
-    "PENDING_RESTART", "NODE_LOST", "HUNG", "CANCELING",
+    "PENDING_RESTART", "NODE_LOST", "HUNG", "SUSPENDING", "SUSPENDED", "CANCELING",
 )
 TERMINAL_STATES = ("COMPLETE", "FAILED", "USER_STOPPED", "CANCELED")
 FAILED_TERMINAL_STATES = frozenset(TERMINAL_STATES) - {"COMPLETE"}
 PRIORITIES = ("LOW", "BELOW_NORMAL", "NORMAL", "ABOVE_NORMAL", "HIGH", "VERY_HIGH", "EXTREME_HIGH")
+AUTO_PRIORITY = "AUTO"  # the server picks the highest level where the user's node quota has room
 
 MAX_TRIES = 3
 RETRY_BACKOFF_SECONDS = 0.5  # base of the exponential backoff between tries (with jitter)
@@ -300,6 +301,19 @@ class ApiClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self.request("POST", f"/jobs/{_q(job_id)}/cancel")
 
+    # Suspend and resume are idempotent on the server (a repeat answers changed=false), so
+    # the retries of request() are safe for them as for cancel.
+    def suspend(self, job_id: str) -> dict[str, Any]:
+        return self.request("POST", f"/jobs/{_q(job_id)}/suspend")
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self.request("POST", f"/jobs/{_q(job_id)}/resume")
+
+    def quotas(self, *, user: str | None = None, all_users: bool = False, limit: int | None = None,
+               next_token: str | None = None) -> dict[str, Any]:
+        return self.request("GET", "/quotas", query={"user": user, "all": "true" if all_users else None,
+                                                     "limit": limit, "next_token": next_token})
+
     def events(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/jobs/{_q(job_id)}/events")
 
@@ -415,9 +429,9 @@ def normalize_priority(value: Any) -> int | str:
     if re.fullmatch(r"[+-]?\d+", text):
         return int(text)
     name = text.upper().replace("-", "_").replace(" ", "_")
-    if name not in PRIORITIES:
-        raise CliError(f"invalid priority {value!r}: an integer or one of {', '.join(PRIORITIES)}",
-                       field="priority")
+    if name not in PRIORITIES and name != AUTO_PRIORITY:
+        raise CliError(f"invalid priority {value!r}: an integer, one of {', '.join(PRIORITIES)}, "
+                       f"or {AUTO_PRIORITY}", field="priority")
     return name
 
 
@@ -459,7 +473,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
                       ("gpus_per_node", "gpus_per_node"),
                       ("max_recovery_attempts", "max_recovery_attempts"),
                       ("max_infra_recoveries", "max_infra_recoveries"),
-                      ("max_app_restarts", "max_app_restarts")):
+                      ("max_app_restarts", "max_app_restarts"),
+                      ("suspend_grace", "suspend_grace_seconds")):
         value = getattr(args, flag)
         if value is not None:
             spec[key] = value
@@ -482,7 +497,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     if "priority" in spec:
         spec["priority"] = normalize_priority(spec["priority"])
     for key in ("nnodes", "gpus_per_node", "max_recovery_attempts", "max_infra_recoveries",
-                "max_app_restarts"):
+                "max_app_restarts", "suspend_grace_seconds"):
         if key in spec and not isinstance(spec[key], int):
             try:
                 spec[key] = int(spec[key])
@@ -599,6 +614,64 @@ def _priority(job: Mapping[str, Any]) -> Any:
     return value
 
 
+def _priority_detail(job: Mapping[str, Any]) -> Any:
+    """``show``'s priority: the level, and how it came to be (AUTO at submit, a demotion)."""
+    shown = _priority(job)
+    notes = []
+    if str(job.get("priority_requested") or "").upper() == AUTO_PRIORITY:
+        notes.append(f"chosen by {AUTO_PRIORITY} at submit")
+    demoted = job.get("demoted_from")
+    if demoted is not None and demoted != "":
+        name = _PRIORITY_NAMES.get(demoted) if isinstance(demoted, int) else None
+        notes.append(f"demoted from {name} ({demoted})" if name else f"demoted from {demoted}")
+    if shown is None or not notes:
+        return shown
+    return f"{shown}, {', '.join(notes)}"
+
+
+def _state_label(job: Mapping[str, Any]) -> str:
+    """The state, marked ``(held)`` for a job suspended by its user: it waits for ``resume``."""
+    state = str(job.get("state", "?"))
+    return f"{state} (held)" if job.get("held") else state
+
+
+def _suspension_lines(job: Mapping[str, Any]) -> list[str]:
+    """The suspension block of ``show``: the current one, or the last one once resumed."""
+    raw = job.get("suspend")
+    if not isinstance(raw, dict) or not raw:
+        return []
+    state = str(job.get("state", "")).upper()
+    current = state in ("SUSPENDING", "SUSPENDED")
+    kind = str(raw.get("kind") or "-")
+    by_text = ", ".join(f"{what} {raw[key]}" for what, key in (("job", "by_job"), ("user", "by_user"))
+                        if raw.get(key))
+    deadline = _fmt_time(raw.get("deadline_at")) or None
+    grace = raw.get("grace_seconds")
+    if deadline and grace:
+        deadline = f"{deadline} (grace {grace} s)"
+    held = None
+    if state == "SUSPENDED":
+        held = (f"yes: waits for `{PROG} resume {job.get('job_id', 'ID')}`" if job.get("held")
+                else "no: queued again at its original position")
+    elif state == "SUSPENDING":
+        held = "yes, once its ranks stopped" if raw.get("hold") else "no: queued again once its ranks stopped"
+    stopped = raw.get("stop_reason") or None
+    if stopped and raw.get("stop_requested_at"):
+        stopped = f"{_fmt_time(raw.get('stop_requested_at'))}: {stopped}"
+    fields: list[tuple[str, Any]] = [
+        ("Kind", kind + (f" (by {by_text})" if by_text else "")),
+        ("Reason", raw.get("reason") or None),
+        ("Requested", _fmt_time(raw.get("requested_at")) or None),
+        # A past suspension's deadline says nothing any more; the current one's is the forced stop.
+        ("Deadline", deadline if current else None),
+        ("Stopped", stopped),
+        ("Held", held),
+    ]
+    title = "Suspension:" if current else "Last suspension:"
+    return ["", title] + [f"  {label + ':':<10} {_cell(value)}" for label, value in fields
+                          if value not in (None, "")]
+
+
 def _rank_table(ranks: list[dict[str, Any]]) -> list[str]:
     columns: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
         ("RANK", lambda r: r.get("rank")),
@@ -633,21 +706,29 @@ def format_job(job: Mapping[str, Any]) -> list[str]:
         used = job.get("recoveries_used")
         recoveries = f"{used}/{max_recoveries} used" if used is not None else f"max {max_recoveries}"
     labels = spec.get("labels") if isinstance(spec.get("labels"), dict) else {}
+    counts = [int(job.get("suspend_count") or 0), int(job.get("resume_count") or 0)]
+    state = job.get("state")
+    if state is not None and job.get("held"):
+        state = f"{state}, held until resumed"
     fields: list[tuple[str, Any]] = [
-        ("State", job.get("state")),
+        ("State", state),
+        ("Waiting", job.get("wait_reason") or None),
         ("User", job.get("user")),
-        ("Priority", _priority(job)),
+        ("Quota user", job.get("quota_user") or None),
+        ("Priority", _priority_detail(job)),
         ("Submitted", _fmt_time(job.get("submitted_at")) or None),
         ("Task def", spec.get("task_definition")),
         ("Nodes", f"{nodes} GPUs" if nodes != "-" else None),
         ("Attempt", job.get("attempt")),
         ("Recoveries", recoveries),
+        ("Suspended", f"{counts[0]} time(s), resumed {counts[1]}" if any(counts) else None),
         ("Ranks", f"{running}/{total} running" if total else None),
         ("Command", " ".join(shlex.quote(str(c)) for c in overrides.get("command") or []) or None),
         ("Labels", ", ".join(f"{k}={v}" for k, v in labels.items()) or None),
         ("Last error", job.get("last_error")),
     ]
     lines += [f"{label + ':':<11} {_cell(value)}" for label, value in fields if value not in (None, "")]
+    lines += _suspension_lines(job)
     ranks = [r for r in job.get("ranks") or [] if isinstance(r, dict)]
     if ranks:
         lines += ["", "Ranks:", *_rank_table(ranks)]
@@ -736,6 +817,85 @@ def cmd_cancel(client: ApiClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _suspend_outcome(result: Mapping[str, Any], job_id: str, action: str) -> str:
+    """One line, ``ID: STATE`` first (like ``cancel``), then what happens next."""
+    job_id = str(result.get("job_id") or job_id)
+    state = str(result.get("state") or "?")
+    notes: list[str] = []
+    if action == "suspend":
+        if state == "SUSPENDING" and result.get("deadline_at"):
+            notes.append("rank 0 is told to checkpoint and call go_suspend(); ranks stopped by "
+                         f"{_fmt_time(result.get('deadline_at'))} at the latest")
+        if result.get("held", True):
+            notes.append(f"held until `{PROG} resume {job_id}`")
+    elif state == "SUSPENDING":
+        notes.append("queued again once its ranks stopped")
+    else:
+        notes.append("queued at its original position: it starts when nodes are free")
+    if result.get("changed") is False:
+        notes.append("it already was")
+    return f"{job_id}: {state}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def cmd_suspend(client: ApiClient, args: argparse.Namespace) -> int:
+    result = client.suspend(args.job_id)
+    if _json_mode(args):
+        _print_json(result)
+    else:
+        print(_suspend_outcome(result, args.job_id, "suspend"), file=_out())
+    return EXIT_OK
+
+
+def cmd_resume(client: ApiClient, args: argparse.Namespace) -> int:
+    result = client.resume(args.job_id)
+    if _json_mode(args):
+        _print_json(result)
+    else:
+        print(_suspend_outcome(result, args.job_id, "resume"), file=_out())
+    return EXIT_OK
+
+
+def _quota_cells(row: Mapping[str, Any]) -> list[Any]:
+    """PRIORITY, LIMIT, SOURCE, IN USE, ROOM of one quota row (no limit: "unlimited")."""
+    limit = row.get("max_nodes")
+    room = row.get("room")
+    return [row.get("priority_name") or row.get("priority"), "unlimited" if limit is None else limit,
+            row.get("source"), row.get("used_nodes", 0), "-" if room is None else room]
+
+
+_QUOTA_HEADERS = ["PRIORITY", "LIMIT", "SOURCE", "IN USE", "ROOM"]
+
+
+def cmd_quota(client: ApiClient, args: argparse.Namespace) -> int:
+    if args.all:
+        rows: list[dict[str, Any]] = []
+        token: str | None = None
+        for _ in range(MAX_PAGES):
+            page = client.quotas(all_users=True, next_token=token)
+            rows += [r for r in page.get("quotas") or [] if isinstance(r, dict)]
+            token = page.get("next_token") or None
+            if not token:
+                break
+        if _json_mode(args):
+            _print_json({"quotas": rows, "next_token": None})
+        elif not rows:
+            print("no quota set and no node in use at any level (the deployment's defaults apply)",
+                  file=sys.stderr)
+        else:
+            for line in _table(["USER", *_QUOTA_HEADERS], [[r.get("user"), *_quota_cells(r)] for r in rows]):
+                print(line, file=_out())
+        return EXIT_OK
+    doc = client.quotas(user=args.user)
+    if _json_mode(args):
+        _print_json(doc)
+        return EXIT_OK
+    levels = [r for r in doc.get("quotas") or [] if isinstance(r, dict)]
+    print(f"User: {doc.get('user', args.user or '-')}", file=_out())
+    for line in _table(_QUOTA_HEADERS, [_quota_cells(r) for r in levels]):
+        print(line, file=_out())
+    return EXIT_OK
+
+
 def cmd_events(client: ApiClient, args: argparse.Namespace) -> int:
     doc = client.events(args.job_id)
     if _json_mode(args):
@@ -804,16 +964,19 @@ def cmd_logs(client: ApiClient, args: argparse.Namespace) -> int:
         _sleep(args.interval)
 
 
+# Green: working; red: a fault; magenta: stopped by a user; cyan/blue: paused by time sharing
+# (not a failure: the job comes back); yellow (the default): waiting or being recovered.
 _COLORS = {
     "COMPLETE": "32", "RUNNING": "32", "FAILED": "31", "NODE_LOST": "31", "HUNG": "31",
-    "USER_STOPPED": "35", "CANCELED": "35", "CANCELING": "35",
+    "USER_STOPPED": "35", "CANCELED": "35", "CANCELING": "35", "SUSPENDING": "36", "SUSPENDED": "34",
 }
 
 
 def _colored(state: str, enabled: bool) -> str:
     if not enabled:
         return state
-    return f"\x1b[1;{_COLORS.get(state, '33')}m{state}\x1b[0m"
+    color = _COLORS.get(state.split(" ", 1)[0], "33")  # "SUSPENDED (held)" is colored as SUSPENDED
+    return f"\x1b[1;{color}m{state}\x1b[0m"
 
 
 class _Watcher:
@@ -826,7 +989,8 @@ class _Watcher:
         self.tty = tty
         self.color = tty and not os.environ.get("NO_COLOR")
         self.started = started
-        self.last_key: tuple[Any, Any] | None = None
+        self.last_key: tuple[Any, ...] | None = None
+        self.last_label: str | None = None
         self.frame = 0
         self.live_shown = False
 
@@ -843,13 +1007,20 @@ class _Watcher:
     def _change_line(self, job: Mapping[str, Any], previous: str | None) -> str:
         state = str(job.get("state", "?"))
         running, total = _ranks(job)
-        shown = _colored(state, self.color)
+        shown = _colored(_state_label(job), self.color)
         transition = f"{previous} -> {shown}" if previous else shown
         parts = [_fmt_time(_utcnow().isoformat()), str(job.get("job_id", "")), transition,
                  f"attempt={job.get('attempt', '-')}", f"ranks={running}/{total}",
                  f"elapsed={self._elapsed(job)}"]
         if state in FAILED_TERMINAL_STATES and job.get("last_error"):
             parts.append(f"error={_cell(job.get('last_error'))}")
+        suspend = job.get("suspend") if isinstance(job.get("suspend"), dict) else {}
+        if state in ("SUSPENDING", "SUSPENDED") and suspend:
+            parts.append(f"suspend={suspend.get('kind', '?')}")
+            if suspend.get("by_job"):
+                parts.append(f"by={suspend['by_job']}")
+            if state == "SUSPENDING" and suspend.get("deadline_at"):
+                parts.append(f"deadline={_fmt_time(suspend.get('deadline_at'))}")
         return "  ".join(parts)
 
     def _live_line(self, job: Mapping[str, Any]) -> str:
@@ -860,15 +1031,21 @@ class _Watcher:
         bar = "#" * filled + "." * (width - filled)
         spin = self.SPINNER[self.frame % len(self.SPINNER)] if state not in TERMINAL_STATES else " "
         self.frame += 1
-        return (f"{spin} {job.get('job_id', '')}  {_colored(state, self.color)}  "
+        line = (f"{spin} {job.get('job_id', '')}  {_colored(_state_label(job), self.color)}  "
                 f"attempt {job.get('attempt', '-')}  ranks [{bar}] {running}/{total} running  "
                 f"elapsed {self._elapsed(job)}")
+        waiting = str(job.get("wait_reason") or "")
+        if waiting:  # why a queued (or suspended, queued again) job does not start yet
+            line += f"  waiting: {waiting[:60] + '...' if len(waiting) > 63 else waiting}"
+        return line
 
     def update(self, job: Mapping[str, Any]) -> None:
-        key = (job.get("state"), job.get("attempt"))
+        # held is part of the key: resuming a held job leaves it SUSPENDED, but queued again.
+        key = (job.get("state"), job.get("attempt"), bool(job.get("held")))
         changed = key != self.last_key
-        previous = None if self.last_key is None else str(self.last_key[0])
+        previous = self.last_label
         self.last_key = key
+        self.last_label = _state_label(job)
         if not self.tty:
             if changed:
                 print(self._change_line(job, previous), file=self.stream, flush=True)
@@ -919,7 +1096,7 @@ def cmd_watch(client: ApiClient, args: argparse.Namespace) -> int:
                 _sleep(args.interval)
                 continue
             if _json_mode(args):
-                key = (job.get("state"), job.get("attempt"))
+                key = (job.get("state"), job.get("attempt"), bool(job.get("held")))
                 if key != watcher.last_key:
                     print(json.dumps(job, separators=(",", ":"), default=str), file=stream, flush=True)
                     watcher.last_key = key
@@ -987,7 +1164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--container-name", help="container to override (default: the server's choice)")
     p.add_argument("--nnodes", type=_positive_int)
     p.add_argument("--gpus-per-node", type=_positive_int)
-    p.add_argument("--priority", help=f"an integer or one of {', '.join(PRIORITIES)}")
+    p.add_argument("--priority", help=f"an integer, one of {', '.join(PRIORITIES)}, or {AUTO_PRIORITY} "
+                                      "(the highest level where your node quota has room)")
     p.add_argument("--command", action="append", metavar="ARG",
                    help="command override: repeat once per argument, or one shell-quoted string")
     p.add_argument("--env", action="append", metavar="K=V", help="environment variable (repeatable)")
@@ -996,6 +1174,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node faults fixed by a reboot or a move to healthy nodes (default 3)")
     p.add_argument("--max-app-restarts", type=int,
                    help="restarts after an application error (default 0: the job fails)")
+    p.add_argument("--suspend-grace", type=_positive_int, metavar="SECONDS",
+                   help="seconds rank 0 has to checkpoint and call go_suspend() once told to suspend "
+                        "(default: the deployment's, 60)")
     p.add_argument("--label", action="append", metavar="K=V", help="label (repeatable)")
     p.add_argument("--idempotency-key", help="Idempotency-Key header (default: a fresh UUID4)")
     p.add_argument("--dry-run", action="store_true",
@@ -1017,6 +1198,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("cancel", "cancel a job")
     p.add_argument("job_id", metavar="ID")
     p.set_defaults(func=cmd_cancel)
+
+    p = add("suspend", "suspend a job gracefully (rank 0 checkpoints first); held until resumed")
+    p.add_argument("job_id", metavar="ID")
+    p.set_defaults(func=cmd_suspend)
+
+    p = add("resume", "put a suspended job back in the queue at its original position")
+    p.add_argument("job_id", metavar="ID")
+    p.set_defaults(func=cmd_resume)
+
+    p = add("quota", "your node quota at every priority level: limit, nodes in use, room")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--user", help="another user's quota (admins): an IAM ARN or the user name shown here")
+    who.add_argument("--all", action="store_true", help="every quota set, and every usage (admins)")
+    p.set_defaults(func=cmd_quota)
 
     p = add("events", "a job's state transitions")
     p.add_argument("job_id", metavar="ID")

@@ -1,15 +1,14 @@
 """The stack's REST API (node heartbeats + GPU telemetry), its authorizer, the
 heartbeat sweep and the node-token table.
 
-``NodeApi.rest_api`` is THE RestApi of the stack; other routes are added to it.
-Every method must carry an authorization type (the template test rejects NONE).
-The jobs API, for example (IAM auth)::
+``NodeApi.rest_api`` is THE RestApi of the stack; other routes are added to it, one
+method per route of the route tables in ``gpu_recovery.constants`` (no ``{proxy+}``:
+an unknown route or method is refused by API Gateway itself). Every method must carry an
+authorization type (the template test rejects NONE):
 
-    jobs = node_api.v1.add_resource("jobs")          # /v1/jobs (node_api.v1 is /v1)
-    jobs.add_method("POST", apigw.LambdaIntegration(fn),
-                    authorization_type=apigw.AuthorizationType.IAM)
-    jobs.add_resource("{proxy+}").add_any_method(..., authorization_type=apigw.AuthorizationType.IAM)
-    node_api.rest_api.root.add_resource("swagger").add_method("GET", ..., authorization_type=IAM)
+* the jobs API (``infra/queue_api.py``): ``JOBS_API_ROUTES``, IAM (SigV4);
+* the job-control API (``infra/control_api.py``): ``CONTROL_API_ROUTES``, its own TOKEN
+  authorizer (per-rank control tokens of training code).
 
 Stage ``prod`` (``node_api.url`` ends with ``/prod/``): throttling, JSON access logs
 to ``node_api.access_log_group``, X-Ray tracing, execution logs (ERROR) and metrics.
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
@@ -54,7 +53,7 @@ from infra.lambda_common import (
 )
 from infra.nag import acknowledge
 from infra.notifications import Notifications
-from infra.recovery import ClusterAccess, nag_resource_id
+from infra.recovery import EVENT_RETRY_ATTEMPTS, ClusterAccess, nag_resource_id
 from infra.tables import RecoveryTables
 
 STAGE_NAME = "prod"
@@ -192,6 +191,7 @@ class NodeApi(Construct):
         )
         self.stage = self.rest_api.deployment_stage
         self.url = self.rest_api.url
+        self.authorizer_cache_seconds = config.authorizer_cache_seconds
         self.authorizer = apigw.TokenAuthorizer(
             self, "TokenAuthorizer",
             handler=self.authorizer_function.function,
@@ -254,8 +254,11 @@ class NodeApi(Construct):
             self, "HeartbeatSweepRule", description="Heartbeat sweep: stale ranks, NODE_LOST timeouts",
             schedule=events.Schedule.rate(Duration.minutes(1)),
         )
+        # Same delivery retries as the other two every-minute rules (recovery sweep,
+        # scheduler): EventBridge retries only a failed delivery (a throttled asynchronous
+        # invoke), within the 5-minute event age, instead of dead-lettering it at once.
         self.sweep_rule.add_target(targets.LambdaFunction(
-            self.sweep_function.function, dead_letter_queue=dlq, retry_attempts=0,
+            self.sweep_function.function, dead_letter_queue=dlq, retry_attempts=EVENT_RETRY_ATTEMPTS,
             max_event_age=SCHEDULED_MAX_EVENT_AGE))
         # As the recovery sweep and the scheduler: a failed run is retried by Lambda (a
         # throttle passes); only a run that failed every retry lands in the same DLQ.
@@ -263,6 +266,16 @@ class NodeApi(Construct):
             max_event_age=SCHEDULED_MAX_EVENT_AGE, retry_attempts=SCHEDULED_ASYNC_RETRIES,
             on_failure=destinations.SqsDestination(dlq),
         )
+
+    @property
+    def stage_url(self) -> str:
+        """The ``prod`` stage's base URL (``https://<id>.execute-api.<region>.<suffix>/prod/``,
+        as ``url``) built from the RestApi id alone. ``url`` references the stage, which
+        depends on the deployment, which depends on every method: a function whose
+        environment holds ``url`` and that a method's function references in turn (the
+        scheduler, named in the jobs API's environment) would close a dependency cycle."""
+        return (f"https://{self.rest_api.rest_api_id}.execute-api.{Aws.REGION}.{Aws.URL_SUFFIX}"
+                f"/{STAGE_NAME}/")
 
     def _acknowledge_wildcards(self, fn: RecoveryFunction) -> None:
         access = self.access

@@ -29,13 +29,22 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY
+from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, ENV_DEFAULT_NODE_QUOTAS
 from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog, read_catalog_file
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.remediation_settings import SETTINGS as REMEDIATION_DEFAULTS
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
+from gpu_recovery.domain.time_sharing import (
+    DEFAULT_DEMOTE_AFTER_SECONDS,
+    DEFAULT_SUSPEND_GRACE_SECONDS,
+    MAX_SUSPEND_GRACE_SECONDS,
+    MIN_SUSPEND_GRACE_SECONDS,
+)
+from gpu_recovery.settings import SettingsError, parse_node_quotas
 
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+# Any image with Python 3.8+ runs the agent (its source is the container command).
+DEFAULT_NODE_AGENT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
 DEFAULT_INSTANCE_TAG_KEY = "gpu-recovery:cluster"
 DEFAULT_TRAINING_LOG_GROUPS = ("/ecs/*",)
 DEFAULT_TASK_ROLE_PREFIX = "gpu-training-"
@@ -65,8 +74,9 @@ RETIRED_KEYS = {
         "the exact version pinned in requirements.txt from its public SSM parameter"
     ),
 }
-# Context keys of the CDK toolkit that look like ours (no '@', ':' or 'cdk' prefix).
-_TOOLKIT_KEYS = frozenset({"acknowledged-issue-numbers"})
+# Context keys of the CDK toolkit that look like ours (no '@', ':' or 'cdk' prefix):
+# ``cdk acknowledge`` and ``cdk cli-telemetry --disable`` write them to cdk.context.json.
+_TOOLKIT_KEYS = frozenset({"acknowledged-issue-numbers", "cli-telemetry"})
 
 
 class ConfigError(ValueError):
@@ -293,6 +303,25 @@ def catalog_file() -> Parser:
     return Parser(parse, "JSON / YAML path")
 
 
+def node_quotas() -> Parser:
+    """Default node quotas per priority level: a JSON object (text or, in cdk.json, an
+    object), validated by the functions' own parser; kept as compact JSON text."""
+
+    def parse(key: str, value: Any) -> str:
+        text_value = value if isinstance(value, str) else json.dumps(value)
+        try:
+            parse_node_quotas(text_value)
+            parsed = json.loads(text_value)
+        except (SettingsError, ValueError) as error:
+            # The functions' parser names their variable; here the key is what was given.
+            message = str(error).removeprefix(ENV_DEFAULT_NODE_QUOTAS).lstrip(": ")
+            raise ConfigError(f"context key {key!r}: {message} (e.g. {{\"HIGH\": 8, \"LOW\": 64}})"
+                              ) from error
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+
+    return Parser(parse, "JSON {level: nodes}")
+
+
 # --------------------------------------------------------------------------- registry
 REQUIRED: Any = object()  # sentinel: the key has no default
 
@@ -397,6 +426,9 @@ class RecoveryConfig:
     api_throttle_rate: float = option(1000.0, number(1, 10_000), "API stage steady-state requests/s")
     api_throttle_burst: int = option(2000, integer(1, 5000), "API stage burst requests")
     node_agent_daemon: bool = option(False, boolean(), "also deploy the node agent as an ECS daemon service")
+    node_agent_image: str = option(DEFAULT_NODE_AGENT_IMAGE,
+                                   text(_IMAGE_RE, "a container image reference", "image reference"),
+                                   "its image (Python 3.8+)", default_text="`python:3.12-slim` (ECR Public)")
     training_log_groups: tuple[str, ...] = option(
         DEFAULT_TRAINING_LOG_GROUPS, log_groups(), "log groups the jobs API may read training logs from")
     # --- authorization of the jobs API and telemetry (docs/security.md)
@@ -450,6 +482,16 @@ class RecoveryConfig:
                                          remediation_setting("minutes"), "the breaker's sliding window")
     relocate_instead_of_wait: bool = option(
         False, boolean(), "move relocatable jobs to free healthy nodes at once, not after the reboot")
+    # --- time sharing (quotas, preemption, suspend)
+    default_node_quotas: str | None = option(None, node_quotas(),
+                                             "nodes per user and level (none: unlimited)")
+    preemption: bool = option(True, boolean(), "higher priorities suspend lower ones")
+    suspend_grace_seconds: int = option(
+        DEFAULT_SUSPEND_GRACE_SECONDS, integer(MIN_SUSPEND_GRACE_SECONDS, MAX_SUSPEND_GRACE_SECONDS),
+        "default time to checkpoint before a forced suspend")
+    demote_above_normal_minutes: int = option(
+        DEFAULT_DEMOTE_AFTER_SECONDS // 60, integer(1, 10_080, zero_disables=True),
+        "ABOVE_NORMAL runs this long, then NORMAL (0: never)")
 
     @property
     def remediation(self) -> tuple[tuple[str, str], ...]:

@@ -12,8 +12,8 @@ says what to do (the runbook is docs/operations.md):
   two consecutive 5-minute periods (callers retry single failures).
 
 The dashboard: recoveries and failures, time to restart (MTTR), quarantines and the
-circuit breaker, dead-letter queue depth, Lambda errors and duration, the API, and the
-state of every alarm. Business metrics come from Powertools (namespace
+circuit breaker, suspends (time sharing), dead-letter queue depth, Lambda errors and
+duration, the API, and the state of every alarm. Business metrics come from Powertools (namespace
 ``GpuTrainingRecovery``, dimension ``service``), summed over services with SEARCH.
 """
 
@@ -40,7 +40,11 @@ TIME_TO_RESTART = "TimeToRestartSeconds"
 # remediation circuit breaker, graphed as soon as the code emits them.
 QUARANTINE_COUNTERS = ("Quarantines", "BreakerTripped")
 BREAKER_GAUGE = "BreakerOpen"
-BUSINESS_COUNTERS = RECOVERY_COUNTERS + QUARANTINE_COUNTERS
+# Time sharing: suspends asked (preemption, a user, a rank's go_suspend()), suspends forced
+# after the grace, jobs suspended (every rank stopped): the recovery functions, the
+# scheduler and the job-control API emit them.
+SUSPEND_COUNTERS = ("SuspendsRequested", "SuspendsForced", "JobsSuspended")
+BUSINESS_COUNTERS = RECOVERY_COUNTERS + QUARANTINE_COUNTERS + SUSPEND_COUNTERS
 RUNBOOK = "Runbook: docs/operations.md of the gpu-training-recovery repository."
 
 
@@ -88,8 +92,9 @@ def error_alarm_description(name: str, fn: RecoveryFunction, invocation: Invocat
         )
     return (
         f"{name} ({fn.service_name}) answered 5 or more errors in each of two 5-minute periods: "
-        f"callers (node agents, gpujobs) got 5xx. Node agents retry every 30 s, but nodes that "
-        f"cannot report are marked NODE_LOST after heartbeat_stale_seconds. {logs}; check the "
+        f"callers (node agents, gpujobs, training code) got 5xx. Node agents retry every 30 s, but "
+        f"nodes that cannot report are marked NODE_LOST after heartbeat_stale_seconds; a job "
+        f"that cannot learn of its suspend is stopped by force after its grace. {logs}; check the "
         f"API's 5XX on the dashboard and `gpu-recovery-admin doctor`. {RUNBOOK}"
     )
 
@@ -218,6 +223,10 @@ class Monitoring(Construct):
                       for name, fn in functions.items()],
             ),
         )
+        dashboard.add_widgets(cloudwatch.GraphWidget(
+            title="Time sharing: suspends asked, forced after the grace, done (all services)",
+            width=24, left=[_total(name, period) for name in SUSPEND_COUNTERS],
+        ))
         if rest_api is not None:
             dashboard.add_widgets(
                 cloudwatch.GraphWidget(

@@ -4,7 +4,8 @@ One agent task per container instance of the cluster. The agent's source
 (``agent/gpu_node_agent.py``, standard library only) is embedded in the container
 command (``python3 -c <source>``), like the DCGM task embeds its script, so any image
 with Python 3.8+ works (default: the public ``python:3.12-slim``; set context
-``node_agent_image`` to your own, e.g. one with util-linux ``dmesg``).
+``node_agent_image`` to your own, e.g. one with util-linux ``dmesg``). Both context keys
+are read by ``infra.config`` (the registry), never here.
 
 Tokens are per node, the task definition is shared, so the token is NOT passed by
 ECS: each host keeps its own token in ``/etc/gpu-node-agent/token`` (mode 0600), which
@@ -34,21 +35,14 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra import REPO_ROOT
+from infra.config import DEFAULT_NODE_AGENT_IMAGE
 from infra.nag import acknowledge
 
 AGENT_PATH = REPO_ROOT / "agent" / "gpu_node_agent.py"
-DEFAULT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
-CONTEXT_KEY = "node_agent_daemon"
-IMAGE_CONTEXT_KEY = "node_agent_image"
+DEFAULT_IMAGE = DEFAULT_NODE_AGENT_IMAGE
 TOKEN_DIR = "/etc/gpu-node-agent"
 PROGRESS_DIR = "/var/run/gpu-recovery/progress"
 RUNNING_TASKS_DIR = "/var/lib/gpu-recovery/running_tasks"
-
-
-def enabled(scope: Construct) -> bool:
-    """``-c node_agent_daemon=true`` (or true in cdk.json)."""
-    value = scope.node.try_get_context(CONTEXT_KEY)
-    return str(value).strip().lower() in ("true", "1", "yes") if value is not None else False
 
 
 class NodeAgentDaemon(Construct):
@@ -61,13 +55,12 @@ class NodeAgentDaemon(Construct):
         *,
         cluster_name: str,
         api_url: str,
-        image: str | None = None,
+        image: str = DEFAULT_IMAGE,
         interval_seconds: int = 30,
         agent_path: Path = AGENT_PATH,
         running_tasks_dir: str = RUNNING_TASKS_DIR,
     ) -> None:
         super().__init__(scope, construct_id)
-        image = image or scope.node.try_get_context(IMAGE_CONTEXT_KEY) or DEFAULT_IMAGE
         source = agent_path.read_text()
         self.log_group = logs.LogGroup(self, "LogGroup", retention=logs.RetentionDays.ONE_MONTH,
                                        removal_policy=RemovalPolicy.DESTROY)

@@ -4,8 +4,9 @@
 method it adds uses ``AuthorizationType.IAM`` (SigV4). The function gets least-privilege
 permissions:
 
-- DynamoDB data actions on the job table and its indexes (named, no Scan) and on the
-  idempotency table;
+- DynamoDB data actions on the job table and its indexes (named, no Scan), on the
+  idempotency table and (time sharing) on the quota table: quota views, limits set by
+  administrators, the submit-time check against a user's quota;
 - ``ecs:DescribeTaskDefinition`` on ``*`` (the action supports no resource-level
   permission), ``ecs:ListContainerInstances`` on the cluster, and
   ``ecs:DescribeContainerInstances`` / ``ecs:StopTask`` limited to the cluster;
@@ -31,12 +32,14 @@ from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
     ENV_IDEMPOTENCY_TABLE,
     ENV_JOB_TABLE,
+    ENV_QUOTA_TABLE,
     ENV_SCHEDULER_FUNCTION,
     JOBS_API_ROUTES,
     table_definitions,
 )
 from infra.lambda_common import LambdaDefaults, RecoveryFunction
 from infra.nag import acknowledge
+from infra.tables import READ_WRITE_DATA_ACTIONS
 
 JOBS_API_HANDLER = "handlers.jobs_api.lambda_handler"
 DEFAULT_TRAINING_LOG_GROUPS = ("/ecs/*",)
@@ -77,6 +80,7 @@ class JobQueueApi(Construct):
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
         swagger: bool = True,
         extra_environment: Mapping[str, str] | None = None,
+        quota_table: dynamodb.ITable | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -104,6 +108,8 @@ class JobQueueApi(Construct):
             ENV_CLUSTER_NAME: cluster_name,
             ENV_IDEMPOTENCY_TABLE: idempotency_table.table_name,
         }
+        if quota_table is not None:
+            environment[ENV_QUOTA_TABLE] = quota_table.table_name
         if scheduler_function is not None:
             environment[ENV_SCHEDULER_FUNCTION] = scheduler_function.function_name
         self.function = RecoveryFunction(
@@ -136,6 +142,16 @@ class JobQueueApi(Construct):
                 resources=[idempotency_table.table_arn],
             ),
         )
+        if quota_table is not None:
+            self.function.add_to_policy(
+                iam.PolicyStatement(
+                    sid="QuotaTableData",
+                    actions=READ_WRITE_DATA_ACTIONS,
+                    resources=[quota_table.table_arn]
+                    + [f"{quota_table.table_arn}/index/{gsi['IndexName']}"
+                       for gsi in table_definitions()["quota"].get("GlobalSecondaryIndexes", [])],
+                )
+            )
         # ----------------------------------------------------------------------- ECS
         task_arns = f"arn:{partition}:ecs:{region}:{account}:task/{cluster_name}/*"
         container_instance_arns = (

@@ -7,6 +7,8 @@ Usage from the stack (the API invokes ``.function`` asynchronously after submit/
         job_table=self.tables.job_table, instance_table=self.tables.instance_table,
         cluster_name=config.cluster_name, defaults=self.lambda_defaults,
         access=self.access, topic=self.notifications.topic,
+        quota_table=self.tables.quota_table,          # time sharing: quota charges
+        extra_environment={...},                      # quota / preemption / control URL
     )
     api_function.add_environment(ENV_SCHEDULER_FUNCTION, self.scheduler.function.function_name)
     self.scheduler.function.grant_invoke(api_function)
@@ -15,6 +17,7 @@ Usage from the stack (the API invokes ``.function`` asynchronously after submit/
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from aws_cdk import Duration
 from aws_cdk import aws_dynamodb as dynamodb
@@ -40,6 +43,7 @@ from infra.lambda_common import (
 )
 from infra.nag import acknowledge
 from infra.recovery import DLQ_RETENTION, EVENT_RETRY_ATTEMPTS, ClusterAccess, nag_resource_id
+from infra.tables import READ_WRITE_DATA_ACTIONS
 
 TIMEOUT = Duration.seconds(90)  # shorter than the lease, so a tick never outlives it
 LEASE_SECONDS = 120
@@ -77,6 +81,8 @@ class QueueScheduler(Construct):
         topic: sns.ITopic | None = None,
         max_admissions_per_tick: int = 20,
         max_unplaced_per_tick: int = 32,
+        quota_table: dynamodb.ITable | None = None,
+        extra_environment: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         if access is None or access.config.cluster_name != cluster_name:
@@ -95,6 +101,8 @@ class QueueScheduler(Construct):
                 ENV_TIME_BUDGET_SECONDS: str(TIME_BUDGET_SECONDS),
                 ENV_MAX_ADMISSIONS: str(max_admissions_per_tick),
                 ENV_MAX_UNPLACED: str(max_unplaced_per_tick),
+                # Time sharing (quota table, preemption, grace, demotion, control URL).
+                **(extra_environment or {}),
             },
         )
         self.function: lambda_.Function = self.recovery_function.function
@@ -122,7 +130,7 @@ class QueueScheduler(Construct):
                 resources=["*"],
             ),
         )
-        fn.add_to_policy(*self._table_statements(job_table, instance_table))
+        fn.add_to_policy(*self._table_statements(job_table, instance_table, quota_table))
         if topic is not None:
             # The recovery loop's restart resume (queue jobs) may notify: Publish on this
             # topic only, and the two KMS actions SNS needs when the topic is encrypted.
@@ -159,20 +167,27 @@ class QueueScheduler(Construct):
         self._acknowledge_wildcards()
 
     @staticmethod
-    def _table_statements(job_table: dynamodb.ITable,
-                          instance_table: dynamodb.ITable) -> list[iam.PolicyStatement]:
+    def _table_statements(job_table: dynamodb.ITable, instance_table: dynamodb.ITable,
+                          quota_table: dynamodb.ITable | None) -> list[iam.PolicyStatement]:
         definitions = table_definitions()
 
         def arns(table: dynamodb.ITable, logical: str) -> list[str]:
             names = [g["IndexName"] for g in definitions[logical].get("GlobalSecondaryIndexes", [])]
             return [table.table_arn, *(f"{table.table_arn}/index/{n}" for n in names)]
 
-        return [
+        statements = [
+            # Every index of the job table, by-holding included (time-sharing housekeeping).
             iam.PolicyStatement(sid="JobTableData", actions=_JOB_TABLE_ACTIONS,
                                 resources=arns(job_table, "job")),
             iam.PolicyStatement(sid="InstanceTableData", actions=_INSTANCE_TABLE_ACTIONS,
                                 resources=arns(instance_table, "instance")),
         ]
+        if quota_table is not None:
+            # Quota charges: written in a launch claim's transaction, released in the
+            # housekeeping's; limits read at admission.
+            statements.append(iam.PolicyStatement(sid="QuotaTableData", actions=READ_WRITE_DATA_ACTIONS,
+                                                  resources=arns(quota_table, "quota")))
+        return statements
 
     def _acknowledge_wildcards(self) -> None:
         access, role = self.access, self.recovery_function.role

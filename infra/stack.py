@@ -3,7 +3,8 @@
 Attributes for composition:
     config          RecoveryConfig
     access          ClusterAccess (cluster ARN + least-privilege statement builders)
-    tables          RecoveryTables (.job_table, .instance_table, .grant_read_write_data)
+    tables          RecoveryTables (.job_table, .instance_table, .quota_table,
+                    .grant_read_write_data, .grant_quota_data)
     notifications   Notifications (.topic, .key, .grant_publish)
     health_check    HealthCheck (.task_definition | None, .log_group | None, .task_reference)
     lambda_defaults LambdaDefaults (shared runtime/layer/env for new RecoveryFunctions)
@@ -11,8 +12,10 @@ Attributes for composition:
                     .sweep, .functions, .dead_letter_queues, .rules)
     api             NodeApi (.rest_api, .v1, .stage, .url, .token_table, .functions, ...):
                     THE RestApi (stage prod) with the node routes (token authorizer)
-    queue_api       JobQueueApi (.function, .idempotency_table, .methods): /v1/jobs routes
-                    (IAM) on api.rest_api
+    queue_api       JobQueueApi (.function, .idempotency_table, .methods): /v1/jobs and
+                    /v1/quotas routes (IAM) on api.rest_api
+    control_api     JobControlApi (.function, .authorizer_function, .methods): /v1/control
+                    routes (control-token authorizer) on api.rest_api
     scheduler       QueueScheduler (.function, .rule, .dead_letter_queue)
     node_agent      NodeAgentDaemon | None (context node_agent_daemon)
     functions       every RecoveryFunction of the stack by name
@@ -24,14 +27,15 @@ Attributes for composition:
 Outputs: what ``gpu-recovery-admin doctor`` reads (cluster, tag, tables, topic, health
 check, rules and their DLQs) plus the API URL and the resolved Powertools layer.
 
-API security (cdk-nag AwsSolutions): every method is AWS_IAM (jobs, swagger) or CUSTOM
-(node routes, Lambda token authorizer); the stage has access logs, execution logs (ERROR),
-X-Ray and throttling (api_throttle_rate / api_throttle_burst); the API has a request
-validator (node report bodies are schema-checked; job specs are validated by the jobs
-handler). No WAF web ACL is created (AwsSolutions-APIG3 is acknowledged in infra/api.py):
-no default rule set fits both signed IAM calls and node reports at ~700 requests/s without
-per-request WAF cost or false positives on telemetry bodies; associate a web ACL of your
-choice with the ``prod`` stage if your policy requires one.
+API security (cdk-nag AwsSolutions): every method is AWS_IAM (jobs, quotas, swagger) or
+CUSTOM (node routes and job-control routes, each with its Lambda token authorizer); the
+stage has access logs, execution logs (ERROR), X-Ray and throttling (api_throttle_rate /
+api_throttle_burst); the API has a request validator (node report bodies are
+schema-checked; job specs are validated by the jobs handler). No WAF web ACL is created
+(AwsSolutions-APIG3 is acknowledged in infra/api.py): no default rule set fits both
+signed IAM calls and node reports at ~700 requests/s without per-request WAF cost or
+false positives on telemetry bodies; associate a web ACL of your choice with the
+``prod`` stage if your policy requires one.
 """
 
 from __future__ import annotations
@@ -46,7 +50,10 @@ from constructs import Construct
 
 from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
+    ENV_CONTROL_API_URL,
     ENV_DCGM_LEVEL,
+    ENV_DEFAULT_NODE_QUOTAS,
+    ENV_DEMOTE_AFTER_SECONDS,
     ENV_FAULT_CATALOG_OVERRIDE,
     ENV_HEALTH_CHECK_ALL_NODES,
     ENV_HEALTH_CHECK_GPUS,
@@ -61,15 +68,19 @@ from gpu_recovery.constants import (
     ENV_JOBS_TEAM_ROLES,
     ENV_MAX_APP_RESTARTS,
     ENV_MAX_RECOVERY_ATTEMPTS,
+    ENV_PREEMPTION,
+    ENV_QUOTA_TABLE,
     ENV_REBOOT_DOCUMENT,
     ENV_REBOOT_TIMEOUT_MINUTES,
     ENV_RELOCATE_INSTEAD_OF_WAIT,
     ENV_REMEDIATION_SETTINGS,
     ENV_SNS_TOPIC_ARN,
     ENV_SUSPECT_EXIT_CODES,
+    ENV_SUSPEND_GRACE_SECONDS,
 )
 from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
+from infra.control_api import JobControlApi
 from infra.fault_catalog import RUNTIME_PATH, override_layer
 from infra.health_check import HealthCheck
 from infra.lambda_common import (
@@ -111,6 +122,28 @@ def jobs_access_environment(config: RecoveryConfig) -> dict[str, str]:
         ENV_JOBS_ALLOWED_FAMILIES: json.dumps(list(config.allowed_task_families)),
         ENV_JOBS_TASK_ROLE_PREFIXES: json.dumps([config.task_role_name_prefix]),
         ENV_JOBS_PRIORITY_ROLES: json.dumps(list(config.reserved_priority_roles)),
+    }
+
+
+def quota_environment(config: RecoveryConfig, quota_table_name: str) -> dict[str, str]:
+    """What the jobs API and the scheduler share of time sharing (TimeSharingSettings):
+    the quota table, the deployment's default quotas and a job's default suspend grace."""
+    return {
+        ENV_QUOTA_TABLE: quota_table_name,
+        ENV_DEFAULT_NODE_QUOTAS: config.default_node_quotas or "{}",  # {}: no quota
+        ENV_SUSPEND_GRACE_SECONDS: str(config.suspend_grace_seconds),
+    }
+
+
+def scheduler_time_sharing_environment(config: RecoveryConfig, quota_table_name: str,
+                                       control_api_url: str) -> dict[str, str]:
+    """The scheduler's time-sharing settings: the above, preemption, demotion and the
+    control API URL the launcher gives every rank (the suspend channel)."""
+    return {
+        **quota_environment(config, quota_table_name),
+        ENV_PREEMPTION: "true" if config.preemption else "false",
+        ENV_DEMOTE_AFTER_SECONDS: str(60 * config.demote_above_normal_minutes),  # 0: never
+        ENV_CONTROL_API_URL: control_api_url,
     }
 
 
@@ -183,6 +216,17 @@ class GpuRecoveryStack(Stack):
             heartbeat=heartbeat_config(config),
             removal_policy=config.table_removal_policy,
         )
+        # The training code's suspend channel, on the same RestApi and stage.
+        self.control_api = JobControlApi(
+            self,
+            "JobControlApi",
+            rest_api=self.api.rest_api,
+            defaults=self.lambda_defaults,
+            tables=self.tables,
+            access=self.access,
+            authorizer_cache_seconds=self.api.authorizer_cache_seconds,
+        )
+        quota_table_name = self.tables.quota_table.table_name
         self.scheduler = QueueScheduler(
             self,
             "QueueScheduler",
@@ -192,6 +236,11 @@ class GpuRecoveryStack(Stack):
             defaults=self.lambda_defaults,
             access=self.access,
             topic=self.notifications.topic,
+            quota_table=self.tables.quota_table,
+            # stage_url, not api.url: the scheduler depends on the RestApi resource only
+            # (api.url -> stage -> deployment -> methods -> jobs API -> scheduler: a cycle).
+            extra_environment=scheduler_time_sharing_environment(
+                config, quota_table_name, self.api.stage_url),
         )
         # Given the scheduler, the jobs API gets SCHEDULER_FUNCTION_NAME and
         # lambda:InvokeFunction on exactly that function (the grant_invoke equivalent).
@@ -204,7 +253,9 @@ class GpuRecoveryStack(Stack):
             defaults=self.lambda_defaults,
             scheduler_function=self.scheduler.function,
             training_log_groups=config.training_log_groups,
-            extra_environment=jobs_access_environment(config),
+            extra_environment={**jobs_access_environment(config),
+                               **quota_environment(config, quota_table_name)},
+            quota_table=self.tables.quota_table,
             removal_policy=(
                 RemovalPolicy.DESTROY
                 if config.table_removal_policy == "destroy"
@@ -214,7 +265,8 @@ class GpuRecoveryStack(Stack):
         self.node_agent: NodeAgentDaemon | None = None
         if config.node_agent_daemon:
             self.node_agent = NodeAgentDaemon(
-                self, "NodeAgent", cluster_name=config.cluster_name, api_url=self.api.url
+                self, "NodeAgent", cluster_name=config.cluster_name, api_url=self.api.url,
+                image=config.node_agent_image,
             )
 
         self.functions: dict[str, RecoveryFunction] = {
@@ -224,6 +276,8 @@ class GpuRecoveryStack(Stack):
             "HeartbeatSweep": self.api.sweep_function,
             "JobsApi": self.queue_api.function,
             "QueueScheduler": self.scheduler.recovery_function,
+            "JobControlAuthorizer": self.control_api.authorizer_function,
+            "JobControlApi": self.control_api.function,
         }
         self.invocations: dict[str, Invocation] = {
             "TaskHandler": Invocation.EVENT,
@@ -235,6 +289,8 @@ class GpuRecoveryStack(Stack):
             "NodeAuthorizer": Invocation.REQUEST,
             "NodeApi": Invocation.REQUEST,
             "JobsApi": Invocation.REQUEST,
+            "JobControlAuthorizer": Invocation.REQUEST,
+            "JobControlApi": Invocation.REQUEST,
         }
         self.dead_letter_queues: dict[str, sqs.IQueue] = {
             **self.recovery.dead_letter_queues,
@@ -275,6 +331,8 @@ class GpuRecoveryStack(Stack):
 
         CfnOutput(self, "JobTableName", value=self.tables.job_table.table_name)
         CfnOutput(self, "InstanceTableName", value=self.tables.instance_table.table_name)
+        CfnOutput(self, "QuotaTableName", value=self.tables.quota_table.table_name,
+                  description="Node quotas per user and priority level, and their usage")
         CfnOutput(self, "AlertTopicArn", value=self.notifications.topic.topic_arn)
         CfnOutput(
             self, "HealthCheckTaskDefinitionArn", value=self.health_check.task_definition_arn
@@ -288,7 +346,8 @@ class GpuRecoveryStack(Stack):
             CfnOutput(self, f"{name}RuleName", value=rule.rule_name,
                       description=f"EventBridge rule that triggers {name}")
         CfnOutput(self, "ApiUrl", value=self.api.url,
-                  description="REST API base URL (stage prod): /v1/report_* (nodes), /v1/jobs (IAM)")
+                  description="REST API base URL (stage prod): /v1/report_* (nodes), /v1/jobs and "
+                              "/v1/quotas (IAM), /v1/control (training code)")
         CfnOutput(self, "NodeTokenTableName", value=self.api.token_table.table_name)
         CfnOutput(self, "IdempotencyTableName", value=self.queue_api.idempotency_table.table_name)
         CfnOutput(self, "SchedulerFunctionName", value=self.scheduler.function.function_name)

@@ -44,8 +44,13 @@ def _keys(definition: dict[str, Any], key_schema: list[dict[str, str]]) -> dict[
     return keys
 
 
+# The recovery loop's tables (every recovery function reads and writes both). The quota
+# table is the time-sharing scheduler's and the jobs API's only (grant_quota_data).
+RECOVERY_TABLES = ("job", "instance")
+
+
 class RecoveryTables(Construct):
-    """The job table and the container-instance table (CloudFormation names them)."""
+    """The job, container-instance and quota tables (CloudFormation names them)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, removal_policy: str) -> None:
         super().__init__(scope, construct_id)
@@ -53,7 +58,8 @@ class RecoveryTables(Construct):
         definitions = table_definitions()
         self.index_names: dict[str, list[str]] = {}
         self.tables: dict[str, dynamodb.Table] = {}
-        for logical, construct_name in (("job", "JobTable"), ("instance", "InstanceTable")):
+        for logical, construct_name in (("job", "JobTable"), ("instance", "InstanceTable"),
+                                        ("quota", "QuotaTable")):
             definition = definitions[logical]
             table = dynamodb.Table(
                 self,
@@ -67,10 +73,11 @@ class RecoveryTables(Construct):
                 **_keys(definition, definition["KeySchema"]),
             )
             for gsi in definition.get("GlobalSecondaryIndexes", []):
-                projection = gsi.get("Projection", {}).get("ProjectionType", "ALL")
+                projection = gsi.get("Projection", {})
                 table.add_global_secondary_index(
                     index_name=gsi["IndexName"],
-                    projection_type=dynamodb.ProjectionType(projection),
+                    projection_type=dynamodb.ProjectionType(projection.get("ProjectionType", "ALL")),
+                    non_key_attributes=projection.get("NonKeyAttributes"),
                     **_keys(definition, gsi["KeySchema"]),
                 )
             self.index_names[logical] = [
@@ -79,15 +86,25 @@ class RecoveryTables(Construct):
             self.tables[logical] = table
         self.job_table = self.tables["job"]
         self.instance_table = self.tables["instance"]
+        self.quota_table = self.tables["quota"]
 
-    def grant_read_write_data(self, grantee: iam.IGrantable) -> None:
-        """Data access to both tables and each of their indexes, by name (no wildcard)."""
+    def arns(self, *logical: str) -> list[str]:
+        """Each named table and each of its indexes, by name (no wildcard)."""
         resources: list[str] = []
-        for logical, table in self.tables.items():
+        for name in logical:
+            table = self.tables[name]
             resources.append(table.table_arn)
-            resources.extend(
-                f"{table.table_arn}/index/{name}" for name in self.index_names[logical]
-            )
+            resources.extend(f"{table.table_arn}/index/{index}" for index in self.index_names[name])
+        return resources
+
+    def grant_read_write_data(self, grantee: iam.IGrantable,
+                              tables: tuple[str, ...] = RECOVERY_TABLES) -> None:
+        """Data access to ``tables`` (default: the job and instance tables) and their indexes."""
         iam.Grant.add_to_principal(
-            grantee=grantee, actions=READ_WRITE_DATA_ACTIONS, resource_arns=resources
+            grantee=grantee, actions=READ_WRITE_DATA_ACTIONS, resource_arns=self.arns(*tables)
         )
+
+    def grant_quota_data(self, grantee: iam.IGrantable) -> None:
+        """The quota table (limits and usage): the scheduler charges and releases, the jobs
+        API reads and sets limits. Same actions as the other tables."""
+        self.grant_read_write_data(grantee, ("quota",))

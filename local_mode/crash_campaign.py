@@ -278,7 +278,7 @@ def campaign(positions: list[int] | None = None, modes: tuple[str, ...] = FAULT_
         for mode in modes:
             result = run_recovery((index, mode), scenario=scenario)
             runs += 1
-            wrong = check(result)
+            wrong = check(result) + ([] if result.fired else ["the fault never fired"])
             if wrong:
                 failures.append(((index, mode), result.fired, wrong))
     return CampaignSummary(len(baseline.calls), runs, runs - len(failures), failures)

@@ -34,6 +34,14 @@ diag; a flapping node escalated to replacement on its 3rd fault; a dead GPU relo
 spare node; the blast-radius breaker tripping when 4 of 16 nodes fault within 10 minutes;
 observe mode; a persistence-mode diag failure that needs an operator, not a reboot.
 
+Last, the time-sharing scenario (``local_mode/time_sharing_scenario.py``), in its own
+4-node cluster with the local API over HTTP: an admin sets node quotas (PUT /v1/quotas);
+alice's LOW job fills the cluster; bob's job (AUTO -> HIGH) preempts it; alice's rank 0, a
+simulated program calling the real ``gpu_recovery_client`` every 2 s, is told within a
+poll, saves a checkpoint and calls ``go_suspend()``; bob's job runs while his second HIGH
+job waits on his quota with nodes free; alice's job resumes (``RESUME_COUNT=1``) from its
+checkpoint and completes.
+
 This demo's 12-node cluster reboots three nodes within ten minutes (scenarios 1, 2 and 5
 overlap on purpose); its breaker allows 50 % of the nodes per window (the default, 20 %,
 is shown tripping in the breaker scenario).
@@ -481,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="print only the JSON summary")
     parser.add_argument("--skip-remediation", action="store_true",
                         help="skip the remediation scenarios (one simulated cluster each)")
+    parser.add_argument("--skip-time-sharing", action="store_true",
+                        help="skip the time-sharing scenario (quotas, preemption, suspend, resume)")
     args = parser.parse_args(argv)
     summary: dict[str, Any] = dict(run(duplicate_delivery=not args.once, quiet=args.quiet))
     ok = True
@@ -498,6 +508,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"(remediation scenarios: {time.perf_counter() - started:.1f} s wall)")
         ok = all(r.ok for r in results)
         summary["remediation_scenarios"] = f"{sum(r.ok for r in results)}/{len(results)} as described"
+    if not args.skip_time_sharing:
+        from local_mode import time_sharing_scenario
+
+        with _StdoutWithoutEmf() as emf:  # its own emulator; it resets the handlers' caches
+            outcome = time_sharing_scenario.run(duplicate_delivery=not args.once)
+            emf.release()
+        if not args.quiet:
+            print()
+            print("\n".join(time_sharing_scenario.report(outcome)))
+        ok = ok and outcome.ok
+        summary["time_sharing"] = "as described" if outcome.ok else f"{len(outcome.problems)} problem(s)"
     print(json.dumps(summary))
     return 0 if ok else 1
 

@@ -220,6 +220,7 @@ class LocalAws:
         self.instance_table = C.DEFAULT_INSTANCE_TABLE_NAME
         self.node_token_table = C.DEFAULT_NODE_TOKEN_TABLE_NAME
         self.idempotency_table = C.DEFAULT_IDEMPOTENCY_TABLE_NAME
+        self.quota_table = C.DEFAULT_QUOTA_TABLE_NAME
         self.health_check_gpus = health_check_gpus
         self.topic_arn = ""
         self.queue_url = ""
@@ -244,6 +245,7 @@ class LocalAws:
             C.ENV_HEALTH_CHECK_LOG_GROUP: HEALTH_CHECK_LOG_GROUP,
             C.ENV_NODE_TOKEN_TABLE: self.node_token_table,
             C.ENV_IDEMPOTENCY_TABLE: self.idempotency_table,
+            C.ENV_QUOTA_TABLE: self.quota_table,
             C.ENV_HEARTBEAT_STALE_SECONDS: str(heartbeat_stale_seconds),
             C.ENV_NODE_LOST_FAIL_SECONDS: str(node_lost_fail_seconds),
             C.ENV_HANG_SECONDS: str(hang_seconds),
@@ -265,6 +267,7 @@ class LocalAws:
         self._settings.update(extra_env or {})
         self.node_token_table = self._settings[C.ENV_NODE_TOKEN_TABLE]
         self.idempotency_table = self._settings[C.ENV_IDEMPOTENCY_TABLE]
+        self.quota_table = self._settings[C.ENV_QUOTA_TABLE]
         #: tables created on the stack's behalf (see ``_tolerate_create_table``)
         self._provisioned_tables: set[str] = set()
         self.env: dict[str, str] = {}
@@ -359,7 +362,7 @@ class LocalAws:
         ddb = self.client("dynamodb")
         defs = C.table_definitions()
         for kind, name in (("job", self.job_table), ("instance", self.instance_table),
-                           ("node_token", self.node_token_table)):
+                           ("node_token", self.node_token_table), ("quota", self.quota_table)):
             ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **defs[kind])
         ddb.create_table(
             TableName=self.idempotency_table,

@@ -249,7 +249,8 @@ class CallFaults:
     fail once: ``throttle`` answers it with ThrottlingException without executing it
     (as AWS does once botocore's retries are spent); ``lost_response`` lets it execute
     and then raises ``ReadTimeoutError`` to the caller, as when the answer is lost or
-    the Lambda dies right after the call. ``calls`` lists every call seen.
+    the Lambda dies right after the call. ``calls`` lists every call seen while armed:
+    ``disarm()`` ends the flow (calls after it are not the flow's and could not be broken).
     """
 
     calls: list[ApiCall] = field(default_factory=list)
@@ -257,6 +258,7 @@ class CallFaults:
     mode: str | None = None
     fired: ApiCall | None = None
     record_sites: bool = False
+    armed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def arm(self, index: int | None, mode: str = THROTTLE, *, record_sites: bool = False) -> None:
@@ -267,13 +269,17 @@ class CallFaults:
             self.calls.clear()
             self.target, self.mode, self.fired = index, mode, None
             self.record_sites = record_sites
+            self.armed = True
 
     def disarm(self) -> None:
         with self._lock:
             self.target = self.mode = None
+            self.armed = False
 
     # botocore hook: before-call (registered first, so it wins over the simulator's hooks)
     def before_call(self, model: Any, params: Any = None, context: Any = None, **_: Any) -> Any:
+        if not self.armed:
+            return None
         site = _call_site() if self.record_sites else ""
         with self._lock:
             call = ApiCall(len(self.calls) + 1, model.service_model.service_id.hyphenize(), model.name, site)

@@ -6,8 +6,11 @@ Routes (what API Gateway does in AWS, reproduced here):
   ``handlers.node_authorizer`` (invoked first, like a TOKEN authorizer without cache:
   no ``Authorization`` header or ``Unauthorized`` -> 401, Deny -> 403, Allow ->
   its ``context`` lands in ``requestContext.authorizer``).
-* ``/v1/jobs``, ``/v1/jobs/...``, ``/swagger`` -> ``handlers.jobs_api`` (imported lazily;
-  404 while it does not exist). IAM auth in AWS; locally the caller is
+* ``GET /v1/control``, ``POST /v1/control/suspend`` (the training client's suspend
+  channel) -> ``handlers.job_control_api`` behind ``handlers.job_control_authorizer``,
+  invoked first in the same way (its ``context`` carries the token's ``job_id`` and ``rank``).
+* ``/v1/jobs``, ``/v1/jobs/...``, ``/v1/quotas``, ``/swagger`` -> ``handlers.jobs_api``
+  (imported lazily; 404 while it does not exist). IAM auth in AWS; locally the caller is
   ``requestContext.identity.userArn`` = ``X-Local-User`` (an ARN, or a user name made
   into ``arn:aws:iam::123456789012:user/<name>``), default ``.../user/local``. No
   signature is checked.
@@ -48,6 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gpu_recovery.constants import (
+    CONTROL_API_ROUTES,
     GATEWAY_ERRORS,
     JOBS_API_ROUTES,
     NODE_API_ROUTES,
@@ -62,6 +66,7 @@ DEFAULT_USER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/local"
 MAX_REQUEST_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
 MAX_DRAIN_BYTES = 64 * 1024 * 1024  # read (and drop) at most this much of an oversized body
 NODE_ROUTES = tuple(f"/{path}" for _, path in NODE_API_ROUTES)
+CONTROL_ROUTES = tuple(f"/{path}" for _, path in CONTROL_API_ROUTES)
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
@@ -112,19 +117,23 @@ def _template_matches(template: str, path: str) -> bool:
 
 
 def route_defined(method: str, path: str) -> bool:
-    """Does the deployed stage define this method on this path (jobs and node routes)?"""
-    return any(m == method and _template_matches(t, path) for m, t in NODE_API_ROUTES + JOBS_API_ROUTES)
+    """Does the deployed stage define this method on this path (jobs, node and control routes)?"""
+    return any(m == method and _template_matches(t, path)
+               for m, t in NODE_API_ROUTES + CONTROL_API_ROUTES + JOBS_API_ROUTES)
 
 
 class LocalApi:
     """The routing and event building, without sockets (tests call :meth:`handle`)."""
 
     def __init__(self, *, stage: str = STAGE, node_handler: Handler | None = None,
-                 authorizer: Handler | None = None, jobs_module: str = "handlers.jobs_api") -> None:
+                 authorizer: Handler | None = None, jobs_module: str = "handlers.jobs_api",
+                 control_handler: Handler | None = None, control_authorizer: Handler | None = None) -> None:
         self.stage = stage
         self._node_handler = node_handler
         self._authorizer = authorizer
         self._jobs_module = jobs_module
+        self._control_handler = control_handler
+        self._control_authorizer = control_authorizer
         # Powertools resolvers keep the current event on a module-level app: one at a time.
         self._lock = threading.Lock()
 
@@ -138,6 +147,17 @@ class LocalApi:
         if self._authorizer is None:
             self._authorizer = importlib.import_module("handlers.node_authorizer").lambda_handler
         return self._authorizer
+
+    def control_handler(self) -> Handler:
+        if self._control_handler is None:
+            self._control_handler = importlib.import_module("handlers.job_control_api").lambda_handler
+        return self._control_handler
+
+    def control_authorizer(self) -> Handler:
+        if self._control_authorizer is None:
+            self._control_authorizer = importlib.import_module(
+                "handlers.job_control_authorizer").lambda_handler
+        return self._control_authorizer
 
     def jobs_handler(self) -> Handler | None:
         try:
@@ -155,10 +175,12 @@ class LocalApi:
                 continue
             if candidate in NODE_ROUTES:
                 return "node", candidate, None
+            if candidate in CONTROL_ROUTES:
+                return "control", candidate, None
             if candidate == "/swagger":
                 return "jobs", "/swagger", None
-            if candidate == "/v1/jobs":
-                return "jobs", "/v1/jobs", None
+            if candidate in ("/v1/jobs", "/v1/quotas"):
+                return "jobs", candidate, None
             if candidate.startswith("/v1/jobs/"):
                 return "jobs", "/v1/jobs/{proxy+}", {"proxy": candidate[len("/v1/jobs/"):]}
         return None
@@ -178,10 +200,15 @@ class LocalApi:
         event = self._event(method, path, resource, path_params, headers, body, query, source_ip)
         with self._lock:
             if kind == "node":
-                denied = self._authorize(event, headers)
+                denied = self._authorize(event, headers, self.authorizer(), "node-authorizer")
                 if denied is not None:
                     return denied
                 return self._invoke(self.node_handler(), event, "node-api")
+            if kind == "control":
+                denied = self._authorize(event, headers, self.control_authorizer(), "job-control-authorizer")
+                if denied is not None:
+                    return denied
+                return self._invoke(self.control_handler(), event, "job-control-api")
             handler = self.jobs_handler()
             if handler is None:
                 return _json(404, {"message": "jobs API not available (handlers.jobs_api is missing)"})
@@ -229,7 +256,10 @@ class LocalApi:
             "isBase64Encoded": is_b64,
         }
 
-    def _authorize(self, event: dict[str, Any], headers: dict[str, str]) -> ApiResponse | None:
+    def _authorize(self, event: dict[str, Any], headers: dict[str, str], authorizer: Handler,
+                   name: str) -> ApiResponse | None:
+        """A TOKEN authorizer without cache (both APIs' authorizers share the identity
+        validation expression)."""
         token = headers_lower(headers).get("authorization")
         if not token or not re.fullmatch(NODE_TOKEN_HEADER_PATTERN, token):
             # Identity source missing or failing the validation expression: API Gateway
@@ -239,7 +269,7 @@ class LocalApi:
                       f"{event['httpMethod']}{event['path']}")
         auth_event = {"type": "TOKEN", "authorizationToken": token, "methodArn": method_arn}
         try:
-            result = self.authorizer()(auth_event, LocalContext("node-authorizer"))
+            result = authorizer(auth_event, LocalContext(name))
         except Exception as error:
             if str(error) == "Unauthorized":
                 return gateway_error("UNAUTHORIZED")
@@ -384,7 +414,8 @@ def create_node_token_table(local: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Local REST API (node + jobs routes) on 127.0.0.1")
+    parser = argparse.ArgumentParser(
+        description="Local REST API (node, jobs and control routes) on 127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--node-id", default="0f1e2d3c4b5a69788796a5b4c3d2e1f0",
                         help="issue (and print) a report token for this node")

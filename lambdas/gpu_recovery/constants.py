@@ -83,6 +83,15 @@ ENV_JOBS_ALLOWED_FAMILIES = "JOBS_ALLOWED_TASK_FAMILIES"
 ENV_JOBS_TASK_ROLE_PREFIXES = "JOBS_TASK_ROLE_PREFIXES"
 ENV_JOBS_PRIORITY_ROLES = "JOBS_RESERVED_PRIORITY_ROLES"
 
+# Time sharing: node quotas, preemption, graceful suspend.
+ENV_QUOTA_TABLE = "QUOTA_TABLE_NAME"
+ENV_DEFAULT_NODE_QUOTAS = "DEFAULT_NODE_QUOTAS"  # JSON object: priority level -> nodes
+ENV_PREEMPTION = "PREEMPTION_ENABLED"  # "false": a blocked job never suspends others
+ENV_SUSPEND_GRACE_SECONDS = "SUSPEND_GRACE_SECONDS"  # default grace of a job (JobSpec overrides)
+ENV_DEMOTE_AFTER_SECONDS = "DEMOTE_ABOVE_NORMAL_AFTER_SECONDS"  # 0: never
+ENV_CONTROL_API_URL = "JOB_CONTROL_API_URL"  # given to every queue rank (suspend client)
+ENV_CONTROL_POLL_SECONDS = "JOB_CONTROL_POLL_SECONDS"  # how often the client may ask
+
 # Powertools' own variables, set by infra and by local mode alike.
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
 ENV_POWERTOOLS_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
@@ -140,6 +149,17 @@ STATE_PK = "job_state"
 JOB_LIST_INDEX = "by-submitted"
 LIST_PK = "list_bucket"  # constant LIST_BUCKET on every job item created by the queue
 LIST_BUCKET = "JOB"
+# Sparse index of queue jobs that hold nodes (and a quota charge): the scheduler releases
+# the charges of jobs that stopped holding, demotes ABOVE_NORMAL jobs and picks
+# preemption victims from it, reading only the jobs holding nodes. Only the attributes
+# those need are projected.
+JOB_BY_HOLDING_INDEX = "by-holding"
+HOLDING_PK = "holding_bucket"  # constant HOLDING_BUCKET while a quota charge is held
+HOLDING_SK = "holding_since"  # epoch seconds (number)
+HOLDING_BUCKET = "HOLDING"
+HOLDING_PROJECTION = ("job_id", "job_state", "user", "quota_subject", "priority", "world_size",
+                      "gpus_per_node", "quota_charge", "launched_at", "attempt", "suspend", "source",
+                      "suspend_grace_seconds")
 
 
 # --------------------------------------------------------------------------------------
@@ -155,15 +175,30 @@ JOBS_API_ROUTES: tuple[tuple[str, str], ...] = (
     ("GET", "v1/jobs"),
     ("GET", "v1/jobs/{job_id}"),
     ("POST", "v1/jobs/{job_id}/cancel"),
+    ("POST", "v1/jobs/{job_id}/suspend"),
+    ("POST", "v1/jobs/{job_id}/resume"),
     ("GET", "v1/jobs/{job_id}/events"),
     ("GET", "v1/jobs/{job_id}/logs"),
+    ("GET", "v1/quotas"),
+    ("PUT", "v1/quotas"),
+    ("DELETE", "v1/quotas"),
     ("GET", "swagger"),
 )
+# The job-control routes training code calls (gpu_recovery_client: receive_suspend_command,
+# go_suspend), authorized by the per-rank control token the launcher puts in the task's
+# environment (a TOKEN authorizer; no AWS credentials needed in the container).
+CONTROL_API_ROUTES: tuple[tuple[str, str], ...] = (
+    ("GET", "v1/control"),
+    ("POST", "v1/control/suspend"),
+)
+CONTROL_TOKEN_ENV = "GPU_RECOVERY_CONTROL_TOKEN"
+CONTROL_URL_ENV = "GPU_RECOVERY_CONTROL_URL"
+RESUME_COUNT_ENV = "RESUME_COUNT"
 # API Gateway's own answers (gateway responses), in the APIs' error shape
 # {"error": <response type>, "message": ...}: infra configures them, local mode sends them.
 GATEWAY_ERRORS: dict[str, tuple[int, str]] = {
-    "UNAUTHORIZED": (401, "missing, unknown or revoked node token"),
-    "ACCESS_DENIED": (403, "wrong node token"),
+    "UNAUTHORIZED": (401, "missing, malformed, unknown or revoked token (node or job-control token)"),
+    "ACCESS_DENIED": (403, "token refused (wrong secret, or not valid for this route)"),
     "MISSING_AUTHENTICATION_TOKEN": (403, "no such route or method, or the request is not signed "
                                           "(SigV4)"),
     "REQUEST_TOO_LARGE": (413, "request body over API Gateway's 10 MB limit"),
@@ -199,6 +234,12 @@ NODE_TOKEN_PK = "node_id"
 DEFAULT_INSTANCE_TABLE_NAME = "ecs_container_instance"
 DEFAULT_NODE_TOKEN_TABLE_NAME = "gpu_node_token"
 DEFAULT_IDEMPOTENCY_TABLE_NAME = "gpu_job_idempotency"
+# Node quotas and their usage: one partition ("QUOTA"), one item per user and level, so
+# listing them is a Query, never a Scan.
+DEFAULT_QUOTA_TABLE_NAME = "gpu_job_quota"
+QUOTA_PK = "quota_bucket"
+QUOTA_SK = "quota_key"  # "<user>#<priority:03d>"
+QUOTA_BUCKET = "QUOTA"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
 # The blast-radius breaker's state: one item in the container-instance table.
 BREAKER_ITEM_KEY = "BREAKER#node-actions"
@@ -260,6 +301,8 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                 {"AttributeName": SUBMITTED_SK, "AttributeType": "N"},
                 {"AttributeName": STATE_PK, "AttributeType": "S"},
                 {"AttributeName": LIST_PK, "AttributeType": "S"},
+                {"AttributeName": HOLDING_PK, "AttributeType": "S"},
+                {"AttributeName": HOLDING_SK, "AttributeType": "N"},
             ],
             "GlobalSecondaryIndexes": [
                 # KEYS_ONLY: readers re-read the item by key, and an update that touches no
@@ -291,6 +334,25 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                 _gsi(JOB_BY_USER_INDEX, USER_PK, SUBMITTED_SK),
                 _gsi(JOB_BY_STATE_INDEX, STATE_PK, SUBMITTED_SK),
                 _gsi(JOB_LIST_INDEX, LIST_PK, SUBMITTED_SK),
+                {
+                    "IndexName": JOB_BY_HOLDING_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": HOLDING_PK, "KeyType": "HASH"},
+                        {"AttributeName": HOLDING_SK, "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "INCLUDE",
+                                   "NonKeyAttributes": list(HOLDING_PROJECTION)},
+                },
+            ],
+        },
+        "quota": {
+            "KeySchema": [
+                {"AttributeName": QUOTA_PK, "KeyType": "HASH"},
+                {"AttributeName": QUOTA_SK, "KeyType": "RANGE"},
+            ],
+            "AttributeDefinitions": [
+                {"AttributeName": QUOTA_PK, "AttributeType": "S"},
+                {"AttributeName": QUOTA_SK, "AttributeType": "S"},
             ],
         },
         "instance": {

@@ -33,7 +33,6 @@ from gpu_recovery.constants import (
     HB_SK,
     JOB_BY_TASK_PK,
     JOB_PK,
-    SYSTEM_STOP_REASON_PREFIX,
     InstanceState,
     JobState,
     NotificationKind,
@@ -43,7 +42,7 @@ from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
-from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, LIVE_RANK_STATES
+from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, STARTED_JOB_STATES
 from gpu_recovery.repository.heartbeat import (
     GPU_REPORT_VERSION,
     WATCHED_JOB_STATES,
@@ -56,7 +55,6 @@ logger = logging.getLogger(__name__)
 
 ACTOR = "heartbeat"
 WATCHED = HEARTBEAT_WATCHED_RANK_STATES
-LIVE_RANKS = LIVE_RANK_STATES
 
 
 class ReplayedReport(Exception):
@@ -69,12 +67,15 @@ _GPU_REPORT_RETRIES = 3
 # ------------------------------------------------------------------------- ports
 class EcsPort(Protocol):
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
-    def drain(self, container_instance_arn: str) -> None: ...
-    def stop_task(self, task_arn: str, reason: str) -> None: ...
 
 
 class NotifierPort(Protocol):
     def publish(self, notification: Notification) -> str: ...
+
+
+class NodeRemediationPort(Protocol):
+    def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
+                         why: str) -> str: ...
 
 
 class RecoveryPort(Protocol):
@@ -82,6 +83,11 @@ class RecoveryPort(Protocol):
                                failing_rank: int | None = None,
                                from_states: Iterable[JobState] = ...) -> Any: ...
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Any: ...
+
+    # The recovery loop's node decisions (the breaker, observe mode, the node's history):
+    # a node lost with its agent disconnected is one of them.
+    @property
+    def remediation(self) -> NodeRemediationPort: ...
 
 
 class MetricsPort(Protocol):
@@ -345,7 +351,7 @@ class HeartbeatService:
         if state is JobState.HUNG and (not has_hung or has_lost):
             steps.append((JobState.HUNG, JobState.RUNNING, "none_hung_or_some_lost"))
             state = JobState.RUNNING
-        if state in (JobState.RUNNING, JobState.STARTING) and has_lost:
+        if state in STARTED_JOB_STATES and has_lost:
             steps.append((state, JobState.NODE_LOST, "some_lost"))
         elif state is JobState.RUNNING and has_hung:
             steps.append((JobState.RUNNING, JobState.HUNG, "some_hung_none_lost"))
@@ -522,10 +528,16 @@ class HeartbeatService:
 
     def _escalate(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
                   instance: Instance | None, now: float) -> str:
-        """NODE_LOST too long: recovery loop if ECS still reaches the node, else fail."""
+        """NODE_LOST too long: the recovery loop's diag if ECS still reaches the node; else
+        a node decision of the recovery loop (quarantine through the breaker and observe
+        mode; the job fails)."""
         ranks = [r for r, _ in lost]
         job = self.repo.get_job(job_id)
         if job is None or job.attempt != attempt or job.state not in WATCHED_JOB_STATES:
+            if job is not None and job.attempt == attempt and job.state is JobState.FAILED:
+                # Perhaps failed by an earlier sweep's unreachable-node decision that died
+                # before every StopTask was asked: the decision finishes them (else: moved on).
+                return self._unreachable(job_id, attempt, inst_id, lost, "")
             for rank in ranks:
                 self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))
             return "unwatched"
@@ -546,41 +558,27 @@ class HeartbeatService:
                                                     from_states=[JobState.NODE_LOST])
             self.metrics.add_metric("NodeLostEscalated", "Count", 1)
             return "recovery"
-        return self._fail_lost_job(job, inst_id, instance, ranks, reason + "; ECS agent disconnected")
+        return self._unreachable(job_id, attempt, inst_id, lost, reason + "; ECS agent disconnected")
 
-    def _fail_lost_job(self, job: Any, inst_id: str, instance: Instance | None, ranks: list[Rank],
-                       reason: str) -> str:
-        if not self.repo.fail_lost_job(job, reason, ACTOR):
+    def _unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
+                     reason: str) -> str:
+        ranks = [r for r, _ in lost]
+        try:
+            outcome = self._recovery().remediation.node_unreachable(
+                job_id, attempt, inst_id, ranks, min(at for _, at in lost), reason)
+        except Exception:
+            # The decision (if committed) is on the job: the next sweep finishes its stops.
+            logger.warning("node-lost decision failed; retried next sweep", exc_info=True,
+                           extra={"job_id": job_id, "instance": inst_id})
+            return "retry"
+        if outcome in ("observed", "observed_before", "moved_on"):
+            # Nothing will stop these ranks (observe mode) or they are another decision's now.
             for rank in ranks:
-                self._unwatch(rank, reason="job left NODE_LOST concurrently")
-            return "unwatched"
-        # Ask ECS to stop every live rank (it does once the agent reconnects).
-        for other in self.repo.get_ranks(job):
-            if other.attempt != job.attempt or other.state not in LIVE_RANKS:
-                continue
-            if self.repo.request_rank_stop(other, LIVE_RANKS, reason):
-                try:
-                    self.ecs.stop_task(other.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {reason}")
-                except Exception:
-                    logger.warning("StopTask failed", exc_info=True, extra={"task": other.task_arn})
-        quarantined = self.repo.quarantine_instance(inst_id, reason)
-        if quarantined:
-            try:
-                self.ecs.drain((instance.container_instance_arn if instance else "") or inst_id)
-            except Exception:
-                logger.warning("drain failed", exc_info=True, extra={"instance": inst_id})
-        self.metrics.add_metric("NodeLostFailed", "Count", 1)
-        self._publish(NotificationKind.NODE_LOST, "Job failed: GPU node lost", NotificationFacts(
-            job_id=job.job_id, ranks=[r.rank for r in ranks], container_inst_id=inst_id,
-            instance_id=instance.ec2_instance_id if instance else "",
-            what_happened=reason,
-            what_was_done=("Job marked FAILED; its tasks were asked to stop"
-                           + ("; node quarantined (DRAINING)" if quarantined else "")),
-            attempt=job.recoveries_used, max_attempts=job.max_recovery_attempts,
-            operator_action=("Check the node (network, ECS agent, power); once repaired set it "
-                             "ACTIVE again and resubmit the job."),
-        ))
-        return "failed"
+                self._unwatch(rank, reason=f"node lost: {outcome}")
+        if outcome in ("failed", "observed"):
+            self.metrics.add_metric("NodeLostFailed", "Count", 1)
+            return "failed"
+        return "unwatched" if outcome in ("moved_on", "converged") else "retry"
 
     # ================================================================= helpers
     def _publish(self, kind: NotificationKind, headline: str, facts: NotificationFacts) -> None:

@@ -7,11 +7,9 @@ forgets everything (tests and local mode switch environments with it).
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from gpu_recovery import constants as c
 from gpu_recovery.adapters import aws
 from gpu_recovery.adapters.autoscaling import AutoScalingReplacer
 from gpu_recovery.adapters.compute import RebootAdapter
@@ -25,8 +23,10 @@ from gpu_recovery.settings import SchedulerConfig, Settings
 
 if TYPE_CHECKING:
     from gpu_recovery.heartbeat import HeartbeatService
+    from gpu_recovery.queue.control import JobControlService
     from gpu_recovery.queue.scheduler import QueueScheduler
     from gpu_recovery.queue.service import JobQueueService, SchedulerTrigger
+    from gpu_recovery.settings import JobsApiSettings
     from gpu_recovery.tokens import TokenStore
 
 _lock = threading.Lock()
@@ -82,23 +82,27 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
 
 def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
     """The scheduler tick, over the recovery service's ports (per invocation: its lease
-    owner is new each time); task-definition and host-address caches live per container."""
+    owner is new each time, and its settings are read again); the task-definition and
+    host-address caches live per container."""
     # Imported here: the recovery handlers never load the queue's modules.
-    from gpu_recovery.queue.launcher import HostAddresses, TaskDefinitions
+    from gpu_recovery.adapters.hosts import HostAddresses
+    from gpu_recovery.adapters.task_definitions import TaskDefinitions
     from gpu_recovery.queue.scheduler import build_scheduler
+    from gpu_recovery.repository.time_sharing import QuotaRepository
 
     recovery = recovery_service(metrics)
-    ecs_client = aws.client("ecs")
+    config = SchedulerConfig.from_env()
+    session = aws.session()
     with _lock:
         caches = _services.get("scheduler_caches")
-        if caches is None or caches[0] is not ecs_client:
-            caches = (ecs_client, TaskDefinitions(ecs_client),
+        if caches is None or caches[0] is not session:
+            caches = (session, TaskDefinitions(aws.client("ecs")),
                       HostAddresses(aws.client("ec2"), aws.client("ssm")))
             _services["scheduler_caches"] = caches
     return build_scheduler(
-        repo=recovery.repo, ecs_adapter=recovery.ecs, recovery=recovery, ecs_client=ecs_client,
-        ec2_client=aws.client("ec2"), ssm_client=aws.client("ssm"), cluster=recovery.settings.cluster,
-        config=SchedulerConfig.from_env(), task_definitions=caches[1], hosts=caches[2],
+        repo=recovery.repo, ecs_adapter=recovery.ecs, recovery=recovery, task_definitions=caches[1],
+        hosts=caches[2], config=config, quotas=QuotaRepository(aws.resource("dynamodb"),
+                                                               config.sharing.quota_table),
     )
 
 
@@ -128,39 +132,84 @@ def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
     return built[1]  # type: ignore[no-any-return]
 
 
+def jobs_api_settings() -> JobsApiSettings:
+    """The jobs API's settings, validated once per container (``reset`` forgets them)."""
+    from gpu_recovery.settings import JobsApiSettings
+
+    with _lock:
+        settings = _services.get("jobs_settings")
+        if settings is None:
+            settings = JobsApiSettings.from_env()
+            _services["jobs_settings"] = settings
+    return settings  # type: ignore[no-any-return]
+
+
 def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
     """The jobs API's service; ``trigger`` wakes the scheduler after a submit or cancel
     (None: invoke the scheduler function the stack names, if any)."""
+    from gpu_recovery.adapters.logs import TrainingLogReader
+    from gpu_recovery.adapters.scheduler_trigger import LambdaInvoker
+    from gpu_recovery.adapters.task_definitions import TaskDefinitions
+    from gpu_recovery.queue.quotas import QuotaService
     from gpu_recovery.queue.service import JobQueueService, LambdaSchedulerTrigger, NoSchedulerTrigger
     from gpu_recovery.repository.queue_api import JobQueueRepository
-    from gpu_recovery.settings import access_policy, job_budget_defaults
+    from gpu_recovery.repository.time_sharing import QuotaRepository
 
-    env = os.environ
+    settings = jobs_api_settings()
     if trigger is None:
-        function = env.get(c.ENV_SCHEDULER_FUNCTION, "")
-        trigger = LambdaSchedulerTrigger(aws.client("lambda"), function) if function else NoSchedulerTrigger()
+        trigger = (LambdaSchedulerTrigger(LambdaInvoker(aws.client("lambda"), settings.scheduler_function))
+                   if settings.scheduler_function else NoSchedulerTrigger())
+    ecs_client = aws.client("ecs")
     return JobQueueService(
-        repo=JobQueueRepository(Repository(
-            aws.resource("dynamodb"),
-            env.get(c.ENV_JOB_TABLE) or c.DEFAULT_JOB_TABLE_NAME,
-            env.get(c.ENV_INSTANCE_TABLE) or "unused",
-        )),
-        ecs_client=aws.client("ecs"),
-        logs_client=aws.client("logs"),
-        cluster=env.get(c.ENV_CLUSTER_NAME, "default"),
+        repo=JobQueueRepository(Repository(aws.resource("dynamodb"), settings.job_table,
+                                           settings.instance_table)),
+        ecs=EcsAdapter(ecs_client, settings.cluster),
+        # Not cached: a submit pins the revision ECS resolves now.
+        task_definitions=TaskDefinitions(ecs_client, ttl_seconds=0),
+        log_reader=TrainingLogReader(aws.client("logs")),
+        cluster=settings.cluster,
         scheduler=trigger,
-        access=access_policy(),
-        default_budgets=job_budget_defaults(env),
+        access=settings.access,
+        default_budgets=settings.default_budgets,
+        quotas=QuotaService(QuotaRepository(aws.resource("dynamodb"), settings.sharing.quota_table),
+                            settings.sharing.default_node_quotas),
+        suspend_grace_seconds=settings.sharing.suspend_grace_seconds,
     )
+
+
+def job_control_service(metrics: MetricsPort | None = None) -> JobControlService:
+    """The job-control channel of training code (control API and its authorizer);
+    ``metrics`` receives what its go_suspend() records (suspends requested, forced)."""
+    from gpu_recovery.queue.control import JobControlService
+    from gpu_recovery.settings import JobControlSettings
+
+    session = aws.session()
+    with _lock:
+        built = _services.get("job_control")
+    if built is None or built[0] is not session:
+        settings = JobControlSettings.from_env()
+        repo = Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
+
+        def go_suspend(job_id: str, rank: int, attempt: int | None) -> Any:
+            return recovery_service(_services.get("job_control_metrics")).go_suspend(job_id, rank, attempt)
+
+        service = JobControlService(repo, go_suspend, settings.control_poll_seconds)
+        built = (session, service)
+        with _lock:
+            _services["job_control"] = built
+    if metrics is not None:
+        _services["job_control_metrics"] = metrics
+    return built[1]  # type: ignore[no-any-return]
 
 
 def node_token_store() -> TokenStore:
     """The node-token store of the authorizer and the admin CLI, once per session."""
     from gpu_recovery.repository.heartbeat import NodeTokenRepository
+    from gpu_recovery.settings import node_token_table
     from gpu_recovery.tokens import TokenStore
 
     session = aws.session()
-    table = os.environ.get(c.ENV_NODE_TOKEN_TABLE) or c.DEFAULT_NODE_TOKEN_TABLE_NAME
+    table = node_token_table()
     with _lock:
         built = _services.get("tokens")
         if built is None or built[0] is not session or built[1] != table:

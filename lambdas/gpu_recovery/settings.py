@@ -18,12 +18,20 @@ from gpu_recovery.domain.heartbeat_policy import (
     HANG_ACTIONS,
     HeartbeatSettings,
 )
+from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.remediation_settings import (
     SETTINGS as REMEDIATION_KEYS,
 )
 from gpu_recovery.domain.remediation_settings import (
     RemediationSettings,
     parse_remediation_settings,
+)
+from gpu_recovery.domain.time_sharing import (
+    DEFAULT_DEMOTE_AFTER_SECONDS,
+    DEFAULT_SUSPEND_GRACE_SECONDS,
+    MAX_SUSPEND_GRACE_SECONDS,
+    MIN_SUSPEND_GRACE_SECONDS,
+    parse_priority,
 )
 from gpu_recovery.queue.access import AccessPolicy, family_of
 
@@ -166,6 +174,61 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class TimeSharingSettings:
+    """Quotas, preemption, suspend grace and demotion (the scheduler and the jobs API)."""
+
+    quota_table: str = c.DEFAULT_QUOTA_TABLE_NAME
+    default_node_quotas: Mapping[int, int] = field(default_factory=dict)  # level -> nodes
+    preemption: bool = True
+    suspend_grace_seconds: int = DEFAULT_SUSPEND_GRACE_SECONDS
+    demote_after_seconds: int = DEFAULT_DEMOTE_AFTER_SECONDS  # ABOVE_NORMAL -> NORMAL (0: never)
+    control_api_url: str = ""  # given to every queue rank ("" : no suspend channel)
+    control_poll_seconds: int = 2
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TimeSharingSettings:
+        env = os.environ if env is None else env
+        grace = _int(env, c.ENV_SUSPEND_GRACE_SECONDS, DEFAULT_SUSPEND_GRACE_SECONDS,
+                     minimum=MIN_SUSPEND_GRACE_SECONDS)
+        if grace > MAX_SUSPEND_GRACE_SECONDS:
+            raise SettingsError(f"{c.ENV_SUSPEND_GRACE_SECONDS} must be <= {MAX_SUSPEND_GRACE_SECONDS}, "
+                                f"got {grace}")
+        return cls(
+            quota_table=env.get(c.ENV_QUOTA_TABLE) or c.DEFAULT_QUOTA_TABLE_NAME,
+            default_node_quotas=parse_node_quotas(env.get(c.ENV_DEFAULT_NODE_QUOTAS) or ""),
+            preemption=_bool(env, c.ENV_PREEMPTION, True),
+            suspend_grace_seconds=grace,
+            demote_after_seconds=_int(env, c.ENV_DEMOTE_AFTER_SECONDS, DEFAULT_DEMOTE_AFTER_SECONDS),
+            control_api_url=(env.get(c.ENV_CONTROL_API_URL) or "").rstrip("/"),
+            control_poll_seconds=_int(env, c.ENV_CONTROL_POLL_SECONDS, 2, minimum=1),
+        )
+
+
+def parse_node_quotas(raw: str) -> dict[int, int]:
+    """``{"HIGH": 8, "LOW": 64}`` (level names or values) -> {30: 8, 0: 64}."""
+    text = raw.strip()
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SettingsError(f"{c.ENV_DEFAULT_NODE_QUOTAS} must be a JSON object: {error.msg}") from error
+    if not isinstance(parsed, dict):
+        raise SettingsError(f"{c.ENV_DEFAULT_NODE_QUOTAS} must be a JSON object of level -> nodes")
+    quotas: dict[int, int] = {}
+    for level, nodes in parsed.items():
+        try:
+            value = parse_priority(level)
+        except ValueError as error:
+            raise SettingsError(f"{c.ENV_DEFAULT_NODE_QUOTAS}: level {level!r} {error}") from error
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 0 <= nodes <= 100_000:
+            raise SettingsError(f"{c.ENV_DEFAULT_NODE_QUOTAS}: {level} must be 0..100000 nodes, "
+                                f"got {nodes!r}")
+        quotas[value] = nodes
+    return quotas
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """The queue scheduler's tick (infra sets the lease and budgets from the same names)."""
 
@@ -175,6 +238,7 @@ class SchedulerConfig:
     max_unplaced: int = 32  # stop reading after this many jobs that could not be placed
     stale_launch_seconds: int = 120
     time_budget_seconds: float = 60.0
+    sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerConfig:
@@ -184,7 +248,73 @@ class SchedulerConfig:
             max_admissions=_int(env, c.ENV_SCHEDULER_MAX_ADMISSIONS, 20, minimum=1),
             max_unplaced=_int(env, c.ENV_SCHEDULER_MAX_UNPLACED, 32, minimum=1),
             time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60, minimum=1)),
+            sharing=TimeSharingSettings.from_env(env),
         )
+
+
+def _required(env: Mapping[str, str], *names: str) -> None:
+    missing = [name for name in names if not (env.get(name) or "").strip()]
+    if missing:
+        raise SettingsError(f"missing environment variables: {', '.join(missing)}")
+
+
+@dataclass(frozen=True)
+class JobsApiSettings:
+    """The jobs API's settings (``runtime.jobs_service`` and the handler's idempotency layer)."""
+
+    job_table: str
+    cluster: str  # the cluster submits are checked against (capacity, task definitions)
+    # The jobs API reads no instance item; the repository it shares with the recovery loop
+    # names the table all the same (the stack's default name when the function has none).
+    instance_table: str = c.DEFAULT_INSTANCE_TABLE_NAME
+    scheduler_function: str = ""  # "" : no scheduler to wake up (its schedule picks jobs up)
+    idempotency_table: str = c.DEFAULT_IDEMPOTENCY_TABLE_NAME
+    # (infrastructure recoveries, application restarts) of a job that names none
+    default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS)
+    access: AccessPolicy = field(default_factory=AccessPolicy)
+    sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JobsApiSettings:
+        env = os.environ if env is None else env
+        _required(env, c.ENV_JOB_TABLE, c.ENV_CLUSTER_NAME)
+        return cls(
+            job_table=env[c.ENV_JOB_TABLE].strip(),
+            cluster=env[c.ENV_CLUSTER_NAME].strip(),
+            instance_table=(env.get(c.ENV_INSTANCE_TABLE) or "").strip() or c.DEFAULT_INSTANCE_TABLE_NAME,
+            scheduler_function=(env.get(c.ENV_SCHEDULER_FUNCTION) or "").strip(),
+            idempotency_table=(env.get(c.ENV_IDEMPOTENCY_TABLE) or "").strip()
+            or c.DEFAULT_IDEMPOTENCY_TABLE_NAME,
+            default_budgets=job_budget_defaults(env),
+            access=access_policy(env),
+            sharing=TimeSharingSettings.from_env(env),
+        )
+
+
+@dataclass(frozen=True)
+class JobControlSettings:
+    """The job-control channel's settings (control API and its authorizer)."""
+
+    job_table: str
+    instance_table: str = c.DEFAULT_INSTANCE_TABLE_NAME  # read by no control route (see above)
+    control_poll_seconds: int = 2
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JobControlSettings:
+        env = os.environ if env is None else env
+        _required(env, c.ENV_JOB_TABLE)
+        return cls(
+            job_table=env[c.ENV_JOB_TABLE].strip(),
+            instance_table=(env.get(c.ENV_INSTANCE_TABLE) or "").strip() or c.DEFAULT_INSTANCE_TABLE_NAME,
+            control_poll_seconds=TimeSharingSettings.from_env(env).control_poll_seconds,
+        )
+
+
+def node_token_table(env: Mapping[str, str] | None = None) -> str:
+    """The node-token table (node authorizer, admin CLI); the heartbeat service reads it
+    from :func:`heartbeat_settings`."""
+    env = os.environ if env is None else env
+    return (env.get(c.ENV_NODE_TOKEN_TABLE) or "").strip() or c.DEFAULT_NODE_TOKEN_TABLE_NAME
 
 
 def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSettings:
@@ -199,7 +329,7 @@ def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSetting
         hang_seconds=_int(env, c.ENV_HANG_SECONDS, DEFAULT_HANG_SECONDS),
         hang_action=action,
         max_skew_seconds=_int(env, c.ENV_HEARTBEAT_MAX_SKEW_SECONDS, DEFAULT_MAX_SKEW_SECONDS, 1),
-        node_token_table=env.get(c.ENV_NODE_TOKEN_TABLE) or c.DEFAULT_NODE_TOKEN_TABLE_NAME,
+        node_token_table=node_token_table(env),
         signal_notify_seconds=_int(env, c.ENV_HW_SIGNAL_NOTIFY_SECONDS, DEFAULT_SIGNAL_NOTIFY_SECONDS),
         signal_retention_seconds=_int(env, c.ENV_HW_SIGNAL_RETENTION_SECONDS,
                                       DEFAULT_SIGNAL_RETENTION_SECONDS, 60),

@@ -1,4 +1,5 @@
-"""The jobs API (API Gateway REST, IAM auth): submit, get, list, cancel, events, logs.
+"""The jobs API (API Gateway REST, IAM auth): submit, get, list, cancel, suspend, resume,
+events, logs, node quotas.
 
 Routes (Powertools ``APIGatewayRestResolver`` with validation; OpenAPI at ``/swagger``):
 
@@ -8,6 +9,11 @@ Routes (Powertools ``APIGatewayRestResolver`` with validation; OpenAPI at ``/swa
     POST /v1/jobs/{job_id}/cancel      200 cancel (idempotent)
     GET  /v1/jobs/{job_id}/events      200 state history
     GET  /v1/jobs/{job_id}/logs        200 one rank's container log (rank=, attempt=, next_token=)
+    POST /v1/jobs/{job_id}/suspend     200 graceful suspend, held until resumed
+    POST /v1/jobs/{job_id}/resume      200 back to the queue at its original position
+    GET  /v1/quotas                    200 your node quotas (user=, all=true: admins)
+    PUT  /v1/quotas                    200 set a user's quota at a level (admins)
+    DELETE /v1/quotas?user=&priority=  200 remove it (admins)
 
 Errors: ``{"error": code, "message": "...", "field": "..."}``: 400 (field named: also a
 body that is not UTF-8, not JSON or nested deeper than 32 levels), 403 (an authorization
@@ -21,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import threading
 from http import HTTPStatus
@@ -46,11 +51,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
 from gpu_recovery.adapters import aws
-from gpu_recovery.constants import (
-    DEFAULT_IDEMPOTENCY_TABLE_NAME,
-    ENV_IDEMPOTENCY_TABLE,
-    JobState,
-)
+from gpu_recovery.constants import JobState
 from gpu_recovery.queue.api_models import (
     CancelResult,
     ErrorBody,
@@ -59,6 +60,12 @@ from gpu_recovery.queue.api_models import (
     JobList,
     JobLogs,
     JobSummary,
+    QuotaChange,
+    QuotaList,
+    QuotaRemoved,
+    QuotaRow,
+    QuotaView,
+    SuspendResult,
 )
 from gpu_recovery.queue.models import JobSpec
 from gpu_recovery.queue.service import (
@@ -127,7 +134,10 @@ def set_scheduler_trigger(trigger: SchedulerTrigger | None) -> None:
 
 
 def reset() -> None:
-    """Forget cached clients/services (tests and local mode switch environments)."""
+    """Forget cached clients/services (tests and local mode switch environments).
+
+    It also drops the boto3 session (``runtime.reset``): call it before entering the
+    emulator (``LocalAws``), whose hooks live on the session it creates."""
     with _lock:
         _state.clear()
     runtime.reset()
@@ -154,8 +164,10 @@ def _idempotency() -> tuple[IdempotencyConfig, Any]:
                 raise_on_no_idempotency_key=True,
                 response_hook=_mark_replay,
             )
+            # The one DynamoDB use outside the repository (tests/test_architecture.py): the
+            # Powertools layer owns its table and record format.
             store = DynamoDBPersistenceLayer(
-                table_name=os.environ.get(ENV_IDEMPOTENCY_TABLE) or DEFAULT_IDEMPOTENCY_TABLE_NAME,
+                table_name=runtime.jobs_api_settings().idempotency_table,
                 boto3_client=aws.client("dynamodb"),
             )
             submit = idempotent_function(
@@ -359,6 +371,83 @@ def cancel_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> CancelRe
     return result
 
 
+@app.post("/v1/jobs/<job_id>/suspend", summary="Suspend a job (graceful; held until resumed)",
+          tags=["jobs"],
+          description="RUNNING: SUSPENDING; rank 0 is told (receive_suspend_command()) and has the job's "
+          "grace to checkpoint and call go_suspend(), then every rank is stopped (by force after the "
+          "grace); SUSPENDED once all stopped. Waiting: SUSPENDED now. Either way the job is held "
+          "until resumed. A suspension spends no recovery and no retry.",
+          responses={200: {"description": "Outcome",
+                           "content": {"application/json": {"model": SuspendResult}}},
+                     **_READ_ERRORS,
+                     409: _error_doc("Not suspendable now (starting, in recovery, ended, or not a "
+                                     "queue job)")})
+def suspend_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> SuspendResult:
+    result = service().suspend(job_id, caller())
+    if result["changed"]:
+        metrics.add_metric(name="JobsSuspendedByUser", unit=MetricUnit.Count, value=1)
+    return result
+
+
+@app.post("/v1/jobs/<job_id>/resume", summary="Resume a suspended job", tags=["jobs"],
+          description="A held SUSPENDED job goes back to the queue at its original position (the "
+          "scheduler starts it like a queued job, with RESUME_COUNT + 1); a SUSPENDING one once its "
+          "ranks stopped. A job the scheduler suspended is already queued: unchanged.",
+          responses={200: {"description": "Outcome",
+                           "content": {"application/json": {"model": SuspendResult}}},
+                     **_READ_ERRORS,
+                     409: _error_doc("Not suspended")})
+def resume_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> SuspendResult:
+    return service().resume(job_id, caller())
+
+
+_QUOTA_ERRORS: dict[int | HTTPStatus, Any] = {
+    400: _E400,
+    403: _error_doc("Refused: SigV4 (API Gateway), or `forbidden:admin` (only admin roles set, remove, "
+                    "list all or read another user's quota)"),
+    409: _error_doc("Quotas are not configured in this deployment"),
+    429: _E429,
+}
+
+
+@app.get("/v1/quotas", summary="Node quotas", tags=["quotas"],
+         description="Without parameters: your quota at every priority level (limit, nodes in use, "
+         "room). user=: that user's (admins). all=true: every stored quota, a page at a time (admins).",
+         responses={200: {"description": "QuotaView, or QuotaList with all=true",
+                          "content": {"application/json": {"model": QuotaView | QuotaList}}},
+                    **_QUOTA_ERRORS})
+def get_quotas(
+    user: Annotated[str | None, Query(max_length=512, description="IAM ARN or quota user")] = None,
+    all_users: Annotated[bool, Query(alias="all", description="Every stored quota (admins)")] = False,
+    limit: Annotated[int, Query(ge=1, le=100)] = 50,
+    next_token: Annotated[str | None, Query(max_length=4096)] = None,
+) -> QuotaView | QuotaList:
+    if all_users:
+        return service().quota_list(caller(), limit=limit, next_token=next_token)
+    return service().quota_view(caller(), user)
+
+
+@app.put("/v1/quotas", summary="Set a user's node quota at one level (admins)", tags=["quotas"],
+         responses={200: {"description": "The quota now",
+                          "content": {"application/json": {"model": QuotaRow}}},
+                    **_QUOTA_ERRORS,
+                    415: _error_doc("Content-Type is not application/json")})
+def put_quota(change: Annotated[QuotaChange, Body()]) -> QuotaRow:
+    return service().quota_set(caller(), change.user, change.priority, change.max_nodes)
+
+
+@app.delete("/v1/quotas", summary="Remove a user's node quota at one level (admins)", tags=["quotas"],
+            description="The deployment's default (or no limit) applies again; usage is kept.",
+            responses={200: {"description": "What applies now",
+                             "content": {"application/json": {"model": QuotaRemoved}}},
+                       **_QUOTA_ERRORS})
+def delete_quota(
+    user: Annotated[str, Query(min_length=1, max_length=512, description="IAM ARN or quota user")],
+    priority: Annotated[str, Query(min_length=1, max_length=16, description="Level name or value")],
+) -> QuotaRemoved:
+    return service().quota_remove(caller(), user, priority)
+
+
 @app.get("/v1/jobs/<job_id>/events", summary="State history of a job", tags=["jobs"],
          responses={200: {"description": "Events, oldest first",
                           "content": {"application/json": {"model": JobEvents}}},
@@ -412,9 +501,12 @@ def _error_result(status: int, body: dict[str, Any]) -> dict[str, Any]:
             "body": json.dumps(body), "isBase64Encoded": False}
 
 
-def _submit_route(event: dict[str, Any]) -> bool:
+def _json_body_route(event: dict[str, Any]) -> bool:
+    """Routes whose body is a JSON document (submit, quota change)."""
     path = str(event.get("path") or "").rstrip("/")
-    return event.get("httpMethod") == "POST" and (path == "/v1/jobs" or path.endswith("/prod/v1/jobs"))
+    method = event.get("httpMethod")
+    return (method == "POST" and (path == "/v1/jobs" or path.endswith("/prod/v1/jobs"))) or (
+        method == "PUT" and (path == "/v1/quotas" or path.endswith("/prod/v1/quotas")))
 
 
 def _guard_body(event: dict[str, Any]) -> dict[str, Any]:
@@ -422,7 +514,7 @@ def _guard_body(event: dict[str, Any]) -> dict[str, Any]:
     encoding and JSON (400), media type of a submit (415). Returns the event with the
     body as UTF-8 text, so the resolver's own parsing cannot fail."""
     text = body_text(event, MAX_BODY_BYTES)
-    if _submit_route(event):
+    if _json_body_route(event):
         media = media_type(event.get("headers"))
         if media not in JSON_MEDIA_TYPES:
             raise BodyError(415, "unsupported_media_type",
@@ -451,9 +543,13 @@ def openapi_document() -> dict[str, Any]:
     """The resolver's OpenAPI document with the status codes the API really answers: the
     resolver's generic 422 is replaced by the 400 this API returns (ErrorBody)."""
     document: dict[str, Any] = json.loads(app.get_openapi_json_schema(**OPENAPI_INFO))
+    too_large = {"description": "Body over 128 KiB (checked on every route)",
+                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
     for operations in document.get("paths", {}).values():
         for operation in operations.values():
-            operation.get("responses", {}).pop("422", None)
+            responses = operation.get("responses", {})
+            responses.pop("422", None)
+            responses.setdefault("413", too_large)
     schemas = document.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)

@@ -40,7 +40,6 @@ from pydantic import (
 
 from gpu_recovery import clock, heartbeat, runtime
 from gpu_recovery.domain.heartbeat_policy import ReportedTask, timestamp_acceptable
-from gpu_recovery.settings import heartbeat_settings
 from gpu_recovery.tokens import NODE_ID_RE
 from handlers._common import powertools
 from handlers._http import BodyError, body_text, parse_json
@@ -265,7 +264,8 @@ def _check_common(report: _Report) -> None:
         raise ApiError(403, "node_mismatch",
                        f"node_id {report.node_id!r} is not the node this token belongs to; "
                        "send the node's own id or use that node's token", "node_id")
-    settings = heartbeat_settings()
+    # The heartbeat service's settings, validated once when runtime.py built it.
+    settings = heartbeat.service(runtime.PowertoolsMetrics(metrics)).settings
     now = clock.now()
     if not math.isfinite(report.timestamp) or not timestamp_acceptable(
         report.timestamp, now, settings.max_skew_seconds

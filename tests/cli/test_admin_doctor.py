@@ -106,6 +106,7 @@ def _deploy(local: Any) -> dict[str, str]:
         "InstanceTableName": local.instance_table,
         "NodeTokenTableName": local.node_token_table,
         "IdempotencyTableName": local.idempotency_table,
+        "QuotaTableName": local.quota_table,
         "HeartbeatStaleSeconds": "180",
     }
     triggers = {
@@ -235,6 +236,8 @@ def test_doctor_passes_on_a_ready_account(
     assert "3 registered" in gpu and "8 GPUs" in gpu and account.host("node-d") in gpu
     assert "last reports" in _one(findings, "node tokens", doctor.PASS).detail
     assert "gpu-health-check:1 ACTIVE" in _one(findings, "health check", doctor.PASS).detail
+    tables = _one(findings, "tables PITR", doctor.PASS).detail
+    assert f"on for all {len(doctor.TABLE_OUTPUTS)}" in tables and account.local.quota_table in tables
 
     outputs_file = tmp_path / "outputs.json"
     outputs_file.write_text(json.dumps({"GpuTrainingRecovery": account.outputs}))
@@ -271,6 +274,8 @@ def test_doctor_names_each_problem_of_a_broken_account(
     )
     _trip_the_breaker(local)
     sim.run_for(600)  # node reports are now 10 minutes old
+    # The quota table deleted by hand (after the simulation, whose scheduler reads it).
+    local.client("dynamodb").delete_table(TableName=local.quota_table)
 
     findings = account.findings(expected_cluster="other-cluster")
     cluster = _one(findings, "cluster", doctor.FAIL)
@@ -294,9 +299,13 @@ def test_doctor_names_each_problem_of_a_broken_account(
     dlq = _one(findings, "rule RecoverySweep", doctor.FAIL)
     assert "1 message(s)" in dlq.detail and "docs/operations.md" in dlq.fix
     assert _one(findings, "rule DcgmMonitor", doctor.PASS)
-    pitr = _one(findings, "tables PITR", doctor.FAIL)
-    assert local.instance_table in pitr.detail and local.job_table not in pitr.detail
-    assert "update-continuous-backups" in pitr.fix
+    pitr = [f for f in findings if f.check == "tables PITR" and f.status == doctor.FAIL]
+    (off,) = [f for f in pitr if "point-in-time recovery is off" in f.detail]
+    assert local.instance_table in off.detail and local.job_table not in off.detail
+    assert "update-continuous-backups" in off.fix
+    (gone,) = [f for f in pitr if f.detail.startswith("not found")]
+    assert local.quota_table in gone.detail and local.job_table not in gone.detail
+    assert "redeploy" in gone.fix.lower()
     no_token = _one(findings, "node tokens", doctor.FAIL)
     assert account.container_instance("node-c") in no_token.detail and "issue-token" in no_token.fix
     silent = _one(findings, "node tokens", doctor.WARN)
@@ -402,10 +411,10 @@ def test_doctor_reads_the_outputs_of_a_stack_and_names_missing_ones() -> None:
 def test_admin_commands_are_a_registry() -> None:
     """Every command is one registry entry; the parser is built from the registry."""
     names = [c.name for c in COMMANDS]
-    assert {"doctor", "issue-token", "revoke-token", "list-tokens"} <= set(names)
+    assert {"doctor", "issue-token", "revoke-token", "list-tokens", "quota"} <= set(names)
     assert len(names) == len(set(names))
     parser = build_parser()
     required = {"issue-token": ["--node-id", "n1"], "revoke-token": ["--node-id", "n1"],
-                "breaker": ["show"]}
+                "breaker": ["show"], "quota": ["list"]}
     for name in names:
         parser.parse_args([name, *required.get(name, [])])

@@ -57,12 +57,13 @@ class FakeApi:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     idempotency: dict[str, str] = field(default_factory=dict)
     failures: list[tuple[str, str, int, bytes]] = field(default_factory=list)
-    state_scripts: dict[str, list[str]] = field(default_factory=dict)
+    state_scripts: dict[str, list[Any]] = field(default_factory=dict)  # a state, or fields to update
     events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     logs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     logs_visible: dict[str, int] = field(default_factory=dict)
     logs_null_token_when_caught_up: bool = False
     page_size: int = 50
+    quota_rows: list[dict[str, Any]] = field(default_factory=list)  # GET /v1/quotas?all=true, 2 a page
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- test helpers
@@ -108,6 +109,8 @@ class FakeApi:
 
     def route(self, method: str, segs: list[str], query: dict[str, str], body: Any,
               headers: dict[str, str]) -> tuple[int, Any]:
+        if segs == ["v1", "quotas"] and method == "GET":
+            return self.quotas(query, headers)
         if segs[:2] != ["v1", "jobs"]:
             return 404, {"message": "no such route"}
         rest = segs[2:]
@@ -121,7 +124,8 @@ class FakeApi:
         if method == "GET" and len(rest) == 1:
             script = self.state_scripts.get(job["job_id"])
             if script:
-                job["state"] = script.pop(0)
+                step = script.pop(0)
+                job.update(step if isinstance(step, dict) else {"state": step})
                 self.update_ranks(job)
                 jid = job["job_id"]
                 if jid in self.logs_visible:  # training makes progress between polls
@@ -130,11 +134,54 @@ class FakeApi:
         if method == "POST" and rest[1:] == ["cancel"]:
             job["state"] = "CANCELING"
             return 200, {"job_id": job["job_id"], "state": "CANCELING", "previous_state": "RUNNING"}
+        if method == "POST" and rest[1:] in (["suspend"], ["resume"]):
+            return self.suspend_or_resume(job, rest[1])
         if method == "GET" and rest[1:] == ["events"]:
             return 200, {"events": self.events.get(job["job_id"], [])}
         if method == "GET" and rest[1:] == ["logs"]:
             return 200, self.log_page(job["job_id"], query)
         return 405, {"message": "method not allowed"}
+
+    def suspend_or_resume(self, job: dict[str, Any], action: str) -> tuple[int, Any]:
+        """The service's outcomes: RUNNING -> SUSPENDING (with a deadline), waiting -> SUSPENDED
+        held; resume of a held SUSPENDED job: queued again; anything else: 409."""
+        state, out = job["state"], {"job_id": job["job_id"], "previous_state": job["state"]}
+        if action == "suspend" and state == "RUNNING":
+            job.update(state="SUSPENDING",
+                       suspend={"kind": "user", "hold": True, "deadline_at": 1_763_650_060})
+            return 200, {**out, "state": "SUSPENDING", "changed": True, "held": True,
+                         "deadline_at": 1_763_650_060}
+        if action == "suspend" and state in ("QUEUED", "SUSPENDED"):
+            changed = not job.get("held")
+            job.update(state="SUSPENDED", held=True)
+            return 200, {**out, "state": "SUSPENDED", "changed": changed, "held": True}
+        if action == "resume" and state == "SUSPENDED":
+            changed = bool(job.get("held"))
+            job["held"] = False
+            return 200, {**out, "state": "SUSPENDED", "changed": changed, "held": False}
+        verb = "suspended" if action == "suspend" else "resumed"
+        return 409, {"error": "conflict", "message": f"job {job['job_id']} is {state}: it can be {verb} "
+                                                     "once RUNNING (or while it waits)"}
+
+    def quotas(self, query: dict[str, str], headers: dict[str, str]) -> tuple[int, Any]:
+        caller = headers.get("x-local-user", "?")
+        if (query.get("all") or query.get("user", caller) != caller) and caller != "admin":
+            return 403, {"error": "forbidden:admin",
+                         "message": "admin: only an admin role (admin) may read the quota of "
+                                    f"{query.get('user', 'every user')}"}
+        if query.get("all") == "true":
+            start = int(query.get("next_token") or 0)
+            more = start + 2 < len(self.quota_rows)
+            return 200, {"quotas": self.quota_rows[start:start + 2],
+                         "next_token": str(start + 2) if more else None}
+        levels = [("EXTREME_HIGH", 50, None, "unlimited", 0), ("VERY_HIGH", 40, None, "unlimited", 0),
+                  ("HIGH", 30, 8, "default", 2), ("ABOVE_NORMAL", 20, None, "unlimited", 0),
+                  ("NORMAL", 10, 4, "set", 4), ("BELOW_NORMAL", 5, None, "unlimited", 0),
+                  ("LOW", 0, 0, "set", 0)]
+        return 200, {"user": query.get("user", caller), "quotas": [
+            {"priority": value, "priority_name": name, "max_nodes": limit, "source": source,
+             "used_nodes": used, "room": None if limit is None else max(0, limit - used)}
+            for name, value, limit, source, used in levels]}
 
     def submit(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
         for key in ("name", "task_definition"):
@@ -732,3 +779,235 @@ def test_main_signs_with_env_credentials_end_to_end(monkeypatch, sleeps, capsys)
     assert auth.startswith("AWS4-HMAC-SHA256 Credential=AKIDENV/")
     assert "idempotency-key" in auth.split("SignedHeaders=")[1]
     assert req.full_url == f"{API_GW}/jobs" and json.loads(req.data)["name"] == "x"
+
+
+# --------------------------------------------------------------------------- time sharing
+
+
+def test_submit_accepts_auto_priority_and_a_suspend_grace(api, sleeps, tmp_path, capsys):
+    """Given `--priority auto --suspend-grace 120` flags, and a spec file with `priority: AUTO` and
+    `suspend_grace_seconds: "90"`,
+    when submit runs,
+    then the body carries priority "AUTO" (the server resolves it) and the grace as an integer;
+    a priority that is neither a level nor AUTO fails locally naming AUTO among the choices."""
+    assert run(api, "submit", "--name", "a", "--task-definition", "t:1", "--priority", "auto",
+               "--suspend-grace", "120") == 0
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("name: b\ntask_definition: t:1\npriority: AUTO\nsuspend_grace_seconds: '90'\n")
+    assert run(api, "submit", "-f", str(spec_file)) == 0
+    first, second = api.calls("POST", "/v1/jobs")
+    assert (first.body["priority"], first.body["suspend_grace_seconds"]) == ("AUTO", 120)
+    assert (second.body["priority"], second.body["suspend_grace_seconds"]) == ("AUTO", 90)
+    capsys.readouterr()
+    assert run(api, "submit", "--name", "c", "--task-definition", "t:1", "--priority", "urgent") == 2
+    err = capsys.readouterr().err
+    assert "invalid priority 'urgent'" in err and "AUTO" in err and "field: priority" in err
+    assert run(api, "submit", "--name", "c", "--task-definition", "t:1", "--suspend-grace", "0") == 2
+    assert "--suspend-grace" in capsys.readouterr().err
+    assert len(api.calls("POST", "/v1/jobs")) == 2
+
+
+def test_suspend_a_running_job_prints_the_deadline_and_the_hold(api, sleeps, capsys):
+    """Given a RUNNING job,
+    when `suspend ID` runs,
+    then POST /v1/jobs/ID/suspend is sent once and one line says SUSPENDING, the forced-stop
+    deadline and how to resume; `--json` prints the API's answer unchanged."""
+    api.add_job("j-1", state="RUNNING")
+    assert run(api, "suspend", "j-1") == 0
+    assert len(api.calls("POST", "/v1/jobs/j-1/suspend")) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("j-1: SUSPENDING (")
+    assert "go_suspend()" in out and "2025-11-20T14:47:40Z at the latest" in out
+    assert "held until `gpujobs resume j-1`" in out
+    api.add_job("j-2", state="QUEUED")
+    assert run(api, "suspend", "j-2", "--json") == 0
+    assert json.loads(capsys.readouterr().out) == {"job_id": "j-2", "previous_state": "QUEUED",
+                                                   "state": "SUSPENDED", "changed": True, "held": True}
+
+
+def test_suspend_again_and_resume_say_what_happens(api, sleeps, capsys):
+    """Given a held SUSPENDED job,
+    when it is suspended again, resumed, and resumed again,
+    then the repeat says it already was, the resume says it is queued at its original position."""
+    api.add_job("j-1", state="SUSPENDED", held=True)
+    assert run(api, "suspend", "j-1") == 0
+    assert capsys.readouterr().out.strip() == (
+        "j-1: SUSPENDED (held until `gpujobs resume j-1`; it already was)")
+    assert run(api, "resume", "j-1") == 0
+    assert capsys.readouterr().out.strip() == (
+        "j-1: SUSPENDED (queued at its original position: it starts when nodes are free)")
+    assert run(api, "resume", "j-1") == 0
+    assert capsys.readouterr().out.strip().endswith("; it already was)")
+
+
+@pytest.mark.parametrize("action", ["suspend", "resume"])
+def test_suspend_or_resume_refused_is_a_4xx_with_the_reason(api, sleeps, capsys, action):
+    """Given a COMPLETE job (and no job at all),
+    when `suspend|resume ID` runs,
+    then the 409 exits 2 (like every 4xx, not retried) with the server's reason on stderr; an
+    unknown job exits 2 with the 404."""
+    api.add_job("j-1", state="COMPLETE")
+    assert run(api, action, "j-1") == 2
+    err = capsys.readouterr().err
+    verb = {"suspend": "suspended", "resume": "resumed"}[action]
+    assert err.startswith(f"gpujobs: error: HTTP 409: job j-1 is COMPLETE: it can be {verb}")
+    assert "Traceback" not in err and sleeps == []
+    assert run(api, action, "nope") == 2
+    assert "HTTP 404" in capsys.readouterr().err
+
+
+def test_quota_prints_every_level(api, sleeps, capsys):
+    """Given the API's quota view of alice,
+    when `quota` runs,
+    then GET /v1/quotas (no parameters) is sent and a table shows every level, high to low,
+    with "unlimited" where no limit applies and the room left; `--json` prints the view."""
+    assert run(api, "quota") == 0
+    (get,) = api.calls("GET", "/v1/quotas")
+    assert get.query == {}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "User: alice"
+    assert lines[1].split() == ["PRIORITY", "LIMIT", "SOURCE", "IN", "USE", "ROOM"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert list(rows) == ["EXTREME_HIGH", "VERY_HIGH", "HIGH", "ABOVE_NORMAL", "NORMAL", "BELOW_NORMAL",
+                          "LOW"]
+    assert rows["HIGH"] == ["8", "default", "2", "6"]
+    assert rows["NORMAL"] == ["4", "set", "4", "0"]
+    assert rows["VERY_HIGH"] == ["unlimited", "unlimited", "0", "-"]
+    assert rows["LOW"] == ["0", "set", "0", "0"]
+    assert run(api, "--json", "quota") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["user"] == "alice" and len(doc["quotas"]) == 7
+
+
+def test_quota_of_another_user_is_refused_for_a_non_admin(api, sleeps, capsys, monkeypatch):
+    """Given alice (not an admin),
+    when she asks for bob's quota or every quota,
+    then the 403 exits 2 and stderr says only an admin may; `--user` and `--all` together are a
+    usage error. An admin gets bob's view (user= sent)."""
+    assert run(api, "quota", "--user", "bob") == 2
+    err = capsys.readouterr().err
+    assert "gpujobs: error: HTTP 403: admin: only an admin role (admin) may read the quota of bob" in err
+    assert run(api, "quota", "--all") == 2
+    assert "HTTP 403" in capsys.readouterr().err
+    assert run(api, "quota", "--all", "--user", "bob") == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    monkeypatch.setenv("USER", "admin")
+    assert run(api, "quota", "--user", "bob") == 0
+    assert api.calls("GET", "/v1/quotas")[-1].query == {"user": "bob"}
+    assert capsys.readouterr().out.splitlines()[0] == "User: bob"
+
+
+def test_quota_all_follows_every_page(api, sleeps, capsys, monkeypatch):
+    """Given an admin and five stored quota rows served two a page,
+    when `quota --all` runs,
+    then three pages are fetched (all=true, then next_token) and one table shows the five rows."""
+    monkeypatch.setenv("USER", "admin")
+    api.quota_rows = [{"user": f"u{i}", "priority": 30, "priority_name": "HIGH", "max_nodes": i,
+                       "source": "set", "used_nodes": 0, "room": i} for i in range(5)]
+    assert run(api, "quota", "--all") == 0
+    gets = api.calls("GET", "/v1/quotas")
+    assert [g.query for g in gets] == [{"all": "true"}, {"all": "true", "next_token": "2"},
+                                       {"all": "true", "next_token": "4"}]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["USER", "PRIORITY", "LIMIT"]
+    assert [line.split()[0] for line in lines[1:]] == ["u0", "u1", "u2", "u3", "u4"]
+
+
+def test_show_prints_the_time_sharing_fields(api, sleeps, capsys):
+    """Given a held SUSPENDED job submitted with AUTO, suspended twice (resumed once), now
+    waiting for its quota,
+    when `show ID` runs,
+    then the state says held, the wait reason, the quota user, how the priority was chosen,
+    the counts and the suspension (kind, who, reason, held) are shown; the deadline of a
+    suspension that is over is not."""
+    api.add_job("j-1", state="SUSPENDED", held=True, wait_reason="quota: HIGH 8/8 nodes in use",
+                quota_user="alice", priority_requested="AUTO", demoted_from=None, suspend_count=2,
+                resume_count=1, suspend={"kind": "user", "reason": "suspended by alice",
+                                         "requested_at": 1_763_650_000, "deadline_at": 1_763_650_060,
+                                         "grace_seconds": 60, "hold": True, "by_user": "alice", "by_job": ""})
+    assert run(api, "show", "j-1") == 0
+    out = capsys.readouterr().out
+    assert "State:      SUSPENDED, held until resumed" in out
+    assert "Waiting:    quota: HIGH 8/8 nodes in use" in out
+    assert "Quota user: alice" in out
+    assert "Priority:   HIGH (30), chosen by AUTO at submit" in out
+    assert "Suspended:  2 time(s), resumed 1" in out
+    assert "\nSuspension:\n" in out
+    assert "  Kind:      user (by user alice)" in out and "  Reason:    suspended by alice" in out
+    assert "  Requested: 2025-11-20T14:46:40Z" in out
+    assert "  Deadline:  2025-11-20T14:47:40Z (grace 60 s)" in out
+    assert "  Held:      yes: waits for `gpujobs resume j-1`" in out
+
+
+def test_show_a_preempted_then_resumed_and_demoted_job(api, sleeps, capsys):
+    """Given a RUNNING job demoted from ABOVE_NORMAL that was preempted once by bob's job,
+    when `show ID` runs,
+    then the priority says it was demoted and the block is the last suspension, naming the
+    job that caused it, without deadline or hold; a job never suspended has no such lines."""
+    api.add_job("j-1", state="RUNNING", priority=10, priority_name="NORMAL", demoted_from=20,
+                suspend_count=1, resume_count=1,
+                suspend={"kind": "preempted", "reason": "preempted by job big-1 (HIGH)", "by_job": "big-1",
+                         "by_user": "bob", "deadline_at": 1_763_650_060, "grace_seconds": 60, "hold": False,
+                         "stop_requested_at": 1_763_650_010, "stop_reason": "go_suspend() by rank 0"})
+    assert run(api, "show", "j-1") == 0
+    out = capsys.readouterr().out
+    assert "Priority:   NORMAL (10), demoted from ABOVE_NORMAL (20)" in out
+    assert "\nLast suspension:\n" in out
+    assert "  Kind:      preempted (by job big-1, user bob)" in out
+    assert "  Stopped:   2025-11-20T14:46:50Z: go_suspend() by rank 0" in out
+    assert "Deadline" not in out and "Held" not in out
+    api.add_job("j-2", state="RUNNING")
+    assert run(api, "show", "j-2") == 0
+    out = capsys.readouterr().out
+    assert "uspen" not in out and "Waiting" not in out and "AUTO" not in out
+
+
+def test_list_shows_suspending_and_suspended_jobs(api, sleeps, capsys):
+    """Given jobs SUSPENDING and SUSPENDED,
+    when `list` and `list --state suspended` run,
+    then their states are in the table and the filter is sent upper-cased."""
+    api.add_job("j-1", state="SUSPENDING")
+    api.add_job("j-2", state="SUSPENDED")
+    assert run(api, "list") == 0
+    rows = {line.split()[0]: line.split()[2] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows == {"j-1": "SUSPENDING", "j-2": "SUSPENDED"}
+    assert run(api, "list", "--state", "suspended") == 0
+    assert api.calls("GET", "/v1/jobs")[-1].query["state"] == "SUSPENDED"
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "j-2"
+
+
+def test_watch_follows_a_suspension_and_the_resume(api, sleeps, capsys):
+    """Given a running job suspended by its user, held, resumed, started again and completed,
+    when `watch ID` runs (not a TTY),
+    then each step is one line: SUSPENDING with its kind and deadline, SUSPENDED (held), the
+    resume as (held) -> SUSPENDED, then STARTING at attempt 2; exit 0."""
+    api.add_job("j-1", state="RUNNING", attempt=1)
+    suspend = {"kind": "user", "hold": True, "deadline_at": 1_763_650_060}
+    api.state_scripts["j-1"] = [
+        "RUNNING", {"state": "SUSPENDING", "suspend": suspend}, {"state": "SUSPENDED", "held": True},
+        {"state": "SUSPENDED", "held": False}, {"state": "STARTING", "attempt": 2}, "COMPLETE"]
+    assert run(api, "watch", "j-1") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6
+    assert "RUNNING -> SUSPENDING" in lines[1] and "suspend=user" in lines[1]
+    assert "deadline=2025-11-20T14:47:40Z" in lines[1]
+    assert "SUSPENDING -> SUSPENDED (held)" in lines[2]
+    assert "SUSPENDED (held) -> SUSPENDED  " in lines[3]
+    assert "SUSPENDED -> STARTING" in lines[4] and "attempt=2" in lines[4]
+    assert "STARTING -> COMPLETE" in lines[5]
+
+
+def test_watch_colors_time_sharing_states():
+    """SUSPENDING is cyan and SUSPENDED (held or not) blue: paused, not failed nor waiting."""
+    assert gpujobs._colored("SUSPENDING", True) == "\x1b[1;36mSUSPENDING\x1b[0m"
+    assert gpujobs._colored("SUSPENDED (held)", True) == "\x1b[1;34mSUSPENDED (held)\x1b[0m"
+    assert gpujobs._colored("QUEUED", True) == "\x1b[1;33mQUEUED\x1b[0m"
+    assert gpujobs._colored("SUSPENDED", False) == "SUSPENDED"
+
+
+def test_the_cli_knows_every_job_state_of_the_server():
+    """Every server job state is either terminal or non-terminal for the CLI (list filters, watch)."""
+    states = pytest.importorskip("gpu_recovery.domain.states")
+    server = {s.value for s in states.JobState}
+    assert server == set(gpujobs.NON_TERMINAL_STATES) | set(gpujobs.TERMINAL_STATES)
+    assert {s.value for s in states.TERMINAL_JOB_STATES} == set(gpujobs.TERMINAL_STATES)

@@ -100,6 +100,44 @@ def test_reset_resumes_or_drops_the_backlog() -> None:
     assert act(resumed.state, "node-7", T + 3601).allowed
 
 
+def test_a_released_backlog_comes_back_a_windows_allowance_at_a_time() -> None:
+    """After a reset, released entries are admitted only while the window has room (16
+    nodes: 3 per 10 min); a refusal neither trips the breaker nor changes its state; a node
+    already in the window is free; the window slides; a tripped breaker holds them all."""
+    state = breaker.new_state()
+    for n in range(8):
+        state = act(state, f"node-{n}", T + n).state
+    reset = breaker.reset(state, now=T + 60, resume_backlog=True)
+    state = reset.state
+    admitted = []
+    for entry in reset.released:
+        decided = breaker.admit_release(state, node=entry["node"], action="reboot", now=T + 70,
+                                        cluster_gpu_nodes=16)
+        if decided.allowed:
+            state = decided.state
+            admitted.append(entry["node"])
+        else:
+            assert decided.state == breaker.normalize(state) and not decided.tripped_now
+    assert admitted == ["node-3", "node-4", "node-5"] and state["state"] == CLOSED
+    again = breaker.admit_release(state, node="node-4", action="reboot", now=T + 80, cluster_gpu_nodes=16)
+    assert again.allowed and again.nodes_in_window == 3
+    later = breaker.admit_release(state, node="node-6", action="reboot", now=T + 70 + 600,
+                                  cluster_gpu_nodes=16)
+    assert later.allowed
+    tripped = act(act(act(act(breaker.new_state(), "a", T).state, "b", T).state, "c", T).state, "d", T).state
+    held = breaker.admit_release(tripped, node="node-6", action="reboot", now=T + 1, cluster_gpu_nodes=16)
+    assert not held.allowed and "waits for the next reset" in held.reason
+    off = breaker.admit_release(tripped, node="x", action="reboot", now=T, cluster_gpu_nodes=16,
+                                policy=BreakerPolicy(enabled=False))
+    assert off.allowed
+
+
+def test_released_entries_count_in_the_backlog_metric() -> None:
+    stored = {**breaker.new_state(), "released": {"node-1": {"node": "node-1"}, "node-2": {"node": "node-2"}}}
+    status = breaker.status(stored, now=T, cluster_gpu_nodes=16)
+    assert status.metrics()["BreakerBacklog"] == 2.0 and status.to_dict()["released"] == 2
+
+
 def test_backlog_keeps_one_entry_per_node_and_action() -> None:
     state = breaker.new_state()
     for n in range(4):

@@ -12,6 +12,7 @@ from gpu_recovery.domain.remediation_mode import (
     Effect,
     Mode,
     RemediationModes,
+    combination_errors,
     effects_of,
     parse_remediation_mode,
 )
@@ -59,6 +60,37 @@ def test_bad_settings_say_what_to_fix(text: str, message: str) -> None:
     with pytest.raises(ValueError, match="remediation_mode") as raised:
         parse_remediation_mode(text)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("text", [
+    "observe,health_check=enforce",  # the diag needs the GPUs the job's ranks hold
+    "enforce,stop_tasks=observe",
+    "observe,reboot=enforce",
+    "observe,restart_job=enforce",
+    '{"default": "enforce", "stop_tasks": "observe", "reboot": "observe"}',
+])
+def test_effects_that_need_the_ranks_stopped_are_refused_without_stop_tasks(text: str) -> None:
+    with pytest.raises(ValueError, match="stop_tasks=observe") as raised:
+        parse_remediation_mode(text)
+    assert "remediation_mode:" in str(raised.value) and "use 'observe' for everything" in str(raised.value)
+
+
+@pytest.mark.parametrize("text", [
+    "observe", "observe,stop_tasks=enforce", "enforce,health_check=observe",
+    "enforce,reboot=observe", "enforce,drain=observe", "enforce,restart_job=observe",
+    "observe,stop_tasks=enforce,reboot=enforce,drain=enforce",
+])
+def test_combinations_the_loop_can_carry_out_are_accepted(text: str) -> None:
+    assert parse_remediation_mode(text).describe()
+
+
+def test_termination_needs_the_drain_only_when_nodes_are_terminated() -> None:
+    modes = parse_remediation_mode("enforce,drain=observe")
+    assert combination_errors(modes) == []
+    [error] = combination_errors(modes, replace_action="terminate_in_asg")
+    assert "terminate=enforce needs drain=enforce" in error and "add terminate=observe" in error
+    assert combination_errors(parse_remediation_mode("enforce,drain=observe,terminate=observe"),
+                              replace_action="terminate_in_asg") == []
 
 
 @pytest.mark.parametrize(("action", "replace_action", "quarantine_only", "effects"), [

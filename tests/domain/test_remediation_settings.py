@@ -47,3 +47,23 @@ def test_every_bad_value_is_named() -> None:
                 "breaker_enabled", "max_app_restarts", "unknown setting 'colour'"):
         assert key in message, key
     assert set(SETTINGS) >= {"remediation_mode", "breaker_max_percent"}
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"remediation_mode": "observe,health_check=enforce"},
+     "health_check=enforce cannot happen with stop_tasks=observe"),
+    ({"remediation_mode": "enforce,drain=observe", "replace_action": "terminate_in_asg"},
+     "terminate=enforce needs drain=enforce"),
+])
+def test_impossible_mode_combinations_are_refused_with_the_fix(values: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match="remediation settings: remediation_mode") as raised:
+        parse_remediation_settings(values)
+    assert message in str(raised.value)
+
+
+def test_a_drain_observed_without_termination_is_fine() -> None:
+    s = parse_remediation_settings({"remediation_mode": "enforce,drain=observe"})
+    assert not s.modes.executes(Effect.DRAIN) and s.modes.executes(Effect.REBOOT)
+    s = parse_remediation_settings({"remediation_mode": "enforce,drain=observe,terminate=observe",
+                                    "replace_action": "terminate_in_asg"})
+    assert not s.modes.executes(Effect.TERMINATE)

@@ -1,6 +1,7 @@
-"""Schemathesis against the local API (real handlers, authorizer and router over HTTP on
+"""Schemathesis against the local API (real handlers, authorizers and router over HTTP on
 127.0.0.1, moto behind them): the jobs routes from the committed ``docs/openapi.json``,
-the node routes from ``docs/node-api.openapi.json``.
+the node routes from ``docs/node-api.openapi.json``, the job-control routes (what the
+training client calls) from ``docs/control-api.openapi.json``.
 
 Generated requests (valid and invalid) must never get a 5xx, and every answer must be a
 documented status code with a body matching the documented schema and content type.
@@ -11,6 +12,7 @@ requests); ``make fuzz`` runs longer (``FUZZ_EXAMPLES=400``).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import zlib
@@ -31,6 +33,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gpu_recovery import clock, heartbeat, runtime
+from gpu_recovery import constants as C
+from gpu_recovery.domain.control_token import make_token, new_secret
+from gpu_recovery.repository import to_ddb
 from gpu_recovery.tokens import TokenStore
 from local_mode.emulator import LocalAws
 from local_mode.server import LocalApiServer, create_node_token_table
@@ -54,12 +59,31 @@ def _schema(name: str) -> Any:
 
 jobs_schema = _schema("openapi.json")
 node_schema = _schema("node-api.openapi.json")
+control_schema = _schema("control-api.openapi.json")
+RUNNING_JOB = "fuzz-running-20261120-000000-a1b2"
+ENDED_JOB = "fuzz-ended-20261120-000000-c3d4"
 
 
 class Target:
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, control_tokens: list[str]) -> None:
         self.url = url
         self.token = token
+        self.control_tokens = control_tokens
+
+
+def _control_job(job_id: str, state: str, secret: str) -> dict[str, Any]:
+    """A queue job item as the launcher leaves it (attempt 1, with its control secret); no
+    rank items (no cluster here): a go_suspend() finds no live rank to stop."""
+    now = time.time()
+    spec = {"name": job_id, "task_definition": f"{FAMILY}:1", "nnodes": 2, "gpus_per_node": 8,
+            "priority": 0, "overrides": {}, "max_recovery_attempts": 1, "labels": {}}
+    return to_ddb({
+        C.JOB_PK: C.job_item_key(job_id), "item_type": "JOB", "job_id": job_id, "job_state": state,
+        "source": "queue", "name": job_id, "user": "fuzz", "priority": 0, "submitted_at": now,
+        "spec_json": json.dumps(spec), "world_size": 2, "gpus_per_node": 8, "attempt": 1,
+        "recoveries_used": 0, "max_recovery_attempts": 1, C.LIST_PK: C.LIST_BUCKET, "attempts": [],
+        "last_error": "", "history": [], "created_at": now, "updated_at": now,
+        "control_secret": secret, "suspend_grace_seconds": 60, "quota_subject": "fuzz"})
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +106,16 @@ def target() -> Iterator[Target]:
         jobs_api.reset()
         jobs_api.set_scheduler_trigger(NoSchedulerTrigger())
         token = TokenStore(boto3.resource("dynamodb").Table(table)).issue(NODE, issued_by="fuzz")
+        # Two queue jobs for the control routes: one RUNNING (its first go_suspend() makes it
+        # SUSPENDING), one ended (go_suspend() is a 409); tokens of ranks 0 and 1.
+        jobs = boto3.resource("dynamodb").Table(local.job_table)
+        control_tokens = []
+        for job_id, state in ((RUNNING_JOB, "RUNNING"), (ENDED_JOB, "COMPLETE")):
+            secret = new_secret()
+            jobs.put_item(Item=_control_job(job_id, state, secret))
+            control_tokens += [make_token(job_id, 0, secret), make_token(job_id, 1, secret)]
         with LocalApiServer() as server:
-            yield Target(server.url, token)
+            yield Target(server.url, token, control_tokens)
         jobs_api.reset()
         heartbeat.reset()
 
@@ -102,6 +134,15 @@ def _steer(case: Any) -> None:
         body["task_definition"] = f"{FAMILY}:1"
 
 
+def _control_token(case: Any, target: Target) -> str:
+    """One of the four ranks' tokens; half of the cases are steered to the jobs' current
+    attempt (the others keep what was generated: stale, out of range, not a number)."""
+    seed = zlib.crc32(repr((case.method, sorted((case.query or {}).items(), key=str))).encode())
+    if seed % 2:
+        case.query = {**(case.query or {}), "attempt": 1}
+    return target.control_tokens[(seed >> 1) % len(target.control_tokens)]
+
+
 @jobs_schema.parametrize()
 @FUZZ_SETTINGS
 def test_jobs_api_never_5xx_and_conforms(case: Any, target: Target) -> None:
@@ -116,3 +157,10 @@ def test_node_api_never_5xx_and_conforms(case: Any, target: Target) -> None:
     _steer(case)
     case.call_and_validate(base_url=target.url, checks=CHECKS,
                            headers={"Authorization": f"Bearer {target.token}"})
+
+
+@control_schema.parametrize()
+@FUZZ_SETTINGS
+def test_control_api_never_5xx_and_conforms(case: Any, target: Target) -> None:
+    token = _control_token(case, target)
+    case.call_and_validate(base_url=target.url, checks=CHECKS, headers={"Authorization": f"Bearer {token}"})

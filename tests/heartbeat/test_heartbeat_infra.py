@@ -11,6 +11,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match, Template
 
+from gpu_recovery.constants import NODE_TOKEN_HEADER_PATTERN
 from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
 from infra.lambda_common import LambdaDefaults
@@ -22,7 +23,7 @@ from infra.tables import RecoveryTables
 
 
 def _synth(outdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], str | None]:
-    app = cdk.App(outdir=str(outdir), context={"node_agent_daemon": "true"})
+    app = cdk.App(outdir=str(outdir))
     stack = cdk.Stack(app, "HeartbeatTest", env=cdk.Environment(account="111122223333", region="us-east-1"))
     config = RecoveryConfig(cluster_name="gpu-cluster", instance_tag_value="gpu-cluster")
     tables = RecoveryTables(stack, "Tables", removal_policy="destroy")
@@ -35,6 +36,8 @@ def _synth(outdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], str | No
                   access=ClusterAccess(stack, config), heartbeat=HeartbeatConfig(hang_seconds=900),
                   removal_policy="destroy")
     NodeAgentDaemon(stack, "NodeAgent", cluster_name="gpu-cluster", api_url=api.url)
+    # What the stack hands the scheduler: the stage URL without a reference to the stage.
+    cdk.CfnOutput(stack, "StageUrl", value=api.stage_url)
     add_nag_checks(app)
     error = None
     try:
@@ -75,6 +78,8 @@ def test_every_method_is_authorized(synth) -> None:
     (authorizer,) = _resources(template, "AWS::ApiGateway::Authorizer").values()
     assert authorizer["Properties"]["Type"] == "TOKEN"
     assert authorizer["Properties"]["IdentitySource"] == "method.request.header.Authorization"
+    # API Gateway refuses a malformed header (401) with the runtime's own pattern.
+    assert authorizer["Properties"]["IdentityValidationExpression"] == NODE_TOKEN_HEADER_PATTERN
 
 
 def test_stage_has_throttling_logs_and_tracing(synth) -> None:
@@ -96,6 +101,27 @@ def test_sweep_schedule_and_env(synth) -> None:
         "Environment": {"Variables": Match.object_like({
             "HEARTBEAT_STALE_SECONDS": "180", "NODE_LOST_FAIL_SECONDS": "1800", "HANG_SECONDS": "900",
             "HANG_ACTION": "notify", "NODE_TOKEN_TABLE_NAME": Match.any_value()})}})
+
+
+def test_sweep_target_retries_deliveries_like_the_other_schedules(synth) -> None:
+    """The sweep's EventBridge target retries a failed delivery (8 attempts, as the recovery
+    sweep's and the scheduler's) within the tick's 5 minutes, then dead-letters it."""
+    template, _, _ = synth
+    (rule,) = [r for r in _resources(template, "AWS::Events::Rule").values()
+               if r["Properties"].get("ScheduleExpression") == "rate(1 minute)"]
+    (target,) = rule["Properties"]["Targets"]
+    assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 300, "MaximumRetryAttempts": 8}
+    assert "DeadLetterConfig" in target
+
+
+def test_stage_url_refers_to_the_rest_api_only(synth) -> None:
+    """NodeApi.stage_url is the prod stage's URL built from the RestApi id, region and URL
+    suffix: a function holding it depends on the RestApi, not on the stage or deployment."""
+    template, _, _ = synth
+    (api_id,) = _resources(template, "AWS::ApiGateway::RestApi")
+    assert template["Outputs"]["StageUrl"]["Value"] == {"Fn::Join": ["", [
+        "https://", {"Ref": api_id}, ".execute-api.", {"Ref": "AWS::Region"}, ".",
+        {"Ref": "AWS::URLSuffix"}, "/prod/"]]}
 
 
 def test_token_table_is_protected(synth) -> None:

@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 
 from gpu_recovery.constants import HB_PK, InstanceState, JobState, NotificationKind, RankState
-from gpu_recovery.domain.heartbeat_policy import ReportedTask
-from gpu_recovery.heartbeat import ReplayedReport
+from gpu_recovery.domain import breaker
+from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
+from gpu_recovery.domain.remediation_mode import parse_remediation_mode
+from gpu_recovery.domain.remediation_settings import RemediationSettings
+from gpu_recovery.heartbeat import HeartbeatService, ReplayedReport, SweepResult
+from gpu_recovery.recovery import RecoveryService
+from gpu_recovery.repository.heartbeat import HeartbeatRepository
+from gpu_recovery.settings import Settings
+from tests.recovery.fakes import FakeEcs, FakeRebooter, FakeVerdicts, Flaky
 
 from .conftest import NODE, NODE_B, task_arn
 
@@ -201,23 +208,123 @@ def test_node_lost_too_long_with_agent_connected_goes_to_recovery(world) -> None
     assert world.recovery.from_states[0] == [JobState.NODE_LOST]
 
 
-def test_node_lost_too_long_with_agent_disconnected_fails_and_quarantines(world) -> None:
-    """Given NODE_LOST too long and the ECS agent disconnected, Then the job FAILED, its
-    task asked to stop, the node QUARANTINED + drained, one NODE_LOST notification, and
-    the rank leaves the heartbeat index."""
-    world.seed_job("j1", world_size=1)
-    world.ecs.connected = False
-    svc = world.service(node_lost_fail_seconds=600)
-    _lose(world, svc)
+class _Loop:
+    """The real recovery loop on the heartbeat test's tables (its ECS, reboot API and
+    verdicts faked), for the node-lost paths that end in a node decision."""
+
+    def __init__(self, world, remediation: RemediationSettings | None = None, *,
+                 cluster_nodes: int = 0) -> None:
+        self.ecs = FakeEcs()
+        self.ecs.agent_connected[NODE] = False
+        self.ecs.spare_nodes = [f"spare-{i}" for i in range(cluster_nodes)]
+        self.repo = Flaky(world.repo)
+        settings = Settings(world.repo.job_table_name, world.repo.instance_table_name, "gpu-cluster",
+                            "gpu-health-check", "topic", remediation=remediation or RemediationSettings())
+        self.service = RecoveryService(self.repo, self.ecs, FakeRebooter(), world.notifier,  # type: ignore[arg-type]
+                                       FakeVerdicts(), settings)
+        world.ecs.connected = False
+        self.heartbeat = HeartbeatService(HeartbeatRepository(world.repo),
+                                          HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
+                                          world.notifier, lambda: self.service)
+
+
+def _lost_too_long(world, loop: _Loop, job: str = "j1") -> SweepResult:
+    _lose(world, loop.heartbeat, job)
     world.clock.advance(700)
-    assert svc.sweep().failed == ["j1"]
+    return loop.heartbeat.sweep()
+
+
+def test_node_lost_too_long_with_agent_disconnected_fails_and_quarantines(world) -> None:
+    """Given NODE_LOST too long and the ECS agent disconnected, Then one node decision: the
+    job FAILED with the fault's evidence and decision, its task asked to stop, the node
+    QUARANTINED + drained (counted by the breaker, recorded in the node's history with a
+    summary of its evidence), one NODE_LOST notification; the rank leaves the heartbeat
+    index."""
+    world.seed_job("j1", world_size=1)
+    loop = _Loop(world)
+    assert _lost_too_long(world, loop).failed == ["j1"]
     assert world.job_state("j1") is JobState.FAILED
     assert world.instance_state(NODE) is InstanceState.QUARANTINED
-    assert world.ecs.drained and world.ecs.stopped == [task_arn("j1", 0)]
+    assert loop.ecs.drained and loop.ecs.stop_calls == [task_arn("j1", 0)]
+    assert world.ecs.drained == [] and world.ecs.stopped == []  # only the recovery loop acts
     assert [n.kind for n in world.notifier.sent] == [NotificationKind.NODE_LOST]
+    assert "Decision: replace" in world.notifier.sent[0].body
+    job = world.item("j1#JOB")
+    record = job[f"fault:a1:{NODE}"]
+    assert record["plan"]["decision"]["rule_id"] == "builtin:node-unreachable"
+    assert record["evidence"]["trigger"] == "node_lost"
+    node = world.node_item(NODE)
+    [entry] = node["fault_history"]
+    assert (entry["cause"], entry["action"], entry["executed"]) == (
+        "builtin:node-unreachable", "replace", True)
+    assert entry["evidence"]["trigger"] == "node_lost"
+    assert [w["node"] for w in loop.repo.get_breaker()["window"]] == [NODE]
     assert HB_PK not in world.item("j1#0")
     world.clock.advance(60)
-    assert svc.sweep().read == 0  # nothing left to re-read
+    assert loop.heartbeat.sweep().read == 0  # nothing left to re-read
+
+
+def test_observe_mode_and_a_lost_node_stop_and_drain_nothing(world) -> None:
+    """Given remediation_mode observe, When a node is lost too long with its agent
+    disconnected, Then no StopTask and no drain (heartbeat or recovery loop), the node stays
+    AVAILABLE with the would-be quarantine recorded as not executed, the job FAILED in the
+    table only, one 'observed' e-mail, and the rank is no longer watched."""
+    world.seed_job("j1", world_size=1)
+    loop = _Loop(world, RemediationSettings(modes=parse_remediation_mode("observe")))
+    assert _lost_too_long(world, loop).failed == ["j1"]
+    assert loop.ecs.stop_calls == [] and loop.ecs.drained == []
+    assert world.ecs.stopped == [] and world.ecs.drained == []
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE
+    assert world.job_state("j1") is JobState.FAILED
+    history = world.node_item(NODE)["fault_history"]
+    assert [(r["action"], r["executed"]) for r in history] == [("replace", False)]
+    assert [n.kind for n in world.notifier.sent] == [NotificationKind.OBSERVED]
+    assert "Would have done (not carried out): stop_tasks, drain" in world.notifier.sent[0].body
+    assert loop.repo.get_breaker() is None  # nothing acted on, nothing counted
+    world.clock.advance(60)
+    loop.heartbeat.sweep()
+    assert HB_PK not in world.item("j1#0") and loop.ecs.stop_calls == []
+
+
+def test_a_tripped_breaker_holds_the_quarantine_of_a_lost_node(world) -> None:
+    """Given the breaker at its limit (1 node of a 2-node cluster acted on), When a node is
+    lost with its agent disconnected, Then it is not drained: SUSPECT with the held-back
+    quarantine in the backlog; the job still fails and its task is asked to stop."""
+    world.seed_job("j1", world_size=1)
+    loop = _Loop(world, cluster_nodes=2)
+    decided = breaker.record_action(None, node="other", action="reboot", now=world.clock() + 800,
+                                    cluster_gpu_nodes=2)
+    assert loop.repo.save_breaker(decided.state, None)
+    assert _lost_too_long(world, loop).failed == ["j1"]
+    assert loop.ecs.drained == [] and loop.ecs.stop_calls == [task_arn("j1", 0)]
+    inst = loop.repo.get_instance(NODE)
+    assert inst.state is InstanceState.SUSPECT and inst.breaker_blocked["action"] == "replace"
+    assert inst.breaker_blocked["quarantine_only"] is True
+    state = loop.repo.get_breaker()
+    assert state["state"] == "tripped" and [b["node"] for b in state["backlog"]] == [NODE]
+    kinds = [n.kind for n in world.notifier.sent]
+    assert kinds.count(NotificationKind.BREAKER_TRIPPED) == 1 and NotificationKind.NODE_LOST in kinds
+
+
+def test_a_lost_node_decision_whose_answer_was_lost_is_finished_by_the_next_sweeps(world) -> None:
+    """Given the decision's transaction committed but its answer lost (nothing after it
+    ran), When the heartbeat sweep runs again, Then the job's tasks are asked to stop once,
+    and the recovery sweep drains the node (its follow-up deadline)."""
+    world.seed_job("j1", world_size=1)
+    loop = _Loop(world)
+    loop.repo.fail_once("record_node_decision", "lose")
+    assert _lost_too_long(world, loop).failed == []
+    assert world.job_state("j1") is JobState.FAILED and loop.ecs.stop_calls == [] and loop.ecs.drained == []
+    world.clock.advance(61)
+    loop.heartbeat.sweep()
+    assert loop.ecs.stop_calls == [task_arn("j1", 0)]
+    loop.service.sweep()
+    assert len(loop.ecs.drained) == 1
+    world.clock.advance(61)
+    loop.heartbeat.sweep()
+    loop.service.sweep()
+    assert loop.ecs.stop_calls == [task_arn("j1", 0)] and len(loop.ecs.drained) == 1
+    assert [n.kind for n in world.notifier.sent] == []  # the e-mail went with the lost answer
 
 
 def test_node_lost_fail_disabled(world) -> None:

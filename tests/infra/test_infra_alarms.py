@@ -46,7 +46,7 @@ def test_every_alarm_says_what_the_operator_should_do(default_synth: Synth) -> N
     """Given every alarm, Then its description is an instruction (read, fix, replay or purge)
     pointing to the runbook, within CloudWatch's 1024 characters, and it notifies the topic."""
     alarms = _alarms(default_synth)
-    assert len(alarms) == 9 + 6  # an errors alarm per function, a depth alarm per DLQ
+    assert len(alarms) == 11 + 6  # an errors alarm per function, a depth alarm per DLQ
     for alarm in alarms:
         text = alarm["AlarmDescription"]
         assert len(text) <= 900, text  # CloudWatch allows 1024, with room for the log group name
@@ -101,3 +101,18 @@ def test_dashboard_shows_recoveries_mttr_dlq_breaker_and_alarms(default_synth: S
     for text in ("Recoveries", "TimeToRestartSeconds", "MTTR", "Dead-letter queue depth", "Quarantines",
                  "BreakerTripped", "BreakerOpen", "SUM(SEARCH(", "alarm", "gpu-recovery-admin doctor"):
         assert text in body, text
+
+
+def test_time_sharing_functions_and_metrics_are_monitored(default_synth: Synth) -> None:
+    """The job-control authorizer and API are request-driven (training code calls them):
+    their errors alarm like the other API functions'; the dashboard sums the suspend
+    counters the recovery functions, the scheduler and the control API emit."""
+    stack = default_synth.stack
+    for name in ("JobControlAuthorizer", "JobControlApi"):
+        assert stack.invocations[name] is Invocation.REQUEST
+        assert name in stack.monitoring.error_alarms
+    (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for metric in ("SuspendsRequested", "SuspendsForced", "JobsSuspended"):
+        assert metric in body, metric
+    assert "Time sharing" in body

@@ -1,8 +1,10 @@
-"""The whole product in one stack: REST API (node + jobs routes), scheduler, node agent."""
+"""The whole product in one stack: REST API (node, jobs, quota and job-control routes),
+scheduler, node agent."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from infra_synth import CLUSTER, Synth
 
 from gpu_recovery import constants as c
 from infra.api import NODE_ROUTES, NodeApi
+from infra.control_api import CONTROL_API_HANDLER, CONTROL_AUTHORIZER_HANDLER, JobControlApi
 from infra.node_agent import NodeAgentDaemon
 from infra.queue_api import ROUTES, SWAGGER_ROUTE, JobQueueApi
 from infra.scheduler import QueueScheduler
@@ -21,6 +24,10 @@ AUTHORIZER_HANDLER = "handlers.node_authorizer.lambda_handler"
 NODE_API_HANDLER = "handlers.node_api.lambda_handler"
 IAM_ROUTES = {f"{m} /{path}" for m, path in (*ROUTES, SWAGGER_ROUTE)}
 NODE_ROUTE_KEYS = {f"POST /v1/{route}" for route in NODE_ROUTES}
+CONTROL_ROUTE_KEYS = {f"{m} /{path}" for m, path in c.CONTROL_API_ROUTES}
+# Time sharing's routes on the jobs API (IAM): a user's suspend / resume, the quotas.
+TIME_SHARING_IAM_ROUTES = {"POST /v1/jobs/{job_id}/suspend", "POST /v1/jobs/{job_id}/resume",
+                           "GET /v1/quotas", "PUT /v1/quotas", "DELETE /v1/quotas"}
 
 
 def _path(synth: Synth, resource_id: Any) -> str:
@@ -69,7 +76,7 @@ def test_every_method_is_authorized(which: str, request: pytest.FixtureRequest) 
     AWS_IAM or CUSTOM (none NONE; there is no OPTIONS method, no CORS preflight)."""
     synth: Synth = request.getfixturevalue(which)
     methods = _methods(synth)
-    assert set(methods) == IAM_ROUTES | NODE_ROUTE_KEYS
+    assert set(methods) == IAM_ROUTES | NODE_ROUTE_KEYS | CONTROL_ROUTE_KEYS
     for key, props in methods.items():
         assert not key.startswith("OPTIONS ")
         assert props["AuthorizationType"] in ("AWS_IAM", "CUSTOM"), key
@@ -88,12 +95,9 @@ def test_one_rest_api_carries_node_and_jobs_routes(default_synth: Synth) -> None
 def test_node_routes_use_the_token_authorizer(default_synth: Synth) -> None:
     """Given the node routes, Then each is CUSTOM with the TOKEN authorizer (node_authorizer
     handler, Authorization header), a body validator and a Lambda proxy to the node API."""
-    (auth_id, authorizer) = next(iter(default_synth.resources("AWS::ApiGateway::Authorizer").items()))
-    assert len(default_synth.resources("AWS::ApiGateway::Authorizer")) == 1
-    assert authorizer["Properties"]["Type"] == "TOKEN"
-    assert authorizer["Properties"]["IdentitySource"] == "method.request.header.Authorization"
-    auth_fn, _ = _function(default_synth, AUTHORIZER_HANDLER)
-    assert auth_fn in json.dumps(authorizer["Properties"]["AuthorizerUri"])
+    auth_id, authorizer = _authorizer_of(default_synth, AUTHORIZER_HANDLER)
+    assert authorizer["Type"] == "TOKEN"
+    assert authorizer["IdentitySource"] == "method.request.header.Authorization"
     node_fn, _ = _function(default_synth, NODE_API_HANDLER)
     methods = _methods(default_synth)
     for key in NODE_ROUTE_KEYS:
@@ -104,11 +108,53 @@ def test_node_routes_use_the_token_authorizer(default_synth: Synth) -> None:
         assert node_fn in json.dumps(props["Integration"]["Uri"])
 
 
+def _authorizer_of(synth: Synth, handler: str) -> tuple[str, dict[str, Any]]:
+    """The API Gateway authorizer whose function runs ``handler``: (logical id, properties)."""
+    function_id, _ = _function(synth, handler)
+    (found,) = [(k, v["Properties"]) for k, v in synth.resources("AWS::ApiGateway::Authorizer").items()
+                if function_id in json.dumps(v["Properties"]["AuthorizerUri"])]
+    return found
+
+
+def test_two_token_authorizers_validate_the_header_and_cache_alike(default_synth: Synth) -> None:
+    """Given the node and job-control authorizers, Then both are TOKEN authorizers on the
+    Authorization header whose identity validation expression is exactly the runtime's
+    NODE_TOKEN_HEADER_PATTERN (a malformed header gets 401 without invoking them; local
+    mode checks the same pattern), with the same 300 s result cache."""
+    assert len(default_synth.resources("AWS::ApiGateway::Authorizer")) == 2
+    for handler in (AUTHORIZER_HANDLER, CONTROL_AUTHORIZER_HANDLER):
+        _, authorizer = _authorizer_of(default_synth, handler)
+        assert authorizer["Type"] == "TOKEN"
+        assert authorizer["IdentitySource"] == "method.request.header.Authorization"
+        assert authorizer["IdentityValidationExpression"] == c.NODE_TOKEN_HEADER_PATTERN
+        assert authorizer["AuthorizerResultTtlInSeconds"] == 300
+
+
+def test_control_routes_use_the_control_authorizer(default_synth: Synth) -> None:
+    """Given GET /v1/control and POST /v1/control/suspend (training code's suspend channel),
+    Then each is CUSTOM with the job-control TOKEN authorizer and a Lambda proxy to the
+    job-control function; the node authorizer guards none of them."""
+    control_auth, _ = _authorizer_of(default_synth, CONTROL_AUTHORIZER_HANDLER)
+    control_fn, _ = _function(default_synth, CONTROL_API_HANDLER)
+    methods = _methods(default_synth)
+    assert {"GET /v1/control", "POST /v1/control/suspend"} == CONTROL_ROUTE_KEYS
+    for key in CONTROL_ROUTE_KEYS:
+        props = methods[key]
+        assert props["AuthorizationType"] == "CUSTOM"
+        assert props["AuthorizerId"] == {"Ref": control_auth}
+        assert props["Integration"]["Type"] == "AWS_PROXY"
+        assert control_fn in json.dumps(props["Integration"]["Uri"])
+    for key, props in methods.items():
+        if key not in CONTROL_ROUTE_KEYS:
+            assert props.get("AuthorizerId") != {"Ref": control_auth}, key
+
+
 def test_jobs_routes_use_iam(default_synth: Synth) -> None:
     """Given the /v1/jobs routes (and /swagger), Then each is AWS_IAM without an authorizer
     and integrates the jobs API function."""
     jobs_fn, _ = _function(default_synth, JOBS_HANDLER)
     methods = _methods(default_synth)
+    assert TIME_SHARING_IAM_ROUTES <= IAM_ROUTES  # one method per route, no {proxy+}
     for key in IAM_ROUTES:
         props = methods[key]
         assert props["AuthorizationType"] == "AWS_IAM"
@@ -246,6 +292,7 @@ def test_product_outputs(default_synth: Synth) -> None:
     assert outputs["NodeTokenTableName"]["Value"]["Ref"].startswith("NodeApiNodeTokenTable")
     assert outputs["IdempotencyTableName"]["Value"]["Ref"].startswith(
         "JobQueueApiIdempotencyTable")
+    assert outputs["QuotaTableName"]["Value"]["Ref"].startswith("TablesQuotaTable")
     scheduler_id, _ = _function(default_synth, SCHEDULER_HANDLER)
     assert outputs["SchedulerFunctionName"]["Value"] == {"Ref": scheduler_id}
     queues = default_synth.resources("AWS::SQS::Queue")
@@ -260,11 +307,15 @@ def test_stack_exposes_the_constructs(default_synth: Synth) -> None:
     assert isinstance(stack.api, NodeApi)
     assert isinstance(stack.queue_api, JobQueueApi)
     assert isinstance(stack.scheduler, QueueScheduler)
+    assert isinstance(stack.control_api, JobControlApi)
     assert set(stack.queue_api.methods) == IAM_ROUTES
+    assert set(stack.control_api.methods) == CONTROL_ROUTE_KEYS
+    for method in stack.control_api.methods.values():
+        assert method.api.rest_api_id == stack.api.rest_api.rest_api_id
     for method in stack.queue_api.methods.values():
         assert method.api.rest_api_id == stack.api.rest_api.rest_api_id
     assert set(stack.functions) >= {"NodeAuthorizer", "NodeApi", "HeartbeatSweep", "JobsApi",
-                                    "QueueScheduler"}
+                                    "QueueScheduler", "JobControlAuthorizer", "JobControlApi"}
     assert set(stack.monitoring.error_alarms) == set(stack.functions)
     assert set(stack.dead_letter_queues) >= {"HeartbeatSweep", "QueueScheduler"}
 
@@ -276,7 +327,121 @@ def test_node_token_and_idempotency_tables_follow_removal_policy(
     idempotency tables are retained / deleted like the recovery tables."""
     for synth, policy in ((default_synth, "Retain"), (custom_synth, "Delete")):
         tables = synth.resources("AWS::DynamoDB::Table")
-        assert len(tables) == 4
+        assert len(tables) == 5  # job, instance, quota, node token, idempotency
         for prefix in ("NodeApiNodeTokenTable", "JobQueueApiIdempotencyTable"):
             (table,) = [t for k, t in tables.items() if k.startswith(prefix)]
             assert table["DeletionPolicy"] == policy
+
+
+def _quota_table(synth: Synth) -> str:
+    (table,) = [k for k in synth.resources("AWS::DynamoDB::Table") if k.startswith("TablesQuotaTable")]
+    return table
+
+
+def test_scheduler_gets_the_control_url_and_time_sharing_settings(default_synth: Synth) -> None:
+    """Given the defaults, Then the scheduler's environment has the quota table, no default
+    quota ({}), preemption on, a 60 s grace, demotion after 30 min (in seconds) and the
+    control API URL (the prod stage's, which the launcher gives every rank), built from the
+    RestApi id: it references the RestApi only, never the stage or the deployment."""
+    env = _function(default_synth, SCHEDULER_HANDLER)[1]["Environment"]["Variables"]
+    (api_id,) = default_synth.resources("AWS::ApiGateway::RestApi")
+    assert env[c.ENV_QUOTA_TABLE] == {"Ref": _quota_table(default_synth)}
+    assert env[c.ENV_DEFAULT_NODE_QUOTAS] == "{}"
+    assert env[c.ENV_PREEMPTION] == "true"
+    assert env[c.ENV_SUSPEND_GRACE_SECONDS] == "60"
+    assert env[c.ENV_DEMOTE_AFTER_SECONDS] == "1800"
+    assert env[c.ENV_CONTROL_API_URL] == {"Fn::Join": ["", [
+        "https://", {"Ref": api_id}, ".execute-api.", {"Ref": "AWS::Region"}, ".",
+        {"Ref": "AWS::URLSuffix"}, "/prod/"]]}
+    (stage_id,) = default_synth.resources("AWS::ApiGateway::Stage")
+    (deployment_id,) = default_synth.resources("AWS::ApiGateway::Deployment")
+    scheduler_id, props = _function(default_synth, SCHEDULER_HANDLER)
+    text = json.dumps([props, default_synth.template["Resources"][scheduler_id].get("DependsOn", [])])
+    assert stage_id not in text and deployment_id not in text
+
+
+def test_jobs_api_gets_the_quota_table_and_settings(default_synth: Synth) -> None:
+    """Given the jobs API function, Then it names the quota table, the default quotas and the
+    default suspend grace (the submit-time quota check, a user's suspend, admin quotas)."""
+    env = _function(default_synth, JOBS_HANDLER)[1]["Environment"]["Variables"]
+    assert env[c.ENV_QUOTA_TABLE] == {"Ref": _quota_table(default_synth)}
+    assert env[c.ENV_DEFAULT_NODE_QUOTAS] == "{}"
+    assert env[c.ENV_SUSPEND_GRACE_SECONDS] == "60"
+    control = _function(default_synth, CONTROL_API_HANDLER)[1]["Environment"]["Variables"]
+    assert control[c.ENV_CONTROL_POLL_SECONDS] == "2"
+    assert control[c.ENV_JOB_TABLE]["Ref"].startswith("TablesJobTable")
+
+
+def _dependencies(node: Any) -> set[str]:
+    """Logical ids referenced by Ref / Fn::GetAtt (and Fn::Sub ${...}) anywhere in ``node``."""
+    found: set[str] = set()
+    if isinstance(node, list):
+        for item in node:
+            found |= _dependencies(item)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "Ref" and isinstance(value, str):
+                found.add(value)
+            elif key == "Fn::GetAtt":
+                found.add(value[0] if isinstance(value, list) else str(value).split(".")[0])
+            elif key == "Fn::Sub":
+                text = value[0] if isinstance(value, list) else value
+                found |= {ref.split(".")[0] for ref in re.findall(r"\$\{([^}!]+)\}", text)}
+                found |= _dependencies(value[1] if isinstance(value, list) else [])
+            else:
+                found |= _dependencies(value)
+    return found
+
+
+@pytest.mark.parametrize("which", ["default_synth", "custom_synth", "agent_synth"])
+def test_the_template_has_no_dependency_cycle(which: str, request: pytest.FixtureRequest) -> None:
+    """Given the template (the scheduler's control URL points at the RestApi whose methods
+    integrate the jobs API, whose environment names the scheduler), Then the graph of
+    Ref / GetAtt / Sub / DependsOn between resources has no cycle: CloudFormation would
+    refuse the stack ("Circular dependency between resources") only at deploy time."""
+    synth: Synth = request.getfixturevalue(which)
+    resources = synth.template["Resources"]
+    graph = {}
+    for logical, resource in resources.items():
+        depends = resource.get("DependsOn", [])
+        edges = _dependencies({k: v for k, v in resource.items() if k != "DependsOn"})
+        edges |= set([depends] if isinstance(depends, str) else depends)
+        graph[logical] = {e for e in edges if e in resources and e != logical}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("cycle: " + " -> ".join([*path[path.index(nxt):], node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for logical in sorted(graph):
+        if logical not in state:
+            visit(logical, [])
+    assert synth.error is None, synth.error
+
+
+def test_node_agent_image_is_a_registry_option(
+    agent_synth: Synth, tmp_path_factory: pytest.TempPathFactory, health_check_script: Any
+) -> None:
+    """Given node_agent_image unset / set, Then the daemon runs the default / that image
+    (the key comes from the registry, not from a raw context read)."""
+    from infra_synth import AGENT_CONTEXT, synthesize
+
+    from infra.config import DEFAULT_NODE_AGENT_IMAGE
+
+    def image(synth: Synth) -> str:
+        (task,) = [t for t in synth.resources("AWS::ECS::TaskDefinition").values()
+                   if t["Properties"].get("Family") == "gpu-node-agent"]
+        (container,) = task["Properties"]["ContainerDefinitions"]
+        return str(container["Image"])
+
+    assert image(agent_synth) == DEFAULT_NODE_AGENT_IMAGE
+    own = "123456789012.dkr.ecr.us-east-1.amazonaws.com/agent:1"
+    custom = synthesize({**AGENT_CONTEXT, "node_agent_image": own},
+                        tmp_path_factory.mktemp("cdk-agent-image"))
+    assert custom.error is None, custom.error
+    assert image(custom) == own

@@ -197,13 +197,74 @@ def test_cdk_json_context_matches_the_documented_defaults() -> None:
     )
 
 
-@pytest.mark.parametrize("value", [None, True, False, "true", "false", "1", "0", "yes", "no"])
-def test_node_agent_flag_agrees_with_infra_node_agent(value: object) -> None:
-    """Given any accepted node_agent_daemon value, Then the config and
-    ``infra.node_agent.enabled`` read it the same way."""
-    app = cdk.App(context={} if value is None else {"node_agent_daemon": value})
-    config = RecoveryConfig.from_context({"cluster_name": "c", "node_agent_daemon": value})
-    assert config.node_agent_daemon is node_agent.enabled(app)
+def test_infra_reads_no_context_key_outside_the_registry() -> None:
+    """Every context key goes through RecoveryConfig.from_context (validated, documented,
+    "did you mean"): app.py hands it the whole context, and nothing under infra/ (nor
+    app.py) reads a key on its own with try_get_context / get_context, which the strict
+    registry would not know (node_agent_image once was read that way)."""
+    import re
+
+    raw_reads = re.compile(r"\b(try_get_context|get_context)\s*\(")
+    offenders = [f"{path.relative_to(REPO_ROOT)}:{number}"
+                 for path in [*sorted((REPO_ROOT / "infra").rglob("*.py")), REPO_ROOT / "app.py"]
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if raw_reads.search(line)]
+    assert offenders == []
+    app_source = (REPO_ROOT / "app.py").read_text()
+    assert "RecoveryConfig.from_context(app.node.get_all_context())" in app_source
+
+
+@pytest.mark.parametrize("value", [True, False, "true", "false", "1", "0", "yes", "no"])
+def test_node_agent_keys_are_registry_options(value: object) -> None:
+    """Given node_agent_daemon in any accepted spelling and node_agent_image, Then the
+    registry parses both (the daemon construct takes the parsed image)."""
+    config = RecoveryConfig.from_context({"cluster_name": "c", "node_agent_daemon": value,
+                                          "node_agent_image": "my.registry/agent:2"})
+    assert config.node_agent_daemon is (str(value).lower() in ("true", "1", "yes"))
+    assert config.node_agent_image == "my.registry/agent:2"
+    assert RecoveryConfig.from_context({"cluster_name": "c"}).node_agent_image == node_agent.DEFAULT_IMAGE
+    with pytest.raises(ConfigError, match="'node_agent_image'"):
+        RecoveryConfig.from_context({"cluster_name": "c", "node_agent_image": "not an image"})
+
+
+def test_time_sharing_keys() -> None:
+    """Issue 10's keys: default quotas as a JSON object (text or cdk.json object; level names
+    or values), preemption, the default grace and the ABOVE_NORMAL demotion (0: never)."""
+    defaults = RecoveryConfig.from_context({"cluster_name": "c"})
+    assert defaults.default_node_quotas is None  # unlimited
+    assert defaults.preemption is True and defaults.suspend_grace_seconds == 60
+    assert defaults.demote_above_normal_minutes == 30
+    config = RecoveryConfig.from_context({
+        "cluster_name": "c", "default_node_quotas": '{"HIGH": 8, "0": 64}', "preemption": "false",
+        "suspend_grace_seconds": "5", "demote_above_normal_minutes": "0"})
+    assert json.loads(config.default_node_quotas or "") == {"HIGH": 8, "0": 64}
+    assert config.preemption is False and config.suspend_grace_seconds == 5
+    assert config.demote_above_normal_minutes == 0
+    from_json = RecoveryConfig.from_context({"cluster_name": "c", "default_node_quotas": {"LOW": 2},
+                                             "suspend_grace_seconds": 3600})
+    assert json.loads(from_json.default_node_quotas or "") == {"LOW": 2}
+    assert from_json.suspend_grace_seconds == 3600
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("default_node_quotas", '{"HGH": 8}', "level 'HGH'"),
+    ("default_node_quotas", '{"HIGH": -1}', "0..100000 nodes"),
+    ("default_node_quotas", "[8]", "JSON object"),
+    ("default_node_quotas", "HIGH=8", "JSON object"),
+    ("suspend_grace_seconds", "4", "between 5 and 3600"),
+    ("suspend_grace_seconds", "3601", "between 5 and 3600"),
+    ("demote_above_normal_minutes", "-1", "0 (disabled)"),
+    ("preemption", "sometimes", "true or false"),
+])
+def test_bad_time_sharing_values_fail_synthesis_naming_the_key(key: str, value: str, says: str) -> None:
+    """Given a bad time-sharing value, When the app is built (as `cdk synth -c` does), Then
+    it stops before any construct with a ConfigError naming the key and the problem."""
+    from app import build_app
+
+    app = cdk.App(context={"cluster_name": "c", key: value})
+    with pytest.raises(ConfigError, match=f"'{key}'") as error:
+        build_app(app)
+    assert says in str(error.value)
 
 
 @pytest.mark.parametrize(
@@ -301,7 +362,7 @@ def test_every_unknown_key_is_reported_at_once() -> None:
     "@aws-cdk/core:newStyleStackSynthesis", "@aws-cdk/aws-lambda:recognizeVersionProps",
     "aws:cdk:enable-path-metadata", "aws:cdk:bundling-stacks",
     "availability-zones:account=111122223333:region=us-east-1", "cdk-migrate",
-    "acknowledged-issue-numbers",
+    "acknowledged-issue-numbers", "cli-telemetry",
 ])
 def test_cdk_own_keys_are_not_ours(key: str) -> None:
     """Given the keys the CDK toolkit and feature flags put in context, Then they pass."""

@@ -5,6 +5,7 @@ Gateway's own errors in the APIs' error shape."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,89 @@ def test_synthesis_in_other_partitions(region: str, partition: str, health_check
             for resource in _resources(statement):
                 if isinstance(resource, str) and resource != "*":
                     assert resource.startswith(f"arn:{partition}:"), resource
+
+
+# ------------------------------------------------------------------- time sharing (issue 10)
+# Who may start tasks (and pass roles to them): the recovery loop's restarts and health
+# checks, the node API / heartbeat sweep handing jobs to it, the scheduler's launches.
+# Suspending starts nothing: the job-control API is not in this list.
+STARTERS = {"ecs-task-handler", "dcgm-task-monitor", "ecs-instance-monitor", "recovery-sweep", "node-api",
+            "heartbeat-sweep", "queue-scheduler"}
+
+
+def _services_by_role(synth: Synth) -> dict[str, str]:
+    return {fn["Properties"]["Role"]["Fn::GetAtt"][0]: fn["Properties"]["Environment"]["Variables"][
+        "POWERTOOLS_SERVICE_NAME"] for fn in synth.resources("AWS::Lambda::Function").values()}
+
+
+def _table_id(synth: Synth, prefix: str) -> str:
+    (table,) = [k for k in synth.resources("AWS::DynamoDB::Table") if k.startswith(prefix)]
+    return table
+
+
+def _arn_tables(resource: Any) -> set[str]:
+    """The tables (logical ids) an IAM resource names, whole or by index."""
+    return {ref for ref in re.findall(r'"Fn::GetAtt": \["([A-Za-z0-9]+)", "Arn"\]', json.dumps(resource))}
+
+
+def test_exactly_these_functions_may_start_tasks_and_pass_roles(default_synth: Synth) -> None:
+    """Pinned: ecs:StartTask and iam:PassRole belong to exactly the functions that start tasks
+    (a new holder must be a decision, not a side effect); the job-control API, which only
+    stops the tasks of a suspended job, holds neither."""
+    services = _services_by_role(default_synth)
+    for action in ("ecs:StartTask", "iam:PassRole"):
+        holders = {services[role] for role, statements in _statements_by_role(default_synth).items()
+                   if role in services and any(action in _actions(s) for s in statements)}
+        assert holders == STARTERS, action
+
+
+def test_job_control_authorizer_reads_the_job_table_only(default_synth: Synth) -> None:
+    """The control authorizer checks a token against the job's secret: one GetItem on the job
+    table (no index, no other table, nothing else beyond its logs and X-Ray)."""
+    role = _function_role(default_synth, "job-control-authorizer")
+    statements = [s for s in _statements_by_role(default_synth)[role]
+                  if not _actions(s) <= {"logs:CreateLogStream", "logs:PutLogEvents",
+                                         "xray:PutTraceSegments", "xray:PutTelemetryRecords"}]
+    job_table = _table_id(default_synth, "TablesJobTable")
+    assert [(_actions(s), s["Resource"]) for s in statements] == [
+        ({"dynamodb:GetItem"}, {"Fn::GetAtt": [job_table, "Arn"]})]
+
+
+def test_job_control_api_stops_tasks_of_the_cluster_and_writes_the_job_table_only(
+    default_synth: Synth,
+) -> None:
+    """go_suspend() stops the job's ranks: StopTask on the cluster's tasks (ArnEquals
+    ecs:cluster), the job table's data actions (no Scan, BatchWrite or Delete); no
+    StartTask, no PassRole, no SNS, no instance or quota table."""
+    role = _function_role(default_synth, "job-control-api")
+    statements = _statements_by_role(default_synth)[role]
+    actions = set().union(*(_actions(s) for s in statements))
+    assert {a for a in actions if a.startswith("ecs:")} == {"ecs:StopTask"}
+    assert not {a for a in actions if a.startswith(("iam:", "sns:", "ec2:", "ssm:", "lambda:"))}
+    (stop,) = [s for s in statements if "ecs:StopTask" in _actions(s)]
+    assert stop["Condition"] == {"ArnEquals": {"ecs:cluster": "arn:aws:ecs:us-east-1:111122223333:cluster/"
+                                                               "gpu-cluster"}}
+    assert stop["Resource"] == "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/*"
+    dynamo = [s for s in statements if any(a.startswith("dynamodb:") for a in _actions(s))]
+    assert set().union(*(_arn_tables(s["Resource"]) for s in dynamo)) == {
+        _table_id(default_synth, "TablesJobTable")}
+    assert set().union(*(_actions(s) for s in dynamo)) == {
+        "dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem", "dynamodb:GetItem", "dynamodb:Query",
+        "dynamodb:PutItem", "dynamodb:UpdateItem"}
+
+
+def test_only_the_scheduler_and_the_jobs_api_reach_the_quota_table(default_synth: Synth) -> None:
+    """The quota table (limits and charges) is read and written by the scheduler (charges,
+    releases) and the jobs API (quota routes, submit check) only, with the same data actions
+    as the other tables; the recovery loop never touches it."""
+    quota = _table_id(default_synth, "TablesQuotaTable")
+    services = _services_by_role(default_synth)
+    holders: dict[str, set[str]] = {}
+    for role, statements in _statements_by_role(default_synth).items():
+        for statement in statements:
+            if quota in _arn_tables(statement["Resource"]):
+                holders.setdefault(services.get(role, role), set()).update(_actions(statement))
+    assert set(holders) == {"queue-scheduler", "jobs-api"}
+    for actions in holders.values():
+        assert actions == {"dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem", "dynamodb:GetItem",
+                           "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem"}

@@ -20,8 +20,9 @@ RECOVERY_HANDLERS = {
 SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
 SCHEDULER_HANDLER = "handlers.queue_scheduler.lambda_handler"
 HEARTBEAT_SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
-# The recovery loop (4), node API (authorizer, reports, heartbeat sweep), jobs API, scheduler.
-FUNCTION_COUNT = 9
+# The recovery loop (4), node API (authorizer, reports, heartbeat sweep), jobs API, scheduler,
+# job-control API (authorizer, routes).
+FUNCTION_COUNT = 11
 # One per recovery function, the heartbeat sweep's and the scheduler's.
 DLQ_COUNT = 6
 # Every-minute functions: a failed run is retried twice within 5 minutes (a throttle passes).
@@ -30,7 +31,7 @@ SCHEDULED_HANDLERS = {"handlers.recovery_sweep.lambda_handler", SWEEP_HANDLER, S
 
 def _table_with_key(synth: Synth, pk: str) -> dict[str, Any]:
     for resource in synth.resources("AWS::DynamoDB::Table").values():
-        if resource["Properties"]["KeySchema"] == [{"AttributeName": pk, "KeyType": "HASH"}]:
+        if resource["Properties"]["KeySchema"][0] == {"AttributeName": pk, "KeyType": "HASH"}:
             return resource
     raise AssertionError(f"no table keyed on {pk}")
 
@@ -58,10 +59,14 @@ def _actions(statements: list[dict[str, Any]]) -> set[str]:
 
 
 def test_tables_follow_table_definitions(default_synth: Synth) -> None:
-    """Given the constants' table definitions, When synthesized, Then both tables match them."""
-    for name, pk in (("job", c.JOB_PK), ("instance", c.INSTANCE_PK)):
+    """Given the constants' table definitions, When synthesized, Then the job, instance and
+    quota tables match them (keys, attributes, indexes and their projections: the job
+    table's sparse by-holding index INCLUDEs only what the scheduler reads), on demand,
+    with point-in-time recovery and AWS-managed encryption."""
+    for name, pk in (("job", c.JOB_PK), ("instance", c.INSTANCE_PK), ("quota", c.QUOTA_PK)):
         definition = c.table_definitions()[name]
         props = _table_with_key(default_synth, pk)["Properties"]
+        assert props["KeySchema"] == definition["KeySchema"]
         assert "TableName" not in props  # CloudFormation names the tables
         assert props["BillingMode"] == "PAY_PER_REQUEST"
         assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
@@ -75,6 +80,10 @@ def test_tables_follow_table_definitions(default_synth: Synth) -> None:
         for expected in expected_gsis:
             assert gsis[expected["IndexName"]]["KeySchema"] == expected["KeySchema"]
             assert gsis[expected["IndexName"]]["Projection"] == expected["Projection"]
+    holding = {g["IndexName"]: g for g in _table_with_key(default_synth, c.JOB_PK)["Properties"][
+        "GlobalSecondaryIndexes"]}[c.JOB_BY_HOLDING_INDEX]
+    assert holding["Projection"]["ProjectionType"] == "INCLUDE"
+    assert set(holding["Projection"]["NonKeyAttributes"]) == set(c.HOLDING_PROJECTION)
 
 
 def test_tables_retained_by_default_and_deleted_on_destroy(
@@ -168,7 +177,8 @@ def test_rules_target_their_handlers_with_retry_and_dlq(default_synth: Synth) ->
     for rule, target in others.values():
         assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"
         assert "EventPattern" not in rule["Properties"]
-        assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] <= 300
+        # The three schedules alike: a failed delivery is retried within the tick's 5 minutes.
+        assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 300, "MaximumRetryAttempts": 8}
 
 
 def test_dead_letter_queues_are_encrypted_tls_only_and_alarmed(default_synth: Synth) -> None:
@@ -456,7 +466,7 @@ def test_dynamodb_access_is_tables_and_named_indexes_only(default_synth: Synth) 
         c.table_definitions()[name]["KeySchema"][0]["AttributeName"]: {
             g["IndexName"] for g in c.table_definitions()[name].get("GlobalSecondaryIndexes", [])
         }
-        for name in ("job", "instance")
+        for name in ("job", "instance", "quota")
     }
     writers = 0
     for s in _statements(default_synth):
@@ -474,7 +484,7 @@ def test_dynamodb_access_is_tables_and_named_indexes_only(default_synth: Synth) 
         for logical, indexes in granted.items():
             pk = tables[logical]["Properties"]["KeySchema"][0]["AttributeName"]
             assert indexes == gsis_by_pk.get(pk, set()), (logical, indexes)
-    assert writers >= FUNCTION_COUNT - 1  # every function but the authorizer writes
+    assert writers >= FUNCTION_COUNT - 2  # every function but the two authorizers writes
 
 
 def test_outputs_and_dashboard(default_synth: Synth) -> None:
@@ -485,7 +495,8 @@ def test_outputs_and_dashboard(default_synth: Synth) -> None:
                 "DcgmMonitorDeadLetterQueueUrl", "InstanceMonitorDeadLetterQueueUrl",
                 "RecoverySweepDeadLetterQueueUrl", "HeartbeatSweepDeadLetterQueueUrl",
                 "QueueSchedulerDeadLetterQueueUrl", "ApiUrl", "NodeTokenTableName",
-                "IdempotencyTableName", "SchedulerFunctionName", "ClusterName", "InstanceTagKey",
+                "IdempotencyTableName", "QuotaTableName", "SchedulerFunctionName", "ClusterName",
+                "InstanceTagKey",
                 "InstanceTagValue", "PowertoolsVersion", "PowertoolsLayerArn",
                 "TaskHandlerRuleName", "DcgmMonitorRuleName", "InstanceMonitorRuleName",
                 "RecoverySweepRuleName", "HeartbeatSweepRuleName", "QueueSchedulerRuleName"):
@@ -494,7 +505,8 @@ def test_outputs_and_dashboard(default_synth: Synth) -> None:
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     for metric in ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries",
                    "Failures", "TimeToRestartSeconds", "Quarantines", "BreakerOpen",
-                   "BreakerTripped", c.METRICS_NAMESPACE,
+                   "BreakerTripped", "SuspendsRequested", "SuspendsForced", "JobsSuspended",
+                   c.METRICS_NAMESPACE,
                    "ApproximateNumberOfMessagesVisible", "Errors", "Duration",
                    "AWS/ApiGateway", "5XXError", "4XXError", "Latency"):
         assert metric in body

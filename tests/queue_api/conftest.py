@@ -22,6 +22,7 @@ from gpu_recovery.constants import (
     ENV_INSTANCE_TABLE,
     ENV_JOB_TABLE,
     ENV_JOBS_ADMIN_ROLES,
+    ENV_QUOTA_TABLE,
     ENV_SCHEDULER_FUNCTION,
     table_definitions,
 )
@@ -32,6 +33,7 @@ CLUSTER = "gpu-cluster"
 JOB_TABLE = "jobs-test"
 INSTANCE_TABLE = "instances-test"
 IDEMPOTENCY_TABLE = "idempotency-test"
+QUOTA_TABLE = "quotas-test"
 LOG_GROUP = "/ecs/llama-train"
 LOG_PREFIX = "train"
 CONTAINER = "trainer"
@@ -194,6 +196,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(ENV_JOB_TABLE, JOB_TABLE)
     monkeypatch.setenv(ENV_INSTANCE_TABLE, INSTANCE_TABLE)
     monkeypatch.setenv(ENV_IDEMPOTENCY_TABLE, IDEMPOTENCY_TABLE)
+    monkeypatch.setenv(ENV_QUOTA_TABLE, QUOTA_TABLE)
     monkeypatch.setenv(ENV_CLUSTER_NAME, CLUSTER)
     monkeypatch.setenv(ENV_JOBS_ADMIN_ROLES, json.dumps([ADMIN_ROLE]))
     monkeypatch.delenv(ENV_SCHEDULER_FUNCTION, raising=False)
@@ -208,7 +211,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def create_tables() -> None:
     client = boto3.client("dynamodb", region_name=REGION)
     definitions = table_definitions()
-    for name, logical in ((JOB_TABLE, "job"), (INSTANCE_TABLE, "instance")):
+    for name, logical in ((JOB_TABLE, "job"), (INSTANCE_TABLE, "instance"), (QUOTA_TABLE, "quota")):
         client.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **definitions[logical])
     client.create_table(
         TableName=IDEMPOTENCY_TABLE,

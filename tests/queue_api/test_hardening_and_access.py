@@ -213,3 +213,16 @@ def test_highest_priorities_are_reserved(api: Api) -> None:
     access(reserved_priority_roles=(TEAM,))
     assert api.submit(valid_spec(priority="EXTREME_HIGH"), user_arn=TEAM_A)[0] == 201
     assert api.submit(valid_spec(priority="HIGH"))[0] == 201
+
+
+def test_a_job_item_without_a_source_is_not_anyones_queue_job() -> None:
+    """An item that says nothing of its origin (written before ``source`` existed, or by
+    another tool) is treated as tag-registered: only admins read or cancel it."""
+    from gpu_recovery.queue.access import AccessPolicy, Denied, Principal
+
+    policy = AccessPolicy(admin_roles=("gpu-ops",))
+    job = {"job_id": "legacy-1", "user": "arn:aws:iam::111122223333:user/alice"}
+    with pytest.raises(Denied) as denied:
+        policy.check_read(Principal.parse("arn:aws:iam::111122223333:user/alice"), job)
+    assert denied.value.rule == "tag_registered"
+    policy.check_read(Principal.parse("arn:aws:sts::111122223333:assumed-role/gpu-ops/oncall"), job)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpu_recovery.adapters.scheduler_trigger import LambdaInvoker
 from gpu_recovery.constants import queue_order
 from gpu_recovery.queue.service import LambdaSchedulerTrigger, scheduler_payload
 from handlers import jobs_api
@@ -266,7 +267,7 @@ def test_lambda_trigger_invokes_the_scheduler_asynchronously(api: Api) -> None:
     When a job is submitted
     Then the scheduler is invoked with InvocationType Event and the job id."""
     fake = _FakeLambda()
-    jobs_api.set_scheduler_trigger(LambdaSchedulerTrigger(fake, "gpu-scheduler"))
+    jobs_api.set_scheduler_trigger(LambdaSchedulerTrigger(LambdaInvoker(fake, "gpu-scheduler")))
     _, body = api.submit()
     assert len(fake.calls) == 1
     call = fake.calls[0]

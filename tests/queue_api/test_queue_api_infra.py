@@ -15,6 +15,7 @@ from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
     ENV_IDEMPOTENCY_TABLE,
     ENV_JOB_TABLE,
+    ENV_QUOTA_TABLE,
     ENV_SCHEDULER_FUNCTION,
     table_definitions,
 )
@@ -52,7 +53,7 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> _Synth:
     JobQueueApi(
         stack, "JobsApi", rest_api=rest_api, job_table=tables.job_table, cluster_name=CLUSTER,
         defaults=LambdaDefaults(config=RecoveryConfig(cluster_name=CLUSTER)),
-        scheduler_function=scheduler,
+        scheduler_function=scheduler, quota_table=tables.quota_table,
     )
     add_nag_checks(app)
     error = None
@@ -105,6 +106,9 @@ def test_every_jobs_method_uses_iam_authorization(synth: _Synth) -> None:
         path = _path_of(synth, props["ResourceId"]["Ref"])
         methods[f"{props['HttpMethod']} {path}"] = props
     expected = {f"{m} /{p}" for m, p in ROUTES} | {"GET /swagger"}
+    # Time sharing: a user's suspend / resume and the quota routes, each its own method.
+    assert {"POST /v1/jobs/{job_id}/suspend", "POST /v1/jobs/{job_id}/resume", "GET /v1/quotas",
+            "PUT /v1/quotas", "DELETE /v1/quotas"} <= expected
     assert expected <= set(methods)
     for key in expected:
         assert methods[key]["AuthorizationType"] == "AWS_IAM", key
@@ -118,6 +122,8 @@ def test_function_environment_and_runtime(synth: _Synth) -> None:
     _, fn = _jobs_function(synth)
     env = fn["Properties"]["Environment"]["Variables"]
     assert {ENV_JOB_TABLE, ENV_IDEMPOTENCY_TABLE, ENV_SCHEDULER_FUNCTION} <= set(env)
+    (quota_table,) = [k for k in synth.resources("AWS::DynamoDB::Table") if k.startswith("TablesQuotaTable")]
+    assert env[ENV_QUOTA_TABLE] == {"Ref": quota_table}
     assert env[ENV_CLUSTER_NAME] == CLUSTER
     assert fn["Properties"]["Layers"], "Powertools layer expected"
     assert fn["Properties"]["TracingConfig"] == {"Mode": "Active"}
@@ -158,6 +164,10 @@ def test_least_privilege_policy(synth: _Synth) -> None:
     for gsi in table_definitions()["job"]["GlobalSecondaryIndexes"]:
         assert f"/index/{gsi['IndexName']}" in job_resources
     assert "index/*" not in job_resources
+    (quota_table,) = [k for k in synth.resources("AWS::DynamoDB::Table") if k.startswith("TablesQuotaTable")]
+    quota = by_sid["QuotaTableData"]
+    assert quota["Resource"] == {"Fn::GetAtt": [quota_table, "Arn"]}  # the table (it has no index)
+    assert not {"dynamodb:Scan", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"} & set(quota["Action"])
     logs = by_sid["ReadTrainingLogs"]
     assert logs["Action"] == "logs:GetLogEvents"
     assert "log-group:/ecs/*:*" in json.dumps(logs["Resource"])

@@ -20,9 +20,16 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.adapters import aws
+from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery.adapters.hosts import HostAddresses
+from gpu_recovery.adapters.logs import TrainingLogReader
+from gpu_recovery.adapters.task_definitions import TaskDefinitions
 from gpu_recovery.constants import JobState
 from gpu_recovery.queue.scheduler import QueueScheduler, SchedulerConfig, build_scheduler
+from gpu_recovery.queue.service import JobQueueService
 from gpu_recovery.repository import from_ddb, to_ddb
+from gpu_recovery.repository.time_sharing import QuotaRepository
+from gpu_recovery.settings import TimeSharingSettings
 
 
 @dataclass
@@ -46,16 +53,28 @@ class QueueCluster:
         return aws.resource("dynamodb").Table(self.local.job_table)
 
     def scheduler(self, owner: str | None = None, **config: Any) -> QueueScheduler:
+        """The tick as deployed (time sharing on: quotas, preemption, demotion), over the
+        adapters runtime.queue_scheduler builds."""
         svc = self.recovery
+        settings = SchedulerConfig(**{"sharing": TimeSharingSettings.from_env(), **config})
         return build_scheduler(
-            repo=svc.repo, ecs_adapter=svc.ecs, recovery=svc, ecs_client=aws.client("ecs"),
-            ec2_client=aws.client("ec2"), ssm_client=aws.client("ssm"), cluster=svc.settings.cluster,
-            config=SchedulerConfig(**config), owner=owner,
+            repo=svc.repo, ecs_adapter=svc.ecs, recovery=svc,
+            task_definitions=TaskDefinitions(aws.client("ecs")),
+            hosts=HostAddresses(aws.client("ec2"), aws.client("ssm")), config=settings, owner=owner,
+            quotas=QuotaRepository(aws.resource("dynamodb"), settings.sharing.quota_table),
         )
+
+    def jobs_service(self) -> JobQueueService:
+        """The jobs API's service on this cluster, as a trusted in-process caller (no access
+        policy), over the adapters runtime.jobs_service builds."""
+        ecs = aws.client("ecs")
+        return JobQueueService(repo=self.repo, ecs=EcsAdapter(ecs, self.local.cluster_name),
+                               task_definitions=TaskDefinitions(ecs, ttl_seconds=0),
+                               log_reader=TrainingLogReader(aws.client("logs")))
 
     def submit(self, job_id: str | None = None, *, nnodes: int = 1, gpus: int = 8, priority: int = 0,
                submitted_at: float | None = None, task_definition: str | None = None,
-               container_name: str | None = None) -> str:
+               container_name: str | None = None, user: str = "alice", **extra: Any) -> str:
         """Write a queued job item exactly as the queue API's contract describes it."""
         self._seq += 1
         job_id = job_id or f"job-{self._seq:04d}"
@@ -68,13 +87,13 @@ class QueueCluster:
             spec["container_name"] = container_name
         item = {
             C.JOB_PK: C.job_item_key(job_id), "item_type": "JOB", "job_id": job_id,
-            "job_state": JobState.QUEUED.value, "source": "queue", "name": job_id, "user": "alice",
+            "job_state": JobState.QUEUED.value, "source": "queue", "name": job_id, "user": user,
             "priority": priority, "submitted_at": at, "spec_json": json.dumps(spec),
             "world_size": nnodes, "gpus_per_node": gpus, "attempt": 0, "recoveries_used": 0,
             "max_recovery_attempts": 1, C.QUEUE_PK: C.QUEUE_BUCKET,
             C.QUEUE_SK: C.queue_order(priority, at, job_id), C.LIST_PK: C.LIST_BUCKET,
             "not_before": 0, "attempts": [], "last_error": "", "history": [],
-            "created_at": at, "updated_at": at,
+            "created_at": at, "updated_at": at, **extra,
         }
         self.table().put_item(Item=to_ddb(item))
         self.submitted.append(job_id)

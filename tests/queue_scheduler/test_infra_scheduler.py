@@ -33,7 +33,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     scheduler = QueueScheduler(
         stack, "QueueScheduler", job_table=tables.job_table, instance_table=tables.instance_table,
         cluster_name=CLUSTER, defaults=defaults, access=ClusterAccess(stack, config),
-        topic=notifications.topic,
+        topic=notifications.topic, quota_table=tables.quota_table,
+        extra_environment={"QUOTA_TABLE_NAME": tables.quota_table.table_name,
+                           "JOB_CONTROL_API_URL": "https://api.example/prod/"},
     )
     assert scheduler.function is not None
     app.synth()  # raises on any unacknowledged cdk-nag finding
@@ -82,3 +84,27 @@ def test_least_privilege_policy(template):
     actions = json.dumps([s["Action"] for s in statements])
     assert "dynamodb:Scan" not in actions and "dynamodb:DeleteItem" not in actions
     assert "ecs:ListContainerInstances" in actions and "ecs:DescribeTaskDefinition" in actions
+
+
+def test_time_sharing_environment_and_quota_table_access(template):
+    """Given a quota table and the time-sharing environment
+    When the scheduler is synthesized
+    Then it carries that environment and has the data actions (no Scan, BatchWrite or Delete)
+    on the quota table, and on every index of the job table, the sparse by-holding one
+    included (quota releases, demotion, preemption victims)."""
+    [fn] = [f for f in resources(template, "AWS::Lambda::Function")
+            if f["Properties"]["Handler"] == "handlers.queue_scheduler.lambda_handler"]
+    env = fn["Properties"]["Environment"]["Variables"]
+    assert env["JOB_CONTROL_API_URL"] == "https://api.example/prod/"
+    [quota_id] = [k for k, r in template["Resources"].items()
+                  if r["Type"] == "AWS::DynamoDB::Table" and k.startswith("TablesQuotaTable")]
+    assert env["QUOTA_TABLE_NAME"] == {"Ref": quota_id}
+    statements = [s for p in resources(template, "AWS::IAM::Policy")
+                  for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    by_sid = {s.get("Sid"): s for s in statements if s.get("Sid")}
+    quota = by_sid["QuotaTableData"]
+    assert quota["Resource"] == {"Fn::GetAtt": [quota_id, "Arn"]}
+    assert {"dynamodb:UpdateItem", "dynamodb:ConditionCheckItem", "dynamodb:GetItem",
+            "dynamodb:Query"} <= set(quota["Action"])
+    assert not {"dynamodb:Scan", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"} & set(quota["Action"])
+    assert "/index/by-holding" in json.dumps(by_sid["JobTableData"]["Resource"])

@@ -396,12 +396,10 @@ def test_cancel_during_a_launch_that_fails_to_place_reaches_canceled(qc):
     no rank exists, so no STOPPED event would ever finish the cancel."""
     from gpu_recovery.queue.admission import FailureKind
     from gpu_recovery.queue.launcher import LaunchError
-    from gpu_recovery.queue.service import JobQueueService
 
     job = qc.submit(nnodes=2, gpus=8)
     sched = qc.scheduler()
-    service = JobQueueService(repo=qc.repo, ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
-                              cluster=qc.recovery.settings.cluster)
+    service = qc.jobs_service()
 
     def cancel_then_fail(*args, **kwargs):
         service.cancel(job, "bob")

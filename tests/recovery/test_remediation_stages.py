@@ -8,6 +8,7 @@ import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain import breaker
+from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.recovery.breaker import reset_breaker
@@ -137,3 +138,207 @@ def test_a_termination_whose_answer_was_lost_is_looked_up_not_repeated() -> None
         inst = w.repo.get_instance_item(FAULTY)
         assert inst["instance_state"] == "QUARANTINED" and "terminating" in inst["terminate_result"]
         assert "terminate_pending" not in inst
+
+
+# --- gaps closed after the audit: every automatic quarantine asks the breaker and the mode --
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.values: list[tuple[str, str, float]] = []
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        self.values.append((name, unit, value))
+
+    def last(self, name: str) -> tuple[str, float]:
+        unit, value = next((u, v) for n, u, v in reversed(self.values) if n == name)
+        return unit, value
+
+
+def _tripped(w: World, backlog: list[str], window: tuple[str, ...] = ()) -> None:
+    """The breaker tripped, ``backlog`` held back (oldest first), whatever it stored before."""
+    stored = w.repo.get_breaker()
+    version = int(stored["version"]) if stored else None
+    state = breaker.new_state()
+    state.update(state="tripped", version=(version or 0) + 1, tripped_at=w.now[0], trip_reason="test",
+                 trips=1, window=[{"node": n, "action": "reboot", "at": w.now[0]} for n in window],
+                 backlog=[{"node": n, "action": "reboot", "at": w.now[0] + i, "job_id": "", "reason": "held"}
+                          for i, n in enumerate(backlog)])
+    assert w.repo.save_breaker(state, version)
+
+
+def _rebooting(w: World, job: str, nodes: list[str]) -> None:
+    arns = w.register_job(job, nodes)
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    [task] = w.ecs.health_checks_on(nodes[1])
+    w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+    assert w.repo.get_instance(nodes[1]).state is C.InstanceState.REBOOTING
+
+
+def test_a_reboot_timeout_with_the_breaker_at_its_limit_does_not_drain() -> None:
+    """Given a node rebooting and then the breaker tripped by other nodes, When the reboot
+    times out, Then the node is not drained: SUSPECT with the held-back quarantine in the
+    backlog (the job fails); nothing beyond the window's limit is acted on."""
+    with world() as w:
+        _rebooting(w, "j", [PEER, FAULTY])
+        w.advance(31 * 60)
+        _tripped(w, ["x-2"], window=("x-1",))
+        w.service.sweep()
+        assert w.ecs.drained == []
+        inst = w.repo.get_instance(FAULTY)
+        assert inst.state is C.InstanceState.SUSPECT and inst.breaker_blocked["action"] == "replace"
+        assert inst.breaker_blocked["rule"] == "builtin:reboot-timeout"
+        assert [b["node"] for b in w.repo.get_breaker()["backlog"]] == ["x-2", FAULTY]
+        assert w.repo.get_job("j").state is C.JobState.FAILED
+        history = w.repo.get_instance_item(FAULTY)["fault_history"]
+        assert (history[-1]["cause"], history[-1]["executed"]) == ("builtin:reboot-timeout", False)
+
+
+def test_a_reboot_timeout_counts_against_the_breaker_when_it_drains() -> None:
+    with world() as w:
+        _rebooting(w, "j", [PEER, FAULTY])
+        w.advance(31 * 60)
+        w.service.sweep()
+        assert w.ecs.drained and w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
+        assert [e["node"] for e in w.repo.get_breaker()["window"]] == [FAULTY]  # the quarantine, now
+
+
+def test_drain_observed_a_health_check_timeout_leaves_the_node_undrained() -> None:
+    """Given drain=observe, When a health check never finishes, Then the node is marked
+    SUSPECT (not drained) and its history says the quarantine was not executed."""
+    settings = RemediationSettings(modes=parse_remediation_mode("enforce,drain=observe"))
+    with world(remediation=settings) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert w.ecs.health_checks_on(FAULTY)
+        w.advance(31 * 60)
+        w.service.sweep()
+        assert w.ecs.drained == []
+        inst = w.repo.get_instance_item(FAULTY)
+        assert inst["instance_state"] == "SUSPECT" and "drain_pending" not in inst
+        assert [(r["cause"], r["executed"]) for r in inst["fault_history"]] == [
+            ("builtin:health-check-timeout", False)]
+        assert "observe mode" in w.notifier.sent[-1].body
+
+
+def _held(w: World, nodes: list[str]) -> None:
+    """``nodes`` held back by a tripped breaker (SUSPECT, reboot in the backlog)."""
+    for node in nodes:
+        w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
+            "instance_state": "SUSPECT", "ec2_instance_id": f"i-{node}",
+            "breaker_blocked": {"action": "reboot", "at": w.now[0], "rule": "xid-79", "jobs": []}}))
+    _tripped(w, nodes)
+
+
+def test_a_reset_releases_at_most_the_windows_allowance_per_sweep() -> None:
+    """Given 10 GPU nodes (20 %: 2 per 10-minute window) and 5 reboots held back, When an
+    operator resets with --resume-backlog, Then each sweep reboots no more than the window
+    allows (2, then nothing until the window slides, then 2, then 1), oldest first."""
+    with world() as w:
+        w.ecs.spare_nodes = [f"n-{i}" for i in range(10)]
+        held = [f"n-{i}" for i in range(5)]
+        _held(w, held)
+        assert w.repo.get_breaker()["state"] == "tripped"
+        assert reset_breaker(w.repo, now=w.now[0] + 10, resume_backlog=True, by="oncall").done
+        w.advance(60)
+        w.service.sweep()
+        assert w.rebooter.calls == ["i-n-0", "i-n-1"]
+        w.advance(60)
+        w.service.sweep()
+        assert len(w.rebooter.calls) == 2
+        assert sorted(w.repo.get_breaker()["released"]) == ["n-2", "n-3", "n-4"]
+        w.advance(10 * 60)
+        w.service.sweep()
+        assert w.rebooter.calls == ["i-n-0", "i-n-1", "i-n-2", "i-n-3"]
+        w.advance(10 * 60)
+        w.service.sweep()
+        assert len(w.rebooter.calls) == 5 and not w.repo.get_breaker()["released"]
+        assert w.repo.get_breaker()["state"] == "closed"
+
+
+def test_drop_backlog_also_drops_what_an_earlier_reset_released_and_is_still_waiting() -> None:
+    with world() as w:
+        w.ecs.spare_nodes = [f"n-{i}" for i in range(5)]
+        _held(w, ["n-0", "n-1", "n-2"])
+        assert reset_breaker(w.repo, now=w.now[0] + 10, resume_backlog=True, by="oncall").done
+        w.advance(60)
+        w.service.sweep()
+        assert w.rebooter.calls == ["i-n-0"]  # 20 % of 5: one node per window
+        dropped = reset_breaker(w.repo, now=w.now[0], resume_backlog=False, by="oncall")
+        assert sorted(e["node"] for e in dropped.dropped) == ["n-1", "n-2"]
+        w.advance(20 * 60)
+        w.service.sweep()
+        assert w.rebooter.calls == ["i-n-0"]
+
+
+def test_the_breaker_sweep_emits_its_state_and_utilisation() -> None:
+    """BreakerOpen (1 while tripped), BreakerUtilization (% of the window's limit) and
+    BreakerBacklog every sweep, from the stored state."""
+    with world() as w:
+        metrics = _Metrics()
+        w.service.metrics = metrics
+        w.ecs.spare_nodes = [f"n-{i}" for i in range(10)]
+        w.service.sweep()
+        assert metrics.last("BreakerOpen") == ("Count", 0)
+        decided = breaker.record_action(None, node="n-0", action="reboot", now=w.now[0], cluster_gpu_nodes=10)
+        assert w.repo.save_breaker(decided.state, None)
+        w.service.sweep()
+        assert metrics.last("BreakerOpen") == ("Count", 0.0)
+        assert metrics.last("BreakerUtilization") == ("Percent", pytest.approx(50.0))
+        _tripped(w, ["n-3"], window=("n-1", "n-2"))
+        w.service.sweep()
+        assert metrics.last("BreakerOpen") == ("Count", 1.0)
+        assert metrics.last("BreakerUtilization") == ("Percent", pytest.approx(100.0))
+        assert metrics.last("BreakerBacklog") == ("Count", 1.0)
+
+
+def test_observe_mode_leaves_a_hung_or_lost_nodes_diag_unstarted() -> None:
+    """Given observe mode, When the heartbeat service hands a suspected fault over (a node
+    lost with its agent connected, a hung rank), Then no diag is started and nothing is
+    stopped: the job fails in the table only, with one 'observed' e-mail."""
+    with world(remediation=RemediationSettings(modes=parse_remediation_mode("observe"))) as w:
+        w.register_job("j", [PEER, FAULTY])
+        w.service.report_suspected_fault("j", 1, FAULTY, "rank 1 hung at step 7")
+        w.advance(120)
+        w.service.sweep()
+        assert w.ecs.health_checks_on(FAULTY) == [] and w.ecs.stop_calls == []
+        job = w.repo.get_job("j")
+        assert job.state is C.JobState.FAILED and "observe mode" in job.last_error
+        assert [n.kind for n in w.notifier.sent] == [C.NotificationKind.OBSERVED]
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+
+
+def test_the_node_history_keeps_a_summary_of_each_faults_evidence() -> None:
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _fault_with_reboot_verdict(w, arns)
+        [record] = w.repo.get_instance_item(FAULTY)["fault_history"]
+        summary = record["evidence"]
+        assert (summary["trigger"], summary["exit_code"], summary["rank"]) == ("task_exit", 1, 1)
+        assert summary["stop_code"] == "EssentialContainerExited"
+        assert summary["dcgm"]["verdict"] == "reboot" and summary["dcgm"]["failed_tests"] == ["memory"]
+
+
+def test_a_fault_without_node_action_joins_the_nodes_history_once() -> None:
+    """The helper task_events calls after a restart in place: idempotent per fault."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _xid(w, FAULTY, 13)
+        job = w.repo.get_job("j")
+        raw = w.repo.get_instance_item(FAULTY)
+        remediation = w.service.remediation
+        evidence = remediation.evidence(inst_id=FAULTY, instance_item=raw, trigger=Trigger.TASK_EXIT,
+                                        fault_at=w.now[0], job=job, rank=1, exit_code=1,
+                                        stop_code="EssentialContainerExited")
+        plan = remediation.plan(evidence, raw, now=w.now[0])
+        assert plan.action.value == "application_error"
+        assert remediation.record_fault_on_node(job, FAULTY, evidence, plan, spent="application")
+        w.advance(5)
+        assert remediation.record_fault_on_node(job, FAULTY, evidence, plan, spent="application")  # again
+        history = w.repo.get_instance_item(FAULTY)["fault_history"]
+        assert [(r["cause"], r["action"], r["job_id"], r["charged_job"]) for r in history] == [
+            ("xid-13", "application_error", "j", False)]
+        assert history[0]["xids"][0]["xid"] == 13
+        assert (history[0]["evidence"]["exit_code"], history[0]["evidence"]["spent"]) == (1, "application")
+        assert w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]["action"] == "application_error"
+        assert arns

@@ -35,6 +35,11 @@ def test_application_xid_restarts_within_its_budget_and_a_repeat_earns_a_health_
         assert "PENDING_RESTART" in _job_history(job) and "PENDING_HEALTHCHECK" not in _job_history(job)
         record = next(v for k, v in job.items() if k.startswith("fault:a1:"))
         assert record["plan"]["decision"]["rule_id"] == "xid-13"
+        # The node's history has it too, with its evidence, though nothing was done to it.
+        node_item = w.local.resource("dynamodb").Table(w.local.instance_table).get_item(
+            Key={C.INSTANCE_PK: w.sim.node("node-b").container_instance_id})["Item"]
+        [entry] = [h for h in node_item["fault_history"] if h.get("job_id") == "app-err"]
+        assert entry["evidence"]["spent"] == "application" and entry["charged_job"] is False
 
         w.sim.inject_xid("node-b", 13, after=5 * MIN, health="healthy")
         w.sim.run_for(10 * MIN)
@@ -108,10 +113,12 @@ def test_relocate_instead_of_wait_moves_the_job_while_its_node_reboots() -> None
 
 
 def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_priority() -> None:
-    """Given a queue job on node-0 and node-1, When node-1's GPU dies (DCGM: replace), Then
-    the job goes back to the queue ahead of every job of its priority (its original
-    submission order kept), and the scheduler starts it on healthy nodes with a new
-    MASTER_ADDR; its history says where each rank moved and why."""
+    """Given a queue job on node-0 and node-1, and a job of the same priority submitted
+    earlier but waiting (too big for the free node), When node-1's GPU dies (DCGM: replace),
+    Then the job goes back to the queue ahead of the earlier one (its own submission time
+    kept in its queue key), and the scheduler starts it on healthy nodes with a new
+    MASTER_ADDR; its history says where each rank moved and why; the e-mail carries the
+    fault's evidence."""
     from handlers import queue_scheduler
 
     with world() as w:
@@ -122,6 +129,11 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         w.sim.run_for(2 * MIN)
         first = w.job("q-job")
         assert first["job_state"] == "RUNNING"
+        submitted = float(first["submitted_at"])
+        _submit(w, "early-job", nnodes=3, priority=10, at=submitted - 100)  # waits: 1 node free
+        w.sim.run_for(MIN)
+        early = w.job("early-job")
+        assert early["job_state"] in ("QUEUED", "PENDING_RESOURCES")
         victim = w.node_name(first["launch"]["nodes"][1].rsplit("/", 1)[-1])
         w.sim.inject_gpu_fault(victim, after=MIN, health="replace", nccl_cascade=True)
         seen: list[str] = []
@@ -133,7 +145,10 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
             return bool(order)
 
         w.sim.run_until_true(requeued, max_seconds=15 * MIN)
+        assert seen[0] == C.relocated_queue_order(10, submitted, "q-job")
         assert seen[0].startswith(f"{999 - 10:03d}#{C.RELOCATED_QUEUE_MARK}")
+        assert seen[0] < str(early[C.QUEUE_SK])  # ahead of the job submitted before it
+        assert submitted - 100 < submitted
         w.sim.run_for(5 * MIN)
         job = w.job("q-job")
         assert job["job_state"] == "RUNNING" and job["attempt"] == 2
@@ -144,6 +159,12 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         assert moved["reason"].startswith("node(s) unusable")
         assert moved["master_addr"] == job["launch"]["master_addr"]
         assert any(h["reason"].startswith("relocated (attempt 2): rank 0") for h in job["history"])
+        assert w.job("early-job")["job_state"] in ("QUEUED", "PENDING_RESOURCES")  # still behind it
+        relocated = [n for n in w.local.notifications()
+                     if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "relocated"]
+        assert len(relocated) == 1
+        assert "DCGM health check: replace" in str(relocated[0]["message"])
+        assert "Decision for" in str(relocated[0]["message"])
         assert not w.bus.dead_letters
 
 
@@ -164,3 +185,60 @@ def _submit(w: Any, job_id: str, *, nnodes: int, priority: int, at: float) -> No
         "suspects": {}, "verdicts": {}, "created_at": at, "updated_at": at,
     }
     aws.resource("dynamodb").Table(w.local.job_table).put_item(Item=to_ddb(item))
+
+
+def test_reboot_observed_the_node_is_left_alone_and_the_job_moves_to_a_spare() -> None:
+    """Given remediation_mode enforce,reboot=observe, When XID 79 (reboot, definitive) kills
+    a rank of a relocatable job, Then the node is never rebooted (its history records the
+    reboot as not executed), the job's ranks are stopped and it restarts on the healthy
+    node and the spare, and one 'observed' e-mail says what was not done."""
+    with world(remediation={"remediation_mode": "enforce,reboot=observe"}) as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.sim.add_node(node)
+        w.sim.start_job("obs-reboot", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.sim.inject_xid("node-b", 79, after=5 * MIN, nccl_cascade=True)
+        w.sim.run_for(10 * MIN)
+        assert w.sim.counters["reboots"] == 0 and w.sim.counters["health_checks_started"] == 0
+        assert w.ranks_on("obs-reboot") == ["node-a", "node-c"]
+        node_b = w.node_item("node-b")
+        # SUSPECT: the heartbeat service's own flag on the XID report (not a remediation).
+        assert node_b["instance_state"] == "SUSPECT" and "breaker_blocked" not in node_b
+        assert [(r["action"], r["executed"]) for r in node_b["fault_history"]] == [("reboot", False)]
+        job = w.job("obs-reboot")
+        assert (job["job_state"], job["attempt"]) == ("RUNNING", 2)
+        observed = [n for n in w.local.notifications()
+                    if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "observed"]
+        assert len(observed) == 1
+        assert "Would have done (not carried out): reboot (observe mode)" in str(observed[0]["message"])
+        assert not w.bus.dead_letters
+
+
+def test_drain_observed_a_node_to_replace_is_not_drained_and_the_job_moves() -> None:
+    """Given remediation_mode enforce,drain=observe, When the DCGM diag says replace (a dead
+    GPU), Then the container instance stays ACTIVE (no drain), its history records the
+    replacement as not executed, the relocatable job moves to the spare and completes, and
+    the operator is told what was not done."""
+    with world(remediation={"remediation_mode": "enforce,drain=observe"}) as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.sim.add_node(node)
+        w.sim.start_job("obs-drain", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.sim.inject_gpu_fault("node-b", after=5 * MIN, health="replace", nccl_cascade=True)
+        w.sim.run_for(15 * MIN)
+        assert w.sim.counters["health_checks_started"] == 1 and w.sim.counters["reboots"] == 0
+        assert w.ranks_on("obs-drain") == ["node-a", "node-c"]
+        ecs = w.local.client("ecs")
+        [described] = ecs.describe_container_instances(
+            cluster=w.local.cluster_name,
+            containerInstances=[w.sim.node("node-b").container_instance_arn])["containerInstances"]
+        assert described["status"] == "ACTIVE"
+        node_b = w.node_item("node-b")
+        assert node_b["instance_state"] != "QUARANTINED" and "drain_pending" not in node_b
+        assert [(r["action"], r["executed"]) for r in node_b["fault_history"]] == [("replace", False)]
+        summary = node_b["fault_history"][0]["evidence"]
+        assert summary["dcgm"]["verdict"] == "replace"
+        observed = [n for n in w.local.notifications()
+                    if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "observed"]
+        assert len(observed) == 1 and "drain" in str(observed[0]["message"])
+        w.sim.run_for(70 * MIN)
+        assert w.job("obs-drain")["job_state"] == "COMPLETE"
+        assert not w.bus.dead_letters

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,20 @@ class EcsAdapter:
             logger.info("stop_task on a task ECS no longer knows", extra={"task": task_arn,
                                                                           "error": str(error)})
 
+    def stop_task_if_known(self, task_arn: str, reason: str) -> bool:
+        """StopTask for the jobs API's cancel; False when ECS refuses the ARN as one it does not
+        know (InvalidParameterException or ClientException: a task long stopped and expired,
+        or an ARN of another cluster). Other errors (throttling, denied) are raised."""
+        try:
+            self._ecs.stop_task(cluster=self.cluster, task=task_arn, reason=reason[:255])
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code not in ("InvalidParameterException", "ClientException"):
+                raise
+            logger.info("stop_task on a task ECS no longer knows", extra={"task": task_arn})
+            return False
+        return True
+
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
         """One task with its tags (DescribeTasks returns tags only with include=TAGS)."""
         response = self._ecs.describe_tasks(cluster=self.cluster, tasks=[task_arn], include=["TAGS"])
@@ -110,15 +127,22 @@ class EcsAdapter:
         found = response.get("containerInstances", [])
         return found[0] if found else None
 
-    def container_instances(self) -> list[dict[str, Any]]:
-        """Every ACTIVE or DRAINING container instance of the cluster, described
-        (ListContainerInstances + DescribeContainerInstances by 100): the breaker counts the
-        GPU nodes, relocation looks for healthy free ones. Used on node actions only."""
+    def container_instances(self, statuses: Sequence[str | None] = ("ACTIVE", "DRAINING")
+                            ) -> list[dict[str, Any]]:
+        """The cluster's container instances in ``statuses``, described
+        (ListContainerInstances per status + DescribeContainerInstances by 100).
+
+        The default (ACTIVE and DRAINING): the breaker counts the GPU nodes, relocation looks
+        for healthy free ones (node actions only). ``("ACTIVE",)``: the scheduler's snapshot.
+        ``(None,)``: no status filter, i.e. every registered instance but INACTIVE ones (the
+        jobs API's capacity check)."""
         arns: list[str] = []
         paginator = self._ecs.get_paginator("list_container_instances")
-        for status in ("ACTIVE", "DRAINING"):
-            for page in paginator.paginate(cluster=self.cluster, status=status,
-                                           PaginationConfig={"PageSize": 100}):
+        for status in statuses:
+            params: dict[str, Any] = {"cluster": self.cluster, "PaginationConfig": {"PageSize": 100}}
+            if status is not None:
+                params["status"] = status
+            for page in paginator.paginate(**params):
                 arns.extend(page.get("containerInstanceArns", []))
         described: list[dict[str, Any]] = []
         for start in range(0, len(arns), 100):

@@ -1,10 +1,13 @@
-"""Reads the health check's JSON verdict line from its CloudWatch Logs stream."""
+"""CloudWatch Logs reads: the health check's JSON verdict line (recovery loop) and a
+training rank's container log, page by page (jobs API)."""
 
 from __future__ import annotations
 
 import json
 import logging
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from gpu_recovery.constants import HEALTH_CHECK_CONTAINER_NAME, HEALTH_CHECK_LOG_STREAM_PREFIX
 from gpu_recovery.domain.models import task_id
@@ -38,3 +41,45 @@ class VerdictLogReader:
                 if isinstance(parsed, dict) and "verdict" in parsed:
                     return parsed
         return None
+
+
+class LogStreamNotFound(LookupError):
+    """The log group or stream does not exist (yet: awslogs creates it at the first line)."""
+
+
+class InvalidLogToken(ValueError):
+    """CloudWatch Logs refused the ``nextToken`` for this stream."""
+
+
+class TrainingLogReader:
+    """GetLogEvents of one stream, oldest first (the jobs API's logs route)."""
+
+    def __init__(self, logs_client: Any) -> None:
+        self._logs = logs_client
+
+    def read_stream(self, group: str, stream: str, *, limit: int,
+                    next_token: str | None = None) -> dict[str, Any]:
+        """One page: ``events`` ({timestamp, message}) and ``next_token`` (the forward token;
+        equal to the one given at the end of the stream).
+
+        Raises :class:`LogStreamNotFound` (ResourceNotFoundException) and, for a token the
+        service refuses (InvalidParameterException with ``next_token``), :class:`InvalidLogToken`.
+        """
+        params: dict[str, Any] = {"logGroupName": group, "logStreamName": stream, "startFromHead": True,
+                                  "limit": limit}
+        if next_token:
+            params["nextToken"] = next_token
+        try:
+            response = self._logs.get_log_events(**params)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code == "ResourceNotFoundException":
+                raise LogStreamNotFound(f"log stream {stream} not found in {group}") from error
+            if code == "InvalidParameterException" and next_token:
+                raise InvalidLogToken(str(error)) from error
+            raise
+        return {
+            "events": [{"timestamp": e.get("timestamp"), "message": e.get("message", "")}
+                       for e in response.get("events", [])],
+            "next_token": response.get("nextForwardToken"),
+        }

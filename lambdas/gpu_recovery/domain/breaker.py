@@ -86,6 +86,28 @@ def _nodes(window: list[dict[str, Any]]) -> set[str]:
     return {e["node"] for e in window}
 
 
+def needs_cluster_count(state: Mapping[str, Any] | None, *, node: str, now: float,
+                        policy: BreakerPolicy | None = None) -> bool:
+    """Can the cluster's size change the answer to acting on ``node`` now? Not when the
+    breaker is off or tripped, the node is already in the window, or one more node fits
+    even the smallest limit (``allowed_nodes`` never falls below ``allowed_nodes(0)``):
+    then nobody needs to list the cluster (the common single fault costs no ECS call)."""
+    policy = policy or BreakerPolicy()
+    current = normalize(state)
+    if not policy.enabled or current["state"] == TRIPPED:
+        return False
+    nodes = _nodes(_in_window(current, now, policy))
+    return node not in nodes and len(nodes) + 1 > policy.allowed_nodes(0)
+
+
+def is_busy(state: Mapping[str, Any] | None, *, now: float, policy: BreakerPolicy | None = None) -> bool:
+    """Tripped, holding a backlog, or with actions still inside the window."""
+    policy = policy or BreakerPolicy()
+    current = normalize(state)
+    return (current["state"] == TRIPPED or bool(current["backlog"])
+            or bool((state or {}).get("released")) or bool(_in_window(current, now, policy)))
+
+
 @dataclass(frozen=True)
 class BreakerDecision:
     allowed: bool  # carry the action out now
@@ -136,6 +158,33 @@ def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, no
                            len(nodes) + 1, limit)
 
 
+def admit_release(state: Mapping[str, Any] | None, *, node: str, action: str, now: float,
+                  cluster_gpu_nodes: int, policy: BreakerPolicy | None = None) -> BreakerDecision:
+    """May a released backlog entry be carried out now? Only while the window has room (a
+    node already in it is free): after a reset the backlog comes back at most a window's
+    allowance at a time, never all at once. A refusal never trips the breaker and leaves
+    the state as it is (the entry waits for a later sweep); a tripped breaker holds it."""
+    policy = policy or BreakerPolicy()
+    current = normalize(state)
+    limit = policy.allowed_nodes(cluster_gpu_nodes)
+    window = _in_window(current, now, policy)
+    nodes = _nodes(window)
+    if not policy.enabled:
+        return BreakerDecision(True, current, False, "breaker disabled", len(nodes), limit)
+    if current["state"] == TRIPPED:
+        return BreakerDecision(False, current, False, f"breaker tripped again at {current['tripped_at']}: "
+                               f"{action} of {node} waits for the next reset", len(nodes), limit)
+    if node not in nodes and len(nodes) + 1 > limit:
+        return BreakerDecision(False, current, False,
+                               f"{len(nodes)} of {limit} allowed nodes already acted on within "
+                               f"{policy.window_seconds:g} s: {action} of {node} waits", len(nodes), limit)
+    current["window"] = [*window, {"node": node, "action": action, "at": now}]
+    current["version"] += 1
+    acted = len(nodes | {node})
+    return BreakerDecision(True, current, False, f"released backlog entry: {acted} of {limit} allowed nodes "
+                           "in the window", acted, limit)
+
+
 @dataclass(frozen=True)
 class BreakerReset:
     state: dict[str, Any]
@@ -172,17 +221,20 @@ class BreakerStatus:
     tripped_at: float | None
     trip_reason: str
     trips: int
+    released: int = 0  # released by a reset, waiting for room in the window
 
     def to_dict(self) -> dict[str, Any]:
         return {"state": self.state, "nodes_in_window": self.nodes_in_window, "limit": self.limit,
                 "cluster_gpu_nodes": self.cluster_gpu_nodes, "utilization": self.utilization,
                 "backlog": list(self.backlog), "tripped_at": self.tripped_at,
-                "trip_reason": self.trip_reason, "trips": self.trips}
+                "trip_reason": self.trip_reason, "trips": self.trips, "released": self.released}
 
     def metrics(self) -> dict[str, float]:
-        """CloudWatch metric values (cf. NVSentinel fault_quarantine_breaker_state / _utilization)."""
+        """CloudWatch metric values (cf. NVSentinel fault_quarantine_breaker_state / _utilization).
+        The backlog counts every held-back action not carried out yet, released ones included."""
         return {"BreakerTripped": 1.0 if self.state == TRIPPED else 0.0,
-                "BreakerUtilization": self.utilization, "BreakerBacklog": float(len(self.backlog))}
+                "BreakerUtilization": self.utilization,
+                "BreakerBacklog": float(len(self.backlog) + self.released)}
 
 
 def status(state: Mapping[str, Any] | None, *, now: float, cluster_gpu_nodes: int,
@@ -191,6 +243,7 @@ def status(state: Mapping[str, Any] | None, *, now: float, cluster_gpu_nodes: in
     current = normalize(state)
     limit = policy.allowed_nodes(cluster_gpu_nodes)
     in_window = len(_nodes(_in_window(current, now, policy)))
+    released = len(dict((state or {}).get("released") or {}))
     return BreakerStatus(current["state"], in_window, limit, cluster_gpu_nodes,
                          in_window / limit if limit else 0.0, tuple(current["backlog"]),
-                         current["tripped_at"], current["trip_reason"], current["trips"])
+                         current["tripped_at"], current["trip_reason"], current["trips"], released)

@@ -12,19 +12,61 @@
 "Cause" is the catalog rule that decided the action (``Decision.cause``). Only remediations
 that were executed count: observe mode and breaker-blocked actions are recorded with
 ``executed=False`` and do not move a node toward replacement.
+
+Each record carries a bounded summary of its fault's evidence (:func:`fault_summary`: exit
+and stop code, the DCGM verdict's error ids and severities, the GPU signals), so the node's
+history says why without the job items it came from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_recovery.domain.evidence import XidEvent
+from gpu_recovery.domain.evidence import Evidence, XidEvent
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action
 
 HOUR = 3600.0
 DAY = 24 * HOUR
+# The summary is on the node's item, up to max_records times: keep each one small.
+SUMMARY_ITEMS = 8
+SUMMARY_TEXT = 160
+
+
+def fault_summary(evidence: Evidence | None, *, note: str = "") -> dict[str, Any]:
+    """A bounded summary of a fault's evidence for the node's history: how it was noticed,
+    exit / stop code and reason, the DCGM verdict (failed tests, error ids with severity)
+    and the GPU signals; at most ``SUMMARY_ITEMS`` of each list, texts cut short."""
+    out: dict[str, Any] = {}
+    if note:
+        out["note"] = note[:SUMMARY_TEXT]
+    if evidence is None:
+        return out
+    out["trigger"] = evidence.trigger.value
+    if evidence.rank is not None:
+        out["rank"] = evidence.rank
+    if evidence.exit_code is not None:
+        out["exit_code"] = evidence.exit_code
+    if evidence.stop_code:
+        out["stop_code"] = evidence.stop_code[:64]
+    if evidence.stopped_reason:
+        out["stopped_reason"] = evidence.stopped_reason[:SUMMARY_TEXT]
+    if evidence.gpu_signals:
+        signals = sorted({f"{s.kind.value}@{s.gpu}" for s in evidence.gpu_signals})
+        out["signals"] = signals[:SUMMARY_ITEMS]
+    dcgm = evidence.dcgm
+    if dcgm is not None:
+        verdict: dict[str, Any] = {"verdict": dcgm.verdict}
+        if dcgm.exit_code is not None:
+            verdict["exit_code"] = dcgm.exit_code
+        if dcgm.failed_tests:
+            verdict["failed_tests"] = [t[:64] for t in dcgm.failed_tests[:SUMMARY_ITEMS]]
+        if dcgm.errors:
+            verdict["errors"] = [{"id": e.error_id, "severity": e.severity_name, "test": e.test[:64]}
+                                 for e in dcgm.errors[:SUMMARY_ITEMS]]
+        out["dcgm"] = verdict
+    return out
 
 
 @dataclass(frozen=True)
@@ -67,6 +109,8 @@ class NodeFaultRecord:
     job_id: str = ""
     charged_job: bool = False
     xids: tuple[XidEvent, ...] = ()
+    # fault_summary(...) of the fault's evidence (a dict: not hashed, compared as data)
+    evidence: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"at": self.at, "cause": self.cause, "action": self.action.value,
@@ -74,14 +118,18 @@ class NodeFaultRecord:
                                "charged_job": self.charged_job}
         if self.xids:
             out["xids"] = [x.to_dict() for x in self.xids]
+        if self.evidence:
+            out["evidence"] = dict(self.evidence)
         return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> NodeFaultRecord:
+        summary = raw.get("evidence")
         return cls(at=float(raw["at"]), cause=str(raw["cause"]), action=Action(raw["action"]),
                    executed=bool(raw.get("executed", True)), job_id=str(raw.get("job_id", "")),
                    charged_job=bool(raw.get("charged_job", False)),
-                   xids=tuple(XidEvent.from_dict(x) for x in raw.get("xids") or ()))
+                   xids=tuple(XidEvent.from_dict(x) for x in raw.get("xids") or ()),
+                   evidence=dict(summary) if isinstance(summary, Mapping) else None)
 
 
 def history_from_item(raw: Iterable[Mapping[str, Any]] | None) -> tuple[NodeFaultRecord, ...]:

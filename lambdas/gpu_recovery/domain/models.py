@@ -79,6 +79,14 @@ class Job:
     placement: dict[str, Any] = field(default_factory=dict)
     relocate: bool = False  # the pending restart moves ranks off unusable nodes
     restart_reason: str = ""  # why the pending restart happens (application error, transient, ...)
+    # Time sharing: the suspension in progress (kind, reason, by_job, deadline_at, hold,
+    # stop_requested_at once its ranks are being stopped); empty when none.
+    suspend: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def suspend_stopping(self) -> bool:
+        """A SUSPENDING job whose ranks are being stopped (grace over or go_suspend())."""
+        return self.state is JobState.SUSPENDING and bool(self.suspend.get("stop_requested_at"))
 
     @property
     def attempts_left(self) -> int:

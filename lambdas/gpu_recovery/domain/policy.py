@@ -14,6 +14,7 @@ from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import (
     ACTIVE_JOB_STATES,
     FATAL_SUSPECT_VERDICTS,
+    RECOVERING_JOB_STATES,
     UNUSABLE_INSTANCE_STATES,
     DcgmVerdict,
     InstanceState,
@@ -75,15 +76,28 @@ class StopReaction(str, Enum):
     FAIL_OBSERVED = "FAIL_OBSERVED"  # observe mode: recorded and notified, nothing done
 
 
-def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool) -> StopReaction:
+def _running(job_state: JobState, suspend_stopping: bool) -> bool:
+    """Are the job's ranks meant to be running? A SUSPENDING job's are during its grace
+    (rank 0 checkpoints): a rank failing on its own then is a fault as in RUNNING. Once
+    its ranks are being stopped, a rank's own exit is the cascade of that stop."""
+    if job_state is JobState.SUSPENDING:
+        return not suspend_stopping
+    return job_state in ACTIVE_JOB_STATES
+
+
+def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool, *,
+                  suspend_stopping: bool = False) -> StopReaction:
     if not same_attempt or job_state.is_terminal:
         return StopReaction.RECORD
-    active = job_state in ACTIVE_JOB_STATES
+    if job_state is JobState.SUSPENDING and kind in (StopKind.SUCCEEDED, StopKind.STOPPED_BY_USER):
+        # The program finished, or someone else stopped a rank: as for a running job.
+        suspend_stopping = False
+    active = _running(job_state, suspend_stopping)
     if kind is StopKind.SUCCEEDED:
         return StopReaction.MAYBE_COMPLETE if active else StopReaction.RECORD
     if kind is StopKind.STOPPED_BY_USER:
         # A user stop during a health check ends the job too: the user wanted it gone.
-        recovering = job_state in (JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART)
+        recovering = job_state in RECOVERING_JOB_STATES
         return StopReaction.USER_STOPPED if active or recovering else StopReaction.RECORD
     if kind is StopKind.SUSPECTED_GPU_FAULT:
         if active:
@@ -99,7 +113,7 @@ def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool) -> St
 
 
 def fault_reaction(job_state: JobState, same_attempt: bool, *, node_fault: bool, observed: bool,
-                   may_restart: bool) -> StopReaction:
+                   may_restart: bool, suspend_stopping: bool = False) -> StopReaction:
     """What the job does about a rank that exited on its own (not 0, not a stop), once the
     fault catalog said what its node needs.
 
@@ -110,7 +124,7 @@ def fault_reaction(job_state: JobState, same_attempt: bool, *, node_fault: bool,
     """
     if not same_attempt or job_state.is_terminal:
         return StopReaction.RECORD
-    active = job_state in ACTIVE_JOB_STATES
+    active = _running(job_state, suspend_stopping)
     if node_fault:
         if active:
             return StopReaction.FAIL_OBSERVED if observed else StopReaction.ENTER_RECOVERY

@@ -4,6 +4,12 @@
 per-effect exceptions, e.g. ``observe`` (a dry run, like NVSentinel's ``global.dryRun``) or
 ``enforce,reboot=observe,terminate=observe`` (act, but leave nodes alone). Parsed from the
 setting's text by :func:`parse_remediation_mode`; the domain reads no environment.
+
+Combinations the recovery loop cannot carry out are refused (:func:`combination_errors`):
+every recovery starts by stopping the job's other ranks (the diag needs the node's GPUs,
+a restart needs the old ranks gone, a node is only rebooted or drained once its job left
+it), so ``stop_tasks=observe`` leaves every other effect observed too; and a node is
+drained before it is terminated in its Auto Scaling group.
 """
 
 from __future__ import annotations
@@ -88,6 +94,31 @@ class RemediationModes:
         return {"default": self.default.value, **{e.value: m.value for e, m in self.per_effect.items()}}
 
 
+# Effects that only follow a StopTask of the job's other ranks (see the module's docstring).
+AFTER_STOP_TASKS = (Effect.HEALTH_CHECK, Effect.REBOOT, Effect.DRAIN, Effect.TERMINATE, Effect.RESTART_JOB)
+
+
+def combination_errors(modes: RemediationModes, *, replace_action: str = "quarantine",
+                       setting: str = "remediation_mode") -> list[str]:
+    """What cannot work together, each naming the setting and the fix (empty: fine)."""
+    errors = []
+    if not modes.executes(Effect.STOP_TASKS):
+        enforced = [e.value for e in AFTER_STOP_TASKS if modes.executes(e)]
+        if enforced:
+            errors.append(
+                f"{setting}: {', '.join(f'{e}=enforce' for e in enforced)} cannot happen with "
+                "stop_tasks=observe (every recovery starts by stopping the job's other ranks: the "
+                "DCGM diag needs the node's GPUs, a restart needs the old ranks gone, and a node "
+                "is rebooted or drained only once its job left it); use 'observe' for everything, "
+                "or set stop_tasks=enforce")
+    if replace_action == "terminate_in_asg" and modes.executes(Effect.TERMINATE) \
+            and not modes.executes(Effect.DRAIN):
+        errors.append(f"{setting}: terminate=enforce needs drain=enforce with replace_action "
+                      "terminate_in_asg (a node is drained before it is terminated in its Auto "
+                      "Scaling group); add terminate=observe, or set drain=enforce")
+    return errors
+
+
 def _mode(value: Any, where: str) -> Mode:
     try:
         return Mode(str(value).strip().lower())
@@ -106,7 +137,9 @@ def _effect(name: Any, where: str) -> Effect:
 def parse_remediation_mode(text: str | None, *, setting: str = "remediation_mode") -> RemediationModes:
     """``"enforce"`` / ``"observe"`` / ``"enforce,reboot=observe"`` / JSON
     ``{"default": "observe", "stop_tasks": "enforce"}``. Empty means enforce.
-    Raises ValueError naming ``setting`` and what to fix."""
+    Raises ValueError naming ``setting`` and what to fix, also for a combination the
+    recovery loop cannot carry out (``observe,health_check=enforce``); the one that
+    depends on ``replace_action`` is checked by the settings parser."""
     raw = (text or "").strip()
     if not raw:
         return RemediationModes()
@@ -119,7 +152,7 @@ def parse_remediation_mode(text: str | None, *, setting: str = "remediation_mode
             raise ValueError(f"{setting}: JSON must be an object")
         default = _mode(data.get("default", Mode.ENFORCE.value), f"{setting}.default")
         per = {_effect(k, setting): _mode(v, f"{setting}.{k}") for k, v in data.items() if k != "default"}
-        return RemediationModes(default, per)
+        return _checked(RemediationModes(default, per), setting)
     default, per = Mode.ENFORCE, {}
     for position, part in enumerate(p.strip() for p in raw.split(",")):
         if not part:
@@ -132,4 +165,11 @@ def parse_remediation_mode(text: str | None, *, setting: str = "remediation_mode
         else:
             raise ValueError(f"{setting}: {part!r} must be <effect>=<mode>; only the first item may "
                              "be a bare mode")
-    return RemediationModes(default, per)
+    return _checked(RemediationModes(default, per), setting)
+
+
+def _checked(modes: RemediationModes, setting: str) -> RemediationModes:
+    errors = combination_errors(modes, replace_action="quarantine", setting=setting)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return modes

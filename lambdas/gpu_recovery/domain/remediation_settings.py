@@ -20,6 +20,7 @@ from gpu_recovery.domain.job_budgets import (
 from gpu_recovery.domain.remediation_mode import (
     REPLACE_ACTIONS,
     RemediationModes,
+    combination_errors,
     parse_remediation_mode,
 )
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
@@ -85,6 +86,10 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
     if replace_action not in REPLACE_ACTIONS:
         errors.append(f"replace_action must be one of {', '.join(REPLACE_ACTIONS)}, "
                       f"got {replace_action!r}")
+    else:
+        # What parse_remediation_mode cannot know alone (the modes it returned passed the
+        # rest): with terminate_in_asg, termination needs the drain first.
+        errors += combination_errors(modes, replace_action=replace_action)
     enabled = (values.get("breaker_enabled") or "true").strip().lower()
     if enabled not in ("true", "false"):
         errors.append(f"breaker_enabled must be true or false, got {enabled!r}")

@@ -7,8 +7,9 @@ from gpu_recovery.domain.states import JobState as S
 
 # from-state -> states it may move to. Terminal states have no way out.
 JOB_TRANSITIONS: dict[S, frozenset[S]] = {
-    S.QUEUED: frozenset({S.PENDING_RESOURCES, S.STARTING, S.CANCELED}),
-    S.PENDING_RESOURCES: frozenset({S.QUEUED, S.STARTING, S.CANCELED, S.FAILED}),
+    # QUEUED / PENDING_RESOURCES -> SUSPENDED: the owner holds a waiting job (gpujobs suspend).
+    S.QUEUED: frozenset({S.PENDING_RESOURCES, S.STARTING, S.CANCELED, S.SUSPENDED}),
+    S.PENDING_RESOURCES: frozenset({S.QUEUED, S.STARTING, S.CANCELED, S.FAILED, S.SUSPENDED}),
     S.STARTING: frozenset(
         {
             S.RUNNING, S.PENDING_RESOURCES, S.PENDING_HEALTHCHECK, S.PENDING_RESTART, S.COMPLETE,
@@ -22,9 +23,18 @@ JOB_TRANSITIONS: dict[S, frozenset[S]] = {
     S.RUNNING: frozenset(
         {
             S.PENDING_HEALTHCHECK, S.PENDING_RESTART, S.NODE_LOST, S.HUNG, S.COMPLETE, S.FAILED,
-            S.USER_STOPPED, S.CANCELING, S.CANCELED, S.PENDING_RESOURCES,
+            S.USER_STOPPED, S.CANCELING, S.CANCELED, S.PENDING_RESOURCES, S.SUSPENDING,
         }
     ),
+    # SUSPENDING: rank 0 checkpoints during the grace, then every rank is stopped. A rank
+    # that fails on its own during the grace is a fault like in RUNNING (recovery wins over
+    # the suspension); every rank stopped -> SUSPENDED.
+    S.SUSPENDING: frozenset(
+        {S.SUSPENDED, S.COMPLETE, S.FAILED, S.USER_STOPPED, S.CANCELING, S.CANCELED,
+         S.PENDING_HEALTHCHECK, S.PENDING_RESTART}
+    ),
+    # SUSPENDED -> STARTING: resumed by the scheduler like a queued job.
+    S.SUSPENDED: frozenset({S.STARTING, S.CANCELED}),
     S.NODE_LOST: frozenset(
         {S.RUNNING, S.PENDING_HEALTHCHECK, S.PENDING_RESTART, S.COMPLETE, S.FAILED, S.USER_STOPPED,
          S.CANCELING}

@@ -20,6 +20,11 @@ class JobState(str, Enum):
     PENDING_RESTART = "PENDING_RESTART"
     NODE_LOST = "NODE_LOST"
     HUNG = "HUNG"
+    # Time sharing: rank 0 was told to checkpoint and call go_suspend(); its ranks are
+    # then stopped (at go_suspend() or after the grace). SUSPENDED: every rank stopped,
+    # GPUs free; queued again at its original position (or held, for a user's suspend).
+    SUSPENDING = "SUSPENDING"
+    SUSPENDED = "SUSPENDED"
     CANCELING = "CANCELING"
     COMPLETE = "COMPLETE"
     FAILED = "FAILED"
@@ -36,10 +41,28 @@ TERMINAL_JOB_STATES = frozenset(
 )
 # Ranks are (or should be) running on ECS: a suspected fault can enter recovery from these.
 ACTIVE_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.NODE_LOST, JobState.HUNG})
-# Waiting in the queue (the scheduler may admit it).
-QUEUED_JOB_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES})
+# Waiting in the queue (the scheduler may admit it; a held SUSPENDED job is not in the
+# queue index until it is resumed).
+QUEUED_JOB_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES, JobState.SUSPENDED})
+# In the queue and never suspended: the scheduler's claim starts these as a new attempt
+# (a SUSPENDED job is claimed as a resume); a user's suspend holds them at once.
+WAITING_JOB_STATES = QUEUED_JOB_STATES - {JobState.SUSPENDED}
+# Started (by the scheduler or a gang restart) and in no trouble: a launch in flight can
+# still complete or fail from these (the recovery loop marks the job RUNNING as soon as
+# rank 0 runs, before the launcher has finished).
+STARTED_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
+# Ended, or ending (CANCELING): nothing may mark a launch of the job complete, and a launch
+# left in flight is abandoned (every task it started is stopped).
+ENDING_JOB_STATES = TERMINAL_JOB_STATES | {JobState.CANCELING}
 # The recovery loop owns the job: its nodes are held for the gang restart.
 RECOVERING_JOB_STATES = frozenset({JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART})
+# The recovery loop is handling the job (in recovery, or a node lost / a rank hung): a
+# user's suspend or resume waits until it is RUNNING again.
+RECOVERY_OWNED_JOB_STATES = RECOVERING_JOB_STATES | {JobState.NODE_LOST, JobState.HUNG}
+# A queue job in these holds its nodes (its quota charge stays); in any other state it
+# holds none and its charge is released.
+HOLDING_JOB_STATES = ACTIVE_JOB_STATES | RECOVERING_JOB_STATES | {JobState.SUSPENDING,
+                                                                  JobState.CANCELING}
 
 
 class RankState(str, Enum):

@@ -17,6 +17,8 @@ Rules, each named in the 403 that applies it:
   of the allowed prefixes (the stack's ``iam:PassRole`` is limited to the same prefixes).
 * ``reserved_priority`` -- priorities from ``reserved_priority_min`` up are for the
   configured roles (and admins).
+* ``admin`` -- node quotas are set and removed by admin roles only (everyone reads their
+  own).
 
 A configured entry is a role (or user) name, or a full ARN; names match the role of a
 role session or the user name, ARNs match the principal's ARN or its role's ARN.
@@ -78,6 +80,19 @@ class Principal:
         return False
 
 
+def quota_subject(arn: str) -> str:
+    """The user a job (and its node quota) belongs to: the IAM user name, or
+    ``<role>/<session>`` for a role session (an SSO session is named after its user)."""
+    match = _ARN_RE.match(arn or "")
+    if not match:
+        return arn
+    resource = match["resource"]
+    if match["service"] == "sts" and resource.startswith("assumed-role/"):
+        parts = resource.split("/")
+        return "/".join(parts[1:3]) if len(parts) > 2 else resource
+    return resource.rsplit("/", 1)[-1]
+
+
 def family_of(task_definition: str) -> str:
     """``arn:...:task-definition/<family>:<rev>`` or ``<family>:<rev>`` -> family."""
     tail = task_definition.rsplit("/", 1)[-1]
@@ -117,7 +132,9 @@ class AccessPolicy:
             return
         job_id = job.get("job_id", "?")
         owner = str(job.get("user") or "")
-        if job.get("source", "queue") != "queue" or not owner:
+        # A job item without a source was registered from task tags (the repository's
+        # default too): never treat it as a queue job someone owns.
+        if job.get("source", "ecs-tags") != "queue" or not owner:
             raise Denied("tag_registered",
                          f"job {job_id} was registered from ECS task tags, not submitted through "
                          f"the queue: only an admin role ({self._names(self.admin_roles)}) may "
@@ -172,10 +189,16 @@ class AccessPolicy:
                              "context task_role_name_prefixes): the stack may not pass it to ECS",
                              "task_definition")
 
+    def may_use_priority(self, caller: Principal, priority: int) -> bool:
+        return (priority < self.reserved_priority_min or self.is_admin(caller)
+                or caller.matches(self.reserved_priority_roles))
+
+    def check_admin(self, caller: Principal, action: str) -> None:
+        if not self.is_admin(caller):
+            raise Denied("admin", f"only an admin role ({self._names(self.admin_roles)}) may {action}")
+
     def check_priority(self, caller: Principal, priority: int, name: str) -> None:
-        if priority < self.reserved_priority_min or self.is_admin(caller):
-            return
-        if caller.matches(self.reserved_priority_roles):
+        if self.may_use_priority(caller, priority):
             return
         raise Denied("reserved_priority",
                      f"priority {name} ({priority}) is reserved to the roles "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ErrorBody(BaseModel):
@@ -48,6 +48,19 @@ class AttemptView(BaseModel):
     reason: str = ""
 
 
+class SuspendView(BaseModel):
+    kind: str = Field(description="preempted (by a higher-priority job), user, or self (go_suspend())")
+    reason: str = ""
+    requested_at: float | None = None
+    deadline_at: float | None = Field(default=None, description="Ranks are stopped by force after this")
+    grace_seconds: int | None = None
+    hold: bool = False
+    by_job: str = ""
+    by_user: str = ""
+    stop_requested_at: float | None = None
+    stop_reason: str = ""
+
+
 class JobDetail(JobSummary):
     spec: dict[str, Any]
     source: str
@@ -59,6 +72,15 @@ class JobDetail(JobSummary):
         default_factory=list, description="Where each rank moved after a node fault, and why")
     not_before: float = Field(description="Scheduler backoff: not started before (epoch seconds)")
     last_error: str
+    wait_reason: str = Field(default="", description="Why a waiting job is not starting yet (quota, GPUs)")
+    quota_user: str = Field(default="", description="The user whose node quota the job counts against")
+    priority_requested: str = Field(default="", description="AUTO when the priority was chosen at submit")
+    demoted_from: int | None = Field(default=None, description="ABOVE_NORMAL demoted to NORMAL after 30 min")
+    suspend_grace_seconds: int = Field(default=60, description="Seconds rank 0 has to checkpoint")
+    suspend: SuspendView | None = Field(default=None, description="The last (or current) suspension")
+    held: bool = Field(default=False, description="SUSPENDED and held until resumed (a user's suspend)")
+    suspend_count: int = 0
+    resume_count: int = Field(default=0, description="Times resumed (the RESUME_COUNT its ranks get)")
     ranks: list[RankView]
     attempts: list[AttemptView]
 
@@ -109,3 +131,56 @@ class JobLogs(BaseModel):
         description="CloudWatch Logs forward token: pass it back to read on (also when following)"
     )
     end_of_stream: bool = Field(description="True when no newer events exist right now")
+
+
+class SuspendResult(BaseModel):
+    job_id: str
+    state: str = Field(description="SUSPENDING (rank 0 told, ranks stopped after go_suspend() or the "
+                                   "grace) or SUSPENDED")
+    previous_state: str
+    changed: bool = Field(description="False when the job already was in the wanted condition")
+    held: bool = Field(description="Held until resumed (suspend) or queued again (resume)")
+    deadline_at: float | None = Field(default=None, description="A running job's ranks are stopped by "
+                                                                 "force after this (epoch seconds)")
+
+
+class QuotaLevel(BaseModel):
+    priority: int
+    priority_name: str
+    max_nodes: int | None = Field(description="Nodes the user may hold at once at this level; null: no limit")
+    source: str = Field(description="set (by an administrator), default (the deployment's) or unlimited")
+    used_nodes: int = Field(description="Nodes the user's running jobs admitted at this level hold")
+    room: int | None = Field(description="max_nodes - used_nodes; null: no limit")
+
+
+class QuotaView(BaseModel):
+    user: str = Field(description="The quota's user: IAM user name, or <role>/<session>")
+    quotas: list[QuotaLevel]
+
+
+class QuotaRow(QuotaLevel):
+    user: str
+
+
+class QuotaList(BaseModel):
+    quotas: list[QuotaRow]
+    next_token: str | None = Field(description="Pass back as next_token for the next page; null: last page")
+
+
+class QuotaChange(BaseModel):
+    """PUT /v1/quotas: set a user's node quota at one level."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = Field(min_length=1, max_length=512, description="IAM ARN, or the user gpujobs quota shows")
+    priority: int | str = Field(description="A level name or its value")
+    max_nodes: int = Field(ge=0, le=100_000, strict=True)
+
+
+class QuotaRemoved(BaseModel):
+    user: str
+    priority: int
+    priority_name: str
+    removed: bool = Field(description="False when no quota was set at that level")
+    max_nodes: int | None = Field(description="What applies now: the deployment's default, or null")
+    source: str

@@ -23,6 +23,11 @@ PENDING_RESOURCES with its original ``queue_order`` (priority, submitted_at) and
 ``not_before = now + backoff`` (60 s doubling to 10 min). A task-definition / override
 error is USER_ERROR: FAILED, never retried. Throttling and other unknown errors are
 treated like a crash (resumed later, at most ``max_launch_resumes`` times).
+
+AWS is reached through the adapters ``runtime.queue_scheduler`` builds (``EcsAdapter``,
+``TaskDefinitions``, ``HostAddresses``). They pass AWS errors through as botocore raised
+them (an unknown task definition as ``TaskDefinitionNotFound``): the classification by
+error code above is the launcher's, in ``admission.classify_failure``.
 """
 
 from __future__ import annotations
@@ -30,16 +35,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import (
+    CONTROL_TOKEN_ENV,
+    CONTROL_URL_ENV,
+    RESUME_COUNT_ENV,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_JOB_ID,
@@ -49,8 +56,9 @@ from gpu_recovery.constants import (
     RankState,
     queue_order,
 )
+from gpu_recovery.domain.control_token import make_token
 from gpu_recovery.domain.models import Rank, container_instance_id
-from gpu_recovery.domain.states import LIVE_RANK_STATES
+from gpu_recovery.domain.states import ENDING_JOB_STATES, LIVE_RANK_STATES, STARTED_JOB_STATES
 from gpu_recovery.queue.admission import (
     FailureKind,
     backoff_seconds,
@@ -59,6 +67,8 @@ from gpu_recovery.queue.admission import (
 from gpu_recovery.recovery import RankRegistration
 from gpu_recovery.repository import Repository, from_ddb
 from gpu_recovery.repository.scheduling import SchedulingRepository
+from gpu_recovery.repository.time_sharing import ChargeClaim
+from gpu_recovery.settings import TimeSharingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -119,72 +129,31 @@ class JobSpec:
 
 
 # ------------------------------------------------------------------ ports
-class TaskDefinitions:
-    """DescribeTaskDefinition, cached (TTL): the container name and the resolved ARN."""
+class TaskDefinitionPort(Protocol):
+    """``adapters.task_definitions.TaskDefinitions`` (cached DescribeTaskDefinition)."""
 
-    def __init__(self, ecs_client: Any, ttl_seconds: float = 300) -> None:
-        self._ecs = ecs_client
-        self._ttl = ttl_seconds
-        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
-        self._lock = threading.Lock()
-
-    def describe(self, ref: str) -> dict[str, Any]:
-        with self._lock:
-            hit = self._cache.get(ref)
-        if hit and time.monotonic() - hit[0] < self._ttl:
-            return hit[1]
-        td = self._ecs.describe_task_definition(taskDefinition=ref)["taskDefinition"]
-        with self._lock:
-            self._cache[ref] = (time.monotonic(), td)
-        return td
-
-    @staticmethod
-    def first_essential_container(td: Mapping[str, Any]) -> str:
-        containers = td.get("containerDefinitions") or []
-        for c in containers:
-            if c.get("essential", True):
-                return str(c["name"])
-        return str(containers[0]["name"]) if containers else ""
+    def describe(self, ref: str) -> dict[str, Any]: ...
 
 
-class HostAddresses:
-    """Rank 0's address for MASTER_ADDR: attribute, EC2 private IP, or SSM (mi- hosts)."""
+class HostAddressPort(Protocol):
+    """``adapters.hosts.HostAddresses``: an instance's private IP ("" when unknown)."""
 
-    def __init__(self, ec2_client: Any, ssm_client: Any | None = None, ttl_seconds: float = 600) -> None:
-        self._ec2 = ec2_client
-        self._ssm = ssm_client
-        self._ttl = ttl_seconds
-        self._cache: dict[str, tuple[float, str]] = {}
+    def address(self, instance_id: str) -> str: ...
 
-    def address(self, ec2_instance_id: str, attributes: Mapping[str, str] | None = None) -> str:
-        explicit = (attributes or {}).get(HOST_ADDRESS_ATTRIBUTE)
-        if explicit:
-            return str(explicit)
-        hit = self._cache.get(ec2_instance_id)
-        if hit and time.monotonic() - hit[0] < self._ttl:
-            return hit[1]
-        found = self._lookup(ec2_instance_id)
-        if found:
-            self._cache[ec2_instance_id] = (time.monotonic(), found)
-        return found
 
-    def _lookup(self, instance_id: str) -> str:
-        if not instance_id:
-            return ""
-        if instance_id.startswith("mi-"):
-            if self._ssm is None:
-                return ""
-            response = self._ssm.describe_instance_information(
-                Filters=[{"Key": "InstanceIds", "Values": [instance_id]}]
-            )
-            infos = response.get("InstanceInformationList") or []
-            return str(infos[0].get("IPAddress", "")) if infos else ""
-        response = self._ec2.describe_instances(InstanceIds=[instance_id])
-        for reservation in response.get("Reservations", []):
-            for inst in reservation.get("Instances", []):
-                if inst.get("PrivateIpAddress"):
-                    return str(inst["PrivateIpAddress"])
-        return ""
+def first_essential_container(td: Mapping[str, Any]) -> str:
+    containers = td.get("containerDefinitions") or []
+    for c in containers:
+        if c.get("essential", True):
+            return str(c["name"])
+    return str(containers[0]["name"]) if containers else ""
+
+
+def master_address(hosts: HostAddressPort, node: PlacedNode) -> str:
+    """Rank 0's address for MASTER_ADDR: the node's explicit attribute (ECS Anywhere hosts
+    whose SSM address is not the one peers reach), else its private IP."""
+    explicit = node.attributes.get(HOST_ADDRESS_ATTRIBUTE)
+    return str(explicit) if explicit else hosts.address(node.ec2_instance_id)
 
 
 @dataclass(frozen=True)
@@ -211,9 +180,10 @@ class LaunchOutcome:
 
 # ------------------------------------------------------------------ launcher
 class Launcher:
-    def __init__(self, repo: Repository, ecs: Any, recovery: Any, task_definitions: TaskDefinitions,
-                 hosts: HostAddresses, store: SchedulingRepository, owner: str, *,
-                 max_launch_resumes: int = 3) -> None:
+    def __init__(self, repo: Repository, ecs: Any, recovery: Any, task_definitions: TaskDefinitionPort,
+                 hosts: HostAddressPort, store: SchedulingRepository, owner: str, *,
+                 max_launch_resumes: int = 3, sharing: TimeSharingSettings | None = None) -> None:
+        self.sharing = sharing or TimeSharingSettings()
         self.repo = repo
         self.store = store  # the scheduler's lease, launch ledger and launch transitions
         self.owner = owner  # the lease owner: a claim holds only while the lease is ours
@@ -224,8 +194,10 @@ class Launcher:
         self.max_launch_resumes = max_launch_resumes
 
     # -------------------------------------------------------------- new launch
-    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode]) -> LaunchOutcome:
-        """Claim the job for a new attempt on ``nodes`` (rank i on nodes[i]) and start it."""
+    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode],
+               charge: ChargeClaim | None = None) -> LaunchOutcome:
+        """Claim the job for a new attempt on ``nodes`` (rank i on nodes[i]), with its quota
+        ``charge``, and start it. A SUSPENDED job is resumed (``RESUME_COUNT`` + 1)."""
         item = from_ddb(dict(item))
         job_id = item["job_id"]
         try:
@@ -234,7 +206,7 @@ class Launcher:
             return LaunchOutcome(job_id, "skipped", reason=f"malformed spec: {error}")
         master = nodes[0]
         try:
-            master_addr = self.hosts.address(master.ec2_instance_id, master.attributes)
+            master_addr = master_address(self.hosts, master)
         except (ClientError, BotoCoreError) as error:
             # One unreachable lookup (a terminated instance ECS still lists, throttling)
             # must not stop the whole tick: skip this job, the next tick tries again.
@@ -252,14 +224,21 @@ class Launcher:
             "master_addr": master_addr,
             "master_port": spec.master_port,
         }
+        resumed = item.get("job_state") == JobState.SUSPENDED.value
         reason, moved = f"admitted: attempt {attempt} on {len(nodes)} node(s)", None
-        if item.get("relocation"):
+        if resumed:
+            count = int(item.get("resume_count") or 0) + 1
+            reason = (f"resumed (resume {count}, attempt {attempt}) on {len(nodes)} node(s)"
+                      f"{_last_suspend(item)}")
+        elif item.get("relocation"):
             reason, moved = relocation_record(item, plan, now)
         if not self.store.claim_launch(job_id, None if current is None else int(current), attempt, plan, now,
-                                       self.owner, reason, relocations=moved):
-            return LaunchOutcome(job_id, "raced", attempt, reason="claim lost: canceled, taken, lease lost")
+                                       self.owner, reason, relocations=moved, charge=charge, resumed=resumed):
+            return LaunchOutcome(job_id, "raced", attempt,
+                                 reason="claim lost: canceled, taken, lease lost or quota full")
         item = {**item, "attempt": attempt, "launch": plan, "job_state": JobState.STARTING.value,
-                "launch_claimed_at": now}
+                "launch_claimed_at": now,
+                "resume_count": int(item.get("resume_count") or 0) + (1 if resumed else 0)}
         return self._start_ranks(item, spec, attempt, plan, resume=False)
 
     # ---------------------------------------------------------------- resume
@@ -271,10 +250,9 @@ class Launcher:
             self.store.launch_done(job_id)
             return LaunchOutcome(job_id, "ledger_cleared", attempt)
         state = JobState(item["job_state"])
-        if state not in (JobState.STARTING, JobState.RUNNING):
+        if state not in STARTED_JOB_STATES:
             # Canceled / failed / in recovery meanwhile: stop tasks only this launch knows.
-            stopped = self._stop_unregistered(item, attempt, all_ranks=state.is_terminal
-                                              or state is JobState.CANCELING)
+            stopped = self._stop_unregistered(item, attempt, all_ranks=state in ENDING_JOB_STATES)
             self._finish_cancel_if_no_rank(job_id, item, attempt)
             self.store.launch_done(job_id)
             return LaunchOutcome(job_id, "abandoned", attempt, stopped, reason=state.value)
@@ -320,7 +298,7 @@ class Launcher:
         known = self._registered_ranks(item, attempt) if resume else {}
         try:
             td = self._task_definition(spec.task_definition)
-            container = spec.container_name or TaskDefinitions.first_essential_container(td)
+            container = spec.container_name or first_essential_container(td)
             td_arn = str(td.get("taskDefinitionArn") or spec.task_definition)
             for rank in range(world_size):
                 if rank in known:
@@ -331,7 +309,8 @@ class Launcher:
                 overrides = build_overrides(spec, container, job_id=job_id, rank=rank,
                                             world_size=world_size, attempt=attempt,
                                             master_addr=plan["master_addr"],
-                                            master_port=int(plan.get("master_port") or spec.master_port))
+                                            master_port=int(plan.get("master_port") or spec.master_port),
+                                            extra_env=self.control_env(item, rank))
                 tags = rank_tags(job_id, rank, world_size, attempt)
                 existing = self.ecs.tasks_started_by(sb) if resume else []
                 task_arn = existing[0] if existing else self._start_one(td_arn, ci_arn, overrides, tags, sb)
@@ -361,8 +340,21 @@ class Launcher:
                                  reason=str(error))
         return self._finish(item, attempt, registered)
 
+    def control_env(self, item: Mapping[str, Any], rank: int) -> dict[str, str]:
+        """What a rank needs for the suspend channel (and how often it was resumed)."""
+        env = {RESUME_COUNT_ENV: str(int(item.get("resume_count") or 0))}
+        secret = str(item.get("control_secret") or "")
+        if secret and self.sharing.control_api_url:
+            env[CONTROL_URL_ENV] = self.sharing.control_api_url
+            env[CONTROL_TOKEN_ENV] = make_token(str(item["job_id"]), rank, secret)
+        return env
+
     def _task_definition(self, ref: str) -> dict[str, Any]:
-        td = self.task_definitions.describe(ref)
+        try:
+            td = self.task_definitions.describe(ref)
+        except TaskDefinitionNotFound as error:
+            # As classify_failure() has it for ClientException / InvalidParameterException.
+            raise LaunchError(FailureKind.USER_ERROR, f"{error.code}: {error.message}") from error
         if str(td.get("status", "ACTIVE")).upper() == "INACTIVE":
             raise LaunchError(FailureKind.USER_ERROR, f"task definition {ref} is INACTIVE")
         return td
@@ -466,6 +458,15 @@ def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any],
     return f"relocated (attempt {plan['attempt']}): {text}; {why}"[:500], relocations
 
 
+def _last_suspend(item: Mapping[str, Any]) -> str:
+    suspend = item.get("suspend") or {}
+    if suspend.get("kind") == "preempted" and suspend.get("by_job"):
+        return f"; it had been preempted by job {suspend['by_job']}"
+    if suspend.get("reason"):
+        return f"; it had been suspended: {str(suspend['reason'])[:200]}"
+    return ""
+
+
 def _with_entry(existing: Any, entry: dict[str, Any]) -> list[dict[str, Any]]:
     attempts = [a for a in (existing or []) if isinstance(a, dict) and a.get("attempt") != entry["attempt"]]
     return [*attempts, entry][-MAX_ATTEMPT_ENTRIES:]
@@ -481,14 +482,17 @@ def rank_tags(job_id: str, rank: int, world_size: int, attempt: int) -> list[dic
 
 
 def build_overrides(spec: JobSpec, container: str, *, job_id: str, rank: int, world_size: int,
-                    attempt: int, master_addr: str, master_port: int) -> dict[str, Any]:
-    """ECS ``overrides``: the job's command/environment plus the rendezvous variables.
+                    attempt: int, master_addr: str, master_port: int,
+                    extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """ECS ``overrides``: the job's command/environment plus the rendezvous variables
+    (and ``extra_env``: the suspend channel, ``RESUME_COUNT``).
 
     The GPU resource requirement is set to ``gpus_per_node`` so ECS reserves exactly
     what admission counted.
     """
     env = {
         **spec.environment,
+        **(extra_env or {}),
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
         "MASTER_ADDR": master_addr,

@@ -9,35 +9,23 @@ from __future__ import annotations
 
 import json
 import re
-from enum import IntEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpu_recovery.domain.job_budgets import MAX_BUDGET
+from gpu_recovery.domain.time_sharing import (
+    AUTO_PRIORITY,
+    MAX_SUSPEND_GRACE_SECONDS,
+    MIN_SUSPEND_GRACE_SECONDS,
+    PRIORITY_NAMES,
+    PRIORITY_VALUES,
+    Priority,
+    priority_name,
+)
 
-
-class Priority(IntEnum):
-    """Priority levels (HAI-style); higher runs first, equal priority is FIFO."""
-
-    LOW = 0
-    BELOW_NORMAL = 5
-    NORMAL = 10
-    ABOVE_NORMAL = 20
-    HIGH = 30
-    VERY_HIGH = 40
-    EXTREME_HIGH = 50
-
-
-PRIORITY_VALUES = frozenset(int(p) for p in Priority)
-PRIORITY_NAMES = {p.name: int(p) for p in Priority}
-
-
-def priority_name(value: int) -> str:
-    try:
-        return Priority(value).name
-    except ValueError:
-        return str(value)
+# The levels live in the domain (the time-sharing policy orders and preempts by them).
+__all__ = ["AUTO_PRIORITY", "PRIORITY_NAMES", "PRIORITY_VALUES", "JobSpec", "Priority", "priority_name"]
 
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
@@ -146,8 +134,14 @@ class JobSpec(BaseModel):
     nnodes: int = Field(ge=1, le=256, strict=True, description="Ranks (ECS tasks), one per node")
     gpus_per_node: int = Field(ge=1, le=16, strict=True)
     priority: int | Literal[
-        "LOW", "BELOW_NORMAL", "NORMAL", "ABOVE_NORMAL", "HIGH", "VERY_HIGH", "EXTREME_HIGH"
-    ] = Field(default=int(Priority.NORMAL), description="A level name or its value")
+        "LOW", "BELOW_NORMAL", "NORMAL", "ABOVE_NORMAL", "HIGH", "VERY_HIGH", "EXTREME_HIGH", "AUTO"
+    ] = Field(default=int(Priority.NORMAL),
+              description="A level name or its value; AUTO: the highest level where you have a node "
+                          "quota with room for the job (NORMAL if none)")
+    suspend_grace_seconds: int | None = Field(
+        default=None, ge=MIN_SUSPEND_GRACE_SECONDS, le=MAX_SUSPEND_GRACE_SECONDS, strict=True,
+        description="Seconds rank 0 has to checkpoint and call go_suspend() once told to suspend, "
+                    "before the job's tasks are stopped; default: the deployment's (60)")
     max_infra_recoveries: int | None = Field(
         default=None, ge=0, le=MAX_BUDGET, strict=True,
         description="Infrastructure recoveries (node faults fixed by a reboot or by moving the job "
@@ -183,12 +177,14 @@ class JobSpec(BaseModel):
             raise ValueError("must be a priority level name or value")
         if isinstance(value, str):
             upper = value.strip().upper()
+            if upper == AUTO_PRIORITY:
+                return AUTO_PRIORITY
             if upper in PRIORITY_NAMES:
                 return PRIORITY_NAMES[upper]
             if re.fullmatch(r"\d{1,3}", upper):
                 value = int(upper)
             else:
-                raise ValueError(f"must be one of {', '.join(PRIORITY_NAMES)}")
+                raise ValueError(f"must be one of {', '.join(PRIORITY_NAMES)}, {AUTO_PRIORITY}")
         if isinstance(value, int) and value not in PRIORITY_VALUES:
             allowed = ", ".join(f"{n}={v}" for n, v in PRIORITY_NAMES.items())
             raise ValueError(f"must be one of {allowed}")
@@ -205,7 +201,14 @@ class JobSpec(BaseModel):
         return value
 
     @property
+    def is_auto_priority(self) -> bool:
+        return self.priority == AUTO_PRIORITY
+
+    @property
     def priority_value(self) -> int:
+        """The level (AUTO is resolved at submit, before this is read)."""
+        if self.priority == AUTO_PRIORITY:
+            raise ValueError("priority AUTO is resolved at submit")
         return int(self.priority)
 
     def to_json(self) -> str:

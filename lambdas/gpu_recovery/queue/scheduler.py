@@ -7,14 +7,18 @@ One tick (every minute, and right after submit / cancel / job end):
    Reserved concurrency 1 on the function is the second fence. The Lambda timeout
    (90 s) is shorter than the lease (120 s), so a tick never outlives its lease. The
    lease is deleted (condition: still ours) at the end.
-2. **Resume** launches a dead tick left half-done: the launch ledger on the lease
+2. **Time sharing** (:mod:`gpu_recovery.queue.time_sharing`): the sparse holding index
+   (queue jobs holding nodes) is read once: quota charges of jobs that stopped holding
+   nodes are released, ABOVE_NORMAL jobs that ran long enough drop to NORMAL.
+3. **Resume** launches a dead tick left half-done: the launch ledger on the lease
    item lists every claimed-but-unfinished launch (one GetItem); entries older than
    ``stale_launch_seconds`` are resumed, ranks looked up by ``startedBy`` before
    anything is started again. Queue jobs whose *gang restart* (recovery loop) was
    left half-done are found in the sparse ``by-state`` index (STARTING; only queue
    jobs carry its sort key) and resumed with the recovery loop's own launcher.
-3. **Read the head of the queue** (``by-queue-order`` ascending, pages of
-   ``page_size``) and feed each job to :class:`~gpu_recovery.queue.admission.Admitter`.
+4. **Read the head of the queue** (``by-queue-order`` ascending, pages of
+   ``page_size``) and offer each job to :class:`~gpu_recovery.queue.planner.TickPlanner`
+   (quota, gang admission, preemption: a blocked job's victims are asked to suspend).
    The node snapshot (ListContainerInstances ACTIVE + DescribeContainerInstances by
    100 + instance-table BatchGet + nodes held for gang restarts) is taken only when
    the first page holds a job that is not backing off.
@@ -23,7 +27,8 @@ One tick (every minute, and right after submit / cancel / job end):
    backing off), (c) ``max_admissions`` jobs were admitted, or (d) the time budget is
    spent. Items read <= admitted + max_unplaced + page_size, and admitted <= free
    GPUs: the read cost follows what can be placed now, never the queue's length.
-4. **Launch** each admitted job (see :mod:`gpu_recovery.queue.launcher`).
+5. **Launch** each admitted job (see :mod:`gpu_recovery.queue.launcher`); the launch
+   claim carries the job's quota charge (one transaction).
 """
 
 from __future__ import annotations
@@ -31,34 +36,31 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain.models import container_instance_id
-from gpu_recovery.queue.admission import (
-    Admitter,
-    Candidate,
-    Node,
-    Verdict,
-    node_ineligibility,
-)
+from gpu_recovery.domain.time_sharing import QuotaBook
+from gpu_recovery.queue.admission import Node, node_ineligibility
 from gpu_recovery.queue.launcher import (
-    HostAddresses,
+    HostAddressPort,
     Launcher,
     LaunchOutcome,
     PlacedNode,
-    TaskDefinitions,
+    TaskDefinitionPort,
 )
+from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
+from gpu_recovery.queue.time_sharing import TimeSharing, subject_of
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
+from gpu_recovery.repository.time_sharing import HoldingRepository, QuotaRepository
 from gpu_recovery.settings import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LEASE_KEY", "QueueScheduler", "SchedulerConfig", "build_scheduler"]
-_DESCRIBE_BATCH = 100
 
 
 @dataclass
@@ -69,6 +71,10 @@ class TickResult:
     launch_failures: int = 0
     queue_items_read: int = 0
     blocked: list[str] = field(default_factory=list)
+    quota_waiting: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # victims asked to suspend this tick
+    quota_released: list[str] = field(default_factory=list)
+    demoted: list[str] = field(default_factory=list)
     resumed: list[dict[str, Any]] = field(default_factory=list)
     nodes_seen: int = 0
     stop_reason: str = ""
@@ -113,36 +119,36 @@ def gpu_count(resources: list[Mapping[str, Any]] | None) -> int | None:
     return None
 
 
-class ClusterReader:
-    """ListContainerInstances(ACTIVE) + DescribeContainerInstances in batches of 100."""
+class ContainerInstancesPort(Protocol):
+    """``adapters.ecs.EcsAdapter.container_instances``."""
 
-    def __init__(self, ecs_client: Any, cluster: str) -> None:
-        self._ecs = ecs_client
-        self.cluster = cluster
+    def container_instances(self, statuses: Sequence[str | None] = ...) -> list[dict[str, Any]]: ...
+
+
+class ClusterReader:
+    """The snapshot's nodes: ListContainerInstances(ACTIVE) + DescribeContainerInstances in
+    batches of 100, through the ECS adapter."""
+
+    def __init__(self, ecs: ContainerInstancesPort) -> None:
+        self._ecs = ecs
 
     def container_instances(self) -> list[dict[str, Any]]:
-        arns: list[str] = []
-        paginator = self._ecs.get_paginator("list_container_instances")
-        for page in paginator.paginate(cluster=self.cluster, status="ACTIVE",
-                                       PaginationConfig={"PageSize": 100}):
-            arns.extend(page.get("containerInstanceArns", []))
-        described: list[dict[str, Any]] = []
-        for start in range(0, len(arns), _DESCRIBE_BATCH):
-            response = self._ecs.describe_container_instances(
-                cluster=self.cluster, containerInstances=arns[start:start + _DESCRIBE_BATCH])
-            described.extend(response.get("containerInstances", []))
-        return described
+        return self._ecs.container_instances(("ACTIVE",))
 
 
 # -------------------------------------------------------------------- scheduler
 class QueueScheduler:
     def __init__(self, repo: Repository, launcher: Launcher, cluster: ClusterReader, lease: Lease,
-                 config: SchedulerConfig | None = None) -> None:
+                 config: SchedulerConfig | None = None, sharing: TimeSharing | None = None,
+                 quotas: QuotaRepository | None = None) -> None:
         self.repo = repo
         self.launcher = launcher
         self.cluster = cluster
         self.lease = lease
         self.config = config or SchedulerConfig()
+        self.sharing = sharing  # None: no quota table (quotas, preemption and demotion off)
+        self.quotas = quotas
+        self._launching: set[str] = set()  # nodes of launches a dead tick left (this tick)
 
     # ------------------------------------------------------------------ tick
     def tick(self, time_budget_seconds: float | None = None) -> TickResult:
@@ -153,6 +159,9 @@ class QueueScheduler:
         try:
             result = TickResult()
             self._resume_stuck(result)
+            if self.sharing is not None:
+                done = self.sharing.housekeeping(clock.now())
+                result.quota_released, result.demoted = done["released"], done["demoted"]
             self._admit(result, lambda: time.monotonic() - started > budget)
             return result
         finally:
@@ -162,8 +171,12 @@ class QueueScheduler:
     def _resume_stuck(self, result: TickResult) -> None:
         now = clock.now()
         stale = self.config.stale_launch_seconds
+        self._launching = set()
         for job_id, entry in sorted(self.launcher.store.ledger_entries().items()):
             if now - float(entry.get("claimed_at") or 0) < stale:
+                # A launch a dead tick left half-done, not resumed yet: its planned nodes are
+                # its own, no other job may take their GPUs meanwhile.
+                self._launching.update(self._planned_nodes(job_id, entry))
                 continue
             outcome = self.launcher.resume(job_id, entry)
             result.resumed.append(outcome.as_dict())
@@ -174,36 +187,64 @@ class QueueScheduler:
     # ----------------------------------------------------------------- admit
     def _admit(self, result: TickResult, out_of_time: Any) -> None:
         now = clock.now()
-        admitter: Admitter | None = None
+        planner: TickPlanner | None = None
         infos: dict[str, NodeInfo] = {}
         unplaced = 0
         for item in self._queue_head():
             result.queue_items_read += 1
+            if self.sharing is not None and item.get("quota_charge"):
+                self.sharing.release_if_waiting(item)  # its last run's charge, before it is charged again
             if float(item.get("not_before") or 0) > now:
                 unplaced += 1
             else:
-                if admitter is None:
+                if planner is None:
                     infos = self.snapshot()
                     result.nodes_seen = len(infos)
-                    admitter = Admitter({i: n.node for i, n in infos.items()})
-                candidate = _candidate(item)
-                if candidate is None:
+                    planner = self._planner(infos)
+                queued = _queued(item)
+                if queued is None:
                     unplaced += 1
                 else:
-                    decision = admitter.offer(candidate)
-                    if decision.verdict is Verdict.ADMITTED:
-                        outcome = self.launcher.launch(item, [infos[i].placed for i in decision.nodes])
+                    step = planner.offer(queued)
+                    if step.kind is StepKind.ADMIT:
+                        charge = self.sharing.charge_for(planner.quotas, item) if self.sharing else None
+                        outcome = self.launcher.launch(item, [infos[i].placed for i in step.nodes],
+                                                       charge=charge)
                         self._record(result, outcome)
                     else:
                         unplaced += 1
-                        result.blocked.append(candidate.job_id)
-            stop = self._should_stop(result, admitter, unplaced, out_of_time)
+                        self._not_placed(result, step, item)
+            stop = self._should_stop(result, planner, unplaced, out_of_time)
             if stop:
                 result.stop_reason = stop
                 return
         result.stop_reason = "queue read to the end"
 
-    def _should_stop(self, result: TickResult, admitter: Admitter | None, unplaced: int,
+    def _planner(self, infos: Mapping[str, NodeInfo]) -> TickPlanner:
+        nodes = {i: n.node for i, n in infos.items()}
+        if self.sharing is None:
+            return TickPlanner(nodes, QuotaBook())
+        quotas = self.quotas
+        book = self.sharing.quota_book(quotas.entry if quotas is not None else None)
+        return TickPlanner(nodes, book, self.sharing.running_gangs,
+                           preemption=self.config.sharing.preemption)
+
+    def _not_placed(self, result: TickResult, step: Step, item: Mapping[str, Any]) -> None:
+        if step.kind is StepKind.QUOTA:
+            result.quota_waiting.append(step.job_id)
+            why = step.reason
+        else:
+            result.blocked.append(step.job_id)
+            why = f"waiting for GPUs: {step.reason}" if step.reason else "waiting for GPUs"
+        if step.kind is StepKind.PREEMPT and self.sharing is not None:
+            result.preempted.extend(self.sharing.suspend_victims(step, item))
+            why = f"waiting for GPUs: {step.reason}"
+        elif step.waiting_for:
+            why = f"waiting for {', '.join(step.waiting_for)} to suspend"
+        if self.sharing is not None and why and item.get("wait_reason") != why:
+            self.sharing.holding.record_wait_reason(step.job_id, why)
+
+    def _should_stop(self, result: TickResult, admitter: TickPlanner | None, unplaced: int,
                      out_of_time: Any) -> str:
         if admitter is not None and admitter.exhausted:
             return "no free GPUs left on unreserved nodes"
@@ -227,11 +268,18 @@ class QueueScheduler:
         return self.launcher.store.queue_head(self.config.page_size)
 
     # -------------------------------------------------------------- snapshot
+    def _planned_nodes(self, job_id: str, entry: Mapping[str, Any]) -> set[str]:
+        item = self.launcher.store.job_item(job_id) or {}
+        if int(item.get("attempt") or 0) != int(entry.get("attempt") or -1) or item.get("launched_at"):
+            return set()
+        plan = item.get("launch") or {}
+        return {container_instance_id(str(arn)) for arn in plan.get("nodes") or []}
+
     def snapshot(self) -> dict[str, NodeInfo]:
         described = self.cluster.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         states = self.repo.get_instances(ids) if ids else {}
-        held = self._held_for_restart()
+        held = self._held_for_restart() | self._launching
         infos: dict[str, NodeInfo] = {}
         for ci, node_id in zip(described, ids, strict=True):
             instance = states.get(node_id)
@@ -269,13 +317,14 @@ class QueueScheduler:
         return held
 
 
-def _candidate(item: Mapping[str, Any]) -> Candidate | None:
+def _queued(item: Mapping[str, Any]) -> QueuedJob | None:
     try:
-        return Candidate(
+        return QueuedJob(
             job_id=str(item["job_id"]),
+            user=subject_of(item),
+            priority=int(item.get("priority") or 0),
             nnodes=int(item.get("world_size") or 1),
             gpus_per_node=int(item.get("gpus_per_node") or 0),
-            priority=int(item.get("priority") or 0),
         )
     except (KeyError, TypeError, ValueError):
         logger.warning("malformed queue item skipped", extra={"job_id": item.get("job_id")})
@@ -283,14 +332,47 @@ def _candidate(item: Mapping[str, Any]) -> Candidate | None:
 
 
 # ------------------------------------------------------------------- wiring
-def build_scheduler(*, repo: Repository, ecs_adapter: Any, recovery: Any, ecs_client: Any,
-                    ec2_client: Any, ssm_client: Any | None, cluster: str,
-                    config: SchedulerConfig | None = None,
-                    task_definitions: TaskDefinitions | None = None,
-                    hosts: HostAddresses | None = None, owner: str | None = None) -> QueueScheduler:
+def build_scheduler(*, repo: Repository, ecs_adapter: Any, recovery: Any,
+                    task_definitions: TaskDefinitionPort | None = None, hosts: HostAddressPort | None = None,
+                    config: SchedulerConfig | None = None, owner: str | None = None,
+                    quotas: QuotaRepository | None = None, dynamodb: Any | None = None,
+                    ecs_client: Any | None = None, ec2_client: Any | None = None,
+                    ssm_client: Any | None = None, cluster: str = "") -> QueueScheduler:
+    """The tick over the adapters ``runtime.queue_scheduler`` builds: ``ecs_adapter`` (an
+    ``EcsAdapter``: StartTask/StopTask/ListTasks and the node snapshot), ``task_definitions``
+    and ``hosts``. ``quotas`` (the quota table's repository) enables time sharing.
+
+    Raw boto3 arguments remain for callers not migrated yet (the scheduler benchmark):
+    ``ecs_client``/``ec2_client``/``ssm_client`` are wrapped in the adapters runtime.py
+    would build, ``dynamodb`` (the resource) in a ``QuotaRepository`` on
+    ``config.sharing.quota_table``; ``cluster`` is ignored (the ECS adapter's is used)."""
     config = config or SchedulerConfig()
-    store = SchedulingRepository(repo)
+    if task_definitions is None or hosts is None:
+        task_definitions, hosts = _wrap_raw_clients(task_definitions, hosts, ecs_client, ec2_client,
+                                                    ssm_client)
+    if quotas is None and dynamodb is not None:
+        quotas = QuotaRepository(dynamodb, config.sharing.quota_table)
+    holding = HoldingRepository(repo, quotas) if quotas is not None else None
+    store = SchedulingRepository(repo, holding)
     lease = Lease(store, owner, config.lease_seconds)
-    launcher = Launcher(repo, ecs_adapter, recovery, task_definitions or TaskDefinitions(ecs_client),
-                        hosts or HostAddresses(ec2_client, ssm_client), store, lease.owner)
-    return QueueScheduler(repo, launcher, ClusterReader(ecs_client, cluster), lease, config)
+    launcher = Launcher(repo, ecs_adapter, recovery, task_definitions, hosts, store, lease.owner,
+                        sharing=config.sharing)
+    sharing = TimeSharing(repo, holding, recovery, config.sharing) if holding is not None else None
+    return QueueScheduler(repo, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas)
+
+
+def _wrap_raw_clients(task_definitions: TaskDefinitionPort | None, hosts: HostAddressPort | None,
+                      ecs_client: Any | None, ec2_client: Any | None,
+                      ssm_client: Any | None) -> tuple[TaskDefinitionPort, HostAddressPort]:
+    from gpu_recovery.adapters.hosts import HostAddresses
+    from gpu_recovery.adapters.task_definitions import TaskDefinitions
+
+    if task_definitions is None:
+        if ecs_client is None:
+            raise TypeError("build_scheduler needs task_definitions= (or ecs_client=)")
+        task_definitions = TaskDefinitions(ecs_client)
+    if hosts is None:
+        if ec2_client is None:
+            raise TypeError("build_scheduler needs hosts= (or ec2_client=)")
+        hosts = HostAddresses(ec2_client, ssm_client)
+    return task_definitions, hosts

@@ -1,4 +1,5 @@
-"""The job queue service behind the HTTP API: submit, get, list, cancel, events, logs.
+"""The job queue service behind the HTTP API: submit, get, list, cancel, suspend, resume,
+events, logs, node quotas.
 
 Jobs share the recovery loop's job model (table key ``job_id_rank``): a job item
 ``<job_id>#JOB`` and rank items ``<job_id>#<rank>``. Every state change is a conditional
@@ -9,6 +10,13 @@ keys and indexes only, never a Scan.
 With an :class:`~gpu_recovery.queue.access.AccessPolicy` (the API always passes one)
 every use case is authorized for the calling principal; without one the service is a
 trusted in-process caller (the scheduler's tests, operators' tooling).
+
+AWS is reached through adapters only (``gpu_recovery.adapters``; ``runtime.jobs_service``
+builds them): ECS (StopTask, the container instances of the capacity check), task
+definitions, training logs and the scheduler's Lambda. They turn the errors this service
+shows to the caller into exceptions of their own (``TaskDefinitionNotFound``,
+``LogStreamNotFound``, ``InvalidLogToken``; ``stop_task_if_known`` -> False); any other AWS
+error propagates (a 5xx the client retries).
 """
 
 from __future__ import annotations
@@ -22,14 +30,14 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from botocore.exceptions import ClientError
-
 from gpu_recovery import clock
+from gpu_recovery.adapters.logs import InvalidLogToken, LogStreamNotFound
+from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import (
     JOB_BY_STATE_INDEX,
     JOB_BY_USER_INDEX,
@@ -49,14 +57,31 @@ from gpu_recovery.constants import (
     job_item_key,
     queue_order,
 )
+from gpu_recovery.domain.control_token import new_secret
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.models import container_instance_id, task_id
 from gpu_recovery.domain.state_machine import can_transition, check_transition
-from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
-from gpu_recovery.queue.access import AccessPolicy, Denied, Principal
+from gpu_recovery.domain.states import (
+    LIVE_RANK_STATES,
+    QUEUED_JOB_STATES,
+    RECOVERY_OWNED_JOB_STATES,
+    WAITING_JOB_STATES,
+)
+from gpu_recovery.domain.time_sharing import (
+    AUTO_PRIORITY,
+    DEFAULT_SUSPEND_GRACE_SECONDS,
+    PRIORITY_VALUES,
+    QuotaBook,
+    SuspendKind,
+    resolve_auto_priority,
+    suspend_record,
+)
+from gpu_recovery.queue.access import AccessPolicy, Denied, Principal, quota_subject
 from gpu_recovery.queue.models import JobSpec, priority_name
+from gpu_recovery.queue.quotas import QuotaInputError, QuotaService, subject_from
 from gpu_recovery.repository import Repository, from_ddb
 from gpu_recovery.repository.queue_api import InvalidPageToken, JobQueueRepository
+from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
 
@@ -128,20 +153,23 @@ class NoSchedulerTrigger:
         logger.debug("no scheduler to trigger", extra={"reason": reason, "job_id": job_id})
 
 
+class AsyncInvoker(Protocol):
+    """``adapters.scheduler_trigger.LambdaInvoker``: an asynchronous Lambda Invoke."""
+
+    function_name: str
+
+    def invoke_async(self, payload: Mapping[str, Any]) -> None: ...
+
+
 class LambdaSchedulerTrigger:
     """Asynchronous ``Invoke`` (InvocationType=Event) of the scheduler function."""
 
-    def __init__(self, lambda_client: Any, function_name: str) -> None:
-        self._lambda = lambda_client
-        self.function_name = function_name
+    def __init__(self, invoker: AsyncInvoker) -> None:
+        self._invoker = invoker
+        self.function_name = invoker.function_name
 
     def trigger(self, reason: str, job_id: str) -> None:
-        payload = scheduler_payload(reason, job_id)
-        self._lambda.invoke(
-            FunctionName=self.function_name,
-            InvocationType="Event",
-            Payload=json.dumps(payload).encode(),
-        )
+        self._invoker.invoke_async(scheduler_payload(reason, job_id))
 
 
 class CallbackSchedulerTrigger:
@@ -188,6 +216,30 @@ def decode_token(token: str) -> dict[str, Any]:
     return value
 
 
+# ------------------------------------------------------------------------ AWS ports
+class JobsEcs(Protocol):
+    """What the service asks ECS (``adapters.ecs.EcsAdapter``)."""
+
+    cluster: str
+
+    def stop_task_if_known(self, task_arn: str, reason: str) -> bool: ...
+
+    def container_instances(self, statuses: Sequence[str | None] = ...) -> list[dict[str, Any]]: ...
+
+
+class TaskDefinitionReader(Protocol):
+    """``adapters.task_definitions.TaskDefinitions`` (raises TaskDefinitionNotFound)."""
+
+    def describe(self, ref: str) -> dict[str, Any]: ...
+
+
+class LogReader(Protocol):
+    """``adapters.logs.TrainingLogReader`` (raises LogStreamNotFound, InvalidLogToken)."""
+
+    def read_stream(self, group: str, stream: str, *, limit: int,
+                    next_token: str | None = None) -> dict[str, Any]: ...
+
+
 # ------------------------------------------------------------------------- capacity
 @dataclass
 class _CapacityCache:
@@ -212,9 +264,9 @@ class Capacity:
 class ClusterCapacity:
     """GPU counts of the cluster's container instances, cached briefly."""
 
-    def __init__(self, ecs_client: Any, cluster: str, ttl: float = CAPACITY_CACHE_SECONDS) -> None:
-        self._ecs = ecs_client
-        self.cluster = cluster
+    def __init__(self, ecs: JobsEcs, ttl: float = CAPACITY_CACHE_SECONDS) -> None:
+        self._ecs = ecs
+        self.cluster = ecs.cluster
         self.ttl = ttl
         self._cache = _CapacityCache()
         self._lock = threading.Lock()
@@ -239,19 +291,12 @@ class ClusterCapacity:
             self._cache = _CapacityCache()
 
     def _read(self) -> Capacity | None:
-        arns: list[str] = []
-        for page in self._ecs.get_paginator("list_container_instances").paginate(cluster=self.cluster):
-            arns.extend(page.get("containerInstanceArns", []))
-        if not arns:
+        # No status filter: every registered instance but INACTIVE ones (a DRAINING node
+        # comes back; the check refuses only what could never run).
+        described = self._ecs.container_instances((None,))
+        if not described:
             return None
-        counts: list[int] = []
-        for start in range(0, len(arns), 100):
-            response = self._ecs.describe_container_instances(
-                cluster=self.cluster, containerInstances=arns[start : start + 100]
-            )
-            counts.extend(gpu_count(i.get("registeredResources", []))
-                          for i in response.get("containerInstances", []))
-        return Capacity(tuple(counts))
+        return Capacity(tuple(gpu_count(i.get("registeredResources", [])) for i in described))
 
 
 def gpu_count(resources: list[dict[str, Any]]) -> int:
@@ -269,21 +314,37 @@ class JobQueueService:
         self,
         *,
         repo: JobQueueRepository | Repository,
-        ecs_client: Any,
-        logs_client: Any,
-        cluster: str,
+        ecs: JobsEcs | None = None,
+        task_definitions: TaskDefinitionReader | None = None,
+        log_reader: LogReader | None = None,
+        cluster: str = "",
         scheduler: SchedulerTrigger | None = None,
         capacity: ClusterCapacity | None = None,
         default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS),
         access: AccessPolicy | None = None,
+        quotas: QuotaService | None = None,
+        suspend_grace_seconds: int = DEFAULT_SUSPEND_GRACE_SECONDS,
+        ecs_client: Any | None = None,
+        logs_client: Any | None = None,
     ) -> None:
+        """``ecs``, ``task_definitions`` and ``log_reader`` are the adapters ``runtime.jobs_service``
+        builds. ``ecs_client``/``logs_client`` (raw boto3 clients, wrapped in those adapters
+        here) remain for callers not migrated yet: local mode's time-sharing campaign and
+        the scheduler benchmark."""
+        if ecs is None or task_definitions is None or log_reader is None:
+            ecs, task_definitions, log_reader = _wrap_raw_clients(ecs, task_definitions, log_reader,
+                                                                  ecs_client, logs_client, cluster)
         self.repo = repo if isinstance(repo, JobQueueRepository) else JobQueueRepository(repo)
+        self.suspensions = SuspensionRepository(self.repo.base)
+        self.quotas = quotas  # None: no quota table (every level unlimited, AUTO is NORMAL)
+        self.suspend_grace_seconds = suspend_grace_seconds
         self.access = access
-        self._ecs = ecs_client
-        self._logs = logs_client
-        self.cluster = cluster
+        self.ecs = ecs
+        self.task_definitions = task_definitions
+        self.log_reader = log_reader
+        self.cluster = cluster or ecs.cluster
         self.scheduler: SchedulerTrigger = scheduler or NoSchedulerTrigger()
-        self.capacity = capacity or ClusterCapacity(ecs_client, cluster)
+        self.capacity = capacity or ClusterCapacity(ecs)
         self.default_budgets = default_budgets  # (infrastructure recoveries, application restarts)
 
     # ------------------------------------------------------------------ submit
@@ -296,15 +357,31 @@ class JobQueueService:
 
     def submit(self, spec: JobSpec, user: str) -> dict[str, Any]:
         caller = Principal.parse(user)
+        subject = quota_subject(user)
         self._authorize(lambda a: a.check_family(spec.task_definition))
+        book = self.quotas.book() if self.quotas is not None else QuotaBook()
+        auto_note = ""
+        if spec.is_auto_priority:
+            allowed = [lvl for lvl in PRIORITY_VALUES
+                       if self.access is None or self.access.may_use_priority(caller, lvl)]
+            level, auto_note = resolve_auto_priority(book, subject, spec.nnodes, allowed)
+            spec = spec.model_copy(update={"priority": level})
         self._authorize(lambda a: a.check_priority(caller, spec.priority_value,
                                                    priority_name(spec.priority_value)))
+        never = book.never_fits(subject, spec.priority_value, spec.nnodes)
+        if never:
+            raise InvalidRequest(f"nnodes: the job could never start: {never} (ask an administrator "
+                                 "for a larger quota, or choose another priority)", "nnodes")
         spec = self._validate_against_aws(spec)
         now = clock.now()
         item: dict[str, Any] = {}
         for _ in range(5):
             job_id = new_job_id(spec.name, now)
             item = self._new_item(job_id, spec, user, now)
+            item["quota_subject"] = subject
+            if auto_note:
+                item["priority_requested"] = AUTO_PRIORITY
+                item["history"][0]["reason"] = f"submitted; {auto_note}"
             if caller.role:
                 item["owner_role"] = caller.role
             if self.repo.create_job(item):
@@ -338,6 +415,10 @@ class JobQueueService:
             "max_recovery_attempts": spec.budgets(*self.default_budgets)[0],
             "app_restarts_used": 0,
             "max_app_restarts": spec.budgets(*self.default_budgets)[1],
+            "suspend_grace_seconds": spec.suspend_grace_seconds or self.suspend_grace_seconds,
+            "control_secret": new_secret(),
+            "suspend_count": 0,
+            "resume_count": 0,
             "suspects": {},
             "verdicts": {},
             QUEUE_PK: QUEUE_BUCKET,
@@ -354,16 +435,11 @@ class JobQueueService:
     def _validate_against_aws(self, spec: JobSpec) -> JobSpec:
         """Pin the task definition, resolve the container, refuse what could never run."""
         try:
-            task_def = self._ecs.describe_task_definition(taskDefinition=spec.task_definition)[
-                "taskDefinition"
-            ]
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            if code in ("ClientException", "InvalidParameterException"):
-                raise InvalidRequest(
-                    f"task_definition: {spec.task_definition} does not exist", "task_definition"
-                ) from error
-            raise
+            task_def = self.task_definitions.describe(spec.task_definition)
+        except TaskDefinitionNotFound as error:
+            raise InvalidRequest(
+                f"task_definition: {spec.task_definition} does not exist", "task_definition"
+            ) from error
         # The family as ECS resolved it (a revision ARN may name another family's alias).
         self._authorize(lambda a: a.check_family(task_def.get("taskDefinitionArn", spec.task_definition)))
         self._authorize(lambda a: a.check_task_roles(
@@ -426,6 +502,16 @@ class JobQueueService:
                 "relocations": list(item.get("relocations") or []),
                 "not_before": item.get("not_before", 0) or 0,
                 "last_error": item.get("last_error", ""),
+                "wait_reason": item.get("wait_reason", "") if JobState(item["job_state"]) in QUEUED_STATES
+                else "",
+                "quota_user": str(item.get("quota_subject") or quota_subject(str(item.get("user") or ""))),
+                "priority_requested": str(item.get("priority_requested") or ""),
+                "demoted_from": item.get("demoted_from"),
+                "suspend_grace_seconds": int(item.get("suspend_grace_seconds") or self.suspend_grace_seconds),
+                "suspend": _suspend_view(item.get("suspend")),
+                "held": bool(item.get("held", False)),
+                "suspend_count": int(item.get("suspend_count") or 0),
+                "resume_count": int(item.get("resume_count") or 0),
                 "ranks": [
                     {
                         "rank": r.rank,
@@ -592,13 +678,123 @@ class JobQueueService:
         return stopping, JobState.CANCELING
 
     def _stop_task(self, task_arn: str, reason: str) -> None:
+        self.ecs.stop_task_if_known(task_arn, reason)  # False: ECS no longer knows the task
+
+    # ----------------------------------------------------------- suspend/resume
+    def suspend(self, job_id: str, user: str) -> dict[str, Any]:
+        """The owner suspends a job: a running one gracefully (rank 0 is told, has the
+        job's grace to checkpoint and call go_suspend(), then its ranks are stopped); a
+        waiting one at once. Either way it is held until resumed."""
+        for _ in range(_CANCEL_RETRIES):
+            item = self._suspendable(job_id, user, "suspend")
+            current = JobState(item["job_state"])
+            result = {"job_id": job_id, "previous_state": current.value, "held": True}
+            if current is JobState.RUNNING:
+                grace = int(item.get("suspend_grace_seconds") or self.suspend_grace_seconds)
+                now = clock.now()
+                record = suspend_record(SuspendKind.USER, f"suspended by {user}", grace_seconds=grace,
+                                        now=now, hold=True, by_user=quota_subject(user))
+                if self.suspensions.request(job_id, int(item.get("attempt") or 0), suspend=record,
+                                            deadline_at=now + grace, actor=user,
+                                            reason=f"suspend requested by {user}; grace {grace} s"):
+                    return {**result, "state": JobState.SUSPENDING.value, "changed": True,
+                            "deadline_at": now + grace}
+                continue
+            if current in WAITING_JOB_STATES or (
+                    current is JobState.SUSPENDED and not item.get("held")):
+                record = suspend_record(SuspendKind.USER, f"suspended by {user}", grace_seconds=0,
+                                        now=clock.now(), hold=True, by_user=quota_subject(user))
+                if self.suspensions.hold_waiting(job_id, current, suspend=record, actor=user,
+                                                 reason=f"suspended by {user} while waiting: held "
+                                                        "until resumed"):
+                    return {**result, "state": JobState.SUSPENDED.value, "changed": True}
+                continue
+            if current is JobState.SUSPENDING:
+                held = bool((item.get("suspend") or {}).get("hold"))
+                if held or self.suspensions.set_hold(job_id, True, actor=user,
+                                                     reason=f"suspend by {user}: held once stopped"):
+                    return {**result, "state": current.value, "changed": not held}
+                continue
+            if current is JobState.SUSPENDED:
+                return {**result, "state": current.value, "changed": False}
+            raise Conflict(_not_now(job_id, current, "suspended"))
+        raise Conflict(f"job {job_id} changed state repeatedly while suspending, retry")
+
+    def resume(self, job_id: str, user: str) -> dict[str, Any]:
+        """A held job back into the queue at its original position (a suspending one once
+        its ranks stopped)."""
+        for _ in range(_CANCEL_RETRIES):
+            item = self._suspendable(job_id, user, "resume")
+            current = JobState(item["job_state"])
+            result = {"job_id": job_id, "previous_state": current.value, "held": False}
+            if current is JobState.SUSPENDED:
+                if not item.get("held"):
+                    return {**result, "state": current.value, "changed": False}
+                order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0),
+                                    job_id)
+                if self.suspensions.resume_held(job_id, queue_order=order, actor=user,
+                                                reason=f"resumed by {user}: queued again at its original "
+                                                       "position"):
+                    self._trigger("resumed", job_id)
+                    return {**result, "state": current.value, "changed": True}
+                continue
+            if current is JobState.SUSPENDING:
+                held = bool((item.get("suspend") or {}).get("hold"))
+                if not held or self.suspensions.set_hold(job_id, False, actor=user,
+                                                         reason=f"resumed by {user}: queued again once "
+                                                                "stopped"):
+                    return {**result, "state": current.value, "changed": held}
+                continue
+            raise Conflict(_not_now(job_id, current, "resumed"))
+        raise Conflict(f"job {job_id} changed state repeatedly while resuming, retry")
+
+    def _suspendable(self, job_id: str, user: str, action: str) -> dict[str, Any]:
+        item = self._readable(job_id, user if self.access is not None else None, action)
+        if item.get("source", SOURCE_QUEUE) != SOURCE_QUEUE:
+            raise Conflict(f"job {job_id} was started on ECS directly (registered from its task tags): "
+                           f"only queue jobs can be {action}ed, since only the queue can start them again")
+        return item
+
+    # ------------------------------------------------------------------ quotas
+    def quota_view(self, caller: str, user: str | None = None) -> dict[str, Any]:
+        """A user's quota at every level (your own; admins may name another user)."""
+        subject = quota_subject(caller)
+        if user is not None:
+            try:
+                wanted = subject_from(user)
+            except QuotaInputError as error:
+                raise InvalidRequest(str(error), error.field) from error
+            if wanted != subject:
+                self._authorize(lambda a: a.check_admin(Principal.parse(caller), f"read the quota of {user}"))
+            subject = wanted
+        return self._quota_service().view(subject)
+
+    def quota_list(self, caller: str, *, limit: int = 50, next_token: str | None = None) -> dict[str, Any]:
+        self._authorize(lambda a: a.check_admin(Principal.parse(caller), "list every user's quota"))
+        return self._quota_call(lambda q: q.list_all(limit=limit, next_token=next_token))
+
+    def quota_set(self, caller: str, user: str, priority: Any, max_nodes: Any) -> dict[str, Any]:
+        self._authorize(lambda a: a.check_admin(Principal.parse(caller), "set node quotas"))
+        result = self._quota_call(lambda q: q.set_limit(user, priority, max_nodes, by=caller))
+        self._trigger("quota changed", "")
+        return result
+
+    def quota_remove(self, caller: str, user: str, priority: Any) -> dict[str, Any]:
+        self._authorize(lambda a: a.check_admin(Principal.parse(caller), "remove node quotas"))
+        result = self._quota_call(lambda q: q.remove_limit(user, priority, by=caller))
+        self._trigger("quota changed", "")
+        return result
+
+    def _quota_service(self) -> QuotaService:
+        if self.quotas is None:
+            raise Conflict("node quotas are not configured in this deployment (no quota table)")
+        return self.quotas
+
+    def _quota_call(self, call: Callable[[QuotaService], dict[str, Any]]) -> dict[str, Any]:
         try:
-            self._ecs.stop_task(cluster=self.cluster, task=task_arn, reason=reason[:255])
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            if code not in ("InvalidParameterException", "ClientException"):
-                raise
-            logger.info("stop_task on a task ECS no longer knows", extra={"task": task_arn})
+            return call(self._quota_service())
+        except QuotaInputError as error:
+            raise InvalidRequest(str(error), error.field) from error
 
     # ------------------------------------------------------------------ events
     def events(self, job_id: str, user: str | None = None) -> dict[str, Any]:
@@ -646,25 +842,14 @@ class JobQueueService:
         spec = json.loads(item.get("spec_json") or "{}")
         group, stream = self._log_location(task_def or spec.get("task_definition", ""),
                                            spec.get("container_name"), task_arn)
-        params: dict[str, Any] = {
-            "logGroupName": group,
-            "logStreamName": stream,
-            "startFromHead": True,
-            "limit": limit,
-        }
-        if next_token:
-            params["nextToken"] = next_token
         try:
-            response = self._logs.get_log_events(**params)
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            if code == "ResourceNotFoundException":
-                raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
-            if code == "InvalidParameterException" and next_token:
-                raise InvalidRequest("next_token: is not valid for this log stream", "next_token") from error
-            raise
-        events = response.get("events", [])
-        forward = response.get("nextForwardToken")
+            page = self.log_reader.read_stream(group, stream, limit=limit, next_token=next_token)
+        except LogStreamNotFound as error:
+            raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
+        except InvalidLogToken as error:
+            raise InvalidRequest("next_token: is not valid for this log stream", "next_token") from error
+        events = page["events"]
+        forward = page["next_token"]
         return {
             "job_id": job_id,
             "rank": rank,
@@ -672,9 +857,7 @@ class JobQueueService:
             "task_arn": task_arn,
             "log_group": group,
             "log_stream": stream,
-            "events": [
-                {"timestamp": e.get("timestamp"), "message": e.get("message", "")} for e in events
-            ],
+            "events": events,
             "next_token": forward,
             "end_of_stream": not events or forward == next_token,
         }
@@ -697,8 +880,8 @@ class JobQueueService:
     def _log_location(self, task_definition: str, container_name: str | None,
                       task_arn: str) -> tuple[str, str]:
         try:
-            task_def = self._ecs.describe_task_definition(taskDefinition=task_definition)["taskDefinition"]
-        except ClientError as error:
+            task_def = self.task_definitions.describe(task_definition)
+        except TaskDefinitionNotFound as error:
             raise JobNotFound(f"task definition {task_definition} no longer exists") from error
         containers = task_def.get("containerDefinitions", [])
         container = next((c for c in containers if c.get("name") == container_name),
@@ -722,6 +905,48 @@ class JobQueueService:
         except Exception:  # the scheduler's own schedule catches up; never fail the request
             logger.warning("could not trigger the scheduler", exc_info=True,
                            extra={"reason": reason, "job_id": job_id})
+
+
+def _wrap_raw_clients(ecs: JobsEcs | None, task_definitions: TaskDefinitionReader | None,
+                      logs: LogReader | None, ecs_client: Any | None, logs_client: Any | None,
+                      cluster: str) -> tuple[JobsEcs, TaskDefinitionReader, LogReader]:
+    """The adapters runtime.py would build, around raw clients a caller passed."""
+    from gpu_recovery.adapters.ecs import EcsAdapter
+    from gpu_recovery.adapters.logs import TrainingLogReader
+    from gpu_recovery.adapters.task_definitions import TaskDefinitions
+
+    if ecs is None:
+        if ecs_client is None:
+            raise TypeError("JobQueueService needs ecs= (an EcsAdapter) or ecs_client=")
+        ecs = EcsAdapter(ecs_client, cluster)
+    if task_definitions is None:
+        if ecs_client is None:
+            raise TypeError("JobQueueService needs task_definitions= or ecs_client=")
+        task_definitions = TaskDefinitions(ecs_client, ttl_seconds=0)
+    if logs is None:
+        if logs_client is None:
+            raise TypeError("JobQueueService needs log_reader= (a TrainingLogReader) or logs_client=")
+        logs = TrainingLogReader(logs_client)
+    return ecs, task_definitions, logs
+
+
+def _not_now(job_id: str, state: JobState, action: str) -> str:
+    if state.is_terminal:
+        return f"job {job_id} is {state.value}: it can no longer be {action}"
+    if state in RECOVERY_OWNED_JOB_STATES:
+        return (f"job {job_id} is {state.value}: the recovery loop owns it; it can be {action} once it "
+                "is RUNNING again")
+    if action == "resumed":
+        return f"job {job_id} is {state.value}: only a suspended job can be resumed"
+    return f"job {job_id} is {state.value}: it can be {action} once RUNNING (or while it waits)"
+
+
+def _suspend_view(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    keys = ("kind", "reason", "requested_at", "deadline_at", "grace_seconds", "hold", "by_job", "by_user",
+            "stop_requested_at", "stop_reason")
+    return {k: raw[k] for k in keys if k in raw}
 
 
 def _attempt(record: Mapping[str, Any]) -> dict[str, Any]:

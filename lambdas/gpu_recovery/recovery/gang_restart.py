@@ -221,7 +221,9 @@ class GangRestart:
             what_was_done=("Job back in the queue ahead of every job of its priority (original queue "
                            "position kept); the scheduler starts every rank on healthy nodes with a new "
                            "MASTER_ADDR"),
-            operator_action="Nothing for the job; look after the faulty node.")
+            operator_action="Nothing for the job; look after the faulty node.",
+            # Still the fault's attempt: the scheduler starts the next one.
+            details=self._fault_lines(fresh, fresh.attempt))
         return Outcome("relocated", job.job_id, {"via": "queue", "from": relocation["from"]})
 
     def resume(self, job: Job) -> str:
@@ -254,7 +256,7 @@ class GangRestart:
                           f"{job.attempt}",
             operator_action="Nothing; watch the job. Repeated faults on the same node escalate it to "
                             "replacement automatically.",
-            details=self._fault_lines(job),
+            details=self._fault_lines(job, job.attempt - 1),
         )
         return Outcome("restarted", job.job_id, {"attempt": job.attempt, "tasks": launched})
 
@@ -278,11 +280,11 @@ class GangRestart:
         return "; ".join(done) or "gang restart"
 
     @staticmethod
-    def _fault_lines(job: Job) -> list[str]:
-        """The evidence and decision of every node of the fault just recovered from."""
+    def _fault_lines(job: Job, attempt: int) -> list[str]:
+        """The evidence and decision of every node of the fault of ``attempt``."""
         lines: list[str] = []
         for key, record in sorted(job.faults.items()):
-            if not key.startswith(f"a{job.attempt - 1}:") or not isinstance(record, dict):
+            if not key.startswith(f"a{attempt}:") or not isinstance(record, dict):
                 continue
             if record.get("evidence"):
                 # An older record may not parse: the decision line below still says what happened.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
@@ -27,10 +28,12 @@ from gpu_recovery.domain.escalation import history_from_item
 from gpu_recovery.domain.evidence import DcgmFindings, Evidence
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Instance, Job, container_instance_id, fault_key
+from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
     RECOVERING_JOB_STATES,
     InstanceState,
+    JobState,
     SuspectVerdict,
 )
 from gpu_recovery.ecs_events import EcsTaskDetail
@@ -68,6 +71,8 @@ class HealthChecks:
     # ------------------------------------------------------------ open / join
     def request(self, job: Job, inst_id: str) -> str:
         """Open or join the health check of an instance (at most one per instance)."""
+        if not self.deps.policy.modes.executes(Effect.HEALTH_CHECK):
+            return self._diag_observed(job, inst_id)
         repo = self.deps.repo
         instance = repo.get_instance(inst_id)
         if instance is not None and instance.state in HEALTH_CHECK_STATES and job.job_id in instance.hc_jobs:
@@ -102,6 +107,42 @@ class HealthChecks:
         if self.deps.repo.record_verdict_of_busy_instance(instance, record, restart):
             self.remediation.notify_outcome(job, outcome, instance, None, None)
         return result
+
+    def _diag_observed(self, job: Job, inst_id: str) -> str:
+        """Observe mode for the diag (``health_check=observe``): a suspect that reached the
+        loop without its exit being judged first (the heartbeat service's lost node or
+        hung rank) gets no RunTask. Its verdict is BLOCKED: the job relocates (if it may
+        and restarts are enforced) or fails in the job table only; the node's last fault
+        says what would have been done; one e-mail."""
+        repo = self.deps.repo
+        if job.suspects.get(inst_id) != SuspectVerdict.PENDING.value:
+            return "observed"
+        raw = repo.get_instance_item(inst_id)
+        if raw is None:
+            return "instance_missing"
+        instance = repo.instance_from_item(raw)
+        now = clock.now()
+        evidence = self._evidence(instance, raw, [job])
+        plan = self.remediation.plan(evidence, raw, now=now)
+        findings = {"verdict": "not run", "source": "observe mode", "rule": plan.decision.rule_id,
+                    "reason": plan.decision.reason[:300]}
+        record, outcome = self.remediation.job_verdict(job, inst_id, SuspectVerdict.BLOCKED, plan, evidence,
+                                                       findings, history_from_item(raw.get("fault_history")),
+                                                       now)
+        if outcome.fails:
+            outcome = JobOutcome.FAIL_OBSERVED
+            record = replace(record, to=JobState.FAILED, spend="", deadline_at=None, relocate=False,
+                             last_error=(f"observe mode: the DCGM diag of {inst_id} would have run "
+                                         f"({plan.decision.reason})"))
+        if not repo.record_verdict_of_busy_instance(instance, record, restart=False):
+            return "raced"
+        repo.record_observed_fault(inst_id, fault_history=None, last_fault={
+            "at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]})
+        self.deps.metrics.add_metric("ObservedFaults", "Count", 1)
+        self.remediation.notify_outcome(job, outcome, instance, plan, evidence)
+        if outcome is JobOutcome.RELOCATE:
+            self.restarts.try_restart(job.job_id)
+        return "observed"
 
     # -------------------------------------------------------------------- start
     def start_if_ready(self, inst_id: str) -> str | None:
@@ -174,21 +215,23 @@ class HealthChecks:
     # ------------------------------------------------------------------ verdict
     def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
         inst_id = container_instance_id(detail.containerInstanceArn or "")
+        repo = self.deps.repo
         for _ in range(_VERDICT_ROUNDS):
-            instance = self.deps.repo.get_instance(inst_id) if inst_id else None
-            if instance is None:
+            raw = repo.get_instance_item(inst_id) if inst_id else None  # read once per round
+            instance = repo.instance_from_item(raw) if raw else None
+            if instance is None or raw is None:
                 return Outcome("ignored", detail={"why": "untracked instance"})
             ours = instance.state is InstanceState.HEALTH_CHECKING and (
                 (instance.hc_started_by and detail.startedBy == instance.hc_started_by)
                 or (instance.hc_task_arn and detail.taskArn == instance.hc_task_arn))
             if not ours:
                 return self.reboots.converge_after_verdict(instance)
-            outcome = self._apply(instance, detail)
+            outcome = self._apply(instance, raw, detail)
             if outcome is not None:
                 return outcome
         return Outcome("duplicate", detail={"instance": inst_id})
 
-    def _apply(self, instance: Instance, detail: EcsTaskDetail) -> Outcome | None:
+    def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail) -> Outcome | None:
         """None when the write lost a race (a job joined meanwhile): read and try again."""
         inst_id = instance.container_inst_id
         repo = self.deps.repo
@@ -207,7 +250,6 @@ class HealthChecks:
         # The exit code is the contract; a log line that disagrees (or is missing) never wins.
         findings["exit_code"], findings["verdict"] = exit_code, verdict.name.lower()
         jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
-        raw = repo.get_instance_item(inst_id) or {}
         now = clock.now()
         dcgm = DcgmFindings.from_verdict_json(findings, exit_code=exit_code, task_arn=detail.taskArn)
         evidence = self._evidence(instance, raw, jobs).with_dcgm(dcgm, now)

@@ -194,16 +194,17 @@ class RankOperations:
 
     # ----------------------------------------------------------------- stopping
     def stop_live_ranks(self, job: Job, *, why: str, reissue: bool = False,
-                        ranks: list[Rank] | None = None) -> list[int]:
+                        ranks: list[Rank] | None = None, remediation: bool = True) -> list[int]:
         """Mark every live rank of the attempt STOP_REQUESTED (once), then ask ECS to stop it.
 
         With ``reissue`` (a retried event, the sweep), ranks marked a while ago and still
         not STOPPED are asked again: StopTask is idempotent, and that finishes the work of
-        an invocation that died between the mark and the call.
+        an invocation that died between the mark and the call. Observe mode holds back
+        the stops of a remediation only (``remediation=False``: a suspension, a cancel).
         """
         stopped: list[int] = []
         now = clock.now()
-        if not self.deps.policy.modes.executes(Effect.STOP_TASKS):
+        if remediation and not self.deps.policy.modes.executes(Effect.STOP_TASKS):
             logger.info("observe mode: ranks not stopped", extra={"job_id": job.job_id, "why": why})
             return stopped
         for other in self.deps.repo.get_ranks(job) if ranks is None else ranks:

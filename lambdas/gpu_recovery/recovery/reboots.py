@@ -8,26 +8,51 @@ whose answer was lost is re-issued only when the node shows no sign of the reboo
 "Back" is judged by event time and version: only an agent reconnect newer than the
 disconnect seen after the reboot request (or a boot time later than the request)
 brings the node back; a stale or redelivered "connected" event changes nothing.
+
+:class:`NodeActionGate` is the blast-radius breaker every automatic reboot, replacement
+and quarantine asks first (node decisions, timed-out reboots and health checks, nodes
+lost with their agent disconnected), its answer written in the caller's transaction.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import CLAIM_LEASE_SECONDS, NotificationKind
+from gpu_recovery.domain import breaker as breaker_policy
 from gpu_recovery.domain import policy
+from gpu_recovery.domain.escalation import (
+    NodeFaultRecord,
+    fault_summary,
+    history_from_item,
+    history_to_item,
+    record_fault,
+)
+from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.policy import AgentEvent, RebootProgress
-from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, JobState, SuspectVerdict
+from gpu_recovery.domain.relocation import gpu_count
+from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.states import (
+    HEALTH_CHECK_STATES,
+    RECOVERING_JOB_STATES,
+    InstanceState,
+    JobState,
+    SuspectVerdict,
+)
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.repository import JobFailure
+from gpu_recovery.repository import JobFailure, Update
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +61,7 @@ RETRY_INTERVAL_SECONDS = 60
 # still shows no sign of rebooting (an EC2 reboot falls back to a hard reboot after a
 # few minutes; an ECS agent disconnects well within this).
 REBOOT_CONFIRM_SECONDS = 300
+CLUSTER_COUNT_TTL_SECONDS = 60.0
 
 
 class Reboots:
@@ -43,6 +69,7 @@ class Reboots:
         self.deps = deps
         self.ranks = ranks
         self.restarts = restarts
+        self.gate = NodeActionGate(deps, ranks)
 
     # -------------------------------------------------------------------- issue
     def issue(self, instance: Instance, *, agent_connected: bool | None = None) -> str:
@@ -201,34 +228,157 @@ class Reboots:
                  verdict: SuspectVerdict, quarantine: bool = True) -> str:
         """The instance's check or reboot ran out of time: the instance leaves recovery and
         every job waiting for it fails, atomically; then drain and notify. A relocatable
-        job waiting to restart (its fault already paid for) moves to healthy nodes instead."""
+        job waiting to restart (its fault already paid for) moves to healthy nodes instead.
+
+        The quarantine is an automatic node action like any other: observe mode
+        (``drain=observe``) and the blast-radius breaker may hold it back; the node is then
+        marked SUSPECT (no new work; the breaker's hold is kept in its backlog) and the
+        node's history records the quarantine as not executed."""
         inst_id = instance.container_inst_id
-        job_ids: Iterable[str] = (instance.hc_jobs if instance.state in (
-            InstanceState.HEALTH_CHECK_PENDING, InstanceState.HEALTH_CHECKING) else instance.waiting_jobs)
-        failures, moving = [], []
+        job_ids: Iterable[str] = (instance.hc_jobs if instance.state in HEALTH_CHECK_STATES
+                                     else instance.waiting_jobs)
+        failures, moving, jobs = [], [], []
         for job_id in sorted(job_ids):
             job = self.deps.repo.get_job(job_id)
             if job is None or job.state not in RECOVERING_JOB_STATES:
                 continue
+            jobs.append(job_id)
             if quarantine and job.state is JobState.PENDING_RESTART and self.restarts.relocatable(job):
                 moving.append(job_id)
             else:
                 failures.append(JobFailure(job, f"instance {inst_id} {what}", verdict))
-        if not self.deps.repo.time_out_instance(instance, quarantine=quarantine, what=what,
-                                                failures=failures):
-            return "raced"
+        now = clock.now()
+        drain, observed, history, blocked, update, tripped = quarantine, False, None, None, None, None
         if quarantine:
+            cause = f"builtin:{kind.value.replace('_', '-')}"
+            if not self.deps.policy.modes.executes(Effect.DRAIN):
+                drain, observed = False, True
+            else:
+                decided, update = self.gate.ask(node=inst_id, action=Action.REPLACE.value, job_ids=jobs,
+                                                reason=f"instance {what}", now=now)
+                tripped = decided if decided.tripped_now else None
+                if not decided.allowed:
+                    drain = False
+                    blocked = {"action": Action.REPLACE.value, "at": now, "reason": decided.reason[:300],
+                               "rule": cause, "jobs": jobs, "quarantine_only": True}
+            record = NodeFaultRecord(at=now, cause=cause, action=Action.REPLACE, executed=drain,
+                                     evidence=fault_summary(None, note=f"instance {what}"))
+            history = history_to_item(record_fault(history_from_item(instance.fault_history), record, now,
+                                                   self.deps.policy.escalation))
+        if not self.deps.repo.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
+                                                fault_history=history, breaker_blocked=blocked,
+                                                breaker=update):
+            return "raced"
+        if tripped is not None:
+            self.gate.tell_tripped(tripped, inst_id)
+        if drain:
             self.quarantine(instance)
         for job_id in moving:
             self.restarts.try_restart(job_id)  # the instance is unusable now: relocation
+        if blocked is not None:
+            done = "; instance marked SUSPECT: the blast-radius breaker held its quarantine back"
+        elif observed:
+            done = "; instance marked SUSPECT (observe mode: would have drained it)"
+        else:
+            done = "; instance drained (DRAINING)" if drain else "; instance marked SUSPECT"
         for failure in failures:
             self.deps.metrics.add_metric("Failures", "Count", 1)
             job = self.deps.repo.get_job(failure.job.job_id) or failure.job
             self.ranks.notify(
                 job, instance, kind, f"Job failed: instance {what}",
-                what_happened=f"Instance {inst_id} {what}",
-                what_was_done="Job marked FAILED" + ("; instance drained (DRAINING)" if quarantine
-                                                     else "; instance marked SUSPECT"),
+                what_happened=f"Instance {inst_id} {what}", what_was_done="Job marked FAILED" + done,
                 operator_action="Check the instance (console, SSM, ECS agent log); repair or replace "
                                 "it, then resubmit the job.")
+        if observed and not failures:
+            self.ranks.notify_node(
+                NotificationKind.OBSERVED, f"Observe mode: instance {what}, not drained",
+                container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
+                what_happened=f"Instance {inst_id} {what}", what_was_done="Nothing" + done,
+                operator_action="Check the instance and drain it by hand if it is faulty.")
         return kind.value
+
+
+@dataclass(frozen=True)
+class _CachedCount:
+    at: float
+    count: int
+
+
+class NodeActionGate:
+    """The blast-radius breaker in front of every automatic reboot, replacement and
+    quarantine: a node decision, a timed-out reboot or health check, a node lost with
+    its agent disconnected. :meth:`ask` returns the breaker's answer and its new state,
+    to be written in the caller's own transaction (conditional on the version read), so a
+    crash never counts an action that was not recorded, nor records one not counted."""
+
+    def __init__(self, deps: Deps, ranks: RankOperations) -> None:
+        self.deps = deps
+        self.ranks = ranks
+        self._cluster_count: _CachedCount | None = None
+
+    def cluster_gpu_nodes(self, stored: dict[str, Any] | None = None) -> int:
+        """GPU container instances of the cluster (ACTIVE or DRAINING), cached a minute.
+        When ECS cannot be listed (throttled, or a function without the permission) the
+        count the breaker last measured against is used (none: 0, i.e. the policy's minimum,
+        one node per window): the breaker never gets looser for want of a count."""
+        now = clock.now()
+        if self._cluster_count and 0 <= now - self._cluster_count.at < CLUSTER_COUNT_TTL_SECONDS:
+            return self._cluster_count.count
+        try:
+            count = sum(1 for ci in self.deps.ecs.container_instances()
+                        if gpu_count(ci.get("registeredResources")) > 0)
+        except (ClientError, BotoCoreError) as error:
+            item = stored if stored is not None else self.deps.repo.get_breaker()
+            last = (item or {}).get("cluster_gpu_nodes")
+            logger.warning("cannot count the cluster's GPU nodes; the breaker uses its last count",
+                           extra={"error": str(error), "last_count": last})
+            return int(last or 0)
+        self._cluster_count = _CachedCount(now, count)
+        return count
+
+    def ask(self, *, node: str, action: str, job_ids: Iterable[str], reason: str,
+            now: float) -> tuple[breaker_policy.BreakerDecision, Update | None]:
+        repo = self.deps.repo
+        stored = repo.get_breaker()
+        read_version = int(stored.get("version") or 0) if stored else None
+        policy = self.deps.settings.remediation.breaker
+        if breaker_policy.needs_cluster_count(stored, node=node, now=now, policy=policy):
+            nodes = self.cluster_gpu_nodes(stored)
+        else:  # the answer does not depend on it: keep what the breaker last measured
+            nodes = int((stored or {}).get("cluster_gpu_nodes") or 0)
+        decided = breaker_policy.record_action(
+            stored, node=node, action=action, now=now, cluster_gpu_nodes=nodes, policy=policy,
+            job_id=",".join(job_ids), reason=reason[:300])
+        return decided, self.state_update(stored, read_version, decided, nodes)
+
+    def state_update(self, stored: dict[str, Any] | None, read_version: int | None,
+                     decided: breaker_policy.BreakerDecision, nodes: int,
+                     released: dict[str, Any] | None = None) -> Update | None:
+        """The breaker item to write with the decision (None: nothing changed). The released
+        backlog is kept (or replaced by ``released``)."""
+        if decided.state == breaker_policy.normalize(stored) and released is None:
+            return None
+        state = dict(decided.state)
+        if released is not None:
+            state["released"] = released
+        elif stored and stored.get("released"):
+            state["released"] = stored["released"]
+        # What the decision was measured against, for `gpu-recovery-admin breaker show`.
+        state.update(limit=decided.limit, cluster_gpu_nodes=nodes,
+                     window_seconds=self.deps.settings.remediation.breaker.window_seconds)
+        return self.deps.repo.breaker_update(state, read_version)
+
+    def tell_tripped(self, decided: breaker_policy.BreakerDecision, inst_id: str) -> None:
+        """Once, by whoever tripped it (its write committed)."""
+        self.deps.metrics.add_metric("BreakerTripped", "Count", 1)
+        logger.error("blast-radius breaker tripped", extra={"why": decided.state.get("trip_reason")})
+        self.ranks.notify_node(
+            NotificationKind.BREAKER_TRIPPED, "Automatic node remediation stopped (blast-radius breaker)",
+            container_inst_id=inst_id, instance_id="",
+            what_happened=str(decided.state.get("trip_reason") or decided.reason),
+            what_was_done=("No node is rebooted, replaced or quarantined automatically until an operator "
+                           "resets the breaker; every held-back action is kept in its backlog (this one "
+                           "included)"),
+            operator_action=("Find the common cause (driver rollout, power, fabric). Then "
+                             "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
+                             "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."))

@@ -23,17 +23,18 @@ the job restarts (:meth:`job_verdict`).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
-from gpu_recovery.domain import breaker as breaker_policy
+from gpu_recovery.domain.classify import Decision
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     charges_job,
+    escalate,
+    fault_summary,
     history_from_item,
     history_to_item,
     record_fault,
@@ -41,12 +42,17 @@ from gpu_recovery.domain.escalation import (
 from gpu_recovery.domain.evidence import Evidence, build_evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import JobBudgets, settle
-from gpu_recovery.domain.models import Instance, Job, fault_key
+from gpu_recovery.domain.models import Instance, Job, Rank, fault_key
 from gpu_recovery.domain.policy import JobOutcome, job_outcome
-from gpu_recovery.domain.relocation import gpu_count
-from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.remediation_plan import RemediationPlan, plan_remediation
+from gpu_recovery.domain.remediation_mode import Effect, effects_of
+from gpu_recovery.domain.remediation_plan import (
+    NODE_EFFECTS,
+    RemediationPlan,
+    RemediationPolicy,
+    plan_remediation,
+)
 from gpu_recovery.domain.states import (
+    FATAL_SUSPECT_VERDICTS,
     RECOVERING_JOB_STATES,
     InstanceState,
     JobState,
@@ -63,8 +69,12 @@ logger = logging.getLogger(__name__)
 
 RETRY_INTERVAL_SECONDS = 60
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a decision's reboot or drain after this
-CLUSTER_COUNT_TTL_SECONDS = 60.0
 _APPLY_ROUNDS = 3
+# The cause of a node lost with its ECS agent disconnected (no catalog rule can decide it:
+# the diag cannot run on a node ECS cannot reach).
+UNREACHABLE_RULE = "builtin:node-unreachable"
+# A node that stays in one of these may be quarantined by that decision.
+_UNREACHABLE_FROM = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
 
 
 def label_for(plan: RemediationPlan) -> SuspectVerdict:
@@ -77,6 +87,40 @@ def label_for(plan: RemediationPlan) -> SuspectVerdict:
     if Effect.DRAIN not in plan.execute:
         return SuspectVerdict.BLOCKED
     return SuspectVerdict.OPERATOR_ACTION if action is Action.OPERATOR_ACTION else SuspectVerdict.REPLACE
+
+
+def observed_node_effects(plan: RemediationPlan) -> tuple[Effect, ...]:
+    """Node effects observe mode kept from happening (not those the breaker held back)."""
+    if plan.blocked_by_breaker:
+        return ()
+    return tuple(e for e in plan.record_only if e in NODE_EFFECTS)
+
+
+def unreachable_plan(evidence: Evidence, policy: RemediationPolicy, history: Iterable[NodeFaultRecord],
+                     now: float, why: str) -> RemediationPlan:
+    """A node lost too long with its ECS agent disconnected: no diag can run on it, so it is
+    quarantined (drained) for a person, never terminated or rebooted automatically (a
+    network partition looks the same). Observe mode and the breaker apply as to any node
+    action; the job fails (its rank there cannot be confirmed stopped, so it cannot move)."""
+    history = tuple(history)
+    decision = Decision(Action.REPLACE, UNREACHABLE_RULE,
+                        f"{why}: the DCGM diag cannot run on a node ECS cannot reach; quarantine it "
+                        "(drain) for an operator", Budget.NONE, skip_health_check=True)
+    escalation = replace(escalate(Action.REPLACE, UNREACHABLE_RULE, history, now, policy.escalation),
+                         quarantine_only=True)
+    effects = effects_of(Action.REPLACE, replace_action=policy.replace_action, quarantine_only=True)
+    execute, record_only = policy.modes.split(effects)
+    record = NodeFaultRecord(at=now, cause=UNREACHABLE_RULE, action=Action.REPLACE,
+                             executed=any(e in NODE_EFFECTS for e in execute), job_id=evidence.job_id,
+                             xids=evidence.xids)
+    return RemediationPlan(decision, escalation, Action.REPLACE, False, None, execute, record_only, record)
+
+
+def unreachable_decided(job: Job, inst_id: str) -> bool:
+    """The job's fault on ``inst_id`` (this attempt) was decided as an unreachable node."""
+    stored = job.faults.get(fault_key(job.attempt, inst_id)) or {}
+    decision = (stored.get("plan") or {}).get("decision") or {}
+    return decision.get("rule_id") == UNREACHABLE_RULE
 
 
 def is_definitive(plan: Mapping[str, Any] | RemediationPlan | None) -> bool:
@@ -112,7 +156,6 @@ class NodeRemediation:
         self.ranks = ranks
         self.reboots = reboots
         self.restarts = restarts
-        self._cluster_count: tuple[float, int] | None = None
 
     # ------------------------------------------------------------ evidence / plan
     @property
@@ -174,6 +217,157 @@ class NodeRemediation:
                 return f"fast_path_{plan.action.value}"
         return "raced"
 
+    # ------------------------------------------------------- node unreachable
+    def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
+                         why: str) -> str:
+        """The heartbeat service's node lost too long with its ECS agent disconnected.
+
+        One transaction: the node decision (quarantine through the breaker, or only recorded
+        in observe mode), the node's history with the evidence, and the job NODE_LOST ->
+        FAILED with its fault record; then the drain (its own intent, finished by the sweep)
+        and the StopTask of every rank (intent per rank; ECS stops a rank on the lost node
+        once its agent reconnects). A sweep that finds the job already FAILED by this
+        decision asks the stops again (the lost ranks are stopped last, so they stay watched
+        until every other one was asked). Returns failed | observed | converged |
+        observed_before | moved_on | raced."""
+        repo = self.deps.repo
+        for _ in range(_APPLY_ROUNDS):
+            job = repo.get_job(job_id)
+            if job is None or job.attempt != attempt:
+                return "moved_on"
+            if job.state is JobState.FAILED and unreachable_decided(job, inst_id):
+                if not self.policy.modes.executes(Effect.STOP_TASKS):
+                    return "observed_before"
+                self._stop_all(job, lost, job.last_error or why, reissue=True)
+                return "converged"
+            if job.state is not JobState.NODE_LOST:
+                return "moved_on"
+            raw = repo.get_instance_item(inst_id)
+            now = clock.now()
+            evidence = self.evidence(inst_id=inst_id, instance_item=raw, trigger=Trigger.NODE_LOST,
+                                     fault_at=lost_since, job=job)
+            history = history_from_item((raw or {}).get("fault_history"))
+            plan = unreachable_plan(evidence, self.policy, history, now, why)
+            observed = not self.policy.modes.executes(Effect.STOP_TASKS)
+            instance = repo.instance_from_item(raw) if raw else None
+            tripped = None
+            if instance is not None and instance.state in _UNREACHABLE_FROM and not observed:
+                breaker_update = None
+                if plan.needs_breaker:
+                    plan, breaker_update, tripped = self._ask_breaker(plan, inst_id, [job], now)
+                reason = self._unreachable_reason(why, plan)
+                faults = {fault_key(attempt, inst_id): self.fault_record(evidence, plan, now)}
+                decision = self._node_decision(
+                    plan, label_for(plan), instance, _UNREACHABLE_FROM, evidence, None,
+                    self.history_with(history, plan, evidence, now), None, None, [], now, job_ids=[job_id])
+                done = repo.record_node_decision(instance, decision, [], now, breaker_update,
+                                                 also=[repo.lost_job_failure(job, reason, faults)])
+            else:
+                # Observe mode, or a node another decision owns (rebooting, in a health check,
+                # quarantined already): the job fails, the node is left as it is.
+                reason = self._unreachable_reason(why, plan)
+                if not observed:
+                    state = instance.state.value if instance is not None else "unknown to the loop"
+                    reason += f"; node left {state} (another decision owns it)"
+                faults = {fault_key(attempt, inst_id): self.fault_record(evidence, plan, now)}
+                done = repo.fail_lost_job(job, reason, faults)
+                if done and observed and raw is not None:
+                    repo.record_observed_fault(
+                        inst_id, fault_history=self.history_with(history, plan, evidence, now),
+                        last_fault={"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(),
+                                    "jobs": [job_id]})
+            if not done:
+                continue
+            logger.warning("node unreachable: job failed", extra={
+                "job_id": job_id, "instance": inst_id, "execute": [e.value for e in plan.execute],
+                "record_only": [e.value for e in plan.record_only]})
+            if tripped is not None:
+                self.reboots.gate.tell_tripped(tripped, inst_id)
+            fresh = repo.get_instance(inst_id) or instance or Instance(inst_id)
+            if instance is not None and not observed:
+                self.carry_out(fresh, plan)
+            failed = repo.get_job(job_id) or job
+            self._tell_unreachable(failed, fresh, plan, evidence, observed)
+            if plan.escalation.page_operator and not observed:
+                self._page_operator(fresh, plan, evidence)
+            self._stop_all(failed, lost, reason, reissue=False)
+            return "observed" if observed else "failed"
+        return "raced"
+
+    @staticmethod
+    def _unreachable_reason(why: str, plan: RemediationPlan) -> str:
+        if observed_node_effects(plan) or Effect.STOP_TASKS in plan.record_only:
+            return f"{why}; observe mode: would have done {', '.join(e.value for e in plan.record_only)}"
+        if plan.blocked_by_breaker:
+            return f"{why}; its quarantine held back by the blast-radius breaker"
+        return why
+
+    def _stop_all(self, job: Job, lost: list[Rank], why: str, *, reissue: bool) -> None:
+        """StopTask of every live rank of the attempt (observe mode: none), the lost ones last."""
+        lost_ranks = {r.rank for r in lost}
+        ranks = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
+        ordered = [r for r in ranks if r.rank not in lost_ranks] + [r for r in ranks if r.rank in lost_ranks]
+        self.ranks.stop_live_ranks(job, why=why, reissue=reissue, ranks=ordered)
+
+    def _tell_unreachable(self, job: Job, instance: Instance, plan: RemediationPlan, evidence: Evidence,
+                          observed: bool) -> None:
+        self.deps.metrics.add_metric("Failures", "Count", 1)
+        details = details_of(evidence, plan)
+        if observed:
+            self.ranks.notify(
+                job, instance, NotificationKind.OBSERVED, "Observe mode: GPU node lost, nothing done",
+                what_happened=job.last_error,
+                what_was_done=("Nothing (observe mode): no StopTask, drain or termination; the job is "
+                               "marked FAILED in the job table only"),
+                operator_action="Check the node (network, ECS agent, power) and act by hand.",
+                details=details)
+            return
+        self.ranks.notify(
+            job, instance, NotificationKind.NODE_LOST, "Job failed: GPU node lost",
+            what_happened=job.last_error,
+            what_was_done=("Job marked FAILED; its tasks were asked to stop (ECS stops the lost one once "
+                           f"its agent reconnects); {describe_node_effects(instance, plan)}"),
+            operator_action=("Check the node (network, ECS agent, power); once repaired set it ACTIVE "
+                             "again and resubmit the job."),
+            details=details)
+
+    # ----------------------------------------------- faults without node action
+    def record_fault_on_node(self, job: Job, inst_id: str, evidence: Evidence, plan: RemediationPlan, *,
+                             spent: str = "") -> bool:
+        """A fault that changed nothing on the node (a restart in place: application error
+        or transient fault; a job failed without node action) joins the node's history, with
+        a summary of its evidence (``spent``: the budget it cost the job, for the record), so
+        escalation and the repeat rules see it. Its ``charged_job`` stays false: the flapping
+        exemption is for node faults a remediation was meant to fix; a job that keeps
+        failing the same way without node action must run out of budget.
+
+        Called after the job's own commit; idempotent (the record's time is the fault's, a
+        redelivered event finds it there) and conditional on the history read (a concurrent
+        append is re-read, not overwritten). False: no node item, or no record to add."""
+        if plan.node_record is None or plan.action in NODE_ACTIONS:
+            return False
+        repo = self.deps.repo
+        summary = fault_summary(evidence)
+        if spent:
+            summary["spent"] = spent
+        record = replace(plan.node_record, at=evidence.fault_at, job_id=job.job_id, charged_job=False,
+                         evidence=summary)
+        for _ in range(_APPLY_ROUNDS):
+            raw = repo.get_instance_item(inst_id)
+            if raw is None:
+                return False
+            history = history_from_item(raw.get("fault_history"))
+            if any(r.at == record.at and r.cause == record.cause and r.job_id == record.job_id
+                   for r in history):
+                return True  # written by an earlier delivery
+            now = clock.now()
+            merged = history_to_item(record_fault(history, record, now, self.policy.escalation))
+            last = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]}
+            if repo.record_node_fault(inst_id, fault_history=merged, last_fault=last,
+                                      read_version=int(raw.get("fault_history_version") or 0)):
+                return True
+        return False
+
     # ------------------------------------------------------------------- apply
     def apply(self, instance: Instance, instance_item: Mapping[str, Any] | None, plan: RemediationPlan,
               evidence: Evidence, jobs: Iterable[Job], *, from_states: tuple[InstanceState, ...],
@@ -192,14 +386,12 @@ class NodeRemediation:
             plan, breaker_update, tripped = self._ask_breaker(plan, inst_id, waiting, now)
         label = label_for(plan)
         history = history_from_item((instance_item or {}).get("fault_history"))
-        new_history = None
-        if plan.node_record is not None:
-            new_history = history_to_item(record_fault(history, plan.node_record, now,
-                                                       self.policy.escalation))
+        new_history = self.history_with(history, plan, evidence, now)
         verdicts = [self.job_verdict(job, inst_id, label, plan, evidence, findings or {}, history, now)
                     for job in waiting]
         decision = self._node_decision(plan, label, instance, from_states, evidence, findings, new_history,
-                                       hc_started_by, hc_jobs_count, verdicts, now)
+                                       hc_started_by, hc_jobs_count, verdicts, now,
+                                       job_ids=[v.job.job_id for v, _ in verdicts])
         if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update):
             return None
         logger.info("node decision applied", extra={
@@ -207,7 +399,7 @@ class NodeRemediation:
             "execute": [e.value for e in plan.execute], "record_only": [e.value for e in plan.record_only],
             "rule": plan.decision.rule_id})
         if tripped is not None:
-            self._breaker_tripped(tripped, inst_id)
+            self.reboots.gate.tell_tripped(tripped, inst_id)
         fresh = repo.get_instance(inst_id) or instance
         self.carry_out(fresh, plan)
         outcomes = [(v.job, o) for v, o in verdicts]
@@ -217,6 +409,10 @@ class NodeRemediation:
             self._page_operator(fresh, plan, evidence)
         elif anywhere or (plan.action is Action.OPERATOR_ACTION and not waiting):
             self._tell_operator(fresh, plan, evidence)
+        elif observed_node_effects(plan) and not any(o.fails for _, o in outcomes):
+            # Observe mode for node effects (e.g. reboot=observe) while the job moved on:
+            # no job e-mail said what the node would have had.
+            self._tell_observed(fresh, plan, evidence)
         for verdict, outcome in verdicts:
             # A healthy node may be the last one a job was waiting for; a job leaving an
             # unusable node moves now (once its old ranks stopped), not at the next sweep.
@@ -231,14 +427,22 @@ class NodeRemediation:
             return replace(plan, execute=tuple(e for e in plan.execute if e is not Effect.TERMINATE))
         return plan
 
+    def history_with(self, history: Iterable[NodeFaultRecord], plan: RemediationPlan,
+                     evidence: Evidence | None, now: float) -> list[dict[str, Any]] | None:
+        """The node's history with this decision (and a summary of its evidence) added."""
+        if plan.node_record is None:
+            return None
+        record = replace(plan.node_record, evidence=fault_summary(evidence))
+        return history_to_item(record_fault(history, record, now, self.policy.escalation))
+
     def _node_decision(self, plan: RemediationPlan, label: SuspectVerdict, instance: Instance,
                        from_states: tuple[InstanceState, ...], evidence: Evidence,
                        findings: dict[str, Any] | None, history: list[dict[str, Any]] | None,
                        hc_started_by: str | None, hc_jobs_count: int | None,
-                       verdicts: list[tuple[JobVerdict, JobOutcome]], now: float) -> NodeDecision:
+                       verdicts: list[tuple[JobVerdict, JobOutcome]], now: float, *,
+                       job_ids: list[str]) -> NodeDecision:
         why = f"{plan.action.value}: {plan.decision.reason}"
-        last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(),
-                      "jobs": [v.job.job_id for v, _ in verdicts]}
+        last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": job_ids}
         to: InstanceState | None
         blocked = None
         if Effect.REBOOT in plan.execute:
@@ -247,8 +451,11 @@ class NodeRemediation:
             to = InstanceState.QUARANTINED
         elif plan.blocked_by_breaker:
             to = InstanceState.SUSPECT
+            # What the release of the backlog may do: never terminate a node escalation said
+            # to quarantine only (a person looks at it first).
             blocked = {"action": plan.action.value, "at": now, "reason": plan.breaker_reason[:300],
-                       "rule": plan.decision.rule_id, "jobs": [v.job.job_id for v, _ in verdicts]}
+                       "rule": plan.decision.rule_id, "jobs": job_ids,
+                       "quarantine_only": plan.escalation.quarantine_only}
         else:
             # Nothing done to the node: a health check leaves it as it found it; a fast
             # path (observe mode) leaves its state alone.
@@ -272,8 +479,9 @@ class NodeRemediation:
         outcome, and the budget it spends (once per fault; a flapping node's repeat is
         not charged again)."""
         suspects = {**job.suspects, inst_id: label.value}
-        relocatable = self.restarts.relocatable(job)
-        outcome = job_outcome(suspects, relocatable=relocatable)
+        # Only an unusable node makes relocation matter (reading it reads every rank).
+        fatal = any(SuspectVerdict(v) in FATAL_SUSPECT_VERDICTS for v in suspects.values())
+        outcome = job_outcome(suspects, relocatable=fatal and self.restarts.relocatable(job))
         spend, error, to = "", "", job.state
         reason = f"verdict {label.value} on {inst_id}" + (f" ({plan.action.value}, rule "
                                                           f"{plan.decision.rule_id})" if plan else "")
@@ -340,47 +548,14 @@ class NodeRemediation:
     # ------------------------------------------------------------------ breaker
     def _ask_breaker(self, plan: RemediationPlan, inst_id: str, jobs: list[Job],
                      now: float) -> tuple[RemediationPlan, Any, Any]:
-        repo = self.deps.repo
-        stored = repo.get_breaker()
-        read_version = int(stored.get("version") or 0) if stored else None
-        decided = breaker_policy.record_action(
-            stored, node=inst_id, action=plan.action.value, now=now,
-            cluster_gpu_nodes=self.cluster_gpu_nodes(), policy=self.deps.settings.remediation.breaker,
-            job_id=",".join(j.job_id for j in jobs), reason=plan.decision.reason[:300])
-        update = None
-        if decided.state != breaker_policy.normalize(stored):
-            state = dict(decided.state)
-            if stored and stored.get("released"):
-                state["released"] = stored["released"]
-            # What the decision was measured against, for `gpu-recovery-admin breaker show`.
-            state.update(limit=decided.limit, cluster_gpu_nodes=self.cluster_gpu_nodes(),
-                         window_seconds=self.deps.settings.remediation.breaker.window_seconds)
-            update = repo.breaker_update(state, read_version)
+        decided, update = self.reboots.gate.ask(node=inst_id, action=plan.action.value,
+                                                job_ids=[j.job_id for j in jobs],
+                                                reason=plan.decision.reason, now=now)
         return plan.with_breaker(decided), update, decided if decided.tripped_now else None
 
     def cluster_gpu_nodes(self) -> int:
         """GPU container instances of the cluster (ACTIVE or DRAINING), cached a minute."""
-        now = time.monotonic()
-        if self._cluster_count and now - self._cluster_count[0] < CLUSTER_COUNT_TTL_SECONDS:
-            return self._cluster_count[1]
-        count = sum(1 for ci in self.deps.ecs.container_instances()
-                    if gpu_count(ci.get("registeredResources")) > 0)
-        self._cluster_count = (now, count)
-        return count
-
-    def _breaker_tripped(self, decided: Any, inst_id: str) -> None:
-        self.deps.metrics.add_metric("BreakerTripped", "Count", 1)
-        logger.error("blast-radius breaker tripped", extra={"why": decided.state.get("trip_reason")})
-        self.ranks.notify_node(
-            NotificationKind.BREAKER_TRIPPED, "Automatic node remediation stopped (blast-radius breaker)",
-            container_inst_id=inst_id, instance_id="",
-            what_happened=str(decided.state.get("trip_reason") or decided.reason),
-            what_was_done=("No node is rebooted, replaced or quarantined automatically until an operator "
-                           "resets the breaker; every held-back action is kept in its backlog (this one "
-                           "included)"),
-            operator_action=("Find the common cause (driver rollout, power, fabric). Then "
-                             "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
-                             "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."))
+        return self.reboots.gate.cluster_gpu_nodes()
 
     # ------------------------------------------------------------------ effects
     def carry_out(self, instance: Instance, plan: RemediationPlan | None = None) -> None:
@@ -438,6 +613,16 @@ class NodeRemediation:
             container_inst_id=instance.container_inst_id, instance_id=instance.ec2_instance_id,
             what_happened=plan.escalation.reason, what_was_done=describe_node_effects(instance, plan),
             operator_action="Open a hardware ticket for this node; it is kept out of service until then.",
+            details=details_of(evidence, plan))
+
+    def _tell_observed(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> None:
+        would = ", ".join(e.value for e in observed_node_effects(plan))
+        self.ranks.notify_node(
+            NotificationKind.OBSERVED, f"Observe mode: GPU node needed {plan.action.value}, not done",
+            container_inst_id=instance.container_inst_id, instance_id=instance.ec2_instance_id,
+            what_happened=plan.decision.reason,
+            what_was_done=f"Nothing on the node (observe mode for {would}); its jobs moved on as decided",
+            operator_action=f"Read the evidence below and do by hand what was not done ({would}).",
             details=details_of(evidence, plan))
 
     def _tell_operator(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> None:

@@ -9,6 +9,7 @@ from datetime import datetime
 from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
+from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery.breaker import BreakerOperations
 from gpu_recovery.recovery.gang_restart import GangRestart
@@ -29,6 +30,7 @@ from gpu_recovery.recovery.ports import (
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation import NodeRemediation
+from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.sweep import Sweep
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.repository import Repository
@@ -47,9 +49,12 @@ class RecoveryService:
         self.reboots = Reboots(self.deps, self.ranks, self.restarts)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
-        self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation)
+        self.suspensions = Suspensions(self.deps, self.ranks)
+        self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
+                                 self.suspensions)
         self.breaker = BreakerOperations(self.deps, self.remediation)
-        self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker)
+        self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
+                             self.suspensions)
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property
@@ -101,3 +106,13 @@ class RecoveryService:
 
     def try_gang_restart(self, job_id: str) -> Outcome:
         return self.restarts.try_restart(job_id)
+
+    def request_suspend(self, job_id: str, attempt: int, *, kind: SuspendKind, reason: str,
+                        grace_seconds: int, actor: str, hold: bool = False, by_job: str = "",
+                        by_user: str = "", by_priority: int | None = None) -> bool:
+        return self.suspensions.request(job_id, attempt, kind=kind, reason=reason,
+                                        grace_seconds=grace_seconds, actor=actor, hold=hold,
+                                        by_job=by_job, by_user=by_user, by_priority=by_priority)
+
+    def go_suspend(self, job_id: str, rank: int, attempt: int | None = None) -> Outcome:
+        return self.suspensions.go_suspend(job_id, rank, attempt)

@@ -20,6 +20,7 @@ from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 
 logger = logging.getLogger(__name__)
@@ -32,13 +33,14 @@ RESTART_GIVE_UP_MARGIN_SECONDS = 600
 
 class Sweep:
     def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
-                 restarts: GangRestart, breaker: BreakerOperations) -> None:
+                 restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions) -> None:
         self.deps = deps
         self.faults = faults
         self.health = health
         self.reboots = reboots
         self.restarts = restarts
         self.breaker = breaker
+        self.suspensions = suspensions
 
     def run(self) -> Outcome:
         now = clock.now()
@@ -105,6 +107,9 @@ class Sweep:
             return "health_check_waiting"
         if job.state is JobState.STARTING and job.restarted_attempt == job.attempt:
             return self.restarts.resume(job)
+        if job.state is JobState.SUSPENDING:
+            # The grace is over (stop by force), or stops are still to be confirmed.
+            return self.suspensions.sweep(job, now)
         repo.clear_job_deadline(job.job_id, job.state, item.get("deadline_at"))
         return "cleared"
 

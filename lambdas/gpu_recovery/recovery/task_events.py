@@ -36,6 +36,7 @@ from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.remediation import NodeRemediation, budgets_of, details_of
+from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.repository import RankStop
 from gpu_recovery.repository.recovery import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
 
@@ -53,6 +54,9 @@ _ENDING_REASON = {JobState.USER_STOPPED: "job stopped by a user", JobState.FAILE
                   JobState.CANCELED: "job canceled", JobState.COMPLETE: "job complete"}
 _WRITE_ROUNDS = 3  # a lost race re-reads and decides again; a third loss means "moved on"
 _JUDGED_KINDS = (StopKind.SUSPECTED_GPU_FAULT, StopKind.FAILED)
+# A fault of a rank that failed on its own moves the job from these (a SUSPENDING job's
+# grace included: the fault wins over the suspension).
+FAULT_JOB_STATES = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
 
 @dataclass(frozen=True)
@@ -80,12 +84,13 @@ class Assessment:
 
 class TaskEvents:
     def __init__(self, deps: Deps, ranks: RankOperations, health: HealthChecks,
-                 restarts: GangRestart, remediation: NodeRemediation) -> None:
+                 restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions) -> None:
         self.deps = deps
         self.ranks = ranks
         self.health = health
         self.restarts = restarts
         self.remediation = remediation
+        self.suspensions = suspensions
 
     def on_task_state_change(self, detail: EcsTaskDetail) -> Outcome:
         if detail.group.startswith(HEALTH_CHECK_GROUP):
@@ -131,7 +136,8 @@ class TaskEvents:
             rank_stop = RankStop(rank, _RANK_STATE_FOR[kind], fields) if rank.state in HOLDING_RANK_STATES \
                 else None
             same_attempt = job.attempt == rank.attempt
-            reaction = policy.stop_reaction(kind, job.state, same_attempt)
+            reaction = policy.stop_reaction(kind, job.state, same_attempt,
+                                            suspend_stopping=job.suspend_stopping)
             budget: BudgetOutcome | None = None
             if kind in _JUDGED_KINDS and rank_stop is not None and same_attempt and not job.state.is_terminal:
                 assessment = assessment or self._assess(job, rank, stop, detail)
@@ -139,7 +145,8 @@ class TaskEvents:
                 reaction = policy.fault_reaction(
                     job.state, same_attempt, node_fault=assessment.node_fault, observed=assessment.observed,
                     may_restart=bool(budget and budget.restart)
-                    and self.deps.policy.modes.executes(Effect.RESTART_JOB))
+                    and self.deps.policy.modes.executes(Effect.RESTART_JOB),
+                    suspend_stopping=job.suspend_stopping)
             if self._record(job, rank, stop, reaction, rank_stop, assessment, budget):
                 return self._follow_up(job, rank, kind, reaction, redelivered=rank_stop is None,
                                        assessment=assessment)
@@ -196,7 +203,7 @@ class TaskEvents:
             reason = f"rank {rank.rank} {what}: {policy.describe_failure(stop)}{decided}; {budget.reason}"
             spend = {Budget.INFRASTRUCTURE: SPEND_INFRASTRUCTURE,
                      Budget.APPLICATION: SPEND_APPLICATION}.get(budget.charged, "")
-            return repo.restart_in_place(job, from_states=ACTIVE_JOB_STATES, reason=reason, now=now,
+            return repo.restart_in_place(job, from_states=FAULT_JOB_STATES, reason=reason, now=now,
                                          deadline_at=now + RETRY_INTERVAL_SECONDS, spend=spend,
                                          restart_reason=f"{what}: {budget.reason}", rank_stop=rank_stop,
                                          faults=faults)
@@ -224,7 +231,7 @@ class TaskEvents:
             reason = (f"rank {rank.rank} exited {stop.exit_code} on {rank.container_inst_id}: "
                       f"suspected GPU fault{decided}")
             return self._enter_recovery(job, rank.container_inst_id, reason, rank_stop,
-                                        from_states=ACTIVE_JOB_STATES, faults=faults)
+                                        from_states=FAULT_JOB_STATES, faults=faults)
         if reaction is StopReaction.ADD_SUSPECT:
             return repo.add_suspects(job.job_id, job.attempt, [rank.container_inst_id], rank_stop,
                                      faults=faults)
@@ -261,6 +268,9 @@ class TaskEvents:
             return Outcome("observed", job.job_id, {"rank": rank.rank,
                                                     "would_have_done": [e.value for e in
                                                                         assessment.plan.record_only]})
+        if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
+                and not assessment.node_fault:
+            self._remember_on_node(fresh, rank, assessment)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank)
         if reaction is StopReaction.RESTART:
             return Outcome("restart_requested", job.job_id, {"rank": rank.rank, **outcome.detail})
@@ -272,6 +282,19 @@ class TaskEvents:
         if reaction is StopReaction.FAIL_JOB:
             return Outcome("failed", job.job_id, {"rank": rank.rank, "reason": fresh.last_error})
         return outcome
+
+    def _remember_on_node(self, job: Job, rank: Rank, assessment: Assessment) -> None:
+        """A fault without node action (application error, transient fault) joins the node's
+        history too, so escalation and the repeat rules see it. Best effort: the job's
+        reaction is committed; a lost history record costs no recovery."""
+        budget = assessment.plan.decision.budget
+        spent = "" if budget is Budget.NONE else budget.value
+        try:
+            self.remediation.record_fault_on_node(job, rank.container_inst_id, assessment.evidence,
+                                                  assessment.plan, spent=spent)
+        except Exception:
+            logger.warning("fault not recorded on the node", exc_info=True,
+                           extra={"job_id": job.job_id, "instance": rank.container_inst_id})
 
     def _converge(self, job: Job, *, redelivered: bool, kind: StopKind, rank: Rank) -> Outcome:
         """Do what the job's state still needs (the work a dead delivery left undone)."""
@@ -291,6 +314,8 @@ class TaskEvents:
                 logger.warning("restart follow-up failed; the sweep finishes it", exc_info=True,
                                extra={"job_id": job.job_id})
                 detail["restart"] = "left_to_the_sweep"
+        elif job.state is JobState.SUSPENDING:
+            detail["suspension"] = self.suspensions.converge(job, reissue=redelivered)
         elif job.state is JobState.CANCELING:
             self._maybe_canceled(job)
         elif job.state.is_terminal:

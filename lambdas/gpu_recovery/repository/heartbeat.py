@@ -240,11 +240,6 @@ class HeartbeatRepository:
             condition_names={"#t": JOB_BY_TASK_PK, "#hb": HB_PK},
         ))
 
-    def request_rank_stop(self, rank: Rank, from_states: Iterable[RankState], reason: str) -> bool:
-        return self.base.apply(self.base.rank_update(
-            rank, RankState.STOP_REQUESTED, from_states=from_states,
-            set_fields={"stop_reason": reason[:300]}))
-
     # ------------------------------------------------------------------- jobs
     def settle_job(self, job_id: str, attempt: int, source: JobState, target: JobState,
                    requires: str, reason: str, actor: str) -> bool:
@@ -256,18 +251,9 @@ class HeartbeatRepository:
             job_id, target, from_states=[source], attempt=attempt, reason=reason, actor=actor,
             extra_condition=condition, extra_names=names))
 
-    def fail_lost_job(self, job: Job, reason: str, actor: str) -> bool:
-        """NODE_LOST -> FAILED (on the same attempt), its deadline cleared."""
-        return self.base.apply(self.base.job_transition(
-            job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
-            reason=reason, actor=actor, set_fields={"last_error": reason[:500]},
-            remove_fields=self.base.deadline_attributes()))
-
-    def quarantine_instance(self, node_id: str, reason: str) -> bool:
-        return self.base.apply(self.base.instance_update(
-            node_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT],
-            to=InstanceState.QUARANTINED, allow_missing=True,
-            set_fields={"quarantine_reason": reason[:500]}))
+    # A node lost with its agent disconnected is a node decision of the recovery loop
+    # (``Repository.record_node_decision`` with ``lost_job_failure``): the breaker and observe
+    # mode apply to its quarantine like to any other.
 
 
 # ------------------------------------------------------------------------- tokens

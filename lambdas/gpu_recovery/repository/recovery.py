@@ -40,6 +40,7 @@ from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.state_machine import check_transition, sources_of
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
+    HEARTBEAT_WATCHED_RANK_STATES,
     HOLDING_RANK_STATES,
     LIVE_RANK_STATES,
     InstanceState,
@@ -151,6 +152,7 @@ class Repository:
             placement=dict(item.get("placement") or {}),
             relocate=bool(item.get("relocate", False)),
             restart_reason=str(item.get("restart_reason", "")),
+            suspend=dict(item.get("suspend") or {}),
         )
 
     @staticmethod
@@ -613,12 +615,13 @@ class Repository:
 
     def record_node_decision(self, instance: Instance, decision: NodeDecision,
                              jobs: Sequence[JobVerdict], now: float,
-                             breaker: Update | None = None) -> bool:
+                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool:
         """One node decision (a health check's verdict, or a definitive fault without one)
         on the instance, every job waiting for it and the blast-radius breaker, atomically.
         A verdict applies only to its own check (its startedBy) and only if no job joined
         it since it was read. A reboot or a drain still to do keeps a deadline
-        (``follow_up_at``) so the sweep finishes it if this delivery dies."""
+        (``follow_up_at``) so the sweep finishes it if this delivery dies. ``also``: other
+        updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
         remove = ["hc_jobs", "hc_lease_until"]
         if decision.findings is not None:
@@ -661,7 +664,39 @@ class Repository:
         updates += [self._job_verdict_update(instance.container_inst_id, v) for v in jobs]
         if breaker is not None:
             updates.append(breaker)
+        updates += list(also)
         return self.db.transact(updates)
+
+    def lost_job_failure(self, job: Job, reason: str,
+                         faults: Mapping[str, dict[str, Any]] | None = None) -> Update:
+        """NODE_LOST -> FAILED on the same attempt (its node unreachable), with the fault's
+        evidence and decision; for :meth:`record_node_decision` (``also``) or
+        :meth:`fail_lost_job`."""
+        return self.job_transition(
+            job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
+            reason=reason, actor="heartbeat",
+            set_fields={"last_error": reason[:1000], **self.fault_fields(faults)},
+            remove_fields=list(_DEADLINE))
+
+    def fail_lost_job(self, job: Job, reason: str,
+                      faults: Mapping[str, dict[str, Any]] | None = None) -> bool:
+        """The same, without a node decision (the node is not AVAILABLE / SUSPECT, or observe
+        mode leaves it alone and this is recorded separately)."""
+        return self.db.apply(self.lost_job_failure(job, reason, faults))
+
+    def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
+                          last_fault: dict[str, Any] | None, read_version: int) -> bool:
+        """A fault that changed nothing on the node (a restart in place, an application
+        error) joins its history, only if no other such write landed since the history was
+        read (``fault_history_version``; a lost race re-reads and appends again)."""
+        fields: dict[str, Any] = {"fault_history": fault_history}
+        if last_fault is not None:
+            fields["last_fault"] = last_fault
+        return self.db.apply(self.instance_update(
+            inst_id, set_fields=fields, increments={"fault_history_version": 1},
+            extra_condition="attribute_exists(#k) AND (attribute_not_exists(#fv) OR #fv = :fv)",
+            extra_values={":fv": read_version},
+            extra_names={"#k": INSTANCE_PK, "#fv": "fault_history_version"}))
 
     def record_drained(self, inst_id: str, *, terminate_next: bool = False) -> bool:
         """ECS confirmed the quarantine's DRAINING: nothing left for the sweep (unless the
@@ -828,18 +863,28 @@ class Repository:
         ))
 
     def time_out_instance(self, instance: Instance, *, quarantine: bool, what: str,
-                          failures: Sequence[JobFailure], actor: str = "sweep") -> bool:
+                          failures: Sequence[JobFailure], actor: str = "sweep",
+                          fault_history: list[dict[str, Any]] | None = None,
+                          breaker_blocked: dict[str, Any] | None = None,
+                          breaker: Update | None = None) -> bool:
         """The instance's health check or reboot ran out of time: the instance leaves
-        recovery (QUARANTINED, or SUSPECT when nothing proved it faulty) and every job
-        waiting for it fails, atomically."""
+        recovery (QUARANTINED, or SUSPECT when nothing proved it faulty, when the breaker
+        held its quarantine back — ``breaker_blocked`` — or observe mode left it undrained)
+        and every job waiting for it fails, atomically, with the breaker's new state."""
         fields: dict[str, Any] = {"quarantine_reason": what[:500]}
         if quarantine:
             fields["drain_pending"] = True
+        if fault_history is not None:
+            fields["fault_history"] = fault_history
+        if breaker_blocked is not None and not quarantine:
+            fields["breaker_blocked"] = breaker_blocked
         updates = [self.instance_update(
             instance.container_inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
             set_fields=fields, remove_fields=["hc_jobs", "waiting_jobs", "hc_lease_until"],
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
+        if breaker is not None:
+            updates.append(breaker)
         for failure in failures:
             updates.append(self.job_transition(
                 failure.job.job_id, JobState.FAILED, from_states=[failure.job.state],
@@ -923,7 +968,7 @@ class Repository:
         values[":task"] = rank.task_arn
         names["#task"] = JOB_BY_TASK_PK
         remove = [] if to in HOLDING_RANK_STATES else [JOB_BY_INSTANCE_PK]
-        if to not in (RankState.RUNNING, RankState.NODE_LOST, RankState.HUNG):
+        if to not in HEARTBEAT_WATCHED_RANK_STATES:
             remove.append(HB_PK)  # leave the sparse heartbeat index: only watched ranks stay
         return Update(
             table=self.job_table_name,

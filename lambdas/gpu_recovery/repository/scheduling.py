@@ -1,5 +1,5 @@
 """Persistence of the queue scheduler: its lease, the launch ledger, the queue head and
-the launch transitions of a job (claim, finish, requeue, fail).
+the launch transitions of a job (claim with its quota charge, finish, requeue, fail).
 
 The lease item (``SCHEDULER#LEASE`` in the job table) carries the ledger of launches
 in flight (``inflight.<job_id>``), written in the same transaction as a job's claim, so
@@ -22,20 +22,30 @@ from gpu_recovery.constants import (
     QUEUE_SK,
     job_item_key,
 )
-from gpu_recovery.domain.states import RECOVERING_JOB_STATES, TERMINAL_JOB_STATES, JobState
+from gpu_recovery.domain.states import (
+    ENDING_JOB_STATES,
+    RECOVERING_JOB_STATES,
+    STARTED_JOB_STATES,
+    WAITING_JOB_STATES,
+    JobState,
+)
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 from gpu_recovery.repository.recovery import Repository
+from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository
 
 LEASE_KEY = "SCHEDULER#LEASE"
-# A launch is over once the job is in one of these: nothing may mark it launched.
-_NOT_LIVE = sorted(TERMINAL_JOB_STATES | {JobState.CANCELING}, key=lambda s: s.value)
+# Sorted: the condition's placeholders (and so the request) are the same every time.
+_ENDING = sorted(ENDING_JOB_STATES, key=lambda s: s.value)
+_STARTED = sorted(STARTED_JOB_STATES, key=lambda s: s.value)
+_WAITING = sorted(WAITING_JOB_STATES, key=lambda s: s.value)
 
 
 class SchedulingRepository:
-    def __init__(self, repo: Repository) -> None:
+    def __init__(self, repo: Repository, holding: HoldingRepository | None = None) -> None:
         self.repo = repo
         self.db = repo.db
         self.table = repo.job_table_name
+        self.holding = holding  # quota charges (None: no quota table, nothing charged)
 
     # ----------------------------------------------------------------- lease
     def acquire_lease(self, owner: str, now: float, seconds: float) -> bool:
@@ -106,19 +116,33 @@ class SchedulingRepository:
     # ----------------------------------------------------------- launches
     def claim_launch(self, job_id: str, current_attempt: int | None, attempt: int, plan: dict[str, Any],
                      now: float, owner: str, reason: str,
-                     relocations: Sequence[Mapping[str, Any]] | None = None) -> bool:
-        """QUEUED / PENDING_RESOURCES -> STARTING with ``attempt``, out of the queue index,
-        and the ledger entry, in one transaction (only while the lease is ours). A job the
-        recovery loop relocated records where its ranks moved (``relocations``)."""
-        extra = {"relocations": list(relocations)} if relocations is not None else {}
+                     relocations: Sequence[Mapping[str, Any]] | None = None, *,
+                     charge: ChargeClaim | None = None, resumed: bool = False) -> bool:
+        """QUEUED / PENDING_RESOURCES / SUSPENDED -> STARTING with ``attempt``, out of the
+        queue index, the ledger entry and the quota charge, in one transaction (only while
+        the lease is ours, and only if the quota still has room). A job the recovery loop
+        relocated records where its ranks moved (``relocations``); a suspended job resumed
+        counts it (``resume_count``)."""
+        extra: dict[str, Any] = {"relocations": list(relocations)} if relocations is not None else {}
+        conditions = [] if current_attempt is not None else ["attribute_not_exists(#attempt0)"]
+        names = {} if current_attempt is not None else {"#attempt0": "attempt"}
+        updates: list[Update] = []
+        if charge is not None and self.holding is not None:
+            extra.update(self.holding.charge_fields(charge.charge, now))
+            conditions.append("attribute_not_exists(#qc)")
+            names["#qc"] = "quota_charge"
+            updates.append(self.holding.quotas.charge_update(charge.charge, limit_read=charge.limit_read,
+                                                             default_limit=charge.default_limit))
         claim = self.repo.job_transition(
-            job_id, JobState.STARTING, from_states=[JobState.QUEUED, JobState.PENDING_RESOURCES],
+            job_id, JobState.STARTING,
+            from_states=[JobState.SUSPENDED] if resumed else _WAITING,
             attempt=current_attempt,
-            extra_condition=None if current_attempt is not None else "attribute_not_exists(#attempt0)",
-            extra_names=None if current_attempt is not None else {"#attempt0": "attempt"},
+            extra_condition=" AND ".join(conditions) or None, extra_names=names or None,
             reason=reason, actor="scheduler",
             set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now, **extra},
-            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", *(["relocation"] if extra else [])],
+            increments={"resume_count": 1} if resumed else None,
+            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", "wait_reason", "held",
+                           *(["relocation"] if "relocations" in extra else [])],
         )
         ledger = Update(
             table=self.table, key={JOB_PK: LEASE_KEY},
@@ -126,12 +150,12 @@ class SchedulingRepository:
             condition="#owner = :owner AND attribute_exists(#inflight)",
             condition_values={":owner": owner}, condition_names={"#owner": "owner", "#inflight": "inflight"},
         )
-        return self.db.transact([claim, ledger])
+        return self.db.transact([claim, ledger, *updates])
 
     def finish_launch(self, job_id: str, attempt: int, attempts: Sequence[Mapping[str, Any]],
                       now: float) -> bool:
         """The launch is complete, unless the job was canceled or ended meanwhile."""
-        states = {f":x{i}": s.value for i, s in enumerate(_NOT_LIVE)}
+        states = {f":x{i}": s.value for i, s in enumerate(_ENDING)}
         return self.db.apply(Update(
             table=self.table, key={JOB_PK: job_item_key(job_id)},
             set_fields={"launched_at": now, "resource_failures": 0, "attempts": list(attempts),
@@ -146,7 +170,7 @@ class SchedulingRepository:
         """Back to PENDING_RESOURCES at its original queue position, after a back-off.
         From RUNNING too: the recovery loop marks the job RUNNING as soon as rank 0 runs."""
         return self.db.apply(self.repo.job_transition(
-            job_id, JobState.PENDING_RESOURCES, from_states=[JobState.STARTING, JobState.RUNNING],
+            job_id, JobState.PENDING_RESOURCES, from_states=_STARTED,
             attempt=attempt, reason=reason, actor="scheduler",
             set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": not_before,
                         "resource_failures": resource_failures, "attempts": list(attempts),
@@ -157,7 +181,7 @@ class SchedulingRepository:
     def fail_launch(self, job_id: str, attempt: int, *, reason: str, failure_kind: str,
                     attempts: Sequence[Mapping[str, Any]]) -> bool:
         return self.db.apply(self.repo.job_transition(
-            job_id, JobState.FAILED, from_states=[JobState.STARTING, JobState.RUNNING], attempt=attempt,
+            job_id, JobState.FAILED, from_states=_STARTED, attempt=attempt,
             reason=reason, actor="scheduler",
             set_fields={"attempts": list(attempts), "last_error": reason[:1000],
                         "failure_kind": failure_kind},

@@ -1,0 +1,92 @@
+"""The job-control channel of training code (the suspend contract of the seed).
+
+A queue job's ranks carry ``GPU_RECOVERY_CONTROL_URL`` and their own
+``GPU_RECOVERY_CONTROL_TOKEN`` (``domain.control_token``); ``gpu_recovery_client`` calls:
+
+* ``receive_suspend_command()`` -> ``GET /v1/control``: True for **rank 0 only**, while the
+  job is SUSPENDING (the scheduler preempted it, its owner suspended it): checkpoint now;
+* ``go_suspend()`` -> ``POST /v1/control/suspend``: any rank; the job is suspended at once
+  (every rank stopped; SUSPENDED once all stopped, then queued again or held).
+
+Why through the API and not the node agent: the agent is optional and reports every 30 s
+(each report a write), while the seed's contract is "rank 0 knows within 5 s"; a poll
+here is one GetItem, and the client shares one poll per interval between the processes
+of a container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpu_recovery.domain.control_token import parse_token, verify_token
+from gpu_recovery.domain.states import JobState
+from gpu_recovery.recovery.ports import Outcome
+from gpu_recovery.repository import Repository
+
+
+class ControlError(Exception):
+    """What the control API answers with a 4xx (status, code, message)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class JobControlService:
+    def __init__(self, repo: Repository, go_suspend: Callable[[str, int, int | None], Outcome],
+                 poll_seconds: int = 2) -> None:
+        self.repo = repo
+        self._go_suspend = go_suspend  # RecoveryService.go_suspend
+        self.poll_seconds = poll_seconds
+
+    def authorize(self, token: str) -> tuple[str, int] | None:
+        """(job id, rank) of a valid token, else None (the authorizer's check)."""
+        parsed = parse_token(token)
+        if parsed is None:
+            return None
+        item = self.repo.get_job_item(parsed[0])
+        if item is None or item.get("item_type", "JOB") != "JOB":
+            return None
+        return verify_token(token, str(item.get("control_secret") or ""))
+
+    def status(self, job_id: str, rank: int, attempt: int | None = None) -> dict[str, Any]:
+        """What rank ``rank`` of ``job_id`` should do now."""
+        item = self._job(job_id)
+        state = JobState(item["job_state"])
+        current = int(item.get("attempt") or 0)
+        suspend = dict(item.get("suspend") or {}) if state is JobState.SUSPENDING else {}
+        stale = attempt is not None and attempt != current
+        told = bool(suspend) and rank == 0 and not stale
+        return {
+            "job_id": job_id, "rank": rank, "attempt": current, "state": state.value,
+            "suspend": told,
+            "deadline_at": suspend.get("deadline_at") if told else None,
+            "grace_seconds": suspend.get("grace_seconds") if told else None,
+            "reason": str(suspend.get("reason") or "") if told else "",
+            "poll_seconds": self.poll_seconds,
+        }
+
+    def go_suspend(self, job_id: str, rank: int, attempt: int | None = None) -> dict[str, Any]:
+        item = self._job(job_id)
+        current = int(item.get("attempt") or 0)
+        if attempt is not None and attempt != current:
+            raise ControlError(409, "stale_attempt",
+                               f"attempt {attempt} of job {job_id} is over (the job is at attempt {current})")
+        outcome = self._go_suspend(job_id, rank, attempt)
+        fresh = self._job(job_id)
+        state = str(fresh["job_state"])
+        if outcome.action != "suspending" and state not in (JobState.SUSPENDING.value,
+                                                            JobState.SUSPENDED.value):
+            raise ControlError(409, "not_running",
+                               f"job {job_id} is {state}: only a RUNNING or SUSPENDING job can be suspended")
+        return {"job_id": job_id, "rank": rank, "state": state,
+                "stopping_ranks": list(outcome.detail.get("stopping_ranks") or [])}
+
+    def _job(self, job_id: str) -> Mapping[str, Any]:
+        item = self.repo.get_job_item(job_id)
+        if item is None or item.get("item_type", "JOB") != "JOB":
+            raise ControlError(404, "not_found", f"job {job_id} not found")
+        return item

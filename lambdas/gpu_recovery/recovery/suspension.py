@@ -1,0 +1,147 @@
+"""Stage 6: suspending a queue job (time sharing), crash-consistent like the others.
+
+RUNNING -> SUSPENDING (the scheduler preempts it, its owner suspends it, or one of its
+ranks calls ``go_suspend()``): rank 0 learns it from the control API and has the job's
+grace to checkpoint. Then every rank is stopped: at once when a rank calls
+``go_suspend()``, by force when the grace is over (the sweep). The intent to stop is
+committed first (``suspend.stop_requested_at``), each rank is marked STOP_REQUESTED
+before its StopTask, and StopTask is idempotent: a delivery that dies anywhere leaves a
+deadline the sweep finishes. Once every rank of the attempt is STOPPED: SUSPENDED,
+queued again at its original position (or held, for a user's suspend). A suspension
+spends no recovery and no retry.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import queue_order
+from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.states import JobState
+from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend_record
+from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.repository.time_sharing import SuspensionRepository
+
+logger = logging.getLogger(__name__)
+
+RETRY_INTERVAL_SECONDS = 60
+
+
+class Suspensions:
+    def __init__(self, deps: Deps, ranks: RankOperations) -> None:
+        self.deps = deps
+        self.ranks = ranks
+        self.store = SuspensionRepository(deps.repo)
+
+    # ----------------------------------------------------------------- request
+    def request(self, job_id: str, attempt: int, *, kind: SuspendKind, reason: str, grace_seconds: int,
+                actor: str, hold: bool = False, by_job: str = "", by_user: str = "",
+                by_priority: int | None = None) -> bool:
+        """RUNNING -> SUSPENDING; rank 0 has ``grace_seconds`` to checkpoint and call
+        ``go_suspend()`` before the ranks are stopped by force."""
+        now = clock.now()
+        suspend = suspend_record(kind, reason, grace_seconds=grace_seconds, now=now, hold=hold,
+                                 by_job=by_job, by_user=by_user, by_priority=by_priority)
+        history = f"suspend requested ({kind.value}): {reason}; grace {grace_seconds} s"
+        done = self.store.request(job_id, attempt, suspend=suspend, deadline_at=now + grace_seconds,
+                                  reason=history, actor=actor)
+        if done:
+            self.deps.metrics.add_metric("SuspendsRequested", "Count", 1)
+            logger.info("suspend requested", extra={"job_id": job_id, "kind": kind.value, "why": reason})
+        return done
+
+    def go_suspend(self, job_id: str, rank: int, attempt: int | None = None) -> Outcome:
+        """A rank called ``go_suspend()``: suspend the job at once (seed: any rank may)."""
+        job = self.deps.repo.get_job(job_id)
+        if job is None:
+            return Outcome("ignored", job_id, {"why": "job not found"})
+        if attempt is not None and job.attempt != attempt:
+            return Outcome("ignored", job_id, {"why": "older attempt", "state": job.state.value})
+        why = f"rank {rank} called go_suspend()"
+        if job.state is JobState.RUNNING:
+            self.request(job.job_id, job.attempt, kind=SuspendKind.SELF, reason=why, grace_seconds=0,
+                         actor=f"rank {rank}")
+            job = self.deps.repo.get_job(job_id) or job
+        if job.state is not JobState.SUSPENDING:
+            return Outcome("ignored", job_id, {"why": f"job is {job.state.value}", "state": job.state.value})
+        stopping = self.stop(job, why=why, actor=f"rank {rank}")
+        return Outcome("suspending", job_id, {"stopping_ranks": stopping, "state": JobState.SUSPENDING.value})
+
+    # -------------------------------------------------------------------- stop
+    def stop(self, job: Job, *, why: str, actor: str, reissue: bool = False, forced: bool = False
+             ) -> list[int]:
+        """Commit the intent to stop every rank (once), then stop them (idempotent)."""
+        now = clock.now()
+        if not job.suspend_stopping:
+            if self.store.record_stop(job.job_id, job.attempt, now=now, why=why,
+                                      deadline_at=now + RETRY_INTERVAL_SECONDS, actor=actor) and forced:
+                self.deps.metrics.add_metric("SuspendsForced", "Count", 1)
+            job = self.deps.repo.get_job(job.job_id) or job
+            if job.state is not JobState.SUSPENDING:
+                return []
+            reissue = True
+        return self.ranks.stop_live_ranks(job, why=f"suspended: {job.suspend.get('stop_reason') or why}",
+                                          reissue=reissue, remediation=False)
+
+    # ---------------------------------------------------------------- converge
+    def converge(self, job: Job, *, reissue: bool) -> str:
+        """What a SUSPENDING job still needs: SUSPENDED once every rank stopped; the stops
+        asked again; or, the grace being over, the ranks stopped by force."""
+        if job.state is not JobState.SUSPENDING:
+            return "not_suspending"
+        ranks = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
+        if ranks and all(r.state.is_terminal for r in ranks):
+            return "suspended" if self.finish(job) else "raced"
+        now = clock.now()
+        if job.suspend_stopping:
+            self.ranks.stop_live_ranks(job, why=f"suspended: {job.suspend.get('stop_reason', '')}",
+                                       reissue=reissue, remediation=False)
+            return "stopping"
+        deadline = float(job.suspend.get("deadline_at") or 0)
+        if now >= deadline:
+            grace = int(job.suspend.get("grace_seconds") or 0)
+            self.stop(job, why=f"grace of {grace} s over without go_suspend(): stopped by force",
+                      actor="recovery", forced=True)
+            return "forced"
+        return "grace"
+
+    def sweep(self, job: Job, now: float) -> str:
+        """The deadline of a SUSPENDING job passed: converge, then look again in a minute."""
+        action = self.converge(job, reissue=True)
+        if action in ("grace", "stopping", "forced"):
+            fresh = self.deps.repo.get_job(job.job_id)
+            if fresh is not None and fresh.state is JobState.SUSPENDING:
+                deadline = float(fresh.suspend.get("deadline_at") or 0)
+                in_grace = not fresh.suspend_stopping and deadline > now
+                self.store.rearm(job.job_id, fresh.attempt,
+                                 deadline if in_grace else now + RETRY_INTERVAL_SECONDS)
+        return f"suspend_{action}"
+
+    def finish(self, job: Job) -> bool:
+        item = self.store.job_item(job.job_id) or {}
+        hold = bool(job.suspend.get("hold"))
+        order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0.0), job.job_id)
+        kind = str(job.suspend.get("kind") or "")
+        cause = _cause(job.suspend)
+        where = "held until resumed (gpujobs resume)" if hold else \
+            "queued again at its original position"
+        done = self.store.finish(job.job_id, job.attempt, queue_order=order, hold=hold,
+                                 reason=f"suspended ({cause}): every rank stopped, GPUs free; {where}")
+        if done:
+            self.deps.metrics.add_metric("JobsSuspended", "Count", 1)
+            logger.info("job suspended", extra={"job_id": job.job_id, "kind": kind, "hold": hold})
+        return done
+
+
+def _cause(suspend: dict[str, Any]) -> str:
+    kind = str(suspend.get("kind") or "")
+    if kind == SuspendKind.PREEMPTED.value:
+        by_priority = suspend.get("by_priority")
+        level = f"{priority_name(int(by_priority))}, " if by_priority is not None else ""
+        return f"preempted by job {suspend.get('by_job', '?')} ({level}{suspend.get('by_user', '?')})"
+    if kind == SuspendKind.USER.value:
+        return f"suspended by {suspend.get('by_user', 'its owner')}"
+    return str(suspend.get("reason") or "suspended")

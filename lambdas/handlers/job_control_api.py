@@ -1,0 +1,185 @@
+"""Job-control API (API Gateway REST, TOKEN authorizer): what training code calls through
+``gpu_recovery_client`` (``training_client/``), authenticated by its rank's control token.
+
+    GET  /v1/control?attempt=N   200 what this rank should do: ``suspend`` is true for rank 0
+                                 while its job is SUSPENDING (checkpoint now, then go_suspend())
+    POST /v1/control/suspend     200 go_suspend(): the job is suspended at once (every rank
+                                 stopped; SUSPENDED once all stopped)
+
+The authorizer puts ``job_id`` and ``rank`` into ``requestContext.authorizer``; the routes
+take no job id from the caller. Errors: ``{"error", "message", "field"}``: 400 (a bad
+``attempt``), 401/403 (API Gateway: token missing or refused), 404 (job gone), 409 (the
+job cannot be suspended now, or the caller's attempt is over), 429 (API Gateway).
+``python -m handlers.job_control_api --openapi`` prints the OpenAPI document (committed as
+``docs/control-api.openapi.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
+from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, Field
+
+from gpu_recovery import runtime
+from gpu_recovery.queue.api_models import ErrorBody
+from gpu_recovery.queue.control import ControlError
+from handlers._common import powertools
+from handlers._http import BodyError, body_text
+
+logger, tracer, metrics = powertools("job-control-api")
+app = APIGatewayRestResolver(enable_validation=True)
+MAX_BODY_BYTES = 16 * 1024
+OPENAPI_INFO: dict[str, Any] = {
+    "title": "GPU training job-control API",
+    "version": "1.0.0",
+    "description": "What training code calls (gpu_recovery_client): the suspend channel of a queue job.",
+    "security_schemes": {"controlToken": APIKey(
+        name="Authorization", in_=APIKeyIn.header,
+        description="Bearer <the rank's GPU_RECOVERY_CONTROL_TOKEN> (API Gateway TOKEN authorizer)")},
+    "security": [{"controlToken": []}],
+}
+
+
+class ControlStatus(BaseModel):
+    job_id: str
+    rank: int
+    attempt: int = Field(description="The job's current attempt")
+    state: str
+    suspend: bool = Field(description="True for rank 0 while the job is SUSPENDING: checkpoint, then "
+                                      "go_suspend()")
+    deadline_at: float | None = Field(default=None, description="Ranks are stopped by force after this")
+    grace_seconds: int | None = None
+    reason: str = ""
+    poll_seconds: int = Field(description="Ask at most this often")
+
+
+class SuspendAck(BaseModel):
+    job_id: str
+    rank: int
+    state: str = Field(description="SUSPENDING (ranks being stopped) or SUSPENDED")
+    stopping_ranks: list[int]
+
+
+def _error_doc(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"model": ErrorBody}}}
+
+
+_ERRORS: dict[int, Any] = {
+    400: _error_doc("Invalid request; `field` names the offending field"),
+    401: _error_doc("No Authorization header, or not a control token (API Gateway)"),
+    403: _error_doc("The control token was refused (API Gateway)"),
+    404: _error_doc("The job no longer exists"),
+    413: _error_doc("Body over 16 KiB (the routes read no body: send none)"),
+    429: _error_doc("Throttled by the API stage (API Gateway)"),
+}
+
+
+def _json(status: int, body: Any) -> Response:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(body))
+
+
+@app.exception_handler(ControlError)
+def _control_error(error: ControlError) -> Response:
+    return _json(error.status, {"error": error.code, "message": error.message})
+
+
+@app.exception_handler(RequestValidationError)
+def _invalid(error: RequestValidationError) -> Response:
+    errors = list(error.errors())
+    loc = [str(p) for p in (errors[0].get("loc", ()) if errors else ())][1:] or ["query"]
+    field = ".".join(loc)
+    message = str(errors[0].get("msg", "is invalid")) if errors else "is invalid"
+    return _json(400, {"error": "validation_error", "message": f"{field}: {message}", "field": field})
+
+
+@app.not_found
+def _not_found(error: Exception) -> Response:
+    return _json(404, {"error": "not_found",
+                       "message": f"no route {app.current_event.http_method} {app.current_event.path}"})
+
+
+def _caller() -> tuple[str, int]:
+    authorizer = (app.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
+    job_id, rank = authorizer.get("job_id"), str(authorizer.get("rank", ""))
+    if not job_id or not rank.isdigit():
+        # API Gateway never invokes us without the authorizer; refuse rather than guess.
+        raise ControlError(401, "unauthenticated", "no authenticated job rank in the request context")
+    return str(job_id), int(rank)
+
+
+@app.get("/v1/control", summary="What this rank should do now", tags=["control"],
+         responses={200: {"description": "Status", "content": {"application/json": {"model": ControlStatus}}},
+                    **_ERRORS})
+def control_status(
+    attempt: Annotated[int | None, Query(ge=1, le=100_000, description="The rank's ATTEMPT")] = None,
+) -> ControlStatus:
+    job_id, rank = _caller()
+    status = runtime.job_control_service().status(job_id, rank, attempt)
+    if status["suspend"]:
+        metrics.add_metric(name="SuspendCommandsDelivered", unit="Count", value=1)
+    return ControlStatus.model_validate(status)
+
+
+@app.post("/v1/control/suspend", summary="go_suspend(): suspend the job now", tags=["control"],
+          responses={200: {"description": "Suspending",
+                           "content": {"application/json": {"model": SuspendAck}}},
+                     **_ERRORS,
+                     409: _error_doc("Not RUNNING or SUSPENDING, or the caller's attempt is over")})
+def go_suspend(
+    attempt: Annotated[int | None, Query(ge=1, le=100_000, description="The rank's ATTEMPT")] = None,
+) -> SuspendAck:
+    job_id, rank = _caller()
+    result = runtime.job_control_service(runtime.PowertoolsMetrics(metrics)).go_suspend(job_id, rank, attempt)
+    metrics.add_metric(name="GoSuspendCalls", unit="Count", value=1)
+    return SuspendAck.model_validate(result)
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    try:
+        body_text(event, MAX_BODY_BYTES)  # size and encoding: a 4xx, never a 5xx
+    except BodyError as error:
+        return {"statusCode": error.status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
+                "body": json.dumps(error.body()), "isBase64Encoded": False}
+    # The routes read no body: drop it, so nothing a client sends can fail parsing.
+    return app.resolve({**event, "body": None, "isBase64Encoded": False}, context)
+
+
+# ---------------------------------------------------------------------------- OpenAPI
+def openapi_document() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(app.get_openapi_json_schema(**OPENAPI_INFO))
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = document.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return document
+
+
+def openapi_json() -> str:
+    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--openapi"]:
+        print("usage: python -m handlers.job_control_api --openapi > docs/control-api.openapi.json",
+              file=sys.stderr)
+        return 2
+    sys.stdout.write(openapi_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

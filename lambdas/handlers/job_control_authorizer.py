@@ -1,0 +1,75 @@
+"""Lambda TOKEN authorizer of the job-control routes: ``Authorization: Bearer <control token>``.
+
+The token (``<job_id>.<rank>.<mac>``, see ``gpu_recovery.domain.control_token``) is the one
+the launcher put in the rank's environment. It is checked against the job's secret (one
+GetItem of the job item) in constant time and never logged.
+
+* no header, or one that is not a well-formed control token -> ``Unauthorized`` (401)
+* an unknown job, a job without a control secret, a wrong MAC -> Deny (API Gateway: 403)
+* a valid token -> Allow on the control routes, with ``job_id`` and ``rank`` in the context
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpu_recovery import runtime
+from gpu_recovery.constants import CONTROL_API_ROUTES
+from gpu_recovery.domain.control_token import parse_token
+from gpu_recovery.tokens import token_from_authorization
+from handlers._common import powertools
+
+logger, tracer, metrics = powertools("job-control-authorizer")
+
+UNAUTHORIZED = "Unauthorized"  # the exact message API Gateway maps to 401
+ROUTES = tuple(f"{method}/{path}" for method, path in CONTROL_API_ROUTES)
+
+
+def _authorization(event: dict[str, Any]) -> str | None:
+    if event.get("type") == "TOKEN" or "authorizationToken" in event:
+        return event.get("authorizationToken")
+    headers = {str(k).lower(): v for k, v in (event.get("headers") or {}).items()}
+    return headers.get("authorization")
+
+
+def _resources(method_arn: str) -> list[str]:
+    """Both control routes of the calling API and stage, so a cached policy covers them."""
+    prefix, _, rest = method_arn.partition("/")
+    stage = rest.split("/", 1)[0] if rest else "*"
+    if not prefix.startswith("arn:"):
+        return [method_arn or "*"]
+    return [f"{prefix}/{stage}/{route}" for route in ROUTES]
+
+
+def policy(principal: str, effect: str, method_arn: str, context: dict[str, str] | None = None
+           ) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "principalId": principal,
+        "policyDocument": {"Version": "2012-10-17", "Statement": [
+            {"Action": "execute-api:Invoke", "Effect": effect, "Resource": _resources(method_arn)}]},
+    }
+    if context:
+        response["context"] = context
+    return response
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    token = token_from_authorization(_authorization(event)) or ""
+    method_arn = str(event.get("methodArn", ""))
+    claimed = parse_token(token)
+    if claimed is None:
+        metrics.add_metric(name="ControlAuthMalformed", unit="Count", value=1)
+        raise Exception(UNAUTHORIZED)  # API Gateway maps exactly this message to 401
+    verified = runtime.job_control_service().authorize(token)
+    principal = f"{claimed[0]}/rank-{claimed[1]}"
+    if verified is None:
+        metrics.add_metric(name="ControlAuthDenied", unit="Count", value=1)
+        logger.warning("job-control token refused", extra={"job_id": claimed[0], "rank": claimed[1]})
+        return policy(principal, "Deny", method_arn)
+    metrics.add_metric(name="ControlAuthOk", unit="Count", value=1)
+    return policy(principal, "Allow", method_arn, {"job_id": verified[0], "rank": str(verified[1])})

@@ -1,0 +1,268 @@
+"""Fault campaign for time sharing: one preemption broken at each of its AWS calls in turn.
+
+The scenario: two 8-GPU nodes. Alice's LOW 2-node job (her LOW quota: 2 nodes) runs. Bob
+queues a HIGH 2-node job. The scheduler (every minute) preempts alice's job; its rank 0 (a
+simulated training program asking the control channel every ``POLL_SECONDS``, as
+``gpu_recovery_client`` does, through the same service the control API runs) checkpoints
+and calls ``go_suspend()``; every rank is stopped, the job is SUSPENDED and queued again;
+bob's job starts, runs three minutes and completes; alice's job resumes (``RESUME_COUNT=1``)
+and completes. Task events are delivered as EventBridge and Lambda's asynchronous
+invocation would (a failed invocation retried twice); the recovery sweep and the scheduler
+run every minute; the rank-0 program retries a failed call at its next poll.
+
+``run(fault=(n, mode))`` breaks the n-th AWS call made after bob's job was queued, once:
+``throttle`` (refused, not executed) or ``lost_response`` (executed, the caller never
+hears back). ``check(result)`` lists what ended wrong: both jobs must complete, alice's
+suspended and resumed exactly once, bob's started exactly once, every rank started once
+per attempt, no recovery spent, both users' quota usage back to zero, nothing stuck and
+nothing in a DLQ.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery import runtime
+from gpu_recovery.constants import JobState
+from gpu_recovery.domain.time_sharing import Priority
+from gpu_recovery.repository import Repository
+from gpu_recovery.repository.time_sharing import QuotaRepository
+
+from .ecs_sim import SimulatedEcs
+from .emulator import LocalAws
+from .event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
+from .faults import FAULT_MODES, ApiCall
+
+MIN = 60
+NODES = ("node-a", "node-b")
+POLL_SECONDS = 10
+LOW_RUN_SECONDS = 2 * MIN
+HIGH_RUN_SECONDS = 3 * MIN
+RUN_LIMIT_SECONDS = 40 * MIN
+SCHEDULER = "queue-scheduler"
+
+
+@dataclass
+class RunResult:
+    fault: tuple[int, str] | None
+    fired: ApiCall | None
+    calls: list[ApiCall]
+    jobs: dict[str, dict[str, Any]]  # "low" / "high" -> job item
+    tasks_started: dict[str, list[int]]  # "low" / "high" -> training tasks started per attempt
+    usage: dict[str, int]  # quota usage left per user
+    stuck: list[str]
+    dead_letters: int
+    checkpoints: int  # times alice's rank 0 saved a checkpoint after being told to suspend
+    timeline: list[str] = field(default_factory=list)
+
+
+def check(result: RunResult) -> list[str]:
+    """Everything that ended wrong (empty: exactly right)."""
+    problems = []
+    low, high = result.jobs.get("low", {}), result.jobs.get("high", {})
+    for name, job in (("low", low), ("high", high)):
+        if job.get("job_state") != JobState.COMPLETE.value:
+            problems.append(f"{name} job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+        if int(job.get("recoveries_used") or 0):
+            problems.append(f"{name} job spent {job.get('recoveries_used')} recoveries")
+    if int(low.get("suspend_count") or 0) != 1 or int(low.get("resume_count") or 0) != 1:
+        problems.append(f"low job suspended {low.get('suspend_count')} / resumed {low.get('resume_count')} "
+                        "time(s) (want 1 / 1)")
+    if int(high.get("attempt") or 0) != 1:
+        problems.append(f"high job at attempt {high.get('attempt')} (want 1)")
+    for name, per_attempt in result.tasks_started.items():
+        if any(count != 2 for count in per_attempt):
+            problems.append(f"{name} job: training tasks started per attempt {per_attempt} (want 2 each)")
+    if result.usage != {"alice": 0, "bob": 0}:
+        problems.append(f"quota usage left {result.usage} (want 0)")
+    if result.checkpoints != 1:
+        problems.append(f"rank 0 saved {result.checkpoints} checkpoint(s) (want 1)")
+    if result.stuck:
+        problems.append(f"still pending: {result.stuck}")
+    if result.dead_letters:
+        problems.append(f"{result.dead_letters} event(s) in a DLQ")
+    return problems
+
+
+@contextmanager
+def _cluster() -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
+    warnings.filterwarnings("ignore", category=UserWarning)
+    logging.getLogger().setLevel(logging.CRITICAL)
+    from handlers import queue_scheduler
+
+    with LocalAws(metrics_disabled=True, extra_env={C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}
+                  ) as local:
+        runtime.reset(clients=False)
+        bus = LocalEventBus(duplicate_delivery=False)
+        sim = SimulatedEcs(local, bus, train_seconds=None)
+        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
+        bus.add_schedule(SCHEDULER, 60, queue_scheduler.lambda_handler, "queue_scheduler")
+        try:
+            yield local, bus, sim
+        finally:
+            runtime.reset(clients=False)
+
+
+class Rank0Program:
+    """Alice's rank 0: every ``POLL_SECONDS`` while it runs, asks the control channel; told
+    to suspend, it saves a checkpoint once and calls go_suspend() until that is accepted.
+    A call that fails (throttled, answer lost) is made again at the next poll."""
+
+    def __init__(self, sim: SimulatedEcs, repo: Repository, job_id: str) -> None:
+        self.sim = sim
+        self.repo = repo
+        self.job_id = job_id
+        self.checkpoints = 0
+        self.errors = 0
+        self._suspending_attempt = 0
+        self._accepted_attempt = 0
+
+    def start(self) -> None:
+        self.sim.schedule(self.sim.now() + POLL_SECONDS, self.poll, "rank 0 polls the control API")
+
+    def poll(self) -> None:
+        job = self.repo.get_job(self.job_id)
+        if job is None or job.state.is_terminal:
+            return
+        rank0 = self.repo.get_rank(self.job_id, 0)
+        task = self.sim.tasks.get(rank0.task_arn) if rank0 is not None and rank0.attempt == job.attempt \
+            else None
+        if task is not None and task.last_status == "RUNNING" and task.desired_status == "RUNNING":
+            self._step(job.attempt)
+        self.start()
+
+    def _step(self, attempt: int) -> None:
+        control = runtime.job_control_service()
+        try:
+            if self._accepted_attempt == attempt:
+                return  # go_suspend() does not return: the process waits to be stopped
+            if self._suspending_attempt != attempt:
+                if not control.status(self.job_id, 0, attempt)["suspend"]:
+                    return
+                self.checkpoints += 1  # torch.save(...) of the seed's example
+                self._suspending_attempt = attempt
+            control.go_suspend(self.job_id, 0, attempt)
+            self._accepted_attempt = attempt
+        except Exception:  # the client retries at its next poll
+            self.errors += 1
+
+
+def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) -> RunResult:
+    """The scenario with ``fault`` (n-th call after bob's submit, mode) broken once."""
+    from gpu_recovery.queue.service import JobQueueService, NoSchedulerTrigger
+    from gpu_recovery.repository.queue_api import JobQueueRepository
+
+    with _cluster() as (local, bus, sim):
+        for node in NODES:
+            sim.add_node(node, gpus=8)
+        repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
+        quotas = QuotaRepository(local.resource("dynamodb"), local.quota_table)
+        quotas.set_limit("alice", int(Priority.LOW), 2, by="campaign", now=sim.now())
+        low_td = sim.register_training_task_definition("low", gpus=8)
+        sim.plan_family("low", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)  # far longer than the test
+        high_td = sim.register_training_task_definition("high", gpus=8)
+        sim.plan_family("high", run_seconds=HIGH_RUN_SECONDS, exit_code=0)
+        from gpu_recovery.adapters import aws
+        from gpu_recovery.queue.models import JobSpec
+
+        service = JobQueueService(
+            repo=JobQueueRepository(repo), ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
+            cluster=local.cluster_name, scheduler=NoSchedulerTrigger())
+        low = service.submit(JobSpec.model_validate({
+            "name": "alice-low", "task_definition": low_td, "nnodes": 2, "gpus_per_node": 8,
+            "priority": "LOW", "suspend_grace_seconds": 120}),
+            "arn:aws:iam::123456789012:user/alice")["job_id"]
+        sim.run_for(MIN + 5)  # the scheduler's tick starts it
+        program = Rank0Program(sim, repo, low)
+        program.start()
+        sim.run_for(MIN)
+        # Resumed from its checkpoint, alice's job needs only what was left.
+        sim.plan_family("low", run_seconds=LOW_RUN_SECONDS, exit_code=0)
+        high = service.submit(JobSpec.model_validate({
+            "name": "bob-high", "task_definition": high_td, "nnodes": 2, "gpus_per_node": 8,
+            "priority": "HIGH"}), "arn:aws:iam::123456789012:user/bob")["job_id"]
+        # Calls are counted (and broken) from here: the submit is the jobs API's own flow
+        # (made retry-safe by its Idempotency-Key), the preemption is this one.
+        calls = local.call_faults
+        if fault is None:
+            calls.arm(None, record_sites=True)
+        else:
+            calls.arm(fault[0], fault[1])
+
+        checked = [0.0]
+
+        def ended() -> bool:  # read the jobs at most once a simulated minute
+            if sim.now() < checked[0] + MIN:
+                return False
+            checked[0] = sim.now()
+            states = [repo.get_job(j) for j in (low, high)]
+            return all(s is not None and s.state.is_terminal for s in states)
+
+        sim.run_until_true(ended, max_seconds=RUN_LIMIT_SECONDS)
+        calls.disarm()
+        sim.run_for(3 * MIN)  # retries, the sweep and the scheduler settle (charges released)
+        jobs = {"low": repo.get_job_item(low) or {}, "high": repo.get_job_item(high) or {}}
+        started: dict[str, list[int]] = {}
+        for name, job_id in (("low", low), ("high", high)):
+            attempts = int(jobs[name].get("attempt") or 0)
+            started[name] = [sum(1 for t in sim.tasks.values() if not t.health_check
+                                 and t.tags.get(C.TAG_JOB_ID) == job_id
+                                 and t.tags.get(C.TAG_ATTEMPT) == str(a)) for a in range(1, attempts + 1)]
+        usage = {user: int((quotas.get(user, level) or {}).get("used_nodes") or 0)
+                 for user, level in (("alice", int(Priority.LOW)), ("bob", int(Priority.HIGH)))}
+        far = sim.now() + 10**7
+        stuck = [f"job {it.get('job_id')} {it.get('job_state')}" for it in repo.due_job_items(far)]
+        stuck += [f"instance {i.container_inst_id} {i.state.value}" for i in repo.due_instances(far)]
+        stuck += [f"charge of {j.get('job_id')}" for j in jobs.values() if j.get("quota_charge")]
+        return RunResult(
+            fault=fault, fired=calls.fired, calls=list(calls.calls), jobs=jobs, tasks_started=started,
+            usage=usage, stuck=stuck,
+            # A failed scheduled run is retried by the next minute's run, not from a DLQ.
+            dead_letters=sum(1 for d in bus.dead_letters if d.rule not in (SWEEP_SCHEDULE, SCHEDULER)),
+            checkpoints=program.checkpoints,
+            timeline=sim.format_timeline() if keep_timeline else [],
+        )
+
+
+def sample_positions(baseline: RunResult) -> list[int]:
+    """The first call of each distinct call site (and API operation) of the flow."""
+    seen: set[tuple[str, str, str]] = set()
+    positions = []
+    for call in baseline.calls:
+        key = (call.site, call.service, call.operation)
+        if key not in seen:
+            seen.add(key)
+            positions.append(call.index)
+    return positions
+
+
+@dataclass
+class CampaignSummary:
+    calls: int
+    runs: int
+    ended_right: int
+    failures: list[tuple[tuple[int, str], ApiCall | None, list[str]]]
+
+
+def campaign(positions: list[int] | None = None, modes: tuple[str, ...] = FAULT_MODES) -> CampaignSummary:
+    baseline = run()
+    problems = check(baseline)
+    if problems:
+        raise AssertionError(f"the unbroken run itself failed: {problems}")
+    chosen = positions if positions is not None else [c.index for c in baseline.calls]
+    failures = []
+    runs = 0
+    for index in chosen:
+        for mode in modes:
+            result = run((index, mode))
+            runs += 1
+            wrong = check(result) + ([] if result.fired else ["the fault never fired"])
+            if wrong:
+                failures.append(((index, mode), result.fired, wrong))
+    return CampaignSummary(len(baseline.calls), runs, runs - len(failures), failures)
