@@ -23,30 +23,21 @@ showing; ``results`` counts accepted / rejected reports.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpu_recovery import constants as C
+from local_mode.scripts import load_script
 
 AGENT_PATH = Path(__file__).resolve().parents[1] / "agent" / "gpu_node_agent.py"
 
 
 def load_agent_module() -> Any:
     """``agent/gpu_node_agent.py`` (a stand-alone script, not a package) as a module."""
-    name = "gpu_node_agent"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, AGENT_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_node_agent", AGENT_PATH)
 
 
 @dataclass

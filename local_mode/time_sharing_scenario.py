@@ -33,7 +33,6 @@ runs the same world trimmed (``until="suspended"``) at several phases of the pol
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import logging
 import sys
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_recovery import constants as C
+from local_mode.scripts import load_script
 
 MIN = 60
 NODES = ("node-1", "node-2", "node-3", "node-4")
@@ -69,15 +69,7 @@ _NOTE_ORDER = itertools.count()
 def load_client_library() -> Any:
     """The shipped client file itself (training code copies it or pip-installs it; it is
     not a package of this repository)."""
-    name = "gpu_recovery_client"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, CLIENT_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_recovery_client", CLIENT_PATH)
 
 
 def note_order(sim: Any) -> tuple[int, int, int]:

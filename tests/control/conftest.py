@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import importlib.util
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from gpu_recovery import constants as C
+from local_mode.scripts import load_script
 from local_mode.server import ApiResponse, LocalApi, LocalApiServer, gateway_error
 from tests.queue_scheduler.conftest import QueueCluster, make_queue_cluster
 
@@ -27,19 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 CLIENT_PATH = REPO / "training_client" / "gpu_recovery_client.py"
 
 
-def _load_client() -> Any:
-    """The shipped file itself (users copy it or pip install it; it is not in a package here)."""
-    if "gpu_recovery_client" in sys.modules:
-        return sys.modules["gpu_recovery_client"]
-    spec = importlib.util.spec_from_file_location("gpu_recovery_client", CLIENT_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_recovery_client"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-client_lib = _load_client()
+# The shipped file itself (users copy it or pip install it; it is not in a package here).
+client_lib = load_script("gpu_recovery_client", CLIENT_PATH)
 
 ALICE = "alice"
 BOB = "bob"

@@ -1,0 +1,22 @@
+"""Load a stand-alone script shipped beside the Lambda code (the node agent, the training
+client) as a module: users copy these files onto nodes or into training images, so they
+are not packages of this repository."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load_script(name: str, path: Path) -> Any:
+    """``path`` imported once as module ``name`` (later calls return the same module)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
