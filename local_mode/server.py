@@ -315,7 +315,10 @@ def headers_lower(headers: dict[str, str]) -> dict[str, str]:
 class LocalApiServer:
     """``ThreadingHTTPServer`` on 127.0.0.1 in front of :class:`LocalApi`."""
 
-    def __init__(self, api: LocalApi | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, api: LocalApi | None = None, host: str = "127.0.0.1", port: int = 0,
+                 clock: Callable[[], float] | None = None) -> None:
+        """``clock``: the time the ``Date`` header tells (default: the wall clock); the
+        playground passes its simulated clock, which clients read as the API's time."""
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("the local API only listens on the loopback interface")
         self.api = api or LocalApi()
@@ -326,6 +329,11 @@ class LocalApiServer:
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
+
+            def date_time_string(self, timestamp: float | None = None) -> str:
+                if timestamp is None and clock is not None:
+                    timestamp = clock()
+                return super().date_time_string(timestamp)
 
             def _drain(self, length: int) -> None:
                 """Read and drop an oversized body, so the client (still sending) reads
