@@ -33,7 +33,8 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any, TextIO
 
 PROG = "gpujobs"
@@ -58,6 +59,9 @@ DEFAULT_TIMEOUT_SECONDS = 30.0
 LOGS_POLL_SECONDS = 2.0
 WATCH_POLL_SECONDS = 5.0
 WATCH_MAX_CONSECUTIVE_ERRORS = 5
+WATCH_FIRST_REASONS = 5  # transitions shown when watching begins (then every new one)
+# The API's Date header has whole seconds: a smaller difference is rounding, not skew.
+MIN_CLOCK_OFFSET_SECONDS = 2.0
 MAX_PAGES = 10_000  # guard against a server that never stops paginating
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_CLIENT, EXIT_SERVER, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -187,6 +191,8 @@ class ApiClient:
         self._credentials = credentials
         self._region = region
         self.local_user = local_user
+        #: the API's clock minus ours, from its Date header (0 while within rounding)
+        self.clock_offset = 0.0
 
     # -- configuration resolved lazily (local mode never touches botocore)
 
@@ -268,6 +274,8 @@ class ApiClient:
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 (http(s) only)
                     payload = resp.read()
+                    headers = getattr(resp, "headers", None)
+                    self._note_server_time(headers.get("Date") if headers is not None else None)
                     return _decode_json(payload, resp.status)
             except urllib.error.HTTPError as exc:
                 payload = _read_quietly(exc)
@@ -284,6 +292,22 @@ class ApiClient:
                 _sleep(max(backoff, retry_after or 0.0))
         assert last_error is not None
         raise last_error
+
+    def _note_server_time(self, date: str | None) -> None:
+        """Keep the API's clock: job times (submitted_at, history) are on it. The local
+        playground's clock may run faster than the wall clock."""
+        try:
+            server = parsedate_to_datetime(date) if date else None
+        except (TypeError, ValueError):
+            server = None
+        if server is None or server.tzinfo is None:
+            return
+        offset = (server - _utcnow()).total_seconds()
+        self.clock_offset = offset if abs(offset) >= MIN_CLOCK_OFFSET_SECONDS else 0.0
+
+    def server_now(self) -> datetime:
+        """Now, on the API's clock."""
+        return _utcnow() + timedelta(seconds=self.clock_offset)
 
     # -- the API
 
@@ -984,11 +1008,13 @@ class _Watcher:
 
     SPINNER = "|/-\\"
 
-    def __init__(self, stream: TextIO, tty: bool, started: float) -> None:
+    def __init__(self, stream: TextIO, tty: bool, started: float,
+                 now: Callable[[], datetime] | None = None) -> None:
         self.stream = stream
         self.tty = tty
         self.color = tty and not os.environ.get("NO_COLOR")
         self.started = started
+        self.now = now or _utcnow  # the API's clock: job times are on it
         self.last_key: tuple[Any, ...] | None = None
         self.last_label: str | None = None
         self.frame = 0
@@ -999,7 +1025,7 @@ class _Watcher:
         submitted = _parse_time(job.get("submitted_at"))
         if submitted is None:
             return _fmt_duration(_monotonic() - self.started)
-        end = _utcnow()
+        end = self.now()
         if str(job.get("state", "")).upper() in TERMINAL_STATES:
             end = _parse_time(job.get("updated_at")) or end
         return _fmt_duration((end - submitted).total_seconds())
@@ -1009,7 +1035,7 @@ class _Watcher:
         running, total = _ranks(job)
         shown = _colored(_state_label(job), self.color)
         transition = f"{previous} -> {shown}" if previous else shown
-        parts = [_fmt_time(_utcnow().isoformat()), str(job.get("job_id", "")), transition,
+        parts = [_fmt_time(self.now().isoformat()), str(job.get("job_id", "")), transition,
                  f"attempt={job.get('attempt', '-')}", f"ranks={running}/{total}",
                  f"elapsed={self._elapsed(job)}"]
         if state in FAILED_TERMINAL_STATES and job.get("last_error"):
@@ -1039,20 +1065,30 @@ class _Watcher:
             line += f"  waiting: {waiting[:60] + '...' if len(waiting) > 63 else waiting}"
         return line
 
-    def update(self, job: Mapping[str, Any]) -> None:
+    @staticmethod
+    def key(job: Mapping[str, Any]) -> tuple[Any, ...]:
         # held is part of the key: resuming a held job leaves it SUSPENDED, but queued again.
-        key = (job.get("state"), job.get("attempt"), bool(job.get("held")))
+        return job.get("state"), job.get("attempt"), bool(job.get("held"))
+
+    def changed(self, job: Mapping[str, Any]) -> bool:
+        return self.key(job) != self.last_key
+
+    def update(self, job: Mapping[str, Any], reasons: list[str] | None = None) -> None:
+        """Show ``job``; on a change, its line and then ``reasons`` (the transitions since
+        the last change, each with why it happened)."""
+        key = self.key(job)
         changed = key != self.last_key
         previous = self.last_label
         self.last_key = key
         self.last_label = _state_label(job)
+        why = "".join(f"    {reason}\n" for reason in reasons or ()) if changed else ""
         if not self.tty:
             if changed:
-                print(self._change_line(job, previous), file=self.stream, flush=True)
+                print(self._change_line(job, previous) + "\n" + why, end="", file=self.stream, flush=True)
             return
         out = "\r\x1b[2K"  # back to column 0, clear the live line
         if changed:
-            out += self._change_line(job, previous) + "\n"
+            out += self._change_line(job, previous) + "\n" + why
         out += self._live_line(job)
         self.stream.write(out)
         self.stream.flush()
@@ -1075,11 +1111,36 @@ class _Watcher:
             self.stream.flush()
 
 
+class _Reasons:
+    """The job's transitions not shown yet, as ``HH:MM:SS STATE: reason`` (the events
+    route): what happened between two polls (a health check, a reboot, a restart)."""
+
+    def __init__(self, client: ApiClient, job_id: str) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.shown: int | None = None
+
+    def new(self) -> list[str]:
+        try:
+            events = [e for e in self.client.events(self.job_id).get("events") or [] if isinstance(e, dict)]
+        except ApiError:  # only an aid: the state line says what matters
+            return []
+        start = max(0, len(events) - WATCH_FIRST_REASONS) if self.shown is None else self.shown
+        self.shown = len(events)
+        out = []
+        for event in events[start:]:
+            at = _parse_time(event.get("at"))
+            stamp = at.strftime("%H:%M:%S") if at else "--:--:--"
+            out.append(f"{stamp} {event.get('to', '?')}: {_cell(event.get('reason'))}")
+        return out
+
+
 def cmd_watch(client: ApiClient, args: argparse.Namespace) -> int:
     stream = _out()
     tty = bool(getattr(stream, "isatty", lambda: False)()) and not _json_mode(args)
-    watcher = _Watcher(stream, tty, _monotonic())
+    watcher = _Watcher(stream, tty, _monotonic(), now=client.server_now)
     errors = 0
+    reasons = _Reasons(client, args.job_id)
     watcher.start()
     try:
         while True:
@@ -1101,7 +1162,7 @@ def cmd_watch(client: ApiClient, args: argparse.Namespace) -> int:
                     print(json.dumps(job, separators=(",", ":"), default=str), file=stream, flush=True)
                     watcher.last_key = key
             else:
-                watcher.update(job)
+                watcher.update(job, reasons.new() if watcher.changed(job) else None)
             state = str(job.get("state", "")).upper()
             if state in TERMINAL_STATES:
                 return EXIT_OK if state == "COMPLETE" else EXIT_JOB_FAILED

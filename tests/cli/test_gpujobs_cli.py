@@ -125,6 +125,9 @@ class FakeApi:
             script = self.state_scripts.get(job["job_id"])
             if script:
                 step = script.pop(0)
+                if isinstance(step, dict) and "new_events" in step:  # history grows with the state
+                    step = dict(step)
+                    self.events.setdefault(job["job_id"], []).extend(step.pop("new_events"))
                 job.update(step if isinstance(step, dict) else {"state": step})
                 self.update_ranks(job)
                 jid = job["job_id"]
@@ -602,6 +605,53 @@ def test_watch_tty_redraws_in_place(api, sleeps, monkeypatch):
     assert out.count("\r\x1b[2K") == 3
     assert "ranks [####################] 2/2 running" in out
     assert "attempt 1" in out and "elapsed " in out and "RUNNING -> COMPLETE" in out
+
+
+def test_watch_shows_why_each_transition_happened(api, sleeps, capsys):
+    """Given a running job recovered after an XID (the history says why at each step),
+    when `watch ID` runs (not a TTY),
+    then each change line is followed by the transitions since the last poll with their
+    reasons, intermediate states included (PENDING_HEALTHCHECK lasted less than a poll)."""
+    api.add_job("j-1", state="RUNNING", attempt=1)
+    at = 1_763_650_000
+    api.events["j-1"] = [{"at": at - 60, "from": "", "to": "QUEUED", "reason": "submitted"},
+                         {"at": at - 55, "from": "QUEUED", "to": "RUNNING", "reason": "rank 0 running"}]
+    api.state_scripts["j-1"] = [
+        "RUNNING",
+        {"state": "PENDING_RESTART", "new_events": [
+            {"at": at, "to": "PENDING_HEALTHCHECK", "reason": "rank 1 exited 1: XID 79 -> reboot"},
+            {"at": at, "to": "PENDING_RESTART", "reason": "verdict REBOOT (rule xid-79)"}]},
+        {"state": "RUNNING", "attempt": 2, "new_events": [
+            {"at": at + 180, "to": "STARTING", "reason": "gang restart, attempt 2"},
+            {"at": at + 185, "to": "RUNNING", "reason": "rank 0 running"}]},
+        {"state": "COMPLETE",
+         "new_events": [{"at": at + 900, "to": "COMPLETE", "reason": "every rank exited 0"}]},
+    ]
+    assert run(api, "watch", "j-1") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:3] == ["    14:45:40 QUEUED: submitted", "    14:45:45 RUNNING: rank 0 running"]
+    assert "RUNNING -> PENDING_RESTART" in lines[3]
+    assert lines[4:6] == ["    14:46:40 PENDING_HEALTHCHECK: rank 1 exited 1: XID 79 -> reboot",
+                          "    14:46:40 PENDING_RESTART: verdict REBOOT (rule xid-79)"]
+    assert "PENDING_RESTART -> RUNNING" in lines[6] and "attempt=2" in lines[6]
+    assert lines[7:9] == ["    14:49:40 STARTING: gang restart, attempt 2",
+                          "    14:49:45 RUNNING: rank 0 running"]
+    assert "RUNNING -> COMPLETE" in lines[9] and lines[10] == "    15:01:40 COMPLETE: every rank exited 0"
+    assert len(lines) == 11
+
+
+def test_times_are_on_the_api_clock(monkeypatch):
+    """Given an API whose Date header is an hour ahead of this machine (the local
+    playground's clock runs fast), the client's notion of now follows it; a difference
+    within the header's one-second rounding is no skew."""
+    client = gpujobs.ApiClient("http://127.0.0.1:1")
+    monkeypatch.setattr(gpujobs, "_utcnow", lambda: datetime(2026, 11, 20, 14, 0, 0, tzinfo=UTC))
+    client._note_server_time("Fri, 20 Nov 2026 15:00:00 GMT")
+    assert client.server_now() == datetime(2026, 11, 20, 15, 0, 0, tzinfo=UTC)
+    client._note_server_time("not a date")  # ignored: the last known offset stays
+    assert client.clock_offset == 3600
+    client._note_server_time("Fri, 20 Nov 2026 14:00:01 GMT")
+    assert client.clock_offset == 0.0
 
 
 def test_watch_tolerates_a_transient_outage(api, sleeps, capsys):
