@@ -14,7 +14,7 @@ LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
 .PHONY: install install-cdk demo test test-faults lint typecheck bench synth deploy clean local-api fuzz \
-	config-docs doctor
+	config-docs doctor playground
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,11 @@ install-cdk: $(NPM_STAMP)
 demo: $(STAMP)
 	$(LOCAL_ENV) $(PY) -m local_mode.demo
 
-local-api: $(STAMP)
-	$(LOCAL_ENV) $(PY) -m local_mode.server
+# A local GPU cluster behind the local REST API: submit, watch, fault and recover jobs with the
+# CLIs (docs/playground.md). PLAYGROUND_ARGS="--nodes 8 --speed 10" and the like.
+PLAYGROUND_ARGS ?=
+playground local-api: $(STAMP)
+	$(LOCAL_ENV) $(PY) -m local_mode.playground $(PLAYGROUND_ARGS)
 
 test: $(STAMP) install-cdk
 	$(VENV)/bin/ruff check .

@@ -24,13 +24,14 @@ What API Gateway answers itself is answered here the same way, in the APIs' erro
 that fails the authorizer's identity validation expression -> 401 without invoking it;
 a body over 10 MB -> 413, sent after the body was read so the client sees it.
 
-Run it (``make local-api``)::
+Run it alone (no cluster behind it; ``make playground`` / ``make local-api`` run it with a
+simulated cluster, :mod:`local_mode.playground`)::
 
     python -m local_mode.server [--port 8080] [--node-id NODE] [--sweep-seconds 60]
 
 It starts the embedded emulator (:class:`local_mode.emulator.LocalAws`), adds the
 node-token table, issues a token for ``--node-id`` and prints it, then serves until
-Ctrl-C, running the heartbeat sweep every ``--sweep-seconds``.
+Ctrl-C, running the heartbeat sweep every ``--sweep-seconds`` (for trying the node agent).
 """
 
 from __future__ import annotations
