@@ -9,6 +9,7 @@
     gpu-recovery-admin quota set --user alice --priority HIGH --nodes 8
     gpu-recovery-admin quota list [--user alice] [--json]
     gpu-recovery-admin quota remove --user alice --priority HIGH
+    gpu-recovery-admin fault xid 79 --job <job id> --rank 1   # the local playground only
 
 ``breaker`` reads and writes the breaker's item in the container-instance table
 (``--instance-table`` or ``$CONTAINER_INSTANCE_TABLE_NAME``). ``reset --resume-backlog``
@@ -23,6 +24,9 @@ as the jobs API's admin routes. A user is an IAM ARN or the name ``gpujobs quota
 set quota has the deployment's default, read from ``$DEFAULT_NODE_QUOTAS`` (the JSON the
 stack gives the jobs API, e.g. ``{"HIGH": 8}``), else no limit. A change applies from the
 scheduler's next tick. ``remove`` exits 1 when no quota was set at that level.
+
+``fault`` injects a fault into the local playground (``make playground``) through its
+local-only route; it refuses any endpoint not on this machine (see :mod:`cli.faults`).
 
 Credentials and region come from the usual AWS settings (``--region`` / ``--profile``
 override them). Token commands use the table ``--table`` or ``$NODE_TOKEN_TABLE_NAME``
@@ -43,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli import doctor
+from cli import doctor, faults
 from gpu_recovery.constants import (
     DEFAULT_INSTANCE_TABLE_NAME,
     DEFAULT_JOB_TABLE_NAME,
@@ -332,6 +336,8 @@ COMMANDS: list[Command] = [
     Command("list-tokens", "list nodes and token status (never the tokens)", _no_arguments, _list_tokens),
     Command("breaker", "show or reset the blast-radius breaker", _breaker_arguments, _breaker),
     Command("quota", "set, list or remove users' node quotas per priority level", _quota_arguments, _quota),
+    Command("fault", "inject a fault into the local playground (make playground; local endpoints only)",
+            faults.add_arguments, lambda args, ctx: faults.run(args)),
 ]
 
 

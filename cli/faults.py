@@ -1,0 +1,155 @@
+"""``gpu-recovery-admin fault``: inject a fault into the local playground (``make playground``).
+
+    gpu-recovery-admin fault nodes                          # the playground's nodes and what runs there
+    gpu-recovery-admin fault xid 79 --job <job id> --rank 1 # XID 79 on the GPU node of rank 1
+    gpu-recovery-admin fault xid 48 --node node-2 [--gpu 3] [--persistent]
+    gpu-recovery-admin fault dead-gpu --node node-2         # the DCGM diag will say replace
+    gpu-recovery-admin fault flap --node node-3 [--times 3] [--seconds 30]   # ECS agent flaps
+    gpu-recovery-admin fault app-error --job <job id> [--rank 0] [--exit-code 1]
+    gpu-recovery-admin fault lost-node --node node-4 [--seconds 300]         # heartbeats stop
+
+Local only: the endpoint (``--endpoint`` or ``$GPUJOBS_ENDPOINT``, what ``make playground``
+prints) must be on this machine (127.0.0.1, localhost, ::1); anything else is refused
+before a request is sent. The playground answers on its local-only route ``POST
+/local/faults``, which no deployed API has. ``--persistent``: a reboot does not fix the
+GPU (it faults again; the fault catalog escalates). The injected fault is one JSON document
+on stdout, a sentence on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+ENDPOINT_ENV = "GPUJOBS_ENDPOINT"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+TIMEOUT_SECONDS = 30.0
+EXIT_OK, EXIT_UNREACHABLE, EXIT_REFUSED = 0, 1, 2
+
+
+class FaultError(Exception):
+    def __init__(self, message: str, exit_code: int = EXIT_REFUSED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint", help=f"the playground's local API (default ${ENDPOINT_ENV}); "
+                                           "only 127.0.0.1, localhost or ::1")
+    actions = parser.add_subparsers(dest="fault_command", required=True)
+    nodes = actions.add_parser("nodes", help="the playground's nodes: health, agent, free GPUs, ranks")
+    nodes.add_argument("--json", action="store_true", help="print JSON")
+
+    def target(p: argparse.ArgumentParser, rank_help: str = "the rank whose node is hit (default 0)") -> None:
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument("--node", help="node name (node-1...), instance id or container instance id")
+        where.add_argument("--job", help="a job id: the node its --rank runs on now")
+        p.add_argument("--rank", type=int, default=0, help=rank_help)
+
+    xid = actions.add_parser("xid", help="the GPU driver logs an XID: the node agent reports it, ranks crash")
+    xid.add_argument("xid", type=int, help="XID, e.g. 79 (fallen off the bus), 48 (ECC), 13 (application)")
+    target(xid)
+    xid.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
+    xid.add_argument("--persistent", action="store_true", help="a reboot does not fix it")
+    dead = actions.add_parser("dead-gpu", help="a GPU dies: ranks exit 1, the DCGM diag says replace")
+    target(dead)
+    dead.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
+    flap = actions.add_parser("flap", help="the node's ECS agent disconnects and reconnects, repeatedly")
+    target(flap)
+    flap.add_argument("--times", type=int, default=3, help="disconnections (default 3)")
+    flap.add_argument("--seconds", type=float, default=30.0, help="each one this long (default 30)")
+    app = actions.add_parser("app-error", help="a rank exits non-zero on healthy GPUs (an application bug)")
+    target(app, "the rank that exits (default 0)")
+    app.add_argument("--exit-code", type=int, default=1, help="its exit code (default 1)")
+    lost = actions.add_parser("lost-node", help="the node agent goes silent: its ranks miss heartbeats")
+    target(lost)
+    lost.add_argument("--seconds", type=float, default=300.0, help="silent this long (default 300)")
+
+
+def local_endpoint(endpoint: str | None) -> str:
+    """The playground's base URL (scheme://host:port), or FaultError when ``endpoint`` is
+    missing or not on this machine."""
+    if not endpoint:
+        raise FaultError(f"no endpoint: pass --endpoint or set {ENDPOINT_ENV} (make playground prints it)")
+    parts = urllib.parse.urlsplit(endpoint.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FaultError(f"invalid endpoint {endpoint!r}: expected http://127.0.0.1:<port>")
+    if parts.hostname.lower() not in LOOPBACK_HOSTS:
+        raise FaultError(f"fault injection is for the local playground only: {endpoint} is not on this "
+                         "machine (a deployed API has no fault route; start one with `make playground`)")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def request(base: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"{base}{path}", data=data, method=method,  # noqa: S310 (loopback http)
+                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    try:
+        with opener.open(req, timeout=TIMEOUT_SECONDS) as resp:
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as error:
+        try:
+            doc = json.loads(error.read() or b"{}")
+        except ValueError:
+            doc = {}
+        if error.code == 403 and doc.get("error") == "MISSING_AUTHENTICATION_TOKEN":
+            raise FaultError(f"{base} runs no playground (no {path} route): start one with `make playground`"
+                             ) from None
+        field = f" (field: {doc['field']})" if doc.get("field") else ""
+        raise FaultError(f"HTTP {error.code}: {doc.get('message') or error.reason}{field}") from None
+    except (OSError, ValueError) as error:
+        raise FaultError(f"cannot reach the playground at {base}: {getattr(error, 'reason', error)}",
+                         EXIT_UNREACHABLE) from None
+
+
+def fault_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": args.fault_command.replace("-", "_")}
+    if args.node:
+        body["node"] = args.node
+    else:
+        body.update(job_id=args.job, rank=args.rank)
+    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code"):
+        if getattr(args, name, None) is not None:
+            body[name] = getattr(args, name)
+    return body
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        base = local_endpoint(args.endpoint or os.environ.get(ENDPOINT_ENV))
+        if args.fault_command == "nodes":
+            nodes = request(base, "GET", "/local/nodes")["nodes"]
+            print_nodes(nodes, as_json=args.json)
+            return EXIT_OK
+        done = request(base, "POST", "/local/faults", fault_body(args))
+    except FaultError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    print(json.dumps(done, indent=2, sort_keys=True))
+    print(f"injected: {done.get('detail')}; follow it with `gpujobs watch <job id>` and on the playground's "
+          "console", file=sys.stderr)
+    return EXIT_OK
+
+
+def print_nodes(nodes: list[dict[str, Any]], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(nodes, indent=2, sort_keys=True))
+        return
+    rows = [["NODE", "STATUS", "AGENT", "HEALTH", "GPUS FREE", "REBOOTS", "RUNNING"]]
+    for node in nodes:
+        agent = ("rebooting" if node.get("rebooting") else
+                 "connected" if node.get("agent_connected") else "down")
+        running = ", ".join("health check" if t.get("health_check") else
+                            f"{t.get('job_id')} rank {t.get('rank')}" for t in node.get("tasks") or []) or "-"
+        rows.append([str(node.get("name")), str(node.get("status")), agent, str(node.get("health")),
+                     f"{node.get('free_gpus')}/{node.get('gpus')}", str(node.get("reboots")), running])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
