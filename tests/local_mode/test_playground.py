@@ -1,0 +1,236 @@
+"""``make playground``, as a user drives it: the playground in its own process, the CLIs
+(``gpujobs``, ``gpu-recovery-admin``) against the endpoints it prints.
+
+One playground per test module (``python -m local_mode.playground``, ephemeral ports, a
+clock 40x real time, 4 nodes, jobs of 2 simulated minutes): a job is submitted from
+``examples/job.yaml``, followed until RUNNING, hit by XID 79 through ``gpu-recovery-admin
+fault``, watched through its recovery (reboot without the DCGM diag, gang restart as
+attempt 2) to COMPLETE; its logs come from the emulated CloudWatch Logs, the playground's
+console shows the operators' e-mail, and the admin commands reach the emulator's tables
+through ``AWS_ENDPOINT_URL``. The preemption examples run as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli import admin, gpujobs
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_SECONDS = 90  # the process imports and builds the emulator (a few seconds; CI is slow)
+WAIT_SECONDS = 120  # any one step, in wall time (each takes a few seconds at 40x)
+
+
+class PlaygroundProcess:
+    """The playground's process and its console (read by a thread: the pipe never fills)."""
+
+    def __init__(self, *args: str) -> None:
+        env = dict(os.environ, PYTHONPATH=f"{REPO / 'lambdas'}{os.pathsep}{REPO}", PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "local_mode.playground", "--port", "0", "--aws-port", "0", *args],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def console(self) -> str:
+        return "\n".join(self.lines)
+
+    def exports(self) -> dict[str, str]:
+        """The ``export NAME=value`` lines of the banner, once printed."""
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            found = dict(line.strip()[len("export "):].split("=", 1) for line in list(self.lines)
+                         if line.strip().startswith("export "))
+            if "AWS_ENDPOINT_URL" in found and "GPUJOBS_ENDPOINT" in found:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no endpoints printed (exit {self.proc.poll()}):\n{self.console[-3000:]}")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def playground() -> Iterator[PlaygroundProcess]:
+    process = PlaygroundProcess("--speed", "40", "--run-minutes", "2", "--reboot-seconds", "60")
+    try:
+        process.exports()
+        yield process
+    finally:
+        code = process.stop()
+        assert code == 0, process.console[-3000:]
+        assert "playground stopped" in process.console
+
+
+@pytest.fixture
+def shell(playground: PlaygroundProcess, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This test's environment = a shell where the user pasted the printed exports."""
+    exports = playground.exports()
+    for name, value in exports.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("NO_COLOR", "1")
+    return exports
+
+
+def cli(capsys: pytest.CaptureFixture[str], main: Any, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def show(capsys: pytest.CaptureFixture[str], job_id: str) -> dict[str, Any]:
+    code, out, err = cli(capsys, gpujobs.main, "--json", "show", job_id)
+    assert code == 0, err
+    return dict(json.loads(out))
+
+
+def wait_for_state(capsys: pytest.CaptureFixture[str], job_id: str, state: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        job = show(capsys, job_id)
+        if job["state"] == state:
+            return job
+        assert job["state"] not in ("FAILED", "CANCELED"), job
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} never {state}: {job}")
+
+
+def wait_for_console(playground: PlaygroundProcess, text: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while text not in playground.console:
+        assert time.monotonic() < deadline, f"{text!r} never on the console:\n{playground.console[-3000:]}"
+        time.sleep(0.1)
+
+
+def test_a_job_hit_by_xid_79_recovers_and_completes(playground: PlaygroundProcess, shell: dict[str, str],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Given the playground and a shell with its exports,
+    When a user submits examples/job.yaml, waits for RUNNING, injects XID 79 on rank 1's
+    node with gpu-recovery-admin and watches the job,
+    Then the node is rebooted without the diag, the gang restarts as attempt 2, the job
+    completes (watch exits 0 showing why at each step), its logs are in CloudWatch Logs, the
+    operators' e-mail is on the console, and the breaker counted the reboot."""
+    code, out, err = cli(capsys, gpujobs.main, "submit", "-f", str(REPO / "examples" / "job.yaml"))
+    assert code == 0, err
+    job_id = out.strip()
+    running = wait_for_state(capsys, job_id, "RUNNING")
+    assert running["attempt"] == 1
+
+    code, out, err = cli(capsys, admin.main, "fault", "xid", "79", "--job", job_id, "--rank", "1")
+    assert code == 0, err
+    injected = json.loads(out)
+    assert injected["kind"] == "xid" and "XID 79" in injected["detail"]
+
+    code, out, err = cli(capsys, gpujobs.main, "watch", job_id, "--interval", "0.2")
+    assert code == 0, err + out
+    assert "-> COMPLETE" in out and "attempt=2" in out
+    assert "PENDING_HEALTHCHECK: rank 1 exited 1" in out and "xid-79" in out  # why, from the history
+    assert "STARTING: gang restart, attempt 2" in out
+
+    job = show(capsys, job_id)
+    assert (job["state"], job["attempt"], job["recoveries_used"]) == ("COMPLETE", 2, 1)
+    code, out, err = cli(capsys, gpujobs.main, "logs", job_id)
+    assert code == 0, err
+    assert "attempt 2" in out and "training complete" in out
+
+    wait_for_console(playground, "Subject: [GPU recovery] Job recovered and restarted")
+    assert "reboot requested via EC2 RebootInstances" in playground.console
+    assert f"{job_id} -> COMPLETE: every rank exited 0" in playground.console
+
+    code, out, err = cli(capsys, admin.main, "breaker", "show")
+    assert code == 0, err
+    breaker = json.loads(out)  # it acted once (its window is counted on this machine's clock)
+    assert (breaker["state"], breaker["limit"], breaker["trips"]) == ("closed", 1, 0)
+
+
+def test_admin_commands_reach_the_playground(playground: PlaygroundProcess, shell: dict[str, str],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Given the playground, When an admin sets a quota (DynamoDB through AWS_ENDPOINT_URL),
+    lists the nodes and aims faults at nothing, Then gpujobs quota shows the quota, the
+    nodes are listed, and the bad faults are refused naming what is wrong."""
+    code, _, err = cli(capsys, admin.main, "quota", "set", "--user", "alice", "--priority", "HIGH",
+                       "--nodes", "4")
+    assert code == 0, err
+    code, out, err = cli(capsys, gpujobs.main, "--json", "quota")
+    assert code == 0, err
+    high = next(r for r in json.loads(out)["quotas"] if r["priority_name"] == "HIGH")
+    assert (high["max_nodes"], high["source"]) == (4, "set")
+
+    code, out, err = cli(capsys, admin.main, "fault", "nodes")
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == ["NODE", "node-1", "node-2", "node-3", "node-4"]
+
+    code, _, err = cli(capsys, admin.main, "fault", "xid", "79", "--node", "node-9")
+    assert code == 2 and "no node node-9" in err
+    code, _, err = cli(capsys, admin.main, "fault", "xid", "79", "--node", "node-1", "--gpu", "8")
+    assert code == 2 and "gpu: 0..7" in err
+    code, _, err = cli(capsys, admin.main, "fault", "app-error", "--job", "nope-20261120-000000-0000")
+    assert code == 2 and "has no rank 0 on a node now" in err
+
+
+def test_a_high_job_preempts_the_low_example(playground: PlaygroundProcess, shell: dict[str, str],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Given the playground's 4 nodes, When the LOW example (4 nodes) runs and the HIGH
+    example is submitted, Then the LOW job is suspended gracefully (its rank 0 told through
+    the real training client), the HIGH job runs, and the LOW job resumes from its
+    checkpoint and completes."""
+    examples = REPO / "examples"
+    code, out, err = cli(capsys, gpujobs.main, "submit", "-f", str(examples / "preemptible-low.yaml"))
+    assert code == 0, err
+    low = out.strip()
+    wait_for_state(capsys, low, "RUNNING")
+    deadline = time.monotonic() + WAIT_SECONDS
+    while "step 30/60" not in cli(capsys, gpujobs.main, "logs", low)[1]:  # a minute of work done
+        assert time.monotonic() < deadline, "the LOW job makes no progress"
+        time.sleep(0.1)
+    code, out, err = cli(capsys, gpujobs.main, "submit", "-f", str(examples / "urgent-high.yaml"))
+    assert code == 0, err
+    high = out.strip()
+    code, out, err = cli(capsys, gpujobs.main, "watch", low, "--interval", "0.2")
+    assert code == 0, err + out
+    assert "suspend=preempted" in out and f"by={high}" in out, playground.console[-6000:]
+    assert "rank 0 called go_suspend()" in out  # graceful: the program checkpointed and asked
+    job = show(capsys, low)
+    assert (job["state"], job["suspend_count"], job["resume_count"], job["recoveries_used"]) == \
+        ("COMPLETE", 1, 1, 0)
+    assert wait_for_state(capsys, high, "COMPLETE")["attempt"] == 1
+    code, out, _ = cli(capsys, gpujobs.main, "logs", low)
+    assert "RESUME_COUNT=1" in out and "resuming from the checkpoint at step" in out
+
+
+def test_fault_injection_refuses_an_endpoint_not_on_this_machine(capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployed API never gets a fault request: the command refuses before sending one."""
+    monkeypatch.setenv("GPUJOBS_ENDPOINT", "https://abc123.execute-api.us-east-1.amazonaws.com/v1")
+    code, out, err = cli(capsys, admin.main, "fault", "xid", "79", "--node", "node-1")
+    assert (code, out) == (2, "")
+    assert "for the local playground only" in err and "abc123.execute-api" in err
+    monkeypatch.delenv("GPUJOBS_ENDPOINT")
+    code, _, err = cli(capsys, admin.main, "fault", "nodes")
+    assert code == 2 and "no endpoint" in err
