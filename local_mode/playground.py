@@ -9,9 +9,11 @@ real-time clock (optionally accelerated) while the API serves requests:
 * a simulated ECS cluster (:class:`local_mode.ecs_sim.SimulatedEcs`) of ``--nodes`` GPU
   nodes (default 4 x 8 GPUs) whose AWS-shaped events reach the real handlers through the
   local event bus, every event delivered twice (EventBridge is at-least-once);
-* every task definition ``examples/*.yaml`` names (``llama-train:3`` is registered as
-  revisions 1..3), with an ``awslogs`` log configuration: the simulated training programs
-  write to CloudWatch Logs, where ``gpujobs logs`` reads;
+* every task definition ``examples/*.yaml`` and ``cli/README.md`` name (``llama-train:3`` is
+  registered as revisions 1..3), with an ``awslogs`` log configuration: the simulated
+  training programs write to CloudWatch Logs, where ``gpujobs logs`` reads;
+* the user running it, and ``admin``, are admin roles of the jobs API (every quota, every
+  job, the reserved priorities); the CLI acts as ``$USER``;
 * the schedules (recovery sweep, heartbeat sweep, queue scheduler: every minute) and a
   simulated node agent per node (``/v1/report_tasks`` over HTTP every 30 s, XIDs through
   ``/v1/report_gpu``);
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import io
 import json
 import math
@@ -62,6 +65,8 @@ from gpu_recovery import constants as C
 from local_mode.server import ApiResponse, LocalApi, LocalApiServer
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+# Task definitions the CLI's documentation submits besides the examples' (cli/README.md).
+DOCUMENTED_TASK_DEFINITIONS = {"bert-train": 7}
 LOCAL_PREFIX = "/local"
 SCHEDULE_SECONDS = 60  # the deployed rate(1 minute) schedules
 AGENT_INTERVAL_SECONDS = 30
@@ -543,7 +548,7 @@ class Playground:
         self.local = stack.enter_context(LocalAws(
             max_recovery_attempts=3, metrics_disabled=True, reboot_timeout_minutes=30,
             extra_env={"POWERTOOLS_LOG_LEVEL": "WARNING" if cfg.verbose else "CRITICAL",
-                       C.ENV_JOBS_ADMIN_ROLES: "admin",
+                       C.ENV_JOBS_ADMIN_ROLES: ",".join(self.admins),
                        C.ENV_CONTROL_API_URL: f"{server.url}/prod",
                        C.ENV_CONTROL_POLL_SECONDS: str(self.control_poll_seconds)}))
         if not cfg.verbose:
@@ -590,7 +595,9 @@ class Playground:
     def _register_task_definitions(self) -> dict[str, tuple[str, str, str]]:
         ecs, logs = self.local.client("ecs"), self.local.client("logs")
         locations: dict[str, tuple[str, str, str]] = {}
-        families = example_task_definitions(self.config.examples_dir) or {"train": 1}
+        families = dict(DOCUMENTED_TASK_DEFINITIONS)
+        for family, revision in example_task_definitions(self.config.examples_dir).items():
+            families[family] = max(revision, families.get(family, 0))
         for family, revisions in sorted(families.items()):
             group, prefix, container = f"/ecs/{family}", "train", "trainer"
             logs.create_log_group(logGroupName=group)
@@ -629,6 +636,15 @@ class Playground:
         stack.callback(self.aws_server.stop)
         host, bound = self.aws_server.get_host_and_port()
         self.aws_url = f"http://{host}:{bound}"
+
+    @property
+    def admins(self) -> list[str]:
+        """Admin roles of the jobs API: ``admin`` and whoever runs the playground."""
+        try:  # as the CLI names its caller: $USER, else the login name
+            user = os.environ.get("USER") or getpass.getuser()
+        except Exception:  # no passwd entry (containers)
+            user = ""
+        return sorted({"admin", user} - {""})
 
     @property
     def control_poll_seconds(self) -> int:
@@ -979,11 +995,13 @@ class Playground:
             "  source .venv/bin/activate                            # gpujobs, gpu-recovery-admin",
             *[f"  {line}" for line in exports],
             "  gpujobs submit -f examples/job.yaml                  # prints the job id",
-            "  gpujobs watch <job id>                               # live, until COMPLETE",
-            "  gpu-recovery-admin fault xid 79 --job <job id> --rank 1   # then watch it recover",
+            "  gpu-recovery-admin fault xid 79 --job <job id> --rank 1   # a GPU falls off the bus",
+            "  gpujobs watch <job id>                               # its recovery, live, until COMPLETE",
             "",
             "More: gpujobs list | logs <id> | suspend <id> | resume <id> | quota; gpu-recovery-admin",
             "fault nodes | dead-gpu | flap | app-error | lost-node; quota set; breaker show.",
+            f"Users: the CLI acts as $USER; {' and '.join(self.admins)} are admins here (every job, every",
+            "quota); USER=bob gpujobs ... acts as bob.",
             "Ctrl-C stops the playground (everything is in memory).",
             "=" * 78,
         ]
