@@ -8,6 +8,9 @@
   patterns), at-least-once delivery, schedules; ``wire_recovery_handlers``.
 * :mod:`local_mode.events` — AWS-documented ECS event builders.
 * :mod:`local_mode.faults` — ``ApiFaults``: transient / persistent AWS API errors.
+* :mod:`local_mode.playground` — ``make playground``: all of the above driven from a
+  real-time clock behind the local API (:mod:`local_mode.server`), with simulated training
+  programs (:mod:`local_mode.training_programs`) and faults on demand.
 
 Typical use::
 

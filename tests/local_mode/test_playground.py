@@ -234,3 +234,59 @@ def test_fault_injection_refuses_an_endpoint_not_on_this_machine(capsys: pytest.
     monkeypatch.delenv("GPUJOBS_ENDPOINT")
     code, _, err = cli(capsys, admin.main, "fault", "nodes")
     assert code == 2 and "no endpoint" in err
+
+
+def test_the_local_route_refuses_bad_requests_naming_the_field(playground: PlaygroundProcess,
+                                                               shell: dict[str, str]) -> None:
+    """Given the playground, When POST /local/faults gets an unknown kind, bad JSON or no
+    target, Then 400 with the field; an unknown local route is a 404 listing the routes;
+    the deployed routes are untouched (an undefined one is still API Gateway's 403)."""
+    from cli.faults import FaultError, request
+
+    base = shell["GPUJOBS_ENDPOINT"]
+    for body, field in (({"kind": "meteor", "node": "node-1"}, "kind"), ({"kind": "xid"}, "node"),
+                        ({"kind": "xid", "node": "node-1", "xid": "seventy-nine"}, "xid")):
+        with pytest.raises(FaultError, match=rf"HTTP 400: .*\(field: {field}\)"):
+            request(base, "POST", "/local/faults", body)
+    with pytest.raises(FaultError, match="HTTP 404: no local route DELETE /local/nodes"):
+        request(base, "DELETE", "/local/nodes")
+    with pytest.raises(FaultError, match="runs no playground"):
+        request(base, "POST", "/v1/faults", {})
+    assert request(base, "GET", "/local")["nodes"] == 4
+
+
+def test_playground_settings_are_checked() -> None:
+    from local_mode.playground import PlaygroundConfig
+
+    with pytest.raises(ValueError, match="--speed: 0 is not above 0"):
+        PlaygroundConfig(speed=0).validate()
+    with pytest.raises(ValueError, match=r"--gpus: 32 is not 1\.\.16"):
+        PlaygroundConfig(gpus_per_node=32).validate()
+    with pytest.raises(ValueError, match="--port and --aws-port must differ"):
+        PlaygroundConfig(port=9000, aws_port=9000).validate()
+
+
+def test_the_examples_task_definitions_are_registered_up_to_their_revision(tmp_path: Path) -> None:
+    from local_mode.playground import example_task_definitions
+
+    (tmp_path / "a.yaml").write_text("task_definition: llama-train:3\n")
+    (tmp_path / "b.yml").write_text("task_definition: arn:aws:ecs:us-east-1:1:task-definition/llama-train:5")
+    (tmp_path / "c.yaml").write_text("task_definition: vit\n")
+    (tmp_path / "d.yaml").write_text("name: no task definition\n")
+    (tmp_path / "e.yaml").write_text(": not yaml : [\n")
+    assert example_task_definitions(tmp_path) == {"llama-train": 5, "vit": 1}
+    assert example_task_definitions(REPO / "examples") == {"llama-train": 3}
+
+
+def test_fault_requests_from_the_command_line() -> None:
+    from cli.faults import fault_body, local_endpoint
+
+    parser = admin.build_parser()
+    args = parser.parse_args(["fault", "xid", "48", "--job", "j-1", "--rank", "1", "--gpu", "3",
+                              "--persistent"])
+    assert fault_body(args) == {"kind": "xid", "job_id": "j-1", "rank": 1, "xid": 48, "gpu": 3,
+                                "persistent": True}
+    args = parser.parse_args(["fault", "lost-node", "--node", "node-2", "--seconds", "600"])
+    assert fault_body(args) == {"kind": "lost_node", "node": "node-2", "seconds": 600.0}
+    assert local_endpoint("http://localhost:8080/v1") == "http://localhost:8080"
+    assert local_endpoint("http://[::1]:8080") == "http://[::1]:8080"

@@ -1,0 +1,229 @@
+"""The program inside every training container of the local playground, in simulated time.
+
+A job is ``total_steps`` steps of ``PROGRAM_TICK_SECONDS`` (the playground's
+``--run-minutes``). Each rank logs its progress to its task definition's ``awslogs`` group
+(the emulated CloudWatch Logs, which ``gpujobs logs`` reads); rank 0 saves a checkpoint every
+``CHECKPOINT_EVERY_STEPS`` steps; an attempt starts from the last checkpoint (a crash loses
+the steps since) and its ranks exit 0 when the steps are done (``SimulatedEcs.plan_task``).
+Rank 0 asks ``receive_suspend_command()`` of the real training client
+(``training_client/gpu_recovery_client.py``) every step; told, it saves a checkpoint and
+calls ``go_suspend(block=False)``. A rank killed by an injected fault prints what
+``mark_crash`` says (a CUDA error, an NCCL error) as its last line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shlex
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_recovery import constants as C
+
+PROGRAM_TICK_SECONDS = 2.0  # a training step: rank 0 asks the suspend channel once per step
+LOG_EVERY_STEPS = 30
+CHECKPOINT_EVERY_STEPS = 60
+# The emulated CloudWatch Logs refuses events more than 2 h in the future, as AWS does.
+LOG_FUTURE_LIMIT_SECONDS = 2 * 3600 - 60
+
+@dataclass
+class _RankProgram:
+    task_arn: str
+    job_id: str
+    rank: int
+    world_size: int
+    attempt: int
+    node: str
+    log_group: str
+    log_stream: str
+    env: dict[str, str]
+    client: Any = None  # rank 0's SuspendClient
+    last_logged_step: int = -1
+    told: bool = False
+    suspended: bool = False
+    ended: bool = False
+
+
+@dataclass
+class _AttemptRun:
+    started_at: float
+    first_step: int
+    end_at: float
+
+
+class TrainingPrograms:
+    """The programs of every queue rank of the simulated cluster (see the module docstring)."""
+
+    def __init__(self, sim: Any, log_locations: dict[str, tuple[str, str, str]], *, run_seconds: float,
+                 state_dir: str, note: Callable[[float, str, str], None]) -> None:
+        from local_mode.time_sharing_scenario import load_client_library
+
+        self.sim = sim
+        self.log_locations = log_locations  # family -> (group, stream prefix, container)
+        self.step_seconds = PROGRAM_TICK_SECONDS
+        self.total_steps = max(1, round(run_seconds / self.step_seconds))
+        self.state_dir = state_dir
+        self.note = note
+        self.client_lib = load_client_library()
+        self.checkpoints: dict[str, int] = {}  # job id -> step of its last checkpoint
+        self.runs: dict[tuple[str, int], _AttemptRun] = {}
+        self.ranks: dict[str, _RankProgram] = {}  # task arn -> program
+        self.death_causes: dict[str, str] = {}  # task arn -> the last lines it prints
+        self.errors: list[str] = []
+        self._logs_ready: set[tuple[str, str]] = set()
+
+    def start(self) -> None:
+        self.sim.schedule(self.sim.now() + self.step_seconds, self._tick, "training programs")
+
+    # ------------------------------------------------------------------ the step
+    def _tick(self) -> None:
+        try:
+            for task in self.sim.running_tasks():
+                if task.health_check or task.last_status != "RUNNING" or C.TAG_JOB_ID not in task.tags:
+                    continue
+                program = self.ranks.get(task.arn) or self._attach(task)
+                if program is not None and not program.ended:
+                    self._step(program, task)
+            for program in list(self.ranks.values()):
+                task = self.sim.tasks.get(program.task_arn)
+                if task is not None and task.done and not program.ended:
+                    self._ended(program, task)
+        except Exception as error:  # a program's bug must not stop the cluster
+            self.errors.append(f"{type(error).__name__}: {error}")
+        self.sim.schedule(self.sim.now() + self.step_seconds, self._tick, "training programs")
+
+    def _attach(self, task: Any) -> _RankProgram | None:
+        location = self.log_locations.get(task.family)
+        if location is None:
+            return None
+        group, prefix, container = location
+        override = (task.overrides.get("containerOverrides") or [{}])[0]
+        env = {e["name"]: e["value"] for e in override.get("environment") or []}
+        tags = task.tags
+        program = _RankProgram(
+            task_arn=task.arn, job_id=tags[C.TAG_JOB_ID], rank=int(tags.get(C.TAG_RANK, "0")),
+            world_size=int(tags.get(C.TAG_WORLD_SIZE, "1")), attempt=int(tags.get(C.TAG_ATTEMPT, "1")),
+            node=task.node, log_group=group,
+            log_stream=f"{prefix}/{container}/{task.arn.rsplit('/', 1)[-1]}", env=env)
+        self.ranks[task.arn] = program
+        key = (program.job_id, program.attempt)
+        run = self.runs.get(key)
+        if run is None:
+            first = self.checkpoints.get(program.job_id, 0)
+            started = task.started_at or self.sim.now()
+            run = _AttemptRun(started, first, started + (self.total_steps - first) * self.step_seconds)
+            self.runs[key] = run
+        # Every rank of the attempt ends when the steps left are done (a fault stops it earlier).
+        self.sim.plan_task(task.arn, max(0.0, run.end_at - self.sim.now()), exit_code=0)
+        command = override.get("command") or []
+        resume = env.get(C.RESUME_COUNT_ENV)
+        lines = [f"rank {program.rank}/{program.world_size} on {task.node} ({len(task.gpu_ids)} GPUs), "
+                 f"attempt {program.attempt}" + (f", {C.RESUME_COUNT_ENV}={resume}" if resume else "")
+                 + (f": {shlex.join(command)[:200]}" if command else "")]
+        if program.rank == 0:
+            lines.append(f"resuming from the checkpoint at step {run.first_step}" if run.first_step
+                         else "no checkpoint: starting at step 0")
+            if env.get(C.CONTROL_URL_ENV) and env.get(C.CONTROL_TOKEN_ENV):
+                try:
+                    program.client = self.client_lib.SuspendClient.from_env(
+                        env, clock=self.sim.now, state_dir=self.state_dir, attempts=1)
+                except (RuntimeError, ValueError) as error:
+                    lines.append(f"no suspend channel: {error}")
+        self._write(program, lines)
+        return program
+
+    def step_of(self, program: _RankProgram) -> int:
+        run = self.runs[(program.job_id, program.attempt)]
+        done = int((self.sim.now() - run.started_at) // self.step_seconds)
+        return min(self.total_steps, run.first_step + max(0, done))
+
+    def _step(self, program: _RankProgram, task: Any) -> None:
+        if program.suspended:
+            return  # go_suspend() does not return: the process waits to be stopped
+        step = self.step_of(program)
+        lines: list[str] = []
+        if step // LOG_EVERY_STEPS > program.last_logged_step // LOG_EVERY_STEPS and step < self.total_steps:
+            lines.append(f"step {step}/{self.total_steps} loss {self._loss(program.job_id, step):.4f}")
+            program.last_logged_step = step
+        if program.rank == 0:
+            saved = self.checkpoints.get(program.job_id, 0)
+            due = step - step % CHECKPOINT_EVERY_STEPS
+            if due > saved and step < self.total_steps:
+                self.checkpoints[program.job_id] = due
+                lines.append(f"checkpoint saved at step {due}")
+            if program.client is not None:
+                lines += self._suspend_check(program, task, step)
+        self._write(program, lines)
+
+    def _suspend_check(self, program: _RankProgram, task: Any, step: int) -> list[str]:
+        if not program.client.receive_suspend_command():
+            return []
+        lines: list[str] = []
+        if not program.told:
+            program.told = True
+            self.checkpoints[program.job_id] = max(step, self.checkpoints.get(program.job_id, 0))
+            state = program.client.read_state()
+            lines.append(f"suspend command received ({state.get('reason') or 'suspend'}): checkpoint "
+                         f"saved at step {step}; calling go_suspend()")
+            self.note(self.sim.now(), task.node, f"rank 0 of job {program.job_id}: told to suspend; "
+                                                 f"checkpoint at step {step}, go_suspend()")
+        try:
+            ack = program.client.go_suspend(block=False)
+        except self.client_lib.ControlError as error:  # asked again at the next step
+            return [*lines, f"go_suspend() failed ({error}); again at the next step"]
+        program.suspended = True
+        return [*lines, f"go_suspend(): job {ack.get('state')}, waiting to be stopped"]
+
+    def _ended(self, program: _RankProgram, task: Any) -> None:
+        program.ended = True
+        code = task.exit_code
+        cause = self.death_causes.pop(task.arn, "")
+        if code == 0:
+            lines = [f"step {self.total_steps}/{self.total_steps} done: training complete"]
+        elif task.stop_code == "UserInitiated" or code == 143:
+            lines = [f"SIGTERM received ({task.stopped_reason or 'StopTask'}): exiting"]
+        elif code == 137 or code is None:
+            lines = []  # the host went away with the process: nothing more is written
+        else:
+            lines = [cause or f"exiting with status {code}"]
+        self._write(program, lines)
+
+    @staticmethod
+    def _loss(job_id: str, step: int) -> float:
+        noise = (zlib.crc32(f"{job_id}:{step}".encode()) % 1000) / 1000 - 0.5
+        return 0.35 + 2.9 * math.exp(-step / 400) + 0.03 * noise
+
+    # ------------------------------------------------------------------ logs
+    def _write(self, program: _RankProgram, lines: list[str]) -> None:
+        if not lines:
+            return
+        logs = self.sim.local.client("logs")
+        key = (program.log_group, program.log_stream)
+        if key not in self._logs_ready:
+            with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+                logs.create_log_stream(logGroupName=program.log_group, logStreamName=program.log_stream)
+            self._logs_ready.add(key)
+        # Simulated time may run ahead of the wall clock; CloudWatch Logs takes no event more
+        # than 2 h in the future (only a long accelerated session gets there).
+        stamp = int(min(self.sim.now(), time.time() + LOG_FUTURE_LIMIT_SECONDS) * 1000)
+        logs.put_log_events(logGroupName=program.log_group, logStreamName=program.log_stream,
+                            logEvents=[{"timestamp": stamp, "message": f"[rank {program.rank}] {line}"}
+                                       for line in lines])
+
+    def mark_crash(self, node: str, message: str, job_message: str | None = None) -> None:
+        """What the ranks on ``node`` print when they die of the coming fault (and, with
+        ``job_message``, what the other ranks of their jobs print: the NCCL cascade)."""
+        jobs = set()
+        for task in self.sim.running_tasks(node):
+            if not task.health_check:
+                self.death_causes[task.arn] = message
+                jobs.add(task.tags.get(C.TAG_JOB_ID))
+        if job_message:
+            for task in self.sim.running_tasks():
+                peer = task.tags.get(C.TAG_JOB_ID) in jobs - {None}
+                if task.node != node and not task.health_check and peer:
+                    self.death_causes.setdefault(task.arn, job_message)
