@@ -263,7 +263,7 @@ class SimulatedEcs:
         self._drive_lock = threading.Lock()
         bus.clock = self.clock.now
         if install_clock:
-            gr_clock.set_clock(self.clock.now)
+            gr_clock.set_clock(self.clock.now, self.clock.advance)
         hooks = local.hooks
         hooks.on_before_call("ecs", "StartTask", self._before_start_task)
         hooks.on_after_call("ecs", "StartTask", self._after_start_task)
