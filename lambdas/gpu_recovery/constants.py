@@ -243,6 +243,10 @@ QUOTA_BUCKET = "QUOTA"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
 # The blast-radius breaker's state: one item in the container-instance table.
 BREAKER_ITEM_KEY = "BREAKER#node-actions"
+# The stack's share of the account's ECS control-plane request bucket (a GCRA).
+ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
+# DCGM health checks running in the cluster (their slots), beside the breaker.
+HEALTH_CHECK_SLOTS_KEY = "SLOTS#health-checks"
 
 
 def job_item_key(job_id: str) -> str:
@@ -251,6 +255,37 @@ def job_item_key(job_id: str) -> str:
 
 def rank_item_key(job_id: str, rank: int) -> str:
     return f"{job_id}#{rank}"
+
+
+# Items of a job beside its job item and rank items (job ids never contain "#"). None of
+# them grows with the job's size: a suspect per node, a latch shard per 64 ranks.
+def suspect_item_key(job_id: str, attempt: int, container_inst_id: str) -> str:
+    """One suspect node of the fault of ``attempt``: its verdict and evidence."""
+    return f"{job_id}#S#a{attempt}#{container_inst_id}"
+
+
+def suspect_key_prefix(job_id: str, attempt: int) -> str:
+    return f"{job_id}#S#a{attempt}#"
+
+
+def latch_shard_key(job_id: str, attempt: int, shard: int) -> str:
+    """64 ranks' arrivals at the attempt's latches (registered, ended, done)."""
+    return f"{job_id}#L#a{attempt}#{shard}"
+
+
+def latch_head_key(job_id: str, attempt: int) -> str:
+    """The attempt's latches: which shards are complete."""
+    return f"{job_id}#L#a{attempt}"
+
+
+def placement_item_key(job_id: str, attempt: int) -> str:
+    """Where the gang restart that starts ``attempt`` moves ranks off unusable nodes."""
+    return f"{job_id}#P#a{attempt}"
+
+
+def health_check_slots_key(job_id: str) -> str:
+    """The job's DCGM health checks running at once (its share of the cluster's)."""
+    return f"{job_id}#HC"
 
 
 def _gsi(name: str, pk: str, sk: str) -> dict[str, Any]:
