@@ -60,6 +60,13 @@ ENV_REMEDIATION_SETTINGS = "REMEDIATION_SETTINGS"
 ENV_RELOCATE_INSTEAD_OF_WAIT = "RELOCATE_INSTEAD_OF_WAIT"  # "true": move a job off a rebooting node
 # Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
 ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
+# Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.
+ENV_GANG_QUEUE_URL = "GANG_QUEUE_URL"  # SQS queue of stop/start batches ("": run them inline)
+ENV_ECS_API_RATE = "ECS_API_RATE_PER_SECOND"  # the stack's share of the account's 40/s
+ENV_ECS_API_BURST = "ECS_API_BURST"
+ENV_BATCH_IDENTICAL_STARTS = "BATCH_IDENTICAL_STARTS"  # "false": one StartTask per rank
+ENV_MAX_HEALTH_CHECKS_PER_JOB = "MAX_HEALTH_CHECKS_PER_JOB"
+ENV_MAX_HEALTH_CHECKS_IN_FLIGHT = "MAX_HEALTH_CHECKS_IN_FLIGHT"
 FAULT_CATALOG_LAYER_DIR = "fault-catalog"  # /opt/<dir>/override.json in the Lambda runtime
 FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 
@@ -278,6 +285,11 @@ def latch_head_key(job_id: str, attempt: int) -> str:
     return f"{job_id}#L#a{attempt}"
 
 
+def refused_item_key(job_id: str) -> str:
+    """Marks a tagged job refused (too large): operators are told once."""
+    return f"{job_id}#REFUSED"
+
+
 def placement_item_key(job_id: str, attempt: int) -> str:
     """Where the gang restart that starts ``attempt`` moves ranks off unusable nodes."""
     return f"{job_id}#P#a{attempt}"
@@ -418,9 +430,15 @@ class NotificationKind(str, Enum):
     OBSERVED = "observed"  # observe mode: what would have been done
     BREAKER_TRIPPED = "breaker_tripped"
     RELOCATED = "relocated"
+    JOB_REFUSED = "job_refused"  # a tagged job larger than the supported size: not protected
 
 
 NOTIFICATION_KIND_ATTRIBUTE = "event_kind"
+
+# The largest job the recovery loop protects (tasks), and the queue's largest (nodes): one
+# task per GPU on 1,024 nodes of 8 GPUs. A larger tagged job is refused loudly.
+MAX_WORLD_SIZE = 8192
+MAX_QUEUE_NODES = 1024
 
 # --------------------------------------------------------------------------------------
 # ECS task tags that opt a job in to recovery
@@ -429,6 +447,10 @@ TAG_JOB_ID = "gpu-recovery:job-id"
 TAG_RANK = "gpu-recovery:rank"
 TAG_WORLD_SIZE = "gpu-recovery:world-size"
 TAG_ATTEMPT = "gpu-recovery:attempt"
+# On tasks one StartTask started for several identical ranks (one set of overrides and tags
+# for up to 10 nodes): the ranks of that call, "3,11,19" (each task is the rank planned on
+# its container instance). Training code of such jobs takes its rank from its rendezvous.
+TAG_RANKS = "gpu-recovery:ranks"
 # Optional task tags of tag-registered jobs: relocation opt-in and per-job budgets.
 TAG_RELOCATABLE = "gpu-recovery:relocatable"  # "true": may be restarted on other nodes
 TAG_MAX_INFRA_RECOVERIES = "gpu-recovery:max-infra-recoveries"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,14 +65,19 @@ class FakeEcs:
     #: fail the next call of an operation: ("refuse" | "lose" | "place_nothing")
     failures: dict[str, list[str]] = field(default_factory=dict)
     spare_nodes: list[str] = field(default_factory=list)
+    start_calls: list[int] = field(default_factory=list)  # instances per StartTask call
+    prepaid: int = 0
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
         return queue.pop(0) if queue else None
 
-    def start_task(self, *, task_definition: str, container_instance_arn: str,
+    def start_task(self, *, task_definition: str, container_instance_arn: str = "",
                    overrides: dict[str, Any] | None = None, tags: list[dict[str, str]] | None = None,
-                   started_by: str = "", group: str | None = None) -> StartResult:
+                   started_by: str = "", group: str | None = None,
+                   container_instance_arns: Sequence[str] = ()) -> StartResult:
+        instances = list(container_instance_arns) or [container_instance_arn]
+        self.start_calls.append(len(instances))
         fault = self._fault("start_task")
         if fault == "refuse":
             from botocore.exceptions import ClientError
@@ -80,15 +85,24 @@ class FakeEcs:
             raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
                                "ResponseMetadata": {"HTTPStatusCode": 400}}, "StartTask")
         if fault == "place_nothing":
-            return StartResult([], [{"arn": container_instance_arn, "reason": "RESOURCE:GPU"}])
-        arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
-        self.tasks[arn] = FakeTask(arn, container_instance_arn.rsplit("/", 1)[-1], started_by, group or "")
+            return StartResult([], [{"arn": a, "reason": "RESOURCE:GPU"} for a in instances])
+        placed = {}
+        for instance in instances:
+            arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
+            self.tasks[arn] = FakeTask(arn, instance.rsplit("/", 1)[-1], started_by, group or "")
+            placed[ci_arn(instance.rsplit("/", 1)[-1])] = arn
         if fault == "lose":
             raise LostResponse("StartTask: response lost")
-        return StartResult([arn], [])
+        return StartResult(list(placed.values()), [], placed)
 
     def stop_task(self, task_arn: str, reason: str) -> None:
         self.stop_calls.append(task_arn)
+
+    def prepay(self, calls: int) -> None:
+        self.prepaid += calls
+
+    def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]:
+        return [t for t in (self.describe_task(a) for a in task_arns) if t is not None]
 
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
         task = self.tasks.get(task_arn)
@@ -290,7 +304,7 @@ def world(**settings: Any) -> Iterator[World]:
         service = RecoveryService(flaky, ecs, rebooter, notifier, FakeVerdicts(),  # type: ignore[arg-type]
                                   Settings("jobs", "instances", CLUSTER, "gpu-health-check", "topic",
                                            **settings), replacer=replacer)
-        clock.set_clock(lambda: now[0])
+        clock.set_clock(lambda: now[0], lambda seconds: now.__setitem__(0, now[0] + seconds))
         try:
             yield World(service, flaky, ecs, rebooter, notifier, now, replacer)
         finally:

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_recovery.domain.policy import JobOutcome
-from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, SuspectVerdict
+from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, JobOutcome, SuspectVerdict
 
 
 @dataclass(frozen=True)
@@ -26,6 +25,7 @@ class FaultTally:
     reboot: int = 0
     rebooting: int = 0  # nodes rebooting that the gang restart waits for
     total: int | None = None  # suspects of the fault; known once every rank of the attempt ended
+    infra: int = 0  # healthy verdicts the catalog charges to the infrastructure budget (transient)
 
     @classmethod
     def from_item(cls, raw: Mapping[str, Any] | None) -> FaultTally:
@@ -34,11 +34,11 @@ class FaultTally:
         return cls(attempt=int(raw.get("attempt") or 0), decided=int(raw.get("decided") or 0),
                    fatal=int(raw.get("fatal") or 0), reboot=int(raw.get("reboot") or 0),
                    rebooting=int(raw.get("rebooting") or 0),
-                   total=None if total is None else int(total))
+                   total=None if total is None else int(total), infra=int(raw.get("infra") or 0))
 
     def to_item(self) -> dict[str, Any]:
         item: dict[str, Any] = {"attempt": self.attempt, "decided": self.decided, "fatal": self.fatal,
-                                "reboot": self.reboot, "rebooting": self.rebooting}
+                                "reboot": self.reboot, "rebooting": self.rebooting, "infra": self.infra}
         if self.total is not None:
             item["total"] = self.total
         return item

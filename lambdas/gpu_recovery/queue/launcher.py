@@ -443,19 +443,20 @@ class Launcher:
 
 def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any],
                       now: float) -> tuple[str, list[dict[str, Any]]]:
-    """A job the recovery loop relocated off a faulty node: where each rank moves and why
-    (history reason, and the job's ``relocations`` list)."""
+    """A job the recovery loop relocated off faulty nodes: which nodes it left, where rank
+    0 now is and why (history reason, and the job's ``relocations`` list). Nodes, not
+    ranks: the record stays small whatever the job's size."""
     relocation = dict(item.get("relocation") or {})
-    before = {str(k): str(v) for k, v in (relocation.get("from") or {}).items()}
-    after = {str(r): container_instance_id(arn) for r, arn in enumerate(plan["nodes"])}
-    moves = {r: {"from": before.get(r, ""), "to": node} for r, node in after.items()}
-    ordered = sorted(moves.items(), key=lambda x: int(x[0]))
-    text = ", ".join(f"rank {r} {m['from'] or '?'} -> {m['to']}" for r, m in ordered)
+    left = [str(n) for n in relocation.get("from_nodes") or []]
+    new_nodes = {container_instance_id(arn) for arn in plan["nodes"]}
+    shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
     why = str(relocation.get("reason") or "node fault")
-    entry = {"at": now, "attempt": plan["attempt"], "reason": why[:500], "moves": moves,
-             "master_addr": plan.get("master_addr", "")}
+    entry = {"at": now, "attempt": plan["attempt"], "reason": why[:500], "left": left[:20],
+             "nodes": len(new_nodes), "master_addr": plan.get("master_addr", "")}
     relocations = [*(item.get("relocations") or []), entry][-MAX_ATTEMPT_ENTRIES:]
-    return f"relocated (attempt {plan['attempt']}): {text}; {why}"[:500], relocations
+    text = (f"relocated (attempt {plan['attempt']}) off {shown or 'its unusable nodes'} to "
+            f"{len(new_nodes)} healthy node(s), rank 0 on {container_instance_id(plan['nodes'][0])}")
+    return f"{text}; {why}"[:500], relocations
 
 
 def _last_suspend(item: Mapping[str, Any]) -> str:

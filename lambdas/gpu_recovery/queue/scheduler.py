@@ -309,11 +309,13 @@ class QueueScheduler:
         held: set[str] = set()
         for item in self.launcher.store.jobs_in_recovery():
             job = self.repo.job_from_item(item)
-            for rank in self.repo.get_ranks(job):
-                if rank.attempt == job.attempt and rank.container_inst_id:
-                    held.add(rank.container_inst_id)
-            # A relocation's target nodes (tag-registered jobs) are the restart's too.
-            held.update(str(p.get("node")) for p in job.placement.values() if p.get("node"))
+            # Its nodes, from its latch shards (one item per 64 ranks, not every rank).
+            held |= self.repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
+            if job.relocated:
+                # A relocation's target nodes (tag-registered jobs) are the restart's too.
+                moves = self.repo.faults.placement(job.job_id, job.attempt)
+                held.update(m.get("node", "") for m in moves.values())
+        held.discard("")
         return held
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +28,7 @@ from gpu_recovery.domain import policy
 from gpu_recovery.domain.escalation import history_from_item
 from gpu_recovery.domain.evidence import DcgmFindings, Evidence
 from gpu_recovery.domain.fault_vocabulary import Trigger
-from gpu_recovery.domain.models import Instance, Job, container_instance_id, fault_key
+from gpu_recovery.domain.models import Instance, Job, container_instance_id
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
@@ -50,7 +51,9 @@ RETRY_INTERVAL_SECONDS = 60
 # arrived is read from DescribeTasks instead.
 POLL_SECONDS = 300
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
-_VERDICT_ROUNDS = 3
+# A verdict's transaction fails when another verdict of the same job lands first (both
+# count on the job's tally): decide again on fresh counts, a few times.
+_VERDICT_ROUNDS = 8
 
 
 def health_check_started_by(instance: Instance) -> str:
@@ -98,15 +101,23 @@ class HealthChecks:
         else:
             return f"instance_{instance.state.value.lower()}"
         result = "joined_reboot" if label is SuspectVerdict.REBOOT else "instance_quarantined"
-        if job.suspects.get(inst_id) == label.value:
-            return result  # recorded by an earlier delivery
-        history = history_from_item(instance.fault_history)
-        record, outcome = self.remediation.job_verdict(job, inst_id, label, None, None, findings, history,
-                                                       clock.now())
-        restart = outcome == JobOutcome.RESTART_AFTER_REBOOT
-        if self.deps.repo.record_verdict_of_busy_instance(instance, record, restart):
-            self.remediation.notify_outcome(job, outcome, instance, None, None)
-        return result
+        for _ in range(_VERDICT_ROUNDS):
+            suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+            if suspect is not None and not suspect.pending:
+                return result  # recorded by an earlier delivery
+            history = history_from_item(instance.fault_history)
+            record, outcome = self.remediation.job_verdict(job, inst_id, label, None, None, findings, history,
+                                                           clock.now())
+            if self.deps.repo.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot):
+                self.remediation.notify_outcome(job, outcome, instance, None, None)
+                if outcome.restarts:
+                    self.restarts.try_restart(job.job_id)
+                return result
+            fresh = self.deps.repo.get_job(job.job_id)
+            if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
+                return "moved_on"
+            job = fresh
+        return "raced"
 
     def _diag_observed(self, job: Job, inst_id: str) -> str:
         """Observe mode for the diag (``health_check=observe``): a suspect that reached the
@@ -115,7 +126,8 @@ class HealthChecks:
         and restarts are enforced) or fails in the job table only; the node's last fault
         says what would have been done; one e-mail."""
         repo = self.deps.repo
-        if job.suspects.get(inst_id) != SuspectVerdict.PENDING.value:
+        suspect = repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+        if suspect is not None and not suspect.pending:
             return "observed"
         raw = repo.get_instance_item(inst_id)
         if raw is None:
@@ -216,7 +228,8 @@ class HealthChecks:
     def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.deps.repo
-        for _ in range(_VERDICT_ROUNDS):
+        log_findings: dict[str, Any] | None = None
+        for round_ in range(_VERDICT_ROUNDS):
             raw = repo.get_instance_item(inst_id) if inst_id else None  # read once per round
             instance = repo.instance_from_item(raw) if raw else None
             if instance is None or raw is None:
@@ -226,12 +239,16 @@ class HealthChecks:
                 or (instance.hc_task_arn and detail.taskArn == instance.hc_task_arn))
             if not ours:
                 return self.reboots.converge_after_verdict(instance)
-            outcome = self._apply(instance, raw, detail)
+            if log_findings is None and policy.parse_verdict(detail.exit_code()) is not None:
+                log_findings = self.deps.verdicts.read_verdict(detail.taskArn) or {}  # once per event
+            outcome = self._apply(instance, raw, detail, log_findings or {})
             if outcome is not None:
                 return outcome
+            clock.sleep(random.uniform(0, 0.05 * (round_ + 1)))  # another verdict of the job landed first
         return Outcome("duplicate", detail={"instance": inst_id})
 
-    def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail) -> Outcome | None:
+    def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail,
+               log_findings: dict[str, Any]) -> Outcome | None:
         """None when the write lost a race (a job joined meanwhile): read and try again."""
         inst_id = instance.container_inst_id
         repo = self.deps.repo
@@ -246,7 +263,7 @@ class HealthChecks:
                 return None
             return Outcome("health_check_retry", detail={"instance": inst_id})
         findings = {"exit_code": exit_code, "verdict": verdict.name.lower(), "task_arn": detail.taskArn,
-                    **(self.deps.verdicts.read_verdict(detail.taskArn) or {})}
+                    **log_findings}
         # The exit code is the contract; a log line that disagrees (or is missing) never wins.
         findings["exit_code"], findings["verdict"] = exit_code, verdict.name.lower()
         jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
@@ -267,7 +284,8 @@ class HealthChecks:
         """The fault's evidence as recorded when it was noticed (with what the node agent
         reported since), else rebuilt from the node's reports around the check's request."""
         for job in jobs:
-            stored = job.faults.get(fault_key(job.attempt, instance.container_inst_id)) or {}
+            suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, instance.container_inst_id)
+            stored = suspect.record if suspect is not None else {}
             if stored.get("evidence"):
                 return rebuild(Evidence.from_dict(stored["evidence"]), raw, self.deps.policy.catalog)
         waiting = next((j for j in jobs if j.state in RECOVERING_JOB_STATES), None)

@@ -120,8 +120,8 @@ class Update:
     table: str
     key: dict[str, Any]
     set_fields: dict[str, Any] = field(default_factory=dict)
-    add_to_sets: dict[str, set[str]] = field(default_factory=dict)
-    delete_from_sets: dict[str, set[str]] = field(default_factory=dict)
+    add_to_sets: dict[str, set[Any]] = field(default_factory=dict)
+    delete_from_sets: dict[str, set[Any]] = field(default_factory=dict)
     remove_fields: list[str] = field(default_factory=list)
     increments: dict[str, int] = field(default_factory=dict)
     set_if_absent: dict[str, Any] = field(default_factory=dict)  # SET a = if_not_exists(a, v)

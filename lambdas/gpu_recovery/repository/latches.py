@@ -34,16 +34,19 @@ class LatchRepository:
         self.table = base.job_table_name
 
     def arrive(self, job_id: str, attempt: int, world_size: int, rank: int, latches: Iterable[Latch], *,
-               suspect_node: str = "") -> Arrival:
+               suspect_node: str = "", node: str = "") -> Arrival:
         """Rank ``rank`` of ``attempt`` arrives at ``latches`` (and names its node a suspect of
-        the attempt's fault). Idempotent; returns the latches complete afterwards."""
+        the attempt's fault; registering, records its ``node``). Idempotent; returns the
+        latches complete afterwards."""
         wanted = sorted(set(latches), key=lambda latch: latch.value)
         if not wanted and not suspect_node:
             return Arrival()
         shard = shard_of(rank)
-        adds: dict[str, set[Any]] = {latch.value: {rank} for latch in wanted}
+        adds: dict[str, set[Any]] = {latch.value: set[Any]([rank]) for latch in wanted}
         if suspect_node:
             adds["susp"] = {suspect_node}
+        if node and Latch.REGISTERED in wanted:
+            adds["nodes"] = {node}
         written = self.base.db.apply_returning(Update(
             table=self.table, key={JOB_PK: latch_shard_key(job_id, attempt, shard)},
             set_fields={"item_type": "LATCH"}, add_to_sets=adds), returning="ALL_NEW") or {}
@@ -70,11 +73,26 @@ class LatchRepository:
     def suspect_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
         """Every node named a suspect by a rank of the attempt (``ceil(n / 64)`` items, read
         once per fault, when every rank has ended)."""
+        return self._union(job_id, attempt, world_size, "susp")
+
+    def job_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
+        """The nodes the attempt's registered ranks run on (read once per relocation)."""
+        return self._union(job_id, attempt, world_size, "nodes")
+
+    def _union(self, job_id: str, attempt: int, world_size: int, attribute: str) -> set[str]:
         keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
-        nodes: set[str] = set()
+        found: set[str] = set()
         for item in self.base.db.batch_get(self.table, keys):
-            nodes.update(str(n) for n in item.get("susp") or ())
-        return nodes
+            found.update(str(n) for n in item.get(attribute) or ())
+        return found
+
+    def registered(self, job_id: str, attempt: int, world_size: int) -> set[int]:
+        """The attempt's registered ranks (``ceil(n / 64)`` items: only when some are missing)."""
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
+        found: set[int] = set()
+        for item in self.base.db.batch_get(self.table, keys):
+            found.update(int(r) for r in from_ddb(item).get(Latch.REGISTERED.value) or ())
+        return found
 
     def arrived(self, job_id: str, attempt: int, ranks: Iterable[int], latch: Latch) -> set[int]:
         """Which of ``ranks`` (of one or a few shards) arrived at ``latch``."""
