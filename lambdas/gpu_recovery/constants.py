@@ -244,6 +244,12 @@ DEFAULT_IDEMPOTENCY_TABLE_NAME = "gpu_job_idempotency"
 # Node quotas and their usage: one partition ("QUOTA"), one item per user and level, so
 # listing them is a Query, never a Scan.
 DEFAULT_QUOTA_TABLE_NAME = "gpu_job_quota"
+# Sparse index of health checks waiting for a slot (their job's share or the cluster's
+# limit), per owner job, oldest first: a slot given back starts the job's next one.
+INSTANCE_BY_HC_WAIT_INDEX = "by-health-check-wait"
+HC_WAIT_PK = "hc_wait_job"  # the job whose share the waiting check counts against
+HC_WAIT_SK = "hc_requested_at"  # epoch seconds (number)
+
 QUOTA_PK = "quota_bucket"
 QUOTA_SK = "quota_key"  # "<user>#<priority:03d>"
 QUOTA_BUCKET = "QUOTA"
@@ -408,8 +414,20 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                 {"AttributeName": INSTANCE_PK, "AttributeType": "S"},
                 {"AttributeName": DEADLINE_PK, "AttributeType": "S"},
                 {"AttributeName": DEADLINE_SK, "AttributeType": "N"},
+                {"AttributeName": HC_WAIT_PK, "AttributeType": "S"},
+                {"AttributeName": HC_WAIT_SK, "AttributeType": "N"},
             ],
-            "GlobalSecondaryIndexes": [deadline_index],
+            "GlobalSecondaryIndexes": [
+                deadline_index,
+                {
+                    "IndexName": INSTANCE_BY_HC_WAIT_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": HC_WAIT_PK, "KeyType": "HASH"},
+                        {"AttributeName": HC_WAIT_SK, "KeyType": "RANGE"},
+                    ],
+                    "Projection": keys_only,
+                },
+            ],
         },
     }
 

@@ -225,6 +225,19 @@ class Flaky:
 
 
 @dataclass
+class FakeQueue:
+    """The gang fan-out's queue: what was sent (body, visible at), in order."""
+
+    now: list[float]
+    messages: list[tuple[dict[str, Any], float]] = field(default_factory=list)
+    sends: int = 0
+
+    def send(self, bodies: Sequence[Any], delay_seconds: int = 0) -> None:
+        self.sends += 1
+        self.messages += [(dict(b), self.now[0] + delay_seconds) for b in bodies]
+
+
+@dataclass
 class World:
     service: RecoveryService
     repo: Any
@@ -233,9 +246,22 @@ class World:
     notifier: FakeNotifier
     now: list[float]
     replacer: FakeReplacer = field(default_factory=FakeReplacer)
+    queue: FakeQueue | None = None
 
     def advance(self, seconds: float) -> None:
         self.now[0] += seconds
+
+    def drain_queue(self, *, receive_count: int = 1) -> int:
+        """Run every visible batch on the queue (as the worker would), oldest first."""
+        assert self.queue is not None
+        ran = 0
+        while True:
+            due = [m for m in self.queue.messages if m[1] <= self.now[0]]
+            if not due:
+                return ran
+            self.queue.messages.remove(due[0])
+            self.service.on_gang_batch(due[0][0], receive_count=receive_count)
+            ran += 1
 
     def register_job(self, job_id: str, nodes: list[str], attempt: int = 1) -> list[str]:
         arns = []
@@ -291,7 +317,7 @@ class World:
 
 
 @contextmanager
-def world(**settings: Any) -> Iterator[World]:
+def world(*, gang_queue: bool = False, **settings: Any) -> Iterator[World]:
     now = [1_800_000_000.0]
     with mock_aws():
         ddb = boto3.resource("dynamodb", region_name=REGION)
@@ -301,12 +327,13 @@ def world(**settings: Any) -> Iterator[World]:
         repo = Repository(ddb, "jobs", "instances")
         flaky = Flaky(repo)
         ecs, rebooter, notifier, replacer = FakeEcs(), FakeRebooter(), FakeNotifier(), FakeReplacer()
+        queue = FakeQueue(now) if gang_queue else None
         service = RecoveryService(flaky, ecs, rebooter, notifier, FakeVerdicts(),  # type: ignore[arg-type]
                                   Settings("jobs", "instances", CLUSTER, "gpu-health-check", "topic",
-                                           **settings), replacer=replacer)
+                                           **settings), replacer=replacer, gang_queue=queue)
         clock.set_clock(lambda: now[0], lambda seconds: now.__setitem__(0, now[0] + seconds))
         try:
-            yield World(service, flaky, ecs, rebooter, notifier, now, replacer)
+            yield World(service, flaky, ecs, rebooter, notifier, now, replacer, queue)
         finally:
             clock.reset_clock()
 

@@ -1,6 +1,7 @@
 """The batches of a gang fan-out (``recovery.gang``): what a queue message says. Pure.
 
-A stop batch covers 100 consecutive ranks, a start batch 40; a gang of at most
+A stop batch covers 100 consecutive ranks, a start batch 80 (10 nodes of 8 one-GPU ranks, so
+identical ranks start 10 per StartTask); a gang of at most
 ``INLINE_MAX_RANKS`` ranks runs its batches in the invocation that asks.
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 STOP = "stop"
 START = "start"
 STOP_BATCH_RANKS = 100
-START_BATCH_RANKS = 40
+START_BATCH_RANKS = 80  # 10 nodes of 8 one-GPU ranks: grouped StartTasks of 10
 INLINE_MAX_RANKS = 16
 
 

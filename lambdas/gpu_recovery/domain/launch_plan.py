@@ -46,30 +46,24 @@ def spec_key(task_definition_arn: str, overrides: Mapping[str, Any], group: str,
 
 
 def plan_calls(ranks: Sequence[PlannedRank], *, batching: bool = True) -> list[StartCall]:
-    """Greedy and deterministic: in rank order, a rank joins the open call of its spec unless
-    that call is full or already starts a task on its node."""
+    """Greedy and deterministic: in rank order, a rank joins the first call of its spec
+    that is not full and starts nothing on its node yet, or opens a new one (so 8 ranks a
+    node, one per GPU, give calls of one rank per node)."""
+    ordered = sorted(ranks, key=lambda r: r.rank)
     if not batching:
-        return [StartCall((r.rank,), (r.node,)) for r in sorted(ranks, key=lambda r: r.rank)]
-    open_calls: dict[str, list[PlannedRank]] = {}
-    calls: list[StartCall] = []
-
-    def close(spec: str) -> None:
-        members = open_calls.pop(spec)
-        calls.append(StartCall(tuple(m.rank for m in members), tuple(m.node for m in members)))
-
-    for rank in sorted(ranks, key=lambda r: r.rank):
-        members = open_calls.get(rank.spec)
-        if members is not None and (len(members) >= MAX_INSTANCES_PER_START
-                                    or any(m.node == rank.node for m in members)):
-            close(rank.spec)
-            members = None
-        if members is None:
-            open_calls[rank.spec] = [rank]
+        return [StartCall((r.rank,), (r.node,)) for r in ordered]
+    open_calls: dict[str, list[list[PlannedRank]]] = {}
+    for rank in ordered:
+        calls = open_calls.setdefault(rank.spec, [])
+        call = next((c for c in calls if len(c) < MAX_INSTANCES_PER_START
+                     and all(m.node != rank.node for m in c)), None)
+        if call is None:
+            calls.append([rank])
         else:
-            members.append(rank)
-    for spec in list(open_calls):
-        close(spec)
-    return sorted(calls, key=lambda c: c.key)
+            call.append(rank)
+    planned = [StartCall(tuple(m.rank for m in c), tuple(m.node for m in c))
+               for calls in open_calls.values() for c in calls]
+    return sorted(planned, key=lambda c: c.key)
 
 
 def ranks_tag_value(ranks: Sequence[int]) -> str:

@@ -144,6 +144,9 @@ class Instance:
     hc_start_attempts: int = 0
     hc_requested_at: float | None = None
     hc_lease_until: float | None = None  # the claimer may still be starting the task
+    hc_owner: str = ""  # the job whose share of health checks this running check holds
+    hc_claimed_at: float | None = None  # when it got its slot (its time limit runs from here)
+    hc_waiting_for_slot: bool = False  # no slot free: waits in its owner's queue
     reboot_requested_at: float | None = None
     reboot_claimed_at: float | None = None  # intent: a delivery is calling the reboot API
     reboot_issued_at: float | None = None  # confirmed: the reboot API answered

@@ -8,7 +8,7 @@ the intent is committed first, on the job item, with the transition that needs i
 consecutive ranks:
 
 * **stop** batches of 100 ranks: each live rank is marked STOP_REQUESTED, then StopTask;
-* **start** batches of 40 ranks: each rank's launch lease is claimed, its task looked up
+* **start** batches of 80 ranks: each rank's launch lease is claimed, its task looked up
   by ``startedBy`` if a lease is taken over, started (identical ranks up to 10 per
   StartTask, ``domain.launch_plan``) and registered as the new attempt's rank.
 

@@ -143,6 +143,7 @@ class Sweep:
                 return "restart_timed_out"
             if job.stop_fanout:
                 self.gang.stop_due(job, now)
+            self._kick_checks(job)
             outcome = self.restarts.try_restart(job.job_id)
             if outcome.action == "waiting":
                 repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
@@ -151,6 +152,7 @@ class Sweep:
             # The stop intent sent, the stops asked again at a paced interval; a fault whose
             # verdicts are all in once every rank ended goes on (its event may have died).
             self.faults.converge_fault(job)
+            self._kick_checks(job)
             fresh = repo.get_job(job.job_id) or job
             if fresh.state is JobState.PENDING_HEALTHCHECK and fresh.in_fault:
                 self._settle_fault(fresh)
@@ -172,6 +174,12 @@ class Sweep:
             return action
         repo.clear_job_deadline(job.job_id, job.state, item.get("deadline_at"))
         return "cleared"
+
+    def _kick_checks(self, job: Job) -> None:
+        """The job's health checks waiting for a slot (one may have been given back while
+        its kick was lost, or the cluster's limit let go of one)."""
+        if job.in_fault and not job.tally.all_decided:
+            self.health.kick(job.job_id, limit=3)
 
     def _settle_fault(self, job: Job) -> None:
         """Every rank ended but the event that completed the latch died before counting the

@@ -25,6 +25,7 @@ from gpu_recovery.constants import (
     DEADLINE_PK,
     DEADLINE_SK,
     HB_PK,
+    HC_WAIT_PK,
     INSTANCE_PK,
     JOB_BY_INSTANCE_INDEX,
     JOB_BY_INSTANCE_PK,
@@ -53,6 +54,7 @@ from gpu_recovery.domain.states import (
 )
 from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
 from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.health_check_slots import WAIT_SWEEP_SECONDS, Claim, HealthCheckSlots
 from gpu_recovery.repository.latches import LatchRepository
 
 _DEADLINE = [DEADLINE_PK, DEADLINE_SK]
@@ -134,6 +136,7 @@ class Repository:
         self._instances = dynamodb.Table(instance_table)
         self.latches = LatchRepository(self)  # rank counts of an attempt
         self.faults = FaultRepository(self)  # suspect items, tallies, placements
+        self.slots = HealthCheckSlots(self)  # health checks running: the cluster's, each job's
 
     # ================================================================== mapping
     @staticmethod
@@ -263,6 +266,9 @@ class Repository:
             hc_start_attempts=int(item.get("hc_start_attempts", 0)),
             hc_requested_at=item.get("hc_requested_at"),
             hc_lease_until=item.get("hc_lease_until"),
+            hc_owner=str(item.get("hc_owner") or ""),
+            hc_claimed_at=item.get("hc_claimed_at"),
+            hc_waiting_for_slot=bool(item.get(HC_WAIT_PK)),
             reboot_requested_at=item.get("reboot_requested_at"),
             reboot_claimed_at=item.get("reboot_claimed_at"),
             reboot_issued_at=item.get("reboot_issued_at"),
@@ -636,17 +642,41 @@ class Repository:
         return self.db.apply(self.instance_update(
             inst_id, from_states=HEALTH_CHECK_STATES, add_to_sets={"hc_jobs": {job_id}}))
 
-    def claim_health_check(self, instance: Instance, started_by: str, lease_until: float) -> bool:
-        """HEALTH_CHECK_PENDING -> HEALTH_CHECKING: the claim is committed before StartTask,
-        and its startedBy finds the task again if the answer to StartTask is lost."""
-        return self.db.apply(self.instance_update(
+    def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
+                           per_job: int, cluster: int, now: float) -> Claim:
+        """HEALTH_CHECK_PENDING -> HEALTH_CHECKING with a slot of the cluster's and one of
+        ``owner``'s: the claim is committed before StartTask, and its startedBy finds the
+        task again if the answer to StartTask is lost."""
+        claim = self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
             to=InstanceState.HEALTH_CHECKING,
-            set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until},
-            deadline_at=lease_until,
+            set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until, "hc_owner": owner,
+                        "hc_claimed_at": now},
+            remove_fields=HealthCheckSlots.wait_attributes(), deadline_at=lease_until,
             extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
             extra_names={"#att": "hc_start_attempts"},
-        ))
+        )
+        return self.slots.claim(claim, owner, per_job=per_job, cluster=cluster)
+
+    def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool:
+        """No slot free: the pending check waits in its owner's queue (no time limit while it
+        waits; the sweep looks at it every ten minutes)."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
+            set_fields=HealthCheckSlots.wait_fields(owner), deadline_at=now + WAIT_SWEEP_SECONDS,
+            extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
+            extra_names={"#att": "hc_start_attempts"}))
+
+    def abandon_health_check(self, instance: Instance, reason: str) -> bool:
+        """A pending check no job waits for any more (they all moved on): the node is
+        AVAILABLE again, as it was before it was suspected."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
+            to=InstanceState.AVAILABLE, set_fields={"hc_abandoned": reason[:300]},
+            remove_fields=["hc_jobs", "hc_started_by", "hc_lease_until",
+                           *HealthCheckSlots.wait_attributes()],
+            clear_deadline=True, extra_condition="#att = :att",
+            extra_values={":att": instance.hc_start_attempts}, extra_names={"#att": "hc_start_attempts"}))
 
     def take_over_health_check_claim(self, instance: Instance, lease_until: float, now: float) -> bool:
         """A claim whose holder died (lease expired, no task recorded): take it over."""
@@ -669,28 +699,31 @@ class Repository:
             extra_names={"#sb": "hc_started_by"},
         ))
 
-    def release_health_check_claim(self, inst_id: str, started_by: str, *, placement_failed: bool,
+    def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
                                    retry_at: float) -> bool:
-        """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING."""
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+        """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING, its slot
+        given back."""
+        return self.db.transact([self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING,
             increments={"hc_start_attempts": 1} if placement_failed else {},
-            remove_fields=["hc_started_by", "hc_lease_until"], deadline_at=retry_at,
+            remove_fields=["hc_started_by", "hc_lease_until", "hc_owner"], deadline_at=retry_at,
             extra_condition="#sb = :sb AND attribute_not_exists(#arn)",
             extra_values={":sb": started_by},
             extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn"},
-        ))
+        ), *self.slots.release(instance)])
 
-    def retry_health_check(self, inst_id: str, started_by: str, retry_at: float) -> bool:
-        """The check ended without a verdict (image pull, OOM...): run it again."""
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+    def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool:
+        """The check ended without a verdict (image pull, OOM...): run it again (its slot
+        given back; it takes one again when it starts)."""
+        return self.db.transact([self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until"], deadline_at=retry_at,
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "hc_owner"],
+            deadline_at=retry_at,
             extra_condition="#sb = :sb", extra_values={":sb": started_by},
             extra_names={"#sb": "hc_started_by"},
-        ))
+        ), *self.slots.release(instance)])
 
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:
         return self.db.apply(self.instance_update(inst_id, from_states=[state], deadline_at=deadline_at))
@@ -708,7 +741,7 @@ class Repository:
         (``follow_up_at``) so the sweep finishes it if this delivery dies. ``also``: other
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
-        remove = ["hc_jobs", "hc_lease_until"]
+        remove = ["hc_jobs", "hc_lease_until", "hc_owner", *HealthCheckSlots.wait_attributes()]
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
         if decision.fault_history is not None:
@@ -748,6 +781,9 @@ class Repository:
         )]
         for verdict in jobs:
             updates += self.job_verdict_updates(instance.container_inst_id, verdict)
+        if instance.state is InstanceState.HEALTH_CHECKING \
+                and InstanceState.HEALTH_CHECKING in decision.from_states:
+            updates += self.slots.release(instance)
         if breaker is not None:
             updates.append(breaker)
         updates += list(also)
@@ -1018,10 +1054,13 @@ class Repository:
         updates = [self.instance_update(
             inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
-            set_fields=fields, remove_fields=["hc_jobs", "waiting_jobs", "hc_lease_until"],
+            set_fields=fields, remove_fields=["hc_jobs", "waiting_jobs", "hc_lease_until", "hc_owner",
+                                              *HealthCheckSlots.wait_attributes()],
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
         if breaker is not None:
             updates.append(breaker)
+        if instance.state is InstanceState.HEALTH_CHECKING:
+            updates += self.slots.release(instance)
         now = clock.now()
         for failure in failures:
             job = failure.job
