@@ -8,7 +8,13 @@ import pytest
 from gpu_recovery.domain import latch
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.gang_batches import START, STOP, GangBatch, batches
-from gpu_recovery.domain.launch_plan import PlannedRank, parse_ranks_tag, plan_calls, ranks_tag_value, spec_key
+from gpu_recovery.domain.launch_plan import (
+    PlannedRank,
+    parse_ranks_tag,
+    plan_calls,
+    ranks_tag_value,
+    spec_key,
+)
 from gpu_recovery.domain.rate_limit import TokenBucket, floor_seconds, reserve
 from gpu_recovery.domain.states import JobOutcome, SuspectVerdict
 

@@ -4,10 +4,11 @@ held to their per-job share, oversized jobs refused loudly, and bounded e-mails.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from gpu_recovery import constants as C
-from gpu_recovery.constants import JobState, NotificationKind, RankState
+from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS
 from gpu_recovery.ecs_budget import RateLimited
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
@@ -131,7 +132,7 @@ def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event()
         assert (first_reask + 1) * 120 >= RECHECK_SECONDS
         # Each re-ask waits twice as long as the one before.
         changes = [i for i in range(1, len(rounds)) if rounds[i] != rounds[i - 1]]
-        gaps = [b - a for a, b in zip(changes, changes[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(changes)]
         assert gaps == sorted(gaps) and gaps[-1] >= 2 * gaps[0]
 
 
