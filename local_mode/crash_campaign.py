@@ -222,7 +222,7 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, fault: tuple
         job_state=job.state.value,
         attempt=job.attempt,
         recoveries_used=job.recoveries_used,
-        suspects={node_of.get(i, i): v for i, v in job.suspects.items()},
+        suspects={node_of.get(i, i): v for i, v in repo.faults.labels(job, attempt=1).items()},
         health_checks={n: sum(1 for t in sim.tasks.values() if t.health_check and t.node == n)
                        for n in nodes},
         reboots={n: sim.node(n).reboots for n in nodes},

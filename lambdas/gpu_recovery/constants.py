@@ -301,6 +301,11 @@ def placement_item_key(job_id: str, attempt: int) -> str:
     return f"{job_id}#P#a{attempt}"
 
 
+def launch_plan_key(job_id: str, attempt: int, chunk: int) -> str:
+    """A queue launch's nodes (80 ranks per item): the job item keeps only their count."""
+    return f"{job_id}#LP#a{attempt}#{chunk}"
+
+
 def health_check_slots_key(job_id: str) -> str:
     """The job's DCGM health checks running at once (its share of the cluster's)."""
     return f"{job_id}#HC"

@@ -134,7 +134,10 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         w.sim.run_for(MIN)
         early = w.job("early-job")
         assert early["job_state"] in ("QUEUED", "PENDING_RESOURCES")
-        victim = w.node_name(first["launch"]["nodes"][1].rsplit("/", 1)[-1])
+        from gpu_recovery.repository.scheduling import SchedulingRepository
+
+        nodes, _ = SchedulingRepository(w.repo).plan_nodes("q-job", 1, 2)
+        victim = w.node_name(nodes[1].rsplit("/", 1)[-1])
         w.sim.inject_gpu_fault(victim, after=MIN, health="replace", nccl_cascade=True)
         seen: list[str] = []
 

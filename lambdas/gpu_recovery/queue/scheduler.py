@@ -156,6 +156,7 @@ class QueueScheduler:
             return TickResult(action="busy")
         started = time.monotonic()
         budget = min(self.config.time_budget_seconds, time_budget_seconds or self.config.time_budget_seconds)
+        self.launcher.time_left = lambda: budget - (time.monotonic() - started)
         try:
             result = TickResult()
             self._resume_stuck(result)
@@ -273,7 +274,9 @@ class QueueScheduler:
         if int(item.get("attempt") or 0) != int(entry.get("attempt") or -1) or item.get("launched_at"):
             return set()
         plan = item.get("launch") or {}
-        return {container_instance_id(str(arn)) for arn in plan.get("nodes") or []}
+        nodes, _ = self.launcher.store.plan_nodes(job_id, int(entry.get("attempt") or 0),
+                                                  int(plan.get("world_size") or item.get("world_size") or 1))
+        return {container_instance_id(str(arn)) for arn in nodes if arn}
 
     def snapshot(self) -> dict[str, NodeInfo]:
         described = self.cluster.container_instances()
