@@ -415,6 +415,6 @@ def test_admin_commands_are_a_registry() -> None:
     assert len(names) == len(set(names))
     parser = build_parser()
     required = {"issue-token": ["--node-id", "n1"], "revoke-token": ["--node-id", "n1"],
-                "breaker": ["show"], "quota": ["list"]}
+                "breaker": ["show"], "quota": ["list"], "faults": ["--job-id", "j"]}
     for name in names:
         parser.parse_args([name, *required.get(name, [])])
