@@ -57,8 +57,8 @@ LAMBDA_ASYNC_RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0)
 SWEEP_SCHEDULE = "recovery-sweep"
 GANG_QUEUE = "gang-batches"
 # As infra configures the gang queue (infra/gang.py): visibility 6x the worker's timeout.
-GANG_VISIBILITY_TIMEOUT_SECONDS = 720.0
-GANG_MAX_RECEIVES = 5
+GANG_VISIBILITY_TIMEOUT_SECONDS = float(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
+GANG_MAX_RECEIVES = C.GANG_QUEUE_MAX_RECEIVES
 
 
 @dataclass

@@ -75,6 +75,13 @@ FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 # an invocation that died: the next sweep or redelivery takes it over.
 RECOVERY_FUNCTION_TIMEOUT_SECONDS = 60
 CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
+# The gang fan-out's worker claims rank launches too, so it is a recovery function by the
+# rule above (its batches send the rest of themselves back before its time is up). Its
+# queue (infra/gang.py, local mode alike): visibility 6x the worker's timeout (AWS's
+# advice for Lambda event sources), a batch received this many times goes to the DLQ.
+GANG_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
+GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 6 * GANG_WORKER_TIMEOUT_SECONDS
+GANG_QUEUE_MAX_RECEIVES = 5
 # Telemetry: per node and signal kind, at most one notification per this many seconds;
 # stored signals not seen for the retention period are forgotten.
 ENV_HW_SIGNAL_NOTIFY_SECONDS = "HW_SIGNAL_NOTIFY_SECONDS"
