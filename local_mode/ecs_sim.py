@@ -263,7 +263,7 @@ class SimulatedEcs:
         self._drive_lock = threading.Lock()
         bus.clock = self.clock.now
         if install_clock:
-            gr_clock.set_clock(self.clock.now)
+            gr_clock.set_clock(self.clock.now, self.clock.advance)
         hooks = local.hooks
         hooks.on_before_call("ecs", "StartTask", self._before_start_task)
         hooks.on_after_call("ecs", "StartTask", self._after_start_task)
@@ -768,6 +768,11 @@ class SimulatedEcs:
             body["containerInstances"] = placed
             request["body"] = json.dumps(body).encode()
         return None
+
+    @staticmethod
+    def short_circuit_response(parsed: dict[str, Any]) -> tuple[AWSResponse, dict[str, Any]]:
+        """A 200 answer for a before-call hook to return instead of calling the emulator."""
+        return SimulatedEcs._short_circuit(parsed)
 
     @staticmethod
     def _short_circuit(parsed: dict[str, Any]) -> tuple[AWSResponse, dict[str, Any]]:
