@@ -17,6 +17,9 @@ real-time clock (optionally accelerated) while the API serves requests:
 * the schedules (recovery sweep, heartbeat sweep, queue scheduler: every minute) and a
   simulated node agent per node (``/v1/report_tasks`` over HTTP every 30 s, XIDs through
   ``/v1/report_gpu``);
+* the gang queue and its worker, as ``make demo`` wires them: a gang of more than 16 ranks
+  is stopped and started in batches through it, in simulated time (the console shows each
+  batch the worker receives);
 * a training program in every rank (:mod:`local_mode.training_programs`): it logs its steps, saves a
   checkpoint every 2 simulated minutes, restarts from the last checkpoint, and its rank 0
   polls the suspend channel with the real ``training_client`` and calls ``go_suspend()``;
@@ -95,6 +98,7 @@ CUDA_ERRORS = {
     94: "uncorrectable ECC error encountered",
 }
 TERMINAL = ("COMPLETE", "FAILED", "CANCELED", "USER_STOPPED")
+MIN_REBOOT_SECONDS = 30  # SimulatedEcs: tasks killed 5 s, agent down 15 s after the request
 
 
 class PlaygroundError(Exception):
@@ -129,7 +133,10 @@ class PlaygroundConfig:
             ("port", 0 <= self.port <= 65535, "0..65535"),
             ("aws_port", 0 <= self.aws_port <= 65535, "0..65535"),
             ("run_minutes", 0 < self.run_minutes <= 7 * 24 * 60, "above 0, at most a week"),
-            ("reboot_seconds", 10 <= self.reboot_seconds <= 3600, "10..3600"),
+            # The simulated agent disconnects 15 s after the reboot request: a node back before
+            # that would never be seen going down (the recovery would wait for it in vain).
+            ("reboot_seconds", MIN_REBOOT_SECONDS <= self.reboot_seconds <= 3600,
+             f"{MIN_REBOOT_SECONDS}..3600"),
             ("dcgm_seconds", 5 <= self.dcgm_seconds <= 3600, "5..3600"),
         )
         for option, ok, accepted in checks:
@@ -346,6 +353,7 @@ class Playground:
         self.sim = SimulatedEcs(self.local, self.bus, start=time.time(), train_seconds=cfg.run_seconds,
                                 reboot_seconds=cfg.reboot_seconds, dcgm_seconds=cfg.dcgm_seconds)
         wire_recovery_handlers(self.bus, self.local.cluster_arn, sweep_every_seconds=SCHEDULE_SECONDS)
+        self._show_gang_batches()
         self.bus.add_schedule("heartbeat-sweep", SCHEDULE_SECONDS, heartbeat_sweep.lambda_handler,
                               "heartbeat_sweep")
         self.bus.add_schedule("queue-scheduler", SCHEDULE_SECONDS, queue_scheduler.lambda_handler,
@@ -376,6 +384,34 @@ class Playground:
         self._driver = threading.Thread(target=self._drive, name="playground-driver", daemon=True)
         self._driver.start()
         stack.callback(self._stop_driver)
+
+    def _show_gang_batches(self) -> None:
+        """A gang of more than ``INLINE_MAX_RANKS`` ranks is stopped and started in batches
+        through the gang queue (wired by ``wire_recovery_handlers``, as in ``make demo``):
+        the console shows each batch the gang worker receives (once, not its duplicate)."""
+        from local_mode.event_bus import GANG_QUEUE
+
+        queue = self.bus.queues.get(GANG_QUEUE)
+        if queue is None:
+            return
+        worker, shown = queue.target, set[tuple[Any, Any]]()
+
+        def noted_worker(event: dict[str, Any], context: Any) -> Any:
+            for record in event.get("Records") or []:
+                receives = (record.get("attributes") or {}).get("ApproximateReceiveCount")
+                key = (record.get("messageId"), receives)
+                if key in shown:
+                    continue
+                shown.add(key)
+                with contextlib.suppress(KeyError, ValueError, TypeError, AttributeError):
+                    batch = json.loads(record["body"])
+                    again = f" (receive {receives})" if receives not in (None, "1") else ""
+                    self.note("gang", f"worker: {batch['op']} ranks {batch['first']}.."
+                                      f"{int(batch['last']) - 1} of job {batch['job_id']} (attempt "
+                                      f"{batch['attempt']}){again}")
+            return worker(event, context)
+
+        queue.target = noted_worker
 
     def _register_task_definitions(self) -> dict[str, tuple[str, str, str]]:
         ecs, logs = self.local.client("ecs"), self.local.client("logs")
@@ -821,6 +857,18 @@ def _number(doc: dict[str, Any], name: str, default: float, low: float, high: fl
     return number
 
 
+def _stop_on_signals() -> None:
+    """Ctrl-C (SIGINT) and SIGTERM stop the playground cleanly, even when it was started in
+    the background by a shell that ignores SIGINT for background jobs (``make playground &``)."""
+    import signal
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m local_mode.playground",
@@ -837,9 +885,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aws-port", type=int, default=defaults.aws_port,
                         help="emulated AWS endpoint port (default %(default)s; 0: any free port)")
     parser.add_argument("--run-minutes", type=float, default=defaults.run_minutes,
-                        help="simulated minutes every training job runs (default %(default)s)")
+                        help="simulated minutes every training job runs (default %(default)s; a job's "
+                             "PLAYGROUND_RUN_MINUTES environment variable sets its own)")
     parser.add_argument("--reboot-seconds", type=float, default=defaults.reboot_seconds,
-                        help="how long a node takes to reboot (default %(default)s)")
+                        help=f"how long a node takes to reboot (default %(default)s, at least "
+                             f"{MIN_REBOOT_SECONDS})")
     parser.add_argument("--dcgm-seconds", type=float, default=defaults.dcgm_seconds,
                         help="how long a DCGM health check takes (default %(default)s)")
     parser.add_argument("--once", action="store_true", help="deliver every event once (default: twice)")
@@ -853,6 +903,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    _stop_on_signals()
     try:
         with Playground(config) as playground:
             playground.serve_forever()

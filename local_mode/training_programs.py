@@ -1,8 +1,9 @@
 """The program inside every training container of the local playground, in simulated time.
 
 A job is ``total_steps`` steps of ``PROGRAM_TICK_SECONDS`` (the playground's
-``--run-minutes``). Each rank logs its progress to its task definition's ``awslogs`` group
-(the emulated CloudWatch Logs, which ``gpujobs logs`` reads); rank 0 saves a checkpoint every
+``--run-minutes``, or the job's own ``PLAYGROUND_RUN_MINUTES`` environment variable). Each
+rank logs its progress to its task definition's ``awslogs`` group (the emulated CloudWatch
+Logs, which ``gpujobs logs`` reads); rank 0 saves a checkpoint every
 ``CHECKPOINT_EVERY_STEPS`` steps; an attempt starts from the last checkpoint (a crash loses
 the steps since) and its ranks exit 0 when the steps are done (``SimulatedEcs.plan_task``).
 Rank 0 asks ``receive_suspend_command()`` of the real training client
@@ -29,6 +30,8 @@ LOG_EVERY_STEPS = 30
 CHECKPOINT_EVERY_STEPS = 60
 # The emulated CloudWatch Logs refuses events more than 2 h in the future, as AWS does.
 LOG_FUTURE_LIMIT_SECONDS = 2 * 3600 - 60
+# A job's environment may set how long it runs here, in simulated minutes (1/60..10080).
+RUN_MINUTES_ENV = "PLAYGROUND_RUN_MINUTES"
 
 @dataclass
 class _RankProgram:
@@ -53,6 +56,7 @@ class _AttemptRun:
     started_at: float
     first_step: int
     end_at: float
+    total_steps: int
 
 
 class TrainingPrograms:
@@ -113,9 +117,10 @@ class TrainingPrograms:
         key = (program.job_id, program.attempt)
         run = self.runs.get(key)
         if run is None:
-            first = self.checkpoints.get(program.job_id, 0)
+            total = self._total_steps(env)
+            first = min(self.checkpoints.get(program.job_id, 0), total)
             started = task.started_at or self.sim.now()
-            run = _AttemptRun(started, first, started + (self.total_steps - first) * self.step_seconds)
+            run = _AttemptRun(started, first, started + (total - first) * self.step_seconds, total)
             self.runs[key] = run
         # Every rank of the attempt ends when the steps left are done (a fault stops it earlier).
         self.sim.plan_task(task.arn, max(0.0, run.end_at - self.sim.now()), exit_code=0)
@@ -136,23 +141,36 @@ class TrainingPrograms:
         self._write(program, lines)
         return program
 
+    def _total_steps(self, env: dict[str, str]) -> int:
+        """The job's ``PLAYGROUND_RUN_MINUTES`` in steps, else the playground's run length."""
+        try:
+            minutes = float(env.get(RUN_MINUTES_ENV, ""))
+        except ValueError:
+            return self.total_steps
+        if not 1 / 60 <= minutes <= 7 * 24 * 60:
+            return self.total_steps
+        return max(1, round(minutes * 60 / self.step_seconds))
+
+    def run_of(self, program: _RankProgram) -> _AttemptRun:
+        return self.runs[(program.job_id, program.attempt)]
+
     def step_of(self, program: _RankProgram) -> int:
-        run = self.runs[(program.job_id, program.attempt)]
+        run = self.run_of(program)
         done = int((self.sim.now() - run.started_at) // self.step_seconds)
-        return min(self.total_steps, run.first_step + max(0, done))
+        return min(run.total_steps, run.first_step + max(0, done))
 
     def _step(self, program: _RankProgram, task: Any) -> None:
         if program.suspended:
             return  # go_suspend() does not return: the process waits to be stopped
-        step = self.step_of(program)
+        step, total = self.step_of(program), self.run_of(program).total_steps
         lines: list[str] = []
-        if step // LOG_EVERY_STEPS > program.last_logged_step // LOG_EVERY_STEPS and step < self.total_steps:
-            lines.append(f"step {step}/{self.total_steps} loss {self._loss(program.job_id, step):.4f}")
+        if step // LOG_EVERY_STEPS > program.last_logged_step // LOG_EVERY_STEPS and step < total:
+            lines.append(f"step {step}/{total} loss {self._loss(program.job_id, step):.4f}")
             program.last_logged_step = step
         if program.rank == 0:
             saved = self.checkpoints.get(program.job_id, 0)
             due = step - step % CHECKPOINT_EVERY_STEPS
-            if due > saved and step < self.total_steps:
+            if due > saved and step < total:
                 self.checkpoints[program.job_id] = due
                 lines.append(f"checkpoint saved at step {due}")
             if program.client is not None:
@@ -183,7 +201,8 @@ class TrainingPrograms:
         code = task.exit_code
         cause = self.death_causes.pop(task.arn, "")
         if code == 0:
-            lines = [f"step {self.total_steps}/{self.total_steps} done: training complete"]
+            total = self.run_of(program).total_steps
+            lines = [f"step {total}/{total} done: training complete"]
         elif task.stop_code == "UserInitiated" or code == 143:
             lines = [f"SIGTERM received ({task.stopped_reason or 'StopTask'}): exiting"]
         elif code == 137 or code is None:

@@ -7,7 +7,8 @@ clock 40x real time, 4 nodes, jobs of 2 simulated minutes): a job is submitted f
 fault``, watched through its recovery (reboot without the DCGM diag, gang restart as
 attempt 2) to COMPLETE; its logs come from the emulated CloudWatch Logs, the playground's
 console shows the operators' e-mail, and the admin commands reach the emulator's tables
-through ``AWS_ENDPOINT_URL``. The preemption examples run as they are.
+through ``AWS_ENDPOINT_URL``. The preemption examples run as they are. A second playground
+of 17 nodes restarts a 17-rank job through the gang queue and its worker.
 """
 
 from __future__ import annotations
@@ -201,12 +202,15 @@ def test_a_high_job_preempts_the_low_example(playground: PlaygroundProcess, shel
     the real training client), the HIGH job runs, and the LOW job resumes from its
     checkpoint and completes."""
     examples = REPO / "examples"
-    code, out, err = cli(capsys, gpujobs.main, "submit", "-f", str(examples / "preemptible-low.yaml"))
+    # 6 simulated minutes, not the playground's 2: the HIGH job comes before the LOW one
+    # ends, however slow this machine answers (at 40x, 1 s of wall time is 40 s of training).
+    code, out, err = cli(capsys, gpujobs.main, "submit", "-f", str(examples / "preemptible-low.yaml"),
+                         "--env", "PLAYGROUND_RUN_MINUTES=6")
     assert code == 0, err
     low = out.strip()
     wait_for_state(capsys, low, "RUNNING")
     deadline = time.monotonic() + WAIT_SECONDS
-    while "step 30/60" not in cli(capsys, gpujobs.main, "logs", low)[1]:  # a minute of work done
+    while "step 30/180" not in cli(capsys, gpujobs.main, "logs", low)[1]:  # a minute of work done
         assert time.monotonic() < deadline, "the LOW job makes no progress"
         time.sleep(0.1)
     code, out, err = cli(capsys, gpujobs.main, "submit", "-f", str(examples / "urgent-high.yaml"))
@@ -222,6 +226,36 @@ def test_a_high_job_preempts_the_low_example(playground: PlaygroundProcess, shel
     assert wait_for_state(capsys, high, "COMPLETE")["attempt"] == 1
     code, out, _ = cli(capsys, gpujobs.main, "logs", low)
     assert "RESUME_COUNT=1" in out and "resuming from the checkpoint at step" in out
+
+
+def test_a_large_gang_is_stopped_and_restarted_through_the_gang_queue(capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a playground of 17 nodes, When a 17-rank job (more than the 16 stopped and
+    started inline) is hit by XID 79, Then its gang is stopped and restarted in batches
+    sent to the gang queue and run by the gang worker (the console shows each batch), and
+    the job recovers and completes."""
+    process = PlaygroundProcess("--nodes", "17", "--gpus", "1", "--speed", "40", "--run-minutes", "1",
+                                "--reboot-seconds", "30", "--once")  # 17 nodes: spare the CPU
+    try:
+        for name, value in process.exports().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("USER", "alice")
+        code, out, err = cli(capsys, gpujobs.main, "submit", "-f", str(REPO / "examples" / "job.yaml"),
+                             "--name", "wide", "--nnodes", "17", "--gpus-per-node", "1")
+        assert code == 0, err
+        job_id = out.strip()
+        wait_for_state(capsys, job_id, "RUNNING")
+        code, _, err = cli(capsys, admin.main, "fault", "xid", "79", "--job", job_id, "--rank", "16")
+        assert code == 0, err
+        code, out, err = cli(capsys, gpujobs.main, "watch", job_id, "--interval", "0.2")
+        assert code == 0 and "-> COMPLETE" in out, err + out
+        assert show(capsys, job_id)["attempt"] == 2
+        wait_for_console(process, f"gang      worker: start ranks 0..16 of job {job_id} (attempt 2)")
+        assert f"gang      worker: stop ranks 0..16 of job {job_id} (attempt 1)" in process.console
+        problems = [line for line in process.lines if "!!" in line and "cannot keep up" not in line]
+        assert not problems, problems  # no failed delivery, dead letter or driver error
+    finally:
+        assert process.stop() == 0, process.console[-3000:]
 
 
 def test_fault_injection_refuses_an_endpoint_not_on_this_machine(capsys: pytest.CaptureFixture[str],
@@ -262,6 +296,8 @@ def test_playground_settings_are_checked() -> None:
         PlaygroundConfig(speed=0).validate()
     with pytest.raises(ValueError, match=r"--gpus: 32 is not 1\.\.16"):
         PlaygroundConfig(gpus_per_node=32).validate()
+    with pytest.raises(ValueError, match=r"--reboot-seconds: 10 is not 30\.\.3600"):
+        PlaygroundConfig(reboot_seconds=10).validate()  # back before its agent was seen going down
     with pytest.raises(ValueError, match="--port and --aws-port must differ"):
         PlaygroundConfig(port=9000, aws_port=9000).validate()
 
