@@ -18,7 +18,10 @@ Entering the context:
   (the simulated ECS data plane) and :class:`~local_mode.faults.ApiFaults` (error
   injection) can be added at any time afterwards;
 * makes botocore's retry back-off a no-op (delays are recorded in ``retry_sleeps``)
-  so injected throttling costs no wall time.
+  so injected throttling costs no wall time;
+* serializes DynamoDB attribute values in moto's responses directly (the same bytes as
+  moto's generic serializer, a fraction of its CPU: see
+  ``_serialize_attribute_values_directly``).
 
 Exiting restores the environment, the clock and the adapters. Example::
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import threading
@@ -191,6 +195,147 @@ def _make_dynamodb_writes_atomic() -> None:
         setattr(DynamoDBBackend, name, atomic)
 
 
+class _Generic:
+    """Marker: this value needs moto's generic, model-driven serialization."""
+
+
+_GENERIC = _Generic()
+_ATTRIBUTE_VALUE_MEMBERS = ("S", "N", "B", "SS", "NS", "BS", "M", "L", "NULL", "BOOL")
+_ATTRIBUTE_VALUE_KEYS = frozenset(_ATTRIBUTE_VALUE_MEMBERS)
+
+
+def _attribute_value_wire(value: Any, base64: Callable[[Any], str]) -> Any:
+    """A DynamoDB ``AttributeValue`` dict as moto's JSON serializer writes it, or _GENERIC.
+
+    moto 5.2 serializes every response through the service model, member by member, with
+    an alias lookup per member; for items (10 members per attribute, nested) that is most
+    of the emulator's CPU time. This is the same walk for the one shape that dominates:
+    members in model order, strings as they are, blobs base64-encoded by the serializer's
+    own encoder, booleans raw, maps and lists recursively (a None map value dropped, a None
+    list item kept). Anything else (an unknown key, a non-str string, a non-dict value)
+    returns _GENERIC and goes through moto's path, so the output is byte-for-byte moto's.
+    """
+    if type(value) is not dict or not value.keys() <= _ATTRIBUTE_VALUE_KEYS:
+        return _GENERIC
+    wire: dict[str, Any] = {}
+    for name in _ATTRIBUTE_VALUE_MEMBERS:
+        member = value.get(name)
+        if member is None:
+            continue
+        if name in ("S", "N"):
+            if type(member) is not str:
+                return _GENERIC
+            wire[name] = member
+        elif name in ("NULL", "BOOL"):
+            wire[name] = member
+        elif name == "B":
+            if not isinstance(member, bytes | str):
+                return _GENERIC
+            wire[name] = base64(member)
+        elif name in ("SS", "NS"):
+            if type(member) is not list or any(type(m) is not str for m in member):
+                return _GENERIC
+            wire[name] = list(member)
+        elif name == "BS":
+            if type(member) is not list or not all(isinstance(m, bytes | str) for m in member):
+                return _GENERIC
+            wire[name] = [base64(m) for m in member]
+        elif name == "M":
+            if type(member) is not dict:
+                return _GENERIC
+            entries = {}
+            for key, item in member.items():
+                if item is None:
+                    continue
+                item_wire = _attribute_value_wire(item, base64)
+                if item_wire is _GENERIC:
+                    return _GENERIC
+                entries[key] = item_wire
+            wire[name] = entries
+        else:  # "L"
+            if type(member) is not list:
+                return _GENERIC
+            items = []
+            for item in member:
+                item_wire = None if item is None else _attribute_value_wire(item, base64)
+                if item_wire is _GENERIC:
+                    return _GENERIC
+                items.append(item_wire)
+            wire[name] = items
+    return wire
+
+
+def _serialize_attribute_values_directly() -> None:
+    """Route moto's JSON serialization of DynamoDB ``AttributeValue`` structures through
+    :func:`_attribute_value_wire` (same bytes, a fraction of the CPU). Idempotent.
+
+    Only the response serializer changes: request parsing, errors (ConditionalCheckFailed,
+    TransactionCanceledException with its CancellationReasons) and every other shape and
+    service keep moto's code. ``tests/local_mode/test_emulator_serialization.py`` compares
+    the response bodies with and without it for every operation the repositories use.
+    """
+    from moto.core.serialize import BaseJSONSerializer
+
+    generic = BaseJSONSerializer._serialize_type_structure
+    if getattr(generic, "_attribute_values_direct", False):
+        return
+
+    def serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key: str) -> None:
+        if key and shape.name == "AttributeValue" and self.service_model.service_name == "dynamodb":
+            wire = _attribute_value_wire(value, self._base64)
+            if wire is not _GENERIC:
+                self._default_serialize(serialized, wire, shape, key)
+                return
+        generic(self, serialized, value, shape, key)
+
+    serialize_structure._attribute_values_direct = True  # type: ignore[attr-defined]
+    serialize_structure._generic = generic  # type: ignore[attr-defined]
+    BaseJSONSerializer._serialize_type_structure = serialize_structure  # type: ignore[method-assign]
+
+
+
+def _cache_moto_dispatch_tables() -> None:
+    """moto lists a response class's methods with ``inspect.getmembers`` on every request
+    (``call_action``: is the action implemented?): a quarter of a small call's CPU. The
+    classes do not change while the emulator runs, so the list is computed once per
+    class. Idempotent."""
+    import moto.core.responses as responses
+
+    listing = responses.method_names_from_class
+    if getattr(listing, "_cached", False):
+        return
+    cached = functools.lru_cache(maxsize=None)(listing)
+    cached._cached = True  # type: ignore[attr-defined]
+    responses.method_names_from_class = cached  # type: ignore[assignment]
+
+
+def _load_only_moto_default_amis() -> None:
+    """Each EC2 backend (one per emulator) builds moto's 44 default AMIs plus 2,558
+    per-region "latest" and ECS-optimized ones: ~0.15 s of CPU per emulator. Nothing
+    here looks images up (the simulated nodes launch moto default ``ami-12c6146b``), so
+    the emulator's EC2 knows the 44 defaults only. Idempotent."""
+    from moto.ec2.models import amis
+
+    if getattr(amis.AmiBackend._load_amis, "_defaults_only", False):
+        return
+
+    def load_default_amis(self: Any) -> None:
+        for spec in amis.AMIS:  # what moto's _load_amis does before the per-region files
+            spec["owner_alias"] = "amazon"
+            if (created := spec.get("creation_date")) and isinstance(created, str):
+                spec["creation_date"] = amis.parse_timestamp(created)
+            self.amis[spec["ami_id"]] = amis.Ami(self, **spec)
+
+    load_default_amis._defaults_only = True  # type: ignore[attr-defined]
+    amis.AmiBackend._load_amis = load_default_amis  # type: ignore[method-assign]
+
+
+def install_emulator_speedups() -> None:
+    """The emulator's changes to moto that only save CPU (same responses)."""
+    _serialize_attribute_values_directly()
+    _cache_moto_dispatch_tables()
+    _load_only_moto_default_amis()
+
 class LocalAws:
     """Context manager: moto + the stack's resources + handler environment."""
 
@@ -294,6 +439,7 @@ class LocalAws:
         self._mock = mock_aws()
         self._mock.start()
         _make_dynamodb_writes_atomic()
+        install_emulator_speedups()
         # moto advances a described task RUNNING -> ... -> STOPPED on its own; the
         # simulated data plane owns task state instead.
         state_manager.set_transition("ecs::task", {"progression": "manual", "times": 10**12})
