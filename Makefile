@@ -13,7 +13,7 @@ export PYTHONPATH := $(CURDIR)/lambdas:$(CURDIR)
 LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
-.PHONY: install install-cdk demo test test-faults lint typecheck bench synth deploy clean local-api fuzz \
+.PHONY: install install-cdk demo test test-all test-faults lint typecheck bench synth deploy clean local-api fuzz \
 	config-docs doctor playground
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -40,10 +40,16 @@ PLAYGROUND_ARGS ?=
 playground local-api: $(STAMP)
 	$(LOCAL_ENV) $(PY) -m local_mode.playground $(PLAYGROUND_ARGS)
 
+# Prints its wall time and the 10 slowest tests, so a slower suite is seen when it lands
+# (docs/testing.md: where the time goes, what each target covers).
 test: $(STAMP) install-cdk
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
-	$(LOCAL_ENV) $(PY) -m pytest -q -n auto
+	@start=$$(date +%s); \
+	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy && \
+	$(LOCAL_ENV) $(PY) -m pytest -q -n auto --durations=10 $(PYTEST_ARGS); \
+	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s of wall time (exit $$status)"; exit $$status
+
+# Everything: make test, every call of every crash campaign broken, the long fuzz.
+test-all: test test-faults fuzz
 
 # Every AWS call of a GPU-fault recovery broken in turn (make test breaks one per call site).
 test-faults: $(STAMP)

@@ -330,11 +330,54 @@ def _load_only_moto_default_amis() -> None:
     amis.AmiBackend._load_amis = load_default_amis  # type: ignore[method-assign]
 
 
+def _keep_moto_tables_sorted() -> None:
+    """moto answers every Query (of a table or of an index) by sorting *all* the table's
+    items first (``Table.all_items``), then filtering: O(n log n) Python comparisons per
+    Query, the top of the profile once a test's table holds a few thousand items. The
+    sorted list only changes when an item is added or removed (``put_item`` /
+    ``delete_item``; an update keeps the keys), so it is kept until then. Callers get a
+    copy, as before. Idempotent."""
+    from moto.dynamodb.models.table import Table
+
+    if getattr(Table.all_items, "_kept_sorted", False):
+        return
+    sort_all_items, put_item, delete_item = Table.all_items, Table.put_item, Table.delete_item
+
+    def bump(table: Any) -> None:
+        table._sorted_version = getattr(table, "_sorted_version", 0) + 1
+
+    def put_and_bump(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return put_item(self, *args, **kwargs)
+        finally:
+            bump(self)  # after the change: a list sorted meanwhile is not kept
+
+    def delete_and_bump(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return delete_item(self, *args, **kwargs)
+        finally:
+            bump(self)
+
+    def all_items(self: Any) -> list[Any]:
+        key = (id(self.items), getattr(self, "_sorted_version", 0))
+        kept = getattr(self, "_sorted_items", None)
+        if kept is None or kept[0] != key:
+            kept = self._sorted_items = (key, sort_all_items(self))
+        return list(kept[1])
+
+    all_items._kept_sorted = True  # type: ignore[attr-defined]
+    Table.all_items = all_items  # type: ignore[method-assign]
+    Table.put_item = put_and_bump  # type: ignore[method-assign]
+    Table.delete_item = delete_and_bump  # type: ignore[method-assign]
+
+
 def install_emulator_speedups() -> None:
     """The emulator's changes to moto that only save CPU (same responses)."""
     _serialize_attribute_values_directly()
     _cache_moto_dispatch_tables()
     _load_only_moto_default_amis()
+    _keep_moto_tables_sorted()
+
 
 class LocalAws:
     """Context manager: moto + the stack's resources + handler environment."""
