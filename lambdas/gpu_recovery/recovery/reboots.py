@@ -472,7 +472,8 @@ class NodeActionGate:
             what_happened=str(decided.state.get("trip_reason") or decided.reason),
             what_was_done=("No node is rebooted, replaced or quarantined automatically until an operator "
                            "resets the breaker; every held-back action is kept in its backlog (this one "
-                           "included)"),
+                           "included), and its node is cordoned: no new work from the queue, nor from ECS "
+                           "placement for tasks with the constraint attribute:gpu-recovery.cordoned !exists"),
             operator_action=("Find the common cause (driver rollout, power, fabric). Then "
                              "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
                              "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."))
