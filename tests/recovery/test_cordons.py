@@ -9,7 +9,7 @@ import argparse
 
 from cli.admin import uncordon_command
 from gpu_recovery import constants as C
-from gpu_recovery.domain import cordon
+from gpu_recovery.domain import breaker, cordon
 from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE, CordonPolicy
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
@@ -213,3 +213,19 @@ def test_a_healthy_verdict_on_a_cordoned_node_clears_its_cordon() -> None:
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
         assert not w.repo.get_instance(FAULTY).cordoned and not _has_attribute(w, FAULTY)
+
+
+def test_the_trip_email_lists_the_held_node_its_jobs_and_what_a_reset_does() -> None:
+    """Given one node already acted on in a 2-node window, When a diag says reboot on
+    another, Then the breaker trips: its one e-mail names the held node, the jobs on it and
+    what --resume-backlog / --drop-backlog will do; the node is cordoned."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        state = breaker.record_action(None, node="x-1", action="reboot", now=w.now[0] - 60,
+                                      cluster_gpu_nodes=2).state
+        assert w.repo.save_breaker(state, None)
+        _fault_with_reboot_verdict(w, arns)
+        [mail] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.BREAKER_TRIPPED]
+        assert f"Held: {FAULTY} needs reboot (jobs on it: j)" in mail.body
+        assert "--resume-backlog reboots it" in mail.body and "cordoned" in mail.body
+        assert w.repo.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)

@@ -476,4 +476,21 @@ class NodeActionGate:
                            "placement for tasks with the constraint attribute:gpu-recovery.cordoned !exists"),
             operator_action=("Find the common cause (driver rollout, power, fabric). Then "
                              "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
-                             "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."))
+                             "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."),
+            details=held_back_lines(decided.state.get("backlog") or ()))
+
+
+def held_back_lines(backlog: Iterable[dict[str, Any]]) -> list[str]:
+    """The trip e-mail's details: each held node, the jobs it held, what a reset does."""
+    lines = []
+    for entry in backlog:
+        node, action = str(entry.get("node", "")), str(entry.get("action", ""))
+        jobs = str(entry.get("job_id") or "") or "none"
+        if action == Action.REBOOT.value:
+            resume = "reboots it; it is uncordoned and takes work again once back"
+        else:
+            resume = "drains it (DRAINING) for a person; never terminated from the backlog"
+        lines.append(f"Held: {node} needs {action} (jobs on it: {jobs}); --resume-backlog {resume}; "
+                     "--drop-backlog leaves it SUSPECT and cordoned until you act "
+                     "(`gpu-recovery-admin uncordon` once repaired)")
+    return lines
