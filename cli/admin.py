@@ -184,6 +184,7 @@ def _breaker(args: argparse.Namespace, ctx: Context) -> int:
 def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
     """``breaker show`` / ``breaker reset``: one JSON document on stdout, a sentence on stderr."""
     from gpu_recovery.domain import breaker as policy
+    from gpu_recovery.domain import cordon as cordon_policy
     from gpu_recovery.recovery.breaker import reset_breaker
 
     stored = repo.get_breaker()
@@ -198,7 +199,8 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
                  "window_seconds": window_seconds, "backlog": state["backlog"],
                  "released_not_yet_carried_out": sorted(((stored or {}).get("released") or {}).values(),
                                                         key=lambda e: str(e.get("node"))),
-                 "last_reset_at": state["last_reset_at"], "last_reset_by": state["last_reset_by"]}
+                 "last_reset_at": state["last_reset_at"], "last_reset_by": state["last_reset_by"],
+                 "cordons": cordon_policy.normalize((stored or {}).get("cordons"))}
         print(json.dumps(shown, default=str, sort_keys=True, indent=2))
         if stored is None:
             print("the breaker has never acted (no node action recorded yet)", file=sys.stderr)
@@ -378,6 +380,29 @@ def faults_command(args: argparse.Namespace, repo: Any) -> int:
     return 0
 
 
+def _uncordon_arguments(parser: argparse.ArgumentParser) -> None:
+    _node_id_argument(parser)
+    parser.add_argument("--instance-table", help=f"container-instance table (default ${ENV_INSTANCE_TABLE} "
+                                                 f"or {DEFAULT_INSTANCE_TABLE_NAME})")
+
+
+def _uncordon(args: argparse.Namespace, ctx: Context) -> int:
+    import time
+
+    return uncordon_command(args, ctx.repository(), time.time())
+
+
+def uncordon_command(args: argparse.Namespace, repo: Any, now: float) -> int:
+    """``uncordon --node-id``: the node is healthy (repaired by hand): it takes new work
+    again; the recovery sweep removes its ECS attribute within a minute."""
+    if not repo.cordons.uncordon(args.node_id, now):
+        print(f"node {args.node_id} is not cordoned", file=sys.stderr)
+        return 1
+    print(f"node {args.node_id} uncordoned: the recovery sweep removes its ECS attribute "
+          "(gpu-recovery.cordoned) within a minute", file=sys.stderr)
+    return 0
+
+
 COMMANDS: list[Command] = [
     Command("doctor", "check, read-only, that the deployed stack's account is ready for a GPU fault",
             doctor.add_arguments, _doctor),
@@ -387,6 +412,8 @@ COMMANDS: list[Command] = [
     Command("list-tokens", "list nodes and token status (never the tokens)", _no_arguments, _list_tokens),
     Command("breaker", "show or reset the blast-radius breaker", _breaker_arguments, _breaker),
     Command("quota", "set, list or remove users' node quotas per priority level", _quota_arguments, _quota),
+    Command("uncordon", "a known-bad node repaired by hand takes new work again", _uncordon_arguments,
+            _uncordon),
     Command("faults", "every suspect node of a job's fault: verdict, decision, XIDs", _faults_arguments,
             _faults),
     Command("fault", "inject a fault into the local playground (make playground; local endpoints only)",

@@ -156,8 +156,11 @@ class NodeApi(Construct):
         )
         self.functions = {"Authorizer": self.authorizer_function, "NodeApi": self.api_function,
                           "HeartbeatSweep": self.sweep_function}
-        for fn, extra in ((self.api_function, []),
-                          (self.sweep_function, [access.update_container_instances_state])):
+        # A node back after its reboot (boot report) is uncordoned; a node lost whose
+        # quarantine the breaker held is cordoned.
+        for fn, extra in ((self.api_function, [access.uncordon_container_instances]),
+                          (self.sweep_function, [access.update_container_instances_state,
+                                                 access.cordon_container_instances])):
             for make in recovery_permissions + extra:
                 fn.add_to_policy(*make())
             tables.grant_read_write_data(fn.role)

@@ -181,6 +181,30 @@ class ClusterAccess:
             )
         ]
 
+    def cordon_container_instances(self) -> list[iam.PolicyStatement]:
+        """Known-bad nodes: the custom attribute ``gpu-recovery.cordoned`` put and deleted
+        (ECS placement constraints keep tag-registered tasks off them), on the cluster's
+        container instances only."""
+        return [
+            iam.PolicyStatement(
+                sid="CordonContainerInstancesInCluster",
+                actions=["ecs:PutAttributes", "ecs:DeleteAttributes"],
+                resources=[self.container_instance_arns],
+                conditions=self._in_cluster,
+            )
+        ]
+
+    def uncordon_container_instances(self) -> list[iam.PolicyStatement]:
+        """A node back after its reboot is healthy again: its attribute deleted (only)."""
+        return [
+            iam.PolicyStatement(
+                sid="UncordonContainerInstancesInCluster",
+                actions=["ecs:DeleteAttributes"],
+                resources=[self.container_instance_arns],
+                conditions=self._in_cluster,
+            )
+        ]
+
     def list_container_instances(self) -> list[iam.PolicyStatement]:
         """The breaker counts the cluster's GPU nodes; relocation looks for free ones."""
         return [
@@ -288,6 +312,7 @@ class RecoveryFunctions(Construct):
                 access.reboot_instances,
                 access.send_reboot_command,
                 access.update_container_instances_state,
+                access.cordon_container_instances,
                 access.terminate_in_asg,
             ],
         )
@@ -301,6 +326,7 @@ class RecoveryFunctions(Construct):
                 access.reboot_instances,
                 access.send_reboot_command,
                 access.update_container_instances_state,
+                access.cordon_container_instances,
                 access.describe_tasks,
                 access.describe_container_instances,
                 access.list_container_instances,
@@ -326,6 +352,8 @@ class RecoveryFunctions(Construct):
                 access.describe_container_instances,
                 access.list_container_instances,
                 access.list_tasks,
+                # A node back after its reboot is uncordoned.
+                access.uncordon_container_instances,
             ],
         )
         self.sweep = self._function(
@@ -346,6 +374,8 @@ class RecoveryFunctions(Construct):
                 access.describe_container_instances,
                 access.list_container_instances,
                 access.update_container_instances_state,
+                # The cordons' worklist (attributes not confirmed, held ones after a reset).
+                access.cordon_container_instances,
                 # A reboot whose issue was not confirmed is re-issued by the sweep.
                 access.reboot_instances,
                 access.send_reboot_command,

@@ -263,6 +263,9 @@ QUOTA_BUCKET = "QUOTA"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
 # The blast-radius breaker's state: one item in the container-instance table.
 BREAKER_ITEM_KEY = "BREAKER#node-actions"
+# Cordons whose ECS attribute (PutAttributes / DeleteAttributes) is still to be synced: one
+# item, a string set of "<node>#<cordon version>" (domain.cordon); the sweep works it off.
+CORDON_SYNC_ITEM_KEY = "CORDON#ecs-attribute-sync"
 # The stack's share of the account's ECS control-plane request bucket (a GCRA).
 ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
 # DCGM health checks running in the cluster (their slots), beside the breaker.
@@ -459,6 +462,9 @@ class NotificationKind(str, Enum):
     OPERATOR_ACTION = "operator_action"  # a configuration problem, or a node needing a person
     OBSERVED = "observed"  # observe mode: what would have been done
     BREAKER_TRIPPED = "breaker_tripped"
+    # Even the cordon limit tripped: known-bad nodes stay out of the queue's placements but
+    # ECS may place tag-registered tasks on them until the breaker is reset.
+    CORDON_LIMIT_TRIPPED = "cordon_limit_tripped"
     RELOCATED = "relocated"
     JOB_REFUSED = "job_refused"  # a tagged job larger than the supported size: not protected
 

@@ -76,6 +76,14 @@ class StubEcs:
     def drain(self, arn: str) -> None:
         self.drained.append(arn)
 
+    def put_cordon(self, arn: str, attribute: str) -> bool:
+        self.cordoned = [*getattr(self, "cordoned", []), arn]
+        return True
+
+    def remove_cordon(self, arn: str, attribute: str) -> bool:
+        self.uncordoned = [*getattr(self, "uncordoned", []), arn]
+        return True
+
     def stop_task(self, arn: str, reason: str) -> None:
         self.stopped.append(arn)
 

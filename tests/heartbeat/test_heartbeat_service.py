@@ -301,6 +301,8 @@ def test_a_tripped_breaker_holds_the_quarantine_of_a_lost_node(world) -> None:
     inst = loop.repo.get_instance(NODE)
     assert inst.state is InstanceState.SUSPECT and inst.breaker_blocked["action"] == "replace"
     assert inst.breaker_blocked["quarantine_only"] is True
+    # Known bad all the same: cordoned (no new work) with the quarantine held.
+    assert inst.cordoned and inst.cordon["cause"] == "builtin:node-unreachable"
     state = loop.repo.get_breaker()
     assert state["state"] == "tripped" and [b["node"] for b in state["backlog"]] == [NODE]
     kinds = [n.kind for n in world.notifier.sent]

@@ -111,6 +111,27 @@ def test_skips_nodes_the_recovery_loop_owns_or_ecs_cannot_use(qc):
     assert task.node == "node-3"
 
 
+def test_skips_a_cordoned_node_whatever_its_state_says(qc):
+    """Given node-0..2 AVAILABLE but cordoned (known bad; observe mode or the breaker left
+    them so), When a 1x8 job is queued, Then it starts on node-3; When node-3 is taken too,
+    Then a second 1x8 job waits (no cordoned node takes it)."""
+    from gpu_recovery.domain.cordon import ECS_APPLIED, cordon_record
+
+    for name in ("node-0", "node-1", "node-2"):
+        node = qc.sim.node(name)
+        qc.repo.put_instance_if_absent(Instance(node.container_instance_id, InstanceState.AVAILABLE,
+                                                node.container_instance_arn, node.instance_id))
+        assert qc.repo.cordons.cordon(node.container_instance_id, cordon_record(
+            cause="xid-79", reason="test", now=1.0, ecs=ECS_APPLIED), 1.0)
+    one = qc.submit(nnodes=1, gpus=8)
+    assert qc.scheduler().tick().admitted == [one]
+    [task] = qc.live_tasks(one)
+    assert task.node == "node-3"
+    two = qc.submit(nnodes=1, gpus=8)
+    assert qc.scheduler().tick().admitted == []
+    assert qc.state(two) is JobState.QUEUED
+
+
 def test_race_on_start_task_requeues_with_backoff_60_then_120():
     """Given one 8-GPU node whose GPUs another tenant takes between snapshot and StartTask
     When the scheduler ticks twice (the second time after the backoff)

@@ -67,6 +67,8 @@ class FakeEcs:
     spare_nodes: list[str] = field(default_factory=list)
     start_calls: list[int] = field(default_factory=list)  # instances per StartTask call
     prepaid: int = 0
+    attributes: dict[str, set[str]] = field(default_factory=dict)  # node -> custom attributes
+    attribute_calls: list[tuple[str, str, str]] = field(default_factory=list)
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -127,6 +129,27 @@ class FakeEcs:
 
     def drain(self, container_instance_arn: str) -> None:
         self.drained.append(container_instance_arn)
+
+    def put_cordon(self, container_instance: str, attribute: str) -> bool:
+        """PutAttributes: the attribute on the node (``attributes``), every call recorded."""
+        fault = self._fault("put_attributes")
+        if fault == "refuse":
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
+        node = container_instance.rsplit("/", 1)[-1]
+        self.attribute_calls.append(("put", node, attribute))
+        self.attributes.setdefault(node, set()).add(attribute)
+        if fault == "lose":
+            raise LostResponse("PutAttributes: response lost")
+        return True
+
+    def remove_cordon(self, container_instance: str, attribute: str) -> bool:
+        node = container_instance.rsplit("/", 1)[-1]
+        self.attribute_calls.append(("delete", node, attribute))
+        self.attributes.get(node, set()).discard(attribute)
+        return True
 
     def container_instances(self) -> list[dict[str, Any]]:
         """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy."""

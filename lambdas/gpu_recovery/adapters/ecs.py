@@ -197,6 +197,31 @@ class EcsAdapter:
             described.extend(response.get("containerInstances", []))
         return described
 
+    def put_cordon(self, container_instance: str, attribute: str) -> bool:
+        """PutAttributes: the custom attribute (name only) on one container instance
+        (idempotent). False when ECS no longer knows the instance (deregistered)."""
+        return self._attribute_call(self._ecs.put_attributes, container_instance, attribute)
+
+    def remove_cordon(self, container_instance: str, attribute: str) -> bool:
+        """DeleteAttributes: name and target, no value (as ECS documents for custom
+        attributes). False when ECS no longer knows the instance."""
+        return self._attribute_call(self._ecs.delete_attributes, container_instance, attribute)
+
+    def _attribute_call(self, call: Any, container_instance: str, attribute: str) -> bool:
+        target: dict[str, str] = {"name": attribute, "targetId": container_instance}
+        if not container_instance.startswith("arn:"):
+            target["targetType"] = "container-instance"  # the short id needs its type
+        self._take_token()
+        try:
+            call(cluster=self.cluster, attributes=[target])
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "TargetNotFoundException":
+                raise
+            logger.info("attribute call on a container instance ECS no longer knows",
+                        extra={"container_instance": container_instance})
+            return False
+        return True
+
     def drain(self, container_instance_arn: str) -> None:
         """Quarantine: DRAINING keeps ECS from placing new tasks on the instance."""
         self._take_token()

@@ -164,6 +164,13 @@ class Instance:
     fault_history: list[dict[str, Any]] = field(default_factory=list)  # escalation records
     reboot_reason: str = ""
     breaker_blocked: dict[str, Any] = field(default_factory=dict)  # the node action held back
+    # Known bad: no new work until healthy again (domain.cordon); {} when not cordoned.
+    cordon: dict[str, Any] = field(default_factory=dict)
+    cordon_version: float | None = None  # the last cordon / uncordon intent (its sync's version)
+
+    @property
+    def cordoned(self) -> bool:
+        return bool(self.cordon)
 
     @property
     def is_managed_instance(self) -> bool:

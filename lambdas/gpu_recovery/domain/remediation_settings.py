@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpu_recovery.domain.breaker import BreakerPolicy
+from gpu_recovery.domain.cordon import CordonPolicy
 from gpu_recovery.domain.escalation import DAY, HOUR, EscalationPolicy
 from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.job_budgets import (
@@ -48,6 +49,8 @@ class RemediationSettings:
     replace_action: str = "quarantine"
     escalation: EscalationPolicy = field(default_factory=EscalationPolicy)
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    # Known-bad nodes' ECS attribute: its own, higher limit (data, not a context key).
+    cordon: CordonPolicy = field(default_factory=CordonPolicy)
     max_infra_recoveries: int = DEFAULT_MAX_INFRA_RECOVERIES
     max_app_restarts: int = DEFAULT_MAX_APP_RESTARTS
 

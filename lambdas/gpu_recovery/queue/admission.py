@@ -18,7 +18,7 @@ Admission rules
   (e.g. ``DRAINING``), its agent is disconnected, or the instance table says
   ``REBOOTING``, ``QUARANTINED``, ``SUSPECT``, ``HEALTH_CHECK_PENDING`` or
   ``HEALTH_CHECKING``, or the recovery loop holds it for a job waiting to be
-  gang-restarted on it.
+  gang-restarted on it, or it is cordoned (known bad, whatever its state says).
 * **Deterministic best fit.** Among the nodes that fit, a rank takes the node with
   the fewest free GPUs that still fit, ties broken by container instance id; rank 0
   gets the first node of that order. Same input -> same placement.
@@ -76,8 +76,13 @@ def node_ineligibility(
     agent_connected: bool,
     instance_state: InstanceState | str | None,
     held_for_recovery: bool = False,
+    cordoned: bool = False,
 ) -> str:
-    """Why a node cannot take new ranks ("" when it can)."""
+    """Why a node cannot take new ranks ("" when it can). A cordoned node (known bad:
+    a failed diag, a definitive fault, a timed-out reboot or health check) is skipped
+    whatever its state says (observe mode, or the breaker, may have left it AVAILABLE)."""
+    if cordoned:
+        return "cordoned (known bad)"
     if ecs_status != "ACTIVE":
         return f"ecs status {ecs_status or 'unknown'}"
     if not agent_connected:

@@ -291,6 +291,7 @@ class QueueScheduler:
                 agent_connected=bool(ci.get("agentConnected", False)),
                 instance_state=instance.state if instance else None,
                 held_for_recovery=node_id in held,
+                cordoned=instance.cordoned if instance else False,
             )
             free = gpu_count(ci.get("remainingResources")) or 0
             total = gpu_count(ci.get("registeredResources"))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_recovery.domain import breaker as policy
+from gpu_recovery.domain import cordon as cordon_policy
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -73,6 +74,9 @@ def reset_breaker(repo: Repository, *, now: float, resume_backlog: bool, by: str
         for entry in result.released:
             released[entry["node"]] = dict(entry)
         state["released"] = released
+        # The cordon limit closes with it: held cordons are put by the sweep, a window's
+        # allowance at a time (domain.cordon).
+        state["cordons"] = cordon_policy.reset((stored or {}).get("cordons"))
         if repo.save_breaker(state, read_version):
             return ResetResult(True, result.released, result.dropped + tuple(stale), state)
     return ResetResult(False, (), (), {})

@@ -200,7 +200,8 @@ class GangRestart:
             instance = states.get(node_id)
             if ci.get("status") != "ACTIVE" or not ci.get("agentConnected") or node_id in held \
                     or node_id in leaving \
-                    or (instance is not None and instance.state is not InstanceState.AVAILABLE):
+                    or (instance is not None and (instance.state is not InstanceState.AVAILABLE
+                                                  or instance.cordoned)):
                 continue
             spares.append(SpareNode(node_id, ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")),
                                     gpu_count(ci.get("remainingResources")),

@@ -29,6 +29,7 @@ from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import CLAIM_LEASE_SECONDS, NotificationKind
 from gpu_recovery.domain import breaker as breaker_policy
+from gpu_recovery.domain import cordon as cordon_policy
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
@@ -50,6 +51,7 @@ from gpu_recovery.domain.states import (
     SuspectVerdict,
 )
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail
+from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
@@ -71,6 +73,7 @@ class Reboots:
         self.ranks = ranks
         self.restarts = restarts
         self.gate = NodeActionGate(deps, ranks)
+        self.cordons = Cordons(deps, ranks, self.gate)
 
     # -------------------------------------------------------------------- issue
     def issue(self, instance: Instance, *, agent_connected: bool | None = None) -> str:
@@ -110,10 +113,13 @@ class Reboots:
         fresh = self.deps.repo.get_instance(instance.container_inst_id) or instance
         if fresh.drain_pending or not fresh.terminate_pending:
             self.deps.ecs.drain(fresh.container_instance_arn or fresh.container_inst_id)
-            if self.deps.repo.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending):
+            if self.deps.repo.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending,
+                                             uncordon=fresh.cordoned):
                 self.deps.metrics.add_metric("Quarantines", "Count", 1)
                 logger.warning("instance quarantined", extra={"instance": fresh.container_inst_id,
                                                               "why": fresh.quarantine_reason})
+                if fresh.cordoned:  # DRAINING keeps placements off now: the attribute goes
+                    self.cordons.sync_quietly(fresh.container_inst_id)
         if fresh.terminate_pending:
             self.terminate(fresh)
 
@@ -199,6 +205,8 @@ class Reboots:
         if not self.deps.repo.mark_instance_back(instance, clock.now()):
             return Outcome("duplicate", detail={"instance": inst_id})
         logger.info("instance back after reboot", extra={"instance": inst_id})
+        if instance.cordoned:  # healthy again: cordon cleared in the same write
+            self.cordons.sync_quietly(inst_id)
         restarted = self.release_waiting(instance)
         return Outcome("instance_available", detail={"instance": inst_id, "restarted": restarted})
 
@@ -268,28 +276,38 @@ class Reboots:
                 failures.append(JobFailure(job, f"instance {inst_id} {what}", verdict))
         now = clock.now()
         drain, observed, history, blocked, update, tripped = quarantine, False, None, None, None, None
+        cordon, cordon_tripped = None, None
         if quarantine:
             cause = f"builtin:{kind.value.replace('_', '-')}"
-            if not self.deps.policy.modes.executes(Effect.DRAIN):
-                drain, observed = False, True
-            else:
-                decided, update = self.gate.ask(node=inst_id, action=Action.REPLACE.value, job_ids=jobs,
-                                                reason=f"instance {what}", now=now)
-                tripped = decided if decided.tripped_now else None
-                if not decided.allowed:
-                    drain = False
-                    blocked = {"action": Action.REPLACE.value, "at": now, "reason": decided.reason[:300],
-                               "rule": cause, "jobs": jobs, "quarantine_only": True}
+            observed = not self.deps.policy.modes.executes(Effect.DRAIN)
+            # Known bad from now on: drained, or (breaker, observe mode) cordoned.
+            answer = self.gate.decide(node=inst_id, action=None if observed else Action.REPLACE.value,
+                                      job_ids=jobs, reason=f"instance {what}", now=now,
+                                      cordon_unless_drained=True, drains_if_allowed=True)
+            update, tripped = answer.update, answer.tripped
+            decided = answer.breaker
+            if observed or (decided is not None and not decided.allowed):
+                drain = False
+            if decided is not None and not decided.allowed:
+                blocked = {"action": Action.REPLACE.value, "at": now, "reason": decided.reason[:300],
+                           "rule": cause, "jobs": jobs, "quarantine_only": True}
+            cordon = answer.cordon_record(cause=cause, reason=f"instance {what}", now=now)
+            if answer.cordon is not None and answer.cordon.tripped_now:
+                cordon_tripped = answer.cordon
             record = NodeFaultRecord(at=now, cause=cause, action=Action.REPLACE, executed=drain,
                                      evidence=fault_summary(None, note=f"instance {what}"))
             history = history_to_item(record_fault(history_from_item(instance.fault_history), record, now,
                                                    self.deps.policy.escalation))
         if not self.deps.repo.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
                                                 fault_history=history, breaker_blocked=blocked,
-                                                breaker=update):
+                                                breaker=update, cordon=cordon):
             return "raced"
         if tripped is not None:
             self.gate.tell_tripped(tripped, inst_id)
+        if cordon_tripped is not None:
+            self.cordons.tell_limit_tripped(cordon_tripped, inst_id, f"instance {what}")
+        if cordon is not None:
+            self.cordons.sync_quietly(inst_id)
         if drain:
             self.quarantine(instance)
         for job_id in moving:
@@ -319,6 +337,25 @@ class Reboots:
                 what_happened=f"Instance {inst_id} {what}", what_was_done="Nothing" + done,
                 operator_action="Check the instance and drain it by hand if it is faulty.")
         return kind.value
+
+
+@dataclass(frozen=True)
+class GateAnswer:
+    breaker: breaker_policy.BreakerDecision | None  # None: no node action was asked
+    cordon: cordon_policy.CordonDecision | None  # None: no cordon needed (or drained instead)
+    update: Update | None  # the breaker item to write in the caller's transaction
+
+    @property
+    def tripped(self) -> breaker_policy.BreakerDecision | None:
+        return self.breaker if self.breaker is not None and self.breaker.tripped_now else None
+
+    def cordon_record(self, *, cause: str, reason: str, now: float) -> dict[str, Any] | None:
+        """The instance's cordon (None: not cordoned by this decision)."""
+        if self.cordon is None:
+            return None
+        return cordon_policy.cordon_record(cause=cause, reason=reason, now=now,
+                                           ecs=cordon_policy.ECS_PENDING if self.cordon.allowed
+                                           else cordon_policy.ECS_HELD)
 
 
 @dataclass(frozen=True)
@@ -361,34 +398,68 @@ class NodeActionGate:
 
     def ask(self, *, node: str, action: str, job_ids: Iterable[str], reason: str,
             now: float) -> tuple[breaker_policy.BreakerDecision, Update | None]:
+        answer = self.decide(node=node, action=action, job_ids=job_ids, reason=reason, now=now)
+        assert answer.breaker is not None
+        return answer.breaker, answer.update
+
+    def decide(self, *, node: str, action: str | None, job_ids: Iterable[str], reason: str, now: float,
+               cordon_unless_drained: bool = False, drains_if_allowed: bool = False) -> GateAnswer:
+        """The breaker's answer to a node action (``action``; None: none asked) and, for a
+        node known bad (``cordon_unless_drained``) that will not be drained, the cordon
+        limit's answer to its ECS attribute: both in one update of the breaker's item."""
         repo = self.deps.repo
         stored = repo.get_breaker()
         read_version = int(stored.get("version") or 0) if stored else None
         policy = self.deps.settings.remediation.breaker
-        if breaker_policy.needs_cluster_count(stored, node=node, now=now, policy=policy):
-            nodes = self.cluster_gpu_nodes(stored)
-        else:  # the answer does not depend on it: keep what the breaker last measured
-            nodes = int((stored or {}).get("cluster_gpu_nodes") or 0)
-        decided = breaker_policy.record_action(
-            stored, node=node, action=action, now=now, cluster_gpu_nodes=nodes, policy=policy,
-            job_id=",".join(job_ids), reason=reason[:300])
-        return decided, self.state_update(stored, read_version, decided, nodes)
+        last_count = int((stored or {}).get("cluster_gpu_nodes") or 0)
+        nodes = last_count
+        decided = None
+        if action is not None:
+            if breaker_policy.needs_cluster_count(stored, node=node, now=now, policy=policy):
+                nodes = self.cluster_gpu_nodes(stored)
+            decided = breaker_policy.record_action(
+                stored, node=node, action=action, now=now, cluster_gpu_nodes=nodes, policy=policy,
+                job_id=",".join(job_ids), reason=reason[:300])
+        cordoned = None
+        if cordon_unless_drained and not (decided is not None and decided.allowed and drains_if_allowed):
+            limits = self.deps.settings.remediation.cordon
+            current = cordon_policy.normalize((stored or {}).get("cordons"))
+            in_window = {e["node"] for e in current["window"] if now - limits.window_seconds < e["at"] <= now}
+            if current["state"] == cordon_policy.CLOSED and node not in in_window \
+                    and len(in_window) + 1 > limits.allowed_nodes(0):
+                nodes = self.cluster_gpu_nodes(stored)
+            cordoned = cordon_policy.admit((stored or {}).get("cordons"), node=node, now=now,
+                                           cluster_gpu_nodes=nodes, policy=limits)
+        return GateAnswer(decided, cordoned, self.state_update(stored, read_version, decided, nodes,
+                                                               cordons=cordoned))
 
     def state_update(self, stored: dict[str, Any] | None, read_version: int | None,
-                     decided: breaker_policy.BreakerDecision, nodes: int,
-                     released: dict[str, Any] | None = None) -> Update | None:
+                     decided: breaker_policy.BreakerDecision | None, nodes: int,
+                     released: dict[str, Any] | None = None,
+                     cordons: cordon_policy.CordonDecision | None = None) -> Update | None:
         """The breaker item to write with the decision (None: nothing changed). The released
-        backlog is kept (or replaced by ``released``)."""
-        if decided.state == breaker_policy.normalize(stored) and released is None:
+        backlog is kept (or replaced by ``released``); the cordon limit's state is written
+        when ``cordons`` decided (else left as stored)."""
+        unchanged = decided is None or decided.state == breaker_policy.normalize(stored)
+        if cordons is not None and cordons.state != cordon_policy.normalize((stored or {}).get("cordons")):
+            unchanged = False
+        if unchanged and released is None:
             return None
-        state = dict(decided.state)
+        if decided is None:
+            state = breaker_policy.normalize(stored)
+            state["version"] += 1
+        else:
+            state = dict(decided.state)
+        if cordons is not None:
+            state["cordons"] = cordons.state
         if released is not None:
             state["released"] = released
         elif stored and stored.get("released"):
             state["released"] = stored["released"]
         # What the decision was measured against, for `gpu-recovery-admin breaker show`.
-        state.update(limit=decided.limit, cluster_gpu_nodes=nodes,
-                     window_seconds=self.deps.settings.remediation.breaker.window_seconds)
+        settings = self.deps.settings.remediation.breaker
+        state.update(limit=decided.limit if decided is not None else settings.allowed_nodes(nodes),
+                     cluster_gpu_nodes=nodes, window_seconds=settings.window_seconds)
         return self.deps.repo.breaker_update(state, read_version)
 
     def tell_tripped(self, decided: breaker_policy.BreakerDecision, inst_id: str) -> None:
@@ -401,7 +472,25 @@ class NodeActionGate:
             what_happened=str(decided.state.get("trip_reason") or decided.reason),
             what_was_done=("No node is rebooted, replaced or quarantined automatically until an operator "
                            "resets the breaker; every held-back action is kept in its backlog (this one "
-                           "included)"),
+                           "included), and its node is cordoned: no new work from the queue, nor from ECS "
+                           "placement for tasks with the constraint attribute:gpu-recovery.cordoned !exists"),
             operator_action=("Find the common cause (driver rollout, power, fabric). Then "
                              "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
-                             "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."))
+                             "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."),
+            details=held_back_lines(decided.state.get("backlog") or ()))
+
+
+def held_back_lines(backlog: Iterable[dict[str, Any]]) -> list[str]:
+    """The trip e-mail's details: each held node, the jobs it held, what a reset does."""
+    lines = []
+    for entry in backlog:
+        node, action = str(entry.get("node", "")), str(entry.get("action", ""))
+        jobs = str(entry.get("job_id") or "") or "none"
+        if action == Action.REBOOT.value:
+            resume = "reboots it; it is uncordoned and takes work again once back"
+        else:
+            resume = "drains it (DRAINING) for a person; never terminated from the backlog"
+        lines.append(f"Held: {node} needs {action} (jobs on it: {jobs}); --resume-backlog {resume}; "
+                     "--drop-backlog leaves it SUSPECT and cordoned until you act "
+                     "(`gpu-recovery-admin uncordon` once repaired)")
+    return lines

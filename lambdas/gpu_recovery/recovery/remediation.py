@@ -60,7 +60,7 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.reboots import GateAnswer, Reboots
 from gpu_recovery.repository import JobVerdict, NodeDecision
 from gpu_recovery.repository.recovery import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
 
@@ -270,16 +270,16 @@ class NodeRemediation:
             plan = unreachable_plan(evidence, self.policy, history, now, why)
             observed = not self.policy.modes.executes(Effect.STOP_TASKS)
             instance = repo.instance_from_item(raw) if raw else None
-            tripped = None
+            tripped, gate = None, None
             if instance is not None and instance.state in _UNREACHABLE_FROM and not observed:
-                breaker_update = None
-                if plan.needs_breaker:
-                    plan, breaker_update, tripped = self._ask_breaker(plan, inst_id, [job], now)
+                plan, breaker_update, gate = self._ask_gate(plan, inst_id, [job], now)
+                tripped = gate.tripped if gate is not None else None
                 reason = self._unreachable_reason(why, plan)
                 last_fault = self.fault_record(evidence, plan, now, node=inst_id, attempt=attempt)
                 decision = self._node_decision(
                     plan, label_for(plan), instance, _UNREACHABLE_FROM, evidence, None,
-                    self.history_with(history, plan, evidence, now), None, None, [], now, job_ids=[job_id])
+                    self.history_with(history, plan, evidence, now), None, None, [], now, job_ids=[job_id],
+                    gate=gate)
                 done = repo.record_node_decision(instance, decision, [], now, breaker_update,
                                                  also=[repo.lost_job_failure(job, reason, last_fault)])
             else:
@@ -303,6 +303,7 @@ class NodeRemediation:
                 "record_only": [e.value for e in plan.record_only]})
             if tripped is not None:
                 self.reboots.gate.tell_tripped(tripped, inst_id)
+            self._after_cordon(gate, inst_id, plan)
             fresh = repo.get_instance(inst_id) or instance or Instance(inst_id)
             if instance is not None and not observed:
                 self.carry_out(fresh, plan)
@@ -400,9 +401,8 @@ class NodeRemediation:
         waiting = [j for j in jobs if j.state in RECOVERING_JOB_STATES]
         anywhere = Effect.TERMINATE in plan.execute and instance.is_managed_instance
         plan = self._for_this_node(plan, instance)
-        breaker_update, tripped = None, None
-        if plan.needs_breaker:
-            plan, breaker_update, tripped = self._ask_breaker(plan, inst_id, waiting, now)
+        plan, breaker_update, gate = self._ask_gate(plan, inst_id, waiting, now)
+        tripped = gate.tripped if gate is not None else None
         label = label_for(plan)
         history = history_from_item((instance_item or {}).get("fault_history"))
         new_history = self.history_with(history, plan, evidence, now)
@@ -410,7 +410,7 @@ class NodeRemediation:
                     for job in waiting]
         decision = self._node_decision(plan, label, instance, from_states, evidence, findings, new_history,
                                        hc_started_by, hc_jobs_count, verdicts, now,
-                                       job_ids=[v.job.job_id for v, _ in verdicts])
+                                       job_ids=[v.job.job_id for v, _ in verdicts], gate=gate)
         if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update):
             return None
         logger.info("node decision applied", extra={
@@ -419,6 +419,7 @@ class NodeRemediation:
             "rule": plan.decision.rule_id})
         if tripped is not None:
             self.reboots.gate.tell_tripped(tripped, inst_id)
+        self._after_cordon(gate, inst_id, plan, uncordoned=decision.uncordon and instance.cordoned)
         fresh = repo.get_instance(inst_id) or instance
         self.carry_out(fresh, plan)
         outcomes = [(v.job, o) for v, o in verdicts]
@@ -459,7 +460,7 @@ class NodeRemediation:
                        findings: dict[str, Any] | None, history: list[dict[str, Any]] | None,
                        hc_started_by: str | None, hc_jobs_count: int | None,
                        verdicts: list[tuple[JobVerdict, JobOutcome]], now: float, *,
-                       job_ids: list[str]) -> NodeDecision:
+                       job_ids: list[str], gate: GateAnswer | None = None) -> NodeDecision:
         why = f"{plan.action.value}: {plan.decision.reason}"
         last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": job_ids}
         to: InstanceState | None
@@ -482,13 +483,18 @@ class NodeRemediation:
         restart_jobs = tuple(v.job.job_id for v, o in verdicts
                              if o == JobOutcome.RESTART_AFTER_REBOOT and label is SuspectVerdict.REBOOT)
         follow_up = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
+        # Known bad and not drained: cordoned (whatever the breaker or observe mode said);
+        # a diag that passed clears a cordon the node had.
+        cordon = gate.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now) \
+            if gate is not None and to is not InstanceState.QUARANTINED else None
+        uncordon = plan.action not in NODE_ACTIONS and InstanceState.HEALTH_CHECKING in from_states
         return NodeDecision(
             from_states=from_states, to=to, findings=findings, fault_history=history, last_fault=last_fault,
             quarantine_reason=why if to is InstanceState.QUARANTINED else "",
             reboot_reason=why if to is InstanceState.REBOOTING else "",
             terminate=Effect.TERMINATE in plan.execute, breaker_blocked=blocked,
             hc_started_by=hc_started_by, hc_jobs_count=hc_jobs_count, restart_jobs=restart_jobs,
-            follow_up_at=now + FOLLOW_UP_SECONDS if follow_up else None)
+            follow_up_at=now + FOLLOW_UP_SECONDS if follow_up else None, cordon=cordon, uncordon=uncordon)
 
     # -------------------------------------------------------------- job outcome
     def job_verdict(self, job: Job, inst_id: str, label: SuspectVerdict, plan: RemediationPlan | None,
@@ -609,12 +615,55 @@ class NodeRemediation:
         return f"{inst_id} has a GPU fault a reboot cannot fix{decided}"
 
     # ------------------------------------------------------------------ breaker
-    def _ask_breaker(self, plan: RemediationPlan, inst_id: str, jobs: list[Job],
-                     now: float) -> tuple[RemediationPlan, Any, Any]:
-        decided, update = self.reboots.gate.ask(node=inst_id, action=plan.action.value,
-                                                job_ids=[j.job_id for j in jobs],
-                                                reason=plan.decision.reason, now=now)
-        return plan.with_breaker(decided), update, decided if decided.tripped_now else None
+    def _ask_gate(self, plan: RemediationPlan, inst_id: str, jobs: list[Job],
+                  now: float) -> tuple[RemediationPlan, Any, GateAnswer | None]:
+        """The breaker, for a node action about to be carried out; the cordon limit, for a
+        node found bad (a node action decided) that will not be drained."""
+        known_bad = plan.action in NODE_ACTIONS
+        if not plan.needs_breaker and not known_bad:
+            return plan, None, None
+        answer = self.reboots.gate.decide(
+            node=inst_id, action=plan.action.value if plan.needs_breaker else None,
+            job_ids=[j.job_id for j in jobs], reason=plan.decision.reason, now=now,
+            cordon_unless_drained=known_bad, drains_if_allowed=Effect.DRAIN in plan.execute)
+        if answer.breaker is not None:
+            plan = plan.with_breaker(answer.breaker)
+        return plan, answer.update, answer
+
+    def cordon_only(self, inst_id: str, plan: RemediationPlan) -> bool:
+        """A node found bad by a decision that changes nothing else on it (observe mode for
+        the whole fault): it takes no new work all the same. One transaction: its cordon,
+        the worklist, the cordon limit's state. Idempotent (a node already cordoned for the
+        same cause is left as it is)."""
+        if plan.action not in NODE_ACTIONS:
+            return False
+        repo = self.deps.repo
+        for _ in range(_APPLY_ROUNDS):
+            instance = repo.get_instance(inst_id)
+            if instance is None:
+                return False
+            if instance.cordoned and instance.cordon.get("cause") == plan.decision.rule_id:
+                return True
+            now = clock.now()
+            answer = self.reboots.gate.decide(node=inst_id, action=None, job_ids=(), now=now,
+                                              reason=plan.decision.reason, cordon_unless_drained=True)
+            record = answer.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now)
+            if record is None or not repo.cordons.cordon(inst_id, record, now, answer.update):
+                continue
+            self._after_cordon(answer, inst_id, plan)
+            return True
+        return False
+
+    def _after_cordon(self, gate: GateAnswer | None, inst_id: str, plan: RemediationPlan, *,
+                      uncordoned: bool = False) -> None:
+        """After the commit: the ECS attribute (the sweep finishes it), and the loud e-mail
+        when the cordon limit tripped."""
+        cordoned = gate is not None and gate.cordon is not None
+        if cordoned and gate is not None and gate.cordon is not None and gate.cordon.tripped_now:
+            self.reboots.cordons.tell_limit_tripped(gate.cordon, inst_id,
+                                                    f"{plan.action.value}: {plan.decision.reason}")
+        if cordoned or uncordoned:
+            self.reboots.cordons.sync_quietly(inst_id)
 
     def cluster_gpu_nodes(self) -> int:
         """GPU container instances of the cluster (ACTIVE or DRAINING), cached a minute."""

@@ -76,6 +76,12 @@ class Sweep:
         except Exception:
             logger.exception("breaker sweep failed")
             handled["error"] = handled.get("error", 0) + 1
+        try:  # cordons whose ECS attribute is not confirmed (or held by the cordon limit)
+            for action, count in self.reboots.cordons.sweep().items():
+                handled[action] = handled.get(action, 0) + count
+        except Exception:
+            logger.exception("cordon sweep failed")
+            handled["error"] = handled.get("error", 0) + 1
         if deferred:
             handled["deferred_to_next_sweep"] = deferred
         return Outcome("swept", detail={"handled": handled})

@@ -476,6 +476,8 @@ class TaskEvents:
             rank.container_inst_id, fault_history=history,
             last_fault={"at": now, "evidence": assessment.evidence.to_dict(), "plan": plan.to_dict(),
                         "jobs": [job.job_id]})
+        # Known bad (a definitive fault) all the same: no new work on it (domain.cordon).
+        self.remediation.cordon_only(rank.container_inst_id, plan)
         instance = self.deps.repo.get_instance(rank.container_inst_id)
         self.ranks.notify(
             job, instance, NotificationKind.OBSERVED, "Observe mode: GPU fault detected, nothing done",

@@ -53,6 +53,7 @@ from gpu_recovery.domain.states import (
     SuspectVerdict,
 )
 from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
+from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_check_slots import WAIT_SWEEP_SECONDS, Claim, HealthCheckSlots
 from gpu_recovery.repository.latches import LatchRepository
@@ -109,6 +110,8 @@ class NodeDecision:
     hc_jobs_count: int | None = None  # ... and only if no job joined it since it was read
     restart_jobs: tuple[str, ...] = ()  # jobs restarting once the node is back
     follow_up_at: float | None = None  # a reboot or drain still to do: the sweep finishes it
+    cordon: dict[str, Any] | None = None  # known bad: cordon it (domain.cordon.cordon_record)
+    uncordon: bool = False  # healthy again (a passed diag): clear its cordon
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class Repository:
         self.latches = LatchRepository(self)  # rank counts of an attempt
         self.faults = FaultRepository(self)  # suspect items, tallies, placements
         self.slots = HealthCheckSlots(self)  # health checks running: the cluster's, each job's
+        self.cordons = CordonRepository(self)  # known-bad nodes and their ECS attribute syncs
 
     # ================================================================== mapping
     @staticmethod
@@ -285,6 +289,8 @@ class Repository:
             fault_history=list(item.get("fault_history") or []),
             reboot_reason=item.get("reboot_reason", ""),
             breaker_blocked=dict(item.get("breaker_blocked") or {}),
+            cordon=dict(item.get("cordon") or {}),
+            cordon_version=item.get("cordon_version"),
         )
 
     # ==================================================================== reads
@@ -760,6 +766,15 @@ class Repository:
             remove += ["breaker_blocked"]
         if decision.breaker_blocked is not None:
             fields["breaker_blocked"] = decision.breaker_blocked
+        cordon_sync: list[Update] = []
+        if decision.cordon is not None:
+            fields.update(self.cordons.cordon_fields(decision.cordon, now))
+            cordon_sync.append(self.cordons.sync_update(instance.container_inst_id, now))
+        elif decision.uncordon and instance.cordoned:
+            more, gone, sync = self.cordons.uncordon_updates(instance.container_inst_id, now)
+            fields.update(more)
+            remove += gone
+            cordon_sync.append(sync)
         extra: list[str] = []
         values: dict[str, Any] = {}
         names: dict[str, str] = {}
@@ -786,6 +801,7 @@ class Repository:
             updates += self.slots.release(instance)
         if breaker is not None:
             updates.append(breaker)
+        updates += cordon_sync
         updates += list(also)
         return self.db.transact(updates)
 
@@ -822,13 +838,23 @@ class Repository:
             extra_values={":fv": read_version},
             extra_names={"#k": INSTANCE_PK, "#fv": "fault_history_version"}))
 
-    def record_drained(self, inst_id: str, *, terminate_next: bool = False) -> bool:
+    def record_drained(self, inst_id: str, *, terminate_next: bool = False, uncordon: bool = False) -> bool:
         """ECS confirmed the quarantine's DRAINING: nothing left for the sweep (unless the
-        node is still to be terminated in its Auto Scaling group)."""
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=[InstanceState.QUARANTINED], remove_fields=["drain_pending"],
+        node is still to be terminated in its Auto Scaling group). DRAINING keeps every
+        placement off the node from now on, so a cordon it had (``uncordon``) is cleared
+        with it: an operator who sets the node ACTIVE again finds it placeable."""
+        fields: dict[str, Any] = {}
+        remove = ["drain_pending"]
+        sync: list[Update] = []
+        if uncordon:
+            now = clock.now()
+            fields, gone, update = self.cordons.uncordon_updates(inst_id, now)
+            remove += gone
+            sync.append(update)
+        return self.db.transact([self.instance_update(
+            inst_id, from_states=[InstanceState.QUARANTINED], set_fields=fields, remove_fields=remove,
             clear_deadline=not terminate_next, extra_condition="attribute_exists(#dp)",
-            extra_names={"#dp": "drain_pending"}))
+            extra_names={"#dp": "drain_pending"}), *sync])
 
     def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool:
         """The intent to call TerminateInstanceInAutoScalingGroup, committed before the call;
@@ -862,7 +888,7 @@ class Repository:
         fields = {k: state.get(k) for k in ("state", "version", "window", "backlog", "tripped_at",
                                              "trip_reason", "trips", "last_reset_at", "last_reset_by")}
         fields["item_type"] = "BREAKER"
-        for extra in ("released", "limit", "cluster_gpu_nodes", "window_seconds"):
+        for extra in ("released", "limit", "cluster_gpu_nodes", "window_seconds", "cordons"):
             if extra in state:
                 fields[extra] = state[extra]
         if read_version is None:
@@ -1002,13 +1028,20 @@ class Repository:
         each is released (:meth:`release_waiting_job`); a deadline lets the sweep finish that
         if this delivery dies."""
         waiting = bool(instance.waiting_jobs)
-        return self.db.apply(self.instance_update(
+        fields: dict[str, Any] = {"returned_at": now}
+        remove: list[str] = []
+        sync: list[Update] = []
+        if instance.cordoned:  # healthy again: its cordon goes with the reboot (same transaction)
+            more, remove, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
+            fields.update(more)
+            sync.append(update)
+        return self.db.transact([self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
-            set_fields={"returned_at": now}, deadline_at=now + 60 if waiting else None,
+            set_fields=fields, remove_fields=remove, deadline_at=now + 60 if waiting else None,
             clear_deadline=not waiting,
             extra_condition="#rq = :rq", extra_values={":rq": instance.reboot_requested_at},
             extra_names={"#rq": "reboot_requested_at"},
-        ))
+        ), *sync])
 
     def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str) -> bool:
         """The node is back: it no longer holds ``job_id``'s gang restart. The job's count of
@@ -1036,7 +1069,7 @@ class Repository:
                           failures: Sequence[JobFailure], actor: str = "sweep",
                           fault_history: list[dict[str, Any]] | None = None,
                           breaker_blocked: dict[str, Any] | None = None,
-                          breaker: Update | None = None) -> bool:
+                          breaker: Update | None = None, cordon: dict[str, Any] | None = None) -> bool:
         """The instance's health check or reboot ran out of time: the instance leaves
         recovery (QUARANTINED, or SUSPECT when nothing proved it faulty, when the breaker
         held its quarantine back — ``breaker_blocked`` — or observe mode left it undrained)
@@ -1051,6 +1084,11 @@ class Repository:
             fields["fault_history"] = fault_history
         if breaker_blocked is not None and not quarantine:
             fields["breaker_blocked"] = breaker_blocked
+        cordon_sync: list[Update] = []
+        if cordon is not None and not quarantine:  # left undrained: out of placement by its cordon
+            version = clock.now()
+            fields.update(self.cordons.cordon_fields(cordon, version))
+            cordon_sync.append(self.cordons.sync_update(inst_id, version))
         updates = [self.instance_update(
             inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
@@ -1059,6 +1097,7 @@ class Repository:
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
         if breaker is not None:
             updates.append(breaker)
+        updates += cordon_sync
         if instance.state is InstanceState.HEALTH_CHECKING:
             updates += self.slots.release(instance)
         now = clock.now()

@@ -1,0 +1,119 @@
+"""Cordons: the ECS attribute that keeps tag-registered tasks off known-bad nodes.
+
+The decision to cordon (or uncordon) a node is committed with the node decision that
+found it bad (or healthy again) — see ``domain.cordon`` and ``repository.cordons``. Here:
+the ECS side, carried out after the commit and finished by the sweep (the worklist):
+
+* :meth:`Cordons.sync` puts or deletes ``gpu-recovery.cordoned`` as the instance item
+  says *now* (PutAttributes / DeleteAttributes are idempotent), then confirms;
+* a cordon held by the cordon limit (``ecs: held``) is put once the operator reset the
+  breaker and the limit's window has room; until then the node stays out of the queue's
+  placements and relocation, and the operator was told (:meth:`tell_limit_tripped`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import NotificationKind
+from gpu_recovery.domain import cordon as policy
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ranks import RankOperations
+
+logger = logging.getLogger(__name__)
+
+
+class Cordons:
+    def __init__(self, deps: Deps, ranks: RankOperations, gate: Any) -> None:
+        self.deps = deps
+        self.ranks = ranks
+        self.gate = gate  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
+
+    # --------------------------------------------------------------------- sync
+    def sync(self, node: str, members: list[str] | None = None) -> str:
+        """Make the ECS attribute match the instance item; confirm. Returns what was done."""
+        repo = self.deps.repo
+        if members is None:
+            members = repo.cordons.pending().get(node, [])
+        if not members:
+            return "nothing_to_sync"
+        instance = repo.get_instance(node)
+        if instance is None:
+            repo.cordons.drop(members)
+            return "cordon_unknown_node"
+        if instance.cordoned and instance.cordon.get("ecs") == policy.ECS_HELD:
+            if not self._admit_held(instance):
+                return "cordon_held"
+            instance = repo.get_instance(node) or instance
+        target = instance.container_instance_arn or instance.container_inst_id
+        if instance.cordoned:
+            known = self.deps.ecs.put_cordon(target, policy.CORDON_ATTRIBUTE)
+            action = "cordoned" if known else "cordon_instance_gone"
+        else:
+            known = self.deps.ecs.remove_cordon(target, policy.CORDON_ATTRIBUTE)
+            action = "uncordoned" if known else "uncordon_instance_gone"
+        repo.cordons.confirm_synced(node, instance.cordon_version, members,
+                                    applied=instance.cordoned and known)
+        logger.info("cordon synced", extra={"instance": node, "action": action,
+                                            "version": instance.cordon_version})
+        return action
+
+    def sync_quietly(self, node: str) -> str:
+        """Right after a commit that changed the cordon: the sweep finishes it if this fails."""
+        try:
+            return self.sync(node)
+        except Exception as error:  # the worklist keeps the intent
+            logger.warning("cordon sync failed; the sweep retries it",
+                           extra={"instance": node, "error": str(error)})
+            return "cordon_sync_failed"
+
+    def _admit_held(self, instance: Instance) -> bool:
+        """A held cordon: the limit's window has room again (after a reset)?"""
+        answer = self.gate.decide(node=instance.container_inst_id, action=None, job_ids=(),
+                                  reason="held cordon", now=clock.now(), cordon_unless_drained=True)
+        if answer.cordon is None or not answer.cordon.allowed or instance.cordon_version is None:
+            return False
+        return bool(self.deps.repo.cordons.admit_held(instance.container_inst_id, instance.cordon_version,
+                                                      answer.update))
+
+    def sweep(self) -> dict[str, int]:
+        """Every minute: every cordon whose ECS attribute is not confirmed yet."""
+        done: dict[str, int] = {}
+        for node, members in sorted(self.deps.repo.cordons.pending().items()):
+            try:
+                action = self.sync(node, members)
+            except Exception:
+                logger.exception("cordon sync failed", extra={"instance": node})
+                action = "cordon_sync_failed"
+            done[action] = done.get(action, 0) + 1
+        return done
+
+    # ---------------------------------------------------------------- operator
+    def uncordon(self, node: str) -> str:
+        """The operator says the node is healthy: its cordon goes (and its attribute)."""
+        if not self.deps.repo.cordons.uncordon(node, clock.now()):
+            return "not_cordoned"
+        return self.sync_quietly(node)
+
+    def tell_limit_tripped(self, decided: policy.CordonDecision, node: str, why: str) -> None:
+        """Loud, once, by whoever tripped it: known-bad nodes are no longer kept off ECS
+        placement automatically (our own scheduler still skips them)."""
+        self.deps.metrics.add_metric("CordonLimitTripped", "Count", 1)
+        tripped = str(decided.state.get("trip_reason") or decided.reason)
+        logger.error("cordon limit tripped", extra={"why": tripped, "instance": node})
+        self.ranks.notify_node(
+            NotificationKind.CORDON_LIMIT_TRIPPED,
+            "Known-bad GPU nodes are no longer cordoned in ECS (cordon limit tripped)",
+            container_inst_id=node, instance_id="",
+            what_happened=f"{node} is known bad ({why}), but {tripped}",
+            what_was_done=(f"{node} and every known-bad node after it stay out of the queue scheduler's "
+                           "placements and of relocation, but do NOT get the ECS attribute "
+                           f"{policy.CORDON_ATTRIBUTE}: ECS may place tag-registered tasks on them until "
+                           "the breaker is reset"),
+            operator_action=("Find the common cause now (driver rollout, power, fabric, a bad health "
+                             "check). Drain the bad nodes by hand if tag-registered jobs run here, then "
+                             "`gpu-recovery-admin breaker reset --resume-backlog` (or --drop-backlog): the "
+                             "held cordons are then put, a window's allowance at a time."))

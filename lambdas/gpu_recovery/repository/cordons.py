@@ -1,0 +1,109 @@
+"""Cordons of known-bad nodes (``domain.cordon``): intents on the instance item, and the
+worklist of ECS attribute syncs.
+
+A cordon (or its removal) is an intent committed before any ECS call: the instance item's
+``cordon`` (absent once uncordoned) and ``cordon_version`` (the intent's time), and, in the
+same transaction, a member ``<node>#<version>`` added to one string set
+(``CORDON#ecs-attribute-sync``). The ECS call (PutAttributes / DeleteAttributes, both
+idempotent) syncs what the instance item says *now*; its confirmation removes the members
+up to the version it synced, so a newer intent committed meanwhile stays in the worklist
+and is synced again. The sweep reads the one worklist item every minute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, INSTANCE_PK
+from gpu_recovery.domain.cordon import ECS_APPLIED, ECS_HELD, ECS_PENDING, parse_sync_entry, sync_entry
+from gpu_recovery.repository.base import Update
+
+_SET = "pending"
+
+
+class CordonRepository:
+    def __init__(self, base: Any) -> None:
+        self.base = base  # Repository
+        self.table = base.instance_table_name
+
+    # ----------------------------------------------------------- building blocks
+    @staticmethod
+    def cordon_fields(record: Mapping[str, Any], version: float) -> dict[str, Any]:
+        """Instance fields that cordon the node (with :meth:`sync_update` of ``version``)."""
+        return {"cordon": dict(record), "cordon_version": version}
+
+    def sync_update(self, node: str, version: float) -> Update:
+        """The worklist member of an intent (ADD: idempotent, no condition)."""
+        return Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
+                      set_fields={"item_type": "CORDON_SYNC"},
+                      add_to_sets={_SET: {sync_entry(node, version)}})
+
+    def uncordon_updates(self, node: str, version: float) -> tuple[dict[str, Any], list[str], Update]:
+        """(fields to set, fields to remove, worklist update) that uncordon the node."""
+        return {"cordon_version": version}, ["cordon"], self.sync_update(node, version)
+
+    # --------------------------------------------------------------------- reads
+    def pending(self) -> dict[str, list[str]]:
+        """node -> its worklist members (one GetItem)."""
+        item = self.base.db.get(self.table, {INSTANCE_PK: CORDON_SYNC_ITEM_KEY}) or {}
+        out: dict[str, list[str]] = {}
+        for member in item.get(_SET) or ():
+            parsed = parse_sync_entry(str(member))
+            if parsed is not None:
+                out.setdefault(parsed[0], []).append(str(member))
+        return out
+
+    # ------------------------------------------------------------------- intents
+    def confirm_synced(self, node: str, version: float | None, members: Iterable[str], *,
+                       applied: bool) -> bool:
+        """The attribute matches the intent of ``version``: mark a cordon applied (only if no
+        newer intent landed) and remove the members up to that version."""
+        if applied and version is not None:
+            self.base.db.apply(self.base.instance_update(
+                node, set_fields={"cordon.ecs": ECS_APPLIED},
+                extra_condition="attribute_exists(#c) AND #cv = :cv",
+                extra_values={":cv": version}, extra_names={"#c": "cordon", "#cv": "cordon_version"}))
+        done = {m for m in members
+                if (parsed := parse_sync_entry(m)) is not None
+                and (version is None or parsed[1] <= version)}
+        if not done:
+            return False
+        return self.base.db.apply(Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
+                                         delete_from_sets={_SET: done}))
+
+    def drop(self, members: Iterable[str]) -> bool:
+        """Members with nothing to sync (the node is unknown to the loop)."""
+        members = set(members)
+        if not members:
+            return False
+        return self.base.db.apply(Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
+                                         delete_from_sets={_SET: members}))
+
+    def admit_held(self, node: str, version: float, breaker: Update | None) -> bool:
+        """A held cordon may now be put in ECS: ``cordon.ecs`` held -> pending (only for the
+        intent read) with the cordon limit's new state (conditional on its version)."""
+        update = self.base.instance_update(
+            node, set_fields={"cordon.ecs": ECS_PENDING},
+            extra_condition="#c.#e = :held AND #cv = :cv",
+            extra_values={":held": ECS_HELD, ":cv": version},
+            extra_names={"#c": "cordon", "#e": "ecs", "#cv": "cordon_version"})
+        return self.base.db.transact([update, *([breaker] if breaker is not None else [])])
+
+    def cordon(self, node: str, record: Mapping[str, Any], version: float,
+               breaker: Update | None = None) -> bool:
+        """Cordon a node the loop knows (no state change), with the limit's state."""
+        update = self.base.instance_update(
+            node, set_fields=self.cordon_fields(record, version),
+            extra_condition="attribute_exists(#k)", extra_names={"#k": INSTANCE_PK})
+        return self.base.db.transact([update, self.sync_update(node, version),
+                                      *([breaker] if breaker is not None else [])])
+
+    def uncordon(self, node: str, version: float) -> bool:
+        """The operator's uncordon (or any clearing without a state change): only a cordoned
+        node; DeleteAttributes follows through the worklist."""
+        fields, remove, sync = self.uncordon_updates(node, version)
+        update = self.base.instance_update(
+            node, set_fields=fields, remove_fields=remove,
+            extra_condition="attribute_exists(#c)", extra_names={"#c": "cordon"})
+        return self.base.db.transact([update, sync])

@@ -1,0 +1,231 @@
+"""Cordons with fakes of the ports: a node known to be bad takes no new work, whatever the
+breaker or observe mode says, until it is healthy again; its ECS attribute is an intent
+committed first, put idempotently, confirmed after; the cordon limit trips loudly. Each
+test fails without the behaviour it names."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.admin import uncordon_command
+from gpu_recovery import constants as C
+from gpu_recovery.domain import breaker, cordon
+from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE, CordonPolicy
+from gpu_recovery.domain.remediation_mode import parse_remediation_mode
+from gpu_recovery.domain.remediation_settings import RemediationSettings
+from gpu_recovery.queue.admission import node_ineligibility
+from gpu_recovery.recovery.breaker import reset_breaker
+from gpu_recovery.repository import Update
+from tests.recovery.fakes import World, world
+from tests.recovery.test_remediation_stages import _fault_with_reboot_verdict, _rebooting, _tripped, _xid
+
+FAULTY, PEER = "node-b", "node-a"
+
+
+def _has_attribute(w: World, node: str) -> bool:
+    return CORDON_ATTRIBUTE in w.ecs.attributes.get(node, set())
+
+
+def _eligible(w: World, node: str) -> bool:
+    inst = w.repo.get_instance(node)
+    return not node_ineligibility(ecs_status="ACTIVE", agent_connected=True, instance_state=inst.state,
+                                  cordoned=inst.cordoned)
+
+
+def test_a_node_held_by_the_breaker_is_cordoned_in_ecs_and_skipped_by_the_scheduler() -> None:
+    """Given the breaker tripped, When a diag says reboot, Then the node (SUSPECT, reboot
+    held) is cordoned: intent on its item, the ECS attribute put once and confirmed, the
+    worklist empty, and the queue's admission skips it."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _tripped(w, ["x-2"], window=("x-1",))
+        _fault_with_reboot_verdict(w, arns)
+        inst = w.repo.get_instance(FAULTY)
+        assert inst.state is C.InstanceState.SUSPECT and w.rebooter.calls == []
+        assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_APPLIED
+        assert w.ecs.attribute_calls == [("put", FAULTY, CORDON_ATTRIBUTE)]
+        assert w.repo.cordons.pending() == {}
+        assert not _eligible(w, FAULTY) and "cordoned" in node_ineligibility(
+            ecs_status="ACTIVE", agent_connected=True, instance_state="AVAILABLE", cordoned=True)
+
+
+def test_observe_mode_leaves_a_definitive_fault_available_but_cordoned() -> None:
+    """Given observe mode, When XID 79 (definitive) kills a rank, Then nothing is done to
+    the node (no reboot, state untouched) but it takes no new work: cordoned in the table
+    (the scheduler skips it) and in ECS."""
+    observe = RemediationSettings(modes=parse_remediation_mode("observe"))
+    with world(remediation=observe) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _xid(w, FAULTY, 79)
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert w.rebooter.calls == [] and w.ecs.drained == []
+        inst = w.repo.get_instance(FAULTY)
+        assert inst.state is C.InstanceState.AVAILABLE and inst.cordoned
+        assert not _eligible(w, FAULTY) and _has_attribute(w, FAULTY)
+
+
+def test_a_rebooting_node_is_cordoned_until_it_is_back() -> None:
+    """Given a diag that says reboot, Then the node is cordoned while it reboots; When it is
+    back (agent reconnected after the reboot), Then the cordon and the ECS attribute go."""
+    with world() as w:
+        _rebooting(w, "j", [PEER, FAULTY])
+        assert w.repo.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)
+        t = w.now[0]
+        w.service.on_container_instance_change(w.instance_event(FAULTY, connected=False, version=11,
+                                                                at=t + 20))
+        back = w.instance_event(FAULTY, connected=True, version=12, at=t + 200)
+        assert w.service.on_container_instance_change(back).action == "instance_available"
+        inst = w.repo.get_instance(FAULTY)
+        assert inst.state is C.InstanceState.AVAILABLE and not inst.cordoned
+        assert not _has_attribute(w, FAULTY) and w.ecs.attribute_calls[-1] == ("delete", FAULTY,
+                                                                                CORDON_ATTRIBUTE)
+        assert w.repo.cordons.pending() == {} and _eligible(w, FAULTY)
+
+
+def test_a_refused_put_attributes_is_finished_by_the_sweep() -> None:
+    """Given PutAttributes throttled right after the decision committed, Then the cordon is
+    already in the table (no new work) and in the worklist; the next sweep puts the
+    attribute and confirms it."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _tripped(w, ["x-2"], window=("x-1",))
+        w.ecs.failures["put_attributes"] = ["refuse"]
+        _fault_with_reboot_verdict(w, arns)
+        inst = w.repo.get_instance(FAULTY)
+        assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_PENDING and not _has_attribute(w, FAULTY)
+        assert list(w.repo.cordons.pending()) == [FAULTY]
+        w.advance(60)
+        w.service.sweep()
+        assert _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
+        assert w.repo.get_instance(FAULTY).cordon["ecs"] == cordon.ECS_APPLIED
+
+
+def test_a_lost_put_answer_is_put_again_idempotently_and_confirmed() -> None:
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _tripped(w, ["x-2"], window=("x-1",))
+        w.ecs.failures["put_attributes"] = ["lose"]
+        _fault_with_reboot_verdict(w, arns)
+        assert _has_attribute(w, FAULTY) and list(w.repo.cordons.pending()) == [FAULTY]
+        w.service.sweep()
+        assert [c[0] for c in w.ecs.attribute_calls] == ["put", "put"] and w.repo.cordons.pending() == {}
+
+
+def test_a_newer_intent_committed_during_a_sync_is_not_confirmed_by_it() -> None:
+    """Given a cordon's sync that read version v, When an uncordon (v2) lands before its
+    confirmation, Then the confirmation of v leaves v2 in the worklist: the sweep deletes
+    the attribute."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _tripped(w, ["x-2"], window=("x-1",))
+        w.ecs.failures["put_attributes"] = ["refuse"]
+        _fault_with_reboot_verdict(w, arns)
+        inst = w.repo.get_instance(FAULTY)
+        [members] = w.repo.cordons.pending().values()
+        w.advance(1)
+        assert w.repo.cordons.uncordon(FAULTY, w.now[0])
+        w.repo.cordons.confirm_synced(FAULTY, inst.cordon_version, members, applied=True)
+        assert list(w.repo.cordons.pending()) == [FAULTY]
+        assert not w.repo.get_instance(FAULTY).cordoned  # not re-marked applied by the stale sync
+        w.service.sweep()
+        assert w.ecs.attribute_calls == [("delete", FAULTY, CORDON_ATTRIBUTE)]
+        assert w.repo.cordons.pending() == {}
+
+
+def test_a_reboot_timeout_held_by_the_breaker_cordons_the_node() -> None:
+    with world() as w:
+        _rebooting(w, "j", [PEER, FAULTY])
+        w.advance(31 * 60)
+        _tripped(w, ["x-2"], window=("x-1",))
+        w.service.sweep()
+        inst = w.repo.get_instance(FAULTY)
+        assert inst.state is C.InstanceState.SUSPECT and w.ecs.drained == []
+        assert inst.cordoned and inst.cordon["cause"] == "builtin:reboot-timeout"
+        assert _has_attribute(w, FAULTY)
+
+
+def test_a_drained_node_loses_its_cordon_once_draining_is_confirmed() -> None:
+    """Given a reboot timeout that drains (breaker closed), Then DRAINING keeps placements
+    off and the node's earlier cordon (from its reboot) is cleared with the drain's
+    confirmation: an operator who sets it ACTIVE again finds it placeable."""
+    with world() as w:
+        _rebooting(w, "j", [PEER, FAULTY])
+        assert _has_attribute(w, FAULTY)
+        w.advance(31 * 60)
+        w.service.sweep()
+        inst = w.repo.get_instance(FAULTY)
+        assert inst.state is C.InstanceState.QUARANTINED and w.ecs.drained and not inst.cordoned
+        assert not _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
+
+
+def test_the_cordon_limit_trips_loudly_holds_the_attribute_and_a_reset_puts_it() -> None:
+    """Given 7 GPU nodes and a cordon limit of 30 % per 5 minutes (2 nodes), When a 3rd node
+    is found bad within the window, Then it is cordoned in the table (the scheduler skips
+    it) but its ECS attribute is held, and one loud e-mail says so; When the operator
+    resets the breaker, Then the sweep puts the held attribute."""
+    settings = RemediationSettings(cordon=CordonPolicy(max_share=0.3, window_seconds=300))
+    with world(remediation=settings) as w:
+        w.ecs.spare_nodes = ["n-3"]
+        _tripped(w, ["x-2"], window=("x-1",))  # every node action held: each node is cordoned
+        jobs = [w.register_job(f"j{i}", [f"p-{i}", f"n-{i}"]) for i in range(3)]
+        for i, node in enumerate(["n-0", "n-1", "n-2"]):
+            arns = jobs[i]
+            w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+            [task] = w.ecs.health_checks_on(node)
+            w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+            w.advance(30)
+        assert _has_attribute(w, "n-0") and _has_attribute(w, "n-1") and not _has_attribute(w, "n-2")
+        held = w.repo.get_instance("n-2")
+        assert held.cordoned and held.cordon["ecs"] == cordon.ECS_HELD and not _eligible(w, "n-2")
+        loud = [n for n in w.notifier.sent if n.kind is C.NotificationKind.CORDON_LIMIT_TRIPPED]
+        assert len(loud) == 1 and "n-2" in loud[0].body and "reset" in loud[0].body
+        w.service.sweep()
+        assert not _has_attribute(w, "n-2")  # still held: the limit never closes by itself
+        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=False, by="oncall").done
+        w.service.sweep()
+        assert _has_attribute(w, "n-2") and w.repo.get_instance("n-2").cordon["ecs"] == cordon.ECS_APPLIED
+        assert w.repo.cordons.pending() == {}
+
+
+def test_an_operator_uncordons_a_node_repaired_by_hand() -> None:
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _tripped(w, ["x-2"], window=("x-1",))
+        _fault_with_reboot_verdict(w, arns)
+        args = argparse.Namespace(node_id=FAULTY)
+        assert uncordon_command(args, w.repo, w.now[0]) == 0
+        assert uncordon_command(args, w.repo, w.now[0]) == 1  # not cordoned any more
+        assert not w.repo.get_instance(FAULTY).cordoned
+        w.service.sweep()
+        assert not _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
+
+
+def test_a_healthy_verdict_on_a_cordoned_node_clears_its_cordon() -> None:
+    """Given a cordoned node whose diag then passes, Then it is healthy again: uncordoned."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY}, set_fields={
+            "ec2_instance_id": f"i-{FAULTY}", "cordon_version": w.now[0] - 5,
+            "cordon": cordon.cordon_record(cause="xid-79", reason="test", now=w.now[0] - 5,
+                                           ecs=cordon.ECS_APPLIED)}))
+        w.ecs.attributes[FAULTY] = {CORDON_ATTRIBUTE}
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        [task] = w.ecs.health_checks_on(FAULTY)
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
+        assert not w.repo.get_instance(FAULTY).cordoned and not _has_attribute(w, FAULTY)
+
+
+def test_the_trip_email_lists_the_held_node_its_jobs_and_what_a_reset_does() -> None:
+    """Given one node already acted on in a 2-node window, When a diag says reboot on
+    another, Then the breaker trips: its one e-mail names the held node, the jobs on it and
+    what --resume-backlog / --drop-backlog will do; the node is cordoned."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        state = breaker.record_action(None, node="x-1", action="reboot", now=w.now[0] - 60,
+                                      cluster_gpu_nodes=2).state
+        assert w.repo.save_breaker(state, None)
+        _fault_with_reboot_verdict(w, arns)
+        [mail] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.BREAKER_TRIPPED]
+        assert f"Held: {FAULTY} needs reboot (jobs on it: j)" in mail.body
+        assert "--resume-backlog reboots it" in mail.body and "cordoned" in mail.body
+        assert w.repo.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)
