@@ -15,9 +15,11 @@ from gpu_recovery.constants import LIVE_RANK_STATES, JobState
 
 from .conftest import make_queue_cluster
 
-WAITING = {JobState.QUEUED, JobState.PENDING_RESOURCES}
+# A preempted job (priorities 20 and 50 preempt 0) is SUSPENDING, then SUSPENDED back in the
+# queue at its position; nothing here holds a job on its owner's behalf.
+WAITING = {JobState.QUEUED, JobState.PENDING_RESOURCES, JobState.SUSPENDED}
 LIVE = {JobState.STARTING, JobState.RUNNING, JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART,
-        JobState.NODE_LOST, JobState.HUNG, JobState.CANCELING}
+        JobState.NODE_LOST, JobState.HUNG, JobState.CANCELING, JobState.SUSPENDING}
 
 ops = st.one_of(
     st.tuples(st.just("submit"), st.sampled_from([1, 2, 3]), st.sampled_from([2, 4, 8]),
