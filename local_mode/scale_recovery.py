@@ -1,0 +1,348 @@
+"""The recovery stack of ``infra/recovery.py`` in the scale simulator: four functions fed by
+EventBridge rules with the deployed patterns (and the minute schedule), each Lambda
+container holding its own ``RecoveryService`` over the real ``Repository``
+(:class:`~local_mode.memory_dynamo.MemoryDynamo`) and the real adapters (``EcsAdapter``,
+``RebootAdapter``, ``SnsNotifier``, ``VerdictLogReader``) on the stand-in clients of
+``local_mode/scale_aws.py``.
+
+The handlers here do what ``lambdas/handlers/*`` do, without Powertools or
+``gpu_recovery.runtime`` (whose one service per process would share one ECS client between
+concurrent invocations): parse the event with the same pydantic models (a malformed one
+is dropped), then call the service entry point.
+
+Plugging in more (the fan-out the recovery loop will get):
+
+* a **port** for the service: :attr:`ScaleWorld.service_factory` builds a container's
+  service from its :class:`Ports` (``ports.queues[name]`` is a ``QueuePort`` on the queue
+  ``name``);
+* a **queue and its worker**: :meth:`ScaleWorld.add_queue` then :meth:`ScaleWorld.add_worker`
+  with ``handle(container, body, receive_count)``;
+* another **function**: ``world.lambdas.add_function`` and ``world.bus.add_rule`` /
+  ``add_schedule``, with :meth:`ScaleWorld.container` as its container factory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpu_recovery import clock as gr_clock
+from gpu_recovery import constants as C
+from gpu_recovery.adapters.compute import RebootAdapter
+from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery.adapters.logs import VerdictLogReader
+from gpu_recovery.adapters.notifier import SnsNotifier
+from gpu_recovery.ecs_events import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
+from gpu_recovery.recovery import RecoveryService
+from gpu_recovery.repository import Repository
+from gpu_recovery.settings import Settings
+from local_mode.memory_dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
+from local_mode.scale_aws import (
+    HEALTH_CHECK_LOG_GROUP,
+    Ec2Client,
+    EcsClient,
+    EcsCluster,
+    LogsClient,
+    SimNode,
+    SimTask,
+    SnsClient,
+    SnsTopic,
+    SsmClient,
+)
+from local_mode.scale_sim import (
+    Account,
+    EventBus,
+    LambdaService,
+    Latencies,
+    SimQueuePort,
+    Simulation,
+    SqsQueue,
+)
+
+JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
+INSTANCE_TABLE = C.DEFAULT_INSTANCE_TABLE_NAME
+# infra/recovery.py: the event functions run RECOVERY_FUNCTION_TIMEOUT_SECONDS, the sweep 55 s;
+# events are kept 2 h, the sweep's ticks 5 min (tests/infra checks these against the stack).
+SWEEP_TIMEOUT_SECONDS = 55.0
+FUNCTION_TIMEOUTS: dict[str, float] = {
+    "ecs_task_handler": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
+    "dcgm_task_monitor": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
+    "ecs_instance_monitor": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
+    "recovery_sweep": SWEEP_TIMEOUT_SECONDS,
+}
+MAX_EVENT_AGE: dict[str, float] = {"ecs_task_handler": 7200.0, "dcgm_task_monitor": 7200.0,
+                                   "ecs_instance_monitor": 7200.0, "recovery_sweep": 300.0}
+ASYNC_RETRIES = 2
+SWEEP_EVERY_SECONDS = 60.0
+
+
+class RecordingMetrics:
+    """The service's metrics port: every metric added, summed by name."""
+
+    def __init__(self) -> None:
+        self.values: Counter[str] = Counter()
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        self.values[name] += value
+
+
+@dataclass
+class Ports:
+    """What one Lambda container holds: the ports of its service, each client its own."""
+
+    repo: Repository
+    ecs: EcsAdapter
+    ecs_client: EcsClient
+    rebooter: RebootAdapter
+    notifier: SnsNotifier
+    verdicts: VerdictLogReader
+    settings: Settings
+    metrics: RecordingMetrics
+    queues: dict[str, SimQueuePort] = field(default_factory=dict)
+
+
+def default_service(ports: Ports) -> RecoveryService:
+    return RecoveryService(ports.repo, ports.ecs, ports.rebooter, ports.notifier, ports.verdicts,
+                           ports.settings, ports.metrics)
+
+
+@dataclass
+class Container:
+    """A Lambda execution environment: ports, and the service built on them (lazily)."""
+
+    ports: Ports
+    factory: Callable[[Ports], Any]
+    _service: Any = None
+
+    @property
+    def service(self) -> Any:
+        if self._service is None:
+            self._service = self.factory(self.ports)
+        return self._service
+
+
+def _parsed(model: Any, event: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(event)
+    except (ValidationError, ValueError, TypeError):
+        return None
+
+
+def task_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/ecs_task_handler.py"""
+    parsed = _parsed(EcsTaskStateChangeEvent, event)
+    if parsed is None:
+        return {"action": "dropped", "why": "malformed ECS Task State Change event"}
+    return dict(container.service.on_task_state_change(parsed.detail).as_dict())
+
+
+def health_check_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/dcgm_task_monitor.py"""
+    parsed = _parsed(EcsTaskStateChangeEvent, event)
+    if parsed is None:
+        return {"action": "dropped", "why": "malformed ECS Task State Change event"}
+    if parsed.detail.lastStatus != "STOPPED":
+        return {"action": "ignored", "why": f"lastStatus {parsed.detail.lastStatus}"}
+    return dict(container.service.on_health_check_stopped(parsed.detail).as_dict())
+
+
+def instance_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/ecs_instance_monitor.py"""
+    parsed = _parsed(EcsContainerInstanceStateChangeEvent, event)
+    if parsed is None:
+        return {"action": "dropped", "why": "malformed ECS Container Instance State Change event"}
+    return dict(container.service.on_container_instance_change(parsed.detail, parsed.time).as_dict())
+
+
+def sweep_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/recovery_sweep.py"""
+    return dict(container.service.sweep().as_dict())
+
+
+class ScaleWorld:
+    """A simulated account with the recovery stack deployed (see the module docstring).
+
+    ``settings`` overrides fields of the recovery ``Settings`` (``check_all_nodes_on_fault``,
+    ``max_recovery_attempts``...); ``cluster`` passes timing to :class:`EcsCluster`.
+    Use as a context manager (or call :meth:`close`): it installs the simulation's clock.
+    """
+
+    def __init__(self, *, seed: int = 0, settings: dict[str, Any] | None = None,
+                 latencies: Latencies | None = None,
+                 tx_conflict_window: float = DEFAULT_TX_CONFLICT_WINDOW,
+                 copies: int = 2, delivery_delay: tuple[float, float] = (0.05, 0.5),
+                 lambda_concurrency: int = 1000, function_timeouts: dict[str, float] | None = None,
+                 sweep_every_seconds: float | None = SWEEP_EVERY_SECONDS,
+                 service_factory: Callable[[Ports], Any] = default_service,
+                 validate_dynamodb: bool = True, cluster: dict[str, Any] | None = None) -> None:
+        self.sim = Simulation(seed=seed)
+        self.sim.install_clock()
+        self.latencies = latencies or Latencies()
+        self.account = Account(self.sim, self.latencies)
+        self.dynamo = MemoryDynamo(
+            {JOB_TABLE: "job", INSTANCE_TABLE: "instance"},
+            context=self._context, now=lambda: self.sim.now,
+            on_call=lambda operation: self.sim.pause(self.latencies.dynamodb_call(operation)),
+            tx_conflict_window=tx_conflict_window, validate=validate_dynamodb)
+        self.lambdas = LambdaService(self.sim, concurrency=lambda_concurrency)
+        self.bus = EventBus(self.sim, self.lambdas, copies=copies, delivery_delay=delivery_delay)
+        self.cluster = EcsCluster(self.sim, self.account, self.bus, **(cluster or {}))
+        self.topic = SnsTopic()
+        self.metrics = RecordingMetrics()
+        self.queues: dict[str, SqsQueue] = {}
+        self.service_factory = service_factory
+        self.settings = replace(Settings(
+            job_table=JOB_TABLE, instance_table=INSTANCE_TABLE, cluster=self.cluster.name,
+            health_check_task=self.cluster.health_check_task, topic_arn=self.topic.arn,
+            health_check_log_group=HEALTH_CHECK_LOG_GROUP), **(settings or {}))
+        timeouts = {**FUNCTION_TIMEOUTS, **(function_timeouts or {})}
+        handlers = (("ecs_task_handler", task_handler), ("dcgm_task_monitor", health_check_handler),
+                    ("ecs_instance_monitor", instance_handler), ("recovery_sweep", sweep_handler))
+        for name, handler in handlers:
+            self.lambdas.add_function(name, handler, timeout=timeouts[name], make_container=self.container,
+                                      async_retries=ASYNC_RETRIES, max_event_age=MAX_EVENT_AGE[name])
+        arn = self.cluster.arn
+        self.bus.add_rule("training-task-state", C.training_task_pattern(arn), "ecs_task_handler")
+        self.bus.add_rule("health-check-task-stopped", C.health_check_task_pattern(arn),
+                          "dcgm_task_monitor")
+        self.bus.add_rule("container-instance-state", C.container_instance_pattern(arn),
+                          "ecs_instance_monitor")
+        if sweep_every_seconds:
+            self.bus.add_schedule("recovery-sweep", sweep_every_seconds, "recovery_sweep",
+                                  first_at=self.sim.now + self.sim.rng.uniform(0, sweep_every_seconds))
+
+    def _context(self) -> tuple[str, str]:
+        current = self.sim.current
+        return (current.label, current.name) if current is not None else ("setup", "setup")
+
+    # --- containers and ports ---------------------------------------------------------
+    def ports(self) -> Ports:
+        """Fresh ports (new clients: their own botocore retry quota), as a new container has."""
+        ecs_client = self.cluster.client()
+        return Ports(
+            repo=Repository(self.dynamo, JOB_TABLE, INSTANCE_TABLE),
+            ecs=EcsAdapter(ecs_client, self.cluster.name),
+            ecs_client=ecs_client,
+            rebooter=RebootAdapter(Ec2Client(self.cluster),
+                                   SsmClient(self.cluster, self.settings.reboot_document),
+                                   self.settings.reboot_document),
+            notifier=SnsNotifier(SnsClient(self.account, self.topic), self.topic.arn),
+            verdicts=VerdictLogReader(LogsClient(self.account, self.cluster.logs), HEALTH_CHECK_LOG_GROUP),
+            settings=self.settings,
+            metrics=self.metrics,
+            queues={name: queue.port() for name, queue in self.queues.items()},
+        )
+
+    def container(self) -> Container:
+        return Container(self.ports(), self.service_factory)
+
+    def add_queue(self, name: str, *, visibility_timeout: float = 120.0,
+                  max_receive_count: int = 5) -> SqsQueue:
+        """A queue with its dead-letter queue (``<name>-dlq``); containers created from now
+        on get a ``QueuePort`` for it in ``ports.queues[name]``."""
+        dead = SqsQueue(self.sim, self.account, f"{name}-dlq", visibility_timeout=visibility_timeout)
+        queue = SqsQueue(self.sim, self.account, name, visibility_timeout=visibility_timeout,
+                         max_receive_count=max_receive_count, dead_letter=dead)
+        self.queues[name] = queue
+        return queue
+
+    def add_worker(self, queue: SqsQueue, function: str,
+                   handle: Callable[[Container, dict[str, Any], int], Any], *, timeout: float = 60.0,
+                   batch_size: int = 10, max_concurrency: int | None = None) -> None:
+        """A worker function on ``queue`` (ReportBatchItemFailures): ``handle(container,
+        body, receive_count)`` per message; one that raises comes back after the visibility
+        timeout (and goes to the dead-letter queue after ``max_receive_count`` receives)."""
+
+        def handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+            failures = []
+            for record in event.get("Records", []):
+                try:
+                    handle(container, json.loads(record["body"]),
+                           int(record["attributes"]["ApproximateReceiveCount"]))
+                except Exception:
+                    failures.append({"itemIdentifier": record["messageId"]})
+            return {"batchItemFailures": failures}
+
+        self.lambdas.add_function(function, handler, timeout=timeout, make_container=self.container,
+                                  async_retries=0)
+        queue.attach(self.lambdas, function, batch_size=batch_size, max_concurrency=max_concurrency)
+
+    # --- inspection ---------------------------------------------------------------------
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job item (not metered)."""
+        return self.dynamo.peek(JOB_TABLE, {C.JOB_PK: C.job_item_key(job_id)})
+
+    def rank(self, job_id: str, rank: int) -> dict[str, Any] | None:
+        return self.dynamo.peek(JOB_TABLE, {C.JOB_PK: C.rank_item_key(job_id, rank)})
+
+    def reset_measurements(self) -> None:
+        self.dynamo.meter.reset()
+        self.account.stats.reset()
+        self.lambdas.reset_stats()
+        self.metrics.values.clear()
+        self.cluster.counters.clear()
+        self.cluster.health_checks.clear()
+        self.cluster.reboots.clear()
+        self.topic.published.clear()
+        self.topic.refused.clear()
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        self.sim.close()
+        gr_clock.reset_clock()
+
+    def __enter__(self) -> ScaleWorld:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ================================================================== a tagged job
+@dataclass
+class TaggedJob:
+    """A job started by an external launcher with the recovery tags (job id, rank, world size)."""
+
+    job_id: str
+    world_size: int
+    tasks: list[SimTask]
+    nodes: list[SimNode]
+    running: Counter[int] = field(default_factory=Counter)  # attempt -> ranks RUNNING now
+    all_running_at: dict[int, float] = field(default_factory=dict)  # attempt -> first time all ran
+
+
+def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[SimNode], *,
+                      tasks_per_node: int = 1, gpus_per_task: int = 8, family: str = "train") -> TaggedJob:
+    """Start the job's ranks in the data plane (rank r on ``nodes[r // tasks_per_node]``) and
+    track, per attempt, how many of its ranks run."""
+    task_definition = world.cluster.register_task_definition(family, gpus=gpus_per_task)
+    world_size = len(nodes) * tasks_per_node
+    job = TaggedJob(job_id, world_size, [], list(nodes))
+
+    def observe(task: SimTask) -> None:
+        values = task.tag_values
+        if values.get(C.TAG_JOB_ID) != job_id:
+            return
+        attempt = int(values.get(C.TAG_ATTEMPT) or 1)
+        was = getattr(task, "_counted", False)
+        now = task.last_status == "RUNNING"
+        if now and not was:
+            job.running[attempt] += 1
+            if job.running[attempt] == world_size and attempt not in job.all_running_at:
+                job.all_running_at[attempt] = world.sim.now
+        elif was and not now:
+            job.running[attempt] -= 1
+        task._counted = now  # type: ignore[attr-defined]
+
+    world.cluster.observers.append(observe)
+    for rank in range(world_size):
+        tags = [{"key": C.TAG_JOB_ID, "value": job_id}, {"key": C.TAG_RANK, "value": str(rank)},
+                {"key": C.TAG_WORLD_SIZE, "value": str(world_size)}]
+        job.tasks.append(world.cluster.launch(task_definition, nodes[rank // tasks_per_node], tags=tags,
+                                              started_by="launcher"))
+    return job
