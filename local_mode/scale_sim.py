@@ -23,8 +23,8 @@ concurrent invocation, reused afterwards (per-container state: the service objec
 clients and their retry quota); the function timeout ends an invocation at its next AWS
 call or sleep past the deadline (:class:`LambdaTimeout`, which ``except Exception`` cannot
 catch, as Lambda's kill cannot be caught); a failed asynchronous invocation is retried
-twice, 1 and then 2 minutes later, unless older than the maximum event age, then
-dead-lettered (counted, kept).
+twice, about 1 and then 2 minutes later (up to 5 s of jitter), unless older than the
+maximum event age, then dead-lettered (counted, kept).
 
 **EventBridge** (:class:`EventBus`): rules matched with the *deployed* patterns (moto's
 matcher, as ``local_mode/event_bus.py``), every event delivered ``copies`` times (2:
@@ -78,6 +78,9 @@ REGION = "us-east-1"
 # Lambda asynchronous invocation: 2 retries, the first about a minute after the failure,
 # the second about two minutes after that (infra/recovery.py keeps the default 2).
 ASYNC_RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0)
+# "About" a minute: Lambda's internal queue does not replay failures in lockstep (an
+# assumption of the model; exact delays would make every retry of a burst collide again).
+ASYNC_RETRY_JITTER = 5.0
 LAMBDA_CONCURRENCY = 1000  # the account's default concurrent executions
 THREAD_STACK_BYTES = 4 * 1024 * 1024
 
@@ -597,9 +600,10 @@ class LambdaService:
     """Lambda in the simulated account (see the module docstring)."""
 
     def __init__(self, sim: Simulation, *, concurrency: int = LAMBDA_CONCURRENCY,
-                 keep_invocations: bool = True) -> None:
+                 keep_invocations: bool = True, retry_jitter: float = ASYNC_RETRY_JITTER) -> None:
         self.sim = sim
         self.concurrency = concurrency
+        self.retry_jitter = retry_jitter
         self.functions: dict[str, LambdaFunction] = {}
         self.running = 0
         self.max_running = 0
@@ -702,6 +706,7 @@ class LambdaService:
         attempt = invocation.attempt
         if attempt <= function.async_retries:
             delay = function.retry_delays[min(attempt, len(function.retry_delays)) - 1]
+            delay += self.sim.rng.uniform(0.0, self.retry_jitter)
             if self.sim.now + delay - invocation.received_at <= function.max_event_age:
                 function.stats.retries += 1
                 self.sim.after(delay, lambda: self.invoke_async(

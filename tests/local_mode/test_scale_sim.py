@@ -46,7 +46,7 @@ def test_processes_interleave_at_waits_and_time_only_moves_forward(sim: Simulati
 
 
 def test_a_function_timeout_ends_the_invocation_and_cannot_be_caught(sim: Simulation) -> None:
-    lambdas = LambdaService(sim)
+    lambdas = LambdaService(sim, retry_jitter=0.0)
     caught: list[str] = []
 
     def slow(_container: Any, _payload: Any) -> None:
