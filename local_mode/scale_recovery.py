@@ -179,7 +179,8 @@ class ScaleWorld:
                  lambda_concurrency: int = 1000, function_timeouts: dict[str, float] | None = None,
                  sweep_every_seconds: float | None = SWEEP_EVERY_SECONDS,
                  service_factory: Callable[[Ports], Any] = default_service,
-                 validate_dynamodb: bool = True, cluster: dict[str, Any] | None = None) -> None:
+                 validate_dynamodb: bool = True, cluster: dict[str, Any] | None = None,
+                 keep_invocations: bool = False) -> None:
         self.sim = Simulation(seed=seed)
         self.sim.install_clock()
         self.latencies = latencies or Latencies()
@@ -189,7 +190,9 @@ class ScaleWorld:
             context=self._context, now=lambda: self.sim.now,
             on_call=lambda operation: self.sim.pause(self.latencies.dynamodb_call(operation)),
             tx_conflict_window=tx_conflict_window, validate=validate_dynamodb)
-        self.lambdas = LambdaService(self.sim, concurrency=lambda_concurrency)
+        # keep_invocations: every Invocation (payload included) for inspection; off, only stats.
+        self.lambdas = LambdaService(self.sim, concurrency=lambda_concurrency,
+                                     keep_invocations=keep_invocations)
         self.bus = EventBus(self.sim, self.lambdas, copies=copies, delivery_delay=delivery_delay)
         self.cluster = EcsCluster(self.sim, self.account, self.bus, **(cluster or {}))
         self.topic = SnsTopic()

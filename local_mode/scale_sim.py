@@ -174,6 +174,7 @@ class Simulation:
         self._live: set[Process] = set()
         self.actions_run = 0
         self._ids = itertools.count(1)
+        self._closing = False
 
     # --- scheduling --------------------------------------------------------------------
     def _push(self, when: float, action: Callable[[], None], label: str) -> None:
@@ -203,6 +204,8 @@ class Simulation:
     def spawn(self, body: Callable[[], Any], *, name: str = "", label: str = "",
               timeout: float | None = None, on_done: Callable[[Process], None] | None = None) -> Process:
         """Start ``body`` as a process now (it runs when the schedule reaches it)."""
+        if self._closing:
+            raise RuntimeError("the simulation is closed")
         number = next(self._ids)
         process = Process(self, body, name=name or f"process-{number}", label=label or name,
                           deadline=self.now + timeout if timeout is not None else None)
@@ -226,8 +229,9 @@ class Simulation:
         if process.finished:
             self._live.discard(process)
             process.thread.join()
-            for callback in process.on_done:
-                callback(process)
+            if not self._closing:
+                for callback in process.on_done:
+                    callback(process)
 
     def sleep(self, seconds: float) -> None:
         """``gpu_recovery.clock.sleep``: the running process waits in simulated time."""
@@ -293,7 +297,9 @@ class Simulation:
         return process.result
 
     def close(self) -> None:
-        """End every waiting process (their threads exit) and drop the schedule."""
+        """End every waiting process (their threads exit; nothing they would start
+        afterwards runs) and drop the schedule."""
+        self._closing = True
         for process in list(self._live):
             process._abort = True
             self._resume(process)
@@ -613,6 +619,7 @@ class LambdaService:
         self.dead_letters: list[DeadLetter] = []
         self.keep_invocations = keep_invocations
         self.invocations: list[Invocation] = []
+        self._numbers = itertools.count(1)  # invocation ids (the conflict model tells them apart)
 
     def add_function(self, name: str, handler: Callable[[Any, Any], Any], *, timeout: float,
                      make_container: Callable[[], Any] | None = None, async_retries: int = 2,
@@ -677,7 +684,7 @@ class LambdaService:
             self._start_waiting()
 
         self.sim.spawn(lambda: function.handler(container, invocation.payload),
-                       name=f"{function.name}#{len(self.invocations) + 1}", label=function.name,
+                       name=f"{function.name}#{next(self._numbers)}", label=function.name,
                        timeout=function.timeout, on_done=finished)
         if self.keep_invocations:
             self.invocations.append(invocation)

@@ -115,6 +115,30 @@ def test_a_throttled_call_gives_up_after_six_attempts_with_throttling_exception(
         assert client.quota.available == 500 - 5 * 5
 
 
+def test_start_task_places_one_task_per_named_instance_and_reports_the_others(sim: Simulation) -> None:
+    with ScaleWorld(seed=3, sweep_every_seconds=None, copies=1) as world:
+        nodes = [world.cluster.add_node(f"n{i}") for i in range(12)]
+        definition = world.cluster.register_task_definition("train", gpus=8)
+        world.cluster.launch(definition, nodes[1])  # n1's GPUs are taken
+        nodes[2].agent_connected = False
+        client = world.cluster.client()
+        response = world.sim.run_process(lambda: client.start_task(
+            cluster=world.cluster.name, taskDefinition="train",
+            containerInstances=[n.arn for n in nodes[:3]] + ["arn:missing"], startedBy="gang-a2"))
+        assert [t["containerInstanceArn"] for t in response["tasks"]] == [nodes[0].arn]
+        assert response["failures"] == [{"arn": nodes[1].arn, "reason": "RESOURCE:GPU"},
+                                        {"arn": nodes[2].arn, "reason": "AGENT"},
+                                        {"arn": "arn:missing", "reason": "MISSING"}]
+        assert world.account.stats.calls["ecs:StartTask"] == 1  # one call for the whole list
+        with pytest.raises(ClientError, match="at most 10"):
+            world.sim.run_process(lambda: client.start_task(
+                cluster=world.cluster.name, taskDefinition="train",
+                containerInstances=[n.arn for n in nodes[:11]]))
+        listed = world.sim.run_process(lambda: client.list_tasks(cluster=world.cluster.name,
+                                                                 startedBy="gang-a2"))
+        assert listed["taskArns"] == [response["tasks"][0]["taskArn"]]
+
+
 # ================================================================== SQS
 def _queue_world(sim: Simulation, *, max_concurrency: int | None = None,
                  timeout: float = 30.0) -> tuple[SqsQueue, LambdaService, list[tuple[str, int, float]]]:
