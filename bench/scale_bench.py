@@ -114,7 +114,8 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
         t_setup = sim.now
         why = sim.run(until=t_setup + SETUP_LIMIT_SECONDS, stop=registration.done,
                       check_every=max(50, size // 4), wall_seconds=wall_cap)
-        out["registration"] = _registration_figures(world, job, registration, sim.now - t_setup)
+        out["registration"] = _registration_figures(world, job, registration, t_setup)
+        walls = out["wall_phases_s"] = {"registration": round(time.perf_counter() - started, 1)}
         if why == "wall":
             return _incomplete(out, f"wall-clock cap ({wall_cap:.0f} s) reached while registering", started)
         if registration.missing:
@@ -142,9 +143,11 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
         why = sim.run(until=t_fault + RECOVERY_LIMIT_SECONDS, stop=finished, check_every=max(20, size // 8),
                       wall_seconds=max(1.0, remaining))
         outcome_at = sim.now
+        walls["recovery"] = round(time.perf_counter() - started - sum(walls.values()), 1)
         if why == "stop":
             remaining = wall_cap - (time.perf_counter() - started)
             sim.run(until=sim.now + MARGIN_SECONDS, wall_seconds=max(1.0, remaining))
+        walls["margin"] = round(time.perf_counter() - started - sum(walls.values()), 1)
         fields = _job_fields(world, job.job_id)
         out.update(_recovery_figures(world, job, t_fault, outcome_at, fields))
         if why == "wall":
@@ -176,9 +179,14 @@ def _incomplete(out: dict[str, Any], why: str, started: float) -> dict[str, Any]
 
 
 def _registration_figures(world: ScaleWorld, job: TaggedJob, registration: _Registration,
-                          seconds: float) -> dict[str, Any]:
+                          t_setup: float) -> dict[str, Any]:
     usage = world.dynamo.meter.total
     stats = world.account.stats
+    # When the last rank item was written (the stop check runs between events, later).
+    times = [float(item["registered_at"]) for r in range(job.world_size) if r not in registration.missing
+             for item in [world.dynamo.peek_attributes(JOB_TABLE, {C.JOB_PK: C.rank_item_key(job.job_id, r)},
+                                                       ("registered_at",)) or {}] if "registered_at" in item]
+    seconds = (max(times) if times and not registration.missing else world.sim.now) - t_setup
     return {"ranks_registered": job.world_size - len(registration.missing), "simulated_s": round(seconds, 1),
             "dynamodb_items_read": usage.items_read, "dynamodb_items_written": usage.items_written,
             "aws_calls": dict(sorted(stats.calls.items())), "ecs_throttled": sum(stats.throttled.values()),
@@ -198,7 +206,7 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
     attempt = int(fields.get("attempt") or 1)
     all_running = job.all_running_at.get(attempt) if attempt >= 2 else None
     cluster = world.cluster
-    restarts = ecs_calls.get("StartTask", 0) - cluster.counters.get("health_checks_started", 0)
+    restarts = n  # the restart starts every rank: at best 100 at once, then 40 per second
     data_plane_floor = 2 * cluster.run_delay + cluster.dcgm_seconds + cluster.reboot_seconds
     functions = {name: f.stats.as_dict(f.timeout) for name, f in sorted(world.lambdas.functions.items())}
     dead = Counter(d.function for d in world.lambdas.dead_letters)
@@ -207,9 +215,9 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
     return {
         "job_state": fields.get("job_state"), "attempt": attempt,
         "fault_to_all_running_s": round(all_running - t_fault, 1) if all_running else None,
-        "floor_s": round(data_plane_floor + control_bucket.floor_seconds(max(restarts, 0)), 1),
+        "floor_s": round(data_plane_floor + control_bucket.floor_seconds(restarts), 1),
         "floor_detail": {"data_plane_s": data_plane_floor,
-                         "restart_bucket_s": round(control_bucket.floor_seconds(max(restarts, 0)), 1)},
+                         "restart_bucket_s": round(control_bucket.floor_seconds(restarts), 1)},
         "simulated_s": round(outcome_at - t_fault, 1),
         "dynamodb": {
             "items_read": usage.items_read, "items_written": usage.items_written,
@@ -248,7 +256,8 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
 def _print(result: dict[str, Any]) -> None:
     head = (f"{result['layout']:>8} {result['tasks']:>5} tasks / {result['nodes']:>4} nodes, "
             f"{result['scenario']}")
-    print(f"\n{head}: {result['outcome']}  [wall {result['wall_s']} s]")
+    phases = ", ".join(f"{k} {v}" for k, v in (result.get("wall_phases_s") or {}).items())
+    print(f"\n{head}: {result['outcome']}  [wall {result['wall_s']} s{': ' + phases if phases else ''}]")
     reg = result.get("registration")
     if reg:
         print(f"  registration (set-up): {reg['ranks_registered']} ranks in {reg['simulated_s']} s; AWS "

@@ -281,7 +281,7 @@ class Simulation:
             if until is not None and nxt > until:
                 self.now = max(self.now, until)
                 return "until"
-            if wall_seconds is not None and count % 64 == 0 and _time.monotonic() - started > wall_seconds:
+            if wall_seconds is not None and _time.monotonic() - started > wall_seconds:
                 return "wall"
             self.step()
             count += 1
