@@ -9,12 +9,17 @@
     gpu-recovery-admin quota set --user alice --priority HIGH --nodes 8
     gpu-recovery-admin quota list [--user alice] [--json]
     gpu-recovery-admin quota remove --user alice --priority HIGH
+    gpu-recovery-admin faults --job-id llama-ft-... [--attempt 1] [--json]   # every suspect node of a fault
 
 ``breaker`` reads and writes the breaker's item in the container-instance table
 (``--instance-table`` or ``$CONTAINER_INSTANCE_TABLE_NAME``). ``reset --resume-backlog``
 releases the held-back node actions: the recovery sweep carries them out within a
 minute (entries older than ``--max-backlog-age-hours``, default 24, are dropped: a stale
 backlog is not replayed); ``--drop-backlog`` forgets them.
+
+``faults`` lists every suspect node of a job's fault (its verdict, the catalog's decision,
+the XIDs seen, the ranks that failed there) from the job table (``--job-table`` or
+``$TRAINING_JOB_TABLE_NAME``): the recovery e-mails name a few nodes and count the rest.
 
 ``quota`` manages node quotas (the most nodes a user may hold at once at a priority level)
 in the quota table (``--quota-table`` or ``$QUOTA_TABLE_NAME``), through the same service
@@ -86,9 +91,10 @@ class Context:
         if self.repo is None:
             from gpu_recovery.repository import Repository
 
-            instances = (self.args.instance_table or os.environ.get(ENV_INSTANCE_TABLE)
+            instances = (getattr(self.args, "instance_table", None) or os.environ.get(ENV_INSTANCE_TABLE)
                          or DEFAULT_INSTANCE_TABLE_NAME)
-            jobs = os.environ.get(ENV_JOB_TABLE) or DEFAULT_JOB_TABLE_NAME
+            jobs = (getattr(self.args, "job_table", None) or os.environ.get(ENV_JOB_TABLE)
+                    or DEFAULT_JOB_TABLE_NAME)
             self.repo = Repository(self.boto_session().resource("dynamodb"), jobs, instances)
         return self.repo
 
@@ -323,6 +329,51 @@ def quota_command(args: argparse.Namespace, service: Any) -> int:
     return 0
 
 
+def _faults_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job-table",
+                        help=f"job table (default ${ENV_JOB_TABLE} or {DEFAULT_JOB_TABLE_NAME})")
+    parser.add_argument("--job-id", required=True, help="the job")
+    parser.add_argument("--attempt", type=int, help="the attempt whose fault (default: the job's last fault)")
+    parser.add_argument("--json", action="store_true", help="one JSON document")
+
+
+def _faults(args: argparse.Namespace, ctx: Context) -> int:
+    return faults_command(args, ctx.repository())
+
+
+def faults_command(args: argparse.Namespace, repo: Any) -> int:
+    """``faults``: the tally and every suspect node of one fault of a job."""
+    job = repo.get_job(args.job_id)
+    if job is None:
+        print(f"error: no job {args.job_id!r} in the job table", file=sys.stderr)
+        return 1
+    attempt = args.attempt or job.tally.attempt or job.attempt
+    records = repo.faults.records(job, attempt)
+    rows = []
+    for node, record in sorted(records.items()):
+        plan = record.get("plan") or {}
+        decision = plan.get("decision") or {}
+        evidence = record.get("evidence") or {}
+        rows.append({"node": node, "verdict": record.get("label", ""), "action": plan.get("action", ""),
+                     "rule": decision.get("rule_id", ""), "reason": decision.get("reason", ""),
+                     "xids": sorted({int(x["xid"]) for x in evidence.get("xids") or []}),
+                     "rank": evidence.get("rank")})
+    tally = job.tally.to_item() if job.tally.attempt == attempt else {}
+    if args.json:
+        print(json.dumps({"job_id": job.job_id, "attempt": attempt, "state": job.state.value,
+                          "tally": tally, "nodes": rows}, default=str, sort_keys=True, indent=2))
+        return 0
+    print(f"job {job.job_id}, fault of attempt {attempt} ({job.state.value}): "
+          + (", ".join(f"{k} {v}" for k, v in tally.items() if k != "attempt") or "no tally"))
+    if not rows:
+        print("no suspect node recorded for that attempt", file=sys.stderr)
+        return 0
+    _print_table(["NODE", "VERDICT", "ACTION", "RULE", "XIDS"],
+                 [[r["node"], str(r["verdict"]), str(r["action"]), str(r["rule"]),
+                   ",".join(str(x) for x in r["xids"]) or "-"] for r in rows])
+    return 0
+
+
 COMMANDS: list[Command] = [
     Command("doctor", "check, read-only, that the deployed stack's account is ready for a GPU fault",
             doctor.add_arguments, _doctor),
@@ -332,6 +383,8 @@ COMMANDS: list[Command] = [
     Command("list-tokens", "list nodes and token status (never the tokens)", _no_arguments, _list_tokens),
     Command("breaker", "show or reset the blast-radius breaker", _breaker_arguments, _breaker),
     Command("quota", "set, list or remove users' node quotas per priority level", _quota_arguments, _quota),
+    Command("faults", "every suspect node of a job's fault: verdict, decision, XIDs", _faults_arguments,
+            _faults),
 ]
 
 

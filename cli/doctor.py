@@ -12,6 +12,9 @@ and prints one line per check, PASS / WARN / FAIL, with the fix under each failu
   exists, and every GPU node has the GPUs it reserves;
 * the alert topic has a confirmed subscription;
 * every rule is enabled, has a dead-letter queue, and that queue is empty;
+* the gang fan-out queue (a large job's stop / start batches) exists, sends what fails 5
+  times to its dead-letter queue, which is empty, and its worker's event source mapping
+  is enabled;
 * point-in-time recovery is on for every table;
 * node report tokens are issued for the registered nodes, and when each last reported;
 * the blast-radius breaker is closed (a tripped breaker holds every node action back).
@@ -48,6 +51,9 @@ REQUIRED_OUTPUTS = ("ClusterName", "InstanceTagKey", "InstanceTagValue", "AlertT
 TABLE_OUTPUTS = ("JobTableName", "InstanceTableName", "NodeTokenTableName", "IdempotencyTableName",
                  "QuotaTableName")
 RULE_SUFFIX, DLQ_SUFFIX = "RuleName", "DeadLetterQueueUrl"
+GANG_QUEUE, GANG_DLQ, GANG_WORKER = "GangQueueUrl", "GangWorkerDeadLetterQueueUrl", "GangWorkerFunctionName"
+DEPTH_ATTRIBUTES = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                    "ApproximateNumberOfMessagesDelayed"]
 DEFAULT_STALE_SECONDS = 180
 LISTED = 8  # names shown per line before "and N more"
 REDEPLOY = "redeploy this version of the stack (make deploy CDK_ARGS=...)"
@@ -172,6 +178,7 @@ class Doctor:
             ("health check", self.check_health_check, ("HealthCheckTaskDefinitionArn",)),
             ("alerts", self.check_alerts, ("AlertTopicArn",)),
             ("rules", self.check_rules, ()),
+            ("gang queue", self.check_gang_queue, (GANG_QUEUE, GANG_DLQ)),
             ("tables PITR", self.check_tables, ()),
             ("node tokens", self.check_node_tokens, ("NodeTokenTableName", "ClusterName")),
             ("breaker", self.check_breaker, ("InstanceTableName",)),
@@ -431,6 +438,63 @@ class Doctor:
                            "--max-number-of-messages 10), fix the cause, replay or purge: "
                            "docs/operations.md 'Dead-letter queues'")
         return Finding(check, PASS, f"{rule} ENABLED, dead-letter queue empty")
+
+    # ------------------------------------------------------------------ gang fan-out
+    def check_gang_queue(self) -> list[Finding]:
+        check, sqs = "gang queue", self.client("sqs")
+        url, dlq_url = self.out(GANG_QUEUE), self.out(GANG_DLQ)
+        try:
+            attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        except ClientError as error:
+            return [Finding(check, FAIL, f"{url}: {_error_text(error)}: a large job's ranks cannot be "
+                            "stopped or restarted", REDEPLOY)]
+        try:
+            dlq = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn", *DEPTH_ATTRIBUTES])[
+                "Attributes"]
+        except ClientError as error:
+            return [Finding(check, FAIL, f"its dead-letter queue {dlq_url}: {_error_text(error)}", REDEPLOY)]
+        findings = []
+        redrive = json.loads(attrs.get("RedrivePolicy") or "{}")
+        if redrive.get("deadLetterTargetArn") != dlq.get("QueueArn"):
+            findings.append(Finding(check, FAIL, f"{url} does not send failing batches to {dlq_url} "
+                                    f"(redrive policy: {redrive or 'none'})", REDEPLOY))
+        stuck = sum(int(dlq.get(k, 0)) for k in DEPTH_ATTRIBUTES)
+        if stuck:
+            findings.append(Finding(
+                check, FAIL, f"{stuck} batch(es) in its dead-letter queue: ranks of a large job that "
+                "were not stopped or started",
+                f"read them (aws sqs receive-message --queue-url {dlq_url}), fix the cause from the "
+                f"gang worker's ERROR log lines, then move them back: aws sqs start-message-move-task "
+                f"--source-arn {dlq.get('QueueArn')} (docs/operations.md 'Dead-letter queues')"))
+        worker = self._gang_worker_finding(attrs.get("QueueArn", ""))
+        if worker.status != PASS:
+            findings.append(worker)
+        if findings:
+            return findings
+        waiting = int(attrs.get("ApproximateNumberOfMessages", 0)) + int(
+            attrs.get("ApproximateNumberOfMessagesDelayed", 0))
+        running = int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0))
+        return [Finding(check, PASS, f"{waiting} batch(es) waiting, {running} running; dead-letter queue "
+                        f"empty; {worker.detail}")]
+
+    def _gang_worker_finding(self, queue_arn: str) -> Finding:
+        check, function = "gang queue", self.out(GANG_WORKER)
+        if not function:
+            return Finding(check, PASS, "worker not in the stack outputs")
+        mappings = self.client("lambda").list_event_source_mappings(
+            EventSourceArn=queue_arn, FunctionName=function).get("EventSourceMappings", [])
+        if not mappings:
+            return Finding(check, FAIL, f"no event source mapping from the queue to {function}: its "
+                           "batches are never run", REDEPLOY)
+        mapping = mappings[0]
+        state = mapping.get("State", "?")
+        if state not in ("Enabled", "Enabling", "Updating"):
+            return Finding(check, FAIL, f"the event source mapping to {function} is {state}: batches wait "
+                           "and a large job's stop or restart with them",
+                           f"aws lambda update-event-source-mapping --uuid {mapping.get('UUID')} --enabled")
+        limit = (mapping.get("ScalingConfig") or {}).get("MaximumConcurrency")
+        return Finding(check, PASS, f"worker {function} {state}"
+                       + (f" (at most {limit} at once)" if limit else ""))
 
     # ------------------------------------------------------------------ tables
     def check_tables(self) -> list[Finding]:

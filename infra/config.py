@@ -32,6 +32,9 @@ from typing import Any
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, ENV_DEFAULT_NODE_QUOTAS
 from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog, read_catalog_file
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
+from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
+from gpu_recovery.domain.rate_limit import DEFAULT_RATE as DEFAULT_ECS_API_RATE
+from gpu_recovery.domain.rate_limit import ECS_ACCOUNT_BURST, ECS_ACCOUNT_RATE
 from gpu_recovery.domain.remediation_settings import SETTINGS as REMEDIATION_DEFAULTS
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
 from gpu_recovery.domain.time_sharing import (
@@ -40,7 +43,12 @@ from gpu_recovery.domain.time_sharing import (
     MAX_SUSPEND_GRACE_SECONDS,
     MIN_SUSPEND_GRACE_SECONDS,
 )
-from gpu_recovery.settings import SettingsError, parse_node_quotas
+from gpu_recovery.settings import (
+    DEFAULT_HEALTH_CHECKS_IN_FLIGHT,
+    DEFAULT_HEALTH_CHECKS_PER_JOB,
+    SettingsError,
+    parse_node_quotas,
+)
 
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 # Any image with Python 3.8+ runs the agent (its source is the container command).
@@ -49,6 +57,10 @@ DEFAULT_INSTANCE_TAG_KEY = "gpu-recovery:cluster"
 DEFAULT_TRAINING_LOG_GROUPS = ("/ecs/*",)
 DEFAULT_TASK_ROLE_PREFIX = "gpu-training-"
 HANG_ACTIONS = ("notify", "recover")
+# Gang fan-out workers at once: SQS event sources allow 2..1000; 4 share the ECS budget
+# (~9 calls/s each at the default rate) and leave Lambda concurrency to the rest.
+DEFAULT_GANG_WORKER_CONCURRENCY = 4
+MAX_HEALTH_CHECKS = 10_000
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -492,6 +504,19 @@ class RecoveryConfig:
     demote_above_normal_minutes: int = option(
         DEFAULT_DEMOTE_AFTER_SECONDS // 60, integer(1, 10_080, zero_disables=True),
         "ABOVE_NORMAL runs this long, then NORMAL (0: never)")
+    # --- large jobs (docs/sizing.md#large-jobs)
+    ecs_api_rate_per_second: float = option(
+        DEFAULT_ECS_API_RATE, number(0.1, ECS_ACCOUNT_RATE * 25),
+        f"ECS start/stop calls/s of the stack (its share of the account's {ECS_ACCOUNT_RATE:g}/s)")
+    ecs_api_burst: int = option(DEFAULT_ECS_API_BURST, integer(1, ECS_ACCOUNT_BURST * 25),
+                                f"... and at once (the account's: {ECS_ACCOUNT_BURST})")
+    max_health_checks_per_job: int = option(
+        DEFAULT_HEALTH_CHECKS_PER_JOB, integer(1, MAX_HEALTH_CHECKS), "DCGM checks running at once per job")
+    max_health_checks_in_flight: int = option(
+        DEFAULT_HEALTH_CHECKS_IN_FLIGHT, integer(1, MAX_HEALTH_CHECKS), "... and per cluster")
+    gang_worker_concurrency: int = option(
+        DEFAULT_GANG_WORKER_CONCURRENCY, integer(2, 100), "large-job stop/start batches run at once")
+    batch_identical_starts: bool = option(True, boolean(), "up to 10 identical ranks per StartTask")
 
     @property
     def remediation(self) -> tuple[tuple[str, str], ...]:
@@ -593,7 +618,10 @@ def check_unknown_keys(context: Mapping[str, Any]) -> None:
             problems.append(f"context key {key!r} is no longer used: {RETIRED_KEYS[key]}; remove it")
             continue
         normalized = key.strip().lower().replace("-", "_")
-        match = difflib.get_close_matches(normalized, KNOWN_KEYS, n=1, cutoff=0.6)
+        # A key cut short (ecs_api_rate) means the one key it begins, when there is one.
+        extended = [k for k in KNOWN_KEYS if k.startswith(normalized)]
+        match = extended if len(extended) == 1 else difflib.get_close_matches(
+            normalized, KNOWN_KEYS, n=1, cutoff=0.6)
         hint = f"did you mean {match[0]!r}?" if match else "it is not an option of this app"
         problems.append(f"unknown context key {key!r}: {hint}")
     if problems:

@@ -14,9 +14,10 @@ Least privilege:
 - the control function: the recovery service's ``go_suspend`` (read and write the job
   and rank items: the job table and its indexes, the same data actions as the recovery
   functions; ``ecs:StopTask`` on the cluster's tasks through ``ClusterAccess.stop_task``).
-  No StartTask, no PassRole, no instance table, no SNS: suspending starts nothing and
-  notifies no one; the rest of the suspension (SUSPENDED once every rank stopped) is the
-  task handler's and the recovery sweep's.
+  No StartTask, no PassRole, no SNS: suspending starts nothing and notifies no one; the
+  rest of the suspension (SUSPENDED once every rank stopped) is the task handler's and the
+  recovery sweep's. Of the instance table only the ECS budget's item, and a large job's
+  stop batches go to the gang queue: the stack grants both (infra/stack.py).
 """
 
 from __future__ import annotations

@@ -8,12 +8,18 @@ says what to do (the runbook is docs/operations.md):
   a scheduled function failing three one-minute runs in a row (one failed run is
   retried by Lambda and fixed by the next tick, so it does not page); an event function
   failing in two of three 5-minute periods (a single failure is retried, and one that
-  never succeeds reaches the DLQ alarm); an API function with 5 or more errors in each of
-  two consecutive 5-minute periods (callers retry single failures).
+  never succeeds reaches the DLQ alarm); a queue worker (SQS event source: the gang
+  fan-out) failing in two of three 5-minute periods (a failed message is received again
+  after the queue's visibility timeout, 6 minutes, so one failure does not page, but a
+  batch that fails again, or many that fail at once, do: a large job's stop or restart
+  is stalled meanwhile; after 5 receives the batch is in the DLQ, which pages on its
+  own); an API function with 5 or more errors in each of two consecutive 5-minute
+  periods (callers retry single failures).
 
 The dashboard: recoveries and failures, time to restart (MTTR), quarantines and the
-circuit breaker, suspends (time sharing), dead-letter queue depth, Lambda errors and
-duration, the API, and the state of every alarm. Business metrics come from Powertools (namespace
+circuit breaker, suspends (time sharing), the work queues (gang fan-out: batches waiting
+and the oldest one's age), dead-letter queue depth, Lambda errors and duration, the API,
+and the state of every alarm. Business metrics come from Powertools (namespace
 ``GpuTrainingRecovery``, dimension ``service``), summed over services with SEARCH.
 """
 
@@ -31,7 +37,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from gpu_recovery.constants import METRICS_NAMESPACE
+from gpu_recovery.constants import GANG_QUEUE_MAX_RECEIVES, METRICS_NAMESPACE
 from infra.lambda_common import SCHEDULED_ASYNC_RETRIES, RecoveryFunction
 
 RECOVERY_COUNTERS = ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries", "Failures")
@@ -54,6 +60,7 @@ class Invocation(Enum):
     SCHEDULED = "scheduled"  # EventBridge schedule, every minute
     EVENT = "event"  # EventBridge event pattern (asynchronous, retried, DLQ)
     REQUEST = "request"  # API Gateway (synchronous: the caller sees the error)
+    QUEUE = "queue"  # SQS event source (a failed message is received again, then its DLQ)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ ERROR_ALARM_POLICIES = {
     Invocation.SCHEDULED: ErrorAlarmPolicy(minutes=1, threshold=1, periods=3, datapoints=3),
     Invocation.EVENT: ErrorAlarmPolicy(minutes=5, threshold=1, periods=3, datapoints=2),
     Invocation.REQUEST: ErrorAlarmPolicy(minutes=5, threshold=5, periods=2, datapoints=2),
+    Invocation.QUEUE: ErrorAlarmPolicy(minutes=5, threshold=1, periods=3, datapoints=2),
 }
 
 
@@ -82,6 +90,14 @@ def error_alarm_description(name: str, fn: RecoveryFunction, invocation: Invocat
             f"drives are late until it runs again. {logs}; usual causes: DynamoDB throttling, "
             f"a changed IAM policy, the ECS cluster renamed or deleted. Run `gpu-recovery-admin "
             f"doctor`. Once fixed, the next tick catches up by itself: nothing to replay. {RUNBOOK}"
+        )
+    if invocation is Invocation.QUEUE:
+        return (
+            f"{name} ({fn.service_name}) failed in two of the last three 5-minute periods. Each "
+            f"failed batch of a large job's ranks is received again after the queue's visibility "
+            f"timeout, then kept in its dead-letter queue: that job's stop or restart is stalled "
+            f"meanwhile. {logs}; run `gpu-recovery-admin doctor`; once fixed, move what reached "
+            f"the dead-letter queue back (section 'Dead-letter queues'). {RUNBOOK}"
         )
     if invocation is Invocation.EVENT:
         return (
@@ -100,6 +116,16 @@ def error_alarm_description(name: str, fn: RecoveryFunction, invocation: Invocat
 
 
 def dlq_alarm_description(name: str, invocation: Invocation) -> str:
+    if invocation is Invocation.QUEUE:
+        return (
+            f"A batch of {name} (stopping or starting up to 100 ranks of a large job) failed "
+            f"{GANG_QUEUE_MAX_RECEIVES} receives and is kept in its dead-letter queue (stack output "
+            f"{name}DeadLetterQueueUrl, 14 days): those ranks may not have been stopped or "
+            f"started, and the job waits. Read the worker's ERROR log lines, fix the cause, then "
+            f"move the messages back to the gang queue (aws sqs start-message-move-task "
+            f"--source-arn <the DLQ's ARN>; batches are idempotent, a replay repeats nothing). "
+            f"The alarm clears when the queue is empty. {RUNBOOK}"
+        )
     if invocation is Invocation.SCHEDULED:
         return (
             f"A {name} tick failed all {1 + SCHEDULED_ASYNC_RETRIES} tries (one run and "
@@ -136,6 +162,7 @@ class Monitoring(Construct):
         dead_letter_queues: Mapping[str, sqs.IQueue],
         topic: sns.ITopic,
         rest_api: apigw.RestApi | None = None,
+        work_queues: Mapping[str, sqs.IQueue] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         missing = set(functions) - set(invocations)
@@ -173,11 +200,12 @@ class Monitoring(Construct):
             alarm.add_alarm_action(action)
             self.error_alarms[name] = alarm
         self.alarms: list[cloudwatch.Alarm] = [*self.dlq_alarms.values(), *self.error_alarms.values()]
-        self.dashboard = self._dashboard(functions, dead_letter_queues, rest_api)
+        self.dashboard = self._dashboard(functions, dead_letter_queues, rest_api, work_queues or {})
 
     def _dashboard(self, functions: Mapping[str, RecoveryFunction],
                    dead_letter_queues: Mapping[str, sqs.IQueue],
-                   rest_api: apigw.RestApi | None) -> cloudwatch.Dashboard:
+                   rest_api: apigw.RestApi | None,
+                   work_queues: Mapping[str, sqs.IQueue]) -> cloudwatch.Dashboard:
         period = Duration.minutes(5)
         dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(24))
         dashboard.add_widgets(cloudwatch.TextWidget(
@@ -223,10 +251,23 @@ class Monitoring(Construct):
                       for name, fn in functions.items()],
             ),
         )
-        dashboard.add_widgets(cloudwatch.GraphWidget(
+        sharing = cloudwatch.GraphWidget(
             title="Time sharing: suspends asked, forced after the grace, done (all services)",
-            width=24, left=[_total(name, period) for name in SUSPEND_COUNTERS],
-        ))
+            width=12 if work_queues else 24, left=[_total(name, period) for name in SUSPEND_COUNTERS],
+        )
+        if work_queues:
+            minute = Duration.minutes(1)
+            dashboard.add_widgets(sharing, cloudwatch.GraphWidget(
+                title="Work queues: messages waiting (left), oldest one's age in s (right)", width=12,
+                left=[q.metric_approximate_number_of_messages_visible(period=minute, statistic="Maximum",
+                                                                      label=name)
+                      for name, q in work_queues.items()],
+                right=[q.metric_approximate_age_of_oldest_message(period=minute, statistic="Maximum",
+                                                                  label=f"{name} oldest")
+                       for name, q in work_queues.items()],
+            ))
+        else:
+            dashboard.add_widgets(sharing)
         if rest_api is not None:
             dashboard.add_widgets(
                 cloudwatch.GraphWidget(

@@ -14,7 +14,10 @@ permissions:
   to the cluster whose tasks write to it, so the groups are given by name or name pattern
   (``training_log_groups``, default ``/ecs/*``: the ECS console's ``/ecs/<family>``
   convention). Jobs whose task definitions log elsewhere need their group listed here;
-- ``lambda:InvokeFunction`` on the scheduler function only (asynchronous trigger).
+- ``lambda:InvokeFunction`` on the scheduler function only (asynchronous trigger);
+- granted by the stack (infra/stack.py): the ECS budget's item of the instance table
+  (its StopTask calls take their tokens there; no other instance item) and
+  ``sqs:SendMessage`` on the gang queue (a large job's cancel stops its ranks in batches).
 """
 
 from __future__ import annotations

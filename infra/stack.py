@@ -7,6 +7,9 @@ Attributes for composition:
                     .grant_read_write_data, .grant_quota_data)
     notifications   Notifications (.topic, .key, .grant_publish)
     health_check    HealthCheck (.task_definition | None, .log_group | None, .task_reference)
+    gang            GangFanout (.queue, .dead_letter_queue, .worker, .grant_send): the gang
+                    fan-out queue (its URL is in every function's environment) and worker
+    gang_worker     RecoveryFunction: gang.worker
     lambda_defaults LambdaDefaults (shared runtime/layer/env for new RecoveryFunctions)
     recovery        RecoveryFunctions (.task_handler, .dcgm_monitor, .instance_monitor,
                     .sweep, .functions, .dead_letter_queues, .rules)
@@ -25,7 +28,15 @@ Attributes for composition:
     monitoring      Monitoring (.dashboard, .error_alarms, .dlq_alarms, .alarms)
 
 Outputs: what ``gpu-recovery-admin doctor`` reads (cluster, tag, tables, topic, health
-check, rules and their DLQs) plus the API URL and the resolved Powertools layer.
+check, rules and their DLQs, the gang queue, its worker and DLQ) plus the API URL and the
+resolved Powertools layer.
+
+Large jobs: every function that may stop or start a gang (the four recovery functions,
+the node API and heartbeat sweep, the job-control API, the scheduler, the jobs API, the
+worker itself) gets ``sqs:SendMessage`` on the gang queue only. Every one of them calls
+StartTask / StopTask through the stack's shared ECS budget, an item of the instance table
+(``ECS_API_RATE_PER_SECOND`` / ``ECS_API_BURST``); the jobs and job-control APIs, which
+read no other instance item, may read and write that one key only (``dynamodb:LeadingKeys``).
 
 API security (cdk-nag AwsSolutions): every method is AWS_IAM (jobs, quotas, swagger) or
 CUSTOM (node routes and job-control routes, each with its Lambda token authorizer); the
@@ -49,12 +60,16 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from gpu_recovery.constants import (
+    ENV_BATCH_IDENTICAL_STARTS,
     ENV_CLUSTER_NAME,
     ENV_CONTROL_API_URL,
     ENV_DCGM_LEVEL,
     ENV_DEFAULT_NODE_QUOTAS,
     ENV_DEMOTE_AFTER_SECONDS,
+    ENV_ECS_API_BURST,
+    ENV_ECS_API_RATE,
     ENV_FAULT_CATALOG_OVERRIDE,
+    ENV_GANG_QUEUE_URL,
     ENV_HEALTH_CHECK_ALL_NODES,
     ENV_HEALTH_CHECK_GPUS,
     ENV_HEALTH_CHECK_TASK,
@@ -67,6 +82,8 @@ from gpu_recovery.constants import (
     ENV_JOBS_TASK_ROLE_PREFIXES,
     ENV_JOBS_TEAM_ROLES,
     ENV_MAX_APP_RESTARTS,
+    ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
+    ENV_MAX_HEALTH_CHECKS_PER_JOB,
     ENV_MAX_RECOVERY_ATTEMPTS,
     ENV_PREEMPTION,
     ENV_QUOTA_TABLE,
@@ -82,6 +99,7 @@ from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
 from infra.control_api import JobControlApi
 from infra.fault_catalog import RUNTIME_PATH, override_layer
+from infra.gang import GangFanout
 from infra.health_check import HealthCheck
 from infra.lambda_common import (
     POWERTOOLS_PACKAGE,
@@ -112,6 +130,18 @@ def heartbeat_config(config: RecoveryConfig) -> HeartbeatConfig:
         signal_notify_seconds=config.telemetry_notify_interval_seconds,
         signal_retention_seconds=config.telemetry_signal_retention_seconds,
     )
+
+
+def large_jobs_environment(config: RecoveryConfig, gang_queue_url: str) -> dict[str, str]:
+    """Every function's: the gang queue, the ECS budget, grouped starts, health checks at once."""
+    return {
+        ENV_GANG_QUEUE_URL: gang_queue_url,
+        ENV_ECS_API_RATE: f"{config.ecs_api_rate_per_second:g}",
+        ENV_ECS_API_BURST: str(config.ecs_api_burst),
+        ENV_BATCH_IDENTICAL_STARTS: "true" if config.batch_identical_starts else "false",
+        ENV_MAX_HEALTH_CHECKS_PER_JOB: str(config.max_health_checks_per_job),
+        ENV_MAX_HEALTH_CHECKS_IN_FLIGHT: str(config.max_health_checks_in_flight),
+    }
 
 
 def jobs_access_environment(config: RecoveryConfig) -> dict[str, str]:
@@ -175,6 +205,8 @@ class GpuRecoveryStack(Stack):
         }
         if self.fault_catalog_layer is not None:
             remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH
+        # The queue first: every function's environment names it.
+        self.gang = GangFanout(self, "GangFanout")
         self.lambda_defaults = LambdaDefaults(
             config=config,
             environment={
@@ -192,6 +224,7 @@ class GpuRecoveryStack(Stack):
                 ENV_HEALTH_CHECK_ALL_NODES: "true" if config.health_check_all_nodes else "false",
                 **remediation_env,
                 ENV_REBOOT_DOCUMENT: self.reboot_document.name,
+                **large_jobs_environment(config, self.gang.queue_url),
             },
             extra_layers=[self.fault_catalog_layer] if self.fault_catalog_layer is not None else [],
         )
@@ -262,6 +295,18 @@ class GpuRecoveryStack(Stack):
                 else RemovalPolicy.RETAIN
             ),
         )
+        self.gang_worker = self.gang.add_worker(
+            defaults=self.lambda_defaults, tables=self.tables, notifications=self.notifications,
+            access=self.access, max_concurrency=config.gang_worker_concurrency)
+        # Whoever may stop or start a gang sends its batches to the queue (the worker its
+        # own continuations, in add_worker).
+        self.gang.grant_send(
+            *self.recovery.functions.values(), self.api.api_function, self.api.sweep_function,
+            self.control_api.function, self.scheduler.recovery_function, self.queue_api.function)
+        # The ECS budget's item: the other callers of StartTask / StopTask have the instance
+        # table already; these two read no other instance item.
+        for fn in (self.queue_api.function, self.control_api.function):
+            fn.add_to_policy(self.tables.ecs_budget_statement())
         self.node_agent: NodeAgentDaemon | None = None
         if config.node_agent_daemon:
             self.node_agent = NodeAgentDaemon(
@@ -278,6 +323,7 @@ class GpuRecoveryStack(Stack):
             "QueueScheduler": self.scheduler.recovery_function,
             "JobControlAuthorizer": self.control_api.authorizer_function,
             "JobControlApi": self.control_api.function,
+            "GangWorker": self.gang_worker,
         }
         self.invocations: dict[str, Invocation] = {
             "TaskHandler": Invocation.EVENT,
@@ -291,11 +337,13 @@ class GpuRecoveryStack(Stack):
             "JobsApi": Invocation.REQUEST,
             "JobControlAuthorizer": Invocation.REQUEST,
             "JobControlApi": Invocation.REQUEST,
+            "GangWorker": Invocation.QUEUE,
         }
         self.dead_letter_queues: dict[str, sqs.IQueue] = {
             **self.recovery.dead_letter_queues,
             "HeartbeatSweep": self.api.sweep_dead_letter_queue,
             "QueueScheduler": self.scheduler.dead_letter_queue,
+            "GangWorker": self.gang.dead_letter_queue,
         }
         self.rules: dict[str, events.Rule] = {
             **self.recovery.rules,
@@ -310,6 +358,7 @@ class GpuRecoveryStack(Stack):
             dead_letter_queues=self.dead_letter_queues,
             topic=self.notifications.topic,
             rest_api=self.api.rest_api,
+            work_queues={"GangFanout": self.gang.queue},
         )
         self._outputs()
 
@@ -351,5 +400,9 @@ class GpuRecoveryStack(Stack):
         CfnOutput(self, "NodeTokenTableName", value=self.api.token_table.table_name)
         CfnOutput(self, "IdempotencyTableName", value=self.queue_api.idempotency_table.table_name)
         CfnOutput(self, "SchedulerFunctionName", value=self.scheduler.function.function_name)
+        CfnOutput(self, "GangQueueUrl", value=self.gang.queue_url,
+                  description="SQS queue of a large job's stop / start batches (gang fan-out)")
+        CfnOutput(self, "GangWorkerFunctionName", value=self.gang_worker.function.function_name,
+                  description="Lambda function that runs those batches (SQS event source)")
         if self.node_agent is not None:
             CfnOutput(self, "NodeAgentServiceName", value=self.node_agent.service.attr_name)

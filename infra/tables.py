@@ -9,7 +9,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from gpu_recovery.constants import table_definitions
+from gpu_recovery.constants import ECS_RATE_ITEM_KEY, table_definitions
 
 _ATTRIBUTE_TYPES = {
     "S": dynamodb.AttributeType.STRING,
@@ -102,6 +102,18 @@ class RecoveryTables(Construct):
         """Data access to ``tables`` (default: the job and instance tables) and their indexes."""
         iam.Grant.add_to_principal(
             grantee=grantee, actions=READ_WRITE_DATA_ACTIONS, resource_arns=self.arns(*tables)
+        )
+
+    def ecs_budget_statement(self) -> iam.PolicyStatement:
+        """The ECS control-plane budget's item (``ECS_RATE_ITEM_KEY``) and nothing else of
+        the instance table: for functions that call StartTask / StopTask but read no
+        instance (the jobs API's cancel, the job-control API's go_suspend). A reservation
+        is a GetItem and a conditional UpdateItem of that one key."""
+        return iam.PolicyStatement(
+            sid="EcsCallBudgetItem",
+            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+            resources=[self.instance_table.table_arn],
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [ECS_RATE_ITEM_KEY]}},
         )
 
     def grant_quota_data(self, grantee: iam.IGrantable) -> None:

@@ -11,14 +11,17 @@ fault was injected, once: ``throttle`` (refused, not executed) or ``lost_respons
 (executed, the caller never hears back). ``check(result)`` lists what ended wrong.
 Used by the crash-consistency tests and by ``make bench``.
 
-Two more scenarios break the remediation flows the same way (``scenario=``):
+Three more scenarios break other flows the same way (``scenario=``):
 
 * ``fast_path`` — node-b's GPU logs XID 79; the node agent reports it (``/v1/report_gpu``
   through the heartbeat service: its calls are in the flow, and a failed report is
   retried as the agent does) and the rank dies 10 s later: node-b is rebooted without a
   DCGM diag, exactly once, and the job restarts and completes;
 * ``relocation`` — node-b's GPU dies (DCGM says replace): node-b is quarantined, never
-  rebooted, and rank 1 of the relocatable job moves to the spare node-c, exactly once.
+  rebooted, and rank 1 of the relocatable job moves to the spare node-c, exactly once;
+* ``large`` — the GPU fault of ``gpu_fault`` in a 64-rank job (one rank per node): the gang
+  is stopped and restarted through the fan-out queue (batches run by the gang worker),
+  so the campaign breaks the batches' calls too.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from .faults import FAULT_MODES, ApiCall
 MIN = 60
 JOB_ID = "campaign"
 FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
-SCENARIOS = ("gpu_fault", "fast_path", "relocation")
+SCENARIOS = ("gpu_fault", "fast_path", "relocation", "large")
+LARGE_RANKS = 64
 TRAIN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 90 * MIN
 
@@ -106,13 +110,15 @@ def check(result: RunResult) -> list[str]:
 
 
 @contextmanager
-def _cluster() -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
+def _cluster(scenario: str = "gpu_fault") -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
     with LocalAws(metrics_disabled=True) as local:
         runtime.reset(clients=False)
         bus = LocalEventBus(duplicate_delivery=False)
-        sim = SimulatedEcs(local, bus, train_seconds=None)
+        # A large gang's placements need no container-instance events (nothing reads them).
+        sim = SimulatedEcs(local, bus, train_seconds=None,
+                           instance_events_on_placement=scenario != "large")
         wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
         try:
             yield local, bus, sim
@@ -125,7 +131,7 @@ def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = 
     """The scenario, with ``fault`` (n-th call, mode) broken once (None: unbroken)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario is one of {SCENARIOS}")
-    with _cluster() as (local, bus, sim):
+    with _cluster(scenario) as (local, bus, sim):
         _start_job(sim, scenario)
         calls = local.call_faults
         if fault is None:
@@ -175,11 +181,14 @@ def _start_job(sim: SimulatedEcs, scenario: str = "gpu_fault") -> None:
     td = sim.register_training_task_definition("train", gpus=8)
     sim.plan_family("train", run_seconds=TRAIN_SECONDS, exit_code=0)
     tags = {C.TAG_RELOCATABLE: "true"} if scenario == "relocation" else None
-    sim.start_job(JOB_ID, td, [HEALTHY, FAULTY], extra_tags=tags)
+    ranks = list(_nodes(scenario)) if scenario == "large" else [HEALTHY, FAULTY]
+    sim.start_job(JOB_ID, td, ranks, extra_tags=tags)
     sim.run_for(MIN)
 
 
 def _nodes(scenario: str) -> tuple[str, ...]:
+    if scenario == "large":
+        return (HEALTHY, FAULTY, *(f"node-x{i:02d}" for i in range(LARGE_RANKS - 2)))
     return (HEALTHY, FAULTY, SPARE) if scenario == "relocation" else (HEALTHY, FAULTY)
 
 
@@ -222,7 +231,7 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, fault: tuple
         job_state=job.state.value,
         attempt=job.attempt,
         recoveries_used=job.recoveries_used,
-        suspects={node_of.get(i, i): v for i, v in job.suspects.items()},
+        suspects={node_of.get(i, i): v for i, v in repo.faults.labels(job, attempt=1).items()},
         health_checks={n: sum(1 for t in sim.tasks.values() if t.health_check and t.node == n)
                        for n in nodes},
         reboots={n: sim.node(n).reboots for n in nodes},
@@ -243,14 +252,15 @@ def _state(instance: Any) -> str:
     return instance.state.value if instance is not None else "MISSING"
 
 
-def sample_positions(baseline: RunResult) -> list[int]:
+def sample_positions(baseline: RunResult, *, sites: str = "") -> list[int]:
     """The first call of each distinct call site (and API operation) of the flow: every
-    place the loop talks to AWS is broken at least once."""
+    place the loop talks to AWS is broken at least once (``sites``: only call sites whose
+    name contains it, e.g. ``recovery/gang.py``)."""
     seen: set[tuple[str, str, str]] = set()
     positions = []
     for call in baseline.calls:
         key = (call.site, call.service, call.operation)
-        if key not in seen:
+        if key not in seen and sites in call.site:
             seen.add(key)
             positions.append(call.index)
     return positions

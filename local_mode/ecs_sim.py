@@ -767,6 +767,11 @@ class SimulatedEcs:
         return None
 
     @staticmethod
+    def short_circuit_response(parsed: dict[str, Any]) -> tuple[AWSResponse, dict[str, Any]]:
+        """A 200 answer for a before-call hook to return instead of calling the emulator."""
+        return SimulatedEcs._short_circuit(parsed)
+
+    @staticmethod
     def _short_circuit(parsed: dict[str, Any]) -> tuple[AWSResponse, dict[str, Any]]:
         headers = HTTPHeaders()
         http = AWSResponse("https://ecs.us-east-1.amazonaws.com/", 200, headers, None)  # type: ignore[arg-type]

@@ -57,6 +57,7 @@ ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
 TOPIC_NAME = "gpu-training-notifications"
 QUEUE_NAME = "gpu-training-notifications-inbox"
+GANG_QUEUE_NAME = "gpu-recovery-gang-batches"  # the gang fan-out's queue (see LocalEventBus.add_queue)
 HEALTH_CHECK_LOG_GROUP = "/ecs/gpu-health-check"
 PARAMS_KEY = "local_mode_params"
 
@@ -193,6 +194,13 @@ def _make_dynamodb_writes_atomic() -> None:
 class LocalAws:
     """Context manager: moto + the stack's resources + handler environment."""
 
+    _active: list[LocalAws] = []
+
+    @classmethod
+    def active(cls) -> LocalAws | None:
+        """The innermost LocalAws entered (local-mode wiring finds its hooks here)."""
+        return cls._active[-1] if cls._active else None
+
     def __init__(
         self,
         *,
@@ -308,9 +316,12 @@ class LocalAws:
         events.register_first("before-send", self.faults.before_send)
         events.register_first("before-call", self.call_faults.before_call)
         events.register_last("after-call", self.call_faults.after_call)
+        LocalAws._active.append(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self in LocalAws._active:
+            LocalAws._active.remove(self)
         aws.reset()
         gr_clock.reset_clock()
         self.hooks.clear()
@@ -379,6 +390,7 @@ class LocalAws:
         sns, sqs = self.client("sns"), self.client("sqs")
         self.topic_arn = sns.create_topic(Name=TOPIC_NAME)["TopicArn"]
         self.queue_url = sqs.create_queue(QueueName=QUEUE_NAME)["QueueUrl"]
+        self.gang_queue_url = sqs.create_queue(QueueName=GANG_QUEUE_NAME)["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])[
             "Attributes"
         ]["QueueArn"]
@@ -420,6 +432,7 @@ class LocalAws:
             {
                 C.ENV_SNS_TOPIC_ARN: self.topic_arn,
                 C.ENV_HEALTH_CHECK_TASK: self.health_check_task_definition_arn,
+                C.ENV_GANG_QUEUE_URL: self._settings.get(C.ENV_GANG_QUEUE_URL, self.gang_queue_url),
             }
         )
 

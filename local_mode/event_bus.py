@@ -16,7 +16,17 @@ are ``lambda_handler(event, context)`` callables; each gets a Lambda-shaped cont
   the simulation clock passes each due time (the driver in ``ecs_sim`` calls
   :meth:`fire_due`).
 
-``wire_recovery_handlers(bus, cluster_arn)`` connects the four recovery handlers.
+* ``add_queue(name, target)`` is an SQS queue with a Lambda event source mapping, in
+  simulated time: ``send(bodies, delay_seconds)`` makes messages visible after their
+  delay; due messages are delivered (``batch_size`` per invocation, as SQS records with
+  ``ApproximateReceiveCount``) when the clock passes them; a record the target reports
+  failed (a partial batch response, or the whole batch on an exception) is delivered
+  again after ``visibility_timeout``, and after ``max_receive_count`` receives it lands
+  in ``dead_letters`` as a redrive policy would. With ``duplicate_delivery`` each
+  message is delivered twice (SQS standard queues are at-least-once too).
+
+``wire_recovery_handlers(bus, cluster_arn)`` connects the recovery handlers (and routes
+the gang fan-out's ``SendMessageBatch`` calls to its local queue).
 """
 
 from __future__ import annotations
@@ -45,6 +55,10 @@ Target = Callable[[dict[str, Any], Any], Any]
 #: about a minute later and the second about two minutes after that.
 LAMBDA_ASYNC_RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0)
 SWEEP_SCHEDULE = "recovery-sweep"
+GANG_QUEUE = "gang-batches"
+# As infra configures the gang queue (infra/gang.py): visibility 6x the worker's timeout.
+GANG_VISIBILITY_TIMEOUT_SECONDS = float(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
+GANG_MAX_RECEIVES = C.GANG_QUEUE_MAX_RECEIVES
 
 
 @dataclass
@@ -138,6 +152,45 @@ class DeadLetter:
     traceback: str
 
 
+@dataclass(order=True)
+class _Message:
+    visible_at: float
+    seq: int
+    message_id: str = field(compare=False)
+    body: str = field(compare=False)
+    receives: int = field(compare=False, default=0)
+    sent_at: float = field(compare=False, default=0.0)
+
+
+@dataclass
+class LocalQueue:
+    """An SQS queue and its Lambda event source mapping (see the module docstring)."""
+
+    name: str
+    target: Target
+    target_name: str
+    batch_size: int = 1
+    visibility_timeout: float = 300.0
+    max_receive_count: int = 5
+    messages: list[_Message] = field(default_factory=list)
+    sent: int = 0
+    _seq: int = 0
+
+    @property
+    def arn(self) -> str:
+        return f"arn:aws:sqs:{ev.REGION}:{ev.ACCOUNT_ID}:{self.name}"
+
+    def push(self, body: str, visible_at: float, *, receives: int = 0, message_id: str = "",
+             sent_at: float = 0.0) -> str:
+        self._seq += 1
+        message_id = message_id or str(uuid.uuid4())
+        heapq.heappush(self.messages, _Message(visible_at, self._seq, message_id, body, receives, sent_at))
+        return message_id
+
+    def next_visible(self) -> float | None:
+        return self.messages[0].visible_at if self.messages else None
+
+
 def _name_of(target: Target) -> str:
     module = getattr(target, "__module__", "") or ""
     name = getattr(target, "__name__", type(target).__name__)
@@ -167,6 +220,7 @@ class LocalEventBus:
         self.events: list[dict[str, Any]] = []  # every event put, in order
         self._retries: list[_Retry] = []
         self._retry_seq = 0
+        self.queues: dict[str, LocalQueue] = {}
         self._lock = threading.RLock()
 
     # --- configuration -----------------------------------------------------------
@@ -198,6 +252,23 @@ class LocalEventBus:
         with self._lock:
             self.schedules.append(sched)
         return sched
+
+    def add_queue(self, name: str, target: Target, target_name: str | None = None, *,
+                  batch_size: int = 1, visibility_timeout: float = 300.0,
+                  max_receive_count: int = 5) -> LocalQueue:
+        queue = LocalQueue(name, target, target_name or _name_of(target), batch_size, visibility_timeout,
+                           max_receive_count)
+        with self._lock:
+            self.queues[name] = queue
+        return queue
+
+    def send(self, queue_name: str, bodies: list[str], delay_seconds: float = 0.0) -> list[str]:
+        """SendMessage(Batch): the messages become visible ``delay_seconds`` from now."""
+        now = self.clock()
+        with self._lock:
+            queue = self.queues[queue_name]
+            queue.sent += len(bodies)
+            return [queue.push(body, now + max(0.0, delay_seconds), sent_at=now) for body in bodies]
 
     # --- delivery ----------------------------------------------------------------
     def matching_rules(self, event: dict[str, Any]) -> list[Rule]:
@@ -252,6 +323,8 @@ class LocalEventBus:
                     self._retry_seq += 1
                     heapq.heappush(self._retries, _Retry(self.clock() + delays[attempt - 1],
                                                          self._retry_seq, rule, event, attempt + 1))
+                elif rule_name.startswith("sqs:"):
+                    pass  # the queue redelivers it (or dead-letters it after its receives)
                 else:
                     self.dead_letters.append(
                         DeadLetter(rule_name, target_name, event, exc, traceback.format_exc())
@@ -266,19 +339,24 @@ class LocalEventBus:
 
     # --- schedules ---------------------------------------------------------------
     def next_schedule_due(self) -> float | None:
-        """When the next schedule or retry is due."""
+        """When the next schedule, retry or queued message is due."""
         with self._lock:
             times = [s.next_due for s in self.schedules]
             if self._retries:
                 times.append(self._retries[0].due)
+            times += [t for t in (q.next_visible() for q in self.queues.values()) if t is not None]
             return min(times, default=None)
+
+    def queued(self) -> int:
+        with self._lock:
+            return sum(len(q.messages) for q in self.queues.values())
 
     def pending_retries(self) -> int:
         with self._lock:
             return len(self._retries)
 
     def fire_due(self, now: float | None = None) -> list[Delivery]:
-        """Fire every schedule and retry due at or before ``now`` (in time order)."""
+        """Fire every schedule, retry and queued message due at or before ``now`` (in time order)."""
         now = self.clock() if now is None else now
         out: list[Delivery] = []
         while True:
@@ -289,8 +367,24 @@ class LocalEventBus:
                     heapq.heappop(self._retries)
                 else:
                     retry = None
-                if retry is None and not due:
+                queue = min((q for q in self.queues.values()
+                             if q.messages and q.messages[0].visible_at <= now),
+                            key=lambda q: q.messages[0].visible_at, default=None)
+                first = min([s.next_due for s in due] + ([retry.due] if retry else []), default=None)
+                if queue is not None and (first is None or queue.messages[0].visible_at <= first):
+                    if retry is not None:  # not yet: the queued message is older
+                        heapq.heappush(self._retries, retry)
+                        retry = None
+                    batch = [heapq.heappop(queue.messages)
+                             for _ in range(min(queue.batch_size, len(queue.messages)))
+                             if queue.messages and queue.messages[0].visible_at <= now]
+                else:
+                    batch = []
+                if retry is None and not due and not batch:
                     return out
+            if batch and queue is not None:
+                out.extend(self._deliver_queue(queue, batch))
+                continue
             if retry is not None:
                 out.append(self._invoke(retry.rule.name, retry.rule.target, retry.rule.target_name,
                                         retry.event, False, rule=retry.rule, attempt=retry.attempt))
@@ -303,6 +397,40 @@ class LocalEventBus:
             with self._lock:
                 self.events.append(event)
             out.append(self._invoke(sched.name, sched.target, sched.target_name, event, False))
+
+    def _deliver_queue(self, queue: LocalQueue, batch: list[_Message]) -> list[Delivery]:
+        """One event source mapping invocation (twice when duplicating)."""
+        now = self.clock()
+        for message in batch:
+            message.receives += 1
+        records = [ev.sqs_record(m.message_id, m.body, queue.arn, receive_count=m.receives, sent_at=m.sent_at)
+                   for m in batch]
+        event = {"Records": records}
+        out: list[Delivery] = []
+        failed: set[str] = set()
+        for copy_ in range(2 if self.duplicate_delivery else 1):
+            delivery = self._invoke(f"sqs:{queue.name}", queue.target, queue.target_name, event, copy_ > 0)
+            out.append(delivery)
+            if copy_ == 0:
+                if not delivery.ok:
+                    failed = {m.message_id for m in batch}
+                elif isinstance(delivery.result, dict):
+                    failed = {str(f.get("itemIdentifier"))
+                              for f in delivery.result.get("batchItemFailures") or []}
+        with self._lock:
+            for message in batch:
+                if message.message_id not in failed:
+                    continue
+                if message.receives >= queue.max_receive_count:
+                    self.dead_letters.append(DeadLetter(
+                        f"sqs:{queue.name}", queue.target_name, {"Records": [ev.sqs_record(
+                            message.message_id, message.body, queue.arn, receive_count=message.receives,
+                            sent_at=message.sent_at)]},
+                        RuntimeError(f"received {message.receives} times"), ""))
+                else:
+                    queue.push(message.body, now + queue.visibility_timeout, receives=message.receives,
+                               message_id=message.message_id, sent_at=message.sent_at)
+        return out
 
     # --- inspection --------------------------------------------------------------
     def failures(self) -> list[Delivery]:
@@ -362,4 +490,34 @@ def wire_recovery_handlers(
         sweep = load("recovery_sweep")
         targets["recovery_sweep"] = sweep
         bus.add_schedule(SWEEP_SCHEDULE, sweep_every_seconds, sweep, "recovery_sweep")
+    targets["gang_worker"] = load("gang_worker")
+    bus.add_queue(GANG_QUEUE, targets["gang_worker"], "gang_worker", batch_size=1,
+                  visibility_timeout=GANG_VISIBILITY_TIMEOUT_SECONDS, max_receive_count=GANG_MAX_RECEIVES)
+    route_gang_queue(bus)
     return targets
+
+
+def route_gang_queue(bus: LocalEventBus) -> None:
+    """The handlers' SendMessageBatch to the gang queue lands in the bus's local queue (in
+    simulated time) instead of moto's, answered as SQS answers it."""
+    from .emulator import LocalAws
+
+    local = LocalAws.active()
+    if local is None:
+        return
+    url = local.env.get(C.ENV_GANG_QUEUE_URL, "")
+
+    def send_batch(params: dict[str, Any], context: dict[str, Any]) -> Any:
+        if params.get("QueueUrl") != url or GANG_QUEUE not in bus.queues:
+            return None
+        entries = params.get("Entries") or []
+        for entry in entries:
+            bus.send(GANG_QUEUE, [entry["MessageBody"]], float(entry.get("DelaySeconds") or 0))
+        from .ecs_sim import SimulatedEcs
+
+        return SimulatedEcs.short_circuit_response({
+            "Successful": [{"Id": e["Id"], "MessageId": str(uuid.uuid4()), "MD5OfMessageBody": ""}
+                           for e in entries],
+            "Failed": []})
+
+    local.hooks.on_before_call("sqs", "SendMessageBatch", send_batch)

@@ -16,6 +16,7 @@ Times accept epoch seconds, ``datetime`` or an ISO string and are emitted as
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -257,3 +258,25 @@ def scheduled_event(
         account=account,
         region=region,
     )
+
+
+def sqs_record(message_id: str, body: str, queue_arn: str, *, receive_count: int = 1,
+               sent_at: float | None = None, region: str = REGION) -> dict[str, Any]:
+    """One record of the event an SQS event source mapping gives its Lambda function."""
+    sent_ms = str(int((sent_at if sent_at is not None else 0.0) * 1000))
+    return {
+        "messageId": message_id,
+        "receiptHandle": f"AQEB{message_id.replace('-', '')}",
+        "body": body,
+        "attributes": {
+            "ApproximateReceiveCount": str(receive_count),
+            "SentTimestamp": sent_ms,
+            "SenderId": "AROAEXAMPLE:gpu-recovery",
+            "ApproximateFirstReceiveTimestamp": sent_ms,
+        },
+        "messageAttributes": {},
+        "md5OfBody": hashlib.md5(body.encode(), usedforsecurity=False).hexdigest(),
+        "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn,
+        "awsRegion": region,
+    }

@@ -47,10 +47,17 @@ class ScenarioResult:
     notifications: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    # job -> attempt -> node -> the fault's evidence and decision (suspect items, last fault)
+    faults: dict[str, dict[int, dict[str, dict[str, Any]]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def fault_record(self, job_id: str, attempt: int) -> dict[str, Any]:
+        """The first node's record of the fault of ``attempt`` (tests of one-node faults)."""
+        records = self.faults.get(job_id, {}).get(attempt) or {}
+        return next(iter(records.values())) if records else {}
 
     def kinds(self) -> list[str]:
         return [str(n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE)) for n in self.notifications]
@@ -71,6 +78,19 @@ class World:
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self.repo.get_job_item(job_id) or {}
+
+    def fault_records(self, job_id: str) -> dict[int, dict[str, dict[str, Any]]]:
+        """attempt -> node -> the evidence and decision of that attempt's fault."""
+        repo = self.repo
+        job = repo.get_job(job_id)
+        if job is None:
+            return {}
+        out = {attempt: repo.faults.records(job, attempt) for attempt in range(1, job.attempt + 1)}
+        return {attempt: records for attempt, records in out.items() if records}
+
+    def fault_record(self, job_id: str, attempt: int) -> dict[str, Any]:
+        records = self.fault_records(job_id).get(attempt) or {}
+        return next(iter(records.values())) if records else {}
 
     def node_item(self, name: str) -> dict[str, Any]:
         return self.repo.get_instance_item(self.sim.node(name).container_instance_id) or {}
@@ -126,6 +146,7 @@ def _finish(w: World, name: str, title: str, problems: list[str], job_ids: list[
     return ScenarioResult(
         name=name, title=title, problems=problems,
         jobs={j: w.job(j) for j in job_ids},
+        faults={j: w.fault_records(j) for j in job_ids},
         nodes={n: w.node_item(n) for n in sorted(w.sim.nodes)},
         counters=w.sim.summary(), notifications=w.local.notifications(),
         timeline=w.sim.format_timeline(), facts=facts or {})
@@ -158,7 +179,8 @@ def fast_path() -> ScenarioResult:
         _expect(problems, "job", (job.get("job_state"), job.get("attempt")), ("COMPLETE", 2))
         _expect(problems, "health checks", w.sim.counters["health_checks_started"], 0)
         _expect(problems, "reboots of node-b", w.sim.node("node-b").reboots, 1)
-        verdict = (job.get("verdicts") or {}).get(w.sim.node("node-b").container_instance_id) or {}
+        node_b = w.sim.node("node-b").container_instance_id
+        verdict = (w.fault_records("llama-fp").get(1, {}).get(node_b) or {}).get("findings") or {}
         _expect(problems, "decision", (verdict.get("source"), verdict.get("rule")), ("fast path", "xid-79"))
         return _finish(w, "fast_path", title, problems, ["llama-fp"], {"fault_to_running_seconds": mttr})
 
@@ -209,8 +231,7 @@ def relocation() -> ScenarioResult:
         _expect(problems, "reboots", w.sim.counters["reboots"], 0)
         _expect(problems, "node-b", w.node_item("node-b").get("instance_state"), "QUARANTINED")
         moves = [m.get("moves") for m in job.get("relocations", [])]
-        want = {"1": {"from": w.sim.node("node-b").container_instance_id,
-                      "to": w.sim.node("node-c").container_instance_id}}
+        want = {w.sim.node("node-b").container_instance_id: w.sim.node("node-c").container_instance_id}
         _expect(problems, "relocation record", moves, [want])
         return _finish(w, "relocation", title, problems, ["gpt-dead"],
                        {"fault_to_running_seconds": _restart_seconds(restarted)})
@@ -307,7 +328,8 @@ def persistence_mode() -> ScenarioResult:
         _expect(problems, "health checks", w.sim.counters["health_checks_started"], 1)
         _expect(problems, "node-b", w.node_item("node-b").get("instance_state"), "QUARANTINED")
         node_b = w.sim.node("node-b").container_instance_id
-        _expect(problems, "node-b verdict", (job.get("suspects") or {}).get(node_b), "OPERATOR_ACTION")
+        _expect(problems, "node-b verdict",
+                (w.fault_records("t5-config").get(1, {}).get(node_b) or {}).get("label"), "OPERATOR_ACTION")
         mails = [n for n in w.local.notifications()
                  if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "operator_action"]
         _expect(problems, "operator e-mails", len(mails), 1)

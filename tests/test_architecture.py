@@ -46,7 +46,8 @@ RUNTIME = PACKAGE / "runtime.py"
 JOBS_API = LAMBDAS / "handlers" / "jobs_api.py"
 # Every service a Lambda of this project talks to (runtime.py must name no other one:
 # see test_the_checked_services_cover_every_client_runtime_builds).
-SERVICES = ("autoscaling", "cloudwatch", "dynamodb", "ec2", "ecs", "lambda", "logs", "sns", "ssm", "sts")
+SERVICES = ("autoscaling", "cloudwatch", "dynamodb", "ec2", "ecs", "lambda", "logs", "sns", "sqs", "ssm",
+            "sts")
 RAW_CLIENT_ATTRIBUTES = ("get_paginator", "can_paginate", "generate_presigned_url")
 
 

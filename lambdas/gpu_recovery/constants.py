@@ -60,6 +60,13 @@ ENV_REMEDIATION_SETTINGS = "REMEDIATION_SETTINGS"
 ENV_RELOCATE_INSTEAD_OF_WAIT = "RELOCATE_INSTEAD_OF_WAIT"  # "true": move a job off a rebooting node
 # Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
 ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
+# Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.
+ENV_GANG_QUEUE_URL = "GANG_QUEUE_URL"  # SQS queue of stop/start batches ("": run them inline)
+ENV_ECS_API_RATE = "ECS_API_RATE_PER_SECOND"  # the stack's share of the account's 40/s
+ENV_ECS_API_BURST = "ECS_API_BURST"
+ENV_BATCH_IDENTICAL_STARTS = "BATCH_IDENTICAL_STARTS"  # "false": one StartTask per rank
+ENV_MAX_HEALTH_CHECKS_PER_JOB = "MAX_HEALTH_CHECKS_PER_JOB"
+ENV_MAX_HEALTH_CHECKS_IN_FLIGHT = "MAX_HEALTH_CHECKS_IN_FLIGHT"
 FAULT_CATALOG_LAYER_DIR = "fault-catalog"  # /opt/<dir>/override.json in the Lambda runtime
 FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 
@@ -68,6 +75,13 @@ FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 # an invocation that died: the next sweep or redelivery takes it over.
 RECOVERY_FUNCTION_TIMEOUT_SECONDS = 60
 CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
+# The gang fan-out's worker claims rank launches too, so it is a recovery function by the
+# rule above (its batches send the rest of themselves back before its time is up). Its
+# queue (infra/gang.py, local mode alike): visibility 6x the worker's timeout (AWS's
+# advice for Lambda event sources), a batch received this many times goes to the DLQ.
+GANG_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
+GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 6 * GANG_WORKER_TIMEOUT_SECONDS
+GANG_QUEUE_MAX_RECEIVES = 5
 # Telemetry: per node and signal kind, at most one notification per this many seconds;
 # stored signals not seen for the retention period are forgotten.
 ENV_HW_SIGNAL_NOTIFY_SECONDS = "HW_SIGNAL_NOTIFY_SECONDS"
@@ -237,12 +251,22 @@ DEFAULT_IDEMPOTENCY_TABLE_NAME = "gpu_job_idempotency"
 # Node quotas and their usage: one partition ("QUOTA"), one item per user and level, so
 # listing them is a Query, never a Scan.
 DEFAULT_QUOTA_TABLE_NAME = "gpu_job_quota"
+# Sparse index of health checks waiting for a slot (their job's share or the cluster's
+# limit), per owner job, oldest first: a slot given back starts the job's next one.
+INSTANCE_BY_HC_WAIT_INDEX = "by-health-check-wait"
+HC_WAIT_PK = "hc_wait_job"  # the job whose share the waiting check counts against
+HC_WAIT_SK = "hc_requested_at"  # epoch seconds (number)
+
 QUOTA_PK = "quota_bucket"
 QUOTA_SK = "quota_key"  # "<user>#<priority:03d>"
 QUOTA_BUCKET = "QUOTA"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
 # The blast-radius breaker's state: one item in the container-instance table.
 BREAKER_ITEM_KEY = "BREAKER#node-actions"
+# The stack's share of the account's ECS control-plane request bucket (a GCRA).
+ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
+# DCGM health checks running in the cluster (their slots), beside the breaker.
+HEALTH_CHECK_SLOTS_KEY = "SLOTS#health-checks"
 
 
 def job_item_key(job_id: str) -> str:
@@ -251,6 +275,47 @@ def job_item_key(job_id: str) -> str:
 
 def rank_item_key(job_id: str, rank: int) -> str:
     return f"{job_id}#{rank}"
+
+
+# Items of a job beside its job item and rank items (job ids never contain "#"). None of
+# them grows with the job's size: a suspect per node, a latch shard per 64 ranks.
+def suspect_item_key(job_id: str, attempt: int, container_inst_id: str) -> str:
+    """One suspect node of the fault of ``attempt``: its verdict and evidence."""
+    return f"{job_id}#S#a{attempt}#{container_inst_id}"
+
+
+def suspect_key_prefix(job_id: str, attempt: int) -> str:
+    return f"{job_id}#S#a{attempt}#"
+
+
+def latch_shard_key(job_id: str, attempt: int, shard: int) -> str:
+    """64 ranks' arrivals at the attempt's latches (registered, ended, done)."""
+    return f"{job_id}#L#a{attempt}#{shard}"
+
+
+def latch_head_key(job_id: str, attempt: int) -> str:
+    """The attempt's latches: which shards are complete."""
+    return f"{job_id}#L#a{attempt}"
+
+
+def refused_item_key(job_id: str) -> str:
+    """Marks a tagged job refused (too large): operators are told once."""
+    return f"{job_id}#REFUSED"
+
+
+def placement_item_key(job_id: str, attempt: int) -> str:
+    """Where the gang restart that starts ``attempt`` moves ranks off unusable nodes."""
+    return f"{job_id}#P#a{attempt}"
+
+
+def launch_plan_key(job_id: str, attempt: int, chunk: int) -> str:
+    """A queue launch's nodes (80 ranks per item): the job item keeps only their count."""
+    return f"{job_id}#LP#a{attempt}#{chunk}"
+
+
+def health_check_slots_key(job_id: str) -> str:
+    """The job's DCGM health checks running at once (its share of the cluster's)."""
+    return f"{job_id}#HC"
 
 
 def _gsi(name: str, pk: str, sk: str) -> dict[str, Any]:
@@ -361,8 +426,20 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                 {"AttributeName": INSTANCE_PK, "AttributeType": "S"},
                 {"AttributeName": DEADLINE_PK, "AttributeType": "S"},
                 {"AttributeName": DEADLINE_SK, "AttributeType": "N"},
+                {"AttributeName": HC_WAIT_PK, "AttributeType": "S"},
+                {"AttributeName": HC_WAIT_SK, "AttributeType": "N"},
             ],
-            "GlobalSecondaryIndexes": [deadline_index],
+            "GlobalSecondaryIndexes": [
+                deadline_index,
+                {
+                    "IndexName": INSTANCE_BY_HC_WAIT_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": HC_WAIT_PK, "KeyType": "HASH"},
+                        {"AttributeName": HC_WAIT_SK, "KeyType": "RANGE"},
+                    ],
+                    "Projection": keys_only,
+                },
+            ],
         },
     }
 
@@ -383,9 +460,15 @@ class NotificationKind(str, Enum):
     OBSERVED = "observed"  # observe mode: what would have been done
     BREAKER_TRIPPED = "breaker_tripped"
     RELOCATED = "relocated"
+    JOB_REFUSED = "job_refused"  # a tagged job larger than the supported size: not protected
 
 
 NOTIFICATION_KIND_ATTRIBUTE = "event_kind"
+
+# The largest job the recovery loop protects (tasks), and the queue's largest (nodes): one
+# task per GPU on 1,024 nodes of 8 GPUs. A larger tagged job is refused loudly.
+MAX_WORLD_SIZE = 8192
+MAX_QUEUE_NODES = 1024
 
 # --------------------------------------------------------------------------------------
 # ECS task tags that opt a job in to recovery
@@ -394,6 +477,10 @@ TAG_JOB_ID = "gpu-recovery:job-id"
 TAG_RANK = "gpu-recovery:rank"
 TAG_WORLD_SIZE = "gpu-recovery:world-size"
 TAG_ATTEMPT = "gpu-recovery:attempt"
+# On tasks one StartTask started for several identical ranks (one set of overrides and tags
+# for up to 10 nodes): the ranks of that call, "3,11,19" (each task is the rank planned on
+# its container instance). Training code of such jobs takes its rank from its rendezvous.
+TAG_RANKS = "gpu-recovery:ranks"
 # Optional task tags of tag-registered jobs: relocation opt-in and per-job budgets.
 TAG_RELOCATABLE = "gpu-recovery:relocatable"  # "true": may be restarted on other nodes
 TAG_MAX_INFRA_RECOVERIES = "gpu-recovery:max-infra-recoveries"

@@ -16,10 +16,14 @@ from gpu_recovery.adapters.compute import RebootAdapter
 from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
+from gpu_recovery.adapters.queue import GangQueue
 from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
+from gpu_recovery.domain.rate_limit import TokenBucket
+from gpu_recovery.ecs_budget import EcsCallBudget
 from gpu_recovery.recovery import MetricsPort, RecoveryService
 from gpu_recovery.repository import Repository
-from gpu_recovery.settings import SchedulerConfig, Settings
+from gpu_recovery.repository.rate_limit import RateLimitRepository
+from gpu_recovery.settings import SchedulerConfig, Settings, ecs_api_bucket
 
 if TYPE_CHECKING:
     from gpu_recovery.heartbeat import HeartbeatService
@@ -48,6 +52,11 @@ def repository(settings: Settings | None = None) -> Repository:
     return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
 
 
+def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket) -> EcsAdapter:
+    """ECS with the stack's shared control-plane budget (one item in the instance table)."""
+    return EcsAdapter(aws.client("ecs"), cluster, budget=EcsCallBudget(RateLimitRepository(repo), bucket))
+
+
 def fault_catalog(settings: Settings) -> FaultCatalog:
     """The shipped catalog with the deployment's override (validated at synth; validated
     again here so a hand-edited file fails the cold start loudly, not a fault later)."""
@@ -64,15 +73,18 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
         service = _services.get("recovery")
         if service is None:
             settings = Settings.from_env()
+            repo = repository(settings)
             service = RecoveryService(
-                repo=repository(settings),
-                ecs=EcsAdapter(aws.client("ecs"), settings.cluster),
+                repo=repo,
+                ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api),
                 rebooter=RebootAdapter(aws.client("ec2"), aws.client("ssm"), settings.reboot_document),
                 notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
                 verdicts=VerdictLogReader(aws.client("logs"), settings.health_check_log_group),
                 settings=settings,
                 catalog=fault_catalog(settings),
                 replacer=AutoScalingReplacer(aws.client("autoscaling")),
+                gang_queue=GangQueue(aws.client("sqs"), settings.gang_queue_url) if settings.gang_queue_url
+                else None,
             )
             _services["recovery"] = service
     if metrics is not None:
@@ -118,10 +130,11 @@ def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
         built = _services.get("heartbeat")
         if built is None or built[0] is not session:
             settings = Settings.from_env()
+            repo = repository(settings)
             service = HeartbeatService(
-                repo=HeartbeatRepository(repository(settings)),
+                repo=HeartbeatRepository(repo),
                 settings=heartbeat_settings(),
-                ecs=EcsAdapter(aws.client("ecs"), settings.cluster),
+                ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api),
                 notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
                 recovery=lambda: recovery_service(),
             )
@@ -160,10 +173,10 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
         trigger = (LambdaSchedulerTrigger(LambdaInvoker(aws.client("lambda"), settings.scheduler_function))
                    if settings.scheduler_function else NoSchedulerTrigger())
     ecs_client = aws.client("ecs")
+    base = Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
     return JobQueueService(
-        repo=JobQueueRepository(Repository(aws.resource("dynamodb"), settings.job_table,
-                                           settings.instance_table)),
-        ecs=EcsAdapter(ecs_client, settings.cluster),
+        repo=JobQueueRepository(base),
+        ecs=ecs_adapter(base, settings.cluster, ecs_api_bucket()),
         # Not cached: a submit pins the revision ECS resolves now.
         task_definitions=TaskDefinitions(ecs_client, ttl_seconds=0),
         log_reader=TrainingLogReader(aws.client("logs")),
@@ -174,6 +187,8 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
         quotas=QuotaService(QuotaRepository(aws.resource("dynamodb"), settings.sharing.quota_table),
                             settings.sharing.default_node_quotas),
         suspend_grace_seconds=settings.sharing.suspend_grace_seconds,
+        gang_queue=(GangQueue(aws.client("sqs"), settings.gang_queue_url) if settings.gang_queue_url
+                    else None),
     )
 
 

@@ -19,6 +19,7 @@ from gpu_recovery.domain.heartbeat_policy import (
     HeartbeatSettings,
 )
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
+from gpu_recovery.domain.rate_limit import DEFAULT_BURST, DEFAULT_RATE, ECS_ACCOUNT_RATE, TokenBucket
 from gpu_recovery.domain.remediation_settings import (
     SETTINGS as REMEDIATION_KEYS,
 )
@@ -34,6 +35,12 @@ from gpu_recovery.domain.time_sharing import (
     parse_priority,
 )
 from gpu_recovery.queue.access import AccessPolicy, family_of
+
+# DCGM health checks at once: per job (a 1,024-node cascade checks 128 nodes at a time, so
+# its verdicts and their log reads come in waves) and per cluster (other jobs still get
+# theirs). The job's restart waits for every verdict.
+DEFAULT_HEALTH_CHECKS_PER_JOB = 128
+DEFAULT_HEALTH_CHECKS_IN_FLIGHT = 256
 
 
 class SettingsError(ValueError):
@@ -138,6 +145,14 @@ class Settings:
     relocate_instead_of_wait: bool = False
     fault_catalog_override: str = ""  # path of the deployment's catalog override ("" = none)
     reboot_document: str = c.DEFAULT_REBOOT_DOCUMENT_NAME
+    # Large jobs: the fan-out queue ("" = batches run in the invoking function), the ECS
+    # control-plane budget shared by the stack, grouped StartTask of identical ranks, and
+    # DCGM health checks at once (per job, per cluster).
+    gang_queue_url: str = ""
+    ecs_api: TokenBucket = field(default_factory=TokenBucket)
+    batch_identical_starts: bool = True
+    max_health_checks_per_job: int = DEFAULT_HEALTH_CHECKS_PER_JOB
+    max_health_checks_in_flight: int = DEFAULT_HEALTH_CHECKS_IN_FLIGHT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -170,7 +185,29 @@ class Settings:
             relocate_instead_of_wait=_bool(env, c.ENV_RELOCATE_INSTEAD_OF_WAIT, False),
             fault_catalog_override=env.get(c.ENV_FAULT_CATALOG_OVERRIDE, ""),
             reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
+            gang_queue_url=env.get(c.ENV_GANG_QUEUE_URL, ""),
+            ecs_api=ecs_api_bucket(env),
+            batch_identical_starts=_bool(env, c.ENV_BATCH_IDENTICAL_STARTS, True),
+            max_health_checks_per_job=_int(env, c.ENV_MAX_HEALTH_CHECKS_PER_JOB,
+                                           DEFAULT_HEALTH_CHECKS_PER_JOB, minimum=1),
+            max_health_checks_in_flight=_int(env, c.ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
+                                             DEFAULT_HEALTH_CHECKS_IN_FLIGHT, minimum=1),
         )
+
+
+def ecs_api_bucket(env: Mapping[str, str] | None = None) -> TokenBucket:
+    """The stack's share of the account's ECS control-plane bucket (every function that
+    calls StartTask / StopTask / UpdateContainerInstancesState uses the same one)."""
+    env = os.environ if env is None else env
+    raw = (env.get(c.ENV_ECS_API_RATE) or "").strip()
+    try:
+        rate = float(raw) if raw else DEFAULT_RATE
+    except ValueError as error:
+        raise SettingsError(f"{c.ENV_ECS_API_RATE} must be a number, got {raw!r}") from error
+    if not 0.1 <= rate <= ECS_ACCOUNT_RATE * 25:
+        raise SettingsError(f"{c.ENV_ECS_API_RATE} must be 0.1..{ECS_ACCOUNT_RATE * 25:g}, got {rate:g}")
+    burst = _int(env, c.ENV_ECS_API_BURST, DEFAULT_BURST, minimum=1)
+    return TokenBucket(rate=rate, burst=burst)
 
 
 @dataclass(frozen=True)
@@ -273,6 +310,7 @@ class JobsApiSettings:
     default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS)
     access: AccessPolicy = field(default_factory=AccessPolicy)
     sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
+    gang_queue_url: str = ""  # a large job's cancel sends its stop batches here
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JobsApiSettings:
@@ -288,6 +326,7 @@ class JobsApiSettings:
             default_budgets=job_budget_defaults(env),
             access=access_policy(env),
             sharing=TimeSharingSettings.from_env(env),
+            gang_queue_url=(env.get(c.ENV_GANG_QUEUE_URL) or "").strip(),
         )
 
 

@@ -94,7 +94,8 @@ class Account:
 
 
 def _deploy(local: Any) -> dict[str, str]:
-    """What `cdk deploy` creates beyond LocalAws: rules + DLQs, PITR; the stack's outputs."""
+    """What `cdk deploy` creates beyond LocalAws: rules + DLQs, the gang queue's DLQ and
+    worker (its event source mapping), PITR; the stack's outputs."""
     sqs, events, ddb = local.client("sqs"), local.client("events"), local.client("dynamodb")
     outputs = {
         "ClusterName": local.cluster_name,
@@ -136,11 +137,44 @@ def _deploy(local: Any) -> dict[str, str]:
             ],
         )
         outputs[f"{name}RuleName"], outputs[f"{name}DeadLetterQueueUrl"] = rule, url
+    outputs.update(_deploy_gang_fanout(local))
     for key in doctor.TABLE_OUTPUTS:
         ddb.update_continuous_backups(
             TableName=outputs[key], PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True}
         )
     return outputs
+
+
+def _deploy_gang_fanout(local: Any) -> dict[str, str]:
+    """The gang queue (LocalAws made it) with its DLQ as infra/gang.py configures them, and
+    the worker function with its SQS event source mapping (moto stores the function)."""
+    import io
+    import zipfile
+
+    sqs, lam = local.client("sqs"), local.client("lambda")
+    dlq_url = sqs.create_queue(QueueName="GangWorkerDlq")["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"]
+    sqs.set_queue_attributes(QueueUrl=local.gang_queue_url, Attributes={
+        "VisibilityTimeout": str(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS),
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn,
+                                     "maxReceiveCount": C.GANG_QUEUE_MAX_RECEIVES})})
+    queue_arn = sqs.get_queue_attributes(QueueUrl=local.gang_queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"]["QueueArn"]
+    role = local.client("iam").create_role(RoleName="GangWorkerRole", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "lambda.amazonaws.com"}}]}))
+    code = io.BytesIO()
+    with zipfile.ZipFile(code, "w") as archive:
+        archive.writestr("handlers/gang_worker.py", "def lambda_handler(event, context):\n    return {}\n")
+    lam.create_function(FunctionName="GangWorker", Runtime="python3.12", Role=role["Role"]["Arn"],
+                        Handler="handlers.gang_worker.lambda_handler", Code={"ZipFile": code.getvalue()},
+                        Timeout=C.GANG_WORKER_TIMEOUT_SECONDS)
+    lam.create_event_source_mapping(EventSourceArn=queue_arn, FunctionName="GangWorker", BatchSize=1,
+                                    FunctionResponseTypes=["ReportBatchItemFailures"],
+                                    ScalingConfig={"MaximumConcurrency": 4})
+    return {"GangQueueUrl": local.gang_queue_url, "GangWorkerDeadLetterQueueUrl": dlq_url,
+            "GangWorkerFunctionName": "GangWorker"}
 
 
 @pytest.fixture
@@ -220,6 +254,7 @@ def test_doctor_passes_on_a_ready_account(
         "tables PITR",
         "node tokens",
         "breaker",
+        "gang queue",
     } <= checks
     assert {
         f"rule {name}"
@@ -236,6 +271,8 @@ def test_doctor_passes_on_a_ready_account(
     assert "3 registered" in gpu and "8 GPUs" in gpu and account.host("node-d") in gpu
     assert "last reports" in _one(findings, "node tokens", doctor.PASS).detail
     assert "gpu-health-check:1 ACTIVE" in _one(findings, "health check", doctor.PASS).detail
+    gang = _one(findings, "gang queue", doctor.PASS).detail
+    assert "dead-letter queue empty" in gang and "GangWorker Enabled (at most 4 at once)" in gang
     tables = _one(findings, "tables PITR", doctor.PASS).detail
     assert f"on for all {len(doctor.TABLE_OUTPUTS)}" in tables and account.local.quota_table in tables
 
@@ -273,6 +310,12 @@ def test_doctor_names_each_problem_of_a_broken_account(
         TableName=local.instance_table, PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": False}
     )
     _trip_the_breaker(local)
+    # A batch that failed every receive, and the worker's event source mapping disabled.
+    local.client("sqs").send_message(QueueUrl=account.outputs["GangWorkerDeadLetterQueueUrl"],
+                                     MessageBody=json.dumps({"op": "start", "job_id": "big", "first": 0}))
+    lam = local.client("lambda")
+    (mapping,) = lam.list_event_source_mappings(FunctionName="GangWorker")["EventSourceMappings"]
+    lam.update_event_source_mapping(UUID=mapping["UUID"], Enabled=False)
     sim.run_for(600)  # node reports are now 10 minutes old
     # The quota table deleted by hand (after the simulation, whose scheduler reads it).
     local.client("dynamodb").delete_table(TableName=local.quota_table)
@@ -312,13 +355,20 @@ def test_doctor_names_each_problem_of_a_broken_account(
     assert "10 min ago" in silent.detail and account.container_instance("node-a") in silent.detail
     tripped = _one(findings, "breaker", doctor.FAIL)
     assert "tripped" in tripped.detail and "node-z" in tripped.detail and "breaker reset" in tripped.fix
+    gang = {f.detail: f.fix for f in findings if f.check == "gang queue" and f.status == doctor.FAIL}
+    (stuck,) = [d for d in gang if "in its dead-letter queue" in d]
+    assert stuck.startswith("1 batch(es)")
+    assert "start-message-move-task --source-arn arn:aws:sqs:" in gang[stuck]
+    (disabled_mapping,) = [d for d in gang if "event source mapping" in d]
+    assert "Disabled" in disabled_mapping
+    assert f"update-event-source-mapping --uuid {mapping['UUID']} --enabled" in gang[disabled_mapping]
 
     code = main(
         ["doctor", *[f"--output={k}={v}" for k, v in account.outputs.items()]], session=account.session
     )
     out = capsys.readouterr().out
     assert code == 1
-    assert out.count("FAIL") >= 8 and "fix: aws events enable-rule" in out
+    assert out.count("FAIL") >= 10 and "fix: aws events enable-rule" in out
 
 
 def _trip_the_breaker(local: Any) -> None:
@@ -415,6 +465,21 @@ def test_admin_commands_are_a_registry() -> None:
     assert len(names) == len(set(names))
     parser = build_parser()
     required = {"issue-token": ["--node-id", "n1"], "revoke-token": ["--node-id", "n1"],
-                "breaker": ["show"], "quota": ["list"]}
+                "breaker": ["show"], "quota": ["list"], "faults": ["--job-id", "j"]}
     for name in names:
         parser.parse_args([name, *required.get(name, [])])
+
+
+def test_doctor_checks_that_the_gang_queue_sends_failures_to_its_dlq(account: Account) -> None:
+    """Given a gang queue without its redrive policy (a batch failing forever would never
+    reach the DLQ nor page), Then a FAIL naming both queues; an older stack without the gang
+    outputs skips the check."""
+    account.local.client("sqs").set_queue_attributes(QueueUrl=account.outputs["GangQueueUrl"],
+                                                     Attributes={"RedrivePolicy": ""})
+    (finding,) = [f for f in account.findings() if f.check == "gang queue"]
+    assert finding.status == doctor.FAIL and "does not send failing batches" in finding.detail
+    assert account.outputs["GangWorkerDeadLetterQueueUrl"] in finding.detail and "redeploy" in finding.fix
+    for key in (doctor.GANG_QUEUE, doctor.GANG_DLQ, doctor.GANG_WORKER):
+        account.outputs.pop(key)
+    (skipped,) = [f for f in account.findings() if f.check == "gang queue"]
+    assert skipped.status == doctor.SKIP and "GangQueueUrl" in skipped.detail

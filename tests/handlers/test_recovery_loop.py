@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState, RankState
 from local_mode.event_bus import LambdaContext
@@ -43,9 +44,11 @@ def test_ecc_fault_is_recovered_and_the_job_completes(cluster: Cluster) -> None:
     job = cluster.job("llama")
     assert job.state in (JobState.RUNNING, JobState.STARTING)
     assert job.attempt == 2 and job.recoveries_used == 1
-    assert list(job.suspects) == [cluster.sim.node("node-b").container_instance_id]
-    # The health check's JSON verdict line, read from its log stream, is kept on the job.
-    verdict = job.verdicts[cluster.sim.node("node-b").container_instance_id]
+    node_b = cluster.sim.node("node-b").container_instance_id
+    assert list(cluster.repo.faults.labels(job, attempt=1)) == [node_b]
+    # The health check's JSON verdict line, read from its log stream, is kept on the
+    # job's suspect item for the node.
+    verdict = cluster.repo.faults.get_suspect("llama", 1, node_b).findings
     assert verdict["verdict"] == "reboot" and verdict["dcgmi_exit_code"] == 226
     assert verdict["reasons"] and verdict["hostname"] == "node-b"
     assert cluster.counter("health_checks_started") == 1
@@ -273,8 +276,8 @@ def test_eight_ranks_failing_at_once_from_threads_give_one_health_check_per_inst
         assert errors == []
         job = cluster.job("wide")
         assert job.state is JobState.PENDING_HEALTHCHECK
-        assert set(job.suspects) == {cluster.sim.node("node-a").container_instance_id,
-                                     cluster.sim.node("node-b").container_instance_id}
+        assert set(cluster.repo.faults.labels(job)) == {cluster.sim.node("node-a").container_instance_id,
+                                                        cluster.sim.node("node-b").container_instance_id}
         history = [h for h in cluster.repo._jobs.get_item(
             Key={"job_id_rank": "wide#JOB"})["Item"]["history"] if h["to"] == "PENDING_HEALTHCHECK"]
         assert len(history) == 1
@@ -328,7 +331,7 @@ def test_dynamodb_outage_writes_nothing_half_way(cluster: Cluster) -> None:
     cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
     cluster.sim.run_for(2 * MIN + 30)
     job = cluster.job("ddb")
-    assert job.state is JobState.RUNNING and not job.suspects
+    assert job.state is JobState.RUNNING and not job.in_fault
     assert [r.state for r in cluster.repo.get_ranks(job)] == [RankState.RUNNING, RankState.RUNNING]
     assert cluster.counter("health_checks_started") == 0
 
@@ -525,29 +528,36 @@ def test_stop_task_outage_holds_neither_the_health_check_nor_the_recovery(cluste
 def test_restart_interrupted_half_way_is_finished_by_the_sweep(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Given the gang restart dies after starting rank 0 (Lambda timeout), When rank 0's
-    RUNNING event arrives, Then the job stays STARTING (not RUNNING with one rank) and the
-    sweep starts rank 1 once, by its deterministic startedBy."""
-    from gpu_recovery.recovery.gang_restart import GangRestart
+    """Given the gang restart dies after registering rank 0 (Lambda timeout; the one
+    StartTask of the two identical ranks had started rank 1's task too), When rank 0's
+    RUNNING event arrives, Then the job stays STARTING (not RUNNING with one rank), and the
+    sweep finds rank 1's task by its deterministic startedBy once the lease expired and
+    registers it (never a second task); the job is RUNNING only once every rank of the
+    attempt is registered."""
+    from gpu_recovery.recovery.gang import GangOps
 
     start(cluster, "half", ["node-a", "node-b"])
-    real = GangRestart._start_rank
+    real = GangOps._register
     calls = {"n": 0}
 
-    def dies_on_second(self: Any, rank: Any, attempt: int, started_by: str, node_arn: str) -> Any:
+    def dies_on_second(self: Any, *args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 2:
-            raise TimeoutError("Lambda timed out after rank 0 was started")
-        return real(self, rank, attempt, started_by, node_arn)
+            raise TimeoutError("Lambda timed out after rank 0 was registered")
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(GangRestart, "_start_rank", dies_on_second)
+    monkeypatch.setattr(GangOps, "_register", dies_on_second)
     cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable", nccl_cascade=True)
-    cluster.sim.run_for(8 * MIN)
-    assert cluster.state("half") is JobState.STARTING
-    cluster.sim.run_for(15 * MIN)
+    cluster.sim.run_for(23 * MIN)
     job = cluster.job("half")
-    assert job.state is JobState.RUNNING and job.attempt == 2
+    assert job.state is JobState.RUNNING and job.attempt == 2 and calls["n"] >= 2
     assert sorted(t.node for t in cluster.sim.running_tasks()) == ["node-a", "node-b"]
+    started = [t for t in cluster.sim.tasks.values() if t.tags.get(C.TAG_ATTEMPT) == "2"]
+    assert len(started) == 2  # rank 1 started once, after the sweep took the restart over
+    history = cluster.repo._jobs.get_item(Key={"job_id_rank": "half#JOB"})["Item"]["history"]
+    to_running = [h for h in history if h["to"] == "RUNNING" and h["from"] == "STARTING"]
+    assert len(to_running) == 1 and to_running[0]["actor"] == "recovery"
+    assert to_running[0]["at"] >= max(t.created_at for t in started)
 
 
 NO_BREAKER = {"REMEDIATION_SETTINGS": '{"breaker_enabled": "false"}'}

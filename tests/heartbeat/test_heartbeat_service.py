@@ -250,7 +250,8 @@ def test_node_lost_too_long_with_agent_disconnected_fails_and_quarantines(world)
     assert [n.kind for n in world.notifier.sent] == [NotificationKind.NODE_LOST]
     assert "Decision: replace" in world.notifier.sent[0].body
     job = world.item("j1#JOB")
-    record = job[f"fault:a1:{NODE}"]
+    record = job["last_fault"]
+    assert (record["node"], record["attempt"]) == (NODE, 1)
     assert record["plan"]["decision"]["rule_id"] == "builtin:node-unreachable"
     assert record["evidence"]["trigger"] == "node_lost"
     node = world.node_item(NODE)

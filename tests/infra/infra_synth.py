@@ -44,6 +44,13 @@ CUSTOM_CONTEXT = {
     "instance_tag_key": "team",
     "instance_tag_value": "ml-platform",
     "lambda_architecture": "arm64",
+    # Large jobs: the ECS budget, health checks at once, the gang workers, one start per rank.
+    "ecs_api_rate_per_second": "18.5",
+    "ecs_api_burst": "40",
+    "max_health_checks_per_job": "16",
+    "max_health_checks_in_flight": "64",
+    "gang_worker_concurrency": "8",
+    "batch_identical_starts": "false",
 }
 # Node agent daemon on, every heartbeat / API / queue option changed (-c style strings).
 AGENT_CONTEXT = {

@@ -46,7 +46,7 @@ def test_every_alarm_says_what_the_operator_should_do(default_synth: Synth) -> N
     """Given every alarm, Then its description is an instruction (read, fix, replay or purge)
     pointing to the runbook, within CloudWatch's 1024 characters, and it notifies the topic."""
     alarms = _alarms(default_synth)
-    assert len(alarms) == 11 + 6  # an errors alarm per function, a depth alarm per DLQ
+    assert len(alarms) == 12 + 7  # an errors alarm per function, a depth alarm per DLQ
     for alarm in alarms:
         text = alarm["AlarmDescription"]
         assert len(text) <= 900, text  # CloudWatch allows 1024, with room for the log group name
@@ -61,7 +61,8 @@ def test_every_alarm_says_what_the_operator_should_do(default_synth: Synth) -> N
 def test_a_single_failure_does_not_page(default_synth: Synth) -> None:
     """Given the errors alarms, Then none fires on one failed invocation: scheduled functions
     alarm after 3 failing one-minute runs in a row, event functions after errors in 2 of 3
-    five-minute periods, API functions after 5+ errors in 2 consecutive periods."""
+    five-minute periods, API functions after 5+ errors in 2 consecutive periods, the gang
+    worker (SQS: a failed batch is received again 6 minutes later) in 2 of 3 periods."""
     seen = set()
     for alarm in _alarms(default_synth):
         if alarm["MetricName"] != "Errors":
@@ -71,7 +72,7 @@ def test_a_single_failure_does_not_page(default_synth: Synth) -> None:
         kind = default_synth.stack.invocations[name]
         policy = (alarm["Period"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"], alarm["Threshold"])
         expected = {Invocation.SCHEDULED: (60, 3, 3, 1), Invocation.EVENT: (300, 3, 2, 1),
-                    Invocation.REQUEST: (300, 2, 2, 5)}[kind]
+                    Invocation.REQUEST: (300, 2, 2, 5), Invocation.QUEUE: (300, 3, 2, 1)}[kind]
         assert policy == expected, name
         assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
         assert alarm["TreatMissingData"] == "notBreaching"
@@ -86,13 +87,32 @@ def test_dlq_alarms_explain_retries_and_replay(default_synth: Synth) -> None:
     replayed; an event function's says the event is kept and how to replay it."""
     dlq_alarms = {a["AlarmDescription"] for a in _alarms(default_synth)
                   if a["MetricName"] == "ApproximateNumberOfMessagesVisible"}
-    assert len(dlq_alarms) == 6
+    assert len(dlq_alarms) == 7
     for name in SCHEDULED:
         (text,) = [t for t in dlq_alarms if t.startswith(f"A {name} tick")]
         assert "failed all 3 tries" in text and "purge" in text
     for name in ("TaskHandler", "DcgmMonitor", "InstanceMonitor"):
         (text,) = [t for t in dlq_alarms if t.startswith(f"An ECS event for {name}")]
         assert "replay" in text and f"{name}DeadLetterQueueUrl" in text
+    (text,) = [t for t in dlq_alarms if t.startswith("A batch of GangWorker")]
+    assert "failed 5 receives" in text and "GangWorkerDeadLetterQueueUrl" in text
+    assert "start-message-move-task" in text and "idempotent" in text
+
+
+def test_the_gang_worker_is_monitored_as_a_queue_worker(default_synth: Synth) -> None:
+    """Given the gang worker (SQS event source), Then its errors alarm says a large job's stop
+    or restart is stalled and how its batches come back; its DLQ is alarmed; the dashboard
+    shows the gang queue's backlog and the age of its oldest batch."""
+    stack = default_synth.stack
+    assert stack.invocations["GangWorker"] is Invocation.QUEUE
+    assert "GangWorker" in stack.monitoring.error_alarms and "GangWorker" in stack.monitoring.dlq_alarms
+    (errors,) = [a for a in _alarms(default_synth) if a["MetricName"] == "Errors"
+                 and _function_name_of(default_synth, a) == "GangWorker"]
+    text = errors["AlarmDescription"]
+    assert "stalled" in text and "received again" in text and "Dead-letter queues" in text
+    (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    assert "ApproximateAgeOfOldestMessage" in body and "GangFanout" in body
 
 
 def test_dashboard_shows_recoveries_mttr_dlq_breaker_and_alarms(default_synth: Synth) -> None:

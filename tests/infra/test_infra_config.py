@@ -267,6 +267,77 @@ def test_bad_time_sharing_values_fail_synthesis_naming_the_key(key: str, value: 
     assert says in str(error.value)
 
 
+def test_large_job_keys() -> None:
+    """Issue 18's keys: the ECS budget (the stack's share of the account's 40/s and its
+    burst), health checks at once per job and per cluster, the gang workers at once and
+    grouped starts; their defaults are the functions' own (one source of truth)."""
+    from gpu_recovery.domain import rate_limit
+    from gpu_recovery.settings import DEFAULT_HEALTH_CHECKS_IN_FLIGHT, DEFAULT_HEALTH_CHECKS_PER_JOB
+
+    defaults = RecoveryConfig.from_context({"cluster_name": "c"})
+    assert (defaults.ecs_api_rate_per_second, defaults.ecs_api_burst) == (36.0, 90)
+    assert (defaults.ecs_api_rate_per_second, defaults.ecs_api_burst) == (
+        rate_limit.DEFAULT_RATE, rate_limit.DEFAULT_BURST)
+    assert defaults.ecs_api_rate_per_second < rate_limit.ECS_ACCOUNT_RATE  # room for other callers
+    assert defaults.ecs_api_burst < rate_limit.ECS_ACCOUNT_BURST
+    assert (defaults.max_health_checks_per_job, defaults.max_health_checks_in_flight) == (
+        DEFAULT_HEALTH_CHECKS_PER_JOB, DEFAULT_HEALTH_CHECKS_IN_FLIGHT) == (128, 256)
+    assert defaults.gang_worker_concurrency == 4 and defaults.batch_identical_starts is True
+    config = RecoveryConfig.from_context({
+        "cluster_name": "c", "ecs_api_rate_per_second": "18.5", "ecs_api_burst": "40",
+        "max_health_checks_per_job": "16", "max_health_checks_in_flight": "64",
+        "gang_worker_concurrency": "2", "batch_identical_starts": "false"})
+    assert (config.ecs_api_rate_per_second, config.ecs_api_burst) == (18.5, 40)
+    assert (config.max_health_checks_per_job, config.max_health_checks_in_flight) == (16, 64)
+    assert config.gang_worker_concurrency == 2 and config.batch_identical_starts is False
+    edges = RecoveryConfig.from_context({"cluster_name": "c", "ecs_api_rate_per_second": 0.1,
+                                         "gang_worker_concurrency": 100})
+    assert (edges.ecs_api_rate_per_second, edges.gang_worker_concurrency) == (0.1, 100)
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("ecs_api_rate_per_second", "0", "0.1..1000"),
+    ("ecs_api_rate_per_second", "0.05", "0.1..1000"),
+    ("ecs_api_rate_per_second", "1001", "0.1..1000"),
+    ("ecs_api_rate_per_second", "fast", "0.1..1000"),
+    ("ecs_api_rate_per_second", True, "0.1..1000"),
+    ("ecs_api_burst", "0", "between 1 and 2500"),
+    ("ecs_api_burst", "2501", "between 1 and 2500"),
+    ("ecs_api_burst", "1.5", "integer 1..2500"),
+    ("max_health_checks_per_job", "0", "between 1 and 10000"),
+    ("max_health_checks_in_flight", "-3", "between 1 and 10000"),
+    ("max_health_checks_in_flight", "many", "integer 1..10000"),
+    ("gang_worker_concurrency", "1", "between 2 and 100"),  # SQS event sources: at least 2
+    ("gang_worker_concurrency", "101", "between 2 and 100"),
+    ("batch_identical_starts", "maybe", "true or false"),
+])
+def test_bad_large_job_values_fail_synthesis_naming_the_key(key: str, value: object, says: str) -> None:
+    """Given a bad large-job value, When the app is built, Then it stops before any construct
+    with a ConfigError naming the key and what it accepts."""
+    from app import build_app
+
+    app = cdk.App(context={"cluster_name": "c", key: value})
+    with pytest.raises(ConfigError, match=f"'{key}'") as error:
+        build_app(app)
+    assert says in str(error.value)
+
+
+def test_the_ecs_budget_bounds_are_the_functions_bounds() -> None:
+    """What synthesis accepts, the functions accept (settings.ecs_api_bucket), and the bounds
+    are the same: a deployable value never fails a cold start."""
+    from gpu_recovery import constants as c
+    from gpu_recovery.settings import SettingsError, ecs_api_bucket
+
+    for rate, burst in (("0.1", "1"), ("1000", "2500"), ("36", "90")):
+        config = RecoveryConfig.from_context({"cluster_name": "c", "ecs_api_rate_per_second": rate,
+                                              "ecs_api_burst": burst})
+        bucket = ecs_api_bucket({c.ENV_ECS_API_RATE: f"{config.ecs_api_rate_per_second:g}",
+                                 c.ENV_ECS_API_BURST: str(config.ecs_api_burst)})
+        assert (bucket.rate, bucket.burst) == (config.ecs_api_rate_per_second, config.ecs_api_burst)
+    with pytest.raises(SettingsError):
+        ecs_api_bucket({c.ENV_ECS_API_RATE: "1000.5"})
+
+
 @pytest.mark.parametrize(
     ("context", "named"),
     [
@@ -344,7 +415,8 @@ def test_misspelled_key_fails_naming_the_right_key() -> None:
 @pytest.mark.parametrize(("typo", "meant"), [
     ("max-recovery-attempts", "max_recovery_attempts"), ("Alert_Email", "alert_email"),
     ("dcgm_levle", "dcgm_level"), ("heartbeat_stale_secs", "heartbeat_stale_seconds"),
-    ("clustername", "cluster_name"),
+    ("clustername", "cluster_name"), ("gang-workers-concurrency", "gang_worker_concurrency"),
+    ("ecs_api_rate", "ecs_api_rate_per_second"),
 ])
 def test_did_you_mean_handles_dashes_case_and_transpositions(typo: str, meant: str) -> None:
     with pytest.raises(ConfigError, match=f"'{typo}': did you mean '{meant}'"):

@@ -21,10 +21,10 @@ SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
 SCHEDULER_HANDLER = "handlers.queue_scheduler.lambda_handler"
 HEARTBEAT_SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
 # The recovery loop (4), node API (authorizer, reports, heartbeat sweep), jobs API, scheduler,
-# job-control API (authorizer, routes).
-FUNCTION_COUNT = 11
-# One per recovery function, the heartbeat sweep's and the scheduler's.
-DLQ_COUNT = 6
+# job-control API (authorizer, routes), the gang fan-out's worker.
+FUNCTION_COUNT = 12
+# One per recovery function, the heartbeat sweep's, the scheduler's and the gang queue's.
+DLQ_COUNT = 7
 # Every-minute functions: a failed run is retried twice within 5 minutes (a throttle passes).
 SCHEDULED_HANDLERS = {"handlers.recovery_sweep.lambda_handler", SWEEP_HANDLER, SCHEDULER_HANDLER}
 
@@ -182,14 +182,17 @@ def test_rules_target_their_handlers_with_retry_and_dlq(default_synth: Synth) ->
 
 
 def test_dead_letter_queues_are_encrypted_tls_only_and_alarmed(default_synth: Synth) -> None:
-    """Given the six DLQs, Then each is SSE, 14-day, TLS-only, and alarmed to the topic."""
-    queues = default_synth.resources("AWS::SQS::Queue")
-    assert len(queues) == DLQ_COUNT
-    for q in queues.values():
+    """Given the seven DLQs (and the gang queue), Then each is SSE, TLS-only, each DLQ keeps
+    messages 14 days and is alarmed to the topic."""
+    every_queue = default_synth.resources("AWS::SQS::Queue")
+    queues = {k: q for k, q in every_queue.items() if not k.startswith("GangFanoutQueue")}
+    assert len(queues) == DLQ_COUNT and len(every_queue) == DLQ_COUNT + 1
+    for q in every_queue.values():
         assert q["Properties"]["SqsManagedSseEnabled"] is True
+    for q in queues.values():
         assert q["Properties"]["MessageRetentionPeriod"] == 14 * 24 * 3600
     policies = default_synth.resources("AWS::SQS::QueuePolicy").values()
-    assert len(policies) == DLQ_COUNT
+    assert len(policies) == DLQ_COUNT + 1
     for p in policies:
         assert any(
             s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
@@ -499,7 +502,8 @@ def test_outputs_and_dashboard(default_synth: Synth) -> None:
                 "InstanceTagKey",
                 "InstanceTagValue", "PowertoolsVersion", "PowertoolsLayerArn",
                 "TaskHandlerRuleName", "DcgmMonitorRuleName", "InstanceMonitorRuleName",
-                "RecoverySweepRuleName", "HeartbeatSweepRuleName", "QueueSchedulerRuleName"):
+                "RecoverySweepRuleName", "HeartbeatSweepRuleName", "QueueSchedulerRuleName",
+                "GangQueueUrl", "GangWorkerDeadLetterQueueUrl", "GangWorkerFunctionName"):
         assert key in outputs
     (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
@@ -526,10 +530,11 @@ def test_no_recovery_function_outlives_a_claim_lease(default_synth: Synth) -> No
     an invocation that died; that holds only if no recovery function runs longer."""
     from gpu_recovery.constants import CLAIM_LEASE_SECONDS, RECOVERY_FUNCTION_TIMEOUT_SECONDS
 
-    prefixes = ("handlers.ecs_", "handlers.dcgm_", "handlers.recovery_sweep", "handlers.heartbeat_sweep")
+    prefixes = ("handlers.ecs_", "handlers.dcgm_", "handlers.recovery_sweep", "handlers.heartbeat_sweep",
+                "handlers.gang_worker")  # the worker claims rank launches
     recovery = [r for r in default_synth.template["Resources"].values()
                 if r["Type"] == "AWS::Lambda::Function"
                 and str(r["Properties"].get("Handler", "")).startswith(prefixes)]
-    assert len(recovery) >= 4
+    assert len(recovery) >= 5
     for function in recovery:
         assert function["Properties"]["Timeout"] <= RECOVERY_FUNCTION_TIMEOUT_SECONDS < CLAIM_LEASE_SECONDS

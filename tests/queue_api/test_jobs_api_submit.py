@@ -92,7 +92,7 @@ def test_iam_identity_wins_over_local_header(api: Api) -> None:
     ("changes", "field", "message"),
     [
         ({"nnodes": 0}, "nnodes", "nnodes: must be >= 1"),
-        ({"nnodes": 257}, "nnodes", "nnodes: must be <= 256"),
+        ({"nnodes": 1025}, "nnodes", "nnodes: must be <= 1024"),
         ({"gpus_per_node": 0}, "gpus_per_node", "gpus_per_node: must be >= 1"),
         ({"gpus_per_node": 17}, "gpus_per_node", "gpus_per_node: must be <= 16"),
         ({"nnodes": "two"}, "nnodes", "nnodes: must be an integer"),

@@ -232,12 +232,15 @@ def test_crash_before_start_task_starts_the_missing_rank_once(qc, monkeypatch):
         sched.tick()
     assert len(qc.live_tasks(job)) == 1
     plan = qc.item(job)["launch"]
+    from gpu_recovery.repository.scheduling import SchedulingRepository
+
+    nodes, _ = SchedulingRepository(qc.repo).plan_nodes(job, plan["attempt"], plan["world_size"])
     qc.sim.run_for(150)
     result = qc.scheduler().tick()
     assert [r["action"] for r in result.resumed] == ["resumed"]
     tasks = sorted(qc.live_tasks(job), key=lambda t: int(t.tags[C.TAG_RANK]))
     assert len(tasks) == 2
-    assert tasks[1].node == qc.sim.node(plan["nodes"][1]).name
+    assert tasks[1].node == qc.sim.node(nodes[1]).name
     assert env_of(tasks[1])["MASTER_ADDR"] == plan["master_addr"]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,14 +65,19 @@ class FakeEcs:
     #: fail the next call of an operation: ("refuse" | "lose" | "place_nothing")
     failures: dict[str, list[str]] = field(default_factory=dict)
     spare_nodes: list[str] = field(default_factory=list)
+    start_calls: list[int] = field(default_factory=list)  # instances per StartTask call
+    prepaid: int = 0
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
         return queue.pop(0) if queue else None
 
-    def start_task(self, *, task_definition: str, container_instance_arn: str,
+    def start_task(self, *, task_definition: str, container_instance_arn: str = "",
                    overrides: dict[str, Any] | None = None, tags: list[dict[str, str]] | None = None,
-                   started_by: str = "", group: str | None = None) -> StartResult:
+                   started_by: str = "", group: str | None = None,
+                   container_instance_arns: Sequence[str] = ()) -> StartResult:
+        instances = list(container_instance_arns) or [container_instance_arn]
+        self.start_calls.append(len(instances))
         fault = self._fault("start_task")
         if fault == "refuse":
             from botocore.exceptions import ClientError
@@ -80,15 +85,24 @@ class FakeEcs:
             raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
                                "ResponseMetadata": {"HTTPStatusCode": 400}}, "StartTask")
         if fault == "place_nothing":
-            return StartResult([], [{"arn": container_instance_arn, "reason": "RESOURCE:GPU"}])
-        arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
-        self.tasks[arn] = FakeTask(arn, container_instance_arn.rsplit("/", 1)[-1], started_by, group or "")
+            return StartResult([], [{"arn": a, "reason": "RESOURCE:GPU"} for a in instances])
+        placed = {}
+        for instance in instances:
+            arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
+            self.tasks[arn] = FakeTask(arn, instance.rsplit("/", 1)[-1], started_by, group or "")
+            placed[ci_arn(instance.rsplit("/", 1)[-1])] = arn
         if fault == "lose":
             raise LostResponse("StartTask: response lost")
-        return StartResult([arn], [])
+        return StartResult(list(placed.values()), [], placed)
 
     def stop_task(self, task_arn: str, reason: str) -> None:
         self.stop_calls.append(task_arn)
+
+    def prepay(self, calls: int) -> None:
+        self.prepaid += calls
+
+    def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]:
+        return [t for t in (self.describe_task(a) for a in task_arns) if t is not None]
 
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
         task = self.tasks.get(task_arn)
@@ -211,6 +225,19 @@ class Flaky:
 
 
 @dataclass
+class FakeQueue:
+    """The gang fan-out's queue: what was sent (body, visible at), in order."""
+
+    now: list[float]
+    messages: list[tuple[dict[str, Any], float]] = field(default_factory=list)
+    sends: int = 0
+
+    def send(self, bodies: Sequence[Any], delay_seconds: int = 0) -> None:
+        self.sends += 1
+        self.messages += [(dict(b), self.now[0] + delay_seconds) for b in bodies]
+
+
+@dataclass
 class World:
     service: RecoveryService
     repo: Any
@@ -219,9 +246,22 @@ class World:
     notifier: FakeNotifier
     now: list[float]
     replacer: FakeReplacer = field(default_factory=FakeReplacer)
+    queue: FakeQueue | None = None
 
     def advance(self, seconds: float) -> None:
         self.now[0] += seconds
+
+    def drain_queue(self, *, receive_count: int = 1) -> int:
+        """Run every visible batch on the queue (as the worker would), oldest first."""
+        assert self.queue is not None
+        ran = 0
+        while True:
+            due = [m for m in self.queue.messages if m[1] <= self.now[0]]
+            if not due:
+                return ran
+            self.queue.messages.remove(due[0])
+            self.service.on_gang_batch(due[0][0], receive_count=receive_count)
+            ran += 1
 
     def register_job(self, job_id: str, nodes: list[str], attempt: int = 1) -> list[str]:
         arns = []
@@ -277,7 +317,7 @@ class World:
 
 
 @contextmanager
-def world(**settings: Any) -> Iterator[World]:
+def world(*, gang_queue: bool = False, **settings: Any) -> Iterator[World]:
     now = [1_800_000_000.0]
     with mock_aws():
         ddb = boto3.resource("dynamodb", region_name=REGION)
@@ -287,12 +327,13 @@ def world(**settings: Any) -> Iterator[World]:
         repo = Repository(ddb, "jobs", "instances")
         flaky = Flaky(repo)
         ecs, rebooter, notifier, replacer = FakeEcs(), FakeRebooter(), FakeNotifier(), FakeReplacer()
+        queue = FakeQueue(now) if gang_queue else None
         service = RecoveryService(flaky, ecs, rebooter, notifier, FakeVerdicts(),  # type: ignore[arg-type]
                                   Settings("jobs", "instances", CLUSTER, "gpu-health-check", "topic",
-                                           **settings), replacer=replacer)
-        clock.set_clock(lambda: now[0])
+                                           **settings), replacer=replacer, gang_queue=queue)
+        clock.set_clock(lambda: now[0], lambda seconds: now.__setitem__(0, now[0] + seconds))
         try:
-            yield World(service, flaky, ecs, rebooter, notifier, now, replacer)
+            yield World(service, flaky, ecs, rebooter, notifier, now, replacer, queue)
         finally:
             clock.reset_clock()
 

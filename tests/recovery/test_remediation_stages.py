@@ -54,7 +54,7 @@ def test_a_tripped_breaker_holds_the_reboot_and_keeps_it_in_its_backlog() -> Non
         assert inst.state is C.InstanceState.SUSPECT and inst.breaker_blocked["action"] == "reboot"
         assert [b["node"] for b in w.repo.get_breaker()["backlog"]] == ["x-2", FAULTY]
         job = w.repo.get_job("j")
-        assert job.state is C.JobState.FAILED and job.suspects[FAULTY] == "BLOCKED"
+        assert job.state is C.JobState.FAILED and w.repo.faults.labels(job)[FAULTY] == "BLOCKED"
         assert "not carried out" in job.last_error
 
 

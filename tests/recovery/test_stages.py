@@ -59,7 +59,7 @@ def test_the_faulty_node_is_a_suspect_when_the_peer_exit_is_processed_first() ->
         assert w.repo.get_rank("j", 1).state is RankState.STOP_REQUESTED
         fault(w, arns)
         job = w.repo.get_job("j")
-        assert set(job.suspects) == {PEER, FAULTY}
+        assert set(w.repo.faults.labels(job)) == {PEER, FAULTY}
         assert len(w.ecs.health_checks_on(FAULTY)) == 1 and len(w.ecs.health_checks_on(PEER)) == 1
 
 
@@ -69,7 +69,7 @@ def test_a_rank_our_stop_reached_is_not_a_suspect() -> None:
         fault(w, arns)
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
-        assert set(w.repo.get_job("j").suspects) == {FAULTY}
+        assert set(w.repo.faults.labels(w.repo.get_job("j"))) == {FAULTY}
         assert w.ecs.health_checks_on(PEER) == []
 
 
@@ -245,10 +245,12 @@ def test_every_node_is_checked_when_configured() -> None:
     with world(check_all_nodes_on_fault=True) as w:
         arns = w.register_job("j", [PEER, FAULTY])
         fault(w, arns)
-        assert set(w.repo.get_job("j").suspects) == {PEER, FAULTY}
+        # Each node becomes a suspect with its rank's stop (its GPUs are free only then).
+        assert set(w.repo.faults.labels(w.repo.get_job("j"))) == {FAULTY}
         assert w.ecs.health_checks_on(PEER) == []  # its rank still holds the GPUs
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        assert set(w.repo.faults.labels(w.repo.get_job("j"))) == {PEER, FAULTY}
         assert len(w.ecs.health_checks_on(PEER)) == 1
         # The restart waits for both verdicts.
         [task] = w.ecs.health_checks_on(FAULTY)

@@ -33,7 +33,7 @@ def test_application_xid_restarts_within_its_budget_and_a_repeat_earns_a_health_
         assert (job["app_restarts_used"], job["recoveries_used"]) == (1, 0)
         assert w.sim.counters["health_checks_started"] == 0 and w.sim.counters["reboots"] == 0
         assert "PENDING_RESTART" in _job_history(job) and "PENDING_HEALTHCHECK" not in _job_history(job)
-        record = next(v for k, v in job.items() if k.startswith("fault:a1:"))
+        record = w.fault_record("app-err", 1)
         assert record["plan"]["decision"]["rule_id"] == "xid-13"
         # The node's history has it too, with its evidence, though nothing was done to it.
         node_item = w.local.resource("dynamodb").Table(w.local.instance_table).get_item(
@@ -46,7 +46,7 @@ def test_application_xid_restarts_within_its_budget_and_a_repeat_earns_a_health_
         job = w.job("app-err")
         assert job["job_state"] == "FAILED"
         assert w.sim.counters["health_checks_started"] == 1 and w.sim.counters["reboots"] == 0
-        second = next(v for k, v in job.items() if k.startswith("fault:a2:"))
+        second = w.fault_record("app-err", 2)
         assert second["plan"]["decision"]["repeated"] is False  # decided after the diag
         assert "application error" in job["last_error"]
         assert not w.bus.dead_letters
@@ -117,8 +117,8 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
     earlier but waiting (too big for the free node), When node-1's GPU dies (DCGM: replace),
     Then the job goes back to the queue ahead of the earlier one (its own submission time
     kept in its queue key), and the scheduler starts it on healthy nodes with a new
-    MASTER_ADDR; its history says where each rank moved and why; the e-mail carries the
-    fault's evidence."""
+    MASTER_ADDR; its history says which node it left, where it went and why; the e-mail
+    carries the fault's evidence."""
     from handlers import queue_scheduler
 
     with world() as w:
@@ -134,7 +134,10 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         w.sim.run_for(MIN)
         early = w.job("early-job")
         assert early["job_state"] in ("QUEUED", "PENDING_RESOURCES")
-        victim = w.node_name(first["launch"]["nodes"][1].rsplit("/", 1)[-1])
+        from gpu_recovery.repository.scheduling import SchedulingRepository
+
+        nodes, _ = SchedulingRepository(w.repo).plan_nodes("q-job", 1, 2)
+        victim = w.node_name(nodes[1].rsplit("/", 1)[-1])
         w.sim.inject_gpu_fault(victim, after=MIN, health="replace", nccl_cascade=True)
         seen: list[str] = []
 
@@ -158,7 +161,10 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         (moved,) = job["relocations"]
         assert moved["reason"].startswith("node(s) unusable")
         assert moved["master_addr"] == job["launch"]["master_addr"]
-        assert any(h["reason"].startswith("relocated (attempt 2): rank 0") for h in job["history"])
+        assert moved["left"] == [w.sim.node(victim).container_instance_id] and moved["nodes"] == 2
+        left = w.sim.node(victim).container_instance_id
+        assert any(h["reason"].startswith(f"relocated (attempt 2) off {left} to 2 healthy node(s)")
+                   for h in job["history"])
         assert w.job("early-job")["job_state"] in ("QUEUED", "PENDING_RESOURCES")  # still behind it
         relocated = [n for n in w.local.notifications()
                      if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "relocated"]

@@ -20,9 +20,9 @@ def test_the_fast_path_skips_the_diag_and_its_evidence_reaches_job_node_and_mail
     at the exit (no DCGM run), and the XID is in the job's fault record, the node's fault
     history and the 'recovered' e-mail."""
     result = scenarios.fast_path()
-    job = result.jobs["llama-fp"]
+    assert result.jobs["llama-fp"]["attempt"] == 2
     node_b = next(item for name, item in result.nodes.items() if name == "node-b")
-    record = next(v for k, v in job.items() if k.startswith("fault:a1:"))
+    record = result.fault_record("llama-fp", 1)
     assert [x["xid"] for x in record["evidence"]["xids"]] == [79]
     assert record["plan"]["decision"]["skip_health_check"] is True
     assert [x["xid"] for x in node_b["fault_history"][0]["xids"]] == [79]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import ClientError
+
+from gpu_recovery.ecs_budget import CallBudget, Unlimited
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +19,8 @@ logger = logging.getLogger(__name__)
 class StartResult:
     task_arns: list[str] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    # container instance ARN -> task ARN (a StartTask on several instances starts one on each)
+    placed: dict[str, str] = field(default_factory=dict)
 
     @property
     def placement_failed(self) -> bool:
@@ -27,24 +32,50 @@ class StartResult:
 
 
 class EcsAdapter:
-    def __init__(self, ecs_client: Any, cluster: str) -> None:
+    """Every control-plane call (StartTask, StopTask, UpdateContainerInstancesState) takes
+    a token from the stack's shared budget first (``gpu_recovery.ecs_budget``)."""
+
+    def __init__(self, ecs_client: Any, cluster: str, budget: CallBudget | None = None) -> None:
         self._ecs = ecs_client
         self.cluster = cluster
+        self.budget: CallBudget = budget or Unlimited()
+        self._credits = 0
+        self._lock = threading.Lock()
+
+    def prepay(self, calls: int) -> None:
+        """Take the tokens of ``calls`` coming control-plane calls at once (one write to the
+        budget for a whole batch); may raise ``RateLimited``."""
+        if calls <= 0:
+            return
+        self.budget.acquire(calls)
+        with self._lock:
+            self._credits += calls
+
+    def _take_token(self) -> None:
+        with self._lock:
+            if self._credits > 0:
+                self._credits -= 1
+                return
+        self.budget.acquire(1)
 
     def start_task(
         self,
         *,
         task_definition: str,
-        container_instance_arn: str,
+        container_instance_arn: str = "",
         overrides: dict[str, Any] | None = None,
         tags: list[dict[str, str]] | None = None,
         started_by: str = "",
         group: str | None = None,
+        container_instance_arns: Sequence[str] = (),
     ) -> StartResult:
+        """One task on ``container_instance_arn``, or one on each of up to 10
+        ``container_instance_arns`` (one set of overrides and tags for all)."""
+        instances = list(container_instance_arns) or [container_instance_arn]
         params: dict[str, Any] = {
             "cluster": self.cluster,
             "taskDefinition": task_definition,
-            "containerInstances": [container_instance_arn],
+            "containerInstances": instances,
             "overrides": overrides or {},
         }
         # "aws:" tags are ECS-managed and rejected by StartTask: replay only ours.
@@ -55,13 +86,17 @@ class EcsAdapter:
             params["startedBy"] = started_by[:36]
         if group:
             params["group"] = group
+        self._take_token()
         response = self._ecs.start_task(**params)
+        tasks = response.get("tasks", [])
         return StartResult(
-            task_arns=[t["taskArn"] for t in response.get("tasks", [])],
+            task_arns=[t["taskArn"] for t in tasks],
             failures=list(response.get("failures", [])),
+            placed={str(t.get("containerInstanceArn", "")): t["taskArn"] for t in tasks},
         )
 
     def stop_task(self, task_arn: str, reason: str) -> None:
+        self._take_token()
         try:
             self._ecs.stop_task(cluster=self.cluster, task=task_arn, reason=reason[:255])
         except self._ecs.exceptions.InvalidParameterException as error:
@@ -73,6 +108,7 @@ class EcsAdapter:
         """StopTask for the jobs API's cancel; False when ECS refuses the ARN as one it does not
         know (InvalidParameterException or ClientException: a task long stopped and expired,
         or an ARN of another cluster). Other errors (throttling, denied) are raised."""
+        self._take_token()
         try:
             self._ecs.stop_task(cluster=self.cluster, task=task_arn, reason=reason[:255])
         except ClientError as error:
@@ -88,6 +124,16 @@ class EcsAdapter:
         response = self._ecs.describe_tasks(cluster=self.cluster, tasks=[task_arn], include=["TAGS"])
         tasks = response.get("tasks", [])
         return tasks[0] if tasks else None
+
+    def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]:
+        """Up to 100 tasks at a time (their container instances, for a grouped start)."""
+        found: list[dict[str, Any]] = []
+        arns = list(task_arns)
+        for start in range(0, len(arns), 100):
+            response = self._ecs.describe_tasks(cluster=self.cluster, tasks=arns[start:start + 100],
+                                                include=["TAGS"])
+            found.extend(response.get("tasks", []))
+        return found
 
     def tasks_started_by(self, started_by: str) -> list[str]:
         """Task ARNs (running or recently stopped) carrying a deterministic startedBy."""
@@ -153,6 +199,7 @@ class EcsAdapter:
 
     def drain(self, container_instance_arn: str) -> None:
         """Quarantine: DRAINING keeps ECS from placing new tasks on the instance."""
+        self._take_token()
         self._ecs.update_container_instances_state(
             cluster=self.cluster, containerInstances=[container_instance_arn], status="DRAINING"
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_recovery.domain.states import InstanceState, JobState, RankState
+from gpu_recovery.domain.fault_tally import FaultTally
+from gpu_recovery.domain.states import InstanceState, JobState, RankState, SuspectVerdict
 
 
 def container_instance_id(arn_or_id: str) -> str:
@@ -55,7 +56,9 @@ class Rank:
 
 @dataclass
 class Job:
-    """The job record: one per job, beside its rank items."""
+    """The job record: one per job, beside its rank items. Nothing on it grows with the
+    job's size: a fault's per-node verdicts and evidence are suspect items
+    (:class:`Suspect`), rank counts are latches (``domain.latch``)."""
 
     job_id: str
     state: JobState
@@ -65,23 +68,28 @@ class Job:
     max_recovery_attempts: int = 1  # infrastructure recoveries allowed
     app_restarts_used: int = 0  # application-error restarts used
     max_app_restarts: int = 0
-    suspects: dict[str, str] = field(default_factory=dict)  # container_inst_id -> SuspectVerdict
     fault_started_at: float | None = None
     last_error: str = ""
-    verdicts: dict[str, Any] = field(default_factory=dict)  # container_inst_id -> verdict JSON
     created_at: float = 0.0
     updated_at: float = 0.0
     source: str = "ecs-tags"  # "ecs-tags" (registered from task tags) or "queue"
     restarted_attempt: int | None = None  # the attempt the recovery loop's gang restart started
-    # Evidence and decision of every fault, "a<attempt>:<instance>" -> {evidence, plan, at}.
-    faults: dict[str, Any] = field(default_factory=dict)
-    # Relocation of the pending gang restart: rank -> {"arn", "ec2", "from"}; empty: same nodes.
-    placement: dict[str, Any] = field(default_factory=dict)
+    # The current fault's verdicts, as counts (the per-node records are suspect items).
+    tally: FaultTally = field(default_factory=FaultTally)
     relocate: bool = False  # the pending restart moves ranks off unusable nodes
+    relocated: bool = False  # the current attempt was started elsewhere (its placement item)
     restart_reason: str = ""  # why the pending restart happens (application error, transient, ...)
     # Time sharing: the suspension in progress (kind, reason, by_job, deadline_at, hold,
     # stop_requested_at once its ranks are being stopped); empty when none.
     suspend: dict[str, Any] = field(default_factory=dict)
+    # Every task of the job carries gpu-recovery:relocatable=true (queue jobs: always).
+    relocatable_tags: bool = False
+    # Fan-out of a gang's StopTasks / StartTasks: {"attempt", "why", "at", "sent_at", "rounds"}.
+    stop_fanout: dict[str, Any] = field(default_factory=dict)
+    start_fanout: dict[str, Any] = field(default_factory=dict)
+    # A fault of one rank's node that needed no suspect item (a restart in place, a job
+    # failed on its evidence, a node lost): {"attempt", "node", "at", "evidence", "plan"}.
+    last_fault: dict[str, Any] = field(default_factory=dict)
 
     @property
     def suspend_stopping(self) -> bool:
@@ -96,10 +104,30 @@ class Job:
     def is_queue_job(self) -> bool:
         return self.source == "queue"
 
+    @property
+    def in_fault(self) -> bool:
+        """The tally counts a fault of the current attempt."""
+        return self.tally.attempt == self.attempt
 
-def fault_key(attempt: int, container_inst_id: str) -> str:
-    """Key of one node's fault of one attempt in ``Job.faults``."""
-    return f"a{attempt}:{container_inst_id}"
+
+@dataclass
+class Suspect:
+    """One node suspected in one fault of a job: its verdict, the evidence and decision,
+    and the ranks that failed there (item ``<job>#S#a<attempt>#<node>``)."""
+
+    job_id: str
+    attempt: int
+    node: str  # container instance id
+    verdict: SuspectVerdict = SuspectVerdict.PENDING
+    findings: dict[str, Any] = field(default_factory=dict)  # the verdict's JSON (DCGM or fast path)
+    record: dict[str, Any] = field(default_factory=dict)  # {"at", "evidence", "plan", "label"}
+    ranks: set[int] = field(default_factory=set)
+    opened_at: float = 0.0
+    rebooting: bool = False  # its reboot holds the job's gang restart back
+
+    @property
+    def pending(self) -> bool:
+        return self.verdict is SuspectVerdict.PENDING
 
 
 @dataclass
@@ -116,6 +144,9 @@ class Instance:
     hc_start_attempts: int = 0
     hc_requested_at: float | None = None
     hc_lease_until: float | None = None  # the claimer may still be starting the task
+    hc_owner: str = ""  # the job whose share of health checks this running check holds
+    hc_claimed_at: float | None = None  # when it got its slot (its time limit runs from here)
+    hc_waiting_for_slot: bool = False  # no slot free: waits in its owner's queue
     reboot_requested_at: float | None = None
     reboot_claimed_at: float | None = None  # intent: a delivery is calling the reboot API
     reboot_issued_at: float | None = None  # confirmed: the reboot API answered

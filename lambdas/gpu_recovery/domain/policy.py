@@ -18,11 +18,12 @@ from gpu_recovery.domain.states import (
     UNUSABLE_INSTANCE_STATES,
     DcgmVerdict,
     InstanceState,
+    JobOutcome,
     JobState,
     SuspectVerdict,
 )
 
-__all__ = ["UNUSABLE_INSTANCE_STATES"]
+__all__ = ["UNUSABLE_INSTANCE_STATES", "JobOutcome"]
 
 
 # =============================================================== a training task stopped
@@ -162,27 +163,6 @@ def parse_verdict(exit_code: int | None) -> DcgmVerdict | None:
         return DcgmVerdict(exit_code)
     except ValueError:
         return None
-
-
-class JobOutcome(str, Enum):
-    """A waiting job's fate once a node decision (a verdict) of its fault is known."""
-
-    WAIT = "wait"  # other suspects of the fault still being checked
-    RESTART_AFTER_REBOOT = "restart_after_reboot"  # restart once the node is back
-    RESTART = "restart"  # no node fault: restart on the same nodes (budget permitting)
-    RELOCATE = "relocate"  # a node is unusable: restart on healthy nodes
-    FAIL_APPLICATION_ERROR = "fail_application_error"
-    FAIL_NODE_FAULT = "fail_node_fault"
-    FAIL_NO_BUDGET = "fail_no_budget"
-    FAIL_OBSERVED = "fail_observed"  # the restart itself is observe-only
-
-    @property
-    def restarts(self) -> bool:
-        return self in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.RESTART, JobOutcome.RELOCATE)
-
-    @property
-    def fails(self) -> bool:
-        return self.value.startswith("fail_")
 
 
 def job_outcome(suspects: Mapping[str, str], *, relocatable: bool) -> JobOutcome:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,6 +73,8 @@ from gpu_recovery.settings import TimeSharingSettings
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER_PORT = 29500
+# A launch stops starting ranks this long before its tick's budget is spent.
+LAUNCH_TIME_MARGIN_SECONDS = 10.0
 MAX_ATTEMPT_ENTRIES = 50
 # Container-instance attribute an operator can set (ECS_INSTANCE_ATTRIBUTES) to give a
 # node's address explicitly, e.g. for ECS Anywhere hosts.
@@ -192,6 +194,8 @@ class Launcher:
         self.task_definitions = task_definitions
         self.hosts = hosts
         self.max_launch_resumes = max_launch_resumes
+        #: seconds left of the tick's time budget (the scheduler sets it; None: no budget)
+        self.time_left: Callable[[], float] | None = None
 
     # -------------------------------------------------------------- new launch
     def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode],
@@ -217,10 +221,14 @@ class Launcher:
         current = item.get("attempt")
         attempt = int(current or 0) + 1
         now = clock.now()
+        node_arns = [n.container_instance_arn for n in nodes]
+        ec2_ids = [n.ec2_instance_id for n in nodes]
+        # The job item keeps the plan's shape; its nodes are items of their own (a 1,024-node
+        # plan is ~120 KB of ARNs).
         plan = {
             "attempt": attempt,
-            "nodes": [n.container_instance_arn for n in nodes],
-            "ec2_instance_ids": [n.ec2_instance_id for n in nodes],
+            "world_size": len(nodes),
+            "rank0_node": container_instance_id(master.container_instance_arn),
             "master_addr": master_addr,
             "master_port": spec.master_port,
         }
@@ -231,15 +239,17 @@ class Launcher:
             reason = (f"resumed (resume {count}, attempt {attempt}) on {len(nodes)} node(s)"
                       f"{_last_suspend(item)}")
         elif item.get("relocation"):
-            reason, moved = relocation_record(item, plan, now)
+            reason, moved = relocation_record(item, plan, node_arns, now)
+        plan_items = self.store.plan_updates(job_id, attempt, node_arns, ec2_ids)
         if not self.store.claim_launch(job_id, None if current is None else int(current), attempt, plan, now,
-                                       self.owner, reason, relocations=moved, charge=charge, resumed=resumed):
+                                       self.owner, reason, relocations=moved, charge=charge, resumed=resumed,
+                                       plan_items=plan_items):
             return LaunchOutcome(job_id, "raced", attempt,
                                  reason="claim lost: canceled, taken, lease lost or quota full")
         item = {**item, "attempt": attempt, "launch": plan, "job_state": JobState.STARTING.value,
                 "launch_claimed_at": now,
                 "resume_count": int(item.get("resume_count") or 0) + (1 if resumed else 0)}
-        return self._start_ranks(item, spec, attempt, plan, resume=False)
+        return self._start_ranks(item, spec, attempt, plan, resume=False, nodes=(node_arns, ec2_ids))
 
     # ---------------------------------------------------------------- resume
     def resume(self, job_id: str, entry: Mapping[str, Any]) -> LaunchOutcome:
@@ -256,7 +266,8 @@ class Launcher:
             self._finish_cancel_if_no_rank(job_id, item, attempt)
             self.store.launch_done(job_id)
             return LaunchOutcome(job_id, "abandoned", attempt, stopped, reason=state.value)
-        if resumes >= self.max_launch_resumes:
+        # A large launch may span a few ticks (each within its time budget) by design.
+        if resumes >= self.max_launch_resumes + int(item.get("world_size") or 1) // 256:
             self._stop_unregistered(item, attempt)
             return self._abort(item, attempt, list(self._registered_ranks(item, attempt).values()),
                                FailureKind.UNKNOWN, f"launch did not complete after {resumes} resume(s)")
@@ -274,7 +285,7 @@ class Launcher:
                            all_ranks: bool = False) -> list[str]:
         """Stop this attempt's tasks found by startedBy (registered ones too with ``all_ranks``)."""
         job_id = item["job_id"]
-        world_size = len((item.get("launch") or {}).get("nodes") or []) or int(item.get("world_size", 1))
+        world_size = int((item.get("launch") or {}).get("world_size") or item.get("world_size") or 1)
         registered = self._registered_ranks(item, attempt)
         if all_ranks:
             self._stop(list(registered.values()), f"launch of attempt {attempt} abandoned")
@@ -290,10 +301,10 @@ class Launcher:
 
     # ----------------------------------------------------------------- start
     def _start_ranks(self, item: dict[str, Any], spec: JobSpec, attempt: int, plan: Mapping[str, Any],
-                     *, resume: bool) -> LaunchOutcome:
+                     *, resume: bool, nodes: tuple[list[str], list[str]] | None = None) -> LaunchOutcome:
         job_id = item["job_id"]
-        world_size = len(plan["nodes"])
-        ec2_ids = list(plan.get("ec2_instance_ids") or [""] * world_size)
+        world_size = int(plan.get("world_size") or item.get("world_size") or 1)
+        node_arns, ec2_ids = nodes or self.store.plan_nodes(job_id, attempt, world_size)
         registered: list[Rank] = []
         known = self._registered_ranks(item, attempt) if resume else {}
         try:
@@ -304,7 +315,14 @@ class Launcher:
                 if rank in known:
                     registered.append(known[rank])
                     continue
-                ci_arn = plan["nodes"][rank]
+                if self.time_left is not None and self.time_left() < LAUNCH_TIME_MARGIN_SECONDS:
+                    # The tick's budget is spent: the next tick resumes it (ranks started so
+                    # far are registered; the rest are looked up by startedBy first).
+                    self.store.yield_launch(job_id)
+                    progress = f"time budget: {len(registered)} of {world_size} ranks started"
+                    return LaunchOutcome(job_id, "interrupted", attempt, [r.task_arn for r in registered],
+                                         reason=progress)
+                ci_arn = node_arns[rank]
                 sb = started_by(job_id, attempt, rank)
                 overrides = build_overrides(spec, container, job_id=job_id, rank=rank,
                                             world_size=world_size, attempt=attempt,
@@ -441,21 +459,22 @@ class Launcher:
                 logger.exception("could not stop a rank", extra={"task": rank.task_arn})
 
 
-def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any],
+def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any], nodes: list[str],
                       now: float) -> tuple[str, list[dict[str, Any]]]:
-    """A job the recovery loop relocated off a faulty node: where each rank moves and why
-    (history reason, and the job's ``relocations`` list)."""
+    """A job the recovery loop relocated off faulty nodes: which nodes it left, where rank
+    0 now is and why (history reason, and the job's ``relocations`` list). Nodes, not
+    ranks: the record stays small whatever the job's size."""
     relocation = dict(item.get("relocation") or {})
-    before = {str(k): str(v) for k, v in (relocation.get("from") or {}).items()}
-    after = {str(r): container_instance_id(arn) for r, arn in enumerate(plan["nodes"])}
-    moves = {r: {"from": before.get(r, ""), "to": node} for r, node in after.items()}
-    ordered = sorted(moves.items(), key=lambda x: int(x[0]))
-    text = ", ".join(f"rank {r} {m['from'] or '?'} -> {m['to']}" for r, m in ordered)
+    left = [str(n) for n in relocation.get("from_nodes") or []]
+    new_nodes = {container_instance_id(arn) for arn in nodes}
+    shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
     why = str(relocation.get("reason") or "node fault")
-    entry = {"at": now, "attempt": plan["attempt"], "reason": why[:500], "moves": moves,
-             "master_addr": plan.get("master_addr", "")}
+    entry = {"at": now, "attempt": plan["attempt"], "reason": why[:500], "left": left[:20],
+             "nodes": len(new_nodes), "master_addr": plan.get("master_addr", "")}
     relocations = [*(item.get("relocations") or []), entry][-MAX_ATTEMPT_ENTRIES:]
-    return f"relocated (attempt {plan['attempt']}): {text}; {why}"[:500], relocations
+    text = (f"relocated (attempt {plan['attempt']}) off {shown or 'its unusable nodes'} to "
+            f"{len(new_nodes)} healthy node(s), rank 0 on {container_instance_id(nodes[0])}")
+    return f"{text}; {why}"[:500], relocations
 
 
 def _last_suspend(item: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpu_recovery.constants import MAX_QUEUE_NODES
 from gpu_recovery.domain.job_budgets import MAX_BUDGET
 from gpu_recovery.domain.time_sharing import (
     AUTO_PRIORITY,
@@ -131,7 +132,8 @@ class JobSpec(BaseModel):
         description="Training container; default: the task definition's first container",
     )
     overrides: ContainerOverrides = Field(default_factory=ContainerOverrides)
-    nnodes: int = Field(ge=1, le=256, strict=True, description="Ranks (ECS tasks), one per node")
+    nnodes: int = Field(ge=1, le=MAX_QUEUE_NODES, strict=True,
+                        description="Ranks (ECS tasks), one per node")
     gpus_per_node: int = Field(ge=1, le=16, strict=True)
     priority: int | Literal[
         "LOW", "BELOW_NORMAL", "NORMAL", "ABOVE_NORMAL", "HIGH", "VERY_HIGH", "EXTREME_HIGH", "AUTO"

@@ -156,6 +156,7 @@ class QueueScheduler:
             return TickResult(action="busy")
         started = time.monotonic()
         budget = min(self.config.time_budget_seconds, time_budget_seconds or self.config.time_budget_seconds)
+        self.launcher.time_left = lambda: budget - (time.monotonic() - started)
         try:
             result = TickResult()
             self._resume_stuck(result)
@@ -273,7 +274,9 @@ class QueueScheduler:
         if int(item.get("attempt") or 0) != int(entry.get("attempt") or -1) or item.get("launched_at"):
             return set()
         plan = item.get("launch") or {}
-        return {container_instance_id(str(arn)) for arn in plan.get("nodes") or []}
+        nodes, _ = self.launcher.store.plan_nodes(job_id, int(entry.get("attempt") or 0),
+                                                  int(plan.get("world_size") or item.get("world_size") or 1))
+        return {container_instance_id(str(arn)) for arn in nodes if arn}
 
     def snapshot(self) -> dict[str, NodeInfo]:
         described = self.cluster.container_instances()
@@ -309,11 +312,13 @@ class QueueScheduler:
         held: set[str] = set()
         for item in self.launcher.store.jobs_in_recovery():
             job = self.repo.job_from_item(item)
-            for rank in self.repo.get_ranks(job):
-                if rank.attempt == job.attempt and rank.container_inst_id:
-                    held.add(rank.container_inst_id)
-            # A relocation's target nodes (tag-registered jobs) are the restart's too.
-            held.update(str(p.get("node")) for p in job.placement.values() if p.get("node"))
+            # Its nodes, from its latch shards (one item per 64 ranks, not every rank).
+            held |= self.repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
+            if job.relocated:
+                # A relocation's target nodes (tag-registered jobs) are the restart's too.
+                moves = self.repo.faults.placement(job.job_id, job.attempt)
+                held.update(m.get("node", "") for m in moves.values())
+        held.discard("")
         return held
 
 

@@ -58,6 +58,7 @@ from gpu_recovery.constants import (
     queue_order,
 )
 from gpu_recovery.domain.control_token import new_secret
+from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS, STOP, GangQueuePort, batches
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.models import container_instance_id, task_id
 from gpu_recovery.domain.state_machine import can_transition, check_transition
@@ -326,6 +327,7 @@ class JobQueueService:
         suspend_grace_seconds: int = DEFAULT_SUSPEND_GRACE_SECONDS,
         ecs_client: Any | None = None,
         logs_client: Any | None = None,
+        gang_queue: GangQueuePort | None = None,
     ) -> None:
         """``ecs``, ``task_definitions`` and ``log_reader`` are the adapters ``runtime.jobs_service``
         builds. ``ecs_client``/``logs_client`` (raw boto3 clients, wrapped in those adapters
@@ -346,6 +348,7 @@ class JobQueueService:
         self.scheduler: SchedulerTrigger = scheduler or NoSchedulerTrigger()
         self.capacity = capacity or ClusterCapacity(ecs)
         self.default_budgets = default_budgets  # (infrastructure recoveries, application restarts)
+        self.gang_queue = gang_queue  # a large job's cancel stops its ranks in batches
 
     # ------------------------------------------------------------------ submit
     def _authorize(self, check: Callable[[AccessPolicy], None]) -> None:
@@ -633,8 +636,10 @@ class JobQueueService:
                 return {**result, "state": state.value, "changed": False, "stopping_ranks": stopping}
             target = JobState.CANCELING if can_transition(current, JobState.CANCELING) else JobState.CANCELED
             check_transition(current, target)
+            attempt = int(item.get("attempt") or 0)
+            stop_of = attempt if target is JobState.CANCELING and attempt else None
             if not self.repo.move_job(job_id, current, target, reason=reason, actor=user,
-                                      leave_queue=True, clear_deadline=True):
+                                      leave_queue=True, clear_deadline=True, stop_ranks_of=stop_of):
                 continue
             stopping, state = self._stop_and_finish(
                 job_id, user, was_starting=current is JobState.STARTING
@@ -654,6 +659,15 @@ class JobQueueService:
         """
         item = self._item(job_id)
         job = self.repo.job_from_item(item)
+        if job.world_size > INLINE_MAX_RANKS:
+            # A large gang: its ranks are stopped in batches (the committed intent); the task
+            # handler finishes the cancel once every rank ended.
+            if self.gang_queue is not None and job.stop_fanout and not job.stop_fanout.get("sent_at"):
+                why = str(job.stop_fanout.get("why") or f"canceled by {user}")
+                self.gang_queue.send([b.body() for b in batches(
+                    STOP, job.job_id, job.attempt, job.world_size, why=why, remediation=False)])
+                self.repo.record_stop_sent(job.job_id, job.attempt, clock.now())
+            return [], job.state
         ranks = [r for r in self.repo.get_ranks(job) if r.attempt == job.attempt]
         why = f"{SYSTEM_STOP_REASON_PREFIX} canceled by {user}"
         stopping: list[int] = []

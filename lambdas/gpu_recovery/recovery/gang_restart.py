@@ -1,20 +1,24 @@
 """Stage 4: restart every rank of a job as a gang once every node it needs is back, or
 on healthy nodes when one of its nodes is unusable (relocation).
 
-The job is claimed once (PENDING_RESTART -> STARTING, attempt + 1); each rank is then
-started under a lease on its rank item with a deterministic ``startedBy``. A launch
-cut short is resumed by the sweep: a rank whose lease expired is looked up by
-``startedBy`` before it is started, so no rank ever runs twice.
+The restart waits, by the fault's tally on the job item (``domain.fault_tally``), until
+every old rank has ended (its GPUs are the restart's), every suspect's verdict is in and
+no node it waits for is still rebooting. The job is then claimed once (PENDING_RESTART ->
+STARTING, attempt + 1, with the intent to start every rank) and its ranks are started in
+batches by ``recovery.gang``: each under a lease on its rank item with a deterministic
+``startedBy``, so no rank ever runs twice. Whoever registers the last rank confirms the
+job RUNNING and tells operators; the sweep resumes a restart left half-way.
 
 Relocation (a node quarantined or replaced, or rebooting with ``relocate_instead_of_wait``)
-waits, like a restart, for every verdict of the fault and every old rank to stop; then
+waits likewise; then
 
 * a **queue job** goes back through the scheduler at the head of its priority (it keeps
   its original queue position; the scheduler picks healthy nodes and a new MASTER_ADDR);
 * a **tag-registered job** whose tasks carry ``gpu-recovery:relocatable=true`` keeps its
-  ranks on healthy nodes and moves the others to healthy free nodes: the placement
-  (rank -> node) is committed with the claim, so a resumed launch starts every rank where
-  the claim said. Other tag-registered jobs fail (their environment may pin addresses).
+  ranks on healthy nodes and moves those of each unusable node to a healthy free node:
+  the moves (node -> node) are a placement item written in the claim's transaction, so a
+  resumed launch starts every rank where the claim said. Other tag-registered jobs fail
+  (their environment may pin addresses).
 """
 
 from __future__ import annotations
@@ -26,46 +30,45 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
-from gpu_recovery.constants import (
-    CLAIM_LEASE_SECONDS,
-    TAG_RELOCATABLE,
-    NotificationKind,
-    relocated_queue_order,
-)
-from gpu_recovery.domain import policy
+from gpu_recovery.constants import NotificationKind, relocated_queue_order
 from gpu_recovery.domain.evidence import Evidence
-from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id
-from gpu_recovery.domain.relocation import SpareNode, choose_targets, describe_moves, gpu_count
+from gpu_recovery.domain.latch import Latch
+from gpu_recovery.domain.models import Job, Rank, Suspect, container_instance_id
+from gpu_recovery.domain.relocation import SpareNode, choose_targets, gpu_count
 from gpu_recovery.domain.states import (
     FATAL_SUSPECT_VERDICTS,
     UNUSABLE_INSTANCE_STATES,
     InstanceState,
     JobState,
-    RankState,
     SuspectVerdict,
 )
+from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import Deps, Outcome
-from gpu_recovery.recovery.ranks import RankOperations, RankRegistration, restart_started_by, tags_for_attempt
+from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository.scheduling import SchedulingRepository
 
 logger = logging.getLogger(__name__)
 
 RETRY_INTERVAL_SECONDS = 60
+# A restart whose batches were sent this long ago and are still not all registered is
+# sent again by the sweep (batches skip what is done).
+RESEND_AFTER_SECONDS = 120
+# Suspect nodes whose evidence one e-mail spells out; the rest are counted.
+MAX_FAULTS_IN_EMAIL = 5
 
 
 class GangRestart:
-    def __init__(self, deps: Deps, ranks: RankOperations) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps) -> None:
         self.deps = deps
         self.ranks = ranks
+        self.gang = gang
+        gang.on_started = self.on_started
+        gang.on_start_failed = self._fail_restart
 
     def relocatable(self, job: Job, ranks: list[Rank] | None = None) -> bool:
         """Queue jobs always; tag-registered jobs only when every rank's task carries
-        ``gpu-recovery:relocatable=true``."""
-        if job.is_queue_job:
-            return True
-        ranks = ranks if ranks is not None else [r for r in self.deps.repo.get_ranks(job)
-                                                 if r.attempt == job.attempt]
-        return bool(ranks) and all(r.tag_values.get(TAG_RELOCATABLE, "").lower() == "true" for r in ranks)
+        ``gpu-recovery:relocatable=true`` (kept on the job item as ranks register)."""
+        return job.is_queue_job or job.relocatable_tags
 
     def try_restart(self, job_id: str) -> Outcome:
         """Restart every rank of a job once every instance it needs is available, or
@@ -74,55 +77,76 @@ class GangRestart:
         job = repo.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_RESTART:
             return Outcome("ignored", job_id, {"why": "not pending restart"})
-        ranks = [r for r in repo.get_ranks(job) if r.attempt == job.attempt]
-        if len(ranks) != job.world_size:
-            self.fail_pending_restart(job, f"rank records of attempt {job.attempt} are incomplete "
-                                           f"({len(ranks)} of {job.world_size}): cannot restart")
-            return Outcome("restart_failed", job_id, {"why": "rank records incomplete"})
-        instances = repo.get_instances(r.container_inst_id for r in ranks)
-        unusable = sorted({i for i, inst in instances.items() if inst.state in UNUSABLE_INSTANCE_STATES}
-                          | {i for i, v in job.suspects.items()
-                             if SuspectVerdict(v) in FATAL_SUSPECT_VERDICTS and i in instances})
-        relocatable = self.relocatable(job, ranks)
+        tally = job.tally
+        if not job.in_fault:
+            self.fail_pending_restart(job, f"the fault of attempt {job.attempt} has no record: "
+                                           "cannot restart")
+            return Outcome("restart_failed", job_id, {"why": "no fault record"})
+        if not tally.ranks_ended or not tally.all_decided:
+            # Every old rank stopped (its GPUs are the restart's, or free for others when
+            # the job moves), every verdict of the fault in.
+            return Outcome("waiting", job_id, {"ranks_ended": tally.ranks_ended,
+                                               "pending_verdicts": tally.pending})
+        # Nodes of the job another fault made unusable meanwhile (read once per restart:
+        # the job's nodes from its latch shards, then their instance items).
+        elsewhere = self._unusable_nodes(job)
+        unusable = bool(tally.fatal) or job.relocate or bool(elsewhere)
+        relocatable = self.relocatable(job)
         if unusable and not relocatable:
-            self.fail_pending_restart(job, f"instance(s) {', '.join(unusable)} the job needs "
-                                           "were quarantined or marked suspect meanwhile")
-            return Outcome("restart_failed", job_id, {"unusable": unusable})
-        stopping = [r.rank for r in ranks if not r.state.is_terminal]
-        pending = policy.verdicts_pending(job.suspects)
-        if stopping or pending:
-            # Every verdict of the fault is in, every old rank stopped (its GPUs are the
-            # restart's, or free for others when the job moves).
-            return Outcome("waiting", job_id, {"stopping_ranks": stopping, "pending_verdicts": pending,
-                                               "instances": {i: s.state.value for i, s in instances.items()}})
-        rebooting = sorted(i for i, inst in instances.items() if inst.state is InstanceState.REBOOTING)
-        if relocatable and (unusable or job.relocate
-                            or (rebooting and self.deps.settings.relocate_instead_of_wait)):
-            moved = self._relocate(job, ranks, instances, unusable, rebooting)
+            named = f"instance(s) {', '.join(elsewhere[:10])} " if elsewhere else "node(s) "
+            self.fail_pending_restart(job, f"{named}the job needs were quarantined or marked suspect "
+                                           "meanwhile")
+            return Outcome("restart_failed", job_id, {"unusable": elsewhere or tally.fatal})
+        wait_reboot = tally.rebooting > 0
+        if relocatable and (unusable or (wait_reboot and self.deps.settings.relocate_instead_of_wait)):
+            moved = self._relocate(job, unusable, elsewhere)
             if moved is not None:
                 return moved
-        known = len(instances) >= len({r.container_inst_id for r in ranks})
-        if not known or not policy.gang_ready(instances.values()):
-            return Outcome("waiting", job_id, {"stopping_ranks": [], "pending_verdicts": [],
-                                               "instances": {i: s.state.value for i, s in instances.items()}})
+        if wait_reboot:
+            return Outcome("waiting", job_id, {"rebooting_nodes": tally.rebooting})
         now = clock.now()
         if not repo.claim_gang_restart(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS):
             return Outcome("duplicate", job_id)
         started = repo.get_job(job_id) or job
-        return self._launch_and_report(started, ranks)
+        return self._launch(started)
+
+    def _launch(self, job: Job) -> Outcome:
+        try:
+            sent = self.gang.start(job)
+        except Exception:
+            # The claim holds a deadline: the sweep resumes the launch.
+            logger.warning("gang restart not sent; the sweep resumes it", exc_info=True,
+                           extra={"job_id": job.job_id})
+            return Outcome("restarted_partly", job.job_id, {"attempt": job.attempt})
+        fresh = self.deps.repo.get_job(job.job_id) or job
+        if fresh.state is JobState.RUNNING and fresh.attempt == job.attempt:
+            return Outcome("restarted", job.job_id, {"attempt": job.attempt})
+        if fresh.state is JobState.FAILED:
+            return Outcome("restart_failed", job.job_id)
+        return Outcome("restarting" if sent else "restarted_partly", job.job_id, {"attempt": job.attempt})
 
     # --------------------------------------------------------------- relocation
-    def _relocate(self, job: Job, ranks: list[Rank], instances: dict[str, Instance], unusable: list[str],
-                  rebooting: list[str]) -> Outcome | None:
-        """Move the job off ``unusable`` (and, with relocate_instead_of_wait, ``rebooting``)
+    def _unusable_nodes(self, job: Job) -> list[str]:
+        nodes = self.deps.repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
+        instances = self.deps.repo.get_instances(nodes) if nodes else {}
+        return sorted(i for i, inst in instances.items() if inst.state in UNUSABLE_INSTANCE_STATES)
+
+    def _relocate(self, job: Job, unusable: bool, elsewhere: list[str] | None = None) -> Outcome | None:
+        """Move the job off its unusable (and, with relocate_instead_of_wait, rebooting)
         nodes. None: nothing to move now (wait for the reboot as usual)."""
-        leaving = sorted(set(unusable) | (set(rebooting) if self.deps.settings.relocate_instead_of_wait
-                                          else set()))
-        why = self._relocation_reason(job, unusable, rebooting)
+        suspects = self.deps.repo.faults.suspects(job.job_id, job.attempt)
+        fatal = sorted({s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS}
+                       | set(elsewhere or ()))
+        rebooting = sorted(s.node for s in suspects if s.rebooting)
+        moving_off_reboots = self.deps.settings.relocate_instead_of_wait
+        leaving = sorted(set(fatal) | (set(rebooting) if moving_off_reboots else set()))
+        why = self._relocation_reason(suspects, fatal, rebooting)
         if job.is_queue_job and unusable:
-            return self._requeue(job, ranks, why)
+            return self._requeue(job, leaving, why)
+        if not leaving:
+            return None
         try:
-            targets = self._spares_for(job, ranks, instances, leaving)
+            targets = self._spares_for(job, leaving)
         except (ClientError, BotoCoreError) as error:
             # No cluster access from this function (or throttled): the sweep tries again.
             logger.warning("relocation snapshot failed", extra={"job_id": job.job_id, "error": str(error)})
@@ -131,84 +155,82 @@ class GangRestart:
         if job.is_queue_job:
             # relocate_instead_of_wait: only when healthy free nodes exist now; otherwise the
             # reboot is the faster way back.
-            return self._requeue(job, ranks, why) if targets is not None else None
+            return self._requeue(job, leaving, why) if targets is not None else None
         if targets is None:
             if unusable:
                 self.fail_pending_restart(job, f"no healthy free node to relocate the ranks on "
                                                f"{', '.join(leaving)} ({why})")
                 return Outcome("restart_failed", job.job_id, {"why": "no spare node"})
             return None
-        placement: dict[str, dict[str, Any]] = {}
-        for rank in ranks:
-            target = targets.get(rank.rank)
-            placement[str(rank.rank)] = {
-                "from": rank.container_inst_id,
-                "node": target.node_id if target else rank.container_inst_id,
-                "arn": target.container_instance_arn if target else rank.container_instance_arn,
-                "ec2": target.ec2_instance_id if target else rank.ec2_instance_id,
-                "why": why if target else ""}
+        moves = {node: {"node": t.node_id, "arn": t.container_instance_arn, "ec2": t.ec2_instance_id,
+                        "why": why[:200]} for node, t in targets.items()}
         now = clock.now()
-        moves = describe_moves({r: (p["from"], p["node"]) for r, p in placement.items()})
-        reason = f"relocated: {moves}; {why}"
+        described = ", ".join(f"{a} -> {m['node']}" for a, m in sorted(moves.items()))
+        reason = f"relocated: {described}; {why}"
+        placement = self.deps.repo.faults.placement_update(job.job_id, job.attempt + 1, moves, reason)
         if not self.deps.repo.claim_gang_restart(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
-                                                 placement=placement, reason=reason):
+                                                 placement=placement, moves=moves, reason=reason):
             return Outcome("duplicate", job.job_id)
         self.deps.metrics.add_metric("Relocations", "Count", 1)
         started = self.deps.repo.get_job(job.job_id) or job
-        return self._launch_and_report(started, ranks)
+        return self._launch(started)
 
     @staticmethod
-    def _relocation_reason(job: Job, unusable: list[str], rebooting: list[str]) -> str:
-        if unusable:
-            labels = ", ".join(f"{i} {job.suspects.get(i, 'unusable').lower()}" for i in unusable)
-            return f"node(s) unusable: {labels}"
-        return f"node(s) rebooting ({', '.join(rebooting)}): relocate_instead_of_wait"
+    def _relocation_reason(suspects: list[Suspect], fatal: list[str], rebooting: list[str]) -> str:
+        if fatal:
+            labels = {s.node: s.verdict.value.lower() for s in suspects}
+            shown = ", ".join(f"{i} {labels.get(i, 'unusable')}" for i in fatal[:10])
+            more = f" and {len(fatal) - 10} more" if len(fatal) > 10 else ""
+            return f"node(s) unusable: {shown}{more}"
+        return f"node(s) rebooting ({', '.join(rebooting[:10])}): relocate_instead_of_wait"
 
-    def _spares_for(self, job: Job, ranks: list[Rank], instances: dict[str, Instance],
-                    leaving: list[str]) -> dict[int, SpareNode] | None:
-        """Healthy free nodes for the ranks on ``leaving`` nodes (None: not enough)."""
-        moving = [r for r in ranks if r.container_inst_id in leaving]
-        if not moving:
-            return {}
+    def _spares_for(self, job: Job, leaving: list[str]) -> dict[str, SpareNode] | None:
+        """A healthy free node for each leaving node, with at least its GPUs (None: not
+        enough). One cluster snapshot (ListContainerInstances + Describe by 100)."""
         described = self.deps.ecs.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         states = self.deps.repo.get_instances(ids) if ids else {}
-        held = self._held_by_other_recoveries(job)
-        staying = {r.container_inst_id for r in ranks if r.container_inst_id not in leaving}
+        # Nodes other recoveries restart on, and the job's own (the ranks that stay go back there).
+        held = self._held_by_other_recoveries(job) | self.deps.repo.latches.job_nodes(
+            job.job_id, job.attempt, job.world_size)
+        registered = {node_id: gpu_count(ci.get("registeredResources"))
+                      for ci, node_id in zip(described, ids, strict=True)}
         spares = []
         for ci, node_id in zip(described, ids, strict=True):
             instance = states.get(node_id)
             if ci.get("status") != "ACTIVE" or not ci.get("agentConnected") or node_id in held \
-                    or node_id in staying or node_id in leaving \
+                    or node_id in leaving \
                     or (instance is not None and instance.state is not InstanceState.AVAILABLE):
                 continue
             spares.append(SpareNode(node_id, ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")),
                                     gpu_count(ci.get("remainingResources")),
                                     gpu_count(ci.get("registeredResources"))))
-        registered = {node_id: gpu_count(ci.get("registeredResources"))
-                      for ci, node_id in zip(described, ids, strict=True)}
-        needs = {r.rank: r.gpus or registered.get(r.container_inst_id, 0) or 1 for r in moving}
-        return choose_targets(needs, spares)
+        needs = {index: registered.get(node, 0) or 1 for index, node in enumerate(leaving)}
+        chosen = choose_targets(needs, spares)
+        if chosen is None:
+            return None
+        return {leaving[index]: node for index, node in chosen.items()}
 
     def _held_by_other_recoveries(self, job: Job) -> set[str]:
-        """Nodes other jobs in recovery will restart on (their GPUs are free, not spare)."""
+        """Nodes other jobs in recovery will restart on (their GPUs are free, not spare):
+        read once per relocation, never per event."""
         held: set[str] = set()
         for item in SchedulingRepository(self.deps.repo).jobs_in_recovery():
             other = self.deps.repo.job_from_item(item)
             if other.job_id == job.job_id:
                 continue
-            for rank in self.deps.repo.get_ranks(other):
-                if rank.attempt == other.attempt and rank.container_inst_id:
-                    held.add(rank.container_inst_id)
-            held.update(str(p.get("node", "")) for p in other.placement.values())
+            held |= self.deps.repo.latches.job_nodes(other.job_id, other.attempt, other.world_size)
+            if other.relocated:
+                held.update(m.get("node", "") for m in
+                            self.deps.repo.faults.placement(other.job_id, other.attempt).values())
         return held
 
-    def _requeue(self, job: Job, ranks: list[Rank], why: str) -> Outcome:
+    def _requeue(self, job: Job, leaving: list[str], why: str) -> Outcome:
         item = self.deps.repo.get_job_item(job.job_id) or {}
         order = relocated_queue_order(int(item.get("priority") or 0),
                                       float(item.get("submitted_at") or job.created_at), job.job_id)
         relocation = {"at": clock.now(), "attempt": job.attempt, "reason": why[:500],
-                      "from": {str(r.rank): r.container_inst_id for r in ranks}}
+                      "from_nodes": leaving[:64]}
         if not self.deps.repo.requeue_for_relocation(
                 job, queue_order=order, relocation=relocation,
                 reason=f"relocation: back in the queue at the head of its priority ({why})"):
@@ -224,27 +246,17 @@ class GangRestart:
             operator_action="Nothing for the job; look after the faulty node.",
             # Still the fault's attempt: the scheduler starts the next one.
             details=self._fault_lines(fresh, fresh.attempt))
-        return Outcome("relocated", job.job_id, {"via": "queue", "from": relocation["from"]})
+        return Outcome("relocated", job.job_id, {"via": "queue", "from": leaving})
 
-    def resume(self, job: Job) -> str:
-        """The sweep: finish a gang restart an invocation left half-way, then confirm it
-        RUNNING once every rank is registered (its RUNNING events may be lost)."""
-        previous = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt - 1]
-        if previous and self._launch_and_report(job, previous).action == "restart_failed":
-            return "restart_failed"
-        if self.confirm_running(job, "restart launched", actor="sweep"):
-            return "restart_confirmed"
-        self.deps.repo.rearm_job(job, clock.now() + RETRY_INTERVAL_SECONDS)
-        return "restart_resuming" if previous else "restart_waiting"
-
-    def _launch_and_report(self, job: Job, previous: list[Rank]) -> Outcome:
-        """Launch what this invocation may; whoever starts the last rank reports the recovery."""
-        launched = self._launch(job, previous)
-        if launched is None:
-            return Outcome("restart_failed", job.job_id)
-        left = [r.rank for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt - 1]
-        if left or not launched:
-            return Outcome("restarted_partly", job.job_id, {"attempt": job.attempt, "not_started": left})
+    # ------------------------------------------------------------- completion
+    def on_started(self, job: Job) -> bool:
+        """Every rank of the restarted attempt is registered: RUNNING (once), and operators
+        are told by whoever made it so."""
+        if job.state is not JobState.STARTING or job.restarted_attempt != job.attempt:
+            return False
+        if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, "every rank restarted",
+                                                  actor="recovery"):
+            return False
         self.deps.metrics.add_metric("Recoveries", "Count", 1)
         if job.fault_started_at:
             self.deps.metrics.add_metric("TimeToRestartSeconds", "Seconds",
@@ -258,34 +270,73 @@ class GangRestart:
                             "replacement automatically.",
             details=self._fault_lines(job, job.attempt - 1),
         )
-        return Outcome("restarted", job.job_id, {"attempt": job.attempt, "tasks": launched})
+        return True
 
-    @staticmethod
-    def _what_was_done(job: Job) -> str:
+    def resume(self, job: Job) -> str:
+        """The sweep: a gang restart is confirmed once every rank is registered (its RUNNING
+        events may be lost), or its batches are sent again if they were never sent or have
+        not finished after a while."""
+        if Latch.REGISTERED in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size):
+            return "restart_confirmed" if self.on_started(job) else "restart_raced"
+        now = clock.now()
+        sent_at = float(job.start_fanout.get("sent_at") or 0.0)
+        action = "restart_waiting"
+        if not sent_at or now >= sent_at + RESEND_AFTER_SECONDS:
+            action = "restart_resuming"
+            self._launch(job)
+        fresh = self.deps.repo.get_job(job.job_id)
+        if fresh is not None and fresh.state is JobState.STARTING and fresh.attempt == job.attempt:
+            self.deps.repo.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
+        return action
+
+    def confirm_running(self, job: Job, reason: str, actor: str = "recovery") -> bool:
+        """STARTING -> RUNNING only once every rank of the attempt is registered."""
+        if Latch.REGISTERED not in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size):
+            return False
+        return self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason, actor)
+
+    # ------------------------------------------------------------ notifications
+    def _what_was_done(self, job: Job) -> str:
+        """What the recovery did, in a line (a few suspect nodes named, the others counted)."""
+        tally = job.tally
         done = []
-        checked = sorted(i for i, v in job.verdicts.items() if (v or {}).get("source") != "fast path")
-        if checked:
-            done.append(f"DCGM health check of {', '.join(checked)}")
-        fast = sorted(i for i, v in job.verdicts.items() if (v or {}).get("source") == "fast path")
-        if fast:
-            done.append(f"no DCGM diag for {', '.join(fast)} (definitive evidence)")
-        rebooted = sorted(i for i, v in job.suspects.items() if v == SuspectVerdict.REBOOT.value)
-        if rebooted:
-            done.append(f"reboot of {', '.join(rebooted)}")
-        moves = {r: (p.get("from", ""), p.get("node", "")) for r, p in job.placement.items()}
-        if any(a != b for a, b in moves.values()):
-            done.append(f"relocated {describe_moves(moves)}")
-        if not job.suspects and job.restart_reason:
+        if tally.attempt == job.attempt - 1 and tally.decided:
+            shown = self.deps.repo.faults.suspects(job.job_id, tally.attempt, limit=MAX_FAULTS_IN_EMAIL)
+            fast = sorted(s.node for s in shown if s.findings.get("source") == "fast path")
+            checked = sorted(s.node for s in shown if s.node not in fast)
+            more = tally.decided - len(shown)
+            if checked:
+                done.append(f"DCGM health check of {', '.join(checked)}")
+            if fast:
+                done.append(f"no DCGM diag for {', '.join(fast)} (definitive evidence)")
+            if more > 0:
+                done.append(f"and {more} more suspect node(s) judged")
+            rebooted = sorted(s.node for s in shown if s.verdict is SuspectVerdict.REBOOT)
+            if rebooted or tally.reboot:
+                extra = tally.reboot - len(rebooted)
+                more_reboots = f" and {extra} more" if extra > 0 else ""
+                done.append(f"reboot of {', '.join(rebooted) or 'nodes'}{more_reboots}")
+            if tally.fatal:
+                done.append(f"{tally.fatal} node(s) unusable")
+        if job.relocated:
+            moves = self.deps.repo.faults.placement(job.job_id, job.attempt)
+            shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])
+            done.append(f"relocated the ranks of {len(moves)} node(s) ({shown_moves})")
+        if not tally.decided and job.restart_reason:
             done.append(f"restart without node action ({job.restart_reason})")
         return "; ".join(done) or "gang restart"
 
-    @staticmethod
-    def _fault_lines(job: Job, attempt: int) -> list[str]:
-        """The evidence and decision of every node of the fault of ``attempt``."""
+    def _fault_lines(self, job: Job, attempt: int) -> list[str]:
+        """The evidence and decision of the fault of ``attempt``: a few nodes spelled out,
+        the others counted (an e-mail stays small whatever the job's size)."""
         lines: list[str] = []
-        for key, record in sorted(job.faults.items()):
-            if not key.startswith(f"a{attempt}:") or not isinstance(record, dict):
-                continue
+        records: list[tuple[str, dict[str, Any]]] = []
+        last = job.last_fault
+        if last and int(last.get("attempt") or 0) == attempt:
+            records.append((str(last.get("node", "")), last))
+        suspects = self.deps.repo.faults.suspects(job.job_id, attempt, limit=MAX_FAULTS_IN_EMAIL)
+        records += [(s.node, s.record) for s in suspects if s.record]
+        for node, record in records[:MAX_FAULTS_IN_EMAIL]:
             if record.get("evidence"):
                 # An older record may not parse: the decision line below still says what happened.
                 with contextlib.suppress(KeyError, TypeError, ValueError):
@@ -293,66 +344,24 @@ class GangRestart:
             plan = record.get("plan") or {}
             decision = plan.get("decision") or {}
             if plan:
-                lines.append(f"Decision for {key.split(':', 1)[1]}: {plan.get('action', '?')} "
-                             f"({decision.get('reason', '')})")
+                lines.append(f"Decision for {node}: {plan.get('action', '?')} ({decision.get('reason', '')})")
+        total = job.tally.total if job.tally.attempt == attempt else None
+        if total is not None and total > MAX_FAULTS_IN_EMAIL:
+            lines.append(f"... and {total - MAX_FAULTS_IN_EMAIL} more suspect node(s): "
+                         f"`gpu-recovery-admin faults --job-id {job.job_id} --attempt {attempt}` "
+                         "lists them all")
         return lines
 
-    def confirm_running(self, job: Job, reason: str, actor: str = "recovery") -> bool:
-        """STARTING -> RUNNING only once every rank of the attempt is registered."""
-        current = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
-        if len(current) < job.world_size:
-            return False
-        return self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason, actor)
-
-    def _launch(self, job: Job, previous: list[Rank]) -> list[str] | None:
-        """Start every rank of ``job.attempt`` whose lease this invocation wins."""
-        attempt = job.attempt
-        launched: list[str] = []
-        for rank in sorted(previous, key=lambda r: r.rank):
-            now = clock.now()
-            retaken = rank.launch_attempt == attempt  # an earlier invocation held this lease
-            if not self.deps.repo.claim_rank_launch(rank, attempt, now + CLAIM_LEASE_SECONDS, now):
-                continue  # another invocation is starting it (or it is registered already)
-            started_by = restart_started_by(job.job_id, attempt, rank.rank)
-            target = job.placement.get(str(rank.rank)) or {}
-            node_arn = str(target.get("arn") or rank.container_instance_arn or rank.container_inst_id)
-            ec2_id = str(target.get("ec2") or rank.ec2_instance_id) if target else rank.ec2_instance_id
-            found = self.deps.ecs.tasks_started_by(started_by) if retaken else []
-            task_arn = found[0] if found else self._start_rank(rank, attempt, started_by, node_arn)
-            if task_arn is None:
-                self._fail_restart(job, rank, attempt)
-                return None
-            self.ranks.register_rank(RankRegistration(
-                job_id=job.job_id, rank=rank.rank, world_size=job.world_size, attempt=attempt,
-                task_arn=task_arn, task_definition_arn=rank.task_definition_arn,
-                container_instance_arn=node_arn, ec2_instance_id=ec2_id,
-                overrides=rank.overrides, tags=tags_for_attempt(rank.tags, attempt), group=rank.group,
-                started_by=started_by, state=RankState.STARTING, gpus=rank.gpus,
-            ))
-            launched.append(task_arn)
-        return launched
-
-    def _start_rank(self, rank: Rank, attempt: int, started_by: str, node_arn: str) -> str | None:
-        for _ in range(self.deps.settings.restart_start_retries):
-            result = self.deps.ecs.start_task(
-                task_definition=rank.task_definition_arn,
-                container_instance_arn=node_arn,
-                overrides=rank.overrides, tags=tags_for_attempt(rank.tags, attempt),
-                started_by=started_by, group=rank.group or None,
-            )
-            if result.task_arns:
-                return result.task_arns[0]
-            logger.warning("restart placement failed", extra={
-                "job_id": rank.job_id, "rank": rank.rank, "reasons": result.reasons()})
-        return None
-
-    def _fail_restart(self, job: Job, rank: Rank, attempt: int) -> None:
-        reason = f"could not start rank {rank.rank} on {rank.container_inst_id} for attempt {attempt}"
-        if self.deps.repo.finish_job(job.job_id, None, JobState.FAILED, reason,
-                                     fields={"last_error": reason}):
+    # ------------------------------------------------------------------ failing
+    def _fail_restart(self, job: Job, rank: Rank, why: str) -> None:
+        reason = (f"could not start rank {rank.rank} on {rank.container_inst_id} for attempt {job.attempt}: "
+                  f"{why}")
+        if self.deps.repo.finish_job(job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
+                                     stop_ranks_of=job.attempt, stop_why="restart failed"):
             self.deps.metrics.add_metric("Failures", "Count", 1)
             fresh = self.deps.repo.get_job(job.job_id) or job
-            self.ranks.stop_live_ranks(fresh, why="restart failed")
+            with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
+                self.gang.stop(fresh)
             self.ranks.notify(fresh, None, NotificationKind.FAILED, "Job failed: restart failed",
                               what_happened=reason, what_was_done="Job marked FAILED; started ranks stopped",
                               operator_action="Check the cluster's capacity and the instance, then "
@@ -366,3 +375,6 @@ class GangRestart:
                               what_happened=reason, what_was_done="Job marked FAILED",
                               operator_action="Repair or replace the node, set it ACTIVE again, and "
                                               "resubmit the job.")
+
+
+__all__ = ["GangRestart", "SuspectVerdict"]

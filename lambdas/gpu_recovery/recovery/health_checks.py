@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +28,7 @@ from gpu_recovery.domain import policy
 from gpu_recovery.domain.escalation import history_from_item
 from gpu_recovery.domain.evidence import DcgmFindings, Evidence
 from gpu_recovery.domain.fault_vocabulary import Trigger
-from gpu_recovery.domain.models import Instance, Job, container_instance_id, fault_key
+from gpu_recovery.domain.models import Instance, Job, container_instance_id
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
@@ -42,6 +43,7 @@ from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation import JobOutcome, NodeRemediation, rebuild
+from gpu_recovery.repository.health_check_slots import Claim
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,9 @@ RETRY_INTERVAL_SECONDS = 60
 # arrived is read from DescribeTasks instead.
 POLL_SECONDS = 300
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
-_VERDICT_ROUNDS = 3
+# A verdict's transaction fails when another verdict of the same job lands first (both
+# count on the job's tally): decide again on fresh counts, a few times.
+_VERDICT_ROUNDS = 8
 
 
 def health_check_started_by(instance: Instance) -> str:
@@ -98,15 +102,23 @@ class HealthChecks:
         else:
             return f"instance_{instance.state.value.lower()}"
         result = "joined_reboot" if label is SuspectVerdict.REBOOT else "instance_quarantined"
-        if job.suspects.get(inst_id) == label.value:
-            return result  # recorded by an earlier delivery
-        history = history_from_item(instance.fault_history)
-        record, outcome = self.remediation.job_verdict(job, inst_id, label, None, None, findings, history,
-                                                       clock.now())
-        restart = outcome == JobOutcome.RESTART_AFTER_REBOOT
-        if self.deps.repo.record_verdict_of_busy_instance(instance, record, restart):
-            self.remediation.notify_outcome(job, outcome, instance, None, None)
-        return result
+        for _ in range(_VERDICT_ROUNDS):
+            suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+            if suspect is not None and not suspect.pending:
+                return result  # recorded by an earlier delivery
+            history = history_from_item(instance.fault_history)
+            record, outcome = self.remediation.job_verdict(job, inst_id, label, None, None, findings, history,
+                                                           clock.now())
+            if self.deps.repo.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot):
+                self.remediation.notify_outcome(job, outcome, instance, None, None)
+                if outcome.restarts:
+                    self.restarts.try_restart(job.job_id)
+                return result
+            fresh = self.deps.repo.get_job(job.job_id)
+            if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
+                return "moved_on"
+            job = fresh
+        return "raced"
 
     def _diag_observed(self, job: Job, inst_id: str) -> str:
         """Observe mode for the diag (``health_check=observe``): a suspect that reached the
@@ -115,7 +127,8 @@ class HealthChecks:
         and restarts are enforced) or fails in the job table only; the node's last fault
         says what would have been done; one e-mail."""
         repo = self.deps.repo
-        if job.suspects.get(inst_id) != SuspectVerdict.PENDING.value:
+        suspect = repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+        if suspect is not None and not suspect.pending:
             return "observed"
         raw = repo.get_instance_item(inst_id)
         if raw is None:
@@ -161,7 +174,8 @@ class HealthChecks:
             return self._start(instance, instance.hc_started_by, look_up_first=True)
         if instance.state is not InstanceState.HEALTH_CHECK_PENDING:
             return None
-        if instance.hc_start_attempts and (instance.deadline_at or 0.0) > now:
+        if instance.hc_start_attempts and not instance.hc_waiting_for_slot \
+                and (instance.deadline_at or 0.0) > now:
             return None  # a failed start backs off until its retry time (the sweep's)
         busy = self.deps.repo.live_ranks_on_instance(inst_id)
         if busy:
@@ -169,9 +183,31 @@ class HealthChecks:
                 "instance": inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
             return None
         started_by = health_check_started_by(instance)
-        if not self.deps.repo.claim_health_check(instance, started_by, now + CLAIM_LEASE_SECONDS):
+        owner = min(instance.hc_jobs) if instance.hc_jobs else ""
+        settings = self.deps.settings
+        claimed = self.deps.repo.claim_health_check(
+            instance, started_by, now + CLAIM_LEASE_SECONDS, owner=owner,
+            per_job=settings.max_health_checks_per_job, cluster=settings.max_health_checks_in_flight, now=now)
+        if claimed in (Claim.CLUSTER_FULL, Claim.JOB_FULL):
+            if not instance.hc_waiting_for_slot:
+                self.deps.repo.wait_for_health_check_slot(instance, owner, now)
+                logger.info("health check waits for a slot", extra={"instance": inst_id, "job_id": owner,
+                                                                    "why": claimed.value})
             return None
-        return self._start(instance, started_by, look_up_first=False)
+        if claimed is not Claim.CLAIMED:
+            return None
+        claim = replace(instance, state=InstanceState.HEALTH_CHECKING, hc_owner=owner,
+                        hc_started_by=started_by, hc_claimed_at=now)
+        return self._start(claim, started_by, look_up_first=False)
+
+    def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
+        """A slot of ``job_id``'s was given back: start its next waiting checks."""
+        started = []
+        for inst_id in self.deps.repo.slots.waiting(job_id, limit):
+            task = self.start_if_ready(inst_id)
+            if task:
+                started.append(inst_id)
+        return started
 
     def _start(self, instance: Instance, started_by: str, *, look_up_first: bool) -> str | None:
         inst_id = instance.container_inst_id
@@ -190,15 +226,16 @@ class HealthChecks:
             )
         except Exception as error:
             if refused(error):  # nothing was started: the next try may start it
-                repo.release_health_check_claim(inst_id, started_by, placement_failed=False,
+                repo.release_health_check_claim(instance, started_by, placement_failed=False,
                                                 retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
             # Otherwise it may have started: the lease expires and the next try looks it up.
             raise
         if not result.task_arns:
             logger.warning("health check could not be placed", extra={
                 "instance": inst_id, "reasons": result.reasons(), "attempt": instance.hc_start_attempts + 1})
-            repo.release_health_check_claim(inst_id, started_by, placement_failed=True,
+            repo.release_health_check_claim(instance, started_by, placement_failed=True,
                                             retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
+            self._kick_after_release(instance)
             return None
         task_arn = result.task_arns[0]
         self._record_task(instance, started_by, task_arn)
@@ -206,9 +243,18 @@ class HealthChecks:
         logger.info("health check started", extra={"instance": inst_id, "task": task_arn})
         return task_arn
 
+    def _kick_after_release(self, instance: Instance) -> None:
+        if instance.hc_owner:
+            try:
+                self.kick(instance.hc_owner)
+            except Exception:  # the sweep looks at every job's queue each minute
+                logger.warning("next health check not started", exc_info=True,
+                               extra={"job_id": instance.hc_owner})
+
     def _record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
         now = clock.now()
-        timeout_at = (instance.hc_requested_at or now) + self.deps.settings.health_check_timeout_seconds
+        started = instance.hc_claimed_at or instance.hc_requested_at or now
+        timeout_at = started + self.deps.settings.health_check_timeout_seconds
         self.deps.repo.record_health_check_task(instance.container_inst_id, started_by, task_arn,
                                                 min(timeout_at, now + POLL_SECONDS))
 
@@ -216,7 +262,8 @@ class HealthChecks:
     def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.deps.repo
-        for _ in range(_VERDICT_ROUNDS):
+        log_findings: dict[str, Any] | None = None
+        for round_ in range(_VERDICT_ROUNDS):
             raw = repo.get_instance_item(inst_id) if inst_id else None  # read once per round
             instance = repo.instance_from_item(raw) if raw else None
             if instance is None or raw is None:
@@ -226,12 +273,16 @@ class HealthChecks:
                 or (instance.hc_task_arn and detail.taskArn == instance.hc_task_arn))
             if not ours:
                 return self.reboots.converge_after_verdict(instance)
-            outcome = self._apply(instance, raw, detail)
+            if log_findings is None and policy.parse_verdict(detail.exit_code()) is not None:
+                log_findings = self.deps.verdicts.read_verdict(detail.taskArn) or {}  # once per event
+            outcome = self._apply(instance, raw, detail, log_findings or {})
             if outcome is not None:
                 return outcome
+            clock.sleep(random.uniform(0, 0.05 * (round_ + 1)))  # another verdict of the job landed first
         return Outcome("duplicate", detail={"instance": inst_id})
 
-    def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail) -> Outcome | None:
+    def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail,
+               log_findings: dict[str, Any]) -> Outcome | None:
         """None when the write lost a race (a job joined meanwhile): read and try again."""
         inst_id = instance.container_inst_id
         repo = self.deps.repo
@@ -241,12 +292,13 @@ class HealthChecks:
             # The check itself did not run (image pull, OOM, ...): run it again.
             logger.warning("health check ended without a verdict", extra={
                 "instance": inst_id, "exit_code": exit_code, "reason": detail.stoppedReason})
-            if not repo.retry_health_check(inst_id, instance.hc_started_by,
+            if not repo.retry_health_check(instance, instance.hc_started_by,
                                            clock.now() + RETRY_INTERVAL_SECONDS):
                 return None
+            self._kick_after_release(instance)
             return Outcome("health_check_retry", detail={"instance": inst_id})
         findings = {"exit_code": exit_code, "verdict": verdict.name.lower(), "task_arn": detail.taskArn,
-                    **(self.deps.verdicts.read_verdict(detail.taskArn) or {})}
+                    **log_findings}
         # The exit code is the contract; a log line that disagrees (or is missing) never wins.
         findings["exit_code"], findings["verdict"] = exit_code, verdict.name.lower()
         jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
@@ -259,6 +311,7 @@ class HealthChecks:
             hc_started_by=instance.hc_started_by, hc_jobs_count=len(instance.hc_jobs), findings=findings)
         if applied is None:
             return None
+        self._kick_after_release(instance)
         return Outcome("verdict_applied", detail={"instance": inst_id, "verdict": applied.label.value,
                                                   "instance_action": applied.plan.action.value,
                                                   "jobs": [j.job_id for j, _ in applied.outcomes]})
@@ -267,7 +320,8 @@ class HealthChecks:
         """The fault's evidence as recorded when it was noticed (with what the node agent
         reported since), else rebuilt from the node's reports around the check's request."""
         for job in jobs:
-            stored = job.faults.get(fault_key(job.attempt, instance.container_inst_id)) or {}
+            suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, instance.container_inst_id)
+            stored = suspect.record if suspect is not None else {}
             if stored.get("evidence"):
                 return rebuild(Evidence.from_dict(stored["evidence"]), raw, self.deps.policy.catalog)
         waiting = next((j for j in jobs if j.state in RECOVERING_JOB_STATES), None)
@@ -277,10 +331,25 @@ class HealthChecks:
                                          trigger=Trigger.TASK_EXIT, fault_at=fault_at, job=waiting)
 
     # -------------------------------------------------------------------- sweep
+    def _sweep_waiting(self, instance: Instance, now: float) -> str:
+        """A check waiting for a slot (every ten minutes): let it go if no job it serves is
+        still in recovery, else try it (its jobs' queues are kicked every minute anyway)."""
+        jobs = [self.deps.repo.get_job(j) for j in sorted(instance.hc_jobs)]
+        if not any(j is not None and j.state in RECOVERING_JOB_STATES for j in jobs):
+            self.deps.repo.abandon_health_check(instance, "every job waiting for it moved on")
+            return "health_check_abandoned"
+        if self.start_if_ready(instance.container_inst_id) is None:
+            owner = instance.hc_owner or min(instance.hc_jobs)
+            self.deps.repo.wait_for_health_check_slot(instance, owner, now)
+        return "health_check_waiting_for_slot"
+
     def sweep(self, instance: Instance, now: float) -> str:
         """Scheduled: placement retries, dead claims, lost verdict events, timeouts."""
         settings = self.deps.settings
-        requested = instance.hc_requested_at or now
+        if instance.state is InstanceState.HEALTH_CHECK_PENDING and instance.hc_waiting_for_slot:
+            return self._sweep_waiting(instance, now)
+        requested = (instance.hc_claimed_at if instance.state is InstanceState.HEALTH_CHECKING
+                     else None) or instance.hc_requested_at or now
         out_of_time = now >= requested + settings.health_check_timeout_seconds
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
             if out_of_time or instance.hc_start_attempts >= settings.health_check_start_retries:

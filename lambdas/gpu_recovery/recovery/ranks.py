@@ -1,4 +1,9 @@
-"""Rank operations shared by the stages: registration, discovery, stopping, notifying."""
+"""Rank operations shared by the stages: registration, discovery, notifying.
+
+Registering a rank also makes it arrive at its attempt's *registered* latch
+(``domain.latch``), so "every rank of the attempt is registered" is known without reading
+every rank. Stopping a gang is a fan-out of its own (``recovery.gang``).
+"""
 
 from __future__ import annotations
 
@@ -9,29 +14,31 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
-    SYSTEM_STOP_REASON_PREFIX,
+    MAX_WORLD_SIZE,
     TAG_ATTEMPT,
     TAG_JOB_ID,
     TAG_MAX_APP_RESTARTS,
     TAG_MAX_INFRA_RECOVERIES,
     TAG_RANK,
+    TAG_RANKS,
+    TAG_RELOCATABLE,
     TAG_WORLD_SIZE,
     NotificationKind,
 )
 from gpu_recovery.domain.job_budgets import MAX_BUDGET
+from gpu_recovery.domain.latch import Latch
+from gpu_recovery.domain.launch_plan import parse_ranks_tag
 from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id
 from gpu_recovery.domain.notifications import NotificationFacts, build
-from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.states import LIVE_RANK_STATES, JobState, RankState
+from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.ecs_events import EcsTaskDetail
 from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.repository.latches import Arrival
 
 logger = logging.getLogger(__name__)
 
-# A rank asked to stop this long ago and still not seen STOPPED is asked again (StopTask
-# is idempotent): a crash or an error between the mark and the call left it unasked.
-STOP_REISSUE_AFTER_SECONDS = 30
-MAX_WORLD_SIZE = 1024
+# Ranks named in one e-mail (a node runs at most 8; a job's own list is summarised).
+MAX_RANKS_LISTED = 16
 
 
 @dataclass(frozen=True)
@@ -60,19 +67,45 @@ class NotProtected(ValueError):
     """The task carries no (or malformed) recovery tags."""
 
 
+class TooLarge(NotProtected):
+    """A tagged job larger than the loop protects: refused loudly, never ignored."""
+
+    def __init__(self, job_id: str, world_size: int) -> None:
+        super().__init__(f"job {job_id} has {world_size} tasks; the recovery loop protects jobs of at most "
+                         f"{MAX_WORLD_SIZE}")
+        self.job_id = job_id
+        self.world_size = world_size
+
+
+class StartedForSeveralRanks(NotProtected):
+    """A task one StartTask started for several identical ranks (tag ``gpu-recovery:ranks``):
+    its rank is the one planned on its container instance."""
+
+    def __init__(self, job_id: str, attempt: int, ranks: list[int]) -> None:
+        super().__init__(f"task started for ranks {ranks} of job {job_id}")
+        self.job_id = job_id
+        self.attempt = attempt
+        self.ranks = ranks
+
+
 def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> RankRegistration:
     values = {t.get("key"): t.get("value") for t in tags}
     if TAG_JOB_ID not in values:
         raise NotProtected("task has no gpu-recovery:job-id tag")
+    job_id = str(values[TAG_JOB_ID]).strip()
     try:
-        rank = int(values.get(TAG_RANK) or "")
         world_size = int(values.get(TAG_WORLD_SIZE) or "")
         attempt = int(values.get(TAG_ATTEMPT) or 1)
+        several = parse_ranks_tag(str(values.get(TAG_RANKS) or "")) if TAG_RANK not in values else []
+        rank = several[0] if several else int(values.get(TAG_RANK) or "")
     except ValueError as error:
         raise NotProtected(f"malformed recovery tags: {values}") from error
-    job_id = str(values[TAG_JOB_ID]).strip()
-    if not job_id or "#" in job_id or not 0 <= rank < world_size or world_size > MAX_WORLD_SIZE:
+    if several:
+        raise StartedForSeveralRanks(job_id, max(1, attempt), several)
+    if not job_id or "#" in job_id or not 0 <= rank < world_size:
         raise NotProtected(f"malformed recovery tags: {values}")
+    if world_size > MAX_WORLD_SIZE:
+        raise TooLarge(job_id, world_size)
     gpus = sum(len(c.get("gpuIds") or []) for c in task.get("containers") or [] if isinstance(c, dict))
     return RankRegistration(
         job_id=job_id,
@@ -131,12 +164,17 @@ class RankOperations:
                         else self.deps.settings.max_recovery_attempts)
         max_app = (reg.max_app_restarts if reg.max_app_restarts is not None
                    else self.deps.settings.max_app_restarts)
-        repo.create_job_if_absent(Job(
+        relocatable = _tag_relocatable(reg.tags)
+        created = repo.create_job_if_absent(Job(
             job_id=reg.job_id,
             state=JobState.RUNNING if reg.state is RankState.RUNNING else JobState.STARTING,
             world_size=reg.world_size, attempt=reg.attempt, max_recovery_attempts=max_attempts,
-            max_app_restarts=max_app, created_at=now, updated_at=now,
+            max_app_restarts=max_app, created_at=now, updated_at=now, relocatable_tags=relocatable,
         ))
+        if not created and not relocatable and reg.tags:
+            job = repo.get_job(reg.job_id)
+            if job is not None and job.relocatable_tags and not job.is_queue_job:
+                repo.mark_not_relocatable(reg.job_id)
         rank = Rank(
             job_id=reg.job_id, rank=reg.rank, state=reg.state, attempt=reg.attempt,
             task_arn=reg.task_arn, task_definition_arn=reg.task_definition_arn,
@@ -147,7 +185,31 @@ class RankOperations:
         if repo.put_rank_registration(rank):
             logger.info("rank registered", extra={"job_id": reg.job_id, "rank": reg.rank,
                                                   "attempt": reg.attempt, "task": reg.task_arn})
-        return repo.get_rank(reg.job_id, reg.rank) or rank
+        stored = repo.get_rank(reg.job_id, reg.rank) or rank
+        if stored.attempt == reg.attempt and stored.task_arn == reg.task_arn:
+            repo.latches.arrive(reg.job_id, reg.attempt, reg.world_size, reg.rank, [Latch.REGISTERED],
+                                node=inst_id)
+        return stored
+
+    def register_restarted(self, job: Job, previous: Rank, *, task_arn: str, container_instance_arn: str,
+                           ec2_instance_id: str, started_by: str) -> Arrival:
+        """The gang restart started ``previous``'s rank again (job, instance and budgets are
+        known): write the new attempt's rank and arrive at its registered latch."""
+        repo = self.deps.repo
+        inst_id = container_instance_id(container_instance_arn)
+        if inst_id != previous.container_inst_id:  # relocated: the new node may be unknown
+            repo.put_instance_if_absent(Instance(inst_id, container_instance_arn=container_instance_arn,
+                                                 ec2_instance_id=ec2_instance_id))
+        rank = Rank(
+            job_id=job.job_id, rank=previous.rank, state=RankState.STARTING, attempt=job.attempt,
+            task_arn=task_arn, task_definition_arn=previous.task_definition_arn, container_inst_id=inst_id,
+            container_instance_arn=container_instance_arn, ec2_instance_id=ec2_instance_id,
+            overrides=previous.overrides, tags=tags_for_attempt(previous.tags, job.attempt),
+            group=previous.group,
+            started_by=started_by, registered_at=clock.now(), gpus=previous.gpus)
+        repo.put_rank_registration(rank)
+        return repo.latches.arrive(job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
+                                   node=inst_id)
 
     def _ec2_instance_id(self, inst_id: str, arn: str) -> str:
         known = self.deps.repo.get_instance(inst_id)
@@ -167,21 +229,51 @@ class RankOperations:
             return None
         try:
             reg = registration_from_tags(task, task.get("tags", []))
+        except TooLarge as refused:
+            self.refuse(refused)
+            return None
+        except StartedForSeveralRanks as several:
+            return self._rank_of_grouped_task(task, several)
         except NotProtected as reason:
             logger.debug("task not protected", extra={"task": detail.taskArn, "why": str(reason)})
             return None
         return self.register_rank(reg)
 
-    def current_ranks(self, job: Job) -> list[Rank]:
-        """The attempt's ranks, registering any whose RUNNING event never arrived (found
-        running by its tags), so they are stopped and restarted too."""
-        ranks = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
-        if len(ranks) < job.world_size:
-            self.register_missing_ranks(job, {r.rank for r in ranks})
-            ranks = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
-        return ranks
+    def _rank_of_grouped_task(self, task: dict[str, Any], several: StartedForSeveralRanks) -> Rank | None:
+        """A task a grouped StartTask started whose registration has not landed yet: its rank
+        is the one of the call planned on its node (a gang restart's; the launcher registers
+        it as well, and the first registration wins)."""
+        repo = self.deps.repo
+        job = repo.get_job(several.job_id)
+        if job is None or job.attempt != several.attempt:
+            return None
+        node = container_instance_id(str(task.get("containerInstanceArn", "")))
+        moves = repo.faults.placement(job.job_id, job.attempt) if job.relocated else {}
+        for number in several.ranks[:10]:
+            rank = repo.get_rank(job.job_id, number)
+            if rank is None:
+                continue
+            if rank.attempt == job.attempt and rank.task_arn == task.get("taskArn"):
+                return rank
+            planned = (moves.get(rank.container_inst_id) or {}).get("node", rank.container_inst_id)
+            if rank.attempt == job.attempt - 1 and planned == node:
+                self.register_restarted(
+                    job, rank, task_arn=str(task["taskArn"]),
+                    container_instance_arn=str(task.get("containerInstanceArn", "")),
+                    ec2_instance_id=rank.ec2_instance_id if planned == rank.container_inst_id else "",
+                    started_by=str(task.get("startedBy", "")))
+                return repo.get_rank(job.job_id, number)
+        return None
 
-    def register_missing_ranks(self, job: Job, known: set[int]) -> None:
+    def register_missing(self, job: Job) -> list[int]:
+        """Ranks whose RUNNING event never arrived, found running by their tags and registered
+        (so they are stopped and restarted too). Costs a ListTasks and a DescribeTasks per
+        100 tasks of the cluster: only when the attempt's registered latch is incomplete."""
+        repo = self.deps.repo
+        if Latch.REGISTERED in repo.latches.complete(job.job_id, job.attempt, job.world_size):
+            return []
+        known = repo.latches.registered(job.job_id, job.attempt, job.world_size)
+        found = []
         for task in self.deps.ecs.running_tasks_tagged(TAG_JOB_ID, job.job_id):
             try:
                 reg = registration_from_tags(task, task.get("tags", []))
@@ -191,34 +283,22 @@ class RankOperations:
                 logger.info("registering a rank found running", extra={
                     "job_id": job.job_id, "rank": reg.rank, "task": reg.task_arn})
                 self.register_rank(reg)
+                found.append(reg.rank)
+        return found
 
-    # ----------------------------------------------------------------- stopping
-    def stop_live_ranks(self, job: Job, *, why: str, reissue: bool = False,
-                        ranks: list[Rank] | None = None, remediation: bool = True) -> list[int]:
-        """Mark every live rank of the attempt STOP_REQUESTED (once), then ask ECS to stop it.
-
-        With ``reissue`` (a retried event, the sweep), ranks marked a while ago and still
-        not STOPPED are asked again: StopTask is idempotent, and that finishes the work of
-        an invocation that died between the mark and the call. Observe mode holds back
-        the stops of a remediation only (``remediation=False``: a suspension, a cancel).
-        """
-        stopped: list[int] = []
-        now = clock.now()
-        if remediation and not self.deps.policy.modes.executes(Effect.STOP_TASKS):
-            logger.info("observe mode: ranks not stopped", extra={"job_id": job.job_id, "why": why})
-            return stopped
-        for other in self.deps.repo.get_ranks(job) if ranks is None else ranks:
-            if other.attempt != job.attempt:
-                continue
-            if other.state in LIVE_RANK_STATES:
-                if not self.deps.repo.request_rank_stop(other, why, now):
-                    continue
-            elif not (reissue and other.state is RankState.STOP_REQUESTED
-                      and (other.stop_requested_at or 0.0) <= now - STOP_REISSUE_AFTER_SECONDS):
-                continue
-            self.deps.ecs.stop_task(other.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}")
-            stopped.append(other.rank)
-        return stopped
+    def refuse(self, refused: TooLarge) -> None:
+        """A job too large to protect: a WARNING every time, a metric and an e-mail once."""
+        logger.warning("job too large to protect: not registered", extra={
+            "job_id": refused.job_id, "world_size": refused.world_size, "max_world_size": MAX_WORLD_SIZE})
+        if not self.deps.repo.mark_refused(refused.job_id, refused.world_size, clock.now()):
+            return
+        self.deps.metrics.add_metric("JobsRefused", "Count", 1)
+        self._publish(NotificationKind.JOB_REFUSED, "Job not protected: too many tasks", NotificationFacts(
+            job_id=refused.job_id,
+            what_happened=str(refused),
+            what_was_done="Nothing: its ranks are not registered, a GPU fault in this job is not recovered",
+            operator_action=(f"Run jobs of at most {MAX_WORLD_SIZE} tasks (e.g. one task per node instead of "
+                             "one per GPU), or remove the gpu-recovery tags from this job's tasks.")))
 
     # ------------------------------------------------------------ notifications
     def notify(self, job: Job, instance: Instance | None, kind: NotificationKind, headline: str, *,
@@ -226,8 +306,9 @@ class RankOperations:
                details: list[str] | None = None) -> None:
         ranks: list[int] = []
         if instance is not None:
-            ranks = [r.rank for r in self.deps.repo.get_ranks(job)
-                     if r.container_inst_id == instance.container_inst_id]
+            suspect = self.deps.repo.faults.get_suspect(job.job_id, job.tally.attempt or job.attempt,
+                                                        instance.container_inst_id)
+            ranks = sorted(suspect.ranks)[:MAX_RANKS_LISTED] if suspect is not None else []
         facts = NotificationFacts(
             job_id=job.job_id, ranks=ranks,
             container_inst_id=instance.container_inst_id if instance else "",
@@ -254,6 +335,10 @@ class RankOperations:
         except Exception:
             # The state change is committed; a lost e-mail must not undo or retry it.
             logger.exception("notification failed", extra={"job_id": facts.job_id, "kind": kind.value})
+
+
+def _tag_relocatable(tags: list[dict[str, str]]) -> bool:
+    return any(t.get("key") == TAG_RELOCATABLE and str(t.get("value", "")).lower() == "true" for t in tags)
 
 
 def _budget_lines(job: Job) -> list[str]:

@@ -16,6 +16,7 @@ lost with their agent disconnected), its answer written in the caller's transact
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -193,14 +194,27 @@ class Reboots:
         return self._mark_back(instance)
 
     def _mark_back(self, instance: Instance) -> Outcome:
-        """REBOOTING -> AVAILABLE once, then restart every job waiting for the instance."""
+        """REBOOTING -> AVAILABLE once, then release (and restart) every job waiting for it."""
         inst_id = instance.container_inst_id
         if not self.deps.repo.mark_instance_back(instance, clock.now()):
             return Outcome("duplicate", detail={"instance": inst_id})
         logger.info("instance back after reboot", extra={"instance": inst_id})
-        restarted = [job_id for job_id in sorted(instance.waiting_jobs)
-                     if self.restarts.try_restart(job_id).action == "restarted"]
+        restarted = self.release_waiting(instance)
         return Outcome("instance_available", detail={"instance": inst_id, "restarted": restarted})
+
+    def release_waiting(self, instance: Instance) -> list[str]:
+        """The node is back: each job waiting for it counts one rebooting node fewer (once,
+        with the node letting it go), then tries its restart. The sweep finishes this for a
+        node left AVAILABLE with waiting jobs."""
+        inst_id = instance.container_inst_id
+        restarted = []
+        for job_id in sorted(instance.waiting_jobs):
+            job = self.deps.repo.get_job(job_id)
+            self.deps.repo.release_waiting_job(inst_id, job, job_id)
+            if job is not None and self.restarts.try_restart(job_id).action in ("restarted", "restarting"):
+                restarted.append(job_id)
+        self.deps.repo.clear_waiting_deadline(inst_id)
+        return restarted
 
     # -------------------------------------------------------------------- sweep
     def sweep(self, instance: Instance, now: float) -> str:
@@ -243,8 +257,13 @@ class Reboots:
             if job is None or job.state not in RECOVERING_JOB_STATES:
                 continue
             jobs.append(job_id)
-            if quarantine and job.state is JobState.PENDING_RESTART and self.restarts.relocatable(job):
+            if quarantine and job.state is JobState.PENDING_RESTART and self.restarts.relocatable(job) \
+                    and job.in_fault:
                 moving.append(job_id)
+                suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+                failures.append(JobFailure(job, f"instance {inst_id} {what}", verdict, moves=True,
+                                           suspect_pending=suspect is None or suspect.pending,
+                                           suspect_rebooting=suspect is not None and suspect.rebooting))
             else:
                 failures.append(JobFailure(job, f"instance {inst_id} {what}", verdict))
         now = clock.now()
@@ -282,14 +301,18 @@ class Reboots:
         else:
             done = "; instance drained (DRAINING)" if drain else "; instance marked SUSPECT"
         for failure in failures:
+            if failure.moves:
+                continue
             self.deps.metrics.add_metric("Failures", "Count", 1)
             job = self.deps.repo.get_job(failure.job.job_id) or failure.job
+            with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
+                self.restarts.gang.stop(job)
             self.ranks.notify(
                 job, instance, kind, f"Job failed: instance {what}",
                 what_happened=f"Instance {inst_id} {what}", what_was_done="Job marked FAILED" + done,
                 operator_action="Check the instance (console, SSM, ECS agent log); repair or replace "
                                 "it, then resubmit the job.")
-        if observed and not failures:
+        if observed and not any(not f.moves for f in failures):
             self.ranks.notify_node(
                 NotificationKind.OBSERVED, f"Observe mode: instance {what}, not drained",
                 container_inst_id=inst_id, instance_id=instance.ec2_instance_id,

@@ -42,8 +42,8 @@ from gpu_recovery.domain.escalation import (
 from gpu_recovery.domain.evidence import Evidence, build_evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import JobBudgets, settle
-from gpu_recovery.domain.models import Instance, Job, Rank, fault_key
-from gpu_recovery.domain.policy import JobOutcome, job_outcome
+from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect, effects_of
 from gpu_recovery.domain.remediation_plan import (
     NODE_EFFECTS,
@@ -52,7 +52,6 @@ from gpu_recovery.domain.remediation_plan import (
     plan_remediation,
 )
 from gpu_recovery.domain.states import (
-    FATAL_SUSPECT_VERDICTS,
     RECOVERING_JOB_STATES,
     InstanceState,
     JobState,
@@ -118,7 +117,9 @@ def unreachable_plan(evidence: Evidence, policy: RemediationPolicy, history: Ite
 
 def unreachable_decided(job: Job, inst_id: str) -> bool:
     """The job's fault on ``inst_id`` (this attempt) was decided as an unreachable node."""
-    stored = job.faults.get(fault_key(job.attempt, inst_id)) or {}
+    stored = job.last_fault
+    if stored.get("node") != inst_id or int(stored.get("attempt") or 0) != job.attempt:
+        return False
     decision = (stored.get("plan") or {}).get("decision") or {}
     return decision.get("rule_id") == UNREACHABLE_RULE
 
@@ -141,6 +142,19 @@ def rebuild(evidence: Evidence, instance_item: Mapping[str, Any] | None, catalog
         exit_code=evidence.exit_code, stop_code=evidence.stop_code, stopped_reason=evidence.stopped_reason,
         catalog=catalog)
     return replace(fresh, dcgm=evidence.dcgm)
+
+
+@dataclass(frozen=True)
+class _Settled:
+    outcome: JobOutcome
+    to: JobState
+    spend: str
+    error: str
+    restart_reason: str
+    reason: str
+
+    def deadline_at(self, now: float) -> float | None:
+        return now + RETRY_INTERVAL_SECONDS if self.to is JobState.PENDING_RESTART else None
 
 
 @dataclass(frozen=True)
@@ -178,10 +192,13 @@ class NodeRemediation:
 
     @staticmethod
     def fault_record(evidence: Evidence, plan: RemediationPlan, now: float,
-                     label: SuspectVerdict | None = None) -> dict[str, Any]:
+                     label: SuspectVerdict | None = None, *, node: str = "",
+                     attempt: int = 0) -> dict[str, Any]:
         record: dict[str, Any] = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict()}
         if label is not None:
             record["label"] = label.value
+        if node:
+            record.update(node=node, attempt=attempt)
         return record
 
     # ----------------------------------------------------------------- fast path
@@ -189,7 +206,8 @@ class NodeRemediation:
         """A pending suspect whose evidence is definitive: the node action without the
         DCGM diag. None when it does not apply (the instance is busy, the fresh evidence
         no longer says so): the caller opens (or joins) the health check instead."""
-        stored = job.faults.get(fault_key(job.attempt, inst_id)) or {}
+        suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+        stored = suspect.record if suspect is not None and suspect.pending else {}
         if not is_definitive(stored.get("plan")) or not stored.get("evidence"):
             return None
         for _ in range(_APPLY_ROUNDS):
@@ -205,8 +223,10 @@ class NodeRemediation:
             if not is_definitive(plan):
                 return None
             fresh = self.deps.repo.get_job(job.job_id)
-            if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES \
-                    or fresh.suspects.get(inst_id) != SuspectVerdict.PENDING.value:
+            if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
+                return "moved_on"
+            pending = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+            if pending is None or not pending.pending:
                 return "moved_on"
             applied = self.apply(instance, raw, plan, evidence, [fresh],
                                  from_states=(InstanceState.AVAILABLE, InstanceState.SUSPECT),
@@ -256,12 +276,12 @@ class NodeRemediation:
                 if plan.needs_breaker:
                     plan, breaker_update, tripped = self._ask_breaker(plan, inst_id, [job], now)
                 reason = self._unreachable_reason(why, plan)
-                faults = {fault_key(attempt, inst_id): self.fault_record(evidence, plan, now)}
+                last_fault = self.fault_record(evidence, plan, now, node=inst_id, attempt=attempt)
                 decision = self._node_decision(
                     plan, label_for(plan), instance, _UNREACHABLE_FROM, evidence, None,
                     self.history_with(history, plan, evidence, now), None, None, [], now, job_ids=[job_id])
                 done = repo.record_node_decision(instance, decision, [], now, breaker_update,
-                                                 also=[repo.lost_job_failure(job, reason, faults)])
+                                                 also=[repo.lost_job_failure(job, reason, last_fault)])
             else:
                 # Observe mode, or a node another decision owns (rebooting, in a health check,
                 # quarantined already): the job fails, the node is left as it is.
@@ -269,8 +289,8 @@ class NodeRemediation:
                 if not observed:
                     state = instance.state.value if instance is not None else "unknown to the loop"
                     reason += f"; node left {state} (another decision owns it)"
-                faults = {fault_key(attempt, inst_id): self.fault_record(evidence, plan, now)}
-                done = repo.fail_lost_job(job, reason, faults)
+                last_fault = self.fault_record(evidence, plan, now, node=inst_id, attempt=attempt)
+                done = repo.fail_lost_job(job, reason, last_fault)
                 if done and observed and raw is not None:
                     repo.record_observed_fault(
                         inst_id, fault_history=self.history_with(history, plan, evidence, now),
@@ -303,11 +323,10 @@ class NodeRemediation:
         return why
 
     def _stop_all(self, job: Job, lost: list[Rank], why: str, *, reissue: bool) -> None:
-        """StopTask of every live rank of the attempt (observe mode: none), the lost ones last."""
-        lost_ranks = {r.rank for r in lost}
-        ranks = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
-        ordered = [r for r in ranks if r.rank not in lost_ranks] + [r for r in ranks if r.rank in lost_ranks]
-        self.ranks.stop_live_ranks(job, why=why, reissue=reissue, ranks=ordered)
+        """StopTask of every live rank of the attempt (observe mode: none): the FAILED
+        transition committed the intent; its fan-out is sent now, or by the sweep."""
+        if job.stop_fanout and (not reissue or not job.stop_fanout.get("sent_at")):
+            self.restarts.gang.stop(job)
 
     def _tell_unreachable(self, job: Job, instance: Instance, plan: RemediationPlan, evidence: Evidence,
                           observed: bool) -> None:
@@ -476,58 +495,101 @@ class NodeRemediation:
                     evidence: Evidence | None, findings: dict[str, Any], history: Iterable[NodeFaultRecord],
                     now: float) -> tuple[JobVerdict, JobOutcome]:
         """What the node's decision does to one waiting job: its verdict for the node, its
-        outcome, and the budget it spends (once per fault; a flapping node's repeat is
-        not charged again)."""
-        suspects = {**job.suspects, inst_id: label.value}
-        # Only an unusable node makes relocation matter (reading it reads every rank).
-        fatal = any(SuspectVerdict(v) in FATAL_SUSPECT_VERDICTS for v in suspects.values())
-        outcome = job_outcome(suspects, relocatable=fatal and self.restarts.relocatable(job))
-        spend, error, to = "", "", job.state
+        outcome (from the fault's tally with this verdict counted), and the budget it spends
+        (once per fault; a flapping node's repeat is not charged again)."""
+        infra_hint = (label is SuspectVerdict.HEALTHY and plan is not None
+                      and plan.decision.budget is Budget.INFRASTRUCTURE)
+        tally = job.tally.with_verdict(label)
+        if infra_hint:
+            tally = replace(tally, infra=tally.infra + 1)
+        outcome = tally.outcome(relocatable=bool(tally.fatal) and self.restarts.relocatable(job))
         reason = f"verdict {label.value} on {inst_id}" + (f" ({plan.action.value}, rule "
                                                           f"{plan.decision.rule_id})" if plan else "")
-        restart_reason = ""
-        if outcome.restarts:
-            kind = Budget.INFRASTRUCTURE
-            if outcome == JobOutcome.RESTART:
-                kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
-                    else Budget.APPLICATION
-            if job.state is JobState.PENDING_HEALTHCHECK:
-                charge = True
-                if plan is not None and kind is Budget.INFRASTRUCTURE:
-                    charge = charges_job(history, job.job_id, plan.decision.cause, now,
-                                         self.policy.escalation)
-                budget = settle(budgets_of(job), kind, charge=charge)
-                if not budget.restart:
-                    outcome = (JobOutcome.FAIL_APPLICATION_ERROR if kind is Budget.APPLICATION
-                               else JobOutcome.FAIL_NO_BUDGET)
-                    error = self._failure_text(outcome, inst_id, label, plan, job, budget.reason)
-                elif not self.policy.modes.executes(Effect.RESTART_JOB):
-                    outcome = JobOutcome.FAIL_OBSERVED
-                    error = (f"observe mode: the job would have been restarted ({budget.reason}); "
-                             f"{label.value} on {inst_id}")
-                else:
-                    to = JobState.PENDING_RESTART
-                    spend = {Budget.INFRASTRUCTURE: SPEND_INFRASTRUCTURE,
-                             Budget.APPLICATION: SPEND_APPLICATION}.get(budget.charged, "")
-                    restart_reason = budget.reason
-                    reason += f"; {budget.reason}"
+        kind = Budget.INFRASTRUCTURE
+        if outcome == JobOutcome.RESTART:
+            kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
+                else (Budget.INFRASTRUCTURE if tally.infra else Budget.APPLICATION)
+        charge = True
+        if plan is not None and kind is Budget.INFRASTRUCTURE and outcome.restarts:
+            charge = charges_job(history, job.job_id, plan.decision.cause, now, self.policy.escalation)
+        settled = self._settle(job, outcome, kind, charge, inst_id, label, plan, reason)
+        waits = settled.outcome == JobOutcome.RESTART_AFTER_REBOOT and label is SuspectVerdict.REBOOT \
+            and settled.to is not JobState.FAILED
+        record = None
+        if evidence is not None and plan is not None:
+            record = self.fault_record(evidence, plan, now, label)
+        verdict = JobVerdict(job=job, to=settled.to, label=label, findings=findings, last_error=settled.error,
+                             spend=settled.spend, deadline_at=settled.deadline_at(now), record=record,
+                             relocate=(settled.outcome == JobOutcome.RELOCATE
+                                       and settled.to is not JobState.FAILED),
+                             restart_reason=settled.restart_reason, reason=settled.reason,
+                             waits_for_reboot=waits,
+                             infra_hint=infra_hint)
+        return verdict, settled.outcome
+
+    def _settle(self, job: Job, outcome: JobOutcome, kind: Budget, charge: bool, inst_id: str,
+                label: SuspectVerdict | None, plan: RemediationPlan | None, reason: str) -> _Settled:
+        """The job's state after an outcome: a restart leaves PENDING_HEALTHCHECK (once, its
+        budget charged) or fails for want of budget (or in observe mode)."""
+        to, spend, error, restart_reason = job.state, "", "", ""
+        if outcome.restarts and job.state is JobState.PENDING_HEALTHCHECK:
+            budget = settle(budgets_of(job), kind, charge=charge)
+            if not budget.restart:
+                outcome = (JobOutcome.FAIL_APPLICATION_ERROR if kind is Budget.APPLICATION
+                           else JobOutcome.FAIL_NO_BUDGET)
+                error = self._failure_text(outcome, inst_id, label, plan, job, budget.reason)
+            elif not self.policy.modes.executes(Effect.RESTART_JOB):
+                outcome = JobOutcome.FAIL_OBSERVED
+                error = (f"observe mode: the job would have been restarted ({budget.reason}); "
+                         f"{label.value if label else 'all healthy'} on {inst_id}")
+            else:
+                to = JobState.PENDING_RESTART
+                spend = {Budget.INFRASTRUCTURE: SPEND_INFRASTRUCTURE,
+                         Budget.APPLICATION: SPEND_APPLICATION}.get(budget.charged, "")
+                restart_reason = budget.reason
+                reason += f"; {budget.reason}"
         elif outcome == JobOutcome.FAIL_NODE_FAULT:
             error = self._failure_text(outcome, inst_id, label, plan, job, "")
         if outcome.fails:
             to = JobState.FAILED
-        deadline = now + RETRY_INTERVAL_SECONDS if to is JobState.PENDING_RESTART else None
-        fault = None
-        if evidence is not None and plan is not None:
-            fault = (fault_key(job.attempt, inst_id), self.fault_record(evidence, plan, now, label))
-        record = JobVerdict(job=job, to=to, label=label, findings=findings, last_error=error, spend=spend,
-                            deadline_at=deadline, fault=fault,
-                            relocate=outcome == JobOutcome.RELOCATE and to is not JobState.FAILED,
-                            restart_reason=restart_reason, reason=reason)
-        return record, outcome
+        return _Settled(outcome, to, spend, error, restart_reason, reason)
+
+    def conclude(self, job: Job) -> str:
+        """Every suspect of the fault decided healthy, the last verdict before every rank had
+        ended (so before the suspects were counted): the job restarts without node action,
+        budget permitting."""
+        if job.state is not JobState.PENDING_HEALTHCHECK or not job.tally.all_decided:
+            return "waiting"
+        outcome = job.tally.outcome(relocatable=bool(job.tally.fatal) and self.restarts.relocatable(job))
+        if outcome is JobOutcome.WAIT:
+            return "waiting"
+        kind = Budget.INFRASTRUCTURE if job.tally.infra else Budget.APPLICATION
+        where = f"{job.tally.total} suspect node(s)"
+        settled = self._settle(job, outcome, kind, True, where, None, None,
+                               f"every verdict in: {where} healthy")
+        now = clock.now()
+        if not self.deps.repo.conclude_fault(job, settled.to, reason=settled.reason, error=settled.error,
+                                             spend=settled.spend, restart_reason=settled.restart_reason,
+                                             deadline_at=settled.deadline_at(now)):
+            return "raced"
+        fresh = self.deps.repo.get_job(job.job_id) or job
+        if settled.outcome.fails:
+            self.deps.metrics.add_metric("Failures", "Count", 1)
+            app_error = settled.outcome is JobOutcome.FAIL_APPLICATION_ERROR
+            kind_ = (NotificationKind.APPLICATION_ERROR if app_error
+                     else NotificationKind.OBSERVED if settled.outcome is JobOutcome.FAIL_OBSERVED
+                     else NotificationKind.FAILED)
+            self.ranks.notify(fresh, None, kind_, "Job failed: application error (GPUs healthy)"
+                              if kind_ is NotificationKind.APPLICATION_ERROR else "Job failed",
+                              what_happened=fresh.last_error, what_was_done="Job marked FAILED",
+                              operator_action="Look at the job's logs: the GPUs passed DCGM diagnostics.")
+            return "failed"
+        self.restarts.try_restart(job.job_id)
+        return "restart"
 
     @staticmethod
-    def _failure_text(outcome: JobOutcome, inst_id: str, label: SuspectVerdict, plan: RemediationPlan | None,
-                      job: Job, budget_reason: str) -> str:
+    def _failure_text(outcome: JobOutcome, inst_id: str, label: SuspectVerdict | None,
+                      plan: RemediationPlan | None, job: Job, budget_reason: str) -> str:
         decided = f" ({plan.decision.reason})" if plan else ""
         if outcome == JobOutcome.FAIL_APPLICATION_ERROR:
             return (f"application error: the GPUs of {inst_id} were found healthy{decided}; "
@@ -535,7 +597,8 @@ class NodeRemediation:
         if outcome == JobOutcome.FAIL_NO_BUDGET:
             node = ("is rebooted and returns to service" if label is SuspectVerdict.REBOOT
                     else "was remediated")
-            return (f"{inst_id} needed {plan.action.value if plan else label.value.lower()}{decided}; the "
+            needed = plan.action.value if plan else (label.value.lower() if label else "a restart")
+            return (f"{inst_id} needed {needed}{decided}; the "
                     f"node {node}, but the job used all {job.max_recovery_attempts} recovery attempt(s) "
                     f"({budget_reason})")
         if label is SuspectVerdict.OPERATOR_ACTION:
@@ -591,7 +654,8 @@ class NodeRemediation:
                               operator_action="Read what would have been done below and act by hand.",
                               details=details)
             return
-        label = SuspectVerdict(job.suspects.get(instance.container_inst_id, SuspectVerdict.REPLACE.value))
+        suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, instance.container_inst_id)
+        label = suspect.verdict if suspect is not None and not suspect.pending else SuspectVerdict.REPLACE
         if label is SuspectVerdict.OPERATOR_ACTION:
             kind, headline = NotificationKind.OPERATOR_ACTION, "Job failed: node configuration problem"
             todo = ("Fix the node's configuration (e.g. enable persistence mode: nvidia-smi -pm 1 or "

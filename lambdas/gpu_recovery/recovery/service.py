@@ -3,8 +3,9 @@ call. It builds the stages over shared ports and delegates; it holds no logic.""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
+from typing import Any
 
 from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.models import Rank
@@ -12,6 +13,7 @@ from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery.breaker import BreakerOperations
+from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import (
@@ -40,21 +42,23 @@ from gpu_recovery.settings import Settings
 class RecoveryService:
     def __init__(self, repo: Repository, ecs: EcsPort, rebooter: RebootPort, notifier: NotifierPort,
                  verdicts: VerdictReaderPort, settings: Settings, metrics: MetricsPort | None = None, *,
-                 catalog: FaultCatalog | None = None, replacer: ReplacePort | None = None) -> None:
+                 catalog: FaultCatalog | None = None, replacer: ReplacePort | None = None,
+                 gang_queue: GangQueuePort | None = None) -> None:
         policy = settings.remediation.policy(catalog or default_catalog(), settings.suspect_exit_codes)
         self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics(),
                          policy=policy, replacer=replacer or NoReplacer())
         self.ranks = RankOperations(self.deps)
-        self.restarts = GangRestart(self.deps, self.ranks)
+        self.gang = GangOps(self.deps, self.ranks, gang_queue)
+        self.restarts = GangRestart(self.deps, self.ranks, self.gang)
         self.reboots = Reboots(self.deps, self.ranks, self.restarts)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
-        self.suspensions = Suspensions(self.deps, self.ranks)
+        self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
         self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
-                                 self.suspensions)
+                                 self.suspensions, self.gang)
         self.breaker = BreakerOperations(self.deps, self.remediation)
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
-                             self.suspensions)
+                             self.suspensions, self.gang)
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property
@@ -88,8 +92,18 @@ class RecoveryService:
                                      event_time: datetime | None = None) -> Outcome:
         return self.reboots.on_container_instance_change(detail, event_time)
 
-    def sweep(self) -> Outcome:
-        return self.sweeper.run()
+    def sweep(self, time_left: Callable[[], float] | None = None) -> Outcome:
+        return self.sweeper.run(time_left)
+
+    def on_gang_batch(self, body: Mapping[str, Any], *, receive_count: int = 1,
+                      time_left: Callable[[], float] | None = None) -> BatchResult:
+        """One batch of a gang fan-out (the queue's worker); ValueError for a malformed body."""
+        return self.gang.run(GangBatch.from_body(body), receive_count=receive_count, time_left=time_left)
+
+    def stop_gang(self, job_id: str) -> bool:
+        """Send the job's stop intent (the jobs API's cancel commits it)."""
+        job = self.repo.get_job(job_id)
+        return job is None or bool(self.gang.stop(job))
 
     # Other services.
     def register_rank(self, reg: RankRegistration) -> Rank:

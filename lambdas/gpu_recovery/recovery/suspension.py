@@ -18,9 +18,11 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import queue_order
+from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend_record
+from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository.time_sharing import SuspensionRepository
@@ -31,9 +33,10 @@ RETRY_INTERVAL_SECONDS = 60
 
 
 class Suspensions:
-    def __init__(self, deps: Deps, ranks: RankOperations) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps) -> None:
         self.deps = deps
         self.ranks = ranks
+        self.gang = gang
         self.store = SuspensionRepository(deps.repo)
 
     # ----------------------------------------------------------------- request
@@ -71,9 +74,9 @@ class Suspensions:
         return Outcome("suspending", job_id, {"stopping_ranks": stopping, "state": JobState.SUSPENDING.value})
 
     # -------------------------------------------------------------------- stop
-    def stop(self, job: Job, *, why: str, actor: str, reissue: bool = False, forced: bool = False
-             ) -> list[int]:
-        """Commit the intent to stop every rank (once), then stop them (idempotent)."""
+    def stop(self, job: Job, *, why: str, actor: str, forced: bool = False) -> list[int]:
+        """Commit the intent to stop every rank (once), then send its fan-out (idempotent;
+        the sweep sends it if this delivery dies)."""
         now = clock.now()
         if not job.suspend_stopping:
             if self.store.record_stop(job.job_id, job.attempt, now=now, why=why,
@@ -82,9 +85,9 @@ class Suspensions:
             job = self.deps.repo.get_job(job.job_id) or job
             if job.state is not JobState.SUSPENDING:
                 return []
-            reissue = True
-        return self.ranks.stop_live_ranks(job, why=f"suspended: {job.suspend.get('stop_reason') or why}",
-                                          reissue=reissue, remediation=False)
+        if job.stop_fanout.get("sent_at"):
+            return []
+        return self.gang.stop(job).stopped
 
     # ---------------------------------------------------------------- converge
     def converge(self, job: Job, *, reissue: bool) -> str:
@@ -92,13 +95,14 @@ class Suspensions:
         asked again; or, the grace being over, the ranks stopped by force."""
         if job.state is not JobState.SUSPENDING:
             return "not_suspending"
-        ranks = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
-        if ranks and all(r.state.is_terminal for r in ranks):
+        if Latch.ENDED in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size):
             return "suspended" if self.finish(job) else "raced"
         now = clock.now()
         if job.suspend_stopping:
-            self.ranks.stop_live_ranks(job, why=f"suspended: {job.suspend.get('stop_reason', '')}",
-                                       reissue=reissue, remediation=False)
+            if reissue:
+                self.gang.stop_due(job, now)
+            elif not job.stop_fanout.get("sent_at"):
+                self.gang.stop(job)
             return "stopping"
         deadline = float(job.suspend.get("deadline_at") or 0)
         if now >= deadline:

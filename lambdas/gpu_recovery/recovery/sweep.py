@@ -3,6 +3,11 @@
 Every intermediate state that needs a follow-up carries a short deadline, and the
 sweep runs the same converge step as the event path: whatever call a delivery died
 at, the next sweep (at most about two minutes later) finishes its work.
+
+The sweep works within a time budget and fairly: due items are taken oldest deadline
+first, a page at a time; each item's step is bounded (a fan-out is *sent*, never run
+here for a large gang) and re-armed a minute later, so it goes to the back of the line;
+what the budget leaves keeps its deadline for the next sweep.
 """
 
 from __future__ import annotations
@@ -13,15 +18,18 @@ from functools import partial
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Instance, Job
-from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState, JobState
+from gpu_recovery.domain.states import HEALTH_CHECK_STATES, RECOVERING_JOB_STATES, InstanceState, JobState
 from gpu_recovery.recovery.breaker import BreakerOperations
+from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
+from gpu_recovery.repository.faults import suspect_from_item
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +37,15 @@ RETRY_INTERVAL_SECONDS = 60
 # A job whose gang restart has not happened this long after its fault (health check,
 # reboot and a margin) fails instead of waiting forever.
 RESTART_GIVE_UP_MARGIN_SECONDS = 600
+# Due items read per page; the sweep stops taking new ones when less than this is left.
+DUE_PAGE = 100
+TIME_MARGIN_SECONDS = 12.0
 
 
 class Sweep:
     def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
-                 restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions) -> None:
+                 restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
+                 gang: GangOps) -> None:
         self.deps = deps
         self.faults = faults
         self.health = health
@@ -41,22 +53,36 @@ class Sweep:
         self.restarts = restarts
         self.breaker = breaker
         self.suspensions = suspensions
+        self.gang = gang
 
-    def run(self) -> Outcome:
+    def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
         handled: dict[str, int] = {}
-        for instance in self.deps.repo.due_instances(now):
+        deferred = 0
+        for instance in self.deps.repo.due_instances(now, limit=DUE_PAGE):
+            if self._short_of_time(time_left):
+                deferred += 1
+                continue
             self._count(handled, partial(self._instance, instance, now),
                         {"instance": instance.container_inst_id})
-        for item in self.deps.repo.due_job_items(now):
-            self._count(handled, partial(self._job, item, now), {"job_id": item.get("job_id")})
+        for item in self.deps.repo.due_job_items(now, limit=DUE_PAGE):
+            if self._short_of_time(time_left):
+                deferred += 1
+                continue
+            self._count(handled, partial(self._job_item, item, now), {"key": item.get("job_id_rank")})
         try:
             for action, count in self.breaker.sweep(now).items():
                 handled[action] = handled.get(action, 0) + count
         except Exception:
             logger.exception("breaker sweep failed")
             handled["error"] = handled.get("error", 0) + 1
+        if deferred:
+            handled["deferred_to_next_sweep"] = deferred
         return Outcome("swept", detail={"handled": handled})
+
+    @staticmethod
+    def _short_of_time(time_left: Callable[[], float] | None) -> bool:
+        return time_left is not None and time_left() < TIME_MARGIN_SECONDS
 
     @staticmethod
     def _count(handled: dict[str, int], step: Callable[[], str], context: dict[str, Any]) -> None:
@@ -77,14 +103,35 @@ class Sweep:
         if instance.state is InstanceState.QUARANTINED and (instance.drain_pending
                                                              or instance.terminate_pending):
             return self.reboots.finish_quarantine(instance)
+        if instance.state is InstanceState.AVAILABLE and instance.waiting_jobs:
+            self.reboots.release_waiting(instance)  # back after its reboot; a delivery died after
+            return "released_waiting_jobs"
         self.deps.repo.clear_instance_deadline(instance.container_inst_id, instance.state)
         return "cleared"
 
-    def _job(self, item: dict[str, Any], now: float) -> str:
-        if item.get("item_type") != "JOB":
+    def _job_item(self, item: dict[str, Any], now: float) -> str:
+        kind = item.get("item_type")
+        if kind == "SUSPECT":
+            return self._suspect(item, now)
+        if kind != "JOB":
             return "ignored"
+        return self._job(self.deps.repo.job_from_item(item), item, now)
+
+    def _suspect(self, item: dict[str, Any], now: float) -> str:
+        """A suspect whose health check was never asked for (its delivery died): ask."""
+        suspect = suspect_from_item(item)
+        job = self.deps.repo.get_job(suspect.job_id)
+        if job is None or job.attempt != suspect.attempt or job.state not in RECOVERING_JOB_STATES \
+                or not suspect.pending:
+            self.deps.repo.faults.health_check_requested(suspect)
+            return "suspect_settled"
+        result = self.faults.request_check(job, suspect.node)
+        if result in ("waiting_for_gpus",) or result.startswith("instance_"):
+            self.deps.repo.faults.rearm_suspect(suspect, now + RETRY_INTERVAL_SECONDS)
+        return "suspect_check_requested"
+
+    def _job(self, job: Job, item: dict[str, Any], now: float) -> str:
         repo = self.deps.repo
-        job = repo.job_from_item(item)
         if job.state is JobState.PENDING_RESTART:
             settings = self.deps.settings
             give_up_at = ((job.fault_started_at or now) + settings.health_check_timeout_seconds
@@ -94,25 +141,51 @@ class Sweep:
                     job, "the gang restart did not happen in time (instances or old ranks never "
                          "became ready)")
                 return "restart_timed_out"
+            if job.stop_fanout:
+                self.gang.stop_due(job, now)
+            self._kick_checks(job)
             outcome = self.restarts.try_restart(job.job_id)
             if outcome.action == "waiting":
-                self._stop_old_ranks(job)
                 repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return f"restart_{outcome.action}"
         if job.state is JobState.PENDING_HEALTHCHECK:
-            # Stop what is still running, open any health check the fault still lacks
-            # (timeouts of open checks are the instance sweep's).
-            self.faults.converge_fault(job, reissue=True)
-            repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+            # The stop intent sent, the stops asked again at a paced interval; a fault whose
+            # verdicts are all in once every rank ended goes on (its event may have died).
+            self.faults.converge_fault(job)
+            self._kick_checks(job)
+            fresh = repo.get_job(job.job_id) or job
+            if fresh.state is JobState.PENDING_HEALTHCHECK and fresh.in_fault:
+                self._settle_fault(fresh)
+            repo.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
             return "health_check_waiting"
         if job.state is JobState.STARTING and job.restarted_attempt == job.attempt:
             return self.restarts.resume(job)
         if job.state is JobState.SUSPENDING:
             # The grace is over (stop by force), or stops are still to be confirmed.
             return self.suspensions.sweep(job, now)
+        if job.stop_fanout:
+            # An ended job whose ranks are still being stopped (or a cancel).
+            action = self.gang.stop_due(job, now)
+            if action == "stopped" and job.state is JobState.CANCELING:
+                self.faults.on_attempt_ended(repo.get_job(job.job_id) or job, job.attempt)
+            latest = repo.get_job(job.job_id)
+            if latest is not None and latest.stop_fanout:
+                repo.rearm_job(latest, now + RETRY_INTERVAL_SECONDS)
+            return action
         repo.clear_job_deadline(job.job_id, job.state, item.get("deadline_at"))
         return "cleared"
 
-    def _stop_old_ranks(self, job: Job) -> None:
-        """A restart waits for the old ranks to stop: ask again for any still running."""
-        self.faults.ranks.stop_live_ranks(job, why=job.last_error or "suspected GPU fault", reissue=True)
+    def _kick_checks(self, job: Job) -> None:
+        """The job's health checks waiting for a slot (one may have been given back while
+        its kick was lost, or the cluster's limit let go of one)."""
+        if job.in_fault and not job.tally.all_decided:
+            self.health.kick(job.job_id, limit=3)
+
+    def _settle_fault(self, job: Job) -> None:
+        """Every rank ended but the event that completed the latch died before counting the
+        suspects: count them (once), and conclude the fault if every verdict is in."""
+        if job.tally.total is None and Latch.ENDED in self.deps.repo.latches.complete(
+                job.job_id, job.attempt, job.world_size):
+            self.faults.on_attempt_ended(job, job.attempt)
+        elif job.tally.all_decided:
+            self.faults.remediation.conclude(job)

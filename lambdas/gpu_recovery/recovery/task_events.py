@@ -9,6 +9,11 @@ agent reported around it): health check, a definitive node action without the di
 the job's budget), or failure. The rank's stop, the job's reaction and the evidence are
 one transaction; a redelivered event finds them written (or not at all) and goes on with
 the side effects the job's state still needs.
+
+Nothing here reads every rank: each rank arrives at its attempt's latches (ended, done)
+and names its node a suspect on the same write, the job's reaction dispatches a gang
+fan-out once (``recovery.gang``), and whoever completes the *ended* latch counts the
+fault's suspects and moves the job on.
 """
 
 from __future__ import annotations
@@ -25,12 +30,20 @@ from gpu_recovery.domain.escalation import charges_job, history_from_item, histo
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
-from gpu_recovery.domain.models import Job, Rank, fault_key
+from gpu_recovery.domain.latch import Latch
+from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.policy import StopKind, StopReaction, TaskStop
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPlan
-from gpu_recovery.domain.states import ACTIVE_JOB_STATES, HOLDING_RANK_STATES, JobState, RankState
+from gpu_recovery.domain.states import (
+    ACTIVE_JOB_STATES,
+    HOLDING_RANK_STATES,
+    RECOVERING_JOB_STATES,
+    JobState,
+    RankState,
+)
 from gpu_recovery.ecs_events import EcsTaskDetail
+from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
@@ -54,6 +67,10 @@ _ENDING_REASON = {JobState.USER_STOPPED: "job stopped by a user", JobState.FAILE
                   JobState.CANCELED: "job canceled", JobState.COMPLETE: "job complete"}
 _WRITE_ROUNDS = 3  # a lost race re-reads and decides again; a third loss means "moved on"
 _JUDGED_KINDS = (StopKind.SUSPECTED_GPU_FAULT, StopKind.FAILED)
+# Reactions that change the job and, when they win, stop the gang's other ranks.
+_STOPPING_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.RESTART, StopReaction.FAIL_JOB,
+                       StopReaction.USER_STOPPED)
+_SUSPECT_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.ADD_SUSPECT)
 # A fault of a rank that failed on its own moves the job from these (a SUSPENDING job's
 # grace included: the fault wins over the suspension).
 FAULT_JOB_STATES = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
@@ -78,19 +95,24 @@ class Assessment:
                                         else set())
         return bool(needed & set(self.plan.record_only))
 
-    def record(self, now: float) -> dict[str, Any]:
-        return {"at": now, "evidence": self.evidence.to_dict(), "plan": self.plan.to_dict()}
+    def record(self, now: float, node: str = "", attempt: int = 0) -> dict[str, Any]:
+        out: dict[str, Any] = {"at": now, "evidence": self.evidence.to_dict(), "plan": self.plan.to_dict()}
+        if node:
+            out.update(node=node, attempt=attempt)
+        return out
 
 
 class TaskEvents:
     def __init__(self, deps: Deps, ranks: RankOperations, health: HealthChecks,
-                 restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions) -> None:
+                 restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions,
+                 gang: GangOps) -> None:
         self.deps = deps
         self.ranks = ranks
         self.health = health
         self.restarts = restarts
         self.remediation = remediation
         self.suspensions = suspensions
+        self.gang = gang
 
     def on_task_state_change(self, detail: EcsTaskDetail) -> Outcome:
         if detail.group.startswith(HEALTH_CHECK_GROUP):
@@ -111,7 +133,10 @@ class TaskEvents:
         if rank.state is RankState.STARTING:
             self.deps.repo.mark_rank_running(rank)
         job = self.deps.repo.get_job(rank.job_id)
-        if job and job.state is JobState.STARTING and job.attempt == rank.attempt:
+        if job and job.state is JobState.STARTING and job.attempt == rank.attempt \
+                and job.restarted_attempt != job.attempt:
+            # A queue launch: RUNNING once every rank is registered (a gang restart is
+            # confirmed by the batch that registers its last rank, with its e-mail).
             self.restarts.confirm_running(job, f"rank {rank.rank} running")
         return Outcome("running", rank.job_id, {"rank": rank.rank})
 
@@ -190,13 +215,14 @@ class TaskEvents:
         """Write the rank's stop and the job's reaction together; False if a race was lost."""
         repo = self.deps.repo
         now = clock.now()
-        faults = ({fault_key(job.attempt, rank.container_inst_id): assessment.record(now)}
-                  if assessment is not None else None)
+        node = rank.container_inst_id
         decided = f" ({assessment.plan.decision.reason})" if assessment is not None else ""
+        last_fault = assessment.record(now, node, job.attempt) if assessment is not None else None
         if reaction is StopReaction.USER_STOPPED:
             reason = (f"rank {rank.rank} stopped by a user ({stop.stopped_reason or 'UserInitiated'})")
             return repo.finish_job(job.job_id, job.attempt, JobState.USER_STOPPED, reason,
-                                   rank_stop=rank_stop)
+                                   rank_stop=rank_stop, stop_ranks_of=job.attempt,
+                                   stop_why=_ENDING_REASON[JobState.USER_STOPPED])
         if reaction is StopReaction.RESTART and assessment is not None and budget is not None:
             what = ("application error" if assessment.plan.decision.budget is Budget.APPLICATION
                     else "transient fault")
@@ -206,13 +232,13 @@ class TaskEvents:
             return repo.restart_in_place(job, from_states=FAULT_JOB_STATES, reason=reason, now=now,
                                          deadline_at=now + RETRY_INTERVAL_SECONDS, spend=spend,
                                          restart_reason=f"{what}: {budget.reason}", rank_stop=rank_stop,
-                                         faults=faults)
+                                         last_fault=last_fault)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             would = ", ".join(e.value for e in assessment.plan.record_only)
             reason = (f"rank {rank.rank} failed: {policy.describe_failure(stop)}; observe mode: would have "
                       f"done {would}{decided}")
             done = repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
-                                   fields={"last_error": reason[:1000], **repo.fault_fields(faults)},
+                                   fields={"last_error": reason[:1000], "last_fault": last_fault},
                                    rank_stop=rank_stop)
             if done:
                 self.deps.metrics.add_metric("ObservedFaults", "Count", 1)
@@ -221,60 +247,64 @@ class TaskEvents:
             reason = f"rank {rank.rank} failed: {policy.describe_failure(stop)}"
             if assessment is not None and assessment.plan.decision.rule_id != "default:unmatched":
                 reason += decided + (f"; {budget.reason}" if budget is not None else "")
-            done = repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
-                                   fields={"last_error": reason[:1000], **repo.fault_fields(faults)},
-                                   rank_stop=rank_stop)
+            fields: dict[str, Any] = {"last_error": reason[:1000]}
+            if last_fault is not None:
+                fields["last_fault"] = last_fault
+            done = repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason, fields=fields,
+                                   rank_stop=rank_stop, stop_ranks_of=job.attempt,
+                                   stop_why=_ENDING_REASON[JobState.FAILED])
             if done:
                 self.deps.metrics.add_metric("Failures", "Count", 1)
             return done
         if reaction is StopReaction.ENTER_RECOVERY:
-            reason = (f"rank {rank.rank} exited {stop.exit_code} on {rank.container_inst_id}: "
-                      f"suspected GPU fault{decided}")
-            return self._enter_recovery(job, rank.container_inst_id, reason, rank_stop,
-                                        from_states=FAULT_JOB_STATES, faults=faults)
+            reason = (f"rank {rank.rank} exited {stop.exit_code} on {node}: suspected GPU fault{decided}")
+            self._open_suspect(job, rank, assessment)
+            return self._enter_recovery(job, reason, rank_stop, from_states=FAULT_JOB_STATES)
         if reaction is StopReaction.ADD_SUSPECT:
-            return repo.add_suspects(job.job_id, job.attempt, [rank.container_inst_id], rank_stop,
-                                     faults=faults)
+            self._open_suspect(job, rank, assessment)
         return rank_stop is None or repo.record_rank_stop(rank_stop)
 
-    def _enter_recovery(self, job: Job, inst_id: str, reason: str, rank_stop: RankStop | None,
-                        from_states: Iterable[JobState],
-                        faults: dict[str, dict[str, Any]] | None = None) -> bool:
+    def _open_suspect(self, job: Job, rank: Rank, assessment: Assessment | None) -> None:
+        """The rank's node is a suspect of the job's fault: its item (with the evidence and
+        decision, and this rank) exists before anything counts it."""
         now = clock.now()
-        suspects = policy.suspects_for_fault(
-            inst_id, (r.container_inst_id for r in self._current_ranks(job)),
-            check_all_nodes=self.deps.settings.check_all_nodes_on_fault)
+        record = assessment.record(now) if assessment is not None else {"at": now}
+        self.deps.repo.faults.open_suspect(job.job_id, job.attempt, rank.container_inst_id, rank=rank.rank,
+                                           record=record, now=now, retry_at=now + RETRY_INTERVAL_SECONDS)
+
+    def _enter_recovery(self, job: Job, reason: str, rank_stop: RankStop | None,
+                        from_states: Iterable[JobState]) -> bool:
+        now = clock.now()
         entered = self.deps.repo.enter_recovery(
-            job.job_id, job.attempt, from_states=from_states, suspects=suspects, reason=reason,
-            now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop, faults=faults)
+            job.job_id, job.attempt, from_states=from_states, reason=reason,
+            now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop)
         if entered:
             self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
-            logger.info("suspected GPU fault", extra={"job_id": job.job_id, "suspects": suspects,
-                                                      "why": reason})
+            logger.info("suspected GPU fault", extra={"job_id": job.job_id, "why": reason})
         return entered
-
-    def _current_ranks(self, job: Job) -> list[Rank]:
-        if not self.deps.settings.check_all_nodes_on_fault:
-            return []
-        return [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
 
     def _follow_up(self, job: Job, rank: Rank, kind: StopKind, reaction: StopReaction, *,
                    redelivered: bool, assessment: Assessment | None = None) -> Outcome:
         fresh = self.deps.repo.get_job(job.job_id) or job
-        if reaction is StopReaction.MAYBE_COMPLETE:
-            return self._maybe_complete(fresh, rank)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             self._observed(fresh, rank, assessment)
-            return Outcome("observed", job.job_id, {"rank": rank.rank,
-                                                    "would_have_done": [e.value for e in
-                                                                        assessment.plan.record_only]})
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
-        outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank)
+        if reaction in _STOPPING_REACTIONS and not redelivered:
+            self._stop_gang(fresh)
+        outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
+                                 suspect=reaction in _SUSPECT_REACTIONS)
+        if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
+            return Outcome("observed", job.job_id, {"rank": rank.rank,
+                                                    "would_have_done": [e.value for e in
+                                                                        assessment.plan.record_only]})
+        if reaction is StopReaction.MAYBE_COMPLETE:
+            return Outcome("complete" if outcome.detail.get("complete") else "rank_done", job.job_id,
+                           {"rank": rank.rank})
         if reaction is StopReaction.RESTART:
             return Outcome("restart_requested", job.job_id, {"rank": rank.rank, **outcome.detail})
-        if reaction in (StopReaction.ENTER_RECOVERY, StopReaction.ADD_SUSPECT):
+        if reaction in _SUSPECT_REACTIONS:
             return Outcome("health_check_requested", job.job_id,
                            {"rank": rank.rank, "instance": rank.container_inst_id, **outcome.detail})
         if reaction is StopReaction.USER_STOPPED:
@@ -282,6 +312,18 @@ class TaskEvents:
         if reaction is StopReaction.FAIL_JOB:
             return Outcome("failed", job.job_id, {"rank": rank.rank, "reason": fresh.last_error})
         return outcome
+
+    def _stop_gang(self, job: Job) -> None:
+        """Dispatch the stop intent the job's reaction committed. Best effort: the job keeps a
+        deadline, so the sweep sends it again if this fails (a StopTask outage must not push
+        this event to its DLQ)."""
+        if not job.stop_fanout or job.stop_fanout.get("sent_at"):
+            return
+        try:
+            self.gang.stop(job)
+        except Exception:
+            logger.warning("gang stop not sent; the sweep sends it", exc_info=True,
+                           extra={"job_id": job.job_id})
 
     def _remember_on_node(self, job: Job, rank: Rank, assessment: Assessment) -> None:
         """A fault without node action (application error, transient fault) joins the node's
@@ -296,32 +338,86 @@ class TaskEvents:
             logger.warning("fault not recorded on the node", exc_info=True,
                            extra={"job_id": job.job_id, "instance": rank.container_inst_id})
 
-    def _converge(self, job: Job, *, redelivered: bool, kind: StopKind, rank: Rank) -> Outcome:
-        """Do what the job's state still needs (the work a dead delivery left undone)."""
+    def _converge(self, job: Job, *, redelivered: bool, kind: StopKind, rank: Rank,
+                  suspect: bool = False) -> Outcome:
+        """Do what the rank's stop still needs (the work a dead delivery left undone): its
+        node's health check if it is a suspect, its arrival at the attempt's latches, and
+        whatever completing them means for the job."""
         detail: dict[str, Any] = {"rank": rank.rank, "kind": kind.value}
-        if job.attempt != rank.attempt:
+        repo = self.deps.repo
+        current = repo.get_rank(rank.job_id, rank.rank) or rank
+        if current.attempt != rank.attempt or not current.state.is_terminal:
             return Outcome("recorded", job.job_id, {**detail, "why": "older attempt"})
-        if job.state is JobState.PENDING_HEALTHCHECK:
-            detail["health_checks"] = self.converge_fault(job, reissue=redelivered)
-        elif job.state is JobState.PENDING_RESTART:
-            # The restart waits for the old ranks: stop them, and restart once they are gone.
-            # Best effort: the job carries a deadline, so the sweep asks again every minute
-            # (a StopTask outage must not push this event to its DLQ).
-            try:
-                self.ranks.stop_live_ranks(job, why=job.last_error or "restart", reissue=redelivered)
-                detail["restart"] = self.restarts.try_restart(job.job_id).action
-            except Exception:
-                logger.warning("restart follow-up failed; the sweep finishes it", exc_info=True,
-                               extra={"job_id": job.job_id})
-                detail["restart"] = "left_to_the_sweep"
-        elif job.state is JobState.SUSPENDING:
-            detail["suspension"] = self.suspensions.converge(job, reissue=redelivered)
-        elif job.state is JobState.CANCELING:
-            self._maybe_canceled(job)
-        elif job.state.is_terminal:
-            self.ranks.stop_live_ranks(job, why=_ENDING_REASON.get(job.state, f"job {job.state.value}"),
-                                       reissue=redelivered)
+        node = current.container_inst_id
+        if not suspect and (redelivered or self.deps.settings.check_all_nodes_on_fault):
+            suspect = self._named_suspect(job, current)
+        if suspect and job.attempt == rank.attempt:
+            if self.deps.settings.check_all_nodes_on_fault or repo.faults.get_suspect(
+                    job.job_id, job.attempt, node) is None:
+                self._open_suspect(job, current, None)
+            detail["health_checks"] = {node: self.request_check(job, node)}
+        if redelivered and job.stop_fanout and not job.stop_fanout.get("sent_at"):
+            self._stop_gang(job)
+        arrival = repo.latches.arrive(
+            job.job_id, current.attempt, job.world_size, current.rank,
+            [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
+            suspect_node=node if suspect else "")
+        if Latch.DONE in arrival:
+            detail["complete"] = repo.finish_job(job.job_id, current.attempt, JobState.COMPLETE,
+                                                 "every rank exited 0")
+        if Latch.ENDED in arrival:
+            detail["ended"] = self.on_attempt_ended(repo.get_job(job.job_id) or job, current.attempt)
         return Outcome("duplicate" if redelivered else "recorded", job.job_id, detail)
+
+    def _named_suspect(self, job: Job, rank: Rank) -> bool:
+        """Is this rank's node a suspect of the job's fault? Every node with
+        ``health_check_all_nodes``; else a node whose suspect item names this rank (a
+        redelivery after the job moved on still counts it, as its first delivery did)."""
+        if not (job.in_fault and job.tally.attempt == rank.attempt):
+            return False
+        if self.deps.settings.check_all_nodes_on_fault and job.state is JobState.PENDING_HEALTHCHECK:
+            return True
+        found = self.deps.repo.faults.get_suspect(job.job_id, rank.attempt, rank.container_inst_id)
+        return found is not None and rank.rank in found.ranks
+
+    def request_check(self, job: Job, inst_id: str) -> str:
+        """The suspect node's decision: the fast path (definitive evidence), or its health
+        check opened (or joined); then its item needs no follow-up from the sweep."""
+        if job.state not in RECOVERING_JOB_STATES:
+            return "job_moved_on"
+        faults = self.deps.repo.faults
+        suspect = faults.get_suspect(job.job_id, job.attempt, inst_id)
+        if suspect is not None and not suspect.pending:
+            faults.health_check_requested(suspect)
+            return "decided"  # a redelivery: its verdict is in already
+        result = self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id)
+        if suspect is not None:
+            faults.health_check_requested(suspect)
+        return result
+
+    def on_attempt_ended(self, job: Job, attempt: int) -> str:
+        """Every rank of ``attempt`` ended (its GPUs are free): the fault's suspects are final
+        (counted once), nothing is left to stop, and the job goes on - restart, suspended,
+        canceled."""
+        repo = self.deps.repo
+        if job.attempt != attempt:
+            return "older_attempt"
+        if job.stop_fanout and int(job.stop_fanout.get("attempt") or 0) == attempt:
+            repo.end_stop_fanout(job, attempt)
+        if job.in_fault and job.tally.total is None and job.state in RECOVERING_JOB_STATES:
+            total = len(repo.latches.suspect_nodes(job.job_id, attempt, job.world_size))
+            job = repo.faults.record_total(job, total) or repo.get_job(job.job_id) or job
+            logger.info("every rank ended", extra={"job_id": job.job_id, "suspects": total})
+        if job.state is JobState.PENDING_HEALTHCHECK and job.tally.all_decided:
+            return self.remediation.conclude(job)
+        if job.state is JobState.PENDING_RESTART:
+            return self.restarts.try_restart(job.job_id).action
+        if job.state is JobState.SUSPENDING:
+            return "suspended" if self.suspensions.finish(job) else "raced"
+        if job.state is JobState.CANCELING:
+            repo.mark_job_canceled(job.job_id, "every rank stopped")
+            return "canceled"
+        return "ended"
 
     # ---------------------------------------------------------- suspected fault
     def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
@@ -332,40 +428,40 @@ class TaskEvents:
         service calls it for a node lost too long or a hung rank). Such a fault is always
         confirmed by the DCGM diag (its evidence is kept for the verdict: a healthy node
         after a lost node or a hang restarts the job as a transient fault)."""
-        job = self.deps.repo.get_job(job_id)
+        repo = self.deps.repo
+        job = repo.get_job(job_id)
         if job is None or job.attempt != attempt:
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": "attempt moved on"})
         states = list(from_states)
         if trigger is None:
             trigger = Trigger.NODE_LOST if states == [JobState.NODE_LOST] else Trigger.HUNG
-        raw = self.deps.repo.get_instance_item(inst_id)
+        if job.state not in states and job.state is not JobState.PENDING_HEALTHCHECK:
+            return Outcome("recorded", job_id, {"rank": failing_rank, "why": job.state.value})
+        raw = repo.get_instance_item(inst_id)
         now = clock.now()
         evidence = self.remediation.evidence(inst_id=inst_id, instance_item=raw, trigger=trigger,
                                              fault_at=now, job=job, rank=failing_rank)
-        faults = {fault_key(attempt, inst_id): {"at": now, "evidence": evidence.to_dict()}}
+        repo.faults.open_suspect(job_id, attempt, inst_id, rank=failing_rank,
+                                 record={"at": now, "evidence": evidence.to_dict()}, now=now,
+                                 retry_at=now + RETRY_INTERVAL_SECONDS)
         if job.state in states:
-            self._enter_recovery(job, inst_id, reason, None, from_states=states, faults=faults)
-        elif job.state is JobState.PENDING_HEALTHCHECK:
-            self.deps.repo.add_suspects(job_id, attempt, [inst_id], faults=faults)
-        job = self.deps.repo.get_job(job_id)
+            self._enter_recovery(job, reason, None, from_states=states)
+        job = repo.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": state})
-        checks = self.converge_fault(job, reissue=False)
+        # Counted with the failing rank's shard (that rank has not ended: it is stopped now).
+        repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
+        checks = {inst_id: self.request_check(job, inst_id)}
+        self._stop_gang(job)
         return Outcome("health_check_requested", job_id,
                        {"rank": failing_rank, "instance": inst_id, "health_checks": checks})
 
-    def converge_fault(self, job: Job, *, reissue: bool) -> dict[str, str]:
-        """A job in PENDING_HEALTHCHECK: every other rank stopped, every pending suspect's
-        health check opened (or joined) and started once its GPUs are free."""
-        # Checks first: a suspect's GPUs are free once its own rank stopped, so an error
-        # stopping the other ranks must not hold its check back. A suspect whose evidence
-        # is definitive (its recorded plan skips the diag) is acted on at once.
-        checks = {inst_id: self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id)
-                  for inst_id in policy.verdicts_pending(job.suspects)}
-        self.ranks.stop_live_ranks(job, why=job.last_error or "suspected GPU fault", reissue=reissue,
-                                   ranks=self.ranks.current_ranks(job))
-        return checks
+    def converge_fault(self, job: Job) -> dict[str, str]:
+        """The sweep, for a job in PENDING_HEALTHCHECK: the stop intent sent (and the stops
+        asked again at a paced interval); each suspect's check is the suspect item's own
+        follow-up."""
+        return {"stops": self.gang.stop_due(job, clock.now())}
 
     def _observed(self, job: Job, rank: Rank, assessment: Assessment) -> None:
         """Observe mode: record on the node what would have been done, and tell operators."""
@@ -388,16 +484,3 @@ class TaskEvents:
                            "termination; the job is marked FAILED in the job table"),
             operator_action="Read what would have been done below and act by hand if needed.",
             details=details_of(assessment.evidence, plan))
-
-    # ------------------------------------------------------------ job endings
-    def _maybe_complete(self, job: Job, rank: Rank) -> Outcome:
-        current = [r for r in self.deps.repo.get_ranks(job) if r.attempt == job.attempt]
-        if len(current) == job.world_size and all(r.state is RankState.DONE for r in current):
-            if self.deps.repo.finish_job(job.job_id, job.attempt, JobState.COMPLETE, "every rank exited 0"):
-                logger.info("job complete", extra={"job_id": job.job_id})
-            return Outcome("complete", job.job_id)
-        return Outcome("rank_done", job.job_id, {"rank": rank.rank})
-
-    def _maybe_canceled(self, job: Job) -> None:
-        if all(r.state.is_terminal for r in self.deps.repo.get_ranks(job)):
-            self.deps.repo.mark_job_canceled(job.job_id, "every rank stopped")

@@ -10,17 +10,34 @@ keys or indexes only: never a Scan.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
+from gpu_recovery import clock
+
 logger = logging.getLogger(__name__)
 
-MAX_HISTORY = 200  # bounded so a flapping job can never outgrow the 400 KB item limit
+# A job's history (state changes) keeps its newest MAX_HISTORY entries: a job suspended and
+# resumed, or lost and found, a thousand times never outgrows DynamoDB's 400 KB item. A
+# full history drops its oldest HISTORY_TRIM entries at once (one write per 50 changes).
+MAX_HISTORY = 200
+HISTORY_TRIM = 50
 _BATCH_GET_LIMIT = 100
+# Contention on a hot item (many ranks of one job writing at once) is a race, not an
+# error: a transaction cancelled by a conflicting one (nothing written) is tried again
+# after a jittered, growing pause; botocore already retries throughput errors.
+CONTENTION_RETRIES = 8
+CONTENTION_BASE_SECONDS = 0.025
+CONTENTION_CAP_SECONDS = 1.0
+_CONTENTION_CODES = ("TransactionConflict", "TransactionConflictException",
+                     "ProvisionedThroughputExceededException", "ThrottlingException",
+                     "RequestLimitExceeded")
+T = TypeVar("T")
 
 
 # ----------------------------------------------------------------------------- values
@@ -49,6 +66,39 @@ def from_ddb(value: Any) -> Any:
     return value
 
 
+def cancellation_codes(error: ClientError) -> list[str]:
+    """Per-item reasons of a cancelled transaction ("None" for items that were fine)."""
+    return [str(r.get("Code") or "None") for r in error.response.get("CancellationReasons") or []]
+
+
+def is_contention(error: ClientError) -> bool:
+    """Nothing was written because of contention (a conflicting transaction, a hot
+    partition), not because a condition did not hold: trying again is safe."""
+    code = error.response.get("Error", {}).get("Code", "")
+    if code == "TransactionCanceledException":
+        codes = cancellation_codes(error)
+        message = error.response.get("Error", {}).get("Message", "")
+        if not codes:
+            return "TransactionConflict" in message and "ConditionalCheckFailed" not in message
+        return any(c in _CONTENTION_CODES for c in codes) and "ConditionalCheckFailed" not in codes
+    return code in _CONTENTION_CODES
+
+
+def with_contention_retries(call: Callable[[], T], what: str) -> T:
+    """Run ``call``; on contention wait (full jitter, growing) and run it again."""
+    for attempt in range(CONTENTION_RETRIES + 1):
+        try:
+            return call()
+        except ClientError as error:
+            if not is_contention(error) or attempt == CONTENTION_RETRIES:
+                raise
+            pause = random.uniform(0, min(CONTENTION_CAP_SECONDS, CONTENTION_BASE_SECONDS * 2 ** attempt))
+            logger.info("write contended; trying again", extra={"operation": what, "attempt": attempt + 1,
+                                                                 "pause_seconds": round(pause, 3)})
+            clock.sleep(pause)
+    raise AssertionError("unreachable")
+
+
 def is_condition_failure(error: ClientError) -> bool:
     code = error.response.get("Error", {}).get("Code", "")
     if code == "ConditionalCheckFailedException":
@@ -70,8 +120,8 @@ class Update:
     table: str
     key: dict[str, Any]
     set_fields: dict[str, Any] = field(default_factory=dict)
-    add_to_sets: dict[str, set[str]] = field(default_factory=dict)
-    delete_from_sets: dict[str, set[str]] = field(default_factory=dict)
+    add_to_sets: dict[str, set[Any]] = field(default_factory=dict)
+    delete_from_sets: dict[str, set[Any]] = field(default_factory=dict)
     remove_fields: list[str] = field(default_factory=list)
     increments: dict[str, int] = field(default_factory=dict)
     set_if_absent: dict[str, Any] = field(default_factory=dict)  # SET a = if_not_exists(a, v)
@@ -79,6 +129,18 @@ class Update:
     condition: str | None = None
     condition_values: dict[str, Any] = field(default_factory=dict)
     condition_names: dict[str, str] = field(default_factory=dict)
+    check_only: bool = False  # in a transaction: a ConditionCheck (nothing written)
+
+    def transact_item(self) -> dict[str, Any]:
+        if not self.check_only:
+            return {"Update": self.expression()}
+        check: dict[str, Any] = {"TableName": self.table, "Key": self.key,
+                                 "ConditionExpression": self.condition or "attribute_exists(#ck)"}
+        names = dict(self.condition_names) or {"#ck": next(iter(self.key))}
+        check["ExpressionAttributeNames"] = names
+        if self.condition_values:
+            check["ExpressionAttributeValues"] = {k: to_ddb(v) for k, v in self.condition_values.items()}
+        return {"ConditionCheck": check}
 
     def expression(self) -> dict[str, Any]:
         names: dict[str, str] = dict(self.condition_names)
@@ -106,11 +168,15 @@ class Update:
             values[f":ine{i}"] = to_ddb(value)
             n = name(attr)
             sets.append(f"{n} = if_not_exists({n}, :ine{i})")
+        history_guard = None
         if self.history_entry is not None:
             values[":hist"] = [to_ddb(self.history_entry)]
             values[":empty"] = []
+            values[":hmax"] = MAX_HISTORY
             n = name("history")
             sets.append(f"{n} = list_append(if_not_exists({n}, :empty), :hist)")
+            # A full history is trimmed first (DynamoDbGateway._trim_history), never outgrown.
+            history_guard = f"(attribute_not_exists({n}) OR size({n}) < :hmax)"
         for i, (attr, members) in enumerate(self.add_to_sets.items()):
             if members:
                 values[f":a{i}"] = set(members)
@@ -137,8 +203,11 @@ class Update:
         }
         if values:
             params["ExpressionAttributeValues"] = values
-        if self.condition:
-            params["ConditionExpression"] = self.condition
+        condition = self.condition
+        if history_guard is not None:
+            condition = f"({condition}) AND {history_guard}" if condition else history_guard
+        if condition:
+            params["ConditionExpression"] = condition
         return params
 
 
@@ -161,9 +230,14 @@ class DynamoGateway:
     def __init__(self, dynamodb: Any) -> None:
         self._ddb = dynamodb
         self._client = dynamodb.meta.client  # type-transforming client (transactions)
+        self._tables: dict[str, Any] = {}
 
     def table(self, name: str) -> Any:
-        return self._ddb.Table(name)
+        # A boto3 Table resource costs milliseconds to build: one per table and gateway.
+        handle = self._tables.get(name)
+        if handle is None:
+            handle = self._tables[name] = self._ddb.Table(name)
+        return handle
 
     def get(self, table: str, key: dict[str, Any]) -> dict[str, Any] | None:
         item = self.table(table).get_item(Key=key, ConsistentRead=True).get("Item")
@@ -185,11 +259,11 @@ class DynamoGateway:
 
     def put_if_absent(self, table: str, item: dict[str, Any], key_attr: str) -> bool:
         try:
-            self.table(table).put_item(
+            with_contention_retries(lambda: self.table(table).put_item(
                 Item=item,
                 ConditionExpression="attribute_not_exists(#k)",
                 ExpressionAttributeNames={"#k": key_attr},
-            )
+            ), "PutItem")
             return True
         except ClientError as error:
             if is_condition_failure(error):
@@ -199,9 +273,9 @@ class DynamoGateway:
     def put_conditional(self, table: str, item: dict[str, Any], condition: str,
                         names: dict[str, str], values: dict[str, Any]) -> bool:
         try:
-            self.table(table).put_item(Item=item, ConditionExpression=condition,
-                                       ExpressionAttributeNames=names,
-                                       ExpressionAttributeValues=values)
+            with_contention_retries(lambda: self.table(table).put_item(
+                Item=item, ConditionExpression=condition, ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values), "PutItem")
             return True
         except ClientError as error:
             if is_condition_failure(error):
@@ -210,37 +284,73 @@ class DynamoGateway:
 
     def apply(self, update: Update) -> bool:
         """Run one conditional update; False when its condition did not hold."""
-        try:
-            self._client.update_item(**update.expression())
-            return True
-        except ClientError as error:
-            if is_condition_failure(error):
-                return False
-            raise
+        return self.apply_returning(update, returning="NONE") is not None
 
-    def apply_returning(self, update: Update) -> dict[str, Any] | None:
-        """Like :meth:`apply`, returning the item as written (None when the condition failed)."""
-        try:
-            response = self._client.update_item(**update.expression(), ReturnValues="ALL_NEW")
-            return from_ddb(dict(response.get("Attributes", {})))
-        except ClientError as error:
-            if is_condition_failure(error):
-                return None
-            raise
+    def apply_returning(self, update: Update, returning: str = "ALL_NEW") -> dict[str, Any] | None:
+        """Like :meth:`apply`, returning the item as written (``returning``: DynamoDB's
+        ReturnValues; None when the condition failed)."""
+        for _ in range(2):
+            try:
+                response = with_contention_retries(
+                    lambda: self._client.update_item(**update.expression(), ReturnValues=returning),
+                    "UpdateItem")
+                return from_ddb(dict(response.get("Attributes", {})))
+            except ClientError as error:
+                if not is_condition_failure(error):
+                    raise
+                if not self._trim_history([update]):
+                    return None
+        return None
 
     def transact(self, updates: Sequence[Update]) -> bool:
         """All or nothing: no state is ever half-written across items."""
         if len(updates) == 1:
             return self.apply(updates[0])
-        try:
-            self._client.transact_write_items(
-                TransactItems=[{"Update": u.expression()} for u in updates]
-            )
-            return True
-        except ClientError as error:
-            if is_condition_failure(error):
-                return False
-            raise
+        for _ in range(2):
+            try:
+                with_contention_retries(lambda: self._client.transact_write_items(
+                    TransactItems=[u.transact_item() for u in updates]), "TransactWriteItems")
+                return True
+            except ClientError as error:
+                if not is_condition_failure(error):
+                    raise
+                codes = cancellation_codes(error)
+                failed = [u for u, c in zip(updates, codes, strict=False) if c == "ConditionalCheckFailed"]
+                if not self._trim_history(failed or list(updates)):
+                    return False
+        return False
+
+    def transact_or_raise(self, updates: Sequence[Update]) -> None:
+        """All or nothing; a cancellation (a condition that did not hold) is raised, with its
+        per-item reasons, to a caller that needs to know which condition it was."""
+        with_contention_retries(lambda: self._client.transact_write_items(
+            TransactItems=[u.transact_item() for u in updates]), "TransactWriteItems")
+
+    def _trim_history(self, updates: Sequence[Update]) -> bool:
+        """A job's history full (its own condition failed the write): drop its oldest entries
+        and say so (the caller writes again). False: nothing to trim, the write's own
+        condition did not hold."""
+        trimmed = False
+        for update in updates:
+            if update.history_entry is None:
+                continue
+            item = self._client.get_item(TableName=update.table, Key=update.key, ConsistentRead=True,
+                                         ProjectionExpression="#h", ExpressionAttributeNames={"#h": "history"}
+                                         ).get("Item") or {}
+            if len(item.get("history") or []) < MAX_HISTORY:
+                continue
+            removes = ", ".join(f"#h[{i}]" for i in range(HISTORY_TRIM))
+            try:
+                self._client.update_item(TableName=update.table, Key=update.key,
+                                         UpdateExpression=f"REMOVE {removes}",
+                                         ConditionExpression="size(#h) >= :hmax",
+                                         ExpressionAttributeNames={"#h": "history"},
+                                         ExpressionAttributeValues={":hmax": MAX_HISTORY})
+            except ClientError as error:
+                if not is_condition_failure(error):
+                    raise
+            trimmed = True
+        return trimmed
 
     def batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []

@@ -11,6 +11,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from gpu_recovery import clock
 from gpu_recovery.constants import (
     JOB_PK,
     QUEUE_PK,
@@ -22,7 +23,7 @@ from gpu_recovery.constants import (
     job_item_key,
 )
 from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.repository import Repository, from_ddb, is_condition_failure, to_ddb
+from gpu_recovery.repository import Repository, Update, from_ddb, is_condition_failure, to_ddb
 
 
 class InvalidPageToken(ValueError):
@@ -95,15 +96,28 @@ class JobQueueRepository:
             raise
 
     def move_job(self, job_id: str, current: JobState, to: JobState, *, reason: str, actor: str,
-                 leave_queue: bool, clear_deadline: bool = False) -> bool:
+                 leave_queue: bool, clear_deadline: bool = False, stop_ranks_of: int | None = None) -> bool:
         """``current`` -> ``to`` exactly as read (any attempt); optionally out of the queue
-        index and without a deadline."""
+        index and without a deadline. With ``stop_ranks_of`` (an attempt) the intent to stop
+        its live ranks is committed too (the recovery sweep sends it if nobody else does)."""
         remove = [QUEUE_PK, QUEUE_SK] if leave_queue else []
-        if clear_deadline:
+        fields: dict[str, Any] = {}
+        if stop_ranks_of is not None:
+            now = clock.now()
+            fields.update(self.base.stop_fanout_fields(stop_ranks_of, reason, now))
+            fields["stop_fanout"]["remediation"] = False
+            fields.update(self.base.job_deadline_fields(now + 60))
+        elif clear_deadline:
             remove += self.base.deadline_attributes()
         return self.base.apply(self.base.job_transition(
             job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
-            remove_fields=remove))
+            set_fields=fields, remove_fields=remove))
+
+    def record_stop_sent(self, job_id: str, attempt: int, now: float) -> bool:
+        return self.base.db.apply(Update(
+            table=self.base.job_table_name, key={JOB_PK: job_item_key(job_id)},
+            set_fields={"stop_fanout.sent_at": now}, condition="#f.#a = :a",
+            condition_values={":a": attempt}, condition_names={"#f": "stop_fanout", "#a": "attempt"}))
 
     def request_rank_stop(self, rank: Rank, from_states: Iterable[RankState], reason: str) -> bool:
         return self.base.apply(self.base.rank_update(

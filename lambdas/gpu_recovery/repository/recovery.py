@@ -25,6 +25,7 @@ from gpu_recovery.constants import (
     DEADLINE_PK,
     DEADLINE_SK,
     HB_PK,
+    HC_WAIT_PK,
     INSTANCE_PK,
     JOB_BY_INSTANCE_INDEX,
     JOB_BY_INSTANCE_PK,
@@ -35,10 +36,13 @@ from gpu_recovery.constants import (
     QUEUE_SK,
     job_item_key,
     rank_item_key,
+    refused_item_key,
 )
+from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.state_machine import check_transition, sources_of
 from gpu_recovery.domain.states import (
+    FATAL_SUSPECT_VERDICTS,
     HEALTH_CHECK_STATES,
     HEARTBEAT_WATCHED_RANK_STATES,
     HOLDING_RANK_STATES,
@@ -49,11 +53,11 @@ from gpu_recovery.domain.states import (
     SuspectVerdict,
 )
 from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.health_check_slots import WAIT_SWEEP_SECONDS, Claim, HealthCheckSlots
+from gpu_recovery.repository.latches import LatchRepository
 
 _DEADLINE = [DEADLINE_PK, DEADLINE_SK]
-# Each fault's evidence and decision is one top-level attribute of the job item,
-# "fault:a<attempt>:<instance>" (queue items are created without a map to nest into).
-FAULT_ATTR_PREFIX = "fault:"
 SPEND_INFRASTRUCTURE = "infrastructure"
 SPEND_APPLICATION = "application"
 _SPEND_COUNTER = {SPEND_INFRASTRUCTURE: "recoveries_used", SPEND_APPLICATION: "app_restarts_used"}
@@ -80,10 +84,12 @@ class JobVerdict:
     last_error: str = ""
     spend: str = ""  # "infrastructure" | "application" | "" (nothing charged)
     deadline_at: float | None = None  # PENDING_RESTART: when the sweep looks again
-    fault: tuple[str, dict[str, Any]] | None = None  # (Job.faults key, evidence + plan)
+    record: dict[str, Any] | None = None  # the suspect's evidence + plan (+ label)
     relocate: bool = False  # the restart moves ranks off unusable nodes
     restart_reason: str = ""
     reason: str = ""  # the history entry (default: "verdict <label> on <instance>")
+    waits_for_reboot: bool = False  # the job's restart waits until the node is back
+    infra_hint: bool = False  # healthy, and the catalog charges a restart to the infrastructure budget
 
 
 @dataclass(frozen=True)
@@ -107,11 +113,15 @@ class NodeDecision:
 
 @dataclass(frozen=True)
 class JobFailure:
-    """A job failed because an instance it waits for timed out."""
+    """A job failed (or, ``moves``, goes on elsewhere) because an instance it waits for
+    timed out."""
 
     job: Job
     reason: str
     label: SuspectVerdict
+    moves: bool = False  # relocatable and waiting to restart: the node no longer holds it
+    suspect_pending: bool = False  # its verdict for the node was still to come (counted now)
+    suspect_rebooting: bool = False  # it waited for the node's reboot (no longer)
 
 
 class Repository:
@@ -124,35 +134,41 @@ class Repository:
         self.instance_table_name = instance_table
         self._jobs = dynamodb.Table(job_table)
         self._instances = dynamodb.Table(instance_table)
+        self.latches = LatchRepository(self)  # rank counts of an attempt
+        self.faults = FaultRepository(self)  # suspect items, tallies, placements
+        self.slots = HealthCheckSlots(self)  # health checks running: the cluster's, each job's
 
     # ================================================================== mapping
     @staticmethod
     def job_from_item(item: Mapping[str, Any]) -> Job:
         item = from_ddb(dict(item))
         restarted = item.get("restarted_attempt")
+        attempt = int(item.get("attempt", 1))
+        source = item.get("source", "ecs-tags")
         return Job(
             job_id=item["job_id"],
             state=JobState(item["job_state"]),
             world_size=int(item["world_size"]),
-            attempt=int(item.get("attempt", 1)),
+            attempt=attempt,
             recoveries_used=int(item.get("recoveries_used", 0)),
             max_recovery_attempts=int(item.get("max_recovery_attempts", 1)),
             app_restarts_used=int(item.get("app_restarts_used", 0)),
             max_app_restarts=int(item.get("max_app_restarts", 0)),
-            suspects=dict(item.get("suspects", {})),
             fault_started_at=item.get("fault_started_at"),
             last_error=item.get("last_error", ""),
-            verdicts=dict(item.get("verdicts", {})),
             created_at=item.get("created_at", 0.0),
             updated_at=item.get("updated_at", 0.0),
-            source=item.get("source", "ecs-tags"),
+            source=source,
             restarted_attempt=int(restarted) if restarted is not None else None,
-            faults={k[len(FAULT_ATTR_PREFIX):]: v for k, v in item.items()
-                    if k.startswith(FAULT_ATTR_PREFIX)},
-            placement=dict(item.get("placement") or {}),
+            tally=FaultTally.from_item(item.get("fault")),
             relocate=bool(item.get("relocate", False)),
+            relocated=int(item.get("relocated_attempt") or 0) == attempt,
             restart_reason=str(item.get("restart_reason", "")),
             suspend=dict(item.get("suspend") or {}),
+            relocatable_tags=source == "queue" or bool(item.get("relocatable", False)),
+            stop_fanout=dict(item.get("stop_fanout") or {}),
+            start_fanout=dict(item.get("start_fanout") or {}),
+            last_fault=dict(item.get("last_fault") or {}),
         )
 
     @staticmethod
@@ -169,8 +185,7 @@ class Repository:
                 "max_recovery_attempts": job.max_recovery_attempts,
                 "app_restarts_used": job.app_restarts_used,
                 "max_app_restarts": job.max_app_restarts,
-                "suspects": job.suspects,
-                "verdicts": job.verdicts,
+                "relocatable": job.relocatable_tags,
                 "last_error": job.last_error,
                 "created_at": job.created_at,
                 "updated_at": job.updated_at,
@@ -251,6 +266,9 @@ class Repository:
             hc_start_attempts=int(item.get("hc_start_attempts", 0)),
             hc_requested_at=item.get("hc_requested_at"),
             hc_lease_until=item.get("hc_lease_until"),
+            hc_owner=str(item.get("hc_owner") or ""),
+            hc_claimed_at=item.get("hc_claimed_at"),
+            hc_waiting_for_slot=bool(item.get(HC_WAIT_PK)),
             reboot_requested_at=item.get("reboot_requested_at"),
             reboot_claimed_at=item.get("reboot_claimed_at"),
             reboot_issued_at=item.get("reboot_issued_at"),
@@ -282,8 +300,15 @@ class Repository:
         item = self.db.get(self.job_table_name, {JOB_PK: rank_item_key(job_id, rank)})
         return self.rank_from_item(item) if item else None
 
+    def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]:
+        """Ranks ``first`` to ``last - 1`` of a job (one batch of a fan-out), by key."""
+        keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(first, last)]
+        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)]
+        return sorted(ranks, key=lambda r: r.rank)
+
     def get_ranks(self, job: Job) -> list[Rank]:
-        """All rank items of a job, strongly consistent, by key (world_size items)."""
+        """All rank items of a job, strongly consistent, by key (world_size items): for
+        operators' views and small gangs, never per event of a large one."""
         keys = [{JOB_PK: rank_item_key(job.job_id, r)} for r in range(job.world_size)]
         ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)]
         return sorted(ranks, key=lambda r: r.rank)
@@ -324,20 +349,23 @@ class Repository:
         found = (self.instance_from_item(i) for i in self.db.batch_get(self.instance_table_name, keys))
         return {inst.container_inst_id: inst for inst in found}
 
-    def due_instances(self, now: float) -> list[Instance]:
-        return [self.instance_from_item(i) for i in self._due(self.instance_table_name, now)]
+    def due_instances(self, now: float, limit: int | None = None) -> list[Instance]:
+        return [self.instance_from_item(i) for i in self._due(self.instance_table_name, now, limit)]
 
-    def due_job_items(self, now: float) -> list[dict[str, Any]]:
-        return [from_ddb(dict(i)) for i in self._due(self.job_table_name, now)]
+    def due_job_items(self, now: float, limit: int | None = None) -> list[dict[str, Any]]:
+        return [from_ddb(dict(i)) for i in self._due(self.job_table_name, now, limit)]
 
-    def _due(self, table: str, now: float) -> list[dict[str, Any]]:
-        return self.db.query_all(
-            table,
+    def _due(self, table: str, now: float, limit: int | None) -> list[dict[str, Any]]:
+        """Items whose deadline passed, oldest first (at most ``limit``: one page)."""
+        kwargs: dict[str, Any] = dict(
             IndexName=DEADLINE_INDEX,
             KeyConditionExpression="#b = :b AND #d <= :now",
             ExpressionAttributeNames={"#b": DEADLINE_PK, "#d": DEADLINE_SK},
             ExpressionAttributeValues={":b": DEADLINE_BUCKET, ":now": to_ddb(float(now))},
         )
+        if limit is None:
+            return self.db.query_all(table, **kwargs)
+        return list(self.db.query_page(table, Limit=limit, **kwargs).get("Items", []))
 
     # ============================================================ registration
     def create_job_if_absent(self, job: Job) -> bool:
@@ -352,6 +380,12 @@ class Repository:
             {"#k": JOB_PK, "#a": "attempt", "#t": JOB_BY_TASK_PK, "#s": "rank_state"},
             {":a": rank.attempt, ":t": rank.task_arn, ":starting": RankState.STARTING.value},
         )
+
+    def mark_refused(self, job_id: str, world_size: int, now: float) -> bool:
+        """A tagged job too large to protect: True the first time only (operators are told once)."""
+        return self.db.put_if_absent(self.job_table_name, to_ddb(
+            {JOB_PK: refused_item_key(job_id), "item_type": "REFUSED", "world_size": world_size,
+             "refused_at": now}), JOB_PK)
 
     def put_instance_if_absent(self, instance: Instance) -> bool:
         item = to_ddb(
@@ -396,70 +430,69 @@ class Repository:
         ))
 
     # ================================================================= job intents
-    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState],
-                       suspects: Sequence[str], reason: str, now: float, deadline_at: float,
-                       rank_stop: RankStop | None = None, actor: str = "recovery",
-                       faults: Mapping[str, dict[str, Any]] | None = None) -> bool:
-        """The first suspect of a fault: job -> PENDING_HEALTHCHECK (with the rank's stop
-        in the same transaction, so a retry never finds one written without the other).
-        ``faults`` (Job.faults key -> evidence and decision) are recorded with it."""
+    def stop_fanout_fields(self, attempt: int, why: str, now: float) -> dict[str, Any]:
+        """The intent to stop every live rank of ``attempt`` (a fan-out of StopTask batches),
+        committed with the job's transition; the sweep sends it again until confirmed."""
+        return {"stop_fanout": {"attempt": attempt, "why": why[:300], "at": now, "rounds": 0}}
+
+    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
+                       now: float, deadline_at: float, rank_stop: RankStop | None = None,
+                       actor: str = "recovery") -> bool:
+        """The first suspect of a fault: job -> PENDING_HEALTHCHECK with a fresh tally and the
+        intent to stop every other rank (with the rank's stop in the same transaction, so a
+        retry never finds one written without the other). The suspect itself is an item of
+        its own (``FaultRepository.open_suspect``), written before."""
         job = self.job_transition(
             job_id, JobState.PENDING_HEALTHCHECK, from_states=from_states, attempt=attempt,
             reason=reason, actor=actor,
-            set_fields={"suspects": {i: SuspectVerdict.PENDING.value for i in suspects},
-                        "fault_started_at": now, "last_error": reason[:1000], "verdicts": {},
-                        **self.fault_fields(faults),
+            set_fields={"fault": FaultTally(attempt=attempt).to_item(), "fault_started_at": now,
+                        "last_error": reason[:1000], **self.stop_fanout_fields(attempt, reason, now),
                         # In the deadline index while in recovery: the queue scheduler holds
-                        # the job's nodes, and the sweep opens any health check still missing.
+                        # the job's nodes, and the sweep finishes what a delivery left undone.
                         **self.job_deadline_fields(deadline_at)},
-            remove_fields=["placement", "relocate", "restart_reason"],
+            remove_fields=["relocate", "restart_reason"],
         )
         return self._with_rank(job, rank_stop)
-
-    def add_suspects(self, job_id: str, attempt: int, suspects: Sequence[str],
-                     rank_stop: RankStop | None = None,
-                     faults: Mapping[str, dict[str, Any]] | None = None) -> bool:
-        """Another suspect of the fault being handled (idempotent per instance)."""
-        job = Update(
-            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
-            set_if_absent={**{f"suspects.{i}": SuspectVerdict.PENDING.value for i in suspects},
-                           **self.fault_fields(faults)},
-            condition="#st = :phc AND #att = :att",
-            condition_values={":phc": JobState.PENDING_HEALTHCHECK.value, ":att": attempt},
-            condition_names={"#st": "job_state", "#att": "attempt"},
-        )
-        return self._with_rank(job, rank_stop)
-
-    @staticmethod
-    def fault_fields(faults: Mapping[str, dict[str, Any]] | None) -> dict[str, Any]:
-        return {f"{FAULT_ATTR_PREFIX}{key}": record for key, record in (faults or {}).items()}
 
     def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
                          deadline_at: float, spend: str, restart_reason: str,
                          rank_stop: RankStop | None = None,
-                         faults: Mapping[str, dict[str, Any]] | None = None) -> bool:
+                         last_fault: dict[str, Any] | None = None) -> bool:
         """A fault that needs no node action (an application error within its budget, a
-        transient fault): job -> PENDING_RESTART on the same nodes, the budget charged, with
-        the rank's stop in the same transaction."""
+        transient fault): job -> PENDING_RESTART on the same nodes, the budget charged, every
+        other rank to be stopped, with the rank's stop in the same transaction."""
+        fields: dict[str, Any] = {
+            "fault": FaultTally(attempt=job.attempt).to_item(), "fault_started_at": now,
+            "last_error": reason[:1000], "restart_reason": restart_reason[:500],
+            **self.stop_fanout_fields(job.attempt, reason, now), **self.job_deadline_fields(deadline_at)}
+        if last_fault is not None:
+            fields["last_fault"] = last_fault
         update = self.job_transition(
             job.job_id, JobState.PENDING_RESTART, from_states=from_states, attempt=job.attempt,
-            reason=reason, actor="recovery",
-            set_fields={"suspects": {}, "verdicts": {}, "fault_started_at": now,
-                        "last_error": reason[:1000], "restart_reason": restart_reason[:500],
-                        **self.fault_fields(faults), **self.job_deadline_fields(deadline_at)},
+            reason=reason, actor="recovery", set_fields=fields,
             increments={_SPEND_COUNTER[spend]: 1} if spend else None,
-            remove_fields=["placement", "relocate"],
+            remove_fields=["relocate"],
         )
         return self._with_rank(update, rank_stop)
 
     def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
                    actor: str = "recovery", fields: dict[str, Any] | None = None,
                    from_states: Iterable[JobState] | None = None,
-                   rank_stop: RankStop | None = None) -> bool:
-        """Move a job to a terminal state (from any state that may reach it)."""
+                   rank_stop: RankStop | None = None, stop_ranks_of: int | None = None,
+                   stop_why: str = "") -> bool:
+        """Move a job to a terminal state (from any state that may reach it). With
+        ``stop_ranks_of`` (an attempt) the intent to stop that attempt's live ranks is
+        committed too, and a deadline kept until the fan-out is confirmed."""
         sources = [s for s in (from_states or sources_of(to))]
+        now = clock.now()
+        extra = dict(fields or {})
+        remove = list(_DEADLINE)
+        if stop_ranks_of is not None:
+            extra.update(self.stop_fanout_fields(stop_ranks_of, stop_why or reason, now))
+            extra.update(self.job_deadline_fields(now + 60))
+            remove = []
         job = self.job_transition(job_id, to, from_states=sources, attempt=attempt, reason=reason,
-                                  actor=actor, set_fields=fields, remove_fields=list(_DEADLINE))
+                                  actor=actor, set_fields=extra, remove_fields=remove)
         return self._with_rank(job, rank_stop)
 
     def _with_rank(self, job_update: Update, rank_stop: RankStop | None) -> bool:
@@ -470,12 +503,19 @@ class Repository:
     def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery") -> bool:
         return self.db.apply(self.job_transition(
             job_id, JobState.RUNNING, from_states=[JobState.STARTING], attempt=attempt,
-            reason=reason, actor=actor, remove_fields=list(_DEADLINE)))
+            reason=reason, actor=actor, remove_fields=[*_DEADLINE, "start_fanout"]))
 
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = "recovery") -> bool:
         return self.db.apply(self.job_transition(
             job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
             reason=reason, actor=actor))
+
+    def mark_not_relocatable(self, job_id: str) -> bool:
+        """A rank of the job lacks gpu-recovery:relocatable=true: the job is not relocatable."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
+            set_fields={"relocatable": False}, condition="#r = :t",
+            condition_values={":t": True}, condition_names={"#r": "relocatable"}))
 
     def rearm_job(self, job: Job, deadline_at: float) -> bool:
         """Push a job's deadline (no history entry: nothing happened to the job)."""
@@ -498,25 +538,76 @@ class Repository:
         ))
 
     def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float,
-                           placement: Mapping[str, dict[str, Any]] | None = None,
+                           placement: Update | None = None, moves: Mapping[str, Any] | None = None,
                            reason: str = "") -> bool:
-        """PENDING_RESTART -> STARTING with attempt + 1, exactly once per fault. A
-        relocation's ``placement`` (rank -> target node) is committed with it: whoever
-        resumes the launch starts every rank where this claim said."""
+        """PENDING_RESTART -> STARTING with attempt + 1 and the intent to start every rank
+        (a fan-out of StartTask batches), exactly once per fault. A relocation's placement
+        item (node -> target) is written in the same transaction: whoever resumes the launch
+        starts every rank where this claim said."""
         new_attempt = job.attempt + 1
         fields: dict[str, Any] = {"attempt": new_attempt, "restarted_attempt": new_attempt,
-                                  "restarted_at": now, **self.job_deadline_fields(deadline_at)}
-        if placement:
-            fields["placement"] = dict(placement)
+                                  "restarted_at": now, **self.job_deadline_fields(deadline_at),
+                                  "start_fanout": {"attempt": new_attempt, "at": now}}
+        if placement is not None:
+            fields["relocated_attempt"] = new_attempt
             fields["relocations"] = [*self._relocations(job.job_id), {
                 "at": now, "attempt": new_attempt, "reason": reason[:500],
-                "moves": {r: {"from": p.get("from", ""), "to": p.get("node", "")}
-                          for r, p in placement.items() if p.get("from") != p.get("node")}}][-20:]
-        return self.db.apply(self.job_transition(
+                "moves": {node: str(m.get("node", "")) for node, m in list((moves or {}).items())[:20]},
+                "nodes_moved": len(moves or {})}][-20:]
+        update = self.job_transition(
             job.job_id, JobState.STARTING, from_states=[JobState.PENDING_RESTART],
             attempt=job.attempt, reason=reason or f"gang restart, attempt {new_attempt}", actor="recovery",
-            set_fields=fields, remove_fields=[] if placement else ["placement"],
-        ))
+            set_fields=fields)
+        return self.db.transact([update, placement]) if placement is not None else self.db.apply(update)
+
+    def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
+        """The fan-out's batches are on their queue (or were run): confirmed."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={f"{kind}.sent_at": now},
+            condition="#f.#a = :a", condition_values={":a": attempt},
+            condition_names={"#f": kind, "#a": "attempt"}))
+
+    def record_stop_round(self, job: Job, attempt: int, rounds: int, now: float) -> bool:
+        """The stops of ``attempt`` were asked again (a paced round): when, and how often."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={"stop_fanout.rounds": rounds, "stop_fanout.sent_at": now},
+            condition="#f.#a = :a AND (attribute_not_exists(#f.#r) OR #f.#r < :r)",
+            condition_values={":a": attempt, ":r": rounds},
+            condition_names={"#f": "stop_fanout", "#a": "attempt", "#r": "rounds"}))
+
+    def end_stop_fanout(self, job: Job, attempt: int) -> bool:
+        """Every rank of ``attempt`` ended: nothing is left to stop (a terminal job leaves the
+        deadline index)."""
+        update = Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            remove_fields=["stop_fanout", *(_DEADLINE if job.state.is_terminal else [])],
+            condition="#f.#a = :a AND #st = :st",
+            condition_values={":a": attempt, ":st": job.state.value},
+            condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})
+        return self.db.apply(update)
+
+    def conclude_fault(self, job: Job, to: JobState, *, reason: str, error: str, spend: str,
+                       restart_reason: str, deadline_at: float | None) -> bool:
+        """Every verdict in (counted once every rank ended): the job leaves
+        PENDING_HEALTHCHECK on the tally as read."""
+        condition, values, names = self.faults.tally_condition(job)
+        now = clock.now()
+        fields: dict[str, Any] = {}
+        if error:
+            fields["last_error"] = error[:1000]
+        if restart_reason:
+            fields["restart_reason"] = restart_reason[:500]
+        if deadline_at is not None:
+            fields.update(self.job_deadline_fields(deadline_at))
+        if to.is_terminal:
+            fields.update(self.stop_fanout_fields(job.attempt, error or reason, now))
+            fields.update(self.job_deadline_fields(now + 60))
+        return self.db.apply(self.job_transition(
+            job.job_id, to, from_states=[job.state], attempt=job.attempt, reason=reason, actor="recovery",
+            set_fields=fields, increments={_SPEND_COUNTER[spend]: 1} if spend else None,
+            extra_condition=condition, extra_values=values, extra_names=names))
 
     def _relocations(self, job_id: str) -> list[dict[str, Any]]:
         item = self.get_job_item(job_id) or {}
@@ -532,7 +623,7 @@ class Repository:
             attempt=job.attempt, reason=reason, actor="recovery",
             set_fields={QUEUE_PK: "QUEUE", QUEUE_SK: queue_order, "not_before": 0,
                         "relocation": relocation},
-            remove_fields=[*_DEADLINE, "placement", "relocate", "launched_at", "launch_claimed_at"],
+            remove_fields=[*_DEADLINE, "relocate", "launched_at", "launch_claimed_at"],
         ))
 
     # ============================================================ instance intents
@@ -551,17 +642,41 @@ class Repository:
         return self.db.apply(self.instance_update(
             inst_id, from_states=HEALTH_CHECK_STATES, add_to_sets={"hc_jobs": {job_id}}))
 
-    def claim_health_check(self, instance: Instance, started_by: str, lease_until: float) -> bool:
-        """HEALTH_CHECK_PENDING -> HEALTH_CHECKING: the claim is committed before StartTask,
-        and its startedBy finds the task again if the answer to StartTask is lost."""
-        return self.db.apply(self.instance_update(
+    def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
+                           per_job: int, cluster: int, now: float) -> Claim:
+        """HEALTH_CHECK_PENDING -> HEALTH_CHECKING with a slot of the cluster's and one of
+        ``owner``'s: the claim is committed before StartTask, and its startedBy finds the
+        task again if the answer to StartTask is lost."""
+        claim = self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
             to=InstanceState.HEALTH_CHECKING,
-            set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until},
-            deadline_at=lease_until,
+            set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until, "hc_owner": owner,
+                        "hc_claimed_at": now},
+            remove_fields=HealthCheckSlots.wait_attributes(), deadline_at=lease_until,
             extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
             extra_names={"#att": "hc_start_attempts"},
-        ))
+        )
+        return self.slots.claim(claim, owner, per_job=per_job, cluster=cluster)
+
+    def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool:
+        """No slot free: the pending check waits in its owner's queue (no time limit while it
+        waits; the sweep looks at it every ten minutes)."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
+            set_fields=HealthCheckSlots.wait_fields(owner), deadline_at=now + WAIT_SWEEP_SECONDS,
+            extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
+            extra_names={"#att": "hc_start_attempts"}))
+
+    def abandon_health_check(self, instance: Instance, reason: str) -> bool:
+        """A pending check no job waits for any more (they all moved on): the node is
+        AVAILABLE again, as it was before it was suspected."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
+            to=InstanceState.AVAILABLE, set_fields={"hc_abandoned": reason[:300]},
+            remove_fields=["hc_jobs", "hc_started_by", "hc_lease_until",
+                           *HealthCheckSlots.wait_attributes()],
+            clear_deadline=True, extra_condition="#att = :att",
+            extra_values={":att": instance.hc_start_attempts}, extra_names={"#att": "hc_start_attempts"}))
 
     def take_over_health_check_claim(self, instance: Instance, lease_until: float, now: float) -> bool:
         """A claim whose holder died (lease expired, no task recorded): take it over."""
@@ -584,28 +699,31 @@ class Repository:
             extra_names={"#sb": "hc_started_by"},
         ))
 
-    def release_health_check_claim(self, inst_id: str, started_by: str, *, placement_failed: bool,
+    def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
                                    retry_at: float) -> bool:
-        """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING."""
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+        """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING, its slot
+        given back."""
+        return self.db.transact([self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING,
             increments={"hc_start_attempts": 1} if placement_failed else {},
-            remove_fields=["hc_started_by", "hc_lease_until"], deadline_at=retry_at,
+            remove_fields=["hc_started_by", "hc_lease_until", "hc_owner"], deadline_at=retry_at,
             extra_condition="#sb = :sb AND attribute_not_exists(#arn)",
             extra_values={":sb": started_by},
             extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn"},
-        ))
+        ), *self.slots.release(instance)])
 
-    def retry_health_check(self, inst_id: str, started_by: str, retry_at: float) -> bool:
-        """The check ended without a verdict (image pull, OOM...): run it again."""
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+    def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool:
+        """The check ended without a verdict (image pull, OOM...): run it again (its slot
+        given back; it takes one again when it starts)."""
+        return self.db.transact([self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until"], deadline_at=retry_at,
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "hc_owner"],
+            deadline_at=retry_at,
             extra_condition="#sb = :sb", extra_values={":sb": started_by},
             extra_names={"#sb": "hc_started_by"},
-        ))
+        ), *self.slots.release(instance)])
 
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:
         return self.db.apply(self.instance_update(inst_id, from_states=[state], deadline_at=deadline_at))
@@ -623,7 +741,7 @@ class Repository:
         (``follow_up_at``) so the sweep finishes it if this delivery dies. ``also``: other
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
-        remove = ["hc_jobs", "hc_lease_until"]
+        remove = ["hc_jobs", "hc_lease_until", "hc_owner", *HealthCheckSlots.wait_attributes()]
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
         if decision.fault_history is not None:
@@ -661,28 +779,34 @@ class Repository:
             add_to_sets={"waiting_jobs": set(decision.restart_jobs)} if decision.restart_jobs else None,
             extra_condition=" AND ".join(extra) or None, extra_values=values, extra_names=names,
         )]
-        updates += [self._job_verdict_update(instance.container_inst_id, v) for v in jobs]
+        for verdict in jobs:
+            updates += self.job_verdict_updates(instance.container_inst_id, verdict)
+        if instance.state is InstanceState.HEALTH_CHECKING \
+                and InstanceState.HEALTH_CHECKING in decision.from_states:
+            updates += self.slots.release(instance)
         if breaker is not None:
             updates.append(breaker)
         updates += list(also)
         return self.db.transact(updates)
 
-    def lost_job_failure(self, job: Job, reason: str,
-                         faults: Mapping[str, dict[str, Any]] | None = None) -> Update:
+    def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update:
         """NODE_LOST -> FAILED on the same attempt (its node unreachable), with the fault's
-        evidence and decision; for :meth:`record_node_decision` (``also``) or
-        :meth:`fail_lost_job`."""
+        evidence and decision and the intent to stop its ranks; for
+        :meth:`record_node_decision` (``also``) or :meth:`fail_lost_job`."""
+        now = clock.now()
+        fields: dict[str, Any] = {"last_error": reason[:1000],
+                                  **self.stop_fanout_fields(job.attempt, reason, now),
+                                  **self.job_deadline_fields(now + 60)}
+        if last_fault is not None:
+            fields["last_fault"] = last_fault
         return self.job_transition(
             job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
-            reason=reason, actor="heartbeat",
-            set_fields={"last_error": reason[:1000], **self.fault_fields(faults)},
-            remove_fields=list(_DEADLINE))
+            reason=reason, actor="heartbeat", set_fields=fields)
 
-    def fail_lost_job(self, job: Job, reason: str,
-                      faults: Mapping[str, dict[str, Any]] | None = None) -> bool:
+    def fail_lost_job(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> bool:
         """The same, without a node decision (the node is not AVAILABLE / SUSPECT, or observe
         mode leaves it alone and this is recorded separately)."""
-        return self.db.apply(self.lost_job_failure(job, reason, faults))
+        return self.db.apply(self.lost_job_failure(job, reason, last_fault))
 
     def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
                           last_fault: dict[str, Any] | None, read_version: int) -> bool:
@@ -781,29 +905,49 @@ class Repository:
         updates = [self.instance_update(
             instance.container_inst_id, from_states=[instance.state],
             add_to_sets={"waiting_jobs": {verdict.job.job_id}} if restart else None)]
-        updates.append(self._job_verdict_update(instance.container_inst_id, verdict))
+        updates += self.job_verdict_updates(instance.container_inst_id, verdict)
         return self.db.transact(updates)
 
-    def _job_verdict_update(self, inst_id: str, verdict: JobVerdict) -> Update:
-        fields: dict[str, Any] = {f"suspects.{inst_id}": verdict.label.value,
-                                  f"verdicts.{inst_id}": verdict.findings}
+    def job_verdict_updates(self, inst_id: str, verdict: JobVerdict) -> list[Update]:
+        """The suspect's verdict (PENDING -> label, once) and the job's tally and state, on the
+        tally as read: a concurrent verdict makes the transaction fail and the caller decide
+        again on fresh counts, so the last verdict always sees every other one."""
+        faults = self.faults
+        job = verdict.job
+        now = clock.now()
+        suspect = faults.decide_suspect(job, inst_id, verdict.label, findings=verdict.findings,
+                                        record=verdict.record, rebooting=verdict.waits_for_reboot, now=now)
+        fields: dict[str, Any] = {}
         if verdict.last_error:
             fields["last_error"] = verdict.last_error[:1000]
         if verdict.deadline_at is not None:
             fields.update(self.job_deadline_fields(verdict.deadline_at))
-        if verdict.fault is not None:
-            fields.update(self.fault_fields({verdict.fault[0]: verdict.fault[1]}))
         if verdict.relocate:
             fields["relocate"] = True
         if verdict.restart_reason:
             fields["restart_reason"] = verdict.restart_reason[:500]
-        return self.job_transition(
-            verdict.job.job_id, verdict.to, from_states=[verdict.job.state], attempt=verdict.job.attempt,
+        terminal = verdict.to.is_terminal
+        if terminal:
+            fields.update(self.stop_fanout_fields(job.attempt, verdict.last_error or verdict.reason, now))
+            fields.update(self.job_deadline_fields(now + 60))
+        counts = {"fault.decided": 1}
+        if verdict.label in FATAL_SUSPECT_VERDICTS:
+            counts["fault.fatal"] = 1
+        if verdict.label is SuspectVerdict.REBOOT:
+            counts["fault.reboot"] = 1
+        if verdict.waits_for_reboot:
+            counts["fault.rebooting"] = 1
+        if verdict.infra_hint:
+            counts["fault.infra"] = 1
+        if verdict.spend:
+            counts[_SPEND_COUNTER[verdict.spend]] = 1
+        condition, values, names = faults.tally_condition(job)
+        update = self.job_transition(
+            job.job_id, verdict.to, from_states=[job.state], attempt=job.attempt,
             reason=verdict.reason or f"verdict {verdict.label.value} on {inst_id}", actor="recovery",
-            set_fields=fields,
-            increments={_SPEND_COUNTER[verdict.spend]: 1} if verdict.spend else None,
-            remove_fields=list(_DEADLINE) if verdict.to.is_terminal else None,
-        )
+            set_fields=fields, increments=counts, extra_condition=condition, extra_values=values,
+            extra_names=names)
+        return [suspect, update]
 
     def claim_reboot(self, instance: Instance, now: float) -> bool:
         """The intent to call the reboot API, committed before the call (one caller at a
@@ -854,13 +998,39 @@ class Repository:
         ))
 
     def mark_instance_back(self, instance: Instance, now: float) -> bool:
-        """REBOOTING -> AVAILABLE, once per reboot."""
+        """REBOOTING -> AVAILABLE, once per reboot. The jobs waiting for it stay listed until
+        each is released (:meth:`release_waiting_job`); a deadline lets the sweep finish that
+        if this delivery dies."""
+        waiting = bool(instance.waiting_jobs)
         return self.db.apply(self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
-            set_fields={"returned_at": now}, remove_fields=["waiting_jobs"], clear_deadline=True,
+            set_fields={"returned_at": now}, deadline_at=now + 60 if waiting else None,
+            clear_deadline=not waiting,
             extra_condition="#rq = :rq", extra_values={":rq": instance.reboot_requested_at},
             extra_names={"#rq": "reboot_requested_at"},
         ))
+
+    def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str) -> bool:
+        """The node is back: it no longer holds ``job_id``'s gang restart. The job's count of
+        rebooting nodes goes down once (its suspect item's ``rebooting`` flag) in the same
+        transaction as the instance lets the job go."""
+        leave = self.instance_update(
+            inst_id, delete_from_sets={"waiting_jobs": {job_id}}, extra_condition="contains(#wj, :j)",
+            extra_values={":j": job_id}, extra_names={"#wj": "waiting_jobs"})
+        if job is None or not job.in_fault:
+            return self.db.apply(leave)
+        faults = self.faults
+        suspect = faults.get_suspect(job.job_id, job.attempt, inst_id)
+        if suspect is None or not suspect.rebooting:
+            return self.db.apply(leave)
+        return self.db.transact([leave, faults.node_back(job, inst_id), faults.tally_back(job)])
+
+    def clear_waiting_deadline(self, inst_id: str) -> bool:
+        """Every waiting job was released: the sweep has nothing left on the node."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.AVAILABLE], clear_deadline=True,
+            extra_condition="attribute_not_exists(#wj) OR size(#wj) = :zero",
+            extra_values={":zero": 0}, extra_names={"#wj": "waiting_jobs"}))
 
     def time_out_instance(self, instance: Instance, *, quarantine: bool, what: str,
                           failures: Sequence[JobFailure], actor: str = "sweep",
@@ -870,7 +1040,10 @@ class Repository:
         """The instance's health check or reboot ran out of time: the instance leaves
         recovery (QUARANTINED, or SUSPECT when nothing proved it faulty, when the breaker
         held its quarantine back — ``breaker_blocked`` — or observe mode left it undrained)
-        and every job waiting for it fails, atomically, with the breaker's new state."""
+        and every job waiting for it fails (or, relocatable, no longer waits for it and
+        counts it unusable), atomically, with the breaker's new state."""
+        faults = self.faults
+        inst_id = instance.container_inst_id
         fields: dict[str, Any] = {"quarantine_reason": what[:500]}
         if quarantine:
             fields["drain_pending"] = True
@@ -879,19 +1052,44 @@ class Repository:
         if breaker_blocked is not None and not quarantine:
             fields["breaker_blocked"] = breaker_blocked
         updates = [self.instance_update(
-            instance.container_inst_id, from_states=[instance.state],
+            inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
-            set_fields=fields, remove_fields=["hc_jobs", "waiting_jobs", "hc_lease_until"],
+            set_fields=fields, remove_fields=["hc_jobs", "waiting_jobs", "hc_lease_until", "hc_owner",
+                                              *HealthCheckSlots.wait_attributes()],
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
         if breaker is not None:
             updates.append(breaker)
+        if instance.state is InstanceState.HEALTH_CHECKING:
+            updates += self.slots.release(instance)
+        now = clock.now()
         for failure in failures:
+            job = failure.job
+            if failure.moves:
+                # Relocatable, waiting to restart: the node is unusable now, not awaited.
+                counts = {"fault.fatal": 1}
+                if failure.suspect_pending:
+                    counts["fault.decided"] = 1
+                    updates.append(faults.decide_suspect(job, inst_id, failure.label, findings={},
+                                                         record=None, rebooting=False, now=now))
+                else:
+                    updates.append(faults.relabel_suspect(job, inst_id, failure.label))
+                    if failure.suspect_rebooting:
+                        counts["fault.rebooting"] = -1
+                condition, values, names = faults.tally_condition(job)
+                updates.append(Update(
+                    table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+                    increments=counts, set_fields={"relocate": True},
+                    condition=f"#st = :st AND {condition}",
+                    condition_values={":st": job.state.value, **values},
+                    condition_names={"#st": "job_state", **names}))
+                continue
+            updates.append(faults.relabel_suspect(job, inst_id, failure.label))
             updates.append(self.job_transition(
-                failure.job.job_id, JobState.FAILED, from_states=[failure.job.state],
-                attempt=failure.job.attempt, reason=failure.reason, actor=actor,
+                job.job_id, JobState.FAILED, from_states=[job.state], attempt=job.attempt,
+                reason=failure.reason, actor=actor,
                 set_fields={"last_error": failure.reason[:1000],
-                            f"suspects.{instance.container_inst_id}": failure.label.value},
-                remove_fields=list(_DEADLINE)))
+                            **self.stop_fanout_fields(job.attempt, failure.reason, now),
+                            **self.job_deadline_fields(now + 60)}))
         return self.db.transact(updates)
 
     # ======================================================= generic (shared) API

@@ -21,6 +21,7 @@ from gpu_recovery.constants import (
     QUEUE_PK,
     QUEUE_SK,
     job_item_key,
+    launch_plan_key,
 )
 from gpu_recovery.domain.states import (
     ENDING_JOB_STATES,
@@ -34,6 +35,7 @@ from gpu_recovery.repository.recovery import Repository
 from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository
 
 LEASE_KEY = "SCHEDULER#LEASE"
+PLAN_CHUNK = 80  # ranks per launch-plan item (~10 KB)
 # Sorted: the condition's placeholders (and so the request) are the same every time.
 _ENDING = sorted(ENDING_JOB_STATES, key=lambda s: s.value)
 _STARTED = sorted(STARTED_JOB_STATES, key=lambda s: s.value)
@@ -114,10 +116,45 @@ class SchedulingRepository:
                 if i.get("item_type") == "JOB" and i.get("job_state") in states]
 
     # ----------------------------------------------------------- launches
+    def plan_updates(self, job_id: str, attempt: int, nodes: Sequence[str],
+                     ec2_instance_ids: Sequence[str]) -> list[Update]:
+        """The launch plan's nodes (rank i on nodes[i]) as items of PLAN_CHUNK ranks, so the
+        job item stays small whatever the job's size."""
+        updates = []
+        for chunk, first in enumerate(range(0, len(nodes), PLAN_CHUNK)):
+            updates.append(Update(
+                table=self.table, key={JOB_PK: launch_plan_key(job_id, attempt, chunk)},
+                set_fields={"item_type": "LAUNCH_PLAN", "first": first,
+                            "nodes": list(nodes[first:first + PLAN_CHUNK]),
+                            "ec2_instance_ids": list(ec2_instance_ids[first:first + PLAN_CHUNK])},
+                condition="attribute_not_exists(#k)", condition_names={"#k": JOB_PK}))
+        return updates
+
+    def plan_nodes(self, job_id: str, attempt: int, world_size: int) -> tuple[list[str], list[str]]:
+        """The launch plan's nodes and EC2 instance ids, by rank."""
+        keys = [{JOB_PK: launch_plan_key(job_id, attempt, c)} for c in range(-(-world_size // PLAN_CHUNK))]
+        nodes, ec2 = [""] * world_size, [""] * world_size
+        for item in self.db.batch_get(self.table, keys):
+            item = from_ddb(item)
+            first = int(item.get("first") or 0)
+            pairs = zip(item.get("nodes") or [], item.get("ec2_instance_ids") or [], strict=False)
+            for i, (node, ec2_id) in enumerate(pairs):
+                if first + i < world_size:
+                    nodes[first + i], ec2[first + i] = str(node), str(ec2_id)
+        return nodes, ec2
+
+    def yield_launch(self, job_id: str) -> bool:
+        """A launch cut short by its tick's time budget (not a dead tick): the next tick
+        resumes it without waiting for it to go stale."""
+        return self.db.apply(Update(
+            table=self.table, key={JOB_PK: LEASE_KEY}, set_fields={f"inflight.{job_id}.claimed_at": 0},
+            condition="attribute_exists(#i.#j)", condition_names={"#i": "inflight", "#j": job_id}))
+
     def claim_launch(self, job_id: str, current_attempt: int | None, attempt: int, plan: dict[str, Any],
                      now: float, owner: str, reason: str,
                      relocations: Sequence[Mapping[str, Any]] | None = None, *,
-                     charge: ChargeClaim | None = None, resumed: bool = False) -> bool:
+                     charge: ChargeClaim | None = None, resumed: bool = False,
+                     plan_items: Sequence[Update] = ()) -> bool:
         """QUEUED / PENDING_RESOURCES / SUSPENDED -> STARTING with ``attempt``, out of the
         queue index, the ledger entry and the quota charge, in one transaction (only while
         the lease is ours, and only if the quota still has room). A job the recovery loop
@@ -150,7 +187,7 @@ class SchedulingRepository:
             condition="#owner = :owner AND attribute_exists(#inflight)",
             condition_values={":owner": owner}, condition_names={"#owner": "owner", "#inflight": "inflight"},
         )
-        return self.db.transact([claim, ledger, *updates])
+        return self.db.transact([claim, ledger, *updates, *plan_items])
 
     def finish_launch(self, job_id: str, attempt: int, attempts: Sequence[Mapping[str, Any]],
                       now: float) -> bool:

@@ -228,6 +228,8 @@ class SuspensionRepository:
             job_id, JobState.SUSPENDING, from_states=[JobState.SUSPENDING], attempt=attempt,
             reason=f"stopping every rank: {why}", actor=actor,
             set_fields={"suspend.stop_requested_at": now, "suspend.stop_reason": why[:300],
+                        "stop_fanout": {"attempt": attempt, "why": f"suspended: {why}"[:300], "at": now,
+                                        "rounds": 0, "remediation": False},
                         **self.base.job_deadline_fields(deadline_at)},
             extra_condition="attribute_not_exists(#sp.#sr)",
             extra_names={"#sp": "suspend", "#sr": "stop_requested_at"}))

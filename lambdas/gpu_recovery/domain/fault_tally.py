@@ -1,0 +1,80 @@
+"""A fault's tally: what a job knows about the verdicts of its suspect nodes, as counts.
+
+The job item carries counts, never the per-node verdicts (those are items of their own,
+one per suspect node): how many suspects were decided, how many were fatal (the node is
+unusable: replace, quarantine, operator action, timeout, unavailable, held back), how many
+need a reboot, how many rebooting nodes the restart still waits for, and - once every
+rank of the attempt has ended, so no suspect can be added any more - how many suspects
+there are. The job's fate follows from these counts alone. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, JobOutcome, SuspectVerdict
+
+
+@dataclass(frozen=True)
+class FaultTally:
+    attempt: int = 0
+    decided: int = 0
+    fatal: int = 0
+    reboot: int = 0
+    rebooting: int = 0  # nodes rebooting that the gang restart waits for
+    total: int | None = None  # suspects of the fault; known once every rank of the attempt ended
+    infra: int = 0  # healthy verdicts the catalog charges to the infrastructure budget (transient)
+
+    @classmethod
+    def from_item(cls, raw: Mapping[str, Any] | None) -> FaultTally:
+        raw = raw or {}
+        total = raw.get("total")
+        return cls(attempt=int(raw.get("attempt") or 0), decided=int(raw.get("decided") or 0),
+                   fatal=int(raw.get("fatal") or 0), reboot=int(raw.get("reboot") or 0),
+                   rebooting=int(raw.get("rebooting") or 0),
+                   total=None if total is None else int(total), infra=int(raw.get("infra") or 0))
+
+    def to_item(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"attempt": self.attempt, "decided": self.decided, "fatal": self.fatal,
+                                "reboot": self.reboot, "rebooting": self.rebooting, "infra": self.infra}
+        if self.total is not None:
+            item["total"] = self.total
+        return item
+
+    @property
+    def ranks_ended(self) -> bool:
+        """Every rank of the attempt ended (the suspect count is final)."""
+        return self.total is not None
+
+    @property
+    def pending(self) -> int | None:
+        """Suspects still waiting for a verdict (None: not known yet, ranks still ending)."""
+        return None if self.total is None else max(0, self.total - self.decided)
+
+    @property
+    def all_decided(self) -> bool:
+        return self.total is not None and self.decided >= self.total
+
+    def with_verdict(self, label: SuspectVerdict, *, waits_for_reboot: bool = False) -> FaultTally:
+        return replace(self, decided=self.decided + 1,
+                       fatal=self.fatal + (1 if label in FATAL_SUSPECT_VERDICTS else 0),
+                       reboot=self.reboot + (1 if label is SuspectVerdict.REBOOT else 0),
+                       rebooting=self.rebooting + (1 if waits_for_reboot else 0))
+
+    def outcome(self, *, relocatable: bool) -> JobOutcome:
+        """The job's fate from its verdicts so far (before its budget is looked at): an
+        unusable node relocates the job (or fails it), a reboot restarts it once the node is
+        back, all healthy restarts it without node action - once every verdict is in."""
+        if self.fatal:
+            return JobOutcome.RELOCATE if relocatable else JobOutcome.FAIL_NODE_FAULT
+        if self.reboot:
+            return JobOutcome.RESTART_AFTER_REBOOT
+        if not self.all_decided:
+            return JobOutcome.WAIT
+        return JobOutcome.RESTART
+
+    def restart_ready(self) -> bool:
+        """The gang restart may go: every old rank ended, every verdict in, no node rebooting."""
+        return self.all_decided and self.rebooting <= 0

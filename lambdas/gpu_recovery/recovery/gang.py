@@ -1,0 +1,358 @@
+"""Stage: stopping and starting a whole gang, in batches, within the ECS limits.
+
+A job of thousands of ranks cannot be stopped or restarted by one invocation: 1,024
+StopTasks alone take 23 s at the account's ECS limit, and a restart as many again. So
+the intent is committed first, on the job item, with the transition that needs it
+(``stop_fanout`` with the job entering recovery, failing or being suspended;
+``start_fanout`` with the gang restart's claim), and the work is cut into batches of
+consecutive ranks:
+
+* **stop** batches of 100 ranks: each live rank is marked STOP_REQUESTED, then StopTask;
+* **start** batches of 80 ranks: each rank's launch lease is claimed, its task looked up
+  by ``startedBy`` if a lease is taken over, started (identical ranks up to 10 per
+  StartTask, ``domain.launch_plan``) and registered as the new attempt's rank.
+
+Batches go on an SQS queue (``GangQueuePort``) whose worker function runs a few at a
+time; a gang of at most ``INLINE_MAX_RANKS`` ranks runs its batches in the invocation
+that asks (the same code, no queue hop). Every ECS call takes a token from the stack's
+shared budget (``gpu_recovery.ecs_budget``); a batch that would wait too long, or whose
+invocation runs short of time, sends the rest of itself back to the queue, delayed. A
+batch is idempotent: a redelivered or resent one skips what is done (ranks STOPPED or
+registered) and repeats only what may not have happened (a StopTask of a rank marked but
+maybe not asked, on a redelivery; a StartTask only after its ``startedBy`` was looked
+up). Sending is confirmed on the intent (``sent_at``); the sweep sends an unconfirmed
+intent again, and asks stops again at a paced interval (1, 2, 4 ... minutes), never per
+redelivered event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    CLAIM_LEASE_SECONDS,
+    SYSTEM_STOP_REASON_PREFIX,
+    TAG_ATTEMPT,
+    TAG_RANK,
+    TAG_RANKS,
+)
+from gpu_recovery.domain.gang_batches import (
+    INLINE_MAX_RANKS,
+    START,
+    STOP,
+    GangBatch,
+    GangQueuePort,
+    batches,
+)
+from gpu_recovery.domain.latch import Latch
+from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, ranks_tag_value, spec_key
+from gpu_recovery.domain.models import Job, Rank, container_instance_id
+from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
+from gpu_recovery.ecs_budget import RateLimited
+from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ranks import RankOperations, restart_started_by, tags_for_attempt
+from gpu_recovery.repository.faults import FaultRepository
+
+logger = logging.getLogger(__name__)
+
+# A rank asked to stop and still holding its GPUs is asked again (StopTask is idempotent)
+# after RECHECK_SECONDS, then twice as long each round, for at most MAX_STOP_ROUNDS.
+RECHECK_SECONDS = 120
+MAX_STOP_ROUNDS = 6
+REASK_AFTER_SECONDS = 30
+TIME_MARGIN_SECONDS = 10.0  # a batch stops and sends the rest of itself back this early
+PREPAY_CALLS = 20
+
+
+@dataclass
+class Dispatched:
+    """A fan-out sent (or run inline): ``complete`` once every batch was sent (or finished);
+    ``stopped`` the ranks an inline run asked ECS to stop."""
+
+    complete: bool
+    stopped: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.complete
+
+
+@dataclass
+class BatchResult:
+    done: bool = True  # False: the rest was sent back (or, inline, left to the sweep)
+    stopped: list[int] = field(default_factory=list)
+    started: list[int] = field(default_factory=list)
+    rest: GangBatch | None = None
+    delay_seconds: float = 0.0
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "stopped": len(self.stopped), "started": len(self.started),
+                "delay_seconds": round(self.delay_seconds, 1), "reason": self.reason}
+
+
+def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
+    """Deterministic per attempt and call (ECS allows 36 characters)."""
+    if not call.grouped:
+        return restart_started_by(job_id, attempt, call.key)
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:10]
+    return f"gpurec-{digest}-a{attempt}-g{call.key}"[:36]
+
+
+class GangOps:
+    def __init__(self, deps: Deps, ranks: RankOperations, queue: GangQueuePort | None = None) -> None:
+        self.deps = deps
+        self.ranks = ranks
+        self.queue = queue
+        self.faults = FaultRepository(deps.repo)
+        #: called once a restarted attempt has every rank registered (GangRestart sets it)
+        self.on_started: Callable[[Job], Any] = lambda job: None
+        #: called when a rank of a restart cannot be placed (GangRestart sets it)
+        self.on_start_failed: Callable[[Job, Rank, str], Any] = lambda job, rank, why: None
+
+    # ------------------------------------------------------------------ dispatch
+    def inline(self, job: Job) -> bool:
+        return self.queue is None or job.world_size <= INLINE_MAX_RANKS
+
+    def stop(self, job: Job, *, round_: int = 0) -> Dispatched:
+        """Send (or run) the batches of the job's stop intent; true once all were sent."""
+        intent = job.stop_fanout
+        if not intent:
+            return Dispatched(True)
+        attempt = int(intent.get("attempt") or job.attempt)
+        why = str(intent.get("why") or job.last_error or "gang stopped")
+        remediation = bool(intent.get("remediation", True))
+        if attempt == job.attempt:
+            self.ranks.register_missing(job)  # a rank never registered could not be stopped
+        work = batches(STOP, job.job_id, attempt, job.world_size, why=why, round_=round_,
+                       remediation=remediation)
+        sent = self._dispatch(job, work)
+        if not sent:
+            return sent
+        now = clock.now()
+        if round_:
+            self.deps.repo.record_stop_round(job, attempt, round_, now)
+        else:
+            self.deps.repo.record_fanout_sent(job, "stop_fanout", attempt, now)
+        return sent
+
+    def start(self, job: Job) -> Dispatched:
+        """Send (or run) the batches of the job's gang restart; true once all were sent."""
+        intent = job.start_fanout
+        attempt = int(intent.get("attempt") or job.attempt)
+        if not intent or attempt != job.attempt:
+            return Dispatched(True)
+        sent = self._dispatch(job, batches(START, job.job_id, attempt, job.world_size))
+        if sent:
+            self.deps.repo.record_fanout_sent(job, "start_fanout", attempt, clock.now())
+        return sent
+
+    def _dispatch(self, job: Job, work: list[GangBatch]) -> Dispatched:
+        if self.inline(job):
+            results = [self.run(batch, receive_count=1) for batch in work]
+            return Dispatched(all(r.done for r in results), [r for res in results for r in res.stopped])
+        assert self.queue is not None
+        self.queue.send([b.body() for b in work])
+        self.deps.metrics.add_metric("GangBatchesSent", "Count", len(work))
+        return Dispatched(True)
+
+    def stop_due(self, job: Job, now: float) -> str:
+        """The sweep: an unsent stop intent is sent; ranks still holding their GPUs are asked
+        again at a paced interval; once every rank ended, the intent is done."""
+        intent = job.stop_fanout
+        attempt = int(intent.get("attempt") or job.attempt)
+        if Latch.ENDED in self.deps.repo.latches.complete(job.job_id, attempt, job.world_size):
+            self.deps.repo.end_stop_fanout(job, attempt)
+            return "stopped"
+        if not intent.get("sent_at"):
+            return "stop_sent" if self.stop(job) else "stop_pending"
+        rounds = int(intent.get("rounds") or 0)
+        if rounds >= MAX_STOP_ROUNDS:
+            if job.state.is_terminal:
+                self.deps.repo.end_stop_fanout(job, attempt)
+            return "stop_given_up"
+        if now < float(intent["sent_at"]) + RECHECK_SECONDS * 2 ** rounds:
+            return "stop_waiting"
+        return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
+
+    # -------------------------------------------------------------------- worker
+    def run(self, batch: GangBatch, *, receive_count: int = 1,
+            time_left: Callable[[], float] | None = None) -> BatchResult:
+        """Run one batch (the queue's worker, or inline). A batch that cannot finish sends
+        the rest of itself back to the queue (inline: leaves it to the sweep)."""
+        result = BatchResult()
+        try:
+            if batch.op == STOP:
+                self._stop_batch(batch, receive_count, time_left, result)
+            else:
+                self._start_batch(batch, receive_count, time_left, result)
+        except RateLimited as limited:
+            result.done, result.rest = False, result.rest or batch
+            result.delay_seconds = max(result.delay_seconds, limited.wait_seconds)
+            result.reason = "rate limited"
+        if not result.done and result.rest is not None and self.queue is not None \
+                and not self._inline_batch(batch):
+            self.queue.send([result.rest.body()], delay_seconds=math.ceil(result.delay_seconds))
+            self.deps.metrics.add_metric("GangBatchesDeferred", "Count", 1)
+        return result
+
+    def _inline_batch(self, batch: GangBatch) -> bool:
+        return self.queue is None or (batch.last <= INLINE_MAX_RANKS and batch.first == 0)
+
+    @staticmethod
+    def _short_of_time(time_left: Callable[[], float] | None) -> bool:
+        return time_left is not None and time_left() < TIME_MARGIN_SECONDS
+
+    # ---------------------------------------------------------------------- stop
+    def _stop_batch(self, batch: GangBatch, receive_count: int, time_left: Callable[[], float] | None,
+                    result: BatchResult) -> None:
+        if batch.remediation and not self.deps.policy.modes.executes(Effect.STOP_TASKS):
+            result.reason = "observe mode: ranks not stopped"
+            return
+        repo = self.deps.repo
+        now = clock.now()
+        reask = receive_count > 1 or batch.round > 0
+        todo = [r for r in repo.get_rank_range(batch.job_id, batch.first, batch.last)
+                if r.attempt == batch.attempt and (
+                    r.state in LIVE_RANK_STATES
+                    or (reask and r.state is RankState.STOP_REQUESTED
+                        and (r.stop_requested_at or 0.0) <= now - REASK_AFTER_SECONDS))]
+        reason = f"{SYSTEM_STOP_REASON_PREFIX} {batch.why}"[:255]
+        for index, rank in enumerate(todo):
+            if self._short_of_time(time_left):
+                result.done, result.rest, result.reason = False, replace(batch, first=rank.rank), "time"
+                return
+            if index % PREPAY_CALLS == 0:
+                try:
+                    self.deps.ecs.prepay(min(PREPAY_CALLS, len(todo) - index))
+                except RateLimited as limited:
+                    result.done, result.rest = False, replace(batch, first=rank.rank)
+                    result.delay_seconds, result.reason = limited.wait_seconds, "rate limited"
+                    return
+            if rank.state in LIVE_RANK_STATES and not repo.request_rank_stop(rank, batch.why, clock.now()):
+                continue  # it ended (or was marked) meanwhile
+            self.deps.ecs.stop_task(rank.task_arn, reason)
+            result.stopped.append(rank.rank)
+
+    # --------------------------------------------------------------------- start
+    def _start_batch(self, batch: GangBatch, receive_count: int, time_left: Callable[[], float] | None,
+                     result: BatchResult) -> None:
+        repo = self.deps.repo
+        job = repo.get_job(batch.job_id)
+        if job is None or job.attempt != batch.attempt or job.state not in STARTED_JOB_STATES:
+            result.reason = "job moved on"  # an ended job's stop fan-out stops what was started
+            return
+        moves = self.faults.placement(job.job_id, job.attempt) if job.relocated else {}
+        ranks = repo.get_rank_range(batch.job_id, batch.first, batch.last)
+        previous = {r.rank: r for r in ranks if r.attempt == batch.attempt - 1}
+        registered = [r for r in ranks if r.attempt == batch.attempt]
+        complete = False
+        if registered and (receive_count > 1 or self._inline_batch(batch)):
+            # A delivery that died between a registration and its latch: arrive again.
+            for rank in registered:
+                complete |= Latch.REGISTERED in repo.latches.arrive(
+                    job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED])
+        planned = [PlannedRank(r.rank, self._target(r, moves)["node"], self._spec(r)) for r in ranks
+                   if r.attempt in (batch.attempt, batch.attempt - 1)]
+        for call in plan_calls(planned, batching=self.deps.settings.batch_identical_starts):
+            todo = [previous[r] for r in call.ranks if r in previous]
+            if not todo:
+                continue
+            if self._short_of_time(time_left):
+                result.done, result.rest, result.reason = False, batch, "time"
+                return
+            started, failed, completed = self._start_call(job, call, todo, moves)
+            result.started += started
+            complete |= completed
+            for rank, why in failed:
+                self.on_start_failed(job, rank, why)
+                result.reason = f"rank {rank.rank} could not be started: {why}"
+                return
+        if complete:
+            self.on_started(repo.get_job(job.job_id) or job)
+
+    @staticmethod
+    def _target(rank: Rank, moves: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+        move = moves.get(rank.container_inst_id)
+        if move:
+            return {"node": move["node"], "arn": move["arn"], "ec2": move.get("ec2", "")}
+        return {"node": rank.container_inst_id, "arn": rank.container_instance_arn or rank.container_inst_id,
+                "ec2": rank.ec2_instance_id}
+
+    @staticmethod
+    def _spec(rank: Rank) -> str:
+        return spec_key(rank.task_definition_arn, rank.overrides, rank.group, rank.gpus, rank.tags,
+                        (TAG_RANK, TAG_RANKS, TAG_ATTEMPT))
+
+    def _start_call(self, job: Job, call: StartCall, todo: list[Rank],
+                    moves: Mapping[str, Mapping[str, str]]
+                    ) -> tuple[list[int], list[tuple[Rank, str]], bool]:
+        """Start the ranks of one call whose lease this delivery wins; returns the ranks
+        started (and registered), those that could not be placed, and whether a
+        registration completed the attempt's latch."""
+        repo = self.deps.repo
+        attempt = job.attempt
+        now = clock.now()
+        claimed = [r for r in todo if repo.claim_rank_launch(r, attempt, now + CLAIM_LEASE_SECONDS, now)]
+        if not claimed:
+            return [], [], False  # another delivery is starting them
+        started_by = group_started_by(job.job_id, attempt, call)
+        targets = {r.rank: self._target(r, moves) for r in claimed}
+        found: dict[str, str] = {}
+        if any(r.launch_attempt == attempt for r in claimed):
+            # A lease taken over: the task may exist already. Look before starting.
+            arns = self.deps.ecs.tasks_started_by(started_by)
+            if arns:
+                found = {container_instance_id(str(t.get("containerInstanceArn", ""))): str(t["taskArn"])
+                         for t in self.deps.ecs.describe_tasks(arns)}
+        started: list[int] = []
+        rest: list[Rank] = []
+        complete = False
+        for rank in claimed:
+            task_arn = found.get(targets[rank.rank]["node"])
+            if task_arn:
+                complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
+                started.append(rank.rank)
+            else:
+                rest.append(rank)
+        for _ in range(max(1, self.deps.settings.restart_start_retries)):
+            if not rest:
+                break
+            first = rest[0]
+            tags = tags_for_attempt(first.tags, attempt)
+            if call.grouped:
+                tags = [t for t in tags if t.get("key") != TAG_RANK]
+                tags.append({"key": TAG_RANKS, "value": ranks_tag_value(call.ranks)})
+            result = self.deps.ecs.start_task(
+                task_definition=first.task_definition_arn,
+                container_instance_arns=[targets[r.rank]["arn"] for r in rest],
+                overrides=first.overrides, tags=tags, started_by=started_by, group=first.group or None)
+            placed = {container_instance_id(arn): task for arn, task in result.placed.items()}
+            if not placed and len(result.task_arns) == len(rest) == 1:
+                placed = {targets[rest[0].rank]["node"]: result.task_arns[0]}
+            still: list[Rank] = []
+            for rank in rest:
+                task_arn = placed.get(targets[rank.rank]["node"])
+                if task_arn:
+                    complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
+                    started.append(rank.rank)
+                else:
+                    still.append(rank)
+            if still:
+                logger.warning("restart placement failed", extra={
+                    "job_id": job.job_id, "ranks": [r.rank for r in still], "reasons": result.reasons()})
+            rest = still
+        return started, [(r, "no placement") for r in rest], complete
+
+    def _register(self, job: Job, rank: Rank, task_arn: str, target: Mapping[str, str],
+                  started_by: str) -> bool:
+        arrival = self.ranks.register_restarted(
+            job, rank, task_arn=task_arn, container_instance_arn=target["arn"], ec2_instance_id=target["ec2"],
+            started_by=started_by)
+        return Latch.REGISTERED in arrival

@@ -1,0 +1,111 @@
+"""DCGM health checks running at once: the cluster's slots and each job's share.
+
+A slot is taken in the transaction that claims a check (HEALTH_CHECK_PENDING ->
+HEALTH_CHECKING) and given back in the transaction of every way out of
+HEALTH_CHECKING (its verdict, no placement, no verdict, a timeout), so the counts are
+exactly the checks running. A check that finds no slot waits in its job's own queue
+(the sparse index ``by-health-check-wait``, oldest first): it does not time out while it
+waits, and a slot given back starts the next one of that job; the sweep looks at the
+queue of every job in recovery each minute (a check blocked by the cluster's limit is not
+forgotten) and at each waiting check every ten minutes (one whose jobs all moved on is
+let go).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from gpu_recovery.constants import (
+    HC_WAIT_PK,
+    HC_WAIT_SK,
+    HEALTH_CHECK_SLOTS_KEY,
+    INSTANCE_BY_HC_WAIT_INDEX,
+    INSTANCE_PK,
+    JOB_PK,
+    health_check_slots_key,
+)
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.repository.base import Update, cancellation_codes, is_condition_failure
+
+# A check waiting for a slot is looked at by the sweep this often (its jobs may be gone).
+WAIT_SWEEP_SECONDS = 600
+
+
+class Claim(str, Enum):
+    CLAIMED = "claimed"
+    RACED = "raced"  # the instance moved on (another delivery claimed it)
+    CLUSTER_FULL = "cluster_full"
+    JOB_FULL = "job_full"
+
+
+class HealthCheckSlots:
+    def __init__(self, base: Any) -> None:
+        self.base = base  # Repository
+
+    def _cluster(self, delta: int, limit: int | None = None) -> Update:
+        condition, values = None, {}
+        if limit is not None:
+            condition, values = "attribute_not_exists(#r) OR #r < :max", {":max": limit}
+        return Update(table=self.base.instance_table_name, key={INSTANCE_PK: HEALTH_CHECK_SLOTS_KEY},
+                      set_fields={"item_type": "HC_SLOTS"}, increments={"running": delta},
+                      condition=condition, condition_values=values,
+                      condition_names={"#r": "running"} if condition else {})
+
+    def _job(self, job_id: str, delta: int, limit: int | None = None) -> Update:
+        condition, values = None, {}
+        if limit is not None:
+            condition, values = "attribute_not_exists(#r) OR #r < :max", {":max": limit}
+        return Update(table=self.base.job_table_name, key={JOB_PK: health_check_slots_key(job_id)},
+                      set_fields={"item_type": "HC_SLOTS", "job_id_of": job_id},
+                      increments={"running": delta},
+                      condition=condition, condition_values=values,
+                      condition_names={"#r": "running"} if condition else {})
+
+    def claim(self, claim: Update, owner: str, *, per_job: int, cluster: int) -> Claim:
+        """The instance's claim (``claim``, built by the repository) with a slot of the
+        cluster's and one of ``owner``'s, or nothing."""
+        updates = [claim, self._cluster(1, cluster), self._job(owner, 1, per_job)]
+        try:
+            self.base.db.transact_or_raise(updates)
+            return Claim.CLAIMED
+        except Exception as error:
+            codes = cancellation_codes(error) if hasattr(error, "response") else []
+            if not codes and not (hasattr(error, "response") and is_condition_failure(error)):
+                raise
+            if len(codes) > 1 and codes[0] != "ConditionalCheckFailed":
+                if codes[1] == "ConditionalCheckFailed":
+                    return Claim.CLUSTER_FULL
+                if len(codes) > 2 and codes[2] == "ConditionalCheckFailed":
+                    return Claim.JOB_FULL
+            return Claim.RACED
+
+    def release(self, instance: Instance) -> list[Update]:
+        """The slot a HEALTH_CHECKING instance holds (none if it took none)."""
+        if not instance.hc_owner:
+            return []
+        return [self._cluster(-1), self._job(instance.hc_owner, -1)]
+
+    def waiting(self, job_id: str, limit: int) -> list[str]:
+        """The job's checks waiting for a slot (their instances), oldest first."""
+        page = self.base.db.query_page(
+            self.base.instance_table_name, IndexName=INSTANCE_BY_HC_WAIT_INDEX, Limit=limit,
+            KeyConditionExpression="#w = :w", ExpressionAttributeNames={"#w": HC_WAIT_PK},
+            ExpressionAttributeValues={":w": job_id})
+        return [str(i[INSTANCE_PK]) for i in page.get("Items", [])]
+
+    def running(self) -> int:
+        item = self.base.db.get(self.base.instance_table_name, {INSTANCE_PK: HEALTH_CHECK_SLOTS_KEY}) or {}
+        return int(item.get("running") or 0)
+
+    @staticmethod
+    def wait_fields(job_id: str) -> dict[str, Any]:
+        """On a waiting instance (with its ``hc_requested_at``, the index's sort key)."""
+        return {HC_WAIT_PK: job_id}
+
+    @staticmethod
+    def wait_attributes() -> list[str]:
+        return [HC_WAIT_PK]
+
+
+__all__ = ["HC_WAIT_SK", "Claim", "HealthCheckSlots"]

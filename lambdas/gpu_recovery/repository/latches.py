@@ -1,0 +1,105 @@
+"""Rank latches in DynamoDB (see ``gpu_recovery.domain.latch``): registered, ended, done.
+
+An arrival is one UpdateItem on the rank's shard item (``ADD`` to number sets: idempotent,
+no transaction, so thousands of ranks arriving at once never conflict), and, for the
+arrival that completes a shard, one UpdateItem on the head item. A suspect node is
+recorded on the shard in the same write as its rank's end, so once every rank ended the
+suspects of the fault are final and can be counted (:meth:`suspect_nodes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery.constants import JOB_PK, latch_head_key, latch_shard_key
+from gpu_recovery.domain.latch import Latch, latch_complete, shard_complete, shard_count, shard_of
+from gpu_recovery.repository.base import Update, from_ddb
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """Which latches of the attempt are complete after an arrival."""
+
+    complete: frozenset[Latch] = field(default_factory=frozenset)
+
+    def __contains__(self, latch: object) -> bool:
+        return latch in self.complete
+
+
+class LatchRepository:
+    def __init__(self, base: Any) -> None:
+        self.base = base  # Repository
+        self.table = base.job_table_name
+
+    def arrive(self, job_id: str, attempt: int, world_size: int, rank: int, latches: Iterable[Latch], *,
+               suspect_node: str = "", node: str = "") -> Arrival:
+        """Rank ``rank`` of ``attempt`` arrives at ``latches`` (and names its node a suspect of
+        the attempt's fault; registering, records its ``node``). Idempotent; returns the
+        latches complete afterwards."""
+        wanted = sorted(set(latches), key=lambda latch: latch.value)
+        if not wanted and not suspect_node:
+            return Arrival()
+        shard = shard_of(rank)
+        adds: dict[str, set[Any]] = {latch.value: set[Any]([rank]) for latch in wanted}
+        if suspect_node:
+            adds["susp"] = {suspect_node}
+        if node and Latch.REGISTERED in wanted:
+            adds["nodes"] = {node}
+        written = self.base.db.apply_returning(Update(
+            table=self.table, key={JOB_PK: latch_shard_key(job_id, attempt, shard)},
+            set_fields={"item_type": "LATCH"}, add_to_sets=adds), returning="ALL_NEW") or {}
+        complete: set[Latch] = set()
+        for latch in wanted:
+            arrived = len(written.get(latch.value) or ())
+            if not shard_complete(world_size, shard, arrived):
+                continue
+            head = self.base.db.apply_returning(Update(
+                table=self.table, key={JOB_PK: latch_head_key(job_id, attempt)},
+                set_fields={"item_type": "LATCH_HEAD"},
+                add_to_sets={latch.head_attribute: {shard}}), returning="ALL_NEW") or {}
+            if latch_complete(world_size, len(head.get(latch.head_attribute) or ())):
+                complete.add(latch)
+        return Arrival(frozenset(complete))
+
+    def complete(self, job_id: str, attempt: int, world_size: int) -> frozenset[Latch]:
+        """The attempt's complete latches (one read: the head)."""
+        head = self.base.db.get(self.table, {JOB_PK: latch_head_key(job_id, attempt)}) or {}
+        head = from_ddb(head)
+        return frozenset(latch for latch in Latch
+                         if latch_complete(world_size, len(head.get(latch.head_attribute) or ())))
+
+    def suspect_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
+        """Every node named a suspect by a rank of the attempt (``ceil(n / 64)`` items, read
+        once per fault, when every rank has ended)."""
+        return self._union(job_id, attempt, world_size, "susp")
+
+    def job_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
+        """The nodes the attempt's registered ranks run on (read once per relocation)."""
+        return self._union(job_id, attempt, world_size, "nodes")
+
+    def _union(self, job_id: str, attempt: int, world_size: int, attribute: str) -> set[str]:
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
+        found: set[str] = set()
+        for item in self.base.db.batch_get(self.table, keys):
+            found.update(str(n) for n in item.get(attribute) or ())
+        return found
+
+    def registered(self, job_id: str, attempt: int, world_size: int) -> set[int]:
+        """The attempt's registered ranks (``ceil(n / 64)`` items: only when some are missing)."""
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
+        found: set[int] = set()
+        for item in self.base.db.batch_get(self.table, keys):
+            found.update(int(r) for r in from_ddb(item).get(Latch.REGISTERED.value) or ())
+        return found
+
+    def arrived(self, job_id: str, attempt: int, ranks: Iterable[int], latch: Latch) -> set[int]:
+        """Which of ``ranks`` (of one or a few shards) arrived at ``latch``."""
+        wanted = set(ranks)
+        shards = sorted({shard_of(r) for r in wanted})
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in shards]
+        found: set[int] = set()
+        for item in self.base.db.batch_get(self.table, keys):
+            found.update(int(r) for r in from_ddb(item).get(latch.value) or ())
+        return found & wanted

@@ -1,0 +1,88 @@
+"""Pure pieces of the large-jobs design: latch shards, fault tallies, the ECS budget's
+GCRA, grouped StartTask plans and gang batches."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_recovery.domain import latch
+from gpu_recovery.domain.fault_tally import FaultTally
+from gpu_recovery.domain.gang_batches import START, STOP, GangBatch, batches
+from gpu_recovery.domain.launch_plan import (
+    PlannedRank,
+    parse_ranks_tag,
+    plan_calls,
+    ranks_tag_value,
+    spec_key,
+)
+from gpu_recovery.domain.rate_limit import TokenBucket, floor_seconds, reserve
+from gpu_recovery.domain.states import JobOutcome, SuspectVerdict
+
+
+@pytest.mark.parametrize("world_size", [1, 63, 64, 65, 1024, 8192])
+def test_latch_shards_cover_every_rank_exactly_once(world_size: int) -> None:
+    shards = latch.shard_count(world_size)
+    assert sum(latch.shard_size(world_size, s) for s in range(shards)) == world_size
+    assert all(0 < latch.shard_size(world_size, s) <= latch.RANKS_PER_SHARD for s in range(shards))
+    assert latch.shard_of(world_size - 1) == shards - 1
+    assert latch.latch_complete(world_size, shards) and not latch.latch_complete(world_size, shards - 1)
+
+
+def test_a_tally_decides_as_the_per_node_verdicts_did() -> None:
+    tally = FaultTally(attempt=1)
+    assert tally.outcome(relocatable=False) is JobOutcome.WAIT and not tally.ranks_ended
+    healthy = tally.with_verdict(SuspectVerdict.HEALTHY)
+    assert healthy.outcome(relocatable=False) is JobOutcome.WAIT  # the total is not known yet
+    done = FaultTally.from_item({**healthy.to_item(), "total": 1})
+    assert done.all_decided and done.outcome(relocatable=False) is JobOutcome.RESTART
+    reboot = done.with_verdict(SuspectVerdict.REBOOT, waits_for_reboot=True)
+    assert reboot.outcome(relocatable=False) is JobOutcome.RESTART_AFTER_REBOOT and reboot.rebooting == 1
+    assert not reboot.restart_ready()
+    fatal = reboot.with_verdict(SuspectVerdict.TIMEOUT)
+    assert fatal.outcome(relocatable=True) is JobOutcome.RELOCATE
+    assert fatal.outcome(relocatable=False) is JobOutcome.FAIL_NODE_FAULT
+    assert FaultTally.from_item(fatal.to_item()) == fatal
+
+
+def test_the_gcra_grants_the_burst_then_the_rate() -> None:
+    bucket = TokenBucket(rate=40, burst=100)
+    tat, now, granted = None, 1000.0, 0
+    while True:
+        decided = reserve(tat, now, 1, bucket)
+        if not decided.granted:
+            break
+        tat, granted = decided.tat, granted + 1
+    assert granted == 100 and decided.wait_seconds == pytest.approx(1 / 40)
+    later = reserve(tat, now + 1.0, 40, bucket)  # a second later: 40 more
+    assert later.granted and not reserve(later.tat, now + 1.0, 1, bucket).granted
+    assert floor_seconds(2047) == pytest.approx((2047 - 100) / 40) and floor_seconds(50) == 0.0
+
+
+def test_identical_ranks_share_a_start_call_on_distinct_nodes_only() -> None:
+    same = spec_key("td:1", {"containerOverrides": []}, "", 1, [{"key": "gpu-recovery:rank", "value": "3"}],
+                    ["gpu-recovery:rank"])
+    assert same == spec_key("td:1", {"containerOverrides": []}, "", 1,
+                            [{"key": "gpu-recovery:rank", "value": "9"}], ["gpu-recovery:rank"])
+    # 8 ranks per node (one per GPU) on 3 nodes: calls group one rank of each node.
+    ranks = [PlannedRank(r, f"node-{r // 8}", same) for r in range(24)]
+    calls = plan_calls(ranks)
+    assert len(calls) == 8 and all(len(set(c.nodes)) == len(c.nodes) == 3 for c in calls)
+    assert sorted(r for c in calls for r in c.ranks) == list(range(24))
+    assert plan_calls(list(reversed(ranks))) == calls  # the same ranks, the same calls
+    # Ranks of different specs never share one; at most 10 per call.
+    mixed = [PlannedRank(r, f"n{r}", "a" if r % 2 else "b") for r in range(30)]
+    assert all(len({m % 2 for m in c.ranks}) == 1 and len(c.ranks) <= 10 for c in plan_calls(mixed))
+    assert all(len(c.ranks) == 1 for c in plan_calls(mixed, batching=False))
+    assert parse_ranks_tag(ranks_tag_value([11, 3, 19])) == [3, 11, 19]
+
+
+def test_gang_batches_cover_the_gang_and_refuse_malformed_bodies() -> None:
+    work = batches(STOP, "job", 2, 8192, why="fault")
+    assert work[0].first == 0 and work[-1].last == 8192 and len(work) == 82
+    assert len(batches(START, "job", 3, 1024)) == 13
+    body = work[5].body()
+    assert GangBatch.from_body(body) == work[5]
+    for bad in ({}, {**body, "op": "reboot"}, {**body, "first": 50, "last": 10}, {**body, "job_id": "a#b"},
+                {**body, "attempt": "x"}, {**body, "last": body["first"] + 1000}):
+        with pytest.raises(ValueError):
+            GangBatch.from_body(bad)

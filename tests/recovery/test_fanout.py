@@ -1,0 +1,213 @@
+"""Large gangs, stage by stage with fakes of the ports: the stop and restart fan-out
+(batches on a queue), paced re-asks, grouped StartTask, the ECS budget, health checks
+held to their per-job share, oversized jobs refused loudly, and bounded e-mails."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery.constants import JobState, NotificationKind
+from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS
+from gpu_recovery.ecs_budget import RateLimited
+from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
+from gpu_recovery.recovery.ranks import registration_from_tags
+from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, World, ci_arn, world
+
+WORLD = 40  # > INLINE_MAX_RANKS: batches go through the queue
+
+
+def _nodes(n: int) -> list[str]:
+    return [f"node-{i:03d}" for i in range(n)]
+
+
+def _stopped_by_us(w: World, exit_code: int = 143) -> int:
+    """Every task ECS was asked to stop reports STOPPED (once), as ECS would."""
+    done = 0
+    for arn in list(dict.fromkeys(w.ecs.stop_calls)):
+        task = w.ecs.tasks[arn]
+        if task.last_status == "STOPPED":
+            continue
+        w.service.on_task_state_change(w.task_stopped(
+            arn, exit_code=exit_code, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        done += 1
+    return done
+
+
+def _verdict(w: World, node: str, exit_code: int) -> None:
+    [task] = [t for t in w.ecs.health_checks_on(node) if t.last_status == "RUNNING"]
+    w.service.on_health_check_stopped(w.health_check_stopped(task, exit_code))
+
+
+def test_a_large_gang_is_stopped_in_batches_and_restarted_ten_ranks_per_start_task() -> None:
+    assert WORLD > INLINE_MAX_RANKS
+    with world(gang_queue=True) as w:
+        nodes = _nodes(WORLD)
+        arns = w.register_job("big", nodes)
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        assert w.repo.get_job("big").state is JobState.PENDING_HEALTHCHECK
+        assert w.ecs.stop_calls == []  # nothing stopped in the event's own invocation
+        assert [m[0]["op"] for m in w.queue.messages] == ["stop"]
+        assert w.drain_queue() == 1
+        assert sorted(w.ecs.stop_calls) == sorted(arns[:-1])
+        assert _stopped_by_us(w) == WORLD - 1
+        job = w.repo.get_job("big")
+        assert job.tally.total == 1 and job.stop_fanout == {}  # every rank ended; one suspect
+        _verdict(w, nodes[-1], 0)  # healthy: an application error, restarts need a budget
+        job = w.repo.get_job("big")
+        assert job.state is JobState.FAILED and "application error" in job.last_error
+        assert w.queue.messages == []
+
+
+def test_a_restart_starts_identical_ranks_ten_per_call_and_tells_once() -> None:
+    with world(gang_queue=True, max_app_restarts=1) as w:
+        nodes = _nodes(WORLD)
+        arns = w.register_job("big", nodes)
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        w.drain_queue()
+        _stopped_by_us(w)
+        _verdict(w, nodes[-1], 0)  # healthy: restart on the same nodes (app budget 1)
+        job = w.repo.get_job("big")
+        assert job.state is JobState.STARTING and job.attempt == 2
+        assert [m[0]["op"] for m in w.queue.messages] == ["start"]
+        w.ecs.start_calls.clear()
+        w.drain_queue()
+        # 40 identical ranks on 40 nodes: four StartTasks of ten, every rank registered once.
+        assert w.ecs.start_calls == [10, 10, 10, 10]
+        assert [r.attempt for r in w.repo.get_ranks(w.repo.get_job("big"))] == [2] * WORLD
+        job = w.repo.get_job("big")
+        assert job.state is JobState.RUNNING
+        recovered = [n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]
+        assert len(recovered) == 1 and len(recovered[0].body) < 8_000
+        # A duplicate of the batch (SQS is at-least-once) starts nothing.
+        w.service.on_gang_batch({"op": "start", "job_id": "big", "attempt": 2, "first": 0, "last": WORLD},
+                                receive_count=2)
+        assert w.ecs.start_calls == [10, 10, 10, 10]
+        assert len([n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]) == 1
+
+
+def test_a_batch_out_of_ecs_budget_goes_back_to_the_queue_delayed() -> None:
+    with world(gang_queue=True) as w:
+        arns = w.register_job("big", _nodes(WORLD))
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        real = w.ecs.prepay
+        calls = {"n": 0}
+
+        def once_limited(count: int) -> None:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RateLimited(7.2)
+            real(count)
+
+        w.ecs.prepay = once_limited  # type: ignore[method-assign]
+        assert w.drain_queue() == 1
+        assert w.ecs.stop_calls == []
+        [(body, visible_at)] = w.queue.messages
+        assert body["op"] == "stop" and visible_at == w.now[0] + 8
+        w.advance(8)
+        assert w.drain_queue() == 1
+        assert len(set(w.ecs.stop_calls)) == WORLD - 1
+
+
+def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event() -> None:
+    with world(gang_queue=True, health_check_timeout_seconds=20_000) as w:
+        arns = w.register_job("big", _nodes(WORLD))
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        w.drain_queue()
+        asked = len(w.ecs.stop_calls)
+        # The same STOPPED event, redelivered many times, asks nothing again.
+        for _ in range(5):
+            w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        assert len(w.ecs.stop_calls) == asked and w.queue.messages == []
+        # The ranks never stop (lost agent): the sweep asks again after 2, 4, 8... minutes.
+        rounds = []
+        for _ in range(80):  # 160 minutes
+            w.advance(120)
+            w.service.sweep()
+            w.drain_queue()
+            rounds.append(len(w.ecs.stop_calls) // asked)
+        assert rounds[-1] == 1 + MAX_STOP_ROUNDS  # then given up (a person looks at the node)
+        first_reask = rounds.index(2)
+        assert (first_reask + 1) * 120 >= RECHECK_SECONDS
+        # Each re-ask waits twice as long as the one before.
+        changes = [i for i in range(1, len(rounds)) if rounds[i] != rounds[i - 1]]
+        gaps = [b - a for a, b in itertools.pairwise(changes)]
+        assert gaps == sorted(gaps) and gaps[-1] >= 2 * gaps[0]
+
+
+def test_health_checks_are_held_to_the_jobs_share_and_the_restart_waits_for_every_verdict() -> None:
+    with world(max_health_checks_per_job=2, max_app_restarts=1) as w:
+        nodes = _nodes(5)
+        arns = w.register_job("j", nodes)
+        for arn in arns:  # an NCCL cascade: every rank exits 1 on its own
+            w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+        running = [n for n in nodes if any(t.last_status == "RUNNING" for t in w.ecs.health_checks_on(n))]
+        assert len(running) == 2
+        job = w.repo.get_job("j")
+        assert job.tally.total == 5 and job.state is JobState.PENDING_HEALTHCHECK
+        checked: set[str] = set()
+        while len(checked) < 5:
+            node = next(n for n in nodes if n not in checked and any(
+                t.last_status == "RUNNING" for t in w.ecs.health_checks_on(n)))
+            _verdict(w, node, 0)
+            checked.add(node)
+            busy = [n for n in nodes if any(t.last_status == "RUNNING" for t in w.ecs.health_checks_on(n))]
+            assert len(busy) <= 2
+        job = w.repo.get_job("j")
+        assert job.tally.decided == 5 and job.state in (JobState.STARTING, JobState.RUNNING)
+        assert w.repo.slots.running() == 0
+
+
+def test_a_job_larger_than_supported_is_refused_loudly_once(caplog: Any) -> None:
+    with world() as w:
+        arn = "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/huge0"
+        tags = [{"key": C.TAG_JOB_ID, "value": "huge"}, {"key": C.TAG_RANK, "value": "0"},
+                {"key": C.TAG_WORLD_SIZE, "value": str(C.MAX_WORLD_SIZE + 1)}]
+        w.ecs.tasks[arn] = FakeTask(arn, "node-000", "user", "family:train")
+        w.ecs.describe_task = lambda task_arn: {  # type: ignore[method-assign]
+            "taskArn": task_arn, "containerInstanceArn": "ci/node-000", "tags": tags, "lastStatus": "RUNNING"}
+        with caplog.at_level("WARNING"):
+            for _ in range(3):
+                w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+        assert w.repo.get_job("huge") is None
+        refused = [n for n in w.notifier.sent if n.kind is NotificationKind.JOB_REFUSED]
+        assert len(refused) == 1 and str(C.MAX_WORLD_SIZE) in refused[0].body
+        assert sum("too large to protect" in r.message for r in caplog.records) == 3
+        try:
+            registration_from_tags({"taskArn": arn}, tags)
+        except ValueError as error:
+            assert "at most" in str(error)
+
+
+def test_a_rank_that_never_registered_is_found_by_its_tags_and_stopped() -> None:
+    """Given rank 7's RUNNING event was lost (no rank item), When the gang is stopped,
+    Then the rank is found running by its tags (once: its attempt's registered latch is
+    incomplete), registered and stopped with the others, and the end latch completes."""
+    with world(gang_queue=True) as w:
+        nodes = _nodes(WORLD)
+        arns = w.register_job("big", nodes)
+        lost = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/lost7"
+        w.ecs.tasks[lost] = FakeTask(lost, nodes[7], "gpujobs", "family:train")
+        w.repo.db.table(w.repo.job_table_name).delete_item(Key={C.JOB_PK: C.rank_item_key("big", 7)})
+        w.repo.db.table(w.repo.job_table_name).update_item(
+            Key={C.JOB_PK: C.latch_shard_key("big", 1, 0)}, UpdateExpression="DELETE #r :seven",
+            ExpressionAttributeNames={"#r": "reg"}, ExpressionAttributeValues={":seven": {7}})
+        w.repo.db.table(w.repo.job_table_name).update_item(
+            Key={C.JOB_PK: C.latch_head_key("big", 1)}, UpdateExpression="DELETE #s :zero",
+            ExpressionAttributeNames={"#s": "reg_s"}, ExpressionAttributeValues={":zero": {0}})
+        tags = [{"key": C.TAG_JOB_ID, "value": "big"}, {"key": C.TAG_RANK, "value": "7"},
+                {"key": C.TAG_WORLD_SIZE, "value": str(WORLD)}]
+        looked = {"n": 0}
+
+        def tagged(key: str, value: str) -> list[dict[str, Any]]:
+            looked["n"] += 1
+            return [{"taskArn": lost, "containerInstanceArn": ci_arn(nodes[7]), "tags": tags,
+                     "taskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/train:1"}]
+
+        w.ecs.running_tasks_tagged = tagged  # type: ignore[method-assign]
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        w.drain_queue()
+        assert looked["n"] == 1 and lost in w.ecs.stop_calls and arns[7] not in w.ecs.stop_calls
+        assert _stopped_by_us(w) == WORLD - 1
+        assert w.repo.get_job("big").tally.total == 1
