@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import time
 import traceback
@@ -33,6 +34,7 @@ from collections import Counter
 from typing import Any
 
 from gpu_recovery import constants as C
+from gpu_recovery.domain.launch_plan import MAX_INSTANCES_PER_START
 from local_mode.scale_recovery import INSTANCE_TABLE, JOB_TABLE, ScaleWorld, TaggedJob, launch_tagged_job
 
 DEFAULT_SIZES = {"per-node": (8, 64, 256, 1024), "per-gpu": (8192,)}
@@ -90,7 +92,7 @@ class _Registration:
 
 def _job_fields(world: ScaleWorld, job_id: str) -> dict[str, Any]:
     return world.dynamo.peek_attributes(JOB_TABLE, {C.JOB_PK: C.job_item_key(job_id)},
-                                        ("job_state", "attempt", "suspects", "last_error")) or {}
+                                        ("job_state", "attempt", "last_error")) or {}
 
 
 def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120, spares: int = 2,
@@ -206,17 +208,30 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
     attempt = int(fields.get("attempt") or 1)
     all_running = job.all_running_at.get(attempt) if attempt >= 2 else None
     cluster = world.cluster
-    restarts = n  # the restart starts every rank: at best 100 at once, then 40 per second
+    # The restart's StartTasks at best: up to 10 identical ranks a call (distinct nodes), all
+    # after the reboot (the stops, long before, leave the bucket full again).
+    restarts = math.ceil(n / MAX_INSTANCES_PER_START) if world.settings.batch_identical_starts else n
     data_plane_floor = 2 * cluster.run_delay + cluster.dcgm_seconds + cluster.reboot_seconds
     functions = {name: f.stats.as_dict(f.timeout) for name, f in sorted(world.lambdas.functions.items())}
     dead = Counter(d.function for d in world.lambdas.dead_letters)
+    gang = world.gang_queue()
+    queue = gang.stats() if gang is not None else {}
+    if gang is not None:
+        # Redriven to the DLQ, or failed maxReceiveCount times already (redriven at the next receive).
+        doomed = sum(1 for m in gang.messages.values() if m.receive_count >= (gang.max_receive_count or 0))
+        if queue["moved_to_dead_letter"] + doomed:
+            dead["gang_worker (SQS DLQ)"] = queue["moved_to_dead_letter"] + doomed
     notes = world.topic.published
-    suspects = fields.get("suspects") or {}
+    suspects = world.suspects(job.job_id, attempt=1)
+    floor = data_plane_floor + control_bucket.floor_seconds(restarts)
+    took = all_running - t_fault if all_running else None
+    budget_waits = [b.waited_seconds for b in world.budgets]
     return {
         "job_state": fields.get("job_state"), "attempt": attempt,
-        "fault_to_all_running_s": round(all_running - t_fault, 1) if all_running else None,
-        "floor_s": round(data_plane_floor + control_bucket.floor_seconds(restarts), 1),
-        "floor_detail": {"data_plane_s": data_plane_floor,
+        "fault_to_all_running_s": round(took, 1) if took is not None else None,
+        "floor_s": round(floor, 1),
+        "above_floor_s": round(took - floor, 1) if took is not None else None,
+        "floor_detail": {"data_plane_s": data_plane_floor, "restart_start_calls": restarts,
                          "restart_bucket_s": round(control_bucket.floor_seconds(restarts), 1)},
         "simulated_s": round(outcome_at - t_fault, 1),
         "dynamodb": {
@@ -236,11 +251,15 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
                 "bucket_floor_s": round(control_bucket.floor_seconds(control), 1),
                 "throttled": {k.split(":", 1)[1]: v for k, v in sorted(stats.throttled.items())},
                 "throttled_total": sum(stats.throttled.values()),
-                "failed_after_retries": sum(stats.failed.values())},
+                "failed_after_retries": sum(stats.failed.values()),
+                "budget_waited_s_total": round(sum(budget_waits), 1),
+                "budget_waited_s_max_container": round(max(budget_waits, default=0.0), 1)},
+        "gang_queue": queue,
         "lambda": {"functions": functions, "max_concurrency": world.lambdas.max_running,
                    "waited_for_concurrency": world.lambdas.throttled},
         "dead_letters": dict(sorted(dead.items())), "dead_letters_total": sum(dead.values()),
         "suspects": len(suspects),
+        "suspect_verdicts": dict(Counter(suspects.values())),
         "health_checks": sum(cluster.health_checks.values()),
         "health_checks_max_per_node": max(cluster.health_checks.values(), default=0),
         "reboots": sum(cluster.reboots.values()),
@@ -270,8 +289,10 @@ def _print(result: dict[str, Any]) -> None:
     t = result["fault_to_all_running_s"]
     floor = result["floor_detail"]
     print(f"  fault -> every rank RUNNING: {t if t is not None else '-'} s (floor {result['floor_s']} s: "
-          f"DCGM + reboot + starts {floor['data_plane_s']:.0f} s, restart at 40/s "
-          f"{floor['restart_bucket_s']} s); job {result['job_state']} attempt {result['attempt']}")
+          f"DCGM + reboot + starts {floor['data_plane_s']:.0f} s, the restart's "
+          f"{floor['restart_start_calls']} StartTasks at 40/s {floor['restart_bucket_s']} s; "
+          f"above it {result['above_floor_s']} s); "
+          f"job {result['job_state']} attempt {result['attempt']}")
     print(f"  DynamoDB: {d['items_read']:,} items read ({d['items_read_per_rank']}/rank), "
           f"{d['items_written']:,} written ({d['items_written_per_rank']}/rank); {d['read_units']:,} RRU, "
           f"{d['write_units']:,} WRU; largest item {d['largest_item_bytes']:,} B ({d['largest_item']}); "
@@ -280,7 +301,14 @@ def _print(result: dict[str, Any]) -> None:
     print(f"  ECS: {e['control_plane_calls']:,} control-plane calls ({e['control_per_rank']}/rank: "
           f"{control}), bucket floor {e['bucket_floor_s']} s; {e['read_calls']:,} describe/list; throttled "
           f"{e['throttled_total']:,} {e['throttled'] or ''}; failed after retries "
-          f"{e['failed_after_retries']}")
+          f"{e['failed_after_retries']}; waited for the stack's budget {e['budget_waited_s_total']} s "
+          f"(one container at most {e['budget_waited_s_max_container']} s)")
+    q = result.get("gang_queue") or {}
+    if q:
+        print(f"  gang queue: {q['sent']} batches sent, {q['batches']} received (max "
+              f"{q['max_concurrency']} at once), {q['failed_items']} failed; left {q['in_queue']} "
+              f"(received twice or more "
+              f"{q['in_queue_received_twice_or_more']}); DLQ {q['dead_letter_queue']}")
     longest = ", ".join(f"{name} {f['longest_s']}/{f['timeout_s']:.0f} s"
                         + (f" ({f['timeouts']} timed out)" if f["timeouts"] else "")
                         for name, f in lam["functions"].items())

@@ -1280,12 +1280,28 @@ class MemoryDynamo:
             if kind == "ConditionCheck" and not op.get("ConditionExpression"):
                 raise _validation("The ConditionCheck action requires a ConditionExpression")
             parsed.append((kind, op, table, key, h, r))
-        for kind, op, table, key, h, r in parsed:
-            old = table.items.get(key)
+        # Conflicts and conditions of every action first (cheap): a transaction that will be
+        # cancelled anyway does not evaluate its update expressions (the costly part, and a
+        # hot item's losers are most transactions). Its reasons say None for the others.
+        checked: list[_Failure | None] = []
+        for _kind, op, table, key, _h, _r in parsed:
             try:
                 if self._conflicting(table, key, invocation, now):
                     raise _Failure("TransactionConflict", "Transaction is ongoing for the item")
-                self._check_condition(op.get("ConditionExpression"), op, old, "TransactWriteItems")
+                self._check_condition(op.get("ConditionExpression"), op, table.items.get(key),
+                                      "TransactWriteItems")
+                checked.append(None)
+            except _Failure as failure:
+                checked.append(failure)
+        doomed = any(f is not None for f in checked)
+        for (kind, op, table, key, h, r), precheck in zip(parsed, checked, strict=True):
+            old = table.items.get(key)
+            try:
+                if precheck is not None:
+                    raise precheck
+                if doomed:
+                    reasons.append({"Code": "None"})
+                    continue
                 new: _Stored | None = None
                 touched: set[str] | None = None
                 if kind == "Put":

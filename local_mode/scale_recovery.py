@@ -1,14 +1,19 @@
-"""The recovery stack of ``infra/recovery.py`` in the scale simulator: four functions fed by
-EventBridge rules with the deployed patterns (and the minute schedule), each Lambda
-container holding its own ``RecoveryService`` over the real ``Repository``
-(:class:`~local_mode.memory_dynamo.MemoryDynamo`) and the real adapters (``EcsAdapter``,
-``RebootAdapter``, ``SnsNotifier``, ``VerdictLogReader``) on the stand-in clients of
-``local_mode/scale_aws.py``.
+"""The recovery stack of ``infra/recovery.py`` and ``infra/gang.py`` in the scale simulator:
+four functions fed by EventBridge rules with the deployed patterns (and the minute
+schedule), and the gang fan-out's worker fed by its SQS queue (batch size 1, partial batch
+responses, the deployed maximum concurrency, visibility timeout and redrive to a DLQ).
+Each Lambda container holds its own ``RecoveryService`` over the real ``Repository``
+(:class:`~local_mode.memory_dynamo.MemoryDynamo`) and the real adapters (``EcsAdapter``
+with the stack's ``EcsCallBudget`` item, ``GangQueue``, ``RebootAdapter``,
+``SnsNotifier``, ``VerdictLogReader``) on the stand-in clients of
+``local_mode/scale_aws.py`` and ``local_mode/scale_sim.py``, built as
+``gpu_recovery.runtime.recovery_service`` builds them.
 
 The handlers here do what ``lambdas/handlers/*`` do, without Powertools or
 ``gpu_recovery.runtime`` (whose one service per process would share one ECS client between
 concurrent invocations): parse the event with the same pydantic models (a malformed one
-is dropped), then call the service entry point.
+is dropped), then call the service entry point (the sweep and the gang worker with the
+invocation's remaining time, as Lambda's context gives it).
 
 Plugging in more (the fan-out the recovery loop will get):
 
@@ -24,6 +29,7 @@ Plugging in more (the fan-out the recovery loop will get):
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,9 +43,12 @@ from gpu_recovery.adapters.compute import RebootAdapter
 from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
+from gpu_recovery.adapters.queue import GangQueue
+from gpu_recovery.ecs_budget import EcsCallBudget
 from gpu_recovery.ecs_events import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.repository import Repository
+from gpu_recovery.repository.rate_limit import RateLimitRepository
 from gpu_recovery.settings import Settings
 from local_mode.memory_dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
 from local_mode.scale_aws import (
@@ -79,6 +88,15 @@ MAX_EVENT_AGE: dict[str, float] = {"ecs_task_handler": 7200.0, "dcgm_task_monito
                                    "ecs_instance_monitor": 7200.0, "recovery_sweep": 300.0}
 ASYNC_RETRIES = 2
 SWEEP_EVERY_SECONDS = 60.0
+# infra/gang.py (tests/infra checks these against the stack): the gang fan-out's queue and
+# worker; GANG_WORKER_CONCURRENCY is infra/config.py's default gang_worker_concurrency.
+GANG_QUEUE = "gang-batches"
+GANG_WORKER = "gang_worker"
+GANG_WORKER_TIMEOUT_SECONDS = float(C.GANG_WORKER_TIMEOUT_SECONDS)
+GANG_VISIBILITY_TIMEOUT_SECONDS = float(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
+GANG_MAX_RECEIVES = C.GANG_QUEUE_MAX_RECEIVES
+GANG_BATCH_SIZE = 1
+GANG_WORKER_CONCURRENCY = 4
 
 
 class RecordingMetrics:
@@ -98,17 +116,21 @@ class Ports:
     repo: Repository
     ecs: EcsAdapter
     ecs_client: EcsClient
+    budget: EcsCallBudget
     rebooter: RebootAdapter
     notifier: SnsNotifier
     verdicts: VerdictLogReader
     settings: Settings
     metrics: RecordingMetrics
     queues: dict[str, SimQueuePort] = field(default_factory=dict)
+    gang_queue: GangQueue | None = None
 
 
 def default_service(ports: Ports) -> RecoveryService:
+    """As ``gpu_recovery.runtime.recovery_service`` builds it (no auto-scaling replacer: the
+    simulated cluster has no group; the shipped fault catalog)."""
     return RecoveryService(ports.repo, ports.ecs, ports.rebooter, ports.notifier, ports.verdicts,
-                           ports.settings, ports.metrics)
+                           ports.settings, ports.metrics, gang_queue=ports.gang_queue)
 
 
 @dataclass
@@ -117,6 +139,7 @@ class Container:
 
     ports: Ports
     factory: Callable[[Ports], Any]
+    sim: Simulation | None = None  # the invocation's remaining time (Lambda's context)
     _service: Any = None
 
     @property
@@ -159,9 +182,38 @@ def instance_handler(container: Container, event: dict[str, Any]) -> dict[str, A
     return dict(container.service.on_container_instance_change(parsed.detail, parsed.time).as_dict())
 
 
+def _time_left(container: Container) -> Callable[[], float] | None:
+    """Lambda's ``context.get_remaining_time_in_millis() / 1000`` for the running invocation."""
+    sim = container.sim
+    process = sim.current if sim is not None else None
+    if sim is None or process is None or process.deadline is None:
+        return None
+    deadline = process.deadline
+    return lambda: deadline - sim.now
+
+
 def sweep_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
     """handlers/recovery_sweep.py"""
-    return dict(container.service.sweep().as_dict())
+    return dict(container.service.sweep(_time_left(container)).as_dict())
+
+
+def gang_worker_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/gang_worker.py: each record one batch; a malformed one is dropped, one that
+    raises is reported failed (Powertools' partial batch response)."""
+    failures = []
+    time_left = _time_left(container)
+    for record in event.get("Records", []):
+        try:
+            body = json.loads(record["body"])
+            if not isinstance(body, dict):
+                raise ValueError("the body is not a JSON object")
+            container.service.on_gang_batch(
+                body, receive_count=int(record["attributes"]["ApproximateReceiveCount"]), time_left=time_left)
+        except ValueError:
+            continue  # malformed: logged and dropped
+        except Exception:
+            failures.append({"itemIdentifier": record["messageId"]})
+    return {"batchItemFailures": failures}
 
 
 class ScaleWorld:
@@ -180,9 +232,13 @@ class ScaleWorld:
                  sweep_every_seconds: float | None = SWEEP_EVERY_SECONDS,
                  service_factory: Callable[[Ports], Any] = default_service,
                  validate_dynamodb: bool = True, cluster: dict[str, Any] | None = None,
-                 keep_invocations: bool = False) -> None:
+                 keep_invocations: bool = False, gang_fanout: bool = True,
+                 gang_worker_concurrency: int = GANG_WORKER_CONCURRENCY) -> None:
         self.sim = Simulation(seed=seed)
         self.sim.install_clock()
+        # The recovery code's own jitter (contention back-off, health-check retries) draws from
+        # the random module: seeded too, so a run is reproducible for its seed.
+        random.seed(seed)
         self.latencies = latencies or Latencies()
         self.account = Account(self.sim, self.latencies)
         self.dynamo = MemoryDynamo(
@@ -198,17 +254,28 @@ class ScaleWorld:
         self.topic = SnsTopic()
         self.metrics = RecordingMetrics()
         self.queues: dict[str, SqsQueue] = {}
+        self.budgets: list[EcsCallBudget] = []  # every container's (their waits are measured)
         self.service_factory = service_factory
+        # The gang fan-out (infra/gang.py): its queue exists before any container is built.
+        self.gang_fanout = gang_fanout
+        gang_queue = self.add_queue(GANG_QUEUE, visibility_timeout=GANG_VISIBILITY_TIMEOUT_SECONDS,
+                                    max_receive_count=GANG_MAX_RECEIVES) if gang_fanout else None
         self.settings = replace(Settings(
             job_table=JOB_TABLE, instance_table=INSTANCE_TABLE, cluster=self.cluster.name,
             health_check_task=self.cluster.health_check_task, topic_arn=self.topic.arn,
-            health_check_log_group=HEALTH_CHECK_LOG_GROUP), **(settings or {}))
+            health_check_log_group=HEALTH_CHECK_LOG_GROUP,
+            gang_queue_url=gang_queue.url if gang_queue is not None else ""), **(settings or {}))
         timeouts = {**FUNCTION_TIMEOUTS, **(function_timeouts or {})}
         handlers = (("ecs_task_handler", task_handler), ("dcgm_task_monitor", health_check_handler),
                     ("ecs_instance_monitor", instance_handler), ("recovery_sweep", sweep_handler))
         for name, handler in handlers:
             self.lambdas.add_function(name, handler, timeout=timeouts[name], make_container=self.container,
                                       async_retries=ASYNC_RETRIES, max_event_age=MAX_EVENT_AGE[name])
+        if gang_queue is not None:
+            self.lambdas.add_function(GANG_WORKER, gang_worker_handler, timeout=GANG_WORKER_TIMEOUT_SECONDS,
+                                      make_container=self.container, async_retries=0)
+            gang_queue.attach(self.lambdas, GANG_WORKER, batch_size=GANG_BATCH_SIZE,
+                              max_concurrency=gang_worker_concurrency)
         arn = self.cluster.arn
         self.bus.add_rule("training-task-state", C.training_task_pattern(arn), "ecs_task_handler")
         self.bus.add_rule("health-check-task-stopped", C.health_check_task_pattern(arn),
@@ -227,10 +294,16 @@ class ScaleWorld:
     def ports(self) -> Ports:
         """Fresh ports (new clients: their own botocore retry quota), as a new container has."""
         ecs_client = self.cluster.client()
+        repo = Repository(self.dynamo, JOB_TABLE, INSTANCE_TABLE)
+        # runtime.ecs_adapter: every control-plane call takes a token of the stack's budget item.
+        budget = EcsCallBudget(RateLimitRepository(repo), self.settings.ecs_api)
+        self.budgets.append(budget)
+        gang = self.queues.get(GANG_QUEUE) if self.gang_fanout else None
         return Ports(
-            repo=Repository(self.dynamo, JOB_TABLE, INSTANCE_TABLE),
-            ecs=EcsAdapter(ecs_client, self.cluster.name),
+            repo=repo,
+            ecs=EcsAdapter(ecs_client, self.cluster.name, budget=budget),
             ecs_client=ecs_client,
+            budget=budget,
             rebooter=RebootAdapter(Ec2Client(self.cluster),
                                    SsmClient(self.cluster, self.settings.reboot_document),
                                    self.settings.reboot_document),
@@ -239,10 +312,11 @@ class ScaleWorld:
             settings=self.settings,
             metrics=self.metrics,
             queues={name: queue.port() for name, queue in self.queues.items()},
+            gang_queue=GangQueue(gang.client(), gang.url) if gang is not None else None,
         )
 
     def container(self) -> Container:
-        return Container(self.ports(), self.service_factory)
+        return Container(self.ports(), self.service_factory, self.sim)
 
     def add_queue(self, name: str, *, visibility_timeout: float = 120.0,
                   max_receive_count: int = 5) -> SqsQueue:
@@ -283,6 +357,20 @@ class ScaleWorld:
     def rank(self, job_id: str, rank: int) -> dict[str, Any] | None:
         return self.dynamo.peek(JOB_TABLE, {C.JOB_PK: C.rank_item_key(job_id, rank)})
 
+    def suspects(self, job_id: str, attempt: int = 1) -> dict[str, str]:
+        """node -> verdict of the attempt's fault (its suspect items; not metered)."""
+        prefix = f"{JOB_TABLE}:{C.suspect_key_prefix(job_id, attempt)}"
+        found: dict[str, str] = {}
+        for label in self.dynamo.item_bytes(JOB_TABLE):
+            if label.startswith(prefix):
+                item = self.dynamo.peek_attributes(JOB_TABLE, {C.JOB_PK: label.split(":", 1)[1]},
+                                                   ("node", "verdict")) or {}
+                found[str(item.get("node"))] = str(item.get("verdict"))
+        return found
+
+    def gang_queue(self) -> SqsQueue | None:
+        return self.queues.get(GANG_QUEUE) if self.gang_fanout else None
+
     def reset_measurements(self) -> None:
         self.dynamo.meter.reset()
         self.account.stats.reset()
@@ -293,6 +381,10 @@ class ScaleWorld:
         self.cluster.reboots.clear()
         self.topic.published.clear()
         self.topic.refused.clear()
+        for budget in self.budgets:
+            budget.waited_seconds = 0.0
+        for queue in self.queues.values():
+            queue.reset_stats()
 
     # --- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:

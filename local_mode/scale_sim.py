@@ -907,6 +907,28 @@ class SqsQueue:
         self.moved_to_dead_letter = 0
         self._source: SqsEventSource | None = None
 
+    def reset_stats(self) -> None:
+        self.sent = self.deleted = self.moved_to_dead_letter = 0
+        if self._source is not None:
+            self._source.reset_stats()
+        if self.dead_letter is not None:
+            self.dead_letter.reset_stats()
+
+    def stats(self) -> dict[str, Any]:
+        """Sent, deleted, redriven; the event source's batches and failures; what is left
+        (and of it, how much was received more than once: failing again and again)."""
+        source = self._source
+        left = list(self.messages.values())
+        return {"sent": self.sent, "deleted": self.deleted, "moved_to_dead_letter": self.moved_to_dead_letter,
+                "in_queue": len(left),
+                "in_queue_received_twice_or_more": sum(1 for m in left if m.receive_count > 1),
+                "max_receive_count": max((m.receive_count for m in left), default=0),
+                "batches": source.batches if source else 0,
+                "failed_items": source.failed_items if source else 0,
+                "failed_batches": source.failed_batches if source else 0,
+                "max_concurrency": source.max_active if source else 0,
+                "dead_letter_queue": len(self.dead_letter.messages) if self.dead_letter else 0}
+
     def client(self, queues: Mapping[str, SqsQueue] | None = None) -> SqsClient:
         return SqsClient(self.account, queues or {self.url: self})
 
@@ -963,6 +985,10 @@ class SqsEventSource:
         self.failed_items = 0
         self.failed_batches = 0
         self._wake_at: float | None = None
+
+    def reset_stats(self) -> None:
+        self.batches = self.failed_items = self.failed_batches = 0
+        self.max_active = self.active
 
     def wake(self, when: float) -> None:
         """Poll at ``when`` (plus the poller's delay) unless a poll is due earlier."""

@@ -15,9 +15,12 @@ from botocore.exceptions import ClientError, ParamValidationError
 
 from gpu_recovery import clock
 from gpu_recovery import constants as C
+from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.domain.states import InstanceState, JobState, RankState
-from gpu_recovery.repository import RankStop, Repository, Update
+from gpu_recovery.repository import RankStop, Repository
+from gpu_recovery.repository.rate_limit import RateLimitRepository
 from local_mode.emulator import LocalAws
 from local_mode.memory_dynamo import MAX_ITEM_BYTES, MemoryDynamo, item_size
 
@@ -92,38 +95,76 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("by task, unknown", lambda: repo.find_rank_by_task("arn:unknown"))
         step("live on n1", lambda: repo.live_ranks_on_instance("n1"))
         step("mark running (not STARTING)", lambda: repo.mark_rank_running(_rank(1)))
-        # A fault: the job enters recovery with rank 0's stop, atomically; a duplicate loses.
+        # A fault: node n0's suspect item (idempotent), then the job enters recovery with rank
+        # 0's stop, atomically; a duplicate loses.
+        faults = repo.faults
+        record = {"at": T0, "evidence": {"exit_code": 1}, "plan": {"action": "health_check"}}
+        step("open suspect n0", lambda: faults.open_suspect("j1", 1, "n0", rank=0, record=record, now=now[0],
+                                                            retry_at=now[0] + 60))
+        step("open suspect n0 again", lambda: faults.open_suspect("j1", 1, "n0", rank=0, record={"x": 1},
+                                                                  now=now[0], retry_at=now[0] + 60))
         rank0 = repo.get_rank("j1", 0)
         assert rank0 is not None
         stop0 = RankStop(rank0, RankState.FAILED, {"exit_code": 1, "stop_reason": "exit 1"})
-        fault = {"a1:n0": {"at": T0, "evidence": {"exit_code": 1}, "plan": {"action": "health_check"}}}
         step("enter recovery", lambda: repo.enter_recovery(
-            "j1", 1, from_states=[JobState.RUNNING], suspects=["n0"], reason="rank 0 exited 1", now=now[0],
-            deadline_at=now[0] + 60, rank_stop=stop0, faults=fault))
+            "j1", 1, from_states=[JobState.RUNNING], reason="rank 0 exited 1", now=now[0],
+            deadline_at=now[0] + 60, rank_stop=stop0))
         step("enter recovery again", lambda: repo.enter_recovery(
-            "j1", 1, from_states=[JobState.RUNNING], suspects=["n0"], reason="dup", now=now[0],
-            deadline_at=now[0] + 60, rank_stop=stop0, faults=fault))
+            "j1", 1, from_states=[JobState.RUNNING], reason="dup", now=now[0],
+            deadline_at=now[0] + 60, rank_stop=stop0))
         rank1 = repo.get_rank("j1", 1)
         assert rank1 is not None
-        stop1 = RankStop(rank1, RankState.FAILED, {"exit_code": 1})
-        step("add suspect n1", lambda: repo.add_suspects("j1", 1, ["n1"], stop1,
-                                                         faults={"a1:n1": {"at": now[0]}}))
-        step("add suspect n1 again", lambda: repo.add_suspects("j1", 1, ["n1"], stop1))
-        step("add suspect without rank", lambda: repo.add_suspects("j1", 1, ["n2"]))
+        step("open suspect n1", lambda: faults.open_suspect("j1", 1, "n1", rank=1, record={"at": now[0]},
+                                                            now=now[0], retry_at=now[0] + 60))
+        step("rank 1 stopped", lambda: repo.record_rank_stop(
+            RankStop(rank1, RankState.FAILED, {"exit_code": 1})))
+        step("rank 1 stopped again", lambda: repo.record_rank_stop(RankStop(rank1, RankState.FAILED, {})))
+        step("suspects by index", lambda: faults.suspects("j1", 1))
+        step("suspects, limit 1", lambda: faults.suspects("j1", 1, limit=1))
+        step("health check requested", lambda: faults.health_check_requested(
+            faults.get_suspect("j1", 1, "n0")))
+        step("health check requested again", lambda: faults.health_check_requested(
+            faults.get_suspect("j1", 1, "n0")))
+        # Rank latches: sets on shard items, the head when a shard completes.
+        for r in range(4):
+            step(f"latch rank {r}", lambda r=r: sorted(x.value for x in repo.latches.arrive(
+                "j1", 1, 4, r, [Latch.ENDED], suspect_node=f"n{r}" if r < 2 else "").complete))
+        step("latch again", lambda: sorted(x.value for x in repo.latches.arrive(
+            "j1", 1, 4, 3, [Latch.ENDED]).complete))
+        step("latches complete", lambda: sorted(x.value for x in repo.latches.complete("j1", 1, 4)))
+        step("latch suspects", lambda: sorted(repo.latches.suspect_nodes("j1", 1, 4)))
+        # The ECS budget item (GCRA): granted, then refused with a wait.
+        budget = RateLimitRepository(repo)
+        bucket = TokenBucket(rate=10.0, burst=5)
+        at = now[0]
+        step("budget 5", lambda: budget.reserve(5, bucket, at))
+        step("budget 1 more", lambda: budget.reserve(1, bucket, at))
         step("stop rank 3", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))
         step("stop rank 3 again", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))
         step("job", lambda: repo.get_job("j1"))
         step("job item", lambda: repo.get_job_item("j1"))
-        # Health checks on the instance items.
+        # Health checks on the instance items, with the cluster's and the job's slots.
         step("open hc", lambda: repo.open_health_check("n0", "j1", now=now[0], retry_at=now[0] + 60))
         step("open hc again", lambda: repo.open_health_check("n0", "j1", now=now[0], retry_at=now[0] + 60))
         step("join hc", lambda: repo.join_health_check("n0", "j9"))
         step("open hc unknown node", lambda: repo.open_health_check("n7", "j1", now=now[0],
                                                                     retry_at=now[0] + 30))
+        step("open hc n1", lambda: repo.open_health_check("n1", "j1", now=now[0], retry_at=now[0] + 60))
         n0 = repo.get_instance("n0")
         assert n0 is not None
-        step("claim hc", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75))
-        step("claim hc again", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75))
+        step("claim hc", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
+                                                         cluster=5, now=now[0]).value)
+        step("claim hc again", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
+                                                               cluster=5, now=now[0]).value)
+        n1 = repo.get_instance("n1")
+        assert n1 is not None
+        step("claim hc, job full", lambda: repo.claim_health_check(n1, "sb-3", now[0] + 75, owner="j1",
+                                                                   per_job=1, cluster=5, now=now[0]).value)
+        step("claim hc, cluster full", lambda: repo.claim_health_check(
+            n1, "sb-3", now[0] + 75, owner="j1", per_job=9, cluster=1, now=now[0]).value)
+        step("wait for a slot", lambda: repo.wait_for_health_check_slot(n1, "j1", now[0]))
+        step("waiting", lambda: repo.slots.waiting("j1", 10))
+        step("running", lambda: repo.slots.running())
         step("record hc task", lambda: repo.record_health_check_task("n0", "sb-1", "arn:hc-task",
                                                                      now[0] + 300))
         step("record hc task, other claim", lambda: repo.record_health_check_task("n0", "sb-2", "x", now[0]))
@@ -131,6 +172,7 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("due instances", lambda: repo.due_instances(now[0] + 3600))
         step("due instances, none yet", lambda: repo.due_instances(T0))
         step("due jobs", lambda: repo.due_job_items(now[0] + 3600))
+        step("due jobs, one page of 1", lambda: repo.due_job_items(now[0] + 3600, limit=1))
         # A transaction whose second update fails: nothing is written.
         step("transaction cancelled", lambda: repo.transact([
             repo.instance_update("n1", from_states=[InstanceState.AVAILABLE], set_fields={"mark": "x"}),
@@ -149,8 +191,8 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         # The restart: PENDING_RESTART, the claim (once), rank launch leases.
         step("to pending restart", lambda: repo.apply(repo.job_transition(
             "j1", JobState.PENDING_RESTART, from_states=[JobState.PENDING_HEALTHCHECK], attempt=1,
-            reason="verdicts in", actor="test", set_fields={"suspects.n0": "REBOOT"},
-            remove_fields=["verdicts"])))
+            reason="verdicts in", actor="test", set_fields={"fault.reboot": 1},
+            remove_fields=["stop_fanout"])))
         pending = repo.get_job("j1")
         assert pending is not None
         step("claim restart", lambda: repo.claim_gang_restart(pending, now=now[0], deadline_at=now[0] + 60))
@@ -271,7 +313,17 @@ def test_the_same_repository_intents_give_the_same_results_and_items_on_moto_and
     assert results["delete, condition fails with old item"][3]["used"] == {"N": "2"}
     assert results["same item twice in a transaction"][1] == "ValidationException"
     assert results["consistent read on a GSI"][1] == "ValidationException"
-    assert len(results["by-job-id pages"]) == 5  # the job item and 4 rank items, 2 per page
+    # the job item, 4 rank items and 2 suspect items, 2 per page
+    assert len(results["by-job-id pages"]) == 7
+    assert [s["node"] for s in results["suspects by index"]] == ["n0", "n1"]
+    assert results["open suspect n0 again"]["record"] == results["open suspect n0"]["record"]
+    assert (results["health check requested"], results["health check requested again"]) == (True, False)
+    assert results["latch rank 2"] == [] and results["latch rank 3"] == ["end"]
+    assert results["latch suspects"] == ["n0", "n1"]
+    assert results["budget 5"]["granted"] is True and results["budget 1 more"]["granted"] is False
+    claims = ("claim hc", "claim hc again", "claim hc, job full", "claim hc, cluster full")
+    assert [results[k] for k in claims] == ["claimed", "raced", "job_full", "cluster_full"]
+    assert results["waiting"] == ["n1"] and results["running"] == 1
 
 
 # ============================================================== DynamoDB semantics
@@ -309,31 +361,55 @@ def test_an_index_key_of_the_wrong_type_is_refused() -> None:
 
 
 def test_transactions_of_different_invocations_on_one_item_conflict_within_the_window() -> None:
+    # Raw calls: the Repository retries contention itself (with_contention_retries).
     now, who = [100.0], ["a"]
     ddb = _memory(context=lambda: ("fn", who[0]), now=lambda: now[0], tx_conflict_window=0.03)
     repo = Repository(ddb, JOBS, INSTANCES)
     for n in ("n1", "n2"):
         repo.put_instance_if_absent(Instance(n))
 
-    def both() -> list[Update]:
-        return [repo.instance_update("n1", set_fields={"x": who[0]}),
-                repo.instance_update("n2", set_fields={"x": who[0]})]
+    def both() -> bool:
+        ddb.meta.client.transact_write_items(TransactItems=[
+            repo.instance_update(n, set_fields={"x": who[0]}).transact_item() for n in ("n1", "n2")])
+        return True
 
-    assert repo.transact(both())
+    assert both()
     who[0], now[0] = "b", 100.01
     with pytest.raises(ClientError) as error:
-        repo.transact(both())
+        both()
     assert error.value.response["Error"]["Code"] == "TransactionCanceledException"
     assert [r["Code"] for r in error.value.response["CancellationReasons"]] == ["TransactionConflict"] * 2
     with pytest.raises(ClientError) as single:  # a plain write to an item in a transaction
-        repo.apply(repo.instance_update("n1", set_fields={"y": 1}))
+        ddb.Table(INSTANCES).update_item(Key={C.INSTANCE_PK: "n1"}, UpdateExpression="SET y = :one",
+                                         ExpressionAttributeValues={":one": 1})
     assert single.value.response["Error"]["Code"] == "TransactionConflictException"
     who[0] = "a"
-    assert repo.transact(both())  # the same invocation never conflicts with itself
+    assert both()  # the same invocation never conflicts with itself
     who[0], now[0] = "b", 100.05
-    assert repo.transact(both())  # the window passed
+    assert both()  # the window passed
     assert ddb.meter.total.conflicts == 3
     assert ddb.peek(INSTANCES, {C.INSTANCE_PK: "n1"})["x"] == "b"  # type: ignore[index]
+
+
+def test_the_repository_retries_a_conflicting_transaction_after_the_window() -> None:
+    now, who = [100.0], ["a"]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    ddb = _memory(context=lambda: ("fn", who[0]), now=lambda: now[0], tx_conflict_window=0.03)
+    repo = Repository(ddb, JOBS, INSTANCES)
+    clock.set_clock(lambda: now[0], sleep)
+    try:
+        for n in ("n1", "n2"):
+            repo.put_instance_if_absent(Instance(n))
+        updates = [repo.instance_update(n, set_fields={"x": 1}) for n in ("n1", "n2")]
+        assert repo.transact(updates)
+        who[0] = "b"
+        assert repo.transact(updates)  # conflicted, waited, written
+        assert ddb.meter.total.conflicts >= 1 and now[0] > 100.0
+    finally:
+        clock.reset_clock()
 
 
 def test_metering_counts_keys_requested_units_and_transactions_twice() -> None:

@@ -251,22 +251,53 @@ def test_a_small_job_recovers_from_a_gpu_fault_with_an_nccl_cascade_and_duplicat
             sim.run(until=sim.now + 300)  # late duplicates and retries change nothing
             item = world.job("job1") or {}
             assert (item["job_state"], item["attempt"]) == ("RUNNING", 2)
-            suspects = {world.cluster.node(i).name for i in item.get("suspects") or {}}
+            suspects = {world.cluster.node(i).name for i in world.suspects("job1", attempt=1)}
             assert "n0" in suspects
+            # The job's history has its state changes only (each verdict is on its suspect item).
+            assert [h["to"] for h in item["history"]][-4:] == [
+                "PENDING_HEALTHCHECK", "PENDING_RESTART", "STARTING", "RUNNING"]
             # Exactly one DCGM check per suspect node, one reboot (node 0), nothing dead-lettered.
             assert dict(world.cluster.health_checks) == dict.fromkeys(suspects, 1)
             assert dict(world.cluster.reboots) == {"n0": 1}
             assert world.lambdas.dead_letters == []
             # Every rank runs exactly once in attempt 2, on its node, after the fault's floor.
-            second = [t for t in world.cluster.running() if t.tag_values.get(C.TAG_ATTEMPT) == "2"]
-            assert sorted(int(t.tag_values[C.TAG_RANK]) for t in second) == list(range(8))
-            assert all(t.node is nodes[int(t.tag_values[C.TAG_RANK])] for t in second)
+            # (identical ranks start together: one StartTask for the 8, tagged with their ranks)
+            second = {t.arn: t for t in world.cluster.running() if t.tag_values.get(C.TAG_ATTEMPT) == "2"}
+            ranks = [world.rank("job1", r) or {} for r in range(8)]
+            assert [(r.get("attempt"), r.get("rank_state")) for r in ranks] == [(2, "RUNNING")] * 8
+            assert sorted(second) == sorted(r["task_arn"] for r in ranks)
+            assert all(second[r["task_arn"]].node is nodes[i] for i, r in enumerate(ranks))
             cluster = world.cluster
             assert job.all_running_at[2] - t_fault >= cluster.dcgm_seconds + cluster.reboot_seconds
             assert [n.subject for n in world.topic.published] == [
                 "[GPU recovery] Job recovered and restarted: job job1"]
             usage = world.dynamo.meter.total
             assert usage.items_read > 0 and usage.largest_item_bytes < 64 * 1024
-            assert world.account.stats.calls["ecs:StartTask"] == 8 + len(suspects)
+            assert world.account.stats.calls["ecs:StartTask"] == 1 + len(suspects)
     finally:
         logging.disable(logging.NOTSET)
+
+
+# ================================================================== the scale bench, small
+@pytest.mark.parametrize("tasks", [8, 64])
+def test_a_small_scale_bench_run_recovers_with_nothing_dead_lettered(tasks: int) -> None:
+    """``make bench BENCH=scale`` at 8 tasks (its batches run inline) and 64 (through the gang
+    queue and its worker): recovered, nothing dead-lettered, within every limit."""
+    from bench.scale_bench import run_scenario
+
+    logging.disable(logging.CRITICAL)
+    try:
+        result = run_scenario("per-node", tasks, "cascade", wall_cap=60.0)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert result["outcome"] == "recovered", result.get("traceback") or result["outcome"]
+    assert result["dead_letters_total"] == 0
+    assert result["dynamodb"]["largest_item_bytes"] < 64 * 1024
+    assert all(f["timeouts"] == 0 and f["longest_s"] < f["timeout_s"]
+               for f in result["lambda"]["functions"].values())
+    assert result["ecs"]["control_per_rank"] <= 2.0
+    assert result["ecs"]["failed_after_retries"] == 0
+    assert result["suspects"] >= 1 and result["reboots"] == 1
+    queue = result["gang_queue"]
+    assert (queue["sent"] > 0) == (tasks > 16) and queue["failed_items"] == 0 and queue["in_queue"] == 0
+    assert result["above_floor_s"] is not None and 0 <= result["above_floor_s"] < 30
