@@ -49,6 +49,7 @@ SECTIONS = (
     ("Job queue API", "bench.queue_api_bench"),
     ("Queue scheduler", "bench.scheduler_bench"),
     ("Time sharing", "bench.time_sharing_bench"),
+    ("Large jobs", "bench.scale_bench"),
 )
 
 

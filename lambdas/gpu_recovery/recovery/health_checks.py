@@ -15,6 +15,8 @@ import random
 from dataclasses import replace
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
@@ -43,6 +45,7 @@ from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation import JobOutcome, NodeRemediation, rebuild
+from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.health_check_slots import Claim
 
 logger = logging.getLogger(__name__)
@@ -53,8 +56,23 @@ RETRY_INTERVAL_SECONDS = 60
 POLL_SECONDS = 300
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
 # A verdict's transaction fails when another verdict of the same job lands first (both
-# count on the job's tally): decide again on fresh counts, a few times.
-_VERDICT_ROUNDS = 8
+# count on the job's tally), or conflicts with one in flight: decide again on fresh counts.
+# A job's DCGM checks end together (started together, same diag), so up to
+# max_health_checks_per_job verdicts (128) race for one tally and land one at a time: keep
+# trying, with a growing full-jitter pause, for VERDICT_PATIENCE_SECONDS (well inside the
+# function's timeout) before leaving it to the sweep's poll of the running check.
+_VERDICT_ROUNDS = 8  # at least this many rounds, however long they take
+_VERDICT_MAX_ROUNDS = 64  # and at most this many (a clock that does not move cannot spin it)
+VERDICT_PATIENCE_SECONDS = 25.0
+_VERDICT_PAUSE_BASE_SECONDS = 0.05
+_VERDICT_PAUSE_CAP_SECONDS = 2.0
+
+
+def _conflicted(error: ClientError) -> bool:
+    """A DynamoDB transaction lost to a concurrent one (nothing written; not an EC2 or ECS
+    throttle of a later step, which the invocation's retry must see)."""
+    code = error.response.get("Error", {}).get("Code", "")
+    return code in ("TransactionCanceledException", "TransactionConflictException") and is_contention(error)
 
 
 def health_check_started_by(instance: Instance) -> str:
@@ -263,7 +281,9 @@ class HealthChecks:
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.deps.repo
         log_findings: dict[str, Any] | None = None
-        for round_ in range(_VERDICT_ROUNDS):
+        give_up_at = clock.now() + VERDICT_PATIENCE_SECONDS
+        round_ = 0
+        while round_ < _VERDICT_ROUNDS or (round_ < _VERDICT_MAX_ROUNDS and clock.now() < give_up_at):
             raw = repo.get_instance_item(inst_id) if inst_id else None  # read once per round
             instance = repo.instance_from_item(raw) if raw else None
             if instance is None or raw is None:
@@ -275,10 +295,18 @@ class HealthChecks:
                 return self.reboots.converge_after_verdict(instance)
             if log_findings is None and policy.parse_verdict(detail.exit_code()) is not None:
                 log_findings = self.deps.verdicts.read_verdict(detail.taskArn) or {}  # once per event
-            outcome = self._apply(instance, raw, detail, log_findings or {})
+            try:
+                outcome = self._apply(instance, raw, detail, log_findings or {})
+            except ClientError as error:
+                if not _conflicted(error):
+                    raise
+                outcome = None  # its transaction conflicted with another verdict's past its retries
             if outcome is not None:
                 return outcome
-            clock.sleep(random.uniform(0, 0.05 * (round_ + 1)))  # another verdict of the job landed first
+            # Another verdict of the job landed first: a growing pause, then fresh counts.
+            clock.sleep(random.uniform(0, min(_VERDICT_PAUSE_CAP_SECONDS,
+                                              _VERDICT_PAUSE_BASE_SECONDS * 2 ** min(round_, 6))))
+            round_ += 1
         return Outcome("duplicate", detail={"instance": inst_id})
 
     def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail,

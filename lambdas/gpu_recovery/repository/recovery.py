@@ -973,6 +973,11 @@ class Repository:
             reason=verdict.reason or f"verdict {verdict.label.value} on {inst_id}", actor="recovery",
             set_fields=fields, increments=counts, extra_condition=condition, extra_values=values,
             extra_names=names)
+        if verdict.to is job.state:
+            # Not a state change: the verdict is on the suspect item. One history entry per
+            # checked node would fill the job's bounded history (pushing its real changes
+            # out) and make the hot job item, written by every verdict, grow with the job.
+            update.history_entry = None
         return [suspect, update]
 
     def claim_reboot(self, instance: Instance, now: float) -> bool:

@@ -1,0 +1,443 @@
+"""The recovery stack of ``infra/recovery.py`` and ``infra/gang.py`` in the scale simulator:
+four functions fed by EventBridge rules with the deployed patterns (and the minute
+schedule), and the gang fan-out's worker fed by its SQS queue (batch size 1, partial batch
+responses, the deployed maximum concurrency, visibility timeout and redrive to a DLQ).
+Each Lambda container holds its own ``RecoveryService`` over the real ``Repository``
+(:class:`~local_mode.memory_dynamo.MemoryDynamo`) and the real adapters (``EcsAdapter``
+with the stack's ``EcsCallBudget`` item, ``GangQueue``, ``RebootAdapter``,
+``SnsNotifier``, ``VerdictLogReader``) on the stand-in clients of
+``local_mode/scale_aws.py`` and ``local_mode/scale_sim.py``, built as
+``gpu_recovery.runtime.recovery_service`` builds them.
+
+The handlers here do what ``lambdas/handlers/*`` do, without Powertools or
+``gpu_recovery.runtime`` (whose one service per process would share one ECS client between
+concurrent invocations): parse the event with the same pydantic models (a malformed one
+is dropped), then call the service entry point (the sweep and the gang worker with the
+invocation's remaining time, as Lambda's context gives it).
+
+Plugging in more (the fan-out the recovery loop will get):
+
+* a **port** for the service: :attr:`ScaleWorld.service_factory` builds a container's
+  service from its :class:`Ports` (``ports.queues[name]`` is a ``QueuePort`` on the queue
+  ``name``);
+* a **queue and its worker**: :meth:`ScaleWorld.add_queue` then :meth:`ScaleWorld.add_worker`
+  with ``handle(container, body, receive_count)``;
+* another **function**: ``world.lambdas.add_function`` and ``world.bus.add_rule`` /
+  ``add_schedule``, with :meth:`ScaleWorld.container` as its container factory.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpu_recovery import clock as gr_clock
+from gpu_recovery import constants as C
+from gpu_recovery.adapters.compute import RebootAdapter
+from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery.adapters.logs import VerdictLogReader
+from gpu_recovery.adapters.notifier import SnsNotifier
+from gpu_recovery.adapters.queue import GangQueue
+from gpu_recovery.ecs_budget import EcsCallBudget
+from gpu_recovery.ecs_events import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
+from gpu_recovery.recovery import RecoveryService
+from gpu_recovery.repository import Repository
+from gpu_recovery.repository.rate_limit import RateLimitRepository
+from gpu_recovery.settings import Settings
+from local_mode.memory_dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
+from local_mode.scale_aws import (
+    HEALTH_CHECK_LOG_GROUP,
+    Ec2Client,
+    EcsClient,
+    EcsCluster,
+    LogsClient,
+    SimNode,
+    SimTask,
+    SnsClient,
+    SnsTopic,
+    SsmClient,
+)
+from local_mode.scale_sim import (
+    Account,
+    EventBus,
+    LambdaService,
+    Latencies,
+    SimQueuePort,
+    Simulation,
+    SqsQueue,
+)
+
+JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
+INSTANCE_TABLE = C.DEFAULT_INSTANCE_TABLE_NAME
+# infra/recovery.py: the event functions run RECOVERY_FUNCTION_TIMEOUT_SECONDS, the sweep 55 s;
+# events are kept 2 h, the sweep's ticks 5 min (tests/infra checks these against the stack).
+SWEEP_TIMEOUT_SECONDS = 55.0
+FUNCTION_TIMEOUTS: dict[str, float] = {
+    "ecs_task_handler": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
+    "dcgm_task_monitor": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
+    "ecs_instance_monitor": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
+    "recovery_sweep": SWEEP_TIMEOUT_SECONDS,
+}
+MAX_EVENT_AGE: dict[str, float] = {"ecs_task_handler": 7200.0, "dcgm_task_monitor": 7200.0,
+                                   "ecs_instance_monitor": 7200.0, "recovery_sweep": 300.0}
+ASYNC_RETRIES = 2
+SWEEP_EVERY_SECONDS = 60.0
+# infra/gang.py (tests/infra checks these against the stack): the gang fan-out's queue and
+# worker; GANG_WORKER_CONCURRENCY is infra/config.py's default gang_worker_concurrency.
+GANG_QUEUE = "gang-batches"
+GANG_WORKER = "gang_worker"
+GANG_WORKER_TIMEOUT_SECONDS = float(C.GANG_WORKER_TIMEOUT_SECONDS)
+GANG_VISIBILITY_TIMEOUT_SECONDS = float(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
+GANG_MAX_RECEIVES = C.GANG_QUEUE_MAX_RECEIVES
+GANG_BATCH_SIZE = 1
+GANG_WORKER_CONCURRENCY = 4
+
+
+class RecordingMetrics:
+    """The service's metrics port: every metric added, summed by name."""
+
+    def __init__(self) -> None:
+        self.values: Counter[str] = Counter()
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        self.values[name] += value
+
+
+@dataclass
+class Ports:
+    """What one Lambda container holds: the ports of its service, each client its own."""
+
+    repo: Repository
+    ecs: EcsAdapter
+    ecs_client: EcsClient
+    budget: EcsCallBudget
+    rebooter: RebootAdapter
+    notifier: SnsNotifier
+    verdicts: VerdictLogReader
+    settings: Settings
+    metrics: RecordingMetrics
+    queues: dict[str, SimQueuePort] = field(default_factory=dict)
+    gang_queue: GangQueue | None = None
+
+
+def default_service(ports: Ports) -> RecoveryService:
+    """As ``gpu_recovery.runtime.recovery_service`` builds it (no auto-scaling replacer: the
+    simulated cluster has no group; the shipped fault catalog)."""
+    return RecoveryService(ports.repo, ports.ecs, ports.rebooter, ports.notifier, ports.verdicts,
+                           ports.settings, ports.metrics, gang_queue=ports.gang_queue)
+
+
+@dataclass
+class Container:
+    """A Lambda execution environment: ports, and the service built on them (lazily)."""
+
+    ports: Ports
+    factory: Callable[[Ports], Any]
+    sim: Simulation | None = None  # the invocation's remaining time (Lambda's context)
+    _service: Any = None
+
+    @property
+    def service(self) -> Any:
+        if self._service is None:
+            self._service = self.factory(self.ports)
+        return self._service
+
+
+def _parsed(model: Any, event: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(event)
+    except (ValidationError, ValueError, TypeError):
+        return None
+
+
+def task_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/ecs_task_handler.py"""
+    parsed = _parsed(EcsTaskStateChangeEvent, event)
+    if parsed is None:
+        return {"action": "dropped", "why": "malformed ECS Task State Change event"}
+    return dict(container.service.on_task_state_change(parsed.detail).as_dict())
+
+
+def health_check_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/dcgm_task_monitor.py"""
+    parsed = _parsed(EcsTaskStateChangeEvent, event)
+    if parsed is None:
+        return {"action": "dropped", "why": "malformed ECS Task State Change event"}
+    if parsed.detail.lastStatus != "STOPPED":
+        return {"action": "ignored", "why": f"lastStatus {parsed.detail.lastStatus}"}
+    return dict(container.service.on_health_check_stopped(parsed.detail).as_dict())
+
+
+def instance_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/ecs_instance_monitor.py"""
+    parsed = _parsed(EcsContainerInstanceStateChangeEvent, event)
+    if parsed is None:
+        return {"action": "dropped", "why": "malformed ECS Container Instance State Change event"}
+    return dict(container.service.on_container_instance_change(parsed.detail, parsed.time).as_dict())
+
+
+def _time_left(container: Container) -> Callable[[], float] | None:
+    """Lambda's ``context.get_remaining_time_in_millis() / 1000`` for the running invocation."""
+    sim = container.sim
+    process = sim.current if sim is not None else None
+    if sim is None or process is None or process.deadline is None:
+        return None
+    deadline = process.deadline
+    return lambda: deadline - sim.now
+
+
+def sweep_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/recovery_sweep.py"""
+    return dict(container.service.sweep(_time_left(container)).as_dict())
+
+
+def gang_worker_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/gang_worker.py: each record one batch; a malformed one is dropped, one that
+    raises is reported failed (Powertools' partial batch response)."""
+    failures = []
+    time_left = _time_left(container)
+    for record in event.get("Records", []):
+        try:
+            body = json.loads(record["body"])
+            if not isinstance(body, dict):
+                raise ValueError("the body is not a JSON object")
+            container.service.on_gang_batch(
+                body, receive_count=int(record["attributes"]["ApproximateReceiveCount"]), time_left=time_left)
+        except ValueError:
+            continue  # malformed: logged and dropped
+        except Exception:
+            failures.append({"itemIdentifier": record["messageId"]})
+    return {"batchItemFailures": failures}
+
+
+class ScaleWorld:
+    """A simulated account with the recovery stack deployed (see the module docstring).
+
+    ``settings`` overrides fields of the recovery ``Settings`` (``check_all_nodes_on_fault``,
+    ``max_recovery_attempts``...); ``cluster`` passes timing to :class:`EcsCluster`.
+    Use as a context manager (or call :meth:`close`): it installs the simulation's clock.
+    """
+
+    def __init__(self, *, seed: int = 0, settings: dict[str, Any] | None = None,
+                 latencies: Latencies | None = None,
+                 tx_conflict_window: float = DEFAULT_TX_CONFLICT_WINDOW,
+                 copies: int = 2, delivery_delay: tuple[float, float] = (0.05, 0.5),
+                 lambda_concurrency: int = 1000, function_timeouts: dict[str, float] | None = None,
+                 sweep_every_seconds: float | None = SWEEP_EVERY_SECONDS,
+                 service_factory: Callable[[Ports], Any] = default_service,
+                 validate_dynamodb: bool = True, cluster: dict[str, Any] | None = None,
+                 keep_invocations: bool = False, gang_fanout: bool = True,
+                 gang_worker_concurrency: int = GANG_WORKER_CONCURRENCY) -> None:
+        self.sim = Simulation(seed=seed)
+        self.sim.install_clock()
+        # The recovery code's own jitter (contention back-off, health-check retries) draws from
+        # the random module: seeded too, so a run is reproducible for its seed.
+        random.seed(seed)
+        self.latencies = latencies or Latencies()
+        self.account = Account(self.sim, self.latencies)
+        self.dynamo = MemoryDynamo(
+            {JOB_TABLE: "job", INSTANCE_TABLE: "instance"},
+            context=self._context, now=lambda: self.sim.now,
+            on_call=lambda operation: self.sim.pause(self.latencies.dynamodb_call(operation)),
+            tx_conflict_window=tx_conflict_window, validate=validate_dynamodb)
+        # keep_invocations: every Invocation (payload included) for inspection; off, only stats.
+        self.lambdas = LambdaService(self.sim, concurrency=lambda_concurrency,
+                                     keep_invocations=keep_invocations)
+        self.bus = EventBus(self.sim, self.lambdas, copies=copies, delivery_delay=delivery_delay)
+        self.cluster = EcsCluster(self.sim, self.account, self.bus, **(cluster or {}))
+        self.topic = SnsTopic()
+        self.metrics = RecordingMetrics()
+        self.queues: dict[str, SqsQueue] = {}
+        self.budgets: list[EcsCallBudget] = []  # every container's (their waits are measured)
+        self.service_factory = service_factory
+        # The gang fan-out (infra/gang.py): its queue exists before any container is built.
+        self.gang_fanout = gang_fanout
+        gang_queue = self.add_queue(GANG_QUEUE, visibility_timeout=GANG_VISIBILITY_TIMEOUT_SECONDS,
+                                    max_receive_count=GANG_MAX_RECEIVES) if gang_fanout else None
+        self.settings = replace(Settings(
+            job_table=JOB_TABLE, instance_table=INSTANCE_TABLE, cluster=self.cluster.name,
+            health_check_task=self.cluster.health_check_task, topic_arn=self.topic.arn,
+            health_check_log_group=HEALTH_CHECK_LOG_GROUP,
+            gang_queue_url=gang_queue.url if gang_queue is not None else ""), **(settings or {}))
+        timeouts = {**FUNCTION_TIMEOUTS, **(function_timeouts or {})}
+        handlers = (("ecs_task_handler", task_handler), ("dcgm_task_monitor", health_check_handler),
+                    ("ecs_instance_monitor", instance_handler), ("recovery_sweep", sweep_handler))
+        for name, handler in handlers:
+            self.lambdas.add_function(name, handler, timeout=timeouts[name], make_container=self.container,
+                                      async_retries=ASYNC_RETRIES, max_event_age=MAX_EVENT_AGE[name])
+        if gang_queue is not None:
+            self.lambdas.add_function(GANG_WORKER, gang_worker_handler, timeout=GANG_WORKER_TIMEOUT_SECONDS,
+                                      make_container=self.container, async_retries=0)
+            gang_queue.attach(self.lambdas, GANG_WORKER, batch_size=GANG_BATCH_SIZE,
+                              max_concurrency=gang_worker_concurrency)
+        arn = self.cluster.arn
+        self.bus.add_rule("training-task-state", C.training_task_pattern(arn), "ecs_task_handler")
+        self.bus.add_rule("health-check-task-stopped", C.health_check_task_pattern(arn),
+                          "dcgm_task_monitor")
+        self.bus.add_rule("container-instance-state", C.container_instance_pattern(arn),
+                          "ecs_instance_monitor")
+        if sweep_every_seconds:
+            self.bus.add_schedule("recovery-sweep", sweep_every_seconds, "recovery_sweep",
+                                  first_at=self.sim.now + self.sim.rng.uniform(0, sweep_every_seconds))
+
+    def _context(self) -> tuple[str, str]:
+        current = self.sim.current
+        return (current.label, current.name) if current is not None else ("setup", "setup")
+
+    # --- containers and ports ---------------------------------------------------------
+    def ports(self) -> Ports:
+        """Fresh ports (new clients: their own botocore retry quota), as a new container has."""
+        ecs_client = self.cluster.client()
+        repo = Repository(self.dynamo, JOB_TABLE, INSTANCE_TABLE)
+        # runtime.ecs_adapter: every control-plane call takes a token of the stack's budget item.
+        budget = EcsCallBudget(RateLimitRepository(repo), self.settings.ecs_api)
+        self.budgets.append(budget)
+        gang = self.queues.get(GANG_QUEUE) if self.gang_fanout else None
+        return Ports(
+            repo=repo,
+            ecs=EcsAdapter(ecs_client, self.cluster.name, budget=budget),
+            ecs_client=ecs_client,
+            budget=budget,
+            rebooter=RebootAdapter(Ec2Client(self.cluster),
+                                   SsmClient(self.cluster, self.settings.reboot_document),
+                                   self.settings.reboot_document),
+            notifier=SnsNotifier(SnsClient(self.account, self.topic), self.topic.arn),
+            verdicts=VerdictLogReader(LogsClient(self.account, self.cluster.logs), HEALTH_CHECK_LOG_GROUP),
+            settings=self.settings,
+            metrics=self.metrics,
+            queues={name: queue.port() for name, queue in self.queues.items()},
+            gang_queue=GangQueue(gang.client(), gang.url) if gang is not None else None,
+        )
+
+    def container(self) -> Container:
+        return Container(self.ports(), self.service_factory, self.sim)
+
+    def add_queue(self, name: str, *, visibility_timeout: float = 120.0,
+                  max_receive_count: int = 5) -> SqsQueue:
+        """A queue with its dead-letter queue (``<name>-dlq``); containers created from now
+        on get a ``QueuePort`` for it in ``ports.queues[name]``."""
+        dead = SqsQueue(self.sim, self.account, f"{name}-dlq", visibility_timeout=visibility_timeout)
+        queue = SqsQueue(self.sim, self.account, name, visibility_timeout=visibility_timeout,
+                         max_receive_count=max_receive_count, dead_letter=dead)
+        self.queues[name] = queue
+        return queue
+
+    def add_worker(self, queue: SqsQueue, function: str,
+                   handle: Callable[[Container, dict[str, Any], int], Any], *, timeout: float = 60.0,
+                   batch_size: int = 10, max_concurrency: int | None = None) -> None:
+        """A worker function on ``queue`` (ReportBatchItemFailures): ``handle(container,
+        body, receive_count)`` per message; one that raises comes back after the visibility
+        timeout (and goes to the dead-letter queue after ``max_receive_count`` receives)."""
+
+        def handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+            failures = []
+            for record in event.get("Records", []):
+                try:
+                    handle(container, json.loads(record["body"]),
+                           int(record["attributes"]["ApproximateReceiveCount"]))
+                except Exception:
+                    failures.append({"itemIdentifier": record["messageId"]})
+            return {"batchItemFailures": failures}
+
+        self.lambdas.add_function(function, handler, timeout=timeout, make_container=self.container,
+                                  async_retries=0)
+        queue.attach(self.lambdas, function, batch_size=batch_size, max_concurrency=max_concurrency)
+
+    # --- inspection ---------------------------------------------------------------------
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job item (not metered)."""
+        return self.dynamo.peek(JOB_TABLE, {C.JOB_PK: C.job_item_key(job_id)})
+
+    def rank(self, job_id: str, rank: int) -> dict[str, Any] | None:
+        return self.dynamo.peek(JOB_TABLE, {C.JOB_PK: C.rank_item_key(job_id, rank)})
+
+    def suspects(self, job_id: str, attempt: int = 1) -> dict[str, str]:
+        """node -> verdict of the attempt's fault (its suspect items; not metered)."""
+        prefix = f"{JOB_TABLE}:{C.suspect_key_prefix(job_id, attempt)}"
+        found: dict[str, str] = {}
+        for label in self.dynamo.item_bytes(JOB_TABLE):
+            if label.startswith(prefix):
+                item = self.dynamo.peek_attributes(JOB_TABLE, {C.JOB_PK: label.split(":", 1)[1]},
+                                                   ("node", "verdict")) or {}
+                found[str(item.get("node"))] = str(item.get("verdict"))
+        return found
+
+    def gang_queue(self) -> SqsQueue | None:
+        return self.queues.get(GANG_QUEUE) if self.gang_fanout else None
+
+    def reset_measurements(self) -> None:
+        self.dynamo.meter.reset()
+        self.account.stats.reset()
+        self.lambdas.reset_stats()
+        self.metrics.values.clear()
+        self.cluster.counters.clear()
+        self.cluster.health_checks.clear()
+        self.cluster.reboots.clear()
+        self.topic.published.clear()
+        self.topic.refused.clear()
+        for budget in self.budgets:
+            budget.waited_seconds = 0.0
+        for queue in self.queues.values():
+            queue.reset_stats()
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        self.sim.close()
+        gr_clock.reset_clock()
+
+    def __enter__(self) -> ScaleWorld:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ================================================================== a tagged job
+@dataclass
+class TaggedJob:
+    """A job started by an external launcher with the recovery tags (job id, rank, world size)."""
+
+    job_id: str
+    world_size: int
+    tasks: list[SimTask]
+    nodes: list[SimNode]
+    running: Counter[int] = field(default_factory=Counter)  # attempt -> ranks RUNNING now
+    all_running_at: dict[int, float] = field(default_factory=dict)  # attempt -> first time all ran
+
+
+def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[SimNode], *,
+                      tasks_per_node: int = 1, gpus_per_task: int = 8, family: str = "train") -> TaggedJob:
+    """Start the job's ranks in the data plane (rank r on ``nodes[r // tasks_per_node]``) and
+    track, per attempt, how many of its ranks run."""
+    task_definition = world.cluster.register_task_definition(family, gpus=gpus_per_task)
+    world_size = len(nodes) * tasks_per_node
+    job = TaggedJob(job_id, world_size, [], list(nodes))
+
+    def observe(task: SimTask) -> None:
+        values = task.tag_values
+        if values.get(C.TAG_JOB_ID) != job_id:
+            return
+        attempt = int(values.get(C.TAG_ATTEMPT) or 1)
+        was = getattr(task, "_counted", False)
+        now = task.last_status == "RUNNING"
+        if now and not was:
+            job.running[attempt] += 1
+            if job.running[attempt] == world_size and attempt not in job.all_running_at:
+                job.all_running_at[attempt] = world.sim.now
+        elif was and not now:
+            job.running[attempt] -= 1
+        task._counted = now  # type: ignore[attr-defined]
+
+    world.cluster.observers.append(observe)
+    for rank in range(world_size):
+        tags = [{"key": C.TAG_JOB_ID, "value": job_id}, {"key": C.TAG_RANK, "value": str(rank)},
+                {"key": C.TAG_WORLD_SIZE, "value": str(world_size)}]
+        job.tasks.append(world.cluster.launch(task_definition, nodes[rank // tasks_per_node], tags=tags,
+                                              started_by="launcher"))
+    return job
