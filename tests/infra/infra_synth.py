@@ -132,3 +132,15 @@ def synthesize(context: dict[str, Any], outdir: Path, region: str = REGION) -> S
 
 def load_event(name: str) -> dict[str, Any]:
     return json.loads((EVENTS_DIR / name).read_text())
+
+
+def statement_actions(statement: dict[str, Any]) -> set[str]:
+    """An IAM statement's actions as a set (CloudFormation allows a string or a list)."""
+    action = statement["Action"]
+    return {action} if isinstance(action, str) else set(action)
+
+
+def statement_resources(statement: dict[str, Any]) -> list[Any]:
+    """An IAM statement's resources as a list (a string or a list in the template)."""
+    resource = statement["Resource"]
+    return resource if isinstance(resource, list) else [resource]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra_synth import CLUSTER_ARN, Synth
+from infra_synth import CLUSTER_ARN, Synth, statement_actions, statement_resources
 
 from gpu_recovery import constants as c
 from gpu_recovery.settings import JobsApiSettings, Settings
@@ -46,16 +46,6 @@ def _statements_by_service(synth: Synth) -> dict[str, list[dict[str, Any]]]:
                 found.setdefault(services[role["Ref"]], []).extend(
                     policy["Properties"]["PolicyDocument"]["Statement"])
     return found
-
-
-def _actions(statement: dict[str, Any]) -> set[str]:
-    action = statement["Action"]
-    return {action} if isinstance(action, str) else set(action)
-
-
-def _resources(statement: dict[str, Any]) -> list[Any]:
-    resource = statement["Resource"]
-    return resource if isinstance(resource, list) else [resource]
 
 
 def test_the_gang_queue_and_its_dead_letter_queue(default_synth: Synth) -> None:
@@ -110,27 +100,27 @@ def test_the_worker_gets_only_what_a_batch_needs(default_synth: Synth) -> None:
     delete / attributes (the event source) and send (the rest of a batch, sent back).
     Nothing that touches a node (reboot, SSM, drain, Auto Scaling), no other queue."""
     statements = _statements_by_service(default_synth)[WORKER]
-    actions = set().union(*(_actions(s) for s in statements))
+    actions = set().union(*(statement_actions(s) for s in statements))
     assert {a for a in actions if a.startswith("ecs:")} == {
         "ecs:StartTask", "ecs:TagResource", "ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks",
         "ecs:DescribeContainerInstances", "ecs:ListContainerInstances"}
     assert not {a for a in actions if a.startswith(("ec2:", "ssm:", "autoscaling:", "lambda:", "logs:Get"))}
     assert "ecs:UpdateContainerInstancesState" not in actions
     for s in statements:
-        if _actions(s) & {"ecs:StartTask", "ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks",
+        if statement_actions(s) & {"ecs:StartTask", "ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks",
                           "ecs:DescribeContainerInstances"}:
             assert s["Condition"] == {"ArnEquals": {"ecs:cluster": CLUSTER_ARN}}
-        if "ecs:ListContainerInstances" in _actions(s):
+        if "ecs:ListContainerInstances" in statement_actions(s):
             assert s["Resource"] == CLUSTER_ARN
-        if "iam:PassRole" in _actions(s):
+        if "iam:PassRole" in statement_actions(s):
             assert s["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
     queue_id, _ = _one(default_synth, "AWS::SQS::Queue", "GangFanoutQueue")
-    sqs = [s for s in statements if any(a.startswith("sqs:") for a in _actions(s))]
-    assert {frozenset(_actions(s)) for s in sqs} == {
+    sqs = [s for s in statements if any(a.startswith("sqs:") for a in statement_actions(s))]
+    assert {frozenset(statement_actions(s)) for s in sqs} == {
         frozenset({"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}),
         frozenset({"sqs:SendMessage"})}
     assert all(s["Resource"] == {"Fn::GetAtt": [queue_id, "Arn"]} for s in sqs)
-    tables = json.dumps([s["Resource"] for s in statements if "dynamodb:PutItem" in _actions(s)])
+    tables = json.dumps([s["Resource"] for s in statements if "dynamodb:PutItem" in statement_actions(s)])
     for index in [g["IndexName"] for name in ("job", "instance")
                   for g in c.table_definitions()[name]["GlobalSecondaryIndexes"]]:
         assert f"/index/{index}" in tables, index
@@ -147,13 +137,13 @@ def test_exactly_the_gang_stoppers_may_send_to_the_gang_queue_and_nowhere_else(d
     senders = set()
     for service, statements in _statements_by_service(default_synth).items():
         for s in statements:
-            sqs_actions = {a for a in _actions(s) if a.startswith("sqs:")}
+            sqs_actions = {a for a in statement_actions(s) if a.startswith("sqs:")}
             assert not any(a.endswith("*") for a in sqs_actions)
             if not sqs_actions:
                 continue
-            assert all(r != "*" and "*" not in json.dumps(r) for r in _resources(s)), (service, s)
-            if queue_arn in _resources(s) and "sqs:SendMessage" in sqs_actions:
-                assert _resources(s) == [queue_arn] and sqs_actions == {"sqs:SendMessage"}, service
+            assert all(r != "*" and "*" not in json.dumps(r) for r in statement_resources(s)), (service, s)
+            if queue_arn in statement_resources(s) and "sqs:SendMessage" in sqs_actions:
+                assert statement_resources(s) == [queue_arn] and sqs_actions == {"sqs:SendMessage"}, service
                 senders.add(service)
     assert senders == SENDERS
 
@@ -201,18 +191,18 @@ def test_every_ecs_caller_can_reach_the_budget_item_and_no_more_than_it_needs(de
     instance_arn = {"Fn::GetAtt": [instance_id, "Arn"]}
     callers = set()
     for service, statements in _statements_by_service(default_synth).items():
-        actions = set().union(*(_actions(s) for s in statements))
+        actions = set().union(*(statement_actions(s) for s in statements))
         if not actions & {"ecs:StartTask", "ecs:StopTask"}:
             continue
         callers.add(service)
-        on_instance = [s for s in statements if instance_arn in _resources(s)]
-        reachable = set().union(*(_actions(s) for s in on_instance)) if on_instance else set()
+        on_instance = [s for s in statements if instance_arn in statement_resources(s)]
+        reachable = set().union(*(statement_actions(s) for s in on_instance)) if on_instance else set()
         assert {"dynamodb:GetItem", "dynamodb:UpdateItem"} <= reachable, service
         if service in BUDGET_ONLY:
             (budget,) = on_instance
             assert budget["Sid"] == "EcsCallBudgetItem"
-            assert _actions(budget) == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
-            assert _resources(budget) == [instance_arn]  # the table, no index
+            assert statement_actions(budget) == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
+            assert statement_resources(budget) == [instance_arn]  # the table, no index
             assert budget["Condition"] == {
                 "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [c.ECS_RATE_ITEM_KEY]}}
             assert instance_id not in json.dumps([s["Resource"] for s in statements if s is not budget])

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infra_synth import DEFAULT_CONTEXT, Synth, synthesize
+from infra_synth import DEFAULT_CONTEXT, Synth, statement_actions, statement_resources, synthesize
 
 from gpu_recovery.adapters.compute import REBOOT_COMMAND
 from gpu_recovery.constants import (
@@ -34,16 +34,6 @@ def _statements_by_role(synth: Synth) -> dict[str, list[dict[str, Any]]]:
         for role in policy["Properties"]["Roles"]:
             found.setdefault(role["Ref"], []).extend(policy["Properties"]["PolicyDocument"]["Statement"])
     return found
-
-
-def _actions(statement: dict[str, Any]) -> set[str]:
-    action = statement["Action"]
-    return {action} if isinstance(action, str) else set(action)
-
-
-def _resources(statement: dict[str, Any]) -> list[Any]:
-    resource = statement["Resource"]
-    return resource if isinstance(resource, list) else [resource]
 
 
 def _function_role(synth: Synth, service: str) -> str:
@@ -74,10 +64,10 @@ def test_no_scan_batch_write_or_delete_where_unused(default_synth: Synth) -> Non
                             if v["Properties"].get("TimeToLiveSpecification")))
     for role, statements in _statements_by_role(default_synth).items():
         for statement in statements:
-            actions = _actions(statement)
+            actions = statement_actions(statement)
             assert not {"dynamodb:Scan", "dynamodb:BatchWriteItem", "dynamodb:*"} & actions, role
             if "dynamodb:DeleteItem" in actions:
-                assert _resources(statement) == [{"Fn::GetAtt": [idempotency, "Arn"]}], role
+                assert statement_resources(statement) == [{"Fn::GetAtt": [idempotency, "Arn"]}], role
 
 
 def test_pass_role_only_for_the_task_role_prefix(default_synth: Synth, security_synth: Synth) -> None:
@@ -85,10 +75,10 @@ def test_pass_role_only_for_the_task_role_prefix(default_synth: Synth, security_
     health-check roles (by ARN), only to ecs-tasks."""
     for synth, prefix in ((default_synth, "gpu-training-"), (security_synth, "ml-jobs-")):
         passes = [s for ss in _statements_by_role(synth).values() for s in ss
-                  if "iam:PassRole" in _actions(s)]
+                  if "iam:PassRole" in statement_actions(s)]
         assert passes
         for statement in passes:
-            resources = _resources(statement)
+            resources = statement_resources(statement)
             assert f"arn:aws:iam::111122223333:role/{prefix}*" in resources
             others = [r for r in resources if isinstance(r, str) and r.endswith("*")]
             assert others == [f"arn:aws:iam::111122223333:role/{prefix}*"]
@@ -99,7 +89,7 @@ def test_pass_role_only_for_the_task_role_prefix(default_synth: Synth, security_
 
 def test_node_authorizer_reads_one_table_only(default_synth: Synth) -> None:
     role = _function_role(default_synth, "node-authorizer")
-    actions = set().union(*(_actions(s) for s in _statements_by_role(default_synth)[role]))
+    actions = set().union(*(statement_actions(s) for s in _statements_by_role(default_synth)[role]))
     assert actions <= {"dynamodb:GetItem", "logs:CreateLogStream", "logs:PutLogEvents",
                        "xray:PutTraceSegments", "xray:PutTelemetryRecords"}, actions
 
@@ -151,7 +141,7 @@ def test_synthesis_in_other_partitions(region: str, partition: str, health_check
     assert not [line for line in lint.stdout.splitlines() if ":E" in line], lint.stdout
     for statements in _statements_by_role(synth).values():
         for statement in statements:
-            for resource in _resources(statement):
+            for resource in statement_resources(statement):
                 if isinstance(resource, str) and resource != "*":
                     assert resource.startswith(f"arn:{partition}:"), resource
 
@@ -186,7 +176,7 @@ def test_exactly_these_functions_may_start_tasks_and_pass_roles(default_synth: S
     services = _services_by_role(default_synth)
     for action in ("ecs:StartTask", "iam:PassRole"):
         holders = {services[role] for role, statements in _statements_by_role(default_synth).items()
-                   if role in services and any(action in _actions(s) for s in statements)}
+                   if role in services and any(action in statement_actions(s) for s in statements)}
         assert holders == STARTERS, action
 
 
@@ -195,10 +185,10 @@ def test_job_control_authorizer_reads_the_job_table_only(default_synth: Synth) -
     table (no index, no other table, nothing else beyond its logs and X-Ray)."""
     role = _function_role(default_synth, "job-control-authorizer")
     statements = [s for s in _statements_by_role(default_synth)[role]
-                  if not _actions(s) <= {"logs:CreateLogStream", "logs:PutLogEvents",
+                  if not statement_actions(s) <= {"logs:CreateLogStream", "logs:PutLogEvents",
                                          "xray:PutTraceSegments", "xray:PutTelemetryRecords"}]
     job_table = _table_id(default_synth, "TablesJobTable")
-    assert [(_actions(s), s["Resource"]) for s in statements] == [
+    assert [(statement_actions(s), s["Resource"]) for s in statements] == [
         ({"dynamodb:GetItem"}, {"Fn::GetAtt": [job_table, "Arn"]})]
 
 
@@ -211,18 +201,18 @@ def test_job_control_api_stops_tasks_of_the_cluster_and_writes_the_job_table_onl
     budget's item (its StopTask calls take their tokens there)."""
     role = _function_role(default_synth, "job-control-api")
     statements = _statements_by_role(default_synth)[role]
-    actions = set().union(*(_actions(s) for s in statements))
+    actions = set().union(*(statement_actions(s) for s in statements))
     assert {a for a in actions if a.startswith("ecs:")} == {"ecs:StopTask"}
     assert not {a for a in actions if a.startswith(("iam:", "sns:", "ec2:", "ssm:", "lambda:"))}
-    (stop,) = [s for s in statements if "ecs:StopTask" in _actions(s)]
+    (stop,) = [s for s in statements if "ecs:StopTask" in statement_actions(s)]
     assert stop["Condition"] == {"ArnEquals": {"ecs:cluster": "arn:aws:ecs:us-east-1:111122223333:cluster/"
                                                                "gpu-cluster"}}
     assert stop["Resource"] == "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/*"
-    dynamo = [s for s in statements if any(a.startswith("dynamodb:") for a in _actions(s))
+    dynamo = [s for s in statements if any(a.startswith("dynamodb:") for a in statement_actions(s))
               and s.get("Sid") != "EcsCallBudgetItem"]
     assert set().union(*(_arn_tables(s["Resource"]) for s in dynamo)) == {
         _table_id(default_synth, "TablesJobTable")}
-    assert set().union(*(_actions(s) for s in dynamo)) == {
+    assert set().union(*(statement_actions(s) for s in dynamo)) == {
         "dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem", "dynamodb:GetItem", "dynamodb:Query",
         "dynamodb:PutItem", "dynamodb:UpdateItem"}
 
@@ -237,7 +227,7 @@ def test_only_the_scheduler_and_the_jobs_api_reach_the_quota_table(default_synth
     for role, statements in _statements_by_role(default_synth).items():
         for statement in statements:
             if quota in _arn_tables(statement["Resource"]):
-                holders.setdefault(services.get(role, role), set()).update(_actions(statement))
+                holders.setdefault(services.get(role, role), set()).update(statement_actions(statement))
     assert set(holders) == {"queue-scheduler", "jobs-api"}
     for actions in holders.values():
         assert actions == {"dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem", "dynamodb:GetItem",
