@@ -312,15 +312,7 @@ class GangOps:
                 found = {container_instance_id(str(t.get("containerInstanceArn", ""))): str(t["taskArn"])
                          for t in self.deps.ecs.describe_tasks(arns)}
         started: list[int] = []
-        rest: list[Rank] = []
-        complete = False
-        for rank in claimed:
-            task_arn = found.get(targets[rank.rank]["node"])
-            if task_arn:
-                complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
-                started.append(rank.rank)
-            else:
-                rest.append(rank)
+        rest, complete = self._register_placed(job, claimed, found, targets, started_by, started)
         for _ in range(max(1, self.deps.settings.restart_start_retries)):
             if not rest:
                 break
@@ -336,19 +328,29 @@ class GangOps:
             placed = {container_instance_id(arn): task for arn, task in result.placed.items()}
             if not placed and len(result.task_arns) == len(rest) == 1:
                 placed = {targets[rest[0].rank]["node"]: result.task_arns[0]}
-            still: list[Rank] = []
-            for rank in rest:
-                task_arn = placed.get(targets[rank.rank]["node"])
-                if task_arn:
-                    complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
-                    started.append(rank.rank)
-                else:
-                    still.append(rank)
+            still, registered_all = self._register_placed(job, rest, placed, targets, started_by, started)
+            complete |= registered_all
             if still:
                 logger.warning("restart placement failed", extra={
                     "job_id": job.job_id, "ranks": [r.rank for r in still], "reasons": result.reasons()})
             rest = still
         return started, [(r, "no placement") for r in rest], complete
+
+    def _register_placed(self, job: Job, ranks: list[Rank], task_by_node: Mapping[str, str],
+                         targets: Mapping[int, Mapping[str, str]], started_by: str,
+                         started: list[int]) -> tuple[list[Rank], bool]:
+        """Register the ranks whose node has a task (appending them to ``started``); returns
+        the ranks without one, and whether a registration completed the attempt."""
+        unplaced: list[Rank] = []
+        complete = False
+        for rank in ranks:
+            task_arn = task_by_node.get(targets[rank.rank]["node"])
+            if task_arn:
+                complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
+                started.append(rank.rank)
+            else:
+                unplaced.append(rank)
+        return unplaced, complete
 
     def _register(self, job: Job, rank: Rank, task_arn: str, target: Mapping[str, str],
                   started_by: str) -> bool:
