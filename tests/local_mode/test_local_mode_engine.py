@@ -294,13 +294,14 @@ def test_transient_api_errors_are_retried_persistent_surface(env):
     node = sim.add_node("node-a")
     ecs = aws.client("ecs")
     local.faults.transient("ecs", "DescribeContainerInstances", failures=ATTEMPTS - 1, error=THROTTLING)
-    started = time.monotonic()
     resp = ecs.describe_container_instances(
         cluster=local.cluster_name, containerInstances=[node.container_instance_arn]
     )
-    assert time.monotonic() - started < 1.0
     assert resp["ResponseMetadata"]["RetryAttempts"] == ATTEMPTS - 1 == 5
-    assert local.retry_sleeps
+    # Each back-off botocore asked for was recorded instead of slept (no wall clock
+    # here: a loaded CI machine makes any time bound flaky).
+    assert len(local.retry_sleeps) == ATTEMPTS - 1
+    assert all(delay > 0 for delay in local.retry_sleeps)
     local.faults.persistent("ec2", "RebootInstances", error=INTERNAL)
     with pytest.raises(ClientError) as err:
         aws.client("ec2").reboot_instances(InstanceIds=[node.instance_id])
@@ -340,19 +341,20 @@ def test_duplicate_delivery_and_dead_letters(env):
     assert ctx.invoked_function_arn.endswith(":function:ci")
 
 
-def test_schedule_fires_every_simulated_minute_in_simulated_time(env):
+def test_schedule_fires_every_simulated_minute_in_simulated_time(env, monkeypatch):
     """Given a 60 s schedule and the sim clock installed, When one simulated hour
     passes with a running job, Then it fires 60 Scheduled Events, handler code sees
-    simulated time, and the whole hour takes well under 2 s of wall time."""
+    simulated time, and nothing sleeps on the wall clock."""
     _, bus, sim, _ = env
     sweeps = Recorder()
     bus.add_schedule("recovery-sweep", 60, sweeps, "sweep")
     sim.add_node("node-a"), sim.add_node("node-b")
     td = sim.register_training_task_definition("llama")
     sim.start_job("llama", td, ["node-a", "node-b"])
-    started = time.monotonic()
+    real_sleeps: list[float] = []
+    monkeypatch.setattr(time, "sleep", real_sleeps.append)
     sim.run_for(3600)
-    assert time.monotonic() - started < 2.0
+    assert sum(real_sleeps) == 0  # the simulated hour never waits on the wall clock
     assert len(sweeps.events) == 60
     first = sweeps.events[0]
     assert first["source"] == "aws.events" and first["detail-type"] == "Scheduled Event"
