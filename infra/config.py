@@ -35,6 +35,7 @@ from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MA
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
 from gpu_recovery.domain.rate_limit import DEFAULT_RATE as DEFAULT_ECS_API_RATE
 from gpu_recovery.domain.rate_limit import ECS_ACCOUNT_BURST, ECS_ACCOUNT_RATE
+from gpu_recovery.domain.relocation import DEFAULT_RELOCATION_WAIT_SECONDS, MAX_RELOCATION_WAIT_SECONDS
 from gpu_recovery.domain.remediation_settings import SETTINGS as REMEDIATION_DEFAULTS
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
 from gpu_recovery.domain.time_sharing import (
@@ -494,6 +495,9 @@ class RecoveryConfig:
                                          remediation_setting("minutes"), "the breaker's sliding window")
     relocate_instead_of_wait: bool = option(
         False, boolean(), "move relocatable jobs to free healthy nodes at once, not after the reboot")
+    relocation_wait_seconds: int = option(
+        DEFAULT_RELOCATION_WAIT_SECONDS, integer(0, MAX_RELOCATION_WAIT_SECONDS),
+        "no free healthy node: a relocatable job waits this long, then fails")
     # --- time sharing (quotas, preemption, suspend)
     default_node_quotas: str | None = option(None, node_quotas(),
                                              "nodes per user and level (none: unlimited)")

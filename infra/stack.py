@@ -90,6 +90,7 @@ from gpu_recovery.constants import (
     ENV_REBOOT_DOCUMENT,
     ENV_REBOOT_TIMEOUT_MINUTES,
     ENV_RELOCATE_INSTEAD_OF_WAIT,
+    ENV_RELOCATION_WAIT_SECONDS,
     ENV_REMEDIATION_SETTINGS,
     ENV_SNS_TOPIC_ARN,
     ENV_SUSPECT_EXIT_CODES,
@@ -202,6 +203,7 @@ class GpuRecoveryStack(Stack):
             ENV_MAX_APP_RESTARTS: str(config.max_app_restarts),
             ENV_REMEDIATION_SETTINGS: config.remediation_settings_json,
             ENV_RELOCATE_INSTEAD_OF_WAIT: "true" if config.relocate_instead_of_wait else "false",
+            ENV_RELOCATION_WAIT_SECONDS: str(config.relocation_wait_seconds),
         }
         if self.fault_catalog_layer is not None:
             remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH

@@ -20,6 +20,7 @@ from gpu_recovery.domain.heartbeat_policy import (
 )
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST, DEFAULT_RATE, ECS_ACCOUNT_RATE, TokenBucket
+from gpu_recovery.domain.relocation import DEFAULT_RELOCATION_WAIT_SECONDS, MAX_RELOCATION_WAIT_SECONDS
 from gpu_recovery.domain.remediation_settings import (
     SETTINGS as REMEDIATION_KEYS,
 )
@@ -57,6 +58,13 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
         raise SettingsError(f"{name} must be an integer, got {raw!r}") from error
     if value < minimum:
         raise SettingsError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _bounded(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    value = _int(env, name, default, minimum=low)
+    if value > high:
+        raise SettingsError(f"{name} must be <= {high}, got {value}")
     return value
 
 
@@ -143,6 +151,9 @@ class Settings:
     # Move a job to healthy free nodes as soon as a fault is confirmed instead of waiting
     # for its node's reboot (relocatable jobs only).
     relocate_instead_of_wait: bool = False
+    # A relocatable tag-registered job with no healthy free node waits this long for one
+    # (the sweep retries every minute), then fails; 0: fails at once.
+    relocation_wait_seconds: int = DEFAULT_RELOCATION_WAIT_SECONDS
     fault_catalog_override: str = ""  # path of the deployment's catalog override ("" = none)
     reboot_document: str = c.DEFAULT_REBOOT_DOCUMENT_NAME
     # Large jobs: the fan-out queue ("" = batches run in the invoking function), the ECS
@@ -183,6 +194,8 @@ class Settings:
             max_app_restarts=remediation.max_app_restarts,
             remediation=remediation,
             relocate_instead_of_wait=_bool(env, c.ENV_RELOCATE_INSTEAD_OF_WAIT, False),
+            relocation_wait_seconds=_bounded(env, c.ENV_RELOCATION_WAIT_SECONDS,
+                                             DEFAULT_RELOCATION_WAIT_SECONDS, 0, MAX_RELOCATION_WAIT_SECONDS),
             fault_catalog_override=env.get(c.ENV_FAULT_CATALOG_OVERRIDE, ""),
             reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
             gang_queue_url=env.get(c.ENV_GANG_QUEUE_URL, ""),

@@ -286,7 +286,8 @@ class World:
             self.service.on_gang_batch(due[0][0], receive_count=receive_count)
             ran += 1
 
-    def register_job(self, job_id: str, nodes: list[str], attempt: int = 1) -> list[str]:
+    def register_job(self, job_id: str, nodes: list[str], attempt: int = 1,
+                     tags: dict[str, str] | None = None) -> list[str]:
         arns = []
         for rank, node in enumerate(nodes):
             arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{job_id}{rank}{uuid.uuid4().hex[:8]}"
@@ -296,7 +297,8 @@ class World:
                 task_definition_arn=f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/train:1",
                 container_instance_arn=ci_arn(node), ec2_instance_id=f"i-{node}",
                 tags=[{"key": C.TAG_JOB_ID, "value": job_id}, {"key": C.TAG_RANK, "value": str(rank)},
-                      {"key": C.TAG_WORLD_SIZE, "value": str(len(nodes))}]))
+                      {"key": C.TAG_WORLD_SIZE, "value": str(len(nodes))},
+                      *({"key": k, "value": v} for k, v in (tags or {}).items())]))
             arns.append(arn)
         return arns
 

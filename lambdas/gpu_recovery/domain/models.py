@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery.domain.fault_tally import FaultTally
+from gpu_recovery.domain.relocation import RelocationWait
 from gpu_recovery.domain.states import InstanceState, JobState, RankState, SuspectVerdict
 
 
@@ -90,6 +91,8 @@ class Job:
     # A fault of one rank's node that needed no suspect item (a restart in place, a job
     # failed on its evidence, a node lost): {"attempt", "node", "at", "evidence", "plan"}.
     last_fault: dict[str, Any] = field(default_factory=dict)
+    # No healthy free node to relocate onto: the current attempt's wait for one (None: none).
+    relocation_wait: RelocationWait | None = None
 
     @property
     def suspend_stopping(self) -> bool:

@@ -5,13 +5,24 @@ held back) or rebooting with ``relocate_instead_of_wait``. The ranks that move t
 distinct spare nodes (one rank per node, never a node the job keeps), each with at
 least the GPUs the rank held, best fit first (fewest free GPUs that fit, then node id):
 the same input gives the same placement, and large free nodes stay free for large jobs.
+
+No spare free: a relocatable tag-registered job *waits* (``RelocationWait`` on its job
+item, still PENDING_RESTART) and the sweep tries again every minute until a node frees or
+``relocation_wait_seconds`` pass; then it fails with that reason. While it waits, the
+healthy free nodes it would take are reserved for it (``reserve_for_waits``, oldest wait
+first): the queue scheduler and later relocations skip them, so a node that frees goes
+to the waiting job before any other placement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# How long a relocatable job waits for a healthy node to free up (0: it fails at once).
+DEFAULT_RELOCATION_WAIT_SECONDS = 1800
+MAX_RELOCATION_WAIT_SECONDS = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -54,3 +65,75 @@ def describe_moves(moves: Mapping[Any, tuple[str, str]]) -> str:
     ordered = sorted(moves.items(), key=lambda m: int(m[0]))
     parts = [f"rank {rank} {old} -> {new}" for rank, (old, new) in ordered if old != new]
     return ", ".join(parts) or "no rank moved"
+
+
+@dataclass(frozen=True)
+class RelocationWait:
+    """A relocatable job of ``attempt`` waiting for healthy free nodes for the ranks of
+    ``from_nodes`` (``gpus`` each), from ``since`` until ``until`` (job item
+    ``relocation_wait``). Written once per fault: a duplicate never extends it."""
+
+    job_id: str
+    attempt: int
+    since: float
+    until: float
+    from_nodes: tuple[str, ...]
+    gpus: tuple[int, ...]
+    why: str = ""
+
+    @classmethod
+    def start(cls, job_id: str, attempt: int, now: float, wait_seconds: float, from_nodes: Sequence[str],
+              gpus: Sequence[int], why: str) -> RelocationWait:
+        return cls(job_id, attempt, now, now + wait_seconds, tuple(from_nodes),
+                   tuple(int(g) or 1 for g in gpus), why[:500])
+
+    @classmethod
+    def from_item(cls, job_id: str, raw: Mapping[str, Any] | None, attempt: int) -> RelocationWait | None:
+        """The wait of ``attempt`` (None: none, or an older fault's)."""
+        if not raw or int(raw.get("attempt") or 0) != attempt:
+            return None
+        nodes = tuple(str(n) for n in raw.get("from_nodes") or ())
+        gpus = tuple(int(g) for g in raw.get("gpus") or ())
+        if len(gpus) != len(nodes):
+            gpus = (1,) * len(nodes)
+        return cls(job_id, attempt, float(raw.get("since") or 0), float(raw.get("until") or 0), nodes, gpus,
+                   str(raw.get("why") or ""))
+
+    def to_item(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "since": self.since, "until": self.until,
+                "from_nodes": list(self.from_nodes), "gpus": list(self.gpus), "why": self.why}
+
+    @property
+    def seconds(self) -> int:
+        return round(self.until - self.since)
+
+    @property
+    def needs(self) -> dict[int, int]:
+        """rank slot -> GPUs, in ``choose_targets``' shape."""
+        return dict(enumerate(self.gpus))
+
+    def expired(self, now: float) -> bool:
+        return now >= self.until
+
+    def waiting_reason(self) -> str:
+        return (f"waiting up to {self.seconds} s for a healthy node to free up to relocate the ranks on "
+                f"{', '.join(self.from_nodes[:10])} ({self.why})")
+
+    def timeout_reason(self) -> str:
+        return (f"no healthy node freed within {self.seconds} s to relocate the ranks on "
+                f"{', '.join(self.from_nodes[:10])} ({self.why})")
+
+
+def reserve_for_waits(waits: Sequence[RelocationWait], spares: Sequence[SpareNode]) -> dict[str, str]:
+    """node -> job id: the healthy free nodes each waiting job would take, oldest wait
+    first, best fit, even when not all of its ranks fit yet (a node that frees is kept for
+    the job until the others free too or its wait ends)."""
+    free = sorted(spares, key=lambda n: (n.free_gpus, n.node_id))
+    reserved: dict[str, str] = {}
+    for wait in sorted(waits, key=lambda w: (w.since, w.job_id)):
+        needs = wait.needs
+        for slot in sorted(needs, key=lambda r: (-needs[r], r)):
+            node = next((n for n in free if n.node_id not in reserved and n.free_gpus >= needs[slot]), None)
+            if node is not None:
+                reserved[node.node_id] = wait.job_id
+    return reserved

@@ -42,6 +42,8 @@ from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain.models import container_instance_id
+from gpu_recovery.domain.relocation import RelocationWait, SpareNode, reserve_for_waits
+from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import QuotaBook
 from gpu_recovery.queue.admission import Node, node_ineligibility
 from gpu_recovery.queue.launcher import (
@@ -282,17 +284,28 @@ class QueueScheduler:
         described = self.cluster.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         states = self.repo.get_instances(ids) if ids else {}
-        held = self._held_for_restart() | self._launching
-        infos: dict[str, NodeInfo] = {}
+        held, waits = self._held_for_restart()
+        held |= self._launching
+        whys: dict[str, str] = {}
         for ci, node_id in zip(described, ids, strict=True):
             instance = states.get(node_id)
-            why = node_ineligibility(
+            whys[node_id] = node_ineligibility(
                 ecs_status=str(ci.get("status", "")),
                 agent_connected=bool(ci.get("agentConnected", False)),
                 instance_state=instance.state if instance else None,
                 held_for_recovery=node_id in held,
                 cordoned=instance.cordoned if instance else False,
             )
+        if waits:
+            # Relocatable jobs waiting for a healthy node to free up take it before any queued job.
+            spares = [SpareNode(node_id, ci["containerInstanceArn"], "", free, free)
+                      for ci, node_id in zip(described, ids, strict=True)
+                      if not whys[node_id] and (free := gpu_count(ci.get("remainingResources")) or 0)]
+            for node_id, job_id in reserve_for_waits(waits, spares).items():
+                whys[node_id] = f"reserved for the relocation of {job_id}"
+        infos: dict[str, NodeInfo] = {}
+        for ci, node_id in zip(described, ids, strict=True):
+            why = whys[node_id]
             free = gpu_count(ci.get("remainingResources")) or 0
             total = gpu_count(ci.get("registeredResources"))
             attributes = {a["name"]: str(a.get("value", "")) for a in ci.get("attributes") or []
@@ -303,16 +316,20 @@ class QueueScheduler:
             )
         return infos
 
-    def _held_for_restart(self) -> set[str]:
+    def _held_for_restart(self) -> tuple[set[str], list[RelocationWait]]:
         """Nodes of jobs in recovery (PENDING_HEALTHCHECK, PENDING_RESTART): their gang
-        restart needs them back, so no queued job may take their freed GPUs.
+        restart needs them back, so no queued job may take their freed GPUs; and the waits
+        of relocatable jobs with no healthy free node (the nodes that free up are theirs).
 
         Those jobs carry a deadline, so the sparse deadline index lists them; the
         number read is the number of jobs in recovery, not the table size.
         """
         held: set[str] = set()
+        waits: list[RelocationWait] = []
         for item in self.launcher.store.jobs_in_recovery():
             job = self.repo.job_from_item(item)
+            if job.relocation_wait is not None and job.state is JobState.PENDING_RESTART:
+                waits.append(job.relocation_wait)
             # Its nodes, from its latch shards (one item per 64 ranks, not every rank).
             held |= self.repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
             if job.relocated:
@@ -320,7 +337,7 @@ class QueueScheduler:
                 moves = self.repo.faults.placement(job.job_id, job.attempt)
                 held.update(m.get("node", "") for m in moves.values())
         held.discard("")
-        return held
+        return held, waits
 
 
 def _queued(item: Mapping[str, Any]) -> QueuedJob | None:

@@ -18,7 +18,11 @@ waits likewise; then
   ranks on healthy nodes and moves those of each unusable node to a healthy free node:
   the moves (node -> node) are a placement item written in the claim's transaction, so a
   resumed launch starts every rank where the claim said. Other tag-registered jobs fail
-  (their environment may pin addresses).
+  (their environment may pin addresses). With no healthy free node the job *waits*
+  (``domain.relocation.RelocationWait``, still PENDING_RESTART, its budget not charged
+  again): the sweep tries again every minute, the nodes that free up are reserved for it
+  (the queue scheduler and later relocations skip them), and after
+  ``relocation_wait_seconds`` it fails with that reason.
 """
 
 from __future__ import annotations
@@ -34,7 +38,13 @@ from gpu_recovery.constants import NotificationKind, relocated_queue_order
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank, Suspect, container_instance_id
-from gpu_recovery.domain.relocation import SpareNode, choose_targets, gpu_count
+from gpu_recovery.domain.relocation import (
+    RelocationWait,
+    SpareNode,
+    choose_targets,
+    gpu_count,
+    reserve_for_waits,
+)
 from gpu_recovery.domain.states import (
     FATAL_SUSPECT_VERDICTS,
     UNUSABLE_INSTANCE_STATES,
@@ -55,6 +65,8 @@ RETRY_INTERVAL_SECONDS = 60
 RESEND_AFTER_SECONDS = 120
 # Suspect nodes whose evidence one e-mail spells out; the rest are counted.
 MAX_FAULTS_IN_EMAIL = 5
+_NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the faulty node, and "
+                    "resubmit the job.")
 
 
 class GangRestart:
@@ -146,7 +158,7 @@ class GangRestart:
         if not leaving:
             return None
         try:
-            targets = self._spares_for(job, leaving)
+            targets, gpus = self._spares_for(job, leaving)
         except (ClientError, BotoCoreError) as error:
             # No cluster access from this function (or throttled): the sweep tries again.
             logger.warning("relocation snapshot failed", extra={"job_id": job.job_id, "error": str(error)})
@@ -157,16 +169,14 @@ class GangRestart:
             # reboot is the faster way back.
             return self._requeue(job, leaving, why) if targets is not None else None
         if targets is None:
-            if unusable:
-                self.fail_pending_restart(job, f"no healthy free node to relocate the ranks on "
-                                               f"{', '.join(leaving)} ({why})")
-                return Outcome("restart_failed", job.job_id, {"why": "no spare node"})
-            return None
+            return self._wait_for_spare(job, leaving, gpus, why) if unusable else None
         moves = {node: {"node": t.node_id, "arn": t.container_instance_arn, "ec2": t.ec2_instance_id,
                         "why": why[:200]} for node, t in targets.items()}
         now = clock.now()
         described = ", ".join(f"{a} -> {m['node']}" for a, m in sorted(moves.items()))
-        reason = f"relocated: {described}; {why}"
+        waited = job.relocation_wait
+        after = f" (after waiting {round(now - waited.since)} s for a free node)" if waited else ""
+        reason = f"relocated: {described}; {why}{after}"
         placement = self.deps.repo.faults.placement_update(job.job_id, job.attempt + 1, moves, reason)
         if not self.deps.repo.claim_gang_restart(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
                                                  placement=placement, moves=moves, reason=reason):
@@ -174,6 +184,33 @@ class GangRestart:
         self.deps.metrics.add_metric("Relocations", "Count", 1)
         started = self.deps.repo.get_job(job.job_id) or job
         return self._launch(started)
+
+    def _wait_for_spare(self, job: Job, leaving: list[str], gpus: list[int], why: str) -> Outcome:
+        """No healthy free node for a tag-registered job: wait for one (the sweep tries
+        again every minute) until the wait's deadline, then fail with that reason. The wait
+        is written once per fault; a duplicate delivery finds it and only reports it."""
+        repo, now = self.deps.repo, clock.now()
+        wait = job.relocation_wait
+        if wait is None:
+            seconds = self.deps.settings.relocation_wait_seconds
+            if seconds <= 0:
+                self.fail_pending_restart(job, f"no healthy free node to relocate the ranks on "
+                                               f"{', '.join(leaving)} ({why})",
+                                          operator_action=_NO_SPARE_ACTION)
+                return Outcome("restart_failed", job.job_id, {"why": "no spare node"})
+            wait = RelocationWait.start(job.job_id, job.attempt, now, seconds, leaving, gpus, why)
+            if repo.wait_for_relocation(job, wait, now + RETRY_INTERVAL_SECONDS):
+                self.deps.metrics.add_metric("RelocationWaits", "Count", 1)
+                return Outcome("waiting", job.job_id, {"why": "no healthy free node", "until": wait.until})
+            fresh = repo.get_job(job.job_id)
+            if fresh is None or fresh.state is not JobState.PENDING_RESTART or fresh.attempt != job.attempt \
+                    or fresh.relocation_wait is None:
+                return Outcome("duplicate", job.job_id)
+            wait = fresh.relocation_wait  # another delivery started the wait: its deadline holds
+        if wait.expired(now):
+            self.fail_pending_restart(job, wait.timeout_reason(), operator_action=_NO_SPARE_ACTION)
+            return Outcome("restart_failed", job.job_id, {"why": "no healthy node freed in time"})
+        return Outcome("waiting", job.job_id, {"why": "no healthy free node", "until": wait.until})
 
     @staticmethod
     def _relocation_reason(suspects: list[Suspect], fatal: list[str], rebooting: list[str]) -> str:
@@ -184,15 +221,17 @@ class GangRestart:
             return f"node(s) unusable: {shown}{more}"
         return f"node(s) rebooting ({', '.join(rebooting[:10])}): relocate_instead_of_wait"
 
-    def _spares_for(self, job: Job, leaving: list[str]) -> dict[str, SpareNode] | None:
+    def _spares_for(self, job: Job, leaving: list[str]) -> tuple[dict[str, SpareNode] | None, list[int]]:
         """A healthy free node for each leaving node, with at least its GPUs (None: not
-        enough). One cluster snapshot (ListContainerInstances + Describe by 100)."""
+        enough), and the GPUs each leaving node held. One cluster snapshot
+        (ListContainerInstances + Describe by 100). Nodes reserved for jobs that have waited
+        longer for a free node are theirs."""
         described = self.deps.ecs.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         states = self.deps.repo.get_instances(ids) if ids else {}
         # Nodes other recoveries restart on, and the job's own (the ranks that stay go back there).
-        held = self._held_by_other_recoveries(job) | self.deps.repo.latches.job_nodes(
-            job.job_id, job.attempt, job.world_size)
+        others, waits = self._held_by_other_recoveries(job)
+        held = others | self.deps.repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
         registered = {node_id: gpu_count(ci.get("registeredResources"))
                       for ci, node_id in zip(described, ids, strict=True)}
         spares = []
@@ -206,16 +245,22 @@ class GangRestart:
             spares.append(SpareNode(node_id, ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")),
                                     gpu_count(ci.get("remainingResources")),
                                     gpu_count(ci.get("registeredResources"))))
-        needs = {index: registered.get(node, 0) or 1 for index, node in enumerate(leaving)}
-        chosen = choose_targets(needs, spares)
+        mine = job.relocation_wait
+        first = [w for w in waits if mine is None or (w.since, w.job_id) < (mine.since, mine.job_id)]
+        reserved = reserve_for_waits(first, spares)
+        spares = [s for s in spares if s.node_id not in reserved]
+        gpus = [registered.get(node, 0) or 1 for node in leaving]
+        chosen = choose_targets(dict(enumerate(gpus)), spares)
         if chosen is None:
-            return None
-        return {leaving[index]: node for index, node in chosen.items()}
+            return None, gpus
+        return {leaving[index]: node for index, node in chosen.items()}, gpus
 
-    def _held_by_other_recoveries(self, job: Job) -> set[str]:
-        """Nodes other jobs in recovery will restart on (their GPUs are free, not spare):
-        read once per relocation, never per event."""
+    def _held_by_other_recoveries(self, job: Job) -> tuple[set[str], list[RelocationWait]]:
+        """Nodes other jobs in recovery will restart on (their GPUs are free, not spare),
+        and the other jobs waiting for a free node: read once per relocation, never per
+        event."""
         held: set[str] = set()
+        waits: list[RelocationWait] = []
         for item in SchedulingRepository(self.deps.repo).jobs_in_recovery():
             other = self.deps.repo.job_from_item(item)
             if other.job_id == job.job_id:
@@ -224,7 +269,9 @@ class GangRestart:
             if other.relocated:
                 held.update(m.get("node", "") for m in
                             self.deps.repo.faults.placement(other.job_id, other.attempt).values())
-        return held
+            if other.relocation_wait is not None and other.state is JobState.PENDING_RESTART:
+                waits.append(other.relocation_wait)
+        return held, waits
 
     def _requeue(self, job: Job, leaving: list[str], why: str) -> Outcome:
         item = self.deps.repo.get_job_item(job.job_id) or {}
@@ -368,14 +415,14 @@ class GangRestart:
                               operator_action="Check the cluster's capacity and the instance, then "
                                               "resubmit the job.")
 
-    def fail_pending_restart(self, job: Job, reason: str) -> None:
+    def fail_pending_restart(self, job: Job, reason: str, operator_action: str = "") -> None:
         if self.deps.repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
                                      fields={"last_error": reason}, from_states=[JobState.PENDING_RESTART]):
             self.deps.metrics.add_metric("Failures", "Count", 1)
             self.ranks.notify(job, None, NotificationKind.FAILED, "Job failed: cannot be restarted",
                               what_happened=reason, what_was_done="Job marked FAILED",
-                              operator_action="Repair or replace the node, set it ACTIVE again, and "
-                                              "resubmit the job.")
+                              operator_action=operator_action or (
+                                  "Repair or replace the node, set it ACTIVE again, and resubmit the job."))
 
 
 __all__ = ["GangRestart", "SuspectVerdict"]

@@ -142,10 +142,15 @@ class Sweep:
             settings = self.deps.settings
             give_up_at = ((job.fault_started_at or now) + settings.health_check_timeout_seconds
                           + settings.reboot_timeout_seconds + RESTART_GIVE_UP_MARGIN_SECONDS)
+            why = "the gang restart did not happen in time (instances or old ranks never became ready)"
+            wait = job.relocation_wait
+            if wait is not None:
+                # Waiting for a free node to relocate onto: its own deadline (try_restart fails
+                # it then, with its reason); this is the backstop.
+                give_up_at = max(give_up_at, wait.until + RESTART_GIVE_UP_MARGIN_SECONDS)
+                why = wait.timeout_reason()
             if now >= give_up_at:
-                self.restarts.fail_pending_restart(
-                    job, "the gang restart did not happen in time (instances or old ranks never "
-                         "became ready)")
+                self.restarts.fail_pending_restart(job, why)
                 return "restart_timed_out"
             if job.stop_fanout:
                 self.gang.stop_due(job, now)

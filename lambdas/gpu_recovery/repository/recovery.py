@@ -40,6 +40,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.relocation import RelocationWait
 from gpu_recovery.domain.state_machine import check_transition, sources_of
 from gpu_recovery.domain.states import (
     FATAL_SUSPECT_VERDICTS,
@@ -173,6 +174,7 @@ class Repository:
             stop_fanout=dict(item.get("stop_fanout") or {}),
             start_fanout=dict(item.get("start_fanout") or {}),
             last_fault=dict(item.get("last_fault") or {}),
+            relocation_wait=RelocationWait.from_item(item["job_id"], item.get("relocation_wait"), attempt),
         )
 
     @staticmethod
@@ -618,6 +620,17 @@ class Repository:
     def _relocations(self, job_id: str) -> list[dict[str, Any]]:
         item = self.get_job_item(job_id) or {}
         return list(item.get("relocations") or [])
+
+    def wait_for_relocation(self, job: Job, wait: RelocationWait, deadline_at: float) -> bool:
+        """No healthy free node for a relocatable job: it stays PENDING_RESTART with its
+        wait (once per fault: a duplicate or late delivery neither extends nor restarts it)
+        and a deadline, so the sweep tries again. Nothing is charged."""
+        return self.db.apply(self.job_transition(
+            job.job_id, JobState.PENDING_RESTART, from_states=[JobState.PENDING_RESTART],
+            attempt=job.attempt, reason=wait.waiting_reason(), actor="recovery",
+            set_fields={"relocation_wait": wait.to_item(), **self.job_deadline_fields(deadline_at)},
+            extra_condition="attribute_not_exists(#rw) OR #rw.#ra <> :att",
+            extra_names={"#rw": "relocation_wait", "#ra": "attempt"}))
 
     def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
                                reason: str) -> bool:
