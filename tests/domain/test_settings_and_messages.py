@@ -23,17 +23,24 @@ def test_defaults_match_the_documented_ones() -> None:
     assert s.remediation.replace_action == "quarantine"
     assert s.remediation.breaker.max_share == 0.2 and s.remediation.breaker.window_seconds == 600
     assert s.relocate_instead_of_wait is False and s.fault_catalog_override == ""
+    assert s.relocation_wait_seconds == 1800
 
 
 def test_remediation_settings_come_from_one_json_variable_and_the_budget_variables() -> None:
     s = Settings.from_env({**BASE, c.ENV_REMEDIATION_SETTINGS: '{"remediation_mode": "observe", '
                                                               '"breaker_max_nodes": 4}',
                            c.ENV_MAX_RECOVERY_ATTEMPTS: "2", c.ENV_MAX_APP_RESTARTS: "1",
-                           c.ENV_RELOCATE_INSTEAD_OF_WAIT: "true"})
+                           c.ENV_RELOCATE_INSTEAD_OF_WAIT: "true", c.ENV_RELOCATION_WAIT_SECONDS: "0"})
     assert s.remediation.modes.describe() == "observe"
     assert s.remediation.breaker.max_nodes == 4
     assert (s.max_recovery_attempts, s.max_app_restarts) == (2, 1)
-    assert s.relocate_instead_of_wait is True
+    assert s.relocate_instead_of_wait is True and s.relocation_wait_seconds == 0
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", str(7 * 24 * 3600 + 1)])
+def test_a_bad_relocation_wait_fails_the_cold_start_naming_it(raw: str) -> None:
+    with pytest.raises(SettingsError, match=c.ENV_RELOCATION_WAIT_SECONDS):
+        Settings.from_env({**BASE, c.ENV_RELOCATION_WAIT_SECONDS: raw})
 
 
 @pytest.mark.parametrize(("raw", "named"), [('{"replace_action": "melt"}', "replace_action"),

@@ -24,6 +24,7 @@ def test_defaults_are_documented_values() -> None:
     assert settings["remediation_mode"] == "enforce" and settings["replace_action"] == "quarantine"
     assert settings["breaker_max_percent"] == "20" and settings["breaker_window_minutes"] == "10"
     assert config.fault_catalog_file is None and config.relocate_instead_of_wait is False
+    assert config.relocation_wait_seconds == 1800
     assert config.suspect_exit_codes == (1,)
     assert config.suspect_exit_codes_json == "[1]"
     assert config.reboot_timeout_minutes == 30
@@ -348,6 +349,8 @@ def test_the_ecs_budget_bounds_are_the_functions_bounds() -> None:
         ({"max_app_restarts": "21"}, "max_app_restarts"),
         ({"max_infra_recoveries": "2", "max_recovery_attempts": "1"}, "max_infra_recoveries"),
         ({"relocate_instead_of_wait": "maybe"}, "relocate_instead_of_wait"),
+        ({"relocation_wait_seconds": "-5"}, "relocation_wait_seconds"),
+        ({"relocation_wait_seconds": "half an hour"}, "relocation_wait_seconds"),
         ({"fault_catalog_file": "does/not/exist.json"}, "fault_catalog_file"),
     ],
 )

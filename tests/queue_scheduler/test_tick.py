@@ -433,3 +433,33 @@ def test_cancel_during_a_launch_that_fails_to_place_reaches_canceled(qc):
     sched.tick()
     assert qc.state(job) is JobState.CANCELED
     assert qc.live_tasks(job) == []
+
+
+def test_a_node_that_frees_is_reserved_for_a_relocatable_job_waiting_for_one(qc):
+    """Given three nodes taken and a relocatable job waiting for one healthy 8-GPU node to
+    relocate a rank onto (issue 19: PENDING_RESTART with a relocation wait)
+    When a 1x8 job is queued and a tick runs
+    Then the free node is not given to it (the snapshot says it is reserved); once the
+    wait is gone, the next tick places the queued job there."""
+    from gpu_recovery.domain.models import Job
+    from gpu_recovery.domain.relocation import RelocationWait
+    from gpu_recovery.repository import to_ddb
+
+    nodes = sorted(qc.sim.nodes)
+    for node in nodes[:3]:
+        steal_gpus(qc, node)
+    now = qc.sim.now()
+    wait = RelocationWait.start("waiting-job", 1, now, 1800, ["gone-node"], [8], "node(s) unusable")
+    item = {**qc.repo.job_to_item(Job("waiting-job", JobState.PENDING_RESTART, world_size=2)),
+            "relocation_wait": wait.to_item(), **qc.repo.job_deadline_fields(now + 60)}
+    qc.table().put_item(Item=to_ddb(item))
+    queued = qc.submit(nnodes=1, gpus=8)
+    scheduler = qc.scheduler()
+    infos = scheduler.snapshot()
+    free = qc.sim.node(nodes[3]).container_instance_id
+    assert infos[free].node.why_ineligible == "reserved for the relocation of waiting-job"
+    assert scheduler.tick().admitted == []
+    assert qc.live_tasks(queued) == []
+    qc.table().update_item(Key={C.JOB_PK: C.job_item_key("waiting-job")},
+                           UpdateExpression="REMOVE relocation_wait")
+    assert qc.scheduler().tick().admitted == [queued]
