@@ -13,7 +13,7 @@ for the heartbeat and queue repositories, which share these tables.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -361,17 +361,41 @@ class Repository:
     def due_job_items(self, now: float, limit: int | None = None) -> list[dict[str, Any]]:
         return [from_ddb(dict(i)) for i in self._due(self.job_table_name, now, limit)]
 
-    def _due(self, table: str, now: float, limit: int | None) -> list[dict[str, Any]]:
-        """Items whose deadline passed, oldest first (at most ``limit``: one page)."""
-        kwargs: dict[str, Any] = dict(
+    def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]:
+        """:meth:`due_instances` a page at a time, read as the caller asks for the next."""
+        for items in self._due_pages(self.instance_table_name, now, page):
+            yield [self.instance_from_item(i) for i in items]
+
+    def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
+        for items in self._due_pages(self.job_table_name, now, page):
+            yield [from_ddb(dict(i)) for i in items]
+
+    @staticmethod
+    def _due_query(now: float) -> dict[str, Any]:
+        return dict(
             IndexName=DEADLINE_INDEX,
             KeyConditionExpression="#b = :b AND #d <= :now",
             ExpressionAttributeNames={"#b": DEADLINE_PK, "#d": DEADLINE_SK},
             ExpressionAttributeValues={":b": DEADLINE_BUCKET, ":now": to_ddb(float(now))},
         )
+
+    def _due(self, table: str, now: float, limit: int | None) -> list[dict[str, Any]]:
+        """Items whose deadline passed, oldest first (at most ``limit``: one page)."""
         if limit is None:
-            return self.db.query_all(table, **kwargs)
-        return list(self.db.query_page(table, Limit=limit, **kwargs).get("Items", []))
+            return self.db.query_all(table, **self._due_query(now))
+        return list(self.db.query_page(table, Limit=limit, **self._due_query(now)).get("Items", []))
+
+    def _due_pages(self, table: str, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
+        """Pages from where the last one ended (an item handled meanwhile moved to a later
+        deadline; one whose step failed keeps its place, before the next page: neither is
+        read twice in one pass)."""
+        kwargs = self._due_query(now)
+        while True:
+            response = self.db.query_page(table, Limit=page, **kwargs)
+            yield list(response.get("Items", []))
+            if "LastEvaluatedKey" not in response:
+                return
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
 
     # ============================================================ registration
     def create_job_if_absent(self, job: Job) -> bool:
