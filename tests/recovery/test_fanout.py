@@ -255,3 +255,20 @@ def test_a_sweep_short_of_time_leaves_the_rest_for_the_next(monkeypatch: Any) ->
         assert outcome.detail["handled"].get("deferred_to_next_sweep", 0) > 0
         w.service.sweep()  # the next minute's sweep finishes them
         assert w.repo.get_job("j").tally.decided == 10
+
+
+def test_a_jobs_share_as_large_as_the_clusters_is_not_counted() -> None:
+    """The per-job share can never bind when it is at least the cluster's limit: no share
+    item is written (one hot item less per claim and verdict), the cluster's count stays
+    exact, and every check is released."""
+    with world(max_health_checks_per_job=64, max_health_checks_in_flight=64, max_app_restarts=1) as w:
+        nodes = _nodes(5)
+        arns = w.register_job("j", nodes)
+        for arn in arns:
+            w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+        assert w.repo.slots.running() == 5
+        assert w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.health_check_slots_key("j")}) is None
+        for node in nodes:
+            _verdict(w, node, 0)
+        assert w.repo.slots.running() == 0
+        assert w.repo.get_job("j").state in (JobState.STARTING, JobState.RUNNING)
