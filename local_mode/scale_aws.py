@@ -79,6 +79,7 @@ class SimNode:
     rebooting: bool = False
     reboots: int = 0
     allocations: dict[str, list[str]] = field(default_factory=dict)  # task arn -> GPU ids
+    attributes: dict[str, str | None] = field(default_factory=dict)  # custom ECS attributes (cordon)
 
     @property
     def id(self) -> str:
@@ -350,6 +351,29 @@ class EcsCluster:
             changed.append(self.describe_instance(node))
         return {"containerInstances": changed, "failures": failures}
 
+    def put_attributes(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Custom attributes on container instances (the stack's cordon), by ARN or by id
+        with ``targetType``; an unknown target fails the call as ECS does."""
+        self._check_cluster(p)
+        nodes = [self._attribute_target(a) for a in p["attributes"]]
+        for node, attribute in zip(nodes, p["attributes"], strict=True):
+            node.attributes[attribute["name"]] = attribute.get("value")
+        return {"attributes": list(p["attributes"])}
+
+    def delete_attributes(self, p: dict[str, Any]) -> dict[str, Any]:
+        self._check_cluster(p)
+        nodes = [self._attribute_target(a) for a in p["attributes"]]
+        for node, attribute in zip(nodes, p["attributes"], strict=True):
+            node.attributes.pop(attribute["name"], None)
+        return {"attributes": list(p["attributes"])}
+
+    def _attribute_target(self, attribute: dict[str, Any]) -> SimNode:
+        ref = str(attribute.get("targetId") or "")
+        node = self._by_ref.get(ref)
+        if node is None:
+            raise _ClientFailure("TargetNotFoundException", f"Could not find {ref}.")
+        return node
+
     def _task(self, ref: str) -> SimTask | None:
         task = self.tasks.get(ref)
         if task is None and "/" not in ref:
@@ -599,6 +623,12 @@ class EcsClient(_StandIn):
     def update_container_instances_state(self, **params: Any) -> dict[str, Any]:
         return self._run("UpdateContainerInstancesState", params,
                          self.cluster.update_container_instances_state)
+
+    def put_attributes(self, **params: Any) -> dict[str, Any]:
+        return self._run("PutAttributes", params, self.cluster.put_attributes)
+
+    def delete_attributes(self, **params: Any) -> dict[str, Any]:
+        return self._run("DeleteAttributes", params, self.cluster.delete_attributes)
 
 
 class Ec2Client(_StandIn):

@@ -37,11 +37,15 @@ from gpu_recovery.domain.time_sharing import (
 )
 from gpu_recovery.queue.access import AccessPolicy, family_of
 
-# DCGM health checks at once: per job (a 1,024-node cascade checks 128 nodes at a time, so
-# its verdicts and their log reads come in waves) and per cluster (other jobs still get
-# theirs). The job's restart waits for every verdict.
-DEFAULT_HEALTH_CHECKS_PER_JOB = 128
-DEFAULT_HEALTH_CHECKS_IN_FLIGHT = 256
+# DCGM health checks at once: per cluster, and per job (a share, so other jobs still get
+# theirs; a share as large as the cluster's is no share and is not counted). The job's
+# restart waits for every verdict, so a limit below the job's suspect count adds a whole
+# diag (~2 min) per wave: an NCCL cascade makes nearly every node of a job a suspect, and
+# the defaults let two of the largest supported jobs (1,024 nodes) check every node at
+# once. The checks run on the jobs' own stopped nodes; what they share, the ECS StartTask
+# budget, is paced by the stack's ECS budget anyway.
+DEFAULT_HEALTH_CHECKS_IN_FLIGHT = 2048
+DEFAULT_HEALTH_CHECKS_PER_JOB = DEFAULT_HEALTH_CHECKS_IN_FLIGHT
 
 
 class SettingsError(ValueError):

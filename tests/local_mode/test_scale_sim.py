@@ -115,6 +115,24 @@ def test_a_throttled_call_gives_up_after_six_attempts_with_throttling_exception(
         assert client.quota.available == 500 - 5 * 5
 
 
+def test_the_cordon_attribute_is_put_and_deleted_by_arn_or_id_and_an_unknown_target_fails(
+        sim: Simulation) -> None:
+    """The stack's cordon (PutAttributes / DeleteAttributes) works in the simulator as on ECS."""
+    with ScaleWorld(seed=3, sweep_every_seconds=None, copies=1) as world:
+        node = world.cluster.add_node("n0")
+        client = world.cluster.client()
+        world.sim.run_process(lambda: client.put_attributes(cluster=world.cluster.name, attributes=[
+            {"name": "gpu-recovery.cordoned", "targetId": node.id, "targetType": "container-instance"}]))
+        assert node.attributes == {"gpu-recovery.cordoned": None}
+        world.sim.run_process(lambda: client.delete_attributes(cluster=world.cluster.name, attributes=[
+            {"name": "gpu-recovery.cordoned", "targetId": node.arn}]))
+        assert node.attributes == {}
+        with pytest.raises(ClientError) as error:
+            world.sim.run_process(lambda: client.put_attributes(cluster=world.cluster.name, attributes=[
+                {"name": "gpu-recovery.cordoned", "targetId": "arn:missing"}]))
+        assert error.value.response["Error"]["Code"] == "TargetNotFoundException"
+
+
 def test_start_task_places_one_task_per_named_instance_and_reports_the_others(sim: Simulation) -> None:
     with ScaleWorld(seed=3, sweep_every_seconds=None, copies=1) as world:
         nodes = [world.cluster.add_node(f"n{i}") for i in range(12)]

@@ -11,7 +11,9 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS
 from gpu_recovery.ecs_budget import RateLimited
+from gpu_recovery.recovery import sweep as sweep_mod
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
+from gpu_recovery.recovery.health_checks import POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
 from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, World, ci_arn, world
 
@@ -211,3 +213,62 @@ def test_a_rank_that_never_registered_is_found_by_its_tags_and_stopped() -> None
         assert looked["n"] == 1 and lost in w.ecs.stop_calls and arns[7] not in w.ecs.stop_calls
         assert _stopped_by_us(w) == WORLD - 1
         assert w.repo.get_job("big").tally.total == 1
+
+
+def _lose_verdicts(w: World, nodes: list[str]) -> None:
+    """Every running DCGM check ends, its STOPPED event lost (or its verdict gave up)."""
+    for node in nodes:
+        for task in w.ecs.health_checks_on(node):
+            if task.last_status == "RUNNING":
+                task.last_status, task.exit_code = "STOPPED", 0
+
+
+def test_one_sweep_works_through_more_due_items_than_a_page(monkeypatch: Any) -> None:
+    """Hundreds of verdicts that lost their races to one job's tally are left to the sweep's
+    poll: one sweep reads page after page (within its budget), not one page a minute."""
+    monkeypatch.setattr(sweep_mod, "DUE_PAGE", 3)
+    with world(max_app_restarts=1) as w:
+        nodes = _nodes(10)
+        arns = w.register_job("j", nodes)
+        for arn in arns:  # an NCCL cascade: every node a suspect
+            w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+        _lose_verdicts(w, nodes)
+        w.advance(POLL_SECONDS + 1)
+        w.service.sweep()
+        job = w.repo.get_job("j")
+        assert job.tally.decided == 10, "one sweep polls every due check, 3 per page"
+        assert job.state in (JobState.STARTING, JobState.RUNNING)
+
+
+def test_a_sweep_short_of_time_leaves_the_rest_for_the_next(monkeypatch: Any) -> None:
+    monkeypatch.setattr(sweep_mod, "DUE_PAGE", 3)
+    with world(max_app_restarts=1) as w:
+        nodes = _nodes(10)
+        arns = w.register_job("j", nodes)
+        for arn in arns:
+            w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+        _lose_verdicts(w, nodes)
+        w.advance(POLL_SECONDS + 1)
+        budget = iter([60.0] * 3 + [1.0] * 1000)  # time for two steps, then out of time
+        outcome = w.service.sweep(lambda: next(budget))
+        assert w.repo.get_job("j").tally.decided < 10
+        assert outcome.detail["handled"].get("deferred_to_next_sweep", 0) > 0
+        w.service.sweep()  # the next minute's sweep finishes them
+        assert w.repo.get_job("j").tally.decided == 10
+
+
+def test_a_jobs_share_as_large_as_the_clusters_is_not_counted() -> None:
+    """The per-job share can never bind when it is at least the cluster's limit: no share
+    item is written (one hot item less per claim and verdict), the cluster's count stays
+    exact, and every check is released."""
+    with world(max_health_checks_per_job=64, max_health_checks_in_flight=64, max_app_restarts=1) as w:
+        nodes = _nodes(5)
+        arns = w.register_job("j", nodes)
+        for arn in arns:
+            w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+        assert w.repo.slots.running() == 5
+        assert w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.health_check_slots_key("j")}) is None
+        for node in nodes:
+            _verdict(w, node, 0)
+        assert w.repo.slots.running() == 0
+        assert w.repo.get_job("j").state in (JobState.STARTING, JobState.RUNNING)

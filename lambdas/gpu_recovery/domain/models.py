@@ -148,6 +148,7 @@ class Instance:
     hc_requested_at: float | None = None
     hc_lease_until: float | None = None  # the claimer may still be starting the task
     hc_owner: str = ""  # the job whose share of health checks this running check holds
+    hc_job_slot: bool = True  # it holds a slot of its owner's share (none when no share is kept)
     hc_claimed_at: float | None = None  # when it got its slot (its time limit runs from here)
     hc_waiting_for_slot: bool = False  # no slot free: waits in its owner's queue
     reboot_requested_at: float | None = None

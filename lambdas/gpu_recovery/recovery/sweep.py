@@ -5,7 +5,8 @@ sweep runs the same converge step as the event path: whatever call a delivery di
 at, the next sweep (at most about two minutes later) finishes its work.
 
 The sweep works within a time budget and fairly: due items are taken oldest deadline
-first, a page at a time; each item's step is bounded (a fan-out is *sent*, never run
+first, a page at a time (instances and job items in turn, more pages while the budget
+lasts); each item's step is bounded (a fan-out is *sent*, never run
 here for a large gang) and re-armed a minute later, so it goes to the back of the line;
 what the budget leaves keeps its deadline for the next sweep.
 """
@@ -13,7 +14,7 @@ what the budget leaves keeps its deadline for the next sweep.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -39,6 +40,8 @@ RETRY_INTERVAL_SECONDS = 60
 RESTART_GIVE_UP_MARGIN_SECONDS = 600
 # Due items read per page; the sweep stops taking new ones when less than this is left.
 DUE_PAGE = 100
+# Pages of each kind one sweep reads at most (the time budget usually ends it first).
+MAX_DUE_PAGES = 20
 TIME_MARGIN_SECONDS = 12.0
 
 
@@ -59,17 +62,24 @@ class Sweep:
         now = clock.now()
         handled: dict[str, int] = {}
         deferred = 0
-        for instance in self.deps.repo.due_instances(now, limit=DUE_PAGE):
-            if self._short_of_time(time_left):
-                deferred += 1
-                continue
-            self._count(handled, partial(self._instance, instance, now),
-                        {"instance": instance.container_inst_id})
-        for item in self.deps.repo.due_job_items(now, limit=DUE_PAGE):
-            if self._short_of_time(time_left):
-                deferred += 1
-                continue
-            self._count(handled, partial(self._job_item, item, now), {"key": item.get("job_id_rank")})
+        # A page of due instances, then a page of due job items, in turn, while the budget
+        # lasts: a burst of due items (hundreds of health checks of one large job whose
+        # verdicts lost their races) is worked through in one sweep, not a page a minute,
+        # and neither kind starves the other.
+        kinds = [self._instance_steps(now), self._job_item_steps(now)]
+        for _ in range(MAX_DUE_PAGES):
+            for kind in list(kinds):
+                page = next(kind, None) if not self._short_of_time(time_left) else None
+                if page is None:
+                    kinds.remove(kind)
+                    continue
+                for step, context in page:
+                    if self._short_of_time(time_left):
+                        deferred += 1
+                        continue
+                    self._count(handled, step, context)
+            if not kinds or self._short_of_time(time_left):
+                break
         try:
             for action, count in self.breaker.sweep(now).items():
                 handled[action] = handled.get(action, 0) + count
@@ -85,6 +95,18 @@ class Sweep:
         if deferred:
             handled["deferred_to_next_sweep"] = deferred
         return Outcome("swept", detail={"handled": handled})
+
+    def _instance_steps(self, now: float) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
+        for page in self.deps.repo.due_instance_pages(now, DUE_PAGE):
+            yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in page]
+            if len(page) < DUE_PAGE:
+                return
+
+    def _job_item_steps(self, now: float) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
+        for page in self.deps.repo.due_job_item_pages(now, DUE_PAGE):
+            yield [(partial(self._job_item, item, now), {"key": item.get("job_id_rank")}) for item in page]
+            if len(page) < DUE_PAGE:
+                return
 
     @staticmethod
     def _short_of_time(time_left: Callable[[], float] | None) -> bool:

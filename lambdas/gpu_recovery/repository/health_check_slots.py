@@ -62,10 +62,18 @@ class HealthCheckSlots:
                       condition=condition, condition_values=values,
                       condition_names={"#r": "running"} if condition else {})
 
-    def claim(self, claim: Update, owner: str, *, per_job: int, cluster: int) -> Claim:
+    @staticmethod
+    def keeps_job_share(*, per_job: int, cluster: int) -> bool:
+        """A job's running checks never exceed the cluster's: a share at least that large
+        is never the limit, and is not counted."""
+        return per_job < cluster
+
+    def claim(self, claim: Update, owner: str, *, per_job: int | None, cluster: int) -> Claim:
         """The instance's claim (``claim``, built by the repository) with a slot of the
-        cluster's and one of ``owner``'s, or nothing."""
-        updates = [claim, self._cluster(1, cluster), self._job(owner, 1, per_job)]
+        cluster's and one of ``owner``'s (None: no share counted), or nothing."""
+        updates = [claim, self._cluster(1, cluster)]
+        if per_job is not None:
+            updates.append(self._job(owner, 1, per_job))
         try:
             self.base.db.transact_or_raise(updates)
             return Claim.CLAIMED
@@ -84,6 +92,8 @@ class HealthCheckSlots:
         """The slot a HEALTH_CHECKING instance holds (none if it took none)."""
         if not instance.hc_owner:
             return []
+        if not instance.hc_job_slot:
+            return [self._cluster(-1)]
         return [self._cluster(-1), self._job(instance.hc_owner, -1)]
 
     def waiting(self, job_id: str, limit: int) -> list[str]:

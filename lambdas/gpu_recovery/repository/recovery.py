@@ -13,7 +13,7 @@ for the heartbeat and queue repositories, which share these tables.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,6 +273,7 @@ class Repository:
             hc_requested_at=item.get("hc_requested_at"),
             hc_lease_until=item.get("hc_lease_until"),
             hc_owner=str(item.get("hc_owner") or ""),
+            hc_job_slot=bool(item.get("hc_job_slot", True)),
             hc_claimed_at=item.get("hc_claimed_at"),
             hc_waiting_for_slot=bool(item.get(HC_WAIT_PK)),
             reboot_requested_at=item.get("reboot_requested_at"),
@@ -363,17 +364,41 @@ class Repository:
     def due_job_items(self, now: float, limit: int | None = None) -> list[dict[str, Any]]:
         return [from_ddb(dict(i)) for i in self._due(self.job_table_name, now, limit)]
 
-    def _due(self, table: str, now: float, limit: int | None) -> list[dict[str, Any]]:
-        """Items whose deadline passed, oldest first (at most ``limit``: one page)."""
-        kwargs: dict[str, Any] = dict(
+    def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]:
+        """:meth:`due_instances` a page at a time, read as the caller asks for the next."""
+        for items in self._due_pages(self.instance_table_name, now, page):
+            yield [self.instance_from_item(i) for i in items]
+
+    def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
+        for items in self._due_pages(self.job_table_name, now, page):
+            yield [from_ddb(dict(i)) for i in items]
+
+    @staticmethod
+    def _due_query(now: float) -> dict[str, Any]:
+        return dict(
             IndexName=DEADLINE_INDEX,
             KeyConditionExpression="#b = :b AND #d <= :now",
             ExpressionAttributeNames={"#b": DEADLINE_PK, "#d": DEADLINE_SK},
             ExpressionAttributeValues={":b": DEADLINE_BUCKET, ":now": to_ddb(float(now))},
         )
+
+    def _due(self, table: str, now: float, limit: int | None) -> list[dict[str, Any]]:
+        """Items whose deadline passed, oldest first (at most ``limit``: one page)."""
         if limit is None:
-            return self.db.query_all(table, **kwargs)
-        return list(self.db.query_page(table, Limit=limit, **kwargs).get("Items", []))
+            return self.db.query_all(table, **self._due_query(now))
+        return list(self.db.query_page(table, Limit=limit, **self._due_query(now)).get("Items", []))
+
+    def _due_pages(self, table: str, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
+        """Pages from where the last one ended (an item handled meanwhile moved to a later
+        deadline; one whose step failed keeps its place, before the next page: neither is
+        read twice in one pass)."""
+        kwargs = self._due_query(now)
+        while True:
+            response = self.db.query_page(table, Limit=page, **kwargs)
+            yield list(response.get("Items", []))
+            if "LastEvaluatedKey" not in response:
+                return
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
 
     # ============================================================ registration
     def create_job_if_absent(self, job: Job) -> bool:
@@ -665,17 +690,20 @@ class Repository:
                            per_job: int, cluster: int, now: float) -> Claim:
         """HEALTH_CHECK_PENDING -> HEALTH_CHECKING with a slot of the cluster's and one of
         ``owner``'s: the claim is committed before StartTask, and its startedBy finds the
-        task again if the answer to StartTask is lost."""
+        task again if the answer to StartTask is lost. A job's share as large as the
+        cluster's can never be the limit that binds: no share is counted then (one hot
+        item less in every claim and verdict), and the instance says so for the release."""
+        job_slot = HealthCheckSlots.keeps_job_share(per_job=per_job, cluster=cluster)
         claim = self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
             to=InstanceState.HEALTH_CHECKING,
             set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until, "hc_owner": owner,
-                        "hc_claimed_at": now},
+                        "hc_claimed_at": now, "hc_job_slot": job_slot},
             remove_fields=HealthCheckSlots.wait_attributes(), deadline_at=lease_until,
             extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
             extra_names={"#att": "hc_start_attempts"},
         )
-        return self.slots.claim(claim, owner, per_job=per_job, cluster=cluster)
+        return self.slots.claim(claim, owner, per_job=per_job if job_slot else None, cluster=cluster)
 
     def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool:
         """No slot free: the pending check waits in its owner's queue (no time limit while it
@@ -726,7 +754,8 @@ class Repository:
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING,
             increments={"hc_start_attempts": 1} if placement_failed else {},
-            remove_fields=["hc_started_by", "hc_lease_until", "hc_owner"], deadline_at=retry_at,
+            remove_fields=["hc_started_by", "hc_lease_until", "hc_owner", "hc_job_slot"],
+            deadline_at=retry_at,
             extra_condition="#sb = :sb AND attribute_not_exists(#arn)",
             extra_values={":sb": started_by},
             extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn"},
@@ -738,7 +767,7 @@ class Repository:
         return self.db.transact([self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "hc_owner"],
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "hc_owner", "hc_job_slot"],
             deadline_at=retry_at,
             extra_condition="#sb = :sb", extra_values={":sb": started_by},
             extra_names={"#sb": "hc_started_by"},
@@ -760,7 +789,7 @@ class Repository:
         (``follow_up_at``) so the sweep finishes it if this delivery dies. ``also``: other
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
-        remove = ["hc_jobs", "hc_lease_until", "hc_owner", *HealthCheckSlots.wait_attributes()]
+        remove = ["hc_jobs", "hc_lease_until", "hc_owner", "hc_job_slot", *HealthCheckSlots.wait_attributes()]
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
         if decision.fault_history is not None:
@@ -1111,7 +1140,7 @@ class Repository:
             inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
             set_fields=fields, remove_fields=["hc_jobs", "waiting_jobs", "hc_lease_until", "hc_owner",
-                                              *HealthCheckSlots.wait_attributes()],
+                                              "hc_job_slot", *HealthCheckSlots.wait_attributes()],
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
         if breaker is not None:
             updates.append(breaker)
