@@ -153,7 +153,7 @@ def test_every_function_gets_the_large_job_settings(default_synth: Synth, custom
     health-check limits are in its environment, as the config says."""
     queue_id, _ = _one(default_synth, "AWS::SQS::Queue", "GangFanoutQueue")
     expected = [
-        (default_synth, ("36", "90", "true", "128", "256")),
+        (default_synth, ("36", "90", "true", "2048", "2048")),
         (custom_synth, ("18.5", "40", "false", "16", "64")),
     ]
     for synth, (rate, burst, grouped, per_job, in_flight) in expected:

@@ -58,7 +58,7 @@ FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after t
 # A verdict's transaction fails when another verdict of the same job lands first (both
 # count on the job's tally), or conflicts with one in flight: decide again on fresh counts.
 # A job's DCGM checks end together (started together, same diag), so up to
-# max_health_checks_per_job verdicts (128) race for one tally and land one at a time: keep
+# hundreds of verdicts (a cascade's suspects) race for one tally and land one at a time: keep
 # trying, with a growing full-jitter pause, for VERDICT_PATIENCE_SECONDS (well inside the
 # function's timeout) before leaving it to the sweep's poll of the running check.
 _VERDICT_ROUNDS = 8  # at least this many rounds, however long they take
