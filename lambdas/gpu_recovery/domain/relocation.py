@@ -14,8 +14,9 @@ first): the queue scheduler and later relocations skip them, so a node that free
 to the waiting job before any other placement.
 
 Hot spares (``spare_nodes``, :class:`SparePool`): the queue scheduler keeps that many
-healthy, wholly free GPU nodes out of queue work (``keep_spares``); relocation takes free
-nodes as above, so the spares are what it finds. The pool is a count, not a list of
+healthy, wholly free GPU nodes out of new queue work (``keep_spares``), offering them only
+to queue jobs relocated off a bad node; a tag-registered job's relocation takes free nodes
+as above, so the spares are what it finds. The pool is a count, not a list of
 nodes: a bad node remediated in the background is a spare again once healthy and free.
 """
 
