@@ -50,6 +50,7 @@ SECTIONS = (
     ("Queue scheduler", "bench.scheduler_bench"),
     ("Time sharing", "bench.time_sharing_bench"),
     ("Large jobs", "bench.scale_bench"),
+    ("Goodput with hot spares (model)", "bench.goodput_bench"),
 )
 
 

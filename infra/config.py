@@ -35,7 +35,11 @@ from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MA
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
 from gpu_recovery.domain.rate_limit import DEFAULT_RATE as DEFAULT_ECS_API_RATE
 from gpu_recovery.domain.rate_limit import ECS_ACCOUNT_BURST, ECS_ACCOUNT_RATE
-from gpu_recovery.domain.relocation import DEFAULT_RELOCATION_WAIT_SECONDS, MAX_RELOCATION_WAIT_SECONDS
+from gpu_recovery.domain.relocation import (
+    DEFAULT_RELOCATION_WAIT_SECONDS,
+    MAX_RELOCATION_WAIT_SECONDS,
+    SparePool,
+)
 from gpu_recovery.domain.remediation_settings import SETTINGS as REMEDIATION_DEFAULTS
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
 from gpu_recovery.domain.time_sharing import (
@@ -171,6 +175,18 @@ def number(low: float, high: float) -> Parser:
         return float(value)
 
     return Parser(parse, f"{low:g}..{high:g}")
+
+
+def spare_count() -> Parser:
+    """``spare_nodes``: a node count (``2``) or a percentage of the GPU nodes (``5%``)."""
+
+    def parse(key: str, value: Any) -> str:
+        try:
+            return str(SparePool.parse(value))
+        except ValueError as error:
+            raise ConfigError(f"context key {key!r}: {error}") from error
+
+    return Parser(parse, "count or %")
 
 
 def boolean() -> Parser:
@@ -498,6 +514,7 @@ class RecoveryConfig:
     relocation_wait_seconds: int = option(
         DEFAULT_RELOCATION_WAIT_SECONDS, integer(0, MAX_RELOCATION_WAIT_SECONDS),
         "no free healthy node: a relocatable job waits this long, then fails")
+    spare_nodes: str = option("0", spare_count(), "GPU nodes kept free of queue work for relocation")
     # --- time sharing (quotas, preemption, suspend)
     default_node_quotas: str | None = option(None, node_quotas(),
                                              "nodes per user and level (none: unlimited)")

@@ -93,6 +93,7 @@ from gpu_recovery.constants import (
     ENV_RELOCATION_WAIT_SECONDS,
     ENV_REMEDIATION_SETTINGS,
     ENV_SNS_TOPIC_ARN,
+    ENV_SPARE_NODES,
     ENV_SUSPECT_EXIT_CODES,
     ENV_SUSPEND_GRACE_SECONDS,
 )
@@ -204,6 +205,7 @@ class GpuRecoveryStack(Stack):
             ENV_REMEDIATION_SETTINGS: config.remediation_settings_json,
             ENV_RELOCATE_INSTEAD_OF_WAIT: "true" if config.relocate_instead_of_wait else "false",
             ENV_RELOCATION_WAIT_SECONDS: str(config.relocation_wait_seconds),
+            ENV_SPARE_NODES: config.spare_nodes,
         }
         if self.fault_catalog_layer is not None:
             remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH

@@ -109,7 +109,8 @@ class World:
 @contextmanager
 def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: int = 3,
           relocate_instead_of_wait: bool = False, duplicate_delivery: bool = True,
-          relocation_wait_seconds: int | None = None, **sim_options: Any) -> Iterator[World]:
+          relocation_wait_seconds: int | None = None, spare_nodes: str | None = None,
+          **sim_options: Any) -> Iterator[World]:
     from local_mode.ecs_sim import SimulatedEcs
     from local_mode.emulator import LocalAws
     from local_mode.event_bus import LocalEventBus, wire_recovery_handlers
@@ -123,6 +124,8 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
         env[C.ENV_RELOCATE_INSTEAD_OF_WAIT] = "true"
     if relocation_wait_seconds is not None:
         env[C.ENV_RELOCATION_WAIT_SECONDS] = str(relocation_wait_seconds)
+    if spare_nodes is not None:
+        env[C.ENV_SPARE_NODES] = spare_nodes
     with LocalAws(metrics_disabled=True, max_recovery_attempts=max_recovery_attempts,
                   extra_env=env) as local:
         runtime.reset(clients=False)

@@ -60,6 +60,8 @@ ENV_REMEDIATION_SETTINGS = "REMEDIATION_SETTINGS"
 ENV_RELOCATE_INSTEAD_OF_WAIT = "RELOCATE_INSTEAD_OF_WAIT"  # "true": move a job off a rebooting node
 # Seconds a relocatable job waits for a healthy node to free up before it fails (0: at once).
 ENV_RELOCATION_WAIT_SECONDS = "RELOCATION_WAIT_SECONDS"
+# Healthy free GPU nodes the queue scheduler keeps out of queue work: "2" or "5%".
+ENV_SPARE_NODES = "SPARE_NODES"
 # Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
 ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
 # Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.

@@ -20,7 +20,11 @@ from gpu_recovery.domain.heartbeat_policy import (
 )
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST, DEFAULT_RATE, ECS_ACCOUNT_RATE, TokenBucket
-from gpu_recovery.domain.relocation import DEFAULT_RELOCATION_WAIT_SECONDS, MAX_RELOCATION_WAIT_SECONDS
+from gpu_recovery.domain.relocation import (
+    DEFAULT_RELOCATION_WAIT_SECONDS,
+    MAX_RELOCATION_WAIT_SECONDS,
+    SparePool,
+)
 from gpu_recovery.domain.remediation_settings import (
     SETTINGS as REMEDIATION_KEYS,
 )
@@ -158,6 +162,8 @@ class Settings:
     # A relocatable tag-registered job with no healthy free node waits this long for one
     # (the sweep retries every minute), then fails; 0: fails at once.
     relocation_wait_seconds: int = DEFAULT_RELOCATION_WAIT_SECONDS
+    # Hot spares the queue scheduler keeps free; relocation finds them among the free nodes.
+    spare_nodes: SparePool = field(default_factory=SparePool)
     fault_catalog_override: str = ""  # path of the deployment's catalog override ("" = none)
     reboot_document: str = c.DEFAULT_REBOOT_DOCUMENT_NAME
     # Large jobs: the fan-out queue ("" = batches run in the invoking function), the ECS
@@ -200,6 +206,7 @@ class Settings:
             relocate_instead_of_wait=_bool(env, c.ENV_RELOCATE_INSTEAD_OF_WAIT, False),
             relocation_wait_seconds=_bounded(env, c.ENV_RELOCATION_WAIT_SECONDS,
                                              DEFAULT_RELOCATION_WAIT_SECONDS, 0, MAX_RELOCATION_WAIT_SECONDS),
+            spare_nodes=spare_pool(env),
             fault_catalog_override=env.get(c.ENV_FAULT_CATALOG_OVERRIDE, ""),
             reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
             gang_queue_url=env.get(c.ENV_GANG_QUEUE_URL, ""),
@@ -293,6 +300,7 @@ class SchedulerConfig:
     stale_launch_seconds: int = 120
     time_budget_seconds: float = 60.0
     sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
+    spares: SparePool = field(default_factory=SparePool)  # healthy free nodes kept out of queue work
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerConfig:
@@ -303,7 +311,19 @@ class SchedulerConfig:
             max_unplaced=_int(env, c.ENV_SCHEDULER_MAX_UNPLACED, 32, minimum=1),
             time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60, minimum=1)),
             sharing=TimeSharingSettings.from_env(env),
+            spares=spare_pool(env),
         )
+
+
+def spare_pool(env: Mapping[str, str]) -> SparePool:
+    """``SPARE_NODES``: a node count or a percentage of the GPU nodes ("" : none)."""
+    raw = (env.get(c.ENV_SPARE_NODES) or "").strip()
+    if not raw:
+        return SparePool()
+    try:
+        return SparePool.parse(raw)
+    except ValueError as error:
+        raise SettingsError(f"{c.ENV_SPARE_NODES}: {error}") from error
 
 
 def _required(env: Mapping[str, str], *names: str) -> None:

@@ -24,6 +24,7 @@ def test_defaults_match_the_documented_ones() -> None:
     assert s.remediation.breaker.max_share == 0.2 and s.remediation.breaker.window_seconds == 600
     assert s.relocate_instead_of_wait is False and s.fault_catalog_override == ""
     assert s.relocation_wait_seconds == 1800
+    assert s.spare_nodes.size(128) == 0
 
 
 def test_remediation_settings_come_from_one_json_variable_and_the_budget_variables() -> None:
@@ -41,6 +42,14 @@ def test_remediation_settings_come_from_one_json_variable_and_the_budget_variabl
 def test_a_bad_relocation_wait_fails_the_cold_start_naming_it(raw: str) -> None:
     with pytest.raises(SettingsError, match=c.ENV_RELOCATION_WAIT_SECONDS):
         Settings.from_env({**BASE, c.ENV_RELOCATION_WAIT_SECONDS: raw})
+
+
+def test_spare_nodes_is_a_count_or_a_percentage_and_a_bad_one_fails_the_cold_start() -> None:
+    assert Settings.from_env({**BASE, c.ENV_SPARE_NODES: "2"}).spare_nodes.size(128) == 2
+    assert Settings.from_env({**BASE, c.ENV_SPARE_NODES: "5%"}).spare_nodes.size(128) == 7
+    for raw in ("-1", "many", "51%"):
+        with pytest.raises(SettingsError, match=c.ENV_SPARE_NODES):
+            Settings.from_env({**BASE, c.ENV_SPARE_NODES: raw})
 
 
 @pytest.mark.parametrize(("raw", "named"), [('{"replace_action": "melt"}', "replace_action"),

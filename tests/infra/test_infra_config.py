@@ -25,6 +25,7 @@ def test_defaults_are_documented_values() -> None:
     assert settings["breaker_max_percent"] == "20" and settings["breaker_window_minutes"] == "10"
     assert config.fault_catalog_file is None and config.relocate_instead_of_wait is False
     assert config.relocation_wait_seconds == 1800
+    assert config.spare_nodes == "0"
     assert config.suspect_exit_codes == (1,)
     assert config.suspect_exit_codes_json == "[1]"
     assert config.reboot_timeout_minutes == 30
@@ -351,6 +352,9 @@ def test_the_ecs_budget_bounds_are_the_functions_bounds() -> None:
         ({"relocate_instead_of_wait": "maybe"}, "relocate_instead_of_wait"),
         ({"relocation_wait_seconds": "-5"}, "relocation_wait_seconds"),
         ({"relocation_wait_seconds": "half an hour"}, "relocation_wait_seconds"),
+        ({"spare_nodes": "some"}, "spare_nodes"),
+        ({"spare_nodes": "-2"}, "spare_nodes"),
+        ({"spare_nodes": "80%"}, "spare_nodes"),
         ({"fault_catalog_file": "does/not/exist.json"}, "fault_catalog_file"),
     ],
 )
@@ -512,3 +516,9 @@ def test_readme_configuration_table_is_generated_from_the_code() -> None:
     stale = readme.replace("| `dcgm_level` |", "| `dcgm_levels` |")
     assert readme_with_table(stale) == readme
     assert "config-docs:" in (REPO_ROOT / "Makefile").read_text()
+
+
+def test_spare_nodes_is_a_count_or_a_percentage_of_the_gpu_nodes() -> None:
+    """Issue 19's hot spares: ``2`` (cdk.json number or -c text) or ``5%``, normalised."""
+    for raw, parsed in ((2, "2"), ("2", "2"), ("5%", "5%"), (" 2.5 % ", "2.5%"), ("0", "0")):
+        assert RecoveryConfig.from_context({"cluster_name": "c", "spare_nodes": raw}).spare_nodes == parsed

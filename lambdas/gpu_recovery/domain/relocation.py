@@ -12,17 +12,80 @@ item, still PENDING_RESTART) and the sweep tries again every minute until a node
 healthy free nodes it would take are reserved for it (``reserve_for_waits``, oldest wait
 first): the queue scheduler and later relocations skip them, so a node that frees goes
 to the waiting job before any other placement.
+
+Hot spares (``spare_nodes``, :class:`SparePool`): the queue scheduler keeps that many
+healthy, wholly free GPU nodes out of new queue work (``keep_spares``), offering them only
+to queue jobs relocated off a bad node; a tag-registered job's relocation takes free nodes
+as above, so the spares are what it finds. The pool is a count, not a list of
+nodes: a bad node remediated in the background is a spare again once healthy and free.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 # How long a relocatable job waits for a healthy node to free up (0: it fails at once).
 DEFAULT_RELOCATION_WAIT_SECONDS = 1800
 MAX_RELOCATION_WAIT_SECONDS = 7 * 24 * 3600
+
+
+MAX_SPARE_PERCENT = 50.0
+_SPARE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
+
+
+@dataclass(frozen=True)
+class SparePool:
+    """``spare_nodes``: ``count`` nodes, or ``percent`` % of the cluster's GPU nodes
+    (rounded up); both 0: no spare (every free node takes queue work)."""
+
+    count: int = 0
+    percent: float = 0.0
+
+    @classmethod
+    def parse(cls, raw: object) -> SparePool:
+        """``2`` or ``"2"`` (nodes) or ``"5%"`` (of the GPU nodes, at most 50 %);
+        raises ValueError."""
+        if isinstance(raw, bool):
+            raise ValueError(f"spare_nodes must be a node count or a percentage like 5%, got {raw!r}")
+        if isinstance(raw, int):
+            raw = str(raw)
+        match = _SPARE_RE.match(str(raw)) if isinstance(raw, str) else None
+        if match is None:
+            raise ValueError(f"spare_nodes must be a node count or a percentage like 5%, got {raw!r}")
+        number, percent = match.groups()
+        if percent:
+            value = float(number)
+            if value > MAX_SPARE_PERCENT:
+                raise ValueError(f"spare_nodes must be at most {MAX_SPARE_PERCENT:g}%, got {raw!r}")
+            return cls(0, value)
+        if "." in number:
+            raise ValueError(f"spare_nodes must be a whole number of nodes, got {raw!r}")
+        return cls(int(number), 0.0)
+
+    def size(self, gpu_nodes: int) -> int:
+        """Spares kept in a cluster of ``gpu_nodes`` GPU nodes."""
+        if self.percent:
+            return math.ceil(gpu_nodes * self.percent / 100 - 1e-9)
+        return self.count
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%" if self.percent else str(self.count)
+
+
+def keep_spares(size: int, free_nodes: Iterable[SpareNode]) -> set[str]:
+    """The ``size`` nodes kept free as spares among the healthy, placeable nodes given:
+    wholly free ones only (a node partly in use is no spare), the largest first (a spare
+    fits any rank), then node id (the same input keeps the same nodes). Fewer wholly free
+    nodes than ``size``: all of them (the pool refills as jobs end and nodes heal)."""
+    if size <= 0:
+        return set()
+    whole = sorted((n for n in free_nodes if n.total_gpus > 0 and n.free_gpus >= n.total_gpus),
+                   key=lambda n: (-n.total_gpus, n.node_id))
+    return {n.node_id for n in whole[:size]}
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class Node:
     total_gpus: int | None = None  # ECS registeredResources GPU count (None: = free)
     eligible: bool = True
     why_ineligible: str = ""
+    spare: bool = False  # a hot spare (``spare_nodes``): only relocated jobs may take it
 
     @property
     def capacity(self) -> int:
@@ -119,6 +120,7 @@ class Candidate:
     nnodes: int
     gpus_per_node: int
     priority: int = 0
+    relocated: bool = False  # a job relocated off a bad node: the spares are its too
 
 
 class Verdict(str, Enum):
@@ -146,13 +148,15 @@ class Admitter:
 
     def __post_init__(self) -> None:
         self.free = {n.node_id: max(0, n.free_gpus) for n in self.nodes.values() if n.eligible}
+        self.spares = frozenset(n.node_id for n in self.nodes.values() if n.eligible and n.spare)
 
-    def _pool(self) -> list[str]:
-        return [i for i in self.free if i not in self.reserved]
+    def _pool(self, relocated: bool = True) -> list[str]:
+        return [i for i in self.free if i not in self.reserved and (relocated or i not in self.spares)]
 
     @property
     def exhausted(self) -> bool:
-        """No unreserved eligible node has a free GPU: nothing more can be placed."""
+        """No unreserved eligible node (hot spares included: a relocated job further down
+        the queue may take one) has a free GPU: nothing more can be placed."""
         return not any(self.free[i] > 0 for i in self._pool())
 
     def offer(self, job: Candidate) -> Decision:
@@ -162,8 +166,10 @@ class Admitter:
 
     def _decide(self, job: Candidate) -> Decision:
         need, count = max(0, job.gpus_per_node), max(1, job.nnodes)
-        pool = self._pool()
-        fitting = sorted((i for i in pool if self.free[i] >= need), key=lambda i: (self.free[i], i))
+        pool = self._pool(job.relocated)
+        # Best fit; a relocated job takes other free nodes before the spares.
+        fitting = sorted((i for i in pool if self.free[i] >= need),
+                         key=lambda i: (i in self.spares, self.free[i], i))
         if len(fitting) >= count:
             chosen = tuple(fitting[:count])
             for node_id in chosen:

@@ -44,6 +44,7 @@ class QueuedJob:
     priority: int
     nnodes: int
     gpus_per_node: int
+    relocated: bool = False  # back in the queue after a node fault: may take hot spares
 
 
 class StepKind(str, Enum):
@@ -86,7 +87,8 @@ class TickPlanner:
         if refusal:
             return Step(StepKind.QUOTA, job.job_id, reason=refusal)
         reserved_before = set(self.admitter.reserved)
-        decision = self.admitter.offer(Candidate(job.job_id, job.nnodes, job.gpus_per_node, job.priority))
+        decision = self.admitter.offer(Candidate(job.job_id, job.nnodes, job.gpus_per_node, job.priority,
+                                                 job.relocated))
         if decision.verdict is Verdict.ADMITTED:
             self.quotas.charge(job.user, job.priority, job.nnodes)
             return Step(StepKind.ADMIT, job.job_id, decision.nodes)
@@ -103,6 +105,8 @@ class TickPlanner:
         # Nodes held for jobs ahead of this one (their reservations, their victims' nodes)
         # are not this job's to free.
         taken = reserved_before | self.ledger.claimed
+        if not job.relocated:
+            taken = taken | self.admitter.spares  # room it could not use
         available = {n: gpus for n, gpus in free.items() if n not in taken}
         capacity = {n: self.admitter.nodes[n].capacity for n in available}
         gangs = [self._as_of_tick(g) for g in self._running(job.priority)]

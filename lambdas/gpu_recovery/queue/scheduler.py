@@ -22,7 +22,9 @@ One tick (every minute, and right after submit / cancel / job end):
    The node snapshot (ListContainerInstances ACTIVE + DescribeContainerInstances by
    100 + instance-table BatchGet + nodes held for gang restarts) is taken only when
    the first page holds a job that is not backing off.
-   The scan stops as soon as (a) no unreserved node has a free GPU, (b)
+   Hot spares (``spare_nodes``: that many healthy, wholly free nodes) are offered only
+   to jobs relocated off a bad node (``queue_order`` with the relocated mark).
+   The scan stops as soon as (a) no unreserved node (spares included) has a free GPU, (b)
    ``max_unplaced`` jobs were read that could not be placed (blocked, too large,
    backing off), (c) ``max_admissions`` jobs were admitted, or (d) the time budget is
    spent. Items read <= admitted + max_unplaced + page_size, and admitted <= free
@@ -41,8 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
+from gpu_recovery.constants import QUEUE_SK, RELOCATED_QUEUE_MARK
 from gpu_recovery.domain.models import container_instance_id
-from gpu_recovery.domain.relocation import RelocationWait, SpareNode, reserve_for_waits
+from gpu_recovery.domain.relocation import RelocationWait, SpareNode, keep_spares, reserve_for_waits
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import QuotaBook
 from gpu_recovery.queue.admission import Node, node_ineligibility
@@ -303,6 +306,7 @@ class QueueScheduler:
                       if not whys[node_id] and (free := gpu_count(ci.get("remainingResources")) or 0)]
             for node_id, job_id in reserve_for_waits(waits, spares).items():
                 whys[node_id] = f"reserved for the relocation of {job_id}"
+        hot_spares = self._keep_spares(described, ids, whys)
         infos: dict[str, NodeInfo] = {}
         for ci, node_id in zip(described, ids, strict=True):
             why = whys[node_id]
@@ -311,10 +315,27 @@ class QueueScheduler:
             attributes = {a["name"]: str(a.get("value", "")) for a in ci.get("attributes") or []
                           if "name" in a}
             infos[node_id] = NodeInfo(
-                Node(node_id, free, total, eligible=not why, why_ineligible=why),
+                Node(node_id, free, total, eligible=not why, why_ineligible=why, spare=node_id in hot_spares),
                 PlacedNode(ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")), attributes),
             )
         return infos
+
+    def _keep_spares(self, described: Sequence[Mapping[str, Any]], ids: Sequence[str],
+                     whys: Mapping[str, str]) -> set[str]:
+        """Hot spares (``spare_nodes``): that many healthy, wholly free GPU nodes take no
+        new queue work, only jobs relocated off a bad node (back in the queue); a
+        tag-registered job's relocation (``gang_restart``) takes free nodes, spares
+        included. Counted on the cluster's GPU nodes; a healed node rejoins the pool as
+        soon as it is healthy and free."""
+        size = self.config.spares.size(
+            sum(1 for ci in described if (gpu_count(ci.get("registeredResources")) or 0) > 0))
+        if size <= 0:
+            return set()
+        candidates = [SpareNode(node_id, ci["containerInstanceArn"], "",
+                                gpu_count(ci.get("remainingResources")) or 0,
+                                gpu_count(ci.get("registeredResources")) or 0)
+                      for ci, node_id in zip(described, ids, strict=True) if not whys[node_id]]
+        return keep_spares(size, candidates)
 
     def _held_for_restart(self) -> tuple[set[str], list[RelocationWait]]:
         """Nodes of jobs in recovery (PENDING_HEALTHCHECK, PENDING_RESTART): their gang
@@ -348,6 +369,7 @@ def _queued(item: Mapping[str, Any]) -> QueuedJob | None:
             priority=int(item.get("priority") or 0),
             nnodes=int(item.get("world_size") or 1),
             gpus_per_node=int(item.get("gpus_per_node") or 0),
+            relocated=f"#{RELOCATED_QUEUE_MARK}" in str(item.get(QUEUE_SK) or ""),
         )
     except (KeyError, TypeError, ValueError):
         logger.warning("malformed queue item skipped", extra={"job_id": item.get("job_id")})
