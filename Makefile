@@ -45,7 +45,7 @@ playground local-api: $(STAMP)
 test: $(STAMP) install-cdk
 	@start=$$(date +%s); \
 	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy && \
-	$(LOCAL_ENV) $(PY) -m pytest -q -n auto --durations=10 $(PYTEST_ARGS); \
+	$(LOCAL_ENV) $(PY) -m pytest -q -n auto --dist loadgroup --durations=10 $(PYTEST_ARGS); \
 	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s of wall time (exit $$status)"; exit $$status
 
 # Everything: make test, every call of every crash campaign broken, the long fuzz.
@@ -53,7 +53,7 @@ test-all: test test-faults fuzz
 
 # Every AWS call of a GPU-fault recovery broken in turn (make test breaks one per call site).
 test-faults: $(STAMP)
-	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q -n auto tests/crash_consistency
+	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q -n auto --dist loadgroup tests/crash_consistency
 
 # Longer schemathesis run of both APIs against the local API (make test runs 25 examples
 # per operation; FUZZ_EXAMPLES=... to change).

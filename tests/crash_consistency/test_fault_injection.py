@@ -22,7 +22,9 @@ from functools import cache
 import pytest
 
 from local_mode import crash_campaign as campaign
-from local_mode.faults import FAULT_MODES, LOST_RESPONSE, THROTTLE
+from local_mode.faults import LOST_RESPONSE, THROTTLE
+
+from . import _forked as forked
 
 EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
 
@@ -56,28 +58,55 @@ def test_every_call_site_of_the_flow_is_covered() -> None:
             "GetItem", "Query", "BatchGetItem", "GetLogEvents", "Publish"} <= sampled
 
 
-def _cases() -> list[tuple[int, str]]:
-    return [(index, mode) for index in positions() for mode in FAULT_MODES]
-
-
-@pytest.mark.parametrize(("index", "mode"), _cases())
-def test_a_fault_at_any_call_still_recovers_the_job_exactly_once(index: int, mode: str) -> None:
-    result = campaign.run_recovery((index, mode))
+# Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
+@pytest.mark.parametrize(("group", "index", "mode"), forked.cases("gpu_fault", positions()))
+def test_a_fault_at_any_call_still_recovers_the_job_exactly_once(group: tuple[int, ...], index: int,
+                                                                 mode: str) -> None:
+    result = forked.result(campaign.run_recovery, group, index, mode)
     assert result.fired is not None, "the fault never fired"
     fired = f"{result.fired.service}.{result.fired.operation} at {result.fired.site}"
     assert campaign.check(result) == [], f"{mode} at call {index} ({fired})"
 
 
+def _enter() -> int:
+    """The call after the GPU fault that records the rank's stop and the job's PENDING_HEALTHCHECK."""
+    return next(c.index for c in baseline().calls if c.operation == "TransactWriteItems")
+
+
+def _enter_runs() -> tuple[campaign.RunResult, campaign.RunResult]:
+    group = next(g for g in forked.groups(positions()) if _enter() in g)
+    return (forked.result(campaign.run_recovery, group, _enter(), THROTTLE),
+            forked.result(campaign.run_recovery, group, _enter(), LOST_RESPONSE))
+
+
+@pytest.mark.xdist_group(forked.group_of("gpu_fault", positions(), _enter()))
 def test_both_fault_models_are_injected() -> None:
     """The two models differ as they should: a throttle changes nothing, a lost response
-    changes what the call was meant to change (the call after the GPU fault that
-    records the rank's stop and the job's PENDING_HEALTHCHECK)."""
-    enter = next(c.index for c in baseline().calls if c.operation == "TransactWriteItems")
-    throttled = campaign.run_recovery((enter, THROTTLE))
-    lost = campaign.run_recovery((enter, LOST_RESPONSE))
+    changes what the call was meant to change (the call that enters the recovery)."""
+    throttled, lost = _enter_runs()
     assert throttled.fired is not None and lost.fired is not None
     assert throttled.fired.operation == lost.fired.operation == "TransactWriteItems"
     assert campaign.check(throttled) == [] and campaign.check(lost) == []
+
+
+@pytest.mark.xdist_group(forked.group_of("gpu_fault", positions(), _enter()))
+def test_a_forked_fault_run_is_the_run_from_the_start() -> None:
+    """The campaign's runs forked from the unbroken run at the broken call end exactly as
+    the same runs made from the start: the same calls, the same call broken, the same
+    verdict and outcome."""
+    for forked_run in _enter_runs():
+        assert forked_run.fault is not None
+        scratch = campaign.run_recovery(forked_run.fault)
+        assert scratch.fault == forked_run.fault
+        assert [(c.index, c.service, c.operation) for c in forked_run.calls] == \
+            [(c.index, c.service, c.operation) for c in scratch.calls]
+        assert forked_run.fired is not None and scratch.fired is not None
+        assert (forked_run.fired.index, forked_run.fired.operation) == (scratch.fired.index,
+                                                                        scratch.fired.operation)
+        assert campaign.check(forked_run) == campaign.check(scratch)
+        for name in ("job_state", "attempt", "recoveries_used", "suspects", "health_checks", "reboots",
+                     "instance_states", "stuck", "dead_letters", "recovered_mails"):
+            assert getattr(forked_run, name) == getattr(scratch, name), name
 
 
 # ------------------------------------------------------------------ event orders

@@ -15,12 +15,13 @@ test-faults`` breaks every call.
 from __future__ import annotations
 
 import os
-from functools import cache
+from functools import cache, partial
 
 import pytest
 
 from local_mode import crash_campaign as campaign
-from local_mode.faults import FAULT_MODES
+
+from . import _forked as forked
 
 EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
 FLOWS = ("fast_path", "relocation")
@@ -52,13 +53,16 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
         assert result.final_nodes == [campaign.HEALTHY, campaign.SPARE]
 
 
-def _cases() -> list[tuple[str, int, str]]:
-    return [(flow, index, mode) for flow in FLOWS for index in positions(flow) for mode in FAULT_MODES]
+#: each flow's runs (picklable: they run in the fork server's processes)
+RUN = {flow: partial(campaign.run_recovery, scenario=flow) for flow in FLOWS}
 
 
-@pytest.mark.parametrize(("flow", "index", "mode"), _cases())
-def test_a_fault_at_any_call_still_remediates_exactly_once(flow: str, index: int, mode: str) -> None:
-    result = campaign.run_recovery((index, mode), scenario=flow)
+# Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
+@pytest.mark.parametrize(("flow", "group", "index", "mode"),
+                         [case for flow in FLOWS for case in forked.cases(flow, positions(flow), flow)])
+def test_a_fault_at_any_call_still_remediates_exactly_once(flow: str, group: tuple[int, ...], index: int,
+                                                           mode: str) -> None:
+    result = forked.result(RUN[flow], group, index, mode)
     assert result.fired is not None, "the fault never fired"
     fired = f"{result.fired.service}.{result.fired.operation} at {result.fired.site}"
     assert campaign.check(result) == [], f"{flow}: {mode} at call {index} ({fired})"

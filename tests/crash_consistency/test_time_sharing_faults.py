@@ -20,7 +20,8 @@ from functools import cache
 import pytest
 
 from local_mode import time_sharing_campaign as campaign
-from local_mode.faults import FAULT_MODES
+
+from . import _forked as forked
 
 EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
 
@@ -47,9 +48,11 @@ def test_the_unbroken_preemption_is_exactly_right() -> None:
         assert site in sites, site
 
 
-@pytest.mark.parametrize(("index", "mode"), [(i, m) for i in positions() for m in FAULT_MODES])
-def test_a_fault_at_any_call_still_preempts_and_resumes_exactly_once(index: int, mode: str) -> None:
-    result = campaign.run((index, mode))
+# Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
+@pytest.mark.parametrize(("group", "index", "mode"), forked.cases("time_sharing", positions()))
+def test_a_fault_at_any_call_still_preempts_and_resumes_exactly_once(group: tuple[int, ...], index: int,
+                                                                     mode: str) -> None:
+    result = forked.result(campaign.run, group, index, mode)
     assert result.fired is not None, "the fault never fired"
     fired = f"{result.fired.service}.{result.fired.operation}"
     site = next((c.site for c in baseline().calls if c.index == index), "?")

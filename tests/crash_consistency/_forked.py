@@ -1,0 +1,69 @@
+"""A campaign's fault runs, computed a group of positions at a time from forks of the
+unbroken run (``local_mode.faults.broken_runs``: each run pays only for the calls after
+the one it breaks).
+
+Every (position, mode) is still a test of its own, with its own id and assertions. The
+positions of a flow are cut into consecutive groups; a group's tests carry
+``pytest.mark.xdist_group`` so that, under ``--dist loadgroup`` (``make test``), one worker
+runs all of them and computes the group's runs once (``broken``, cached per process). Without
+loadgroup every test still gets its result, at the price of a group per worker that asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any
+
+import pytest
+
+from local_mode import crash_campaign as campaign
+from local_mode.faults import FAULT_MODES, BrokenRunFailed, broken_runs
+
+#: positions per group: a group's driver (one fork of the fork server, the unbroken run up to
+#: the group's last position) is paid once per group; the fork server of each worker is warmed
+#: by one unbroken GPU-fault recovery (moto's services and the AWS models loaded once)
+GROUP_SIZE = 6
+
+
+def groups(positions: Sequence[int], size: int = GROUP_SIZE) -> list[tuple[int, ...]]:
+    ordered = sorted(set(positions))
+    return [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)]
+
+
+def group_name(name: str, group: tuple[int, ...]) -> str:
+    return f"{name}-{group[0]}-{group[-1]}"
+
+
+def cases(name: str, positions: Sequence[int], *prefix: Any, size: int = GROUP_SIZE) -> list[Any]:
+    """``pytest.param(*prefix, group, index, mode)`` for every position and mode, with the id
+    the plain parametrization had (``[*prefix-]index-mode``) and the group's xdist_group."""
+    return [pytest.param(*prefix, group, index, mode, id="-".join(map(str, (*prefix, index, mode))),
+                         marks=pytest.mark.xdist_group(group_name(name, group)))
+            for group in groups(positions, size) for index in group for mode in FAULT_MODES]
+
+
+def group_of(name: str, positions: Sequence[int], index: int, size: int = GROUP_SIZE) -> str:
+    """The xdist_group of the group that holds ``index`` (another test that reads its runs)."""
+    return next(group_name(name, g) for g in groups(positions, size) if index in g)
+
+
+@cache
+def broken(run: Callable[[tuple[int, str] | None], Any],
+           faults: tuple[tuple[int, str], ...]) -> dict[tuple[int, str], Any]:
+    return broken_runs(run, faults, warm_up=campaign.run_recovery)
+
+
+def result(run: Callable[[tuple[int, str] | None], Any], group: tuple[int, ...], index: int,
+           mode: str) -> Any:
+    """The run that broke call ``index`` in ``mode`` (its group's runs made once per process)."""
+    return outcome(broken(run, tuple((n, m) for n in group for m in FAULT_MODES)), index, mode)
+
+
+def outcome(runs: dict[tuple[int, str], Any], index: int, mode: str) -> Any:
+    """The run that broke call ``index`` in ``mode`` (a run that raised or died fails the test)."""
+    outcome = runs[(index, mode)]
+    if isinstance(outcome, BrokenRunFailed):
+        pytest.fail(f"{mode} at call {index}: the run raised or died:\n{outcome}", pytrace=False)
+    assert outcome.fault == (index, mode)
+    return outcome
