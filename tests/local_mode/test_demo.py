@@ -33,6 +33,11 @@ EXPECTED_SUMMARY = {
 }
 
 
+# The module's scenario is its fixture, run once per worker that takes a test: one
+# xdist group (make test runs --dist loadgroup) runs it once.
+pytestmark = pytest.mark.xdist_group("demo")
+
+
 @pytest.fixture(scope="module")
 def demo() -> tuple[dict[str, int], dict[str, Any]]:
     from local_mode import demo as demo_module

@@ -76,6 +76,11 @@ class PlaygroundProcess:
             return self.proc.wait()
 
 
+# The module's scenario is its fixture, run once per worker that takes a test: one
+# xdist group (make test runs --dist loadgroup) runs it once.
+pytestmark = pytest.mark.xdist_group("playground")
+
+
 @pytest.fixture(scope="module")
 def playground() -> Iterator[PlaygroundProcess]:
     process = PlaygroundProcess("--speed", "40", "--run-minutes", "2", "--reboot-seconds", "60")

@@ -20,6 +20,11 @@ LOW, NORMAL, ABOVE, HIGH = (int(p) for p in (Priority.LOW, Priority.NORMAL, Prio
                                                Priority.HIGH))
 
 
+# The module's scenario is its fixture, run once per worker that takes a test: one
+# xdist group (make test runs --dist loadgroup) runs it once.
+pytestmark = pytest.mark.xdist_group("time-sharing-demo")
+
+
 @pytest.fixture(scope="module")
 def outcome() -> scenario.TimeSharingResult:
     return scenario.run()
