@@ -167,12 +167,16 @@ class _NoSleepTime:
 
 
 _DYNAMODB_WRITES = ("put_item", "update_item", "delete_item", "transact_write_items",
-                    "batch_write_item")
+                    "batch_write_item",
+                    # Reads too: moto iterates a table's item dict to answer them, and a write
+                    # from another thread meanwhile raises "dictionary changed size during
+                    # iteration" (seen once in CI with 8 ranks failing from 8 threads).
+                    "get_item", "query", "scan", "batch_get_item", "transact_get_items")
 _dynamodb_lock = threading.RLock()
 
 
 def _make_dynamodb_writes_atomic() -> None:
-    """Serialize moto's DynamoDB writes.
+    """Serialize moto's DynamoDB writes (and reads, which must not see a write half-done).
 
     moto evaluates a ConditionExpression and then writes, without a lock, so two
     threads can both pass the same condition. Real DynamoDB applies a conditional
