@@ -65,6 +65,7 @@ MIN_CLOCK_OFFSET_SECONDS = 2.0
 MAX_PAGES = 10_000  # guard against a server that never stops paginating
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_CLIENT, EXIT_SERVER, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_WATCH_TIMEOUT = 124  # as timeout(1): the job had not ended when `watch --timeout` ran out
 
 # Indirections the tests replace (no real waiting, fixed clock).
 _sleep: Callable[[float], None] = time.sleep
@@ -1019,6 +1020,7 @@ class _Watcher:
         self.last_label: str | None = None
         self.frame = 0
         self.live_shown = False
+        self.finished = False
 
     def _elapsed(self, job: Mapping[str, Any]) -> str:
         """Since submission (or since watching began); frozen at ``updated_at`` once terminal."""
@@ -1106,9 +1108,11 @@ class _Watcher:
             self.stream.write("\x1b[?25l")  # hide the cursor while redrawing
 
     def finish(self) -> None:
-        if self.tty:
+        """End the live line and show the cursor again (once: a timeout ends it early)."""
+        if self.tty and not self.finished:
             self.stream.write(("\n" if self.live_shown else "") + "\x1b[?25h")
             self.stream.flush()
+        self.finished = True
 
 
 class _Reasons:
@@ -1138,7 +1142,8 @@ class _Reasons:
 def cmd_watch(client: ApiClient, args: argparse.Namespace) -> int:
     stream = _out()
     tty = bool(getattr(stream, "isatty", lambda: False)()) and not _json_mode(args)
-    watcher = _Watcher(stream, tty, _monotonic(), now=client.server_now)
+    started = _monotonic()
+    watcher = _Watcher(stream, tty, started, now=client.server_now)
     errors = 0
     reasons = _Reasons(client, args.job_id)
     watcher.start()
@@ -1166,6 +1171,11 @@ def cmd_watch(client: ApiClient, args: argparse.Namespace) -> int:
             state = str(job.get("state", "")).upper()
             if state in TERMINAL_STATES:
                 return EXIT_OK if state == "COMPLETE" else EXIT_JOB_FAILED
+            if args.watch_timeout is not None and _monotonic() - started >= args.watch_timeout:
+                watcher.finish()
+                print(f"{PROG}: watch: {args.job_id} is still {state or '?'} after {args.watch_timeout:g} s "
+                      "(--timeout); it goes on without being watched", file=sys.stderr)
+                return EXIT_WATCH_TIMEOUT
             _sleep(args.interval)
     finally:
         watcher.finish()
@@ -1292,6 +1302,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--interval", type=_positive_float, default=WATCH_POLL_SECONDS,
                    help="poll interval, seconds (default: %(default)s)")
+    # Its own dest: the global --timeout is the HTTP timeout per try.
+    p.add_argument("--timeout", dest="watch_timeout", type=_positive_float, metavar="SECONDS",
+                   help=f"give up after this many seconds if the job has not ended "
+                        f"(exit {EXIT_WATCH_TIMEOUT}; default: wait until it ends)")
     p.set_defaults(func=cmd_watch)
     return parser
 

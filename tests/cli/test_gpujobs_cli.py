@@ -1061,3 +1061,35 @@ def test_the_cli_knows_every_job_state_of_the_server():
     server = {s.value for s in states.JobState}
     assert server == set(gpujobs.NON_TERMINAL_STATES) | set(gpujobs.TERMINAL_STATES)
     assert {s.value for s in states.TERMINAL_JOB_STATES} == set(gpujobs.TERMINAL_STATES)
+
+
+def test_watch_gives_up_after_its_timeout_with_exit_124(api, monkeypatch, capsys):
+    """Given a job that stays RUNNING and a clock that advances only when the CLI waits,
+    when `watch ID --interval 5 --timeout 12` runs,
+    then it polls at 0, 5 and 10 s, gives up at the 15 s poll with exit 124 and says on
+    stderr that the job is still RUNNING; the global --timeout stays the HTTP timeout."""
+    clock = [0.0]
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(gpujobs, "_sleep", wait)
+    monkeypatch.setattr(gpujobs, "_monotonic", lambda: clock[0])
+    api.add_job("j-1", state="RUNNING")
+    assert run(api, "--timeout", "7", "watch", "j-1", "--interval", "5", "--timeout", "12") == 124
+    assert waits == [5.0, 5.0, 5.0]
+    assert len(api.calls("GET", "/v1/jobs/j-1")) == 4
+    err = capsys.readouterr().err
+    assert "j-1 is still RUNNING after 12 s (--timeout)" in err
+    args = gpujobs.build_parser().parse_args(["--timeout", "7", "watch", "j-1", "--timeout", "12"])
+    assert (args.timeout, args.watch_timeout) == (7.0, 12.0)
+
+
+def test_watch_without_timeout_waits_until_the_job_ends(api, sleeps):
+    """Given no --timeout, when the job ends after many polls, then watch exits on its state."""
+    api.add_job("j-1", state="RUNNING")
+    api.state_scripts["j-1"] = ["RUNNING"] * 30 + ["COMPLETE"]
+    assert run(api, "watch", "j-1", "--interval", "1") == 0
+    assert len(sleeps) == 30
