@@ -78,6 +78,7 @@ from gpu_recovery.domain.time_sharing import (
     suspend_record,
 )
 from gpu_recovery.queue.access import AccessPolicy, Denied, Principal, quota_subject
+from gpu_recovery.queue.attempts import attempt_records
 from gpu_recovery.queue.models import JobSpec, priority_name
 from gpu_recovery.queue.quotas import QuotaInputError, QuotaService, subject_from
 from gpu_recovery.repository import Repository, from_ddb
@@ -530,7 +531,9 @@ class JobQueueService:
                     }
                     for r in ranks
                 ],
-                "attempts": [_attempt(a) for a in item.get("attempts") or []],
+                "attempts": [_attempt(a) for a in attempt_records(item.get("attempts") or [],
+                                                                  item.get("history") or [],
+                                                                  int(item.get("attempt") or 0))],
             }
         )
         return out
