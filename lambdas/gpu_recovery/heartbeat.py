@@ -39,6 +39,7 @@ from gpu_recovery.constants import (
     RankState,
 )
 from gpu_recovery.domain import heartbeat_policy as policy
+from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
@@ -159,9 +160,13 @@ class HeartbeatService:
         notifier: NotifierPort,
         recovery: Callable[[], RecoveryPort],
         metrics: MetricsPort | None = None,
+        catalog: FaultCatalog | None = None,
     ) -> None:
         self.repo = repo
         self.settings = settings
+        # The recovery loop's catalog (with the deployment's override): what a telemetry
+        # signal "needs" must be what recovery will do about it.
+        self.catalog = catalog or default_catalog()
         self.ecs = ecs
         self.notifier = notifier
         self._recovery = recovery
@@ -366,6 +371,7 @@ class HeartbeatService:
         since = item.get("step_changed_at") or now
         recover = self.settings.hang_action == "recover"
         self.metrics.add_metric("RanksHung", "Count", 1)
+        used, allowed = self._recoveries(rank.job_id)
         self._publish(NotificationKind.HUNG, "Training rank hung", NotificationFacts(
             job_id=rank.job_id, ranks=[rank.rank], container_inst_id=rank.container_inst_id,
             instance_id=rank.ec2_instance_id,
@@ -374,7 +380,7 @@ class HeartbeatService:
                            "sending heartbeats"),
             what_was_done=("Job handed to the recovery loop (DCGM health check of the node)"
                            if recover else "Job marked HUNG; nothing was stopped"),
-            attempt=rank.attempt,
+            attempt=used, max_attempts=allowed,
             operator_action=("Watch the recovery notifications for this job." if recover else
                              "Look at the rank's logs (NCCL timeouts, deadlocks, data loader); "
                              "stop the job if it does not progress again."),
@@ -393,7 +399,7 @@ class HeartbeatService:
 
         Raises :class:`ReplayedReport` (nothing written) for a repeat of the last report.
         """
-        signals = policy.hardware_signals(gpus, unmapped_xids or [])
+        signals = policy.hardware_signals(gpus, self.catalog, unmapped_xids or [])
         result = GpuResult(node_id, len(gpus), signals=[s.fingerprint for s in signals])
         telemetry = policy.compact_telemetry(gpus)
         for _ in range(_GPU_REPORT_RETRIES):
@@ -448,11 +454,16 @@ class HeartbeatService:
             self.metrics.add_metric("HardwareSignalNotificationsSuppressed", "Count", len(fresh))
             return flagged
         instance = self.repo.get_instance(node_id)
-        jobs = sorted({r.job_id for r in self.repo.live_ranks_on_instance(node_id)})
+        live = self.repo.live_ranks_on_instance(node_id)
+        jobs = sorted({r.job_id for r in live})
         state = instance.state.value if instance else InstanceState.SUSPECT.value
         held = len(fresh) - len(notify)
+        # One job on the node: its ranks here and its recovery count; several: only their ids.
+        used, allowed = self._recoveries(jobs[0]) if len(jobs) == 1 else (0, None)
         self._publish(NotificationKind.SUSPECT_NODE, "GPU node shows hardware errors", NotificationFacts(
-            job_id=", ".join(jobs) or "-", container_inst_id=node_id,
+            job_id=", ".join(jobs), container_inst_id=node_id,
+            ranks=sorted({r.rank for r in live}) if len(jobs) == 1 else (),
+            attempt=used, max_attempts=allowed,
             instance_id=instance.ec2_instance_id if instance else "",
             what_happened=("GPU telemetry: " + "; ".join(s.describe() for s in notify[:16])
                            + (f"; and {len(notify) - 16} more" if len(notify) > 16 else "")
@@ -581,6 +592,11 @@ class HeartbeatService:
         return "unwatched" if outcome in ("moved_on", "converged") else "retry"
 
     # ================================================================= helpers
+    def _recoveries(self, job_id: str) -> tuple[int, int | None]:
+        """The job's infrastructure recoveries used and allowed, for an e-mail (None: not known)."""
+        job = self.repo.get_job(job_id)
+        return (job.recoveries_used, job.max_recovery_attempts) if job else (0, None)
+
     def _publish(self, kind: NotificationKind, headline: str, facts: NotificationFacts) -> None:
         try:
             self.notifier.publish(build(kind, headline, facts))

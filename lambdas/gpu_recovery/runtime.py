@@ -137,6 +137,7 @@ def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
                 ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api),
                 notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
                 recovery=lambda: recovery_service(),
+                catalog=fault_catalog(settings),
             )
             built = (session, service)
             _services["heartbeat"] = built

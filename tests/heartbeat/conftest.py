@@ -25,6 +25,7 @@ from gpu_recovery.constants import (
     RankState,
     table_definitions,
 )
+from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.heartbeat import HeartbeatService
@@ -128,9 +129,9 @@ class World:
         self.notifier = StubNotifier()
         self.tokens = TokenStore(aws.resource("dynamodb").Table(DEFAULT_NODE_TOKEN_TABLE_NAME))
 
-    def service(self, **settings: Any) -> HeartbeatService:
+    def service(self, catalog: FaultCatalog | None = None, **settings: Any) -> HeartbeatService:
         return HeartbeatService(HeartbeatRepository(self.repo), HeartbeatSettings(**settings),
-                                self.ecs, self.notifier, lambda: self.recovery)
+                                self.ecs, self.notifier, lambda: self.recovery, catalog=catalog)
 
     def seed_job(self, job_id: str, world_size: int = 2, nodes: tuple[str, ...] = (NODE,),
                  state: JobState = JobState.RUNNING, rank_state: RankState = RankState.RUNNING,

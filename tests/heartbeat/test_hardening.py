@@ -11,6 +11,7 @@ import pytest
 
 from gpu_recovery.constants import JobState, NotificationKind, RankState
 from gpu_recovery.domain import heartbeat_policy as policy
+from gpu_recovery.domain.fault_catalog import default_catalog
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal
 
 from .conftest import NODE, task_arn
@@ -171,11 +172,45 @@ def test_signals_are_pruned_after_retention_and_after_a_repair(world) -> None:
 
 
 def test_signal_identity_is_kind_and_gpu() -> None:
-    first = policy.hardware_signals([{**GPU, "ecc_uncorrected_volatile": 3, "xids": [48]}])
-    later = policy.hardware_signals([{**GPU, "ecc_uncorrected_volatile": 900, "xids": [48, 79]}])
+    first = policy.hardware_signals([{**GPU, "ecc_uncorrected_volatile": 3, "xids": [48]}], default_catalog())
+    later = policy.hardware_signals([{**GPU, "ecc_uncorrected_volatile": 900, "xids": [48, 79]}],
+                                    default_catalog())
     assert [s.fingerprint for s in first] == [s.fingerprint for s in later] == [
         "ecc_uncorrected:GPU-0", "xid:GPU-0"]
     assert HardwareSignal("xid", "g", "d", "reboot").fingerprint == "xid:g"
+
+
+def test_signal_action_is_the_catalogs_and_only_node_faults_are_signals() -> None:
+    """XID 74's rule wants the diag first: its signal names what the rule expects (reboot);
+    XID 142 only asks for the diag; XID 94 (the application's, per the catalog) and 13 are
+    not signals; an XID on a GPU missing from nvidia-smi gets its rule's action too."""
+    signals = policy.hardware_signals(
+        [{**GPU, "xids": [74, 94]}, {**GPU, "index": 1, "uuid": "GPU-1", "xids": [142, 13]},
+         {**GPU, "index": 2, "uuid": "GPU-2", "xids": [94]}],
+        default_catalog(), [{"pci_bus_id": "0000:10:1c.0", "xid": 79}])
+    assert [(s.fingerprint, s.detail, s.action) for s in signals] == [
+        ("unmapped_xid:pci-0000:10:1c.0", "Xid 79 on a GPU missing from nvidia-smi", "reboot"),
+        ("xid:GPU-0", "Xid 74", "reboot"), ("xid:GPU-1", "Xid 142", "health_check")]
+    assert signals[2].describe() == "Xid 142 (GPU GPU-1; catalog: a DCGM health check)"
+
+
+def test_heartbeat_service_gets_the_deployments_catalog_override(world, tmp_path, monkeypatch) -> None:
+    """Given FAULT_CATALOG_OVERRIDE (as the stack sets it on every function), Then the
+    heartbeat service the Lambdas build uses the same merged catalog as the recovery loop."""
+    from gpu_recovery import runtime
+    from gpu_recovery.constants import ENV_FAULT_CATALOG_OVERRIDE
+
+    override = tmp_path / "override.json"
+    override.write_text(json.dumps({"rules": [{"id": "xid-79", "action": "replace"}]}))
+    monkeypatch.setenv(ENV_FAULT_CATALOG_OVERRIDE, str(override))
+    runtime.reset(clients=False)
+    try:
+        catalog = runtime.heartbeat_service().catalog
+        assert catalog is runtime.recovery_service().deps.policy.catalog
+        (signal,) = policy.hardware_signals([{**GPU, "xids": [79]}], catalog)
+        assert signal.action == "replace"
+    finally:
+        runtime.reset(clients=False)
 
 
 def test_old_string_set_of_signals_is_read_and_rewritten() -> None:

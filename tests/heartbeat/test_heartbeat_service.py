@@ -7,6 +7,7 @@ import pytest
 
 from gpu_recovery.constants import HB_PK, InstanceState, JobState, NotificationKind, RankState
 from gpu_recovery.domain import breaker
+from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
@@ -364,6 +365,42 @@ def test_gpu_report_flags_suspect_once_per_new_signal(world) -> None:
     assert kinds == [NotificationKind.SUSPECT_NODE, NotificationKind.SUSPECT_NODE]
     telemetry = world.node_item(NODE)["gpu_telemetry"]
     assert telemetry[0]["u"] == "GPU-0" and telemetry[0]["x"] == [79]
+
+
+def test_xid_79_mail_names_the_catalog_action_and_the_job_it_hits(world) -> None:
+    """Given a job with 2 ranks on a node, When its telemetry carries XID 79, Then the e-mail
+    says what the catalog's xid-79 rule does (reboot, not a hard-coded "replace"), the ranks
+    on that node and the job's recovery count."""
+    world.seed_job("j1", world_size=2)
+    world.service().report_gpu(NODE, world.clock(), [{**HEALTHY, "xids": [79]}])
+    (mail,) = world.notifier.sent
+    assert "Xid 79 (GPU GPU-0; catalog: reboot)" in mail.body
+    assert "Ranks:              0, 1" in mail.body and "Recovery attempt:   0 of 1" in mail.body
+
+
+def test_signal_mail_without_a_job_has_no_rank_or_attempt_lines(world) -> None:
+    """Given an idle node, When it reports an uncorrected ECC error, Then the e-mail is about
+    the node and leaves out the job-only lines (no "Ranks: -", no "0 of 0")."""
+    svc = world.service()
+    world.report(svc, NODE_B)
+    svc.report_gpu(NODE_B, world.clock(), [{**HEALTHY, "ecc_uncorrected_volatile": 2}])
+    (mail,) = world.notifier.sent
+    assert f"node {NODE_B}" in mail.subject and "catalog: reboot" in mail.body
+    assert "Ranks:" not in mail.body and "Recovery attempt:" not in mail.body
+
+
+def test_signal_actions_follow_a_catalog_override(world) -> None:
+    """Given an override that replaces on XID 79 and treats XID 48 as the application's,
+    Then the 79 signal needs replace and 48 flags nothing (the catalog decides both)."""
+    catalog = load_catalog(None, override={"rules": [{"id": "xid-79", "action": "replace"},
+                                                     {"id": "xid-48", "action": "application_error",
+                                                      "skip_health_check": False}]})
+    svc = world.service(catalog=catalog)
+    assert svc.report_gpu(NODE, world.clock(), [{**HEALTHY, "xids": [48]}]).signals == []
+    world.clock.advance(30)
+    svc.report_gpu(NODE, world.clock(), [{**HEALTHY, "xids": [48, 79]}])
+    (mail,) = world.notifier.sent
+    assert "Xid 79 (GPU GPU-0; catalog: replace)" in mail.body
 
 
 def test_gpu_signal_does_not_clobber_recovery_states(world) -> None:

@@ -13,6 +13,7 @@ import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,8 @@ DEFAULT_LOOKAHEAD_SECONDS = 120
 
 __all__ = [
     "DEFAULT_CATALOG_PATH", "CatalogError", "CatalogRule", "FaultCatalog", "RepeatRule",
-    "RuleMatch", "default_catalog_path", "load_catalog", "merge_override", "read_catalog_file",
-    "validate_catalog",
+    "RuleMatch", "default_catalog", "default_catalog_path", "load_catalog", "merge_override",
+    "read_catalog_file", "validate_catalog",
 ]
 
 
@@ -161,6 +162,12 @@ class FaultCatalog:
 
 def default_catalog_path() -> Path:
     return DEFAULT_CATALOG_PATH
+
+
+@cache
+def default_catalog() -> FaultCatalog:
+    """The catalog shipped in the asset, no override (read and validated once per process)."""
+    return load_catalog()
 
 
 def read_catalog_file(path: str | Path) -> dict[str, Any]:

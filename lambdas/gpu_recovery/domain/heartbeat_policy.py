@@ -12,17 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_recovery import constants as c
-
-# --------------------------------------------------------------------------- XIDs
-# NVIDIA Xid catalog (design notes): these need a GPU reset / reboot, and a
-# replacement when they recur. 48 double-bit ECC, 64 ECC page retirement / row-remap
-# failure, 74 NVLink, 79 fell off the bus, 94/95 contained / uncontained ECC,
-# 119/120 GSP errors.
-REBOOT_OR_REPLACE_XIDS = frozenset({48, 64, 74, 79, 94, 95, 119, 120})
-# Usually the application's fault: reported in telemetry, never a SUSPECT signal.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45})
-# Row remap recorded: no immediate action.
-INFORMATIONAL_XIDS = frozenset({63})
+from gpu_recovery.domain.classify import classify
+from gpu_recovery.domain.evidence import Evidence, GpuSignal, XidEvent
+from gpu_recovery.domain.fault_catalog import FaultCatalog
+from gpu_recovery.domain.fault_vocabulary import ACTION_SEVERITY, NODE_ACTIONS, Action, GpuSignalKind, Trigger
 
 HANG_ACTIONS = ("notify", "recover")
 
@@ -132,14 +125,34 @@ class HardwareSignal:
     kind: str  # one of SIGNAL_KINDS
     gpu: str  # GPU uuid (or index / PCI bus id when unknown)
     detail: str
-    action: str  # reboot | replace
+    action: str  # what the fault catalog says it needs: health_check | operator_action | reboot | replace
 
     @property
     def fingerprint(self) -> str:
         return f"{self.kind}:{self.gpu}"
 
     def describe(self) -> str:
-        return f"{self.detail} (GPU {self.gpu}; needs {self.action})"
+        needs = "a DCGM health check" if self.action == Action.HEALTH_CHECK.value else self.action
+        return f"{self.detail} (GPU {self.gpu}; catalog: {needs})"
+
+
+# The telemetry fields that are catalog GPU signals (the catalog's ``gpu_signal`` names).
+_SIGNAL_KIND = {"remap_failure": GpuSignalKind.REMAP_FAILURE, "remap_pending": GpuSignalKind.REMAP_PENDING,
+                "ecc_uncorrected": GpuSignalKind.ECC_UNCORRECTED_VOLATILE}
+
+
+def catalog_action(catalog: FaultCatalog, *, xid: int | None = None,
+                   signal: GpuSignalKind | None = None) -> Action | None:
+    """What the fault catalog says one XID or GPU signal seen in telemetry needs, when that
+    is a node action or the DCGM diag (a hardware signal); None when it is not one (the
+    application's fault, informational, or no rule). The catalog is the one source of truth:
+    a rule that only wants the diag first still names what it expects."""
+    evidence = Evidence(node_id="", fault_at=0.0, trigger=Trigger.TELEMETRY,
+                        xids=(XidEvent(xid, "", 0.0),) if xid is not None else (),
+                        gpu_signals=(GpuSignal(signal, ""),) if signal is not None else ())
+    decision = classify(evidence, catalog)
+    action = decision.expected_action or decision.action
+    return action if action in NODE_ACTIONS or action is Action.HEALTH_CHECK else None
 
 
 def _gpu_name(gpu: Mapping[str, Any]) -> str:
@@ -151,42 +164,58 @@ def _positive(value: Any) -> bool:
 
 
 def hardware_signals(
-    gpus: Iterable[Mapping[str, Any]], unmapped_xids: Iterable[Mapping[str, Any]] = ()
+    gpus: Iterable[Mapping[str, Any]], catalog: FaultCatalog,
+    unmapped_xids: Iterable[Mapping[str, Any]] = (),
 ) -> list[HardwareSignal]:
-    """Signals that make a node SUSPECT, one per (kind, GPU), sorted by fingerprint.
+    """Signals that make a node SUSPECT, one per (kind, GPU), sorted by fingerprint: the
+    XIDs and GPU signals for which ``catalog`` names a node action or the DCGM diag, each
+    with that action (an XID signal: the most severe of its GPU's XIDs).
 
     At most :data:`MAX_UNMAPPED_SIGNALS` Xids on GPUs missing from nvidia-smi are kept.
     """
     found: dict[str, HardwareSignal] = {}
-    xids: dict[str, set[int]] = {}
+    xids: dict[str, dict[int, Action]] = {}
+    actions: dict[int, Action | None] = {}  # per distinct XID: a report may list hundreds
+
+    def xid_action(xid: Any) -> Action | None:
+        if not isinstance(xid, int) or isinstance(xid, bool):
+            return None
+        if xid not in actions:
+            actions[xid] = catalog_action(catalog, xid=xid)
+        return actions[xid]
 
     def add(signal: HardwareSignal) -> None:
         found.setdefault(signal.fingerprint, signal)
 
+    def add_kind(kind: str, gpu: str, detail: str) -> None:
+        action = catalog_action(catalog, signal=_SIGNAL_KIND[kind])
+        if action is not None:
+            add(HardwareSignal(kind, gpu, detail, action.value))
+
     for gpu in gpus:
         name = _gpu_name(gpu)
         if gpu.get("remapped_rows_failure") is True or _positive(gpu.get("remapped_rows_failure")):
-            add(HardwareSignal("remap_failure", name, "row remapping failed", "replace"))
+            add_kind("remap_failure", name, "row remapping failed")
         if gpu.get("remapped_rows_pending") is True or _positive(gpu.get("remapped_rows_pending")):
-            add(HardwareSignal("remap_pending", name, "row remap pending", "reboot"))
+            add_kind("remap_pending", name, "row remap pending")
         ecc = gpu.get("ecc_uncorrected_volatile")
         if ecc is not None and _positive(ecc):
-            add(HardwareSignal("ecc_uncorrected", name, f"{int(ecc)} uncorrected volatile ECC errors",
-                               "reboot"))
+            add_kind("ecc_uncorrected", name, f"{int(ecc)} uncorrected volatile ECC errors")
         for xid in gpu.get("xids") or []:
-            if isinstance(xid, int) and xid in REBOOT_OR_REPLACE_XIDS:
-                xids.setdefault(name, set()).add(xid)
+            action = xid_action(xid)
+            if action is not None:
+                xids.setdefault(name, {})[xid] = action
     for name, seen in xids.items():
-        listed = sorted(seen)
-        add(HardwareSignal("xid", name, "Xid " + ", ".join(map(str, listed)),
-                           "replace" if seen & {74, 79} else "reboot"))
+        worst = max(seen.values(), key=ACTION_SEVERITY.__getitem__)
+        add(HardwareSignal("xid", name, "Xid " + ", ".join(map(str, sorted(seen))), worst.value))
     unmapped = 0
     for entry in unmapped_xids:
         xid = entry.get("xid")
         bus = str(entry.get("pci_bus_id") or "?")[:MAX_SIGNAL_NAME]
-        if isinstance(xid, int) and xid in REBOOT_OR_REPLACE_XIDS:
+        action = xid_action(xid)
+        if action is not None:
             signal = HardwareSignal("unmapped_xid", f"pci-{bus}",
-                                    f"Xid {xid} on a GPU missing from nvidia-smi", "replace")
+                                    f"Xid {xid} on a GPU missing from nvidia-smi", action.value)
             if signal.fingerprint not in found:
                 if unmapped >= MAX_UNMAPPED_SIGNALS:
                     continue

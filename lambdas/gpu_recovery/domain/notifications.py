@@ -25,8 +25,10 @@ class NotificationFacts:
     instance_id: str = ""  # EC2 i-... or managed mi-...
     what_happened: str = ""
     what_was_done: str = ""
+    # Infrastructure recoveries used / allowed; None when not known (a node-level message):
+    # the line is then left out rather than reading "0 of 0".
     attempt: int = 0
-    max_attempts: int = 0
+    max_attempts: int | None = None
     operator_action: str = ""
     details: Iterable[str] = ()  # e.g. Evidence.render_lines() + RemediationPlan.render_lines()
 
@@ -38,17 +40,18 @@ def build(kind: NotificationKind, headline: str, facts: NotificationFacts) -> No
     # SNS e-mail subjects are limited to 100 characters. A node-level message has no job.
     about = f"job {facts.job_id}" if facts.job_id else f"node {facts.container_inst_id or '-'}"
     subject = f"{_SUBJECT_PREFIX} {headline}: {about}"[:100]
-    ranks = ", ".join(str(r) for r in sorted(facts.ranks)) or "-"
+    ranks = ", ".join(str(r) for r in sorted(facts.ranks))
     lines = [
         headline,
         "",
         f"Job:                {facts.job_id or '-'}",
-        f"Ranks:              {ranks}",
+        *([f"Ranks:              {ranks}"] if ranks else []),
         f"Container instance: {facts.container_inst_id or '-'}",
         f"Instance:           {facts.instance_id or '-'}",
         f"What happened:      {facts.what_happened}",
         f"What was done:      {facts.what_was_done}",
-        f"Recovery attempt:   {facts.attempt} of {facts.max_attempts}",
+        *([f"Recovery attempt:   {facts.attempt} of {facts.max_attempts}"]
+          if facts.max_attempts is not None else []),
         "",
         f"What to do: {facts.operator_action}",
     ]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, Protocol
 
 from gpu_recovery.adapters.ecs import StartResult
-from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
+from gpu_recovery.domain.fault_catalog import default_catalog
 from gpu_recovery.domain.notifications import Notification
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.repository import Repository
@@ -71,12 +70,6 @@ class MetricsPort(Protocol):
 class NullMetrics:
     def add_metric(self, name: str, unit: str, value: float) -> None:
         return None
-
-
-@cache
-def default_catalog() -> FaultCatalog:
-    """The catalog shipped in the asset (read and validated once per process)."""
-    return load_catalog()
 
 
 @dataclass

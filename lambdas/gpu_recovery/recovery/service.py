@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from gpu_recovery.domain.fault_catalog import FaultCatalog
+from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
 from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind
@@ -27,7 +27,6 @@ from gpu_recovery.recovery.ports import (
     RebootPort,
     ReplacePort,
     VerdictReaderPort,
-    default_catalog,
 )
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
 from gpu_recovery.recovery.reboots import Reboots
