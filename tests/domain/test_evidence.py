@@ -43,6 +43,32 @@ def test_xids_inside_the_window_are_the_faults_and_older_ones_history() -> None:
     assert [(x.xid, x.at) for x in ev.xid_history] == [(31, T - 20 * HOUR)]
 
 
+def test_an_xid_an_earlier_fault_was_decided_on_is_history_not_this_faults() -> None:
+    """Given XID 13 at -5 min that decided a fault at -4 min (the node's history lists it) and
+    XID 79 at -1 min nobody used, When a later fault's evidence is built (15 min look-back),
+    Then only XID 79 is the fault's; XID 13 is history (the repeat rules still count it)."""
+    node = {**item(events=[(T - 300, "GPU-a", 13), (T - 60, "GPU-b", 79)]),
+            "fault_history": [{"at": T - 240, "cause": "xid-13", "action": "application_error",
+                               "xids": [{"xid": 13, "gpu": "GPU-a", "at": T - 300}]}]}
+    ev = build_evidence(node_id="n", fault_at=T, trigger=Trigger.TASK_EXIT, instance_item=node,
+                        catalog=load_catalog())
+    assert [(x.xid, x.gpu) for x in ev.xids] == [(79, "GPU-b")]
+    assert [(x.xid, x.at) for x in ev.xid_history] == [(13, T - 300)]
+
+
+def test_the_same_fault_decided_again_keeps_its_own_xids() -> None:
+    """Given the node's record of this very fault (decided at or after it happened, e.g. its
+    health check's verdict), When its evidence is rebuilt, Then its XID is still its own;
+    a second XID 13 on the same GPU, after the decided one, is a new event and counts."""
+    node = {**item(events=[(T - 300, "GPU-a", 13), (T - 30, "GPU-a", 13)]),
+            "fault_history": [{"at": T + 5, "cause": "xid-13", "action": "application_error",
+                               "xids": [{"xid": 13, "gpu": "GPU-a", "at": T - 300}]},
+                              {"at": T - 200, "cause": "x", "action": "reboot", "xids": [{"bad": 1}]}]}
+    ev = build_evidence(node_id="n", fault_at=T, trigger=Trigger.TASK_EXIT, instance_item=node,
+                        catalog=load_catalog())
+    assert [x.at for x in ev.xids] == [T - 300, T - 30] and ev.xid_history == ()
+
+
 def test_catalog_windows_are_used_when_given() -> None:
     node = item(events=[(T - 20 * HOUR, "GPU-a", 31)])
     ev = build_evidence(node_id="n", fault_at=T, trigger=Trigger.TASK_EXIT, instance_item=node,

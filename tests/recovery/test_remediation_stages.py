@@ -342,3 +342,23 @@ def test_a_fault_without_node_action_joins_the_nodes_history_once() -> None:
         assert (history[0]["evidence"]["exit_code"], history[0]["evidence"]["spent"]) == (1, "application")
         assert w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]["action"] == "application_error"
         assert arns
+
+
+def test_an_xid_that_decided_one_fault_does_not_decide_the_next_on_that_node() -> None:
+    """Given XID 13 on a node that failed job a as an application error, When job b's rank
+    on that node exits 1 two minutes later (within the catalog's 15 min look-back), Then
+    b's fault is not the same XID 13 again: the suspect exit sends the node to the DCGM
+    diag (b waits for it) instead of failing b as an application error."""
+    with world() as w:
+        first = w.register_job("a", [PEER, FAULTY])
+        _xid(w, FAULTY, 13)
+        w.service.on_task_state_change(w.task_stopped(first[1], exit_code=1))
+        assert w.repo.get_job("a").state is C.JobState.FAILED
+        assert [r["cause"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["xid-13"]
+        assert w.ecs.health_checks_on(FAULTY) == []
+        w.advance(120)
+        second = w.register_job("b", [PEER, FAULTY])
+        w.service.on_task_state_change(w.task_stopped(second[1], exit_code=1))
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+        assert w.repo.get_job("b").state is not C.JobState.FAILED
+

@@ -29,6 +29,8 @@ ITEM_GPU_EVENTS = "gpu_events"  # [{"t": epoch, "g": gpu, "x": xid}], see heartb
 ITEM_TELEMETRY = "gpu_telemetry"  # latest report, compact keys (heartbeat_policy.compact_telemetry)
 ITEM_TELEMETRY_AT = "last_gpu_report_at"
 ITEM_REPORT_ERROR = "gpu_report_error"  # "nvidia-smi exited 255: <its lines joined by ' | '>"
+# The node's decided faults (escalation.NodeFaultRecord.to_dict): each lists the XIDs it used.
+ITEM_FAULT_HISTORY = "fault_history"
 
 SOURCE_TELEMETRY = "telemetry"
 SOURCE_HEALTH_CHECK = "health_check"
@@ -327,6 +329,22 @@ def node_reports(instance_item: Mapping[str, Any] | None) -> tuple[list[XidEvent
     return sorted(events.values(), key=lambda e: (e.at, e.gpu, e.xid)), signals
 
 
+def decided_xids(instance_item: Mapping[str, Any] | None, before: float) -> set[XidEvent]:
+    """The XIDs an earlier fault on this node was decided on: those its record in the node's
+    fault history (decided before ``before``) lists as its evidence."""
+    used: set[XidEvent] = set()
+    for record in (instance_item or {}).get(ITEM_FAULT_HISTORY) or ():
+        at = _float_or_none(record.get("at")) if isinstance(record, Mapping) else None
+        if at is None or at >= before:
+            continue
+        for raw in record.get("xids") or ():
+            try:
+                used.add(XidEvent.from_dict(raw))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return used
+
+
 def build_evidence(*, node_id: str, fault_at: float, trigger: Trigger,
                    instance_item: Mapping[str, Any] | None = None, job_id: str = "", attempt: int = 0,
                    rank: int | None = None, exit_code: int | None = None, stop_code: str = "",
@@ -335,10 +353,13 @@ def build_evidence(*, node_id: str, fault_at: float, trigger: Trigger,
                    repeat_lookback_seconds: float = 0) -> Evidence:
     """The evidence of a fault on ``node_id`` at ``fault_at``.
 
-    XIDs reported within [fault_at - lookback, fault_at + lookahead] are this fault's; older
-    ones within ``repeat_lookback_seconds`` go to ``xid_history`` (repeat rules). GPU signals
-    come from the node's latest report when it falls in the same window. With ``catalog``
-    the three windows are the catalog's.
+    XIDs reported within [fault_at - lookback, fault_at + lookahead] are this fault's, except
+    those an earlier fault on the node was already decided on (:func:`decided_xids`: an XID
+    13 that restarted the job must not make the next fault on the node an application error
+    too); those, and older ones within ``repeat_lookback_seconds``, go to ``xid_history``
+    (the repeat rules still count them). GPU signals come from the node's latest report when
+    it falls in the same window: they are the node's state now, not an event to use up.
+    With ``catalog`` the three windows are the catalog's.
     """
     if catalog is not None:
         lookback_seconds, lookahead_seconds = catalog.lookback_seconds, catalog.lookahead_seconds
@@ -346,11 +367,15 @@ def build_evidence(*, node_id: str, fault_at: float, trigger: Trigger,
     start, end = fault_at - lookback_seconds, fault_at + lookahead_seconds
     history_start = fault_at - max(repeat_lookback_seconds, lookback_seconds)
     events, signals = node_reports(instance_item)
+    # Only faults decided before this one happened: re-deciding this same fault later (after
+    # its health check, or its fast path re-read) must still see its own XIDs.
+    used = decided_xids(instance_item, before=fault_at)
+    current = [e for e in events if start <= e.at <= end and e not in used]
     return Evidence(
         node_id=node_id, fault_at=fault_at, trigger=trigger, job_id=job_id, attempt=attempt, rank=rank,
         exit_code=exit_code, stop_code=stop_code, stopped_reason=stopped_reason,
-        xids=tuple(e for e in events if start <= e.at <= end),
-        xid_history=tuple(e for e in events if history_start <= e.at < start),
+        xids=tuple(current),
+        xid_history=tuple(e for e in events if history_start <= e.at <= end and e not in current),
         gpu_signals=tuple(s for s in signals if s.at is not None and start <= s.at <= end),
     )
 
