@@ -170,3 +170,29 @@ def test_events_are_the_history(api: Api) -> None:
     assert body["events"][0]["reason"] == "submitted"
     assert body["events"][1]["from"] == "QUEUED" and body["events"][1]["reason"] == f"canceled by {OPS}"
     assert body["events"][1]["at"] == body["events"][0]["at"] + 3
+
+
+def test_events_name_the_state_each_transition_really_left(api: Api) -> None:
+    """Given a job moved by the recovery loop's conditional transitions (each allowed from
+    several states: stored as "STARTING|HUNG" and so on), When its events are
+    read, Then FROM is the state it really left (the entry before's TO), not the allowed set."""
+    import boto3
+
+    from gpu_recovery.constants import JobState
+    from gpu_recovery.queue.service import previous_states
+    from gpu_recovery.repository import Repository
+    from tests.queue_api.conftest import INSTANCE_TABLE, JOB_TABLE, REGION
+
+    _, job = api.submit()
+    repo = Repository(boto3.resource("dynamodb", region_name=REGION), JOB_TABLE, INSTANCE_TABLE)
+    for to, sources in ((JobState.STARTING, [JobState.QUEUED]),
+                        (JobState.RUNNING, [JobState.STARTING, JobState.HUNG]),
+                        (JobState.NODE_LOST, [JobState.STARTING, JobState.RUNNING])):
+        api.tick(1)
+        assert repo.apply(repo.job_transition(job["job_id"], to, from_states=sources, attempt=None,
+                                              reason="test", actor="recovery"))
+    events = api.call("GET", f"/v1/jobs/{job['job_id']}/events")[1]["events"]
+    assert [(e["from"], e["to"]) for e in events] == [
+        ("", "QUEUED"), ("QUEUED", "STARTING"), ("STARTING", "RUNNING"), ("RUNNING", "NODE_LOST")]
+    # With no entry before (a trimmed history) the allowed states are all that is known.
+    assert previous_states([{"from": "RUNNING|NODE_LOST", "to": "HUNG"}]) == ["RUNNING|NODE_LOST"]

@@ -816,18 +816,19 @@ class JobQueueService:
     # ------------------------------------------------------------------ events
     def events(self, job_id: str, user: str | None = None) -> dict[str, Any]:
         item = self._readable(job_id, user)
+        history = [e for e in item.get("history") or [] if isinstance(e, Mapping)]
         return {
             "job_id": job_id,
             "state": item["job_state"],
             "events": [
                 {
                     "at": e.get("at", 0),
-                    "from": e.get("from", ""),
+                    "from": previous,
                     "to": e.get("to", ""),
                     "reason": e.get("reason", ""),
                     "actor": e.get("actor", ""),
                 }
-                for e in item.get("history") or []
+                for e, previous in zip(history, previous_states(history), strict=True)
             ],
         }
 
@@ -980,3 +981,17 @@ def _attempt(record: Mapping[str, Any]) -> dict[str, Any]:
 def _index_key(item: Mapping[str, Any], index_pk: str) -> dict[str, Any]:
     """ExclusiveStartKey of an index query that resumes right after ``item``."""
     return {JOB_PK: item[JOB_PK], index_pk: item[index_pk], SUBMITTED_SK: item[SUBMITTED_SK]}
+
+
+def previous_states(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The state each history entry left. A transition is a conditional write that does not
+    read the job first, so its entry stores the states it was allowed from ("HUNG|NODE_LOST|
+    RUNNING"); every state change appends its entry in that same write, so the entry before
+    names the state it really left. Kept as stored when there is no entry before (trimmed
+    history) or it is not one of the allowed states."""
+    out = []
+    for i, entry in enumerate(history):
+        stored = str(entry.get("from", "") or "")
+        before = str(history[i - 1].get("to", "") or "") if i else ""
+        out.append(before if before and before in stored.split("|") else stored)
+    return out
