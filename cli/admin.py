@@ -204,6 +204,9 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
         print(json.dumps(shown, default=str, sort_keys=True, indent=2))
         if stored is None:
             print("the breaker has never acted (no node action recorded yet)", file=sys.stderr)
+        elif shown["cluster_gpu_nodes"] is None:
+            print("cluster_gpu_nodes: not counted yet; the breaker lists the cluster only when one more "
+                  "node could exceed its smallest limit (limit is that minimum until then)", file=sys.stderr)
         return 0
     result = reset_breaker(repo, now=now, resume_backlog=bool(args.resume_backlog), by=_caller(),
                            max_backlog_age_seconds=args.max_backlog_age_hours * 3600)

@@ -89,3 +89,15 @@ def test_reset_needs_a_choice(repo: Repository) -> None:
 def test_show_before_any_node_action(repo: Repository, capsys: pytest.CaptureFixture[str]) -> None:
     code, shown, err = _run(repo, capsys, "show")
     assert code == 0 and shown["state"] == "closed" and "never acted" in err
+
+
+def test_show_says_when_the_cluster_was_not_counted(repo: Repository, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given one node action (the breaker needed no cluster count), Then show prints
+    cluster_gpu_nodes null and says why, instead of a count of 0."""
+    decided = breaker.record_action(None, node="n1", action="reboot", now=NOW, cluster_gpu_nodes=0)
+    assert repo.save_breaker({**decided.state, "limit": decided.limit}, None)
+    monkeypatch.setattr("time.time", lambda: NOW + 60)
+    code, shown, err = _run(repo, capsys, "show")
+    assert code == 0 and shown["cluster_gpu_nodes"] is None and shown["nodes_in_window"] == ["n1"]
+    assert "not counted yet" in err

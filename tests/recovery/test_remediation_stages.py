@@ -362,3 +362,17 @@ def test_an_xid_that_decided_one_fault_does_not_decide_the_next_on_that_node() -
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
         assert w.repo.get_job("b").state is not C.JobState.FAILED
 
+
+def test_the_breaker_records_the_clusters_size_only_when_it_counted_it() -> None:
+    """Given a first node action (one node always fits: nobody lists the cluster), Then the
+    breaker's item holds no cluster size (it used to say 0 GPU nodes); When a second node is
+    acted on within the window, Then the cluster is counted and its real size recorded."""
+    with world() as w:
+        _fault_with_reboot_verdict(w, w.register_job("j", [PEER, FAULTY]))
+        stored = w.repo.get_breaker()
+        assert stored["window"] and "cluster_gpu_nodes" not in stored
+        arns = w.register_job("k", ["node-c", "node-d"])
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        [task] = w.ecs.health_checks_on("node-d")
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+        assert w.repo.get_breaker()["cluster_gpu_nodes"] == 4

@@ -413,10 +413,11 @@ class NodeActionGate:
         policy = self.deps.settings.remediation.breaker
         last_count = int((stored or {}).get("cluster_gpu_nodes") or 0)
         nodes = last_count
+        counted = False
         decided = None
         if action is not None:
             if breaker_policy.needs_cluster_count(stored, node=node, now=now, policy=policy):
-                nodes = self.cluster_gpu_nodes(stored)
+                nodes, counted = self.cluster_gpu_nodes(stored), True
             decided = breaker_policy.record_action(
                 stored, node=node, action=action, now=now, cluster_gpu_nodes=nodes, policy=policy,
                 job_id=",".join(job_ids), reason=reason[:300])
@@ -427,19 +428,22 @@ class NodeActionGate:
             in_window = {e["node"] for e in current["window"] if now - limits.window_seconds < e["at"] <= now}
             if current["state"] == cordon_policy.CLOSED and node not in in_window \
                     and len(in_window) + 1 > limits.allowed_nodes(0):
-                nodes = self.cluster_gpu_nodes(stored)
+                nodes, counted = self.cluster_gpu_nodes(stored), True
             cordoned = cordon_policy.admit((stored or {}).get("cordons"), node=node, now=now,
                                            cluster_gpu_nodes=nodes, policy=limits)
         return GateAnswer(decided, cordoned, self.state_update(stored, read_version, decided, nodes,
-                                                               cordons=cordoned))
+                                                               cordons=cordoned, counted=counted))
 
     def state_update(self, stored: dict[str, Any] | None, read_version: int | None,
                      decided: breaker_policy.BreakerDecision | None, nodes: int,
                      released: dict[str, Any] | None = None,
-                     cordons: cordon_policy.CordonDecision | None = None) -> Update | None:
+                     cordons: cordon_policy.CordonDecision | None = None,
+                     counted: bool = True) -> Update | None:
         """The breaker item to write with the decision (None: nothing changed). The released
         backlog is kept (or replaced by ``released``); the cordon limit's state is written
-        when ``cordons`` decided (else left as stored)."""
+        when ``cordons`` decided (else left as stored). ``counted``: ``nodes`` is the cluster
+        just counted, not the stored count (0 when never counted) a decision the cluster's size
+        could not change was taken with."""
         unchanged = decided is None or decided.state == breaker_policy.normalize(stored)
         if cordons is not None and cordons.state != cordon_policy.normalize((stored or {}).get("cordons")):
             unchanged = False
@@ -459,7 +463,13 @@ class NodeActionGate:
         # What the decision was measured against, for `gpu-recovery-admin breaker show`.
         settings = self.deps.settings.remediation.breaker
         state.update(limit=decided.limit if decided is not None else settings.allowed_nodes(nodes),
-                     cluster_gpu_nodes=nodes, window_seconds=settings.window_seconds)
+                     window_seconds=settings.window_seconds)
+        # Only a real count is recorded: a first node action needs none, and "0 GPU nodes"
+        # in `breaker show` would read as a measurement.
+        if counted:
+            state["cluster_gpu_nodes"] = nodes
+        elif stored and stored.get("cluster_gpu_nodes") is not None:
+            state["cluster_gpu_nodes"] = stored["cluster_gpu_nodes"]
         return self.deps.repo.breaker_update(state, read_version)
 
     def tell_tripped(self, decided: breaker_policy.BreakerDecision, inst_id: str) -> None:
