@@ -10,7 +10,7 @@
     gpu-recovery-admin quota list [--user alice] [--json]
     gpu-recovery-admin quota remove --user alice --priority HIGH
     gpu-recovery-admin faults --job-id llama-ft-... [--attempt 1] [--json]   # every suspect node of a fault
-    gpu-recovery-admin fault xid 79 --job <job id> --rank 1   # inject one: the local playground only
+    gpu-recovery-admin inject-fault xid 79 --job <job id> --rank 1   # the local playground only
 
 ``breaker`` reads and writes the breaker's item in the container-instance table
 (``--instance-table`` or ``$CONTAINER_INSTANCE_TABLE_NAME``). ``reset --resume-backlog``
@@ -30,8 +30,9 @@ set quota has the deployment's default, read from ``$DEFAULT_NODE_QUOTAS`` (the 
 stack gives the jobs API, e.g. ``{"HIGH": 8}``), else no limit. A change applies from the
 scheduler's next tick. ``remove`` exits 1 when no quota was set at that level.
 
-``fault`` injects a fault into the local playground (``make playground``) through its
-local-only route; it refuses any endpoint not on this machine (see :mod:`cli.faults`).
+``inject-fault`` (old name ``fault``, deprecated) injects a fault into the local playground
+(``make playground``) through its local-only route; it refuses any endpoint not on this
+machine (see :mod:`cli.faults`).
 
 Credentials and region come from the usual AWS settings (``--region`` / ``--profile``
 override them). Token commands use the table ``--table`` or ``$NODE_TOKEN_TABLE_NAME``
@@ -121,6 +122,7 @@ class Command:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, Context], int]
+    deprecated_aliases: tuple[str, ...] = ()  # old names still accepted, with a warning
 
 
 def _caller() -> str:
@@ -417,10 +419,12 @@ COMMANDS: list[Command] = [
     Command("quota", "set, list or remove users' node quotas per priority level", _quota_arguments, _quota),
     Command("uncordon", "a known-bad node repaired by hand takes new work again", _uncordon_arguments,
             _uncordon),
-    Command("faults", "every suspect node of a job's fault: verdict, decision, XIDs", _faults_arguments,
-            _faults),
-    Command("fault", "inject a fault into the local playground (make playground; local endpoints only)",
-            faults.add_arguments, lambda args, ctx: faults.run(args)),
+    Command("faults", "read a job's fault analysis: every suspect node, verdict, decision, XIDs",
+            _faults_arguments, _faults),
+    # Not "fault": one letter from "faults", which reads a deployed job's analysis.
+    Command("inject-fault", "inject a fault into the local playground (make playground; local endpoints "
+            "only; 'fault' is its deprecated old name)", faults.add_arguments,
+            lambda args, ctx: faults.run(args), deprecated_aliases=("fault",)),
 ]
 
 
@@ -432,14 +436,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", help="AWS profile")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
-        command.add_arguments(sub.add_parser(command.name, help=command.help))
+        command.add_arguments(sub.add_parser(command.name, help=command.help,
+                                             aliases=list(command.deprecated_aliases)))
     return parser
 
 
 def main(argv: Sequence[str] | None = None, store: TokenStore | None = None,
          session: Any = None, repo: Any = None, quotas: Any = None) -> int:
     args = build_parser().parse_args(argv)
-    command = next(c for c in COMMANDS if c.name == args.command)
+    command = next(c for c in COMMANDS if args.command in (c.name, *c.deprecated_aliases))
+    if args.command != command.name:
+        print(f"warning: `gpu-recovery-admin {args.command}` is deprecated; use `gpu-recovery-admin "
+              f"{command.name}`", file=sys.stderr)
     try:
         return command.run(args, Context(args, store=store, session=session, repo=repo, quotas=quotas))
     except TokenError as error:

@@ -1,12 +1,13 @@
-"""``gpu-recovery-admin fault``: inject a fault into the local playground (``make playground``).
+"""``gpu-recovery-admin inject-fault``: inject a fault into the local playground (``make playground``).
+``fault`` is its deprecated old name (too close to ``faults``, which reads a job's fault analysis).
 
-    gpu-recovery-admin fault nodes                          # the playground's nodes and what runs there
-    gpu-recovery-admin fault xid 79 --job <job id> --rank 1 # XID 79 on the GPU node of rank 1
-    gpu-recovery-admin fault xid 48 --node node-2 [--gpu 3] [--persistent]
-    gpu-recovery-admin fault dead-gpu --node node-2         # the DCGM diag will say replace
-    gpu-recovery-admin fault flap --node node-3 [--times 3] [--seconds 30]   # ECS agent flaps
-    gpu-recovery-admin fault app-error --job <job id> [--rank 0] [--exit-code 1]
-    gpu-recovery-admin fault lost-node --node node-4 [--seconds 300]         # heartbeats stop
+    gpu-recovery-admin inject-fault nodes                   # the playground's nodes and what runs there
+    gpu-recovery-admin inject-fault xid 79 --job <job id> --rank 1  # XID 79 on the GPU node of rank 1
+    gpu-recovery-admin inject-fault xid 48 --node node-2 [--gpu 3] [--persistent]
+    gpu-recovery-admin inject-fault dead-gpu --node node-2  # the DCGM diag will say replace
+    gpu-recovery-admin inject-fault flap --node node-3 [--times 3] [--seconds 30]  # ECS agent flaps
+    gpu-recovery-admin inject-fault app-error --job <job id> [--rank 0] [--exit-code 1]
+    gpu-recovery-admin inject-fault lost-node --node node-4 [--seconds 300]  # heartbeats stop
 
 Local only: the endpoint (``--endpoint`` or ``$GPUJOBS_ENDPOINT``, what ``make playground``
 prints) must be on this machine (127.0.0.1, localhost, ::1); anything else is refused

@@ -25,7 +25,7 @@ real-time clock (optionally accelerated) while the API serves requests:
   polls the suspend channel with the real ``training_client`` and calls ``go_suspend()``;
 * the local API (:mod:`local_mode.server`) plus **local-only** routes, never deployed:
   ``GET /local/nodes`` (the cluster) and ``POST /local/faults`` (inject a fault), used by
-  ``gpu-recovery-admin fault``.
+  ``gpu-recovery-admin inject-fault``.
 
 The console shows the cluster's timeline, every job's state changes and the text of each
 e-mail the stack sends (SNS). Run it::
@@ -816,11 +816,11 @@ class Playground:
             "  source .venv/bin/activate                            # gpujobs, gpu-recovery-admin",
             *[f"  {line}" for line in exports],
             "  gpujobs submit -f examples/job.yaml                  # prints the job id",
-            "  gpu-recovery-admin fault xid 79 --job <job id> --rank 1   # a GPU falls off the bus",
+            "  gpu-recovery-admin inject-fault xid 79 --job <job id> --rank 1  # a GPU falls off the bus",
             "  gpujobs watch <job id>                               # its recovery, live, until COMPLETE",
             "",
             "More: gpujobs list | logs <id> | suspend <id> | resume <id> | quota; gpu-recovery-admin",
-            "fault nodes | dead-gpu | flap | app-error | lost-node; quota set; breaker show.",
+            "inject-fault nodes | dead-gpu | flap | app-error | lost-node; quota set; breaker show.",
             f"Users: the CLI acts as $USER; {' and '.join(self.admins)} are admins here (every job, every",
             "quota); USER=bob gpujobs ... acts as bob.",
             "Ctrl-C stops the playground (everything is in memory).",

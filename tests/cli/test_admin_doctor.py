@@ -465,8 +465,8 @@ def test_admin_commands_are_a_registry() -> None:
     assert len(names) == len(set(names))
     parser = build_parser()
     required = {"issue-token": ["--node-id", "n1"], "revoke-token": ["--node-id", "n1"],
-                "breaker": ["show"], "quota": ["list"], "faults": ["--job-id", "j"], "fault": ["nodes"],
-                "uncordon": ["--node-id", "n1"]}
+                "breaker": ["show"], "quota": ["list"], "faults": ["--job-id", "j"],
+                "inject-fault": ["nodes"], "uncordon": ["--node-id", "n1"]}
     for name in names:
         parser.parse_args([name, *required.get(name, [])])
 

@@ -148,7 +148,7 @@ def test_a_job_hit_by_xid_79_recovers_and_completes(playground: PlaygroundProces
     running = wait_for_state(capsys, job_id, "RUNNING")
     assert running["attempt"] == 1
 
-    code, out, err = cli(capsys, admin.main, "fault", "xid", "79", "--job", job_id, "--rank", "1")
+    code, out, err = cli(capsys, admin.main, "inject-fault", "xid", "79", "--job", job_id, "--rank", "1")
     assert code == 0, err
     injected = json.loads(out)
     assert injected["kind"] == "xid" and "XID 79" in injected["detail"]
@@ -188,15 +188,15 @@ def test_admin_commands_reach_the_playground(playground: PlaygroundProcess, shel
     high = next(r for r in json.loads(out)["quotas"] if r["priority_name"] == "HIGH")
     assert (high["max_nodes"], high["source"]) == (4, "set")
 
-    code, out, err = cli(capsys, admin.main, "fault", "nodes")
+    code, out, err = cli(capsys, admin.main, "inject-fault", "nodes")
     assert code == 0, err
     assert [line.split()[0] for line in out.splitlines()] == ["NODE", "node-1", "node-2", "node-3", "node-4"]
 
-    code, _, err = cli(capsys, admin.main, "fault", "xid", "79", "--node", "node-9")
+    code, _, err = cli(capsys, admin.main, "inject-fault", "xid", "79", "--node", "node-9")
     assert code == 2 and "no node node-9" in err
-    code, _, err = cli(capsys, admin.main, "fault", "xid", "79", "--node", "node-1", "--gpu", "8")
+    code, _, err = cli(capsys, admin.main, "inject-fault", "xid", "79", "--node", "node-1", "--gpu", "8")
     assert code == 2 and "gpu: 0..7" in err
-    code, _, err = cli(capsys, admin.main, "fault", "app-error", "--job", "nope-20261120-000000-0000")
+    code, _, err = cli(capsys, admin.main, "inject-fault", "app-error", "--job", "nope-20261120-000000-0000")
     assert code == 2 and "has no rank 0 on a node now" in err
 
 
@@ -250,7 +250,7 @@ def test_a_large_gang_is_stopped_and_restarted_through_the_gang_queue(capsys: py
         assert code == 0, err
         job_id = out.strip()
         wait_for_state(capsys, job_id, "RUNNING")
-        code, _, err = cli(capsys, admin.main, "fault", "xid", "79", "--job", job_id, "--rank", "16")
+        code, _, err = cli(capsys, admin.main, "inject-fault", "xid", "79", "--job", job_id, "--rank", "16")
         assert code == 0, err
         code, out, err = cli(capsys, gpujobs.main, "watch", job_id, "--interval", "0.2")
         assert code == 0 and "-> COMPLETE" in out, err + out
@@ -267,11 +267,11 @@ def test_fault_injection_refuses_an_endpoint_not_on_this_machine(capsys: pytest.
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A deployed API never gets a fault request: the command refuses before sending one."""
     monkeypatch.setenv("GPUJOBS_ENDPOINT", "https://abc123.execute-api.us-east-1.amazonaws.com/v1")
-    code, out, err = cli(capsys, admin.main, "fault", "xid", "79", "--node", "node-1")
+    code, out, err = cli(capsys, admin.main, "inject-fault", "xid", "79", "--node", "node-1")
     assert (code, out) == (2, "")
     assert "for the local playground only" in err and "abc123.execute-api" in err
     monkeypatch.delenv("GPUJOBS_ENDPOINT")
-    code, _, err = cli(capsys, admin.main, "fault", "nodes")
+    code, _, err = cli(capsys, admin.main, "inject-fault", "nodes")
     assert code == 2 and "no endpoint" in err
 
 
@@ -323,11 +323,21 @@ def test_fault_requests_from_the_command_line() -> None:
     from cli.faults import fault_body, local_endpoint
 
     parser = admin.build_parser()
-    args = parser.parse_args(["fault", "xid", "48", "--job", "j-1", "--rank", "1", "--gpu", "3",
+    args = parser.parse_args(["inject-fault", "xid", "48", "--job", "j-1", "--rank", "1", "--gpu", "3",
                               "--persistent"])
     assert fault_body(args) == {"kind": "xid", "job_id": "j-1", "rank": 1, "xid": 48, "gpu": 3,
                                 "persistent": True}
-    args = parser.parse_args(["fault", "lost-node", "--node", "node-2", "--seconds", "600"])
+    args = parser.parse_args(["inject-fault", "lost-node", "--node", "node-2", "--seconds", "600"])
     assert fault_body(args) == {"kind": "lost_node", "node": "node-2", "seconds": 600.0}
     assert local_endpoint("http://localhost:8080/v1") == "http://localhost:8080"
     assert local_endpoint("http://[::1]:8080") == "http://[::1]:8080"
+
+
+def test_the_old_fault_command_still_injects_but_says_it_is_deprecated(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`fault` (one letter from `faults`, which reads a job's analysis) is `inject-fault`'s
+    old name: it still runs the injection (here refused: the endpoint is not local) and warns."""
+    code = admin.main(["fault", "--endpoint", "https://jobs.example.com", "nodes"])
+    err = capsys.readouterr().err
+    assert code == 2 and "not on this machine" in err
+    assert "`gpu-recovery-admin fault` is deprecated; use `gpu-recovery-admin inject-fault`" in err
