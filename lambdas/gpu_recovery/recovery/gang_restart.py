@@ -23,6 +23,10 @@ waits likewise; then
   again): the sweep tries again every minute, the nodes that free up are reserved for it
   (the queue scheduler and later relocations skip them), and after
   ``relocation_wait_seconds`` it fails with that reason.
+
+Spare first (:meth:`GangRestart.spare_first`): with a spare pool, a relocatable
+tag-registered job does not wait for its suspects' verdicts: once every old rank ended it
+leaves them for healthy free nodes; their checks go on for the nodes alone.
 """
 
 from __future__ import annotations
