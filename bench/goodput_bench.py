@@ -17,10 +17,11 @@ it, the escalation of the remediation settings' defaults).
 Each path's duration, and where it comes from:
 
 * ``diag`` 120 s: the DCGM level-2 diag, ``bench.remediation_bench.DCGM_SECONDS`` (the
-  floor the remediation bench and the emulator use); every fault waits for its verdict
-  before anything moves: that is what the code does today (the job is PENDING_HEALTHCHECK
-  until the verdict, then relocates; the emulator measures 125 s from fault to the
-  relocated ranks running, tests/remediation/test_spare_relocation.py).
+  floor the remediation bench and the emulator use). Without a spare the job waits for
+  its verdict (then for the reboot or a node); with a spare free it does not (spare
+  first: the emulator measures 10 s from the fault to the relocated ranks running,
+  tests/remediation/test_spare_relocation.py, against 125 s when the move waited for the
+  verdict).
 * ``reboot`` 180 s: ``bench.remediation_bench.REBOOT_SECONDS`` (the 3-5 min of
   the remediation anchors; the stack waits up to ``reboot_timeout_seconds``).
 * ``replacement`` (default 20 min, a parameter): a new instance launched by its Auto
@@ -34,10 +35,12 @@ Paths. **No spares** (today's path in a full cluster): the job waits for the dia
 reboot, or for a replacement node (the relocation wait of domain/relocation.py: a node
 that frees is reserved for it). **Spares** (``spare_nodes``, 2 % / 5 % of 128 rounded up:
 3 / 7): after the diag the ranks of the bad node move to a free spare (relocation takes free
-nodes; ``relocate_instead_of_wait`` so a reboot-fixable node is not waited for either); the
-bad node is rebooted or replaced in the background and joins the pool when healthy. No
-spare free: today's path. The last line (``diag_wait=False``) is the issue's target path:
-moving to the spare without waiting for the diag (not what the code does today).
+3 / 7): as soon as the fault is known the ranks of the bad node move to a free spare,
+without waiting for the diag or the reboot (spare first, domain/relocation.py
+``spare_first``; with a pool a reboot-fixable node is not waited for either); the bad node
+is diagnosed, rebooted or replaced in the background and joins the pool when healthy. No
+spare free: the path without spares. The last line (``diag_wait=True``) is the spare path
+as it was before spare first: the move waited for the verdict.
 
 Storm line: the emulator's storm scenario (tests/queue_scheduler/test_storm.py: 16 nodes
 kept full by the queue, 4 XID 79 faults within 10 minutes, the breaker tripping on the
@@ -79,7 +82,7 @@ class Model:
     flap_mean_hours: float = 24.0
     reboots_before_replace: int = _ESCALATION.reboots_before_replace
     reboot_window_hours: float = _ESCALATION.reboot_window_seconds / 3600
-    diag_wait: bool = True  # False: the issue's target, a spare taken before the verdict
+    diag_wait: bool = False  # True: a spare taken only after the verdict (before spare first)
     seed: int = 20261123
 
     @property
@@ -284,7 +287,7 @@ def scenarios(base: Model) -> list[tuple[str, Model]]:
         ("no spares (today's path)", replace(base, spare_nodes="0")),
         ("2 % spares", replace(base, spare_nodes="2%")),
         ("5 % spares", replace(base, spare_nodes="5%")),
-        ("5 % spares, no diag wait (target)", replace(base, spare_nodes="5%", diag_wait=False)),
+        ("5 % spares, after the diag (before)", replace(base, spare_nodes="5%", diag_wait=True)),
     ]
 
 

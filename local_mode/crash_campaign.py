@@ -19,6 +19,8 @@ Three more scenarios break other flows the same way (``scenario=``):
   DCGM diag, exactly once, and the job restarts and completes;
 * ``relocation`` — node-b's GPU dies (DCGM says replace): node-b is quarantined, never
   rebooted, and rank 1 of the relocatable job moves to the spare node-c, exactly once;
+* ``spare_first`` — the same with a spare pool (``spare_nodes=1``): rank 1 moves to
+  node-c before node-b's verdict, and node-b is still checked and quarantined;
 * ``large`` — the GPU fault of ``gpu_fault`` in a 64-rank job (one rank per node): the gang
   is stopped and restarted through the fan-out queue (batches run by the gang worker),
   so the campaign breaks the batches' calls too.
@@ -47,7 +49,9 @@ from .faults import FAULT_MODES, ApiCall
 MIN = 60
 JOB_ID = "campaign"
 FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
-SCENARIOS = ("gpu_fault", "fast_path", "relocation", "large")
+SCENARIOS = ("gpu_fault", "fast_path", "relocation", "spare_first", "large")
+# Scenarios whose job moves rank 1 to the spare node-c (node-b quarantined).
+RELOCATING = ("relocation", "spare_first")
 LARGE_RANKS = 64
 TRAIN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 90 * MIN
@@ -80,7 +84,7 @@ def check(result: RunResult) -> list[str]:
     if result.job_state != JobState.COMPLETE.value or result.attempt != 2 or result.recoveries_used != 1:
         problems.append(f"job {result.job_state} attempt {result.attempt} "
                         f"recoveries {result.recoveries_used} (want COMPLETE, 2, 1)")
-    relocation = result.scenario == "relocation"
+    relocation = result.scenario in RELOCATING
     want_reboots = {n: (1 if n == FAULTY and not relocation else 0) for n in result.reboots}
     if result.reboots != want_reboots:
         problems.append(f"reboots {result.reboots} (want {want_reboots})")
@@ -113,7 +117,8 @@ def check(result: RunResult) -> list[str]:
 def _cluster(scenario: str = "gpu_fault") -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
-    with LocalAws(metrics_disabled=True) as local:
+    env = {C.ENV_SPARE_NODES: "1"} if scenario == "spare_first" else {}
+    with LocalAws(metrics_disabled=True, extra_env=env) as local:
         runtime.reset(clients=False)
         bus = LocalEventBus(duplicate_delivery=False)
         # A large gang's placements need no container-instance events (nothing reads them).
@@ -141,7 +146,7 @@ def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = 
         if scenario == "fast_path":
             sim.inject_xid(FAULTY, 79, after=MIN, health="reboot_fixable", nccl_cascade=True,
                            crash_delay_seconds=10)
-        elif scenario == "relocation":
+        elif scenario in RELOCATING:
             sim.inject_gpu_fault(FAULTY, after=MIN, health="replace", nccl_cascade=True)
         else:
             sim.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True)
@@ -180,7 +185,7 @@ def _start_job(sim: SimulatedEcs, scenario: str = "gpu_fault") -> None:
         sim.add_node(node, gpus=8)
     td = sim.register_training_task_definition("train", gpus=8)
     sim.plan_family("train", run_seconds=TRAIN_SECONDS, exit_code=0)
-    tags = {C.TAG_RELOCATABLE: "true"} if scenario == "relocation" else None
+    tags = {C.TAG_RELOCATABLE: "true"} if scenario in RELOCATING else None
     ranks = list(_nodes(scenario)) if scenario == "large" else [HEALTHY, FAULTY]
     sim.start_job(JOB_ID, td, ranks, extra_tags=tags)
     sim.run_for(MIN)
@@ -189,7 +194,7 @@ def _start_job(sim: SimulatedEcs, scenario: str = "gpu_fault") -> None:
 def _nodes(scenario: str) -> tuple[str, ...]:
     if scenario == "large":
         return (HEALTHY, FAULTY, *(f"node-x{i:02d}" for i in range(LARGE_RANKS - 2)))
-    return (HEALTHY, FAULTY, SPARE) if scenario == "relocation" else (HEALTHY, FAULTY)
+    return (HEALTHY, FAULTY, SPARE) if scenario in RELOCATING else (HEALTHY, FAULTY)
 
 
 def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, fault: tuple[int, str] | None,

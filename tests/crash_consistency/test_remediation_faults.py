@@ -1,12 +1,14 @@
 """The remediation flows never lose a fault either: the fast path (XID 79 reported by the
-node agent, reboot without the DCGM diag) and relocation (a dead GPU: the node quarantined,
-the rank moved to a spare node), each broken at an AWS call, once, in both fault models
-(a throttle that does not execute the call, a call whose response is lost), with failed
-events redelivered as Lambda's asynchronous invocation does and the sweep every minute.
+node agent, reboot without the DCGM diag), relocation (a dead GPU: the node quarantined,
+the rank moved to a spare node) and spare first (the same with a spare pool: the rank
+moved before the node's verdict, the node still checked and quarantined), each broken at
+an AWS call, once, in both fault models (a throttle that does not execute the call, a call
+whose response is lost), with failed events redelivered as Lambda's asynchronous
+invocation does and the sweep every minute.
 
 Every run must end with the job completed on attempt 2 after one recovery, the faulty node
 rebooted exactly once (fast path, without any health check) or quarantined and never
-rebooted (relocation, rank 1 on the spare), one health check per other suspect, nothing
+rebooted (relocation and spare first, rank 1 on the spare), one health check per other suspect, nothing
 stuck, nothing in a DLQ. ``make test`` breaks the first call of every call site of each
 flow (the node agent's report through the heartbeat service included); ``make
 test-faults`` breaks every call.
@@ -24,7 +26,7 @@ from local_mode import crash_campaign as campaign
 from . import _forked as forked
 
 EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
-FLOWS = ("fast_path", "relocation")
+FLOWS = ("fast_path", "relocation", "spare_first")
 
 
 @cache
@@ -49,7 +51,8 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
         # The node agent's report reached the stack through the heartbeat service.
         assert any(c.operation == "UpdateItem" and "heartbeat" in c.site for c in result.calls)
     else:
-        assert result.suspects[campaign.FAULTY] == "REPLACE"
+        # Spare first: the job left node-b before its verdict (which went to the node only).
+        assert result.suspects[campaign.FAULTY] == ("LEFT" if flow == "spare_first" else "REPLACE")
         assert result.final_nodes == [campaign.HEALTHY, campaign.SPARE]
 
 

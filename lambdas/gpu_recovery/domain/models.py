@@ -151,6 +151,9 @@ class Instance:
     hc_job_slot: bool = True  # it holds a slot of its owner's share (none when no share is kept)
     hc_claimed_at: float | None = None  # when it got its slot (its time limit runs from here)
     hc_waiting_for_slot: bool = False  # no slot free: waits in its owner's queue
+    # "<job>#<attempt>" of jobs that left before the verdict (spare first): the check is
+    # still the node's, and their suspect items hold the fault's evidence.
+    hc_left: set[str] = field(default_factory=set)
     reboot_requested_at: float | None = None
     reboot_claimed_at: float | None = None  # intent: a delivery is calling the reboot API
     reboot_issued_at: float | None = None  # confirmed: the reboot API answered
@@ -171,6 +174,24 @@ class Instance:
     # Known bad: no new work until healthy again (domain.cordon); {} when not cordoned.
     cordon: dict[str, Any] = field(default_factory=dict)
     cordon_version: float | None = None  # the last cordon / uncordon intent (its sync's version)
+
+    @property
+    def left_jobs(self) -> list[tuple[str, int]]:
+        """(job, attempt) of the jobs that left before this check's verdict."""
+        found = []
+        for entry in sorted(self.hc_left):
+            job_id, _, attempt = entry.rpartition("#")
+            if job_id and attempt.isdigit():
+                found.append((job_id, int(attempt)))
+        return found
+
+    @property
+    def check_owner(self) -> str:
+        """The job whose share of health checks this check takes: a waiting job, else one
+        that left before the verdict (the check is still needed)."""
+        if self.hc_jobs:
+            return min(self.hc_jobs)
+        return min((job_id for job_id, _ in self.left_jobs), default="")
 
     @property
     def cordoned(self) -> bool:

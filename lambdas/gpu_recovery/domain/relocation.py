@@ -18,6 +18,11 @@ healthy, wholly free GPU nodes out of new queue work (``keep_spares``), offering
 to queue jobs relocated off a bad node; a tag-registered job's relocation takes free nodes
 as above, so the spares are what it finds. The pool is a count, not a list of
 nodes: a bad node remediated in the background is a spare again once healthy and free.
+
+Spare first (:func:`spare_first`): with a pool configured, a relocatable tag-registered
+job whose suspect nodes still wait for their DCGM verdict leaves them for healthy free
+nodes as soon as every old rank ended, instead of waiting for the verdicts; the nodes
+are still diagnosed and remediated, the verdict going to the node only.
 """
 
 from __future__ import annotations
@@ -74,6 +79,49 @@ class SparePool:
 
     def __str__(self) -> str:
         return f"{self.percent:g}%" if self.percent else str(self.count)
+
+    @property
+    def configured(self) -> bool:
+        return self.count > 0 or self.percent > 0
+
+
+# A fault with more suspect nodes than this waits for their verdicts: a cascade over many
+# nodes is more likely the fabric or the job than as many dead GPUs, and a pool of a few
+# spares could not take it anyway.
+MAX_NODES_LEFT_BEFORE_VERDICT = 8
+
+
+@dataclass(frozen=True)
+class SpareFirst:
+    """Whether a job in PENDING_HEALTHCHECK leaves its suspect nodes before their verdicts
+    (``go``), or why it waits for them as before."""
+
+    go: bool
+    why: str
+
+
+def spare_first(*, pool: SparePool, relocatable: bool, queue_job: bool, ranks_ended: bool,
+                pending_verdicts: int, infra_recoveries_left: int, restarts_enforced: bool) -> SpareFirst:
+    """Leave the suspect nodes now (the caller still needs a healthy free node for each
+    node the job leaves; none: it waits for the verdicts as before). The move is charged
+    to the infrastructure budget, as any relocation off a bad node: a job without one
+    left waits for the verdicts, which decide its fate as before."""
+    if not pool.configured:
+        return SpareFirst(False, "no spare pool (spare_nodes=0)")
+    if queue_job or not relocatable:
+        return SpareFirst(False, "only relocatable tag-registered jobs move before the verdict")
+    if not restarts_enforced:
+        return SpareFirst(False, "restart_job is observed")
+    if not ranks_ended:
+        return SpareFirst(False, "old ranks still running")
+    if pending_verdicts <= 0:
+        return SpareFirst(False, "no verdict pending")
+    if pending_verdicts > MAX_NODES_LEFT_BEFORE_VERDICT:
+        return SpareFirst(False, f"{pending_verdicts} suspect nodes (more than "
+                                 f"{MAX_NODES_LEFT_BEFORE_VERDICT}): waiting for their verdicts")
+    if infra_recoveries_left <= 0:
+        return SpareFirst(False, "no infrastructure recovery left: the verdicts decide")
+    return SpareFirst(True, f"{pending_verdicts} suspect node(s) left before the verdict")
 
 
 def keep_spares(size: int, free_nodes: Iterable[SpareNode]) -> set[str]:

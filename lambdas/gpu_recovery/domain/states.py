@@ -127,12 +127,14 @@ class SuspectVerdict(str, Enum):
     TIMEOUT = "TIMEOUT"
     UNAVAILABLE = "UNAVAILABLE"
     BLOCKED = "BLOCKED"  # needed a node action that was not carried out (observe mode, breaker)
+    # The job moved to a spare before the verdict (spare first): the verdict is the node's only.
+    LEFT = "LEFT"
 
 
 # A job with any of these verdicts cannot be restarted on its own nodes.
 FATAL_SUSPECT_VERDICTS = frozenset(
     {SuspectVerdict.REPLACE, SuspectVerdict.QUARANTINED, SuspectVerdict.OPERATOR_ACTION,
-     SuspectVerdict.TIMEOUT, SuspectVerdict.UNAVAILABLE, SuspectVerdict.BLOCKED}
+     SuspectVerdict.TIMEOUT, SuspectVerdict.UNAVAILABLE, SuspectVerdict.BLOCKED, SuspectVerdict.LEFT}
 )
 
 

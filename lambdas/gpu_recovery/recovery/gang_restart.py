@@ -23,6 +23,10 @@ waits likewise; then
   again): the sweep tries again every minute, the nodes that free up are reserved for it
   (the queue scheduler and later relocations skip them), and after
   ``relocation_wait_seconds`` it fails with that reason.
+
+Spare first (:meth:`GangRestart.spare_first`): with a spare pool, a relocatable
+tag-registered job does not wait for its suspects' verdicts: once every old rank ended it
+leaves them for healthy free nodes; their checks go on for the nodes alone.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ from gpu_recovery.domain.relocation import (
     choose_targets,
     gpu_count,
     reserve_for_waits,
+    spare_first,
 )
+from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import (
     FATAL_SUSPECT_VERDICTS,
     UNUSABLE_INSTANCE_STATES,
@@ -65,6 +71,7 @@ RETRY_INTERVAL_SECONDS = 60
 RESEND_AFTER_SECONDS = 120
 # Suspect nodes whose evidence one e-mail spells out; the rest are counted.
 MAX_FAULTS_IN_EMAIL = 5
+_SPARE_FIRST_ROUNDS = 3  # a verdict landing meanwhile: decide again on fresh counts
 _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the faulty node, and "
                     "resubmit the job.")
 
@@ -110,7 +117,7 @@ class GangRestart:
                                            "meanwhile")
             return Outcome("restart_failed", job_id, {"unusable": elsewhere or tally.fatal})
         wait_reboot = tally.rebooting > 0
-        if relocatable and (unusable or (wait_reboot and self.deps.settings.relocate_instead_of_wait)):
+        if relocatable and (unusable or (wait_reboot and self._moves_off_reboots())):
             moved = self._relocate(job, unusable, elsewhere)
             if moved is not None:
                 return moved
@@ -150,7 +157,7 @@ class GangRestart:
         fatal = sorted({s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS}
                        | set(elsewhere or ()))
         rebooting = sorted(s.node for s in suspects if s.rebooting)
-        moving_off_reboots = self.deps.settings.relocate_instead_of_wait
+        moving_off_reboots = self._moves_off_reboots()
         leaving = sorted(set(fatal) | (set(rebooting) if moving_off_reboots else set()))
         why = self._relocation_reason(suspects, fatal, rebooting)
         if job.is_queue_job and unusable:
@@ -170,6 +177,16 @@ class GangRestart:
             return self._requeue(job, leaving, why) if targets is not None else None
         if targets is None:
             return self._wait_for_spare(job, leaving, gpus, why) if unusable else None
+        return self._claim_moves(job, targets, why)
+
+    def _moves_off_reboots(self) -> bool:
+        """A relocatable job leaves a rebooting node for a healthy free one (if any) instead
+        of waiting for the reboot: ``relocate_instead_of_wait``, or a spare pool to take it."""
+        settings = self.deps.settings
+        return settings.relocate_instead_of_wait or settings.spare_nodes.configured
+
+    def _claim_moves(self, job: Job, targets: dict[str, SpareNode], why: str) -> Outcome:
+        """The relocation's claim (its placement in the same transaction), then its launch."""
         moves = {node: {"node": t.node_id, "arn": t.container_instance_arn, "ec2": t.ec2_instance_id,
                         "why": why[:200]} for node, t in targets.items()}
         now = clock.now()
@@ -184,6 +201,58 @@ class GangRestart:
         self.deps.metrics.add_metric("Relocations", "Count", 1)
         started = self.deps.repo.get_job(job.job_id) or job
         return self._launch(started)
+
+    def spare_first(self, job: Job) -> Outcome:
+        """Spare first: a relocatable job in PENDING_HEALTHCHECK whose old ranks all ended
+        leaves its suspect nodes (and any already unusable or rebooting) for healthy free
+        nodes now, without waiting for the DCGM verdicts (``domain.relocation.spare_first``).
+        The nodes' checks go on without it: their verdicts remediate the nodes only. No
+        healthy free node for every node it leaves (the spare was taken by another
+        relocation, say): nothing is written and the job waits for the verdicts as before.
+        Called when the last old rank ends, and by the sweep while the job waits."""
+        repo = self.deps.repo
+        for _ in range(_SPARE_FIRST_ROUNDS):
+            if job.state is not JobState.PENDING_HEALTHCHECK or not job.in_fault:
+                return Outcome("ignored", job.job_id, {"why": "not waiting for verdicts"})
+            tally = job.tally
+            decision = spare_first(
+                pool=self.deps.settings.spare_nodes, relocatable=self.relocatable(job),
+                queue_job=job.is_queue_job, ranks_ended=tally.ranks_ended,
+                pending_verdicts=tally.pending or 0,
+                infra_recoveries_left=job.max_recovery_attempts - job.recoveries_used,
+                restarts_enforced=self.deps.policy.modes.executes(Effect.RESTART_JOB))
+            if not decision.go:
+                return Outcome("waiting", job.job_id, {"why": decision.why})
+            suspects = repo.faults.suspects(job.job_id, job.attempt)
+            pending = sorted(s.node for s in suspects if s.pending)
+            if not pending:
+                return Outcome("waiting", job.job_id, {"why": "no verdict pending"})
+            decided = sorted(s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS or s.rebooting)
+            leaving = sorted(set(pending) | set(decided) | set(self._unusable_nodes(job)))
+            try:
+                targets, _ = self._spares_for(job, leaving)
+            except (ClientError, BotoCoreError) as error:
+                logger.warning("spare-first snapshot failed",
+                               extra={"job_id": job.job_id, "error": str(error)})
+                return Outcome("waiting", job.job_id, {"why": "cluster snapshot failed"})
+            if targets is None:
+                return Outcome("waiting", job.job_id,
+                               {"why": "no healthy free node: waiting for the verdicts"})
+            why = (f"node(s) suspect: {', '.join(pending[:10])} left before the DCGM verdict (checked and "
+                   f"remediated in the background)")
+            if repo.leave_suspects_before_verdict(job, pending, reason=f"spare first: {why}",
+                                                  deadline_at=clock.now() + RETRY_INTERVAL_SECONDS):
+                self.deps.metrics.add_metric("SpareFirstMoves", "Count", 1)
+                left = repo.get_job(job.job_id)
+                if left is None or left.state is not JobState.PENDING_RESTART or left.attempt != job.attempt:
+                    return Outcome("duplicate", job.job_id)
+                return self._claim_moves(left, targets, why)
+            # A verdict (or another delivery) landed meanwhile: decide again on fresh counts.
+            fresh = repo.get_job(job.job_id)
+            if fresh is None or fresh.attempt != job.attempt:
+                return Outcome("duplicate", job.job_id)
+            job = fresh
+        return Outcome("raced", job.job_id)
 
     def _wait_for_spare(self, job: Job, leaving: list[str], gpus: list[int], why: str) -> Outcome:
         """No healthy free node for a tag-registered job: wait for one (the sweep tries
@@ -214,6 +283,10 @@ class GangRestart:
 
     @staticmethod
     def _relocation_reason(suspects: list[Suspect], fatal: list[str], rebooting: list[str]) -> str:
+        left = sorted(s.node for s in suspects if s.verdict is SuspectVerdict.LEFT)
+        if left and set(fatal) <= set(left):
+            return (f"node(s) suspect: {', '.join(left[:10])} left before the DCGM verdict (checked and "
+                    f"remediated in the background)")
         if fatal:
             labels = {s.node: s.verdict.value.lower() for s in suspects}
             shown = ", ".join(f"{i} {labels.get(i, 'unusable')}" for i in fatal[:10])
@@ -351,12 +424,16 @@ class GangRestart:
         if tally.attempt == job.attempt - 1 and tally.decided:
             shown = self.deps.repo.faults.suspects(job.job_id, tally.attempt, limit=MAX_FAULTS_IN_EMAIL)
             fast = sorted(s.node for s in shown if s.findings.get("source") == "fast path")
-            checked = sorted(s.node for s in shown if s.node not in fast)
+            left = sorted(s.node for s in shown if s.verdict is SuspectVerdict.LEFT)
+            checked = sorted(s.node for s in shown if s.node not in fast and s.node not in left)
             more = tally.decided - len(shown)
             if checked:
                 done.append(f"DCGM health check of {', '.join(checked)}")
             if fast:
                 done.append(f"no DCGM diag for {', '.join(fast)} (definitive evidence)")
+            if left:
+                done.append(f"moved off {', '.join(left)} before its DCGM verdict (checked in the "
+                            "background)")
             if more > 0:
                 done.append(f"and {more} more suspect node(s) judged")
             rebooted = sorted(s.node for s in shown if s.verdict is SuspectVerdict.REBOOT)
@@ -364,8 +441,8 @@ class GangRestart:
                 extra = tally.reboot - len(rebooted)
                 more_reboots = f" and {extra} more" if extra > 0 else ""
                 done.append(f"reboot of {', '.join(rebooted) or 'nodes'}{more_reboots}")
-            if tally.fatal:
-                done.append(f"{tally.fatal} node(s) unusable")
+            if tally.fatal > len(left):
+                done.append(f"{tally.fatal - len(left)} node(s) unusable")
         if job.relocated:
             moves = self.deps.repo.faults.placement(job.job_id, job.attempt)
             shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])

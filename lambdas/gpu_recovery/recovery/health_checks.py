@@ -201,7 +201,7 @@ class HealthChecks:
                 "instance": inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
             return None
         started_by = health_check_started_by(instance)
-        owner = min(instance.hc_jobs) if instance.hc_jobs else ""
+        owner = instance.check_owner
         settings = self.deps.settings
         claimed = self.deps.repo.claim_health_check(
             instance, started_by, now + CLAIM_LEASE_SECONDS, owner=owner,
@@ -347,8 +347,10 @@ class HealthChecks:
     def _evidence(self, instance: Instance, raw: dict[str, Any], jobs: list[Job]) -> Evidence:
         """The fault's evidence as recorded when it was noticed (with what the node agent
         reported since), else rebuilt from the node's reports around the check's request."""
-        for job in jobs:
-            suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, instance.container_inst_id)
+        # Jobs waiting for the verdict, then those that left before it (spare first).
+        faults = [(job.job_id, job.attempt) for job in jobs] + instance.left_jobs
+        for job_id, attempt in faults:
+            suspect = self.deps.repo.faults.get_suspect(job_id, attempt, instance.container_inst_id)
             stored = suspect.record if suspect is not None else {}
             if stored.get("evidence"):
                 return rebuild(Evidence.from_dict(stored["evidence"]), raw, self.deps.policy.catalog)
@@ -363,11 +365,12 @@ class HealthChecks:
         """A check waiting for a slot (every ten minutes): let it go if no job it serves is
         still in recovery, else try it (its jobs' queues are kicked every minute anyway)."""
         jobs = [self.deps.repo.get_job(j) for j in sorted(instance.hc_jobs)]
-        if not any(j is not None and j.state in RECOVERING_JOB_STATES for j in jobs):
+        # A node its jobs left before the verdict (spare first) still needs its check.
+        if not instance.hc_left and not any(j is not None and j.state in RECOVERING_JOB_STATES for j in jobs):
             self.deps.repo.abandon_health_check(instance, "every job waiting for it moved on")
             return "health_check_abandoned"
         if self.start_if_ready(instance.container_inst_id) is None:
-            owner = instance.hc_owner or min(instance.hc_jobs)
+            owner = instance.hc_owner or instance.check_owner
             self.deps.repo.wait_for_health_check_slot(instance, owner, now)
         return "health_check_waiting_for_slot"
 

@@ -216,9 +216,12 @@ class Sweep:
 
     def _settle_fault(self, job: Job) -> None:
         """Every rank ended but the event that completed the latch died before counting the
-        suspects: count them (once), and conclude the fault if every verdict is in."""
+        suspects: count them (once), and conclude the fault if every verdict is in (or,
+        verdicts pending, move a relocatable job to a spare)."""
         if job.tally.total is None and Latch.ENDED in self.deps.repo.latches.complete(
                 job.job_id, job.attempt, job.world_size):
             self.faults.on_attempt_ended(job, job.attempt)
         elif job.tally.all_decided:
             self.faults.remediation.conclude(job)
+        elif job.tally.ranks_ended:
+            self.restarts.spare_first(job)  # a spare may have freed up, or a delivery died

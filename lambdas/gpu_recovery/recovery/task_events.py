@@ -410,6 +410,9 @@ class TaskEvents:
             logger.info("every rank ended", extra={"job_id": job.job_id, "suspects": total})
         if job.state is JobState.PENDING_HEALTHCHECK and job.tally.all_decided:
             return self.remediation.conclude(job)
+        if job.state is JobState.PENDING_HEALTHCHECK:
+            # Verdicts still to come: with a spare free, a relocatable job need not wait for them.
+            return self.restarts.spare_first(job).action
         if job.state is JobState.PENDING_RESTART:
             return self.restarts.try_restart(job.job_id).action
         if job.state is JobState.SUSPENDING:

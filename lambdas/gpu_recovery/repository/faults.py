@@ -28,8 +28,8 @@ from gpu_recovery.constants import (
     suspect_key_prefix,
 )
 from gpu_recovery.domain.fault_tally import FaultTally
-from gpu_recovery.domain.models import Job, Suspect
-from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, SuspectVerdict
+from gpu_recovery.domain.models import Instance, Job, Suspect
+from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, InstanceState, SuspectVerdict
 from gpu_recovery.repository.base import Update, from_ddb
 
 # The most moves one relocation may record: its placement item stays far below 64 KB.
@@ -174,6 +174,19 @@ class FaultRepository:
             remove_fields=[DEADLINE_PK, DEADLINE_SK],
             condition="attribute_not_exists(#v) OR #v = :pending",
             condition_values={":pending": SuspectVerdict.PENDING.value}, condition_names={"#v": "verdict"})
+
+    def verdict_after_leaving(self, instance: Instance, findings: Mapping[str, Any] | None,
+                              node_state: InstanceState, now: float) -> list[Update]:
+        """The node's verdict on the LEFT suspects of the jobs that left it before it (in the
+        node decision's transaction): the job's record says what the node turned out to be.
+        Unconditional: nothing may keep the node's own decision from landing."""
+        updates = []
+        for job_id, attempt in instance.left_jobs:
+            updates.append(Update(
+                table=self.table, key={JOB_PK: suspect_item_key(job_id, attempt, instance.container_inst_id)},
+                set_fields={"after_leaving": {"at": now, "node_state": node_state.value,
+                                              "findings": dict(findings or {})}}))
+        return updates
 
     def relabel_suspect(self, job: Job, node: str, label: SuspectVerdict, *,
                         rebooting: bool = False) -> Update:

@@ -276,6 +276,7 @@ class Repository:
             hc_job_slot=bool(item.get("hc_job_slot", True)),
             hc_claimed_at=item.get("hc_claimed_at"),
             hc_waiting_for_slot=bool(item.get(HC_WAIT_PK)),
+            hc_left=set(item.get("hc_left", set())),
             reboot_requested_at=item.get("reboot_requested_at"),
             reboot_claimed_at=item.get("reboot_claimed_at"),
             reboot_issued_at=item.get("reboot_issued_at"),
@@ -657,6 +658,37 @@ class Repository:
             extra_condition="attribute_not_exists(#rw) OR #rw.#ra <> :att",
             extra_names={"#rw": "relocation_wait", "#ra": "attempt"}))
 
+    def leave_suspects_before_verdict(self, job: Job, nodes: Sequence[str], *, reason: str,
+                                      deadline_at: float) -> bool:
+        """Spare first: the job leaves its suspect ``nodes`` before their verdicts, at once
+        and once per fault: PENDING_HEALTHCHECK -> PENDING_RESTART to relocate (on the tally
+        as read, so a verdict landing meanwhile makes one of the two fail), one
+        infrastructure recovery charged, each suspect PENDING -> LEFT, and on each node's
+        open health check the job moved from ``hc_jobs`` (its verdict no longer waited for)
+        to ``hc_left`` (the check goes on for the node; the evidence is on the suspect)."""
+        faults = self.faults
+        now = clock.now()
+        condition, values, names = faults.tally_condition(job)
+        updates = [self.job_transition(
+            job.job_id, JobState.PENDING_RESTART, from_states=[JobState.PENDING_HEALTHCHECK],
+            attempt=job.attempt, reason=reason, actor="recovery",
+            set_fields={"relocate": True, "restart_reason": reason[:500],
+                        "left_before_verdict": {"attempt": job.attempt, "at": now, "nodes": list(nodes)},
+                        **self.job_deadline_fields(deadline_at)},
+            increments={"fault.decided": len(nodes), "fault.fatal": len(nodes),
+                        _SPEND_COUNTER[SPEND_INFRASTRUCTURE]: 1},
+            extra_condition=condition, extra_values=values, extra_names=names)]
+        left = f"{job.job_id}#{job.attempt}"
+        for node in nodes:
+            updates.append(faults.decide_suspect(
+                job, node, SuspectVerdict.LEFT, findings={"source": "left before the verdict", "at": now},
+                record=None, rebooting=False, now=now))
+            updates.append(self.instance_update(
+                node, from_states=HEALTH_CHECK_STATES, delete_from_sets={"hc_jobs": {job.job_id}},
+                add_to_sets={"hc_left": {left}}, extra_condition="contains(#hcj, :job)",
+                extra_values={":job": job.job_id}, extra_names={"#hcj": "hc_jobs"}))
+        return self.db.transact(updates)
+
     def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
                                reason: str) -> bool:
         """A queue job leaves its unusable nodes: PENDING_RESTART -> PENDING_RESOURCES at the
@@ -720,7 +752,7 @@ class Repository:
         return self.db.apply(self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
             to=InstanceState.AVAILABLE, set_fields={"hc_abandoned": reason[:300]},
-            remove_fields=["hc_jobs", "hc_started_by", "hc_lease_until",
+            remove_fields=["hc_jobs", "hc_left", "hc_started_by", "hc_lease_until",
                            *HealthCheckSlots.wait_attributes()],
             clear_deadline=True, extra_condition="#att = :att",
             extra_values={":att": instance.hc_start_attempts}, extra_names={"#att": "hc_start_attempts"}))
@@ -789,7 +821,8 @@ class Repository:
         (``follow_up_at``) so the sweep finishes it if this delivery dies. ``also``: other
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
-        remove = ["hc_jobs", "hc_lease_until", "hc_owner", "hc_job_slot", *HealthCheckSlots.wait_attributes()]
+        remove = ["hc_jobs", "hc_left", "hc_lease_until", "hc_owner", "hc_job_slot",
+                  *HealthCheckSlots.wait_attributes()]
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
         if decision.fault_history is not None:
@@ -825,7 +858,9 @@ class Repository:
             values[":sb"] = decision.hc_started_by
             names["#sb"] = "hc_started_by"
         if decision.hc_jobs_count is not None:
-            extra.append("size(#hcj) = :hcn")
+            # No job left waiting (they all left before the verdict): the emptied set is gone.
+            extra.append("(attribute_not_exists(#hcj) OR size(#hcj) = :hcn)" if decision.hc_jobs_count == 0
+                         else "size(#hcj) = :hcn")
             values[":hcn"] = decision.hc_jobs_count
             names["#hcj"] = "hc_jobs"
         follow_up = decision.follow_up_at is not None
@@ -838,6 +873,7 @@ class Repository:
         )]
         for verdict in jobs:
             updates += self.job_verdict_updates(instance.container_inst_id, verdict)
+        updates += self.faults.verdict_after_leaving(instance, decision.findings, to or instance.state, now)
         if instance.state is InstanceState.HEALTH_CHECKING \
                 and InstanceState.HEALTH_CHECKING in decision.from_states:
             updates += self.slots.release(instance)
@@ -1139,8 +1175,8 @@ class Repository:
         updates = [self.instance_update(
             inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
-            set_fields=fields, remove_fields=["hc_jobs", "waiting_jobs", "hc_lease_until", "hc_owner",
-                                              "hc_job_slot", *HealthCheckSlots.wait_attributes()],
+            set_fields=fields, remove_fields=["hc_jobs", "hc_left", "waiting_jobs", "hc_lease_until",
+                                              "hc_owner", "hc_job_slot", *HealthCheckSlots.wait_attributes()],
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
         if breaker is not None:
             updates.append(breaker)
@@ -1148,6 +1184,9 @@ class Repository:
         if instance.state is InstanceState.HEALTH_CHECKING:
             updates += self.slots.release(instance)
         now = clock.now()
+        updates += self.faults.verdict_after_leaving(
+            instance, {"verdict": "timeout", "reason": what[:300]},
+            InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT, now)
         for failure in failures:
             job = failure.job
             if failure.moves:
