@@ -375,8 +375,38 @@ def _keep_moto_tables_sorted() -> None:
     Table.delete_item = delete_and_bump  # type: ignore[method-assign]
 
 
+def _share_botocore_data_loader() -> None:
+    """Every botocore session builds its own data loader, which parses the service models'
+    JSON again (ec2's alone is several MB): ~60 ms per model per session. The project makes
+    a session per handler reset and the emulator one per run, so a test run parsed the same
+    files thousands of times. All sessions with the same data path now share one loader
+    (botocore caches what it loads per loader; the models are read-only). Idempotent."""
+    from botocore import loaders, session
+
+    register = session.Session._register_data_loader
+    if getattr(register, "_shared", False):
+        return
+    shared: dict[Any, loaders.Loader] = {}
+    lock = threading.Lock()
+
+    def shared_loader(data_path: Any) -> loaders.Loader:
+        key = str(data_path)
+        with lock:
+            if key not in shared:
+                shared[key] = loaders.create_loader(data_path)
+            return shared[key]
+
+    def register_shared(self: Any) -> None:
+        self._components.lazy_register_component(
+            "data_loader", lambda: shared_loader(self.get_config_variable("data_path")))
+
+    register_shared._shared = True  # type: ignore[attr-defined]
+    session.Session._register_data_loader = register_shared  # type: ignore[method-assign]
+
+
 def install_emulator_speedups() -> None:
-    """The emulator's changes to moto that only save CPU (same responses)."""
+    """The emulator's changes to moto and botocore that only save CPU (same responses)."""
+    _share_botocore_data_loader()
     _serialize_attribute_values_directly()
     _cache_moto_dispatch_tables()
     _load_only_moto_default_amis()
