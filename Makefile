@@ -1,5 +1,5 @@
 # Quick start: `make demo` (local end-to-end recovery against an embedded AWS emulator)
-# and `make test` (every test, offline). Both install what they need first.
+# and `make test` (the quick tier of the tests, offline; `make test-all` runs every test). Both install what they need first.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -13,7 +13,7 @@ export PYTHONPATH := $(CURDIR)/lambdas:$(CURDIR)
 LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
-.PHONY: install install-cdk demo test test-all test-faults lint typecheck bench synth deploy clean local-api fuzz \
+.PHONY: install install-cdk demo test test-all test-slow test-faults lint typecheck bench synth deploy clean local-api fuzz \
 	config-docs doctor playground
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -40,18 +40,28 @@ PLAYGROUND_ARGS ?=
 playground local-api: $(STAMP)
 	$(LOCAL_ENV) $(PY) -m local_mode.playground $(PLAYGROUND_ARGS)
 
-# Prints its wall time and the 10 slowest tests, so a slower suite is seen when it lands
-# (docs/testing.md: where the time goes, what each target covers).
+# The quick tier (docs/testing.md): everything but the slow tier (tests/conftest.py).
+# Prints its wall time and the 10 slowest tests, so a slower suite is seen when it lands.
 test: $(STAMP) install-cdk
 	@start=$$(date +%s); \
 	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy && \
-	$(LOCAL_ENV) $(PY) -m pytest -q -n auto --dist loadgroup --durations=10 $(PYTEST_ARGS); \
+	$(LOCAL_ENV) $(PY) -m pytest -q -n auto --dist loadgroup --quick --durations=10 $(PYTEST_ARGS); \
 	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s of wall time (exit $$status)"; exit $$status
 
-# Everything: make test, every call of every crash campaign broken, the long fuzz.
-test-all: test test-faults fuzz
+# Everything: both tiers, every call of every crash campaign broken, the long fuzz.
+test-all: $(STAMP) install-cdk
+	@start=$$(date +%s); \
+	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy && \
+	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -n auto --dist loadgroup \
+		--durations=10 $(PYTEST_ARGS); \
+	status=$$?; echo "make test-all: $$(( $$(date +%s) - start )) s of wall time (exit $$status)"; exit $$status
 
-# Every AWS call of a GPU-fault recovery broken in turn (make test breaks one per call site).
+# Only the slow tier, its crash campaigns sampled as make test samples the GPU-fault one.
+test-slow: $(STAMP) install-cdk
+	$(LOCAL_ENV) $(PY) -m pytest -q -n auto --dist loadgroup -m slow --durations=10 $(PYTEST_ARGS)
+
+# Every AWS call of every crash campaign broken in turn (make test breaks one per call site
+# of the GPU-fault recovery).
 test-faults: $(STAMP)
 	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q -n auto --dist loadgroup tests/crash_consistency
 

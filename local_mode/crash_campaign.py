@@ -257,16 +257,27 @@ def _state(instance: Any) -> str:
     return instance.state.value if instance is not None else "MISSING"
 
 
-def sample_positions(baseline: RunResult, *, sites: str = "") -> list[int]:
+def sample_positions(baseline: RunResult, *, sites: str = "", by: str = "site") -> list[int]:
     """The first call of each distinct call site (and API operation) of the flow: every
     place the loop talks to AWS is broken at least once (``sites``: only call sites whose
-    name contains it, e.g. ``recovery/gang.py``)."""
-    seen: set[tuple[str, str, str]] = set()
+    name contains it, e.g. ``recovery/gang.py``).
+
+    ``by="stage"`` is coarser (``make test``'s quick tier): the first call of each stage
+    module and of each API operation, so every stage and every kind of AWS call is broken
+    at least once (the GPU-fault flow: 24 of its 81 call sites)."""
+    if by not in ("site", "stage"):
+        raise ValueError(f"by must be 'site' or 'stage', not {by!r}")
+    seen: set[tuple[str, ...]] = set()
     positions = []
     for call in baseline.calls:
-        key = (call.site, call.service, call.operation)
-        if key not in seen and sites in call.site:
-            seen.add(key)
+        if sites not in call.site:
+            continue
+        if by == "site":
+            keys: tuple[tuple[str, ...], ...] = ((call.site, call.service, call.operation),)
+        else:
+            keys = ((call.site.split(":")[0],), (call.service, call.operation))
+        if any(key not in seen for key in keys):
+            seen.update(keys)
             positions.append(call.index)
     return positions
 

@@ -1,13 +1,70 @@
-"""Suite-wide set-up: the emulator's CPU-only speedups for every test that uses moto, the
-emulator's own tests and those that start ``mock_aws`` themselves alike (same responses;
-``local_mode.emulator.install_emulator_speedups``)."""
+"""Suite-wide set-up.
+
+* The emulator's CPU-only speedups for every test that uses moto, the emulator's own tests
+  and those that start ``mock_aws`` themselves alike (same responses;
+  ``local_mode.emulator.install_emulator_speedups``).
+* Two tiers (docs/testing.md): ``make test`` runs ``pytest --quick``, which leaves out the
+  tests marked ``slow`` and does not even collect the modules in ``SLOW_MODULES`` (their
+  parametrization runs whole recoveries at collection); ``make test-all`` runs everything.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+#: set to "quick" under --quick, before collection (a module's parametrization may read it)
+TIER_ENV = "GPU_RECOVERY_TEST_TIER"
+
+#: whole modules of the slow tier, each a campaign or scenario that ``make test`` covers more
+#: cheaply elsewhere (docs/testing.md, "The two tiers")
+SLOW_MODULES = (
+    # the remediation flows broken at every call site (stage tests and tests/remediation
+    # cover the flows; the GPU-fault campaign stays in make test)
+    "crash_consistency/test_remediation_faults.py",
+    # preemption broken at every call site (tests/time_sharing covers the flow)
+    "crash_consistency/test_time_sharing_faults.py",
+    # a 64-rank recovery broken at every call site (tests/recovery/test_fanout.py runs it)
+    "crash_consistency/test_large_gang_faults.py",
+    # `make demo`'s whole run (~2 min): its scenarios are tested one by one elsewhere
+    "local_mode/test_demo.py",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="make test's tier: leave out the slow tier (SLOW_MODULES and tests marked slow)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     from local_mode.emulator import install_emulator_speedups
 
+    config.addinivalue_line("markers", "slow: the slow tier, left out by --quick (make test)")
     install_emulator_speedups()
+    if config.getoption("--quick"):
+        os.environ[TIER_ENV] = "quick"
+
+
+def in_slow_module(path: Path) -> bool:
+    return path.is_relative_to(TESTS) and path.relative_to(TESTS).as_posix() in SLOW_MODULES
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    return True if config.getoption("--quick") and in_slow_module(collection_path) else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marker it adds
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--quick"):
+        # the slow modules' tests carry the marker too, so `-m slow` (make test-slow) selects them
+        for item in items:
+            if in_slow_module(item.path):
+                item.add_marker(pytest.mark.slow)
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

@@ -39,7 +39,7 @@ def test_readme_is_shorter_than_12_kb() -> None:
 def test_readme_quick_start_and_sections() -> None:
     text = README.read_text()
     for needed in ("make demo", "make test", "make synth", "make deploy", "## Deploy", "## Configure",
-                   "## Operate", "## Code map", "## Security", "docs/security.md", "make test-faults",
+                   "## Operate", "## Code map", "## Security", "docs/security.md", "make test-all",
                    "gpu-recovery-admin doctor"):
         assert needed in text, needed
 

@@ -11,7 +11,7 @@ loadgroup every test still gets its result, at the price of a group per worker t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import cache
 from typing import Any
 
@@ -35,11 +35,17 @@ def group_name(name: str, group: tuple[int, ...]) -> str:
     return f"{name}-{group[0]}-{group[-1]}"
 
 
-def cases(name: str, positions: Sequence[int], *prefix: Any, size: int = GROUP_SIZE) -> list[Any]:
+def cases(name: str, positions: Sequence[int], *prefix: Any, size: int = GROUP_SIZE,
+          slow: Collection[int] = ()) -> list[Any]:
     """``pytest.param(*prefix, group, index, mode)`` for every position and mode, with the id
-    the plain parametrization had (``[*prefix-]index-mode``) and the group's xdist_group."""
+    the plain parametrization had (``[*prefix-]index-mode``) and the group's xdist_group
+    (and the ``slow`` marker for the positions in ``slow``)."""
+    def marks(group: tuple[int, ...], index: int) -> list[Any]:
+        slow_tier = [pytest.mark.slow] if index in slow else []
+        return [pytest.mark.xdist_group(group_name(name, group)), *slow_tier]
+
     return [pytest.param(*prefix, group, index, mode, id="-".join(map(str, (*prefix, index, mode))),
-                         marks=pytest.mark.xdist_group(group_name(name, group)))
+                         marks=marks(group, index))
             for group in groups(positions, size) for index in group for mode in FAULT_MODES]
 
 

@@ -9,8 +9,10 @@ later) and the sweep runs every minute. Every run must end with the job recovere
 completed, exactly one health check per suspect node, exactly one reboot of the faulty
 node, and nothing stuck.
 
-The default run breaks the first call of every distinct call site of the flow (every
-place the loop talks to AWS); ``make test-faults`` breaks every call of the flow.
+``make test`` (the quick tier) breaks the first call of every stage module and of every
+API operation of the flow (24 calls); without ``--quick`` (``make test-slow``) the first
+call of every distinct call site too (every place the loop talks to AWS, 81 calls);
+``make test-faults`` and ``make test-all`` break every call of the flow.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from local_mode.faults import LOST_RESPONSE, THROTTLE
 from . import _forked as forked
 
 EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
+QUICK = os.environ.get("GPU_RECOVERY_TEST_TIER") == "quick"  # tests/conftest.py
 
 
 @cache
@@ -38,7 +41,12 @@ def positions() -> list[int]:
     result = baseline()
     if EVERY_CALL:
         return [call.index for call in result.calls]
-    return campaign.sample_positions(result)
+    return campaign.sample_positions(result, by="stage" if QUICK else "site")
+
+
+def beyond_the_quick_tier() -> set[int]:
+    """The positions the slow tier adds (marked slow, so ``-m slow`` selects them)."""
+    return set(positions()) - set(campaign.sample_positions(baseline(), by="stage"))
 
 
 def test_the_unbroken_recovery_is_exactly_right() -> None:
@@ -59,7 +67,8 @@ def test_every_call_site_of_the_flow_is_covered() -> None:
 
 
 # Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
-@pytest.mark.parametrize(("group", "index", "mode"), forked.cases("gpu_fault", positions()))
+@pytest.mark.parametrize(("group", "index", "mode"), forked.cases("gpu_fault", positions(),
+                                                                   slow=beyond_the_quick_tier()))
 def test_a_fault_at_any_call_still_recovers_the_job_exactly_once(group: tuple[int, ...], index: int,
                                                                  mode: str) -> None:
     result = forked.result(campaign.run_recovery, group, index, mode)

@@ -233,6 +233,9 @@ def test_a_high_job_preempts_the_low_example(playground: PlaygroundProcess, shel
     assert "RESUME_COUNT=1" in out and "resuming from the checkpoint at step" in out
 
 
+# Slow tier: the gang queue and its worker are tested without the playground in
+# tests/recovery/test_fanout.py and tests/local_mode/test_scale_sim.py (64 ranks).
+@pytest.mark.slow
 def test_a_large_gang_is_stopped_and_restarted_through_the_gang_queue(capsys: pytest.CaptureFixture[str],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Given a playground of 17 nodes, When a 17-rank job (more than the 16 stopped and

@@ -3,15 +3,33 @@ with AWS-shaped events delivered at least once: each must end exactly as describ
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 
 from gpu_recovery import constants as C
 from local_mode import remediation_scenarios as scenarios
 
+# Each scenario runs once per process and every test of it reads that run (the scenarios
+# are deterministic); one xdist group keeps them on one worker (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("remediation-scenarios")
 
-@pytest.mark.parametrize("name", list(scenarios.SCENARIOS))
+
+@cache
+def outcome(name: str) -> scenarios.ScenarioResult:
+    return scenarios.SCENARIOS[name]()
+
+
+#: the slow tier's scenarios, covered in make test by their stage and handler tests: the
+#: flapping node by tests/handlers/test_recovery_loop.py, the breaker by tests/recovery
+#: (test_remediation_stages, test_held_jobs) and tests/queue_scheduler/test_storm.py
+SLOW = ("flapping", "breaker")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
+                                  for name in scenarios.SCENARIOS])
 def test_scenario_ends_as_described(name: str) -> None:
-    result = scenarios.SCENARIOS[name]()
+    result = outcome(name)
     assert result.problems == [], "\n".join([*result.problems, *result.timeline[-60:]])
 
 
@@ -19,7 +37,7 @@ def test_the_fast_path_skips_the_diag_and_its_evidence_reaches_job_node_and_mail
     """Given XID 79 reported by the node agent and the rank's exit, Then the reboot starts
     at the exit (no DCGM run), and the XID is in the job's fault record, the node's fault
     history and the 'recovered' e-mail."""
-    result = scenarios.fast_path()
+    result = outcome("fast_path")
     assert result.jobs["llama-fp"]["attempt"] == 2
     node_b = next(item for name, item in result.nodes.items() if name == "node-b")
     record = result.fault_record("llama-fp", 1)
@@ -32,17 +50,18 @@ def test_the_fast_path_skips_the_diag_and_its_evidence_reaches_job_node_and_mail
     assert result.facts["fault_to_running_seconds"] < 240  # diag (120 s) skipped: reboot + restart
 
 
+@pytest.mark.slow
 def test_a_tripped_breaker_holds_every_later_node_action() -> None:
     """Given the breaker tripped on the 4th of 16 nodes, Then the 5th node is not rebooted
     either (kept in the backlog), and the trip was told once."""
-    result = scenarios.breaker()
+    result = outcome("breaker")
     assert result.facts["backlog"] == ["node-07", "node-09"]
     assert result.kinds().count("breaker_tripped") == 1
     assert "4 of 16 GPU nodes" in result.facts["trip_reason"]
 
 
 def test_observe_mode_changes_nothing_on_aws() -> None:
-    result = scenarios.observe()
+    result = outcome("observe")
     assert (result.counters["reboots"], result.counters["stop_requests"],
             result.counters["health_checks_started"]) == (0, 0, 0)
     assert result.kinds().count("observed") == 1
