@@ -220,9 +220,11 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
                       "dropped": list(result.dropped)}, default=str, sort_keys=True, indent=2))
     if result.released:
         print(f"breaker closed; {len(result.released)} held-back node action(s) released: the recovery "
-              "sweep carries them out within a minute", file=sys.stderr)
+              "sweep carries them out within a minute; jobs HELD on those nodes restart once they are back",
+              file=sys.stderr)
     else:
-        print(f"breaker closed; {len(result.dropped)} held-back node action(s) dropped", file=sys.stderr)
+        print(f"breaker closed; {len(result.dropped)} held-back node action(s) dropped; jobs HELD on those "
+              "nodes fail at the next sweep (the nodes stay SUSPECT and cordoned)", file=sys.stderr)
     return 0
 
 

@@ -89,8 +89,9 @@ def test_a_reset_that_resumes_the_backlog_reboots_the_node_and_the_held_job_rest
         _sweep_minutes(w, 1)
         assert w.repo.get_job("j").state is JobState.HELD
         t = w.now[0]
-        w.service.on_container_instance_change(w.instance_event(FAULTY, connected=False, version=11, at=t + 5))
-        w.service.on_container_instance_change(w.instance_event(FAULTY, connected=True, version=12, at=t + 90))
+        for connected, version, at in ((False, 11, t + 5), (True, 12, t + 90)):
+            w.service.on_container_instance_change(w.instance_event(FAULTY, connected=connected,
+                                                                    version=version, at=at))
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
         _sweep_minutes(w, 1)
         job = w.repo.get_job("j")
@@ -130,8 +131,9 @@ def test_a_held_job_fails_at_its_deadline_naming_the_node_and_the_hold() -> None
         _sweep_minutes(w, 2)
         job = w.repo.get_job("j")
         assert job.state is JobState.FAILED and job.recoveries_used == 0
-        assert job.last_error == (f"held 300 s (held_job_deadline_seconds) waiting for the reboot of {FAULTY}, "
-                                  "held back by the blast-radius breaker; nobody reset the breaker in time")
+        assert job.last_error == (f"held 300 s (held_job_deadline_seconds) waiting for the reboot of "
+                                  f"{FAULTY}, held back by the blast-radius breaker; nobody reset the "
+                                  "breaker in time")
         assert len(_sent(w, NotificationKind.FAILED)) == 1
 
 
@@ -161,8 +163,8 @@ def test_the_breaker_tripped_mail_says_which_job_waits_on_which_node_and_what_a_
         _window(w, ["x-1"])
         _reboot_fault(w, arns)
         [mail] = _sent(w, NotificationKind.BREAKER_TRIPPED)
-        assert (f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD for the reset, not failed, budget "
-                "not charged)); --resume-backlog reboots it; it is uncordoned and takes work again once back, "
-                "and j restart(s) on their nodes then;") in mail
+        assert (f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD for the reset, not failed, "
+                "budget not charged)); --resume-backlog reboots it; it is uncordoned and takes work again "
+                "once back, and j restart(s) on their nodes then;") in mail
         assert "and fails j" in mail and "fail 3600 s after they were held" in mail
         assert w.repo.get_job("j").state is JobState.HELD
