@@ -5,6 +5,8 @@ reset that resumes the backlog, failed by a dropped backlog or its deadline, and
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.domain import breaker
@@ -52,6 +54,23 @@ def _sweep_minutes(w: World, minutes: int) -> None:
         w.service.sweep()
 
 
+def _reset_and_back(w: World) -> None:
+    """The operator resumes the backlog; the sweep reboots node-b and it comes back."""
+    assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
+    _sweep_minutes(w, 1)
+    assert w.rebooter.calls == [f"i-{FAULTY}"]
+    t = w.now[0]
+    for connected, version, at in ((False, 11, t + 5), (True, 12, t + 90)):
+        w.service.on_container_instance_change(w.instance_event(FAULTY, connected=connected,
+                                                                version=version, at=at))
+    assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+
+
+def _running_on(w: World) -> list[str]:
+    return sorted(t.node for t in w.ecs.tasks.values()
+                  if t.last_status == "RUNNING" and t.group != C.HEALTH_CHECK_GROUP)
+
+
 def test_a_job_on_a_held_node_waits_held_uncharged_and_operators_are_told() -> None:
     """Given the breaker tripped, When a non-relocatable job's node needs a reboot, Then the
     job is HELD (not FAILED) on that node once its ranks ended, nothing is charged, its
@@ -82,27 +101,55 @@ def test_a_reset_that_resumes_the_backlog_reboots_the_node_and_the_held_job_rest
     on its own nodes (attempt 2), charged once for the fault."""
     with world() as w:
         _held(w)
-        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
-        _sweep_minutes(w, 1)
-        assert w.rebooter.calls == [f"i-{FAULTY}"]
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.REBOOTING
-        _sweep_minutes(w, 1)
-        assert w.repo.get_job("j").state is JobState.HELD
-        t = w.now[0]
-        for connected, version, at in ((False, 11, t + 5), (True, 12, t + 90)):
-            w.service.on_container_instance_change(w.instance_event(FAULTY, connected=connected,
-                                                                    version=version, at=at))
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        _reset_and_back(w)
+        job = w.repo.get_job("j")
+        assert job.state is JobState.HELD and job.recoveries_used == 0  # the sweep notices it
         _sweep_minutes(w, 1)
         job = w.repo.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
         assert job.recoveries_used == 1
-        started = sorted(t.node for t in w.ecs.tasks.values()
-                         if t.last_status == "RUNNING" and t.group != C.HEALTH_CHECK_GROUP)
-        assert started == [PEER, FAULTY]
+        assert _running_on(w) == [PEER, FAULTY]
         history = [h["to"] for h in (w.repo.get_job_item("j") or {})["history"]]
         held_at = history.index("HELD")
         assert history[held_at:held_at + 3] == ["HELD", "PENDING_RESTART", "STARTING"]
+
+
+def test_the_held_job_waits_while_the_released_node_reboots() -> None:
+    with world() as w:
+        _held(w)
+        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
+        _sweep_minutes(w, 3)
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.REBOOTING
+        assert w.repo.get_job("j").state is JobState.HELD
+
+
+def test_a_refused_hold_is_finished_by_the_sweep_and_a_lost_resume_is_not_charged_twice() -> None:
+    """Given the write that holds the job refused (throttled), Then the job is still
+    PENDING_RESTART and the sweep holds it (one e-mail); Given the answer of the write that
+    lets it go on lost, 80 min after the fault (past the restart's usual give-up time), Then
+    the next sweep restarts it, charged once."""
+    with world(held_job_deadline_seconds=7200) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        _window(w, ["x-1", "x-2"])
+        w.repo.fail_once("hold_job", "refuse")
+        with pytest.raises(TimeoutError):  # the event is retried; the sweep finishes it anyway
+            _reboot_fault(w, arns)
+        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        _sweep_minutes(w, 1)
+        assert w.repo.get_job("j").state is JobState.HELD
+        assert len(_sent(w, NotificationKind.JOB_HELD)) == 1
+        w.advance(80 * 60)
+        w.service.sweep()
+        assert w.repo.get_job("j").state is JobState.HELD
+        _reset_and_back(w)
+        w.repo.fail_once("resume_held_job", "lose")
+        _sweep_minutes(w, 1)  # the step fails after the write: the job is PENDING_RESTART
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 1
+        _sweep_minutes(w, 1)
+        job = w.repo.get_job("j")
+        assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
+        assert job.recoveries_used == 1 and _running_on(w) == [PEER, FAULTY]
 
 
 def test_a_reset_that_drops_the_backlog_fails_the_held_job_saying_so() -> None:
