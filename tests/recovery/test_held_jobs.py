@@ -5,6 +5,9 @@ reset that resumes the backlog, failed by a dropped backlog or its deadline, and
 
 from __future__ import annotations
 
+import argparse
+import json
+
 import pytest
 
 from gpu_recovery import constants as C
@@ -215,3 +218,15 @@ def test_the_breaker_tripped_mail_says_which_job_waits_on_which_node_and_what_a_
                 "once back, and j restart(s) on their nodes then;") in mail
         assert "and fails j" in mail and "fail 3600 s after they were held" in mail
         assert w.repo.get_job("j").state is JobState.HELD
+
+
+def test_breaker_show_lists_the_held_jobs_and_the_nodes_they_wait_on(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.admin import breaker_command
+
+    with world() as w:
+        _held(w)
+        assert breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.now[0]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        [held] = shown["held_jobs"]
+        assert (held["job_id"], held["nodes"], held["until"] - held["since"]) == ("j", [FAULTY], 3600)
