@@ -518,7 +518,7 @@ class RecoveryConfig:
     spare_nodes: str = option("0", spare_count(), "GPU nodes kept free of queue work for relocation")
     held_job_deadline_seconds: int = option(
         DEFAULT_HELD_JOB_DEADLINE_SECONDS, integer(0, MAX_HELD_JOB_DEADLINE_SECONDS),
-        "a HELD job waits this long for a breaker reset")
+        "HELD jobs wait this long for a breaker reset")
     # --- time sharing (quotas, preemption, suspend)
     default_node_quotas: str | None = option(None, node_quotas(),
                                              "nodes per user and level (none: unlimited)")
