@@ -43,9 +43,10 @@ spare free: the path without spares. The last line (``diag_wait=True``) is the s
 as it was before spare first: the move waited for the verdict.
 
 Storm line: the emulator's storm scenario (tests/queue_scheduler/test_storm.py: 16 nodes
-kept full by the queue, 4 XID 79 faults within 10 minutes, the breaker tripping on the
-4th) run with the real handlers, counting jobs that failed and tasks placed on a node known
-to be bad. It is a run, not part of the model.
+kept full by the queue and one tag-registered job that cannot move, 4 XID 79 faults within
+10 minutes, the breaker tripping on the 4th) run with the real handlers, counting jobs that
+failed, jobs waiting HELD for the breaker's reset, and tasks placed on a node known to be
+bad. It is a run, not part of the model.
 
     PYTHONPATH=lambdas:. .venv/bin/python -m bench.goodput_bench
 """
@@ -259,7 +260,8 @@ def storm() -> dict[str, Any]:
     from tests.queue_scheduler.conftest import make_queue_cluster
 
     with contextmanager(make_queue_cluster)(nodes=[8] * 16, sweep=True) as qc:
-        jobs = [qc.submit(nnodes=1, gpus=8) for _ in range(24)]
+        qc.sim.start_job("pinned", qc.train_td, ["node-7"])  # tag-registered, not relocatable
+        jobs = [qc.submit(nnodes=1, gpus=8) for _ in range(24)] + ["pinned"]
         qc.scheduler().tick()
         for k, name in enumerate(["node-1", "node-3", "node-5", "node-7"]):
             qc.sim.inject_xid(name, 79, after=(1 + 2 * k) * 60.0)
@@ -277,9 +279,10 @@ def storm() -> dict[str, Any]:
                     bad_placements += task.node in bad and bool(task.tags.get(C.TAG_JOB_ID))
             qc.sim.run_for(60.0)
         failed = sum(qc.state(j) is JobState.FAILED for j in jobs)
+        held = sum(qc.state(j) is JobState.HELD for j in jobs)
         breaker = (qc.repo.get_breaker() or {}).get("state", "closed")
-    return {"jobs": len(jobs), "jobs_failed": failed, "tasks_placed_on_known_bad_nodes": bad_placements,
-            "breaker": breaker}
+    return {"jobs": len(jobs), "jobs_failed": failed, "jobs_held": held,
+            "tasks_placed_on_known_bad_nodes": bad_placements, "breaker": breaker}
 
 
 def scenarios(base: Model) -> list[tuple[str, Model]]:
@@ -324,8 +327,8 @@ def run(print_report: bool = True, base: Model | None = None, with_storm: bool =
             s = out["storm"]
             print(f"\nFault storm (emulator, handlers; tests/queue_scheduler/test_storm.py): 16 nodes, "
                   f"{s['jobs']} one-node jobs, 4 XID 79 faults in 7 min, breaker {s['breaker']}: "
-                  f"{s['jobs_failed']} jobs lost, {s['tasks_placed_on_known_bad_nodes']} tasks placed "
-                  "on a node known to be bad")
+                  f"{s['jobs_failed']} jobs lost, {s['jobs_held']} waiting HELD for its reset (not failed), "
+                  f"{s['tasks_placed_on_known_bad_nodes']} tasks placed on a node known to be bad")
     return out
 
 

@@ -188,6 +188,7 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
     from gpu_recovery.domain import breaker as policy
     from gpu_recovery.domain import cordon as cordon_policy
     from gpu_recovery.recovery.breaker import reset_breaker
+    from gpu_recovery.repository.scheduling import SchedulingRepository
 
     stored = repo.get_breaker()
     if args.breaker_command == "show":
@@ -202,7 +203,12 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
                  "released_not_yet_carried_out": sorted(((stored or {}).get("released") or {}).values(),
                                                         key=lambda e: str(e.get("node"))),
                  "last_reset_at": state["last_reset_at"], "last_reset_by": state["last_reset_by"],
-                 "cordons": cordon_policy.normalize((stored or {}).get("cordons"))}
+                 "cordons": cordon_policy.normalize((stored or {}).get("cordons")),
+                 # Jobs that cannot move, waiting for a held reboot (the deadline index: jobs
+                 # in recovery only, never a scan).
+                 "held_jobs": [{"job_id": item["job_id"], **dict(item.get("breaker_hold") or {})}
+                               for item in SchedulingRepository(repo).jobs_in_recovery()
+                               if item.get("job_state") == "HELD"]}
         print(json.dumps(shown, default=str, sort_keys=True, indent=2))
         if stored is None:
             print("the breaker has never acted (no node action recorded yet)", file=sys.stderr)
@@ -220,9 +226,11 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
                       "dropped": list(result.dropped)}, default=str, sort_keys=True, indent=2))
     if result.released:
         print(f"breaker closed; {len(result.released)} held-back node action(s) released: the recovery "
-              "sweep carries them out within a minute", file=sys.stderr)
+              "sweep carries them out within a minute; jobs HELD on those nodes restart once they are back",
+              file=sys.stderr)
     else:
-        print(f"breaker closed; {len(result.dropped)} held-back node action(s) dropped", file=sys.stderr)
+        print(f"breaker closed; {len(result.dropped)} held-back node action(s) dropped; jobs HELD on those "
+              "nodes fail at the next sweep (the nodes stay SUSPECT and cordoned)", file=sys.stderr)
     return 0
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, ENV_DEFAULT_NODE_QUOTAS
+from gpu_recovery.domain.breaker_hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
 from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog, read_catalog_file
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
@@ -515,6 +516,9 @@ class RecoveryConfig:
         DEFAULT_RELOCATION_WAIT_SECONDS, integer(0, MAX_RELOCATION_WAIT_SECONDS),
         "no free healthy node: a relocatable job waits this long, then fails")
     spare_nodes: str = option("0", spare_count(), "GPU nodes kept free of queue work for relocation")
+    held_job_deadline_seconds: int = option(
+        DEFAULT_HELD_JOB_DEADLINE_SECONDS, integer(0, MAX_HELD_JOB_DEADLINE_SECONDS),
+        "HELD jobs wait this long for a breaker reset")
     # --- time sharing (quotas, preemption, suspend)
     default_node_quotas: str | None = option(None, node_quotas(),
                                              "nodes per user and level (none: unlimited)")

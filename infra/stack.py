@@ -74,6 +74,7 @@ from gpu_recovery.constants import (
     ENV_HEALTH_CHECK_GPUS,
     ENV_HEALTH_CHECK_TASK,
     ENV_HEALTH_CHECK_TIMEOUT_MINUTES,
+    ENV_HELD_JOB_DEADLINE_SECONDS,
     ENV_INSTANCE_TABLE,
     ENV_JOB_TABLE,
     ENV_JOBS_ADMIN_ROLES,
@@ -206,6 +207,7 @@ class GpuRecoveryStack(Stack):
             ENV_RELOCATE_INSTEAD_OF_WAIT: "true" if config.relocate_instead_of_wait else "false",
             ENV_RELOCATION_WAIT_SECONDS: str(config.relocation_wait_seconds),
             ENV_SPARE_NODES: config.spare_nodes,
+            ENV_HELD_JOB_DEADLINE_SECONDS: str(config.held_job_deadline_seconds),
         }
         if self.fault_catalog_layer is not None:
             remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH

@@ -31,7 +31,8 @@ Jobs submitted through the API with the CLI's client (``cli/gpujobs.py``):
 Then the remediation scenarios (``local_mode/remediation_scenarios.py``), one per class of
 the fault catalog, each in its own simulated cluster: fast-path XID 79 reboot without the
 diag; a flapping node escalated to replacement on its 3rd fault; a dead GPU relocated to a
-spare node; the blast-radius breaker tripping when 4 of 16 nodes fault within 10 minutes;
+spare node; the blast-radius breaker tripping when 4 of 16 nodes fault within 10 minutes
+(the jobs on the held nodes wait HELD and restart after the reset);
 observe mode; a persistence-mode diag failure that needs an operator, not a reboot.
 
 Last, the time-sharing scenario (``local_mode/time_sharing_scenario.py``), in its own

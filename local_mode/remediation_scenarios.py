@@ -10,7 +10,9 @@ every minute), through the same handlers the stack deploys.
    moves to a healthy spare node and the job completes.
 4. ``breaker`` — 4 of 16 nodes fault within 10 minutes: 3 are rebooted, the 4th trips the
    blast-radius breaker (one e-mail, the action kept in its backlog), a 5th fault is not
-   acted on either; an operator's reset releases the backlog and the node is rebooted.
+   acted on either; the jobs on the two held nodes (not relocatable) wait HELD, not
+   failed, and nothing is placed on those nodes; an operator's reset releases the backlog,
+   the nodes are rebooted and the held jobs restart on them.
 5. ``observe`` — observe mode: the fault is detected, classified and e-mailed with what would
    have been done; no StopTask, reboot, drain or termination.
 6. ``persistence_mode`` — the DCGM diag fails only on "persistence mode disabled" (error 29,
@@ -245,7 +247,8 @@ def relocation() -> ScenarioResult:
 def breaker() -> ScenarioResult:
     """4 of 16 nodes fault within 10 minutes: the 4th trips the breaker."""
     title = ("blast-radius breaker: 4 of 16 nodes fault within 10 min -> 3 rebooted, the 4th trips "
-             "the breaker (notified once, backlog kept), nothing more rebooted; reset resumes it")
+             "the breaker (notified once, backlog kept), nothing more rebooted, the jobs on held nodes "
+             "wait HELD; reset resumes it and they restart")
     from gpu_recovery.recovery.breaker import reset_breaker
 
     with world() as w:
@@ -271,16 +274,36 @@ def breaker() -> ScenarioResult:
         _expect(problems, "breaker e-mails", len(trips), 1)
         _expect(problems, "held nodes", sorted(w.node_item(n).get("instance_state") for n in faulty[3:]),
                 ["SUSPECT", "SUSPECT"])
+        # The jobs on the held nodes cannot move (no relocatable tag): they wait, uncharged.
+        on_held = ["job-3", "job-4"]
+        waiting = {j: (w.job(j).get("job_state"), w.job(j).get("recoveries_used")) for j in on_held}
+        _expect(problems, "jobs on held nodes", waiting, {j: ("HELD", 0) for j in on_held})
         # The operator resets the breaker and resumes its backlog: the sweep carries it out.
-        reset = reset_breaker(w.repo, now=w.sim.now(), resume_backlog=True, by="demo-operator")
+        reset_at = w.sim.now()
+        reset = reset_breaker(w.repo, now=reset_at, resume_backlog=True, by="demo-operator")
         w.sim.run_for(10 * MIN)
         after = sorted(n for n in nodes if w.sim.node(n).reboots)
         _expect(problems, "reset", reset.done, True)
         _expect(problems, "rebooted after the reset", after, faulty)
         _expect(problems, "held nodes back", sorted(w.node_item(n).get("instance_state") for n in faulty[3:]),
                 ["AVAILABLE", "AVAILABLE"])
+        restarted = {j: (w.job(j).get("job_state"), w.job(j).get("attempt"), w.job(j).get("recoveries_used"),
+                         w.ranks_on(j)) for j in on_held}
+        _expect(problems, "held jobs after the reset", restarted,
+                {"job-3": ("RUNNING", 2, 1, ["node-06", "node-07"]),
+                 "job-4": ("RUNNING", 2, 1, ["node-08", "node-09"])})
+        # Nothing placed on a node while it was held (its fault until the reset) or while it
+        # rebooted; no job failed for a node already known to be bad.
+        first_held = (10 + 2 * 3) * MIN
+        placed = sorted(f"{t.tags.get(C.TAG_JOB_ID)} on {t.node}" for t in w.sim.tasks.values()
+                        if not t.health_check and t.node in faulty[3:]
+                        and w.sim.clock.offset(first_held) < t.created_at < reset_at)
+        _expect(problems, "tasks placed on held nodes", placed, [])
+        failed = [j for j in jobs if w.job(j).get("job_state") == "FAILED"]
+        _expect(problems, "failed jobs", failed, [])
         return _finish(w, "breaker", title, problems, jobs,
-                       {"trip_reason": state.get("trip_reason", ""), "backlog": held})
+                       {"trip_reason": state.get("trip_reason", ""), "backlog": held, "held_jobs": waiting,
+                        "placed_on_held_nodes": placed, "reset_at": reset_at})
 
 
 def observe() -> ScenarioResult:

@@ -62,6 +62,8 @@ ENV_RELOCATE_INSTEAD_OF_WAIT = "RELOCATE_INSTEAD_OF_WAIT"  # "true": move a job 
 ENV_RELOCATION_WAIT_SECONDS = "RELOCATION_WAIT_SECONDS"
 # Healthy free GPU nodes the queue scheduler keeps out of queue work: "2" or "5%".
 ENV_SPARE_NODES = "SPARE_NODES"
+# Seconds a job that cannot move waits (HELD) for the breaker's reset to reboot its node.
+ENV_HELD_JOB_DEADLINE_SECONDS = "HELD_JOB_DEADLINE_SECONDS"
 # Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
 ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
 # Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.
@@ -470,6 +472,8 @@ class NotificationKind(str, Enum):
     # ECS may place tag-registered tasks on them until the breaker is reset.
     CORDON_LIMIT_TRIPPED = "cordon_limit_tripped"
     RELOCATED = "relocated"
+    # A job that cannot move waits (HELD) for a node whose reboot the breaker held back.
+    JOB_HELD = "job_held"
     JOB_REFUSED = "job_refused"  # a tagged job larger than the supported size: not protected
 
 

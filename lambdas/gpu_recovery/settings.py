@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpu_recovery import constants as c
+from gpu_recovery.domain.breaker_hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
 from gpu_recovery.domain.heartbeat_policy import (
     DEFAULT_HANG_SECONDS,
     DEFAULT_MAX_SKEW_SECONDS,
@@ -164,6 +165,9 @@ class Settings:
     relocation_wait_seconds: int = DEFAULT_RELOCATION_WAIT_SECONDS
     # Hot spares the queue scheduler keeps free; relocation finds them among the free nodes.
     spare_nodes: SparePool = field(default_factory=SparePool)
+    # A job that cannot move waits (HELD) this long for the breaker's reset to reboot a
+    # node it needs, then fails; 0: fails at once.
+    held_job_deadline_seconds: int = DEFAULT_HELD_JOB_DEADLINE_SECONDS
     fault_catalog_override: str = ""  # path of the deployment's catalog override ("" = none)
     reboot_document: str = c.DEFAULT_REBOOT_DOCUMENT_NAME
     # Large jobs: the fan-out queue ("" = batches run in the invoking function), the ECS
@@ -207,6 +211,9 @@ class Settings:
             relocation_wait_seconds=_bounded(env, c.ENV_RELOCATION_WAIT_SECONDS,
                                              DEFAULT_RELOCATION_WAIT_SECONDS, 0, MAX_RELOCATION_WAIT_SECONDS),
             spare_nodes=spare_pool(env),
+            held_job_deadline_seconds=_bounded(env, c.ENV_HELD_JOB_DEADLINE_SECONDS,
+                                               DEFAULT_HELD_JOB_DEADLINE_SECONDS, 0,
+                                               MAX_HELD_JOB_DEADLINE_SECONDS),
             fault_catalog_override=env.get(c.ENV_FAULT_CATALOG_OVERRIDE, ""),
             reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
             gang_queue_url=env.get(c.ENV_GANG_QUEUE_URL, ""),

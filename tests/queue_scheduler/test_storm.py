@@ -1,7 +1,9 @@
 """The fault storm of issue 19 under the emulator: a 16-node cluster kept full by the queue,
 4 nodes faulting (XID 79) within 10 minutes, the breaker tripping on the 4th. No job may
 be placed on a node known to be bad (rebooting, or held by the breaker), and the held node
-carries the ECS cordon attribute that placement constraints use."""
+carries the ECS cordon attribute that placement constraints use. The queue jobs move; the
+one job that cannot move (tag-registered, not relocatable) on the held node waits HELD,
+not failed; no job fails for a node already known to be bad."""
 
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ def _cordoned_in_ecs(qc) -> set[str]:
 
 def test_a_fault_storm_places_nothing_on_a_held_or_rebooting_node() -> None:
     with contextmanager(make_queue_cluster)(nodes=[8] * 16, sweep=True) as qc:
+        qc.sim.start_job("pinned", qc.train_td, ["node-7"])  # tag-registered, not relocatable
         jobs = [qc.submit(nnodes=1, gpus=8) for _ in range(24)]
-        assert len(qc.scheduler().tick().admitted) == 16  # the cluster is full, 8 wait
+        assert len(qc.scheduler().tick().admitted) == 15  # the cluster is full, 9 wait
         faulty = ["node-1", "node-3", "node-5", "node-7"]
         for k, name in enumerate(faulty):
             qc.sim.inject_xid(name, 79, after=(1 + 2 * k) * MIN)
@@ -55,3 +58,6 @@ def test_a_fault_storm_places_nothing_on_a_held_or_rebooting_node() -> None:
         assert not [t for t in qc.live_tasks() if t.node == "node-7"]
         failed = [j for j in jobs if qc.state(j) is JobState.FAILED]
         assert failed == [], [qc.item(j).get("last_error") for j in failed]
+        pinned = qc.repo.get_job("pinned")
+        assert (pinned.state, pinned.recoveries_used) == (JobState.HELD, 0), pinned.last_error
+        assert pinned.breaker_hold is not None and pinned.breaker_hold.nodes == (held.container_inst_id,)

@@ -3,7 +3,8 @@
 The job item carries counts, never the per-node verdicts (those are items of their own,
 one per suspect node): how many suspects were decided, how many were fatal (the node is
 unusable: replace, quarantine, operator action, timeout, unavailable, held back), how many
-need a reboot, how many rebooting nodes the restart still waits for, and - once every
+of those are reboots the blast-radius breaker held back (``held``), how many need a
+reboot, how many rebooting nodes the restart still waits for, and - once every
 rank of the attempt has ended, so no suspect can be added any more - how many suspects
 there are. The job's fate follows from these counts alone. Pure: no I/O.
 """
@@ -26,6 +27,9 @@ class FaultTally:
     rebooting: int = 0  # nodes rebooting that the gang restart waits for
     total: int | None = None  # suspects of the fault; known once every rank of the attempt ended
     infra: int = 0  # healthy verdicts the catalog charges to the infrastructure budget (transient)
+    # Fatal verdicts that are only a reboot the breaker held back: a job that cannot move
+    # waits for the breaker's reset (HELD) instead of failing for them.
+    held: int = 0
 
     @classmethod
     def from_item(cls, raw: Mapping[str, Any] | None) -> FaultTally:
@@ -34,11 +38,13 @@ class FaultTally:
         return cls(attempt=int(raw.get("attempt") or 0), decided=int(raw.get("decided") or 0),
                    fatal=int(raw.get("fatal") or 0), reboot=int(raw.get("reboot") or 0),
                    rebooting=int(raw.get("rebooting") or 0),
-                   total=None if total is None else int(total), infra=int(raw.get("infra") or 0))
+                   total=None if total is None else int(total), infra=int(raw.get("infra") or 0),
+                   held=int(raw.get("held") or 0))
 
     def to_item(self) -> dict[str, Any]:
         item: dict[str, Any] = {"attempt": self.attempt, "decided": self.decided, "fatal": self.fatal,
-                                "reboot": self.reboot, "rebooting": self.rebooting, "infra": self.infra}
+                                "reboot": self.reboot, "rebooting": self.rebooting, "infra": self.infra,
+                                "held": self.held}
         if self.total is not None:
             item["total"] = self.total
         return item
@@ -57,18 +63,24 @@ class FaultTally:
     def all_decided(self) -> bool:
         return self.total is not None and self.decided >= self.total
 
-    def with_verdict(self, label: SuspectVerdict, *, waits_for_reboot: bool = False) -> FaultTally:
+    def with_verdict(self, label: SuspectVerdict, *, waits_for_reboot: bool = False,
+                     held: bool = False) -> FaultTally:
         return replace(self, decided=self.decided + 1,
                        fatal=self.fatal + (1 if label in FATAL_SUSPECT_VERDICTS else 0),
                        reboot=self.reboot + (1 if label is SuspectVerdict.REBOOT else 0),
-                       rebooting=self.rebooting + (1 if waits_for_reboot else 0))
+                       rebooting=self.rebooting + (1 if waits_for_reboot else 0),
+                       held=self.held + (1 if held and label in FATAL_SUSPECT_VERDICTS else 0))
 
     def outcome(self, *, relocatable: bool) -> JobOutcome:
         """The job's fate from its verdicts so far (before its budget is looked at): an
         unusable node relocates the job (or fails it), a reboot restarts it once the node is
-        back, all healthy restarts it without node action - once every verdict is in."""
-        if self.fatal:
+        back, all healthy restarts it without node action - once every verdict is in. A
+        node whose reboot the breaker held back relocates the job too, or, for a job that
+        cannot move, holds it until the breaker's reset (HOLD)."""
+        if self.fatal > self.held:
             return JobOutcome.RELOCATE if relocatable else JobOutcome.FAIL_NODE_FAULT
+        if self.held:
+            return JobOutcome.RELOCATE if relocatable else JobOutcome.HOLD
         if self.reboot:
             return JobOutcome.RESTART_AFTER_REBOOT
         if not self.all_decided:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_recovery.domain.breaker_hold import BreakerHold
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.relocation import RelocationWait
 from gpu_recovery.domain.states import InstanceState, JobState, RankState, SuspectVerdict
@@ -93,6 +94,9 @@ class Job:
     last_fault: dict[str, Any] = field(default_factory=dict)
     # No healthy free node to relocate onto: the current attempt's wait for one (None: none).
     relocation_wait: RelocationWait | None = None
+    # Cannot move, and a node's reboot is held back by the breaker: the current attempt's
+    # wait for the breaker's reset (None: none).
+    breaker_hold: BreakerHold | None = None
 
     @property
     def suspend_stopping(self) -> bool:

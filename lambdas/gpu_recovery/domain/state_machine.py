@@ -49,8 +49,12 @@ JOB_TRANSITIONS: dict[S, frozenset[S]] = {
     # PENDING_RESTART -> PENDING_RESOURCES: a queue job relocated off a faulty node goes
     # back through the scheduler (head of its priority) to start on healthy nodes.
     S.PENDING_RESTART: frozenset(
-        {S.STARTING, S.PENDING_RESOURCES, S.FAILED, S.USER_STOPPED, S.CANCELED}
+        {S.STARTING, S.PENDING_RESOURCES, S.HELD, S.FAILED, S.USER_STOPPED, S.CANCELED}
     ),
+    # HELD (a node's reboot held back by the breaker, the job cannot move) -> PENDING_RESTART
+    # once every node it waits for is back; FAILED at its deadline, when the breaker's
+    # backlog is dropped, or when a node it waits for is lost.
+    S.HELD: frozenset({S.PENDING_RESTART, S.FAILED, S.USER_STOPPED, S.CANCELING, S.CANCELED}),
     S.CANCELING: frozenset({S.CANCELED}),
     S.COMPLETE: frozenset(),
     S.FAILED: frozenset(),

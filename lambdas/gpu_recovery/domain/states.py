@@ -18,6 +18,10 @@ class JobState(str, Enum):
     RUNNING = "RUNNING"
     PENDING_HEALTHCHECK = "PENDING_HEALTHCHECK"
     PENDING_RESTART = "PENDING_RESTART"
+    # A job that cannot move (not relocatable) waiting for a node whose reboot the
+    # blast-radius breaker held back: until the breaker's reset carries it out, or
+    # held_job_deadline_seconds pass. Its budget is not charged for the wait.
+    HELD = "HELD"
     NODE_LOST = "NODE_LOST"
     HUNG = "HUNG"
     # Time sharing: rank 0 was told to checkpoint and call go_suspend(); its ranks are
@@ -55,7 +59,7 @@ STARTED_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
 # left in flight is abandoned (every task it started is stopped).
 ENDING_JOB_STATES = TERMINAL_JOB_STATES | {JobState.CANCELING}
 # The recovery loop owns the job: its nodes are held for the gang restart.
-RECOVERING_JOB_STATES = frozenset({JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART})
+RECOVERING_JOB_STATES = frozenset({JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART, JobState.HELD})
 # The recovery loop is handling the job (in recovery, or a node lost / a rank hung): a
 # user's suspend or resume waits until it is RUNNING again.
 RECOVERY_OWNED_JOB_STATES = RECOVERING_JOB_STATES | {JobState.NODE_LOST, JobState.HUNG}
@@ -145,6 +149,9 @@ class JobOutcome(str, Enum):
     RESTART_AFTER_REBOOT = "restart_after_reboot"  # restart once the node is back
     RESTART = "restart"  # no node fault: restart on the same nodes (budget permitting)
     RELOCATE = "relocate"  # a node is unusable: restart on healthy nodes
+    # A node's reboot was held back by the blast-radius breaker and the job cannot move:
+    # it waits (HELD once every verdict is in) for the breaker's reset, budget not charged.
+    HOLD = "hold"
     FAIL_APPLICATION_ERROR = "fail_application_error"
     FAIL_NODE_FAULT = "fail_node_fault"
     FAIL_NO_BUDGET = "fail_no_budget"

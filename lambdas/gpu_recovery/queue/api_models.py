@@ -70,6 +70,8 @@ class JobDetail(JobSummary):
     max_app_restarts: int = 0
     relocations: list[dict[str, Any]] = Field(
         default_factory=list, description="Where each rank moved after a node fault, and why")
+    breaker_hold: dict[str, Any] | None = Field(
+        default=None, description="HELD: the nodes whose reboot the breaker held back, since, until")
     not_before: float = Field(description="Scheduler backoff: not started before (epoch seconds)")
     last_error: str
     wait_reason: str = Field(default="", description="Why a waiting job is not starting yet (quota, GPUs)")

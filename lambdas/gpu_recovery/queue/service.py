@@ -504,6 +504,7 @@ class JobQueueService:
                 "app_restarts_used": int(item.get("app_restarts_used", 0)),
                 "max_app_restarts": int(item.get("max_app_restarts", 0)),
                 "relocations": list(item.get("relocations") or []),
+                "breaker_hold": dict(item.get("breaker_hold") or {}) if job.state is JobState.HELD else None,
                 "not_before": item.get("not_before", 0) or 0,
                 "last_error": item.get("last_error", ""),
                 "wait_reason": item.get("wait_reason", "") if JobState(item["job_state"]) in QUEUED_STATES

@@ -59,6 +59,7 @@ from gpu_recovery.domain.states import (
     SuspectVerdict,
 )
 from gpu_recovery.recovery.gang import GangOps
+from gpu_recovery.recovery.held_jobs import HeldJobs
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository.scheduling import SchedulingRepository
@@ -81,6 +82,7 @@ class GangRestart:
         self.deps = deps
         self.ranks = ranks
         self.gang = gang
+        self.holds = HeldJobs(deps, ranks)
         gang.on_started = self.on_started
         gang.on_start_failed = self._fail_restart
 
@@ -109,8 +111,13 @@ class GangRestart:
         # Nodes of the job another fault made unusable meanwhile (read once per restart:
         # the job's nodes from its latch shards, then their instance items).
         elsewhere = self._unusable_nodes(job)
-        unusable = bool(tally.fatal) or job.relocate or bool(elsewhere)
         relocatable = self.relocatable(job)
+        if not relocatable:
+            # A node's reboot held back by the breaker: the job waits (HELD), not fails.
+            held = self.holds.hold(job, elsewhere)
+            if held is not None:
+                return held
+        unusable = bool(tally.fatal - (0 if relocatable else tally.held)) or job.relocate or bool(elsewhere)
         if unusable and not relocatable:
             named = f"instance(s) {', '.join(elsewhere[:10])} " if elsewhere else "node(s) "
             self.fail_pending_restart(job, f"{named}the job needs were quarantined or marked suspect "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -472,8 +472,10 @@ class NodeActionGate:
             state["cluster_gpu_nodes"] = stored["cluster_gpu_nodes"]
         return self.deps.repo.breaker_update(state, read_version)
 
-    def tell_tripped(self, decided: breaker_policy.BreakerDecision, inst_id: str) -> None:
-        """Once, by whoever tripped it (its write committed)."""
+    def tell_tripped(self, decided: breaker_policy.BreakerDecision, inst_id: str,
+                     fates: Mapping[str, str] | None = None) -> None:
+        """Once, by whoever tripped it (its write committed). ``fates``: job id -> what the
+        decision did to each job on the node (waits HELD, moves, fails)."""
         self.deps.metrics.add_metric("BreakerTripped", "Count", 1)
         logger.error("blast-radius breaker tripped", extra={"why": decided.state.get("trip_reason")})
         self.ranks.notify_node(
@@ -487,20 +489,33 @@ class NodeActionGate:
             operator_action=("Find the common cause (driver rollout, power, fabric). Then "
                              "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
                              "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."),
-            details=held_back_lines(decided.state.get("backlog") or ()))
+            details=held_back_lines(decided.state.get("backlog") or (), fates,
+                                    self.deps.settings.held_job_deadline_seconds))
 
 
-def held_back_lines(backlog: Iterable[dict[str, Any]]) -> list[str]:
-    """The trip e-mail's details: each held node, the jobs it held, what a reset does."""
+def held_back_lines(backlog: Iterable[dict[str, Any]], fates: Mapping[str, str] | None = None,
+                    held_seconds: int = 0) -> list[str]:
+    """The trip e-mail's details: each held node, the jobs on it and what each does now,
+    what a reset does to the node and to the jobs waiting for it."""
     lines = []
+    fates = fates or {}
     for entry in backlog:
         node, action = str(entry.get("node", "")), str(entry.get("action", ""))
-        jobs = str(entry.get("job_id") or "") or "none"
+        job_ids = [j for j in str(entry.get("job_id") or "").split(",") if j]
+        jobs = ", ".join(f"{j} ({fates[j]})" if j in fates else j for j in job_ids) or "none"
+        waiting = [j for j in job_ids if fates.get(j, "").startswith("waits")]
         if action == Action.REBOOT.value:
             resume = "reboots it; it is uncordoned and takes work again once back"
+            if waiting:
+                resume += f", and {', '.join(waiting)} restart(s) on their nodes then"
         else:
             resume = "drains it (DRAINING) for a person; never terminated from the backlog"
-        lines.append(f"Held: {node} needs {action} (jobs on it: {jobs}); --resume-backlog {resume}; "
-                     "--drop-backlog leaves it SUSPECT and cordoned until you act "
-                     "(`gpu-recovery-admin uncordon` once repaired)")
+        drop = "--drop-backlog leaves it SUSPECT and cordoned until you act (`gpu-recovery-admin uncordon` " \
+            "once repaired)"
+        if waiting:
+            drop += f" and fails {', '.join(waiting)}"
+        lines.append(f"Held: {node} needs {action} (jobs on it: {jobs}); --resume-backlog {resume}; {drop}")
+        if waiting and held_seconds:
+            lines.append(f"  Without a reset the waiting job(s) fail {held_seconds} s after they were held "
+                         "(held_job_deadline_seconds)")
     return lines

@@ -152,6 +152,7 @@ class _Settled:
     error: str
     restart_reason: str
     reason: str
+    hold_spend: str | None = None  # HOLD: what the restart spends once the held job goes on
 
     def deadline_at(self, now: float) -> float | None:
         return now + RETRY_INTERVAL_SECONDS if self.to is JobState.PENDING_RESTART else None
@@ -418,7 +419,7 @@ class NodeRemediation:
             "execute": [e.value for e in plan.execute], "record_only": [e.value for e in plan.record_only],
             "rule": plan.decision.rule_id})
         if tripped is not None:
-            self.reboots.gate.tell_tripped(tripped, inst_id)
+            self.reboots.gate.tell_tripped(tripped, inst_id, {v.job.job_id: job_fate(o) for v, o in verdicts})
         self._after_cordon(gate, inst_id, plan, uncordoned=decision.uncordon and instance.cordoned)
         fresh = repo.get_instance(inst_id) or instance
         self.carry_out(fresh, plan)
@@ -436,8 +437,8 @@ class NodeRemediation:
         for verdict, outcome in verdicts:
             # A healthy node may be the last one a job was waiting for; a job leaving an
             # unusable node moves now (once its old ranks stopped), not at the next sweep.
-            if outcome.restarts and (fresh.state is InstanceState.AVAILABLE
-                                     or outcome is JobOutcome.RELOCATE):
+            if (outcome.restarts and (fresh.state is InstanceState.AVAILABLE
+                                     or outcome is JobOutcome.RELOCATE)) or outcome is JobOutcome.HOLD:
                 self.restarts.try_restart(verdict.job.job_id)
         return Applied(plan, label, outcomes)
 
@@ -481,7 +482,8 @@ class NodeRemediation:
             # path (observe mode) leaves its state alone.
             to = InstanceState.AVAILABLE if InstanceState.HEALTH_CHECKING in from_states else None
         restart_jobs = tuple(v.job.job_id for v, o in verdicts
-                             if o == JobOutcome.RESTART_AFTER_REBOOT and label is SuspectVerdict.REBOOT)
+                             if o in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.HOLD)
+                             and label is SuspectVerdict.REBOOT)
         follow_up = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
         # Known bad and not drained: cordoned (whatever the breaker or observe mode said);
         # a diag that passed clears a cordon the node had.
@@ -505,7 +507,10 @@ class NodeRemediation:
         (once per fault; a flapping node's repeat is not charged again)."""
         infra_hint = (label is SuspectVerdict.HEALTHY and plan is not None
                       and plan.decision.budget is Budget.INFRASTRUCTURE)
-        tally = job.tally.with_verdict(label)
+        # A reboot the breaker held back: a job that cannot move waits for the reset (HOLD).
+        held = (label is SuspectVerdict.BLOCKED and plan is not None and plan.blocked_by_breaker
+                and plan.action is Action.REBOOT and self.deps.settings.held_job_deadline_seconds > 0)
+        tally = job.tally.with_verdict(label, held=held)
         if infra_hint:
             tally = replace(tally, infra=tally.infra + 1)
         outcome = tally.outcome(relocatable=bool(tally.fatal) and self.restarts.relocatable(job))
@@ -516,11 +521,12 @@ class NodeRemediation:
             kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
                 else (Budget.INFRASTRUCTURE if tally.infra else Budget.APPLICATION)
         charge = True
-        if plan is not None and kind is Budget.INFRASTRUCTURE and outcome.restarts:
+        if plan is not None and kind is Budget.INFRASTRUCTURE and (outcome.restarts
+                                                                    or outcome is JobOutcome.HOLD):
             charge = charges_job(history, job.job_id, plan.decision.cause, now, self.policy.escalation)
         settled = self._settle(job, outcome, kind, charge, inst_id, label, plan, reason)
-        waits = settled.outcome == JobOutcome.RESTART_AFTER_REBOOT and label is SuspectVerdict.REBOOT \
-            and settled.to is not JobState.FAILED
+        waits = settled.outcome in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.HOLD) \
+            and label is SuspectVerdict.REBOOT and settled.to is not JobState.FAILED
         record = None
         if evidence is not None and plan is not None:
             record = self.fault_record(evidence, plan, now, label)
@@ -530,7 +536,7 @@ class NodeRemediation:
                                        and settled.to is not JobState.FAILED),
                              restart_reason=settled.restart_reason, reason=settled.reason,
                              waits_for_reboot=waits,
-                             infra_hint=infra_hint)
+                             infra_hint=infra_hint, held=held, hold_spend=settled.hold_spend)
         return verdict, settled.outcome
 
     def _settle(self, job: Job, outcome: JobOutcome, kind: Budget, charge: bool, inst_id: str,
@@ -538,6 +544,8 @@ class NodeRemediation:
         """The job's state after an outcome: a restart leaves PENDING_HEALTHCHECK (once, its
         budget charged) or fails for want of budget (or in observe mode)."""
         to, spend, error, restart_reason = job.state, "", "", ""
+        if outcome is JobOutcome.HOLD and job.state is JobState.PENDING_HEALTHCHECK:
+            return self._settle_hold(job, kind, charge, inst_id, label, plan, reason)
         if outcome.restarts and job.state is JobState.PENDING_HEALTHCHECK:
             budget = settle(budgets_of(job), kind, charge=charge)
             if not budget.restart:
@@ -559,6 +567,25 @@ class NodeRemediation:
         if outcome.fails:
             to = JobState.FAILED
         return _Settled(outcome, to, spend, error, restart_reason, reason)
+
+    def _settle_hold(self, job: Job, kind: Budget, charge: bool, inst_id: str, label: SuspectVerdict | None,
+                     plan: RemediationPlan | None, reason: str) -> _Settled:
+        """A node's reboot held back by the breaker, the job cannot move: it waits for its
+        restart (HELD once every verdict is in) if its budget would allow that restart, and
+        is charged only when it goes on. No budget left: it fails as it would have anyway."""
+        budget = settle(budgets_of(job), kind, charge=charge)
+        if not budget.restart:
+            outcome = JobOutcome.FAIL_NO_BUDGET
+            error = self._failure_text(outcome, inst_id, label, plan, job, budget.reason)
+            return _Settled(outcome, JobState.FAILED, "", error, "", reason)
+        if not self.policy.modes.executes(Effect.RESTART_JOB):
+            error = f"observe mode: the job would have waited for the breaker's reset; {inst_id} held"
+            return _Settled(JobOutcome.FAIL_OBSERVED, JobState.FAILED, "", error, "", reason)
+        spend = SPEND_INFRASTRUCTURE if budget.charged is Budget.INFRASTRUCTURE else \
+            SPEND_APPLICATION if budget.charged is Budget.APPLICATION else ""
+        return _Settled(JobOutcome.HOLD, JobState.PENDING_RESTART, "", "", "reboot held back by the breaker",
+                        f"{reason}; reboot held back by the blast-radius breaker: the job waits for its "
+                        "reset (budget not charged while held)", hold_spend=spend)
 
     def conclude(self, job: Job) -> str:
         """Every suspect of the fault decided healthy, the last verdict before every rank had
@@ -751,6 +778,17 @@ class NodeRemediation:
             container_inst_id=instance.container_inst_id, instance_id=instance.ec2_instance_id,
             what_happened=plan.decision.reason, what_was_done=describe_node_effects(instance, plan),
             operator_action=todo, details=details_of(evidence, plan))
+
+
+def job_fate(outcome: JobOutcome) -> str:
+    """What a node decision held back by the breaker did to a job, for the trip e-mail."""
+    if outcome is JobOutcome.HOLD:
+        return "waits HELD for the reset, not failed, budget not charged"
+    if outcome is JobOutcome.RELOCATE:
+        return "moves to healthy nodes"
+    if outcome.fails:
+        return f"failed: {outcome.value.removeprefix('fail_').replace('_', ' ')}"
+    return "waits for its other nodes"
 
 
 def budgets_of(job: Job) -> JobBudgets:

@@ -171,6 +171,11 @@ class Sweep:
                 # it then, with its reason); this is the backstop.
                 give_up_at = max(give_up_at, wait.until + RESTART_GIVE_UP_MARGIN_SECONDS)
                 why = wait.timeout_reason()
+            hold = job.breaker_hold
+            if hold is not None:
+                # Held by the breaker first: the restart's time counts from when it went on.
+                give_up_at = max(give_up_at, (hold.resumed_at or hold.until) + settings.reboot_timeout_seconds
+                                 + RESTART_GIVE_UP_MARGIN_SECONDS)
             if now >= give_up_at:
                 self.restarts.fail_pending_restart(job, why)
                 return "restart_timed_out"
@@ -181,6 +186,9 @@ class Sweep:
             if outcome.action == "waiting":
                 repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return f"restart_{outcome.action}"
+        if job.state is JobState.HELD:
+            # Waiting for the breaker's reset (domain.breaker_hold): go on, fail, or wait.
+            return self.restarts.holds.sweep(job, now, self.restarts.try_restart)
         if job.state is JobState.PENDING_HEALTHCHECK:
             # The stop intent sent, the stops asked again at a paced interval; a fault whose
             # verdicts are all in once every rank ended goes on (its event may have died).

@@ -38,6 +38,7 @@ from gpu_recovery.constants import (
     rank_item_key,
     refused_item_key,
 )
+from gpu_recovery.domain.breaker_hold import BreakerHold
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.relocation import RelocationWait
@@ -92,6 +93,9 @@ class JobVerdict:
     reason: str = ""  # the history entry (default: "verdict <label> on <instance>")
     waits_for_reboot: bool = False  # the job's restart waits until the node is back
     infra_hint: bool = False  # healthy, and the catalog charges a restart to the infrastructure budget
+    held: bool = False  # the node's reboot was held back by the breaker (counted in the tally)
+    # HOLD: the budget the restart spends once the held job goes on ("": not charged again).
+    hold_spend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,7 @@ class Repository:
             start_fanout=dict(item.get("start_fanout") or {}),
             last_fault=dict(item.get("last_fault") or {}),
             relocation_wait=RelocationWait.from_item(item["job_id"], item.get("relocation_wait"), attempt),
+            breaker_hold=BreakerHold.from_item(item["job_id"], item.get("breaker_hold"), attempt),
         )
 
     @staticmethod
@@ -689,6 +694,25 @@ class Repository:
                 extra_values={":job": job.job_id}, extra_names={"#hcj": "hc_jobs"}))
         return self.db.transact(updates)
 
+    def hold_job(self, job: Job, hold: BreakerHold, deadline_at: float) -> bool:
+        """A job that cannot move waits for a node whose reboot the breaker held back:
+        PENDING_RESTART -> HELD on the same attempt with its hold and a deadline (the sweep
+        looks again); nothing is charged. A hold of this attempt already written (the job
+        went on and is held again for another node) keeps its deadline: the caller passes it."""
+        return self.db.apply(self.job_transition(
+            job.job_id, JobState.HELD, from_states=[JobState.PENDING_RESTART], attempt=job.attempt,
+            reason=hold.waiting_reason(), actor="recovery",
+            set_fields={"breaker_hold": hold.to_item(), **self.job_deadline_fields(deadline_at)}))
+
+    def resume_held_job(self, job: Job, hold: BreakerHold, reason: str, now: float) -> bool:
+        """Every node the held job waited for is back: HELD -> PENDING_RESTART on the same
+        attempt, its restart charged now (once: the transition is conditional on HELD)."""
+        return self.db.apply(self.job_transition(
+            job.job_id, JobState.PENDING_RESTART, from_states=[JobState.HELD], attempt=job.attempt,
+            reason=reason, actor="recovery",
+            set_fields={"breaker_hold.resumed_at": now, **self.job_deadline_fields(now + 60)},
+            increments={_SPEND_COUNTER[hold.spend]: 1} if hold.spend in _SPEND_COUNTER else None))
+
     def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
                                reason: str) -> bool:
         """A queue job leaves its unusable nodes: PENDING_RESTART -> PENDING_RESOURCES at the
@@ -1043,6 +1067,11 @@ class Repository:
             counts["fault.rebooting"] = 1
         if verdict.infra_hint:
             counts["fault.infra"] = 1
+        if verdict.held:
+            counts["fault.held"] = 1
+        if verdict.hold_spend is not None:
+            # Charged when the held job goes on (BreakerHold.spend), not while it waits.
+            fields["breaker_hold"] = {"attempt": job.attempt, "spend": verdict.hold_spend}
         if verdict.spend:
             counts[_SPEND_COUNTER[verdict.spend]] = 1
         condition, values, names = faults.tally_condition(job)

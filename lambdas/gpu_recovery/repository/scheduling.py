@@ -106,7 +106,7 @@ class SchedulingRepository:
             kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
 
     def jobs_in_recovery(self) -> list[dict[str, Any]]:
-        """Jobs in PENDING_HEALTHCHECK / PENDING_RESTART: they carry a deadline, so the
+        """Jobs in PENDING_HEALTHCHECK / PENDING_RESTART / HELD: they carry a deadline, so the
         sparse deadline index lists them (as many items as jobs in recovery)."""
         items = self.db.query_all(
             self.table, IndexName=DEADLINE_INDEX, KeyConditionExpression="#p = :v",

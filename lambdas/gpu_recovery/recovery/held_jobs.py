@@ -1,0 +1,167 @@
+"""Jobs held by the blast-radius breaker: they wait (HELD) instead of failing.
+
+A job that cannot move (not relocatable) whose restart needs a node whose reboot the
+breaker held back enters HELD from PENDING_RESTART once every verdict of its fault is in
+and every old rank ended (``GangRestart.try_restart`` asks :meth:`HeldJobs.hold`). One
+conditional write: the job HELD with its hold (nodes, since, until) and a deadline in the
+sparse due index; nothing is charged. Then one e-mail (``event_kind=job_held``) says which
+node it waits for and what a reset will do.
+
+Every minute the sweep reads the held job, the nodes it waits for and the breaker's item
+(:meth:`HeldJobs.sweep`; ``domain.breaker_hold.judge_hold`` decides):
+
+* every node back and healthy (the reset's ``--resume-backlog`` rebooted it): HELD ->
+  PENDING_RESTART, its restart charged once (conditional on HELD), then the gang restart
+  of the loop (which the sweep resumes if this delivery dies);
+* the backlog dropped, or a node lost (quarantined, gone): FAILED with that reason;
+* the deadline passed (``held_job_deadline_seconds``): FAILED naming the node and the hold.
+
+Cost: per held job a minute, one job item and the few nodes it waits for; nothing scanned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from gpu_recovery import clock
+from gpu_recovery.constants import NotificationKind
+from gpu_recovery.domain.breaker_hold import (
+    BreakerHold,
+    HoldAction,
+    NodeStanding,
+    NodeView,
+    backlog_nodes,
+    holdable,
+    judge_hold,
+    standing,
+)
+from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.states import JobState, SuspectVerdict
+from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ranks import RankOperations
+
+logger = logging.getLogger(__name__)
+
+RETRY_INTERVAL_SECONDS = 60
+_FAILED_ACTION = ("Find why the breaker tripped, repair or reboot the node by hand (then "
+                  "`gpu-recovery-admin uncordon --node-id <id>`), and resubmit the job.")
+
+
+def node_view(instance: Instance | None) -> NodeView:
+    if instance is None:
+        return NodeView(None)
+    held = str((instance.breaker_blocked or {}).get("action") or "")
+    return NodeView(instance.state, instance.cordoned, held)
+
+
+def _at(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class HeldJobs:
+    def __init__(self, deps: Deps, ranks: RankOperations) -> None:
+        self.deps = deps
+        self.ranks = ranks
+
+    # ------------------------------------------------------------------ enter
+    def hold(self, job: Job, unusable: list[str]) -> Outcome | None:
+        """A PENDING_RESTART job that cannot move, with every verdict in: HELD while a node
+        it needs has its reboot held back by the breaker (or released and not back yet).
+        None: nothing to hold for (every such node is back: restart as usual) or a node it
+        cannot wait for (lost for good, or a hold of 0 s): the caller fails it as before.
+        ``unusable``: the job's nodes the loop marked SUSPECT or QUARANTINED meanwhile."""
+        tally = job.tally
+        seconds = self.deps.settings.held_job_deadline_seconds
+        if job.relocate or tally.fatal > tally.held or seconds <= 0 or not (tally.held or unusable):
+            return None
+        repo = self.deps.repo
+        held_here = {s.node for s in repo.faults.suspects(job.job_id, job.attempt)
+                     if s.verdict is SuspectVerdict.BLOCKED} if tally.held else set()
+        nodes = sorted(held_here | set(unusable))
+        instances = repo.get_instances(nodes)
+        views = {n: node_view(instances.get(n)) for n in nodes}
+        breaker = repo.get_breaker()
+        backlog = backlog_nodes(breaker)
+        if not holdable(views, backlog=backlog):
+            return None
+        waiting = [n for n in nodes if standing(views[n], in_backlog=n in backlog) is not NodeStanding.BACK]
+        if not waiting:
+            return None
+        now = clock.now()
+        existing = job.breaker_hold
+        if existing is not None:
+            # Held again on this fault (one node back, another still held): same deadline.
+            hold = replace(existing, nodes=tuple(waiting), resumed_at=None)
+            if hold.expired(now):
+                self.fail(job, hold.timeout_reason())
+                return Outcome("restart_failed", job.job_id, {"why": "held too long"})
+        else:
+            raw = (repo.get_job_item(job.job_id) or {}).get("breaker_hold") or {}
+            spend = str(raw.get("spend", "")) if int(raw.get("attempt") or 0) == job.attempt else ""
+            reasons = sorted({str((instances[n].breaker_blocked or {}).get("reason") or "")
+                              for n in waiting if n in instances} - {""})
+            why = "reboot held back by the blast-radius breaker" + (f": {reasons[0]}" if reasons else "")
+            hold = BreakerHold.start(job.job_id, job.attempt, now, seconds, waiting, spend=spend, why=why)
+        if not repo.hold_job(job, hold, min(hold.until, now + RETRY_INTERVAL_SECONDS)):
+            return Outcome("duplicate", job.job_id)
+        self.deps.metrics.add_metric("JobsHeld", "Count", 1)
+        logger.warning("job held by the breaker", extra={"job_id": job.job_id, "nodes": waiting,
+                                                         "until": hold.until})
+        if existing is None:
+            self._tell_held(repo.get_job(job.job_id) or job, hold)
+        return Outcome("held", job.job_id, {"nodes": list(hold.nodes), "until": hold.until})
+
+    # ------------------------------------------------------------------ sweep
+    def sweep(self, job: Job, now: float, restart: Callable[[str], Outcome]) -> str:
+        """Every minute while HELD: go on once every node is back, fail when waiting cannot
+        help any more (backlog dropped, node lost, deadline), otherwise wait."""
+        repo = self.deps.repo
+        hold = job.breaker_hold
+        if hold is None:
+            self.fail(job, "held without a record of what it waits for")
+            return "held_failed"
+        instances = repo.get_instances(list(hold.nodes))
+        breaker = repo.get_breaker() or {}
+        judged = judge_hold(hold, {n: node_view(instances.get(n)) for n in hold.nodes},
+                            backlog=backlog_nodes(breaker), now=now,
+                            reset_by=str(breaker.get("last_reset_by") or ""))
+        if judged.action is HoldAction.FAIL:
+            self.fail(job, judged.reason)
+            return "held_failed"
+        if judged.action is HoldAction.RESUME:
+            if not repo.resume_held_job(job, hold, judged.reason, now):
+                return "held_raced"
+            return f"held_resumed_{restart(job.job_id).action}"
+        repo.rearm_job(job, min(hold.until, now + RETRY_INTERVAL_SECONDS))
+        return "held_waiting"
+
+    # ------------------------------------------------------------------ fail
+    def fail(self, job: Job, reason: str) -> bool:
+        """HELD (or PENDING_RESTART, re-entering an expired hold) -> FAILED, once."""
+        if not self.deps.repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
+                                         fields={"last_error": reason[:1000]},
+                                         from_states=[job.state]):
+            return False
+        self.deps.metrics.add_metric("Failures", "Count", 1)
+        fresh = self.deps.repo.get_job(job.job_id) or job
+        self.ranks.notify(fresh, None, NotificationKind.FAILED, "Job failed: held node not rebooted",
+                          what_happened=reason, what_was_done="Job marked FAILED (it was HELD, not charged)",
+                          operator_action=_FAILED_ACTION)
+        return True
+
+    def _tell_held(self, job: Job, hold: BreakerHold) -> None:
+        nodes = hold.named()
+        self.ranks.notify(
+            job, None, NotificationKind.JOB_HELD, "Job held: waiting for the breaker's reset",
+            what_happened=f"{nodes}: {hold.why}",
+            what_was_done=(f"Job HELD on {nodes}, not failed (its budget is not charged while held); its "
+                           f"other nodes stay reserved for its restart; it waits until {_at(hold.until)} "
+                           f"({hold.seconds} s, held_job_deadline_seconds)"),
+            operator_action=(f"`gpu-recovery-admin breaker reset --resume-backlog` reboots {nodes}; the job "
+                             "restarts on its nodes once they are back (charged once for the fault). "
+                             "`--drop-backlog` fails the job at the next sweep (the node stays SUSPECT and "
+                             f"cordoned). Without a reset the job fails at {_at(hold.until)}."),
+            details=[f"Held: job {job.job_id} (attempt {job.attempt}) waits on {n}" for n in hold.nodes[:10]])
