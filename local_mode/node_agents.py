@@ -65,8 +65,10 @@ class SimulatedNodeAgents:
         self.interval = float(interval)
         self.issued_by = issued_by
         self.agent = load_agent_module()
+        # 30 s, not the agent's 10: the local API shares this machine's CPUs with the
+        # simulation, and a report timed out once in a test run at a load average of 6
         self.config = self.agent.Config({"GPU_AGENT_API_URL": self.api_url,
-                                         "GPU_AGENT_HTTP_TIMEOUT": "10",
+                                         "GPU_AGENT_HTTP_TIMEOUT": "30",
                                          "GPU_AGENT_RETRY_BASE_SECONDS": "0"})
         self.tokens: dict[str, str] = {}
         self.steps: dict[str, int] = {}

@@ -56,8 +56,21 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True if config.getoption("--quick") and in_slow_module(collection_path) else None
 
 
+def group_by_module(items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` a test with no ``xdist_group`` is handed out on its own,
+    so a module's tests land on both workers and each worker pays for the module's fixtures
+    (a synthesis, a scenario): a test with no group joins its module's group, and the
+    infrastructure tests one group (their syntheses are session fixtures)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") or not item.path.is_relative_to(TESTS):
+            continue
+        module = item.path.relative_to(TESTS).as_posix()
+        item.add_marker(pytest.mark.xdist_group("infra" if module.startswith("infra/") else module))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_by_module(items)
     if not config.getoption("--quick"):
         # the slow modules' tests carry the marker too, so `-m slow` (make test-slow) selects them
         for item in items:

@@ -60,10 +60,25 @@ def broken(run: Callable[[tuple[int, str] | None], Any],
     return broken_runs(run, faults, warm_up=campaign.run_recovery)
 
 
-def result(run: Callable[[tuple[int, str] | None], Any], group: tuple[int, ...], index: int,
+def alternating_cases(name: str, positions: Sequence[int], size: int = GROUP_SIZE) -> list[Any]:
+    """``pytest.param(group, index, mode)`` breaking each position once, the fault modes in
+    turn along the flow (``make test``'s quick tier: both models at half the positions
+    each); ``group`` holds the group's faults, (index, mode) pairs, for ``result``."""
+    faults = [(index, FAULT_MODES[i % len(FAULT_MODES)]) for i, index in enumerate(sorted(set(positions)))]
+    chunks = [tuple(faults[i:i + size]) for i in range(0, len(faults), size)]
+    return [pytest.param(chunk, index, mode, id=f"{index}-{mode}",
+                         marks=pytest.mark.xdist_group(f"{name}-{chunk[0][0]}-{chunk[-1][0]}"))
+            for chunk in chunks for index, mode in chunk]
+
+
+def result(run: Callable[[tuple[int, str] | None], Any], group: tuple[Any, ...], index: int,
            mode: str) -> Any:
-    """The run that broke call ``index`` in ``mode`` (its group's runs made once per process)."""
-    return outcome(broken(run, tuple((n, m) for n in group for m in FAULT_MODES)), index, mode)
+    """The run that broke call ``index`` in ``mode`` (its group's runs made once per process).
+    ``group``: the group's positions, each broken in both modes, or its (index, mode) faults
+    (``alternating_cases``)."""
+    faults = group if group and isinstance(group[0], tuple) else tuple(
+        (n, m) for n in group for m in FAULT_MODES)
+    return outcome(broken(run, faults), index, mode)
 
 
 def outcome(runs: dict[tuple[int, str], Any], index: int, mode: str) -> Any:

@@ -10,7 +10,8 @@ completed, exactly one health check per suspect node, exactly one reboot of the 
 node, and nothing stuck.
 
 ``make test`` (the quick tier) breaks the first call of every stage module and of every
-API operation of the flow (24 calls); without ``--quick`` (``make test-slow``) the first
+API operation of the flow (24 calls), once each, the two fault models in turn along the
+flow (12 lost responses, 12 throttles); without ``--quick`` (``make test-slow``) the first
 call of every distinct call site too (every place the loop talks to AWS, 81 calls);
 ``make test-faults`` and ``make test-all`` break every call of the flow.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -67,8 +69,9 @@ def test_every_call_site_of_the_flow_is_covered() -> None:
 
 
 # Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
-@pytest.mark.parametrize(("group", "index", "mode"), forked.cases("gpu_fault", positions(),
-                                                                   slow=beyond_the_quick_tier()))
+@pytest.mark.parametrize(("group", "index", "mode"),
+                         forked.alternating_cases("gpu_fault", positions()) if QUICK else
+                         forked.cases("gpu_fault", positions(), slow=beyond_the_quick_tier()))
 def test_a_fault_at_any_call_still_recovers_the_job_exactly_once(group: tuple[int, ...], index: int,
                                                                  mode: str) -> None:
     result = forked.result(campaign.run_recovery, group, index, mode)
@@ -82,13 +85,23 @@ def _enter() -> int:
     return next(c.index for c in baseline().calls if c.operation == "TransactWriteItems")
 
 
+def _enter_group() -> tuple[Any, ...]:
+    """The group that breaks the recovery's entry in both modes: the campaign's own group, or
+    (the quick tier breaks each call in one mode) a group of its own of those two runs."""
+    if QUICK:
+        return ((_enter(), THROTTLE), (_enter(), LOST_RESPONSE))
+    return next(g for g in forked.groups(positions()) if _enter() in g)
+
+
 def _enter_runs() -> tuple[campaign.RunResult, campaign.RunResult]:
-    group = next(g for g in forked.groups(positions()) if _enter() in g)
-    return (forked.result(campaign.run_recovery, group, _enter(), THROTTLE),
-            forked.result(campaign.run_recovery, group, _enter(), LOST_RESPONSE))
+    return (forked.result(campaign.run_recovery, _enter_group(), _enter(), THROTTLE),
+            forked.result(campaign.run_recovery, _enter_group(), _enter(), LOST_RESPONSE))
 
 
-@pytest.mark.xdist_group(forked.group_of("gpu_fault", positions(), _enter()))
+ENTER_GROUP = "gpu_fault-enter" if QUICK else forked.group_of("gpu_fault", positions(), _enter())
+
+
+@pytest.mark.xdist_group(ENTER_GROUP)
 def test_both_fault_models_are_injected() -> None:
     """The two models differ as they should: a throttle changes nothing, a lost response
     changes what the call was meant to change (the call that enters the recovery)."""
@@ -98,7 +111,7 @@ def test_both_fault_models_are_injected() -> None:
     assert campaign.check(throttled) == [] and campaign.check(lost) == []
 
 
-@pytest.mark.xdist_group(forked.group_of("gpu_fault", positions(), _enter()))
+@pytest.mark.xdist_group(ENTER_GROUP)
 def test_a_forked_fault_run_is_the_run_from_the_start() -> None:
     """The campaign's runs forked from the unbroken run at the broken call end exactly as
     the same runs made from the start: the same calls, the same call broken, the same

@@ -6,8 +6,9 @@ training client calls) from ``docs/control-api.openapi.json``.
 Generated requests (valid and invalid) must never get a 5xx, and every answer must be a
 documented status code with a body matching the documented schema and content type.
 
-Bounded for ``make test`` (``FUZZ_EXAMPLES`` per operation, default 25, about 400
-requests); ``make fuzz`` runs longer (``FUZZ_EXAMPLES=400``).
+Bounded (``FUZZ_EXAMPLES`` per operation: 10 in ``make test``'s quick tier, 25 in the
+slow tier's runs, about 400 requests); ``make fuzz`` and ``make test-all`` run longer
+(``FUZZ_EXAMPLES=400``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from local_mode.emulator import LocalAws
 from local_mode.server import LocalApiServer, create_node_token_table
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
+# make test's quick tier: 10 per operation (tests/conftest.py), 25 otherwise
+QUICK = os.environ.get("GPU_RECOVERY_TEST_TIER") == "quick"
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "10" if QUICK else "25"))
 NODE = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 FAMILY = "llama-train"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,

@@ -124,8 +124,10 @@ def test_gateway_errors_use_the_error_shape(default_synth: Synth) -> None:
         assert template.startswith('{"error": "$context.error.responseType", "message": '), name
 
 
+# the same code path in both partitions: GovCloud in the slow tier only (tests/conftest.py)
 @pytest.mark.parametrize(("region", "partition"), [("cn-north-1", "aws-cn"),
-                                                   ("us-gov-west-1", "aws-us-gov")])
+                                                   pytest.param("us-gov-west-1", "aws-us-gov",
+                                                                marks=pytest.mark.slow)])
 def test_synthesis_in_other_partitions(region: str, partition: str, health_check_script: Path,
                                        tmp_path: Path) -> None:
     """ARNs are built from the stack's partition: no hard-coded arn:aws: in the template,
