@@ -200,6 +200,9 @@ def test_admin_commands_reach_the_playground(playground: PlaygroundProcess, shel
     assert code == 2 and "has no rank 0 on a node now" in err
 
 
+# Slow tier: preemption with a graceful suspend and a resume from the checkpoint runs in
+# make test through the time-sharing demo (tests/local_mode/test_time_sharing_demo.py).
+@pytest.mark.slow
 def test_a_high_job_preempts_the_low_example(playground: PlaygroundProcess, shell: dict[str, str],
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Given the playground's 4 nodes, When the LOW example (4 nodes) runs and the HIGH
