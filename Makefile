@@ -16,11 +16,11 @@ LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION
 .PHONY: install install-cdk demo test test-all test-slow test-faults lint typecheck bench synth deploy clean local-api fuzz \
 	config-docs doctor playground
 
+# --no-compile: byte-compiling every installed module (aws-cdk-lib's are huge) took half the
+# install's CPU; Python compiles what is imported, once, on first import.
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --upgrade pip
-	# --no-compile: byte-compiling every installed module (aws-cdk-lib's are huge) took half
-	# the install's CPU; Python compiles what is imported, once, on first import
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -r requirements-dev.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
