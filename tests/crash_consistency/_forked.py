@@ -63,12 +63,17 @@ def broken(run: Callable[[tuple[int, str] | None], Any],
 def alternating_cases(name: str, positions: Sequence[int], size: int = GROUP_SIZE) -> list[Any]:
     """``pytest.param(group, index, mode)`` breaking each position once, the fault modes in
     turn along the flow (``make test``'s quick tier: both models at half the positions
-    each); ``group`` holds the group's faults, (index, mode) pairs, for ``result``."""
+    each); ``group`` holds the group's faults, (index, mode) pairs, for ``result``. Every
+    chunk is in one xdist group, ``quick_group(name)``: one worker, one fork server warmed once."""
     faults = [(index, FAULT_MODES[i % len(FAULT_MODES)]) for i, index in enumerate(sorted(set(positions)))]
     chunks = [tuple(faults[i:i + size]) for i in range(0, len(faults), size)]
-    return [pytest.param(chunk, index, mode, id=f"{index}-{mode}",
-                         marks=pytest.mark.xdist_group(f"{name}-{chunk[0][0]}-{chunk[-1][0]}"))
+    group = pytest.mark.xdist_group(quick_group(name))
+    return [pytest.param(chunk, index, mode, id=f"{index}-{mode}", marks=group)
             for chunk in chunks for index, mode in chunk]
+
+
+def quick_group(name: str) -> str:
+    return f"{name}-quick"
 
 
 def result(run: Callable[[tuple[int, str] | None], Any], group: tuple[Any, ...], index: int,

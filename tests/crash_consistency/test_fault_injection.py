@@ -98,7 +98,8 @@ def _enter_runs() -> tuple[campaign.RunResult, campaign.RunResult]:
             forked.result(campaign.run_recovery, _enter_group(), _enter(), LOST_RESPONSE))
 
 
-ENTER_GROUP = "gpu_fault-enter" if QUICK else forked.group_of("gpu_fault", positions(), _enter())
+ENTER_GROUP = (forked.quick_group("gpu_fault") if QUICK
+               else forked.group_of("gpu_fault", positions(), _enter()))
 
 
 @pytest.mark.xdist_group(ENTER_GROUP)

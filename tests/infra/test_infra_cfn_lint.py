@@ -21,7 +21,10 @@ ALLOWED_WARNINGS: dict[str, str] = {
 _CODE = re.compile(r":([EWI]\d{4}):")
 
 
-@pytest.mark.parametrize("which", ["default_synth", "custom_synth", "agent_synth"])
+# the quick tier lints the default template; the slow tier also the custom and agent
+# configurations' templates, which switch optional resources on (tests/conftest.py)
+@pytest.mark.parametrize("which", ["default_synth", pytest.param("custom_synth", marks=pytest.mark.slow),
+                                   pytest.param("agent_synth", marks=pytest.mark.slow)])
 def test_cfn_lint_has_no_errors(which: str, request: pytest.FixtureRequest) -> None:
     """Given a synthesized template, When cfn-lint runs on it, Then it reports no error
     and only listed warnings."""
