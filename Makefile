@@ -16,15 +16,12 @@ LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION
 .PHONY: install install-cdk demo test test-all test-slow test-faults lint typecheck bench synth deploy clean local-api fuzz \
 	config-docs doctor playground
 
-# pip byte-compiles what it installs one file at a time (aws-cdk-lib's modules are huge: half
-# the install's CPU); compileall does it on every core. Compiled at install, not on import:
-# with PYTHONDONTWRITEBYTECODE set (as on the CI machines) every test process would compile
-# every module it imports again. As with pip, a file that does not compile fails nothing.
+# --no-compile: byte-compiling every installed module (aws-cdk-lib's are huge) took half the
+# install's CPU; Python compiles what a process imports (docs/testing.md: measured both ways).
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --upgrade pip
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -r requirements-dev.txt
-	$(VENV)/bin/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 

@@ -31,6 +31,9 @@ SLOW_MODULES = (
     "crash_consistency/test_large_gang_faults.py",
     # `make demo`'s whole run (~2 min): its scenarios are tested one by one elsewhere
     "local_mode/test_demo.py",
+    # the demo's time-sharing scenario (tests/time_sharing/test_preemption_flow.py: graceful
+    # preemption and resume; tests/control: rank 0's client)
+    "local_mode/test_time_sharing_demo.py",
 )
 
 

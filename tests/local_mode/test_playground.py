@@ -201,7 +201,7 @@ def test_admin_commands_reach_the_playground(playground: PlaygroundProcess, shel
 
 
 # Slow tier: preemption with a graceful suspend and a resume from the checkpoint runs in
-# make test through the time-sharing demo (tests/local_mode/test_time_sharing_demo.py).
+# make test through tests/time_sharing/test_preemption_flow.py.
 @pytest.mark.slow
 def test_a_high_job_preempts_the_low_example(playground: PlaygroundProcess, shell: dict[str, str],
                                             capsys: pytest.CaptureFixture[str]) -> None:

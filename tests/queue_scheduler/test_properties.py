@@ -73,8 +73,8 @@ def check_invariants(qc, capacity: dict[str, int]) -> None:
             assert not qc.live_tasks(job_id) or state is JobState.CANCELED
 
 
-# make test's quick tier draws 10 interleavings, the slow tier 30 (tests/conftest.py)
-@settings(max_examples=10 if os.environ.get("GPU_RECOVERY_TEST_TIER") == "quick" else 30, deadline=None,
+# make test's quick tier draws 5 interleavings, the slow tier 30 (tests/conftest.py)
+@settings(max_examples=5 if os.environ.get("GPU_RECOVERY_TEST_TIER") == "quick" else 30, deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(nodes=st.sampled_from([[8, 8], [8, 8, 4], [8, 4, 4]]), steps=st.lists(ops, min_size=3, max_size=10))
 def test_random_interleavings_never_double_book_and_never_lose_a_job(nodes, steps):
