@@ -23,6 +23,7 @@ from moto import mock_aws
 from gpu_recovery import clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs import StartResult
+from gpu_recovery.domain import breaker
 from gpu_recovery.domain.notifications import Notification
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery import RankRegistration, RecoveryService
@@ -285,6 +286,16 @@ class World:
             self.queue.messages.remove(due[0])
             self.service.on_gang_batch(due[0][0], receive_count=receive_count)
             ran += 1
+
+    def trip_breaker(self, nodes: list[str]) -> None:
+        """``nodes`` already rebooted in the breaker's window of a 2-GPU-node cluster (two
+        trip it: the next node action is held)."""
+        state = None
+        for i, node in enumerate(nodes):
+            decided = breaker.record_action(state, node=node, action="reboot", now=self.now[0] - 60 + i,
+                                            cluster_gpu_nodes=2)
+            assert self.repo.save_breaker(decided.state, None if state is None else state["version"])
+            state = decided.state
 
     def register_job(self, job_id: str, nodes: list[str], attempt: int = 1,
                      tags: dict[str, str] | None = None) -> list[str]:

@@ -12,22 +12,11 @@ import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState, NotificationKind
-from gpu_recovery.domain import breaker
 from gpu_recovery.recovery.breaker import reset_breaker
 from gpu_recovery.repository.scheduling import SchedulingRepository
 from tests.recovery.fakes import World, world
 
 FAULTY, PEER, SPARE = "node-b", "node-a", "node-c"
-
-
-def _window(w: World, nodes: list[str]) -> None:
-    """``nodes`` already acted on in the breaker's window (2 GPU nodes: the next one trips it)."""
-    state = None
-    for i, node in enumerate(nodes):
-        decided = breaker.record_action(state, node=node, action="reboot", now=w.now[0] - 60 + i,
-                                        cluster_gpu_nodes=2)
-        assert w.repo.save_breaker(decided.state, None if state is None else state["version"])
-        state = decided.state
 
 
 def _reboot_fault(w: World, arns: list[str]) -> None:
@@ -42,7 +31,7 @@ def _reboot_fault(w: World, arns: list[str]) -> None:
 def _held(w: World, job_id: str = "j", **tags: str) -> list[str]:
     """The breaker tripped by other nodes, then a fault on node-b that needs a reboot."""
     arns = w.register_job(job_id, [PEER, FAULTY], tags=tags or None)
-    _window(w, ["x-1", "x-2"])
+    w.trip_breaker(["x-1", "x-2"])
     _reboot_fault(w, arns)
     return arns
 
@@ -133,7 +122,7 @@ def test_a_refused_hold_is_finished_by_the_sweep_and_a_lost_resume_is_not_charge
     the next sweep restarts it, charged once."""
     with world(held_job_deadline_seconds=7200) as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _window(w, ["x-1", "x-2"])
+        w.trip_breaker(["x-1", "x-2"])
         w.repo.fail_once("hold_job", "refuse")
         with pytest.raises(TimeoutError):  # the event is retried; the sweep finishes it anyway
             _reboot_fault(w, arns)
@@ -210,7 +199,7 @@ def test_the_breaker_tripped_mail_says_which_job_waits_on_which_node_and_what_a_
     --resume-backlog reboots it and restarts the job, and that --drop-backlog fails it."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _window(w, ["x-1"])
+        w.trip_breaker(["x-1"])
         _reboot_fault(w, arns)
         [mail] = _sent(w, NotificationKind.BREAKER_TRIPPED)
         assert (f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD for the reset, not failed, "

@@ -32,15 +32,6 @@ def _xid(w: World, node: str, xid: int) -> None:
                         set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": xid}]}))
 
 
-def _trip(w: World, nodes: list[str]) -> None:
-    state = None
-    for i, node in enumerate(nodes):
-        decided = breaker.record_action(state, node=node, action="reboot", now=w.now[0] - 60 + i,
-                                        cluster_gpu_nodes=2)
-        assert w.repo.save_breaker(decided.state, None if state is None else state["version"])
-        state = decided.state
-
-
 def test_a_tripped_breaker_holds_the_reboot_and_keeps_it_in_its_backlog() -> None:
     """Given the breaker tripped, When a verdict says reboot, Then nothing is rebooted, the
     node is marked SUSPECT with the held action, the action joins the backlog, and the
@@ -48,7 +39,7 @@ def test_a_tripped_breaker_holds_the_reboot_and_keeps_it_in_its_backlog() -> Non
     ended: tests/recovery/test_held_jobs.py)."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _trip(w, ["x-1", "x-2"])
+        w.trip_breaker(["x-1", "x-2"])
         _fault_with_reboot_verdict(w, arns)
         assert w.rebooter.calls == []
         inst = w.repo.get_instance(FAULTY)
@@ -62,7 +53,7 @@ def test_a_tripped_breaker_holds_the_reboot_and_keeps_it_in_its_backlog() -> Non
 def test_the_released_backlog_is_carried_out_by_the_sweep_once() -> None:
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _trip(w, ["x-1", "x-2"])
+        w.trip_breaker(["x-1", "x-2"])
         _fault_with_reboot_verdict(w, arns)
         reset = reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall")
         assert reset.done and {e["node"] for e in reset.released} == {"x-2", FAULTY}
