@@ -2,7 +2,7 @@
 
 Prints how many AWS calls the flow makes, how many were broken (each once, as a
 throttle that does not execute and as a lost response), how many runs there were and
-how many recovered exactly right (see ``local_mode.crash_campaign.check``). By default
+how many recovered exactly right (see ``local_mode.campaigns.recovery.check``). By default
 the first call of every distinct call site is broken; ``GPU_RECOVERY_FAULTS=all``
 breaks every call. Runs use one process per core.
 """
@@ -14,7 +14,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from local_mode import crash_campaign as campaign
+from local_mode.campaigns import recovery as campaign
+from local_mode.campaigns.base import sample_positions
 from local_mode.faults import FAULT_MODES
 
 
@@ -32,7 +33,7 @@ def run(print_report: bool = True) -> dict[str, Any]:
     started = time.perf_counter()
     baseline = campaign.run_recovery()
     every = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
-    positions = [c.index for c in baseline.calls] if every else campaign.sample_positions(baseline)
+    positions = [c.index for c in baseline.calls] if every else sample_positions(baseline.calls)
     cases = [(index, mode) for index in positions for mode in FAULT_MODES]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         outcomes = list(pool.map(_run, cases))

@@ -221,6 +221,8 @@ class LocalEventBus:
         self._retries: list[_Retry] = []
         self._retry_seq = 0
         self.queues: dict[str, LocalQueue] = {}
+        #: called after every invocation (a campaign's invariant checks), in delivery order
+        self.observers: list[Callable[[Delivery], None]] = []
         self._lock = threading.RLock()
 
     # --- configuration -----------------------------------------------------------
@@ -335,6 +337,8 @@ class LocalEventBus:
                 raise
         with self._lock:
             self.deliveries.append(delivery)
+        for observe in list(self.observers):
+            observe(delivery)
         return delivery
 
     # --- schedules ---------------------------------------------------------------

@@ -29,12 +29,13 @@ import json
 import multiprocessing
 import os
 import pickle
+import random
 import sys
 import threading
 import traceback
 import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from io import BytesIO
 from typing import Any
@@ -43,6 +44,7 @@ import botocore.session
 from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
 
+from gpu_recovery import clock as gr_clock
 from gpu_recovery.adapters.aws import MAX_RETRIES
 
 #: (error code, HTTP status) pairs. Standard retry mode retries all three.
@@ -239,6 +241,7 @@ class ApiCall:
     service: str
     operation: str
     site: str = ""  # the recovery code that made it ("recovery/reboots.py:issue")
+    at: float | None = None  # when (simulated time), for the calls arm_random broke
 
 
 def _call_site() -> str:
@@ -269,6 +272,12 @@ class CallFaults:
     armed: bool = False
     #: where the unbroken run forks the runs that break its calls (see :func:`broken_runs`)
     forks: _Forks | None = None
+    #: ``arm_random``: every call broken with this chance (None: only the ``target``)
+    rate: float | None = None
+    #: the calls ``arm_random`` broke, with how
+    broken: list[tuple[ApiCall, str]] = field(default_factory=list)
+    _rng: random.Random | None = field(default=None, repr=False)
+    _lost: set[int] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def arm(self, index: int | None, mode: str = THROTTLE, *, record_sites: bool = False) -> None:
@@ -282,11 +291,39 @@ class CallFaults:
             self.armed = True
             self.forks = _active_forks if index is None else None
 
+    def arm_random(self, rate: float, seed: int, *, record_sites: bool = False) -> None:
+        """Break every call with chance ``rate`` (seeded: the same run breaks the same calls),
+        a throttle or a lost response with equal chance, as AWS does under load."""
+        if not 0 <= rate <= 1:
+            raise ValueError("rate is a chance, 0..1")
+        with self._lock:
+            self.calls.clear()
+            self.broken.clear()
+            self._lost.clear()
+            self.target, self.mode, self.fired = None, None, None
+            self.rate, self._rng = rate, random.Random(seed)
+            self.record_sites = record_sites
+            self.armed = True
+            self.forks = None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Calls made meanwhile are neither counted nor broken (a client that is not the
+        stack's, e.g. a user's scheduler, sharing the handlers' session)."""
+        with self._lock:
+            was, self.armed = self.armed, False
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.armed = was
+
     def disarm(self) -> None:
         with self._lock:
             self.target = self.mode = None
             self.armed = False
             self.forks = None
+            self.rate, self._rng = None, None
 
     # botocore hook: before-call (registered first, so it wins over the simulator's hooks)
     def before_call(self, model: Any, params: Any = None, context: Any = None, **_: Any) -> Any:
@@ -304,10 +341,19 @@ class CallFaults:
                     self.forks = None
                     self.target, self.mode, self.record_sites = call.index, broken, False
         with self._lock:
-            hit = self.target == call.index and self.fired is None
-            if hit:
-                self.fired = call
-            mode = self.mode
+            if self._rng is not None and self.rate is not None:
+                hit = self._rng.random() < self.rate
+                mode = self._rng.choice(FAULT_MODES) if hit else None
+                if hit and mode is not None:
+                    call.at = gr_clock.now()
+                    self.broken.append((call, mode))
+                    if mode == LOST_RESPONSE:
+                        self._lost.add(call.index)
+            else:
+                hit = self.target == call.index and self.fired is None
+                if hit:
+                    self.fired = call
+                mode = self.mode
         if context is not None:
             context[_CALL_INDEX] = call.index
         if not hit or mode != THROTTLE:
@@ -321,10 +367,15 @@ class CallFaults:
     # botocore hook: after-call (registered last: the simulator has seen the call)
     def after_call(self, http_response: Any = None, parsed: Any = None, model: Any = None,
                    context: Any = None, **_: Any) -> None:
-        if context is None or self.mode != LOST_RESPONSE:
+        if context is None:
             return
         with self._lock:
-            lost = self.fired is not None and self.fired.index == context.get(_CALL_INDEX)
+            if self._rng is not None:
+                lost = context.get(_CALL_INDEX) in self._lost
+                self._lost.discard(context.get(_CALL_INDEX))
+            else:
+                lost = (self.mode == LOST_RESPONSE and self.fired is not None
+                        and self.fired.index == context.get(_CALL_INDEX))
         if lost:
             from botocore.exceptions import ReadTimeoutError
 

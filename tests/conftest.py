@@ -22,13 +22,10 @@ TIER_ENV = "GPU_RECOVERY_TEST_TIER"
 #: whole modules of the slow tier, each a campaign or scenario that ``make test`` covers more
 #: cheaply elsewhere (docs/testing.md, "The two tiers")
 SLOW_MODULES = (
-    # the remediation flows broken at every call site (stage tests and tests/remediation
-    # cover the flows; the GPU-fault campaign stays in make test)
-    "crash_consistency/test_remediation_faults.py",
-    # preemption broken at every call site (tests/time_sharing covers the flow)
-    "crash_consistency/test_time_sharing_faults.py",
-    # a 64-rank recovery broken at every call site (tests/recovery/test_fanout.py runs it)
-    "crash_consistency/test_large_gang_faults.py",
+    # every flow but the GPU fault broken at every call site (make test-campaigns: at every
+    # call); stage tests, tests/remediation, tests/time_sharing and tests/recovery/test_fanout.py
+    # cover the flows in make test, and the GPU-fault campaign stays in it
+    "crash_consistency/test_flows.py",
     # `make demo`'s whole run (~2 min): its scenarios are tested one by one elsewhere
     "local_mode/test_demo.py",
     # the demo's time-sharing scenario (tests/time_sharing/test_preemption_flow.py: graceful

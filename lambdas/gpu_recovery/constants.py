@@ -322,6 +322,12 @@ def launch_plan_key(job_id: str, attempt: int, chunk: int) -> str:
     return f"{job_id}#LP#a{attempt}#{chunk}"
 
 
+def notice_item_key(owner: str, digest: str) -> str:
+    """An e-mail owed (the notice outbox): committed with the decision it reports, deleted
+    once published. ``owner``: the job id, or ``node:<container instance id>``."""
+    return f"{owner}#N#{digest}"
+
+
 def health_check_slots_key(job_id: str) -> str:
     """The job's DCGM health checks running at once (its share of the cluster's)."""
     return f"{job_id}#HC"

@@ -361,11 +361,27 @@ class HeartbeatService:
         elif state is JobState.RUNNING and has_hung:
             steps.append((JobState.RUNNING, JobState.HUNG, "some_hung_none_lost"))
         for source, target, requires in steps:
-            if not self.repo.settle_job(job_id, attempt, source, target, requires, reason, ACTOR):
+            deadline_at, escalate_at = self._backstop(target)
+            if not self.repo.settle_job(job_id, attempt, source, target, requires, reason, ACTOR,
+                                        deadline_at=deadline_at, escalate_at=escalate_at):
                 return
             logger.info("job %s -> %s", source.value, target.value,
                         extra={"job_id": job_id, "why": reason})
             self.metrics.add_metric(f"Jobs{target.value.title().replace('_', '')}", "Count", 1)
+
+    def _backstop(self, target: JobState) -> tuple[float | None, float | None]:
+        """A job leaving RUNNING for NODE_LOST / HUNG stays in the deadline index (the
+        recovery sweep's backstop, docs/recovery-loop.md): when this sweep should have handed
+        it to the recovery loop (None: it never does), and when the backstop looks."""
+        now = clock.now()
+        escalate_at: float | None = None
+        if target is JobState.NODE_LOST and self.settings.node_lost_fail_seconds > 0:
+            escalate_at = now + self.settings.node_lost_fail_seconds
+        elif target is JobState.HUNG and self.settings.hang_action == "recover":
+            escalate_at = now
+        if target not in (JobState.NODE_LOST, JobState.HUNG):
+            return None, None
+        return policy.backstop_deadline(now, escalate_at), escalate_at
 
     def _on_hung(self, rank: Rank, item: dict[str, Any], step: int | None, now: float) -> None:
         since = item.get("step_changed_at") or now

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from local_mode import crash_campaign as campaign
+from local_mode.campaigns import recovery as campaign
 from local_mode.faults import FAULT_MODES, BrokenRunFailed, broken_runs
 
 #: positions per group: a group's driver (one fork of the fork server, the unbroken run up to

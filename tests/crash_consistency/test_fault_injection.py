@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from local_mode import crash_campaign as campaign
+from local_mode.campaigns import recovery as campaign
+from local_mode.campaigns.base import sample_positions
 from local_mode.faults import LOST_RESPONSE, THROTTLE
 
 from . import _forked as forked
@@ -43,19 +44,19 @@ def positions() -> list[int]:
     result = baseline()
     if EVERY_CALL:
         return [call.index for call in result.calls]
-    return campaign.sample_positions(result, by="stage" if QUICK else "site")
+    return sample_positions(result.calls, by="stage" if QUICK else "site")
 
 
 def beyond_the_quick_tier() -> set[int]:
     """The positions the slow tier adds (marked slow, so ``-m slow`` selects them)."""
-    return set(positions()) - set(campaign.sample_positions(baseline(), by="stage"))
+    return set(positions()) - set(sample_positions(baseline().calls, by="stage"))
 
 
 def test_the_unbroken_recovery_is_exactly_right() -> None:
     result = baseline()
     assert campaign.check(result) == []
     assert result.suspects == {campaign.FAULTY: "REBOOT"}
-    assert result.recovered_mails == 1
+    assert result.recovered_mails == 1 and not result.forgotten
     # The flow talks to ECS, EC2, DynamoDB, CloudWatch Logs and SNS.
     assert {c.service for c in result.calls} >= {"ecs", "ec2", "dynamodb", "cloudwatch-logs", "sns"}
 

@@ -70,6 +70,7 @@ class FakeEcs:
     prepaid: int = 0
     attributes: dict[str, set[str]] = field(default_factory=dict)  # node -> custom attributes
     attribute_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    cluster_listings: int = 0  # ListContainerInstances (+ Describe) rounds
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -154,6 +155,7 @@ class FakeEcs:
 
     def container_instances(self) -> list[dict[str, Any]]:
         """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy."""
+        self.cluster_listings += 1
         nodes = sorted({t.node for t in self.tasks.values()} | set(self.spare_nodes))
         out = []
         for node in nodes:

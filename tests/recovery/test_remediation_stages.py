@@ -120,8 +120,8 @@ def test_a_termination_whose_answer_was_lost_is_looked_up_not_repeated() -> None
         arns = w.register_job("j", [PEER, FAULTY])
         _xid(w, FAULTY, 64)  # row-remap failure: replace, without the diag
         w.replacer.fail_next = "lose"
-        with pytest.raises(LostResponse):
-            w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        # The decision is committed before the call: its delivery ends (the sweep finishes).
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert w.replacer.terminated == [f"i-{FAULTY}"]
         for _ in range(3):
             w.advance(61)
@@ -142,9 +142,8 @@ class _Metrics:
     def add_metric(self, name: str, unit: str, value: float) -> None:
         self.values.append((name, unit, value))
 
-    def last(self, name: str) -> tuple[str, float]:
-        unit, value = next((u, v) for n, u, v in reversed(self.values) if n == name)
-        return unit, value
+    def last(self, name: str) -> tuple[str, float] | None:
+        return next(((u, v) for n, u, v in reversed(self.values) if n == name), None)
 
 
 def _tripped(w: World, backlog: list[str], window: tuple[str, ...] = ()) -> None:
@@ -153,6 +152,7 @@ def _tripped(w: World, backlog: list[str], window: tuple[str, ...] = ()) -> None
     version = int(stored["version"]) if stored else None
     state = breaker.new_state()
     state.update(state="tripped", version=(version or 0) + 1, tripped_at=w.now[0], trip_reason="test",
+                 cluster_gpu_nodes=(stored or {}).get("cluster_gpu_nodes", 10),
                  trips=1, window=[{"node": n, "action": "reboot", "at": w.now[0]} for n in window],
                  backlog=[{"node": n, "action": "reboot", "at": w.now[0] + i, "job_id": "", "reason": "held"}
                           for i, n in enumerate(backlog)])
@@ -264,8 +264,9 @@ def test_drop_backlog_also_drops_what_an_earlier_reset_released_and_is_still_wai
 
 
 def test_the_breaker_sweep_emits_its_state_and_utilisation() -> None:
-    """BreakerOpen (1 while tripped), BreakerUtilization (% of the window's limit) and
-    BreakerBacklog every sweep, from the stored state."""
+    """BreakerOpen (1 while tripped), BreakerUtilization (% of the window's limit, against the
+    cluster its last decision counted: no ECS listing every minute) and BreakerBacklog every
+    sweep, from the stored state."""
     with world() as w:
         metrics = _Metrics()
         w.service.metrics = metrics
@@ -273,9 +274,16 @@ def test_the_breaker_sweep_emits_its_state_and_utilisation() -> None:
         w.service.sweep()
         assert metrics.last("BreakerOpen") == ("Count", 0)
         decided = breaker.record_action(None, node="n-0", action="reboot", now=w.now[0], cluster_gpu_nodes=10)
-        assert w.repo.save_breaker(decided.state, None)
+        assert w.repo.save_breaker(decided.state, None)  # a first action: nothing counted
+        listed = w.ecs.cluster_listings
         w.service.sweep()
         assert metrics.last("BreakerOpen") == ("Count", 0.0)
+        assert metrics.last("BreakerUtilization") is None  # a share of an unknown cluster means nothing
+        assert w.ecs.cluster_listings == listed
+        stored = w.repo.get_breaker()
+        assert w.repo.save_breaker({**decided.state, "version": decided.state["version"] + 1,
+                                    "cluster_gpu_nodes": 10}, int(stored["version"]))
+        w.service.sweep()
         assert metrics.last("BreakerUtilization") == ("Percent", pytest.approx(50.0))
         _tripped(w, ["n-3"], window=("n-1", "n-2"))
         w.service.sweep()

@@ -371,3 +371,17 @@ def compact_telemetry(gpus: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]
             row[short] = _compact(value)
         rows.append(row)
     return rows
+
+
+# The recovery sweep's backstop for a job the heartbeats moved out of RUNNING: it looks
+# this long after the heartbeat sweep should have handed the job on (or, with nothing to
+# hand on, this often) and does it itself if that never happened.
+BACKSTOP_MARGIN_SECONDS = 300
+BACKSTOP_RECHECK_SECONDS = 3600
+
+
+def backstop_deadline(now: float, escalate_at: float | None) -> float:
+    """When the recovery sweep looks at a NODE_LOST / HUNG job (docs/recovery-loop.md)."""
+    if escalate_at is None:
+        return now + BACKSTOP_RECHECK_SECONDS
+    return max(escalate_at, now) + BACKSTOP_MARGIN_SECONDS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -15,6 +16,11 @@ class Notification:
     body: str
     job_id: str = ""
     attributes: dict[str, str] = field(default_factory=dict)
+
+    def digest(self) -> str:
+        """Names this message (the same notice owed twice is one outbox item)."""
+        text = "\x1f".join((self.kind.value, self.subject, self.body))
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 @dataclass(frozen=True)

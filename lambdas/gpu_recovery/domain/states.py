@@ -48,6 +48,10 @@ ACTIVE_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.NOD
 # Waiting in the queue (the scheduler may admit it; a held SUSPENDED job is not in the
 # queue index until it is resumed).
 QUEUED_JOB_STATES = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES, JobState.SUSPENDED})
+# The queue scheduler owns these (every minute, through the queue index); every other state
+# that is neither RUNNING nor terminal has a deadline the recovery sweep reaches (the
+# backstop invariant, docs/recovery-loop.md).
+QUEUE_OWNED_JOB_STATES = QUEUED_JOB_STATES
 # In the queue and never suspended: the scheduler's claim starts these as a new attempt
 # (a SUSPENDED job is claimed as a resume); a user's suspend holds them at once.
 WAITING_JOB_STATES = QUEUED_JOB_STATES - {JobState.SUSPENDED}

@@ -87,14 +87,22 @@ class BreakerOperations:
         self.deps = deps
         self.remediation = remediation
 
-    def status(self, now: float, stored: dict[str, Any] | None = None) -> policy.BreakerStatus:
+    def status(self, now: float, stored: dict[str, Any] | None = None, *,
+               count_cluster: bool = True) -> policy.BreakerStatus:
         """The breaker's state (``stored``: the item already read, if any). The cluster is
-        counted only while the breaker is busy; an idle one reports no utilisation."""
+        counted only while the breaker is busy (an idle one reports no utilisation), and only
+        with ``count_cluster``: the sweep's metrics, every minute, use the count its last
+        decision was measured against (no ECS listing a minute)."""
         if stored is None:
             stored = self.deps.repo.get_breaker()
         settings = self.deps.settings.remediation.breaker
-        nodes = self.remediation.reboots.gate.cluster_gpu_nodes(stored) \
-            if policy.is_busy(stored, now=now, policy=settings) else 0
+        nodes = 0
+        if policy.is_busy(stored, now=now, policy=settings):
+            recorded = (stored or {}).get("cluster_gpu_nodes")
+            if not count_cluster:
+                nodes = int(recorded or 0)
+            else:
+                nodes = self.remediation.reboots.gate.cluster_gpu_nodes(stored)
         return policy.status(stored, now=now, cluster_gpu_nodes=nodes, policy=settings)
 
     def sweep(self, now: float) -> dict[str, int]:
@@ -104,10 +112,13 @@ class BreakerOperations:
         if stored is None:
             self.deps.metrics.add_metric("BreakerOpen", "Count", 0)
             return {}
-        status = self.status(now, stored)
+        status = self.status(now, stored, count_cluster=False)
         metrics = status.metrics()
         self.deps.metrics.add_metric("BreakerOpen", "Count", metrics["BreakerTripped"])
-        self.deps.metrics.add_metric("BreakerUtilization", "Percent", 100 * metrics["BreakerUtilization"])
+        if stored.get("cluster_gpu_nodes") is not None or not status.nodes_in_window:
+            # Against the cluster its last decision counted (none counted yet: a first node
+            # action needs no count, and a share of an unknown cluster means nothing).
+            self.deps.metrics.add_metric("BreakerUtilization", "Percent", 100 * metrics["BreakerUtilization"])
         self.deps.metrics.add_metric("BreakerBacklog", "Count", metrics["BreakerBacklog"])
         done: dict[str, int] = {}
         entries = sorted(dict(stored.get("released") or {}).items(),

@@ -8,7 +8,7 @@ the ECS side, carried out after the commit and finished by the sweep (the workli
   says *now* (PutAttributes / DeleteAttributes are idempotent), then confirms;
 * a cordon held by the cordon limit (``ecs: held``) is put once the operator reset the
   breaker and the limit's window has room; until then the node stays out of the queue's
-  placements and relocation, and the operator was told (:meth:`tell_limit_tripped`).
+  placements and relocation, and the operator was told (:meth:`limit_tripped_notice`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as policy
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.ranks import RankOperations
 
@@ -98,13 +99,12 @@ class Cordons:
             return "not_cordoned"
         return self.sync_quietly(node)
 
-    def tell_limit_tripped(self, decided: policy.CordonDecision, node: str, why: str) -> None:
-        """Loud, once, by whoever tripped it: known-bad nodes are no longer kept off ECS
-        placement automatically (our own scheduler still skips them)."""
-        self.deps.metrics.add_metric("CordonLimitTripped", "Count", 1)
+    def limit_tripped_notice(self, decided: policy.CordonDecision, node: str, why: str) -> Owed:
+        """Loud, once, by whoever tripped it (owed with the write that tripped it): known-bad
+        nodes are no longer kept off ECS placement automatically (our own scheduler still
+        skips them)."""
         tripped = str(decided.state.get("trip_reason") or decided.reason)
-        logger.error("cordon limit tripped", extra={"why": tripped, "instance": node})
-        self.ranks.notify_node(
+        return self.ranks.notices.for_node(
             NotificationKind.CORDON_LIMIT_TRIPPED,
             "Known-bad GPU nodes are no longer cordoned in ECS (cordon limit tripped)",
             container_inst_id=node, instance_id="",
@@ -117,3 +117,9 @@ class Cordons:
                              "check). Drain the bad nodes by hand if tag-registered jobs run here, then "
                              "`gpu-recovery-admin breaker reset --resume-backlog` (or --drop-backlog): the "
                              "held cordons are then put, a window's allowance at a time."))
+
+    def limit_tripped(self, decided: policy.CordonDecision, node: str) -> None:
+        """After the commit that tripped it: the metric and the log line."""
+        self.deps.metrics.add_metric("CordonLimitTripped", "Count", 1)
+        why = str(decided.state.get("trip_reason") or decided.reason)
+        logger.error("cordon limit tripped", extra={"why": why, "instance": node})

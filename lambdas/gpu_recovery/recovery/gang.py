@@ -115,6 +115,9 @@ class GangOps:
         self.on_started: Callable[[Job], Any] = lambda job: None
         #: called when a rank of a restart cannot be placed (GangRestart sets it)
         self.on_start_failed: Callable[[Job, Rank, str], Any] = lambda job, rank, why: None
+        #: a rank's task found STOPPED while its stop was asked again: its STOPPED event was
+        #: lost (its retries spent); the task-event stage handles it as that event (the service sets it)
+        self.on_task_stopped: Callable[[dict[str, Any]], Any] | None = None
 
     # ------------------------------------------------------------------ dispatch
     def inline(self, job: Job) -> bool:
@@ -224,6 +227,8 @@ class GangOps:
                     or (reask and r.state is RankState.STOP_REQUESTED
                         and (r.stop_requested_at or 0.0) <= now - REASK_AFTER_SECONDS))]
         reason = f"{SYSTEM_STOP_REASON_PREFIX} {batch.why}"[:255]
+        if reask and todo:
+            todo = self._already_stopped(todo, result)
         for index, rank in enumerate(todo):
             if self._short_of_time(time_left):
                 result.done, result.rest, result.reason = False, replace(batch, first=rank.rank), "time"
@@ -239,6 +244,23 @@ class GangOps:
                 continue  # it ended (or was marked) meanwhile
             self.deps.ecs.stop_task(rank.task_arn, reason)
             result.stopped.append(rank.rank)
+
+    def _already_stopped(self, todo: list[Rank], result: BatchResult) -> list[Rank]:
+        """Asked again (the stops were not confirmed): a rank whose task ECS reports STOPPED
+        lost its event (a DLQ): handle it as that event instead of stopping it again. One
+        DescribeTasks per 100 ranks, only in the paced rounds."""
+        if self.on_task_stopped is None:
+            return todo
+        described = {t.get("taskArn"): t for t in self.deps.ecs.describe_tasks([r.task_arn for r in todo])}
+        left = []
+        for rank in todo:
+            task = described.get(rank.task_arn)
+            if task is not None and task.get("lastStatus") == "STOPPED":
+                self.on_task_stopped(task)
+                result.stopped.append(rank.rank)
+            else:
+                left.append(rank)
+        return left
 
     # --------------------------------------------------------------------- start
     def _start_batch(self, batch: GangBatch, receive_count: int, time_left: Callable[[], float] | None,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -357,23 +358,25 @@ class GangRestart:
         item = self.deps.repo.get_job_item(job.job_id) or {}
         order = relocated_queue_order(int(item.get("priority") or 0),
                                       float(item.get("submitted_at") or job.created_at), job.job_id)
-        relocation = {"at": clock.now(), "attempt": job.attempt, "reason": why[:500],
-                      "from_nodes": leaving[:64]}
-        if not self.deps.repo.requeue_for_relocation(
-                job, queue_order=order, relocation=relocation,
-                reason=f"relocation: back in the queue at the head of its priority ({why})"):
-            return Outcome("duplicate", job.job_id)
-        self.deps.metrics.add_metric("Relocations", "Count", 1)
-        fresh = self.deps.repo.get_job(job.job_id) or job
-        self.ranks.notify(
-            fresh, None, NotificationKind.RELOCATED, "Job relocated to healthy nodes",
+        now = clock.now()
+        relocation = {"at": now, "attempt": job.attempt, "reason": why[:500], "from_nodes": leaving[:64]}
+        notice = self.ranks.notices.for_job(
+            replace(job, state=JobState.PENDING_RESOURCES), None, NotificationKind.RELOCATED,
+            "Job relocated to healthy nodes",
             what_happened=why,
             what_was_done=("Job back in the queue ahead of every job of its priority (original queue "
                            "position kept); the scheduler starts every rank on healthy nodes with a new "
                            "MASTER_ADDR"),
             operator_action="Nothing for the job; look after the faulty node.",
             # Still the fault's attempt: the scheduler starts the next one.
-            details=self._fault_lines(fresh, fresh.attempt))
+            details=self._fault_lines(job, job.attempt))
+        if not self.deps.repo.requeue_for_relocation(
+                job, queue_order=order, relocation=relocation,
+                reason=f"relocation: back in the queue at the head of its priority ({why})",
+                also=self.ranks.notices.owe([notice], now)):
+            return Outcome("duplicate", job.job_id)
+        self.ranks.notices.send([notice])
+        self.deps.metrics.add_metric("Relocations", "Count", 1)
         return Outcome("relocated", job.job_id, {"via": "queue", "from": leaving})
 
     # ------------------------------------------------------------- completion
@@ -382,15 +385,9 @@ class GangRestart:
         are told by whoever made it so."""
         if job.state is not JobState.STARTING or job.restarted_attempt != job.attempt:
             return False
-        if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, "every rank restarted",
-                                                  actor="recovery"):
-            return False
-        self.deps.metrics.add_metric("Recoveries", "Count", 1)
-        if job.fault_started_at:
-            self.deps.metrics.add_metric("TimeToRestartSeconds", "Seconds",
-                                         clock.now() - job.fault_started_at)
-        self.ranks.notify(
-            job, None, NotificationKind.RECOVERED, "Job recovered and restarted",
+        notice = self.ranks.notices.for_job(
+            replace(job, state=JobState.RUNNING), None, NotificationKind.RECOVERED,
+            "Job recovered and restarted",
             what_happened=job.last_error or "suspected GPU fault",
             what_was_done=f"{self._what_was_done(job)}; all {job.world_size} ranks restarted as attempt "
                           f"{job.attempt}",
@@ -398,6 +395,14 @@ class GangRestart:
                             "replacement automatically.",
             details=self._fault_lines(job, job.attempt - 1),
         )
+        if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, "every rank restarted",
+                                                  actor="recovery", also=self.ranks.notices.owe([notice])):
+            return False
+        self.ranks.notices.send([notice])
+        self.deps.metrics.add_metric("Recoveries", "Count", 1)
+        if job.fault_started_at:
+            self.deps.metrics.add_metric("TimeToRestartSeconds", "Seconds",
+                                         clock.now() - job.fault_started_at)
         return True
 
     def resume(self, job: Job) -> str:
@@ -488,25 +493,40 @@ class GangRestart:
     def _fail_restart(self, job: Job, rank: Rank, why: str) -> None:
         reason = (f"could not start rank {rank.rank} on {rank.container_inst_id} for attempt {job.attempt}: "
                   f"{why}")
+        notice = self.ranks.notices.for_job(
+            replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
+            "Job failed: restart failed", what_happened=reason,
+            what_was_done="Job marked FAILED; started ranks stopped",
+            operator_action="Check the cluster's capacity and the instance, then resubmit the job.")
         if self.deps.repo.finish_job(job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
-                                     stop_ranks_of=job.attempt, stop_why="restart failed"):
+                                     stop_ranks_of=job.attempt, stop_why="restart failed",
+                                     also=self.ranks.notices.owe([notice])):
+            self.ranks.notices.send([notice])
             self.deps.metrics.add_metric("Failures", "Count", 1)
             fresh = self.deps.repo.get_job(job.job_id) or job
             with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
                 self.gang.stop(fresh)
-            self.ranks.notify(fresh, None, NotificationKind.FAILED, "Job failed: restart failed",
-                              what_happened=reason, what_was_done="Job marked FAILED; started ranks stopped",
-                              operator_action="Check the cluster's capacity and the instance, then "
-                                              "resubmit the job.")
 
     def fail_pending_restart(self, job: Job, reason: str, operator_action: str = "") -> None:
-        if self.deps.repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
-                                     fields={"last_error": reason}, from_states=[JobState.PENDING_RESTART]):
-            self.deps.metrics.add_metric("Failures", "Count", 1)
-            self.ranks.notify(job, None, NotificationKind.FAILED, "Job failed: cannot be restarted",
-                              what_happened=reason, what_was_done="Job marked FAILED",
-                              operator_action=operator_action or (
-                                  "Repair or replace the node, set it ACTIVE again, and resubmit the job."))
+        self.fail_waiting(job, reason, operator_action, from_state=JobState.PENDING_RESTART)
+
+    def fail_waiting(self, job: Job, reason: str, operator_action: str = "",
+                     from_state: JobState | None = None) -> bool:
+        """A job the loop cannot take further (its restart or its checks never happened in
+        time): FAILED, its live ranks stopped, e-mailed; once."""
+        notice = self.ranks.notices.for_job(
+            replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
+            "Job failed: cannot be restarted", what_happened=reason, what_was_done="Job marked FAILED",
+            operator_action=operator_action or (
+                "Repair or replace the node, set it ACTIVE again, and resubmit the job."))
+        if not self.deps.repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
+                                         fields={"last_error": reason}, from_states=[from_state or job.state],
+                                         stop_ranks_of=job.attempt, stop_why="job failed",
+                                         also=self.ranks.notices.owe([notice])):
+            return False
+        self.ranks.notices.send([notice])
+        self.deps.metrics.add_metric("Failures", "Count", 1)
+        return True
 
 
 __all__ = ["GangRestart", "SuspectVerdict"]

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import random
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -41,7 +42,7 @@ from gpu_recovery.domain.states import (
 )
 from gpu_recovery.ecs_events import EcsTaskDetail
 from gpu_recovery.recovery.gang_restart import GangRestart
-from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation import JobOutcome, NodeRemediation, rebuild
@@ -125,12 +126,19 @@ class HealthChecks:
             if suspect is not None and not suspect.pending:
                 return result  # recorded by an earlier delivery
             history = history_from_item(instance.fault_history)
+            now = clock.now()
             record, outcome = self.remediation.job_verdict(job, inst_id, label, None, None, findings, history,
-                                                           clock.now())
-            if self.deps.repo.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot):
-                self.remediation.notify_outcome(job, outcome, instance, None, None)
+                                                           now)
+            after = replace(job, state=record.to, last_error=record.last_error or job.last_error)
+            notice = self.remediation.outcome_notice(after, outcome, instance, None, None, label)
+            owed = self.remediation.notices.owe([notice], now)
+            if self.deps.repo.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot,
+                                                              also=owed):
+                self.remediation.notices.send([notice])
+                if outcome.fails:
+                    self.deps.metrics.add_metric("Failures", "Count", 1)
                 if outcome.restarts:
-                    self.restarts.try_restart(job.job_id)
+                    after_commit("restart", self.restarts.try_restart, job.job_id)
                 return result
             fresh = self.deps.repo.get_job(job.job_id)
             if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
@@ -165,14 +173,21 @@ class HealthChecks:
             record = replace(record, to=JobState.FAILED, spend="", deadline_at=None, relocate=False,
                              last_error=(f"observe mode: the DCGM diag of {inst_id} would have run "
                                          f"({plan.decision.reason})"))
-        if not repo.record_verdict_of_busy_instance(instance, record, restart=False):
+        notice = self.remediation.outcome_notice(
+            replace(job, state=record.to, last_error=record.last_error or job.last_error), outcome, instance,
+            plan, evidence, SuspectVerdict.BLOCKED)
+        if not repo.record_verdict_of_busy_instance(instance, record, restart=False,
+                                                    also=self.remediation.notices.owe([notice], now)):
             return "raced"
-        repo.record_observed_fault(inst_id, fault_history=None, last_fault={
-            "at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]})
+        self.remediation.notices.send([notice])
         self.deps.metrics.add_metric("ObservedFaults", "Count", 1)
-        self.remediation.notify_outcome(job, outcome, instance, plan, evidence)
+        if outcome.fails:
+            self.deps.metrics.add_metric("Failures", "Count", 1)
+        last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]}
+        after_commit("observed fault", partial(repo.record_observed_fault, inst_id, fault_history=None,
+                                               last_fault=last_fault))
         if outcome is JobOutcome.RELOCATE:
-            self.restarts.try_restart(job.job_id)
+            after_commit("relocation", self.restarts.try_restart, job.job_id)
         return "observed"
 
     # -------------------------------------------------------------------- start

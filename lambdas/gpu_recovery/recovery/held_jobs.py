@@ -40,6 +40,7 @@ from gpu_recovery.domain.breaker_hold import (
 )
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import JobState, SuspectVerdict
+from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 
@@ -105,13 +106,14 @@ class HeldJobs:
                               for n in waiting if n in instances} - {""})
             why = "reboot held back by the blast-radius breaker" + (f": {reasons[0]}" if reasons else "")
             hold = BreakerHold.start(job.job_id, job.attempt, now, seconds, waiting, spend=spend, why=why)
-        if not repo.hold_job(job, hold, min(hold.until, now + RETRY_INTERVAL_SECONDS)):
+        notice = self._held_notice(replace(job, state=JobState.HELD), hold) if existing is None else None
+        if not repo.hold_job(job, hold, min(hold.until, now + RETRY_INTERVAL_SECONDS),
+                             also=self.ranks.notices.owe([notice], now)):
             return Outcome("duplicate", job.job_id)
+        self.ranks.notices.send([notice])
         self.deps.metrics.add_metric("JobsHeld", "Count", 1)
         logger.warning("job held by the breaker", extra={"job_id": job.job_id, "nodes": waiting,
                                                          "until": hold.until})
-        if existing is None:
-            self._tell_held(repo.get_job(job.job_id) or job, hold)
         return Outcome("held", job.job_id, {"nodes": list(hold.nodes), "until": hold.until})
 
     # ------------------------------------------------------------------ sweep
@@ -141,20 +143,21 @@ class HeldJobs:
     # ------------------------------------------------------------------ fail
     def fail(self, job: Job, reason: str) -> bool:
         """HELD (or PENDING_RESTART, re-entering an expired hold) -> FAILED, once."""
+        notice = self.ranks.notices.for_job(
+            replace(job, state=JobState.FAILED, last_error=reason[:1000]), None, NotificationKind.FAILED,
+            "Job failed: held node not rebooted", what_happened=reason,
+            what_was_done="Job marked FAILED (it was HELD, not charged)", operator_action=_FAILED_ACTION)
         if not self.deps.repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
                                          fields={"last_error": reason[:1000]},
-                                         from_states=[job.state]):
+                                         from_states=[job.state], also=self.ranks.notices.owe([notice])):
             return False
+        self.ranks.notices.send([notice])
         self.deps.metrics.add_metric("Failures", "Count", 1)
-        fresh = self.deps.repo.get_job(job.job_id) or job
-        self.ranks.notify(fresh, None, NotificationKind.FAILED, "Job failed: held node not rebooted",
-                          what_happened=reason, what_was_done="Job marked FAILED (it was HELD, not charged)",
-                          operator_action=_FAILED_ACTION)
         return True
 
-    def _tell_held(self, job: Job, hold: BreakerHold) -> None:
+    def _held_notice(self, job: Job, hold: BreakerHold) -> Owed:
         nodes = hold.named()
-        self.ranks.notify(
+        return self.ranks.notices.for_job(
             job, None, NotificationKind.JOB_HELD, "Job held: waiting for the breaker's reset",
             what_happened=f"{nodes}: {hold.why}",
             what_was_done=(f"Job HELD on {nodes}, not failed (its budget is not charged while held); its "

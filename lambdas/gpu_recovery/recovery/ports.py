@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -12,6 +13,8 @@ from gpu_recovery.domain.notifications import Notification
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 class EcsPort(Protocol):
@@ -98,3 +101,17 @@ class Outcome:
 
     def as_dict(self) -> dict[str, Any]:
         return {"action": self.action, "job_id": self.job_id, **self.detail}
+
+
+def after_commit(what: str, step: Callable[..., Any], *args: Any) -> Any:
+    """Run ``step(*args)``: work that follows a committed decision (its reboot, drain,
+    restart, cordon sync). Each such effect has its own intent and deadline in the committed
+    state, so the sweep carries it out if it fails here: the failure is logged, never raised
+    (a retried event would find the decision applied and could not see what was left).
+    Returns the step's result, or None when it failed."""
+    try:
+        return step(*args)
+    except Exception:
+        logger.warning("work after a committed decision failed; the sweep finishes it",
+                       exc_info=True, extra={"step": what})
+        return None

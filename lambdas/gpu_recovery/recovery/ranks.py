@@ -29,16 +29,15 @@ from gpu_recovery.domain.job_budgets import MAX_BUDGET
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import parse_ranks_tag
 from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id
-from gpu_recovery.domain.notifications import NotificationFacts, build
+from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.ecs_events import EcsTaskDetail
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.repository.latches import Arrival
 
 logger = logging.getLogger(__name__)
 
-# Ranks named in one e-mail (a node runs at most 8; a job's own list is summarised).
-MAX_RANKS_LISTED = 16
 
 
 @dataclass(frozen=True)
@@ -149,6 +148,7 @@ def tags_for_attempt(tags: list[dict[str, str]], attempt: int) -> list[dict[str,
 class RankOperations:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+        self.notices = Notices(deps)  # e-mails, owed with the decision they report
 
     # ------------------------------------------------------------- registration
     def register_rank(self, reg: RankRegistration) -> Rank:
@@ -290,57 +290,22 @@ class RankOperations:
         """A job too large to protect: a WARNING every time, a metric and an e-mail once."""
         logger.warning("job too large to protect: not registered", extra={
             "job_id": refused.job_id, "world_size": refused.world_size, "max_world_size": MAX_WORLD_SIZE})
-        if not self.deps.repo.mark_refused(refused.job_id, refused.world_size, clock.now()):
-            return
-        self.deps.metrics.add_metric("JobsRefused", "Count", 1)
-        self._publish(NotificationKind.JOB_REFUSED, "Job not protected: too many tasks", NotificationFacts(
+        notice = self.notices.for_facts(NotificationKind.JOB_REFUSED, "Job not protected: too many tasks",
+                                        NotificationFacts(
             job_id=refused.job_id,
             what_happened=str(refused),
             what_was_done="Nothing: its ranks are not registered, a GPU fault in this job is not recovered",
             operator_action=(f"Run jobs of at most {MAX_WORLD_SIZE} tasks (e.g. one task per node instead of "
                              "one per GPU), or remove the gpu-recovery tags from this job's tasks.")))
-
-    # ------------------------------------------------------------ notifications
-    def notify(self, job: Job, instance: Instance | None, kind: NotificationKind, headline: str, *,
-               what_happened: str, what_was_done: str, operator_action: str,
-               details: list[str] | None = None) -> None:
-        ranks: list[int] = []
-        if instance is not None:
-            suspect = self.deps.repo.faults.get_suspect(job.job_id, job.tally.attempt or job.attempt,
-                                                        instance.container_inst_id)
-            ranks = sorted(suspect.ranks)[:MAX_RANKS_LISTED] if suspect is not None else []
-        facts = NotificationFacts(
-            job_id=job.job_id, ranks=ranks,
-            container_inst_id=instance.container_inst_id if instance else "",
-            instance_id=instance.ec2_instance_id if instance else "",
-            what_happened=what_happened, what_was_done=what_was_done,
-            attempt=job.recoveries_used, max_attempts=job.max_recovery_attempts,
-            operator_action=operator_action,
-            details=[*(details or ()), *_budget_lines(job)],
-        )
-        self._publish(kind, headline, facts)
-
-    def notify_node(self, kind: NotificationKind, headline: str, *, container_inst_id: str, instance_id: str,
-                    what_happened: str, what_was_done: str, operator_action: str,
-                    details: list[str] | None = None) -> None:
-        """A node-level message (breaker tripped, a node that needs a person)."""
-        self._publish(kind, headline, NotificationFacts(
-            job_id="", container_inst_id=container_inst_id, instance_id=instance_id,
-            what_happened=what_happened, what_was_done=what_was_done, operator_action=operator_action,
-            details=list(details or ())))
-
-    def _publish(self, kind: NotificationKind, headline: str, facts: NotificationFacts) -> None:
-        try:
-            self.deps.notifier.publish(build(kind, headline, facts))
-        except Exception:
-            # The state change is committed; a lost e-mail must not undo or retry it.
-            logger.exception("notification failed", extra={"job_id": facts.job_id, "kind": kind.value})
+        now = clock.now()
+        if not self.deps.repo.mark_refused(refused.job_id, refused.world_size, now,
+                                           also=self.notices.owe([notice], now)):
+            return
+        self.deps.metrics.add_metric("JobsRefused", "Count", 1)
+        self.notices.send([notice])
 
 
 def _tag_relocatable(tags: list[dict[str, str]]) -> bool:
     return any(t.get("key") == TAG_RELOCATABLE and str(t.get("value", "")).lower() == "true" for t in tags)
 
 
-def _budget_lines(job: Job) -> list[str]:
-    return [f"Job budgets: infrastructure recoveries {job.recoveries_used} of {job.max_recovery_attempts} "
-            f"used, application-error restarts {job.app_restarts_used} of {job.max_app_restarts} used"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -53,7 +53,8 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.ecs_events import EcsContainerInstanceDetail
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang_restart import GangRestart
-from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository import JobFailure, Update
 
@@ -298,45 +299,61 @@ class Reboots:
                                      evidence=fault_summary(None, note=f"instance {what}"))
             history = history_to_item(record_fault(history_from_item(instance.fault_history), record, now,
                                                    self.deps.policy.escalation))
-        if not self.deps.repo.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
-                                                fault_history=history, breaker_blocked=blocked,
-                                                breaker=update, cordon=cordon):
-            return "raced"
-        if tripped is not None:
-            self.gate.tell_tripped(tripped, inst_id)
-        if cordon_tripped is not None:
-            self.cordons.tell_limit_tripped(cordon_tripped, inst_id, f"instance {what}")
-        if cordon is not None:
-            self.cordons.sync_quietly(inst_id)
-        if drain:
-            self.quarantine(instance)
-        for job_id in moving:
-            self.restarts.try_restart(job_id)  # the instance is unusable now: relocation
         if blocked is not None:
             done = "; instance marked SUSPECT: the blast-radius breaker held its quarantine back"
         elif observed:
             done = "; instance marked SUSPECT (observe mode: would have drained it)"
         else:
             done = "; instance drained (DRAINING)" if drain else "; instance marked SUSPECT"
+        notices = [self.gate.tripped_notice(tripped, inst_id) if tripped is not None else None,
+                   self.cordons.limit_tripped_notice(cordon_tripped, inst_id, f"instance {what}")
+                   if cordon_tripped is not None else None]
         for failure in failures:
-            if failure.moves:
-                continue
-            self.deps.metrics.add_metric("Failures", "Count", 1)
-            job = self.deps.repo.get_job(failure.job.job_id) or failure.job
-            with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
-                self.restarts.gang.stop(job)
-            self.ranks.notify(
-                job, instance, kind, f"Job failed: instance {what}",
-                what_happened=f"Instance {inst_id} {what}", what_was_done="Job marked FAILED" + done,
-                operator_action="Check the instance (console, SSM, ECS agent log); repair or replace "
-                                "it, then resubmit the job.")
+            if not failure.moves:
+                failed = replace(failure.job, state=JobState.FAILED, last_error=failure.reason[:1000])
+                notices.append(self.ranks.notices.for_job(
+                    failed, instance, kind, f"Job failed: instance {what}",
+                    what_happened=f"Instance {inst_id} {what}", what_was_done="Job marked FAILED" + done,
+                    operator_action="Check the instance (console, SSM, ECS agent log); repair or replace "
+                                    "it, then resubmit the job."))
         if observed and not any(not f.moves for f in failures):
-            self.ranks.notify_node(
+            notices.append(self.ranks.notices.for_node(
                 NotificationKind.OBSERVED, f"Observe mode: instance {what}, not drained",
                 container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
                 what_happened=f"Instance {inst_id} {what}", what_was_done="Nothing" + done,
-                operator_action="Check the instance and drain it by hand if it is faulty.")
+                operator_action="Check the instance and drain it by hand if it is faulty."))
+        if not self.deps.repo.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
+                                                fault_history=history, breaker_blocked=blocked,
+                                                breaker=update, cordon=cordon,
+                                                also=self.ranks.notices.owe(notices, now)):
+            return "raced"
+        self.ranks.notices.send(notices)
+        if tripped is not None:
+            self.gate.tripped(tripped)
+        if cordon_tripped is not None:
+            self.cordons.limit_tripped(cordon_tripped, inst_id)
+        failed_jobs = [f.job.job_id for f in failures if not f.moves]
+        self.deps.metrics.add_metric("Failures", "Count", len(failed_jobs))
+        after_commit("timed-out instance", self._after_time_out, instance, cordon is not None, drain, moving,
+                     failed_jobs)
         return kind.value
+
+    def _after_time_out(self, instance: Instance, cordoned: bool, drain: bool, moving: list[str],
+                        failed_jobs: list[str]) -> None:
+        """After the commit: the cordon's attribute, the drain, relocations and stops (each
+        with its own intent and deadline: the sweep finishes what fails here)."""
+        inst_id = instance.container_inst_id
+        if cordoned:
+            self.cordons.sync_quietly(inst_id)
+        if drain:
+            self.quarantine(instance)
+        for job_id in moving:
+            self.restarts.try_restart(job_id)  # the instance is unusable now: relocation
+        for job_id in failed_jobs:
+            job = self.deps.repo.get_job(job_id)
+            if job is not None:
+                with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
+                    self.restarts.gang.stop(job)
 
 
 @dataclass(frozen=True)
@@ -356,6 +373,11 @@ class GateAnswer:
         return cordon_policy.cordon_record(cause=cause, reason=reason, now=now,
                                            ecs=cordon_policy.ECS_PENDING if self.cordon.allowed
                                            else cordon_policy.ECS_HELD)
+
+
+class ClusterCountUnavailable(RuntimeError):
+    """The breaker needs the cluster's size, ECS cannot be listed and no count was ever
+    recorded: the decision is retried, never taken against an empty cluster."""
 
 
 @dataclass(frozen=True)
@@ -379,8 +401,10 @@ class NodeActionGate:
     def cluster_gpu_nodes(self, stored: dict[str, Any] | None = None) -> int:
         """GPU container instances of the cluster (ACTIVE or DRAINING), cached a minute.
         When ECS cannot be listed (throttled, or a function without the permission) the
-        count the breaker last measured against is used (none: 0, i.e. the policy's minimum,
-        one node per window): the breaker never gets looser for want of a count."""
+        count the breaker last measured against is used. With no count at all the decision
+        is not taken now (:class:`ClusterCountUnavailable`: nothing is committed, and the
+        event's retry or the sweep counts again): an AWS error must never make the cluster
+        look empty, which would trip the breaker on the second node of any window."""
         now = clock.now()
         if self._cluster_count and 0 <= now - self._cluster_count.at < CLUSTER_COUNT_TTL_SECONDS:
             return self._cluster_count.count
@@ -390,9 +414,13 @@ class NodeActionGate:
         except (ClientError, BotoCoreError) as error:
             item = stored if stored is not None else self.deps.repo.get_breaker()
             last = (item or {}).get("cluster_gpu_nodes")
+            if last is None:
+                raise ClusterCountUnavailable(
+                    f"cannot count the cluster's GPU nodes and never could ({error}); the breaker's "
+                    "decision waits for a count (the retry or the sweep counts again)") from error
             logger.warning("cannot count the cluster's GPU nodes; the breaker uses its last count",
                            extra={"error": str(error), "last_count": last})
-            return int(last or 0)
+            return int(last)
         self._cluster_count = _CachedCount(now, count)
         return count
 
@@ -472,13 +500,12 @@ class NodeActionGate:
             state["cluster_gpu_nodes"] = stored["cluster_gpu_nodes"]
         return self.deps.repo.breaker_update(state, read_version)
 
-    def tell_tripped(self, decided: breaker_policy.BreakerDecision, inst_id: str,
-                     fates: Mapping[str, str] | None = None) -> None:
-        """Once, by whoever tripped it (its write committed). ``fates``: job id -> what the
-        decision did to each job on the node (waits HELD, moves, fails)."""
-        self.deps.metrics.add_metric("BreakerTripped", "Count", 1)
-        logger.error("blast-radius breaker tripped", extra={"why": decided.state.get("trip_reason")})
-        self.ranks.notify_node(
+    def tripped_notice(self, decided: breaker_policy.BreakerDecision, inst_id: str,
+                       fates: Mapping[str, str] | None = None) -> Owed:
+        """The trip e-mail, owed by whoever tripped it (with the write that tripped it).
+        ``fates``: job id -> what the decision did to each job on the node (waits HELD,
+        moves, fails)."""
+        return self.ranks.notices.for_node(
             NotificationKind.BREAKER_TRIPPED, "Automatic node remediation stopped (blast-radius breaker)",
             container_inst_id=inst_id, instance_id="",
             what_happened=str(decided.state.get("trip_reason") or decided.reason),
@@ -491,6 +518,11 @@ class NodeActionGate:
                              "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."),
             details=held_back_lines(decided.state.get("backlog") or (), fates,
                                     self.deps.settings.held_job_deadline_seconds))
+
+    def tripped(self, decided: breaker_policy.BreakerDecision) -> None:
+        """After the commit that tripped it: the metric and the log line."""
+        self.deps.metrics.add_metric("BreakerTripped", "Count", 1)
+        logger.error("blast-radius breaker tripped", extra={"why": decided.state.get("trip_reason")})
 
 
 def held_back_lines(backlog: Iterable[dict[str, Any]], fates: Mapping[str, str] | None = None,

@@ -58,7 +58,8 @@ from gpu_recovery.domain.states import (
     SuspectVerdict,
 )
 from gpu_recovery.recovery.gang_restart import GangRestart
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import GateAnswer, Reboots
 from gpu_recovery.repository import JobVerdict, NodeDecision
@@ -171,6 +172,7 @@ class NodeRemediation:
         self.ranks = ranks
         self.reboots = reboots
         self.restarts = restarts
+        self.notices = ranks.notices
 
     # ------------------------------------------------------------ evidence / plan
     @property
@@ -271,18 +273,17 @@ class NodeRemediation:
             plan = unreachable_plan(evidence, self.policy, history, now, why)
             observed = not self.policy.modes.executes(Effect.STOP_TASKS)
             instance = repo.instance_from_item(raw) if raw else None
-            tripped, gate = None, None
+            tripped, gate, breaker_update, decision = None, None, None, None
+            after = instance or Instance(inst_id)
             if instance is not None and instance.state in _UNREACHABLE_FROM and not observed:
                 plan, breaker_update, gate = self._ask_gate(plan, inst_id, [job], now)
                 tripped = gate.tripped if gate is not None else None
                 reason = self._unreachable_reason(why, plan)
-                last_fault = self.fault_record(evidence, plan, now, node=inst_id, attempt=attempt)
                 decision = self._node_decision(
                     plan, label_for(plan), instance, _UNREACHABLE_FROM, evidence, None,
                     self.history_with(history, plan, evidence, now), None, None, [], now, job_ids=[job_id],
                     gate=gate)
-                done = repo.record_node_decision(instance, decision, [], now, breaker_update,
-                                                 also=[repo.lost_job_failure(job, reason, last_fault)])
+                after = projected(instance, decision)
             else:
                 # Observe mode, or a node another decision owns (rebooting, in a health check,
                 # quarantined already): the job fails, the node is left as it is.
@@ -290,31 +291,51 @@ class NodeRemediation:
                 if not observed:
                     state = instance.state.value if instance is not None else "unknown to the loop"
                     reason += f"; node left {state} (another decision owns it)"
-                last_fault = self.fault_record(evidence, plan, now, node=inst_id, attempt=attempt)
-                done = repo.fail_lost_job(job, reason, last_fault)
+            last_fault = self.fault_record(evidence, plan, now, node=inst_id, attempt=attempt)
+            failed = replace(job, state=JobState.FAILED, last_error=reason[:1000])
+            notices = [self.reboots.gate.tripped_notice(tripped, inst_id) if tripped is not None else None,
+                       self._cordon_notice(gate, inst_id, plan),
+                       self._unreachable_notice(failed, after, plan, evidence, observed),
+                       self._page_operator_notice(after, plan, evidence)
+                       if plan.escalation.page_operator and not observed else None]
+            owed = self.notices.owe(notices, now)
+            if decision is not None and instance is not None:
+                done = repo.record_node_decision(instance, decision, [], now, breaker_update,
+                                                 also=[repo.lost_job_failure(job, reason, last_fault), *owed])
+            else:
+                done = repo.fail_lost_job(job, reason, last_fault, also=owed)
                 if done and observed and raw is not None:
-                    repo.record_observed_fault(
-                        inst_id, fault_history=self.history_with(history, plan, evidence, now),
-                        last_fault={"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(),
-                                    "jobs": [job_id]})
+                    after_commit("observed fault", self._record_observed_unreachable, inst_id, job_id,
+                                 self.history_with(history, plan, evidence, now), evidence, plan, now)
             if not done:
                 continue
             logger.warning("node unreachable: job failed", extra={
                 "job_id": job_id, "instance": inst_id, "execute": [e.value for e in plan.execute],
                 "record_only": [e.value for e in plan.record_only]})
+            self.notices.send(notices)
+            self.deps.metrics.add_metric("Failures", "Count", 1)
             if tripped is not None:
-                self.reboots.gate.tell_tripped(tripped, inst_id)
-            self._after_cordon(gate, inst_id, plan)
-            fresh = repo.get_instance(inst_id) or instance or Instance(inst_id)
-            if instance is not None and not observed:
-                self.carry_out(fresh, plan)
-            failed = repo.get_job(job_id) or job
-            self._tell_unreachable(failed, fresh, plan, evidence, observed)
-            if plan.escalation.page_operator and not observed:
-                self._page_operator(fresh, plan, evidence)
-            self._stop_all(failed, lost, reason, reissue=False)
+                self.reboots.gate.tripped(tripped)
+            after_commit("node unreachable", self._after_unreachable, gate, decision is not None, after, plan,
+                         failed, lost, reason)
             return "observed" if observed else "failed"
         return "raced"
+
+    def _record_observed_unreachable(self, inst_id: str, job_id: str, history: list[dict[str, Any]] | None,
+                                     evidence: Evidence, plan: RemediationPlan, now: float) -> None:
+        self.deps.repo.record_observed_fault(
+            inst_id, fault_history=history,
+            last_fault={"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job_id]})
+
+    def _after_unreachable(self, gate: GateAnswer | None, decided: bool, after: Instance,
+                           plan: RemediationPlan, failed: Job, lost: list[Rank], reason: str) -> None:
+        """After the commit: the cordon's attribute, the drain, the ranks' stops."""
+        repo = self.deps.repo
+        inst_id = after.container_inst_id
+        self._after_cordon(gate, inst_id)
+        if decided:
+            self.carry_out(repo.get_instance(inst_id) or after, plan)
+        self._stop_all(repo.get_job(failed.job_id) or failed, lost, reason, reissue=False)
 
     @staticmethod
     def _unreachable_reason(why: str, plan: RemediationPlan) -> str:
@@ -330,20 +351,18 @@ class NodeRemediation:
         if job.stop_fanout and (not reissue or not job.stop_fanout.get("sent_at")):
             self.restarts.gang.stop(job)
 
-    def _tell_unreachable(self, job: Job, instance: Instance, plan: RemediationPlan, evidence: Evidence,
-                          observed: bool) -> None:
-        self.deps.metrics.add_metric("Failures", "Count", 1)
+    def _unreachable_notice(self, job: Job, instance: Instance, plan: RemediationPlan, evidence: Evidence,
+                            observed: bool) -> Owed:
         details = details_of(evidence, plan)
         if observed:
-            self.ranks.notify(
+            return self.notices.for_job(
                 job, instance, NotificationKind.OBSERVED, "Observe mode: GPU node lost, nothing done",
                 what_happened=job.last_error,
                 what_was_done=("Nothing (observe mode): no StopTask, drain or termination; the job is "
                                "marked FAILED in the job table only"),
                 operator_action="Check the node (network, ECS agent, power) and act by hand.",
                 details=details)
-            return
-        self.ranks.notify(
+        return self.notices.for_job(
             job, instance, NotificationKind.NODE_LOST, "Job failed: GPU node lost",
             what_happened=job.last_error,
             what_was_done=("Job marked FAILED; its tasks were asked to stop (ECS stops the lost one once "
@@ -412,35 +431,66 @@ class NodeRemediation:
         decision = self._node_decision(plan, label, instance, from_states, evidence, findings, new_history,
                                        hc_started_by, hc_jobs_count, verdicts, now,
                                        job_ids=[v.job.job_id for v, _ in verdicts], gate=gate)
-        if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update):
+        after = projected(instance, decision)
+        notices = self._decision_notices(after, plan, evidence, label, verdicts, gate, waiting=bool(waiting),
+                                         anywhere=anywhere)
+        if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update,
+                                         also=self.notices.owe(notices, now)):
             return None
         logger.info("node decision applied", extra={
             "instance": inst_id, "action": plan.action.value, "label": label.value,
             "execute": [e.value for e in plan.execute], "record_only": [e.value for e in plan.record_only],
             "rule": plan.decision.rule_id})
+        self.notices.send(notices)
         if tripped is not None:
-            self.reboots.gate.tell_tripped(tripped, inst_id, {v.job.job_id: job_fate(o) for v, o in verdicts})
-        self._after_cordon(gate, inst_id, plan, uncordoned=decision.uncordon and instance.cordoned)
-        fresh = repo.get_instance(inst_id) or instance
-        self.carry_out(fresh, plan)
+            self.reboots.gate.tripped(tripped)
         outcomes = [(v.job, o) for v, o in verdicts]
-        for verdict, outcome in verdicts:
-            self.notify_outcome(verdict.job, outcome, fresh, plan, evidence)
-        if plan.escalation.page_operator:
-            self._page_operator(fresh, plan, evidence)
-        elif anywhere or (plan.action is Action.OPERATOR_ACTION and not waiting):
-            self._tell_operator(fresh, plan, evidence)
-        elif observed_node_effects(plan) and not any(o.fails for _, o in outcomes):
-            # Observe mode for node effects (e.g. reboot=observe) while the job moved on:
-            # no job e-mail said what the node would have had.
-            self._tell_observed(fresh, plan, evidence)
-        for verdict, outcome in verdicts:
+        self.deps.metrics.add_metric("Failures", "Count", sum(1 for _, o in outcomes if o.fails))
+
+        # The reboot or drain has the instance's follow-up deadline, a restart its job's: the
+        # sweep carries out whatever a failure here leaves.
+        after_commit("node decision", self._after_decision, gate, instance, plan, decision.uncordon, outcomes)
+        return Applied(plan, label, outcomes)
+
+    def _after_decision(self, gate: GateAnswer | None, instance: Instance, plan: RemediationPlan,
+                        uncordon: bool, outcomes: list[tuple[Job, JobOutcome]]) -> None:
+        """After the commit: the cordon's attribute, the reboot or drain, the restarts."""
+        inst_id = instance.container_inst_id
+        self._after_cordon(gate, inst_id, uncordoned=uncordon and instance.cordoned)
+        fresh = self.deps.repo.get_instance(inst_id) or instance
+        self.carry_out(fresh, plan)
+        for job, outcome in outcomes:
             # A healthy node may be the last one a job was waiting for; a job leaving an
             # unusable node moves now (once its old ranks stopped), not at the next sweep.
             if (outcome.restarts and (fresh.state is InstanceState.AVAILABLE
                                      or outcome is JobOutcome.RELOCATE)) or outcome is JobOutcome.HOLD:
-                self.restarts.try_restart(verdict.job.job_id)
-        return Applied(plan, label, outcomes)
+                self.restarts.try_restart(job.job_id)
+
+    def _decision_notices(self, after: Instance, plan: RemediationPlan, evidence: Evidence,
+                          label: SuspectVerdict, verdicts: list[tuple[JobVerdict, JobOutcome]],
+                          gate: GateAnswer | None, *, waiting: bool, anywhere: bool) -> list[Owed | None]:
+        """Every e-mail a node decision owes, built before its commit (``after``: the
+        instance as the decision leaves it)."""
+        tripped = gate.tripped if gate is not None else None
+        inst_id = after.container_inst_id
+        notices: list[Owed | None] = []
+        if tripped is not None:
+            fates = {v.job.job_id: job_fate(o) for v, o in verdicts}
+            notices.append(self.reboots.gate.tripped_notice(tripped, inst_id, fates))
+        notices.append(self._cordon_notice(gate, inst_id, plan))
+        for verdict, outcome in verdicts:
+            job = replace(verdict.job, state=verdict.to,
+                          last_error=verdict.last_error or verdict.job.last_error)
+            notices.append(self.outcome_notice(job, outcome, after, plan, evidence, label))
+        if plan.escalation.page_operator:
+            notices.append(self._page_operator_notice(after, plan, evidence))
+        elif anywhere or (plan.action is Action.OPERATOR_ACTION and not waiting):
+            notices.append(self._operator_notice(after, plan, evidence))
+        elif observed_node_effects(plan) and not any(o.fails for _, o in verdicts):
+            # Observe mode for node effects (e.g. reboot=observe) while the job moved on:
+            # no job e-mail said what the node would have had.
+            notices.append(self._observed_notice(after, plan, evidence))
+        return notices
 
     def _for_this_node(self, plan: RemediationPlan, instance: Instance) -> RemediationPlan:
         """ECS Anywhere (``mi-``) nodes are not in an Auto Scaling group: quarantine them."""
@@ -601,23 +651,28 @@ class NodeRemediation:
         settled = self._settle(job, outcome, kind, True, where, None, None,
                                f"every verdict in: {where} healthy")
         now = clock.now()
-        if not self.deps.repo.conclude_fault(job, settled.to, reason=settled.reason, error=settled.error,
-                                             spend=settled.spend, restart_reason=settled.restart_reason,
-                                             deadline_at=settled.deadline_at(now)):
-            return "raced"
-        fresh = self.deps.repo.get_job(job.job_id) or job
+        notice = None
         if settled.outcome.fails:
-            self.deps.metrics.add_metric("Failures", "Count", 1)
             app_error = settled.outcome is JobOutcome.FAIL_APPLICATION_ERROR
             kind_ = (NotificationKind.APPLICATION_ERROR if app_error
                      else NotificationKind.OBSERVED if settled.outcome is JobOutcome.FAIL_OBSERVED
                      else NotificationKind.FAILED)
-            self.ranks.notify(fresh, None, kind_, "Job failed: application error (GPUs healthy)"
-                              if kind_ is NotificationKind.APPLICATION_ERROR else "Job failed",
-                              what_happened=fresh.last_error, what_was_done="Job marked FAILED",
-                              operator_action="Look at the job's logs: the GPUs passed DCGM diagnostics.")
+            failed = replace(job, state=JobState.FAILED, last_error=settled.error or job.last_error)
+            notice = self.notices.for_job(
+                failed, None, kind_, "Job failed: application error (GPUs healthy)"
+                if kind_ is NotificationKind.APPLICATION_ERROR else "Job failed",
+                what_happened=failed.last_error, what_was_done="Job marked FAILED",
+                operator_action="Look at the job's logs: the GPUs passed DCGM diagnostics.")
+        if not self.deps.repo.conclude_fault(job, settled.to, reason=settled.reason, error=settled.error,
+                                             spend=settled.spend, restart_reason=settled.restart_reason,
+                                             deadline_at=settled.deadline_at(now),
+                                             also=self.notices.owe([notice], now)):
+            return "raced"
+        if settled.outcome.fails:
+            self.notices.send([notice])
+            self.deps.metrics.add_metric("Failures", "Count", 1)
             return "failed"
-        self.restarts.try_restart(job.job_id)
+        after_commit("restart", self.restarts.try_restart, job.job_id)
         return "restart"
 
     @staticmethod
@@ -675,20 +730,27 @@ class NodeRemediation:
             answer = self.reboots.gate.decide(node=inst_id, action=None, job_ids=(), now=now,
                                               reason=plan.decision.reason, cordon_unless_drained=True)
             record = answer.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now)
-            if record is None or not repo.cordons.cordon(inst_id, record, now, answer.update):
+            notice = self._cordon_notice(answer, inst_id, plan)
+            if record is None or not repo.cordons.cordon(inst_id, record, now, answer.update,
+                                                         also=self.notices.owe([notice], now)):
                 continue
-            self._after_cordon(answer, inst_id, plan)
+            self.notices.send([notice])
+            after_commit("cordon", self._after_cordon, answer, inst_id)
             return True
         return False
 
-    def _after_cordon(self, gate: GateAnswer | None, inst_id: str, plan: RemediationPlan, *,
-                      uncordoned: bool = False) -> None:
-        """After the commit: the ECS attribute (the sweep finishes it), and the loud e-mail
-        when the cordon limit tripped."""
+    def _cordon_notice(self, gate: GateAnswer | None, inst_id: str, plan: RemediationPlan) -> Owed | None:
+        """The loud e-mail when this decision trips the cordon limit (owed with it)."""
+        if gate is None or gate.cordon is None or not gate.cordon.tripped_now:
+            return None
+        return self.reboots.cordons.limit_tripped_notice(gate.cordon, inst_id,
+                                                         f"{plan.action.value}: {plan.decision.reason}")
+
+    def _after_cordon(self, gate: GateAnswer | None, inst_id: str, *, uncordoned: bool = False) -> None:
+        """After the commit: the ECS attribute (the sweep finishes it)."""
         cordoned = gate is not None and gate.cordon is not None
         if cordoned and gate is not None and gate.cordon is not None and gate.cordon.tripped_now:
-            self.reboots.cordons.tell_limit_tripped(gate.cordon, inst_id,
-                                                    f"{plan.action.value}: {plan.decision.reason}")
+            self.reboots.cordons.limit_tripped(gate.cordon, inst_id)
         if cordoned or uncordoned:
             self.reboots.cordons.sync_quietly(inst_id)
 
@@ -706,32 +768,32 @@ class NodeRemediation:
             self.reboots.quarantine(instance)
 
     # ------------------------------------------------------------ notifications
-    def notify_outcome(self, job: Job, outcome: JobOutcome, instance: Instance, plan: RemediationPlan | None,
-                       evidence: Evidence | None) -> None:
+    def outcome_notice(self, job: Job, outcome: JobOutcome, instance: Instance, plan: RemediationPlan | None,
+                       evidence: Evidence | None, label: SuspectVerdict | None) -> Owed | None:
+        """The e-mail of a job's outcome (None: it owes none), built before the decision's
+        commit: ``job`` and ``instance`` as the decision leaves them, ``label`` the job's
+        verdict for the node."""
         if not outcome.fails:
-            return
-        job = self.deps.repo.get_job(job.job_id) or job
+            return None
         details = details_of(evidence, plan)
-        self.deps.metrics.add_metric("Failures", "Count", 1)
         node_done = describe_node_effects(instance, plan)
         if outcome == JobOutcome.FAIL_APPLICATION_ERROR:
-            self.ranks.notify(job, instance, NotificationKind.APPLICATION_ERROR,
-                              "Job failed: application error (GPUs healthy)",
-                              what_happened=job.last_error,
-                              what_was_done=f"Job marked FAILED; {node_done}",
-                              operator_action="Look at the job's logs: the GPUs passed DCGM diagnostics.",
-                              details=details)
-            return
+            return self.notices.for_job(job, instance, NotificationKind.APPLICATION_ERROR,
+                                        "Job failed: application error (GPUs healthy)",
+                                        what_happened=job.last_error,
+                                        what_was_done=f"Job marked FAILED; {node_done}",
+                                        operator_action="Look at the job's logs: the GPUs passed DCGM "
+                                                        "diagnostics.",
+                                        details=details)
         if outcome == JobOutcome.FAIL_OBSERVED:
-            self.ranks.notify(job, instance, NotificationKind.OBSERVED,
-                              "Observe mode: fault detected, nothing done",
-                              what_happened=job.last_error,
-                              what_was_done="Nothing (observe mode): job marked FAILED in the job table only",
-                              operator_action="Read what would have been done below and act by hand.",
-                              details=details)
-            return
-        suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, instance.container_inst_id)
-        label = suspect.verdict if suspect is not None and not suspect.pending else SuspectVerdict.REPLACE
+            return self.notices.for_job(job, instance, NotificationKind.OBSERVED,
+                                        "Observe mode: fault detected, nothing done",
+                                        what_happened=job.last_error,
+                                        what_was_done="Nothing (observe mode): job marked FAILED in the job "
+                                                      "table only",
+                                        operator_action="Read what would have been done below and act "
+                                                        "by hand.",
+                                        details=details)
         if label is SuspectVerdict.OPERATOR_ACTION:
             kind, headline = NotificationKind.OPERATOR_ACTION, "Job failed: node configuration problem"
             todo = ("Fix the node's configuration (e.g. enable persistence mode: nvidia-smi -pm 1 or "
@@ -743,21 +805,21 @@ class NodeRemediation:
         else:
             kind, headline = NotificationKind.FAILED, "Job failed: GPU fault"
             todo = "Resubmit the job (its recovery budget is spent, or its node could not be remediated)."
-        self.ranks.notify(job, instance, kind, headline, what_happened=job.last_error,
-                          what_was_done=f"Job marked FAILED; {node_done}", operator_action=todo,
-                          details=details)
+        return self.notices.for_job(job, instance, kind, headline, what_happened=job.last_error,
+                                    what_was_done=f"Job marked FAILED; {node_done}", operator_action=todo,
+                                    details=details)
 
-    def _page_operator(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> None:
-        self.ranks.notify_node(
+    def _page_operator_notice(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> Owed:
+        return self.notices.for_node(
             NotificationKind.OPERATOR_ACTION, "GPU node keeps failing: quarantined, needs a person",
             container_inst_id=instance.container_inst_id, instance_id=instance.ec2_instance_id,
             what_happened=plan.escalation.reason, what_was_done=describe_node_effects(instance, plan),
             operator_action="Open a hardware ticket for this node; it is kept out of service until then.",
             details=details_of(evidence, plan))
 
-    def _tell_observed(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> None:
+    def _observed_notice(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> Owed:
         would = ", ".join(e.value for e in observed_node_effects(plan))
-        self.ranks.notify_node(
+        return self.notices.for_node(
             NotificationKind.OBSERVED, f"Observe mode: GPU node needed {plan.action.value}, not done",
             container_inst_id=instance.container_inst_id, instance_id=instance.ec2_instance_id,
             what_happened=plan.decision.reason,
@@ -765,7 +827,7 @@ class NodeRemediation:
             operator_action=f"Read the evidence below and do by hand what was not done ({would}).",
             details=details_of(evidence, plan))
 
-    def _tell_operator(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> None:
+    def _operator_notice(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> Owed:
         if plan.action is Action.OPERATOR_ACTION:
             headline = "GPU node configuration problem"
             todo = "Fix the node's configuration, then set the container instance ACTIVE again."
@@ -773,11 +835,22 @@ class NodeRemediation:
             headline = "GPU node must be replaced by hand (ECS Anywhere)"
             todo = ("This ECS Anywhere node is not in an Auto Scaling group: it was quarantined instead "
                     "of terminated. Repair or replace the host, then register it again.")
-        self.ranks.notify_node(
+        return self.notices.for_node(
             NotificationKind.OPERATOR_ACTION, headline,
             container_inst_id=instance.container_inst_id, instance_id=instance.ec2_instance_id,
             what_happened=plan.decision.reason, what_was_done=describe_node_effects(instance, plan),
             operator_action=todo, details=details_of(evidence, plan))
+
+
+def projected(instance: Instance, decision: NodeDecision) -> Instance:
+    """The instance as ``decision`` leaves it (what its e-mails, built before the commit, say)."""
+    to = decision.to or instance.state
+    acted = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
+    return replace(instance, state=to,
+                   drain_pending=instance.drain_pending or to is InstanceState.QUARANTINED,
+                   terminate_pending=decision.terminate if to is InstanceState.QUARANTINED
+                   else instance.terminate_pending,
+                   breaker_blocked=decision.breaker_blocked or ({} if acted else instance.breaker_blocked))
 
 
 def job_fate(outcome: JobOutcome) -> str:

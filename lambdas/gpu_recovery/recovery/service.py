@@ -55,6 +55,7 @@ class RecoveryService:
         self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
         self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
                                  self.suspensions, self.gang)
+        self.gang.on_task_stopped = self._lost_stopped_event
         self.breaker = BreakerOperations(self.deps, self.remediation)
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang)
@@ -83,6 +84,11 @@ class RecoveryService:
     # Handlers.
     def on_task_state_change(self, detail: EcsTaskDetail) -> Outcome:
         return self.faults.on_task_state_change(detail)
+
+    def _lost_stopped_event(self, task: dict[str, Any]) -> Outcome:
+        """A task found STOPPED by DescribeTasks whose STOPPED event never arrived (or was
+        dead-lettered): the event's own handling (DescribeTasks returns the event's detail)."""
+        return self.faults.on_task_state_change(EcsTaskDetail.model_validate(task))
 
     def on_health_check_stopped(self, detail: EcsTaskDetail) -> Outcome:
         return self.health.on_stopped(detail)

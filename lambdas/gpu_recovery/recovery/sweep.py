@@ -19,9 +19,16 @@ from functools import partial
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.domain.heartbeat_policy import BACKSTOP_MARGIN_SECONDS, backstop_deadline
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Instance, Job
-from gpu_recovery.domain.states import HEALTH_CHECK_STATES, RECOVERING_JOB_STATES, InstanceState, JobState
+from gpu_recovery.domain.states import (
+    HEALTH_CHECK_STATES,
+    QUEUE_OWNED_JOB_STATES,
+    RECOVERING_JOB_STATES,
+    InstanceState,
+    JobState,
+)
 from gpu_recovery.recovery.breaker import BreakerOperations
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
@@ -31,6 +38,8 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.repository.faults import suspect_from_item
+from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
+from gpu_recovery.repository.notices import NOTICE_ITEM_TYPE
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +150,8 @@ class Sweep:
         kind = item.get("item_type")
         if kind == "SUSPECT":
             return self._suspect(item, now)
+        if kind == NOTICE_ITEM_TYPE:  # an e-mail whose sender died after its decision
+            return self.reboots.ranks.notices.sweep(item, now)
         if kind != "JOB":
             return "ignored"
         return self._job(self.deps.repo.job_from_item(item), item, now)
@@ -190,6 +201,13 @@ class Sweep:
             # Waiting for the breaker's reset (domain.breaker_hold): go on, fail, or wait.
             return self.restarts.holds.sweep(job, now, self.restarts.try_restart)
         if job.state is JobState.PENDING_HEALTHCHECK:
+            give_up_at = (job.fault_started_at or now) + 2 * self.deps.settings.health_check_timeout_seconds \
+                + RESTART_GIVE_UP_MARGIN_SECONDS
+            if now >= give_up_at:
+                # Every check has its own timeout (the node's): this is the backstop behind them.
+                self.restarts.fail_waiting(job, "the fault's health checks did not conclude in time "
+                                                f"({int(give_up_at - (job.fault_started_at or now))} s)")
+                return "health_check_timed_out"
             # The stop intent sent, the stops asked again at a paced interval; a fault whose
             # verdicts are all in once every rank ended goes on (its event may have died).
             self.faults.converge_fault(job)
@@ -201,6 +219,15 @@ class Sweep:
             return "health_check_waiting"
         if job.state is JobState.STARTING and job.restarted_attempt == job.attempt:
             return self.restarts.resume(job)
+        if job.state is JobState.STARTING:
+            # A queue launch: the scheduler's ledger drives it; its ranks' RUNNING events
+            # confirm it. Those events lost, every rank registered: confirm it here.
+            if self.restarts.confirm_running(job, "every rank registered (confirmed by the sweep)"):
+                return "launch_confirmed"
+            repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+            return "launch_waiting"
+        if job.state in (JobState.NODE_LOST, JobState.HUNG):
+            return self._heartbeat_backstop(job, item, now)
         if job.state is JobState.SUSPENDING:
             # The grace is over (stop by force), or stops are still to be confirmed.
             return self.suspensions.sweep(job, now)
@@ -213,8 +240,37 @@ class Sweep:
             if latest is not None and latest.stop_fanout:
                 repo.rearm_job(latest, now + RETRY_INTERVAL_SECONDS)
             return action
-        repo.clear_job_deadline(job.job_id, job.state, item.get("deadline_at"))
-        return "cleared"
+        if job.state is JobState.RUNNING or job.state.is_terminal or job.state in QUEUE_OWNED_JOB_STATES:
+            repo.clear_job_deadline(job.job_id, job.state, item.get("deadline_at"))
+            return "cleared"
+        # Every other state has a step above: one without is a bug, never a reason to drop
+        # the job from the index (it would be forgotten). Look again, loudly.
+        logger.error("job due with no step for its state", extra={"job_id": job.job_id,
+                                                                  "state": job.state.value})
+        repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+        return "no_step"
+
+    def _heartbeat_backstop(self, job: Job, item: dict[str, Any], now: float) -> str:
+        """A job the heartbeats moved out of RUNNING (NODE_LOST, HUNG): the heartbeat sweep
+        hands it to the recovery loop when its time comes (``heartbeat_escalate_at``). If that
+        never happened, do it here; otherwise look again later (a hung job that is only
+        reported keeps running, e-mailed)."""
+        escalate_at = item.get("heartbeat_escalate_at")
+        if escalate_at is None or now < float(escalate_at) + BACKSTOP_MARGIN_SECONDS:
+            self.deps.repo.rearm_job(job, backstop_deadline(now, None if escalate_at is None
+                                                            else float(escalate_at)))
+            return "heartbeat_waiting"
+        attr = lost_attr(job.attempt) if job.state is JobState.NODE_LOST else hung_attr(job.attempt)
+        ranks = sorted(int(r) for r in item.get(attr) or () if str(r).isdigit())
+        rank = self.deps.repo.get_rank(job.job_id, ranks[0]) if ranks else None
+        if rank is None or rank.attempt != job.attempt:
+            self.deps.repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+            return "heartbeat_waiting"
+        reason = (f"rank {rank.rank} {job.state.value} on {rank.container_inst_id} past the time the "
+                  "heartbeat sweep hands it to the recovery loop")
+        outcome = self.faults.report_suspected_fault(job.job_id, job.attempt, rank.container_inst_id, reason,
+                                                     rank.rank, from_states=[job.state])
+        return f"heartbeat_backstop_{outcome.action}"
 
     def _kick_checks(self, job: Job) -> None:
         """The job's health checks waiting for a slot (one may have been given back while

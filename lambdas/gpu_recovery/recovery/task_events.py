@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery import clock
@@ -237,9 +237,19 @@ class TaskEvents:
             would = ", ".join(e.value for e in assessment.plan.record_only)
             reason = (f"rank {rank.rank} failed: {policy.describe_failure(stop)}; observe mode: would have "
                       f"done {would}{decided}")
+            notice = self.ranks.notices.for_job(
+                replace(job, state=JobState.FAILED, last_error=reason[:1000]), repo.get_instance(node),
+                NotificationKind.OBSERVED, "Observe mode: GPU fault detected, nothing done",
+                what_happened=reason[:1000],
+                what_was_done=("Nothing (observe mode): no StopTask, health check, reboot, drain or "
+                               "termination; the job is marked FAILED in the job table"),
+                operator_action="Read what would have been done below and act by hand if needed.",
+                details=details_of(assessment.evidence, assessment.plan))
             done = repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
                                    fields={"last_error": reason[:1000], "last_fault": last_fault},
-                                   rank_stop=rank_stop)
+                                   rank_stop=rank_stop, also=self.ranks.notices.owe([notice], now))
+            if done:
+                self.ranks.notices.send([notice])
             if done:
                 self.deps.metrics.add_metric("ObservedFaults", "Count", 1)
             return done
@@ -481,11 +491,3 @@ class TaskEvents:
                         "jobs": [job.job_id]})
         # Known bad (a definitive fault) all the same: no new work on it (domain.cordon).
         self.remediation.cordon_only(rank.container_inst_id, plan)
-        instance = self.deps.repo.get_instance(rank.container_inst_id)
-        self.ranks.notify(
-            job, instance, NotificationKind.OBSERVED, "Observe mode: GPU fault detected, nothing done",
-            what_happened=job.last_error,
-            what_was_done=("Nothing (observe mode): no StopTask, health check, reboot, drain or "
-                           "termination; the job is marked FAILED in the job table"),
-            operator_action="Read what would have been done below and act by hand if needed.",
-            details=details_of(assessment.evidence, plan))

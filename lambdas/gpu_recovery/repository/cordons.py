@@ -12,7 +12,7 @@ and is synced again. The sweep reads the one worklist item every minute.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, INSTANCE_PK
@@ -91,13 +91,14 @@ class CordonRepository:
         return self.base.db.transact([update, *([breaker] if breaker is not None else [])])
 
     def cordon(self, node: str, record: Mapping[str, Any], version: float,
-               breaker: Update | None = None) -> bool:
-        """Cordon a node the loop knows (no state change), with the limit's state."""
+               breaker: Update | None = None, also: Sequence[Update] = ()) -> bool:
+        """Cordon a node the loop knows (no state change), with the limit's state (``also``:
+        the e-mail it owes)."""
         update = self.base.instance_update(
             node, set_fields=self.cordon_fields(record, version),
             extra_condition="attribute_exists(#k)", extra_names={"#k": INSTANCE_PK})
         return self.base.db.transact([update, self.sync_update(node, version),
-                                      *([breaker] if breaker is not None else [])])
+                                      *([breaker] if breaker is not None else []), *also])
 
     def uncordon(self, node: str, version: float) -> bool:
         """The operator's uncordon (or any clearing without a state change): only a cordoned

@@ -242,14 +242,24 @@ class HeartbeatRepository:
 
     # ------------------------------------------------------------------- jobs
     def settle_job(self, job_id: str, attempt: int, source: JobState, target: JobState,
-                   requires: str, reason: str, actor: str) -> bool:
-        """One step of a job following its lost / hung rank sets (see SETTLE_CONDITIONS)."""
+                   requires: str, reason: str, actor: str, *, deadline_at: float | None = None,
+                   escalate_at: float | None = None) -> bool:
+        """One step of a job following its lost / hung rank sets (see SETTLE_CONDITIONS).
+        A job leaving RUNNING keeps ``deadline_at`` in the deadline index (the recovery
+        sweep's backstop: ``escalate_at`` is when the heartbeat sweep should have handed it
+        to the recovery loop, None: never); back to RUNNING, it leaves the index."""
         condition = SETTLE_CONDITIONS[requires]
         names = {k: v for k, v in (("#lost", lost_attr(attempt)), ("#hung", hung_attr(attempt)))
                  if k in condition}
+        fields: dict[str, Any] = {}
+        remove: list[str] = []
+        if target is JobState.RUNNING:
+            remove = [*self.base.deadline_attributes(), "heartbeat_escalate_at"]
+        elif deadline_at is not None:
+            fields = {**self.base.job_deadline_fields(deadline_at), "heartbeat_escalate_at": escalate_at}
         return self.base.apply(self.base.job_transition(
             job_id, target, from_states=[source], attempt=attempt, reason=reason, actor=actor,
-            extra_condition=condition, extra_names=names))
+            set_fields=fields, remove_fields=remove, extra_condition=condition, extra_names=names))
 
     # A node lost with its agent disconnected is a node decision of the recovery loop
     # (``Repository.record_node_decision`` with ``lost_job_failure``): the breaker and observe

@@ -59,6 +59,7 @@ from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_check_slots import WAIT_SWEEP_SECONDS, Claim, HealthCheckSlots
 from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.notices import NoticeRepository
 
 _DEADLINE = [DEADLINE_PK, DEADLINE_SK]
 SPEND_INFRASTRUCTURE = "infrastructure"
@@ -146,6 +147,7 @@ class Repository:
         self.faults = FaultRepository(self)  # suspect items, tallies, placements
         self.slots = HealthCheckSlots(self)  # health checks running: the cluster's, each job's
         self.cordons = CordonRepository(self)  # known-bad nodes and their ECS attribute syncs
+        self.notices = NoticeRepository(self)  # e-mails owed (the outbox)
 
     # ================================================================== mapping
     @staticmethod
@@ -420,11 +422,13 @@ class Repository:
             {":a": rank.attempt, ":t": rank.task_arn, ":starting": RankState.STARTING.value},
         )
 
-    def mark_refused(self, job_id: str, world_size: int, now: float) -> bool:
-        """A tagged job too large to protect: True the first time only (operators are told once)."""
-        return self.db.put_if_absent(self.job_table_name, to_ddb(
-            {JOB_PK: refused_item_key(job_id), "item_type": "REFUSED", "world_size": world_size,
-             "refused_at": now}), JOB_PK)
+    def mark_refused(self, job_id: str, world_size: int, now: float, also: Sequence[Update] = ()) -> bool:
+        """A tagged job too large to protect: True the first time only (operators are told once,
+        ``also``: the e-mail owed)."""
+        return self.db.transact([Update(
+            table=self.job_table_name, key={JOB_PK: refused_item_key(job_id)},
+            set_fields={"item_type": "REFUSED", "world_size": world_size, "refused_at": now},
+            condition="attribute_not_exists(#k)", condition_names={"#k": JOB_PK}), *also])
 
     def put_instance_if_absent(self, instance: Instance) -> bool:
         item = to_ddb(
@@ -518,7 +522,7 @@ class Repository:
                    actor: str = "recovery", fields: dict[str, Any] | None = None,
                    from_states: Iterable[JobState] | None = None,
                    rank_stop: RankStop | None = None, stop_ranks_of: int | None = None,
-                   stop_why: str = "") -> bool:
+                   stop_why: str = "", also: Sequence[Update] = ()) -> bool:
         """Move a job to a terminal state (from any state that may reach it). With
         ``stop_ranks_of`` (an attempt) the intent to stop that attempt's live ranks is
         committed too, and a deadline kept until the fan-out is confirmed."""
@@ -532,17 +536,17 @@ class Repository:
             remove = []
         job = self.job_transition(job_id, to, from_states=sources, attempt=attempt, reason=reason,
                                   actor=actor, set_fields=extra, remove_fields=remove)
-        return self._with_rank(job, rank_stop)
+        return self._with_rank(job, rank_stop, also)
 
-    def _with_rank(self, job_update: Update, rank_stop: RankStop | None) -> bool:
-        if rank_stop is None:
-            return self.db.apply(job_update)
-        return self.db.transact([self._rank_stop_update(rank_stop), job_update])
+    def _with_rank(self, job_update: Update, rank_stop: RankStop | None, also: Sequence[Update] = ()) -> bool:
+        rank = [self._rank_stop_update(rank_stop)] if rank_stop is not None else []
+        return self.db.transact([*rank, job_update, *also])
 
-    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery") -> bool:
-        return self.db.apply(self.job_transition(
+    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery",
+                            also: Sequence[Update] = ()) -> bool:
+        return self.db.transact([self.job_transition(
             job_id, JobState.RUNNING, from_states=[JobState.STARTING], attempt=attempt,
-            reason=reason, actor=actor, remove_fields=[*_DEADLINE, "start_fanout"]))
+            reason=reason, actor=actor, remove_fields=[*_DEADLINE, "start_fanout"]), *also])
 
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = "recovery") -> bool:
         return self.db.apply(self.job_transition(
@@ -628,7 +632,7 @@ class Repository:
         return self.db.apply(update)
 
     def conclude_fault(self, job: Job, to: JobState, *, reason: str, error: str, spend: str,
-                       restart_reason: str, deadline_at: float | None) -> bool:
+                       restart_reason: str, deadline_at: float | None, also: Sequence[Update] = ()) -> bool:
         """Every verdict in (counted once every rank ended): the job leaves
         PENDING_HEALTHCHECK on the tally as read."""
         condition, values, names = self.faults.tally_condition(job)
@@ -643,10 +647,10 @@ class Repository:
         if to.is_terminal:
             fields.update(self.stop_fanout_fields(job.attempt, error or reason, now))
             fields.update(self.job_deadline_fields(now + 60))
-        return self.db.apply(self.job_transition(
+        return self.db.transact([self.job_transition(
             job.job_id, to, from_states=[job.state], attempt=job.attempt, reason=reason, actor="recovery",
             set_fields=fields, increments={_SPEND_COUNTER[spend]: 1} if spend else None,
-            extra_condition=condition, extra_values=values, extra_names=names))
+            extra_condition=condition, extra_values=values, extra_names=names), *also])
 
     def _relocations(self, job_id: str) -> list[dict[str, Any]]:
         item = self.get_job_item(job_id) or {}
@@ -694,15 +698,15 @@ class Repository:
                 extra_values={":job": job.job_id}, extra_names={"#hcj": "hc_jobs"}))
         return self.db.transact(updates)
 
-    def hold_job(self, job: Job, hold: BreakerHold, deadline_at: float) -> bool:
+    def hold_job(self, job: Job, hold: BreakerHold, deadline_at: float, also: Sequence[Update] = ()) -> bool:
         """A job that cannot move waits for a node whose reboot the breaker held back:
         PENDING_RESTART -> HELD on the same attempt with its hold and a deadline (the sweep
         looks again); nothing is charged. A hold of this attempt already written (the job
         went on and is held again for another node) keeps its deadline: the caller passes it."""
-        return self.db.apply(self.job_transition(
+        return self.db.transact([self.job_transition(
             job.job_id, JobState.HELD, from_states=[JobState.PENDING_RESTART], attempt=job.attempt,
             reason=hold.waiting_reason(), actor="recovery",
-            set_fields={"breaker_hold": hold.to_item(), **self.job_deadline_fields(deadline_at)}))
+            set_fields={"breaker_hold": hold.to_item(), **self.job_deadline_fields(deadline_at)}), *also])
 
     def resume_held_job(self, job: Job, hold: BreakerHold, reason: str, now: float) -> bool:
         """Every node the held job waited for is back: HELD -> PENDING_RESTART on the same
@@ -714,17 +718,17 @@ class Repository:
             increments={_SPEND_COUNTER[hold.spend]: 1} if hold.spend in _SPEND_COUNTER else None))
 
     def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
-                               reason: str) -> bool:
+                               reason: str, also: Sequence[Update] = ()) -> bool:
         """A queue job leaves its unusable nodes: PENDING_RESTART -> PENDING_RESOURCES at the
         head of its priority; the scheduler places it on healthy nodes (attempt + 1, a new
         MASTER_ADDR) and records where each rank moved."""
-        return self.db.apply(self.job_transition(
+        return self.db.transact([self.job_transition(
             job.job_id, JobState.PENDING_RESOURCES, from_states=[JobState.PENDING_RESTART],
             attempt=job.attempt, reason=reason, actor="recovery",
             set_fields={QUEUE_PK: "QUEUE", QUEUE_SK: queue_order, "not_before": 0,
                         "relocation": relocation},
             remove_fields=[*_DEADLINE, "relocate", "launched_at", "launch_claimed_at"],
-        ))
+        ), *also])
 
     # ============================================================ instance intents
     def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float) -> bool:
@@ -921,10 +925,11 @@ class Repository:
             job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
             reason=reason, actor="heartbeat", set_fields=fields)
 
-    def fail_lost_job(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> bool:
+    def fail_lost_job(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None,
+                      also: Sequence[Update] = ()) -> bool:
         """The same, without a node decision (the node is not AVAILABLE / SUSPECT, or observe
         mode leaves it alone and this is recorded separately)."""
-        return self.db.apply(self.lost_job_failure(job, reason, last_fault))
+        return self.db.transact([self.lost_job_failure(job, reason, last_fault), *also])
 
     def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
                           last_fault: dict[str, Any] | None, read_version: int) -> bool:
@@ -1027,14 +1032,14 @@ class Repository:
         return from_ddb(item) if item else None
 
     def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
-                                        restart: bool) -> bool:
+                                        restart: bool, also: Sequence[Update] = ()) -> bool:
         """A job joins an instance already rebooting or quarantined by another job's fault:
         the verdict it waits for is already known."""
         updates = [self.instance_update(
             instance.container_inst_id, from_states=[instance.state],
             add_to_sets={"waiting_jobs": {verdict.job.job_id}} if restart else None)]
         updates += self.job_verdict_updates(instance.container_inst_id, verdict)
-        return self.db.transact(updates)
+        return self.db.transact([*updates, *also])
 
     def job_verdict_updates(self, inst_id: str, verdict: JobVerdict) -> list[Update]:
         """The suspect's verdict (PENDING -> label, once) and the job's tally and state, on the
@@ -1181,7 +1186,8 @@ class Repository:
                           failures: Sequence[JobFailure], actor: str = "sweep",
                           fault_history: list[dict[str, Any]] | None = None,
                           breaker_blocked: dict[str, Any] | None = None,
-                          breaker: Update | None = None, cordon: dict[str, Any] | None = None) -> bool:
+                          breaker: Update | None = None, cordon: dict[str, Any] | None = None,
+                          also: Sequence[Update] = ()) -> bool:
         """The instance's health check or reboot ran out of time: the instance leaves
         recovery (QUARANTINED, or SUSPECT when nothing proved it faulty, when the breaker
         held its quarantine back — ``breaker_blocked`` — or observe mode left it undrained)
@@ -1244,7 +1250,7 @@ class Repository:
                 set_fields={"last_error": failure.reason[:1000],
                             **self.stop_fanout_fields(job.attempt, failure.reason, now),
                             **self.job_deadline_fields(now + 60)}))
-        return self.db.transact(updates)
+        return self.db.transact([*updates, *also])
 
     # ======================================================= generic (shared) API
     def apply(self, update: Update) -> bool:

@@ -36,6 +36,8 @@ from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository
 
 LEASE_KEY = "SCHEDULER#LEASE"
 PLAN_CHUNK = 80  # ranks per launch-plan item (~10 KB)
+# A launch the recovery sweep looks at (then every minute) unless its ranks confirm it first.
+LAUNCH_BACKSTOP_SECONDS = 300
 # Sorted: the condition's placeholders (and so the request) are the same every time.
 _ENDING = sorted(ENDING_JOB_STATES, key=lambda s: s.value)
 _STARTED = sorted(STARTED_JOB_STATES, key=lambda s: s.value)
@@ -176,7 +178,10 @@ class SchedulingRepository:
             attempt=current_attempt,
             extra_condition=" AND ".join(conditions) or None, extra_names=names or None,
             reason=reason, actor="scheduler",
-            set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now, **extra},
+            # In the deadline index while it starts (the recovery sweep's backstop: it confirms a
+            # launch whose ranks' RUNNING events were lost, docs/recovery-loop.md).
+            set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now, **extra,
+                        **self.repo.job_deadline_fields(now + LAUNCH_BACKSTOP_SECONDS)},
             increments={"resume_count": 1} if resumed else None,
             remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", "wait_reason", "held",
                            *(["relocation"] if "relocations" in extra else [])],
@@ -212,7 +217,7 @@ class SchedulingRepository:
             set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": not_before,
                         "resource_failures": resource_failures, "attempts": list(attempts),
                         "last_error": reason[:1000]},
-            remove_fields=["launch_claimed_at"],
+            remove_fields=["launch_claimed_at", *self.repo.deadline_attributes()],
         ))
 
     def fail_launch(self, job_id: str, attempt: int, *, reason: str, failure_kind: str,

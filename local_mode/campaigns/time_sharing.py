@@ -34,10 +34,11 @@ from gpu_recovery.domain.time_sharing import Priority
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.time_sharing import QuotaRepository
 
-from .ecs_sim import SimulatedEcs
-from .emulator import LocalAws
-from .event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
-from .faults import FAULT_MODES, ApiCall
+from ..ecs_sim import SimulatedEcs
+from ..emulator import LocalAws
+from ..event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
+from ..faults import ApiCall
+from .base import InvariantWatch, mail_problems, mails
 
 MIN = 60
 NODES = ("node-a", "node-b")
@@ -60,6 +61,11 @@ class RunResult:
     dead_letters: int
     checkpoints: int  # times alice's rank 0 saved a checkpoint after being told to suspend
     timeline: list[str] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)  # the backstop invariant broken after an event
+    mails: list[tuple[str, str]] = field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        return check(self)
 
 
 def check(result: RunResult) -> list[str]:
@@ -87,6 +93,12 @@ def check(result: RunResult) -> list[str]:
         problems.append(f"still pending: {result.stuck}")
     if result.dead_letters:
         problems.append(f"{result.dead_letters} event(s) in a DLQ")
+    if result.forgotten:
+        problems.append(f"backstop invariant broken: {result.forgotten}")
+    # A preemption fails nobody: no job-failure e-mail may be sent.
+    jobs = [str(j.get("job_id")) for j in (low, high)]
+    problems += mail_problems(result.mails, {(kind, job): (0, 0) for job in jobs
+                                             for kind in ("failed", "application_error", "quarantined")})
     return problems
 
 
@@ -162,6 +174,7 @@ def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) ->
         for node in NODES:
             sim.add_node(node, gpus=8)
         repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
+        watch = InvariantWatch(bus, repo, sim.now)
         quotas = QuotaRepository(local.resource("dynamodb"), local.quota_table)
         quotas.set_limit("alice", int(Priority.LOW), 2, by="campaign", now=sim.now())
         low_td = sim.register_training_task_definition("low", gpus=8)
@@ -187,6 +200,8 @@ def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) ->
         high = service.submit(JobSpec.model_validate({
             "name": "bob-high", "task_definition": high_td, "nnodes": 2, "gpus_per_node": 8,
             "priority": "HIGH"}), "arn:aws:iam::123456789012:user/bob")["job_id"]
+        watch.watch(low)
+        watch.watch(high)
         # Calls are counted (and broken) from here: the submit is the jobs API's own flow
         # (made retry-safe by its Idempotency-Key), the preemption is this one.
         calls = local.call_faults
@@ -227,42 +242,5 @@ def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) ->
             dead_letters=sum(1 for d in bus.dead_letters if d.rule not in (SWEEP_SCHEDULE, SCHEDULER)),
             checkpoints=program.checkpoints,
             timeline=sim.format_timeline() if keep_timeline else [],
+            forgotten=list(watch.broken), mails=mails(local),
         )
-
-
-def sample_positions(baseline: RunResult) -> list[int]:
-    """The first call of each distinct call site (and API operation) of the flow."""
-    seen: set[tuple[str, str, str]] = set()
-    positions = []
-    for call in baseline.calls:
-        key = (call.site, call.service, call.operation)
-        if key not in seen:
-            seen.add(key)
-            positions.append(call.index)
-    return positions
-
-
-@dataclass
-class CampaignSummary:
-    calls: int
-    runs: int
-    ended_right: int
-    failures: list[tuple[tuple[int, str], ApiCall | None, list[str]]]
-
-
-def campaign(positions: list[int] | None = None, modes: tuple[str, ...] = FAULT_MODES) -> CampaignSummary:
-    baseline = run()
-    problems = check(baseline)
-    if problems:
-        raise AssertionError(f"the unbroken run itself failed: {problems}")
-    chosen = positions if positions is not None else [c.index for c in baseline.calls]
-    failures = []
-    runs = 0
-    for index in chosen:
-        for mode in modes:
-            result = run((index, mode))
-            runs += 1
-            wrong = check(result) + ([] if result.fired else ["the fault never fired"])
-            if wrong:
-                failures.append(((index, mode), result.fired, wrong))
-    return CampaignSummary(len(baseline.calls), runs, runs - len(failures), failures)

@@ -1,0 +1,374 @@
+"""Crash campaigns of the recovery loop: one job's fault, broken at each of its AWS calls.
+
+Each flow runs one fault of one job in its own simulated cluster; every event is delivered
+as EventBridge and Lambda's asynchronous invocation would (a failed invocation retried
+twice, a minute and two minutes later), the sweep runs every minute, and the backstop
+invariant is checked after every event (``base.InvariantWatch``). ``run(flow, fault)``
+breaks the n-th AWS call the handlers make after the fault was injected, once:
+``throttle`` (refused, not executed) or ``lost_response`` (executed, the caller never
+hears back). ``RunResult.problems()`` lists what ended wrong.
+
+The flows (``FLOWS``):
+
+* ``gpu_fault`` — a 2-node job; node-b's GPU faults, NCCL kills rank 0 five seconds later
+  (the cascade); DCGM says node-b needs a reboot (node-a healthy); the reboot fixes it; the
+  job restarts as a gang and completes;
+* ``fast_path`` — XID 79 reported by the node agent (``/v1/report_gpu`` through the
+  heartbeat service, retried as the agent does) and the rank dies: node-b rebooted without
+  a DCGM diag;
+* ``dead_gpu`` — DCGM says replace and the job may not move: node-b quarantined (drained),
+  the job FAILED, e-mailed;
+* ``app_error`` / ``app_error_fails`` — DCGM finds both nodes healthy: the job restarts on
+  the same nodes (one application-error restart allowed) / fails, e-mailed (none allowed);
+* ``relocation`` — DCGM says replace: node-b quarantined, rank 1 of the relocatable job
+  moves to the spare node-c;
+* ``spare_first`` — the same with ``spare_nodes=1``: rank 1 moves before node-b's verdict;
+* ``relocation_wait`` — the same, but node-c is busy with another workload for five more
+  minutes: the job waits PENDING_RESTART, then moves once node-c is free;
+* ``held_reset`` — the blast-radius breaker has another node in its window, so node-b's
+  reboot trips it: the job (not relocatable) waits HELD, e-mailed; an operator resets the
+  breaker with ``--resume-backlog``; node-b is rebooted and the job restarts;
+* ``large`` — the GPU fault of ``gpu_fault`` in a 17-rank job (one rank per node, above
+  the inline fan-out): the gang is stopped and restarted in batches through the gang queue
+  and its worker, whose calls are broken too.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery import runtime
+from gpu_recovery.constants import InstanceState, JobState
+from gpu_recovery.repository import Repository
+
+from ..ecs_sim import SimulatedEcs
+from ..emulator import LocalAws
+from ..event_bus import SWEEP_SCHEDULE, LambdaContext, LocalEventBus, wire_recovery_handlers
+from ..faults import ApiCall
+from .base import MIN, InvariantWatch, mail_problems, mails
+
+JOB_ID = "campaign"
+FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
+# Flows that move rank 1 to the spare node-c (node-b quarantined).
+RELOCATING = ("relocation", "spare_first", "relocation_wait")
+# Flows whose job completes on its second attempt after one infrastructure recovery.
+RECOVERED = ("gpu_fault", "fast_path", "large", "held_reset", *RELOCATING)
+# Flows where node-b is rebooted (once) and comes back.
+REBOOTED = ("gpu_fault", "fast_path", "large", "held_reset")
+QUARANTINED = ("dead_gpu", *RELOCATING)
+FLOWS = ("gpu_fault", "fast_path", "dead_gpu", "app_error", "app_error_fails", "relocation", "spare_first",
+         "relocation_wait", "held_reset", "large")
+LARGE_RANKS = 17  # one above the inline fan-out: the gang queue and its worker carry it
+TRAIN_SECONDS = 8 * MIN
+RUN_LIMIT_SECONDS = 90 * MIN
+OTHER_WORKLOAD_SECONDS = 5 * MIN  # relocation_wait: node-c frees up this long after the fault
+ANOTHER_NODE = "node-z"  # held_reset: acted on a minute before, in the breaker's window
+
+
+@dataclass
+class RunResult:
+    fault: tuple[int, str] | None
+    fired: ApiCall | None
+    calls: list[ApiCall]
+    job_state: str
+    attempt: int
+    recoveries_used: int
+    app_restarts_used: int
+    suspects: dict[str, str]
+    health_checks: dict[str, int]  # node -> health-check tasks started on it
+    reboots: dict[str, int]
+    instance_states: dict[str, str]
+    stuck: list[str]  # items still holding a deadline after the job ended
+    dead_letters: int
+    mails: list[tuple[str, str]]  # (event_kind, job) of every e-mail sent
+    forgotten: list[str]  # the backstop invariant broken after an event
+    timeline: list[str] = field(default_factory=list)
+    scenario: str = "gpu_fault"
+    final_nodes: list[str] = field(default_factory=list)  # where the last attempt's ranks ran
+    ecs_status: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def recovered_mails(self) -> int:
+        return sum(1 for kind, job in self.mails if kind == "recovered" and job == JOB_ID)
+
+    def problems(self) -> list[str]:
+        return check(self)
+
+
+def check(result: RunResult) -> list[str]:
+    """Everything that ended wrong (empty: the run ended exactly as it should)."""
+    flow = result.scenario
+    problems = []
+    got = (result.job_state, result.attempt, result.recoveries_used)
+    if flow in RECOVERED:
+        want: tuple[Any, ...] = (JobState.COMPLETE.value, 2, 1)
+    elif flow == "app_error":
+        want = (JobState.COMPLETE.value, 2, 0)
+    else:
+        want = (JobState.FAILED.value, 1, 0)
+    if got != want:
+        problems.append(f"job {got} (want {want})")
+    if flow == "app_error" and result.app_restarts_used != 1:
+        problems.append(f"{result.app_restarts_used} application-error restart(s) charged (want 1)")
+    want_reboots = {n: (1 if n == FAULTY and flow in REBOOTED else 0) for n in result.reboots}
+    if result.reboots != want_reboots:
+        problems.append(f"reboots {result.reboots} (want {want_reboots})")
+    for node, count in result.health_checks.items():
+        suspect = node in result.suspects
+        wanted = 1 if suspect and not (flow == "fast_path" and node == FAULTY) else 0
+        if count != wanted:
+            problems.append(f"{count} health check(s) on {node} (suspect: {suspect}, want {wanted})")
+    if FAULTY not in result.suspects:
+        problems.append("the faulty node was never a suspect")
+    want_states = {n: InstanceState.AVAILABLE.value for n in result.instance_states}
+    if flow in QUARANTINED:
+        want_states[FAULTY] = InstanceState.QUARANTINED.value
+        if result.ecs_status.get(FAULTY) != "DRAINING":
+            problems.append(f"node-b is {result.ecs_status.get(FAULTY)} in ECS (want DRAINING)")
+    if flow in RELOCATING and result.final_nodes != [HEALTHY, SPARE]:
+        problems.append(f"ranks ended on {result.final_nodes} (want rank 1 moved to {SPARE})")
+    if flow == "relocation_wait" and not result.facts.get("waited_for_a_node"):
+        problems.append("the job never waited for a free node")
+    if flow == "held_reset":
+        if not result.facts.get("held"):
+            problems.append("the job was never HELD")
+        if result.facts.get("breaker_state") != "closed":
+            problems.append(f"the breaker is {result.facts.get('breaker_state')} at the end (want closed)")
+    if result.instance_states != want_states:
+        problems.append(f"instances {result.instance_states} (want {want_states})")
+    problems += mail_problems(result.mails, expected_mails(flow))
+    if result.stuck:
+        problems.append(f"still pending: {result.stuck}")
+    if result.dead_letters:
+        problems.append(f"{result.dead_letters} event(s) in a DLQ")
+    if result.forgotten:
+        problems.append(f"backstop invariant broken: {result.forgotten}")
+    return problems
+
+
+def expected_mails(flow: str) -> dict[tuple[str, str], tuple[int, int]]:
+    """The e-mails a flow owes (at least once; twice when a confirmation was lost)."""
+    if flow in RECOVERED or flow == "app_error":
+        want = {("recovered", JOB_ID): (1, 2)}
+    elif flow == "dead_gpu":
+        want = {("quarantined", JOB_ID): (1, 2), ("recovered", JOB_ID): (0, 0)}
+    else:
+        want = {("application_error", JOB_ID): (1, 2), ("recovered", JOB_ID): (0, 0)}
+    if flow == "held_reset":
+        want.update({("breaker_tripped", "-"): (1, 2), ("job_held", JOB_ID): (1, 2)})
+    return want
+
+
+def _env(flow: str) -> dict[str, str]:
+    env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL"}
+    if flow == "spare_first":
+        env[C.ENV_SPARE_NODES] = "1"
+    return env
+
+
+@contextmanager
+def _cluster(flow: str = "gpu_fault") -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
+    warnings.filterwarnings("ignore", category=UserWarning)
+    logging.getLogger().setLevel(logging.CRITICAL)
+    with LocalAws(metrics_disabled=True, extra_env=_env(flow)) as local:
+        runtime.reset(clients=False)
+        bus = LocalEventBus(duplicate_delivery=False)
+        # A large gang's placements need no container-instance events (nothing reads them).
+        sim = SimulatedEcs(local, bus, train_seconds=None, instance_events_on_placement=flow != "large")
+        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
+        try:
+            yield local, bus, sim
+        finally:
+            runtime.reset(clients=False)
+
+
+def _repo(local: LocalAws) -> Repository:
+    """The tables through the emulator's own client: these reads are not the flow's calls."""
+    return Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
+
+
+def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) -> RunResult:
+    """The flow, with ``fault`` (n-th call, mode) broken once (None: unbroken)."""
+    if flow not in FLOWS:
+        raise ValueError(f"flow is one of {FLOWS}")
+    with _cluster(flow) as (local, bus, sim):
+        _start_job(local, sim, flow)
+        watch = InvariantWatch(bus, _repo(local), sim.now, [JOB_ID])
+        calls = local.call_faults
+        if fault is None:
+            calls.arm(None, record_sites=True)
+        else:
+            calls.arm(fault[0], fault[1])
+        if flow == "fast_path":
+            sim.inject_xid(FAULTY, 79, after=MIN, health="reboot_fixable", nccl_cascade=True,
+                           crash_delay_seconds=10)
+        else:
+            health = {"dead_gpu": "replace", "app_error": "healthy", "app_error_fails": "healthy",
+                      **{f: "replace" for f in RELOCATING}}.get(flow, "reboot_fixable")
+            sim.inject_gpu_fault(FAULTY, after=MIN, health=health, nccl_cascade=True)
+        return _finish(local, bus, sim, watch, fault, keep_timeline, flow)
+
+
+def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+                 scenario: str = "gpu_fault") -> RunResult:
+    """``run(scenario, fault)`` (the name the benches and older tests call)."""
+    return run(scenario, fault, keep_timeline=keep_timeline)
+
+
+def run_reordered(order: tuple[str, ...], *, keep_timeline: bool = False) -> RunResult:
+    """``gpu_fault`` with the two ranks' STOPPED events held back, then delivered in
+    ``order`` ("faulty" = rank 1's own GPU-fault exit, "peer" = rank 0's NCCL exit;
+    repeat a name to deliver a duplicate)."""
+    with _cluster() as (local, bus, sim):
+        _start_job(local, sim, "gpu_fault")
+        watch = InvariantWatch(bus, _repo(local), sim.now, [JOB_ID])
+        local.call_faults.arm(None)
+        rule = next(r for r in bus.rules if r.name == "training-task-state")
+        handler = rule.target
+        held: dict[str, dict[str, Any]] = {}
+
+        def hold(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            if event["detail"]["lastStatus"] != "STOPPED":
+                return handler(event, context)
+            node = sim.node(event["detail"]["containerInstanceArn"]).name
+            held["faulty" if node == FAULTY else "peer"] = event
+            return {"held": node}
+
+        rule.target = hold
+        sim.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True)
+        sim.run_until_true(lambda: len(held) == 2, max_seconds=5 * MIN)
+        rule.target = handler
+        for name in order:
+            handler(copy.deepcopy(held[name]), LambdaContext(function_name="ecs_task_handler"))
+        return _finish(local, bus, sim, watch, None, keep_timeline, "gpu_fault")
+
+
+def _start_job(local: LocalAws, sim: SimulatedEcs, flow: str) -> None:
+    for node in nodes_of(flow):
+        sim.add_node(node, gpus=8)
+    td = sim.register_training_task_definition("train", gpus=8)
+    sim.plan_family("train", run_seconds=TRAIN_SECONDS, exit_code=0)
+    tags = {C.TAG_RELOCATABLE: "true"} if flow in RELOCATING else {}
+    if flow == "app_error":
+        tags[C.TAG_MAX_APP_RESTARTS] = "1"
+    ranks = list(nodes_of(flow)) if flow == "large" else [HEALTHY, FAULTY]
+    sim.start_job(JOB_ID, td, ranks, extra_tags=tags or None)
+    if flow == "relocation_wait":
+        _other_workload(local, sim)
+    if flow == "held_reset":
+        _another_node_acted_on(local, sim.now())
+    sim.run_for(MIN)
+
+
+def _other_workload(local: LocalAws, sim: SimulatedEcs) -> None:
+    """An untagged task of another workload on node-c, ending a while after the fault."""
+    from gpu_recovery.adapters import aws
+
+    td = sim.register_training_task_definition("web", gpus=8)
+    sim.plan_family("web", run_seconds=2 * MIN + OTHER_WORKLOAD_SECONDS, exit_code=0)
+    aws.client("ecs").start_task(cluster=local.cluster_name, taskDefinition=td, startedBy="other-team",
+                                 containerInstances=[sim.node(SPARE).container_instance_arn])
+
+
+def _another_node_acted_on(local: LocalAws, now: float) -> None:
+    """The breaker's window already holds another node's reboot (a minute ago): node-b's
+    reboot would be the second node of a 2-node cluster in one window, past its limit."""
+    from gpu_recovery.domain import breaker as breaker_policy
+
+    decided = breaker_policy.record_action(None, node=ANOTHER_NODE, action="reboot", now=now - MIN,
+                                           cluster_gpu_nodes=2)
+    _repo(local).save_breaker({**decided.state, "cluster_gpu_nodes": 2}, None)
+
+
+def nodes_of(flow: str) -> tuple[str, ...]:
+    if flow == "large":
+        return (HEALTHY, FAULTY, *(f"node-x{i:02d}" for i in range(LARGE_RANKS - 2)))
+    return (HEALTHY, FAULTY, SPARE) if flow in RELOCATING else (HEALTHY, FAULTY)
+
+
+def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, watch: InvariantWatch,
+            fault: tuple[int, str] | None, keep_timeline: bool, flow: str) -> RunResult:
+    repo = _repo(local)
+    facts: dict[str, Any] = {}
+    on_minute = _operator(repo, sim, facts) if flow == "held_reset" else None
+    checked = [0.0]
+
+    def ended() -> bool:  # read the job at most once a simulated minute
+        if sim.now() < checked[0] + MIN:
+            return False
+        checked[0] = sim.now()
+        job = repo.get_job(JOB_ID)
+        if job is not None and job.relocation_wait is not None:
+            facts["waited_for_a_node"] = True
+        if on_minute is not None:
+            on_minute(job)
+        return job is not None and job.state.is_terminal
+
+    calls = local.call_faults
+    sim.run_until_true(ended, max_seconds=RUN_LIMIT_SECONDS)
+    calls.disarm()
+    sim.run_for(3 * MIN)  # let retries, the sweep and the outbox settle
+    job = repo.get_job(JOB_ID)
+    assert job is not None
+    names = nodes_of(flow)
+    node_of = {sim.node(n).container_instance_id: n for n in names}
+    final = sorted(node_of.get(r.container_inst_id, r.container_inst_id) for r in repo.get_ranks(job)
+                   if r.attempt == job.attempt)
+    described = local.client("ecs").describe_container_instances(
+        cluster=local.cluster_name, containerInstances=[sim.node(n).container_instance_arn for n in names])
+    ecs_status = {node_of.get(ci["containerInstanceArn"].rsplit("/", 1)[-1], "?"): ci["status"]
+                  for ci in described["containerInstances"]}
+    far = sim.now() + 10**7
+    stuck = [f"instance {node_of.get(i.container_inst_id, i.container_inst_id)} {i.state.value}"
+             for i in repo.due_instances(far)]
+    stuck += [f"job item {it.get('job_id_rank')} {it.get('job_state') or it.get('item_type')}"
+              for it in repo.due_job_items(far)]
+    facts["breaker_state"] = (repo.get_breaker() or {}).get("state", "closed")
+    return RunResult(
+        fault=fault, fired=calls.fired, calls=list(calls.calls),
+        job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
+        app_restarts_used=job.app_restarts_used,
+        suspects={node_of.get(i, i): v for i, v in repo.faults.labels(job, attempt=1).items()},
+        health_checks={n: sum(1 for t in sim.tasks.values() if t.health_check and t.node == n)
+                       for n in names},
+        reboots={n: sim.node(n).reboots for n in names},
+        instance_states={n: _state(repo.get_instance(sim.node(n).container_instance_id)) for n in names},
+        stuck=stuck,
+        # A failed sweep is not retried (the next minute's sweep is its retry): only
+        # events that exhausted their retries are lost work.
+        dead_letters=sum(1 for d in bus.dead_letters if d.rule != SWEEP_SCHEDULE),
+        mails=mails(local), forgotten=list(watch.broken),
+        timeline=sim.format_timeline() if keep_timeline else [],
+        scenario=flow, final_nodes=final, ecs_status=ecs_status, facts=facts,
+    )
+
+
+def _operator(repo: Repository, sim: SimulatedEcs, facts: dict[str, Any]) -> Callable[[Any], None]:
+    """held_reset's operator: a minute after the job is HELD, `gpu-recovery-admin breaker
+    reset --resume-backlog` (the operator's own call: not the flow's, never broken)."""
+    from gpu_recovery.recovery.breaker import reset_breaker
+
+    def on_minute(job: Any) -> None:
+        if job is None or facts.get("reset_at"):
+            return
+        if job.state is JobState.HELD:
+            facts.setdefault("held", sim.now())
+        if facts.get("held") and sim.now() >= facts["held"] + MIN:
+            # Through the emulator's own client (``repo``): the operator's call, never broken.
+            result = reset_breaker(repo, now=sim.now(), resume_backlog=True, by="campaign-operator")
+            if result.done:
+                facts["reset_at"] = sim.now()
+
+    return on_minute
+
+
+def _state(instance: Any) -> str:
+    return instance.state.value if instance is not None else "MISSING"

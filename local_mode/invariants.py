@@ -1,0 +1,61 @@
+"""The backstop invariant, checked by the campaigns and the soak (docs/recovery-loop.md).
+
+Every job that is neither RUNNING nor terminal is reachable by something scheduled: in the
+deadline index (the recovery sweep's), or in the queue index while the queue owns it
+(QUEUED, PENDING_RESOURCES, a SUSPENDED job queued again). A job that is in neither was
+forgotten: no event is due for it and no sweep will ever look at it again.
+
+Checks read the tables through the emulator's own client (a scan: a check, never the
+product's path) and are not counted or broken by the campaigns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery.constants import JobState
+from gpu_recovery.repository import Repository
+
+# The queue's own states: the queue scheduler (every minute) reaches these through the queue index.
+QUEUE_OWNED = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES, JobState.SUSPENDED})
+# Due this long ago and still due: the sweep is not getting to it (or keeps failing on it).
+OVERDUE_SECONDS = 15 * 60
+
+
+def job_items(repo: Repository) -> list[dict[str, Any]]:
+    table = repo.db.table(repo.job_table_name)
+    items: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"FilterExpression": "item_type = :j",
+                              "ExpressionAttributeValues": {":j": "JOB"}}
+    while True:
+        page = table.scan(**kwargs)
+        items += page.get("Items", [])
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def forgotten_jobs(repo: Repository, now: float, *, overdue_seconds: float = OVERDUE_SECONDS,
+                   job_ids: Iterable[str] | None = None) -> dict[str, str]:
+    """``{job_id: why}`` for every job (of ``job_ids``; None: every job, a scan) that breaks
+    the invariant now: neither RUNNING nor terminal with nothing due (or due for longer than
+    ``overdue_seconds``)."""
+    out = {}
+    if job_ids is None:
+        items = job_items(repo)
+    else:
+        items = [i for i in (repo.get_job_item(j) for j in sorted(job_ids)) if i is not None]
+    for item in items:
+        state = JobState(item["job_state"])
+        if state is JobState.RUNNING or state.is_terminal:
+            continue
+        if state in QUEUE_OWNED and item.get(C.QUEUE_PK):
+            continue
+        due = item.get(C.DEADLINE_SK)
+        if item.get(C.DEADLINE_PK) != C.DEADLINE_BUCKET or due is None:
+            out[str(item["job_id"])] = f"{state.value} with nothing due"
+        elif float(due) < now - overdue_seconds:
+            out[str(item["job_id"])] = f"{state.value} due {now - float(due):.0f} s ago"
+    return out

@@ -1,0 +1,289 @@
+"""Soak: a busy cluster for hours with a share of every AWS call failing at random.
+
+The crash campaigns break one call of one flow at a time; this breaks calls the way AWS
+fails under load (a small share of them, throttled past botocore's retries or executed
+with the answer lost), over many jobs and faults at once, for hours of simulated time:
+
+* ``nodes`` GPU nodes; ``jobs`` tagged jobs of 1-4 ranks (one per node), launched by a
+  user's own scheduler (StartTask with the ``gpu-recovery:*`` tags, on ACTIVE nodes
+  without the cordon attribute), each training for 20-80 minutes;
+* faults during a share of the jobs: a GPU a reboot fixes (DCGM says reboot), a dead GPU
+  (DCGM says replace), an application error (DCGM says healthy), XID 79 reported by the
+  node agent (the fast path), each with the NCCL cascade; some jobs relocatable;
+* every AWS call the handlers make broken with chance ``rate`` (seeded).
+
+Checked: every job ends (COMPLETE or FAILED) once faults stop; every FAILED job got an
+e-mail naming it; the backstop invariant (every job neither RUNNING nor terminal is in
+the deadline index) after every simulated minute; no job waits past its due time for long;
+the breaker never trips (no storm here). ``python -m local_mode.soak --seed 3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import random
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery import runtime
+from gpu_recovery.constants import JobState
+from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE
+from gpu_recovery.repository import Repository
+
+from .ecs_sim import SimulatedEcs
+from .emulator import LocalAws
+from .event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
+from .invariants import forgotten_jobs
+
+MIN = 60
+HOUR = 3600
+FAULTS = ("reboot", "dead_gpu", "app_error", "xid79")
+
+
+@dataclass
+class SoakJob:
+    job_id: str
+    ranks: int
+    train_seconds: float
+    relocatable: bool
+    app_restarts: int
+    fault: str | None
+    fault_after: float
+    started_at: float | None = None
+
+
+@dataclass
+class SoakResult:
+    seed: int
+    rate: float
+    jobs: int
+    states: dict[str, int]
+    calls: int
+    broken: int
+    problems: list[str] = field(default_factory=list)
+    failed_without_email: list[str] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
+    breaker_trips: int = 0
+    dead_letters: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "rate": self.rate, "jobs": self.jobs, "states": self.states,
+                "calls": self.calls, "broken": self.broken, "problems": self.problems,
+                "breaker_trips": self.breaker_trips, "dead_letters": self.dead_letters}
+
+
+@contextmanager
+def _world(nodes: int) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
+    warnings.filterwarnings("ignore", category=UserWarning)
+    logging.getLogger().setLevel(logging.CRITICAL)
+    env = {C.ENV_RELOCATION_WAIT_SECONDS: "1800", "POWERTOOLS_LOG_LEVEL": "CRITICAL"}
+    with LocalAws(metrics_disabled=True, max_recovery_attempts=3, extra_env=env) as local:
+        runtime.reset(clients=False)
+        bus = LocalEventBus(duplicate_delivery=True)
+        sim = SimulatedEcs(local, bus, train_seconds=None)
+        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
+        for i in range(nodes):
+            sim.add_node(f"node-{i:02d}", gpus=8)
+        try:
+            yield local, bus, sim
+        finally:
+            runtime.reset(clients=False)
+
+
+def plan_jobs(rng: random.Random, count: int, hours: float, fault_share: float) -> list[SoakJob]:
+    jobs = []
+    for i in range(count):
+        fault = rng.choice(FAULTS) if rng.random() < fault_share else None
+        train = rng.uniform(20, 80) * MIN
+        jobs.append(SoakJob(job_id=f"soak-{i:03d}", ranks=rng.choice((1, 2, 2, 3, 4)), train_seconds=train,
+                            relocatable=rng.random() < 0.4, app_restarts=rng.choice((0, 1)), fault=fault,
+                            fault_after=rng.uniform(2 * MIN, max(3 * MIN, train - 2 * MIN))))
+    return jobs
+
+
+class _UserScheduler:
+    """The user's own scheduler: starts each job, in order, once enough nodes are free."""
+
+    def __init__(self, local: LocalAws, sim: SimulatedEcs, jobs: list[SoakJob], rng: random.Random) -> None:
+        self.local, self.sim, self.jobs, self.rng = local, sim, jobs, rng
+        self.queue = list(jobs)
+
+    def free_nodes(self) -> list[str]:
+        ecs = self.local.client("ecs")
+        arns = [n.container_instance_arn for n in self.sim.nodes.values()]
+        described = ecs.describe_container_instances(cluster=self.local.cluster_name, containerInstances=arns)
+        usable = set()
+        for ci in described["containerInstances"]:
+            cordoned = any(a.get("name") == CORDON_ATTRIBUTE for a in ci.get("attributes") or [])
+            if ci["status"] == "ACTIVE" and ci.get("agentConnected") and not cordoned:
+                usable.add(ci["containerInstanceArn"])
+        busy = {t.node for t in self.sim.running_tasks()}
+        return [n.name for n in self.sim.nodes.values()
+                if n.container_instance_arn in usable and n.name not in busy and n.agent_connected]
+
+    def tick(self) -> None:
+        while self.queue:
+            job = self.queue[0]
+            free = self.free_nodes()
+            if len(free) < job.ranks:
+                return
+            nodes = self.rng.sample(free, job.ranks)
+            tags = {C.TAG_MAX_APP_RESTARTS: str(job.app_restarts)}
+            if job.relocatable:
+                tags[C.TAG_RELOCATABLE] = "true"
+            with self.local.call_faults.paused():
+                # A family per job: its gang restarts train as long as its first start.
+                family = f"train-{job.job_id}"
+                task_definition = self.sim.register_training_task_definition(family, gpus=8)
+                self.sim.plan_family(family, run_seconds=job.train_seconds, exit_code=0)
+                try:
+                    self.sim.start_job(job.job_id, task_definition, nodes, extra_tags=tags)
+                except RuntimeError:
+                    return  # placement refused: try again next minute
+            self.queue.pop(0)
+            job.started_at = self.sim.now()
+            if job.fault is not None:
+                self._plan_fault(job, nodes)
+
+    def _plan_fault(self, job: SoakJob, nodes: list[str]) -> None:
+        node = self.rng.choice(nodes)
+        after = job.fault_after
+        if job.fault == "reboot":
+            self.sim.inject_gpu_fault(node, after=after, health="reboot_fixable", nccl_cascade=True)
+        elif job.fault == "dead_gpu":
+            self.sim.inject_gpu_fault(node, after=after, health="replace", nccl_cascade=True)
+        elif job.fault == "app_error":
+            self.sim.inject_gpu_fault(node, after=after, health="healthy", nccl_cascade=True)
+        else:
+            self.sim.inject_xid(node, 79, after=after, health="reboot_fixable", nccl_cascade=True,
+                                crash_delay_seconds=10)
+
+
+def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9.0, rate: float = 0.01,
+             fault_share: float = 0.35, settle_hours: float = 3.0, flaps_per_minute: float = 0.1,
+             verbose: bool = False) -> SoakResult:
+    rng = random.Random(seed)
+    planned = plan_jobs(rng, jobs, hours, fault_share)
+    with _world(nodes) as (local, bus, sim):
+        scheduler = _UserScheduler(local, sim, planned, rng)
+        repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
+        local.call_faults.arm_random(rate, seed, record_sites=verbose)
+        forgotten: dict[str, str] = {}
+        end = sim.now() + hours * HOUR
+        while sim.now() < end:
+            if rng.random() < flaps_per_minute:  # an ECS agent reconnects, as it does several times an hour
+                sim.disconnect_agent(rng.choice(sorted(sim.nodes)), after=rng.uniform(0, MIN),
+                                     for_seconds=rng.uniform(5, 90))
+            scheduler.tick()
+            sim.run_for(MIN)
+            for job_id, why in forgotten_jobs(repo, sim.now()).items():
+                forgotten.setdefault(job_id, f"{sim.clock.hms()}: {why}")
+        calls, broken = len(local.call_faults.calls), len(local.call_faults.broken)
+        local.call_faults.disarm()
+        settle_end = sim.now() + settle_hours * HOUR
+        while sim.now() < settle_end:
+            scheduler.tick()
+            sim.run_for(MIN)
+            for job_id, why in forgotten_jobs(repo, sim.now()).items():
+                forgotten.setdefault(job_id, f"{sim.clock.hms()}: {why}")
+            if not scheduler.queue and all(_terminal(repo, j.job_id) for j in planned):
+                break
+        return _judge(local, bus, repo, planned, seed, rate, calls, broken, forgotten, verbose)
+
+
+def _terminal(repo: Repository, job_id: str) -> bool:
+    job = repo.get_job(job_id)
+    return job is not None and job.state.is_terminal
+
+
+def _judge(local: LocalAws, bus: LocalEventBus, repo: Repository, planned: list[SoakJob], seed: int,
+           rate: float, calls: int, broken: int, forgotten: dict[str, str], verbose: bool) -> SoakResult:
+    states: dict[str, int] = {}
+    unfinished, failed = [], []
+    for planned_job in planned:
+        job = repo.get_job(planned_job.job_id)
+        state = job.state.value if job is not None else "NEVER_STARTED"
+        states[state] = states.get(state, 0) + 1
+        if job is None or not job.state.is_terminal:
+            unfinished.append(f"{planned_job.job_id} {state} (fault {planned_job.fault})")
+        elif job.state is JobState.FAILED:
+            failed.append(planned_job.job_id)
+    mailed = {n["attributes"].get("job_id") for n in local.notifications()}
+    no_mail = [j for j in failed if j not in mailed]
+    tripped = C.NotificationKind.BREAKER_TRIPPED.value
+    trips = sum(1 for n in local.notifications()
+                if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == tripped)
+    dead = [d for d in bus.dead_letters if d.rule != SWEEP_SCHEDULE]
+    result = SoakResult(seed=seed, rate=rate, jobs=len(planned), states=states, calls=calls, broken=broken,
+                        failed_without_email=no_mail,
+                        forgotten=sorted(f"{k} {v}" for k, v in forgotten.items()),
+                        unfinished=unfinished, breaker_trips=trips, dead_letters=len(dead))
+    if unfinished:
+        result.problems.append(f"jobs never ended: {unfinished}")
+    if no_mail:
+        result.problems.append(f"FAILED without an e-mail: {no_mail}")
+    if forgotten:
+        result.problems.append(f"forgotten (neither RUNNING nor terminal, nothing due): {result.forgotten}")
+    if trips:
+        result.problems.append(f"the breaker tripped {trips} time(s) without a storm")
+    if verbose:
+        for d in dead:
+            print(f"dead letter: {d.rule} {d.error}", file=sys.stderr)
+        bad = {j.split()[0] for j in unfinished} | set(no_mail) | set(forgotten)
+        for job_id in sorted(bad):
+            _explain(local, repo, job_id)
+    return result
+
+
+def _explain(local: LocalAws, repo: Repository, job_id: str) -> None:
+    """What happened to a job that ended wrong: its history, and the calls broken meanwhile."""
+    item = repo.get_job_item(job_id) or {}
+    out = sys.stderr
+    print(f"=== {job_id}: {item.get('job_state')} attempt {item.get('attempt')} "
+          f"error {str(item.get('last_error'))[:300]!r}", file=out)
+    times = []
+    for entry in item.get("history") or []:
+        times.append(float(entry["at"]))
+        print(f"  {float(entry['at']):.0f} {entry.get('from')} -> {entry.get('to')}: "
+              f"{str(entry.get('reason'))[:200]}", file=out)
+    if times:
+        first, last = min(times) - 60, max(times) + 600
+        for call, mode in local.call_faults.broken:
+            at = getattr(call, "at", None)
+            if at is None or first <= at <= last:
+                print(f"  broken {mode}: {call.service}.{call.operation} at {call.site} "
+                      f"(t={at})", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed")
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--hours", type=float, default=9.0)
+    parser.add_argument("--rate", type=float, default=0.01)
+    args = parser.parse_args(argv)
+    bad = 0
+    report = sys.stdout
+    for seed in range(args.seed, args.seed + args.seeds):
+        with contextlib.redirect_stdout(io.StringIO()):  # the handlers' structured logs and metrics
+            result = run_soak(seed=seed, nodes=args.nodes, jobs=args.jobs, hours=args.hours, rate=args.rate,
+                              verbose=True)
+        print(json.dumps(result.as_dict()), file=report, flush=True)
+        bad += bool(result.problems)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Every flow never loses a fault: each broken at its AWS calls, once each, in both fault
+models (a throttle that does not execute the call, a call whose response is lost), with
+failed events redelivered as Lambda's asynchronous invocation does and the sweeps every
+minute; the backstop invariant is checked after every event.
+
+The flows (``local_mode.campaigns``): the fast path, a dead GPU (quarantine, the job
+failed and e-mailed), an application error (restarted, and failed and e-mailed), relocation
+(at once, spare first, after waiting for a free node), a job HELD by the breaker and the
+operator's reset, a gang above the inline fan-out (17 ranks, through the gang queue), a
+node lost from heartbeats (its agent silent, its ECS agent disconnected) and a preemption
+(suspend, go_suspend(), resume). The GPU fault with reboot is
+``test_fault_injection.py``'s.
+
+Without ``GPU_RECOVERY_FAULTS=all`` (``make test-slow``) the first call of every call site
+of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs) every call.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache, partial
+from typing import Any
+
+import pytest
+
+from local_mode.campaigns import heartbeats, recovery, time_sharing
+from local_mode.campaigns.base import sample_positions
+
+from . import _forked as forked
+
+EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
+
+#: each flow's run (picklable: it runs in the fork server's processes)
+RUNS: dict[str, Any] = {
+    **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS if flow != "gpu_fault"},
+    "node_lost": heartbeats.run,
+    "time_sharing": time_sharing.run,
+}
+
+
+@cache
+def baseline(flow: str) -> Any:
+    return RUNS[flow](None)
+
+
+def positions(flow: str) -> list[int]:
+    calls = baseline(flow).calls
+    return [call.index for call in calls] if EVERY_CALL else sample_positions(calls)
+
+
+@pytest.mark.parametrize("flow", sorted(RUNS))
+def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
+    result = baseline(flow)
+    assert result.problems() == []
+    if flow in recovery.FLOWS:
+        if flow == "fast_path":
+            assert result.suspects[recovery.FAULTY] == "REBOOT"
+            assert result.health_checks[recovery.FAULTY] == 0
+            # The node agent's report reached the stack through the heartbeat service.
+            assert any(c.operation == "UpdateItem" and "heartbeat" in c.site for c in result.calls)
+        elif flow in recovery.RELOCATING:
+            # Spare first: the job left node-b before its verdict (which went to the node only).
+            assert result.suspects[recovery.FAULTY] == ("LEFT" if flow == "spare_first" else "REPLACE")
+        elif flow == "large":
+            sites = {c.site for c in result.calls}
+            assert any(s.startswith("recovery/gang.py:_stop_batch") for s in sites)
+            assert any(s.startswith("recovery/gang.py:_start_call") for s in sites)
+            assert any(c.operation == "SendMessageBatch" for c in result.calls)
+        elif flow in ("app_error", "app_error_fails"):
+            assert set(result.suspects.values()) == {"HEALTHY"}
+
+
+# Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
+CASES = [case for flow in sorted(RUNS) for case in forked.cases(flow, positions(flow), flow)]
+
+
+@pytest.mark.parametrize(("flow", "group", "index", "mode"), CASES)
+def test_a_fault_at_any_call_of_any_flow_still_ends_right(flow: str, group: tuple[int, ...], index: int,
+                                                          mode: str) -> None:
+    result = forked.result(RUNS[flow], group, index, mode)
+    assert result.fired is not None, "the fault never fired"
+    fired = f"{result.fired.service}.{result.fired.operation} at {result.fired.site}"
+    assert result.problems() == [], f"{flow}: {mode} at call {index} ({fired})"
