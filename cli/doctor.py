@@ -617,9 +617,9 @@ class Doctor:
             return [Finding("overdue jobs", PASS, f"none: every job in recovery is within {margin} of its "
                             "next step's deadline")]
         fix = (f"nothing has moved these jobs on for {margin}: check that the recovery sweep runs (rule "
-               "RecoverySweep above, its Errors alarm), read its ERROR lines 'sweep step failed' with key "
-               "<job>#JOB, fix the cause: the next sweep goes on by itself; else settle the job by hand "
-               f"({OVERDUE_RUNBOOK})")
+               "RecoverySweep above, its Errors alarm), read its ERROR lines 'sweep step failed' (the "
+               "failed call's traceback), fix the cause: the next sweep goes on by itself; else settle "
+               f"the job by hand ({OVERDUE_RUNBOOK})")
         findings = []
         for item in jobs[:LISTED]:
             late = now - float(item.get(DEADLINE_SK) or now)
