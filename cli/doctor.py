@@ -17,7 +17,10 @@ and prints one line per check, PASS / WARN / FAIL, with the fix under each failu
   is enabled;
 * point-in-time recovery is on for every table;
 * node report tokens are issued for the registered nodes, and when each last reported;
-* the blast-radius breaker is closed (a tripped breaker holds every node action back).
+* the blast-radius breaker is closed (a tripped breaker holds every node action back);
+* no job is overdue: none of the jobs the recovery loop owns is 15 minutes or more past the
+  deadline of its next step (read from the job table's deadline index, oldest first, no
+  Scan); each is listed with its state, since when, and its last error.
 
 Exit status 1 when a check fails (warnings do not fail). Credentials need read access
 only (e.g. the ReadOnlyAccess managed policy).
@@ -26,6 +29,7 @@ only (e.g. the ReadOnlyAccess managed policy).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -36,6 +40,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
+from gpu_recovery.constants import DEADLINE_SK
+from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS, overdue_cutoff
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.repository.recovery import Repository
 from gpu_recovery.tokens import ACTIVE, STATUS_ATTR, TokenStore
@@ -56,6 +62,10 @@ DEPTH_ATTRIBUTES = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesN
                     "ApproximateNumberOfMessagesDelayed"]
 DEFAULT_STALE_SECONDS = 180
 LISTED = 8  # names shown per line before "and N more"
+# Overdue jobs: one line each for the oldest few; the deadline index is read a page at a
+# time, at most this many pages (the rest is counted as "or more").
+OVERDUE_PAGE, OVERDUE_MAX_PAGES = 100, 10
+OVERDUE_RUNBOOK = "docs/operations.md 'Overdue jobs'"
 REDEPLOY = "redeploy this version of the stack (make deploy CDK_ARGS=...)"
 
 
@@ -182,6 +192,7 @@ class Doctor:
             ("tables PITR", self.check_tables, ()),
             ("node tokens", self.check_node_tokens, ("NodeTokenTableName", "ClusterName")),
             ("breaker", self.check_breaker, ("InstanceTableName",)),
+            ("overdue jobs", self.check_overdue_jobs, ("JobTableName",)),
         ]
         for name, check, needs in checks:
             absent = [k for k in needs if not self.out(k)]
@@ -587,6 +598,40 @@ class Doctor:
                         "find the common cause (a driver or image rollout?) with `gpu-recovery-admin "
                         "breaker show`, then `gpu-recovery-admin breaker reset --resume-backlog` "
                         "(or --drop-backlog); docs/remediation.md")]
+
+    # ------------------------------------------------------------------ overdue jobs
+    def check_overdue_jobs(self) -> list[Finding]:
+        """Jobs whose next step is long past due: the deadline index up to the cutoff,
+        oldest first (only overdue items are read)."""
+        resource = self.session.resource("dynamodb", config=Config(retries={"mode": "standard"}))
+        repo = Repository(resource, self.out("JobTableName"), self.out("InstanceTableName") or "-")
+        now = self.now()
+        jobs: list[dict[str, Any]] = []
+        last_page_full = False  # then there may be more than were read
+        for page in itertools.islice(repo.due_job_item_pages(overdue_cutoff(now), OVERDUE_PAGE),
+                                     OVERDUE_MAX_PAGES):
+            jobs += [item for item in page if item.get("item_type") == "JOB"]
+            last_page_full = len(page) == OVERDUE_PAGE
+        margin = f"{OVERDUE_AFTER_SECONDS // 60} min"
+        if not jobs:
+            return [Finding("overdue jobs", PASS, f"none: every job in recovery is within {margin} of its "
+                            "next step's deadline")]
+        fix = (f"nothing has moved these jobs on for {margin}: check that the recovery sweep runs (rule "
+               "RecoverySweep above, its Errors alarm), read its ERROR lines 'sweep step failed' (the "
+               "failed call's traceback), fix the cause: the next sweep goes on by itself; else settle "
+               f"the job by hand ({OVERDUE_RUNBOOK})")
+        findings = []
+        for item in jobs[:LISTED]:
+            late = now - float(item.get(DEADLINE_SK) or now)
+            history = item.get("history") or [{}]
+            why = str(item.get("last_error") or history[-1].get("reason") or "no error recorded")
+            state = f"{item.get('job_state')} (attempt {item.get('attempt', 1)})"
+            findings.append(Finding("overdue jobs", FAIL, f"{item.get('job_id')}: {state}, next step due "
+                                    f"{_ago(late)}; last error: {why[:200]}", fix if not findings else ""))
+        if len(jobs) > LISTED:
+            more = f"{len(jobs) - LISTED}{' or more' if last_page_full else ''}"
+            findings.append(Finding("overdue jobs", FAIL, f"and {more} more job(s) overdue"))
+        return findings
 
 
 # ---------------------------------------------------------------------- output

@@ -14,13 +14,19 @@ says what to do (the runbook is docs/operations.md):
   batch that fails again, or many that fail at once, do: a large job's stop or restart
   is stalled meanwhile; after 5 receives the batch is in the DLQ, which pages on its
   own); an API function with 5 or more errors in each of two consecutive 5-minute
-  periods (callers retry single failures).
+  periods (callers retry single failures);
+* **jobs past their due time**: the recovery sweep counted, in each of 3 one-minute runs
+  in a row, a job 15 minutes or more past its next step's deadline (``OverdueJobs``):
+  nothing moves it on, so it neither recovers nor fails and nobody is e-mailed. No data
+  is breaching: the sweep emits the count every run, so a gap means it is not running or
+  not reaching the job items, and that must not read as "no job is stuck".
 
 The dashboard: recoveries and failures, time to restart (MTTR), quarantines and the
-circuit breaker, suspends (time sharing), the work queues (gang fan-out: batches waiting
-and the oldest one's age), dead-letter queue depth, Lambda errors and duration, the API,
-and the state of every alarm. Business metrics come from Powertools (namespace
-``GpuTrainingRecovery``, dimension ``service``), summed over services with SEARCH.
+circuit breaker, jobs past their due time, suspends (time sharing), the work queues (gang
+fan-out: batches waiting and the oldest one's age), dead-letter queue depth, Lambda errors
+and duration, the API, and the state of every alarm. Business metrics come from
+Powertools (namespace ``GpuTrainingRecovery``, dimension ``service``), summed over
+services with SEARCH (the overdue jobs: the recovery sweep's own).
 """
 
 from __future__ import annotations
@@ -37,7 +43,13 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from gpu_recovery.constants import GANG_QUEUE_MAX_RECEIVES, METRICS_NAMESPACE
+from gpu_recovery.constants import (
+    GANG_QUEUE_MAX_RECEIVES,
+    METRIC_OLDEST_DUE_JOB_SECONDS,
+    METRIC_OVERDUE_JOBS,
+    METRICS_NAMESPACE,
+)
+from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS
 from infra.lambda_common import SCHEDULED_ASYNC_RETRIES, RecoveryFunction
 
 RECOVERY_COUNTERS = ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries", "Failures")
@@ -52,6 +64,8 @@ BREAKER_GAUGE = "BreakerOpen"
 SUSPEND_COUNTERS = ("SuspendsRequested", "SuspendsForced", "JobsSuspended")
 BUSINESS_COUNTERS = RECOVERY_COUNTERS + QUARANTINE_COUNTERS + SUSPEND_COUNTERS
 RUNBOOK = "Runbook: docs/operations.md of the gpu-training-recovery repository."
+# Jobs past their due time: OverdueJobs > 0 in this many one-minute runs of the sweep in a row.
+OVERDUE_ALARM_MINUTES = 3
 
 
 class Invocation(Enum):
@@ -144,12 +158,36 @@ def dlq_alarm_description(name: str, invocation: Invocation) -> str:
     )
 
 
+def overdue_alarm_description(sweep: RecoveryFunction) -> str:
+    late = f"{OVERDUE_AFTER_SECONDS // 60} minutes"
+    return (
+        f"A job is stuck: in {OVERDUE_ALARM_MINUTES} runs in a row the recovery sweep "
+        f"({sweep.node.id}) counted job(s) {late} or more past the deadline of their next "
+        f"step ({METRIC_OVERDUE_JOBS}). Nothing moves them on: they neither recover nor fail, and "
+        f"nobody else is told. No data counts as breaching (the sweep did not report: see "
+        f"{sweep.node.id}ErrorsAlarm). Run `gpu-recovery-admin doctor`: it lists each overdue "
+        f"job, its state and last error. Read the ERROR lines 'sweep step failed' (the failed "
+        f"call's traceback) in log group {sweep.log_group.log_group_name}, fix the cause: the next "
+        f"sweep goes on by itself, nothing to replay. A job nothing moves on is settled by hand "
+        f"(section 'Overdue jobs'). {RUNBOOK}"
+    )
+
+
+def overdue_jobs_metric(sweep: RecoveryFunction, metric_name: str = METRIC_OVERDUE_JOBS) -> cloudwatch.Metric:
+    """A metric the sweep emits once per run (Powertools: namespace, ``service`` dimension)."""
+    return cloudwatch.Metric(namespace=METRICS_NAMESPACE, metric_name=metric_name,
+                             dimensions_map={"service": sweep.service_name}, statistic="Maximum",
+                             period=Duration.minutes(1))
+
+
 class Monitoring(Construct):
     """An error alarm per function, a depth alarm per dead-letter queue, the dashboard.
 
     ``invocations`` says how each function of ``functions`` is invoked (every function
-    needs one); ``dead_letter_queues`` are named like the function they serve.
-    Attributes: ``error_alarms``, ``dlq_alarms`` (by name), ``alarms`` (all), ``dashboard``.
+    needs one); ``dead_letter_queues`` are named like the function they serve;
+    ``recovery_sweep`` emits the overdue-jobs metric.
+    Attributes: ``error_alarms``, ``dlq_alarms`` (by name), ``overdue_alarm``, ``alarms``
+    (all), ``dashboard``.
     """
 
     def __init__(
@@ -161,6 +199,7 @@ class Monitoring(Construct):
         invocations: Mapping[str, Invocation],
         dead_letter_queues: Mapping[str, sqs.IQueue],
         topic: sns.ITopic,
+        recovery_sweep: RecoveryFunction,
         rest_api: apigw.RestApi | None = None,
         work_queues: Mapping[str, sqs.IQueue] | None = None,
     ) -> None:
@@ -199,13 +238,27 @@ class Monitoring(Construct):
             )
             alarm.add_alarm_action(action)
             self.error_alarms[name] = alarm
-        self.alarms: list[cloudwatch.Alarm] = [*self.dlq_alarms.values(), *self.error_alarms.values()]
-        self.dashboard = self._dashboard(functions, dead_letter_queues, rest_api, work_queues or {})
+        self.overdue_alarm = cloudwatch.Alarm(
+            self, "OverdueJobsAlarm",
+            alarm_description=overdue_alarm_description(recovery_sweep),
+            metric=overdue_jobs_metric(recovery_sweep),
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=OVERDUE_ALARM_MINUTES,
+            datapoints_to_alarm=OVERDUE_ALARM_MINUTES,
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+        self.overdue_alarm.add_alarm_action(action)
+        self.alarms: list[cloudwatch.Alarm] = [*self.dlq_alarms.values(), *self.error_alarms.values(),
+                                               self.overdue_alarm]
+        self.dashboard = self._dashboard(functions, dead_letter_queues, rest_api, work_queues or {},
+                                         recovery_sweep)
 
     def _dashboard(self, functions: Mapping[str, RecoveryFunction],
                    dead_letter_queues: Mapping[str, sqs.IQueue],
                    rest_api: apigw.RestApi | None,
-                   work_queues: Mapping[str, sqs.IQueue]) -> cloudwatch.Dashboard:
+                   work_queues: Mapping[str, sqs.IQueue],
+                   recovery_sweep: RecoveryFunction) -> cloudwatch.Dashboard:
         period = Duration.minutes(5)
         dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=Duration.hours(24))
         dashboard.add_widgets(cloudwatch.TextWidget(
@@ -233,6 +286,16 @@ class Monitoring(Construct):
                 right=[_combined("MAX", BREAKER_GAUGE, "Maximum", period, "breaker open (1)")],
             ),
         )
+        dashboard.add_widgets(cloudwatch.GraphWidget(
+            title=(f"Jobs past their due time (should be 0; {OVERDUE_AFTER_SECONDS // 60} min or more late), "
+                   "and how late the oldest due job is (s, right)"),
+            width=24,
+            left=[overdue_jobs_metric(recovery_sweep).with_(label="overdue jobs")],
+            right=[overdue_jobs_metric(recovery_sweep, metric_name=METRIC_OLDEST_DUE_JOB_SECONDS).with_(
+                label="oldest due job, s late")],
+            right_annotations=[cloudwatch.HorizontalAnnotation(
+                value=OVERDUE_AFTER_SECONDS, label="overdue", color=cloudwatch.Color.RED)],
+        ))
         dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Dead-letter queue depth (should be 0)", width=8,

@@ -363,6 +363,7 @@ class GpuRecoveryStack(Stack):
             invocations=self.invocations,
             dead_letter_queues=self.dead_letter_queues,
             topic=self.notifications.topic,
+            recovery_sweep=self.recovery.sweep,
             rest_api=self.api.rest_api,
             work_queues={"GangFanout": self.gang.queue},
         )

@@ -116,6 +116,10 @@ ENV_CONTROL_POLL_SECONDS = "JOB_CONTROL_POLL_SECONDS"  # how often the client ma
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
 ENV_POWERTOOLS_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
 METRICS_NAMESPACE = "GpuTrainingRecovery"
+# The recovery sweep's count of jobs past their due time (domain.overdue) and how late the
+# oldest due job is, every minute; infra/monitoring.py alarms on the first.
+METRIC_OVERDUE_JOBS = "OverdueJobs"
+METRIC_OLDEST_DUE_JOB_SECONDS = "OldestDueJobSeconds"
 
 # --------------------------------------------------------------------------------------
 # DynamoDB: job table (original name "ecs-job-sub")

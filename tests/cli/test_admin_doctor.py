@@ -255,6 +255,7 @@ def test_doctor_passes_on_a_ready_account(
         "node tokens",
         "breaker",
         "gang queue",
+        "overdue jobs",
     } <= checks
     assert {
         f"rule {name}"
@@ -484,3 +485,49 @@ def test_doctor_checks_that_the_gang_queue_sends_failures_to_its_dlq(account: Ac
         account.outputs.pop(key)
     (skipped,) = [f for f in account.findings() if f.check == "gang queue"]
     assert skipped.status == doctor.SKIP and "GangQueueUrl" in skipped.detail
+
+
+def test_doctor_lists_the_jobs_past_their_due_time(account: Account,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Given jobs in recovery: one whose next step is 40 minutes late (nothing moved it on),
+    one due a minute ago (the next sweep takes it), one not due yet, When doctor runs, Then
+    only the first is a FAIL, with its id, state, how late and its last error, and the fix
+    pointing to the runbook; ten overdue jobs are listed oldest first, the rest counted."""
+    from gpu_recovery import clock
+    from gpu_recovery.domain.models import Job
+    from gpu_recovery.domain.states import JobState
+    from gpu_recovery.repository import Repository
+
+    local = account.local
+    repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
+    now = clock.now()
+
+    def in_recovery(job_id: str, deadline_at: float) -> None:
+        assert repo.create_job_if_absent(Job(job_id, JobState.RUNNING, world_size=2, created_at=now - 7200))
+        assert repo.enter_recovery(job_id, 1, from_states=[JobState.RUNNING], now=now - 3600,
+                                   reason="rank 1 exited 1 on node-b (suspect GPU fault)",
+                                   deadline_at=deadline_at)
+
+    in_recovery("stuck", now - 40 * 60)
+    in_recovery("due", now - 60)
+    in_recovery("waiting", now + 60)
+    (finding,) = [f for f in account.findings() if f.check == "overdue jobs"]
+    assert finding.status == doctor.FAIL
+    assert finding.detail == ("stuck: PENDING_HEALTHCHECK (attempt 1), next step due 40 min ago; last error: "
+                              "rank 1 exited 1 on node-b (suspect GPU fault)")
+    assert "sweep step failed" in finding.fix and "docs/operations.md 'Overdue jobs'" in finding.fix
+
+    code = main(["doctor", *[f"--output={k}={v}" for k, v in account.outputs.items()]],
+                session=account.session)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAIL  overdue jobs" in out and "fix: nothing has moved these jobs on for 15 min" in out
+
+    for i in range(9):
+        in_recovery(f"late-{i}", now - 20 * 60 - i)
+    listed = [f for f in account.findings() if f.check == "overdue jobs"]
+    assert [f.detail.split(":")[0] for f in listed[:doctor.LISTED]] == \
+        ["stuck", *[f"late-{i}" for i in range(8, 1, -1)]]  # oldest first
+    assert [bool(f.fix) for f in listed[:2]] == [True, False]  # the fix once
+    assert listed[-1].detail == "and 2 more job(s) overdue"
+    assert len(listed) == doctor.LISTED + 1

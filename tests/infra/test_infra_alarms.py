@@ -46,7 +46,7 @@ def test_every_alarm_says_what_the_operator_should_do(default_synth: Synth) -> N
     """Given every alarm, Then its description is an instruction (read, fix, replay or purge)
     pointing to the runbook, within CloudWatch's 1024 characters, and it notifies the topic."""
     alarms = _alarms(default_synth)
-    assert len(alarms) == 12 + 7  # an errors alarm per function, a depth alarm per DLQ
+    assert len(alarms) == 12 + 7 + 1  # an errors alarm per function, a depth alarm per DLQ, overdue jobs
     for alarm in alarms:
         text = alarm["AlarmDescription"]
         assert len(text) <= 900, text  # CloudWatch allows 1024, with room for the log group name
@@ -136,3 +136,30 @@ def test_time_sharing_functions_and_metrics_are_monitored(default_synth: Synth) 
     for metric in ("SuspendsRequested", "SuspendsForced", "JobsSuspended"):
         assert metric in body, metric
     assert "Time sharing" in body
+
+
+def test_a_job_past_its_due_time_pages(default_synth: Synth) -> None:
+    """Given the recovery sweep's OverdueJobs (jobs 15 minutes or more past their next step's
+    deadline), Then one alarm fires when it is above 0 in 3 one-minute runs in a row, with
+    no data breaching (a sweep that does not report is no all-clear), on the metric the
+    sweep's handler emits (its Powertools service), telling the operator to run doctor and
+    read the sweep's log; the dashboard graphs the count and the oldest due job's lateness."""
+    from handlers import recovery_sweep
+
+    (alarm,) = [a for a in _alarms(default_synth) if a["MetricName"] == "OverdueJobs"]
+    service = default_synth.stack.functions["RecoverySweep"].service_name
+    assert service == recovery_sweep.metrics.service  # the dimension the handler's metrics carry
+    assert (alarm["Namespace"], alarm["Dimensions"]) == (
+        "GpuTrainingRecovery", [{"Name": "service", "Value": service}])
+    policy = (alarm["Statistic"], alarm["Period"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"],
+              alarm["Threshold"], alarm["ComparisonOperator"], alarm["TreatMissingData"])
+    assert policy == ("Maximum", 60, 3, 3, 0, "GreaterThanThreshold", "breaching")
+    text = alarm["AlarmDescription"]
+    for needed in ("15 minutes", "Run `gpu-recovery-admin doctor`", "log group <log group>",
+                   "sweep step failed", "'Overdue jobs'", "No data counts as breaching",
+                   "RecoverySweepErrorsAlarm"):
+        assert needed in text, needed
+    assert default_synth.stack.monitoring.overdue_alarm in default_synth.stack.monitoring.alarms
+    (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    assert "OverdueJobs" in body and "OldestDueJobSeconds" in body and "Jobs past their due time" in body

@@ -19,9 +19,11 @@ from functools import partial
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.constants import DEADLINE_SK, METRIC_OLDEST_DUE_JOB_SECONDS, METRIC_OVERDUE_JOBS
 from gpu_recovery.domain.heartbeat_policy import BACKSTOP_MARGIN_SECONDS, backstop_deadline
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.overdue import OverdueTally
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
     QUEUE_OWNED_JOB_STATES,
@@ -75,7 +77,8 @@ class Sweep:
         # lasts: a burst of due items (hundreds of health checks of one large job whose
         # verdicts lost their races) is worked through in one sweep, not a page a minute,
         # and neither kind starves the other.
-        kinds = [self._instance_steps(now), self._job_item_steps(now)]
+        overdue = OverdueTally(now)  # counted from the due job items read anyway
+        kinds = [self._instance_steps(now), self._job_item_steps(now, overdue)]
         for _ in range(MAX_DUE_PAGES):
             for kind in list(kinds):
                 page = next(kind, None) if not self._short_of_time(time_left) else None
@@ -89,6 +92,9 @@ class Sweep:
                     self._count(handled, step, context)
             if not kinds or self._short_of_time(time_left):
                 break
+        if overdue.read:
+            self.deps.metrics.add_metric(METRIC_OVERDUE_JOBS, "Count", overdue.overdue)
+            self.deps.metrics.add_metric(METRIC_OLDEST_DUE_JOB_SECONDS, "Seconds", overdue.oldest_due_seconds)
         try:
             for action, count in self.breaker.sweep(now).items():
                 handled[action] = handled.get(action, 0) + count
@@ -111,8 +117,10 @@ class Sweep:
             if len(page) < DUE_PAGE:
                 return
 
-    def _job_item_steps(self, now: float) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
+    def _job_item_steps(self, now: float, overdue: OverdueTally
+                        ) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
         for page in self.deps.repo.due_job_item_pages(now, DUE_PAGE):
+            overdue.add_page(item[DEADLINE_SK] for item in page if item.get("item_type") == "JOB")
             yield [(partial(self._job_item, item, now), {"key": item.get("job_id_rank")}) for item in page]
             if len(page) < DUE_PAGE:
                 return
