@@ -1,27 +1,17 @@
-# dcgm_health_check.sh - GPU health check run as an ECS task in the DCGM image.
-# Passed to the container as ["sh", "-c", <this text>]: POSIX sh (dash), no $0,
-# no own path, no python/jq. Needs awk, sed, hostname, dcgmi, nvidia-smi.
-#
-# EXIT-CODE CONTRACT (read by the recovery monitor; worst of 2 > 1 > 3 > 0 wins):
-#   2 replace: remapped-rows failure on any GPU, dcgmi exit 205 (DCGM -51
-#              "isolate" error), or an isolate-severity error (error_severity 2)
-#              in the dcgmi JSON.
-#   1 reboot:  dcgmi failed otherwise (non-zero, incl. 226 = DCGM -30 NVVS
-#              error), a pending row remap, uncorrected volatile ECC > 0, or
-#              dcgmi / nvidia-smi cannot run at all (missing, failing, no GPU).
-#   3 operator_action: dcgmi failed only on configuration-severity errors
-#              (error_severity 5, e.g. error 29 persistence mode disabled): a
-#              reboot cannot fix it, an operator must.
+# dcgm_health_check.sh - GPU health check, run as an ECS task in the DCGM image as
+# ["sh", "-c", <this text>]: POSIX sh (dash), no $0, no python/jq; needs awk, sed,
+# hostname, dcgmi, nvidia-smi. Contract, JSON fields and sources: health_check/README.md.
+# EXIT CODES (the worst wins: 2 > 1 > 4 > 3 > 0):
+#   2 replace: row-remap failure, dcgmi exit 205, or an isolate (2) DCGM error.
+#   1 reboot:  any failure a GPU reset is not known to clear (dcgmi failed, ECC
+#              with no pending remap or reset request, pages pending retirement,
+#              recovery action Reboot / Drain P2P, dcgmi or nvidia-smi cannot run).
+#   4 reset:   only pending row remaps / recovery action Reset or Drain and Reset,
+#              with their GPUs' uncorrected ECC and reset-severity (6) DCGM errors.
+#   3 operator_action: dcgmi failed only on configuration (5) errors.
 #   0 healthy: dcgmi passed and no hardware signal.
-# STDOUT: exactly one line of JSON, the verdict:
-#   {"verdict","exit_code","dcgm_level","dcgmi_exit_code","failed_tests",
-#    "errors":[{"test","error_id","severity","category","message"}],
-#    "gpus":[{"index","uuid","ecc_uncorrected_volatile","remap_pending",
-#    "remap_failure"}],"smi_exit_code","smi_errors","reasons","notes","hostname"}
-# Everything else (progress, raw dcgmi output prefixed "dcgmi| ") goes to stderr.
-# ENV: DCGM_LEVEL 1..4 (default 2; anything else -> 2 and a note), DCGMI
-#      (default dcgmi), NVIDIA_SMI (default nvidia-smi), DCGM_TIMEOUT (optional
-#      seconds for dcgmi, needs timeout(1)).
+# STDOUT: one JSON line, the verdict; everything else goes to stderr.
+# ENV: DCGM_LEVEL 1..4 (default 2), DCGMI, NVIDIA_SMI, DCGM_TIMEOUT (seconds).
 
 hc_log() { printf 'dcgm_health_check: %s\n' "$*" >&2; }
 
@@ -34,14 +24,17 @@ case "$HC_LEVEL_RAW" in
   *) HC_LEVEL=2; HC_LEVEL_BAD=1; hc_log "invalid DCGM_LEVEL, using 2" ;;
 esac
 
-HC_SMI_FOUND=0; HC_GPU_RC=127; HC_GPU_OUT=; HC_REMAP_RC=127; HC_REMAP_OUT=
+HC_SMI_FOUND=0; HC_GPU_RC=127; HC_GPU_OUT=; HC_REMAP_RC=127; HC_REMAP_OUT=; HC_Q_RC=127; HC_Q_OUT=
 if command -v "$NVIDIA_SMI" >/dev/null 2>&1; then
   HC_SMI_FOUND=1
   HC_GPU_OUT=$("$NVIDIA_SMI" --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits 2>&1)
   HC_GPU_RC=$?
   HC_REMAP_OUT=$("$NVIDIA_SMI" --query-remapped-rows=gpu_uuid,remapped_rows.pending,remapped_rows.failure --format=csv,noheader,nounits)
   HC_REMAP_RC=$?
-  hc_log "nvidia-smi exit codes: query-gpu $HC_GPU_RC, query-remapped-rows $HC_REMAP_RC"
+  # The recovery action is only in -q (R565+): keep the lines the parser reads.
+  HC_Q_OUT=$("$NVIDIA_SMI" -q); HC_Q_RC=$?
+  HC_Q_OUT=$(printf '%s\n' "$HC_Q_OUT" | sed -n '/^GPU /p;/^    [A-Z][^:]*$/p;/GPU UUID/p;/Recovery Action/p;/Pending/p')
+  hc_log "nvidia-smi exit codes: query-gpu $HC_GPU_RC, query-remapped-rows $HC_REMAP_RC, -q $HC_Q_RC"
 else
   hc_log "nvidia-smi not found: $NVIDIA_SMI"
 fi
@@ -64,7 +57,7 @@ fi
 
 HC_HOST=$(hostname 2>/dev/null || cat /proc/sys/kernel/hostname 2>/dev/null)
 export DCGMI NVIDIA_SMI HC_LEVEL HC_LEVEL_RAW HC_LEVEL_BAD HC_SMI_FOUND HC_GPU_RC \
-  HC_GPU_OUT HC_REMAP_RC HC_REMAP_OUT HC_DIAG_FOUND HC_DIAG_RC HC_HOST
+  HC_GPU_OUT HC_REMAP_RC HC_REMAP_OUT HC_Q_RC HC_Q_OUT HC_DIAG_FOUND HC_DIAG_RC HC_HOST
 
 # The dcgmi output goes through stdin (it can exceed the size limit of one
 # environment string); everything else through ENVIRON (no escape processing).
@@ -116,17 +109,29 @@ function val(k, v) {
   else if (k == "warning" || k == "error") EM[d] = v
   else if (k == "runtime_error" && v != "") rte = v
 }
-# One DCGM error object: config-severity (5) ones mark their test; others do not.
-function err(x,  key) {
-  if (ES[x] != "" && ES[x] + 0 == 5) { CT[tn] = 1; if (!(EI[x] in CS)) { CS[EI[x]] = 1; cids = cids (cids == "" ? "" : ", ") EI[x] } }
+# One DCGM error object: config (5) and reset (6) severities explain their test.
+function err(x,  key, v) {
+  v = (ES[x] == "") ? 0 : ES[x] + 0
+  if (v == 5) { CT[tn] = 1; if (!(EI[x] in CS)) { CS[EI[x]] = 1; cids = cids (cids == "" ? "" : ", ") EI[x] } }
   else ncfg = 1
+  if (v == 6 && !(EI[x] in RZ)) { RZ[EI[x]] = 1; rids = rids (rids == "" ? "" : ", ") EI[x] }
+  if (v == 5 || v == 6) XT[tn] = 1; else nxr = 1
   key = tn SUBSEP EI[x]
   if (key in ESEEN) return
   ESEEN[key] = 1
   ER[++ne] = "{\"test\":\"" esc(tn) "\",\"error_id\":" num(EI[x]) ",\"severity\":" num(ES[x]) \
     ",\"category\":" num(EC[x]) ",\"message\":\"" esc(EM[x]) "\"}"
 }
+function E(k) { return ENVIRON["HC_" k] }
+function gw(u) { return "GPU " ((u in UI) ? UI[u] " (" u ")" : u) }
 function reason(lv, s) { if (lv > V) V = lv; R[++nr] = s }
+function rr(s) { nrs++; R[++nr] = s }
+# nvidia-smi -q "GPU Recovery Action" (man page values); anything else is unknown.
+function rname(v) {
+  v = tolower(v)
+  return v == "none" ? v : v == "reset" ? "gpu_reset" : v == "reboot" ? "node_reboot" : \
+    v == "drain p2p" ? "drain_p2p" : v == "drain and reset" ? "drain_and_reset" : "unknown"
+}
 function list(A, n,  i, o) { o = ""; for (i = 1; i <= n; i++) o = o (i > 1 ? "," : "") "\"" esc(A[i]) "\""; return "[" o "]" }
 # The last 5 lines of nvidia-smi output that are not GPU rows (its error messages).
 function sl(s,  y) { if (ns == 5) { for (y = 1; y < 5; y++) SE[y] = SE[y + 1]; ns = 4 } SE[++ns] = s }
@@ -149,6 +154,7 @@ END {
       if (d == td) {
         td = 0
         if (tf && !(tn in CT)) ncfg = 1
+        if (tf && !(tn in XT)) nxr = 1
         if (tf) { if (tn == "") tn = "unknown"; if (!(tn in SEEN)) { SEEN[tn] = 1; FL[++nf] = tn } }
       }
       d--; i++; if (d <= 0) break; continue
@@ -168,13 +174,15 @@ END {
     i = (j > i) ? j : i + 1
   }
 
-  V = 0; nr = 0; nn = 0; drc = ENVIRON["HC_DIAG_RC"] + 0; cfg = (ne > 0 && !ncfg); OP = 0
-  if (ENVIRON["HC_LEVEL_BAD"] == 1) N[++nn] = "invalid DCGM_LEVEL \"" ENVIRON["HC_LEVEL_RAW"] "\"; used level 2"
-  if (ENVIRON["HC_DIAG_FOUND"] != 1) reason(1, "dcgmi cannot run (not found: " ENVIRON["DCGMI"] ")")
+  V = 0; nr = 0; nn = 0; drc = E("DIAG_RC") + 0; cfg = (ne > 0 && !ncfg); OP = 0
+  rst = (rids != "" && !nxr); DR = ""
+  if (E("LEVEL_BAD") == 1) N[++nn] = "invalid DCGM_LEVEL \"" E("LEVEL_RAW") "\"; used level 2"
+  if (E("DIAG_FOUND") != 1) reason(1, "dcgmi cannot run (not found: " ENVIRON["DCGMI"] ")")
   else {
     if (drc == 205) reason(2, "dcgmi diag reported an isolate error (exit 205): isolate/replace the GPU")
     else if (drc == 124) reason(1, "dcgmi diag timed out")
     else if (drc != 0 && cfg || nf && cfg) OP = 1
+    else if (drc != 0 && rst || nf && rst) { DR = "dcgmi diag failed (exit " drc ") only on reset-severity errors (DCGM error " rids ")"; OP = (cids != "") }
     else if (drc != 0) reason(1, "dcgmi diag failed (exit " drc ")")
     else if (nf) reason(1, "dcgmi diag exited 0 but reported failed tests")
     if (iso) reason(2, "dcgmi diag reported an isolate-severity error")
@@ -183,50 +191,74 @@ END {
   }
 
   ng = 0; ns = 0
-  if (ENVIRON["HC_SMI_FOUND"] != 1) reason(1, "nvidia-smi cannot run (not found: " ENVIRON["NVIDIA_SMI"] ")")
+  if (E("SMI_FOUND") != 1) reason(1, "nvidia-smi cannot run (not found: " ENVIRON["NVIDIA_SMI"] ")")
   else {
-    if (ENVIRON["HC_GPU_RC"] != 0) reason(1, "nvidia-smi --query-gpu failed (exit " ENVIRON["HC_GPU_RC"] ")")
-    m = split(ENVIRON["HC_GPU_OUT"], L, "\n")
+    if (E("GPU_RC") != 0) reason(1, "nvidia-smi --query-gpu failed (exit " E("GPU_RC") ")")
+    m = split(E("GPU_OUT"), L, "\n")
     for (x = 1; x <= m; x++) {
       if (split(L[x], F, ",") < 3 || num(F[1]) == "null") { if (trim(L[x]) != "") sl(trim(L[x])); continue }
       ng++; GI[ng] = num(F[1]); GU[ng] = trim(F[2]); GE[ng] = num(F[3]); UI[GU[ng]] = GI[ng]
     }
-    if (!ng && ENVIRON["HC_GPU_RC"] == 0) reason(1, "nvidia-smi lists no GPU")
+    if (!ng && E("GPU_RC") == 0) reason(1, "nvidia-smi lists no GPU")
   }
-  if (ENVIRON["HC_SMI_FOUND"] == 1 && ENVIRON["HC_REMAP_RC"] != 0)
-    N[++nn] = "nvidia-smi --query-remapped-rows failed (exit " ENVIRON["HC_REMAP_RC"] "); no row-remap data"
-  else if (ENVIRON["HC_SMI_FOUND"] == 1) {
-    m = split(ENVIRON["HC_REMAP_OUT"], L, "\n")
+  if (E("SMI_FOUND") == 1 && E("REMAP_RC") != 0)
+    N[++nn] = "nvidia-smi --query-remapped-rows failed (exit " E("REMAP_RC") "); no row-remap data"
+  else if (E("SMI_FOUND") == 1) {
+    m = split(E("REMAP_OUT"), L, "\n")
     for (x = 1; x <= m; x++) {
       if (split(L[x], F, ",") < 3) continue
-      u = trim(F[1]); RP[u] = flag(F[2]); RF[u] = flag(F[3]); w = (u in UI) ? UI[u] " (" u ")" : u
-      if (RF[u] == "true") reason(2, "row remapping failure on GPU " w)
-      if (RP[u] == "true") reason(1, "row remapping pending on GPU " w)
+      u = trim(F[1]); RP[u] = flag(F[2]); RF[u] = flag(F[3])
+      if (RF[u] == "true") reason(2, "row remapping failure on " gw(u))
+      if (RP[u] == "true") { PR[u] = 1; rr("row remapping pending on " gw(u) ": a GPU reset applies it") }
     }
   }
+  if (E("SMI_FOUND") == 1 && E("Q_RC") != 0)
+    N[++nn] = "nvidia-smi -q failed (exit " E("Q_RC") "); recovery action and page retirement unknown"
+  m = split(E("Q_OUT"), L, "\n"); u = ""; sc = ""; nq = 0
+  for (x = 1; x <= m; x++) {
+    s = L[x]; c = index(s, ":")
+    if (s ~ /^GPU /) { u = ""; sc = ""; continue }
+    if (s ~ /^    [^ ]/) sc = c ? "" : trim(s)
+    if (!c) continue
+    k = trim(substr(s, 1, c - 1)); v = trim(substr(s, c + 1))
+    if (k == "GPU UUID") { u = v; QU[++nq] = v }
+    else if (u != "" && k == "GPU Recovery Action") RA[u] = v
+    else if (u != "" && sc == "Retired Pages" && k ~ /^Pending/) RT[u] = flag(v)
+  }
+  for (x = 1; x <= nq; x++) {
+    u = QU[x]; a = rname(RA[u]); RN[u] = a; w = gw(u)
+    if (a ~ /reset$/) { PR[u] = 1; rr("driver recovery action on " w ": " RA[u]) }
+    else if (a ~ /^(node_reboot|drain_p2p)$/) reason(1, "driver recovery action on " w ": " RA[u] ": a GPU reset is not enough")
+    else if (a == "unknown" && RA[u] !~ /^(|N\/A|\[N\/A\])$/) N[++nn] = "recovery action on " w " not recognized: " RA[u]
+    if (RT[u] == "true") reason(1, "pages pending retirement on " w ": retired at the next reboot")
+  }
+  for (u in PR) np++
+  if (DR != "") { if (np) rr(DR); else reason(1, DR) }
   g = ""
   for (x = 1; x <= ng; x++) {
     u = GU[x]
-    if (GE[x] != "null" && GE[x] > 0)
-      reason(1, "uncorrected volatile ECC errors on GPU " GI[x] ": " GE[x])
+    s = "uncorrected volatile ECC errors on GPU " GI[x] ": " GE[x]
+    if (GE[x] != "null" && GE[x] > 0) { if (u in PR) rr(s " (cleared by that reset)"); else reason(1, s) }
     g = g (x > 1 ? "," : "") "{\"index\":" GI[x] ",\"uuid\":\"" esc(u) "\",\"ecc_uncorrected_volatile\":" GE[x] \
-      ",\"remap_pending\":" ((u in RP) ? RP[u] : "null") ",\"remap_failure\":" ((u in RF) ? RF[u] : "null") "}"
+      ",\"remap_pending\":" ((u in RP) ? RP[u] : "null") ",\"remap_failure\":" ((u in RF) ? RF[u] : "null") \
+      ",\"recovery_action\":\"" ((u in RN) ? RN[u] : "unknown") "\",\"retired_pages_pending\":" ((u in RT) ? RT[u] : "null") "}"
   }
+  if (!V && nrs) V = 4
   if (OP) {
     s = "dcgmi diag failed only on configuration errors (DCGM error " cids "): an operator must fix the configuration, a reboot does not"
     if (V) N[++nn] = s; else { V = 3; R[++nr] = s }
   }
-  split("healthy reboot replace operator_action", VN, " ")
-  printf "{\"verdict\":\"%s\",\"exit_code\":%d,\"dcgm_level\":%d,\"dcgmi_exit_code\":%s,", VN[V + 1], V, ENVIRON["HC_LEVEL"], (ENVIRON["HC_DIAG_FOUND"] == 1) ? drc : "null"
-  printf "\"failed_tests\":%s,\"errors\":%s,\"gpus\":[%s],\"smi_exit_code\":%s,\"smi_errors\":%s,", list(FL, nf), raw(ER, ne), g, (ENVIRON["HC_SMI_FOUND"] == 1) ? ENVIRON["HC_GPU_RC"] + 0 : "null", list(SE, ns)
-  printf "\"reasons\":%s,\"notes\":%s,\"hostname\":\"%s\"}\n", list(R, nr), list(N, nn), esc(ENVIRON["HC_HOST"])
+  split("healthy reboot replace operator_action reset", VN, " ")
+  printf "{\"verdict\":\"%s\",\"exit_code\":%d,\"dcgm_level\":%d,\"dcgmi_exit_code\":%s,", VN[V + 1], V, E("LEVEL"), (E("DIAG_FOUND") == 1) ? drc : "null"
+  printf "\"failed_tests\":%s,\"errors\":%s,\"gpus\":[%s],\"smi_exit_code\":%s,\"smi_errors\":%s,", list(FL, nf), raw(ER, ne), g, (E("SMI_FOUND") == 1) ? E("GPU_RC") + 0 : "null", list(SE, ns)
+  printf "\"reasons\":%s,\"notes\":%s,\"hostname\":\"%s\"}\n", list(R, nr), list(N, nn), esc(E("HOST"))
   exit V
 }'
 
 printf '%s\n' "$HC_DIAG_OUT" | awk "$HC_AWK"
 HC_RC=$?
 case "$HC_RC" in
-  0|1|2|3) ;;
+  0|1|2|3|4) ;;
   *)
     hc_log "result evaluation failed (awk exit $HC_RC); defaulting to reboot"
     [ "$HC_DIAG_FOUND" = 1 ] || HC_DIAG_RC=null

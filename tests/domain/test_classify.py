@@ -25,13 +25,14 @@ def fault(*, exit_code: int | None = 1, trigger: Trigger = Trigger.TASK_EXIT, xi
                     gpu_signals=tuple(GpuSignal(k, "GPU-a", "", T - 10) for k in signals))
 
 
-def decide(evidence: Evidence, history=()) -> Decision:
-    return classify(evidence, CATALOG, history=history, suspect_exit_codes=SUSPECT)
+def decide(evidence: Evidence, history=(), *, reset_as_reboot: bool = False) -> Decision:
+    return classify(evidence, CATALOG, history=history, suspect_exit_codes=SUSPECT,
+                    reset_as_reboot=reset_as_reboot)
 
 
-def after(evidence: Evidence, verdict: str, **extra) -> Decision:
+def after(evidence: Evidence, verdict: str, *, reset_as_reboot: bool = False, **extra) -> Decision:
     findings = DcgmFindings.from_verdict_json({"verdict": verdict, **extra})
-    return decide(evidence.with_dcgm(findings, T + 150))
+    return decide(evidence.with_dcgm(findings, T + 150), reset_as_reboot=reset_as_reboot)
 
 
 # --- before the health check ---------------------------------------------------------------
@@ -50,11 +51,12 @@ def test_other_exit_alone_is_an_application_error() -> None:
         Action.APPLICATION_ERROR, "default:unmatched", Budget.APPLICATION)
 
 
-@pytest.mark.parametrize(("xid", "action"), [(79, Action.REBOOT), (48, Action.REBOOT), (95, Action.REBOOT),
-                                             (64, Action.REPLACE)])
+@pytest.mark.parametrize(("xid", "action"), [(79, Action.REBOOT), (48, Action.RESET_GPU),
+                                             (95, Action.RESET_GPU), (64, Action.REPLACE)])
 def test_definitive_xid_acts_without_the_diag(xid: int, action: Action) -> None:
     """Given a suspect exit with XID 79/48/95/64 reported in the window, Then the fast path:
-    the node action at once, no DCGM run, charged to the infrastructure budget."""
+    the node action at once, no DCGM run, charged to the infrastructure budget (48 and 95: a
+    GPU reset, NVIDIA's immediate action; 79: fallen off the bus, a reboot)."""
     d = decide(fault(xids=[(xid, "GPU-a")]))
     assert (d.action, d.rule_id, d.skip_health_check, d.budget) == (
         action, f"xid-{xid}", True, Budget.INFRASTRUCTURE)
@@ -68,8 +70,11 @@ def test_non_definitive_node_xid_asks_the_diag_and_says_what_it_expects() -> Non
 
 
 def test_definitive_rule_wins_a_tie_with_a_diag_first_rule() -> None:
+    d = decide(fault(xids=[(74, "GPU-a")], signals=[GpuSignalKind.FALLEN_OFF_BUS]))
+    assert (d.action, d.rule_id, d.skip_health_check) == (Action.REBOOT, "gpu-fallen-off-bus", True)
+    # A reset_gpu rule is milder than a rule expecting a reboot: the diag runs first.
     d = decide(fault(xids=[(74, "GPU-a")], signals=[GpuSignalKind.REMAP_PENDING]))
-    assert (d.action, d.rule_id, d.skip_health_check) == (Action.REBOOT, "gpu-remap-pending", True)
+    assert (d.action, d.expected_action, d.rule_id) == (Action.HEALTH_CHECK, Action.REBOOT, "xid-74")
 
 
 @pytest.mark.parametrize("xid", [13, 31, 43, 94])
@@ -223,3 +228,86 @@ def test_unmatched_default_that_needs_a_node_action_is_checked_first() -> None:
 def test_decision_round_trips_through_a_dict() -> None:
     d = decide(fault(xids=[(74, "GPU-a"), (63, "GPU-a")]))
     assert Decision.from_dict(d.to_dict()) == d
+
+
+# --- reset_gpu: the driver's recovery action, pending remaps, NVIDIA's RESET_GPU bucket --------
+
+RESET_BUCKET_XIDS = [46, 48, 62, 95, 119, 120, 140, 143, 156, 158]
+
+
+@pytest.mark.parametrize("xid", RESET_BUCKET_XIDS)
+def test_reset_bucket_xids_reset_the_gpu_without_the_diag(xid: int) -> None:
+    d = decide(fault(xids=[(xid, "GPU-a")]))
+    assert (d.action, d.rule_id, d.skip_health_check, d.budget) == (
+        Action.RESET_GPU, f"xid-{xid}", True, Budget.INFRASTRUCTURE)
+
+
+@pytest.mark.parametrize("xid", [109, 110, 136, 155])
+def test_reset_bucket_xids_the_diag_confirms_expect_a_reset(xid: int) -> None:
+    d = decide(fault(xids=[(xid, "GPU-a")]))
+    assert (d.action, d.expected_action, d.rule_id) == (Action.HEALTH_CHECK, Action.RESET_GPU, f"xid-{xid}")
+
+
+@pytest.mark.parametrize(("signals", "action", "rule"), [
+    ([GpuSignalKind.REMAP_PENDING], Action.RESET_GPU, "gpu-remap-pending"),
+    ([GpuSignalKind.RESET_REQUESTED], Action.RESET_GPU, "gpu-recovery-action-reset"),
+    ([GpuSignalKind.REBOOT_REQUESTED], Action.REBOOT, "gpu-recovery-action-reboot"),
+    ([GpuSignalKind.RETIREMENT_PENDING], Action.REBOOT, "gpu-retirement-pending"),
+    # never reset when the driver says node reboot, whatever else says reset
+    ([GpuSignalKind.REMAP_PENDING, GpuSignalKind.RESET_REQUESTED, GpuSignalKind.REBOOT_REQUESTED],
+     Action.REBOOT, "gpu-recovery-action-reboot"),
+    ([GpuSignalKind.REMAP_PENDING, GpuSignalKind.REMAP_FAILURE], Action.REPLACE, "gpu-remap-failure"),
+    # ECC errors no pending remap or reset request explains (the evidence builders fold a GPU's
+    # own into its remap signal): a reboot, as before
+    ([GpuSignalKind.REMAP_PENDING, GpuSignalKind.ECC_UNCORRECTED_VOLATILE], Action.REBOOT,
+     "gpu-ecc-uncorrected"),
+])
+def test_gpu_state_signals_choose_reset_only_when_nothing_asks_for_more(signals, action, rule) -> None:
+    d = decide(fault(signals=signals))
+    assert (d.action, d.rule_id, d.skip_health_check) == (action, rule, True)
+
+
+def test_driver_reboot_request_beats_a_reset_bucket_xid() -> None:
+    d = decide(fault(xids=[(95, "GPU-a")], signals=[GpuSignalKind.REBOOT_REQUESTED]))
+    assert (d.action, d.rule_id) == (Action.REBOOT, "gpu-recovery-action-reboot")
+
+
+def test_reset_verdict_resets_and_a_reboot_verdict_still_wins() -> None:
+    d = after(fault(), "reset", gpus=[{"index": 1, "uuid": "GPU-a", "remap_pending": True,
+                                       "ecc_uncorrected_volatile": 3, "recovery_action": "drain_and_reset"}])
+    assert d.action is Action.RESET_GPU and d.after_health_check
+    assert {"gpu-remap-pending", "gpu-recovery-action-reset", "dcgm-verdict-reset"} <= set(d.matched_rules)
+    assert "gpu-ecc-uncorrected" not in d.matched_rules  # the remap's own errors: one signal
+    rebooted = after(fault(xids=[(95, "GPU-a")]), "reboot")
+    assert (rebooted.action, rebooted.rule_id) == (Action.REBOOT, "dcgm-verdict-reboot")
+
+
+def test_reset_severity_dcgm_error_asks_for_a_reset_unless_the_verdict_says_reboot() -> None:
+    error = {"test": "software", "error_id": 85, "severity": 6, "category": 10}
+    assert after(fault(), "reset", errors=[error]).action is Action.RESET_GPU
+    assert after(fault(), "reboot", errors=[error]).action is Action.REBOOT
+
+
+def test_unknown_recovery_action_is_no_evidence() -> None:
+    d = after(fault(), "healthy", gpus=[{"index": 0, "uuid": "GPU-a", "recovery_action": "unknown"},
+                                        {"index": 1, "uuid": "GPU-b", "recovery_action": "bus_reset"}])
+    assert d.action is Action.APPLICATION_ERROR
+
+
+@pytest.mark.parametrize("xid", RESET_BUCKET_XIDS)
+def test_without_a_reset_stage_reset_rules_decide_exactly_as_the_reboot_of_before(xid: int) -> None:
+    """reset_as_reboot: the same rule decides, as a reboot, with a note; budget and fast path kept."""
+    d = decide(fault(xids=[(xid, "GPU-a")]), reset_as_reboot=True)
+    assert (d.action, d.rule_id, d.skip_health_check, d.budget) == (
+        Action.REBOOT, f"xid-{xid}", True, Budget.INFRASTRUCTURE)
+    assert any("carried out as a reboot" in n for n in d.notes)
+
+
+def test_without_a_reset_stage_ties_break_as_before() -> None:
+    """XID 48 and a pending remap with its ECC errors: the earlier rule (xid-48) decided the reboot
+    before reset_gpu existed, and still does."""
+    d = decide(fault(xids=[(48, "GPU-a"), (74, "GPU-a")], signals=[GpuSignalKind.REMAP_PENDING]),
+               reset_as_reboot=True)
+    assert (d.action, d.rule_id) == (Action.REBOOT, "xid-48")
+    d = after(fault(), "reset", reset_as_reboot=True)
+    assert (d.action, d.rule_id) == (Action.REBOOT, "dcgm-verdict-reset")

@@ -78,13 +78,15 @@ def test_catalog_windows_are_used_when_given() -> None:
 
 def test_latest_telemetry_gives_signals_and_xids_when_recent() -> None:
     """Given the latest GPU report (compact keys) with a pending remap, uncorrected ECC and an
-    XID, When it is 30 s old, Then they are evidence; When it is 2 h old, Then they are not."""
+    XID, When it is 30 s old, Then they are evidence (the ECC errors of the GPU whose remap is
+    pending are part of that signal); When it is 2 h old, Then they are not."""
     rows = [{"i": 0, "u": "GPU-a", "rp": True, "ecc": 2, "x": [79]}, {"i": 1, "u": "GPU-b", "rf": True}]
     fresh = build_evidence(node_id="n", fault_at=T, trigger=Trigger.TASK_EXIT,
                            instance_item=item(telemetry=rows, at=T - 30))
     assert {(s.kind, s.gpu) for s in fresh.gpu_signals} == {
-        (GpuSignalKind.REMAP_PENDING, "GPU-a"), (GpuSignalKind.ECC_UNCORRECTED_VOLATILE, "GPU-a"),
-        (GpuSignalKind.REMAP_FAILURE, "GPU-b")}
+        (GpuSignalKind.REMAP_PENDING, "GPU-a"), (GpuSignalKind.REMAP_FAILURE, "GPU-b")}
+    assert "2 uncorrected volatile ECC errors" in next(
+        s.detail for s in fresh.gpu_signals if s.kind is GpuSignalKind.REMAP_PENDING)
     assert [(x.xid, x.gpu, x.at) for x in fresh.xids] == [(79, "GPU-a", T - 30)]
     stale = build_evidence(node_id="n", fault_at=T, trigger=Trigger.TASK_EXIT,
                            instance_item=item(telemetry=rows, at=T - 2 * HOUR))

@@ -65,8 +65,8 @@ def test_application_xids_need_a_repeat_on_the_same_gpu_within_24h_for_a_diag(xi
         2, 24 * 3600, True, Action.HEALTH_CHECK)
 
 
-@pytest.mark.parametrize(("xid", "action"), [(79, Action.REBOOT), (48, Action.REBOOT), (95, Action.REBOOT),
-                                             (64, Action.REPLACE)])
+@pytest.mark.parametrize(("xid", "action"), [(79, Action.REBOOT), (48, Action.RESET_GPU),
+                                             (95, Action.RESET_GPU), (64, Action.REPLACE)])
 def test_definitive_xids_skip_the_diag(xid: int, action: Action) -> None:
     rule = xid_rule(load_catalog(), xid)
     assert rule.action is action and rule.skip_health_check
@@ -79,7 +79,11 @@ def test_informational_xids_do_nothing(xid: int) -> None:
 
 def test_nvidia_smi_and_dcgm_rows_follow_the_anchors() -> None:
     catalog = load_catalog()
-    assert catalog.rule("gpu-remap-pending").action is Action.REBOOT
+    assert catalog.rule("gpu-remap-pending").action is Action.RESET_GPU
+    assert catalog.rule("gpu-recovery-action-reset").action is Action.RESET_GPU
+    assert catalog.rule("gpu-recovery-action-reboot").action is Action.REBOOT
+    assert catalog.rule("gpu-retirement-pending").action is Action.REBOOT
+    assert catalog.rule("dcgm-verdict-reset").match.dcgm_verdicts == {"reset"}
     assert catalog.rule("gpu-remap-failure").action is Action.REPLACE
     assert catalog.rule("gpu-ecc-uncorrected").action is Action.REBOOT
     assert catalog.rule("gpu-fallen-off-bus").action is Action.REBOOT
@@ -269,3 +273,15 @@ def test_the_documentation_lists_every_default_rule_with_its_action() -> None:
             for line in doc.splitlines() if line.startswith("| `")}
     for rule in default_document()["rules"]:
         assert rows.get(rule["id"]) == rule["action"], rule["id"]
+
+
+def test_every_reset_gpu_xid_rule_follows_nvidias_reset_bucket() -> None:
+    """reset_gpu for an XID only where NVIDIA's immediate action says so (RESET_GPU), or its
+    XID 48 workflow (NVSentinel maps it to a component reset); XID 64's remap failure stays a
+    replacement."""
+    for rule in load_catalog().rules:
+        if rule.action is Action.RESET_GPU and rule.match.xids:
+            assert rule.nvidia_bucket in ("RESET_GPU", "WORKFLOW_XID_48"), rule.id
+        if rule.nvidia_bucket == "RESET_GPU" and rule.id != "xid-64":
+            assert rule.action is Action.RESET_GPU, rule.id
+    assert load_catalog().rule("xid-64").action is Action.REPLACE

@@ -87,7 +87,7 @@ def test_all_nodes_are_checked_when_configured() -> None:
 
 @pytest.mark.parametrize(("code", "verdict"), [(0, DcgmVerdict.HEALTHY), (1, DcgmVerdict.REBOOT),
                                                (2, DcgmVerdict.REPLACE), (3, DcgmVerdict.OPERATOR_ACTION),
-                                               (137, None), (None, None)])
+                                               (4, DcgmVerdict.RESET), (5, None), (137, None), (None, None)])
 def test_parse_verdict_follows_the_exit_code_contract(code: int | None, verdict: DcgmVerdict | None) -> None:
     assert policy.parse_verdict(code) is verdict
 

@@ -24,6 +24,7 @@ SYSTEM_PATH = "/usr/bin:/bin"
 
 GPU_QUERY = "--query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total"
 REMAP_QUERY = "--query-remapped-rows=gpu_uuid,remapped_rows.pending,remapped_rows.failure"
+FULL_QUERY = "-q"  # the driver's recovery action and page retirement (fixtures/README.md)
 CSV_FORMAT = "--format=csv,noheader,nounits"
 UUID0 = "GPU-8f3c2a1e-5b7d-4c9e-a0f1-2d3e4f5a6b70"
 UUID1 = "GPU-1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f809"
@@ -41,9 +42,11 @@ REQUIRED_FIELDS = {
     "reasons",
     "hostname",
 }
-GPU_FIELDS = {"index", "uuid", "ecc_uncorrected_volatile", "remap_pending", "remap_failure"}
+GPU_FIELDS = {"index", "uuid", "ecc_uncorrected_volatile", "remap_pending", "remap_failure",
+              "recovery_action", "retired_pages_pending"}
+RECOVERY_ACTIONS = {"none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset", "unknown"}
 ERROR_FIELDS = {"test", "error_id", "severity", "category", "message"}
-VERDICT_FOR_CODE = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action"}
+VERDICT_FOR_CODE = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action", 4: "reset"}
 
 HAVE_DASH = Path("/bin/dash").exists()
 SHELLS = [
@@ -78,6 +81,7 @@ def run_check(
     dcgmi: tuple[str, int] | None = ("dcgmi_pass_r2.json", 0),
     smi_gpu: tuple[str, int] | None = ("smi_gpu_healthy.csv", 0),
     smi_remap: tuple[str, int] = ("smi_remap_healthy.csv", 0),
+    smi_q: tuple[str, int] = ("smi_q_r570_none.txt", 0),
     env: dict[str, str] | None = None,
     shell: str = "sh",
     hostname: str | None = None,
@@ -95,13 +99,14 @@ def run_check(
             f'printf "%s\\n" "$*" >> "{bindir}/dcgmi.args"\ncat "{_fixture(name)}"\nexit {code}\n',
         )
     if smi_gpu is not None:
-        (gname, gcode), (rname, rcode) = smi_gpu, smi_remap
+        (gname, gcode), (rname, rcode), (qname, qcode) = smi_gpu, smi_remap, smi_q
         _write_exe(
             bindir / "nvidia-smi",
             f'printf "%s\\n" "$*" >> "{bindir}/nvidia-smi.args"\n'
             'case "$1" in\n'
             f'  {GPU_QUERY}) cat "{_fixture(gname)}"; exit {gcode} ;;\n'
             f'  {REMAP_QUERY}) cat "{_fixture(rname)}"; exit {rcode} ;;\n'
+            f'  {FULL_QUERY}) cat "{_fixture(qname)}"; exit {qcode} ;;\n'
             "esac\n"
             'echo "fake nvidia-smi: unexpected arguments: $*" >&2\nexit 2\n',
         )
@@ -148,6 +153,8 @@ def _assert_shape(verdict: dict, returncode: int) -> None:
         )
         assert gpu["remap_pending"] in (True, False, None)
         assert gpu["remap_failure"] in (True, False, None)
+        assert gpu["recovery_action"] in RECOVERY_ACTIONS
+        assert gpu["retired_pages_pending"] in (True, False, None)
     if returncode == 0:
         assert verdict["reasons"] == []
     else:
@@ -177,6 +184,8 @@ def test_all_healthy_exits_0(tmp_path, shell):
             "ecc_uncorrected_volatile": 0,
             "remap_pending": False,
             "remap_failure": False,
+            "recovery_action": "none",
+            "retired_pages_pending": None,
         },
         {
             "index": 1,
@@ -184,6 +193,8 @@ def test_all_healthy_exits_0(tmp_path, shell):
             "ecc_uncorrected_volatile": 0,
             "remap_pending": False,
             "remap_failure": False,
+            "recovery_action": "none",
+            "retired_pages_pending": None,
         },
     ]
 
@@ -191,13 +202,14 @@ def test_all_healthy_exits_0(tmp_path, shell):
 def test_runs_the_documented_commands(tmp_path):
     """Given the default configuration,
     When the health check runs,
-    Then it calls `dcgmi diag -r 2 -j` and both nvidia-smi CSV queries."""
+    Then it calls `dcgmi diag -r 2 -j`, both nvidia-smi CSV queries and `nvidia-smi -q`."""
     run = run_check(tmp_path)
 
     assert (run.bindir / "dcgmi.args").read_text().splitlines() == ["diag -r 2 -j"]
     assert (run.bindir / "nvidia-smi.args").read_text().splitlines() == [
         f"{GPU_QUERY} {CSV_FORMAT}",
         f"{REMAP_QUERY} {CSV_FORMAT}",
+        FULL_QUERY,
     ]
 
 
@@ -264,13 +276,14 @@ def test_ecc_uncorrected_with_dcgmi_pass_means_reboot(tmp_path):
     assert any("ECC" in r and "GPU 1" in r for r in run.verdict["reasons"])
 
 
-def test_pending_row_remap_means_reboot(tmp_path):
-    """Given dcgmi passes but GPU 1 has a pending row remap,
+def test_pending_row_remap_alone_means_reset(tmp_path):
+    """Given dcgmi passes and nothing fails but GPU 1 has a pending row remap,
     When the health check runs,
-    Then it exits 1 (a reset/reboot applies the remap)."""
+    Then it exits 4 (reset): the remap takes effect at the next GPU reset (nvidia-smi man page,
+    Remapped Rows "Pending")."""
     run = run_check(tmp_path, smi_remap=("smi_remap_pending.csv", 0))
 
-    assert run.returncode == 1
+    assert run.returncode == 4
     assert run.verdict["gpus"][1]["remap_pending"] is True
     assert any("pending" in r and UUID1 in r for r in run.verdict["reasons"])
 
@@ -477,12 +490,12 @@ def test_does_not_depend_on_its_own_path(tmp_path):
 
 def test_script_is_small_posix_and_has_no_bashisms():
     """Given the script file,
-    Then it is under 12 KB (it is embedded in the container command),
+    Then it is under 16 KB (it is embedded in the container command),
     parses under dash -n and documents the exit-code contract at the top."""
     data = SCRIPT.read_bytes()
-    assert len(data) < 12 * 1024
+    assert len(data) < 16 * 1024
     head = data.decode()[:1500]
-    for marker in ("2 replace", "1 reboot", "0 healthy"):
+    for marker in ("2 replace", "1 reboot", "4 reset", "3 operator_action", "0 healthy"):
         assert marker in head
     if HAVE_DASH:
         subprocess.run(["/bin/dash", "-n", str(SCRIPT)], check=True)
@@ -572,11 +585,11 @@ def test_real_persistence_mode_failure_means_operator_action_not_reboot(tmp_path
 def test_configuration_problem_does_not_hide_a_hardware_signal(tmp_path):
     """Given the persistence-mode failure and a pending row remap on GPU 1,
     When the health check runs,
-    Then the remap wins (reboot, exit 1) and the configuration problem is kept as a note."""
+    Then the remap wins (reset, exit 4) and the configuration problem is kept as a note."""
     run = run_check(tmp_path, dcgmi=(f"{REAL}/dcgmi_r2_dcgm4.5.2_gb10_plugins_allowed.json", 226),
                     smi_remap=("smi_remap_pending.csv", 0))
 
-    assert run.returncode == 1
+    assert run.returncode == 4
     assert any("pending" in r for r in run.verdict["reasons"])
     assert not any("configuration" in r for r in run.verdict["reasons"])
     assert any("configuration" in n and "29" in n for n in run.verdict["notes"])
@@ -657,7 +670,7 @@ def test_real_fallen_off_the_bus_output_means_reboot_with_the_message(tmp_path, 
     Then the verdict is reboot, and the message and exit code are in the verdict for the
     fault catalog (which escalates a repeat to replace)."""
     capture = (f"{REAL}/smi_fell_off_bus.txt", smi_exit)
-    run = run_check(tmp_path, smi_gpu=capture, smi_remap=capture)
+    run = run_check(tmp_path, smi_gpu=capture, smi_remap=capture, smi_q=capture)
 
     assert run.returncode == 1
     assert run.verdict["smi_exit_code"] == smi_exit
@@ -707,3 +720,208 @@ def test_real_captures_are_unmodified_copies_with_their_sources():
     for origin in ("baldwinSPC/glimmer-burnin", "NVIDIA/nvidia-docker issue #1553",
                    "NVIDIA/cloud-native-docs"):
         assert origin in sources
+
+
+# --- reset (4): the driver's recovery action, pending remaps, page retirement ----------------
+# The nvidia-smi -q fixtures follow the output format of drivers R565+ ("GPU Recovery Action",
+# values from the nvidia-smi man page) and older drivers without the field: fixtures/README.md.
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_driver_asking_for_a_gpu_reset_means_reset(tmp_path, shell):
+    """Given everything passes but nvidia-smi -q reports "GPU Recovery Action : Reset" on GPU 1,
+    When the health check runs,
+    Then it exits 4 (reset), reports the action per GPU and says why."""
+    run = run_check(tmp_path, smi_q=("smi_q_r570_reset.txt", 0), shell=shell)
+
+    assert run.returncode == 4
+    assert [g["recovery_action"] for g in run.verdict["gpus"]] == ["none", "gpu_reset"]
+    assert run.verdict["reasons"] == [f"driver recovery action on GPU 1 ({UUID1}): Reset"]
+
+
+def test_contained_uncorrectable_error_with_pending_remap_means_reset(tmp_path):
+    """Given the whole picture of a contained HBM uncorrectable error on GPU 1 (R570): the driver
+    says "Drain and Reset", a row remap is pending, 3 uncorrected volatile ECC errors, and dcgmi
+    fails (226) only on DCGM error 85 (pending row remap, severity 6 "Drain and reset GPU"),
+    When the health check runs,
+    Then every failure is one a reset clears: exit 4, and every reason is listed."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_pending_row_remap_r2.json", 226),
+                    smi_gpu=("smi_gpu_ecc_uncorrected.csv", 0),
+                    smi_remap=("smi_remap_pending.csv", 0),
+                    smi_q=("smi_q_r570_drain_and_reset.txt", 0))
+
+    assert run.returncode == 4
+    v = run.verdict
+    assert v["gpus"][1]["recovery_action"] == "drain_and_reset"
+    assert v["gpus"][1]["remap_pending"] is True
+    assert [(e["error_id"], e["severity"]) for e in v["errors"]] == [(85, 6)]
+    assert len(v["reasons"]) == 4
+    assert any("reset-severity" in r and "85" in r for r in v["reasons"])
+    assert any("ECC" in r and "cleared by that reset" in r for r in v["reasons"])
+
+
+@pytest.mark.parametrize("q_fixture", ["smi_q_r570_reboot.txt", "smi_q_r570_drain_p2p.txt"])
+def test_driver_asking_for_more_than_a_reset_is_never_reset(tmp_path, q_fixture):
+    """Given a pending row remap on GPU 1 but the driver's recovery action is Reboot (or Drain
+    P2P, which a health-check task cannot carry out),
+    When the health check runs,
+    Then it exits 1 (reboot): never reset when the driver says a reset is not enough."""
+    run = run_check(tmp_path, smi_remap=("smi_remap_pending.csv", 0), smi_q=(q_fixture, 0))
+
+    assert run.returncode == 1
+    assert any("a GPU reset is not enough" in r for r in run.verdict["reasons"])
+
+
+def test_driver_reboot_alone_means_reboot(tmp_path):
+    """Given dcgmi passes and nothing else fails but the driver says Reboot on GPU 1,
+    When the health check runs,
+    Then it exits 1: the driver's "Application cannot restart without node reboot" wins over
+    a passing diag."""
+    run = run_check(tmp_path, smi_q=("smi_q_r570_reboot.txt", 0))
+
+    assert run.returncode == 1
+    assert run.verdict["gpus"][1]["recovery_action"] == "node_reboot"
+
+
+def test_reset_request_beside_an_unexplained_failure_means_reboot(tmp_path):
+    """Given the driver asks for a reset on GPU 1 but dcgmi fails on a triage-severity memory
+    error (not one a reset is known to clear),
+    When the health check runs,
+    Then it exits 1 (reboot), keeping both reasons."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_memory_ecc_fail_r2.json", 226),
+                    smi_q=("smi_q_r570_reset.txt", 0))
+
+    assert run.returncode == 1
+    assert "dcgmi diag failed (exit 226)" in run.verdict["reasons"]
+    assert any("recovery action" in r for r in run.verdict["reasons"])
+
+
+def test_remap_failure_beside_a_reset_request_means_replace(tmp_path):
+    """Given the driver asks for a reset but GPU 0 has a row-remapping failure,
+    When the health check runs,
+    Then it exits 2 (replace): the worst verdict wins."""
+    run = run_check(tmp_path, smi_remap=("smi_remap_failure.csv", 0),
+                    smi_q=("smi_q_r570_reset.txt", 0))
+
+    assert run.returncode == 2
+
+
+def test_reset_severity_dcgm_error_alone_stays_reboot(tmp_path):
+    """Given dcgmi fails only on a reset-severity error but nvidia-smi shows neither a pending
+    remap nor a reset request (the script cannot see what DCGM saw),
+    When the health check runs,
+    Then it exits 1, today's verdict: a reset needs evidence of its own."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_pending_row_remap_r2.json", 226))
+
+    assert run.returncode == 1
+    assert any("reset-severity" in r for r in run.verdict["reasons"])
+
+
+def test_ecc_on_a_gpu_without_reset_evidence_means_reboot(tmp_path):
+    """Given GPU 1 has a pending row remap but GPU 0 has uncorrected volatile ECC errors,
+    When the health check runs,
+    Then it exits 1: GPU 0's errors are not explained by GPU 1's reset."""
+    (tmp_path / "ecc0.csv").write_text(f"0, {UUID0}, 2\n1, {UUID1}, 0\n")
+    run = run_check(tmp_path, smi_gpu=(str(tmp_path / "ecc0.csv"), 0),
+                    smi_remap=("smi_remap_pending.csv", 0))
+
+    assert run.returncode == 1
+    assert "uncorrected volatile ECC errors on GPU 0: 2" in run.verdict["reasons"]
+
+
+def test_configuration_and_reset_severity_errors_together_mean_reset(tmp_path):
+    """Given dcgmi fails on persistence mode (29, configuration) and on a pending row remap
+    (85, reset severity) and nvidia-smi shows GPU 1's remap pending,
+    When the health check runs,
+    Then it exits 4 and keeps the configuration problem as a note."""
+    (tmp_path / "diag.json").write_text(_diag([("software", "Fail", [(29, 5, 8), (85, 6, 10)])]))
+    run = run_check(tmp_path, dcgmi=(str(tmp_path / "diag.json"), 226),
+                    smi_remap=("smi_remap_pending.csv", 0))
+
+    assert run.returncode == 4
+    assert any("configuration" in n and "29" in n for n in run.verdict["notes"])
+
+
+@pytest.mark.parametrize(("remap", "gpu", "expected"), [
+    ("smi_remap_healthy.csv", "smi_gpu_healthy.csv", 0),
+    ("smi_remap_pending.csv", "smi_gpu_healthy.csv", 4),
+    ("smi_remap_healthy.csv", "smi_gpu_ecc_uncorrected.csv", 1),
+])
+def test_old_driver_without_recovery_action_keeps_todays_verdicts(tmp_path, remap, gpu, expected):
+    """Given an R535 driver whose nvidia-smi -q has no "GPU Recovery Action" (added in R565),
+    When the health check runs,
+    Then the action is "unknown", never guessed: healthy stays healthy, uncorrected ECC alone
+    stays reboot, and only a pending remap (its own evidence) gives reset."""
+    run = run_check(tmp_path, smi_q=("smi_q_r535_no_recovery_action.txt", 0),
+                    smi_remap=(remap, 0), smi_gpu=(gpu, 0))
+
+    assert run.returncode == expected
+    assert [g["recovery_action"] for g in run.verdict["gpus"]] == ["unknown", "unknown"]
+    assert not run.verdict["notes"]
+
+
+def test_pages_pending_retirement_mean_reboot(tmp_path):
+    """Given a pre-Ampere GPU (no row remapping: "Remapped Rows : N/A", the remap query fails)
+    whose "Pending Page Blacklist" is Yes,
+    When the health check runs,
+    Then it exits 1: the man page says such pages are retired at the next reboot."""
+    run = run_check(tmp_path, smi_q=("smi_q_v100_retirement_pending.txt", 0),
+                    smi_remap=("smi_no_driver.txt", 2))
+
+    assert run.returncode == 1
+    assert [g["retired_pages_pending"] for g in run.verdict["gpus"]] == [False, True]
+    assert any("pending retirement" in r and UUID1 in r for r in run.verdict["reasons"])
+
+
+def test_full_query_failure_is_only_a_note(tmp_path):
+    """Given `nvidia-smi -q` fails while the CSV queries and dcgmi pass,
+    When the health check runs,
+    Then the node stays healthy, the new fields are unknown and a note says why."""
+    run = run_check(tmp_path, smi_q=("smi_no_driver.txt", 9))
+
+    assert run.returncode == 0
+    assert [g["recovery_action"] for g in run.verdict["gpus"]] == ["unknown", "unknown"]
+    assert [g["retired_pages_pending"] for g in run.verdict["gpus"]] == [None, None]
+    assert any("nvidia-smi -q failed (exit 9)" in n for n in run.verdict["notes"])
+
+
+def test_unrecognized_recovery_action_is_unknown_with_a_note(tmp_path):
+    """Given a recovery action value the man page does not list (a future driver's),
+    When the health check runs,
+    Then it is reported as unknown, a note keeps the text, and the verdict is unchanged."""
+    text = (FIXTURES / "smi_q_r570_reset.txt").read_text().replace(
+        "GPU Recovery Action                   : Reset", "GPU Recovery Action                   : Bus Reset")
+    (tmp_path / "q.txt").write_text(text)
+    run = run_check(tmp_path, smi_q=(str(tmp_path / "q.txt"), 0))
+
+    assert run.returncode == 0
+    assert run.verdict["gpus"][1]["recovery_action"] == "unknown"
+    assert any("not recognized: Bus Reset" in n for n in run.verdict["notes"])
+
+
+def test_recovery_action_is_read_from_its_own_gpu_section(tmp_path):
+    """Given a -q output whose GPU 0 says Reset and GPU 1 None, with other "Pending" lines
+    (MIG Mode, ECC Mode, Remapped Rows) around,
+    When the health check runs,
+    Then each GPU gets its own action and no unrelated "Pending" is read as retirement."""
+    text = (FIXTURES / "smi_q_r570_reset.txt").read_text()
+    first, second = text.split("GPU 00000000:2A:00.0\n")
+    action = "GPU Recovery Action                   : "
+    swapped = (first.replace(action + "None", action + "Reset") + "GPU 00000000:2A:00.0\n"
+               + second.replace(action + "Reset", action + "None"))
+    (tmp_path / "q.txt").write_text(swapped)
+    run = run_check(tmp_path, smi_q=(str(tmp_path / "q.txt"), 0))
+
+    assert [g["recovery_action"] for g in run.verdict["gpus"]] == ["gpu_reset", "none"]
+    assert [g["retired_pages_pending"] for g in run.verdict["gpus"]] == [None, None]
+    assert run.returncode == 4
+
+
+def test_generated_fixtures_document_their_sources():
+    """The -q fixtures are built from documented output formats: their README says which."""
+    readme = (FIXTURES / "README.md").read_text()
+    for path in [*sorted(FIXTURES.glob("smi_q_*.txt")), FIXTURES / "dcgmi_pending_row_remap_r2.json"]:
+        assert f"`{path.name}`" in readme, path.name
+    for source in ("docs.nvidia.com/deploy/nvidia-smi", "nvml-api/change-log",
+                   "a100-gpu-mem-error-mgmt", "dcgm_errors.c"):
+        assert source in readme

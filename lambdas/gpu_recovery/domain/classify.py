@@ -12,6 +12,9 @@ Call it twice per fault:
 Among the rules that match, the highest ``priority`` wins, then the most severe action, then
 a definitive rule (``skip_health_check``), then the earlier rule in the catalog. Rules whose
 action is ``none`` are informational: they are noted but never decide a fault.
+
+``reset_as_reboot`` (a deployment that cannot reset GPUs yet): a ``reset_gpu`` rule competes
+and decides as ``reboot``, exactly as before the action existed, with a note saying so.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from gpu_recovery.domain.fault_vocabulary import (
 )
 
 UNMATCHED_RULE = "default:unmatched"
+RESET_AS_REBOOT_NOTE = ("the catalog says reset_gpu; carried out as a reboot: no GPU-reset stage in "
+                        "this deployment yet (a reboot resets the GPUs too)")
 FALLBACK_RULE_PREFIX = "builtin:dcgm-verdict-"
 MILD_ACTIONS = frozenset({Action.NONE, Action.APPLICATION_ERROR, Action.RESTART_JOB})
 
@@ -85,6 +90,7 @@ class _Match:
     action: Action
     facts: tuple[str, ...]
     repeated: bool
+    as_reboot: bool = False  # a reset_gpu action classified as reboot (reset_as_reboot)
 
     def rank(self) -> tuple[int, int, bool, int]:
         return (self.rule.priority, ACTION_SEVERITY[self.action], self.rule.skip_health_check,
@@ -171,7 +177,7 @@ def _repeat(rule: CatalogRule, ev: Evidence, pool: set[XidEvent]) -> str | None:
 
 
 def classify(evidence: Evidence, catalog: FaultCatalog, *, history: Iterable[NodeFaultRecord] = (),
-             suspect_exit_codes: Collection[int] = ()) -> Decision:
+             suspect_exit_codes: Collection[int] = (), reset_as_reboot: bool = False) -> Decision:
     """The decision for ``evidence`` (before or after its health check)."""
     history = tuple(history)
     after = evidence.dcgm is not None
@@ -183,8 +189,9 @@ def classify(evidence: Evidence, catalog: FaultCatalog, *, history: Iterable[Nod
             continue
         why_repeat = _repeat(rule, evidence, pool)
         action = rule.repeat.action if why_repeat and rule.repeat else rule.action
-        match = _Match(rule, position, action, tuple(facts + ([why_repeat] if why_repeat else [])),
-                       why_repeat is not None)
+        as_reboot = reset_as_reboot and action is Action.RESET_GPU
+        match = _Match(rule, position, Action.REBOOT if as_reboot else action,
+                       tuple(facts + ([why_repeat] if why_repeat else [])), why_repeat is not None, as_reboot)
         # After the diag, rules that only wanted the diag have had their answer.
         if after and not (rule.match.needs_dcgm or rule.skip_health_check or action in MILD_ACTIONS):
             continue
@@ -194,13 +201,14 @@ def classify(evidence: Evidence, catalog: FaultCatalog, *, history: Iterable[Nod
                           for m in matches if m.action is Action.NONE)
     deciding = [m for m in matches if m.action is not Action.NONE]
     if not deciding:
-        unmatched = _unmatched(evidence, catalog, after)
-        return replace(unmatched, matched_rules=matched_ids, notes=informational)
+        unmatched = _unmatched(evidence, catalog, after, reset_as_reboot)
+        return replace(unmatched, matched_rules=matched_ids, notes=informational + unmatched.notes)
     best = max(deciding, key=_Match.rank)
     notes = informational + tuple(f"also matched {m.rule.id} ({m.action.value})"
                                   for m in deciding if m is not best)
+    notes += (RESET_AS_REBOOT_NOTE,) if best.as_reboot else ()
     rule, action = best.rule, best.action
-    budget = rule.budget if action is rule.action else DEFAULT_BUDGET[action]
+    budget = rule.budget if action is rule.action or best.as_reboot else DEFAULT_BUDGET[action]
     reason = f"catalog rule {rule.id!r}: {rule.description} [{'; '.join(best.facts)}]"
     if not after and action in NODE_ACTIONS and not rule.skip_health_check:
         return Decision(Action.HEALTH_CHECK, rule.id, f"{reason}; {action.value} expected, the DCGM "
@@ -211,13 +219,16 @@ def classify(evidence: Evidence, catalog: FaultCatalog, *, history: Iterable[Nod
                     repeated=best.repeated, matched_rules=matched_ids, notes=notes)
 
 
-def _unmatched(evidence: Evidence, catalog: FaultCatalog, after: bool) -> Decision:
+def _unmatched(evidence: Evidence, catalog: FaultCatalog, after: bool, reset_as_reboot: bool) -> Decision:
     if after and evidence.dcgm is not None:
         verdict = evidence.dcgm.verdict
         action = DCGM_VERDICT_FALLBACK[verdict]
+        as_reboot = reset_as_reboot and action is Action.RESET_GPU
+        action = Action.REBOOT if as_reboot else action
         return Decision(action, FALLBACK_RULE_PREFIX + verdict,
                         f"no catalog rule decided; the health check's verdict {verdict!r} -> {action.value}",
-                        DEFAULT_BUDGET[action], after_health_check=True)
+                        DEFAULT_BUDGET[action], after_health_check=True,
+                        notes=(RESET_AS_REBOOT_NOTE,) if as_reboot else ())
     # GPU telemetry alone is no job fault: with nothing to go on, there is nothing to do.
     action = Action.NONE if evidence.trigger is Trigger.TELEMETRY else catalog.unmatched_action
     if action in NODE_ACTIONS:

@@ -1,4 +1,8 @@
-"""Per-node fault history and escalation: reboot first, replace a node that keeps failing.
+"""Per-node fault history and escalation: reset or reboot first, replace a node that keeps failing.
+
+* Reset -> reboot: a GPU reset on a node already reset ``resets_before_reboot`` times within
+  ``reset_window_seconds`` (for any cause) becomes a reboot: the resets do not hold. The reboot
+  then counts toward reboot -> replace like any other (so: reset, reset, reboot, reboot, replace).
 
 * Reboot -> replace: a reboot for a cause that already got ``reboots_before_replace`` reboots
   on this node within ``reboot_window_seconds`` becomes a replacement (GPUd: 2 reboots for the
@@ -73,6 +77,10 @@ def fault_summary(evidence: Evidence | None, *, note: str = "") -> dict[str, Any
 class EscalationPolicy:
     reboots_before_replace: int = 2
     reboot_window_seconds: float = 72 * HOUR
+    # No source prescribes a count for GPU resets: one rung below GPUd's reboot threshold
+    # (2 within 3 days), the same numbers.
+    resets_before_reboot: int = 2
+    reset_window_seconds: float = 72 * HOUR
     max_remediations: int = 5
     remediation_window_seconds: float = 7 * DAY
     flap_window_seconds: float = 72 * HOUR
@@ -82,9 +90,12 @@ class EscalationPolicy:
         problems = []
         if self.reboots_before_replace < 1:
             problems.append(f"reboots_before_replace must be >= 1, got {self.reboots_before_replace}")
+        if self.resets_before_reboot < 1:
+            problems.append(f"resets_before_reboot must be >= 1, got {self.resets_before_reboot}")
         if self.max_remediations < 1:
             problems.append(f"max_remediations must be >= 1, got {self.max_remediations}")
-        for name in ("reboot_window_seconds", "remediation_window_seconds", "flap_window_seconds"):
+        for name in ("reboot_window_seconds", "reset_window_seconds", "remediation_window_seconds",
+                     "flap_window_seconds"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_records < self.max_remediations + self.reboots_before_replace:
@@ -95,7 +106,8 @@ class EscalationPolicy:
 
     @property
     def retention_seconds(self) -> float:
-        return max(self.reboot_window_seconds, self.remediation_window_seconds, self.flap_window_seconds)
+        return max(self.reboot_window_seconds, self.reset_window_seconds, self.remediation_window_seconds,
+                   self.flap_window_seconds)
 
 
 @dataclass(frozen=True)
@@ -149,12 +161,13 @@ class Escalation:
     reason: str
     same_cause_reboots: int  # earlier reboots for this cause within the reboot window
     remediations: int  # earlier remediations within the remediation window
+    resets: int = 0  # earlier GPU resets of the node within the reset window
 
     def to_dict(self) -> dict[str, Any]:
         return {"action": self.action.value, "escalated": self.escalated,
                 "page_operator": self.page_operator, "quarantine_only": self.quarantine_only,
                 "reason": self.reason, "same_cause_reboots": self.same_cause_reboots,
-                "remediations": self.remediations}
+                "remediations": self.remediations, "resets": self.resets}
 
 
 def _within(record: NodeFaultRecord, now: float, window: float) -> bool:
@@ -165,6 +178,12 @@ def same_cause_reboots(history: Iterable[NodeFaultRecord], cause: str, now: floa
                        policy: EscalationPolicy) -> int:
     return sum(1 for r in history if r.executed and r.action is Action.REBOOT and r.cause == cause
                and _within(r, now, policy.reboot_window_seconds))
+
+
+def resets(history: Iterable[NodeFaultRecord], now: float, policy: EscalationPolicy) -> int:
+    """Executed GPU resets of the node (any cause) within the reset window."""
+    return sum(1 for r in history if r.executed and r.action is Action.RESET_GPU
+               and _within(r, now, policy.reset_window_seconds))
 
 
 def remediations(history: Iterable[NodeFaultRecord], now: float, policy: EscalationPolicy) -> int:
@@ -179,24 +198,32 @@ def escalate(action: Action, cause: str, history: Iterable[NodeFaultRecord], now
     history = tuple(history)
     reboots = same_cause_reboots(history, cause, now, policy)
     done = remediations(history, now, policy)
+    reset_count = resets(history, now, policy)
     if action not in NODE_ACTIONS:
         return Escalation(action, False, False, False, f"{action.value}: no node action",
-                          reboots, done)
+                          reboots, done, reset_count)
     if done >= policy.max_remediations:
         return Escalation(
             Action.REPLACE, action is not Action.REPLACE, True, True,
             f"node already remediated {done} times within "
             f"{policy.remediation_window_seconds / DAY:g} days (limit {policy.max_remediations}): "
-            f"quarantine it and page an operator instead of {action.value}", reboots, done)
+            f"quarantine it and page an operator instead of {action.value}", reboots, done, reset_count)
+    why = ""
+    if action is Action.RESET_GPU and reset_count >= policy.resets_before_reboot:
+        why = (f"GPUs reset {reset_count} times within {policy.reset_window_seconds / HOUR:g} h "
+               f"(limit {policy.resets_before_reboot}): a reset does not hold, reboot the node")
+        action = Action.REBOOT
     if action is Action.REBOOT and reboots >= policy.reboots_before_replace:
         return Escalation(
-            Action.REPLACE, True, False, False,
-            f"rebooted {reboots} times for {cause!r} within "
+            Action.REPLACE, True, False, False, (f"{why}; " if why else "")
+            + f"rebooted {reboots} times for {cause!r} within "
             f"{policy.reboot_window_seconds / HOUR:g} h (limit {policy.reboots_before_replace}): "
-            "a reboot does not fix it, replace the node", reboots, done)
+            "a reboot does not fix it, replace the node", reboots, done, reset_count)
+    if why:
+        return Escalation(action, True, False, False, why, reboots, done, reset_count)
     return Escalation(action, False, False, False,
                       f"{action.value} ({reboots} earlier reboots for {cause!r}, {done} remediations "
-                      "in the window)", reboots, done)
+                      "in the window)", reboots, done, reset_count)
 
 
 def charges_job(history: Iterable[NodeFaultRecord], job_id: str, cause: str, now: float,

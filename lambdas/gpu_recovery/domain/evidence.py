@@ -18,6 +18,9 @@ from typing import Any
 from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.fault_vocabulary import (
     DCGM_VERDICT_NAMES,
+    REBOOT_RECOVERY_ACTIONS,
+    RECOVERY_ACTIONS,
+    RESET_RECOVERY_ACTIONS,
     GpuSignalKind,
     Trigger,
     category_name,
@@ -91,6 +94,42 @@ class GpuSignal:
     def from_dict(cls, raw: Mapping[str, Any]) -> GpuSignal:
         return cls(GpuSignalKind(raw["kind"]), str(raw.get("gpu", "")), str(raw.get("detail", "")),
                    _float_or_none(raw.get("at")), str(raw.get("source", SOURCE_TELEMETRY)))
+
+
+def gpu_state_signals(gpu: str, *, remap_failure: bool = False, remap_pending: bool = False,
+                      ecc: int | None = None, recovery_action: str = "unknown",
+                      retirement_pending: bool = False, at: float | None,
+                      source: str) -> list[GpuSignal]:
+    """The signals of one GPU's state (nvidia-smi, from the health check or the node agent).
+
+    Uncorrected volatile ECC errors on a GPU whose pending row remap or whose driver's reset
+    request accounts for them are part of that signal, not a reboot signal of their own: an
+    uncorrectable memory error is what marks the row for remapping, the remap "will happen at
+    the next GPU reset", and a reset clears the volatile counters (NVIDIA GPU memory error
+    management; nvidia-smi man page, Remapped Rows and ECC Errors). The health check judges
+    the same way (health_check/README.md, verdict reset).
+    """
+    out: list[GpuSignal] = []
+    ecc_text = f"{ecc} uncorrected volatile ECC errors" if ecc else ""
+    reset_requested = recovery_action in RESET_RECOVERY_ACTIONS
+    if remap_failure:
+        out.append(GpuSignal(GpuSignalKind.REMAP_FAILURE, gpu, "row remapping failed", at, source))
+    if remap_pending:
+        detail = "row remap pending" + (f" ({ecc_text}, cleared by the reset)" if ecc_text else "")
+        out.append(GpuSignal(GpuSignalKind.REMAP_PENDING, gpu, detail, at, source))
+    if reset_requested:
+        detail = f"driver recovery action {recovery_action}"
+        if ecc_text and not remap_pending:
+            detail += f" ({ecc_text}, cleared by the reset)"
+        out.append(GpuSignal(GpuSignalKind.RESET_REQUESTED, gpu, detail, at, source))
+    elif recovery_action in REBOOT_RECOVERY_ACTIONS:
+        out.append(GpuSignal(GpuSignalKind.REBOOT_REQUESTED, gpu, f"driver recovery action {recovery_action}",
+                             at, source))
+    if ecc_text and not (remap_pending or reset_requested):
+        out.append(GpuSignal(GpuSignalKind.ECC_UNCORRECTED_VOLATILE, gpu, ecc_text, at, source))
+    if retirement_pending:
+        out.append(GpuSignal(GpuSignalKind.RETIREMENT_PENDING, gpu, "pages pending retirement", at, source))
+    return out
 
 
 def smi_failure_signals(exit_code: int | None, lines: Iterable[str], *, at: float | None,
@@ -198,21 +237,24 @@ class DcgmFindings:
                 "smi_errors": list(self.smi_errors), "reasons": list(self.reasons),
                 "notes": list(self.notes), "task_arn": self.task_arn}
 
+    def recovery_action(self, gpu: Mapping[str, Any]) -> str:
+        """The driver's recovery action for one GPU of the verdict; "unknown" when not said
+        (older scripts and drivers, N/A, an unlisted value)."""
+        action = str(gpu.get("recovery_action") or "unknown")
+        return action if action in RECOVERY_ACTIONS else "unknown"
+
     def signals(self, at: float | None) -> list[GpuSignal]:
-        """GPU signals the health check's own nvidia-smi queries saw."""
+        """GPU signals the health check's own nvidia-smi queries saw (see :func:`gpu_state_signals`)."""
         out: list[GpuSignal] = []
         for gpu in self.gpus:
             name = str(gpu.get("uuid") or f"index-{gpu.get('index')}")
-            if gpu.get("remap_failure") is True:
-                out.append(GpuSignal(GpuSignalKind.REMAP_FAILURE, name, "row remapping failed", at,
-                                     SOURCE_HEALTH_CHECK))
-            if gpu.get("remap_pending") is True:
-                out.append(GpuSignal(GpuSignalKind.REMAP_PENDING, name, "row remap pending", at,
-                                     SOURCE_HEALTH_CHECK))
-            ecc = _int_or_none(gpu.get("ecc_uncorrected_volatile"))
-            if ecc:
-                out.append(GpuSignal(GpuSignalKind.ECC_UNCORRECTED_VOLATILE, name,
-                                     f"{ecc} uncorrected volatile ECC errors", at, SOURCE_HEALTH_CHECK))
+            out += gpu_state_signals(
+                name, remap_failure=gpu.get("remap_failure") is True,
+                remap_pending=gpu.get("remap_pending") is True,
+                ecc=_int_or_none(gpu.get("ecc_uncorrected_volatile")),
+                recovery_action=self.recovery_action(gpu),
+                retirement_pending=gpu.get("retired_pages_pending") is True, at=at,
+                source=SOURCE_HEALTH_CHECK)
         return out + smi_failure_signals(self.smi_exit_code, self.smi_errors, at=at,
                                          source=SOURCE_HEALTH_CHECK)
 
@@ -313,14 +355,9 @@ def node_reports(instance_item: Mapping[str, Any] | None) -> tuple[list[XidEvent
         for xid in row.get("x") or ():
             if at is not None and _int_or_none(xid) is not None:
                 events.setdefault((int(xid), gpu, at), XidEvent(int(xid), gpu, at))
-        if row.get("rf") is True:
-            signals.append(GpuSignal(GpuSignalKind.REMAP_FAILURE, gpu, "row remapping failed", at))
-        if row.get("rp") is True:
-            signals.append(GpuSignal(GpuSignalKind.REMAP_PENDING, gpu, "row remap pending", at))
-        ecc = _int_or_none(row.get("ecc"))
-        if ecc:
-            signals.append(GpuSignal(GpuSignalKind.ECC_UNCORRECTED_VOLATILE, gpu,
-                                     f"{ecc} uncorrected volatile ECC errors", at))
+        signals += gpu_state_signals(gpu, remap_failure=row.get("rf") is True,
+                                     remap_pending=row.get("rp") is True, ecc=_int_or_none(row.get("ecc")),
+                                     at=at, source=SOURCE_TELEMETRY)
     error = str(item.get(ITEM_REPORT_ERROR) or "")
     if error:
         code = _AGENT_EXIT.search(error)

@@ -17,6 +17,10 @@ class Action(str, Enum):
     RESTART_JOB = "restart_job"  # transient: restart the gang, no node action
     HEALTH_CHECK = "health_check"  # not sure yet: run the DCGM diag on the node first
     OPERATOR_ACTION = "operator_action"  # configuration problem: drain + notify, never reboot
+    # The evidence says a GPU reset suffices (the driver's recovery action, a pending row remap,
+    # NVIDIA's RESET_GPU bucket): reset the node's GPUs instead of rebooting it. Until a stage
+    # carries it out, the planner turns it into today's reboot (RemediationPolicy.gpu_reset_enabled).
+    RESET_GPU = "reset_gpu"
     REBOOT = "reboot"
     REPLACE = "replace"  # per deployment: quarantine (drain + notify) or terminate in its ASG
 
@@ -25,7 +29,7 @@ class Action(str, Enum):
 ACTION_SEVERITY: dict[Action, int] = {action: rank for rank, action in enumerate(Action)}
 
 # Actions that change the node itself (the blast-radius breaker and escalation count them).
-NODE_ACTIONS = frozenset({Action.OPERATOR_ACTION, Action.REBOOT, Action.REPLACE})
+NODE_ACTIONS = frozenset({Action.OPERATOR_ACTION, Action.RESET_GPU, Action.REBOOT, Action.REPLACE})
 # Actions a catalog rule may take without running the DCGM diag first.
 SKIPPABLE_ACTIONS = NODE_ACTIONS
 
@@ -44,6 +48,7 @@ DEFAULT_BUDGET: dict[Action, Budget] = {
     Action.RESTART_JOB: Budget.INFRASTRUCTURE,
     Action.HEALTH_CHECK: Budget.NONE,
     Action.OPERATOR_ACTION: Budget.INFRASTRUCTURE,
+    Action.RESET_GPU: Budget.INFRASTRUCTURE,
     Action.REBOOT: Budget.INFRASTRUCTURE,
     Action.REPLACE: Budget.INFRASTRUCTURE,
 }
@@ -68,6 +73,18 @@ class GpuSignalKind(str, Enum):
     INFOROM_CORRUPTED = "inforom_corrupted"  # nvidia-smi exit 14
     DRIVER_NOT_LOADED = "driver_not_loaded"  # nvidia-smi exit 9
     GPU_QUERY_FAILED = "gpu_query_failed"  # nvidia-smi failed otherwise
+    # The driver's own recovery action (nvidia-smi -q "GPU Recovery Action", NVML
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, drivers R565+), as the health check reports it:
+    RESET_REQUESTED = "reset_requested"  # Reset or Drain and Reset: a GPU reset clears the fault
+    REBOOT_REQUESTED = "reboot_requested"  # Reboot, or Drain P2P (not doable by a task): never reset
+    RETIREMENT_PENDING = "retirement_pending"  # pages retired "on the next reboot" (pre-Ampere)
+
+
+# The health check's per-GPU "recovery_action" values (health_check/README.md); "unknown" when
+# the driver does not say (before R565, N/A, nvidia-smi -q failed, an unlisted value).
+RESET_RECOVERY_ACTIONS = frozenset({"gpu_reset", "drain_and_reset"})
+REBOOT_RECOVERY_ACTIONS = frozenset({"node_reboot", "drain_p2p"})
+RECOVERY_ACTIONS = RESET_RECOVERY_ACTIONS | REBOOT_RECOVERY_ACTIONS | {"none", "unknown"}
 
 
 # dcgmErrorSeverity_t (NVIDIA/DCGM dcgmlib/dcgm_errors.h): the "error_severity" numbers.
@@ -83,14 +100,16 @@ DCGM_CATEGORY_NAMES: dict[int, str] = {
     16: "internal_other",
 }
 
-# The health check's verdict names (health_check/dcgm_health_check.sh, constants.DcgmVerdict).
-DCGM_VERDICT_NAMES = ("healthy", "reboot", "replace", "operator_action")
+# The health check's verdict names, indexed by its exit code (health_check/dcgm_health_check.sh,
+# constants.DcgmVerdict).
+DCGM_VERDICT_NAMES = ("healthy", "reboot", "replace", "operator_action", "reset")
 # A verdict no catalog rule matched still means this.
 DCGM_VERDICT_FALLBACK: dict[str, Action] = {
     "healthy": Action.APPLICATION_ERROR,
     "reboot": Action.REBOOT,
     "replace": Action.REPLACE,
     "operator_action": Action.OPERATOR_ACTION,
+    "reset": Action.RESET_GPU,
 }
 
 

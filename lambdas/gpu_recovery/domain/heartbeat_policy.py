@@ -125,7 +125,8 @@ class HardwareSignal:
     kind: str  # one of SIGNAL_KINDS
     gpu: str  # GPU uuid (or index / PCI bus id when unknown)
     detail: str
-    action: str  # what the fault catalog says it needs: health_check | operator_action | reboot | replace
+    # what the catalog says it needs: health_check | operator_action | reset_gpu | reboot | replace
+    action: str
 
     @property
     def fingerprint(self) -> str:

@@ -33,6 +33,9 @@ class Effect(str, Enum):
 
     STOP_TASKS = "stop_tasks"  # StopTask of the job's other ranks
     HEALTH_CHECK = "health_check"  # RunTask of the DCGM health check
+    # Reset of the node's GPUs by a privileged task (issue 30's reset stage); no plan holds it
+    # while RemediationPolicy.gpu_reset_enabled is False (reset_gpu is then carried out as a reboot).
+    RESET_GPU = "reset_gpu"
     REBOOT = "reboot"
     DRAIN = "drain"  # quarantine: container instance to DRAINING
     TERMINATE = "terminate"  # TerminateInstanceInAutoScalingGroup (replace_action terminate_in_asg)
@@ -56,6 +59,8 @@ def effects_of(action: Action, *, replace_action: str = "quarantine",
         return (Effect.STOP_TASKS, Effect.HEALTH_CHECK)
     if action is Action.OPERATOR_ACTION:
         return (Effect.STOP_TASKS, Effect.DRAIN)
+    if action is Action.RESET_GPU:
+        return (Effect.STOP_TASKS, Effect.RESET_GPU)
     if action is Action.REBOOT:
         return (Effect.STOP_TASKS, Effect.REBOOT)
     if replace_action == "terminate_in_asg" and not quarantine_only:
@@ -95,7 +100,8 @@ class RemediationModes:
 
 
 # Effects that only follow a StopTask of the job's other ranks (see the module's docstring).
-AFTER_STOP_TASKS = (Effect.HEALTH_CHECK, Effect.REBOOT, Effect.DRAIN, Effect.TERMINATE, Effect.RESTART_JOB)
+AFTER_STOP_TASKS = (Effect.HEALTH_CHECK, Effect.RESET_GPU, Effect.REBOOT, Effect.DRAIN, Effect.TERMINATE,
+                    Effect.RESTART_JOB)
 
 
 def combination_errors(modes: RemediationModes, *, replace_action: str = "quarantine",

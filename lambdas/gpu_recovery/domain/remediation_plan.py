@@ -32,7 +32,7 @@ from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget
 from gpu_recovery.domain.job_budgets import BudgetOutcome, JobBudgets, settle
 from gpu_recovery.domain.remediation_mode import Effect, RemediationModes, effects_of
 
-NODE_EFFECTS = frozenset({Effect.REBOOT, Effect.DRAIN, Effect.TERMINATE})
+NODE_EFFECTS = frozenset({Effect.RESET_GPU, Effect.REBOOT, Effect.DRAIN, Effect.TERMINATE})
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class RemediationPolicy:
     modes: RemediationModes = field(default_factory=RemediationModes)
     suspect_exit_codes: frozenset[int] = frozenset({1})
     replace_action: str = "quarantine"  # or "terminate_in_asg"
+    # True once a recovery stage carries out reset_gpu (a privileged task resetting the node's
+    # GPUs). Until then every reset_gpu rule is classified as today's reboot (same ranking, same
+    # rule id, escalation and budget), so no plan, record or stage downstream sees reset_gpu.
+    gpu_reset_enabled: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,8 +110,10 @@ def plan_remediation(evidence: Evidence, policy: RemediationPolicy, *,
                      node_history: Iterable[NodeFaultRecord] = (), now: float,
                      job_budgets: JobBudgets | None = None) -> RemediationPlan:
     history = tuple(node_history)
+    # Without a reset stage, reset_gpu rules compete and act as today's reboot (classify).
     decision = classify(evidence, policy.catalog, history=history,
-                        suspect_exit_codes=policy.suspect_exit_codes)
+                        suspect_exit_codes=policy.suspect_exit_codes,
+                        reset_as_reboot=not policy.gpu_reset_enabled)
     escalation = escalate(decision.action, decision.cause, history, now, policy.escalation)
     action = escalation.action
     charge = True

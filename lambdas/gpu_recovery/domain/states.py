@@ -121,6 +121,9 @@ class DcgmVerdict(int, Enum):
     REBOOT = 1
     REPLACE = 2
     OPERATOR_ACTION = 3  # a configuration problem (e.g. persistence mode off): a reboot cannot fix it
+    # Every failure is one a GPU reset clears (a pending row remap, the driver's recovery action
+    # Reset / Drain and Reset): the catalog's reset_gpu. Worst-first: 2 > 1 > 4 > 3 > 0.
+    RESET = 4
 
 
 class SuspectVerdict(str, Enum):
