@@ -13,8 +13,8 @@ export PYTHONPATH := $(CURDIR)/lambdas:$(CURDIR)
 LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
-.PHONY: install install-cdk demo test test-all test-slow test-faults lint typecheck bench synth deploy clean local-api fuzz \
-	config-docs doctor playground
+.PHONY: install install-cdk demo test test-all test-slow test-faults test-campaigns lint typecheck bench synth deploy \
+	clean local-api fuzz config-docs doctor playground soak
 
 # --no-compile: byte-compiling every installed module (aws-cdk-lib's are huge) took half the
 # install's CPU; Python compiles what a process imports (docs/testing.md: measured both ways).
@@ -60,12 +60,23 @@ test-all: $(STAMP) install-cdk
 
 # Only the slow tier, its crash campaigns sampled as make test samples the GPU-fault one.
 test-slow: $(STAMP) install-cdk
-	$(LOCAL_ENV) $(PY) -m pytest -q -n auto --dist loadgroup -m slow --durations=10 $(PYTEST_ARGS)
+	@start=$$(date +%s); \
+	$(LOCAL_ENV) $(PY) -m pytest -q -n auto --dist loadgroup -m slow --durations=10 $(PYTEST_ARGS); \
+	status=$$?; echo "make test-slow: $$(( $$(date +%s) - start )) s of wall time (exit $$status)"; exit $$status
 
-# Every AWS call of every crash campaign broken in turn (make test breaks one per call site
-# of the GPU-fault recovery).
-test-faults: $(STAMP)
-	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q -n auto --dist loadgroup tests/crash_consistency
+# Every AWS call of every crash campaign broken in turn, both ways (make test breaks the first
+# call of each stage of the GPU-fault recovery); .ci/run runs it. Prints its wall time.
+test-campaigns test-faults: $(STAMP)
+	@start=$$(date +%s); \
+	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q -n auto --dist loadgroup tests/crash_consistency \
+		$(PYTEST_ARGS); \
+	status=$$?; echo "make test-campaigns: $$(( $$(date +%s) - start )) s of wall time (exit $$status)"; exit $$status
+
+# Hours of a busy cluster with a share of every AWS call failing at random (local_mode/soak.py):
+# every job must end, every failure be e-mailed, nothing forgotten. SOAK_ARGS="--seeds 5 --rate 0.01".
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(LOCAL_ENV) $(PY) -m local_mode.soak $(SOAK_ARGS)
 
 # Longer schemathesis run of both APIs against the local API (make test runs 25 examples
 # per operation; FUZZ_EXAMPLES=... to change).

@@ -26,6 +26,7 @@ import io
 import json
 import logging
 import random
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -73,13 +74,21 @@ class SoakResult:
     failed_without_email: list[str] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
+    # Jobs that failed on their own (a rank exited with a code that is not a suspected GPU
+    # fault: no recovery, no e-mail), and which of those a reboot of their node killed (a node
+    # the stack rebooted after the user's scheduler placed them on it: issue 29's placement
+    # attribute keeps schedulers off such nodes).
+    failed_on_their_own: list[str] = field(default_factory=list)
+    killed_by_a_reboot: list[str] = field(default_factory=list)
     breaker_trips: int = 0
     dead_letters: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "rate": self.rate, "jobs": self.jobs, "states": self.states,
                 "calls": self.calls, "broken": self.broken, "problems": self.problems,
-                "breaker_trips": self.breaker_trips, "dead_letters": self.dead_letters}
+                "breaker_trips": self.breaker_trips, "dead_letters": self.dead_letters,
+                "failed_on_their_own": len(self.failed_on_their_own),
+                "killed_by_a_reboot": self.killed_by_a_reboot}
 
 
 @contextmanager
@@ -198,7 +207,13 @@ def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9
                 forgotten.setdefault(job_id, f"{sim.clock.hms()}: {why}")
             if not scheduler.queue and all(_terminal(repo, j.job_id) for j in planned):
                 break
-        return _judge(local, bus, repo, planned, seed, rate, calls, broken, forgotten, verbose)
+        return _judge(local, bus, sim, repo, planned, seed, rate, calls, broken, forgotten, verbose)
+
+
+def _failed_on_its_own(last_error: str) -> bool:
+    """Failed by a rank's own exit with a code that is not a suspected GPU fault: the job's
+    own failure, which the stack does not recover nor e-mail about (docs/recovery-loop.md)."""
+    return bool(re.match(r"rank \d+ failed: exit code \d+", last_error or ""))
 
 
 def _terminal(repo: Repository, job_id: str) -> bool:
@@ -206,16 +221,21 @@ def _terminal(repo: Repository, job_id: str) -> bool:
     return job is not None and job.state.is_terminal
 
 
-def _judge(local: LocalAws, bus: LocalEventBus, repo: Repository, planned: list[SoakJob], seed: int,
+def _judge(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, repo: Repository, planned: list[SoakJob],
+           seed: int,
            rate: float, calls: int, broken: int, forgotten: dict[str, str], verbose: bool) -> SoakResult:
     states: dict[str, int] = {}
-    unfinished, failed = [], []
+    unfinished, failed, own, killed = [], [], [], []
     for planned_job in planned:
         job = repo.get_job(planned_job.job_id)
         state = job.state.value if job is not None else "NEVER_STARTED"
         states[state] = states.get(state, 0) + 1
         if job is None or not job.state.is_terminal:
             unfinished.append(f"{planned_job.job_id} {state} (fault {planned_job.fault})")
+        elif job.state is JobState.FAILED and _failed_on_its_own(job.last_error):
+            own.append(planned_job.job_id)
+            if "rebooted" in job.last_error:
+                killed.append(f"{planned_job.job_id}: {job.last_error[:120]}")
         elif job.state is JobState.FAILED:
             failed.append(planned_job.job_id)
     mailed = {n["attributes"].get("job_id") for n in local.notifications()}
@@ -227,7 +247,8 @@ def _judge(local: LocalAws, bus: LocalEventBus, repo: Repository, planned: list[
     result = SoakResult(seed=seed, rate=rate, jobs=len(planned), states=states, calls=calls, broken=broken,
                         failed_without_email=no_mail,
                         forgotten=sorted(f"{k} {v}" for k, v in forgotten.items()),
-                        unfinished=unfinished, breaker_trips=trips, dead_letters=len(dead))
+                        unfinished=unfinished, breaker_trips=trips, dead_letters=len(dead),
+                        failed_on_their_own=own, killed_by_a_reboot=killed)
     if unfinished:
         result.problems.append(f"jobs never ended: {unfinished}")
     if no_mail:
@@ -240,12 +261,13 @@ def _judge(local: LocalAws, bus: LocalEventBus, repo: Repository, planned: list[
         for d in dead:
             print(f"dead letter: {d.rule} {d.error}", file=sys.stderr)
         bad = {j.split()[0] for j in unfinished} | set(no_mail) | set(forgotten)
+        bad |= {k.split(":")[0] for k in killed}
         for job_id in sorted(bad):
-            _explain(local, repo, job_id)
+            _explain(local, sim, repo, job_id)
     return result
 
 
-def _explain(local: LocalAws, repo: Repository, job_id: str) -> None:
+def _explain(local: LocalAws, sim: SimulatedEcs, repo: Repository, job_id: str) -> None:
     """What happened to a job that ended wrong: its history, and the calls broken meanwhile."""
     item = repo.get_job_item(job_id) or {}
     out = sys.stderr
@@ -256,8 +278,13 @@ def _explain(local: LocalAws, repo: Repository, job_id: str) -> None:
         times.append(float(entry["at"]))
         print(f"  {float(entry['at']):.0f} {entry.get('from')} -> {entry.get('to')}: "
               f"{str(entry.get('reason'))[:200]}", file=out)
+    nodes = {sim.node(r.container_inst_id).name for r in repo.get_ranks(repo.get_job(job_id))} \
+        if repo.get_job(job_id) else set()
     if times:
-        first, last = min(times) - 60, max(times) + 600
+        first, last = min(times) - 600, max(times) + 600
+        for entry in sim.timeline:
+            if first <= entry.time <= last and entry.text.split()[0] in nodes:
+                print(f"  {sim.clock.hms(entry.time)} {entry.text}", file=out)
         for call, mode in local.call_faults.broken:
             at = getattr(call, "at", None)
             if at is None or first <= at <= last:

@@ -328,7 +328,8 @@ def test_a_lost_node_decision_whose_answer_was_lost_is_finished_by_the_next_swee
     loop.heartbeat.sweep()
     loop.service.sweep()
     assert loop.ecs.stop_calls == [task_arn("j1", 0)] and len(loop.ecs.drained) == 1
-    assert [n.kind for n in world.notifier.sent] == []  # the e-mail went with the lost answer
+    # The e-mail was owed with the decision (its outbox item): the sweep sent it, once.
+    assert [n.kind for n in world.notifier.sent] == [NotificationKind.NODE_LOST]
 
 
 def test_node_lost_fail_disabled(world) -> None:

@@ -71,6 +71,7 @@ class FakeEcs:
     attributes: dict[str, set[str]] = field(default_factory=dict)  # node -> custom attributes
     attribute_calls: list[tuple[str, str, str]] = field(default_factory=list)
     cluster_listings: int = 0  # ListContainerInstances (+ Describe) rounds
+    fail_listing: Exception | None = None  # raised by every listing while set (a throttled ECS)
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -156,6 +157,8 @@ class FakeEcs:
     def container_instances(self) -> list[dict[str, Any]]:
         """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy."""
         self.cluster_listings += 1
+        if self.fail_listing is not None:
+            raise self.fail_listing
         nodes = sorted({t.node for t in self.tasks.values()} | set(self.spare_nodes))
         out = []
         for node in nodes:

@@ -1,0 +1,129 @@
+"""The ways a fault was lost (issue 26), each reproduced and ending right.
+
+1. A node decision committed (a dead GPU's node QUARANTINED; a healthy verdict after an
+   application error), then a read later in the same invocation throttled past botocore's
+   retries: the redelivered verdict found the decision applied and answered "duplicate",
+   and the job was never settled nor e-mailed. Now the e-mail is owed in the decision's
+   own transaction and everything after the commit has its own deadline.
+2. A lost response on an UpdateItem while handling a rank's exit, then nothing due for the
+   job.
+3. The cluster's GPU nodes could not be counted on the first remediation that needed the
+   count (ListContainerInstances throttled, no count ever recorded): the breaker treated the
+   cluster as empty and tripped. Now the decision waits for a count.
+
+Every run is the unbroken flow broken at that one call (forked from the unbroken run,
+``_forked.py``), checked as the campaigns check it: the job restarted, or failed with its
+e-mail, nothing forgotten after any event, nothing left pending.
+"""
+
+from __future__ import annotations
+
+from functools import cache, partial
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from gpu_recovery.domain import breaker
+from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.recovery.reboots import ClusterCountUnavailable
+from local_mode.campaigns import recovery
+from local_mode.faults import LOST_RESPONSE, THROTTLE
+from tests.recovery.fakes import world
+
+from . import _forked as forked
+
+FAULTY, PEER = "node-b", "node-a"
+
+GROUP = pytest.mark.xdist_group("issue-26-cases")
+
+
+@cache
+def baseline(flow: str) -> recovery.RunResult:
+    return recovery.run(flow)
+
+
+def first_call(flow: str, site: str, operation: str) -> int:
+    return next(c.index for c in baseline(flow).calls if c.site.startswith(site) and c.operation == operation)
+
+
+def after_the_decision(flow: str, site: str, operation: str) -> int:
+    """The first such call after the node decision's transaction (the verdict's commit)."""
+    decision = next(c.index for c in baseline(flow).calls if c.operation == "TransactWriteItems"
+                    and c.site.startswith("recovery/remediation.py:apply"))
+    return next(c.index for c in baseline(flow).calls
+                if c.index > decision and c.site.startswith(site) and c.operation == operation)
+
+
+def broken(flow: str, index: int, mode: str) -> recovery.RunResult:
+    run = partial(recovery.run, flow)
+    return forked.outcome(forked.broken(run, ((index, mode),)), index, mode)
+
+
+@GROUP
+@pytest.mark.parametrize("flow", ["dead_gpu", "app_error_fails"])
+def test_a_read_throttled_after_the_node_decision_still_settles_and_emails_the_job(flow: str) -> None:
+    """The instance re-read after the decision's commit (to carry the drain out) is throttled
+    past its retries: the job is FAILED, its e-mail sent, the node drained by the sweep."""
+    index = after_the_decision(flow, "recovery/remediation.py:_after_decision", "GetItem")
+    result = broken(flow, index, THROTTLE)
+    assert result.fired is not None and result.fired.index == index
+    assert result.problems() == []
+    kind = "quarantined" if flow == "dead_gpu" else "application_error"
+    assert (kind, recovery.JOB_ID) in result.mails
+
+
+@GROUP
+@pytest.mark.parametrize("flow", ["dead_gpu", "app_error_fails"])
+def test_the_suspect_read_for_the_email_throttled_fails_nothing_half_way(flow: str) -> None:
+    """The suspect read that names the ranks in the e-mail now comes before the commit: it
+    throttled, nothing is committed, the retried verdict decides, sends and settles."""
+    index = first_call(flow, "recovery/notices.py:for_job", "GetItem")
+    result = broken(flow, index, THROTTLE)
+    assert result.fired is not None and result.fired.index == index
+    assert result.problems() == []
+
+
+@GROUP
+@pytest.mark.parametrize("flow", ["gpu_fault", "app_error"])
+def test_a_lost_update_on_a_ranks_exit_leaves_nothing_forgotten(flow: str) -> None:
+    """Every UpdateItem the task handler makes on a rank's exit, its answer lost: the job
+    still restarts and completes, and has something due after every event."""
+    sites = sorted({c.site for c in baseline(flow).calls
+                    if c.site.startswith("recovery/task_events.py") and c.operation == "UpdateItem"})
+    assert sites, "the flow's task handler writes no UpdateItem"
+    for site in sites:
+        index = first_call(flow, site, "UpdateItem")
+        result = broken(flow, index, LOST_RESPONSE)
+        assert result.problems() == [], site
+
+
+def test_an_uncountable_cluster_never_trips_the_breaker() -> None:
+    """The first node action that needs the cluster's count (a second node in the window),
+    ECS not listable and no count ever recorded: the decision waits (nothing committed), the
+    breaker stays closed; the retry counts the cluster and reboots the node."""
+    with world() as w:
+        w.ecs.spare_nodes = [f"n-{i}" for i in range(14)]  # a 16-node cluster: 3 nodes a window
+        decided = breaker.record_action(None, node="n-0", action="reboot", now=w.now[0] - 60,
+                                        cluster_gpu_nodes=16)
+        assert w.repo.save_breaker({k: v for k, v in decided.state.items() if k != "cluster_gpu_nodes"}, None)
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
+        [task] = w.ecs.health_checks_on(FAULTY)
+        stored = w.repo.get_breaker()
+        assert breaker.needs_cluster_count(stored, node=FAULTY, now=w.now[0],
+                                           policy=w.service.settings.remediation.breaker)
+        throttled = {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}
+        w.ecs.fail_listing = ClientError(throttled, "ListContainerInstances")  # type: ignore[arg-type]
+        listed = w.ecs.cluster_listings
+        with pytest.raises(ClusterCountUnavailable):
+            w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+        assert w.ecs.cluster_listings > listed
+        assert (w.repo.get_breaker() or {}).get("state") != "tripped"
+        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING  # nothing committed
+        w.ecs.fail_listing = None
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+        stored: dict[str, Any] = w.repo.get_breaker() or {}
+        assert stored.get("state") == "closed" and stored.get("cluster_gpu_nodes") == 16
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
