@@ -65,7 +65,7 @@ from gpu_recovery.constants import (
     ENV_NODE_TOKEN_TABLE,
     ENV_QUOTA_TABLE,
 )
-from gpu_recovery.tokens import TokenError, TokenStore
+from gpu_recovery.heartbeat.tokens import TokenError, TokenStore
 
 
 @dataclass

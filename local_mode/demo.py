@@ -475,11 +475,9 @@ def _silence_handler_logs() -> None:
 def _reset_handler_caches() -> None:
     """Handlers cache services built from the environment; a new emulator needs new ones.
     (``jobs_api.reset`` also drops the boto3 session: call it outside ``LocalAws``.)"""
-    from gpu_recovery import heartbeat
     from handlers import jobs_api
 
-    jobs_api.reset()
-    heartbeat.reset()
+    jobs_api.reset()  # runtime.reset(): the heartbeat service too
 
 
 def main(argv: list[str] | None = None) -> int:

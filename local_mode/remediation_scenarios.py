@@ -131,9 +131,6 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
     with LocalAws(metrics_disabled=True, max_recovery_attempts=max_recovery_attempts,
                   extra_env=env) as local:
         runtime.reset(clients=False)
-        from gpu_recovery import heartbeat
-
-        heartbeat.reset()
         bus = LocalEventBus(duplicate_delivery=duplicate_delivery)
         sim = SimulatedEcs(local, bus, train_seconds=None, **sim_options)
         wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
@@ -142,7 +139,6 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
         try:
             yield World(local, bus, sim, td)
         finally:
-            heartbeat.reset()
             runtime.reset(clients=False)
 
 

@@ -293,7 +293,7 @@ DYNAMODB_VIOLATIONS = [
 
 @pytest.mark.parametrize("snippet", DYNAMODB_VIOLATIONS)
 def test_the_checker_finds_dynamodb_use(snippet: str) -> None:
-    """Given a DynamoDB call of the kind heartbeat.py and the queue once made directly
+    """Given a DynamoDB call of the kind the heartbeat service and the queue once made directly
     When it is scanned as a module outside the repository
     Then it is reported."""
     assert scan(snippet, "snippet.py", dynamodb=True)

@@ -26,12 +26,12 @@ from gpu_recovery.repository.rate_limit import RateLimitRepository
 from gpu_recovery.settings import SchedulerConfig, Settings, ecs_api_bucket
 
 if TYPE_CHECKING:
-    from gpu_recovery.heartbeat import HeartbeatService
+    from gpu_recovery.heartbeat.service import HeartbeatService
+    from gpu_recovery.heartbeat.tokens import TokenStore
     from gpu_recovery.queue.control import JobControlService
     from gpu_recovery.queue.scheduler import QueueScheduler
     from gpu_recovery.queue.service import JobQueueService, SchedulerTrigger
     from gpu_recovery.settings import JobsApiSettings
-    from gpu_recovery.tokens import TokenStore
 
 _lock = threading.Lock()
 _services: dict[str, Any] = {}
@@ -121,7 +121,7 @@ def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
 def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
     """The node heartbeat service, once per boto3 session (local mode and tests swap
     sessions with ``aws.reset()``; a new session builds a new service)."""
-    from gpu_recovery.heartbeat import HeartbeatService
+    from gpu_recovery.heartbeat.service import HeartbeatService
     from gpu_recovery.repository.heartbeat import HeartbeatRepository
     from gpu_recovery.settings import heartbeat_settings
 
@@ -220,9 +220,9 @@ def job_control_service(metrics: MetricsPort | None = None) -> JobControlService
 
 def node_token_store() -> TokenStore:
     """The node-token store of the authorizer and the admin CLI, once per session."""
+    from gpu_recovery.heartbeat.tokens import TokenStore
     from gpu_recovery.repository.heartbeat import NodeTokenRepository
     from gpu_recovery.settings import node_token_table
-    from gpu_recovery.tokens import TokenStore
 
     session = aws.session()
     table = node_token_table()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpu_recovery import clock, heartbeat, runtime
+from gpu_recovery import clock, runtime
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import (
     DEFAULT_NODE_TOKEN_TABLE_NAME,
@@ -28,9 +28,9 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Job, Rank
-from gpu_recovery.heartbeat import HeartbeatService
+from gpu_recovery.heartbeat.service import HeartbeatService
+from gpu_recovery.heartbeat.tokens import TokenStore
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
-from gpu_recovery.tokens import TokenStore
 from local_mode.emulator import LocalAws
 
 EVENTS_DIR = Path(__file__).resolve().parents[1] / "events"
@@ -203,10 +203,8 @@ def local(clk: Clock, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalAws]:
                                            **table_definitions()["node_token"])
         clock.set_clock(clk)  # LocalAws leaves the clock alone on enter; be explicit
         runtime.reset()
-        heartbeat.reset()
         yield la
         runtime.reset()
-        heartbeat.reset()
 
 
 @pytest.fixture

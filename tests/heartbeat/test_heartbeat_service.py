@@ -11,7 +11,8 @@ from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
-from gpu_recovery.heartbeat import HeartbeatService, ReplayedReport, SweepResult
+from gpu_recovery.heartbeat.results import ReplayedReport, SweepResult
+from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.settings import Settings

@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 
 from gpu_recovery.constants import HB_PK
-from gpu_recovery.tokens import hash_token, parse_token, token_from_authorization, verify_against_item
+from gpu_recovery.heartbeat.tokens import (
+    hash_token,
+    parse_token,
+    token_from_authorization,
+    verify_against_item,
+)
 from handlers import node_api, node_authorizer
 from local_mode.server import LocalApi, LocalApiServer, LocalContext
 

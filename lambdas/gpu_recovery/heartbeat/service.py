@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -42,8 +41,10 @@ from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
-from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
+from gpu_recovery.domain.notifications import NotificationFacts, build
 from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, STARTED_JOB_STATES
+from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NotifierPort, NullMetrics, RecoveryPort
+from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport, ReportResult, SweepResult
 from gpu_recovery.repository.heartbeat import (
     GPU_REPORT_VERSION,
     WATCHED_JOB_STATES,
@@ -56,95 +57,7 @@ logger = logging.getLogger(__name__)
 
 ACTOR = "heartbeat"
 WATCHED = HEARTBEAT_WATCHED_RANK_STATES
-
-
-class ReplayedReport(Exception):
-    """The node's last accepted report carried this very timestamp (a repeat)."""
-
-
 _GPU_REPORT_RETRIES = 3
-
-
-# ------------------------------------------------------------------------- ports
-class EcsPort(Protocol):
-    def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
-
-
-class NotifierPort(Protocol):
-    def publish(self, notification: Notification) -> str: ...
-
-
-class NodeRemediationPort(Protocol):
-    def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
-                         why: str) -> str: ...
-
-
-class RecoveryPort(Protocol):
-    def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
-                               failing_rank: int | None = None,
-                               from_states: Iterable[JobState] = ...) -> Any: ...
-    def on_boot_reported(self, inst_id: str, boot_time: float) -> Any: ...
-
-    # The recovery loop's node decisions (the breaker, observe mode, the node's history):
-    # a node lost with its agent disconnected is one of them.
-    @property
-    def remediation(self) -> NodeRemediationPort: ...
-
-
-class MetricsPort(Protocol):
-    def add_metric(self, name: str, unit: str, value: float) -> None: ...
-
-
-class _NullMetrics:
-    def add_metric(self, name: str, unit: str, value: float) -> None:
-        return None
-
-
-@dataclass
-class ReportResult:
-    node_id: str
-    refreshed: int = 0
-    unknown: list[str] = field(default_factory=list)
-    ignored: dict[str, str] = field(default_factory=dict)  # task -> why (e.g. rank STOPPED)
-    revived: list[str] = field(default_factory=list)
-    hung: list[str] = field(default_factory=list)
-    unhung: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id, "refreshed": self.refreshed, "unknown": self.unknown,
-            "ignored": self.ignored, "revived": self.revived, "hung": self.hung,
-            "unhung": self.unhung,
-        }
-
-
-@dataclass
-class GpuResult:
-    node_id: str
-    gpus: int
-    signals: list[str] = field(default_factory=list)
-    new_signals: list[str] = field(default_factory=list)
-    suspect: bool = False
-    notified: bool = False
-    suppressed: list[str] = field(default_factory=list)  # new, held back by the rate limit
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "gpus": self.gpus, "signals": self.signals,
-                "new_signals": self.new_signals, "suspect": self.suspect,
-                "notified": self.notified, "suppressed": self.suppressed}
-
-
-@dataclass
-class SweepResult:
-    read: int = 0
-    marked_lost: list[str] = field(default_factory=list)
-    escalated: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    unwatched: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"read": self.read, "marked_lost": self.marked_lost, "escalated": self.escalated,
-                "failed": self.failed, "unwatched": self.unwatched}
 
 
 def _rank_label(item: dict[str, Any]) -> str:
@@ -170,7 +83,7 @@ class HeartbeatService:
         self.ecs = ecs
         self.notifier = notifier
         self._recovery = recovery
-        self.metrics = metrics or _NullMetrics()
+        self.metrics = metrics or NullMetrics()
 
     # ============================================================== task reports
     def report_tasks(self, node_id: str, reported_at: float, tasks: Iterable[ReportedTask],
@@ -619,20 +532,6 @@ class HeartbeatService:
         except Exception:
             logger.exception("notification failed", extra={"kind": kind.value, "job_id": facts.job_id})
 
-
-# ============================================================= wiring (Lambdas)
-def service(metrics: MetricsPort | None = None) -> HeartbeatService:
-    """The service ``gpu_recovery.runtime`` builds (kept here for the handlers' callers)."""
-    from gpu_recovery import runtime
-
-    return runtime.heartbeat_service(metrics)
-
-
-def reset() -> None:
-    """Forget the built service (tests and local mode switch environments)."""
-    from gpu_recovery import runtime
-
-    runtime.forget("heartbeat")
 
 
 def _repaired_at(node: dict[str, Any]) -> float | None:
