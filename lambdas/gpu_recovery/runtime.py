@@ -14,12 +14,12 @@ from gpu_recovery.adapters import aws
 from gpu_recovery.adapters.autoscaling import AutoScalingReplacer
 from gpu_recovery.adapters.compute import RebootAdapter
 from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.adapters.queue import GangQueue
 from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
 from gpu_recovery.domain.rate_limit import TokenBucket
-from gpu_recovery.ecs_budget import EcsCallBudget
 from gpu_recovery.recovery import MetricsPort, RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository

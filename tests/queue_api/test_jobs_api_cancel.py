@@ -151,7 +151,7 @@ def test_recovery_loop_finishes_canceling(api: Api, monkeypatch: pytest.MonkeyPa
 
 
 def _stopped_detail(task: dict) -> object:
-    from gpu_recovery.ecs_events import EcsTaskStateChangeEvent
+    from gpu_recovery.events.ecs import EcsTaskStateChangeEvent
     from tests.queue_api.conftest import load_event
 
     event = load_event("training_task_stopped_exit1.json")
