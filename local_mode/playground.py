@@ -312,22 +312,22 @@ class Playground:
 
         from gpu_recovery.queue.service import CallbackSchedulerTrigger
         from handlers import heartbeat_sweep, jobs_api, queue_scheduler
-        from local_mode.demo import _loopback_without_proxy, _reset_handler_caches, _silence_handler_logs
         from local_mode.ecs_sim import SimulatedEcs
         from local_mode.emulator import LocalAws
         from local_mode.event_bus import LambdaContext, LocalEventBus, wire_recovery_handlers
+        from local_mode.harness import loopback_without_proxy, reset_handler_caches, silence_handler_logs
         from local_mode.node_agents import SimulatedNodeAgents
 
         cfg = self.config
         warnings.filterwarnings("ignore")
-        stack.enter_context(_loopback_without_proxy())
+        stack.enter_context(loopback_without_proxy())
         saved_stdout = sys.stdout
         sys.stdout = _StdoutWithoutEmf(saved_stdout)  # type: ignore[assignment]
         stack.callback(setattr, sys, "stdout", saved_stdout)
         # Before the emulator (it resets the boto3 session) and after it: the handlers'
         # cached services must be built on the emulator's hooked session.
-        _reset_handler_caches()
-        stack.callback(_reset_handler_caches)
+        reset_handler_caches()
+        stack.callback(reset_handler_caches)
         # The API's port first: its URL is the launcher's JOB_CONTROL_API_URL. It serves
         # once everything below exists (and stops first).
         try:
@@ -344,7 +344,7 @@ class Playground:
                        C.ENV_CONTROL_API_URL: f"{server.url}/prod",
                        C.ENV_CONTROL_POLL_SECONDS: str(self.control_poll_seconds)}))
         if not cfg.verbose:
-            _silence_handler_logs()
+            silence_handler_logs()
             for name in ("job-control-api", "job-control-authorizer", "gpu_recovery_client", "werkzeug"):
                 import logging
 
