@@ -12,11 +12,11 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from gpu_recovery.constants import NODE_TOKEN_HEADER_PATTERN
-from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
 from infra.lambda_common import LambdaDefaults
 from infra.nag import add_nag_checks, read_findings
 from infra.node_agent import NodeAgentDaemon
+from infra.node_api import HeartbeatConfig, NodeApi
 from infra.notifications import Notifications
 from infra.recovery import ClusterAccess
 from infra.tables import RecoveryTables

@@ -1,7 +1,7 @@
 """Shared by the infra tests: contexts, the ``Synth`` result and ``synthesize``.
 
 Test modules import from here, not from ``conftest``: tests/infra has no __init__.py, so
-``conftest`` is a top-level module name that other rootless test folders (tests/queue_api)
+``conftest`` is a top-level module name that other rootless test folders (tests/jobs_api)
 also use; in a combined pytest run ``from conftest import ...`` would get theirs.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import boto3
 
-from tests.queue_api.conftest import (
+from tests.jobs_api.conftest import (
     CONTAINER,
     LOG_GROUP,
     LOG_PREFIX,

@@ -13,7 +13,7 @@ from gpu_recovery.adapters.scheduler_trigger import LambdaInvoker
 from gpu_recovery.constants import queue_order
 from gpu_recovery.queue.service import LambdaSchedulerTrigger, scheduler_payload
 from handlers import jobs_api
-from tests.queue_api.conftest import (
+from tests.jobs_api.conftest import (
     ALICE,
     BOB,
     CLUSTER,

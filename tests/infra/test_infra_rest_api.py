@@ -11,10 +11,10 @@ import pytest
 from infra_synth import CLUSTER, Synth
 
 from gpu_recovery import constants as c
-from infra.api import NODE_ROUTES, NodeApi
 from infra.control_api import CONTROL_API_HANDLER, CONTROL_AUTHORIZER_HANDLER, JobControlApi
+from infra.jobs_api import ROUTES, SWAGGER_ROUTE, JobsApi
 from infra.node_agent import NodeAgentDaemon
-from infra.queue_api import ROUTES, SWAGGER_ROUTE, JobQueueApi
+from infra.node_api import NODE_ROUTES, NodeApi
 from infra.scheduler import QueueScheduler
 
 SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
@@ -301,19 +301,19 @@ def test_product_outputs(default_synth: Synth) -> None:
 
 
 def test_stack_exposes_the_constructs(default_synth: Synth) -> None:
-    """Given the stack object, Then api / queue_api / scheduler are its attributes and the
+    """Given the stack object, Then node_api / jobs_api / scheduler are its attributes and the
     jobs routes live on the node API's RestApi."""
     stack = default_synth.stack
-    assert isinstance(stack.api, NodeApi)
-    assert isinstance(stack.queue_api, JobQueueApi)
+    assert isinstance(stack.node_api, NodeApi)
+    assert isinstance(stack.jobs_api, JobsApi)
     assert isinstance(stack.scheduler, QueueScheduler)
     assert isinstance(stack.control_api, JobControlApi)
-    assert set(stack.queue_api.methods) == IAM_ROUTES
+    assert set(stack.jobs_api.methods) == IAM_ROUTES
     assert set(stack.control_api.methods) == CONTROL_ROUTE_KEYS
     for method in stack.control_api.methods.values():
-        assert method.api.rest_api_id == stack.api.rest_api.rest_api_id
-    for method in stack.queue_api.methods.values():
-        assert method.api.rest_api_id == stack.api.rest_api.rest_api_id
+        assert method.api.rest_api_id == stack.node_api.rest_api.rest_api_id
+    for method in stack.jobs_api.methods.values():
+        assert method.api.rest_api_id == stack.node_api.rest_api.rest_api_id
     assert set(stack.functions) >= {"NodeAuthorizer", "NodeApi", "HeartbeatSweep", "JobsApi",
                                     "QueueScheduler", "JobControlAuthorizer", "JobControlApi"}
     assert set(stack.monitoring.error_alarms) == set(stack.functions)

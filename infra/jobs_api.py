@@ -1,6 +1,6 @@
 """The jobs API: ``/v1/jobs`` routes on an existing REST API, its Lambda and idempotency table.
 
-``JobQueueApi`` plugs into a ``RestApi`` created elsewhere (``infra/api.py``); every
+``JobsApi`` plugs into a ``RestApi`` created elsewhere (``infra/node_api.py``); every
 method it adds uses ``AuthorizationType.IAM`` (SigV4). The function gets least-privilege
 permissions:
 
@@ -60,7 +60,7 @@ SWAGGER_ROUTE = ("GET", "swagger")
 ROUTES: tuple[tuple[str, str], ...] = tuple(r for r in JOBS_API_ROUTES if r != SWAGGER_ROUTE)
 
 
-class JobQueueApi(Construct):
+class JobsApi(Construct):
     """Adds the jobs API to ``rest_api``.
 
     Attributes: ``function`` (RecoveryFunction: ``.function``, ``.role``, ``.log_group``),

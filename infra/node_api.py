@@ -6,7 +6,7 @@ method per route of the route tables in ``gpu_recovery.constants`` (no ``{proxy+
 an unknown route or method is refused by API Gateway itself). Every method must carry an
 authorization type (the template test rejects NONE):
 
-* the jobs API (``infra/queue_api.py``): ``JOBS_API_ROUTES``, IAM (SigV4);
+* the jobs API (``infra/jobs_api.py``): ``JOBS_API_ROUTES``, IAM (SigV4);
 * the job-control API (``infra/control_api.py``): ``CONTROL_API_ROUTES``, its own TOKEN
   authorizer (per-rank control tokens of training code).
 

@@ -1,4 +1,4 @@
-"""Template assertions for ``JobQueueApi`` on a test stack (one synthesis, shared)."""
+"""Template assertions for ``JobsApi`` on a test stack (one synthesis, shared)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from gpu_recovery.constants import (
     table_definitions,
 )
 from infra.config import RecoveryConfig
+from infra.jobs_api import JOBS_API_HANDLER, ROUTES, JobsApi
 from infra.lambda_common import LambdaDefaults
 from infra.nag import add_nag_checks, read_findings
-from infra.queue_api import JOBS_API_HANDLER, ROUTES, JobQueueApi
 from infra.tables import RecoveryTables
 
 ACCOUNT, REGION, CLUSTER = "111122223333", "us-east-1", "gpu-cluster"
@@ -41,16 +41,16 @@ class _Synth:
 
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> _Synth:
-    outdir: Path = tmp_path_factory.mktemp("queue-api")
+    outdir: Path = tmp_path_factory.mktemp("jobs-api")
     app = cdk.App(outdir=str(outdir))
-    stack = cdk.Stack(app, "QueueApiTest", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    stack = cdk.Stack(app, "JobsApiTest", env=cdk.Environment(account=ACCOUNT, region=REGION))
     rest_api = apigateway.RestApi(stack, "Api", rest_api_name="gpu-jobs-test")
     tables = RecoveryTables(stack, "Tables", removal_policy="destroy")
     scheduler = lambda_.Function(
         stack, "Scheduler", runtime=lambda_.Runtime.PYTHON_3_12, handler="index.handler",
         code=lambda_.Code.from_inline("def handler(event, context):\n    return None\n"),
     )
-    JobQueueApi(
+    JobsApi(
         stack, "JobsApi", rest_api=rest_api, job_table=tables.job_table, cluster_name=CLUSTER,
         defaults=LambdaDefaults(config=RecoveryConfig(cluster_name=CLUSTER)),
         scheduler_function=scheduler, quota_table=tables.quota_table,
@@ -63,7 +63,7 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> _Synth:
         error = str(exc)
     from tests.infra.infra_synth import with_partition
 
-    template = with_partition(json.loads((outdir / "QueueApiTest.template.json").read_text()), "aws")
+    template = with_partition(json.loads((outdir / "JobsApiTest.template.json").read_text()), "aws")
     return _Synth(template, read_findings(outdir), error)
 
 
