@@ -46,7 +46,7 @@ SECTIONS = (
     ("Crash consistency", "bench.fault_bench"),
     ("Remediation MTTR", "bench.remediation_bench"),
     ("Node heartbeats", "bench.heartbeat_bench"),
-    ("Job queue API", "bench.queue_api_bench"),
+    ("Jobs API", "bench.jobs_api_bench"),
     ("Queue scheduler", "bench.scheduler_bench"),
     ("Time sharing", "bench.time_sharing_bench"),
     ("Large jobs", "bench.scale_bench"),

@@ -166,7 +166,7 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
     from gpu_recovery.adapters.task_definitions import TaskDefinitions
     from gpu_recovery.queue.quotas import QuotaService
     from gpu_recovery.queue.service import JobQueueService, LambdaSchedulerTrigger, NoSchedulerTrigger
-    from gpu_recovery.repository.queue_api import JobQueueRepository
+    from gpu_recovery.repository.jobs_api import JobQueueRepository
     from gpu_recovery.repository.time_sharing import QuotaRepository
 
     settings = jobs_api_settings()

@@ -3,7 +3,7 @@ events, logs, node quotas.
 
 Jobs share the recovery loop's job model (table key ``job_id_rank``): a job item
 ``<job_id>#JOB`` and rank items ``<job_id>#<rank>``. Every state change is a conditional
-write through :class:`~gpu_recovery.repository.queue_api.JobQueueRepository` on the exact
+write through :class:`~gpu_recovery.repository.jobs_api.JobQueueRepository` on the exact
 state read, so it races safely with the scheduler and the recovery handlers. Reads use
 keys and indexes only, never a Scan.
 
@@ -82,7 +82,7 @@ from gpu_recovery.queue.attempts import attempt_records
 from gpu_recovery.queue.models import JobSpec, priority_name
 from gpu_recovery.queue.quotas import QuotaInputError, QuotaService, subject_from
 from gpu_recovery.repository import Repository, from_ddb
-from gpu_recovery.repository.queue_api import InvalidPageToken, JobQueueRepository
+from gpu_recovery.repository.jobs_api import InvalidPageToken, JobQueueRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """In-process latency of each jobs API route against moto (no network, no AWS).
 
-``python -m bench.queue_api_bench`` prints the median (and p90) milliseconds per route;
+``python -m bench.jobs_api_bench`` prints the median (and p90) milliseconds per route;
 ``run()`` returns them as a dict. Moto dominates the absolute numbers: compare runs, not
 against production.
 """
