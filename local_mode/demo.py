@@ -17,7 +17,7 @@ port, a thread of this process), against the same emulator. Every node runs a
 simulated GPU node agent that POSTs ``/v1/report_tasks`` every 30 simulated seconds
 over HTTP with its token; the heartbeat sweep and the queue scheduler run every
 minute, and the scheduler also runs right after each submit / cancel (in process).
-Jobs submitted through the API with the CLI's client (``cli/gpujobs.py``):
+Jobs submitted through the API with the CLI's client (``cli/gpujobs/``):
 
 4. two jobs that fit run concurrently; one of them loses a node's heartbeats for
    5 minutes (NODE_LOST, then RUNNING again), the other has a rank whose step stops
