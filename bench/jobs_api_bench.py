@@ -73,7 +73,7 @@ def _run(boto3: Any, rounds: int) -> dict[str, Any]:
     from moto.ecs.models import ecs_backends
 
     from gpu_recovery.constants import table_definitions
-    from gpu_recovery.queue.service import CallbackSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
     from handlers import jobs_api
 
     region, cluster = _ENV["AWS_DEFAULT_REGION"], _ENV["ECS_CLUSTER_NAME"]

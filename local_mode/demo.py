@@ -252,7 +252,7 @@ def run(*, duplicate_delivery: bool = True, quiet: bool = False,
     with job items, notifications, dead letters and API/agent errors (for tests)."""
     warnings.filterwarnings("ignore")
     from cli.gpujobs import ApiClient
-    from gpu_recovery.queue.service import CallbackSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
     from handlers import heartbeat_sweep, jobs_api, queue_scheduler
     from local_mode.ecs_sim import SimulatedEcs
     from local_mode.emulator import LocalAws

@@ -310,7 +310,7 @@ class Playground:
     def _build(self, stack: contextlib.ExitStack) -> None:
         import warnings
 
-        from gpu_recovery.queue.service import CallbackSchedulerTrigger
+        from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
         from handlers import heartbeat_sweep, jobs_api, queue_scheduler
         from local_mode.ecs_sim import SimulatedEcs
         from local_mode.emulator import LocalAws

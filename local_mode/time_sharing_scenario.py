@@ -324,7 +324,7 @@ class _Scenario:
 @contextlib.contextmanager
 def _world(*, duplicate_delivery: bool) -> Iterator[_Scenario]:
     from cli.gpujobs import ApiClient
-    from gpu_recovery.queue.service import CallbackSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
     from handlers import jobs_api, queue_scheduler
     from local_mode.ecs_sim import SimulatedEcs
     from local_mode.emulator import LocalAws

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from gpu_recovery.heartbeat.service import HeartbeatService
     from gpu_recovery.heartbeat.tokens import TokenStore
     from gpu_recovery.queue.control import JobControlService
+    from gpu_recovery.queue.jobs_api.service import JobQueueService
+    from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
     from gpu_recovery.queue.scheduler import QueueScheduler
-    from gpu_recovery.queue.service import JobQueueService, SchedulerTrigger
     from gpu_recovery.settings import JobsApiSettings
 
 _lock = threading.Lock()
@@ -164,8 +165,9 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
     from gpu_recovery.adapters.logs import TrainingLogReader
     from gpu_recovery.adapters.scheduler_trigger import LambdaInvoker
     from gpu_recovery.adapters.task_definitions import TaskDefinitions
+    from gpu_recovery.queue.jobs_api.service import JobQueueService
+    from gpu_recovery.queue.jobs_api.triggers import LambdaSchedulerTrigger, NoSchedulerTrigger
     from gpu_recovery.queue.quotas import QuotaService
-    from gpu_recovery.queue.service import JobQueueService, LambdaSchedulerTrigger, NoSchedulerTrigger
     from gpu_recovery.repository.jobs_api import JobQueueRepository
     from gpu_recovery.repository.time_sharing import QuotaRepository
 

@@ -150,7 +150,7 @@ class ControlWorld:
 def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ControlWorld]:
     """Two 8-GPU nodes, the local API on 127.0.0.1, and the scheduler configured with
     the API's URL (``JOB_CONTROL_API_URL``), so the launcher gives ranks a control channel."""
-    from gpu_recovery.queue.service import NoSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
     from handlers import job_control_authorizer, jobs_api
 
     # Before the emulator: reset() drops the AWS session the emulator's hooks live on.

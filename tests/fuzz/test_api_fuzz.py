@@ -92,7 +92,7 @@ def _control_job(job_id: str, state: str, secret: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def target() -> Iterator[Target]:
     """The local API in front of moto: tables, a cluster, one task definition, a node token."""
-    from gpu_recovery.queue.service import NoSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
     from handlers import jobs_api
 
     clock.reset_clock()

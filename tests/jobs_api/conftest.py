@@ -224,7 +224,7 @@ def create_tables() -> None:
 @pytest.fixture
 def api(aws_env: None) -> Iterator[Api]:
     """Given moto with the tables, a GPU cluster (8-GPU nodes) and a task definition."""
-    from gpu_recovery.queue.service import CallbackSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
     from handlers import jobs_api
 
     recorder = Api()

@@ -7,8 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from gpu_recovery.queue.jobs_api.reads import decode_token, encode_token
+from gpu_recovery.queue.jobs_api.submit import slugify
 from gpu_recovery.queue.models import PRIORITY_NAMES, JobSpec, Priority
-from gpu_recovery.queue.service import decode_token, encode_token, slugify
 
 BASE = {"name": "n", "task_definition": "fam:1", "nnodes": 1, "gpus_per_node": 1}
 

@@ -179,7 +179,7 @@ def test_events_name_the_state_each_transition_really_left(api: Api) -> None:
     import boto3
 
     from gpu_recovery.constants import JobState
-    from gpu_recovery.queue.service import previous_states
+    from gpu_recovery.queue.jobs_api.reads import previous_states
     from gpu_recovery.repository import Repository
     from tests.jobs_api.conftest import INSTANCE_TABLE, JOB_TABLE, REGION
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_recovery.adapters.scheduler_trigger import LambdaInvoker
 from gpu_recovery.constants import queue_order
-from gpu_recovery.queue.service import LambdaSchedulerTrigger, scheduler_payload
+from gpu_recovery.queue.jobs_api.triggers import LambdaSchedulerTrigger, scheduler_payload
 from handlers import jobs_api
 from tests.jobs_api.conftest import (
     ALICE,

@@ -25,8 +25,8 @@ from gpu_recovery.adapters.hosts import HostAddresses
 from gpu_recovery.adapters.logs import TrainingLogReader
 from gpu_recovery.adapters.task_definitions import TaskDefinitions
 from gpu_recovery.constants import JobState
+from gpu_recovery.queue.jobs_api.service import JobQueueService
 from gpu_recovery.queue.scheduler import QueueScheduler, SchedulerConfig, build_scheduler
-from gpu_recovery.queue.service import JobQueueService
 from gpu_recovery.repository import from_ddb, to_ddb
 from gpu_recovery.repository.time_sharing import QuotaRepository
 from gpu_recovery.settings import TimeSharingSettings

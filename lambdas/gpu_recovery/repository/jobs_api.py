@@ -1,6 +1,6 @@
 """Persistence of the jobs API (submit, read, list, cancel), in intents.
 
-:class:`~gpu_recovery.queue.service.JobQueueService` never touches DynamoDB itself;
+:class:`~gpu_recovery.queue.jobs_api.service.JobQueueService` never touches DynamoDB itself;
 every read and conditional write it needs is a method here.
 """
 
