@@ -43,7 +43,7 @@ class _DropEmf(io.TextIOBase):
 
 SECTIONS = (
     ("Recovery loop", "bench.recovery_bench"),
-    ("Crash consistency", "bench.fault_bench"),
+    ("Crash consistency", "bench.crash_consistency_bench"),
     ("Remediation MTTR", "bench.remediation_bench"),
     ("Node heartbeats", "bench.heartbeat_bench"),
     ("Jobs API", "bench.jobs_api_bench"),
