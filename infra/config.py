@@ -31,7 +31,7 @@ from typing import Any
 
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, ENV_DEFAULT_NODE_QUOTAS
 from gpu_recovery.domain.breaker_hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
-from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog, read_catalog_file
+from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
 from gpu_recovery.domain.rate_limit import DEFAULT_RATE as DEFAULT_ECS_API_RATE
@@ -55,6 +55,7 @@ from gpu_recovery.settings import (
     SettingsError,
     parse_node_quotas,
 )
+from infra.catalog_file import read_catalog_document
 
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 # Any image with Python 3.8+ runs the agent (its source is the container command).
@@ -323,7 +324,7 @@ def catalog_file() -> Parser:
         if not isinstance(value, str):
             raise ConfigError(f"context key {key!r} must be a path to a JSON or YAML file, got {value!r}")
         try:
-            load_catalog(None, override=read_catalog_file(_resolve_catalog_path(value)))
+            load_catalog(None, override=read_catalog_document(_resolve_catalog_path(value)))
         except CatalogError as error:
             problems = "\n  ".join(error.errors)
             raise ConfigError(f"context key {key!r} ({value}): the fault catalog is invalid:\n  "
@@ -558,7 +559,8 @@ class RecoveryConfig:
         """The override document as JSON text (validated when the key was parsed)."""
         if self.fault_catalog_file is None:
             return None
-        return json.dumps(read_catalog_file(_resolve_catalog_path(self.fault_catalog_file)), sort_keys=True)
+        document = read_catalog_document(_resolve_catalog_path(self.fault_catalog_file))
+        return json.dumps(document, sort_keys=True)
 
     @property
     def creates_health_check_task(self) -> bool:
