@@ -16,9 +16,8 @@ from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.settings import Settings
+from tests.heartbeat.world import NODE, NODE_B, task_arn
 from tests.recovery.fakes import FakeEcs, FakeRebooter, FakeVerdicts, Flaky
-
-from .conftest import NODE, NODE_B, task_arn
 
 
 def test_report_refreshes_ranks_and_node(world) -> None:
