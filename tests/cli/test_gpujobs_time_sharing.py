@@ -21,7 +21,7 @@ from cli.gpujobs.render import fmt_time
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.constants import JobState
-from tests.queue_scheduler.conftest import QueueCluster, make_queue_cluster
+from tests.fixtures.queue_cluster import QueueCluster, make_queue_cluster
 
 
 @dataclass

@@ -17,7 +17,7 @@ from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState, RankState
 from local_mode.event_bus import LambdaContext
 from local_mode.faults import INTERNAL, THROTTLING
-from tests.handlers.conftest import Cluster, cluster_with, make_cluster
+from tests.handlers.cluster import Cluster, cluster_with, make_cluster
 
 MIN = 60
 

@@ -14,7 +14,7 @@ import pytest
 
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY
 from handlers import jobs_api
-from tests.jobs_api.conftest import (
+from tests.jobs_api.api_harness import (
     ALICE,
     BOB,
     OPS,
@@ -32,7 +32,7 @@ TEAM_B = f"arn:aws:sts::111122223333:assumed-role/{TEAM}/dave"
 
 
 def call_raw(event: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    from tests.jobs_api.conftest import FakeContext
+    from tests.jobs_api.api_harness import FakeContext
 
     response = jobs_api.lambda_handler(event, FakeContext())
     return response["statusCode"], json.loads(response["body"])

@@ -6,7 +6,7 @@ import boto3
 import pytest
 
 from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX
-from tests.jobs_api.conftest import CLUSTER, OPS, REGION, Api, set_state, start_job
+from tests.jobs_api.api_harness import CLUSTER, OPS, REGION, Api, set_state, start_job
 
 
 def _cancel(api: Api, job_id: str, user: str = OPS) -> tuple[int, dict]:
@@ -135,7 +135,7 @@ def test_recovery_loop_finishes_canceling(api: Api, monkeypatch: pytest.MonkeyPa
     When ECS reports both ranks STOPPED with the system stop reason
     Then the recovery task handler moves the job CANCELING -> CANCELED."""
     from gpu_recovery import runtime
-    from tests.jobs_api.conftest import INSTANCE_TABLE
+    from tests.jobs_api.api_harness import INSTANCE_TABLE
 
     monkeypatch.setenv("CONTAINER_INSTANCE_TABLE_NAME", INSTANCE_TABLE)
     _, job = api.submit()
@@ -152,7 +152,7 @@ def test_recovery_loop_finishes_canceling(api: Api, monkeypatch: pytest.MonkeyPa
 
 def _stopped_detail(task: dict) -> object:
     from gpu_recovery.events.ecs import EcsTaskStateChangeEvent
-    from tests.jobs_api.conftest import load_event
+    from tests.fixtures.events import load_event
 
     event = load_event("training_task_stopped_exit1.json")
     detail = event["detail"]

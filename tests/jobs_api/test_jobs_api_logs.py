@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import boto3
 
-from tests.jobs_api.conftest import (
+from tests.jobs_api.api_harness import (
     CONTAINER,
     LOG_GROUP,
     LOG_PREFIX,

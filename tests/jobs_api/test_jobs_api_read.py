@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from tests.jobs_api.conftest import ALICE, BOB, OPS, Api, set_state, start_job, valid_spec
+from tests.jobs_api.api_harness import ALICE, BOB, OPS, Api, set_state, start_job, valid_spec
 
 
 def _submit_many(api: Api, count: int, user: str = ALICE, name: str = "job") -> list[str]:
@@ -181,7 +181,7 @@ def test_events_name_the_state_each_transition_really_left(api: Api) -> None:
     from gpu_recovery.constants import JobState
     from gpu_recovery.queue.jobs_api.reads import previous_states
     from gpu_recovery.repository import Repository
-    from tests.jobs_api.conftest import INSTANCE_TABLE, JOB_TABLE, REGION
+    from tests.jobs_api.api_harness import INSTANCE_TABLE, JOB_TABLE, REGION
 
     _, job = api.submit()
     repo = Repository(boto3.resource("dynamodb", region_name=REGION), JOB_TABLE, INSTANCE_TABLE)

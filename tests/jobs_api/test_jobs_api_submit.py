@@ -13,7 +13,7 @@ from gpu_recovery.adapters.scheduler_trigger import LambdaInvoker
 from gpu_recovery.constants import queue_order
 from gpu_recovery.queue.jobs_api.triggers import LambdaSchedulerTrigger, scheduler_payload
 from handlers import jobs_api
-from tests.jobs_api.conftest import (
+from tests.jobs_api.api_harness import (
     ALICE,
     BOB,
     CLUSTER,

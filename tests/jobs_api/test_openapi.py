@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from handlers import jobs_api
-from tests.jobs_api.conftest import Api, FakeContext, api_event
+from tests.jobs_api.api_harness import Api, FakeContext, api_event
 
 OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 

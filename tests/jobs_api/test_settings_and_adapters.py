@@ -18,7 +18,7 @@ from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.logs import InvalidLogToken, LogStreamNotFound, TrainingLogReader
 from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound, TaskDefinitions
 from gpu_recovery.settings import JobControlSettings, JobsApiSettings, SettingsError
-from tests.jobs_api.conftest import (
+from tests.jobs_api.api_harness import (
     CLUSTER,
     LOG_GROUP,
     REGION,

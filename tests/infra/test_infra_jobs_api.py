@@ -10,6 +10,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_apigateway as apigateway
 from aws_cdk import aws_lambda as lambda_
+from infra_synth import with_partition
 
 from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
@@ -61,8 +62,6 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> _Synth:
         app.synth()
     except RuntimeError as exc:  # nag findings interrupt synthesis
         error = str(exc)
-    from tests.infra.infra_synth import with_partition
-
     template = with_partition(json.loads((outdir / "JobsApiTest.template.json").read_text()), "aws")
     return _Synth(template, read_findings(outdir), error)
 
