@@ -502,3 +502,15 @@ def test_the_cycle_check_sees_function_level_relative_and_type_checking_imports(
                 edges.setdefault(target, line)
         graph[module] = edges
     assert bool(cycles(graph)) is has_cycle, graph
+
+
+def test_nothing_runtime_builds_imports_it_back() -> None:
+    """Given every module of gpu_recovery/ but runtime.py (the one place that builds
+    services) When its imports are read (inside functions too) Then none imports runtime:
+    a service gets what it needs passed in (handlers, local mode and tools call runtime)."""
+    modules = project_modules()
+    findings = [f"{_relative(m.path)}:{line}"
+                for m in modules.values() if _inside(m.path, PACKAGE) and m.path != RUNTIME
+                for imported, line in imported_names(ast.parse(m.path.read_text()), m.name, m.is_package)
+                if _resolve(imported, modules) == "gpu_recovery.runtime"]
+    assert not findings, "gpu_recovery modules importing runtime back: " + ", ".join(findings)
