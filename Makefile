@@ -101,9 +101,10 @@ deploy: $(STAMP) install-cdk
 doctor: $(STAMP)
 	$(VENV)/bin/gpu-recovery-admin doctor $(DOCTOR_ARGS)
 
-# Regenerate README.md's configuration table from infra/config.py (a test checks it).
+# Regenerate the configuration tables (docs/configuration.md: every key; README.md: the
+# common ones) from infra/config.py (a test checks both).
 config-docs: $(STAMP)
-	$(PY) -m infra.config --write-readme
+	$(PY) -m infra.config --write-docs
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .pytest_cache .ruff_cache .mypy_cache

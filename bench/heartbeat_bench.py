@@ -60,7 +60,7 @@ class DdbCounter:
 
 
 def _setup_local() -> tuple[Any, DdbCounter]:
-    from gpu_recovery import heartbeat, runtime
+    from gpu_recovery import runtime
     from gpu_recovery.adapters import aws
     from local_mode.emulator import LocalAws
     from local_mode.server import create_node_token_table
@@ -69,7 +69,6 @@ def _setup_local() -> tuple[Any, DdbCounter]:
     local.__enter__()
     create_node_token_table(local)
     runtime.reset()
-    heartbeat.reset()
     aws.reset()  # a fresh session: hooks are registered before any client exists
     counter = DdbCounter()
     events = aws.session().events
@@ -103,7 +102,7 @@ def _event(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure_writes_and_latency(samples: int = 100) -> dict[str, Any]:
-    from gpu_recovery import heartbeat
+    from gpu_recovery import runtime
     from gpu_recovery.domain.heartbeat_policy import ReportedTask
     from handlers import node_api
     from local_mode.server import LocalContext
@@ -111,7 +110,7 @@ def measure_writes_and_latency(samples: int = 100) -> dict[str, Any]:
     local, counter = _setup_local()
     try:
         arns = _seed_job("bench-8", 8, NODE, None)
-        svc = heartbeat.service()
+        svc = runtime.heartbeat_service()
         now = time.time()
         svc.report_tasks(NODE, now, [ReportedTask(a) for a in arns])  # warm up: clients, first hb
         counter.reset()
@@ -134,7 +133,7 @@ def measure_writes_and_latency(samples: int = 100) -> dict[str, Any]:
 
 
 def measure_sweep(ranks: int, stale: int = 10) -> dict[str, Any]:
-    from gpu_recovery import clock, heartbeat
+    from gpu_recovery import clock, runtime
     from gpu_recovery.constants import HB_BUCKET, HB_PK, HB_SK, JOB_BY_INSTANCE_PK, JOB_PK, JobState
 
     local, counter = _setup_local()
@@ -180,7 +179,7 @@ def measure_sweep(ranks: int, stale: int = 10) -> dict[str, Any]:
             flush()
         seed_s = time.perf_counter() - start
         clock.set_clock(lambda: now)
-        svc = heartbeat.service()
+        svc = runtime.heartbeat_service()
         counter.reset()
         t0 = time.perf_counter()
         result = svc.sweep()

@@ -43,10 +43,10 @@ class _DropEmf(io.TextIOBase):
 
 SECTIONS = (
     ("Recovery loop", "bench.recovery_bench"),
-    ("Crash consistency", "bench.fault_bench"),
+    ("Crash consistency", "bench.crash_consistency_bench"),
     ("Remediation MTTR", "bench.remediation_bench"),
     ("Node heartbeats", "bench.heartbeat_bench"),
-    ("Job queue API", "bench.queue_api_bench"),
+    ("Jobs API", "bench.jobs_api_bench"),
     ("Queue scheduler", "bench.scheduler_bench"),
     ("Time sharing", "bench.time_sharing_bench"),
     ("Large jobs", "bench.scale_bench"),

@@ -32,7 +32,7 @@ scheduler's next tick. ``remove`` exits 1 when no quota was set at that level.
 
 ``inject-fault`` (old name ``fault``, deprecated) injects a fault into the local playground
 (``make playground``) through its local-only route; it refuses any endpoint not on this
-machine (see :mod:`cli.faults`).
+machine (see :mod:`cli.inject_fault`).
 
 Credentials and region come from the usual AWS settings (``--region`` / ``--profile``
 override them). Token commands use the table ``--table`` or ``$NODE_TOKEN_TABLE_NAME``
@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli import doctor, faults
+from cli import doctor, inject_fault
 from gpu_recovery.constants import (
     DEFAULT_INSTANCE_TABLE_NAME,
     DEFAULT_JOB_TABLE_NAME,
@@ -65,7 +65,7 @@ from gpu_recovery.constants import (
     ENV_NODE_TOKEN_TABLE,
     ENV_QUOTA_TABLE,
 )
-from gpu_recovery.tokens import TokenError, TokenStore
+from gpu_recovery.heartbeat.tokens import TokenError, TokenStore
 
 
 @dataclass
@@ -348,7 +348,7 @@ def quota_command(args: argparse.Namespace, service: Any) -> int:
     return 0
 
 
-def _faults_arguments(parser: argparse.ArgumentParser) -> None:
+def _fault_analysis_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-table",
                         help=f"job table (default ${ENV_JOB_TABLE} or {DEFAULT_JOB_TABLE_NAME})")
     parser.add_argument("--job-id", required=True, help="the job")
@@ -356,11 +356,11 @@ def _faults_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document")
 
 
-def _faults(args: argparse.Namespace, ctx: Context) -> int:
-    return faults_command(args, ctx.repository())
+def _fault_analysis(args: argparse.Namespace, ctx: Context) -> int:
+    return fault_analysis_command(args, ctx.repository())
 
 
-def faults_command(args: argparse.Namespace, repo: Any) -> int:
+def fault_analysis_command(args: argparse.Namespace, repo: Any) -> int:
     """``faults``: the tally and every suspect node of one fault of a job."""
     job = repo.get_job(args.job_id)
     if job is None:
@@ -428,11 +428,11 @@ COMMANDS: list[Command] = [
     Command("uncordon", "a known-bad node repaired by hand takes new work again", _uncordon_arguments,
             _uncordon),
     Command("faults", "read a job's fault analysis: every suspect node, verdict, decision, XIDs",
-            _faults_arguments, _faults),
+            _fault_analysis_arguments, _fault_analysis),
     # Not "fault": one letter from "faults", which reads a deployed job's analysis.
     Command("inject-fault", "inject a fault into the local playground (make playground; local endpoints "
-            "only; 'fault' is its deprecated old name)", faults.add_arguments,
-            lambda args, ctx: faults.run(args), deprecated_aliases=("fault",)),
+            "only; 'fault' is its deprecated old name)", inject_fault.add_arguments,
+            lambda args, ctx: inject_fault.run(args), deprecated_aliases=("fault",)),
 ]
 
 

@@ -42,9 +42,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from gpu_recovery import clock
 from gpu_recovery.constants import DEADLINE_SK
 from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS, overdue_cutoff
+from gpu_recovery.heartbeat.tokens import ACTIVE, STATUS_ATTR, TokenStore
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.repository.recovery import Repository
-from gpu_recovery.tokens import ACTIVE, STATUS_ATTR, TokenStore
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 DEFAULT_STACK_NAME = "GpuTrainingRecovery"

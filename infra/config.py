@@ -5,15 +5,16 @@ default, its parser (type and accepted values) and a one-line doc. From these fi
 
 * validation (``RecoveryConfig.from_context``): a bad value raises ``ConfigError`` naming
   the key; a key that is not ours fails with a "did you mean" suggestion;
-* the README configuration table (:func:`markdown_table`; ``make config-docs`` rewrites it,
-  a test fails when it drifts).
+* the configuration tables: every key in docs/configuration.md, the keys most deployments
+  set (``COMMON_KEYS``) in the README (:func:`markdown_table`; ``make config-docs`` rewrites
+  both, a test fails when either drifts).
 
 To add a key: add one field with ``option(...)`` (a test checks that every field is one).
 Values given with ``-c key=value`` arrive as strings, values in ``cdk.json`` as JSON
 types; both are accepted. CDK's own keys (``@aws-cdk/...``, ``aws:cdk:...``, ``cdk-...``,
 context lookups such as ``availability-zones:...``) are not ours and are left alone.
 
-``python -m infra.config`` prints the table; ``--write-readme`` updates README.md.
+``python -m infra.config`` prints the full table; ``--write-docs`` updates both tables.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, ENV_DEFAULT_NODE_QUOTAS
 from gpu_recovery.domain.breaker_hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
-from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog, read_catalog_file
+from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
 from gpu_recovery.domain.rate_limit import DEFAULT_RATE as DEFAULT_ECS_API_RATE
@@ -55,6 +56,7 @@ from gpu_recovery.settings import (
     SettingsError,
     parse_node_quotas,
 )
+from infra.catalog_file import read_catalog_document
 
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 # Any image with Python 3.8+ runs the agent (its source is the container command).
@@ -108,7 +110,7 @@ Parse = Callable[[str, Any], Any]
 @dataclass(frozen=True)
 class Parser:
     """Turns a raw context value (never None or "") into the typed value, or raises
-    ConfigError naming the key. ``accepts`` is shown in the README table."""
+    ConfigError naming the key. ``accepts`` is shown in the configuration tables."""
 
     parse: Parse
     accepts: str = ""
@@ -323,7 +325,7 @@ def catalog_file() -> Parser:
         if not isinstance(value, str):
             raise ConfigError(f"context key {key!r} must be a path to a JSON or YAML file, got {value!r}")
         try:
-            load_catalog(None, override=read_catalog_file(_resolve_catalog_path(value)))
+            load_catalog(None, override=read_catalog_document(_resolve_catalog_path(value)))
         except CatalogError as error:
             problems = "\n  ".join(error.errors)
             raise ConfigError(f"context key {key!r} ({value}): the fault catalog is invalid:\n  "
@@ -390,7 +392,7 @@ def option(default: Any, parse: Parser, doc: str, *, default_text: str | None = 
 
     ``default``: the value when the key is absent (``REQUIRED``: no default); ``derive``
     computes it from the keys parsed before instead (then say so in ``default_text``).
-    ``doc``: one line for the README table (the key's meaning, not its accepted values,
+    ``doc``: one line for the configuration tables (the key's meaning, not its accepted values,
     which come from ``parse``).
     """
     meta = {"option": (default, parse, doc, default_text, derive)}
@@ -558,7 +560,8 @@ class RecoveryConfig:
         """The override document as JSON text (validated when the key was parsed)."""
         if self.fault_catalog_file is None:
             return None
-        return json.dumps(read_catalog_file(_resolve_catalog_path(self.fault_catalog_file)), sort_keys=True)
+        document = read_catalog_document(_resolve_catalog_path(self.fault_catalog_file))
+        return json.dumps(document, sort_keys=True)
 
     @property
     def creates_health_check_task(self) -> bool:
@@ -650,42 +653,60 @@ def check_unknown_keys(context: Mapping[str, Any]) -> None:
         hint = f"did you mean {match[0]!r}?" if match else "it is not an option of this app"
         problems.append(f"unknown context key {key!r}: {hint}")
     if problems:
-        raise ConfigError("; ".join(problems) + " (options: README.md 'Configuration', "
+        raise ConfigError("; ".join(problems) + " (options: docs/configuration.md, "
                           "or `python -m infra.config`)")
 
 
-# --------------------------------------------------------------------------- README table
-README_PATH = Path(__file__).resolve().parent.parent / "README.md"
+# --------------------------------------------------------------------------- the tables
+REPO_DIR = Path(__file__).resolve().parent.parent
+README_PATH = REPO_DIR / "README.md"
+CONFIG_DOCS_PATH = REPO_DIR / "docs" / "configuration.md"
 TABLE_BEGIN = "<!-- configuration table: generated by `make config-docs` from infra/config.py -->"
 TABLE_END = "<!-- end of configuration table -->"
+#: the keys most deployments set: the README's table (every key: docs/configuration.md)
+COMMON_KEYS = ("cluster_name", "alert_email", "instance_tag_key", "instance_tag_value", "remediation_mode",
+               "fault_catalog_file", "admin_roles", "default_node_quotas", "node_agent_daemon")
 
 
-def markdown_table() -> str:
+def markdown_table(keys: tuple[str, ...] | None = None) -> str:
+    """The table of ``keys`` (default: every key), in the registry's order."""
     rows = ["| key | default | accepts | meaning |", "|---|---|---|---|"]
     for opt in OPTIONS:
-        rows.append(f"| `{opt.key}` | {opt.shown_default()} | {opt.parse.accepts} | {opt.doc} |")
+        if keys is None or opt.key in keys:
+            rows.append(f"| `{opt.key}` | {opt.shown_default()} | {opt.parse.accepts} | {opt.doc} |")
     return "\n".join(rows)
 
 
-def readme_with_table(readme: str) -> str:
-    """``readme`` with the text between the table markers replaced by the current table."""
+def with_table(text: str, table: str, name: str = "the page") -> str:
+    """``text`` with what lies between the table markers replaced by ``table``."""
     try:
-        head, rest = readme.split(TABLE_BEGIN, 1)
+        head, rest = text.split(TABLE_BEGIN, 1)
         _, tail = rest.split(TABLE_END, 1)
     except ValueError as exc:
-        raise ValueError(f"README.md lacks the markers {TABLE_BEGIN!r} ... {TABLE_END!r}") from exc
-    return f"{head}{TABLE_BEGIN}\n{markdown_table()}\n{TABLE_END}{tail}"
+        raise ValueError(f"{name} lacks the markers {TABLE_BEGIN!r} ... {TABLE_END!r}") from exc
+    return f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}"
+
+
+def readme_with_table(readme: str) -> str:
+    """The README with its table of the common keys up to date."""
+    return with_table(readme, markdown_table(COMMON_KEYS), "README.md")
+
+
+def docs_with_table(page: str) -> str:
+    """docs/configuration.md with its table of every key up to date."""
+    return with_table(page, markdown_table(), "docs/configuration.md")
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--write-readme"]:
-        current = README_PATH.read_text()
-        updated = readme_with_table(current)
-        if updated != current:
-            README_PATH.write_text(updated)
-            print(f"updated the configuration table in {README_PATH}")
-        else:
-            print(f"{README_PATH}: configuration table up to date")
+    if argv[:1] == ["--write-docs"]:
+        for path, update in ((CONFIG_DOCS_PATH, docs_with_table), (README_PATH, readme_with_table)):
+            current = path.read_text()
+            updated = update(current)
+            if updated != current:
+                path.write_text(updated)
+                print(f"updated the configuration table in {path}")
+            else:
+                print(f"{path}: configuration table up to date")
         return 0
     print(markdown_table())
     return 0

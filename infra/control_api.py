@@ -1,5 +1,5 @@
 """The job-control routes training code calls (time sharing): ``GET /v1/control`` and
-``POST /v1/control/suspend`` on THE RestApi (``infra/api.py``), stage ``prod``.
+``POST /v1/control/suspend`` on THE RestApi (``infra/node_api.py``), stage ``prod``.
 
 Callers are the ranks of queue jobs (``gpu_recovery_client``): they hold no AWS
 credentials, only the per-rank control token the launcher put in their environment, so

@@ -13,10 +13,10 @@ Attributes for composition:
     lambda_defaults LambdaDefaults (shared runtime/layer/env for new RecoveryFunctions)
     recovery        RecoveryFunctions (.task_handler, .dcgm_monitor, .instance_monitor,
                     .sweep, .functions, .dead_letter_queues, .rules)
-    api             NodeApi (.rest_api, .v1, .stage, .url, .token_table, .functions, ...):
+    node_api        NodeApi (.rest_api, .v1, .stage, .url, .token_table, .functions, ...):
                     THE RestApi (stage prod) with the node routes (token authorizer)
-    queue_api       JobQueueApi (.function, .idempotency_table, .methods): /v1/jobs and
-                    /v1/quotas routes (IAM) on api.rest_api
+    jobs_api        JobsApi (.function, .idempotency_table, .methods): /v1/jobs and
+                    /v1/quotas routes (IAM) on node_api.rest_api
     control_api     JobControlApi (.function, .authorizer_function, .methods): /v1/control
                     routes (control-token authorizer) on api.rest_api
     scheduler       QueueScheduler (.function, .rule, .dead_letter_queue)
@@ -43,7 +43,7 @@ CUSTOM (node routes and job-control routes, each with its Lambda token authorize
 stage has access logs, execution logs (ERROR), X-Ray and throttling (api_throttle_rate /
 api_throttle_burst); the API has a request validator (node report bodies are
 schema-checked; job specs are validated by the jobs handler). No WAF web ACL is created
-(AwsSolutions-APIG3 is acknowledged in infra/api.py): no default rule set fits both
+(AwsSolutions-APIG3 is acknowledged in infra/node_api.py): no default rule set fits both
 signed IAM calls and node reports at ~700 requests/s without per-request WAF cost or
 false positives on telemetry bodies; associate a web ACL of your choice with the
 ``prod`` stage if your policy requires one.
@@ -98,12 +98,12 @@ from gpu_recovery.constants import (
     ENV_SUSPECT_EXIT_CODES,
     ENV_SUSPEND_GRACE_SECONDS,
 )
-from infra.api import HeartbeatConfig, NodeApi
 from infra.config import RecoveryConfig
 from infra.control_api import JobControlApi
 from infra.fault_catalog import RUNTIME_PATH, override_layer
 from infra.gang import GangFanout
 from infra.health_check import HealthCheck
+from infra.jobs_api import JobsApi
 from infra.lambda_common import (
     POWERTOOLS_PACKAGE,
     LambdaDefaults,
@@ -113,8 +113,8 @@ from infra.lambda_common import (
 )
 from infra.monitoring import Invocation, Monitoring
 from infra.node_agent import NodeAgentDaemon
+from infra.node_api import HeartbeatConfig, NodeApi
 from infra.notifications import Notifications
-from infra.queue_api import JobQueueApi
 from infra.reboot_document import RebootDocument
 from infra.recovery import ClusterAccess, RecoveryFunctions
 from infra.scheduler import QueueScheduler
@@ -245,7 +245,7 @@ class GpuRecoveryStack(Stack):
             access=self.access,
         )
         # One RestApi: node routes (token authorizer) + the jobs routes (IAM) on the same stage.
-        self.api = NodeApi(
+        self.node_api = NodeApi(
             self,
             "NodeApi",
             defaults=self.lambda_defaults,
@@ -259,11 +259,11 @@ class GpuRecoveryStack(Stack):
         self.control_api = JobControlApi(
             self,
             "JobControlApi",
-            rest_api=self.api.rest_api,
+            rest_api=self.node_api.rest_api,
             defaults=self.lambda_defaults,
             tables=self.tables,
             access=self.access,
-            authorizer_cache_seconds=self.api.authorizer_cache_seconds,
+            authorizer_cache_seconds=self.node_api.authorizer_cache_seconds,
         )
         quota_table_name = self.tables.quota_table.table_name
         self.scheduler = QueueScheduler(
@@ -276,17 +276,19 @@ class GpuRecoveryStack(Stack):
             access=self.access,
             topic=self.notifications.topic,
             quota_table=self.tables.quota_table,
-            # stage_url, not api.url: the scheduler depends on the RestApi resource only
-            # (api.url -> stage -> deployment -> methods -> jobs API -> scheduler: a cycle).
+            # stage_url, not node_api.url: the scheduler depends on the RestApi resource only
+            # (node_api.url -> stage -> deployment -> methods -> jobs API -> scheduler: a cycle).
             extra_environment=scheduler_time_sharing_environment(
-                config, quota_table_name, self.api.stage_url),
+                config, quota_table_name, self.node_api.stage_url),
         )
         # Given the scheduler, the jobs API gets SCHEDULER_FUNCTION_NAME and
         # lambda:InvokeFunction on exactly that function (the grant_invoke equivalent).
-        self.queue_api = JobQueueApi(
+        # Construct id unchanged since the API was "the queue API": it prefixes deployed
+        # resources' logical IDs (a new id would replace the idempotency table).
+        self.jobs_api = JobsApi(
             self,
             "JobQueueApi",
-            rest_api=self.api.rest_api,
+            rest_api=self.node_api.rest_api,
             job_table=self.tables.job_table,
             cluster_name=config.cluster_name,
             defaults=self.lambda_defaults,
@@ -307,25 +309,25 @@ class GpuRecoveryStack(Stack):
         # Whoever may stop or start a gang sends its batches to the queue (the worker its
         # own continuations, in add_worker).
         self.gang.grant_send(
-            *self.recovery.functions.values(), self.api.api_function, self.api.sweep_function,
-            self.control_api.function, self.scheduler.recovery_function, self.queue_api.function)
+            *self.recovery.functions.values(), self.node_api.api_function, self.node_api.sweep_function,
+            self.control_api.function, self.scheduler.recovery_function, self.jobs_api.function)
         # The ECS budget's item: the other callers of StartTask / StopTask have the instance
         # table already; these two read no other instance item.
-        for fn in (self.queue_api.function, self.control_api.function):
+        for fn in (self.jobs_api.function, self.control_api.function):
             fn.add_to_policy(self.tables.ecs_budget_statement())
         self.node_agent: NodeAgentDaemon | None = None
         if config.node_agent_daemon:
             self.node_agent = NodeAgentDaemon(
-                self, "NodeAgent", cluster_name=config.cluster_name, api_url=self.api.url,
+                self, "NodeAgent", cluster_name=config.cluster_name, api_url=self.node_api.url,
                 image=config.node_agent_image,
             )
 
         self.functions: dict[str, RecoveryFunction] = {
             **self.recovery.functions,
-            "NodeAuthorizer": self.api.authorizer_function,
-            "NodeApi": self.api.api_function,
-            "HeartbeatSweep": self.api.sweep_function,
-            "JobsApi": self.queue_api.function,
+            "NodeAuthorizer": self.node_api.authorizer_function,
+            "NodeApi": self.node_api.api_function,
+            "HeartbeatSweep": self.node_api.sweep_function,
+            "JobsApi": self.jobs_api.function,
             "QueueScheduler": self.scheduler.recovery_function,
             "JobControlAuthorizer": self.control_api.authorizer_function,
             "JobControlApi": self.control_api.function,
@@ -347,13 +349,13 @@ class GpuRecoveryStack(Stack):
         }
         self.dead_letter_queues: dict[str, sqs.IQueue] = {
             **self.recovery.dead_letter_queues,
-            "HeartbeatSweep": self.api.sweep_dead_letter_queue,
+            "HeartbeatSweep": self.node_api.sweep_dead_letter_queue,
             "QueueScheduler": self.scheduler.dead_letter_queue,
             "GangWorker": self.gang.dead_letter_queue,
         }
         self.rules: dict[str, events.Rule] = {
             **self.recovery.rules,
-            "HeartbeatSweep": self.api.sweep_rule,
+            "HeartbeatSweep": self.node_api.sweep_rule,
             "QueueScheduler": self.scheduler.rule,
         }
         self.monitoring = Monitoring(
@@ -364,7 +366,7 @@ class GpuRecoveryStack(Stack):
             dead_letter_queues=self.dead_letter_queues,
             topic=self.notifications.topic,
             recovery_sweep=self.recovery.sweep,
-            rest_api=self.api.rest_api,
+            rest_api=self.node_api.rest_api,
             work_queues={"GangFanout": self.gang.queue},
         )
         self._outputs()
@@ -401,11 +403,11 @@ class GpuRecoveryStack(Stack):
         for name, rule in self.rules.items():
             CfnOutput(self, f"{name}RuleName", value=rule.rule_name,
                       description=f"EventBridge rule that triggers {name}")
-        CfnOutput(self, "ApiUrl", value=self.api.url,
+        CfnOutput(self, "ApiUrl", value=self.node_api.url,
                   description="REST API base URL (stage prod): /v1/report_* (nodes), /v1/jobs and "
                               "/v1/quotas (IAM), /v1/control (training code)")
-        CfnOutput(self, "NodeTokenTableName", value=self.api.token_table.table_name)
-        CfnOutput(self, "IdempotencyTableName", value=self.queue_api.idempotency_table.table_name)
+        CfnOutput(self, "NodeTokenTableName", value=self.node_api.token_table.table_name)
+        CfnOutput(self, "IdempotencyTableName", value=self.jobs_api.idempotency_table.table_name)
         CfnOutput(self, "SchedulerFunctionName", value=self.scheduler.function.function_name)
         CfnOutput(self, "GangQueueUrl", value=self.gang.queue_url,
                   description="SQS queue of a large job's stop / start batches (gang fan-out)")

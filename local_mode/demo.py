@@ -17,7 +17,7 @@ port, a thread of this process), against the same emulator. Every node runs a
 simulated GPU node agent that POSTs ``/v1/report_tasks`` every 30 simulated seconds
 over HTTP with its token; the heartbeat sweep and the queue scheduler run every
 minute, and the scheduler also runs right after each submit / cancel (in process).
-Jobs submitted through the API with the CLI's client (``cli/gpujobs.py``):
+Jobs submitted through the API with the CLI's client (``cli/gpujobs/``):
 
 4. two jobs that fit run concurrently; one of them loses a node's heartbeats for
    5 minutes (NODE_LOST, then RUNNING again), the other has a rank whose step stops
@@ -56,16 +56,16 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import constants as C
+from local_mode.harness import loopback_without_proxy, reset_handler_caches, silence_handler_logs
 
 JOB_ITEM = C.JOB_ITEM_SUFFIX
 HANG_SECONDS = 600
@@ -246,30 +246,13 @@ class _StdoutWithoutEmf:
         self.release()
 
 
-@contextlib.contextmanager
-def _loopback_without_proxy() -> Iterator[None]:
-    """urllib honours HTTP(S)_PROXY: local traffic must never go through a proxy."""
-    saved = {k: os.environ.get(k) for k in ("no_proxy", "NO_PROXY")}
-    for key in saved:
-        current = [p for p in (os.environ.get(key) or "").split(",") if p]
-        os.environ[key] = ",".join([*current, "127.0.0.1", "localhost"])
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def run(*, duplicate_delivery: bool = True, quiet: bool = False,
         details: dict[str, Any] | None = None) -> dict[str, int]:
     """Run every scenario; returns the JSON summary. ``details`` (if given) is filled
     with job items, notifications, dead letters and API/agent errors (for tests)."""
     warnings.filterwarnings("ignore")
     from cli.gpujobs import ApiClient
-    from gpu_recovery.queue.service import CallbackSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
     from handlers import heartbeat_sweep, jobs_api, queue_scheduler
     from local_mode.ecs_sim import SimulatedEcs
     from local_mode.emulator import LocalAws
@@ -283,12 +266,12 @@ def run(*, duplicate_delivery: bool = True, quiet: bool = False,
     queue = _queue_scenarios()
     trigger_failures: list[str] = []
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_loopback_without_proxy())
+        stack.enter_context(loopback_without_proxy())
         emf = stack.enter_context(_StdoutWithoutEmf())
         # Before the emulator (it resets the boto3 session) and after it: the handlers'
         # cached services must be built on the emulator's hooked session.
-        _reset_handler_caches()
-        stack.callback(_reset_handler_caches)
+        reset_handler_caches()
+        stack.callback(reset_handler_caches)
         local = stack.enter_context(LocalAws(
             max_recovery_attempts=1, metrics_disabled=True, reboot_timeout_minutes=15,
             heartbeat_stale_seconds=180, node_lost_fail_seconds=1800,
@@ -296,7 +279,7 @@ def run(*, duplicate_delivery: bool = True, quiet: bool = False,
             extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL",
                        C.ENV_REMEDIATION_SETTINGS: json.dumps({"breaker_max_percent": 50})},
         ))
-        _silence_handler_logs()
+        silence_handler_logs()
         bus = LocalEventBus(duplicate_delivery=duplicate_delivery)
         sim = SimulatedEcs(local, bus, train_seconds=None)
         wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
@@ -462,26 +445,6 @@ def _merged_timeline(sim: Any, jobs: dict[str, dict[str, Any]], labels: dict[str
     return [text for _, _, text in entries]
 
 
-def _silence_handler_logs() -> None:
-    import logging
-
-    logging.getLogger().setLevel(logging.CRITICAL)
-    for name in ("ecs-task-handler", "dcgm-task-monitor", "ecs-instance-monitor", "recovery-sweep",
-                 "node-api", "node-authorizer", "heartbeat-sweep", "jobs-api", "queue-scheduler",
-                 "gpu-node-agent", "local_mode.server"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def _reset_handler_caches() -> None:
-    """Handlers cache services built from the environment; a new emulator needs new ones.
-    (``jobs_api.reset`` also drops the boto3 session: call it outside ``LocalAws``.)"""
-    from gpu_recovery import heartbeat
-    from handlers import jobs_api
-
-    jobs_api.reset()
-    heartbeat.reset()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -498,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_remediation:
         from local_mode import remediation_scenarios
 
-        _reset_handler_caches()
+        reset_handler_caches()
         started = time.perf_counter()
         with _StdoutWithoutEmf() as emf:
             results = remediation_scenarios.run_all()

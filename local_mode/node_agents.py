@@ -16,7 +16,7 @@ Scenario knobs:
 * ``freeze_steps(job_id, rank, start, end)``: that rank keeps being reported but its
   step stops advancing (a hung rank).
 
-Tokens come from :class:`gpu_recovery.tokens.TokenStore` (what ``gpu-recovery-admin
+Tokens come from :class:`gpu_recovery.heartbeat.tokens.TokenStore` (what ``gpu-recovery-admin
 issue-token`` uses), one per node. ``timeline`` holds what the agents did worth
 showing; ``results`` counts accepted / rejected reports.
 """
@@ -83,7 +83,7 @@ class SimulatedNodeAgents:
     def issue_tokens(self) -> dict[str, str]:
         """One report token per node (the token module hashes and stores it)."""
         from gpu_recovery.adapters import aws
-        from gpu_recovery.tokens import TokenStore
+        from gpu_recovery.heartbeat.tokens import TokenStore
 
         table = aws.resource("dynamodb").Table(self.sim.local.node_token_table)
         store = TokenStore(table)

@@ -50,7 +50,7 @@ class ScenarioResult:
     timeline: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     # job -> attempt -> node -> the fault's evidence and decision (suspect items, last fault)
-    faults: dict[str, dict[int, dict[str, dict[str, Any]]]] = field(default_factory=dict)
+    fault_records: dict[str, dict[int, dict[str, dict[str, Any]]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -58,7 +58,7 @@ class ScenarioResult:
 
     def fault_record(self, job_id: str, attempt: int) -> dict[str, Any]:
         """The first node's record of the fault of ``attempt`` (tests of one-node faults)."""
-        records = self.faults.get(job_id, {}).get(attempt) or {}
+        records = self.fault_records.get(job_id, {}).get(attempt) or {}
         return next(iter(records.values())) if records else {}
 
     def kinds(self) -> list[str]:
@@ -131,9 +131,6 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
     with LocalAws(metrics_disabled=True, max_recovery_attempts=max_recovery_attempts,
                   extra_env=env) as local:
         runtime.reset(clients=False)
-        from gpu_recovery import heartbeat
-
-        heartbeat.reset()
         bus = LocalEventBus(duplicate_delivery=duplicate_delivery)
         sim = SimulatedEcs(local, bus, train_seconds=None, **sim_options)
         wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
@@ -142,7 +139,6 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
         try:
             yield World(local, bus, sim, td)
         finally:
-            heartbeat.reset()
             runtime.reset(clients=False)
 
 
@@ -153,7 +149,7 @@ def _finish(w: World, name: str, title: str, problems: list[str], job_ids: list[
     return ScenarioResult(
         name=name, title=title, problems=problems,
         jobs={j: w.job(j) for j in job_ids},
-        faults={j: w.fault_records(j) for j in job_ids},
+        fault_records={j: w.fault_records(j) for j in job_ids},
         nodes={n: w.node_item(n) for n in sorted(w.sim.nodes)},
         counters=w.sim.summary(), notifications=w.local.notifications(),
         timeline=w.sim.format_timeline(), facts=facts or {})

@@ -41,11 +41,11 @@ from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.compute import RebootAdapter
 from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.adapters.queue import GangQueue
-from gpu_recovery.ecs_budget import EcsCallBudget
-from gpu_recovery.ecs_events import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
+from gpu_recovery.events.ecs import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository

@@ -432,9 +432,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the heartbeat sweep this often (0: never)")
     args = parser.parse_args(argv)
 
-    from gpu_recovery import heartbeat
+    from gpu_recovery import runtime
     from gpu_recovery.adapters import aws
-    from gpu_recovery.tokens import TokenStore
+    from gpu_recovery.heartbeat.tokens import TokenStore
     from local_mode.emulator import LocalAws
 
     with LocalAws() as local:
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         def sweeper() -> None:
             while not stop.wait(args.sweep_seconds):
                 try:
-                    print("sweep:", heartbeat.service().sweep().as_dict(), flush=True)
+                    print("sweep:", runtime.heartbeat_service().sweep().as_dict(), flush=True)
                 except Exception as error:  # keep serving
                     print("sweep failed:", error, flush=True)
 

@@ -324,21 +324,21 @@ class _Scenario:
 @contextlib.contextmanager
 def _world(*, duplicate_delivery: bool) -> Iterator[_Scenario]:
     from cli.gpujobs import ApiClient
-    from gpu_recovery.queue.service import CallbackSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
     from handlers import jobs_api, queue_scheduler
-    from local_mode.demo import _loopback_without_proxy, _reset_handler_caches, _silence_handler_logs
     from local_mode.ecs_sim import SimulatedEcs
     from local_mode.emulator import LocalAws
     from local_mode.event_bus import LambdaContext, LocalEventBus, wire_recovery_handlers
+    from local_mode.harness import loopback_without_proxy, reset_handler_caches, silence_handler_logs
     from local_mode.server import LocalApi, LocalApiServer
 
     warnings.filterwarnings("ignore")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_loopback_without_proxy())
+        stack.enter_context(loopback_without_proxy())
         # Before the emulator (it resets the boto3 session) and after it: the handlers'
         # cached services must be built on the emulator's hooked session.
-        _reset_handler_caches()
-        stack.callback(_reset_handler_caches)
+        reset_handler_caches()
+        stack.callback(reset_handler_caches)
         # The API first: its URL is the scheduler's JOB_CONTROL_API_URL (the launcher gives
         # it to every rank). It calls the handlers only once a request arrives.
         server = stack.enter_context(LocalApiServer(LocalApi()))
@@ -347,7 +347,7 @@ def _world(*, duplicate_delivery: bool) -> Iterator[_Scenario]:
             extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL", C.ENV_JOBS_ADMIN_ROLES: ADMIN,
                        # The deployed stage URL carries the stage; the local API accepts it.
                        C.ENV_CONTROL_API_URL: f"{server.url}/prod"}))
-        _silence_handler_logs()
+        silence_handler_logs()
         for name in ("job-control-api", "job-control-authorizer", "gpu_recovery_client"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
         bus = LocalEventBus(duplicate_delivery=duplicate_delivery)

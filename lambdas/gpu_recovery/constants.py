@@ -7,11 +7,13 @@ or the CDK, so every layer can import it.
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
-# States and verdicts are the domain's (gpu_recovery.domain.states); re-exported here for
-# infra/ and local mode, which take every shared name from this module.
+# States, verdicts, notification kinds and the stop-reason prefix are the domain's
+# vocabulary (gpu_recovery.domain); re-exported here for infra/ and local mode, which take
+# every shared name from this module.
+from gpu_recovery.domain.notifications import NotificationKind  # noqa: F401
+from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX  # noqa: F401
 from gpu_recovery.domain.states import (  # noqa: F401
     ACTIVE_JOB_STATES,
     HOLDING_RANK_STATES,
@@ -463,30 +465,6 @@ def table_definitions() -> dict[str, dict[str, Any]]:
     }
 
 
-class NotificationKind(str, Enum):
-    """SNS message attribute ``event_kind``: operators filter subscriptions on it."""
-
-    RECOVERED = "recovered"
-    FAILED = "failed"
-    QUARANTINED = "quarantined"
-    APPLICATION_ERROR = "application_error"
-    REBOOT_TIMEOUT = "reboot_timeout"
-    HEALTH_CHECK_TIMEOUT = "health_check_timeout"
-    NODE_LOST = "node_lost"
-    HUNG = "hung"
-    SUSPECT_NODE = "suspect_node"
-    OPERATOR_ACTION = "operator_action"  # a configuration problem, or a node needing a person
-    OBSERVED = "observed"  # observe mode: what would have been done
-    BREAKER_TRIPPED = "breaker_tripped"
-    # Even the cordon limit tripped: known-bad nodes stay out of the queue's placements but
-    # ECS may place tag-registered tasks on them until the breaker is reset.
-    CORDON_LIMIT_TRIPPED = "cordon_limit_tripped"
-    RELOCATED = "relocated"
-    # A job that cannot move waits (HELD) for a node whose reboot the breaker held back.
-    JOB_HELD = "job_held"
-    JOB_REFUSED = "job_refused"  # a tagged job larger than the supported size: not protected
-
-
 NOTIFICATION_KIND_ATTRIBUTE = "event_kind"
 
 # The largest job the recovery loop protects (tasks), and the queue's largest (nodes): one
@@ -513,8 +491,6 @@ TAG_MAX_APP_RESTARTS = "gpu-recovery:max-app-restarts"
 # routed to the DCGM monitor and never to the training-task handler.
 HEALTH_CHECK_GROUP = "gpu-recovery-health-check"
 HEALTH_CHECK_STARTED_BY = "gpu-recovery-hc"
-# StopTask reasons this system sets; a stop carrying it is not a user stop.
-SYSTEM_STOP_REASON_PREFIX = "gpu-recovery:"
 
 DEFAULT_HEALTH_CHECK_FAMILY = "gpu-health-check"
 # Reboot-only SSM document: the name local mode uses (the stack passes its own name).

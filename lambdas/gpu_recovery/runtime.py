@@ -14,24 +14,25 @@ from gpu_recovery.adapters import aws
 from gpu_recovery.adapters.autoscaling import AutoScalingReplacer
 from gpu_recovery.adapters.compute import RebootAdapter
 from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.adapters.queue import GangQueue
 from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
 from gpu_recovery.domain.rate_limit import TokenBucket
-from gpu_recovery.ecs_budget import EcsCallBudget
 from gpu_recovery.recovery import MetricsPort, RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository
 from gpu_recovery.settings import SchedulerConfig, Settings, ecs_api_bucket
 
 if TYPE_CHECKING:
-    from gpu_recovery.heartbeat import HeartbeatService
+    from gpu_recovery.heartbeat.service import HeartbeatService
+    from gpu_recovery.heartbeat.tokens import TokenStore
     from gpu_recovery.queue.control import JobControlService
+    from gpu_recovery.queue.jobs_api.service import JobQueueService
+    from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
     from gpu_recovery.queue.scheduler import QueueScheduler
-    from gpu_recovery.queue.service import JobQueueService, SchedulerTrigger
     from gpu_recovery.settings import JobsApiSettings
-    from gpu_recovery.tokens import TokenStore
 
 _lock = threading.Lock()
 _services: dict[str, Any] = {}
@@ -121,7 +122,7 @@ def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
 def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
     """The node heartbeat service, once per boto3 session (local mode and tests swap
     sessions with ``aws.reset()``; a new session builds a new service)."""
-    from gpu_recovery.heartbeat import HeartbeatService
+    from gpu_recovery.heartbeat.service import HeartbeatService
     from gpu_recovery.repository.heartbeat import HeartbeatRepository
     from gpu_recovery.settings import heartbeat_settings
 
@@ -164,9 +165,10 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
     from gpu_recovery.adapters.logs import TrainingLogReader
     from gpu_recovery.adapters.scheduler_trigger import LambdaInvoker
     from gpu_recovery.adapters.task_definitions import TaskDefinitions
+    from gpu_recovery.queue.jobs_api.service import JobQueueService
+    from gpu_recovery.queue.jobs_api.triggers import LambdaSchedulerTrigger, NoSchedulerTrigger
     from gpu_recovery.queue.quotas import QuotaService
-    from gpu_recovery.queue.service import JobQueueService, LambdaSchedulerTrigger, NoSchedulerTrigger
-    from gpu_recovery.repository.queue_api import JobQueueRepository
+    from gpu_recovery.repository.jobs_api import JobQueueRepository
     from gpu_recovery.repository.time_sharing import QuotaRepository
 
     settings = jobs_api_settings()
@@ -220,9 +222,9 @@ def job_control_service(metrics: MetricsPort | None = None) -> JobControlService
 
 def node_token_store() -> TokenStore:
     """The node-token store of the authorizer and the admin CLI, once per session."""
+    from gpu_recovery.heartbeat.tokens import TokenStore
     from gpu_recovery.repository.heartbeat import NodeTokenRepository
     from gpu_recovery.settings import node_token_table
-    from gpu_recovery.tokens import TokenStore
 
     session = aws.session()
     table = node_token_table()

@@ -412,7 +412,6 @@ def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSetting
         hang_seconds=_int(env, c.ENV_HANG_SECONDS, DEFAULT_HANG_SECONDS),
         hang_action=action,
         max_skew_seconds=_int(env, c.ENV_HEARTBEAT_MAX_SKEW_SECONDS, DEFAULT_MAX_SKEW_SECONDS, 1),
-        node_token_table=node_token_table(env),
         signal_notify_seconds=_int(env, c.ENV_HW_SIGNAL_NOTIFY_SECONDS, DEFAULT_SIGNAL_NOTIFY_SECONDS),
         signal_retention_seconds=_int(env, c.ENV_HW_SIGNAL_RETENTION_SECONDS,
                                       DEFAULT_SIGNAL_RETENTION_SECONDS, 60),

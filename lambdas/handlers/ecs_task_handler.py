@@ -7,7 +7,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
-from gpu_recovery.ecs_events import EcsTaskStateChangeEvent
+from gpu_recovery.events.ecs import EcsTaskStateChangeEvent
 from handlers._common import dropped, parse_or_drop, powertools
 
 logger, tracer, metrics = powertools("ecs-task-handler")

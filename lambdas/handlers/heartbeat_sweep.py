@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpu_recovery import heartbeat, runtime
+from gpu_recovery import runtime
 from handlers._common import powertools
 
 logger, tracer, metrics = powertools("heartbeat-sweep")
@@ -17,6 +17,6 @@ logger, tracer, metrics = powertools("heartbeat-sweep")
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # The schedule's event carries nothing the sweep needs; time comes from the clock.
-    outcome = heartbeat.service(runtime.PowertoolsMetrics(metrics)).sweep().as_dict()
+    outcome = runtime.heartbeat_service(runtime.PowertoolsMetrics(metrics)).sweep().as_dict()
     logger.info("heartbeat sweep done", extra=outcome)
     return outcome

@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from gpu_recovery import runtime
 from gpu_recovery.constants import CONTROL_API_ROUTES
 from gpu_recovery.domain.control_token import parse_token
-from gpu_recovery.tokens import token_from_authorization
+from gpu_recovery.heartbeat.tokens import token_from_authorization
 from handlers._common import powertools
 
 logger, tracer, metrics = powertools("job-control-authorizer")

@@ -67,14 +67,11 @@ from gpu_recovery.queue.api_models import (
     QuotaView,
     SuspendResult,
 )
+from gpu_recovery.queue.jobs_api.errors import QueueError
+from gpu_recovery.queue.jobs_api.reads import DEFAULT_LIMIT, MAX_LIMIT
+from gpu_recovery.queue.jobs_api.service import JobQueueService
+from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
 from gpu_recovery.queue.models import JobSpec
-from gpu_recovery.queue.service import (
-    DEFAULT_LIMIT,
-    MAX_LIMIT,
-    JobQueueService,
-    QueueError,
-    SchedulerTrigger,
-)
 from handlers._common import powertools
 from handlers._http import BodyError, body_text, media_type, parse_json
 

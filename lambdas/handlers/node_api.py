@@ -38,9 +38,12 @@ from pydantic import (
     model_validator,
 )
 
-from gpu_recovery import clock, heartbeat, runtime
+from gpu_recovery import clock, runtime
 from gpu_recovery.domain.heartbeat_policy import ReportedTask, timestamp_acceptable
-from gpu_recovery.tokens import NODE_ID_RE
+from gpu_recovery.heartbeat.ports import MetricsPort
+from gpu_recovery.heartbeat.results import ReplayedReport
+from gpu_recovery.heartbeat.service import HeartbeatService
+from gpu_recovery.heartbeat.tokens import NODE_ID_RE
 from handlers._common import powertools
 from handlers._http import BodyError, body_text, parse_json
 
@@ -58,6 +61,12 @@ TASK_ARN_PATTERN = r"^arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:task/[A-Za-z0-9_/-]{1
 # Epoch seconds accepted for a node's boot time: 2001-09-09 .. 2100-01-01.
 MIN_EPOCH = 1_000_000_000
 MAX_EPOCH = 4_102_444_800
+
+
+def service(metrics: MetricsPort | None = None) -> HeartbeatService:
+    """The heartbeat service behind these routes (``runtime`` builds it; local mode's
+    simulated node agents report through it too)."""
+    return runtime.heartbeat_service(metrics)
 
 
 class ApiError(Exception):
@@ -205,8 +214,8 @@ def _body_error(error: BodyError) -> Response:
     return _reject(ApiError(error.status, error.code, error.message, error.field))
 
 
-@app.exception_handler(heartbeat.ReplayedReport)
-def _replayed(error: heartbeat.ReplayedReport) -> Response:
+@app.exception_handler(ReplayedReport)
+def _replayed(error: ReplayedReport) -> Response:
     return _reject(ApiError(409, "replayed_report", str(error)))
 
 
@@ -265,7 +274,7 @@ def _check_common(report: _Report) -> None:
                        f"node_id {report.node_id!r} is not the node this token belongs to; "
                        "send the node's own id or use that node's token", "node_id")
     # The heartbeat service's settings, validated once when runtime.py built it.
-    settings = heartbeat.service(runtime.PowertoolsMetrics(metrics)).settings
+    settings = service(runtime.PowertoolsMetrics(metrics)).settings
     now = clock.now()
     if not math.isfinite(report.timestamp) or not timestamp_acceptable(
         report.timestamp, now, settings.max_skew_seconds
@@ -284,7 +293,7 @@ def report_tasks() -> dict[str, Any]:
     _check_common(report)
     tasks = [ReportedTask(t.task_arn, t.running_log_id, t.remote_pid, t.remote_pgid, t.step)
              for t in report.tasks]
-    result = heartbeat.service(runtime.PowertoolsMetrics(metrics)).report_tasks(
+    result = service(runtime.PowertoolsMetrics(metrics)).report_tasks(
         report.node_id, report.timestamp, tasks, boot_time=report.boot_time)
     logger.info("tasks reported", extra=result.as_dict())
     return {"accepted": True, "server_time": clock.now(), **result.as_dict()}
@@ -295,7 +304,7 @@ def report_tasks() -> dict[str, Any]:
 def report_gpu() -> dict[str, Any]:
     report: ReportGpuIn = _validate(ReportGpuIn, _read_body("gpus", MAX_GPUS))
     _check_common(report)
-    result = heartbeat.service(runtime.PowertoolsMetrics(metrics)).report_gpu(
+    result = service(runtime.PowertoolsMetrics(metrics)).report_gpu(
         report.node_id, report.timestamp,
         [g.model_dump() for g in report.gpus],
         [x.model_dump() for x in report.unmapped_xids], report.error,

@@ -17,7 +17,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
-from gpu_recovery.tokens import TokenStore, Verdict, token_from_authorization
+from gpu_recovery.heartbeat.tokens import TokenStore, Verdict, token_from_authorization
 from handlers._common import powertools
 
 logger, tracer, metrics = powertools("node-authorizer")

@@ -92,7 +92,7 @@ class _Agents:
         self.sim.schedule(self.sim.now() + AGENT_INTERVAL_SECONDS, self._round, "node agents")
 
     def _round(self) -> list[dict[str, Any]]:
-        from gpu_recovery import heartbeat
+        from handlers import node_api as heartbeat
 
         for name in sorted(self.sim.nodes):
             node = self.sim.nodes[name]

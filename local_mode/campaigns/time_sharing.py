@@ -167,8 +167,9 @@ class Rank0Program:
 
 def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) -> RunResult:
     """The scenario with ``fault`` (n-th call after bob's submit, mode) broken once."""
-    from gpu_recovery.queue.service import JobQueueService, NoSchedulerTrigger
-    from gpu_recovery.repository.queue_api import JobQueueRepository
+    from gpu_recovery.queue.jobs_api.service import JobQueueService
+    from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
+    from gpu_recovery.repository.jobs_api import JobQueueRepository
 
     with _cluster() as (local, bus, sim):
         for node in NODES:

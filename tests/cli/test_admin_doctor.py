@@ -179,16 +179,16 @@ def _deploy_gang_fanout(local: Any) -> dict[str, str]:
 
 @pytest.fixture
 def account(capsys: pytest.CaptureFixture[str]) -> Iterator[Account]:
-    from gpu_recovery import heartbeat
+    from gpu_recovery import runtime
     from gpu_recovery.adapters import aws
-    from gpu_recovery.tokens import TokenStore
+    from gpu_recovery.heartbeat.tokens import TokenStore
     from local_mode.ecs_sim import SimulatedEcs
     from local_mode.emulator import LocalAws
     from local_mode.event_bus import LocalEventBus
     from local_mode.node_agents import SimulatedNodeAgents
     from local_mode.server import LocalApi
 
-    heartbeat.reset()
+    runtime.forget("heartbeat")
     try:
         with LocalAws(metrics_disabled=True, extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL"}) as local:
             sim = SimulatedEcs(
@@ -219,7 +219,7 @@ def account(capsys: pytest.CaptureFixture[str]) -> Iterator[Account]:
             sim.run_for(30)
             yield acct
     finally:
-        heartbeat.reset()
+        runtime.forget("heartbeat")
 
 
 def _by_check(findings: list[doctor.Finding]) -> dict[str, list[doctor.Finding]]:
@@ -406,7 +406,7 @@ def test_doctor_on_a_missing_cluster_skips_what_depends_on_it(account: Account) 
 
 def test_doctor_without_node_tokens_warns_that_heartbeats_are_off(account: Account) -> None:
     """Given no node has a report token (the node agent is optional), Then a WARN, not a FAIL."""
-    from gpu_recovery.tokens import TokenStore
+    from gpu_recovery.heartbeat.tokens import TokenStore
 
     store = TokenStore(account.local.resource("dynamodb").Table(account.local.node_token_table))
     for name in account.tokens:

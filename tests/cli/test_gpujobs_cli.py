@@ -3,7 +3,7 @@
 The fake API (``FakeApi``) is a ``ThreadingHTTPServer`` on an ephemeral port implementing
 the REST contract with an in-memory job store; it records every request and can be told to
 fail the next requests (503, 429...) or to walk a job through a script of states. Waiting
-is replaced (``gpujobs._sleep``), so nothing here sleeps for real. SigV4 is tested offline:
+is replaced (``gpujobs.clock.sleep``), so nothing here sleeps for real. SigV4 is tested offline:
 the signer with fixed credentials and time, and the request the client prepares for an API
 Gateway endpoint (never connected to).
 """
@@ -16,6 +16,7 @@ import io
 import json
 import threading
 import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ import yaml
 from botocore.credentials import Credentials
 
 from cli import gpujobs
+from cli.gpujobs import clock as gpujobs_clock
+from cli.gpujobs.watch import colored
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPEC = REPO / "examples" / "job.yaml"
@@ -277,7 +280,7 @@ def api() -> Iterator[FakeApi]:
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Replace the CLI's waits (retry backoff, polling) with a recorder."""
     calls: list[float] = []
-    monkeypatch.setattr(gpujobs, "_sleep", calls.append)
+    monkeypatch.setattr(gpujobs_clock, "sleep", calls.append)
     return calls
 
 
@@ -645,7 +648,7 @@ def test_times_are_on_the_api_clock(monkeypatch):
     playground's clock runs fast), the client's notion of now follows it; a difference
     within the header's one-second rounding is no skew."""
     client = gpujobs.ApiClient("http://127.0.0.1:1")
-    monkeypatch.setattr(gpujobs, "_utcnow", lambda: datetime(2026, 11, 20, 14, 0, 0, tzinfo=UTC))
+    monkeypatch.setattr(gpujobs_clock, "utcnow", lambda: datetime(2026, 11, 20, 14, 0, 0, tzinfo=UTC))
     client._note_server_time("Fri, 20 Nov 2026 15:00:00 GMT")
     assert client.server_now() == datetime(2026, 11, 20, 15, 0, 0, tzinfo=UTC)
     client._note_server_time("not a date")  # ignored: the last known offset stays
@@ -821,7 +824,7 @@ def test_main_signs_with_env_credentials_end_to_end(monkeypatch, sleeps, capsys)
         sent.append(req)
         return Response(json.dumps({"job_id": "x-20261120-143201-0001", "state": "QUEUED"}).encode())
 
-    monkeypatch.setattr(gpujobs.urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
     assert gpujobs.main(["submit", "--name", "x", "--task-definition", "t:1"]) == 0
     assert capsys.readouterr().out.strip() == "x-20261120-143201-0001"
     (req,) = sent
@@ -1049,10 +1052,10 @@ def test_watch_follows_a_suspension_and_the_resume(api, sleeps, capsys):
 
 def test_watch_colors_time_sharing_states():
     """SUSPENDING is cyan and SUSPENDED (held or not) blue: paused, not failed nor waiting."""
-    assert gpujobs._colored("SUSPENDING", True) == "\x1b[1;36mSUSPENDING\x1b[0m"
-    assert gpujobs._colored("SUSPENDED (held)", True) == "\x1b[1;34mSUSPENDED (held)\x1b[0m"
-    assert gpujobs._colored("QUEUED", True) == "\x1b[1;33mQUEUED\x1b[0m"
-    assert gpujobs._colored("SUSPENDED", False) == "SUSPENDED"
+    assert colored("SUSPENDING", True) == "\x1b[1;36mSUSPENDING\x1b[0m"
+    assert colored("SUSPENDED (held)", True) == "\x1b[1;34mSUSPENDED (held)\x1b[0m"
+    assert colored("QUEUED", True) == "\x1b[1;33mQUEUED\x1b[0m"
+    assert colored("SUSPENDED", False) == "SUSPENDED"
 
 
 def test_the_cli_knows_every_job_state_of_the_server():
@@ -1075,8 +1078,8 @@ def test_watch_gives_up_after_its_timeout_with_exit_124(api, monkeypatch, capsys
         waits.append(seconds)
         clock[0] += seconds
 
-    monkeypatch.setattr(gpujobs, "_sleep", wait)
-    monkeypatch.setattr(gpujobs, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(gpujobs_clock, "sleep", wait)
+    monkeypatch.setattr(gpujobs_clock, "monotonic", lambda: clock[0])
     api.add_job("j-1", state="RUNNING")
     assert run(api, "--timeout", "7", "watch", "j-1", "--interval", "5", "--timeout", "12") == 124
     assert waits == [5.0, 5.0, 5.0]

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from cli import gpujobs
+from cli.gpujobs.render import fmt_time
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.constants import JobState
-from tests.queue_scheduler.conftest import QueueCluster, make_queue_cluster
+from tests.fixtures.queue_cluster import QueueCluster, make_queue_cluster
 
 
 @dataclass
@@ -146,7 +147,7 @@ def test_suspend_a_running_job_then_resume_it(stack: Stack, as_user: Any) -> Non
 
     code, out, err = as_user("alice", "suspend", job_id)
     assert code == 0, err
-    deadline = gpujobs._fmt_time(tc.item(job_id)["suspend"]["deadline_at"])
+    deadline = fmt_time(tc.item(job_id)["suspend"]["deadline_at"])
     assert out.strip() == (f"{job_id}: SUSPENDING (rank 0 is told to checkpoint and call go_suspend(); "
                            f"ranks stopped by {deadline} at the latest; "
                            f"held until `gpujobs resume {job_id}`)")

@@ -19,8 +19,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState, RankState
 from gpu_recovery.domain.control_token import make_token
 from local_mode.server import route_defined
-
-from .conftest import CLIENT_PATH, ControlWorld, FakeClock, client_lib
+from tests.control.world import CLIENT_PATH, ControlWorld, FakeClock, client_lib
 
 CONTROL = "/v1/control"
 SUSPEND = "/v1/control/suspend"

@@ -235,10 +235,13 @@ def test_override_patches_adds_and_removes_rules(tmp_path) -> None:
     assert catalog.rule("xid-79") == load_catalog().rule("xid-79")
 
 
-def test_yaml_override_is_read(tmp_path) -> None:
+def test_the_functions_read_json_and_refuse_a_yaml_path_naming_the_synth_time_reader(tmp_path) -> None:
+    """YAML overrides are read at synthesis (tests/infra/test_infra_catalog_file.py); the
+    domain, which imports nothing outside the standard library, reads JSON."""
     path = tmp_path / "override.yaml"
     path.write_text("schema_version: 1\nrules:\n  - id: xid-63\n    action: reboot\n")
-    assert load_catalog(None, path).rule("xid-63").action is Action.REBOOT
+    with pytest.raises(CatalogError, match=r"infra\.catalog_file"):
+        load_catalog(None, path)
 
 
 def test_override_errors_name_the_override(tmp_path) -> None:

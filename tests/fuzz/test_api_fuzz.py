@@ -33,11 +33,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gpu_recovery import clock, heartbeat, runtime
+from gpu_recovery import clock, runtime
 from gpu_recovery import constants as C
 from gpu_recovery.domain.control_token import make_token, new_secret
+from gpu_recovery.heartbeat.tokens import TokenStore
 from gpu_recovery.repository import to_ddb
-from gpu_recovery.tokens import TokenStore
 from local_mode.emulator import LocalAws
 from local_mode.server import LocalApiServer, create_node_token_table
 
@@ -92,7 +92,7 @@ def _control_job(job_id: str, state: str, secret: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def target() -> Iterator[Target]:
     """The local API in front of moto: tables, a cluster, one task definition, a node token."""
-    from gpu_recovery.queue.service import NoSchedulerTrigger
+    from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
     from handlers import jobs_api
 
     clock.reset_clock()
@@ -105,7 +105,6 @@ def target() -> Iterator[Target]:
                 "awslogs-group": "/ecs/llama", "awslogs-region": local.region,
                 "awslogs-stream-prefix": "train"}}}])
         runtime.reset(clients=False)
-        heartbeat.reset()
         jobs_api.reset()
         jobs_api.set_scheduler_trigger(NoSchedulerTrigger())
         token = TokenStore(boto3.resource("dynamodb").Table(table)).issue(NODE, issued_by="fuzz")
@@ -120,7 +119,6 @@ def target() -> Iterator[Target]:
         with LocalApiServer() as server:
             yield Target(server.url, token, control_tokens)
         jobs_api.reset()
-        heartbeat.reset()
 
 
 def _steer(case: Any) -> None:

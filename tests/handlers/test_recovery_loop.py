@@ -17,7 +17,7 @@ from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState, RankState
 from local_mode.event_bus import LambdaContext
 from local_mode.faults import INTERNAL, THROTTLING
-from tests.handlers.conftest import Cluster, cluster_with, make_cluster
+from tests.handlers.cluster import Cluster, cluster_with, make_cluster
 
 MIN = 60
 
@@ -456,13 +456,13 @@ def test_boot_time_from_the_agent_brings_a_node_back_when_its_disconnect_was_mis
     was too short for the sweep to see it (so ACTIVE events alone do not prove it
     rebooted), When its node agent reports a boot time later than the reboot request,
     Then the node is back and the job is gang-restarted."""
-    from gpu_recovery import heartbeat
+    from gpu_recovery import runtime
 
     with cluster_with(duplicate_delivery=False, disconnect_delay_seconds=1, reboot_seconds=3) as cluster:
-        _boot_time_brings_back(cluster, heartbeat)
+        _boot_time_brings_back(cluster, runtime)
 
 
-def _boot_time_brings_back(cluster: Cluster, heartbeat: Any) -> None:
+def _boot_time_brings_back(cluster: Cluster, runtime: Any) -> None:
     start(cluster, "boot", ["node-a", "node-b"])
     rule = next(r for r in cluster.bus.rules if r.name == "container-instance-state")
     monitor = rule.target
@@ -474,9 +474,9 @@ def _boot_time_brings_back(cluster: Cluster, heartbeat: Any) -> None:
     assert cluster.instance("node-b").state is InstanceState.REBOOTING
 
     node = cluster.sim.node("node-b")
-    heartbeat.reset()
-    heartbeat.service().report_tasks(node.container_instance_id, cluster.sim.now(), [],
-                                     boot_time=node.boot_time)
+    runtime.forget("heartbeat")
+    runtime.heartbeat_service().report_tasks(node.container_instance_id, cluster.sim.now(), [],
+                                             boot_time=node.boot_time)
     assert cluster.instance("node-b").state is InstanceState.AVAILABLE
     cluster.sim.run_for(MIN)
     assert cluster.job("boot").attempt == 2
@@ -486,22 +486,22 @@ def _boot_time_brings_back(cluster: Cluster, heartbeat: Any) -> None:
 def test_an_old_boot_time_does_not_bring_a_rebooting_node_back() -> None:
     """Given a rebooting node (not back yet) whose instance events are all lost, When its
     agent reports the boot time it had before the reboot, Then the node stays REBOOTING."""
-    from gpu_recovery import heartbeat
+    from gpu_recovery import runtime
 
     with cluster_with(duplicate_delivery=False, reboot_seconds=10**6) as cluster:
-        _old_boot_time(cluster, heartbeat)
+        _old_boot_time(cluster, runtime)
 
 
-def _old_boot_time(cluster: Cluster, heartbeat: Any) -> None:
+def _old_boot_time(cluster: Cluster, runtime: Any) -> None:
     start(cluster, "stale-boot", ["node-a", "node-b"])
     rule = next(r for r in cluster.bus.rules if r.name == "container-instance-state")
     rule.target = lambda event, context: {"lost": True}
     booted = cluster.sim.node("node-b").boot_time
     cluster.sim.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable")
     cluster.sim.run_for(10 * MIN)
-    heartbeat.reset()
-    heartbeat.service().report_tasks(cluster.sim.node("node-b").container_instance_id,
-                                     cluster.sim.now(), [], boot_time=booted)
+    runtime.forget("heartbeat")
+    runtime.heartbeat_service().report_tasks(cluster.sim.node("node-b").container_instance_id,
+                                             cluster.sim.now(), [], boot_time=booted)
     assert cluster.instance("node-b").state is InstanceState.REBOOTING
     assert cluster.state("stale-boot") is JobState.PENDING_RESTART
 

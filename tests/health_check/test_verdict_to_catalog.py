@@ -11,8 +11,7 @@ from gpu_recovery.domain.classify import classify
 from gpu_recovery.domain.evidence import DcgmFindings, Evidence
 from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.fault_vocabulary import Action, GpuSignalKind, Trigger
-
-from .test_dcgm_health_check import REAL, run_check
+from tests.health_check.script_runner import REAL, run_check
 
 T = 1_734_220_000.0
 CATALOG = load_catalog()

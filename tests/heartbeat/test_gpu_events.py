@@ -6,8 +6,7 @@ from __future__ import annotations
 from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.evidence import build_evidence
 from gpu_recovery.domain.fault_vocabulary import Trigger
-
-from .conftest import NODE
+from tests.heartbeat.world import NODE
 
 GPU = {"index": 0, "uuid": "GPU-0", "ecc_uncorrected_volatile": 0, "remapped_rows_pending": False,
        "remapped_rows_failure": False, "xids": []}

@@ -13,9 +13,8 @@ from gpu_recovery.constants import JobState, NotificationKind, RankState
 from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.fault_catalog import default_catalog
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal
-
-from .conftest import NODE, task_arn
-from .test_node_api import api_event, call, snapshot, tasks_body
+from tests.heartbeat.node_api_calls import api_event, call, snapshot, tasks_body
+from tests.heartbeat.world import NODE, task_arn
 
 GPU = {"index": 0, "uuid": "GPU-0", "utilization_gpu": 90, "memory_used_mib": 1,
        "memory_total_mib": 2, "temperature_c": 60, "ecc_uncorrected_volatile": 0,

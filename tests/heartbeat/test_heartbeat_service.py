@@ -11,13 +11,13 @@ from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
-from gpu_recovery.heartbeat import HeartbeatService, ReplayedReport, SweepResult
+from gpu_recovery.heartbeat.results import ReplayedReport, SweepResult
+from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.settings import Settings
+from tests.heartbeat.world import NODE, NODE_B, task_arn
 from tests.recovery.fakes import FakeEcs, FakeRebooter, FakeVerdicts, Flaky
-
-from .conftest import NODE, NODE_B, task_arn
 
 
 def test_report_refreshes_ranks_and_node(world) -> None:

@@ -11,9 +11,8 @@ import pytest
 
 from gpu_recovery.constants import NODE_TOKEN_HEADER_PATTERN
 from local_mode.server import MAX_REQUEST_BYTES, LocalApi, LocalApiServer, route_defined
-
-from .conftest import NODE, task_arn
-from .test_node_api import tasks_body
+from tests.heartbeat.node_api_calls import tasks_body
+from tests.heartbeat.world import NODE, task_arn
 
 
 def request(url: str, method: str, path: str, body: bytes = b"",

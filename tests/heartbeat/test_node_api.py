@@ -13,43 +13,20 @@ from typing import Any
 import pytest
 
 from gpu_recovery.constants import HB_PK
-from gpu_recovery.tokens import hash_token, parse_token, token_from_authorization, verify_against_item
+from gpu_recovery.heartbeat.tokens import (
+    hash_token,
+    parse_token,
+    token_from_authorization,
+    verify_against_item,
+)
 from handlers import node_api, node_authorizer
-from local_mode.server import LocalApi, LocalApiServer, LocalContext
-
-from .conftest import NODE, NODE_B, load_event, task_arn
+from local_mode.server import LocalApi, LocalApiServer
+from tests.fixtures.events import load_event
+from tests.heartbeat.node_api_calls import api_event, call, ctx, snapshot, tasks_body
+from tests.heartbeat.world import NODE, NODE_B, task_arn
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "agent" / "gpu_node_agent.py"
-
-
-def ctx(name: str = "node-api") -> LocalContext:
-    return LocalContext(name)
-
-
-def api_event(world, name: str, body: Any, node: str = NODE) -> dict[str, Any]:
-    event = load_event(name)
-    event["body"] = body if isinstance(body, str) else json.dumps(body)
-    event["requestContext"]["authorizer"] = {"principalId": node, "node_id": node}
-    return event
-
-
-def call(event: dict[str, Any]) -> tuple[int, Any]:
-    response = node_api.lambda_handler(event, ctx())
-    return response["statusCode"], json.loads(response["body"])
-
-
-def tasks_body(world, *arns: str, node: str = NODE, ts: float | None = None) -> dict[str, Any]:
-    return {"node_id": node, "timestamp": world.clock() if ts is None else ts,
-            "tasks": [{"task_arn": a} for a in arns]}
-
-
-def snapshot(world) -> list[dict[str, Any]]:
-    ddb = world.local.client("dynamodb")
-    items = []
-    for table in (world.repo.job_table_name, world.repo.instance_table_name):
-        items += sorted(ddb.scan(TableName=table)["Items"], key=lambda i: json.dumps(i, sort_keys=True))
-    return items
 
 
 # ------------------------------------------------------------------------ tokens

@@ -1,7 +1,7 @@
 """Shared by the infra tests: contexts, the ``Synth`` result and ``synthesize``.
 
 Test modules import from here, not from ``conftest``: tests/infra has no __init__.py, so
-``conftest`` is a top-level module name that other rootless test folders (tests/queue_api)
+``conftest`` is a top-level module name that other rootless test folders (tests/jobs_api)
 also use; in a combined pytest run ``from conftest import ...`` would get theirs.
 """
 
@@ -22,7 +22,6 @@ ACCOUNT = "111122223333"
 REGION = "us-east-1"
 CLUSTER = "gpu-cluster"
 CLUSTER_ARN = f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{CLUSTER}"
-EVENTS_DIR = Path(__file__).resolve().parent.parent / "events"
 CUSTOM_TASK_ARN = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/my-dcgm:3"
 
 DEFAULT_CONTEXT = {"cluster_name": CLUSTER}
@@ -128,10 +127,6 @@ def synthesize(context: dict[str, Any], outdir: Path, region: str = REGION) -> S
     template = json.loads((outdir / f"{STACK_NAME}.template.json").read_text())
     template = with_partition(template, PARTITIONS[region])
     return Synth(stack, template, outdir, error, read_findings(outdir))
-
-
-def load_event(name: str) -> dict[str, Any]:
-    return json.loads((EVENTS_DIR / name).read_text())
 
 
 def statement_actions(statement: dict[str, Any]) -> set[str]:

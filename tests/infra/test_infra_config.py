@@ -503,18 +503,33 @@ def test_parsed_defaults_are_the_dataclass_defaults() -> None:
         cluster_name="c", instance_tag_value="c")
 
 
-def test_readme_configuration_table_is_generated_from_the_code() -> None:
-    """The README's table is exactly markdown_table() (regenerate: make config-docs)."""
-    from infra.config import OPTIONS, README_PATH, markdown_table, readme_with_table
+def test_the_configuration_tables_are_generated_from_the_code() -> None:
+    """docs/configuration.md's table is exactly markdown_table(), every key; the README's is
+    the table of COMMON_KEYS, each a key of the registry (regenerate both: make config-docs)."""
+    from infra.config import (
+        COMMON_KEYS,
+        CONFIG_DOCS_PATH,
+        OPTIONS,
+        README_PATH,
+        docs_with_table,
+        markdown_table,
+        readme_with_table,
+    )
 
-    readme = README_PATH.read_text()
-    assert readme_with_table(readme) == readme, "README configuration table drifted: run make config-docs"
+    page = CONFIG_DOCS_PATH.read_text()
+    assert docs_with_table(page) == page, "docs/configuration.md's table drifted: run make config-docs"
     table = markdown_table()
-    assert table in readme
+    assert table in page
     for opt in OPTIONS:
         assert f"| `{opt.key}` |" in table
-    stale = readme.replace("| `dcgm_level` |", "| `dcgm_levels` |")
-    assert readme_with_table(stale) == readme
+    stale = page.replace("| `dcgm_level` |", "| `dcgm_levels` |")
+    assert docs_with_table(stale) == page
+    readme = README_PATH.read_text()
+    assert readme_with_table(readme) == readme, "README configuration table drifted: run make config-docs"
+    assert set(COMMON_KEYS) <= set(KNOWN_KEYS)
+    common = markdown_table(COMMON_KEYS)
+    assert common in readme and common.count("\n| `") == len(COMMON_KEYS)
+    assert "docs/configuration.md" in readme
     assert "config-docs:" in (REPO_ROOT / "Makefile").read_text()
 
 

@@ -7,8 +7,10 @@ import json
 from typing import Any
 
 import pytest
-from infra_synth import CLUSTER_ARN, Synth, load_event
+from infra_synth import CLUSTER_ARN, Synth
 from moto.events.models import EventPattern
+
+from tests.fixtures.events import load_event
 
 OTHER_CLUSTER_ARN = "arn:aws:ecs:us-east-1:111122223333:cluster/other-cluster"
 

@@ -302,7 +302,7 @@ def test_the_local_route_refuses_bad_requests_naming_the_field(playground: Playg
     """Given the playground, When POST /local/faults gets an unknown kind, bad JSON or no
     target, Then 400 with the field; an unknown local route is a 404 listing the routes;
     the deployed routes are untouched (an undefined one is still API Gateway's 403)."""
-    from cli.faults import FaultError, request
+    from cli.inject_fault import FaultError, request
 
     base = shell["GPUJOBS_ENDPOINT"]
     for body, field in (({"kind": "meteor", "node": "node-1"}, "kind"), ({"kind": "xid"}, "node"),
@@ -342,7 +342,7 @@ def test_the_examples_task_definitions_are_registered_up_to_their_revision(tmp_p
 
 
 def test_fault_requests_from_the_command_line() -> None:
-    from cli.faults import fault_body, local_endpoint
+    from cli.inject_fault import fault_body, local_endpoint
 
     parser = admin.build_parser()
     args = parser.parse_args(["inject-fault", "xid", "48", "--job", "j-1", "--rank", "1", "--gpu", "3",

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import LIVE_RANK_STATES, JobState
-
-from .conftest import make_queue_cluster
+from tests.fixtures.queue_cluster import make_queue_cluster
 
 # A preempted job (priorities 20 and 50 preempt 0) is SUSPENDING, then SUSPENDED back in the
 # queue at its position; nothing here holds a job on its owner's behalf.

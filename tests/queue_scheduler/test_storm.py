@@ -13,8 +13,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE
-
-from .conftest import make_queue_cluster
+from tests.fixtures.queue_cluster import make_queue_cluster
 
 MIN = 60.0
 

@@ -13,8 +13,7 @@ from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.queue import launcher as launcher_mod
 from gpu_recovery.queue.scheduler import LEASE_KEY
-
-from .conftest import make_queue_cluster
+from tests.fixtures.queue_cluster import make_queue_cluster
 
 
 def env_of(task: Any) -> dict[str, str]:

@@ -25,7 +25,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs import StartResult
 from gpu_recovery.domain import breaker
 from gpu_recovery.domain.notifications import Notification
-from gpu_recovery.ecs_events import EcsContainerInstanceDetail, EcsTaskDetail
+from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery import RankRegistration, RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import Settings

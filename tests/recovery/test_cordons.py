@@ -17,7 +17,12 @@ from gpu_recovery.queue.admission import node_ineligibility
 from gpu_recovery.recovery.breaker import reset_breaker
 from gpu_recovery.repository import Update
 from tests.recovery.fakes import World, world
-from tests.recovery.test_remediation_stages import _fault_with_reboot_verdict, _rebooting, _tripped, _xid
+from tests.recovery.remediation_steps import (
+    fault_with_reboot_verdict,
+    rebooting,
+    report_xid,
+    trip_with_backlog,
+)
 
 FAULTY, PEER = "node-b", "node-a"
 
@@ -38,8 +43,8 @@ def test_a_node_held_by_the_breaker_is_cordoned_in_ecs_and_skipped_by_the_schedu
     worklist empty, and the queue's admission skips it."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _tripped(w, ["x-2"], window=("x-1",))
-        _fault_with_reboot_verdict(w, arns)
+        trip_with_backlog(w, ["x-2"], window=("x-1",))
+        fault_with_reboot_verdict(w, arns)
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and w.rebooter.calls == []
         assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_APPLIED
@@ -56,7 +61,7 @@ def test_observe_mode_leaves_a_definitive_fault_available_but_cordoned() -> None
     observe = RemediationSettings(modes=parse_remediation_mode("observe"))
     with world(remediation=observe) as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _xid(w, FAULTY, 79)
+        report_xid(w, FAULTY, 79)
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert w.rebooter.calls == [] and w.ecs.drained == []
         inst = w.repo.get_instance(FAULTY)
@@ -68,7 +73,7 @@ def test_a_rebooting_node_is_cordoned_until_it_is_back() -> None:
     """Given a diag that says reboot, Then the node is cordoned while it reboots; When it is
     back (agent reconnected after the reboot), Then the cordon and the ECS attribute go."""
     with world() as w:
-        _rebooting(w, "j", [PEER, FAULTY])
+        rebooting(w, "j", [PEER, FAULTY])
         assert w.repo.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)
         t = w.now[0]
         w.service.on_container_instance_change(w.instance_event(FAULTY, connected=False, version=11,
@@ -88,9 +93,9 @@ def test_a_refused_put_attributes_is_finished_by_the_sweep() -> None:
     attribute and confirms it."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _tripped(w, ["x-2"], window=("x-1",))
+        trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.ecs.failures["put_attributes"] = ["refuse"]
-        _fault_with_reboot_verdict(w, arns)
+        fault_with_reboot_verdict(w, arns)
         inst = w.repo.get_instance(FAULTY)
         assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_PENDING and not _has_attribute(w, FAULTY)
         assert list(w.repo.cordons.pending()) == [FAULTY]
@@ -103,9 +108,9 @@ def test_a_refused_put_attributes_is_finished_by_the_sweep() -> None:
 def test_a_lost_put_answer_is_put_again_idempotently_and_confirmed() -> None:
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _tripped(w, ["x-2"], window=("x-1",))
+        trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.ecs.failures["put_attributes"] = ["lose"]
-        _fault_with_reboot_verdict(w, arns)
+        fault_with_reboot_verdict(w, arns)
         assert _has_attribute(w, FAULTY) and list(w.repo.cordons.pending()) == [FAULTY]
         w.service.sweep()
         assert [c[0] for c in w.ecs.attribute_calls] == ["put", "put"] and w.repo.cordons.pending() == {}
@@ -117,9 +122,9 @@ def test_a_newer_intent_committed_during_a_sync_is_not_confirmed_by_it() -> None
     the attribute."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _tripped(w, ["x-2"], window=("x-1",))
+        trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.ecs.failures["put_attributes"] = ["refuse"]
-        _fault_with_reboot_verdict(w, arns)
+        fault_with_reboot_verdict(w, arns)
         inst = w.repo.get_instance(FAULTY)
         [members] = w.repo.cordons.pending().values()
         w.advance(1)
@@ -134,9 +139,9 @@ def test_a_newer_intent_committed_during_a_sync_is_not_confirmed_by_it() -> None
 
 def test_a_reboot_timeout_held_by_the_breaker_cordons_the_node() -> None:
     with world() as w:
-        _rebooting(w, "j", [PEER, FAULTY])
+        rebooting(w, "j", [PEER, FAULTY])
         w.advance(31 * 60)
-        _tripped(w, ["x-2"], window=("x-1",))
+        trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.service.sweep()
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and w.ecs.drained == []
@@ -149,7 +154,7 @@ def test_a_drained_node_loses_its_cordon_once_draining_is_confirmed() -> None:
     off and the node's earlier cordon (from its reboot) is cleared with the drain's
     confirmation: an operator who sets it ACTIVE again finds it placeable."""
     with world() as w:
-        _rebooting(w, "j", [PEER, FAULTY])
+        rebooting(w, "j", [PEER, FAULTY])
         assert _has_attribute(w, FAULTY)
         w.advance(31 * 60)
         w.service.sweep()
@@ -166,7 +171,7 @@ def test_the_cordon_limit_trips_loudly_holds_the_attribute_and_a_reset_puts_it()
     settings = RemediationSettings(cordon=CordonPolicy(max_share=0.3, window_seconds=300))
     with world(remediation=settings) as w:
         w.ecs.spare_nodes = ["n-3"]
-        _tripped(w, ["x-2"], window=("x-1",))  # every node action held: each node is cordoned
+        trip_with_backlog(w, ["x-2"], window=("x-1",))  # every node action held: each node is cordoned
         jobs = [w.register_job(f"j{i}", [f"p-{i}", f"n-{i}"]) for i in range(3)]
         for i, node in enumerate(["n-0", "n-1", "n-2"]):
             arns = jobs[i]
@@ -190,8 +195,8 @@ def test_the_cordon_limit_trips_loudly_holds_the_attribute_and_a_reset_puts_it()
 def test_an_operator_uncordons_a_node_repaired_by_hand() -> None:
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _tripped(w, ["x-2"], window=("x-1",))
-        _fault_with_reboot_verdict(w, arns)
+        trip_with_backlog(w, ["x-2"], window=("x-1",))
+        fault_with_reboot_verdict(w, arns)
         args = argparse.Namespace(node_id=FAULTY)
         assert uncordon_command(args, w.repo, w.now[0]) == 0
         assert uncordon_command(args, w.repo, w.now[0]) == 1  # not cordoned any more
@@ -224,7 +229,7 @@ def test_the_trip_email_lists_the_held_node_its_jobs_and_what_a_reset_does() -> 
         state = breaker.record_action(None, node="x-1", action="reboot", now=w.now[0] - 60,
                                       cluster_gpu_nodes=2).state
         assert w.repo.save_breaker(state, None)
-        _fault_with_reboot_verdict(w, arns)
+        fault_with_reboot_verdict(w, arns)
         [mail] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.BREAKER_TRIPPED]
         assert f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD for the reset" in mail.body
         assert "--resume-backlog reboots it" in mail.body and "cordoned" in mail.body

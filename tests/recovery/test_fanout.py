@@ -8,9 +8,9 @@ import itertools
 from typing import Any
 
 from gpu_recovery import constants as C
+from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS
-from gpu_recovery.ecs_budget import RateLimited
 from gpu_recovery.recovery import sweep as sweep_mod
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
 from gpu_recovery.recovery.health_checks import POLL_SECONDS

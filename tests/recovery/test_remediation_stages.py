@@ -14,22 +14,15 @@ from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.recovery.breaker import reset_breaker
 from gpu_recovery.repository import Update
 from tests.recovery.fakes import LostResponse, World, world
+from tests.recovery.remediation_steps import (
+    fault_with_reboot_verdict,
+    rebooting,
+    report_xid,
+    trip_with_backlog,
+)
 
 FAULTY, PEER = "node-b", "node-a"
 DAY = 24 * 3600.0
-
-
-def _fault_with_reboot_verdict(w: World, arns: list[str]) -> None:
-    """Rank 1 exits 1 (suspect); its DCGM check says reboot (the fake verdict line)."""
-    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-    [task] = w.ecs.health_checks_on(FAULTY)
-    w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-
-
-def _xid(w: World, node: str, xid: int) -> None:
-    """What the heartbeat service keeps when the node agent reports an XID."""
-    w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node},
-                        set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": xid}]}))
 
 
 def test_a_tripped_breaker_holds_the_reboot_and_keeps_it_in_its_backlog() -> None:
@@ -40,7 +33,7 @@ def test_a_tripped_breaker_holds_the_reboot_and_keeps_it_in_its_backlog() -> Non
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.trip_breaker(["x-1", "x-2"])
-        _fault_with_reboot_verdict(w, arns)
+        fault_with_reboot_verdict(w, arns)
         assert w.rebooter.calls == []
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and inst.breaker_blocked["action"] == "reboot"
@@ -54,7 +47,7 @@ def test_the_released_backlog_is_carried_out_by_the_sweep_once() -> None:
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.trip_breaker(["x-1", "x-2"])
-        _fault_with_reboot_verdict(w, arns)
+        fault_with_reboot_verdict(w, arns)
         reset = reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall")
         assert reset.done and {e["node"] for e in reset.released} == {"x-2", FAULTY}
         w.service.sweep()
@@ -69,7 +62,7 @@ def test_a_lost_answer_of_the_fast_path_decision_is_finished_by_the_sweep() -> N
     lost, When the sweep runs, Then the reboot is issued exactly once (no diag)."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _xid(w, FAULTY, 79)
+        report_xid(w, FAULTY, 79)
         w.repo.fail_once("record_node_decision", "lose")
         with pytest.raises(LostResponse):
             w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
@@ -89,7 +82,7 @@ def test_a_node_remediated_five_times_in_a_week_is_quarantined_and_an_operator_p
                    for i in range(1, 6)]
         w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
                             set_fields={"fault_history": history}))
-        _fault_with_reboot_verdict(w, arns)
+        fault_with_reboot_verdict(w, arns)
         assert w.rebooter.calls == []
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
         assert w.ecs.drained  # drained, never terminated
@@ -118,7 +111,7 @@ def test_a_termination_whose_answer_was_lost_is_looked_up_not_repeated() -> None
     replace = RemediationSettings(replace_action="terminate_in_asg")
     with world(remediation=replace) as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _xid(w, FAULTY, 64)  # row-remap failure: replace, without the diag
+        report_xid(w, FAULTY, 64)  # row-remap failure: replace, without the diag
         w.replacer.fail_next = "lose"
         # The decision is committed before the call: its delivery ends (the sweep finishes).
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
@@ -146,35 +139,14 @@ class _Metrics:
         return next(((u, v) for n, u, v in reversed(self.values) if n == name), None)
 
 
-def _tripped(w: World, backlog: list[str], window: tuple[str, ...] = ()) -> None:
-    """The breaker tripped, ``backlog`` held back (oldest first), whatever it stored before."""
-    stored = w.repo.get_breaker()
-    version = int(stored["version"]) if stored else None
-    state = breaker.new_state()
-    state.update(state="tripped", version=(version or 0) + 1, tripped_at=w.now[0], trip_reason="test",
-                 cluster_gpu_nodes=(stored or {}).get("cluster_gpu_nodes", 10),
-                 trips=1, window=[{"node": n, "action": "reboot", "at": w.now[0]} for n in window],
-                 backlog=[{"node": n, "action": "reboot", "at": w.now[0] + i, "job_id": "", "reason": "held"}
-                          for i, n in enumerate(backlog)])
-    assert w.repo.save_breaker(state, version)
-
-
-def _rebooting(w: World, job: str, nodes: list[str]) -> None:
-    arns = w.register_job(job, nodes)
-    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-    [task] = w.ecs.health_checks_on(nodes[1])
-    w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-    assert w.repo.get_instance(nodes[1]).state is C.InstanceState.REBOOTING
-
-
 def test_a_reboot_timeout_with_the_breaker_at_its_limit_does_not_drain() -> None:
     """Given a node rebooting and then the breaker tripped by other nodes, When the reboot
     times out, Then the node is not drained: SUSPECT with the held-back quarantine in the
     backlog (the job fails); nothing beyond the window's limit is acted on."""
     with world() as w:
-        _rebooting(w, "j", [PEER, FAULTY])
+        rebooting(w, "j", [PEER, FAULTY])
         w.advance(31 * 60)
-        _tripped(w, ["x-2"], window=("x-1",))
+        trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.service.sweep()
         assert w.ecs.drained == []
         inst = w.repo.get_instance(FAULTY)
@@ -188,7 +160,7 @@ def test_a_reboot_timeout_with_the_breaker_at_its_limit_does_not_drain() -> None
 
 def test_a_reboot_timeout_counts_against_the_breaker_when_it_drains() -> None:
     with world() as w:
-        _rebooting(w, "j", [PEER, FAULTY])
+        rebooting(w, "j", [PEER, FAULTY])
         w.advance(31 * 60)
         w.service.sweep()
         assert w.ecs.drained and w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
@@ -219,7 +191,7 @@ def _held(w: World, nodes: list[str]) -> None:
         w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
             "instance_state": "SUSPECT", "ec2_instance_id": f"i-{node}",
             "breaker_blocked": {"action": "reboot", "at": w.now[0], "rule": "xid-79", "jobs": []}}))
-    _tripped(w, nodes)
+    trip_with_backlog(w, nodes)
 
 
 def test_a_reset_releases_at_most_the_windows_allowance_per_sweep() -> None:
@@ -285,7 +257,7 @@ def test_the_breaker_sweep_emits_its_state_and_utilisation() -> None:
                                     "cluster_gpu_nodes": 10}, int(stored["version"]))
         w.service.sweep()
         assert metrics.last("BreakerUtilization") == ("Percent", pytest.approx(50.0))
-        _tripped(w, ["n-3"], window=("n-1", "n-2"))
+        trip_with_backlog(w, ["n-3"], window=("n-1", "n-2"))
         w.service.sweep()
         assert metrics.last("BreakerOpen") == ("Count", 1.0)
         assert metrics.last("BreakerUtilization") == ("Percent", pytest.approx(100.0))
@@ -311,7 +283,7 @@ def test_observe_mode_leaves_a_hung_or_lost_nodes_diag_unstarted() -> None:
 def test_the_node_history_keeps_a_summary_of_each_faults_evidence() -> None:
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _fault_with_reboot_verdict(w, arns)
+        fault_with_reboot_verdict(w, arns)
         [record] = w.repo.get_instance_item(FAULTY)["fault_history"]
         summary = record["evidence"]
         assert (summary["trigger"], summary["exit_code"], summary["rank"]) == ("task_exit", 1, 1)
@@ -323,7 +295,7 @@ def test_a_fault_without_node_action_joins_the_nodes_history_once() -> None:
     """The helper task_events calls after a restart in place: idempotent per fault."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        _xid(w, FAULTY, 13)
+        report_xid(w, FAULTY, 13)
         job = w.repo.get_job("j")
         raw = w.repo.get_instance_item(FAULTY)
         remediation = w.service.remediation
@@ -351,7 +323,7 @@ def test_an_xid_that_decided_one_fault_does_not_decide_the_next_on_that_node() -
     diag (b waits for it) instead of failing b as an application error."""
     with world() as w:
         first = w.register_job("a", [PEER, FAULTY])
-        _xid(w, FAULTY, 13)
+        report_xid(w, FAULTY, 13)
         w.service.on_task_state_change(w.task_stopped(first[1], exit_code=1))
         assert w.repo.get_job("a").state is C.JobState.FAILED
         assert [r["cause"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["xid-13"]
@@ -368,7 +340,7 @@ def test_the_breaker_records_the_clusters_size_only_when_it_counted_it() -> None
     breaker's item holds no cluster size (it used to say 0 GPU nodes); When a second node is
     acted on within the window, Then the cluster is counted and its real size recorded."""
     with world() as w:
-        _fault_with_reboot_verdict(w, w.register_job("j", [PEER, FAULTY]))
+        fault_with_reboot_verdict(w, w.register_job("j", [PEER, FAULTY]))
         stored = w.repo.get_breaker()
         assert stored["window"] and "cluster_gpu_nodes" not in stored
         arns = w.register_job("k", ["node-c", "node-d"])

@@ -4,11 +4,10 @@ end to end under the emulator (events delivered at least once: every one twice h
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from gpu_recovery import constants as C
 from local_mode.remediation_scenarios import MIN, World, world
-from tests.remediation.test_remediation_paths import _submit
+from tests.remediation.steps import relocation_wait_entries, submit_queued_job
 
 
 def _full_cluster(w: World, other_runs_seconds: float) -> None:
@@ -22,11 +21,6 @@ def _full_cluster(w: World, other_runs_seconds: float) -> None:
     w.sim.start_job("reloc", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
 
 
-def _wait_entries(job: dict[str, Any]) -> list[str]:
-    reasons = [str(h.get("reason", "")) for h in job.get("history", [])]
-    return [r for r in reasons if r.startswith("waiting")]
-
-
 def test_a_dead_gpu_in_a_full_cluster_waits_then_moves_to_the_node_that_frees_and_completes() -> None:
     """Given a full cluster (and a queued one-node job waiting for GPUs, scheduler running),
     When node-b's GPU dies (DCGM: replace), Then the relocatable job waits in
@@ -38,13 +32,13 @@ def test_a_dead_gpu_in_a_full_cluster_waits_then_moves_to_the_node_that_frees_an
     with world(relocation_wait_seconds=1800) as w:
         _full_cluster(w, other_runs_seconds=20 * MIN)
         w.bus.add_schedule("queue-scheduler", 60, queue_scheduler.lambda_handler, "queue_scheduler")
-        _submit(w, "queued", nnodes=1, priority=10, at=w.sim.now())
+        submit_queued_job(w, "queued", nnodes=1, priority=10, at=w.sim.now())
         w.sim.inject_gpu_fault("node-b", after=5 * MIN, health="replace", nccl_cascade=True)
         w.sim.run_for(15 * MIN)
         job = w.job("reloc")
         assert job["job_state"] == "PENDING_RESTART" and job["relocation_wait"]["attempt"] == 1
         assert w.node_item("node-b")["instance_state"] == "QUARANTINED"
-        assert len(_wait_entries(job)) == 1  # duplicate deliveries wrote nothing twice
+        assert len(relocation_wait_entries(job)) == 1  # duplicate deliveries wrote nothing twice
         assert w.ranks_on("reloc") == []
         assert w.job("queued")["job_state"] in ("QUEUED", "PENDING_RESOURCES")
 
@@ -82,7 +76,7 @@ def test_no_node_frees_within_the_wait_and_the_job_fails_with_that_reason() -> N
                                             f"{w.sim.node('node-b').container_instance_id}")
         failed_at = max(float(h["at"]) for h in job["history"] if h["to"] == "FAILED")
         assert 600 <= failed_at - waited_from <= 600 + 2 * MIN
-        assert len(_wait_entries(job)) == 1
+        assert len(relocation_wait_entries(job)) == 1
         failed = [n for n in w.local.notifications()
                   if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "failed"]
         assert len(failed) == 1 and "no healthy node freed within 600 s" in str(failed[0]["message"])
@@ -102,7 +96,7 @@ def test_a_queue_job_in_a_full_cluster_goes_back_to_the_queue_head_and_starts_wh
         for node in ("node-0", "node-1", "node-2"):
             w.sim.add_node(node)
         w.bus.add_schedule("queue-scheduler", 60, queue_scheduler.lambda_handler, "queue_scheduler")
-        _submit(w, "q-job", nnodes=2, priority=10, at=w.sim.now())
+        submit_queued_job(w, "q-job", nnodes=2, priority=10, at=w.sim.now())
         w.sim.run_for(2 * MIN)
         assert w.job("q-job")["job_state"] == "RUNNING"
         nodes, _ = SchedulingRepository(w.repo).plan_nodes("q-job", 1, 2)

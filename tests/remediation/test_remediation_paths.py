@@ -9,6 +9,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from local_mode.remediation_scenarios import MIN, world
+from tests.remediation.steps import submit_queued_job
 
 
 def _job_history(job: dict[str, Any]) -> list[str]:
@@ -125,12 +126,12 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         for node in ("node-0", "node-1", "node-2"):
             w.sim.add_node(node)
         w.bus.add_schedule("queue-scheduler", 60, queue_scheduler.lambda_handler, "queue_scheduler")
-        _submit(w, "q-job", nnodes=2, priority=10, at=w.sim.now())
+        submit_queued_job(w, "q-job", nnodes=2, priority=10, at=w.sim.now())
         w.sim.run_for(2 * MIN)
         first = w.job("q-job")
         assert first["job_state"] == "RUNNING"
         submitted = float(first["submitted_at"])
-        _submit(w, "early-job", nnodes=3, priority=10, at=submitted - 100)  # waits: 1 node free
+        submit_queued_job(w, "early-job", nnodes=3, priority=10, at=submitted - 100)  # waits: 1 node free
         w.sim.run_for(MIN)
         early = w.job("early-job")
         assert early["job_state"] in ("QUEUED", "PENDING_RESOURCES")
@@ -172,25 +173,6 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         assert "DCGM health check: replace" in str(relocated[0]["message"])
         assert "Decision for" in str(relocated[0]["message"])
         assert not w.bus.dead_letters
-
-
-def _submit(w: Any, job_id: str, *, nnodes: int, priority: int, at: float) -> None:
-    """A queued job item as the jobs API writes it (tests/queue_scheduler does the same)."""
-    from gpu_recovery.adapters import aws
-    from gpu_recovery.repository import to_ddb
-
-    spec = {"name": job_id, "task_definition": w.td, "nnodes": nnodes, "gpus_per_node": 8,
-            "priority": priority, "overrides": {"command": ["python", "train.py"]}, "labels": {}}
-    item = {
-        C.JOB_PK: C.job_item_key(job_id), "item_type": "JOB", "job_id": job_id, "job_state": "QUEUED",
-        "source": "queue", "name": job_id, "user": "alice", "priority": priority, "submitted_at": at,
-        "spec_json": json.dumps(spec), "world_size": nnodes, "gpus_per_node": 8, "attempt": 0,
-        "recoveries_used": 0, "max_recovery_attempts": 3, "app_restarts_used": 0, "max_app_restarts": 0,
-        C.QUEUE_PK: C.QUEUE_BUCKET, C.QUEUE_SK: C.queue_order(priority, at, job_id),
-        C.LIST_PK: C.LIST_BUCKET, "not_before": 0, "attempts": [], "last_error": "", "history": [],
-        "suspects": {}, "verdicts": {}, "created_at": at, "updated_at": at,
-    }
-    aws.resource("dynamodb").Table(w.local.job_table).put_item(Item=to_ddb(item))
 
 
 def test_reboot_observed_the_node_is_left_alone_and_the_job_moves_to_a_spare() -> None:

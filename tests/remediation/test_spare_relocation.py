@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from gpu_recovery import constants as C
 from local_mode.remediation_scenarios import MIN, world
-from tests.remediation.test_relocation_wait import _wait_entries
-from tests.remediation.test_remediation_paths import _submit
+from tests.remediation.steps import relocation_wait_entries, submit_queued_job
 
 
 def test_a_dead_gpu_moves_the_job_onto_the_spare_before_the_diag_and_the_node_is_still_remediated() -> None:
@@ -24,7 +23,7 @@ def test_a_dead_gpu_moves_the_job_onto_the_spare_before_the_diag_and_the_node_is
             w.sim.add_node(node)
         w.sim.start_job("reloc", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
         w.bus.add_schedule("queue-scheduler", 60, queue_scheduler.lambda_handler, "queue_scheduler")
-        _submit(w, "queued", nnodes=1, priority=10, at=w.sim.now())
+        submit_queued_job(w, "queued", nnodes=1, priority=10, at=w.sim.now())
         w.sim.run_for(4 * MIN)
         assert w.job("queued")["job_state"] in ("QUEUED", "PENDING_RESOURCES")  # node-c is the spare
         fault_at = w.sim.now() + MIN
@@ -36,7 +35,7 @@ def test_a_dead_gpu_moves_the_job_onto_the_spare_before_the_diag_and_the_node_is
         assert int(job.get("app_restarts_used") or 0) == 0  # a node fault, not the application's
         restarted = min(float(h["at"]) for h in job["history"] if h["to"] == "RUNNING" and h["at"] > fault_at)
         assert restarted - fault_at <= MIN, restarted - fault_at  # no wait for the diag (~2 min)
-        assert _wait_entries(job) == []
+        assert relocation_wait_entries(job) == []
         node_b = w.sim.node("node-b").container_instance_id
         assert w.node_item("node-b")["instance_state"] in ("HEALTH_CHECK_PENDING", "HEALTH_CHECKING")
 

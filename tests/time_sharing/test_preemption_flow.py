@@ -15,7 +15,7 @@ from gpu_recovery.constants import JobState, RankState
 from gpu_recovery.domain.control_token import make_token
 from gpu_recovery.domain.time_sharing import Priority
 from gpu_recovery.repository.time_sharing import QuotaRepository
-from tests.queue_scheduler.conftest import QueueCluster, make_queue_cluster
+from tests.fixtures.queue_cluster import QueueCluster, make_queue_cluster
 
 LOW, ABOVE, HIGH = int(Priority.LOW), int(Priority.ABOVE_NORMAL), int(Priority.HIGH)
 SECRET = "11" * 32

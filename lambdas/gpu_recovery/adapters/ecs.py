@@ -10,7 +10,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from gpu_recovery.ecs_budget import CallBudget, Unlimited
+from gpu_recovery.adapters.ecs_budget import CallBudget, Unlimited
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class StartResult:
 
 class EcsAdapter:
     """Every control-plane call (StartTask, StopTask, UpdateContainerInstancesState) takes
-    a token from the stack's shared budget first (``gpu_recovery.ecs_budget``)."""
+    a token from the stack's shared budget first (``gpu_recovery.adapters.ecs_budget``)."""
 
     def __init__(self, ecs_client: Any, cluster: str, budget: CallBudget | None = None) -> None:
         self._ecs = ecs_client

@@ -32,9 +32,20 @@ DEFAULT_LOOKBACK_SECONDS = 900
 DEFAULT_LOOKAHEAD_SECONDS = 120
 
 __all__ = [
-    "DEFAULT_CATALOG_PATH", "CatalogError", "CatalogRule", "FaultCatalog", "RepeatRule",
-    "RuleMatch", "default_catalog", "default_catalog_path", "load_catalog", "merge_override",
-    "read_catalog_file", "validate_catalog",
+    "DEFAULT_CATALOG_PATH",
+    "CatalogError",
+    "CatalogRule",
+    "FaultCatalog",
+    "RepeatRule",
+    "RuleMatch",
+    "catalog_document",
+    "checked_document",
+    "default_catalog",
+    "default_catalog_path",
+    "load_catalog",
+    "merge_override",
+    "read_catalog_file",
+    "validate_catalog",
 ]
 
 
@@ -171,28 +182,31 @@ def default_catalog() -> FaultCatalog:
 
 
 def read_catalog_file(path: str | Path) -> dict[str, Any]:
-    """A catalog or override file (JSON; YAML when PyYAML is installed, e.g. at synth time)."""
+    """A catalog or override file, JSON (what the functions read: synthesis converts a YAML
+    override to JSON, ``infra/catalog_file.py``)."""
     path = Path(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        raise CatalogError([f"{path} is YAML: cdk synth reads YAML (infra.catalog_file); here the "
+                            "catalog must be JSON"], str(path))
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise CatalogError([f"cannot read {path}: {error.strerror or error}"], str(path)) from error
-    if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            import yaml  # type: ignore[import-untyped]  # synth time only: not in the Lambda runtime
-        except ImportError as error:
-            raise CatalogError([f"{path} is YAML but PyYAML is not installed; use JSON"],
-                               str(path)) from error
-        try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise CatalogError([f"{path} is not valid YAML: {error}"], str(path)) from error
-    else:
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise CatalogError([f"{path} is not valid JSON: {error.msg} at line {error.lineno} "
-                                f"column {error.colno}"], str(path)) from error
+    return catalog_document(text, path)
+
+
+def catalog_document(text: str, path: str | Path) -> dict[str, Any]:
+    """The JSON text of a catalog or override file as a document (``path`` names it in errors)."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CatalogError([f"{path} is not valid JSON: {error.msg} at line {error.lineno} "
+                            f"column {error.colno}"], str(path)) from error
+    return checked_document(document, path)
+
+
+def checked_document(document: Any, path: str | Path) -> dict[str, Any]:
+    """``document`` when it is an object (a catalog or override), else the error naming ``path``."""
     if not isinstance(document, dict):
         raise CatalogError([f"{path} must hold an object at the top level"], str(path))
     return document

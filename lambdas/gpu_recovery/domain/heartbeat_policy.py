@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_recovery import constants as c
 from gpu_recovery.domain.classify import classify
 from gpu_recovery.domain.evidence import Evidence, GpuSignal, XidEvent
 from gpu_recovery.domain.fault_catalog import FaultCatalog
@@ -34,7 +33,6 @@ class HeartbeatSettings:
     hang_seconds: int = DEFAULT_HANG_SECONDS  # 0 disables hang detection
     hang_action: str = "notify"  # notify | recover
     max_skew_seconds: int = DEFAULT_MAX_SKEW_SECONDS
-    node_token_table: str = c.DEFAULT_NODE_TOKEN_TABLE_NAME
     signal_notify_seconds: int = DEFAULT_SIGNAL_NOTIFY_SECONDS
     signal_retention_seconds: int = DEFAULT_SIGNAL_RETENTION_SECONDS
 

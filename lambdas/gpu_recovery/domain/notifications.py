@@ -5,8 +5,31 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 
-from gpu_recovery.constants import NotificationKind
+
+class NotificationKind(str, Enum):
+    """SNS message attribute ``event_kind``: operators filter subscriptions on it."""
+
+    RECOVERED = "recovered"
+    FAILED = "failed"
+    QUARANTINED = "quarantined"
+    APPLICATION_ERROR = "application_error"
+    REBOOT_TIMEOUT = "reboot_timeout"
+    HEALTH_CHECK_TIMEOUT = "health_check_timeout"
+    NODE_LOST = "node_lost"
+    HUNG = "hung"
+    SUSPECT_NODE = "suspect_node"
+    OPERATOR_ACTION = "operator_action"  # a configuration problem, or a node needing a person
+    OBSERVED = "observed"  # observe mode: what would have been done
+    BREAKER_TRIPPED = "breaker_tripped"
+    # Even the cordon limit tripped: known-bad nodes stay out of the queue's placements but
+    # ECS may place tag-registered tasks on them until the breaker is reset.
+    CORDON_LIMIT_TRIPPED = "cordon_limit_tripped"
+    RELOCATED = "relocated"
+    # A job that cannot move waits (HELD) for a node whose reboot the breaker held back.
+    JOB_HELD = "job_held"
+    JOB_REFUSED = "job_refused"  # a tagged job larger than the supported size: not protected
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import (
     ACTIVE_JOB_STATES,
@@ -24,6 +23,9 @@ from gpu_recovery.domain.states import (
 )
 
 __all__ = ["UNUSABLE_INSTANCE_STATES", "JobOutcome"]
+
+# StopTask reasons this system sets; a stop carrying it is not a user stop.
+SYSTEM_STOP_REASON_PREFIX = "gpu-recovery:"
 
 
 # =============================================================== a training task stopped

@@ -98,7 +98,11 @@ class LaunchError(Exception):
 
 # ------------------------------------------------------------------------ spec
 @dataclass(frozen=True)
-class JobSpec:
+class LaunchSpec:
+    """What launching a stored job needs, read from its item: the submitted spec
+    (``spec_json``, a :class:`gpu_recovery.queue.models.JobSpec` as it was stored) with the
+    item's own world size and GPUs per node, the rendezvous port resolved."""
+
     task_definition: str
     nnodes: int
     gpus_per_node: int
@@ -108,7 +112,7 @@ class JobSpec:
     master_port: int = DEFAULT_MASTER_PORT
 
     @classmethod
-    def from_item(cls, item: Mapping[str, Any]) -> JobSpec:
+    def from_item(cls, item: Mapping[str, Any]) -> LaunchSpec:
         raw = item.get("spec_json") or "{}"
         spec = json.loads(raw) if isinstance(raw, str) else dict(raw)
         overrides = spec.get("overrides") or {}
@@ -205,7 +209,7 @@ class Launcher:
         item = from_ddb(dict(item))
         job_id = item["job_id"]
         try:
-            spec = JobSpec.from_item(item)
+            spec = LaunchSpec.from_item(item)
         except (KeyError, ValueError, TypeError) as error:
             return LaunchOutcome(job_id, "skipped", reason=f"malformed spec: {error}")
         master = nodes[0]
@@ -273,7 +277,7 @@ class Launcher:
                                FailureKind.UNKNOWN, f"launch did not complete after {resumes} resume(s)")
         self.store.bump_resumes(job_id)
         try:
-            spec = JobSpec.from_item(item)
+            spec = LaunchSpec.from_item(item)
         except (KeyError, ValueError, TypeError) as error:
             return self._abort(item, attempt, [], FailureKind.USER_ERROR, f"malformed spec: {error}")
         outcome = self._start_ranks(item, spec, attempt, item.get("launch") or {}, resume=True)
@@ -300,7 +304,7 @@ class Launcher:
         return stopped
 
     # ----------------------------------------------------------------- start
-    def _start_ranks(self, item: dict[str, Any], spec: JobSpec, attempt: int, plan: Mapping[str, Any],
+    def _start_ranks(self, item: dict[str, Any], spec: LaunchSpec, attempt: int, plan: Mapping[str, Any],
                      *, resume: bool, nodes: tuple[list[str], list[str]] | None = None) -> LaunchOutcome:
         job_id = item["job_id"]
         world_size = int(plan.get("world_size") or item.get("world_size") or 1)
@@ -500,7 +504,7 @@ def rank_tags(job_id: str, rank: int, world_size: int, attempt: int) -> list[dic
     ]
 
 
-def build_overrides(spec: JobSpec, container: str, *, job_id: str, rank: int, world_size: int,
+def build_overrides(spec: LaunchSpec, container: str, *, job_id: str, rank: int, world_size: int,
                     attempt: int, master_addr: str, master_port: int,
                     extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """ECS ``overrides``: the job's command/environment plus the rendezvous variables

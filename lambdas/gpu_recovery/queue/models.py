@@ -2,7 +2,8 @@
 
 The validated spec is stored as ``spec_json`` on the job item (task definition pinned to
 its ARN, container name resolved, environment in ECS ``[{name, value}]`` form); the
-scheduler's launcher rebuilds the ECS ``StartTask`` overrides from it.
+scheduler's launcher reads it back (``launcher.LaunchSpec``) to build the ECS ``StartTask``
+overrides.
 """
 
 from __future__ import annotations

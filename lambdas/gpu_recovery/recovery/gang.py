@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
@@ -55,7 +56,6 @@ from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, 
 from gpu_recovery.domain.models import Job, Rank, container_instance_id
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
-from gpu_recovery.ecs_budget import RateLimited
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.ranks import RankOperations, restart_started_by, tags_for_attempt
 from gpu_recovery.repository.faults import FaultRepository

@@ -40,7 +40,7 @@ from gpu_recovery.domain.states import (
     JobState,
     SuspectVerdict,
 )
-from gpu_recovery.ecs_events import EcsTaskDetail
+from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations

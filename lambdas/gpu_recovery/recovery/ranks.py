@@ -31,7 +31,7 @@ from gpu_recovery.domain.launch_plan import parse_ranks_tag
 from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id
 from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import JobState, RankState
-from gpu_recovery.ecs_events import EcsTaskDetail
+from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.repository.latches import Arrival

@@ -50,7 +50,7 @@ from gpu_recovery.domain.states import (
     JobState,
     SuspectVerdict,
 )
-from gpu_recovery.ecs_events import EcsContainerInstanceDetail
+from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.notices import Owed

@@ -42,7 +42,7 @@ from gpu_recovery.domain.states import (
     JobState,
     RankState,
 )
-from gpu_recovery.ecs_events import EcsTaskDetail
+from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks

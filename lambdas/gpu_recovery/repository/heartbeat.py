@@ -1,7 +1,7 @@
 """Persistence of node heartbeats, GPU telemetry and node tokens, in intents.
 
 The heartbeat service (:mod:`gpu_recovery.heartbeat`) and the token store
-(:mod:`gpu_recovery.tokens`) never touch DynamoDB themselves: every read and every
+(:mod:`gpu_recovery.heartbeat.tokens`) never touch DynamoDB themselves: every read and every
 conditional write they need is a method here, so no condition expression lives
 outside the repository package.
 """

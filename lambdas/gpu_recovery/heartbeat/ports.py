@@ -1,0 +1,45 @@
+"""What the heartbeat service needs from the rest of the stack (runtime.py passes them in)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from gpu_recovery.constants import JobState
+from gpu_recovery.domain.models import Rank
+from gpu_recovery.domain.notifications import Notification
+
+
+class EcsPort(Protocol):
+    def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
+
+
+class NotifierPort(Protocol):
+    def publish(self, notification: Notification) -> str: ...
+
+
+class NodeRemediationPort(Protocol):
+    def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
+                         why: str) -> str: ...
+
+
+class RecoveryPort(Protocol):
+    def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
+                               failing_rank: int | None = None,
+                               from_states: Iterable[JobState] = ...) -> Any: ...
+    def on_boot_reported(self, inst_id: str, boot_time: float) -> Any: ...
+
+    # The recovery loop's node decisions (the breaker, observe mode, the node's history):
+    # a node lost with its agent disconnected is one of them.
+    @property
+    def remediation(self) -> NodeRemediationPort: ...
+
+
+class MetricsPort(Protocol):
+    def add_metric(self, name: str, unit: str, value: float) -> None: ...
+
+
+
+class NullMetrics:
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        return None

@@ -1,0 +1,542 @@
+"""Node heartbeats: task reports, GPU telemetry and the stale sweep.
+
+Bookkeeping (job table):
+
+* a rank item carries ``last_heartbeat_at`` / ``last_seen_in_report_at`` and, while it
+  is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat), ``hb_bucket``:
+  the sparse ``by-heartbeat`` index then holds only watched ranks, sorted by their last
+  heartbeat, so the sweep reads just the stale ones (``last_heartbeat_at < now - stale``).
+* a node that reports but omits a rank does not refresh it, so the same sweep catches
+  a task missing from its node's reports.
+* the job item keeps, per attempt, the string sets ``hb_lost_a<attempt>`` and
+  ``hb_hung_a<attempt>`` of its NODE_LOST / HUNG ranks; the job's own state follows
+  them (``_settle_job``) with conditional transitions, so concurrent reports and
+  sweeps converge without "read, decide, write".
+
+Writes per task report: one conditional UpdateItem per reported watched rank plus one
+on the container-instance item (``last_report_at``); reads: one Query of the node's
+live ranks (sparse ``by-container-instance`` index). State changes (lost, revived,
+hung) cost a few more writes, but only when they happen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    HB_BUCKET,
+    HB_PK,
+    HB_SK,
+    JOB_BY_TASK_PK,
+    JOB_PK,
+    InstanceState,
+    JobState,
+    NotificationKind,
+    RankState,
+)
+from gpu_recovery.domain import heartbeat_policy as policy
+from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
+from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
+from gpu_recovery.domain.models import Instance, Rank
+from gpu_recovery.domain.notifications import NotificationFacts, build
+from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, STARTED_JOB_STATES
+from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NotifierPort, NullMetrics, RecoveryPort
+from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport, ReportResult, SweepResult
+from gpu_recovery.repository.heartbeat import (
+    GPU_REPORT_VERSION,
+    WATCHED_JOB_STATES,
+    HeartbeatRepository,
+    hung_attr,
+    lost_attr,
+)
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "heartbeat"
+WATCHED = HEARTBEAT_WATCHED_RANK_STATES
+_GPU_REPORT_RETRIES = 3
+
+
+def _rank_label(item: dict[str, Any]) -> str:
+    return str(item.get(JOB_PK, "?"))
+
+
+class HeartbeatService:
+    def __init__(
+        self,
+        repo: HeartbeatRepository,
+        settings: HeartbeatSettings,
+        ecs: EcsPort,
+        notifier: NotifierPort,
+        recovery: Callable[[], RecoveryPort],
+        metrics: MetricsPort | None = None,
+        catalog: FaultCatalog | None = None,
+    ) -> None:
+        self.repo = repo
+        self.settings = settings
+        # The recovery loop's catalog (with the deployment's override): what a telemetry
+        # signal "needs" must be what recovery will do about it.
+        self.catalog = catalog or default_catalog()
+        self.ecs = ecs
+        self.notifier = notifier
+        self._recovery = recovery
+        self.metrics = metrics or NullMetrics()
+
+    # ============================================================== task reports
+    def report_tasks(self, node_id: str, reported_at: float, tasks: Iterable[ReportedTask],
+                     boot_time: float | None = None) -> ReportResult:
+        """Refresh every watched rank the node lists; the node's own ``last_report_at``
+        (and its ``boot_time``, when the agent sends it).
+
+        Raises :class:`ReplayedReport` (nothing written) for a timestamp not newer than
+        the node's last accepted task report.
+        """
+        now = clock.now()
+        tasks = list(tasks)
+        result = ReportResult(node_id)
+        node = self._touch_node(node_id, reported_at, now, len(tasks), boot_time)
+        requested = node.get("reboot_requested_at")
+        if (boot_time is not None and node.get("instance_state") == InstanceState.REBOOTING.value
+                and requested is not None and boot_time > float(requested)):
+            # Booted after the reboot request: back, even if the agent-disconnect event
+            # was never seen (the recovery loop checks the ECS agent is connected).
+            self._recovery().on_boot_reported(node_id, boot_time)
+        by_key = self._live_ranks_by_key(node_id)
+        done: set[str] = set()
+        for task in tasks:
+            item = by_key.get(task.task_arn or "") or by_key.get(f"log:{task.running_log_id}")
+            if item is None:
+                result.unknown.append(task.key)
+                continue
+            label = _rank_label(item)
+            if label in done:
+                continue
+            done.add(label)
+            state = RankState(item["rank_state"])
+            if state not in WATCHED:
+                result.ignored[task.key] = f"rank {label} is {state.value}"
+                continue
+            self._refresh(item, task, now, result)
+        if result.unknown:
+            logger.info("report lists tasks this system does not track",
+                        extra={"node_id": node_id, "unknown": result.unknown[:20]})
+        self.metrics.add_metric("HeartbeatsRecorded", "Count", result.refreshed)
+        return result
+
+    def _touch_node(self, node_id: str, reported_at: float, now: float, task_count: int,
+                    boot_time: float | None = None) -> dict[str, Any]:
+        """Record the report on the node's item (registering the node on its first report)."""
+        fields: dict[str, Any] = {"last_report_at": now, "reported_tasks": task_count}
+        if boot_time is not None:
+            fields["boot_time"] = boot_time
+        written = self.repo.record_tasks_report(node_id, reported_at, fields)
+        if written is not None:
+            return written
+        if self.repo.node_item(node_id) is not None:
+            raise ReplayedReport(
+                f"the last report accepted from node {node_id} carried this timestamp "
+                f"({reported_at}); each report must carry its own send time")
+        self._register_node(node_id)
+        written = self.repo.record_tasks_report(node_id, reported_at, fields)
+        if written is None:
+            raise ReplayedReport(f"a report with timestamp {reported_at} from node {node_id} "
+                                 "was accepted concurrently")
+        return written
+
+    def _register_node(self, node_id: str) -> None:
+        """First report of a node without an item: record what ECS knows about it, so
+        the recovery loop can reboot / drain it later (ec2 id and ARN)."""
+        arn, ec2_id = "", ""
+        try:
+            described = self.ecs.describe_container_instance(node_id)
+        except Exception:
+            logger.warning("cannot describe the reporting node", exc_info=True,
+                           extra={"node_id": node_id})
+            described = None
+        if described:
+            arn = str(described.get("containerInstanceArn", ""))
+            ec2_id = str(described.get("ec2InstanceId", ""))
+        self.repo.register_node(Instance(node_id, container_instance_arn=arn, ec2_instance_id=ec2_id))
+
+    def _live_ranks_by_key(self, node_id: str) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for item in self.repo.live_rank_items_on_node(node_id):
+            if item.get(JOB_BY_TASK_PK):
+                found[item[JOB_BY_TASK_PK]] = item
+            if item.get("running_log_id") not in (None, ""):
+                found[f"log:{item['running_log_id']}"] = item
+            found[f"log:{item[JOB_PK]}"] = item  # running_log_id may be "<job_id>#<rank>"
+        return found
+
+    def _refresh(self, item: dict[str, Any], task: ReportedTask, now: float, result: ReportResult,
+                 retry: bool = True) -> None:
+        rank = self.repo.rank_from_item(item)
+        state = rank.state
+        verdict = policy.step_verdict(item.get("step"), item.get("step_changed_at"), task.step, now,
+                                      self.settings.hang_seconds)
+        fields: dict[str, Any] = {HB_SK: now, HB_PK: HB_BUCKET, "last_seen_in_report_at": now}
+        if verdict.advanced:
+            fields.update(step=task.step, step_changed_at=now)
+        if task.remote_pid is not None:
+            fields["remote_pid"] = task.remote_pid
+        label = _rank_label(item)
+        if state is RankState.NODE_LOST:
+            # Back: the hang clock restarts, the job leaves NODE_LOST once no rank is lost.
+            fields.setdefault("step_changed_at", now)
+            ok = self._rank_and_job(rank, RankState.NODE_LOST, RankState.RUNNING, fields,
+                                    delete={lost_attr(rank.attempt)}, remove=["node_lost_at"],
+                                    reason=f"heartbeat again from rank {rank.rank}")
+            if ok:
+                result.revived.append(label)
+                self.metrics.add_metric("RanksRevived", "Count", 1)
+        elif state is RankState.HUNG and verdict.advanced:
+            ok = self._rank_and_job(rank, RankState.HUNG, RankState.RUNNING, fields,
+                                    delete={hung_attr(rank.attempt)}, remove=[],
+                                    reason=f"rank {rank.rank} progresses again (step {task.step})")
+            if ok:
+                result.unhung.append(label)
+        elif state is RankState.RUNNING and verdict.hung:
+            ok = self._rank_and_job(rank, RankState.RUNNING, RankState.HUNG, fields,
+                                    add={hung_attr(rank.attempt)}, remove=[],
+                                    reason=f"rank {rank.rank} stuck at step {task.step}")
+            if ok:
+                result.hung.append(label)
+                self._on_hung(rank, item, task.step, now)
+        else:
+            ok = self.repo.refresh_rank(rank, fields)
+        if ok:
+            result.refreshed += 1
+            return
+        if not retry:
+            result.ignored[task.key] = f"rank {label} changed concurrently"
+            return
+        # The index copy was stale (or a sweep raced us): decide again from the item.
+        fresh = self.repo.rank_item(item[JOB_PK])
+        if fresh is None or fresh.get(JOB_BY_TASK_PK) != item.get(JOB_BY_TASK_PK):
+            result.ignored[task.key] = f"rank {label} now belongs to another task"
+            return
+        if RankState(fresh["rank_state"]) not in WATCHED:
+            result.ignored[task.key] = f"rank {label} is {fresh['rank_state']}"
+            return
+        self._refresh(fresh, task, now, result, retry=False)
+
+    def _rank_and_job(self, rank: Rank, from_state: RankState, to: RankState, fields: dict[str, Any],
+                      *, reason: str, add: set[str] | None = None, delete: set[str] | None = None,
+                      remove: list[str] | None = None) -> bool:
+        """Rank transition + the job's per-attempt set, atomically; then settle the job."""
+        if not self.repo.move_rank(rank, from_state, to, fields, add=add, delete=delete,
+                                   remove=remove):
+            job = self.repo.get_job(rank.job_id)
+            if job is None or job.attempt != rank.attempt or job.state not in WATCHED_JOB_STATES:
+                # A terminal / recovering / newer job never comes back through a heartbeat.
+                self._unwatch(rank, reason="job is "
+                              + (job.state.value if job else "missing"))
+            return False
+        logger.info("rank %s -> %s", from_state.value, to.value,
+                    extra={"job_id": rank.job_id, "rank": rank.rank, "why": reason})
+        self._settle_job(rank.job_id, rank.attempt, reason)
+        return True
+
+    def _unwatch(self, rank: Rank, reason: str) -> bool:
+        """Drop a rank from the heartbeat index (its job no longer needs watching)."""
+        done = self.repo.unwatch_rank(rank)
+        if done:
+            logger.info("rank no longer watched", extra={"job_id": rank.job_id, "rank": rank.rank,
+                                                          "why": reason})
+        return done
+
+    def _settle_job(self, job_id: str, attempt: int, reason: str) -> None:
+        """Make the job's state follow its lost / hung rank sets (conditional, convergent).
+
+        NODE_LOST wins over HUNG; HUNG -> NODE_LOST is not a legal transition, so it goes
+        through RUNNING. Every writer settles after its own change, so the last one sees
+        the final sets.
+        """
+        item = self.repo.job_item(job_id)
+        if not item:
+            return
+        if int(item.get("attempt", 1)) != attempt:
+            return
+        state = JobState(item["job_state"])
+        has_lost, has_hung = bool(item.get(lost_attr(attempt))), bool(item.get(hung_attr(attempt)))
+        steps: list[tuple[JobState, JobState, str]] = []
+        if state is JobState.NODE_LOST and not has_lost:
+            steps.append((JobState.NODE_LOST, JobState.RUNNING, "none_lost"))
+            state = JobState.RUNNING
+        if state is JobState.HUNG and (not has_hung or has_lost):
+            steps.append((JobState.HUNG, JobState.RUNNING, "none_hung_or_some_lost"))
+            state = JobState.RUNNING
+        if state in STARTED_JOB_STATES and has_lost:
+            steps.append((state, JobState.NODE_LOST, "some_lost"))
+        elif state is JobState.RUNNING and has_hung:
+            steps.append((JobState.RUNNING, JobState.HUNG, "some_hung_none_lost"))
+        for source, target, requires in steps:
+            deadline_at, escalate_at = self._backstop(target)
+            if not self.repo.settle_job(job_id, attempt, source, target, requires, reason, ACTOR,
+                                        deadline_at=deadline_at, escalate_at=escalate_at):
+                return
+            logger.info("job %s -> %s", source.value, target.value,
+                        extra={"job_id": job_id, "why": reason})
+            self.metrics.add_metric(f"Jobs{target.value.title().replace('_', '')}", "Count", 1)
+
+    def _backstop(self, target: JobState) -> tuple[float | None, float | None]:
+        """A job leaving RUNNING for NODE_LOST / HUNG stays in the deadline index (the
+        recovery sweep's backstop, docs/recovery-loop.md): when this sweep should have handed
+        it to the recovery loop (None: it never does), and when the backstop looks."""
+        now = clock.now()
+        escalate_at: float | None = None
+        if target is JobState.NODE_LOST and self.settings.node_lost_fail_seconds > 0:
+            escalate_at = now + self.settings.node_lost_fail_seconds
+        elif target is JobState.HUNG and self.settings.hang_action == "recover":
+            escalate_at = now
+        if target not in (JobState.NODE_LOST, JobState.HUNG):
+            return None, None
+        return policy.backstop_deadline(now, escalate_at), escalate_at
+
+    def _on_hung(self, rank: Rank, item: dict[str, Any], step: int | None, now: float) -> None:
+        since = item.get("step_changed_at") or now
+        recover = self.settings.hang_action == "recover"
+        self.metrics.add_metric("RanksHung", "Count", 1)
+        used, allowed = self._recoveries(rank.job_id)
+        self._publish(NotificationKind.HUNG, "Training rank hung", NotificationFacts(
+            job_id=rank.job_id, ranks=[rank.rank], container_inst_id=rank.container_inst_id,
+            instance_id=rank.ec2_instance_id,
+            what_happened=(f"rank {rank.rank} has reported step {step} for {int(now - since)} s "
+                           f"(threshold {self.settings.hang_seconds} s) while its node keeps "
+                           "sending heartbeats"),
+            what_was_done=("Job handed to the recovery loop (DCGM health check of the node)"
+                           if recover else "Job marked HUNG; nothing was stopped"),
+            attempt=used, max_attempts=allowed,
+            operator_action=("Watch the recovery notifications for this job." if recover else
+                             "Look at the rank's logs (NCCL timeouts, deadlocks, data loader); "
+                             "stop the job if it does not progress again."),
+        ))
+        if recover:
+            self._recovery().report_suspected_fault(
+                rank.job_id, rank.attempt, rank.container_inst_id,
+                f"rank {rank.rank} hung at step {step} on {rank.container_inst_id}")
+
+    # ============================================================== GPU reports
+    def report_gpu(self, node_id: str, reported_at: float, gpus: list[dict[str, Any]],
+                   unmapped_xids: list[dict[str, Any]] | None = None, error: str | None = None) -> GpuResult:
+        """Store the node's telemetry and its hardware signals (bounded, pruned); a new
+        signal flags the node SUSPECT and notifies, at most once per node and signal kind
+        per ``signal_notify_seconds``.
+
+        Raises :class:`ReplayedReport` (nothing written) for a repeat of the last report.
+        """
+        signals = policy.hardware_signals(gpus, self.catalog, unmapped_xids or [])
+        result = GpuResult(node_id, len(gpus), signals=[s.fingerprint for s in signals])
+        telemetry = policy.compact_telemetry(gpus)
+        for _ in range(_GPU_REPORT_RETRIES):
+            now = clock.now()
+            node = self.repo.node_item(node_id)
+            if node is None:
+                self._register_node(node_id)
+                node = self.repo.node_item(node_id) or {}
+            if node.get("last_gpu_report_ts") == reported_at:
+                raise ReplayedReport(
+                    f"the last GPU report accepted from node {node_id} carried this timestamp "
+                    f"({reported_at}); each report must carry its own send time")
+            update = policy.update_signals(
+                policy.stored_signals(node.get("hw_signals"), now), signals,
+                node.get("hw_notified") or {}, now,
+                retention_seconds=self.settings.signal_retention_seconds,
+                notify_interval_seconds=self.settings.signal_notify_seconds,
+                repaired_at=_repaired_at(node),
+            )
+            fields: dict[str, Any] = {"gpu_telemetry": telemetry, "last_gpu_report_at": now,
+                                      "gpu_count": len(gpus), "hw_signals": update.stored,
+                                      "hw_notified": update.notified}
+            if error:
+                fields["gpu_report_error"] = error[:500]
+            # Time-stamped XID log (the evidence of a fault): merged from what was read, and
+            # the write holds only if no other report was written since (its version).
+            old_events = node.get("gpu_events") or []
+            new_events = policy.xid_events(gpus, unmapped_xids or [], now)
+            events = policy.merge_gpu_events(old_events, new_events, now)
+            if events != old_events:
+                fields["gpu_events"] = events
+            version = int(node.get(GPU_REPORT_VERSION) or 0)
+            if self.repo.record_gpu_report(node_id, reported_at, version, fields,
+                                           clear_error=not error):
+                break
+        else:
+            raise ReplayedReport(f"GPU reports of node {node_id} keep arriving concurrently; "
+                                 "send one report at a time")
+        if update.fresh:
+            result.new_signals = [s.fingerprint for s in update.fresh]
+            result.suppressed = [s.fingerprint for s in update.suppressed]
+            result.suspect = self._flag_suspect(node_id, update.fresh, update.notify, now)
+            result.notified = bool(update.notify)
+        return result
+
+    def _flag_suspect(self, node_id: str, fresh: list[HardwareSignal], notify: list[HardwareSignal],
+                      now: float) -> bool:
+        reason = "; ".join(s.describe() for s in fresh)
+        flagged = self.repo.flag_suspect(node_id, now, reason)
+        self.metrics.add_metric("HardwareSignals", "Count", len(fresh))
+        if not notify:
+            self.metrics.add_metric("HardwareSignalNotificationsSuppressed", "Count", len(fresh))
+            return flagged
+        instance = self.repo.get_instance(node_id)
+        live = self.repo.live_ranks_on_instance(node_id)
+        jobs = sorted({r.job_id for r in live})
+        state = instance.state.value if instance else InstanceState.SUSPECT.value
+        held = len(fresh) - len(notify)
+        # One job on the node: its ranks here and its recovery count; several: only their ids.
+        used, allowed = self._recoveries(jobs[0]) if len(jobs) == 1 else (0, None)
+        self._publish(NotificationKind.SUSPECT_NODE, "GPU node shows hardware errors", NotificationFacts(
+            job_id=", ".join(jobs), container_inst_id=node_id,
+            ranks=sorted({r.rank for r in live}) if len(jobs) == 1 else (),
+            attempt=used, max_attempts=allowed,
+            instance_id=instance.ec2_instance_id if instance else "",
+            what_happened=("GPU telemetry: " + "; ".join(s.describe() for s in notify[:16])
+                           + (f"; and {len(notify) - 16} more" if len(notify) > 16 else "")
+                           + (f" ({held} other new signal(s) of recently notified kinds)"
+                              if held else "")),
+            what_was_done=("Node flagged SUSPECT (was AVAILABLE)" if flagged else
+                           f"Node left {state} (only AVAILABLE nodes are flagged SUSPECT)")
+            + f"; further signals of these kinds are not e-mailed for "
+              f"{self.settings.signal_notify_seconds} s",
+            operator_action=("Drain the node when its jobs allow, run a DCGM diagnostic "
+                             "(dcgmi diag -r 2) and reboot or replace the GPU as the signal says."),
+        ))
+        return flagged
+
+    # ==================================================================== sweep
+    def sweep(self) -> SweepResult:
+        """Every minute: stale watched ranks -> NODE_LOST; NODE_LOST too long -> recovery."""
+        now = clock.now()
+        cutoff = policy.stale_cutoff(now, self.settings.stale_seconds)
+        items = self.repo.stale_rank_items(cutoff)
+        result = SweepResult(read=len(items))
+        node_ids = sorted({i.get("container_inst_id", "") for i in items} - {""})
+        node_items = self.repo.node_items(node_ids)
+        escalations: dict[tuple[str, int, str], list[tuple[Rank, float]]] = {}
+        for item in items:
+            rank = self.repo.rank_from_item(item)
+            label = _rank_label(item)
+            if rank.state in (RankState.RUNNING, RankState.HUNG):
+                node_seen = (node_items.get(rank.container_inst_id) or {}).get("last_report_at")
+                if node_seen is not None and node_seen >= cutoff:
+                    reason = (f"rank {rank.rank} missing from node {rank.container_inst_id}'s "
+                              f"reports for over {self.settings.stale_seconds} s")
+                else:
+                    reason = (f"no heartbeat from node {rank.container_inst_id} for over "
+                              f"{self.settings.stale_seconds} s")
+                if self._mark_lost(rank, item, now, reason):
+                    result.marked_lost.append(label)
+            elif rank.state is RankState.NODE_LOST:
+                lost_at = item.get("node_lost_at")
+                if lost_at is not None and policy.node_lost_expired(
+                    lost_at, now, self.settings.node_lost_fail_seconds
+                ):
+                    key = (rank.job_id, rank.attempt, rank.container_inst_id)
+                    escalations.setdefault(key, []).append((rank, float(lost_at)))
+            elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):
+                result.unwatched.append(label)
+        for (job_id, attempt, inst_id), lost in sorted(escalations.items(), key=lambda kv: kv[0]):
+            node = node_items.get(inst_id)
+            instance = self.repo.instance_from_item(node) if node else None
+            outcome = self._escalate(job_id, attempt, inst_id, lost, instance, now)
+            if outcome == "recovery":
+                result.escalated.append(job_id)
+            elif outcome == "failed":
+                result.failed.append(job_id)
+            elif outcome == "unwatched":
+                result.unwatched.extend(f"{r.job_id}#{r.rank}" for r, _ in lost)
+        self.metrics.add_metric("HeartbeatSweepRead", "Count", result.read)
+        return result
+
+    def _mark_lost(self, rank: Rank, item: dict[str, Any], now: float, reason: str) -> bool:
+        fields = {"node_lost_at": now, "node_lost_reason": reason[:300]}
+        # A heartbeat that lands between the query and this write wins.
+        if not self.repo.mark_rank_lost(rank, item.get(HB_SK), fields):
+            job = self.repo.get_job(rank.job_id)
+            if job is None or job.attempt != rank.attempt or job.state not in WATCHED_JOB_STATES:
+                self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))
+            return False
+        logger.warning("rank NODE_LOST", extra={"job_id": rank.job_id, "rank": rank.rank,
+                                                 "why": reason})
+        self.metrics.add_metric("RanksNodeLost", "Count", 1)
+        self._settle_job(rank.job_id, rank.attempt, reason)
+        return True
+
+    def _escalate(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
+                  instance: Instance | None, now: float) -> str:
+        """NODE_LOST too long: the recovery loop's diag if ECS still reaches the node; else
+        a node decision of the recovery loop (quarantine through the breaker and observe
+        mode; the job fails)."""
+        ranks = [r for r, _ in lost]
+        job = self.repo.get_job(job_id)
+        if job is None or job.attempt != attempt or job.state not in WATCHED_JOB_STATES:
+            if job is not None and job.attempt == attempt and job.state is JobState.FAILED:
+                # Perhaps failed by an earlier sweep's unreachable-node decision that died
+                # before every StopTask was asked: the decision finishes them (else: moved on).
+                return self._unreachable(job_id, attempt, inst_id, lost, "")
+            for rank in ranks:
+                self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))
+            return "unwatched"
+        lost_for = int(now - min(at for _, at in lost))
+        names = ", ".join(str(r.rank) for r in ranks)
+        reason = (f"rank(s) {names} NODE_LOST on {inst_id} for {lost_for} s "
+                  f"(limit {self.settings.node_lost_fail_seconds} s): suspected node fault")
+        arn = (instance.container_instance_arn if instance else "") or inst_id
+        try:
+            described = self.ecs.describe_container_instance(arn)
+        except Exception:
+            logger.warning("DescribeContainerInstances failed; retried next sweep", exc_info=True,
+                           extra={"instance": inst_id})
+            return "retry"
+        if described and described.get("agentConnected"):
+            # Only a job still NODE_LOST: a heartbeat may have revived it since the read.
+            self._recovery().report_suspected_fault(job_id, attempt, inst_id, reason,
+                                                    from_states=[JobState.NODE_LOST])
+            self.metrics.add_metric("NodeLostEscalated", "Count", 1)
+            return "recovery"
+        return self._unreachable(job_id, attempt, inst_id, lost, reason + "; ECS agent disconnected")
+
+    def _unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
+                     reason: str) -> str:
+        ranks = [r for r, _ in lost]
+        try:
+            outcome = self._recovery().remediation.node_unreachable(
+                job_id, attempt, inst_id, ranks, min(at for _, at in lost), reason)
+        except Exception:
+            # The decision (if committed) is on the job: the next sweep finishes its stops.
+            logger.warning("node-lost decision failed; retried next sweep", exc_info=True,
+                           extra={"job_id": job_id, "instance": inst_id})
+            return "retry"
+        if outcome in ("observed", "observed_before", "moved_on"):
+            # Nothing will stop these ranks (observe mode) or they are another decision's now.
+            for rank in ranks:
+                self._unwatch(rank, reason=f"node lost: {outcome}")
+        if outcome in ("failed", "observed"):
+            self.metrics.add_metric("NodeLostFailed", "Count", 1)
+            return "failed"
+        return "unwatched" if outcome in ("moved_on", "converged") else "retry"
+
+    # ================================================================= helpers
+    def _recoveries(self, job_id: str) -> tuple[int, int | None]:
+        """The job's infrastructure recoveries used and allowed, for an e-mail (None: not known)."""
+        job = self.repo.get_job(job_id)
+        return (job.recoveries_used, job.max_recovery_attempts) if job else (0, None)
+
+    def _publish(self, kind: NotificationKind, headline: str, facts: NotificationFacts) -> None:
+        try:
+            self.notifier.publish(build(kind, headline, facts))
+        except Exception:
+            logger.exception("notification failed", extra={"kind": kind.value, "job_id": facts.job_id})
+
+
+
+def _repaired_at(node: dict[str, Any]) -> float | None:
+    """When the node was last repaired: its boot after a reboot, or its return to service.
+    Signals last seen before then are forgotten (a reboot resets volatile ECC counts)."""
+    times = [float(v) for v in (node.get("boot_time"), node.get("returned_at"))
+             if isinstance(v, int | float) and not isinstance(v, bool)]
+    return max(times) if times else None

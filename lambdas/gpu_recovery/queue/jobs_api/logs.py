@@ -1,0 +1,101 @@
+"""A rank's training log (the awslogs driver's stream), oldest first, page by page."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gpu_recovery.adapters.logs import InvalidLogToken, LogStreamNotFound
+from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
+from gpu_recovery.domain.models import task_id
+from gpu_recovery.queue.jobs_api.deps import Deps
+from gpu_recovery.queue.jobs_api.errors import InvalidRequest, JobNotFound
+
+LOG_EVENTS_LIMIT = 200
+
+
+def job_logs(
+    deps: Deps,
+    job_id: str,
+    *,
+    rank: int = 0,
+    attempt: int | None = None,
+    next_token: str | None = None,
+    limit: int = LOG_EVENTS_LIMIT,
+    user: str | None = None,
+) -> dict[str, Any]:
+    """One rank's container log (awslogs driver), oldest first, page by page."""
+    item = deps.readable(job_id, user)
+    world_size = int(item.get("world_size", 0))
+    if not 0 <= rank < max(world_size, 1):
+        raise InvalidRequest(f"rank: must be between 0 and {max(world_size - 1, 0)}", "rank")
+    current_attempt = int(item.get("attempt", 0))
+    attempt = current_attempt if attempt is None else attempt
+    if attempt < 1 or attempt > current_attempt:
+        if current_attempt == 0:
+            raise JobNotFound(f"job {job_id} has not started yet: no logs")
+        raise InvalidRequest(f"attempt: must be between 1 and {current_attempt}", "attempt")
+    task_arn, task_def = _task_of(deps, item, rank, attempt)
+    if not task_arn:
+        raise JobNotFound(f"no task recorded for rank {rank} of attempt {attempt}")
+    spec = json.loads(item.get("spec_json") or "{}")
+    group, stream = _log_location(deps, task_def or spec.get("task_definition", ""),
+                                       spec.get("container_name"), task_arn)
+    try:
+        page = deps.log_reader.read_stream(group, stream, limit=limit, next_token=next_token)
+    except LogStreamNotFound as error:
+        raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
+    except InvalidLogToken as error:
+        raise InvalidRequest("next_token: is not valid for this log stream", "next_token") from error
+    events = page["events"]
+    forward = page["next_token"]
+    return {
+        "job_id": job_id,
+        "rank": rank,
+        "attempt": attempt,
+        "task_arn": task_arn,
+        "log_group": group,
+        "log_stream": stream,
+        "events": events,
+        "next_token": forward,
+        "end_of_stream": not events or forward == next_token,
+    }
+
+
+def _task_of(deps: Deps, item: Mapping[str, Any], rank: int, attempt: int) -> tuple[str, str]:
+    """The rank's task ARN in that attempt: the rank item, else the attempt record."""
+    found = deps.repo.get_rank(item["job_id"], rank)
+    if found is not None and found.attempt == attempt and found.task_arn:
+        return found.task_arn, found.task_definition_arn
+    for record in item.get("attempts") or []:
+        if int(record.get("attempt", -1)) == attempt:
+            arns = record.get("task_arns") or []
+            if isinstance(arns, Mapping):
+                arn = arns.get(str(rank), "")
+            else:
+                arn = arns[rank] if rank < len(arns) else ""
+            return arn, record.get("task_definition_arn", "")
+    return "", ""
+
+
+def _log_location(deps: Deps, task_definition: str, container_name: str | None,
+                  task_arn: str) -> tuple[str, str]:
+    try:
+        task_def = deps.task_definitions.describe(task_definition)
+    except TaskDefinitionNotFound as error:
+        raise JobNotFound(f"task definition {task_definition} no longer exists") from error
+    containers = task_def.get("containerDefinitions", [])
+    container = next((c for c in containers if c.get("name") == container_name),
+                     containers[0] if containers else {})
+    config = container.get("logConfiguration") or {}
+    options = config.get("options") or {}
+    if config.get("logDriver") != "awslogs" or not options.get("awslogs-group"):
+        raise JobNotFound(
+            f"container {container.get('name', '?')} of {task_definition} does not log to "
+            "CloudWatch Logs (awslogs driver)"
+        )
+    prefix = options.get("awslogs-stream-prefix")
+    if not prefix:
+        raise JobNotFound("the awslogs configuration has no awslogs-stream-prefix: stream unknown")
+    return options["awslogs-group"], f"{prefix}/{container['name']}/{task_id(task_arn)}"

@@ -1,0 +1,156 @@
+"""``POST /local/faults``: the faults the playground injects into its simulated cluster
+(``gpu-recovery-admin inject-fault``): an XID, a dead GPU, a flapping ECS agent, an
+application error, a node whose agent goes silent."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpu_recovery import constants as C
+from local_mode.playground.config import PlaygroundError
+from local_mode.playground.console import iso
+from local_mode.training_programs import TrainingPrograms
+
+FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node")
+# What a health check finds after an XID, by the fault catalog's class of it: application
+# errors leave the GPU healthy, XID 64 (row-remap failure) needs a new node, the rest are
+# fixed by a reboot (``persistent`` in the request: they are not).
+APPLICATION_XIDS = frozenset({13, 31, 43, 94})
+REPLACE_XIDS = frozenset({64})
+CUDA_ERRORS = {
+    13: "an illegal instruction was encountered", 31: "an illegal memory access was encountered",
+    43: "unspecified launch failure", 48: "uncorrectable ECC error encountered",
+    64: "uncorrectable ECC error encountered", 79: "unspecified launch failure",
+    94: "uncorrectable ECC error encountered",
+}
+
+
+class FaultInjector:
+    """Injects a fault now into the simulated cluster (``sim``), its training programs
+    (the crash they log) and node agents; says what it did on the console (``note``)."""
+
+    def __init__(self, sim: Any, programs: TrainingPrograms, agents: Any,
+                 note: Callable[[str, str], None]) -> None:
+        self.sim = sim
+        self.programs = programs
+        self.agents = agents
+        self.note = note
+
+    def _target(self, doc: dict[str, Any]) -> tuple[Any, Any]:
+        """(node, the rank's task or None) named by ``node``, or by ``job_id`` + ``rank``."""
+        node_ref, job_id = doc.get("node"), doc.get("job_id")
+        if bool(node_ref) == bool(job_id):
+            raise PlaygroundError("name either node or job_id (with rank)", field="node")
+        if node_ref:
+            try:
+                return self.sim.node(str(node_ref)), None
+            except KeyError:
+                raise PlaygroundError(f"no node {node_ref} (nodes: {', '.join(sorted(self.sim.nodes))})",
+                                      field="node", status=404) from None
+        rank = _int(doc, "rank", 0)
+        tasks = [t for t in self.sim.running_tasks() if not t.health_check
+                 and t.tags.get(C.TAG_JOB_ID) == job_id and t.tags.get(C.TAG_RANK) == str(rank)]
+        if not tasks:
+            raise PlaygroundError(f"job {job_id} has no rank {rank} on a node now (not started, between "
+                                  "attempts, or ended)", field="job_id", status=404)
+        task = max(tasks, key=lambda t: int(t.tags.get(C.TAG_ATTEMPT, "0") or 0))
+        return self.sim.nodes[task.node], task
+
+    def inject(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Inject the fault ``doc`` describes, now; returns what was done."""
+        kind = str(doc.get("kind") or "").replace("-", "_")
+        if kind not in FAULT_KINDS:
+            raise PlaygroundError(f"kind: one of {', '.join(FAULT_KINDS)}", field="kind")
+        node, task = self._target(doc)
+        if kind == "xid":
+            xid = _int(doc, "xid", None)
+            if xid is None or not 1 <= xid <= 999:
+                raise PlaygroundError("xid: an XID number (1..999), e.g. 79", field="xid")
+            gpu = self._gpu(doc, node)
+            health = self._health(doc, "replace" if xid in REPLACE_XIDS else
+                                  "healthy" if xid in APPLICATION_XIDS else "reboot_fixable")
+            crash = f"RuntimeError: CUDA error: {CUDA_ERRORS.get(xid, 'unspecified launch failure')} " \
+                    f"(GPU {gpu}; the kernel log has Xid {xid})"
+            self.programs.mark_crash(node.name, crash, "NCCL error: remote process exited or there was a "
+                                                       "network error (a peer rank died)")
+            self.sim.inject_xid(node.name, xid, gpu=gpu, health=health, nccl_cascade=True)
+            detail = (f"XID {xid} on GPU {gpu} of {node.name}: the node agent reports it within a second, "
+                      f"the ranks there crash 3 s later (a health check would find the node {health})")
+        elif kind == "dead_gpu":
+            gpu = self._gpu(doc, node)
+            self.programs.mark_crash(
+                node.name, f"RuntimeError: CUDA error: uncorrectable ECC error encountered (GPU {gpu})",
+                "NCCL error: remote process exited or there was a network error (a peer rank died)")
+            self.sim.inject_gpu_fault(node.name, health="replace", exit_code=1, nccl_cascade=True)
+            detail = (f"GPU {gpu} of {node.name} is dead: its ranks exit 1 now, the DCGM diag will say "
+                      "replace")
+        elif kind == "flap":
+            seconds = _number(doc, "seconds", 30.0, 5, 3600)
+            times = int(_number(doc, "times", 3, 1, 20))
+            for i in range(times):
+                self.sim.disconnect_agent(node.name, after=i * 2 * seconds, for_seconds=seconds)
+            detail = (f"the ECS agent of {node.name} disconnects {times} time(s) for {seconds:g} s, "
+                      f"{2 * seconds:g} s apart (the tasks keep running)")
+        elif kind == "app_error":
+            if task is None:
+                running = [t for t in self.sim.running_tasks(node.name) if not t.health_check]
+                if not running:
+                    raise PlaygroundError(f"nothing runs on {node.name}", field="node", status=404)
+                task = running[0]
+            exit_code = _int(doc, "exit_code", 1)
+            if exit_code is None or not 1 <= exit_code <= 255:
+                raise PlaygroundError("exit_code: 1..255", field="exit_code")
+            self.programs.death_causes[task.arn] = (
+                f"Traceback (most recent call last): ... ValueError: loss is NaN; exiting with status "
+                f"{exit_code}")
+            self.sim.inject_task_exit(task.arn, exit_code, after=0, why="application error injected")
+            detail = (f"{task.label} on {node.name} exits {exit_code} (an application error: the GPUs are "
+                      "healthy)")
+        else:  # lost_node
+            seconds = _number(doc, "seconds", 300.0, 10, 86400)
+            now = self.sim.now()
+            self.agents.silence(node.name, now, now + seconds)
+            detail = (f"the node agent of {node.name} sends nothing for {seconds:g} s (ECS still sees the "
+                      "node): its ranks miss their heartbeats")
+        self.note("admin", f"fault injected: {detail}")
+        return {"kind": kind, "node": node.name, "container_instance_id": node.container_instance_id,
+                "at": iso(self.sim.now()), "detail": detail}
+
+    def _gpu(self, doc: dict[str, Any], node: Any) -> int:
+        gpu = _int(doc, "gpu", 0)
+        if gpu is None or not 0 <= gpu < len(node.gpu_ids):
+            raise PlaygroundError(f"gpu: 0..{len(node.gpu_ids) - 1}", field="gpu")
+        return gpu
+
+    @staticmethod
+    def _health(doc: dict[str, Any], default: str) -> str:
+        from local_mode.ecs_sim import HEALTH_VALUES
+
+        if doc.get("persistent"):
+            return "persistent_reboot"
+        health = str(doc.get("health") or default)
+        if health not in HEALTH_VALUES:
+            raise PlaygroundError(f"health: one of {', '.join(HEALTH_VALUES)}", field="health")
+        return health
+
+
+
+def _int(doc: dict[str, Any], name: str, default: int | None) -> int | None:
+    value = doc.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).lstrip("-").isdigit():
+        raise PlaygroundError(f"{name}: an integer", field=name)
+    return int(value)
+
+
+def _number(doc: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = doc.get(name, default)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise PlaygroundError(f"{name}: a number", field=name) from None
+    if isinstance(value, bool) or not low <= number <= high:
+        raise PlaygroundError(f"{name}: {low:g}..{high:g}", field=name)
+    return number

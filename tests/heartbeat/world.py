@@ -1,0 +1,169 @@
+"""The heartbeat tests' world: a settable clock, stubs of the ports, the service over moto
+(through local mode's LocalAws); the fixtures in conftest.py build it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery import runtime
+from gpu_recovery.adapters import aws
+from gpu_recovery.constants import (
+    DEFAULT_NODE_TOKEN_TABLE_NAME,
+    InstanceState,
+    JobState,
+    RankState,
+)
+from gpu_recovery.domain.fault_catalog import FaultCatalog
+from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
+from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.heartbeat.service import HeartbeatService
+from gpu_recovery.heartbeat.tokens import TokenStore
+from gpu_recovery.repository.heartbeat import HeartbeatRepository
+from local_mode.emulator import LocalAws
+
+NODE = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+NODE_B = "1a2b3c4d5e6f70819293a4b5c6d7e8f9"
+T0 = 1_734_220_000.0
+
+
+def task_arn(job: str, rank: int, attempt: int = 1) -> str:
+    return f"arn:aws:ecs:us-east-1:123456789012:task/gpu-cluster/{job}r{rank}a{attempt}"
+
+
+class Clock:
+    def __init__(self, start: float = T0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> float:
+        self.t += seconds
+        return self.t
+
+
+class StubEcs:
+    """ECS port for the escalation paths (agentConnected decides)."""
+
+    def __init__(self, connected: bool = True) -> None:
+        self.connected = connected
+        self.drained: list[str] = []
+        self.stopped: list[str] = []
+        self.described: list[str] = []
+
+    def describe_container_instance(self, ci: str) -> dict[str, Any] | None:
+        self.described.append(ci)
+        return {"containerInstanceArn": f"arn:aws:ecs:us-east-1:123456789012:container-instance/"
+                                        f"gpu-cluster/{ci.rsplit('/', 1)[-1]}",
+                "ec2InstanceId": "i-0123456789abcdef0", "agentConnected": self.connected}
+
+    def drain(self, arn: str) -> None:
+        self.drained.append(arn)
+
+    def put_cordon(self, arn: str, attribute: str) -> bool:
+        self.cordoned = [*getattr(self, "cordoned", []), arn]
+        return True
+
+    def remove_cordon(self, arn: str, attribute: str) -> bool:
+        self.uncordoned = [*getattr(self, "uncordoned", []), arn]
+        return True
+
+    def stop_task(self, arn: str, reason: str) -> None:
+        self.stopped.append(arn)
+
+
+@dataclass
+class StubRecovery:
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+
+    from_states: list[Any] = field(default_factory=list)
+    boots: list[tuple[str, float]] = field(default_factory=list)
+
+    def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
+                               failing_rank: int | None = None, from_states: Any = None) -> Any:
+        self.calls.append((job_id, attempt, inst_id, reason))
+        self.from_states.append(list(from_states or []))
+        return None
+
+    def on_boot_reported(self, inst_id: str, boot_time: float) -> Any:
+        self.boots.append((inst_id, boot_time))
+        return None
+
+
+@dataclass
+class StubNotifier:
+    sent: list[Any] = field(default_factory=list)
+
+    def publish(self, notification: Any) -> str:
+        self.sent.append(notification)
+        return f"m-{len(self.sent)}"
+
+
+class World:
+    """Tables in moto plus helpers to seed jobs and drive the service."""
+
+    def __init__(self, local: LocalAws, clk: Clock) -> None:
+        self.local = local
+        self.clock = clk
+        self.repo = runtime.repository()
+        self.ddb = local.client("dynamodb")
+        self.ecs = StubEcs()
+        self.recovery = StubRecovery()
+        self.notifier = StubNotifier()
+        self.tokens = TokenStore(aws.resource("dynamodb").Table(DEFAULT_NODE_TOKEN_TABLE_NAME))
+
+    def service(self, catalog: FaultCatalog | None = None, **settings: Any) -> HeartbeatService:
+        return HeartbeatService(HeartbeatRepository(self.repo), HeartbeatSettings(**settings),
+                                self.ecs, self.notifier, lambda: self.recovery, catalog=catalog)
+
+    def seed_job(self, job_id: str, world_size: int = 2, nodes: tuple[str, ...] = (NODE,),
+                 state: JobState = JobState.RUNNING, rank_state: RankState = RankState.RUNNING,
+                 attempt: int = 1) -> list[Rank]:
+        now = self.clock()
+        self.repo.create_job_if_absent(Job(job_id, state, world_size, attempt=attempt,
+                                           created_at=now, updated_at=now))
+        ranks = []
+        for r in range(world_size):
+            node = nodes[r % len(nodes)]
+            self.repo.put_instance_if_absent(Instance(
+                node, container_instance_arn=f"arn:aws:ecs:us-east-1:123456789012:container-instance/"
+                                             f"gpu-cluster/{node}", ec2_instance_id=f"i-{node[:17]}"))
+            rank = Rank(job_id, r, rank_state, attempt, task_arn(job_id, r, attempt),
+                        "arn:aws:ecs:us-east-1:123456789012:task-definition/train:1", node,
+                        registered_at=now)
+            assert self.repo.put_rank_registration(rank)
+            ranks.append(rank)
+        return ranks
+
+    def item(self, key: str) -> dict[str, Any]:
+        from gpu_recovery.repository import from_ddb
+
+        table = aws.resource("dynamodb").Table(self.repo.job_table_name)
+        return from_ddb(table.get_item(Key={"job_id_rank": key}, ConsistentRead=True).get("Item", {}))
+
+    def node_item(self, node: str) -> dict[str, Any]:
+        from gpu_recovery.repository import from_ddb
+
+        table = aws.resource("dynamodb").Table(self.repo.instance_table_name)
+        return from_ddb(table.get_item(Key={"container_inst_id": node}, ConsistentRead=True).get("Item", {}))
+
+    def job_state(self, job_id: str) -> JobState:
+        job = self.repo.get_job(job_id)
+        assert job is not None
+        return job.state
+
+    def rank_state(self, job_id: str, rank: int) -> RankState:
+        found = self.repo.get_rank(job_id, rank)
+        assert found is not None
+        return found.state
+
+    def instance_state(self, node: str) -> InstanceState:
+        inst = self.repo.get_instance(node)
+        assert inst is not None
+        return inst.state
+
+    def report(self, svc: HeartbeatService, node: str, *tasks: ReportedTask | str,
+               at: float | None = None) -> Any:
+        items = [t if isinstance(t, ReportedTask) else ReportedTask(task_arn=t) for t in tasks]
+        return svc.report_tasks(node, self.clock() if at is None else at, items)

@@ -1,0 +1,87 @@
+"""Fixtures of the jobs API tests: moto with the tables, a GPU cluster and a task definition,
+the handler behind tests/jobs_api/api_harness.py's ``Api``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from gpu_recovery import clock
+from gpu_recovery.adapters import aws
+from gpu_recovery.constants import (
+    ENV_CLUSTER_NAME,
+    ENV_IDEMPOTENCY_TABLE,
+    ENV_INSTANCE_TABLE,
+    ENV_JOB_TABLE,
+    ENV_JOBS_ADMIN_ROLES,
+    ENV_QUOTA_TABLE,
+    ENV_SCHEDULER_FUNCTION,
+)
+from tests.jobs_api.api_harness import (
+    ADMIN_ROLE,
+    CLUSTER,
+    IDEMPOTENCY_TABLE,
+    INSTANCE_TABLE,
+    JOB_TABLE,
+    LOG_GROUP,
+    QUOTA_TABLE,
+    REGION,
+    Api,
+    add_gpu_instances,
+    create_tables,
+    register_task_definition,
+)
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv(ENV_JOB_TABLE, JOB_TABLE)
+    monkeypatch.setenv(ENV_INSTANCE_TABLE, INSTANCE_TABLE)
+    monkeypatch.setenv(ENV_IDEMPOTENCY_TABLE, IDEMPOTENCY_TABLE)
+    monkeypatch.setenv(ENV_QUOTA_TABLE, QUOTA_TABLE)
+    monkeypatch.setenv(ENV_CLUSTER_NAME, CLUSTER)
+    monkeypatch.setenv(ENV_JOBS_ADMIN_ROLES, json.dumps([ADMIN_ROLE]))
+    monkeypatch.delenv(ENV_SCHEDULER_FUNCTION, raising=False)
+    monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "test")
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "jobs-api")
+    monkeypatch.delenv("POWERTOOLS_IDEMPOTENCY_DISABLED", raising=False)
+    os.environ.pop("AWS_PROFILE", None)
+    yield
+
+
+@pytest.fixture
+def api(aws_env: None) -> Iterator[Api]:
+    """Given moto with the tables, a GPU cluster (8-GPU nodes) and a task definition."""
+    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
+    from handlers import jobs_api
+
+    recorder = Api()
+    with mock_aws():
+        jobs_api.reset()
+        clock.set_clock(lambda: recorder.now[0])
+        aws.session().events.register(
+            "before-call.dynamodb.*",
+            lambda model, **_: recorder.ddb_ops.append(model.name),
+        )
+        create_tables()
+        boto3.client("ecs", region_name=REGION).create_cluster(clusterName=CLUSTER)
+        boto3.client("logs", region_name=REGION).create_log_group(logGroupName=LOG_GROUP)
+        register_task_definition()
+        add_gpu_instances([8, 8])
+        jobs_api.set_scheduler_trigger(CallbackSchedulerTrigger(recorder.triggers.append))
+        try:
+            yield recorder
+        finally:
+            clock.reset_clock()
+            jobs_api.reset()
+
+

@@ -1,0 +1,105 @@
+"""GET /v1/jobs/{id}/logs: the rank's awslogs stream, paged with next_token (moto logs)."""
+
+from __future__ import annotations
+
+import boto3
+
+from tests.jobs_api.api_harness import (
+    CONTAINER,
+    LOG_GROUP,
+    LOG_PREFIX,
+    REGION,
+    Api,
+    register_task_definition,
+    start_job,
+    valid_spec,
+)
+
+
+def _write_log(task_arn: str, lines: list[str], start_ms: int = 1_795_185_200_000) -> str:
+    logs = boto3.client("logs", region_name=REGION)
+    stream = f"{LOG_PREFIX}/{CONTAINER}/{task_arn.rsplit('/', 1)[-1]}"
+    logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+    logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=[
+        {"timestamp": start_ms + i, "message": line} for i, line in enumerate(lines)])
+    return stream
+
+
+def test_logs_of_a_rank_are_paged(api: Api) -> None:
+    """Given rank 1 of a running job wrote 5 lines to its awslogs stream
+    When its logs are read 2 at a time with next_token
+    Then the lines come back in order from <prefix>/<container>/<task-id>, then end_of_stream."""
+    _, job = api.submit()
+    arns = start_job(api, job["job_id"])
+    stream = _write_log(arns[1], [f"line {i}" for i in range(5)])
+    seen, token = [], None
+    for _ in range(5):
+        query = {"rank": "1", "limit": "2", **({"next_token": token} if token else {})}
+        status, body, _ = api.call("GET", f"/v1/jobs/{job['job_id']}/logs", query=query)
+        assert status == 200, body
+        assert body["log_group"] == LOG_GROUP and body["log_stream"] == stream
+        assert body["task_arn"] == arns[1] and body["attempt"] == 1 and body["rank"] == 1
+        seen.extend(e["message"] for e in body["events"])
+        token = body["next_token"]
+        if body["end_of_stream"]:
+            break
+    assert seen == [f"line {i}" for i in range(5)]
+
+
+def test_logs_default_to_rank_0_of_the_current_attempt(api: Api) -> None:
+    """Given rank 0 logged one line
+    When logs are read without parameters
+    Then rank 0's line is returned."""
+    _, job = api.submit()
+    arns = start_job(api, job["job_id"])
+    _write_log(arns[0], ["hello from rank 0"])
+    status, body, _ = api.call("GET", f"/v1/jobs/{job['job_id']}/logs")
+    assert status == 200 and [e["message"] for e in body["events"]] == ["hello from rank 0"]
+
+
+def test_logs_of_an_earlier_attempt_use_the_attempt_record(api: Api) -> None:
+    """Given attempt 2 runs and attempt 1's task ARNs are in the attempts list
+    When attempt 1's logs are read
+    Then the old task's stream is read."""
+    _, job = api.submit()
+    old = start_job(api, job["job_id"], attempt=1)
+    _write_log(old[0], ["attempt one"])
+    start_job(api, job["job_id"], attempt=2)
+    api.job_table.update_item(
+        Key={"job_id_rank": f"{job['job_id']}#JOB"},
+        UpdateExpression="SET attempts = :a",
+        ExpressionAttributeValues={":a": [{"attempt": 1, "task_arns": old, "outcome": "FAILED"}]},
+    )
+    status, body, _ = api.call("GET", f"/v1/jobs/{job['job_id']}/logs", query={"attempt": "1"})
+    assert status == 200, body
+    assert [e["message"] for e in body["events"]] == ["attempt one"]
+
+
+def test_logs_errors(api: Api) -> None:
+    """Given a queued job, a running one without a stream yet, and bad parameters
+    When logs are read
+    Then 404 (not started / stream not found) and 400 naming rank / attempt."""
+    _, queued = api.submit()
+    status, body, _ = api.call("GET", f"/v1/jobs/{queued['job_id']}/logs")
+    assert status == 404 and "not started" in body["message"]
+    _, job = api.submit()
+    start_job(api, job["job_id"])
+    path = f"/v1/jobs/{job['job_id']}/logs"
+    assert api.call("GET", path)[0] == 404
+    status, body, _ = api.call("GET", path, query={"rank": "2"})
+    assert status == 400 and body["field"] == "rank"
+    status, body, _ = api.call("GET", path, query={"attempt": "3"})
+    assert status == 400 and body["field"] == "attempt"
+    status, body, _ = api.call("GET", path, query={"rank": "-1"})
+    assert status == 400 and body["field"] == "rank"
+
+
+def test_logs_without_awslogs_is_404(api: Api) -> None:
+    """Given a task definition without the awslogs driver
+    When a job's logs are read
+    Then 404 explaining the container does not log to CloudWatch Logs."""
+    register_task_definition(family="quiet-train", log=False)
+    _, job = api.submit(valid_spec(task_definition="quiet-train:1"))
+    start_job(api, job["job_id"])
+    status, body, _ = api.call("GET", f"/v1/jobs/{job['job_id']}/logs")
+    assert status == 404 and "awslogs" in body["message"]

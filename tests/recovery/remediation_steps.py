@@ -1,0 +1,45 @@
+"""Steps the remediation and cordon stage tests share (over the recovery fakes' World)."""
+
+from __future__ import annotations
+
+from gpu_recovery import constants as C
+from gpu_recovery.domain import breaker
+from gpu_recovery.repository import Update
+from tests.recovery.fakes import World
+
+FAULTY = "node-b"
+
+
+def fault_with_reboot_verdict(w: World, arns: list[str]) -> None:
+    """Rank 1 exits 1 (suspect); its DCGM check says reboot (the fake verdict line)."""
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    [task] = w.ecs.health_checks_on(FAULTY)
+    w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+
+
+def report_xid(w: World, node: str, xid: int) -> None:
+    """What the heartbeat service keeps when the node agent reports an XID."""
+    w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node},
+                        set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": xid}]}))
+
+
+def trip_with_backlog(w: World, backlog: list[str], window: tuple[str, ...] = ()) -> None:
+    """The breaker tripped, ``backlog`` held back (oldest first), whatever it stored before."""
+    stored = w.repo.get_breaker()
+    version = int(stored["version"]) if stored else None
+    state = breaker.new_state()
+    state.update(state="tripped", version=(version or 0) + 1, tripped_at=w.now[0], trip_reason="test",
+                 cluster_gpu_nodes=(stored or {}).get("cluster_gpu_nodes", 10),
+                 trips=1, window=[{"node": n, "action": "reboot", "at": w.now[0]} for n in window],
+                 backlog=[{"node": n, "action": "reboot", "at": w.now[0] + i, "job_id": "", "reason": "held"}
+                          for i, n in enumerate(backlog)])
+    assert w.repo.save_breaker(state, version)
+
+
+def rebooting(w: World, job: str, nodes: list[str]) -> None:
+    """``job`` on ``nodes``; the rank on nodes[1] exits 1, its diag says reboot: REBOOTING."""
+    arns = w.register_job(job, nodes)
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    [task] = w.ecs.health_checks_on(nodes[1])
+    w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+    assert w.repo.get_instance(nodes[1]).state is C.InstanceState.REBOOTING

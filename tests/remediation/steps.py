@@ -1,0 +1,34 @@
+"""Steps the remediation scenario tests share: a queued job as the jobs API writes it, the
+relocation waits a job's history records."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpu_recovery import constants as C
+
+
+def submit_queued_job(w: Any, job_id: str, *, nnodes: int, priority: int, at: float) -> None:
+    """A queued job item as the jobs API writes it (tests/queue_scheduler does the same)."""
+    from gpu_recovery.adapters import aws
+    from gpu_recovery.repository import to_ddb
+
+    spec = {"name": job_id, "task_definition": w.td, "nnodes": nnodes, "gpus_per_node": 8,
+            "priority": priority, "overrides": {"command": ["python", "train.py"]}, "labels": {}}
+    item = {
+        C.JOB_PK: C.job_item_key(job_id), "item_type": "JOB", "job_id": job_id, "job_state": "QUEUED",
+        "source": "queue", "name": job_id, "user": "alice", "priority": priority, "submitted_at": at,
+        "spec_json": json.dumps(spec), "world_size": nnodes, "gpus_per_node": 8, "attempt": 0,
+        "recoveries_used": 0, "max_recovery_attempts": 3, "app_restarts_used": 0, "max_app_restarts": 0,
+        C.QUEUE_PK: C.QUEUE_BUCKET, C.QUEUE_SK: C.queue_order(priority, at, job_id),
+        C.LIST_PK: C.LIST_BUCKET, "not_before": 0, "attempts": [], "last_error": "", "history": [],
+        "suspects": {}, "verdicts": {}, "created_at": at, "updated_at": at,
+    }
+    aws.resource("dynamodb").Table(w.local.job_table).put_item(Item=to_ddb(item))
+
+
+def relocation_wait_entries(job: dict[str, Any]) -> list[str]:
+    """The reasons of the job's history entries that say it waits for a node."""
+    reasons = [str(h.get("reason", "")) for h in job.get("history", [])]
+    return [r for r in reasons if r.startswith("waiting")]
