@@ -595,10 +595,10 @@ class SimulatedEcs:
 
     def _report_gpu_to_service(self, node: str, body: dict[str, Any]) -> Any:
         """What the node API does with a GPU report: the heartbeat service's report_gpu."""
-        from handlers import node_api as heartbeat
+        from gpu_recovery import runtime
 
-        return heartbeat.service().report_gpu(body["node_id"], body["timestamp"], body["gpus"],
-                                              body.get("unmapped_xids") or [], body.get("error"))
+        return runtime.heartbeat_service().report_gpu(body["node_id"], body["timestamp"], body["gpus"],
+                                                      body.get("unmapped_xids") or [], body.get("error"))
 
     def inject_task_exit(
         self,

@@ -92,8 +92,6 @@ class _Agents:
         self.sim.schedule(self.sim.now() + AGENT_INTERVAL_SECONDS, self._round, "node agents")
 
     def _round(self) -> list[dict[str, Any]]:
-        from handlers import node_api as heartbeat
-
         for name in sorted(self.sim.nodes):
             node = self.sim.nodes[name]
             if name in self.silent or node.rebooting:
@@ -101,7 +99,7 @@ class _Agents:
             tasks = [ReportedTask(task_arn=t.arn) for t in self.sim.running_tasks(name)
                      if t.last_status == "RUNNING"]
             with contextlib.suppress(Exception):  # the agent reports again at its next interval
-                heartbeat.service().report_tasks(node.container_instance_id, self.sim.now(), tasks)
+                runtime.heartbeat_service().report_tasks(node.container_instance_id, self.sim.now(), tasks)
         self.start()
         return []
 

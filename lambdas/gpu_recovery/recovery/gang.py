@@ -15,7 +15,7 @@ consecutive ranks:
 Batches go on an SQS queue (``GangQueuePort``) whose worker function runs a few at a
 time; a gang of at most ``INLINE_MAX_RANKS`` ranks runs its batches in the invocation
 that asks (the same code, no queue hop). Every ECS call takes a token from the stack's
-shared budget (``gpu_recovery.ecs_budget``); a batch that would wait too long, or whose
+shared budget (``gpu_recovery.adapters.ecs_budget``); a batch that would wait too long, or whose
 invocation runs short of time, sends the rest of itself back to the queue, delayed. A
 batch is idempotent: a redelivered or resent one skips what is done (ranks STOPPED or
 registered) and repeats only what may not have happened (a StopTask of a rank marked but

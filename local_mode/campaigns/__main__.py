@@ -1,0 +1,48 @@
+"""``python -m local_mode.campaigns [FLOW ...] [--every-call]``: run crash campaigns and print,
+per flow, the AWS calls it makes, the runs (each call broken as a throttle and as a lost
+response) and how many ended right, as one JSON line each (exit 1 if any run ended wrong).
+Without ``--every-call`` the first call of each call site is broken."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+from functools import partial
+from typing import Any
+
+from . import heartbeats, recovery, time_sharing
+from .base import campaign, sample_positions
+
+RUNS: dict[str, Any] = {
+    **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS},
+    "node_lost": heartbeats.run,
+    "time_sharing": time_sharing.run,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("flows", nargs="*", metavar="FLOW",
+                        help=f"default: every flow ({', '.join(sorted(RUNS))})")
+    parser.add_argument("--every-call", action="store_true", help="break every call, not one per call site")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.flows) - set(RUNS))
+    if unknown:
+        parser.error(f"unknown flow(s) {', '.join(unknown)}: choose from {', '.join(sorted(RUNS))}")
+    report = sys.stdout
+    wrong = 0
+    for flow in args.flows or sorted(RUNS):
+        run = RUNS[flow]
+        with contextlib.redirect_stdout(io.StringIO()):
+            positions = None if args.every_call else sample_positions(run(None).calls)
+            summary = campaign(flow, run, positions)
+        print(json.dumps(summary.as_dict()), file=report, flush=True)
+        wrong += bool(summary.failures)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
