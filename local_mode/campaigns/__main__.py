@@ -5,6 +5,11 @@ Without ``--every-call`` the first call of each call site is broken."""
 
 from __future__ import annotations
 
+import os
+
+# The handlers' own logs (Powertools reads the level when a handler is first imported).
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "CRITICAL")
+
 import argparse
 import contextlib
 import io

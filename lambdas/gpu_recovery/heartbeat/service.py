@@ -417,6 +417,7 @@ class HeartbeatService:
         node_ids = sorted({i.get("container_inst_id", "") for i in items} - {""})
         node_items = self.repo.node_items(node_ids)
         escalations: dict[tuple[str, int, str], list[tuple[Rank, float]]] = {}
+        settle: set[tuple[str, int]] = set()
         for item in items:
             rank = self.repo.rank_from_item(item)
             label = _rank_label(item)
@@ -432,6 +433,9 @@ class HeartbeatService:
                     result.marked_lost.append(label)
             elif rank.state is RankState.NODE_LOST:
                 lost_at = item.get("node_lost_at")
+                # The job follows its lost ranks (convergent): a rank marked lost by a
+                # delivery that died before the job's own step is settled here.
+                settle.add((rank.job_id, rank.attempt))
                 if lost_at is not None and policy.node_lost_expired(
                     lost_at, now, self.settings.node_lost_fail_seconds
                 ):
@@ -439,6 +443,8 @@ class HeartbeatService:
                     escalations.setdefault(key, []).append((rank, float(lost_at)))
             elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):
                 result.unwatched.append(label)
+        for job_id, attempt in sorted(settle):
+            self._settle_job(job_id, attempt, "a rank is NODE_LOST")
         for (job_id, attempt, inst_id), lost in sorted(escalations.items(), key=lambda kv: kv[0]):
             node = node_items.get(inst_id)
             instance = self.repo.instance_from_item(node) if node else None
