@@ -44,7 +44,7 @@ from gpu_recovery.constants import DEADLINE_SK
 from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS, overdue_cutoff
 from gpu_recovery.heartbeat.tokens import ACTIVE, STATUS_ATTR, TokenStore
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
-from gpu_recovery.repository.recovery import Repository
+from gpu_recovery.repository import Repository
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 DEFAULT_STACK_NAME = "GpuTrainingRecovery"

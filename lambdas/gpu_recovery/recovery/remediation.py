@@ -63,7 +63,7 @@ from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import GateAnswer, Reboots
 from gpu_recovery.repository import JobVerdict, NodeDecision
-from gpu_recovery.repository.recovery import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
+from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
 
 logger = logging.getLogger(__name__)
 

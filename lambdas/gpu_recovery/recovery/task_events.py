@@ -51,7 +51,7 @@ from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.remediation import NodeRemediation, budgets_of, details_of
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.repository import RankStop
-from gpu_recovery.repository.recovery import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
+from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
 
 logger = logging.getLogger(__name__)
 
