@@ -43,8 +43,8 @@ from gpu_recovery import clock
 from gpu_recovery.constants import DEADLINE_SK
 from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS, overdue_cutoff
 from gpu_recovery.heartbeat.tokens import ACTIVE, STATUS_ATTR, TokenStore
-from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.repository import Repository
+from gpu_recovery.repository.heartbeat import HeartbeatRepository
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 DEFAULT_STACK_NAME = "GpuTrainingRecovery"
@@ -583,7 +583,7 @@ class Doctor:
 
     # ------------------------------------------------------------------ breaker
     def check_breaker(self) -> list[Finding]:
-        from gpu_recovery.domain import breaker
+        from gpu_recovery.domain.breaker import breaker
 
         resource = self.session.resource("dynamodb", config=Config(retries={"mode": "standard"}))
         repo = Repository(resource, self.out("JobTableName") or "-", self.out("InstanceTableName"))

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, ENV_DEFAULT_NODE_QUOTAS
-from gpu_recovery.domain.breaker_hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
+from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
 from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST

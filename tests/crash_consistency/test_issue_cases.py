@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.states import InstanceState
-from gpu_recovery.recovery.reboots import ClusterCountUnavailable
+from gpu_recovery.recovery.breaker.gate import ClusterCountUnavailable
 from local_mode.campaigns import recovery
 from local_mode.faults import LOST_RESPONSE, THROTTLE
 from tests.recovery.fakes import world

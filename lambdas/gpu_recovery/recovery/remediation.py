@@ -57,11 +57,12 @@ from gpu_recovery.domain.states import (
     JobState,
     SuspectVerdict,
 )
+from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.recovery.reboots import GateAnswer, Reboots
+from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.repository import JobVerdict, NodeDecision
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
 

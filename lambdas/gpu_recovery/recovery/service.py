@@ -12,7 +12,7 @@ from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
-from gpu_recovery.recovery.breaker import BreakerOperations
+from gpu_recovery.recovery.breaker.operations import BreakerOperations
 from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks

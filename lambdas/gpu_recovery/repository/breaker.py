@@ -4,8 +4,8 @@ holds.
 The breaker's state is written only with a condition on the version read
 (:meth:`BreakerState.breaker_update`), in the transaction of the node decision it
 answered; the operator's reset writes it the same way. A job that cannot move while a
-node's reboot is held back waits HELD (``domain.breaker_hold``) with its hold on the job
-item. The policy: ``domain.breaker`` and ``domain.breaker_hold``; the gate and the
+node's reboot is held back waits HELD (``domain.breaker.hold``) with its hold on the job
+item. The policy: ``domain.breaker``; the gate and the
 operations: ``recovery.breaker``.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_recovery.constants import BREAKER_ITEM_KEY, INSTANCE_PK
-from gpu_recovery.domain.breaker_hold import BreakerHold
+from gpu_recovery.domain.breaker.hold import BreakerHold
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.repository.base import Update, from_ddb

@@ -21,7 +21,7 @@ from gpu_recovery.constants import (
     job_item_key,
     rank_item_key,
 )
-from gpu_recovery.domain.breaker_hold import BreakerHold
+from gpu_recovery.domain.breaker.hold import BreakerHold
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.relocation import RelocationWait

@@ -23,8 +23,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_recovery.domain import breaker as policy
 from gpu_recovery.domain import cordon as cordon_policy
+from gpu_recovery.domain.breaker import breaker as policy
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
