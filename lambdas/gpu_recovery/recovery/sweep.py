@@ -294,6 +294,6 @@ class Sweep:
                 job.job_id, job.attempt, job.world_size):
             self.faults.on_attempt_ended(job, job.attempt)
         elif job.tally.all_decided:
-            self.faults.remediation.conclude(job)
+            self.faults.remediation.settlement.conclude(job)
         elif job.tally.ranks_ended:
             self.restarts.spare_first(job)  # a spare may have freed up, or a delivery died
