@@ -102,7 +102,7 @@ doctor: $(STAMP)
 	$(VENV)/bin/gpu-recovery-admin doctor $(DOCTOR_ARGS)
 
 # Regenerate the configuration tables (docs/configuration.md: every key; README.md: the
-# common ones) from infra/config.py (a test checks both).
+# common ones) from infra/config/ (a test checks both).
 config-docs: $(STAMP)
 	$(PY) -m infra.config --write-docs
 

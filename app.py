@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CDK app: ``cdk synth -c cluster_name=<your ECS cluster>`` (options: infra/config.py).
+"""CDK app: ``cdk synth -c cluster_name=<your ECS cluster>`` (options: infra/config/).
 
 A bad or unknown context key stops synthesis with one line naming the key (exit 1).
 """

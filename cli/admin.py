@@ -185,9 +185,9 @@ def _breaker(args: argparse.Namespace, ctx: Context) -> int:
 
 def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
     """``breaker show`` / ``breaker reset``: one JSON document on stdout, a sentence on stderr."""
-    from gpu_recovery.domain import breaker as policy
     from gpu_recovery.domain import cordon as cordon_policy
-    from gpu_recovery.recovery.breaker import reset_breaker
+    from gpu_recovery.domain.breaker import breaker as policy
+    from gpu_recovery.recovery.breaker.operations import reset_breaker
     from gpu_recovery.repository.scheduling import SchedulingRepository
 
     stored = repo.get_breaker()

@@ -245,7 +245,7 @@ def breaker() -> ScenarioResult:
     title = ("blast-radius breaker: 4 of 16 nodes fault within 10 min -> 3 rebooted, the 4th trips "
              "the breaker (notified once, backlog kept), nothing more rebooted, the jobs on held nodes "
              "wait HELD; reset resumes it and they restart")
-    from gpu_recovery.recovery.breaker import reset_breaker
+    from gpu_recovery.recovery.breaker.operations import reset_breaker
 
     with world() as w:
         nodes = [f"node-{i:02d}" for i in range(16)]

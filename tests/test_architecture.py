@@ -13,6 +13,21 @@
   functions and under ``TYPE_CHECKING`` included (``KNOWN_CYCLES`` names the one pair
   the simulation-layer work removes).
 * **The domain imports only the domain** (and the standard library).
+* **Only the repository writes condition expressions**: no module of ``lambdas/`` or
+  ``cli/`` outside ``gpu_recovery/repository/`` builds an ``Update`` or a state condition,
+  passes a condition or expression keyword, or holds a string that reads like a DynamoDB
+  condition (``attribute_not_exists(``, ``#state = :state``...).
+* **Each kind of item has one home**: the key of every singleton item and every item-key
+  builder of ``constants.py`` is used by exactly one module of ``gpu_recovery/repository/``
+  (``ITEM_HOMES``: the breaker's item in ``repository/breaker.py``, the outbox in
+  ``repository/notices.py``...), and by nothing else in ``lambdas/`` or ``cli/``.
+* **The breaker in one place**: outside ``domain/breaker/``, ``recovery/breaker/`` and
+  ``repository/breaker.py`` nothing decides or writes the breaker's state
+  (``record_action``, ``admit_release``, the policy's ``reset``, ``save_breaker``,
+  ``breaker_update``, ``drop_released``); the admin CLI goes through
+  ``recovery.breaker.operations``.
+* **No module over 600 lines** outside ``tests/``, but those in ``LONG_MODULES``, each
+  named with its reason (a module that shrinks below the limit must leave the list).
 
 How an AWS call is recognised (no false positive on the adapters' own methods, several of
 which mirror the API's names, e.g. ``EcsAdapter.stop_task(task_arn, reason)``):
@@ -32,6 +47,7 @@ The operation names and input members come from botocore's bundled service model
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -514,3 +530,243 @@ def test_nothing_runtime_builds_imports_it_back() -> None:
                 for imported, line in imported_names(ast.parse(m.path.read_text()), m.name, m.is_package)
                 if _resolve(imported, modules) == "gpu_recovery.runtime"]
     assert not findings, "gpu_recovery modules importing runtime back: " + ", ".join(findings)
+
+
+
+# ----------------------------------------------------------------- repository homes
+CLI = ROOT / "cli"
+CONSTANTS = PACKAGE / "constants.py"
+#: keyword arguments that carry a DynamoDB condition or expression
+CONDITION_KEYWORDS = frozenset({
+    "ConditionExpression", "KeyConditionExpression", "FilterExpression", "UpdateExpression",
+    "ProjectionExpression", "condition", "condition_names", "condition_values", "extra_condition",
+    "extra_names", "extra_values"})
+#: what only the repository builds
+CONDITION_BUILDERS = frozenset({"Update", "state_condition"})
+CONDITION_TEXT = re.compile(
+    r"attribute_(?:not_)?exists\(|attribute_type\(|begins_with\(|\bcontains\(#|\bsize\(#"
+    r"|#\w+(?:\.#\w+)*\s*(?:=|<>|<=|>=|<|>|IN)\s*[:(]")
+
+
+def condition_findings(source: str, path: str) -> list[Finding]:
+    """A condition expression written (or an update built) in ``source``."""
+    findings: list[Finding] = []
+    for node in ast.walk(ast.parse(source, path)):
+        text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+        if text is not None and CONDITION_TEXT.search(text):
+            findings.append(Finding(path, node.lineno, f"condition text {text[:60]!r}"))
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else _dotted(node.func)
+            if name in CONDITION_BUILDERS:
+                findings.append(Finding(path, node.lineno, f"builds {name}(...)"))
+            findings += [Finding(path, node.lineno, f"passes {k.arg}=") for k in node.keywords
+                         if k.arg in CONDITION_KEYWORDS]
+    return findings
+
+
+def _product_modules() -> Iterator[Path]:
+    """lambdas/ (the Lambdas) and cli/ (the operators' tools, which use the same repository)."""
+    yield from _sources(LAMBDAS)
+    yield from _sources(CLI)
+
+
+def test_only_the_repository_writes_condition_expressions() -> None:
+    """Given every module of lambdas/ and cli/ outside gpu_recovery/repository/
+    When its calls and strings are scanned
+    Then none builds an Update or a state condition, passes a condition or expression
+    keyword, or spells a DynamoDB condition: services call the repository's intents."""
+    findings = [f for path in _product_modules() if not _inside(path, REPOSITORY)
+                for f in condition_findings(path.read_text(), _relative(path))]
+    assert not findings, ("condition expressions outside gpu_recovery/repository/:\n"
+                          + "\n".join(sorted(map(str, findings))))
+
+
+CONDITION_SNIPPETS = [
+    "repo.db.apply(Update(table=t, key=k, set_fields={}))",
+    "table.update_item(Key=k, ConditionExpression='attribute_exists(#k)')",
+    "repo.instance_update(i, extra_condition=x)",
+    "WHERE = '#st = :st AND #att = :att'",
+    "GONE = 'attribute_not_exists(#k)'",
+    "state_condition('job_state', states, 'js')",
+]
+
+
+@pytest.mark.parametrize("snippet", CONDITION_SNIPPETS)
+def test_the_condition_check_finds_conditions_written_outside(snippet: str) -> None:
+    """Given a condition written the ways the repository writes them
+    When scanned as a module outside the repository
+    Then it is reported (and a plain sentence or an intent call is not)."""
+    assert condition_findings(snippet, "snippet.py"), snippet
+    assert condition_findings("repo.enter_recovery(job_id, attempt, reason='fault: #3 = bad')\n"
+                              "TEXT = 'the node is back (size of the set: 3)'\n", "snippet.py") == []
+
+
+#: every singleton item key and item-key builder of constants.py -> the one repository
+#: module that reads and writes that kind of item
+ITEM_HOMES = {
+    "BREAKER_ITEM_KEY": "breaker.py",
+    "CORDON_SYNC_ITEM_KEY": "cordons.py",
+    "ECS_RATE_ITEM_KEY": "rate_limit.py",
+    "HEALTH_CHECK_SLOTS_KEY": "health_check_slots.py",
+    "health_check_slots_key": "health_check_slots.py",
+    "suspect_item_key": "faults.py",
+    "suspect_key_prefix": "faults.py",
+    "placement_item_key": "faults.py",
+    "latch_shard_key": "latches.py",
+    "latch_head_key": "latches.py",
+    "refused_item_key": "jobs_and_ranks.py",
+    "launch_plan_key": "scheduling.py",
+    "notice_item_key": "notices.py",
+}
+
+
+def _item_keys() -> set[str]:
+    """The singleton item keys (``*_ITEM_KEY``, ``*_SLOTS_KEY``...) and item-key builders
+    (``*_key`` functions but a job's and a rank's, which every repository of the job
+    table builds on) that constants.py defines."""
+    tree = ast.parse(CONSTANTS.read_text())
+    names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+             if isinstance(t, ast.Name) and t.id.endswith("_KEY") and t.id.isupper()}
+    names |= {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+              and (node.name.endswith(("_key", "_key_prefix"))) and node.name not in
+              ("job_item_key", "rank_item_key")}
+    return names
+
+
+def _names_used(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    used |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    return used
+
+
+def test_each_kind_of_item_has_one_repository_home() -> None:
+    """Given every singleton item key and item-key builder of constants.py
+    When the modules of lambdas/ and cli/ that use it are listed
+    Then it is exactly its home in ITEM_HOMES (one repository module per kind of item:
+    the breaker's item in repository/breaker.py, the outbox in repository/notices.py...),
+    and every such key has a home."""
+    keys = _item_keys()
+    assert keys == set(ITEM_HOMES), (
+        f"item keys without a home, or homes of no key: {sorted(keys ^ set(ITEM_HOMES))}")
+    users: dict[str, set[str]] = {key: set() for key in keys}
+    for path in _product_modules():
+        if path == CONSTANTS:
+            continue
+        for key in keys & _names_used(path):
+            users[key].add(_relative(path))
+    wrong = {key: sorted(found) for key, found in users.items()
+             if found != {_relative(REPOSITORY / ITEM_HOMES[key])}}
+    assert not wrong, f"items used outside their repository home: {wrong}"
+
+
+# ----------------------------------------------------------------- the breaker's homes
+BREAKER_HOMES = (PACKAGE / "domain" / "breaker", PACKAGE / "recovery" / "breaker")
+BREAKER_REPOSITORY = REPOSITORY / "breaker.py"
+BREAKER_POLICY = "gpu_recovery.domain.breaker.breaker"
+#: the policy's functions that decide a new state of the breaker
+BREAKER_DECISIONS = frozenset({"record_action", "admit_release", "reset"})
+#: the repository's writes of the breaker's item
+BREAKER_WRITES = frozenset({"save_breaker", "breaker_update", "drop_released"})
+
+
+def breaker_findings(source: str, path: str) -> list[Finding]:
+    """The breaker's state decided (its policy's state changes) or written in ``source``."""
+    tree = ast.parse(source, path)
+    policy_names: set[str] = set()
+    findings: list[Finding] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "gpu_recovery.domain.breaker":
+            policy_names |= {a.asname or a.name for a in node.names if a.name == "breaker"}
+        elif isinstance(node, ast.ImportFrom) and node.module == BREAKER_POLICY:
+            findings += [Finding(path, node.lineno, f"imports {a.name} of {BREAKER_POLICY}")
+                         for a in node.names if a.name in BREAKER_DECISIONS]
+        elif isinstance(node, ast.Import):
+            policy_names |= {a.asname for a in node.names if a.name == BREAKER_POLICY and a.asname}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            receiver = _dotted(node.func.value)
+            if node.func.attr in BREAKER_DECISIONS and receiver in policy_names:
+                findings.append(Finding(path, node.lineno, f"decides the breaker's state: {receiver}."
+                                                           f"{node.func.attr}(...)"))
+            elif node.func.attr in BREAKER_WRITES:
+                findings.append(Finding(path, node.lineno, f"writes the breaker's item: .{node.func.attr}()"))
+    return findings
+
+
+def test_only_the_breakers_homes_decide_and_write_its_state() -> None:
+    """Given every module of lambdas/ and cli/ outside domain/breaker/, recovery/breaker/
+    and repository/breaker.py
+    When its imports and calls are read
+    Then none decides a new state of the breaker (record_action, admit_release, the
+    policy's reset) nor writes its item: every node action asks recovery.breaker.gate, and
+    the sweep and the admin CLI go through recovery.breaker.operations."""
+    findings = [f for path in _product_modules()
+                if path != BREAKER_REPOSITORY and not any(_inside(path, home) for home in BREAKER_HOMES)
+                for f in breaker_findings(path.read_text(), _relative(path))]
+    assert not findings, "the breaker decided or written outside its homes:\n" + "\n".join(
+        sorted(map(str, findings)))
+
+
+BREAKER_SNIPPETS = [
+    "from gpu_recovery.domain.breaker import breaker\nbreaker.record_action(None, node=n, action=a, now=t,"
+    " cluster_gpu_nodes=4)",
+    "from gpu_recovery.domain.breaker import breaker as policy\nresult = policy.reset(stored, now=t,"
+    " resume_backlog=True)",
+    "from gpu_recovery.domain.breaker.breaker import admit_release",
+    "import gpu_recovery.domain.breaker.breaker as b\nb.admit_release(s, node=n, action=a, now=t,"
+    " cluster_gpu_nodes=4)",
+    "repo.save_breaker(state, version)",
+]
+
+
+@pytest.mark.parametrize("snippet", BREAKER_SNIPPETS)
+def test_the_breaker_check_finds_its_state_changed_elsewhere(snippet: str) -> None:
+    """Given the breaker's state decided or written the ways its homes do it
+    When scanned as another module
+    Then it is reported (reading it, as `breaker show` and doctor do, is not)."""
+    assert breaker_findings(snippet, "snippet.py"), snippet
+    assert breaker_findings("from gpu_recovery.domain.breaker import breaker\n"
+                            "state = breaker.normalize(repo.get_breaker())\nbreaker.status(state, now=t,"
+                            " cluster_gpu_nodes=4)\n", "snippet.py") == []
+
+
+# ----------------------------------------------------------------- module size
+MAX_MODULE_LINES = 600
+#: where the size limit applies (tests/ is not counted: a test module mirrors what it tests)
+SIZED = ("lambdas", "cli", "infra", "local_mode", "bench", "agent", "health_check", "training_client")
+_SIMULATOR = ("one of the two simulators issue 27's simulation layer (local_mode/sim/) replaces; "
+              "split or deleted there")
+#: modules allowed over the limit, each with its reason
+LONG_MODULES = {
+    "agent/gpu_node_agent.py": "the node agent is one stdlib-only file: its source is the container "
+                               "command (and a systemd unit's script), copied to each node as is",
+    "local_mode/memory_dynamo.py": _SIMULATOR,
+    "local_mode/ecs_sim.py": _SIMULATOR,
+    "local_mode/scale_sim.py": _SIMULATOR,
+    "local_mode/scale_aws.py": _SIMULATOR,
+    "local_mode/emulator.py": _SIMULATOR,
+    "local_mode/faults.py": _SIMULATOR,
+    "local_mode/time_sharing_scenario.py": _SIMULATOR,
+}
+
+
+def _line_count(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_module_is_over_600_lines_but_those_named_with_a_reason() -> None:
+    """Given every Python module outside tests/
+    When its lines are counted
+    Then none is over MAX_MODULE_LINES but those in LONG_MODULES, each of which still is
+    (one that shrank must leave the list, so the list only shrinks)."""
+    sizes = {_relative(path): _line_count(path) for folder in SIZED for path in _sources(ROOT / folder)}
+    sizes["app.py"] = _line_count(ROOT / "app.py")
+    over = {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES}
+    unexpected = {path: lines for path, lines in over.items() if path not in LONG_MODULES}
+    assert not unexpected, (f"modules over {MAX_MODULE_LINES} lines (split them along their seams, or name "
+                            f"them in LONG_MODULES with the reason): {unexpected}")
+    stale = sorted(set(LONG_MODULES) - set(over))
+    assert not stale, f"no longer over {MAX_MODULE_LINES} lines (or gone): remove from LONG_MODULES: {stale}"
+    assert all(reason.strip() for reason in LONG_MODULES.values())

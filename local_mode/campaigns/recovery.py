@@ -281,7 +281,7 @@ def _other_workload(local: LocalAws, sim: SimulatedEcs) -> None:
 def _another_node_acted_on(local: LocalAws, now: float) -> None:
     """The breaker's window already holds another node's reboot (a minute ago): node-b's
     reboot would be the second node of a 2-node cluster in one window, past its limit."""
-    from gpu_recovery.domain import breaker as breaker_policy
+    from gpu_recovery.domain.breaker import breaker as breaker_policy
 
     decided = breaker_policy.record_action(None, node=ANOTHER_NODE, action="reboot", now=now - MIN,
                                            cluster_gpu_nodes=2)
@@ -354,7 +354,7 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, watch: Invar
 def _operator(repo: Repository, sim: SimulatedEcs, facts: dict[str, Any]) -> Callable[[Any], None]:
     """held_reset's operator: a minute after the job is HELD, `gpu-recovery-admin breaker
     reset --resume-backlog` (the operator's own call: not the flow's, never broken)."""
-    from gpu_recovery.recovery.breaker import reset_breaker
+    from gpu_recovery.recovery.breaker.operations import reset_breaker
 
     def on_minute(job: Any) -> None:
         if job is None or facts.get("reset_at"):

@@ -13,7 +13,7 @@ from moto import mock_aws
 
 from cli import admin
 from gpu_recovery import constants as C
-from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.repository import Repository
 
 NOW = 1_800_000_000.0

@@ -375,7 +375,7 @@ def test_doctor_names_each_problem_of_a_broken_account(
 def _trip_the_breaker(local: Any) -> None:
     """Three node actions in one window of a 4-node cluster: the third is held back."""
     from gpu_recovery import clock
-    from gpu_recovery.domain import breaker
+    from gpu_recovery.domain.breaker import breaker
     from gpu_recovery.repository import Repository
 
     repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)

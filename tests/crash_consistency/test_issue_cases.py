@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.states import InstanceState
-from gpu_recovery.recovery.reboots import ClusterCountUnavailable
+from gpu_recovery.recovery.breaker.gate import ClusterCountUnavailable
 from local_mode.campaigns import recovery
 from local_mode.faults import LOST_RESPONSE, THROTTLE
 from tests.recovery.fakes import world
@@ -50,7 +50,7 @@ def first_call(flow: str, site: str, operation: str) -> int:
 def after_the_decision(flow: str, site: str, operation: str) -> int:
     """The first such call after the node decision's transaction (the verdict's commit)."""
     decision = next(c.index for c in baseline(flow).calls if c.operation == "TransactWriteItems"
-                    and c.site.startswith("recovery/remediation.py:apply"))
+                    and c.site.startswith("recovery/remediation/node_decision.py:apply"))
     return next(c.index for c in baseline(flow).calls
                 if c.index > decision and c.site.startswith(site) and c.operation == operation)
 
@@ -65,7 +65,7 @@ def broken(flow: str, index: int, mode: str) -> recovery.RunResult:
 def test_a_read_throttled_after_the_node_decision_still_settles_and_emails_the_job(flow: str) -> None:
     """The instance re-read after the decision's commit (to carry the drain out) is throttled
     past its retries: the job is FAILED, its e-mail sent, the node drained by the sweep."""
-    index = after_the_decision(flow, "recovery/remediation.py:_after_decision", "GetItem")
+    index = after_the_decision(flow, "recovery/remediation/node_decision.py:_after_decision", "GetItem")
     result = broken(flow, index, THROTTLE)
     assert result.fired is not None and result.fired.index == index
     assert result.problems() == []

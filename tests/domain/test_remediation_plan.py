@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.escalation import NodeFaultRecord, record_fault
 from gpu_recovery.domain.evidence import DcgmFindings, Evidence, XidEvent
 from gpu_recovery.domain.fault_catalog import load_catalog

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_recovery.constants import HB_PK, InstanceState, JobState, NotificationKind, RankState
-from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode

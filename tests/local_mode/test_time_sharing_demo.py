@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from bench import time_sharing_bench as bench
+from bench import time_sharing_day as bench
 from gpu_recovery.domain.time_sharing import Priority, QuotaBook
 from local_mode import time_sharing_scenario as scenario
 

@@ -23,7 +23,7 @@ from moto import mock_aws
 from gpu_recovery import clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs import StartResult
-from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.notifications import Notification
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery import RankRegistration, RecoveryService

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_recovery import constants as C
-from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.repository import Update
 from tests.recovery.fakes import World
 

@@ -9,12 +9,13 @@ import argparse
 
 from cli.admin import uncordon_command
 from gpu_recovery import constants as C
-from gpu_recovery.domain import breaker, cordon
+from gpu_recovery.domain import cordon
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE, CordonPolicy
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.queue.admission import node_ineligibility
-from gpu_recovery.recovery.breaker import reset_breaker
+from gpu_recovery.recovery.breaker.operations import reset_breaker
 from gpu_recovery.repository import Update
 from tests.recovery.fakes import World, world
 from tests.recovery.remediation_steps import (

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from gpu_recovery import constants as C
-from gpu_recovery.domain import breaker
+from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
-from gpu_recovery.recovery.breaker import reset_breaker
+from gpu_recovery.recovery.breaker.operations import reset_breaker
 from gpu_recovery.repository import Update
 from tests.recovery.fakes import LostResponse, World, world
 from tests.recovery.remediation_steps import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_recovery.domain.breaker_hold import BreakerHold
+from gpu_recovery.domain.breaker.hold import BreakerHold
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.relocation import RelocationWait
 from gpu_recovery.domain.states import InstanceState, JobState, RankState, SuspectVerdict

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpu_recovery.domain.breaker import BreakerDecision
+from gpu_recovery.domain.breaker.breaker import BreakerDecision
 from gpu_recovery.domain.classify import Decision, classify
 from gpu_recovery.domain.escalation import (
     Escalation,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from gpu_recovery.domain.breaker import BreakerPolicy
+from gpu_recovery.domain.breaker.breaker import BreakerPolicy
 from gpu_recovery.domain.cordon import CordonPolicy
 from gpu_recovery.domain.escalation import DAY, HOUR, EscalationPolicy
 from gpu_recovery.domain.fault_catalog import FaultCatalog

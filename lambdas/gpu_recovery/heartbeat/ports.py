@@ -18,11 +18,6 @@ class NotifierPort(Protocol):
     def publish(self, notification: Notification) -> str: ...
 
 
-class NodeRemediationPort(Protocol):
-    def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
-                         why: str) -> str: ...
-
-
 class RecoveryPort(Protocol):
     def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
                                failing_rank: int | None = None,
@@ -31,8 +26,8 @@ class RecoveryPort(Protocol):
 
     # The recovery loop's node decisions (the breaker, observe mode, the node's history):
     # a node lost with its agent disconnected is one of them.
-    @property
-    def remediation(self) -> NodeRemediationPort: ...
+    def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
+                         why: str) -> str: ...
 
 
 class MetricsPort(Protocol):

@@ -510,7 +510,7 @@ class HeartbeatService:
                      reason: str) -> str:
         ranks = [r for r, _ in lost]
         try:
-            outcome = self._recovery().remediation.node_unreachable(
+            outcome = self._recovery().node_unreachable(
                 job_id, attempt, inst_id, ranks, min(at for _, at in lost), reason)
         except Exception:
             # The decision (if committed) is on the job: the next sweep finishes its stops.

@@ -59,8 +59,8 @@ from gpu_recovery.domain.states import (
     JobState,
     SuspectVerdict,
 )
+from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.gang import GangOps
-from gpu_recovery.recovery.held_jobs import HeldJobs
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository.scheduling import SchedulingRepository

@@ -32,6 +32,7 @@ from gpu_recovery.domain.escalation import history_from_item
 from gpu_recovery.domain.evidence import DcgmFindings, Evidence
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Instance, Job, container_instance_id
+from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
@@ -45,7 +46,7 @@ from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
-from gpu_recovery.recovery.remediation import JobOutcome, NodeRemediation, rebuild
+from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.health_check_slots import Claim
 
@@ -127,10 +128,10 @@ class HealthChecks:
                 return result  # recorded by an earlier delivery
             history = history_from_item(instance.fault_history)
             now = clock.now()
-            record, outcome = self.remediation.job_verdict(job, inst_id, label, None, None, findings, history,
-                                                           now)
+            record, outcome = self.remediation.settlement.job_verdict(job, inst_id, label, None, None,
+                                                                      findings, history, now)
             after = replace(job, state=record.to, last_error=record.last_error or job.last_error)
-            notice = self.remediation.outcome_notice(after, outcome, instance, None, None, label)
+            notice = self.remediation.owed_notices.outcome_notice(after, outcome, instance, None, None, label)
             owed = self.remediation.notices.owe([notice], now)
             if self.deps.repo.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot,
                                                               also=owed):
@@ -165,15 +166,15 @@ class HealthChecks:
         plan = self.remediation.plan(evidence, raw, now=now)
         findings = {"verdict": "not run", "source": "observe mode", "rule": plan.decision.rule_id,
                     "reason": plan.decision.reason[:300]}
-        record, outcome = self.remediation.job_verdict(job, inst_id, SuspectVerdict.BLOCKED, plan, evidence,
-                                                       findings, history_from_item(raw.get("fault_history")),
-                                                       now)
+        record, outcome = self.remediation.settlement.job_verdict(
+            job, inst_id, SuspectVerdict.BLOCKED, plan, evidence, findings,
+            history_from_item(raw.get("fault_history")), now)
         if outcome.fails:
             outcome = JobOutcome.FAIL_OBSERVED
             record = replace(record, to=JobState.FAILED, spend="", deadline_at=None, relocate=False,
                              last_error=(f"observe mode: the DCGM diag of {inst_id} would have run "
                                          f"({plan.decision.reason})"))
-        notice = self.remediation.outcome_notice(
+        notice = self.remediation.owed_notices.outcome_notice(
             replace(job, state=record.to, last_error=record.last_error or job.last_error), outcome, instance,
             plan, evidence, SuspectVerdict.BLOCKED)
         if not repo.record_verdict_of_busy_instance(instance, record, restart=False,

@@ -11,25 +11,21 @@ brings the node back; a stale or redelivered "connected" event changes nothing.
 
 :class:`NodeActionGate` is the blast-radius breaker every automatic reboot, replacement
 and quarantine asks first (node decisions, timed-out reboots and health checks, nodes
-lost with their agent disconnected), its answer written in the caller's transaction.
+lost with their agent disconnected), its answer written in the caller's transaction: it
+lives in ``recovery.breaker.gate``; ``Reboots.gate`` is the one the stages share.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
-from typing import Any
-
-from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import CLAIM_LEASE_SECONDS, NotificationKind
-from gpu_recovery.domain import breaker as breaker_policy
-from gpu_recovery.domain import cordon as cordon_policy
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
@@ -41,7 +37,6 @@ from gpu_recovery.domain.escalation import (
 from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.policy import AgentEvent, RebootProgress
-from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
@@ -51,12 +46,12 @@ from gpu_recovery.domain.states import (
     SuspectVerdict,
 )
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
+from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang_restart import GangRestart
-from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.repository import JobFailure, Update
+from gpu_recovery.repository import JobFailure
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +60,6 @@ RETRY_INTERVAL_SECONDS = 60
 # still shows no sign of rebooting (an EC2 reboot falls back to a hard reboot after a
 # few minutes; an ECS agent disconnects well within this).
 REBOOT_CONFIRM_SECONDS = 300
-CLUSTER_COUNT_TTL_SECONDS = 60.0
 
 
 class Reboots:
@@ -354,200 +348,3 @@ class Reboots:
             if job is not None:
                 with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
                     self.restarts.gang.stop(job)
-
-
-@dataclass(frozen=True)
-class GateAnswer:
-    breaker: breaker_policy.BreakerDecision | None  # None: no node action was asked
-    cordon: cordon_policy.CordonDecision | None  # None: no cordon needed (or drained instead)
-    update: Update | None  # the breaker item to write in the caller's transaction
-
-    @property
-    def tripped(self) -> breaker_policy.BreakerDecision | None:
-        return self.breaker if self.breaker is not None and self.breaker.tripped_now else None
-
-    def cordon_record(self, *, cause: str, reason: str, now: float) -> dict[str, Any] | None:
-        """The instance's cordon (None: not cordoned by this decision)."""
-        if self.cordon is None:
-            return None
-        return cordon_policy.cordon_record(cause=cause, reason=reason, now=now,
-                                           ecs=cordon_policy.ECS_PENDING if self.cordon.allowed
-                                           else cordon_policy.ECS_HELD)
-
-
-class ClusterCountUnavailable(RuntimeError):
-    """The breaker needs the cluster's size, ECS cannot be listed and no count was ever
-    recorded: the decision is retried, never taken against an empty cluster."""
-
-
-@dataclass(frozen=True)
-class _CachedCount:
-    at: float
-    count: int
-
-
-class NodeActionGate:
-    """The blast-radius breaker in front of every automatic reboot, replacement and
-    quarantine: a node decision, a timed-out reboot or health check, a node lost with
-    its agent disconnected. :meth:`ask` returns the breaker's answer and its new state,
-    to be written in the caller's own transaction (conditional on the version read), so a
-    crash never counts an action that was not recorded, nor records one not counted."""
-
-    def __init__(self, deps: Deps, ranks: RankOperations) -> None:
-        self.deps = deps
-        self.ranks = ranks
-        self._cluster_count: _CachedCount | None = None
-
-    def cluster_gpu_nodes(self, stored: dict[str, Any] | None = None) -> int:
-        """GPU container instances of the cluster (ACTIVE or DRAINING), cached a minute.
-        When ECS cannot be listed (throttled, or a function without the permission) the
-        count the breaker last measured against is used. With no count at all the decision
-        is not taken now (:class:`ClusterCountUnavailable`: nothing is committed, and the
-        event's retry or the sweep counts again): an AWS error must never make the cluster
-        look empty, which would trip the breaker on the second node of any window."""
-        now = clock.now()
-        if self._cluster_count and 0 <= now - self._cluster_count.at < CLUSTER_COUNT_TTL_SECONDS:
-            return self._cluster_count.count
-        try:
-            count = sum(1 for ci in self.deps.ecs.container_instances()
-                        if gpu_count(ci.get("registeredResources")) > 0)
-        except (ClientError, BotoCoreError) as error:
-            item = stored if stored is not None else self.deps.repo.get_breaker()
-            last = (item or {}).get("cluster_gpu_nodes")
-            if last is None:
-                raise ClusterCountUnavailable(
-                    f"cannot count the cluster's GPU nodes and never could ({error}); the breaker's "
-                    "decision waits for a count (the retry or the sweep counts again)") from error
-            logger.warning("cannot count the cluster's GPU nodes; the breaker uses its last count",
-                           extra={"error": str(error), "last_count": last})
-            return int(last)
-        self._cluster_count = _CachedCount(now, count)
-        return count
-
-    def ask(self, *, node: str, action: str, job_ids: Iterable[str], reason: str,
-            now: float) -> tuple[breaker_policy.BreakerDecision, Update | None]:
-        answer = self.decide(node=node, action=action, job_ids=job_ids, reason=reason, now=now)
-        assert answer.breaker is not None
-        return answer.breaker, answer.update
-
-    def decide(self, *, node: str, action: str | None, job_ids: Iterable[str], reason: str, now: float,
-               cordon_unless_drained: bool = False, drains_if_allowed: bool = False) -> GateAnswer:
-        """The breaker's answer to a node action (``action``; None: none asked) and, for a
-        node known bad (``cordon_unless_drained``) that will not be drained, the cordon
-        limit's answer to its ECS attribute: both in one update of the breaker's item."""
-        repo = self.deps.repo
-        stored = repo.get_breaker()
-        read_version = int(stored.get("version") or 0) if stored else None
-        policy = self.deps.settings.remediation.breaker
-        last_count = int((stored or {}).get("cluster_gpu_nodes") or 0)
-        nodes = last_count
-        counted = False
-        decided = None
-        if action is not None:
-            if breaker_policy.needs_cluster_count(stored, node=node, now=now, policy=policy):
-                nodes, counted = self.cluster_gpu_nodes(stored), True
-            decided = breaker_policy.record_action(
-                stored, node=node, action=action, now=now, cluster_gpu_nodes=nodes, policy=policy,
-                job_id=",".join(job_ids), reason=reason[:300])
-        cordoned = None
-        if cordon_unless_drained and not (decided is not None and decided.allowed and drains_if_allowed):
-            limits = self.deps.settings.remediation.cordon
-            current = cordon_policy.normalize((stored or {}).get("cordons"))
-            in_window = {e["node"] for e in current["window"] if now - limits.window_seconds < e["at"] <= now}
-            if current["state"] == cordon_policy.CLOSED and node not in in_window \
-                    and len(in_window) + 1 > limits.allowed_nodes(0):
-                nodes, counted = self.cluster_gpu_nodes(stored), True
-            cordoned = cordon_policy.admit((stored or {}).get("cordons"), node=node, now=now,
-                                           cluster_gpu_nodes=nodes, policy=limits)
-        return GateAnswer(decided, cordoned, self.state_update(stored, read_version, decided, nodes,
-                                                               cordons=cordoned, counted=counted))
-
-    def state_update(self, stored: dict[str, Any] | None, read_version: int | None,
-                     decided: breaker_policy.BreakerDecision | None, nodes: int,
-                     released: dict[str, Any] | None = None,
-                     cordons: cordon_policy.CordonDecision | None = None,
-                     counted: bool = True) -> Update | None:
-        """The breaker item to write with the decision (None: nothing changed). The released
-        backlog is kept (or replaced by ``released``); the cordon limit's state is written
-        when ``cordons`` decided (else left as stored). ``counted``: ``nodes`` is the cluster
-        just counted, not the stored count (0 when never counted) a decision the cluster's size
-        could not change was taken with."""
-        unchanged = decided is None or decided.state == breaker_policy.normalize(stored)
-        if cordons is not None and cordons.state != cordon_policy.normalize((stored or {}).get("cordons")):
-            unchanged = False
-        if unchanged and released is None:
-            return None
-        if decided is None:
-            state = breaker_policy.normalize(stored)
-            state["version"] += 1
-        else:
-            state = dict(decided.state)
-        if cordons is not None:
-            state["cordons"] = cordons.state
-        if released is not None:
-            state["released"] = released
-        elif stored and stored.get("released"):
-            state["released"] = stored["released"]
-        # What the decision was measured against, for `gpu-recovery-admin breaker show`.
-        settings = self.deps.settings.remediation.breaker
-        state.update(limit=decided.limit if decided is not None else settings.allowed_nodes(nodes),
-                     window_seconds=settings.window_seconds)
-        # Only a real count is recorded: a first node action needs none, and "0 GPU nodes"
-        # in `breaker show` would read as a measurement.
-        if counted:
-            state["cluster_gpu_nodes"] = nodes
-        elif stored and stored.get("cluster_gpu_nodes") is not None:
-            state["cluster_gpu_nodes"] = stored["cluster_gpu_nodes"]
-        return self.deps.repo.breaker_update(state, read_version)
-
-    def tripped_notice(self, decided: breaker_policy.BreakerDecision, inst_id: str,
-                       fates: Mapping[str, str] | None = None) -> Owed:
-        """The trip e-mail, owed by whoever tripped it (with the write that tripped it).
-        ``fates``: job id -> what the decision did to each job on the node (waits HELD,
-        moves, fails)."""
-        return self.ranks.notices.for_node(
-            NotificationKind.BREAKER_TRIPPED, "Automatic node remediation stopped (blast-radius breaker)",
-            container_inst_id=inst_id, instance_id="",
-            what_happened=str(decided.state.get("trip_reason") or decided.reason),
-            what_was_done=("No node is rebooted, replaced or quarantined automatically until an operator "
-                           "resets the breaker; every held-back action is kept in its backlog (this one "
-                           "included), and its node is cordoned: no new work from the queue, nor from ECS "
-                           "placement for tasks with the constraint attribute:gpu-recovery.cordoned !exists"),
-            operator_action=("Find the common cause (driver rollout, power, fabric). Then "
-                             "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
-                             "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."),
-            details=held_back_lines(decided.state.get("backlog") or (), fates,
-                                    self.deps.settings.held_job_deadline_seconds))
-
-    def tripped(self, decided: breaker_policy.BreakerDecision) -> None:
-        """After the commit that tripped it: the metric and the log line."""
-        self.deps.metrics.add_metric("BreakerTripped", "Count", 1)
-        logger.error("blast-radius breaker tripped", extra={"why": decided.state.get("trip_reason")})
-
-
-def held_back_lines(backlog: Iterable[dict[str, Any]], fates: Mapping[str, str] | None = None,
-                    held_seconds: int = 0) -> list[str]:
-    """The trip e-mail's details: each held node, the jobs on it and what each does now,
-    what a reset does to the node and to the jobs waiting for it."""
-    lines = []
-    fates = fates or {}
-    for entry in backlog:
-        node, action = str(entry.get("node", "")), str(entry.get("action", ""))
-        job_ids = [j for j in str(entry.get("job_id") or "").split(",") if j]
-        jobs = ", ".join(f"{j} ({fates[j]})" if j in fates else j for j in job_ids) or "none"
-        waiting = [j for j in job_ids if fates.get(j, "").startswith("waits")]
-        if action == Action.REBOOT.value:
-            resume = "reboots it; it is uncordoned and takes work again once back"
-            if waiting:
-                resume += f", and {', '.join(waiting)} restart(s) on their nodes then"
-        else:
-            resume = "drains it (DRAINING) for a person; never terminated from the backlog"
-        drop = "--drop-backlog leaves it SUSPECT and cordoned until you act (`gpu-recovery-admin uncordon` " \
-            "once repaired)"
-        if waiting:
-            drop += f" and fails {', '.join(waiting)}"
-        lines.append(f"Held: {node} needs {action} (jobs on it: {jobs}); --resume-backlog {resume}; {drop}")
-        if waiting and held_seconds:
-            lines.append(f"  Without a reset the waiting job(s) fail {held_seconds} s after they were held "
-                         "(held_job_deadline_seconds)")
-    return lines

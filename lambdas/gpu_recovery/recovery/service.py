@@ -12,7 +12,7 @@ from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
-from gpu_recovery.recovery.breaker import BreakerOperations
+from gpu_recovery.recovery.breaker.operations import BreakerOperations
 from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
@@ -30,7 +30,8 @@ from gpu_recovery.recovery.ports import (
 )
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
 from gpu_recovery.recovery.reboots import Reboots
-from gpu_recovery.recovery.remediation import NodeRemediation
+from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+from gpu_recovery.recovery.remediation.node_unreachable import NodeUnreachable
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.sweep import Sweep
 from gpu_recovery.recovery.task_events import TaskEvents
@@ -51,6 +52,7 @@ class RecoveryService:
         self.restarts = GangRestart(self.deps, self.ranks, self.gang)
         self.reboots = Reboots(self.deps, self.ranks, self.restarts)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts)
+        self.unreachable = NodeUnreachable(self.deps, self.remediation)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
         self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
         self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
@@ -122,6 +124,11 @@ class RecoveryService:
 
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
         return self.reboots.on_boot_reported(inst_id, boot_time)
+
+    def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
+                         why: str) -> str:
+        """The heartbeat service's node lost with its ECS agent disconnected: a node decision."""
+        return self.unreachable.decide(job_id, attempt, inst_id, lost, lost_since, why)
 
     def try_gang_restart(self, job_id: str) -> Outcome:
         return self.restarts.try_restart(job_id)

@@ -31,7 +31,7 @@ from gpu_recovery.domain.states import (
     InstanceState,
     JobState,
 )
-from gpu_recovery.recovery.breaker import BreakerOperations
+from gpu_recovery.recovery.breaker.operations import BreakerOperations
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
@@ -206,7 +206,7 @@ class Sweep:
                 repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return f"restart_{outcome.action}"
         if job.state is JobState.HELD:
-            # Waiting for the breaker's reset (domain.breaker_hold): go on, fail, or wait.
+            # Waiting for the breaker's reset (domain.breaker.hold): go on, fail, or wait.
             return self.restarts.holds.sweep(job, now, self.restarts.try_restart)
         if job.state is JobState.PENDING_HEALTHCHECK:
             give_up_at = (job.fault_started_at or now) + 2 * self.deps.settings.health_check_timeout_seconds \
@@ -294,6 +294,6 @@ class Sweep:
                 job.job_id, job.attempt, job.world_size):
             self.faults.on_attempt_ended(job, job.attempt)
         elif job.tally.all_decided:
-            self.faults.remediation.conclude(job)
+            self.faults.remediation.settlement.conclude(job)
         elif job.tally.ranks_ended:
             self.restarts.spare_first(job)  # a spare may have freed up, or a delivery died

@@ -48,10 +48,12 @@ from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.recovery.remediation import NodeRemediation, budgets_of, details_of
+from gpu_recovery.recovery.remediation.job_settlement import budgets_of
+from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+from gpu_recovery.recovery.remediation.notices import details_of
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.repository import RankStop
-from gpu_recovery.repository.recovery import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
+from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
 
 logger = logging.getLogger(__name__)
 
@@ -419,7 +421,7 @@ class TaskEvents:
             job = repo.faults.record_total(job, total) or repo.get_job(job.job_id) or job
             logger.info("every rank ended", extra={"job_id": job.job_id, "suspects": total})
         if job.state is JobState.PENDING_HEALTHCHECK and job.tally.all_decided:
-            return self.remediation.conclude(job)
+            return self.remediation.settlement.conclude(job)
         if job.state is JobState.PENDING_HEALTHCHECK:
             # Verdicts still to come: with a spare free, a relocatable job need not wait for them.
             return self.restarts.spare_first(job).action

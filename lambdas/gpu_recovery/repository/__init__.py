@@ -1,10 +1,24 @@
-"""The only DynamoDB user: one module per service's records, over shared plumbing.
+"""The only DynamoDB user: one module per aggregate's records, over shared plumbing.
 
 * ``base`` — value mapping, :class:`Update`, transactions, batched reads.
-* ``recovery`` — jobs, ranks and container instances of the recovery loop (intents).
+* ``records`` — job, rank and instance items as the domain's objects, and back.
+* ``tables`` — what the recovery loop's repositories share: the two tables, the builders
+  of a job's, a rank's and an instance's conditional update, the deadline index.
+* ``jobs_and_ranks`` — a job and its ranks: reads, registration, intents.
+* ``instances`` — a container instance: its health check, reboot, quarantine, history.
+* ``node_decisions`` — one transaction over a node and every job waiting for it.
+* ``breaker`` — the blast-radius breaker's item and the jobs it holds.
+* ``faults``, ``latches``, ``health_check_slots``, ``cordons``, ``notices`` — the
+  sub-repositories a :class:`Repository` carries (``repo.faults``, ``repo.latches``,
+  ``repo.slots``, ``repo.cordons``, ``repo.notices``).
+* ``heartbeat``, ``scheduling``, ``time_sharing``, ``jobs_api``, ``rate_limit`` — the
+  other services' records, on the same tables.
 
-Services receive repositories from ``gpu_recovery.runtime`` and call their intents;
-no condition expression is written outside this package.
+Services receive repositories from ``gpu_recovery.runtime`` and call their intents
+(``enter_recovery``, ``claim_health_check``, ``record_reboot_issued``...); no condition
+expression is written outside this package. An intent returns False when its condition did
+not hold (a duplicate, a race lost, a state moved on); it raises on any other error, having
+written nothing (single items and transactions are all-or-nothing).
 """
 
 from gpu_recovery.repository.base import (
@@ -16,7 +30,16 @@ from gpu_recovery.repository.base import (
     state_condition,
     to_ddb,
 )
-from gpu_recovery.repository.recovery import JobFailure, JobVerdict, NodeDecision, RankStop, Repository
+from gpu_recovery.repository.breaker import BreakerState
+from gpu_recovery.repository.jobs_and_ranks import RankStop
+from gpu_recovery.repository.node_decisions import JobFailure, JobVerdict, NodeDecision, NodeDecisions
+
+
+class Repository(NodeDecisions, BreakerState):
+    """The recovery loop's repository: the intents of every aggregate of its two tables
+    (jobs and ranks, instances, node decisions, the breaker), one object the stages share.
+    Each method lives in the module of its aggregate (see the package docstring)."""
+
 
 __all__ = [
     "MAX_HISTORY",

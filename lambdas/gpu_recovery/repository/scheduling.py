@@ -31,7 +31,7 @@ from gpu_recovery.domain.states import (
     JobState,
 )
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
-from gpu_recovery.repository.recovery import Repository
+from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository
 
 LEASE_KEY = "SCHEDULER#LEASE"
@@ -45,7 +45,7 @@ _WAITING = sorted(WAITING_JOB_STATES, key=lambda s: s.value)
 
 
 class SchedulingRepository:
-    def __init__(self, repo: Repository, holding: HoldingRepository | None = None) -> None:
+    def __init__(self, repo: JobsAndRanks, holding: HoldingRepository | None = None) -> None:
         self.repo = repo
         self.db = repo.db
         self.table = repo.job_table_name

@@ -36,9 +36,9 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.states import HOLDING_JOB_STATES, QUEUED_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import QuotaEntry, quota_key
 from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
-from gpu_recovery.repository.recovery import Repository
+from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 
-_DEADLINE_ATTRS = Repository.deadline_attributes()
+_DEADLINE_ATTRS = JobsAndRanks.deadline_attributes()
 _NOT_HOLDING = sorted(s.value for s in JobState if s not in HOLDING_JOB_STATES)
 _QUEUED = sorted(s.value for s in QUEUED_JOB_STATES)
 _HOLDING_ATTRS = [HOLDING_PK, HOLDING_SK]
@@ -162,7 +162,7 @@ class HoldingRepository:
     """Queue jobs that hold nodes: their quota charges and what the scheduler changes on
     them (release, demotion)."""
 
-    def __init__(self, base: Repository, quotas: QuotaRepository) -> None:
+    def __init__(self, base: JobsAndRanks, quotas: QuotaRepository) -> None:
         self.base = base
         self.quotas = quotas
         self.db = base.db
@@ -209,7 +209,7 @@ class HoldingRepository:
 class SuspensionRepository:
     """The suspension of a queue job (RUNNING -> SUSPENDING -> SUSPENDED -> queued)."""
 
-    def __init__(self, base: Repository) -> None:
+    def __init__(self, base: JobsAndRanks) -> None:
         self.base = base
         self.db = base.db
         self.table = base.job_table_name

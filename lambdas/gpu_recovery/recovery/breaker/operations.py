@@ -1,6 +1,6 @@
 """The blast-radius breaker's stored state: metrics, the operator's reset, its backlog.
 
-The breaker is consulted inside every node decision (``remediation.NodeRemediation``),
+The breaker is consulted inside every node decision (``remediation.node_decision.NodeRemediation``),
 its state written in the same transaction as the decision. Here: what the sweep does
 with it every minute (metrics ``BreakerOpen``, ``BreakerUtilization``, ``BreakerBacklog``;
 carrying out the backlog an operator released) and what ``gpu-recovery-admin breaker``
@@ -23,8 +23,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_recovery.domain import breaker as policy
 from gpu_recovery.domain import cordon as cordon_policy
+from gpu_recovery.domain.breaker import breaker as policy
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -37,7 +37,7 @@ from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.ports import Deps
-from gpu_recovery.recovery.remediation import FOLLOW_UP_SECONDS, NodeRemediation
+from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
 from gpu_recovery.repository import NodeDecision, Repository
 
 logger = logging.getLogger(__name__)

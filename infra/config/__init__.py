@@ -14,7 +14,8 @@ Values given with ``-c key=value`` arrive as strings, values in ``cdk.json`` as 
 types; both are accepted. CDK's own keys (``@aws-cdk/...``, ``aws:cdk:...``, ``cdk-...``,
 context lookups such as ``availability-zones:...``) are not ours and are left alone.
 
-``python -m infra.config`` prints the full table; ``--write-docs`` updates both tables.
+``python -m infra.config`` prints the full table; ``--write-docs`` updates both tables
+(``tables``). What each key accepts: ``parsers``.
 """
 
 from __future__ import annotations
@@ -23,25 +24,18 @@ import dataclasses
 import difflib
 import json
 import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
-from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, ENV_DEFAULT_NODE_QUOTAS
-from gpu_recovery.domain.breaker_hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
-from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog
+from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY
+from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
 from gpu_recovery.domain.rate_limit import DEFAULT_RATE as DEFAULT_ECS_API_RATE
 from gpu_recovery.domain.rate_limit import ECS_ACCOUNT_BURST, ECS_ACCOUNT_RATE
-from gpu_recovery.domain.relocation import (
-    DEFAULT_RELOCATION_WAIT_SECONDS,
-    MAX_RELOCATION_WAIT_SECONDS,
-    SparePool,
-)
+from gpu_recovery.domain.relocation import DEFAULT_RELOCATION_WAIT_SECONDS, MAX_RELOCATION_WAIT_SECONDS
 from gpu_recovery.domain.remediation_settings import SETTINGS as REMEDIATION_DEFAULTS
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
 from gpu_recovery.domain.time_sharing import (
@@ -50,13 +44,26 @@ from gpu_recovery.domain.time_sharing import (
     MAX_SUSPEND_GRACE_SECONDS,
     MIN_SUSPEND_GRACE_SECONDS,
 )
-from gpu_recovery.settings import (
-    DEFAULT_HEALTH_CHECKS_IN_FLIGHT,
-    DEFAULT_HEALTH_CHECKS_PER_JOB,
-    SettingsError,
-    parse_node_quotas,
-)
+from gpu_recovery.settings import DEFAULT_HEALTH_CHECKS_IN_FLIGHT, DEFAULT_HEALTH_CHECKS_PER_JOB
 from infra.catalog_file import read_catalog_document
+from infra.config.parsers import (
+    ConfigError,
+    Parser,
+    boolean,
+    catalog_file,
+    choice,
+    exit_codes,
+    instance_tag_key,
+    integer,
+    log_groups,
+    names,
+    node_quotas,
+    number,
+    remediation_setting,
+    resolve_catalog_path,
+    spare_count,
+    text,
+)
 
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 # Any image with Python 3.8+ runs the agent (its source is the container command).
@@ -75,17 +82,12 @@ _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _TASK_DEF_ARN_RE = re.compile(
     r"^arn:aws[a-z-]*:ecs:[a-z0-9-]+:\d{12}:task-definition/[A-Za-z0-9_-]{1,255}(:\d+)?$"
 )
-_TAG_KEY_RE = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
 _TAG_VALUE_RE = re.compile(r"^[\w.:/=+\-@ ]{0,256}$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
-# CloudWatch Logs group names: 1-512 of [.-_/#A-Za-z0-9]; '*' allowed as an IAM wildcard.
-_LOG_GROUP_RE = re.compile(r"^[.\-_/#A-Za-z0-9*]{1,512}$")
 # An IAM role / user name, or a principal ARN.
 _PRINCIPAL_RE = re.compile(r"^([\w+=,.@-]{1,64}|arn:aws[a-z-]*:(iam|sts)::\d{12}:[\w+=,.@/-]{1,512})$")
 _FAMILY_RE = re.compile(r"^[A-Za-z0-9_-]{0,255}\*?$")
 _ROLE_PREFIX_RE = re.compile(r"^[\w+=,.@-]{1,64}$")
-_TRUE = ("true", "1", "yes")
-_FALSE = ("false", "0", "no")
 
 # Keys this app once read; setting one fails synthesis with what replaced it.
 RETIRED_KEYS = {
@@ -98,193 +100,6 @@ RETIRED_KEYS = {
 # ``cdk acknowledge`` and ``cdk cli-telemetry --disable`` write them to cdk.context.json.
 _TOOLKIT_KEYS = frozenset({"acknowledged-issue-numbers", "cli-telemetry"})
 
-
-class ConfigError(ValueError):
-    """A context value is missing or invalid; the message names the key."""
-
-
-# --------------------------------------------------------------------------- parsers
-Parse = Callable[[str, Any], Any]
-
-
-@dataclass(frozen=True)
-class Parser:
-    """Turns a raw context value (never None or "") into the typed value, or raises
-    ConfigError naming the key. ``accepts`` is shown in the configuration tables."""
-
-    parse: Parse
-    accepts: str = ""
-
-    def __call__(self, key: str, value: Any) -> Any:
-        return self.parse(key, value)
-
-
-def text(pattern: re.Pattern[str], what: str, accepts: str = "") -> Parser:
-    def parse(key: str, value: Any) -> str:
-        if not isinstance(value, str) or not pattern.match(value):
-            raise ConfigError(f"context key {key!r} must be {what}, got {value!r}")
-        return value
-
-    return Parser(parse, accepts)
-
-
-def choice(*values: str) -> Parser:
-    def parse(key: str, value: Any) -> str:
-        lowered = str(value).lower()
-        if lowered not in values:
-            options = " or ".join(repr(v) for v in values)
-            raise ConfigError(f"context key {key!r} must be {options}, got {lowered!r}")
-        return lowered
-
-    return Parser(parse, " / ".join(f"`{v}`" for v in values))
-
-
-def integer(low: int, high: int, *, zero_disables: bool = False) -> Parser:
-    """An integer ``low..high`` (or 0 when ``zero_disables``)."""
-
-    def parse(key: str, value: Any) -> int:
-        hint = f"context key {key!r} must be an integer {low}..{high}, got {value!r}"
-        if isinstance(value, bool):
-            raise ConfigError(hint)
-        if isinstance(value, str):
-            if not re.fullmatch(r"[+-]?\d+", value):
-                raise ConfigError(hint)
-            value = int(value)
-        if not isinstance(value, int):
-            raise ConfigError(hint)
-        if zero_disables and value == 0:
-            return 0
-        if not low <= value <= high:
-            if zero_disables:
-                raise ConfigError(f"context key {key!r} must be 0 (disabled) or between {low} "
-                                  f"and {high}, got {value}")
-            raise ConfigError(f"context key {key!r} must be between {low} and {high}, got {value}")
-        return value
-
-    return Parser(parse, f"0 or {low}..{high}" if zero_disables else f"{low}..{high}")
-
-
-def number(low: float, high: float) -> Parser:
-    def parse(key: str, value: Any) -> float:
-        hint = f"context key {key!r} must be a number {low:g}..{high:g}, got {value!r}"
-        if isinstance(value, bool):
-            raise ConfigError(hint)
-        if isinstance(value, str):
-            if not re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", value):
-                raise ConfigError(hint)
-            value = float(value)
-        if not isinstance(value, (int, float)) or not low <= value <= high:
-            raise ConfigError(hint)
-        return float(value)
-
-    return Parser(parse, f"{low:g}..{high:g}")
-
-
-def spare_count() -> Parser:
-    """``spare_nodes``: a node count (``2``) or a percentage of the GPU nodes (``5%``)."""
-
-    def parse(key: str, value: Any) -> str:
-        try:
-            return str(SparePool.parse(value))
-        except ValueError as error:
-            raise ConfigError(f"context key {key!r}: {error}") from error
-
-    return Parser(parse, "count or %")
-
-
-def boolean() -> Parser:
-    def parse(key: str, value: Any) -> bool:
-        if isinstance(value, bool):
-            return value
-        lowered = str(value).strip().lower()
-        if lowered in _TRUE:
-            return True
-        if lowered in _FALSE:
-            return False
-        raise ConfigError(f"context key {key!r} must be true or false, got {value!r}")
-
-    return Parser(parse, "bool")
-
-
-def _list_items(key: str, value: Any, hint: str) -> list[Any]:
-    """A JSON list (string or list) or a comma-separated string -> its items."""
-    items: Any = value
-    if isinstance(value, str):
-        if value.startswith("["):
-            try:
-                items = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}") from exc
-        else:
-            items = [part.strip() for part in value.split(",")]
-    if not isinstance(items, list):
-        raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-    return items
-
-
-def exit_codes() -> Parser:
-    hint = "a JSON list or comma-separated list of exit codes 1..255, e.g. [1] or 1,134"
-
-    def parse(key: str, value: Any) -> tuple[int, ...]:
-        items = [value] if isinstance(value, int) and not isinstance(value, bool) else (
-            _list_items(key, value, hint))
-        codes: list[int] = []
-        for item in items:
-            if isinstance(item, str) and re.fullmatch(r"\d+", item):
-                item = int(item)
-            if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 255:
-                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-            if item not in codes:
-                codes.append(item)
-        if not codes:
-            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-        return tuple(codes)
-
-    return Parser(parse, "list of 1..255")
-
-
-def log_groups() -> Parser:
-    hint = 'a JSON list or comma-separated list of log group names or patterns, e.g. ["/ecs/*"]'
-
-    def parse(key: str, value: Any) -> tuple[str, ...]:
-        groups: list[str] = []
-        for item in _list_items(key, value, hint):
-            # '*' or '/' alone would open every log group of the account: refused.
-            if not isinstance(item, str) or not _LOG_GROUP_RE.match(item) or item.strip("*/") == "":
-                raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-            if item not in groups:
-                groups.append(item)
-        if not groups:
-            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-        return tuple(groups)
-
-    return Parser(parse, "list of names / patterns")
-
-
-def names(pattern: re.Pattern[str], accepts: str) -> Parser:
-    """A JSON list or comma-separated list of names matching ``pattern`` (may be empty)."""
-
-    def parse(key: str, value: Any) -> tuple[str, ...]:
-        hint = "a JSON list or comma-separated list of names"
-        items = _list_items(key, value, hint)
-        if not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"context key {key!r} must be {hint}, got {value!r}")
-        entries = tuple(dict.fromkeys(i for i in items if i))
-        for entry in entries:
-            if not pattern.match(entry):
-                raise ConfigError(f"context key {key!r}: {entry!r} is not a valid entry")
-        return entries
-
-    return Parser(parse, accepts)
-
-
-def _instance_tag_key(key: str, value: Any) -> str:
-    tag = text(_TAG_KEY_RE, "a valid tag key (1-128 chars)")(key, value)
-    if tag.lower().startswith("aws:"):
-        raise ConfigError(f"context key {key!r} must not start with 'aws:'")
-    return tag
-
-
 # Context keys handed to the functions as REMEDIATION_SETTINGS (domain.remediation_settings
 # validates them: one source of truth for their bounds).
 REMEDIATION_KEYS = (
@@ -294,64 +109,6 @@ REMEDIATION_KEYS = (
 )
 
 
-def remediation_setting(accepts: str) -> Parser:
-    """One remediation setting, validated by the domain's own parser; kept as its text."""
-
-    def parse(key: str, value: Any) -> str:
-        if isinstance(value, bool):
-            value = "true" if value else "false"
-        text_value = str(value).strip()
-        try:
-            parse_remediation_settings({key: text_value})
-        except ValueError as error:
-            message = str(error).removeprefix("remediation settings: ")
-            raise ConfigError(f"context key {key!r}: {message}") from error
-        return text_value
-
-    return Parser(parse, accepts)
-
-
-def _resolve_catalog_path(value: str) -> Path:
-    from infra import REPO_ROOT
-
-    path = Path(value)
-    return path if path.is_absolute() or path.exists() else REPO_ROOT / value
-
-
-def catalog_file() -> Parser:
-    """A fault-catalog override: merged onto the shipped catalog and validated now (synth)."""
-
-    def parse(key: str, value: Any) -> str:
-        if not isinstance(value, str):
-            raise ConfigError(f"context key {key!r} must be a path to a JSON or YAML file, got {value!r}")
-        try:
-            load_catalog(None, override=read_catalog_document(_resolve_catalog_path(value)))
-        except CatalogError as error:
-            problems = "\n  ".join(error.errors)
-            raise ConfigError(f"context key {key!r} ({value}): the fault catalog is invalid:\n  "
-                              f"{problems}") from error
-        return value
-
-    return Parser(parse, "JSON / YAML path")
-
-
-def node_quotas() -> Parser:
-    """Default node quotas per priority level: a JSON object (text or, in cdk.json, an
-    object), validated by the functions' own parser; kept as compact JSON text."""
-
-    def parse(key: str, value: Any) -> str:
-        text_value = value if isinstance(value, str) else json.dumps(value)
-        try:
-            parse_node_quotas(text_value)
-            parsed = json.loads(text_value)
-        except (SettingsError, ValueError) as error:
-            # The functions' parser names their variable; here the key is what was given.
-            message = str(error).removeprefix(ENV_DEFAULT_NODE_QUOTAS).lstrip(": ")
-            raise ConfigError(f"context key {key!r}: {message} (e.g. {{\"HIGH\": 8, \"LOW\": 64}})"
-                              ) from error
-        return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
-
-    return Parser(parse, "JSON {level: nodes}")
 
 
 # --------------------------------------------------------------------------- registry
@@ -440,7 +197,7 @@ class RecoveryConfig:
                                                "a health check must start and finish within this")
     table_removal_policy: str = option("retain", choice("retain", "destroy"),
                                        "what stack deletion does to the DynamoDB tables")
-    instance_tag_key: str = option(DEFAULT_INSTANCE_TAG_KEY, Parser(_instance_tag_key, "tag key, not `aws:`"),
+    instance_tag_key: str = option(DEFAULT_INSTANCE_TAG_KEY, Parser(instance_tag_key, "tag key, not `aws:`"),
                                    "tag on the GPU instances: only tagged ones may be rebooted")
     instance_tag_value: str = option(
         "", text(_TAG_VALUE_RE, "a valid tag value", "tag value"), "value of that tag",
@@ -560,7 +317,7 @@ class RecoveryConfig:
         """The override document as JSON text (validated when the key was parsed)."""
         if self.fault_catalog_file is None:
             return None
-        document = read_catalog_document(_resolve_catalog_path(self.fault_catalog_file))
+        document = read_catalog_document(resolve_catalog_path(self.fault_catalog_file))
         return json.dumps(document, sort_keys=True)
 
     @property
@@ -658,59 +415,3 @@ def check_unknown_keys(context: Mapping[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- the tables
-REPO_DIR = Path(__file__).resolve().parent.parent
-README_PATH = REPO_DIR / "README.md"
-CONFIG_DOCS_PATH = REPO_DIR / "docs" / "configuration.md"
-TABLE_BEGIN = "<!-- configuration table: generated by `make config-docs` from infra/config.py -->"
-TABLE_END = "<!-- end of configuration table -->"
-#: the keys most deployments set: the README's table (every key: docs/configuration.md)
-COMMON_KEYS = ("cluster_name", "alert_email", "instance_tag_key", "instance_tag_value", "remediation_mode",
-               "fault_catalog_file", "admin_roles", "default_node_quotas", "node_agent_daemon")
-
-
-def markdown_table(keys: tuple[str, ...] | None = None) -> str:
-    """The table of ``keys`` (default: every key), in the registry's order."""
-    rows = ["| key | default | accepts | meaning |", "|---|---|---|---|"]
-    for opt in OPTIONS:
-        if keys is None or opt.key in keys:
-            rows.append(f"| `{opt.key}` | {opt.shown_default()} | {opt.parse.accepts} | {opt.doc} |")
-    return "\n".join(rows)
-
-
-def with_table(text: str, table: str, name: str = "the page") -> str:
-    """``text`` with what lies between the table markers replaced by ``table``."""
-    try:
-        head, rest = text.split(TABLE_BEGIN, 1)
-        _, tail = rest.split(TABLE_END, 1)
-    except ValueError as exc:
-        raise ValueError(f"{name} lacks the markers {TABLE_BEGIN!r} ... {TABLE_END!r}") from exc
-    return f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}"
-
-
-def readme_with_table(readme: str) -> str:
-    """The README with its table of the common keys up to date."""
-    return with_table(readme, markdown_table(COMMON_KEYS), "README.md")
-
-
-def docs_with_table(page: str) -> str:
-    """docs/configuration.md with its table of every key up to date."""
-    return with_table(page, markdown_table(), "docs/configuration.md")
-
-
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["--write-docs"]:
-        for path, update in ((CONFIG_DOCS_PATH, docs_with_table), (README_PATH, readme_with_table)):
-            current = path.read_text()
-            updated = update(current)
-            if updated != current:
-                path.write_text(updated)
-                print(f"updated the configuration table in {path}")
-            else:
-                print(f"{path}: configuration table up to date")
-        return 0
-    print(markdown_table())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -8,7 +8,7 @@ sparse due index; nothing is charged. Then one e-mail (``event_kind=job_held``) 
 node it waits for and what a reset will do.
 
 Every minute the sweep reads the held job, the nodes it waits for and the breaker's item
-(:meth:`HeldJobs.sweep`; ``domain.breaker_hold.judge_hold`` decides):
+(:meth:`HeldJobs.sweep`; ``domain.breaker.hold.judge_hold`` decides):
 
 * every node back and healthy (the reset's ``--resume-backlog`` rebooted it): HELD ->
   PENDING_RESTART, its restart charged once (conditional on HELD), then the gang restart
@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
-from gpu_recovery.domain.breaker_hold import (
+from gpu_recovery.domain.breaker.hold import (
     BreakerHold,
     HoldAction,
     NodeStanding,

@@ -12,7 +12,7 @@ import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState, NotificationKind
-from gpu_recovery.recovery.breaker import reset_breaker
+from gpu_recovery.recovery.breaker.operations import reset_breaker
 from gpu_recovery.repository.scheduling import SchedulingRepository
 from tests.recovery.fakes import World, world
 

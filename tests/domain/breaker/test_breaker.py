@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_recovery.domain import breaker
-from gpu_recovery.domain.breaker import CLOSED, TRIPPED, BreakerPolicy
+from gpu_recovery.domain.breaker import breaker
+from gpu_recovery.domain.breaker.breaker import CLOSED, TRIPPED, BreakerPolicy
 
 T = 1_734_220_000.0
 POLICY = BreakerPolicy()

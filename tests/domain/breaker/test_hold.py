@@ -1,10 +1,10 @@
-"""A job held by the breaker (domain.breaker_hold) and the tally's held count: pure."""
+"""A job held by the breaker (domain.breaker.hold) and the tally's held count: pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_recovery.domain.breaker_hold import (
+from gpu_recovery.domain.breaker.hold import (
     BreakerHold,
     HoldAction,
     NodeStanding,

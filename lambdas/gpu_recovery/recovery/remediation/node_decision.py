@@ -1,0 +1,382 @@
+"""The node decision: plan, gate, commit, carry out.
+
+A *node decision* is the answer to "what does this node need": a health check's verdict
+(after the DCGM diag), or a definitive fault without one (the catalog's fast path, e.g.
+XID 79). Both go through :meth:`NodeRemediation.apply`:
+
+1. **plan** — evidence -> catalog decision -> the node's escalation (reboot -> replace,
+   quarantine + page) -> the effects to carry out and those only recorded (observe mode);
+2. **gate** — a reboot / replacement / quarantine asks the blast-radius breaker first
+   (``recovery.breaker.gate``); when it is tripped the node's effects are only recorded
+   and kept in its backlog;
+3. **commit** — one transaction (``repository.node_decisions``): the breaker's state
+   (conditional on its version), the instance (new state, bounded fault history, the
+   evidence), every waiting job (its verdict for this node, its outcome, its budget:
+   ``job_settlement``) and the e-mails owed (``notices``); a lost race writes nothing;
+4. **carry out** — after the commit (``ports.after_commit``): reboot / drain / terminate
+   through their own crash-consistent intents (a deadline on the instance lets the sweep
+   finish them if this delivery dies), then the e-mails and the restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.domain.escalation import (
+    NodeFaultRecord,
+    fault_summary,
+    history_from_item,
+    history_to_item,
+    record_fault,
+)
+from gpu_recovery.domain.evidence import Evidence, build_evidence
+from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Trigger
+from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.policy import JobOutcome
+from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.remediation_plan import RemediationPlan, plan_remediation
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
+from gpu_recovery.recovery.breaker.gate import GateAnswer
+from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.ports import Deps, after_commit
+from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
+from gpu_recovery.recovery.remediation.notices import RemediationNotices
+from gpu_recovery.repository import JobVerdict, NodeDecision
+
+logger = logging.getLogger(__name__)
+
+FOLLOW_UP_SECONDS = 60  # the sweep finishes a decision's reboot or drain after this
+APPLY_ROUNDS = 3  # a decision whose commit lost a race is read and decided again
+
+
+def label_for(plan: RemediationPlan) -> SuspectVerdict:
+    """What a waiting job records for the node once its decision is known."""
+    action = plan.action
+    if action not in NODE_ACTIONS:
+        return SuspectVerdict.HEALTHY
+    if action is Action.REBOOT:
+        return SuspectVerdict.REBOOT if Effect.REBOOT in plan.execute else SuspectVerdict.BLOCKED
+    if Effect.DRAIN not in plan.execute:
+        return SuspectVerdict.BLOCKED
+    return SuspectVerdict.OPERATOR_ACTION if action is Action.OPERATOR_ACTION else SuspectVerdict.REPLACE
+
+
+def is_definitive(plan: Mapping[str, Any] | RemediationPlan | None) -> bool:
+    """A stored (or fresh) plan that acts on the node without the DCGM diag (fast path)."""
+    if plan is None:
+        return False
+    if isinstance(plan, RemediationPlan):
+        return plan.action in NODE_ACTIONS and plan.decision.skip_health_check
+    decision = plan.get("decision") or {}
+    return plan.get("action") in {a.value for a in NODE_ACTIONS} and bool(decision.get("skip_health_check"))
+
+
+def rebuild(evidence: Evidence, instance_item: Mapping[str, Any] | None, catalog: Any) -> Evidence:
+    """The same fault's evidence with what the node agent reported since (late XIDs)."""
+    fresh = build_evidence(
+        node_id=evidence.node_id, fault_at=evidence.fault_at, trigger=evidence.trigger,
+        instance_item=instance_item, job_id=evidence.job_id, attempt=evidence.attempt, rank=evidence.rank,
+        exit_code=evidence.exit_code, stop_code=evidence.stop_code, stopped_reason=evidence.stopped_reason,
+        catalog=catalog)
+    return replace(fresh, dcgm=evidence.dcgm)
+
+
+def projected(instance: Instance, decision: NodeDecision) -> Instance:
+    """The instance as ``decision`` leaves it (what its e-mails, built before the commit, say)."""
+    to = decision.to or instance.state
+    acted = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
+    return replace(instance, state=to,
+                   drain_pending=instance.drain_pending or to is InstanceState.QUARANTINED,
+                   terminate_pending=decision.terminate if to is InstanceState.QUARANTINED
+                   else instance.terminate_pending,
+                   breaker_blocked=decision.breaker_blocked or ({} if acted else instance.breaker_blocked))
+
+
+@dataclass(frozen=True)
+class Applied:
+    plan: RemediationPlan
+    label: SuspectVerdict
+    outcomes: list[tuple[Job, JobOutcome]]
+
+
+class NodeRemediation:
+    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, restarts: GangRestart) -> None:
+        self.deps = deps
+        self.ranks = ranks
+        self.reboots = reboots
+        self.restarts = restarts
+        self.notices = ranks.notices  # the outbox
+        self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
+        self.settlement = JobSettlement(deps, restarts, self.notices, self.owed_notices)
+
+    # ------------------------------------------------------------ evidence / plan
+    @property
+    def policy(self) -> Any:
+        return self.deps.policy
+
+    def evidence(self, *, inst_id: str, instance_item: Mapping[str, Any] | None, trigger: Trigger,
+                 fault_at: float, job: Job | None = None, rank: int | None = None,
+                 exit_code: int | None = None, stop_code: str = "", stopped_reason: str = "") -> Evidence:
+        return build_evidence(
+            node_id=inst_id, fault_at=fault_at, trigger=trigger, instance_item=instance_item,
+            job_id=job.job_id if job else "", attempt=job.attempt if job else 0, rank=rank,
+            exit_code=exit_code, stop_code=stop_code, stopped_reason=stopped_reason,
+            catalog=self.policy.catalog)
+
+    def plan(self, evidence: Evidence, instance_item: Mapping[str, Any] | None, *,
+             now: float) -> RemediationPlan:
+        history = history_from_item((instance_item or {}).get("fault_history"))
+        return plan_remediation(evidence, self.policy, node_history=history, now=now)
+
+    # ----------------------------------------------------------------- fast path
+    def fast_path(self, job: Job, inst_id: str) -> str | None:
+        """A pending suspect whose evidence is definitive: the node action without the
+        DCGM diag. None when it does not apply (the instance is busy, the fresh evidence
+        no longer says so): the caller opens (or joins) the health check instead."""
+        suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+        stored = suspect.record if suspect is not None and suspect.pending else {}
+        if not is_definitive(stored.get("plan")) or not stored.get("evidence"):
+            return None
+        for _ in range(APPLY_ROUNDS):
+            raw = self.deps.repo.get_instance_item(inst_id)
+            if raw is None:
+                return None
+            instance = self.deps.repo.instance_from_item(raw)
+            if instance.state not in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
+                return None
+            now = clock.now()
+            evidence = rebuild(Evidence.from_dict(stored["evidence"]), raw, self.policy.catalog)
+            plan = self.plan(evidence, raw, now=now)
+            if not is_definitive(plan):
+                return None
+            fresh = self.deps.repo.get_job(job.job_id)
+            if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
+                return "moved_on"
+            pending = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+            if pending is None or not pending.pending:
+                return "moved_on"
+            applied = self.apply(instance, raw, plan, evidence, [fresh],
+                                 from_states=(InstanceState.AVAILABLE, InstanceState.SUSPECT),
+                                 findings={"verdict": "not run", "source": "fast path",
+                                           "rule": plan.decision.rule_id, "reason": plan.decision.reason})
+            if applied is not None:
+                self.deps.metrics.add_metric("FastPathDecisions", "Count", 1)
+                return f"fast_path_{plan.action.value}"
+        return "raced"
+
+    # ------------------------------------------------------------------- apply
+    def apply(self, instance: Instance, instance_item: Mapping[str, Any] | None, plan: RemediationPlan,
+              evidence: Evidence, jobs: Iterable[Job], *, from_states: tuple[InstanceState, ...],
+              hc_started_by: str | None = None, hc_jobs_count: int | None = None,
+              findings: dict[str, Any] | None = None) -> Applied | None:
+        """Commit the node decision with every waiting job's outcome, then carry it out.
+        None when the commit lost a race (re-read and try again)."""
+        repo = self.deps.repo
+        inst_id = instance.container_inst_id
+        now = clock.now()
+        waiting = [j for j in jobs if j.state in RECOVERING_JOB_STATES]
+        anywhere = Effect.TERMINATE in plan.execute and instance.is_managed_instance
+        plan = self._for_this_node(plan, instance)
+        plan, breaker_update, gate = self.ask_gate(plan, inst_id, waiting, now)
+        tripped = gate.tripped if gate is not None else None
+        label = label_for(plan)
+        history = history_from_item((instance_item or {}).get("fault_history"))
+        new_history = self.history_with(history, plan, evidence, now)
+        verdicts = [self.settlement.job_verdict(job, inst_id, label, plan, evidence, findings or {}, history,
+                                                now) for job in waiting]
+        decision = self.node_decision(plan, label, instance, from_states, evidence, findings, new_history,
+                                      hc_started_by, hc_jobs_count, verdicts, now,
+                                      job_ids=[v.job.job_id for v, _ in verdicts], gate=gate)
+        after = projected(instance, decision)
+        notices = self.owed_notices.decision_notices(after, plan, evidence, label, verdicts, gate,
+                                                     waiting=bool(waiting), anywhere=anywhere)
+        if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update,
+                                         also=self.notices.owe(notices, now)):
+            return None
+        logger.info("node decision applied", extra={
+            "instance": inst_id, "action": plan.action.value, "label": label.value,
+            "execute": [e.value for e in plan.execute], "record_only": [e.value for e in plan.record_only],
+            "rule": plan.decision.rule_id})
+        self.notices.send(notices)
+        if tripped is not None:
+            self.reboots.gate.tripped(tripped)
+        outcomes = [(v.job, o) for v, o in verdicts]
+        self.deps.metrics.add_metric("Failures", "Count", sum(1 for _, o in outcomes if o.fails))
+
+        # The reboot or drain has the instance's follow-up deadline, a restart its job's: the
+        # sweep carries out whatever a failure here leaves.
+        after_commit("node decision", self._after_decision, gate, instance, plan, decision.uncordon, outcomes)
+        return Applied(plan, label, outcomes)
+
+    def _after_decision(self, gate: GateAnswer | None, instance: Instance, plan: RemediationPlan,
+                        uncordon: bool, outcomes: list[tuple[Job, JobOutcome]]) -> None:
+        """After the commit: the cordon's attribute, the reboot or drain, the restarts."""
+        inst_id = instance.container_inst_id
+        self.after_cordon(gate, inst_id, uncordoned=uncordon and instance.cordoned)
+        fresh = self.deps.repo.get_instance(inst_id) or instance
+        self.carry_out(fresh, plan)
+        for job, outcome in outcomes:
+            # A healthy node may be the last one a job was waiting for; a job leaving an
+            # unusable node moves now (once its old ranks stopped), not at the next sweep.
+            if (outcome.restarts and (fresh.state is InstanceState.AVAILABLE
+                                     or outcome is JobOutcome.RELOCATE)) or outcome is JobOutcome.HOLD:
+                self.restarts.try_restart(job.job_id)
+
+    def _for_this_node(self, plan: RemediationPlan, instance: Instance) -> RemediationPlan:
+        """ECS Anywhere (``mi-``) nodes are not in an Auto Scaling group: quarantine them."""
+        if Effect.TERMINATE in plan.execute and instance.is_managed_instance:
+            return replace(plan, execute=tuple(e for e in plan.execute if e is not Effect.TERMINATE))
+        return plan
+
+    def history_with(self, history: Iterable[NodeFaultRecord], plan: RemediationPlan,
+                     evidence: Evidence | None, now: float) -> list[dict[str, Any]] | None:
+        """The node's history with this decision (and a summary of its evidence) added."""
+        if plan.node_record is None:
+            return None
+        record = replace(plan.node_record, evidence=fault_summary(evidence))
+        return history_to_item(record_fault(history, record, now, self.policy.escalation))
+
+    def node_decision(self, plan: RemediationPlan, label: SuspectVerdict, instance: Instance,
+                      from_states: tuple[InstanceState, ...], evidence: Evidence,
+                      findings: dict[str, Any] | None, history: list[dict[str, Any]] | None,
+                      hc_started_by: str | None, hc_jobs_count: int | None,
+                      verdicts: list[tuple[JobVerdict, JobOutcome]], now: float, *,
+                      job_ids: list[str], gate: GateAnswer | None = None) -> NodeDecision:
+        why = f"{plan.action.value}: {plan.decision.reason}"
+        last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": job_ids}
+        to: InstanceState | None
+        blocked = None
+        if Effect.REBOOT in plan.execute:
+            to = InstanceState.REBOOTING
+        elif Effect.DRAIN in plan.execute:
+            to = InstanceState.QUARANTINED
+        elif plan.blocked_by_breaker:
+            to = InstanceState.SUSPECT
+            # What the release of the backlog may do: never terminate a node escalation said
+            # to quarantine only (a person looks at it first).
+            blocked = {"action": plan.action.value, "at": now, "reason": plan.breaker_reason[:300],
+                       "rule": plan.decision.rule_id, "jobs": job_ids,
+                       "quarantine_only": plan.escalation.quarantine_only}
+        else:
+            # Nothing done to the node: a health check leaves it as it found it; a fast
+            # path (observe mode) leaves its state alone.
+            to = InstanceState.AVAILABLE if InstanceState.HEALTH_CHECKING in from_states else None
+        restart_jobs = tuple(v.job.job_id for v, o in verdicts
+                             if o in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.HOLD)
+                             and label is SuspectVerdict.REBOOT)
+        follow_up = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
+        # Known bad and not drained: cordoned (whatever the breaker or observe mode said);
+        # a diag that passed clears a cordon the node had.
+        cordon = gate.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now) \
+            if gate is not None and to is not InstanceState.QUARANTINED else None
+        uncordon = plan.action not in NODE_ACTIONS and InstanceState.HEALTH_CHECKING in from_states
+        return NodeDecision(
+            from_states=from_states, to=to, findings=findings, fault_history=history, last_fault=last_fault,
+            quarantine_reason=why if to is InstanceState.QUARANTINED else "",
+            reboot_reason=why if to is InstanceState.REBOOTING else "",
+            terminate=Effect.TERMINATE in plan.execute, breaker_blocked=blocked,
+            hc_started_by=hc_started_by, hc_jobs_count=hc_jobs_count, restart_jobs=restart_jobs,
+            follow_up_at=now + FOLLOW_UP_SECONDS if follow_up else None, cordon=cordon, uncordon=uncordon)
+
+    # ------------------------------------------------------------ gate, cordon
+    def ask_gate(self, plan: RemediationPlan, inst_id: str, jobs: list[Job],
+                 now: float) -> tuple[RemediationPlan, Any, GateAnswer | None]:
+        """The breaker, for a node action about to be carried out; the cordon limit, for a
+        node found bad (a node action decided) that will not be drained."""
+        known_bad = plan.action in NODE_ACTIONS
+        if not plan.needs_breaker and not known_bad:
+            return plan, None, None
+        answer = self.reboots.gate.decide(
+            node=inst_id, action=plan.action.value if plan.needs_breaker else None,
+            job_ids=[j.job_id for j in jobs], reason=plan.decision.reason, now=now,
+            cordon_unless_drained=known_bad, drains_if_allowed=Effect.DRAIN in plan.execute)
+        if answer.breaker is not None:
+            plan = plan.with_breaker(answer.breaker)
+        return plan, answer.update, answer
+
+    def cordon_only(self, inst_id: str, plan: RemediationPlan) -> bool:
+        """A node found bad by a decision that changes nothing else on it (observe mode for
+        the whole fault): it takes no new work all the same. One transaction: its cordon,
+        the worklist, the cordon limit's state. Idempotent (a node already cordoned for the
+        same cause is left as it is)."""
+        if plan.action not in NODE_ACTIONS:
+            return False
+        repo = self.deps.repo
+        for _ in range(APPLY_ROUNDS):
+            instance = repo.get_instance(inst_id)
+            if instance is None:
+                return False
+            if instance.cordoned and instance.cordon.get("cause") == plan.decision.rule_id:
+                return True
+            now = clock.now()
+            answer = self.reboots.gate.decide(node=inst_id, action=None, job_ids=(), now=now,
+                                              reason=plan.decision.reason, cordon_unless_drained=True)
+            record = answer.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now)
+            notice = self.owed_notices.cordon_notice(answer, inst_id, plan)
+            if record is None or not repo.cordons.cordon(inst_id, record, now, answer.update,
+                                                         also=self.notices.owe([notice], now)):
+                continue
+            self.notices.send([notice])
+            after_commit("cordon", self.after_cordon, answer, inst_id)
+            return True
+        return False
+
+    def after_cordon(self, gate: GateAnswer | None, inst_id: str, *, uncordoned: bool = False) -> None:
+        """After the commit: the ECS attribute (the sweep finishes it)."""
+        cordoned = gate is not None and gate.cordon is not None
+        if cordoned and gate is not None and gate.cordon is not None and gate.cordon.tripped_now:
+            self.reboots.cordons.limit_tripped(gate.cordon, inst_id)
+        if cordoned or uncordoned:
+            self.reboots.cordons.sync_quietly(inst_id)
+
+    # ------------------------------------------------------------------ effects
+    def carry_out(self, instance: Instance, plan: RemediationPlan | None = None) -> None:
+        """Reboot or drain (then terminate) as the committed instance state says."""
+        if instance.state is InstanceState.REBOOTING:
+            self.reboots.issue(instance)
+        elif instance.state is InstanceState.QUARANTINED and (instance.drain_pending
+                                                               or instance.terminate_pending):
+            self.reboots.quarantine(instance)
+
+    # ----------------------------------------------- faults without node action
+    def record_fault_on_node(self, job: Job, inst_id: str, evidence: Evidence, plan: RemediationPlan, *,
+                             spent: str = "") -> bool:
+        """A fault that changed nothing on the node (a restart in place: application error
+        or transient fault; a job failed without node action) joins the node's history, with
+        a summary of its evidence (``spent``: the budget it cost the job, for the record), so
+        escalation and the repeat rules see it. Its ``charged_job`` stays false: the flapping
+        exemption is for node faults a remediation was meant to fix; a job that keeps
+        failing the same way without node action must run out of budget.
+
+        Called after the job's own commit; idempotent (the record's time is the fault's, a
+        redelivered event finds it there) and conditional on the history read (a concurrent
+        append is re-read, not overwritten). False: no node item, or no record to add."""
+        if plan.node_record is None or plan.action in NODE_ACTIONS:
+            return False
+        repo = self.deps.repo
+        summary = fault_summary(evidence)
+        if spent:
+            summary["spent"] = spent
+        record = replace(plan.node_record, at=evidence.fault_at, job_id=job.job_id, charged_job=False,
+                         evidence=summary)
+        for _ in range(APPLY_ROUNDS):
+            raw = repo.get_instance_item(inst_id)
+            if raw is None:
+                return False
+            history = history_from_item(raw.get("fault_history"))
+            if any(r.at == record.at and r.cause == record.cause and r.job_id == record.job_id
+                   for r in history):
+                return True  # written by an earlier delivery
+            now = clock.now()
+            merged = history_to_item(record_fault(history, record, now, self.policy.escalation))
+            last = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]}
+            if repo.record_node_fault(inst_id, fault_history=merged, last_fault=last,
+                                      read_version=int(raw.get("fault_history_version") or 0)):
+                return True
+        return False

@@ -1,0 +1,319 @@
+"""A container instance: reads, registration and intents (its health check, its reboot,
+its quarantine and termination, its fault history).
+
+Every intent is a conditional write on the instance's state and on the attribute of the
+step it records (``hc_started_by``, ``reboot_requested_at``...): a step whose intent is
+committed first and whose result is confirmed after, so a delivery that dies in between
+is finished, not repeated, by the next one (or the sweep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import INSTANCE_PK
+from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState
+from gpu_recovery.repository.base import Update, from_ddb, to_ddb
+from gpu_recovery.repository.health_check_slots import WAIT_SWEEP_SECONDS, Claim, HealthCheckSlots
+from gpu_recovery.repository.tables import RecoveryTables
+
+
+class Instances(RecoveryTables):
+    """Reads and intents of container instances."""
+
+    # ==================================================================== reads
+    def get_instance(self, container_inst_id: str) -> Instance | None:
+        item = self.db.get(self.instance_table_name, {INSTANCE_PK: container_inst_id})
+        return self.instance_from_item(item) if item else None
+
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]:
+        keys = [{INSTANCE_PK: i} for i in sorted(set(ids))]
+        found = (self.instance_from_item(i) for i in self.db.batch_get(self.instance_table_name, keys))
+        return {inst.container_inst_id: inst for inst in found}
+
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None:
+        """The raw instance item (the node agent's XIDs and telemetry, the fault history)."""
+        item = self.db.get(self.instance_table_name, {INSTANCE_PK: container_inst_id})
+        return from_ddb(item) if item else None
+
+    # ============================================================ registration
+    def put_instance_if_absent(self, instance: Instance) -> bool:
+        item = to_ddb(
+            {
+                INSTANCE_PK: instance.container_inst_id,
+                "instance_state": instance.state.value,
+                "container_instance_arn": instance.container_instance_arn,
+                "ec2_instance_id": instance.ec2_instance_id,
+                "registered_at": clock.now(),
+            }
+        )
+        item = {k: v for k, v in item.items() if v != ""}
+        return self.db.put_if_absent(self.instance_table_name, item, INSTANCE_PK)
+
+    # ============================================================= health check
+    def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float) -> bool:
+        """AVAILABLE / SUSPECT (or unknown) -> HEALTH_CHECK_PENDING with this job waiting."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT], allow_missing=True,
+            to=InstanceState.HEALTH_CHECK_PENDING,
+            set_fields={"hc_requested_at": now, "hc_start_attempts": 0},
+            add_to_sets={"hc_jobs": {job_id}},
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "waiting_jobs"],
+            deadline_at=retry_at,
+        ))
+
+    def join_health_check(self, inst_id: str, job_id: str) -> bool:
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=HEALTH_CHECK_STATES, add_to_sets={"hc_jobs": {job_id}}))
+
+    def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
+                           per_job: int, cluster: int, now: float) -> Claim:
+        """HEALTH_CHECK_PENDING -> HEALTH_CHECKING with a slot of the cluster's and one of
+        ``owner``'s: the claim is committed before StartTask, and its startedBy finds the
+        task again if the answer to StartTask is lost. A job's share as large as the
+        cluster's can never be the limit that binds: no share is counted then (one hot
+        item less in every claim and verdict), and the instance says so for the release."""
+        job_slot = HealthCheckSlots.keeps_job_share(per_job=per_job, cluster=cluster)
+        claim = self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
+            to=InstanceState.HEALTH_CHECKING,
+            set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until, "hc_owner": owner,
+                        "hc_claimed_at": now, "hc_job_slot": job_slot},
+            remove_fields=HealthCheckSlots.wait_attributes(), deadline_at=lease_until,
+            extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
+            extra_names={"#att": "hc_start_attempts"},
+        )
+        return self.slots.claim(claim, owner, per_job=per_job if job_slot else None, cluster=cluster)
+
+    def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool:
+        """No slot free: the pending check waits in its owner's queue (no time limit while it
+        waits; the sweep looks at it every ten minutes)."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
+            set_fields=HealthCheckSlots.wait_fields(owner), deadline_at=now + WAIT_SWEEP_SECONDS,
+            extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
+            extra_names={"#att": "hc_start_attempts"}))
+
+    def abandon_health_check(self, instance: Instance, reason: str) -> bool:
+        """A pending check no job waits for any more (they all moved on): the node is
+        AVAILABLE again, as it was before it was suspected."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
+            to=InstanceState.AVAILABLE, set_fields={"hc_abandoned": reason[:300]},
+            remove_fields=["hc_jobs", "hc_left", "hc_started_by", "hc_lease_until",
+                           *HealthCheckSlots.wait_attributes()],
+            clear_deadline=True, extra_condition="#att = :att",
+            extra_values={":att": instance.hc_start_attempts}, extra_names={"#att": "hc_start_attempts"}))
+
+    def take_over_health_check_claim(self, instance: Instance, lease_until: float, now: float) -> bool:
+        """A claim whose holder died (lease expired, no task recorded): take it over."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+            set_fields={"hc_lease_until": lease_until}, deadline_at=lease_until,
+            extra_condition="#sb = :sb AND attribute_not_exists(#arn) AND "
+                            "(attribute_not_exists(#lu) OR #lu < :now)",
+            extra_values={":sb": instance.hc_started_by, ":now": now},
+            extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn", "#lu": "hc_lease_until"},
+        ))
+
+    def record_health_check_task(self, inst_id: str, started_by: str, task_arn: str,
+                                 deadline_at: float) -> bool:
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+            set_fields={"hc_task_arn": task_arn}, remove_fields=["hc_lease_until"],
+            deadline_at=deadline_at,
+            extra_condition="#sb = :sb", extra_values={":sb": started_by},
+            extra_names={"#sb": "hc_started_by"},
+        ))
+
+    def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
+                                   retry_at: float) -> bool:
+        """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING, its slot
+        given back."""
+        return self.db.transact([self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+            to=InstanceState.HEALTH_CHECK_PENDING,
+            increments={"hc_start_attempts": 1} if placement_failed else {},
+            remove_fields=["hc_started_by", "hc_lease_until", "hc_owner", "hc_job_slot"],
+            deadline_at=retry_at,
+            extra_condition="#sb = :sb AND attribute_not_exists(#arn)",
+            extra_values={":sb": started_by},
+            extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn"},
+        ), *self.slots.release(instance)])
+
+    def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool:
+        """The check ended without a verdict (image pull, OOM...): run it again (its slot
+        given back; it takes one again when it starts)."""
+        return self.db.transact([self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
+            to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "hc_owner", "hc_job_slot"],
+            deadline_at=retry_at,
+            extra_condition="#sb = :sb", extra_values={":sb": started_by},
+            extra_names={"#sb": "hc_started_by"},
+        ), *self.slots.release(instance)])
+
+    def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:
+        return self.db.apply(self.instance_update(inst_id, from_states=[state], deadline_at=deadline_at))
+
+    def clear_instance_deadline(self, inst_id: str, state: InstanceState) -> bool:
+        return self.db.apply(self.instance_update(inst_id, from_states=[state], clear_deadline=True))
+
+    # ======================================================= the fault history
+    def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
+                          last_fault: dict[str, Any] | None, read_version: int) -> bool:
+        """A fault that changed nothing on the node (a restart in place, an application
+        error) joins its history, only if no other such write landed since the history was
+        read (``fault_history_version``; a lost race re-reads and appends again)."""
+        fields: dict[str, Any] = {"fault_history": fault_history}
+        if last_fault is not None:
+            fields["last_fault"] = last_fault
+        return self.db.apply(self.instance_update(
+            inst_id, set_fields=fields, increments={"fault_history_version": 1},
+            extra_condition="attribute_exists(#k) AND (attribute_not_exists(#fv) OR #fv = :fv)",
+            extra_values={":fv": read_version},
+            extra_names={"#k": INSTANCE_PK, "#fv": "fault_history_version"}))
+
+    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
+                              last_fault: dict[str, Any]) -> bool:
+        """Observe mode: what would have been done, on the node (its state untouched)."""
+        fields: dict[str, Any] = {"last_fault": last_fault}
+        if fault_history is not None:
+            fields["fault_history"] = fault_history
+        return self.db.apply(self.instance_update(
+            inst_id, set_fields=fields, extra_condition="attribute_exists(#k)",
+            extra_names={"#k": INSTANCE_PK}))
+
+    # ================================================== quarantine, termination
+    def record_drained(self, inst_id: str, *, terminate_next: bool = False, uncordon: bool = False) -> bool:
+        """ECS confirmed the quarantine's DRAINING: nothing left for the sweep (unless the
+        node is still to be terminated in its Auto Scaling group). DRAINING keeps every
+        placement off the node from now on, so a cordon it had (``uncordon``) is cleared
+        with it: an operator who sets the node ACTIVE again finds it placeable."""
+        fields: dict[str, Any] = {}
+        remove = ["drain_pending"]
+        sync: list[Update] = []
+        if uncordon:
+            now = clock.now()
+            fields, gone, update = self.cordons.uncordon_updates(inst_id, now)
+            remove += gone
+            sync.append(update)
+        return self.db.transact([self.instance_update(
+            inst_id, from_states=[InstanceState.QUARANTINED], set_fields=fields, remove_fields=remove,
+            clear_deadline=not terminate_next, extra_condition="attribute_exists(#dp)",
+            extra_names={"#dp": "drain_pending"}), *sync])
+
+    def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool:
+        """The intent to call TerminateInstanceInAutoScalingGroup, committed before the call;
+        a claim older than the lease (its holder died) may be taken over, and the taker
+        looks the instance up before calling again."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.QUARANTINED],
+            set_fields={"terminate_claimed_at": now},
+            extra_condition="attribute_exists(#tp) AND (attribute_not_exists(#tc) OR #tc < :stale)",
+            extra_values={":stale": now - lease_seconds},
+            extra_names={"#tp": "terminate_pending", "#tc": "terminate_claimed_at"},
+        ))
+
+    def record_termination(self, inst_id: str, result: str, now: float) -> bool:
+        """The termination was requested (or found done / impossible): confirmed."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.QUARANTINED],
+            set_fields={"terminate_result": result[:300], "terminated_at": now},
+            remove_fields=["terminate_pending"], clear_deadline=True,
+            extra_condition="attribute_exists(#tp)", extra_names={"#tp": "terminate_pending"},
+        ))
+
+    # =================================================================== reboot
+    def claim_reboot(self, instance: Instance, now: float) -> bool:
+        """The intent to call the reboot API, committed before the call (one caller at a
+        time; a claim whose answer was never recorded is taken over only by
+        :meth:`take_over_reboot_claim`)."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"reboot_claimed_at": now},
+            extra_condition="#rq = :rq AND attribute_not_exists(#rc) AND attribute_not_exists(#ri)",
+            extra_values={":rq": instance.reboot_requested_at},
+            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
+        ))
+
+    def take_over_reboot_claim(self, instance: Instance, now: float) -> bool:
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"reboot_claimed_at": now},
+            extra_condition="#rq = :rq AND #rc = :rc AND attribute_not_exists(#ri)",
+            extra_values={":rq": instance.reboot_requested_at, ":rc": instance.reboot_claimed_at},
+            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
+        ))
+
+    def record_reboot_issued(self, instance: Instance, path: str, now: float, deadline_at: float) -> bool:
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"reboot_issued_at": now, "reboot_path": path}, deadline_at=deadline_at,
+            extra_condition="#rq = :rq", extra_values={":rq": instance.reboot_requested_at},
+            extra_names={"#rq": "reboot_requested_at"},
+        ))
+
+    def release_reboot_claim(self, instance: Instance, claimed_at: float, retry_at: float) -> bool:
+        """The reboot API refused the call (nothing happened): let the next try issue it."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            remove_fields=["reboot_claimed_at"], deadline_at=retry_at,
+            extra_condition="#rq = :rq AND #rc = :rc AND attribute_not_exists(#ri)",
+            extra_values={":rq": instance.reboot_requested_at, ":rc": claimed_at},
+            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
+        ))
+
+    def record_agent_disconnected(self, instance: Instance, at: float, version: int) -> bool:
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"disconnected_at": at, "disconnected_version": version},
+            extra_condition="#rq = :rq AND attribute_not_exists(#dc)",
+            extra_values={":rq": instance.reboot_requested_at},
+            extra_names={"#rq": "reboot_requested_at", "#dc": "disconnected_at"},
+        ))
+
+    def mark_instance_back(self, instance: Instance, now: float) -> bool:
+        """REBOOTING -> AVAILABLE, once per reboot. The jobs waiting for it stay listed until
+        each is released (:meth:`release_waiting_job`); a deadline lets the sweep finish that
+        if this delivery dies."""
+        waiting = bool(instance.waiting_jobs)
+        fields: dict[str, Any] = {"returned_at": now}
+        remove: list[str] = []
+        sync: list[Update] = []
+        if instance.cordoned:  # healthy again: its cordon goes with the reboot (same transaction)
+            more, remove, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
+            fields.update(more)
+            sync.append(update)
+        return self.db.transact([self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
+            set_fields=fields, remove_fields=remove, deadline_at=now + 60 if waiting else None,
+            clear_deadline=not waiting,
+            extra_condition="#rq = :rq", extra_values={":rq": instance.reboot_requested_at},
+            extra_names={"#rq": "reboot_requested_at"},
+        ), *sync])
+
+    def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str) -> bool:
+        """The node is back: it no longer holds ``job_id``'s gang restart. The job's count of
+        rebooting nodes goes down once (its suspect item's ``rebooting`` flag) in the same
+        transaction as the instance lets the job go."""
+        leave = self.instance_update(
+            inst_id, delete_from_sets={"waiting_jobs": {job_id}}, extra_condition="contains(#wj, :j)",
+            extra_values={":j": job_id}, extra_names={"#wj": "waiting_jobs"})
+        if job is None or not job.in_fault:
+            return self.db.apply(leave)
+        faults = self.faults
+        suspect = faults.get_suspect(job.job_id, job.attempt, inst_id)
+        if suspect is None or not suspect.rebooting:
+            return self.db.apply(leave)
+        return self.db.transact([leave, faults.node_back(job, inst_id), faults.tally_back(job)])
+
+    def clear_waiting_deadline(self, inst_id: str) -> bool:
+        """Every waiting job was released: the sweep has nothing left on the node."""
+        return self.db.apply(self.instance_update(
+            inst_id, from_states=[InstanceState.AVAILABLE], clear_deadline=True,
+            extra_condition="attribute_not_exists(#wj) OR size(#wj) = :zero",
+            extra_values={":zero": 0}, extra_names={"#wj": "waiting_jobs"}))

@@ -1,0 +1,405 @@
+"""A job and its ranks: reads, registration and intents (one aggregate: the job item and
+its rank items, written together in one transaction when a rank's stop and the job's
+reaction belong together).
+
+Every intent is a conditional write on the job's state (checked against the one job
+state machine) and attempt, or on the rank's state and task: False when the condition did
+not hold (a duplicate, a race lost, a state moved on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    DEADLINE_SK,
+    JOB_BY_INSTANCE_INDEX,
+    JOB_BY_INSTANCE_PK,
+    JOB_BY_TASK_INDEX,
+    JOB_BY_TASK_PK,
+    JOB_PK,
+    QUEUE_PK,
+    QUEUE_SK,
+    job_item_key,
+    rank_item_key,
+    refused_item_key,
+)
+from gpu_recovery.domain.fault_tally import FaultTally
+from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.relocation import RelocationWait
+from gpu_recovery.domain.state_machine import sources_of
+from gpu_recovery.domain.states import (
+    HEALTH_CHECK_STATES,
+    HOLDING_RANK_STATES,
+    LIVE_RANK_STATES,
+    JobState,
+    RankState,
+    SuspectVerdict,
+)
+from gpu_recovery.repository.base import Update, from_ddb
+from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES, RecoveryTables
+
+# The budgets a restart spends, and the job item's counter of each.
+SPEND_INFRASTRUCTURE = "infrastructure"
+SPEND_APPLICATION = "application"
+SPEND_COUNTER = {SPEND_INFRASTRUCTURE: "recoveries_used", SPEND_APPLICATION: "app_restarts_used"}
+
+
+@dataclass(frozen=True)
+class RankStop:
+    """A rank's STOPPED event, written in the same transaction as the job's reaction."""
+
+    rank: Rank
+    to: RankState
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+
+class JobsAndRanks(RecoveryTables):
+    """Reads and intents of jobs and their ranks."""
+
+    # ==================================================================== reads
+    def get_job(self, job_id: str) -> Job | None:
+        item = self.db.get(self.job_table_name, {JOB_PK: job_item_key(job_id)})
+        return self.job_from_item(item) if item else None
+
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None:
+        item = self.db.get(self.job_table_name, {JOB_PK: job_item_key(job_id)})
+        return from_ddb(item) if item else None
+
+    def get_rank(self, job_id: str, rank: int) -> Rank | None:
+        item = self.db.get(self.job_table_name, {JOB_PK: rank_item_key(job_id, rank)})
+        return self.rank_from_item(item) if item else None
+
+    def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]:
+        """Ranks ``first`` to ``last - 1`` of a job (one batch of a fan-out), by key."""
+        keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(first, last)]
+        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)]
+        return sorted(ranks, key=lambda r: r.rank)
+
+    def get_ranks(self, job: Job) -> list[Rank]:
+        """All rank items of a job, strongly consistent, by key (world_size items): for
+        operators' views and small gangs, never per event of a large one."""
+        keys = [{JOB_PK: rank_item_key(job.job_id, r)} for r in range(job.world_size)]
+        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)]
+        return sorted(ranks, key=lambda r: r.rank)
+
+    def find_rank_by_task(self, task_arn: str) -> Rank | None:
+        response = self.db.query_page(
+            self.job_table_name,
+            IndexName=JOB_BY_TASK_INDEX,
+            KeyConditionExpression="#t = :t",
+            ExpressionAttributeNames={"#t": JOB_BY_TASK_PK},
+            ExpressionAttributeValues={":t": task_arn},
+            Limit=2,
+        )
+        items = response.get("Items", [])
+        if not items:
+            return None
+        # The index holds keys only (and is eventually consistent): read the item by key.
+        item = self.db.get(self.job_table_name, {JOB_PK: items[0][JOB_PK]})
+        return self.rank_from_item(item) if item and "rank" in item else None
+
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]:
+        """Ranks still holding GPUs on an instance (sparse index: history is never read)."""
+        items = self.db.query_all(
+            self.job_table_name,
+            IndexName=JOB_BY_INSTANCE_INDEX,
+            KeyConditionExpression="#i = :i",
+            ExpressionAttributeNames={"#i": JOB_BY_INSTANCE_PK},
+            ExpressionAttributeValues={":i": container_inst_id},
+        )
+        return [self.rank_from_item(i) for i in items]
+
+    # ============================================================ registration
+    def create_job_if_absent(self, job: Job) -> bool:
+        return self.db.put_if_absent(self.job_table_name, self.job_to_item(job), JOB_PK)
+
+    def put_rank_registration(self, rank: Rank) -> bool:
+        """Write a rank unless the table already has this task or a newer attempt."""
+        return self.db.put_conditional(
+            self.job_table_name,
+            self.rank_to_item(rank),
+            "attribute_not_exists(#k) OR (#a < :a) OR (#a = :a AND #t <> :t AND #s IN (:starting))",
+            {"#k": JOB_PK, "#a": "attempt", "#t": JOB_BY_TASK_PK, "#s": "rank_state"},
+            {":a": rank.attempt, ":t": rank.task_arn, ":starting": RankState.STARTING.value},
+        )
+
+    def mark_refused(self, job_id: str, world_size: int, now: float, also: Sequence[Update] = ()) -> bool:
+        """A tagged job too large to protect: True the first time only (operators are told once,
+        ``also``: the e-mail owed)."""
+        return self.db.transact([Update(
+            table=self.job_table_name, key={JOB_PK: refused_item_key(job_id)},
+            set_fields={"item_type": "REFUSED", "world_size": world_size, "refused_at": now},
+            condition="attribute_not_exists(#k)", condition_names={"#k": JOB_PK}), *also])
+
+    # ================================================================ rank intents
+    def mark_rank_running(self, rank: Rank) -> bool:
+        return self.db.apply(self.rank_update(rank, RankState.RUNNING, from_states=[RankState.STARTING]))
+
+    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool:
+        """Mark a live rank STOP_REQUESTED (once) before asking ECS to stop it."""
+        return self.db.apply(self.rank_update(rank, RankState.STOP_REQUESTED, from_states=LIVE_RANK_STATES,
+                                              set_fields={"stop_reason": why[:300],
+                                                          "stop_requested_at": now}))
+
+    def record_rank_stop(self, stop: RankStop) -> bool:
+        return self.db.apply(self._rank_stop_update(stop))
+
+    def _rank_stop_update(self, stop: RankStop) -> Update:
+        return self.rank_update(stop.rank, stop.to, from_states=HOLDING_RANK_STATES, set_fields=stop.fields)
+
+    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
+        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
+        of the previous attempt. A holder that died lets the lease expire; the next one
+        looks the task up by startedBy before starting it."""
+        return self.db.apply(Update(
+            table=self.job_table_name,
+            key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
+            condition=("#a = :prev AND (attribute_not_exists(#la) OR #la <> :a OR #lu < :now)"),
+            condition_values={":prev": attempt - 1, ":a": attempt, ":now": now},
+            condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
+        ))
+
+    # ================================================================= job intents
+    def stop_fanout_fields(self, attempt: int, why: str, now: float) -> dict[str, Any]:
+        """The intent to stop every live rank of ``attempt`` (a fan-out of StopTask batches),
+        committed with the job's transition; the sweep sends it again until confirmed."""
+        return {"stop_fanout": {"attempt": attempt, "why": why[:300], "at": now, "rounds": 0}}
+
+    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
+                       now: float, deadline_at: float, rank_stop: RankStop | None = None,
+                       actor: str = "recovery") -> bool:
+        """The first suspect of a fault: job -> PENDING_HEALTHCHECK with a fresh tally and the
+        intent to stop every other rank (with the rank's stop in the same transaction, so a
+        retry never finds one written without the other). The suspect itself is an item of
+        its own (``FaultRepository.open_suspect``), written before."""
+        job = self.job_transition(
+            job_id, JobState.PENDING_HEALTHCHECK, from_states=from_states, attempt=attempt,
+            reason=reason, actor=actor,
+            set_fields={"fault": FaultTally(attempt=attempt).to_item(), "fault_started_at": now,
+                        "last_error": reason[:1000], **self.stop_fanout_fields(attempt, reason, now),
+                        # In the deadline index while in recovery: the queue scheduler holds
+                        # the job's nodes, and the sweep finishes what a delivery left undone.
+                        **self.job_deadline_fields(deadline_at)},
+            remove_fields=["relocate", "restart_reason"],
+        )
+        return self._with_rank(job, rank_stop)
+
+    def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
+                         deadline_at: float, spend: str, restart_reason: str,
+                         rank_stop: RankStop | None = None,
+                         last_fault: dict[str, Any] | None = None) -> bool:
+        """A fault that needs no node action (an application error within its budget, a
+        transient fault): job -> PENDING_RESTART on the same nodes, the budget charged, every
+        other rank to be stopped, with the rank's stop in the same transaction."""
+        fields: dict[str, Any] = {
+            "fault": FaultTally(attempt=job.attempt).to_item(), "fault_started_at": now,
+            "last_error": reason[:1000], "restart_reason": restart_reason[:500],
+            **self.stop_fanout_fields(job.attempt, reason, now), **self.job_deadline_fields(deadline_at)}
+        if last_fault is not None:
+            fields["last_fault"] = last_fault
+        update = self.job_transition(
+            job.job_id, JobState.PENDING_RESTART, from_states=from_states, attempt=job.attempt,
+            reason=reason, actor="recovery", set_fields=fields,
+            increments={SPEND_COUNTER[spend]: 1} if spend else None,
+            remove_fields=["relocate"],
+        )
+        return self._with_rank(update, rank_stop)
+
+    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
+                   actor: str = "recovery", fields: dict[str, Any] | None = None,
+                   from_states: Iterable[JobState] | None = None,
+                   rank_stop: RankStop | None = None, stop_ranks_of: int | None = None,
+                   stop_why: str = "", also: Sequence[Update] = ()) -> bool:
+        """Move a job to a terminal state (from any state that may reach it). With
+        ``stop_ranks_of`` (an attempt) the intent to stop that attempt's live ranks is
+        committed too, and a deadline kept until the fan-out is confirmed."""
+        sources = [s for s in (from_states or sources_of(to))]
+        now = clock.now()
+        extra = dict(fields or {})
+        remove = list(DEADLINE_ATTRIBUTES)
+        if stop_ranks_of is not None:
+            extra.update(self.stop_fanout_fields(stop_ranks_of, stop_why or reason, now))
+            extra.update(self.job_deadline_fields(now + 60))
+            remove = []
+        job = self.job_transition(job_id, to, from_states=sources, attempt=attempt, reason=reason,
+                                  actor=actor, set_fields=extra, remove_fields=remove)
+        return self._with_rank(job, rank_stop, also)
+
+    def _with_rank(self, job_update: Update, rank_stop: RankStop | None, also: Sequence[Update] = ()) -> bool:
+        rank = [self._rank_stop_update(rank_stop)] if rank_stop is not None else []
+        return self.db.transact([*rank, job_update, *also])
+
+    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery",
+                            also: Sequence[Update] = ()) -> bool:
+        return self.db.transact([self.job_transition(
+            job_id, JobState.RUNNING, from_states=[JobState.STARTING], attempt=attempt,
+            reason=reason, actor=actor, remove_fields=[*DEADLINE_ATTRIBUTES, "start_fanout"]), *also])
+
+    def mark_job_canceled(self, job_id: str, reason: str, actor: str = "recovery") -> bool:
+        return self.db.apply(self.job_transition(
+            job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
+            reason=reason, actor=actor))
+
+    def mark_not_relocatable(self, job_id: str) -> bool:
+        """A rank of the job lacks gpu-recovery:relocatable=true: the job is not relocatable."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
+            set_fields={"relocatable": False}, condition="#r = :t",
+            condition_values={":t": True}, condition_names={"#r": "relocatable"}))
+
+    def rearm_job(self, job: Job, deadline_at: float) -> bool:
+        """Push a job's deadline (no history entry: nothing happened to the job)."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields=self.job_deadline_fields(deadline_at),
+            condition="#st = :st AND #att = :att",
+            condition_values={":st": job.state.value, ":att": job.attempt},
+            condition_names={"#st": "job_state", "#att": "attempt"},
+        ))
+
+    def clear_job_deadline(self, job_id: str, state: JobState, deadline_at: Any) -> bool:
+        """Only the deadline the sweep read: a newer one (a new state) stays."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
+            remove_fields=list(DEADLINE_ATTRIBUTES),
+            condition="#st = :st AND #dl = :dl",
+            condition_values={":st": state.value, ":dl": deadline_at},
+            condition_names={"#st": "job_state", "#dl": DEADLINE_SK},
+        ))
+
+    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float,
+                           placement: Update | None = None, moves: Mapping[str, Any] | None = None,
+                           reason: str = "") -> bool:
+        """PENDING_RESTART -> STARTING with attempt + 1 and the intent to start every rank
+        (a fan-out of StartTask batches), exactly once per fault. A relocation's placement
+        item (node -> target) is written in the same transaction: whoever resumes the launch
+        starts every rank where this claim said."""
+        new_attempt = job.attempt + 1
+        fields: dict[str, Any] = {"attempt": new_attempt, "restarted_attempt": new_attempt,
+                                  "restarted_at": now, **self.job_deadline_fields(deadline_at),
+                                  "start_fanout": {"attempt": new_attempt, "at": now}}
+        if placement is not None:
+            fields["relocated_attempt"] = new_attempt
+            fields["relocations"] = [*self._relocations(job.job_id), {
+                "at": now, "attempt": new_attempt, "reason": reason[:500],
+                "moves": {node: str(m.get("node", "")) for node, m in list((moves or {}).items())[:20]},
+                "nodes_moved": len(moves or {})}][-20:]
+        update = self.job_transition(
+            job.job_id, JobState.STARTING, from_states=[JobState.PENDING_RESTART],
+            attempt=job.attempt, reason=reason or f"gang restart, attempt {new_attempt}", actor="recovery",
+            set_fields=fields)
+        return self.db.transact([update, placement]) if placement is not None else self.db.apply(update)
+
+    def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
+        """The fan-out's batches are on their queue (or were run): confirmed."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={f"{kind}.sent_at": now},
+            condition="#f.#a = :a", condition_values={":a": attempt},
+            condition_names={"#f": kind, "#a": "attempt"}))
+
+    def record_stop_round(self, job: Job, attempt: int, rounds: int, now: float) -> bool:
+        """The stops of ``attempt`` were asked again (a paced round): when, and how often."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={"stop_fanout.rounds": rounds, "stop_fanout.sent_at": now},
+            condition="#f.#a = :a AND (attribute_not_exists(#f.#r) OR #f.#r < :r)",
+            condition_values={":a": attempt, ":r": rounds},
+            condition_names={"#f": "stop_fanout", "#a": "attempt", "#r": "rounds"}))
+
+    def end_stop_fanout(self, job: Job, attempt: int) -> bool:
+        """Every rank of ``attempt`` ended: nothing is left to stop (a terminal job leaves the
+        deadline index)."""
+        update = Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            remove_fields=["stop_fanout", *(DEADLINE_ATTRIBUTES if job.state.is_terminal else [])],
+            condition="#f.#a = :a AND #st = :st",
+            condition_values={":a": attempt, ":st": job.state.value},
+            condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})
+        return self.db.apply(update)
+
+    def conclude_fault(self, job: Job, to: JobState, *, reason: str, error: str, spend: str,
+                       restart_reason: str, deadline_at: float | None, also: Sequence[Update] = ()) -> bool:
+        """Every verdict in (counted once every rank ended): the job leaves
+        PENDING_HEALTHCHECK on the tally as read."""
+        condition, values, names = self.faults.tally_condition(job)
+        now = clock.now()
+        fields: dict[str, Any] = {}
+        if error:
+            fields["last_error"] = error[:1000]
+        if restart_reason:
+            fields["restart_reason"] = restart_reason[:500]
+        if deadline_at is not None:
+            fields.update(self.job_deadline_fields(deadline_at))
+        if to.is_terminal:
+            fields.update(self.stop_fanout_fields(job.attempt, error or reason, now))
+            fields.update(self.job_deadline_fields(now + 60))
+        return self.db.transact([self.job_transition(
+            job.job_id, to, from_states=[job.state], attempt=job.attempt, reason=reason, actor="recovery",
+            set_fields=fields, increments={SPEND_COUNTER[spend]: 1} if spend else None,
+            extra_condition=condition, extra_values=values, extra_names=names), *also])
+
+    def _relocations(self, job_id: str) -> list[dict[str, Any]]:
+        item = self.get_job_item(job_id) or {}
+        return list(item.get("relocations") or [])
+
+    def wait_for_relocation(self, job: Job, wait: RelocationWait, deadline_at: float) -> bool:
+        """No healthy free node for a relocatable job: it stays PENDING_RESTART with its
+        wait (once per fault: a duplicate or late delivery neither extends nor restarts it)
+        and a deadline, so the sweep tries again. Nothing is charged."""
+        return self.db.apply(self.job_transition(
+            job.job_id, JobState.PENDING_RESTART, from_states=[JobState.PENDING_RESTART],
+            attempt=job.attempt, reason=wait.waiting_reason(), actor="recovery",
+            set_fields={"relocation_wait": wait.to_item(), **self.job_deadline_fields(deadline_at)},
+            extra_condition="attribute_not_exists(#rw) OR #rw.#ra <> :att",
+            extra_names={"#rw": "relocation_wait", "#ra": "attempt"}))
+
+    def leave_suspects_before_verdict(self, job: Job, nodes: Sequence[str], *, reason: str,
+                                      deadline_at: float) -> bool:
+        """Spare first: the job leaves its suspect ``nodes`` before their verdicts, at once
+        and once per fault: PENDING_HEALTHCHECK -> PENDING_RESTART to relocate (on the tally
+        as read, so a verdict landing meanwhile makes one of the two fail), one
+        infrastructure recovery charged, each suspect PENDING -> LEFT, and on each node's
+        open health check the job moved from ``hc_jobs`` (its verdict no longer waited for)
+        to ``hc_left`` (the check goes on for the node; the evidence is on the suspect)."""
+        faults = self.faults
+        now = clock.now()
+        condition, values, names = faults.tally_condition(job)
+        updates = [self.job_transition(
+            job.job_id, JobState.PENDING_RESTART, from_states=[JobState.PENDING_HEALTHCHECK],
+            attempt=job.attempt, reason=reason, actor="recovery",
+            set_fields={"relocate": True, "restart_reason": reason[:500],
+                        "left_before_verdict": {"attempt": job.attempt, "at": now, "nodes": list(nodes)},
+                        **self.job_deadline_fields(deadline_at)},
+            increments={"fault.decided": len(nodes), "fault.fatal": len(nodes),
+                        SPEND_COUNTER[SPEND_INFRASTRUCTURE]: 1},
+            extra_condition=condition, extra_values=values, extra_names=names)]
+        left = f"{job.job_id}#{job.attempt}"
+        for node in nodes:
+            updates.append(faults.decide_suspect(
+                job, node, SuspectVerdict.LEFT, findings={"source": "left before the verdict", "at": now},
+                record=None, rebooting=False, now=now))
+            updates.append(self.instance_update(
+                node, from_states=HEALTH_CHECK_STATES, delete_from_sets={"hc_jobs": {job.job_id}},
+                add_to_sets={"hc_left": {left}}, extra_condition="contains(#hcj, :job)",
+                extra_values={":job": job.job_id}, extra_names={"#hcj": "hc_jobs"}))
+        return self.db.transact(updates)
+
+    def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
+                               reason: str, also: Sequence[Update] = ()) -> bool:
+        """A queue job leaves its unusable nodes: PENDING_RESTART -> PENDING_RESOURCES at the
+        head of its priority; the scheduler places it on healthy nodes (attempt + 1, a new
+        MASTER_ADDR) and records where each rank moved."""
+        return self.db.transact([self.job_transition(
+            job.job_id, JobState.PENDING_RESOURCES, from_states=[JobState.PENDING_RESTART],
+            attempt=job.attempt, reason=reason, actor="recovery",
+            set_fields={QUEUE_PK: "QUEUE", QUEUE_SK: queue_order, "not_before": 0,
+                        "relocation": relocation},
+            remove_fields=[*DEADLINE_ATTRIBUTES, "relocate", "launched_at", "launch_claimed_at"],
+        ), *also])

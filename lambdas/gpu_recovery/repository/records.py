@@ -1,0 +1,183 @@
+"""The recovery loop's items as the domain's objects, and back: jobs, ranks, instances.
+
+Pure mapping (no DynamoDB call): the repositories read items and hand out
+:class:`~gpu_recovery.domain.models.Job`, ``Rank`` and ``Instance``; the job and rank of a
+registration are written as built here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gpu_recovery.constants import (
+    DEADLINE_SK,
+    HC_WAIT_PK,
+    INSTANCE_PK,
+    JOB_BY_INSTANCE_PK,
+    JOB_BY_TASK_PK,
+    JOB_PK,
+    job_item_key,
+    rank_item_key,
+)
+from gpu_recovery.domain.breaker.hold import BreakerHold
+from gpu_recovery.domain.fault_tally import FaultTally
+from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.relocation import RelocationWait
+from gpu_recovery.domain.states import InstanceState, JobState, RankState
+from gpu_recovery.repository.base import from_ddb, to_ddb
+
+
+def job_from_item(item: Mapping[str, Any]) -> Job:
+    item = from_ddb(dict(item))
+    restarted = item.get("restarted_attempt")
+    attempt = int(item.get("attempt", 1))
+    source = item.get("source", "ecs-tags")
+    return Job(
+        job_id=item["job_id"],
+        state=JobState(item["job_state"]),
+        world_size=int(item["world_size"]),
+        attempt=attempt,
+        recoveries_used=int(item.get("recoveries_used", 0)),
+        max_recovery_attempts=int(item.get("max_recovery_attempts", 1)),
+        app_restarts_used=int(item.get("app_restarts_used", 0)),
+        max_app_restarts=int(item.get("max_app_restarts", 0)),
+        fault_started_at=item.get("fault_started_at"),
+        last_error=item.get("last_error", ""),
+        created_at=item.get("created_at", 0.0),
+        updated_at=item.get("updated_at", 0.0),
+        source=source,
+        restarted_attempt=int(restarted) if restarted is not None else None,
+        tally=FaultTally.from_item(item.get("fault")),
+        relocate=bool(item.get("relocate", False)),
+        relocated=int(item.get("relocated_attempt") or 0) == attempt,
+        restart_reason=str(item.get("restart_reason", "")),
+        suspend=dict(item.get("suspend") or {}),
+        relocatable_tags=source == "queue" or bool(item.get("relocatable", False)),
+        stop_fanout=dict(item.get("stop_fanout") or {}),
+        start_fanout=dict(item.get("start_fanout") or {}),
+        last_fault=dict(item.get("last_fault") or {}),
+        relocation_wait=RelocationWait.from_item(item["job_id"], item.get("relocation_wait"), attempt),
+        breaker_hold=BreakerHold.from_item(item["job_id"], item.get("breaker_hold"), attempt),
+    )
+
+
+def job_to_item(job: Job) -> dict[str, Any]:
+    return to_ddb(
+        {
+            JOB_PK: job_item_key(job.job_id),
+            "item_type": "JOB",
+            "job_id": job.job_id,
+            "job_state": job.state.value,
+            "world_size": job.world_size,
+            "attempt": job.attempt,
+            "recoveries_used": job.recoveries_used,
+            "max_recovery_attempts": job.max_recovery_attempts,
+            "app_restarts_used": job.app_restarts_used,
+            "max_app_restarts": job.max_app_restarts,
+            "relocatable": job.relocatable_tags,
+            "last_error": job.last_error,
+            "created_at": job.created_at,
+            "updated_at": job.updated_at,
+            "source": job.source,
+        }
+    )
+
+
+def rank_from_item(item: Mapping[str, Any]) -> Rank:
+    item = from_ddb(dict(item))
+    return Rank(
+        job_id=item["job_id"],
+        rank=int(item["rank"]),
+        state=RankState(item["rank_state"]),
+        attempt=int(item.get("attempt", 1)),
+        task_arn=item.get(JOB_BY_TASK_PK, ""),
+        task_definition_arn=item.get("task_definition_arn", ""),
+        container_inst_id=item.get("container_inst_id", ""),
+        container_instance_arn=item.get("container_instance_arn", ""),
+        ec2_instance_id=item.get("ec2_instance_id", ""),
+        overrides=json.loads(item.get("overrides_json") or "{}"),
+        tags=json.loads(item.get("tags_json") or "[]"),
+        group=item.get("group", ""),
+        started_by=item.get("started_by", ""),
+        exit_code=item.get("exit_code"),
+        stop_reason=item.get("stop_reason", ""),
+        last_heartbeat_at=item.get("last_heartbeat_at"),
+        registered_at=item.get("registered_at", 0.0),
+        stop_requested_at=item.get("stop_requested_at"),
+        launch_attempt=item.get("launch_attempt"),
+        launch_lease_until=item.get("launch_lease_until"),
+        gpus=int(item.get("gpus") or 0),
+    )
+
+
+def rank_to_item(rank: Rank) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        JOB_PK: rank_item_key(rank.job_id, rank.rank),
+        "item_type": "RANK",
+        "job_id": rank.job_id,
+        "rank": rank.rank,
+        "rank_state": rank.state.value,
+        "attempt": rank.attempt,
+        JOB_BY_TASK_PK: rank.task_arn,
+        "task_definition_arn": rank.task_definition_arn,
+        "container_inst_id": rank.container_inst_id,
+        "container_instance_arn": rank.container_instance_arn,
+        "ec2_instance_id": rank.ec2_instance_id,
+        # Overrides and tags are kept verbatim as JSON: they are replayed as-is on
+        # restart, and stopped tasks vanish from ECS after about an hour.
+        "overrides_json": json.dumps(rank.overrides, sort_keys=True),
+        "tags_json": json.dumps(rank.tags, sort_keys=True),
+        "group": rank.group,
+        "started_by": rank.started_by,
+        "registered_at": rank.registered_at,
+    }
+    if rank.gpus:
+        item["gpus"] = rank.gpus
+    if rank.is_live and rank.container_inst_id:
+        item[JOB_BY_INSTANCE_PK] = rank.container_inst_id
+    if rank.exit_code is not None:
+        item["exit_code"] = rank.exit_code
+    if rank.last_heartbeat_at is not None:
+        item["last_heartbeat_at"] = rank.last_heartbeat_at
+    return to_ddb({k: v for k, v in item.items() if v != ""})
+
+
+def instance_from_item(item: Mapping[str, Any]) -> Instance:
+    item = from_ddb(dict(item))
+    return Instance(
+        container_inst_id=item[INSTANCE_PK],
+        state=InstanceState(item.get("instance_state", InstanceState.AVAILABLE.value)),
+        container_instance_arn=item.get("container_instance_arn", ""),
+        ec2_instance_id=item.get("ec2_instance_id", ""),
+        hc_jobs=set(item.get("hc_jobs", set())),
+        hc_task_arn=item.get("hc_task_arn", ""),
+        hc_started_by=item.get("hc_started_by", ""),
+        hc_start_attempts=int(item.get("hc_start_attempts", 0)),
+        hc_requested_at=item.get("hc_requested_at"),
+        hc_lease_until=item.get("hc_lease_until"),
+        hc_owner=str(item.get("hc_owner") or ""),
+        hc_job_slot=bool(item.get("hc_job_slot", True)),
+        hc_claimed_at=item.get("hc_claimed_at"),
+        hc_waiting_for_slot=bool(item.get(HC_WAIT_PK)),
+        hc_left=set(item.get("hc_left", set())),
+        reboot_requested_at=item.get("reboot_requested_at"),
+        reboot_claimed_at=item.get("reboot_claimed_at"),
+        reboot_issued_at=item.get("reboot_issued_at"),
+        disconnected_at=item.get("disconnected_at"),
+        disconnected_version=int(item.get("disconnected_version", 0)),
+        boot_time=item.get("boot_time"),
+        waiting_jobs=set(item.get("waiting_jobs", set())),
+        deadline_at=item.get(DEADLINE_SK),
+        last_verdict=dict(item.get("last_verdict", {})),
+        quarantine_reason=item.get("quarantine_reason", ""),
+        drain_pending=bool(item.get("drain_pending", False)),
+        terminate_pending=bool(item.get("terminate_pending", False)),
+        terminate_claimed_at=item.get("terminate_claimed_at"),
+        fault_history=list(item.get("fault_history") or []),
+        reboot_reason=item.get("reboot_reason", ""),
+        breaker_blocked=dict(item.get("breaker_blocked") or {}),
+        cordon=dict(item.get("cordon") or {}),
+        cordon_version=item.get("cordon_version"),
+    )

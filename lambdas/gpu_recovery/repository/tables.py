@@ -1,0 +1,261 @@
+"""What every repository of the recovery loop's two tables shares: the tables, the
+sub-repositories over them, the builders of conditional updates (a job's transition, a
+rank's, an instance's) and the sweep's reads of the deadline index.
+
+:class:`RecoveryTables` is the base of each aggregate's intents (``jobs_and_ranks``,
+``instances``, ``node_decisions``, ``breaker``); ``gpu_recovery.repository.Repository``
+is their union. The generic builders are also what the heartbeat and queue repositories,
+which share these tables, build their own intents with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    DEADLINE_BUCKET,
+    DEADLINE_INDEX,
+    DEADLINE_PK,
+    DEADLINE_SK,
+    HB_PK,
+    INSTANCE_PK,
+    JOB_BY_INSTANCE_PK,
+    JOB_BY_TASK_PK,
+    JOB_PK,
+    job_item_key,
+    rank_item_key,
+)
+from gpu_recovery.domain.models import Instance, Rank
+from gpu_recovery.domain.state_machine import check_transition
+from gpu_recovery.domain.states import (
+    HEARTBEAT_WATCHED_RANK_STATES,
+    HOLDING_RANK_STATES,
+    InstanceState,
+    JobState,
+    RankState,
+)
+from gpu_recovery.repository import records
+from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
+from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.health_check_slots import HealthCheckSlots
+from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.notices import NoticeRepository
+
+DEADLINE_ATTRIBUTES = [DEADLINE_PK, DEADLINE_SK]
+
+
+class RecoveryTables:
+    """The job and instance tables, and what every aggregate's intents are built with."""
+
+    def __init__(self, dynamodb: Any, job_table: str, instance_table: str) -> None:
+        self.db = DynamoGateway(dynamodb)
+        self._ddb = dynamodb  # boto3 DynamoDB *resource* (the other repositories share it)
+        self.job_table_name = job_table
+        self.instance_table_name = instance_table
+        self._jobs = dynamodb.Table(job_table)
+        self._instances = dynamodb.Table(instance_table)
+        self.latches = LatchRepository(self)  # rank counts of an attempt
+        self.faults = FaultRepository(self)  # suspect items, tallies, placements
+        self.slots = HealthCheckSlots(self)  # health checks running: the cluster's, each job's
+        self.cordons = CordonRepository(self)  # known-bad nodes and their ECS attribute syncs
+        self.notices = NoticeRepository(self)  # e-mails owed (the outbox)
+
+    # ================================================================== mapping
+    job_from_item = staticmethod(records.job_from_item)
+    job_to_item = staticmethod(records.job_to_item)
+    rank_from_item = staticmethod(records.rank_from_item)
+    rank_to_item = staticmethod(records.rank_to_item)
+    instance_from_item = staticmethod(records.instance_from_item)
+
+    # ============================================== the deadline index (the sweep)
+    def due_instances(self, now: float, limit: int | None = None) -> list[Instance]:
+        return [self.instance_from_item(i) for i in self._due(self.instance_table_name, now, limit)]
+
+    def due_job_items(self, now: float, limit: int | None = None) -> list[dict[str, Any]]:
+        return [from_ddb(dict(i)) for i in self._due(self.job_table_name, now, limit)]
+
+    def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]:
+        """:meth:`due_instances` a page at a time, read as the caller asks for the next."""
+        for items in self._due_pages(self.instance_table_name, now, page):
+            yield [self.instance_from_item(i) for i in items]
+
+    def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
+        for items in self._due_pages(self.job_table_name, now, page):
+            yield [from_ddb(dict(i)) for i in items]
+
+    @staticmethod
+    def _due_query(now: float) -> dict[str, Any]:
+        return dict(
+            IndexName=DEADLINE_INDEX,
+            KeyConditionExpression="#b = :b AND #d <= :now",
+            ExpressionAttributeNames={"#b": DEADLINE_PK, "#d": DEADLINE_SK},
+            ExpressionAttributeValues={":b": DEADLINE_BUCKET, ":now": to_ddb(float(now))},
+        )
+
+    def _due(self, table: str, now: float, limit: int | None) -> list[dict[str, Any]]:
+        """Items whose deadline passed, oldest first (at most ``limit``: one page)."""
+        if limit is None:
+            return self.db.query_all(table, **self._due_query(now))
+        return list(self.db.query_page(table, Limit=limit, **self._due_query(now)).get("Items", []))
+
+    def _due_pages(self, table: str, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
+        """Pages from where the last one ended (an item handled meanwhile moved to a later
+        deadline; one whose step failed keeps its place, before the next page: neither is
+        read twice in one pass)."""
+        kwargs = self._due_query(now)
+        while True:
+            response = self.db.query_page(table, Limit=page, **kwargs)
+            yield list(response.get("Items", []))
+            if "LastEvaluatedKey" not in response:
+                return
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    # ======================================================= generic (shared) API
+    def apply(self, update: Update) -> bool:
+        return self.db.apply(update)
+
+    def apply_returning(self, update: Update) -> dict[str, Any] | None:
+        return self.db.apply_returning(update)
+
+    def transact(self, updates: Sequence[Update]) -> bool:
+        return self.db.transact(updates)
+
+    def _batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self.db.batch_get(table, keys)
+
+    def job_transition(
+        self,
+        job_id: str,
+        to: JobState,
+        *,
+        from_states: Iterable[JobState],
+        attempt: int | None,
+        reason: str,
+        actor: str,
+        set_fields: dict[str, Any] | None = None,
+        increments: dict[str, int] | None = None,
+        remove_fields: list[str] | None = None,
+        extra_condition: str | None = None,
+        extra_values: dict[str, Any] | None = None,
+        extra_names: dict[str, str] | None = None,
+    ) -> Update:
+        """A job state change, checked against the one job state machine."""
+        sources = list(from_states)
+        for source in sources:
+            if source is not to:
+                check_transition(source, to)
+        states = [s.value for s in sources]
+        extra = "#att = :att" if attempt is not None else None
+        if extra_condition:
+            extra = f"({extra}) AND ({extra_condition})" if extra else extra_condition
+        condition, values, names = state_condition("job_state", states, "js", extra)
+        if attempt is not None:
+            values[":att"] = attempt
+            names["#att"] = "attempt"
+        values.update(extra_values or {})
+        names.update(extra_names or {})
+        now = clock.now()
+        fields = {"job_state": to.value, "updated_at": now, **(set_fields or {})}
+        return Update(
+            table=self.job_table_name,
+            key={JOB_PK: job_item_key(job_id)},
+            set_fields=fields,
+            increments=increments or {},
+            remove_fields=remove_fields or [],
+            history_entry={"at": now, "to": to.value, "reason": reason[:500], "actor": actor,
+                           "from": "|".join(states)},
+            condition=condition,
+            condition_values=values,
+            condition_names=names,
+        )
+
+    def rank_update(
+        self,
+        rank: Rank,
+        to: RankState,
+        *,
+        from_states: Iterable[RankState],
+        set_fields: dict[str, Any] | None = None,
+    ) -> Update:
+        """Move one rank; the task ARN in the condition ignores stale attempts."""
+        condition, values, names = state_condition(
+            "rank_state", [s.value for s in from_states], "rs", "#task = :task"
+        )
+        values[":task"] = rank.task_arn
+        names["#task"] = JOB_BY_TASK_PK
+        remove = [] if to in HOLDING_RANK_STATES else [JOB_BY_INSTANCE_PK]
+        if to not in HEARTBEAT_WATCHED_RANK_STATES:
+            remove.append(HB_PK)  # leave the sparse heartbeat index: only watched ranks stay
+        return Update(
+            table=self.job_table_name,
+            key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            set_fields={"rank_state": to.value, "updated_at": clock.now(), **(set_fields or {})},
+            remove_fields=remove,
+            condition=condition,
+            condition_values=values,
+            condition_names=names,
+        )
+
+    def instance_update(
+        self,
+        container_inst_id: str,
+        *,
+        from_states: Iterable[InstanceState] | None = None,
+        to: InstanceState | None = None,
+        set_fields: dict[str, Any] | None = None,
+        add_to_sets: dict[str, set[str]] | None = None,
+        delete_from_sets: dict[str, set[str]] | None = None,
+        remove_fields: list[str] | None = None,
+        increments: dict[str, int] | None = None,
+        deadline_at: float | None = None,
+        clear_deadline: bool = False,
+        extra_condition: str | None = None,
+        extra_values: dict[str, Any] | None = None,
+        extra_names: dict[str, str] | None = None,
+        allow_missing: bool = False,
+    ) -> Update:
+        fields = dict(set_fields or {})
+        remove = list(remove_fields or [])
+        if to is not None:
+            fields["instance_state"] = to.value
+        fields["updated_at"] = clock.now()
+        if deadline_at is not None:
+            fields[DEADLINE_PK] = DEADLINE_BUCKET
+            fields[DEADLINE_SK] = deadline_at
+        elif clear_deadline:
+            remove += DEADLINE_ATTRIBUTES
+        condition = None
+        values: dict[str, Any] = {}
+        names: dict[str, str] = {}
+        if from_states is not None:
+            states = [s.value for s in from_states]
+            condition, values, names = state_condition("instance_state", states, "is", extra_condition)
+            if allow_missing:
+                names["#ik"] = INSTANCE_PK
+                condition = f"attribute_not_exists(#ik) OR ({condition})"
+        elif extra_condition:
+            condition = extra_condition
+        values.update(extra_values or {})
+        names.update(extra_names or {})
+        return Update(
+            table=self.instance_table_name,
+            key={INSTANCE_PK: container_inst_id},
+            set_fields=fields,
+            add_to_sets=add_to_sets or {},
+            delete_from_sets=delete_from_sets or {},
+            remove_fields=remove,
+            increments=increments or {},
+            condition=condition,
+            condition_values=values,
+            condition_names=names,
+        )
+
+    def job_deadline_fields(self, deadline_at: float) -> dict[str, Any]:
+        return {DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: deadline_at}
+
+    @staticmethod
+    def deadline_attributes() -> list[str]:
+        return list(DEADLINE_ATTRIBUTES)
