@@ -123,11 +123,18 @@ class ApiHooks:
         return model.service_model.service_id.hyphenize(), model.name
 
     def stash_params(self, params: dict[str, Any], model: Any, context: Any = None, **_: Any):
-        if context is not None:
-            try:
-                context[PARAMS_KEY] = copy.deepcopy(params)
-            except Exception:  # streaming bodies and the like
-                context[PARAMS_KEY] = dict(params)
+        """The parameters as the caller passed them, for this call's listeners (none: no copy;
+        listeners are registered while the world is set up, before the calls they watch)."""
+        if context is None:
+            return
+        key = self._key(model)
+        with self._lock:
+            if key not in self._before and key not in self._after:
+                return
+        try:
+            context[PARAMS_KEY] = copy.deepcopy(params)
+        except Exception:  # streaming bodies and the like
+            context[PARAMS_KEY] = dict(params)
 
     def before_call(self, model: Any, params: Any, context: Any = None, **_: Any) -> Any:
         with self._lock:
@@ -421,9 +428,35 @@ def _share_botocore_data_loader() -> None:
     session.Session._register_data_loader = register_shared  # type: ignore[method-assign]
 
 
+def _share_moto_sns_signing_key() -> None:
+    """moto signs every message an SNS subscription delivers with a 2048-bit RSA key it
+    generates for that subscription the first time (~0.1 s of CPU, a random amount): in a
+    crash campaign, once per forked run whose first e-mail comes after the fork. One key per
+    process signs for every subscription (moto makes the certificate that goes with it per
+    message, as before; nothing here checks signatures). Idempotent."""
+    from moto.sns.models import Subscription
+
+    if getattr(Subscription.private_key, "_shared", False):
+        return
+    lock = threading.Lock()
+    keys: list[Any] = []
+
+    def private_key(self: Any) -> Any:
+        with lock:
+            if not keys:
+                from cryptography.hazmat.primitives.asymmetric import rsa
+
+                keys.append(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+            return keys[0]
+
+    private_key._shared = True  # type: ignore[attr-defined]
+    Subscription.private_key = private_key  # type: ignore[method-assign]
+
+
 def install_emulator_speedups() -> None:
     """The emulator's changes to moto and botocore that only save CPU (same responses)."""
     _share_botocore_data_loader()
+    _share_moto_sns_signing_key()
     _serialize_attribute_values_directly()
     _cache_moto_dispatch_tables()
     _load_only_moto_default_amis()
