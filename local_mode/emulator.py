@@ -23,6 +23,19 @@ Entering the context:
   moto's generic serializer, a fraction of its CPU: see
   ``_serialize_attribute_values_directly``).
 
+DynamoDB has two backends (``LocalAws(dynamodb=...)``):
+
+* ``"moto"`` (the default): moto's DynamoDB, exact API behaviour for the tests that pin it;
+* ``"memory"``: the in-memory store of ``local_mode.memory_dynamo`` behind real boto3
+  clients (``local_mode.memory_backend``), several times cheaper per call: the crash
+  campaigns and the soak. The handlers' DynamoDB resource and client and the internal ones
+  (``resource("dynamodb")``, ``client("dynamodb")``) read the same store, whose tables are
+  created as above; every call goes through the same botocore events as a moto call, so the
+  hooks, ``call_faults`` and ``faults`` see and break it alike (same service "dynamodb",
+  operation and call site, same order; injected errors retried by botocore's standard
+  retries). Not modelled there: TTL expiry (moto does not expire items either), streams,
+  PartiQL, operations the stack does not use.
+
 Exiting restores the environment, the clock and the adapters. Example::
 
     with LocalAws(max_recovery_attempts=2) as local:
@@ -56,6 +69,8 @@ from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 
 from .faults import ApiFaults, CallFaults
+from .memory_backend import serve_dynamodb_from
+from .memory_dynamo import MemoryDynamo
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
@@ -64,6 +79,8 @@ QUEUE_NAME = "gpu-training-notifications-inbox"
 GANG_QUEUE_NAME = "gpu-recovery-gang-batches"  # the gang fan-out's queue (see LocalEventBus.add_queue)
 HEALTH_CHECK_LOG_GROUP = "/ecs/gpu-health-check"
 PARAMS_KEY = "local_mode_params"
+#: ``LocalAws(dynamodb=...)``: moto (exact API behaviour, the default) or the in-memory store
+DYNAMODB_BACKENDS = ("moto", "memory")
 
 BeforeCall = Callable[[dict[str, Any], dict[str, Any]], Any]
 AfterCall = Callable[[dict[str, Any], int, dict[str, Any], dict[str, Any]], None]
@@ -106,11 +123,18 @@ class ApiHooks:
         return model.service_model.service_id.hyphenize(), model.name
 
     def stash_params(self, params: dict[str, Any], model: Any, context: Any = None, **_: Any):
-        if context is not None:
-            try:
-                context[PARAMS_KEY] = copy.deepcopy(params)
-            except Exception:  # streaming bodies and the like
-                context[PARAMS_KEY] = dict(params)
+        """The parameters as the caller passed them, for this call's listeners (none: no copy;
+        listeners are registered while the world is set up, before the calls they watch)."""
+        if context is None:
+            return
+        key = self._key(model)
+        with self._lock:
+            if key not in self._before and key not in self._after:
+                return
+        try:
+            context[PARAMS_KEY] = copy.deepcopy(params)
+        except Exception:  # streaming bodies and the like
+            context[PARAMS_KEY] = dict(params)
 
     def before_call(self, model: Any, params: Any, context: Any = None, **_: Any) -> Any:
         with self._lock:
@@ -404,9 +428,35 @@ def _share_botocore_data_loader() -> None:
     session.Session._register_data_loader = register_shared  # type: ignore[method-assign]
 
 
+def _share_moto_sns_signing_key() -> None:
+    """moto signs every message an SNS subscription delivers with a 2048-bit RSA key it
+    generates for that subscription the first time (~0.1 s of CPU, a random amount): in a
+    crash campaign, once per forked run whose first e-mail comes after the fork. One key per
+    process signs for every subscription (moto makes the certificate that goes with it per
+    message, as before; nothing here checks signatures). Idempotent."""
+    from moto.sns.models import Subscription
+
+    if getattr(Subscription.private_key, "_shared", False):
+        return
+    lock = threading.Lock()
+    keys: list[Any] = []
+
+    def private_key(self: Any) -> Any:
+        with lock:
+            if not keys:
+                from cryptography.hazmat.primitives.asymmetric import rsa
+
+                keys.append(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+            return keys[0]
+
+    private_key._shared = True  # type: ignore[attr-defined]
+    Subscription.private_key = private_key  # type: ignore[method-assign]
+
+
 def install_emulator_speedups() -> None:
     """The emulator's changes to moto and botocore that only save CPU (same responses)."""
     _share_botocore_data_loader()
+    _share_moto_sns_signing_key()
     _serialize_attribute_values_directly()
     _cache_moto_dispatch_tables()
     _load_only_moto_default_amis()
@@ -441,7 +491,14 @@ class LocalAws:
         metrics_disabled: bool = False,
         sleep_on_retry: bool = False,
         extra_env: dict[str, str] | None = None,
+        dynamodb: str = "moto",
     ) -> None:
+        if dynamodb not in DYNAMODB_BACKENDS:
+            raise ValueError(f"dynamodb is one of {DYNAMODB_BACKENDS}, not {dynamodb!r}")
+        #: where the tables live: "moto" or "memory" (see the module docstring)
+        self.dynamodb_backend = dynamodb
+        #: the in-memory store (``dynamodb="memory"``), None with moto
+        self.memory_dynamodb: MemoryDynamo | None = None
         self.cluster_name = cluster_name
         self.cluster_arn = f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:cluster/{cluster_name}"
         self.account_id = ACCOUNT_ID
@@ -525,6 +582,11 @@ class LocalAws:
             botocore.endpoint.time = _NoSleepTime(self.retry_sleeps.append)  # type: ignore[assignment]
         self._session = boto3.session.Session()
         _share_model_loader(self._session)
+        if self.dynamodb_backend == "memory":
+            # No transaction-conflict model: moto has none, and the two backends answer alike.
+            self.memory_dynamodb = MemoryDynamo(tx_conflict_window=0,
+                                                arn_prefix=f"arn:aws:dynamodb:{REGION}:{ACCOUNT_ID}")
+            serve_dynamodb_from(self._session, self.memory_dynamodb)
         try:
             self._create_resources()
         except Exception:
@@ -539,6 +601,9 @@ class LocalAws:
         events.register_first("before-send", self.faults.before_send)
         events.register_first("before-call", self.call_faults.before_call)
         events.register_last("after-call", self.call_faults.after_call)
+        if self.memory_dynamodb is not None:
+            # After the hooks: the handlers' DynamoDB clients carry them as moto's would.
+            serve_dynamodb_from(aws.session(), self.memory_dynamodb)
         LocalAws._active.append(self)
         return self
 
@@ -562,6 +627,7 @@ class LocalAws:
                 os.environ[key] = value
         self._saved_env.clear()
         self._clients.clear()
+        self.memory_dynamodb = None
 
     def _set_env(self, values: dict[str, str]) -> None:
         for key, value in values.items():
@@ -663,24 +729,34 @@ class LocalAws:
         """Internal clients: CreateTable of a table LocalAws already provisioned (node
         tokens, idempotency) answers with the existing table instead of
         ResourceInUseException, so older fixtures that create it themselves still work."""
-        try:
-            name = json.loads(params.get("body") or b"{}").get("TableName")
-        except (TypeError, ValueError):
+        body = params.get("body")
+        try:  # moto's clients send JSON; the memory store's get the parameters themselves
+            name = (body if isinstance(body, dict) else json.loads(body or b"{}")).get("TableName")
+        except (TypeError, ValueError, AttributeError):
             return None
         if name not in self._provisioned_tables:
             return None
-        try:
-            from moto.dynamodb.models import dynamodb_backends
-
-            table = dynamodb_backends[ACCOUNT_ID][REGION].get_table(name)
-        except Exception:
+        description = self._table_description(name)
+        if description is None:
             return None  # gone (deleted by the caller): a real CreateTable
         from botocore.awsrequest import AWSResponse
         from botocore.compat import HTTPHeaders
 
         http = AWSResponse("https://dynamodb.us-east-1.amazonaws.com/", 200, HTTPHeaders(), None)  # type: ignore[arg-type]
-        return http, {"TableDescription": table.describe(base_key="TableDescription")["TableDescription"],
+        return http, {"TableDescription": description,
                       "ResponseMetadata": {"HTTPStatusCode": 200, "HTTPHeaders": {}, "RetryAttempts": 0}}
+
+    def _table_description(self, name: str) -> dict[str, Any] | None:
+        if self.memory_dynamodb is not None:
+            status, described = self.memory_dynamodb.respond("DescribeTable", {"TableName": name})
+            return described["Table"] if status == 200 else None
+        try:
+            from moto.dynamodb.models import dynamodb_backends
+
+            table = dynamodb_backends[ACCOUNT_ID][REGION].get_table(name)
+        except Exception:
+            return None
+        return table.describe(base_key="TableDescription")["TableDescription"]  # type: ignore[no-any-return]
 
     # --- notifications -----------------------------------------------------------
     def notifications(self) -> list[dict[str, Any]]:

@@ -50,7 +50,13 @@ Modelled (configurable):
 * **latency**: ``on_call(operation)`` is called after each call (the simulator advances
   the caller's simulated clock there).
 
-Not modelled: throughput throttling (on-demand tables), TTL, streams, LSIs, PartiQL,
+The same store also answers real botocore clients (``LocalAws(dynamodb="memory")``, see
+``local_mode.memory_backend``): :meth:`MemoryDynamo.respond` takes a call's parameters in
+DynamoDB JSON, as a client holds them after boto3's mapping, and answers what botocore would
+have parsed (an error as a response, not raised); CreateTable, DescribeTable, DeleteTable,
+ListTables and the TTL settings are the control plane the emulator uses.
+
+Not modelled: throughput throttling (on-demand tables), TTL expiry, streams, LSIs, PartiQL,
 legacy parameters (``Expected``, ``AttributeUpdates``, ``KeyConditions``), eventual
 consistency (every read sees the last write; GSI reads too).
 """
@@ -67,13 +73,14 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cache
 from typing import Any
 
 import botocore.session
-from boto3.dynamodb.transform import TransformationInjector
-from boto3.dynamodb.types import DYNAMODB_CONTEXT, Binary
+from boto3.dynamodb.transform import ParameterTransformer, TransformationInjector
+from boto3.dynamodb.types import DYNAMODB_CONTEXT, Binary, TypeSerializer
 from botocore.exceptions import ClientError
 from botocore.validate import ParamValidator
 from moto.dynamodb.comparisons import AttributeValue, ConditionExpressionParser
@@ -83,7 +90,12 @@ from moto.dynamodb.parsing.ast_nodes import ExpressionAttribute, ExpressionAttri
 from moto.dynamodb.parsing.executors import UpdateExpressionExecutor
 from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 from moto.dynamodb.parsing.key_condition_expression import parse_expression as parse_key_condition
-from moto.dynamodb.parsing.validators import UpdateExpressionValidator
+from moto.dynamodb.parsing.validators import (
+    ActionCountValidator,
+    OverlappingPathsValidator,
+    UpdateExpressionValidator,
+    UpdateHashRangeKeyValidator,
+)
 
 from gpu_recovery import constants as C
 
@@ -122,6 +134,21 @@ def _error(operation: str, code: str, message: str, **extra: Any) -> ClientError
     response.update(extra)
     cls = _botocore_client().exceptions.from_code(code)
     return cls(response, operation)  # type: ignore[no-any-return]
+
+
+_serializer = TypeSerializer()
+
+
+def _as_wire(operation: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A response in Python types (as the resource's client gets it) in DynamoDB JSON (as a
+    low-level client gets it): boto3's serializer over the output shape's AttributeValues.
+    BatchGetItem's UnprocessedKeys are the request's own keys, already DynamoDB JSON."""
+    unprocessed = result.pop("UnprocessedKeys", None)
+    ParameterTransformer().transform(result, _operation_model(operation).output_shape,
+                                     _serializer.serialize, "AttributeValue")
+    if unprocessed is not None:
+        result["UnprocessedKeys"] = unprocessed
+    return result
 
 
 class _Failure(Exception):
@@ -392,17 +419,73 @@ def _clone_tree(node: Any, parent: Any = None) -> Any:
     return clone
 
 
+#: moto's update validators that read only the expression, its names and the table's key
+#: attributes (never the values or the item), and change nothing: an expression they passed
+#: once passes again, so they run once per (expression, names, key attributes)
+_STRUCTURE_CHECKS = (ActionCountValidator, OverlappingPathsValidator, UpdateHashRangeKeyValidator)
+_structure_passed: set[tuple[Any, ...]] = set()
+
+
 class _Validator(UpdateExpressionValidator):
-    """moto's update validator without its defensive deepcopy (we pass a fresh clone)."""
+    """moto's update validator without its defensive deepcopy (we pass a fresh clone), its
+    structure checks run once per expression (``_STRUCTURE_CHECKS``), and its traversal with
+    the node-type tests cached (:func:`_traverse`). Same processors, same order, same tree."""
 
     def __init__(self, tree: Any, names: dict[str, str], values: dict[str, Any], item: Item,
-                 table: Any) -> None:
+                 table: Any, expression: str = "") -> None:
         self.expression_attribute_names = names
         self.expression_attribute_values = values
         self.item = item
         self.table = table
         self.processors = self.get_ast_processors()
         self.node_to_validate = tree
+        self._structure_key = (expression, tuple(sorted(names.items())), tuple(table.table_key_attrs)) \
+            if expression else None
+
+    def validate(self) -> Any:
+        node = self.node_to_validate
+        key = self._structure_key
+        passed = key is not None and key in _structure_passed
+        structural = [p for p in self.processors if isinstance(p, _STRUCTURE_CHECKS)]
+        for processor in self.processors:
+            if passed and isinstance(processor, _STRUCTURE_CHECKS):
+                continue
+            node = _traverse(processor, processor._processing_map(), node)
+            if key is not None and not passed and processor is structural[-1]:
+                with _cache_lock:
+                    _structure_passed.add(key)
+        return node
+
+
+_node_types: dict[type, bool] = {}
+_handled_by: dict[tuple[type, type], type | None] = {}
+
+
+def _traverse(processor: Any, processing: dict[type, Any], node: Any, child_id: int = -1) -> Any:
+    """``DepthFirstTraverser.traverse_node_recursively`` with its ``isinstance`` tests (on
+    ABCs, the validation's main cost) cached per node type; the same visits in the same order."""
+    kind = type(node)
+    is_node = _node_types.get(kind)
+    if is_node is None:
+        is_node = _node_types[kind] = isinstance(node, Node)
+    if not is_node:
+        return node
+    parent = node.parent
+    if node.children is not None:
+        for i, child in enumerate(node.children):
+            processor.pre_processing_of_child(node, i)
+            _traverse(processor, processing, child, i)
+    handler_key = (type(processor), kind)
+    if handler_key in _handled_by:
+        handled = _handled_by[handler_key]
+    else:  # the first class of the processing map the node is an instance of (moto's process())
+        handled = _handled_by[handler_key] = next((c for c in processing if issubclass(kind, c)), None)
+    if handled is not None:
+        node = processing[handled](node)
+        node.parent = parent
+        if parent:
+            parent.children[child_id] = node
+    return node
 
 
 def _tokens(*expressions: str | None) -> set[str]:
@@ -592,6 +675,9 @@ class _TableShape:
 class _Table:
     def __init__(self, name: str, definition: Mapping[str, Any]) -> None:
         self.name = name
+        self.definition = dict(definition)
+        self.created = _time.time()
+        self.ttl: dict[str, Any] = {"TimeToLiveStatus": "DISABLED"}
         schema = {k["KeyType"]: k["AttributeName"] for k in definition["KeySchema"]}
         self.hash_key: str = schema["HASH"]
         self.range_key: str | None = schema.get("RANGE")
@@ -743,8 +829,9 @@ class MemoryDynamo:
                  context: Context | None = None, now: Callable[[], float] | None = None,
                  on_call: Callable[[str], None] | None = None,
                  tx_conflict_window: float = DEFAULT_TX_CONFLICT_WINDOW,
-                 validate: bool = True) -> None:
+                 validate: bool = True, arn_prefix: str = "arn:aws:dynamodb:us-east-1:123456789012") -> None:
         self._tables: dict[str, _Table] = {}
+        self.arn_prefix = arn_prefix
         self.meter = Meter()
         self.context: Context = context or (lambda: ("-", "-"))
         self.now: Callable[[], float] = now or _time.time
@@ -827,19 +914,41 @@ class MemoryDynamo:
                 from botocore.exceptions import ParamValidationError
 
                 raise ParamValidationError(report=report.generate_report())
+        status, response = self.respond(operation, wire)
+        if status >= 300:
+            error = response["Error"]
+            extra = {k: v for k, v in response.items() if k not in ("Error", "ResponseMetadata")}
+            raise _error(operation, error["Code"], error["Message"], **extra) from None
+        return response
+
+    def respond(self, operation: str, wire: Mapping[str, Any], *,
+                python: bool = True) -> tuple[int, dict[str, Any]]:
+        """One API call whose parameters are already in DynamoDB JSON and validated (what a
+        botocore client holds after boto3's mapping): ``(HTTP status, response)``, the
+        response as botocore parses it. An error is answered, not raised: ``{"Error": {"Code",
+        "Message"}, "ResponseMetadata", **its modeled fields}`` with status 400.
+
+        ``python``: attribute values in the response as boto3's TypeDeserializer gives them
+        (the resource's client); False: in DynamoDB JSON (a low-level client's)."""
         label, invocation = self.context()
+        if not python:
+            wire = _copy(dict(wire))  # stored values must not share the caller's containers
         try:
             with self._lock:
                 try:
-                    result = self._execute(operation, wire, label, invocation)
-                    result["ResponseMetadata"] = {"RequestId": f"memory-{next(self._request_ids)}",
-                                                  "HTTPStatusCode": 200, "HTTPHeaders": {},
-                                                  "RetryAttempts": 0}
-                    return result
+                    result = self._execute(operation, dict(wire), label, invocation)
+                    status = 200
                 except _Failure as failure:
                     for usage in self.meter.usage(label):
                         usage.errors[failure.code] += 1
-                    raise _error(operation, failure.code, failure.message, **failure.extra) from None
+                    result = {"Error": {"Code": failure.code, "Message": failure.message}, **failure.extra}
+                    status = 400
+                result["ResponseMetadata"] = {"RequestId": f"memory-{next(self._request_ids)}",
+                                              "HTTPStatusCode": status, "HTTPHeaders": {},
+                                              "RetryAttempts": 0}
+            if status == 200 and not python:
+                result = _as_wire(operation, result)
+            return status, result
         finally:
             if self.on_call is not None:
                 self.on_call(operation)
@@ -858,6 +967,53 @@ class MemoryDynamo:
         total.calls[operation] += 1
         per.calls[operation] += 1
         return handler(p, (total, per), invocation)  # type: ignore[no-any-return]
+
+    # --- tables (the control plane the emulator and its tests use) ------------------------------
+    def _description(self, table: _Table) -> dict[str, Any]:
+        d = table.definition
+        arn = f"{self.arn_prefix}:table/{table.name}"
+        out: dict[str, Any] = {
+            "TableName": table.name, "TableArn": arn, "TableStatus": "ACTIVE",
+            "KeySchema": d["KeySchema"], "AttributeDefinitions": d.get("AttributeDefinitions", []),
+            "ItemCount": len(table.items), "TableSizeBytes": sum(s.size for s in table.items.values()),
+            "CreationDateTime": datetime.fromtimestamp(table.created, tz=UTC),
+            "BillingModeSummary": {"BillingMode": d.get("BillingMode", "PROVISIONED")},
+        }
+        if d.get("GlobalSecondaryIndexes"):
+            out["GlobalSecondaryIndexes"] = [
+                {**gsi, "IndexStatus": "ACTIVE", "IndexArn": f"{arn}/index/{gsi['IndexName']}",
+                 "ItemCount": len(table.gsis[gsi["IndexName"]].entries)}
+                for gsi in d["GlobalSecondaryIndexes"]]
+        return out
+
+    def _op_CreateTable(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+        name = p["TableName"]
+        if name in self._tables:
+            raise _Failure("ResourceInUseException", f"Table already exists: {name}")
+        self._tables[name] = _Table(name, {k: v for k, v in p.items() if k != "TableName"})
+        return {"TableDescription": self._description(self._tables[name])}
+
+    def _op_DescribeTable(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+        return {"Table": self._description(self._table(p["TableName"]))}
+
+    def _op_DeleteTable(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+        description = self._description(self._table(p["TableName"]))
+        del self._tables[p["TableName"]]
+        return {"TableDescription": {**description, "TableStatus": "DELETING"}}
+
+    def _op_ListTables(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+        return {"TableNames": sorted(self._tables)}
+
+    def _op_UpdateTimeToLive(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+        """Recorded, not enforced (neither is it in moto): items never expire here."""
+        table = self._table(p["TableName"])
+        spec = p["TimeToLiveSpecification"]
+        table.ttl = {"TimeToLiveStatus": "ENABLED" if spec["Enabled"] else "DISABLED",
+                     **({"AttributeName": spec["AttributeName"]} if spec["Enabled"] else {})}
+        return {"TimeToLiveSpecification": dict(spec)}
+
+    def _op_DescribeTimeToLive(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+        return {"TimeToLiveDescription": dict(self._table(p["TableName"]).ttl)}
 
     # --- metering helpers ---------------------------------------------------------------
     @staticmethod
@@ -1001,7 +1157,7 @@ class MemoryDynamo:
             return item, touched
         values = dict(p.get("ExpressionAttributeValues") or {})
         try:
-            tree = _Validator(tree, names, values, item, table.shape).validate()
+            tree = _Validator(tree, names, values, item, table.shape, str(expression)).validate()
             tree.normalize()
             UpdateExpressionExecutor(tree, item, names).execute()
         except DynamodbException as error:

@@ -16,6 +16,9 @@ Checked: every job ends (COMPLETE or FAILED) once faults stop; every FAILED job 
 e-mail naming it; the backstop invariant (every job neither RUNNING nor terminal is in
 the deadline index) after every simulated minute; no job waits past its due time for long;
 the breaker never trips (no storm here). ``python -m local_mode.soak --seed 3``.
+
+The tables are the in-memory DynamoDB (``LocalAws(dynamodb="memory")``, as in the crash
+campaigns); ``--dynamodb moto`` runs the same soak on moto.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE
 from gpu_recovery.repository import Repository
 
 from .ecs_sim import SimulatedEcs
-from .emulator import LocalAws
+from .emulator import DYNAMODB_BACKENDS, LocalAws
 from .event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
 from .invariants import forgotten_jobs
 
@@ -92,11 +95,11 @@ class SoakResult:
 
 
 @contextmanager
-def _world(nodes: int) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
+def _world(nodes: int, dynamodb: str) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
     env = {C.ENV_RELOCATION_WAIT_SECONDS: "1800", "POWERTOOLS_LOG_LEVEL": "CRITICAL"}
-    with LocalAws(metrics_disabled=True, max_recovery_attempts=3, extra_env=env) as local:
+    with LocalAws(metrics_disabled=True, max_recovery_attempts=3, extra_env=env, dynamodb=dynamodb) as local:
         runtime.reset(clients=False)
         bus = LocalEventBus(duplicate_delivery=True)
         sim = SimulatedEcs(local, bus, train_seconds=None)
@@ -180,10 +183,10 @@ class _UserScheduler:
 
 def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9.0, rate: float = 0.01,
              fault_share: float = 0.35, settle_hours: float = 3.0, flaps_per_minute: float = 0.1,
-             verbose: bool = False) -> SoakResult:
+             verbose: bool = False, dynamodb: str = "memory") -> SoakResult:
     rng = random.Random(seed)
     planned = plan_jobs(rng, jobs, hours, fault_share)
-    with _world(nodes) as (local, bus, sim):
+    with _world(nodes, dynamodb) as (local, bus, sim):
         scheduler = _UserScheduler(local, sim, planned, rng)
         repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
         local.call_faults.arm_random(rate, seed, record_sites=verbose)
@@ -300,13 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--hours", type=float, default=9.0)
     parser.add_argument("--rate", type=float, default=0.01)
+    parser.add_argument("--dynamodb", choices=DYNAMODB_BACKENDS, default="memory",
+                        help="the tables' backend (default: the in-memory store)")
     args = parser.parse_args(argv)
     bad = 0
     report = sys.stdout
     for seed in range(args.seed, args.seed + args.seeds):
         with contextlib.redirect_stdout(io.StringIO()):  # the handlers' structured logs and metrics
             result = run_soak(seed=seed, nodes=args.nodes, jobs=args.jobs, hours=args.hours, rate=args.rate,
-                              verbose=True)
+                              verbose=True, dynamodb=args.dynamodb)
         print(json.dumps(result.as_dict()), file=report, flush=True)
         bad += bool(result.problems)
     return 1 if bad else 0

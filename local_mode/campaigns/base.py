@@ -24,6 +24,9 @@ from ..faults import FAULT_MODES, ApiCall
 from ..invariants import forgotten_jobs
 
 MIN = 60
+#: the campaigns' DynamoDB (``LocalAws(dynamodb=...)``): the in-memory store, a run's calls and
+#: outcome the same as on moto (tests/crash_consistency/test_fault_injection.py compares them)
+DYNAMODB = "memory"
 
 
 class FlowResult(Protocol):

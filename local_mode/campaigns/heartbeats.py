@@ -31,7 +31,7 @@ from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
 from ..event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
 from ..faults import ApiCall
-from .base import MIN, InvariantWatch, mail_problems, mails
+from .base import DYNAMODB, MIN, InvariantWatch, mail_problems, mails
 
 JOB_ID = "lost-node-job"
 LOST, PEER = "node-b", "node-a"
@@ -104,7 +104,8 @@ class _Agents:
         return []
 
 
-def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) -> RunResult:
+def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+        dynamodb: str = DYNAMODB) -> RunResult:
     """The flow with ``fault`` (n-th call once the job runs, mode) broken once."""
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
@@ -112,7 +113,7 @@ def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) ->
 
     with LocalAws(metrics_disabled=True, heartbeat_stale_seconds=STALE_SECONDS,
                   node_lost_fail_seconds=FAIL_SECONDS,
-                  extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL"}) as local:
+                  extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL"}, dynamodb=dynamodb) as local:
         runtime.reset(clients=False)
         try:
             bus = LocalEventBus(duplicate_delivery=False)

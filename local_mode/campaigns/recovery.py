@@ -52,7 +52,7 @@ from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
 from ..event_bus import SWEEP_SCHEDULE, LambdaContext, LocalEventBus, wire_recovery_handlers
 from ..faults import ApiCall
-from .base import MIN, InvariantWatch, mail_problems, mails
+from .base import DYNAMODB, MIN, InvariantWatch, mail_problems, mails
 
 JOB_ID = "campaign"
 FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
@@ -175,10 +175,11 @@ def _env(flow: str) -> dict[str, str]:
 
 
 @contextmanager
-def _cluster(flow: str = "gpu_fault") -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
+def _cluster(flow: str = "gpu_fault", dynamodb: str = DYNAMODB
+             ) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
-    with LocalAws(metrics_disabled=True, extra_env=_env(flow)) as local:
+    with LocalAws(metrics_disabled=True, extra_env=_env(flow), dynamodb=dynamodb) as local:
         runtime.reset(clients=False)
         bus = LocalEventBus(duplicate_delivery=False)
         # A large gang's placements need no container-instance events (nothing reads them).
@@ -195,11 +196,12 @@ def _repo(local: LocalAws) -> Repository:
     return Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
 
 
-def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) -> RunResult:
+def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+        dynamodb: str = DYNAMODB) -> RunResult:
     """The flow, with ``fault`` (n-th call, mode) broken once (None: unbroken)."""
     if flow not in FLOWS:
         raise ValueError(f"flow is one of {FLOWS}")
-    with _cluster(flow) as (local, bus, sim):
+    with _cluster(flow, dynamodb) as (local, bus, sim):
         _start_job(local, sim, flow)
         watch = InvariantWatch(bus, _repo(local), sim.now, [JOB_ID])
         calls = local.call_faults
@@ -218,9 +220,9 @@ def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool 
 
 
 def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
-                 scenario: str = "gpu_fault") -> RunResult:
+                 scenario: str = "gpu_fault", dynamodb: str = DYNAMODB) -> RunResult:
     """``run(scenario, fault)`` (the name the benches and older tests call)."""
-    return run(scenario, fault, keep_timeline=keep_timeline)
+    return run(scenario, fault, keep_timeline=keep_timeline, dynamodb=dynamodb)
 
 
 def run_reordered(order: tuple[str, ...], *, keep_timeline: bool = False) -> RunResult:

@@ -38,7 +38,7 @@ from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
 from ..event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
 from ..faults import ApiCall
-from .base import InvariantWatch, mail_problems, mails
+from .base import DYNAMODB, InvariantWatch, mail_problems, mails
 
 MIN = 60
 NODES = ("node-a", "node-b")
@@ -103,13 +103,13 @@ def check(result: RunResult) -> list[str]:
 
 
 @contextmanager
-def _cluster() -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
+def _cluster(dynamodb: str = DYNAMODB) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
     from handlers import queue_scheduler
 
-    with LocalAws(metrics_disabled=True, extra_env={C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}
-                  ) as local:
+    with LocalAws(metrics_disabled=True, extra_env={C.ENV_CONTROL_API_URL: "https://control.invalid/prod"},
+                  dynamodb=dynamodb) as local:
         runtime.reset(clients=False)
         bus = LocalEventBus(duplicate_delivery=False)
         sim = SimulatedEcs(local, bus, train_seconds=None)
@@ -165,13 +165,14 @@ class Rank0Program:
             self.errors += 1
 
 
-def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False) -> RunResult:
+def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+        dynamodb: str = DYNAMODB) -> RunResult:
     """The scenario with ``fault`` (n-th call after bob's submit, mode) broken once."""
     from gpu_recovery.queue.jobs_api.service import JobQueueService
     from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
     from gpu_recovery.repository.jobs_api import JobQueueRepository
 
-    with _cluster() as (local, bus, sim):
+    with _cluster(dynamodb) as (local, bus, sim):
         for node in NODES:
             sim.add_node(node, gpus=8)
         repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)

@@ -14,6 +14,10 @@ API operation of the flow (24 calls), once each, the two fault models in turn al
 flow (12 lost responses, 12 throttles); without ``--quick`` (``make test-slow``) the first
 call of every distinct call site too (every place the loop talks to AWS, 81 calls);
 ``make test-faults`` and ``make test-all`` break every call of the flow.
+
+The campaigns run on the in-memory DynamoDB (``LocalAws(dynamodb="memory")``); one test here
+runs the unbroken flow and two broken runs on moto too: the same calls in the same order,
+the same call broken, the same outcome.
 """
 
 from __future__ import annotations
@@ -131,6 +135,41 @@ def test_a_forked_fault_run_is_the_run_from_the_start() -> None:
         for name in ("job_state", "attempt", "recoveries_used", "suspects", "health_checks", "reboots",
                      "instance_states", "stuck", "dead_letters", "recovered_mails"):
             assert getattr(forked_run, name) == getattr(scratch, name), name
+
+
+# ------------------------------------------------------------------ the campaigns' DynamoDB
+#: what a run's outcome is made of (compared between the two DynamoDB backends)
+OUTCOME = ("job_state", "attempt", "recoveries_used", "app_restarts_used", "suspects", "health_checks",
+           "reboots", "instance_states", "stuck", "dead_letters", "mails", "forgotten", "final_nodes",
+           "ecs_status")
+
+
+def _last_dynamodb_write() -> int:
+    """The flow's last DynamoDB write (a lost response there: executed, then redelivered)."""
+    return max(c.index for c in baseline().calls
+               if c.service == "dynamodb" and c.operation in ("UpdateItem", "PutItem", "TransactWriteItems"))
+
+
+def test_the_in_memory_dynamodb_runs_the_flow_exactly_as_moto() -> None:
+    """The campaigns' DynamoDB is the in-memory store (``local_mode.memory_backend``); on moto,
+    the DynamoDB the rest of the suite runs on, the unbroken flow and two broken runs (the
+    recovery's entry throttled, the last write's response lost) make the same AWS calls in
+    the same order (service, operation, and for the unbroken run the call site), break the
+    same call, and end the same."""
+    assert campaign.DYNAMODB == "memory"
+    for fault in (None, (_enter(), THROTTLE), (_last_dynamodb_write(), LOST_RESPONSE)):
+        memory = baseline() if fault is None else campaign.run_recovery(fault)
+        moto = campaign.run_recovery(fault, dynamodb="moto")
+        assert [(c.index, c.service, c.operation, c.site) for c in memory.calls] == \
+            [(c.index, c.service, c.operation, c.site) for c in moto.calls], fault
+        if fault is not None:
+            assert memory.fired is not None and moto.fired is not None, fault
+            assert (memory.fired.index, memory.fired.service, memory.fired.operation) == \
+                (moto.fired.index, moto.fired.service, moto.fired.operation) == \
+                (fault[0], "dynamodb", memory.fired.operation), fault
+        for name in OUTCOME:
+            assert getattr(memory, name) == getattr(moto, name), (fault, name)
+        assert campaign.check(memory) == campaign.check(moto) == [], fault
 
 
 # ------------------------------------------------------------------ event orders
