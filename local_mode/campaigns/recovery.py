@@ -11,8 +11,8 @@ hears back). ``RunResult.problems()`` lists what ended wrong.
 The flows (``FLOWS``):
 
 * ``gpu_fault`` — a 2-node job; node-b's GPU faults, NCCL kills rank 0 five seconds later
-  (the cascade); DCGM says node-b needs a reboot (node-a healthy); the reboot fixes it; the
-  job restarts as a gang and completes;
+  (the cascade); DCGM says node-b needs a reboot (node-a, not a suspect, is not checked); the
+  reboot fixes it; the job restarts as a gang and completes;
 * ``fast_path`` — XID 79 reported by the node agent (``/v1/report_gpu`` through the
   heartbeat service, retried as the agent does) and the rank dies: node-b rebooted without
   a DCGM diag;
