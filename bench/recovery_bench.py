@@ -99,19 +99,15 @@ def run_scenario(ranks: int, history_jobs: int = 0, minutes: int = 90) -> CallMe
     """
     from gpu_recovery import runtime
     from gpu_recovery.adapters import aws
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LocalEventBus, wire_recovery_handlers
+    from local_mode.world import build_world
 
     meter = CallMeter()
-    with LocalAws(metrics_disabled=True) as local:
-        runtime.reset(clients=False)
+    with build_world() as world:
+        local, bus, sim = world.aws, world.bus, world.ecs
+        # Setting up the world calls no API: the meter sees the scenario's calls only.
         aws.session().events.register("after-call", meter.after_call)
         if history_jobs:
             _seed_history(local, history_jobs)
-        bus = LocalEventBus(duplicate_delivery=False)
-        sim = SimulatedEcs(local, bus, train_seconds=None)
-        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
         for rule in bus.rules:
             rule.target = meter.wrap(rule.target_name, rule.target)
         for schedule in bus.schedules:

@@ -83,16 +83,14 @@ def _seed_jobs(local: Any, td: str, count: int, start: float) -> None:
 
 
 def _one_case(nodes: int, jobs: int, *, fill_first: bool = False) -> dict[str, Any]:
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LocalEventBus
+    from local_mode.world import build_world
 
-    with LocalAws(metrics_disabled=True) as local:
-        runtime.reset(clients=False)
+    # The scheduler alone: no recovery Lambdas on the bus.
+    with build_world(handlers=False) as world:
+        local, sim = world.aws, world.ecs
         counter = CallCounter()
         # LocalAws has reset the adapters; count on the session before any client exists.
         aws.session().events.register("after-call", counter)
-        sim = SimulatedEcs(local, LocalEventBus(), train_seconds=None)
         t0 = time.perf_counter()
         for i in range(nodes):
             sim.add_node(f"n{i:04d}", gpus=8)
@@ -117,7 +115,6 @@ def _one_case(nodes: int, jobs: int, *, fill_first: bool = False) -> dict[str, A
         t0 = time.perf_counter()
         result = scheduler.tick()
         tick_s = time.perf_counter() - t0
-        runtime.reset(clients=False)
         return {
             "nodes": nodes,
             "queued_jobs": jobs,

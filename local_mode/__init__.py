@@ -6,6 +6,9 @@
   tasks, reboots and faults, driven in simulated time.
 * :mod:`local_mode.event_bus` — ``LocalEventBus``: EventBridge rules (the deployed
   patterns), at-least-once delivery, schedules; ``wire_recovery_handlers``.
+* :mod:`local_mode.world` — ``build_world``: the three above set up together, with the
+  recovery Lambdas wired (the demo, the playground, the scenarios, the campaigns, the
+  benches and the tests all enter it), torn down with the handlers' services.
 * :mod:`local_mode.events` — AWS-documented ECS event builders.
 * :mod:`local_mode.faults` — ``ApiFaults``: transient / persistent AWS API errors.
 * :mod:`local_mode.playground` — ``make playground``: all of the above driven from a
@@ -14,10 +17,8 @@
 
 Typical use::
 
-    with LocalAws() as local:
-        bus = LocalEventBus()
-        sim = SimulatedEcs(local, bus)
-        wire_recovery_handlers(bus, local.cluster_arn)
+    with build_world(max_recovery_attempts=3) as world:
+        world.ecs.add_node("node-a")
         ...
-        sim.run_for(3600)
+        world.ecs.run_for(3600)
 """

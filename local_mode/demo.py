@@ -252,13 +252,9 @@ def run(*, duplicate_delivery: bool = True, quiet: bool = False,
     with job items, notifications, dead letters and API/agent errors (for tests)."""
     warnings.filterwarnings("ignore")
     from cli.gpujobs import ApiClient
-    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
-    from handlers import heartbeat_sweep, jobs_api, queue_scheduler
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LambdaContext, LocalEventBus, wire_recovery_handlers
     from local_mode.node_agents import SimulatedNodeAgents
     from local_mode.server import LocalApi, LocalApiServer
+    from local_mode.world import build_world
 
     out = (lambda *_a, **_k: None) if quiet else print
     started = time.perf_counter()
@@ -272,28 +268,20 @@ def run(*, duplicate_delivery: bool = True, quiet: bool = False,
         # cached services must be built on the emulator's hooked session.
         reset_handler_caches()
         stack.callback(reset_handler_caches)
-        local = stack.enter_context(LocalAws(
-            max_recovery_attempts=1, metrics_disabled=True, reboot_timeout_minutes=15,
+        world = stack.enter_context(build_world(
+            duplicate_delivery=duplicate_delivery, sweep_every_seconds=60,
+            max_recovery_attempts=1, reboot_timeout_minutes=15,
             heartbeat_stale_seconds=180, node_lost_fail_seconds=1800,
             hang_seconds=HANG_SECONDS, hang_action="notify",
             extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL",
                        C.ENV_REMEDIATION_SETTINGS: json.dumps({"breaker_max_percent": 50})},
         ))
         silence_handler_logs()
-        bus = LocalEventBus(duplicate_delivery=duplicate_delivery)
-        sim = SimulatedEcs(local, bus, train_seconds=None)
-        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
-        bus.add_schedule("heartbeat-sweep", 60, heartbeat_sweep.lambda_handler, "heartbeat_sweep")
-        bus.add_schedule("queue-scheduler", 60, queue_scheduler.lambda_handler, "queue_scheduler")
-
-        def tick_now(payload: dict[str, Any]) -> None:
-            # What the API's asynchronous Invoke of the scheduler does, in process.
-            try:
-                queue_scheduler.lambda_handler(payload, LambdaContext("queue_scheduler"))
-            except Exception as error:  # an async invoke failure: recorded, never raised
-                trigger_failures.append(f"{type(error).__name__}: {error}")
-
-        jobs_api.set_scheduler_trigger(CallbackSchedulerTrigger(tick_now))
+        local, bus, sim = world.aws, world.bus, world.ecs
+        world.schedule_heartbeat_sweep(60)
+        world.schedule_queue_scheduler(60)
+        world.invoke_scheduler_in_process(
+            lambda error: trigger_failures.append(f"{type(error).__name__}: {error}"))
         td = sim.register_training_task_definition("train", gpus=8)
         # Every training rank runs for an hour, then exits 0 (restarted ranks too).
         sim.plan_family("train", run_seconds=60 * 60, exit_code=0)

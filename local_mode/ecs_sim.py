@@ -36,10 +36,8 @@ re-entrantly. All hooks are guarded by one lock: handlers may run on many thread
 
 Example::
 
-    with LocalAws() as local:
-        bus = LocalEventBus()
-        sim = SimulatedEcs(local, bus, train_seconds=3600)
-        wire_recovery_handlers(bus, local.cluster_arn)
+    with build_world(train_seconds=3600) as world:  # local_mode.world
+        sim = world.ecs
         a, b = sim.add_node("node-a"), sim.add_node("node-b")
         td = sim.register_training_task_definition("llama", gpus=8)
         sim.start_job("llama", td, ["node-a", "node-b"])

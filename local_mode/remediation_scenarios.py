@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import constants as C
-from gpu_recovery import runtime
 
 MIN = 60
 
@@ -113,9 +112,7 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
           relocate_instead_of_wait: bool = False, duplicate_delivery: bool = True,
           relocation_wait_seconds: int | None = None, spare_nodes: str | None = None,
           **sim_options: Any) -> Iterator[World]:
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LocalEventBus, wire_recovery_handlers
+    from local_mode.world import build_world
 
     warnings.filterwarnings("ignore")
     logging.getLogger().setLevel(logging.CRITICAL)
@@ -128,18 +125,11 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
         env[C.ENV_RELOCATION_WAIT_SECONDS] = str(relocation_wait_seconds)
     if spare_nodes is not None:
         env[C.ENV_SPARE_NODES] = spare_nodes
-    with LocalAws(metrics_disabled=True, max_recovery_attempts=max_recovery_attempts,
-                  extra_env=env) as local:
-        runtime.reset(clients=False)
-        bus = LocalEventBus(duplicate_delivery=duplicate_delivery)
-        sim = SimulatedEcs(local, bus, train_seconds=None, **sim_options)
-        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
-        td = sim.register_training_task_definition("train", gpus=8)
-        sim.plan_family("train", run_seconds=60 * MIN, exit_code=0)
-        try:
-            yield World(local, bus, sim, td)
-        finally:
-            runtime.reset(clients=False)
+    with build_world(duplicate_delivery=duplicate_delivery, sim_options=sim_options,
+                     max_recovery_attempts=max_recovery_attempts, extra_env=env) as world:
+        td = world.ecs.register_training_task_definition("train", gpus=8)
+        world.ecs.plan_family("train", run_seconds=60 * MIN, exit_code=0)
+        yield World(world.aws, world.bus, world.ecs, td)
 
 
 def _finish(w: World, name: str, title: str, problems: list[str], job_ids: list[str],

@@ -38,15 +38,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import constants as C
-from gpu_recovery import runtime
 from gpu_recovery.constants import JobState
 from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE
 from gpu_recovery.repository import Repository
 
 from .ecs_sim import SimulatedEcs
 from .emulator import DYNAMODB_BACKENDS, LocalAws
-from .event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
+from .event_bus import SWEEP_SCHEDULE, LocalEventBus
 from .invariants import forgotten_jobs
+from .world import build_world
 
 MIN = 60
 HOUR = 3600
@@ -99,17 +99,11 @@ def _world(nodes: int, dynamodb: str) -> Iterator[tuple[LocalAws, LocalEventBus,
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
     env = {C.ENV_RELOCATION_WAIT_SECONDS: "1800", "POWERTOOLS_LOG_LEVEL": "CRITICAL"}
-    with LocalAws(metrics_disabled=True, max_recovery_attempts=3, extra_env=env, dynamodb=dynamodb) as local:
-        runtime.reset(clients=False)
-        bus = LocalEventBus(duplicate_delivery=True)
-        sim = SimulatedEcs(local, bus, train_seconds=None)
-        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
+    with build_world(duplicate_delivery=True, max_recovery_attempts=3, extra_env=env,
+                     dynamodb=dynamodb) as world:
         for i in range(nodes):
-            sim.add_node(f"node-{i:02d}", gpus=8)
-        try:
-            yield local, bus, sim
-        finally:
-            runtime.reset(clients=False)
+            world.ecs.add_node(f"node-{i:02d}", gpus=8)
+        yield world.aws, world.bus, world.ecs
 
 
 def plan_jobs(rng: random.Random, count: int, hours: float, fault_share: float) -> list[SoakJob]:

@@ -324,13 +324,10 @@ class _Scenario:
 @contextlib.contextmanager
 def _world(*, duplicate_delivery: bool) -> Iterator[_Scenario]:
     from cli.gpujobs import ApiClient
-    from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
-    from handlers import jobs_api, queue_scheduler
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LambdaContext, LocalEventBus, wire_recovery_handlers
+    from handlers import queue_scheduler
     from local_mode.harness import loopback_without_proxy, reset_handler_caches, silence_handler_logs
     from local_mode.server import LocalApi, LocalApiServer
+    from local_mode.world import build_world
 
     warnings.filterwarnings("ignore")
     with contextlib.ExitStack() as stack:
@@ -342,34 +339,23 @@ def _world(*, duplicate_delivery: bool) -> Iterator[_Scenario]:
         # The API first: its URL is the scheduler's JOB_CONTROL_API_URL (the launcher gives
         # it to every rank). It calls the handlers only once a request arrives.
         server = stack.enter_context(LocalApiServer(LocalApi()))
-        local = stack.enter_context(LocalAws(
-            max_recovery_attempts=1, metrics_disabled=True,
+        world = stack.enter_context(build_world(
+            duplicate_delivery=duplicate_delivery, sweep_every_seconds=60, max_recovery_attempts=1,
             extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL", C.ENV_JOBS_ADMIN_ROLES: ADMIN,
                        # The deployed stage URL carries the stage; the local API accepts it.
                        C.ENV_CONTROL_API_URL: f"{server.url}/prod"}))
         silence_handler_logs()
         for name in ("job-control-api", "job-control-authorizer", "gpu_recovery_client"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-        bus = LocalEventBus(duplicate_delivery=duplicate_delivery)
-        sim = SimulatedEcs(local, bus, train_seconds=None)
-        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
         clients = {user: ApiClient(server.url, local_user=user, timeout=30) for user in (ADMIN, ALICE, BOB)}
-        world = _Scenario(local, bus, sim, server, clients)
-        bus.add_schedule("queue-scheduler", 60, world.scheduler_target(queue_scheduler.lambda_handler),
-                         "queue_scheduler")
-        tick_after_api_call = world.scheduler_target(queue_scheduler.lambda_handler)
-
-        def tick_now(payload: dict[str, Any]) -> None:
-            # What the API's asynchronous Invoke of the scheduler does, in process.
-            try:
-                tick_after_api_call(payload, LambdaContext("queue_scheduler"))
-            except Exception as error:  # an async invoke failure: recorded, never raised
-                world.tick_failures.append(f"{type(error).__name__}: {error}")
-
-        jobs_api.set_scheduler_trigger(CallbackSchedulerTrigger(tick_now))
+        scenario = _Scenario(world.aws, world.bus, world.ecs, server, clients)
+        world.schedule_queue_scheduler(60, target=scenario.scheduler_target(queue_scheduler.lambda_handler))
+        world.invoke_scheduler_in_process(
+            lambda error: scenario.tick_failures.append(f"{type(error).__name__}: {error}"),
+            target=scenario.scheduler_target(queue_scheduler.lambda_handler))
         for node in NODES:
-            sim.add_node(node, gpus=8)
-        yield world
+            world.ecs.add_node(node, gpus=8)
+        yield scenario
 
 
 def run(*, duplicate_delivery: bool = True, phase: float = 0.7, respond: bool = True,

@@ -26,6 +26,9 @@
   (``record_action``, ``admit_release``, the policy's ``reset``, ``save_breaker``,
   ``breaker_update``, ``drop_released``); the admin CLI goes through
   ``recovery.breaker.operations``.
+* **One world builder**: only ``local_mode/world.py`` (``build_world``) constructs the
+  ``LocalEventBus`` and the ``SimulatedEcs``; the demo, the playground, the scenarios, the
+  campaigns, the benches and the tests enter it instead of repeating the set-up.
 * **No module over 600 lines** outside ``tests/``, but those in ``LONG_MODULES``, each
   named with its reason (a module that shrinks below the limit must leave the list).
 
@@ -748,7 +751,6 @@ LONG_MODULES = {
     "local_mode/scale_aws.py": _SIMULATOR,
     "local_mode/emulator.py": _SIMULATOR,
     "local_mode/faults.py": _SIMULATOR,
-    "local_mode/time_sharing_scenario.py": _SIMULATOR,
 }
 
 
@@ -770,3 +772,39 @@ def test_no_module_is_over_600_lines_but_those_named_with_a_reason() -> None:
     stale = sorted(set(LONG_MODULES) - set(over))
     assert not stale, f"no longer over {MAX_MODULE_LINES} lines (or gone): remove from LONG_MODULES: {stale}"
     assert all(reason.strip() for reason in LONG_MODULES.values())
+
+
+# ----------------------------------------------------------------- one world builder
+WORLD_BUILDER = "local_mode/world.py"
+#: what the world builder alone constructs
+WORLD_PARTS = ("LocalEventBus", "SimulatedEcs")
+
+
+def world_parts_built(source: str, path: str) -> list[str]:
+    """``path:line Name(`` for each construction of a world part in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = (func.id if isinstance(func, ast.Name)
+                    else func.attr if isinstance(func, ast.Attribute) else "")
+            if name in WORLD_PARTS:
+                found.append(f"{path}:{node.lineno} {name}(")
+    return found
+
+
+def test_only_the_world_builder_builds_the_bus_and_the_simulated_ecs() -> None:
+    """Given every module of the project, tests included
+    When the constructions of LocalEventBus and SimulatedEcs are listed
+    Then all are in local_mode/world.py (everything else enters build_world)."""
+    found = [hit for folder in (*SIZED, "tests") for path in _sources(ROOT / folder)
+             if _relative(path) != WORLD_BUILDER
+             for hit in world_parts_built(path.read_text(), _relative(path))]
+    assert not found, f"set up the world with local_mode.world.build_world, not by hand: {found}"
+    assert world_parts_built((ROOT / WORLD_BUILDER).read_text(), WORLD_BUILDER)
+
+
+@pytest.mark.parametrize("snippet", ["bus = LocalEventBus(duplicate_delivery=True)",
+                                     "sim = ecs_sim.SimulatedEcs(local, bus)"])
+def test_the_world_check_finds_a_part_built_by_hand(snippet: str) -> None:
+    assert world_parts_built(snippet, "x.py")

@@ -29,13 +29,13 @@ from gpu_recovery.repository import Repository
 
 from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
-from ..event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
+from ..event_bus import SWEEP_SCHEDULE, LocalEventBus
 from ..faults import ApiCall
+from ..world import HEARTBEAT_SWEEP_SCHEDULE, build_world
 from .base import DYNAMODB, MIN, InvariantWatch, mail_problems, mails
 
 JOB_ID = "lost-node-job"
 LOST, PEER = "node-b", "node-a"
-HEARTBEAT_SWEEP = "heartbeat-sweep"
 AGENT_INTERVAL_SECONDS = 30
 STALE_SECONDS = 60
 FAIL_SECONDS = 120
@@ -109,43 +109,34 @@ def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
     """The flow with ``fault`` (n-th call once the job runs, mode) broken once."""
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
-    from handlers import heartbeat_sweep
+    with build_world(heartbeat_stale_seconds=STALE_SECONDS, node_lost_fail_seconds=FAIL_SECONDS,
+                     extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL"}, dynamodb=dynamodb) as world:
+        local, bus, sim = world.aws, world.bus, world.ecs
+        world.schedule_heartbeat_sweep(60)
+        for node in (PEER, LOST):
+            sim.add_node(node, gpus=8)
+        td = sim.register_training_task_definition("train", gpus=8)
+        sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS * 2, exit_code=0)
+        sim.start_job(JOB_ID, td, [PEER, LOST])
+        agents = _Agents(sim)
+        agents.start()
+        sim.run_for(MIN)  # registered, heartbeats flowing
+        repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
+        watch = InvariantWatch(bus, repo, sim.now, [JOB_ID])
+        calls = local.call_faults
+        if fault is None:
+            calls.arm(None, record_sites=True)
+        else:
+            calls.arm(fault[0], fault[1])
+        peer_task = sim.running_tasks(PEER)[0].arn
 
-    with LocalAws(metrics_disabled=True, heartbeat_stale_seconds=STALE_SECONDS,
-                  node_lost_fail_seconds=FAIL_SECONDS,
-                  extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL"}, dynamodb=dynamodb) as local:
-        runtime.reset(clients=False)
-        try:
-            bus = LocalEventBus(duplicate_delivery=False)
-            sim = SimulatedEcs(local, bus, train_seconds=None)
-            wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
-            bus.add_schedule(HEARTBEAT_SWEEP, 60, heartbeat_sweep.lambda_handler, "heartbeat_sweep")
-            for node in (PEER, LOST):
-                sim.add_node(node, gpus=8)
-            td = sim.register_training_task_definition("train", gpus=8)
-            sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS * 2, exit_code=0)
-            sim.start_job(JOB_ID, td, [PEER, LOST])
-            agents = _Agents(sim)
-            agents.start()
-            sim.run_for(MIN)  # registered, heartbeats flowing
-            repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
-            watch = InvariantWatch(bus, repo, sim.now, [JOB_ID])
-            calls = local.call_faults
-            if fault is None:
-                calls.arm(None, record_sites=True)
-            else:
-                calls.arm(fault[0], fault[1])
-            peer_task = sim.running_tasks(PEER)[0].arn
+        def power_off() -> list[dict[str, Any]]:
+            agents.silent.add(LOST)
+            return []
 
-            def power_off() -> list[dict[str, Any]]:
-                agents.silent.add(LOST)
-                return []
-
-            sim.schedule(sim.now() + 30, power_off, "node-b loses power")
-            sim.disconnect_agent(LOST, after=30, for_seconds=RUN_LIMIT_SECONDS * 2)
-            return _finish(local, bus, sim, repo, watch, fault, peer_task, keep_timeline)
-        finally:
-            runtime.reset(clients=False)
+        sim.schedule(sim.now() + 30, power_off, "node-b loses power")
+        sim.disconnect_agent(LOST, after=30, for_seconds=RUN_LIMIT_SECONDS * 2)
+        return _finish(local, bus, sim, repo, watch, fault, peer_task, keep_timeline)
 
 
 def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, repo: Repository, watch: InvariantWatch,
@@ -185,7 +176,8 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, repo: Reposi
                     for ci in described["containerInstances"]},
         peer_stopped=peer is not None and peer.stop_code == "UserInitiated",
         stuck=stuck,
-        dead_letters=sum(1 for d in bus.dead_letters if d.rule not in (SWEEP_SCHEDULE, HEARTBEAT_SWEEP)),
+        dead_letters=sum(1 for d in bus.dead_letters
+                         if d.rule not in (SWEEP_SCHEDULE, HEARTBEAT_SWEEP_SCHEDULE)),
         mails=mails(local), forgotten=list(watch.broken),
         timeline=sim.format_timeline() if keep_timeline else [],
     )

@@ -44,14 +44,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import constants as C
-from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.repository import Repository
 
 from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
-from ..event_bus import SWEEP_SCHEDULE, LambdaContext, LocalEventBus, wire_recovery_handlers
+from ..event_bus import SWEEP_SCHEDULE, LambdaContext, LocalEventBus
 from ..faults import ApiCall
+from ..world import build_world
 from .base import DYNAMODB, MIN, InvariantWatch, mail_problems, mails
 
 JOB_ID = "campaign"
@@ -179,16 +179,10 @@ def _cluster(flow: str = "gpu_fault", dynamodb: str = DYNAMODB
              ) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
-    with LocalAws(metrics_disabled=True, extra_env=_env(flow), dynamodb=dynamodb) as local:
-        runtime.reset(clients=False)
-        bus = LocalEventBus(duplicate_delivery=False)
-        # A large gang's placements need no container-instance events (nothing reads them).
-        sim = SimulatedEcs(local, bus, train_seconds=None, instance_events_on_placement=flow != "large")
-        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
-        try:
-            yield local, bus, sim
-        finally:
-            runtime.reset(clients=False)
+    # A large gang's placements need no container-instance events (nothing reads them).
+    with build_world(sim_options={"instance_events_on_placement": flow != "large"},
+                     extra_env=_env(flow), dynamodb=dynamodb) as world:
+        yield world.aws, world.bus, world.ecs
 
 
 def _repo(local: LocalAws) -> Repository:

@@ -36,8 +36,9 @@ from gpu_recovery.repository.time_sharing import QuotaRepository
 
 from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
-from ..event_bus import SWEEP_SCHEDULE, LocalEventBus, wire_recovery_handlers
+from ..event_bus import SWEEP_SCHEDULE, LocalEventBus
 from ..faults import ApiCall
+from ..world import QUEUE_SCHEDULER_SCHEDULE, build_world
 from .base import DYNAMODB, InvariantWatch, mail_problems, mails
 
 MIN = 60
@@ -46,7 +47,6 @@ POLL_SECONDS = 10
 LOW_RUN_SECONDS = 2 * MIN
 HIGH_RUN_SECONDS = 3 * MIN
 RUN_LIMIT_SECONDS = 40 * MIN
-SCHEDULER = "queue-scheduler"
 
 
 @dataclass
@@ -106,19 +106,10 @@ def check(result: RunResult) -> list[str]:
 def _cluster(dynamodb: str = DYNAMODB) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
-    from handlers import queue_scheduler
-
-    with LocalAws(metrics_disabled=True, extra_env={C.ENV_CONTROL_API_URL: "https://control.invalid/prod"},
-                  dynamodb=dynamodb) as local:
-        runtime.reset(clients=False)
-        bus = LocalEventBus(duplicate_delivery=False)
-        sim = SimulatedEcs(local, bus, train_seconds=None)
-        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
-        bus.add_schedule(SCHEDULER, 60, queue_scheduler.lambda_handler, "queue_scheduler")
-        try:
-            yield local, bus, sim
-        finally:
-            runtime.reset(clients=False)
+    with build_world(extra_env={C.ENV_CONTROL_API_URL: "https://control.invalid/prod"},
+                     dynamodb=dynamodb) as world:
+        world.schedule_queue_scheduler(60)
+        yield world.aws, world.bus, world.ecs
 
 
 class Rank0Program:
@@ -241,7 +232,8 @@ def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
             fault=fault, fired=calls.fired, calls=list(calls.calls), jobs=jobs, tasks_started=started,
             usage=usage, stuck=stuck,
             # A failed scheduled run is retried by the next minute's run, not from a DLQ.
-            dead_letters=sum(1 for d in bus.dead_letters if d.rule not in (SWEEP_SCHEDULE, SCHEDULER)),
+            dead_letters=sum(1 for d in bus.dead_letters
+                             if d.rule not in (SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE)),
             checkpoints=program.checkpoints,
             timeline=sim.format_timeline() if keep_timeline else [],
             forgotten=list(watch.broken), mails=mails(local),

@@ -94,13 +94,9 @@ class Playground:
     def _build(self, stack: contextlib.ExitStack) -> None:
         import warnings
 
-        from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
-        from handlers import heartbeat_sweep, jobs_api, queue_scheduler
-        from local_mode.ecs_sim import SimulatedEcs
-        from local_mode.emulator import LocalAws
-        from local_mode.event_bus import LambdaContext, LocalEventBus, wire_recovery_handlers
         from local_mode.harness import loopback_without_proxy, reset_handler_caches, silence_handler_logs
         from local_mode.node_agents import SimulatedNodeAgents
+        from local_mode.world import build_world
 
         cfg = self.config
         warnings.filterwarnings("ignore")
@@ -121,8 +117,11 @@ class Playground:
                                   "pick another --port") from error
         stack.callback(server._httpd.server_close)
         self.server = server
-        self.local = stack.enter_context(LocalAws(
-            max_recovery_attempts=3, metrics_disabled=True, reboot_timeout_minutes=30,
+        world = stack.enter_context(build_world(
+            duplicate_delivery=cfg.duplicate_delivery, sweep_every_seconds=SCHEDULE_SECONDS,
+            train_seconds=cfg.run_seconds, real_time_start=True,
+            sim_options={"reboot_seconds": cfg.reboot_seconds, "dcgm_seconds": cfg.dcgm_seconds},
+            max_recovery_attempts=3, reboot_timeout_minutes=30,
             extra_env={"POWERTOOLS_LOG_LEVEL": "WARNING" if cfg.verbose else "CRITICAL",
                        C.ENV_JOBS_ADMIN_ROLES: ",".join(self.admins),
                        C.ENV_CONTROL_API_URL: f"{server.url}/prod",
@@ -133,25 +132,13 @@ class Playground:
                 import logging
 
                 logging.getLogger(name).setLevel(logging.CRITICAL)
-        self.bus = LocalEventBus(duplicate_delivery=cfg.duplicate_delivery)
-        self.sim = SimulatedEcs(self.local, self.bus, start=time.time(), train_seconds=cfg.run_seconds,
-                                reboot_seconds=cfg.reboot_seconds, dcgm_seconds=cfg.dcgm_seconds)
-        wire_recovery_handlers(self.bus, self.local.cluster_arn, sweep_every_seconds=SCHEDULE_SECONDS)
+        self.local, self.bus, self.sim = world.aws, world.bus, world.ecs
         self._show_gang_batches()
-        self.bus.add_schedule("heartbeat-sweep", SCHEDULE_SECONDS, heartbeat_sweep.lambda_handler,
-                              "heartbeat_sweep")
-        self.bus.add_schedule("queue-scheduler", SCHEDULE_SECONDS, queue_scheduler.lambda_handler,
-                              "queue_scheduler")
-
-        def tick_now(payload: dict[str, Any]) -> None:
-            # What the API's asynchronous Invoke of the scheduler does, in process.
-            try:
-                queue_scheduler.lambda_handler(payload, LambdaContext("queue_scheduler"))
-            except Exception as error:  # an async invoke failure: shown, never raised
-                self.note("-", f"!! queue scheduler (invoked by the API) failed: "
-                               f"{type(error).__name__}: {error}")
-
-        jobs_api.set_scheduler_trigger(CallbackSchedulerTrigger(tick_now))
+        world.schedule_heartbeat_sweep(SCHEDULE_SECONDS)
+        world.schedule_queue_scheduler(SCHEDULE_SECONDS)
+        world.invoke_scheduler_in_process(
+            lambda error: self.note("-", f"!! queue scheduler (invoked by the API) failed: "
+                                         f"{type(error).__name__}: {error}"))
         log_locations = self._register_task_definitions()
         for i in range(1, cfg.nodes + 1):
             self.sim.add_node(f"node-{i}", gpus=cfg.gpus_per_node)

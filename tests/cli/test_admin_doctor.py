@@ -179,47 +179,40 @@ def _deploy_gang_fanout(local: Any) -> dict[str, str]:
 
 @pytest.fixture
 def account(capsys: pytest.CaptureFixture[str]) -> Iterator[Account]:
-    from gpu_recovery import runtime
     from gpu_recovery.adapters import aws
     from gpu_recovery.heartbeat.tokens import TokenStore
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LocalEventBus
     from local_mode.node_agents import SimulatedNodeAgents
     from local_mode.server import LocalApi
+    from local_mode.world import build_world
 
-    runtime.forget("heartbeat")
-    try:
-        with LocalAws(metrics_disabled=True, extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL"}) as local:
-            sim = SimulatedEcs(
-                local, LocalEventBus(duplicate_delivery=False), train_seconds=None, node_tag_key=TAG_KEY
+    # No recovery Lambdas on the bus: the doctor reads the account; the node API is called directly.
+    with build_world(handlers=False, sim_options={"node_tag_key": TAG_KEY},
+                     extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL"}) as world:
+        local, sim = world.aws, world.ecs
+        for name, kind in (("node-a", "ec2"), ("node-b", "ec2"), ("node-d", "anywhere")):
+            sim.add_node(name, gpus=8, kind=kind)
+        ssm = ManagedInstances(local, sim)
+        for host in ssm.hosts():
+            ssm.tags[host] = {TAG_KEY: local.cluster_name, "Name": "node-d"}
+        acct = Account(local, sim, ssm, _deploy(local))
+        # Tokens as an operator issues them (the admin CLI), then one report per node
+        # through the node API (authorizer + handler), as each node agent sends it.
+        store = TokenStore(aws.resource("dynamodb").Table(local.node_token_table))
+        for name in ("node-a", "node-b", "node-d"):
+            assert main(["issue-token", "--node-id", acct.container_instance(name)], store=store) == 0
+            acct.tokens[name] = capsys.readouterr().out.strip()
+        agents, api = SimulatedNodeAgents(sim, "http://127.0.0.1:9"), LocalApi()
+        sim.run_for(20)
+        for name, token in acct.tokens.items():
+            response = api.handle(
+                "POST",
+                "/v1/report_tasks",
+                {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                json.dumps(agents.body(name)).encode(),
             )
-            for name, kind in (("node-a", "ec2"), ("node-b", "ec2"), ("node-d", "anywhere")):
-                sim.add_node(name, gpus=8, kind=kind)
-            ssm = ManagedInstances(local, sim)
-            for host in ssm.hosts():
-                ssm.tags[host] = {TAG_KEY: local.cluster_name, "Name": "node-d"}
-            acct = Account(local, sim, ssm, _deploy(local))
-            # Tokens as an operator issues them (the admin CLI), then one report per node
-            # through the node API (authorizer + handler), as each node agent sends it.
-            store = TokenStore(aws.resource("dynamodb").Table(local.node_token_table))
-            for name in ("node-a", "node-b", "node-d"):
-                assert main(["issue-token", "--node-id", acct.container_instance(name)], store=store) == 0
-                acct.tokens[name] = capsys.readouterr().out.strip()
-            agents, api = SimulatedNodeAgents(sim, "http://127.0.0.1:9"), LocalApi()
-            sim.run_for(20)
-            for name, token in acct.tokens.items():
-                response = api.handle(
-                    "POST",
-                    "/v1/report_tasks",
-                    {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-                    json.dumps(agents.body(name)).encode(),
-                )
-                assert response.status == 200, response.body
-            sim.run_for(30)
-            yield acct
-    finally:
-        runtime.forget("heartbeat")
+            assert response.status == 200, response.body
+        sim.run_for(30)
+        yield acct
 
 
 def _by_check(findings: list[doctor.Finding]) -> dict[str, list[doctor.Finding]]:

@@ -14,15 +14,13 @@ from cli.gpujobs import main
 @pytest.fixture
 def endpoint() -> Iterator[dict[str, Any]]:
     from handlers import jobs_api
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LocalEventBus
     from local_mode.server import LocalApi, LocalApiServer
+    from local_mode.world import build_world
 
     jobs_api.reset()
     try:
-        with LocalAws(metrics_disabled=True) as local, LocalApiServer(LocalApi()) as server:
-            sim = SimulatedEcs(local, LocalEventBus())
+        with build_world(handlers=False) as world, LocalApiServer(LocalApi()) as server:
+            sim = world.ecs
             sim.add_node("node-a", gpus=8)
             td = sim.register_training_task_definition("train", gpus=8)
             yield {"url": server.url, "td": td.rsplit("/", 1)[-1]}

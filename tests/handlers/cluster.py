@@ -45,9 +45,7 @@ class Cluster:
 
 
 def make_cluster(**options: Any) -> Iterator[Cluster]:
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LocalEventBus, wire_recovery_handlers
+    from local_mode.world import build_world
 
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.WARNING)
@@ -55,15 +53,10 @@ def make_cluster(**options: Any) -> Iterator[Cluster]:
                      if k in ("max_recovery_attempts", "reboot_timeout_minutes",
                               "health_check_timeout_minutes", "suspect_exit_codes", "extra_env")}
     duplicate = options.pop("duplicate_delivery", True)
-    with LocalAws(metrics_disabled=True, **local_options) as local:
-        runtime.reset(clients=False)
-        bus = LocalEventBus(duplicate_delivery=duplicate)
-        sim = SimulatedEcs(local, bus, train_seconds=None, **options)
-        wire_recovery_handlers(bus, local.cluster_arn, sweep_every_seconds=60)
-        td = sim.register_training_task_definition("train", gpus=8)
-        sim.plan_family("train", run_seconds=3600, exit_code=0)
-        yield Cluster(local, bus, sim, td)
-        runtime.reset(clients=False)
+    with build_world(duplicate_delivery=duplicate, sim_options=options, **local_options) as world:
+        td = world.ecs.register_training_task_definition("train", gpus=8)
+        world.ecs.plan_family("train", run_seconds=3600, exit_code=0)
+        yield Cluster(world.aws, world.bus, world.ecs, td)
 
 
 @contextmanager

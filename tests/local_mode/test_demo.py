@@ -146,15 +146,13 @@ def test_nothing_failed_on_the_side(demo: tuple[dict[str, int], dict[str, Any]])
 
 def test_local_server_serves_jobs_and_rejects_an_unauthenticated_report() -> None:
     from handlers import jobs_api
-    from local_mode.ecs_sim import SimulatedEcs
-    from local_mode.emulator import LocalAws
-    from local_mode.event_bus import LocalEventBus
     from local_mode.server import LocalApi, LocalApiServer
+    from local_mode.world import build_world
 
     jobs_api.reset()
     try:
-        with LocalAws(metrics_disabled=True) as local, LocalApiServer(LocalApi()) as server:
-            sim = SimulatedEcs(local, LocalEventBus())
+        with build_world(handlers=False) as world, LocalApiServer(LocalApi()) as server:
+            sim = world.ecs
             node = sim.add_node("node-a")
             request = urllib.request.Request(  # noqa: S310 (loopback http)
                 server.url + "/v1/jobs", headers={"X-Local-User": "t"})

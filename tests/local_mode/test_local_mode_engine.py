@@ -18,10 +18,9 @@ from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 from local_mode import events as ev
-from local_mode.ecs_sim import SimulatedEcs
 from local_mode.emulator import LocalAws
-from local_mode.event_bus import LocalEventBus
 from local_mode.faults import ATTEMPTS, INTERNAL, THROTTLING, UNAVAILABLE
+from local_mode.world import build_world
 
 EVENTS_DIR = Path(__file__).resolve().parents[1] / "events"
 
@@ -67,9 +66,9 @@ class Recorder:
 
 @pytest.fixture
 def env():
-    with LocalAws() as local:
-        bus = LocalEventBus()
-        sim = SimulatedEcs(local, bus, train_seconds=None)
+    # The engine alone: recorders on the bus instead of the recovery Lambdas.
+    with build_world(handlers=False, metrics_disabled=False) as world:
+        local, bus, sim = world.aws, world.bus, world.ecs
         rec = {"task": Recorder(), "hc": Recorder(), "ci": Recorder()}
         bus.add_rule("t", C.training_task_pattern(local.cluster_arn), rec["task"], "task")
         bus.add_rule("h", C.health_check_task_pattern(local.cluster_arn), rec["hc"], "hc")
@@ -409,14 +408,14 @@ def test_concurrent_starts_are_placed_atomically(env):
 
 
 def test_environment_restored_on_exit():
-    """Given LocalAws, When the context exits, Then env vars and the clock are restored."""
+    """Given a world (LocalAws and the simulated clock), When the context exits, Then env
+    vars and the clock are restored."""
     import os
 
     before = os.environ.get(C.ENV_JOB_TABLE)
-    with LocalAws(max_recovery_attempts=3, metrics_disabled=True) as local:
+    with build_world(handlers=False, max_recovery_attempts=3, metrics_disabled=True) as world:
         assert os.environ[C.ENV_MAX_RECOVERY_ATTEMPTS] == "3"
         assert os.environ["POWERTOOLS_METRICS_DISABLED"] == "true"
-        sim = SimulatedEcs(local, LocalEventBus())
-        assert gr_clock.now() == sim.clock.now()
+        assert gr_clock.now() == world.ecs.clock.now()
     assert os.environ.get(C.ENV_JOB_TABLE) == before
     assert abs(gr_clock.now() - time.time()) < 5

@@ -1,0 +1,59 @@
+"""``build_world``: the emulator, the bus and the simulated ECS set up together, the
+recovery Lambdas wired as infra deploys them, the handlers' services forgotten after."""
+
+from __future__ import annotations
+
+from gpu_recovery import constants as C
+from gpu_recovery import runtime
+from local_mode.event_bus import GANG_QUEUE, SWEEP_SCHEDULE
+from local_mode.world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, build_world
+
+RULES = ["training-task-state", "health-check-task-stopped", "container-instance-state"]
+
+
+def test_a_ranks_stopped_event_reaches_the_task_handler_through_the_bus() -> None:
+    """Given a world with the handlers wired and every event delivered twice
+    When a one-rank job's rank exits 0
+    Then its STOPPED event reaches ecs_task_handler (and its duplicate too), which completes the job."""
+    with build_world(duplicate_delivery=True) as world:
+        assert [r.name for r in world.bus.rules] == RULES
+        assert set(world.handlers) == {"ecs_task_handler", "dcgm_task_monitor", "ecs_instance_monitor",
+                                       "recovery_sweep", "gang_worker"}
+        assert GANG_QUEUE in world.bus.queues
+        world.ecs.add_node("node-a")
+        td = world.ecs.register_training_task_definition("train", gpus=8)
+        world.ecs.plan_family("train", run_seconds=120, exit_code=0)
+        world.ecs.start_job("one-rank", td, ["node-a"])
+        world.ecs.run_for(600)
+        to_handler = [d for d in world.bus.deliveries
+                      if d.rule == "training-task-state" and d.target == "ecs_task_handler" and d.ok]
+        assert any(d.duplicate for d in to_handler)
+        assert runtime.recovery_service().repo.get_job("one-rank").state is C.JobState.COMPLETE
+
+
+def test_the_schedules_are_the_ones_asked_for() -> None:
+    """Given worlds built with and without the recovery sweep
+    When their schedules are listed
+    Then the sweep runs every sweep_every_seconds, or not at all with None; the heartbeat
+    sweep and the queue scheduler are added on request."""
+    with build_world(sweep_every_seconds=300) as world:
+        assert [(s.name, s.every_seconds) for s in world.bus.schedules] == [(SWEEP_SCHEDULE, 300)]
+    with build_world(sweep_every_seconds=None) as world:
+        assert world.bus.schedules == []
+        assert "recovery_sweep" not in world.handlers
+        world.schedule_heartbeat_sweep(60)
+        world.schedule_queue_scheduler(120)
+        assert [(s.name, s.every_seconds) for s in world.bus.schedules] == [
+            (HEARTBEAT_SWEEP_SCHEDULE, 60), (QUEUE_SCHEDULER_SCHEDULE, 120)]
+
+
+def test_without_handlers_the_bus_is_empty_and_services_do_not_outlive_their_world() -> None:
+    """Given a world built without handlers
+    When it is torn down and another is built
+    Then the bus had no rule, schedule or queue, and the second world's services are new
+    (none is built on the first emulator's session)."""
+    with build_world(handlers=False) as world:
+        assert (world.bus.rules, world.bus.schedules, world.bus.queues, world.handlers) == ([], [], {}, {})
+        first = runtime.recovery_service()
+    with build_world(handlers=False):
+        assert runtime.recovery_service() is not first
