@@ -167,7 +167,7 @@ class NodeActionGate:
         # What the decision was measured against, for `gpu-recovery-admin breaker show`.
         settings = self.deps.settings.remediation.breaker
         state.update(limit=decided.limit if decided is not None else settings.allowed_nodes(nodes),
-                     window_seconds=settings.window_seconds)
+                     window_seconds=settings.window_seconds, auto_close=settings.auto_close)
         # Only a real count is recorded: a first node action needs none, and "0 GPU nodes"
         # in `breaker show` would read as a measurement.
         if counted:
