@@ -167,7 +167,8 @@ def _breaker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance-table", help=f"container-instance table (default ${ENV_INSTANCE_TABLE} "
                                                  f"or {DEFAULT_INSTANCE_TABLE_NAME})")
     actions = parser.add_subparsers(dest="breaker_command", required=True)
-    actions.add_parser("show", help="state, nodes acted on in the window, backlog")
+    actions.add_parser("show", help="state (closed / open, waiting to close by itself / open until an "
+                                    "operator resets it) and why, nodes acted on in the window, backlog")
     reset = actions.add_parser("reset", help="close the breaker: resume or drop its backlog")
     choice = reset.add_mutually_exclusive_group(required=True)
     choice.add_argument("--resume-backlog", action="store_true",
@@ -187,15 +188,22 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
     """``breaker show`` / ``breaker reset``: one JSON document on stdout, a sentence on stderr."""
     from gpu_recovery.domain import cordon as cordon_policy
     from gpu_recovery.domain.breaker import breaker as policy
-    from gpu_recovery.recovery.breaker.operations import reset_breaker
+    from gpu_recovery.recovery.breaker.operations import assess, reset_breaker
     from gpu_recovery.repository.scheduling import SchedulingRepository
 
     stored = repo.get_breaker()
     if args.breaker_command == "show":
         state = policy.normalize(stored)
         window_seconds = float((stored or {}).get("window_seconds") or 600)
+        # The settings the breaker last decided with (recorded on its item by every decision).
+        settings = policy.BreakerPolicy(window_seconds=window_seconds,
+                                        auto_close=bool((stored or {}).get("auto_close", True)))
+        answer = assess(repo, stored, now=now, settings=settings)
         in_window = sorted({e["node"] for e in state["window"] if now - window_seconds < e["at"] <= now})
-        shown = {"state": state["state"], "trips": state["trips"], "tripped_at": state["tripped_at"],
+        tripped = state["state"] == policy.TRIPPED
+        shown = {"state": state["state"], "standing": answer.standing, "why": answer.reason,
+                 "nodes_acted_on_when_tripped": list(answer.nodes) if tripped else [],
+                 "trips": state["trips"], "tripped_at": state["tripped_at"],
                  "trip_reason": state["trip_reason"], "nodes_in_window": in_window,
                  "limit": (stored or {}).get("limit"),
                  "cluster_gpu_nodes": (stored or {}).get("cluster_gpu_nodes"),
@@ -210,6 +218,8 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
                                for item in SchedulingRepository(repo).jobs_in_recovery()
                                if item.get("job_state") == "HELD"]}
         print(json.dumps(shown, default=str, sort_keys=True, indent=2))
+        if tripped:
+            print(f"breaker {answer.standing}: {answer.reason}", file=sys.stderr)
         if stored is None:
             print("the breaker has never acted (no node action recorded yet)", file=sys.stderr)
         elif shown["cluster_gpu_nodes"] is None:

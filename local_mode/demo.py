@@ -32,8 +32,10 @@ Then the remediation scenarios (``local_mode/remediation_scenarios.py``), one pe
 the fault catalog, each in its own simulated cluster: fast-path XID 79 reboot without the
 diag; a flapping node escalated to replacement on its 3rd fault; a dead GPU relocated to a
 spare node; the blast-radius breaker tripping when 4 of 16 nodes fault within 10 minutes
-(the jobs on the held nodes wait HELD and restart after the reset);
-observe mode; a persistence-mode diag failure that needs an operator, not a reboot.
+(the jobs on the held nodes wait HELD and restart after the reset), closing by itself
+when the storm's rebooted nodes are back healthy, and staying open until an operator resets
+it when one of them faults again; observe mode; a persistence-mode diag failure that needs
+an operator, not a reboot.
 
 Last, the time-sharing scenario (``local_mode/time_sharing_scenario.py``), in its own
 4-node cluster with the local API over HTTP: an admin sets node quotas (PUT /v1/quotas);

@@ -13,6 +13,11 @@ every minute), through the same handlers the stack deploys.
    acted on either; the jobs on the two held nodes (not relocatable) wait HELD, not
    failed, and nothing is placed on those nodes; an operator's reset releases the backlog,
    the nodes are rebooted and the held jobs restart on them.
+   ``breaker_autoclose`` — the same storm with nobody to reset it: the rebooted nodes come
+   back healthy, a window after the trip the breaker closes by itself (one e-mail) and
+   releases the held reboot; a later reboot-fixable fault is rebooted at once, not HELD.
+   ``breaker_refault`` — a node rebooted in the storm faults again: the breaker stays open
+   until an operator resets it, and says so (one e-mail, ``breaker show``).
 5. ``observe`` — observe mode: the fault is detected, classified and e-mailed with what would
    have been done; no StopTask, reboot, drain or termination.
 6. ``persistence_mode`` — the DCGM diag fails only on "persistence mode disabled" (error 29,
@@ -24,6 +29,7 @@ found (empty: it ended exactly as described). ``make demo`` prints them; tests a
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import warnings
@@ -292,6 +298,100 @@ def breaker() -> ScenarioResult:
                         "placed_on_held_nodes": placed, "reset_at": reset_at})
 
 
+def _storm(w: World) -> tuple[list[str], list[str]]:
+    """16 nodes, 8 two-node jobs; XID 79 on node-01, 03, 05, 07 at minutes 10, 12, 14, 16:
+    three are rebooted, the 4th trips the breaker (job-3 waits HELD for node-07)."""
+    nodes = [f"node-{i:02d}" for i in range(16)]
+    for node in nodes:
+        w.sim.add_node(node)
+    jobs = [f"job-{i}" for i in range(8)]
+    for i, job_id in enumerate(jobs):
+        w.sim.start_job(job_id, w.td, nodes[2 * i:2 * i + 2])
+    for k, node in enumerate(("node-01", "node-03", "node-05", "node-07")):
+        w.sim.inject_xid(node, 79, after=(10 + 2 * k) * MIN, nccl_cascade=True)
+    return nodes, jobs
+
+
+def _kinds(w: World, kind: str) -> list[dict[str, Any]]:
+    return [n for n in w.local.notifications() if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == kind]
+
+
+def breaker_autoclose() -> ScenarioResult:
+    """The storm of ``breaker`` with nobody to reset it: the rebooted nodes come back
+    healthy, a window after the trip the breaker closes by itself and releases node-07's
+    reboot; a reboot-fixable fault long after is rebooted at once, not HELD."""
+    title = ("breaker closes by itself: the storm's 3 rebooted nodes back healthy -> a window after the "
+             "trip it closes (one e-mail), node-07 rebooted, job-3 restarts; a later fault is rebooted")
+    with world() as w:
+        nodes, jobs = _storm(w)
+        w.sim.run_for(20 * MIN)
+        problems: list[str] = []
+        state = w.repo.get_breaker() or {}
+        tripped_at = float(state.get("tripped_at") or 0)
+        _expect(problems, "breaker at minute 20", state.get("state"), "tripped")
+        _expect(problems, "job-3 while tripped", w.job("job-3").get("job_state"), "HELD")
+        w.sim.run_for(15 * MIN)  # the window (10 min) since the trip has passed
+        state = w.repo.get_breaker() or {}
+        _expect(problems, "breaker a window after the trip", (state.get("state"), state.get("last_reset_by")),
+                ("closed", "the breaker itself (auto close)"))
+        closed = _kinds(w, "breaker_closed")
+        _expect(problems, "breaker_closed e-mails", len(closed), 1)
+        said = "breaker closed by itself: nodes " + ", ".join(
+            sorted(w.sim.node(n).container_instance_id for n in ("node-01", "node-03", "node-05")))
+        if closed and said not in str(closed[0]["message"]):
+            problems.append(f"the e-mail does not say {said!r}")
+        _expect(problems, "node-07 rebooted after the close", w.sim.node("node-07").reboots, 1)
+        # A reboot-fixable fault long after the storm: rebooted at once, its job recovers.
+        w.sim.inject_xid("node-11", 79, after=5 * MIN, nccl_cascade=True)
+        w.sim.run_for(15 * MIN)
+        _expect(problems, "node-11 rebooted", w.sim.node("node-11").reboots, 1)
+        later = {j: (w.job(j).get("job_state"), w.job(j).get("attempt")) for j in ("job-3", "job-5")}
+        _expect(problems, "job-3 and job-5", later, {"job-3": ("RUNNING", 2), "job-5": ("RUNNING", 2)})
+        _expect(problems, "failed jobs", [j for j in jobs if w.job(j).get("job_state") == "FAILED"], [])
+        _expect(problems, "breaker e-mails", (len(_kinds(w, "breaker_tripped")),
+                                              len(_kinds(w, "breaker_needs_operator"))), (1, 0))
+        _expect(problems, "breaker at the end", (w.repo.get_breaker() or {}).get("state"), "closed")
+        return _finish(w, "breaker_autoclose", title, problems, jobs,
+                       {"tripped_at": tripped_at, "closed_at": state.get("last_reset_at"),
+                        "rebooted": sorted(n for n in nodes if w.sim.node(n).reboots)})
+
+
+def breaker_refault() -> ScenarioResult:
+    """The storm of ``breaker``, and node-01, rebooted in it, faults again: the reboots did
+    not fix it, so the breaker stays open until an operator resets it, and says so once."""
+    title = ("breaker stays open: node-01, rebooted in the storm, faults again -> open until an operator "
+             "resets it (one e-mail saying why), nothing more rebooted")
+    from cli.admin import breaker_command
+
+    with world() as w:
+        _, jobs = _storm(w)
+        w.sim.inject_xid("node-01", 79, after=20 * MIN, nccl_cascade=True)
+        w.sim.run_for(50 * MIN)
+        problems: list[str] = []
+        state = w.repo.get_breaker() or {}
+        node_01 = w.sim.node("node-01").container_instance_id
+        _expect(problems, "breaker", state.get("state"), "tripped")
+        reason = str((state.get("needs_operator") or {}).get("reason") or "")
+        if f"{node_01} failed again after its remediation" not in reason:
+            problems.append(f"the breaker's reason is {reason!r} (want node-01 failed again)")
+        mails = _kinds(w, "breaker_needs_operator")
+        _expect(problems, "breaker_needs_operator e-mails", len(mails), 1)
+        _expect(problems, "breaker_closed e-mails", len(_kinds(w, "breaker_closed")), 0)
+        _expect(problems, "reboots", {n: w.sim.node(n).reboots for n in ("node-01", "node-07")},
+                {"node-01": 1, "node-07": 0})
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.sim.now())
+        shown = json.loads(out.getvalue())
+        _expect(problems, "breaker show", (shown["standing"], shown["why"]),
+                ("open until an operator resets it", reason))
+        return _finish(w, "breaker_refault", title, problems, jobs,
+                       {"needs_operator": reason, "show": shown["standing"]})
+
+
 def observe() -> ScenarioResult:
     """Observe mode: detect, classify, record and notify; change nothing."""
     title = "observe mode: XID 79 detected and e-mailed with what would have been done; nothing done"
@@ -357,6 +457,8 @@ SCENARIOS: dict[str, Callable[[], ScenarioResult]] = {
     "flapping": flapping,
     "relocation": relocation,
     "breaker": breaker,
+    "breaker_autoclose": breaker_autoclose,
+    "breaker_refault": breaker_refault,
     "observe": observe,
     "persistence_mode": persistence_mode,
 }

@@ -27,7 +27,11 @@ The flows (``FLOWS``):
   minutes: the job waits PENDING_RESTART, then moves once node-c is free;
 * ``held_reset`` — the blast-radius breaker has another node in its window, so node-b's
   reboot trips it: the job (not relocatable) waits HELD, e-mailed; an operator resets the
-  breaker with ``--resume-backlog``; node-b is rebooted and the job restarts;
+  breaker with ``--resume-backlog`` (``breaker_auto_close`` false: only the operator closes
+  it); node-b is rebooted and the job restarts;
+* ``held_autoclose`` — the same trip, with nobody to reset it: node-z, the node the breaker
+  had acted on (rebooted a minute before the fault), is back healthy, so a window after the
+  trip the breaker closes by itself (e-mailed), releases node-b's reboot and the job restarts;
 * ``large`` — the GPU fault of ``gpu_fault`` in a 17-rank job (one rank per node, above
   the inline fan-out): the gang is stopped and restarted in batches through the gang queue
   and its worker, whose calls are broken too.
@@ -36,6 +40,7 @@ The flows (``FLOWS``):
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -45,6 +50,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import InstanceState, JobState
+from gpu_recovery.domain.breaker import breaker as breaker_policy
 from gpu_recovery.repository import Repository
 
 from ..ecs_sim import SimulatedEcs
@@ -59,17 +65,18 @@ FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
 # Flows that move rank 1 to the spare node-c (node-b quarantined).
 RELOCATING = ("relocation", "spare_first", "relocation_wait")
 # Flows whose job completes on its second attempt after one infrastructure recovery.
-RECOVERED = ("gpu_fault", "fast_path", "large", "held_reset", *RELOCATING)
+HELD = ("held_reset", "held_autoclose")
+RECOVERED = ("gpu_fault", "fast_path", "large", *HELD, *RELOCATING)
 # Flows where node-b is rebooted (once) and comes back.
-REBOOTED = ("gpu_fault", "fast_path", "large", "held_reset")
+REBOOTED = ("gpu_fault", "fast_path", "large", *HELD)
 QUARANTINED = ("dead_gpu", *RELOCATING)
 FLOWS = ("gpu_fault", "fast_path", "dead_gpu", "app_error", "app_error_fails", "relocation", "spare_first",
-         "relocation_wait", "held_reset", "large")
+         "relocation_wait", "held_reset", "held_autoclose", "large")
 LARGE_RANKS = 17  # one above the inline fan-out: the gang queue and its worker carry it
 TRAIN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 90 * MIN
 OTHER_WORKLOAD_SECONDS = 5 * MIN  # relocation_wait: node-c frees up this long after the fault
-ANOTHER_NODE = "node-z"  # held_reset: acted on a minute before, in the breaker's window
+ANOTHER_NODE = "node-z"  # held_*: acted on a minute before, in the breaker's window
 
 
 @dataclass
@@ -137,11 +144,15 @@ def check(result: RunResult) -> list[str]:
         problems.append(f"ranks ended on {result.final_nodes} (want rank 1 moved to {SPARE})")
     if flow == "relocation_wait" and not result.facts.get("waited_for_a_node"):
         problems.append("the job never waited for a free node")
-    if flow == "held_reset":
+    if flow in HELD:
         if not result.facts.get("held"):
             problems.append("the job was never HELD")
         if result.facts.get("breaker_state") != "closed":
             problems.append(f"the breaker is {result.facts.get('breaker_state')} at the end (want closed)")
+        closed_by = result.facts.get("closed_by")
+        want_by = "campaign-operator" if flow == "held_reset" else breaker_policy.CLOSED_BY_ITSELF
+        if closed_by != want_by:
+            problems.append(f"the breaker was closed by {closed_by!r} (want {want_by!r})")
     if result.instance_states != want_states:
         problems.append(f"instances {result.instance_states} (want {want_states})")
     problems += mail_problems(result.mails, expected_mails(flow))
@@ -162,8 +173,10 @@ def expected_mails(flow: str) -> dict[tuple[str, str], tuple[int, int]]:
         want = {("quarantined", JOB_ID): (1, 2), ("recovered", JOB_ID): (0, 0)}
     else:
         want = {("application_error", JOB_ID): (1, 2), ("recovered", JOB_ID): (0, 0)}
-    if flow == "held_reset":
-        want.update({("breaker_tripped", "-"): (1, 2), ("job_held", JOB_ID): (1, 2)})
+    if flow in HELD:
+        want.update({("breaker_tripped", "-"): (1, 2), ("job_held", JOB_ID): (1, 2),
+                     ("breaker_closed", "-"): (1, 2) if flow == "held_autoclose" else (0, 0),
+                     ("breaker_needs_operator", "-"): (0, 0)})
     return want
 
 
@@ -171,6 +184,8 @@ def _env(flow: str) -> dict[str, str]:
     env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL"}
     if flow == "spare_first":
         env[C.ENV_SPARE_NODES] = "1"
+    if flow == "held_reset":  # the operator's reset is what this flow tries: nothing else closes it
+        env[C.ENV_REMEDIATION_SETTINGS] = json.dumps({"breaker_auto_close": "false"})
     return env
 
 
@@ -259,8 +274,8 @@ def _start_job(local: LocalAws, sim: SimulatedEcs, flow: str) -> None:
     sim.start_job(JOB_ID, td, ranks, extra_tags=tags or None)
     if flow == "relocation_wait":
         _other_workload(local, sim)
-    if flow == "held_reset":
-        _another_node_acted_on(local, sim.now())
+    if flow in HELD:
+        _another_node_acted_on(local, sim, flow)
     sim.run_for(MIN)
 
 
@@ -274,19 +289,30 @@ def _other_workload(local: LocalAws, sim: SimulatedEcs) -> None:
                                  containerInstances=[sim.node(SPARE).container_instance_arn])
 
 
-def _another_node_acted_on(local: LocalAws, now: float) -> None:
+def _another_node_acted_on(local: LocalAws, sim: SimulatedEcs, flow: str) -> None:
     """The breaker's window already holds another node's reboot (a minute ago): node-b's
-    reboot would be the second node of a 2-node cluster in one window, past its limit."""
-    from gpu_recovery.domain.breaker import breaker as breaker_policy
+    reboot would be the second node in one window of a 2-node (held_reset) or 3-node
+    (held_autoclose) cluster, past its limit of one. In held_autoclose that node is node-z of
+    the cluster, rebooted and back (AVAILABLE, its item written as the loop would have)."""
+    from gpu_recovery.domain.models import Instance
 
-    decided = breaker_policy.record_action(None, node=ANOTHER_NODE, action="reboot", now=now - MIN,
-                                           cluster_gpu_nodes=2)
-    _repo(local).save_breaker({**decided.state, "cluster_gpu_nodes": 2}, None)
+    repo = _repo(local)
+    node, nodes = ANOTHER_NODE, len(nodes_of(flow))
+    if flow == "held_autoclose":
+        z = sim.node(ANOTHER_NODE)
+        node = z.container_instance_id
+        repo.put_instance_if_absent(Instance(node, InstanceState.AVAILABLE, z.container_instance_arn,
+                                             z.instance_id))
+    decided = breaker_policy.record_action(None, node=node, action="reboot", now=sim.now() - MIN,
+                                           cluster_gpu_nodes=nodes)
+    repo.save_breaker({**decided.state, "cluster_gpu_nodes": nodes}, None)
 
 
 def nodes_of(flow: str) -> tuple[str, ...]:
     if flow == "large":
         return (HEALTHY, FAULTY, *(f"node-x{i:02d}" for i in range(LARGE_RANKS - 2)))
+    if flow == "held_autoclose":
+        return (HEALTHY, FAULTY, ANOTHER_NODE)
     return (HEALTHY, FAULTY, SPARE) if flow in RELOCATING else (HEALTHY, FAULTY)
 
 
@@ -294,7 +320,7 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, watch: Invar
             fault: tuple[int, str] | None, keep_timeline: bool, flow: str) -> RunResult:
     repo = _repo(local)
     facts: dict[str, Any] = {}
-    on_minute = _operator(repo, sim, facts) if flow == "held_reset" else None
+    on_minute = _operator(repo, sim, facts, resets=flow == "held_reset") if flow in HELD else None
     checked = [0.0]
 
     def ended() -> bool:  # read the job at most once a simulated minute
@@ -328,6 +354,7 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, watch: Invar
     stuck += [f"job item {it.get('job_id_rank')} {it.get('job_state') or it.get('item_type')}"
               for it in repo.due_job_items(far)]
     facts["breaker_state"] = (repo.get_breaker() or {}).get("state", "closed")
+    facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
     return RunResult(
         fault=fault, fired=calls.fired, calls=list(calls.calls),
         job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
@@ -347,9 +374,11 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, watch: Invar
     )
 
 
-def _operator(repo: Repository, sim: SimulatedEcs, facts: dict[str, Any]) -> Callable[[Any], None]:
-    """held_reset's operator: a minute after the job is HELD, `gpu-recovery-admin breaker
-    reset --resume-backlog` (the operator's own call: not the flow's, never broken)."""
+def _operator(repo: Repository, sim: SimulatedEcs, facts: dict[str, Any], *,
+              resets: bool) -> Callable[[Any], None]:
+    """Notes when the job is HELD; held_reset's operator (``resets``) then, a minute later,
+    calls `gpu-recovery-admin breaker reset --resume-backlog` (the operator's own call: not
+    the flow's, never broken). held_autoclose has nobody: the breaker closes by itself."""
     from gpu_recovery.recovery.breaker.operations import reset_breaker
 
     def on_minute(job: Any) -> None:
@@ -357,7 +386,7 @@ def _operator(repo: Repository, sim: SimulatedEcs, facts: dict[str, Any]) -> Cal
             return
         if job.state is JobState.HELD:
             facts.setdefault("held", sim.now())
-        if facts.get("held") and sim.now() >= facts["held"] + MIN:
+        if resets and facts.get("held") and sim.now() >= facts["held"] + MIN:
             # Through the emulator's own client (``repo``): the operator's call, never broken.
             result = reset_breaker(repo, now=sim.now(), resume_backlog=True, by="campaign-operator")
             if result.done:

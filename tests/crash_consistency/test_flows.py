@@ -5,11 +5,11 @@ minute; the backstop invariant is checked after every event.
 
 The flows (``local_mode.campaigns``): the fast path, a dead GPU (quarantine, the job
 failed and e-mailed), an application error (restarted, and failed and e-mailed), relocation
-(at once, spare first, after waiting for a free node), a job HELD by the breaker and the
-operator's reset, a gang above the inline fan-out (17 ranks, through the gang queue), a
-node lost from heartbeats (its agent silent, its ECS agent disconnected) and a preemption
-(suspend, go_suspend(), resume). The GPU fault with reboot is
-``test_fault_injection.py``'s.
+(at once, spare first, after waiting for a free node), a job HELD by the breaker until the
+operator's reset or until the breaker closes by itself, a gang above the inline fan-out (17
+ranks, through the gang queue), a node lost from heartbeats (its agent silent, its ECS agent
+disconnected) and a preemption (suspend, go_suspend(), resume). The GPU fault with reboot
+is ``test_fault_injection.py``'s.
 
 Without ``GPU_RECOVERY_FAULTS=all`` (``make test-slow``) the first call of every call site
 of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs) every call.

@@ -68,6 +68,30 @@ def test_a_tripped_breaker_holds_every_later_node_action_and_the_jobs_there_wait
     assert "(jobs on it: job-3 (waits HELD for the reset" in trip["message"]
 
 
+def test_after_a_storm_whose_nodes_came_back_the_breaker_closes_by_itself_and_later_faults_are_fixed(
+        ) -> None:
+    """Given the storm's 3 rebooted nodes back healthy and nobody resetting the breaker, Then
+    a window after the trip it closes by itself with one e-mail, releases node-07's reboot
+    (job-3 restarts), and a fault long after is rebooted at once (job-5 recovers, never
+    HELD); no job fails (scenario's problems: test_scenario_ends_as_described)."""
+    result = outcome("breaker_autoclose")
+    assert result.kinds().count("breaker_closed") == 1 and result.kinds().count("job_held") == 1
+    assert "breaker_needs_operator" not in result.kinds()
+    assert 600 <= result.facts["closed_at"] - result.facts["tripped_at"] < 600 + 3 * 60
+    assert result.facts["rebooted"] == ["node-01", "node-03", "node-05", "node-07", "node-11"]
+    assert [h["to"] for h in result.jobs["job-5"]["history"]].count("HELD") == 0
+    [mail] = [n for n in result.notifications
+              if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "breaker_closed"]
+    assert "1 held-back action(s) released at the window's rate" in mail["message"]
+
+
+def test_when_a_rebooted_node_faults_again_the_breaker_stays_open_and_says_so() -> None:
+    result = outcome("breaker_refault")
+    assert result.kinds().count("breaker_needs_operator") == 1 and "breaker_closed" not in result.kinds()
+    assert "failed again after its remediation" in result.facts["needs_operator"]
+    assert result.facts["show"] == "open until an operator resets it"
+
+
 def test_observe_mode_changes_nothing_on_aws() -> None:
     result = outcome("observe")
     assert (result.counters["reboots"], result.counters["stop_requests"],

@@ -23,6 +23,11 @@ class NotificationKind(str, Enum):
     OPERATOR_ACTION = "operator_action"  # a configuration problem, or a node needing a person
     OBSERVED = "observed"  # observe mode: what would have been done
     BREAKER_TRIPPED = "breaker_tripped"
+    # The tripped breaker closed by itself: the nodes it acted on are back healthy.
+    BREAKER_CLOSED = "breaker_closed"
+    # The tripped breaker will not close by itself (a node it acted on failed again or did
+    # not come back): it stays open until an operator resets it.
+    BREAKER_NEEDS_OPERATOR = "breaker_needs_operator"
     # Even the cordon limit tripped: known-bad nodes stay out of the queue's placements but
     # ECS may place tag-registered tasks on them until the breaker is reset.
     CORDON_LIMIT_TRIPPED = "cordon_limit_tripped"

@@ -38,6 +38,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "breaker_max_percent": ("20", "share of the cluster's GPU nodes acted on per window, 1..100"),
     "breaker_max_nodes": ("", "absolute cap on nodes acted on per window (empty: none)"),
     "breaker_window_minutes": ("10", "the breaker's sliding window"),
+    "breaker_auto_close": ("true", "true | false: the breaker closes by itself once the nodes it acted on "
+                           "are back healthy"),
     "max_infra_recoveries": (str(DEFAULT_MAX_INFRA_RECOVERIES), "a job's infrastructure recoveries"),
     "max_app_restarts": (str(DEFAULT_MAX_APP_RESTARTS), "a job's application-error restarts"),
 }
@@ -96,6 +98,9 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
     enabled = (values.get("breaker_enabled") or "true").strip().lower()
     if enabled not in ("true", "false"):
         errors.append(f"breaker_enabled must be true or false, got {enabled!r}")
+    auto_close = (values.get("breaker_auto_close") or SETTINGS["breaker_auto_close"][0]).strip().lower()
+    if auto_close not in ("true", "false"):
+        errors.append(f"breaker_auto_close must be true or false, got {auto_close!r}")
 
     def num(key: str, low: float, high: float, integer: bool = True) -> float | None:
         return _number(values, key, errors, integer=integer, low=low, high=high)
@@ -120,6 +125,6 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
                                     max_records=max(50, int(remediations or 0) + int(reboots or 0))),
         breaker=BreakerPolicy(enabled=enabled == "true", max_share=float(percent or 0) / 100,
                               max_nodes=int(cap) if cap is not None else None,
-                              window_seconds=float(minutes or 0) * 60),
+                              window_seconds=float(minutes or 0) * 60, auto_close=auto_close == "true"),
         max_infra_recoveries=int(infra or 0), max_app_restarts=int(app or 0),
     )

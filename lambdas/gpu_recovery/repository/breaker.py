@@ -35,9 +35,10 @@ class BreakerState(RecoveryTables):
         """Write the breaker's state, only if nobody wrote it since it was read (its version;
         ``None``: the item did not exist)."""
         fields = {k: state.get(k) for k in ("state", "version", "window", "backlog", "tripped_at",
-                                             "trip_reason", "trips", "last_reset_at", "last_reset_by")}
+                                             "trip_reason", "trips", "last_reset_at", "last_reset_by",
+                                             "tripped_nodes", "needs_operator")}
         fields["item_type"] = "BREAKER"
-        for extra in ("released", "limit", "cluster_gpu_nodes", "window_seconds", "cordons"):
+        for extra in ("released", "limit", "cluster_gpu_nodes", "window_seconds", "auto_close", "cordons"):
             if extra in state:
                 fields[extra] = state[extra]
         if read_version is None:
@@ -48,8 +49,11 @@ class BreakerState(RecoveryTables):
                       set_fields=fields, condition=condition, condition_values=values,
                       condition_names=names)
 
-    def save_breaker(self, state: Mapping[str, Any], read_version: int | None) -> bool:
-        return self.db.apply(self.breaker_update(state, read_version))
+    def save_breaker(self, state: Mapping[str, Any], read_version: int | None,
+                     also: Sequence[Update] = ()) -> bool:
+        """The breaker's new state (conditional on ``read_version``), with ``also`` (the
+        notices it owes: closed by itself, stays open until an operator) in one transaction."""
+        return self.db.transact([self.breaker_update(state, read_version), *also])
 
     def drop_released(self, node: str) -> bool:
         """A released backlog entry was carried out (or is moot): remove it."""

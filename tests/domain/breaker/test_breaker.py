@@ -213,3 +213,106 @@ def test_limit_is_the_share_or_the_cap_and_never_below_the_minimum(nodes, share,
     assert limit <= max(policy.min_allowed, int(share * nodes + 1e-9))
     if cap is not None:
         assert limit <= max(cap, policy.min_allowed)
+
+
+# ------------------------------------------------------------------ closing by itself
+A = breaker.AutoClose
+BACK = breaker.ActedOnNode(breaker.InstanceState.AVAILABLE)
+WINDOW = POLICY.window_seconds
+
+
+def _storm() -> dict:
+    """16 nodes: node-0..2 rebooted, node-3 trips it at T + 180 (kept in the backlog)."""
+    state = breaker.new_state()
+    for n in range(4):
+        state = act(state, f"node-{n}", T + 60 * n).state
+    return state
+
+
+def _assess(state, at: float, views=None, policy: BreakerPolicy = POLICY):
+    views = {f"node-{n}": BACK for n in range(3)} if views is None else views
+    return breaker.assess_auto_close(state, now=at, policy=policy, nodes_now=views, cluster_gpu_nodes=16)
+
+
+def test_a_trip_remembers_the_nodes_it_had_acted_on_and_a_reset_forgets_them() -> None:
+    state = _storm()
+    assert state["tripped_nodes"] == ["node-0", "node-1", "node-2"] and state["tripped_at"] == T + 180
+    assert breaker.acted_on_nodes(breaker.normalize(state)) == ("node-0", "node-1", "node-2")
+    assert breaker.reset(state, now=T + 900, resume_backlog=True).state["tripped_nodes"] == []
+
+
+def test_it_closes_a_window_after_the_trip_once_every_node_it_acted_on_is_back_healthy() -> None:
+    state = _storm()
+    answer = _assess(state, T + 180 + WINDOW)
+    assert answer.verdict is A.CLOSE and answer.standing == "open, waiting to close by itself"
+    assert "nodes node-0, node-1, node-2 back healthy" in answer.reason
+
+
+def test_it_waits_for_its_window_since_the_trip_even_with_every_node_back() -> None:
+    answer = _assess(_storm(), T + 180 + WINDOW - 1)
+    assert answer.verdict is A.WAIT and "has not passed since the trip" in answer.reason
+
+
+def test_it_waits_for_a_node_still_rebooting_or_uncordoning() -> None:
+    for view in (breaker.ActedOnNode(breaker.InstanceState.REBOOTING),
+                 breaker.ActedOnNode(breaker.InstanceState.HEALTH_CHECKING),
+                 breaker.ActedOnNode(breaker.InstanceState.AVAILABLE, cordoned=True)):
+        answer = _assess(_storm(), T + 180 + WINDOW, {"node-0": BACK, "node-1": view, "node-2": BACK})
+        assert answer.verdict is A.WAIT and answer.reason.startswith("not back yet: node-1"), answer
+
+
+def test_a_node_not_back_within_its_windows_leaves_it_to_an_operator() -> None:
+    late = T + 180 + POLICY.auto_close_windows * WINDOW
+    answer = _assess(_storm(), late, {"node-0": BACK, "node-1": breaker.ActedOnNode(
+        breaker.InstanceState.REBOOTING), "node-2": BACK})
+    assert answer.verdict is A.OPERATOR and answer.standing == "open until an operator resets it"
+    assert "node-1 did not come back within 3 windows of the trip" in answer.reason
+
+
+@pytest.mark.parametrize("view, says", [
+    (breaker.ActedOnNode(breaker.InstanceState.AVAILABLE, failed_again=True), "node-1 failed again"),
+    (breaker.ActedOnNode(breaker.InstanceState.SUSPECT), "node-1 is SUSPECT after its remediation"),
+    (breaker.ActedOnNode(breaker.InstanceState.QUARANTINED), "node-1 is QUARANTINED"),
+    (None, "node-1 is gone (no item)"),
+])
+def test_a_node_that_failed_again_leaves_it_to_an_operator_at_once(view, says) -> None:
+    views = {"node-0": BACK, "node-2": BACK, **({"node-1": view} if view else {})}
+    answer = _assess(_storm(), T + 200, views)  # even before its window passed
+    assert answer.verdict is A.OPERATOR and says in answer.reason
+
+
+def test_a_new_action_held_back_for_a_node_it_acted_on_is_a_failure_again() -> None:
+    state = act(_storm(), "node-1", T + 400).state  # node-1 faults again while tripped
+    answer = _assess(state, T + 180 + WINDOW)
+    assert answer.verdict is A.OPERATOR and "node-1 failed again" in answer.reason
+
+
+def test_it_waits_while_more_new_nodes_than_the_limit_need_an_action_within_a_window() -> None:
+    state = _storm()
+    for n, at in ((4, T + 700), (5, T + 710), (6, T + 720)):
+        state = act(state, f"node-{n}", at).state
+    # node-3 (the trip) left the last window; node-4..6 are 3 new nodes: the limit, not past it
+    assert _assess(state, T + 180 + WINDOW).verdict is A.CLOSE
+    state = act(state, "node-7", T + 730).state  # a 4th new node within the window: the storm goes on
+    answer = _assess(state, T + 180 + WINDOW)
+    assert answer.verdict is A.WAIT and "4 new nodes needed an action within the last window" in answer.reason
+    assert _assess(state, T + 730 + WINDOW).verdict is A.CLOSE  # it calmed down
+
+
+def test_auto_close_off_or_a_recorded_decision_or_a_closed_breaker() -> None:
+    state = _storm()
+    off = _assess(state, T + 180 + WINDOW, policy=BreakerPolicy(auto_close=False))
+    assert off.verdict is A.OFF and off.standing == "open until an operator resets it"
+    recorded = breaker.needs_operator(state, now=T + 300, reason="node-1 failed again")
+    assert recorded["version"] == state["version"] + 1
+    again = _assess(recorded, T + 180 + WINDOW)
+    assert again.verdict is A.OPERATOR and again.reason == "node-1 failed again"
+    closed = _assess(breaker.new_state(), T)
+    assert closed.verdict is A.NOT_TRIPPED and closed.standing == "closed"
+    with pytest.raises(ValueError, match="auto_close_windows"):
+        BreakerPolicy(auto_close_windows=0)
+
+
+def test_an_item_from_before_auto_close_uses_its_window_as_the_nodes_it_acted_on() -> None:
+    state = {k: v for k, v in _storm().items() if k != "tripped_nodes"}
+    assert breaker.acted_on_nodes(state) == ("node-0", "node-1", "node-2")

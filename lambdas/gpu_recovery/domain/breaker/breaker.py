@@ -4,13 +4,21 @@ of the cluster's GPU nodes were acted on within a sliding window.
 Pure functions over one state dict (one DynamoDB item; the caller writes it back with a
 condition on ``version``). The breaker trips when acting on one more node would exceed
 ``floor(max_share x GPU nodes)`` (default 20 %, never below ``min_allowed``) or
-``max_nodes``; while tripped every node action is refused and kept in a backlog. It never
-closes by itself: an operator resets it and chooses to resume or drop the backlog (stale
-backlogs replayed after a long trip are a known hazard: NVSentinel #450).
+``max_nodes``; while tripped every node action is refused and kept in a backlog.
+
+It closes by itself (``auto_close``, half-open) when the evidence says remediation worked:
+a window after the trip, every node it had acted on in the window that tripped it is back
+healthy (AVAILABLE, uncordoned), none failed again since, and no storm of new nodes goes on
+(:func:`assess_auto_close`); its backlog is then released at the window's rate as an
+operator's ``reset --resume-backlog`` releases it. When the reboots did not fix those nodes
+(one failed again, or did not come back within ``auto_close_windows`` windows) it stays
+open until an operator resets it and chooses to resume or drop the backlog (stale backlogs
+replayed after a long trip are a known hazard: NVSentinel #450).
 
 Anchors: NVSentinel fault-quarantine circuit breaker (sliding window of unique nodes,
 persistent state, manual reset), Karpenter node repair (blocked above 20 % unhealthy), EKS
-``maxUnhealthyNodeThresholdCount|Percentage``.
+``maxUnhealthyNodeThresholdCount|Percentage`` (node auto repair resumes by itself once the
+share of unhealthy nodes falls below it).
 """
 
 from __future__ import annotations
@@ -18,10 +26,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
+
+from gpu_recovery.domain.states import InstanceState
 
 CLOSED = "closed"
 TRIPPED = "tripped"
+# ``last_reset_by`` of a breaker that closed itself (an operator's reset names the operator).
+CLOSED_BY_ITSELF = "the breaker itself (auto close)"
 
 
 @dataclass(frozen=True)
@@ -31,9 +44,13 @@ class BreakerPolicy:
     max_nodes: int | None = None  # absolute cap on nodes acted on per window (None: share only)
     window_seconds: float = 600.0
     min_allowed: int = 1  # a small cluster can still fix one node per window
+    auto_close: bool = True  # close by itself once the nodes it acted on are back healthy
+    auto_close_windows: int = 3  # a node not back within this many windows: an operator decides
 
     def __post_init__(self) -> None:
         problems = []
+        if self.auto_close_windows < 1:
+            problems.append(f"auto_close_windows must be >= 1, got {self.auto_close_windows}")
         if not 0 < self.max_share <= 1:
             problems.append(f"max_share must be in (0, 1], got {self.max_share}")
         if self.max_nodes is not None and self.max_nodes < 1:
@@ -55,7 +72,8 @@ class BreakerPolicy:
 
 def new_state() -> dict[str, Any]:
     return {"state": CLOSED, "version": 0, "window": [], "backlog": [], "tripped_at": None,
-            "trip_reason": "", "trips": 0, "last_reset_at": None, "last_reset_by": ""}
+            "trip_reason": "", "trips": 0, "last_reset_at": None, "last_reset_by": "",
+            "tripped_nodes": [], "needs_operator": {}}
 
 
 def normalize(item: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -75,6 +93,10 @@ def normalize(item: Mapping[str, Any] | None) -> dict[str, Any]:
     state["backlog"] = [{"node": str(e["node"]), "action": str(e.get("action", "")), "at": float(e["at"]),
                          "job_id": str(e.get("job_id", "")), "reason": str(e.get("reason", ""))}
                         for e in item.get("backlog") or ()]
+    state["tripped_nodes"] = sorted({str(n) for n in item.get("tripped_nodes") or ()})
+    needs = item.get("needs_operator") or {}
+    state["needs_operator"] = ({"at": float(needs.get("at") or 0), "reason": str(needs.get("reason") or "")}
+                               if needs else {})
     return state
 
 
@@ -148,6 +170,7 @@ def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, no
                f"{policy.window_seconds:g} s (limit {limit}: {policy.max_share:.0%} of the cluster"
                + (f", at most {policy.max_nodes}" if policy.max_nodes is not None else "") + ")")
         current.update(state=TRIPPED, tripped_at=now, trip_reason=why, window=window,
+                       tripped_nodes=sorted(nodes), needs_operator={},
                        backlog=[{**entry, "job_id": job_id, "reason": reason}],
                        trips=current["trips"] + 1, version=current["version"] + 1)
         return BreakerDecision(False, current, True, f"breaker tripped: {why}; {action} of {node} "
@@ -206,8 +229,126 @@ def reset(state: Mapping[str, Any] | None, *, now: float, resume_backlog: bool,
     else:
         fresh, stale = [], list(backlog)
     current.update(state=CLOSED, window=[], backlog=[], tripped_at=None, trip_reason="",
+                   tripped_nodes=[], needs_operator={},
                    last_reset_at=now, last_reset_by=by, version=current["version"] + 1)
     return BreakerReset(current, tuple(fresh), tuple(stale))
+
+
+# ------------------------------------------------------------------ closing by itself
+class AutoClose(str, Enum):
+    """The breaker's answer to "may it close by itself now?"."""
+
+    NOT_TRIPPED = "not_tripped"  # closed: nothing to decide
+    OFF = "off"  # breaker_auto_close is false: only an operator closes it (as before)
+    CLOSE = "close"  # close now, releasing the backlog at the window's rate
+    WAIT = "wait"  # stays open for now; may close by itself later
+    OPERATOR = "operator"  # stays open until an operator resets it
+
+
+@dataclass(frozen=True)
+class ActedOnNode:
+    """What the caller read about a node the breaker had acted on when it tripped (its
+    instance item). ``failed_again``: a fault decided on it after the trip (its fault
+    history); a node whose new action the breaker keeps in its backlog failed again too."""
+
+    state: InstanceState | None  # None: no item (gone from the loop)
+    cordoned: bool = False
+    failed_again: bool = False
+
+
+@dataclass(frozen=True)
+class AutoCloseAnswer:
+    verdict: AutoClose
+    reason: str
+    nodes: tuple[str, ...] = ()  # the nodes it had acted on
+
+    @property
+    def standing(self) -> str:
+        """What ``breaker show`` calls the state."""
+        if self.verdict is AutoClose.NOT_TRIPPED:
+            return "closed"
+        if self.verdict in (AutoClose.WAIT, AutoClose.CLOSE):
+            return "open, waiting to close by itself"
+        return "open until an operator resets it"
+
+
+def acted_on_nodes(state: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The nodes the breaker had acted on in the window that tripped it (an item written
+    before they were recorded: its window, which a tripped breaker never changes)."""
+    current = normalize(state)
+    return tuple(current["tripped_nodes"] or sorted(_nodes(current["window"])))
+
+
+def _named(nodes: list[str]) -> str:
+    more = f" and {len(nodes) - 10} more" if len(nodes) > 10 else ""
+    return ", ".join(nodes[:10]) + more
+
+
+def _where(node: str, view: ActedOnNode) -> str:
+    state = view.state.value if view.state is not None else "-"
+    return f"{node} ({state}{', cordoned' if view.cordoned else ''})"
+
+
+def assess_auto_close(state: Mapping[str, Any] | None, *, now: float, policy: BreakerPolicy,
+                      nodes_now: Mapping[str, ActedOnNode], cluster_gpu_nodes: int) -> AutoCloseAnswer:
+    """May the tripped breaker close by itself now? ``nodes_now``: what was read about each
+    of :func:`acted_on_nodes` (a node missing from it has no item).
+
+    It stays open until an operator resets it when a node it acted on failed again (a new
+    fault since the trip, a new action held back for it, SUSPECT, QUARANTINED or gone: its
+    remediation did not fix it), or is still not back ``auto_close_windows`` windows after
+    the trip. It waits while the window since the trip has not passed, while a node is not
+    back yet (rebooting, in a health check, uncordoning), or while more new nodes than the
+    limit needed an action within the last window (the storm goes on). Otherwise it closes."""
+    current = normalize(state)
+    nodes = acted_on_nodes(current)
+    if current["state"] != TRIPPED:
+        return AutoCloseAnswer(AutoClose.NOT_TRIPPED, "the breaker is closed", nodes)
+    if not policy.auto_close:
+        return AutoCloseAnswer(AutoClose.OFF, "breaker_auto_close is false: only an operator's reset closes "
+                               "the breaker", nodes)
+    if current["needs_operator"]:
+        return AutoCloseAnswer(AutoClose.OPERATOR, current["needs_operator"]["reason"], nodes)
+    tripped_at = float(current["tripped_at"] or 0)
+    held_again = {b["node"] for b in current["backlog"]}
+    for node in nodes:
+        view = nodes_now.get(node, ActedOnNode(None))
+        if view.failed_again or node in held_again:
+            return AutoCloseAnswer(AutoClose.OPERATOR, f"{node} failed again after its remediation (a new "
+                                   "fault since the breaker tripped): the reboots did not fix it", nodes)
+        if view.state in (InstanceState.SUSPECT, InstanceState.QUARANTINED) or view.state is None:
+            where = view.state.value if view.state is not None else "gone (no item)"
+            return AutoCloseAnswer(AutoClose.OPERATOR, f"{node} is {where} after its remediation, not back "
+                                   "healthy", nodes)
+    earliest = tripped_at + policy.window_seconds
+    if now < earliest:
+        return AutoCloseAnswer(AutoClose.WAIT, f"a window ({policy.window_seconds:g} s) has not passed since "
+                               f"the trip: it may close by itself from {earliest:.0f}", nodes)
+    not_back = [n for n in nodes
+                if nodes_now[n].state is not InstanceState.AVAILABLE or nodes_now[n].cordoned]
+    if not_back:
+        late = now >= tripped_at + policy.auto_close_windows * policy.window_seconds
+        where = ", ".join(_where(n, nodes_now[n]) for n in not_back[:10])
+        if late:
+            return AutoCloseAnswer(AutoClose.OPERATOR, f"{_named(not_back)} did not come back within "
+                                   f"{policy.auto_close_windows} windows of the trip: {where}", nodes)
+        return AutoCloseAnswer(AutoClose.WAIT, f"not back yet: {where}", nodes)
+    limit = policy.allowed_nodes(cluster_gpu_nodes)
+    storm = sorted({b["node"] for b in current["backlog"] if now - policy.window_seconds < b["at"] <= now})
+    if len(storm) > limit:
+        return AutoCloseAnswer(AutoClose.WAIT, f"{len(storm)} new nodes needed an action within the last "
+                               f"window (limit {limit}): the storm goes on ({_named(storm)})", nodes)
+    back = _named(list(nodes)) if nodes else "none acted on"
+    return AutoCloseAnswer(AutoClose.CLOSE, f"nodes {back} back healthy and none failed again in "
+                           f"{now - tripped_at:.0f} s since the trip", nodes)
+
+
+def needs_operator(state: Mapping[str, Any] | None, *, now: float, reason: str) -> dict[str, Any]:
+    """The tripped breaker's state once it decided it stays open until an operator resets
+    it (recorded once: the sweep does not decide again, ``breaker show`` says why)."""
+    current = normalize(state)
+    current.update(needs_operator={"at": now, "reason": reason[:500]}, version=current["version"] + 1)
+    return current
 
 
 @dataclass(frozen=True)

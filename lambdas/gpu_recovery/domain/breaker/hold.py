@@ -5,8 +5,9 @@ healthy nodes as for any unusable node. A job that cannot move would fail for a 
 only needs the reboot the breaker is keeping back; instead it waits in HELD
 (:class:`BreakerHold` on its job item, its budget not charged for the wait) until
 
-* the reboot is carried out (``breaker reset --resume-backlog``) and every node it waits
-  for is back and healthy: it goes on with its normal recovery (the gang restart on its
+* the reboot is carried out (``breaker reset --resume-backlog``, or the breaker closing by
+  itself once the nodes it acted on are back healthy) and every node it waits for is back
+  and healthy: it goes on with its normal recovery (the gang restart on its
   nodes, charged once for the fault as any reboot would have been);
 * the operator drops the backlog (``--drop-backlog``): nothing will reboot the node, so it
   fails at once with that reason (the node stays SUSPECT and cordoned for a person);

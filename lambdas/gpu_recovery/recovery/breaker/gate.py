@@ -167,7 +167,7 @@ class NodeActionGate:
         # What the decision was measured against, for `gpu-recovery-admin breaker show`.
         settings = self.deps.settings.remediation.breaker
         state.update(limit=decided.limit if decided is not None else settings.allowed_nodes(nodes),
-                     window_seconds=settings.window_seconds)
+                     window_seconds=settings.window_seconds, auto_close=settings.auto_close)
         # Only a real count is recorded: a first node action needs none, and "0 GPU nodes"
         # in `breaker show` would read as a measurement.
         if counted:
@@ -181,14 +181,18 @@ class NodeActionGate:
         """The trip e-mail, owed by whoever tripped it (with the write that tripped it).
         ``fates``: job id -> what the decision did to each job on the node (waits HELD,
         moves, fails)."""
+        until = "an operator resets the breaker"
+        if self.deps.settings.remediation.breaker.auto_close:
+            until = ("the breaker closes by itself (a window after this trip, once the nodes it acted on are "
+                     "back healthy; it e-mails either way) or an operator resets it")
         return self.ranks.notices.for_node(
             NotificationKind.BREAKER_TRIPPED, "Automatic node remediation stopped (blast-radius breaker)",
             container_inst_id=inst_id, instance_id="",
             what_happened=str(decided.state.get("trip_reason") or decided.reason),
-            what_was_done=("No node is rebooted, replaced or quarantined automatically until an operator "
-                           "resets the breaker; every held-back action is kept in its backlog (this one "
-                           "included), and its node is cordoned: no new work from the queue, nor from ECS "
-                           "placement for tasks with the constraint attribute:gpu-recovery.cordoned !exists"),
+            what_was_done=(f"No node is rebooted, replaced or quarantined automatically until {until}; "
+                           "every held-back action is kept in its backlog (this one included), and its node "
+                           "is cordoned: no new work from the queue, nor from ECS placement for tasks with "
+                           "the constraint attribute:gpu-recovery.cordoned !exists"),
             operator_action=("Find the common cause (driver rollout, power, fabric). Then "
                              "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
                              "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."),

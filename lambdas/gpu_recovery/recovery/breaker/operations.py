@@ -1,10 +1,13 @@
-"""The blast-radius breaker's stored state: metrics, the operator's reset, its backlog.
+"""The blast-radius breaker's stored state: metrics, closing by itself, the operator's reset,
+its backlog.
 
 The breaker is consulted inside every node decision (``remediation.node_decision.NodeRemediation``),
 its state written in the same transaction as the decision. Here: what the sweep does
 with it every minute (metrics ``BreakerOpen``, ``BreakerUtilization``, ``BreakerBacklog``;
-carrying out the backlog an operator released) and what ``gpu-recovery-admin breaker``
-calls (``show`` / ``reset``).
+while tripped, whether it closes by itself (``domain.breaker.assess_auto_close``: one batch
+read of the few nodes it had acted on) or stays open until an operator resets it, each
+decided once with its one e-mail in the same transaction; carrying out the backlog a reset
+released) and what ``gpu-recovery-admin breaker`` calls (``show`` / ``reset``).
 
 A released backlog entry is carried out like any node decision, and only while the
 breaker's window has room for it (``domain.breaker.admit_release``): after a reset the
@@ -23,6 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as cordon_policy
 from gpu_recovery.domain.breaker import breaker as policy
 from gpu_recovery.domain.escalation import (
@@ -36,6 +40,8 @@ from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.recovery.breaker.gate import held_back_lines
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
 from gpu_recovery.repository import NodeDecision, Repository
@@ -64,22 +70,58 @@ def reset_breaker(repo: Repository, *, now: float, resume_backlog: bool, by: str
     for _ in range(3):
         stored = repo.get_breaker()
         read_version = int(stored.get("version") or 0) if stored else None
-        result = policy.reset(stored, now=now, resume_backlog=resume_backlog,
-                              max_backlog_age_seconds=max_backlog_age_seconds, by=by)
-        state = dict(result.state)
-        waiting = [dict(e) for e in dict((stored or {}).get("released") or {}).values()]
-        stale = [e for e in waiting if not resume_backlog or (
-            max_backlog_age_seconds is not None and now - float(e.get("at") or 0) > max_backlog_age_seconds)]
-        released = {str(e["node"]): e for e in waiting if e not in stale}
-        for entry in result.released:
-            released[entry["node"]] = dict(entry)
-        state["released"] = released
-        # The cordon limit closes with it: held cordons are put by the sweep, a window's
-        # allowance at a time (domain.cordon).
-        state["cordons"] = cordon_policy.reset((stored or {}).get("cordons"))
-        if repo.save_breaker(state, read_version):
-            return ResetResult(True, result.released, result.dropped + tuple(stale), state)
+        result = _reset(stored, now=now, resume_backlog=resume_backlog, by=by,
+                        max_backlog_age_seconds=max_backlog_age_seconds)
+        if repo.save_breaker(result.state, read_version):
+            return result
     return ResetResult(False, (), (), {})
+
+
+def _reset(stored: dict[str, Any] | None, *, now: float, resume_backlog: bool, by: str,
+           max_backlog_age_seconds: float | None) -> ResetResult:
+    """The breaker's item once reset (an operator's, or its own close): what to write."""
+    result = policy.reset(stored, now=now, resume_backlog=resume_backlog,
+                          max_backlog_age_seconds=max_backlog_age_seconds, by=by)
+    state = dict(result.state)
+    waiting = [dict(e) for e in dict((stored or {}).get("released") or {}).values()]
+    stale = [e for e in waiting if not resume_backlog or (
+        max_backlog_age_seconds is not None and now - float(e.get("at") or 0) > max_backlog_age_seconds)]
+    released = {str(e["node"]): e for e in waiting if e not in stale}
+    for entry in result.released:
+        released[entry["node"]] = dict(entry)
+    state["released"] = released
+    # The cordon limit closes with it: held cordons are put by the sweep, a window's
+    # allowance at a time (domain.cordon).
+    state["cordons"] = cordon_policy.reset((stored or {}).get("cordons"))
+    return ResetResult(True, result.released, result.dropped + tuple(stale), state)
+
+
+def acted_on_views(repo: Repository, stored: dict[str, Any] | None) -> dict[str, policy.ActedOnNode]:
+    """What the nodes the tripped breaker had acted on look like now: one batch read of
+    their items (at most the breaker's limit of them, never a scan). A fault decided on a
+    node after the trip (its fault history) is a failure again."""
+    state = policy.normalize(stored)
+    nodes = policy.acted_on_nodes(state)
+    if not nodes:
+        return {}
+    tripped_at = float(state["tripped_at"] or 0)
+    views = {}
+    for node, instance in repo.get_instances(nodes).items():
+        again = any(float(r.get("at") or 0) > tripped_at for r in instance.fault_history)
+        views[node] = policy.ActedOnNode(instance.state, cordoned=instance.cordoned, failed_again=again)
+    return views
+
+
+def assess(repo: Repository, stored: dict[str, Any] | None, *, now: float,
+           settings: policy.BreakerPolicy) -> policy.AutoCloseAnswer:
+    """May the breaker close by itself now, and why (the sweep's question, and ``breaker show``'s)."""
+    state = policy.normalize(stored)
+    if state["state"] != policy.TRIPPED or not settings.auto_close or state["needs_operator"]:
+        views: dict[str, policy.ActedOnNode] = {}  # the answer needs no node
+    else:
+        views = acted_on_views(repo, stored)
+    return policy.assess_auto_close(state, now=now, policy=settings, nodes_now=views,
+                                    cluster_gpu_nodes=int((stored or {}).get("cluster_gpu_nodes") or 0))
 
 
 class BreakerOperations:
@@ -121,12 +163,85 @@ class BreakerOperations:
             self.deps.metrics.add_metric("BreakerUtilization", "Percent", 100 * metrics["BreakerUtilization"])
         self.deps.metrics.add_metric("BreakerBacklog", "Count", metrics["BreakerBacklog"])
         done: dict[str, int] = {}
+        if stored.get("state") == policy.TRIPPED:
+            outcome = self._auto_close(stored, now)
+            if outcome:
+                done[outcome] = 1
+            if outcome == "breaker_closed_by_itself":
+                stored = self.deps.repo.get_breaker() or {}
         entries = sorted(dict(stored.get("released") or {}).items(),
                          key=lambda kv: (float(kv[1].get("at") or 0), kv[0]))
         for node, entry in entries:
             outcome = self._release(node, dict(entry), now)
             done[outcome] = done.get(outcome, 0) + 1
         return done
+
+    def _auto_close(self, stored: dict[str, Any], now: float) -> str:
+        """The tripped breaker closes by itself when the nodes it acted on are back healthy
+        (``domain.breaker.assess_auto_close``), or records once that it stays open until an
+        operator resets it. Either is one transaction conditional on the version read, with
+        its one e-mail owed in it: a duplicate sweep finds the version moved and does nothing."""
+        settings = self.deps.settings.remediation.breaker
+        if not settings.enabled:
+            return ""
+        answer = assess(self.deps.repo, stored, now=now, settings=settings)
+        recorded = bool(policy.normalize(stored)["needs_operator"])
+        if answer.verdict is not policy.AutoClose.CLOSE and (answer.verdict is not policy.AutoClose.OPERATOR
+                                                             or recorded):
+            return ""
+        read_version = int(stored.get("version") or 0)
+        notices = self.remediation.reboots.gate.ranks.notices
+        if answer.verdict is policy.AutoClose.CLOSE:
+            result = _reset(stored, now=now, resume_backlog=True, by=policy.CLOSED_BY_ITSELF,
+                            max_backlog_age_seconds=DEFAULT_MAX_BACKLOG_AGE_SECONDS)
+            state = {**result.state, "auto_close": settings.auto_close}
+            owed = self._closed_notice(answer, stored, result)
+            outcome, level = "breaker_closed_by_itself", logging.WARNING
+        else:
+            state = {**policy.needs_operator(stored, now=now, reason=answer.reason),
+                     "auto_close": settings.auto_close}
+            owed = self._needs_operator_notice(answer, stored)
+            outcome, level = "breaker_needs_operator", logging.ERROR
+        if not self.deps.repo.save_breaker(state, read_version, notices.owe([owed], now)):
+            return "breaker_raced"  # written meanwhile: the next sweep decides again
+        notices.send([owed])
+        logger.log(level, "blast-radius breaker: " + outcome.replace("_", " "), extra={"why": answer.reason})
+        return outcome
+
+    def _closed_notice(self, answer: policy.AutoCloseAnswer, stored: dict[str, Any],
+                       result: ResetResult) -> Owed:
+        released = len(result.state.get("released") or {})
+        dropped = f"; {len(result.dropped)} older than a day dropped" if result.dropped else ""
+        named = ", ".join(answer.nodes) or "none"
+        return Notices.for_node(
+            NotificationKind.BREAKER_CLOSED, "Automatic node remediation resumed (breaker closed by itself)",
+            container_inst_id="", instance_id="",
+            what_happened=(f"breaker closed by itself: nodes {named} back healthy; {released} held-back "
+                           f"action(s) released at the window's rate{dropped}. It had tripped at "
+                           f"{stored.get('tripped_at')}: {stored.get('trip_reason', '')}"),
+            what_was_done=("Automatic reboots, replacements and quarantines are on again; the held-back "
+                           "actions are carried out by the recovery sweep, a window's allowance at a time, "
+                           "and jobs HELD for those nodes restart once their nodes are back"),
+            operator_action=("None needed. `gpu-recovery-admin breaker show` shows what is still being "
+                             "released; breaker_auto_close=false makes every trip wait for an operator"),
+            details=[f"Released: {e.get('action', '')} of {node}"
+                     for node, e in sorted(dict(result.state.get("released") or {}).items())])
+
+    @staticmethod
+    def _needs_operator_notice(answer: policy.AutoCloseAnswer, stored: dict[str, Any]) -> Owed:
+        backlog = policy.normalize(stored)["backlog"]
+        return Notices.for_node(
+            NotificationKind.BREAKER_NEEDS_OPERATOR,
+            "Breaker stays open until an operator resets it (remediation did not fix the nodes)",
+            container_inst_id="", instance_id="",
+            what_happened=(f"breaker stays open until an operator resets it: {answer.reason}. It had tripped "
+                           f"at {stored.get('tripped_at')}: {stored.get('trip_reason', '')}"),
+            what_was_done=(f"It will not close by itself; {len(backlog)} held-back action(s) stay in its "
+                           "backlog and jobs HELD for them wait until their deadline"),
+            operator_action=("Find why the nodes it acted on were not fixed (driver, power, fabric). Then "
+                             "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
+                             "--resume-backlog` or `--drop-backlog`."),
+            details=held_back_lines(backlog))
 
     def _release(self, node: str, entry: dict[str, Any], now: float) -> str:
         repo = self.deps.repo
