@@ -281,6 +281,23 @@ def test_a_node_that_failed_again_leaves_it_to_an_operator_at_once(view, says) -
     assert answer.verdict is A.OPERATOR and says in answer.reason
 
 
+@pytest.mark.parametrize("view", [breaker.ActedOnNode(breaker.InstanceState.QUARANTINED), None])
+def test_a_node_it_took_out_of_service_is_done_once_out_not_a_failure(view) -> None:
+    """A dead GPU's node quarantined (or terminated) as decided is never back healthy, and
+    need not be: the soak's seed 4 (four nodes in ten minutes, one a replace) kept its
+    breaker open for an operator until this."""
+    state = breaker.new_state()
+    for n in range(4):
+        state = act(state, f"node-{n}", T + 60 * n, action="replace" if n == 1 else "reboot").state
+    views = {"node-0": BACK, "node-2": BACK, **({"node-1": view} if view else {})}
+    answer = _assess(state, T + 180 + WINDOW, views)
+    assert answer.verdict is A.CLOSE, answer
+    assert "node-0, node-2 back healthy (node-1 taken out of service as decided)" in answer.reason
+    # a node quarantined after a reboot is another matter: the reboot did not fix it
+    assert _assess(_storm(), T + 180 + WINDOW, {**views, "node-1": breaker.ActedOnNode(
+        breaker.InstanceState.QUARANTINED)}).verdict is A.OPERATOR
+
+
 def test_a_new_action_held_back_for_a_node_it_acted_on_is_a_failure_again() -> None:
     state = act(_storm(), "node-1", T + 400).state  # node-1 faults again while tripped
     answer = _assess(state, T + 180 + WINDOW)

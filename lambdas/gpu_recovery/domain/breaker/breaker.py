@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.states import InstanceState
 
 CLOSED = "closed"
@@ -279,6 +280,19 @@ def acted_on_nodes(state: Mapping[str, Any] | None) -> tuple[str, ...]:
     return tuple(current["tripped_nodes"] or sorted(_nodes(current["window"])))
 
 
+# Actions whose success is the node out of service (quarantined, drained, or terminated in
+# its Auto Scaling group): such a node is never "back healthy", and need not be.
+TAKING_OUT_ACTIONS = frozenset({Action.REPLACE.value, Action.OPERATOR_ACTION.value})
+
+
+def _taken_out(state: Mapping[str, Any]) -> set[str]:
+    """Nodes whose latest action in the window that tripped the breaker took them out."""
+    latest: dict[str, str] = {}
+    for entry in sorted(state["window"], key=lambda e: float(e.get("at") or 0)):
+        latest[str(entry["node"])] = str(entry.get("action") or "")
+    return {node for node, action in latest.items() if action in TAKING_OUT_ACTIONS}
+
+
 def _named(nodes: list[str]) -> str:
     more = f" and {len(nodes) - 10} more" if len(nodes) > 10 else ""
     return ", ".join(nodes[:10]) + more
@@ -294,9 +308,10 @@ def assess_auto_close(state: Mapping[str, Any] | None, *, now: float, policy: Br
     """May the tripped breaker close by itself now? ``nodes_now``: what was read about each
     of :func:`acted_on_nodes` (a node missing from it has no item).
 
-    It stays open until an operator resets it when a node it acted on failed again (a new
-    fault since the trip, a new action held back for it, SUSPECT, QUARANTINED or gone: its
-    remediation did not fix it), or is still not back ``auto_close_windows`` windows after
+    A node it took out of service (replace, operator action) is done once QUARANTINED or
+    gone. It stays open until an operator resets it when a node it acted on failed again (a
+    new fault since the trip, a new action held back for it, SUSPECT, or QUARANTINED or gone
+    after a reboot: its remediation did not fix it), or is still not back ``auto_close_windows`` windows after
     the trip. It waits while the window since the trip has not passed, while a node is not
     back yet (rebooting, in a health check, uncordoning), or while more new nodes than the
     limit needed an action within the last window (the storm goes on). Otherwise it closes."""
@@ -311,11 +326,16 @@ def assess_auto_close(state: Mapping[str, Any] | None, *, now: float, policy: Br
         return AutoCloseAnswer(AutoClose.OPERATOR, current["needs_operator"]["reason"], nodes)
     tripped_at = float(current["tripped_at"] or 0)
     held_again = {b["node"] for b in current["backlog"]}
+    taken_out = _taken_out(current)
+    settled = set()  # taken out of service as decided: its remediation is done, not failed
     for node in nodes:
         view = nodes_now.get(node, ActedOnNode(None))
         if view.failed_again or node in held_again:
             return AutoCloseAnswer(AutoClose.OPERATOR, f"{node} failed again after its remediation (a new "
                                    "fault since the breaker tripped): the reboots did not fix it", nodes)
+        if node in taken_out and (view.state is InstanceState.QUARANTINED or view.state is None):
+            settled.add(node)
+            continue
         if view.state in (InstanceState.SUSPECT, InstanceState.QUARANTINED) or view.state is None:
             where = view.state.value if view.state is not None else "gone (no item)"
             return AutoCloseAnswer(AutoClose.OPERATOR, f"{node} is {where} after its remediation, not back "
@@ -324,8 +344,8 @@ def assess_auto_close(state: Mapping[str, Any] | None, *, now: float, policy: Br
     if now < earliest:
         return AutoCloseAnswer(AutoClose.WAIT, f"a window ({policy.window_seconds:g} s) has not passed since "
                                f"the trip: it may close by itself from {earliest:.0f}", nodes)
-    not_back = [n for n in nodes
-                if nodes_now[n].state is not InstanceState.AVAILABLE or nodes_now[n].cordoned]
+    not_back = [n for n in nodes if n not in settled
+                and (nodes_now[n].state is not InstanceState.AVAILABLE or nodes_now[n].cordoned)]
     if not_back:
         late = now >= tripped_at + policy.auto_close_windows * policy.window_seconds
         where = ", ".join(_where(n, nodes_now[n]) for n in not_back[:10])
@@ -338,8 +358,10 @@ def assess_auto_close(state: Mapping[str, Any] | None, *, now: float, policy: Br
     if len(storm) > limit:
         return AutoCloseAnswer(AutoClose.WAIT, f"{len(storm)} new nodes needed an action within the last "
                                f"window (limit {limit}): the storm goes on ({_named(storm)})", nodes)
-    back = _named(list(nodes)) if nodes else "none acted on"
-    return AutoCloseAnswer(AutoClose.CLOSE, f"nodes {back} back healthy and none failed again in "
+    healthy = [n for n in nodes if n not in settled]
+    back = _named(healthy) if healthy else "none acted on"
+    out = f" ({_named(sorted(settled))} taken out of service as decided)" if settled else ""
+    return AutoCloseAnswer(AutoClose.CLOSE, f"nodes {back} back healthy{out} and none failed again in "
                            f"{now - tripped_at:.0f} s since the trip", nodes)
 
 
