@@ -33,7 +33,7 @@ import argparse
 import json
 import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,15 +244,8 @@ def breaker() -> ScenarioResult:
     from gpu_recovery.recovery.breaker.operations import reset_breaker
 
     with world() as w:
-        nodes = [f"node-{i:02d}" for i in range(16)]
-        for node in nodes:
-            w.sim.add_node(node)
-        jobs = [f"job-{i}" for i in range(8)]
-        for i, job_id in enumerate(jobs):
-            w.sim.start_job(job_id, w.td, nodes[2 * i:2 * i + 2])
         faulty = ["node-01", "node-03", "node-05", "node-07", "node-09"]
-        for k, node in enumerate(faulty):
-            w.sim.inject_xid(node, 79, after=(10 + 2 * k) * MIN, nccl_cascade=True)
+        nodes, jobs = _storm(w, faulty)
         w.sim.run_for(25 * MIN)
         rebooted = [n for n in nodes if w.sim.node(n).reboots]
         state = w.repo.get_breaker() or {}
@@ -298,16 +291,18 @@ def breaker() -> ScenarioResult:
                         "placed_on_held_nodes": placed, "reset_at": reset_at})
 
 
-def _storm(w: World) -> tuple[list[str], list[str]]:
-    """16 nodes, 8 two-node jobs; XID 79 on node-01, 03, 05, 07 at minutes 10, 12, 14, 16:
-    three are rebooted, the 4th trips the breaker (job-3 waits HELD for node-07)."""
+def _storm(w: World, faulty: Sequence[str] = ("node-01", "node-03", "node-05", "node-07")
+           ) -> tuple[list[str], list[str]]:
+    """16 nodes, 8 two-node jobs; XID 79 on each of ``faulty`` two minutes apart from minute
+    10 (by default node-01, 03, 05, 07: three are rebooted, the 4th trips the breaker and
+    job-3 waits HELD for node-07)."""
     nodes = [f"node-{i:02d}" for i in range(16)]
     for node in nodes:
         w.sim.add_node(node)
     jobs = [f"job-{i}" for i in range(8)]
     for i, job_id in enumerate(jobs):
         w.sim.start_job(job_id, w.td, nodes[2 * i:2 * i + 2])
-    for k, node in enumerate(("node-01", "node-03", "node-05", "node-07")):
+    for k, node in enumerate(faulty):
         w.sim.inject_xid(node, 79, after=(10 + 2 * k) * MIN, nccl_cascade=True)
     return nodes, jobs
 
