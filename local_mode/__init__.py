@@ -2,10 +2,10 @@
 
 * :mod:`local_mode.emulator` — ``LocalAws``: moto with the stack's tables, topic,
   cluster and health-check task definition; handler environment; API hooks.
-* :mod:`local_mode.ecs_sim` — ``SimulatedEcs`` / ``SimClock``: GPU nodes, agents,
-  tasks, reboots and faults, driven in simulated time.
-* :mod:`local_mode.event_bus` — ``LocalEventBus``: EventBridge rules (the deployed
-  patterns), at-least-once delivery, schedules; ``wire_recovery_handlers``.
+* :mod:`local_mode.sim` — the simulation layer: ``SimClock``; ``SimulatedEcs`` (GPU nodes,
+  agents, tasks, reboots and faults, driven in simulated time); ``LocalEventBus``
+  (EventBridge rules with the deployed patterns, at-least-once delivery, schedules, SQS
+  event sources); ``wire_recovery_handlers`` (the Lambdas on the bus as infra deploys them).
 * :mod:`local_mode.world` — ``build_world``: the three above set up together, with the
   recovery Lambdas wired (the demo, the playground, the scenarios, the campaigns, the
   benches and the tests all enter it), torn down with the handlers' services.

@@ -61,6 +61,8 @@ from typing import Any
 
 import boto3
 import botocore.endpoint
+from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from moto import mock_aws
 from moto.moto_api import state_manager
 
@@ -84,6 +86,14 @@ DYNAMODB_BACKENDS = ("moto", "memory")
 
 BeforeCall = Callable[[dict[str, Any], dict[str, Any]], Any]
 AfterCall = Callable[[dict[str, Any], int, dict[str, Any], dict[str, Any]], None]
+
+
+def hook_answer(service: str, parsed: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A 200 answer a before-call hook returns instead of letting the call reach the emulator
+    (the caller gets ``parsed``)."""
+    http = AWSResponse(f"https://{service}.{REGION}.amazonaws.com/", 200, HTTPHeaders(), None)  # type: ignore[arg-type]
+    metadata = {"HTTPStatusCode": 200, "HTTPHeaders": {}, "RetryAttempts": 0}
+    return http, {**parsed, "ResponseMetadata": metadata}
 
 
 class ApiHooks:
@@ -739,12 +749,7 @@ class LocalAws:
         description = self._table_description(name)
         if description is None:
             return None  # gone (deleted by the caller): a real CreateTable
-        from botocore.awsrequest import AWSResponse
-        from botocore.compat import HTTPHeaders
-
-        http = AWSResponse("https://dynamodb.us-east-1.amazonaws.com/", 200, HTTPHeaders(), None)  # type: ignore[arg-type]
-        return http, {"TableDescription": description,
-                      "ResponseMetadata": {"HTTPStatusCode": 200, "HTTPHeaders": {}, "RetryAttempts": 0}}
+        return hook_answer("dynamodb", {"TableDescription": description})
 
     def _table_description(self, name: str) -> dict[str, Any] | None:
         if self.memory_dynamodb is not None:

@@ -27,7 +27,7 @@ twice, about 1 and then 2 minutes later (up to 5 s of jitter), unless older than
 maximum event age, then dead-lettered (counted, kept).
 
 **EventBridge** (:class:`EventBus`): rules matched with the *deployed* patterns (moto's
-matcher, as ``local_mode/event_bus.py``), every event delivered ``copies`` times (2:
+matcher, as ``local_mode/sim/bus.py``), every event delivered ``copies`` times (2:
 at-least-once), each copy after its own random delivery delay (seeded), so a burst
 arrives in random order; ``rate()`` schedules.
 

@@ -42,10 +42,11 @@ from gpu_recovery.constants import JobState
 from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE
 from gpu_recovery.repository import Repository
 
-from .ecs_sim import SimulatedEcs
 from .emulator import DYNAMODB_BACKENDS, LocalAws
-from .event_bus import SWEEP_SCHEDULE, LocalEventBus
 from .invariants import forgotten_jobs
+from .sim.bus import LocalEventBus
+from .sim.ecs import SimulatedEcs
+from .sim.wiring import SWEEP_SCHEDULE
 from .world import build_world
 
 MIN = 60

@@ -26,9 +26,10 @@ from typing import Any
 
 from gpu_recovery import runtime
 
-from .ecs_sim import SimulatedEcs
 from .emulator import LocalAws
-from .event_bus import LambdaContext, LocalEventBus, Target, wire_recovery_handlers
+from .sim.bus import LambdaContext, LocalEventBus, Target
+from .sim.ecs import SimulatedEcs
+from .sim.wiring import wire_recovery_handlers
 
 #: the deployed rate(1 minute) schedules of the heartbeat sweep and the queue scheduler
 HEARTBEAT_SWEEP_SCHEDULE = "heartbeat-sweep"

@@ -335,11 +335,9 @@ def test_the_checker_leaves_adapter_and_repository_calls_alone(snippet: str) -> 
 #: where each first-party package lives (lambdas/ is the Lambda asset root)
 IMPORT_ROOTS = {LAMBDAS: ("gpu_recovery", "handlers"), ROOT: ("cli", "infra", "local_mode", "bench")}
 DOMAIN = PACKAGE / "domain"
-#: Import cycles that exist today, each the exact set of modules in it. The simulator's ECS
-#: model and its event bus import each other; issue 27's simulation-layer work (one
-#: local_mode/sim/ with one ECS model and one bus) removes the pair. Any other cycle, or
-#: another module joining this one, fails the test.
-KNOWN_CYCLES = frozenset({frozenset({"local_mode.ecs_sim", "local_mode.event_bus"})})
+#: Import cycles that exist today, each the exact set of modules in it (none: any cycle fails
+#: the test).
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -746,7 +744,6 @@ LONG_MODULES = {
     "agent/gpu_node_agent.py": "the node agent is one stdlib-only file: its source is the container "
                                "command (and a systemd unit's script), copied to each node as is",
     "local_mode/memory_dynamo.py": _SIMULATOR,
-    "local_mode/ecs_sim.py": _SIMULATOR,
     "local_mode/scale_sim.py": _SIMULATOR,
     "local_mode/scale_aws.py": _SIMULATOR,
     "local_mode/emulator.py": _SIMULATOR,
@@ -805,6 +802,6 @@ def test_only_the_world_builder_builds_the_bus_and_the_simulated_ecs() -> None:
 
 
 @pytest.mark.parametrize("snippet", ["bus = LocalEventBus(duplicate_delivery=True)",
-                                     "sim = ecs_sim.SimulatedEcs(local, bus)"])
+                                     "sim = ecs.SimulatedEcs(local, bus)"])
 def test_the_world_check_finds_a_part_built_by_hand(snippet: str) -> None:
     assert world_parts_built(snippet, "x.py")

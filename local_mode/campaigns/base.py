@@ -19,9 +19,9 @@ from gpu_recovery import constants as C
 from gpu_recovery.repository import Repository
 
 from ..emulator import LocalAws
-from ..event_bus import Delivery, LocalEventBus
 from ..faults import FAULT_MODES, ApiCall
 from ..invariants import forgotten_jobs
+from ..sim.bus import Delivery, LocalEventBus
 
 MIN = 60
 #: the campaigns' DynamoDB (``LocalAws(dynamodb=...)``): the in-memory store, a run's calls and

@@ -27,10 +27,11 @@ from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.heartbeat_policy import ReportedTask
 from gpu_recovery.repository import Repository
 
-from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
-from ..event_bus import SWEEP_SCHEDULE, LocalEventBus
 from ..faults import ApiCall
+from ..sim.bus import LocalEventBus
+from ..sim.ecs import SimulatedEcs
+from ..sim.wiring import SWEEP_SCHEDULE
 from ..world import HEARTBEAT_SWEEP_SCHEDULE, build_world
 from .base import DYNAMODB, MIN, InvariantWatch, mail_problems, mails
 

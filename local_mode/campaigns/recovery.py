@@ -53,10 +53,11 @@ from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.breaker import breaker as breaker_policy
 from gpu_recovery.repository import Repository
 
-from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
-from ..event_bus import SWEEP_SCHEDULE, LambdaContext, LocalEventBus
 from ..faults import ApiCall
+from ..sim.bus import LambdaContext, LocalEventBus
+from ..sim.ecs import SimulatedEcs
+from ..sim.wiring import SWEEP_SCHEDULE
 from ..world import build_world
 from .base import DYNAMODB, MIN, InvariantWatch, mail_problems, mails
 

@@ -34,10 +34,11 @@ from gpu_recovery.domain.time_sharing import Priority
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.time_sharing import QuotaRepository
 
-from ..ecs_sim import SimulatedEcs
 from ..emulator import LocalAws
-from ..event_bus import SWEEP_SCHEDULE, LocalEventBus
 from ..faults import ApiCall
+from ..sim.bus import LocalEventBus
+from ..sim.ecs import SimulatedEcs
+from ..sim.wiring import SWEEP_SCHEDULE
 from ..world import QUEUE_SCHEDULER_SCHEDULE, build_world
 from .base import DYNAMODB, InvariantWatch, mail_problems, mails
 

@@ -6,7 +6,7 @@ real-time clock (optionally accelerated) while the API serves requests:
 * the embedded AWS emulator (:class:`local_mode.emulator.LocalAws`), also served over HTTP
   on its own port so ``gpu-recovery-admin quota|breaker|list-tokens`` reach its DynamoDB
   tables with ``AWS_ENDPOINT_URL`` (boto3's ordinary endpoint override);
-* a simulated ECS cluster (:class:`local_mode.ecs_sim.SimulatedEcs`) of ``--nodes`` GPU
+* a simulated ECS cluster (:class:`local_mode.sim.ecs.SimulatedEcs`) of ``--nodes`` GPU
   nodes (default 4 x 8 GPUs) whose AWS-shaped events reach the real handlers through the
   local event bus, every event delivered twice (EventBridge is at-least-once);
 * every task definition ``examples/*.yaml`` and ``cli/README.md`` name (``llama-train:3`` is

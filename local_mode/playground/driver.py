@@ -162,7 +162,7 @@ class Playground:
         """A gang of more than ``INLINE_MAX_RANKS`` ranks is stopped and started in batches
         through the gang queue (wired by ``wire_recovery_handlers``, as in ``make demo``):
         the console shows each batch the gang worker receives (once, not its duplicate)."""
-        from local_mode.event_bus import GANG_QUEUE
+        from local_mode.sim.wiring import GANG_QUEUE
 
         queue = self.bus.queues.get(GANG_QUEUE)
         if queue is None:

@@ -125,7 +125,7 @@ class FaultInjector:
 
     @staticmethod
     def _health(doc: dict[str, Any], default: str) -> str:
-        from local_mode.ecs_sim import HEALTH_VALUES
+        from local_mode.health_verdicts import HEALTH_VALUES
 
         if doc.get("persistent"):
             return "persistent_reboot"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
-from local_mode.event_bus import GANG_QUEUE, SWEEP_SCHEDULE
+from local_mode.sim.wiring import GANG_QUEUE, SWEEP_SCHEDULE
 from local_mode.world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, build_world
 
 RULES = ["training-task-state", "health-check-task-stopped", "container-instance-state"]

@@ -13,7 +13,7 @@ are ``lambda_handler(event, context)`` callables; each gets a Lambda-shaped cont
   when they are spent (or there are none) the event lands in ``dead_letters``, like an
   async invoke failure landing in the function's DLQ.
 * ``add_schedule(name, every_seconds, target)`` fires "Scheduled Event" events as
-  the simulation clock passes each due time (the driver in ``ecs_sim`` calls
+  the simulation clock passes each due time (the driver in ``sim.ecs_core`` calls
   :meth:`fire_due`).
 
 * ``add_queue(name, target)`` is an SQS queue with a Lambda event source mapping, in
@@ -25,15 +25,13 @@ are ``lambda_handler(event, context)`` callables; each gets a Lambda-shaped cont
   in ``dead_letters`` as a redrive policy would. With ``duplicate_delivery`` each
   message is delivered twice (SQS standard queues are at-least-once too).
 
-``wire_recovery_handlers(bus, cluster_arn)`` connects the recovery handlers (and routes
-the gang fan-out's ``SendMessageBatch`` calls to its local queue).
+``local_mode.sim.wiring`` connects the recovery handlers to it as infra deploys them.
 """
 
 from __future__ import annotations
 
 import copy
 import heapq
-import importlib
 import json
 import threading
 import time as _time
@@ -45,20 +43,10 @@ from typing import Any
 
 from moto.events.models import EventPattern
 
-from gpu_recovery import constants as C
-
-from . import events as ev
+from .. import events as ev
 
 Target = Callable[[dict[str, Any], Any], Any]
 
-#: Lambda asynchronous invocation: on a function error, 2 more attempts, the first
-#: about a minute later and the second about two minutes after that.
-LAMBDA_ASYNC_RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0)
-SWEEP_SCHEDULE = "recovery-sweep"
-GANG_QUEUE = "gang-batches"
-# As infra configures the gang queue (infra/gang.py): visibility 6x the worker's timeout.
-GANG_VISIBILITY_TIMEOUT_SECONDS = float(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
-GANG_MAX_RECEIVES = C.GANG_QUEUE_MAX_RECEIVES
 
 
 @dataclass
@@ -445,83 +433,3 @@ class LocalEventBus:
         with self._lock:
             return [d for d in self.deliveries if d.target == target_name]
 
-
-def wire_recovery_handlers(
-    bus: LocalEventBus,
-    cluster_arn: str,
-    *,
-    sweep_every_seconds: float | None = 60,
-    package: str = "handlers",
-) -> dict[str, Target]:
-    """Connect the recovery Lambdas exactly as infra deploys them.
-
-    Rules: training task changes -> ``ecs_task_handler``; health-check task stopped
-    -> ``dcgm_task_monitor``; container instance changes -> ``ecs_instance_monitor``;
-    ``recovery_sweep`` every ``sweep_every_seconds`` (None: no schedule).
-    Handlers are imported lazily from ``package``. Returns name -> handler.
-    """
-
-    def load(module: str) -> Target:
-        return importlib.import_module(f"{package}.{module}").lambda_handler
-
-    targets = {
-        "ecs_task_handler": load("ecs_task_handler"),
-        "dcgm_task_monitor": load("dcgm_task_monitor"),
-        "ecs_instance_monitor": load("ecs_instance_monitor"),
-    }
-    bus.add_rule(
-        "training-task-state",
-        C.training_task_pattern(cluster_arn),
-        targets["ecs_task_handler"],
-        "ecs_task_handler",
-        retry_delays=LAMBDA_ASYNC_RETRY_DELAYS,
-    )
-    bus.add_rule(
-        "health-check-task-stopped",
-        C.health_check_task_pattern(cluster_arn),
-        targets["dcgm_task_monitor"],
-        "dcgm_task_monitor",
-        retry_delays=LAMBDA_ASYNC_RETRY_DELAYS,
-    )
-    bus.add_rule(
-        "container-instance-state",
-        C.container_instance_pattern(cluster_arn),
-        targets["ecs_instance_monitor"],
-        "ecs_instance_monitor",
-        retry_delays=LAMBDA_ASYNC_RETRY_DELAYS,
-    )
-    if sweep_every_seconds:
-        sweep = load("recovery_sweep")
-        targets["recovery_sweep"] = sweep
-        bus.add_schedule(SWEEP_SCHEDULE, sweep_every_seconds, sweep, "recovery_sweep")
-    targets["gang_worker"] = load("gang_worker")
-    bus.add_queue(GANG_QUEUE, targets["gang_worker"], "gang_worker", batch_size=1,
-                  visibility_timeout=GANG_VISIBILITY_TIMEOUT_SECONDS, max_receive_count=GANG_MAX_RECEIVES)
-    route_gang_queue(bus)
-    return targets
-
-
-def route_gang_queue(bus: LocalEventBus) -> None:
-    """The handlers' SendMessageBatch to the gang queue lands in the bus's local queue (in
-    simulated time) instead of moto's, answered as SQS answers it."""
-    from .emulator import LocalAws
-
-    local = LocalAws.active()
-    if local is None:
-        return
-    url = local.env.get(C.ENV_GANG_QUEUE_URL, "")
-
-    def send_batch(params: dict[str, Any], context: dict[str, Any]) -> Any:
-        if params.get("QueueUrl") != url or GANG_QUEUE not in bus.queues:
-            return None
-        entries = params.get("Entries") or []
-        for entry in entries:
-            bus.send(GANG_QUEUE, [entry["MessageBody"]], float(entry.get("DelaySeconds") or 0))
-        from .ecs_sim import SimulatedEcs
-
-        return SimulatedEcs.short_circuit_response({
-            "Successful": [{"Id": e["Id"], "MessageId": str(uuid.uuid4()), "MD5OfMessageBody": ""}
-                           for e in entries],
-            "Failed": []})
-
-    local.hooks.on_before_call("sqs", "SendMessageBatch", send_batch)

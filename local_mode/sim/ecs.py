@@ -1,0 +1,451 @@
+"""``SimulatedEcs``: the ECS data plane (GPU nodes, agents, tasks) in simulated time.
+
+moto provides the ECS *control plane* API; this module plays the part AWS runs
+behind it, driven by the API calls it observes through ``LocalAws.hooks``:
+
+* **StartTask** — placement is checked first (free GPUs, agent connected, status
+  ACTIVE); failing instances come back as ``failures [{"arn", "reason":
+  "RESOURCE:GPU"}]`` with HTTP 200, like ECS. Placed tasks get GPU ids, a PENDING
+  event (+1 s) and a RUNNING event (+``run_delay_seconds``), then run to their plan:
+  training tasks exit 0 after ``train_seconds`` (None: run until stopped), health-
+  check tasks exit with the node's DCGM verdict after ``dcgm_seconds``.
+* **StopTask** — a "stopping" event now, STOPPED (stopCode UserInitiated, the given
+  reason) after ``stop_delay_seconds``; GPUs are freed at STOPPED.
+* **RebootInstances** (EC2) / **SendCommand** (the stack's reboot-only SSM document,
+  or AWS-RunShellScript with a reboot command, ``mi-`` ids) — running tasks die (exit
+  137), the agent disconnects (+15 s) and reconnects after ``reboot_seconds`` with a new boot time; health
+  ``reboot_fixable`` heals, the others stay bad.
+* **DescribeContainerInstances** — answers carry GPU registered/remaining
+  resources and the simulated agentConnected.
+* **UpdateContainerInstancesState** — emits the container-instance event.
+* **TerminateInstanceInAutoScalingGroup** (nodes put in a group with
+  ``put_in_auto_scaling_group``) — the node's tasks die, its agent disconnects and its
+  container instance is deregistered; ``replacement_seconds`` later a new node (``<name>-r1``)
+  registers, as the group's new instance would.
+
+GPU faults with XIDs (``inject_xid``) reach the stack the way the node agent reports them:
+``POST /v1/report_gpu`` through the heartbeat service (``gpu_reporter``, by default the
+service itself; the demo's node agents send it over HTTP), then the training tasks on the
+node die. Health-check verdicts follow the node's ``health`` (exit codes 0-3 of the DCGM
+health check, and its JSON verdict line in the log group).
+
+Time never passes by itself: ``run_for`` / ``run_until`` / ``run_until_idle`` pop the
+action queue in time order, deliver each emitted event to the ``LocalEventBus`` and
+fire its schedules. Events caused while a handler runs are queued, never delivered
+re-entrantly. All hooks are guarded by one lock: handlers may run on many threads.
+
+Example::
+
+    with build_world(train_seconds=3600) as world:  # local_mode.world
+        sim = world.ecs
+        a, b = sim.add_node("node-a"), sim.add_node("node-b")
+        td = sim.register_training_task_definition("llama", gpus=8)
+        sim.start_job("llama", td, ["node-a", "node-b"])
+        sim.inject_gpu_fault("node-b", after=600, health="reboot_fixable")
+        sim.run_for(3600)
+        print("\\n".join(sim.format_timeline()))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from typing import Any
+
+from gpu_recovery import constants as C
+
+from .. import events as ev
+from ..emulator import LocalAws, hook_answer
+from .bus import LocalEventBus
+from .ecs_faults import GpuFaults
+from .ecs_model import SimTask
+
+REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
+
+
+class SimulatedEcs(GpuFaults):
+    """The simulated ECS data plane; see the module docstring."""
+
+    def __init__(self, local: LocalAws, bus: LocalEventBus, **options: Any) -> None:
+        """``options``: the timings and switches of :class:`~local_mode.sim.ecs_core.EcsCore`."""
+        super().__init__(local, bus, **options)
+        hooks = local.hooks
+        hooks.on_before_call("ecs", "StartTask", self._before_start_task)
+        hooks.on_after_call("ecs", "StartTask", self._after_start_task)
+        hooks.on_after_call("ecs", "StopTask", self._after_stop_task)
+        hooks.on_after_call("ecs", "DescribeContainerInstances", self._after_describe_cis)
+        hooks.on_after_call(
+            "ecs", "UpdateContainerInstancesState", self._after_update_ci_state
+        )
+        hooks.on_after_call("ec2", "RebootInstances", self._after_reboot_instances)
+        hooks.on_after_call("ssm", "SendCommand", self._after_send_command)
+        hooks.on_after_call("auto-scaling", "TerminateInstanceInAutoScalingGroup",
+                            self._after_terminate_in_asg)
+
+    # ================================================================ jobs (helpers)
+    def register_training_task_definition(
+        self, family: str, gpus: int = 8, image: str = "trainer:latest"
+    ) -> str:
+        """Register a training task definition with a GPU requirement; returns its ARN."""
+        return self.local.client("ecs").register_task_definition(
+            family=family,
+            requiresCompatibilities=["EC2"],
+            networkMode="host",
+            containerDefinitions=[
+                {
+                    "name": "trainer",
+                    "image": image,
+                    "memory": 4096,
+                    "essential": True,
+                    "resourceRequirements": [{"type": "GPU", "value": str(gpus)}],
+                }
+            ],
+        )["taskDefinition"]["taskDefinitionArn"]
+
+    def start_job(
+        self,
+        job_id: str,
+        task_definition: str,
+        nodes: list[str],
+        *,
+        attempt: int | None = None,
+        started_by: str = "gpujobs",
+        overrides: dict[str, Any] | None = None,
+        extra_tags: dict[str, str] | None = None,
+    ) -> list[str]:
+        """Start one rank per node through the *handler-side* ECS client (hooks see
+        it), tagged with job id / rank / world size. Returns task ARNs by rank;
+        raises RuntimeError on placement failures."""
+        from gpu_recovery.adapters import aws
+
+        ecs = aws.client("ecs")
+        arns = []
+        for rank, name in enumerate(nodes):
+            tags = {C.TAG_JOB_ID: job_id, C.TAG_RANK: str(rank), C.TAG_WORLD_SIZE: str(len(nodes))}
+            if attempt is not None:
+                tags[C.TAG_ATTEMPT] = str(attempt)
+            tags.update(extra_tags or {})
+            kwargs: dict[str, Any] = {
+                "cluster": self.local.cluster_name,
+                "taskDefinition": task_definition,
+                "containerInstances": [self.node(name).container_instance_arn],
+                "startedBy": started_by,
+                "tags": [{"key": k, "value": v} for k, v in tags.items()],
+            }
+            if overrides:
+                kwargs["overrides"] = overrides
+            resp = ecs.start_task(**kwargs)
+            if resp.get("failures"):
+                raise RuntimeError(f"start of {job_id} rank {rank} failed: {resp['failures']}")
+            arns.append(resp["tasks"][0]["taskArn"])
+        return arns
+
+    # ================================================================ API hooks
+    def _gpus_needed(self, task_def_ref: str, overrides: dict[str, Any] | None) -> tuple[Any, int]:
+        td = self._backend.describe_task_definition(task_def_ref)
+        per_container: dict[str, int] = {}
+        for cdef in td.container_definitions:
+            gpus = sum(
+                int(r.get("value", 0))
+                for r in cdef.get("resourceRequirements") or []
+                if r.get("type") == "GPU"
+            )
+            per_container[cdef.get("name", "")] = gpus
+        for co in (overrides or {}).get("containerOverrides") or []:
+            reqs = [r for r in co.get("resourceRequirements") or [] if r.get("type") == "GPU"]
+            if reqs and co.get("name") in per_container:
+                per_container[co["name"]] = sum(int(r.get("value", 0)) for r in reqs)
+        return td, sum(per_container.values())
+
+    def _before_start_task(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
+        try:
+            _, needed = self._gpus_needed(params["taskDefinition"], params.get("overrides"))
+        except Exception:
+            return None  # let moto produce its own error
+        cis = list(params.get("containerInstances") or [])
+        placed: list[str] = []
+        failures: list[dict[str, str]] = []
+        rid = next(self._reservation_ids)
+        with self._lock:
+            for ref in cis:
+                node = self._node_or_none(ref)
+                if node is None:
+                    placed.append(ref)
+                    continue
+                ok = (
+                    node.agent_connected
+                    and not node.rebooting
+                    and self._ci_status(node) == "ACTIVE"
+                    and len(node.free_gpu_ids) >= needed
+                )
+                if not ok:
+                    failures.append({"arn": node.container_instance_arn, "reason": "RESOURCE:GPU"})
+                    continue
+                node.reservations[rid] = node.reservations.get(rid, []) + node.free_gpu_ids[:needed]
+                placed.append(ref)
+            context["local_mode_reservation"] = rid
+            context["local_mode_failures"] = failures
+            self.counters["start_failures"] += len(failures)
+        for f in failures:
+            n = self.node(f["arn"])
+            self._log("placement", f"StartTask refused: RESOURCE:GPU ({len(n.free_gpu_ids)} "
+                      f"free, agent {'up' if n.agent_connected else 'down'})", n.name)
+        if not placed:
+            context["local_mode_short_circuit"] = True
+            return hook_answer("ecs", {"tasks": [], "failures": failures})
+        if failures:  # start on the instances that fit, as ECS does
+            request = context.get("local_mode_request") or {}
+            body = json.loads(request.get("body") or b"{}")
+            body["containerInstances"] = placed
+            request["body"] = json.dumps(body).encode()
+        return None
+
+    def _release_reservation(self, rid: int | None) -> None:
+        if rid is None:
+            return
+        with self._lock:
+            for node in self.nodes.values():
+                node.reservations.pop(rid, None)
+
+    def _after_start_task(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        rid = context.get("local_mode_reservation")
+        failures = context.get("local_mode_failures") or []
+        if status >= 300:
+            self._release_reservation(rid)
+            return
+        tags = {t["key"]: t["value"] for t in params.get("tags") or []}
+        now = self.now()
+        new: list[SimTask] = []
+        with self._lock:
+            for task_desc in parsed.get("tasks") or []:
+                node = self._node_or_none(task_desc.get("containerInstanceArn", ""))
+                if node is None or task_desc["taskArn"] in self.tasks:
+                    continue
+                gpu_ids = (node.reservations.get(rid) or [])
+                td, needed = self._gpus_needed(params["taskDefinition"], params.get("overrides"))
+                gpu_ids, rest = gpu_ids[:needed], gpu_ids[needed:]
+                if rid in node.reservations:
+                    if rest:
+                        node.reservations[rid] = rest
+                    else:
+                        node.reservations.pop(rid)
+                node.allocations[task_desc["taskArn"]] = gpu_ids
+                group = task_desc.get("group") or f"family:{td.family}"
+                hc = group.startswith(C.HEALTH_CHECK_GROUP) or td.family == C.DEFAULT_HEALTH_CHECK_FAMILY
+                task = SimTask(
+                    arn=task_desc["taskArn"],
+                    node=node.name,
+                    task_definition_arn=td.arn,
+                    family=td.family,
+                    group=group,
+                    started_by=task_desc.get("startedBy") or "",
+                    overrides=params.get("overrides") or {"containerOverrides": []},
+                    tags=tags,
+                    gpu_ids=gpu_ids,
+                    containers=[
+                        {
+                            "containerArn": (
+                                f"arn:aws:ecs:{self.local.region}:{self.local.account_id}:"
+                                f"container/{self.local.cluster_name}/"
+                                f"{task_desc['taskArn'].rsplit('/', 1)[-1]}/{secrets.token_hex(8)}"
+                            ),
+                            "lastStatus": "PENDING",
+                            "name": c.get("name", ""),
+                            "image": c.get("image", ""),
+                            "taskArn": task_desc["taskArn"],
+                            "networkInterfaces": [],
+                            "cpu": str(c.get("cpu", 0)),
+                            "memory": str(c.get("memory", 0)),
+                            "gpuIds": gpu_ids if i == 0 else [],
+                        }
+                        for i, c in enumerate(td.container_definitions)
+                    ],
+                    created_at=now,
+                    updated_at=now,
+                    memory=str(sum(int(c.get("memory", 0) or 0) for c in td.container_definitions)),
+                    health_check=hc,
+                )
+                self.tasks[task.arn] = task
+                new.append(task)
+                self.counters["tasks_started"] += 1
+                if hc:
+                    self.counters["health_checks_started"] += 1
+                self._sync_moto(task)
+            self._release_reservation(rid)
+        if failures and not context.get("local_mode_short_circuit"):
+            parsed.setdefault("failures", []).extend(failures)
+        for task in new:
+            self._log("task", f"{task.label} placed ({len(task.gpu_ids)} GPUs)", task.node)
+            self.schedule(now + 1, lambda t=task: self._to_pending(t), "pending")
+            self.schedule(now + self.run_delay_seconds, lambda t=task: self._to_running(t), "run")
+            if self.instance_events_on_placement:
+                n = self.nodes[task.node]
+                self.schedule(now + 1, lambda n=n: [self._ci_event(n)], "ci placement")
+
+    def _after_stop_task(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        if status >= 300:
+            return
+        arn = (parsed.get("task") or {}).get("taskArn") or params.get("task", "")
+        reason = params.get("reason") or "Task stopped by user"
+        with self._lock:
+            task = self.tasks.get(arn) or next(
+                (t for a, t in self.tasks.items() if a.endswith("/" + arn)), None
+            )
+            if task is None:
+                return
+            task.moto_stopped = True
+            self.counters["stop_requests"] += 1
+            if task.done:
+                self._sync_moto(task)
+                self._patch_task_response(task, parsed.get("task"))
+                return
+            already = task.desired_status == "STOPPED"
+            task.desired_status = "STOPPED"
+            if not already:
+                task.stopping_at = self.now()
+                task.stop_code = "UserInitiated"
+                task.stopped_reason = reason
+            self._sync_moto(task)
+            self._patch_task_response(task, parsed.get("task"))
+        if already:
+            return
+        self._log("stop", f"StopTask {task.label}: {reason}", task.node)
+
+        def stopping() -> list[dict[str, Any]]:
+            return [self._task_event(task)] if not task.done else []
+
+        def stopped() -> list[dict[str, Any]]:
+            return self._finish(task, exit_code=143 if task.last_status == "RUNNING" else None,
+                                stop_code="UserInitiated", reason=reason, why="stopped")
+
+        self.schedule(self.now(), stopping, "stopping")
+        self.schedule(self.now() + self.stop_delay_seconds, stopped, "stopped")
+
+    def _patch_task_response(self, task: SimTask, resp: dict[str, Any] | None) -> None:
+        if resp is not None:
+            resp["lastStatus"] = task.last_status
+            resp["desiredStatus"] = task.desired_status
+            if task.stop_code:
+                resp["stopCode"] = task.stop_code
+
+    def _after_describe_cis(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        if status >= 300:
+            return
+        for ci in parsed.get("containerInstances") or []:
+            node = self._node_or_none(ci.get("containerInstanceArn", ""))
+            if node is None:
+                continue
+            with self._lock:
+                ci["agentConnected"] = node.agent_connected
+                ci["ec2InstanceId"] = node.instance_id
+                for key, ids in (
+                    ("registeredResources", node.gpu_ids),
+                    ("remainingResources", node.free_gpu_ids),
+                ):
+                    res = [r for r in ci.get(key) or [] if r.get("name") != "GPU"]
+                    res.append(ev.gpu_resource(ids))
+                    ci[key] = res
+                ci["runningTasksCount"] = len(
+                    [t for t in self.tasks.values() if t.node == node.name and not t.done]
+                )
+
+    def _after_update_ci_state(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        if status >= 300:
+            return
+        for ci in parsed.get("containerInstances") or []:
+            node = self._node_or_none(ci.get("containerInstanceArn", ""))
+            if node is None:
+                continue
+            self._log("node", f"container instance -> {ci.get('status')}", node.name)
+            self.schedule(self.now(), lambda n=node: [self._ci_event(n)], "ci state")
+
+    def _after_reboot_instances(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        if status >= 300:
+            return
+        for iid in params.get("InstanceIds") or []:
+            node = self._node_or_none(iid)
+            if node is not None:
+                self._reboot(node, "EC2 RebootInstances")
+
+    def _after_send_command(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        document = params.get("DocumentName")
+        if status >= 300:
+            return
+        if document == "AWS-RunShellScript":
+            commands = " ; ".join((params.get("Parameters") or {}).get("commands") or [])
+            if not any(word in commands for word in REBOOT_WORDS):
+                return
+        elif document != (os.environ.get(C.ENV_REBOOT_DOCUMENT) or C.DEFAULT_REBOOT_DOCUMENT_NAME):
+            return  # the stack's reboot-only document: every send is a reboot
+        for iid in params.get("InstanceIds") or []:
+            node = self._node_or_none(iid)
+            if node is not None:
+                self._reboot(node, f"SSM {document}")
+
+    # ================================================================ Auto Scaling
+    def put_in_auto_scaling_group(self, nodes: list[str], group: str = "gpu-nodes") -> str:
+        """Create an Auto Scaling group (tagged with the cluster tag) holding ``nodes``."""
+        asg, ec2 = self.local.client("autoscaling"), self.local.client("ec2")
+        if group not in set(self.auto_scaling_groups.values()):
+            template = ec2.create_launch_template(
+                LaunchTemplateName=f"{group}-lt",
+                LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "p4d.24xlarge"})
+            asg.create_auto_scaling_group(
+                AutoScalingGroupName=group, MinSize=0, MaxSize=64, DesiredCapacity=0,
+                LaunchTemplate={"LaunchTemplateId": template["LaunchTemplate"]["LaunchTemplateId"]},
+                AvailabilityZones=[f"{self.local.region}a"],
+                Tags=[{"Key": self.node_tag_key, "Value": self.local.cluster_name, "PropagateAtLaunch": True,
+                       "ResourceId": group, "ResourceType": "auto-scaling-group"}])
+        ids = [self.node(n).instance_id for n in nodes]
+        asg.attach_instances(AutoScalingGroupName=group, InstanceIds=ids)
+        for n in nodes:
+            self.auto_scaling_groups[self.node(n).name] = group
+        return group
+
+    def _after_terminate_in_asg(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        if status >= 300:
+            return
+        node = self._node_or_none(params.get("InstanceId", ""))
+        if node is None:
+            return
+        with self._lock:
+            self.counters["terminations"] += 1
+        self._log("node", "terminated in its Auto Scaling group (desired capacity kept)", node.name)
+        host = node.instance_id
+
+        def gone() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            for task in self.running_tasks(node.name):
+                out += self._finish(task, exit_code=137, stop_code="EssentialContainerExited",
+                                    reason=f"Host EC2 (instance {host}) terminated", why="host terminated")
+            node.agent_connected = False
+            with contextlib.suppress(Exception):
+                self.local.client("ecs").deregister_container_instance(
+                    cluster=self.local.cluster_name, containerInstance=node.container_instance_arn,
+                    force=True)
+            return [*out, self._ci_event(node)]
+
+        def replacement() -> list[dict[str, Any]]:
+            count = sum(1 for name in self.nodes if name.startswith(f"{node.name}-r")) + 1
+            new = self.add_node(f"{node.name}-r{count}", gpus=len(node.gpu_ids))
+            self._log("node", f"replacement for {node.name} launched by the Auto Scaling group", new.name)
+            return []
+
+        self.schedule(self.now() + 5, gone, "terminated")
+        self.schedule(self.now() + self.replacement_seconds, replacement, "asg replacement")

@@ -1,0 +1,353 @@
+"""The core of the simulated ECS data plane: its state, the node registry (container
+instances and their events), the action queue and the driver that runs it in simulated time.
+
+The task lifecycle (``ecs_tasks``), GPU faults (``ecs_faults``) and the ECS/EC2/SSM/Auto
+Scaling API hooks (``ecs``) build on it; ``local_mode.sim.ecs.SimulatedEcs`` is the whole.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import secrets
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from moto.ecs.models import ecs_backends
+
+from gpu_recovery import clock as gr_clock
+
+from .. import events as ev
+from ..emulator import LocalAws
+from ..health_verdicts import HEALTH_VALUES
+from .bus import LocalEventBus
+from .clock import DEFAULT_START, SimClock
+from .ecs_model import Node, Plan, SimTask, TimelineEntry
+
+
+class EcsCore:
+    """State, nodes and the driver of the simulated data plane (see ``local_mode.sim.ecs``)."""
+
+    def __init__(
+        self,
+        local: LocalAws,
+        bus: LocalEventBus,
+        *,
+        start: float = DEFAULT_START,
+        train_seconds: float | None = 3600,
+        dcgm_seconds: float = 120,
+        reboot_seconds: float = 180,
+        stop_delay_seconds: float = 10,
+        run_delay_seconds: float = 5,
+        disconnect_delay_seconds: float = 15,
+        replacement_seconds: float = 240,
+        instance_events_on_placement: bool = True,
+        install_clock: bool = True,
+        node_tag_key: str = "gpu-recovery:cluster",
+    ) -> None:
+        self.local = local
+        self.bus = bus
+        self.clock = SimClock(start)
+        self.train_seconds = train_seconds
+        self.dcgm_seconds = dcgm_seconds
+        self.reboot_seconds = reboot_seconds
+        self.stop_delay_seconds = stop_delay_seconds
+        self.run_delay_seconds = run_delay_seconds
+        self.disconnect_delay_seconds = disconnect_delay_seconds
+        self.replacement_seconds = replacement_seconds
+        self.auto_scaling_groups: dict[str, str] = {}  # node name -> group name
+        self.gpu_reports: list[tuple[float, str, int]] = []  # (time, node, xid) accepted
+        self.instance_events_on_placement = instance_events_on_placement
+        self.node_tag_key = node_tag_key
+        self.nodes: dict[str, Node] = {}
+        self.tasks: dict[str, SimTask] = {}
+        self.timeline: list[TimelineEntry] = []
+        self.counters: dict[str, int] = {
+            "tasks_started": 0,
+            "health_checks_started": 0,
+            "start_failures": 0,
+            "stop_requests": 0,
+            "reboots": 0,
+            "reboots_ec2": 0,
+            "reboots_ssm": 0,
+            "terminations": 0,
+            "events_emitted": 0,
+        }
+        self._family_plans: dict[str, Plan] = {}
+        self._task_plans: dict[str, Plan] = {}
+        self._queue: list[tuple[float, int, str, Callable[[], list[dict[str, Any]]]]] = []
+        self._seq = itertools.count()
+        self._reservation_ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._drive_lock = threading.Lock()
+        bus.clock = self.clock.now
+        if install_clock:
+            gr_clock.set_clock(self.clock.now, self.clock.advance)
+
+    # ================================================================ helpers
+    @property
+    def _backend(self) -> Any:
+        return ecs_backends[self.local.account_id][self.local.region]
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def _log(self, kind: str, text: str, node: str | None = None) -> None:
+        with self._lock:
+            self.timeline.append(TimelineEntry(self.now(), kind, f"{node or '-':<8}  {text}"))
+
+    def format_timeline(self, kinds: set[str] | None = None) -> list[str]:
+        """``"14:03:10  node-b    rank 1 of job llama exited 1 (GPU fault injected)"``."""
+        with self._lock:
+            entries = list(self.timeline)
+        return [
+            f"{self.clock.hms(e.time)}  {e.text}" for e in entries if not kinds or e.kind in kinds
+        ]
+
+    def _when(self, at: float | datetime | None, after: float | None) -> float:
+        if at is not None:
+            return at.timestamp() if isinstance(at, datetime) else float(at)
+        return self.now() + (after or 0.0)
+
+    def schedule(
+        self, at: float, action: Callable[[], list[dict[str, Any]] | None], label: str = ""
+    ) -> None:
+        """Queue ``action`` at sim time ``at``; it may return events to deliver."""
+
+        def run() -> list[dict[str, Any]]:
+            return action() or []
+
+        with self._lock:
+            heapq.heappush(self._queue, (max(at, self.now()), next(self._seq), label, run))
+
+    def node(self, name_or_id: str) -> Node:
+        """A node by name, EC2/mi- instance id or container instance ARN/id."""
+        with self._lock:
+            if name_or_id in self.nodes:
+                return self.nodes[name_or_id]
+            for n in self.nodes.values():
+                if name_or_id in (n.instance_id, n.container_instance_arn, n.container_instance_id):
+                    return n
+        raise KeyError(name_or_id)
+
+    def _node_or_none(self, ref: str) -> Node | None:
+        try:
+            return self.node(ref)
+        except KeyError:
+            return None
+
+    # ================================================================ nodes
+    def add_node(
+        self, name: str, gpus: int = 8, kind: str = "ec2", health: str = "healthy"
+    ) -> Node:
+        """Launch (EC2 p4d.24xlarge) or register (ECS Anywhere ``mi-``) a GPU node."""
+        if kind not in ("ec2", "anywhere"):
+            raise ValueError("kind is 'ec2' or 'anywhere'")
+        if health not in HEALTH_VALUES:
+            raise ValueError(f"health is one of {HEALTH_VALUES}")
+        ec2, ecs = self.local.client("ec2"), self.local.client("ecs")
+        tags = [
+            {"Key": "Name", "Value": name},
+            {"Key": self.node_tag_key, "Value": self.local.cluster_name},
+        ]
+        inst = ec2.run_instances(
+            ImageId="ami-12c6146b",
+            MinCount=1,
+            MaxCount=1,
+            InstanceType="p4d.24xlarge",
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        )["Instances"][0]
+        gpu_ids = [f"GPU-{secrets.token_hex(4)}-{i:04d}-{secrets.token_hex(2)}" for i in range(gpus)]
+        ci = ecs.register_container_instance(
+            cluster=self.local.cluster_name,
+            instanceIdentityDocument=json.dumps({"instanceId": inst["InstanceId"]}),
+            totalResources=[{"name": "GPU", "type": "STRINGSET", "stringSetValue": gpu_ids}],
+        )["containerInstance"]
+        instance_id = inst["InstanceId"]
+        if kind == "anywhere":
+            # moto needs an EC2 instance to register; ECS Anywhere hosts are "mi-" ids.
+            instance_id = "mi-" + secrets.token_hex(9)[:17]
+            self._backend.container_instances[self.local.cluster_name][
+                ci["containerInstanceArn"].rsplit("/", 1)[-1]
+            ].ec2_instance_id = instance_id
+            ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+        now = self.now()
+        node = Node(
+            name=name,
+            kind=kind,
+            instance_id=instance_id,
+            container_instance_arn=ci["containerInstanceArn"],
+            gpu_ids=gpu_ids,
+            boot_time=now,
+            registered_at=now,
+            health=health,
+        )
+        with self._lock:
+            if name in self.nodes:
+                raise ValueError(f"node {name} exists")
+            self.nodes[name] = node
+        self._log("node", f"registered ({kind} {instance_id}, {gpus} GPUs)", name)
+        self.schedule(now, lambda: [self._ci_event(node)], f"register {name}")
+        return node
+
+    def set_health(self, node: str, health: str) -> None:
+        """What the next health check on ``node`` will find."""
+        if health not in HEALTH_VALUES:
+            raise ValueError(f"health is one of {HEALTH_VALUES}")
+        with self._lock:
+            self.node(node).health = health
+
+    def _moto_ci(self, node: Node) -> Any:
+        return self._backend.container_instances[self.local.cluster_name].get(
+            node.container_instance_id
+        )
+
+    def _ci_status(self, node: Node) -> str:
+        moto_ci = self._moto_ci(node)
+        return moto_ci.status if moto_ci is not None else "INACTIVE"
+
+    def ci_description(self, node: Node) -> dict[str, Any]:
+        """The ContainerInstance object as ECS would describe it now."""
+        moto_ci = self._moto_ci(node)
+        registered = [dict(r) for r in (moto_ci.registered_resources if moto_ci else [])]
+        remaining = [dict(r) for r in (moto_ci.remaining_resources if moto_ci else [])]
+        registered.append(ev.gpu_resource(node.gpu_ids))
+        remaining.append(ev.gpu_resource(node.free_gpu_ids))
+        attributes = [
+            {"name": k, "value": v} for k, v in ((moto_ci.attributes if moto_ci else {}) or {}).items()
+        ]
+        return {
+            "agentConnected": node.agent_connected,
+            "attributes": attributes,
+            "clusterArn": self.local.cluster_arn,
+            "containerInstanceArn": node.container_instance_arn,
+            "ec2InstanceId": node.instance_id,
+            "registeredResources": registered,
+            "remainingResources": remaining,
+            "status": self._ci_status(node),
+            "version": node.version,
+            "versionInfo": dict(moto_ci.version_info) if moto_ci else {},
+            "registeredAt": node.registered_at,
+            "updatedAt": self.now(),
+            "accountType": "ec2_instance",
+        }
+
+    def _ci_event(self, node: Node) -> dict[str, Any]:
+        with self._lock:
+            node.version += 1
+            desc = self.ci_description(node)
+        return ev.container_instance_state_change(desc, time=self.now())
+
+    def emit_instance_change(self, node: str, at: float | None = None, after: float | None = None):
+        """A plain container-instance event (ECS emits these for many reasons)."""
+        n = self.node(node)
+        self.schedule(self._when(at, after), lambda: [self._ci_event(n)], f"ci {node}")
+
+    def disconnect_agent(
+        self,
+        node: str,
+        at: float | None = None,
+        after: float | None = None,
+        for_seconds: float = 60,
+    ) -> None:
+        """A plain agent flap: disconnected event, then reconnected, no reboot."""
+        n = self.node(node)
+        t = self._when(at, after)
+
+        def down() -> list[dict[str, Any]]:
+            n.agent_connected = False
+            self._log("agent", "agent disconnected (flap)", n.name)
+            return [self._ci_event(n)]
+
+        def up() -> list[dict[str, Any]]:
+            n.agent_connected = True
+            self._log("agent", "agent reconnected (flap)", n.name)
+            return [self._ci_event(n)]
+
+        self.schedule(t, down, f"flap-down {node}")
+        self.schedule(t + for_seconds, up, f"flap-up {node}")
+
+    def running_tasks(self, node: str | None = None) -> list[SimTask]:
+        with self._lock:
+            return [
+                t
+                for t in self.tasks.values()
+                if not t.done and (node is None or t.node == self.node(node).name)
+            ]
+
+    # ================================================================ driver
+    def pending_actions(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def _next_time(self) -> float | None:
+        with self._lock:
+            q = self._queue[0][0] if self._queue else None
+        s = self.bus.next_schedule_due()
+        if q is None:
+            return s
+        return q if s is None else min(q, s)
+
+    def _step(self, limit: float) -> bool:
+        """Run the earliest action or schedule at or before ``limit``."""
+        t = self._next_time()
+        if t is None or t > limit:
+            return False
+        self.clock.set(t)
+        with self._lock:
+            run_action = bool(self._queue) and self._queue[0][0] <= t
+            item = heapq.heappop(self._queue) if run_action else None
+        if item is not None:
+            events = item[3]()
+            for event in events:
+                self.counters["events_emitted"] += 1
+                self.bus.put_events(event)
+        else:
+            self.bus.fire_due(t)
+        return True
+
+    def run_until(self, t: float | datetime) -> float:
+        """Advance simulated time to ``t`` (absolute), running everything due."""
+        limit = t.timestamp() if isinstance(t, datetime) else float(t)
+        with self._drive_lock:
+            while self._step(limit):
+                pass
+            self.clock.set(limit)
+        return self.now()
+
+    def run_for(self, seconds: float) -> float:
+        """Advance simulated time by ``seconds``."""
+        return self.run_until(self.now() + seconds)
+
+    def run_until_idle(self, max_seconds: float = 24 * 3600) -> float:
+        """Run until no data-plane action is queued (schedules alone don't count),
+        or ``max_seconds`` of simulated time passed. Returns the time reached."""
+        limit = self.now() + max_seconds
+        with self._drive_lock:
+            while self.pending_actions() and self._step(limit):
+                pass
+        return self.now()
+
+    def run_until_true(
+        self, predicate: Callable[[], bool], max_seconds: float = 24 * 3600
+    ) -> bool:
+        """Run step by step until ``predicate()`` holds (checked after every step)."""
+        limit = self.now() + max_seconds
+        with self._drive_lock:
+            while not predicate():
+                if not self._step(limit):
+                    self.clock.set(limit)
+                    return predicate()
+        return True
+
+    # ================================================================ summary
+    def summary(self) -> dict[str, int]:
+        """Counters for the demo: reboots, health checks, tasks, notifications..."""
+        with self._lock:
+            out = dict(self.counters)
+        out["notifications"] = len(self.local.notifications())
+        out["dead_letters"] = len(self.bus.dead_letters)
+        return out

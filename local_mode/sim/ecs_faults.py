@@ -1,0 +1,168 @@
+"""GPU faults in the simulated data plane: a node going bad under its training tasks (with
+an NCCL cascade to the other ranks), and XIDs the node agent reports to the heartbeat
+service before the tasks crash."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpu_recovery import constants as C
+
+from ..emulator import LocalAws
+from ..health_verdicts import HEALTH_VALUES
+from .bus import LocalEventBus
+from .ecs_model import Node
+from .ecs_tasks import TaskLifecycle
+
+
+class GpuFaults(TaskLifecycle):
+    """Injected GPU faults and XIDs (see ``local_mode.sim.ecs``)."""
+
+    def __init__(self, local: LocalAws, bus: LocalEventBus, **options: Any) -> None:
+        super().__init__(local, bus, **options)
+        #: how an XID reaches the stack: (node name, report body) -> None; raises on failure
+        self.gpu_reporter: Callable[[str, dict[str, Any]], Any] = self._report_gpu_to_service
+
+    # ================================================================ faults
+    def inject_gpu_fault(
+        self,
+        node: str,
+        at: float | None = None,
+        after: float | None = None,
+        health: str = "reboot_fixable",
+        exit_code: int = 1,
+        nccl_cascade: bool = False,
+        cascade_delay_seconds: float = 5,
+    ) -> None:
+        """At ``at`` (abs) / ``after`` (rel): node's health becomes ``health`` and every
+        training task on it exits ``exit_code``; with ``nccl_cascade`` the other ranks
+        of the same jobs exit 1 ``cascade_delay_seconds`` later (NCCL errors)."""
+        if health not in HEALTH_VALUES:
+            raise ValueError(f"health is one of {HEALTH_VALUES}")
+        n = self.node(node)
+        t = self._when(at, after)
+
+        def fault() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            with self._lock:
+                n.health = health
+                victims = [
+                    task
+                    for task in self.tasks.values()
+                    if task.node == n.name and not task.done and not task.health_check
+                ]
+            self._log("fault", f"GPU fault injected (health: {health})", n.name)
+            jobs = set()
+            for task in victims:
+                out += self._container_exit(task, exit_code, "GPU fault injected")
+                if C.TAG_JOB_ID in task.tags:
+                    jobs.add(task.tags[C.TAG_JOB_ID])
+            if nccl_cascade and jobs:
+                self.schedule(
+                    self.now() + cascade_delay_seconds,
+                    lambda: self._cascade(jobs, n.name),
+                    "nccl cascade",
+                )
+            return out
+
+        self.schedule(t, fault, f"gpu fault {node}")
+
+    def _cascade(self, jobs: set[str], origin: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            others = [
+                t
+                for t in self.tasks.values()
+                if not t.done
+                and not t.health_check
+                and t.tags.get(C.TAG_JOB_ID) in jobs
+                and t.node != origin
+                and t.desired_status == "RUNNING"
+            ]
+        for task in others:
+            out += self._container_exit(task, 1, "NCCL error")
+        return out
+
+    def inject_xid(
+        self,
+        node: str,
+        xid: int,
+        at: float | None = None,
+        after: float | None = None,
+        *,
+        gpu: int = 0,
+        health: str = "reboot_fixable",
+        exit_code: int | None = 1,
+        nccl_cascade: bool = False,
+        report_delay_seconds: float = 1,
+        crash_delay_seconds: float = 3,
+    ) -> None:
+        """The driver logs ``XID <xid>`` on GPU ``gpu`` of ``node``: the node agent reports
+        it (``report_delay_seconds`` later, through ``gpu_reporter``: the heartbeat service's
+        ``report_gpu``, retried as the agent retries), and ``crash_delay_seconds`` after the
+        XID every training task on the node exits ``exit_code`` (None: the XID kills no task;
+        the node's health still becomes ``health`` for a later health check)."""
+        if health not in HEALTH_VALUES:
+            raise ValueError(f"health is one of {HEALTH_VALUES}")
+        n = self.node(node)
+        t = self._when(at, after)
+
+        def logged() -> list[dict[str, Any]]:
+            with self._lock:
+                n.health = health
+            self._log("fault", f"XID {xid} on GPU {gpu} (driver log; health: {health})", n.name)
+            return []
+
+        self.schedule(t, logged, f"xid {xid} {node}")
+        self.schedule(t + report_delay_seconds, lambda: self._report_xid(n, xid, gpu, attempt=1),
+                      f"agent reports xid {xid}")
+        if exit_code is not None:
+            self.schedule(t + crash_delay_seconds, lambda: self._xid_crash(n, xid, exit_code, nccl_cascade),
+                          f"xid {xid} crash")
+
+    def _xid_crash(self, n: Node, xid: int, exit_code: int, nccl_cascade: bool) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            victims = [task for task in self.tasks.values()
+                       if task.node == n.name and not task.done and not task.health_check]
+        jobs = set()
+        for task in victims:
+            out += self._container_exit(task, exit_code, f"CUDA error after XID {xid}")
+            if C.TAG_JOB_ID in task.tags:
+                jobs.add(task.tags[C.TAG_JOB_ID])
+        if nccl_cascade and jobs:
+            self.schedule(self.now() + 5, lambda: self._cascade(jobs, n.name), "nccl cascade")
+        return out
+
+    def gpu_report_body(self, n: Node, xids: dict[int, list[int]] | None = None) -> dict[str, Any]:
+        """The node agent's ``/v1/report_gpu`` body (agent/README.md) for this node now."""
+        xids = xids or {}
+        gpus = [{"index": i, "uuid": uuid, "pci_bus_id": f"00000000:{16 + i:02X}:00.0",
+                 "utilization_gpu": 0, "memory_used_mib": 0, "memory_total_mib": 81920,
+                 "temperature_c": 40, "ecc_uncorrected_volatile": 0, "remapped_rows_pending": False,
+                 "remapped_rows_failure": False, "xids": list(xids.get(i, []))}
+                for i, uuid in enumerate(n.gpu_ids)]
+        return {"node_id": n.container_instance_id, "timestamp": self.now(), "gpus": gpus}
+
+    def _report_xid(self, n: Node, xid: int, gpu: int, attempt: int) -> list[dict[str, Any]]:
+        body = self.gpu_report_body(n, {gpu: [xid]})
+        try:
+            self.gpu_reporter(n.name, body)
+        except Exception as error:  # the agent retries a failed report (and keeps the XID)
+            if attempt >= 5:
+                self._log("agent", f"report_gpu failed {attempt} times, XID {xid} lost: {error}", n.name)
+                return []
+            self.schedule(self.now() + 2, lambda: self._report_xid(n, xid, gpu, attempt + 1), "report retry")
+            return []
+        with self._lock:
+            self.gpu_reports.append((self.now(), n.name, xid))
+        self._log("agent", f"node agent reported XID {xid} on GPU {gpu} (POST /v1/report_gpu)", n.name)
+        return []
+
+    def _report_gpu_to_service(self, node: str, body: dict[str, Any]) -> Any:
+        """What the node API does with a GPU report: the heartbeat service's report_gpu."""
+        from gpu_recovery import runtime
+
+        return runtime.heartbeat_service().report_gpu(body["node_id"], body["timestamp"], body["gpus"],
+                                                      body.get("unmapped_xids") or [], body.get("error"))
