@@ -26,8 +26,8 @@ Entering the context:
 DynamoDB has two backends (``LocalAws(dynamodb=...)``):
 
 * ``"moto"`` (the default): moto's DynamoDB, exact API behaviour for the tests that pin it;
-* ``"memory"``: the in-memory store of ``local_mode.memory_dynamo`` behind real boto3
-  clients (``local_mode.memory_backend``), several times cheaper per call: the crash
+* ``"memory"``: the in-memory store of ``local_mode.sim.dynamo`` behind real boto3
+  clients (``local_mode.sim.dynamo.botocore_backend``), several times cheaper per call: the crash
   campaigns and the soak. The handlers' DynamoDB resource and client and the internal ones
   (``resource("dynamodb")``, ``client("dynamodb")``) read the same store, whose tables are
   created as above; every call goes through the same botocore events as a moto call, so the
@@ -71,8 +71,8 @@ from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 
 from .faults import ApiFaults, CallFaults
-from .memory_backend import serve_dynamodb_from
-from .memory_dynamo import MemoryDynamo
+from .sim.dynamo import MemoryDynamo
+from .sim.dynamo.botocore_backend import serve_dynamodb_from
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"

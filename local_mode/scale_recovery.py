@@ -3,7 +3,7 @@ four functions fed by EventBridge rules with the deployed patterns (and the minu
 schedule), and the gang fan-out's worker fed by its SQS queue (batch size 1, partial batch
 responses, the deployed maximum concurrency, visibility timeout and redrive to a DLQ).
 Each Lambda container holds its own ``RecoveryService`` over the real ``Repository``
-(:class:`~local_mode.memory_dynamo.MemoryDynamo`) and the real adapters (``EcsAdapter``
+(:class:`~local_mode.sim.dynamo.MemoryDynamo`) and the real adapters (``EcsAdapter``
 with the stack's ``EcsCallBudget`` item, ``GangQueue``, ``RebootAdapter``,
 ``SnsNotifier``, ``VerdictLogReader``) on the stand-in clients of
 ``local_mode/scale_aws.py`` and ``local_mode/scale_sim.py``, built as
@@ -50,7 +50,6 @@ from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository
 from gpu_recovery.settings import Settings
-from local_mode.memory_dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
 from local_mode.scale_aws import (
     HEALTH_CHECK_LOG_GROUP,
     Ec2Client,
@@ -72,6 +71,7 @@ from local_mode.scale_sim import (
     Simulation,
     SqsQueue,
 )
+from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
 
 JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
 INSTANCE_TABLE = C.DEFAULT_INSTANCE_TABLE_NAME

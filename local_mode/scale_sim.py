@@ -3,7 +3,7 @@ client-side behaviour of AWS calls (latency, account-wide token buckets, botocor
 standard retries), for recoveries of thousands of ranks in seconds of wall time.
 
 The recovery code runs for real (``RecoveryService``, its stages, the real ``Repository``
-on :class:`~local_mode.memory_dynamo.MemoryDynamo`, the real adapters on the stand-in
+on :class:`~local_mode.sim.dynamo.MemoryDynamo`, the real adapters on the stand-in
 clients of ``local_mode/scale_aws.py``); this module decides *when* each piece runs.
 
 **Time.** A discrete-event simulation (:class:`Simulation`): a heap of timed actions and

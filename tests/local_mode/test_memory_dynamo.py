@@ -22,7 +22,7 @@ from gpu_recovery.domain.states import InstanceState, JobState, RankState
 from gpu_recovery.repository import RankStop, Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository
 from local_mode.emulator import LocalAws
-from local_mode.memory_dynamo import MAX_ITEM_BYTES, MemoryDynamo, item_size
+from local_mode.sim.dynamo import MAX_ITEM_BYTES, MemoryDynamo, item_size
 
 JOBS, INSTANCES, QUOTAS = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME, C.DEFAULT_QUOTA_TABLE_NAME
 T0 = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""The in-memory DynamoDB (:class:`~local_mode.memory_dynamo.MemoryDynamo`) behind real boto3
+"""The in-memory DynamoDB (:class:`~local_mode.sim.dynamo.MemoryDynamo`) behind real boto3
 clients: ``LocalAws(dynamodb="memory")``'s DynamoDB.
 
 A client served from the store is a real botocore client (or a real boto3 resource's
@@ -42,7 +42,7 @@ from botocore.hooks import first_non_none_response
 from botocore.parsers import create_parser
 from botocore.validate import ParamValidator
 
-from .memory_dynamo import MemoryDynamo
+from .store import MemoryDynamo
 
 #: where a store-served request "goes": no HTTP endpoint (moto's stubber matches no URL here)
 STORE_URL = "https://dynamodb.memory.invalid/"

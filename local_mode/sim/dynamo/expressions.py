@@ -1,0 +1,221 @@
+"""Condition, filter, update and key-condition expressions: parsed by moto's parsers once per
+text (and names), bound to each call's values, validated and executed on this store's items."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from moto.dynamodb.comparisons import AttributeValue, ConditionExpressionParser
+from moto.dynamodb.exceptions import DynamodbException
+from moto.dynamodb.models.dynamo_type import Item
+from moto.dynamodb.parsing.ast_nodes import ExpressionAttribute, ExpressionAttributeName, Node
+from moto.dynamodb.parsing.expressions import UpdateExpressionParser
+from moto.dynamodb.parsing.validators import (
+    ActionCountValidator,
+    OverlappingPathsValidator,
+    UpdateExpressionValidator,
+    UpdateHashRangeKeyValidator,
+)
+
+from .values import _TOKEN, _from_moto, _validation
+
+
+# ================================================================== expression caches
+class _ConditionParser(ConditionExpressionParser):
+    """moto's condition parser, split so the parsed tree is cached per expression and names,
+    and attribute values are bound per call (moto looks them up while lexing)."""
+
+    def _lookup_expression_attribute_value(self, name: str) -> dict[str, str]:
+        return {"S": name}  # placeholder: bound in _make_operand from the node's text
+
+    def tree(self) -> Any:
+        nodes = self._lex_condition_expression()
+        nodes = self._parse_paths(nodes)
+        nodes = self._apply_functions(nodes)
+        nodes = self._apply_comparator(nodes)
+        nodes = self._apply_in(nodes)
+        nodes = self._apply_between(nodes)
+        nodes = self._apply_parens_and_booleans(nodes)
+        node = nodes[0]
+        self._assert_no_redundant_parentheses(node)
+        return node
+
+    def bind(self, node: Any) -> Any:
+        return self._make_op_condition(node)
+
+    def _make_operand(self, node: Any) -> Any:
+        if node.kind == self.Kind.EXPRESSION_ATTRIBUTE_VALUE:
+            values = self.expression_attribute_values or {}
+            if node.text not in values:
+                raise _validation("Invalid ConditionExpression: An expression attribute value used in "
+                                  f"expression is not defined; attribute value: {node.text}")
+            return AttributeValue(values[node.text])
+        return super()._make_operand(node)
+
+
+_cache_lock = threading.Lock()
+_condition_trees: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_update_trees: dict[str, Any] = {}
+
+
+def _condition(expression: str | None, names: Mapping[str, str] | None,
+               values: Mapping[str, Any] | None, what: str = "ConditionExpression") -> Any:
+    """The evaluable condition (``.expr(item) -> bool``), or None for no condition."""
+    if not expression:
+        return None
+    key = (expression, tuple(sorted((names or {}).items())))
+    with _cache_lock:
+        tree = _condition_trees.get(key)
+    if tree is None:
+        parser = _ConditionParser(expression, dict(names or {}), {})
+        try:
+            tree = parser.tree()
+        except KeyError as error:
+            raise _validation(f"Invalid {what}: An expression attribute name used in the document path "
+                              f"is not defined; attribute name: {error.args[0]}") from None
+        except DynamodbException as error:
+            raise _from_moto(error) from None
+        except ValueError as error:
+            raise _validation(f"Invalid {what}: {error}") from None
+        with _cache_lock:
+            _condition_trees[key] = tree
+    parser = _ConditionParser(expression, dict(names or {}), dict(values or {}))
+    try:
+        return parser.bind(tree)
+    except DynamodbException as error:
+        raise _from_moto(error) from None
+
+
+def _update_tree(expression: str) -> Any:
+    with _cache_lock:
+        tree = _update_trees.get(expression)
+    if tree is None:
+        try:
+            tree = UpdateExpressionParser.make(expression)
+        except DynamodbException as error:
+            raise _from_moto(error) from None
+        with _cache_lock:
+            _update_trees[expression] = tree
+    return _clone_tree(tree)
+
+
+def _attribute_names(tree: Any, names: Mapping[str, str]) -> set[str]:
+    """Every attribute name an update expression mentions (a superset of the top-level
+    attributes it reads or writes: those are copied before it runs, the others shared)."""
+    found: set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ExpressionAttribute):
+            found.add(node.get_attribute_name())
+        elif isinstance(node, ExpressionAttributeName):
+            placeholder = node.get_attribute_name_placeholder()
+            found.add(names.get(placeholder, placeholder))
+        elif isinstance(node, Node) and isinstance(node.children, list):
+            stack.extend(node.children)
+    return found
+
+
+def _clone_tree(node: Any, parent: Any = None) -> Any:
+    """A copy of a parsed update expression (moto's validator rewrites the tree in place;
+    ``copy.deepcopy`` costs as much as parsing again)."""
+    clone = object.__new__(type(node))
+    clone.__dict__.update(node.__dict__)
+    clone.parent = parent
+    if isinstance(node.children, list):
+        clone.children = [_clone_tree(c, clone) if isinstance(c, Node) else c for c in node.children]
+    return clone
+
+
+#: moto's update validators that read only the expression, its names and the table's key
+#: attributes (never the values or the item), and change nothing: an expression they passed
+#: once passes again, so they run once per (expression, names, key attributes)
+_STRUCTURE_CHECKS = (ActionCountValidator, OverlappingPathsValidator, UpdateHashRangeKeyValidator)
+_structure_passed: set[tuple[Any, ...]] = set()
+
+
+class _Validator(UpdateExpressionValidator):
+    """moto's update validator without its defensive deepcopy (we pass a fresh clone), its
+    structure checks run once per expression (``_STRUCTURE_CHECKS``), and its traversal with
+    the node-type tests cached (:func:`_traverse`). Same processors, same order, same tree."""
+
+    def __init__(self, tree: Any, names: dict[str, str], values: dict[str, Any], item: Item,
+                 table: Any, expression: str = "") -> None:
+        self.expression_attribute_names = names
+        self.expression_attribute_values = values
+        self.item = item
+        self.table = table
+        self.processors = self.get_ast_processors()
+        self.node_to_validate = tree
+        self._structure_key = (expression, tuple(sorted(names.items())), tuple(table.table_key_attrs)) \
+            if expression else None
+
+    def validate(self) -> Any:
+        node = self.node_to_validate
+        key = self._structure_key
+        passed = key is not None and key in _structure_passed
+        structural = [p for p in self.processors if isinstance(p, _STRUCTURE_CHECKS)]
+        for processor in self.processors:
+            if passed and isinstance(processor, _STRUCTURE_CHECKS):
+                continue
+            node = _traverse(processor, processor._processing_map(), node)
+            if key is not None and not passed and processor is structural[-1]:
+                with _cache_lock:
+                    _structure_passed.add(key)
+        return node
+
+
+_node_types: dict[type, bool] = {}
+_handled_by: dict[tuple[type, type], type | None] = {}
+
+
+def _traverse(processor: Any, processing: dict[type, Any], node: Any, child_id: int = -1) -> Any:
+    """``DepthFirstTraverser.traverse_node_recursively`` with its ``isinstance`` tests (on
+    ABCs, the validation's main cost) cached per node type; the same visits in the same order."""
+    kind = type(node)
+    is_node = _node_types.get(kind)
+    if is_node is None:
+        is_node = _node_types[kind] = isinstance(node, Node)
+    if not is_node:
+        return node
+    parent = node.parent
+    if node.children is not None:
+        for i, child in enumerate(node.children):
+            processor.pre_processing_of_child(node, i)
+            _traverse(processor, processing, child, i)
+    handler_key = (type(processor), kind)
+    if handler_key in _handled_by:
+        handled = _handled_by[handler_key]
+    else:  # the first class of the processing map the node is an instance of (moto's process())
+        handled = _handled_by[handler_key] = next((c for c in processing if issubclass(kind, c)), None)
+    if handled is not None:
+        node = processing[handled](node)
+        node.parent = parent
+        if parent:
+            parent.children[child_id] = node
+    return node
+
+
+def _tokens(*expressions: str | None) -> set[str]:
+    found: set[str] = set()
+    for expression in expressions:
+        if expression:
+            found.update(_TOKEN.findall(expression))
+    return found
+
+
+def _check_tokens_used(params: Mapping[str, Any], *expressions: str | None) -> None:
+    """DynamoDB refuses expression names / values that no expression uses."""
+    used = _tokens(*expressions)
+    for what, key in (("Names", "ExpressionAttributeNames"), ("Values", "ExpressionAttributeValues")):
+        provided = params.get(key)
+        if provided is None:
+            continue
+        if not provided:
+            raise _validation(f"ExpressionAttribute{what} must not be empty")
+        for name in provided:
+            if name not in used:
+                raise _validation(f"Value provided in ExpressionAttribute{what} unused in expressions: "
+                                  f"keys: {{{name}}}")
