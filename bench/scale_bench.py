@@ -41,7 +41,7 @@ from typing import Any
 from gpu_recovery import constants as C
 from gpu_recovery.domain.launch_plan import MAX_INSTANCES_PER_START
 from local_mode.scale_recovery import INSTANCE_TABLE, JOB_TABLE, ScaleWorld, TaggedJob, launch_tagged_job
-from local_mode.scale_sim import TokenBucket
+from local_mode.scale_sim import AccountRateLimit
 
 DEFAULT_SIZES = {"per-node": (8, 64, 256, 1024), "per-gpu": (8192,)}
 SCENARIOS = ("cascade", "all-nodes")
@@ -127,7 +127,7 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
         if lift_setup_reads:
             # Set-up only: no Describe/List limit while the job registers (see the docstring);
             # the fault runs at the account's real limits again.
-            world.account.buckets["ecs_read"] = TokenBucket(burst=1e12, rate=1e12)
+            world.account.buckets["ecs_read"] = AccountRateLimit(burst=1e12, rate=1e12)
             out["setup_reads_unlimited"] = True
         why = sim.run(until=t_setup + SETUP_LIMIT_SECONDS, stop=registration.done,
                       check_every=max(50, size // 4), wall_seconds=wall_cap)

@@ -6,12 +6,13 @@ Each Lambda container holds its own ``RecoveryService`` over the real ``Reposito
 (:class:`~local_mode.sim.dynamo.MemoryDynamo`) and the real adapters (``EcsAdapter``
 with the stack's ``EcsCallBudget`` item, ``GangQueue``, ``RebootAdapter``,
 ``SnsNotifier``, ``VerdictLogReader``) on the stand-in clients of
-``local_mode/scale_aws.py`` and ``local_mode/scale_sim.py``, built as
-``gpu_recovery.runtime.recovery_service`` builds them.
+``local_mode/scale_aws.py`` and ``local_mode/scale_sim.py``, built by
+``gpu_recovery.runtime.build_recovery_service`` (what ``runtime.recovery_service`` builds a
+Lambda's service with).
 
 The handlers here do what ``lambdas/handlers/*`` do, without Powertools or
-``gpu_recovery.runtime`` (whose one service per process would share one ECS client between
-concurrent invocations): parse the event with the same pydantic models (a malformed one
+``runtime.recovery_service``'s one service per process (which would share one ECS client
+between concurrent invocations): parse the event with the same pydantic models (a malformed one
 is dropped), then call the service entry point (the sweep and the gang worker with the
 invocation's remaining time, as Lambda's context gives it).
 
@@ -39,21 +40,14 @@ from pydantic import ValidationError
 
 from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
-from gpu_recovery.adapters.compute import RebootAdapter
-from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery import runtime
 from gpu_recovery.adapters.ecs_budget import EcsCallBudget
-from gpu_recovery.adapters.logs import VerdictLogReader
-from gpu_recovery.adapters.notifier import SnsNotifier
-from gpu_recovery.adapters.queue import GangQueue
 from gpu_recovery.events.ecs import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
 from gpu_recovery.recovery import RecoveryService
-from gpu_recovery.repository import Repository
-from gpu_recovery.repository.rate_limit import RateLimitRepository
 from gpu_recovery.settings import Settings
 from local_mode.scale_aws import (
     HEALTH_CHECK_LOG_GROUP,
     Ec2Client,
-    EcsClient,
     EcsCluster,
     LogsClient,
     SimNode,
@@ -111,26 +105,24 @@ class RecordingMetrics:
 
 @dataclass
 class Ports:
-    """What one Lambda container holds: the ports of its service, each client its own."""
+    """What one Lambda container holds: its clients (each its own), the settings, the metrics;
+    ``budgets`` collects the ECS call budget of every service built (their waits are measured)."""
 
-    repo: Repository
-    ecs: EcsAdapter
-    ecs_client: EcsClient
-    budget: EcsCallBudget
-    rebooter: RebootAdapter
-    notifier: SnsNotifier
-    verdicts: VerdictLogReader
+    clients: runtime.RecoveryClients
     settings: Settings
     metrics: RecordingMetrics
+    budgets: list[EcsCallBudget]
     queues: dict[str, SimQueuePort] = field(default_factory=dict)
-    gang_queue: GangQueue | None = None
 
 
 def default_service(ports: Ports) -> RecoveryService:
-    """As ``gpu_recovery.runtime.recovery_service`` builds it (no auto-scaling replacer: the
-    simulated cluster has no group; the shipped fault catalog)."""
-    return RecoveryService(ports.repo, ports.ecs, ports.rebooter, ports.notifier, ports.verdicts,
-                           ports.settings, ports.metrics, gang_queue=ports.gang_queue)
+    """The service ``gpu_recovery.runtime`` builds, on the container's clients (no Auto Scaling
+    client: the simulated cluster has no group)."""
+    service = runtime.build_recovery_service(ports.settings, ports.clients, ports.metrics)
+    budget = service.deps.ecs.budget
+    if isinstance(budget, EcsCallBudget):
+        ports.budgets.append(budget)
+    return service
 
 
 @dataclass
@@ -293,27 +285,14 @@ class ScaleWorld:
     # --- containers and ports ---------------------------------------------------------
     def ports(self) -> Ports:
         """Fresh ports (new clients: their own botocore retry quota), as a new container has."""
-        ecs_client = self.cluster.client()
-        repo = Repository(self.dynamo, JOB_TABLE, INSTANCE_TABLE)
-        # runtime.ecs_adapter: every control-plane call takes a token of the stack's budget item.
-        budget = EcsCallBudget(RateLimitRepository(repo), self.settings.ecs_api)
-        self.budgets.append(budget)
         gang = self.queues.get(GANG_QUEUE) if self.gang_fanout else None
-        return Ports(
-            repo=repo,
-            ecs=EcsAdapter(ecs_client, self.cluster.name, budget=budget),
-            ecs_client=ecs_client,
-            budget=budget,
-            rebooter=RebootAdapter(Ec2Client(self.cluster),
-                                   SsmClient(self.cluster, self.settings.reboot_document),
-                                   self.settings.reboot_document),
-            notifier=SnsNotifier(SnsClient(self.account, self.topic), self.topic.arn),
-            verdicts=VerdictLogReader(LogsClient(self.account, self.cluster.logs), HEALTH_CHECK_LOG_GROUP),
-            settings=self.settings,
-            metrics=self.metrics,
-            queues={name: queue.port() for name, queue in self.queues.items()},
-            gang_queue=GangQueue(gang.client(), gang.url) if gang is not None else None,
-        )
+        clients = runtime.RecoveryClients(
+            dynamodb=self.dynamo, ecs=self.cluster.client(), ec2=Ec2Client(self.cluster),
+            ssm=SsmClient(self.cluster, self.settings.reboot_document),
+            sns=SnsClient(self.account, self.topic), logs=LogsClient(self.account, self.cluster.logs),
+            sqs=gang.client() if gang is not None else None)
+        return Ports(clients=clients, settings=self.settings, metrics=self.metrics, budgets=self.budgets,
+                     queues={name: queue.port() for name, queue in self.queues.items()})
 
     def container(self) -> Container:
         return Container(self.ports(), self.service_factory, self.sim)

@@ -38,7 +38,7 @@ redrive to a dead-letter queue after ``maxReceiveCount`` receives).
 
 **AWS call behaviour** (:class:`SimClient`): parameters validated against botocore's
 model of the service; a per-call latency (:class:`Latencies`); account-wide token
-buckets (:class:`TokenBucket`: ECS's RunTask/StartTask/StopTask/
+buckets (:class:`AccountRateLimit`: ECS's RunTask/StartTask/StopTask/
 UpdateContainerInstancesState share burst 100, 40 per second; DescribeTasks/ListTasks/
 DescribeContainerInstances/ListContainerInstances burst 100, 20 per second); a call over
 the bucket gets ThrottlingException and botocore's *standard* retry mode applies as the
@@ -328,8 +328,10 @@ class Latencies:
 
 
 @dataclass
-class TokenBucket:
-    """An account-wide API rate limit: ``burst`` tokens, refilled at ``rate`` per second."""
+class AccountRateLimit:
+    """AWS's side of an account-wide API rate limit (its state; not the stack's own budget,
+    ``gpu_recovery.domain.rate_limit.TokenBucket``): ``burst`` tokens, refilled at ``rate``
+    per second."""
 
     burst: float
     rate: float
@@ -431,11 +433,12 @@ class Account:
                  max_attempts: int = MAX_RETRIES + 1) -> None:
         self.sim = sim
         self.latencies = latencies or Latencies()
-        self.buckets = {"ecs_control": TokenBucket(*ecs_control), "ecs_read": TokenBucket(*ecs_read)}
+        self.buckets = {"ecs_control": AccountRateLimit(*ecs_control),
+                        "ecs_read": AccountRateLimit(*ecs_read)}
         self.max_attempts = max_attempts
         self.stats = CallStats()
 
-    def bucket_for(self, service: str, operation: str) -> TokenBucket | None:
+    def bucket_for(self, service: str, operation: str) -> AccountRateLimit | None:
         if service == "ecs":
             if operation in self.ECS_CONTROL:
                 return self.buckets["ecs_control"]
@@ -594,7 +597,10 @@ class LambdaFunction:
 
 
 @dataclass
-class DeadLetter:
+class DeadInvocation:
+    """An asynchronous invocation whose retries are spent (the function's DLQ); the moto
+    world's bus keeps ``local_mode.sim.bus.DeadLetter`` records of the same failures."""
+
     function: str
     payload: Any
     error: str
@@ -616,7 +622,7 @@ class LambdaService:
         self.throttled = 0  # invocations that waited for a free slot
         self._waiting: list[tuple[Invocation, Callable[[Invocation], None] | None]] = []
         self._waiting_head = 0
-        self.dead_letters: list[DeadLetter] = []
+        self.dead_letters: list[DeadInvocation] = []
         self.keep_invocations = keep_invocations
         self.invocations: list[Invocation] = []
         self._numbers = itertools.count(1)  # invocation ids (the conflict model tells them apart)
@@ -721,7 +727,7 @@ class LambdaService:
                     attempt=attempt + 1), f"retry {function.name}")
                 return
         function.stats.dead_letters += 1
-        self.dead_letters.append(DeadLetter(function.name, invocation.payload, invocation.error, attempt,
+        self.dead_letters.append(DeadInvocation(function.name, invocation.payload, invocation.error, attempt,
                                             self.sim.now))
 
     def summary(self) -> dict[str, Any]:

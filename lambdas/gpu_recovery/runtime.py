@@ -8,6 +8,7 @@ forgets everything (tests and local mode switch environments with it).
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpu_recovery.adapters import aws
@@ -53,9 +54,11 @@ def repository(settings: Settings | None = None) -> Repository:
     return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
 
 
-def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket) -> EcsAdapter:
-    """ECS with the stack's shared control-plane budget (one item in the instance table)."""
-    return EcsAdapter(aws.client("ecs"), cluster, budget=EcsCallBudget(RateLimitRepository(repo), bucket))
+def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, client: Any = None) -> EcsAdapter:
+    """ECS with the stack's shared control-plane budget (one item in the instance table);
+    ``client``: the ECS client (default: the container's boto3 one)."""
+    return EcsAdapter(client or aws.client("ecs"), cluster,
+                      budget=EcsCallBudget(RateLimitRepository(repo), bucket))
 
 
 def fault_catalog(settings: Settings) -> FaultCatalog:
@@ -69,24 +72,51 @@ def fault_catalog(settings: Settings) -> FaultCatalog:
     return catalog
 
 
+@dataclass(frozen=True)
+class RecoveryClients:
+    """The AWS clients a recovery service calls: boto3's in a Lambda, the scale simulator's
+    stand-ins (same API) in ``local_mode.scale_recovery``. No ``autoscaling``: no
+    replacement through an Auto Scaling group; no ``sqs``: no gang fan-out queue."""
+
+    dynamodb: Any  # the boto3 DynamoDB resource
+    ecs: Any
+    ec2: Any
+    ssm: Any
+    sns: Any
+    logs: Any
+    autoscaling: Any = None
+    sqs: Any = None
+
+
+def build_recovery_service(settings: Settings, clients: RecoveryClients,
+                           metrics: MetricsPort | None = None) -> RecoveryService:
+    """The recovery service on these clients: the one place its ports are put together."""
+    repo = Repository(clients.dynamodb, settings.job_table, settings.instance_table)
+    return RecoveryService(
+        repo=repo,
+        ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api, client=clients.ecs),
+        rebooter=RebootAdapter(clients.ec2, clients.ssm, settings.reboot_document),
+        notifier=SnsNotifier(clients.sns, settings.topic_arn),
+        verdicts=VerdictLogReader(clients.logs, settings.health_check_log_group),
+        settings=settings,
+        metrics=metrics,
+        catalog=fault_catalog(settings),
+        replacer=AutoScalingReplacer(clients.autoscaling) if clients.autoscaling is not None else None,
+        gang_queue=(GangQueue(clients.sqs, settings.gang_queue_url)
+                    if settings.gang_queue_url and clients.sqs is not None else None),
+    )
+
+
 def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
     with _lock:
         service = _services.get("recovery")
         if service is None:
             settings = Settings.from_env()
-            repo = repository(settings)
-            service = RecoveryService(
-                repo=repo,
-                ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api),
-                rebooter=RebootAdapter(aws.client("ec2"), aws.client("ssm"), settings.reboot_document),
-                notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
-                verdicts=VerdictLogReader(aws.client("logs"), settings.health_check_log_group),
-                settings=settings,
-                catalog=fault_catalog(settings),
-                replacer=AutoScalingReplacer(aws.client("autoscaling")),
-                gang_queue=GangQueue(aws.client("sqs"), settings.gang_queue_url) if settings.gang_queue_url
-                else None,
-            )
+            service = build_recovery_service(settings, RecoveryClients(
+                dynamodb=aws.resource("dynamodb"), ecs=aws.client("ecs"), ec2=aws.client("ec2"),
+                ssm=aws.client("ssm"), sns=aws.client("sns"), logs=aws.client("logs"),
+                autoscaling=aws.client("autoscaling"),
+                sqs=aws.client("sqs") if settings.gang_queue_url else None))
             _services["recovery"] = service
     if metrics is not None:
         service.metrics = metrics
