@@ -40,6 +40,8 @@ from typing import Any
 
 from gpu_recovery import constants as C
 
+from .world import World, build_world
+
 MIN = 60
 
 
@@ -70,56 +72,11 @@ class ScenarioResult:
         return [str(n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE)) for n in self.notifications]
 
 
-@dataclass
-class World:
-    local: Any
-    bus: Any
-    sim: Any
-    td: str
-
-    @property
-    def repo(self) -> Any:
-        from gpu_recovery.repository import Repository
-
-        return Repository(self.local.resource("dynamodb"), self.local.job_table, self.local.instance_table)
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self.repo.get_job_item(job_id) or {}
-
-    def fault_records(self, job_id: str) -> dict[int, dict[str, dict[str, Any]]]:
-        """attempt -> node -> the evidence and decision of that attempt's fault."""
-        repo = self.repo
-        job = repo.get_job(job_id)
-        if job is None:
-            return {}
-        out = {attempt: repo.faults.records(job, attempt) for attempt in range(1, job.attempt + 1)}
-        return {attempt: records for attempt, records in out.items() if records}
-
-    def fault_record(self, job_id: str, attempt: int) -> dict[str, Any]:
-        records = self.fault_records(job_id).get(attempt) or {}
-        return next(iter(records.values())) if records else {}
-
-    def node_item(self, name: str) -> dict[str, Any]:
-        return self.repo.get_instance_item(self.sim.node(name).container_instance_id) or {}
-
-    def node_name(self, inst_id: str) -> str:
-        try:
-            return str(self.sim.node(inst_id).name)
-        except KeyError:
-            return inst_id
-
-    def ranks_on(self, job_id: str) -> list[str]:
-        return sorted(t.node for t in self.sim.running_tasks()
-                      if not t.health_check and t.tags.get(C.TAG_JOB_ID) == job_id)
-
-
 @contextmanager
 def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: int = 3,
           relocate_instead_of_wait: bool = False, duplicate_delivery: bool = True,
           relocation_wait_seconds: int | None = None, spare_nodes: str | None = None,
           **sim_options: Any) -> Iterator[World]:
-    from local_mode.world import build_world
-
     warnings.filterwarnings("ignore")
     logging.getLogger().setLevel(logging.CRITICAL)
     env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL"}
@@ -132,10 +89,9 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
     if spare_nodes is not None:
         env[C.ENV_SPARE_NODES] = spare_nodes
     with build_world(duplicate_delivery=duplicate_delivery, sim_options=sim_options,
-                     max_recovery_attempts=max_recovery_attempts, extra_env=env) as world:
-        td = world.ecs.register_training_task_definition("train", gpus=8)
-        world.ecs.plan_family("train", run_seconds=60 * MIN, exit_code=0)
-        yield World(world.aws, world.bus, world.ecs, td)
+                     max_recovery_attempts=max_recovery_attempts, extra_env=env,
+                     training_family="train", training_run_seconds=60 * MIN) as built:
+        yield built
 
 
 def _finish(w: World, name: str, title: str, problems: list[str], job_ids: list[str],
@@ -146,9 +102,9 @@ def _finish(w: World, name: str, title: str, problems: list[str], job_ids: list[
         name=name, title=title, problems=problems,
         jobs={j: w.job(j) for j in job_ids},
         fault_records={j: w.fault_records(j) for j in job_ids},
-        nodes={n: w.node_item(n) for n in sorted(w.sim.nodes)},
-        counters=w.sim.summary(), notifications=w.local.notifications(),
-        timeline=w.sim.format_timeline(), facts=facts or {})
+        nodes={n: w.node_item(n) for n in sorted(w.ecs.nodes)},
+        counters=w.ecs.summary(), notifications=w.aws.notifications(),
+        timeline=w.ecs.format_timeline(), facts=facts or {})
 
 
 def _expect(problems: list[str], what: str, got: Any, want: Any) -> None:
@@ -166,19 +122,19 @@ def fast_path() -> ScenarioResult:
     title = "fast path: XID 79 -> reboot without the DCGM diag -> job restarted and COMPLETE"
     with world() as w:
         for node in ("node-a", "node-b"):
-            w.sim.add_node(node)
-        w.sim.start_job("llama-fp", w.td, ["node-a", "node-b"])
-        w.sim.inject_xid("node-b", 79, after=10 * MIN, nccl_cascade=True)
-        w.sim.run_for(16 * MIN)
+            w.ecs.add_node(node)
+        w.ecs.start_job("llama-fp", w.training_task_definition, ["node-a", "node-b"])
+        w.ecs.inject_xid("node-b", 79, after=10 * MIN, nccl_cascade=True)
+        w.ecs.run_for(16 * MIN)
         restarted = w.job("llama-fp")
         mttr = _restart_seconds(restarted)
-        w.sim.run_for(70 * MIN)
+        w.ecs.run_for(70 * MIN)
         problems: list[str] = []
         job = w.job("llama-fp")
         _expect(problems, "job", (job.get("job_state"), job.get("attempt")), ("COMPLETE", 2))
-        _expect(problems, "health checks", w.sim.counters["health_checks_started"], 0)
-        _expect(problems, "reboots of node-b", w.sim.node("node-b").reboots, 1)
-        node_b = w.sim.node("node-b").container_instance_id
+        _expect(problems, "health checks", w.ecs.counters["health_checks_started"], 0)
+        _expect(problems, "reboots of node-b", w.ecs.node("node-b").reboots, 1)
+        node_b = w.ecs.node("node-b").container_instance_id
         verdict = (w.fault_records("llama-fp").get(1, {}).get(node_b) or {}).get("findings") or {}
         _expect(problems, "decision", (verdict.get("source"), verdict.get("rule")), ("fast path", "xid-79"))
         return _finish(w, "fast_path", title, problems, ["llama-fp"], {"fault_to_running_seconds": mttr})
@@ -190,19 +146,19 @@ def flapping() -> ScenarioResult:
              "fault; the job charged once and relocated to a spare")
     with world() as w:
         for node in ("node-a", "node-b", "node-c"):
-            w.sim.add_node(node)
-        w.sim.start_job("bert-flap", w.td, ["node-a", "node-b"],
+            w.ecs.add_node(node)
+        w.ecs.start_job("bert-flap", w.training_task_definition, ["node-a", "node-b"],
                         extra_tags=_relocatable("bert-flap", {C.TAG_MAX_INFRA_RECOVERIES: "1"}))
         for minutes in (10, 30, 50):
-            w.sim.inject_xid("node-b", 79, after=minutes * MIN, health="persistent_reboot", nccl_cascade=True)
-        w.sim.run_for(60 * MIN)
+            w.ecs.inject_xid("node-b", 79, after=minutes * MIN, health="persistent_reboot", nccl_cascade=True)
+        w.ecs.run_for(60 * MIN)
         during = w.ranks_on("bert-flap")
-        w.sim.run_for(70 * MIN)
+        w.ecs.run_for(70 * MIN)
         problems: list[str] = []
         job = w.job("bert-flap")
         _expect(problems, "job", (job.get("job_state"), job.get("attempt"), job.get("recoveries_used")),
                 ("COMPLETE", 4, 1))
-        _expect(problems, "reboots of node-b", w.sim.node("node-b").reboots, 2)
+        _expect(problems, "reboots of node-b", w.ecs.node("node-b").reboots, 2)
         _expect(problems, "node-b", w.node_item("node-b").get("instance_state"), "QUARANTINED")
         history = [(r["action"], r["charged_job"]) for r in w.node_item("node-b").get("fault_history", [])]
         _expect(problems, "node-b fault history", history,
@@ -216,21 +172,22 @@ def relocation() -> ScenarioResult:
     title = "dead GPU: DCGM says replace -> node quarantined, rank moved to a spare node -> COMPLETE"
     with world() as w:
         for node in ("node-a", "node-b", "node-c"):
-            w.sim.add_node(node)
-        w.sim.start_job("gpt-dead", w.td, ["node-a", "node-b"], extra_tags=_relocatable("gpt-dead"))
-        w.sim.inject_gpu_fault("node-b", after=10 * MIN, health="replace", nccl_cascade=True)
-        w.sim.run_for(20 * MIN)
+            w.ecs.add_node(node)
+        w.ecs.start_job("gpt-dead", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags=_relocatable("gpt-dead"))
+        w.ecs.inject_gpu_fault("node-b", after=10 * MIN, health="replace", nccl_cascade=True)
+        w.ecs.run_for(20 * MIN)
         during = w.ranks_on("gpt-dead")
         restarted = w.job("gpt-dead")
-        w.sim.run_for(70 * MIN)
+        w.ecs.run_for(70 * MIN)
         problems: list[str] = []
         job = w.job("gpt-dead")
         _expect(problems, "job", (job.get("job_state"), job.get("attempt")), ("COMPLETE", 2))
         _expect(problems, "ranks after relocation", during, ["node-a", "node-c"])
-        _expect(problems, "reboots", w.sim.counters["reboots"], 0)
+        _expect(problems, "reboots", w.ecs.counters["reboots"], 0)
         _expect(problems, "node-b", w.node_item("node-b").get("instance_state"), "QUARANTINED")
         moves = [m.get("moves") for m in job.get("relocations", [])]
-        want = {w.sim.node("node-b").container_instance_id: w.sim.node("node-c").container_instance_id}
+        want = {w.ecs.node("node-b").container_instance_id: w.ecs.node("node-c").container_instance_id}
         _expect(problems, "relocation record", moves, [want])
         return _finish(w, "relocation", title, problems, ["gpt-dead"],
                        {"fault_to_running_seconds": _restart_seconds(restarted)})
@@ -246,11 +203,11 @@ def breaker() -> ScenarioResult:
     with world() as w:
         faulty = ["node-01", "node-03", "node-05", "node-07", "node-09"]
         nodes, jobs = _storm(w, faulty)
-        w.sim.run_for(25 * MIN)
-        rebooted = [n for n in nodes if w.sim.node(n).reboots]
+        w.ecs.run_for(25 * MIN)
+        rebooted = [n for n in nodes if w.ecs.node(n).reboots]
         state = w.repo.get_breaker() or {}
         held = sorted(w.node_name(b["node"]) for b in state.get("backlog", []))
-        trips = [n for n in w.local.notifications()
+        trips = [n for n in w.aws.notifications()
                  if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "breaker_tripped"]
         problems: list[str] = []
         _expect(problems, "rebooted before the reset", rebooted, faulty[:3])
@@ -264,10 +221,10 @@ def breaker() -> ScenarioResult:
         waiting = {j: (w.job(j).get("job_state"), w.job(j).get("recoveries_used")) for j in on_held}
         _expect(problems, "jobs on held nodes", waiting, {j: ("HELD", 0) for j in on_held})
         # The operator resets the breaker and resumes its backlog: the sweep carries it out.
-        reset_at = w.sim.now()
+        reset_at = w.ecs.now()
         reset = reset_breaker(w.repo, now=reset_at, resume_backlog=True, by="demo-operator")
-        w.sim.run_for(10 * MIN)
-        after = sorted(n for n in nodes if w.sim.node(n).reboots)
+        w.ecs.run_for(10 * MIN)
+        after = sorted(n for n in nodes if w.ecs.node(n).reboots)
         _expect(problems, "reset", reset.done, True)
         _expect(problems, "rebooted after the reset", after, faulty)
         _expect(problems, "held nodes back", sorted(w.node_item(n).get("instance_state") for n in faulty[3:]),
@@ -280,9 +237,9 @@ def breaker() -> ScenarioResult:
         # Nothing placed on a node while it was held (its fault until the reset) or while it
         # rebooted; no job failed for a node already known to be bad.
         first_held = (10 + 2 * 3) * MIN
-        placed = sorted(f"{t.tags.get(C.TAG_JOB_ID)} on {t.node}" for t in w.sim.tasks.values()
+        placed = sorted(f"{t.tags.get(C.TAG_JOB_ID)} on {t.node}" for t in w.ecs.tasks.values()
                         if not t.health_check and t.node in faulty[3:]
-                        and w.sim.clock.offset(first_held) < t.created_at < reset_at)
+                        and w.ecs.clock.offset(first_held) < t.created_at < reset_at)
         _expect(problems, "tasks placed on held nodes", placed, [])
         failed = [j for j in jobs if w.job(j).get("job_state") == "FAILED"]
         _expect(problems, "failed jobs", failed, [])
@@ -298,17 +255,17 @@ def _storm(w: World, faulty: Sequence[str] = ("node-01", "node-03", "node-05", "
     job-3 waits HELD for node-07)."""
     nodes = [f"node-{i:02d}" for i in range(16)]
     for node in nodes:
-        w.sim.add_node(node)
+        w.ecs.add_node(node)
     jobs = [f"job-{i}" for i in range(8)]
     for i, job_id in enumerate(jobs):
-        w.sim.start_job(job_id, w.td, nodes[2 * i:2 * i + 2])
+        w.ecs.start_job(job_id, w.training_task_definition, nodes[2 * i:2 * i + 2])
     for k, node in enumerate(faulty):
-        w.sim.inject_xid(node, 79, after=(10 + 2 * k) * MIN, nccl_cascade=True)
+        w.ecs.inject_xid(node, 79, after=(10 + 2 * k) * MIN, nccl_cascade=True)
     return nodes, jobs
 
 
 def _kinds(w: World, kind: str) -> list[dict[str, Any]]:
-    return [n for n in w.local.notifications() if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == kind]
+    return [n for n in w.aws.notifications() if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == kind]
 
 
 def breaker_autoclose() -> ScenarioResult:
@@ -319,27 +276,27 @@ def breaker_autoclose() -> ScenarioResult:
              "trip it closes (one e-mail), node-07 rebooted, job-3 restarts; a later fault is rebooted")
     with world() as w:
         nodes, jobs = _storm(w)
-        w.sim.run_for(20 * MIN)
+        w.ecs.run_for(20 * MIN)
         problems: list[str] = []
         state = w.repo.get_breaker() or {}
         tripped_at = float(state.get("tripped_at") or 0)
         _expect(problems, "breaker at minute 20", state.get("state"), "tripped")
         _expect(problems, "job-3 while tripped", w.job("job-3").get("job_state"), "HELD")
-        w.sim.run_for(15 * MIN)  # the window (10 min) since the trip has passed
+        w.ecs.run_for(15 * MIN)  # the window (10 min) since the trip has passed
         state = w.repo.get_breaker() or {}
         _expect(problems, "breaker a window after the trip", (state.get("state"), state.get("last_reset_by")),
                 ("closed", "the breaker itself (auto close)"))
         closed = _kinds(w, "breaker_closed")
         _expect(problems, "breaker_closed e-mails", len(closed), 1)
         said = "breaker closed by itself: nodes " + ", ".join(
-            sorted(w.sim.node(n).container_instance_id for n in ("node-01", "node-03", "node-05")))
+            sorted(w.ecs.node(n).container_instance_id for n in ("node-01", "node-03", "node-05")))
         if closed and said not in str(closed[0]["message"]):
             problems.append(f"the e-mail does not say {said!r}")
-        _expect(problems, "node-07 rebooted after the close", w.sim.node("node-07").reboots, 1)
+        _expect(problems, "node-07 rebooted after the close", w.ecs.node("node-07").reboots, 1)
         # A reboot-fixable fault long after the storm: rebooted at once, its job recovers.
-        w.sim.inject_xid("node-11", 79, after=5 * MIN, nccl_cascade=True)
-        w.sim.run_for(15 * MIN)
-        _expect(problems, "node-11 rebooted", w.sim.node("node-11").reboots, 1)
+        w.ecs.inject_xid("node-11", 79, after=5 * MIN, nccl_cascade=True)
+        w.ecs.run_for(15 * MIN)
+        _expect(problems, "node-11 rebooted", w.ecs.node("node-11").reboots, 1)
         later = {j: (w.job(j).get("job_state"), w.job(j).get("attempt")) for j in ("job-3", "job-5")}
         _expect(problems, "job-3 and job-5", later, {"job-3": ("RUNNING", 2), "job-5": ("RUNNING", 2)})
         _expect(problems, "failed jobs", [j for j in jobs if w.job(j).get("job_state") == "FAILED"], [])
@@ -348,7 +305,7 @@ def breaker_autoclose() -> ScenarioResult:
         _expect(problems, "breaker at the end", (w.repo.get_breaker() or {}).get("state"), "closed")
         return _finish(w, "breaker_autoclose", title, problems, jobs,
                        {"tripped_at": tripped_at, "closed_at": state.get("last_reset_at"),
-                        "rebooted": sorted(n for n in nodes if w.sim.node(n).reboots)})
+                        "rebooted": sorted(n for n in nodes if w.ecs.node(n).reboots)})
 
 
 def breaker_refault() -> ScenarioResult:
@@ -360,11 +317,11 @@ def breaker_refault() -> ScenarioResult:
 
     with world() as w:
         _, jobs = _storm(w)
-        w.sim.inject_xid("node-01", 79, after=20 * MIN, nccl_cascade=True)
-        w.sim.run_for(50 * MIN)
+        w.ecs.inject_xid("node-01", 79, after=20 * MIN, nccl_cascade=True)
+        w.ecs.run_for(50 * MIN)
         problems: list[str] = []
         state = w.repo.get_breaker() or {}
-        node_01 = w.sim.node("node-01").container_instance_id
+        node_01 = w.ecs.node("node-01").container_instance_id
         _expect(problems, "breaker", state.get("state"), "tripped")
         reason = str((state.get("needs_operator") or {}).get("reason") or "")
         if f"{node_01} failed again after its remediation" not in reason:
@@ -372,14 +329,14 @@ def breaker_refault() -> ScenarioResult:
         mails = _kinds(w, "breaker_needs_operator")
         _expect(problems, "breaker_needs_operator e-mails", len(mails), 1)
         _expect(problems, "breaker_closed e-mails", len(_kinds(w, "breaker_closed")), 0)
-        _expect(problems, "reboots", {n: w.sim.node(n).reboots for n in ("node-01", "node-07")},
+        _expect(problems, "reboots", {n: w.ecs.node(n).reboots for n in ("node-01", "node-07")},
                 {"node-01": 1, "node-07": 0})
         import contextlib
         import io
 
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.sim.now())
+            breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.ecs.now())
         shown = json.loads(out.getvalue())
         _expect(problems, "breaker show", (shown["standing"], shown["why"]),
                 ("open until an operator resets it", reason))
@@ -392,23 +349,23 @@ def observe() -> ScenarioResult:
     title = "observe mode: XID 79 detected and e-mailed with what would have been done; nothing done"
     with world(remediation={"remediation_mode": "observe"}) as w:
         for node in ("node-a", "node-b"):
-            w.sim.add_node(node)
-        w.sim.start_job("vit-observe", w.td, ["node-a", "node-b"])
-        w.sim.inject_xid("node-b", 79, after=10 * MIN)
-        w.sim.run_for(30 * MIN)
+            w.ecs.add_node(node)
+        w.ecs.start_job("vit-observe", w.training_task_definition, ["node-a", "node-b"])
+        w.ecs.inject_xid("node-b", 79, after=10 * MIN)
+        w.ecs.run_for(30 * MIN)
         problems: list[str] = []
-        counters = w.sim.counters
+        counters = w.ecs.counters
         _expect(problems, "StopTask / reboots / health checks / terminations",
                 (counters["stop_requests"], counters["reboots"], counters["health_checks_started"],
                  counters["terminations"]), (0, 0, 0, 0))
-        ecs = w.local.client("ecs")
+        ecs = w.aws.client("ecs")
         statuses = [ci["status"] for ci in ecs.describe_container_instances(
-            cluster=w.local.cluster_name,
-            containerInstances=[w.sim.node(n).container_instance_arn for n in ("node-a", "node-b")])[
+            cluster=w.aws.cluster_name,
+            containerInstances=[w.ecs.node(n).container_instance_arn for n in ("node-a", "node-b")])[
             "containerInstances"]]
         _expect(problems, "container instances", statuses, ["ACTIVE", "ACTIVE"])
         _expect(problems, "rank 0 still running", w.ranks_on("vit-observe"), ["node-a"])
-        observed = [n for n in w.local.notifications()
+        observed = [n for n in w.aws.notifications()
                     if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "observed"]
         _expect(problems, "observe e-mails", len(observed), 1)
         said = "Would have done (not carried out): stop_tasks, reboot"
@@ -426,20 +383,20 @@ def persistence_mode() -> ScenarioResult:
              "never rebooted")
     with world() as w:
         for node in ("node-a", "node-b"):
-            w.sim.add_node(node)
-        w.sim.start_job("t5-config", w.td, ["node-a", "node-b"])
-        w.sim.inject_gpu_fault("node-b", after=10 * MIN, health="config_error", nccl_cascade=True)
-        w.sim.run_for(20 * MIN)
+            w.ecs.add_node(node)
+        w.ecs.start_job("t5-config", w.training_task_definition, ["node-a", "node-b"])
+        w.ecs.inject_gpu_fault("node-b", after=10 * MIN, health="config_error", nccl_cascade=True)
+        w.ecs.run_for(20 * MIN)
         problems: list[str] = []
         job = w.job("t5-config")
         _expect(problems, "job", job.get("job_state"), "FAILED")
-        _expect(problems, "reboots", w.sim.counters["reboots"], 0)
-        _expect(problems, "health checks", w.sim.counters["health_checks_started"], 1)
+        _expect(problems, "reboots", w.ecs.counters["reboots"], 0)
+        _expect(problems, "health checks", w.ecs.counters["health_checks_started"], 1)
         _expect(problems, "node-b", w.node_item("node-b").get("instance_state"), "QUARANTINED")
-        node_b = w.sim.node("node-b").container_instance_id
+        node_b = w.ecs.node("node-b").container_instance_id
         _expect(problems, "node-b verdict",
                 (w.fault_records("t5-config").get(1, {}).get(node_b) or {}).get("label"), "OPERATOR_ACTION")
-        mails = [n for n in w.local.notifications()
+        mails = [n for n in w.aws.notifications()
                  if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "operator_action"]
         _expect(problems, "operator e-mails", len(mails), 1)
         if mails and "DCGM error 29" not in str(mails[0]["message"]):

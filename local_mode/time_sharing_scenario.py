@@ -47,6 +47,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from local_mode.scripts import load_script
+from local_mode.world import World, build_world
 
 MIN = 60
 NODES = ("node-1", "node-2", "node-3", "node-4")
@@ -231,13 +232,12 @@ class Rank0Program:
         self.finished = True
 
 
-class _Scenario:
-    """The world of one run: the emulator, the simulated cluster, the API and its clients."""
+class _Run:
+    """One run: the world it runs in, the local API and its users' clients, and what the run
+    noted and counted (the quotas held, the API's and the scheduler's failures)."""
 
-    def __init__(self, local: Any, bus: Any, sim: Any, server: Any, clients: dict[str, Any]) -> None:
-        self.local = local
-        self.bus = bus
-        self.sim = sim
+    def __init__(self, world: World, server: Any, clients: dict[str, Any]) -> None:
+        self.world = world
         self.server = server
         self.clients = clients
         # (time, order, label, node, text)
@@ -251,25 +251,19 @@ class _Scenario:
         self.tick_failures: list[str] = []
 
     def note(self, label: str, text: str, node: str = "api") -> None:
-        self.notes.append((self.sim.now(), note_order(self.sim), label, node, text))
-
-    @property
-    def repo(self) -> Any:
-        from gpu_recovery.repository import Repository
-
-        return Repository(self.local.resource("dynamodb"), self.local.job_table, self.local.instance_table)
+        self.notes.append((self.world.ecs.now(), note_order(self.world.ecs), label, node, text))
 
     def job(self, name: str) -> dict[str, Any]:
-        return self.repo.get_job_item(self.job_ids[name]) or {}
+        return self.world.job(self.job_ids[name])
 
     def free_nodes(self) -> int:
-        return sum(1 for n in self.sim.nodes.values() if len(n.free_gpu_ids) == len(n.gpu_ids))
+        return sum(1 for n in self.world.ecs.nodes.values() if len(n.free_gpu_ids) == len(n.gpu_ids))
 
     # ----------------------------------------------------------------- quotas
     def check_quotas(self) -> None:
         """Nodes each user holds per level (one per live rank task), against the quotas."""
         held: dict[tuple[str, str], int] = {}
-        for task in self.sim.running_tasks():
+        for task in self.world.ecs.running_tasks():
             owner = self.charged.get(task.tags.get(C.TAG_JOB_ID, ""))
             if owner is not None and not task.health_check:
                 held[owner] = held.get(owner, 0) + 1
@@ -278,8 +272,8 @@ class _Scenario:
             self.max_held[key] = max(self.max_held.get(key, 0), nodes)
             limit = QUOTAS.get(key)
             if limit is not None and nodes > limit:
-                self.quota_violations.append(f"{stamp(self.sim.now())}: {key[0]} holds {nodes} node(s) at "
-                                             f"{key[1]} (quota {limit})")
+                self.quota_violations.append(f"{stamp(self.world.ecs.now())}: {key[0]} holds {nodes} "
+                                             f"node(s) at {key[1]} (quota {limit})")
 
     def scheduler_target(self, handler: Any) -> Any:
         def tick(event: dict[str, Any], context: Any) -> Any:
@@ -322,12 +316,11 @@ class _Scenario:
 
 
 @contextlib.contextmanager
-def _world(*, duplicate_delivery: bool) -> Iterator[_Scenario]:
+def _world(*, duplicate_delivery: bool) -> Iterator[_Run]:
     from cli.gpujobs import ApiClient
     from handlers import queue_scheduler
     from local_mode.harness import loopback_without_proxy, reset_handler_caches, silence_handler_logs
     from local_mode.server import LocalApi, LocalApiServer
-    from local_mode.world import build_world
 
     warnings.filterwarnings("ignore")
     with contextlib.ExitStack() as stack:
@@ -348,7 +341,7 @@ def _world(*, duplicate_delivery: bool) -> Iterator[_Scenario]:
         for name in ("job-control-api", "job-control-authorizer", "gpu_recovery_client"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
         clients = {user: ApiClient(server.url, local_user=user, timeout=30) for user in (ADMIN, ALICE, BOB)}
-        scenario = _Scenario(world.aws, world.bus, world.ecs, server, clients)
+        scenario = _Run(world, server, clients)
         world.schedule_queue_scheduler(60, target=scenario.scheduler_target(queue_scheduler.lambda_handler))
         world.invoke_scheduler_in_process(
             lambda error: scenario.tick_failures.append(f"{type(error).__name__}: {error}"),
@@ -370,7 +363,7 @@ def run(*, duplicate_delivery: bool = True, phase: float = 0.7, respond: bool = 
     lib = load_client_library()
     with tempfile.TemporaryDirectory(prefix="time-sharing-rank0-") as state_dir, \
             _world(duplicate_delivery=duplicate_delivery) as w:
-        sim = w.sim
+        sim = w.world.ecs
         t0 = sim.now()
         tds = {}
         for family, seconds in (("alice-pretrain", None), ("bob-finetune", FINETUNE_SECONDS),
@@ -418,15 +411,15 @@ def run(*, duplicate_delivery: bool = True, phase: float = 0.7, respond: bool = 
     return result
 
 
-def _result(w: _Scenario, program: Rank0Program, t0: float, *, until: str, respond: bool,
+def _result(w: _Run, program: Rank0Program, t0: float, *, until: str, respond: bool,
             grace_seconds: int) -> TimeSharingResult:
-    sim = w.sim
+    sim = w.world.ecs
     jobs = {name: w.job(name) for name in w.job_ids}
     result = TimeSharingResult(problems=[], jobs=jobs, simulated_minutes=(sim.now() - t0) / 60)
     problems = result.problems
     problems += w.api_errors + w.tick_failures + [f"quota exceeded: {v}" for v in w.quota_violations]
-    if w.bus.dead_letters:
-        problems.append(f"{len(w.bus.dead_letters)} event(s) in a DLQ")
+    if w.world.bus.dead_letters:
+        problems.append(f"{len(w.world.bus.dead_letters)} event(s) in a DLQ")
     pretrain = jobs.get("alice-pretrain", {})
     alice_id = w.job_ids.get("alice-pretrain", "")
     history = pretrain.get("history") or []
@@ -471,7 +464,7 @@ def _result(w: _Scenario, program: Rank0Program, t0: float, *, until: str, respo
     return result
 
 
-def _check_complete(w: _Scenario, program: Rank0Program, result: TimeSharingResult) -> None:
+def _check_complete(w: _Run, program: Rank0Program, result: TimeSharingResult) -> None:
     problems, jobs = result.problems, result.jobs
     for name in ("alice-pretrain", "bob-finetune", "bob-sweep"):
         job = jobs.get(name, {})
@@ -493,7 +486,7 @@ def _check_complete(w: _Scenario, program: Rank0Program, result: TimeSharingResu
                         f"not at the checkpoint ({program.checkpoint})")
     # The resumed attempt ran only what was left (the ranks' RUNNING -> exit time).
     alice_id = w.job_ids.get("alice-pretrain", "")
-    second = [t for t in w.sim.tasks.values() if t.tags.get(C.TAG_JOB_ID) == alice_id
+    second = [t for t in w.world.ecs.tasks.values() if t.tags.get(C.TAG_JOB_ID) == alice_id
               and t.tags.get(C.TAG_ATTEMPT) == "2" and not t.health_check]
     if program.checkpoint is not None and second:
         ran = max(float(t.stopped_at or 0) - float(t.started_at or 0) for t in second)
@@ -522,7 +515,7 @@ def _check_complete(w: _Scenario, program: Rank0Program, result: TimeSharingResu
         problems.append(f"quota usage left at the end: {result.facts['quota_usage_at_end']}")
 
 
-def _timeline(w: _Scenario, program: Rank0Program, jobs: dict[str, dict[str, Any]]) -> list[str]:
+def _timeline(w: _Run, program: Rank0Program, jobs: dict[str, dict[str, Any]]) -> list[str]:
     """The simulator's events, the API calls, the rank-0 program's lines and every job's
     history, in time order, each labelled with its job."""
     names = {job_id: name for name, job_id in w.job_ids.items()}
@@ -540,7 +533,7 @@ def _timeline(w: _Scenario, program: Rank0Program, jobs: dict[str, dict[str, Any
     def add(at: float, order: tuple[int, int, int], label: str, node: str, text: str) -> None:
         entries.append((at, order, f"{stamp(at)}  {label:<15} {node:<8}  {shorten(text)}"))
 
-    for seq, entry in enumerate(w.sim.timeline):
+    for seq, entry in enumerate(w.world.ecs.timeline):
         node, text = entry.text[:8].strip(), entry.text[10:]
         if entry.kind == "node" or " placed (" in text or entry.kind == "schedule":
             continue  # registration and placement: the RUNNING lines say where

@@ -24,7 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_recovery import constants as C
 from gpu_recovery import runtime
+from gpu_recovery.repository import Repository
 
 from .emulator import LocalAws
 from .sim.bus import LambdaContext, LocalEventBus, Target
@@ -48,6 +50,47 @@ class World:
     ecs: SimulatedEcs
     #: the recovery Lambdas wired to the bus, by name (empty when built without handlers)
     handlers: dict[str, Target] = field(default_factory=dict)
+    #: the ARN of the training task definition ``build_world(training_family=...)`` registered
+    training_task_definition: str = ""
+
+    # --- what the stack wrote (through a Repository on the emulator's tables) ----------------
+    @property
+    def repo(self) -> Repository:
+        return Repository(self.aws.resource("dynamodb"), self.aws.job_table, self.aws.instance_table)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job item ({} if none)."""
+        return self.repo.get_job_item(job_id) or {}
+
+    def fault_records(self, job_id: str) -> dict[int, dict[str, dict[str, Any]]]:
+        """attempt -> node -> the evidence and decision of that attempt's fault."""
+        repo = self.repo
+        job = repo.get_job(job_id)
+        if job is None:
+            return {}
+        out = {attempt: repo.faults.records(job, attempt) for attempt in range(1, job.attempt + 1)}
+        return {attempt: records for attempt, records in out.items() if records}
+
+    def fault_record(self, job_id: str, attempt: int) -> dict[str, Any]:
+        """The first node's record of the fault of ``attempt`` ({} if none)."""
+        records = self.fault_records(job_id).get(attempt) or {}
+        return next(iter(records.values())) if records else {}
+
+    def node_item(self, name: str) -> dict[str, Any]:
+        """The instance item of the simulated node ``name`` ({} if none)."""
+        return self.repo.get_instance_item(self.ecs.node(name).container_instance_id) or {}
+
+    def node_name(self, ref: str) -> str:
+        """The simulated node's name for an instance id or ARN (``ref`` itself if unknown)."""
+        try:
+            return str(self.ecs.node(ref).name)
+        except KeyError:
+            return ref
+
+    def ranks_on(self, job_id: str) -> list[str]:
+        """The nodes the job's training tasks run on now, sorted."""
+        return sorted(t.node for t in self.ecs.running_tasks()
+                      if not t.health_check and t.tags.get(C.TAG_JOB_ID) == job_id)
 
     def schedule_heartbeat_sweep(self, every_seconds: float = 60) -> None:
         """The heartbeat sweep Lambda on its schedule."""
@@ -86,6 +129,7 @@ class World:
 def build_world(*, duplicate_delivery: bool = False, handlers: bool = True,
                 sweep_every_seconds: float | None = 60, train_seconds: float | None = None,
                 real_time_start: bool = False, sim_options: Mapping[str, Any] | None = None,
+                training_family: str | None = None, training_run_seconds: float | None = None,
                 **aws_options: Any) -> Iterator[World]:
     """Set up a world, yield it, tear it down.
 
@@ -95,7 +139,10 @@ def build_world(*, duplicate_delivery: bool = False, handlers: bool = True,
     ``sweep_every_seconds`` (None: no sweep schedule); ``train_seconds`` and
     ``sim_options`` go to ``SimulatedEcs`` (training ranks run until stopped by default);
     ``real_time_start``: simulated time starts at the wall-clock time the data plane is
-    built (the playground, driven in real time), not at the fixed ``DEFAULT_START``.
+    built (the playground, driven in real time), not at the fixed ``DEFAULT_START``;
+    ``training_family``: register an 8-GPU training task definition of that family
+    (``World.training_task_definition``) whose tasks run ``training_run_seconds`` then exit 0
+    (None: until stopped).
     """
     aws_options = {"metrics_disabled": True, **aws_options}
     with LocalAws(**aws_options) as aws:
@@ -108,6 +155,11 @@ def build_world(*, duplicate_delivery: bool = False, handlers: bool = True,
             ecs = SimulatedEcs(aws, bus, train_seconds=train_seconds, **options)
             wired = (wire_recovery_handlers(bus, aws.cluster_arn, sweep_every_seconds=sweep_every_seconds)
                      if handlers else {})
-            yield World(aws, bus, ecs, wired)
+            built = World(aws, bus, ecs, wired)
+            if training_family is not None:
+                built.training_task_definition = ecs.register_training_task_definition(training_family,
+                                                                                        gpus=8)
+                ecs.plan_family(training_family, run_seconds=training_run_seconds, exit_code=0)
+            yield built
         finally:
             runtime.reset(clients=False)

@@ -14,8 +14,9 @@ def submit_queued_job(w: Any, job_id: str, *, nnodes: int, priority: int, at: fl
     from gpu_recovery.adapters import aws
     from gpu_recovery.repository import to_ddb
 
-    spec = {"name": job_id, "task_definition": w.td, "nnodes": nnodes, "gpus_per_node": 8,
-            "priority": priority, "overrides": {"command": ["python", "train.py"]}, "labels": {}}
+    spec = {"name": job_id, "task_definition": w.training_task_definition, "nnodes": nnodes,
+            "gpus_per_node": 8, "priority": priority, "overrides": {"command": ["python", "train.py"]},
+            "labels": {}}
     item = {
         C.JOB_PK: C.job_item_key(job_id), "item_type": "JOB", "job_id": job_id, "job_state": "QUEUED",
         "source": "queue", "name": job_id, "user": "alice", "priority": priority, "submitted_at": at,
@@ -25,7 +26,7 @@ def submit_queued_job(w: Any, job_id: str, *, nnodes: int, priority: int, at: fl
         C.LIST_PK: C.LIST_BUCKET, "not_before": 0, "attempts": [], "last_error": "", "history": [],
         "suspects": {}, "verdicts": {}, "created_at": at, "updated_at": at,
     }
-    aws.resource("dynamodb").Table(w.local.job_table).put_item(Item=to_ddb(item))
+    aws.resource("dynamodb").Table(w.aws.job_table).put_item(Item=to_ddb(item))
 
 
 def relocation_wait_entries(job: dict[str, Any]) -> list[str]:

@@ -24,29 +24,29 @@ def test_application_xid_restarts_within_its_budget_and_a_repeat_earns_a_health_
     no restart left, the job FAILS."""
     with world() as w:
         for node in ("node-a", "node-b"):
-            w.sim.add_node(node)
-        w.sim.start_job("app-err", w.td, ["node-a", "node-b"],
+            w.ecs.add_node(node)
+        w.ecs.start_job("app-err", w.training_task_definition, ["node-a", "node-b"],
                         extra_tags={C.TAG_MAX_APP_RESTARTS: "1"})
-        w.sim.inject_xid("node-b", 13, after=5 * MIN, health="healthy", nccl_cascade=True)
-        w.sim.run_for(10 * MIN)
+        w.ecs.inject_xid("node-b", 13, after=5 * MIN, health="healthy", nccl_cascade=True)
+        w.ecs.run_for(10 * MIN)
         job = w.job("app-err")
         assert job["job_state"] == "RUNNING" and job["attempt"] == 2
         assert (job["app_restarts_used"], job["recoveries_used"]) == (1, 0)
-        assert w.sim.counters["health_checks_started"] == 0 and w.sim.counters["reboots"] == 0
+        assert w.ecs.counters["health_checks_started"] == 0 and w.ecs.counters["reboots"] == 0
         assert "PENDING_RESTART" in _job_history(job) and "PENDING_HEALTHCHECK" not in _job_history(job)
         record = w.fault_record("app-err", 1)
         assert record["plan"]["decision"]["rule_id"] == "xid-13"
         # The node's history has it too, with its evidence, though nothing was done to it.
-        node_item = w.local.resource("dynamodb").Table(w.local.instance_table).get_item(
-            Key={C.INSTANCE_PK: w.sim.node("node-b").container_instance_id})["Item"]
+        node_item = w.aws.resource("dynamodb").Table(w.aws.instance_table).get_item(
+            Key={C.INSTANCE_PK: w.ecs.node("node-b").container_instance_id})["Item"]
         [entry] = [h for h in node_item["fault_history"] if h.get("job_id") == "app-err"]
         assert entry["evidence"]["spent"] == "application" and entry["charged_job"] is False
 
-        w.sim.inject_xid("node-b", 13, after=5 * MIN, health="healthy")
-        w.sim.run_for(10 * MIN)
+        w.ecs.inject_xid("node-b", 13, after=5 * MIN, health="healthy")
+        w.ecs.run_for(10 * MIN)
         job = w.job("app-err")
         assert job["job_state"] == "FAILED"
-        assert w.sim.counters["health_checks_started"] == 1 and w.sim.counters["reboots"] == 0
+        assert w.ecs.counters["health_checks_started"] == 1 and w.ecs.counters["reboots"] == 0
         second = w.fault_record("app-err", 2)
         assert second["plan"]["decision"]["repeated"] is False  # decided after the diag
         assert "application error" in job["last_error"]
@@ -60,35 +60,36 @@ def test_replace_terminates_the_node_in_its_auto_scaling_group_and_the_job_moves
     and the relocatable job moves to the spare node and completes."""
     with world(remediation={"replace_action": "terminate_in_asg"}, replacement_seconds=120) as w:
         for node in ("node-a", "node-b", "node-c"):
-            w.sim.add_node(node)
-        w.sim.put_in_auto_scaling_group(["node-a", "node-b", "node-c"])
-        w.sim.start_job("asg-job", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
-        w.sim.inject_xid("node-b", 64, after=5 * MIN, health="replace", nccl_cascade=True)
-        w.sim.run_for(10 * MIN)
+            w.ecs.add_node(node)
+        w.ecs.put_in_auto_scaling_group(["node-a", "node-b", "node-c"])
+        w.ecs.start_job("asg-job", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.ecs.inject_xid("node-b", 64, after=5 * MIN, health="replace", nccl_cascade=True)
+        w.ecs.run_for(10 * MIN)
         assert w.ranks_on("asg-job") == ["node-a", "node-c"]
         node_b = w.node_item("node-b")
         assert node_b["instance_state"] == "QUARANTINED" and "terminat" in node_b["terminate_result"]
-        assert w.sim.counters["terminations"] == 1 and w.sim.counters["reboots"] == 0
-        assert "node-b-r1" in w.sim.nodes  # the group's new node registered
-        asg = w.local.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"][0]
+        assert w.ecs.counters["terminations"] == 1 and w.ecs.counters["reboots"] == 0
+        assert "node-b-r1" in w.ecs.nodes  # the group's new node registered
+        asg = w.aws.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"][0]
         assert asg["DesiredCapacity"] == 3  # capacity kept
-        w.sim.run_for(70 * MIN)
+        w.ecs.run_for(70 * MIN)
         assert w.job("asg-job")["job_state"] == "COMPLETE"
         assert not w.bus.dead_letters
 
 
 def test_an_ecs_anywhere_node_is_quarantined_and_the_operator_told_instead_of_terminated() -> None:
     with world(remediation={"replace_action": "terminate_in_asg"}) as w:
-        w.sim.add_node("node-a")
-        w.sim.add_node("node-b", kind="anywhere")
-        w.sim.start_job("onprem", w.td, ["node-a", "node-b"])
-        w.sim.inject_xid("node-b", 64, after=5 * MIN, health="replace", nccl_cascade=True)
-        w.sim.run_for(10 * MIN)
+        w.ecs.add_node("node-a")
+        w.ecs.add_node("node-b", kind="anywhere")
+        w.ecs.start_job("onprem", w.training_task_definition, ["node-a", "node-b"])
+        w.ecs.inject_xid("node-b", 64, after=5 * MIN, health="replace", nccl_cascade=True)
+        w.ecs.run_for(10 * MIN)
         assert w.node_item("node-b")["instance_state"] == "QUARANTINED"
-        assert w.sim.counters["terminations"] == 0
-        kinds = [n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) for n in w.local.notifications()]
+        assert w.ecs.counters["terminations"] == 0
+        kinds = [n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) for n in w.aws.notifications()]
         assert "operator_action" in kinds
-        told = next(n for n in w.local.notifications()
+        told = next(n for n in w.aws.notifications()
                     if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "operator_action")
         assert "ECS Anywhere" in told["subject"] + str(told["message"])
         assert w.job("onprem")["job_state"] == "FAILED"  # not relocatable: its tasks lack the tag
@@ -100,15 +101,16 @@ def test_relocate_instead_of_wait_moves_the_job_while_its_node_reboots() -> None
     after the reboot), and node-b is still rebooted and back in service."""
     with world(relocate_instead_of_wait=True) as w:
         for node in ("node-a", "node-b", "node-c"):
-            w.sim.add_node(node)
-        w.sim.start_job("fast-move", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
-        w.sim.inject_xid("node-b", 79, after=5 * MIN, nccl_cascade=True)
-        w.sim.run_for(5 * MIN + 40)
+            w.ecs.add_node(node)
+        w.ecs.start_job("fast-move", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.ecs.inject_xid("node-b", 79, after=5 * MIN, nccl_cascade=True)
+        w.ecs.run_for(5 * MIN + 40)
         assert w.ranks_on("fast-move") == ["node-a", "node-c"]
-        assert w.sim.node("node-b").rebooting
+        assert w.ecs.node("node-b").rebooting
         job = w.job("fast-move")
         assert "relocate_instead_of_wait" in json.dumps(job["relocations"])
-        w.sim.run_for(10 * MIN)
+        w.ecs.run_for(10 * MIN)
         assert w.node_item("node-b")["instance_state"] == "AVAILABLE"
         assert not w.bus.dead_letters
 
@@ -120,26 +122,25 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
     kept in its queue key), and the scheduler starts it on healthy nodes with a new
     MASTER_ADDR; its history says which node it left, where it went and why; the e-mail
     carries the fault's evidence."""
-    from handlers import queue_scheduler
 
     with world() as w:
         for node in ("node-0", "node-1", "node-2"):
-            w.sim.add_node(node)
-        w.bus.add_schedule("queue-scheduler", 60, queue_scheduler.lambda_handler, "queue_scheduler")
-        submit_queued_job(w, "q-job", nnodes=2, priority=10, at=w.sim.now())
-        w.sim.run_for(2 * MIN)
+            w.ecs.add_node(node)
+        w.schedule_queue_scheduler()
+        submit_queued_job(w, "q-job", nnodes=2, priority=10, at=w.ecs.now())
+        w.ecs.run_for(2 * MIN)
         first = w.job("q-job")
         assert first["job_state"] == "RUNNING"
         submitted = float(first["submitted_at"])
         submit_queued_job(w, "early-job", nnodes=3, priority=10, at=submitted - 100)  # waits: 1 node free
-        w.sim.run_for(MIN)
+        w.ecs.run_for(MIN)
         early = w.job("early-job")
         assert early["job_state"] in ("QUEUED", "PENDING_RESOURCES")
         from gpu_recovery.repository.scheduling import SchedulingRepository
 
         nodes, _ = SchedulingRepository(w.repo).plan_nodes("q-job", 1, 2)
         victim = w.node_name(nodes[1].rsplit("/", 1)[-1])
-        w.sim.inject_gpu_fault(victim, after=MIN, health="replace", nccl_cascade=True)
+        w.ecs.inject_gpu_fault(victim, after=MIN, health="replace", nccl_cascade=True)
         seen: list[str] = []
 
         def requeued() -> bool:
@@ -148,12 +149,12 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
                 seen.append(order)
             return bool(order)
 
-        w.sim.run_until_true(requeued, max_seconds=15 * MIN)
+        w.ecs.run_until_true(requeued, max_seconds=15 * MIN)
         assert seen[0] == C.relocated_queue_order(10, submitted, "q-job")
         assert seen[0].startswith(f"{999 - 10:03d}#{C.RELOCATED_QUEUE_MARK}")
         assert seen[0] < str(early[C.QUEUE_SK])  # ahead of the job submitted before it
         assert submitted - 100 < submitted
-        w.sim.run_for(5 * MIN)
+        w.ecs.run_for(5 * MIN)
         job = w.job("q-job")
         assert job["job_state"] == "RUNNING" and job["attempt"] == 2
         assert job["recoveries_used"] == 1
@@ -162,12 +163,12 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         (moved,) = job["relocations"]
         assert moved["reason"].startswith("node(s) unusable")
         assert moved["master_addr"] == job["launch"]["master_addr"]
-        assert moved["left"] == [w.sim.node(victim).container_instance_id] and moved["nodes"] == 2
-        left = w.sim.node(victim).container_instance_id
+        assert moved["left"] == [w.ecs.node(victim).container_instance_id] and moved["nodes"] == 2
+        left = w.ecs.node(victim).container_instance_id
         assert any(h["reason"].startswith(f"relocated (attempt 2) off {left} to 2 healthy node(s)")
                    for h in job["history"])
         assert w.job("early-job")["job_state"] in ("QUEUED", "PENDING_RESOURCES")  # still behind it
-        relocated = [n for n in w.local.notifications()
+        relocated = [n for n in w.aws.notifications()
                      if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "relocated"]
         assert len(relocated) == 1
         assert "DCGM health check: replace" in str(relocated[0]["message"])
@@ -182,11 +183,12 @@ def test_reboot_observed_the_node_is_left_alone_and_the_job_moves_to_a_spare() -
     node and the spare, and one 'observed' e-mail says what was not done."""
     with world(remediation={"remediation_mode": "enforce,reboot=observe"}) as w:
         for node in ("node-a", "node-b", "node-c"):
-            w.sim.add_node(node)
-        w.sim.start_job("obs-reboot", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
-        w.sim.inject_xid("node-b", 79, after=5 * MIN, nccl_cascade=True)
-        w.sim.run_for(10 * MIN)
-        assert w.sim.counters["reboots"] == 0 and w.sim.counters["health_checks_started"] == 0
+            w.ecs.add_node(node)
+        w.ecs.start_job("obs-reboot", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.ecs.inject_xid("node-b", 79, after=5 * MIN, nccl_cascade=True)
+        w.ecs.run_for(10 * MIN)
+        assert w.ecs.counters["reboots"] == 0 and w.ecs.counters["health_checks_started"] == 0
         assert w.ranks_on("obs-reboot") == ["node-a", "node-c"]
         node_b = w.node_item("node-b")
         # SUSPECT: the heartbeat service's own flag on the XID report (not a remediation).
@@ -194,7 +196,7 @@ def test_reboot_observed_the_node_is_left_alone_and_the_job_moves_to_a_spare() -
         assert [(r["action"], r["executed"]) for r in node_b["fault_history"]] == [("reboot", False)]
         job = w.job("obs-reboot")
         assert (job["job_state"], job["attempt"]) == ("RUNNING", 2)
-        observed = [n for n in w.local.notifications()
+        observed = [n for n in w.aws.notifications()
                     if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "observed"]
         assert len(observed) == 1
         assert "Would have done (not carried out): reboot (observe mode)" in str(observed[0]["message"])
@@ -208,25 +210,26 @@ def test_drain_observed_a_node_to_replace_is_not_drained_and_the_job_moves() -> 
     the operator is told what was not done."""
     with world(remediation={"remediation_mode": "enforce,drain=observe"}) as w:
         for node in ("node-a", "node-b", "node-c"):
-            w.sim.add_node(node)
-        w.sim.start_job("obs-drain", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
-        w.sim.inject_gpu_fault("node-b", after=5 * MIN, health="replace", nccl_cascade=True)
-        w.sim.run_for(15 * MIN)
-        assert w.sim.counters["health_checks_started"] == 1 and w.sim.counters["reboots"] == 0
+            w.ecs.add_node(node)
+        w.ecs.start_job("obs-drain", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.ecs.inject_gpu_fault("node-b", after=5 * MIN, health="replace", nccl_cascade=True)
+        w.ecs.run_for(15 * MIN)
+        assert w.ecs.counters["health_checks_started"] == 1 and w.ecs.counters["reboots"] == 0
         assert w.ranks_on("obs-drain") == ["node-a", "node-c"]
-        ecs = w.local.client("ecs")
+        ecs = w.aws.client("ecs")
         [described] = ecs.describe_container_instances(
-            cluster=w.local.cluster_name,
-            containerInstances=[w.sim.node("node-b").container_instance_arn])["containerInstances"]
+            cluster=w.aws.cluster_name,
+            containerInstances=[w.ecs.node("node-b").container_instance_arn])["containerInstances"]
         assert described["status"] == "ACTIVE"
         node_b = w.node_item("node-b")
         assert node_b["instance_state"] != "QUARANTINED" and "drain_pending" not in node_b
         assert [(r["action"], r["executed"]) for r in node_b["fault_history"]] == [("replace", False)]
         summary = node_b["fault_history"][0]["evidence"]
         assert summary["dcgm"]["verdict"] == "replace"
-        observed = [n for n in w.local.notifications()
+        observed = [n for n in w.aws.notifications()
                     if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "observed"]
         assert len(observed) == 1 and "drain" in str(observed[0]["message"])
-        w.sim.run_for(70 * MIN)
+        w.ecs.run_for(70 * MIN)
         assert w.job("obs-drain")["job_state"] == "COMPLETE"
         assert not w.bus.dead_letters

@@ -16,19 +16,19 @@ def test_a_dead_gpu_moves_the_job_onto_the_spare_before_the_diag_and_the_node_is
     within a minute of the fault (before node-b's diag ends), charged one infrastructure
     recovery; node-b's health check still runs and quarantines it, its verdict recorded
     on the job's suspect (LEFT); the job completes, nothing fails."""
-    from handlers import queue_scheduler
 
     with world(spare_nodes="1") as w:
         for node in ("node-a", "node-b", "node-c"):
-            w.sim.add_node(node)
-        w.sim.start_job("reloc", w.td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
-        w.bus.add_schedule("queue-scheduler", 60, queue_scheduler.lambda_handler, "queue_scheduler")
-        submit_queued_job(w, "queued", nnodes=1, priority=10, at=w.sim.now())
-        w.sim.run_for(4 * MIN)
+            w.ecs.add_node(node)
+        w.ecs.start_job("reloc", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.schedule_queue_scheduler()
+        submit_queued_job(w, "queued", nnodes=1, priority=10, at=w.ecs.now())
+        w.ecs.run_for(4 * MIN)
         assert w.job("queued")["job_state"] in ("QUEUED", "PENDING_RESOURCES")  # node-c is the spare
-        fault_at = w.sim.now() + MIN
-        w.sim.inject_gpu_fault("node-b", after=MIN, health="replace", nccl_cascade=True)
-        w.sim.run_for(MIN + MIN)  # the fault, then one minute
+        fault_at = w.ecs.now() + MIN
+        w.ecs.inject_gpu_fault("node-b", after=MIN, health="replace", nccl_cascade=True)
+        w.ecs.run_for(MIN + MIN)  # the fault, then one minute
         assert w.ranks_on("reloc") == ["node-a", "node-c"]
         job = w.job("reloc")
         assert (job["job_state"], job["attempt"], job["recoveries_used"]) == ("RUNNING", 2, 1)
@@ -36,22 +36,22 @@ def test_a_dead_gpu_moves_the_job_onto_the_spare_before_the_diag_and_the_node_is
         restarted = min(float(h["at"]) for h in job["history"] if h["to"] == "RUNNING" and h["at"] > fault_at)
         assert restarted - fault_at <= MIN, restarted - fault_at  # no wait for the diag (~2 min)
         assert relocation_wait_entries(job) == []
-        node_b = w.sim.node("node-b").container_instance_id
+        node_b = w.ecs.node("node-b").container_instance_id
         assert w.node_item("node-b")["instance_state"] in ("HEALTH_CHECK_PENDING", "HEALTH_CHECKING")
 
-        w.sim.run_for(9 * MIN)
+        w.ecs.run_for(9 * MIN)
         checked = w.node_item("node-b")
         assert checked["instance_state"] == "QUARANTINED"
         assert checked["last_verdict"]["verdict"] == "replace"  # the diag ran on node-b
         assert checked["fault_history"][-1]["job_id"] == "reloc"  # the job's evidence, on the node
         suspect = w.repo.faults.get_suspect("reloc", 1, node_b)
         assert suspect.verdict.value == "LEFT"
-        after = w.repo.db.get(w.local.job_table, {C.JOB_PK: C.suspect_item_key("reloc", 1, node_b)})
+        after = w.repo.db.get(w.aws.job_table, {C.JOB_PK: C.suspect_item_key("reloc", 1, node_b)})
         assert after["after_leaving"]["node_state"] == "QUARANTINED"
         job = w.job("reloc")
         assert (job["attempt"], job["recoveries_used"]) == (2, 1)  # the verdict charged nothing more
-        w.sim.run_for(65 * MIN)
+        w.ecs.run_for(65 * MIN)
         assert w.job("reloc")["job_state"] == "COMPLETE"
-        assert not [n for n in w.local.notifications()
+        assert not [n for n in w.aws.notifications()
                     if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "failed"]
         assert not w.bus.dead_letters
