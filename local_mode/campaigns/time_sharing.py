@@ -113,7 +113,7 @@ def _cluster(dynamodb: str = DYNAMODB) -> Iterator[tuple[LocalAws, LocalEventBus
         yield world.aws, world.bus, world.ecs
 
 
-class Rank0Program:
+class Rank0ControlPoller:
     """Alice's rank 0: every ``POLL_SECONDS`` while it runs, asks the control channel; told
     to suspend, it saves a checkpoint once and calls go_suspend() until that is accepted.
     A call that fails (throttled, answer lost) is made again at the next poll."""
@@ -186,7 +186,7 @@ def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
             "priority": "LOW", "suspend_grace_seconds": 120}),
             "arn:aws:iam::123456789012:user/alice")["job_id"]
         sim.run_for(MIN + 5)  # the scheduler's tick starts it
-        program = Rank0Program(sim, repo, low)
+        program = Rank0ControlPoller(sim, repo, low)
         program.start()
         sim.run_for(MIN)
         # Resumed from its checkpoint, alice's job needs only what was left.
