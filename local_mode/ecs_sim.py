@@ -70,7 +70,7 @@ from gpu_recovery import constants as C
 from . import events as ev
 from .emulator import HEALTH_CHECK_LOG_GROUP, LocalAws
 from .event_bus import LocalEventBus
-from .health_verdicts import HEALTH_VALUES, VERDICT_EXIT, verdict_line
+from .health_verdicts import HEALTH_VALUES, REBOOT_FIXES, RESET_FIXES, VERDICT_EXIT, verdict_line
 
 DEFAULT_START = datetime(2026, 11, 20, 14, 0, 0, tzinfo=UTC).timestamp()
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
@@ -177,10 +177,13 @@ class SimTask:
     version: int = 0
     plan_token: int = 0
     health_check: bool = False
+    gpu_reset: bool = False  # the GPU reset task (a health check's kin: never a training task)
     moto_stopped: bool = False
 
     @property
     def label(self) -> str:
+        if self.gpu_reset:
+            return "GPU reset"
         if self.health_check:
             return "health check"
         job, rank = self.tags.get(C.TAG_JOB_ID), self.tags.get(C.TAG_RANK)
@@ -211,6 +214,7 @@ class SimulatedEcs:
         train_seconds: float | None = 3600,
         dcgm_seconds: float = 120,
         reboot_seconds: float = 180,
+        reset_seconds: float = 30,
         stop_delay_seconds: float = 10,
         run_delay_seconds: float = 5,
         disconnect_delay_seconds: float = 15,
@@ -225,6 +229,7 @@ class SimulatedEcs:
         self.train_seconds = train_seconds
         self.dcgm_seconds = dcgm_seconds
         self.reboot_seconds = reboot_seconds
+        self.reset_seconds = reset_seconds  # nvidia-smi -r and a short dcgmi diag
         self.stop_delay_seconds = stop_delay_seconds
         self.run_delay_seconds = run_delay_seconds
         self.disconnect_delay_seconds = disconnect_delay_seconds
@@ -810,7 +815,9 @@ class SimulatedEcs:
                         node.reservations.pop(rid)
                 node.allocations[task_desc["taskArn"]] = gpu_ids
                 group = task_desc.get("group") or f"family:{td.family}"
-                hc = group.startswith(C.HEALTH_CHECK_GROUP) or td.family == C.DEFAULT_HEALTH_CHECK_FAMILY
+                reset = group.startswith(C.GPU_RESET_GROUP) or td.family == C.DEFAULT_GPU_RESET_FAMILY
+                hc = not reset and (group.startswith(C.HEALTH_CHECK_GROUP)
+                                    or td.family == C.DEFAULT_HEALTH_CHECK_FAMILY)
                 task = SimTask(
                     arn=task_desc["taskArn"],
                     node=node.name,
@@ -842,13 +849,16 @@ class SimulatedEcs:
                     created_at=now,
                     updated_at=now,
                     memory=str(sum(int(c.get("memory", 0) or 0) for c in td.container_definitions)),
-                    health_check=hc,
+                    health_check=hc or reset,
+                    gpu_reset=reset,
                 )
                 self.tasks[task.arn] = task
                 new.append(task)
                 self.counters["tasks_started"] += 1
                 if hc:
                     self.counters["health_checks_started"] += 1
+                if reset:
+                    self.counters["gpu_resets_started"] = self.counters.get("gpu_resets_started", 0) + 1
                 self._sync_moto(task)
             self._release_reservation(rid)
         if failures and not context.get("local_mode_short_circuit"):
@@ -1071,7 +1081,7 @@ class SimulatedEcs:
                 node.rebooting = False
                 node.boot_time = self.now()
                 before = node.health
-                if node.health == "reboot_fixable":
+                if node.health in REBOOT_FIXES:
                     node.health = "healthy"
             self._log("agent", f"back after reboot, agent connected (health {before} -> "
                       f"{node.health})", node.name)
@@ -1150,7 +1160,9 @@ class SimulatedEcs:
                 c["lastStatus"] = "RUNNING"
             self._sync_moto(task)
             plan = self._task_plans.pop(task.arn, None) or self._family_plans.get(task.family)
-            if task.health_check:
+            if task.gpu_reset:
+                plan = plan or _Plan(self.reset_seconds, -2)  # -2: the reset's result on this node
+            elif task.health_check:
                 plan = plan or _Plan(self.dcgm_seconds, -1)  # -1: node verdict
             else:
                 plan = plan or _Plan(self.train_seconds, 0)
@@ -1168,12 +1180,27 @@ class SimulatedEcs:
         task = self.tasks.get(arn)
         if task is None or task.done or task.plan_token != token:
             return []
+        if task.gpu_reset and exit_code == -2:
+            return self._reset_result(task)
         if task.health_check and exit_code == -1:
             node = self.nodes[task.node]
             verdict = VERDICT_EXIT[node.health]
             self._write_verdict_log(task, node, verdict)
             return self._container_exit(task, verdict, f"DCGM verdict {node.health}")
         return self._container_exit(task, exit_code, "finished" if exit_code == 0 else "planned")
+
+    def _reset_result(self, task: SimTask) -> list[dict[str, Any]]:
+        """The reset task's exit: 0 when a reset clears the node's health (it is healthy
+        after), 1 when not (the fault stays for the reboot)."""
+        node = self.nodes[task.node]
+        with self._lock:
+            before = node.health
+            if before in RESET_FIXES:
+                node.health = "healthy"
+        self._log("task", f"GPU reset: health {before} -> {node.health}", node.name)
+        if before in RESET_FIXES:
+            return self._container_exit(task, 0, "GPUs reset, diag passed")
+        return self._container_exit(task, 1, f"GPU reset failed ({before})")
 
     def _container_exit(self, task: SimTask, exit_code: int, why: str) -> list[dict[str, Any]]:
         """The essential container exited: STOPPED (EssentialContainerExited)."""
