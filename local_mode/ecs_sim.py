@@ -246,6 +246,7 @@ class SimulatedEcs:
         self.counters: dict[str, int] = {
             "tasks_started": 0,
             "health_checks_started": 0,
+            "gpu_resets_started": 0,
             "start_failures": 0,
             "stop_requests": 0,
             "reboots": 0,
@@ -858,7 +859,7 @@ class SimulatedEcs:
                 if hc:
                     self.counters["health_checks_started"] += 1
                 if reset:
-                    self.counters["gpu_resets_started"] = self.counters.get("gpu_resets_started", 0) + 1
+                    self.counters["gpu_resets_started"] += 1
                 self._sync_moto(task)
             self._release_reservation(rid)
         if failures and not context.get("local_mode_short_circuit"):
