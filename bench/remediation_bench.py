@@ -15,9 +15,10 @@ For each path the time is split into
   the emulator (in simulated time it is instantaneous; on AWS, add each invocation's
   duration and EventBridge's delivery latency, typically well under a second per event).
 
-Paths: DCGM diag + reboot (exit 1, no definitive evidence), fast-path reboot (XID 79: no
-diag), relocation to a spare node after the diag (DCGM says replace), and relocation on a
-definitive XID (64, row-remap failure: no diag).
+Paths: DCGM diag + reboot (exit 1, no definitive evidence), DCGM diag + GPU reset (a row
+remap pending: the check exits 4, the reset task resets the node's GPUs, 30 s here, instead
+of a reboot), fast-path reboot (XID 79: no diag), relocation to a spare node after the diag
+(DCGM says replace), and relocation on a definitive XID (64, row-remap failure: no diag).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gpu_recovery import constants as C
 MIN = 60
 DCGM_SECONDS = 120
 REBOOT_SECONDS = 180
+RESET_SECONDS = 30  # the reset task: nvidia-smi -r and dcgmi diag -r 1
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Path:
 
 PATHS = (
     Path("diag_reboot", "DCGM diag + reboot", DCGM_SECONDS + REBOOT_SECONDS, False),
+    Path("diag_reset", "DCGM diag + GPU reset (remap pending)", DCGM_SECONDS + RESET_SECONDS, False),
     Path("fast_path_reboot", "fast-path reboot (XID 79)", REBOOT_SECONDS, False),
     Path("relocation_after_diag", "relocation to a spare (DCGM replace)", DCGM_SECONDS, True),
     Path("relocation_fast_path", "relocation to a spare (XID 64)", 0, True),
@@ -53,7 +56,8 @@ def _measure(path: Path, sweep_every: float) -> tuple[float, float]:
     """(simulated seconds from the fault to every rank running again, handler wall seconds)."""
     from local_mode.remediation_scenarios import world
 
-    with world(duplicate_delivery=False, dcgm_seconds=DCGM_SECONDS, reboot_seconds=REBOOT_SECONDS) as w:
+    with world(duplicate_delivery=False, dcgm_seconds=DCGM_SECONDS, reboot_seconds=REBOOT_SECONDS,
+               reset_seconds=RESET_SECONDS) as w:
         wall = [0.0]
         for target in [*w.bus.rules, *w.bus.schedules]:
             target.target = _timed(target.target, wall)
@@ -70,6 +74,8 @@ def _measure(path: Path, sweep_every: float) -> tuple[float, float]:
         fault_at = w.sim.now() + MIN
         if path.name == "diag_reboot":
             w.sim.inject_gpu_fault("node-b", at=fault_at, health="reboot_fixable", nccl_cascade=True)
+        elif path.name == "diag_reset":
+            w.sim.inject_gpu_fault("node-b", at=fault_at, health="reset_fixable", nccl_cascade=True)
         elif path.name == "fast_path_reboot":
             w.sim.inject_xid("node-b", 79, at=fault_at, nccl_cascade=True, crash_delay_seconds=0,
                              report_delay_seconds=0)
@@ -121,7 +127,8 @@ def run(print_report: bool = True) -> dict[str, Any]:
         }
     if print_report:
         print("\nSimulated MTTR (fault -> every rank running again), 2-node job, one event delivery each")
-        print(f"  floor: DCGM level-2 diag {DCGM_SECONDS} s, reboot {REBOOT_SECONDS} s (simulated); the "
+        print(f"  floor: DCGM level-2 diag {DCGM_SECONDS} s, reboot {REBOOT_SECONDS} s, GPU reset task "
+              f"{RESET_SECONDS} s (simulated); the "
               "stack's share is the sweep waits (deployed 1-minute sweep vs an ideal 1-second one)")
         print(f"  {'path':<38} {'MTTR':>7} {'floor':>7} {'ECS start/stop':>15} {'stack':>7} "
               f"{'Lambda wall*':>13}")

@@ -70,6 +70,7 @@ from gpu_recovery.constants import (
     ENV_ECS_API_RATE,
     ENV_FAULT_CATALOG_OVERRIDE,
     ENV_GANG_QUEUE_URL,
+    ENV_GPU_RESET_TASK,
     ENV_HEALTH_CHECK_ALL_NODES,
     ENV_HEALTH_CHECK_GPUS,
     ENV_HEALTH_CHECK_TASK,
@@ -102,6 +103,7 @@ from infra.config import RecoveryConfig
 from infra.control_api import JobControlApi
 from infra.fault_catalog import RUNTIME_PATH, override_layer
 from infra.gang import GangFanout
+from infra.gpu_reset import GpuReset
 from infra.health_check import HealthCheck
 from infra.jobs_api import JobsApi
 from infra.lambda_common import (
@@ -198,6 +200,10 @@ class GpuRecoveryStack(Stack):
             task_definition = self.health_check.task_definition
             self.access.allow_passing(task_definition.task_role.role_arn, *(
                 [task_definition.execution_role.role_arn] if task_definition.execution_role else []))
+        self.gpu_reset = GpuReset(self, "GpuReset", config=config)
+        reset_definition = self.gpu_reset.task_definition
+        self.access.allow_passing(reset_definition.task_role.role_arn, *(
+            [reset_definition.execution_role.role_arn] if reset_definition.execution_role else []))
         self.reboot_document = RebootDocument(self, "RebootDocument")
         self.access.use_reboot_document(self.reboot_document.arn)
         self.fault_catalog_layer = override_layer(self, config)
@@ -220,6 +226,7 @@ class GpuRecoveryStack(Stack):
                 ENV_INSTANCE_TABLE: self.tables.instance_table.table_name,
                 ENV_CLUSTER_NAME: config.cluster_name,
                 ENV_HEALTH_CHECK_TASK: self.health_check.task_reference,
+                ENV_GPU_RESET_TASK: self.gpu_reset.task_reference,
                 ENV_SNS_TOPIC_ARN: self.notifications.topic.topic_arn,
                 ENV_MAX_RECOVERY_ATTEMPTS: str(config.max_recovery_attempts),
                 ENV_SUSPECT_EXIT_CODES: config.suspect_exit_codes_json,
@@ -395,6 +402,8 @@ class GpuRecoveryStack(Stack):
         CfnOutput(
             self, "HealthCheckTaskDefinitionArn", value=self.health_check.task_definition_arn
         )
+        CfnOutput(self, "GpuResetLogGroupName", value=self.gpu_reset.log_group.log_group_name,
+                  description="Where each GPU reset task writes what it did (its JSON result line)")
         if self.health_check.log_group is not None:
             CfnOutput(self, "HealthCheckLogGroupName", value=self.health_check.log_group.log_group_name,
                       description="Where each health check writes its DCGM output and verdict line")

@@ -522,6 +522,7 @@ class LocalAws:
         self.topic_arn = ""
         self.queue_url = ""
         self.health_check_task_definition_arn = ""
+        self.gpu_reset_task_definition_arn = ""
         self.hooks = ApiHooks()
         self.faults = ApiFaults()
         #: one fault at the n-th API call (crash-consistency tests)
@@ -726,11 +727,21 @@ class LocalAws:
                 }
             ],
         )["taskDefinition"]["taskDefinitionArn"]
+        # The GPU reset task (recovery.gpu_resets): every GPU of the node, like the check.
+        self.gpu_reset_task_definition_arn = ecs.register_task_definition(
+            family=C.DEFAULT_GPU_RESET_FAMILY, requiresCompatibilities=["EC2"], networkMode="host",
+            containerDefinitions=[{
+                "name": "gpu-reset", "image": "nvcr.io/nvidia/cloud-native/dcgm:latest", "memory": 512,
+                "essential": True, "privileged": True, "command": ["/opt/health_check/gpu_reset.sh"],
+                "resourceRequirements": [{"type": "GPU", "value": str(self.health_check_gpus)}],
+            }],
+        )["taskDefinition"]["taskDefinitionArn"]
         self.client("logs").create_log_group(logGroupName=HEALTH_CHECK_LOG_GROUP)
         self._set_env(
             {
                 C.ENV_SNS_TOPIC_ARN: self.topic_arn,
                 C.ENV_HEALTH_CHECK_TASK: self.health_check_task_definition_arn,
+                C.ENV_GPU_RESET_TASK: self.gpu_reset_task_definition_arn,
                 C.ENV_GANG_QUEUE_URL: self._settings.get(C.ENV_GANG_QUEUE_URL, self.gang_queue_url),
             }
         )

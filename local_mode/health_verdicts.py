@@ -5,21 +5,31 @@ from __future__ import annotations
 
 import json
 
-HEALTH_VALUES = ("healthy", "reboot_fixable", "persistent_reboot", "replace", "config_error")
+HEALTH_VALUES = ("healthy", "reboot_fixable", "persistent_reboot", "replace", "config_error",
+                 "reset_fixable", "reset_fails")
 # config_error: DCGM's persistence-mode failure (error 29, severity config): exit 3.
+# reset_fixable: a row remap pending after an uncorrectable ECC error (the driver's recovery
+# action Drain and Reset): the check exits 4, a GPU reset (or a reboot) clears it.
+# reset_fails: the same evidence, but the GPU reset task fails on the node (a reboot clears it).
 VERDICT_EXIT = {"healthy": 0, "reboot_fixable": 1, "persistent_reboot": 1, "replace": 2,
-                "config_error": 3}
+                "config_error": 3, "reset_fixable": 4, "reset_fails": 4}
+# Health a GPU reset clears (the reset task exits 0 and the node is healthy); any other
+# faulty health makes the reset task exit 1 (its diag fails) and stays for the reboot.
+RESET_FIXES = frozenset({"healthy", "reset_fixable"})
+# Health a reboot clears.
+REBOOT_FIXES = frozenset({"reboot_fixable", "reset_fixable", "reset_fails"})
 
 
 def verdict_line(verdict: int, dcgm_level: int, gpu_ids: list[str], hostname: str) -> str:
     """The JSON verdict line health_check/dcgm_health_check.sh prints (see its README) for
-    exit code ``verdict`` (0 healthy, 1 reboot, 2 replace, 3 operator action)."""
-    name = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action"}[verdict]
+    exit code ``verdict`` (0 healthy, 1 reboot, 2 replace, 3 operator action, 4 reset)."""
+    name = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action", 4: "reset"}[verdict]
     reasons = {
         "healthy": [],
         "reboot": ["dcgmi diag failed (exit 226)", "gpu 3: 2 uncorrected volatile ECC errors"],
         "replace": ["dcgmi diag reported an isolate error (exit 205)"],
         "operator_action": ["dcgmi diag failed (exit 226) on configuration problems only"],
+        "reset": ["gpu 0: row remap pending (a GPU reset applies it)"],
     }[name]
     # As the real DCGM 4.x capture: persistence mode off is error 29, severity 5 (config),
     # category 3 (software config), and makes dcgmi exit 226 like a failed test.
@@ -37,10 +47,12 @@ def verdict_line(verdict: int, dcgm_level: int, gpu_ids: list[str], hostname: st
             "verdict": name,
             "exit_code": verdict,
             "dcgm_level": dcgm_level,
-            "dcgmi_exit_code": {0: 0, 1: 226, 2: 205, 3: 226}[verdict],
-            "failed_tests": {0: [], 3: ["software"]}.get(verdict, ["memory"]),
+            "dcgmi_exit_code": {0: 0, 1: 226, 2: 205, 3: 226, 4: 0}[verdict],
+            "failed_tests": {0: [], 3: ["software"], 4: []}.get(verdict, ["memory"]),
             "errors": errors,
-            "gpus": [{"index": i, "uuid": gpu} for i, gpu in enumerate(gpu_ids)],
+            "gpus": [{"index": i, "uuid": gpu,
+                      **({"remap_pending": True, "recovery_action": "drain_and_reset"}
+                         if verdict == 4 and i == 0 else {})} for i, gpu in enumerate(gpu_ids)],
             "reasons": reasons,
             "notes": [],
             "hostname": hostname,

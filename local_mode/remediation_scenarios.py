@@ -4,6 +4,8 @@ every minute), through the same handlers the stack deploys.
 
 1. ``fast_path`` — XID 79 (GPU fallen off the bus) is reported by the node agent; the
    rank dies: the node is rebooted at once, without the ~2 min DCGM diag, the job restarts.
+   ``gpu_reset`` — a row remap pending on node-b: DCGM's check says reset, the node's GPUs
+   are reset by the reset task (no reboot), the job restarts and completes.
 2. ``flapping`` — the same node faults three times: rebooted twice (the job charged once),
    then replaced (drained) on its 3rd fault; the relocatable job moves to a spare node.
 3. ``relocation`` — a dead GPU: DCGM says replace, the node is quarantined, the job's rank
@@ -138,6 +140,29 @@ def fast_path() -> ScenarioResult:
         verdict = (w.fault_records("llama-fp").get(1, {}).get(node_b) or {}).get("findings") or {}
         _expect(problems, "decision", (verdict.get("source"), verdict.get("rule")), ("fast path", "xid-79"))
         return _finish(w, "fast_path", title, problems, ["llama-fp"], {"fault_to_running_seconds": mttr})
+
+
+def gpu_reset() -> ScenarioResult:
+    """A row remap pending: DCGM says reset, the reset task resets node-b's GPUs, no reboot."""
+    title = ("GPU reset: a row remap pending -> DCGM says reset -> node-b's GPUs reset in place "
+             "(no reboot) -> job restarted and COMPLETE")
+    with world() as w:
+        for node in ("node-a", "node-b"):
+            w.sim.add_node(node)
+        w.sim.start_job("gpt-reset", w.td, ["node-a", "node-b"])
+        w.sim.inject_gpu_fault("node-b", after=10 * MIN, health="reset_fixable", nccl_cascade=True)
+        w.sim.run_for(16 * MIN)
+        mttr = _restart_seconds(w.job("gpt-reset"))
+        w.sim.run_for(70 * MIN)
+        problems: list[str] = []
+        job = w.job("gpt-reset")
+        _expect(problems, "job", (job.get("job_state"), job.get("attempt")), ("COMPLETE", 2))
+        _expect(problems, "GPU resets / reboots of node-b",
+                (w.sim.counters.get("gpu_resets_started", 0), w.sim.node("node-b").reboots), (1, 0))
+        history = [r["action"] for r in w.node_item("node-b").get("fault_history", [])]
+        _expect(problems, "node-b fault history", history, ["reset_gpu"])
+        _expect(problems, "fallback e-mails", len(_kinds(w, C.NotificationKind.GPU_RESET_FAILED.value)), 0)
+        return _finish(w, "gpu_reset", title, problems, ["gpt-reset"], {"fault_to_running_seconds": mttr})
 
 
 def flapping() -> ScenarioResult:
@@ -406,6 +431,7 @@ def persistence_mode() -> ScenarioResult:
 
 SCENARIOS: dict[str, Callable[[], ScenarioResult]] = {
     "fast_path": fast_path,
+    "gpu_reset": gpu_reset,
     "flapping": flapping,
     "relocation": relocation,
     "breaker": breaker,

@@ -105,7 +105,7 @@ _TOOLKIT_KEYS = frozenset({"acknowledged-issue-numbers", "cli-telemetry"})
 REMEDIATION_KEYS = (
     "remediation_mode", "replace_action", "reboots_before_replace", "reboot_window_hours",
     "max_remediations", "remediation_window_days", "breaker_enabled", "breaker_max_percent",
-    "breaker_max_nodes", "breaker_window_minutes", "breaker_auto_close",
+    "breaker_max_nodes", "breaker_window_minutes", "breaker_auto_close", "gpu_reset",
 )
 
 
@@ -272,6 +272,9 @@ class RecoveryConfig:
     breaker_auto_close: str = option(
         REMEDIATION_DEFAULTS["breaker_auto_close"][0], remediation_setting("`true` / `false`"),
         "the breaker closes by itself once the nodes it acted on are back healthy (false: only a reset)")
+    gpu_reset: str = option(
+        REMEDIATION_DEFAULTS["gpu_reset"][0], remediation_setting("`true` / `false`"),
+        "GPU reset (a privileged ECS task) where it suffices, else reboot; false: always reboot")
     relocate_instead_of_wait: bool = option(
         False, boolean(), "move relocatable jobs to free healthy nodes at once, not after the reboot")
     relocation_wait_seconds: int = option(

@@ -32,6 +32,7 @@ ENV_JOB_TABLE = "TRAINING_JOB_TABLE_NAME"
 ENV_INSTANCE_TABLE = "CONTAINER_INSTANCE_TABLE_NAME"
 ENV_CLUSTER_NAME = "ECS_CLUSTER_NAME"
 ENV_HEALTH_CHECK_TASK = "DCGM_HEALTH_CHECK_TASK"  # task definition ARN or family
+ENV_GPU_RESET_TASK = "GPU_RESET_TASK"  # task definition ARN or family of the GPU reset task
 ENV_SNS_TOPIC_ARN = "SNS_TOPIC_ARN"
 ENV_MAX_RECOVERY_ATTEMPTS = "MAX_RECOVERY_ATTEMPTS"
 ENV_SUSPECT_EXIT_CODES = "SUSPECT_EXIT_CODES"  # JSON list, e.g. "[1]"
@@ -491,6 +492,12 @@ TAG_MAX_APP_RESTARTS = "gpu-recovery:max-app-restarts"
 # routed to the DCGM monitor and never to the training-task handler.
 HEALTH_CHECK_GROUP = "gpu-recovery-health-check"
 HEALTH_CHECK_STARTED_BY = "gpu-recovery-hc"
+# The GPU reset task (recovery.gpu_resets): its group starts with HEALTH_CHECK_GROUP so the
+# same event rules route its STOPPED event to the health-check monitor (never to the
+# training-task handler); the monitor tells the two apart by this group.
+GPU_RESET_GROUP = f"{HEALTH_CHECK_GROUP}-gpu-reset"
+GPU_RESET_STARTED_BY = "gpu-recovery-reset"
+DEFAULT_GPU_RESET_FAMILY = "gpu-reset"
 
 DEFAULT_HEALTH_CHECK_FAMILY = "gpu-health-check"
 # Reboot-only SSM document: the name local mode uses (the stack passes its own name).

@@ -178,6 +178,10 @@ class Settings:
     batch_identical_starts: bool = True
     max_health_checks_per_job: int = DEFAULT_HEALTH_CHECKS_PER_JOB
     max_health_checks_in_flight: int = DEFAULT_HEALTH_CHECKS_IN_FLIGHT
+    # The GPU reset task (recovery.gpu_resets) and how long a reset may take before the
+    # sweep falls back to a reboot (nvidia-smi -r and a short DCGM diag: about a minute).
+    gpu_reset_task: str = c.DEFAULT_GPU_RESET_FAMILY
+    gpu_reset_timeout_seconds: int = 10 * 60
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -195,6 +199,7 @@ class Settings:
             instance_table=env[c.ENV_INSTANCE_TABLE],
             cluster=env[c.ENV_CLUSTER_NAME],
             health_check_task=env.get(c.ENV_HEALTH_CHECK_TASK) or c.DEFAULT_HEALTH_CHECK_FAMILY,
+            gpu_reset_task=env.get(c.ENV_GPU_RESET_TASK) or c.DEFAULT_GPU_RESET_FAMILY,
             topic_arn=env.get(c.ENV_SNS_TOPIC_ARN, ""),
             max_recovery_attempts=remediation.max_infra_recoveries,
             suspect_exit_codes=parse_exit_codes(env.get(c.ENV_SUSPECT_EXIT_CODES) or "[1]"),

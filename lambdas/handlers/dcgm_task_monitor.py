@@ -1,4 +1,5 @@
-"""The DCGM health-check task stopped: apply its verdict (available, reboot, quarantine)."""
+"""The DCGM health-check task (or the GPU reset task, same rule) stopped: apply its verdict (available,
+reboot, quarantine) or the reset's result."""
 
 from __future__ import annotations
 

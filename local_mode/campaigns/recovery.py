@@ -13,6 +13,9 @@ The flows (``FLOWS``):
 * ``gpu_fault`` — a 2-node job; node-b's GPU faults, NCCL kills rank 0 five seconds later
   (the cascade); DCGM says node-b needs a reboot (node-a, not a suspect, is not checked); the
   reboot fixes it; the job restarts as a gang and completes;
+* ``gpu_reset`` — node-b's GPU faults with a row remap pending: DCGM's check exits 4 (reset),
+  the reset task resets node-b's GPUs (no reboot), the job restarts on the same nodes and
+  completes;
 * ``fast_path`` — XID 79 reported by the node agent (``/v1/report_gpu`` through the
   heartbeat service, retried as the agent does) and the rank dies: node-b rebooted without
   a DCGM diag;
@@ -67,12 +70,12 @@ FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
 RELOCATING = ("relocation", "spare_first", "relocation_wait")
 # Flows whose job completes on its second attempt after one infrastructure recovery.
 HELD = ("held_reset", "held_autoclose")
-RECOVERED = ("gpu_fault", "fast_path", "large", *HELD, *RELOCATING)
+RECOVERED = ("gpu_fault", "gpu_reset", "fast_path", "large", *HELD, *RELOCATING)
 # Flows where node-b is rebooted (once) and comes back.
 REBOOTED = ("gpu_fault", "fast_path", "large", *HELD)
 QUARANTINED = ("dead_gpu", *RELOCATING)
-FLOWS = ("gpu_fault", "fast_path", "dead_gpu", "app_error", "app_error_fails", "relocation", "spare_first",
-         "relocation_wait", "held_reset", "held_autoclose", "large")
+FLOWS = ("gpu_fault", "gpu_reset", "fast_path", "dead_gpu", "app_error", "app_error_fails", "relocation",
+         "spare_first", "relocation_wait", "held_reset", "held_autoclose", "large")
 LARGE_RANKS = 17  # one above the inline fan-out: the gang queue and its worker carry it
 TRAIN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 90 * MIN
@@ -136,6 +139,9 @@ def check(result: RunResult) -> list[str]:
             problems.append(f"{count} health check(s) on {node} (suspect: {suspect}, want {wanted})")
     if FAULTY not in result.suspects:
         problems.append("the faulty node was never a suspect")
+    want_resets, resets = (1 if flow == "gpu_reset" else 0), result.facts.get("gpu_resets", 0)
+    if resets != want_resets:
+        problems.append(f"{resets} GPU reset task(s) on node-b (want {want_resets})")
     want_states = {n: InstanceState.AVAILABLE.value for n in result.instance_states}
     if flow in QUARANTINED:
         want_states[FAULTY] = InstanceState.QUARANTINED.value
@@ -174,6 +180,8 @@ def expected_mails(flow: str) -> dict[tuple[str, str], tuple[int, int]]:
         want = {("quarantined", JOB_ID): (1, 2), ("recovered", JOB_ID): (0, 0)}
     else:
         want = {("application_error", JOB_ID): (1, 2), ("recovered", JOB_ID): (0, 0)}
+    if flow == "gpu_reset":  # the reset passed: no fallback e-mail
+        want[("gpu_reset_failed", "-")] = (0, 0)
     if flow in HELD:
         want.update({("breaker_tripped", "-"): (1, 2), ("job_held", JOB_ID): (1, 2),
                      ("breaker_closed", "-"): (1, 2) if flow == "held_autoclose" else (0, 0),
@@ -224,6 +232,7 @@ def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool 
                            crash_delay_seconds=10)
         else:
             health = {"dead_gpu": "replace", "app_error": "healthy", "app_error_fails": "healthy",
+                      "gpu_reset": "reset_fixable",
                       **{f: "replace" for f in RELOCATING}}.get(flow, "reboot_fixable")
             sim.inject_gpu_fault(FAULTY, after=MIN, health=health, nccl_cascade=True)
         return _finish(local, bus, sim, watch, fault, keep_timeline, flow)
@@ -354,6 +363,7 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, watch: Invar
              for i in repo.due_instances(far)]
     stuck += [f"job item {it.get('job_id_rank')} {it.get('job_state') or it.get('item_type')}"
               for it in repo.due_job_items(far)]
+    facts["gpu_resets"] = sum(1 for t in sim.tasks.values() if t.gpu_reset and t.node == FAULTY)
     facts["breaker_state"] = (repo.get_breaker() or {}).get("state", "closed")
     facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
     return RunResult(
@@ -361,8 +371,8 @@ def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, watch: Invar
         job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
         app_restarts_used=job.app_restarts_used,
         suspects={node_of.get(i, i): v for i, v in repo.faults.labels(job, attempt=1).items()},
-        health_checks={n: sum(1 for t in sim.tasks.values() if t.health_check and t.node == n)
-                       for n in names},
+        health_checks={n: sum(1 for t in sim.tasks.values()
+                              if t.health_check and not t.gpu_reset and t.node == n) for n in names},
         reboots={n: sim.node(n).reboots for n in names},
         instance_states={n: _state(repo.get_instance(sim.node(n).container_instance_id)) for n in names},
         stuck=stuck,

@@ -235,7 +235,9 @@ class SimulatedEcs(GpuFaults):
                         node.reservations.pop(rid)
                 node.allocations[task_desc["taskArn"]] = gpu_ids
                 group = task_desc.get("group") or f"family:{td.family}"
-                hc = group.startswith(C.HEALTH_CHECK_GROUP) or td.family == C.DEFAULT_HEALTH_CHECK_FAMILY
+                reset = group.startswith(C.GPU_RESET_GROUP) or td.family == C.DEFAULT_GPU_RESET_FAMILY
+                hc = not reset and (group.startswith(C.HEALTH_CHECK_GROUP)
+                                    or td.family == C.DEFAULT_HEALTH_CHECK_FAMILY)
                 task = SimTask(
                     arn=task_desc["taskArn"],
                     node=node.name,
@@ -267,13 +269,16 @@ class SimulatedEcs(GpuFaults):
                     created_at=now,
                     updated_at=now,
                     memory=str(sum(int(c.get("memory", 0) or 0) for c in td.container_definitions)),
-                    health_check=hc,
+                    health_check=hc or reset,
+                    gpu_reset=reset,
                 )
                 self.tasks[task.arn] = task
                 new.append(task)
                 self.counters["tasks_started"] += 1
                 if hc:
                     self.counters["health_checks_started"] += 1
+                if reset:
+                    self.counters["gpu_resets_started"] += 1
                 self._sync_moto(task)
             self._release_reservation(rid)
         if failures and not context.get("local_mode_short_circuit"):

@@ -40,6 +40,7 @@ class EcsCore:
         train_seconds: float | None = 3600,
         dcgm_seconds: float = 120,
         reboot_seconds: float = 180,
+        reset_seconds: float = 30,
         stop_delay_seconds: float = 10,
         run_delay_seconds: float = 5,
         disconnect_delay_seconds: float = 15,
@@ -54,6 +55,7 @@ class EcsCore:
         self.train_seconds = train_seconds
         self.dcgm_seconds = dcgm_seconds
         self.reboot_seconds = reboot_seconds
+        self.reset_seconds = reset_seconds  # nvidia-smi -r and a short dcgmi diag
         self.stop_delay_seconds = stop_delay_seconds
         self.run_delay_seconds = run_delay_seconds
         self.disconnect_delay_seconds = disconnect_delay_seconds
@@ -68,6 +70,7 @@ class EcsCore:
         self.counters: dict[str, int] = {
             "tasks_started": 0,
             "health_checks_started": 0,
+            "gpu_resets_started": 0,
             "start_failures": 0,
             "stop_requests": 0,
             "reboots": 0,

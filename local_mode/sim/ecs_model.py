@@ -79,10 +79,13 @@ class SimTask:
     version: int = 0
     plan_token: int = 0
     health_check: bool = False
+    gpu_reset: bool = False  # the GPU reset task (a health check's kin: never a training task)
     moto_stopped: bool = False
 
     @property
     def label(self) -> str:
+        if self.gpu_reset:
+            return "GPU reset"
         if self.health_check:
             return "health check"
         job, rank = self.tags.get(C.TAG_JOB_ID), self.tags.get(C.TAG_RANK)

@@ -12,7 +12,7 @@ from gpu_recovery import constants as C
 
 from .. import events as ev
 from ..emulator import HEALTH_CHECK_LOG_GROUP
-from ..health_verdicts import VERDICT_EXIT, verdict_line
+from ..health_verdicts import REBOOT_FIXES, RESET_FIXES, VERDICT_EXIT, verdict_line
 from .ecs_core import EcsCore
 from .ecs_model import Node, Plan, SimTask
 
@@ -106,7 +106,7 @@ class TaskLifecycle(EcsCore):
                 node.rebooting = False
                 node.boot_time = self.now()
                 before = node.health
-                if node.health == "reboot_fixable":
+                if node.health in REBOOT_FIXES:
                     node.health = "healthy"
             self._log("agent", f"back after reboot, agent connected (health {before} -> "
                       f"{node.health})", node.name)
@@ -185,7 +185,9 @@ class TaskLifecycle(EcsCore):
                 c["lastStatus"] = "RUNNING"
             self._sync_moto(task)
             plan = self._task_plans.pop(task.arn, None) or self._family_plans.get(task.family)
-            if task.health_check:
+            if task.gpu_reset:
+                plan = plan or Plan(self.reset_seconds, -2)  # -2: the reset's result on this node
+            elif task.health_check:
                 plan = plan or Plan(self.dcgm_seconds, -1)  # -1: node verdict
             else:
                 plan = plan or Plan(self.train_seconds, 0)
@@ -203,12 +205,27 @@ class TaskLifecycle(EcsCore):
         task = self.tasks.get(arn)
         if task is None or task.done or task.plan_token != token:
             return []
+        if task.gpu_reset and exit_code == -2:
+            return self._reset_result(task)
         if task.health_check and exit_code == -1:
             node = self.nodes[task.node]
             verdict = VERDICT_EXIT[node.health]
             self._write_verdict_log(task, node, verdict)
             return self._container_exit(task, verdict, f"DCGM verdict {node.health}")
         return self._container_exit(task, exit_code, "finished" if exit_code == 0 else "planned")
+
+    def _reset_result(self, task: SimTask) -> list[dict[str, Any]]:
+        """The reset task's exit: 0 when a reset clears the node's health (it is healthy
+        after), 1 when not (the fault stays for the reboot)."""
+        node = self.nodes[task.node]
+        with self._lock:
+            before = node.health
+            if before in RESET_FIXES:
+                node.health = "healthy"
+        self._log("task", f"GPU reset: health {before} -> {node.health}", node.name)
+        if before in RESET_FIXES:
+            return self._container_exit(task, 0, "GPUs reset, diag passed")
+        return self._container_exit(task, 1, f"GPU reset failed ({before})")
 
     def _container_exit(self, task: SimTask, exit_code: int, why: str) -> list[dict[str, Any]]:
         """The essential container exited: STOPPED (EssentialContainerExited)."""

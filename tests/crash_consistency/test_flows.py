@@ -3,13 +3,13 @@ models (a throttle that does not execute the call, a call whose response is lost
 failed events redelivered as Lambda's asynchronous invocation does and the sweeps every
 minute; the backstop invariant is checked after every event.
 
-The flows (``local_mode.campaigns``): the fast path, a dead GPU (quarantine, the job
-failed and e-mailed), an application error (restarted, and failed and e-mailed), relocation
-(at once, spare first, after waiting for a free node), a job HELD by the breaker until the
-operator's reset or until the breaker closes by itself, a gang above the inline fan-out (17
-ranks, through the gang queue), a node lost from heartbeats (its agent silent, its ECS agent
-disconnected) and a preemption (suspend, go_suspend(), resume). The GPU fault with reboot
-is ``test_fault_injection.py``'s.
+The flows (``local_mode.campaigns``): a GPU reset instead of a reboot, the fast path, a dead
+GPU (quarantine, the job failed and e-mailed), an application error (restarted, and failed and
+e-mailed), relocation (at once, spare first, after waiting for a free node), a job HELD by the
+breaker until the operator's reset or until the breaker closes by itself, a gang above the
+inline fan-out (17 ranks, through the gang queue), a node lost from heartbeats (its agent
+silent, its ECS agent disconnected) and a preemption (suspend, go_suspend(), resume). The GPU
+fault with reboot is ``test_fault_injection.py``'s.
 
 Without ``GPU_RECOVERY_FAULTS=all`` (``make test-slow``) the first call of every call site
 of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs) every call.
@@ -68,6 +68,10 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
             assert any(c.operation == "SendMessageBatch" for c in result.calls)
         elif flow in ("app_error", "app_error_fails"):
             assert set(result.suspects.values()) == {"HEALTHY"}
+        elif flow == "gpu_reset":
+            # The reset task's calls are the flow's (each is broken in turn), no reboot.
+            assert any(c.operation == "StartTask" and "gpu_resets" in c.site for c in result.calls)
+            assert result.reboots[recovery.FAULTY] == 0 and result.facts["gpu_resets"] == 1
 
 
 # Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).

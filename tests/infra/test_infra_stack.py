@@ -9,6 +9,7 @@ from aws_cdk.assertions import Match
 from infra_synth import CLUSTER, CLUSTER_ARN, CUSTOM_TASK_ARN, Synth
 
 from gpu_recovery import constants as c
+from infra import REPO_ROOT as REPO
 from infra.health_check import read_health_check_script
 
 RECOVERY_HANDLERS = {
@@ -237,9 +238,9 @@ def test_lambda_async_failures_go_to_the_dlq(default_synth: Synth) -> None:
 
 def test_health_check_task_definition(default_synth: Synth) -> None:
     """Given defaults, Then the DCGM task: EC2, 8 GPUs, DCGM image, awslogs, the script."""
-    (task,) = default_synth.resources("AWS::ECS::TaskDefinition").values()
+    (task,) = [t for t in default_synth.resources("AWS::ECS::TaskDefinition").values()
+               if t["Properties"]["Family"] == c.DEFAULT_HEALTH_CHECK_FAMILY]
     props = task["Properties"]
-    assert props["Family"] == c.DEFAULT_HEALTH_CHECK_FAMILY
     assert props["RequiresCompatibilities"] == ["EC2"]
     (container,) = props["ContainerDefinitions"]
     assert container["ResourceRequirements"] == [{"Type": "GPU", "Value": "8"}]
@@ -262,9 +263,27 @@ def test_health_check_task_definition(default_synth: Synth) -> None:
     assert all("RetentionInDays" in g["Properties"] for g in log_groups.values())
 
 
+def test_gpu_reset_task_definition(default_synth: Synth) -> None:
+    """The GPU reset task: EC2, every GPU of the node, privileged (nvidia-smi -r), the
+    script, its own log group; the functions know its family."""
+    (task,) = [t for t in default_synth.resources("AWS::ECS::TaskDefinition").values()
+               if t["Properties"]["Family"] == c.DEFAULT_GPU_RESET_FAMILY]
+    (container,) = task["Properties"]["ContainerDefinitions"]
+    assert container["ResourceRequirements"] == [{"Type": "GPU", "Value": "8"}]
+    assert container["Privileged"] is True and "Environment" not in container
+    assert container["Command"] == ["sh", "-c", (REPO / "health_check" / "gpu_reset.sh").read_text()]
+    assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+    for fn in default_synth.resources("AWS::Lambda::Function").values():
+        env = fn["Properties"]["Environment"]["Variables"]
+        assert env[c.ENV_GPU_RESET_TASK] == c.DEFAULT_GPU_RESET_FAMILY
+
+
 def test_no_task_definition_when_own_arn_given(custom_synth: Synth) -> None:
-    """Given health_check_task_arn, Then no task definition is created and the ARN is used."""
-    custom_synth.assertions.resource_count_is("AWS::ECS::TaskDefinition", 0)
+    """Given health_check_task_arn, Then no health-check task definition is created and the
+    ARN is used (the GPU reset task is the stack's own)."""
+    definitions = custom_synth.resources("AWS::ECS::TaskDefinition").values()
+    families = [t["Properties"]["Family"] for t in definitions]
+    assert families == [c.DEFAULT_GPU_RESET_FAMILY]
     for fn in custom_synth.resources("AWS::Lambda::Function").values():
         env = fn["Properties"]["Environment"]["Variables"]
         assert env[c.ENV_HEALTH_CHECK_TASK] == CUSTOM_TASK_ARN

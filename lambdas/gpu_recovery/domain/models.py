@@ -161,6 +161,13 @@ class Instance:
     reboot_requested_at: float | None = None
     reboot_claimed_at: float | None = None  # intent: a delivery is calling the reboot API
     reboot_issued_at: float | None = None  # confirmed: the reboot API answered
+    # A REBOOTING node whose remediation is a GPU reset first (recovery.gpu_resets): the
+    # reboot is issued only if the reset fails. The claim (startedBy, committed before
+    # StartTask) and the task it started.
+    reset_pending: bool = False
+    reset_started_by: str = ""
+    reset_claimed_at: float | None = None
+    reset_task_arn: str = ""
     disconnected_at: float | None = None  # agent seen disconnected after the reboot request
     disconnected_version: int = 0  # that event's detail.version (0: unknown)
     boot_time: float | None = None

@@ -35,6 +35,8 @@ class NotificationKind(str, Enum):
     # A job that cannot move waits (HELD) for a node whose reboot the breaker held back.
     JOB_HELD = "job_held"
     JOB_REFUSED = "job_refused"  # a tagged job larger than the supported size: not protected
+    # A node's GPU reset failed (or its task was lost / timed out): rebooted instead.
+    GPU_RESET_FAILED = "gpu_reset_failed"
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "breaker_auto_close": ("true", "true | false: the breaker closes by itself once the nodes it acted on "
                            "are back healthy"),
     "max_infra_recoveries": (str(DEFAULT_MAX_INFRA_RECOVERIES), "a job's infrastructure recoveries"),
+    "gpu_reset": ("true", "true | false: reset a node's GPUs (a privileged ECS task) where the evidence "
+                  "says a reset suffices; false: reboot the node instead"),
     "max_app_restarts": (str(DEFAULT_MAX_APP_RESTARTS), "a job's application-error restarts"),
 }
 
@@ -55,11 +57,13 @@ class RemediationSettings:
     cordon: CordonPolicy = field(default_factory=CordonPolicy)
     max_infra_recoveries: int = DEFAULT_MAX_INFRA_RECOVERIES
     max_app_restarts: int = DEFAULT_MAX_APP_RESTARTS
+    gpu_reset_enabled: bool = True
 
     def policy(self, catalog: FaultCatalog, suspect_exit_codes: Collection[int]) -> RemediationPolicy:
         return RemediationPolicy(catalog=catalog, escalation=self.escalation, modes=self.modes,
                                  suspect_exit_codes=frozenset(suspect_exit_codes),
-                                 replace_action=self.replace_action)
+                                 replace_action=self.replace_action,
+                                 gpu_reset_enabled=self.gpu_reset_enabled)
 
 
 def _number(values: Mapping[str, str], key: str, errors: list[str], *, integer: bool,
@@ -101,6 +105,9 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
     auto_close = (values.get("breaker_auto_close") or SETTINGS["breaker_auto_close"][0]).strip().lower()
     if auto_close not in ("true", "false"):
         errors.append(f"breaker_auto_close must be true or false, got {auto_close!r}")
+    gpu_reset = (values.get("gpu_reset") or SETTINGS["gpu_reset"][0]).strip().lower()
+    if gpu_reset not in ("true", "false"):
+        errors.append(f"gpu_reset must be true or false, got {gpu_reset!r}")
 
     def num(key: str, low: float, high: float, integer: bool = True) -> float | None:
         return _number(values, key, errors, integer=integer, low=low, high=high)
@@ -127,4 +134,5 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
                               max_nodes=int(cap) if cap is not None else None,
                               window_seconds=float(minutes or 0) * 60, auto_close=auto_close == "true"),
         max_infra_recoveries=int(infra or 0), max_app_restarts=int(app or 0),
+        gpu_reset_enabled=gpu_reset == "true",
     )

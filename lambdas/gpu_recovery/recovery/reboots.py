@@ -187,6 +187,8 @@ class Reboots:
 
     def _judge(self, instance: Instance, event: AgentEvent) -> Outcome:
         inst_id = instance.container_inst_id
+        if instance.reset_pending:  # its GPUs are being reset (recovery.gpu_resets), not a reboot
+            return Outcome("ignored", detail={"instance": inst_id, "why": "GPU reset in progress"})
         if policy.is_disconnect_after_reboot(instance, event):
             self.deps.repo.record_agent_disconnected(instance, event.at, event.version)
             return Outcome("agent_disconnected", detail={"instance": inst_id})

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from gpu_recovery.constants import GPU_RESET_GROUP
 from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
 from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
@@ -93,6 +94,8 @@ class RecoveryService:
         return self.faults.on_task_state_change(EcsTaskDetail.model_validate(task))
 
     def on_health_check_stopped(self, detail: EcsTaskDetail) -> Outcome:
+        if detail.group.startswith(GPU_RESET_GROUP):  # same rule, its own task
+            return self.remediation.resets.on_stopped(detail)
         return self.health.on_stopped(detail)
 
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,

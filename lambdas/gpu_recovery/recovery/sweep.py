@@ -143,6 +143,8 @@ class Sweep:
     def _instance(self, instance: Instance, now: float) -> str:
         if instance.state in HEALTH_CHECK_STATES:
             return self.health.sweep(instance, now)
+        if instance.state is InstanceState.REBOOTING and instance.reset_pending:
+            return self.health.remediation.resets.sweep(instance, now)  # a GPU reset first
         if instance.state is InstanceState.REBOOTING:
             return self.reboots.sweep(instance, now)
         if instance.state is InstanceState.QUARANTINED and (instance.drain_pending

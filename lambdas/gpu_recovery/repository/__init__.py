@@ -6,6 +6,7 @@
   of a job's, a rank's and an instance's conditional update, the deadline index.
 * ``jobs_and_ranks`` — a job and its ranks: reads, registration, intents.
 * ``instances`` — a container instance: its health check, reboot, quarantine, history.
+* ``gpu_resets`` — a node's GPU reset: claim, task, passed or fallen back to a reboot.
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
 * ``faults``, ``latches``, ``health_check_slots``, ``cordons``, ``notices`` — the
@@ -31,11 +32,12 @@ from gpu_recovery.repository.base import (
     to_ddb,
 )
 from gpu_recovery.repository.breaker import BreakerState
+from gpu_recovery.repository.gpu_resets import GpuResets
 from gpu_recovery.repository.jobs_and_ranks import RankStop
 from gpu_recovery.repository.node_decisions import JobFailure, JobVerdict, NodeDecision, NodeDecisions
 
 
-class Repository(NodeDecisions, BreakerState):
+class Repository(NodeDecisions, GpuResets, BreakerState):
     """The recovery loop's repository: the intents of every aggregate of its two tables
     (jobs and ranks, instances, node decisions, the breaker), one object the stages share.
     Each method lives in the module of its aggregate (see the package docstring)."""

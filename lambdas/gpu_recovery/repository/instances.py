@@ -276,24 +276,35 @@ class Instances(RecoveryTables):
             extra_names={"#rq": "reboot_requested_at", "#dc": "disconnected_at"},
         ))
 
-    def mark_instance_back(self, instance: Instance, now: float) -> bool:
+    def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
+                           last_reset: dict[str, Any] | None = None) -> bool:
         """REBOOTING -> AVAILABLE, once per reboot. The jobs waiting for it stay listed until
         each is released (:meth:`release_waiting_job`); a deadline lets the sweep finish that
-        if this delivery dies."""
+        if this delivery dies. ``reset_started_by``: back after that GPU reset (its claim), not
+        a reboot."""
         waiting = bool(instance.waiting_jobs)
         fields: dict[str, Any] = {"returned_at": now}
         remove: list[str] = []
+        condition = "#rq = :rq"
+        values: dict[str, Any] = {":rq": instance.reboot_requested_at}
+        names = {"#rq": "reboot_requested_at"}
+        if reset_started_by:
+            condition += " AND attribute_exists(#rp) AND #sb = :sb"
+            values[":sb"] = reset_started_by
+            names.update({"#rp": "reset_pending", "#sb": "reset_started_by"})
+            remove += ["reset_pending", "reset_claimed_at"]
+            fields["last_reset"] = last_reset or {}
         sync: list[Update] = []
         if instance.cordoned:  # healthy again: its cordon goes with the reboot (same transaction)
-            more, remove, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
+            more, gone, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
             fields.update(more)
+            remove += gone
             sync.append(update)
         return self.db.transact([self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
             set_fields=fields, remove_fields=remove, deadline_at=now + 60 if waiting else None,
             clear_deadline=not waiting,
-            extra_condition="#rq = :rq", extra_values={":rq": instance.reboot_requested_at},
-            extra_names={"#rq": "reboot_requested_at"},
+            extra_condition=condition, extra_values=values, extra_names=names,
         ), *sync])
 
     def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str) -> bool:

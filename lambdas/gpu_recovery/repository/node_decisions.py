@@ -65,6 +65,7 @@ class NodeDecision:
     follow_up_at: float | None = None  # a reboot or drain still to do: the sweep finishes it
     cordon: dict[str, Any] | None = None  # known bad: cordon it (domain.cordon.cordon_record)
     uncordon: bool = False  # healthy again (a passed diag): clear its cordon
+    reset: bool = False  # REBOOTING by a GPU reset first (recovery.gpu_resets)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,11 @@ class NodeDecisions(JobsAndRanks, Instances):
             fields.update(reboot_requested_at=now, reboot_reason=decision.reboot_reason[:300])
             remove += ["reboot_claimed_at", "reboot_issued_at", "disconnected_at", "disconnected_version",
                        "breaker_blocked"]
+            remove += ["reset_started_by", "reset_claimed_at", "reset_task_arn"]
+            if decision.reset:
+                fields["reset_pending"] = True
+            else:
+                remove.append("reset_pending")
         if to is InstanceState.QUARANTINED:
             fields.update(quarantine_reason=decision.quarantine_reason[:500], drain_pending=True)
             if decision.terminate:

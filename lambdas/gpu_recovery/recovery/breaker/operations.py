@@ -275,12 +275,14 @@ class BreakerOperations:
         terminate = (action is Action.REPLACE and self.deps.policy.replace_action == "terminate_in_asg"
                      and self.deps.policy.modes.executes(Effect.TERMINATE)
                      and not instance.is_managed_instance and not blocked.get("quarantine_only"))
-        to = InstanceState.REBOOTING if action is Action.REBOOT else InstanceState.QUARANTINED
+        # A held-back reset is carried out as a reset (recovery.gpu_resets), a reboot as a reboot.
+        to = (InstanceState.REBOOTING if action in (Action.REBOOT, Action.RESET_GPU)
+              else InstanceState.QUARANTINED)
         decision = NodeDecision(
             from_states=(InstanceState.SUSPECT,), to=to, fault_history=history_to_item(history),
             quarantine_reason=why if to is InstanceState.QUARANTINED else "",
             reboot_reason=why if to is InstanceState.REBOOTING else "", terminate=terminate,
-            follow_up_at=now + FOLLOW_UP_SECONDS)
+            follow_up_at=now + FOLLOW_UP_SECONDS, reset=action is Action.RESET_GPU)
         if not repo.record_node_decision(instance, decision, [], now, update):
             return "backlog_raced"  # the node or the breaker changed: the next sweep decides again
         fresh = repo.get_instance(node) or instance

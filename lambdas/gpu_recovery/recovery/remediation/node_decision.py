@@ -42,6 +42,7 @@ from gpu_recovery.domain.remediation_plan import RemediationPlan, plan_remediati
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
@@ -62,6 +63,10 @@ def label_for(plan: RemediationPlan) -> SuspectVerdict:
         return SuspectVerdict.HEALTHY
     if action is Action.REBOOT:
         return SuspectVerdict.REBOOT if Effect.REBOOT in plan.execute else SuspectVerdict.BLOCKED
+    if action is Action.RESET_GPU:
+        # A reset is waited for as a reboot (restart once the node is back; a failed reset
+        # becomes the reboot itself: recovery.gpu_resets).
+        return SuspectVerdict.REBOOT if Effect.RESET_GPU in plan.execute else SuspectVerdict.BLOCKED
     if Effect.DRAIN not in plan.execute:
         return SuspectVerdict.BLOCKED
     return SuspectVerdict.OPERATOR_ACTION if action is Action.OPERATOR_ACTION else SuspectVerdict.REPLACE
@@ -114,6 +119,7 @@ class NodeRemediation:
         self.notices = ranks.notices  # the outbox
         self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
         self.settlement = JobSettlement(deps, restarts, self.notices, self.owed_notices)
+        self.resets = GpuResets(deps, reboots, self.notices)
 
     # ------------------------------------------------------------ evidence / plan
     @property
@@ -252,8 +258,9 @@ class NodeRemediation:
         last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": job_ids}
         to: InstanceState | None
         blocked = None
-        if Effect.REBOOT in plan.execute:
-            to = InstanceState.REBOOTING
+        reset = Effect.RESET_GPU in plan.execute
+        if Effect.REBOOT in plan.execute or reset:
+            to = InstanceState.REBOOTING  # a reset first (recovery.gpu_resets), else the reboot
         elif Effect.DRAIN in plan.execute:
             to = InstanceState.QUARANTINED
         elif plan.blocked_by_breaker:
@@ -282,7 +289,8 @@ class NodeRemediation:
             reboot_reason=why if to is InstanceState.REBOOTING else "",
             terminate=Effect.TERMINATE in plan.execute, breaker_blocked=blocked,
             hc_started_by=hc_started_by, hc_jobs_count=hc_jobs_count, restart_jobs=restart_jobs,
-            follow_up_at=now + FOLLOW_UP_SECONDS if follow_up else None, cordon=cordon, uncordon=uncordon)
+            follow_up_at=now + FOLLOW_UP_SECONDS if follow_up else None, cordon=cordon, uncordon=uncordon,
+            reset=reset)
 
     # ------------------------------------------------------------ gate, cordon
     def ask_gate(self, plan: RemediationPlan, inst_id: str, jobs: list[Job],
@@ -337,8 +345,10 @@ class NodeRemediation:
 
     # ------------------------------------------------------------------ effects
     def carry_out(self, instance: Instance, plan: RemediationPlan | None = None) -> None:
-        """Reboot or drain (then terminate) as the committed instance state says."""
-        if instance.state is InstanceState.REBOOTING:
+        """Reset, reboot or drain (then terminate) as the committed instance state says."""
+        if instance.state is InstanceState.REBOOTING and instance.reset_pending:
+            self.resets.start(instance)
+        elif instance.state is InstanceState.REBOOTING:
             self.reboots.issue(instance)
         elif instance.state is InstanceState.QUARANTINED and (instance.drain_pending
                                                                or instance.terminate_pending):

@@ -1,0 +1,231 @@
+"""Stage 3a: reset a node's GPUs (the catalog's ``reset_gpu``) before rebooting it.
+
+A node decision of ``reset_gpu`` leaves the node REBOOTING with ``reset_pending``: every
+job waiting for it counts it decided and waits as for a reboot (restart once it is back),
+and the breaker counted it as a remediation when the decision was taken. This stage then:
+
+1. waits until no rank holds the node's GPUs (``nvidia-smi -r`` refuses a GPU in use);
+2. **claims** the reset (``reset_started_by``, deterministic per node and decision) before
+   StartTask of the privileged reset task on that container instance; a claim taken over
+   (its claimer died, or StartTask's answer was lost) looks the task up by startedBy first;
+3. records the task's ARN, and learns the result from its STOPPED event (exit 0: the
+   reset and a short DCGM diag passed; anything else: failed);
+4. passed: the node is back (REBOOTING -> AVAILABLE, the write a node back from its reboot
+   makes) and its waiting jobs restart as after a healthy reboot; failed, could not be
+   placed, lost or out of time: the decision becomes today's reboot (a new reboot request,
+   recorded in the node's history so reboot -> replace counts it) and an operator e-mail is
+   owed in the same transaction.
+
+The instance keeps a deadline the sweep reaches at every step (waiting for GPUs, a claim,
+a running task: ``sweep``), so a reset whose result event was lost is read from
+DescribeTasks, and one that never ends is stopped and replaced by the reboot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import replace
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.adapters.errors import refused
+from gpu_recovery.constants import (
+    CLAIM_LEASE_SECONDS,
+    GPU_RESET_GROUP,
+    GPU_RESET_STARTED_BY,
+    SYSTEM_STOP_REASON_PREFIX,
+    NotificationKind,
+)
+from gpu_recovery.domain.escalation import (
+    NodeFaultRecord,
+    fault_summary,
+    history_from_item,
+    history_to_item,
+    record_fault,
+)
+from gpu_recovery.domain.fault_vocabulary import Action
+from gpu_recovery.domain.models import Instance, container_instance_id
+from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery.notices import Notices
+from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.reboots import Reboots
+
+logger = logging.getLogger(__name__)
+
+RETRY_INTERVAL_SECONDS = 60  # GPUs still held, a claim in flight: the sweep looks again
+POLL_SECONDS = 120  # a running reset task is looked at this often (its STOPPED event may be lost)
+RESET_TASK_PURPOSE = "gpu-reset"
+
+
+def gpu_reset_started_by(instance: Instance) -> str:
+    """Deterministic per node and decision (its reboot request): the same claim finds its task."""
+    seed = f"{instance.container_inst_id}:{instance.reboot_requested_at}"
+    return f"{GPU_RESET_STARTED_BY}-{hashlib.sha256(seed.encode()).hexdigest()[:16]}"
+
+
+def resetting(instance: Instance | None) -> bool:
+    """A REBOOTING node whose GPU reset has not ended yet (this stage's, not the reboot's)."""
+    return instance is not None and instance.state is InstanceState.REBOOTING and instance.reset_pending
+
+
+class GpuResets:
+    def __init__(self, deps: Deps, reboots: Reboots, notices: Notices) -> None:
+        self.deps = deps
+        self.reboots = reboots
+        self.notices = notices
+
+    def _timeout_at(self, instance: Instance) -> float:
+        return (instance.reboot_requested_at or clock.now()) + self.deps.settings.gpu_reset_timeout_seconds
+
+    # -------------------------------------------------------------------- start
+    def start(self, instance: Instance) -> str:
+        """Start the reset task once the node's GPUs are free; finish a dead claim."""
+        if not resetting(instance):
+            return "not_resetting"
+        repo = self.deps.repo
+        now = clock.now()
+        if instance.reset_task_arn:
+            return "gpu_reset_running"
+        if instance.reset_started_by:
+            if (instance.reset_claimed_at or 0.0) + CLAIM_LEASE_SECONDS > now:
+                return "gpu_reset_claimed"  # its claimer may still be starting it
+            if not repo.take_over_gpu_reset_claim(instance, now, now + CLAIM_LEASE_SECONDS):
+                return "raced"
+            found = self.deps.ecs.tasks_started_by(instance.reset_started_by)
+            if found:
+                self._record_task(instance, instance.reset_started_by, found[0])
+                return "gpu_reset_found"
+            return self._start_task(replace(instance, reset_claimed_at=now), instance.reset_started_by)
+        busy = repo.live_ranks_on_instance(instance.container_inst_id)
+        if busy:
+            logger.info("GPU reset waits for the node's ranks to stop", extra={
+                "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
+            repo.rearm_gpu_reset(instance, min(self._timeout_at(instance), now + RETRY_INTERVAL_SECONDS))
+            return "gpu_reset_waiting_for_gpus"
+        started_by = gpu_reset_started_by(instance)
+        if not repo.claim_gpu_reset(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
+            return "raced"
+        return self._start_task(replace(instance, reset_started_by=started_by, reset_claimed_at=now),
+                                started_by)
+
+    def _start_task(self, instance: Instance, started_by: str) -> str:
+        inst_id = instance.container_inst_id
+        try:
+            result = self.deps.ecs.start_task(
+                task_definition=self.deps.settings.gpu_reset_task,
+                container_instance_arn=instance.container_instance_arn or inst_id,
+                started_by=started_by, group=GPU_RESET_GROUP,
+                tags=[{"key": "gpu-recovery:purpose", "value": RESET_TASK_PURPOSE}],
+            )
+        except Exception as error:
+            if refused(error):  # nothing was started: the next try may start it
+                self.deps.repo.release_gpu_reset_claim(instance, started_by,
+                                                       clock.now() + RETRY_INTERVAL_SECONDS)
+            # Otherwise it may have started: the lease expires and the next try looks it up.
+            raise
+        if not result.task_arns:
+            return self.fall_back(instance, f"the GPU reset task could not be placed ({result.reasons()})")
+        task_arn = result.task_arns[0]
+        self._record_task(instance, started_by, task_arn)
+        self.deps.metrics.add_metric("GpuResetsStarted", "Count", 1)
+        logger.info("GPU reset started", extra={"instance": inst_id, "task": task_arn})
+        return "gpu_reset_started"
+
+    def _record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
+        now = clock.now()
+        self.deps.repo.record_gpu_reset_started(instance, started_by, task_arn,
+                                                min(self._timeout_at(instance), now + POLL_SECONDS))
+
+    # ------------------------------------------------------------------- result
+    def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
+        """The reset task stopped: its exit code is the result (0: reset and diag passed)."""
+        inst_id = container_instance_id(detail.containerInstanceArn or "")
+        instance = self.deps.repo.get_instance(inst_id) if inst_id else None
+        if instance is None:
+            return Outcome("ignored", detail={"why": "untracked instance"})
+        if not resetting(instance) or not instance.reset_started_by \
+                or detail.startedBy != instance.reset_started_by:
+            return Outcome("duplicate", detail={"instance": inst_id, "state": instance.state.value})
+        exit_code = detail.exit_code()
+        result = {"task_arn": detail.taskArn, "exit_code": exit_code, "at": clock.now(),
+                  "stopped_reason": (detail.stoppedReason or "")[:300]}
+        if exit_code == 0:
+            return Outcome(self._passed(instance, result), detail={"instance": inst_id})
+        why = (f"the GPU reset task exited {exit_code}" if exit_code is not None
+               else "the GPU reset task stopped without an exit code "
+                    f"({detail.stoppedReason or 'no reason'})")
+        return Outcome(self.fall_back(instance, why, result=result), detail={"instance": inst_id})
+
+    def _passed(self, instance: Instance, result: dict[str, Any]) -> str:
+        inst_id = instance.container_inst_id
+        if not self.deps.repo.record_gpu_reset_passed(instance, {**result, "result": "passed"}, clock.now()):
+            return "duplicate"
+        self.deps.metrics.add_metric("GpuResets", "Count", 1)
+        logger.info("GPU reset passed: node back", extra={"instance": inst_id})
+        if instance.cordoned:  # healthy again: cordon cleared in the same write
+            self.reboots.cordons.sync_quietly(inst_id)
+        after_commit("release after reset", self.reboots.release_waiting, instance)
+        return "gpu_reset_passed"
+
+    def fall_back(self, instance: Instance, why: str, *, result: dict[str, Any] | None = None) -> str:
+        """Today's reboot instead, with its e-mail, in one conditional write; then issue it."""
+        repo = self.deps.repo
+        inst_id = instance.container_inst_id
+        now = clock.now()
+        raw = repo.get_instance_item(inst_id) or {}
+        plan = dict((raw.get("last_fault") or {}).get("plan") or {})
+        cause = str((plan.get("decision") or {}).get("rule_id") or "gpu-reset-failed")
+        record = NodeFaultRecord(at=now, cause=cause, action=Action.REBOOT, executed=True,
+                                 evidence=fault_summary(None, note=f"GPU reset failed: {why}"))
+        history = history_to_item(record_fault(history_from_item(raw.get("fault_history")), record, now,
+                                               self.deps.policy.escalation))
+        notice = self.notices.for_node(
+            NotificationKind.GPU_RESET_FAILED, f"GPU reset failed on {inst_id}: rebooting it instead",
+            container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
+            what_happened=f"The GPU reset of instance {inst_id} failed: {why}",
+            what_was_done="The node is rebooted instead (the usual reboot flow); the jobs waiting for it "
+                          "restart once it is back",
+            operator_action="None if the reboot brings it back. Read the reset task's log (nvidia-smi -r, "
+                            "dcgmi diag) for why the reset failed; a node whose resets keep failing is "
+                            "rebooted, then replaced, by escalation.")
+        reason = f"reboot: GPU reset failed ({why})"
+        if not repo.fall_back_to_reboot(
+                instance, started_by=instance.reset_started_by,
+                result={**(result or {}), "result": "failed", "why": why[:300], "at": now},
+                reason=reason, fault_history=history, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
+                also=self.notices.owe([notice], now)):
+            return "raced"
+        self.notices.send([notice])
+        self.deps.metrics.add_metric("GpuResetFallbacks", "Count", 1)
+        logger.warning("GPU reset failed: rebooting instead", extra={"instance": inst_id, "why": why})
+        fresh = repo.get_instance(inst_id)
+        if fresh is not None and fresh.state is InstanceState.REBOOTING and not fresh.reset_pending:
+            after_commit("reboot after failed reset", self.reboots.issue, fresh)
+        return "gpu_reset_failed"
+
+    # -------------------------------------------------------------------- sweep
+    def sweep(self, instance: Instance, now: float) -> str:
+        """Scheduled while the reset is pending: start what never started, read a result
+        whose event was lost, and fall back to the reboot once out of time."""
+        if now >= self._timeout_at(instance):
+            if instance.reset_task_arn:
+                self.deps.ecs.stop_task(instance.reset_task_arn,
+                                        f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
+            return self.fall_back(instance, "the GPU reset did not finish in time")
+        if instance.reset_task_arn:
+            task = self.deps.ecs.describe_task(instance.reset_task_arn)
+            if task is None:
+                return self.fall_back(instance, "the GPU reset task is gone (ECS no longer knows it)")
+            if task.get("lastStatus") == "STOPPED":
+                # Its STOPPED event was lost (or is still being retried): read it from ECS.
+                return self.on_stopped(EcsTaskDetail.model_validate(task)).action
+            self.deps.repo.rearm_gpu_reset(instance, min(self._timeout_at(instance), now + POLL_SECONDS))
+            return "gpu_reset_running"
+        started = self.start(instance)
+        if started in ("gpu_reset_claimed", "raced"):
+            self.deps.repo.rearm_gpu_reset(instance, min(self._timeout_at(instance),
+                                                         max(instance.reset_claimed_at or now, now)
+                                                         + CLAIM_LEASE_SECONDS))
+        return started
