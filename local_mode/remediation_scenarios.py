@@ -148,17 +148,17 @@ def gpu_reset() -> ScenarioResult:
              "(no reboot) -> job restarted and COMPLETE")
     with world() as w:
         for node in ("node-a", "node-b"):
-            w.sim.add_node(node)
-        w.sim.start_job("gpt-reset", w.td, ["node-a", "node-b"])
-        w.sim.inject_gpu_fault("node-b", after=10 * MIN, health="reset_fixable", nccl_cascade=True)
-        w.sim.run_for(16 * MIN)
+            w.ecs.add_node(node)
+        w.ecs.start_job("gpt-reset", w.training_task_definition, ["node-a", "node-b"])
+        w.ecs.inject_gpu_fault("node-b", after=10 * MIN, health="reset_fixable", nccl_cascade=True)
+        w.ecs.run_for(16 * MIN)
         mttr = _restart_seconds(w.job("gpt-reset"))
-        w.sim.run_for(70 * MIN)
+        w.ecs.run_for(70 * MIN)
         problems: list[str] = []
         job = w.job("gpt-reset")
         _expect(problems, "job", (job.get("job_state"), job.get("attempt")), ("COMPLETE", 2))
         _expect(problems, "GPU resets / reboots of node-b",
-                (w.sim.counters.get("gpu_resets_started", 0), w.sim.node("node-b").reboots), (1, 0))
+                (w.ecs.counters.get("gpu_resets_started", 0), w.ecs.node("node-b").reboots), (1, 0))
         history = [r["action"] for r in w.node_item("node-b").get("fault_history", [])]
         _expect(problems, "node-b fault history", history, ["reset_gpu"])
         _expect(problems, "fallback e-mails", len(_kinds(w, C.NotificationKind.GPU_RESET_FAILED.value)), 0)
