@@ -239,6 +239,6 @@ def test_the_trip_email_lists_the_held_node_its_jobs_and_what_a_reset_does() -> 
         assert w.repo.save_breaker(state, None)
         fault_with_reboot_verdict(w, arns)
         [mail] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.BREAKER_TRIPPED]
-        assert f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD for the reset" in mail.body
+        assert f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD until the breaker closes" in mail.body
         assert "--resume-backlog reboots it" in mail.body and "cordoned" in mail.body
         assert w.repo.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)
