@@ -24,7 +24,7 @@ from typing import Any
 
 from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, INSTANCE_PK
 from gpu_recovery.domain.cordon import ECS_APPLIED, ECS_HELD, ECS_PENDING, parse_sync_entry, sync_entry
-from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.base import Update, from_ddb
 
 _SET = "pending"
 _HOLDS, _REV, _AT = "holds", "holds_rev", "holds_at"
@@ -74,7 +74,8 @@ class CordonRepository:
             parsed = parse_sync_entry(str(member))
             if parsed is not None:
                 out.setdefault(parsed[0], []).append(str(member))
-        holds = {str(n): dict(h) for n, h in (item.get(_HOLDS) or {}).items() if isinstance(h, Mapping)}
+        holds = {str(n): from_ddb(dict(h)) for n, h in (item.get(_HOLDS) or {}).items()
+                 if isinstance(h, Mapping)}
         return Worklist(out, holds, int(item.get(_REV) or 0), float(item.get(_AT) or 0.0))
 
     def set_holds(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None], now: float) -> bool:
