@@ -6,7 +6,7 @@ with the answer lost), over many jobs and faults at once, for hours of simulated
 
 * ``nodes`` GPU nodes; ``jobs`` tagged jobs of 1-4 ranks (one per node), launched by a
   user's own scheduler (StartTask with the ``gpu-recovery:*`` tags, on ACTIVE nodes
-  without the cordon attribute), each training for 20-80 minutes;
+  without the placement attribute gpu-recovery.unavailable), each training for 20-80 minutes;
 * faults during a share of the jobs: a GPU a reboot fixes (DCGM says reboot), a dead GPU
   (DCGM says replace), an application error (DCGM says healthy), XID 79 reported by the
   node agent (the fast path), each with the NCCL cascade; some jobs relocatable;
@@ -39,7 +39,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
-from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE
+from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.repository import Repository
 
 from .emulator import DYNAMODB_BACKENDS, LocalAws
@@ -131,8 +131,9 @@ class _UserScheduler:
         described = ecs.describe_container_instances(cluster=self.local.cluster_name, containerInstances=arns)
         usable = set()
         for ci in described["containerInstances"]:
-            cordoned = any(a.get("name") == CORDON_ATTRIBUTE for a in ci.get("attributes") or [])
-            if ci["status"] == "ACTIVE" and ci.get("agentConnected") and not cordoned:
+            # The documented constraint: attribute:gpu-recovery.unavailable !exists.
+            unavailable = any(a.get("name") == UNAVAILABLE_ATTRIBUTE for a in ci.get("attributes") or [])
+            if ci["status"] == "ACTIVE" and ci.get("agentConnected") and not unavailable:
                 usable.add(ci["containerInstanceArn"])
         busy = {t.node for t in self.sim.running_tasks()}
         return [n.name for n in self.sim.nodes.values()

@@ -56,6 +56,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 
+from .. import cluster_query
 from .. import events as ev
 from ..emulator import LocalAws, hook_answer
 from .bus import LocalEventBus
@@ -74,6 +75,8 @@ class SimulatedEcs(GpuFaults):
         hooks = local.hooks
         hooks.on_before_call("ecs", "StartTask", self._before_start_task)
         hooks.on_after_call("ecs", "StartTask", self._after_start_task)
+        hooks.on_before_call("ecs", "ListContainerInstances", self._before_list_cis)
+        hooks.on_before_call("ecs", "DeleteAttributes", self._before_delete_attributes)
         hooks.on_after_call("ecs", "StopTask", self._after_stop_task)
         hooks.on_after_call("ecs", "DescribeContainerInstances", self._after_describe_cis)
         hooks.on_after_call(
@@ -158,6 +161,34 @@ class SimulatedEcs(GpuFaults):
             if reqs and co.get("name") in per_container:
                 per_container[co["name"]] = sum(int(r.get("value", 0)) for r in reqs)
         return td, sum(per_container.values())
+
+    def _before_list_cis(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
+        """ListContainerInstances with a ``filter`` (cluster query language): evaluated
+        here on the instances' attributes (moto ignores it). No filter: moto answers."""
+        expression = params.get("filter")
+        if not expression:
+            return None
+        status = params.get("status")
+        cis = self._backend.container_instances.get(self.local.cluster_name, {}).values()
+        arns = sorted(ci.container_instance_arn for ci in cis
+                      if (status is None or ci.status == status)
+                      and cluster_query.matches(str(expression), dict(ci.attributes or {})))
+        return hook_answer("ecs", {"containerInstanceArns": arns})
+
+    def _before_delete_attributes(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
+        """DeleteAttributes of custom attributes by name and target, without their value, as
+        ECS documents it (moto deletes only an attribute whose value matches the one given)."""
+        attributes = list(params.get("attributes") or [])
+        if any(a.get("value") is not None or not a.get("targetId") for a in attributes):
+            return None  # moto answers
+        cis = self._backend.container_instances.get(self.local.cluster_name, {})
+        for attribute in attributes:
+            ci = cis.get(str(attribute["targetId"]).rsplit("/", 1)[-1])
+            if ci is None:
+                return None  # moto answers TargetNotFoundException
+        for attribute in attributes:
+            cis[str(attribute["targetId"]).rsplit("/", 1)[-1]].attributes.pop(attribute["name"], None)
+        return hook_answer("ecs", {"attributes": attributes})
 
     def _before_start_task(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
         try:

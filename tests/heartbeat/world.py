@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,11 +62,11 @@ class StubEcs:
     def drain(self, arn: str) -> None:
         self.drained.append(arn)
 
-    def put_cordon(self, arn: str, attribute: str) -> bool:
+    def put_attributes(self, arn: str, attributes: Mapping[str, str]) -> bool:
         self.cordoned = [*getattr(self, "cordoned", []), arn]
         return True
 
-    def remove_cordon(self, arn: str, attribute: str) -> bool:
+    def delete_attributes(self, arn: str, names: Sequence[str]) -> bool:
         self.uncordoned = [*getattr(self, "uncordoned", []), arn]
         return True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,6 +69,7 @@ class FakeEcs:
     start_calls: list[int] = field(default_factory=list)  # instances per StartTask call
     prepaid: int = 0
     attributes: dict[str, set[str]] = field(default_factory=dict)  # node -> custom attributes
+    attribute_values: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> name -> value
     attribute_calls: list[tuple[str, str, str]] = field(default_factory=list)
     cluster_listings: int = 0  # ListContainerInstances (+ Describe) rounds
     fail_listing: Exception | None = None  # raised by every listing while set (a throttled ECS)
@@ -133,8 +134,9 @@ class FakeEcs:
     def drain(self, container_instance_arn: str) -> None:
         self.drained.append(container_instance_arn)
 
-    def put_cordon(self, container_instance: str, attribute: str) -> bool:
-        """PutAttributes: the attribute on the node (``attributes``), every call recorded."""
+    def put_attributes(self, container_instance: str, attributes: Mapping[str, str]) -> bool:
+        """PutAttributes: the attributes on the node (``attributes``, values in
+        ``attribute_values``), one record per attribute in ``attribute_calls``."""
         fault = self._fault("put_attributes")
         if fault == "refuse":
             from botocore.exceptions import ClientError
@@ -142,16 +144,20 @@ class FakeEcs:
             raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
                                "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
         node = container_instance.rsplit("/", 1)[-1]
-        self.attribute_calls.append(("put", node, attribute))
-        self.attributes.setdefault(node, set()).add(attribute)
+        for name, value in attributes.items():
+            self.attribute_calls.append(("put", node, name))
+            self.attributes.setdefault(node, set()).add(name)
+            self.attribute_values.setdefault(node, {})[name] = value
         if fault == "lose":
             raise LostResponse("PutAttributes: response lost")
         return True
 
-    def remove_cordon(self, container_instance: str, attribute: str) -> bool:
+    def delete_attributes(self, container_instance: str, names: Sequence[str]) -> bool:
         node = container_instance.rsplit("/", 1)[-1]
-        self.attribute_calls.append(("delete", node, attribute))
-        self.attributes.get(node, set()).discard(attribute)
+        for name in names:
+            self.attribute_calls.append(("delete", node, name))
+            self.attributes.get(node, set()).discard(name)
+            self.attribute_values.get(node, {}).pop(name, None)
         return True
 
     def container_instances(self) -> list[dict[str, Any]]:

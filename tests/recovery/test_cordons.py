@@ -12,6 +12,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.domain import cordon
 from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE, CordonPolicy
+from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.queue.admission import node_ineligibility
@@ -29,7 +30,13 @@ FAULTY, PEER = "node-b", "node-a"
 
 
 def _has_attribute(w: World, node: str) -> bool:
-    return CORDON_ATTRIBUTE in w.ecs.attributes.get(node, set())
+    """The one attribute says cordoned, and the deprecated one is there too (for a release)."""
+    values = w.ecs.attribute_values.get(node, {})
+    return values.get(UNAVAILABLE_ATTRIBUTE) == "cordoned" and CORDON_ATTRIBUTE in values
+
+
+PUT = [("put", FAULTY, UNAVAILABLE_ATTRIBUTE), ("put", FAULTY, CORDON_ATTRIBUTE)]
+DELETE = [("delete", FAULTY, UNAVAILABLE_ATTRIBUTE), ("delete", FAULTY, CORDON_ATTRIBUTE)]
 
 
 def _eligible(w: World, node: str) -> bool:
@@ -49,7 +56,7 @@ def test_a_node_held_by_the_breaker_is_cordoned_in_ecs_and_skipped_by_the_schedu
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and w.rebooter.calls == []
         assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_APPLIED
-        assert w.ecs.attribute_calls == [("put", FAULTY, CORDON_ATTRIBUTE)]
+        assert w.ecs.attribute_calls == PUT  # one PutAttributes with both
         assert w.repo.cordons.pending() == {}
         assert not _eligible(w, FAULTY) and "cordoned" in node_ineligibility(
             ecs_status="ACTIVE", agent_connected=True, instance_state="AVAILABLE", cordoned=True)
@@ -83,8 +90,7 @@ def test_a_rebooting_node_is_cordoned_until_it_is_back() -> None:
         assert w.service.on_container_instance_change(back).action == "instance_available"
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.AVAILABLE and not inst.cordoned
-        assert not _has_attribute(w, FAULTY) and w.ecs.attribute_calls[-1] == ("delete", FAULTY,
-                                                                                CORDON_ATTRIBUTE)
+        assert not _has_attribute(w, FAULTY) and w.ecs.attribute_calls[-2:] == DELETE
         assert w.repo.cordons.pending() == {} and _eligible(w, FAULTY)
 
 
@@ -114,7 +120,7 @@ def test_a_lost_put_answer_is_put_again_idempotently_and_confirmed() -> None:
         fault_with_reboot_verdict(w, arns)
         assert _has_attribute(w, FAULTY) and list(w.repo.cordons.pending()) == [FAULTY]
         w.service.sweep()
-        assert [c[0] for c in w.ecs.attribute_calls] == ["put", "put"] and w.repo.cordons.pending() == {}
+        assert w.ecs.attribute_calls == PUT + PUT and w.repo.cordons.pending() == {}
 
 
 def test_a_newer_intent_committed_during_a_sync_is_not_confirmed_by_it() -> None:
@@ -134,7 +140,7 @@ def test_a_newer_intent_committed_during_a_sync_is_not_confirmed_by_it() -> None
         assert list(w.repo.cordons.pending()) == [FAULTY]
         assert not w.repo.get_instance(FAULTY).cordoned  # not re-marked applied by the stale sync
         w.service.sweep()
-        assert w.ecs.attribute_calls == [("delete", FAULTY, CORDON_ATTRIBUTE)]
+        assert w.ecs.attribute_calls == DELETE
         assert w.repo.cordons.pending() == {}
 
 
@@ -214,7 +220,8 @@ def test_a_healthy_verdict_on_a_cordoned_node_clears_its_cordon() -> None:
             "ec2_instance_id": f"i-{FAULTY}", "cordon_version": w.now[0] - 5,
             "cordon": cordon.cordon_record(cause="xid-79", reason="test", now=w.now[0] - 5,
                                            ecs=cordon.ECS_APPLIED)}))
-        w.ecs.attributes[FAULTY] = {CORDON_ATTRIBUTE}
+        w.ecs.attributes[FAULTY] = {UNAVAILABLE_ATTRIBUTE, CORDON_ATTRIBUTE}
+        w.ecs.attribute_values[FAULTY] = {UNAVAILABLE_ATTRIBUTE: "cordoned", CORDON_ATTRIBUTE: ""}
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
@@ -232,6 +239,6 @@ def test_the_trip_email_lists_the_held_node_its_jobs_and_what_a_reset_does() -> 
         assert w.repo.save_breaker(state, None)
         fault_with_reboot_verdict(w, arns)
         [mail] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.BREAKER_TRIPPED]
-        assert f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD for the reset" in mail.body
+        assert f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD until the breaker closes" in mail.body
         assert "--resume-backlog reboots it" in mail.body and "cordoned" in mail.body
         assert w.repo.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)

@@ -65,7 +65,7 @@ def test_a_tripped_breaker_holds_every_later_node_action_and_the_jobs_there_wait
     assert not [j for j, item in result.jobs.items() if item["job_state"] == "FAILED"]
     [trip] = [n for n in result.notifications
               if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "breaker_tripped"]
-    assert "(jobs on it: job-3 (waits HELD for the reset" in trip["message"]
+    assert "(jobs on it: job-3 (waits HELD until the breaker closes" in trip["message"]
 
 
 def test_after_a_storm_whose_nodes_came_back_the_breaker_closes_by_itself_and_later_faults_are_fixed(

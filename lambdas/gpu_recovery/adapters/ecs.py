@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,23 +197,27 @@ class EcsAdapter:
             described.extend(response.get("containerInstances", []))
         return described
 
-    def put_cordon(self, container_instance: str, attribute: str) -> bool:
-        """PutAttributes: the custom attribute (name only) on one container instance
-        (idempotent). False when ECS no longer knows the instance (deregistered)."""
-        return self._attribute_call(self._ecs.put_attributes, container_instance, attribute)
+    def put_attributes(self, container_instance: str, attributes: Mapping[str, str]) -> bool:
+        """PutAttributes: custom attributes (name -> value, "" for a name only) on one
+        container instance, in one call (idempotent). False when ECS no longer knows the
+        instance (deregistered)."""
+        targets = [{"name": name, **({"value": value} if value else {})}
+                   for name, value in attributes.items()]
+        return self._attribute_call(self._ecs.put_attributes, container_instance, targets)
 
-    def remove_cordon(self, container_instance: str, attribute: str) -> bool:
-        """DeleteAttributes: name and target, no value (as ECS documents for custom
-        attributes). False when ECS no longer knows the instance."""
-        return self._attribute_call(self._ecs.delete_attributes, container_instance, attribute)
+    def delete_attributes(self, container_instance: str, names: Sequence[str]) -> bool:
+        """DeleteAttributes: names and target, no value (as ECS documents for custom
+        attributes), in one call. False when ECS no longer knows the instance."""
+        return self._attribute_call(self._ecs.delete_attributes, container_instance,
+                                    [{"name": name} for name in names])
 
-    def _attribute_call(self, call: Any, container_instance: str, attribute: str) -> bool:
-        target: dict[str, str] = {"name": attribute, "targetId": container_instance}
+    def _attribute_call(self, call: Any, container_instance: str, attributes: list[dict[str, str]]) -> bool:
+        extra: dict[str, str] = {"targetId": container_instance}
         if not container_instance.startswith("arn:"):
-            target["targetType"] = "container-instance"  # the short id needs its type
+            extra["targetType"] = "container-instance"  # the short id needs its type
         self._take_token()
         try:
-            call(cluster=self.cluster, attributes=[target])
+            call(cluster=self.cluster, attributes=[{**a, **extra} for a in attributes])
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") != "TargetNotFoundException":
                 raise

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 from gpu_recovery import clock
 from gpu_recovery.constants import QUEUE_SK, RELOCATED_QUEUE_MARK
 from gpu_recovery.domain.models import container_instance_id
+from gpu_recovery.domain.placement import reserved_of, spares_of
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, keep_spares, reserve_for_waits
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import QuotaBook
@@ -299,6 +300,10 @@ class QueueScheduler:
                 held_for_recovery=node_id in held,
                 cordoned=instance.cordoned if instance else False,
             )
+        holds = self.repo.cordons.worklist().holds  # spare and reserved nodes (domain.placement)
+        for node_id, job_id in reserved_of(holds).items():
+            if node_id in whys and not whys[node_id]:
+                whys[node_id] = f"reserved for the relocation of {job_id}"
         if waits:
             # Relocatable jobs waiting for a healthy node to free up take it before any queued job.
             spares = [SpareNode(node_id, ci["containerInstanceArn"], "", free, free)
@@ -306,7 +311,7 @@ class QueueScheduler:
                       if not whys[node_id] and (free := gpu_count(ci.get("remainingResources")) or 0)]
             for node_id, job_id in reserve_for_waits(waits, spares).items():
                 whys[node_id] = f"reserved for the relocation of {job_id}"
-        hot_spares = self._keep_spares(described, ids, whys)
+        hot_spares = self._keep_spares(described, ids, whys, spares_of(holds))
         infos: dict[str, NodeInfo] = {}
         for ci, node_id in zip(described, ids, strict=True):
             why = whys[node_id]
@@ -321,12 +326,14 @@ class QueueScheduler:
         return infos
 
     def _keep_spares(self, described: Sequence[Mapping[str, Any]], ids: Sequence[str],
-                     whys: Mapping[str, str]) -> set[str]:
+                     whys: Mapping[str, str], marked: frozenset[str] | set[str] = frozenset()) -> set[str]:
         """Hot spares (``spare_nodes``): that many healthy, wholly free GPU nodes take no
         new queue work, only jobs relocated off a bad node (back in the queue); a
         tag-registered job's relocation (``gang_restart``) takes free nodes, spares
         included. Counted on the cluster's GPU nodes; a healed node rejoins the pool as
-        soon as it is healthy and free."""
+        soon as it is healthy and free. The nodes marked spare for every scheduler
+        (``marked``: ``gpu-recovery.unavailable=spare``) are the pool first, so the queue
+        keeps off the same nodes as the others."""
         size = self.config.spares.size(
             sum(1 for ci in described if (gpu_count(ci.get("registeredResources")) or 0) > 0))
         if size <= 0:
@@ -335,7 +342,9 @@ class QueueScheduler:
                                 gpu_count(ci.get("remainingResources")) or 0,
                                 gpu_count(ci.get("registeredResources")) or 0)
                       for ci, node_id in zip(described, ids, strict=True) if not whys[node_id]]
-        return keep_spares(size, candidates)
+        whole = {c.node_id for c in candidates if c.total_gpus > 0 and c.free_gpus >= c.total_gpus}
+        kept = sorted(marked & whole)[:size]
+        return set(kept) | keep_spares(size - len(kept), [c for c in candidates if c.node_id not in kept])
 
     def _held_for_restart(self) -> tuple[set[str], list[RelocationWait]]:
         """Nodes of jobs in recovery (PENDING_HEALTHCHECK, PENDING_RESTART): their gang

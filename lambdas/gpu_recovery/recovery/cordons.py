@@ -1,11 +1,14 @@
-"""Cordons: the ECS attribute that keeps tag-registered tasks off known-bad nodes.
+"""Cordons and holds: the ECS attributes that keep other schedulers off known-bad, spare
+and reserved nodes (``domain.placement``).
 
 The decision to cordon (or uncordon) a node is committed with the node decision that
 found it bad (or healthy again) — see ``domain.cordon`` and ``repository.cordons``. Here:
 the ECS side, carried out after the commit and finished by the sweep (the worklist):
 
-* :meth:`Cordons.sync` puts or deletes ``gpu-recovery.cordoned`` as the instance item
-  says *now* (PutAttributes / DeleteAttributes are idempotent), then confirms;
+* :meth:`Cordons.sync` puts or deletes ``gpu-recovery.unavailable`` (and the deprecated
+  ``gpu-recovery.cordoned``) as the instance item and the node's hold say *now*
+  (PutAttributes / DeleteAttributes are idempotent), then confirms; the holds (spare,
+  reserved) are changed by ``recovery.placement`` and follow the same worklist;
 * a cordon held by the cordon limit (``ecs: held``) is put once the operator reset the
   breaker and the limit's window has room; until then the node stays out of the queue's
   placements and relocation, and the operator was told (:meth:`limit_tripped_notice`).
@@ -14,15 +17,18 @@ the ECS side, carried out after the commit and finished by the sweep (the workli
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as policy
+from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.repository.cordons import Worklist
 
 logger = logging.getLogger(__name__)
 
@@ -32,34 +38,55 @@ class Cordons:
         self.deps = deps
         self.ranks = ranks
         self.gate = gate  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
+        # The spare and reserved holds' refresh (``recovery.placement``), run first by the sweep.
+        self.before_sweep: Callable[[], str] | None = None
 
     # --------------------------------------------------------------------- sync
-    def sync(self, node: str, members: list[str] | None = None) -> str:
-        """Make the ECS attribute match the instance item; confirm. Returns what was done."""
+    def sync(self, node: str, members: list[str] | None = None, read: Worklist | None = None) -> str:
+        """Make the node's ECS attributes match its instance item (cordon) and its hold
+        (spare, reserved): ``gpu-recovery.unavailable`` with its value, and the deprecated
+        ``gpu-recovery.cordoned`` on a cordoned node; confirm. Returns what was done."""
         repo = self.deps.repo
+        read = read or repo.cordons.worklist()
         if members is None:
-            members = repo.cordons.pending().get(node, [])
+            members = read.pending.get(node, [])
         if not members:
             return "nothing_to_sync"
         instance = repo.get_instance(node)
-        if instance is None:
-            repo.cordons.drop(members)
-            return "cordon_unknown_node"
-        if instance.cordoned and instance.cordon.get("ecs") == policy.ECS_HELD:
+        hold = read.holds.get(node)
+        if instance is not None and instance.cordoned and instance.cordon.get("ecs") == policy.ECS_HELD:
             if not self._admit_held(instance):
-                return "cordon_held"
+                return "cordon_held"  # its members stay: tried again every minute
             instance = repo.get_instance(node) or instance
-        target = instance.container_instance_arn or instance.container_inst_id
-        if instance.cordoned:
-            known = self.deps.ecs.put_cordon(target, policy.CORDON_ATTRIBUTE)
-            action = "cordoned" if known else "cordon_instance_gone"
+        cordon = instance.cordon if instance is not None else None
+        if instance is not None:
+            target = instance.container_instance_arn or instance.container_inst_id
         else:
-            known = self.deps.ecs.remove_cordon(target, policy.CORDON_ATTRIBUTE)
-            action = "uncordoned" if known else "uncordon_instance_gone"
-        repo.cordons.confirm_synced(node, instance.cordon_version, members,
-                                    applied=instance.cordoned and known)
-        logger.info("cordon synced", extra={"instance": node, "action": action,
-                                            "version": instance.cordon_version})
+            target = str((hold or {}).get("arn") or node)  # a released hold: the short id will do
+        put, delete = placement.attributes_wanted(cordon, hold)
+        if instance is None or instance.cordon_version is None:
+            # Never cordoned: no deprecated attribute to take off (one call, not two).
+            delete = [d for d in delete if d != placement.DEPRECATED_CORDON_ATTRIBUTE]
+        known = True
+        if put:
+            known = self.deps.ecs.put_attributes(target, put)
+        if delete and known:
+            known = self.deps.ecs.delete_attributes(target, delete)
+        value = put.get(placement.UNAVAILABLE_ATTRIBUTE)
+        action = f"marked_{value}" if value else "unmarked"
+        if value == placement.CORDONED:
+            action = "cordoned"
+        elif instance is not None and instance.cordon_version is not None and not instance.cordoned \
+                and value is None:
+            action = "uncordoned"
+        if not known:
+            action = "instance_gone"
+        applied = bool(instance is not None and instance.cordoned and known and value == placement.CORDONED)
+        repo.cordons.confirm_synced(node, instance.cordon_version if instance is not None else None,
+                                    members, applied=applied, read=read)
+        logger.info("placement attributes synced", extra={
+            "instance": node, "action": action,
+            "version": instance.cordon_version if instance is not None else None})
         return action
 
     def sync_quietly(self, node: str) -> str:
@@ -81,11 +108,21 @@ class Cordons:
                                                       answer.update))
 
     def sweep(self) -> dict[str, int]:
-        """Every minute: every cordon whose ECS attribute is not confirmed yet."""
+        """Every minute: the holds brought up to date (``before_sweep``: spares and
+        reservations, ``recovery.placement``), then every node whose ECS attributes are not
+        confirmed yet."""
         done: dict[str, int] = {}
-        for node, members in sorted(self.deps.repo.cordons.pending().items()):
+        if self.before_sweep is not None:
             try:
-                action = self.sync(node, members)
+                action = self.before_sweep()
+            except Exception:
+                logger.exception("placement holds refresh failed")
+                action = "holds_refresh_failed"
+            done[action] = 1
+        read = self.deps.repo.cordons.worklist()
+        for node, members in sorted(read.pending.items()):
+            try:
+                action = self.sync(node, members, read)
             except Exception:
                 logger.exception("cordon sync failed", extra={"instance": node})
                 action = "cordon_sync_failed"
@@ -111,8 +148,8 @@ class Cordons:
             what_happened=f"{node} is known bad ({why}), but {tripped}",
             what_was_done=(f"{node} and every known-bad node after it stay out of the queue scheduler's "
                            "placements and of relocation, but do NOT get the ECS attribute "
-                           f"{policy.CORDON_ATTRIBUTE}: ECS may place tag-registered tasks on them until "
-                           "the breaker is reset"),
+                           f"{placement.UNAVAILABLE_ATTRIBUTE}: ECS may place tag-registered tasks on them "
+                           "until the breaker is reset"),
             operator_action=("Find the common cause now (driver rollout, power, fabric, a bad health "
                              "check). Drain the bad nodes by hand if tag-registered jobs run here, then "
                              "`gpu-recovery-admin breaker reset --resume-backlog` (or --drop-backlog): the "

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -86,6 +87,8 @@ class GangRestart:
         self.holds = HeldJobs(deps, ranks)
         gang.on_started = self.on_started
         gang.on_start_failed = self._fail_restart
+        # The nodes a relocation claimed stop being spare or reserved (``recovery.placement``).
+        self.on_moved: Callable[[list[str]], Any] | None = None
 
     def relocatable(self, job: Job, ranks: list[Rank] | None = None) -> bool:
         """Queue jobs always; tag-registered jobs only when every rank's task carries
@@ -208,7 +211,16 @@ class GangRestart:
             return Outcome("duplicate", job.job_id)
         self.deps.metrics.add_metric("Relocations", "Count", 1)
         started = self.deps.repo.get_job(job.job_id) or job
-        return self._launch(started)
+        launched = self._launch(started)
+        if self.on_moved is not None:
+            # After the launch: the node is taken before its attribute goes (the sweep's
+            # refresh releases it if this never runs).
+            try:
+                self.on_moved(sorted(t.node_id for t in targets.values()))
+            except Exception:
+                logger.warning("releasing the relocation's holds failed; the sweep does it",
+                               exc_info=True, extra={"job_id": job.job_id})
+        return launched
 
     def spare_first(self, job: Job) -> Outcome:
         """Spare first: a relocatable job in PENDING_HEALTHCHECK whose old ranks all ended
@@ -337,14 +349,17 @@ class GangRestart:
         return {leaving[index]: node for index, node in chosen.items()}, gpus
 
     def _held_by_other_recoveries(self, job: Job) -> tuple[set[str], list[RelocationWait]]:
-        """Nodes other jobs in recovery will restart on (their GPUs are free, not spare),
-        and the other jobs waiting for a free node: read once per relocation, never per
-        event."""
+        return self.held_by_recoveries(job.job_id)
+
+    def held_by_recoveries(self, except_job: str = "") -> tuple[set[str], list[RelocationWait]]:
+        """Nodes jobs in recovery (but ``except_job``) will restart on (their GPUs are free,
+        not spare), and the jobs waiting for a free node: read once per relocation or
+        holds refresh, never per event."""
         held: set[str] = set()
         waits: list[RelocationWait] = []
         for item in SchedulingRepository(self.deps.repo).jobs_in_recovery():
             other = self.deps.repo.job_from_item(item)
-            if other.job_id == job.job_id:
+            if other.job_id == except_job:
                 continue
             held |= self.deps.repo.latches.job_nodes(other.job_id, other.attempt, other.world_size)
             if other.relocated:

@@ -3,6 +3,7 @@ call. It builds the stages over shared ports and delegates; it holds no logic.""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -17,6 +18,7 @@ from gpu_recovery.recovery.breaker.operations import BreakerOperations
 from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
+from gpu_recovery.recovery.placement import PlacementHolds
 from gpu_recovery.recovery.ports import (
     Deps,
     EcsPort,
@@ -39,6 +41,8 @@ from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import Settings
 
+logger = logging.getLogger(__name__)
+
 
 class RecoveryService:
     def __init__(self, repo: Repository, ecs: EcsPort, rebooter: RebootPort, notifier: NotifierPort,
@@ -60,6 +64,9 @@ class RecoveryService:
                                  self.suspensions, self.gang)
         self.gang.on_task_stopped = self._lost_stopped_event
         self.breaker = BreakerOperations(self.deps, self.remediation)
+        self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
+        self.reboots.cordons.before_sweep = self.placement.refresh
+        self.restarts.on_moved = self.placement.release
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang)
 
@@ -100,7 +107,13 @@ class RecoveryService:
 
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
                                      event_time: datetime | None = None) -> Outcome:
-        return self.reboots.on_container_instance_change(detail, event_time)
+        outcome = self.reboots.on_container_instance_change(detail, event_time)
+        try:  # a node now wholly free: a waiting relocation's, or a spare (the sweep repeats it)
+            self.placement.on_instance_change(detail)
+        except Exception:
+            logger.warning("placement holds on a container-instance event failed; the sweep repeats it",
+                           exc_info=True)
+        return outcome
 
     def sweep(self, time_left: Callable[[], float] | None = None) -> Outcome:
         return self.sweeper.run(time_left)

@@ -148,6 +148,8 @@ def test_auto_close_off_keeps_todays_behaviour(capsys: pytest.CaptureFixture[str
         _tripped(w)
         [trip] = _sent(w, NotificationKind.BREAKER_TRIPPED)
         assert "until an operator resets the breaker;" in trip
+        [held] = _sent(w, NotificationKind.JOB_HELD)
+        assert "closes by itself" not in held and "waiting for the breaker's reset" in held
         _sweep_minutes(w, 40)
         assert w.repo.get_breaker()["state"] == policy.TRIPPED and w.rebooter.calls == []
         assert not _sent(w, NotificationKind.BREAKER_CLOSED)
@@ -165,6 +167,10 @@ def test_breaker_show_says_it_waits_to_close_by_itself_and_why(capsys: pytest.Ca
         _tripped(w)
         [trip] = _sent(w, NotificationKind.BREAKER_TRIPPED)
         assert "until the breaker closes by itself (a window after this trip" in trip
+        [held] = _sent(w, NotificationKind.JOB_HELD)  # the HELD e-mail says so too
+        assert "Job held: waiting for the breaker to close" in held
+        assert "The breaker closes by itself once its window has passed" in held
+        assert "Without a reset or the breaker closing the job fails at" in held
         assert breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.now[0]) == 0
         out = capsys.readouterr()
         shown = json.loads(out.out)

@@ -77,7 +77,7 @@ def test_a_job_on_a_held_node_waits_held_uncharged_and_operators_are_told() -> N
         assert w.rebooter.calls == []
         [mail] = _sent(w, NotificationKind.JOB_HELD)
         assert f"Job HELD on {FAULTY}, not failed" in mail
-        assert f"--resume-backlog` reboots {FAULTY}; the job restarts on its nodes" in mail
+        assert f"--resume-backlog` reboots {FAULTY} now; the job restarts on its nodes" in mail
         assert "`--drop-backlog` fails the job" in mail
         _sweep_minutes(w, 5)
         job = w.repo.get_job("j")
@@ -202,9 +202,9 @@ def test_the_breaker_tripped_mail_says_which_job_waits_on_which_node_and_what_a_
         w.trip_breaker(["x-1"])
         _reboot_fault(w, arns)
         [mail] = _sent(w, NotificationKind.BREAKER_TRIPPED)
-        assert (f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD for the reset, not failed, "
-                "budget not charged)); --resume-backlog reboots it; it is uncordoned and takes work again "
-                "once back, and j restart(s) on their nodes then;") in mail
+        assert (f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD until the breaker closes (by itself "
+                "or reset), not failed, budget not charged)); --resume-backlog reboots it; it is uncordoned "
+                "and takes work again once back, and j restart(s) on their nodes then;") in mail
         assert "and fails j" in mail and "fail 3600 s after they were held" in mail
         assert w.repo.get_job("j").state is JobState.HELD
 

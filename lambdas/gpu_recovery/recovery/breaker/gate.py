@@ -21,6 +21,7 @@ from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as cordon_policy
 from gpu_recovery.domain.breaker import breaker as breaker_policy
 from gpu_recovery.domain.fault_vocabulary import Action
+from gpu_recovery.domain.placement import PLACEMENT_EXPRESSION
 from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps
@@ -192,7 +193,7 @@ class NodeActionGate:
             what_was_done=(f"No node is rebooted, replaced or quarantined automatically until {until}; "
                            "every held-back action is kept in its backlog (this one included), and its node "
                            "is cordoned: no new work from the queue, nor from ECS placement for tasks with "
-                           "the constraint attribute:gpu-recovery.cordoned !exists"),
+                           f"the constraint {PLACEMENT_EXPRESSION}"),
             operator_action=("Find the common cause (driver rollout, power, fabric). Then "
                              "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
                              "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."),
@@ -228,6 +229,7 @@ def held_back_lines(backlog: Iterable[dict[str, Any]], fates: Mapping[str, str] 
             drop += f" and fails {', '.join(waiting)}"
         lines.append(f"Held: {node} needs {action} (jobs on it: {jobs}); --resume-backlog {resume}; {drop}")
         if waiting and held_seconds:
-            lines.append(f"  Without a reset the waiting job(s) fail {held_seconds} s after they were held "
+            lines.append(f"  Without a reset (or the breaker closing by itself, when breaker_auto_close is "
+                         f"on) the waiting job(s) fail {held_seconds} s after they were held "
                          "(held_job_deadline_seconds)")
     return lines

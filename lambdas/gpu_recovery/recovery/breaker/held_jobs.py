@@ -157,14 +157,23 @@ class HeldJobs:
 
     def _held_notice(self, job: Job, hold: BreakerHold) -> Owed:
         nodes = hold.named()
+        closes_itself = self.deps.settings.remediation.breaker.auto_close
+        title = ("Job held: waiting for the breaker to close" if closes_itself
+                 else "Job held: waiting for the breaker's reset")
+        by_itself = ("The breaker closes by itself once its window has passed and the nodes it acted on are "
+                     "back healthy (breaker_auto_close): it then reboots the held nodes a window's allowance "
+                     "at a time and the job restarts, with no one acting; it stays open for an operator if "
+                     "the reboots did not fix them. " if closes_itself else "")
+        or_closing = " or the breaker closing" if closes_itself else ""
         return self.ranks.notices.for_job(
-            job, None, NotificationKind.JOB_HELD, "Job held: waiting for the breaker's reset",
+            job, None, NotificationKind.JOB_HELD, title,
             what_happened=f"{nodes}: {hold.why}",
             what_was_done=(f"Job HELD on {nodes}, not failed (its budget is not charged while held); its "
                            f"other nodes stay reserved for its restart; it waits until {_at(hold.until)} "
                            f"({hold.seconds} s, held_job_deadline_seconds)"),
-            operator_action=(f"`gpu-recovery-admin breaker reset --resume-backlog` reboots {nodes}; the job "
-                             "restarts on its nodes once they are back (charged once for the fault). "
-                             "`--drop-backlog` fails the job at the next sweep (the node stays SUSPECT and "
-                             f"cordoned). Without a reset the job fails at {_at(hold.until)}."),
+            operator_action=(f"{by_itself}`gpu-recovery-admin breaker reset --resume-backlog` reboots "
+                             f"{nodes} now; the job restarts on its nodes once they are back (charged once "
+                             "for the fault). `--drop-backlog` fails the job at the next sweep (the node "
+                             f"stays SUSPECT and cordoned). Without a reset{or_closing} the job fails at "
+                             f"{_at(hold.until)}."),
             details=[f"Held: job {job.job_id} (attempt {job.attempt}) waits on {n}" for n in hold.nodes[:10]])

@@ -36,7 +36,7 @@ def observed_node_effects(plan: RemediationPlan) -> tuple[Effect, ...]:
 def job_fate(outcome: JobOutcome) -> str:
     """What a node decision held back by the breaker did to a job, for the trip e-mail."""
     if outcome is JobOutcome.HOLD:
-        return "waits HELD for the reset, not failed, budget not charged"
+        return "waits HELD until the breaker closes (by itself or reset), not failed, budget not charged"
     if outcome is JobOutcome.RELOCATE:
         return "moves to healthy nodes"
     if outcome.fails:

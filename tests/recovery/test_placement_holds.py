@@ -1,0 +1,69 @@
+"""Spare and reserved holds with fakes of the ports (recovery.placement): the hold is an
+intent committed first, its attribute put idempotently and confirmed after, finished by
+the sweep when a call fails; a relocation's claim releases it; a released hold's attribute
+goes. Each test fails without the behaviour it names."""
+
+from __future__ import annotations
+
+from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
+from gpu_recovery.domain.relocation import SparePool
+from tests.recovery.fakes import World, world
+
+
+def _value(w: World, node: str) -> str | None:
+    return w.ecs.attribute_values.get(node, {}).get(UNAVAILABLE_ATTRIBUTE)
+
+
+def test_the_sweep_marks_the_spares_and_a_refused_put_is_finished_by_the_next_sweep() -> None:
+    """Given spare_nodes=1 and two free nodes, When PutAttributes is throttled throughout
+    the first sweep (its refresh's sync and its worklist pass), Then the hold is already
+    committed (the queue and relocation see it) with its worklist member; the next sweep
+    puts gpu-recovery.unavailable=spare and confirms."""
+    with world(spare_nodes=SparePool(1)) as w:
+        w.ecs.spare_nodes = ["n-1", "n-2"]
+        w.ecs.failures["put_attributes"] = ["refuse", "refuse"]
+        w.service.sweep()
+        read = w.repo.cordons.worklist()
+        assert {n: h["why"] for n, h in read.holds.items()} == {"n-1": "spare"}
+        assert list(read.pending) == ["n-1"] and _value(w, "n-1") is None
+        w.advance(60)
+        w.service.sweep()
+        assert _value(w, "n-1") == "spare" and _value(w, "n-2") is None
+        assert w.repo.cordons.worklist().pending == {}
+        calls = len(w.ecs.attribute_calls)
+        w.advance(60)
+        w.service.sweep()  # nothing changed: no call
+        assert len(w.ecs.attribute_calls) == calls
+
+
+def test_a_released_hold_takes_its_attribute_off_and_the_pool_refills() -> None:
+    """Given n-1 marked spare, When a relocation claims it (release), Then its attribute is
+    deleted at once; when it stays busy the next sweep marks another free node."""
+    with world(spare_nodes=SparePool(1)) as w:
+        w.ecs.spare_nodes = ["n-1", "n-2"]
+        w.service.sweep()
+        assert _value(w, "n-1") == "spare"
+        assert w.service.placement.release(["n-1"]) == "holds_released"
+        assert _value(w, "n-1") is None and w.repo.cordons.worklist().holds == {}
+        w.ecs.spare_nodes = ["n-2"]  # n-1 is busy now: no longer listed free
+        w.advance(60)
+        w.service.sweep()
+        assert {n: h["why"] for n, h in w.repo.cordons.worklist().holds.items()} == {"n-2": "spare"}
+        assert _value(w, "n-2") == "spare"
+
+
+def test_a_sync_that_read_older_holds_does_not_confirm_a_newer_change() -> None:
+    """Given a hold change committed after a sync read the worklist, Then that sync's
+    confirmation does not remove the newer change's member (the revision moved): the sweep
+    syncs it again."""
+    with world(spare_nodes=SparePool(1)) as w:
+        w.ecs.spare_nodes = ["n-1"]
+        w.service.sweep()
+        stale = w.repo.cordons.worklist()
+        w.advance(1)
+        assert w.repo.cordons.set_holds(stale, {"n-1": None}, w.now[0])
+        members = w.repo.cordons.worklist().pending["n-1"]
+        assert not w.repo.cordons.confirm_synced("n-1", None, members, applied=False, read=stale)
+        assert list(w.repo.cordons.worklist().pending) == ["n-1"]
+        assert w.service.reboots.cordons.sync("n-1") == "unmarked"  # the release, synced
+        assert _value(w, "n-1") is None and w.repo.cordons.worklist().pending == {}
