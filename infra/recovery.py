@@ -389,7 +389,7 @@ class RecoveryFunctions(Construct):
         self._rule(
             "TaskHandler",
             "Training task state changes in the cluster (not the health-check group)",
-            events.EventPattern(**_pattern_props(training_task_pattern(cluster_arn))),
+            events.EventPattern(**_pattern_props(training_task_pattern(cluster_arn, config.registration))),
         )
         self._rule(
             "DcgmMonitor",

@@ -90,6 +90,7 @@ from gpu_recovery.constants import (
     ENV_QUOTA_TABLE,
     ENV_REBOOT_DOCUMENT,
     ENV_REBOOT_TIMEOUT_MINUTES,
+    ENV_REGISTRATION,
     ENV_RELOCATE_INSTEAD_OF_WAIT,
     ENV_RELOCATION_WAIT_SECONDS,
     ENV_REMEDIATION_SETTINGS,
@@ -144,6 +145,7 @@ def large_jobs_environment(config: RecoveryConfig, gang_queue_url: str) -> dict[
         ENV_BATCH_IDENTICAL_STARTS: "true" if config.batch_identical_starts else "false",
         ENV_MAX_HEALTH_CHECKS_PER_JOB: str(config.max_health_checks_per_job),
         ENV_MAX_HEALTH_CHECKS_IN_FLIGHT: str(config.max_health_checks_in_flight),
+        ENV_REGISTRATION: config.registration,
     }
 
 

@@ -75,6 +75,10 @@ ENV_ECS_API_BURST = "ECS_API_BURST"
 ENV_BATCH_IDENTICAL_STARTS = "BATCH_IDENTICAL_STARTS"  # "false": one StartTask per rank
 ENV_MAX_HEALTH_CHECKS_PER_JOB = "MAX_HEALTH_CHECKS_PER_JOB"
 ENV_MAX_HEALTH_CHECKS_IN_FLIGHT = "MAX_HEALTH_CHECKS_IN_FLIGHT"
+# How a task is recognised as a protected rank: "convention" (its event's group and
+# container environment only), "tags" (DescribeTasks), "both" (the convention first).
+ENV_REGISTRATION = "REGISTRATION"
+REGISTRATION_MODES = ("convention", "tags", "both")
 FAULT_CATALOG_LAYER_DIR = "fault-catalog"  # /opt/<dir>/override.json in the Lambda runtime
 FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 
@@ -313,6 +317,13 @@ def latch_head_key(job_id: str, attempt: int) -> str:
     return f"{job_id}#L#a{attempt}"
 
 
+def unprotected_task_key(task_arn: str) -> str:
+    """A task DescribeTasks showed not to be a protected rank (a negative record with a TTL:
+    its later events cost no DescribeTasks). Carries the task index's key, so the lookup that
+    finds a rank by its task finds this record in the same query."""
+    return f"UNPROTECTED#{task_arn}"
+
+
 def refused_item_key(job_id: str) -> str:
     """Marks a tagged job refused (too large): operators are told once."""
     return f"{job_id}#REFUSED"
@@ -487,6 +498,29 @@ TAG_RANKS = "gpu-recovery:ranks"
 TAG_RELOCATABLE = "gpu-recovery:relocatable"  # "true": may be restarted on other nodes
 TAG_MAX_INFRA_RECOVERIES = "gpu-recovery:max-infra-recoveries"
 TAG_MAX_APP_RESTARTS = "gpu-recovery:max-app-restarts"
+# The registration convention (docs/architecture.md "Registration"): a task whose ``group``
+# is ``gpu-recovery:<job-id>`` and whose container environment carries RANK and WORLD_SIZE
+# (ATTEMPT optional, 1 by default) is a protected rank, registered from its ECS event alone
+# (no DescribeTasks). The queue's launcher and the gang restart start every task this way.
+JOB_GROUP_PREFIX = "gpu-recovery:"
+ENV_VAR_RANK = "RANK"
+ENV_VAR_WORLD_SIZE = "WORLD_SIZE"
+ENV_VAR_ATTEMPT = "ATTEMPT"
+# Optional, as the tags of the same meaning: relocation opt-in and per-job budgets.
+ENV_VAR_RELOCATABLE = "GPU_RECOVERY_RELOCATABLE"
+ENV_VAR_MAX_INFRA_RECOVERIES = "GPU_RECOVERY_MAX_INFRA_RECOVERIES"
+ENV_VAR_MAX_APP_RESTARTS = "GPU_RECOVERY_MAX_APP_RESTARTS"
+# A task found not protected is not described again for this long (DynamoDB TTL deletes
+# the record later; readers ignore an expired one).
+UNPROTECTED_TASK_TTL_SECONDS = 14 * 24 * 3600
+JOB_TABLE_TTL_ATTRIBUTE = "purge_at"
+
+
+def job_group(job_id: str) -> str:
+    """The ``group`` of a job's tasks under the registration convention."""
+    return f"{JOB_GROUP_PREFIX}{job_id}"
+
+
 # Health-check tasks are started with this group / startedBy so their events are
 # routed to the DCGM monitor and never to the training-task handler.
 HEALTH_CHECK_GROUP = "gpu-recovery-health-check"
@@ -505,14 +539,18 @@ HEALTH_CHECK_LOG_STREAM_PREFIX = "dcgm"  # awslogs stream: <prefix>/<container>/
 # Kept to what AWS and moto's matcher both evaluate identically: plain values and
 # prefix on top-level detail strings. Exit codes (an array of objects) are read in code.
 # --------------------------------------------------------------------------------------
-def training_task_pattern(cluster_arn: str) -> dict[str, Any]:
-    """Training task state changes: everything in the cluster not in the HC group."""
+def training_task_pattern(cluster_arn: str, registration: str = "both") -> dict[str, Any]:
+    """Training task state changes: with ``registration`` "convention" only the tasks of the
+    convention's group (other workloads' tasks never invoke the handler); otherwise
+    everything in the cluster not in the HC group (tag-registered tasks look alike)."""
+    group: list[Any] = ([{"prefix": JOB_GROUP_PREFIX}] if registration == "convention"
+                        else [{"anything-but": {"prefix": HEALTH_CHECK_GROUP}}])
     return {
         "source": ["aws.ecs"],
         "detail-type": ["ECS Task State Change"],
         "detail": {
             "clusterArn": [cluster_arn],
-            "group": [{"anything-but": {"prefix": HEALTH_CHECK_GROUP}}],
+            "group": group,
         },
     }
 

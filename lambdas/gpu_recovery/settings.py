@@ -178,6 +178,8 @@ class Settings:
     batch_identical_starts: bool = True
     max_health_checks_per_job: int = DEFAULT_HEALTH_CHECKS_PER_JOB
     max_health_checks_in_flight: int = DEFAULT_HEALTH_CHECKS_IN_FLIGHT
+    # How a task is recognised as a protected rank (constants.REGISTRATION_MODES).
+    registration: str = "both"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -223,7 +225,16 @@ class Settings:
                                            DEFAULT_HEALTH_CHECKS_PER_JOB, minimum=1),
             max_health_checks_in_flight=_int(env, c.ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
                                              DEFAULT_HEALTH_CHECKS_IN_FLIGHT, minimum=1),
+            registration=registration_mode(env),
         )
+
+
+def registration_mode(env: Mapping[str, str]) -> str:
+    raw = (env.get(c.ENV_REGISTRATION) or "both").strip().lower()
+    if raw not in c.REGISTRATION_MODES:
+        raise SettingsError(f"{c.ENV_REGISTRATION} must be one of {', '.join(c.REGISTRATION_MODES)}, "
+                            f"got {raw!r}")
+    return raw
 
 
 def ecs_api_bucket(env: Mapping[str, str] | None = None) -> TokenBucket:
