@@ -47,6 +47,7 @@ from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.adapters.queue import GangQueue
 from gpu_recovery.events.ecs import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
 from gpu_recovery.recovery import RecoveryService
+from gpu_recovery.recovery.ranks import container_environment
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository
 from gpu_recovery.settings import Settings
@@ -277,7 +278,8 @@ class ScaleWorld:
             gang_queue.attach(self.lambdas, GANG_WORKER, batch_size=GANG_BATCH_SIZE,
                               max_concurrency=gang_worker_concurrency)
         arn = self.cluster.arn
-        self.bus.add_rule("training-task-state", C.training_task_pattern(arn), "ecs_task_handler")
+        self.bus.add_rule("training-task-state", C.training_task_pattern(arn, self.settings.registration),
+                          "ecs_task_handler")
         self.bus.add_rule("health-check-task-stopped", C.health_check_task_pattern(arn),
                           "dcgm_task_monitor")
         self.bus.add_rule("container-instance-state", C.container_instance_pattern(arn),
@@ -412,18 +414,22 @@ class TaggedJob:
 
 
 def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[SimNode], *,
-                      tasks_per_node: int = 1, gpus_per_task: int = 8, family: str = "train") -> TaggedJob:
+                      tasks_per_node: int = 1, gpus_per_task: int = 8, family: str = "train",
+                      registration: str = "tags") -> TaggedJob:
     """Start the job's ranks in the data plane (rank r on ``nodes[r // tasks_per_node]``) and
-    track, per attempt, how many of its ranks run."""
+    track, per attempt, how many of its ranks run. ``registration``: the recovery tags
+    ("tags"), the registration convention's group and environment ("convention"), or both."""
     task_definition = world.cluster.register_task_definition(family, gpus=gpus_per_task)
     world_size = len(nodes) * tasks_per_node
     job = TaggedJob(job_id, world_size, [], list(nodes))
+    group = C.job_group(job_id)
 
     def observe(task: SimTask) -> None:
         values = task.tag_values
-        if values.get(C.TAG_JOB_ID) != job_id:
+        env = container_environment(task.overrides)
+        if values.get(C.TAG_JOB_ID) != job_id and task.group != group:
             return
-        attempt = int(values.get(C.TAG_ATTEMPT) or 1)
+        attempt = int(values.get(C.TAG_ATTEMPT) or env.get(C.ENV_VAR_ATTEMPT) or 1)
         was = getattr(task, "_counted", False)
         now = task.last_status == "RUNNING"
         if now and not was:
@@ -435,9 +441,16 @@ def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[SimNode], *,
         task._counted = now  # type: ignore[attr-defined]
 
     world.cluster.observers.append(observe)
+    by_tags = registration in ("tags", "both")
+    by_convention = registration in ("convention", "both")
     for rank in range(world_size):
         tags = [{"key": C.TAG_JOB_ID, "value": job_id}, {"key": C.TAG_RANK, "value": str(rank)},
-                {"key": C.TAG_WORLD_SIZE, "value": str(world_size)}]
+                {"key": C.TAG_WORLD_SIZE, "value": str(world_size)}] if by_tags else []
+        overrides = {"containerOverrides": [{"name": "trainer", "environment": [
+            {"name": C.ENV_VAR_RANK, "value": str(rank)},
+            {"name": C.ENV_VAR_WORLD_SIZE, "value": str(world_size)},
+            {"name": C.ENV_VAR_ATTEMPT, "value": "1"}]}]} if by_convention else None
         job.tasks.append(world.cluster.launch(task_definition, nodes[rank // tasks_per_node], tags=tags,
-                                              started_by="launcher"))
+                                              started_by="launcher", group=group if by_convention else None,
+                                              overrides=overrides))
     return job

@@ -551,6 +551,8 @@ def training_task_pattern(cluster_arn: str, registration: str = "both") -> dict[
         "detail": {
             "clusterArn": [cluster_arn],
             "group": group,
+            # The handler acts on these two only (PROVISIONING, PENDING... cost nothing).
+            "lastStatus": ["RUNNING", "STOPPED"],
         },
     }
 

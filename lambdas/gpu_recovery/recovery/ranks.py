@@ -234,7 +234,10 @@ class RankOperations:
         repo = self.deps.repo
         now = clock.now()
         inst_id = container_instance_id(reg.container_instance_arn)
-        ec2_id = reg.ec2_instance_id or self._ec2_instance_id(inst_id, reg.container_instance_arn)
+        # No DescribeContainerInstances here (a job of 1,024 nodes starting at once would spend
+        # the account's Describe rate on it): a node action resolves a missing id first.
+        known = None if reg.ec2_instance_id else repo.get_instance(inst_id)
+        ec2_id = reg.ec2_instance_id or (known.ec2_instance_id if known else "")
         repo.put_instance_if_absent(
             Instance(inst_id, container_instance_arn=reg.container_instance_arn, ec2_instance_id=ec2_id)
         )
@@ -290,12 +293,17 @@ class RankOperations:
         return repo.latches.arrive(job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
                                    node=inst_id)
 
-    def _ec2_instance_id(self, inst_id: str, arn: str) -> str:
-        known = self.deps.repo.get_instance(inst_id)
-        if known and known.ec2_instance_id:
-            return known.ec2_instance_id
-        described = self.deps.ecs.describe_container_instance(arn or inst_id)
-        return str((described or {}).get("ec2InstanceId", ""))
+    def ec2_instance_id(self, instance: Instance) -> str:
+        """The node's EC2 / managed instance id: the instance item's, else described once
+        (DescribeContainerInstances) and recorded on the item."""
+        if instance.ec2_instance_id:
+            return instance.ec2_instance_id
+        described = self.deps.ecs.describe_container_instance(
+            instance.container_instance_arn or instance.container_inst_id)
+        ec2_id = str((described or {}).get("ec2InstanceId", ""))
+        if ec2_id:
+            self.deps.repo.record_ec2_instance_id(instance.container_inst_id, ec2_id)
+        return ec2_id
 
     def rank_for_task(self, detail: EcsTaskDetail) -> Rank | None:
         """The task's rank: known by its task, else registered from its event (the
