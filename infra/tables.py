@@ -9,7 +9,12 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from gpu_recovery.constants import ECS_RATE_ITEM_KEY, JOB_TABLE_TTL_ATTRIBUTE, table_definitions
+from gpu_recovery.constants import (
+    ECS_DESCRIBE_RATE_ITEM_KEY,
+    ECS_RATE_ITEM_KEY,
+    JOB_TABLE_TTL_ATTRIBUTE,
+    table_definitions,
+)
 
 _ATTRIBUTE_TYPES = {
     "S": dynamodb.AttributeType.STRING,
@@ -115,7 +120,9 @@ class RecoveryTables(Construct):
             sid="EcsCallBudgetItem",
             actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
             resources=[self.instance_table.table_arn],
-            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [ECS_RATE_ITEM_KEY]}},
+            # ... and the Describe budget's (a recovery service describing a task, rarely).
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [
+                ECS_RATE_ITEM_KEY, ECS_DESCRIBE_RATE_ITEM_KEY]}},
         )
 
     def grant_quota_data(self, grantee: iam.IGrantable) -> None:

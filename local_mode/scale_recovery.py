@@ -45,12 +45,16 @@ from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.adapters.queue import GangQueue
-from gpu_recovery.events.ecs import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
+from gpu_recovery.events.ecs import (
+    EcsContainerInstanceStateChangeEvent,
+    EcsTaskDetail,
+    EcsTaskStateChangeEvent,
+)
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.recovery.ranks import container_environment
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository
-from gpu_recovery.settings import Settings
+from gpu_recovery.settings import DESCRIBE_BUCKET, Settings
 from local_mode.memory_dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
 from local_mode.scale_aws import (
     HEALTH_CHECK_LOG_GROUP,
@@ -98,6 +102,8 @@ GANG_VISIBILITY_TIMEOUT_SECONDS = float(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
 GANG_MAX_RECEIVES = C.GANG_QUEUE_MAX_RECEIVES
 GANG_BATCH_SIZE = 1
 GANG_WORKER_CONCURRENCY = 4
+TAG_LOOKUP_QUEUE = "tag-lookups"
+TAG_LOOKUP_WORKER = "tag_lookup_worker"
 
 
 class RecordingMetrics:
@@ -125,13 +131,15 @@ class Ports:
     metrics: RecordingMetrics
     queues: dict[str, SimQueuePort] = field(default_factory=dict)
     gang_queue: GangQueue | None = None
+    tag_lookups: GangQueue | None = None
 
 
 def default_service(ports: Ports) -> RecoveryService:
     """As ``gpu_recovery.runtime.recovery_service`` builds it (no auto-scaling replacer: the
     simulated cluster has no group; the shipped fault catalog)."""
     return RecoveryService(ports.repo, ports.ecs, ports.rebooter, ports.notifier, ports.verdicts,
-                           ports.settings, ports.metrics, gang_queue=ports.gang_queue)
+                           ports.settings, ports.metrics, gang_queue=ports.gang_queue,
+                           tag_lookups=ports.tag_lookups)
 
 
 @dataclass
@@ -217,6 +225,24 @@ def gang_worker_handler(container: Container, event: dict[str, Any]) -> dict[str
     return {"batchItemFailures": failures}
 
 
+def tag_lookup_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/tag_lookup_worker.py: the batch's tasks described together; the whole batch
+    fails when that does, an event's own failure fails its message."""
+    parsed = []
+    for record in event.get("Records", []):
+        try:
+            parsed.append((record["messageId"],
+                           EcsTaskDetail.model_validate(json.loads(record["body"])["detail"])))
+        except (ValueError, KeyError, TypeError, ValidationError):
+            continue  # malformed: logged and dropped
+    try:
+        outcomes = container.service.on_tag_lookups([detail for _, detail in parsed])
+    except Exception:
+        return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id, _ in parsed]}
+    return {"batchItemFailures": [{"itemIdentifier": message_id} for (message_id, _), outcome
+                                  in zip(parsed, outcomes, strict=True) if isinstance(outcome, Exception)]}
+
+
 class ScaleWorld:
     """A simulated account with the recovery stack deployed (see the module docstring).
 
@@ -261,11 +287,16 @@ class ScaleWorld:
         self.gang_fanout = gang_fanout
         gang_queue = self.add_queue(GANG_QUEUE, visibility_timeout=GANG_VISIBILITY_TIMEOUT_SECONDS,
                                     max_receive_count=GANG_MAX_RECEIVES) if gang_fanout else None
+        # infra/tag_lookups.py: unknown tasks' events, described 100 at a time.
+        lookups = self.add_queue(TAG_LOOKUP_QUEUE,
+                                 visibility_timeout=float(C.TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS),
+                                 max_receive_count=C.TAG_LOOKUP_MAX_RECEIVES)
         self.settings = replace(Settings(
             job_table=JOB_TABLE, instance_table=INSTANCE_TABLE, cluster=self.cluster.name,
             health_check_task=self.cluster.health_check_task, topic_arn=self.topic.arn,
             health_check_log_group=HEALTH_CHECK_LOG_GROUP,
-            gang_queue_url=gang_queue.url if gang_queue is not None else ""), **(settings or {}))
+            gang_queue_url=gang_queue.url if gang_queue is not None else "",
+            tag_lookup_queue_url=lookups.url), **(settings or {}))
         timeouts = {**FUNCTION_TIMEOUTS, **(function_timeouts or {})}
         handlers = (("ecs_task_handler", task_handler), ("dcgm_task_monitor", health_check_handler),
                     ("ecs_instance_monitor", instance_handler), ("recovery_sweep", sweep_handler))
@@ -277,6 +308,13 @@ class ScaleWorld:
                                       make_container=self.container, async_retries=0)
             gang_queue.attach(self.lambdas, GANG_WORKER, batch_size=GANG_BATCH_SIZE,
                               max_concurrency=gang_worker_concurrency)
+        self.lambdas.add_function(TAG_LOOKUP_WORKER, tag_lookup_handler,
+                                  timeout=float(C.TAG_LOOKUP_WORKER_TIMEOUT_SECONDS),
+                                  make_container=self.container, async_retries=0)
+        # The batching window: the poller waits that long for a batch to fill.
+        lookups.attach(self.lambdas, TAG_LOOKUP_WORKER, batch_size=C.TAG_LOOKUP_BATCH_SIZE,
+                       max_concurrency=C.TAG_LOOKUP_WORKER_CONCURRENCY,
+                       poll_delay=float(C.TAG_LOOKUP_BATCHING_WINDOW_SECONDS))
         arn = self.cluster.arn
         self.bus.add_rule("training-task-state", C.training_task_pattern(arn, self.settings.registration),
                           "ecs_task_handler")
@@ -300,10 +338,12 @@ class ScaleWorld:
         # runtime.ecs_adapter: every control-plane call takes a token of the stack's budget item.
         budget = EcsCallBudget(RateLimitRepository(repo), self.settings.ecs_api)
         self.budgets.append(budget)
+        describe = EcsCallBudget(RateLimitRepository(repo, C.ECS_DESCRIBE_RATE_ITEM_KEY), DESCRIBE_BUCKET)
         gang = self.queues.get(GANG_QUEUE) if self.gang_fanout else None
+        lookups = self.queues.get(TAG_LOOKUP_QUEUE)
         return Ports(
             repo=repo,
-            ecs=EcsAdapter(ecs_client, self.cluster.name, budget=budget),
+            ecs=EcsAdapter(ecs_client, self.cluster.name, budget=budget, describe_budget=describe),
             ecs_client=ecs_client,
             budget=budget,
             rebooter=RebootAdapter(Ec2Client(self.cluster),
@@ -315,6 +355,7 @@ class ScaleWorld:
             metrics=self.metrics,
             queues={name: queue.port() for name, queue in self.queues.items()},
             gang_queue=GangQueue(gang.client(), gang.url) if gang is not None else None,
+            tag_lookups=GangQueue(lookups.client(), lookups.url) if lookups is not None else None,
         )
 
     def container(self) -> Container:

@@ -94,6 +94,19 @@ CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
 GANG_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
 GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 6 * GANG_WORKER_TIMEOUT_SECONDS
 GANG_QUEUE_MAX_RECEIVES = 5
+# Tag lookups (issue 28): a task with no rank and no registration convention is described
+# by a worker on this queue, up to 100 tasks per DescribeTasks (the API's limit; SQS batches
+# them, waiting up to the window), under the stack's Describe budget (its own token bucket
+# item: at most ECS_DESCRIBE_RATE_PER_SECOND, half the account's 20/s).
+ENV_TAG_LOOKUP_QUEUE_URL = "TAG_LOOKUP_QUEUE_URL"  # "": described inline by the task handler
+TAG_LOOKUP_BATCH_SIZE = 100
+TAG_LOOKUP_BATCHING_WINDOW_SECONDS = 2
+TAG_LOOKUP_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
+TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS = 6 * TAG_LOOKUP_WORKER_TIMEOUT_SECONDS
+TAG_LOOKUP_MAX_RECEIVES = 10
+TAG_LOOKUP_WORKER_CONCURRENCY = 5
+ECS_DESCRIBE_RATE_PER_SECOND = 10.0
+ECS_DESCRIBE_BURST = 20
 # Telemetry: per node and signal kind, at most one notification per this many seconds;
 # stored signals not seen for the retention period are forgotten.
 ENV_HW_SIGNAL_NOTIFY_SECONDS = "HW_SIGNAL_NOTIFY_SECONDS"
@@ -284,6 +297,7 @@ BREAKER_ITEM_KEY = "BREAKER#node-actions"
 CORDON_SYNC_ITEM_KEY = "CORDON#ecs-attribute-sync"
 # The stack's share of the account's ECS control-plane request bucket (a GCRA).
 ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
+ECS_DESCRIBE_RATE_ITEM_KEY = "RATE#ecs-describe"  # the stack's DescribeTasks budget
 # DCGM health checks running in the cluster (their slots), beside the breaker.
 HEALTH_CHECK_SLOTS_KEY = "SLOTS#health-checks"
 

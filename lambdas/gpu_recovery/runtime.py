@@ -18,12 +18,15 @@ from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.adapters.queue import GangQueue
+from gpu_recovery.constants import (
+    ECS_DESCRIBE_RATE_ITEM_KEY,
+)
 from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
 from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.recovery import MetricsPort, RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository
-from gpu_recovery.settings import SchedulerConfig, Settings, ecs_api_bucket
+from gpu_recovery.settings import DESCRIBE_BUCKET, SchedulerConfig, Settings, ecs_api_bucket
 
 if TYPE_CHECKING:
     from gpu_recovery.heartbeat.service import HeartbeatService
@@ -53,9 +56,14 @@ def repository(settings: Settings | None = None) -> Repository:
     return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
 
 
-def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket) -> EcsAdapter:
-    """ECS with the stack's shared control-plane budget (one item in the instance table)."""
-    return EcsAdapter(aws.client("ecs"), cluster, budget=EcsCallBudget(RateLimitRepository(repo), bucket))
+def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, *,
+                describe_budget: bool = False) -> EcsAdapter:
+    """ECS with the stack's shared control-plane budget (one item in the instance table);
+    ``describe_budget``: and its Describe budget (another item: the recovery functions')."""
+    describe = (EcsCallBudget(RateLimitRepository(repo, ECS_DESCRIBE_RATE_ITEM_KEY), DESCRIBE_BUCKET)
+                if describe_budget else None)
+    return EcsAdapter(aws.client("ecs"), cluster, budget=EcsCallBudget(RateLimitRepository(repo), bucket),
+                      describe_budget=describe)
 
 
 def fault_catalog(settings: Settings) -> FaultCatalog:
@@ -77,7 +85,7 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
             repo = repository(settings)
             service = RecoveryService(
                 repo=repo,
-                ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api),
+                ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api, describe_budget=True),
                 rebooter=RebootAdapter(aws.client("ec2"), aws.client("ssm"), settings.reboot_document),
                 notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
                 verdicts=VerdictLogReader(aws.client("logs"), settings.health_check_log_group),
@@ -86,6 +94,8 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
                 replacer=AutoScalingReplacer(aws.client("autoscaling")),
                 gang_queue=GangQueue(aws.client("sqs"), settings.gang_queue_url) if settings.gang_queue_url
                 else None,
+                tag_lookups=(GangQueue(aws.client("sqs"), settings.tag_lookup_queue_url)
+                             if settings.tag_lookup_queue_url else None),
             )
             _services["recovery"] = service
     if metrics is not None:

@@ -53,6 +53,10 @@ DEFAULT_HEALTH_CHECKS_IN_FLIGHT = 2048
 DEFAULT_HEALTH_CHECKS_PER_JOB = DEFAULT_HEALTH_CHECKS_IN_FLIGHT
 
 
+# The stack's DescribeTasks budget for unknown tasks (half the account's 20/s).
+DESCRIBE_BUCKET = TokenBucket(rate=c.ECS_DESCRIBE_RATE_PER_SECOND, burst=c.ECS_DESCRIBE_BURST)
+
+
 class SettingsError(ValueError):
     """A missing or malformed environment variable; names the variable."""
 
@@ -180,6 +184,7 @@ class Settings:
     max_health_checks_in_flight: int = DEFAULT_HEALTH_CHECKS_IN_FLIGHT
     # How a task is recognised as a protected rank (constants.REGISTRATION_MODES).
     registration: str = "both"
+    tag_lookup_queue_url: str = ""  # "": unknown tasks are described inline (one at a time)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -226,6 +231,7 @@ class Settings:
             max_health_checks_in_flight=_int(env, c.ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
                                              DEFAULT_HEALTH_CHECKS_IN_FLIGHT, minimum=1),
             registration=registration_mode(env),
+            tag_lookup_queue_url=env.get(c.ENV_TAG_LOOKUP_QUEUE_URL, ""),
         )
 
 

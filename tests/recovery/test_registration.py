@@ -177,3 +177,78 @@ def test_convention_pattern_leaves_other_workloads_out() -> None:
     assert not C.HEALTH_CHECK_GROUP.startswith(C.JOB_GROUP_PREFIX)
     both = C.training_task_pattern(CLUSTER_ARN)
     assert both["detail"]["group"] == [{"anything-but": {"prefix": C.HEALTH_CHECK_GROUP}}]
+
+
+# ------------------------------------------------------------------ tag lookups (batched)
+def _tagged(w: Any, arn: str, node: str, rank: int, world_size: int) -> None:
+    w.ecs.tasks[arn] = FakeTask(arn, node, "other-launcher", "family:train")
+    w.tags[arn] = [{"key": C.TAG_JOB_ID, "value": "tagged-job"}, {"key": C.TAG_RANK, "value": str(rank)},
+                   {"key": C.TAG_WORLD_SIZE, "value": str(world_size)}]
+
+
+class TaggedDescribe:
+    """FakeEcs's DescribeTasks with the tags of ``w.tags``; every call's ARNs recorded."""
+
+    def __init__(self, w: Any) -> None:
+        self.calls: list[list[str]] = []
+        w.tags = {}
+        real = w.ecs.describe_task
+
+        def one(arn: str) -> dict[str, Any] | None:
+            task = real(arn)
+            return None if task is None else {**task, "tags": w.tags.get(arn, [])}
+
+        def many(arns: list[str]) -> list[dict[str, Any]]:
+            self.calls.append(list(arns))
+            return [t for t in (one(a) for a in arns) if t is not None]
+
+        def single(arn: str) -> dict[str, Any] | None:
+            self.calls.append([arn])
+            return one(arn)
+
+        w.ecs.describe_tasks, w.ecs.describe_task = many, single
+
+
+def test_unknown_tasks_go_to_the_tag_lookup_worker_and_are_described_together() -> None:
+    from tests.recovery.fakes import FakeQueue
+
+    with world() as w:
+        describes = TaggedDescribe(w)
+        queue = w.service.deps.tag_lookups = FakeQueue(w.now)
+        base = "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/"
+        arns = [f"{base}{i:032x}" for i in range(3)]
+        _tagged(w, arns[0], "node-0", 0, 2)
+        _tagged(w, arns[1], "node-1", 1, 2)
+        w.ecs.tasks[arns[2]] = FakeTask(arns[2], "node-9", "ecs-svc/1", "service:web")  # no tags
+        details = [event(task=a, group=w.ecs.tasks[a].group, env=[], node=w.ecs.tasks[a].node)
+                   for a in (arns[0], arns[0], arns[1], arns[2])]  # rank 0's event delivered twice
+        outcomes = [w.service.on_task_state_change(d) for d in details]
+        assert {o.action for o in outcomes} == {"lookup_queued"} and describes.calls == []
+        assert len(queue.messages) == 4
+        sent = [EcsTaskStateChangeEvent.model_validate({**FIXTURE, "detail": body["detail"]}).detail
+                for body, _ in queue.messages]
+        handled = w.service.on_tag_lookups(sent)
+        assert describes.calls == [arns]  # one DescribeTasks for the batch's three tasks
+        assert [getattr(o, "action", o) for o in handled] == ["running", "running", "running", "ignored"]
+        assert w.repo.get_job("tagged-job").world_size == 2
+        assert {w.repo.get_rank("tagged-job", r).task_arn for r in (0, 1)} == set(arns[:2])
+        # The untagged task's later events cost nothing: its negative record answers.
+        queue.messages.clear()
+        stopped = event(task=arns[2], group="service:web", env=[], node="node-9", status="STOPPED")
+        assert w.service.on_task_state_change(stopped).detail == {"why": "not a protected job"}
+        assert queue.messages == [] and describes.calls == [arns]
+        # Known ranks' events no longer go to the worker either.
+        assert w.service.on_task_state_change(details[0]).action == "running"
+        assert queue.messages == []
+
+
+def test_a_failed_describe_fails_the_whole_lookup_batch() -> None:
+    with world() as w:
+        def refused(arns: list[str]) -> list[dict[str, Any]]:
+            raise RuntimeError("ThrottlingException")
+
+        w.ecs.describe_tasks = refused
+        arn = "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/" + "ab" * 16
+        with pytest.raises(RuntimeError):
+            w.service.on_tag_lookups([event(task=arn, group="family:train", env=[])])
+        assert w.repo.look_up_task(arn).unprotected is False  # nothing remembered: looked up again

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,10 @@ class RankRegistration:
     max_recovery_attempts: int | None = None  # infrastructure recoveries (None: the deployment's)
     max_app_restarts: int | None = None  # application-error restarts (None: the deployment's)
     gpus: int = 0  # GPUs the task holds (0: unknown)
+
+
+class LookupQueued(Exception):
+    """The task's event went to the tag lookup worker (which registers it and handles it)."""
 
 
 class NotProtected(ValueError):
@@ -331,8 +336,33 @@ class RankOperations:
         if known.unprotected:
             return None
         # Unknown task: out-of-order delivery, index lag, or a job launched by another
-        # tool. Tags decide, and only DescribeTasks(include=TAGS) returns them.
-        task = self.deps.ecs.describe_task(detail.taskArn)
+        # tool. Tags decide, and only DescribeTasks(include=TAGS) returns them: the tag
+        # lookup worker describes 100 tasks a call under the stack's Describe budget.
+        if self.deps.tag_lookups is not None:
+            self.deps.tag_lookups.send([{"detail": detail.model_dump(mode="json")}])
+            raise LookupQueued(detail.taskArn)
+        return self.rank_from_description(detail.taskArn, self.deps.ecs.describe_task(detail.taskArn))
+
+    def look_up_tags(self, task_arns: Iterable[str]) -> dict[str, Rank | None]:
+        """The ranks of tasks whose tags decide (the tag lookup worker's batch): known ones
+        from the table, the rest described together (DescribeTasks takes 100)."""
+        repo = self.deps.repo
+        resolved: dict[str, Rank | None] = {}
+        unknown: list[str] = []
+        for arn in dict.fromkeys(task_arns):
+            known = repo.look_up_task(arn)
+            if known.rank is not None or known.unprotected:
+                resolved[arn] = known.rank
+            else:
+                unknown.append(arn)
+        if unknown:
+            described = {str(t.get("taskArn")): t for t in self.deps.ecs.describe_tasks(unknown)}
+            for arn in unknown:
+                resolved[arn] = self.rank_from_description(arn, described.get(arn))
+        return resolved
+
+    def rank_from_description(self, task_arn: str, task: dict[str, Any] | None) -> Rank | None:
+        """Register the described task by its tags, or remember that it is not protected."""
         if task is None:
             return None
         try:
@@ -343,8 +373,8 @@ class RankOperations:
         except StartedForSeveralRanks as several:
             return self._rank_of_grouped_task(task, several)
         except NotProtected as reason:
-            logger.debug("task not protected", extra={"task": detail.taskArn, "why": str(reason)})
-            repo.remember_unprotected_task(detail.taskArn, clock.now())
+            logger.debug("task not protected", extra={"task": task_arn, "why": str(reason)})
+            self.deps.repo.remember_unprotected_task(task_arn, clock.now())
             return None
         return self.register_rank(reg)
 
