@@ -339,6 +339,147 @@ def _print(result: dict[str, Any]) -> None:
           + (f", {result['largest_refused_bytes']:,} B" if refused else "") + "; SNS limit 262,144 B)")
 
 
+# ------------------------------------------------------------------ registration (issue 28)
+REGISTRATION_SIZES = (1024, 8192)
+REGISTRATION_KINDS = ("convention", "tags")
+REGISTRATION_LIMIT_SECONDS = 1800.0  # simulated
+
+
+def run_registration(size: int, kind: str, *, seed: int = 20261120,
+                     wall_cap: float = 600.0) -> dict[str, Any]:
+    """``size`` tasks started in the same second (one per node up to 1,024, else one per GPU
+    of 8-GPU nodes), registered by the convention or by their tags alone (the deployment's
+    default ``registration`` = both): until every rank has its item."""
+    started = time.perf_counter()
+    per_gpu = size > 1024
+    node_count = size // GPUS_PER_NODE if per_gpu else size
+    out: dict[str, Any] = {"tasks": size, "nodes": node_count, "by": kind, "seed": seed}
+    world = ScaleWorld(seed=seed, validate_dynamodb=False)
+    try:
+        nodes = [world.cluster.add_node(f"node-{i:04d}") for i in range(node_count)]
+        world.sim.run(until=world.sim.now + 60.0)  # the nodes' own events, before the job
+        world.reset_measurements()
+        t0 = world.sim.now
+        job = launch_tagged_job(world, "big-job", nodes, tasks_per_node=GPUS_PER_NODE if per_gpu else 1,
+                                gpus_per_task=1 if per_gpu else GPUS_PER_NODE, registration=kind)
+        registration = _Registration(world, job)
+        why = world.sim.run(until=t0 + REGISTRATION_LIMIT_SECONDS, stop=registration.done,
+                            check_every=max(50, size // 4), wall_seconds=wall_cap)
+        if why == "stop":  # late duplicates, retries and dead letters of the registration
+            world.sim.run(until=world.sim.now + MARGIN_SECONDS,
+                          wall_seconds=max(1.0, wall_cap - (time.perf_counter() - started)))
+        figures = _registration_figures(world, job, registration, t0)
+        stats = world.account.stats
+        handler = world.lambdas.functions["ecs_task_handler"].stats
+        out.update(figures)
+        out.update(
+            seconds_from_running=round(figures["simulated_s"] - world.cluster.run_delay, 1),
+            describe_tasks=stats.calls.get("ecs:DescribeTasks", 0),
+            describe_tasks_throttled=stats.throttled.get("ecs:DescribeTasks", 0),
+            describe_container_instances=stats.calls.get("ecs:DescribeContainerInstances", 0),
+            handler_invocations=handler.invocations,
+            outcome="registered" if not registration.missing else
+            ("wall-clock cap reached" if why == "wall" else
+             f"{size - len(registration.missing)} of {size} registered after "
+             f"{REGISTRATION_LIMIT_SECONDS / 60:.0f} simulated minutes"))
+        out["wall_s"] = round(time.perf_counter() - started, 1)
+        return out
+    except Exception as error:  # a bench run reports, it does not crash
+        out["traceback"] = traceback.format_exc(limit=8)
+        return _incomplete(out, f"error: {type(error).__name__}: {error}", started)
+    finally:
+        world.close()
+        gc.collect()
+
+
+MIXED_TASKS = 1000
+
+
+def run_mixed(registration: str, *, seed: int = 20261120, wall_cap: float = 600.0) -> dict[str, Any]:
+    """1,000 tasks of another workload (no tags, no convention: a web service's churn) start
+    and stop beside the stack, 10 a second, each running 30-120 s: what they cost it."""
+    started = time.perf_counter()
+    out: dict[str, Any] = {"registration": registration, "tasks": MIXED_TASKS, "seed": seed}
+    world = ScaleWorld(seed=seed, settings={"registration": registration}, validate_dynamodb=False)
+    try:
+        nodes = [world.cluster.add_node(f"web-{i:03d}") for i in range(50)]
+        definition = world.cluster.register_task_definition("web", gpus=0, container="web")
+        world.sim.run(until=world.sim.now + 60.0)
+        world.reset_measurements()
+        sim = world.sim
+        t0 = sim.now
+        for i in range(MIXED_TASKS):
+            def start(i: int = i) -> None:
+                task = world.cluster.launch(definition, nodes[i % len(nodes)], started_by="ecs-svc/web",
+                                            group="service:web")
+                world.cluster.exit_task(task, 0, after=sim.rng.uniform(30.0, 120.0), why="scale-in")
+            sim.after(i / 10.0, start, "web task")
+        sim.run(until=t0 + MIXED_TASKS / 10.0 + 120.0 + MARGIN_SECONDS, wall_seconds=wall_cap)
+        stats = world.account.stats
+        handler = world.lambdas.functions["ecs_task_handler"].stats
+        out.update(handler_invocations=handler.invocations,
+                   describe_tasks=stats.calls.get("ecs:DescribeTasks", 0),
+                   describe_tasks_throttled=stats.throttled.get("ecs:DescribeTasks", 0),
+                   stopped=sum(1 for t in world.cluster.tasks.values() if t.done),
+                   dead_letters=len(world.lambdas.dead_letters),
+                   dynamodb_items_read=world.dynamo.meter.total.items_read,
+                   dynamodb_items_written=world.dynamo.meter.total.items_written,
+                   outcome="done", wall_s=round(time.perf_counter() - started, 1))
+        return out
+    except Exception as error:  # a bench run reports, it does not crash
+        out["traceback"] = traceback.format_exc(limit=8)
+        return _incomplete(out, f"error: {type(error).__name__}: {error}", started)
+    finally:
+        world.close()
+        gc.collect()
+
+
+def _print_registration(r: dict[str, Any]) -> None:
+    print(f"\nregistration {r['tasks']:>5} tasks RUNNING in the same second, by {r['by']}: {r['outcome']} "
+          f"[wall {r['wall_s']} s]")
+    if "ranks_registered" in r:
+        print(f"  {r['ranks_registered']} ranks registered {r['seconds_from_running']} s after their RUNNING "
+              f"event; DescribeTasks {r['describe_tasks']:,} calls ({r['describe_tasks_throttled']:,} "
+              f"throttled), DescribeContainerInstances {r['describe_container_instances']:,}; "
+              f"ecs_task_handler {r['handler_invocations']:,} invocations; dead letters {r['dead_letters']}; "
+              f"DynamoDB {r['dynamodb_items_read']:,} read / {r['dynamodb_items_written']:,} written")
+
+
+def _print_mixed(r: dict[str, Any]) -> None:
+    print(f"\nmixed cluster, registration={r['registration']}: {r['tasks']} unprotected tasks start and "
+          f"stop: {r['outcome']} [wall {r['wall_s']} s]")
+    if "handler_invocations" in r:
+        n = r["tasks"]
+        print(f"  ecs_task_handler {r['handler_invocations']:,} invocations "
+              f"({r['handler_invocations'] / n:.2f}/task), DescribeTasks {r['describe_tasks']:,} "
+              f"({r['describe_tasks'] / n:.2f}/task, {r['describe_tasks_throttled']} throttled); "
+              f"DynamoDB {r['dynamodb_items_read']:,} read / {r['dynamodb_items_written']:,} written; "
+              f"dead letters {r['dead_letters']}; {r['stopped']} stopped")
+
+
+def run_registration_lines(seed: int, wall_cap: float) -> dict[str, Any]:
+    """``SCALE_REGISTRATION``: sizes (default 1024,8192; "0": none), ``SCALE_REGISTRATION_BY``
+    (convention,tags), ``SCALE_MIXED`` (convention,both; "0": none)."""
+    results: dict[str, Any] = {}
+    sizes = _env_list("SCALE_REGISTRATION", tuple(str(n) for n in REGISTRATION_SIZES))
+    for size in (int(n) for n in sizes if n != "0"):
+        for kind in _env_list("SCALE_REGISTRATION_BY", REGISTRATION_KINDS):
+            if kind not in REGISTRATION_KINDS:
+                raise ValueError(f"SCALE_REGISTRATION_BY: unknown {kind!r} ({', '.join(REGISTRATION_KINDS)})")
+            result = run_registration(size, kind, seed=seed, wall_cap=wall_cap)
+            _print_registration(result)
+            results[f"registration/{size}/{kind}"] = result
+    for mode in _env_list("SCALE_MIXED", ("convention", "both")):
+        if mode == "0":
+            continue
+        if mode not in C.REGISTRATION_MODES:
+            raise ValueError(f"SCALE_MIXED: unknown {mode!r} ({', '.join(C.REGISTRATION_MODES)})")
+        result = run_mixed(mode, seed=seed, wall_cap=wall_cap)
+        _print_mixed(result)
+        results[f"mixed/{mode}"] = result
+    return results
+
+
 def run() -> dict[str, Any]:
     logging.disable(logging.CRITICAL)  # the code under test logs every step of thousands of ranks
     seed = int(os.environ.get("SCALE_SEED", "20261120"))
@@ -349,6 +490,7 @@ def run() -> dict[str, Any]:
     lift = os.environ.get("SCALE_SETUP_READS_UNLIMITED", "") == "1"
     results: dict[str, Any] = {}
     try:
+        results.update(run_registration_lines(seed, wall_cap))
         for layout, size, scenario in plan():
             result = run_scenario(layout, size, scenario, seed=seed, spares=spares, wall_cap=wall_cap,
                                   settings=settings, lift_setup_reads=lift)

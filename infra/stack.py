@@ -91,6 +91,7 @@ from gpu_recovery.constants import (
     ENV_QUOTA_TABLE,
     ENV_REBOOT_DOCUMENT,
     ENV_REBOOT_TIMEOUT_MINUTES,
+    ENV_REGISTRATION,
     ENV_RELOCATE_INSTEAD_OF_WAIT,
     ENV_RELOCATION_WAIT_SECONDS,
     ENV_REMEDIATION_SETTINGS,
@@ -98,6 +99,7 @@ from gpu_recovery.constants import (
     ENV_SPARE_NODES,
     ENV_SUSPECT_EXIT_CODES,
     ENV_SUSPEND_GRACE_SECONDS,
+    ENV_TAG_LOOKUP_QUEUE_URL,
 )
 from infra.config import RecoveryConfig
 from infra.control_api import JobControlApi
@@ -121,6 +123,7 @@ from infra.reboot_document import RebootDocument
 from infra.recovery import ClusterAccess, RecoveryFunctions
 from infra.scheduler import QueueScheduler
 from infra.tables import RecoveryTables
+from infra.tag_lookups import TagLookups
 
 
 def heartbeat_config(config: RecoveryConfig) -> HeartbeatConfig:
@@ -146,6 +149,7 @@ def large_jobs_environment(config: RecoveryConfig, gang_queue_url: str) -> dict[
         ENV_BATCH_IDENTICAL_STARTS: "true" if config.batch_identical_starts else "false",
         ENV_MAX_HEALTH_CHECKS_PER_JOB: str(config.max_health_checks_per_job),
         ENV_MAX_HEALTH_CHECKS_IN_FLIGHT: str(config.max_health_checks_in_flight),
+        ENV_REGISTRATION: config.registration,
     }
 
 
@@ -219,6 +223,7 @@ class GpuRecoveryStack(Stack):
             remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH
         # The queue first: every function's environment names it.
         self.gang = GangFanout(self, "GangFanout")
+        self.tag_lookups = TagLookups(self, "TagLookups")
         self.lambda_defaults = LambdaDefaults(
             config=config,
             environment={
@@ -238,6 +243,7 @@ class GpuRecoveryStack(Stack):
                 **remediation_env,
                 ENV_REBOOT_DOCUMENT: self.reboot_document.name,
                 **large_jobs_environment(config, self.gang.queue_url),
+                ENV_TAG_LOOKUP_QUEUE_URL: self.tag_lookups.queue_url,
             },
             extra_layers=[self.fault_catalog_layer] if self.fault_catalog_layer is not None else [],
         )
@@ -313,6 +319,10 @@ class GpuRecoveryStack(Stack):
         self.gang_worker = self.gang.add_worker(
             defaults=self.lambda_defaults, tables=self.tables, notifications=self.notifications,
             access=self.access, max_concurrency=config.gang_worker_concurrency)
+        self.tag_lookup_worker = self.tag_lookups.add_worker(
+            defaults=self.lambda_defaults, tables=self.tables, notifications=self.notifications,
+            access=self.access, extra=[self.gang.send_statement()])
+        self.tag_lookups.grant_send(self.recovery.task_handler)
         # Whoever may stop or start a gang sends its batches to the queue (the worker its
         # own continuations, in add_worker).
         self.gang.grant_send(
@@ -339,6 +349,7 @@ class GpuRecoveryStack(Stack):
             "JobControlAuthorizer": self.control_api.authorizer_function,
             "JobControlApi": self.control_api.function,
             "GangWorker": self.gang_worker,
+            "TagLookupWorker": self.tag_lookup_worker,
         }
         self.invocations: dict[str, Invocation] = {
             "TaskHandler": Invocation.EVENT,
@@ -353,12 +364,14 @@ class GpuRecoveryStack(Stack):
             "JobControlAuthorizer": Invocation.REQUEST,
             "JobControlApi": Invocation.REQUEST,
             "GangWorker": Invocation.QUEUE,
+            "TagLookupWorker": Invocation.QUEUE,
         }
         self.dead_letter_queues: dict[str, sqs.IQueue] = {
             **self.recovery.dead_letter_queues,
             "HeartbeatSweep": self.node_api.sweep_dead_letter_queue,
             "QueueScheduler": self.scheduler.dead_letter_queue,
             "GangWorker": self.gang.dead_letter_queue,
+            "TagLookupWorker": self.tag_lookups.dead_letter_queue,
         }
         self.rules: dict[str, events.Rule] = {
             **self.recovery.rules,
@@ -374,7 +387,7 @@ class GpuRecoveryStack(Stack):
             topic=self.notifications.topic,
             recovery_sweep=self.recovery.sweep,
             rest_api=self.node_api.rest_api,
-            work_queues={"GangFanout": self.gang.queue},
+            work_queues={"GangFanout": self.gang.queue, "TagLookups": self.tag_lookups.queue},
         )
         self._outputs()
 

@@ -9,7 +9,12 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from gpu_recovery.constants import ECS_RATE_ITEM_KEY, table_definitions
+from gpu_recovery.constants import (
+    ECS_DESCRIBE_RATE_ITEM_KEY,
+    ECS_RATE_ITEM_KEY,
+    JOB_TABLE_TTL_ATTRIBUTE,
+    table_definitions,
+)
 
 _ATTRIBUTE_TYPES = {
     "S": dynamodb.AttributeType.STRING,
@@ -70,6 +75,8 @@ class RecoveryTables(Construct):
                 ),
                 encryption=dynamodb.TableEncryption.AWS_MANAGED,
                 removal_policy=policy,
+                # The job table's negative task records expire (constants.unprotected_task_key).
+                time_to_live_attribute=JOB_TABLE_TTL_ATTRIBUTE if logical == "job" else None,
                 **_keys(definition, definition["KeySchema"]),
             )
             for gsi in definition.get("GlobalSecondaryIndexes", []):
@@ -113,7 +120,9 @@ class RecoveryTables(Construct):
             sid="EcsCallBudgetItem",
             actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
             resources=[self.instance_table.table_arn],
-            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [ECS_RATE_ITEM_KEY]}},
+            # ... and the Describe budget's (a recovery service describing a task, rarely).
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [
+                ECS_RATE_ITEM_KEY, ECS_DESCRIBE_RATE_ITEM_KEY]}},
         )
 
     def grant_quota_data(self, grantee: iam.IGrantable) -> None:

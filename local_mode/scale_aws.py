@@ -202,7 +202,8 @@ class EcsCluster:
         return EcsClient(self)
 
     def launch(self, task_definition: str, node: SimNode | str, *, tags: list[dict[str, str]] | None = None,
-               started_by: str = "", group: str | None = None) -> SimTask:
+               started_by: str = "", group: str | None = None,
+               overrides: dict[str, Any] | None = None) -> SimTask:
         """Start a task directly in the data plane (an external launcher: no API call,
         no rate limit); raises when it cannot be placed."""
         target = node if isinstance(node, SimNode) else self.node(node)
@@ -210,7 +211,7 @@ class EcsCluster:
         failure = self._placement_failure(target, definition)
         if failure:
             raise RuntimeError(f"cannot place {definition.family} on {target.name}: {failure}")
-        return self._place(definition, target, tags or [], started_by, group, {})
+        return self._place(definition, target, tags or [], started_by, group, dict(overrides or {}))
 
     # ================================================================ control plane
     def _definition(self, ref: str) -> TaskDefinition:

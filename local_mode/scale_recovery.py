@@ -42,8 +42,13 @@ from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.adapters.ecs_budget import EcsCallBudget
-from gpu_recovery.events.ecs import EcsContainerInstanceStateChangeEvent, EcsTaskStateChangeEvent
+from gpu_recovery.events.ecs import (
+    EcsContainerInstanceStateChangeEvent,
+    EcsTaskDetail,
+    EcsTaskStateChangeEvent,
+)
 from gpu_recovery.recovery import RecoveryService
+from gpu_recovery.recovery.ranks import container_environment
 from gpu_recovery.settings import Settings
 from local_mode.scale_aws import (
     HEALTH_CHECK_LOG_GROUP,
@@ -91,6 +96,8 @@ GANG_VISIBILITY_TIMEOUT_SECONDS = float(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
 GANG_MAX_RECEIVES = C.GANG_QUEUE_MAX_RECEIVES
 GANG_BATCH_SIZE = 1
 GANG_WORKER_CONCURRENCY = 4
+TAG_LOOKUP_QUEUE = "tag-lookups"
+TAG_LOOKUP_WORKER = "tag_lookup_worker"
 
 
 class RecordingMetrics:
@@ -208,6 +215,24 @@ def gang_worker_handler(container: Container, event: dict[str, Any]) -> dict[str
     return {"batchItemFailures": failures}
 
 
+def tag_lookup_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+    """handlers/tag_lookup_worker.py: the batch's tasks described together; the whole batch
+    fails when that does, an event's own failure fails its message."""
+    parsed = []
+    for record in event.get("Records", []):
+        try:
+            parsed.append((record["messageId"],
+                           EcsTaskDetail.model_validate(json.loads(record["body"])["detail"])))
+        except (ValueError, KeyError, TypeError, ValidationError):
+            continue  # malformed: logged and dropped
+    try:
+        outcomes = container.service.on_tag_lookups([detail for _, detail in parsed])
+    except Exception:
+        return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id, _ in parsed]}
+    return {"batchItemFailures": [{"itemIdentifier": message_id} for (message_id, _), outcome
+                                  in zip(parsed, outcomes, strict=True) if isinstance(outcome, Exception)]}
+
+
 class ScaleWorld:
     """A simulated account with the recovery stack deployed (see the module docstring).
 
@@ -252,11 +277,16 @@ class ScaleWorld:
         self.gang_fanout = gang_fanout
         gang_queue = self.add_queue(GANG_QUEUE, visibility_timeout=GANG_VISIBILITY_TIMEOUT_SECONDS,
                                     max_receive_count=GANG_MAX_RECEIVES) if gang_fanout else None
+        # infra/tag_lookups.py: unknown tasks' events, described 100 at a time.
+        lookups = self.add_queue(TAG_LOOKUP_QUEUE,
+                                 visibility_timeout=float(C.TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS),
+                                 max_receive_count=C.TAG_LOOKUP_MAX_RECEIVES)
         self.settings = replace(Settings(
             job_table=JOB_TABLE, instance_table=INSTANCE_TABLE, cluster=self.cluster.name,
             health_check_task=self.cluster.health_check_task, topic_arn=self.topic.arn,
             health_check_log_group=HEALTH_CHECK_LOG_GROUP,
-            gang_queue_url=gang_queue.url if gang_queue is not None else ""), **(settings or {}))
+            gang_queue_url=gang_queue.url if gang_queue is not None else "",
+            tag_lookup_queue_url=lookups.url), **(settings or {}))
         timeouts = {**FUNCTION_TIMEOUTS, **(function_timeouts or {})}
         handlers = (("ecs_task_handler", task_handler), ("dcgm_task_monitor", health_check_handler),
                     ("ecs_instance_monitor", instance_handler), ("recovery_sweep", sweep_handler))
@@ -268,8 +298,16 @@ class ScaleWorld:
                                       make_container=self.container, async_retries=0)
             gang_queue.attach(self.lambdas, GANG_WORKER, batch_size=GANG_BATCH_SIZE,
                               max_concurrency=gang_worker_concurrency)
+        self.lambdas.add_function(TAG_LOOKUP_WORKER, tag_lookup_handler,
+                                  timeout=float(C.TAG_LOOKUP_WORKER_TIMEOUT_SECONDS),
+                                  make_container=self.container, async_retries=0)
+        # The batching window: the poller waits that long for a batch to fill.
+        lookups.attach(self.lambdas, TAG_LOOKUP_WORKER, batch_size=C.TAG_LOOKUP_BATCH_SIZE,
+                       max_concurrency=C.TAG_LOOKUP_WORKER_CONCURRENCY,
+                       poll_delay=float(C.TAG_LOOKUP_BATCHING_WINDOW_SECONDS))
         arn = self.cluster.arn
-        self.bus.add_rule("training-task-state", C.training_task_pattern(arn), "ecs_task_handler")
+        self.bus.add_rule("training-task-state", C.training_task_pattern(arn, self.settings.registration),
+                          "ecs_task_handler")
         self.bus.add_rule("health-check-task-stopped", C.health_check_task_pattern(arn),
                           "dcgm_task_monitor")
         self.bus.add_rule("container-instance-state", C.container_instance_pattern(arn),
@@ -285,12 +323,15 @@ class ScaleWorld:
     # --- containers and ports ---------------------------------------------------------
     def ports(self) -> Ports:
         """Fresh ports (new clients: their own botocore retry quota), as a new container has."""
+        # One SQS client for every queue the settings name, as boto3's in a Lambda.
         gang = self.queues.get(GANG_QUEUE) if self.gang_fanout else None
+        lookups = self.queues.get(TAG_LOOKUP_QUEUE)
+        addressed = {q.url: q for q in (gang, lookups) if q is not None}
         clients = runtime.RecoveryClients(
             dynamodb=self.dynamo, ecs=self.cluster.client(), ec2=Ec2Client(self.cluster),
             ssm=SsmClient(self.cluster, self.settings.reboot_document),
             sns=SnsClient(self.account, self.topic), logs=LogsClient(self.account, self.cluster.logs),
-            sqs=gang.client() if gang is not None else None)
+            sqs=next(iter(addressed.values())).client(addressed) if addressed else None)
         return Ports(clients=clients, settings=self.settings, metrics=self.metrics, budgets=self.budgets,
                      queues={name: queue.port() for name, queue in self.queues.items()})
 
@@ -391,18 +432,22 @@ class TaggedJob:
 
 
 def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[SimNode], *,
-                      tasks_per_node: int = 1, gpus_per_task: int = 8, family: str = "train") -> TaggedJob:
+                      tasks_per_node: int = 1, gpus_per_task: int = 8, family: str = "train",
+                      registration: str = "tags") -> TaggedJob:
     """Start the job's ranks in the data plane (rank r on ``nodes[r // tasks_per_node]``) and
-    track, per attempt, how many of its ranks run."""
+    track, per attempt, how many of its ranks run. ``registration``: the recovery tags
+    ("tags"), the registration convention's group and environment ("convention"), or both."""
     task_definition = world.cluster.register_task_definition(family, gpus=gpus_per_task)
     world_size = len(nodes) * tasks_per_node
     job = TaggedJob(job_id, world_size, [], list(nodes))
+    group = C.job_group(job_id)
 
     def observe(task: SimTask) -> None:
         values = task.tag_values
-        if values.get(C.TAG_JOB_ID) != job_id:
+        env = container_environment(task.overrides)
+        if values.get(C.TAG_JOB_ID) != job_id and task.group != group:
             return
-        attempt = int(values.get(C.TAG_ATTEMPT) or 1)
+        attempt = int(values.get(C.TAG_ATTEMPT) or env.get(C.ENV_VAR_ATTEMPT) or 1)
         was = getattr(task, "_counted", False)
         now = task.last_status == "RUNNING"
         if now and not was:
@@ -414,9 +459,16 @@ def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[SimNode], *,
         task._counted = now  # type: ignore[attr-defined]
 
     world.cluster.observers.append(observe)
+    by_tags = registration in ("tags", "both")
+    by_convention = registration in ("convention", "both")
     for rank in range(world_size):
         tags = [{"key": C.TAG_JOB_ID, "value": job_id}, {"key": C.TAG_RANK, "value": str(rank)},
-                {"key": C.TAG_WORLD_SIZE, "value": str(world_size)}]
+                {"key": C.TAG_WORLD_SIZE, "value": str(world_size)}] if by_tags else []
+        overrides = {"containerOverrides": [{"name": "trainer", "environment": [
+            {"name": C.ENV_VAR_RANK, "value": str(rank)},
+            {"name": C.ENV_VAR_WORLD_SIZE, "value": str(world_size)},
+            {"name": C.ENV_VAR_ATTEMPT, "value": "1"}]}]} if by_convention else None
         job.tasks.append(world.cluster.launch(task_definition, nodes[rank // tasks_per_node], tags=tags,
-                                              started_by="launcher"))
+                                              started_by="launcher", group=group if by_convention else None,
+                                              overrides=overrides))
     return job

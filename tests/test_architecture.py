@@ -616,6 +616,7 @@ ITEM_HOMES = {
     "latch_shard_key": "latches.py",
     "latch_head_key": "latches.py",
     "refused_item_key": "jobs_and_ranks.py",
+    "unprotected_task_key": "jobs_and_ranks.py",
     "launch_plan_key": "scheduling.py",
     "notice_item_key": "notices.py",
 }

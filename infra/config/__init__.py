@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY
+from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, REGISTRATION_MODES
 from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
@@ -307,6 +307,9 @@ class RecoveryConfig:
     gang_worker_concurrency: int = option(
         DEFAULT_GANG_WORKER_CONCURRENCY, integer(2, 100), "large-job stop/start batches run at once")
     batch_identical_starts: bool = option(True, boolean(), "up to 10 identical ranks per StartTask")
+    registration: str = option(
+        "both", choice(*REGISTRATION_MODES),
+        "how tasks are registered (docs/architecture.md#registering-jobs-what-gets-protected)")
 
     @property
     def remediation(self) -> tuple[tuple[str, str], ...]:

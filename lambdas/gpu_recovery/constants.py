@@ -76,6 +76,10 @@ ENV_ECS_API_BURST = "ECS_API_BURST"
 ENV_BATCH_IDENTICAL_STARTS = "BATCH_IDENTICAL_STARTS"  # "false": one StartTask per rank
 ENV_MAX_HEALTH_CHECKS_PER_JOB = "MAX_HEALTH_CHECKS_PER_JOB"
 ENV_MAX_HEALTH_CHECKS_IN_FLIGHT = "MAX_HEALTH_CHECKS_IN_FLIGHT"
+# How a task is recognised as a protected rank: "convention" (its event's group and
+# container environment only), "tags" (DescribeTasks), "both" (the convention first).
+ENV_REGISTRATION = "REGISTRATION"
+REGISTRATION_MODES = ("convention", "tags", "both")
 FAULT_CATALOG_LAYER_DIR = "fault-catalog"  # /opt/<dir>/override.json in the Lambda runtime
 FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 
@@ -91,6 +95,19 @@ CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
 GANG_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
 GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 6 * GANG_WORKER_TIMEOUT_SECONDS
 GANG_QUEUE_MAX_RECEIVES = 5
+# Tag lookups (issue 28): a task with no rank and no registration convention is described
+# by a worker on this queue, up to 100 tasks per DescribeTasks (the API's limit; SQS batches
+# them, waiting up to the window), under the stack's Describe budget (its own token bucket
+# item: at most ECS_DESCRIBE_RATE_PER_SECOND, half the account's 20/s).
+ENV_TAG_LOOKUP_QUEUE_URL = "TAG_LOOKUP_QUEUE_URL"  # "": described inline by the task handler
+TAG_LOOKUP_BATCH_SIZE = 100
+TAG_LOOKUP_BATCHING_WINDOW_SECONDS = 2
+TAG_LOOKUP_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
+TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS = 6 * TAG_LOOKUP_WORKER_TIMEOUT_SECONDS
+TAG_LOOKUP_MAX_RECEIVES = 10
+TAG_LOOKUP_WORKER_CONCURRENCY = 5
+ECS_DESCRIBE_RATE_PER_SECOND = 10.0
+ECS_DESCRIBE_BURST = 20
 # Telemetry: per node and signal kind, at most one notification per this many seconds;
 # stored signals not seen for the retention period are forgotten.
 ENV_HW_SIGNAL_NOTIFY_SECONDS = "HW_SIGNAL_NOTIFY_SECONDS"
@@ -281,6 +298,7 @@ BREAKER_ITEM_KEY = "BREAKER#node-actions"
 CORDON_SYNC_ITEM_KEY = "CORDON#ecs-attribute-sync"
 # The stack's share of the account's ECS control-plane request bucket (a GCRA).
 ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
+ECS_DESCRIBE_RATE_ITEM_KEY = "RATE#ecs-describe"  # the stack's DescribeTasks budget
 # DCGM health checks running in the cluster (their slots), beside the breaker.
 HEALTH_CHECK_SLOTS_KEY = "SLOTS#health-checks"
 
@@ -312,6 +330,13 @@ def latch_shard_key(job_id: str, attempt: int, shard: int) -> str:
 def latch_head_key(job_id: str, attempt: int) -> str:
     """The attempt's latches: which shards are complete."""
     return f"{job_id}#L#a{attempt}"
+
+
+def unprotected_task_key(task_arn: str) -> str:
+    """A task DescribeTasks showed not to be a protected rank (a negative record with a TTL:
+    its later events cost no DescribeTasks). Carries the task index's key, so the lookup that
+    finds a rank by its task finds this record in the same query."""
+    return f"UNPROTECTED#{task_arn}"
 
 
 def refused_item_key(job_id: str) -> str:
@@ -488,6 +513,29 @@ TAG_RANKS = "gpu-recovery:ranks"
 TAG_RELOCATABLE = "gpu-recovery:relocatable"  # "true": may be restarted on other nodes
 TAG_MAX_INFRA_RECOVERIES = "gpu-recovery:max-infra-recoveries"
 TAG_MAX_APP_RESTARTS = "gpu-recovery:max-app-restarts"
+# The registration convention (docs/architecture.md "Registration"): a task whose ``group``
+# is ``gpu-recovery:<job-id>`` and whose container environment carries RANK and WORLD_SIZE
+# (ATTEMPT optional, 1 by default) is a protected rank, registered from its ECS event alone
+# (no DescribeTasks). The queue's launcher and the gang restart start every task this way.
+JOB_GROUP_PREFIX = "gpu-recovery:"
+ENV_VAR_RANK = "RANK"
+ENV_VAR_WORLD_SIZE = "WORLD_SIZE"
+ENV_VAR_ATTEMPT = "ATTEMPT"
+# Optional, as the tags of the same meaning: relocation opt-in and per-job budgets.
+ENV_VAR_RELOCATABLE = "GPU_RECOVERY_RELOCATABLE"
+ENV_VAR_MAX_INFRA_RECOVERIES = "GPU_RECOVERY_MAX_INFRA_RECOVERIES"
+ENV_VAR_MAX_APP_RESTARTS = "GPU_RECOVERY_MAX_APP_RESTARTS"
+# A task found not protected is not described again for this long (DynamoDB TTL deletes
+# the record later; readers ignore an expired one).
+UNPROTECTED_TASK_TTL_SECONDS = 14 * 24 * 3600
+JOB_TABLE_TTL_ATTRIBUTE = "purge_at"
+
+
+def job_group(job_id: str) -> str:
+    """The ``group`` of a job's tasks under the registration convention."""
+    return f"{JOB_GROUP_PREFIX}{job_id}"
+
+
 # Health-check tasks are started with this group / startedBy so their events are
 # routed to the DCGM monitor and never to the training-task handler.
 HEALTH_CHECK_GROUP = "gpu-recovery-health-check"
@@ -512,14 +560,20 @@ HEALTH_CHECK_LOG_STREAM_PREFIX = "dcgm"  # awslogs stream: <prefix>/<container>/
 # Kept to what AWS and moto's matcher both evaluate identically: plain values and
 # prefix on top-level detail strings. Exit codes (an array of objects) are read in code.
 # --------------------------------------------------------------------------------------
-def training_task_pattern(cluster_arn: str) -> dict[str, Any]:
-    """Training task state changes: everything in the cluster not in the HC group."""
+def training_task_pattern(cluster_arn: str, registration: str = "both") -> dict[str, Any]:
+    """Training task state changes: with ``registration`` "convention" only the tasks of the
+    convention's group (other workloads' tasks never invoke the handler); otherwise
+    everything in the cluster not in the HC group (tag-registered tasks look alike)."""
+    group: list[Any] = ([{"prefix": JOB_GROUP_PREFIX}] if registration == "convention"
+                        else [{"anything-but": {"prefix": HEALTH_CHECK_GROUP}}])
     return {
         "source": ["aws.ecs"],
         "detail-type": ["ECS Task State Change"],
         "detail": {
             "clusterArn": [cluster_arn],
-            "group": [{"anything-but": {"prefix": HEALTH_CHECK_GROUP}}],
+            "group": group,
+            # The handler acts on these two only (PROVISIONING, PENDING... cost nothing).
+            "lastStatus": ["RUNNING", "STOPPED"],
         },
     }
 

@@ -19,12 +19,15 @@ from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.adapters.queue import GangQueue
+from gpu_recovery.constants import (
+    ECS_DESCRIBE_RATE_ITEM_KEY,
+)
 from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
 from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.recovery import MetricsPort, RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository
-from gpu_recovery.settings import SchedulerConfig, Settings, ecs_api_bucket
+from gpu_recovery.settings import DESCRIBE_BUCKET, SchedulerConfig, Settings, ecs_api_bucket
 
 if TYPE_CHECKING:
     from gpu_recovery.heartbeat.service import HeartbeatService
@@ -54,11 +57,15 @@ def repository(settings: Settings | None = None) -> Repository:
     return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
 
 
-def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, client: Any = None) -> EcsAdapter:
+def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, client: Any = None, *,
+                describe_budget: bool = False) -> EcsAdapter:
     """ECS with the stack's shared control-plane budget (one item in the instance table);
-    ``client``: the ECS client (default: the container's boto3 one)."""
+    ``client``: the ECS client (default: the container's boto3 one); ``describe_budget``: and
+    its Describe budget (another item: the recovery functions')."""
+    describe = (EcsCallBudget(RateLimitRepository(repo, ECS_DESCRIBE_RATE_ITEM_KEY), DESCRIBE_BUCKET)
+                if describe_budget else None)
     return EcsAdapter(client or aws.client("ecs"), cluster,
-                      budget=EcsCallBudget(RateLimitRepository(repo), bucket))
+                      budget=EcsCallBudget(RateLimitRepository(repo), bucket), describe_budget=describe)
 
 
 def fault_catalog(settings: Settings) -> FaultCatalog:
@@ -94,7 +101,7 @@ def build_recovery_service(settings: Settings, clients: RecoveryClients,
     repo = Repository(clients.dynamodb, settings.job_table, settings.instance_table)
     return RecoveryService(
         repo=repo,
-        ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api, client=clients.ecs),
+        ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api, client=clients.ecs, describe_budget=True),
         rebooter=RebootAdapter(clients.ec2, clients.ssm, settings.reboot_document),
         notifier=SnsNotifier(clients.sns, settings.topic_arn),
         verdicts=VerdictLogReader(clients.logs, settings.health_check_log_group),
@@ -104,6 +111,8 @@ def build_recovery_service(settings: Settings, clients: RecoveryClients,
         replacer=AutoScalingReplacer(clients.autoscaling) if clients.autoscaling is not None else None,
         gang_queue=(GangQueue(clients.sqs, settings.gang_queue_url)
                     if settings.gang_queue_url and clients.sqs is not None else None),
+        tag_lookups=(GangQueue(clients.sqs, settings.tag_lookup_queue_url)
+                     if settings.tag_lookup_queue_url and clients.sqs is not None else None),
     )
 
 
@@ -116,7 +125,7 @@ def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
                 dynamodb=aws.resource("dynamodb"), ecs=aws.client("ecs"), ec2=aws.client("ec2"),
                 ssm=aws.client("ssm"), sns=aws.client("sns"), logs=aws.client("logs"),
                 autoscaling=aws.client("autoscaling"),
-                sqs=aws.client("sqs") if settings.gang_queue_url else None))
+                sqs=aws.client("sqs") if settings.gang_queue_url or settings.tag_lookup_queue_url else None))
             _services["recovery"] = service
     if metrics is not None:
         service.metrics = metrics

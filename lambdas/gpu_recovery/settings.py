@@ -53,6 +53,10 @@ DEFAULT_HEALTH_CHECKS_IN_FLIGHT = 2048
 DEFAULT_HEALTH_CHECKS_PER_JOB = DEFAULT_HEALTH_CHECKS_IN_FLIGHT
 
 
+# The stack's DescribeTasks budget for unknown tasks (half the account's 20/s).
+DESCRIBE_BUCKET = TokenBucket(rate=c.ECS_DESCRIBE_RATE_PER_SECOND, burst=c.ECS_DESCRIBE_BURST)
+
+
 class SettingsError(ValueError):
     """A missing or malformed environment variable; names the variable."""
 
@@ -182,6 +186,9 @@ class Settings:
     # sweep falls back to a reboot (nvidia-smi -r and a short DCGM diag: about a minute).
     gpu_reset_task: str = c.DEFAULT_GPU_RESET_FAMILY
     gpu_reset_timeout_seconds: int = 10 * 60
+    # How a task is recognised as a protected rank (constants.REGISTRATION_MODES).
+    registration: str = "both"
+    tag_lookup_queue_url: str = ""  # "": unknown tasks are described inline (one at a time)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -228,7 +235,17 @@ class Settings:
                                            DEFAULT_HEALTH_CHECKS_PER_JOB, minimum=1),
             max_health_checks_in_flight=_int(env, c.ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
                                              DEFAULT_HEALTH_CHECKS_IN_FLIGHT, minimum=1),
+            registration=registration_mode(env),
+            tag_lookup_queue_url=env.get(c.ENV_TAG_LOOKUP_QUEUE_URL, ""),
         )
+
+
+def registration_mode(env: Mapping[str, str]) -> str:
+    raw = (env.get(c.ENV_REGISTRATION) or "both").strip().lower()
+    if raw not in c.REGISTRATION_MODES:
+        raise SettingsError(f"{c.ENV_REGISTRATION} must be one of {', '.join(c.REGISTRATION_MODES)}, "
+                            f"got {raw!r}")
+    return raw
 
 
 def ecs_api_bucket(env: Mapping[str, str] | None = None) -> TokenBucket:

@@ -46,7 +46,7 @@ def test_every_alarm_says_what_the_operator_should_do(default_synth: Synth) -> N
     """Given every alarm, Then its description is an instruction (read, fix, replay or purge)
     pointing to the runbook, within CloudWatch's 1024 characters, and it notifies the topic."""
     alarms = _alarms(default_synth)
-    assert len(alarms) == 12 + 7 + 1  # an errors alarm per function, a depth alarm per DLQ, overdue jobs
+    assert len(alarms) == 13 + 8 + 1  # an errors alarm per function, a depth alarm per DLQ, overdue jobs
     for alarm in alarms:
         text = alarm["AlarmDescription"]
         assert len(text) <= 900, text  # CloudWatch allows 1024, with room for the log group name
@@ -87,7 +87,7 @@ def test_dlq_alarms_explain_retries_and_replay(default_synth: Synth) -> None:
     replayed; an event function's says the event is kept and how to replay it."""
     dlq_alarms = {a["AlarmDescription"] for a in _alarms(default_synth)
                   if a["MetricName"] == "ApproximateNumberOfMessagesVisible"}
-    assert len(dlq_alarms) == 7
+    assert len(dlq_alarms) == 8
     for name in SCHEDULED:
         (text,) = [t for t in dlq_alarms if t.startswith(f"A {name} tick")]
         assert "failed all 3 tries" in text and "purge" in text

@@ -19,7 +19,8 @@ WORKER = "gang-worker"
 # heartbeat sweep (lost nodes), go_suspend, the scheduler's preemption, a large job's cancel,
 # and the worker's own continuations.
 SENDERS = {"ecs-task-handler", "dcgm-task-monitor", "ecs-instance-monitor", "recovery-sweep", "node-api",
-           "heartbeat-sweep", "job-control-api", "queue-scheduler", "jobs-api", WORKER}
+           "heartbeat-sweep", "job-control-api", "queue-scheduler", "jobs-api", WORKER,
+           "tag-lookup-worker"}  # handles STOPPED events of tag-registered ranks
 # Functions that call StartTask / StopTask read no other instance item than the budget's.
 BUDGET_ONLY = {"jobs-api", "job-control-api"}
 LARGE_JOB_ENV = (c.ENV_GANG_QUEUE_URL, c.ENV_ECS_API_RATE, c.ENV_ECS_API_BURST, c.ENV_BATCH_IDENTICAL_STARTS,
@@ -81,7 +82,8 @@ def test_the_worker_and_its_event_source(default_synth: Synth, custom_synth: Syn
         worker_id, worker = _one(synth, "AWS::Lambda::Function", "GangFanoutWorkerFunction")
         assert worker["Properties"]["Handler"] == "handlers.gang_worker.lambda_handler"
         assert worker["Properties"]["Timeout"] == c.GANG_WORKER_TIMEOUT_SECONDS < c.CLAIM_LEASE_SECONDS
-        (mapping,) = synth.resources("AWS::Lambda::EventSourceMapping").values()
+        (mapping,) = [m for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+                      if m["Properties"]["FunctionName"] == {"Ref": worker_id}]
         queue_id, _ = _one(synth, "AWS::SQS::Queue", "GangFanoutQueue")
         props = mapping["Properties"]
         assert props["FunctionName"] == {"Ref": worker_id}
@@ -204,7 +206,8 @@ def test_every_ecs_caller_can_reach_the_budget_item_and_no_more_than_it_needs(de
             assert statement_actions(budget) == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
             assert statement_resources(budget) == [instance_arn]  # the table, no index
             assert budget["Condition"] == {
-                "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [c.ECS_RATE_ITEM_KEY]}}
+                "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [c.ECS_RATE_ITEM_KEY,
+                                                                       c.ECS_DESCRIBE_RATE_ITEM_KEY]}}
             assert instance_id not in json.dumps([s["Resource"] for s in statements if s is not budget])
     assert callers == SENDERS  # whoever calls ECS may also stop a gang, and the other way round
 

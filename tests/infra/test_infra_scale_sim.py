@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from infra_synth import Synth
 
+from gpu_recovery import constants as c
 from local_mode.scale_recovery import ASYNC_RETRIES, FUNCTION_TIMEOUTS, MAX_EVENT_AGE
 
 
@@ -29,12 +30,22 @@ def test_the_scale_simulator_models_the_deployed_gang_queue_and_worker(default_s
     (worker,) = [f for f in functions.values()
                  if f["Properties"]["Handler"] == f"handlers.{sr.GANG_WORKER}.lambda_handler"]
     assert worker["Properties"]["Timeout"] == sr.GANG_WORKER_TIMEOUT_SECONDS
-    (mapping,) = default_synth.resources("AWS::Lambda::EventSourceMapping").values()
+    worker_id = next(k for k, f in functions.items() if f is worker)
+    (mapping,) = [m for m in default_synth.resources("AWS::Lambda::EventSourceMapping").values()
+                  if m["Properties"]["FunctionName"] == {"Ref": worker_id}]
     props = mapping["Properties"]
     assert props["BatchSize"] == sr.GANG_BATCH_SIZE
     assert props["ScalingConfig"] == {"MaximumConcurrency": sr.GANG_WORKER_CONCURRENCY}
     assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     queues = [q["Properties"] for q in default_synth.resources("AWS::SQS::Queue").values()
               if "RedrivePolicy" in q["Properties"]]
-    assert [(q["VisibilityTimeout"], q["RedrivePolicy"]["maxReceiveCount"]) for q in queues] == [
-        (sr.GANG_VISIBILITY_TIMEOUT_SECONDS, sr.GANG_MAX_RECEIVES)]
+    assert sorted((q["VisibilityTimeout"], q["RedrivePolicy"]["maxReceiveCount"]) for q in queues) == sorted([
+        (sr.GANG_VISIBILITY_TIMEOUT_SECONDS, sr.GANG_MAX_RECEIVES),
+        (c.TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS, c.TAG_LOOKUP_MAX_RECEIVES)])
+    handler = f"handlers.{sr.TAG_LOOKUP_WORKER}.lambda_handler"
+    lookup_worker_id = next(k for k, f in functions.items() if f["Properties"]["Handler"] == handler)
+    (lookups,) = [m["Properties"] for m in default_synth.resources("AWS::Lambda::EventSourceMapping").values()
+                  if m["Properties"]["FunctionName"] == {"Ref": lookup_worker_id}]
+    assert lookups["BatchSize"] == c.TAG_LOOKUP_BATCH_SIZE
+    assert lookups["MaximumBatchingWindowInSeconds"] == c.TAG_LOOKUP_BATCHING_WINDOW_SECONDS
+    assert lookups["ScalingConfig"] == {"MaximumConcurrency": c.TAG_LOOKUP_WORKER_CONCURRENCY}

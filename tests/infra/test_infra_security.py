@@ -61,7 +61,7 @@ def test_no_scan_batch_write_or_delete_where_unused(default_synth: Synth) -> Non
     """Scan / BatchWriteItem / DeleteItem were granted to 6 roles; no code uses them
     (DeleteItem only on the idempotency table: Powertools deletes a failed record)."""
     idempotency = next(iter(k for k, v in default_synth.resources("AWS::DynamoDB::Table").items()
-                            if v["Properties"].get("TimeToLiveSpecification")))
+                            if "Idempotency" in k and v["Properties"].get("TimeToLiveSpecification")))
     for role, statements in _statements_by_role(default_synth).items():
         for statement in statements:
             actions = statement_actions(statement)
@@ -153,7 +153,7 @@ def test_synthesis_in_other_partitions(region: str, partition: str, health_check
 # checks, the node API / heartbeat sweep handing jobs to it, the scheduler's launches.
 # Suspending starts nothing: the job-control API is not in this list.
 STARTERS = {"ecs-task-handler", "dcgm-task-monitor", "ecs-instance-monitor", "recovery-sweep", "node-api",
-            "heartbeat-sweep", "queue-scheduler", "gang-worker"}
+            "heartbeat-sweep", "queue-scheduler", "gang-worker", "tag-lookup-worker"}
 
 
 def _services_by_role(synth: Synth) -> dict[str, str]:

@@ -23,9 +23,9 @@ SCHEDULER_HANDLER = "handlers.queue_scheduler.lambda_handler"
 HEARTBEAT_SWEEP_HANDLER = "handlers.heartbeat_sweep.lambda_handler"
 # The recovery loop (4), node API (authorizer, reports, heartbeat sweep), jobs API, scheduler,
 # job-control API (authorizer, routes), the gang fan-out's worker.
-FUNCTION_COUNT = 12
+FUNCTION_COUNT = 13
 # One per recovery function, the heartbeat sweep's, the scheduler's and the gang queue's.
-DLQ_COUNT = 7
+DLQ_COUNT = 8
 # Every-minute functions: a failed run is retried twice within 5 minutes (a throttle passes).
 SCHEDULED_HANDLERS = {"handlers.recovery_sweep.lambda_handler", SWEEP_HANDLER, SCHEDULER_HANDLER}
 
@@ -183,17 +183,18 @@ def test_rules_target_their_handlers_with_retry_and_dlq(default_synth: Synth) ->
 
 
 def test_dead_letter_queues_are_encrypted_tls_only_and_alarmed(default_synth: Synth) -> None:
-    """Given the seven DLQs (and the gang queue), Then each is SSE, TLS-only, each DLQ keeps
+    """Given the eight DLQs (and the gang and tag lookup queues), Then each is SSE, TLS-only, each DLQ keeps
     messages 14 days and is alarmed to the topic."""
     every_queue = default_synth.resources("AWS::SQS::Queue")
-    queues = {k: q for k, q in every_queue.items() if not k.startswith("GangFanoutQueue")}
-    assert len(queues) == DLQ_COUNT and len(every_queue) == DLQ_COUNT + 1
+    work = ("GangFanoutQueue", "TagLookupsQueue")
+    queues = {k: q for k, q in every_queue.items() if not k.startswith(work)}
+    assert len(queues) == DLQ_COUNT and len(every_queue) == DLQ_COUNT + 2
     for q in every_queue.values():
         assert q["Properties"]["SqsManagedSseEnabled"] is True
     for q in queues.values():
         assert q["Properties"]["MessageRetentionPeriod"] == 14 * 24 * 3600
     policies = default_synth.resources("AWS::SQS::QueuePolicy").values()
-    assert len(policies) == DLQ_COUNT + 1
+    assert len(policies) == DLQ_COUNT + 2
     for p in policies:
         assert any(
             s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
@@ -454,6 +455,7 @@ def test_cordons_are_granted_on_the_clusters_container_instances_only(default_sy
     both = {name: _policy_of_function(default_synth, name)
             for name in ("TaskHandler", "DcgmMonitor", "RecoverySweep")}
     both["HeartbeatSweep"] = _policies_starting(default_synth, "NodeApiHeartbeatSweepRoleDefaultPolicy")
+    both["TagLookupWorker"] = _policies_starting(default_synth, "TagLookupsWorkerRoleDefaultPolicy")
     delete_only = {"InstanceMonitor": _policy_of_function(default_synth, "InstanceMonitor"),
                    "NodeApi": _policies_starting(default_synth, "NodeApiNodeApiFunctionRoleDefaultPolicy")}
     for name, statements in {**both, **delete_only}.items():

@@ -35,10 +35,13 @@ class EcsAdapter:
     """Every control-plane call (StartTask, StopTask, UpdateContainerInstancesState) takes
     a token from the stack's shared budget first (``gpu_recovery.adapters.ecs_budget``)."""
 
-    def __init__(self, ecs_client: Any, cluster: str, budget: CallBudget | None = None) -> None:
+    def __init__(self, ecs_client: Any, cluster: str, budget: CallBudget | None = None,
+                 describe_budget: CallBudget | None = None) -> None:
         self._ecs = ecs_client
         self.cluster = cluster
         self.budget: CallBudget = budget or Unlimited()
+        # DescribeTasks of unknown tasks (registration by tags): the stack's Describe budget.
+        self.describe_budget: CallBudget = describe_budget or Unlimited()
         self._credits = 0
         self._lock = threading.Lock()
 
@@ -121,6 +124,7 @@ class EcsAdapter:
 
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
         """One task with its tags (DescribeTasks returns tags only with include=TAGS)."""
+        self.describe_budget.acquire(1)
         response = self._ecs.describe_tasks(cluster=self.cluster, tasks=[task_arn], include=["TAGS"])
         tasks = response.get("tasks", [])
         return tasks[0] if tasks else None
@@ -130,6 +134,7 @@ class EcsAdapter:
         found: list[dict[str, Any]] = []
         arns = list(task_arns)
         for start in range(0, len(arns), 100):
+            self.describe_budget.acquire(1)
             response = self._ecs.describe_tasks(cluster=self.cluster, tasks=arns[start:start + 100],
                                                 include=["TAGS"])
             found.extend(response.get("tasks", []))

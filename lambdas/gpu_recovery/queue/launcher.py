@@ -54,6 +54,7 @@ from gpu_recovery.constants import (
     TAG_WORLD_SIZE,
     JobState,
     RankState,
+    job_group,
     queue_order,
 )
 from gpu_recovery.domain.control_token import make_token
@@ -335,12 +336,14 @@ class Launcher:
                                             extra_env=self.control_env(item, rank))
                 tags = rank_tags(job_id, rank, world_size, attempt)
                 existing = self.ecs.tasks_started_by(sb) if resume else []
-                task_arn = existing[0] if existing else self._start_one(td_arn, ci_arn, overrides, tags, sb)
+                task_arn = (existing[0] if existing
+                            else self._start_one(td_arn, ci_arn, overrides, tags, sb, job_id))
                 registered.append(self.recovery.register_rank(RankRegistration(
                     job_id=job_id, rank=rank, world_size=world_size, attempt=attempt,
                     task_arn=task_arn, task_definition_arn=td_arn, container_instance_arn=ci_arn,
                     ec2_instance_id=ec2_ids[rank] if rank < len(ec2_ids) else "",
-                    overrides=overrides, tags=tags, started_by=sb, state=RankState.STARTING,
+                    overrides=overrides, tags=tags, group=job_group(job_id), started_by=sb,
+                    state=RankState.STARTING,
                     max_recovery_attempts=int(item.get("max_recovery_attempts", 1)),
                     max_app_restarts=int(item.get("max_app_restarts", 0)), gpus=spec.gpus_per_node,
                 )))
@@ -382,9 +385,12 @@ class Launcher:
         return td
 
     def _start_one(self, td_arn: str, ci_arn: str, overrides: dict[str, Any],
-                   tags: list[dict[str, str]], sb: str) -> str:
+                   tags: list[dict[str, str]], sb: str, job_id: str) -> str:
+        # The group names the job and the overrides carry RANK / WORLD_SIZE / ATTEMPT (the
+        # registration convention): its events register the rank without DescribeTasks.
         result = self.ecs.start_task(task_definition=td_arn, container_instance_arn=ci_arn,
-                                     overrides=overrides, tags=tags, started_by=sb)
+                                     overrides=overrides, tags=tags, started_by=sb,
+                                     group=job_group(job_id))
         if result.task_arns:
             return str(result.task_arns[0])
         reasons = [str(f.get("reason", "")) for f in result.failures]

@@ -57,7 +57,12 @@ from gpu_recovery.domain.models import Job, Rank, container_instance_id
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
 from gpu_recovery.recovery.ports import Deps
-from gpu_recovery.recovery.ranks import RankOperations, restart_started_by, tags_for_attempt
+from gpu_recovery.recovery.ranks import (
+    RankOperations,
+    overrides_for_attempt,
+    restart_started_by,
+    tags_for_attempt,
+)
 from gpu_recovery.repository.faults import FaultRepository
 
 logger = logging.getLogger(__name__)
@@ -346,7 +351,8 @@ class GangOps:
             result = self.deps.ecs.start_task(
                 task_definition=first.task_definition_arn,
                 container_instance_arns=[targets[r.rank]["arn"] for r in rest],
-                overrides=first.overrides, tags=tags, started_by=started_by, group=first.group or None)
+                overrides=overrides_for_attempt(first.overrides, attempt), tags=tags, started_by=started_by,
+                group=first.group or None)
             placed = {container_instance_id(arn): task for arn, task in result.placed.items()}
             if not placed and len(result.task_arns) == len(rest) == 1:
                 placed = {targets[rest[0].rank]["node"]: result.task_arns[0]}

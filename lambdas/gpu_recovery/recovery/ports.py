@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from gpu_recovery.adapters.ecs import StartResult
 from gpu_recovery.domain.fault_catalog import default_catalog
+from gpu_recovery.domain.gang_batches import GangQueuePort
 from gpu_recovery.domain.notifications import Notification
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.repository import Repository
@@ -88,6 +89,7 @@ class Deps:
     metrics: MetricsPort = field(default_factory=NullMetrics)
     policy: RemediationPolicy = field(default_factory=lambda: RemediationPolicy(default_catalog()))
     replacer: ReplacePort = field(default_factory=NoReplacer)
+    tag_lookups: GangQueuePort | None = None  # unknown tasks' events, to the tag lookup worker
 
 
 

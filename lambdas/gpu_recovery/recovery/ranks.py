@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
+    ENV_VAR_ATTEMPT,
+    ENV_VAR_MAX_APP_RESTARTS,
+    ENV_VAR_MAX_INFRA_RECOVERIES,
+    ENV_VAR_RANK,
+    ENV_VAR_RELOCATABLE,
+    ENV_VAR_WORLD_SIZE,
+    JOB_GROUP_PREFIX,
     MAX_WORLD_SIZE,
     TAG_ATTEMPT,
     TAG_JOB_ID,
@@ -60,6 +68,10 @@ class RankRegistration:
     max_recovery_attempts: int | None = None  # infrastructure recoveries (None: the deployment's)
     max_app_restarts: int | None = None  # application-error restarts (None: the deployment's)
     gpus: int = 0  # GPUs the task holds (0: unknown)
+
+
+class LookupQueued(Exception):
+    """The task's event went to the tag lookup worker (which registers it and handles it)."""
 
 
 class NotProtected(ValueError):
@@ -124,6 +136,77 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
     )
 
 
+def container_environment(overrides: dict[str, Any]) -> dict[str, str]:
+    """The environment of a task's container overrides (the first value of a name wins)."""
+    env: dict[str, str] = {}
+    for container in (overrides or {}).get("containerOverrides") or []:
+        if not isinstance(container, dict):
+            continue
+        for entry in container.get("environment") or []:
+            if isinstance(entry, dict) and "name" in entry:
+                env.setdefault(str(entry["name"]), str(entry.get("value", "")))
+    return env
+
+
+def convention_job_id(group: str) -> str:
+    """The job a task's ``group`` names under the registration convention ("" if none)."""
+    return group[len(JOB_GROUP_PREFIX):].strip() if group.startswith(JOB_GROUP_PREFIX) else ""
+
+
+def registration_from_event(task: dict[str, Any]) -> RankRegistration | None:
+    """A rank from its ECS task state-change event alone (the convention: ``group``
+    ``gpu-recovery:<job-id>``, RANK and WORLD_SIZE in the container environment, ATTEMPT
+    optional). None when the task does not follow it (or names a job without its rank: a
+    grouped start, found by its tags); NotProtected when it does, malformed."""
+    job_id = convention_job_id(str(task.get("group") or ""))
+    if not job_id:
+        return None
+    env = container_environment(dict(task.get("overrides") or {}))
+    if ENV_VAR_RANK not in env:
+        return None
+    try:
+        rank = int(env[ENV_VAR_RANK])
+        world_size = int(env.get(ENV_VAR_WORLD_SIZE) or "")
+        attempt = int(env.get(ENV_VAR_ATTEMPT) or 1)
+    except ValueError as error:
+        raise NotProtected(f"malformed convention environment of job {job_id}: {env}") from error
+    if "#" in job_id or not 0 <= rank < world_size:
+        raise NotProtected(f"malformed convention environment of job {job_id}: rank {rank} of {world_size}")
+    if world_size > MAX_WORLD_SIZE:
+        raise TooLarge(job_id, world_size)
+    gpus = sum(len(c.get("gpuIds") or []) for c in task.get("containers") or [] if isinstance(c, dict))
+    relocatable = env.get(ENV_VAR_RELOCATABLE, "").strip().lower() == "true"
+    return RankRegistration(
+        job_id=job_id, rank=rank, world_size=world_size, attempt=max(1, attempt),
+        task_arn=str(task["taskArn"]), task_definition_arn=str(task.get("taskDefinitionArn") or ""),
+        container_instance_arn=str(task.get("containerInstanceArn") or ""),
+        overrides=dict(task.get("overrides") or {}),
+        tags=[{"key": TAG_RELOCATABLE, "value": "true"}] if relocatable else [],
+        group=str(task.get("group") or ""), started_by=str(task.get("startedBy") or ""),
+        max_recovery_attempts=_budget_tag(env, ENV_VAR_MAX_INFRA_RECOVERIES),
+        max_app_restarts=_budget_tag(env, ENV_VAR_MAX_APP_RESTARTS), gpus=gpus)
+
+
+def overrides_for_attempt(overrides: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """``overrides`` with the convention's ATTEMPT set to ``attempt`` wherever a container
+    override carries it (a restarted task's event then names its own attempt)."""
+
+    def is_attempt(entry: Any) -> bool:
+        return isinstance(entry, dict) and entry.get("name") == ENV_VAR_ATTEMPT
+
+    containers = (overrides or {}).get("containerOverrides") or []
+    if not any(isinstance(c, dict) and any(is_attempt(e) for e in c.get("environment") or [])
+               for c in containers):
+        return overrides
+    updated = []
+    for container in containers:
+        if isinstance(container, dict) and container.get("environment"):
+            container = {**container, "environment": [{**e, "value": str(attempt)} if is_attempt(e) else e
+                                                      for e in container["environment"]]}
+        updated.append(container)
+    return {**overrides, "containerOverrides": updated}
+
+
 def _budget_tag(values: dict[Any, Any], key: str) -> int | None:
     """A per-job budget tag; a malformed one is ignored (the deployment's default applies)."""
     raw = str(values.get(key) or "").strip()
@@ -156,7 +239,10 @@ class RankOperations:
         repo = self.deps.repo
         now = clock.now()
         inst_id = container_instance_id(reg.container_instance_arn)
-        ec2_id = reg.ec2_instance_id or self._ec2_instance_id(inst_id, reg.container_instance_arn)
+        # No DescribeContainerInstances here (a job of 1,024 nodes starting at once would spend
+        # the account's Describe rate on it): a node action resolves a missing id first.
+        known = None if reg.ec2_instance_id else repo.get_instance(inst_id)
+        ec2_id = reg.ec2_instance_id or (known.ec2_instance_id if known else "")
         repo.put_instance_if_absent(
             Instance(inst_id, container_instance_arn=reg.container_instance_arn, ec2_instance_id=ec2_id)
         )
@@ -204,27 +290,79 @@ class RankOperations:
             job_id=job.job_id, rank=previous.rank, state=RankState.STARTING, attempt=job.attempt,
             task_arn=task_arn, task_definition_arn=previous.task_definition_arn, container_inst_id=inst_id,
             container_instance_arn=container_instance_arn, ec2_instance_id=ec2_instance_id,
-            overrides=previous.overrides, tags=tags_for_attempt(previous.tags, job.attempt),
+            overrides=overrides_for_attempt(previous.overrides, job.attempt),
+            tags=tags_for_attempt(previous.tags, job.attempt),
             group=previous.group,
             started_by=started_by, registered_at=clock.now(), gpus=previous.gpus)
         repo.put_rank_registration(rank)
         return repo.latches.arrive(job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
                                    node=inst_id)
 
-    def _ec2_instance_id(self, inst_id: str, arn: str) -> str:
-        known = self.deps.repo.get_instance(inst_id)
-        if known and known.ec2_instance_id:
-            return known.ec2_instance_id
-        described = self.deps.ecs.describe_container_instance(arn or inst_id)
-        return str((described or {}).get("ec2InstanceId", ""))
+    def ec2_instance_id(self, instance: Instance) -> str:
+        """The node's EC2 / managed instance id: the instance item's, else described once
+        (DescribeContainerInstances) and recorded on the item."""
+        if instance.ec2_instance_id:
+            return instance.ec2_instance_id
+        described = self.deps.ecs.describe_container_instance(
+            instance.container_instance_arn or instance.container_inst_id)
+        ec2_id = str((described or {}).get("ec2InstanceId", ""))
+        if ec2_id:
+            self.deps.repo.record_ec2_instance_id(instance.container_inst_id, ec2_id)
+        return ec2_id
 
     def rank_for_task(self, detail: EcsTaskDetail) -> Rank | None:
-        rank = self.deps.repo.find_rank_by_task(detail.taskArn)
-        if rank is not None:
-            return rank
+        """The task's rank: known by its task, else registered from its event (the
+        convention), else from its tags (one DescribeTasks, once per task: a task found not
+        protected is remembered, so its later events cost no DescribeTasks)."""
+        repo = self.deps.repo
+        known = repo.look_up_task(detail.taskArn)
+        if known.rank is not None:
+            return known.rank
+        mode = self.deps.settings.registration
+        if mode != "tags":
+            try:
+                reg = registration_from_event(detail.model_dump())
+            except TooLarge as refused:
+                self.refuse(refused)
+                return None
+            except NotProtected as reason:
+                logger.warning("task names a job but is not protected", extra={
+                    "task": detail.taskArn, "why": str(reason)})
+                return None
+            if reg is not None:
+                return self.register_rank(reg)
+            if mode == "convention":
+                return None
+        if known.unprotected:
+            return None
         # Unknown task: out-of-order delivery, index lag, or a job launched by another
-        # tool. Tags decide, and only DescribeTasks(include=TAGS) returns them.
-        task = self.deps.ecs.describe_task(detail.taskArn)
+        # tool. Tags decide, and only DescribeTasks(include=TAGS) returns them: the tag
+        # lookup worker describes 100 tasks a call under the stack's Describe budget.
+        if self.deps.tag_lookups is not None:
+            self.deps.tag_lookups.send([{"detail": detail.model_dump(mode="json")}])
+            raise LookupQueued(detail.taskArn)
+        return self.rank_from_description(detail.taskArn, self.deps.ecs.describe_task(detail.taskArn))
+
+    def look_up_tags(self, task_arns: Iterable[str]) -> dict[str, Rank | None]:
+        """The ranks of tasks whose tags decide (the tag lookup worker's batch): known ones
+        from the table, the rest described together (DescribeTasks takes 100)."""
+        repo = self.deps.repo
+        resolved: dict[str, Rank | None] = {}
+        unknown: list[str] = []
+        for arn in dict.fromkeys(task_arns):
+            known = repo.look_up_task(arn)
+            if known.rank is not None or known.unprotected:
+                resolved[arn] = known.rank
+            else:
+                unknown.append(arn)
+        if unknown:
+            described = {str(t.get("taskArn")): t for t in self.deps.ecs.describe_tasks(unknown)}
+            for arn in unknown:
+                resolved[arn] = self.rank_from_description(arn, described.get(arn))
+        return resolved
+
+    def rank_from_description(self, task_arn: str, task: dict[str, Any] | None) -> Rank | None:
+        """Register the described task by its tags, or remember that it is not protected."""
         if task is None:
             return None
         try:
@@ -235,7 +373,8 @@ class RankOperations:
         except StartedForSeveralRanks as several:
             return self._rank_of_grouped_task(task, several)
         except NotProtected as reason:
-            logger.debug("task not protected", extra={"task": detail.taskArn, "why": str(reason)})
+            logger.debug("task not protected", extra={"task": task_arn, "why": str(reason)})
+            self.deps.repo.remember_unprotected_task(task_arn, clock.now())
             return None
         return self.register_rank(reg)
 

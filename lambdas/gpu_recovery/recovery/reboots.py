@@ -89,7 +89,7 @@ class Reboots:
             return "raced"
         try:
             path = self.deps.rebooter.reboot(
-                instance.ec2_instance_id,
+                self.ranks.ec2_instance_id(instance),
                 f"gpu-recovery: {instance.reboot_reason or 'DCGM asked for a reboot'}"[:100])
         except Exception as error:
             if refused(error):  # nothing happened: the next try may issue it
@@ -127,7 +127,7 @@ class Reboots:
         retaken = instance.terminate_claimed_at is not None
         if not self.deps.repo.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
             return "in_flight"
-        ec2_id = instance.ec2_instance_id
+        ec2_id = self.ranks.ec2_instance_id(instance)
         state = self.deps.replacer.lifecycle_state(ec2_id) if ec2_id.startswith("i-") else None
         if state is None or state.startswith("Terminat"):
             result = ("terminating in its Auto Scaling group" if state or retaken

@@ -4,7 +4,7 @@ call. It builds the stages over shared ports and delegates; it holds no logic.""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -48,10 +48,10 @@ class RecoveryService:
     def __init__(self, repo: Repository, ecs: EcsPort, rebooter: RebootPort, notifier: NotifierPort,
                  verdicts: VerdictReaderPort, settings: Settings, metrics: MetricsPort | None = None, *,
                  catalog: FaultCatalog | None = None, replacer: ReplacePort | None = None,
-                 gang_queue: GangQueuePort | None = None) -> None:
+                 gang_queue: GangQueuePort | None = None, tag_lookups: GangQueuePort | None = None) -> None:
         policy = settings.remediation.policy(catalog or default_catalog(), settings.suspect_exit_codes)
         self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics(),
-                         policy=policy, replacer=replacer or NoReplacer())
+                         policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
         self.ranks = RankOperations(self.deps)
         self.gang = GangOps(self.deps, self.ranks, gang_queue)
         self.restarts = GangRestart(self.deps, self.ranks, self.gang)
@@ -94,6 +94,25 @@ class RecoveryService:
     # Handlers.
     def on_task_state_change(self, detail: EcsTaskDetail) -> Outcome:
         return self.faults.on_task_state_change(detail)
+
+    def on_tag_lookups(self, details: Sequence[EcsTaskDetail]) -> list[Outcome | Exception]:
+        """The tag lookup worker's batch: the tasks described together (one DescribeTasks per
+        100, under the stack's Describe budget: an exception fails the whole batch, SQS
+        delivers it again), then each event handled with its rank (an exception: that
+        event's, delivered again)."""
+        ranks = self.ranks.look_up_tags(d.taskArn for d in details)
+        outcomes: list[Outcome | Exception] = []
+        for detail in details:
+            rank = ranks.get(detail.taskArn)
+            if rank is None:
+                outcomes.append(Outcome("ignored", detail={"why": "not a protected job"}))
+                continue
+            try:
+                fresh = self.repo.get_rank(rank.job_id, rank.rank) or rank  # an earlier event moved it
+                outcomes.append(self.faults.on_task_state_change(detail, known=fresh))
+            except Exception as error:
+                outcomes.append(error)
+        return outcomes
 
     def _lost_stopped_event(self, task: dict[str, Any]) -> Outcome:
         """A task found STOPPED by DescribeTasks whose STOPPED event never arrived (or was

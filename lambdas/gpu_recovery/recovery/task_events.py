@@ -47,7 +47,7 @@ from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
-from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.recovery.ranks import LookupQueued, RankOperations
 from gpu_recovery.recovery.remediation.job_settlement import budgets_of
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import details_of
@@ -116,18 +116,22 @@ class TaskEvents:
         self.suspensions = suspensions
         self.gang = gang
 
-    def on_task_state_change(self, detail: EcsTaskDetail) -> Outcome:
+    def on_task_state_change(self, detail: EcsTaskDetail, known: Rank | None = None) -> Outcome:
+        """``known``: the task's rank, found by the tag lookup worker."""
         if detail.group.startswith(HEALTH_CHECK_GROUP):
             return Outcome("ignored", detail={"why": "health-check task"})
+        if detail.lastStatus not in ("RUNNING", "STOPPED"):
+            return Outcome("ignored", detail={"why": f"lastStatus {detail.lastStatus}"})
+        try:
+            rank = known or self.ranks.rank_for_task(detail)
+        except LookupQueued:
+            return Outcome("lookup_queued", detail={"task": detail.taskArn})
         if detail.lastStatus == "RUNNING":
-            return self._on_running(detail)
-        if detail.lastStatus == "STOPPED":
-            return self._on_stopped(detail)
-        return Outcome("ignored", detail={"why": f"lastStatus {detail.lastStatus}"})
+            return self._on_running(detail, rank)
+        return self._on_stopped(detail, rank)
 
     # ------------------------------------------------------------------ RUNNING
-    def _on_running(self, detail: EcsTaskDetail) -> Outcome:
-        rank = self.ranks.rank_for_task(detail)
+    def _on_running(self, detail: EcsTaskDetail, rank: Rank | None) -> Outcome:
         if rank is None:
             return Outcome("ignored", detail={"why": "not a protected job"})
         if rank.task_arn != detail.taskArn:
@@ -143,8 +147,7 @@ class TaskEvents:
         return Outcome("running", rank.job_id, {"rank": rank.rank})
 
     # ------------------------------------------------------------------ STOPPED
-    def _on_stopped(self, detail: EcsTaskDetail) -> Outcome:
-        rank = self.ranks.rank_for_task(detail)
+    def _on_stopped(self, detail: EcsTaskDetail, rank: Rank | None) -> Outcome:
         if rank is None:
             return Outcome("ignored", detail={"why": "not a protected job"})
         if rank.task_arn != detail.taskArn:

@@ -40,6 +40,15 @@ class Instances(RecoveryTables):
         return from_ddb(item) if item else None
 
     # ============================================================ registration
+    def record_ec2_instance_id(self, inst_id: str, ec2_instance_id: str) -> bool:
+        """The node's EC2 (or managed) instance id, once known (registration leaves it out
+        when no item had it: no DescribeContainerInstances per rank of a starting job)."""
+        return self.db.apply(Update(
+            table=self.instance_table_name, key={INSTANCE_PK: inst_id},
+            set_fields={"ec2_instance_id": ec2_instance_id},
+            condition="attribute_exists(#k) AND (attribute_not_exists(#e) OR #e = :empty)",
+            condition_names={"#k": INSTANCE_PK, "#e": "ec2_instance_id"}, condition_values={":empty": ""}))
+
     def put_instance_if_absent(self, instance: Instance) -> bool:
         item = to_ddb(
             {

@@ -21,11 +21,14 @@ from gpu_recovery.constants import (
     JOB_BY_TASK_INDEX,
     JOB_BY_TASK_PK,
     JOB_PK,
+    JOB_TABLE_TTL_ATTRIBUTE,
     QUEUE_PK,
     QUEUE_SK,
+    UNPROTECTED_TASK_TTL_SECONDS,
     job_item_key,
     rank_item_key,
     refused_item_key,
+    unprotected_task_key,
 )
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Job, Rank
@@ -39,7 +42,7 @@ from gpu_recovery.domain.states import (
     RankState,
     SuspectVerdict,
 )
-from gpu_recovery.repository.base import Update, from_ddb
+from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES, RecoveryTables
 
 # The budgets a restart spends, and the job item's counter of each.
@@ -56,6 +59,14 @@ class RankStop:
     to: RankState
     fields: dict[str, Any] = field(default_factory=dict)
 
+
+
+@dataclass(frozen=True)
+class TaskLookup:
+    """What the task index knows of a task: its rank, or that it was found not protected."""
+
+    rank: Rank | None = None
+    unprotected: bool = False
 
 
 class JobsAndRanks(RecoveryTables):
@@ -88,20 +99,36 @@ class JobsAndRanks(RecoveryTables):
         return sorted(ranks, key=lambda r: r.rank)
 
     def find_rank_by_task(self, task_arn: str) -> Rank | None:
+        return self.look_up_task(task_arn).rank
+
+    def look_up_task(self, task_arn: str) -> TaskLookup:
+        """The task's rank, or its negative record (one index query: both carry the task key)."""
         response = self.db.query_page(
             self.job_table_name,
             IndexName=JOB_BY_TASK_INDEX,
             KeyConditionExpression="#t = :t",
             ExpressionAttributeNames={"#t": JOB_BY_TASK_PK},
             ExpressionAttributeValues={":t": task_arn},
-            Limit=2,
+            Limit=3,
         )
-        items = response.get("Items", [])
-        if not items:
-            return None
-        # The index holds keys only (and is eventually consistent): read the item by key.
-        item = self.db.get(self.job_table_name, {JOB_PK: items[0][JOB_PK]})
-        return self.rank_from_item(item) if item and "rank" in item else None
+        negative = unprotected_task_key(task_arn)
+        keys = [str(i[JOB_PK]) for i in response.get("Items", [])]
+        for key in keys:
+            if key == negative:
+                continue
+            # The index holds keys only (and is eventually consistent): read the item by key.
+            item = self.db.get(self.job_table_name, {JOB_PK: key})
+            if item and "rank" in item:
+                return TaskLookup(rank=self.rank_from_item(item))
+        return TaskLookup(unprotected=negative in keys)
+
+    def remember_unprotected_task(self, task_arn: str, now: float) -> None:
+        """DescribeTasks showed the task is no protected rank: its later events (and
+        duplicates) find this record and cost no DescribeTasks. Idempotent; DynamoDB's TTL
+        deletes it after ``UNPROTECTED_TASK_TTL_SECONDS``."""
+        self.db.put_if_absent(self.job_table_name, to_ddb({
+            JOB_PK: unprotected_task_key(task_arn), JOB_BY_TASK_PK: task_arn, "item_type": "UNPROTECTED_TASK",
+            "recorded_at": now, JOB_TABLE_TTL_ATTRIBUTE: int(now + UNPROTECTED_TASK_TTL_SECONDS)}), JOB_PK)
 
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]:
         """Ranks still holding GPUs on an instance (sparse index: history is never read)."""

@@ -1,0 +1,59 @@
+"""The tag lookup worker (SQS, up to 100 messages a batch): registers the tasks whose tags
+decide, one DescribeTasks per batch under the stack's Describe budget, then handles each
+task's event with its rank (``RecoveryService.on_tag_lookups``).
+
+Each message is ``{"detail": <ECS task state-change detail>}``, sent by the task handler
+for a task it found neither registered, nor following the registration convention, nor
+known to be unprotected. The Describe failing (the budget, throttling) fails the whole
+batch (SQS delivers it again after the visibility timeout); a handling error fails its own
+message (a partial batch response); a malformed message is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import ValidationError
+
+from gpu_recovery import runtime
+from gpu_recovery.events.ecs import EcsTaskDetail
+from handlers._common import powertools
+
+logger, tracer, metrics = powertools("tag-lookup-worker")
+
+
+def handle(event: dict[str, Any], service: Any) -> dict[str, Any]:
+    """The batch's partial response: the message ids to deliver again."""
+    records = event.get("Records") or []
+    parsed: list[tuple[str, EcsTaskDetail]] = []
+    for record in records:
+        try:
+            body = json.loads(record["body"])
+            parsed.append((record["messageId"], EcsTaskDetail.model_validate(body["detail"])))
+        except (ValueError, KeyError, TypeError, ValidationError) as error:
+            logger.warning("malformed tag lookup dropped", extra={"message_id": record.get("messageId"),
+                                                                  "error": str(error)[:1000]})
+    if not parsed:
+        return {"batchItemFailures": []}
+    try:
+        outcomes = service.on_tag_lookups([detail for _, detail in parsed])
+    except Exception as error:
+        logger.warning("tag lookup batch failed: delivered again", extra={
+            "messages": len(parsed), "error": f"{type(error).__name__}: {error}"[:1000]})
+        return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id, _ in parsed]}
+    failures = []
+    for (message_id, detail), outcome in zip(parsed, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            logger.warning("task event failed after its lookup: delivered again", extra={
+                "task": detail.taskArn, "error": f"{type(outcome).__name__}: {outcome}"[:1000]})
+            failures.append({"itemIdentifier": message_id})
+    return {"batchItemFailures": failures}
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)))
