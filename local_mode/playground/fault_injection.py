@@ -14,10 +14,19 @@ from local_mode.training_programs import TrainingPrograms
 
 FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node")
 # What a health check finds after an XID, by the fault catalog's class of it: application
-# errors leave the GPU healthy, XID 64 (row-remap failure) needs a new node, the rest are
-# fixed by a reboot (``persistent`` in the request: they are not).
+# errors leave the GPU healthy, XID 64 (row-remap failure) needs a new node, the catalog's
+# reset XIDs are fixed by a GPU reset, the rest by a reboot (``persistent``: they are not).
 APPLICATION_XIDS = frozenset({13, 31, 43, 94})
 REPLACE_XIDS = frozenset({64})
+
+
+def _reset_xids() -> frozenset[int]:
+    """XIDs the default catalog answers with a GPU reset: a reset clears them here."""
+    from gpu_recovery.domain.fault_catalog import default_catalog
+    from gpu_recovery.domain.fault_vocabulary import Action
+
+    return frozenset(x for rule in default_catalog().rules if rule.action is Action.RESET_GPU
+                     for x in rule.match.xids)
 CUDA_ERRORS = {
     13: "an illegal instruction was encountered", 31: "an illegal memory access was encountered",
     43: "unspecified launch failure", 48: "uncorrectable ECC error encountered",
@@ -69,7 +78,8 @@ class FaultInjector:
                 raise PlaygroundError("xid: an XID number (1..999), e.g. 79", field="xid")
             gpu = self._gpu(doc, node)
             health = self._health(doc, "replace" if xid in REPLACE_XIDS else
-                                  "healthy" if xid in APPLICATION_XIDS else "reboot_fixable")
+                                  "healthy" if xid in APPLICATION_XIDS else
+                                  "reset_fixable" if xid in _reset_xids() else "reboot_fixable")
             crash = f"RuntimeError: CUDA error: {CUDA_ERRORS.get(xid, 'unspecified launch failure')} " \
                     f"(GPU {gpu}; the kernel log has Xid {xid})"
             self.programs.mark_crash(node.name, crash, "NCCL error: remote process exited or there was a "

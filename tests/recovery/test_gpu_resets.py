@@ -254,3 +254,28 @@ def test_a_node_reset_twice_in_the_window_is_rebooted() -> None:
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert resets_on(w, FAULTY) == [] and w.rebooter.calls == [f"i-{FAULTY}"]
         assert w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]["action"] == "reboot"
+
+
+def test_a_reset_the_breaker_held_is_released_as_a_reset_and_the_held_job_restarts() -> None:
+    """The breaker counts a reset as a remediation: tripped, it holds the reset back (the job
+    waits HELD); the operator's reset releases it as a reset, not as a quarantine."""
+    from gpu_recovery.recovery.breaker.operations import reset_breaker
+
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.trip_breaker(["x-1", "x-2"])
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        [check] = w.ecs.health_checks_on(FAULTY)
+        w.service.on_health_check_stopped(w.health_check_stopped(check, 4))
+        peer_stopped(w, arns)
+        assert resets_on(w, FAULTY) == [] and w.rebooter.calls == []
+        assert w.repo.get_instance(FAULTY).breaker_blocked["action"] == "reset_gpu"
+        assert w.repo.get_job("j").state is C.JobState.HELD
+        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
+        sweeps(w, 1)
+        [task] = resets_on(w, FAULTY)
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is C.InstanceState.REBOOTING and instance.reset_pending
+        assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
+        sweeps(w, 1)
+        assert w.repo.get_job("j").attempt == 2 and w.rebooter.calls == [] and w.ecs.drained == []

@@ -33,7 +33,9 @@ from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState
 # common cause and reset; a job is not kept from its owner for a day.
 DEFAULT_HELD_JOB_DEADLINE_SECONDS = 3600
 MAX_HELD_JOB_DEADLINE_SECONDS = 7 * 24 * 3600
-REBOOT = "reboot"  # the only held action a job waits for (a replacement never lets it back)
+REBOOT = "reboot"  # a held action a job waits for (a replacement never lets it back)
+# ... and a GPU reset (a reboot if the reset fails): the node comes back either way.
+HOLDABLE_ACTIONS = frozenset({REBOOT, "reset_gpu"})
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ def standing(view: NodeView, *, in_backlog: bool) -> NodeStanding:
         return NodeStanding.IN_PROGRESS if view.cordoned else NodeStanding.BACK
     if view.state is InstanceState.REBOOTING or view.state in HEALTH_CHECK_STATES:
         return NodeStanding.IN_PROGRESS
-    if view.state is InstanceState.SUSPECT and view.held_action == REBOOT:
+    if view.state is InstanceState.SUSPECT and view.held_action in HOLDABLE_ACTIONS:
         return NodeStanding.HELD if in_backlog else NodeStanding.DROPPED
     return NodeStanding.LOST
 

@@ -217,8 +217,10 @@ def held_back_lines(backlog: Iterable[dict[str, Any]], fates: Mapping[str, str] 
         job_ids = [j for j in str(entry.get("job_id") or "").split(",") if j]
         jobs = ", ".join(f"{j} ({fates[j]})" if j in fates else j for j in job_ids) or "none"
         waiting = [j for j in job_ids if fates.get(j, "").startswith("waits")]
-        if action == Action.REBOOT.value:
-            resume = "reboots it; it is uncordoned and takes work again once back"
+        if action in (Action.REBOOT.value, Action.RESET_GPU.value):
+            resume = ("reboots it" if action == Action.REBOOT.value
+                      else "resets its GPUs (reboots it if the reset fails)")
+            resume += "; it is uncordoned and takes work again once back"
             if waiting:
                 resume += f", and {', '.join(waiting)} restart(s) on their nodes then"
         else:

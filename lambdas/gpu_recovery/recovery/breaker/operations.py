@@ -248,7 +248,7 @@ class BreakerOperations:
         raw = repo.get_instance_item(node)
         instance = repo.instance_from_item(raw) if raw else None
         action = Action(entry.get("action") or Action.REBOOT.value)
-        effect = Effect.REBOOT if action is Action.REBOOT else Effect.DRAIN
+        effect = {Action.REBOOT: Effect.REBOOT, Action.RESET_GPU: Effect.RESET_GPU}.get(action, Effect.DRAIN)
         if instance is None or instance.state is not InstanceState.SUSPECT or not instance.breaker_blocked \
                 or not self.deps.policy.modes.executes(effect):
             repo.drop_released(node)

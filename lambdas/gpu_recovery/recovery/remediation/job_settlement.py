@@ -94,9 +94,11 @@ class JobSettlement:
         (once per fault; a flapping node's repeat is not charged again)."""
         infra_hint = (label is SuspectVerdict.HEALTHY and plan is not None
                       and plan.decision.budget is Budget.INFRASTRUCTURE)
-        # A reboot the breaker held back: a job that cannot move waits for the reset (HOLD).
+        # A reboot (or GPU reset) the breaker held back: a job that cannot move waits for the
+        # breaker's reset (HOLD).
         held = (label is SuspectVerdict.BLOCKED and plan is not None and plan.blocked_by_breaker
-                and plan.action is Action.REBOOT and self.deps.settings.held_job_deadline_seconds > 0)
+                and plan.action in (Action.REBOOT, Action.RESET_GPU)
+                and self.deps.settings.held_job_deadline_seconds > 0)
         tally = job.tally.with_verdict(label, held=held)
         if infra_hint:
             tally = replace(tally, infra=tally.infra + 1)
