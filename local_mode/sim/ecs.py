@@ -57,7 +57,8 @@ from typing import Any
 from gpu_recovery import constants as C
 
 from .. import events as ev
-from ..emulator import LocalAws, hook_answer
+from ..api_hooks import hook_answer
+from ..emulator import LocalAws
 from .bus import LocalEventBus
 from .ecs_faults import GpuFaults
 from .ecs_model import SimTask
