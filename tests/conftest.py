@@ -2,7 +2,7 @@
 
 * The emulator's CPU-only speedups for every test that uses moto, the emulator's own tests
   and those that start ``mock_aws`` themselves alike (same responses;
-  ``local_mode.emulator.install_emulator_speedups``).
+  ``local_mode.moto_patches.install_emulator_speedups``).
 * Two tiers (docs/testing.md): ``make test`` runs ``pytest --quick``, which leaves out the
   tests marked ``slow`` and does not even collect the modules in ``SLOW_MODULES`` (their
   parametrization runs whole recoveries at collection); ``make test-all`` runs everything.
@@ -40,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from local_mode.emulator import install_emulator_speedups
+    from local_mode.moto_patches import install_emulator_speedups
 
     config.addinivalue_line("markers", "slow: the slow tier, left out by --quick (make test)")
     install_emulator_speedups()

@@ -58,7 +58,8 @@ from gpu_recovery import constants as C
 
 from .. import cluster_query
 from .. import events as ev
-from ..emulator import LocalAws, hook_answer
+from ..api_hooks import hook_answer
+from ..emulator import LocalAws
 from .bus import LocalEventBus
 from .ecs_faults import GpuFaults
 from .ecs_model import SimTask

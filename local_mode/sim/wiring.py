@@ -10,7 +10,8 @@ from typing import Any
 
 from gpu_recovery import constants as C
 
-from ..emulator import LocalAws, hook_answer
+from ..api_hooks import hook_answer
+from ..emulator import LocalAws
 from .bus import LocalEventBus, Target
 
 #: Lambda asynchronous invocation: on a function error, 2 more attempts, the first

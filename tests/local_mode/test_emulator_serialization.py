@@ -1,7 +1,7 @@
 """The emulator's direct serialization of DynamoDB attribute values changes no response.
 
 ``LocalAws`` routes moto's JSON serialization of ``AttributeValue`` structures through
-``local_mode.emulator._attribute_value_wire`` (moto's generic, model-driven serializer is
+``local_mode.moto_patches._attribute_value_wire`` (moto's generic, model-driven serializer is
 most of the emulator's CPU time). The same script of DynamoDB calls runs against moto with
 and without it, and every response (status, error type, body) must be byte-for-byte the
 same: items of every attribute type, GetItem, PutItem / UpdateItem / DeleteItem with
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from local_mode import emulator
+from local_mode import emulator, moto_patches
 
 TABLE = "serialization-check"
 
@@ -171,15 +171,15 @@ def _run_script(direct: bool, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str
     with monkeypatch.context() as patch:
         if not direct:
             patch.setattr(BaseJSONSerializer, "_serialize_type_structure", generic)
-            patch.setattr(emulator, "_serialize_attribute_values_directly", lambda: None)
+            patch.setattr(moto_patches, "_serialize_attribute_values_directly", lambda: None)
         wire_calls = [0]
-        real_wire = emulator._attribute_value_wire
+        real_wire = moto_patches._attribute_value_wire
 
         def counting_wire(value: Any, base64: Any) -> Any:
             wire_calls[0] += 1
             return real_wire(value, base64)
 
-        patch.setattr(emulator, "_attribute_value_wire", counting_wire)
+        patch.setattr(moto_patches, "_attribute_value_wire", counting_wire)
         responses: list[tuple[str, int, str, bytes]] = []
         with emulator.LocalAws() as local:
             ddb = local.client("dynamodb")
@@ -223,15 +223,15 @@ def test_every_response_is_byte_for_byte_moto_s_own(monkeypatch: pytest.MonkeyPa
 def test_unusual_values_take_moto_s_own_path() -> None:
     """Anything the direct path does not mirror exactly is left to moto's serializer."""
     b64 = str
-    generic = emulator._GENERIC
-    assert emulator._attribute_value_wire({"S": 1}, b64) is generic
-    assert emulator._attribute_value_wire({"s": "lower-case key"}, b64) is generic
-    assert emulator._attribute_value_wire({"SS": ["a", None]}, b64) is generic
-    assert emulator._attribute_value_wire({"M": {"k": {"S": 2}}}, b64) is generic
-    assert emulator._attribute_value_wire({"L": [{"N": 3}]}, b64) is generic
-    assert emulator._attribute_value_wire(["not", "a", "dict"], b64) is generic
+    generic = moto_patches._GENERIC
+    assert moto_patches._attribute_value_wire({"S": 1}, b64) is generic
+    assert moto_patches._attribute_value_wire({"s": "lower-case key"}, b64) is generic
+    assert moto_patches._attribute_value_wire({"SS": ["a", None]}, b64) is generic
+    assert moto_patches._attribute_value_wire({"M": {"k": {"S": 2}}}, b64) is generic
+    assert moto_patches._attribute_value_wire({"L": [{"N": 3}]}, b64) is generic
+    assert moto_patches._attribute_value_wire(["not", "a", "dict"], b64) is generic
     # None members, map values and list items: dropped, dropped, kept (as moto does).
-    assert emulator._attribute_value_wire({"S": None, "N": "1"}, b64) == {"N": "1"}
-    assert emulator._attribute_value_wire({"M": {"a": None, "b": {"S": "x"}}}, b64) == {
+    assert moto_patches._attribute_value_wire({"S": None, "N": "1"}, b64) == {"N": "1"}
+    assert moto_patches._attribute_value_wire({"M": {"a": None, "b": {"S": "x"}}}, b64) == {
         "M": {"b": {"S": "x"}}}
-    assert emulator._attribute_value_wire({"L": [None, {"S": "x"}]}, b64) == {"L": [None, {"S": "x"}]}
+    assert moto_patches._attribute_value_wire({"L": [None, {"S": "x"}]}, b64) == {"L": [None, {"S": "x"}]}

@@ -1,0 +1,315 @@
+"""What ``LocalAws`` changes in botocore and moto, process-wide and idempotently: one
+botocore data loader for every session, retry back-off recorded instead of slept, moto's
+DynamoDB made atomic per call (as DynamoDB's conditional writes are), attribute values
+serialized directly, moto's dispatch tables cached, its default AMIs only, its tables kept
+sorted, one SNS signing key (``install_emulator_speedups``)."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time as _time
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+
+_loader_lock = threading.Lock()
+_shared_loader: Any = None
+
+
+def share_model_loader(session: boto3.session.Session) -> None:
+    """Let every session reuse one botocore data loader: service models are parsed
+    once per process instead of once per ``LocalAws`` (tests create many)."""
+    global _shared_loader
+    with _loader_lock:
+        if _shared_loader is None:
+            _shared_loader = session._session.get_component("data_loader")
+        else:
+            session._session.register_component("data_loader", _shared_loader)
+
+
+class NoSleepTime:
+    """Stand-in for ``time`` inside botocore.endpoint: retry back-off is recorded."""
+
+    def __init__(self, record: Callable[[float], None]) -> None:
+        self._record = record
+
+    def sleep(self, seconds: float) -> None:
+        self._record(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_time, name)
+
+
+_DYNAMODB_WRITES = ("put_item", "update_item", "delete_item", "transact_write_items",
+                    "batch_write_item",
+                    # Reads too: moto iterates a table's item dict to answer them, and a write
+                    # from another thread meanwhile raises "dictionary changed size during
+                    # iteration" (seen once in CI with 8 ranks failing from 8 threads).
+                    "get_item", "query", "scan", "batch_get_item", "transact_get_items")
+_dynamodb_lock = threading.RLock()
+
+
+def make_dynamodb_writes_atomic() -> None:
+    """Serialize moto's DynamoDB writes (and reads, which must not see a write half-done).
+
+    moto evaluates a ConditionExpression and then writes, without a lock, so two
+    threads can both pass the same condition. Real DynamoDB applies a conditional
+    write atomically per item; the recovery loop's exactly-once guarantees rest on
+    that, so the emulator must provide it too. Idempotent: wraps each method once.
+    """
+    from moto.dynamodb.models import DynamoDBBackend
+
+    for name in _DYNAMODB_WRITES:
+        method = getattr(DynamoDBBackend, name)
+        if getattr(method, "_atomic", False):
+            continue
+
+        def atomic(self: Any, *args: Any, __method: Any = method, **kwargs: Any) -> Any:
+            with _dynamodb_lock:
+                return __method(self, *args, **kwargs)
+
+        atomic._atomic = True  # type: ignore[attr-defined]
+        atomic.__name__ = name
+        setattr(DynamoDBBackend, name, atomic)
+
+
+class _Generic:
+    """Marker: this value needs moto's generic, model-driven serialization."""
+
+
+_GENERIC = _Generic()
+_ATTRIBUTE_VALUE_MEMBERS = ("S", "N", "B", "SS", "NS", "BS", "M", "L", "NULL", "BOOL")
+_ATTRIBUTE_VALUE_KEYS = frozenset(_ATTRIBUTE_VALUE_MEMBERS)
+
+
+def _attribute_value_wire(value: Any, base64: Callable[[Any], str]) -> Any:
+    """A DynamoDB ``AttributeValue`` dict as moto's JSON serializer writes it, or _GENERIC.
+
+    moto 5.2 serializes every response through the service model, member by member, with
+    an alias lookup per member; for items (10 members per attribute, nested) that is most
+    of the emulator's CPU time. This is the same walk for the one shape that dominates:
+    members in model order, strings as they are, blobs base64-encoded by the serializer's
+    own encoder, booleans raw, maps and lists recursively (a None map value dropped, a None
+    list item kept). Anything else (an unknown key, a non-str string, a non-dict value)
+    returns _GENERIC and goes through moto's path, so the output is byte-for-byte moto's.
+    """
+    if type(value) is not dict or not value.keys() <= _ATTRIBUTE_VALUE_KEYS:
+        return _GENERIC
+    wire: dict[str, Any] = {}
+    for name in _ATTRIBUTE_VALUE_MEMBERS:
+        member = value.get(name)
+        if member is None:
+            continue
+        if name in ("S", "N"):
+            if type(member) is not str:
+                return _GENERIC
+            wire[name] = member
+        elif name in ("NULL", "BOOL"):
+            wire[name] = member
+        elif name == "B":
+            if not isinstance(member, bytes | str):
+                return _GENERIC
+            wire[name] = base64(member)
+        elif name in ("SS", "NS"):
+            if type(member) is not list or any(type(m) is not str for m in member):
+                return _GENERIC
+            wire[name] = list(member)
+        elif name == "BS":
+            if type(member) is not list or not all(isinstance(m, bytes | str) for m in member):
+                return _GENERIC
+            wire[name] = [base64(m) for m in member]
+        elif name == "M":
+            if type(member) is not dict:
+                return _GENERIC
+            entries = {}
+            for key, item in member.items():
+                if item is None:
+                    continue
+                item_wire = _attribute_value_wire(item, base64)
+                if item_wire is _GENERIC:
+                    return _GENERIC
+                entries[key] = item_wire
+            wire[name] = entries
+        else:  # "L"
+            if type(member) is not list:
+                return _GENERIC
+            items = []
+            for item in member:
+                item_wire = None if item is None else _attribute_value_wire(item, base64)
+                if item_wire is _GENERIC:
+                    return _GENERIC
+                items.append(item_wire)
+            wire[name] = items
+    return wire
+
+
+def _serialize_attribute_values_directly() -> None:
+    """Route moto's JSON serialization of DynamoDB ``AttributeValue`` structures through
+    :func:`_attribute_value_wire` (same bytes, a fraction of the CPU). Idempotent.
+
+    Only the response serializer changes: request parsing, errors (ConditionalCheckFailed,
+    TransactionCanceledException with its CancellationReasons) and every other shape and
+    service keep moto's code. ``tests/local_mode/test_emulator_serialization.py`` compares
+    the response bodies with and without it for every operation the repositories use.
+    """
+    from moto.core.serialize import BaseJSONSerializer
+
+    generic = BaseJSONSerializer._serialize_type_structure
+    if getattr(generic, "_attribute_values_direct", False):
+        return
+
+    def serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key: str) -> None:
+        if key and shape.name == "AttributeValue" and self.service_model.service_name == "dynamodb":
+            wire = _attribute_value_wire(value, self._base64)
+            if wire is not _GENERIC:
+                self._default_serialize(serialized, wire, shape, key)
+                return
+        generic(self, serialized, value, shape, key)
+
+    serialize_structure._attribute_values_direct = True  # type: ignore[attr-defined]
+    serialize_structure._generic = generic  # type: ignore[attr-defined]
+    BaseJSONSerializer._serialize_type_structure = serialize_structure  # type: ignore[method-assign]
+
+
+
+def _cache_moto_dispatch_tables() -> None:
+    """moto lists a response class's methods with ``inspect.getmembers`` on every request
+    (``call_action``: is the action implemented?): a quarter of a small call's CPU. The
+    classes do not change while the emulator runs, so the list is computed once per
+    class. Idempotent."""
+    import moto.core.responses as responses
+
+    listing = responses.method_names_from_class
+    if getattr(listing, "_cached", False):
+        return
+    cached = functools.lru_cache(maxsize=None)(listing)
+    cached._cached = True  # type: ignore[attr-defined]
+    responses.method_names_from_class = cached  # type: ignore[assignment]
+
+
+def _load_only_moto_default_amis() -> None:
+    """Each EC2 backend (one per emulator) builds moto's 44 default AMIs plus 2,558
+    per-region "latest" and ECS-optimized ones: ~0.15 s of CPU per emulator. Nothing
+    here looks images up (the simulated nodes launch moto default ``ami-12c6146b``), so
+    the emulator's EC2 knows the 44 defaults only. Idempotent."""
+    from moto.ec2.models import amis
+
+    if getattr(amis.AmiBackend._load_amis, "_defaults_only", False):
+        return
+
+    def load_default_amis(self: Any) -> None:
+        for spec in amis.AMIS:  # what moto's _load_amis does before the per-region files
+            spec["owner_alias"] = "amazon"
+            if (created := spec.get("creation_date")) and isinstance(created, str):
+                spec["creation_date"] = amis.parse_timestamp(created)
+            self.amis[spec["ami_id"]] = amis.Ami(self, **spec)
+
+    load_default_amis._defaults_only = True  # type: ignore[attr-defined]
+    amis.AmiBackend._load_amis = load_default_amis  # type: ignore[method-assign]
+
+
+def _keep_moto_tables_sorted() -> None:
+    """moto answers every Query (of a table or of an index) by sorting *all* the table's
+    items first (``Table.all_items``), then filtering: O(n log n) Python comparisons per
+    Query, the top of the profile once a test's table holds a few thousand items. The
+    sorted list only changes when an item is added or removed (``put_item`` /
+    ``delete_item``; an update keeps the keys), so it is kept until then. Callers get a
+    copy, as before. Idempotent."""
+    from moto.dynamodb.models.table import Table
+
+    if getattr(Table.all_items, "_kept_sorted", False):
+        return
+    sort_all_items, put_item, delete_item = Table.all_items, Table.put_item, Table.delete_item
+
+    def bump(table: Any) -> None:
+        table._sorted_version = getattr(table, "_sorted_version", 0) + 1
+
+    def put_and_bump(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return put_item(self, *args, **kwargs)
+        finally:
+            bump(self)  # after the change: a list sorted meanwhile is not kept
+
+    def delete_and_bump(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return delete_item(self, *args, **kwargs)
+        finally:
+            bump(self)
+
+    def all_items(self: Any) -> list[Any]:
+        key = (id(self.items), getattr(self, "_sorted_version", 0))
+        kept = getattr(self, "_sorted_items", None)
+        if kept is None or kept[0] != key:
+            kept = self._sorted_items = (key, sort_all_items(self))
+        return list(kept[1])
+
+    all_items._kept_sorted = True  # type: ignore[attr-defined]
+    Table.all_items = all_items  # type: ignore[method-assign]
+    Table.put_item = put_and_bump  # type: ignore[method-assign]
+    Table.delete_item = delete_and_bump  # type: ignore[method-assign]
+
+
+def _share_botocore_data_loader() -> None:
+    """Every botocore session builds its own data loader, which parses the service models'
+    JSON again (ec2's alone is several MB): ~60 ms per model per session. The project makes
+    a session per handler reset and the emulator one per run, so a test run parsed the same
+    files thousands of times. All sessions with the same data path now share one loader
+    (botocore caches what it loads per loader; the models are read-only). Idempotent."""
+    from botocore import loaders, session
+
+    register = session.Session._register_data_loader
+    if getattr(register, "_shared", False):
+        return
+    shared: dict[Any, loaders.Loader] = {}
+    lock = threading.Lock()
+
+    def shared_loader(data_path: Any) -> loaders.Loader:
+        key = str(data_path)
+        with lock:
+            if key not in shared:
+                shared[key] = loaders.create_loader(data_path)
+            return shared[key]
+
+    def register_shared(self: Any) -> None:
+        self._components.lazy_register_component(
+            "data_loader", lambda: shared_loader(self.get_config_variable("data_path")))
+
+    register_shared._shared = True  # type: ignore[attr-defined]
+    session.Session._register_data_loader = register_shared  # type: ignore[method-assign]
+
+
+def _share_moto_sns_signing_key() -> None:
+    """moto signs every message an SNS subscription delivers with a 2048-bit RSA key it
+    generates for that subscription the first time (~0.1 s of CPU, a random amount): in a
+    crash campaign, once per forked run whose first e-mail comes after the fork. One key per
+    process signs for every subscription (moto makes the certificate that goes with it per
+    message, as before; nothing here checks signatures). Idempotent."""
+    from moto.sns.models import Subscription
+
+    if getattr(Subscription.private_key, "_shared", False):
+        return
+    lock = threading.Lock()
+    keys: list[Any] = []
+
+    def private_key(self: Any) -> Any:
+        with lock:
+            if not keys:
+                from cryptography.hazmat.primitives.asymmetric import rsa
+
+                keys.append(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+            return keys[0]
+
+    private_key._shared = True  # type: ignore[attr-defined]
+    Subscription.private_key = private_key  # type: ignore[method-assign]
+
+
+def install_emulator_speedups() -> None:
+    """The emulator's changes to moto and botocore that only save CPU (same responses)."""
+    _share_botocore_data_loader()
+    _share_moto_sns_signing_key()
+    _serialize_attribute_values_directly()
+    _cache_moto_dispatch_tables()
+    _load_only_moto_default_amis()
+    _keep_moto_tables_sorted()
