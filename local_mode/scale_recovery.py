@@ -338,7 +338,7 @@ class ScaleWorld:
         # runtime.ecs_adapter: every control-plane call takes a token of the stack's budget item.
         budget = EcsCallBudget(RateLimitRepository(repo), self.settings.ecs_api)
         self.budgets.append(budget)
-        describe = EcsCallBudget(RateLimitRepository(repo, C.ECS_DESCRIBE_RATE_ITEM_KEY), DESCRIBE_BUCKET)
+        describe = EcsCallBudget(RateLimitRepository.describe_budget(repo), DESCRIBE_BUCKET)
         gang = self.queues.get(GANG_QUEUE) if self.gang_fanout else None
         lookups = self.queues.get(TAG_LOOKUP_QUEUE)
         return Ports(
