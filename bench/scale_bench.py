@@ -17,6 +17,11 @@ The recovery code is the real one (``RecoveryService``, the ``Repository``, the 
 DynamoDB, ECS, EC2, SNS, CloudWatch Logs, Lambda and EventBridge are the simulator's
 (``local_mode/scale_*.py``, docs/benchmarks.md "Large jobs (scale)").
 
+First, registration lines (issue 28): a job's tasks all RUNNING in the same second (1,024
+and 8,192), registered by the convention or by tags alone, and mixed-cluster lines (1,000
+unprotected task starts and stops, ``registration`` = convention / both):
+``SCALE_REGISTRATION`` (sizes, "0": none), ``SCALE_REGISTRATION_BY``, ``SCALE_MIXED``.
+
 Environment: ``SCALE_SIZES`` (tasks per job, default 8,64,256,1024 one per node and 8192 one
 per GPU), ``SCALE_LAYOUTS`` (per-node,per-gpu), ``SCALE_SCENARIOS`` (cascade,all-nodes),
 ``SCALE_WALL_SECONDS`` (cap per scenario, default 600), ``SCALE_SEED``, ``SCALE_SPARES``,
