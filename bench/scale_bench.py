@@ -17,6 +17,11 @@ The recovery code is the real one (``RecoveryService``, the ``Repository``, the 
 DynamoDB, ECS, EC2, SNS, CloudWatch Logs, Lambda and EventBridge are the simulator's
 (``local_mode/scale_*.py``, docs/benchmarks.md "Large jobs (scale)").
 
+First, registration lines (issue 28): a job's tasks all RUNNING in the same second (1,024
+and 8,192), registered by the convention or by tags alone, and mixed-cluster lines (1,000
+unprotected task starts and stops, ``registration`` = convention / both):
+``SCALE_REGISTRATION`` (sizes, "0": none), ``SCALE_REGISTRATION_BY``, ``SCALE_MIXED``.
+
 Environment: ``SCALE_SIZES`` (tasks per job, default 8,64,256,1024 one per node and 8192 one
 per GPU), ``SCALE_LAYOUTS`` (per-node,per-gpu), ``SCALE_SCENARIOS`` (cascade,all-nodes),
 ``SCALE_WALL_SECONDS`` (cap per scenario, default 600), ``SCALE_SEED``, ``SCALE_SPARES``,
@@ -259,6 +264,7 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
             "read_units": round(usage.read_units), "write_units": round(usage.write_units),
             "largest_item_bytes": usage.largest_item_bytes, "largest_item": usage.largest_item,
             "calls": dict(sorted(usage.calls.items())), "conflicts": usage.conflicts,
+            "conflicts_per_rank": round(usage.conflicts / n, 2),
             "errors": dict(sorted(usage.errors.items())),
             "job_item_bytes": world.dynamo.item_bytes(JOB_TABLE).get(
                 f"{JOB_TABLE}:{C.job_item_key(job.job_id)}", 0),
@@ -314,7 +320,7 @@ def _print(result: dict[str, Any]) -> None:
     print(f"  DynamoDB: {d['items_read']:,} items read ({d['items_read_per_rank']}/rank), "
           f"{d['items_written']:,} written ({d['items_written_per_rank']}/rank); {d['read_units']:,} RRU, "
           f"{d['write_units']:,} WRU; largest item {d['largest_item_bytes']:,} B ({d['largest_item']}); "
-          f"conflicts {d['conflicts']}; errors {d['errors'] or '-'}")
+          f"conflicts {d['conflicts']} ({d['conflicts_per_rank']}/rank); errors {d['errors'] or '-'}")
     control = ", ".join(f"{k} {v}" for k, v in e["calls"].items() if k in CONTROL_PLANE)
     print(f"  ECS: {e['control_plane_calls']:,} control-plane calls ({e['control_per_rank']}/rank: "
           f"{control}), bucket floor {e['bucket_floor_s']} s; {e['read_calls']:,} describe/list; throttled "

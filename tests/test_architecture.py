@@ -608,6 +608,7 @@ ITEM_HOMES = {
     "BREAKER_ITEM_KEY": "breaker.py",
     "CORDON_SYNC_ITEM_KEY": "cordons.py",
     "ECS_RATE_ITEM_KEY": "rate_limit.py",
+    "ECS_DESCRIBE_RATE_ITEM_KEY": "rate_limit.py",
     "HEALTH_CHECK_SLOTS_KEY": "health_check_slots.py",
     "health_check_slots_key": "health_check_slots.py",
     "suspect_item_key": "faults.py",

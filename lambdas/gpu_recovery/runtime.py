@@ -19,9 +19,6 @@ from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.adapters.logs import VerdictLogReader
 from gpu_recovery.adapters.notifier import SnsNotifier
 from gpu_recovery.adapters.queue import GangQueue
-from gpu_recovery.constants import (
-    ECS_DESCRIBE_RATE_ITEM_KEY,
-)
 from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
 from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.recovery import MetricsPort, RecoveryService
@@ -62,7 +59,7 @@ def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, client: Any
     """ECS with the stack's shared control-plane budget (one item in the instance table);
     ``client``: the ECS client (default: the container's boto3 one); ``describe_budget``: and
     its Describe budget (another item: the recovery functions')."""
-    describe = (EcsCallBudget(RateLimitRepository(repo, ECS_DESCRIBE_RATE_ITEM_KEY), DESCRIBE_BUCKET)
+    describe = (EcsCallBudget(RateLimitRepository.describe_budget(repo), DESCRIBE_BUCKET)
                 if describe_budget else None)
     return EcsAdapter(client or aws.client("ecs"), cluster,
                       budget=EcsCallBudget(RateLimitRepository(repo), bucket), describe_budget=describe)

@@ -70,7 +70,10 @@ def env():
     with build_world(handlers=False, metrics_disabled=False) as world:
         local, bus, sim = world.aws, world.bus, world.ecs
         rec = {"task": Recorder(), "hc": Recorder(), "ci": Recorder()}
-        bus.add_rule("t", C.training_task_pattern(local.cluster_arn), rec["task"], "task")
+        # Every training task event (the deployed rule leaves PENDING and the like out).
+        every_status = C.training_task_pattern(local.cluster_arn)
+        every_status["detail"].pop("lastStatus")
+        bus.add_rule("t", every_status, rec["task"], "task")
         bus.add_rule("h", C.health_check_task_pattern(local.cluster_arn), rec["hc"], "hc")
         bus.add_rule("i", C.container_instance_pattern(local.cluster_arn), rec["ci"], "ci")
         yield local, bus, sim, rec

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_recovery.constants import ECS_RATE_ITEM_KEY, INSTANCE_PK
+from gpu_recovery.constants import ECS_DESCRIBE_RATE_ITEM_KEY, ECS_RATE_ITEM_KEY, INSTANCE_PK
 from gpu_recovery.domain.rate_limit import Reservation, TokenBucket, reserve
 from gpu_recovery.repository.base import Update, from_ddb
 
@@ -21,6 +21,11 @@ class RateLimitRepository:
         self.base = base  # Repository
         self.table = base.instance_table_name
         self.key = key
+
+    @classmethod
+    def describe_budget(cls, base: Any) -> RateLimitRepository:
+        """The stack's DescribeTasks budget's item (the tag lookups')."""
+        return cls(base, ECS_DESCRIBE_RATE_ITEM_KEY)
 
     def reserve(self, tokens: int, bucket: TokenBucket, now: float) -> Reservation:
         for _ in range(_ROUNDS):

@@ -185,6 +185,10 @@ class NodeRemediation:
         None when the commit lost a race (re-read and try again)."""
         repo = self.deps.repo
         inst_id = instance.container_inst_id
+        if plan.execute and not instance.ec2_instance_id:
+            # Registration leaves the id out (no DescribeContainerInstances per rank): what the
+            # node is (EC2 or ECS Anywhere) decides the action, so look it up once now.
+            instance = replace(instance, ec2_instance_id=self.ranks.ec2_instance_id(instance))
         now = clock.now()
         waiting = [j for j in jobs if j.state in RECOVERING_JOB_STATES]
         anywhere = Effect.TERMINATE in plan.execute and instance.is_managed_instance
