@@ -205,3 +205,39 @@ def test_gang_restart_waits_for_every_instance() -> None:
     assert policy.gang_ready([ok, Instance("b", state=InstanceState.AVAILABLE)])
     assert not policy.gang_ready([ok, Instance("b", state=InstanceState.REBOOTING)])
     assert not policy.gang_ready([ok, Instance("b", state=InstanceState.HEALTH_CHECKING)])
+
+
+@pytest.mark.parametrize(
+    ("instance", "expected"),
+    [
+        (None, ""),
+        (Instance("i-1"), ""),
+        (Instance("i-1", state=InstanceState.REBOOTING, reboot_requested_at=10.0), "rebooting"),
+        (Instance("i-1", state=InstanceState.REBOOTING, reset_pending=True), "resetting the GPUs of"),
+        (Instance("i-1", state=InstanceState.QUARANTINED, terminate_pending=True), "replacing"),
+        # Drained only (no standalone task is stopped by a drain), held back by the breaker
+        # (SUSPECT), or being checked: the stack is not taking the node down.
+        (Instance("i-1", state=InstanceState.QUARANTINED, drain_pending=True), ""),
+        (Instance("i-1", state=InstanceState.SUSPECT), ""),
+        (Instance("i-1", state=InstanceState.HEALTH_CHECKING), ""),
+    ],
+)
+def test_stack_remediation_names_what_the_stack_is_doing_to_the_node(instance: Instance | None,
+                                                                     expected: str) -> None:
+    """Given a rank's node, Then a stop there is the stack's own doing exactly while the node
+    is being rebooted, reset or replaced by it."""
+    assert policy.stack_remediation(instance) == expected
+
+
+def test_a_rank_killed_by_the_stacks_reboot_enters_recovery_instead_of_failing_the_job() -> None:
+    """Given exit 137 (not a suspect code: the catalog alone would charge or fail the job)
+    on a node the stack is rebooting, Then it is a node fault: the running job enters
+    recovery, one waiting for verdicts adds the node as a suspect; the budget is not asked."""
+    stop = TaskStop(137, "EssentialContainerExited", "Host EC2 (instance i-0b) rebooted")
+    assert policy.classify_stop(stop, SUSPECT) is StopKind.FAILED
+    node_fault = bool(policy.stack_remediation(Instance("i-1", state=InstanceState.REBOOTING)))
+    for may_restart in (True, False):
+        assert policy.fault_reaction(JobState.RUNNING, True, node_fault=node_fault, observed=False,
+                                     may_restart=may_restart) is StopReaction.ENTER_RECOVERY
+    assert policy.fault_reaction(JobState.PENDING_HEALTHCHECK, True, node_fault=node_fault, observed=False,
+                                 may_restart=False) is StopReaction.ADD_SUSPECT

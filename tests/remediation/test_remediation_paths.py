@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from gpu_recovery import constants as C
+from local_mode.faults import THROTTLING
 from local_mode.remediation_scenarios import MIN, world
 from tests.remediation.steps import submit_queued_job
 
@@ -232,4 +233,40 @@ def test_drain_observed_a_node_to_replace_is_not_drained_and_the_job_moves() -> 
         assert len(observed) == 1 and "drain" in str(observed[0]["message"])
         w.ecs.run_for(70 * MIN)
         assert w.job("obs-drain")["job_state"] == "COMPLETE"
+        assert not w.bus.dead_letters
+
+
+def test_a_job_placed_on_a_node_the_stack_is_about_to_reboot_is_recovered_not_failed() -> None:
+    """Given XID 79 on node-b (fast path: reboot) and RebootInstances failing for a while (the
+    reboot is late, as in the soak's seed 4 at 1 %), When the user's scheduler starts another
+    job with a rank on node-b in that window and the reboot then kills that rank (exit 137),
+    Then that job is not FAILED nor charged an application error: its rank's stop is an
+    infrastructure fault of node-b, whose verdict (reboot) is already known; the job waits
+    for node-b and restarts on it once it is back. (The first job has no recovery left, so
+    node-b is free for the second one after the reboot.)"""
+    with world() as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.ecs.add_node(node)
+        # The first job has no recovery left: its fault ends it, node-b is the second job's after.
+        w.ecs.start_job("first", w.training_task_definition, ["node-b"],
+                        extra_tags={C.TAG_MAX_INFRA_RECOVERIES: "0"})
+        w.aws.faults.persistent("ec2", "RebootInstances", error=THROTTLING)
+        w.ecs.inject_xid("node-b", 79, after=2 * MIN, health="reboot_fixable")
+        w.ecs.run_for(4 * MIN)
+        assert w.node_item("node-b")["instance_state"] == "REBOOTING" and w.ecs.counters["reboots"] == 0
+
+        w.ecs.start_job("placed", w.training_task_definition, ["node-a", "node-b"])
+        w.ecs.run_for(1 * MIN)
+        assert w.job("placed")["job_state"] == "RUNNING"
+        w.aws.faults.clear()
+        w.ecs.run_for(10 * MIN)
+
+        assert w.ecs.counters["reboots"] == 1
+        placed = w.job("placed")
+        assert placed["job_state"] == "RUNNING" and placed["attempt"] == 2, placed.get("last_error")
+        assert placed.get("app_restarts_used", 0) == 0
+        assert "PENDING_HEALTHCHECK" in _job_history(placed)
+        assert sorted(w.ranks_on("placed")) == ["node-a", "node-b"]
+        assert w.ecs.counters["health_checks_started"] == 0  # the verdict was known: no diag
+        assert w.job("first")["job_state"] == "FAILED"
         assert not w.bus.dead_letters

@@ -139,6 +139,24 @@ def fault_reaction(job_state: JobState, same_attempt: bool, *, node_fault: bool,
     return StopReaction.RECORD
 
 
+def stack_remediation(instance: Instance | None) -> str:
+    """What this stack is doing to a node that takes its ranks down ("" when nothing).
+
+    A rank that stops on such a node was killed, or is about to be, by the stack's own
+    remediation (its reboot, the GPU reset before it, its replacement): whatever its exit
+    code, that is an infrastructure fault of the node, never the application's. A REBOOTING
+    node is always one the stack will reboot or reset (a reboot the breaker held back leaves
+    the node SUSPECT, not REBOOTING); a drain alone stops no standalone task.
+    """
+    if instance is None:
+        return ""
+    if instance.state is InstanceState.REBOOTING:
+        return "resetting the GPUs of" if instance.reset_pending else "rebooting"
+    if instance.terminate_pending:
+        return "replacing"
+    return ""
+
+
 def describe_failure(stop: TaskStop) -> str:
     code = "no exit code" if stop.exit_code is None else f"exit code {stop.exit_code}"
     reason = stop.stopped_reason or stop.stop_code or "unknown reason"

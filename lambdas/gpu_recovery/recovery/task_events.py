@@ -85,10 +85,17 @@ class Assessment:
     evidence: Evidence
     plan: RemediationPlan
     instance_item: dict[str, Any] | None
+    # What the stack is doing to the rank's node (policy.stack_remediation): the rank was
+    # killed by our own reboot or replacement, an infrastructure fault of that node.
+    remediating: str = ""
+
+    @property
+    def catalog_node_fault(self) -> bool:
+        return self.plan.action is Action.HEALTH_CHECK or self.plan.action in NODE_ACTIONS
 
     @property
     def node_fault(self) -> bool:
-        return self.plan.action is Action.HEALTH_CHECK or self.plan.action in NODE_ACTIONS
+        return self.catalog_node_fault or bool(self.remediating)
 
     @property
     def observed(self) -> bool:
@@ -198,7 +205,8 @@ class TaskEvents:
             inst_id=rank.container_inst_id, instance_item=raw, trigger=Trigger.TASK_EXIT,
             fault_at=min(when, now), job=job, rank=rank.rank, exit_code=stop.exit_code,
             stop_code=stop.stop_code, stopped_reason=stop.stopped_reason)
-        return Assessment(evidence, self.remediation.plan(evidence, raw, now=now), raw)
+        remediating = policy.stack_remediation(self.deps.repo.instance_from_item(raw) if raw else None)
+        return Assessment(evidence, self.remediation.plan(evidence, raw, now=now), raw, remediating)
 
     def _budget(self, job: Job, assessment: Assessment) -> BudgetOutcome | None:
         """For a fault without node action: may the job restart (and which budget pays)?"""
@@ -273,6 +281,9 @@ class TaskEvents:
             return done
         if reaction is StopReaction.ENTER_RECOVERY:
             reason = (f"rank {rank.rank} exited {stop.exit_code} on {node}: suspected GPU fault{decided}")
+            if assessment is not None and not assessment.catalog_node_fault:
+                reason = (f"rank {rank.rank} exited {stop.exit_code} on {node} while the stack was "
+                          f"{assessment.remediating} it: infrastructure fault of the node")
             self._open_suspect(job, rank, assessment)
             return self._enter_recovery(job, reason, rank_stop, from_states=FAULT_JOB_STATES)
         if reaction is StopReaction.ADD_SUSPECT:
