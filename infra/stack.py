@@ -83,6 +83,7 @@ from gpu_recovery.constants import (
     ENV_JOBS_PRIORITY_ROLES,
     ENV_JOBS_TASK_ROLE_PREFIXES,
     ENV_JOBS_TEAM_ROLES,
+    ENV_LEND_SPARES,
     ENV_MAX_APP_RESTARTS,
     ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
     ENV_MAX_HEALTH_CHECKS_PER_JOB,
@@ -217,6 +218,7 @@ class GpuRecoveryStack(Stack):
             ENV_RELOCATE_INSTEAD_OF_WAIT: "true" if config.relocate_instead_of_wait else "false",
             ENV_RELOCATION_WAIT_SECONDS: str(config.relocation_wait_seconds),
             ENV_SPARE_NODES: config.spare_nodes,
+            ENV_LEND_SPARES: "true" if config.lend_spares else "false",
             ENV_HELD_JOB_DEADLINE_SECONDS: str(config.held_job_deadline_seconds),
         }
         if self.fault_catalog_layer is not None:

@@ -78,7 +78,7 @@ class ScenarioResult:
 def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: int = 3,
           relocate_instead_of_wait: bool = False, duplicate_delivery: bool = True,
           relocation_wait_seconds: int | None = None, spare_nodes: str | None = None,
-          **sim_options: Any) -> Iterator[World]:
+          lend_spares: bool = False, **sim_options: Any) -> Iterator[World]:
     warnings.filterwarnings("ignore")
     logging.getLogger().setLevel(logging.CRITICAL)
     env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL"}
@@ -90,6 +90,8 @@ def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: i
         env[C.ENV_RELOCATION_WAIT_SECONDS] = str(relocation_wait_seconds)
     if spare_nodes is not None:
         env[C.ENV_SPARE_NODES] = spare_nodes
+    if lend_spares:
+        env[C.ENV_LEND_SPARES] = "true"
     with build_world(duplicate_delivery=duplicate_delivery, sim_options=sim_options,
                      max_recovery_attempts=max_recovery_attempts, extra_env=env,
                      training_family="train", training_run_seconds=60 * MIN) as built:

@@ -281,6 +281,8 @@ class RecoveryConfig:
         DEFAULT_RELOCATION_WAIT_SECONDS, integer(0, MAX_RELOCATION_WAIT_SECONDS),
         "no free healthy node: a relocatable job waits this long, then fails")
     spare_nodes: str = option("0", spare_count(), "GPU nodes kept free of queue work for relocation")
+    lend_spares: bool = option(
+        False, boolean(), "spares run LOW-priority queue jobs until a relocation needs them (suspended)")
     held_job_deadline_seconds: int = option(
         DEFAULT_HELD_JOB_DEADLINE_SECONDS, integer(0, MAX_HELD_JOB_DEADLINE_SECONDS),
         "HELD jobs wait this long for a breaker reset")

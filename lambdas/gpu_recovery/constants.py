@@ -65,6 +65,7 @@ ENV_RELOCATE_INSTEAD_OF_WAIT = "RELOCATE_INSTEAD_OF_WAIT"  # "true": move a job 
 ENV_RELOCATION_WAIT_SECONDS = "RELOCATION_WAIT_SECONDS"
 # Healthy free GPU nodes the queue scheduler keeps out of queue work: "2" or "5%".
 ENV_SPARE_NODES = "SPARE_NODES"
+ENV_LEND_SPARES = "LEND_SPARES"  # "true": spares run LOW queue jobs until needed (domain.placement)
 # Seconds a job that cannot move waits (HELD) for the breaker's reset to reboot its node.
 ENV_HELD_JOB_DEADLINE_SECONDS = "HELD_JOB_DEADLINE_SECONDS"
 # Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.

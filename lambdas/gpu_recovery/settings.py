@@ -330,6 +330,7 @@ class SchedulerConfig:
     time_budget_seconds: float = 60.0
     sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
     spares: SparePool = field(default_factory=SparePool)  # healthy free nodes kept out of queue work
+    lend_spares: bool = False  # spares run LOW-priority queue jobs until a relocation needs them
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerConfig:
@@ -341,6 +342,7 @@ class SchedulerConfig:
             time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60, minimum=1)),
             sharing=TimeSharingSettings.from_env(env),
             spares=spare_pool(env),
+            lend_spares=_bool(env, c.ENV_LEND_SPARES, False),
         )
 
 

@@ -316,7 +316,7 @@ def test_lambda_runtime_layer_tracing_and_environment(default_synth: Synth) -> N
         assert env[c.ENV_MAX_APP_RESTARTS] == "0"
         assert json.loads(env[c.ENV_REMEDIATION_SETTINGS])["remediation_mode"] == "enforce"
         assert env[c.ENV_RELOCATE_INSTEAD_OF_WAIT] == "false" and env[c.ENV_RELOCATION_WAIT_SECONDS] == "1800"
-        assert env[c.ENV_SPARE_NODES] == "0"
+        assert env[c.ENV_SPARE_NODES] == "0" and env[c.ENV_LEND_SPARES] == "false"
         assert c.ENV_FAULT_CATALOG_OVERRIDE not in env
         assert env[c.ENV_SUSPECT_EXIT_CODES] == "[1]"
         assert env[c.ENV_REBOOT_TIMEOUT_MINUTES] == "30"

@@ -212,3 +212,23 @@ def test_backoff_doubles_from_60_seconds_to_10_minutes():
     When the backoff is computed
     Then it is 60, 120, 240, 480 and then capped at 600 seconds."""
     assert [backoff_seconds(n) for n in range(1, 7)] == [60, 120, 240, 480, 600, 600]
+
+
+def test_a_low_borrower_takes_a_lendable_spare_wholly_and_only_when_nothing_else_fits() -> None:
+    """lend_spares: a LOW job may borrow a marked, wholly free spare (the whole node); other
+    nodes first; a job that may not borrow never gets it; a partly used spare is not lent."""
+    cluster = {"a": Node("a", 8, 8), "s": Node("s", 8, 8, spare=True, lendable=True),
+               "p": Node("p", 4, 8, spare=True, lendable=True)}
+    admitter = Admitter(cluster)
+    assert admitter.offer(Candidate("normal", 1, 8, priority=10)).nodes == ("a",)
+    assert admitter.offer(Candidate("normal2", 1, 4, priority=10)).verdict is Verdict.BLOCKED
+    admitter = Admitter(cluster)
+    assert admitter.offer(Candidate("low", 1, 4, borrows_spares=True)).nodes == ("a",)  # not a spare first
+    taken = admitter.offer(Candidate("low2", 1, 2, borrows_spares=True))
+    assert taken.nodes == ("a",)  # "a" still has 4 GPUs: best fit, no spare
+    lent = admitter.offer(Candidate("low3", 1, 4, borrows_spares=True))
+    assert lent.nodes == ("s",) and admitter.free["s"] == 0  # the whole spare, one job
+    # "a" has 2 left, "s" is lent, "p" is a spare partly in use: not lent.
+    assert admitter.offer(Candidate("low4", 1, 4, borrows_spares=True)).verdict is not Verdict.ADMITTED
+    unmarked = Admitter({"s": Node("s", 8, 8, spare=True)})  # a spare no scheduler sees marked
+    assert unmarked.offer(Candidate("low", 1, 8, borrows_spares=True)).verdict is not Verdict.ADMITTED

@@ -93,3 +93,29 @@ def test_the_scheduler_reads_spare_nodes_from_its_environment() -> None:
     assert SchedulerConfig.from_env({"SPARE_NODES": "5%"}).spares == SparePool(0, 5.0)
     with pytest.raises(SettingsError, match="SPARE_NODES"):
         SchedulerConfig.from_env({"SPARE_NODES": "lots"})
+
+
+def test_a_low_job_borrows_the_marked_spare_only_with_lending_on_and_the_lend_written_first(qc, monkeypatch):
+    """Given 3 nodes busy and the 4th the marked spare (spare_nodes=1), When a LOW job is
+    queued, Then it waits without lend_spares; with it, a tick whose lend cannot be written
+    (the holds changed meanwhile) launches nothing, and the next one writes the lend on the
+    spare's hold, then starts the job there."""
+    from gpu_recovery.domain import placement
+
+    busy = [qc.submit(nnodes=1, gpus=8, priority=10) for _ in range(3)]
+    assert qc.scheduler(spares=SparePool(1)).tick().admitted == busy
+    [spare] = sorted(set(qc.sim.nodes) - {t.node for t in qc.live_tasks()})
+    node = qc.sim.node(spare)
+    read = qc.repo.cordons.worklist()
+    assert qc.repo.cordons.set_holds(read, {node.container_instance_id: {
+        "why": placement.SPARE, "job": "", "arn": node.container_instance_arn}}, qc.sim.now())
+    low = qc.submit(nnodes=1, gpus=8, priority=0)
+    assert qc.scheduler(spares=SparePool(1)).tick().admitted == []
+    lending = qc.scheduler(spares=SparePool(1), lend_spares=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(qc.repo.cordons, "set_holds", lambda *args, **kwargs: False)
+        assert lending.tick().admitted == []
+    assert qc.state(low) is JobState.QUEUED and spare not in {t.node for t in qc.live_tasks()}
+    assert qc.scheduler(spares=SparePool(1), lend_spares=True).tick().admitted == [low]
+    assert placement.lent_of(qc.repo.cordons.worklist().holds) == {node.container_instance_id: low}
+    assert {t.node for t in qc.live_tasks()} == set(qc.sim.nodes)  # the spare runs it

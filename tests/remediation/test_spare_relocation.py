@@ -189,3 +189,56 @@ def test_a_full_cluster_whose_scheduler_honours_the_constraint_restarts_dead_gpu
         assert not [n for n in w.aws.notifications()
                     if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "failed"]
         assert not w.bus.dead_letters
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 29: spares lent to LOW-priority queue work, taken back by suspension.
+
+def test_a_spare_lent_to_a_low_queue_job_is_taken_back_by_suspending_it_for_a_relocation() -> None:
+    """Given node-a/node-b running a relocatable job, node-c the spare (spare_nodes=1) and
+    lend_spares on, When a LOW queue job is submitted, Then it runs on node-c, whose hold
+    says it is lent (still ``spare`` for every other scheduler; no other node becomes a
+    spare); a NORMAL job would not have got it. When node-b's GPU dies (DCGM: replace),
+    Then the relocation waits for node-c, the LOW job is asked to suspend (preempted, its
+    grace to checkpoint), is requeued, and the relocated job runs on node-a + node-c and
+    completes; the LOW job runs again once nodes free, and nothing fails."""
+    with world(spare_nodes="1", lend_spares=True, relocation_wait_seconds=1800) as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.ecs.add_node(node)
+        w.ecs.start_job("reloc", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.schedule_queue_scheduler()
+        w.ecs.run_for(2 * MIN)
+        assert _holds(w) == {"node-c": "spare"}
+        submit_queued_job(w, "normal", nnodes=1, priority=10, at=w.ecs.now())
+        submit_queued_job(w, "low", nnodes=1, priority=0, at=w.ecs.now())
+        w.ecs.run_for(3 * MIN)
+        assert w.job("normal")["job_state"] in ("QUEUED", "PENDING_RESOURCES")  # never lent to NORMAL
+        assert (w.job("low")["job_state"], w.ranks_on("low")) == ("RUNNING", ["node-c"])
+        holds = w.repo.cordons.worklist().holds
+        node_c = w.ecs.node("node-c").container_instance_id
+        assert placement.lent_of(holds) == {node_c: "low"} and _holds(w) == {"node-c": "spare"}
+        assert _unavailable(w, "node-c") == "spare"  # the user's schedulers still keep off it
+
+        fault_at = w.ecs.now()
+        w.ecs.inject_gpu_fault("node-b", after=0, health="replace", nccl_cascade=True)
+        w.ecs.run_for(20 * MIN)
+        low = w.job("low")
+        suspended = [h for h in low["history"] if h["to"] == "SUSPENDING"]
+        assert suspended and "needed by the relocation of job reloc" in suspended[0]["reason"], low["history"]
+        assert any(h["to"] == "SUSPENDED" for h in low["history"])
+        job = w.job("reloc")
+        assert (job["job_state"], w.ranks_on("reloc")) == ("RUNNING", ["node-a", "node-c"]), job["history"]
+        assert relocation_wait_entries(job)  # it waited for the lent spare, not failed
+        restarted = min(float(h["at"]) for h in job["history"] if h["to"] == "RUNNING" and h["at"] > fault_at)
+        assert restarted - fault_at < 15 * MIN
+        assert node_c not in placement.lent_of(w.repo.cordons.worklist().holds)
+        assert w.job("low")["job_state"] == "SUSPENDED"  # queued again at its position, waiting
+
+        w.ecs.run_for(70 * MIN)
+        assert w.job("reloc")["job_state"] == "COMPLETE"
+        assert w.job("low")["job_state"] in ("RUNNING", "COMPLETE")  # resumed once nodes freed
+        assert w.job("low")["attempt"] >= 2
+        assert not [n for n in w.aws.notifications()
+                    if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "failed"]
+        assert not w.bus.dead_letters

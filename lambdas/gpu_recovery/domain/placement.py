@@ -22,6 +22,15 @@ The spare and reserved nodes are the *holds* (``node -> {"why", "job", "arn", "a
 kept on the attribute sync worklist's item and recomputed by :func:`plan_holds` from a
 cluster snapshot: a hold ends as soon as its node stops being wholly free, healthy and
 unclaimed, and the pool refills with the next node that frees.
+
+**Lent spares** (``lend_spares``, off by default): the stack's own queue scheduler may
+lend a wholly free spare to one LOW-priority queue job (:func:`may_borrow_spare`; a
+queue job can always be suspended, with its grace to checkpoint). The lend is written on
+the spare's hold first (``"lent": job``), then the job is launched; the node keeps its
+``spare`` attribute (the user's schedulers still keep off it) and keeps counting as a
+spare while it is healthy, free or not: the pool is not refilled because a spare is lent.
+A relocation that needs it asks the lent job to suspend and waits for the node like any
+waiting relocation (:func:`lent_to_reclaim`); the node is claimed when it frees.
 """
 
 from __future__ import annotations
@@ -30,7 +39,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_recovery.domain.cordon import CORDON_ATTRIBUTE, ECS_HELD
-from gpu_recovery.domain.relocation import RelocationWait, SpareNode, keep_spares, reserve_for_waits
+from gpu_recovery.domain.relocation import (
+    RelocationWait,
+    SpareNode,
+    choose_targets,
+    keep_spares,
+    reserve_for_waits,
+)
 
 UNAVAILABLE_ATTRIBUTE = "gpu-recovery.unavailable"
 PLACEMENT_EXPRESSION = f"attribute:{UNAVAILABLE_ATTRIBUTE} !exists"
@@ -42,6 +57,10 @@ CORDONED = "cordoned"
 RESERVED = "reserved"
 SPARE = "spare"
 HOLD_KINDS = (RESERVED, SPARE)
+LENT = "lent"  # key of a spare's hold: the queue job it is lent to ("" / absent: none)
+# The only priority level a spare is lent to (domain.time_sharing.Priority.LOW): the
+# lowest level, the one every other level may preempt anyway.
+LENDABLE_PRIORITY = 0
 
 
 def attribute_value(cordon: Mapping[str, Any] | None, hold: Mapping[str, Any] | None) -> str | None:
@@ -72,23 +91,80 @@ def attributes_wanted(cordon: Mapping[str, Any] | None,
     return put, delete
 
 
+def may_borrow_spare(*, lending: bool, queue_job: bool, priority: int, relocated: bool) -> bool:
+    """Whether a job may run on a spare lent to it: lending on, a queue job (it can be
+    suspended and requeued when the spare is taken back), of LOW priority, and not a
+    relocated job (those take spares outright)."""
+    return lending and queue_job and priority == LENDABLE_PRIORITY and not relocated
+
+
+def lent_of(holds: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """node -> the queue job a spare is lent to (spares lent to nobody left out)."""
+    return {n: str(h[LENT]) for n, h in holds.items() if h.get("why") == SPARE and h.get(LENT)}
+
+
+def lend(hold: Mapping[str, Any], job_id: str) -> dict[str, Any]:
+    """The spare's hold once lent to ``job_id`` (the intent a lending scheduler commits
+    before it launches the job)."""
+    return {**{k: v for k, v in hold.items() if k != "at"}, LENT: job_id}
+
+
+def lent_to_reclaim(needs: Sequence[int], free: Sequence[SpareNode], lent: Sequence[SpareNode]) -> list[str]:
+    """The lent spares a relocation needing nodes of ``needs`` GPUs must take back (their
+    lent jobs asked to suspend), given that the healthy ``free`` nodes alone cannot take it
+    ([]: lending cannot help either). Lent nodes count as wholly free (``total_gpus``);
+    free nodes are used first, so no more work is suspended than the relocation needs."""
+    whole = sorted((SpareNode(n.node_id, n.container_instance_arn, n.ec2_instance_id, n.total_gpus,
+                              n.total_gpus) for n in lent if n.total_gpus > 0),
+                   key=lambda n: (-n.total_gpus, n.node_id))
+    ranks = dict(enumerate(needs))
+    # The fewest lent nodes that make the relocation fit (the largest first), and of those
+    # only the ones the placement then uses.
+    for count in range(1, len(whole) + 1):
+        added = whole[:count]
+        chosen = choose_targets(ranks, [*free, *added])
+        if chosen is not None:
+            borrowed = {n.node_id for n in added}
+            return sorted({n.node_id for n in chosen.values()} & borrowed)
+    return []
+
+
 def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], free: Sequence[SpareNode],
-               waits: Sequence[RelocationWait]) -> dict[str, dict[str, str]]:
+               waits: Sequence[RelocationWait], placeable: frozenset[str] | set[str] = frozenset(),
+               ) -> dict[str, dict[str, str]]:
     """node -> {"why", "job", "arn"}: the holds the cluster should have now.
 
     ``free``: healthy, placeable nodes with free GPUs that no recovery holds (neither
     cordoned nor claimed). Reserved first (the waiting relocations, oldest first, as
     ``reserve_for_waits``), then the spares among the wholly free rest: the current spares
     that still qualify keep their hold (a spare does not hop from node to node), the pool
-    topped up to ``spares_wanted`` the largest first (``keep_spares``)."""
+    topped up to ``spares_wanted`` the largest first (``keep_spares``).
+
+    A spare lent to a queue job (``"lent"`` on its hold) stays a spare, lend included, while
+    its node is healthy and placeable (``placeable``: such nodes whatever their free GPUs),
+    free or not: it counts in the pool, which is not refilled because of it."""
     wanted: dict[str, dict[str, str]] = {}
     arns = {n.node_id: n.container_instance_arn for n in free}
-    for node, job_id in reserve_for_waits(waits, free).items():
+    lent = {n: j for n, j in lent_of(current).items() if n in placeable or n in arns}
+    # A lent spare is reserved for a waiting relocation only once wholly free again (its
+    # lent job suspended or ended): one still in use stays lent, so the relocation that
+    # waits for it knows whose suspension it waits for.
+    in_use = {n.node_id for n in free if n.free_gpus < n.total_gpus} | (set(lent) - set(arns))
+    for node, job_id in reserve_for_waits(waits, [n for n in free if n.node_id not in in_use or
+                                                  n.node_id not in lent]).items():
         wanted[node] = {"why": RESERVED, "job": job_id, "arn": arns[node]}
+    lent = {n: j for n, j in lent.items() if n not in wanted}
+    size = max(0, spares_wanted)
     whole = [n for n in free if n.node_id not in wanted and n.total_gpus > 0 and n.free_gpus >= n.total_gpus]
-    kept = sorted(n.node_id for n in whole if (current.get(n.node_id) or {}).get("why") == SPARE)
-    kept = kept[:max(0, spares_wanted)]
-    topped = keep_spares(max(0, spares_wanted) - len(kept), [n for n in whole if n.node_id not in kept])
+    kept_lent = sorted(lent)[:size]
+    kept = sorted(n.node_id for n in whole if (current.get(n.node_id) or {}).get("why") == SPARE
+                  and n.node_id not in lent)
+    kept = kept[:size - len(kept_lent)]
+    topped = keep_spares(size - len(kept_lent) - len(kept),
+                         [n for n in whole if n.node_id not in kept and n.node_id not in lent])
+    for node in kept_lent:
+        wanted[node] = {"why": SPARE, "job": "", "arn": str(arns.get(node) or current[node].get("arn") or ""),
+                        LENT: lent[node]}
     for node in [*kept, *sorted(topped)]:
         wanted[node] = {"why": SPARE, "job": "", "arn": arns[node]}
     return wanted
@@ -102,7 +178,8 @@ def hold_changes(current: Mapping[str, Mapping[str, Any]],
         old, new = current.get(node), wanted.get(node)
         if new is None:
             changes[node] = None
-        elif old is None or old.get("why") != new["why"] or old.get("job", "") != new.get("job", ""):
+        elif old is None or old.get("why") != new["why"] or old.get("job", "") != new.get("job", "") \
+                or old.get(LENT, "") != new.get(LENT, ""):
             changes[node] = dict(new)
     return {n: c for n, c in changes.items() if not (c is None and n not in current)}
 

@@ -106,6 +106,9 @@ class Node:
     eligible: bool = True
     why_ineligible: str = ""
     spare: bool = False  # a hot spare (``spare_nodes``): only relocated jobs may take it
+    # A spare marked for every scheduler: a LOW job may borrow it while wholly free (a lend
+    # of a job gone is replaced by the next).
+    lendable: bool = False
 
     @property
     def capacity(self) -> int:
@@ -121,6 +124,9 @@ class Candidate:
     gpus_per_node: int
     priority: int = 0
     relocated: bool = False  # a job relocated off a bad node: the spares are its too
+    # A LOW queue job a spare may be lent to (``domain.placement.may_borrow_spare``): it
+    # takes a spare only when no other node fits it, and the whole spare.
+    borrows_spares: bool = False
 
 
 class Verdict(str, Enum):
@@ -150,8 +156,14 @@ class Admitter:
         self.free = {n.node_id: max(0, n.free_gpus) for n in self.nodes.values() if n.eligible}
         self.spares = frozenset(n.node_id for n in self.nodes.values() if n.eligible and n.spare)
 
-    def _pool(self, relocated: bool = True) -> list[str]:
-        return [i for i in self.free if i not in self.reserved and (relocated or i not in self.spares)]
+    def _pool(self, relocated: bool = True, borrows: bool = False) -> list[str]:
+        return [i for i in self.free if i not in self.reserved and (relocated or i not in self.spares
+                                                                    or (borrows and self._lendable(i)))]
+
+    def _lendable(self, node_id: str) -> bool:
+        """A spare is lent wholly free, to one job."""
+        node = self.nodes[node_id]
+        return node.lendable and node.total_gpus is not None and self.free[node_id] >= node.total_gpus > 0
 
     @property
     def exhausted(self) -> bool:
@@ -166,15 +178,18 @@ class Admitter:
 
     def _decide(self, job: Candidate) -> Decision:
         need, count = max(0, job.gpus_per_node), max(1, job.nnodes)
-        pool = self._pool(job.relocated)
+        pool = self._pool(job.relocated, job.borrows_spares)
         # Best fit; a relocated job takes other free nodes before the spares.
         fitting = sorted((i for i in pool if self.free[i] >= need),
                          key=lambda i: (i in self.spares, self.free[i], i))
         if len(fitting) >= count:
             chosen = tuple(fitting[:count])
             for node_id in chosen:
-                self.free[node_id] -= need
+                lent = not job.relocated and node_id in self.spares
+                self.free[node_id] = 0 if lent else self.free[node_id] - need
             return Decision(job.job_id, Verdict.ADMITTED, chosen)
+        # A borrower blocked reserves no spare (nothing to preempt there for it).
+        pool = self._pool(job.relocated)
         capable = [i for i in pool if self.nodes[i].capacity >= need]
         if len(capable) < count:
             return Decision(

@@ -45,6 +45,7 @@ class QueuedJob:
     nnodes: int
     gpus_per_node: int
     relocated: bool = False  # back in the queue after a node fault: may take hot spares
+    borrows_spares: bool = False  # LOW, lending on: may run on a spare lent to it
 
 
 class StepKind(str, Enum):
@@ -88,7 +89,7 @@ class TickPlanner:
             return Step(StepKind.QUOTA, job.job_id, reason=refusal)
         reserved_before = set(self.admitter.reserved)
         decision = self.admitter.offer(Candidate(job.job_id, job.nnodes, job.gpus_per_node, job.priority,
-                                                 job.relocated))
+                                                 job.relocated, job.borrows_spares))
         if decision.verdict is Verdict.ADMITTED:
             self.quotas.charge(job.user, job.priority, job.nnodes)
             return Step(StepKind.ADMIT, job.job_id, decision.nodes)

@@ -23,7 +23,9 @@ One tick (every minute, and right after submit / cancel / job end):
    100 + instance-table BatchGet + nodes held for gang restarts) is taken only when
    the first page holds a job that is not backing off.
    Hot spares (``spare_nodes``: that many healthy, wholly free nodes) are offered only
-   to jobs relocated off a bad node (``queue_order`` with the relocated mark).
+   to jobs relocated off a bad node (``queue_order`` with the relocated mark), and, with
+   ``lend_spares``, lent to LOW-priority jobs that fit nowhere else (one job per spare;
+   the lend is written on the spare's hold before the launch: ``domain.placement``).
    The scan stops as soon as (a) no unreserved node (spares included) has a free GPU, (b)
    ``max_unplaced`` jobs were read that could not be placed (blocked, too large,
    backing off), (c) ``max_admissions`` jobs were admitted, or (d) the time budget is
@@ -45,7 +47,7 @@ from typing import Any, Protocol
 from gpu_recovery import clock
 from gpu_recovery.constants import QUEUE_SK, RELOCATED_QUEUE_MARK
 from gpu_recovery.domain.models import container_instance_id
-from gpu_recovery.domain.placement import reserved_of, spares_of
+from gpu_recovery.domain.placement import SPARE, lend, lent_of, may_borrow_spare, reserved_of, spares_of
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, keep_spares, reserve_for_waits
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import QuotaBook
@@ -208,12 +210,15 @@ class QueueScheduler:
                     infos = self.snapshot()
                     result.nodes_seen = len(infos)
                     planner = self._planner(infos)
-                queued = _queued(item)
+                queued = _queued(item, self.config.lend_spares)
                 if queued is None:
                     unplaced += 1
                 else:
                     step = planner.offer(queued)
-                    if step.kind is StepKind.ADMIT:
+                    if step.kind is StepKind.ADMIT and not self._lend(step, queued, infos):
+                        unplaced += 1
+                        result.blocked.append(step.job_id)
+                    elif step.kind is StepKind.ADMIT:
                         charge = self.sharing.charge_for(planner.quotas, item) if self.sharing else None
                         outcome = self.launcher.launch(item, [infos[i].placed for i in step.nodes],
                                                        charge=charge)
@@ -226,6 +231,27 @@ class QueueScheduler:
                 result.stop_reason = stop
                 return
         result.stop_reason = "queue read to the end"
+
+    def _lend(self, step: Step, job: QueuedJob, infos: Mapping[str, NodeInfo]) -> bool:
+        """A job admitted onto spares it borrows: the lend is written on each spare's hold
+        first (conditional on the holds' revision), so a relocation that needs the node
+        knows whose suspension to ask for, and the pool keeps counting it. False: the spare
+        stopped being one meanwhile (the job is not launched this tick)."""
+        if job.relocated:
+            return True
+        borrowed = [n for n in step.nodes if infos[n].node.spare]
+        if not borrowed:
+            return True
+        for _ in range(3):
+            read = self.repo.cordons.worklist()
+            holds = read.holds
+            if any((holds.get(n) or {}).get("why") != SPARE for n in borrowed):
+                return False
+            changes = {n: lend(holds[n], job.job_id) for n in borrowed}
+            if self.repo.cordons.set_holds(read, changes, clock.now()):
+                logger.info("spares lent", extra={"job_id": job.job_id, "nodes": borrowed})
+                return True
+        return False
 
     def _planner(self, infos: Mapping[str, NodeInfo]) -> TickPlanner:
         nodes = {i: n.node for i, n in infos.items()}
@@ -311,7 +337,9 @@ class QueueScheduler:
                       if not whys[node_id] and (free := gpu_count(ci.get("remainingResources")) or 0)]
             for node_id, job_id in reserve_for_waits(waits, spares).items():
                 whys[node_id] = f"reserved for the relocation of {job_id}"
-        hot_spares = self._keep_spares(described, ids, whys, spares_of(holds))
+        lent = set(lent_of(holds))
+        marked = spares_of(holds)
+        hot_spares = self._keep_spares(described, ids, whys, spares_of(holds), lent)
         infos: dict[str, NodeInfo] = {}
         for ci, node_id in zip(described, ids, strict=True):
             why = whys[node_id]
@@ -320,20 +348,23 @@ class QueueScheduler:
             attributes = {a["name"]: str(a.get("value", "")) for a in ci.get("attributes") or []
                           if "name" in a}
             infos[node_id] = NodeInfo(
-                Node(node_id, free, total, eligible=not why, why_ineligible=why, spare=node_id in hot_spares),
+                Node(node_id, free, total, eligible=not why, why_ineligible=why, spare=node_id in hot_spares,
+                     lendable=node_id in hot_spares and node_id in marked),
                 PlacedNode(ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")), attributes),
             )
         return infos
 
     def _keep_spares(self, described: Sequence[Mapping[str, Any]], ids: Sequence[str],
-                     whys: Mapping[str, str], marked: frozenset[str] | set[str] = frozenset()) -> set[str]:
+                     whys: Mapping[str, str], marked: frozenset[str] | set[str] = frozenset(),
+                     lent: frozenset[str] | set[str] = frozenset()) -> set[str]:
         """Hot spares (``spare_nodes``): that many healthy, wholly free GPU nodes take no
         new queue work, only jobs relocated off a bad node (back in the queue); a
         tag-registered job's relocation (``gang_restart``) takes free nodes, spares
         included. Counted on the cluster's GPU nodes; a healed node rejoins the pool as
         soon as it is healthy and free. The nodes marked spare for every scheduler
         (``marked``: ``gpu-recovery.unavailable=spare``) are the pool first, so the queue
-        keeps off the same nodes as the others."""
+        keeps off the same nodes as the others; a marked spare lent to a LOW queue job
+        (``lent``) stays in the pool while in use, so lending never refills it."""
         size = self.config.spares.size(
             sum(1 for ci in described if (gpu_count(ci.get("registeredResources")) or 0) > 0))
         if size <= 0:
@@ -343,7 +374,8 @@ class QueueScheduler:
                                 gpu_count(ci.get("registeredResources")) or 0)
                       for ci, node_id in zip(described, ids, strict=True) if not whys[node_id]]
         whole = {c.node_id for c in candidates if c.total_gpus > 0 and c.free_gpus >= c.total_gpus}
-        kept = sorted(marked & whole)[:size]
+        usable = {c.node_id for c in candidates}
+        kept = sorted(marked & (whole | (set(lent) & usable)))[:size]
         return set(kept) | keep_spares(size - len(kept), [c for c in candidates if c.node_id not in kept])
 
     def _held_for_restart(self) -> tuple[set[str], list[RelocationWait]]:
@@ -370,15 +402,19 @@ class QueueScheduler:
         return held, waits
 
 
-def _queued(item: Mapping[str, Any]) -> QueuedJob | None:
+def _queued(item: Mapping[str, Any], lend_spares: bool = False) -> QueuedJob | None:
     try:
+        priority = int(item.get("priority") or 0)
+        relocated = f"#{RELOCATED_QUEUE_MARK}" in str(item.get(QUEUE_SK) or "")
         return QueuedJob(
             job_id=str(item["job_id"]),
             user=subject_of(item),
-            priority=int(item.get("priority") or 0),
+            priority=priority,
             nnodes=int(item.get("world_size") or 1),
             gpus_per_node=int(item.get("gpus_per_node") or 0),
-            relocated=f"#{RELOCATED_QUEUE_MARK}" in str(item.get(QUEUE_SK) or ""),
+            relocated=relocated,
+            borrows_spares=may_borrow_spare(lending=lend_spares, queue_job=True, priority=priority,
+                                            relocated=relocated),
         )
     except (KeyError, TypeError, ValueError):
         logger.warning("malformed queue item skipped", extra={"job_id": item.get("job_id")})

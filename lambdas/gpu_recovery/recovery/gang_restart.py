@@ -41,6 +41,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind, relocated_queue_order
+from gpu_recovery.domain import placement
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank, Suspect, container_instance_id
@@ -60,11 +61,13 @@ from gpu_recovery.domain.states import (
     JobState,
     SuspectVerdict,
 )
+from gpu_recovery.domain.time_sharing import DEFAULT_SUSPEND_GRACE_SECONDS, SuspendKind
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository.scheduling import SchedulingRepository
+from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +92,9 @@ class GangRestart:
         gang.on_start_failed = self._fail_restart
         # The nodes a relocation claimed stop being spare or reserved (``recovery.placement``).
         self.on_moved: Callable[[list[str]], Any] | None = None
+        # Suspends a queue job a spare is lent to (``Suspensions.request``) when a waiting
+        # relocation needs the spare back.
+        self.request_suspend: Callable[..., bool] | None = None
 
     def relocatable(self, job: Job, ranks: list[Rank] | None = None) -> bool:
         """Queue jobs always; tag-registered jobs only when every rank's task carries
@@ -176,7 +182,7 @@ class GangRestart:
         if not leaving:
             return None
         try:
-            targets, gpus = self._spares_for(job, leaving)
+            targets, gpus, healthy = self._spares_for(job, leaving)
         except (ClientError, BotoCoreError) as error:
             # No cluster access from this function (or throttled): the sweep tries again.
             logger.warning("relocation snapshot failed", extra={"job_id": job.job_id, "error": str(error)})
@@ -187,8 +193,45 @@ class GangRestart:
             # reboot is the faster way back.
             return self._requeue(job, leaving, why) if targets is not None else None
         if targets is None:
-            return self._wait_for_spare(job, leaving, gpus, why) if unusable else None
+            if not unusable:
+                return None
+            waiting = self._wait_for_spare(job, leaving, gpus, why)
+            if waiting.action == "waiting":
+                # The wait is committed first; asked again on every retry (idempotent).
+                self._take_back_lent_spares(job, gpus, healthy)
+            return waiting
         return self._claim_moves(job, targets, why)
+
+    def _take_back_lent_spares(self, job: Job, gpus: list[int], healthy: dict[str, SpareNode]) -> list[str]:
+        """No free node for a waiting relocation: the spares lent to LOW queue jobs that
+        would take it (``domain.placement.lent_to_reclaim``) are taken back, their jobs
+        asked to suspend (RUNNING -> SUSPENDING, with their grace to checkpoint; queued
+        again once stopped). The relocation claims the nodes as they free, like any wait."""
+        if self.request_suspend is None:
+            return []
+        holds = self.deps.repo.cordons.worklist().holds
+        lent = placement.lent_of(holds)
+        if not lent:
+            return []
+        free = [s for n, s in healthy.items() if s.free_gpus > 0 and n not in lent]
+        nodes = placement.lent_to_reclaim(gpus, free, [healthy[n] for n in sorted(lent) if n in healthy])
+        asked: list[str] = []
+        for lent_job in sorted({lent[n] for n in nodes}):
+            borrower = self.deps.repo.get_job(lent_job)
+            if borrower is None or borrower.state is not JobState.RUNNING or not borrower.is_queue_job:
+                continue  # already suspending, ended, or a stale lend: the node frees by itself
+            item = SuspensionRepository(self.deps.repo).job_item(lent_job) or {}
+            grace = int(item.get("suspend_grace_seconds") or DEFAULT_SUSPEND_GRACE_SECONDS)
+            taken = ", ".join(n for n in nodes if lent[n] == lent_job)
+            if self.request_suspend(
+                    lent_job, borrower.attempt, kind=SuspendKind.PREEMPTED,
+                    reason=f"spare node {taken} lent to it is needed by the relocation of job {job.job_id}",
+                    grace_seconds=grace, actor="recovery", by_job=job.job_id, by_user="gpu-recovery"):
+                asked.append(lent_job)
+                self.deps.metrics.add_metric("LentSparesTakenBack", "Count", 1)
+                logger.info("lent spare taken back", extra={"job_id": job.job_id, "lent_job": lent_job,
+                                                            "nodes": taken})
+        return asked
 
     def _moves_off_reboots(self) -> bool:
         """A relocatable job leaves a rebooting node for a healthy free one (if any) instead
@@ -250,7 +293,7 @@ class GangRestart:
             decided = sorted(s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS or s.rebooting)
             leaving = sorted(set(pending) | set(decided) | set(self._unusable_nodes(job)))
             try:
-                targets, _ = self._spares_for(job, leaving)
+                targets, _, _ = self._spares_for(job, leaving)
             except (ClientError, BotoCoreError) as error:
                 logger.warning("spare-first snapshot failed",
                                extra={"job_id": job.job_id, "error": str(error)})
@@ -314,11 +357,13 @@ class GangRestart:
             return f"node(s) unusable: {shown}{more}"
         return f"node(s) rebooting ({', '.join(rebooting[:10])}): relocate_instead_of_wait"
 
-    def _spares_for(self, job: Job, leaving: list[str]) -> tuple[dict[str, SpareNode] | None, list[int]]:
+    def _spares_for(self, job: Job, leaving: list[str]
+                    ) -> tuple[dict[str, SpareNode] | None, list[int], dict[str, SpareNode]]:
         """A healthy free node for each leaving node, with at least its GPUs (None: not
         enough), and the GPUs each leaving node held. One cluster snapshot
         (ListContainerInstances + Describe by 100). Nodes reserved for jobs that have waited
-        longer for a free node are theirs."""
+        longer for a free node are theirs. Third: the healthy nodes it may use, free GPUs or
+        not (a lent spare among them may be taken back)."""
         described = self.deps.ecs.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         states = self.deps.repo.get_instances(ids) if ids else {}
@@ -342,11 +387,12 @@ class GangRestart:
         first = [w for w in waits if mine is None or (w.since, w.job_id) < (mine.since, mine.job_id)]
         reserved = reserve_for_waits(first, spares)
         spares = [s for s in spares if s.node_id not in reserved]
+        healthy = {s.node_id: s for s in spares}  # free GPUs or not: a lent spare's take-back
         gpus = [registered.get(node, 0) or 1 for node in leaving]
         chosen = choose_targets(dict(enumerate(gpus)), spares)
         if chosen is None:
-            return None, gpus
-        return {leaving[index]: node for index, node in chosen.items()}, gpus
+            return None, gpus, healthy
+        return {leaving[index]: node for index, node in chosen.items()}, gpus, healthy
 
     def _held_by_other_recoveries(self, job: Job) -> tuple[set[str], list[RelocationWait]]:
         return self.held_by_recoveries(job.job_id)

@@ -5,7 +5,8 @@ The holds are derived state, recomputed from one cluster snapshot by :meth:`refr
 
 * by the sweep, every minute (``Cordons.sweep`` runs it first, then syncs every node whose
   attributes are not confirmed: a dead refresh or sync is finished there);
-* when a container-instance event shows a node wholly free (the change that follows the
+* when a container-instance event shows a node wholly free (a lent spare included: its job
+  was suspended for the relocation that waits for it) (the change that follows the
   STOPPED event of the last task on it: the earliest the stack can know), if a relocation
   waits for nodes (each waiting job tries its relocation first, oldest first: the node is
   claimed in the same step) or the spare pool is short;
@@ -56,19 +57,22 @@ class PlacementHolds:
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         states = repo.get_instances(ids) if ids else {}
         free: list[SpareNode] = []
+        placeable: set[str] = set()  # healthy and placeable, free GPUs or not (a lent spare's)
         for ci, node_id in zip(described, ids, strict=True):
             instance = states.get(node_id)
             if ci.get("status") != "ACTIVE" or not ci.get("agentConnected") or node_id in held \
                     or (instance is not None and (instance.state is not InstanceState.AVAILABLE
                                                   or instance.cordoned)):
                 continue
+            placeable.add(node_id)
             remaining = gpu_count(ci.get("remainingResources"))
             if remaining > 0:
                 free.append(SpareNode(node_id, ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")),
                                       remaining, gpu_count(ci.get("registeredResources"))))
         gpu_nodes = sum(1 for ci in described if gpu_count(ci.get("registeredResources")) > 0)
         size = pool.size(gpu_nodes)
-        wanted = placement.plan_holds(spares_wanted=size, current=read.holds, free=free, waits=waits)
+        wanted = placement.plan_holds(spares_wanted=size, current=read.holds, free=free, waits=waits,
+                                      placeable=placeable)
         changes: dict[str, Mapping[str, Any] | None] = dict(placement.hold_changes(read.holds, wanted))
         if not changes:
             return "holds_unchanged"
@@ -107,7 +111,10 @@ class PlacementHolds:
         if detail.status != "ACTIVE" or not detail.agentConnected or not 0 < registered <= remaining:
             return "not_free"
         read = self.deps.repo.cordons.worklist()
-        if container_instance_id(detail.containerInstanceArn) in read.holds:
+        hold = read.holds.get(container_instance_id(detail.containerInstanceArn))
+        if hold is not None and not hold.get(placement.LENT):
+            # A lent spare wholly free again (its job suspended for a relocation, say) goes on
+            # to the waiting relocations.
             return "already_held"
         _, waits = self.restarts.held_by_recoveries()
         relocated = []

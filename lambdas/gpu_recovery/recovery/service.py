@@ -60,6 +60,7 @@ class RecoveryService:
         self.unreachable = NodeUnreachable(self.deps, self.remediation)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
         self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
+        self.restarts.request_suspend = self.suspensions.request  # lent spares taken back
         self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
                                  self.suspensions, self.gang)
         self.gang.on_task_stopped = self._lost_stopped_event
