@@ -57,27 +57,35 @@ CONSUME_ACTIONS = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttri
 SEND_ACTIONS = ["sqs:SendMessage"]
 
 
+
+def worker_queue(scope: Construct, *, visibility_timeout: Duration, max_receives: int,
+                 of_what: str) -> tuple[sqs.Queue, sqs.Queue]:
+    """A worker's queue (``Queue``) and its dead-letter queue (``Dlq``, 14 days) in ``scope``:
+    SQS-managed encryption, TLS only; a message received ``max_receives`` times moves to the DLQ."""
+    dead_letter_queue = sqs.Queue(
+        scope, "Dlq", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+        retention_period=DLQ_RETENTION,
+    )
+    acknowledge(dead_letter_queue, (
+        "AwsSolutions-SQS3",
+        f"This queue is itself the dead-letter queue of {of_what}; a DLQ of a DLQ would never be read.",
+    ))
+    queue = sqs.Queue(
+        scope, "Queue", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+        visibility_timeout=visibility_timeout,
+        dead_letter_queue=sqs.DeadLetterQueue(max_receive_count=max_receives, queue=dead_letter_queue),
+    )
+    return queue, dead_letter_queue
+
 class GangFanout(Construct):
     """Attributes: ``queue``, ``dead_letter_queue``; after :meth:`add_worker`: ``worker``
     (RecoveryFunction), ``event_source`` (EventSourceMapping)."""
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
-        self.dead_letter_queue = sqs.Queue(
-            self, "Dlq", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
-            retention_period=DLQ_RETENTION,
-        )
-        acknowledge(self.dead_letter_queue, (
-            "AwsSolutions-SQS3",
-            "This queue is itself the dead-letter queue of the gang fan-out queue (batches "
-            "received 5 times); a DLQ of a DLQ would never be read.",
-        ))
-        self.queue = sqs.Queue(
-            self, "Queue", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
-            visibility_timeout=VISIBILITY_TIMEOUT,
-            dead_letter_queue=sqs.DeadLetterQueue(max_receive_count=GANG_QUEUE_MAX_RECEIVES,
-                                                  queue=self.dead_letter_queue),
-        )
+        self.queue, self.dead_letter_queue = worker_queue(
+            self, visibility_timeout=VISIBILITY_TIMEOUT, max_receives=GANG_QUEUE_MAX_RECEIVES,
+            of_what="the gang fan-out queue (batches received 5 times)")
         self.worker: RecoveryFunction | None = None
         self.event_source: lambda_.EventSourceMapping | None = None
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from gpu_recovery.constants import (
@@ -33,11 +32,10 @@ from gpu_recovery.constants import (
     TAG_LOOKUP_WORKER_CONCURRENCY,
     TAG_LOOKUP_WORKER_TIMEOUT_SECONDS,
 )
-from infra.gang import CONSUME_ACTIONS, SEND_ACTIONS
+from infra.gang import CONSUME_ACTIONS, SEND_ACTIONS, worker_queue
 from infra.lambda_common import LambdaDefaults, RecoveryFunction
-from infra.nag import acknowledge
 from infra.notifications import Notifications
-from infra.recovery import DLQ_RETENTION, ClusterAccess, acknowledge_cluster_wildcards
+from infra.recovery import ClusterAccess, acknowledge_cluster_wildcards
 from infra.tables import RecoveryTables
 
 WORKER_HANDLER = "handlers.tag_lookup_worker.lambda_handler"
@@ -48,21 +46,9 @@ class TagLookups(Construct):
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
-        self.dead_letter_queue = sqs.Queue(
-            self, "Dlq", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
-            retention_period=DLQ_RETENTION,
-        )
-        acknowledge(self.dead_letter_queue, (
-            "AwsSolutions-SQS3",
-            "This queue is itself the dead-letter queue of the tag lookup queue; a DLQ of a DLQ "
-            "would never be read.",
-        ))
-        self.queue = sqs.Queue(
-            self, "Queue", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
-            visibility_timeout=Duration.seconds(TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS),
-            dead_letter_queue=sqs.DeadLetterQueue(max_receive_count=TAG_LOOKUP_MAX_RECEIVES,
-                                                  queue=self.dead_letter_queue),
-        )
+        self.queue, self.dead_letter_queue = worker_queue(
+            self, visibility_timeout=Duration.seconds(TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS),
+            max_receives=TAG_LOOKUP_MAX_RECEIVES, of_what="the tag lookup queue")
         self.worker: RecoveryFunction | None = None
         self.event_source: lambda_.EventSourceMapping | None = None
 
