@@ -10,7 +10,8 @@
   recovery Lambdas wired (the demo, the playground, the scenarios, the campaigns, the
   benches and the tests all enter it), torn down with the handlers' services.
 * :mod:`local_mode.events` — AWS-documented ECS event builders.
-* :mod:`local_mode.faults` — ``ApiFaults``: transient / persistent AWS API errors.
+* :mod:`local_mode.sim.api_errors` — ``ApiFaults``: transient / persistent AWS API errors;
+  :mod:`local_mode.sim.broken_calls` — ``CallFaults``: one call of a flow broken once.
 * :mod:`local_mode.playground` — ``make playground``: all of the above driven from a
   real-time clock behind the local API (:mod:`local_mode.server`), with simulated training
   programs (:mod:`local_mode.training_programs`) and faults on demand.

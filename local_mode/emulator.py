@@ -15,7 +15,7 @@ Entering the context:
   ``hang_seconds``, hang action ``notify``);
 * resets ``gpu_recovery.adapters.aws`` and registers **dispatching** botocore hooks
   on its session before any handler client exists, so :class:`~local_mode.api_hooks.ApiHooks` listeners
-  (the simulated ECS data plane) and :class:`~local_mode.faults.ApiFaults` (error
+  (the simulated ECS data plane) and :class:`~local_mode.sim.api_errors.ApiFaults` (error
   injection) can be added at any time afterwards;
 * makes botocore's retry back-off a no-op (delays are recorded in ``retry_sleeps``)
   so injected throttling costs no wall time;
@@ -65,13 +65,14 @@ from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 
 from .api_hooks import ApiHooks, hook_answer
-from .faults import ApiFaults, CallFaults
 from .moto_patches import (
     NoSleepTime,
     install_emulator_speedups,
     make_dynamodb_writes_atomic,
     share_model_loader,
 )
+from .sim.api_errors import ApiFaults
+from .sim.broken_calls import CallFaults
 from .sim.dynamo import MemoryDynamo
 from .sim.dynamo.botocore_backend import serve_dynamodb_from
 

@@ -6,8 +6,10 @@
 * ``heartbeats`` — a node lost: its agent silent and its ECS agent disconnected;
 * ``time_sharing`` — a preemption: suspend, go_suspend(), resume.
 
-``base`` holds what they share (the backstop invariant watched after every event, the
-e-mails, the positions to break); ``local_mode.faults.broken_runs`` forks the broken runs
-from each flow's unbroken run. ``RUNS`` maps a flow's name to its run (picklable: the fork
-server's processes run it); ``python -m local_mode.campaigns FLOW...`` runs campaigns.
+Each is a ``runner.Scenario`` (its world, its set-up, what it breaks in, its own expectations)
+that ``runner.run_flow`` runs, checking what every flow owes (the backstop invariant after
+every event, nothing pending, no event in a DLQ); ``runner.campaign`` runs a flow unbroken,
+lists its positions and runs every broken position, each forked from the unbroken run by
+``forked_runs.broken_runs``. ``catalog.RUNS`` maps a flow's name to its run (picklable: the
+fork server's processes run it); ``python -m local_mode.campaigns FLOW...`` runs campaigns.
 """

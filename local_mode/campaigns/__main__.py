@@ -15,17 +15,9 @@ import contextlib
 import io
 import json
 import sys
-from functools import partial
-from typing import Any
 
-from . import heartbeats, recovery, time_sharing
-from .base import campaign, sample_positions
-
-RUNS: dict[str, Any] = {
-    **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS},
-    "node_lost": heartbeats.run,
-    "time_sharing": time_sharing.run,
-}
+from .catalog import RUNS
+from .runner import campaign
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     for flow in args.flows or sorted(RUNS):
         run = RUNS[flow]
         with contextlib.redirect_stdout(io.StringIO()):
-            positions = None if args.every_call else sample_positions(run(None).calls)
-            summary = campaign(flow, run, positions)
+            summary = campaign(flow, run, every_call=args.every_call)
         print(json.dumps(summary.as_dict()), file=report, flush=True)
         wrong += bool(summary.failures)
     return 1 if wrong else 0

@@ -3,7 +3,7 @@
 Each flow runs one fault of one job in its own simulated cluster; every event is delivered
 as EventBridge and Lambda's asynchronous invocation would (a failed invocation retried
 twice, a minute and two minutes later), the sweep runs every minute, and the backstop
-invariant is checked after every event (``base.InvariantWatch``). ``run(flow, fault)``
+invariant is checked after every event (``runner.InvariantWatch``). ``run(flow, fault)``
 breaks the n-th AWS call the handlers make after the fault was injected, once:
 ``throttle`` (refused, not executed) or ``lost_response`` (executed, the caller never
 hears back). ``RunResult.problems()`` lists what ended wrong.
@@ -44,25 +44,20 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.breaker import breaker as breaker_policy
+from gpu_recovery.domain.models import Job
 from gpu_recovery.repository import Repository
 
-from ..emulator import LocalAws
-from ..faults import ApiCall
-from ..sim.bus import LambdaContext, LocalEventBus
+from ..sim.bus import LambdaContext
 from ..sim.ecs import SimulatedEcs
-from ..sim.wiring import SWEEP_SCHEDULE
-from ..world import build_world
-from .base import DYNAMODB, MIN, InvariantWatch, mail_problems, mails
+from ..world import World
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
 
 JOB_ID = "campaign"
 FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
@@ -83,11 +78,8 @@ OTHER_WORKLOAD_SECONDS = 5 * MIN  # relocation_wait: node-c frees up this long a
 ANOTHER_NODE = "node-z"  # held_*: acted on a minute before, in the breaker's window
 
 
-@dataclass
-class RunResult:
-    fault: tuple[int, str] | None
-    fired: ApiCall | None
-    calls: list[ApiCall]
+@dataclass(kw_only=True)
+class RunResult(CampaignResult):
     job_state: str
     attempt: int
     recoveries_used: int
@@ -96,11 +88,6 @@ class RunResult:
     health_checks: dict[str, int]  # node -> health-check tasks started on it
     reboots: dict[str, int]
     instance_states: dict[str, str]
-    stuck: list[str]  # items still holding a deadline after the job ended
-    dead_letters: int
-    mails: list[tuple[str, str]]  # (event_kind, job) of every e-mail sent
-    forgotten: list[str]  # the backstop invariant broken after an event
-    timeline: list[str] = field(default_factory=list)
     scenario: str = "gpu_fault"
     final_nodes: list[str] = field(default_factory=list)  # where the last attempt's ranks ran
     ecs_status: dict[str, str] = field(default_factory=dict)
@@ -110,12 +97,17 @@ class RunResult:
     def recovered_mails(self) -> int:
         return sum(1 for kind, job in self.mails if kind == "recovered" and job == JOB_ID)
 
-    def problems(self) -> list[str]:
-        return check(self)
+    def expectations(self) -> list[str]:
+        return expectations(self)
 
 
 def check(result: RunResult) -> list[str]:
     """Everything that ended wrong (empty: the run ended exactly as it should)."""
+    return result.problems()
+
+
+def expectations(result: RunResult) -> list[str]:
+    """What ended wrong for this flow (what every flow owes is ``CampaignResult.problems``)."""
     flow = result.scenario
     problems = []
     got = (result.job_state, result.attempt, result.recoveries_used)
@@ -163,12 +155,6 @@ def check(result: RunResult) -> list[str]:
     if result.instance_states != want_states:
         problems.append(f"instances {result.instance_states} (want {want_states})")
     problems += mail_problems(result.mails, expected_mails(flow))
-    if result.stuck:
-        problems.append(f"still pending: {result.stuck}")
-    if result.dead_letters:
-        problems.append(f"{result.dead_letters} event(s) in a DLQ")
-    if result.forgotten:
-        problems.append(f"backstop invariant broken: {result.forgotten}")
     return problems
 
 
@@ -198,35 +184,31 @@ def _env(flow: str) -> dict[str, str]:
     return env
 
 
-@contextmanager
-def _cluster(flow: str = "gpu_fault", dynamodb: str = DYNAMODB
-             ) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
-    warnings.filterwarnings("ignore", category=UserWarning)
-    logging.getLogger().setLevel(logging.CRITICAL)
-    # A large gang's placements need no container-instance events (nothing reads them).
-    with build_world(sim_options={"instance_events_on_placement": flow != "large"},
-                     extra_env=_env(flow), dynamodb=dynamodb) as world:
-        yield world.aws, world.bus, world.ecs
+class RecoveryScenario(Scenario[RunResult]):
+    """One job's fault (``flow``): the job started, the fault injected once calls are counted."""
 
+    run_limit_seconds = RUN_LIMIT_SECONDS
 
-def _repo(local: LocalAws) -> Repository:
-    """The tables through the emulator's own client: these reads are not the flow's calls."""
-    return Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
+    def __init__(self, flow: str) -> None:
+        if flow not in FLOWS:
+            raise ValueError(f"flow is one of {FLOWS}")
+        self.flow = flow
+        self.facts: dict[str, Any] = {}
+        self._on_minute: Callable[[Job | None], None] | None = None
 
+    def world_options(self) -> dict[str, Any]:
+        # A large gang's placements need no container-instance events (nothing reads them).
+        return {"sim_options": {"instance_events_on_placement": self.flow != "large"},
+                "extra_env": _env(self.flow)}
 
-def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
-        dynamodb: str = DYNAMODB) -> RunResult:
-    """The flow, with ``fault`` (n-th call, mode) broken once (None: unbroken)."""
-    if flow not in FLOWS:
-        raise ValueError(f"flow is one of {FLOWS}")
-    with _cluster(flow, dynamodb) as (local, bus, sim):
-        _start_job(local, sim, flow)
-        watch = InvariantWatch(bus, _repo(local), sim.now, [JOB_ID])
-        calls = local.call_faults
-        if fault is None:
-            calls.arm(None, record_sites=True)
-        else:
-            calls.arm(fault[0], fault[1])
+    def set_up(self, world: World) -> list[str]:
+        _start_job(world, self.flow)
+        if self.flow in HELD:
+            self._on_minute = _operator(world.repo, world.ecs, self.facts, resets=self.flow == "held_reset")
+        return [JOB_ID]
+
+    def start(self, world: World) -> None:
+        sim, flow = world.ecs, self.flow
         if flow == "fast_path":
             sim.inject_xid(FAULTY, 79, after=MIN, health="reboot_fixable", nccl_cascade=True,
                            crash_delay_seconds=10)
@@ -235,23 +217,45 @@ def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool 
                       "gpu_reset": "reset_fixable",
                       **{f: "replace" for f in RELOCATING}}.get(flow, "reboot_fixable")
             sim.inject_gpu_fault(FAULTY, after=MIN, health=health, nccl_cascade=True)
-        return _finish(local, bus, sim, watch, fault, keep_timeline, flow)
+
+    def each_minute(self, world: World, jobs: Mapping[str, Job | None]) -> None:
+        job = jobs[JOB_ID]
+        if job is not None and job.relocation_wait is not None:
+            self.facts["waited_for_a_node"] = True
+        if self._on_minute is not None:
+            self._on_minute(job)
+
+    def result(self, world: World, common: dict[str, Any]) -> RunResult:
+        repo, sim, facts = world.repo, world.ecs, self.facts
+        job = repo.get_job(JOB_ID)
+        assert job is not None
+        names = nodes_of(self.flow)
+        final = sorted(world.node_name(r.container_inst_id) for r in repo.get_ranks(job)
+                       if r.attempt == job.attempt)
+        facts["gpu_resets"] = sum(1 for t in sim.tasks.values() if t.gpu_reset and t.node == FAULTY)
+        facts["breaker_state"] = (repo.get_breaker() or {}).get("state", "closed")
+        facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
+        return RunResult(
+            **common, job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
+            app_restarts_used=job.app_restarts_used,
+            suspects={world.node_name(i): v for i, v in repo.faults.labels(job, attempt=1).items()},
+            health_checks={n: sum(1 for t in sim.tasks.values()
+                                  if t.health_check and not t.gpu_reset and t.node == n) for n in names},
+            reboots={n: sim.node(n).reboots for n in names},
+            instance_states={n: _state(repo.get_instance(sim.node(n).container_instance_id)) for n in names},
+            scenario=self.flow, final_nodes=final, ecs_status=ecs_status(world, names), facts=facts,
+        )
 
 
-def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
-                 scenario: str = "gpu_fault", dynamodb: str = DYNAMODB) -> RunResult:
-    """``run(scenario, fault)`` (the name the benches and older tests call)."""
-    return run(scenario, fault, keep_timeline=keep_timeline, dynamodb=dynamodb)
+class _Reordered(RecoveryScenario):
+    """``gpu_fault`` with the two ranks' STOPPED events held back, then delivered in ``order``."""
 
+    def __init__(self, order: tuple[str, ...]) -> None:
+        super().__init__("gpu_fault")
+        self.order = order
 
-def run_reordered(order: tuple[str, ...], *, keep_timeline: bool = False) -> RunResult:
-    """``gpu_fault`` with the two ranks' STOPPED events held back, then delivered in
-    ``order`` ("faulty" = rank 1's own GPU-fault exit, "peer" = rank 0's NCCL exit;
-    repeat a name to deliver a duplicate)."""
-    with _cluster() as (local, bus, sim):
-        _start_job(local, sim, "gpu_fault")
-        watch = InvariantWatch(bus, _repo(local), sim.now, [JOB_ID])
-        local.call_faults.arm(None)
+    def start(self, world: World) -> None:
+        bus, sim = world.bus, world.ecs
         rule = next(r for r in bus.rules if r.name == "training-task-state")
         handler = rule.target
         held: dict[str, dict[str, Any]] = {}
@@ -267,12 +271,31 @@ def run_reordered(order: tuple[str, ...], *, keep_timeline: bool = False) -> Run
         sim.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True)
         sim.run_until_true(lambda: len(held) == 2, max_seconds=5 * MIN)
         rule.target = handler
-        for name in order:
+        for name in self.order:
             handler(copy.deepcopy(held[name]), LambdaContext(function_name="ecs_task_handler"))
-        return _finish(local, bus, sim, watch, None, keep_timeline, "gpu_fault")
 
 
-def _start_job(local: LocalAws, sim: SimulatedEcs, flow: str) -> None:
+def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+        dynamodb: str = DYNAMODB) -> RunResult:
+    """The flow, with ``fault`` (n-th call, mode) broken once (None: unbroken)."""
+    return run_flow(RecoveryScenario(flow), fault, keep_timeline=keep_timeline, dynamodb=dynamodb)
+
+
+def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+                 scenario: str = "gpu_fault", dynamodb: str = DYNAMODB) -> RunResult:
+    """``run(scenario, fault)`` (the name the benches and older tests call)."""
+    return run(scenario, fault, keep_timeline=keep_timeline, dynamodb=dynamodb)
+
+
+def run_reordered(order: tuple[str, ...], *, keep_timeline: bool = False) -> RunResult:
+    """``gpu_fault`` with the two ranks' STOPPED events held back, then delivered in
+    ``order`` ("faulty" = rank 1's own GPU-fault exit, "peer" = rank 0's NCCL exit;
+    repeat a name to deliver a duplicate)."""
+    return run_flow(_Reordered(order), keep_timeline=keep_timeline)
+
+
+def _start_job(world: World, flow: str) -> None:
+    sim = world.ecs
     for node in nodes_of(flow):
         sim.add_node(node, gpus=8)
     td = sim.register_training_task_definition("train", gpus=8)
@@ -283,30 +306,32 @@ def _start_job(local: LocalAws, sim: SimulatedEcs, flow: str) -> None:
     ranks = list(nodes_of(flow)) if flow == "large" else [HEALTHY, FAULTY]
     sim.start_job(JOB_ID, td, ranks, extra_tags=tags or None)
     if flow == "relocation_wait":
-        _other_workload(local, sim)
+        _other_workload(world)
     if flow in HELD:
-        _another_node_acted_on(local, sim, flow)
+        _another_node_acted_on(world, flow)
     sim.run_for(MIN)
 
 
-def _other_workload(local: LocalAws, sim: SimulatedEcs) -> None:
+def _other_workload(world: World) -> None:
     """An untagged task of another workload on node-c, ending a while after the fault."""
     from gpu_recovery.adapters import aws
 
+    sim = world.ecs
+
     td = sim.register_training_task_definition("web", gpus=8)
     sim.plan_family("web", run_seconds=2 * MIN + OTHER_WORKLOAD_SECONDS, exit_code=0)
-    aws.client("ecs").start_task(cluster=local.cluster_name, taskDefinition=td, startedBy="other-team",
+    aws.client("ecs").start_task(cluster=world.aws.cluster_name, taskDefinition=td, startedBy="other-team",
                                  containerInstances=[sim.node(SPARE).container_instance_arn])
 
 
-def _another_node_acted_on(local: LocalAws, sim: SimulatedEcs, flow: str) -> None:
+def _another_node_acted_on(world: World, flow: str) -> None:
     """The breaker's window already holds another node's reboot (a minute ago): node-b's
     reboot would be the second node in one window of a 2-node (held_reset) or 3-node
     (held_autoclose) cluster, past its limit of one. In held_autoclose that node is node-z of
     the cluster, rebooted and back (AVAILABLE, its item written as the loop would have)."""
     from gpu_recovery.domain.models import Instance
 
-    repo = _repo(local)
+    repo, sim = world.repo, world.ecs
     node, nodes = ANOTHER_NODE, len(nodes_of(flow))
     if flow == "held_autoclose":
         z = sim.node(ANOTHER_NODE)
@@ -324,65 +349,6 @@ def nodes_of(flow: str) -> tuple[str, ...]:
     if flow == "held_autoclose":
         return (HEALTHY, FAULTY, ANOTHER_NODE)
     return (HEALTHY, FAULTY, SPARE) if flow in RELOCATING else (HEALTHY, FAULTY)
-
-
-def _finish(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, watch: InvariantWatch,
-            fault: tuple[int, str] | None, keep_timeline: bool, flow: str) -> RunResult:
-    repo = _repo(local)
-    facts: dict[str, Any] = {}
-    on_minute = _operator(repo, sim, facts, resets=flow == "held_reset") if flow in HELD else None
-    checked = [0.0]
-
-    def ended() -> bool:  # read the job at most once a simulated minute
-        if sim.now() < checked[0] + MIN:
-            return False
-        checked[0] = sim.now()
-        job = repo.get_job(JOB_ID)
-        if job is not None and job.relocation_wait is not None:
-            facts["waited_for_a_node"] = True
-        if on_minute is not None:
-            on_minute(job)
-        return job is not None and job.state.is_terminal
-
-    calls = local.call_faults
-    sim.run_until_true(ended, max_seconds=RUN_LIMIT_SECONDS)
-    calls.disarm()
-    sim.run_for(3 * MIN)  # let retries, the sweep and the outbox settle
-    job = repo.get_job(JOB_ID)
-    assert job is not None
-    names = nodes_of(flow)
-    node_of = {sim.node(n).container_instance_id: n for n in names}
-    final = sorted(node_of.get(r.container_inst_id, r.container_inst_id) for r in repo.get_ranks(job)
-                   if r.attempt == job.attempt)
-    described = local.client("ecs").describe_container_instances(
-        cluster=local.cluster_name, containerInstances=[sim.node(n).container_instance_arn for n in names])
-    ecs_status = {node_of.get(ci["containerInstanceArn"].rsplit("/", 1)[-1], "?"): ci["status"]
-                  for ci in described["containerInstances"]}
-    far = sim.now() + 10**7
-    stuck = [f"instance {node_of.get(i.container_inst_id, i.container_inst_id)} {i.state.value}"
-             for i in repo.due_instances(far)]
-    stuck += [f"job item {it.get('job_id_rank')} {it.get('job_state') or it.get('item_type')}"
-              for it in repo.due_job_items(far)]
-    facts["gpu_resets"] = sum(1 for t in sim.tasks.values() if t.gpu_reset and t.node == FAULTY)
-    facts["breaker_state"] = (repo.get_breaker() or {}).get("state", "closed")
-    facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
-    return RunResult(
-        fault=fault, fired=calls.fired, calls=list(calls.calls),
-        job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
-        app_restarts_used=job.app_restarts_used,
-        suspects={node_of.get(i, i): v for i, v in repo.faults.labels(job, attempt=1).items()},
-        health_checks={n: sum(1 for t in sim.tasks.values()
-                              if t.health_check and not t.gpu_reset and t.node == n) for n in names},
-        reboots={n: sim.node(n).reboots for n in names},
-        instance_states={n: _state(repo.get_instance(sim.node(n).container_instance_id)) for n in names},
-        stuck=stuck,
-        # A failed sweep is not retried (the next minute's sweep is its retry): only
-        # events that exhausted their retries are lost work.
-        dead_letters=sum(1 for d in bus.dead_letters if d.rule != SWEEP_SCHEDULE),
-        mails=mails(local), forgotten=list(watch.broken),
-        timeline=sim.format_timeline() if keep_timeline else [],
-        scenario=flow, final_nodes=final, ecs_status=ecs_status, facts=facts,
-    )
 
 
 def _operator(repo: Repository, sim: SimulatedEcs, facts: dict[str, Any], *,

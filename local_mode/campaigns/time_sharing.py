@@ -20,11 +20,7 @@ nothing in a DLQ.
 
 from __future__ import annotations
 
-import logging
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_recovery import constants as C
@@ -34,15 +30,10 @@ from gpu_recovery.domain.time_sharing import Priority
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.time_sharing import QuotaRepository
 
-from ..emulator import LocalAws
-from ..faults import ApiCall
-from ..sim.bus import LocalEventBus
 from ..sim.ecs import SimulatedEcs
-from ..sim.wiring import SWEEP_SCHEDULE
-from ..world import QUEUE_SCHEDULER_SCHEDULE, build_world
-from .base import DYNAMODB, InvariantWatch, mail_problems, mails
+from ..world import World
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
 
-MIN = 60
 NODES = ("node-a", "node-b")
 POLL_SECONDS = 10
 LOW_RUN_SECONDS = 2 * MIN
@@ -50,27 +41,24 @@ HIGH_RUN_SECONDS = 3 * MIN
 RUN_LIMIT_SECONDS = 40 * MIN
 
 
-@dataclass
-class RunResult:
-    fault: tuple[int, str] | None
-    fired: ApiCall | None
-    calls: list[ApiCall]
+@dataclass(kw_only=True)
+class RunResult(CampaignResult):
     jobs: dict[str, dict[str, Any]]  # "low" / "high" -> job item
     tasks_started: dict[str, list[int]]  # "low" / "high" -> training tasks started per attempt
     usage: dict[str, int]  # quota usage left per user
-    stuck: list[str]
-    dead_letters: int
     checkpoints: int  # times alice's rank 0 saved a checkpoint after being told to suspend
-    timeline: list[str] = field(default_factory=list)
-    forgotten: list[str] = field(default_factory=list)  # the backstop invariant broken after an event
-    mails: list[tuple[str, str]] = field(default_factory=list)
 
-    def problems(self) -> list[str]:
-        return check(self)
+    def expectations(self) -> list[str]:
+        return expectations(self)
 
 
 def check(result: RunResult) -> list[str]:
     """Everything that ended wrong (empty: exactly right)."""
+    return result.problems()
+
+
+def expectations(result: RunResult) -> list[str]:
+    """What ended wrong for this flow (what every flow owes is ``CampaignResult.problems``)."""
     problems = []
     low, high = result.jobs.get("low", {}), result.jobs.get("high", {})
     for name, job in (("low", low), ("high", high)):
@@ -90,27 +78,11 @@ def check(result: RunResult) -> list[str]:
         problems.append(f"quota usage left {result.usage} (want 0)")
     if result.checkpoints != 1:
         problems.append(f"rank 0 saved {result.checkpoints} checkpoint(s) (want 1)")
-    if result.stuck:
-        problems.append(f"still pending: {result.stuck}")
-    if result.dead_letters:
-        problems.append(f"{result.dead_letters} event(s) in a DLQ")
-    if result.forgotten:
-        problems.append(f"backstop invariant broken: {result.forgotten}")
     # A preemption fails nobody: no job-failure e-mail may be sent.
     jobs = [str(j.get("job_id")) for j in (low, high)]
     problems += mail_problems(result.mails, {(kind, job): (0, 0) for job in jobs
                                              for kind in ("failed", "application_error", "quarantined")})
     return problems
-
-
-@contextmanager
-def _cluster(dynamodb: str = DYNAMODB) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
-    warnings.filterwarnings("ignore", category=UserWarning)
-    logging.getLogger().setLevel(logging.CRITICAL)
-    with build_world(extra_env={C.ENV_CONTROL_API_URL: "https://control.invalid/prod"},
-                     dynamodb=dynamodb) as world:
-        world.schedule_queue_scheduler(60)
-        yield world.aws, world.bus, world.ecs
 
 
 class Rank0ControlPoller:
@@ -157,85 +129,76 @@ class Rank0ControlPoller:
             self.errors += 1
 
 
-def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
-        dynamodb: str = DYNAMODB) -> RunResult:
-    """The scenario with ``fault`` (n-th call after bob's submit, mode) broken once."""
-    from gpu_recovery.queue.jobs_api.service import JobQueueService
-    from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
-    from gpu_recovery.repository.jobs_api import JobQueueRepository
+class Preemption(Scenario[RunResult]):
+    """Alice's LOW job runs; once bob's HIGH job is queued, calls are counted."""
 
-    with _cluster(dynamodb) as (local, bus, sim):
+    run_limit_seconds = RUN_LIMIT_SECONDS
+
+    def __init__(self) -> None:
+        self.low = self.high = ""
+        self.program: Rank0ControlPoller | None = None
+        self.quotas: QuotaRepository | None = None
+
+    def world_options(self) -> dict[str, Any]:
+        return {"extra_env": {C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}}
+
+    def set_up(self, world: World) -> list[str]:
+        from gpu_recovery.adapters import aws
+        from gpu_recovery.queue.jobs_api.service import JobQueueService
+        from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
+        from gpu_recovery.queue.models import JobSpec
+        from gpu_recovery.repository.jobs_api import JobQueueRepository
+
+        local, sim = world.aws, world.ecs
+        world.schedule_queue_scheduler(60)
         for node in NODES:
             sim.add_node(node, gpus=8)
-        repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
-        watch = InvariantWatch(bus, repo, sim.now)
-        quotas = QuotaRepository(local.resource("dynamodb"), local.quota_table)
-        quotas.set_limit("alice", int(Priority.LOW), 2, by="campaign", now=sim.now())
+        repo = world.repo
+        self.quotas = QuotaRepository(local.resource("dynamodb"), local.quota_table)
+        self.quotas.set_limit("alice", int(Priority.LOW), 2, by="campaign", now=sim.now())
         low_td = sim.register_training_task_definition("low", gpus=8)
         sim.plan_family("low", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)  # far longer than the test
         high_td = sim.register_training_task_definition("high", gpus=8)
         sim.plan_family("high", run_seconds=HIGH_RUN_SECONDS, exit_code=0)
-        from gpu_recovery.adapters import aws
-        from gpu_recovery.queue.models import JobSpec
-
         service = JobQueueService(
             repo=JobQueueRepository(repo), ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
             cluster=local.cluster_name, scheduler=NoSchedulerTrigger())
-        low = service.submit(JobSpec.model_validate({
+        self.low = service.submit(JobSpec.model_validate({
             "name": "alice-low", "task_definition": low_td, "nnodes": 2, "gpus_per_node": 8,
             "priority": "LOW", "suspend_grace_seconds": 120}),
             "arn:aws:iam::123456789012:user/alice")["job_id"]
         sim.run_for(MIN + 5)  # the scheduler's tick starts it
-        program = Rank0ControlPoller(sim, repo, low)
-        program.start()
+        self.program = Rank0ControlPoller(sim, repo, self.low)
+        self.program.start()
         sim.run_for(MIN)
         # Resumed from its checkpoint, alice's job needs only what was left.
         sim.plan_family("low", run_seconds=LOW_RUN_SECONDS, exit_code=0)
-        high = service.submit(JobSpec.model_validate({
+        self.high = service.submit(JobSpec.model_validate({
             "name": "bob-high", "task_definition": high_td, "nnodes": 2, "gpus_per_node": 8,
             "priority": "HIGH"}), "arn:aws:iam::123456789012:user/bob")["job_id"]
-        watch.watch(low)
-        watch.watch(high)
         # Calls are counted (and broken) from here: the submit is the jobs API's own flow
         # (made retry-safe by its Idempotency-Key), the preemption is this one.
-        calls = local.call_faults
-        if fault is None:
-            calls.arm(None, record_sites=True)
-        else:
-            calls.arm(fault[0], fault[1])
+        return [self.low, self.high]
 
-        checked = [0.0]
-
-        def ended() -> bool:  # read the jobs at most once a simulated minute
-            if sim.now() < checked[0] + MIN:
-                return False
-            checked[0] = sim.now()
-            states = [repo.get_job(j) for j in (low, high)]
-            return all(s is not None and s.state.is_terminal for s in states)
-
-        sim.run_until_true(ended, max_seconds=RUN_LIMIT_SECONDS)
-        calls.disarm()
-        sim.run_for(3 * MIN)  # retries, the sweep and the scheduler settle (charges released)
-        jobs = {"low": repo.get_job_item(low) or {}, "high": repo.get_job_item(high) or {}}
+    def result(self, world: World, common: dict[str, Any]) -> RunResult:
+        repo, sim, quotas, program = world.repo, world.ecs, self.quotas, self.program
+        assert quotas is not None and program is not None
+        jobs = {"low": repo.get_job_item(self.low) or {}, "high": repo.get_job_item(self.high) or {}}
         started: dict[str, list[int]] = {}
-        for name, job_id in (("low", low), ("high", high)):
+        for name, job_id in (("low", self.low), ("high", self.high)):
             attempts = int(jobs[name].get("attempt") or 0)
             started[name] = [sum(1 for t in sim.tasks.values() if not t.health_check
                                  and t.tags.get(C.TAG_JOB_ID) == job_id
                                  and t.tags.get(C.TAG_ATTEMPT) == str(a)) for a in range(1, attempts + 1)]
         usage = {user: int((quotas.get(user, level) or {}).get("used_nodes") or 0)
                  for user, level in (("alice", int(Priority.LOW)), ("bob", int(Priority.HIGH)))}
-        far = sim.now() + 10**7
-        stuck = [f"job {it.get('job_id')} {it.get('job_state')}" for it in repo.due_job_items(far)]
-        stuck += [f"instance {i.container_inst_id} {i.state.value}" for i in repo.due_instances(far)]
-        stuck += [f"charge of {j.get('job_id')}" for j in jobs.values() if j.get("quota_charge")]
-        return RunResult(
-            fault=fault, fired=calls.fired, calls=list(calls.calls), jobs=jobs, tasks_started=started,
-            usage=usage, stuck=stuck,
-            # A failed scheduled run is retried by the next minute's run, not from a DLQ.
-            dead_letters=sum(1 for d in bus.dead_letters
-                             if d.rule not in (SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE)),
-            checkpoints=program.checkpoints,
-            timeline=sim.format_timeline() if keep_timeline else [],
-            forgotten=list(watch.broken), mails=mails(local),
-        )
+        common["stuck"] = common["stuck"] + [f"charge of {j.get('job_id')}" for j in jobs.values()
+                                             if j.get("quota_charge")]
+        return RunResult(**common, jobs=jobs, tasks_started=started, usage=usage,
+                         checkpoints=program.checkpoints)
+
+
+def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+        dynamodb: str = DYNAMODB) -> RunResult:
+    """The scenario with ``fault`` (n-th call after bob's submit, mode) broken once."""
+    return run_flow(Preemption(), fault, keep_timeline=keep_timeline, dynamodb=dynamodb)

@@ -19,7 +19,8 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState, RankState
 from gpu_recovery.domain.control_token import make_token
 from local_mode.server import route_defined
-from tests.control.world import CLIENT_PATH, ControlWorld, FakeClock, client_lib
+from tests.control.world import CLIENT_PATH, ControlWorld, client_lib
+from tests.fixtures.clock import ManualClock
 
 CONTROL = "/v1/control"
 SUSPEND = "/v1/control/suspend"
@@ -46,7 +47,7 @@ def test_rank_0_is_told_once_suspending_and_other_ranks_never_ask(world: Control
     receive_suspend_command() turns True at its next poll and stays True without asking
     again, while rank 1 never gets True and never sends a request."""
     job = world.start()
-    clock = FakeClock()
+    clock = ManualClock()
     rank0, rank1 = world.client(job, 0, clock=clock), world.client(job, 1, clock=clock)
     assert rank0.receive_suspend_command() is False
     assert rank1.receive_suspend_command() is False
@@ -130,10 +131,10 @@ def test_a_stale_attempt_is_never_told_and_cannot_suspend(world: ControlWorld) -
     world.user_suspend(job)
     env = world.rank_env(job, 0)
     stale = client_lib.SuspendClient(env[C.CONTROL_URL_ENV], env[C.CONTROL_TOKEN_ENV], attempt=7,
-                                     clock=FakeClock(), state_dir=str(world.state_dir))
+                                     clock=ManualClock(), state_dir=str(world.state_dir))
     assert stale.receive_suspend_command() is False
     assert stale.read_state()["state"] == "SUSPENDING" and stale.read_state()["attempt"] == 1
-    assert world.client(job, 0, clock=FakeClock()).receive_suspend_command() is True
+    assert world.client(job, 0, clock=ManualClock()).receive_suspend_command() is True
     with pytest.raises(client_lib.ControlError) as raised:
         stale.go_suspend(block=False)
     assert raised.value.status == 409 and raised.value.code == "stale_attempt"
@@ -145,7 +146,7 @@ def test_the_processes_of_a_container_share_one_poll_per_interval(world: Control
     """Two processes of rank 0 (two clients, one state dir) calling every 0.1 s for 10 s
     make one request per 2 s interval between them, not one each."""
     job = world.start()
-    clock = FakeClock()
+    clock = ManualClock()
     first, second = world.client(job, 0, clock=clock), world.client(job, 0, clock=clock)
     for step in range(100):
         assert (first if step % 2 else second).receive_suspend_command() is False
@@ -156,7 +157,7 @@ def test_the_processes_of_a_container_share_one_poll_per_interval(world: Control
 def test_while_another_process_is_asking_the_others_answer_from_the_shared_file(
         world: ControlWorld) -> None:
     job = world.start()
-    clock = FakeClock()
+    clock = ManualClock()
     asking = world.client(job, 0, clock=clock)
     assert asking.receive_suspend_command() is False
     clock.advance(5)
@@ -176,7 +177,7 @@ def test_a_suspend_decided_at_t_is_seen_by_t_plus_the_poll_interval(world: Contr
     """The 5 s bound: training steps every 0.25 s, polls every 2 s; a suspend decided just
     after a poll (the worst case) is seen at the next poll, within 2 s."""
     job = world.start()
-    clock = FakeClock()
+    clock = ManualClock()
     rank0 = world.client(job, 0, clock=clock)
     assert rank0.receive_suspend_command() is False
     polled_at = clock()
@@ -198,7 +199,7 @@ def test_the_api_sets_the_poll_interval(world: ControlWorld, monkeypatch: pytest
 
     runtime.reset(clients=False)
     job = world.start()
-    clock = FakeClock()
+    clock = ManualClock()
     rank0 = world.client(job, 0, clock=clock)
     for _ in range(100):
         rank0.receive_suspend_command()

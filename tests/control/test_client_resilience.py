@@ -17,8 +17,9 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
 from gpu_recovery.domain.control_token import make_token
-from local_mode.faults import INTERNAL
-from tests.control.world import ControlWorld, FakeClock, client_lib
+from local_mode.sim.api_errors import INTERNAL
+from tests.control.world import ControlWorld, client_lib
+from tests.fixtures.clock import ManualClock
 
 TOKEN0 = make_token("job-1", 0, "33" * 32)
 LOGGER = "gpu_recovery_client"
@@ -89,7 +90,7 @@ def test_the_rank_is_the_one_the_token_names() -> None:
 
 def test_an_unreachable_api_answers_false_once_per_interval_and_is_logged_once(
         closed_port: int, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     client = client_lib.SuspendClient(f"http://127.0.0.1:{closed_port}/prod", TOKEN0, clock=clock,
                                       state_dir=str(tmp_path))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
@@ -121,7 +122,7 @@ def test_a_failing_api_answers_false_then_the_client_recovers(world: ControlWorl
     False (logged once); once DynamoDB is back the next poll sees the suspend."""
     job = world.start()
     world.user_suspend(job)
-    clock = FakeClock()
+    clock = ManualClock()
     rank0 = world.client(job, 0, clock=clock)
     world.qc.local.faults.persistent("dynamodb", "GetItem", error=INTERNAL)
     with caplog.at_level(logging.INFO, logger=LOGGER):

@@ -30,20 +30,6 @@ ALICE = "alice"
 BOB = "bob"
 
 
-class FakeClock:
-    """The client's wall clock, moved by the test (one training step at a time)."""
-
-    def __init__(self, start: float = 1_000_000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> float:
-        self.t += seconds
-        return self.t
-
-
 class RecordingApi(LocalApi):
     """The local API, recording what reached it (and, when asked, answering the next
     requests with API Gateway's own 429, as a throttled stage does)."""

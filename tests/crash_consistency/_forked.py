@@ -1,5 +1,5 @@
 """A campaign's fault runs, computed a group of positions at a time from forks of the
-unbroken run (``local_mode.faults.broken_runs``: each run pays only for the calls after
+unbroken run (``local_mode.campaigns.forked_runs.broken_runs``: each run pays only for the calls after
 the one it breaks).
 
 Every (position, mode) is still a test of its own, with its own id and assertions. The
@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from local_mode.campaigns import recovery as campaign
-from local_mode.faults import FAULT_MODES, BrokenRunFailed, broken_runs
+from local_mode.campaigns.forked_runs import BrokenRunFailed, broken_runs
+from local_mode.sim.broken_calls import FAULT_MODES
 
 #: positions per group: a group's driver (one fork of the fork server, the unbroken run up to
 #: the group's last position) is paid once per group; the fork server of each worker is warmed

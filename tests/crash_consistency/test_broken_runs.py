@@ -1,4 +1,4 @@
-"""``local_mode.faults.broken_runs``: the fault runs of a campaign forked from its unbroken run
+"""``local_mode.campaigns.forked_runs.broken_runs``: the fault runs of a campaign forked from its unbroken run
 at the call they break end exactly as the same runs made from the start, and a run that
 raises or dies is a failure, never a result.
 
@@ -19,15 +19,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ReadTimeoutError
 
-from local_mode.faults import (
-    FAULT_MODES,
-    LOST_RESPONSE,
-    THROTTLE,
-    ApiCall,
-    BrokenRunFailed,
-    CallFaults,
-    broken_runs,
-)
+from local_mode.campaigns.forked_runs import BrokenRunFailed, broken_runs
+from local_mode.sim.broken_calls import FAULT_MODES, LOST_RESPONSE, THROTTLE, ApiCall, CallFaults
 
 CALLS = 12
 

@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 from local_mode.campaigns import recovery as campaign
-from local_mode.campaigns.base import sample_positions
-from local_mode.faults import LOST_RESPONSE, THROTTLE
+from local_mode.campaigns.runner import positions_of, sample_positions
+from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE
 
 from . import _forked as forked
 
@@ -45,10 +45,7 @@ def baseline() -> campaign.RunResult:
 
 
 def positions() -> list[int]:
-    result = baseline()
-    if EVERY_CALL:
-        return [call.index for call in result.calls]
-    return sample_positions(result.calls, by="stage" if QUICK else "site")
+    return positions_of(baseline().calls, every_call=EVERY_CALL, by="stage" if QUICK else "site")
 
 
 def beyond_the_quick_tier() -> set[int]:

@@ -18,24 +18,21 @@ of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs
 from __future__ import annotations
 
 import os
-from functools import cache, partial
+from functools import cache
 from typing import Any
 
 import pytest
 
-from local_mode.campaigns import heartbeats, recovery, time_sharing
-from local_mode.campaigns.base import sample_positions
+from local_mode.campaigns import recovery
+from local_mode.campaigns.catalog import RUNS as ALL_RUNS
+from local_mode.campaigns.runner import positions_of
 
 from . import _forked as forked
 
 EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
 
-#: each flow's run (picklable: it runs in the fork server's processes)
-RUNS: dict[str, Any] = {
-    **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS if flow != "gpu_fault"},
-    "node_lost": heartbeats.run,
-    "time_sharing": time_sharing.run,
-}
+#: each flow's run but the GPU fault with reboot (test_fault_injection.py's)
+RUNS: dict[str, Any] = {flow: run for flow, run in ALL_RUNS.items() if flow != "gpu_fault"}
 
 
 @cache
@@ -44,8 +41,7 @@ def baseline(flow: str) -> Any:
 
 
 def positions(flow: str) -> list[int]:
-    calls = baseline(flow).calls
-    return [call.index for call in calls] if EVERY_CALL else sample_positions(calls)
+    return positions_of(baseline(flow).calls, every_call=EVERY_CALL)
 
 
 @pytest.mark.parametrize("flow", sorted(RUNS))

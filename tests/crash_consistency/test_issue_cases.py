@@ -28,7 +28,7 @@ from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.breaker.gate import ClusterCountUnavailable
 from local_mode.campaigns import recovery
-from local_mode.faults import LOST_RESPONSE, THROTTLE
+from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE
 from tests.recovery.fakes import world
 
 from . import _forked as forked

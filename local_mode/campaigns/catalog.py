@@ -1,0 +1,16 @@
+"""Every crash campaign's flow by name: ``RUNS[flow](fault)`` runs it (picklable: the fork
+server's processes run it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from . import heartbeats, recovery, time_sharing
+
+RUNS: dict[str, Callable[[tuple[int, str] | None], Any]] = {
+    **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS},
+    "node_lost": heartbeats.run,
+    "time_sharing": time_sharing.run,
+}

@@ -1,0 +1,273 @@
+"""The one crash-campaign runner every flow plugs into.
+
+A flow is a :class:`Scenario`: the world it needs, its set-up, what it starts once the
+flow's calls are counted (the fault, the lost node, the preemption) and its own
+expectations (a :class:`CampaignResult` subclass, whose ``expectations()`` lists what ended
+wrong for that flow). :func:`run_flow` runs it with ``fault`` (``(n, mode)``: the n-th AWS
+call the handlers make once the flow is armed, broken once as a throttle or a lost response;
+None: unbroken, every call counted with its site) and checks what every flow owes: the
+backstop invariant after every event (:class:`InvariantWatch`), nothing left pending, no
+event in a DLQ. :func:`campaign` runs a flow unbroken, lists its positions and runs every
+broken position, each forked from the unbroken run at the call it breaks
+(``forked_runs.broken_runs``). ``catalog.RUNS`` names the flows.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from gpu_recovery import constants as C
+from gpu_recovery.domain.models import Job
+from gpu_recovery.repository import Repository
+
+from ..emulator import LocalAws
+from ..invariants import forgotten_jobs
+from ..sim.broken_calls import FAULT_MODES, ApiCall
+from ..sim.bus import Delivery, LocalEventBus
+from ..sim.wiring import SWEEP_SCHEDULE
+from ..world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, World, build_world
+
+MIN = 60
+#: the campaigns' DynamoDB (``LocalAws(dynamodb=...)``): the in-memory store, a run's calls and
+#: outcome the same as on moto (tests/crash_consistency/test_fault_injection.py compares them)
+DYNAMODB = "memory"
+#: the deployed schedules: a failed scheduled run is retried by the next one (a minute later),
+#: not from a DLQ, so only the other dead letters are lost work
+SCHEDULES = (SWEEP_SCHEDULE, HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE)
+#: after a flow ended: retries, the sweeps, the scheduler and the outbox settle this long
+SETTLE_SECONDS = 3 * MIN
+
+
+@dataclass(kw_only=True)
+class CampaignResult:
+    """What every flow's run gives; a flow's subclass adds what its expectations read."""
+
+    fault: tuple[int, str] | None
+    fired: ApiCall | None  # the call the fault broke (None: it never fired)
+    calls: list[ApiCall]  # every call counted while armed
+    stuck: list[str]  # items still holding a deadline after the flow ended
+    dead_letters: int  # events that exhausted their retries (scheduled runs not counted)
+    mails: list[tuple[str, str]]  # (event_kind, job or '-') of every e-mail sent
+    forgotten: list[str]  # the backstop invariant broken after an event
+    timeline: list[str] = field(default_factory=list)
+
+    def expectations(self) -> list[str]:
+        """What ended wrong for this flow (its own checks)."""
+        return []
+
+    def problems(self) -> list[str]:
+        """Everything that ended wrong (empty: the run ended exactly as it should)."""
+        problems = self.expectations()
+        if self.stuck:
+            problems.append(f"still pending: {self.stuck}")
+        if self.dead_letters:
+            problems.append(f"{self.dead_letters} event(s) in a DLQ")
+        if self.forgotten:
+            problems.append(f"backstop invariant broken: {self.forgotten}")
+        return problems
+
+
+R = TypeVar("R", bound=CampaignResult)
+
+
+class Scenario(Generic[R]):
+    """One flow: a scenario object per run (it may keep what its ``result`` reads)."""
+
+    #: simulated seconds the flow has to end (its jobs terminal) before it is judged as it is
+    run_limit_seconds: float = 60 * MIN
+
+    def world_options(self) -> dict[str, Any]:
+        """``build_world`` options (``extra_env`` merged over the handlers' quiet logs)."""
+        return {}
+
+    def set_up(self, world: World) -> list[str]:
+        """The world before the flow (calls not counted); the jobs whose end ends the flow."""
+        raise NotImplementedError
+
+    def start(self, world: World) -> None:
+        """Once calls are counted: what the flow does (inject the fault, lose the node...)."""
+
+    def each_minute(self, world: World, jobs: Mapping[str, Job | None]) -> None:
+        """Once a simulated minute while the flow runs, with its jobs as they are."""
+
+    def result(self, world: World, common: dict[str, Any]) -> R:
+        """The flow's result: ``common`` holds :class:`CampaignResult`'s fields."""
+        raise NotImplementedError
+
+
+def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+             dynamodb: str = DYNAMODB) -> R:
+    """``scenario`` with ``fault`` (n-th call once armed, mode) broken once (None: unbroken)."""
+    warnings.filterwarnings("ignore", category=UserWarning)
+    logging.getLogger().setLevel(logging.CRITICAL)
+    options = scenario.world_options()
+    options["extra_env"] = {"POWERTOOLS_LOG_LEVEL": "CRITICAL", **options.get("extra_env", {})}
+    with build_world(dynamodb=dynamodb, **options) as world:
+        sim = world.ecs
+        job_ids = scenario.set_up(world)
+        repo = world.repo  # the emulator's own client: these reads are not the flow's calls
+        watch = InvariantWatch(world.bus, repo, sim.now, job_ids)
+        calls = world.aws.call_faults
+        if fault is None:
+            calls.arm(None, record_sites=True)
+        else:
+            calls.arm(fault[0], fault[1])
+        scenario.start(world)
+        checked = [0.0]
+
+        def ended() -> bool:  # read the jobs at most once a simulated minute
+            if sim.now() < checked[0] + MIN:
+                return False
+            checked[0] = sim.now()
+            jobs = {job_id: repo.get_job(job_id) for job_id in job_ids}
+            scenario.each_minute(world, jobs)
+            return all(job is not None and job.state.is_terminal for job in jobs.values())
+
+        sim.run_until_true(ended, max_seconds=scenario.run_limit_seconds)
+        calls.disarm()
+        sim.run_for(SETTLE_SECONDS)
+        common = {
+            "fault": fault, "fired": calls.fired, "calls": list(calls.calls),
+            "stuck": stuck_items(world, repo),
+            "dead_letters": sum(1 for d in world.bus.dead_letters if d.rule not in SCHEDULES),
+            "mails": mails(world.aws), "forgotten": list(watch.broken),
+            "timeline": sim.format_timeline() if keep_timeline else [],
+        }
+        return scenario.result(world, common)
+
+
+def stuck_items(world: World, repo: Repository) -> list[str]:
+    """Every instance and job item still holding a deadline (nodes by their simulated name)."""
+    far = world.ecs.now() + 10**7
+    stuck = [f"instance {world.node_name(i.container_inst_id)} {i.state.value}"
+             for i in repo.due_instances(far)]
+    stuck += [f"job item {it.get('job_id_rank')} {it.get('job_state') or it.get('item_type')}"
+              for it in repo.due_job_items(far)]
+    return stuck
+
+
+def ecs_status(world: World, nodes: Iterable[str]) -> dict[str, str]:
+    """ECS's status of each node (ACTIVE, DRAINING...), read through the emulator's own client."""
+    described = world.aws.client("ecs").describe_container_instances(
+        cluster=world.aws.cluster_name, containerInstances=[world.ecs.node(n).container_instance_arn
+                                                             for n in nodes])
+    return {world.node_name(ci["containerInstanceArn"]): ci["status"]
+            for ci in described["containerInstances"]}
+
+
+class InvariantWatch:
+    """The backstop invariant (docs/recovery-loop.md), checked after every event the bus
+    delivers: every job of ``job_ids`` that is neither RUNNING nor terminal has something
+    due in the deadline index (or, queue-owned, is in the queue index). Reads through the
+    emulator's own client: not the flow's calls, never broken."""
+
+    def __init__(self, bus: LocalEventBus, repo: Repository, clock: Callable[[], float],
+                 job_ids: Iterable[str] = ()) -> None:
+        self.repo = repo
+        self.clock = clock
+        self.job_ids = set(job_ids)
+        self.broken: list[str] = []
+        self.checks = 0
+        bus.observers.append(self._after)
+
+    def watch(self, job_id: str) -> None:
+        self.job_ids.add(job_id)
+
+    def _after(self, delivery: Delivery) -> None:
+        if not self.job_ids:
+            return
+        self.checks += 1
+        now = self.clock()
+        for job_id, why in sorted(forgotten_jobs(self.repo, now, job_ids=self.job_ids).items()):
+            note = f"{job_id}: {why} (after {delivery.target} at t+{now % 86400:.0f})"
+            if not any(b.startswith(f"{job_id}: {why}") for b in self.broken):
+                self.broken.append(note)
+
+
+def mails(local: LocalAws) -> list[tuple[str, str]]:
+    """(event_kind, job id or '-') of every e-mail sent so far."""
+    return [(str(n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE)), str(n["attributes"].get("job_id", "-")))
+            for n in local.notifications()]
+
+
+def mail_problems(sent: Sequence[tuple[str, str]], want: dict[tuple[str, str], tuple[int, int]]) -> list[str]:
+    """``want``: (kind, job) -> (at least, at most) e-mails of that kind about that job. An
+    e-mail is at least once: published, then its confirmation lost, it is sent again."""
+    problems = []
+    for (kind, job), (low, high) in want.items():
+        count = sum(1 for s in sent if s == (kind, job))
+        if not low <= count <= high:
+            problems.append(f"{count} '{kind}' e-mail(s) about {job} (want {low}..{high})")
+    return problems
+
+
+def sample_positions(calls: Sequence[ApiCall], *, sites: str = "", by: str = "site") -> list[int]:
+    """The first call of each distinct call site (and API operation) of the flow: every
+    place the loop talks to AWS is broken at least once (``sites``: only call sites whose
+    name contains it). ``by="stage"``: the first call of each stage module and of each API
+    operation (coarser: ``make test``'s quick tier)."""
+    if by not in ("site", "stage"):
+        raise ValueError(f"by must be 'site' or 'stage', not {by!r}")
+    seen: set[tuple[str, ...]] = set()
+    positions = []
+    for call in calls:
+        if sites not in call.site:
+            continue
+        if by == "site":
+            keys: tuple[tuple[str, ...], ...] = ((call.site, call.service, call.operation),)
+        else:
+            keys = ((call.site.split(":")[0],), (call.service, call.operation))
+        if any(key not in seen for key in keys):
+            seen.update(keys)
+            positions.append(call.index)
+    return positions
+
+
+@dataclass
+class CampaignSummary:
+    flow: str
+    calls: int
+    positions: int
+    runs: int
+    ended_right: int
+    failures: list[tuple[tuple[int, str], ApiCall | None, list[str]]]
+
+    def as_dict(self) -> dict[str, Any]:
+        failures = [{"fault": list(f), "call": f"{c.service}.{c.operation} at {c.site}" if c else None,
+                     "problems": p} for f, c, p in self.failures]
+        return {"flow": self.flow, "calls": self.calls, "positions": self.positions, "runs": self.runs,
+                "ended_right": self.ended_right, "failures": failures}
+
+
+def positions_of(calls: Sequence[ApiCall], *, every_call: bool, by: str = "site") -> list[int]:
+    """The positions to break: every call, or the sample (:func:`sample_positions`)."""
+    return [call.index for call in calls] if every_call else sample_positions(calls, by=by)
+
+
+def campaign(flow: str, run: Callable[[tuple[int, str] | None], Any], *, every_call: bool = False,
+             positions: Sequence[int] | None = None, modes: tuple[str, ...] = FAULT_MODES) -> CampaignSummary:
+    """Run ``flow`` unbroken, list its positions (``positions``, else every call or the sample
+    of ``every_call``) and break each in each mode, each run forked from the unbroken one at
+    the call it breaks. A run that raised, died, or whose fault never fired ended wrong."""
+    from .forked_runs import BrokenRunFailed, broken_runs
+
+    baseline = run(None)
+    problems = baseline.problems()
+    if problems:
+        raise AssertionError(f"{flow}: the unbroken run itself failed: {problems}")
+    chosen = list(positions) if positions is not None else positions_of(baseline.calls, every_call=every_call)
+    runs = broken_runs(run, [(n, m) for n in chosen for m in modes])
+    failures = []
+    for fault, result in sorted(runs.items()):
+        if isinstance(result, BrokenRunFailed):
+            failures.append((fault, None, [str(result)[-2000:]]))
+            continue
+        wrong = result.problems() + ([] if result.fired else ["the fault never fired"])
+        if wrong:
+            failures.append((fault, result.fired, wrong))
+    return CampaignSummary(flow, len(baseline.calls), len(chosen), len(runs), len(runs) - len(failures),
+                           failures)

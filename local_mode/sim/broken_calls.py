@@ -1,0 +1,204 @@
+"""One AWS call broken once: the crash campaigns' fault (``LocalAws.call_faults``).
+
+:class:`CallFaults` counts every API call the handlers make once a flow is armed (a call, not
+an HTTP attempt: botocore's retries belong to the call) and breaks exactly one of them, or
+(``arm_random``) each with a chance: ``throttle`` refuses it without executing it,
+``lost_response`` executes it and loses its answer. The fork points of
+:func:`local_mode.campaigns.forked_runs.broken_runs` hook in here (:func:`set_fork_point`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
+
+from gpu_recovery import clock as gr_clock
+
+from .api_errors import ATTEMPTS, THROTTLING
+
+THROTTLE = "throttle"  # the call is refused (all its attempts throttled): nothing happens
+LOST_RESPONSE = "lost_response"  # the call executes, then its caller never hears back
+FAULT_MODES = (THROTTLE, LOST_RESPONSE)
+_CALL_INDEX = "local_mode_call_index"
+
+
+class ForkPoint(Protocol):
+    """Where an unbroken run forks the runs that break its calls (``forked_runs``)."""
+
+    def fork_at(self, index: int) -> str | None:
+        """Before call ``index``: the mode to break it in (in a forked child), or None."""
+
+
+#: the fork point of this process's unbroken run, if it is one (``set_fork_point``)
+_fork_point: ForkPoint | None = None
+
+
+def set_fork_point(point: ForkPoint | None) -> None:
+    """Runs armed to only count calls (``arm(None)``) fork at ``point`` from now on."""
+    global _fork_point
+    _fork_point = point
+
+
+
+@dataclass
+class ApiCall:
+    """One API call a handler made (not an HTTP attempt: retries belong to the call)."""
+
+    index: int
+    service: str
+    operation: str
+    site: str = ""  # the recovery code that made it ("recovery/reboots.py:issue")
+    at: float | None = None  # when (simulated time), for the calls arm_random broke
+
+
+def _call_site() -> str:
+    # Frames walked directly, innermost first (traceback.extract_stack also read each
+    # frame's source line: a twentieth of a campaign's CPU).
+    frame = sys._getframe(1)
+    for _ in range(48):
+        if frame is None:
+            break
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/gpu_recovery/" in path and "/adapters/" not in path and "/repository/" not in path:
+            return f"{path.rsplit('/gpu_recovery/', 1)[-1]}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return "?"
+
+
+@dataclass
+class CallFaults:
+    """Counts every API call the handlers make and breaks exactly one of them.
+
+    ``arm(n, mode)`` makes the n-th call (1-based, counted from when it was armed)
+    fail once: ``throttle`` answers it with ThrottlingException without executing it
+    (as AWS does once botocore's retries are spent); ``lost_response`` lets it execute
+    and then raises ``ReadTimeoutError`` to the caller, as when the answer is lost or
+    the Lambda dies right after the call. ``calls`` lists every call seen while armed:
+    ``disarm()`` ends the flow (calls after it are not the flow's and could not be broken).
+    """
+
+    calls: list[ApiCall] = field(default_factory=list)
+    target: int | None = None
+    mode: str | None = None
+    fired: ApiCall | None = None
+    record_sites: bool = False
+    armed: bool = False
+    #: where the unbroken run forks the runs that break its calls (see ``forked_runs``)
+    forks: ForkPoint | None = None
+    #: ``arm_random``: every call broken with this chance (None: only the ``target``)
+    rate: float | None = None
+    #: the calls ``arm_random`` broke, with how
+    broken: list[tuple[ApiCall, str]] = field(default_factory=list)
+    _rng: random.Random | None = field(default=None, repr=False)
+    _lost: set[int] = field(default_factory=set, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def arm(self, index: int | None, mode: str = THROTTLE, *, record_sites: bool = False) -> None:
+        """Count calls from now on; break the ``index``-th (None: only count)."""
+        if mode not in FAULT_MODES:
+            raise ValueError(f"mode is one of {FAULT_MODES}")
+        with self._lock:
+            self.calls.clear()
+            self.target, self.mode, self.fired = index, mode, None
+            self.record_sites = record_sites
+            self.armed = True
+            self.forks = _fork_point if index is None else None
+
+    def arm_random(self, rate: float, seed: int, *, record_sites: bool = False) -> None:
+        """Break every call with chance ``rate`` (seeded: the same run breaks the same calls),
+        a throttle or a lost response with equal chance, as AWS does under load."""
+        if not 0 <= rate <= 1:
+            raise ValueError("rate is a chance, 0..1")
+        with self._lock:
+            self.calls.clear()
+            self.broken.clear()
+            self._lost.clear()
+            self.target, self.mode, self.fired = None, None, None
+            self.rate, self._rng = rate, random.Random(seed)
+            self.record_sites = record_sites
+            self.armed = True
+            self.forks = None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Calls made meanwhile are neither counted nor broken (a client that is not the
+        stack's, e.g. a user's scheduler, sharing the handlers' session)."""
+        with self._lock:
+            was, self.armed = self.armed, False
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.armed = was
+
+    def disarm(self) -> None:
+        with self._lock:
+            self.target = self.mode = None
+            self.armed = False
+            self.forks = None
+            self.rate, self._rng = None, None
+
+    # botocore hook: before-call (registered first, so it wins over the simulator's hooks)
+    def before_call(self, model: Any, params: Any = None, context: Any = None, **_: Any) -> Any:
+        if not self.armed:
+            return None
+        site = _call_site() if self.record_sites else ""
+        with self._lock:
+            call = ApiCall(len(self.calls) + 1, model.service_model.service_id.hyphenize(), model.name, site)
+            self.calls.append(call)
+            forks = self.forks
+        if forks is not None:  # outside the lock: a child must not inherit it held
+            broken = forks.fork_at(call.index)
+            if broken is not None:  # this process is the child that breaks this call
+                with self._lock:  # from here on exactly as arm(call.index, broken) would be
+                    self.forks = None
+                    self.target, self.mode, self.record_sites = call.index, broken, False
+        with self._lock:
+            if self._rng is not None and self.rate is not None:
+                hit = self._rng.random() < self.rate
+                mode = self._rng.choice(FAULT_MODES) if hit else None
+                if hit and mode is not None:
+                    call.at = gr_clock.now()
+                    self.broken.append((call, mode))
+                    if mode == LOST_RESPONSE:
+                        self._lost.add(call.index)
+            else:
+                hit = self.target == call.index and self.fired is None
+                if hit:
+                    self.fired = call
+                mode = self.mode
+        if context is not None:
+            context[_CALL_INDEX] = call.index
+        if not hit or mode != THROTTLE:
+            return None
+        code, status = THROTTLING
+        http = AWSResponse("https://fault-injected.invalid/", status, HTTPHeaders(), None)  # type: ignore[arg-type]
+        return http, {"Error": {"Code": code, "Message": "Rate exceeded (injected)"},
+                      "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": {},
+                                           "RetryAttempts": ATTEMPTS - 1}}
+
+    # botocore hook: after-call (registered last: the simulator has seen the call)
+    def after_call(self, http_response: Any = None, parsed: Any = None, model: Any = None,
+                   context: Any = None, **_: Any) -> None:
+        if context is None:
+            return
+        with self._lock:
+            if self._rng is not None:
+                lost = context.get(_CALL_INDEX) in self._lost
+                self._lost.discard(context.get(_CALL_INDEX))
+            else:
+                lost = (self.mode == LOST_RESPONSE and self.fired is not None
+                        and self.fired.index == context.get(_CALL_INDEX))
+        if lost:
+            from botocore.exceptions import ReadTimeoutError
+
+            raise ReadTimeoutError(endpoint_url=f"https://{model.service_model.endpoint_prefix}"
+                                                ".us-east-1.amazonaws.com/ (injected: response lost)")
