@@ -52,21 +52,16 @@ def run(print_report: bool = True, rounds: int = ROUNDS) -> dict[str, Any]:
 
 
 def _measure(rounds: int) -> dict[str, Any]:
-    saved = {k: os.environ.get(k) for k in _ENV}
-    os.environ.update(_ENV)
-    os.environ.pop("SCHEDULER_FUNCTION_NAME", None)
-    import boto3
-    from moto import mock_aws
+    from local_mode.harness import environ_restored
 
-    try:
+    with environ_restored(_ENV):
+        os.environ.update(_ENV)
+        os.environ.pop("SCHEDULER_FUNCTION_NAME", None)
+        import boto3
+        from moto import mock_aws
+
         with mock_aws():
             return _run(boto3, rounds)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _run(boto3: Any, rounds: int) -> dict[str, Any]:

@@ -7,16 +7,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 @contextlib.contextmanager
-def loopback_without_proxy() -> Iterator[None]:
-    """urllib honours HTTP(S)_PROXY: local traffic must never go through a proxy."""
-    saved = {k: os.environ.get(k) for k in ("no_proxy", "NO_PROXY")}
-    for key in saved:
-        current = [p for p in (os.environ.get(key) or "").split(",") if p]
-        os.environ[key] = ",".join([*current, "127.0.0.1", "localhost"])
+def environ_restored(keys: Iterable[str]) -> Iterator[None]:
+    """The environment variables ``keys`` as they were (or unset) once the block ends."""
+    saved = {key: os.environ.get(key) for key in keys}
     try:
         yield
     finally:
@@ -25,6 +22,16 @@ def loopback_without_proxy() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def loopback_without_proxy() -> Iterator[None]:
+    """urllib honours HTTP(S)_PROXY: local traffic must never go through a proxy."""
+    with environ_restored(("no_proxy", "NO_PROXY")):
+        for key in ("no_proxy", "NO_PROXY"):
+            current = [p for p in (os.environ.get(key) or "").split(",") if p]
+            os.environ[key] = ",".join([*current, "127.0.0.1", "localhost"])
+        yield
 
 
 def silence_handler_logs() -> None:

@@ -19,19 +19,20 @@ from gpu_recovery.constants import (
     table_definitions,
 )
 from local_mode.emulator import LocalAws
-from tests.heartbeat.world import Clock, World
+from tests.fixtures.clock import ManualClock
+from tests.heartbeat.world import T0, World
 
 
 @pytest.fixture
-def clk() -> Iterator[Clock]:
-    c = Clock()
+def clk() -> Iterator[ManualClock]:
+    c = ManualClock(T0)
     clock.set_clock(c)
     yield c
     clock.reset_clock()
 
 
 @pytest.fixture
-def local(clk: Clock, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalAws]:
+def local(clk: ManualClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalAws]:
     env = {ENV_NODE_TOKEN_TABLE: DEFAULT_NODE_TOKEN_TABLE_NAME, ENV_HEARTBEAT_STALE_SECONDS: "180",
            ENV_NODE_LOST_FAIL_SECONDS: "1800", ENV_HANG_SECONDS: "0", ENV_HANG_ACTION: "notify"}
     with LocalAws(metrics_disabled=True, extra_env=env) as la:
@@ -45,5 +46,5 @@ def local(clk: Clock, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalAws]:
 
 
 @pytest.fixture
-def world(local: LocalAws, clk: Clock) -> World:
+def world(local: LocalAws, clk: ManualClock) -> World:
     return World(local, clk)

@@ -22,6 +22,7 @@ from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.heartbeat.tokens import TokenStore
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from local_mode.emulator import LocalAws
+from tests.fixtures.clock import ManualClock
 
 NODE = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 NODE_B = "1a2b3c4d5e6f70819293a4b5c6d7e8f9"
@@ -30,18 +31,6 @@ T0 = 1_734_220_000.0
 
 def task_arn(job: str, rank: int, attempt: int = 1) -> str:
     return f"arn:aws:ecs:us-east-1:123456789012:task/gpu-cluster/{job}r{rank}a{attempt}"
-
-
-class Clock:
-    def __init__(self, start: float = T0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> float:
-        self.t += seconds
-        return self.t
 
 
 class StubEcs:
@@ -104,7 +93,7 @@ class StubNotifier:
 class World:
     """Tables in moto plus helpers to seed jobs and drive the service."""
 
-    def __init__(self, local: LocalAws, clk: Clock) -> None:
+    def __init__(self, local: LocalAws, clk: ManualClock) -> None:
         self.local = local
         self.clock = clk
         self.repo = runtime.repository()

@@ -1,5 +1,5 @@
-"""Steps the remediation scenario tests share: a queued job as the jobs API writes it, the
-relocation waits a job's history records."""
+"""Steps the remediation scenario tests share: a queued job as the jobs API writes it, a
+2-node queue job running on three nodes, the relocation waits a job's history records."""
 
 from __future__ import annotations
 
@@ -27,6 +27,16 @@ def submit_queued_job(w: Any, job_id: str, *, nnodes: int, priority: int, at: fl
         "suspects": {}, "verdicts": {}, "created_at": at, "updated_at": at,
     }
     aws.resource("dynamodb").Table(w.aws.job_table).put_item(Item=to_ddb(item))
+
+
+def queue_job_running_on_three_nodes(w: Any, job_id: str = "q-job", *, priority: int = 10) -> None:
+    """node-0..node-2 and the queue scheduler every minute; a 2-node queue job submitted and,
+    two minutes later, started by the scheduler."""
+    for node in ("node-0", "node-1", "node-2"):
+        w.ecs.add_node(node)
+    w.schedule_queue_scheduler()
+    submit_queued_job(w, job_id, nnodes=2, priority=priority, at=w.ecs.now())
+    w.ecs.run_for(120)
 
 
 def relocation_wait_entries(job: dict[str, Any]) -> list[str]:

@@ -8,7 +8,11 @@ import json
 from gpu_recovery import constants as C
 from local_mode.remediation_scenarios import MIN, world
 from local_mode.world import World
-from tests.remediation.steps import relocation_wait_entries, submit_queued_job
+from tests.remediation.steps import (
+    queue_job_running_on_three_nodes,
+    relocation_wait_entries,
+    submit_queued_job,
+)
 
 
 def _full_cluster(w: World, other_runs_seconds: float) -> None:
@@ -93,11 +97,7 @@ def test_a_queue_job_in_a_full_cluster_goes_back_to_the_queue_head_and_starts_wh
     from gpu_recovery.repository.scheduling import SchedulingRepository
 
     with world() as w:
-        for node in ("node-0", "node-1", "node-2"):
-            w.ecs.add_node(node)
-        w.schedule_queue_scheduler()
-        submit_queued_job(w, "q-job", nnodes=2, priority=10, at=w.ecs.now())
-        w.ecs.run_for(2 * MIN)
+        queue_job_running_on_three_nodes(w)
         assert w.job("q-job")["job_state"] == "RUNNING"
         nodes, _ = SchedulingRepository(w.repo).plan_nodes("q-job", 1, 2)
         used = [w.node_name(n.rsplit("/", 1)[-1]) for n in nodes]

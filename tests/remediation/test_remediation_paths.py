@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 from gpu_recovery import constants as C
-from local_mode.faults import THROTTLING
 from local_mode.remediation_scenarios import MIN, world
-from tests.remediation.steps import submit_queued_job
+from local_mode.sim.api_errors import THROTTLING
+from tests.remediation.steps import queue_job_running_on_three_nodes, submit_queued_job
 
 
 def _job_history(job: dict[str, Any]) -> list[str]:
@@ -125,11 +125,7 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
     carries the fault's evidence."""
 
     with world() as w:
-        for node in ("node-0", "node-1", "node-2"):
-            w.ecs.add_node(node)
-        w.schedule_queue_scheduler()
-        submit_queued_job(w, "q-job", nnodes=2, priority=10, at=w.ecs.now())
-        w.ecs.run_for(2 * MIN)
+        queue_job_running_on_three_nodes(w)
         first = w.job("q-job")
         assert first["job_state"] == "RUNNING"
         submitted = float(first["submitted_at"])
