@@ -45,14 +45,23 @@ def _eligible(w: World, node: str) -> bool:
                                   cordoned=inst.cordoned)
 
 
+def _held_and_cordoned(w: World, put_attributes: str | None = None) -> None:
+    """The job on PEER and FAULTY; the breaker tripped with a backlog, so FAULTY's reboot
+    verdict is held and the node cordoned (``put_attributes``: how ECS answers the cordon's
+    PutAttributes, "refuse" or "lose"; None: as it should)."""
+    arns = w.register_job("j", [PEER, FAULTY])
+    trip_with_backlog(w, ["x-2"], window=("x-1",))
+    if put_attributes is not None:
+        w.ecs.failures["put_attributes"] = [put_attributes]
+    fault_with_reboot_verdict(w, arns)
+
+
 def test_a_node_held_by_the_breaker_is_cordoned_in_ecs_and_skipped_by_the_scheduler() -> None:
     """Given the breaker tripped, When a diag says reboot, Then the node (SUSPECT, reboot
     held) is cordoned: intent on its item, the ECS attribute put once and confirmed, the
     worklist empty, and the queue's admission skips it."""
     with world() as w:
-        arns = w.register_job("j", [PEER, FAULTY])
-        trip_with_backlog(w, ["x-2"], window=("x-1",))
-        fault_with_reboot_verdict(w, arns)
+        _held_and_cordoned(w)
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and w.rebooter.calls == []
         assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_APPLIED
@@ -99,10 +108,7 @@ def test_a_refused_put_attributes_is_finished_by_the_sweep() -> None:
     already in the table (no new work) and in the worklist; the next sweep puts the
     attribute and confirms it."""
     with world() as w:
-        arns = w.register_job("j", [PEER, FAULTY])
-        trip_with_backlog(w, ["x-2"], window=("x-1",))
-        w.ecs.failures["put_attributes"] = ["refuse"]
-        fault_with_reboot_verdict(w, arns)
+        _held_and_cordoned(w, put_attributes="refuse")
         inst = w.repo.get_instance(FAULTY)
         assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_PENDING and not _has_attribute(w, FAULTY)
         assert list(w.repo.cordons.pending()) == [FAULTY]
@@ -114,10 +120,7 @@ def test_a_refused_put_attributes_is_finished_by_the_sweep() -> None:
 
 def test_a_lost_put_answer_is_put_again_idempotently_and_confirmed() -> None:
     with world() as w:
-        arns = w.register_job("j", [PEER, FAULTY])
-        trip_with_backlog(w, ["x-2"], window=("x-1",))
-        w.ecs.failures["put_attributes"] = ["lose"]
-        fault_with_reboot_verdict(w, arns)
+        _held_and_cordoned(w, put_attributes="lose")
         assert _has_attribute(w, FAULTY) and list(w.repo.cordons.pending()) == [FAULTY]
         w.service.sweep()
         assert w.ecs.attribute_calls == PUT + PUT and w.repo.cordons.pending() == {}
@@ -128,10 +131,7 @@ def test_a_newer_intent_committed_during_a_sync_is_not_confirmed_by_it() -> None
     confirmation, Then the confirmation of v leaves v2 in the worklist: the sweep deletes
     the attribute."""
     with world() as w:
-        arns = w.register_job("j", [PEER, FAULTY])
-        trip_with_backlog(w, ["x-2"], window=("x-1",))
-        w.ecs.failures["put_attributes"] = ["refuse"]
-        fault_with_reboot_verdict(w, arns)
+        _held_and_cordoned(w, put_attributes="refuse")
         inst = w.repo.get_instance(FAULTY)
         [members] = w.repo.cordons.pending().values()
         w.advance(1)
@@ -201,9 +201,7 @@ def test_the_cordon_limit_trips_loudly_holds_the_attribute_and_a_reset_puts_it()
 
 def test_an_operator_uncordons_a_node_repaired_by_hand() -> None:
     with world() as w:
-        arns = w.register_job("j", [PEER, FAULTY])
-        trip_with_backlog(w, ["x-2"], window=("x-1",))
-        fault_with_reboot_verdict(w, arns)
+        _held_and_cordoned(w)
         args = argparse.Namespace(node_id=FAULTY)
         assert uncordon_command(args, w.repo, w.now[0]) == 0
         assert uncordon_command(args, w.repo, w.now[0]) == 1  # not cordoned any more

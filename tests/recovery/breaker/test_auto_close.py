@@ -18,15 +18,9 @@ from gpu_recovery.domain.breaker.breaker import BreakerPolicy
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.recovery.breaker.operations import reset_breaker
-from tests.recovery.breaker.test_held_jobs import (
-    FAULTY,
-    PEER,
-    _reboot_fault,
-    _running_on,
-    _sent,
-    _sweep_minutes,
-)
+from tests.recovery.breaker.steps import PEER, reboot_fault, running_on, sent, sweep_minutes
 from tests.recovery.fakes import World, world
+from tests.recovery.remediation_steps import FAULTY
 
 REBOOTED = "node-x"  # rebooted a minute before the fault, in the breaker's window
 WINDOW = 600
@@ -38,7 +32,7 @@ def _tripped(w: World) -> None:
     w.repo.put_instance_if_absent(Instance(REBOOTED, C.InstanceState.AVAILABLE))
     w.trip_breaker([REBOOTED])
     arns = w.register_job("j", [PEER, FAULTY])
-    _reboot_fault(w, arns)
+    reboot_fault(w, arns)
     stored = w.repo.get_breaker()
     assert stored["state"] == policy.TRIPPED and stored["tripped_nodes"] == [REBOOTED]
     assert w.repo.get_job("j").state is JobState.HELD
@@ -60,25 +54,25 @@ def test_it_closes_by_itself_a_window_after_the_trip_releases_the_backlog_and_sa
         _tripped(w)
         tripped_at = w.repo.get_breaker()["tripped_at"]
         while w.now[0] + 61 < tripped_at + WINDOW:
-            _sweep_minutes(w, 1)
+            sweep_minutes(w, 1)
             assert w.repo.get_breaker()["state"] == policy.TRIPPED
-        assert w.rebooter.calls == [] and not _sent(w, NotificationKind.BREAKER_CLOSED)
-        _sweep_minutes(w, 1)
+        assert w.rebooter.calls == [] and not sent(w, NotificationKind.BREAKER_CLOSED)
+        sweep_minutes(w, 1)
         stored = w.repo.get_breaker()
         assert stored["state"] == policy.CLOSED and stored["last_reset_by"] == policy.CLOSED_BY_ITSELF
-        [mail] = _sent(w, NotificationKind.BREAKER_CLOSED)
+        [mail] = sent(w, NotificationKind.BREAKER_CLOSED)
         assert (f"breaker closed by itself: nodes {REBOOTED} back healthy; 1 held-back action(s) released at "
                 "the window's rate") in mail
         assert f"Released: reboot of {FAULTY}" in mail
         assert w.rebooter.calls == [f"i-{FAULTY}"]  # released in the same sweep
         _back(w, FAULTY)
-        _sweep_minutes(w, 2)
+        sweep_minutes(w, 2)
         job = w.repo.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
-        assert _running_on(w) == [PEER, FAULTY]
-        _sweep_minutes(w, 15)
-        assert len(_sent(w, NotificationKind.BREAKER_CLOSED)) == 1
-        assert not _sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
+        assert running_on(w) == [PEER, FAULTY]
+        sweep_minutes(w, 15)
+        assert len(sent(w, NotificationKind.BREAKER_CLOSED)) == 1
+        assert not sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
 
 
 def test_a_duplicate_sweep_that_read_the_tripped_breaker_neither_closes_it_twice_nor_mails_twice() -> None:
@@ -90,7 +84,7 @@ def test_a_duplicate_sweep_that_read_the_tripped_breaker_neither_closes_it_twice
         assert ops._auto_close(dict(stored), w.now[0]) == "breaker_closed_by_itself"
         assert ops._auto_close(dict(stored), w.now[0]) == "breaker_raced"  # its version moved
         assert ops.sweep(w.now[0]).get("breaker_closed_by_itself") is None
-        assert len(_sent(w, NotificationKind.BREAKER_CLOSED)) == 1
+        assert len(sent(w, NotificationKind.BREAKER_CLOSED)) == 1
         assert w.repo.get_breaker()["version"] == stored["version"] + 1 + 1  # closed, then the release
 
 
@@ -107,10 +101,10 @@ def test_a_close_whose_answer_was_lost_mails_once_through_the_outbox_and_a_refus
         with pytest.raises(Exception, match="injected"):
             w.service.breaker.sweep(w.now[0])
         closed = w.repo.get_breaker()["state"] == policy.CLOSED
-        assert closed is (how == "lose") and not _sent(w, NotificationKind.BREAKER_CLOSED)
-        _sweep_minutes(w, 4)
+        assert closed is (how == "lose") and not sent(w, NotificationKind.BREAKER_CLOSED)
+        sweep_minutes(w, 4)
         assert w.repo.get_breaker()["state"] == policy.CLOSED
-        assert len(_sent(w, NotificationKind.BREAKER_CLOSED)) == 1
+        assert len(sent(w, NotificationKind.BREAKER_CLOSED)) == 1
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
@@ -128,16 +122,16 @@ def test_a_node_it_acted_on_that_faults_again_leaves_it_open_until_an_operator_r
                                             to=C.InstanceState.SUSPECT, set_fields={"fault_history": [
                                                 {"at": w.now[0], "cause": "xid-79", "action": "reboot",
                                                  "executed": False}]}))
-        _sweep_minutes(w, 15)
+        sweep_minutes(w, 15)
         stored = w.repo.get_breaker()
         assert stored["state"] == policy.TRIPPED
         assert "node-x failed again" in stored["needs_operator"]["reason"]
-        [mail] = _sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
+        [mail] = sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
         assert ("breaker stays open until an operator resets it: node-x failed again after its "
                 "remediation") in mail
-        assert not _sent(w, NotificationKind.BREAKER_CLOSED) and w.rebooter.calls == []
+        assert not sent(w, NotificationKind.BREAKER_CLOSED) and w.rebooter.calls == []
         assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
-        _sweep_minutes(w, 1)
+        sweep_minutes(w, 1)
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
@@ -146,14 +140,14 @@ def test_auto_close_off_keeps_todays_behaviour(capsys: pytest.CaptureFixture[str
 
     with world(remediation=RemediationSettings(breaker=BreakerPolicy(auto_close=False))) as w:
         _tripped(w)
-        [trip] = _sent(w, NotificationKind.BREAKER_TRIPPED)
+        [trip] = sent(w, NotificationKind.BREAKER_TRIPPED)
         assert "until an operator resets the breaker;" in trip
-        [held] = _sent(w, NotificationKind.JOB_HELD)
+        [held] = sent(w, NotificationKind.JOB_HELD)
         assert "closes by itself" not in held and "waiting for the breaker's reset" in held
-        _sweep_minutes(w, 40)
+        sweep_minutes(w, 40)
         assert w.repo.get_breaker()["state"] == policy.TRIPPED and w.rebooter.calls == []
-        assert not _sent(w, NotificationKind.BREAKER_CLOSED)
-        assert not _sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
+        assert not sent(w, NotificationKind.BREAKER_CLOSED)
+        assert not sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
         assert breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.now[0]) == 0
         shown = json.loads(capsys.readouterr().out)
         assert shown["standing"] == "open until an operator resets it"
@@ -165,9 +159,9 @@ def test_breaker_show_says_it_waits_to_close_by_itself_and_why(capsys: pytest.Ca
 
     with world() as w:
         _tripped(w)
-        [trip] = _sent(w, NotificationKind.BREAKER_TRIPPED)
+        [trip] = sent(w, NotificationKind.BREAKER_TRIPPED)
         assert "until the breaker closes by itself (a window after this trip" in trip
-        [held] = _sent(w, NotificationKind.JOB_HELD)  # the HELD e-mail says so too
+        [held] = sent(w, NotificationKind.JOB_HELD)  # the HELD e-mail says so too
         assert "Job held: waiting for the breaker to close" in held
         assert "The breaker closes by itself once its window has passed" in held
         assert "Without a reset or the breaker closing the job fails at" in held

@@ -14,53 +14,31 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.recovery.breaker.operations import reset_breaker
 from gpu_recovery.repository.scheduling import SchedulingRepository
+from tests.recovery.breaker.steps import PEER, reboot_fault, running_on, sent, sweep_minutes
 from tests.recovery.fakes import World, world
+from tests.recovery.remediation_steps import FAULTY
 
-FAULTY, PEER, SPARE = "node-b", "node-a", "node-c"
-
-
-def _reboot_fault(w: World, arns: list[str]) -> None:
-    """Rank 1 exits 1, its DCGM diag says reboot, then rank 0 (stopped by us) ends."""
-    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-    [task] = w.ecs.health_checks_on(FAULTY)
-    w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-    w.service.on_task_state_change(w.task_stopped(
-        arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+SPARE = "node-c"
 
 
 def _held(w: World, job_id: str = "j", **tags: str) -> list[str]:
     """The breaker tripped by other nodes, then a fault on node-b that needs a reboot."""
     arns = w.register_job(job_id, [PEER, FAULTY], tags=tags or None)
     w.trip_breaker(["x-1", "x-2"])
-    _reboot_fault(w, arns)
+    reboot_fault(w, arns)
     return arns
-
-
-def _sent(w: World, kind: NotificationKind) -> list[str]:
-    return [n.body for n in w.notifier.sent if n.kind is kind]
-
-
-def _sweep_minutes(w: World, minutes: int) -> None:
-    for _ in range(minutes):
-        w.advance(61)
-        w.service.sweep()
 
 
 def _reset_and_back(w: World) -> None:
     """The operator resumes the backlog; the sweep reboots node-b and it comes back."""
     assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
-    _sweep_minutes(w, 1)
+    sweep_minutes(w, 1)
     assert w.rebooter.calls == [f"i-{FAULTY}"]
     t = w.now[0]
     for connected, version, at in ((False, 11, t + 5), (True, 12, t + 90)):
         w.service.on_container_instance_change(w.instance_event(FAULTY, connected=connected,
                                                                 version=version, at=at))
     assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
-
-
-def _running_on(w: World) -> list[str]:
-    return sorted(t.node for t in w.ecs.tasks.values()
-                  if t.last_status == "RUNNING" and t.group != C.HEALTH_CHECK_GROUP)
 
 
 def test_a_job_on_a_held_node_waits_held_uncharged_and_operators_are_told() -> None:
@@ -75,14 +53,14 @@ def test_a_job_on_a_held_node_waits_held_uncharged_and_operators_are_told() -> N
         assert job.breaker_hold is not None and job.breaker_hold.nodes == (FAULTY,)
         assert job.breaker_hold.seconds == 3600 and job.tally.held == 1
         assert w.rebooter.calls == []
-        [mail] = _sent(w, NotificationKind.JOB_HELD)
+        [mail] = sent(w, NotificationKind.JOB_HELD)
         assert f"Job HELD on {FAULTY}, not failed" in mail
         assert f"--resume-backlog` reboots {FAULTY} now; the job restarts on its nodes" in mail
         assert "`--drop-backlog` fails the job" in mail
-        _sweep_minutes(w, 5)
+        sweep_minutes(w, 5)
         job = w.repo.get_job("j")
         assert job.state is JobState.HELD and job.recoveries_used == 0
-        assert not _sent(w, NotificationKind.FAILED) and len(_sent(w, NotificationKind.JOB_HELD)) == 1
+        assert not sent(w, NotificationKind.FAILED) and len(sent(w, NotificationKind.JOB_HELD)) == 1
         # Its nodes are held for its restart: the scheduler's index of jobs in recovery lists it.
         assert [i["job_id"] for i in SchedulingRepository(w.repo).jobs_in_recovery()] == ["j"]
 
@@ -96,11 +74,11 @@ def test_a_reset_that_resumes_the_backlog_reboots_the_node_and_the_held_job_rest
         _reset_and_back(w)
         job = w.repo.get_job("j")
         assert job.state is JobState.HELD and job.recoveries_used == 0  # the sweep notices it
-        _sweep_minutes(w, 1)
+        sweep_minutes(w, 1)
         job = w.repo.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
         assert job.recoveries_used == 1
-        assert _running_on(w) == [PEER, FAULTY]
+        assert running_on(w) == [PEER, FAULTY]
         history = [h["to"] for h in (w.repo.get_job_item("j") or {})["history"]]
         held_at = history.index("HELD")
         assert history[held_at:held_at + 3] == ["HELD", "PENDING_RESTART", "STARTING"]
@@ -110,7 +88,7 @@ def test_the_held_job_waits_while_the_released_node_reboots() -> None:
     with world() as w:
         _held(w)
         assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
-        _sweep_minutes(w, 3)
+        sweep_minutes(w, 3)
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.REBOOTING
         assert w.repo.get_job("j").state is JobState.HELD
 
@@ -125,23 +103,23 @@ def test_a_refused_hold_is_finished_by_the_sweep_and_a_lost_resume_is_not_charge
         w.trip_breaker(["x-1", "x-2"])
         w.repo.fail_once("hold_job", "refuse")
         with pytest.raises(TimeoutError):  # the event is retried; the sweep finishes it anyway
-            _reboot_fault(w, arns)
+            reboot_fault(w, arns)
         assert w.repo.get_job("j").state is JobState.PENDING_RESTART
-        _sweep_minutes(w, 1)
+        sweep_minutes(w, 1)
         assert w.repo.get_job("j").state is JobState.HELD
-        assert len(_sent(w, NotificationKind.JOB_HELD)) == 1
+        assert len(sent(w, NotificationKind.JOB_HELD)) == 1
         w.advance(80 * 60)
         w.service.sweep()
         assert w.repo.get_job("j").state is JobState.HELD
         _reset_and_back(w)
         w.repo.fail_once("resume_held_job", "lose")
-        _sweep_minutes(w, 1)  # the step fails after the write: the job is PENDING_RESTART
+        sweep_minutes(w, 1)  # the step fails after the write: the job is PENDING_RESTART
         job = w.repo.get_job("j")
         assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 1
-        _sweep_minutes(w, 1)
+        sweep_minutes(w, 1)
         job = w.repo.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
-        assert job.recoveries_used == 1 and _running_on(w) == [PEER, FAULTY]
+        assert job.recoveries_used == 1 and running_on(w) == [PEER, FAULTY]
 
 
 def test_a_reset_that_drops_the_backlog_fails_the_held_job_saying_so() -> None:
@@ -151,29 +129,29 @@ def test_a_reset_that_drops_the_backlog_fails_the_held_job_saying_so() -> None:
     with world() as w:
         _held(w)
         assert reset_breaker(w.repo, now=w.now[0], resume_backlog=False, by="oncall").done
-        _sweep_minutes(w, 1)
+        sweep_minutes(w, 1)
         job = w.repo.get_job("j")
         assert job.state is JobState.FAILED
         assert job.last_error.startswith("the blast-radius breaker's backlog was dropped by oncall")
         assert f"nothing will reboot {FAULTY}" in job.last_error
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and inst.cordoned and w.rebooter.calls == []
-        [mail] = _sent(w, NotificationKind.FAILED)
+        [mail] = sent(w, NotificationKind.FAILED)
         assert "backlog was dropped" in mail
 
 
 def test_a_held_job_fails_at_its_deadline_naming_the_node_and_the_hold() -> None:
     with world(held_job_deadline_seconds=300) as w:
         _held(w)
-        _sweep_minutes(w, 4)
+        sweep_minutes(w, 4)
         assert w.repo.get_job("j").state is JobState.HELD
-        _sweep_minutes(w, 2)
+        sweep_minutes(w, 2)
         job = w.repo.get_job("j")
         assert job.state is JobState.FAILED and job.recoveries_used == 0
         assert job.last_error == (f"held 300 s (held_job_deadline_seconds) waiting for the reboot of "
                                   f"{FAULTY}, held back by the blast-radius breaker; nobody reset the "
                                   "breaker in time")
-        assert len(_sent(w, NotificationKind.FAILED)) == 1
+        assert len(sent(w, NotificationKind.FAILED)) == 1
 
 
 def test_a_deadline_of_zero_fails_the_job_at_once_as_before() -> None:
@@ -181,7 +159,7 @@ def test_a_deadline_of_zero_fails_the_job_at_once_as_before() -> None:
         _held(w)
         job = w.repo.get_job("j")
         assert job.state is JobState.FAILED and "not carried out" in job.last_error
-        assert not _sent(w, NotificationKind.JOB_HELD)
+        assert not sent(w, NotificationKind.JOB_HELD)
 
 
 def test_a_relocatable_job_moves_off_the_held_node_instead_of_waiting() -> None:
@@ -200,8 +178,8 @@ def test_the_breaker_tripped_mail_says_which_job_waits_on_which_node_and_what_a_
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.trip_breaker(["x-1"])
-        _reboot_fault(w, arns)
-        [mail] = _sent(w, NotificationKind.BREAKER_TRIPPED)
+        reboot_fault(w, arns)
+        [mail] = sent(w, NotificationKind.BREAKER_TRIPPED)
         assert (f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD until the breaker closes (by itself "
                 "or reset), not failed, budget not charged)); --resume-backlog reboots it; it is uncordoned "
                 "and takes work again once back, and j restart(s) on their nodes then;") in mail
