@@ -804,3 +804,32 @@ def test_only_the_world_builder_builds_the_bus_and_the_simulated_ecs() -> None:
                                      "sim = ecs.SimulatedEcs(local, bus)"])
 def test_the_world_check_finds_a_part_built_by_hand(snippet: str) -> None:
     assert world_parts_built(snippet, "x.py")
+
+
+def imported_test_modules(source: str, path: str) -> list[str]:
+    """``path:line name`` for each test module (``tests/**/test_*.py``) ``source`` imports."""
+    parts = list(Path(path).with_suffix("").parts)
+    is_package = parts[-1] == "__init__"
+    module = ".".join(parts[:-1] if is_package else parts)
+    imported = imported_names(ast.parse(source, path), module, is_package)
+    return [f"{path}:{line} {name}" for name, line in imported
+            if name.split(".")[0] == "tests" and any(p.startswith("test_") for p in name.split(".")[1:])]
+
+
+def test_no_test_module_is_imported_by_another() -> None:
+    """Given every module under tests/
+    When the modules each imports are listed
+    Then none is a test module: what several tests share lives in tests/fixtures, or beside
+    its tests in a module of helpers (a folder's steps.py, world.py, fakes.py)."""
+    found = [hit for path in _sources(ROOT / "tests")
+             for hit in imported_test_modules(path.read_text(), _relative(path))]
+    assert not found, f"move what is shared into tests/fixtures or a helpers module: {found}"
+
+
+@pytest.mark.parametrize("snippet", ["from tests.recovery.breaker.test_held_jobs import FAULTY",
+                                     "from .test_held_jobs import _sent",
+                                     "import tests.recovery.test_cordons"])
+def test_the_test_import_check_finds_a_test_module_imported(snippet: str) -> None:
+    assert imported_test_modules(snippet, "tests/recovery/breaker/test_auto_close.py")
+    assert not imported_test_modules("from tests.recovery.breaker.steps import PEER",
+                                     "tests/recovery/breaker/test_auto_close.py")
