@@ -745,8 +745,6 @@ _SIMULATOR = ("one of the two simulators issue 27's simulation layer (local_mode
 LONG_MODULES = {
     "agent/gpu_node_agent.py": "the node agent is one stdlib-only file: its source is the container "
                                "command (and a systemd unit's script), copied to each node as is",
-    "local_mode/scale_sim.py": _SIMULATOR,
-    "local_mode/scale_aws.py": _SIMULATOR,
     "local_mode/faults.py": _SIMULATOR,
 }
 
