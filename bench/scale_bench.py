@@ -15,7 +15,7 @@ per scenario. Every figure is of the recovery alone (from the fault on).
 
 The recovery code is the real one (``RecoveryService``, the ``Repository``, the adapters);
 DynamoDB, ECS, EC2, SNS, CloudWatch Logs, Lambda and EventBridge are the simulator's
-(``local_mode/scale_*.py``, docs/benchmarks.md "Large jobs (scale)").
+(``local_mode/sim/``, docs/benchmarks.md "Large jobs (scale)").
 
 First, registration lines (issue 28): a job's tasks all RUNNING in the same second (1,024
 and 8,192), registered by the convention or by tags alone, and mixed-cluster lines (1,000
@@ -46,7 +46,7 @@ from typing import Any
 from gpu_recovery import constants as C
 from gpu_recovery.domain.launch_plan import MAX_INSTANCES_PER_START
 from local_mode.scale_recovery import INSTANCE_TABLE, JOB_TABLE, ScaleWorld, TaggedJob, launch_tagged_job
-from local_mode.scale_sim import AccountRateLimit
+from local_mode.sim.aws_calls import AccountRateLimit
 
 DEFAULT_SIZES = {"per-node": (8, 64, 256, 1024), "per-gpu": (8192,)}
 SCENARIOS = ("cascade", "all-nodes")

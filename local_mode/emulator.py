@@ -65,6 +65,8 @@ from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 
 from .api_hooks import ApiHooks, hook_answer
+from .events import ACCOUNT_ID, REGION
+from .health_verdicts import HEALTH_CHECK_LOG_GROUP
 from .moto_patches import (
     NoSleepTime,
     install_emulator_speedups,
@@ -76,12 +78,9 @@ from .sim.broken_calls import CallFaults
 from .sim.dynamo import MemoryDynamo
 from .sim.dynamo.botocore_backend import serve_dynamodb_from
 
-ACCOUNT_ID = "123456789012"
-REGION = "us-east-1"
 TOPIC_NAME = "gpu-training-notifications"
 QUEUE_NAME = "gpu-training-notifications-inbox"
 GANG_QUEUE_NAME = "gpu-recovery-gang-batches"  # the gang fan-out's queue (see LocalEventBus.add_queue)
-HEALTH_CHECK_LOG_GROUP = "/ecs/gpu-health-check"
 #: ``LocalAws(dynamodb=...)``: moto (exact API behaviour, the default) or the in-memory store
 DYNAMODB_BACKENDS = ("moto", "memory")
 

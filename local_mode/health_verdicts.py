@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+#: The log group the health-check task definition's awslogs driver writes to.
+HEALTH_CHECK_LOG_GROUP = "/ecs/gpu-health-check"
 HEALTH_VALUES = ("healthy", "reboot_fixable", "persistent_reboot", "replace", "config_error",
                  "reset_fixable", "reset_fails")
 # config_error: DCGM's persistence-mode failure (error 29, severity config): exit 3.

@@ -6,7 +6,7 @@ Each Lambda container holds its own ``RecoveryService`` over the real ``Reposito
 (:class:`~local_mode.sim.dynamo.MemoryDynamo`) and the real adapters (``EcsAdapter``
 with the stack's ``EcsCallBudget`` item, ``GangQueue``, ``RebootAdapter``,
 ``SnsNotifier``, ``VerdictLogReader``) on the stand-in clients of
-``local_mode/scale_aws.py`` and ``local_mode/scale_sim.py``, built by
+``local_mode/sim/`` (``engine``, ``aws_calls``, ``ecs_cluster``, ``aws_stand_ins``, ``sqs``), built by
 ``gpu_recovery.runtime.build_recovery_service`` (what ``runtime.recovery_service`` builds a
 Lambda's service with).
 
@@ -50,27 +50,16 @@ from gpu_recovery.events.ecs import (
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.recovery.ranks import container_environment
 from gpu_recovery.settings import Settings
-from local_mode.scale_aws import (
-    HEALTH_CHECK_LOG_GROUP,
-    Ec2Client,
-    EcsCluster,
-    LogsClient,
-    SimNode,
-    SimTask,
-    SnsClient,
-    SnsTopic,
-    SsmClient,
-)
-from local_mode.scale_sim import (
-    Account,
-    EventBus,
-    LambdaService,
-    Latencies,
-    SimQueuePort,
-    Simulation,
-    SqsQueue,
-)
+from local_mode.health_verdicts import HEALTH_CHECK_LOG_GROUP
+from local_mode.sim.aws_calls import Account, Latencies
+from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTopic, SsmClient
 from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
+from local_mode.sim.ecs_cluster import EcsCluster
+from local_mode.sim.ecs_cluster_model import ClusterNode, ClusterTask
+from local_mode.sim.engine import Simulation
+from local_mode.sim.eventbridge import EventBus
+from local_mode.sim.lambdas import LambdaService
+from local_mode.sim.sqs import SimQueuePort, SqsQueue
 
 JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
 INSTANCE_TABLE = C.DEFAULT_INSTANCE_TABLE_NAME
@@ -425,13 +414,13 @@ class TaggedJob:
 
     job_id: str
     world_size: int
-    tasks: list[SimTask]
-    nodes: list[SimNode]
+    tasks: list[ClusterTask]
+    nodes: list[ClusterNode]
     running: Counter[int] = field(default_factory=Counter)  # attempt -> ranks RUNNING now
     all_running_at: dict[int, float] = field(default_factory=dict)  # attempt -> first time all ran
 
 
-def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[SimNode], *,
+def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[ClusterNode], *,
                       tasks_per_node: int = 1, gpus_per_task: int = 8, family: str = "train",
                       registration: str = "tags") -> TaggedJob:
     """Start the job's ranks in the data plane (rank r on ``nodes[r // tasks_per_node]``) and
@@ -442,7 +431,7 @@ def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[SimNode], *,
     job = TaggedJob(job_id, world_size, [], list(nodes))
     group = C.job_group(job_id)
 
-    def observe(task: SimTask) -> None:
+    def observe(task: ClusterTask) -> None:
         values = task.tag_values
         env = container_environment(task.overrides)
         if values.get(C.TAG_JOB_ID) != job_id and task.group != group:

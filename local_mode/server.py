@@ -59,8 +59,8 @@ from gpu_recovery.constants import (
     NODE_TOKEN_HEADER_PATTERN,
 )
 
-ACCOUNT_ID = "123456789012"
-REGION = "us-east-1"
+from .events import ACCOUNT_ID, REGION
+
 API_ID = "local"
 STAGE = "prod"
 DEFAULT_USER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/local"

@@ -29,6 +29,11 @@
 * **One world builder**: only ``local_mode/world.py`` (``build_world``) constructs the
   ``LocalEventBus`` and the ``SimulatedEcs``; the demo, the playground, the scenarios, the
   campaigns, the benches and the tests enter it instead of repeating the set-up.
+* **One simulation layer**: outside ``local_mode/sim/`` (and ``local_mode/events.py``, the
+  event shapes) no class is named like a clock, a bus, a cluster or a simulation (in
+  ``local_mode/`` and ``bench/``, like an ECS model either), no AWS event is built with
+  ``local_mode/events.py`` and nothing imports EventBridge's matcher (``moto.events``), but
+  the policy models named in ``POLICY_MODELS`` with their reason.
 * **No module over 600 lines** outside ``tests/``, but those in ``LONG_MODULES``, each
   named with its reason (a module that shrinks below the limit must leave the list).
 
@@ -739,14 +744,10 @@ def test_the_breaker_check_finds_its_state_changed_elsewhere(snippet: str) -> No
 MAX_MODULE_LINES = 600
 #: where the size limit applies (tests/ is not counted: a test module mirrors what it tests)
 SIZED = ("lambdas", "cli", "infra", "local_mode", "bench", "agent", "health_check", "training_client")
-_SIMULATOR = ("one of the two simulators issue 27's simulation layer (local_mode/sim/) replaces; "
-              "split or deleted there")
 #: modules allowed over the limit, each with its reason
 LONG_MODULES = {
     "agent/gpu_node_agent.py": "the node agent is one stdlib-only file: its source is the container "
                                "command (and a systemd unit's script), copied to each node as is",
-    "local_mode/scale_sim.py": _SIMULATOR,
-    "local_mode/scale_aws.py": _SIMULATOR,
 }
 
 
@@ -833,3 +834,91 @@ def test_the_test_import_check_finds_a_test_module_imported(snippet: str) -> Non
     assert imported_test_modules(snippet, "tests/recovery/breaker/test_auto_close.py")
     assert not imported_test_modules("from tests.recovery.breaker.steps import PEER",
                                      "tests/recovery/breaker/test_auto_close.py")
+# ----------------------------------------------------------------- one simulation layer
+SIMULATION_LAYER = "local_mode/sim/"
+#: a class so named is a clock, an event bus, an ECS cluster or a discrete-event core
+SIMULATOR_CLASS = re.compile(r"(Clock|Bus|Cluster|Simulation)$")
+#: in local_mode/ and bench/ (which simulate AWS), a class of this name models ECS
+ECS_MODEL_CLASS = re.compile(r"Ecs")
+SIMULATING_FOLDERS = ("local_mode/", "bench/")
+#: local_mode/events.py's builders of AWS-shaped events: the data planes and buses emit them
+EVENT_BUILDERS = frozenset({"task_state_change", "container_instance_state_change", "scheduled_event"})
+#: models of the stack's own policy, not of an AWS service, each with its reason
+POLICY_MODELS = {
+    "bench/time_sharing_day.py:DaySimulation": "a day of the queue's admission and preemption "
+                                               "policy, tick by tick, on free-GPU counts: no ECS "
+                                               "API, no event, no bus, gpu_recovery's clock untouched",
+}
+
+
+def simulator_parts_defined(source: str, path: str) -> list[str]:
+    """``path:line what`` for each piece of a simulator of AWS in ``source``: a class named like
+    a clock, a bus, a cluster or a simulation (or, in local_mode/ and bench/, like an ECS model),
+    an AWS event built with local_mode/events.py, EventBridge's rule matcher imported."""
+    found = []
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.ClassDef):
+            if f"{path}:{node.name}" in POLICY_MODELS:
+                continue
+            if SIMULATOR_CLASS.search(node.name) or (
+                    path.startswith(SIMULATING_FOLDERS) and ECS_MODEL_CLASS.search(node.name)):
+                found.append(f"{path}:{node.lineno} class {node.name}")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = (func.id if isinstance(func, ast.Name)
+                    else func.attr if isinstance(func, ast.Attribute) else "")
+            if name in EVENT_BUILDERS:
+                found.append(f"{path}:{node.lineno} {name}( (an AWS event emitted)")
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if any(n == "moto.events" or n.startswith("moto.events.") for n in names):
+                found.append(f"{path}:{node.lineno} imports moto.events (EventBridge rules matched)")
+    return found
+
+
+def test_nothing_outside_the_simulation_layer_models_a_clock_a_bus_or_ecs() -> None:
+    """Given every module outside tests/ but local_mode/sim/ and local_mode/events.py (the
+    event shapes)
+    When the classes named like a clock, a bus, a cluster or a simulation (an ECS model, in
+    local_mode/ and bench/), the AWS events built and the imports of EventBridge's matcher are
+    listed
+    Then there are none but the named policy models (POLICY_MODELS, each still present): one
+    clock, one bus and one ECS model per world, in local_mode/sim/."""
+    found, policy_models = [], set()
+    for folder in SIZED:
+        for path in _sources(ROOT / folder):
+            relative = _relative(path)
+            if relative.startswith(SIMULATION_LAYER) or relative == "local_mode/events.py":
+                continue
+            source = path.read_text()
+            found += simulator_parts_defined(source, relative)
+            policy_models |= {f"{relative}:{node.name}" for node in ast.walk(ast.parse(source, relative))
+                              if isinstance(node, ast.ClassDef)}
+    assert not found, f"simulate AWS in local_mode/sim/ (and use it from there): {found}"
+    stale = sorted(set(POLICY_MODELS) - policy_models)
+    assert not stale, f"gone: remove from POLICY_MODELS: {stale}"
+    assert all(reason.strip() for reason in POLICY_MODELS.values())
+
+
+@pytest.mark.parametrize(("snippet", "path"), [
+    ("class WallClock:\n    pass\n", "local_mode/demo.py"),
+    ("class TimedBus:\n    pass\n", "bench/x.py"),
+    ("class GpuCluster:\n    pass\n", "cli/x.py"),
+    ("class StormSimulation:\n    pass\n", "local_mode/x.py"),
+    ("class FakeEcs:\n    pass\n", "bench/x.py"),
+    ("event = ev.task_state_change(task, time=0.0)\n", "local_mode/x.py"),
+    ("from moto.events.models import EventPattern\n", "bench/x.py"),
+    ("import moto.events\n", "local_mode/x.py"),
+])
+def test_the_simulation_layer_check_finds_a_simulator_outside_it(snippet: str, path: str) -> None:
+    assert simulator_parts_defined(snippet, path)
+
+
+@pytest.mark.parametrize(("snippet", "path"), [
+    ("class EcsAdapter:\n    pass\n", "lambdas/gpu_recovery/adapters/ecs.py"),
+    ("service.on_task_state_change(detail)\n", "local_mode/scale_recovery.py"),
+    ("class DaySimulation:\n    pass\n", "bench/time_sharing_day.py"),
+    ("from moto import mock_aws\n", "local_mode/emulator.py"),
+])
+def test_the_simulation_layer_check_leaves_the_rest_alone(snippet: str, path: str) -> None:
+    assert simulator_parts_defined(snippet, path) == []

@@ -1,6 +1,9 @@
 """The one simulation layer every local app, campaign, bench and test runs on.
 
-* :mod:`~local_mode.sim.clock` — ``SimClock``: simulated time, moved only by the driver.
+The moto-backed world (demo, playground, scenarios, crash campaigns):
+
+* :mod:`~local_mode.sim.clock` — ``SimClock``: simulated time, moved only by the driver;
+  ``DEFAULT_START``, the simulated start every simulation shares.
 * :mod:`~local_mode.sim.ecs` — ``SimulatedEcs``: the ECS data plane (GPU nodes, agents,
   tasks, reboots, DCGM verdicts) behind moto's control plane; its parts are
   ``ecs_model`` (records), ``ecs_core`` (state, nodes, driver), ``ecs_tasks`` (task
@@ -8,6 +11,28 @@
 * :mod:`~local_mode.sim.bus` — ``LocalEventBus``: EventBridge rules and schedules, SQS
   event sources, Lambda's async retries and dead letters, in simulated time.
 * :mod:`~local_mode.sim.wiring` — the recovery Lambdas on the bus as infra deploys them.
+* :mod:`~local_mode.sim.dynamo` — ``MemoryDynamo``: the in-memory DynamoDB (either world's
+  storage backend when moto's is too slow).
 
-``local_mode.world.build_world`` assembles them; nothing else constructs them.
+The timed world of the scale simulator (``make bench BENCH=scale``; wired by
+``local_mode.scale_recovery``), where invocations interleave at AWS calls:
+
+* :mod:`~local_mode.sim.engine` — ``Simulation``: timed actions and processes (one per
+  Lambda invocation), ``LambdaTimeout``.
+* :mod:`~local_mode.sim.aws_calls` — ``Account``, ``SimClient``: call latency, account-wide
+  rate limits, botocore's standard retries and retry quota, call statistics.
+* :mod:`~local_mode.sim.lambdas` — ``LambdaService``: concurrency, containers, timeouts,
+  async retries (``LAMBDA_ASYNC_RETRY_DELAYS``, shared with ``wiring``), dead letters.
+* :mod:`~local_mode.sim.eventbridge` — ``EventBus``: deployed rule patterns, at-least-once
+  delivery, schedules.
+* :mod:`~local_mode.sim.sqs` — ``SqsQueue``, ``SqsEventSource``: queues, redrive, the Lambda
+  event source.
+* :mod:`~local_mode.sim.ecs_cluster` — ``EcsCluster``, ``EcsClient``: the ECS control-plane
+  API over :mod:`~local_mode.sim.ecs_cluster_data_plane` (nodes, task lifecycle, reboots,
+  DCGM verdicts, events) and the records of :mod:`~local_mode.sim.ecs_cluster_model`.
+* :mod:`~local_mode.sim.aws_stand_ins` — EC2, SSM, CloudWatch Logs and SNS clients.
+
+Both worlds build their events with ``local_mode.events`` (and take ``ACCOUNT_ID`` /
+``REGION`` from it). ``local_mode.world.build_world`` assembles the moto-backed world;
+nothing else constructs it.
 """

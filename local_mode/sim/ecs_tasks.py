@@ -11,8 +11,7 @@ from typing import Any
 from gpu_recovery import constants as C
 
 from .. import events as ev
-from ..emulator import HEALTH_CHECK_LOG_GROUP
-from ..health_verdicts import REBOOT_FIXES, RESET_FIXES, VERDICT_EXIT, verdict_line
+from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, REBOOT_FIXES, RESET_FIXES, VERDICT_EXIT, verdict_line
 from .ecs_core import EcsCore
 from .ecs_model import Node, Plan, SimTask
 

@@ -13,10 +13,8 @@ from gpu_recovery import constants as C
 from ..api_hooks import hook_answer
 from ..emulator import LocalAws
 from .bus import LocalEventBus, Target
+from .lambdas import LAMBDA_ASYNC_RETRY_DELAYS
 
-#: Lambda asynchronous invocation: on a function error, 2 more attempts, the first
-#: about a minute later and the second about two minutes after that.
-LAMBDA_ASYNC_RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0)
 SWEEP_SCHEDULE = "recovery-sweep"
 GANG_QUEUE = "gang-batches"
 # As infra configures the gang queue (infra/gang.py): visibility 6x the worker's timeout.

@@ -15,7 +15,10 @@ from botocore.exceptions import ClientError
 from gpu_recovery import clock
 from gpu_recovery import constants as C
 from local_mode.scale_recovery import ScaleWorld, launch_tagged_job
-from local_mode.scale_sim import Account, LambdaService, Simulation, SqsQueue, sqs_batch_handler
+from local_mode.sim.aws_calls import Account
+from local_mode.sim.engine import Simulation
+from local_mode.sim.lambdas import LambdaService
+from local_mode.sim.sqs import SqsQueue, sqs_batch_handler
 
 
 @pytest.fixture

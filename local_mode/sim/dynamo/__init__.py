@@ -1,5 +1,5 @@
 """``MemoryDynamo``: an in-memory DynamoDB behind the boto3 *resource* API, fast enough for
-recoveries of thousands of ranks (the scale simulator, ``local_mode/scale_sim.py``).
+recoveries of thousands of ranks (the scale simulator, ``local_mode/sim/engine.py``).
 
 What the repositories call (``dynamodb.Table(name).get_item/put_item/update_item/
 delete_item/query/scan`` and ``dynamodb.meta.client.update_item/transact_write_items/

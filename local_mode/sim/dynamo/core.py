@@ -18,6 +18,7 @@ from moto.dynamodb.parsing.executors import UpdateExpressionExecutor
 
 from gpu_recovery import constants as C
 
+from ...events import ACCOUNT_ID, REGION
 from .clients import MemoryDynamoClient, MemoryTable, _Meta
 from .expressions import _attribute_names, _check_tokens_used, _condition, _update_tree, _Validator
 from .storage import Meter, _read_units, _Stored, _Table, _Usages, _write_units
@@ -49,7 +50,7 @@ class DynamoCore:
                  context: Context | None = None, now: Callable[[], float] | None = None,
                  on_call: Callable[[str], None] | None = None,
                  tx_conflict_window: float = DEFAULT_TX_CONFLICT_WINDOW,
-                 validate: bool = True, arn_prefix: str = "arn:aws:dynamodb:us-east-1:123456789012") -> None:
+                 validate: bool = True, arn_prefix: str = f"arn:aws:dynamodb:{REGION}:{ACCOUNT_ID}") -> None:
         self._tables: dict[str, _Table] = {}
         self.arn_prefix = arn_prefix
         self.meter = Meter()

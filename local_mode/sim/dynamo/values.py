@@ -17,6 +17,8 @@ from botocore.exceptions import ClientError
 from moto.dynamodb.exceptions import DynamodbException
 from moto.dynamodb.models.dynamo_type import DynamoType, Item
 
+from ...events import REGION
+
 MAX_ITEM_BYTES = 400 * 1024
 MAX_PAGE_BYTES = 1024 * 1024  # a Query / Scan page
 MAX_BATCH_GET_BYTES = 16 * 1024 * 1024
@@ -35,7 +37,7 @@ def _botocore_client() -> Any:
     """A DynamoDB client that is never called: its model validates parameters and its
     ``exceptions`` are the modeled error classes boto3 raises."""
     session = botocore.session.get_session()
-    return session.create_client("dynamodb", region_name="us-east-1", aws_access_key_id="memory",
+    return session.create_client("dynamodb", region_name=REGION, aws_access_key_id="memory",
                                  aws_secret_access_key="memory")  # noqa: S106 - never sent anywhere
 
 
