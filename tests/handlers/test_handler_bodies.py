@@ -23,6 +23,7 @@ HEALTH_CHECK_STOPPED = json.loads((EVENTS / "health_check_task_stopped.json").re
 INSTANCE_CHANGE = json.loads((EVENTS / "aws_doc_ecs_container_instance_state_change.json").read_text())
 RECOVERY_HANDLERS = ("ecs_task_handler", "dcgm_task_monitor", "ecs_instance_monitor", "recovery_sweep",
                      "gang_worker", "tag_lookup_worker")
+HEARTBEAT_HANDLERS = ("heartbeat_sweep",)
 
 
 class Service:
@@ -44,7 +45,7 @@ class Service:
         self.calls.append(("instance", (detail.containerInstanceArn, time)))
         return Outcome("noted")
 
-    def sweep(self, time_left: Any) -> Outcome:
+    def sweep(self, time_left: Any = None) -> Outcome:
         self.calls.append(("sweep", time_left() if time_left else None))
         return Outcome("swept")
 
@@ -83,11 +84,13 @@ def test_event_bodies_parse_call_the_service_and_drop_malformed_events() -> None
     assert len(service.calls) == 3  # neither the ignored nor the malformed events reached the service
 
 
-def test_the_sweep_gets_the_time_left() -> None:
+def test_the_sweeps_ignore_the_schedules_event_and_the_recovery_sweep_gets_the_time_left() -> None:
     service = Service()
-    assert _handle("recovery_sweep")({}, service, time_left=lambda: 12.5)["action"] == "swept"
+    assert _handle("recovery_sweep")({"detail-type": "Scheduled Event"}, service,
+                                     time_left=lambda: 12.5)["action"] == "swept"
     assert _handle("recovery_sweep")({}, service)["action"] == "swept"
-    assert service.calls == [("sweep", 12.5), ("sweep", None)]
+    assert _handle("heartbeat_sweep")({}, service, time_left=lambda: 12.5)["action"] == "swept"
+    assert service.calls == [("sweep", 12.5), ("sweep", None), ("sweep", None)]
 
 
 def test_gang_worker_partial_batch_response_is_powertools() -> None:
@@ -102,7 +105,7 @@ def test_gang_worker_partial_batch_response_is_powertools() -> None:
         handle(_sqs(json.dumps({"id": "c", "fail": True})), service)
 
 
-@pytest.mark.parametrize("name", RECOVERY_HANDLERS)
+@pytest.mark.parametrize("name", RECOVERY_HANDLERS + HEARTBEAT_HANDLERS)
 def test_lambda_handler_runs_the_body_with_runtimes_service_and_the_contexts_time_left(
         monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     module = importlib.import_module(f"handlers.{name}")
@@ -113,7 +116,8 @@ def test_lambda_handler_runs_the_body_with_runtimes_service_and_the_contexts_tim
         seen.append((event, given, time_left() if time_left else None))
         return {"action": "done"}
 
-    monkeypatch.setattr(runtime, "recovery_service", lambda metrics=None: service)
+    factory = "heartbeat_service" if name in HEARTBEAT_HANDLERS else "recovery_service"
+    monkeypatch.setattr(runtime, factory, lambda metrics=None: service)
     monkeypatch.setattr(module, "handle", body)
     event = {"id": "e-1", "Records": []}
     assert module.lambda_handler(event, LambdaContext(name)) == {"action": "done"}
