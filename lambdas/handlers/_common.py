@@ -65,6 +65,3 @@ class Handle(Protocol):
 
     def __call__(self, event: dict[str, Any], service: Any, *,
                  time_left: TimeLeft | None = None) -> dict[str, Any]: ...
-
-
-Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
