@@ -10,9 +10,7 @@
   recovery Lambdas wired (the demo, the playground, the scenarios, the campaigns, the
   benches and the tests all enter it), torn down with the handlers' services.
 * :mod:`local_mode.events` — AWS-documented ECS event builders.
-* :mod:`local_mode.api_errors` — ``ApiFaults``: transient / persistent AWS API errors.
-* :mod:`local_mode.faults` — ``CallFaults`` (one fault at one API call) and ``broken_runs``
-  (the crash campaigns' runs that break each call).
+* :mod:`local_mode.faults` — ``ApiFaults``: transient / persistent AWS API errors.
 * :mod:`local_mode.playground` — ``make playground``: all of the above driven from a
   real-time clock behind the local API (:mod:`local_mode.server`), with simulated training
   programs (:mod:`local_mode.training_programs`) and faults on demand.

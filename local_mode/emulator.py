@@ -15,7 +15,7 @@ Entering the context:
   ``hang_seconds``, hang action ``notify``);
 * resets ``gpu_recovery.adapters.aws`` and registers **dispatching** botocore hooks
   on its session before any handler client exists, so :class:`~local_mode.api_hooks.ApiHooks` listeners
-  (the simulated ECS data plane) and :class:`~local_mode.api_errors.ApiFaults` (error
+  (the simulated ECS data plane) and :class:`~local_mode.faults.ApiFaults` (error
   injection) can be added at any time afterwards;
 * makes botocore's retry back-off a no-op (delays are recorded in ``retry_sleeps``)
   so injected throttling costs no wall time;
@@ -64,9 +64,8 @@ from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 
-from .api_errors import ApiFaults
 from .api_hooks import ApiHooks, hook_answer
-from .faults import CallFaults
+from .faults import ApiFaults, CallFaults
 from .moto_patches import (
     NoSleepTime,
     install_emulator_speedups,

@@ -747,6 +747,7 @@ LONG_MODULES = {
                                "command (and a systemd unit's script), copied to each node as is",
     "local_mode/scale_sim.py": _SIMULATOR,
     "local_mode/scale_aws.py": _SIMULATOR,
+    "local_mode/faults.py": _SIMULATOR,
 }
 
 

@@ -17,7 +17,7 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
 from gpu_recovery.domain.control_token import make_token
-from local_mode.api_errors import INTERNAL
+from local_mode.faults import INTERNAL
 from tests.control.world import ControlWorld, FakeClock, client_lib
 
 TOKEN0 = make_token("job-1", 0, "33" * 32)

@@ -15,7 +15,7 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState, RankState
-from local_mode.api_errors import INTERNAL, THROTTLING
+from local_mode.faults import INTERNAL, THROTTLING
 from local_mode.sim.bus import LambdaContext
 from tests.handlers.cluster import Cluster, cluster_with, make_cluster
 
@@ -288,7 +288,7 @@ def test_eight_ranks_failing_at_once_from_threads_give_one_health_check_per_inst
 def test_transient_api_errors_are_absorbed(cluster: Cluster) -> None:
     """Given ECS/EC2 throttle and 5xx a few times (fewer than the retry budget),
     Then the standard retry mode absorbs them and the job is recovered."""
-    from local_mode.api_errors import ATTEMPTS
+    from local_mode.faults import ATTEMPTS
 
     start(cluster, "flaky", ["node-a", "node-b"])
     cluster.local.faults.inject("ecs", "StopTask", count=ATTEMPTS - 1, error=THROTTLING)

@@ -18,8 +18,8 @@ from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 from local_mode import events as ev
-from local_mode.api_errors import ATTEMPTS, INTERNAL, THROTTLING, UNAVAILABLE
 from local_mode.emulator import LocalAws
+from local_mode.faults import ATTEMPTS, INTERNAL, THROTTLING, UNAVAILABLE
 from local_mode.world import build_world
 
 EVENTS_DIR = Path(__file__).resolve().parents[1] / "events"

@@ -18,9 +18,8 @@ from boto3.dynamodb.conditions import Attr, Key
 from botocore.exceptions import ClientError, ParamValidationError, ReadTimeoutError
 
 from gpu_recovery.adapters import aws
-from local_mode.api_errors import ATTEMPTS, INTERNAL
 from local_mode.emulator import DYNAMODB_BACKENDS, LocalAws
-from local_mode.faults import LOST_RESPONSE, THROTTLE
+from local_mode.faults import ATTEMPTS, INTERNAL, LOST_RESPONSE, THROTTLE
 
 ITEM = {"job_id_rank": "job-1#job", "job_state": "RUNNING", "attempt": Decimal(1),
         "nodes": {"node-a", "node-b"}, "spec": {"gpus": Decimal(8), "tags": ["a", "b"]}}

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from gpu_recovery import constants as C
-from local_mode.api_errors import THROTTLING
+from local_mode.faults import THROTTLING
 from local_mode.remediation_scenarios import MIN, world
 from tests.remediation.steps import submit_queued_job
 

@@ -229,7 +229,7 @@ def test_a_launch_a_dead_tick_left_keeps_its_nodes_until_it_is_resumed(tc):
     When a smaller job is queued and the next tick runs before the launch is resumed
     Then the smaller job does not take the nodes planned for the first (it would make the
     resumed launch fail for lack of GPUs); the resumed launch starts every rank there."""
-    from local_mode.api_errors import THROTTLING
+    from local_mode.faults import THROTTLING
 
     first = tc.submit(nnodes=4, priority=HIGH, user="bob", quota_subject="bob")
     tc.local.faults.persistent("ecs", "StartTask", error=THROTTLING)
