@@ -10,11 +10,12 @@ with the stack's ``EcsCallBudget`` item, ``GangQueue``, ``RebootAdapter``,
 ``gpu_recovery.runtime.build_recovery_service`` (what ``runtime.recovery_service`` builds a
 Lambda's service with).
 
-The handlers here do what ``lambdas/handlers/*`` do, without Powertools or
+Each function runs its handler's body, ``handlers.<name>.handle`` (the one its
+``lambda_handler`` runs in Lambda: the same parsing, dropping of malformed events, logging
+and partial batch responses), with the container's service instead of
 ``runtime.recovery_service``'s one service per process (which would share one ECS client
-between concurrent invocations): parse the event with the same pydantic models (a malformed one
-is dropped), then call the service entry point (the sweep and the gang worker with the
-invocation's remaining time, as Lambda's context gives it).
+between concurrent invocations), and the invocation's remaining time, as Lambda's context
+gives it (:func:`on_container`).
 
 Plugging in more (the fan-out the recovery loop will get):
 
@@ -36,20 +37,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import ValidationError
-
 from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.adapters.ecs_budget import EcsCallBudget
-from gpu_recovery.events.ecs import (
-    EcsContainerInstanceStateChangeEvent,
-    EcsTaskDetail,
-    EcsTaskStateChangeEvent,
-)
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.recovery.ranks import container_environment
 from gpu_recovery.settings import Settings
+from handlers import (
+    dcgm_task_monitor,
+    ecs_instance_monitor,
+    ecs_task_handler,
+    gang_worker,
+    recovery_sweep,
+    tag_lookup_worker,
+)
+from handlers._common import Handle
 from local_mode.health_verdicts import HEALTH_CHECK_LOG_GROUP
 from local_mode.sim.aws_calls import Account, Latencies
 from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTopic, SsmClient
@@ -75,6 +78,14 @@ FUNCTION_TIMEOUTS: dict[str, float] = {
 MAX_EVENT_AGE: dict[str, float] = {"ecs_task_handler": 7200.0, "dcgm_task_monitor": 7200.0,
                                    "ecs_instance_monitor": 7200.0, "recovery_sweep": 300.0}
 ASYNC_RETRIES = 2
+# The functions EventBridge invokes (rules and the sweep's schedule) and the body each runs:
+# its handler module's ``handle``, the one its ``lambda_handler`` runs in Lambda.
+EVENT_FUNCTIONS: dict[str, Handle] = {
+    "ecs_task_handler": ecs_task_handler.handle,
+    "dcgm_task_monitor": dcgm_task_monitor.handle,
+    "ecs_instance_monitor": ecs_instance_monitor.handle,
+    "recovery_sweep": recovery_sweep.handle,
+}
 SWEEP_EVERY_SECONDS = 60.0
 # infra/gang.py (tests/infra checks these against the stack): the gang fan-out's queue and
 # worker; GANG_WORKER_CONCURRENCY is infra/config.py's default gang_worker_concurrency.
@@ -137,39 +148,6 @@ class Container:
         return self._service
 
 
-def _parsed(model: Any, event: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(event)
-    except (ValidationError, ValueError, TypeError):
-        return None
-
-
-def task_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-    """handlers/ecs_task_handler.py"""
-    parsed = _parsed(EcsTaskStateChangeEvent, event)
-    if parsed is None:
-        return {"action": "dropped", "why": "malformed ECS Task State Change event"}
-    return dict(container.service.on_task_state_change(parsed.detail).as_dict())
-
-
-def health_check_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-    """handlers/dcgm_task_monitor.py"""
-    parsed = _parsed(EcsTaskStateChangeEvent, event)
-    if parsed is None:
-        return {"action": "dropped", "why": "malformed ECS Task State Change event"}
-    if parsed.detail.lastStatus != "STOPPED":
-        return {"action": "ignored", "why": f"lastStatus {parsed.detail.lastStatus}"}
-    return dict(container.service.on_health_check_stopped(parsed.detail).as_dict())
-
-
-def instance_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-    """handlers/ecs_instance_monitor.py"""
-    parsed = _parsed(EcsContainerInstanceStateChangeEvent, event)
-    if parsed is None:
-        return {"action": "dropped", "why": "malformed ECS Container Instance State Change event"}
-    return dict(container.service.on_container_instance_change(parsed.detail, parsed.time).as_dict())
-
-
 def _time_left(container: Container) -> Callable[[], float] | None:
     """Lambda's ``context.get_remaining_time_in_millis() / 1000`` for the running invocation."""
     sim = container.sim
@@ -180,46 +158,14 @@ def _time_left(container: Container) -> Callable[[], float] | None:
     return lambda: deadline - sim.now
 
 
-def sweep_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-    """handlers/recovery_sweep.py"""
-    return dict(container.service.sweep(_time_left(container)).as_dict())
+def on_container(handle: Handle) -> Callable[[Container, dict[str, Any]], dict[str, Any]]:
+    """A simulated function running a handler's body (``handlers.<name>.handle``, the one its
+    ``lambda_handler`` runs) with the container's service and the invocation's time left."""
 
+    def handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
+        return handle(event, container.service, time_left=_time_left(container))
 
-def gang_worker_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-    """handlers/gang_worker.py: each record one batch; a malformed one is dropped, one that
-    raises is reported failed (Powertools' partial batch response)."""
-    failures = []
-    time_left = _time_left(container)
-    for record in event.get("Records", []):
-        try:
-            body = json.loads(record["body"])
-            if not isinstance(body, dict):
-                raise ValueError("the body is not a JSON object")
-            container.service.on_gang_batch(
-                body, receive_count=int(record["attributes"]["ApproximateReceiveCount"]), time_left=time_left)
-        except ValueError:
-            continue  # malformed: logged and dropped
-        except Exception:
-            failures.append({"itemIdentifier": record["messageId"]})
-    return {"batchItemFailures": failures}
-
-
-def tag_lookup_handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-    """handlers/tag_lookup_worker.py: the batch's tasks described together; the whole batch
-    fails when that does, an event's own failure fails its message."""
-    parsed = []
-    for record in event.get("Records", []):
-        try:
-            parsed.append((record["messageId"],
-                           EcsTaskDetail.model_validate(json.loads(record["body"])["detail"])))
-        except (ValueError, KeyError, TypeError, ValidationError):
-            continue  # malformed: logged and dropped
-    try:
-        outcomes = container.service.on_tag_lookups([detail for _, detail in parsed])
-    except Exception:
-        return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id, _ in parsed]}
-    return {"batchItemFailures": [{"itemIdentifier": message_id} for (message_id, _), outcome
-                                  in zip(parsed, outcomes, strict=True) if isinstance(outcome, Exception)]}
+    return handler
 
 
 class ScaleWorld:
@@ -277,17 +223,17 @@ class ScaleWorld:
             gang_queue_url=gang_queue.url if gang_queue is not None else "",
             tag_lookup_queue_url=lookups.url), **(settings or {}))
         timeouts = {**FUNCTION_TIMEOUTS, **(function_timeouts or {})}
-        handlers = (("ecs_task_handler", task_handler), ("dcgm_task_monitor", health_check_handler),
-                    ("ecs_instance_monitor", instance_handler), ("recovery_sweep", sweep_handler))
-        for name, handler in handlers:
-            self.lambdas.add_function(name, handler, timeout=timeouts[name], make_container=self.container,
-                                      async_retries=ASYNC_RETRIES, max_event_age=MAX_EVENT_AGE[name])
+        for name, handle in EVENT_FUNCTIONS.items():
+            self.lambdas.add_function(name, on_container(handle), timeout=timeouts[name],
+                                      make_container=self.container, async_retries=ASYNC_RETRIES,
+                                      max_event_age=MAX_EVENT_AGE[name])
         if gang_queue is not None:
-            self.lambdas.add_function(GANG_WORKER, gang_worker_handler, timeout=GANG_WORKER_TIMEOUT_SECONDS,
-                                      make_container=self.container, async_retries=0)
+            self.lambdas.add_function(GANG_WORKER, on_container(gang_worker.handle),
+                                      timeout=GANG_WORKER_TIMEOUT_SECONDS, make_container=self.container,
+                                      async_retries=0)
             gang_queue.attach(self.lambdas, GANG_WORKER, batch_size=GANG_BATCH_SIZE,
                               max_concurrency=gang_worker_concurrency)
-        self.lambdas.add_function(TAG_LOOKUP_WORKER, tag_lookup_handler,
+        self.lambdas.add_function(TAG_LOOKUP_WORKER, on_container(tag_lookup_worker.handle),
                                   timeout=float(C.TAG_LOOKUP_WORKER_TIMEOUT_SECONDS),
                                   make_container=self.container, async_retries=0)
         # The batching window: the poller waits that long for a batch to fill.

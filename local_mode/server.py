@@ -435,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpu_recovery import runtime
     from gpu_recovery.adapters import aws
     from gpu_recovery.heartbeat.tokens import TokenStore
+    from handlers import heartbeat_sweep
     from local_mode.emulator import LocalAws
 
     with LocalAws() as local:
@@ -445,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         def sweeper() -> None:
             while not stop.wait(args.sweep_seconds):
                 try:
-                    print("sweep:", runtime.heartbeat_service().sweep().as_dict(), flush=True)
+                    # The heartbeat sweep Lambda's body, on the local service.
+                    print("sweep:", heartbeat_sweep.handle({}, runtime.heartbeat_service()), flush=True)
                 except Exception as error:  # keep serving
                     print("sweep failed:", error, flush=True)
 

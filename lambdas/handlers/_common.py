@@ -1,9 +1,19 @@
-"""Powertools objects and the malformed-event guard shared by the recovery handlers."""
+"""Powertools objects, the malformed-event guard and the shape of a handler's body, shared by
+the recovery handlers.
+
+Each handler module has two functions: ``handle(event, service, *, time_left=None)``, the
+body (parse the event with its model, drop a malformed one, call the service, log the
+outcome; an SQS handler answers with its partial batch response), and ``lambda_handler``,
+the Lambda entry point (Powertools' logger, tracer and metrics around ``handle``, the
+service from ``gpu_recovery.runtime``, the time left from Lambda's context). The
+simulators call ``handle`` with a service of their own (one per simulated container) and
+the simulated time left: one body for both.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.parser import parse
@@ -41,4 +51,17 @@ def dropped(reason: str) -> dict[str, Any]:
     return {"action": "dropped", "why": reason}
 
 
-Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+TimeLeft = Callable[[], float]
+
+
+def remaining_time(context: Any) -> TimeLeft | None:
+    """Seconds left in the invocation, as Lambda's context tells them (None without one)."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    return (lambda: remaining() / 1000.0) if callable(remaining) else None
+
+
+class Handle(Protocol):
+    """A handler's body: the event, the service it calls, the invocation's time left."""
+
+    def __call__(self, event: dict[str, Any], service: Any, *,
+                 time_left: TimeLeft | None = None) -> dict[str, Any]: ...

@@ -9,21 +9,27 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
 from gpu_recovery.events.ecs import EcsTaskStateChangeEvent
-from handlers._common import dropped, parse_or_drop, powertools
+from gpu_recovery.recovery import RecoveryService
+from handlers._common import TimeLeft, dropped, parse_or_drop, powertools
 
 logger, tracer, metrics = powertools("dcgm-task-monitor")
+
+
+def handle(event: dict[str, Any], service: RecoveryService, *,
+           time_left: TimeLeft | None = None) -> dict[str, Any]:
+    """The body (``handlers._common``): a stopped health-check (or reset) task to the service."""
+    parsed = parse_or_drop(event, EcsTaskStateChangeEvent, logger)
+    if parsed is None:
+        return dropped("malformed ECS Task State Change event")
+    if parsed.detail.lastStatus != "STOPPED":
+        return {"action": "ignored", "why": f"lastStatus {parsed.detail.lastStatus}"}
+    outcome = service.on_health_check_stopped(parsed.detail).as_dict()
+    logger.info("health-check event handled", extra=outcome)
+    return outcome
 
 
 @logger.inject_lambda_context(correlation_id_path="id")
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    parsed = parse_or_drop(event, EcsTaskStateChangeEvent, logger)
-    if parsed is None:
-        return dropped("malformed ECS Task State Change event")
-    if parsed.detail.lastStatus != "STOPPED":
-        return {"action": "ignored", "why": f"lastStatus {parsed.detail.lastStatus}"}
-    service = runtime.recovery_service(runtime.PowertoolsMetrics(metrics))
-    outcome = service.on_health_check_stopped(parsed.detail).as_dict()
-    logger.info("health-check event handled", extra=outcome)
-    return outcome
+    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)))

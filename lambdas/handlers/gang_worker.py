@@ -3,7 +3,8 @@
 Each SQS message is one batch (``gpu_recovery.domain.gang_batches``). A batch that cannot
 finish (the ECS budget, this invocation's time) sends the rest of itself back to the
 queue and counts as done; an AWS error fails only its own message (a partial batch
-response), which SQS delivers again; a malformed message is logged and dropped.
+response, Powertools' ``BatchProcessor``), which SQS delivers again; a malformed message
+is logged and dropped.
 """
 
 from __future__ import annotations
@@ -16,20 +17,19 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
-from handlers._common import powertools
+from gpu_recovery.recovery import RecoveryService
+from handlers._common import TimeLeft, powertools, remaining_time
 
 logger, tracer, metrics = powertools("gang-worker")
-processor = BatchProcessor(event_type=EventType.SQS)
 
 
-def handle_record(record: SQSRecord, lambda_context: LambdaContext | None = None) -> dict[str, Any]:
+def handle_record(record: SQSRecord, service: RecoveryService,
+                  time_left: TimeLeft | None = None) -> dict[str, Any]:
+    """One message: its batch to the service (raises on an error the message retries)."""
     try:
         body = json.loads(record.body)
         if not isinstance(body, dict):
             raise ValueError("the body is not a JSON object")
-        service = runtime.recovery_service(runtime.PowertoolsMetrics(metrics))
-        context = lambda_context
-        time_left = (lambda: context.get_remaining_time_in_millis() / 1000.0) if context else None
         result = service.on_gang_batch(body, receive_count=int(record.attributes.approximate_receive_count),
                                        time_left=time_left)
     except ValueError as error:  # json.JSONDecodeError included: retrying cannot fix it
@@ -41,9 +41,19 @@ def handle_record(record: SQSRecord, lambda_context: LambdaContext | None = None
     return outcome
 
 
+def handle(event: dict[str, Any], service: RecoveryService, *,
+           time_left: TimeLeft | None = None) -> dict[str, Any]:
+    """The body (``handlers._common``): the SQS batch's partial batch response. A processor
+    per call: concurrent invocations (the simulators run them in one process) never share
+    one's record state."""
+    return process_partial_response(
+        event=event, record_handler=lambda record: handle_record(record, service, time_left),
+        processor=BatchProcessor(event_type=EventType.SQS))
+
+
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return process_partial_response(event=event, record_handler=handle_record, processor=processor,
-                                    context=context)
+    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)),
+                  time_left=remaining_time(context))

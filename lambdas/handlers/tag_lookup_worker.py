@@ -19,13 +19,17 @@ from pydantic import ValidationError
 
 from gpu_recovery import runtime
 from gpu_recovery.events.ecs import EcsTaskDetail
-from handlers._common import powertools
+from gpu_recovery.recovery import RecoveryService
+from handlers._common import TimeLeft, powertools
 
 logger, tracer, metrics = powertools("tag-lookup-worker")
 
 
-def handle(event: dict[str, Any], service: Any) -> dict[str, Any]:
-    """The batch's partial response: the message ids to deliver again."""
+def handle(event: dict[str, Any], service: RecoveryService, *,
+           time_left: TimeLeft | None = None) -> dict[str, Any]:
+    """The body (``handlers._common``): the batch's partial response, the message ids to
+    deliver again. Not Powertools' ``BatchProcessor``: the batch's tasks are described
+    together, so one call covers every message (and its failure fails them all)."""
     records = event.get("Records") or []
     parsed: list[tuple[str, EcsTaskDetail]] = []
     for record in records:

@@ -1,0 +1,142 @@
+"""Each recovery handler's body (``handle(event, service, *, time_left)``) on its own, and the
+two callers of it: the Lambda entry point (``lambda_handler``: runtime's service, the
+context's time left) and the scale simulator (the container's service, the simulated time
+left). One body: what is checked here holds for Lambda and for the simulators."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
+
+from gpu_recovery import runtime
+from gpu_recovery.recovery.ports import Outcome
+from local_mode.sim.bus import LambdaContext
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+TASK_STOPPED = json.loads((EVENTS / "training_task_stopped_exit1.json").read_text())
+HEALTH_CHECK_STOPPED = json.loads((EVENTS / "health_check_task_stopped.json").read_text())
+INSTANCE_CHANGE = json.loads((EVENTS / "aws_doc_ecs_container_instance_state_change.json").read_text())
+RECOVERY_HANDLERS = ("ecs_task_handler", "dcgm_task_monitor", "ecs_instance_monitor", "recovery_sweep",
+                     "gang_worker", "tag_lookup_worker")
+HEARTBEAT_HANDLERS = ("heartbeat_sweep",)
+
+
+class Service:
+    """The recovery service's entry points the handlers call: records each call; ``fail``
+    makes a gang batch whose body has ``"fail": true`` raise."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def on_task_state_change(self, detail: Any) -> Outcome:
+        self.calls.append(("task", detail.taskArn))
+        return Outcome("registered", "job-1")
+
+    def on_health_check_stopped(self, detail: Any) -> Outcome:
+        self.calls.append(("health_check", detail.taskArn))
+        return Outcome("verdict", "job-1")
+
+    def on_container_instance_change(self, detail: Any, time: Any) -> Outcome:
+        self.calls.append(("instance", (detail.containerInstanceArn, time)))
+        return Outcome("noted")
+
+    def sweep(self, time_left: Any = None) -> Outcome:
+        self.calls.append(("sweep", time_left() if time_left else None))
+        return Outcome("swept")
+
+    def on_gang_batch(self, body: dict[str, Any], *, receive_count: int, time_left: Any) -> Outcome:
+        self.calls.append(("gang", (body["id"], receive_count, time_left() if time_left else None)))
+        if body.get("fail"):
+            raise RuntimeError("ThrottlingException")
+        return Outcome("batch done")
+
+
+def _sqs(*bodies: str) -> dict[str, Any]:
+    return {"Records": [{"messageId": f"m{i}", "receiptHandle": f"r{i}", "body": body,
+                         "attributes": {"ApproximateReceiveCount": "2"}, "messageAttributes": {},
+                         "eventSource": "aws:sqs", "awsRegion": "us-east-1",
+                         "eventSourceARN": "arn:aws:sqs:us-east-1:111122223333:gang-batches"}
+                        for i, body in enumerate(bodies)]}
+
+
+def _handle(name: str) -> Any:
+    return importlib.import_module(f"handlers.{name}").handle
+
+
+def test_event_bodies_parse_call_the_service_and_drop_malformed_events() -> None:
+    service = Service()
+    assert _handle("ecs_task_handler")(TASK_STOPPED, service) == {"action": "registered", "job_id": "job-1"}
+    assert _handle("dcgm_task_monitor")(HEALTH_CHECK_STOPPED, service)["action"] == "verdict"
+    assert _handle("ecs_instance_monitor")(INSTANCE_CHANGE, service)["action"] == "noted"
+    assert [kind for kind, _ in service.calls] == ["task", "health_check", "instance"]
+    assert service.calls[0][1] == TASK_STOPPED["detail"]["taskArn"]
+
+    running = {**HEALTH_CHECK_STOPPED, "detail": {**HEALTH_CHECK_STOPPED["detail"], "lastStatus": "RUNNING"}}
+    ignored = _handle("dcgm_task_monitor")(running, service)
+    assert ignored == {"action": "ignored", "why": "lastStatus RUNNING"}
+    for name in ("ecs_task_handler", "dcgm_task_monitor", "ecs_instance_monitor"):
+        assert _handle(name)({"detail-type": "x", "detail": "not an object"}, service)["action"] == "dropped"
+    assert len(service.calls) == 3  # neither the ignored nor the malformed events reached the service
+
+
+def test_the_sweeps_ignore_the_schedules_event_and_the_recovery_sweep_gets_the_time_left() -> None:
+    service = Service()
+    assert _handle("recovery_sweep")({"detail-type": "Scheduled Event"}, service,
+                                     time_left=lambda: 12.5)["action"] == "swept"
+    assert _handle("recovery_sweep")({}, service)["action"] == "swept"
+    assert _handle("heartbeat_sweep")({}, service, time_left=lambda: 12.5)["action"] == "swept"
+    assert service.calls == [("sweep", 12.5), ("sweep", None), ("sweep", None)]
+
+
+def test_gang_worker_partial_batch_response_is_powertools() -> None:
+    handle, service = _handle("gang_worker"), Service()
+    batches = (json.dumps({"id": "a"}), "not json", json.dumps([1]), json.dumps({"id": "b", "fail": True}))
+    out = handle(_sqs(*batches), service, time_left=lambda: 40.0)
+    # Malformed messages are dropped (deleted: retrying cannot fix them); the failing one comes back.
+    assert out == {"batchItemFailures": [{"itemIdentifier": "m3"}]}
+    assert service.calls == [("gang", ("a", 2, 40.0)), ("gang", ("b", 2, 40.0))]
+    # Every record failing fails the invocation, as Powertools' BatchProcessor does in Lambda.
+    with pytest.raises(BatchProcessingError):
+        handle(_sqs(json.dumps({"id": "c", "fail": True})), service)
+
+
+@pytest.mark.parametrize("name", RECOVERY_HANDLERS + HEARTBEAT_HANDLERS)
+def test_lambda_handler_runs_the_body_with_runtimes_service_and_the_contexts_time_left(
+        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    module = importlib.import_module(f"handlers.{name}")
+    service = Service()
+    seen: list[tuple[Any, Any, float | None]] = []
+
+    def body(event: dict[str, Any], given: Any, *, time_left: Any = None) -> dict[str, Any]:
+        seen.append((event, given, time_left() if time_left else None))
+        return {"action": "done"}
+
+    factory = "heartbeat_service" if name in HEARTBEAT_HANDLERS else "recovery_service"
+    monkeypatch.setattr(runtime, factory, lambda metrics=None: service)
+    monkeypatch.setattr(module, "handle", body)
+    event = {"id": "e-1", "Records": []}
+    assert module.lambda_handler(event, LambdaContext(name)) == {"action": "done"}
+    [(given_event, given_service, time_left)] = seen
+    assert given_event is event and given_service is service
+    # The sweep and the gang worker budget their work by the invocation's time left.
+    if name in ("recovery_sweep", "gang_worker"):
+        assert time_left is not None and 0 < time_left <= LambdaContext(name).timeout_seconds
+
+
+def test_the_scale_simulator_runs_the_handlers_bodies() -> None:
+    from local_mode import scale_recovery as sr
+
+    assert {name: _handle(name) for name in sr.FUNCTION_TIMEOUTS} == sr.EVENT_FUNCTIONS
+    with sr.ScaleWorld(seed=1, sweep_every_seconds=None, copies=1, keep_invocations=True) as world:
+        world.lambdas.invoke_async("ecs_task_handler", {"detail-type": "x", "detail": "not an object"})
+        world.lambdas.invoke_async("recovery_sweep", {})
+        world.sim.run(until=world.sim.now + 60)
+        results = {i.function: i.result for i in world.lambdas.invocations}
+    assert results["ecs_task_handler"] == {"action": "dropped",
+                                           "why": "malformed ECS Task State Change event"}
+    assert results["recovery_sweep"]["action"] == "swept"
