@@ -611,6 +611,7 @@ ITEM_HOMES = {
     "ECS_DESCRIBE_RATE_ITEM_KEY": "rate_limit.py",
     "HEALTH_CHECK_SLOTS_KEY": "health_check_slots.py",
     "health_check_slots_key": "health_check_slots.py",
+    "health_check_slot_shard_key": "health_check_slots.py",
     "suspect_item_key": "faults.py",
     "suspect_key_prefix": "faults.py",
     "placement_item_key": "faults.py",
