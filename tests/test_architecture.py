@@ -615,6 +615,7 @@ ITEM_HOMES = {
     "suspect_item_key": "faults.py",
     "suspect_key_prefix": "faults.py",
     "placement_item_key": "faults.py",
+    "fault_tally_shard_key": "faults.py",
     "latch_shard_key": "latches.py",
     "latch_head_key": "latches.py",
     "refused_item_key": "jobs_and_ranks.py",

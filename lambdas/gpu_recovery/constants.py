@@ -304,6 +304,7 @@ ECS_DESCRIBE_RATE_ITEM_KEY = "RATE#ecs-describe"  # the stack's DescribeTasks bu
 # items (no hot item), plus the unsharded item of before (released and read, not claimed).
 HEALTH_CHECK_SLOTS_KEY = "SLOTS#health-checks"
 HEALTH_CHECK_SLOT_SHARDS = 16
+FAULT_TALLY_SHARDS = 8  # a fault's healthy verdicts, counted off the job item (fault_tally_shard_key)
 
 
 def health_check_slot_shard_key(shard: int) -> str:
@@ -332,6 +333,11 @@ def suspect_key_prefix(job_id: str, attempt: int) -> str:
 def latch_shard_key(job_id: str, attempt: int, shard: int) -> str:
     """64 ranks' arrivals at the attempt's latches (registered, ended, done)."""
     return f"{job_id}#L#a{attempt}#{shard}"
+
+
+def fault_tally_shard_key(job_id: str, attempt: int, shard: int) -> str:
+    """Healthy verdicts of the fault of ``attempt`` counted off the job item (no hot item)."""
+    return f"{job_id}#T#a{attempt}#{shard}"
 
 
 def latch_head_key(job_id: str, attempt: int) -> str:

@@ -1,14 +1,23 @@
 """Issue 28, no hot item: the cluster's health-check slots on shard items (the repository
-against the in-memory DynamoDB)."""
+against the in-memory DynamoDB), and a fault's healthy verdicts counted on tally shards off
+the job item, the job settled exactly once by whoever sees every count (the recovery with
+fakes of the ports)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from gpu_recovery import constants as C
+from gpu_recovery.constants import JobState
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.shards import shard_shares, stable_shard
 from gpu_recovery.repository import Repository
+from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_check_slots import Claim
 from local_mode.sim.dynamo import MemoryDynamo
+from tests.recovery.fakes import World, world
 
 JOBS, INSTANCES = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
 T0 = 1_800_000_000.0
@@ -107,3 +116,105 @@ def test_a_check_claimed_before_the_shards_is_released_on_the_unsharded_item() -
     assert repo.retry_health_check(legacy, "sb-n1", T0 + 30)
     assert repo.slots.running() == 0
     assert _shard_counts(repo) == {}
+
+
+# ------------------------------------------------------------------ the fault's tally
+def _cascade(w: World, nodes: list[str]) -> None:
+    """Every rank exits 1 on its own (an NCCL cascade): every node is a suspect."""
+    for arn in w.register_job("j", nodes):
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+
+
+def _healthy(w: World, node: str) -> None:
+    [task] = [t for t in w.ecs.health_checks_on(node) if t.last_status == "RUNNING"]
+    w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
+
+
+def _shard_sum(w: World, attempt: int = 1) -> int:
+    items = [w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.fault_tally_shard_key("j", attempt, s)})
+             for s in range(C.FAULT_TALLY_SHARDS)]
+    return sum(int((i or {}).get("decided") or 0) for i in items)
+
+
+def _stale_counts_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next verdict decides without the counts on the shards, as a verdict committing
+    at the same time as another one does (neither sees the other's count)."""
+    real = FaultRepository.counted
+    calls = {"n": 0}
+
+    def counted(self: FaultRepository, job: Any) -> Any:
+        calls["n"] += 1
+        return job if calls["n"] == 1 else real(self, job)
+    monkeypatch.setattr(FaultRepository, "counted", counted)
+
+
+def test_healthy_verdicts_count_on_the_shards_and_the_last_one_restarts_the_job_once() -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(4)]
+        _cascade(w, nodes)
+        for node in nodes[:3]:
+            _healthy(w, node)
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total == 4
+        assert job.tally.decided == 0 and _shard_sum(w) == 3  # nothing on the job item
+        counted = w.repo.faults.counted(job)
+        assert counted.tally.decided_all == 3 and counted.tally.pending == 1
+        _healthy(w, nodes[3])  # sees the 3 on the shards: the job item's last verdict
+        job = w.repo.get_job("j")
+        assert job.attempt == 2 and job.state in (JobState.STARTING, JobState.RUNNING)
+        assert job.app_restarts_used == 1 and job.tally.decided == 1 and _shard_sum(w) == 3
+
+
+def test_two_last_verdicts_at_once_settle_the_job_exactly_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(3)]
+        _cascade(w, nodes)
+        for node in nodes[:2]:
+            _healthy(w, node)
+        _stale_counts_once(monkeypatch)
+        _healthy(w, nodes[2])  # decided "wait" (it saw no other count): counted on a shard
+        assert _shard_sum(w) == 3
+        job = w.repo.get_job("j")
+        # After its commit it added every count: the fault concluded, the job restarted once.
+        assert job.attempt == 2 and job.app_restarts_used == 1
+        assert job.state in (JobState.STARTING, JobState.RUNNING)
+
+
+def test_a_lost_settlement_after_the_commit_is_finished_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
+
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(3)]
+        _cascade(w, nodes)
+        for node in nodes[:2]:
+            _healthy(w, node)
+        _stale_counts_once(monkeypatch)
+
+        def lost(self: JobSettlement, job_id: str) -> str:
+            raise TimeoutError("the invocation died after the verdict's commit")
+        monkeypatch.setattr(JobSettlement, "settle_counted", lost)
+        _healthy(w, nodes[2])  # committed; the work after it failed (logged, not raised)
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and _shard_sum(w) == 3  # every verdict in
+        monkeypatch.undo()
+        for _ in range(3):
+            w.advance(61)
+            w.service.sweep()
+        job = w.repo.get_job("j")
+        assert job.attempt == 2 and job.app_restarts_used == 1
+
+
+def test_the_total_landing_after_the_last_verdict_concludes_the_fault() -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(3)]
+        arns = w.register_job("j", nodes)
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))  # one rank fails
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total is None  # others still stopping
+        _healthy(w, nodes[0])  # before every rank ended: counted on a shard, the job waits
+        assert _shard_sum(w) == 1 and w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+        for arn in arns[1:]:  # the peers we stopped end: the suspects are counted (1)
+            w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                          reason="gpu-recovery: suspected GPU fault"))
+        job = w.repo.get_job("j")
+        assert job.tally.total == 1 and job.attempt == 2 and job.app_restarts_used == 1

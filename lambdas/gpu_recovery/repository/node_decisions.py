@@ -45,6 +45,15 @@ class JobVerdict:
     # HOLD: the budget the restart spends once the held job goes on ("": not charged again).
     hold_spend: str | None = None
 
+    @property
+    def counts_only(self) -> bool:
+        """A healthy verdict that changes nothing on the job but its count: counted on a
+        tally shard, off the job item (``FaultRepository.count_on_shard``)."""
+        return (self.label is SuspectVerdict.HEALTHY and self.to is self.job.state
+                and not self.to.is_terminal and not self.held and not self.waits_for_reboot
+                and not self.relocate and not self.spend and not self.last_error
+                and not self.restart_reason and self.hold_spend is None)
+
 
 @dataclass(frozen=True)
 class NodeDecision:
@@ -194,12 +203,18 @@ class NodeDecisions(JobsAndRanks, Instances):
     def job_verdict_updates(self, inst_id: str, verdict: JobVerdict) -> list[Update]:
         """The suspect's verdict (PENDING -> label, once) and the job's tally and state, on the
         tally as read: a concurrent verdict makes the transaction fail and the caller decide
-        again on fresh counts, so the last verdict always sees every other one."""
+        again on fresh counts. A verdict that only counts goes to a tally shard instead,
+        unconditionally; after its commit the caller adds the shards and settles the job if
+        every verdict is in (the last verdict to commit sees every count)."""
         faults = self.faults
         job = verdict.job
         now = clock.now()
         suspect = faults.decide_suspect(job, inst_id, verdict.label, findings=verdict.findings,
                                         record=verdict.record, rebooting=verdict.waits_for_reboot, now=now)
+        if verdict.counts_only:
+            # No state change, nothing else to write on the job: no hot job item. Whoever
+            # needs the complete count adds the shards (FaultRepository.counted).
+            return [suspect, faults.count_on_shard(job, inst_id, infra=verdict.infra_hint)]
         fields: dict[str, Any] = {}
         if verdict.last_error:
             fields["last_error"] = verdict.last_error[:1000]
