@@ -265,6 +265,7 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
             "largest_item_bytes": usage.largest_item_bytes, "largest_item": usage.largest_item,
             "calls": dict(sorted(usage.calls.items())), "conflicts": usage.conflicts,
             "conflicts_per_rank": round(usage.conflicts / n, 2),
+            "conflicts_by_item": dict(usage.conflicts_by_item.most_common(5)),
             "errors": dict(sorted(usage.errors.items())),
             "job_item_bytes": world.dynamo.item_bytes(JOB_TABLE).get(
                 f"{JOB_TABLE}:{C.job_item_key(job.job_id)}", 0),
@@ -321,6 +322,9 @@ def _print(result: dict[str, Any]) -> None:
           f"{d['items_written']:,} written ({d['items_written_per_rank']}/rank); {d['read_units']:,} RRU, "
           f"{d['write_units']:,} WRU; largest item {d['largest_item_bytes']:,} B ({d['largest_item']}); "
           f"conflicts {d['conflicts']} ({d['conflicts_per_rank']}/rank); errors {d['errors'] or '-'}")
+    if d["conflicts_by_item"]:
+        hot = ", ".join(f"{k} {v}" for k, v in d["conflicts_by_item"].items())
+        print(f"  conflicts by item (the 5 most): {hot}")
     control = ", ".join(f"{k} {v}" for k, v in e["calls"].items() if k in CONTROL_PLANE)
     print(f"  ECS: {e['control_plane_calls']:,} control-plane calls ({e['control_per_rank']}/rank: "
           f"{control}), bucket floor {e['bucket_floor_s']} s; {e['read_calls']:,} describe/list; throttled "

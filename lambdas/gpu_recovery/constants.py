@@ -300,8 +300,15 @@ CORDON_SYNC_ITEM_KEY = "CORDON#ecs-attribute-sync"
 # The stack's share of the account's ECS control-plane request bucket (a GCRA).
 ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
 ECS_DESCRIBE_RATE_ITEM_KEY = "RATE#ecs-describe"  # the stack's DescribeTasks budget
-# DCGM health checks running in the cluster (their slots), beside the breaker.
+# DCGM health checks running in the cluster (their slots), beside the breaker: on shard
+# items (no hot item), plus the unsharded item of before (released and read, not claimed).
 HEALTH_CHECK_SLOTS_KEY = "SLOTS#health-checks"
+HEALTH_CHECK_SLOT_SHARDS = 16
+FAULT_TALLY_SHARDS = 8  # a fault's healthy verdicts, counted off the job item (fault_tally_shard_key)
+
+
+def health_check_slot_shard_key(shard: int) -> str:
+    return f"{HEALTH_CHECK_SLOTS_KEY}#{shard}"
 
 
 def job_item_key(job_id: str) -> str:
@@ -326,6 +333,11 @@ def suspect_key_prefix(job_id: str, attempt: int) -> str:
 def latch_shard_key(job_id: str, attempt: int, shard: int) -> str:
     """64 ranks' arrivals at the attempt's latches (registered, ended, done)."""
     return f"{job_id}#L#a{attempt}#{shard}"
+
+
+def fault_tally_shard_key(job_id: str, attempt: int, shard: int) -> str:
+    """Healthy verdicts of the fault of ``attempt`` counted off the job item (no hot item)."""
+    return f"{job_id}#T#a{attempt}#{shard}"
 
 
 def latch_head_key(job_id: str, attempt: int) -> str:
@@ -382,16 +394,8 @@ def table_definitions() -> dict[str, dict[str, Any]]:
 
     infra/ turns these into CDK tables; local mode and tests create them in moto.
     """
-    projection = {"ProjectionType": "ALL"}
     keys_only = {"ProjectionType": "KEYS_ONLY"}
-    deadline_index = {
-        "IndexName": DEADLINE_INDEX,
-        "KeySchema": [
-            {"AttributeName": DEADLINE_PK, "KeyType": "HASH"},
-            {"AttributeName": DEADLINE_SK, "KeyType": "RANGE"},
-        ],
-        "Projection": projection,
-    }
+    deadline_index = _gsi(DEADLINE_INDEX, DEADLINE_PK, DEADLINE_SK)
     return {
         "node_token": {
             "KeySchema": [{"AttributeName": NODE_TOKEN_PK, "KeyType": "HASH"}],
@@ -433,14 +437,7 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                     ],
                     "Projection": keys_only,
                 },
-                {
-                    "IndexName": JOB_BY_INSTANCE_INDEX,
-                    "KeySchema": [
-                        {"AttributeName": JOB_BY_INSTANCE_PK, "KeyType": "HASH"},
-                        {"AttributeName": JOB_BY_INSTANCE_SK, "KeyType": "RANGE"},
-                    ],
-                    "Projection": projection,
-                },
+                _gsi(JOB_BY_INSTANCE_INDEX, JOB_BY_INSTANCE_PK, JOB_BY_INSTANCE_SK),
                 deadline_index,
                 _gsi(JOB_BY_HEARTBEAT_INDEX, HB_PK, HB_SK),
                 _gsi(JOB_BY_QUEUE_INDEX, QUEUE_PK, QUEUE_SK),

@@ -18,6 +18,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.rate_limit import TokenBucket
+from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.domain.states import InstanceState, JobState, RankState
 from gpu_recovery.repository import RankStop, Repository
 from gpu_recovery.repository.rate_limit import RateLimitRepository
@@ -152,8 +153,11 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("open hc n1", lambda: repo.open_health_check("n1", "j1", now=now[0], retry_at=now[0] + 60))
         n0 = repo.get_instance("n0")
         assert n0 is not None
+        # A cluster limit of 2 (two shards of one slot): n0's shard is shard 0, the one shard of
+        # a limit of 1 (the cluster-full step below).
+        assert stable_shard("n0", 2) == 0
         step("claim hc", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
-                                                         cluster=5, now=now[0]).value)
+                                                         cluster=2, now=now[0]).value)
         step("claim hc again", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
                                                                cluster=5, now=now[0]).value)
         n1 = repo.get_instance("n1")

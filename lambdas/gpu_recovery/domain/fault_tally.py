@@ -6,7 +6,11 @@ unusable: replace, quarantine, operator action, timeout, unavailable, held back)
 of those are reboots the blast-radius breaker held back (``held``), how many need a
 reboot, how many rebooting nodes the restart still waits for, and - once every
 rank of the attempt has ended, so no suspect can be added any more - how many suspects
-there are. The job's fate follows from these counts alone. Pure: no I/O.
+there are. The job's fate follows from these counts alone. Healthy verdicts that change
+nothing else on the job are counted off it, on the fault's tally shards (no hot item: a
+large fault's verdicts would all write the job item); ``shard_decided`` and
+``shard_infra`` are their sums where the repository read them (``FaultRepository.counted``),
+0 otherwise. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class FaultTally:
     # Fatal verdicts that are only a reboot the breaker held back: a job that cannot move
     # waits for the breaker's reset (HELD) instead of failing for them.
     held: int = 0
+    shard_decided: int = 0  # healthy verdicts counted on the tally shards (not on the job item)
+    shard_infra: int = 0  # of which charged to the infrastructure budget
 
     @classmethod
     def from_item(cls, raw: Mapping[str, Any] | None) -> FaultTally:
@@ -55,13 +61,22 @@ class FaultTally:
         return self.total is not None
 
     @property
+    def decided_all(self) -> int:
+        """Verdicts counted, on the job item and on the shards."""
+        return self.decided + self.shard_decided
+
+    @property
+    def infra_all(self) -> int:
+        return self.infra + self.shard_infra
+
+    @property
     def pending(self) -> int | None:
         """Suspects still waiting for a verdict (None: not known yet, ranks still ending)."""
-        return None if self.total is None else max(0, self.total - self.decided)
+        return None if self.total is None else max(0, self.total - self.decided_all)
 
     @property
     def all_decided(self) -> bool:
-        return self.total is not None and self.decided >= self.total
+        return self.total is not None and self.decided_all >= self.total
 
     def with_verdict(self, label: SuspectVerdict, *, waits_for_reboot: bool = False,
                      held: bool = False) -> FaultTally:

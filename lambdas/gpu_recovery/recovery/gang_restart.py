@@ -108,6 +108,7 @@ class GangRestart:
         job = repo.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_RESTART:
             return Outcome("ignored", job_id, {"why": "not pending restart"})
+        job = repo.faults.counted(job)  # healthy verdicts counted on the tally's shards
         tally = job.tally
         if not job.in_fault:
             self.fail_pending_restart(job, f"the fault of attempt {job.attempt} has no record: "
@@ -494,12 +495,15 @@ class GangRestart:
         """What the recovery did, in a line (a few suspect nodes named, the others counted)."""
         tally = job.tally
         done = []
-        if tally.attempt == job.attempt - 1 and tally.decided:
+        # A restart waits for every verdict: all ``total`` suspects were judged (the job item
+        # counts only those not counted on the tally's shards).
+        judged = max(tally.decided, tally.total or 0)
+        if tally.attempt == job.attempt - 1 and judged:
             shown = self.deps.repo.faults.suspects(job.job_id, tally.attempt, limit=MAX_FAULTS_IN_EMAIL)
             fast = sorted(s.node for s in shown if s.findings.get("source") == "fast path")
             left = sorted(s.node for s in shown if s.verdict is SuspectVerdict.LEFT)
             checked = sorted(s.node for s in shown if s.node not in fast and s.node not in left)
-            more = tally.decided - len(shown)
+            more = judged - len(shown)
             if checked:
                 done.append(f"DCGM health check of {', '.join(checked)}")
             if fast:
@@ -520,7 +524,7 @@ class GangRestart:
             moves = self.deps.repo.faults.placement(job.job_id, job.attempt)
             shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])
             done.append(f"relocated the ranks of {len(moves)} node(s) ({shown_moves})")
-        if not tally.decided and job.restart_reason:
+        if not judged and job.restart_reason:
             done.append(f"restart without node action ({job.restart_reason})")
         return "; ".join(done) or "gang restart"
 

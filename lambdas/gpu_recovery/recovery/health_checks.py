@@ -128,6 +128,7 @@ class HealthChecks:
                 return result  # recorded by an earlier delivery
             history = history_from_item(instance.fault_history)
             now = clock.now()
+            job = self.deps.repo.faults.counted(job)
             record, outcome = self.remediation.settlement.job_verdict(job, inst_id, label, None, None,
                                                                       findings, history, now)
             after = replace(job, state=record.to, last_error=record.last_error or job.last_error)

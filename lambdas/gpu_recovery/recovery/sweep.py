@@ -295,7 +295,7 @@ class Sweep:
         if job.tally.total is None and Latch.ENDED in self.deps.repo.latches.complete(
                 job.job_id, job.attempt, job.world_size):
             self.faults.on_attempt_ended(job, job.attempt)
-        elif job.tally.all_decided:
+        elif self.deps.repo.faults.counted(job).tally.all_decided:
             self.faults.remediation.settlement.conclude(job)
         elif job.tally.ranks_ended:
             self.restarts.spare_first(job)  # a spare may have freed up, or a delivery died

@@ -434,6 +434,7 @@ class TaskEvents:
             total = len(repo.latches.suspect_nodes(job.job_id, attempt, job.world_size))
             job = repo.faults.record_total(job, total) or repo.get_job(job.job_id) or job
             logger.info("every rank ended", extra={"job_id": job.job_id, "suspects": total})
+        job = repo.faults.counted(job)  # the verdicts counted on the tally's shards (all in?)
         if job.state is JobState.PENDING_HEALTHCHECK and job.tally.all_decided:
             return self.remediation.settlement.conclude(job)
         if job.state is JobState.PENDING_HEALTHCHECK:

@@ -4,7 +4,13 @@ A suspect item (``<job>#S#a<attempt>#<node>``) holds the node's verdict for the 
 evidence and decision of its fault, and the ranks that failed there; it is opened once
 (idempotent) and decided once (``PENDING`` -> a label, in the same transaction as the
 job's tally). The job item carries only the tally (``fault``: decided, fatal, reboot,
-rebooting, total), so it never grows with the number of checked nodes. A gang restart
+rebooting, total), so it never grows with the number of checked nodes. A healthy verdict
+that changes nothing else on the job is counted off the job item, on one of the fault's
+``FAULT_TALLY_SHARDS`` tally shards (``<job>#T#a<attempt>#<shard>``, picked by the node),
+unconditionally: the suspect's PENDING -> label in the same transaction counts it once.
+Whoever needs the complete count (the restart's gate, the conclusion of an all-healthy
+fault, the verdicts once every rank ended) adds the shards (:meth:`counted`, one
+BatchGetItem, strongly consistent): the last verdict to commit always sees every count. A gang restart
 that moves ranks off unusable nodes writes its moves on a placement item
 (``<job>#P#a<attempt>``) in the claim's transaction.
 """
@@ -12,16 +18,19 @@ that moves ranks off unusable nodes writes its moves on a placement item
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpu_recovery.constants import (
     DEADLINE_BUCKET,
     DEADLINE_PK,
     DEADLINE_SK,
+    FAULT_TALLY_SHARDS,
     JOB_BY_JOB_INDEX,
     JOB_BY_JOB_PK,
     JOB_BY_JOB_SK,
     JOB_PK,
+    fault_tally_shard_key,
     job_item_key,
     placement_item_key,
     suspect_item_key,
@@ -29,6 +38,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Instance, Job, Suspect
+from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, InstanceState, SuspectVerdict
 from gpu_recovery.repository.base import Update, from_ddb
 
@@ -144,6 +154,29 @@ class FaultRepository:
             condition_values={":a": job.tally.attempt},
             condition_names={"#f": "fault", "#a": "attempt", "#t": "total"}))
         return self.base.job_from_item(written) if written else None
+
+    def count_on_shard(self, job: Job, node: str, *, infra: bool) -> Update:
+        """A healthy verdict that changes nothing else on the job, counted on the fault's
+        tally shard of ``node`` (in the verdict's transaction, beside the suspect's PENDING ->
+        HEALTHY that makes it count once)."""
+        shard = stable_shard(node, FAULT_TALLY_SHARDS)
+        return Update(table=self.table, key={JOB_PK: fault_tally_shard_key(job.job_id, job.attempt, shard)},
+                      set_fields={"item_type": "TALLY_SHARD"},
+                      increments={"decided": 1, "infra": 1 if infra else 0})
+
+    def counted(self, job: Job) -> Job:
+        """``job`` with the verdicts counted on its fault's tally shards added to its tally,
+        when they can matter: every rank ended (the suspects are counted) and the job item
+        alone does not account for every suspect. One BatchGetItem, strongly consistent."""
+        tally = job.tally
+        if not job.in_fault or tally.total is None or tally.decided >= tally.total:
+            return job
+        keys = [{JOB_PK: fault_tally_shard_key(job.job_id, tally.attempt, shard)}
+                for shard in range(FAULT_TALLY_SHARDS)]
+        items = self.base.db.batch_get(self.table, keys)
+        decided = sum(int(i.get("decided") or 0) for i in items)
+        infra = sum(int(i.get("infra") or 0) for i in items)
+        return replace(job, tally=replace(tally, shard_decided=decided, shard_infra=infra))
 
     @staticmethod
     def tally_condition(job: Job) -> tuple[str, dict[str, Any], dict[str, str]]:

@@ -3,33 +3,48 @@
 A slot is taken in the transaction that claims a check (HEALTH_CHECK_PENDING ->
 HEALTH_CHECKING) and given back in the transaction of every way out of
 HEALTH_CHECKING (its verdict, no placement, no verdict, a timeout), so the counts are
-exactly the checks running. A check that finds no slot waits in its job's own queue
-(the sparse index ``by-health-check-wait``, oldest first): it does not time out while it
-waits, and a slot given back starts the next one of that job; the sweep looks at the
-queue of every job in recovery each minute (a check blocked by the cluster's limit is not
-forgotten) and at each waiting check every ten minutes (one whose jobs all moved on is
-let go).
+exactly the checks running. The cluster's slots are split over
+``HEALTH_CHECK_SLOT_SHARDS`` shard items, each with its share of the limit (the shares sum
+exactly to it): a claim takes a slot on the shard of its node (a stable hash), or, when that
+one is full, on one of the others that the shards' counts (one read) show room on; the
+shard is recorded on the instance (``hc_slot_shard``) in the claim's transaction, and the
+release gives the slot back to that shard. Each shard's count is checked against its own
+share only, so the limit is exact while it stays the same; one lowered while checks run
+binds as they end (the shards above their new share refuse, the others may still fill
+theirs), and a check claimed on the unsharded item of before (no shard recorded) is
+released there and counted by ``running()``, not against a share. A check that finds no
+slot waits in its job's own queue (the sparse index ``by-health-check-wait``, oldest
+first): it does not time out while it waits, and a slot given back starts the next one
+of that job; the sweep looks at the queue of every job in recovery each minute (a check
+blocked by the cluster's limit is not forgotten) and at each waiting check every ten
+minutes (one whose jobs all moved on is let go).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import Enum
 from typing import Any
 
 from gpu_recovery.constants import (
     HC_WAIT_PK,
     HC_WAIT_SK,
+    HEALTH_CHECK_SLOT_SHARDS,
     HEALTH_CHECK_SLOTS_KEY,
     INSTANCE_BY_HC_WAIT_INDEX,
     INSTANCE_PK,
     JOB_PK,
+    health_check_slot_shard_key,
     health_check_slots_key,
 )
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.shards import shard_order, shard_shares
 from gpu_recovery.repository.base import Update, cancellation_codes, is_condition_failure
 
 # A check waiting for a slot is looked at by the sweep this often (its jobs may be gone).
 WAIT_SWEEP_SECONDS = 600
+# A claim whose own shard is full tries at most this many others (those the counts show room on).
+MAX_OTHER_SHARDS = 3
 
 
 class Claim(str, Enum):
@@ -43,11 +58,13 @@ class HealthCheckSlots:
     def __init__(self, base: Any) -> None:
         self.base = base  # Repository
 
-    def _cluster(self, delta: int, limit: int | None = None) -> Update:
+    def _cluster(self, shard: int | None, delta: int, limit: int | None = None) -> Update:
+        """The count of one shard (None: the unsharded item of before)."""
         condition, values = None, {}
         if limit is not None:
             condition, values = "attribute_not_exists(#r) OR #r < :max", {":max": limit}
-        return Update(table=self.base.instance_table_name, key={INSTANCE_PK: HEALTH_CHECK_SLOTS_KEY},
+        key = HEALTH_CHECK_SLOTS_KEY if shard is None else health_check_slot_shard_key(shard)
+        return Update(table=self.base.instance_table_name, key={INSTANCE_PK: key},
                       set_fields={"item_type": "HC_SLOTS"}, increments={"running": delta},
                       condition=condition, condition_values=values,
                       condition_names={"#r": "running"} if condition else {})
@@ -69,9 +86,27 @@ class HealthCheckSlots:
         return per_job < cluster
 
     def claim(self, claim: Update, owner: str, *, per_job: int | None, cluster: int) -> Claim:
-        """The instance's claim (``claim``, built by the repository) with a slot of the
-        cluster's and one of ``owner``'s (None: no share counted), or nothing."""
-        updates = [claim, self._cluster(1, cluster)]
+        """The instance's claim (``claim``, built by the repository, keyed by the instance)
+        with a slot of the cluster's and one of ``owner``'s (None: no share counted), or
+        nothing. The cluster's slot is taken on the instance's shard, else on another shard
+        with room; CLUSTER_FULL when none has (the shares sum to the cluster's limit)."""
+        shares = shard_shares(cluster, HEALTH_CHECK_SLOT_SHARDS)
+        order = shard_order(str(next(iter(claim.key.values()))), len(shares))
+        outcome = self._claim_on(order[0], shares, claim, owner, per_job)
+        if outcome is not Claim.CLUSTER_FULL:
+            return outcome
+        running = self.running_by_shard()
+        others = [i for i in order[1:] if running.get(i, 0) < shares[i]][:MAX_OTHER_SHARDS]
+        for shard in others:
+            outcome = self._claim_on(shard, shares, claim, owner, per_job)
+            if outcome is not Claim.CLUSTER_FULL:
+                return outcome
+        return Claim.CLUSTER_FULL
+
+    def _claim_on(self, shard: int, shares: list[int], claim: Update, owner: str,
+                  per_job: int | None) -> Claim:
+        recorded = replace(claim, set_fields={**claim.set_fields, "hc_slot_shard": shard})
+        updates = [recorded, self._cluster(shard, 1, shares[shard])]
         if per_job is not None:
             updates.append(self._job(owner, 1, per_job))
         try:
@@ -89,12 +124,14 @@ class HealthCheckSlots:
             return Claim.RACED
 
     def release(self, instance: Instance) -> list[Update]:
-        """The slot a HEALTH_CHECKING instance holds (none if it took none)."""
+        """The slot a HEALTH_CHECKING instance holds (none if it took none), on the shard
+        its claim recorded."""
         if not instance.hc_owner:
             return []
+        cluster = self._cluster(instance.hc_slot_shard, -1)
         if not instance.hc_job_slot:
-            return [self._cluster(-1)]
-        return [self._cluster(-1), self._job(instance.hc_owner, -1)]
+            return [cluster]
+        return [cluster, self._job(instance.hc_owner, -1)]
 
     def waiting(self, job_id: str, limit: int) -> list[str]:
         """The job's checks waiting for a slot (their instances), oldest first."""
@@ -104,9 +141,16 @@ class HealthCheckSlots:
             ExpressionAttributeValues={":w": job_id})
         return [str(i[INSTANCE_PK]) for i in page.get("Items", [])]
 
+    def running_by_shard(self) -> dict[int | None, int]:
+        """Checks running, per shard (None: the unsharded item), in one BatchGetItem."""
+        keys: dict[str, int | None] = {HEALTH_CHECK_SLOTS_KEY: None}
+        keys.update({health_check_slot_shard_key(i): i for i in range(HEALTH_CHECK_SLOT_SHARDS)})
+        items = self.base.db.batch_get(self.base.instance_table_name, [{INSTANCE_PK: k} for k in keys])
+        return {keys[str(i[INSTANCE_PK])]: int(i.get("running") or 0) for i in items}
+
     def running(self) -> int:
-        item = self.base.db.get(self.base.instance_table_name, {INSTANCE_PK: HEALTH_CHECK_SLOTS_KEY}) or {}
-        return int(item.get("running") or 0)
+        """Checks running in the cluster (the sum of the shards)."""
+        return sum(self.running_by_shard().values())
 
     @staticmethod
     def wait_fields(job_id: str) -> dict[str, Any]:

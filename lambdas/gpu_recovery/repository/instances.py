@@ -146,7 +146,7 @@ class Instances(RecoveryTables):
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING,
             increments={"hc_start_attempts": 1} if placement_failed else {},
-            remove_fields=["hc_started_by", "hc_lease_until", "hc_owner", "hc_job_slot"],
+            remove_fields=["hc_started_by", "hc_lease_until", "hc_owner", "hc_job_slot", "hc_slot_shard"],
             deadline_at=retry_at,
             extra_condition="#sb = :sb AND attribute_not_exists(#arn)",
             extra_values={":sb": started_by},
@@ -159,7 +159,8 @@ class Instances(RecoveryTables):
         return self.db.transact([self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "hc_owner", "hc_job_slot"],
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "hc_owner", "hc_job_slot",
+                           "hc_slot_shard"],
             deadline_at=retry_at,
             extra_condition="#sb = :sb", extra_values={":sb": started_by},
             extra_names={"#sb": "hc_started_by"},

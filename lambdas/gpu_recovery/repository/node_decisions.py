@@ -45,6 +45,15 @@ class JobVerdict:
     # HOLD: the budget the restart spends once the held job goes on ("": not charged again).
     hold_spend: str | None = None
 
+    @property
+    def counts_only(self) -> bool:
+        """A healthy verdict that changes nothing on the job but its count: counted on a
+        tally shard, off the job item (``FaultRepository.count_on_shard``)."""
+        return (self.label is SuspectVerdict.HEALTHY and self.to is self.job.state
+                and not self.to.is_terminal and not self.held and not self.waits_for_reboot
+                and not self.relocate and not self.spend and not self.last_error
+                and not self.restart_reason and self.hold_spend is None)
+
 
 @dataclass(frozen=True)
 class NodeDecision:
@@ -94,7 +103,7 @@ class NodeDecisions(JobsAndRanks, Instances):
         (``follow_up_at``) so the sweep finishes it if this delivery dies. ``also``: other
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
-        remove = ["hc_jobs", "hc_left", "hc_lease_until", "hc_owner", "hc_job_slot",
+        remove = ["hc_jobs", "hc_left", "hc_lease_until", "hc_owner", "hc_job_slot", "hc_slot_shard",
                   *HealthCheckSlots.wait_attributes()]
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
@@ -194,12 +203,18 @@ class NodeDecisions(JobsAndRanks, Instances):
     def job_verdict_updates(self, inst_id: str, verdict: JobVerdict) -> list[Update]:
         """The suspect's verdict (PENDING -> label, once) and the job's tally and state, on the
         tally as read: a concurrent verdict makes the transaction fail and the caller decide
-        again on fresh counts, so the last verdict always sees every other one."""
+        again on fresh counts. A verdict that only counts goes to a tally shard instead,
+        unconditionally; after its commit the caller adds the shards and settles the job if
+        every verdict is in (the last verdict to commit sees every count)."""
         faults = self.faults
         job = verdict.job
         now = clock.now()
         suspect = faults.decide_suspect(job, inst_id, verdict.label, findings=verdict.findings,
                                         record=verdict.record, rebooting=verdict.waits_for_reboot, now=now)
+        if verdict.counts_only:
+            # No state change, nothing else to write on the job: no hot job item. Whoever
+            # needs the complete count adds the shards (FaultRepository.counted).
+            return [suspect, faults.count_on_shard(job, inst_id, infra=verdict.infra_hint)]
         fields: dict[str, Any] = {}
         if verdict.last_error:
             fields["last_error"] = verdict.last_error[:1000]
@@ -271,7 +286,8 @@ class NodeDecisions(JobsAndRanks, Instances):
             inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
             set_fields=fields, remove_fields=["hc_jobs", "hc_left", "waiting_jobs", "hc_lease_until",
-                                              "hc_owner", "hc_job_slot", *HealthCheckSlots.wait_attributes()],
+                                              "hc_owner", "hc_job_slot", "hc_slot_shard",
+                                              *HealthCheckSlots.wait_attributes()],
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
         if breaker is not None:
             updates.append(breaker)

@@ -436,6 +436,7 @@ class DynamoCore:
         if failure.code == "TransactionConflictException":
             for u in usages:
                 u.conflicts += 1
+                u.conflicts_by_item[table.key_label(key)] += 1
         if failure.code in ("ConditionalCheckFailedException", "TransactionConflictException"):
             self._count_write(usages, table, key, 0, old.size if old else 0, 1, 0.0, False)
 

@@ -41,6 +41,7 @@ class Usage:
     index_write_units: float = 0.0
     failed_writes: int = 0  # condition failed, cancelled, conflict, refused
     conflicts: int = 0  # TransactionConflict / TransactionConflictException
+    conflicts_by_item: Counter[str] = field(default_factory=Counter)  # table:key -> conflicts on it
     largest_item_bytes: int = 0
     largest_item: str = ""  # table and key of the largest item written
     errors: Counter[str] = field(default_factory=Counter)
@@ -48,6 +49,7 @@ class Usage:
     def add(self, other: Usage) -> None:
         self.calls.update(other.calls)
         self.errors.update(other.errors)
+        self.conflicts_by_item.update(other.conflicts_by_item)
         for name in ("items_read", "bytes_read", "read_units", "items_written", "write_units",
                      "index_write_units", "failed_writes", "conflicts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -59,7 +61,9 @@ class Usage:
                 "bytes_read": self.bytes_read, "read_units": round(self.read_units, 1),
                 "items_written": self.items_written, "write_units": round(self.write_units, 1),
                 "index_write_units": round(self.index_write_units, 1), "failed_writes": self.failed_writes,
-                "conflicts": self.conflicts, "largest_item_bytes": self.largest_item_bytes,
+                "conflicts": self.conflicts,
+                "conflicts_by_item": dict(self.conflicts_by_item.most_common()),
+                "largest_item_bytes": self.largest_item_bytes,
                 "largest_item": self.largest_item, "errors": dict(sorted(self.errors.items()))}
 
 

@@ -116,6 +116,7 @@ class BatchWrites(DynamoCore):
                 if code == "TransactionConflict":
                     for u in usages:
                         u.conflicts += 1
+                        u.conflicts_by_item[table.key_label(key)] += 1
         if failed:
             for _kind, _op, table, key, _h, _r in parsed:
                 old = table.items.get(key)

@@ -108,7 +108,7 @@ class JobSettlement:
         kind = Budget.INFRASTRUCTURE
         if outcome == JobOutcome.RESTART:
             kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
-                else (Budget.INFRASTRUCTURE if tally.infra else Budget.APPLICATION)
+                else (Budget.INFRASTRUCTURE if tally.infra_all else Budget.APPLICATION)
         charge = True
         if plan is not None and kind is Budget.INFRASTRUCTURE and (outcome.restarts
                                                                     or outcome is JobOutcome.HOLD):
@@ -178,14 +178,16 @@ class JobSettlement:
 
     def conclude(self, job: Job) -> str:
         """Every suspect of the fault decided healthy, the last verdict before every rank had
-        ended (so before the suspects were counted): the job restarts without node action,
-        budget permitting."""
+        ended (so before the suspects were counted), or two last verdicts committed at once
+        (neither saw the other): the job restarts without node action, budget permitting.
+        The verdicts counted on the tally's shards are added first."""
+        job = self.deps.repo.faults.counted(job)
         if job.state is not JobState.PENDING_HEALTHCHECK or not job.tally.all_decided:
             return "waiting"
         outcome = job.tally.outcome(relocatable=bool(job.tally.fatal) and self.restarts.relocatable(job))
         if outcome is JobOutcome.WAIT:
             return "waiting"
-        kind = Budget.INFRASTRUCTURE if job.tally.infra else Budget.APPLICATION
+        kind = Budget.INFRASTRUCTURE if job.tally.infra_all else Budget.APPLICATION
         where = f"{job.tally.total} suspect node(s)"
         settled = self._settle(job, outcome, kind, True, where, None, None,
                                f"every verdict in: {where} healthy")
@@ -205,6 +207,20 @@ class JobSettlement:
             return "failed"
         after_commit("restart", self.restarts.try_restart, job.job_id)
         return "restart"
+
+    def settle_counted(self, job_id: str) -> str:
+        """After a verdict that left the job waiting (counted on a tally shard, or on the
+        job item beside another one committing at once): with every count added, the fault
+        may be complete. Concludes it (a job waiting for verdicts) or tries the restart (a
+        job waiting to restart); each is conditioned on the job's state, so one wins."""
+        job = self.deps.repo.get_job(job_id)
+        if job is None or not job.in_fault:
+            return "ignored"
+        if job.state is JobState.PENDING_HEALTHCHECK:
+            return self.conclude(job)
+        if job.state is JobState.PENDING_RESTART:
+            return self.restarts.try_restart(job_id).action
+        return "ignored"
 
     @staticmethod
     def _failure_text(outcome: JobOutcome, inst_id: str, label: SuspectVerdict | None,

@@ -190,7 +190,8 @@ class NodeRemediation:
             # node is (EC2 or ECS Anywhere) decides the action, so look it up once now.
             instance = replace(instance, ec2_instance_id=self.ranks.ec2_instance_id(instance))
         now = clock.now()
-        waiting = [j for j in jobs if j.state in RECOVERING_JOB_STATES]
+        # Each job's tally with the verdicts counted on its shards: this verdict may be the last.
+        waiting = [repo.faults.counted(j) for j in jobs if j.state in RECOVERING_JOB_STATES]
         anywhere = Effect.TERMINATE in plan.execute and instance.is_managed_instance
         plan = self._for_this_node(plan, instance)
         plan, breaker_update, gate = self.ask_gate(plan, inst_id, waiting, now)
@@ -237,6 +238,10 @@ class NodeRemediation:
             if (outcome.restarts and (fresh.state is InstanceState.AVAILABLE
                                      or outcome is JobOutcome.RELOCATE)) or outcome is JobOutcome.HOLD:
                 self.restarts.try_restart(job.job_id)
+            elif outcome is JobOutcome.WAIT:
+                # Counted off the job item, or beside another verdict committing at once:
+                # with every count added, this may have been the last one.
+                self.settlement.settle_counted(job.job_id)
 
     def _for_this_node(self, plan: RemediationPlan, instance: Instance) -> RemediationPlan:
         """ECS Anywhere (``mi-``) nodes are not in an Auto Scaling group: quarantine them."""

@@ -1,0 +1,220 @@
+"""Issue 28, no hot item: the cluster's health-check slots on shard items (the repository
+against the in-memory DynamoDB), and a fault's healthy verdicts counted on tally shards off
+the job item, the job settled exactly once by whoever sees every count (the recovery with
+fakes of the ports)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_recovery import constants as C
+from gpu_recovery.constants import JobState
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.shards import shard_shares, stable_shard
+from gpu_recovery.repository import Repository
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.health_check_slots import Claim
+from local_mode.sim.dynamo import MemoryDynamo
+from tests.recovery.fakes import World, world
+
+JOBS, INSTANCES = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
+T0 = 1_800_000_000.0
+
+
+def _repo() -> Repository:
+    return Repository(MemoryDynamo({JOBS: "job", INSTANCES: "instance"}), JOBS, INSTANCES)
+
+
+def _pending(repo: Repository, node: str, job: str = "j1") -> Instance:
+    assert repo.open_health_check(node, job, now=T0, retry_at=T0 + 60)
+    instance = repo.get_instance(node)
+    assert instance is not None
+    return instance
+
+
+def _claim(repo: Repository, instance: Instance, *, cluster: int, per_job: int = 10_000) -> Claim:
+    return repo.claim_health_check(instance, f"sb-{instance.container_inst_id}", T0 + 75,
+                                   owner="j1", per_job=per_job, cluster=cluster, now=T0)
+
+
+def _shard_counts(repo: Repository) -> dict[int | None, int]:
+    return {k: v for k, v in repo.slots.running_by_shard().items() if v}
+
+
+def _nodes_of_shard(shard: int, shards: int, count: int) -> list[str]:
+    found = []
+    i = 0
+    while len(found) < count:
+        if stable_shard(f"n{i}", shards) == shard:
+            found.append(f"n{i}")
+        i += 1
+    return found
+
+
+def test_a_claim_takes_a_slot_on_its_nodes_shard_and_records_it() -> None:
+    repo = _repo()
+    instance = _pending(repo, "n1")
+    assert _claim(repo, instance, cluster=2048) is Claim.CLAIMED
+    claimed = repo.get_instance("n1")
+    assert claimed is not None and claimed.hc_slot_shard == stable_shard("n1", C.HEALTH_CHECK_SLOT_SHARDS)
+    assert _shard_counts(repo) == {claimed.hc_slot_shard: 1}
+    assert repo.slots.running() == 1
+
+
+def test_a_full_shard_sends_the_claim_to_the_next_one_with_room() -> None:
+    repo = _repo()
+    # A limit of 32 over 16 shards: 2 each. Three nodes of one shard: the third goes elsewhere.
+    assert shard_shares(32, C.HEALTH_CHECK_SLOT_SHARDS) == [2] * 16
+    home = 5
+    nodes = _nodes_of_shard(home, C.HEALTH_CHECK_SLOT_SHARDS, 3)
+    for node in nodes:
+        assert _claim(repo, _pending(repo, node), cluster=32) is Claim.CLAIMED
+    third = repo.get_instance(nodes[2])
+    assert third is not None and third.hc_slot_shard == home + 1  # the next shard round the ring
+    assert _shard_counts(repo) == {home: 2, home + 1: 1}
+
+
+def test_the_cluster_is_full_only_when_every_shard_is_and_never_runs_more_than_its_limit() -> None:
+    repo = _repo()
+    limit = 5  # five shards of one slot
+    results = [_claim(repo, _pending(repo, f"n{i}"), cluster=limit) for i in range(8)]
+    assert results.count(Claim.CLAIMED) == limit and results.count(Claim.CLUSTER_FULL) == 3
+    assert repo.slots.running() == limit
+    assert set(_shard_counts(repo).values()) == {1}
+
+
+def test_the_release_gives_the_slot_back_to_the_shard_the_claim_recorded() -> None:
+    repo = _repo()
+    node = _nodes_of_shard(3, C.HEALTH_CHECK_SLOT_SHARDS, 2)
+    first, second = (_pending(repo, n) for n in node)
+    assert _claim(repo, first, cluster=16) is Claim.CLAIMED  # shard 3 (its share: 1)
+    assert _claim(repo, second, cluster=16) is Claim.CLAIMED  # shard 3 full: shard 4
+    second_now = repo.get_instance(node[1])
+    assert second_now is not None and second_now.hc_slot_shard == 4
+    assert repo.retry_health_check(second_now, f"sb-{node[1]}", T0 + 30)
+    assert _shard_counts(repo) == {3: 1}
+    back = repo.get_instance(node[1])
+    assert back is not None and back.hc_slot_shard is None and back.state.value == "HEALTH_CHECK_PENDING"
+
+
+def test_a_check_claimed_before_the_shards_is_released_on_the_unsharded_item() -> None:
+    repo = _repo()
+    instance = _pending(repo, "n1")
+    assert _claim(repo, instance, cluster=8) is Claim.CLAIMED
+    # Rewritten as a claim of the release before: no shard on the instance, its count on
+    # the single item.
+    shard = stable_shard("n1", 8)
+    table = repo.db.table(INSTANCES)
+    table.put_item(Item={C.INSTANCE_PK: C.HEALTH_CHECK_SLOTS_KEY, "item_type": "HC_SLOTS", "running": 1})
+    table.put_item(Item={C.INSTANCE_PK: C.health_check_slot_shard_key(shard), "running": 0})
+    table.update_item(Key={C.INSTANCE_PK: "n1"}, UpdateExpression="REMOVE hc_slot_shard")
+    legacy = repo.get_instance("n1")
+    assert legacy is not None and legacy.hc_slot_shard is None
+    assert repo.slots.running() == 1
+    assert repo.retry_health_check(legacy, "sb-n1", T0 + 30)
+    assert repo.slots.running() == 0
+    assert _shard_counts(repo) == {}
+
+
+# ------------------------------------------------------------------ the fault's tally
+def _cascade(w: World, nodes: list[str]) -> None:
+    """Every rank exits 1 on its own (an NCCL cascade): every node is a suspect."""
+    for arn in w.register_job("j", nodes):
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+
+
+def _healthy(w: World, node: str) -> None:
+    [task] = [t for t in w.ecs.health_checks_on(node) if t.last_status == "RUNNING"]
+    w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
+
+
+def _shard_sum(w: World, attempt: int = 1) -> int:
+    items = [w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.fault_tally_shard_key("j", attempt, s)})
+             for s in range(C.FAULT_TALLY_SHARDS)]
+    return sum(int((i or {}).get("decided") or 0) for i in items)
+
+
+def _stale_counts_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next verdict decides without the counts on the shards, as a verdict committing
+    at the same time as another one does (neither sees the other's count)."""
+    real = FaultRepository.counted
+    calls = {"n": 0}
+
+    def counted(self: FaultRepository, job: Any) -> Any:
+        calls["n"] += 1
+        return job if calls["n"] == 1 else real(self, job)
+    monkeypatch.setattr(FaultRepository, "counted", counted)
+
+
+def test_healthy_verdicts_count_on_the_shards_and_the_last_one_restarts_the_job_once() -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(4)]
+        _cascade(w, nodes)
+        for node in nodes[:3]:
+            _healthy(w, node)
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total == 4
+        assert job.tally.decided == 0 and _shard_sum(w) == 3  # nothing on the job item
+        counted = w.repo.faults.counted(job)
+        assert counted.tally.decided_all == 3 and counted.tally.pending == 1
+        _healthy(w, nodes[3])  # sees the 3 on the shards: the job item's last verdict
+        job = w.repo.get_job("j")
+        assert job.attempt == 2 and job.state in (JobState.STARTING, JobState.RUNNING)
+        assert job.app_restarts_used == 1 and job.tally.decided == 1 and _shard_sum(w) == 3
+
+
+def test_two_last_verdicts_at_once_settle_the_job_exactly_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(3)]
+        _cascade(w, nodes)
+        for node in nodes[:2]:
+            _healthy(w, node)
+        _stale_counts_once(monkeypatch)
+        _healthy(w, nodes[2])  # decided "wait" (it saw no other count): counted on a shard
+        assert _shard_sum(w) == 3
+        job = w.repo.get_job("j")
+        # After its commit it added every count: the fault concluded, the job restarted once.
+        assert job.attempt == 2 and job.app_restarts_used == 1
+        assert job.state in (JobState.STARTING, JobState.RUNNING)
+
+
+def test_a_lost_settlement_after_the_commit_is_finished_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
+
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(3)]
+        _cascade(w, nodes)
+        for node in nodes[:2]:
+            _healthy(w, node)
+        _stale_counts_once(monkeypatch)
+
+        def lost(self: JobSettlement, job_id: str) -> str:
+            raise TimeoutError("the invocation died after the verdict's commit")
+        monkeypatch.setattr(JobSettlement, "settle_counted", lost)
+        _healthy(w, nodes[2])  # committed; the work after it failed (logged, not raised)
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and _shard_sum(w) == 3  # every verdict in
+        monkeypatch.undo()
+        for _ in range(3):
+            w.advance(61)
+            w.service.sweep()
+        job = w.repo.get_job("j")
+        assert job.attempt == 2 and job.app_restarts_used == 1
+
+
+def test_the_total_landing_after_the_last_verdict_concludes_the_fault() -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(3)]
+        arns = w.register_job("j", nodes)
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))  # one rank fails
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total is None  # others still stopping
+        _healthy(w, nodes[0])  # before every rank ended: counted on a shard, the job waits
+        assert _shard_sum(w) == 1 and w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+        for arn in arns[1:]:  # the peers we stopped end: the suspects are counted (1)
+            w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                          reason="gpu-recovery: suspected GPU fault"))
+        job = w.repo.get_job("j")
+        assert job.tally.total == 1 and job.attempt == 2 and job.app_restarts_used == 1
