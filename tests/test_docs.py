@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -78,3 +79,42 @@ def test_readme_links_every_doc() -> None:
                 reachable.add(resolved)
                 todo.append(resolved)
     assert {d.resolve() for d in DOCS} <= reachable, {d.name for d in DOCS} - {r.name for r in reachable}
+
+
+CODE_MAP_NAME = re.compile(r"`([\w*./-]+(?:\.py|/))`")
+SKIPPED_PARTS = {".venv", "node_modules", ".git", "cdk.out", "__pycache__"}
+
+
+def code_map_names(markdown: str) -> list[str]:
+    """The module and folder names the README's code map section quotes (``foo.py``, ``bar/``)."""
+    section = markdown.split("## Code map", 1)[1].split("\n## ", 1)[0]
+    return CODE_MAP_NAME.findall(section)
+
+
+def missing_from_tree(names: list[str], root: Path) -> list[str]:
+    """The quoted names no file (``x.py``, globs allowed) or folder (``x/``) under ``root`` matches."""
+    paths = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_PARTS]
+        paths += [Path(folder, name) for name in [*dirs, *files]]
+    return [name for name in names
+            if not any(p.is_dir() == name.endswith("/") and p.match(name.rstrip("/")) for p in paths)]
+
+
+def test_the_code_map_names_only_what_exists() -> None:
+    """Given the README's code map
+    When each module or folder it quotes is looked up in the repository
+    Then each exists (a module moved or deleted must leave the map too)."""
+    names = code_map_names(README.read_text())
+    assert len(names) > 20, names
+    missing = missing_from_tree(names, REPO)
+    assert not missing, f"the README's code map names what is not in the tree: {missing}"
+
+
+def test_the_code_map_check_finds_a_missing_module(tmp_path: Path) -> None:
+    (tmp_path / "local_mode" / "sim").mkdir(parents=True)
+    (tmp_path / "local_mode" / "sim" / "ecs_cluster.py").write_text("")
+    text = "## Code map\n- `local_mode/`: `scale_sim.py` (gone), `ecs_cluster*.py`, `sim/`\n## Security\n"
+    names = code_map_names(text)
+    assert names == ["local_mode/", "scale_sim.py", "ecs_cluster*.py", "sim/"]
+    assert missing_from_tree(names, tmp_path) == ["scale_sim.py"]
