@@ -5,6 +5,7 @@ left). One body: what is checked here holds for Lambda and for the simulators.""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 from pathlib import Path
@@ -17,7 +18,8 @@ from gpu_recovery import runtime
 from gpu_recovery.recovery.ports import Outcome
 from local_mode.sim.bus import LambdaContext
 
-EVENTS = Path(__file__).resolve().parents[1] / "events"
+ROOT = Path(__file__).resolve().parents[2]
+EVENTS = ROOT / "tests" / "events"
 TASK_STOPPED = json.loads((EVENTS / "training_task_stopped_exit1.json").read_text())
 HEALTH_CHECK_STOPPED = json.loads((EVENTS / "health_check_task_stopped.json").read_text())
 INSTANCE_CHANGE = json.loads((EVENTS / "aws_doc_ecs_container_instance_state_change.json").read_text())
@@ -140,3 +142,33 @@ def test_the_scale_simulator_runs_the_handlers_bodies() -> None:
     assert results["ecs_task_handler"] == {"action": "dropped",
                                            "why": "malformed ECS Task State Change event"}
     assert results["recovery_sweep"]["action"] == "swept"
+
+
+#: The recovery service's event entry points: only the handlers' bodies call them.
+ENTRY_POINTS = ("on_task_state_change", "on_health_check_stopped", "on_container_instance_change",
+                "on_gang_batch", "on_tag_lookups")
+
+
+def handler_bodies_repeated(source: str, path: str) -> list[str]:
+    """``path:line what`` for each call of an entry point, or import of the ECS event models."""
+    found = []
+    for node in ast.walk(ast.parse(source, path)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ENTRY_POINTS):
+            found.append(f"{path}:{node.lineno} .{node.func.attr}(")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpu_recovery.events"):
+            found.append(f"{path}:{node.lineno} from {node.module} import")
+    return found
+
+
+def test_no_simulator_or_bench_repeats_a_handlers_body() -> None:
+    """Given local_mode/ and bench/ (the simulators, the demo, the campaigns, the benches)
+    When their calls into the recovery service's event entry points are listed
+    Then there are none: they run the handlers (``lambda_handler``, or ``handle`` with a
+    service of their own), which parse the events and call the service."""
+    repeated = "service.on_gang_batch(body)\nfrom gpu_recovery.events.ecs import X\n"
+    assert sorted(handler_bodies_repeated(repeated, "x.py")) == [
+        "x.py:1 .on_gang_batch(", "x.py:2 from gpu_recovery.events.ecs import"]
+    found = [hit for folder in ("local_mode", "bench") for path in sorted((ROOT / folder).rglob("*.py"))
+             for hit in handler_bodies_repeated(path.read_text(), str(path.relative_to(ROOT)))]
+    assert not found, f"run the handler's body (handlers.<name>.handle) instead: {found}"
