@@ -3,7 +3,8 @@
 The moto-backed world (demo, playground, scenarios, crash campaigns):
 
 * :mod:`~local_mode.sim.clock` — ``SimClock``: simulated time, moved only by the driver;
-  ``DEFAULT_START``, the simulated start every simulation shares.
+  ``TimedActions``: the discrete-event core (actions due at simulated times); both worlds
+  drive theirs; ``DEFAULT_START``, the simulated start every simulation shares.
 * :mod:`~local_mode.sim.ecs` — ``SimulatedEcs``: the ECS data plane (GPU nodes, agents,
   tasks, reboots, DCGM verdicts) behind moto's control plane; its parts are
   ``ecs_model`` (records), ``ecs_core`` (state, nodes, driver), ``ecs_tasks`` (task
@@ -17,8 +18,8 @@ The moto-backed world (demo, playground, scenarios, crash campaigns):
 The timed world of the scale simulator (``make bench BENCH=scale``; wired by
 ``local_mode.scale_recovery``), where invocations interleave at AWS calls:
 
-* :mod:`~local_mode.sim.engine` — ``Simulation``: timed actions and processes (one per
-  Lambda invocation), ``LambdaTimeout``.
+* :mod:`~local_mode.sim.engine` — ``Simulation``: processes (one per Lambda invocation) on
+  the clock's ``TimedActions``, ``LambdaTimeout``.
 * :mod:`~local_mode.sim.aws_calls` — ``Account``, ``SimClient``: call latency, account-wide
   rate limits, botocore's standard retries and retry quota, call statistics.
 * :mod:`~local_mode.sim.lambdas` — ``LambdaService``: concurrency, containers, timeouts,

@@ -23,7 +23,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import botocore.session
 from botocore.exceptions import ClientError, ParamValidationError
@@ -137,13 +137,16 @@ def _botocore(service: str) -> Any:
         return client
 
 
+_ClientError: TypeAlias = ClientError
+
+
 class _UnmodeledErrors:
     """``client.exceptions`` of a service without modeled errors (EC2): plain ClientError."""
 
     ClientError = ClientError
 
     @staticmethod
-    def from_code(code: str) -> type[ClientError]:
+    def from_code(code: str) -> type[_ClientError]:
         return ClientError
 
 

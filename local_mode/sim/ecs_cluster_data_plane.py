@@ -147,10 +147,11 @@ class ClusterDataPlane:
     # ================================================================ descriptions
     def describe(self, task: ClusterTask, *, tags: bool) -> dict[str, Any]:
         stopped = task.done
-        container = {"containerArn": task.container_arn, "lastStatus": task.last_status,
-                     "name": task.definition.container, "image": task.definition.image, "taskArn": task.arn,
-                     "networkInterfaces": [], "cpu": "0", "memory": str(task.definition.memory),
-                     "gpuIds": list(task.gpu_ids)}
+        container: dict[str, Any] = {
+            "containerArn": task.container_arn, "lastStatus": task.last_status,
+            "name": task.definition.container, "image": task.definition.image, "taskArn": task.arn,
+            "networkInterfaces": [], "cpu": "0", "memory": str(task.definition.memory),
+            "gpuIds": list(task.gpu_ids)}
         if stopped and task.exit_code is not None:
             container["exitCode"] = task.exit_code
         out: dict[str, Any] = {

@@ -7,7 +7,6 @@ Scaling API hooks (``ecs``) build on it; ``local_mode.sim.ecs.SimulatedEcs`` is 
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import json
 import secrets
@@ -24,7 +23,7 @@ from .. import events as ev
 from ..emulator import LocalAws
 from ..health_verdicts import HEALTH_VALUES
 from .bus import LocalEventBus
-from .clock import DEFAULT_START, SimClock
+from .clock import DEFAULT_START, SimClock, TimedActions
 from .ecs_model import Node, Plan, SimTask, TimelineEntry
 
 
@@ -81,8 +80,7 @@ class EcsCore:
         }
         self._family_plans: dict[str, Plan] = {}
         self._task_plans: dict[str, Plan] = {}
-        self._queue: list[tuple[float, int, str, Callable[[], list[dict[str, Any]]]]] = []
-        self._seq = itertools.count()
+        self._actions = TimedActions(self.clock)  # each returns the events it emits
         self._reservation_ids = itertools.count(1)
         self._lock = threading.RLock()
         self._drive_lock = threading.Lock()
@@ -124,7 +122,7 @@ class EcsCore:
             return action() or []
 
         with self._lock:
-            heapq.heappush(self._queue, (max(at, self.now()), next(self._seq), label, run))
+            self._actions.push(at, run, label)
 
     def node(self, name_or_id: str) -> Node:
         """A node by name, EC2/mi- instance id or container instance ARN/id."""
@@ -284,11 +282,11 @@ class EcsCore:
     # ================================================================ driver
     def pending_actions(self) -> int:
         with self._lock:
-            return len(self._queue)
+            return len(self._actions)
 
     def _next_time(self) -> float | None:
         with self._lock:
-            q = self._queue[0][0] if self._queue else None
+            q = self._actions.next_time()
         s = self.bus.next_schedule_due()
         if q is None:
             return s
@@ -301,10 +299,9 @@ class EcsCore:
             return False
         self.clock.set(t)
         with self._lock:
-            run_action = bool(self._queue) and self._queue[0][0] <= t
-            item = heapq.heappop(self._queue) if run_action else None
-        if item is not None:
-            events = item[3]()
+            action = self._actions.pop()[1] if self._actions.due_by(t) else None
+        if action is not None:
+            events = action()
             for event in events:
                 self.counters["events_emitted"] += 1
                 self.bus.put_events(event)

@@ -6,7 +6,9 @@ on :class:`~local_mode.sim.dynamo.MemoryDynamo`, the real adapters on the stand-
 of :mod:`~local_mode.sim.aws_calls`, :mod:`~local_mode.sim.ecs_cluster` and
 :mod:`~local_mode.sim.aws_stand_ins`); this module decides *when* each piece runs.
 
-A heap of timed actions and *processes*. Every Lambda invocation is a process: a thread that
+Timed actions and *processes*, in simulated time: the clock and the action queue are
+:mod:`~local_mode.sim.clock`'s ``SimClock`` and ``TimedActions``, the moto world's data
+plane's too (one clock, ties broken alike). Every Lambda invocation is a process: a thread that
 runs only while the simulation hands it control, one process at a time, so runs are
 deterministic for a seed. A process gives control back at every AWS call (the call takes
 effect at once; the caller then waits the call's modelled latency) and at every
@@ -22,7 +24,6 @@ caught.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import random
 import threading
@@ -32,7 +33,7 @@ from typing import Any
 
 from gpu_recovery import clock as gr_clock
 
-from .clock import DEFAULT_START
+from .clock import DEFAULT_START, SimClock, TimedActions
 
 THREAD_STACK_BYTES = 4 * 1024 * 1024
 
@@ -116,10 +117,9 @@ class Simulation:
 
     def __init__(self, *, start: float = DEFAULT_START, seed: int = 0) -> None:
         self.start = start
-        self.now = start
+        self.clock = SimClock(start)
         self.rng = random.Random(seed)
-        self._heap: list[tuple[float, int, str, Callable[[], None]]] = []
-        self._seq = itertools.count()
+        self._actions = TimedActions(self.clock)
         self._back = threading.Semaphore(0)
         self.current: Process | None = None
         self._live: set[Process] = set()
@@ -127,9 +127,18 @@ class Simulation:
         self._ids = itertools.count(1)
         self._closing = False
 
+    @property
+    def now(self) -> float:
+        """The simulated time (its :class:`~local_mode.sim.clock.SimClock`'s)."""
+        return self.clock.now()
+
+    @now.setter
+    def now(self, t: float) -> None:
+        self.clock.set(t)
+
     # --- scheduling --------------------------------------------------------------------
     def _push(self, when: float, action: Callable[[], None], label: str) -> None:
-        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), label, action))
+        self._actions.push(when, action, label)
 
     def at(self, when: float, action: Callable[[], None], label: str = "") -> None:
         """Run ``action`` (no simulated time passes inside it) at ``when``."""
@@ -139,13 +148,13 @@ class Simulation:
         self._push(self.now + max(0.0, delay), action, label)
 
     def _nothing_due_before(self, when: float) -> bool:
-        return not self._heap or self._heap[0][0] > when
+        return not self._actions.due_by(when)
 
     def next_time(self) -> float | None:
-        return self._heap[0][0] if self._heap else None
+        return self._actions.next_time()
 
     def pending(self) -> int:
-        return len(self._heap)
+        return len(self._actions)
 
     def token(self, nbytes: int = 16) -> str:
         """Seeded hex (ARNs, ids): runs are reproducible."""
@@ -198,14 +207,14 @@ class Simulation:
             self.current.wait(seconds)
 
     def install_clock(self) -> None:
-        gr_clock.set_clock(lambda: self.now, self.sleep)
+        gr_clock.set_clock(self.clock.now, self.sleep)
 
     # --- driving -----------------------------------------------------------------------
     def step(self) -> bool:
-        if not self._heap:
+        if not self._actions:
             return False
-        when, _, _, action = heapq.heappop(self._heap)
-        self.now = max(self.now, when)
+        when, action = self._actions.pop()
+        self.now = when
         self.actions_run += 1
         action()
         return True
@@ -255,5 +264,5 @@ class Simulation:
             process._abort = True
             self._resume(process)
         self._live.clear()
-        self._heap.clear()
+        self._actions.clear()
 

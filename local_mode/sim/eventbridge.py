@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from moto.events.models import EventPattern
@@ -72,8 +73,8 @@ class EventBus:
                 received = self.sim.now
                 delay = self.sim.rng.uniform(*self.delivery_delay)
                 payload = json.loads(json.dumps(event))  # each target gets its own decoded copy
-                self.sim.after(delay, lambda f=rule.function, p=payload, r=received:
-                               self.lambdas.invoke_async(f, p, received_at=r), f"deliver to {rule.function}")
+                deliver = partial(self.lambdas.invoke_async, rule.function, payload, received_at=received)
+                self.sim.after(delay, deliver, f"deliver to {rule.function}")
                 count += 1
         self.deliveries += count
         return count

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..events import ACCOUNT_ID, REGION
@@ -224,7 +225,7 @@ class SqsEventSource:
         if self._wake_at is not None and self._wake_at <= due:
             return
         self._wake_at = due
-        self.queue.sim.at(due, lambda d=due: self._poll(d), f"poll {self.queue.name}")
+        self.queue.sim.at(due, partial(self._poll, due), f"poll {self.queue.name}")
 
     def _poll(self, due: float) -> None:
         if self._wake_at != due:
@@ -246,7 +247,7 @@ class SqsEventSource:
                         "messageAttributes": {}, "eventSource": "aws:sqs", "eventSourceARN": queue.arn,
                         "awsRegion": REGION} for m in batch]
             self.lambdas.invoke(self.function, {"Records": records},
-                                lambda inv, ids=[m.message_id for m in batch]: self._done(inv, ids))
+                                partial(self._done, ids=[m.message_id for m in batch]))
         pending = [m.visible_at for m in queue.messages.values() if m.visible_at > sim.now]
         if pending and self.active < self.max_concurrency:
             self.wake(min(pending))
