@@ -121,13 +121,18 @@ def _relocatable(job_id: str, extra: dict[str, str] | None = None) -> dict[str, 
 
 
 # ---------------------------------------------------------------------- scenarios
+def _two_node_job(w: World, job_id: str) -> None:
+    """node-a and node-b, and a training job with a rank on each."""
+    for node in ("node-a", "node-b"):
+        w.ecs.add_node(node)
+    w.ecs.start_job(job_id, w.training_task_definition, ["node-a", "node-b"])
+
+
 def fast_path() -> ScenarioResult:
     """XID 79 on rank 1's GPU: reboot without the DCGM diag; the job restarts and completes."""
     title = "fast path: XID 79 -> reboot without the DCGM diag -> job restarted and COMPLETE"
     with world() as w:
-        for node in ("node-a", "node-b"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("llama-fp", w.training_task_definition, ["node-a", "node-b"])
+        _two_node_job(w, "llama-fp")
         w.ecs.inject_xid("node-b", 79, after=10 * MIN, nccl_cascade=True)
         w.ecs.run_for(16 * MIN)
         restarted = w.job("llama-fp")
@@ -149,9 +154,7 @@ def gpu_reset() -> ScenarioResult:
     title = ("GPU reset: a row remap pending -> DCGM says reset -> node-b's GPUs reset in place "
              "(no reboot) -> job restarted and COMPLETE")
     with world() as w:
-        for node in ("node-a", "node-b"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("gpt-reset", w.training_task_definition, ["node-a", "node-b"])
+        _two_node_job(w, "gpt-reset")
         w.ecs.inject_gpu_fault("node-b", after=10 * MIN, health="reset_fixable", nccl_cascade=True)
         w.ecs.run_for(16 * MIN)
         mttr = _restart_seconds(w.job("gpt-reset"))
@@ -375,9 +378,7 @@ def observe() -> ScenarioResult:
     """Observe mode: detect, classify, record and notify; change nothing."""
     title = "observe mode: XID 79 detected and e-mailed with what would have been done; nothing done"
     with world(remediation={"remediation_mode": "observe"}) as w:
-        for node in ("node-a", "node-b"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("vit-observe", w.training_task_definition, ["node-a", "node-b"])
+        _two_node_job(w, "vit-observe")
         w.ecs.inject_xid("node-b", 79, after=10 * MIN)
         w.ecs.run_for(30 * MIN)
         problems: list[str] = []
@@ -409,9 +410,7 @@ def persistence_mode() -> ScenarioResult:
     title = ("persistence mode off: DCGM error 29 (severity config) -> operator action, node drained, "
              "never rebooted")
     with world() as w:
-        for node in ("node-a", "node-b"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("t5-config", w.training_task_definition, ["node-a", "node-b"])
+        _two_node_job(w, "t5-config")
         w.ecs.inject_gpu_fault("node-b", after=10 * MIN, health="config_error", nccl_cascade=True)
         w.ecs.run_for(20 * MIN)
         problems: list[str] = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -74,7 +75,7 @@ class CampaignResult:
 R = TypeVar("R", bound=CampaignResult)
 
 
-class Scenario(Generic[R]):
+class Scenario(ABC, Generic[R]):
     """One flow: a scenario object per run (it may keep what its ``result`` reads)."""
 
     #: simulated seconds the flow has to end (its jobs terminal) before it is judged as it is
@@ -84,9 +85,9 @@ class Scenario(Generic[R]):
         """``build_world`` options (``extra_env`` merged over the handlers' quiet logs)."""
         return {}
 
+    @abstractmethod
     def set_up(self, world: World) -> list[str]:
         """The world before the flow (calls not counted); the jobs whose end ends the flow."""
-        raise NotImplementedError
 
     def start(self, world: World) -> None:
         """Once calls are counted: what the flow does (inject the fault, lose the node...)."""
@@ -94,9 +95,9 @@ class Scenario(Generic[R]):
     def each_minute(self, world: World, jobs: Mapping[str, Job | None]) -> None:
         """Once a simulated minute while the flow runs, with its jobs as they are."""
 
+    @abstractmethod
     def result(self, world: World, common: dict[str, Any]) -> R:
         """The flow's result: ``common`` holds :class:`CampaignResult`'s fields."""
-        raise NotImplementedError
 
 
 def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
@@ -261,7 +262,7 @@ def campaign(flow: str, run: Callable[[tuple[int, str] | None], Any], *, every_c
         raise AssertionError(f"{flow}: the unbroken run itself failed: {problems}")
     chosen = list(positions) if positions is not None else positions_of(baseline.calls, every_call=every_call)
     runs = broken_runs(run, [(n, m) for n in chosen for m in modes])
-    failures = []
+    failures: list[tuple[tuple[int, str], ApiCall | None, list[str]]] = []
     for fault, result in sorted(runs.items()):
         if isinstance(result, BrokenRunFailed):
             failures.append((fault, None, [str(result)[-2000:]]))

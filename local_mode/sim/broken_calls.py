@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Protocol
 
 from botocore.awsrequest import AWSResponse
@@ -62,7 +63,7 @@ class ApiCall:
 def _call_site() -> str:
     # Frames walked directly, innermost first (traceback.extract_stack also read each
     # frame's source line: a twentieth of a campaign's CPU).
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(48):
         if frame is None:
             break
