@@ -23,6 +23,7 @@ _ENV = {
     "TRAINING_JOB_TABLE_NAME": "bench-jobs",
     "CONTAINER_INSTANCE_TABLE_NAME": "bench-instances",
     "IDEMPOTENCY_TABLE_NAME": "bench-idempotency",
+    "QUOTA_TABLE_NAME": "bench-quota",  # admission reads the submitter's quota
     "ECS_CLUSTER_NAME": "bench-cluster",
     "POWERTOOLS_TRACE_DISABLED": "true",
     "POWERTOOLS_METRICS_NAMESPACE": "bench",
@@ -76,6 +77,10 @@ def _run(boto3: Any, rounds: int) -> dict[str, Any]:
     ddb = boto3.client("dynamodb", region_name=region)
     defs = table_definitions()
     ddb.create_table(TableName=_ENV["TRAINING_JOB_TABLE_NAME"], BillingMode="PAY_PER_REQUEST", **defs["job"])
+    # the instance table holds the ECS call budget a cancel's StopTask takes a token from
+    ddb.create_table(TableName=_ENV["CONTAINER_INSTANCE_TABLE_NAME"], BillingMode="PAY_PER_REQUEST",
+                     **defs["instance"])
+    ddb.create_table(TableName=_ENV["QUOTA_TABLE_NAME"], BillingMode="PAY_PER_REQUEST", **defs["quota"])
     ddb.create_table(TableName=_ENV["IDEMPOTENCY_TABLE_NAME"], BillingMode="PAY_PER_REQUEST",
                      KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
                      AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}])
