@@ -64,37 +64,37 @@ def _measure(path: Path, sweep_every: float) -> tuple[float, float]:
         if sweep_every != 60:
             (sweep,) = [s for s in w.bus.schedules if s.name == "recovery-sweep"]
             sweep.every_seconds = sweep_every
-            sweep.next_due = w.sim.now() + sweep_every
+            sweep.next_due = w.ecs.now() + sweep_every
         nodes = ["node-a", "node-b", "node-c"] if path.spare else ["node-a", "node-b"]
         for node in nodes:
-            w.sim.add_node(node)
+            w.ecs.add_node(node)
         tags = {C.TAG_RELOCATABLE: "true"} if path.spare else None
-        w.sim.start_job("mttr", w.td, ["node-a", "node-b"], extra_tags=tags)
-        w.sim.run_for(MIN)
-        fault_at = w.sim.now() + MIN
+        w.ecs.start_job("mttr", w.training_task_definition, ["node-a", "node-b"], extra_tags=tags)
+        w.ecs.run_for(MIN)
+        fault_at = w.ecs.now() + MIN
         if path.name == "diag_reboot":
-            w.sim.inject_gpu_fault("node-b", at=fault_at, health="reboot_fixable", nccl_cascade=True)
+            w.ecs.inject_gpu_fault("node-b", at=fault_at, health="reboot_fixable", nccl_cascade=True)
         elif path.name == "diag_reset":
-            w.sim.inject_gpu_fault("node-b", at=fault_at, health="reset_fixable", nccl_cascade=True)
+            w.ecs.inject_gpu_fault("node-b", at=fault_at, health="reset_fixable", nccl_cascade=True)
         elif path.name == "fast_path_reboot":
-            w.sim.inject_xid("node-b", 79, at=fault_at, nccl_cascade=True, crash_delay_seconds=0,
+            w.ecs.inject_xid("node-b", 79, at=fault_at, nccl_cascade=True, crash_delay_seconds=0,
                              report_delay_seconds=0)
         elif path.name == "relocation_after_diag":
-            w.sim.inject_gpu_fault("node-b", at=fault_at, health="replace", nccl_cascade=True)
+            w.ecs.inject_gpu_fault("node-b", at=fault_at, health="replace", nccl_cascade=True)
         else:
-            w.sim.inject_xid("node-b", 64, at=fault_at, health="replace", nccl_cascade=True,
+            w.ecs.inject_xid("node-b", 64, at=fault_at, health="replace", nccl_cascade=True,
                              crash_delay_seconds=0, report_delay_seconds=0)
-        w.sim.run_until(fault_at)
+        w.ecs.run_until(fault_at)
         wall[0] = 0.0
 
         def back() -> bool:
-            ranks = [t for t in w.sim.tasks.values() if not t.health_check
+            ranks = [t for t in w.ecs.tasks.values() if not t.health_check
                      and t.tags.get(C.TAG_ATTEMPT) == "2" and t.last_status == "RUNNING"]
             return len(ranks) == 2
 
-        if not w.sim.run_until_true(back, max_seconds=30 * MIN):
+        if not w.ecs.run_until_true(back, max_seconds=30 * MIN):
             raise RuntimeError(f"{path.name}: the job did not run again within 30 minutes")
-        started = max(t.started_at or 0.0 for t in w.sim.tasks.values()
+        started = max(t.started_at or 0.0 for t in w.ecs.tasks.values()
                       if t.tags.get(C.TAG_ATTEMPT) == "2" and not t.health_check)
         return started - fault_at, wall[0]
 
