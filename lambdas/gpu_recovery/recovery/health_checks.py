@@ -19,6 +19,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
@@ -231,8 +232,12 @@ class HealthChecks:
             return None
         if claimed is not Claim.CLAIMED:
             return None
-        claim = replace(instance, state=InstanceState.HEALTH_CHECKING, hc_owner=owner,
-                        hc_started_by=started_by, hc_claimed_at=now)
+        # The instance as claimed (read again): a release gives the slot back to the shard
+        # and the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
+        claim = self.deps.repo.get_instance(inst_id)
+        if claim is None or claim.state is not InstanceState.HEALTH_CHECKING \
+                or claim.hc_started_by != started_by:
+            return None
         return self._start(claim, started_by, look_up_first=False)
 
     def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
@@ -259,6 +264,13 @@ class HealthChecks:
                 started_by=started_by, group=HEALTH_CHECK_GROUP,
                 tags=[{"key": "gpu-recovery:purpose", "value": "dcgm-health-check"}],
             )
+        except RateLimited as limited:
+            # The stack's ECS budget had no token in time: StartTask was never called. The
+            # slot is given back at once (not held until the claim's lease expires) and the
+            # check is tried again when a token is due (the retried event, or the sweep).
+            repo.release_health_check_claim(instance, started_by, placement_failed=False,
+                                            retry_at=clock.now() + limited.wait_seconds)
+            raise
         except Exception as error:
             if refused(error):  # nothing was started: the next try may start it
                 repo.release_health_check_claim(instance, started_by, placement_failed=False,
