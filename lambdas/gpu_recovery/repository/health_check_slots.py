@@ -161,5 +161,11 @@ class HealthCheckSlots:
     def wait_attributes() -> list[str]:
         return [HC_WAIT_PK]
 
+    @staticmethod
+    def held_attributes() -> list[str]:
+        """What a claim records of the slots it holds (the owner whose share, whether it took
+        one, the cluster shard): removed by every way out of HEALTH_CHECKING, with the release."""
+        return ["hc_owner", "hc_job_slot", "hc_slot_shard"]
+
 
 __all__ = ["HC_WAIT_SK", "Claim", "HealthCheckSlots"]

@@ -103,7 +103,7 @@ class NodeDecisions(JobsAndRanks, Instances):
         (``follow_up_at``) so the sweep finishes it if this delivery dies. ``also``: other
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
-        remove = ["hc_jobs", "hc_left", "hc_lease_until", "hc_owner", "hc_job_slot", "hc_slot_shard",
+        remove = ["hc_jobs", "hc_left", "hc_lease_until", *HealthCheckSlots.held_attributes(),
                   *HealthCheckSlots.wait_attributes()]
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
@@ -286,7 +286,7 @@ class NodeDecisions(JobsAndRanks, Instances):
             inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
             set_fields=fields, remove_fields=["hc_jobs", "hc_left", "waiting_jobs", "hc_lease_until",
-                                              "hc_owner", "hc_job_slot", "hc_slot_shard",
+                                              *HealthCheckSlots.held_attributes(),
                                               *HealthCheckSlots.wait_attributes()],
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
         if breaker is not None:
