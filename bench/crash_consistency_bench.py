@@ -24,15 +24,16 @@ def run(print_report: bool = True) -> dict[str, Any]:
     every = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
     # A run whose fault never fired proves nothing: the runner does not count it as recovered.
     summary = campaign("gpu_fault", recovery.run_recovery, every_call=every)
+    failures = [{"call": fault[0], "mode": fault[1],
+                 "operation": f"{call.service}:{call.operation}" if call else "no result",
+                 "problems": problems} for fault, call, problems in summary.failures]
     results = {
         "flow_calls": summary.calls,
         "calls_broken": summary.positions,
         "positions": "every call" if every else "first call of each call site",
         "runs": summary.runs,
         "runs_recovered": summary.ended_right,
-        "failures": [{"call": fault[0], "mode": fault[1],
-                      "operation": f"{call.service}:{call.operation}" if call else "no result",
-                      "problems": problems} for fault, call, problems in summary.failures],
+        "failures": failures,
         "seconds": round(time.perf_counter() - started, 1),
     }
     if print_report:
@@ -40,7 +41,7 @@ def run(print_report: bool = True) -> dict[str, Any]:
         print(f"  AWS calls injected: {summary.positions} ({results['positions']}) x {len(FAULT_MODES)} "
               f"models (throttle, lost response) / runs: {summary.runs} / runs recovered: "
               f"{results['runs_recovered']}")
-        for failure in results["failures"]:
+        for failure in failures:
             print(f"  WRONG: {failure}")
     return results
 

@@ -59,8 +59,10 @@ def _measure(path: Path, sweep_every: float) -> tuple[float, float]:
     with world(duplicate_delivery=False, dcgm_seconds=DCGM_SECONDS, reboot_seconds=REBOOT_SECONDS,
                reset_seconds=RESET_SECONDS) as w:
         wall = [0.0]
-        for target in [*w.bus.rules, *w.bus.schedules]:
-            target.target = _timed(target.target, wall)
+        for rule in w.bus.rules:
+            rule.target = _timed(rule.target, wall)
+        for schedule in w.bus.schedules:
+            schedule.target = _timed(schedule.target, wall)
         if sweep_every != 60:
             (sweep,) = [s for s in w.bus.schedules if s.name == "recovery-sweep"]
             sweep.every_seconds = sweep_every

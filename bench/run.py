@@ -12,14 +12,15 @@ import io
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 
-class _DropEmf(io.TextIOBase):
+class _DropEmf(io.TextIOBase, TextIO):
     """Passes output through, minus Powertools' EMF metric lines.
 
     Powertools ``Metrics`` instances share one buffer per process and flush it as EMF JSON
     on stdout (in Lambda, CloudWatch reads it); here every handler runs in one process.
+    A ``TextIO`` too, as ``sys.stdout`` is typed (typeshed declares ``io.StringIO`` so).
     """
 
     def __init__(self, target: Any) -> None:

@@ -302,7 +302,7 @@ def _share_moto_sns_signing_key() -> None:
             return keys[0]
 
     private_key._shared = True  # type: ignore[attr-defined]
-    Subscription.private_key = private_key  # type: ignore[method-assign]
+    Subscription.private_key = private_key  # type: ignore[assignment]  # replaces an lru_cache
 
 
 def install_emulator_speedups() -> None:

@@ -40,6 +40,7 @@ from typing import Any
 from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
+from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.recovery.ranks import container_environment
@@ -104,10 +105,10 @@ class RecordingMetrics:
     """The service's metrics port: every metric added, summed by name."""
 
     def __init__(self) -> None:
-        self.values: Counter[str] = Counter()
+        self.values: dict[str, float] = {}
 
     def add_metric(self, name: str, unit: str, value: float) -> None:
-        self.values[name] += value
+        self.values[name] = self.values.get(name, 0) + value
 
 
 @dataclass
@@ -126,7 +127,8 @@ def default_service(ports: Ports) -> RecoveryService:
     """The service ``gpu_recovery.runtime`` builds, on the container's clients (no Auto Scaling
     client: the simulated cluster has no group)."""
     service = runtime.build_recovery_service(ports.settings, ports.clients, ports.metrics)
-    budget = service.deps.ecs.budget
+    ecs = service.deps.ecs
+    budget = ecs.budget if isinstance(ecs, EcsAdapter) else None
     if isinstance(budget, EcsCallBudget):
         ports.budgets.append(budget)
     return service

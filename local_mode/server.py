@@ -391,6 +391,8 @@ class LocalApiServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
+        if isinstance(host, bytes):  # typeshed allows bytes (AF_UNIX); this server is AF_INET
+            host = host.decode()
         return f"http://{host}:{port}"
 
     def start(self) -> LocalApiServer:

@@ -282,8 +282,8 @@ def _explain(local: LocalAws, sim: SimulatedEcs, repo: Repository, job_id: str) 
         times.append(float(entry["at"]))
         print(f"  {float(entry['at']):.0f} {entry.get('from')} -> {entry.get('to')}: "
               f"{str(entry.get('reason'))[:200]}", file=out)
-    nodes = {sim.node(r.container_inst_id).name for r in repo.get_ranks(repo.get_job(job_id))} \
-        if repo.get_job(job_id) else set()
+    job = repo.get_job(job_id)
+    nodes = {sim.node(r.container_inst_id).name for r in repo.get_ranks(job)} if job else set()
     if times:
         first, last = min(times) - 600, max(times) + 600
         for entry in sim.timeline:

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -380,14 +380,26 @@ def run(*, duplicate_delivery: bool = True, phase: float = 0.7, respond: bool = 
             program.job_id = w.submit(ALICE, "alice-pretrain", tds["alice-pretrain"], 4, "LOW",
                                       suspend_grace_seconds=grace_seconds)
 
+        # A scheduled action returns the ECS events it emits: these emit none (returning the
+        # job id or the job's view would put each of its characters or keys on the bus).
+        def bob_submits() -> None:
+            w.submit(BOB, "bob-finetune", tds["bob-finetune"], 2, "AUTO")
+
+        def bob_submits_a_sweep() -> None:
+            w.submit(BOB, "bob-sweep", tds["bob-sweep"], 1, "HIGH")
+
+        def looks(name: str, user: str) -> Callable[[], None]:
+            def look() -> None:
+                w.show_wait(name, user)
+
+            return look
+
         sim.schedule(t0 + PRETRAIN_AT, alice_submits, "alice submits")
-        sim.schedule(t0 + finetune_at + phase,
-                     lambda: w.submit(BOB, "bob-finetune", tds["bob-finetune"], 2, "AUTO"), "bob submits")
+        sim.schedule(t0 + finetune_at + phase, bob_submits, "bob submits")
         if until == "complete":
-            sim.schedule(t0 + SWEEP_AT, lambda: w.submit(BOB, "bob-sweep", tds["bob-sweep"], 1, "HIGH"),
-                         "bob submits a second job")
-            sim.schedule(t0 + SWEEP_AT + 20, lambda: w.show_wait("bob-sweep", BOB), "bob looks")
-            sim.schedule(t0 + SWEEP_AT + 22, lambda: w.show_wait("alice-pretrain", ALICE), "alice looks")
+            sim.schedule(t0 + SWEEP_AT, bob_submits_a_sweep, "bob submits a second job")
+            sim.schedule(t0 + SWEEP_AT + 20, looks("bob-sweep", BOB), "bob looks")
+            sim.schedule(t0 + SWEEP_AT + 22, looks("alice-pretrain", ALICE), "alice looks")
 
         checked = [0.0]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 _clock: Callable[[], float] = time.time
-_sleep: Callable[[float], None] = time.sleep
+_sleep: Callable[[float], object] = time.sleep  # its result, if any, unused
 
 
 def now() -> float:
@@ -26,7 +26,7 @@ def sleep(seconds: float) -> None:
         _sleep(seconds)
 
 
-def set_clock(clock: Callable[[], float], sleeper: Callable[[float], None] | None = None) -> None:
+def set_clock(clock: Callable[[], float], sleeper: Callable[[float], object] | None = None) -> None:
     """Install a clock (local mode's simulated time) and, optionally, how to wait on it;
     ``reset_clock`` restores real time."""
     global _clock, _sleep

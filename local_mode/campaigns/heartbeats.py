@@ -127,11 +127,15 @@ class NodeLost(Scenario[RunResult]):
         assert job is not None
         nodes = {sim.node(n).container_instance_id: n for n in (PEER, LOST)}
         peer = sim.tasks.get(self.peer_task)
+
+        def instance_state(instance_id: str) -> str:
+            instance = repo.get_instance(instance_id)
+            return instance.state.value if instance else "MISSING"
+
         return RunResult(
             **common, job_state=job.state.value, attempt=job.attempt,
             rank_states=[r.state.value for r in repo.get_ranks(job)],
-            instance_states={n: (repo.get_instance(i).state.value if repo.get_instance(i) else "MISSING")
-                             for i, n in nodes.items()},
+            instance_states={n: instance_state(i) for i, n in nodes.items()},
             ecs_status=ecs_status(world, (PEER, LOST)),
             peer_stopped=peer is not None and peer.stop_code == "UserInitiated",
         )

@@ -207,25 +207,25 @@ class DynamoCore:
                 for gsi in d["GlobalSecondaryIndexes"]]
         return out
 
-    def _op_CreateTable(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_CreateTable(self, p: dict[str, Any], _usages: _Usages, _invocation: str) -> dict[str, Any]:
         name = p["TableName"]
         if name in self._tables:
             raise _Failure("ResourceInUseException", f"Table already exists: {name}")
         self._tables[name] = _Table(name, {k: v for k, v in p.items() if k != "TableName"})
         return {"TableDescription": self._description(self._tables[name])}
 
-    def _op_DescribeTable(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_DescribeTable(self, p: dict[str, Any], _usages: _Usages, _invocation: str) -> dict[str, Any]:
         return {"Table": self._description(self._table(p["TableName"]))}
 
-    def _op_DeleteTable(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_DeleteTable(self, p: dict[str, Any], _usages: _Usages, _invocation: str) -> dict[str, Any]:
         description = self._description(self._table(p["TableName"]))
         del self._tables[p["TableName"]]
         return {"TableDescription": {**description, "TableStatus": "DELETING"}}
 
-    def _op_ListTables(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_ListTables(self, p: dict[str, Any], _usages: _Usages, _invocation: str) -> dict[str, Any]:
         return {"TableNames": sorted(self._tables)}
 
-    def _op_UpdateTimeToLive(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_UpdateTimeToLive(self, p: dict[str, Any], _usages: _Usages, _invocation: str) -> dict[str, Any]:
         """Recorded, not enforced (neither is it in moto): items never expire here."""
         table = self._table(p["TableName"])
         spec = p["TimeToLiveSpecification"]
@@ -233,7 +233,7 @@ class DynamoCore:
                      **({"AttributeName": spec["AttributeName"]} if spec["Enabled"] else {})}
         return {"TimeToLiveSpecification": dict(spec)}
 
-    def _op_DescribeTimeToLive(self, p: dict[str, Any], _usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_DescribeTimeToLive(self, p: dict[str, Any], _usages: _Usages, _invocation: str) -> dict[str, Any]:
         return {"TimeToLiveDescription": dict(self._table(p["TableName"]).ttl)}
 
     # --- metering helpers ---------------------------------------------------------------
@@ -273,7 +273,7 @@ class DynamoCore:
             self._recent_tx.setdefault((table.name, key), []).append((now, invocation))
 
     # --- single-item operations ------------------------------------------------------------
-    def _op_GetItem(self, p: dict[str, Any], usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_GetItem(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
         table = self._table(p["TableName"])
         key, _, _ = table.key_of(p["Key"])
         stored = table.items.get(key)
@@ -361,10 +361,11 @@ class DynamoCore:
         expression = p.get("UpdateExpression")
         names = dict(p.get("ExpressionAttributeNames") or {})
         tree = _update_tree(expression) if expression else None
-        touched = _attribute_names(tree, names) if tree is not None else set()
+        changed = _attribute_names(tree, names) if tree is not None else set()
+        touched = changed if old is not None else None  # a new item: all of it
         if old is not None:
             attrs = dict(old.item.attrs)
-            for name in touched:
+            for name in changed:
                 if name in attrs:
                     attrs[name] = _clone_value(attrs[name])
             item = _new_item(old.item.hash_key, old.item.range_key, attrs)
@@ -373,7 +374,6 @@ class DynamoCore:
             if r is not None and table.range_key:
                 attrs[table.range_key] = r
             item = _new_item(h, r, attrs)
-            touched = None
         if tree is None:
             return item, touched
         values = dict(p.get("ExpressionAttributeValues") or {})

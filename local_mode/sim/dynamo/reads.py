@@ -30,7 +30,7 @@ from .values import (
 class Reads(DynamoCore):
     """The multi-item reads of :class:`~local_mode.sim.dynamo.MemoryDynamo`."""
 
-    def _op_BatchGetItem(self, p: dict[str, Any], usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_BatchGetItem(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
         requests = p["RequestItems"]
         total_keys = sum(len(r.get("Keys") or []) for r in requests.values())
         if total_keys > MAX_BATCH_GET_KEYS:
@@ -65,7 +65,7 @@ class Reads(DynamoCore):
             responses[name] = found
         return {"Responses": responses, "UnprocessedKeys": unprocessed}
 
-    def _op_Query(self, p: dict[str, Any], usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_Query(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
         table = self._table(p["TableName"])
         index_name = p.get("IndexName")
         index = table.primary if not index_name else table.gsis.get(index_name)
@@ -145,7 +145,7 @@ class Reads(DynamoCore):
             out["LastEvaluatedKey"] = lek
         return out
 
-    def _op_Scan(self, p: dict[str, Any], usages: _Usages, _: str) -> dict[str, Any]:
+    def _op_Scan(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
         table = self._table(p["TableName"])
         index_name = p.get("IndexName")
         index = table.primary if not index_name else table.gsis.get(index_name)

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from decimal import Decimal
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import botocore.session
 from boto3.dynamodb.transform import ParameterTransformer
@@ -208,10 +208,12 @@ def _sortable(value: DynamoType) -> Any:
 def _new_item(hash_key: DynamoType, range_key: DynamoType | None, attrs: dict[str, DynamoType]) -> Item:
     """A moto Item over a plain dict: moto's LimitedSizeDict re-measures the whole item on
     every attribute set (O(n^2)) and enforces an approximate limit; ours is exact."""
-    item = Item.__new__(Item)
+    # moto's BaseModel.__new__ (which tracks the instance, as Item() would) is typed as
+    # returning BaseModel.
+    item = cast(Item, Item.__new__(Item))
     item.hash_key = hash_key
     item.range_key = range_key
-    item.attrs = attrs
+    item.attrs = attrs  # type: ignore[assignment]  # a plain dict on purpose (above)
     return item
 
 
