@@ -5,6 +5,7 @@ fakes of the ports)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -163,6 +164,22 @@ def test_healthy_verdicts_count_on_the_shards_and_the_last_one_restarts_the_job_
         job = w.repo.get_job("j")
         assert job.attempt == 2 and job.state in (JobState.STARTING, JobState.RUNNING)
         assert job.app_restarts_used == 1 and job.tally.decided == 1 and _shard_sum(w) == 3
+
+
+def test_the_shard_a_verdict_counts_on_is_the_one_the_tally_is_summed_from() -> None:
+    """Both keyed by the tally's fault attempt (one source): a verdict handed a job whose
+    attempt is past its tally's counts on the fault's shards, the ones ``counted`` sums."""
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(4)]
+        _cascade(w, nodes)
+        for node in nodes[:2]:
+            _healthy(w, node)
+        job = w.repo.get_job("j")
+        assert job.tally.attempt == job.attempt == 1 and _shard_sum(w, 1) == 2
+        moved_on = replace(job, attempt=2)  # the tally still counts the fault of attempt 1
+        assert w.repo.db.transact([w.repo.faults.count_on_shard(moved_on, nodes[2], infra=False)])
+        assert _shard_sum(w, 1) == 3 and _shard_sum(w, 2) == 0
+        assert w.repo.faults.counted(job).tally.decided_all == 3
 
 
 def test_two_last_verdicts_at_once_settle_the_job_exactly_once(monkeypatch: pytest.MonkeyPatch) -> None:

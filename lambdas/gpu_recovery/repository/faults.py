@@ -160,7 +160,7 @@ class FaultRepository:
         tally shard of ``node`` (in the verdict's transaction, beside the suspect's PENDING ->
         HEALTHY that makes it count once)."""
         shard = stable_shard(node, FAULT_TALLY_SHARDS)
-        return Update(table=self.table, key={JOB_PK: fault_tally_shard_key(job.job_id, job.attempt, shard)},
+        return Update(table=self.table, key=self._tally_shard_key(job, shard),
                       set_fields={"item_type": "TALLY_SHARD"},
                       increments={"decided": 1, "infra": 1 if infra else 0})
 
@@ -171,12 +171,17 @@ class FaultRepository:
         tally = job.tally
         if not job.in_fault or tally.total is None or tally.decided >= tally.total:
             return job
-        keys = [{JOB_PK: fault_tally_shard_key(job.job_id, tally.attempt, shard)}
-                for shard in range(FAULT_TALLY_SHARDS)]
+        keys = [self._tally_shard_key(job, shard) for shard in range(FAULT_TALLY_SHARDS)]
         items = self.base.db.batch_get(self.table, keys)
         decided = sum(int(i.get("decided") or 0) for i in items)
         infra = sum(int(i.get("infra") or 0) for i in items)
         return replace(job, tally=replace(tally, shard_decided=decided, shard_infra=infra))
+
+    @staticmethod
+    def _tally_shard_key(job: Job, shard: int) -> dict[str, Any]:
+        """The key of ``shard`` of the tally's shards: the tally's fault attempt, for the
+        writer (``count_on_shard``) and the reader (``counted``) alike."""
+        return {JOB_PK: fault_tally_shard_key(job.job_id, job.tally.attempt, shard)}
 
     @staticmethod
     def tally_condition(job: Job) -> tuple[str, dict[str, Any], dict[str, str]]:
