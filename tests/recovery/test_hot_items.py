@@ -13,6 +13,7 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.notifications import NotificationKind
 from gpu_recovery.domain.shards import shard_shares, stable_shard
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.faults import FaultRepository
@@ -164,6 +165,20 @@ def test_healthy_verdicts_count_on_the_shards_and_the_last_one_restarts_the_job_
         job = w.repo.get_job("j")
         assert job.attempt == 2 and job.state in (JobState.STARTING, JobState.RUNNING)
         assert job.app_restarts_used == 1 and job.tally.decided == 1 and _shard_sum(w) == 3
+
+
+def test_the_restart_e_mail_counts_every_suspect_though_most_verdicts_are_on_the_shards() -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(8)]  # more than the e-mail names (5)
+        _cascade(w, nodes)
+        for node in nodes:
+            _healthy(w, node)
+        job = w.repo.get_job("j")
+        assert job.attempt == 2 and job.state is JobState.RUNNING
+        assert job.tally.decided == 1 and _shard_sum(w) == 7  # the job item holds the last one only
+        [recovered] = [n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]
+        assert ("What was done:      DCGM health check of node-0, node-1, node-2, node-3, node-4; "
+                "and 3 more suspect node(s) judged; all 8 ranks restarted as attempt 2") in recovered.body
 
 
 def test_the_shard_a_verdict_counts_on_is_the_one_the_tally_is_summed_from() -> None:

@@ -495,15 +495,16 @@ class GangRestart:
         """What the recovery did, in a line (a few suspect nodes named, the others counted)."""
         tally = job.tally
         done = []
-        # A restart waits for every verdict: all ``total`` suspects were judged (the job item
-        # counts only those not counted on the tally's shards).
-        judged = max(tally.decided, tally.total or 0)
-        if tally.attempt == job.attempt - 1 and judged:
+        # The fault's suspects (its total, final once every old rank ended, which every
+        # restart waits for): each judged, or left before its verdict, by now. Not the verdicts
+        # on the job item: the healthy ones are counted on the tally's shards.
+        suspects = tally.total or 0
+        if tally.attempt == job.attempt - 1 and suspects:
             shown = self.deps.repo.faults.suspects(job.job_id, tally.attempt, limit=MAX_FAULTS_IN_EMAIL)
             fast = sorted(s.node for s in shown if s.findings.get("source") == "fast path")
             left = sorted(s.node for s in shown if s.verdict is SuspectVerdict.LEFT)
             checked = sorted(s.node for s in shown if s.node not in fast and s.node not in left)
-            more = judged - len(shown)
+            more = suspects - len(shown)
             if checked:
                 done.append(f"DCGM health check of {', '.join(checked)}")
             if fast:
@@ -524,7 +525,7 @@ class GangRestart:
             moves = self.deps.repo.faults.placement(job.job_id, job.attempt)
             shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])
             done.append(f"relocated the ranks of {len(moves)} node(s) ({shown_moves})")
-        if not judged and job.restart_reason:
+        if not suspects and job.restart_reason:
             done.append(f"restart without node action ({job.restart_reason})")
         return "; ".join(done) or "gang restart"
 
