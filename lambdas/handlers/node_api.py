@@ -41,7 +41,7 @@ from pydantic import (
 from gpu_recovery import clock, runtime
 from gpu_recovery.domain.heartbeat_policy import ReportedTask, timestamp_acceptable
 from gpu_recovery.heartbeat.ports import MetricsPort
-from gpu_recovery.heartbeat.results import ReplayedReport
+from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport
 from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.heartbeat.tokens import NODE_ID_RE
 from handlers._common import powertools
@@ -237,17 +237,22 @@ def _describe_validation(error: ValidationError) -> tuple[str, str]:
             _where(details[0]) if details else "body")
 
 
-def _read_body(list_field: str, limit: int) -> dict[str, Any]:
+def _read_body() -> dict[str, Any]:
     text = body_text(app.current_event.raw_event, MAX_BODY_BYTES)
     body = parse_json(text) if text.strip() else None
     if not isinstance(body, dict):
         raise ApiError(400, "malformed_body", "request body must be a JSON object")
+    return body
+
+
+def _parse(model: type[BaseModel], body: dict[str, Any], list_field: str, limit: int) -> Any:
+    """The report in ``body``: its list within ``limit`` (413), then the parser model (400)."""
     items = body.get(list_field)
     if isinstance(items, list) and len(items) > limit:
         raise ApiError(413, f"too_many_{list_field}",
                        f"{list_field} lists {len(items)} entries; the limit is {limit} per report",
                        list_field)
-    return body
+    return _validate(model, body)
 
 
 def _authorized_node() -> str:
@@ -267,14 +272,14 @@ def _validate(model: type[BaseModel], body: dict[str, Any]) -> Any:
         raise ApiError(400, "invalid_report", message, field) from error
 
 
-def _check_common(report: _Report) -> None:
-    node_id = _authorized_node()
+def _check_common(report: _Report, node_id: str, heartbeats: HeartbeatService) -> None:
+    """The report is the token's node's (``node_id``) and its clock is within the skew."""
     if report.node_id != node_id:
         raise ApiError(403, "node_mismatch",
                        f"node_id {report.node_id!r} is not the node this token belongs to; "
                        "send the node's own id or use that node's token", "node_id")
     # The heartbeat service's settings, validated once when runtime.py built it.
-    settings = service(runtime.PowertoolsMetrics(metrics)).settings
+    settings = heartbeats.settings
     now = clock.now()
     if not math.isfinite(report.timestamp) or not timestamp_acceptable(
         report.timestamp, now, settings.max_skew_seconds
@@ -289,12 +294,12 @@ def _check_common(report: _Report) -> None:
 @app.post("/v1/report_tasks")
 @tracer.capture_method
 def report_tasks() -> dict[str, Any]:
-    report: ReportTasksIn = _validate(ReportTasksIn, _read_body("tasks", MAX_TASKS))
-    _check_common(report)
+    report: ReportTasksIn = _parse(ReportTasksIn, _read_body(), "tasks", MAX_TASKS)
+    heartbeats = service(runtime.PowertoolsMetrics(metrics))
+    _check_common(report, _authorized_node(), heartbeats)
     tasks = [ReportedTask(t.task_arn, t.running_log_id, t.remote_pid, t.remote_pgid, t.step)
              for t in report.tasks]
-    result = service(runtime.PowertoolsMetrics(metrics)).report_tasks(
-        report.node_id, report.timestamp, tasks, boot_time=report.boot_time)
+    result = heartbeats.report_tasks(report.node_id, report.timestamp, tasks, boot_time=report.boot_time)
     logger.info("tasks reported", extra=result.as_dict())
     return {"accepted": True, "server_time": clock.now(), **result.as_dict()}
 
@@ -302,15 +307,23 @@ def report_tasks() -> dict[str, Any]:
 @app.post("/v1/report_gpu")
 @tracer.capture_method
 def report_gpu() -> dict[str, Any]:
-    report: ReportGpuIn = _validate(ReportGpuIn, _read_body("gpus", MAX_GPUS))
-    _check_common(report)
-    result = service(runtime.PowertoolsMetrics(metrics)).report_gpu(
+    body = _read_body()
+    result = accept_gpu_report(body, _authorized_node(), service(runtime.PowertoolsMetrics(metrics)))
+    logger.info("gpus reported", extra=result.as_dict())
+    return {"accepted": True, "server_time": clock.now(), **result.as_dict()}
+
+
+def accept_gpu_report(body: dict[str, Any], node_id: str, heartbeats: HeartbeatService) -> GpuResult:
+    """A ``POST /v1/report_gpu`` body from the token's node ``node_id``, checked as the route
+    checks it (the parser model, the node, the clock skew; ``ApiError`` says what to fix),
+    into the heartbeat service. Local mode's simulated node agents report through here too."""
+    report: ReportGpuIn = _parse(ReportGpuIn, body, "gpus", MAX_GPUS)
+    _check_common(report, node_id, heartbeats)
+    return heartbeats.report_gpu(
         report.node_id, report.timestamp,
         [g.model_dump() for g in report.gpus],
         [x.model_dump() for x in report.unmapped_xids], report.error,
     )
-    logger.info("gpus reported", extra=result.as_dict())
-    return {"accepted": True, "server_time": clock.now(), **result.as_dict()}
 
 
 @app.not_found

@@ -161,8 +161,8 @@ class GpuFaults(TaskLifecycle):
         return []
 
     def _report_gpu_to_service(self, node: str, body: dict[str, Any]) -> Any:
-        """What the node API does with a GPU report: the heartbeat service's report_gpu."""
-        from gpu_recovery import runtime
+        """What the node API does with a GPU report from the node's agent (its token's node):
+        the route's checks (parser model, node, clock skew), then the heartbeat service."""
+        from handlers import node_api
 
-        return runtime.heartbeat_service().report_gpu(body["node_id"], body["timestamp"], body["gpus"],
-                                                      body.get("unmapped_xids") or [], body.get("error"))
+        return node_api.accept_gpu_report(body, self.node(node).container_instance_id, node_api.service())

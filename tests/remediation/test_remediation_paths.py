@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from gpu_recovery import constants as C
 from local_mode.remediation_scenarios import MIN, world
 from local_mode.sim.api_errors import THROTTLING
@@ -266,3 +268,30 @@ def test_a_job_placed_on_a_node_the_stack_is_about_to_reboot_is_recovered_not_fa
         assert w.ecs.counters["health_checks_started"] == 0  # the verdict was known: no diag
         assert w.job("first")["job_state"] == "FAILED"
         assert not w.bus.dead_letters
+
+
+def test_a_simulated_gpu_report_is_checked_as_the_node_api_checks_a_real_one() -> None:
+    """Given the node agent's GPU report as local mode sends it, When it is out of the node
+    API's bounds or names another node, Then it is refused as the route refuses it (nothing
+    written, the agent retries); a good one is accepted and flags the node's XID."""
+    from handlers.node_api import ApiError
+
+    with world() as w:
+        for node in ("node-a", "node-b"):
+            w.ecs.add_node(node)
+        node_id = w.ecs.node("node-a").container_instance_id
+        body = w.ecs.gpu_report_body(w.ecs.node("node-a"), {0: [79]})
+        too_hot = {**body, "gpus": [{**body["gpus"][0], "temperature_c": 1000}, *body["gpus"][1:]]}
+        with pytest.raises(ApiError) as refused:
+            w.ecs.gpu_reporter("node-a", too_hot)
+        assert (refused.value.status, refused.value.code, refused.value.field) == (
+            400, "invalid_report", "gpus.0.temperature_c")
+        other = {**body, "node_id": w.ecs.node("node-b").container_instance_id}
+        with pytest.raises(ApiError) as mismatch:
+            w.ecs.gpu_reporter("node-a", other)
+        assert mismatch.value.status == 403
+        heartbeats = w.aws.resource("dynamodb").Table(w.aws.instance_table)
+        assert "Item" not in heartbeats.get_item(Key={C.INSTANCE_PK: node_id})  # nothing written
+        accepted = w.ecs.gpu_reporter("node-a", body)
+        assert accepted.node_id == node_id and accepted.gpus == 8 and accepted.suspect
+        assert "Item" in heartbeats.get_item(Key={C.INSTANCE_PK: node_id})
