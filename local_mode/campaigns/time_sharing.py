@@ -30,6 +30,7 @@ from gpu_recovery.domain.time_sharing import Priority
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.time_sharing import QuotaRepository
 
+from ..events import ACCOUNT_ID
 from ..sim.ecs import SimulatedEcs
 from ..world import World
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
@@ -39,6 +40,11 @@ POLL_SECONDS = 10
 LOW_RUN_SECONDS = 2 * MIN
 HIGH_RUN_SECONDS = 3 * MIN
 RUN_LIMIT_SECONDS = 40 * MIN
+
+
+def _user_arn(name: str) -> str:
+    """The submitting IAM user's ARN, in the emulator's account (IAM ARNs name no region)."""
+    return f"arn:aws:iam::{ACCOUNT_ID}:user/{name}"
 
 
 @dataclass(kw_only=True)
@@ -166,7 +172,7 @@ class Preemption(Scenario[RunResult]):
         self.low = service.submit(JobSpec.model_validate({
             "name": "alice-low", "task_definition": low_td, "nnodes": 2, "gpus_per_node": 8,
             "priority": "LOW", "suspend_grace_seconds": 120}),
-            "arn:aws:iam::123456789012:user/alice")["job_id"]
+            _user_arn("alice"))["job_id"]
         sim.run_for(MIN + 5)  # the scheduler's tick starts it
         self.program = Rank0ControlPoller(sim, repo, self.low)
         self.program.start()
@@ -175,7 +181,7 @@ class Preemption(Scenario[RunResult]):
         sim.plan_family("low", run_seconds=LOW_RUN_SECONDS, exit_code=0)
         self.high = service.submit(JobSpec.model_validate({
             "name": "bob-high", "task_definition": high_td, "nnodes": 2, "gpus_per_node": 8,
-            "priority": "HIGH"}), "arn:aws:iam::123456789012:user/bob")["job_id"]
+            "priority": "HIGH"}), _user_arn("bob"))["job_id"]
         # Calls are counted (and broken) from here: the submit is the jobs API's own flow
         # (made retry-safe by its Idempotency-Key), the preemption is this one.
         return [self.low, self.high]
