@@ -155,7 +155,7 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
         world.cluster.fail_gpu(nodes[0], health="reboot_fixable", exit_code=1)
         if scenario == "cascade":
             for task in job.tasks:
-                if task.node is not nodes[0]:
+                if task.node != nodes[0].name:
                     world.cluster.exit_task(task, 1, after=sim.rng.uniform(0.5, cascade_seconds), why="nccl")
 
         def finished() -> bool:

@@ -62,7 +62,7 @@ from ..api_hooks import hook_answer
 from ..emulator import LocalAws
 from .bus import LocalEventBus
 from .ecs_faults import GpuFaults
-from .ecs_model import SimTask
+from .ecs_model import Task
 
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
@@ -251,7 +251,7 @@ class SimulatedEcs(GpuFaults):
             return
         tags = {t["key"]: t["value"] for t in params.get("tags") or []}
         now = self.now()
-        new: list[SimTask] = []
+        new: list[Task] = []
         with self._lock:
             for task_desc in parsed.get("tasks") or []:
                 node = self._node_or_none(task_desc.get("containerInstanceArn", ""))
@@ -270,7 +270,7 @@ class SimulatedEcs(GpuFaults):
                 reset = group.startswith(C.GPU_RESET_GROUP) or td.family == C.DEFAULT_GPU_RESET_FAMILY
                 hc = not reset and (group.startswith(C.HEALTH_CHECK_GROUP)
                                     or td.family == C.DEFAULT_HEALTH_CHECK_FAMILY)
-                task = SimTask(
+                task = Task(
                     arn=task_desc["taskArn"],
                     node=node.name,
                     task_definition_arn=td.arn,
@@ -336,7 +336,7 @@ class SimulatedEcs(GpuFaults):
             )
             if task is None:
                 return
-            task.moto_stopped = True
+            self._moto_stopped.add(task.arn)
             self.counters["stop_requests"] += 1
             if task.done:
                 self._sync_moto(task)
@@ -364,7 +364,7 @@ class SimulatedEcs(GpuFaults):
         self.schedule(self.now(), stopping, "stopping")
         self.schedule(self.now() + self.stop_delay_seconds, stopped, "stopped")
 
-    def _patch_task_response(self, task: SimTask, resp: dict[str, Any] | None) -> None:
+    def _patch_task_response(self, task: Task, resp: dict[str, Any] | None) -> None:
         if resp is not None:
             resp["lastStatus"] = task.last_status
             resp["desiredStatus"] = task.desired_status
@@ -403,6 +403,7 @@ class SimulatedEcs(GpuFaults):
             node = self._node_or_none(ci.get("containerInstanceArn", ""))
             if node is None:
                 continue
+            node.status = str(ci.get("status") or node.status)  # moto's record answers the API
             self._log("node", f"container instance -> {ci.get('status')}", node.name)
             self.schedule(self.now(), lambda n=node: [self._ci_event(n)], "ci state")
 
@@ -472,6 +473,7 @@ class SimulatedEcs(GpuFaults):
                 out += self._finish(task, exit_code=137, stop_code="EssentialContainerExited",
                                     reason=f"Host EC2 (instance {host}) terminated", why="host terminated")
             node.agent_connected = False
+            node.status = "INACTIVE"
             with contextlib.suppress(Exception):
                 self.local.client("ecs").deregister_container_instance(
                     cluster=self.local.cluster_name, containerInstance=node.container_instance_arn,

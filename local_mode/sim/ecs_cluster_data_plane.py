@@ -29,9 +29,10 @@ from .. import events as ev
 from ..events import ACCOUNT_ID, REGION
 from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, HEALTH_VALUES, VERDICT_EXIT, verdict_line
 from .aws_calls import Account, ClientFailure
-from .ecs_cluster_model import ClusterNode, ClusterTask, LogStore, TaskDefinition
+from .ecs_model import Node, Task, TaskDefinition
 from .engine import Simulation
 from .eventbridge import EventBus
+from .log_store import LogStore
 
 
 class ClusterDataPlane:
@@ -58,9 +59,9 @@ class ClusterDataPlane:
         self.disconnect_delay = disconnect_delay
         self.instance_events = instance_events
         self.dcgm_level = dcgm_level
-        self.nodes: dict[str, ClusterNode] = {}  # by name
-        self._by_ref: dict[str, ClusterNode] = {}  # by ARN, container-instance id, instance id
-        self.tasks: dict[str, ClusterTask] = {}
+        self.nodes: dict[str, Node] = {}  # by name
+        self._by_ref: dict[str, Node] = {}  # by ARN, container-instance id, instance id
+        self.tasks: dict[str, Task] = {}
         self._started_by: dict[str, list[str]] = defaultdict(list)
         self.definitions: dict[str, TaskDefinition] = {}
         self.logs = LogStore()
@@ -68,7 +69,7 @@ class ClusterDataPlane:
         self.health_checks: Counter[str] = Counter()  # node name -> DCGM tasks started
         self.reboots: Counter[str] = Counter()  # node name -> reboots requested
         #: called with a task after each of its state changes (scenario bookkeeping)
-        self.observers: list[Callable[[ClusterTask], None]] = []
+        self.observers: list[Callable[[Task], None]] = []
         self.health_check_task = self.register_task_definition(
             health_check_family, gpus=health_check_gpus, container=C.HEALTH_CHECK_CONTAINER_NAME,
             image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04")
@@ -83,7 +84,7 @@ class ClusterDataPlane:
         return arn
 
     def add_node(self, name: str, *, gpus: int = 8, kind: str = "ec2",
-                 health: str = "healthy") -> ClusterNode:
+                 health: str = "healthy") -> Node:
         if name in self.nodes:
             raise ValueError(f"node {name} exists")
         if health not in HEALTH_VALUES:
@@ -96,26 +97,26 @@ class ClusterDataPlane:
             raise ValueError("kind is 'ec2' or 'anywhere'")
         arn = f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:container-instance/{self.name}/{self.sim.token()}"
         gpu_ids = [f"GPU-{self.sim.token(4)}-{i:04d}-{self.sim.token(2)}" for i in range(gpus)]
-        node = ClusterNode(name, kind, instance_id, arn, gpu_ids, self.sim.now, self.sim.now)
-        node.health = health
+        node = Node(name, kind, instance_id, arn, gpu_ids, boot_time=self.sim.now, registered_at=self.sim.now,
+                    health=health)
         self.nodes[name] = node
-        for ref in (arn, node.id, instance_id, name):
+        for ref in (arn, node.container_instance_id, instance_id, name):
             self._by_ref[ref] = node
         self._emit_instance(node)
         return node
 
-    def node(self, ref: str) -> ClusterNode:
+    def node(self, ref: str) -> Node:
         node = self._by_ref.get(ref)
         if node is None:
             raise KeyError(ref)
         return node
 
-    def launch(self, task_definition: str, node: ClusterNode | str, *,
+    def launch(self, task_definition: str, node: Node | str, *,
                tags: list[dict[str, str]] | None = None, started_by: str = "", group: str | None = None,
-               overrides: dict[str, Any] | None = None) -> ClusterTask:
+               overrides: dict[str, Any] | None = None) -> Task:
         """Start a task directly in the data plane (an external launcher: no API call,
         no rate limit); raises when it cannot be placed."""
-        target = node if isinstance(node, ClusterNode) else self.node(node)
+        target = node if isinstance(node, Node) else self.node(node)
         definition = self._definition(task_definition)
         failure = self._placement_failure(target, definition)
         if failure:
@@ -137,51 +138,45 @@ class ClusterDataPlane:
         if cluster not in (self.name, self.arn):
             raise ClientFailure("ClusterNotFoundException", "Cluster not found.")
 
-    def _placement_failure(self, node: ClusterNode, definition: TaskDefinition) -> str:
+    def _placement_failure(self, node: Node, definition: TaskDefinition) -> str:
         if not node.agent_connected:
             return "AGENT"
-        if node.status != "ACTIVE" or node.rebooting or len(node.free_gpus()) < definition.gpus:
+        if node.status != "ACTIVE" or node.rebooting or len(node.free_gpu_ids) < definition.gpus:
             return "RESOURCE:GPU"
         return ""
 
     # ================================================================ descriptions
-    def describe(self, task: ClusterTask, *, tags: bool) -> dict[str, Any]:
-        stopped = task.done
-        container: dict[str, Any] = {
-            "containerArn": task.container_arn, "lastStatus": task.last_status,
-            "name": task.definition.container, "image": task.definition.image, "taskArn": task.arn,
-            "networkInterfaces": [], "cpu": "0", "memory": str(task.definition.memory),
-            "gpuIds": list(task.gpu_ids)}
-        if stopped and task.exit_code is not None:
-            container["exitCode"] = task.exit_code
+    def describe(self, task: Task, *, tags: bool) -> dict[str, Any]:
+        node = self.nodes[task.node]
         out: dict[str, Any] = {
             "attachments": [], "availabilityZone": f"{REGION}a", "clusterArn": self.arn,
-            "containerInstanceArn": task.node.arn, "containers": [container], "cpu": "0",
-            "createdAt": task.created_at, "desiredStatus": task.desired_status, "group": task.group,
-            "launchType": "EC2" if task.node.kind == "ec2" else "EXTERNAL", "lastStatus": task.last_status,
-            "memory": str(task.definition.memory), "overrides": task.overrides or {"containerOverrides": []},
+            "containerInstanceArn": node.container_instance_arn,
+            "containers": [dict(c) for c in task.containers], "cpu": task.cpu, "createdAt": task.created_at,
+            "desiredStatus": task.desired_status, "group": task.group,
+            "launchType": "EC2" if node.kind == "ec2" else "EXTERNAL", "lastStatus": task.last_status,
+            "memory": task.memory, "overrides": task.overrides or {"containerOverrides": []},
             "startedAt": task.started_at, "startedBy": task.started_by or None,
             "stoppingAt": task.stopping_at,
             "stoppedAt": task.stopped_at, "stoppedReason": task.stopped_reason, "stopCode": task.stop_code,
-            "taskArn": task.arn, "taskDefinitionArn": task.definition.arn, "updatedAt": task.updated_at,
+            "taskArn": task.arn, "taskDefinitionArn": task.task_definition_arn, "updatedAt": task.updated_at,
             "version": task.version}
         if tags:
-            out["tags"] = [dict(t) for t in task.tags]
+            out["tags"] = task.tag_list
         return {k: v for k, v in out.items() if v is not None}
 
-    def describe_instance(self, node: ClusterNode) -> dict[str, Any]:
+    def describe_instance(self, node: Node) -> dict[str, Any]:
         return {
             "agentConnected": node.agent_connected, "attributes": [], "clusterArn": self.arn,
-            "containerInstanceArn": node.arn, "ec2InstanceId": node.instance_id,
+            "containerInstanceArn": node.container_instance_arn, "ec2InstanceId": node.instance_id,
             "registeredResources": [ev.gpu_resource(node.gpu_ids)],
-            "remainingResources": [ev.gpu_resource(node.free_gpus())],
+            "remainingResources": [ev.gpu_resource(node.free_gpu_ids)],
             "status": node.status, "version": node.version, "versionInfo": {},
             "registeredAt": node.registered_at, "updatedAt": self.sim.now, "accountType": "ec2_instance",
             "runningTasksCount": sum(1 for _ in node.allocations),
             "pendingTasksCount": 0}
 
     # ================================================================ data plane
-    def _emit_task(self, task: ClusterTask) -> None:
+    def _emit_task(self, task: Task) -> None:
         task.version += 1
         task.updated_at = self.sim.now
         for observe in self.observers:
@@ -189,7 +184,7 @@ class ClusterDataPlane:
         self.bus.put(ev.task_state_change(self.describe(task, tags=False), time=self.sim.now,
                                           account=ACCOUNT_ID, region=REGION, event_id=self._event_id()))
 
-    def _emit_instance(self, node: ClusterNode) -> None:
+    def _emit_instance(self, node: Node) -> None:
         node.version += 1
         self.bus.put(ev.container_instance_state_change(self.describe_instance(node), time=self.sim.now,
                                                         account=ACCOUNT_ID, region=REGION,
@@ -199,17 +194,22 @@ class ClusterDataPlane:
         t = self.sim.token()
         return f"{t[:8]}-{t[8:12]}-{t[12:16]}-{t[16:20]}-{t[20:32]}"
 
-    def _place(self, definition: TaskDefinition, node: ClusterNode, tags: list[dict[str, str]],
-               started_by: str, group: str | None, overrides: dict[str, Any]) -> ClusterTask:
+    def _place(self, definition: TaskDefinition, node: Node, tags: list[dict[str, str]],
+               started_by: str, group: str | None, overrides: dict[str, Any]) -> Task:
         task_id = self.sim.token()
         arn = f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:task/{self.name}/{task_id}"
         health_check = definition.arn == self.health_check_task or \
             str(group or "").startswith(C.HEALTH_CHECK_GROUP)
-        gpu_ids = node.free_gpus()[:definition.gpus]
-        task = ClusterTask(arn, node, definition, group or f"family:{definition.family}", started_by,
-                           overrides, [dict(t) for t in tags], gpu_ids, self.sim.now, health_check,
-                           f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:container/{self.name}/{task_id}/"
-                           f"{self.sim.token(8)}", updated_at=self.sim.now)
+        gpu_ids = node.free_gpu_ids[:definition.gpus]
+        container_id = f"{self.name}/{task_id}/{self.sim.token(8)}"
+        container = {
+            "containerArn": f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:container/{container_id}",
+            "lastStatus": "PENDING", "name": definition.container, "image": definition.image, "taskArn": arn,
+            "networkInterfaces": [], "cpu": "0", "memory": str(definition.memory), "gpuIds": list(gpu_ids)}
+        task = Task(arn, node.name, definition.arn, definition.family, group or f"family:{definition.family}",
+                    started_by, overrides, {t["key"]: t["value"] for t in tags}, gpu_ids, [container],
+                    self.sim.now, memory=str(definition.memory), updated_at=self.sim.now, version=1,
+                    health_check=health_check)
         node.allocations[arn] = gpu_ids
         self.tasks[arn] = task
         if started_by:
@@ -224,30 +224,32 @@ class ClusterDataPlane:
             self.sim.after(self.pending_delay, lambda: self._emit_instance(node), "instance resources")
         return task
 
-    def _pending(self, task: ClusterTask) -> None:
+    def _pending(self, task: Task) -> None:
         if task.last_status == "PENDING" and task.desired_status == "RUNNING":
             self._emit_task(task)
 
-    def _running(self, task: ClusterTask) -> None:
+    def _running(self, task: Task) -> None:
         if task.done or task.desired_status != "RUNNING":
             return
         task.last_status = "RUNNING"
         task.started_at = self.sim.now
+        for container in task.containers:
+            container["lastStatus"] = "RUNNING"
         self._emit_task(task)
         if task.health_check:
             self.sim.after(self.dcgm_seconds, lambda: self._verdict(task), "dcgm verdict")
 
-    def _verdict(self, task: ClusterTask) -> None:
+    def _verdict(self, task: Task) -> None:
         if task.done:
             return
-        code = VERDICT_EXIT[task.node.health]
+        code = VERDICT_EXIT[self.nodes[task.node].health]
         task_id = task.arn.rsplit("/", 1)[-1]
-        stream = f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.definition.container}/{task_id}"
+        stream = f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.containers[0]['name']}/{task_id}"
         self.logs.put(HEALTH_CHECK_LOG_GROUP, stream, self.sim.now,
-                      verdict_line(code, self.dcgm_level, task.gpu_ids, task.node.name))
+                      verdict_line(code, self.dcgm_level, task.gpu_ids, task.node))
         self._finish(task, code, "EssentialContainerExited", "Essential container in task exited")
 
-    def _finish(self, task: ClusterTask, exit_code: int | None, stop_code: str, reason: str) -> None:
+    def _finish(self, task: Task, exit_code: int | None, stop_code: str, reason: str) -> None:
         if task.done:
             return
         was_started = task.started_at is not None
@@ -259,13 +261,18 @@ class ClusterDataPlane:
             task.stop_code = stop_code if was_started else "TaskFailedToStart"
             task.stopped_reason = reason
         task.exit_code = exit_code if was_started else None
-        task.node.allocations.pop(task.arn, None)
+        for container in task.containers:
+            container["lastStatus"] = "STOPPED"
+            if task.exit_code is not None:
+                container["exitCode"] = task.exit_code
+        node = self.nodes[task.node]
+        node.allocations.pop(task.arn, None)
         self.counters["tasks_stopped"] += 1
         self._emit_task(task)
         if self.instance_events:
-            self._emit_instance(task.node)
+            self._emit_instance(node)
 
-    def exit_task(self, task: ClusterTask, exit_code: int, *, after: float = 0.0, why: str = "") -> None:
+    def exit_task(self, task: Task, exit_code: int, *, after: float = 0.0, why: str = "") -> None:
         """The task's essential container exits with ``exit_code`` (``after`` seconds from now)."""
         def go() -> None:
             self._finish(task, exit_code, "EssentialContainerExited", "Essential container in task exited")
@@ -274,11 +281,11 @@ class ClusterDataPlane:
 
         self.sim.after(after, go, "task exit")
 
-    def fail_gpu(self, node: ClusterNode | str, *, health: str = "reboot_fixable",
-                 exit_code: int = 1) -> list[ClusterTask]:
+    def fail_gpu(self, node: Node | str, *, health: str = "reboot_fixable",
+                 exit_code: int = 1) -> list[Task]:
         """A GPU of ``node`` fails now: its health becomes ``health`` (what the next DCGM
         check finds) and every training task on it exits ``exit_code``."""
-        target = node if isinstance(node, ClusterNode) else self.node(node)
+        target = node if isinstance(node, Node) else self.node(node)
         if health not in HEALTH_VALUES:
             raise ValueError(f"health is one of {HEALTH_VALUES}")
         target.health = health
@@ -288,7 +295,7 @@ class ClusterDataPlane:
         self.counters["gpu_faults"] += 1
         return victims
 
-    def reboot(self, node: ClusterNode) -> None:
+    def reboot(self, node: Node) -> None:
         """A reboot request (RebootInstances, or the reboot document through SSM)."""
         self.counters["reboots"] += 1
         self.reboots[node.name] += 1
@@ -319,7 +326,7 @@ class ClusterDataPlane:
         self.sim.after(self.disconnect_delay, down, "agent disconnected")
         self.sim.after(self.reboot_seconds, up, "agent back")
 
-    def running(self, predicate: Callable[[ClusterTask], bool] | None = None) -> list[ClusterTask]:
+    def running(self, predicate: Callable[[Task], bool] | None = None) -> list[Task]:
         return [t for t in self.tasks.values()
                 if t.last_status == "RUNNING" and (predicate is None or predicate(t))]
 

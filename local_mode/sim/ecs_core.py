@@ -24,7 +24,7 @@ from ..emulator import LocalAws
 from ..health_verdicts import HEALTH_VALUES
 from .bus import LocalEventBus
 from .clock import DEFAULT_START, SimClock, TimedActions
-from .ecs_model import Node, Plan, SimTask, TimelineEntry
+from .ecs_model import Node, Plan, Task, TimelineEntry
 
 
 class EcsCore:
@@ -64,7 +64,8 @@ class EcsCore:
         self.instance_events_on_placement = instance_events_on_placement
         self.node_tag_key = node_tag_key
         self.nodes: dict[str, Node] = {}
-        self.tasks: dict[str, SimTask] = {}
+        self.tasks: dict[str, Task] = {}
+        self._moto_stopped: set[str] = set()  # tasks moto already counts as stopped
         self.timeline: list[TimelineEntry] = []
         self.counters: dict[str, int] = {
             "tasks_started": 0,
@@ -271,7 +272,7 @@ class EcsCore:
         self.schedule(t, down, f"flap-down {node}")
         self.schedule(t + for_seconds, up, f"flap-up {node}")
 
-    def running_tasks(self, node: str | None = None) -> list[SimTask]:
+    def running_tasks(self, node: str | None = None) -> list[Task]:
         with self._lock:
             return [
                 t

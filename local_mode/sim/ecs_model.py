@@ -1,5 +1,12 @@
-"""The records of the simulated ECS data plane: GPU nodes, the tasks they run, run plans and
-the timeline the demo prints."""
+"""The records of the simulated ECS data plane, one family for both worlds: GPU nodes
+(container instances), the tasks they run, task definitions (the in-memory control plane's;
+the moto world reads moto's), run plans and the timeline the demo prints.
+
+A task names its node (``Task.node`` is the node's name) and carries its tags as a dict
+(``Task.tag_list`` is the ECS API's list); ``Node.container_instance_arn`` is the container
+instance's ARN. ``Node.status`` and ``Node.attributes`` are the control plane's: the
+in-memory one (``ecs_cluster``) keeps them here, the moto world keeps them in step with
+moto's container instance (moto's record answers the API)."""
 
 from __future__ import annotations
 
@@ -16,6 +23,19 @@ class TimelineEntry(NamedTuple):
 
 
 @dataclass
+class TaskDefinition:
+    """A task definition of the in-memory control plane (one essential container)."""
+
+    arn: str
+    family: str
+    revision: int
+    gpus: int
+    container: str = "trainer"
+    image: str = "trainer:latest"
+    memory: int = 4096
+
+
+@dataclass
 class Node:
     """One simulated GPU host and its ECS container instance."""
 
@@ -28,8 +48,10 @@ class Node:
     registered_at: float
     health: str = "healthy"
     agent_connected: bool = True
+    status: str = "ACTIVE"  # ACTIVE | DRAINING | INACTIVE (deregistered)
     allocations: dict[str, list[str]] = field(default_factory=dict)  # task arn -> gpu ids
     reservations: dict[int, list[str]] = field(default_factory=dict)  # pending StartTask
+    attributes: dict[str, str | None] = field(default_factory=dict)  # custom ECS attributes (cordon)
     version: int = 1
     reboots: int = 0
     rebooting: bool = False
@@ -51,11 +73,12 @@ class Node:
 
 
 @dataclass
-class SimTask:
-    """A task the data plane runs (mirrors, and keeps in sync, moto's Task)."""
+class Task:
+    """A task the data plane runs (in the moto world it mirrors, and keeps in step, moto's
+    Task; in the scale world it is the control plane's record too)."""
 
     arn: str
-    node: str
+    node: str  # the node's name
     task_definition_arn: str
     family: str
     group: str
@@ -80,7 +103,6 @@ class SimTask:
     plan_token: int = 0
     health_check: bool = False
     gpu_reset: bool = False  # the GPU reset task (a health check's kin: never a training task)
-    moto_stopped: bool = False
 
     @property
     def label(self) -> str:
@@ -97,6 +119,10 @@ class SimTask:
     def done(self) -> bool:
         return self.last_status == "STOPPED"
 
+    @property
+    def tag_list(self) -> list[dict[str, str]]:
+        """The tags as the ECS API lists them."""
+        return [{"key": k, "value": v} for k, v in self.tags.items()]
 
 
 @dataclass
@@ -105,4 +131,3 @@ class Plan:
 
     run_seconds: float | None
     exit_code: int = 0
-

@@ -13,7 +13,7 @@ from gpu_recovery import constants as C
 from .. import events as ev
 from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, REBOOT_FIXES, RESET_FIXES, VERDICT_EXIT, verdict_line
 from .ecs_core import EcsCore
-from .ecs_model import Node, Plan, SimTask
+from .ecs_model import Node, Plan, Task
 
 
 class TaskLifecycle(EcsCore):
@@ -116,7 +116,7 @@ class TaskLifecycle(EcsCore):
         self.schedule(requested + self.reboot_seconds, up, "reboot up")
 
     # ================================================================ task lifecycle
-    def _task_description(self, task: SimTask) -> dict[str, Any]:
+    def _task_description(self, task: Task) -> dict[str, Any]:
         return {
             "attachments": [],
             "availabilityZone": "us-east-1a",
@@ -143,14 +143,14 @@ class TaskLifecycle(EcsCore):
             "version": task.version,
         }
 
-    def _task_event(self, task: SimTask) -> dict[str, Any]:
+    def _task_event(self, task: Task) -> dict[str, Any]:
         with self._lock:
             task.version += 1
             task.updated_at = self.now()
             desc = self._task_description(task)
         return ev.task_state_change(desc, time=self.now())
 
-    def _sync_moto(self, task: SimTask) -> None:
+    def _sync_moto(self, task: Task) -> None:
         moto_task = self._backend.tasks.get(self.local.cluster_name, {}).get(task.arn)
         if moto_task is None:
             return
@@ -169,12 +169,12 @@ class TaskLifecycle(EcsCore):
             mc.last_status = sc["lastStatus"]
             mc.exitCode = sc.get("exitCode")
 
-    def _to_pending(self, task: SimTask) -> list[dict[str, Any]]:
+    def _to_pending(self, task: Task) -> list[dict[str, Any]]:
         if task.done or task.last_status != "PENDING":
             return []
         return [self._task_event(task)]
 
-    def _to_running(self, task: SimTask) -> list[dict[str, Any]]:
+    def _to_running(self, task: Task) -> list[dict[str, Any]]:
         with self._lock:
             if task.done or task.desired_status != "RUNNING":
                 return []
@@ -213,7 +213,7 @@ class TaskLifecycle(EcsCore):
             return self._container_exit(task, verdict, f"DCGM verdict {node.health}")
         return self._container_exit(task, exit_code, "finished" if exit_code == 0 else "planned")
 
-    def _reset_result(self, task: SimTask) -> list[dict[str, Any]]:
+    def _reset_result(self, task: Task) -> list[dict[str, Any]]:
         """The reset task's exit: 0 when a reset clears the node's health (it is healthy
         after), 1 when not (the fault stays for the reboot)."""
         node = self.nodes[task.node]
@@ -226,7 +226,7 @@ class TaskLifecycle(EcsCore):
             return self._container_exit(task, 0, "GPUs reset, diag passed")
         return self._container_exit(task, 1, f"GPU reset failed ({before})")
 
-    def _container_exit(self, task: SimTask, exit_code: int, why: str) -> list[dict[str, Any]]:
+    def _container_exit(self, task: Task, exit_code: int, why: str) -> list[dict[str, Any]]:
         """The essential container exited: STOPPED (EssentialContainerExited)."""
         if task.done:
             return []
@@ -240,7 +240,7 @@ class TaskLifecycle(EcsCore):
 
     def _finish(
         self,
-        task: SimTask,
+        task: Task,
         *,
         exit_code: int | None,
         stop_code: str,
@@ -268,10 +268,10 @@ class TaskLifecycle(EcsCore):
                     c["exitCode"] = exit_code if i == 0 else 0
             node = self.nodes[task.node]
             node.allocations.pop(task.arn, None)
-            if not task.moto_stopped:
+            if task.arn not in self._moto_stopped:
                 with contextlib.suppress(Exception):  # moto bookkeeping only
                     self._backend.stop_task(self.local.cluster_name, task.arn, task.stopped_reason)
-                task.moto_stopped = True
+                self._moto_stopped.add(task.arn)
             self._sync_moto(task)
         code = "" if task.exit_code is None else f" exited {task.exit_code}"
         self._log("task", f"{task.label}{code or ' stopped'} ({why})", task.node)
@@ -280,7 +280,7 @@ class TaskLifecycle(EcsCore):
             out.append(self._ci_event(node))
         return out
 
-    def _write_verdict_log(self, task: SimTask, node: Node, verdict: int) -> None:
+    def _write_verdict_log(self, task: Task, node: Node, verdict: int) -> None:
         line = verdict_line(verdict, int(self.local.env.get(C.ENV_DCGM_LEVEL, "2")), task.gpu_ids, node.name)
         try:
             logs = self.local.client("logs")
