@@ -342,12 +342,7 @@ class SimulatedEcs(GpuFaults):
                 self._sync_moto(task)
                 self._patch_task_response(task, parsed.get("task"))
                 return
-            already = task.desired_status == "STOPPED"
-            task.desired_status = "STOPPED"
-            if not already:
-                task.stopping_at = self.now()
-                task.stop_code = "UserInitiated"
-                task.stopped_reason = reason
+            already = not task.request_stop(self.now(), reason)
             self._sync_moto(task)
             self._patch_task_response(task, parsed.get("task"))
         if already:

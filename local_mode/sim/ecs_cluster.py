@@ -72,12 +72,8 @@ class EcsCluster(ClusterDataPlane):
         if task is None:
             raise ClientFailure("InvalidParameterException", "The referenced task was not found.")
         self.counters["stop_requests"] += 1
-        if not task.done and task.desired_status != "STOPPED":
-            reason = str(p.get("reason") or "Task stopped by user")
-            task.desired_status = "STOPPED"
-            task.stopping_at = self.sim.now
-            task.stop_code = "UserInitiated"
-            task.stopped_reason = reason
+        reason = str(p.get("reason") or "Task stopped by user")
+        if task.request_stop(self.sim.now, reason):
             self._emit_task(task)
             self.sim.after(self.stop_delay, lambda: self._finish(
                 task, 143 if task.last_status == "RUNNING" else None, "UserInitiated", reason),

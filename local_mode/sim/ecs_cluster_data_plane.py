@@ -6,7 +6,7 @@ stopCode UserInitiated and the given reason) after ``stop_delay``; a task exits 
 when the scenario says (``exit_task``, ``fail_gpu``). A reboot (RebootInstances, or the
 reboot document through SSM for ``mi-`` nodes) kills the node's tasks (exit 137) after 5 s,
 disconnects the agent after ``disconnect_delay`` and reconnects it after ``reboot_seconds``
-with a new boot time (a ``reboot_fixable`` node is healthy again). DCGM health-check tasks
+with a new boot time (a fault a reboot clears is gone). DCGM health-check tasks
 (the health-check family or group) exit after ``dcgm_seconds`` with the node's verdict code
 (0 healthy, 1 reboot, 2 replace, 3 operator action) and print the verdict JSON line to the
 log group. Every change is an EventBridge event shaped by ``local_mode/events.py`` (task
@@ -27,9 +27,9 @@ from gpu_recovery import constants as C
 
 from .. import events as ev
 from ..events import ACCOUNT_ID, REGION
-from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, HEALTH_VALUES, VERDICT_EXIT, verdict_line
+from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, HEALTH_VALUES
 from .aws_calls import Account, ClientFailure
-from .ecs_model import Node, Task, TaskDefinition
+from .ecs_model import Node, Task, TaskDefinition, describe_task, health_check_verdict
 from .engine import Simulation
 from .eventbridge import EventBus
 from .log_store import LogStore
@@ -147,19 +147,10 @@ class ClusterDataPlane:
 
     # ================================================================ descriptions
     def describe(self, task: Task, *, tags: bool) -> dict[str, Any]:
-        node = self.nodes[task.node]
-        out: dict[str, Any] = {
-            "attachments": [], "availabilityZone": f"{REGION}a", "clusterArn": self.arn,
-            "containerInstanceArn": node.container_instance_arn,
-            "containers": [dict(c) for c in task.containers], "cpu": task.cpu, "createdAt": task.created_at,
-            "desiredStatus": task.desired_status, "group": task.group,
-            "launchType": "EC2" if node.kind == "ec2" else "EXTERNAL", "lastStatus": task.last_status,
-            "memory": task.memory, "overrides": task.overrides or {"containerOverrides": []},
-            "startedAt": task.started_at, "startedBy": task.started_by or None,
-            "stoppingAt": task.stopping_at,
-            "stoppedAt": task.stopped_at, "stoppedReason": task.stopped_reason, "stopCode": task.stop_code,
-            "taskArn": task.arn, "taskDefinitionArn": task.task_definition_arn, "updatedAt": task.updated_at,
-            "version": task.version}
+        """The task as this control plane's API answers (no null fields, no empty startedBy)."""
+        out = describe_task(task, self.nodes[task.node], self.arn, REGION)
+        out["overrides"] = task.overrides or {"containerOverrides": []}
+        out["startedBy"] = task.started_by or None
         if tags:
             out["tags"] = task.tag_list
         return {k: v for k, v in out.items() if v is not None}
@@ -231,10 +222,7 @@ class ClusterDataPlane:
     def _running(self, task: Task) -> None:
         if task.done or task.desired_status != "RUNNING":
             return
-        task.last_status = "RUNNING"
-        task.started_at = self.sim.now
-        for container in task.containers:
-            container["lastStatus"] = "RUNNING"
+        task.mark_running(self.sim.now)
         self._emit_task(task)
         if task.health_check:
             self.sim.after(self.dcgm_seconds, lambda: self._verdict(task), "dcgm verdict")
@@ -242,29 +230,14 @@ class ClusterDataPlane:
     def _verdict(self, task: Task) -> None:
         if task.done:
             return
-        code = VERDICT_EXIT[self.nodes[task.node].health]
-        task_id = task.arn.rsplit("/", 1)[-1]
-        stream = f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.containers[0]['name']}/{task_id}"
-        self.logs.put(HEALTH_CHECK_LOG_GROUP, stream, self.sim.now,
-                      verdict_line(code, self.dcgm_level, task.gpu_ids, task.node))
+        code, stream, line = health_check_verdict(task, self.nodes[task.node], self.dcgm_level)
+        self.logs.put(HEALTH_CHECK_LOG_GROUP, stream, self.sim.now, line)
         self._finish(task, code, "EssentialContainerExited", "Essential container in task exited")
 
     def _finish(self, task: Task, exit_code: int | None, stop_code: str, reason: str) -> None:
         if task.done:
             return
-        was_started = task.started_at is not None
-        task.last_status = "STOPPED"
-        task.desired_status = "STOPPED"
-        task.stopping_at = task.stopping_at or self.sim.now
-        task.stopped_at = self.sim.now
-        if task.stop_code != "UserInitiated":
-            task.stop_code = stop_code if was_started else "TaskFailedToStart"
-            task.stopped_reason = reason
-        task.exit_code = exit_code if was_started else None
-        for container in task.containers:
-            container["lastStatus"] = "STOPPED"
-            if task.exit_code is not None:
-                container["exitCode"] = task.exit_code
+        task.mark_stopped(self.sim.now, exit_code, stop_code, reason)
         node = self.nodes[task.node]
         node.allocations.pop(task.arn, None)
         self.counters["tasks_stopped"] += 1
@@ -299,27 +272,19 @@ class ClusterDataPlane:
         """A reboot request (RebootInstances, or the reboot document through SSM)."""
         self.counters["reboots"] += 1
         self.reboots[node.name] += 1
-        node.reboots += 1
-        if node.rebooting:
+        if not node.request_reboot(self.sim.now):
             return
-        node.rebooting = True
-        host = "EC2" if node.kind == "ec2" else "ECS Anywhere"
 
         def kill() -> None:
             for arn in list(node.allocations):
-                self._finish(self.tasks[arn], 137, "EssentialContainerExited",
-                             f"Host {host} (instance {node.instance_id}) rebooted")
+                self._finish(self.tasks[arn], 137, "EssentialContainerExited", node.reboot_stop_reason)
 
         def down() -> None:
             node.agent_connected = False
             self._emit_instance(node)
 
         def up() -> None:
-            node.agent_connected = True
-            node.rebooting = False
-            node.boot_time = self.sim.now
-            if node.health == "reboot_fixable":
-                node.health = "healthy"
+            node.back_from_reboot(self.sim.now)
             self._emit_instance(node)
 
         self.sim.after(self.kill_delay, kill, "reboot kills tasks")

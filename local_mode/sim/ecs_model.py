@@ -6,7 +6,14 @@ A task names its node (``Task.node`` is the node's name) and carries its tags as
 (``Task.tag_list`` is the ECS API's list); ``Node.container_instance_arn`` is the container
 instance's ARN. ``Node.status`` and ``Node.attributes`` are the control plane's: the
 in-memory one (``ecs_cluster``) keeps them here, the moto world keeps them in step with
-moto's container instance (moto's record answers the API)."""
+moto's container instance (moto's record answers the API).
+
+The state transitions of the data plane live here too, once for both worlds: a task's
+RUNNING, its stop request and its STOPPED (``Task.mark_running``, ``Task.request_stop``,
+``Task.mark_stopped``), a node's reboot (``Node.request_reboot``, ``Node.back_from_reboot``),
+the health check's verdict (``health_check_verdict``) and the task as ECS describes it
+(``describe_task``). Each world decides when they happen (its timings, its driver), emits
+the events and keeps its control plane in step."""
 
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpu_recovery import constants as C
+
+from ..health_verdicts import REBOOT_FIXES, VERDICT_EXIT, verdict_line
 
 
 class TimelineEntry(NamedTuple):
@@ -71,6 +80,33 @@ class Node:
         used = self.used_gpus
         return [g for g in self.gpu_ids if g not in used]
 
+    @property
+    def reboot_stop_reason(self) -> str:
+        """The stoppedReason of the tasks a reboot of this host kills."""
+        host = "EC2" if self.kind == "ec2" else "ECS Anywhere"
+        return f"Host {host} (instance {self.instance_id}) rebooted"
+
+    def request_reboot(self, now: float) -> bool:
+        """A reboot is asked for (counted); False when the node is rebooting already (the
+        request changes nothing else)."""
+        self.reboots += 1
+        self.reboot_requested_at = now
+        if self.rebooting:
+            return False
+        self.rebooting = True
+        return True
+
+    def back_from_reboot(self, now: float) -> str:
+        """The host is up again and its agent connected, with a new boot time; a fault a
+        reboot clears is gone. Returns the health before."""
+        before = self.health
+        self.agent_connected = True
+        self.rebooting = False
+        self.boot_time = now
+        if before in REBOOT_FIXES:
+            self.health = "healthy"
+        return before
+
 
 @dataclass
 class Task:
@@ -123,6 +159,79 @@ class Task:
     def tag_list(self) -> list[dict[str, str]]:
         """The tags as the ECS API lists them."""
         return [{"key": k, "value": v} for k, v in self.tags.items()]
+
+    def mark_running(self, now: float) -> None:
+        """PENDING -> RUNNING, the containers with it."""
+        self.last_status = "RUNNING"
+        self.started_at = now
+        for container in self.containers:
+            container["lastStatus"] = "RUNNING"
+
+    def request_stop(self, now: float, reason: str) -> bool:
+        """StopTask: desiredStatus STOPPED, stopCode UserInitiated and ``reason``; False (and
+        nothing changed) when the task is stopped or stopping already."""
+        if self.done or self.desired_status == "STOPPED":
+            return False
+        self.desired_status = "STOPPED"
+        self.stopping_at = now
+        self.stop_code = "UserInitiated"
+        self.stopped_reason = reason
+        return True
+
+    def mark_stopped(self, now: float, exit_code: int | None, stop_code: str, reason: str) -> None:
+        """-> STOPPED. A stop the user asked for keeps its stopCode and reason; a task that never
+        ran failed to start and has no exit code."""
+        was_started = self.started_at is not None
+        self.last_status = "STOPPED"
+        self.desired_status = "STOPPED"
+        self.stopping_at = self.stopping_at or now
+        self.stopped_at = now
+        if self.stop_code != "UserInitiated":
+            self.stop_code = stop_code if was_started else "TaskFailedToStart"
+            self.stopped_reason = reason
+        self.exit_code = exit_code if was_started else None
+        for i, container in enumerate(self.containers):
+            container["lastStatus"] = "STOPPED"
+            if was_started:
+                container["exitCode"] = exit_code if i == 0 else 0
+
+
+def health_check_verdict(task: Task, node: Node, dcgm_level: int) -> tuple[int, str, str]:
+    """The DCGM health check's verdict on ``node`` as it is now: its exit code, the log
+    stream it prints to and its verdict line (the JSON the stack reads)."""
+    code = VERDICT_EXIT[node.health]
+    stream = f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.containers[0]['name']}/{task.arn.rsplit('/', 1)[-1]}"
+    return code, stream, verdict_line(code, dcgm_level, task.gpu_ids, node.name)
+
+
+def describe_task(task: Task, node: Node, cluster_arn: str, region: str) -> dict[str, Any]:
+    """The Task object as ECS describes it (and puts it in the task state-change event);
+    fields not set yet are None."""
+    return {
+        "attachments": [],
+        "availabilityZone": f"{region}a",
+        "clusterArn": cluster_arn,
+        "containerInstanceArn": node.container_instance_arn,
+        "containers": [dict(c) for c in task.containers],
+        "cpu": task.cpu,
+        "createdAt": task.created_at,
+        "desiredStatus": task.desired_status,
+        "group": task.group,
+        "launchType": "EC2" if node.kind == "ec2" else "EXTERNAL",
+        "lastStatus": task.last_status,
+        "memory": task.memory,
+        "overrides": task.overrides,
+        "startedAt": task.started_at,
+        "startedBy": task.started_by,
+        "stoppingAt": task.stopping_at,
+        "stoppedAt": task.stopped_at,
+        "stoppedReason": task.stopped_reason,
+        "stopCode": task.stop_code,
+        "taskArn": task.arn,
+        "taskDefinitionArn": task.task_definition_arn,
+        "updatedAt": task.updated_at,
+        "version": task.version,
+    }
 
 
 @dataclass

@@ -11,9 +11,9 @@ from typing import Any
 from gpu_recovery import constants as C
 
 from .. import events as ev
-from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, REBOOT_FIXES, RESET_FIXES, VERDICT_EXIT, verdict_line
+from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, RESET_FIXES
 from .ecs_core import EcsCore
-from .ecs_model import Node, Plan, Task
+from .ecs_model import Node, Plan, Task, describe_task, health_check_verdict
 
 
 class TaskLifecycle(EcsCore):
@@ -72,15 +72,11 @@ class TaskLifecycle(EcsCore):
                 self.counters["reboots_ec2"] += 1
             elif via.startswith("SSM"):
                 self.counters["reboots_ssm"] += 1
-            node.reboots += 1
-            node.reboot_requested_at = requested
-            if node.rebooting:
+            if not node.request_reboot(requested):
                 self._log("reboot", f"reboot requested again via {via} (already rebooting)",
                           node.name)
                 return
-            node.rebooting = True
         self._log("reboot", f"reboot requested via {via}", node.name)
-        host = "EC2" if node.kind == "ec2" else "ECS Anywhere"
 
         def kill() -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []
@@ -89,7 +85,7 @@ class TaskLifecycle(EcsCore):
                     task,
                     exit_code=137,
                     stop_code="EssentialContainerExited",
-                    reason=f"Host {host} (instance {node.instance_id}) rebooted",
+                    reason=node.reboot_stop_reason,
                     why="host rebooted",
                 )
             return out
@@ -101,12 +97,7 @@ class TaskLifecycle(EcsCore):
 
         def up() -> list[dict[str, Any]]:
             with self._lock:
-                node.agent_connected = True
-                node.rebooting = False
-                node.boot_time = self.now()
-                before = node.health
-                if node.health in REBOOT_FIXES:
-                    node.health = "healthy"
+                before = node.back_from_reboot(self.now())
             self._log("agent", f"back after reboot, agent connected (health {before} -> "
                       f"{node.health})", node.name)
             return [self._ci_event(node)]
@@ -117,31 +108,7 @@ class TaskLifecycle(EcsCore):
 
     # ================================================================ task lifecycle
     def _task_description(self, task: Task) -> dict[str, Any]:
-        return {
-            "attachments": [],
-            "availabilityZone": "us-east-1a",
-            "clusterArn": self.local.cluster_arn,
-            "containerInstanceArn": self.nodes[task.node].container_instance_arn,
-            "containers": [dict(c) for c in task.containers],
-            "cpu": task.cpu,
-            "createdAt": task.created_at,
-            "desiredStatus": task.desired_status,
-            "group": task.group,
-            "launchType": "EC2" if self.nodes[task.node].kind == "ec2" else "EXTERNAL",
-            "lastStatus": task.last_status,
-            "memory": task.memory,
-            "overrides": task.overrides,
-            "startedAt": task.started_at,
-            "startedBy": task.started_by,
-            "stoppingAt": task.stopping_at,
-            "stoppedAt": task.stopped_at,
-            "stoppedReason": task.stopped_reason,
-            "stopCode": task.stop_code,
-            "taskArn": task.arn,
-            "taskDefinitionArn": task.task_definition_arn,
-            "updatedAt": task.updated_at,
-            "version": task.version,
-        }
+        return describe_task(task, self.nodes[task.node], self.local.cluster_arn, self.local.region)
 
     def _task_event(self, task: Task) -> dict[str, Any]:
         with self._lock:
@@ -178,10 +145,7 @@ class TaskLifecycle(EcsCore):
         with self._lock:
             if task.done or task.desired_status != "RUNNING":
                 return []
-            task.last_status = "RUNNING"
-            task.started_at = self.now()
-            for c in task.containers:
-                c["lastStatus"] = "RUNNING"
+            task.mark_running(self.now())
             self._sync_moto(task)
             plan = self._task_plans.pop(task.arn, None) or self._family_plans.get(task.family)
             if task.gpu_reset:
@@ -208,8 +172,9 @@ class TaskLifecycle(EcsCore):
             return self._reset_result(task)
         if task.health_check and exit_code == -1:
             node = self.nodes[task.node]
-            verdict = VERDICT_EXIT[node.health]
-            self._write_verdict_log(task, node, verdict)
+            level = int(self.local.env.get(C.ENV_DCGM_LEVEL, "2"))
+            verdict, stream, line = health_check_verdict(task, node, level)
+            self._write_verdict_log(stream, line)
             return self._container_exit(task, verdict, f"DCGM verdict {node.health}")
         return self._container_exit(task, exit_code, "finished" if exit_code == 0 else "planned")
 
@@ -250,22 +215,7 @@ class TaskLifecycle(EcsCore):
         with self._lock:
             if task.done:
                 return []
-            now = self.now()
-            was_started = task.started_at is not None
-            task.last_status = "STOPPED"
-            task.desired_status = "STOPPED"
-            task.stopping_at = task.stopping_at or now
-            task.stopped_at = now
-            if task.stop_code != "UserInitiated":
-                task.stop_code = stop_code
-                task.stopped_reason = reason
-            if not was_started and task.stop_code != "UserInitiated":
-                task.stop_code = "TaskFailedToStart"
-            task.exit_code = exit_code if was_started else None
-            for i, c in enumerate(task.containers):
-                c["lastStatus"] = "STOPPED"
-                if was_started:
-                    c["exitCode"] = exit_code if i == 0 else 0
+            task.mark_stopped(self.now(), exit_code, stop_code, reason)
             node = self.nodes[task.node]
             node.allocations.pop(task.arn, None)
             if task.arn not in self._moto_stopped:
@@ -280,12 +230,9 @@ class TaskLifecycle(EcsCore):
             out.append(self._ci_event(node))
         return out
 
-    def _write_verdict_log(self, task: Task, node: Node, verdict: int) -> None:
-        line = verdict_line(verdict, int(self.local.env.get(C.ENV_DCGM_LEVEL, "2")), task.gpu_ids, node.name)
+    def _write_verdict_log(self, stream: str, line: str) -> None:
         try:
             logs = self.local.client("logs")
-            stream = (f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.containers[0]['name']}/"
-                      f"{task.arn.rsplit('/', 1)[-1]}")
             logs.create_log_stream(logGroupName=HEALTH_CHECK_LOG_GROUP, logStreamName=stream)
             logs.put_log_events(
                 logGroupName=HEALTH_CHECK_LOG_GROUP,
