@@ -29,7 +29,14 @@ from .. import events as ev
 from ..events import ACCOUNT_ID, REGION
 from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, HEALTH_VALUES
 from .aws_calls import Account, ClientFailure
-from .ecs_model import Node, Task, TaskDefinition, describe_task, health_check_verdict
+from .ecs_model import (
+    Node,
+    Task,
+    TaskDefinition,
+    describe_container_instance,
+    describe_task,
+    health_check_verdict,
+)
 from .engine import Simulation
 from .eventbridge import EventBus
 from .log_store import LogStore
@@ -156,15 +163,10 @@ class ClusterDataPlane:
         return {k: v for k, v in out.items() if v is not None}
 
     def describe_instance(self, node: Node) -> dict[str, Any]:
-        return {
-            "agentConnected": node.agent_connected, "attributes": [], "clusterArn": self.arn,
-            "containerInstanceArn": node.container_instance_arn, "ec2InstanceId": node.instance_id,
-            "registeredResources": [ev.gpu_resource(node.gpu_ids)],
-            "remainingResources": [ev.gpu_resource(node.free_gpu_ids)],
-            "status": node.status, "version": node.version, "versionInfo": {},
-            "registeredAt": node.registered_at, "updatedAt": self.sim.now, "accountType": "ec2_instance",
-            "runningTasksCount": sum(1 for _ in node.allocations),
-            "pendingTasksCount": 0}
+        out = describe_container_instance(node, self.arn, self.sim.now, status=node.status)
+        out["runningTasksCount"] = len(node.allocations)
+        out["pendingTasksCount"] = 0
+        return out
 
     # ================================================================ data plane
     def _emit_task(self, task: Task) -> None:

@@ -24,7 +24,7 @@ from ..emulator import LocalAws
 from ..health_verdicts import HEALTH_VALUES
 from .bus import LocalEventBus
 from .clock import DEFAULT_START, SimClock, TimedActions
-from .ecs_model import Node, Plan, Task, TimelineEntry
+from .ecs_model import Node, Plan, Task, TimelineEntry, describe_container_instance
 
 
 class EcsCore:
@@ -214,28 +214,17 @@ class EcsCore:
     def ci_description(self, node: Node) -> dict[str, Any]:
         """The ContainerInstance object as ECS would describe it now."""
         moto_ci = self._moto_ci(node)
-        registered = [dict(r) for r in (moto_ci.registered_resources if moto_ci else [])]
-        remaining = [dict(r) for r in (moto_ci.remaining_resources if moto_ci else [])]
-        registered.append(ev.gpu_resource(node.gpu_ids))
-        remaining.append(ev.gpu_resource(node.free_gpu_ids))
-        attributes = [
-            {"name": k, "value": v} for k, v in ((moto_ci.attributes if moto_ci else {}) or {}).items()
-        ]
-        return {
-            "agentConnected": node.agent_connected,
-            "attributes": attributes,
-            "clusterArn": self.local.cluster_arn,
-            "containerInstanceArn": node.container_instance_arn,
-            "ec2InstanceId": node.instance_id,
-            "registeredResources": registered,
-            "remainingResources": remaining,
-            "status": self._ci_status(node),
-            "version": node.version,
-            "versionInfo": dict(moto_ci.version_info) if moto_ci else {},
-            "registeredAt": node.registered_at,
-            "updatedAt": self.now(),
-            "accountType": "ec2_instance",
-        }
+        return describe_container_instance(
+            node,
+            self.local.cluster_arn,
+            self.now(),
+            status=self._ci_status(node),
+            attributes=[{"name": k, "value": v}
+                        for k, v in ((moto_ci.attributes if moto_ci else {}) or {}).items()],
+            registered=[dict(r) for r in (moto_ci.registered_resources if moto_ci else [])],
+            remaining=[dict(r) for r in (moto_ci.remaining_resources if moto_ci else [])],
+            version_info=moto_ci.version_info if moto_ci else None,
+        )
 
     def _ci_event(self, node: Node) -> dict[str, Any]:
         with self._lock:

@@ -11,9 +11,10 @@ moto's container instance (moto's record answers the API).
 The state transitions of the data plane live here too, once for both worlds: a task's
 RUNNING, its stop request and its STOPPED (``Task.mark_running``, ``Task.request_stop``,
 ``Task.mark_stopped``), a node's reboot (``Node.request_reboot``, ``Node.back_from_reboot``),
-the health check's verdict (``health_check_verdict``) and the task as ECS describes it
-(``describe_task``). Each world decides when they happen (its timings, its driver), emits
-the events and keeps its control plane in step."""
+the health check's verdict (``health_check_verdict``) and the task and the container
+instance as ECS describes them (``describe_task``, ``describe_container_instance``). Each
+world decides when they happen (its timings, its driver), emits the events and keeps its
+control plane in step."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 
 from gpu_recovery import constants as C
 
+from ..events import gpu_resource
 from ..health_verdicts import REBOOT_FIXES, VERDICT_EXIT, verdict_line
 
 
@@ -202,6 +204,38 @@ def health_check_verdict(task: Task, node: Node, dcgm_level: int) -> tuple[int, 
     code = VERDICT_EXIT[node.health]
     stream = f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.containers[0]['name']}/{task.arn.rsplit('/', 1)[-1]}"
     return code, stream, verdict_line(code, dcgm_level, task.gpu_ids, node.name)
+
+
+def describe_container_instance(
+    node: Node,
+    cluster_arn: str,
+    now: float,
+    *,
+    status: str,
+    attributes: list[dict[str, Any]] | None = None,
+    registered: list[dict[str, Any]] | None = None,
+    remaining: list[dict[str, Any]] | None = None,
+    version_info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ContainerInstance object as ECS describes it (and puts it in the container-instance
+    state-change event): the node's GPUs registered and free after the control plane's other
+    ``registered`` / ``remaining`` resources, its ``status`` and ``attributes`` as the control
+    plane holds them."""
+    return {
+        "agentConnected": node.agent_connected,
+        "attributes": list(attributes or []),
+        "clusterArn": cluster_arn,
+        "containerInstanceArn": node.container_instance_arn,
+        "ec2InstanceId": node.instance_id,
+        "registeredResources": [*(registered or []), gpu_resource(node.gpu_ids)],
+        "remainingResources": [*(remaining or []), gpu_resource(node.free_gpu_ids)],
+        "status": status,
+        "version": node.version,
+        "versionInfo": dict(version_info or {}),
+        "registeredAt": node.registered_at,
+        "updatedAt": now,
+        "accountType": "ec2_instance",
+    }
 
 
 def describe_task(task: Task, node: Node, cluster_arn: str, region: str) -> dict[str, Any]:
