@@ -317,11 +317,7 @@ class SimulatedEcs(GpuFaults):
             parsed.setdefault("failures", []).extend(failures)
         for task in new:
             self._log("task", f"{task.label} placed ({len(task.gpu_ids)} GPUs)", task.node)
-            self.schedule(now + 1, lambda t=task: self._to_pending(t), "pending")
-            self.schedule(now + self.run_delay_seconds, lambda t=task: self._to_running(t), "run")
-            if self.instance_events_on_placement:
-                n = self.nodes[task.node]
-                self.schedule(now + 1, lambda n=n: [self._ci_event(n)], "ci placement")
+            self._schedule_placement(task, now)
 
     def _after_stop_task(
         self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
@@ -352,12 +348,9 @@ class SimulatedEcs(GpuFaults):
         def stopping() -> list[dict[str, Any]]:
             return [self._task_event(task)] if not task.done else []
 
-        def stopped() -> list[dict[str, Any]]:
-            return self._finish(task, exit_code=143 if task.last_status == "RUNNING" else None,
-                                stop_code="UserInitiated", reason=reason, why="stopped")
-
-        self.schedule(self.now(), stopping, "stopping")
-        self.schedule(self.now() + self.stop_delay_seconds, stopped, "stopped")
+        now = self.now()
+        self.schedule(now, stopping, "stopping")
+        self._schedule_stopped(task, reason, now)
 
     def _patch_task_response(self, task: Task, resp: dict[str, Any] | None) -> None:
         if resp is not None:

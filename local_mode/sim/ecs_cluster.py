@@ -75,9 +75,7 @@ class EcsCluster(ClusterDataPlane):
         reason = str(p.get("reason") or "Task stopped by user")
         if task.request_stop(self.sim.now, reason):
             self._emit_task(task)
-            self.sim.after(self.stop_delay, lambda: self._finish(
-                task, 143 if task.last_status == "RUNNING" else None, "UserInitiated", reason),
-                "task stopped")
+            self._schedule_stopped(task, reason, self.sim.now)
         return {"task": self.describe(task, tags=False)}
 
     def describe_tasks(self, p: dict[str, Any]) -> dict[str, Any]:

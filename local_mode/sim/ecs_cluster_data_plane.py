@@ -1,17 +1,19 @@
 """The scale simulator's ECS data plane (the base of
-:class:`~local_mode.sim.ecs_cluster.EcsCluster`): GPU nodes and their GPU ids as ECS reports
-them; tasks go PENDING (+``pending_delay``) and RUNNING (+``run_delay``); a stop requested
-through the API emits the ``desiredStatus`` STOPPED event at once and STOPPED (exit 143,
-stopCode UserInitiated and the given reason) after ``stop_delay``; a task exits on its own
-when the scenario says (``exit_task``, ``fail_gpu``). A reboot (RebootInstances, or the
-reboot document through SSM for ``mi-`` nodes) kills the node's tasks (exit 137) after 5 s,
-disconnects the agent after ``disconnect_delay`` and reconnects it after ``reboot_seconds``
-with a new boot time (a fault a reboot clears is gone). DCGM health-check tasks
-(the health-check family or group) exit after ``dcgm_seconds`` with the node's verdict code
-(0 healthy, 1 reboot, 2 replace, 3 operator action) and print the verdict JSON line to the
-log group. Every change is an EventBridge event shaped by ``local_mode/events.py`` (task
-events carry no tags; container-instance events on registration, placement, stop, drain,
-disconnect and reconnect).
+:class:`~local_mode.sim.ecs_cluster.EcsCluster`): the lifecycle both worlds share
+(:class:`~local_mode.sim.ecs_data_plane.DataPlane`) on this cluster's own state. GPU nodes
+and their GPU ids as ECS reports them; tasks go PENDING (+``pending_delay``) and RUNNING
+(+``run_delay``); a stop requested through the API emits the ``desiredStatus`` STOPPED event
+at once and STOPPED (exit 143, stopCode UserInitiated and the given reason) after
+``stop_delay``; a task exits on its own when the scenario says (``exit_task``, ``fail_gpu``);
+training tasks run until then. A reboot (RebootInstances, or the reboot document through SSM
+for ``mi-`` nodes) kills the node's tasks (exit 137) after ``kill_delay``, disconnects the
+agent after ``disconnect_delay`` and reconnects it after ``reboot_seconds`` with a new boot
+time (a fault a reboot clears is gone). DCGM health-check tasks (the health-check family or
+group) exit after ``dcgm_seconds`` with the node's verdict code (0 healthy, 1 reboot, 2
+replace, 3 operator action) and print the verdict JSON line to the log group. Every change
+is an EventBridge event shaped by ``local_mode/events.py``, put on the bus as it is made
+(task events carry no tags; container-instance events on registration, placement, stop,
+drain, disconnect and reconnect).
 
 Not modelled: placement strategies, CPU/memory, ENIs, the ~1 h retention of stopped tasks
 (kept forever).
@@ -29,22 +31,24 @@ from .. import events as ev
 from ..events import ACCOUNT_ID, REGION
 from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, HEALTH_VALUES
 from .aws_calls import Account, ClientFailure
+from .ecs_data_plane import DataPlane
 from .ecs_model import (
     Node,
     Task,
     TaskDefinition,
     describe_container_instance,
     describe_task,
-    health_check_verdict,
 )
 from .engine import Simulation
 from .eventbridge import EventBus
 from .log_store import LogStore
 
 
-class ClusterDataPlane:
-    """One ECS cluster's state and data plane in simulated time (see the module docstring);
-    :class:`~local_mode.sim.ecs_cluster.EcsCluster` adds the control-plane API."""
+class ClusterDataPlane(DataPlane):
+    """One ECS cluster's state and its data plane (:class:`~local_mode.sim.ecs_data_plane.DataPlane`)
+    in the scale world's simulated time (see the module docstring);
+    :class:`~local_mode.sim.ecs_cluster.EcsCluster` adds the control-plane API. Its bus takes
+    events as they happen: the data plane's are put on it as they are made."""
 
     def __init__(self, sim: Simulation, account: Account, bus: EventBus, *, name: str = "gpu-cluster",
                  pending_delay: float = 1.0, run_delay: float = 5.0, stop_delay: float = 10.0,
@@ -52,23 +56,18 @@ class ClusterDataPlane:
                  disconnect_delay: float = 15.0, instance_events: bool = True,
                  health_check_family: str = C.DEFAULT_HEALTH_CHECK_FAMILY, health_check_gpus: int = 8,
                  dcgm_level: int = 2) -> None:
+        super().__init__(train_seconds=None, dcgm_seconds=dcgm_seconds, reboot_seconds=reboot_seconds,
+                         stop_delay_seconds=stop_delay, run_delay_seconds=run_delay,
+                         pending_delay_seconds=pending_delay, kill_delay_seconds=kill_delay,
+                         disconnect_delay_seconds=disconnect_delay,
+                         instance_events_on_placement=instance_events)
         self.sim = sim
         self.account = account
         self.bus = bus
         self.name = name
         self.arn = f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:cluster/{name}"
-        self.pending_delay = pending_delay
-        self.run_delay = run_delay
-        self.stop_delay = stop_delay
-        self.dcgm_seconds = dcgm_seconds
-        self.reboot_seconds = reboot_seconds
-        self.kill_delay = kill_delay
-        self.disconnect_delay = disconnect_delay
-        self.instance_events = instance_events
         self.dcgm_level = dcgm_level
-        self.nodes: dict[str, Node] = {}  # by name
         self._by_ref: dict[str, Node] = {}  # by ARN, container-instance id, instance id
-        self.tasks: dict[str, Task] = {}
         self._started_by: dict[str, list[str]] = defaultdict(list)
         self.definitions: dict[str, TaskDefinition] = {}
         self.logs = LogStore()
@@ -168,20 +167,58 @@ class ClusterDataPlane:
         out["pendingTasksCount"] = 0
         return out
 
-    # ================================================================ data plane
-    def _emit_task(self, task: Task) -> None:
-        task.version += 1
-        task.updated_at = self.sim.now
+    # ================================================================ the data plane's hooks
+    def now(self) -> float:
+        return self.sim.now
+
+    def schedule(self, at: float, action: Callable[[], list[dict[str, Any]] | None],
+                 label: str = "") -> None:
+        """Run ``action`` at ``at`` (the events it returns are on the bus already)."""
+
+        def run() -> None:
+            action()
+
+        self.sim.at(at, run, label)
+
+    def _task_state_change(self, task: Task) -> dict[str, Any]:
         for observe in self.observers:
             observe(task)
-        self.bus.put(ev.task_state_change(self.describe(task, tags=False), time=self.sim.now,
-                                          account=ACCOUNT_ID, region=REGION, event_id=self._event_id()))
+        event = ev.task_state_change(self.describe(task, tags=False), time=self.sim.now,
+                                     account=ACCOUNT_ID, region=REGION, event_id=self._event_id())
+        self.bus.put(event)
+        return event
+
+    def _instance_state_change(self, node: Node) -> dict[str, Any]:
+        event = ev.container_instance_state_change(self.describe_instance(node), time=self.sim.now,
+                                                   account=ACCOUNT_ID, region=REGION,
+                                                   event_id=self._event_id())
+        self.bus.put(event)
+        return event
+
+    def _control_plane_stopped(self, task: Task) -> None:
+        self.counters["tasks_stopped"] += 1
+
+    def _write_verdict_log(self, stream: str, line: str) -> None:
+        self.logs.put(HEALTH_CHECK_LOG_GROUP, stream, self.sim.now, line)
+
+    def _dcgm_level(self) -> int:
+        return self.dcgm_level
+
+    def _count_reboot(self, node: Node, via: str) -> None:
+        self.counters["reboots"] += 1
+        self.reboots[node.name] += 1
+
+    def _to_pending(self, task: Task) -> list[dict[str, Any]]:
+        # No PENDING event once a stop was asked for (its event said PENDING already).
+        if task.last_status == "PENDING" and task.desired_status == "RUNNING":
+            return [self._task_event(task)]
+        return []
+
+    def _emit_task(self, task: Task) -> None:
+        self._task_event(task)
 
     def _emit_instance(self, node: Node) -> None:
-        node.version += 1
-        self.bus.put(ev.container_instance_state_change(self.describe_instance(node), time=self.sim.now,
-                                                        account=ACCOUNT_ID, region=REGION,
-                                                        event_id=self._event_id()))
+        self._ci_event(node)
 
     def _event_id(self) -> str:
         t = self.sim.token()
@@ -211,50 +248,18 @@ class ClusterDataPlane:
         if health_check:
             self.counters["health_checks_started"] += 1
             self.health_checks[node.name] += 1
-        self.sim.after(self.pending_delay, lambda: self._pending(task), "task pending")
-        self.sim.after(self.run_delay, lambda: self._running(task), "task running")
-        if self.instance_events:
-            self.sim.after(self.pending_delay, lambda: self._emit_instance(node), "instance resources")
+        self._schedule_placement(task, self.sim.now)
         return task
-
-    def _pending(self, task: Task) -> None:
-        if task.last_status == "PENDING" and task.desired_status == "RUNNING":
-            self._emit_task(task)
-
-    def _running(self, task: Task) -> None:
-        if task.done or task.desired_status != "RUNNING":
-            return
-        task.mark_running(self.sim.now)
-        self._emit_task(task)
-        if task.health_check:
-            self.sim.after(self.dcgm_seconds, lambda: self._verdict(task), "dcgm verdict")
-
-    def _verdict(self, task: Task) -> None:
-        if task.done:
-            return
-        code, stream, line = health_check_verdict(task, self.nodes[task.node], self.dcgm_level)
-        self.logs.put(HEALTH_CHECK_LOG_GROUP, stream, self.sim.now, line)
-        self._finish(task, code, "EssentialContainerExited", "Essential container in task exited")
-
-    def _finish(self, task: Task, exit_code: int | None, stop_code: str, reason: str) -> None:
-        if task.done:
-            return
-        task.mark_stopped(self.sim.now, exit_code, stop_code, reason)
-        node = self.nodes[task.node]
-        node.allocations.pop(task.arn, None)
-        self.counters["tasks_stopped"] += 1
-        self._emit_task(task)
-        if self.instance_events:
-            self._emit_instance(node)
 
     def exit_task(self, task: Task, exit_code: int, *, after: float = 0.0, why: str = "") -> None:
         """The task's essential container exits with ``exit_code`` (``after`` seconds from now)."""
-        def go() -> None:
-            self._finish(task, exit_code, "EssentialContainerExited", "Essential container in task exited")
+        def go() -> list[dict[str, Any]]:
+            events = self._container_exit(task, exit_code, why or "exit")
             if why:
                 self.counters[f"exit:{why}"] += 1
+            return events
 
-        self.sim.after(after, go, "task exit")
+        self.schedule(self.sim.now + max(0.0, after), go, "task exit")
 
     def fail_gpu(self, node: Node | str, *, health: str = "reboot_fixable",
                  exit_code: int = 1) -> list[Task]:
@@ -266,32 +271,13 @@ class ClusterDataPlane:
         target.health = health
         victims = [self.tasks[a] for a in list(target.allocations) if not self.tasks[a].health_check]
         for task in victims:
-            self._finish(task, exit_code, "EssentialContainerExited", "Essential container in task exited")
+            self._container_exit(task, exit_code, "GPU fault")
         self.counters["gpu_faults"] += 1
         return victims
 
-    def reboot(self, node: Node) -> None:
+    def reboot(self, node: Node, via: str = "API") -> None:
         """A reboot request (RebootInstances, or the reboot document through SSM)."""
-        self.counters["reboots"] += 1
-        self.reboots[node.name] += 1
-        if not node.request_reboot(self.sim.now):
-            return
-
-        def kill() -> None:
-            for arn in list(node.allocations):
-                self._finish(self.tasks[arn], 137, "EssentialContainerExited", node.reboot_stop_reason)
-
-        def down() -> None:
-            node.agent_connected = False
-            self._emit_instance(node)
-
-        def up() -> None:
-            node.back_from_reboot(self.sim.now)
-            self._emit_instance(node)
-
-        self.sim.after(self.kill_delay, kill, "reboot kills tasks")
-        self.sim.after(self.disconnect_delay, down, "agent disconnected")
-        self.sim.after(self.reboot_seconds, up, "agent back")
+        self._reboot(node, via)
 
     def running(self, predicate: Callable[[Task], bool] | None = None) -> list[Task]:
         return [t for t in self.tasks.values()
