@@ -155,7 +155,7 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
         world.cluster.fail_gpu(nodes[0], health="reboot_fixable", exit_code=1)
         if scenario == "cascade":
             for task in job.tasks:
-                if task.node is not nodes[0]:
+                if task.node != nodes[0].name:
                     world.cluster.exit_task(task, 1, after=sim.rng.uniform(0.5, cascade_seconds), why="nccl")
 
         def finished() -> bool:
@@ -234,7 +234,7 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
     # The restart's StartTasks at best: up to 10 identical ranks a call (distinct nodes), all
     # after the reboot (the stops, long before, leave the bucket full again).
     restarts = math.ceil(n / MAX_INSTANCES_PER_START) if world.settings.batch_identical_starts else n
-    data_plane_floor = 2 * cluster.run_delay + cluster.dcgm_seconds + cluster.reboot_seconds
+    data_plane_floor = 2 * cluster.run_delay_seconds + cluster.dcgm_seconds + cluster.reboot_seconds
     functions = {name: f.stats.as_dict(f.timeout) for name, f in sorted(world.lambdas.functions.items())}
     dead = Counter(d.function for d in world.lambdas.dead_letters)
     gang = world.gang_queue()
@@ -383,7 +383,7 @@ def run_registration(size: int, kind: str, *, seed: int = 20261120,
         handler = world.lambdas.functions["ecs_task_handler"].stats
         out.update(figures)
         out.update(
-            seconds_from_running=round(figures["simulated_s"] - world.cluster.run_delay, 1),
+            seconds_from_running=round(figures["simulated_s"] - world.cluster.run_delay_seconds, 1),
             describe_tasks=stats.calls.get("ecs:DescribeTasks", 0),
             describe_tasks_throttled=stats.throttled.get("ecs:DescribeTasks", 0),
             describe_container_instances=stats.calls.get("ecs:DescribeContainerInstances", 0),

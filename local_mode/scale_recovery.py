@@ -59,7 +59,7 @@ from local_mode.sim.aws_calls import Account, Latencies
 from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTopic, SsmClient
 from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
 from local_mode.sim.ecs_cluster import EcsCluster
-from local_mode.sim.ecs_cluster_model import ClusterNode, ClusterTask
+from local_mode.sim.ecs_model import Node, Task
 from local_mode.sim.engine import Simulation
 from local_mode.sim.eventbridge import EventBus
 from local_mode.sim.lambdas import LambdaService
@@ -362,13 +362,13 @@ class TaggedJob:
 
     job_id: str
     world_size: int
-    tasks: list[ClusterTask]
-    nodes: list[ClusterNode]
+    tasks: list[Task]
+    nodes: list[Node]
     running: Counter[int] = field(default_factory=Counter)  # attempt -> ranks RUNNING now
     all_running_at: dict[int, float] = field(default_factory=dict)  # attempt -> first time all ran
 
 
-def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[ClusterNode], *,
+def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[Node], *,
                       tasks_per_node: int = 1, gpus_per_task: int = 8, family: str = "train",
                       registration: str = "tags") -> TaggedJob:
     """Start the job's ranks in the data plane (rank r on ``nodes[r // tasks_per_node]``) and
@@ -379,8 +379,8 @@ def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[ClusterNode], 
     job = TaggedJob(job_id, world_size, [], list(nodes))
     group = C.job_group(job_id)
 
-    def observe(task: ClusterTask) -> None:
-        values = task.tag_values
+    def observe(task: Task) -> None:
+        values = task.tags
         env = container_environment(task.overrides)
         if values.get(C.TAG_JOB_ID) != job_id and task.group != group:
             return

@@ -5,10 +5,16 @@ The moto-backed world (demo, playground, scenarios, crash campaigns):
 * :mod:`~local_mode.sim.clock` — ``SimClock``: simulated time, moved only by the driver;
   ``TimedActions``: the discrete-event core (actions due at simulated times); both worlds
   drive theirs; ``DEFAULT_START``, the simulated start every simulation shares.
+* :mod:`~local_mode.sim.ecs_model` — the ECS records both worlds share: ``Node`` (a GPU
+  host and its container instance), ``Task``, ``TaskDefinition``, ``Plan``, ``TimelineEntry``,
+  their state transitions and their ECS descriptions.
+* :mod:`~local_mode.sim.ecs_data_plane` — ``DataPlane``: the task lifecycle and reboots both
+  worlds run (PENDING, RUNNING, plans, DCGM verdicts, GPU resets, STOPPED, the events), with
+  a few hooks each world fills in (clock and driver, event shapes, its control plane).
 * :mod:`~local_mode.sim.ecs` — ``SimulatedEcs``: the ECS data plane (GPU nodes, agents,
   tasks, reboots, DCGM verdicts) behind moto's control plane; its parts are
-  ``ecs_model`` (records), ``ecs_core`` (state, nodes, driver), ``ecs_tasks`` (task
-  lifecycle, reboots) and ``ecs_faults`` (GPU faults, XIDs).
+  ``ecs_core`` (state, nodes, driver), ``ecs_tasks`` (the lifecycle's moto hooks) and
+  ``ecs_faults`` (GPU faults, XIDs).
 * :mod:`~local_mode.sim.bus` — ``LocalEventBus``: EventBridge rules and schedules, SQS
   event sources, Lambda's async retries and dead letters, in simulated time.
 * :mod:`~local_mode.sim.wiring` — the recovery Lambdas on the bus as infra deploys them.
@@ -29,8 +35,9 @@ The timed world of the scale simulator (``make bench BENCH=scale``; wired by
 * :mod:`~local_mode.sim.sqs` — ``SqsQueue``, ``SqsEventSource``: queues, redrive, the Lambda
   event source.
 * :mod:`~local_mode.sim.ecs_cluster` — ``EcsCluster``, ``EcsClient``: the ECS control-plane
-  API over :mod:`~local_mode.sim.ecs_cluster_data_plane` (nodes, task lifecycle, reboots,
-  DCGM verdicts, events) and the records of :mod:`~local_mode.sim.ecs_cluster_model`.
+  API over :mod:`~local_mode.sim.ecs_cluster_data_plane` (the cluster's state and the
+  ``DataPlane`` hooks of this world), on the records of :mod:`~local_mode.sim.ecs_model`.
+* :mod:`~local_mode.sim.log_store` — ``LogStore``: CloudWatch Logs lines (the verdicts).
 * :mod:`~local_mode.sim.aws_stand_ins` — EC2, SSM, CloudWatch Logs and SNS clients.
 
 Both worlds build their events with ``local_mode.events`` (and take ``ACCOUNT_ID`` /

@@ -16,7 +16,7 @@ from gpu_recovery import constants as C
 from ..events import ACCOUNT_ID, REGION
 from .aws_calls import Account, ClientFailure, StandInClient
 from .ecs_cluster import EcsCluster
-from .ecs_cluster_model import LogStore
+from .log_store import LogStore
 
 SNS_MAX_MESSAGE_BYTES = 256 * 1024
 

@@ -62,7 +62,7 @@ from ..api_hooks import hook_answer
 from ..emulator import LocalAws
 from .bus import LocalEventBus
 from .ecs_faults import GpuFaults
-from .ecs_model import SimTask
+from .ecs_model import Task
 
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
@@ -251,7 +251,7 @@ class SimulatedEcs(GpuFaults):
             return
         tags = {t["key"]: t["value"] for t in params.get("tags") or []}
         now = self.now()
-        new: list[SimTask] = []
+        new: list[Task] = []
         with self._lock:
             for task_desc in parsed.get("tasks") or []:
                 node = self._node_or_none(task_desc.get("containerInstanceArn", ""))
@@ -270,7 +270,7 @@ class SimulatedEcs(GpuFaults):
                 reset = group.startswith(C.GPU_RESET_GROUP) or td.family == C.DEFAULT_GPU_RESET_FAMILY
                 hc = not reset and (group.startswith(C.HEALTH_CHECK_GROUP)
                                     or td.family == C.DEFAULT_HEALTH_CHECK_FAMILY)
-                task = SimTask(
+                task = Task(
                     arn=task_desc["taskArn"],
                     node=node.name,
                     task_definition_arn=td.arn,
@@ -317,11 +317,7 @@ class SimulatedEcs(GpuFaults):
             parsed.setdefault("failures", []).extend(failures)
         for task in new:
             self._log("task", f"{task.label} placed ({len(task.gpu_ids)} GPUs)", task.node)
-            self.schedule(now + 1, lambda t=task: self._to_pending(t), "pending")
-            self.schedule(now + self.run_delay_seconds, lambda t=task: self._to_running(t), "run")
-            if self.instance_events_on_placement:
-                n = self.nodes[task.node]
-                self.schedule(now + 1, lambda n=n: [self._ci_event(n)], "ci placement")
+            self._schedule_placement(task, now)
 
     def _after_stop_task(
         self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
@@ -336,18 +332,13 @@ class SimulatedEcs(GpuFaults):
             )
             if task is None:
                 return
-            task.moto_stopped = True
+            self._moto_stopped.add(task.arn)
             self.counters["stop_requests"] += 1
             if task.done:
                 self._sync_moto(task)
                 self._patch_task_response(task, parsed.get("task"))
                 return
-            already = task.desired_status == "STOPPED"
-            task.desired_status = "STOPPED"
-            if not already:
-                task.stopping_at = self.now()
-                task.stop_code = "UserInitiated"
-                task.stopped_reason = reason
+            already = not task.request_stop(self.now(), reason)
             self._sync_moto(task)
             self._patch_task_response(task, parsed.get("task"))
         if already:
@@ -357,14 +348,11 @@ class SimulatedEcs(GpuFaults):
         def stopping() -> list[dict[str, Any]]:
             return [self._task_event(task)] if not task.done else []
 
-        def stopped() -> list[dict[str, Any]]:
-            return self._finish(task, exit_code=143 if task.last_status == "RUNNING" else None,
-                                stop_code="UserInitiated", reason=reason, why="stopped")
+        now = self.now()
+        self.schedule(now, stopping, "stopping")
+        self._schedule_stopped(task, reason, now)
 
-        self.schedule(self.now(), stopping, "stopping")
-        self.schedule(self.now() + self.stop_delay_seconds, stopped, "stopped")
-
-    def _patch_task_response(self, task: SimTask, resp: dict[str, Any] | None) -> None:
+    def _patch_task_response(self, task: Task, resp: dict[str, Any] | None) -> None:
         if resp is not None:
             resp["lastStatus"] = task.last_status
             resp["desiredStatus"] = task.desired_status
@@ -403,6 +391,7 @@ class SimulatedEcs(GpuFaults):
             node = self._node_or_none(ci.get("containerInstanceArn", ""))
             if node is None:
                 continue
+            node.status = str(ci.get("status") or node.status)  # moto's record answers the API
             self._log("node", f"container instance -> {ci.get('status')}", node.name)
             self.schedule(self.now(), lambda n=node: [self._ci_event(n)], "ci state")
 
@@ -472,6 +461,7 @@ class SimulatedEcs(GpuFaults):
                 out += self._finish(task, exit_code=137, stop_code="EssentialContainerExited",
                                     reason=f"Host EC2 (instance {host}) terminated", why="host terminated")
             node.agent_connected = False
+            node.status = "INACTIVE"
             with contextlib.suppress(Exception):
                 self.local.client("ecs").deregister_container_instance(
                     cluster=self.local.cluster_name, containerInstance=node.container_instance_arn,

@@ -23,7 +23,7 @@ from typing import Any
 
 from .aws_calls import ClientFailure, StandInClient
 from .ecs_cluster_data_plane import ClusterDataPlane
-from .ecs_cluster_model import ClusterNode, ClusterTask
+from .ecs_model import Node, Task
 
 PAGE_SIZE = 100
 MAX_START_INSTANCES = 10
@@ -58,7 +58,7 @@ class EcsCluster(ClusterDataPlane):
                 continue
             failure = self._placement_failure(node, definition)
             if failure:
-                failures.append({"arn": node.arn, "reason": failure})
+                failures.append({"arn": node.container_instance_arn, "reason": failure})
                 self.counters[f"start_failure:{failure}"] += 1
                 continue
             overrides = dict(p.get("overrides") or {})
@@ -72,16 +72,10 @@ class EcsCluster(ClusterDataPlane):
         if task is None:
             raise ClientFailure("InvalidParameterException", "The referenced task was not found.")
         self.counters["stop_requests"] += 1
-        if not task.done and task.desired_status != "STOPPED":
-            reason = str(p.get("reason") or "Task stopped by user")
-            task.desired_status = "STOPPED"
-            task.stopping_at = self.sim.now
-            task.stop_code = "UserInitiated"
-            task.stopped_reason = reason
+        reason = str(p.get("reason") or "Task stopped by user")
+        if task.request_stop(self.sim.now, reason):
             self._emit_task(task)
-            self.sim.after(self.stop_delay, lambda: self._finish(
-                task, 143 if task.last_status == "RUNNING" else None, "UserInitiated", reason),
-                "task stopped")
+            self._schedule_stopped(task, reason, self.sim.now)
         return {"task": self.describe(task, tags=False)}
 
     def describe_tasks(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +97,7 @@ class EcsCluster(ClusterDataPlane):
         self._check_cluster(p)
         desired = p.get("desiredStatus") or "RUNNING"
         if p.get("startedBy"):
-            candidates: Iterable[ClusterTask] = (self.tasks[a]
+            candidates: Iterable[Task] = (self.tasks[a]
                                                  for a in self._started_by.get(p["startedBy"], []))
         else:
             candidates = self.tasks.values()
@@ -111,7 +105,7 @@ class EcsCluster(ClusterDataPlane):
         family = p.get("family")
         arns = [t.arn for t in candidates
                 if t.desired_status == desired or (desired == "STOPPED" and t.done)
-                if (node is None or t.node is node) and (family is None or t.definition.family == family)]
+                if (node is None or t.node == node.name) and (family is None or t.family == family)]
         return _page(arns, p, "taskArns")
 
     def describe_container_instances(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -131,7 +125,7 @@ class EcsCluster(ClusterDataPlane):
     def list_container_instances(self, p: dict[str, Any]) -> dict[str, Any]:
         self._check_cluster(p)
         status = p.get("status")
-        arns = [n.arn for n in self.nodes.values() if status is None or n.status == status]
+        arns = [n.container_instance_arn for n in self.nodes.values() if status is None or n.status == status]
         return _page(arns, p, "containerInstanceArns")
 
     def update_container_instances_state(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -169,14 +163,14 @@ class EcsCluster(ClusterDataPlane):
             node.attributes.pop(attribute["name"], None)
         return {"attributes": list(p["attributes"])}
 
-    def _attribute_target(self, attribute: dict[str, Any]) -> ClusterNode:
+    def _attribute_target(self, attribute: dict[str, Any]) -> Node:
         ref = str(attribute.get("targetId") or "")
         node = self._by_ref.get(ref)
         if node is None:
             raise ClientFailure("TargetNotFoundException", f"Could not find {ref}.")
         return node
 
-    def _task(self, ref: str) -> ClusterTask | None:
+    def _task(self, ref: str) -> Task | None:
         task = self.tasks.get(ref)
         if task is None and "/" not in ref:
             task = next((t for a, t in self.tasks.items() if a.endswith("/" + ref)), None)

@@ -1,17 +1,19 @@
 """The scale simulator's ECS data plane (the base of
-:class:`~local_mode.sim.ecs_cluster.EcsCluster`): GPU nodes and their GPU ids as ECS reports
-them; tasks go PENDING (+``pending_delay``) and RUNNING (+``run_delay``); a stop requested
-through the API emits the ``desiredStatus`` STOPPED event at once and STOPPED (exit 143,
-stopCode UserInitiated and the given reason) after ``stop_delay``; a task exits on its own
-when the scenario says (``exit_task``, ``fail_gpu``). A reboot (RebootInstances, or the
-reboot document through SSM for ``mi-`` nodes) kills the node's tasks (exit 137) after 5 s,
-disconnects the agent after ``disconnect_delay`` and reconnects it after ``reboot_seconds``
-with a new boot time (a ``reboot_fixable`` node is healthy again). DCGM health-check tasks
-(the health-check family or group) exit after ``dcgm_seconds`` with the node's verdict code
-(0 healthy, 1 reboot, 2 replace, 3 operator action) and print the verdict JSON line to the
-log group. Every change is an EventBridge event shaped by ``local_mode/events.py`` (task
-events carry no tags; container-instance events on registration, placement, stop, drain,
-disconnect and reconnect).
+:class:`~local_mode.sim.ecs_cluster.EcsCluster`): the lifecycle both worlds share
+(:class:`~local_mode.sim.ecs_data_plane.DataPlane`) on this cluster's own state. GPU nodes
+and their GPU ids as ECS reports them; tasks go PENDING (+``pending_delay``) and RUNNING
+(+``run_delay``); a stop requested through the API emits the ``desiredStatus`` STOPPED event
+at once and STOPPED (exit 143, stopCode UserInitiated and the given reason) after
+``stop_delay``; a task exits on its own when the scenario says (``exit_task``, ``fail_gpu``);
+training tasks run until then. A reboot (RebootInstances, or the reboot document through SSM
+for ``mi-`` nodes) kills the node's tasks (exit 137) after ``kill_delay``, disconnects the
+agent after ``disconnect_delay`` and reconnects it after ``reboot_seconds`` with a new boot
+time (a fault a reboot clears is gone). DCGM health-check tasks (the health-check family or
+group) exit after ``dcgm_seconds`` with the node's verdict code (0 healthy, 1 reboot, 2
+replace, 3 operator action) and print the verdict JSON line to the log group. Every change
+is an EventBridge event shaped by ``local_mode/events.py``, put on the bus as it is made
+(task events carry no tags; container-instance events on registration, placement, stop,
+drain, disconnect and reconnect).
 
 Not modelled: placement strategies, CPU/memory, ENIs, the ~1 h retention of stopped tasks
 (kept forever).
@@ -27,16 +29,26 @@ from gpu_recovery import constants as C
 
 from .. import events as ev
 from ..events import ACCOUNT_ID, REGION
-from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, HEALTH_VALUES, VERDICT_EXIT, verdict_line
+from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, HEALTH_VALUES
 from .aws_calls import Account, ClientFailure
-from .ecs_cluster_model import ClusterNode, ClusterTask, LogStore, TaskDefinition
+from .ecs_data_plane import DataPlane
+from .ecs_model import (
+    Node,
+    Task,
+    TaskDefinition,
+    describe_container_instance,
+    describe_task,
+)
 from .engine import Simulation
 from .eventbridge import EventBus
+from .log_store import LogStore
 
 
-class ClusterDataPlane:
-    """One ECS cluster's state and data plane in simulated time (see the module docstring);
-    :class:`~local_mode.sim.ecs_cluster.EcsCluster` adds the control-plane API."""
+class ClusterDataPlane(DataPlane):
+    """One ECS cluster's state and its data plane (:class:`~local_mode.sim.ecs_data_plane.DataPlane`)
+    in the scale world's simulated time (see the module docstring);
+    :class:`~local_mode.sim.ecs_cluster.EcsCluster` adds the control-plane API. Its bus takes
+    events as they happen: the data plane's are put on it as they are made."""
 
     def __init__(self, sim: Simulation, account: Account, bus: EventBus, *, name: str = "gpu-cluster",
                  pending_delay: float = 1.0, run_delay: float = 5.0, stop_delay: float = 10.0,
@@ -44,23 +56,18 @@ class ClusterDataPlane:
                  disconnect_delay: float = 15.0, instance_events: bool = True,
                  health_check_family: str = C.DEFAULT_HEALTH_CHECK_FAMILY, health_check_gpus: int = 8,
                  dcgm_level: int = 2) -> None:
+        super().__init__(train_seconds=None, dcgm_seconds=dcgm_seconds, reboot_seconds=reboot_seconds,
+                         stop_delay_seconds=stop_delay, run_delay_seconds=run_delay,
+                         pending_delay_seconds=pending_delay, kill_delay_seconds=kill_delay,
+                         disconnect_delay_seconds=disconnect_delay,
+                         instance_events_on_placement=instance_events)
         self.sim = sim
         self.account = account
         self.bus = bus
         self.name = name
         self.arn = f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:cluster/{name}"
-        self.pending_delay = pending_delay
-        self.run_delay = run_delay
-        self.stop_delay = stop_delay
-        self.dcgm_seconds = dcgm_seconds
-        self.reboot_seconds = reboot_seconds
-        self.kill_delay = kill_delay
-        self.disconnect_delay = disconnect_delay
-        self.instance_events = instance_events
         self.dcgm_level = dcgm_level
-        self.nodes: dict[str, ClusterNode] = {}  # by name
-        self._by_ref: dict[str, ClusterNode] = {}  # by ARN, container-instance id, instance id
-        self.tasks: dict[str, ClusterTask] = {}
+        self._by_ref: dict[str, Node] = {}  # by ARN, container-instance id, instance id
         self._started_by: dict[str, list[str]] = defaultdict(list)
         self.definitions: dict[str, TaskDefinition] = {}
         self.logs = LogStore()
@@ -68,7 +75,7 @@ class ClusterDataPlane:
         self.health_checks: Counter[str] = Counter()  # node name -> DCGM tasks started
         self.reboots: Counter[str] = Counter()  # node name -> reboots requested
         #: called with a task after each of its state changes (scenario bookkeeping)
-        self.observers: list[Callable[[ClusterTask], None]] = []
+        self.observers: list[Callable[[Task], None]] = []
         self.health_check_task = self.register_task_definition(
             health_check_family, gpus=health_check_gpus, container=C.HEALTH_CHECK_CONTAINER_NAME,
             image="nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04")
@@ -83,7 +90,7 @@ class ClusterDataPlane:
         return arn
 
     def add_node(self, name: str, *, gpus: int = 8, kind: str = "ec2",
-                 health: str = "healthy") -> ClusterNode:
+                 health: str = "healthy") -> Node:
         if name in self.nodes:
             raise ValueError(f"node {name} exists")
         if health not in HEALTH_VALUES:
@@ -96,26 +103,26 @@ class ClusterDataPlane:
             raise ValueError("kind is 'ec2' or 'anywhere'")
         arn = f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:container-instance/{self.name}/{self.sim.token()}"
         gpu_ids = [f"GPU-{self.sim.token(4)}-{i:04d}-{self.sim.token(2)}" for i in range(gpus)]
-        node = ClusterNode(name, kind, instance_id, arn, gpu_ids, self.sim.now, self.sim.now)
-        node.health = health
+        node = Node(name, kind, instance_id, arn, gpu_ids, boot_time=self.sim.now, registered_at=self.sim.now,
+                    health=health)
         self.nodes[name] = node
-        for ref in (arn, node.id, instance_id, name):
+        for ref in (arn, node.container_instance_id, instance_id, name):
             self._by_ref[ref] = node
         self._emit_instance(node)
         return node
 
-    def node(self, ref: str) -> ClusterNode:
+    def node(self, ref: str) -> Node:
         node = self._by_ref.get(ref)
         if node is None:
             raise KeyError(ref)
         return node
 
-    def launch(self, task_definition: str, node: ClusterNode | str, *,
+    def launch(self, task_definition: str, node: Node | str, *,
                tags: list[dict[str, str]] | None = None, started_by: str = "", group: str | None = None,
-               overrides: dict[str, Any] | None = None) -> ClusterTask:
+               overrides: dict[str, Any] | None = None) -> Task:
         """Start a task directly in the data plane (an external launcher: no API call,
         no rate limit); raises when it cannot be placed."""
-        target = node if isinstance(node, ClusterNode) else self.node(node)
+        target = node if isinstance(node, Node) else self.node(node)
         definition = self._definition(task_definition)
         failure = self._placement_failure(target, definition)
         if failure:
@@ -137,79 +144,102 @@ class ClusterDataPlane:
         if cluster not in (self.name, self.arn):
             raise ClientFailure("ClusterNotFoundException", "Cluster not found.")
 
-    def _placement_failure(self, node: ClusterNode, definition: TaskDefinition) -> str:
+    def _placement_failure(self, node: Node, definition: TaskDefinition) -> str:
         if not node.agent_connected:
             return "AGENT"
-        if node.status != "ACTIVE" or node.rebooting or len(node.free_gpus()) < definition.gpus:
+        if node.status != "ACTIVE" or node.rebooting or len(node.free_gpu_ids) < definition.gpus:
             return "RESOURCE:GPU"
         return ""
 
     # ================================================================ descriptions
-    def describe(self, task: ClusterTask, *, tags: bool) -> dict[str, Any]:
-        stopped = task.done
-        container: dict[str, Any] = {
-            "containerArn": task.container_arn, "lastStatus": task.last_status,
-            "name": task.definition.container, "image": task.definition.image, "taskArn": task.arn,
-            "networkInterfaces": [], "cpu": "0", "memory": str(task.definition.memory),
-            "gpuIds": list(task.gpu_ids)}
-        if stopped and task.exit_code is not None:
-            container["exitCode"] = task.exit_code
-        out: dict[str, Any] = {
-            "attachments": [], "availabilityZone": f"{REGION}a", "clusterArn": self.arn,
-            "containerInstanceArn": task.node.arn, "containers": [container], "cpu": "0",
-            "createdAt": task.created_at, "desiredStatus": task.desired_status, "group": task.group,
-            "launchType": "EC2" if task.node.kind == "ec2" else "EXTERNAL", "lastStatus": task.last_status,
-            "memory": str(task.definition.memory), "overrides": task.overrides or {"containerOverrides": []},
-            "startedAt": task.started_at, "startedBy": task.started_by or None,
-            "stoppingAt": task.stopping_at,
-            "stoppedAt": task.stopped_at, "stoppedReason": task.stopped_reason, "stopCode": task.stop_code,
-            "taskArn": task.arn, "taskDefinitionArn": task.definition.arn, "updatedAt": task.updated_at,
-            "version": task.version}
+    def describe(self, task: Task, *, tags: bool) -> dict[str, Any]:
+        """The task as this control plane's API answers (no null fields, no empty startedBy)."""
+        out = describe_task(task, self.nodes[task.node], self.arn, REGION)
+        out["overrides"] = task.overrides or {"containerOverrides": []}
+        out["startedBy"] = task.started_by or None
         if tags:
-            out["tags"] = [dict(t) for t in task.tags]
+            out["tags"] = task.tag_list
         return {k: v for k, v in out.items() if v is not None}
 
-    def describe_instance(self, node: ClusterNode) -> dict[str, Any]:
-        return {
-            "agentConnected": node.agent_connected, "attributes": [], "clusterArn": self.arn,
-            "containerInstanceArn": node.arn, "ec2InstanceId": node.instance_id,
-            "registeredResources": [ev.gpu_resource(node.gpu_ids)],
-            "remainingResources": [ev.gpu_resource(node.free_gpus())],
-            "status": node.status, "version": node.version, "versionInfo": {},
-            "registeredAt": node.registered_at, "updatedAt": self.sim.now, "accountType": "ec2_instance",
-            "runningTasksCount": sum(1 for _ in node.allocations),
-            "pendingTasksCount": 0}
+    def describe_instance(self, node: Node) -> dict[str, Any]:
+        out = describe_container_instance(node, self.arn, self.sim.now, status=node.status)
+        out["runningTasksCount"] = len(node.allocations)
+        out["pendingTasksCount"] = 0
+        return out
 
-    # ================================================================ data plane
-    def _emit_task(self, task: ClusterTask) -> None:
-        task.version += 1
-        task.updated_at = self.sim.now
+    # ================================================================ the data plane's hooks
+    def now(self) -> float:
+        return self.sim.now
+
+    def schedule(self, at: float, action: Callable[[], list[dict[str, Any]] | None],
+                 label: str = "") -> None:
+        """Run ``action`` at ``at`` (the events it returns are on the bus already)."""
+
+        def run() -> None:
+            action()
+
+        self.sim.at(at, run, label)
+
+    def _task_state_change(self, task: Task) -> dict[str, Any]:
         for observe in self.observers:
             observe(task)
-        self.bus.put(ev.task_state_change(self.describe(task, tags=False), time=self.sim.now,
-                                          account=ACCOUNT_ID, region=REGION, event_id=self._event_id()))
+        event = ev.task_state_change(self.describe(task, tags=False), time=self.sim.now,
+                                     account=ACCOUNT_ID, region=REGION, event_id=self._event_id())
+        self.bus.put(event)
+        return event
 
-    def _emit_instance(self, node: ClusterNode) -> None:
-        node.version += 1
-        self.bus.put(ev.container_instance_state_change(self.describe_instance(node), time=self.sim.now,
-                                                        account=ACCOUNT_ID, region=REGION,
-                                                        event_id=self._event_id()))
+    def _instance_state_change(self, node: Node) -> dict[str, Any]:
+        event = ev.container_instance_state_change(self.describe_instance(node), time=self.sim.now,
+                                                   account=ACCOUNT_ID, region=REGION,
+                                                   event_id=self._event_id())
+        self.bus.put(event)
+        return event
+
+    def _control_plane_stopped(self, task: Task) -> None:
+        self.counters["tasks_stopped"] += 1
+
+    def _write_verdict_log(self, stream: str, line: str) -> None:
+        self.logs.put(HEALTH_CHECK_LOG_GROUP, stream, self.sim.now, line)
+
+    def _dcgm_level(self) -> int:
+        return self.dcgm_level
+
+    def _count_reboot(self, node: Node, via: str) -> None:
+        self.counters["reboots"] += 1
+        self.reboots[node.name] += 1
+
+    def _to_pending(self, task: Task) -> list[dict[str, Any]]:
+        # No PENDING event once a stop was asked for (its event said PENDING already).
+        if task.last_status == "PENDING" and task.desired_status == "RUNNING":
+            return [self._task_event(task)]
+        return []
+
+    def _emit_task(self, task: Task) -> None:
+        self._task_event(task)
+
+    def _emit_instance(self, node: Node) -> None:
+        self._ci_event(node)
 
     def _event_id(self) -> str:
         t = self.sim.token()
         return f"{t[:8]}-{t[8:12]}-{t[12:16]}-{t[16:20]}-{t[20:32]}"
 
-    def _place(self, definition: TaskDefinition, node: ClusterNode, tags: list[dict[str, str]],
-               started_by: str, group: str | None, overrides: dict[str, Any]) -> ClusterTask:
+    def _place(self, definition: TaskDefinition, node: Node, tags: list[dict[str, str]],
+               started_by: str, group: str | None, overrides: dict[str, Any]) -> Task:
         task_id = self.sim.token()
         arn = f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:task/{self.name}/{task_id}"
         health_check = definition.arn == self.health_check_task or \
             str(group or "").startswith(C.HEALTH_CHECK_GROUP)
-        gpu_ids = node.free_gpus()[:definition.gpus]
-        task = ClusterTask(arn, node, definition, group or f"family:{definition.family}", started_by,
-                           overrides, [dict(t) for t in tags], gpu_ids, self.sim.now, health_check,
-                           f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:container/{self.name}/{task_id}/"
-                           f"{self.sim.token(8)}", updated_at=self.sim.now)
+        gpu_ids = node.free_gpu_ids[:definition.gpus]
+        container_id = f"{self.name}/{task_id}/{self.sim.token(8)}"
+        container = {
+            "containerArn": f"arn:aws:ecs:{REGION}:{ACCOUNT_ID}:container/{container_id}",
+            "lastStatus": "PENDING", "name": definition.container, "image": definition.image, "taskArn": arn,
+            "networkInterfaces": [], "cpu": "0", "memory": str(definition.memory), "gpuIds": list(gpu_ids)}
+        task = Task(arn, node.name, definition.arn, definition.family, group or f"family:{definition.family}",
+                    started_by, overrides, {t["key"]: t["value"] for t in tags}, gpu_ids, [container],
+                    self.sim.now, memory=str(definition.memory), updated_at=self.sim.now, version=1,
+                    health_check=health_check)
         node.allocations[arn] = gpu_ids
         self.tasks[arn] = task
         if started_by:
@@ -218,108 +248,38 @@ class ClusterDataPlane:
         if health_check:
             self.counters["health_checks_started"] += 1
             self.health_checks[node.name] += 1
-        self.sim.after(self.pending_delay, lambda: self._pending(task), "task pending")
-        self.sim.after(self.run_delay, lambda: self._running(task), "task running")
-        if self.instance_events:
-            self.sim.after(self.pending_delay, lambda: self._emit_instance(node), "instance resources")
+        self._schedule_placement(task, self.sim.now)
         return task
 
-    def _pending(self, task: ClusterTask) -> None:
-        if task.last_status == "PENDING" and task.desired_status == "RUNNING":
-            self._emit_task(task)
-
-    def _running(self, task: ClusterTask) -> None:
-        if task.done or task.desired_status != "RUNNING":
-            return
-        task.last_status = "RUNNING"
-        task.started_at = self.sim.now
-        self._emit_task(task)
-        if task.health_check:
-            self.sim.after(self.dcgm_seconds, lambda: self._verdict(task), "dcgm verdict")
-
-    def _verdict(self, task: ClusterTask) -> None:
-        if task.done:
-            return
-        code = VERDICT_EXIT[task.node.health]
-        task_id = task.arn.rsplit("/", 1)[-1]
-        stream = f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.definition.container}/{task_id}"
-        self.logs.put(HEALTH_CHECK_LOG_GROUP, stream, self.sim.now,
-                      verdict_line(code, self.dcgm_level, task.gpu_ids, task.node.name))
-        self._finish(task, code, "EssentialContainerExited", "Essential container in task exited")
-
-    def _finish(self, task: ClusterTask, exit_code: int | None, stop_code: str, reason: str) -> None:
-        if task.done:
-            return
-        was_started = task.started_at is not None
-        task.last_status = "STOPPED"
-        task.desired_status = "STOPPED"
-        task.stopping_at = task.stopping_at or self.sim.now
-        task.stopped_at = self.sim.now
-        if task.stop_code != "UserInitiated":
-            task.stop_code = stop_code if was_started else "TaskFailedToStart"
-            task.stopped_reason = reason
-        task.exit_code = exit_code if was_started else None
-        task.node.allocations.pop(task.arn, None)
-        self.counters["tasks_stopped"] += 1
-        self._emit_task(task)
-        if self.instance_events:
-            self._emit_instance(task.node)
-
-    def exit_task(self, task: ClusterTask, exit_code: int, *, after: float = 0.0, why: str = "") -> None:
+    def exit_task(self, task: Task, exit_code: int, *, after: float = 0.0, why: str = "") -> None:
         """The task's essential container exits with ``exit_code`` (``after`` seconds from now)."""
-        def go() -> None:
-            self._finish(task, exit_code, "EssentialContainerExited", "Essential container in task exited")
+        def go() -> list[dict[str, Any]]:
+            events = self._container_exit(task, exit_code, why or "exit")
             if why:
                 self.counters[f"exit:{why}"] += 1
+            return events
 
-        self.sim.after(after, go, "task exit")
+        self.schedule(self.sim.now + max(0.0, after), go, "task exit")
 
-    def fail_gpu(self, node: ClusterNode | str, *, health: str = "reboot_fixable",
-                 exit_code: int = 1) -> list[ClusterTask]:
+    def fail_gpu(self, node: Node | str, *, health: str = "reboot_fixable",
+                 exit_code: int = 1) -> list[Task]:
         """A GPU of ``node`` fails now: its health becomes ``health`` (what the next DCGM
         check finds) and every training task on it exits ``exit_code``."""
-        target = node if isinstance(node, ClusterNode) else self.node(node)
+        target = node if isinstance(node, Node) else self.node(node)
         if health not in HEALTH_VALUES:
             raise ValueError(f"health is one of {HEALTH_VALUES}")
         target.health = health
         victims = [self.tasks[a] for a in list(target.allocations) if not self.tasks[a].health_check]
         for task in victims:
-            self._finish(task, exit_code, "EssentialContainerExited", "Essential container in task exited")
+            self._container_exit(task, exit_code, "GPU fault")
         self.counters["gpu_faults"] += 1
         return victims
 
-    def reboot(self, node: ClusterNode) -> None:
+    def reboot(self, node: Node, via: str = "API") -> None:
         """A reboot request (RebootInstances, or the reboot document through SSM)."""
-        self.counters["reboots"] += 1
-        self.reboots[node.name] += 1
-        node.reboots += 1
-        if node.rebooting:
-            return
-        node.rebooting = True
-        host = "EC2" if node.kind == "ec2" else "ECS Anywhere"
+        self._reboot(node, via)
 
-        def kill() -> None:
-            for arn in list(node.allocations):
-                self._finish(self.tasks[arn], 137, "EssentialContainerExited",
-                             f"Host {host} (instance {node.instance_id}) rebooted")
-
-        def down() -> None:
-            node.agent_connected = False
-            self._emit_instance(node)
-
-        def up() -> None:
-            node.agent_connected = True
-            node.rebooting = False
-            node.boot_time = self.sim.now
-            if node.health == "reboot_fixable":
-                node.health = "healthy"
-            self._emit_instance(node)
-
-        self.sim.after(self.kill_delay, kill, "reboot kills tasks")
-        self.sim.after(self.disconnect_delay, down, "agent disconnected")
-        self.sim.after(self.reboot_seconds, up, "agent back")
-
-    def running(self, predicate: Callable[[ClusterTask], bool] | None = None) -> list[ClusterTask]:
+    def running(self, predicate: Callable[[Task], bool] | None = None) -> list[Task]:
         return [t for t in self.tasks.values()
                 if t.last_status == "RUNNING" and (predicate is None or predicate(t))]
 

@@ -24,11 +24,13 @@ from ..emulator import LocalAws
 from ..health_verdicts import HEALTH_VALUES
 from .bus import LocalEventBus
 from .clock import DEFAULT_START, SimClock, TimedActions
-from .ecs_model import Node, Plan, SimTask, TimelineEntry
+from .ecs_data_plane import DataPlane
+from .ecs_model import Node, Task, describe_container_instance
 
 
-class EcsCore:
-    """State, nodes and the driver of the simulated data plane (see ``local_mode.sim.ecs``)."""
+class EcsCore(DataPlane):
+    """The moto world's data plane: its state, nodes and driver (see ``local_mode.sim.ecs``);
+    the task lifecycle and reboots are :class:`~local_mode.sim.ecs_data_plane.DataPlane`'s."""
 
     def __init__(
         self,
@@ -48,24 +50,24 @@ class EcsCore:
         install_clock: bool = True,
         node_tag_key: str = "gpu-recovery:cluster",
     ) -> None:
+        super().__init__(
+            train_seconds=train_seconds,
+            dcgm_seconds=dcgm_seconds,
+            reboot_seconds=reboot_seconds,
+            reset_seconds=reset_seconds,
+            stop_delay_seconds=stop_delay_seconds,
+            run_delay_seconds=run_delay_seconds,
+            disconnect_delay_seconds=disconnect_delay_seconds,
+            instance_events_on_placement=instance_events_on_placement,
+        )
         self.local = local
         self.bus = bus
         self.clock = SimClock(start)
-        self.train_seconds = train_seconds
-        self.dcgm_seconds = dcgm_seconds
-        self.reboot_seconds = reboot_seconds
-        self.reset_seconds = reset_seconds  # nvidia-smi -r and a short dcgmi diag
-        self.stop_delay_seconds = stop_delay_seconds
-        self.run_delay_seconds = run_delay_seconds
-        self.disconnect_delay_seconds = disconnect_delay_seconds
         self.replacement_seconds = replacement_seconds
         self.auto_scaling_groups: dict[str, str] = {}  # node name -> group name
         self.gpu_reports: list[tuple[float, str, int]] = []  # (time, node, xid) accepted
-        self.instance_events_on_placement = instance_events_on_placement
         self.node_tag_key = node_tag_key
-        self.nodes: dict[str, Node] = {}
-        self.tasks: dict[str, SimTask] = {}
-        self.timeline: list[TimelineEntry] = []
+        self._moto_stopped: set[str] = set()  # tasks moto already counts as stopped
         self.counters: dict[str, int] = {
             "tasks_started": 0,
             "health_checks_started": 0,
@@ -78,11 +80,8 @@ class EcsCore:
             "terminations": 0,
             "events_emitted": 0,
         }
-        self._family_plans: dict[str, Plan] = {}
-        self._task_plans: dict[str, Plan] = {}
         self._actions = TimedActions(self.clock)  # each returns the events it emits
         self._reservation_ids = itertools.count(1)
-        self._lock = threading.RLock()
         self._drive_lock = threading.Lock()
         bus.clock = self.clock.now
         if install_clock:
@@ -95,10 +94,6 @@ class EcsCore:
 
     def now(self) -> float:
         return self.clock.now()
-
-    def _log(self, kind: str, text: str, node: str | None = None) -> None:
-        with self._lock:
-            self.timeline.append(TimelineEntry(self.now(), kind, f"{node or '-':<8}  {text}"))
 
     def format_timeline(self, kinds: set[str] | None = None) -> list[str]:
         """``"14:03:10  node-b    rank 1 of job llama exited 1 (GPU fault injected)"``."""
@@ -115,7 +110,7 @@ class EcsCore:
 
     def schedule(
         self, at: float, action: Callable[[], list[dict[str, Any]] | None], label: str = ""
-    ) -> None:
+    ) -> None:  # the driver (``_step``) delivers the events the action returns
         """Queue ``action`` at sim time ``at``; it may return events to deliver."""
 
         def run() -> list[dict[str, Any]]:
@@ -213,34 +208,20 @@ class EcsCore:
     def ci_description(self, node: Node) -> dict[str, Any]:
         """The ContainerInstance object as ECS would describe it now."""
         moto_ci = self._moto_ci(node)
-        registered = [dict(r) for r in (moto_ci.registered_resources if moto_ci else [])]
-        remaining = [dict(r) for r in (moto_ci.remaining_resources if moto_ci else [])]
-        registered.append(ev.gpu_resource(node.gpu_ids))
-        remaining.append(ev.gpu_resource(node.free_gpu_ids))
-        attributes = [
-            {"name": k, "value": v} for k, v in ((moto_ci.attributes if moto_ci else {}) or {}).items()
-        ]
-        return {
-            "agentConnected": node.agent_connected,
-            "attributes": attributes,
-            "clusterArn": self.local.cluster_arn,
-            "containerInstanceArn": node.container_instance_arn,
-            "ec2InstanceId": node.instance_id,
-            "registeredResources": registered,
-            "remainingResources": remaining,
-            "status": self._ci_status(node),
-            "version": node.version,
-            "versionInfo": dict(moto_ci.version_info) if moto_ci else {},
-            "registeredAt": node.registered_at,
-            "updatedAt": self.now(),
-            "accountType": "ec2_instance",
-        }
+        return describe_container_instance(
+            node,
+            self.local.cluster_arn,
+            self.now(),
+            status=self._ci_status(node),
+            attributes=[{"name": k, "value": v}
+                        for k, v in ((moto_ci.attributes if moto_ci else {}) or {}).items()],
+            registered=[dict(r) for r in (moto_ci.registered_resources if moto_ci else [])],
+            remaining=[dict(r) for r in (moto_ci.remaining_resources if moto_ci else [])],
+            version_info=moto_ci.version_info if moto_ci else None,
+        )
 
-    def _ci_event(self, node: Node) -> dict[str, Any]:
-        with self._lock:
-            node.version += 1
-            desc = self.ci_description(node)
-        return ev.container_instance_state_change(desc, time=self.now())
+    def _instance_state_change(self, node: Node) -> dict[str, Any]:
+        return ev.container_instance_state_change(self.ci_description(node), time=self.now())
 
     def emit_instance_change(self, node: str, at: float | None = None, after: float | None = None):
         """A plain container-instance event (ECS emits these for many reasons)."""
@@ -271,7 +252,7 @@ class EcsCore:
         self.schedule(t, down, f"flap-down {node}")
         self.schedule(t + for_seconds, up, f"flap-up {node}")
 
-    def running_tasks(self, node: str | None = None) -> list[SimTask]:
+    def running_tasks(self, node: str | None = None) -> list[Task]:
         with self._lock:
             return [
                 t

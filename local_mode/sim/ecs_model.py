@@ -1,5 +1,20 @@
-"""The records of the simulated ECS data plane: GPU nodes, the tasks they run, run plans and
-the timeline the demo prints."""
+"""The records of the simulated ECS data plane, one family for both worlds: GPU nodes
+(container instances), the tasks they run, task definitions (the in-memory control plane's;
+the moto world reads moto's), run plans and the timeline the demo prints.
+
+A task names its node (``Task.node`` is the node's name) and carries its tags as a dict
+(``Task.tag_list`` is the ECS API's list); ``Node.container_instance_arn`` is the container
+instance's ARN. ``Node.status`` and ``Node.attributes`` are the control plane's: the
+in-memory one (``ecs_cluster``) keeps them here, the moto world keeps them in step with
+moto's container instance (moto's record answers the API).
+
+The state transitions of the data plane live here too, once for both worlds: a task's
+RUNNING, its stop request and its STOPPED (``Task.mark_running``, ``Task.request_stop``,
+``Task.mark_stopped``), a node's reboot (``Node.request_reboot``, ``Node.back_from_reboot``),
+the health check's verdict (``health_check_verdict``) and the task and the container
+instance as ECS describes them (``describe_task``, ``describe_container_instance``). Each
+world decides when they happen (its timings, its driver), emits the events and keeps its
+control plane in step."""
 
 from __future__ import annotations
 
@@ -8,11 +23,27 @@ from typing import Any, NamedTuple
 
 from gpu_recovery import constants as C
 
+from ..events import gpu_resource
+from ..health_verdicts import REBOOT_FIXES, VERDICT_EXIT, verdict_line
+
 
 class TimelineEntry(NamedTuple):
     time: float
     kind: str
     text: str
+
+
+@dataclass
+class TaskDefinition:
+    """A task definition of the in-memory control plane (one essential container)."""
+
+    arn: str
+    family: str
+    revision: int
+    gpus: int
+    container: str = "trainer"
+    image: str = "trainer:latest"
+    memory: int = 4096
 
 
 @dataclass
@@ -28,8 +59,10 @@ class Node:
     registered_at: float
     health: str = "healthy"
     agent_connected: bool = True
+    status: str = "ACTIVE"  # ACTIVE | DRAINING | INACTIVE (deregistered)
     allocations: dict[str, list[str]] = field(default_factory=dict)  # task arn -> gpu ids
     reservations: dict[int, list[str]] = field(default_factory=dict)  # pending StartTask
+    attributes: dict[str, str | None] = field(default_factory=dict)  # custom ECS attributes (cordon)
     version: int = 1
     reboots: int = 0
     rebooting: bool = False
@@ -49,13 +82,41 @@ class Node:
         used = self.used_gpus
         return [g for g in self.gpu_ids if g not in used]
 
+    @property
+    def reboot_stop_reason(self) -> str:
+        """The stoppedReason of the tasks a reboot of this host kills."""
+        host = "EC2" if self.kind == "ec2" else "ECS Anywhere"
+        return f"Host {host} (instance {self.instance_id}) rebooted"
+
+    def request_reboot(self, now: float) -> bool:
+        """A reboot is asked for (counted); False when the node is rebooting already (the
+        request changes nothing else)."""
+        self.reboots += 1
+        self.reboot_requested_at = now
+        if self.rebooting:
+            return False
+        self.rebooting = True
+        return True
+
+    def back_from_reboot(self, now: float) -> str:
+        """The host is up again and its agent connected, with a new boot time; a fault a
+        reboot clears is gone. Returns the health before."""
+        before = self.health
+        self.agent_connected = True
+        self.rebooting = False
+        self.boot_time = now
+        if before in REBOOT_FIXES:
+            self.health = "healthy"
+        return before
+
 
 @dataclass
-class SimTask:
-    """A task the data plane runs (mirrors, and keeps in sync, moto's Task)."""
+class Task:
+    """A task the data plane runs (in the moto world it mirrors, and keeps in step, moto's
+    Task; in the scale world it is the control plane's record too)."""
 
     arn: str
-    node: str
+    node: str  # the node's name
     task_definition_arn: str
     family: str
     group: str
@@ -80,7 +141,6 @@ class SimTask:
     plan_token: int = 0
     health_check: bool = False
     gpu_reset: bool = False  # the GPU reset task (a health check's kin: never a training task)
-    moto_stopped: bool = False
 
     @property
     def label(self) -> str:
@@ -97,6 +157,115 @@ class SimTask:
     def done(self) -> bool:
         return self.last_status == "STOPPED"
 
+    @property
+    def tag_list(self) -> list[dict[str, str]]:
+        """The tags as the ECS API lists them."""
+        return [{"key": k, "value": v} for k, v in self.tags.items()]
+
+    def mark_running(self, now: float) -> None:
+        """PENDING -> RUNNING, the containers with it."""
+        self.last_status = "RUNNING"
+        self.started_at = now
+        for container in self.containers:
+            container["lastStatus"] = "RUNNING"
+
+    def request_stop(self, now: float, reason: str) -> bool:
+        """StopTask: desiredStatus STOPPED, stopCode UserInitiated and ``reason``; False (and
+        nothing changed) when the task is stopped or stopping already."""
+        if self.done or self.desired_status == "STOPPED":
+            return False
+        self.desired_status = "STOPPED"
+        self.stopping_at = now
+        self.stop_code = "UserInitiated"
+        self.stopped_reason = reason
+        return True
+
+    def mark_stopped(self, now: float, exit_code: int | None, stop_code: str, reason: str) -> None:
+        """-> STOPPED. A stop the user asked for keeps its stopCode and reason; a task that never
+        ran failed to start and has no exit code."""
+        was_started = self.started_at is not None
+        self.last_status = "STOPPED"
+        self.desired_status = "STOPPED"
+        self.stopping_at = self.stopping_at or now
+        self.stopped_at = now
+        if self.stop_code != "UserInitiated":
+            self.stop_code = stop_code if was_started else "TaskFailedToStart"
+            self.stopped_reason = reason
+        self.exit_code = exit_code if was_started else None
+        for i, container in enumerate(self.containers):
+            container["lastStatus"] = "STOPPED"
+            if was_started:
+                container["exitCode"] = exit_code if i == 0 else 0
+
+
+def health_check_verdict(task: Task, node: Node, dcgm_level: int) -> tuple[int, str, str]:
+    """The DCGM health check's verdict on ``node`` as it is now: its exit code, the log
+    stream it prints to and its verdict line (the JSON the stack reads)."""
+    code = VERDICT_EXIT[node.health]
+    stream = f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.containers[0]['name']}/{task.arn.rsplit('/', 1)[-1]}"
+    return code, stream, verdict_line(code, dcgm_level, task.gpu_ids, node.name)
+
+
+def describe_container_instance(
+    node: Node,
+    cluster_arn: str,
+    now: float,
+    *,
+    status: str,
+    attributes: list[dict[str, Any]] | None = None,
+    registered: list[dict[str, Any]] | None = None,
+    remaining: list[dict[str, Any]] | None = None,
+    version_info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ContainerInstance object as ECS describes it (and puts it in the container-instance
+    state-change event): the node's GPUs registered and free after the control plane's other
+    ``registered`` / ``remaining`` resources, its ``status`` and ``attributes`` as the control
+    plane holds them."""
+    return {
+        "agentConnected": node.agent_connected,
+        "attributes": list(attributes or []),
+        "clusterArn": cluster_arn,
+        "containerInstanceArn": node.container_instance_arn,
+        "ec2InstanceId": node.instance_id,
+        "registeredResources": [*(registered or []), gpu_resource(node.gpu_ids)],
+        "remainingResources": [*(remaining or []), gpu_resource(node.free_gpu_ids)],
+        "status": status,
+        "version": node.version,
+        "versionInfo": dict(version_info or {}),
+        "registeredAt": node.registered_at,
+        "updatedAt": now,
+        "accountType": "ec2_instance",
+    }
+
+
+def describe_task(task: Task, node: Node, cluster_arn: str, region: str) -> dict[str, Any]:
+    """The Task object as ECS describes it (and puts it in the task state-change event);
+    fields not set yet are None."""
+    return {
+        "attachments": [],
+        "availabilityZone": f"{region}a",
+        "clusterArn": cluster_arn,
+        "containerInstanceArn": node.container_instance_arn,
+        "containers": [dict(c) for c in task.containers],
+        "cpu": task.cpu,
+        "createdAt": task.created_at,
+        "desiredStatus": task.desired_status,
+        "group": task.group,
+        "launchType": "EC2" if node.kind == "ec2" else "EXTERNAL",
+        "lastStatus": task.last_status,
+        "memory": task.memory,
+        "overrides": task.overrides,
+        "startedAt": task.started_at,
+        "startedBy": task.started_by,
+        "stoppingAt": task.stopping_at,
+        "stoppedAt": task.stopped_at,
+        "stoppedReason": task.stopped_reason,
+        "stopCode": task.stop_code,
+        "taskArn": task.arn,
+        "taskDefinitionArn": task.task_definition_arn,
+        "updatedAt": task.updated_at,
+        "version": task.version,
+    }
 
 
 @dataclass
@@ -105,4 +274,3 @@ class Plan:
 
     run_seconds: float | None
     exit_code: int = 0
-

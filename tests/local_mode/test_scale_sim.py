@@ -125,10 +125,11 @@ def test_the_cordon_attribute_is_put_and_deleted_by_arn_or_id_and_an_unknown_tar
         node = world.cluster.add_node("n0")
         client = world.cluster.client()
         world.sim.run_process(lambda: client.put_attributes(cluster=world.cluster.name, attributes=[
-            {"name": "gpu-recovery.cordoned", "targetId": node.id, "targetType": "container-instance"}]))
+            {"name": "gpu-recovery.cordoned", "targetId": node.container_instance_id,
+             "targetType": "container-instance"}]))
         assert node.attributes == {"gpu-recovery.cordoned": None}
         world.sim.run_process(lambda: client.delete_attributes(cluster=world.cluster.name, attributes=[
-            {"name": "gpu-recovery.cordoned", "targetId": node.arn}]))
+            {"name": "gpu-recovery.cordoned", "targetId": node.container_instance_arn}]))
         assert node.attributes == {}
         with pytest.raises(ClientError) as error:
             world.sim.run_process(lambda: client.put_attributes(cluster=world.cluster.name, attributes=[
@@ -145,16 +146,17 @@ def test_start_task_places_one_task_per_named_instance_and_reports_the_others(si
         client = world.cluster.client()
         response = world.sim.run_process(lambda: client.start_task(
             cluster=world.cluster.name, taskDefinition="train",
-            containerInstances=[n.arn for n in nodes[:3]] + ["arn:missing"], startedBy="gang-a2"))
-        assert [t["containerInstanceArn"] for t in response["tasks"]] == [nodes[0].arn]
-        assert response["failures"] == [{"arn": nodes[1].arn, "reason": "RESOURCE:GPU"},
-                                        {"arn": nodes[2].arn, "reason": "AGENT"},
+            containerInstances=[n.container_instance_arn for n in nodes[:3]] + ["arn:missing"],
+            startedBy="gang-a2"))
+        assert [t["containerInstanceArn"] for t in response["tasks"]] == [nodes[0].container_instance_arn]
+        assert response["failures"] == [{"arn": nodes[1].container_instance_arn, "reason": "RESOURCE:GPU"},
+                                        {"arn": nodes[2].container_instance_arn, "reason": "AGENT"},
                                         {"arn": "arn:missing", "reason": "MISSING"}]
         assert world.account.stats.calls["ecs:StartTask"] == 1  # one call for the whole list
         with pytest.raises(ClientError, match="at most 10"):
             world.sim.run_process(lambda: client.start_task(
                 cluster=world.cluster.name, taskDefinition="train",
-                containerInstances=[n.arn for n in nodes[:11]]))
+                containerInstances=[n.container_instance_arn for n in nodes[:11]]))
         listed = world.sim.run_process(lambda: client.list_tasks(cluster=world.cluster.name,
                                                                  startedBy="gang-a2"))
         assert listed["taskArns"] == [response["tasks"][0]["taskArn"]]
@@ -283,11 +285,11 @@ def test_a_small_job_recovers_from_a_gpu_fault_with_an_nccl_cascade_and_duplicat
             assert world.lambdas.dead_letters == []
             # Every rank runs exactly once in attempt 2, on its node, after the fault's floor.
             # (identical ranks start together: one StartTask for the 8, tagged with their ranks)
-            second = {t.arn: t for t in world.cluster.running() if t.tag_values.get(C.TAG_ATTEMPT) == "2"}
+            second = {t.arn: t for t in world.cluster.running() if t.tags.get(C.TAG_ATTEMPT) == "2"}
             ranks = [world.rank("job1", r) or {} for r in range(8)]
             assert [(r.get("attempt"), r.get("rank_state")) for r in ranks] == [(2, "RUNNING")] * 8
             assert sorted(second) == sorted(r["task_arn"] for r in ranks)
-            assert all(second[r["task_arn"]].node is nodes[i] for i, r in enumerate(ranks))
+            assert all(second[r["task_arn"]].node == nodes[i].name for i, r in enumerate(ranks))
             cluster = world.cluster
             assert job.all_running_at[2] - t_fault >= cluster.dcgm_seconds + cluster.reboot_seconds
             assert [n.subject for n in world.topic.published] == [

@@ -1,0 +1,275 @@
+"""The ECS data plane both worlds run: a placed task goes PENDING (+``pending_delay_seconds``)
+and RUNNING (+``run_delay_seconds``), then ends by its plan (a health check with the node's
+DCGM verdict after ``dcgm_seconds``, a GPU reset with its result after ``reset_seconds``, a
+training task after ``train_seconds``, None: never) or when made to (an injected exit, a
+stop: STOPPED ``stop_delay_seconds`` after the request); a reboot kills the node's tasks
+(+``kill_delay_seconds``), disconnects its agent (+``disconnect_delay_seconds``) and brings
+it back (+``reboot_seconds``). Each change emits the AWS-shaped event.
+
+:class:`DataPlane` holds that sequence once. A world supplies the rest through a few hooks:
+its clock and driver (``now``, ``schedule``), the events as its control plane describes
+the task and the container instance (``_task_state_change``, ``_instance_state_change``),
+keeping its control plane in step (``_control_plane_running``, ``_control_plane_stopped``),
+where the verdict line goes (``_write_verdict_log``) and how a reboot is counted
+(``_count_reboot``). The moto world is :class:`~local_mode.sim.ecs.SimulatedEcs` (its driver
+delivers the events an action returns to the ``LocalEventBus``, after the action); the
+scale world is :class:`~local_mode.sim.ecs_cluster.EcsCluster` (its hooks put each event on
+its ``EventBus`` as it is made, in the order its random draws were always made). The
+records and their transitions are :mod:`~local_mode.sim.ecs_model`'s.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..health_verdicts import RESET_FIXES
+from .ecs_model import Node, Plan, Task, TimelineEntry, health_check_verdict
+
+Events = list[dict[str, Any]]
+
+
+class DataPlane:
+    """Tasks from placement to STOPPED and reboots, in one world's simulated time (see the
+    module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        train_seconds: float | None,
+        dcgm_seconds: float,
+        reboot_seconds: float,
+        reset_seconds: float = 30,
+        stop_delay_seconds: float = 10,
+        run_delay_seconds: float = 5,
+        pending_delay_seconds: float = 1,
+        kill_delay_seconds: float = 5,
+        disconnect_delay_seconds: float = 15,
+        instance_events_on_placement: bool = True,
+    ) -> None:
+        self.train_seconds = train_seconds
+        self.dcgm_seconds = dcgm_seconds
+        self.reboot_seconds = reboot_seconds
+        self.reset_seconds = reset_seconds  # nvidia-smi -r and a short dcgmi diag
+        self.stop_delay_seconds = stop_delay_seconds
+        self.run_delay_seconds = run_delay_seconds
+        self.pending_delay_seconds = pending_delay_seconds
+        self.kill_delay_seconds = kill_delay_seconds
+        self.disconnect_delay_seconds = disconnect_delay_seconds
+        #: a container-instance event when a task is placed and when one stops (its GPUs)
+        self.instance_events_on_placement = instance_events_on_placement
+        self.nodes: dict[str, Node] = {}  # by name
+        self.tasks: dict[str, Task] = {}  # by ARN
+        self.timeline: list[TimelineEntry] = []
+        self._family_plans: dict[str, Plan] = {}
+        self._task_plans: dict[str, Plan] = {}
+        self._lock = threading.RLock()
+
+    # ================================================================ the world's hooks
+    def now(self) -> float:
+        raise NotImplementedError
+
+    def schedule(self, at: float, action: Callable[[], Events | None], label: str = "") -> None:
+        """Run ``action`` at ``at``; the events it returns are emitted then."""
+        raise NotImplementedError
+
+    def _task_state_change(self, task: Task) -> dict[str, Any]:
+        """The task state-change event of ``task`` as it is now (a world whose bus takes
+        events as they happen puts it there too)."""
+        raise NotImplementedError
+
+    def _instance_state_change(self, node: Node) -> dict[str, Any]:
+        """The container-instance state-change event of ``node`` as it is now."""
+        raise NotImplementedError
+
+    def _control_plane_running(self, task: Task) -> None:
+        """``task`` went RUNNING: keep the control plane's record in step."""
+
+    def _control_plane_stopped(self, task: Task) -> None:
+        """``task`` went STOPPED: keep the control plane's record in step."""
+
+    def _write_verdict_log(self, stream: str, line: str) -> None:
+        raise NotImplementedError
+
+    def _dcgm_level(self) -> int:
+        raise NotImplementedError
+
+    def _count_reboot(self, node: Node, via: str) -> None:
+        """A reboot of ``node`` was asked for through ``via``."""
+
+    # ================================================================ timeline
+    def _log(self, kind: str, text: str, node: str | None = None) -> None:
+        with self._lock:
+            self.timeline.append(TimelineEntry(self.now(), kind, f"{node or '-':<8}  {text}"))
+
+    # ================================================================ events
+    def _task_event(self, task: Task) -> dict[str, Any]:
+        with self._lock:
+            task.version += 1
+            task.updated_at = self.now()
+            return self._task_state_change(task)
+
+    def _ci_event(self, node: Node) -> dict[str, Any]:
+        with self._lock:
+            node.version += 1
+            return self._instance_state_change(node)
+
+    # ================================================================ plans
+    def plan_family(self, family: str, run_seconds: float | None, exit_code: int = 0) -> None:
+        """Tasks of ``family`` started from now on run ``run_seconds`` (None: until
+        stopped) after RUNNING, then exit ``exit_code``."""
+        with self._lock:
+            self._family_plans[family] = Plan(run_seconds, exit_code)
+
+    def plan_task(self, task_arn: str, run_seconds: float | None, exit_code: int = 0) -> None:
+        """Re-plan one task: exit ``exit_code`` ``run_seconds`` from now (None: never)."""
+        with self._lock:
+            task = self.tasks.get(task_arn)
+            if task is None:
+                self._task_plans[task_arn] = Plan(run_seconds, exit_code)
+                return
+            task.plan_token += 1
+            token = task.plan_token
+        if run_seconds is not None:
+            self.schedule(
+                self.now() + run_seconds,
+                lambda: self._planned_exit(task_arn, token, exit_code),
+                f"planned exit {task_arn}",
+            )
+
+    # ================================================================ task lifecycle
+    def _schedule_placement(self, task: Task, now: float) -> None:
+        """A task was placed at ``now``: its PENDING and RUNNING (and the node's resources event)."""
+        self.schedule(now + self.pending_delay_seconds, lambda: self._to_pending(task), "pending")
+        self.schedule(now + self.run_delay_seconds, lambda: self._to_running(task), "run")
+        if self.instance_events_on_placement:
+            node = self.nodes[task.node]
+            self.schedule(now + self.pending_delay_seconds, lambda: [self._ci_event(node)],
+                          "ci placement")
+
+    def _to_pending(self, task: Task) -> Events:
+        if task.done or task.last_status != "PENDING":
+            return []
+        return [self._task_event(task)]
+
+    def _to_running(self, task: Task) -> Events:
+        with self._lock:
+            if task.done or task.desired_status != "RUNNING":
+                return []
+            task.mark_running(self.now())
+            self._control_plane_running(task)
+            plan = self._task_plans.pop(task.arn, None) or self._family_plans.get(task.family)
+            if task.gpu_reset:
+                plan = plan or Plan(self.reset_seconds, -2)  # -2: the reset's result on this node
+            elif task.health_check:
+                plan = plan or Plan(self.dcgm_seconds, -1)  # -1: node verdict
+            else:
+                plan = plan or Plan(self.train_seconds, 0)
+            token = task.plan_token
+        self._log("task", f"{task.label} RUNNING", task.node)
+        if plan.run_seconds is not None:
+            self.schedule(
+                self.now() + plan.run_seconds,
+                lambda: self._planned_exit(task.arn, token, plan.exit_code),
+                "planned exit",
+            )
+        return [self._task_event(task)]
+
+    def _planned_exit(self, arn: str, token: int, exit_code: int) -> Events:
+        task = self.tasks.get(arn)
+        if task is None or task.done or task.plan_token != token:
+            return []
+        if task.gpu_reset and exit_code == -2:
+            return self._reset_result(task)
+        if task.health_check and exit_code == -1:
+            node = self.nodes[task.node]
+            verdict, stream, line = health_check_verdict(task, node, self._dcgm_level())
+            self._write_verdict_log(stream, line)
+            return self._container_exit(task, verdict, f"DCGM verdict {node.health}")
+        return self._container_exit(task, exit_code, "finished" if exit_code == 0 else "planned")
+
+    def _reset_result(self, task: Task) -> Events:
+        """The reset task's exit: 0 when a reset clears the node's health (it is healthy
+        after), 1 when not (the fault stays for the reboot)."""
+        node = self.nodes[task.node]
+        with self._lock:
+            before = node.health
+            if before in RESET_FIXES:
+                node.health = "healthy"
+        self._log("task", f"GPU reset: health {before} -> {node.health}", node.name)
+        if before in RESET_FIXES:
+            return self._container_exit(task, 0, "GPUs reset, diag passed")
+        return self._container_exit(task, 1, f"GPU reset failed ({before})")
+
+    def _container_exit(self, task: Task, exit_code: int, why: str) -> Events:
+        """The essential container exited: STOPPED (EssentialContainerExited)."""
+        if task.done:
+            return []
+        return self._finish(task, exit_code=exit_code, stop_code="EssentialContainerExited",
+                            reason="Essential container in task exited", why=why)
+
+    def _schedule_stopped(self, task: Task, reason: str, now: float) -> None:
+        """A stop was requested at ``now``: STOPPED (exit 143 if it ran) ``stop_delay_seconds``
+        later."""
+
+        def stopped() -> Events:
+            return self._finish(task, exit_code=143 if task.last_status == "RUNNING" else None,
+                                stop_code="UserInitiated", reason=reason, why="stopped")
+
+        self.schedule(now + self.stop_delay_seconds, stopped, "stopped")
+
+    def _finish(self, task: Task, *, exit_code: int | None, stop_code: str, reason: str,
+                why: str) -> Events:
+        with self._lock:
+            if task.done:
+                return []
+            task.mark_stopped(self.now(), exit_code, stop_code, reason)
+            node = self.nodes[task.node]
+            node.allocations.pop(task.arn, None)
+            self._control_plane_stopped(task)
+        code = "" if task.exit_code is None else f" exited {task.exit_code}"
+        self._log("task", f"{task.label}{code or ' stopped'} ({why})", task.node)
+        out = [self._task_event(task)]
+        if self.instance_events_on_placement:
+            out.append(self._ci_event(node))
+        return out
+
+    def _tasks_on(self, node: Node) -> list[Task]:
+        """The tasks placed on ``node`` and not STOPPED, in the order they were placed."""
+        with self._lock:
+            return [self.tasks[arn] for arn in list(node.allocations)]
+
+    # ================================================================ reboot
+    def _reboot(self, node: Node, via: str) -> None:
+        requested = self.now()
+        with self._lock:
+            self._count_reboot(node, via)
+            if not node.request_reboot(requested):
+                self._log("reboot", f"reboot requested again via {via} (already rebooting)",
+                          node.name)
+                return
+        self._log("reboot", f"reboot requested via {via}", node.name)
+
+        def kill() -> Events:
+            out: Events = []
+            for task in self._tasks_on(node):
+                out += self._finish(task, exit_code=137, stop_code="EssentialContainerExited",
+                                    reason=node.reboot_stop_reason, why="host rebooted")
+            return out
+
+        def down() -> Events:
+            node.agent_connected = False
+            self._log("agent", "agent disconnected (rebooting)", node.name)
+            return [self._ci_event(node)]
+
+        def up() -> Events:
+            with self._lock:
+                before = node.back_from_reboot(self.now())
+            self._log("agent", f"back after reboot, agent connected (health {before} -> "
+                      f"{node.health})", node.name)
+            return [self._ci_event(node)]
+
+        self.schedule(requested + self.kill_delay_seconds, kill, "reboot kill")
+        self.schedule(requested + self.disconnect_delay_seconds, down, "reboot down")
+        self.schedule(requested + self.reboot_seconds, up, "reboot up")
