@@ -62,6 +62,7 @@ from local_mode.sim.ecs_cluster import EcsCluster
 from local_mode.sim.ecs_cluster_model import ClusterNode, ClusterTask
 from local_mode.sim.engine import Simulation
 from local_mode.sim.eventbridge import EventBus
+from local_mode.sim.lambda_context import LambdaContext
 from local_mode.sim.lambdas import LambdaService
 from local_mode.sim.sqs import POLL_DELAY_SECONDS, SimQueuePort, SqsQueue
 
@@ -130,22 +131,25 @@ class Container:
         return self._service
 
 
-def _time_left(container: Container) -> Callable[[], float] | None:
-    """Lambda's ``context.get_remaining_time_in_millis() / 1000`` for the running invocation."""
+def invocation_context(container: Container) -> LambdaContext | None:
+    """The running invocation's Lambda context (the moto world's class), its time left counted
+    in simulated time to the invocation's deadline; None outside an invocation with one."""
     sim = container.sim
     process = sim.current if sim is not None else None
     if sim is None or process is None or process.deadline is None:
         return None
     deadline = process.deadline
-    return lambda: deadline - sim.now
+    return LambdaContext(process.label, timeout_seconds=deadline - sim.now,
+                         seconds_left=lambda: deadline - sim.now)
 
 
 def on_container(handle: Handle) -> Callable[[Container, dict[str, Any]], dict[str, Any]]:
     """A simulated function running a handler's body (``handlers.<name>.handle``, the one its
-    ``lambda_handler`` runs) with the container's service and the invocation's time left."""
+    ``lambda_handler`` runs) with the container's service and the time left its context gives."""
 
     def handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-        return handle(event, container.service, time_left=_time_left(container))
+        context = invocation_context(container)
+        return handle(event, container.service, time_left=context.time_left if context is not None else None)
 
     return handler
 

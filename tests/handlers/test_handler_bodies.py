@@ -16,7 +16,7 @@ from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingErro
 
 from gpu_recovery import runtime
 from gpu_recovery.recovery.ports import Outcome
-from local_mode.sim.bus import LambdaContext
+from local_mode.sim.lambda_context import LambdaContext
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "tests" / "events"
