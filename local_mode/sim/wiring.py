@@ -1,6 +1,7 @@
 """The recovery Lambdas on the local bus, exactly as infra deploys them: the EventBridge rules
-of the ECS events, the recovery sweep's schedule and the gang queue's event source (with the
-handlers' ``SendMessageBatch`` to it answered by the bus's local queue)."""
+of the ECS events, the recovery sweep's schedule and the event sources of the gang queue and the
+tag lookup queue (with the handlers' ``SendMessageBatch`` to them answered by the bus's local
+queues), all read from ``local_mode.sim.deployment``."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def wire_recovery_handlers(
     Rules: training task changes -> ``ecs_task_handler``; health-check task stopped
     -> ``dcgm_task_monitor``; container instance changes -> ``ecs_instance_monitor``, each
     with Lambda's asynchronous retries; ``recovery_sweep`` every ``sweep_every_seconds``
-    (None: no schedule); the gang queue -> ``gang_worker``.
+    (None: no schedule); the gang queue -> ``gang_worker``; the tag lookup queue ->
+    ``tag_lookup_worker`` (the handlers told its URL, so tags-only tasks are looked up there).
     Handlers are imported lazily from ``package``. Returns name -> handler.
     """
 
@@ -50,29 +52,35 @@ def wire_recovery_handlers(
             targets[schedule.function] = load(schedule.function)
             bus.add_schedule(schedule.name, sweep_every_seconds, targets[schedule.function],
                              schedule.function)
-    for queue in (D.GANG_QUEUE,):
+    for queue in D.QUEUES:
         targets[queue.function] = load(queue.function)
         bus.add_queue(queue.name, targets[queue.function], queue.function, batch_size=queue.batch_size,
                       visibility_timeout=queue.visibility_timeout_seconds,
                       max_receive_count=queue.max_receives)
-    route_gang_queue(bus)
+    route_queues(bus)
     return targets
 
 
-def route_gang_queue(bus: LocalEventBus) -> None:
-    """The handlers' SendMessageBatch to the gang queue lands in the bus's local queue (in
-    simulated time) instead of moto's, answered as SQS answers it."""
+def route_queues(bus: LocalEventBus) -> None:
+    """The handlers' SendMessageBatch to the gang queue or the tag lookup queue lands in the
+    bus's queue of that name (in simulated time) instead of moto's, answered as SQS answers it.
+    The tag lookup queue is named in the handlers' environment here, with its worker wired
+    (as infra deploys the two together; the gang queue's URL is set by ``LocalAws``)."""
     local = LocalAws.active()
     if local is None:
         return
-    url = local.env.get(C.ENV_GANG_QUEUE_URL, "")
+    by_url = {local.env.get(C.ENV_GANG_QUEUE_URL, ""): D.GANG_QUEUE.name}
+    if D.TAG_LOOKUP_QUEUE.name in bus.queues:
+        by_url[local.use_tag_lookup_queue()] = D.TAG_LOOKUP_QUEUE.name
+    by_url.pop("", None)
 
     def send_batch(params: dict[str, Any], context: dict[str, Any]) -> Any:
-        if params.get("QueueUrl") != url or GANG_QUEUE not in bus.queues:
+        name = by_url.get(params.get("QueueUrl") or "")
+        if name is None or name not in bus.queues:
             return None
         entries = params.get("Entries") or []
         for entry in entries:
-            bus.send(GANG_QUEUE, [entry["MessageBody"]], float(entry.get("DelaySeconds") or 0))
+            bus.send(name, [entry["MessageBody"]], float(entry.get("DelaySeconds") or 0))
         return hook_answer("sqs", {
             "Successful": [{"Id": e["Id"], "MessageId": str(uuid.uuid4()), "MD5OfMessageBody": ""}
                            for e in entries],
