@@ -105,7 +105,8 @@ def measure_writes_and_latency(samples: int = 100) -> dict[str, Any]:
     from gpu_recovery import runtime
     from gpu_recovery.domain.heartbeat_policy import ReportedTask
     from handlers import node_api
-    from local_mode.server import LocalContext
+    from local_mode.server import API_TIMEOUT_SECONDS
+    from local_mode.sim.lambda_context import LambdaContext
 
     local, counter = _setup_local()
     try:
@@ -121,8 +122,9 @@ def measure_writes_and_latency(samples: int = 100) -> dict[str, Any]:
             body = {"node_id": NODE, "timestamp": time.time() + 2 + i * 1e-3,
                     "tasks": [{"task_arn": a, "step": i} for a in arns]}
             event = _event(body)
+            context = LambdaContext("node-api", timeout_seconds=API_TIMEOUT_SECONDS)
             start = time.perf_counter()
-            response = node_api.lambda_handler(event, LocalContext("node-api"))
+            response = node_api.lambda_handler(event, context)
             timings.append(time.perf_counter() - start)
             assert response["statusCode"] == 200, response
         return {"writes_per_report_8_tasks": writes, "ddb_calls_per_report": calls,

@@ -71,6 +71,8 @@ def _run(boto3: Any, rounds: int) -> dict[str, Any]:
     from gpu_recovery.constants import table_definitions
     from gpu_recovery.queue.jobs_api.triggers import CallbackSchedulerTrigger
     from handlers import jobs_api
+    from local_mode.server import API_TIMEOUT_SECONDS
+    from local_mode.sim.lambda_context import LambdaContext
 
     region, cluster = _ENV["AWS_DEFAULT_REGION"], _ENV["ECS_CLUSTER_NAME"]
     jobs_api.reset()
@@ -108,6 +110,8 @@ def _run(boto3: Any, rounds: int) -> dict[str, Any]:
 
     spec = {"name": "bench", "task_definition": "bench-train:1", "nnodes": 2, "gpus_per_node": 8}
     counter = iter(range(10**9))
+    context = LambdaContext("jobs-api", memory_limit_in_mb=512, timeout_seconds=API_TIMEOUT_SECONDS,
+                            aws_request_id="bench", log_stream_name="bench")
 
     def call(method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
              headers: dict[str, str] | None = None) -> int:
@@ -123,7 +127,7 @@ def _run(boto3: Any, rounds: int) -> dict[str, Any]:
                                "identity": {"userArn": f"arn:aws:iam::{account}:user/bench",
                                             "sourceIp": "127.0.0.1"}},
         }
-        return int(jobs_api.lambda_handler(event, _Context())["statusCode"])
+        return int(jobs_api.lambda_handler(event, context)["statusCode"])
 
     results: dict[str, Any] = {}
     results["POST /v1/jobs"] = _timed(lambda: call("POST", "/v1/jobs", spec), 201, rounds)
@@ -189,20 +193,6 @@ def _body(call: Callable[..., int], spec: dict[str, Any]) -> str:
     finally:
         jobs_api.lambda_handler = original  # type: ignore[assignment]
     return captured["body"]
-
-
-class _Context:
-    function_name = "jobs-api"
-    function_version = "$LATEST"
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:jobs-api"
-    memory_limit_in_mb = 512
-    aws_request_id = "bench"
-    log_group_name = "/aws/lambda/jobs-api"
-    log_stream_name = "bench"
-
-    @staticmethod
-    def get_remaining_time_in_millis() -> int:
-        return 30_000
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 
 from gpu_recovery import constants as C
 
-HANDLERS = ("ecs_task_handler", "dcgm_task_monitor", "ecs_instance_monitor", "recovery_sweep")
+HANDLERS = ("ecs_task_handler", "dcgm_task_monitor", "ecs_instance_monitor", "recovery_sweep",
+            "tag_lookup_worker", "gang_worker")
 _current: contextvars.ContextVar[str] = contextvars.ContextVar("handler", default="(setup)")
 
 
@@ -112,6 +113,8 @@ def run_scenario(ranks: int, history_jobs: int = 0, minutes: int = 90) -> CallMe
             rule.target = meter.wrap(rule.target_name, rule.target)
         for schedule in bus.schedules:
             schedule.target = meter.wrap(schedule.target_name, schedule.target)
+        for queue in bus.queues.values():  # the workers: tag lookups (the tagged job's ranks), gangs
+            queue.target = meter.wrap(queue.target_name, queue.target)
         nodes = [f"node-{i}" for i in range(ranks)]
         for node in nodes:
             sim.add_node(node)

@@ -38,6 +38,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from gpu_recovery.constants import (
+    GANG_BATCH_SIZE,
     GANG_QUEUE_MAX_RECEIVES,
     GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS,
     GANG_WORKER_TIMEOUT_SECONDS,
@@ -126,7 +127,7 @@ class GangFanout(Construct):
         )
         self.event_source = lambda_.EventSourceMapping(
             self, "EventSource", target=worker.function, event_source_arn=self.queue.queue_arn,
-            batch_size=1, max_concurrency=max_concurrency, report_batch_item_failures=True,
+            batch_size=GANG_BATCH_SIZE, max_concurrency=max_concurrency, report_batch_item_failures=True,
         )
         # Lambda checks the role's permissions on the queue when the mapping is created.
         self.event_source.node.add_dependency(worker.role)

@@ -27,6 +27,10 @@ from gpu_recovery.constants import (
     ENV_POWERTOOLS_METRICS_NAMESPACE,
     ENV_POWERTOOLS_SERVICE_NAME,
     METRICS_NAMESPACE,
+    SCHEDULED_MAX_EVENT_AGE_SECONDS,
+)
+from gpu_recovery.constants import (
+    SCHEDULED_ASYNC_RETRIES as SCHEDULED_ASYNC_RETRIES,  # re-exported: the scheduled functions' infra
 )
 from infra import LAMBDAS_DIR, REPO_ROOT
 from infra.config import RecoveryConfig
@@ -42,8 +46,8 @@ POWERTOOLS_PACKAGE = "aws-lambda-powertools"
 # minutes; only a tick that failed three times lands in the DLQ (and alarms). Every run
 # is idempotent (conditional writes; the scheduler also holds a lease), so a retry that
 # overlaps the next tick is harmless. Older than 5 minutes, a tick is worth nothing.
-SCHEDULED_ASYNC_RETRIES = 2
-SCHEDULED_MAX_EVENT_AGE = Duration.minutes(5)
+# (The numbers live in gpu_recovery.constants: the local simulators read them too.)
+SCHEDULED_MAX_EVENT_AGE = Duration.seconds(SCHEDULED_MAX_EVENT_AGE_SECONDS)
 
 
 def pinned_version(package: str, requirements: Path = REQUIREMENTS) -> str:

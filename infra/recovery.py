@@ -20,7 +20,11 @@ from constructs import Construct
 
 from gpu_recovery.constants import (
     ENV_HEALTH_CHECK_LOG_GROUP,
+    RECOVERY_ASYNC_RETRIES,
+    RECOVERY_EVENT_MAX_AGE_SECONDS,
     RECOVERY_FUNCTION_TIMEOUT_SECONDS,
+    RECOVERY_SWEEP_RATE_SECONDS,
+    RECOVERY_SWEEP_TIMEOUT_SECONDS,
     container_instance_pattern,
     health_check_task_pattern,
     training_task_pattern,
@@ -37,7 +41,7 @@ from infra.nag import acknowledge
 from infra.notifications import Notifications
 from infra.tables import RecoveryTables
 
-EVENT_MAX_AGE = Duration.hours(2)
+EVENT_MAX_AGE = Duration.seconds(RECOVERY_EVENT_MAX_AGE_SECONDS)
 EVENT_RETRY_ATTEMPTS = 8
 DLQ_RETENTION = Duration.days(14)
 
@@ -361,7 +365,7 @@ class RecoveryFunctions(Construct):
             handler="handlers.recovery_sweep.lambda_handler",
             service="recovery-sweep",
             description="Every minute: reboot / health-check timeouts, pending health checks",
-            timeout=Duration.seconds(55),
+            timeout=Duration.seconds(RECOVERY_SWEEP_TIMEOUT_SECONDS),
             async_retries=SCHEDULED_ASYNC_RETRIES,
             max_event_age=SCHEDULED_MAX_EVENT_AGE,
             # It finishes what any delivery left undone: reboots, drains, terminations, the
@@ -404,7 +408,7 @@ class RecoveryFunctions(Construct):
         self._rule(
             "RecoverySweep",
             "Recovery timeouts and pending health checks",
-            schedule=events.Schedule.rate(Duration.minutes(1)),
+            schedule=events.Schedule.rate(Duration.seconds(RECOVERY_SWEEP_RATE_SECONDS)),
         )
 
     # ---------------------------------------------------------------------------------
@@ -418,7 +422,7 @@ class RecoveryFunctions(Construct):
         permissions: list[Callable[[], list[iam.PolicyStatement]]],
         # No recovery function may outlive a claim's lease (see CLAIM_LEASE_SECONDS).
         timeout: Duration = Duration.seconds(RECOVERY_FUNCTION_TIMEOUT_SECONDS),
-        async_retries: int = 2,
+        async_retries: int = RECOVERY_ASYNC_RETRIES,
         max_event_age: Duration = EVENT_MAX_AGE,
     ) -> RecoveryFunction:
         fn = RecoveryFunction(

@@ -81,6 +81,7 @@ from .sim.dynamo.botocore_backend import serve_dynamodb_from
 TOPIC_NAME = "gpu-training-notifications"
 QUEUE_NAME = "gpu-training-notifications-inbox"
 GANG_QUEUE_NAME = "gpu-recovery-gang-batches"  # the gang fan-out's queue (see LocalEventBus.add_queue)
+TAG_LOOKUP_QUEUE_NAME = "gpu-recovery-tag-lookups"  # named to the handlers with its worker wired
 #: ``LocalAws(dynamodb=...)``: moto (exact API behaviour, the default) or the in-memory store
 DYNAMODB_BACKENDS = ("moto", "memory")
 
@@ -252,6 +253,15 @@ class LocalAws:
         self._clients.clear()
         self.memory_dynamodb = None
 
+    def use_tag_lookup_queue(self) -> str:
+        """Name the tag lookup queue in the handlers' environment (``TAG_LOOKUP_QUEUE_URL``),
+        as the stack does for the task handler, unless the caller's ``extra_env`` named one;
+        the wiring does it when it wires the queue's worker (without it, unknown tasks are
+        described inline). Returns the URL."""
+        url = self._settings.get(C.ENV_TAG_LOOKUP_QUEUE_URL, self.tag_lookup_queue_url)
+        self._set_env({C.ENV_TAG_LOOKUP_QUEUE_URL: url})
+        return url
+
     def _set_env(self, values: dict[str, str]) -> None:
         for key, value in values.items():
             if key not in self._saved_env:
@@ -303,6 +313,7 @@ class LocalAws:
         self.topic_arn = sns.create_topic(Name=TOPIC_NAME)["TopicArn"]
         self.queue_url = sqs.create_queue(QueueName=QUEUE_NAME)["QueueUrl"]
         self.gang_queue_url = sqs.create_queue(QueueName=GANG_QUEUE_NAME)["QueueUrl"]
+        self.tag_lookup_queue_url = sqs.create_queue(QueueName=TAG_LOOKUP_QUEUE_NAME)["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])[
             "Attributes"
         ]["QueueArn"]

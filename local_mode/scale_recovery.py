@@ -55,6 +55,7 @@ from handlers import (
 )
 from handlers._common import Handle
 from local_mode.health_verdicts import HEALTH_CHECK_LOG_GROUP
+from local_mode.sim import deployment as D
 from local_mode.sim.aws_calls import Account, Latencies
 from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTopic, SsmClient
 from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
@@ -62,43 +63,25 @@ from local_mode.sim.ecs_cluster import EcsCluster
 from local_mode.sim.ecs_model import Node, Task
 from local_mode.sim.engine import Simulation
 from local_mode.sim.eventbridge import EventBus
+from local_mode.sim.lambda_context import LambdaContext
 from local_mode.sim.lambdas import LambdaService
-from local_mode.sim.sqs import SimQueuePort, SqsQueue
+from local_mode.sim.sqs import POLL_DELAY_SECONDS, SimQueuePort, SqsQueue
 
 JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
 INSTANCE_TABLE = C.DEFAULT_INSTANCE_TABLE_NAME
-# infra/recovery.py: the event functions run RECOVERY_FUNCTION_TIMEOUT_SECONDS, the sweep 55 s;
-# events are kept 2 h, the sweep's ticks 5 min (tests/infra checks these against the stack).
-SWEEP_TIMEOUT_SECONDS = 55.0
-FUNCTION_TIMEOUTS: dict[str, float] = {
-    "ecs_task_handler": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
-    "dcgm_task_monitor": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
-    "ecs_instance_monitor": float(C.RECOVERY_FUNCTION_TIMEOUT_SECONDS),
-    "recovery_sweep": SWEEP_TIMEOUT_SECONDS,
+# The functions, rules, schedule and queues are infra's (``local_mode.sim.deployment``); each
+# function runs its handler module's ``handle``, the body its ``lambda_handler`` runs in Lambda.
+HANDLES: dict[str, Handle] = {
+    D.TASK_HANDLER: ecs_task_handler.handle,
+    D.DCGM_MONITOR: dcgm_task_monitor.handle,
+    D.INSTANCE_MONITOR: ecs_instance_monitor.handle,
+    D.RECOVERY_SWEEP: recovery_sweep.handle,
+    D.GANG_WORKER: gang_worker.handle,
+    D.TAG_LOOKUP_WORKER: tag_lookup_worker.handle,
 }
-MAX_EVENT_AGE: dict[str, float] = {"ecs_task_handler": 7200.0, "dcgm_task_monitor": 7200.0,
-                                   "ecs_instance_monitor": 7200.0, "recovery_sweep": 300.0}
-ASYNC_RETRIES = 2
-# The functions EventBridge invokes (rules and the sweep's schedule) and the body each runs:
-# its handler module's ``handle``, the one its ``lambda_handler`` runs in Lambda.
-EVENT_FUNCTIONS: dict[str, Handle] = {
-    "ecs_task_handler": ecs_task_handler.handle,
-    "dcgm_task_monitor": dcgm_task_monitor.handle,
-    "ecs_instance_monitor": ecs_instance_monitor.handle,
-    "recovery_sweep": recovery_sweep.handle,
-}
-SWEEP_EVERY_SECONDS = 60.0
-# infra/gang.py (tests/infra checks these against the stack): the gang fan-out's queue and
-# worker; GANG_WORKER_CONCURRENCY is infra/config.py's default gang_worker_concurrency.
-GANG_QUEUE = "gang-batches"
-GANG_WORKER = "gang_worker"
-GANG_WORKER_TIMEOUT_SECONDS = float(C.GANG_WORKER_TIMEOUT_SECONDS)
-GANG_VISIBILITY_TIMEOUT_SECONDS = float(C.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
-GANG_MAX_RECEIVES = C.GANG_QUEUE_MAX_RECEIVES
-GANG_BATCH_SIZE = 1
-GANG_WORKER_CONCURRENCY = 4
-TAG_LOOKUP_QUEUE = "tag-lookups"
-TAG_LOOKUP_WORKER = "tag_lookup_worker"
+SWEEP_EVERY_SECONDS = D.SWEEP_SCHEDULE.every_seconds
+GANG_QUEUE = D.GANG_QUEUE.name
+TAG_LOOKUP_QUEUE = D.TAG_LOOKUP_QUEUE.name
 
 
 class RecordingMetrics:
@@ -150,22 +133,25 @@ class Container:
         return self._service
 
 
-def _time_left(container: Container) -> Callable[[], float] | None:
-    """Lambda's ``context.get_remaining_time_in_millis() / 1000`` for the running invocation."""
+def invocation_context(container: Container) -> LambdaContext | None:
+    """The running invocation's Lambda context (the moto world's class), its time left counted
+    in simulated time to the invocation's deadline; None outside an invocation with one."""
     sim = container.sim
     process = sim.current if sim is not None else None
     if sim is None or process is None or process.deadline is None:
         return None
     deadline = process.deadline
-    return lambda: deadline - sim.now
+    return LambdaContext(process.label, timeout_seconds=deadline - sim.now,
+                         seconds_left=lambda: deadline - sim.now)
 
 
 def on_container(handle: Handle) -> Callable[[Container, dict[str, Any]], dict[str, Any]]:
     """A simulated function running a handler's body (``handlers.<name>.handle``, the one its
-    ``lambda_handler`` runs) with the container's service and the invocation's time left."""
+    ``lambda_handler`` runs) with the container's service and the time left its context gives."""
 
     def handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-        return handle(event, container.service, time_left=_time_left(container))
+        context = invocation_context(container)
+        return handle(event, container.service, time_left=context.time_left if context is not None else None)
 
     return handler
 
@@ -187,7 +173,7 @@ class ScaleWorld:
                  service_factory: Callable[[Ports], Any] = default_service,
                  validate_dynamodb: bool = True, cluster: dict[str, Any] | None = None,
                  keep_invocations: bool = False, gang_fanout: bool = True,
-                 gang_worker_concurrency: int = GANG_WORKER_CONCURRENCY) -> None:
+                 gang_worker_concurrency: int = D.GANG_QUEUE.max_concurrency) -> None:
         self.sim = Simulation(seed=seed)
         self.sim.install_clock()
         # The recovery code's own jitter (contention back-off, health-check retries) draws from
@@ -210,48 +196,43 @@ class ScaleWorld:
         self.queues: dict[str, SqsQueue] = {}
         self.budgets: list[EcsCallBudget] = []  # every container's (their waits are measured)
         self.service_factory = service_factory
-        # The gang fan-out (infra/gang.py): its queue exists before any container is built.
+        # The queues (infra/gang.py, infra/tag_lookups.py) exist before any container is built.
         self.gang_fanout = gang_fanout
-        gang_queue = self.add_queue(GANG_QUEUE, visibility_timeout=GANG_VISIBILITY_TIMEOUT_SECONDS,
-                                    max_receive_count=GANG_MAX_RECEIVES) if gang_fanout else None
-        # infra/tag_lookups.py: unknown tasks' events, described 100 at a time.
-        lookups = self.add_queue(TAG_LOOKUP_QUEUE,
-                                 visibility_timeout=float(C.TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS),
-                                 max_receive_count=C.TAG_LOOKUP_MAX_RECEIVES)
+        sources = [q for q in D.QUEUES if gang_fanout or q is not D.GANG_QUEUE]
+        for source in sources:
+            self.add_queue(source.name, visibility_timeout=source.visibility_timeout_seconds,
+                           max_receive_count=source.max_receives)
+        gang_queue = self.queues.get(GANG_QUEUE)
         self.settings = replace(Settings(
             job_table=JOB_TABLE, instance_table=INSTANCE_TABLE, cluster=self.cluster.name,
             health_check_task=self.cluster.health_check_task, topic_arn=self.topic.arn,
             health_check_log_group=HEALTH_CHECK_LOG_GROUP,
             gang_queue_url=gang_queue.url if gang_queue is not None else "",
-            tag_lookup_queue_url=lookups.url), **(settings or {}))
-        timeouts = {**FUNCTION_TIMEOUTS, **(function_timeouts or {})}
-        for name, handle in EVENT_FUNCTIONS.items():
-            self.lambdas.add_function(name, on_container(handle), timeout=timeouts[name],
-                                      make_container=self.container, async_retries=ASYNC_RETRIES,
-                                      max_event_age=MAX_EVENT_AGE[name])
-        if gang_queue is not None:
-            self.lambdas.add_function(GANG_WORKER, on_container(gang_worker.handle),
-                                      timeout=GANG_WORKER_TIMEOUT_SECONDS, make_container=self.container,
+            tag_lookup_queue_url=self.queues[TAG_LOOKUP_QUEUE].url), **(settings or {}))
+        timeouts = {name: float(f.timeout_seconds) for name, f in D.FUNCTIONS.items()}
+        timeouts.update(function_timeouts or {})
+        for function in D.FUNCTIONS.values():
+            if function.retries is not None:  # invoked asynchronously (rules, schedules)
+                self.lambdas.add_function(function.name, on_container(HANDLES[function.name]),
+                                          timeout=timeouts[function.name], make_container=self.container,
+                                          async_retries=function.retries.attempts,
+                                          max_event_age=function.retries.max_event_age_seconds)
+        for source in sources:
+            self.lambdas.add_function(source.function, on_container(HANDLES[source.function]),
+                                      timeout=timeouts[source.function], make_container=self.container,
                                       async_retries=0)
-            gang_queue.attach(self.lambdas, GANG_WORKER, batch_size=GANG_BATCH_SIZE,
-                              max_concurrency=gang_worker_concurrency)
-        self.lambdas.add_function(TAG_LOOKUP_WORKER, on_container(tag_lookup_worker.handle),
-                                  timeout=float(C.TAG_LOOKUP_WORKER_TIMEOUT_SECONDS),
-                                  make_container=self.container, async_retries=0)
-        # The batching window: the poller waits that long for a batch to fill.
-        lookups.attach(self.lambdas, TAG_LOOKUP_WORKER, batch_size=C.TAG_LOOKUP_BATCH_SIZE,
-                       max_concurrency=C.TAG_LOOKUP_WORKER_CONCURRENCY,
-                       poll_delay=float(C.TAG_LOOKUP_BATCHING_WINDOW_SECONDS))
+            # The poller waits the batching window for a batch to fill (without one: its own delay).
+            self.queues[source.name].attach(
+                self.lambdas, source.function, batch_size=source.batch_size,
+                max_concurrency=gang_worker_concurrency if source is D.GANG_QUEUE else source.max_concurrency,
+                poll_delay=source.batching_window_seconds or POLL_DELAY_SECONDS)
         arn = self.cluster.arn
-        self.bus.add_rule("training-task-state", C.training_task_pattern(arn, self.settings.registration),
-                          "ecs_task_handler")
-        self.bus.add_rule("health-check-task-stopped", C.health_check_task_pattern(arn),
-                          "dcgm_task_monitor")
-        self.bus.add_rule("container-instance-state", C.container_instance_pattern(arn),
-                          "ecs_instance_monitor")
+        for rule in D.RULES:
+            self.bus.add_rule(rule.name, rule.pattern(arn, self.settings.registration), rule.function)
         if sweep_every_seconds:
-            self.bus.add_schedule("recovery-sweep", sweep_every_seconds, "recovery_sweep",
-                                  first_at=self.sim.now + self.sim.rng.uniform(0, sweep_every_seconds))
+            for schedule in D.SCHEDULES:
+                self.bus.add_schedule(schedule.name, sweep_every_seconds, schedule.function,
+                                      first_at=self.sim.now + self.sim.rng.uniform(0, sweep_every_seconds))
 
     def _context(self) -> tuple[str, str]:
         current = self.sim.current

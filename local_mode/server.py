@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -60,35 +60,18 @@ from gpu_recovery.constants import (
 )
 
 from .events import ACCOUNT_ID, REGION
+from .sim.lambda_context import LambdaContext
 
 API_ID = "local"
 STAGE = "prod"
 DEFAULT_USER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/local"
 MAX_REQUEST_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
+API_TIMEOUT_SECONDS = 29  # API Gateway's integration timeout: what an API Lambda has
 MAX_DRAIN_BYTES = 64 * 1024 * 1024  # read (and drop) at most this much of an oversized body
 NODE_ROUTES = tuple(f"/{path}" for _, path in NODE_API_ROUTES)
 CONTROL_ROUTES = tuple(f"/{path}" for _, path in CONTROL_API_ROUTES)
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
-
-
-@dataclass
-class LocalContext:
-    """The Lambda context fields Powertools reads."""
-
-    function_name: str
-    memory_limit_in_mb: int = 256
-    function_version: str = "$LATEST"
-    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    log_group_name: str = ""
-    log_stream_name: str = "local"
-
-    @property
-    def invoked_function_arn(self) -> str:
-        return f"arn:aws:lambda:{REGION}:{ACCOUNT_ID}:function:{self.function_name}"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 29_000
 
 
 @dataclass
@@ -270,7 +253,7 @@ class LocalApi:
                       f"{event['httpMethod']}{event['path']}")
         auth_event = {"type": "TOKEN", "authorizationToken": token, "methodArn": method_arn}
         try:
-            result = authorizer(auth_event, LocalContext(name))
+            result = authorizer(auth_event, LambdaContext(name, timeout_seconds=API_TIMEOUT_SECONDS))
         except Exception as error:
             if str(error) == "Unauthorized":
                 return gateway_error("UNAUTHORIZED")
@@ -295,7 +278,7 @@ class LocalApi:
     @staticmethod
     def _invoke(handler: Handler, event: dict[str, Any], name: str) -> ApiResponse:
         try:
-            result = handler(event, LocalContext(name))
+            result = handler(event, LambdaContext(name, timeout_seconds=API_TIMEOUT_SECONDS))
         except Exception:
             import logging
 

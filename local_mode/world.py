@@ -29,8 +29,9 @@ from gpu_recovery import runtime
 from gpu_recovery.repository import Repository
 
 from .emulator import LocalAws
-from .sim.bus import LambdaContext, LocalEventBus, Target
+from .sim.bus import LocalEventBus, Target
 from .sim.ecs import SimulatedEcs
+from .sim.lambda_context import LambdaContext
 from .sim.wiring import wire_recovery_handlers
 
 #: the deployed rate(1 minute) schedules of the heartbeat sweep and the queue scheduler

@@ -29,7 +29,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from gpu_recovery.constants import DEFAULT_HEALTH_CHECK_FAMILY, REGISTRATION_MODES
+from gpu_recovery.constants import (
+    DEFAULT_GANG_WORKER_CONCURRENCY,
+    DEFAULT_HEALTH_CHECK_FAMILY,
+    REGISTRATION_MODES,
+)
 from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
@@ -72,9 +76,6 @@ DEFAULT_INSTANCE_TAG_KEY = "gpu-recovery:cluster"
 DEFAULT_TRAINING_LOG_GROUPS = ("/ecs/*",)
 DEFAULT_TASK_ROLE_PREFIX = "gpu-training-"
 HANG_ACTIONS = ("notify", "recover")
-# Gang fan-out workers at once: SQS event sources allow 2..1000; 4 share the ECS budget
-# (~9 calls/s each at the default rate) and leave Lambda concurrency to the rest.
-DEFAULT_GANG_WORKER_CONCURRENCY = 4
 MAX_HEALTH_CHECKS = 10_000
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")

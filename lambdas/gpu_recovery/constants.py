@@ -89,17 +89,20 @@ FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 # an invocation that died: the next sweep or redelivery takes it over.
 RECOVERY_FUNCTION_TIMEOUT_SECONDS = 60
 CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
-# The gang fan-out's worker claims rank launches too, so it is a recovery function by the
-# rule above (its batches send the rest of themselves back before its time is up). Its
-# queue (infra/gang.py, local mode alike): visibility 6x the worker's timeout (AWS's
-# advice for Lambda event sources), a batch received this many times goes to the DLQ.
+# The gang fan-out's worker claims rank launches too: a recovery function by the rule above. Its
+# queue (infra/gang.py): visibility 6x its timeout (AWS's advice), the DLQ after this many receives.
 GANG_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
 GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 6 * GANG_WORKER_TIMEOUT_SECONDS
 GANG_QUEUE_MAX_RECEIVES = 5
-# Tag lookups (issue 28): a task with no rank and no registration convention is described
-# by a worker on this queue, up to 100 tasks per DescribeTasks (the API's limit; SQS batches
-# them, waiting up to the window), under the stack's Describe budget (its own token bucket
-# item: at most ECS_DESCRIBE_RATE_PER_SECOND, half the account's 20/s).
+GANG_BATCH_SIZE = 1  # a batch is up to 100 ranks of ECS work already
+DEFAULT_GANG_WORKER_CONCURRENCY = 4  # batches at once (the config's default; ~9 ECS calls/s each)
+# Lambda's async retries and event ages (event functions; scheduled ones), the sweep's rate and timeout.
+RECOVERY_ASYNC_RETRIES, RECOVERY_EVENT_MAX_AGE_SECONDS = 2, 2 * 3600
+RECOVERY_SWEEP_RATE_SECONDS, RECOVERY_SWEEP_TIMEOUT_SECONDS = 60, 55
+SCHEDULED_ASYNC_RETRIES, SCHEDULED_MAX_EVENT_AGE_SECONDS = 2, 5 * 60
+# Tag lookups (issue 28): a task with no rank and no registration convention is described by a
+# worker on this queue, up to 100 tasks per DescribeTasks (the API's limit; SQS batches them, waiting
+# up to the window), under the stack's Describe budget (its token bucket: ECS_DESCRIBE_RATE_PER_SECOND).
 ENV_TAG_LOOKUP_QUEUE_URL = "TAG_LOOKUP_QUEUE_URL"  # "": described inline by the task handler
 TAG_LOOKUP_BATCH_SIZE = 100
 TAG_LOOKUP_BATCHING_WINDOW_SECONDS = 2

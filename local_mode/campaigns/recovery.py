@@ -54,8 +54,8 @@ from gpu_recovery.domain.breaker import breaker as breaker_policy
 from gpu_recovery.domain.models import Job
 from gpu_recovery.repository import Repository
 
-from ..sim.bus import LambdaContext
 from ..sim.ecs import SimulatedEcs
+from ..sim.lambda_context import LambdaContext
 from ..world import World
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
 

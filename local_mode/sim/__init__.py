@@ -1,5 +1,9 @@
 """The one simulation layer every local app, campaign, bench and test runs on.
 
+Both worlds wire the recovery functions from :mod:`~local_mode.sim.deployment`: the
+deployed rules, schedule, queues and event sources, timeouts and Lambda's async retry policy,
+as data (checked against the synthesized template in tests/infra).
+
 The moto-backed world (demo, playground, scenarios, crash campaigns):
 
 * :mod:`~local_mode.sim.clock` — ``SimClock``: simulated time, moved only by the driver;
@@ -29,7 +33,7 @@ The timed world of the scale simulator (``make bench BENCH=scale``; wired by
 * :mod:`~local_mode.sim.aws_calls` — ``Account``, ``SimClient``: call latency, account-wide
   rate limits, botocore's standard retries and retry quota, call statistics.
 * :mod:`~local_mode.sim.lambdas` — ``LambdaService``: concurrency, containers, timeouts,
-  async retries (``LAMBDA_ASYNC_RETRY_DELAYS``, shared with ``wiring``), dead letters.
+  async retries (``deployment.LAMBDA_ASYNC_RETRY_DELAYS``), dead letters.
 * :mod:`~local_mode.sim.eventbridge` — ``EventBus``: deployed rule patterns, at-least-once
   delivery, schedules.
 * :mod:`~local_mode.sim.sqs` — ``SqsQueue``, ``SqsEventSource``: queues, redrive, the Lambda

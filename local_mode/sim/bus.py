@@ -44,34 +44,9 @@ from typing import Any
 from moto.events.models import EventPattern
 
 from .. import events as ev
+from .lambda_context import LambdaContext
 
 Target = Callable[[dict[str, Any], Any], Any]
-
-
-
-@dataclass
-class LambdaContext:
-    """The parts of the Lambda context object handlers and Powertools read."""
-
-    function_name: str
-    memory_limit_in_mb: int = 256
-    function_version: str = "$LATEST"
-    timeout_seconds: int = 300
-    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    region: str = ev.REGION
-    account: str = ev.ACCOUNT_ID
-    log_group_name: str = ""
-    log_stream_name: str = "local"
-
-    def __post_init__(self) -> None:
-        self.invoked_function_arn = (
-            f"arn:aws:lambda:{self.region}:{self.account}:function:{self.function_name}"
-        )
-        self.log_group_name = self.log_group_name or f"/aws/lambda/{self.function_name}"
-        self._deadline = _time.monotonic() + self.timeout_seconds
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - _time.monotonic()) * 1000))
 
 
 @dataclass

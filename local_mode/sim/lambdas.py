@@ -20,12 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .deployment import LAMBDA_ASYNC_RETRY_DELAYS
 from .engine import Process, Simulation
 
-#: Lambda asynchronous invocation: on a function error, 2 more attempts, the first about a
-#: minute after the failure and the second about two minutes after that (infra/recovery.py
-#: keeps the default 2). Both simulators use it (``local_mode.sim.wiring`` too).
-LAMBDA_ASYNC_RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0)
 # "About" a minute: Lambda's internal queue does not replay failures in lockstep (an
 # assumption of the model; exact delays would make every retry of a burst collide again).
 ASYNC_RETRY_JITTER = 5.0

@@ -23,6 +23,7 @@ from .lambdas import Invocation, LambdaService
 SQS_MAX_MESSAGE_BYTES = 256 * 1024  # the long-standing limit (stricter than today's 1 MiB)
 SQS_MAX_BATCH = 10
 SQS_MAX_DELAY_SECONDS = 900
+POLL_DELAY_SECONDS = 0.2  # Lambda's poller: a message is picked up this long after it is visible
 
 
 @dataclass
@@ -180,7 +181,7 @@ class SqsQueue:
 
     def attach(self, lambdas: LambdaService, function: str, *, batch_size: int = 10,
                max_concurrency: int | None = None, report_batch_item_failures: bool = True,
-               poll_delay: float = 0.2) -> SqsEventSource:
+               poll_delay: float = POLL_DELAY_SECONDS) -> SqsEventSource:
         """A Lambda event source mapping from this queue to ``function``."""
         timeout = lambdas.functions[function].timeout
         if self.visibility_timeout < timeout:

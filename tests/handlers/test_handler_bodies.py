@@ -16,7 +16,7 @@ from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingErro
 
 from gpu_recovery import runtime
 from gpu_recovery.recovery.ports import Outcome
-from local_mode.sim.bus import LambdaContext
+from local_mode.sim.lambda_context import LambdaContext
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "tests" / "events"
@@ -133,7 +133,7 @@ def test_lambda_handler_runs_the_body_with_runtimes_service_and_the_contexts_tim
 def test_the_scale_simulator_runs_the_handlers_bodies() -> None:
     from local_mode import scale_recovery as sr
 
-    assert {name: _handle(name) for name in sr.FUNCTION_TIMEOUTS} == sr.EVENT_FUNCTIONS
+    assert {name: _handle(name) for name in RECOVERY_HANDLERS} == sr.HANDLES
     with sr.ScaleWorld(seed=1, sweep_every_seconds=None, copies=1, keep_invocations=True) as world:
         world.lambdas.invoke_async("ecs_task_handler", {"detail-type": "x", "detail": "not an object"})
         world.lambdas.invoke_async("recovery_sweep", {})

@@ -16,7 +16,7 @@ from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState, RankState
 from local_mode.sim.api_errors import INTERNAL, THROTTLING
-from local_mode.sim.bus import LambdaContext
+from local_mode.sim.lambda_context import LambdaContext
 from tests.handlers.cluster import Cluster, cluster_with, make_cluster
 
 MIN = 60

@@ -6,13 +6,14 @@ import json
 from typing import Any
 
 from handlers import node_api
-from local_mode.server import LocalContext
+from local_mode.server import API_TIMEOUT_SECONDS
+from local_mode.sim.lambda_context import LambdaContext
 from tests.fixtures.events import load_event
 from tests.heartbeat.world import NODE
 
 
-def ctx(name: str = "node-api") -> LocalContext:
-    return LocalContext(name)
+def ctx(name: str = "node-api") -> LambdaContext:
+    return LambdaContext(name, timeout_seconds=API_TIMEOUT_SECONDS)
 
 
 def api_event(world, name: str, body: Any, node: str = NODE) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from gpu_recovery import constants as c
 from gpu_recovery.settings import JobsApiSettings, Settings
 from infra.config import RecoveryConfig
 from infra.stack import large_jobs_environment
-from local_mode.sim import wiring
+from local_mode.sim import deployment
 
 WORKER = "gang-worker"
 # Every function that may stop or start a gang: the recovery loop, the node API and the
@@ -60,10 +60,10 @@ def test_the_gang_queue_and_its_dead_letter_queue(default_synth: Synth) -> None:
     assert props["SqsManagedSseEnabled"] is True
     assert props["VisibilityTimeout"] == 6 * worker["Properties"]["Timeout"]
     assert props["VisibilityTimeout"] == c.GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS
-    assert props["VisibilityTimeout"] == wiring.GANG_VISIBILITY_TIMEOUT_SECONDS
+    assert props["VisibilityTimeout"] == deployment.GANG_QUEUE.visibility_timeout_seconds
     assert props["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]},
                                       "maxReceiveCount": c.GANG_QUEUE_MAX_RECEIVES}
-    assert c.GANG_QUEUE_MAX_RECEIVES == wiring.GANG_MAX_RECEIVES == 5
+    assert c.GANG_QUEUE_MAX_RECEIVES == deployment.GANG_QUEUE.max_receives == 5
     assert dlq["Properties"]["MessageRetentionPeriod"] == 14 * 24 * 3600
     assert dlq["Properties"]["SqsManagedSseEnabled"] is True
     policies = default_synth.resources("AWS::SQS::QueuePolicy").values()

@@ -1,51 +1,77 @@
-"""The scale simulator models the recovery functions the stack deploys: their timeouts and
-Lambda's asynchronous retries and event ages (local_mode/scale_recovery.py)."""
+"""The simulated worlds wire the recovery functions from one table,
+``local_mode/sim/deployment.py``: its rules, schedule, queues, timeouts and Lambda's
+asynchronous retries are the synthesized template's."""
 
 from __future__ import annotations
 
-from infra_synth import Synth
+from typing import Any
 
-from gpu_recovery import constants as c
-from local_mode.scale_recovery import ASYNC_RETRIES, FUNCTION_TIMEOUTS, MAX_EVENT_AGE
+from infra_synth import CLUSTER_ARN, Synth
+
+from local_mode.sim import deployment as D
 
 
-def test_the_scale_simulator_uses_the_deployed_timeouts_and_retries(default_synth: Synth) -> None:
+def _function_ids(synth: Synth) -> dict[str, str]:
+    """handler module name -> logical id of its function."""
+    functions = synth.resources("AWS::Lambda::Function")
+    return {f["Properties"]["Handler"].split(".")[1]: logical for logical, f in functions.items()}
+
+
+def _targets(synth: Synth, rule: dict[str, Any]) -> list[str]:
+    ids = {logical: name for name, logical in _function_ids(synth).items()}
+    return [ids[t["Arn"]["Fn::GetAtt"][0]] for t in rule["Properties"]["Targets"]]
+
+
+def test_the_tables_functions_have_the_deployed_timeouts_and_async_retries(default_synth: Synth) -> None:
     functions = default_synth.resources("AWS::Lambda::Function")
     configs = default_synth.resources("AWS::Lambda::EventInvokeConfig").values()
-    by_handler = {f["Properties"]["Handler"]: logical for logical, f in functions.items()}
-    for name, timeout in FUNCTION_TIMEOUTS.items():
-        logical = by_handler[f"handlers.{name}.lambda_handler"]
-        assert functions[logical]["Properties"]["Timeout"] == timeout, name
-        (config,) = [c for c in configs if c["Properties"]["FunctionName"]["Ref"] == logical]
-        assert config["Properties"]["MaximumRetryAttempts"] == ASYNC_RETRIES, name
-        assert config["Properties"]["MaximumEventAgeInSeconds"] == MAX_EVENT_AGE[name], name
+    ids = _function_ids(default_synth)
+    for name, function in D.FUNCTIONS.items():
+        logical = ids[name]
+        assert functions[logical]["Properties"]["Handler"] == function.handler
+        assert functions[logical]["Properties"]["Timeout"] == function.timeout_seconds, name
+        invoke_configs = [c["Properties"] for c in configs
+                          if c["Properties"]["FunctionName"]["Ref"] == logical]
+        if function.retries is None:  # a queue worker: its event source invokes it, synchronously
+            assert invoke_configs == [], name
+            continue
+        (config,) = invoke_configs
+        assert config["MaximumRetryAttempts"] == function.retries.attempts, name
+        assert len(function.retries.delays) >= function.retries.attempts, name
+        assert config["MaximumEventAgeInSeconds"] == function.retries.max_event_age_seconds, name
 
 
-def test_the_scale_simulator_models_the_deployed_gang_queue_and_worker(default_synth: Synth) -> None:
-    """The gang fan-out in the simulator: the worker's timeout, the queue's visibility timeout
-    and redrive, the event source's batch size and maximum concurrency, as deployed."""
-    from local_mode import scale_recovery as sr
+def test_the_tables_rules_and_schedules_are_the_deployed_ones(default_synth: Synth) -> None:
+    """Each event rule: the deployed pattern (the default registration, "both") to its one
+    function; each schedule: its rate to its function; nothing else targets these functions."""
+    deployed_patterns: dict[str, dict[str, Any]] = {}
+    deployed_rates: dict[str, str] = {}
+    for rule in default_synth.resources("AWS::Events::Rule").values():
+        targets = [t for t in _targets(default_synth, rule) if t in D.FUNCTIONS]
+        if not targets:
+            continue
+        (function,) = targets
+        if "EventPattern" in rule["Properties"]:
+            deployed_patterns[function] = rule["Properties"]["EventPattern"]
+        else:
+            deployed_rates[function] = rule["Properties"]["ScheduleExpression"]
+    assert deployed_patterns == {rule.function: rule.pattern(CLUSTER_ARN, "both") for rule in D.RULES}
+    assert deployed_rates == {s.function: f"rate({s.every_seconds / 60:g} minute)" for s in D.SCHEDULES}
+    assert all(s.every_seconds == 60 for s in D.SCHEDULES)  # the rate expression above is singular
 
-    functions = default_synth.resources("AWS::Lambda::Function")
-    (worker,) = [f for f in functions.values()
-                 if f["Properties"]["Handler"] == f"handlers.{sr.GANG_WORKER}.lambda_handler"]
-    assert worker["Properties"]["Timeout"] == sr.GANG_WORKER_TIMEOUT_SECONDS
-    worker_id = next(k for k, f in functions.items() if f is worker)
-    (mapping,) = [m for m in default_synth.resources("AWS::Lambda::EventSourceMapping").values()
-                  if m["Properties"]["FunctionName"] == {"Ref": worker_id}]
-    props = mapping["Properties"]
-    assert props["BatchSize"] == sr.GANG_BATCH_SIZE
-    assert props["ScalingConfig"] == {"MaximumConcurrency": sr.GANG_WORKER_CONCURRENCY}
-    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
-    queues = [q["Properties"] for q in default_synth.resources("AWS::SQS::Queue").values()
-              if "RedrivePolicy" in q["Properties"]]
-    assert sorted((q["VisibilityTimeout"], q["RedrivePolicy"]["maxReceiveCount"]) for q in queues) == sorted([
-        (sr.GANG_VISIBILITY_TIMEOUT_SECONDS, sr.GANG_MAX_RECEIVES),
-        (c.TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS, c.TAG_LOOKUP_MAX_RECEIVES)])
-    handler = f"handlers.{sr.TAG_LOOKUP_WORKER}.lambda_handler"
-    lookup_worker_id = next(k for k, f in functions.items() if f["Properties"]["Handler"] == handler)
-    (lookups,) = [m["Properties"] for m in default_synth.resources("AWS::Lambda::EventSourceMapping").values()
-                  if m["Properties"]["FunctionName"] == {"Ref": lookup_worker_id}]
-    assert lookups["BatchSize"] == c.TAG_LOOKUP_BATCH_SIZE
-    assert lookups["MaximumBatchingWindowInSeconds"] == c.TAG_LOOKUP_BATCHING_WINDOW_SECONDS
-    assert lookups["ScalingConfig"] == {"MaximumConcurrency": c.TAG_LOOKUP_WORKER_CONCURRENCY}
+
+def test_the_tables_queues_and_event_sources_are_the_deployed_ones(default_synth: Synth) -> None:
+    """Each worker's event source (batch size, batching window, maximum concurrency, partial
+    batch responses) and its queue (visibility timeout, redrive after so many receives)."""
+    ids = _function_ids(default_synth)
+    queues = default_synth.resources("AWS::SQS::Queue")
+    mappings = [m["Properties"] for m in default_synth.resources("AWS::Lambda::EventSourceMapping").values()]
+    for source in D.QUEUES:
+        (mapping,) = [m for m in mappings if m["FunctionName"] == {"Ref": ids[source.function]}]
+        assert mapping["BatchSize"] == source.batch_size, source.name
+        assert mapping.get("MaximumBatchingWindowInSeconds", 0) == source.batching_window_seconds, source.name
+        assert mapping["ScalingConfig"] == {"MaximumConcurrency": source.max_concurrency}, source.name
+        assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"], source.name
+        queue = queues[mapping["EventSourceArn"]["Fn::GetAtt"][0]]["Properties"]
+        assert queue["VisibilityTimeout"] == source.visibility_timeout_seconds, source.name
+        assert queue["RedrivePolicy"]["maxReceiveCount"] == source.max_receives, source.name

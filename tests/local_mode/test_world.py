@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
+from local_mode.sim.deployment import TAG_LOOKUP_QUEUE
 from local_mode.sim.wiring import GANG_QUEUE, SWEEP_SCHEDULE
 from local_mode.world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, build_world
 
@@ -18,8 +19,8 @@ def test_a_ranks_stopped_event_reaches_the_task_handler_through_the_bus() -> Non
     with build_world(duplicate_delivery=True) as world:
         assert [r.name for r in world.bus.rules] == RULES
         assert set(world.handlers) == {"ecs_task_handler", "dcgm_task_monitor", "ecs_instance_monitor",
-                                       "recovery_sweep", "gang_worker"}
-        assert GANG_QUEUE in world.bus.queues
+                                       "recovery_sweep", "gang_worker", "tag_lookup_worker"}
+        assert GANG_QUEUE in world.bus.queues and TAG_LOOKUP_QUEUE.name in world.bus.queues
         world.ecs.add_node("node-a")
         td = world.ecs.register_training_task_definition("train", gpus=8)
         world.ecs.plan_family("train", run_seconds=120, exit_code=0)
@@ -29,6 +30,31 @@ def test_a_ranks_stopped_event_reaches_the_task_handler_through_the_bus() -> Non
                       if d.rule == "training-task-state" and d.target == "ecs_task_handler" and d.ok]
         assert any(d.duplicate for d in to_handler)
         assert runtime.recovery_service().repo.get_job("one-rank").state is C.JobState.COMPLETE
+
+
+def test_a_job_registered_by_its_tags_alone_is_registered_through_the_tag_lookup_worker() -> None:
+    """Given a world wired as infra deploys it (the tag lookup queue and its worker)
+    When an external launcher starts a two-rank job with only the recovery tags (no job item,
+    no registration convention) and its ranks run
+    Then the task handler queues each task for a lookup instead of describing it, the worker
+    gets both in one batch (one DescribeTasks for the two), and registers the job and its ranks."""
+    with build_world() as world:
+        assert world.aws.env[C.ENV_TAG_LOOKUP_QUEUE_URL] == world.aws.tag_lookup_queue_url
+        world.ecs.add_node("node-a")
+        world.ecs.add_node("node-b")
+        td = world.ecs.register_training_task_definition("train", gpus=8)
+        arns = world.ecs.start_job("by-tags", td, ["node-a", "node-b"])
+        world.ecs.run_for(120)
+        handled = [d for d in world.bus.delivered_to("ecs_task_handler") if d.rule == "training-task-state"]
+        assert [d.result["action"] for d in handled] == ["lookup_queued", "lookup_queued"]
+        assert world.bus.queues[TAG_LOOKUP_QUEUE.name].sent == 2
+        (lookup,) = world.bus.delivered_to("tag_lookup_worker")
+        assert lookup.ok and lookup.result == {"batchItemFailures": []}
+        repo = world.repo
+        job = repo.get_job("by-tags")
+        assert job is not None and job.state is C.JobState.RUNNING and job.world_size == 2
+        assert world.job("by-tags")["source"] == "ecs-tags"
+        assert [(r.rank, r.task_arn) for r in repo.get_ranks(job)] == list(enumerate(arns))
 
 
 def test_the_schedules_are_the_ones_asked_for() -> None:
