@@ -52,6 +52,7 @@ import contextlib
 import json
 import os
 import secrets
+from functools import partial
 from typing import Any
 
 from gpu_recovery import constants as C
@@ -257,7 +258,7 @@ class SimulatedEcs(GpuFaults):
                 node = self._node_or_none(task_desc.get("containerInstanceArn", ""))
                 if node is None or task_desc["taskArn"] in self.tasks:
                     continue
-                gpu_ids = (node.reservations.get(rid) or [])
+                gpu_ids = (node.reservations.get(rid) if rid is not None else None) or []
                 td, needed = self._gpus_needed(params["taskDefinition"], params.get("overrides"))
                 gpu_ids, rest = gpu_ids[:needed], gpu_ids[needed:]
                 if rid in node.reservations:
@@ -393,7 +394,7 @@ class SimulatedEcs(GpuFaults):
                 continue
             node.status = str(ci.get("status") or node.status)  # moto's record answers the API
             self._log("node", f"container instance -> {ci.get('status')}", node.name)
-            self.schedule(self.now(), lambda n=node: [self._ci_event(n)], "ci state")
+            self.schedule(self.now(), partial(self._ci_events, node), "ci state")
 
     def _after_reboot_instances(
         self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]

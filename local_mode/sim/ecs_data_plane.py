@@ -115,6 +115,10 @@ class DataPlane:
             node.version += 1
             return self._instance_state_change(node)
 
+    def _ci_events(self, node: Node) -> list[dict[str, Any]]:
+        """A scheduled action's answer: the instance's state-change event."""
+        return [self._ci_event(node)]
+
     # ================================================================ plans
     def plan_family(self, family: str, run_seconds: float | None, exit_code: int = 0) -> None:
         """Tasks of ``family`` started from now on run ``run_seconds`` (None: until
