@@ -157,15 +157,16 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         # a limit of 1 (the cluster-full step below).
         assert stable_shard("n0", 2) == 0
         step("claim hc", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
-                                                         cluster=2, now=now[0]).value)
+                                                         cluster=2, now=now[0]).outcome.value)
         step("claim hc again", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
-                                                               cluster=5, now=now[0]).value)
+                                                               cluster=5, now=now[0]).outcome.value)
         n1 = repo.get_instance("n1")
         assert n1 is not None
-        step("claim hc, job full", lambda: repo.claim_health_check(n1, "sb-3", now[0] + 75, owner="j1",
-                                                                   per_job=1, cluster=5, now=now[0]).value)
+        step("claim hc, job full", lambda: repo.claim_health_check(
+            n1, "sb-3", now[0] + 75, owner="j1", per_job=1, cluster=5, now=now[0]).outcome.value)
         step("claim hc, cluster full", lambda: repo.claim_health_check(
-            n1, "sb-3", now[0] + 75, owner="j1", per_job=9, cluster=1, now=now[0]).value)
+            n1, "sb-3", now[0] + 75, owner="j1", per_job=9, cluster=1,
+            now=now[0]).outcome.value)
         step("wait for a slot", lambda: repo.wait_for_health_check_slot(n1, "j1", now[0]))
         step("waiting", lambda: repo.slots.waiting("j1", 10))
         step("running", lambda: repo.slots.running())

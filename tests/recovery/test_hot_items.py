@@ -36,7 +36,7 @@ def _pending(repo: Repository, node: str, job: str = "j1") -> Instance:
 
 def _claim(repo: Repository, instance: Instance, *, cluster: int, per_job: int = 10_000) -> Claim:
     return repo.claim_health_check(instance, f"sb-{instance.container_inst_id}", T0 + 75,
-                                   owner="j1", per_job=per_job, cluster=cluster, now=T0)
+                                   owner="j1", per_job=per_job, cluster=cluster, now=T0).outcome
 
 
 def _shard_counts(repo: Repository) -> dict[int | None, int]:
@@ -61,6 +61,38 @@ def test_a_claim_takes_a_slot_on_its_nodes_shard_and_records_it() -> None:
     assert claimed is not None and claimed.hc_slot_shard == stable_shard("n1", C.HEALTH_CHECK_SLOT_SHARDS)
     assert _shard_counts(repo) == {claimed.hc_slot_shard: 1}
     assert repo.slots.running() == 1
+
+
+@pytest.mark.parametrize("per_job", [10_000, 4])
+def test_a_claim_answers_with_the_instance_as_it_wrote_it(per_job: int) -> None:
+    """The claimer needs no read after its claim: the answer carries the shard and the job
+    slot the claim recorded (what the release gives back), as a read would find them."""
+    repo = _repo()
+    home = 7
+    nodes = _nodes_of_shard(home, C.HEALTH_CHECK_SLOT_SHARDS, 2)
+    first = _pending(repo, nodes[0])
+    assert _claim(repo, first, cluster=16, per_job=per_job) is Claim.CLAIMED  # takes shard 7's one slot
+    second = _pending(repo, nodes[1])
+    answer = repo.claim_health_check(second, "sb-2", T0 + 75, owner="j1", per_job=per_job, cluster=16,
+                                     now=T0 + 1)
+    stored = repo.get_instance(nodes[1])
+    assert answer.outcome is Claim.CLAIMED and answer.instance is not None and stored is not None
+    assert answer.instance.hc_slot_shard == stored.hc_slot_shard == home + 1  # not its home shard
+    assert answer.instance.hc_job_slot is stored.hc_job_slot is (per_job < 16)
+    for name in ("state", "hc_started_by", "hc_lease_until", "hc_owner", "hc_claimed_at",
+                 "hc_waiting_for_slot", "deadline_at", "hc_start_attempts", "hc_requested_at"):
+        assert getattr(answer.instance, name) == getattr(stored, name), name
+    # Released with what the answer says: the slots it took are given back.
+    assert repo.release_health_check_claim(answer.instance, "sb-2", placement_failed=False, retry_at=T0 + 30)
+    assert _shard_counts(repo) == {home: 1}
+
+
+def test_a_claim_that_took_nothing_answers_without_an_instance() -> None:
+    repo = _repo()
+    instance = _pending(repo, "n1")
+    assert _claim(repo, instance, cluster=8) is Claim.CLAIMED
+    again = repo.claim_health_check(instance, "sb-n1", T0 + 75, owner="j1", per_job=10_000, cluster=8, now=T0)
+    assert again.outcome is Claim.RACED and again.instance is None
 
 
 def test_a_full_shard_sends_the_claim_to_the_next_one_with_room() -> None:

@@ -224,21 +224,17 @@ class HealthChecks:
         claimed = self.deps.repo.claim_health_check(
             instance, started_by, now + CLAIM_LEASE_SECONDS, owner=owner,
             per_job=settings.max_health_checks_per_job, cluster=settings.max_health_checks_in_flight, now=now)
-        if claimed in (Claim.CLUSTER_FULL, Claim.JOB_FULL):
+        if claimed.outcome in (Claim.CLUSTER_FULL, Claim.JOB_FULL):
             if not instance.hc_waiting_for_slot:
                 self.deps.repo.wait_for_health_check_slot(instance, owner, now)
                 logger.info("health check waits for a slot", extra={"instance": inst_id, "job_id": owner,
-                                                                    "why": claimed.value})
+                                                                    "why": claimed.outcome.value})
             return None
-        if claimed is not Claim.CLAIMED:
+        if claimed.instance is None:
             return None
-        # The instance as claimed (read again): a release gives the slot back to the shard
-        # and the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
-        claim = self.deps.repo.get_instance(inst_id)
-        if claim is None or claim.state is not InstanceState.HEALTH_CHECKING \
-                or claim.hc_started_by != started_by:
-            return None
-        return self._start(claim, started_by, look_up_first=False)
+        # The instance as the claim wrote it: a release gives the slot back to the shard and
+        # the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
+        return self._start(claimed.instance, started_by, look_up_first=False)
 
     def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
         """A slot of ``job_id``'s was given back: start its next waiting checks."""
