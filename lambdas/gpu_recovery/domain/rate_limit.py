@@ -38,14 +38,21 @@ class Reservation:
     wait_seconds: float  # 0 when granted; else how long until ``tokens`` would be granted
 
 
-def reserve(tat: float | None, now: float, tokens: int, bucket: TokenBucket) -> Reservation:
-    """Take ``tokens`` (at most ``bucket.burst``) at ``now`` from a bucket whose TAT is ``tat``."""
+def reserve(tat: float | None, now: float, tokens: int, bucket: TokenBucket,
+            ahead: float = 0.0) -> Reservation:
+    """Take ``tokens`` (at most ``bucket.burst``) at ``now`` from a bucket whose TAT is ``tat``.
+
+    ``ahead``: tokens due within that many seconds may be reserved now (granted, with the
+    ``wait_seconds`` to let pass before the call): callers who take their turn this way are
+    served in the order they reserved, none woken to find its token taken by another."""
     tokens = max(1, min(tokens, bucket.burst))
     base = max(tat if tat is not None else now, now)
     new_tat = base + tokens / bucket.rate
     wait = new_tat - now - bucket.burst / bucket.rate
     if wait <= 1e-9:
         return Reservation(True, new_tat, 0.0)
+    if wait <= ahead + 1e-9:
+        return Reservation(True, new_tat, wait)
     return Reservation(False, base if tat is not None else now, wait)
 
 

@@ -54,6 +54,14 @@ from gpu_recovery.repository.health_check_slots import Claim
 logger = logging.getLogger(__name__)
 
 RETRY_INTERVAL_SECONDS = 60
+# A cascade's suspects ask for their DCGM StartTask at once, past the stack's ECS budget
+# (burst 90, 36 a second): each reserves its token and waits its turn, up to this long on
+# the rank's exit event (well inside the function's timeout; ~990 tokens' worth), up to
+# START_TURN_SECONDS elsewhere (the sweep keeps a margin of 12 s, a verdict's kick may
+# follow up to 25 s of verdict rounds). A check whose turn is further off is not claimed:
+# it stays pending, due when its token is, for the sweep (no failed invocation, no retry).
+EVENT_START_TURN_SECONDS = 25.0
+START_TURN_SECONDS = 5.0
 # A running check is looked at this often by the sweep: a verdict event that never
 # arrived is read from DescribeTasks instead.
 POLL_SECONDS = 300
@@ -101,12 +109,13 @@ class HealthChecks:
         repo = self.deps.repo
         instance = repo.get_instance(inst_id)
         if instance is not None and instance.state in HEALTH_CHECK_STATES and job.job_id in instance.hc_jobs:
-            return self._start_read(instance) or "waiting_for_gpus"  # joined by an earlier delivery
+            # joined by an earlier delivery
+            return self._start_read(instance, turn_within=EVENT_START_TURN_SECONDS) or "waiting_for_gpus"
         now = clock.now()
         opened = repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS)
         if not opened and not repo.join_health_check(inst_id, job.job_id):
             return self._instance_busy(job, inst_id)
-        return self.start_if_ready(inst_id) or "waiting_for_gpus"
+        return self.start_if_ready(inst_id, turn_within=EVENT_START_TURN_SECONDS) or "waiting_for_gpus"
 
     def _instance_busy(self, job: Job, inst_id: str) -> str:
         """The instance is already rebooting or quarantined (another job's fault): the
@@ -194,12 +203,13 @@ class HealthChecks:
         return "observed"
 
     # -------------------------------------------------------------------- start
-    def start_if_ready(self, inst_id: str) -> str | None:
-        """Start the DCGM task once the instance's GPUs are free; finish a dead claim."""
+    def start_if_ready(self, inst_id: str, *, turn_within: float = START_TURN_SECONDS) -> str | None:
+        """Start the DCGM task once the instance's GPUs are free; finish a dead claim.
+        ``turn_within``: how long it may wait for its turn at the ECS budget."""
         instance = self.deps.repo.get_instance(inst_id)
-        return self._start_read(instance) if instance is not None else None
+        return self._start_read(instance, turn_within=turn_within) if instance is not None else None
 
-    def _start_read(self, instance: Instance) -> str | None:
+    def _start_read(self, instance: Instance, *, turn_within: float = START_TURN_SECONDS) -> str | None:
         inst_id = instance.container_inst_id
         now = clock.now()
         if instance.state is InstanceState.HEALTH_CHECKING:
@@ -207,7 +217,7 @@ class HealthChecks:
                 return None  # running, or its claimer may still be starting it
             if not self.deps.repo.take_over_health_check_claim(instance, now + CLAIM_LEASE_SECONDS, now):
                 return None
-            return self._start(instance, instance.hc_started_by, look_up_first=True)
+            return self._start(instance, instance.hc_started_by, look_up_first=True, turn_within=turn_within)
         if instance.state is not InstanceState.HEALTH_CHECK_PENDING:
             return None
         if instance.hc_start_attempts and not instance.hc_waiting_for_slot \
@@ -218,6 +228,9 @@ class HealthChecks:
             logger.info("health check waits for GPUs", extra={
                 "instance": inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
             return None
+        if not self._take_turn(instance, turn_within):
+            return None
+        now = clock.now()  # after the turn: the claim's lease runs from here
         started_by = health_check_started_by(instance)
         owner = instance.check_owner
         settings = self.deps.settings
@@ -236,6 +249,21 @@ class HealthChecks:
         # the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
         return self._start(claimed.instance, started_by, look_up_first=False)
 
+    def _take_turn(self, instance: Instance, turn_within: float) -> bool:
+        """The StartTask's token, before the claim (claims of a burst land at the budget's
+        pace, not all at once on the slot shards). A turn further off than ``turn_within``:
+        the check stays pending, due when its token is (the sweep starts it then)."""
+        try:
+            self.deps.ecs.prepay(1, in_turn_within=turn_within)
+        except RateLimited as limited:
+            logger.info("health check waits for its turn at the ECS budget", extra={
+                "instance": instance.container_inst_id, "wait_s": round(limited.wait_seconds, 1)})
+            self.deps.metrics.add_metric("HealthCheckStartsDeferred", "Count", 1)
+            self.deps.repo.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECK_PENDING,
+                                          clock.now() + limited.wait_seconds)
+            return False
+        return True
+
     def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
         """A slot of ``job_id``'s was given back: start its next waiting checks."""
         started = []
@@ -245,7 +273,10 @@ class HealthChecks:
                 started.append(inst_id)
         return started
 
-    def _start(self, instance: Instance, started_by: str, *, look_up_first: bool) -> str | None:
+    def _start(self, instance: Instance, started_by: str, *, look_up_first: bool,
+               turn_within: float = START_TURN_SECONDS) -> str | None:
+        """StartTask on the claimed instance (its token prepaid by the claimer; a claim taken
+        over waits for its turn here)."""
         inst_id = instance.container_inst_id
         repo = self.deps.repo
         if look_up_first:
@@ -254,6 +285,8 @@ class HealthChecks:
                 self._record_task(instance, started_by, found[0])
                 return found[0]
         try:
+            if look_up_first:
+                self.deps.ecs.prepay(1, in_turn_within=turn_within)
             result = self.deps.ecs.start_task(
                 task_definition=self.deps.settings.health_check_task,
                 container_instance_arn=instance.container_instance_arn or inst_id,
@@ -263,10 +296,11 @@ class HealthChecks:
         except RateLimited as limited:
             # The stack's ECS budget had no token in time: StartTask was never called. The
             # slot is given back at once (not held until the claim's lease expires) and the
-            # check is tried again when a token is due (the retried event, or the sweep).
+            # check is tried again when a token is due (by the sweep; no failed invocation).
             repo.release_health_check_claim(instance, started_by, placement_failed=False,
                                             retry_at=clock.now() + limited.wait_seconds)
-            raise
+            self.deps.metrics.add_metric("HealthCheckStartsDeferred", "Count", 1)
+            return None
         except Exception as error:
             if refused(error):  # nothing was started: the next try may start it
                 repo.release_health_check_claim(instance, started_by, placement_failed=False,

@@ -27,11 +27,11 @@ class RateLimitRepository:
         """The stack's DescribeTasks budget's item (the tag lookups')."""
         return cls(base, ECS_DESCRIBE_RATE_ITEM_KEY)
 
-    def reserve(self, tokens: int, bucket: TokenBucket, now: float) -> Reservation:
+    def reserve(self, tokens: int, bucket: TokenBucket, now: float, ahead: float = 0.0) -> Reservation:
         for _ in range(_ROUNDS):
             item = from_ddb(self.base.db.get(self.table, {INSTANCE_PK: self.key}) or {})
             tat = item.get("tat")
-            decided = reserve(None if tat is None else float(tat), now, tokens, bucket)
+            decided = reserve(None if tat is None else float(tat), now, tokens, bucket, ahead)
             if not decided.granted:
                 return decided
             if tat is None:
