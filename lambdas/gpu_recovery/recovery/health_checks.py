@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -102,19 +103,24 @@ class HealthChecks:
         self.remediation = remediation
 
     # ------------------------------------------------------------ open / join
-    def request(self, job: Job, inst_id: str) -> str:
-        """Open or join the health check of an instance (at most one per instance)."""
+    def request(self, job: Job, inst_id: str, *, opened: Callable[[], None] | None = None) -> str:
+        """Open or join the health check of an instance (at most one per instance).
+        ``opened``: called once the check is open or joined (its instance's deadline then
+        brings the sweep to it), before the start waits for its turn at the ECS budget."""
         if not self.deps.policy.modes.executes(Effect.HEALTH_CHECK):
             return self._diag_observed(job, inst_id)
         repo = self.deps.repo
         instance = repo.get_instance(inst_id)
         if instance is not None and instance.state in HEALTH_CHECK_STATES and job.job_id in instance.hc_jobs:
-            # joined by an earlier delivery
+            if opened is not None:  # joined by an earlier delivery
+                opened()
             return self._start_read(instance, turn_within=EVENT_START_TURN_SECONDS) or "waiting_for_gpus"
         now = clock.now()
-        opened = repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS)
-        if not opened and not repo.join_health_check(inst_id, job.job_id):
+        if not repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS) \
+                and not repo.join_health_check(inst_id, job.job_id):
             return self._instance_busy(job, inst_id)
+        if opened is not None:
+            opened()
         return self.start_if_ready(inst_id, turn_within=EVENT_START_TURN_SECONDS) or "waiting_for_gpus"
 
     def _instance_busy(self, job: Job, inst_id: str) -> str:
