@@ -97,12 +97,13 @@ def test_a_claim_that_took_nothing_answers_without_an_instance() -> None:
 
 def test_a_full_shard_sends_the_claim_to_the_next_one_with_room() -> None:
     repo = _repo()
-    # A limit of 32 over 16 shards: 2 each. Three nodes of one shard: the third goes elsewhere.
-    assert shard_shares(32, C.HEALTH_CHECK_SLOT_SHARDS) == [2] * 16
+    # A limit of twice the shards: 2 each. Three nodes of one shard: the third goes elsewhere.
+    limit = 2 * C.HEALTH_CHECK_SLOT_SHARDS
+    assert shard_shares(limit, C.HEALTH_CHECK_SLOT_SHARDS) == [2] * C.HEALTH_CHECK_SLOT_SHARDS
     home = 5
     nodes = _nodes_of_shard(home, C.HEALTH_CHECK_SLOT_SHARDS, 3)
     for node in nodes:
-        assert _claim(repo, _pending(repo, node), cluster=32) is Claim.CLAIMED
+        assert _claim(repo, _pending(repo, node), cluster=limit) is Claim.CLAIMED
     third = repo.get_instance(nodes[2])
     assert third is not None and third.hc_slot_shard == home + 1  # the next shard round the ring
     assert _shard_counts(repo) == {home: 2, home + 1: 1}
