@@ -60,3 +60,25 @@ def test_without_a_turn_the_budget_waits_as_before(now: list[float]) -> None:
     assert now[0] == pytest.approx(1000.25)
     with pytest.raises(RateLimited):
         budget.acquire(2)  # 0.5 s: past its 0.3 s
+
+
+def test_the_budget_item_serves_a_burst_in_turn_with_one_write_each(now: list[float]) -> None:
+    """The repository's reservation ahead against the in-memory DynamoDB: a TAT moved by an
+    atomic ADD (no read first) while the turn is within reach; one further off is refused
+    with its wait, the item unchanged."""
+    from gpu_recovery import constants as C
+    from gpu_recovery.repository import Repository
+    from gpu_recovery.repository.rate_limit import RateLimitRepository
+    from local_mode.sim.dynamo import MemoryDynamo
+
+    jobs, instances = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
+    db = MemoryDynamo({jobs: "job", instances: "instance"})
+    store = RateLimitRepository(Repository(db, jobs, instances))
+    bucket = TokenBucket(rate=4, burst=2)
+    waits = [store.reserve(1, bucket, 1000.0, 1.0) for _ in range(6)]
+    assert all(w.granted for w in waits)
+    assert [w.wait_seconds for w in waits] == pytest.approx([0.0, 0.0, 0.25, 0.5, 0.75, 1.0])
+    refused = store.reserve(1, bucket, 1000.0, 1.0)
+    assert not refused.granted and refused.wait_seconds == pytest.approx(1.25)
+    assert store.reserve(1, bucket, 1000.0 + 0.25, 1.0).granted  # a token's time later: in reach again
+    assert db.meter.total.calls["GetItem"] == 1  # the refusal's read only

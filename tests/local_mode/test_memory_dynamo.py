@@ -140,6 +140,13 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         at = now[0]
         step("budget 5", lambda: budget.reserve(5, bucket, at))
         step("budget 1 more", lambda: budget.reserve(1, bucket, at))
+        # In turn (ahead): moved by atomic ADDs while within reach, then refused with a wait.
+        step("budget in turn", lambda: budget.reserve(1, bucket, at, 0.25))
+        step("budget in turn 2", lambda: budget.reserve(2, bucket, at, 0.25))
+        step("budget in turn, too far", lambda: budget.reserve(1, bucket, at, 0.25))
+        step("budget in turn, later", lambda: budget.reserve(1, bucket, at + 60, 0.25))
+        step("budget in turn, fresh item", lambda: RateLimitRepository(repo, "RATE#test-fresh").reserve(
+            3, bucket, at, 1.0))
         step("stop rank 3", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))
         step("stop rank 3 again", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))
         step("job", lambda: repo.get_job("j1"))

@@ -56,6 +56,19 @@ def reserve(tat: float | None, now: float, tokens: int, bucket: TokenBucket,
     return Reservation(False, base if tat is not None else now, wait)
 
 
+def latest_tat_to_reserve(now: float, tokens: int, bucket: TokenBucket, ahead: float) -> float:
+    """The latest TAT from which ``tokens`` can still be reserved at ``now`` within ``ahead``
+    (``reserve`` grants exactly when ``max(tat, now)`` is at most this): a condition a
+    store can check while it moves the TAT in one atomic write."""
+    tokens = max(1, min(tokens, bucket.burst))
+    return now + bucket.burst / bucket.rate + ahead - tokens / bucket.rate + 1e-9
+
+
+def reserved_at(new_tat: float, now: float, bucket: TokenBucket) -> Reservation:
+    """The reservation whose write moved the TAT to ``new_tat``: granted, due after the wait."""
+    return Reservation(True, new_tat, max(0.0, new_tat - now - bucket.burst / bucket.rate))
+
+
 def floor_seconds(calls: int, *, burst: int = ECS_ACCOUNT_BURST, rate: float = ECS_ACCOUNT_RATE) -> float:
     """The least time the account bucket alone needs for ``calls`` control-plane calls."""
     return max(0.0, (calls - burst) / rate)
