@@ -82,3 +82,13 @@ def test_the_budget_item_serves_a_burst_in_turn_with_one_write_each(now: list[fl
     assert not refused.granted and refused.wait_seconds == pytest.approx(1.25)
     assert store.reserve(1, bucket, 1000.0 + 0.25, 1.0).granted  # a token's time later: in reach again
     assert db.meter.total.calls["GetItem"] == 1  # the refusal's read only
+    # A caller that does not take a turn reads the TAT the ADDs left (more digits than a
+    # float: steps of 1/36 s on an epoch time) and moves it from there once its token is due.
+    other = RateLimitRepository(Repository(db, jobs, instances), "RATE#test-mixed")
+    account = TokenBucket(rate=36, burst=3)
+    t0 = 1_800_000_000.1
+    assert all(other.reserve(1, account, t0, 5.0).granted for _ in range(20))
+    assert not other.reserve(1, account, t0 + 0.1).granted  # not due yet
+    later = other.reserve(1, account, t0 + 10.0)
+    assert later.granted and later.wait_seconds == 0.0
+    assert other.reserve(1, account, t0 + 10.0).granted

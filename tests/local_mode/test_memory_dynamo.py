@@ -145,6 +145,9 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("budget in turn 2", lambda: budget.reserve(2, bucket, at, 0.25))
         step("budget in turn, too far", lambda: budget.reserve(1, bucket, at, 0.25))
         step("budget in turn, later", lambda: budget.reserve(1, bucket, at + 60, 0.25))
+        step("budget in turn, again", lambda: budget.reserve(1, bucket, at + 60, 0.25))
+        step("budget after turns", lambda: budget.reserve(1, bucket, at + 60.05))
+        step("budget after turns, again", lambda: budget.reserve(1, bucket, at + 60.05))
         step("budget in turn, fresh item", lambda: RateLimitRepository(repo, "RATE#test-fresh").reserve(
             3, bucket, at, 1.0))
         step("stop rank 3", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))

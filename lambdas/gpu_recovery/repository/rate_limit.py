@@ -37,8 +37,9 @@ class RateLimitRepository:
         if ahead > 0:
             return self._reserve_ahead(tokens, bucket, now, ahead)
         for _ in range(_ROUNDS):
-            item = from_ddb(self.base.db.get(self.table, {INSTANCE_PK: self.key}) or {})
-            tat = item.get("tat")
+            # The TAT as stored (a Decimal: one moved by ADD carries more digits than a float),
+            # so that the condition compares it with itself.
+            tat = (self.base.db.get(self.table, {INSTANCE_PK: self.key}) or {}).get("tat")
             decided = reserve(None if tat is None else float(tat), now, tokens, bucket, ahead)
             if not decided.granted:
                 return decided
