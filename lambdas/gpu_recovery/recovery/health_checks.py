@@ -59,8 +59,9 @@ RETRY_INTERVAL_SECONDS = 60
 # (burst 90, 36 a second): each reserves its token and waits its turn, up to this long on
 # the rank's exit event (well inside the function's timeout; ~990 tokens' worth), up to
 # START_TURN_SECONDS elsewhere (the sweep keeps a margin of 12 s, a verdict's kick may
-# follow up to 25 s of verdict rounds). A check whose turn is further off is not claimed:
-# it stays pending, due when its token is, for the sweep (no failed invocation, no retry).
+# follow up to 25 s of verdict rounds), its claim's lease (75 s) keeping a redelivered
+# event from reserving a second token. A check whose turn is further off gives its claim
+# back: pending, due when its token is, for the sweep (no failed invocation, no retry).
 EVENT_START_TURN_SECONDS = 25.0
 START_TURN_SECONDS = 5.0
 # A running check is looked at this often by the sweep: a verdict event that never
@@ -234,9 +235,6 @@ class HealthChecks:
             logger.info("health check waits for GPUs", extra={
                 "instance": inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
             return None
-        if not self._take_turn(instance, turn_within):
-            return None
-        now = clock.now()  # after the turn: the claim's lease runs from here
         started_by = health_check_started_by(instance)
         owner = instance.check_owner
         settings = self.deps.settings
@@ -253,22 +251,7 @@ class HealthChecks:
             return None
         # The instance as the claim wrote it: a release gives the slot back to the shard and
         # the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
-        return self._start(claimed.instance, started_by, look_up_first=False)
-
-    def _take_turn(self, instance: Instance, turn_within: float) -> bool:
-        """The StartTask's token, before the claim (claims of a burst land at the budget's
-        pace, not all at once on the slot shards). A turn further off than ``turn_within``:
-        the check stays pending, due when its token is (the sweep starts it then)."""
-        try:
-            self.deps.ecs.prepay(1, in_turn_within=turn_within)
-        except RateLimited as limited:
-            logger.info("health check waits for its turn at the ECS budget", extra={
-                "instance": instance.container_inst_id, "wait_s": round(limited.wait_seconds, 1)})
-            self.deps.metrics.add_metric("HealthCheckStartsDeferred", "Count", 1)
-            self.deps.repo.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECK_PENDING,
-                                          clock.now() + limited.wait_seconds)
-            return False
-        return True
+        return self._start(claimed.instance, started_by, look_up_first=False, turn_within=turn_within)
 
     def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
         """A slot of ``job_id``'s was given back: start its next waiting checks."""
@@ -281,8 +264,9 @@ class HealthChecks:
 
     def _start(self, instance: Instance, started_by: str, *, look_up_first: bool,
                turn_within: float = START_TURN_SECONDS) -> str | None:
-        """StartTask on the claimed instance (its token prepaid by the claimer; a claim taken
-        over waits for its turn here)."""
+        """StartTask on the claimed instance, once its turn at the ECS budget has come (the
+        claim, leased for longer than any turn, keeps a redelivered event from taking a
+        token of its own)."""
         inst_id = instance.container_inst_id
         repo = self.deps.repo
         if look_up_first:
@@ -291,8 +275,7 @@ class HealthChecks:
                 self._record_task(instance, started_by, found[0])
                 return found[0]
         try:
-            if look_up_first:
-                self.deps.ecs.prepay(1, in_turn_within=turn_within)
+            self.deps.ecs.prepay(1, in_turn_within=turn_within)
             result = self.deps.ecs.start_task(
                 task_definition=self.deps.settings.health_check_task,
                 container_instance_arn=instance.container_instance_arn or inst_id,
@@ -300,7 +283,7 @@ class HealthChecks:
                 tags=[{"key": "gpu-recovery:purpose", "value": "dcgm-health-check"}],
             )
         except RateLimited as limited:
-            # The stack's ECS budget had no token in time: StartTask was never called. The
+            # The stack's ECS budget has no turn in time: StartTask was never called. The
             # slot is given back at once (not held until the claim's lease expires) and the
             # check is tried again when a token is due (by the sweep; no failed invocation).
             repo.release_health_check_claim(instance, started_by, placement_failed=False,
