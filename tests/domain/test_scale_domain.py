@@ -58,6 +58,27 @@ def test_the_gcra_grants_the_burst_then_the_rate() -> None:
     assert floor_seconds(2047) == pytest.approx((2047 - 100) / 40) and floor_seconds(50) == 0.0
 
 
+def test_a_reservation_ahead_takes_the_next_token_and_says_when_it_is_due() -> None:
+    bucket = TokenBucket(rate=10, burst=2)
+    now = 1000.0
+    first = reserve(None, now, 1, bucket, ahead=1.0)
+    second = reserve(first.tat, now, 1, bucket, ahead=1.0)
+    assert first.granted and second.granted and first.wait_seconds == second.wait_seconds == 0.0
+    waits = []
+    tat = second.tat
+    for _ in range(10):  # then one every 0.1 s, in the order they were reserved
+        decided = reserve(tat, now, 1, bucket, ahead=1.0)
+        if not decided.granted:
+            break
+        tat = decided.tat
+        waits.append(decided.wait_seconds)
+    assert waits == pytest.approx([0.1 * i for i in range(1, 11)])
+    refused = reserve(tat, now, 1, bucket, ahead=1.0)  # due in 1.1 s: too far off
+    assert not refused.granted and refused.wait_seconds == pytest.approx(1.1) and refused.tat == tat
+    # Without ``ahead`` nothing changes: a token not due now is refused.
+    assert not reserve(second.tat, now, 1, bucket).granted
+
+
 def test_identical_ranks_share_a_start_call_on_distinct_nodes_only() -> None:
     same = spec_key("td:1", {"containerOverrides": []}, "", 1, [{"key": "gpu-recovery:rank", "value": "3"}],
                     ["gpu-recovery:rank"])

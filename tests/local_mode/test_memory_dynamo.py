@@ -140,6 +140,16 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         at = now[0]
         step("budget 5", lambda: budget.reserve(5, bucket, at))
         step("budget 1 more", lambda: budget.reserve(1, bucket, at))
+        # In turn (ahead): moved by atomic ADDs while within reach, then refused with a wait.
+        step("budget in turn", lambda: budget.reserve(1, bucket, at, 0.25))
+        step("budget in turn 2", lambda: budget.reserve(2, bucket, at, 0.25))
+        step("budget in turn, too far", lambda: budget.reserve(1, bucket, at, 0.25))
+        step("budget in turn, later", lambda: budget.reserve(1, bucket, at + 60, 0.25))
+        step("budget in turn, again", lambda: budget.reserve(1, bucket, at + 60, 0.25))
+        step("budget after turns", lambda: budget.reserve(1, bucket, at + 60.05))
+        step("budget after turns, again", lambda: budget.reserve(1, bucket, at + 60.05))
+        step("budget in turn, fresh item", lambda: RateLimitRepository(repo, "RATE#test-fresh").reserve(
+            3, bucket, at, 1.0))
         step("stop rank 3", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))
         step("stop rank 3 again", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))
         step("job", lambda: repo.get_job("j1"))
@@ -157,15 +167,16 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         # a limit of 1 (the cluster-full step below).
         assert stable_shard("n0", 2) == 0
         step("claim hc", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
-                                                         cluster=2, now=now[0]).value)
+                                                         cluster=2, now=now[0]).outcome.value)
         step("claim hc again", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
-                                                               cluster=5, now=now[0]).value)
+                                                               cluster=5, now=now[0]).outcome.value)
         n1 = repo.get_instance("n1")
         assert n1 is not None
-        step("claim hc, job full", lambda: repo.claim_health_check(n1, "sb-3", now[0] + 75, owner="j1",
-                                                                   per_job=1, cluster=5, now=now[0]).value)
+        step("claim hc, job full", lambda: repo.claim_health_check(
+            n1, "sb-3", now[0] + 75, owner="j1", per_job=1, cluster=5, now=now[0]).outcome.value)
         step("claim hc, cluster full", lambda: repo.claim_health_check(
-            n1, "sb-3", now[0] + 75, owner="j1", per_job=9, cluster=1, now=now[0]).value)
+            n1, "sb-3", now[0] + 75, owner="j1", per_job=9, cluster=1,
+            now=now[0]).outcome.value)
         step("wait for a slot", lambda: repo.wait_for_health_check_slot(n1, "j1", now[0]))
         step("waiting", lambda: repo.slots.waiting("j1", 10))
         step("running", lambda: repo.slots.running())

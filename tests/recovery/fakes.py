@@ -68,6 +68,7 @@ class FakeEcs:
     spare_nodes: list[str] = field(default_factory=list)
     start_calls: list[int] = field(default_factory=list)  # instances per StartTask call
     prepaid: int = 0
+    described: list[str] = field(default_factory=list)  # DescribeContainerInstances, one node each
     attributes: dict[str, set[str]] = field(default_factory=dict)  # node -> custom attributes
     attribute_values: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> name -> value
     attribute_calls: list[tuple[str, str, str]] = field(default_factory=list)
@@ -104,7 +105,12 @@ class FakeEcs:
     def stop_task(self, task_arn: str, reason: str) -> None:
         self.stop_calls.append(task_arn)
 
-    def prepay(self, calls: int) -> None:
+    def prepay(self, calls: int, *, in_turn_within: float | None = None) -> None:
+        # A turn (the DCGM start's) too far off at the budget:
+        if in_turn_within is not None and self._fault("prepay_in_turn") == "rate_limited":
+            from gpu_recovery.adapters.ecs_budget import RateLimited
+
+            raise RateLimited(7.0)
         self.prepaid += calls
 
     def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]:
@@ -127,6 +133,7 @@ class FakeEcs:
 
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None:
         node = container_instance.rsplit("/", 1)[-1]
+        self.described.append(node)
         return {"containerInstanceArn": ci_arn(node), "status": "ACTIVE",
                 "agentConnected": self.agent_connected.get(node, True),
                 "version": self.versions.get(node, 1), "ec2InstanceId": f"i-{node}"}

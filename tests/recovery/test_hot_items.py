@@ -38,7 +38,7 @@ def _pending(repo: Repository, node: str, job: str = "j1") -> Instance:
 
 def _claim(repo: Repository, instance: Instance, *, cluster: int, per_job: int = 10_000) -> Claim:
     return repo.claim_health_check(instance, f"sb-{instance.container_inst_id}", T0 + 75,
-                                   owner="j1", per_job=per_job, cluster=cluster, now=T0)
+                                   owner="j1", per_job=per_job, cluster=cluster, now=T0).outcome
 
 
 def _shard_counts(repo: Repository) -> dict[int | None, int]:
@@ -65,14 +65,47 @@ def test_a_claim_takes_a_slot_on_its_nodes_shard_and_records_it() -> None:
     assert repo.slots.running() == 1
 
 
+@pytest.mark.parametrize("per_job", [10_000, 4])
+def test_a_claim_answers_with_the_instance_as_it_wrote_it(per_job: int) -> None:
+    """The claimer needs no read after its claim: the answer carries the shard and the job
+    slot the claim recorded (what the release gives back), as a read would find them."""
+    repo = _repo()
+    home = 7
+    nodes = _nodes_of_shard(home, C.HEALTH_CHECK_SLOT_SHARDS, 2)
+    first = _pending(repo, nodes[0])
+    assert _claim(repo, first, cluster=16, per_job=per_job) is Claim.CLAIMED  # takes shard 7's one slot
+    second = _pending(repo, nodes[1])
+    answer = repo.claim_health_check(second, "sb-2", T0 + 75, owner="j1", per_job=per_job, cluster=16,
+                                     now=T0 + 1)
+    stored = repo.get_instance(nodes[1])
+    assert answer.outcome is Claim.CLAIMED and answer.instance is not None and stored is not None
+    assert answer.instance.hc_slot_shard == stored.hc_slot_shard == home + 1  # not its home shard
+    assert answer.instance.hc_job_slot is stored.hc_job_slot is (per_job < 16)
+    for name in ("state", "hc_started_by", "hc_lease_until", "hc_owner", "hc_claimed_at",
+                 "hc_waiting_for_slot", "deadline_at", "hc_start_attempts", "hc_requested_at"):
+        assert getattr(answer.instance, name) == getattr(stored, name), name
+    # Released with what the answer says: the slots it took are given back.
+    assert repo.release_health_check_claim(answer.instance, "sb-2", placement_failed=False, retry_at=T0 + 30)
+    assert _shard_counts(repo) == {home: 1}
+
+
+def test_a_claim_that_took_nothing_answers_without_an_instance() -> None:
+    repo = _repo()
+    instance = _pending(repo, "n1")
+    assert _claim(repo, instance, cluster=8) is Claim.CLAIMED
+    again = repo.claim_health_check(instance, "sb-n1", T0 + 75, owner="j1", per_job=10_000, cluster=8, now=T0)
+    assert again.outcome is Claim.RACED and again.instance is None
+
+
 def test_a_full_shard_sends_the_claim_to_the_next_one_with_room() -> None:
     repo = _repo()
-    # A limit of 32 over 16 shards: 2 each. Three nodes of one shard: the third goes elsewhere.
-    assert shard_shares(32, C.HEALTH_CHECK_SLOT_SHARDS) == [2] * 16
+    # A limit of twice the shards: 2 each. Three nodes of one shard: the third goes elsewhere.
+    limit = 2 * C.HEALTH_CHECK_SLOT_SHARDS
+    assert shard_shares(limit, C.HEALTH_CHECK_SLOT_SHARDS) == [2] * C.HEALTH_CHECK_SLOT_SHARDS
     home = 5
     nodes = _nodes_of_shard(home, C.HEALTH_CHECK_SLOT_SHARDS, 3)
     for node in nodes:
-        assert _claim(repo, _pending(repo, node), cluster=32) is Claim.CLAIMED
+        assert _claim(repo, _pending(repo, node), cluster=limit) is Claim.CLAIMED
     third = repo.get_instance(nodes[2])
     assert third is not None and third.hc_slot_shard == home + 1  # the next shard round the ring
     assert _shard_counts(repo) == {home: 2, home + 1: 1}
@@ -254,9 +287,10 @@ def test_the_total_landing_after_the_last_verdict_concludes_the_fault() -> None:
 
 def test_a_dcgm_start_the_ecs_budget_refuses_gives_its_slot_back_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A large fault's checks are claimed at once and queue for the stack's ECS budget: one
-    that gets no token in time never called StartTask, so its claim is released at once (not
-    held until its lease expires, then looked up) and it is tried again when a token is due."""
+    """A check whose StartTask gets no token in time (a claim taken over, or another caller
+    took the prepaid token's place) never called StartTask, so its claim is released at once
+    (not held until its lease expires, then looked up) and it is tried again when a token is
+    due, by the sweep; the invocation does not fail (no Lambda retry)."""
     from gpu_recovery.adapters.ecs_budget import RateLimited
 
     with world() as w:
@@ -270,15 +304,14 @@ def test_a_dcgm_start_the_ecs_budget_refuses_gives_its_slot_back_at_once(
                 raise RateLimited(3.0)
             return real(**kwargs)
         monkeypatch.setattr(w.ecs, "start_task", limited_once)
-        with pytest.raises(RateLimited):  # the invocation fails: Lambda retries the event
-            w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
         instance = w.repo.get_instance("node-0")
         assert instance is not None and instance.state.value == "HEALTH_CHECK_PENDING"
         assert instance.hc_start_attempts == 0 and instance.deadline_at == w.now[0] + 3.0
         assert w.repo.slots.running() == 0  # the slot is free again, on the shard it was taken on
         assert _shard_counts(w.repo) == {}
         w.advance(3)
-        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))  # Lambda's retry
+        w.service.sweep()
         assert [t.last_status for t in w.ecs.health_checks_on("node-0")] == ["RUNNING"]
         assert w.repo.slots.running() == 1
         claimed = w.repo.get_instance("node-0")

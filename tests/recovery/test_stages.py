@@ -7,6 +7,7 @@ import contextlib
 
 import pytest
 
+from gpu_recovery import constants as C
 from gpu_recovery.constants import CLAIM_LEASE_SECONDS, InstanceState, JobState, RankState
 from tests.recovery.fakes import LostResponse, World, world
 
@@ -270,3 +271,48 @@ def test_every_node_is_checked_when_configured() -> None:
         [task] = w.ecs.health_checks_on(PEER)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
         assert w.repo.get_job("j").attempt == 2
+
+
+def test_a_verdict_that_leaves_the_node_alone_looks_up_no_ec2_instance_id() -> None:
+    """Registration leaves the node's EC2 id out: a reboot verdict describes the node once
+    (the action depends on it), a healthy one (a cascade's peers, hundreds at once) not."""
+    with world(check_all_nodes_on_fault=True) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        fault(w, arns)
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        for node in (PEER, FAULTY):
+            w.repo.db.table("instances").update_item(Key={C.INSTANCE_PK: node},
+                                                     UpdateExpression="REMOVE ec2_instance_id")
+        described = len(w.ecs.described)
+        [healthy] = w.ecs.health_checks_on(PEER)
+        w.service.on_health_check_stopped(w.health_check_stopped(healthy, 0))
+        assert w.repo.get_instance(PEER).state is InstanceState.AVAILABLE
+        assert PEER not in w.ecs.described[described:]
+        [sick] = w.ecs.health_checks_on(FAULTY)
+        w.service.on_health_check_stopped(w.health_check_stopped(sick, 1))
+        assert w.ecs.described[described:] == [FAULTY]
+        assert w.repo.get_instance(FAULTY).ec2_instance_id == f"i-{FAULTY}"
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+
+
+def test_a_check_whose_turn_at_the_ecs_budget_is_far_off_waits_pending_for_the_sweep() -> None:
+    """Given the stack's ECS budget has no turn for the DCGM StartTask within the event's
+    patience, Then the rank's exit is handled without an error (no Lambda retry), the check
+    is not claimed (no slot held) and stays pending, due when its token is; the sweep then
+    starts it, once."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.ecs.failures["prepay_in_turn"] = ["rate_limited"]
+        fault(w, arns)
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is InstanceState.HEALTH_CHECK_PENDING and not instance.hc_started_by
+        assert instance.deadline_at == pytest.approx(w.now[0] + 7.0, abs=1.0)
+        assert w.ecs.health_checks_on(FAULTY) == [] and w.repo.slots.running() == 0
+        w.advance(8)
+        w.service.sweep()
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        w.advance(60)
+        w.service.sweep()
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1

@@ -45,12 +45,13 @@ class EcsAdapter:
         self._credits = 0
         self._lock = threading.Lock()
 
-    def prepay(self, calls: int) -> None:
+    def prepay(self, calls: int, *, in_turn_within: float | None = None) -> None:
         """Take the tokens of ``calls`` coming control-plane calls at once (one write to the
-        budget for a whole batch); may raise ``RateLimited``."""
+        budget for a whole batch); may raise ``RateLimited``. ``in_turn_within``: reserve
+        them if due within that many seconds and wait for their turn (``EcsCallBudget``)."""
         if calls <= 0:
             return
-        self.budget.acquire(calls)
+        self.budget.acquire(calls, in_turn_within=in_turn_within)
         with self._lock:
             self._credits += calls
 

@@ -38,15 +38,35 @@ class Reservation:
     wait_seconds: float  # 0 when granted; else how long until ``tokens`` would be granted
 
 
-def reserve(tat: float | None, now: float, tokens: int, bucket: TokenBucket) -> Reservation:
-    """Take ``tokens`` (at most ``bucket.burst``) at ``now`` from a bucket whose TAT is ``tat``."""
+def reserve(tat: float | None, now: float, tokens: int, bucket: TokenBucket,
+            ahead: float = 0.0) -> Reservation:
+    """Take ``tokens`` (at most ``bucket.burst``) at ``now`` from a bucket whose TAT is ``tat``.
+
+    ``ahead``: tokens due within that many seconds may be reserved now (granted, with the
+    ``wait_seconds`` to let pass before the call): callers who take their turn this way are
+    served in the order they reserved, none woken to find its token taken by another."""
     tokens = max(1, min(tokens, bucket.burst))
     base = max(tat if tat is not None else now, now)
     new_tat = base + tokens / bucket.rate
     wait = new_tat - now - bucket.burst / bucket.rate
     if wait <= 1e-9:
         return Reservation(True, new_tat, 0.0)
+    if wait <= ahead + 1e-9:
+        return Reservation(True, new_tat, wait)
     return Reservation(False, base if tat is not None else now, wait)
+
+
+def latest_tat_to_reserve(now: float, tokens: int, bucket: TokenBucket, ahead: float) -> float:
+    """The latest TAT from which ``tokens`` can still be reserved at ``now`` within ``ahead``
+    (``reserve`` grants exactly when ``max(tat, now)`` is at most this): a condition a
+    store can check while it moves the TAT in one atomic write."""
+    tokens = max(1, min(tokens, bucket.burst))
+    return now + bucket.burst / bucket.rate + ahead - tokens / bucket.rate + 1e-9
+
+
+def reserved_at(new_tat: float, now: float, bucket: TokenBucket) -> Reservation:
+    """The reservation whose write moved the TAT to ``new_tat``: granted, due after the wait."""
+    return Reservation(True, new_tat, max(0.0, new_tat - now - bucket.burst / bucket.rate))
 
 
 def floor_seconds(calls: int, *, burst: int = ECS_ACCOUNT_BURST, rate: float = ECS_ACCOUNT_RATE) -> float:

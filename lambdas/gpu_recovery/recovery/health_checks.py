@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -54,6 +55,15 @@ from gpu_recovery.repository.health_check_slots import Claim
 logger = logging.getLogger(__name__)
 
 RETRY_INTERVAL_SECONDS = 60
+# A cascade's suspects ask for their DCGM StartTask at once, past the stack's ECS budget
+# (burst 90, 36 a second): each reserves its token and waits its turn, up to this long on
+# the rank's exit event (well inside the function's timeout; ~990 tokens' worth), up to
+# START_TURN_SECONDS elsewhere (the sweep keeps a margin of 12 s, a verdict's kick may
+# follow up to 25 s of verdict rounds), its claim's lease (75 s) keeping a redelivered
+# event from reserving a second token. A check whose turn is further off gives its claim
+# back: pending, due when its token is, for the sweep (no failed invocation, no retry).
+EVENT_START_TURN_SECONDS = 25.0
+START_TURN_SECONDS = 5.0
 # A running check is looked at this often by the sweep: a verdict event that never
 # arrived is read from DescribeTasks instead.
 POLL_SECONDS = 300
@@ -94,19 +104,25 @@ class HealthChecks:
         self.remediation = remediation
 
     # ------------------------------------------------------------ open / join
-    def request(self, job: Job, inst_id: str) -> str:
-        """Open or join the health check of an instance (at most one per instance)."""
+    def request(self, job: Job, inst_id: str, *, opened: Callable[[], None] | None = None) -> str:
+        """Open or join the health check of an instance (at most one per instance).
+        ``opened``: called once the check is open or joined (its instance's deadline then
+        brings the sweep to it), before the start waits for its turn at the ECS budget."""
         if not self.deps.policy.modes.executes(Effect.HEALTH_CHECK):
             return self._diag_observed(job, inst_id)
         repo = self.deps.repo
         instance = repo.get_instance(inst_id)
         if instance is not None and instance.state in HEALTH_CHECK_STATES and job.job_id in instance.hc_jobs:
-            return self._start_read(instance) or "waiting_for_gpus"  # joined by an earlier delivery
+            if opened is not None:  # joined by an earlier delivery
+                opened()
+            return self._start_read(instance, turn_within=EVENT_START_TURN_SECONDS) or "waiting_for_gpus"
         now = clock.now()
-        opened = repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS)
-        if not opened and not repo.join_health_check(inst_id, job.job_id):
+        if not repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS) \
+                and not repo.join_health_check(inst_id, job.job_id):
             return self._instance_busy(job, inst_id)
-        return self.start_if_ready(inst_id) or "waiting_for_gpus"
+        if opened is not None:
+            opened()
+        return self.start_if_ready(inst_id, turn_within=EVENT_START_TURN_SECONDS) or "waiting_for_gpus"
 
     def _instance_busy(self, job: Job, inst_id: str) -> str:
         """The instance is already rebooting or quarantined (another job's fault): the
@@ -194,12 +210,13 @@ class HealthChecks:
         return "observed"
 
     # -------------------------------------------------------------------- start
-    def start_if_ready(self, inst_id: str) -> str | None:
-        """Start the DCGM task once the instance's GPUs are free; finish a dead claim."""
+    def start_if_ready(self, inst_id: str, *, turn_within: float = START_TURN_SECONDS) -> str | None:
+        """Start the DCGM task once the instance's GPUs are free; finish a dead claim.
+        ``turn_within``: how long it may wait for its turn at the ECS budget."""
         instance = self.deps.repo.get_instance(inst_id)
-        return self._start_read(instance) if instance is not None else None
+        return self._start_read(instance, turn_within=turn_within) if instance is not None else None
 
-    def _start_read(self, instance: Instance) -> str | None:
+    def _start_read(self, instance: Instance, *, turn_within: float = START_TURN_SECONDS) -> str | None:
         inst_id = instance.container_inst_id
         now = clock.now()
         if instance.state is InstanceState.HEALTH_CHECKING:
@@ -207,7 +224,7 @@ class HealthChecks:
                 return None  # running, or its claimer may still be starting it
             if not self.deps.repo.take_over_health_check_claim(instance, now + CLAIM_LEASE_SECONDS, now):
                 return None
-            return self._start(instance, instance.hc_started_by, look_up_first=True)
+            return self._start(instance, instance.hc_started_by, look_up_first=True, turn_within=turn_within)
         if instance.state is not InstanceState.HEALTH_CHECK_PENDING:
             return None
         if instance.hc_start_attempts and not instance.hc_waiting_for_slot \
@@ -224,21 +241,17 @@ class HealthChecks:
         claimed = self.deps.repo.claim_health_check(
             instance, started_by, now + CLAIM_LEASE_SECONDS, owner=owner,
             per_job=settings.max_health_checks_per_job, cluster=settings.max_health_checks_in_flight, now=now)
-        if claimed in (Claim.CLUSTER_FULL, Claim.JOB_FULL):
+        if claimed.outcome in (Claim.CLUSTER_FULL, Claim.JOB_FULL):
             if not instance.hc_waiting_for_slot:
                 self.deps.repo.wait_for_health_check_slot(instance, owner, now)
                 logger.info("health check waits for a slot", extra={"instance": inst_id, "job_id": owner,
-                                                                    "why": claimed.value})
+                                                                    "why": claimed.outcome.value})
             return None
-        if claimed is not Claim.CLAIMED:
+        if claimed.instance is None:
             return None
-        # The instance as claimed (read again): a release gives the slot back to the shard
-        # and the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
-        claim = self.deps.repo.get_instance(inst_id)
-        if claim is None or claim.state is not InstanceState.HEALTH_CHECKING \
-                or claim.hc_started_by != started_by:
-            return None
-        return self._start(claim, started_by, look_up_first=False)
+        # The instance as the claim wrote it: a release gives the slot back to the shard and
+        # the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
+        return self._start(claimed.instance, started_by, look_up_first=False, turn_within=turn_within)
 
     def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
         """A slot of ``job_id``'s was given back: start its next waiting checks."""
@@ -249,7 +262,11 @@ class HealthChecks:
                 started.append(inst_id)
         return started
 
-    def _start(self, instance: Instance, started_by: str, *, look_up_first: bool) -> str | None:
+    def _start(self, instance: Instance, started_by: str, *, look_up_first: bool,
+               turn_within: float = START_TURN_SECONDS) -> str | None:
+        """StartTask on the claimed instance, once its turn at the ECS budget has come (the
+        claim, leased for longer than any turn, keeps a redelivered event from taking a
+        token of its own)."""
         inst_id = instance.container_inst_id
         repo = self.deps.repo
         if look_up_first:
@@ -258,6 +275,7 @@ class HealthChecks:
                 self._record_task(instance, started_by, found[0])
                 return found[0]
         try:
+            self.deps.ecs.prepay(1, in_turn_within=turn_within)
             result = self.deps.ecs.start_task(
                 task_definition=self.deps.settings.health_check_task,
                 container_instance_arn=instance.container_instance_arn or inst_id,
@@ -265,12 +283,13 @@ class HealthChecks:
                 tags=[{"key": "gpu-recovery:purpose", "value": "dcgm-health-check"}],
             )
         except RateLimited as limited:
-            # The stack's ECS budget had no token in time: StartTask was never called. The
+            # The stack's ECS budget has no turn in time: StartTask was never called. The
             # slot is given back at once (not held until the claim's lease expires) and the
-            # check is tried again when a token is due (the retried event, or the sweep).
+            # check is tried again when a token is due (by the sweep; no failed invocation).
             repo.release_health_check_claim(instance, started_by, placement_failed=False,
                                             retry_at=clock.now() + limited.wait_seconds)
-            raise
+            self.deps.metrics.add_metric("HealthCheckStartsDeferred", "Count", 1)
+            return None
         except Exception as error:
             if refused(error):  # nothing was started: the next try may start it
                 repo.release_health_check_claim(instance, started_by, placement_failed=False,

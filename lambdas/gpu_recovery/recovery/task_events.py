@@ -416,9 +416,15 @@ class TaskEvents:
         if suspect is not None and not suspect.pending:
             faults.health_check_requested(suspect)
             return "decided"  # a redelivery: its verdict is in already
-        result = self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id)
-        if suspect is not None:
-            faults.health_check_requested(suspect)
+        marked: list[bool] = []
+
+        def opened() -> None:  # the check is open: its instance's deadline is the sweep's now
+            if suspect is not None and not marked:
+                faults.health_check_requested(suspect)
+                marked.append(True)
+
+        result = self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id, opened=opened)
+        opened()
         return result
 
     def on_attempt_ended(self, job: Job, attempt: int) -> str:

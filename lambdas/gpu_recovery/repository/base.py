@@ -123,7 +123,7 @@ class Update:
     add_to_sets: dict[str, set[Any]] = field(default_factory=dict)
     delete_from_sets: dict[str, set[Any]] = field(default_factory=dict)
     remove_fields: list[str] = field(default_factory=list)
-    increments: dict[str, int] = field(default_factory=dict)
+    increments: Mapping[str, float] = field(default_factory=dict)  # an atomic ADD (counts, a TAT)
     set_if_absent: dict[str, Any] = field(default_factory=dict)  # SET a = if_not_exists(a, v)
     history_entry: dict[str, Any] | None = None
     condition: str | None = None
@@ -160,7 +160,7 @@ class Update:
             values[f":s{i}"] = to_ddb(value)
             sets.append(f"{name(attr)} = :s{i}")
         for i, (attr, amount) in enumerate(self.increments.items()):
-            values[f":inc{i}"] = amount
+            values[f":inc{i}"] = to_ddb(amount)
             values[":zero"] = 0
             n = name(attr)
             sets.append(f"{n} = if_not_exists({n}, :zero) + :inc{i}")

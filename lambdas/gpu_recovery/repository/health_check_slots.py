@@ -22,7 +22,7 @@ minutes (one whose jobs all moved on is let go).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -52,6 +52,23 @@ class Claim(str, Enum):
     RACED = "raced"  # the instance moved on (another delivery claimed it)
     CLUSTER_FULL = "cluster_full"
     JOB_FULL = "job_full"
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What a claim took: its outcome and, when CLAIMED, the cluster shard its slot is on."""
+
+    outcome: Claim
+    shard: int | None = None
+
+
+@dataclass(frozen=True)
+class HealthCheckClaim:
+    """A claim's outcome and, when CLAIMED, the instance as the claim wrote it (the shard
+    and the job slot it recorded, which its release gives back): no read after the claim."""
+
+    outcome: Claim
+    instance: Instance | None = None
 
 
 class HealthCheckSlots:
@@ -85,23 +102,24 @@ class HealthCheckSlots:
         is never the limit, and is not counted."""
         return per_job < cluster
 
-    def claim(self, claim: Update, owner: str, *, per_job: int | None, cluster: int) -> Claim:
+    def claim(self, claim: Update, owner: str, *, per_job: int | None, cluster: int) -> Taken:
         """The instance's claim (``claim``, built by the repository, keyed by the instance)
         with a slot of the cluster's and one of ``owner``'s (None: no share counted), or
         nothing. The cluster's slot is taken on the instance's shard, else on another shard
-        with room; CLUSTER_FULL when none has (the shares sum to the cluster's limit)."""
+        with room; CLUSTER_FULL when none has (the shares sum to the cluster's limit). A
+        CLAIMED answer names the shard its slot was taken on."""
         shares = shard_shares(cluster, HEALTH_CHECK_SLOT_SHARDS)
         order = shard_order(str(next(iter(claim.key.values()))), len(shares))
         outcome = self._claim_on(order[0], shares, claim, owner, per_job)
         if outcome is not Claim.CLUSTER_FULL:
-            return outcome
+            return Taken(outcome, order[0] if outcome is Claim.CLAIMED else None)
         running = self.running_by_shard()
         others = [i for i in order[1:] if running.get(i, 0) < shares[i]][:MAX_OTHER_SHARDS]
         for shard in others:
             outcome = self._claim_on(shard, shares, claim, owner, per_job)
             if outcome is not Claim.CLUSTER_FULL:
-                return outcome
-        return Claim.CLUSTER_FULL
+                return Taken(outcome, shard if outcome is Claim.CLAIMED else None)
+        return Taken(Claim.CLUSTER_FULL)
 
     def _claim_on(self, shard: int, shares: list[int], claim: Update, owner: str,
                   per_job: int | None) -> Claim:
@@ -168,4 +186,4 @@ class HealthCheckSlots:
         return ["hc_owner", "hc_job_slot", "hc_slot_shard"]
 
 
-__all__ = ["HC_WAIT_SK", "Claim", "HealthCheckSlots"]
+__all__ = ["HC_WAIT_SK", "Claim", "HealthCheckClaim", "HealthCheckSlots", "Taken"]

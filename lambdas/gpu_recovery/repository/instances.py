@@ -10,6 +10,7 @@ is finished, not repeated, by the next one (or the sweep).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
@@ -17,7 +18,12 @@ from gpu_recovery.constants import INSTANCE_PK
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
-from gpu_recovery.repository.health_check_slots import WAIT_SWEEP_SECONDS, Claim, HealthCheckSlots
+from gpu_recovery.repository.health_check_slots import (
+    WAIT_SWEEP_SECONDS,
+    Claim,
+    HealthCheckClaim,
+    HealthCheckSlots,
+)
 from gpu_recovery.repository.tables import RecoveryTables
 
 
@@ -79,12 +85,13 @@ class Instances(RecoveryTables):
             inst_id, from_states=HEALTH_CHECK_STATES, add_to_sets={"hc_jobs": {job_id}}))
 
     def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
-                           per_job: int, cluster: int, now: float) -> Claim:
+                           per_job: int, cluster: int, now: float) -> HealthCheckClaim:
         """HEALTH_CHECK_PENDING -> HEALTH_CHECKING with a slot of the cluster's and one of
         ``owner``'s: the claim is committed before StartTask, and its startedBy finds the
         task again if the answer to StartTask is lost. A job's share as large as the
         cluster's can never be the limit that binds: no share is counted then (one hot
-        item less in every claim and verdict), and the instance says so for the release."""
+        item less in every claim and verdict), and the instance says so for the release.
+        CLAIMED comes with the instance as the claim wrote it (its shard, its job slot)."""
         job_slot = HealthCheckSlots.keeps_job_share(per_job=per_job, cluster=cluster)
         claim = self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
@@ -95,7 +102,13 @@ class Instances(RecoveryTables):
             extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
             extra_names={"#att": "hc_start_attempts"},
         )
-        return self.slots.claim(claim, owner, per_job=per_job if job_slot else None, cluster=cluster)
+        taken = self.slots.claim(claim, owner, per_job=per_job if job_slot else None, cluster=cluster)
+        if taken.outcome is not Claim.CLAIMED:
+            return HealthCheckClaim(taken.outcome)
+        return HealthCheckClaim(Claim.CLAIMED, replace(
+            instance, state=InstanceState.HEALTH_CHECKING, hc_started_by=started_by,
+            hc_lease_until=lease_until, hc_owner=owner, hc_claimed_at=now, hc_job_slot=job_slot,
+            hc_slot_shard=taken.shard, hc_waiting_for_slot=False, deadline_at=lease_until))
 
     def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool:
         """No slot free: the pending check waits in its owner's queue (no time limit while it

@@ -10,7 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_recovery.constants import ECS_DESCRIBE_RATE_ITEM_KEY, ECS_RATE_ITEM_KEY, INSTANCE_PK
-from gpu_recovery.domain.rate_limit import Reservation, TokenBucket, reserve
+from gpu_recovery.domain.rate_limit import (
+    Reservation,
+    TokenBucket,
+    latest_tat_to_reserve,
+    reserve,
+    reserved_at,
+)
 from gpu_recovery.repository.base import Update, from_ddb
 
 _ROUNDS = 6
@@ -27,11 +33,14 @@ class RateLimitRepository:
         """The stack's DescribeTasks budget's item (the tag lookups')."""
         return cls(base, ECS_DESCRIBE_RATE_ITEM_KEY)
 
-    def reserve(self, tokens: int, bucket: TokenBucket, now: float) -> Reservation:
+    def reserve(self, tokens: int, bucket: TokenBucket, now: float, ahead: float = 0.0) -> Reservation:
+        if ahead > 0:
+            return self._reserve_ahead(tokens, bucket, now, ahead)
         for _ in range(_ROUNDS):
-            item = from_ddb(self.base.db.get(self.table, {INSTANCE_PK: self.key}) or {})
-            tat = item.get("tat")
-            decided = reserve(None if tat is None else float(tat), now, tokens, bucket)
+            # The TAT as stored (a Decimal: one moved by ADD carries more digits than a float),
+            # so that the condition compares it with itself.
+            tat = (self.base.db.get(self.table, {INSTANCE_PK: self.key}) or {}).get("tat")
+            decided = reserve(None if tat is None else float(tat), now, tokens, bucket, ahead)
             if not decided.granted:
                 return decided
             if tat is None:
@@ -46,3 +55,31 @@ class RateLimitRepository:
                 return decided
         # Lost every race: as busy as it gets; the caller waits a token's time and asks again.
         return Reservation(False, 0.0, tokens / bucket.rate)
+
+    def _reserve_ahead(self, tokens: int, bucket: TokenBucket, now: float, ahead: float) -> Reservation:
+        """A reservation in turn, without reading first: the TAT is moved by an atomic ADD
+        while it is within reach (``latest_tat_to_reserve``), or set from now when the bucket
+        has caught up; callers bursting at once are served one after another by DynamoDB
+        (no read-modify-write race, no lost rounds). Read only when neither write applies."""
+        tokens = max(1, min(tokens, bucket.burst))
+        step = tokens / bucket.rate
+        meta = {"item_type": "RATE_LIMIT", "rate": bucket.rate, "burst": bucket.burst}
+        for _ in range(_ROUNDS):
+            moved = self.base.db.apply_returning(Update(
+                table=self.table, key={INSTANCE_PK: self.key}, set_fields=meta, increments={"tat": step},
+                condition="#tat >= :now AND #tat <= :latest", condition_names={"#tat": "tat"},
+                condition_values={":now": now, ":latest": latest_tat_to_reserve(now, tokens, bucket, ahead)}),
+                returning="UPDATED_NEW")
+            if moved is not None:
+                return reserved_at(float(moved["tat"]), now, bucket)
+            if self.base.db.apply(Update(
+                    table=self.table, key={INSTANCE_PK: self.key}, set_fields={"tat": now + step, **meta},
+                    condition="attribute_not_exists(#tat) OR #tat < :now", condition_names={"#tat": "tat"},
+                    condition_values={":now": now})):
+                return reserved_at(now + step, now, bucket)
+            item = from_ddb(self.base.db.get(self.table, {INSTANCE_PK: self.key}) or {})
+            tat = item.get("tat")
+            decided = reserve(None if tat is None else float(tat), now, tokens, bucket, ahead)
+            if not decided.granted:
+                return decided  # its turn is further off than ``ahead``
+        return Reservation(False, 0.0, step)

@@ -38,7 +38,7 @@ from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Trigger
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.remediation_plan import RemediationPlan, plan_remediation
+from gpu_recovery.domain.remediation_plan import NODE_EFFECTS, RemediationPlan, plan_remediation
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.gang_restart import GangRestart
@@ -185,9 +185,11 @@ class NodeRemediation:
         None when the commit lost a race (re-read and try again)."""
         repo = self.deps.repo
         inst_id = instance.container_inst_id
-        if plan.execute and not instance.ec2_instance_id:
+        if not instance.ec2_instance_id and any(e in NODE_EFFECTS for e in plan.execute):
             # Registration leaves the id out (no DescribeContainerInstances per rank): what the
-            # node is (EC2 or ECS Anywhere) decides the action, so look it up once now.
+            # node is (EC2 or ECS Anywhere) decides an action on the node, so look it up once
+            # now. A verdict that leaves the node alone (a cascade's healthy peers, hundreds
+            # ending at once) needs none.
             instance = replace(instance, ec2_instance_id=self.ranks.ec2_instance_id(instance))
         now = clock.now()
         # Each job's tally with the verdicts counted on its shards: this verdict may be the last.

@@ -1,0 +1,94 @@
+"""The stack's ECS budget (``adapters.ecs_budget``): callers of a burst served in turn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpu_recovery import clock
+from gpu_recovery.adapters.ecs_budget import EcsCallBudget, RateLimited
+from gpu_recovery.domain.rate_limit import Reservation, TokenBucket, reserve
+
+
+class _Store:
+    """The bucket's item in memory (one TAT), reserved as the repository does."""
+
+    def __init__(self) -> None:
+        self.tat: float | None = None
+        self.writes = 0
+
+    def reserve(self, tokens: int, bucket: TokenBucket, now: float, ahead: float = 0.0) -> Reservation:
+        decided = reserve(self.tat, now, tokens, bucket, ahead)
+        if decided.granted:
+            self.tat, self.writes = decided.tat, self.writes + 1
+        return decided
+
+
+@pytest.fixture
+def now() -> Iterator[list[float]]:
+    t = [1000.0]
+
+    def sleep(seconds: float) -> None:
+        t[0] += seconds
+
+    clock.set_clock(lambda: t[0], sleep)
+    yield t
+    clock.reset_clock()
+
+
+def test_callers_in_turn_wait_for_their_own_token_one_write_each(now: list[float]) -> None:
+    store = _Store()
+    budget = EcsCallBudget(store, TokenBucket(rate=4, burst=2))
+    called_at = []
+    for _ in range(6):  # one after another, each as if it had come at 1000.0
+        now[0] = 1000.0 + budget.waited_seconds
+        budget.acquire(1, in_turn_within=1.0)
+        called_at.append(now[0])
+    assert called_at == pytest.approx([1000.0, 1000.0, 1000.25, 1000.5, 1000.75, 1001.0])
+    assert store.writes == 6
+    now[0] = 1000.0  # a seventh at once: its token is due in 1.25 s, past its patience
+    with pytest.raises(RateLimited) as refused:
+        budget.acquire(1, in_turn_within=1.0)
+    assert refused.value.wait_seconds == pytest.approx(0.25) and now[0] == 1000.0
+
+
+def test_without_a_turn_the_budget_waits_as_before(now: list[float]) -> None:
+    budget = EcsCallBudget(_Store(), TokenBucket(rate=4, burst=2), max_wait_seconds=0.3)
+    budget.acquire(2)
+    budget.acquire(1)  # 0.25 s
+    assert now[0] == pytest.approx(1000.25)
+    with pytest.raises(RateLimited):
+        budget.acquire(2)  # 0.5 s: past its 0.3 s
+
+
+def test_the_budget_item_serves_a_burst_in_turn_with_one_write_each(now: list[float]) -> None:
+    """The repository's reservation ahead against the in-memory DynamoDB: a TAT moved by an
+    atomic ADD (no read first) while the turn is within reach; one further off is refused
+    with its wait, the item unchanged."""
+    from gpu_recovery import constants as C
+    from gpu_recovery.repository import Repository
+    from gpu_recovery.repository.rate_limit import RateLimitRepository
+    from local_mode.sim.dynamo import MemoryDynamo
+
+    jobs, instances = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
+    db = MemoryDynamo({jobs: "job", instances: "instance"})
+    store = RateLimitRepository(Repository(db, jobs, instances))
+    bucket = TokenBucket(rate=4, burst=2)
+    waits = [store.reserve(1, bucket, 1000.0, 1.0) for _ in range(6)]
+    assert all(w.granted for w in waits)
+    assert [w.wait_seconds for w in waits] == pytest.approx([0.0, 0.0, 0.25, 0.5, 0.75, 1.0])
+    refused = store.reserve(1, bucket, 1000.0, 1.0)
+    assert not refused.granted and refused.wait_seconds == pytest.approx(1.25)
+    assert store.reserve(1, bucket, 1000.0 + 0.25, 1.0).granted  # a token's time later: in reach again
+    assert db.meter.total.calls["GetItem"] == 1  # the refusal's read only
+    # A caller that does not take a turn reads the TAT the ADDs left (more digits than a
+    # float: steps of 1/36 s on an epoch time) and moves it from there once its token is due.
+    other = RateLimitRepository(Repository(db, jobs, instances), "RATE#test-mixed")
+    account = TokenBucket(rate=36, burst=3)
+    t0 = 1_800_000_000.1
+    assert all(other.reserve(1, account, t0, 5.0).granted for _ in range(20))
+    assert not other.reserve(1, account, t0 + 0.1).granted  # not due yet
+    later = other.reserve(1, account, t0 + 10.0)
+    assert later.granted and later.wait_seconds == 0.0
+    assert other.reserve(1, account, t0 + 10.0).granted
