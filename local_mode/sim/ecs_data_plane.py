@@ -21,6 +21,7 @@ records and their transitions are :mod:`~local_mode.sim.ecs_model`'s.
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ from .ecs_model import Node, Plan, Task, TimelineEntry, health_check_verdict
 Events = list[dict[str, Any]]
 
 
-class DataPlane:
+class DataPlane(ABC):
     """Tasks from placement to STOPPED and reboots, in one world's simulated time (see the
     module docstring)."""
 
@@ -67,35 +68,41 @@ class DataPlane:
         self._lock = threading.RLock()
 
     # ================================================================ the world's hooks
+    @abstractmethod
     def now(self) -> float:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def schedule(self, at: float, action: Callable[[], Events | None], label: str = "") -> None:
         """Run ``action`` at ``at``; the events it returns are emitted then."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _task_state_change(self, task: Task) -> dict[str, Any]:
         """The task state-change event of ``task`` as it is now (a world whose bus takes
         events as they happen puts it there too)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _instance_state_change(self, node: Node) -> dict[str, Any]:
         """The container-instance state-change event of ``node`` as it is now."""
-        raise NotImplementedError
+        ...
 
-    def _control_plane_running(self, task: Task) -> None:
+    def _control_plane_running(self, task: Task) -> None:  # noqa: B027 - optional hook, no-op by default
         """``task`` went RUNNING: keep the control plane's record in step."""
 
-    def _control_plane_stopped(self, task: Task) -> None:
+    def _control_plane_stopped(self, task: Task) -> None:  # noqa: B027 - optional hook, no-op by default
         """``task`` went STOPPED: keep the control plane's record in step."""
 
+    @abstractmethod
     def _write_verdict_log(self, stream: str, line: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _dcgm_level(self) -> int:
-        raise NotImplementedError
+        ...
 
-    def _count_reboot(self, node: Node, via: str) -> None:
+    def _count_reboot(self, node: Node, via: str) -> None:  # noqa: B027 - optional hook, no-op by default
         """A reboot of ``node`` was asked for through ``via``."""
 
     # ================================================================ timeline
