@@ -307,7 +307,6 @@ ECS_DESCRIBE_RATE_ITEM_KEY = "RATE#ecs-describe"  # the stack's DescribeTasks bu
 # items (no hot item), plus the unsharded item of before (released and read, not claimed).
 HEALTH_CHECK_SLOTS_KEY = "SLOTS#health-checks"
 HEALTH_CHECK_SLOT_SHARDS = 64
-FAULT_TALLY_SHARDS = 8  # a fault's healthy verdicts, counted off the job item (fault_tally_shard_key)
 
 
 def health_check_slot_shard_key(shard: int) -> str:

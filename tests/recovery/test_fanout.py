@@ -10,6 +10,7 @@ from typing import Any
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import JobState, NotificationKind
+from gpu_recovery.domain.fault_tally import tally_shard_count
 from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS
 from gpu_recovery.recovery import sweep as sweep_mod
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
@@ -228,8 +229,8 @@ def _verdicts_counted(w: World, job_id: str, attempt: int = 1) -> int:
     """The fault's verdicts counted: on the job item and on the tally's shards."""
     job = w.repo.get_job(job_id)
     shards = [w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.fault_tally_shard_key(job_id, attempt, s)})
-              for s in range(C.FAULT_TALLY_SHARDS)]
-    return job.tally.decided + sum(int((i or {}).get("decided") or 0) for i in shards)
+              for s in range(tally_shard_count(job.world_size))]
+    return job.tally.decided + sum(len((i or {}).get("decided_nodes") or ()) for i in shards)
 
 
 def test_one_sweep_works_through_more_due_items_than_a_page(monkeypatch: Any) -> None:

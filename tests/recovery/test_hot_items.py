@@ -12,6 +12,7 @@ import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
+from gpu_recovery.domain.fault_tally import tally_shard_count
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.notifications import NotificationKind
 from gpu_recovery.domain.shards import shard_shares, stable_shard
@@ -166,9 +167,10 @@ def _healthy(w: World, node: str) -> None:
 
 
 def _shard_sum(w: World, attempt: int = 1) -> int:
+    shards = tally_shard_count(w.repo.get_job("j").world_size)
     items = [w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.fault_tally_shard_key("j", attempt, s)})
-             for s in range(C.FAULT_TALLY_SHARDS)]
-    return sum(int((i or {}).get("decided") or 0) for i in items)
+             for s in range(shards)]
+    return sum(len((i or {}).get("decided_nodes") or ()) for i in items)
 
 
 def _stale_counts_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,7 +227,7 @@ def test_the_shard_a_verdict_counts_on_is_the_one_the_tally_is_summed_from() -> 
         job = w.repo.get_job("j")
         assert job.tally.attempt == job.attempt == 1 and _shard_sum(w, 1) == 2
         moved_on = replace(job, attempt=2)  # the tally still counts the fault of attempt 1
-        assert w.repo.db.transact([w.repo.faults.count_on_shard(moved_on, nodes[2], infra=False)])
+        w.repo.faults.count_healthy(moved_on, nodes[2], infra=False)
         assert _shard_sum(w, 1) == 3 and _shard_sum(w, 2) == 0
         assert w.repo.faults.counted(job).tally.decided_all == 3
 
@@ -267,6 +269,68 @@ def test_a_lost_settlement_after_the_commit_is_finished_by_the_sweep(monkeypatch
             w.service.sweep()
         job = w.repo.get_job("j")
         assert job.attempt == 2 and job.app_restarts_used == 1
+
+
+def test_a_count_lost_after_the_commit_is_counted_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict committed (its suspect marked counted on a shard), the count itself lost
+    (the invocation died, or the write was throttled): the sweep finds the fault short of
+    a verdict and counts it from the suspect, and the job goes on."""
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(3)]
+        _cascade(w, nodes)
+        for node in nodes[:2]:
+            _healthy(w, node)
+        _stale_counts_once(monkeypatch)  # it decides "wait", as beside another verdict at once
+
+        def lost(self: FaultRepository, job: Any, node: str, *, infra: bool) -> None:
+            raise TimeoutError("the invocation died after the verdict's commit")
+        monkeypatch.setattr(FaultRepository, "count_healthy", lost)
+        _healthy(w, nodes[2])  # committed; its count failed (logged, not raised)
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and _shard_sum(w) == 2
+        assert w.repo.faults.get_suspect("j", 1, nodes[2]).counted_on_shard == "healthy"
+        monkeypatch.undo()
+        w.advance(61)
+        w.service.sweep()
+        assert _shard_sum(w) == 3
+        job = w.repo.get_job("j")
+        assert job.attempt == 2 and job.app_restarts_used == 1
+
+
+def test_a_healthy_verdict_counts_once_however_often_it_is_counted() -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(4)]
+        _cascade(w, nodes)
+        _healthy(w, nodes[0])
+        job = w.repo.get_job("j")
+        for _ in range(3):  # a retry after a lost response, the sweep's recount, a duplicate
+            w.repo.faults.count_healthy(job, nodes[0], infra=False)
+        assert w.repo.faults.recount(job) == 0
+        assert _shard_sum(w) == 1 and w.repo.faults.counted(job).tally.pending == 3
+
+
+def test_no_transaction_touches_a_tally_shard() -> None:
+    """Healthy verdicts count with plain UpdateItems (sets: idempotent), so thousands at once
+    never cancel each other's transactions on a shared shard."""
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(4)]
+        _cascade(w, nodes)
+        real = w.repo.db.transact
+        touched: list[str] = []
+
+        def transact(updates: Any, *args: Any, **kwargs: Any) -> Any:
+            touched.extend(str(u.key.get(C.JOB_PK, "")) for u in updates)
+            return real(updates, *args, **kwargs)
+        w.repo.db.transact = transact  # type: ignore[method-assign]
+        for node in nodes[:3]:
+            _healthy(w, node)
+        assert _shard_sum(w) == 3 and touched
+        assert not [k for k in touched if "#T#" in k]
+
+
+def test_tally_shards_grow_with_the_job_so_no_shard_holds_more_than_64_nodes() -> None:
+    assert tally_shard_count(8) == 8 and tally_shard_count(1024) == 16
+    assert tally_shard_count(6400) == 100 and tally_shard_count(100_000) == 100  # one BatchGetItem
 
 
 def test_the_total_landing_after_the_last_verdict_concludes_the_fault() -> None:

@@ -10,7 +10,9 @@ there are. The job's fate follows from these counts alone. Healthy verdicts that
 nothing else on the job are counted off it, on the fault's tally shards (no hot item: a
 large fault's verdicts would all write the job item); ``shard_decided`` and
 ``shard_infra`` are their sums where the repository read them (``FaultRepository.counted``),
-0 otherwise. Pure: no I/O.
+0 otherwise. A shard holds the nodes it counted (a set: counting twice changes nothing), so
+the job's size sets how many shards there are (:func:`tally_shard_count`) and no shard holds
+more than about ``TALLY_NODES_PER_SHARD`` nodes. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, JobOutcome, SuspectVerdict
+
+# A fault's suspects are at most its ranks: with a shard per this many ranks, no shard's
+# set of counted nodes grows past it (a small item whatever the job's size) ...
+TALLY_NODES_PER_SHARD = 64
+MIN_TALLY_SHARDS = 8
+# ... and every shard is read by one BatchGetItem (at most 100 keys).
+MAX_TALLY_SHARDS = 100
+
+
+def tally_shard_count(world_size: int) -> int:
+    """How many shards the healthy verdicts of a fault of a job of ``world_size`` ranks are
+    counted on (the writer and every reader derive it from the job alike)."""
+    wanted = -(-max(1, world_size) // TALLY_NODES_PER_SHARD)
+    return max(MIN_TALLY_SHARDS, min(MAX_TALLY_SHARDS, wanted))
 
 
 @dataclass(frozen=True)

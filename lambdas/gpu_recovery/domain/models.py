@@ -131,6 +131,9 @@ class Suspect:
     ranks: set[int] = field(default_factory=set)
     opened_at: float = 0.0
     rebooting: bool = False  # its reboot holds the job's gang restart back
+    # Healthy, and counted off the job item on a tally shard ("healthy", or "infra" when the
+    # catalog charges a restart to the infrastructure budget); "" otherwise.
+    counted_on_shard: str = ""
 
     @property
     def pending(self) -> bool:

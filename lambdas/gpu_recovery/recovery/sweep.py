@@ -203,6 +203,8 @@ class Sweep:
             if job.stop_fanout:
                 self.gang.stop_due(job, now)
             self._kick_checks(job)
+            if job.in_fault:
+                self._counted_after_repair(job)  # the restart's gate adds the shards
             outcome = self.restarts.try_restart(job.job_id)
             if outcome.action == "waiting":
                 repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
@@ -288,6 +290,15 @@ class Sweep:
         if job.in_fault and not job.tally.all_decided:
             self.health.kick(job.job_id, limit=3)
 
+    def _counted_after_repair(self, job: Job) -> Job:
+        """The job's tally with its shards added; short of verdicts, with the healthy ones
+        whose writer died before counting them counted now (FaultRepository.recount)."""
+        faults = self.deps.repo.faults
+        counted = faults.counted(job)
+        if counted.tally.ranks_ended and not counted.tally.all_decided and faults.recount(job):
+            counted = faults.counted(job)
+        return counted
+
     def _settle_fault(self, job: Job) -> None:
         """Every rank ended but the event that completed the latch died before counting the
         suspects: count them (once), and conclude the fault if every verdict is in (or,
@@ -295,7 +306,7 @@ class Sweep:
         if job.tally.total is None and Latch.ENDED in self.deps.repo.latches.complete(
                 job.job_id, job.attempt, job.world_size):
             self.faults.on_attempt_ended(job, job.attempt)
-        elif self.deps.repo.faults.counted(job).tally.all_decided:
+        elif self._counted_after_repair(job).tally.all_decided:
             self.faults.remediation.settlement.conclude(job)
         elif job.tally.ranks_ended:
             self.restarts.spare_first(job)  # a spare may have freed up, or a delivery died

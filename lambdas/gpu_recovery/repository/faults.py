@@ -5,12 +5,16 @@ evidence and decision of its fault, and the ranks that failed there; it is opene
 (idempotent) and decided once (``PENDING`` -> a label, in the same transaction as the
 job's tally). The job item carries only the tally (``fault``: decided, fatal, reboot,
 rebooting, total), so it never grows with the number of checked nodes. A healthy verdict
-that changes nothing else on the job is counted off the job item, on one of the fault's
-``FAULT_TALLY_SHARDS`` tally shards (``<job>#T#a<attempt>#<shard>``, picked by the node),
-unconditionally: the suspect's PENDING -> label in the same transaction counts it once.
-Whoever needs the complete count (the restart's gate, the conclusion of an all-healthy
-fault, the verdicts once every rank ended) adds the shards (:meth:`counted`, one
-BatchGetItem, strongly consistent): the last verdict to commit always sees every count. A gang restart
+that changes nothing else on the job is counted off the job item, after its transaction, on
+one of the fault's tally shards (``<job>#T#a<attempt>#<shard>``, picked by the node; as many
+as ``domain.fault_tally.tally_shard_count`` gives for the job's size): its node is added to
+the shard's set with a plain UpdateItem, so a retry or a lost response never counts it
+twice, and thousands of verdicts at once never conflict (no transaction touches a shard).
+The suspect records that it is counted there (``counted_on_shard``): a verdict whose writer
+died before counting is counted by the sweep (:meth:`recount`). Whoever needs the complete
+count (the restart's gate, the conclusion of an all-healthy fault, the verdicts once every
+rank ended) adds the shards (:meth:`counted`, one BatchGetItem, strongly consistent); each
+verdict counts before it settles the job, so the last one to count sees every count. A gang restart
 that moves ranks off unusable nodes writes its moves on a placement item
 (``<job>#P#a<attempt>``) in the claim's transaction.
 """
@@ -25,7 +29,6 @@ from gpu_recovery.constants import (
     DEADLINE_BUCKET,
     DEADLINE_PK,
     DEADLINE_SK,
-    FAULT_TALLY_SHARDS,
     JOB_BY_JOB_INDEX,
     JOB_BY_JOB_PK,
     JOB_BY_JOB_SK,
@@ -36,7 +39,7 @@ from gpu_recovery.constants import (
     suspect_item_key,
     suspect_key_prefix,
 )
-from gpu_recovery.domain.fault_tally import FaultTally
+from gpu_recovery.domain.fault_tally import FaultTally, tally_shard_count
 from gpu_recovery.domain.models import Instance, Job, Suspect
 from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, InstanceState, SuspectVerdict
@@ -53,7 +56,8 @@ def suspect_from_item(item: Mapping[str, Any]) -> Suspect:
         verdict=SuspectVerdict(item.get("verdict") or SuspectVerdict.PENDING.value),
         findings=dict(item.get("findings") or {}), record=dict(item.get("record") or {}),
         ranks={int(r) for r in item.get("ranks") or ()}, opened_at=float(item.get("opened_at") or 0.0),
-        rebooting=bool(item.get("rebooting", False)))
+        rebooting=bool(item.get("rebooting", False)),
+        counted_on_shard=str(item.get("counted_on_shard") or ""))
 
 
 class FaultRepository:
@@ -155,14 +159,15 @@ class FaultRepository:
             condition_names={"#f": "fault", "#a": "attempt", "#t": "total"}))
         return self.base.job_from_item(written) if written else None
 
-    def count_on_shard(self, job: Job, node: str, *, infra: bool) -> Update:
-        """A healthy verdict that changes nothing else on the job, counted on the fault's
-        tally shard of ``node`` (in the verdict's transaction, beside the suspect's PENDING ->
-        HEALTHY that makes it count once)."""
-        shard = stable_shard(node, FAULT_TALLY_SHARDS)
-        return Update(table=self.table, key=self._tally_shard_key(job, shard),
-                      set_fields={"item_type": "TALLY_SHARD"},
-                      increments={"decided": 1, "infra": 1 if infra else 0})
+    def count_healthy(self, job: Job, node: str, *, infra: bool) -> None:
+        """A healthy verdict that changes nothing else on the job (its suspect decided and
+        marked ``counted_on_shard`` in the verdict's transaction), counted on its tally shard:
+        ``node`` added to the shard's sets. Idempotent; no transaction, so no conflict."""
+        adds: dict[str, set[Any]] = {"decided_nodes": {node}}
+        if infra:
+            adds["infra_nodes"] = {node}
+        self.base.db.apply(Update(table=self.table, key=self._tally_shard_key(job, self._shard_of(job, node)),
+                                  set_fields={"item_type": "TALLY_SHARD"}, add_to_sets=adds))
 
     def counted(self, job: Job) -> Job:
         """``job`` with the verdicts counted on its fault's tally shards added to its tally,
@@ -171,16 +176,41 @@ class FaultRepository:
         tally = job.tally
         if not job.in_fault or tally.total is None or tally.decided >= tally.total:
             return job
-        keys = [self._tally_shard_key(job, shard) for shard in range(FAULT_TALLY_SHARDS)]
-        items = self.base.db.batch_get(self.table, keys)
-        decided = sum(int(i.get("decided") or 0) for i in items)
-        infra = sum(int(i.get("infra") or 0) for i in items)
+        shards = self._shard_items(job)
+        decided = sum(len(i.get("decided_nodes") or ()) for i in shards.values())
+        infra = sum(len(i.get("infra_nodes") or ()) for i in shards.values())
         return replace(job, tally=replace(tally, shard_decided=decided, shard_infra=infra))
+
+    def recount(self, job: Job) -> int:
+        """The sweep's repair for a fault whose count is short: every suspect decided healthy
+        and marked counted on a shard that its shard does not hold (its writer died between
+        the verdict's transaction and the count) is counted now. Reads the attempt's suspects:
+        only for a job still waiting, once a sweep. Returns how many were missing."""
+        owed = [s for s in self.suspects(job.job_id, job.tally.attempt or job.attempt)
+                if s.counted_on_shard and not s.pending]
+        if not owed:
+            return 0
+        shards = self._shard_items(job)
+        counted = {node for item in shards.values() for node in item.get("decided_nodes") or ()}
+        missing = [s for s in owed if s.node not in counted]
+        for suspect in missing:
+            self.count_healthy(job, suspect.node, infra=suspect.counted_on_shard == "infra")
+        return len(missing)
+
+    def _shard_items(self, job: Job) -> dict[int, dict[str, Any]]:
+        """shard -> its item, for every tally shard of ``job``'s fault (one BatchGetItem)."""
+        keys = [self._tally_shard_key(job, shard) for shard in range(tally_shard_count(job.world_size))]
+        items = self.base.db.batch_get(self.table, keys)
+        return {int(str(i[JOB_PK]).rsplit("#", 1)[1]): i for i in items}
+
+    @staticmethod
+    def _shard_of(job: Job, node: str) -> int:
+        return stable_shard(node, tally_shard_count(job.world_size))
 
     @staticmethod
     def _tally_shard_key(job: Job, shard: int) -> dict[str, Any]:
         """The key of ``shard`` of the tally's shards: the tally's fault attempt, for the
-        writer (``count_on_shard``) and the reader (``counted``) alike."""
+        writer (``count_healthy``) and the readers (``counted``, ``recount``) alike."""
         return {JOB_PK: fault_tally_shard_key(job.job_id, job.tally.attempt, shard)}
 
     @staticmethod
@@ -199,10 +229,15 @@ class FaultRepository:
         return condition, values, names
 
     def decide_suspect(self, job: Job, node: str, label: SuspectVerdict, *, findings: Mapping[str, Any],
-                       record: Mapping[str, Any] | None, rebooting: bool, now: float) -> Update:
-        """PENDING -> ``label`` on the suspect item, exactly once (in the tally's transaction)."""
+                       record: Mapping[str, Any] | None, rebooting: bool, now: float,
+                       counted_on_shard: str = "") -> Update:
+        """PENDING -> ``label`` on the suspect item, exactly once (in the verdict's transaction;
+        ``counted_on_shard``: the verdict is counted on a tally shard after it, see
+        :meth:`count_healthy`)."""
         fields: dict[str, Any] = {"verdict": label.value, "findings": dict(findings), "decided_at": now,
                                   "rebooting": rebooting}
+        if counted_on_shard:
+            fields["counted_on_shard"] = counted_on_shard
         if record is not None:
             fields["record"] = dict(record)
         return Update(

@@ -48,7 +48,7 @@ class JobVerdict:
     @property
     def counts_only(self) -> bool:
         """A healthy verdict that changes nothing on the job but its count: counted on a
-        tally shard, off the job item (``FaultRepository.count_on_shard``)."""
+        tally shard, off the job item, after its transaction (``count_healthy_verdicts``)."""
         return (self.label is SuspectVerdict.HEALTHY and self.to is self.job.state
                 and not self.to.is_terminal and not self.held and not self.waits_for_reboot
                 and not self.relocate and not self.spend and not self.last_error
@@ -203,18 +203,20 @@ class NodeDecisions(JobsAndRanks, Instances):
     def job_verdict_updates(self, inst_id: str, verdict: JobVerdict) -> list[Update]:
         """The suspect's verdict (PENDING -> label, once) and the job's tally and state, on the
         tally as read: a concurrent verdict makes the transaction fail and the caller decide
-        again on fresh counts. A verdict that only counts goes to a tally shard instead,
-        unconditionally; after its commit the caller adds the shards and settles the job if
-        every verdict is in (the last verdict to commit sees every count)."""
+        again on fresh counts. A verdict that only counts writes nothing on the job: after
+        its commit the caller counts it on a tally shard (:meth:`count_healthy_verdicts`),
+        then adds the shards and settles the job if every verdict is in."""
         faults = self.faults
         job = verdict.job
         now = clock.now()
+        on_shard = ("infra" if verdict.infra_hint else "healthy") if verdict.counts_only else ""
         suspect = faults.decide_suspect(job, inst_id, verdict.label, findings=verdict.findings,
-                                        record=verdict.record, rebooting=verdict.waits_for_reboot, now=now)
+                                        record=verdict.record, rebooting=verdict.waits_for_reboot, now=now,
+                                        counted_on_shard=on_shard)
         if verdict.counts_only:
-            # No state change, nothing else to write on the job: no hot job item. Whoever
-            # needs the complete count adds the shards (FaultRepository.counted).
-            return [suspect, faults.count_on_shard(job, inst_id, infra=verdict.infra_hint)]
+            # No state change, nothing else to write on the job: no hot job item, and no
+            # shared item in the transaction (FaultRepository.count_healthy, after it).
+            return [suspect]
         fields: dict[str, Any] = {}
         if verdict.last_error:
             fields["last_error"] = verdict.last_error[:1000]
@@ -256,6 +258,13 @@ class NodeDecisions(JobsAndRanks, Instances):
             # out) and make the hot job item, written by every verdict, grow with the job.
             update.history_entry = None
         return [suspect, update]
+
+    def count_healthy_verdicts(self, inst_id: str, verdicts: Sequence[JobVerdict]) -> None:
+        """After a committed decision: its verdicts that only count, on their tally shards
+        (idempotent; the sweep counts any left out, ``FaultRepository.recount``)."""
+        for verdict in verdicts:
+            if verdict.counts_only:
+                self.faults.count_healthy(verdict.job, inst_id, infra=verdict.infra_hint)
 
     def time_out_instance(self, instance: Instance, *, quarantine: bool, what: str,
                           failures: Sequence[JobFailure], actor: str = "sweep",

@@ -212,6 +212,10 @@ class NodeRemediation:
         if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update,
                                          also=self.notices.owe(notices, now)):
             return None
+        # Healthy verdicts that only count, on their tally shards before anyone settles the
+        # job (a failure here is counted by the sweep: FaultRepository.recount).
+        after_commit("healthy verdicts counted", repo.count_healthy_verdicts, inst_id,
+                     [v for v, _ in verdicts])
         logger.info("node decision applied", extra={
             "instance": inst_id, "action": plan.action.value, "label": label.value,
             "execute": [e.value for e in plan.execute], "record_only": [e.value for e in plan.record_only],
