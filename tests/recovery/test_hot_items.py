@@ -328,9 +328,10 @@ def test_no_transaction_touches_a_tally_shard() -> None:
         assert not [k for k in touched if "#T#" in k]
 
 
-def test_tally_shards_grow_with_the_job_so_no_shard_holds_more_than_64_nodes() -> None:
-    assert tally_shard_count(8) == 8 and tally_shard_count(1024) == 16
-    assert tally_shard_count(6400) == 100 and tally_shard_count(100_000) == 100  # one BatchGetItem
+def test_tally_shards_grow_with_the_job_so_no_shard_holds_more_than_128_nodes() -> None:
+    assert tally_shard_count(8) == 8 and tally_shard_count(1024) == 8 and tally_shard_count(1025) == 9
+    assert tally_shard_count(8192) == 64
+    assert tally_shard_count(12_800) == 100 and tally_shard_count(100_000) == 100  # one BatchGetItem
 
 
 def test_the_total_landing_after_the_last_verdict_concludes_the_fault() -> None:

@@ -24,8 +24,9 @@ from typing import Any
 from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, JobOutcome, SuspectVerdict
 
 # A fault's suspects are at most its ranks: with a shard per this many ranks, no shard's
-# set of counted nodes grows past it (a small item whatever the job's size) ...
-TALLY_NODES_PER_SHARD = 64
+# set of counted nodes grows past it (at most ~4 KB whatever the job's size; fewer shards
+# mean fewer items read by each verdict that adds them) ...
+TALLY_NODES_PER_SHARD = 128
 MIN_TALLY_SHARDS = 8
 # ... and every shard is read by one BatchGetItem (at most 100 keys).
 MAX_TALLY_SHARDS = 100
