@@ -58,13 +58,13 @@ from local_mode.health_verdicts import HEALTH_CHECK_LOG_GROUP
 from local_mode.sim import deployment as D
 from local_mode.sim.aws_calls import Account, Latencies
 from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTopic, SsmClient
+from local_mode.sim.bus import EventBus
 from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
 from local_mode.sim.ecs_cluster import EcsCluster
 from local_mode.sim.ecs_model import Node, Task
 from local_mode.sim.engine import Simulation
-from local_mode.sim.eventbridge import EventBus
 from local_mode.sim.lambda_context import LambdaContext
-from local_mode.sim.lambdas import LambdaService
+from local_mode.sim.lambdas import EngineTiming, LambdaService
 from local_mode.sim.sqs import POLL_DELAY_SECONDS, SimQueuePort, SqsQueue
 
 JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
@@ -189,7 +189,9 @@ class ScaleWorld:
         # keep_invocations: every Invocation (payload included) for inspection; off, only stats.
         self.lambdas = LambdaService(self.sim, concurrency=lambda_concurrency,
                                      keep_invocations=keep_invocations)
-        self.bus = EventBus(self.sim, self.lambdas, copies=copies, delivery_delay=delivery_delay)
+        # The one event bus, timed on the engine: each copy reaches Lambda after its own delay.
+        self.bus = EventBus(clock=lambda: self.sim.now, copies=copies, keep_events=False,
+                            timing=EngineTiming(self.sim, self.lambdas, delivery_delay=delivery_delay))
         self.cluster = EcsCluster(self.sim, self.account, self.bus, **(cluster or {}))
         self.topic = SnsTopic()
         self.metrics = RecordingMetrics()
