@@ -30,11 +30,11 @@ Plugging in more (the fan-out the recovery loop will get):
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from gpu_recovery import clock as gr_clock
@@ -65,7 +65,7 @@ from local_mode.sim.ecs_model import Node, Task
 from local_mode.sim.engine import Simulation
 from local_mode.sim.lambda_context import LambdaContext
 from local_mode.sim.lambdas import EngineTiming, LambdaService
-from local_mode.sim.sqs import POLL_DELAY_SECONDS, SimQueuePort, SqsQueue
+from local_mode.sim.sqs import POLL_DELAY_SECONDS, SimQueuePort, SqsQueue, sqs_batch_handler
 
 JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
 INSTANCE_TABLE = C.DEFAULT_INSTANCE_TABLE_NAME
@@ -276,14 +276,7 @@ class ScaleWorld:
         timeout (and goes to the dead-letter queue after ``max_receive_count`` receives)."""
 
         def handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-            failures = []
-            for record in event.get("Records", []):
-                try:
-                    handle(container, json.loads(record["body"]),
-                           int(record["attributes"]["ApproximateReceiveCount"]))
-                except Exception:
-                    failures.append({"itemIdentifier": record["messageId"]})
-            return {"batchItemFailures": failures}
+            return sqs_batch_handler(partial(handle, container))(container, event)
 
         self.lambdas.add_function(function, handler, timeout=timeout, make_container=self.container,
                                   async_retries=0)

@@ -160,3 +160,31 @@ def test_on_the_engine_a_schedule_fires_through_lambda_and_failed_ticks_dead_let
     assert len(world.lambdas.dead_letters) == 10
     dead = world.lambdas.dead_letters[0]
     assert (dead.function, dead.attempts, dead.error) == ("ticker", 1, "RuntimeError: tick failed")
+
+
+def test_on_the_engine_a_queue_worker_fails_items_alone_and_redrives_them(scale_world: ScaleWorld) -> None:
+    """Given the scale world with a queue (visibility 30 s, 2 receives) and a worker on it
+    (ScaleWorld.add_worker: a record whose handler raises is a partial batch failure)
+    When two messages are sent, one of which always fails
+    Then the good one is deleted after one receive, the bad one is received twice, 30 s apart,
+    and is then moved to the dead-letter queue (SQS's redrive, on its next receive)."""
+    world, sim = scale_world, scale_world.sim
+    seen: list[tuple[str, int, float]] = []
+
+    def handle(_container: Any, body: dict[str, Any], receive_count: int) -> None:
+        seen.append((body["n"], receive_count, sim.now))
+        if body["n"] == "bad":
+            raise ValueError("poison")
+
+    queue = world.add_queue("work", visibility_timeout=30, max_receive_count=2)
+    world.add_worker(queue, "worker", handle, timeout=10, batch_size=10)
+    start = sim.now
+    sim.run_process(lambda: queue.port().send([{"n": "good"}, {"n": "bad"}]))
+    sim.run(until=start + 300)
+    assert sorted((n, c) for n, c, _ in seen) == [("bad", 1), ("bad", 2), ("good", 1)]
+    bad = [t for n, _, t in seen if n == "bad"]
+    assert bad[1] - bad[0] == pytest.approx(30, abs=1)
+    stats = queue.stats()
+    assert (stats["deleted"], stats["moved_to_dead_letter"], stats["dead_letter_queue"], stats["in_queue"]) \
+        == (1, 1, 1, 0)
+    assert stats["failed_items"] == 2
