@@ -3,7 +3,7 @@
 * :mod:`local_mode.emulator` — ``LocalAws``: moto with the stack's tables, topic,
   cluster and health-check task definition; handler environment; API hooks.
 * :mod:`local_mode.sim` — the simulation layer: ``SimClock``; ``SimulatedEcs`` (GPU nodes,
-  agents, tasks, reboots and faults, driven in simulated time); ``LocalEventBus``
+  agents, tasks, reboots and faults, driven in simulated time); ``EventBus``
   (EventBridge rules with the deployed patterns, at-least-once delivery, schedules, SQS
   event sources); ``wire_recovery_handlers`` (the Lambdas on the bus as infra deploys them).
 * :mod:`local_mode.world` — ``build_world``: the three above set up together, with the

@@ -80,7 +80,7 @@ from .sim.dynamo.botocore_backend import serve_dynamodb_from
 
 TOPIC_NAME = "gpu-training-notifications"
 QUEUE_NAME = "gpu-training-notifications-inbox"
-GANG_QUEUE_NAME = "gpu-recovery-gang-batches"  # the gang fan-out's queue (see LocalEventBus.add_queue)
+GANG_QUEUE_NAME = "gpu-recovery-gang-batches"  # the gang fan-out's queue (see EventBus.add_queue)
 TAG_LOOKUP_QUEUE_NAME = "gpu-recovery-tag-lookups"  # named to the handlers with its worker wired
 #: ``LocalAws(dynamodb=...)``: moto (exact API behaviour, the default) or the in-memory store
 DYNAMODB_BACKENDS = ("moto", "memory")

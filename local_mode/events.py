@@ -261,9 +261,12 @@ def scheduled_event(
 
 
 def sqs_record(message_id: str, body: str, queue_arn: str, *, receive_count: int = 1,
-               sent_at: float | None = None, region: str = REGION) -> dict[str, Any]:
-    """One record of the event an SQS event source mapping gives its Lambda function."""
+               sent_at: float | None = None, first_received_at: float | None = None,
+               region: str = REGION) -> dict[str, Any]:
+    """One record of the event an SQS event source mapping gives its Lambda function (first
+    received when sent unless ``first_received_at`` says)."""
     sent_ms = str(int((sent_at if sent_at is not None else 0.0) * 1000))
+    first_ms = sent_ms if first_received_at is None else str(int(first_received_at * 1000))
     return {
         "messageId": message_id,
         "receiptHandle": f"AQEB{message_id.replace('-', '')}",
@@ -272,7 +275,7 @@ def sqs_record(message_id: str, body: str, queue_arn: str, *, receive_count: int
             "ApproximateReceiveCount": str(receive_count),
             "SentTimestamp": sent_ms,
             "SenderId": "AROAEXAMPLE:gpu-recovery",
-            "ApproximateFirstReceiveTimestamp": sent_ms,
+            "ApproximateFirstReceiveTimestamp": first_ms,
         },
         "messageAttributes": {},
         "md5OfBody": hashlib.md5(body.encode(), usedforsecurity=False).hexdigest(),

@@ -30,11 +30,11 @@ Plugging in more (the fan-out the recovery loop will get):
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from gpu_recovery import clock as gr_clock
@@ -58,14 +58,14 @@ from local_mode.health_verdicts import HEALTH_CHECK_LOG_GROUP
 from local_mode.sim import deployment as D
 from local_mode.sim.aws_calls import Account, Latencies
 from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTopic, SsmClient
+from local_mode.sim.bus import EventBus
 from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
 from local_mode.sim.ecs_cluster import EcsCluster
 from local_mode.sim.ecs_model import Node, Task
 from local_mode.sim.engine import Simulation
-from local_mode.sim.eventbridge import EventBus
 from local_mode.sim.lambda_context import LambdaContext
-from local_mode.sim.lambdas import LambdaService
-from local_mode.sim.sqs import POLL_DELAY_SECONDS, SimQueuePort, SqsQueue
+from local_mode.sim.lambdas import EngineTiming, LambdaService
+from local_mode.sim.sqs import POLL_DELAY_SECONDS, SimQueuePort, SqsQueue, sqs_batch_handler
 
 JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
 INSTANCE_TABLE = C.DEFAULT_INSTANCE_TABLE_NAME
@@ -189,7 +189,9 @@ class ScaleWorld:
         # keep_invocations: every Invocation (payload included) for inspection; off, only stats.
         self.lambdas = LambdaService(self.sim, concurrency=lambda_concurrency,
                                      keep_invocations=keep_invocations)
-        self.bus = EventBus(self.sim, self.lambdas, copies=copies, delivery_delay=delivery_delay)
+        # The one event bus, timed on the engine: each copy reaches Lambda after its own delay.
+        self.bus = EventBus(clock=lambda: self.sim.now, copies=copies, keep_events=False,
+                            timing=EngineTiming(self.sim, self.lambdas, delivery_delay=delivery_delay))
         self.cluster = EcsCluster(self.sim, self.account, self.bus, **(cluster or {}))
         self.topic = SnsTopic()
         self.metrics = RecordingMetrics()
@@ -274,14 +276,7 @@ class ScaleWorld:
         timeout (and goes to the dead-letter queue after ``max_receive_count`` receives)."""
 
         def handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
-            failures = []
-            for record in event.get("Records", []):
-                try:
-                    handle(container, json.loads(record["body"]),
-                           int(record["attributes"]["ApproximateReceiveCount"]))
-                except Exception:
-                    failures.append({"itemIdentifier": record["messageId"]})
-            return {"batchItemFailures": failures}
+            return sqs_batch_handler(partial(handle, container))(container, event)
 
         self.lambdas.add_function(function, handler, timeout=timeout, make_container=self.container,
                                   async_retries=0)

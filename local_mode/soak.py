@@ -44,7 +44,7 @@ from gpu_recovery.repository import Repository
 
 from .emulator import DYNAMODB_BACKENDS, LocalAws
 from .invariants import forgotten_jobs
-from .sim.bus import LocalEventBus
+from .sim.bus import EventBus
 from .sim.ecs import SimulatedEcs
 from .sim.wiring import SWEEP_SCHEDULE
 from .world import build_world
@@ -96,7 +96,7 @@ class SoakResult:
 
 
 @contextmanager
-def _world(nodes: int, dynamodb: str) -> Iterator[tuple[LocalAws, LocalEventBus, SimulatedEcs]]:
+def _world(nodes: int, dynamodb: str) -> Iterator[tuple[LocalAws, EventBus, SimulatedEcs]]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
     env = {C.ENV_RELOCATION_WAIT_SECONDS: "1800", "POWERTOOLS_LOG_LEVEL": "CRITICAL"}
@@ -220,7 +220,7 @@ def _terminal(repo: Repository, job_id: str) -> bool:
     return job is not None and job.state.is_terminal
 
 
-def _judge(local: LocalAws, bus: LocalEventBus, sim: SimulatedEcs, repo: Repository, planned: list[SoakJob],
+def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, planned: list[SoakJob],
            seed: int,
            rate: float, calls: int, broken: int, forgotten: dict[str, str], verbose: bool) -> SoakResult:
     states: dict[str, int] = {}

@@ -1,5 +1,5 @@
 """The local world every local app and test runs in: the emulated AWS account (``LocalAws``),
-the event bus (``LocalEventBus``) and the simulated ECS data plane (``SimulatedEcs``),
+the event bus (``EventBus``) and the simulated ECS data plane (``SimulatedEcs``),
 with the recovery Lambdas wired to the bus as infra deploys them.
 
 ``build_world`` is the one place that sets this up and tears it down; the demo, the
@@ -29,7 +29,7 @@ from gpu_recovery import runtime
 from gpu_recovery.repository import Repository
 
 from .emulator import LocalAws
-from .sim.bus import LocalEventBus, Target
+from .sim.bus import EventBus, Target
 from .sim.ecs import SimulatedEcs
 from .sim.lambda_context import LambdaContext
 from .sim.wiring import wire_recovery_handlers
@@ -46,7 +46,7 @@ class World:
     #: the emulated AWS account: tables, topic, cluster, handler environment, API hooks
     aws: LocalAws
     #: EventBridge rules and schedules, the gang queue; at-least-once delivery
-    bus: LocalEventBus
+    bus: EventBus
     #: the ECS data plane in simulated time: nodes, agents, tasks, faults
     ecs: SimulatedEcs
     #: the recovery Lambdas wired to the bus, by name (empty when built without handlers)
@@ -149,7 +149,7 @@ def build_world(*, duplicate_delivery: bool = False, handlers: bool = True,
     with LocalAws(**aws_options) as aws:
         runtime.reset(clients=False)
         try:
-            bus = LocalEventBus(duplicate_delivery=duplicate_delivery)
+            bus = EventBus(duplicate_delivery=duplicate_delivery)
             options = dict(sim_options or {})
             if real_time_start:
                 options["start"] = time.time()

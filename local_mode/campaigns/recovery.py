@@ -258,6 +258,7 @@ class _Reordered(RecoveryScenario):
         bus, sim = world.bus, world.ecs
         rule = next(r for r in bus.rules if r.name == "training-task-state")
         handler = rule.target
+        assert handler is not None  # the in-process bus: each rule's target is its handler
         held: dict[str, dict[str, Any]] = {}
 
         def hold(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from gpu_recovery.repository import Repository
 from ..emulator import LocalAws
 from ..invariants import forgotten_jobs
 from ..sim.broken_calls import FAULT_MODES, ApiCall
-from ..sim.bus import Delivery, LocalEventBus
+from ..sim.bus import Delivery, EventBus
 from ..sim.wiring import SWEEP_SCHEDULE
 from ..world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, World, build_world
 
@@ -166,7 +166,7 @@ class InvariantWatch:
     due in the deadline index (or, queue-owned, is in the queue index). Reads through the
     emulator's own client: not the flow's calls, never broken."""
 
-    def __init__(self, bus: LocalEventBus, repo: Repository, clock: Callable[[], float],
+    def __init__(self, bus: EventBus, repo: Repository, clock: Callable[[], float],
                  job_ids: Iterable[str] = ()) -> None:
         self.repo = repo
         self.clock = clock

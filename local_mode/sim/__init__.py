@@ -19,8 +19,10 @@ The moto-backed world (demo, playground, scenarios, crash campaigns):
   tasks, reboots, DCGM verdicts) behind moto's control plane; its parts are
   ``ecs_core`` (state, nodes, driver), ``ecs_tasks`` (the lifecycle's moto hooks) and
   ``ecs_faults`` (GPU faults, XIDs).
-* :mod:`~local_mode.sim.bus` — ``LocalEventBus``: EventBridge rules and schedules, SQS
-  event sources, Lambda's async retries and dead letters, in simulated time.
+* :mod:`~local_mode.sim.bus` — ``EventBus``, the one bus of both worlds: EventBridge rules
+  (moto's matcher) and schedules, at-least-once copies, Lambda's async retry policy and dead
+  letters, SQS event-source semantics; delivery synchronous in process here (``LocalQueue``:
+  the queues and their event sources), timed on the engine in the scale world.
 * :mod:`~local_mode.sim.wiring` — the recovery Lambdas on the bus as infra deploys them.
 * :mod:`~local_mode.sim.dynamo` — ``MemoryDynamo``: the in-memory DynamoDB (either world's
   storage backend when moto's is too slow).
@@ -33,9 +35,8 @@ The timed world of the scale simulator (``make bench BENCH=scale``; wired by
 * :mod:`~local_mode.sim.aws_calls` — ``Account``, ``SimClient``: call latency, account-wide
   rate limits, botocore's standard retries and retry quota, call statistics.
 * :mod:`~local_mode.sim.lambdas` — ``LambdaService``: concurrency, containers, timeouts,
-  async retries (``deployment.LAMBDA_ASYNC_RETRY_DELAYS``), dead letters.
-* :mod:`~local_mode.sim.eventbridge` — ``EventBus``: deployed rule patterns, at-least-once
-  delivery, schedules.
+  the bus's async retry policy and dead letters; ``EngineTiming``: the ``EventBus``'s
+  delivery on the engine (each copy after its own random delay, schedules).
 * :mod:`~local_mode.sim.sqs` — ``SqsQueue``, ``SqsEventSource``: queues, redrive, the Lambda
   event source.
 * :mod:`~local_mode.sim.ecs_cluster` — ``EcsCluster``, ``EcsClient``: the ECS control-plane

@@ -1,31 +1,37 @@
-"""``LocalEventBus``: EventBridge rules and schedules, in process and in simulated time.
+"""``EventBus``: the one EventBridge of both simulated worlds, with its SQS event sources and
+Lambda's asynchronous retry policy.
 
-Rules are ``(name, pattern, target)``; patterns are the *deployed* ones from
-``gpu_recovery.constants`` and are matched with moto's EventBridge matcher. Targets
-are ``lambda_handler(event, context)`` callables; each gets a Lambda-shaped context.
+What the bus owns, for both worlds:
 
-* ``put_events(event)`` delivers synchronously to every matching rule's target.
-  ``duplicate_delivery=True`` delivers each event twice (EventBridge is
-  at-least-once; the duplicate is the same dict content with the same ``id``).
-* A target exception is recorded in ``deliveries`` (ok=False) and never stops the bus.
-  A rule's ``retry_delays`` redeliver the failed event later, as Lambda's asynchronous
-  invocation does for the deployed functions (2 retries, about 1 and 2 minutes apart);
-  when they are spent (or there are none) the event lands in ``dead_letters``, like an
-  async invoke failure landing in the function's DLQ.
-* ``add_schedule(name, every_seconds, target)`` fires "Scheduled Event" events as
-  the simulation clock passes each due time (the driver in ``sim.ecs_core`` calls
-  :meth:`fire_due`).
+* **rules** ``(name, pattern, target)``: the *deployed* patterns from
+  ``gpu_recovery.constants``, matched with moto's EventBridge matcher (here only);
+* **at-least-once copies**: every event reaches every matching rule's target ``copies``
+  times (2: EventBridge's duplicates, the same ``id``);
+* **schedules** (``rate()`` rules): "Scheduled Event" events every ``every_seconds``;
+* **Lambda's asynchronous retry policy** (:func:`async_retry_delay`, from
+  ``deployment.AsyncRetries``: 2 retries about 1 and 2 minutes apart, within the maximum
+  event age) and the **dead letters** it ends in (:class:`DeadLetter`, one record for both);
+* **SQS event-source semantics** shared by both queue models: the records a batch is
+  delivered as (``events.sqs_record``) and what a partial batch response fails
+  (:func:`failed_message_ids`).
 
-* ``add_queue(name, target)`` is an SQS queue with a Lambda event source mapping, in
-  simulated time: ``send(bodies, delay_seconds)`` makes messages visible after their
-  delay; due messages are delivered (``batch_size`` per invocation, as SQS records with
-  ``ApproximateReceiveCount``) when the clock passes them; a record the target reports
-  failed (a partial batch response, or the whole batch on an exception) is delivered
-  again after ``visibility_timeout``, and after ``max_receive_count`` receives it lands
-  in ``dead_letters`` as a redrive policy would. With ``duplicate_delivery`` each
-  message is delivered twice (SQS standard queues are at-least-once too).
+How a delivery happens is the pluggable part, the bus's ``timing``:
 
-``local_mode.sim.wiring`` connects the recovery handlers to it as infra deploys them.
+* ``None`` (the moto world): **synchronous, in process**. ``put_events`` invokes each matching
+  target at once with a Lambda-shaped context; a failure is logged in ``deliveries``
+  (ok=False), never stops the bus, is retried per the rule's ``retries`` as the simulated
+  clock passes (the driver in ``sim.ecs_core`` calls :meth:`EventBus.fire_due`), then
+  dead-lettered; schedules and the queues of :meth:`EventBus.add_queue`
+  (:class:`LocalQueue`: batch size, partial batch response,
+  visibility timeout, max receives -> dead letters) fire in ``fire_due`` too.
+* a :class:`~local_mode.sim.lambdas.EngineTiming` (the scale world): **timed on the engine**.
+  Each copy reaches Lambda after its own seeded random delay and is invoked asynchronously
+  by :class:`~local_mode.sim.lambdas.LambdaService` (concurrency, containers, timeouts, the
+  same retry policy and dead letters); schedules run on the engine; the queues are
+  :class:`~local_mode.sim.sqs.SqsQueue` with their Lambda poller.
+
+``local_mode.sim.wiring`` (moto world) and ``local_mode.scale_recovery`` (scale world) put
+the recovery functions on it from ``local_mode.sim.deployment``.
 """
 
 from __future__ import annotations
@@ -39,23 +45,61 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from moto.events.models import EventPattern
 
 from .. import events as ev
+from .deployment import AsyncRetries
 from .lambda_context import LambdaContext
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 Target = Callable[[dict[str, Any], Any], Any]
 
 
+# ===================================================================== the shared semantics
+def async_retry_delay(retries: AsyncRetries | None, attempt: int, age: float,
+                      jitter: Callable[[], float] | None = None) -> float | None:
+    """Lambda's asynchronous invocation after attempt ``attempt`` failed, ``age`` seconds after
+    the event first reached it: the delay before the next attempt, or None (dead letter: the
+    retries are spent, or the next attempt would be past the maximum event age).
+    ``jitter`` draws the extra delay (the scale world's "about a minute")."""
+    if retries is None or attempt > retries.attempts:
+        return None
+    delay = retries.delays[min(attempt, len(retries.delays)) - 1]
+    if jitter is not None:
+        delay += jitter()
+    if age + delay > retries.max_event_age_seconds:
+        return None
+    return delay
+
+
+def failed_message_ids(ok: bool, result: Any, ids: Iterable[str], *,
+                       report_batch_item_failures: bool = True) -> set[str]:
+    """The messages of an SQS batch the event source does not delete: all of them when the
+    invocation failed; else those the partial batch response names (``batchItemFailures``),
+    the whole batch if it names one not in the batch, none without one."""
+    batch = set(ids)
+    if not ok:
+        return batch
+    reported = (result.get("batchItemFailures") if isinstance(result, dict) else None) \
+        if report_batch_item_failures else None
+    if reported is None:
+        return set()
+    failed = {str(f.get("itemIdentifier")) for f in reported}
+    return failed if failed <= batch else batch
+
+
+# ===================================================================== records
 @dataclass
 class Rule:
     name: str
     pattern: dict[str, Any]
-    target: Target
+    target: Target | None  # the in-process handler (None: the engine's function ``target_name``)
     target_name: str
-    retry_delays: tuple[float, ...] = ()
+    retries: AsyncRetries | None = None  # Lambda's async retries of the target (in process)
     _matcher: Any = field(repr=False, default=None)
 
     @property
@@ -72,7 +116,7 @@ class Rule:
 class Schedule:
     name: str
     every_seconds: float
-    target: Target
+    target: Target | None
     target_name: str
     next_due: float
 
@@ -83,7 +127,7 @@ class Schedule:
 
 @dataclass
 class Delivery:
-    """One invocation of a target (the bus's delivery log)."""
+    """One in-process invocation of a target (the bus's delivery log)."""
 
     event_id: str
     detail_type: str
@@ -97,6 +141,28 @@ class Delivery:
     attempt: int = 1  # 2, 3...: a retry of a failed delivery
 
 
+@dataclass
+class DeadLetter:
+    """An event whose retries are spent (an asynchronous target's DLQ) or an SQS message
+    received ``max receives`` times (its queue's redrive), in either world."""
+
+    rule: str  # the rule, schedule or ``sqs:<queue>`` it came through ("" on the engine)
+    target: str  # the function
+    event: Any
+    error: str
+    attempts: int = 1
+    at: float = 0.0
+    traceback: str = ""
+
+    @property
+    def function(self) -> str:
+        return self.target
+
+    @property
+    def payload(self) -> Any:
+        return self.event
+
+
 @dataclass(order=True)
 class _Retry:
     due: float
@@ -104,19 +170,11 @@ class _Retry:
     rule: Rule = field(compare=False)
     event: dict[str, Any] = field(compare=False)
     attempt: int = field(compare=False)
-
-
-@dataclass
-class DeadLetter:
-    rule: str
-    target: str
-    event: dict[str, Any]
-    error: BaseException
-    traceback: str
+    received_at: float = field(compare=False, default=0.0)
 
 
 @dataclass(order=True)
-class _Message:
+class QueueMessage:
     visible_at: float
     seq: int
     message_id: str = field(compare=False)
@@ -127,7 +185,12 @@ class _Message:
 
 @dataclass
 class LocalQueue:
-    """An SQS queue and its Lambda event source mapping (see the module docstring)."""
+    """An SQS queue and its Lambda event source mapping, in process: messages visible at
+    their ``visible_at``; :meth:`EventBus.fire_due` receives up to ``batch_size`` due ones
+    (each receive counted: ``ApproximateReceiveCount``) and delivers them as SQS records; a
+    message the target fails comes back after ``visibility_timeout`` until
+    ``max_receive_count`` receives, then it is a dead letter. (The scale world's queue,
+    polled on the engine, is :class:`~local_mode.sim.sqs.SqsQueue`.)"""
 
     name: str
     target: Target
@@ -135,7 +198,7 @@ class LocalQueue:
     batch_size: int = 1
     visibility_timeout: float = 300.0
     max_receive_count: int = 5
-    messages: list[_Message] = field(default_factory=list)
+    messages: list[QueueMessage] = field(default_factory=list)
     sent: int = 0
     _seq: int = 0
 
@@ -147,11 +210,39 @@ class LocalQueue:
              sent_at: float = 0.0) -> str:
         self._seq += 1
         message_id = message_id or str(uuid.uuid4())
-        heapq.heappush(self.messages, _Message(visible_at, self._seq, message_id, body, receives, sent_at))
+        message = QueueMessage(visible_at, self._seq, message_id, body, receives, sent_at)
+        heapq.heappush(self.messages, message)
         return message_id
 
     def next_visible(self) -> float | None:
         return self.messages[0].visible_at if self.messages else None
+
+    def receive(self, now: float) -> list[QueueMessage]:
+        """ReceiveMessage by the event source: up to ``batch_size`` messages visible at ``now``,
+        oldest first, each receive counted."""
+        batch: list[QueueMessage] = []
+        while len(batch) < self.batch_size and self.messages and self.messages[0].visible_at <= now:
+            message = heapq.heappop(self.messages)
+            message.receives += 1
+            batch.append(message)
+        return batch
+
+    def redeliver(self, message: QueueMessage, visible_at: float) -> None:
+        """A failed message back in the queue once its visibility timeout ends."""
+        self.push(message.body, visible_at, receives=message.receives, message_id=message.message_id,
+                  sent_at=message.sent_at)
+
+    def record(self, message: QueueMessage) -> dict[str, Any]:
+        return ev.sqs_record(message.message_id, message.body, self.arn, receive_count=message.receives,
+                             sent_at=message.sent_at)
+
+
+class Timing(Protocol):
+    """A bus's timed delivery (the engine's): when and how a copy or a schedule reaches Lambda."""
+
+    def deliver(self, rule: Rule, event: dict[str, Any]) -> None: ...
+
+    def start_schedule(self, schedule: Schedule) -> None: ...
 
 
 def _name_of(target: Target) -> str:
@@ -162,25 +253,34 @@ def _name_of(target: Target) -> str:
     return name
 
 
-class LocalEventBus:
-    """In-process EventBridge: rules, targets, schedules; thread-safe."""
+# ===================================================================== the bus
+class EventBus:
+    """EventBridge with its schedules and SQS event sources (see the module docstring);
+    thread-safe in process."""
 
     def __init__(
         self,
         *,
         clock: Callable[[], float] | None = None,
         duplicate_delivery: bool = False,
+        copies: int | None = None,
         raise_errors: bool = False,
+        timing: Timing | None = None,
+        keep_events: bool = True,
     ) -> None:
         self.clock = clock or _time.time
-        self.duplicate_delivery = duplicate_delivery
+        #: every event reaches each matching target this many times (EventBridge: at least once)
+        self.copies = copies if copies is not None else (2 if duplicate_delivery else 1)
         #: re-raise target exceptions (handy while debugging a handler)
         self.raise_errors = raise_errors
+        self.timing = timing
+        self.keep_events = keep_events
         self.rules: list[Rule] = []
         self.schedules: list[Schedule] = []
         self.deliveries: list[Delivery] = []
         self.dead_letters: list[DeadLetter] = []
-        self.events: list[dict[str, Any]] = []  # every event put, in order
+        self.events: list[dict[str, Any]] = []  # every event put, in order (keep_events)
+        self.events_put = 0
         self._retries: list[_Retry] = []
         self._retry_seq = 0
         self.queues: dict[str, LocalQueue] = {}
@@ -188,39 +288,43 @@ class LocalEventBus:
         self.observers: list[Callable[[Delivery], None]] = []
         self._lock = threading.RLock()
 
+    @property
+    def duplicate_delivery(self) -> bool:
+        return self.copies > 1
+
+    @duplicate_delivery.setter
+    def duplicate_delivery(self, value: bool) -> None:
+        self.copies = 2 if value else 1
+
     # --- configuration -----------------------------------------------------------
-    def add_rule(
-        self,
-        name: str,
-        pattern: dict[str, Any],
-        target: Target,
-        target_name: str | None = None,
-        retry_delays: tuple[float, ...] = (),
-    ) -> Rule:
-        rule = Rule(name, pattern, target, target_name or _name_of(target), retry_delays)
+    def add_rule(self, name: str, pattern: dict[str, Any], target: Target | str,
+                 target_name: str | None = None, retries: AsyncRetries | None = None) -> Rule:
+        """A rule to ``target``: a handler (in process) or the engine's function of that name."""
+        handler = None if isinstance(target, str) else target
+        label = target_name or (target if isinstance(target, str) else _name_of(target))
+        rule = Rule(name, pattern, handler, label, retries)
         rule.matches({"source": "probe"})  # fail fast on a pattern moto cannot load
         with self._lock:
             self.rules.append(rule)
         return rule
 
-    def add_schedule(
-        self,
-        name: str,
-        every_seconds: float,
-        target: Target,
-        target_name: str | None = None,
-        first_at: float | None = None,
-    ) -> Schedule:
+    def add_schedule(self, name: str, every_seconds: float, target: Target | str,
+                     target_name: str | None = None, first_at: float | None = None) -> Schedule:
         """A ``rate(...)`` rule: first fires at ``first_at`` (default now + period)."""
         due = first_at if first_at is not None else self.clock() + every_seconds
-        sched = Schedule(name, every_seconds, target, target_name or _name_of(target), due)
+        handler = None if isinstance(target, str) else target
+        label = target_name or (target if isinstance(target, str) else _name_of(target))
+        sched = Schedule(name, every_seconds, handler, label, due)
         with self._lock:
             self.schedules.append(sched)
+        if self.timing is not None:
+            self.timing.start_schedule(sched)
         return sched
 
     def add_queue(self, name: str, target: Target, target_name: str | None = None, *,
                   batch_size: int = 1, visibility_timeout: float = 300.0,
                   max_receive_count: int = 5) -> LocalQueue:
+        """An SQS queue and its event source, in process (on the engine: ``sim.sqs.SqsQueue``)."""
         queue = LocalQueue(name, target, target_name or _name_of(target), batch_size, visibility_timeout,
                            max_receive_count)
         with self._lock:
@@ -242,58 +346,50 @@ class LocalEventBus:
         return [r for r in rules if r.matches(event)]
 
     def put_events(self, event: dict[str, Any]) -> list[Delivery]:
-        """Deliver ``event`` to every matching rule's target (twice if duplicating)."""
+        """Deliver ``event`` to every matching rule's target, ``copies`` times; the in-process
+        deliveries (none on the engine, where each copy is only scheduled)."""
         with self._lock:
-            self.events.append(event)
+            self.events_put += 1
+            if self.keep_events:
+                self.events.append(event)
         out: list[Delivery] = []
         for rule in self.matching_rules(event):
-            copies = 2 if self.duplicate_delivery else 1
-            for i in range(copies):
-                delivery = self._invoke(rule.name, rule.target, rule.target_name, event, i > 0,
-                                        rule=rule)
-                out.append(delivery)
+            for i in range(self.copies):
+                if self.timing is not None:
+                    self.timing.deliver(rule, event)
+                else:
+                    out.append(self._invoke(rule.name, rule.target, rule.target_name, event, i > 0,
+                                            rule=rule))
         return out
 
-    def _invoke(
-        self,
-        rule_name: str,
-        target: Target,
-        target_name: str,
-        event: dict[str, Any],
-        dup: bool,
-        *,
-        rule: Rule | None = None,
-        attempt: int = 1,
-    ) -> Delivery:
+    def _invoke(self, rule_name: str, target: Target | None, target_name: str, event: dict[str, Any],
+                dup: bool, *, rule: Rule | None = None, attempt: int = 1,
+                received_at: float | None = None) -> Delivery:
+        assert target is not None, f"{rule_name}: no in-process target"
         payload = copy.deepcopy(event)  # each invocation gets its own JSON-decoded copy
         context = LambdaContext(function_name=target_name)
-        delivery = Delivery(
-            event_id=event.get("id", ""),
-            detail_type=event.get("detail-type", ""),
-            rule=rule_name,
-            target=target_name,
-            ok=True,
-            time=self.clock(),
-            duplicate=dup,
-            attempt=attempt,
-        )
+        now = self.clock()
+        received = now if received_at is None else received_at
+        delivery = Delivery(event_id=event.get("id", ""), detail_type=event.get("detail-type", ""),
+                            rule=rule_name, target=target_name, ok=True, time=now, duplicate=dup,
+                            attempt=attempt)
         try:
             delivery.result = target(payload, context)
         except Exception as exc:
             delivery.ok = False
             delivery.error = f"{type(exc).__name__}: {exc}"
-            delays = rule.retry_delays if rule is not None else ()
             with self._lock:
-                if rule is not None and attempt <= len(delays):
+                delay = (async_retry_delay(rule.retries, attempt, self.clock() - received)
+                         if rule is not None else None)
+                if rule is not None and delay is not None:
                     self._retry_seq += 1
-                    heapq.heappush(self._retries, _Retry(self.clock() + delays[attempt - 1],
-                                                         self._retry_seq, rule, event, attempt + 1))
+                    heapq.heappush(self._retries, _Retry(self.clock() + delay, self._retry_seq, rule, event,
+                                                         attempt + 1, received))
                 elif rule_name.startswith("sqs:"):
                     pass  # the queue redelivers it (or dead-letters it after its receives)
                 else:
-                    self.dead_letters.append(
-                        DeadLetter(rule_name, target_name, event, exc, traceback.format_exc())
-                    )
+                    self.dead_letters.append(DeadLetter(rule_name, target_name, event, delivery.error,
+                                                        attempt, self.clock(), traceback.format_exc()))
             if self.raise_errors:
                 with self._lock:
                     self.deliveries.append(delivery)
@@ -304,9 +400,12 @@ class LocalEventBus:
             observe(delivery)
         return delivery
 
-    # --- schedules ---------------------------------------------------------------
+    # --- the in-process clock's due work ----------------------------------------------
     def next_schedule_due(self) -> float | None:
-        """When the next schedule, retry or queued message is due."""
+        """When the next schedule, retry or queued message is due (in process; on the engine,
+        the engine holds them)."""
+        if self.timing is not None:
+            return None
         with self._lock:
             times = [s.next_due for s in self.schedules]
             if self._retries:
@@ -324,6 +423,8 @@ class LocalEventBus:
 
     def fire_due(self, now: float | None = None) -> list[Delivery]:
         """Fire every schedule, retry and queued message due at or before ``now`` (in time order)."""
+        if self.timing is not None:
+            raise RuntimeError("a bus timed on the engine fires its own schedules")
         now = self.clock() if now is None else now
         out: list[Delivery] = []
         while True:
@@ -342,9 +443,7 @@ class LocalEventBus:
                     if retry is not None:  # not yet: the queued message is older
                         heapq.heappush(self._retries, retry)
                         retry = None
-                    batch = [heapq.heappop(queue.messages)
-                             for _ in range(min(queue.batch_size, len(queue.messages)))
-                             if queue.messages and queue.messages[0].visible_at <= now]
+                    batch = queue.receive(now)
                 else:
                     batch = []
                 if retry is None and not due and not batch:
@@ -354,7 +453,8 @@ class LocalEventBus:
                 continue
             if retry is not None:
                 out.append(self._invoke(retry.rule.name, retry.rule.target, retry.rule.target_name,
-                                        retry.event, False, rule=retry.rule, attempt=retry.attempt))
+                                        retry.event, False, rule=retry.rule, attempt=retry.attempt,
+                                        received_at=retry.received_at))
                 continue
             with self._lock:
                 sched = min(due, key=lambda s: s.next_due)
@@ -362,41 +462,32 @@ class LocalEventBus:
                 sched.next_due += sched.every_seconds
             event = ev.scheduled_event(sched.arn, time=fire_at)
             with self._lock:
-                self.events.append(event)
+                self.events_put += 1
+                if self.keep_events:
+                    self.events.append(event)
             out.append(self._invoke(sched.name, sched.target, sched.target_name, event, False))
 
-    def _deliver_queue(self, queue: LocalQueue, batch: list[_Message]) -> list[Delivery]:
-        """One event source mapping invocation (twice when duplicating)."""
+    def _deliver_queue(self, queue: LocalQueue, batch: list[QueueMessage]) -> list[Delivery]:
+        """One event source mapping invocation (each copy when duplicating; the first decides)."""
         now = self.clock()
-        for message in batch:
-            message.receives += 1
-        records = [ev.sqs_record(m.message_id, m.body, queue.arn, receive_count=m.receives, sent_at=m.sent_at)
-                   for m in batch]
-        event = {"Records": records}
+        event = {"Records": [queue.record(m) for m in batch]}
         out: list[Delivery] = []
         failed: set[str] = set()
-        for copy_ in range(2 if self.duplicate_delivery else 1):
+        for copy_ in range(self.copies):
             delivery = self._invoke(f"sqs:{queue.name}", queue.target, queue.target_name, event, copy_ > 0)
             out.append(delivery)
             if copy_ == 0:
-                if not delivery.ok:
-                    failed = {m.message_id for m in batch}
-                elif isinstance(delivery.result, dict):
-                    failed = {str(f.get("itemIdentifier"))
-                              for f in delivery.result.get("batchItemFailures") or []}
+                failed = failed_message_ids(delivery.ok, delivery.result, (m.message_id for m in batch))
         with self._lock:
             for message in batch:
                 if message.message_id not in failed:
                     continue
                 if message.receives >= queue.max_receive_count:
                     self.dead_letters.append(DeadLetter(
-                        f"sqs:{queue.name}", queue.target_name, {"Records": [ev.sqs_record(
-                            message.message_id, message.body, queue.arn, receive_count=message.receives,
-                            sent_at=message.sent_at)]},
-                        RuntimeError(f"received {message.receives} times"), ""))
+                        f"sqs:{queue.name}", queue.target_name, {"Records": [queue.record(message)]},
+                        f"RuntimeError: received {message.receives} times", message.receives, now))
                 else:
-                    queue.push(message.body, now + queue.visibility_timeout, receives=message.receives,
-                               message_id=message.message_id, sent_at=message.sent_at)
+                    queue.redeliver(message, now + queue.visibility_timeout)
         return out
 
     # --- inspection --------------------------------------------------------------
@@ -407,4 +498,3 @@ class LocalEventBus:
     def delivered_to(self, target_name: str) -> list[Delivery]:
         with self._lock:
             return [d for d in self.deliveries if d.target == target_name]
-

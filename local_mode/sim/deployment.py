@@ -8,8 +8,8 @@ asynchronous retry policy for it. This module says the same from the same number
 (``gpu_recovery.constants``, which infra reads too); tests/infra/test_infra_scale_sim.py
 checks it against the synthesized template.
 
-The moto world (``local_mode.sim.wiring``: :class:`~local_mode.sim.bus.LocalEventBus`) and
-the scale world (``local_mode.scale_recovery``: ``EventBus`` over ``LambdaService``) both
+The moto world (``local_mode.sim.wiring``: :class:`~local_mode.sim.bus.EventBus`) and
+the scale world (``local_mode.scale_recovery``: the same bus timed over ``LambdaService``) both
 read :data:`RULES`, :data:`SCHEDULES`, :data:`QUEUES` and :data:`FUNCTIONS`; neither
 writes the table again.
 """

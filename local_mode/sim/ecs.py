@@ -30,7 +30,7 @@ node die. Health-check verdicts follow the node's ``health`` (exit codes 0-3 of 
 health check, and its JSON verdict line in the log group).
 
 Time never passes by itself: ``run_for`` / ``run_until`` / ``run_until_idle`` pop the
-action queue in time order, deliver each emitted event to the ``LocalEventBus`` and
+action queue in time order, deliver each emitted event to the ``EventBus`` and
 fire its schedules. Events caused while a handler runs are queued, never delivered
 re-entrantly. All hooks are guarded by one lock: handlers may run on many threads.
 
@@ -61,7 +61,7 @@ from .. import cluster_query
 from .. import events as ev
 from ..api_hooks import hook_answer
 from ..emulator import LocalAws
-from .bus import LocalEventBus
+from .bus import EventBus
 from .ecs_faults import GpuFaults
 from .ecs_model import Task
 
@@ -71,7 +71,7 @@ REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 class SimulatedEcs(GpuFaults):
     """The simulated ECS data plane; see the module docstring."""
 
-    def __init__(self, local: LocalAws, bus: LocalEventBus, **options: Any) -> None:
+    def __init__(self, local: LocalAws, bus: EventBus, **options: Any) -> None:
         """``options``: the timings and switches of :class:`~local_mode.sim.ecs_core.EcsCore`."""
         super().__init__(local, bus, **options)
         hooks = local.hooks

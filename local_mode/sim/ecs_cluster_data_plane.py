@@ -31,6 +31,7 @@ from .. import events as ev
 from ..events import ACCOUNT_ID, REGION
 from ..health_verdicts import HEALTH_CHECK_LOG_GROUP, HEALTH_VALUES
 from .aws_calls import Account, ClientFailure
+from .bus import EventBus
 from .ecs_data_plane import DataPlane
 from .ecs_model import (
     Node,
@@ -40,7 +41,6 @@ from .ecs_model import (
     describe_task,
 )
 from .engine import Simulation
-from .eventbridge import EventBus
 from .log_store import LogStore
 
 
@@ -185,14 +185,14 @@ class ClusterDataPlane(DataPlane):
             observe(task)
         event = ev.task_state_change(self.describe(task, tags=False), time=self.sim.now,
                                      account=ACCOUNT_ID, region=REGION, event_id=self._event_id())
-        self.bus.put(event)
+        self.bus.put_events(event)
         return event
 
     def _instance_state_change(self, node: Node) -> dict[str, Any]:
         event = ev.container_instance_state_change(self.describe_instance(node), time=self.sim.now,
                                                    account=ACCOUNT_ID, region=REGION,
                                                    event_id=self._event_id())
-        self.bus.put(event)
+        self.bus.put_events(event)
         return event
 
     def _control_plane_stopped(self, task: Task) -> None:

@@ -22,7 +22,7 @@ from gpu_recovery import clock as gr_clock
 from .. import events as ev
 from ..emulator import LocalAws
 from ..health_verdicts import HEALTH_VALUES
-from .bus import LocalEventBus
+from .bus import EventBus
 from .clock import DEFAULT_START, SimClock, TimedActions
 from .ecs_data_plane import DataPlane
 from .ecs_model import Node, Task, describe_container_instance
@@ -35,7 +35,7 @@ class EcsCore(DataPlane):
     def __init__(
         self,
         local: LocalAws,
-        bus: LocalEventBus,
+        bus: EventBus,
         *,
         start: float = DEFAULT_START,
         train_seconds: float | None = 3600,

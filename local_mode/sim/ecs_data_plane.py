@@ -12,7 +12,7 @@ the task and the container instance (``_task_state_change``, ``_instance_state_c
 keeping its control plane in step (``_control_plane_running``, ``_control_plane_stopped``),
 where the verdict line goes (``_write_verdict_log``) and how a reboot is counted
 (``_count_reboot``). The moto world is :class:`~local_mode.sim.ecs.SimulatedEcs` (its driver
-delivers the events an action returns to the ``LocalEventBus``, after the action); the
+delivers the events an action returns to the ``EventBus``, after the action); the
 scale world is :class:`~local_mode.sim.ecs_cluster.EcsCluster` (its hooks put each event on
 its ``EventBus`` as it is made, in the order its random draws were always made). The
 records and their transitions are :mod:`~local_mode.sim.ecs_model`'s.

@@ -11,7 +11,7 @@ from gpu_recovery import constants as C
 
 from ..emulator import LocalAws
 from ..health_verdicts import HEALTH_VALUES
-from .bus import LocalEventBus
+from .bus import EventBus
 from .ecs_model import Node
 from .ecs_tasks import TaskLifecycle
 
@@ -19,7 +19,7 @@ from .ecs_tasks import TaskLifecycle
 class GpuFaults(TaskLifecycle):
     """Injected GPU faults and XIDs (see ``local_mode.sim.ecs``)."""
 
-    def __init__(self, local: LocalAws, bus: LocalEventBus, **options: Any) -> None:
+    def __init__(self, local: LocalAws, bus: EventBus, **options: Any) -> None:
         super().__init__(local, bus, **options)
         #: how an XID reaches the stack: (node name, report body) -> None; raises on failure
         self.gpu_reporter: Callable[[str, dict[str, Any]], Any] = self._report_gpu_to_service

@@ -1,6 +1,6 @@
 """``LambdaContext``: the Lambda context object every simulated invocation gets, in both worlds.
 
-The moto world's bus (:class:`~local_mode.sim.bus.LocalEventBus`), the local API server
+The moto world's bus (:class:`~local_mode.sim.bus.EventBus`), the local API server
 (``local_mode.server``), the campaigns and the scale world's functions
 (``local_mode.scale_recovery``) hand their handlers this one class: the fields Powertools
 reads (function name, ARN, memory, request id, log group and stream) and the invocation's

@@ -1,4 +1,5 @@
-"""``LambdaService``: Lambda in the scale simulator's account, in simulated time.
+"""``LambdaService``: Lambda in the scale simulator's account, in simulated time, and the
+engine's timing of the one event bus (:class:`EngineTiming`).
 
 Asynchronous invocations (EventBridge targets, schedules) and synchronous ones (an SQS
 event source); an account concurrency limit (1,000: an invocation beyond it waits for a
@@ -6,9 +7,13 @@ free slot, as Lambda's async queue does); a container per concurrent invocation,
 afterwards (per-container state: the service object, its clients and their retry quota);
 the function timeout ends an invocation at its next AWS call or sleep past the deadline
 (:class:`~local_mode.sim.engine.LambdaTimeout`); a failed asynchronous invocation is
-retried twice, about 1 and then 2 minutes later (:data:`LAMBDA_ASYNC_RETRY_DELAYS`, up to
-5 s of jitter), unless older than the maximum event age, then dead-lettered
-(:class:`DeadInvocation`: counted, kept).
+retried by the bus's policy (:func:`~local_mode.sim.bus.async_retry_delay`: twice, about 1
+and then 2 minutes later, up to 5 s of jitter, unless older than the maximum event age), then
+dead-lettered (:class:`~local_mode.sim.bus.DeadLetter`: counted, kept).
+
+:class:`EngineTiming` is how :class:`~local_mode.sim.bus.EventBus` delivers on the engine:
+each copy of an event reaches Lambda after its own random (seeded) delay and is invoked
+asynchronously; a schedule fires on the engine.
 
 Limits: Lambda scales to the concurrency limit at once (no burst ramp-up); no cold starts.
 """
@@ -16,11 +21,16 @@ Limits: Lambda scales to the concurrency limit at once (no burst ramp-up); no co
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from .deployment import LAMBDA_ASYNC_RETRY_DELAYS
+from .. import events as ev
+from ..events import ACCOUNT_ID, REGION
+from .bus import DeadLetter, Rule, Schedule, async_retry_delay
+from .deployment import LAMBDA_ASYNC_RETRY_DELAYS, AsyncRetries
 from .engine import Process, Simulation
 
 # "About" a minute: Lambda's internal queue does not replay failures in lockstep (an
@@ -78,23 +88,9 @@ class LambdaFunction:
     handler: Callable[[Any, Any], Any]  # (container, payload) -> result
     timeout: float
     make_container: Callable[[], Any]
-    async_retries: int = 2
-    retry_delays: tuple[float, ...] = LAMBDA_ASYNC_RETRY_DELAYS
-    max_event_age: float = 7200.0
+    retries: AsyncRetries = field(default_factory=lambda: AsyncRetries(2, 7200.0, LAMBDA_ASYNC_RETRY_DELAYS))
     idle: list[Any] = field(default_factory=list)
     stats: FunctionStats = field(default_factory=FunctionStats)
-
-
-@dataclass
-class DeadInvocation:
-    """An asynchronous invocation whose retries are spent (the function's DLQ); the moto
-    world's bus keeps ``local_mode.sim.bus.DeadLetter`` records of the same failures."""
-
-    function: str
-    payload: Any
-    error: str
-    attempts: int
-    at: float
 
 
 class LambdaService:
@@ -111,7 +107,7 @@ class LambdaService:
         self.throttled = 0  # invocations that waited for a free slot
         self._waiting: list[tuple[Invocation, Callable[[Invocation], None] | None]] = []
         self._waiting_head = 0
-        self.dead_letters: list[DeadInvocation] = []
+        self.dead_letters: list[DeadLetter] = []
         self.keep_invocations = keep_invocations
         self.invocations: list[Invocation] = []
         self._numbers = itertools.count(1)  # invocation ids (the conflict model tells them apart)
@@ -120,7 +116,7 @@ class LambdaService:
                      make_container: Callable[[], Any] | None = None, async_retries: int = 2,
                      max_event_age: float = 7200.0) -> LambdaFunction:
         function = LambdaFunction(name, handler, timeout, make_container or (lambda: None),
-                                  async_retries=async_retries, max_event_age=max_event_age)
+                                  AsyncRetries(async_retries, max_event_age))
         self.functions[name] = function
         return function
 
@@ -206,17 +202,16 @@ class LambdaService:
 
     def _retry_or_dead_letter(self, function: LambdaFunction, invocation: Invocation) -> None:
         attempt = invocation.attempt
-        if attempt <= function.async_retries:
-            delay = function.retry_delays[min(attempt, len(function.retry_delays)) - 1]
-            delay += self.sim.rng.uniform(0.0, self.retry_jitter)
-            if self.sim.now + delay - invocation.received_at <= function.max_event_age:
-                function.stats.retries += 1
-                self.sim.after(delay, lambda: self.invoke_async(
-                    function.name, invocation.payload, received_at=invocation.received_at,
-                    attempt=attempt + 1), f"retry {function.name}")
-                return
+        delay = async_retry_delay(function.retries, attempt, self.sim.now - invocation.received_at,
+                                  lambda: self.sim.rng.uniform(0.0, self.retry_jitter))
+        if delay is not None:
+            function.stats.retries += 1
+            self.sim.after(delay, lambda: self.invoke_async(
+                function.name, invocation.payload, received_at=invocation.received_at,
+                attempt=attempt + 1), f"retry {function.name}")
+            return
         function.stats.dead_letters += 1
-        self.dead_letters.append(DeadInvocation(function.name, invocation.payload, invocation.error, attempt,
+        self.dead_letters.append(DeadLetter("", function.name, invocation.payload, invocation.error, attempt,
                                             self.sim.now))
 
     def summary(self) -> dict[str, Any]:
@@ -224,3 +219,34 @@ class LambdaService:
                 "max_concurrency": self.max_running, "waited_for_concurrency": self.throttled,
                 "dead_letters": len(self.dead_letters)}
 
+
+
+class EngineTiming:
+    """The event bus's delivery on the engine (:class:`~local_mode.sim.bus.EventBus` ``timing``):
+    each copy of an event reaches ``lambdas`` after a random ``delivery_delay`` (seeded, so a
+    burst arrives in random order) as an asynchronous invocation of the rule's function; a
+    schedule's Scheduled Events are invoked the same way as the engine passes their times.
+
+    Limits: EventBridge delivers within a fixed random delay."""
+
+    def __init__(self, sim: Simulation, lambdas: LambdaService, *,
+                 delivery_delay: tuple[float, float] = (0.05, 0.5)) -> None:
+        self.sim = sim
+        self.lambdas = lambdas
+        self.delivery_delay = delivery_delay
+
+    def deliver(self, rule: Rule, event: dict[str, Any]) -> None:
+        received = self.sim.now
+        delay = self.sim.rng.uniform(*self.delivery_delay)
+        payload = json.loads(json.dumps(event))  # each target gets its own decoded copy
+        deliver = partial(self.lambdas.invoke_async, rule.target_name, payload, received_at=received)
+        self.sim.after(delay, deliver, f"deliver to {rule.target_name}")
+
+    def start_schedule(self, schedule: Schedule) -> None:
+        def fire() -> None:
+            event = ev.scheduled_event(schedule.arn, time=self.sim.now, account=ACCOUNT_ID, region=REGION)
+            self.lambdas.invoke_async(schedule.target_name, event)
+            schedule.next_due = self.sim.now + schedule.every_seconds
+            self.sim.after(schedule.every_seconds, fire, f"schedule {schedule.name}")
+
+        self.sim.at(schedule.next_due, fire, f"schedule {schedule.name}")

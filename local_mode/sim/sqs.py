@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from .. import events as ev
 from ..events import ACCOUNT_ID, REGION
 from .aws_calls import Account, SimClient
+from .bus import failed_message_ids
 from .engine import Simulation
 from .lambdas import Invocation, LambdaService
 
@@ -240,13 +242,9 @@ class SqsEventSource:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
             self.batches += 1
-            records = [{"messageId": m.message_id, "receiptHandle": m.message_id, "body": m.body,
-                        "attributes": {"ApproximateReceiveCount": str(m.receive_count),
-                                       "SentTimestamp": str(int(m.sent_at * 1000)),
-                                       "ApproximateFirstReceiveTimestamp":
-                                           str(int((m.first_received_at or sim.now) * 1000))},
-                        "messageAttributes": {}, "eventSource": "aws:sqs", "eventSourceARN": queue.arn,
-                        "awsRegion": REGION} for m in batch]
+            records = [ev.sqs_record(m.message_id, m.body, queue.arn, receive_count=m.receive_count,
+                                     sent_at=m.sent_at, first_received_at=m.first_received_at or sim.now)
+                       for m in batch]
             self.lambdas.invoke(self.function, {"Records": records},
                                 partial(self._done, ids=[m.message_id for m in batch]))
         pending = [m.visible_at for m in queue.messages.values() if m.visible_at > sim.now]
@@ -276,17 +274,9 @@ class SqsEventSource:
     def _done(self, invocation: Invocation, ids: list[str]) -> None:
         self.active -= 1
         queue = self.queue
-        failed: set[str] = set(ids)
-        if invocation.ok:
-            result = invocation.result if isinstance(invocation.result, dict) else {}
-            reported = result.get("batchItemFailures") if self.report_batch_item_failures else None
-            if reported is None:
-                failed = set()
-            else:
-                failed = {str(f.get("itemIdentifier")) for f in reported}
-                if not failed <= set(ids):
-                    failed = set(ids)  # an identifier not in the batch fails the whole batch
-        else:
+        failed = failed_message_ids(invocation.ok, invocation.result, ids,
+                                    report_batch_item_failures=self.report_batch_item_failures)
+        if not invocation.ok:
             self.failed_batches += 1
         self.failed_items += len(failed & set(ids))
         for message_id in ids:

@@ -14,14 +14,14 @@ from gpu_recovery import constants as C
 from ..api_hooks import hook_answer
 from ..emulator import LocalAws
 from . import deployment as D
-from .bus import LocalEventBus, Target
+from .bus import EventBus, Target
 
 SWEEP_SCHEDULE = D.SWEEP_SCHEDULE.name
 GANG_QUEUE = D.GANG_QUEUE.name
 
 
 def wire_recovery_handlers(
-    bus: LocalEventBus,
+    bus: EventBus,
     cluster_arn: str,
     *,
     sweep_every_seconds: float | None = D.SWEEP_SCHEDULE.every_seconds,
@@ -43,9 +43,8 @@ def wire_recovery_handlers(
     targets: dict[str, Target] = {}
     for rule in D.RULES:
         targets[rule.function] = load(rule.function)
-        retries = D.FUNCTIONS[rule.function].retries
         bus.add_rule(rule.name, rule.pattern(cluster_arn), targets[rule.function], rule.function,
-                     retry_delays=retries.delays[:retries.attempts] if retries is not None else ())
+                     retries=D.FUNCTIONS[rule.function].retries)
     if sweep_every_seconds:
         for schedule in D.SCHEDULES:
             # The moto world's schedules are not retried (a failed tick is a dead letter at once).
@@ -61,7 +60,7 @@ def wire_recovery_handlers(
     return targets
 
 
-def route_queues(bus: LocalEventBus) -> None:
+def route_queues(bus: EventBus) -> None:
     """The handlers' SendMessageBatch to the gang queue or the tag lookup queue lands in the
     bus's queue of that name (in simulated time) instead of moto's, answered as SQS answers it.
     The tag lookup queue is named in the handlers' environment here, with its worker wired
