@@ -309,6 +309,19 @@ def test_a_healthy_verdict_counts_once_however_often_it_is_counted() -> None:
         assert _shard_sum(w) == 1 and w.repo.faults.counted(job).tally.pending == 3
 
 
+def test_counts_of_the_release_before_still_count_on_a_fault_in_flight_across_an_upgrade() -> None:
+    with world(max_app_restarts=1) as w:
+        nodes = [f"node-{i}" for i in range(4)]
+        _cascade(w, nodes)
+        job = w.repo.get_job("j")
+        # Two healthy verdicts counted as numbers by the previous release, on shard 0.
+        legacy = {C.JOB_PK: C.fault_tally_shard_key("j", 1, 0), "item_type": "TALLY_SHARD",
+                  "decided": 2, "infra": 1}
+        assert w.repo.db.put_if_absent(w.repo.job_table_name, legacy, C.JOB_PK)
+        counted = w.repo.faults.counted(job).tally
+        assert counted.decided_all == 2 and counted.infra_all == 1 and counted.pending == 2
+
+
 def test_no_transaction_touches_a_tally_shard() -> None:
     """Healthy verdicts count with plain UpdateItems (sets: idempotent), so thousands at once
     never cancel each other's transactions on a shared shard."""

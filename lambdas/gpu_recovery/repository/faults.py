@@ -177,8 +177,10 @@ class FaultRepository:
         if not job.in_fault or tally.total is None or tally.decided >= tally.total:
             return job
         shards = self._shard_items(job)
-        decided = sum(len(i.get("decided_nodes") or ()) for i in shards.values())
-        infra = sum(len(i.get("infra_nodes") or ()) for i in shards.values())
+        # A fault in flight across an upgrade: the release before counted plain numbers
+        # (``decided``, ``infra``) on the same keys; they still count.
+        decided = sum(len(i.get("decided_nodes") or ()) + int(i.get("decided") or 0) for i in shards.values())
+        infra = sum(len(i.get("infra_nodes") or ()) + int(i.get("infra") or 0) for i in shards.values())
         return replace(job, tally=replace(tally, shard_decided=decided, shard_infra=infra))
 
     def recount(self, job: Job) -> int:
