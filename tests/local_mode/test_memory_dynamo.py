@@ -5,9 +5,11 @@ same results and leave the same items; plus the DynamoDB semantics MemoryDynamo 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from boto3.dynamodb.conditions import Key
@@ -20,7 +22,7 @@ from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.domain.states import InstanceState, JobState, RankState
-from gpu_recovery.repository import RankStop, Repository
+from gpu_recovery.repository import RankStop, Repository, health_check_slots
 from gpu_recovery.repository.rate_limit import RateLimitRepository
 from local_mode.emulator import LocalAws
 from local_mode.sim.dynamo import MAX_ITEM_BYTES, MemoryDynamo, item_size
@@ -66,6 +68,13 @@ def _pages(table: Any, **query: Any) -> list[list[dict[str, Any]]]:
 
 
 def scenario(ddb: Any) -> list[tuple[str, Any]]:
+    # A claim token's random part, the same in both runs.
+    counter = itertools.count()
+    with patch.object(health_check_slots, "_nonce", lambda: f"{next(counter):08x}"):
+        return _scenario(ddb)
+
+
+def _scenario(ddb: Any) -> list[tuple[str, Any]]:
     """The same sequence on any boto3-shaped DynamoDB resource; what each step gave."""
     now = [T0]
     clock.set_clock(lambda: now[0])
@@ -168,7 +177,8 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         assert stable_shard("n0", 2) == 0
         step("claim hc", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
                                                          cluster=2, now=now[0]).outcome.value)
-        step("claim hc again", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
+        # (Raced: with room on the slot items; a full share answers before the instance is tried.)
+        step("claim hc again", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=4,
                                                                cluster=5, now=now[0]).outcome.value)
         n1 = repo.get_instance("n1")
         assert n1 is not None
@@ -180,6 +190,14 @@ def scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("wait for a slot", lambda: repo.wait_for_health_check_slot(n1, "j1", now[0]))
         step("waiting", lambda: repo.slots.waiting("j1", 10))
         step("running", lambda: repo.slots.running())
+        # The reaper: a token its instance holds is never reaped; one nobody holds is, once old.
+        step("reap, held", lambda: repo.slots.reap(now[0] + 7200))
+        step("orphan token", lambda: repo.slots._hold(
+            C.DEFAULT_INSTANCE_TABLE_NAME, {C.INSTANCE_PK: C.health_check_slot_shard_key(1)},
+            f"n1|{int(now[0])}|ffffffff|j1", 9, {}))
+        step("reap, young", lambda: repo.slots.reap(now[0] + 60))
+        step("reap, old", lambda: repo.slots.reap(now[0] + 7200))
+        step("running after reaping", lambda: repo.slots.running_by_shard())
         step("record hc task", lambda: repo.record_health_check_task("n0", "sb-1", "arn:hc-task",
                                                                      now[0] + 300))
         step("record hc task, other claim", lambda: repo.record_health_check_task("n0", "sb-2", "x", now[0]))
@@ -339,6 +357,9 @@ def test_the_same_repository_intents_give_the_same_results_and_items_on_moto_and
     claims = ("claim hc", "claim hc again", "claim hc, job full", "claim hc, cluster full")
     assert [results[k] for k in claims] == ["claimed", "raced", "job_full", "cluster_full"]
     assert results["waiting"] == ["n1"] and results["running"] == 1
+    reaped = ("reap, held", "reap, young", "reap, old")
+    assert [results[k] for k in reaped] == [0, 0, 1]
+    assert sum(results["running after reaping"].values()) == 1  # n0's, still held
 
 
 # ============================================================== DynamoDB semantics

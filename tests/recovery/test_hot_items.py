@@ -145,7 +145,7 @@ def test_a_check_claimed_before_the_shards_is_released_on_the_unsharded_item() -
     table = repo.db.table(INSTANCES)
     table.put_item(Item={C.INSTANCE_PK: C.HEALTH_CHECK_SLOTS_KEY, "item_type": "HC_SLOTS", "running": 1})
     table.put_item(Item={C.INSTANCE_PK: C.health_check_slot_shard_key(shard), "running": 0})
-    table.update_item(Key={C.INSTANCE_PK: "n1"}, UpdateExpression="REMOVE hc_slot_shard")
+    table.update_item(Key={C.INSTANCE_PK: "n1"}, UpdateExpression="REMOVE hc_slot_shard, hc_slot_token")
     legacy = repo.get_instance("n1")
     assert legacy is not None and legacy.hc_slot_shard is None
     assert repo.slots.running() == 1

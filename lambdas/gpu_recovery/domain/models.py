@@ -157,6 +157,7 @@ class Instance:
     hc_owner: str = ""  # the job whose share of health checks this running check holds
     hc_job_slot: bool = True  # it holds a slot of its owner's share (none when no share is kept)
     hc_slot_shard: int | None = None  # the shard of the cluster's slots it holds one of (None: unsharded)
+    hc_slot_token: str = ""  # the token holding its slots (none: claimed by the release before, counted)
     hc_claimed_at: float | None = None  # when it got its slot (its time limit runs from here)
     hc_waiting_for_slot: bool = False  # no slot free: waits in its owner's queue
     # "<job>#<attempt>" of jobs that left before the verdict (spare first): the check is

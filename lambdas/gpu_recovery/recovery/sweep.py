@@ -40,6 +40,7 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.repository.faults import suspect_from_item
+from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
 from gpu_recovery.repository.notices import NOTICE_ITEM_TYPE
 
@@ -107,6 +108,14 @@ class Sweep:
         except Exception:
             logger.exception("cordon sweep failed")
             handled["error"] = handled.get("error", 0) + 1
+        if int(now // 60) % (REAP_EVERY_SECONDS // 60) == 0:
+            try:  # health-check slots a claim or a release that died half-way left taken
+                reaped = self.deps.repo.slots.reap(now)
+                if reaped:
+                    handled["slot_reaped"] = reaped
+            except Exception:
+                logger.exception("health-check slot reaper failed")
+                handled["error"] = handled.get("error", 0) + 1
         if deferred:
             handled["deferred_to_next_sweep"] = deferred
         return Outcome("swept", detail={"handled": handled})

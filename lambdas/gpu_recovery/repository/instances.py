@@ -102,13 +102,15 @@ class Instances(RecoveryTables):
             extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
             extra_names={"#att": "hc_start_attempts"},
         )
-        taken = self.slots.claim(claim, owner, per_job=per_job if job_slot else None, cluster=cluster)
+        taken = self.slots.claim(claim, owner, per_job=per_job if job_slot else None, cluster=cluster,
+                                 now=now)
         if taken.outcome is not Claim.CLAIMED:
             return HealthCheckClaim(taken.outcome)
         return HealthCheckClaim(Claim.CLAIMED, replace(
             instance, state=InstanceState.HEALTH_CHECKING, hc_started_by=started_by,
             hc_lease_until=lease_until, hc_owner=owner, hc_claimed_at=now, hc_job_slot=job_slot,
-            hc_slot_shard=taken.shard, hc_waiting_for_slot=False, deadline_at=lease_until))
+            hc_slot_shard=taken.shard, hc_slot_token=taken.token, hc_waiting_for_slot=False,
+            deadline_at=lease_until))
 
     def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool:
         """No slot free: the pending check waits in its owner's queue (no time limit while it
@@ -154,8 +156,8 @@ class Instances(RecoveryTables):
     def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
                                    retry_at: float) -> bool:
         """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING, its slot
-        given back."""
-        return self.db.transact([self.instance_update(
+        given back (after the commit)."""
+        return self._released(instance, [self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING,
             increments={"hc_start_attempts": 1} if placement_failed else {},
@@ -168,8 +170,8 @@ class Instances(RecoveryTables):
 
     def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool:
         """The check ended without a verdict (image pull, OOM...): run it again (its slot
-        given back; it takes one again when it starts)."""
-        return self.db.transact([self.instance_update(
+        given back after the commit; it takes one again when it starts)."""
+        return self._released(instance, [self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
             to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
             remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until",
@@ -178,6 +180,14 @@ class Instances(RecoveryTables):
             extra_condition="#sb = :sb", extra_values={":sb": started_by},
             extra_names={"#sb": "hc_started_by"},
         ), *self.slots.release(instance)])
+
+    def _released(self, instance: Instance, updates: list[Update]) -> bool:
+        """A way out of HEALTH_CHECKING committed, then its slots given back (plain writes,
+        best effort: the sweep's reaper frees what a lost one leaves)."""
+        if not self.db.transact(updates):
+            return False
+        self.slots.give_back(instance)
+        return True
 
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:
         return self.db.apply(self.instance_update(inst_id, from_states=[state], deadline_at=deadline_at))

@@ -161,14 +161,19 @@ class NodeDecisions(JobsAndRanks, Instances):
         for verdict in jobs:
             updates += self.job_verdict_updates(instance.container_inst_id, verdict)
         updates += self.faults.verdict_after_leaving(instance, decision.findings, to or instance.state, now)
-        if instance.state is InstanceState.HEALTH_CHECKING \
-                and InstanceState.HEALTH_CHECKING in decision.from_states:
+        releasing = instance.state is InstanceState.HEALTH_CHECKING \
+            and InstanceState.HEALTH_CHECKING in decision.from_states
+        if releasing:
             updates += self.slots.release(instance)
         if breaker is not None:
             updates.append(breaker)
         updates += cordon_sync
         updates += list(also)
-        return self.db.transact(updates)
+        if not self.db.transact(updates):
+            return False
+        if releasing:
+            self.slots.give_back(instance)
+        return True
 
     def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update:
         """NODE_LOST -> FAILED on the same attempt (its node unreachable), with the fault's
@@ -335,4 +340,8 @@ class NodeDecisions(JobsAndRanks, Instances):
                 set_fields={"last_error": failure.reason[:1000],
                             **self.stop_fanout_fields(job.attempt, failure.reason, now),
                             **self.job_deadline_fields(now + 60)}))
-        return self.db.transact([*updates, *also])
+        if not self.db.transact([*updates, *also]):
+            return False
+        if instance.state is InstanceState.HEALTH_CHECKING:
+            self.slots.give_back(instance)
+        return True

@@ -160,6 +160,7 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         hc_owner=str(item.get("hc_owner") or ""),
         hc_job_slot=bool(item.get("hc_job_slot", True)),
         hc_slot_shard=None if item.get("hc_slot_shard") is None else int(item["hc_slot_shard"]),
+        hc_slot_token=str(item.get("hc_slot_token") or ""),
         hc_claimed_at=item.get("hc_claimed_at"),
         hc_waiting_for_slot=bool(item.get(HC_WAIT_PK)),
         hc_left=set(item.get("hc_left", set())),
