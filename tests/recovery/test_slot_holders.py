@@ -186,6 +186,22 @@ def test_the_reaper_looks_up_at_most_its_cap_a_run() -> None:
     assert repo.slots.running() == 0
 
 
+def test_checks_running_long_do_not_hide_the_orphans_from_a_capped_reaper() -> None:
+    """Old tokens that their instances hold come first in every shard's order; the cap's
+    sample still reaches the orphan behind them."""
+    repo = _repo()
+    shard = stable_shard("z9", SHARDS)
+    same_shard = [n for n in (f"a{i}" for i in range(5000)) if stable_shard(n, SHARDS) == shard][:6]
+    for node in same_shard:  # their tokens sort before z9's on the same shard
+        assert _claim(repo, _pending(repo, node)) is Claim.CLAIMED  # held, never reaped
+    _pending(repo, "z9")
+    assert repo.slots._hold(INSTANCES, {C.INSTANCE_PK: C.health_check_slot_shard_key(shard)},
+                            claim_token("z9", T0, ""), 32, {})
+    later = T0 + REAP_AFTER_SECONDS + 1
+    reaped = sum(repo.slots.reap(later, cap=2) for _ in range(40))
+    assert reaped == 1 and repo.slots.running() == 6
+
+
 def test_a_check_claimed_by_the_release_before_gives_back_its_counts() -> None:
     """Upgrade: no token on the instance, a number ``running`` on its shard and its job's
     item: counted by ``running()``, decremented in the release's transaction."""

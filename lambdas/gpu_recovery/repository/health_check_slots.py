@@ -46,6 +46,7 @@ waiting check every ten minutes (one whose jobs all moved on is let go).
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -254,7 +255,10 @@ class HealthCheckSlots:
                 continue
             old += [(shard, t) for t in sorted(item.get(HOLDERS) or ())
                     if token_age(t, now) > REAP_AFTER_SECONDS]
-        old = old[:cap]
+        if len(old) > cap:
+            # A sample, not the first ones: checks that legitimately run longer than
+            # REAP_AFTER_SECONDS (their instances hold them) cannot hide the orphans behind.
+            old = random.sample(old, cap)
         if not old:
             return 0
         ids = sorted({token_instance(t) for _, t in old})
