@@ -55,7 +55,9 @@ def test_in_process_a_queue_delivers_batches_redelivers_failed_items_and_dead_le
     whose worker fails one message every time
     When three messages are sent
     Then they arrive two to a batch, the failing one comes back every 30 s with its receive
-    count, and after its third receive it is a dead letter; the others are delivered once."""
+    count, and on the receive after its third (30 s later: SQS's redrive happens on the receive
+    attempt that would exceed maxReceiveCount) it is a dead letter, in the queue's dead-letter
+    queue too; the others are delivered once."""
     seen: list[tuple[float, str, int]] = []
 
     def worker(event: dict[str, Any], _context: Any) -> dict[str, Any]:
@@ -77,7 +79,10 @@ def test_in_process_a_queue_delivers_batches_redelivers_failed_items_and_dead_le
         assert len([d for d in world.bus.delivered_to("worker") if d.time == start]) == 2  # 2 + 1
         assert [(t, count) for t, body, count in seen if body == "bad"] == [(0, 1), (30, 2), (60, 3)]
         (dead,) = world.bus.dead_letters
-        assert (dead.rule, dead.target, dead.attempts) == ("sqs:work", "worker", 3)
+        assert (dead.rule, dead.target, dead.attempts, dead.at - start) == ("sqs:work", "worker", 3, 90)
+        queue = world.bus.queues["work"].queue
+        assert queue.moved_to_dead_letter == 1 and queue.dead_letter is not None
+        assert [m.body for m in queue.dead_letter.messages.values()] == ["bad"]
         assert json.loads(json.dumps(dead.event))["Records"][0]["body"] == "bad"
         assert world.bus.queued() == 0
 
