@@ -114,7 +114,7 @@ def test_in_process_a_failed_target_is_retried_per_its_policy_then_dead_lettered
 def scale_world() -> Iterator[ScaleWorld]:
     logging.disable(logging.CRITICAL)
     try:
-        with ScaleWorld(seed=3, sweep_every_seconds=None) as world:
+        with build_world(backend="scale", seed=3, sweep_every_seconds=None) as world:
             yield world
     finally:
         logging.disable(logging.NOTSET)
