@@ -17,6 +17,12 @@ and partial batch responses), with the container's service instead of
 between concurrent invocations), and the invocation's remaining time, as Lambda's context
 gives it (:func:`on_container`).
 
+The rules, the schedule and the queues' event sources are put on the bus by
+``local_mode.sim.wiring.wire_deployment``, the moto world's wiring too: :class:`ScaleWorld`
+is its ``FunctionHost`` (a function is the engine's function of that name; a queue's event
+source is Lambda's poller on its ``SqsQueue``). Build it with
+``local_mode.world.build_world(backend="scale", ...)``.
+
 Plugging in more (the fan-out the recovery loop will get):
 
 * a **port** for the service: :attr:`ScaleWorld.service_factory` builds a container's
@@ -158,7 +164,8 @@ def on_container(handle: Handle) -> Callable[[Container, dict[str, Any]], dict[s
 
 
 class ScaleWorld:
-    """A simulated account with the recovery stack deployed (see the module docstring).
+    """A simulated account with the recovery stack deployed (see the module docstring); built
+    by ``local_mode.world.build_world(backend="scale", **options)``.
 
     ``settings`` overrides fields of the recovery ``Settings`` (``check_all_nodes_on_fault``,
     ``max_recovery_attempts``...); ``cluster`` passes timing to :class:`EcsCluster`.

@@ -26,12 +26,13 @@ The moto-backed world (demo, playground, scenarios, crash campaigns):
 * :mod:`~local_mode.sim.sqs_model` — ``MessageQueue``, the one SQS queue model of both
   worlds: messages, delay seconds, visibility, receive counts, redrive to a dead-letter queue
   (on the receive that would exceed maxReceiveCount, as SQS does).
-* :mod:`~local_mode.sim.wiring` — the recovery Lambdas on the bus as infra deploys them.
+* :mod:`~local_mode.sim.wiring` — the recovery Lambdas on the bus as infra deploys them, for
+  both worlds (``wire_deployment``; each world a ``FunctionHost``: where a function runs).
 * :mod:`~local_mode.sim.dynamo` — ``MemoryDynamo``: the in-memory DynamoDB (either world's
   storage backend when moto's is too slow).
 
-The timed world of the scale simulator (``make bench BENCH=scale``; wired by
-``local_mode.scale_recovery``), where invocations interleave at AWS calls:
+The timed world of the scale simulator (``make bench BENCH=scale``; ``ScaleWorld`` in
+``local_mode.scale_recovery``, wired by ``sim.wiring``), where invocations interleave at AWS calls:
 
 * :mod:`~local_mode.sim.engine` — ``Simulation``: processes (one per Lambda invocation) on
   the clock's ``TimedActions``, ``LambdaTimeout``.
@@ -50,6 +51,6 @@ The timed world of the scale simulator (``make bench BENCH=scale``; wired by
 * :mod:`~local_mode.sim.aws_stand_ins` — EC2, SSM, CloudWatch Logs and SNS clients.
 
 Both worlds build their events with ``local_mode.events`` (and take ``ACCOUNT_ID`` /
-``REGION`` from it). ``local_mode.world.build_world`` assembles the moto-backed world;
-nothing else constructs it.
+``REGION`` from it). ``local_mode.world.build_world`` assembles either world
+(``backend="moto"`` or ``"scale"``); nothing else constructs them.
 """
