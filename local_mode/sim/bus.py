@@ -121,6 +121,7 @@ class Schedule:
     target: Target | None
     target_name: str
     next_due: float
+    retries: AsyncRetries | None = None  # Lambda's async retries of a failed tick (in process)
 
     @property
     def arn(self) -> str:
@@ -169,7 +170,7 @@ class DeadLetter:
 class _Retry:
     due: float
     seq: int
-    rule: Rule = field(compare=False)
+    rule: Rule | Schedule = field(compare=False)
     event: dict[str, Any] = field(compare=False)
     attempt: int = field(compare=False)
     received_at: float = field(compare=False, default=0.0)
@@ -277,12 +278,14 @@ class EventBus:
         return rule
 
     def add_schedule(self, name: str, every_seconds: float, target: Target | str,
-                     target_name: str | None = None, first_at: float | None = None) -> Schedule:
-        """A ``rate(...)`` rule: first fires at ``first_at`` (default now + period)."""
+                     target_name: str | None = None, first_at: float | None = None,
+                     retries: AsyncRetries | None = None) -> Schedule:
+        """A ``rate(...)`` rule: first fires at ``first_at`` (default now + period); in process,
+        a failed tick is retried per ``retries`` (None: a dead letter at once)."""
         due = first_at if first_at is not None else self.clock() + every_seconds
         handler = None if isinstance(target, str) else target
         label = target_name or (target if isinstance(target, str) else _name_of(target))
-        sched = Schedule(name, every_seconds, handler, label, due)
+        sched = Schedule(name, every_seconds, handler, label, due, retries)
         with self._lock:
             self.schedules.append(sched)
         if self.timing is not None:
@@ -340,7 +343,7 @@ class EventBus:
         return out
 
     def _invoke(self, rule_name: str, target: Target | None, target_name: str, event: dict[str, Any],
-                dup: bool, *, rule: Rule | None = None, attempt: int = 1,
+                dup: bool, *, rule: Rule | Schedule | None = None, attempt: int = 1,
                 received_at: float | None = None) -> Delivery:
         assert target is not None, f"{rule_name}: no in-process target"
         payload = copy.deepcopy(event)  # each invocation gets its own JSON-decoded copy
@@ -445,7 +448,7 @@ class EventBus:
                 self.events_put += 1
                 if self.keep_events:
                     self.events.append(event)
-            out.append(self._invoke(sched.name, sched.target, sched.target_name, event, False))
+            out.append(self._invoke(sched.name, sched.target, sched.target_name, event, False, rule=sched))
 
     def _deliver_queue(self, source: InProcessEventSource, batch: list[Message]) -> list[Delivery]:
         """One event source mapping invocation (each copy when duplicating; the first decides):

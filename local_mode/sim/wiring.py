@@ -57,8 +57,9 @@ def wire_deployment(bus: EventBus, host: FunctionHost, cluster_arn: str, *, regi
                      retries=function.retries)
     if sweep_every_seconds:
         for schedule in D.SCHEDULES:
-            bus.add_schedule(schedule.name, sweep_every_seconds, host.target(D.FUNCTIONS[schedule.function]),
-                             schedule.function, first_at=host.first_tick(sweep_every_seconds))
+            function = D.FUNCTIONS[schedule.function]
+            bus.add_schedule(schedule.name, sweep_every_seconds, host.target(function), schedule.function,
+                             first_at=host.first_tick(sweep_every_seconds), retries=function.retries)
     for source in queues:
         host.attach_queue(source)
 
@@ -99,7 +100,8 @@ def wire_recovery_handlers(
     Rules: training task changes -> ``ecs_task_handler``; health-check task stopped
     -> ``dcgm_task_monitor``; container instance changes -> ``ecs_instance_monitor``, each
     with Lambda's asynchronous retries; ``recovery_sweep`` every ``sweep_every_seconds``
-    (None: no schedule; a failed tick is a dead letter at once); the gang queue ->
+    (None: no schedule; a failed tick retried as Lambda retries the deployed schedule's
+    asynchronous invocation); the gang queue ->
     ``gang_worker``; the tag lookup queue -> ``tag_lookup_worker`` (the handlers told its
     URL, so tags-only tasks are looked up there). Handlers are imported lazily from
     ``package``. Returns name -> handler.

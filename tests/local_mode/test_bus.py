@@ -109,6 +109,37 @@ def test_in_process_a_failed_target_is_retried_per_its_policy_then_dead_lettered
         assert world.bus.pending_retries() == 0
 
 
+def test_in_process_a_failed_sweep_tick_is_retried_as_the_deployed_schedule_is() -> None:
+    """Given the moto world with the recovery sweep's schedule (every 10 minutes here), its
+    tick failing on the first two attempts
+    When the first tick fires
+    Then the same Scheduled Event is retried 60 s and then 120 s later (the deployed
+    schedule's async retries, within its maximum event age), the third attempt succeeds and
+    nothing is dead-lettered; the next tick comes on time."""
+    calls: list[tuple[float, str, str]] = []
+    with build_world(handlers=False) as world:
+        start = world.ecs.now()
+
+        def sweep(event: dict[str, Any], _context: Any) -> None:
+            calls.append((world.ecs.now() - start, event["id"], event["time"]))
+            if len(calls) <= 2:
+                raise RuntimeError("throttled")
+
+        world.bus.add_schedule("recovery-sweep", 600, sweep, "recovery_sweep", retries=SCHEDULED_RETRIES)
+        world.ecs.run_for(1300)
+        assert [t for t, _, _ in calls] == [600, 660, 780, 1200]
+        assert len({(i, when) for _, i, when in calls[:3]}) == 1 and calls[3][1] != calls[0][1]
+        assert world.bus.dead_letters == [] and world.bus.pending_retries() == 0
+        attempts = [(d.attempt, d.ok) for d in world.bus.delivered_to("recovery_sweep")]
+        assert attempts == [(1, False), (2, False), (3, True), (1, True)]
+
+
+def test_the_moto_world_wires_the_sweep_schedule_with_its_deployed_retries() -> None:
+    with build_world() as world:
+        (sweep,) = [s for s in world.bus.schedules if s.name == "recovery-sweep"]
+        assert sweep.retries == SCHEDULED_RETRIES
+
+
 # ================================================================== timed on the engine (the scale world)
 @pytest.fixture
 def scale_world() -> Iterator[ScaleWorld]:
