@@ -47,6 +47,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.domain.launch_plan import MAX_INSTANCES_PER_START
 from local_mode.scale_recovery import INSTANCE_TABLE, JOB_TABLE, ScaleWorld, TaggedJob, launch_tagged_job
 from local_mode.sim.aws_calls import AccountRateLimit
+from local_mode.world import build_world
 
 DEFAULT_SIZES = {"per-node": (8, 64, 256, 1024), "per-gpu": (8192,)}
 SCENARIOS = ("cascade", "all-nodes")
@@ -117,7 +118,7 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
     if settings:
         out["settings"] = dict(settings)
     overrides = {"check_all_nodes_on_fault": scenario == "all-nodes", **(settings or {})}
-    world = ScaleWorld(seed=seed, settings=overrides, validate_dynamodb=False)
+    world = build_world(backend="scale", seed=seed, settings=overrides, validate_dynamodb=False)
     try:
         nodes = [world.cluster.add_node(f"node-{i:04d}") for i in range(node_count)]
         for i in range(spares):
@@ -364,7 +365,7 @@ def run_registration(size: int, kind: str, *, seed: int = 20261120,
     per_gpu = size > 1024
     node_count = size // GPUS_PER_NODE if per_gpu else size
     out: dict[str, Any] = {"tasks": size, "nodes": node_count, "by": kind, "seed": seed}
-    world = ScaleWorld(seed=seed, validate_dynamodb=False)
+    world = build_world(backend="scale", seed=seed, validate_dynamodb=False)
     try:
         nodes = [world.cluster.add_node(f"node-{i:04d}") for i in range(node_count)]
         world.sim.run(until=world.sim.now + 60.0)  # the nodes' own events, before the job
@@ -410,7 +411,8 @@ def run_mixed(registration: str, *, seed: int = 20261120, wall_cap: float = 600.
     and stop beside the stack, 10 a second, each running 30-120 s: what they cost it."""
     started = time.perf_counter()
     out: dict[str, Any] = {"registration": registration, "tasks": MIXED_TASKS, "seed": seed}
-    world = ScaleWorld(seed=seed, settings={"registration": registration}, validate_dynamodb=False)
+    world = build_world(backend="scale", seed=seed, settings={"registration": registration},
+                        validate_dynamodb=False)
     try:
         nodes = [world.cluster.add_node(f"web-{i:03d}") for i in range(50)]
         definition = world.cluster.register_task_definition("web", gpus=0, container="web")

@@ -17,6 +17,12 @@ and partial batch responses), with the container's service instead of
 between concurrent invocations), and the invocation's remaining time, as Lambda's context
 gives it (:func:`on_container`).
 
+The rules, the schedule and the queues' event sources are put on the bus by
+``local_mode.sim.wiring.wire_deployment``, the moto world's wiring too: :class:`ScaleWorld`
+is its ``FunctionHost`` (a function is the engine's function of that name; a queue's event
+source is Lambda's poller on its ``SqsQueue``). Build it with
+``local_mode.world.build_world(backend="scale", ...)``.
+
 Plugging in more (the fan-out the recovery loop will get):
 
 * a **port** for the service: :attr:`ScaleWorld.service_factory` builds a container's
@@ -66,6 +72,7 @@ from local_mode.sim.engine import Simulation
 from local_mode.sim.lambda_context import LambdaContext
 from local_mode.sim.lambdas import EngineTiming, LambdaService
 from local_mode.sim.sqs import POLL_DELAY_SECONDS, SimQueuePort, SqsQueue, sqs_batch_handler
+from local_mode.sim.wiring import wire_deployment
 
 JOB_TABLE = C.DEFAULT_JOB_TABLE_NAME
 INSTANCE_TABLE = C.DEFAULT_INSTANCE_TABLE_NAME
@@ -157,7 +164,8 @@ def on_container(handle: Handle) -> Callable[[Container, dict[str, Any]], dict[s
 
 
 class ScaleWorld:
-    """A simulated account with the recovery stack deployed (see the module docstring).
+    """A simulated account with the recovery stack deployed (see the module docstring); built
+    by ``local_mode.world.build_world(backend="scale", **options)``.
 
     ``settings`` overrides fields of the recovery ``Settings`` (``check_all_nodes_on_fault``,
     ``max_recovery_attempts``...); ``cluster`` passes timing to :class:`EcsCluster`.
@@ -223,18 +231,23 @@ class ScaleWorld:
             self.lambdas.add_function(source.function, on_container(HANDLES[source.function]),
                                       timeout=timeouts[source.function], make_container=self.container,
                                       async_retries=0)
-            # The poller waits the batching window for a batch to fill (without one: its own delay).
-            self.queues[source.name].attach(
-                self.lambdas, source.function, batch_size=source.batch_size,
-                max_concurrency=gang_worker_concurrency if source is D.GANG_QUEUE else source.max_concurrency,
-                poll_delay=source.batching_window_seconds or POLL_DELAY_SECONDS)
-        arn = self.cluster.arn
-        for rule in D.RULES:
-            self.bus.add_rule(rule.name, rule.pattern(arn, self.settings.registration), rule.function)
-        if sweep_every_seconds:
-            for schedule in D.SCHEDULES:
-                self.bus.add_schedule(schedule.name, sweep_every_seconds, schedule.function,
-                                      first_at=self.sim.now + self.sim.rng.uniform(0, sweep_every_seconds))
+        self.gang_worker_concurrency = gang_worker_concurrency
+        wire_deployment(self.bus, self, self.cluster.arn, registration=self.settings.registration,
+                        sweep_every_seconds=sweep_every_seconds, queues=tuple(sources))
+
+    # --- where the deployed functions run (``wiring.FunctionHost``) ---------------------
+    def target(self, function: D.Function) -> str:
+        return function.name  # the engine's LambdaService function of that name
+
+    def attach_queue(self, source: D.QueueSource) -> None:
+        # The poller waits the batching window for a batch to fill (without one: its own delay).
+        concurrency = self.gang_worker_concurrency if source is D.GANG_QUEUE else source.max_concurrency
+        self.queues[source.name].attach(self.lambdas, source.function, batch_size=source.batch_size,
+                                        max_concurrency=concurrency,
+                                        poll_delay=source.batching_window_seconds or POLL_DELAY_SECONDS)
+
+    def first_tick(self, every_seconds: float) -> float:
+        return self.sim.now + self.sim.rng.uniform(0, every_seconds)
 
     def _context(self) -> tuple[str, str]:
         current = self.sim.current

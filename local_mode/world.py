@@ -1,14 +1,24 @@
-"""The local world every local app and test runs in: the emulated AWS account (``LocalAws``),
-the event bus (``EventBus``) and the simulated ECS data plane (``SimulatedEcs``),
-with the recovery Lambdas wired to the bus as infra deploys them.
+"""The one world builder, :func:`build_world`: every local app, scenario, campaign, bench
+and test enters a simulated world through it. Two worlds share the simulation layer
+(``local_mode.sim``: one ECS model, one event bus, one SQS queue model, the deployment's
+wiring in ``sim.wiring``) and differ in their storage and timing:
 
-``build_world`` is the one place that sets this up and tears it down; the demo, the
-playground, the scenarios, the campaigns, the benches and the tests all enter it::
+* ``backend="moto"`` (the default): :class:`World`, the emulated AWS account (``LocalAws``:
+  moto, or its in-memory DynamoDB), the bus delivering in process and the simulated ECS data
+  plane (``SimulatedEcs``), with the recovery Lambdas wired to the bus as infra deploys them;
+  exact API behaviour, for the demo, the playground, the scenarios and the campaigns::
 
     with build_world(duplicate_delivery=True, max_recovery_attempts=3) as world:
         world.ecs.add_node("node-a")
         ...
         world.ecs.run_for(3600)
+
+* ``backend="scale"``: :class:`~local_mode.scale_recovery.ScaleWorld`, the timed engine, the
+  in-memory DynamoDB, the ECS cluster's control plane and Lambda's concurrency, for
+  thousands of ranks (the scale bench)::
+
+    with build_world(backend="scale", seed=3, sweep_every_seconds=None) as world:
+        ...
 
 The handlers' services (``runtime``) are forgotten right after the emulator starts and
 again before it stops: a handler never runs on services built for another emulator.
@@ -20,9 +30,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
@@ -33,6 +43,9 @@ from .sim.bus import EventBus, Target
 from .sim.ecs import SimulatedEcs
 from .sim.lambda_context import LambdaContext
 from .sim.wiring import wire_recovery_handlers
+
+if TYPE_CHECKING:
+    from .scale_recovery import ScaleWorld
 
 #: the deployed rate(1 minute) schedules of the heartbeat sweep and the queue scheduler
 HEARTBEAT_SWEEP_SCHEDULE = "heartbeat-sweep"
@@ -126,13 +139,34 @@ class World:
         jobs_api.set_scheduler_trigger(CallbackSchedulerTrigger(tick_now))
 
 
+@overload
+def build_world(*, backend: Literal["moto"] = "moto", **options: Any) -> AbstractContextManager[World]: ...
+
+
+@overload
+def build_world(*, backend: Literal["scale"], **options: Any) -> ScaleWorld: ...
+
+
+def build_world(*, backend: str = "moto", **options: Any) -> AbstractContextManager[World] | ScaleWorld:
+    """A world of ``backend`` (see the module docstring), to enter with ``with``: ``options``
+    go to :func:`build_moto_world` or to :class:`~local_mode.scale_recovery.ScaleWorld`
+    (which is its own context manager)."""
+    if backend == "moto":
+        return build_moto_world(**options)
+    if backend == "scale":
+        from .scale_recovery import ScaleWorld
+
+        return ScaleWorld(**options)
+    raise ValueError(f"unknown world backend {backend!r} (moto, scale)")
+
+
 @contextmanager
-def build_world(*, duplicate_delivery: bool = False, handlers: bool = True,
+def build_moto_world(*, duplicate_delivery: bool = False, handlers: bool = True,
                 sweep_every_seconds: float | None = 60, train_seconds: float | None = None,
                 real_time_start: bool = False, sim_options: Mapping[str, Any] | None = None,
                 training_family: str | None = None, training_run_seconds: float | None = None,
                 **aws_options: Any) -> Iterator[World]:
-    """Set up a world, yield it, tear it down.
+    """Set up the moto world, yield it, tear it down.
 
     ``aws_options`` go to ``LocalAws`` (``metrics_disabled`` defaults to True here);
     ``duplicate_delivery``: every event delivered twice; ``handlers``: wire the recovery

@@ -777,7 +777,7 @@ def test_no_module_is_over_600_lines_but_those_named_with_a_reason() -> None:
 # ----------------------------------------------------------------- one world builder
 WORLD_BUILDER = "local_mode/world.py"
 #: what the world builder alone constructs
-WORLD_PARTS = ("EventBus", "SimulatedEcs")
+WORLD_PARTS = ("EventBus", "SimulatedEcs", "ScaleWorld")
 #: the scale simulator's world, which builds its own EventBus (timed on the engine)
 SCALE_WORLD_BUILDER = "local_mode/scale_recovery.py"
 
@@ -797,9 +797,9 @@ def world_parts_built(source: str, path: str) -> list[str]:
 
 def test_only_the_world_builder_builds_the_bus_and_the_simulated_ecs() -> None:
     """Given every module of the project, tests included
-    When the constructions of EventBus and SimulatedEcs are listed
-    Then all are in local_mode/world.py (everything else enters build_world), but the scale
-    simulator's bus (ScaleWorld's, timed on the engine)."""
+    When the constructions of EventBus, SimulatedEcs and ScaleWorld are listed
+    Then all are in local_mode/world.py (everything else enters build_world, either backend),
+    but the scale simulator's bus (ScaleWorld's, timed on the engine)."""
     found = [hit for folder in (*SIZED, "tests") for path in _sources(ROOT / folder)
              if _relative(path) != WORLD_BUILDER
              for hit in world_parts_built(path.read_text(), _relative(path))
@@ -809,7 +809,8 @@ def test_only_the_world_builder_builds_the_bus_and_the_simulated_ecs() -> None:
 
 
 @pytest.mark.parametrize("snippet", ["bus = EventBus(duplicate_delivery=True)",
-                                     "sim = ecs.SimulatedEcs(local, bus)"])
+                                     "sim = ecs.SimulatedEcs(local, bus)",
+                                     "world = sr.ScaleWorld(seed=1)"])
 def test_the_world_check_finds_a_part_built_by_hand(snippet: str) -> None:
     assert world_parts_built(snippet, "x.py")
 

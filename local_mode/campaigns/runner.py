@@ -36,8 +36,9 @@ MIN = 60
 #: the campaigns' DynamoDB (``LocalAws(dynamodb=...)``): the in-memory store, a run's calls and
 #: outcome the same as on moto (tests/crash_consistency/test_fault_injection.py compares them)
 DYNAMODB = "memory"
-#: the deployed schedules: a failed scheduled run is retried by the next one (a minute later),
-#: not from a DLQ, so only the other dead letters are lost work
+#: the deployed schedules: a scheduled run that still fails after its retries (the recovery
+#: sweep's: Lambda's async retries, 1 and 2 minutes later) is redone by the next tick anyway,
+#: so only the other dead letters are lost work
 SCHEDULES = (SWEEP_SCHEDULE, HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE)
 #: after a flow ended: retries, the sweeps, the scheduler and the outbox settle this long
 SETTLE_SECONDS = 3 * MIN

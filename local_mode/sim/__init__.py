@@ -21,14 +21,18 @@ The moto-backed world (demo, playground, scenarios, crash campaigns):
   ``ecs_faults`` (GPU faults, XIDs).
 * :mod:`~local_mode.sim.bus` — ``EventBus``, the one bus of both worlds: EventBridge rules
   (moto's matcher) and schedules, at-least-once copies, Lambda's async retry policy and dead
-  letters, SQS event-source semantics; delivery synchronous in process here (``LocalQueue``:
-  the queues and their event sources), timed on the engine in the scale world.
-* :mod:`~local_mode.sim.wiring` — the recovery Lambdas on the bus as infra deploys them.
+  letters, SQS event-source semantics; delivery synchronous in process here
+  (``InProcessEventSource``: a queue's event source), timed on the engine in the scale world.
+* :mod:`~local_mode.sim.sqs_model` — ``MessageQueue``, the one SQS queue model of both
+  worlds: messages, delay seconds, visibility, receive counts, redrive to a dead-letter queue
+  (on the receive that would exceed maxReceiveCount, as SQS does).
+* :mod:`~local_mode.sim.wiring` — the recovery Lambdas on the bus as infra deploys them, for
+  both worlds (``wire_deployment``; each world a ``FunctionHost``: where a function runs).
 * :mod:`~local_mode.sim.dynamo` — ``MemoryDynamo``: the in-memory DynamoDB (either world's
   storage backend when moto's is too slow).
 
-The timed world of the scale simulator (``make bench BENCH=scale``; wired by
-``local_mode.scale_recovery``), where invocations interleave at AWS calls:
+The timed world of the scale simulator (``make bench BENCH=scale``; ``ScaleWorld`` in
+``local_mode.scale_recovery``, wired by ``sim.wiring``), where invocations interleave at AWS calls:
 
 * :mod:`~local_mode.sim.engine` — ``Simulation``: processes (one per Lambda invocation) on
   the clock's ``TimedActions``, ``LambdaTimeout``.
@@ -37,8 +41,9 @@ The timed world of the scale simulator (``make bench BENCH=scale``; wired by
 * :mod:`~local_mode.sim.lambdas` — ``LambdaService``: concurrency, containers, timeouts,
   the bus's async retry policy and dead letters; ``EngineTiming``: the ``EventBus``'s
   delivery on the engine (each copy after its own random delay, schedules).
-* :mod:`~local_mode.sim.sqs` — ``SqsQueue``, ``SqsEventSource``: queues, redrive, the Lambda
-  event source.
+* :mod:`~local_mode.sim.sqs` — ``SqsQueue`` (the shared ``MessageQueue`` with its SQS
+  client), ``SqsEventSource``: Lambda's poller on the engine (batch size, batching window,
+  maximum concurrency).
 * :mod:`~local_mode.sim.ecs_cluster` — ``EcsCluster``, ``EcsClient``: the ECS control-plane
   API over :mod:`~local_mode.sim.ecs_cluster_data_plane` (the cluster's state and the
   ``DataPlane`` hooks of this world), on the records of :mod:`~local_mode.sim.ecs_model`.
@@ -46,6 +51,6 @@ The timed world of the scale simulator (``make bench BENCH=scale``; wired by
 * :mod:`~local_mode.sim.aws_stand_ins` — EC2, SSM, CloudWatch Logs and SNS clients.
 
 Both worlds build their events with ``local_mode.events`` (and take ``ACCOUNT_ID`` /
-``REGION`` from it). ``local_mode.world.build_world`` assembles the moto-backed world;
-nothing else constructs it.
+``REGION`` from it). ``local_mode.world.build_world`` assembles either world
+(``backend="moto"`` or ``"scale"``); nothing else constructs them.
 """

@@ -11,7 +11,7 @@ What the bus owns, for both worlds:
 * **Lambda's asynchronous retry policy** (:func:`async_retry_delay`, from
   ``deployment.AsyncRetries``: 2 retries about 1 and 2 minutes apart, within the maximum
   event age) and the **dead letters** it ends in (:class:`DeadLetter`, one record for both);
-* **SQS event-source semantics** shared by both queue models: the records a batch is
+* **SQS event-source semantics** shared by both event sources: the records a batch is
   delivered as (``events.sqs_record``) and what a partial batch response fails
   (:func:`failed_message_ids`).
 
@@ -21,14 +21,15 @@ How a delivery happens is the pluggable part, the bus's ``timing``:
   target at once with a Lambda-shaped context; a failure is logged in ``deliveries``
   (ok=False), never stops the bus, is retried per the rule's ``retries`` as the simulated
   clock passes (the driver in ``sim.ecs_core`` calls :meth:`EventBus.fire_due`), then
-  dead-lettered; schedules and the queues of :meth:`EventBus.add_queue`
-  (:class:`LocalQueue`: batch size, partial batch response,
-  visibility timeout, max receives -> dead letters) fire in ``fire_due`` too.
+  dead-lettered; schedules and the queues of :meth:`EventBus.add_queue` (the shared queue
+  model, :class:`~local_mode.sim.sqs_model.MessageQueue`, read by an
+  :class:`InProcessEventSource`: batch size, partial batch response; visibility, receive
+  counts and redrive are the model's) fire in ``fire_due`` too.
 * a :class:`~local_mode.sim.lambdas.EngineTiming` (the scale world): **timed on the engine**.
   Each copy reaches Lambda after its own seeded random delay and is invoked asynchronously
   by :class:`~local_mode.sim.lambdas.LambdaService` (concurrency, containers, timeouts, the
   same retry policy and dead letters); schedules run on the engine; the queues are
-  :class:`~local_mode.sim.sqs.SqsQueue` with their Lambda poller.
+  :class:`~local_mode.sim.sqs.SqsQueue` (the same queue model) with Lambda's poller.
 
 ``local_mode.sim.wiring`` (moto world) and ``local_mode.scale_recovery`` (scale world) put
 the recovery functions on it from ``local_mode.sim.deployment``.
@@ -42,9 +43,9 @@ import json
 import threading
 import time as _time
 import traceback
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from moto.events.models import EventPattern
@@ -52,6 +53,7 @@ from moto.events.models import EventPattern
 from .. import events as ev
 from .deployment import AsyncRetries
 from .lambda_context import LambdaContext
+from .sqs_model import Message, MessageQueue
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -119,6 +121,7 @@ class Schedule:
     target: Target | None
     target_name: str
     next_due: float
+    retries: AsyncRetries | None = None  # Lambda's async retries of a failed tick (in process)
 
     @property
     def arn(self) -> str:
@@ -167,74 +170,40 @@ class DeadLetter:
 class _Retry:
     due: float
     seq: int
-    rule: Rule = field(compare=False)
+    rule: Rule | Schedule = field(compare=False)
     event: dict[str, Any] = field(compare=False)
     attempt: int = field(compare=False)
     received_at: float = field(compare=False, default=0.0)
 
 
-@dataclass(order=True)
-class QueueMessage:
-    visible_at: float
-    seq: int
-    message_id: str = field(compare=False)
-    body: str = field(compare=False)
-    receives: int = field(compare=False, default=0)
-    sent_at: float = field(compare=False, default=0.0)
-
-
 @dataclass
-class LocalQueue:
-    """An SQS queue and its Lambda event source mapping, in process: messages visible at
-    their ``visible_at``; :meth:`EventBus.fire_due` receives up to ``batch_size`` due ones
-    (each receive counted: ``ApproximateReceiveCount``) and delivers them as SQS records; a
-    message the target fails comes back after ``visibility_timeout`` until
-    ``max_receive_count`` receives, then it is a dead letter. (The scale world's queue,
-    polled on the engine, is :class:`~local_mode.sim.sqs.SqsQueue`.)"""
+class InProcessEventSource:
+    """The moto world's Lambda event source mapping on one queue: :meth:`EventBus.fire_due`
+    receives up to ``batch_size`` visible messages of ``queue`` (the shared model,
+    :class:`~local_mode.sim.sqs_model.MessageQueue`: visibility, receive counts, redrive) and
+    invokes ``target`` with them at once, in process. (The scale world's, polled on the
+    engine, is :class:`~local_mode.sim.sqs.SqsEventSource`.)"""
 
-    name: str
+    queue: MessageQueue
     target: Target
     target_name: str
     batch_size: int = 1
-    visibility_timeout: float = 300.0
-    max_receive_count: int = 5
-    messages: list[QueueMessage] = field(default_factory=list)
-    sent: int = 0
-    _seq: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.queue.name
 
     @property
     def arn(self) -> str:
-        return f"arn:aws:sqs:{ev.REGION}:{ev.ACCOUNT_ID}:{self.name}"
+        return self.queue.arn
 
-    def push(self, body: str, visible_at: float, *, receives: int = 0, message_id: str = "",
-             sent_at: float = 0.0) -> str:
-        self._seq += 1
-        message_id = message_id or str(uuid.uuid4())
-        message = QueueMessage(visible_at, self._seq, message_id, body, receives, sent_at)
-        heapq.heappush(self.messages, message)
-        return message_id
+    @property
+    def sent(self) -> int:
+        return self.queue.sent
 
-    def next_visible(self) -> float | None:
-        return self.messages[0].visible_at if self.messages else None
-
-    def receive(self, now: float) -> list[QueueMessage]:
-        """ReceiveMessage by the event source: up to ``batch_size`` messages visible at ``now``,
-        oldest first, each receive counted."""
-        batch: list[QueueMessage] = []
-        while len(batch) < self.batch_size and self.messages and self.messages[0].visible_at <= now:
-            message = heapq.heappop(self.messages)
-            message.receives += 1
-            batch.append(message)
-        return batch
-
-    def redeliver(self, message: QueueMessage, visible_at: float) -> None:
-        """A failed message back in the queue once its visibility timeout ends."""
-        self.push(message.body, visible_at, receives=message.receives, message_id=message.message_id,
-                  sent_at=message.sent_at)
-
-    def record(self, message: QueueMessage) -> dict[str, Any]:
-        return ev.sqs_record(message.message_id, message.body, self.arn, receive_count=message.receives,
-                             sent_at=message.sent_at)
+    def record(self, message: Message) -> dict[str, Any]:
+        return ev.sqs_record(message.message_id, message.body, self.queue.arn,
+                             receive_count=message.receive_count, sent_at=message.sent_at)
 
 
 class Timing(Protocol):
@@ -283,7 +252,7 @@ class EventBus:
         self.events_put = 0
         self._retries: list[_Retry] = []
         self._retry_seq = 0
-        self.queues: dict[str, LocalQueue] = {}
+        self.queues: dict[str, InProcessEventSource] = {}
         #: called after every invocation (a campaign's invariant checks), in delivery order
         self.observers: list[Callable[[Delivery], None]] = []
         self._lock = threading.RLock()
@@ -309,12 +278,14 @@ class EventBus:
         return rule
 
     def add_schedule(self, name: str, every_seconds: float, target: Target | str,
-                     target_name: str | None = None, first_at: float | None = None) -> Schedule:
-        """A ``rate(...)`` rule: first fires at ``first_at`` (default now + period)."""
+                     target_name: str | None = None, first_at: float | None = None,
+                     retries: AsyncRetries | None = None) -> Schedule:
+        """A ``rate(...)`` rule: first fires at ``first_at`` (default now + period); in process,
+        a failed tick is retried per ``retries`` (None: a dead letter at once)."""
         due = first_at if first_at is not None else self.clock() + every_seconds
         handler = None if isinstance(target, str) else target
         label = target_name or (target if isinstance(target, str) else _name_of(target))
-        sched = Schedule(name, every_seconds, handler, label, due)
+        sched = Schedule(name, every_seconds, handler, label, due, retries)
         with self._lock:
             self.schedules.append(sched)
         if self.timing is not None:
@@ -323,21 +294,30 @@ class EventBus:
 
     def add_queue(self, name: str, target: Target, target_name: str | None = None, *,
                   batch_size: int = 1, visibility_timeout: float = 300.0,
-                  max_receive_count: int = 5) -> LocalQueue:
-        """An SQS queue and its event source, in process (on the engine: ``sim.sqs.SqsQueue``)."""
-        queue = LocalQueue(name, target, target_name or _name_of(target), batch_size, visibility_timeout,
-                           max_receive_count)
+                  max_receive_count: int = 5) -> InProcessEventSource:
+        """An SQS queue (with its dead-letter queue, ``<name>-dlq``) and its event source, in
+        process (on the engine: ``sim.sqs.SqsQueue.attach``). A message the queue redrives is
+        also a :class:`DeadLetter` of the bus."""
+        label = target_name or _name_of(target)
+        dead = MessageQueue(f"{name}-dlq", clock=self.clock, visibility_timeout=visibility_timeout)
+        queue = MessageQueue(name, clock=self.clock, visibility_timeout=visibility_timeout,
+                             max_receive_count=max_receive_count, dead_letter=dead)
+        source = InProcessEventSource(queue, target, label, batch_size)
+        queue.on_dead_letter = partial(self._queue_dead_letter, source)
         with self._lock:
-            self.queues[name] = queue
-        return queue
+            self.queues[name] = source
+        return source
+
+    def _queue_dead_letter(self, source: InProcessEventSource, message: Message) -> None:
+        self.dead_letters.append(DeadLetter(
+            f"sqs:{source.name}", source.target_name, {"Records": [source.record(message)]},
+            f"RuntimeError: received {message.receive_count} times", message.receive_count, self.clock()))
 
     def send(self, queue_name: str, bodies: list[str], delay_seconds: float = 0.0) -> list[str]:
         """SendMessage(Batch): the messages become visible ``delay_seconds`` from now."""
-        now = self.clock()
         with self._lock:
-            queue = self.queues[queue_name]
-            queue.sent += len(bodies)
-            return [queue.push(body, now + max(0.0, delay_seconds), sent_at=now) for body in bodies]
+            queue = self.queues[queue_name].queue
+            return [queue.send(body, max(0.0, delay_seconds)).message_id for body in bodies]
 
     # --- delivery ----------------------------------------------------------------
     def matching_rules(self, event: dict[str, Any]) -> list[Rule]:
@@ -363,7 +343,7 @@ class EventBus:
         return out
 
     def _invoke(self, rule_name: str, target: Target | None, target_name: str, event: dict[str, Any],
-                dup: bool, *, rule: Rule | None = None, attempt: int = 1,
+                dup: bool, *, rule: Rule | Schedule | None = None, attempt: int = 1,
                 received_at: float | None = None) -> Delivery:
         assert target is not None, f"{rule_name}: no in-process target"
         payload = copy.deepcopy(event)  # each invocation gets its own JSON-decoded copy
@@ -410,12 +390,12 @@ class EventBus:
             times = [s.next_due for s in self.schedules]
             if self._retries:
                 times.append(self._retries[0].due)
-            times += [t for t in (q.next_visible() for q in self.queues.values()) if t is not None]
+            times += [t for t in (q.queue.next_visible() for q in self.queues.values()) if t is not None]
             return min(times, default=None)
 
     def queued(self) -> int:
         with self._lock:
-            return sum(len(q.messages) for q in self.queues.values())
+            return sum(len(q.queue) for q in self.queues.values())
 
     def pending_retries(self) -> int:
         with self._lock:
@@ -435,22 +415,25 @@ class EventBus:
                     heapq.heappop(self._retries)
                 else:
                     retry = None
-                queue = min((q for q in self.queues.values()
-                             if q.messages and q.messages[0].visible_at <= now),
-                            key=lambda q: q.messages[0].visible_at, default=None)
+                visible = [(t, q) for q in self.queues.values()
+                           if (t := q.queue.next_visible()) is not None and t <= now]
+                source = min(visible, key=lambda tq: tq[0])[1] if visible else None
                 first = min([s.next_due for s in due] + ([retry.due] if retry else []), default=None)
-                if queue is not None and (first is None or queue.messages[0].visible_at <= first):
+                received = False
+                batch: list[Message] = []
+                if source is not None and (first is None or min(t for t, _ in visible) <= first):
                     if retry is not None:  # not yet: the queued message is older
                         heapq.heappush(self._retries, retry)
                         retry = None
-                    batch = queue.receive(now)
-                else:
-                    batch = []
-                if retry is None and not due and not batch:
+                    batch = source.queue.receive(source.batch_size, now)
+                    received = True
+                if retry is None and not due and not received:
                     return out
-            if batch and queue is not None:
-                out.extend(self._deliver_queue(queue, batch))
+            if batch and source is not None:
+                out.extend(self._deliver_queue(source, batch))
                 continue
+            if received:
+                continue  # the receive only redrove messages to the dead-letter queue
             if retry is not None:
                 out.append(self._invoke(retry.rule.name, retry.rule.target, retry.rule.target_name,
                                         retry.event, False, rule=retry.rule, attempt=retry.attempt,
@@ -465,29 +448,25 @@ class EventBus:
                 self.events_put += 1
                 if self.keep_events:
                     self.events.append(event)
-            out.append(self._invoke(sched.name, sched.target, sched.target_name, event, False))
+            out.append(self._invoke(sched.name, sched.target, sched.target_name, event, False, rule=sched))
 
-    def _deliver_queue(self, queue: LocalQueue, batch: list[QueueMessage]) -> list[Delivery]:
-        """One event source mapping invocation (each copy when duplicating; the first decides)."""
-        now = self.clock()
-        event = {"Records": [queue.record(m) for m in batch]}
+    def _deliver_queue(self, source: InProcessEventSource, batch: list[Message]) -> list[Delivery]:
+        """One event source mapping invocation (each copy when duplicating; the first decides):
+        the messages it does not fail are deleted, the others come back when their visibility
+        timeout ends (and are redriven on the receive after their last)."""
+        event = {"Records": [source.record(m) for m in batch]}
         out: list[Delivery] = []
         failed: set[str] = set()
         for copy_ in range(self.copies):
-            delivery = self._invoke(f"sqs:{queue.name}", queue.target, queue.target_name, event, copy_ > 0)
+            delivery = self._invoke(f"sqs:{source.name}", source.target, source.target_name, event,
+                                    copy_ > 0)
             out.append(delivery)
             if copy_ == 0:
                 failed = failed_message_ids(delivery.ok, delivery.result, (m.message_id for m in batch))
         with self._lock:
             for message in batch:
                 if message.message_id not in failed:
-                    continue
-                if message.receives >= queue.max_receive_count:
-                    self.dead_letters.append(DeadLetter(
-                        f"sqs:{queue.name}", queue.target_name, {"Records": [queue.record(message)]},
-                        f"RuntimeError: received {message.receives} times", message.receives, now))
-                else:
-                    queue.redeliver(message, now + queue.visibility_timeout)
+                    source.queue.delete(message.message_id)
         return out
 
     # --- inspection --------------------------------------------------------------

@@ -1,41 +1,31 @@
-"""SQS in the scale simulator, in simulated time: a standard queue (:class:`SqsQueue`) with
-an optional dead-letter queue, its client (:class:`SqsClient`: ``SendMessageBatch`` of 10
-entries, 256 KB a message, ``DelaySeconds``), the fan-out queue port the recovery code sends
-through (:class:`SimQueuePort`), and a Lambda event source (:meth:`SqsQueue.attach`,
-:class:`SqsEventSource`: batch size, maximum concurrency, visibility timeout,
-``ReportBatchItemFailures``, ``ApproximateReceiveCount``, redrive to the dead-letter queue
-after ``maxReceiveCount`` receives).
+"""SQS in the scale world, on the engine: a standard queue (:class:`SqsQueue`: the shared
+queue model, :class:`~local_mode.sim.sqs_model.MessageQueue`, with seeded ids), its client
+(:class:`SqsClient`: ``SendMessageBatch`` of 10 entries, 256 KB a message, ``DelaySeconds``),
+the fan-out queue port the recovery code sends through (:class:`SimQueuePort`), and Lambda's
+poller, the engine-timed delivery (:meth:`SqsQueue.attach`, :class:`SqsEventSource`: batch
+size, batching window, maximum concurrency, ``ReportBatchItemFailures``). Visibility, receive
+counts and the redrive to the dead-letter queue are the model's (the moto world's queues use
+the same one, delivered in process by the bus).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from .. import events as ev
-from ..events import ACCOUNT_ID, REGION
 from .aws_calls import Account, SimClient
 from .bus import failed_message_ids
 from .engine import Simulation
 from .lambdas import Invocation, LambdaService
+from .sqs_model import Message, MessageQueue
 
 SQS_MAX_MESSAGE_BYTES = 256 * 1024  # the long-standing limit (stricter than today's 1 MiB)
 SQS_MAX_BATCH = 10
 SQS_MAX_DELAY_SECONDS = 900
 POLL_DELAY_SECONDS = 0.2  # Lambda's poller: a message is picked up this long after it is visible
-
-
-@dataclass
-class _Message:
-    message_id: str
-    body: str
-    sent_at: float
-    visible_at: float
-    receive_count: int = 0
-    first_received_at: float | None = None
 
 
 class SqsClient(SimClient):
@@ -65,7 +55,7 @@ class SqsClient(SimClient):
                 raise self.error("SendMessage", "InvalidParameterValue",
                                  f"One or more parameters are invalid. Reason: Message must be shorter than "
                                  f"{SQS_MAX_MESSAGE_BYTES} bytes.")
-            message = queue._enqueue(body, int(p.get("DelaySeconds") or 0))
+            message = queue.send(body, int(p.get("DelaySeconds") or 0))
             return {"MessageId": message.message_id}
 
         return self._call("SendMessage", params, one)
@@ -94,7 +84,7 @@ class SqsClient(SimClient):
                 raise self.error("SendMessageBatch", "InvalidParameterValue",
                                  f"Value {delay} for parameter DelaySeconds is invalid. Reason: must be "
                                  f"between 0 and {SQS_MAX_DELAY_SECONDS}, if provided.")
-            message = queue._enqueue(entry["MessageBody"], delay)
+            message = queue.send(entry["MessageBody"], delay)
             successful.append({"Id": entry["Id"], "MessageId": message.message_id})
         return {"Successful": successful, "Failed": []}
 
@@ -118,29 +108,24 @@ class SimQueuePort:
                 raise RuntimeError(f"SendMessageBatch failed for {response['Failed']}")
 
 
-class SqsQueue:
-    """A standard queue with an optional dead-letter queue (see the module docstring)."""
+class SqsQueue(MessageQueue):
+    """A standard queue (:class:`~local_mode.sim.sqs_model.MessageQueue`, the model both worlds
+    share) on the engine's clock, with seeded message ids, its SQS client and its Lambda
+    event source (:meth:`attach`)."""
 
     def __init__(self, sim: Simulation, account: Account, name: str, *, visibility_timeout: float = 30.0,
                  max_receive_count: int | None = None, dead_letter: SqsQueue | None = None) -> None:
         if (max_receive_count is None) != (dead_letter is None):
             raise ValueError("a redrive policy needs both max_receive_count and dead_letter")
+        super().__init__(name, clock=lambda: sim.now, visibility_timeout=visibility_timeout,
+                         max_receive_count=max_receive_count, dead_letter=dead_letter,
+                         new_id=lambda: f"{sim.token(4)}-{sim.token(2)}-{sim.token(2)}-{sim.token(6)}")
         self.sim = sim
         self.account = account
-        self.name = name
-        self.url = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT_ID}/{name}"
-        self.arn = f"arn:aws:sqs:{REGION}:{ACCOUNT_ID}:{name}"
-        self.visibility_timeout = visibility_timeout
-        self.max_receive_count = max_receive_count
-        self.dead_letter = dead_letter
-        self.messages: dict[str, _Message] = {}
-        self.sent = 0
-        self.deleted = 0
-        self.moved_to_dead_letter = 0
         self._source: SqsEventSource | None = None
 
     def reset_stats(self) -> None:
-        self.sent = self.deleted = self.moved_to_dead_letter = 0
+        super().reset_stats()
         if self._source is not None:
             self._source.reset_stats()
         if self.dead_letter is not None:
@@ -167,19 +152,11 @@ class SqsQueue:
     def port(self) -> SimQueuePort:
         return SimQueuePort(self.client(), self.url)
 
-    def _enqueue(self, body: str, delay: int) -> _Message:
-        now = self.sim.now
-        message = _Message(f"{self.sim.token(4)}-{self.sim.token(2)}-{self.sim.token(2)}-{self.sim.token(6)}",
-                           body, now, now + delay)
-        self.messages[message.message_id] = message
-        self.sent += 1
+    def send(self, body: str, delay_seconds: float = 0.0) -> Message:
+        message = super().send(body, delay_seconds)
         if self._source is not None:
             self._source.wake(message.visible_at)
         return message
-
-    def visible(self) -> list[_Message]:
-        now = self.sim.now
-        return [m for m in self.messages.values() if m.visible_at <= now]
 
     def attach(self, lambdas: LambdaService, function: str, *, batch_size: int = 10,
                max_concurrency: int | None = None, report_batch_item_failures: bool = True,
@@ -236,7 +213,7 @@ class SqsEventSource:
         self._wake_at = None
         queue, sim = self.queue, self.queue.sim
         while self.active < self.max_concurrency:
-            batch = self._receive()
+            batch = queue.receive(self.batch_size, sim.now)
             if not batch:
                 break
             self.active += 1
@@ -247,29 +224,9 @@ class SqsEventSource:
                        for m in batch]
             self.lambdas.invoke(self.function, {"Records": records},
                                 partial(self._done, ids=[m.message_id for m in batch]))
-        pending = [m.visible_at for m in queue.messages.values() if m.visible_at > sim.now]
-        if pending and self.active < self.max_concurrency:
-            self.wake(min(pending))
-
-    def _receive(self) -> list[_Message]:
-        queue, now = self.queue, self.queue.sim.now
-        batch: list[_Message] = []
-        for message in sorted(queue.visible(), key=lambda m: (m.visible_at, m.sent_at)):
-            if len(batch) >= self.batch_size:
-                break
-            if queue.max_receive_count is not None and message.receive_count >= queue.max_receive_count:
-                # Received maxReceiveCount times already: SQS redrives it instead.
-                del queue.messages[message.message_id]
-                queue.moved_to_dead_letter += 1
-                assert queue.dead_letter is not None
-                moved = queue.dead_letter._enqueue(message.body, 0)
-                moved.receive_count = 0
-                continue
-            message.receive_count += 1
-            message.first_received_at = message.first_received_at or now
-            message.visible_at = now + queue.visibility_timeout
-            batch.append(message)
-        return batch
+        pending = queue.next_visible()
+        if pending is not None and pending > sim.now and self.active < self.max_concurrency:
+            self.wake(pending)
 
     def _done(self, invocation: Invocation, ids: list[str]) -> None:
         self.active -= 1
@@ -280,13 +237,12 @@ class SqsEventSource:
             self.failed_batches += 1
         self.failed_items += len(failed & set(ids))
         for message_id in ids:
-            if message_id not in failed and message_id in queue.messages:
-                del queue.messages[message_id]
-                queue.deleted += 1
+            if message_id not in failed:
+                queue.delete(message_id)
         # Failed messages come back when their visibility timeout ends.
-        self.wake(queue.sim.now if not failed else min(
-            (queue.messages[i].visible_at for i in failed if i in queue.messages), default=queue.sim.now))
-        if queue.visible():
+        again = queue.visible_again_at(failed) if failed else None
+        self.wake(queue.sim.now if again is None else again)
+        if queue.has_visible(queue.sim.now):
             self.wake(queue.sim.now)
 
 

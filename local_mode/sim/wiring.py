@@ -1,13 +1,24 @@
-"""The recovery Lambdas on the local bus, exactly as infra deploys them: the EventBridge rules
-of the ECS events, the recovery sweep's schedule and the event sources of the gang queue and the
-tag lookup queue (with the handlers' ``SendMessageBatch`` to them answered by the bus's local
-queues), all read from ``local_mode.sim.deployment``."""
+"""The recovery Lambdas on the bus, exactly as infra deploys them, for both worlds: the
+EventBridge rules of the ECS events, the recovery sweep's schedule and the event sources of
+the gang queue and the tag lookup queue, all read from ``local_mode.sim.deployment`` here
+and nowhere else (:func:`wire_deployment`).
+
+What differs between the worlds is only where a function runs, a :class:`FunctionHost`:
+
+* the moto world (:func:`wire_recovery_handlers`, :class:`InProcessHost`): each function is
+  its handler's ``lambda_handler``, invoked by the bus in process; its queues are the bus's
+  (``EventBus.add_queue``), the handlers' ``SendMessageBatch`` to them answered by the bus
+  (:func:`route_queues`);
+* the scale world (``local_mode.scale_recovery``): each function is a
+  :class:`~local_mode.sim.lambdas.LambdaService` function on the engine, its queues
+  ``SqsQueue`` with Lambda's poller attached.
+"""
 
 from __future__ import annotations
 
 import importlib
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import constants as C
 
@@ -20,6 +31,63 @@ SWEEP_SCHEDULE = D.SWEEP_SCHEDULE.name
 GANG_QUEUE = D.GANG_QUEUE.name
 
 
+class FunctionHost(Protocol):
+    """Where a world runs the recovery functions."""
+
+    def target(self, function: D.Function) -> Target | str:
+        """What a rule or schedule invokes: a handler (in process) or the engine's function name."""
+
+    def attach_queue(self, source: D.QueueSource) -> None:
+        """The queue and its event source to ``source.function``."""
+
+    def first_tick(self, every_seconds: float) -> float | None:
+        """When a schedule first fires (None: one period from now)."""
+
+
+def wire_deployment(bus: EventBus, host: FunctionHost, cluster_arn: str, *, registration: str = "both",
+                    sweep_every_seconds: float | None = D.SWEEP_SCHEDULE.every_seconds,
+                    queues: tuple[D.QueueSource, ...] = D.QUEUES) -> None:
+    """The deployed plumbing on ``bus``: each rule of :data:`~D.RULES` (its pattern for the
+    cluster and the registration mode) to its function, with the function's asynchronous
+    retry policy; each schedule every ``sweep_every_seconds`` (None: no schedule); each of
+    ``queues`` with its event source."""
+    for rule in D.RULES:
+        function = D.FUNCTIONS[rule.function]
+        bus.add_rule(rule.name, rule.pattern(cluster_arn, registration), host.target(function), rule.function,
+                     retries=function.retries)
+    if sweep_every_seconds:
+        for schedule in D.SCHEDULES:
+            function = D.FUNCTIONS[schedule.function]
+            bus.add_schedule(schedule.name, sweep_every_seconds, host.target(function), schedule.function,
+                             first_at=host.first_tick(sweep_every_seconds), retries=function.retries)
+    for source in queues:
+        host.attach_queue(source)
+
+
+class InProcessHost:
+    """The moto world's functions: each handler module's ``lambda_handler`` (imported lazily
+    from ``package``), invoked in process by the bus; the queues are the bus's."""
+
+    def __init__(self, bus: EventBus, package: str = "handlers") -> None:
+        self.bus = bus
+        self.package = package
+        self.targets: dict[str, Target] = {}
+
+    def target(self, function: D.Function) -> Target:
+        if function.name not in self.targets:
+            module = importlib.import_module(f"{self.package}.{function.name}")
+            self.targets[function.name] = module.lambda_handler
+        return self.targets[function.name]
+
+    def attach_queue(self, source: D.QueueSource) -> None:
+        self.bus.add_queue(source.name, self.target(D.FUNCTIONS[source.function]), source.function,
+                           batch_size=source.batch_size, visibility_timeout=source.visibility_timeout_seconds,
+                           max_receive_count=source.max_receives)
+
+    def first_tick(self, every_seconds: float) -> float | None:
+        return None
+
+
 def wire_recovery_handlers(
     bus: EventBus,
     cluster_arn: str,
@@ -27,37 +95,21 @@ def wire_recovery_handlers(
     sweep_every_seconds: float | None = D.SWEEP_SCHEDULE.every_seconds,
     package: str = "handlers",
 ) -> dict[str, Target]:
-    """Connect the recovery Lambdas exactly as infra deploys them (``local_mode.sim.deployment``).
+    """The moto world's recovery Lambdas, as infra deploys them (:func:`wire_deployment`).
 
     Rules: training task changes -> ``ecs_task_handler``; health-check task stopped
     -> ``dcgm_task_monitor``; container instance changes -> ``ecs_instance_monitor``, each
     with Lambda's asynchronous retries; ``recovery_sweep`` every ``sweep_every_seconds``
-    (None: no schedule); the gang queue -> ``gang_worker``; the tag lookup queue ->
-    ``tag_lookup_worker`` (the handlers told its URL, so tags-only tasks are looked up there).
-    Handlers are imported lazily from ``package``. Returns name -> handler.
+    (None: no schedule; a failed tick retried as Lambda retries the deployed schedule's
+    asynchronous invocation); the gang queue ->
+    ``gang_worker``; the tag lookup queue -> ``tag_lookup_worker`` (the handlers told its
+    URL, so tags-only tasks are looked up there). Handlers are imported lazily from
+    ``package``. Returns name -> handler.
     """
-
-    def load(module: str) -> Target:
-        return importlib.import_module(f"{package}.{module}").lambda_handler
-
-    targets: dict[str, Target] = {}
-    for rule in D.RULES:
-        targets[rule.function] = load(rule.function)
-        bus.add_rule(rule.name, rule.pattern(cluster_arn), targets[rule.function], rule.function,
-                     retries=D.FUNCTIONS[rule.function].retries)
-    if sweep_every_seconds:
-        for schedule in D.SCHEDULES:
-            # The moto world's schedules are not retried (a failed tick is a dead letter at once).
-            targets[schedule.function] = load(schedule.function)
-            bus.add_schedule(schedule.name, sweep_every_seconds, targets[schedule.function],
-                             schedule.function)
-    for queue in D.QUEUES:
-        targets[queue.function] = load(queue.function)
-        bus.add_queue(queue.name, targets[queue.function], queue.function, batch_size=queue.batch_size,
-                      visibility_timeout=queue.visibility_timeout_seconds,
-                      max_receive_count=queue.max_receives)
+    host = InProcessHost(bus, package)
+    wire_deployment(bus, host, cluster_arn, sweep_every_seconds=sweep_every_seconds)
     route_queues(bus)
-    return targets
+    return host.targets
 
 
 def route_queues(bus: EventBus) -> None:

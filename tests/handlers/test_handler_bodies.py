@@ -132,9 +132,11 @@ def test_lambda_handler_runs_the_body_with_runtimes_service_and_the_contexts_tim
 
 def test_the_scale_simulator_runs_the_handlers_bodies() -> None:
     from local_mode import scale_recovery as sr
+    from local_mode.world import build_world
 
     assert {name: _handle(name) for name in RECOVERY_HANDLERS} == sr.HANDLES
-    with sr.ScaleWorld(seed=1, sweep_every_seconds=None, copies=1, keep_invocations=True) as world:
+    with build_world(backend="scale", seed=1, sweep_every_seconds=None, copies=1,
+                     keep_invocations=True) as world:
         world.lambdas.invoke_async("ecs_task_handler", {"detail-type": "x", "detail": "not an object"})
         world.lambdas.invoke_async("recovery_sweep", {})
         world.sim.run(until=world.sim.now + 60)

@@ -55,7 +55,9 @@ def test_in_process_a_queue_delivers_batches_redelivers_failed_items_and_dead_le
     whose worker fails one message every time
     When three messages are sent
     Then they arrive two to a batch, the failing one comes back every 30 s with its receive
-    count, and after its third receive it is a dead letter; the others are delivered once."""
+    count, and on the receive after its third (30 s later: SQS's redrive happens on the receive
+    attempt that would exceed maxReceiveCount) it is a dead letter, in the queue's dead-letter
+    queue too; the others are delivered once."""
     seen: list[tuple[float, str, int]] = []
 
     def worker(event: dict[str, Any], _context: Any) -> dict[str, Any]:
@@ -77,7 +79,10 @@ def test_in_process_a_queue_delivers_batches_redelivers_failed_items_and_dead_le
         assert len([d for d in world.bus.delivered_to("worker") if d.time == start]) == 2  # 2 + 1
         assert [(t, count) for t, body, count in seen if body == "bad"] == [(0, 1), (30, 2), (60, 3)]
         (dead,) = world.bus.dead_letters
-        assert (dead.rule, dead.target, dead.attempts) == ("sqs:work", "worker", 3)
+        assert (dead.rule, dead.target, dead.attempts, dead.at - start) == ("sqs:work", "worker", 3, 90)
+        queue = world.bus.queues["work"].queue
+        assert queue.moved_to_dead_letter == 1 and queue.dead_letter is not None
+        assert [m.body for m in queue.dead_letter.messages.values()] == ["bad"]
         assert json.loads(json.dumps(dead.event))["Records"][0]["body"] == "bad"
         assert world.bus.queued() == 0
 
@@ -104,12 +109,43 @@ def test_in_process_a_failed_target_is_retried_per_its_policy_then_dead_lettered
         assert world.bus.pending_retries() == 0
 
 
+def test_in_process_a_failed_sweep_tick_is_retried_as_the_deployed_schedule_is() -> None:
+    """Given the moto world with the recovery sweep's schedule (every 10 minutes here), its
+    tick failing on the first two attempts
+    When the first tick fires
+    Then the same Scheduled Event is retried 60 s and then 120 s later (the deployed
+    schedule's async retries, within its maximum event age), the third attempt succeeds and
+    nothing is dead-lettered; the next tick comes on time."""
+    calls: list[tuple[float, str, str]] = []
+    with build_world(handlers=False) as world:
+        start = world.ecs.now()
+
+        def sweep(event: dict[str, Any], _context: Any) -> None:
+            calls.append((world.ecs.now() - start, event["id"], event["time"]))
+            if len(calls) <= 2:
+                raise RuntimeError("throttled")
+
+        world.bus.add_schedule("recovery-sweep", 600, sweep, "recovery_sweep", retries=SCHEDULED_RETRIES)
+        world.ecs.run_for(1300)
+        assert [t for t, _, _ in calls] == [600, 660, 780, 1200]
+        assert len({(i, when) for _, i, when in calls[:3]}) == 1 and calls[3][1] != calls[0][1]
+        assert world.bus.dead_letters == [] and world.bus.pending_retries() == 0
+        attempts = [(d.attempt, d.ok) for d in world.bus.delivered_to("recovery_sweep")]
+        assert attempts == [(1, False), (2, False), (3, True), (1, True)]
+
+
+def test_the_moto_world_wires_the_sweep_schedule_with_its_deployed_retries() -> None:
+    with build_world() as world:
+        (sweep,) = [s for s in world.bus.schedules if s.name == "recovery-sweep"]
+        assert sweep.retries == SCHEDULED_RETRIES
+
+
 # ================================================================== timed on the engine (the scale world)
 @pytest.fixture
 def scale_world() -> Iterator[ScaleWorld]:
     logging.disable(logging.CRITICAL)
     try:
-        with ScaleWorld(seed=3, sweep_every_seconds=None) as world:
+        with build_world(backend="scale", seed=3, sweep_every_seconds=None) as world:
             yield world
     finally:
         logging.disable(logging.NOTSET)

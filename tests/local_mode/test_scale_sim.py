@@ -14,11 +14,12 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery import constants as C
-from local_mode.scale_recovery import ScaleWorld, launch_tagged_job
+from local_mode.scale_recovery import launch_tagged_job
 from local_mode.sim.aws_calls import Account
 from local_mode.sim.engine import Simulation
 from local_mode.sim.lambdas import LambdaService
 from local_mode.sim.sqs import SqsQueue, sqs_batch_handler
+from local_mode.world import build_world
 
 
 @pytest.fixture
@@ -84,7 +85,7 @@ def test_invocations_beyond_the_concurrency_limit_wait_for_a_slot(sim: Simulatio
 
 # ================================================================== ECS rate limits
 def test_a_burst_of_stop_tasks_is_throttled_at_100_then_40_per_second_and_retried(sim: Simulation) -> None:
-    with ScaleWorld(seed=3, sweep_every_seconds=None, copies=1) as world:
+    with build_world(backend="scale", seed=3, sweep_every_seconds=None, copies=1) as world:
         node = world.cluster.add_node("n0", gpus=8)
         definition = world.cluster.register_task_definition("small", gpus=0)
         tasks = [world.cluster.launch(definition, node) for _ in range(300)]
@@ -107,7 +108,7 @@ def test_a_burst_of_stop_tasks_is_throttled_at_100_then_40_per_second_and_retrie
 
 
 def test_a_throttled_call_gives_up_after_six_attempts_with_throttling_exception(sim: Simulation) -> None:
-    with ScaleWorld(seed=3, sweep_every_seconds=None, copies=1) as world:
+    with build_world(backend="scale", seed=3, sweep_every_seconds=None, copies=1) as world:
         world.account.buckets["ecs_read"].burst = 0.0
         world.account.buckets["ecs_read"].rate = 0.0
         client = world.cluster.client()
@@ -121,7 +122,7 @@ def test_a_throttled_call_gives_up_after_six_attempts_with_throttling_exception(
 def test_the_cordon_attribute_is_put_and_deleted_by_arn_or_id_and_an_unknown_target_fails(
         sim: Simulation) -> None:
     """The stack's cordon (PutAttributes / DeleteAttributes) works in the simulator as on ECS."""
-    with ScaleWorld(seed=3, sweep_every_seconds=None, copies=1) as world:
+    with build_world(backend="scale", seed=3, sweep_every_seconds=None, copies=1) as world:
         node = world.cluster.add_node("n0")
         client = world.cluster.client()
         world.sim.run_process(lambda: client.put_attributes(cluster=world.cluster.name, attributes=[
@@ -138,7 +139,7 @@ def test_the_cordon_attribute_is_put_and_deleted_by_arn_or_id_and_an_unknown_tar
 
 
 def test_start_task_places_one_task_per_named_instance_and_reports_the_others(sim: Simulation) -> None:
-    with ScaleWorld(seed=3, sweep_every_seconds=None, copies=1) as world:
+    with build_world(backend="scale", seed=3, sweep_every_seconds=None, copies=1) as world:
         nodes = [world.cluster.add_node(f"n{i}") for i in range(12)]
         definition = world.cluster.register_task_definition("train", gpus=8)
         world.cluster.launch(definition, nodes[1])  # n1's GPUs are taken
@@ -251,7 +252,7 @@ def test_send_message_batch_is_validated_as_sqs_does(sim: Simulation) -> None:
 def test_a_small_job_recovers_from_a_gpu_fault_with_an_nccl_cascade_and_duplicate_events() -> None:
     logging.disable(logging.CRITICAL)
     try:
-        with ScaleWorld(seed=1) as world:
+        with build_world(backend="scale", seed=1) as world:
             nodes = [world.cluster.add_node(f"n{i}") for i in range(8)]
             world.cluster.add_node("spare")
             job = launch_tagged_job(world, "job1", nodes)

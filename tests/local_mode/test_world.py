@@ -3,6 +3,10 @@ recovery Lambdas wired as infra deploys them, the handlers' services forgotten a
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from local_mode.sim.deployment import TAG_LOOKUP_QUEUE
@@ -83,3 +87,38 @@ def test_without_handlers_the_bus_is_empty_and_services_do_not_outlive_their_wor
         first = runtime.recovery_service()
     with build_world(handlers=False):
         assert runtime.recovery_service() is not first
+
+
+def test_both_backends_wire_the_same_deployment_onto_their_bus() -> None:
+    """Given a moto world and a scale world, both from build_world
+    When their buses are compared
+    Then each has the deployed rules (same names, functions and patterns for its cluster and
+    the registration mode "both"), the sweep's schedule and the two queues with the deployed
+    batch size, visibility timeout and redrive; only where a function runs differs (a handler
+    in process, the engine's function by name)."""
+    with build_world() as moto:
+        moto_rules = [(r.name, r.target_name, r.pattern, r.retries) for r in moto.bus.rules]
+        moto_cluster = moto.aws.cluster_arn
+        moto_schedules = [(s.name, s.target_name, s.every_seconds) for s in moto.bus.schedules]
+        moto_queues = {name: (source.target_name, source.batch_size, source.queue.visibility_timeout,
+                              source.queue.max_receive_count) for name, source in moto.bus.queues.items()}
+        assert all(callable(r.target) for r in moto.bus.rules)
+    with build_world(backend="scale", seed=1, settings={"registration": "both"}) as scale:
+        scale_rules = [(r.name, r.target_name,
+                        json.loads(json.dumps(r.pattern).replace(scale.cluster.arn, moto_cluster)), r.retries)
+                       for r in scale.bus.rules]
+        scale_schedules = [(s.name, s.target_name, s.every_seconds) for s in scale.bus.schedules]
+        scale_queues = {name: (queue._source.function if queue._source else "",
+                               queue._source.batch_size if queue._source else 0,
+                               queue.visibility_timeout, queue.max_receive_count)
+                        for name, queue in scale.queues.items()}
+        assert all(r.target is None for r in scale.bus.rules)
+    assert [r[0] for r in moto_rules] == RULES
+    assert scale_rules == moto_rules
+    assert scale_schedules == moto_schedules == [(SWEEP_SCHEDULE, "recovery_sweep", 60.0)]
+    assert scale_queues == moto_queues and set(moto_queues) == {GANG_QUEUE, TAG_LOOKUP_QUEUE.name}
+
+
+def test_an_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown world backend"):
+        build_world(backend="kube")  # type: ignore[call-overload]
