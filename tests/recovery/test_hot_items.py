@@ -19,22 +19,8 @@ from gpu_recovery.domain.shards import shard_shares, stable_shard
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_check_slots import Claim
-from local_mode.sim.dynamo import MemoryDynamo
+from tests.fixtures.memory_repository import INSTANCES, T0, memory_repository, pending_health_check
 from tests.recovery.fakes import World, world
-
-JOBS, INSTANCES = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
-T0 = 1_800_000_000.0
-
-
-def _repo() -> Repository:
-    return Repository(MemoryDynamo({JOBS: "job", INSTANCES: "instance"}), JOBS, INSTANCES)
-
-
-def _pending(repo: Repository, node: str, job: str = "j1") -> Instance:
-    assert repo.open_health_check(node, job, now=T0, retry_at=T0 + 60)
-    instance = repo.get_instance(node)
-    assert instance is not None
-    return instance
 
 
 def _claim(repo: Repository, instance: Instance, *, cluster: int, per_job: int = 10_000) -> Claim:
@@ -57,8 +43,8 @@ def _nodes_of_shard(shard: int, shards: int, count: int) -> list[str]:
 
 
 def test_a_claim_takes_a_slot_on_its_nodes_shard_and_records_it() -> None:
-    repo = _repo()
-    instance = _pending(repo, "n1")
+    repo = memory_repository()
+    instance = pending_health_check(repo, "n1")
     assert _claim(repo, instance, cluster=2048) is Claim.CLAIMED
     claimed = repo.get_instance("n1")
     assert claimed is not None and claimed.hc_slot_shard == stable_shard("n1", C.HEALTH_CHECK_SLOT_SHARDS)
@@ -70,12 +56,12 @@ def test_a_claim_takes_a_slot_on_its_nodes_shard_and_records_it() -> None:
 def test_a_claim_answers_with_the_instance_as_it_wrote_it(per_job: int) -> None:
     """The claimer needs no read after its claim: the answer carries the shard and the job
     slot the claim recorded (what the release gives back), as a read would find them."""
-    repo = _repo()
+    repo = memory_repository()
     home = 7
     nodes = _nodes_of_shard(home, C.HEALTH_CHECK_SLOT_SHARDS, 2)
-    first = _pending(repo, nodes[0])
+    first = pending_health_check(repo, nodes[0])
     assert _claim(repo, first, cluster=16, per_job=per_job) is Claim.CLAIMED  # takes shard 7's one slot
-    second = _pending(repo, nodes[1])
+    second = pending_health_check(repo, nodes[1])
     answer = repo.claim_health_check(second, "sb-2", T0 + 75, owner="j1", per_job=per_job, cluster=16,
                                      now=T0 + 1)
     stored = repo.get_instance(nodes[1])
@@ -91,40 +77,40 @@ def test_a_claim_answers_with_the_instance_as_it_wrote_it(per_job: int) -> None:
 
 
 def test_a_claim_that_took_nothing_answers_without_an_instance() -> None:
-    repo = _repo()
-    instance = _pending(repo, "n1")
+    repo = memory_repository()
+    instance = pending_health_check(repo, "n1")
     assert _claim(repo, instance, cluster=8) is Claim.CLAIMED
     again = repo.claim_health_check(instance, "sb-n1", T0 + 75, owner="j1", per_job=10_000, cluster=8, now=T0)
     assert again.outcome is Claim.RACED and again.instance is None
 
 
 def test_a_full_shard_sends_the_claim_to_the_next_one_with_room() -> None:
-    repo = _repo()
+    repo = memory_repository()
     # A limit of twice the shards: 2 each. Three nodes of one shard: the third goes elsewhere.
     limit = 2 * C.HEALTH_CHECK_SLOT_SHARDS
     assert shard_shares(limit, C.HEALTH_CHECK_SLOT_SHARDS) == [2] * C.HEALTH_CHECK_SLOT_SHARDS
     home = 5
     nodes = _nodes_of_shard(home, C.HEALTH_CHECK_SLOT_SHARDS, 3)
     for node in nodes:
-        assert _claim(repo, _pending(repo, node), cluster=limit) is Claim.CLAIMED
+        assert _claim(repo, pending_health_check(repo, node), cluster=limit) is Claim.CLAIMED
     third = repo.get_instance(nodes[2])
     assert third is not None and third.hc_slot_shard == home + 1  # the next shard round the ring
     assert _shard_counts(repo) == {home: 2, home + 1: 1}
 
 
 def test_the_cluster_is_full_only_when_every_shard_is_and_never_runs_more_than_its_limit() -> None:
-    repo = _repo()
+    repo = memory_repository()
     limit = 5  # five shards of one slot
-    results = [_claim(repo, _pending(repo, f"n{i}"), cluster=limit) for i in range(8)]
+    results = [_claim(repo, pending_health_check(repo, f"n{i}"), cluster=limit) for i in range(8)]
     assert results.count(Claim.CLAIMED) == limit and results.count(Claim.CLUSTER_FULL) == 3
     assert repo.slots.running() == limit
     assert set(_shard_counts(repo).values()) == {1}
 
 
 def test_the_release_gives_the_slot_back_to_the_shard_the_claim_recorded() -> None:
-    repo = _repo()
+    repo = memory_repository()
     node = _nodes_of_shard(3, C.HEALTH_CHECK_SLOT_SHARDS, 2)
-    first, second = (_pending(repo, n) for n in node)
+    first, second = (pending_health_check(repo, n) for n in node)
     assert _claim(repo, first, cluster=16) is Claim.CLAIMED  # shard 3 (its share: 1)
     assert _claim(repo, second, cluster=16) is Claim.CLAIMED  # shard 3 full: shard 4
     second_now = repo.get_instance(node[1])
@@ -136,8 +122,8 @@ def test_the_release_gives_the_slot_back_to_the_shard_the_claim_recorded() -> No
 
 
 def test_a_check_claimed_before_the_shards_is_released_on_the_unsharded_item() -> None:
-    repo = _repo()
-    instance = _pending(repo, "n1")
+    repo = memory_repository()
+    instance = pending_health_check(repo, "n1")
     assert _claim(repo, instance, cluster=8) is Claim.CLAIMED
     # Rewritten as a claim of the release before: no shard on the instance, its count on
     # the single item.

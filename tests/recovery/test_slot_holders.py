@@ -20,22 +20,9 @@ from gpu_recovery.repository.health_check_slots import (
     HealthCheckSlots,
     claim_token,
 )
-from local_mode.sim.dynamo import MemoryDynamo
+from tests.fixtures.memory_repository import INSTANCES, JOBS, T0, memory_repository, pending_health_check
 
-JOBS, INSTANCES = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
-T0 = 1_800_000_000.0
 SHARDS = C.HEALTH_CHECK_SLOT_SHARDS
-
-
-def _repo() -> Repository:
-    return Repository(MemoryDynamo({JOBS: "job", INSTANCES: "instance"}), JOBS, INSTANCES)
-
-
-def _pending(repo: Repository, node: str, job: str = "j1") -> Instance:
-    assert repo.open_health_check(node, job, now=T0, retry_at=T0 + 60)
-    instance = repo.get_instance(node)
-    assert instance is not None
-    return instance
 
 
 def _claim(repo: Repository, instance: Instance, *, cluster: int = 2048, per_job: int = 10_000,
@@ -59,8 +46,8 @@ def _all_holders(repo: Repository) -> set[str]:
 
 
 def test_a_claim_puts_its_token_on_its_shard_and_the_instance_records_it() -> None:
-    repo = _repo()
-    answer = repo.claim_health_check(_pending(repo, "n1"), "sb-n1", T0 + 75, owner="j1", per_job=4,
+    repo = memory_repository()
+    answer = repo.claim_health_check(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1", per_job=4,
                                      cluster=16, now=T0)
     assert answer.outcome is Claim.CLAIMED and answer.instance is not None
     stored = repo.get_instance("n1")
@@ -74,7 +61,7 @@ def test_a_claim_puts_its_token_on_its_shard_and_the_instance_records_it() -> No
 
 def test_no_slot_write_is_in_a_transaction() -> None:
     """The slot items are touched by plain UpdateItems only: claim, release and verdict."""
-    repo = _repo()
+    repo = memory_repository()
     sent: list[dict[str, Any]] = []
     transact = repo.db.transact
 
@@ -83,7 +70,7 @@ def test_no_slot_write_is_in_a_transaction() -> None:
         return bool(transact(updates))
 
     repo.db.transact = watched  # type: ignore[method-assign]
-    assert _claim(repo, _pending(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
+    assert _claim(repo, pending_health_check(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
     claimed = repo.get_instance("n1")
     assert claimed is not None
     assert repo.retry_health_check(claimed, "sb-n1", T0 + 30)
@@ -94,9 +81,9 @@ def test_no_slot_write_is_in_a_transaction() -> None:
 
 
 def test_a_full_job_share_refuses_and_gives_the_shard_token_back() -> None:
-    repo = _repo()
-    assert _claim(repo, _pending(repo, "n1"), per_job=1, cluster=16) is Claim.CLAIMED
-    assert _claim(repo, _pending(repo, "n2"), per_job=1, cluster=16) is Claim.JOB_FULL
+    repo = memory_repository()
+    assert _claim(repo, pending_health_check(repo, "n1"), per_job=1, cluster=16) is Claim.CLAIMED
+    assert _claim(repo, pending_health_check(repo, "n2"), per_job=1, cluster=16) is Claim.JOB_FULL
     held = repo.get_instance("n1")
     assert held is not None
     assert _all_holders(repo) == _job_holders(repo) == {held.hc_slot_token}
@@ -105,8 +92,8 @@ def test_a_full_job_share_refuses_and_gives_the_shard_token_back() -> None:
 
 def test_a_raced_claim_gives_its_own_token_back_not_the_winners() -> None:
     """Two deliveries of one claim in the same second: the loser's token is its own."""
-    repo = _repo()
-    instance = _pending(repo, "n1")
+    repo = memory_repository()
+    instance = pending_health_check(repo, "n1")
     assert _claim(repo, instance, per_job=4, cluster=16) is Claim.CLAIMED
     assert _claim(repo, instance, per_job=4, cluster=16) is Claim.RACED
     winner = repo.get_instance("n1")
@@ -115,8 +102,8 @@ def test_a_raced_claim_gives_its_own_token_back_not_the_winners() -> None:
 
 
 def test_the_release_gives_the_token_back_after_its_commit() -> None:
-    repo = _repo()
-    answer = repo.claim_health_check(_pending(repo, "n1"), "sb-n1", T0 + 75, owner="j1", per_job=4,
+    repo = memory_repository()
+    answer = repo.claim_health_check(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1", per_job=4,
                                      cluster=16, now=T0)
     assert answer.instance is not None
     assert repo.slots.release(answer.instance) == []  # nothing in the instance's transaction
@@ -140,8 +127,8 @@ def _lose_give_backs(repo: Repository, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_lost_release_is_freed_by_the_reaper_once_old_not_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    repo = _repo()
-    assert _claim(repo, _pending(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
+    repo = memory_repository()
+    assert _claim(repo, pending_health_check(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
     claimed = repo.get_instance("n1")
     assert claimed is not None
     with monkeypatch.context() as patch:
@@ -155,8 +142,8 @@ def test_a_lost_release_is_freed_by_the_reaper_once_old_not_before(monkeypatch: 
 
 
 def test_a_claim_that_died_before_its_instance_is_freed_by_the_reaper() -> None:
-    repo = _repo()
-    _pending(repo, "n1")
+    repo = memory_repository()
+    pending_health_check(repo, "n1")
     shard = stable_shard("n1", SHARDS)
     token = claim_token("n1", T0, "j1")
     slots: HealthCheckSlots = repo.slots
@@ -168,16 +155,16 @@ def test_a_claim_that_died_before_its_instance_is_freed_by_the_reaper() -> None:
 
 
 def test_a_check_holding_its_slot_is_never_reaped_however_long_it_runs() -> None:
-    repo = _repo()
-    assert _claim(repo, _pending(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
+    repo = memory_repository()
+    assert _claim(repo, pending_health_check(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
     assert repo.slots.reap(T0 + 100 * REAP_AFTER_SECONDS) == 0
     assert repo.slots.running() == 1 and len(_job_holders(repo)) == 1
 
 
 def test_the_reaper_looks_up_at_most_its_cap_a_run() -> None:
-    repo = _repo()
+    repo = memory_repository()
     for i in range(5):
-        _pending(repo, f"n{i}")
+        pending_health_check(repo, f"n{i}")
         shard = stable_shard(f"n{i}", SHARDS)
         assert repo.slots._hold(INSTANCES, {C.INSTANCE_PK: C.health_check_slot_shard_key(shard)},
                                 claim_token(f"n{i}", T0, ""), 32, {})
@@ -189,12 +176,12 @@ def test_the_reaper_looks_up_at_most_its_cap_a_run() -> None:
 def test_checks_running_long_do_not_hide_the_orphans_from_a_capped_reaper() -> None:
     """Old tokens that their instances hold come first in every shard's order; the cap's
     sample still reaches the orphan behind them."""
-    repo = _repo()
+    repo = memory_repository()
     shard = stable_shard("z9", SHARDS)
     same_shard = [n for n in (f"a{i}" for i in range(5000)) if stable_shard(n, SHARDS) == shard][:6]
     for node in same_shard:  # their tokens sort before z9's on the same shard
-        assert _claim(repo, _pending(repo, node)) is Claim.CLAIMED  # held, never reaped
-    _pending(repo, "z9")
+        assert _claim(repo, pending_health_check(repo, node)) is Claim.CLAIMED  # held, never reaped
+    pending_health_check(repo, "z9")
     assert repo.slots._hold(INSTANCES, {C.INSTANCE_PK: C.health_check_slot_shard_key(shard)},
                             claim_token("z9", T0, ""), 32, {})
     later = T0 + REAP_AFTER_SECONDS + 1
@@ -205,8 +192,8 @@ def test_checks_running_long_do_not_hide_the_orphans_from_a_capped_reaper() -> N
 def test_a_check_claimed_by_the_release_before_gives_back_its_counts() -> None:
     """Upgrade: no token on the instance, a number ``running`` on its shard and its job's
     item: counted by ``running()``, decremented in the release's transaction."""
-    repo = _repo()
-    assert _claim(repo, _pending(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
+    repo = memory_repository()
+    assert _claim(repo, pending_health_check(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
     claimed = repo.get_instance("n1")
     assert claimed is not None and claimed.hc_slot_shard is not None
     shard = claimed.hc_slot_shard
@@ -218,7 +205,7 @@ def test_a_check_claimed_by_the_release_before_gives_back_its_counts() -> None:
     assert legacy is not None and legacy.hc_slot_token == "" and legacy.hc_slot_shard == shard
     assert repo.slots.running() == 1
     # A new claim's condition counts holders only (the legacy count is not its limit).
-    assert _claim(repo, _pending(repo, "n2"), per_job=1, cluster=16) is Claim.CLAIMED
+    assert _claim(repo, pending_health_check(repo, "n2"), per_job=1, cluster=16) is Claim.CLAIMED
     assert repo.slots.running() == 2
     assert repo.retry_health_check(legacy, "sb-n1", T0 + 30)
     assert repo.slots.running() == 1
