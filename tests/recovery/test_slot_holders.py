@@ -47,8 +47,8 @@ def _all_holders(repo: Repository) -> set[str]:
 
 def test_a_claim_puts_its_token_on_its_shard_and_the_instance_records_it() -> None:
     repo = memory_repository()
-    answer = repo.claim_health_check(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1", per_job=4,
-                                     cluster=16, now=T0)
+    answer = repo.claim_health_check(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1",
+                                     per_job=4, cluster=16, now=T0)
     assert answer.outcome is Claim.CLAIMED and answer.instance is not None
     stored = repo.get_instance("n1")
     assert stored is not None and stored.hc_slot_token == answer.instance.hc_slot_token != ""
@@ -103,8 +103,8 @@ def test_a_raced_claim_gives_its_own_token_back_not_the_winners() -> None:
 
 def test_the_release_gives_the_token_back_after_its_commit() -> None:
     repo = memory_repository()
-    answer = repo.claim_health_check(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1", per_job=4,
-                                     cluster=16, now=T0)
+    answer = repo.claim_health_check(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1",
+                                     per_job=4, cluster=16, now=T0)
     assert answer.instance is not None
     assert repo.slots.release(answer.instance) == []  # nothing in the instance's transaction
     assert repo.release_health_check_claim(answer.instance, "sb-n1", placement_failed=True, retry_at=T0 + 30)
