@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from botocore.exceptions import ReadTimeoutError
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain.models import Instance
@@ -121,7 +122,7 @@ def test_the_release_gives_the_token_back_after_its_commit() -> None:
 
 def _lose_give_backs(repo: Repository, monkeypatch: pytest.MonkeyPatch) -> None:
     def lost(*args: Any) -> None:
-        raise ConnectionError("the answer was lost")
+        raise ReadTimeoutError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")  # the answer lost
 
     monkeypatch.setattr(repo.slots, "_let_go", lost)
 

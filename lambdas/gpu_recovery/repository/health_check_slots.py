@@ -52,6 +52,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from gpu_recovery.constants import (
     HC_WAIT_PK,
     HC_WAIT_SK,
@@ -219,7 +221,7 @@ class HealthCheckSlots:
                 self._let_go(self.base.job_table_name, self._job_key(owner), token)
             self._let_go(self.base.instance_table_name, self._cluster_key(shard), token)
             return True
-        except Exception:
+        except (ClientError, BotoCoreError):  # a lost write, not a bug: the reaper's to free
             logger.warning("health-check slot not given back; the sweep's reaper frees it",
                            exc_info=True, extra={"token": token, "shard": shard})
             return False

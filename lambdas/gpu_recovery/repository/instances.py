@@ -181,12 +181,13 @@ class Instances(RecoveryTables):
             extra_names={"#sb": "hc_started_by"},
         ), *self.slots.release(instance)])
 
-    def _released(self, instance: Instance, updates: list[Update]) -> bool:
-        """A way out of HEALTH_CHECKING committed, then its slots given back (plain writes,
-        best effort: the sweep's reaper frees what a lost one leaves)."""
+    def _released(self, instance: Instance, updates: list[Update], *, leaving: bool = True) -> bool:
+        """A way out of HEALTH_CHECKING committed, then (``leaving``) its slots given back
+        (plain writes, best effort: the sweep's reaper frees what a lost one leaves)."""
         if not self.db.transact(updates):
             return False
-        self.slots.give_back(instance)
+        if leaving:
+            self.slots.give_back(instance)
         return True
 
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:

@@ -169,11 +169,7 @@ class NodeDecisions(JobsAndRanks, Instances):
             updates.append(breaker)
         updates += cordon_sync
         updates += list(also)
-        if not self.db.transact(updates):
-            return False
-        if releasing:
-            self.slots.give_back(instance)
-        return True
+        return self._released(instance, updates, leaving=releasing)
 
     def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update:
         """NODE_LOST -> FAILED on the same attempt (its node unreachable), with the fault's
@@ -340,8 +336,5 @@ class NodeDecisions(JobsAndRanks, Instances):
                 set_fields={"last_error": failure.reason[:1000],
                             **self.stop_fanout_fields(job.attempt, failure.reason, now),
                             **self.job_deadline_fields(now + 60)}))
-        if not self.db.transact([*updates, *also]):
-            return False
-        if instance.state is InstanceState.HEALTH_CHECKING:
-            self.slots.give_back(instance)
-        return True
+        return self._released(instance, [*updates, *also],
+                              leaving=instance.state is InstanceState.HEALTH_CHECKING)
