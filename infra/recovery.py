@@ -110,6 +110,11 @@ class ClusterAccess:
         key, value = self.config.instance_tag_key, self.config.instance_tag_value
         return {"StringEquals": {f"aws:ResourceTag/{key}": value}}
 
+    def _in_cluster_statement(self, sid: str, actions: list[str], resource: str) -> list[iam.PolicyStatement]:
+        """``actions`` on ``resource``, allowed only where the resource is in the cluster."""
+        return [iam.PolicyStatement(sid=sid, actions=actions, resources=[resource],
+                                    conditions=self._in_cluster)]
+
     # ----- ECS ---------------------------------------------------------------------
     def start_task(self) -> list[iam.PolicyStatement]:
         """StartTask (health checks, gang restarts) with the tags, and PassRole to ECS of
@@ -136,78 +141,38 @@ class ClusterAccess:
         ]
 
     def stop_task(self) -> list[iam.PolicyStatement]:
-        return [
-            iam.PolicyStatement(
-                sid="StopTaskInCluster",
-                actions=["ecs:StopTask"],
-                resources=[self.task_arns],
-                conditions=self._in_cluster,
-            )
-        ]
+        return self._in_cluster_statement("StopTaskInCluster", ["ecs:StopTask"], self.task_arns)
 
     def describe_tasks(self) -> list[iam.PolicyStatement]:
-        return [
-            iam.PolicyStatement(
-                sid="DescribeTasksInCluster",
-                actions=["ecs:DescribeTasks"],
-                resources=[self.task_arns],
-                conditions=self._in_cluster,
-            )
-        ]
+        return self._in_cluster_statement(
+            "DescribeTasksInCluster", ["ecs:DescribeTasks"], self.task_arns)
 
     def list_tasks(self) -> list[iam.PolicyStatement]:
-        return [
-            iam.PolicyStatement(
-                sid="ListTasksInCluster",
-                actions=["ecs:ListTasks"],
-                resources=[self.container_instance_arns],
-                conditions=self._in_cluster,
-            )
-        ]
+        return self._in_cluster_statement(
+            "ListTasksInCluster", ["ecs:ListTasks"], self.container_instance_arns)
 
     def describe_container_instances(self) -> list[iam.PolicyStatement]:
-        return [
-            iam.PolicyStatement(
-                sid="DescribeContainerInstancesInCluster",
-                actions=["ecs:DescribeContainerInstances"],
-                resources=[self.container_instance_arns],
-                conditions=self._in_cluster,
-            )
-        ]
+        return self._in_cluster_statement(
+            "DescribeContainerInstancesInCluster", ["ecs:DescribeContainerInstances"],
+            self.container_instance_arns)
 
     def update_container_instances_state(self) -> list[iam.PolicyStatement]:
-        return [
-            iam.PolicyStatement(
-                sid="DrainContainerInstancesInCluster",
-                actions=["ecs:UpdateContainerInstancesState"],
-                resources=[self.container_instance_arns],
-                conditions=self._in_cluster,
-            )
-        ]
+        return self._in_cluster_statement(
+            "DrainContainerInstancesInCluster", ["ecs:UpdateContainerInstancesState"],
+            self.container_instance_arns)
 
     def cordon_container_instances(self) -> list[iam.PolicyStatement]:
         """Known-bad nodes: the custom attribute ``gpu-recovery.cordoned`` put and deleted
         (ECS placement constraints keep tag-registered tasks off them), on the cluster's
         container instances only."""
-        return [
-            iam.PolicyStatement(
-                sid="CordonContainerInstancesInCluster",
-                actions=["ecs:PutAttributes", "ecs:DeleteAttributes"],
-                resources=[self.container_instance_arns],
-                conditions=self._in_cluster,
-            )
-        ]
+        return self._in_cluster_statement(
+            "CordonContainerInstancesInCluster", ["ecs:PutAttributes", "ecs:DeleteAttributes"],
+            self.container_instance_arns)
 
     def uncordon_container_instances(self) -> list[iam.PolicyStatement]:
         """A node back after its reboot is healthy again: its attribute deleted (only)."""
-        return [
-            iam.PolicyStatement(
-                sid="UncordonContainerInstancesInCluster",
-                actions=["ecs:DeleteAttributes"],
-                resources=[self.container_instance_arns],
-                conditions=self._in_cluster,
-            )
-        ]
+        return self._in_cluster_statement(
+            "UncordonContainerInstancesInCluster", ["ecs:DeleteAttributes"], self.container_instance_arns)
 
     def list_container_instances(self) -> list[iam.PolicyStatement]:
         """The breaker counts the cluster's GPU nodes; relocation looks for free ones."""
