@@ -42,6 +42,7 @@ from gpu_recovery.constants import (
     ENV_NODE_LOST_FAIL_SECONDS,
     ENV_NODE_TOKEN_TABLE,
     GATEWAY_ERRORS,
+    NODE_API_ROUTES,
     NODE_TOKEN_HEADER_PATTERN,
     NODE_TOKEN_PK,
 )
@@ -57,7 +58,8 @@ from infra.recovery import EVENT_RETRY_ATTEMPTS, ClusterAccess, nag_resource_id
 from infra.tables import RecoveryTables
 
 STAGE_NAME = "prod"
-NODE_ROUTES = ("report_tasks", "report_gpu")
+#: the node routes under v1/ (constants.NODE_API_ROUTES, the one list, all POST)
+NODE_ROUTES = tuple(path.removeprefix("v1/") for _, path in NODE_API_ROUTES)
 TOKEN_HEADER = "Authorization"
 
 

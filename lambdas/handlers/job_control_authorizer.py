@@ -19,47 +19,16 @@ from gpu_recovery import runtime
 from gpu_recovery.constants import CONTROL_API_ROUTES
 from gpu_recovery.domain.control_token import parse_token
 from gpu_recovery.heartbeat.tokens import token_from_authorization
+from handlers._authorizer import UNAUTHORIZED, authorization, policy
 from handlers._common import powertools
 
 logger, tracer, metrics = powertools("job-control-authorizer")
-
-UNAUTHORIZED = "Unauthorized"  # the exact message API Gateway maps to 401
-ROUTES = tuple(f"{method}/{path}" for method, path in CONTROL_API_ROUTES)
-
-
-def _authorization(event: dict[str, Any]) -> str | None:
-    if event.get("type") == "TOKEN" or "authorizationToken" in event:
-        return event.get("authorizationToken")
-    headers = {str(k).lower(): v for k, v in (event.get("headers") or {}).items()}
-    return headers.get("authorization")
-
-
-def _resources(method_arn: str) -> list[str]:
-    """Both control routes of the calling API and stage, so a cached policy covers them."""
-    prefix, _, rest = method_arn.partition("/")
-    stage = rest.split("/", 1)[0] if rest else "*"
-    if not prefix.startswith("arn:"):
-        return [method_arn or "*"]
-    return [f"{prefix}/{stage}/{route}" for route in ROUTES]
-
-
-def policy(principal: str, effect: str, method_arn: str, context: dict[str, str] | None = None
-           ) -> dict[str, Any]:
-    response: dict[str, Any] = {
-        "principalId": principal,
-        "policyDocument": {"Version": "2012-10-17", "Statement": [
-            {"Action": "execute-api:Invoke", "Effect": effect, "Resource": _resources(method_arn)}]},
-    }
-    if context:
-        response["context"] = context
-    return response
-
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    token = token_from_authorization(_authorization(event)) or ""
+    token = token_from_authorization(authorization(event)) or ""
     method_arn = str(event.get("methodArn", ""))
     claimed = parse_token(token)
     if claimed is None:
@@ -70,6 +39,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     if verified is None:
         metrics.add_metric(name="ControlAuthDenied", unit="Count", value=1)
         logger.warning("job-control token refused", extra={"job_id": claimed[0], "rank": claimed[1]})
-        return policy(principal, "Deny", method_arn)
+        return policy(principal, "Deny", method_arn, CONTROL_API_ROUTES)
     metrics.add_metric(name="ControlAuthOk", unit="Count", value=1)
-    return policy(principal, "Allow", method_arn, {"job_id": verified[0], "rank": str(verified[1])})
+    return policy(principal, "Allow", method_arn, CONTROL_API_ROUTES,
+                  {"job_id": verified[0], "rank": str(verified[1])})
