@@ -475,13 +475,13 @@ def attach_xids(gpus: List[Dict[str, Any]], events: List[Tuple[str, int]]) -> Li
         gpu["xids"] = []
         if gpu.get("pci_bus_id"):
             by_pci[gpu["pci_bus_id"]] = gpu
-    unmapped = []
+    unmapped: List[Dict[str, Any]] = []
     for pci, xid in events:
-        gpu = by_pci.get(pci)
-        if gpu is None:
+        found = by_pci.get(pci)
+        if found is None:
             unmapped.append({"pci_bus_id": pci, "xid": xid})
         else:
-            gpu["xids"].append(xid)
+            found["xids"].append(xid)
     return unmapped
 
 

@@ -108,7 +108,7 @@ class StateChecks(NodeChecks):
                "RecoverySweep above, its Errors alarm), read its ERROR lines 'sweep step failed' (the "
                "failed call's traceback), fix the cause: the next sweep goes on by itself; else settle "
                f"the job by hand ({OVERDUE_RUNBOOK})")
-        findings = []
+        findings: list[Finding] = []
         for item in jobs[:LISTED]:
             late = now - float(item.get(DEADLINE_SK) or now)
             history = item.get("history") or [{}]

@@ -81,8 +81,20 @@ def table(headers: list[str], rows: list[list[Any]], indent: str = "") -> list[s
     return [line(headers)] + [line(r) for r in cells]
 
 
+def _dict_at(item: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``item[key]`` when it is an object, else empty (the view tolerates missing fields)."""
+    value = item.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _list_at(item: Mapping[str, Any], key: str) -> list[Any]:
+    """``item[key]`` when it is a list, else empty."""
+    value = item.get(key)
+    return value if isinstance(value, list) else []
+
+
 def nodes_label(job: Mapping[str, Any]) -> str:
-    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    spec = _dict_at(job, "spec")
     nnodes = job.get("nnodes", spec.get("nnodes"))
     gpus = job.get("gpus_per_node", spec.get("gpus_per_node"))
     if nnodes is None:
@@ -91,9 +103,9 @@ def nodes_label(job: Mapping[str, Any]) -> str:
 
 
 def rank_counts(job: Mapping[str, Any]) -> tuple[int, int]:
-    ranks = job.get("ranks") if isinstance(job.get("ranks"), list) else []
+    ranks = _list_at(job, "ranks")
     running = sum(1 for r in ranks if isinstance(r, dict) and str(r.get("state", "")).upper() == "RUNNING")
-    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    spec = _dict_at(job, "spec")
     total = job.get("nnodes") or spec.get("nnodes") or len(ranks)
     try:
         total = int(total)
@@ -107,7 +119,7 @@ _PRIORITY_NAMES = {0: "LOW", 5: "BELOW_NORMAL", 10: "NORMAL", 20: "ABOVE_NORMAL"
 
 
 def _priority(job: Mapping[str, Any]) -> Any:
-    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    spec = _dict_at(job, "spec")
     value = job.get("priority", spec.get("priority"))
     name = job.get("priority_name") or (_PRIORITY_NAMES.get(value) if isinstance(value, int) else None)
     if name and str(name) != str(value) and value is not None:
@@ -195,8 +207,8 @@ def _rank_table(ranks: list[dict[str, Any]]) -> list[str]:
 
 def format_job(job: Mapping[str, Any]) -> list[str]:
     """The human ``show`` view; tolerant of missing fields and of extra ones."""
-    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
-    overrides = spec.get("overrides") if isinstance(spec.get("overrides"), dict) else {}
+    spec = _dict_at(job, "spec")
+    overrides = _dict_at(spec, "overrides")
     name = job.get("name") or spec.get("name")
     lines = [f"Job:        {job.get('job_id', '-')}" + (f"  ({name})" if name else "")]
     running, total = rank_counts(job)
@@ -206,7 +218,7 @@ def format_job(job: Mapping[str, Any]) -> list[str]:
     if max_recoveries is not None:
         used = job.get("recoveries_used")
         recoveries = f"{used}/{max_recoveries} used" if used is not None else f"max {max_recoveries}"
-    labels = spec.get("labels") if isinstance(spec.get("labels"), dict) else {}
+    labels = _dict_at(spec, "labels")
     counts = [int(job.get("suspend_count") or 0), int(job.get("resume_count") or 0)]
     state = job.get("state")
     if state is not None and job.get("held"):

@@ -46,9 +46,9 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
     """The body (``handlers._common``): the SQS batch's partial batch response. A processor
     per call: concurrent invocations (the simulators run them in one process) never share
     one's record state."""
-    return process_partial_response(
+    return dict(process_partial_response(
         event=event, record_handler=lambda record: handle_record(record, service, time_left),
-        processor=BatchProcessor(event_type=EventType.SQS))
+        processor=BatchProcessor(event_type=EventType.SQS)))
 
 
 @logger.inject_lambda_context

@@ -17,22 +17,21 @@ job cannot be suspended now, or the caller's attempt is over), 429 (API Gateway)
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
 from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, Field
 
 from gpu_recovery import runtime
-from gpu_recovery.queue.api_models import ErrorBody
 from gpu_recovery.queue.control import ControlError
 from handlers._common import powertools
 from handlers._http import BodyError, body_text
+from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
 
 logger, tracer, metrics = powertools("job-control-api")
 app = APIGatewayRestResolver(enable_validation=True)
@@ -41,9 +40,8 @@ OPENAPI_INFO: dict[str, Any] = {
     "title": "GPU training job-control API",
     "version": "1.0.0",
     "description": "What training code calls (gpu_recovery_client): the suspend channel of a queue job.",
-    "security_schemes": {"controlToken": APIKey(
-        name="Authorization", in_=APIKeyIn.header,
-        description="Bearer <the rank's GPU_RECOVERY_CONTROL_TOKEN> (API Gateway TOKEN authorizer)")},
+    "security_schemes": {"controlToken": authorization_header_scheme(
+        "Bearer <the rank's GPU_RECOVERY_CONTROL_TOKEN> (API Gateway TOKEN authorizer)")},
     "security": [{"controlToken": []}],
 }
 
@@ -68,17 +66,13 @@ class SuspendAck(BaseModel):
     stopping_ranks: list[int]
 
 
-def _error_doc(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"model": ErrorBody}}}
-
-
-_ERRORS: dict[int, Any] = {
-    400: _error_doc("Invalid request; `field` names the offending field"),
-    401: _error_doc("No Authorization header, or not a control token (API Gateway)"),
-    403: _error_doc("The control token was refused (API Gateway)"),
-    404: _error_doc("The job no longer exists"),
-    413: _error_doc("Body over 16 KiB (the routes read no body: send none)"),
-    429: _error_doc("Throttled by the API stage (API Gateway)"),
+_ERRORS: dict[int, OpenAPIResponse] = {
+    400: error_doc("Invalid request; `field` names the offending field"),
+    401: error_doc("No Authorization header, or not a control token (API Gateway)"),
+    403: error_doc("The control token was refused (API Gateway)"),
+    404: error_doc("The job no longer exists"),
+    413: error_doc("Body over 16 KiB (the routes read no body: send none)"),
+    429: error_doc("Throttled by the API stage (API Gateway)"),
 }
 
 
@@ -132,7 +126,7 @@ def control_status(
           responses={200: {"description": "Suspending",
                            "content": {"application/json": {"model": SuspendAck}}},
                      **_ERRORS,
-                     409: _error_doc("Not RUNNING or SUSPENDING, or the caller's attempt is over")})
+                     409: error_doc("Not RUNNING or SUSPENDING, or the caller's attempt is over")})
 def go_suspend(
     attempt: Annotated[int | None, Query(ge=1, le=100_000, description="The rank's ATTEMPT")] = None,
 ) -> SuspendAck:
@@ -168,17 +162,11 @@ def openapi_document() -> dict[str, Any]:
 
 
 def openapi_json() -> str:
-    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+    return document_json(openapi_document())
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["--openapi"]:
-        print("usage: python -m handlers.job_control_api --openapi > docs/control-api.openapi.json",
-              file=sys.stderr)
-        return 2
-    sys.stdout.write(openapi_json())
-    return 0
+    return print_document("job_control_api", "docs/control-api.openapi.json", openapi_json, argv)
 
 
 if __name__ == "__main__":

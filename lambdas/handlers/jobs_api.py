@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import threading
 from http import HTTPStatus
 from pathlib import Path as FilePath
@@ -35,8 +34,8 @@ from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.idempotency import (
     DynamoDBPersistenceLayer,
@@ -47,6 +46,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyAlreadyInProgressError,
     IdempotencyValidationError,
 )
+from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import DataRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
@@ -54,7 +54,6 @@ from gpu_recovery.adapters import aws
 from gpu_recovery.constants import JobState
 from gpu_recovery.queue.api_models import (
     CancelResult,
-    ErrorBody,
     JobDetail,
     JobEvents,
     JobList,
@@ -74,6 +73,7 @@ from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
 from gpu_recovery.queue.models import JobSpec
 from handlers._common import powertools
 from handlers._http import BodyError, body_text, media_type, parse_json
+from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
 
 API_TITLE = "GPU training jobs API"
 API_VERSION = "1.0.0"
@@ -92,28 +92,21 @@ OPENAPI_INFO: dict[str, Any] = {
     "version": API_VERSION,
     "description": "Submit multi-node GPU training jobs to the queue and follow them on Amazon ECS.",
     "security_schemes": {
-        "sigv4": APIKey(
-            name="Authorization",
-            in_=APIKeyIn.header,
-            description="AWS Signature Version 4 (API Gateway AuthorizationType AWS_IAM)",
-        )
+        "sigv4": authorization_header_scheme(
+            "AWS Signature Version 4 (API Gateway AuthorizationType AWS_IAM)"),
     },
     "security": [{"sigv4": []}],
 }
 
 
-def _error_doc(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"model": ErrorBody}}}
-
-
-_E400 = _error_doc("Invalid request; `field` names the offending field")
-_E403 = _error_doc("Refused: a missing or invalid SigV4 signature (API Gateway), or an "
+_E400 = error_doc("Invalid request; `field` names the offending field")
+_E403 = error_doc("Refused: a missing or invalid SigV4 signature (API Gateway), or an "
                    "authorization rule named in `error` (`forbidden:ownership`, "
                    "`forbidden:tag_registered`, `forbidden:task_definition_family`, "
                    "`forbidden:task_role`, `forbidden:reserved_priority`)")
-_E404 = _error_doc("Unknown job")
-_E429 = _error_doc("Throttled by the API stage (API Gateway)")
-_READ_ERRORS: dict[int | HTTPStatus, Any] = {400: _E400, 403: _E403, 404: _E404, 429: _E429}
+_E404 = error_doc("Unknown job")
+_E429 = error_doc("Throttled by the API stage (API Gateway)")
+_READ_ERRORS: dict[int, OpenAPIResponse] = {400: _E400, 403: _E403, 404: _E404, 429: _E429}
 
 
 # ------------------------------------------------------------------------------ wiring
@@ -180,7 +173,7 @@ def _submit_once(request: dict[str, Any]) -> dict[str, Any]:
     return service().submit(spec, request["caller"])
 
 
-def _mark_replay(response: Any, data_record: Any) -> Any:
+def _mark_replay(response: Any, idempotent_data: DataRecord) -> Any:
     app.append_context(idempotent_replay=True)
     return response
 
@@ -303,9 +296,9 @@ def _not_found(error: Exception) -> Response:
         201: {"description": "Queued", "content": {"application/json": {"model": JobSummary}}},
         400: _E400,
         403: _E403,
-        409: _error_doc("Idempotency-Key reused with another body, or still in progress"),
-        413: _error_doc("Body over 128 KiB"),
-        415: _error_doc("Content-Type is not application/json"),
+        409: error_doc("Idempotency-Key reused with another body, or still in progress"),
+        413: error_doc("Body over 128 KiB"),
+        415: error_doc("Content-Type is not application/json"),
         429: _E429,
     },
     tags=["jobs"],
@@ -344,14 +337,15 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
     next_token: Annotated[str | None, Query(max_length=4096, description="From the previous page")] = None,
 ) -> JobList:
-    return service().list(state=state, user=user, limit=limit, next_token=next_token, caller=caller())
+    return JobList.model_validate(
+        service().list(state=state, user=user, limit=limit, next_token=next_token, caller=caller()))
 
 
 @app.get("/v1/jobs/<job_id>", summary="A job with its ranks and attempts", tags=["jobs"],
          responses={200: {"description": "The job", "content": {"application/json": {"model": JobDetail}}},
                     **_READ_ERRORS})
 def get_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobDetail:
-    return service().get(job_id, caller())
+    return JobDetail.model_validate(service().get(job_id, caller()))
 
 
 @app.post("/v1/jobs/<job_id>/cancel", summary="Cancel a job (idempotent)", tags=["jobs"],
@@ -360,12 +354,12 @@ def get_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobDetail:
           responses={200: {"description": "Outcome",
                            "content": {"application/json": {"model": CancelResult}}},
                      **_READ_ERRORS,
-                     409: _error_doc("The job kept changing state; retry")})
+                     409: error_doc("The job kept changing state; retry")})
 def cancel_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> CancelResult:
     result = service().cancel(job_id, caller())
     if result["changed"]:
         metrics.add_metric(name="JobsCanceled", unit=MetricUnit.Count, value=1)
-    return result
+    return CancelResult.model_validate(result)
 
 
 @app.post("/v1/jobs/<job_id>/suspend", summary="Suspend a job (graceful; held until resumed)",
@@ -377,13 +371,13 @@ def cancel_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> CancelRe
           responses={200: {"description": "Outcome",
                            "content": {"application/json": {"model": SuspendResult}}},
                      **_READ_ERRORS,
-                     409: _error_doc("Not suspendable now (starting, in recovery, ended, or not a "
+                     409: error_doc("Not suspendable now (starting, in recovery, ended, or not a "
                                      "queue job)")})
 def suspend_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> SuspendResult:
     result = service().suspend(job_id, caller())
     if result["changed"]:
         metrics.add_metric(name="JobsSuspendedByUser", unit=MetricUnit.Count, value=1)
-    return result
+    return SuspendResult.model_validate(result)
 
 
 @app.post("/v1/jobs/<job_id>/resume", summary="Resume a suspended job", tags=["jobs"],
@@ -393,16 +387,16 @@ def suspend_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> Suspend
           responses={200: {"description": "Outcome",
                            "content": {"application/json": {"model": SuspendResult}}},
                      **_READ_ERRORS,
-                     409: _error_doc("Not suspended")})
+                     409: error_doc("Not suspended")})
 def resume_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> SuspendResult:
-    return service().resume(job_id, caller())
+    return SuspendResult.model_validate(service().resume(job_id, caller()))
 
 
-_QUOTA_ERRORS: dict[int | HTTPStatus, Any] = {
+_QUOTA_ERRORS: dict[int, OpenAPIResponse] = {
     400: _E400,
-    403: _error_doc("Refused: SigV4 (API Gateway), or `forbidden:admin` (only admin roles set, remove, "
+    403: error_doc("Refused: SigV4 (API Gateway), or `forbidden:admin` (only admin roles set, remove, "
                     "list all or read another user's quota)"),
-    409: _error_doc("Quotas are not configured in this deployment"),
+    409: error_doc("Quotas are not configured in this deployment"),
     429: _E429,
 }
 
@@ -420,17 +414,18 @@ def get_quotas(
     next_token: Annotated[str | None, Query(max_length=4096)] = None,
 ) -> QuotaView | QuotaList:
     if all_users:
-        return service().quota_list(caller(), limit=limit, next_token=next_token)
-    return service().quota_view(caller(), user)
+        return QuotaList.model_validate(service().quota_list(caller(), limit=limit, next_token=next_token))
+    return QuotaView.model_validate(service().quota_view(caller(), user))
 
 
 @app.put("/v1/quotas", summary="Set a user's node quota at one level (admins)", tags=["quotas"],
          responses={200: {"description": "The quota now",
                           "content": {"application/json": {"model": QuotaRow}}},
                     **_QUOTA_ERRORS,
-                    415: _error_doc("Content-Type is not application/json")})
+                    415: error_doc("Content-Type is not application/json")})
 def put_quota(change: Annotated[QuotaChange, Body()]) -> QuotaRow:
-    return service().quota_set(caller(), change.user, change.priority, change.max_nodes)
+    return QuotaRow.model_validate(
+        service().quota_set(caller(), change.user, change.priority, change.max_nodes))
 
 
 @app.delete("/v1/quotas", summary="Remove a user's node quota at one level (admins)", tags=["quotas"],
@@ -442,7 +437,7 @@ def delete_quota(
     user: Annotated[str, Query(min_length=1, max_length=512, description="IAM ARN or quota user")],
     priority: Annotated[str, Query(min_length=1, max_length=16, description="Level name or value")],
 ) -> QuotaRemoved:
-    return service().quota_remove(caller(), user, priority)
+    return QuotaRemoved.model_validate(service().quota_remove(caller(), user, priority))
 
 
 @app.get("/v1/jobs/<job_id>/events", summary="State history of a job", tags=["jobs"],
@@ -450,7 +445,7 @@ def delete_quota(
                           "content": {"application/json": {"model": JobEvents}}},
                     **_READ_ERRORS})
 def job_events(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobEvents:
-    return service().events(job_id, caller())
+    return JobEvents.model_validate(service().events(job_id, caller()))
 
 
 @app.get("/v1/jobs/<job_id>/logs", summary="Container log of one rank", tags=["jobs"],
@@ -466,8 +461,8 @@ def job_logs(
     next_token: Annotated[str | None, Query(max_length=4096)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 200,
 ) -> JobLogs:
-    return service().logs(job_id, rank=rank, attempt=attempt, next_token=next_token, limit=limit,
-                          user=caller())
+    return JobLogs.model_validate(service().logs(job_id, rank=rank, attempt=attempt, next_token=next_token,
+                                                 limit=limit, user=caller()))
 
 
 @app.get("/swagger", include_in_schema=False)
@@ -554,8 +549,7 @@ def openapi_document() -> dict[str, Any]:
 
 
 def openapi_json() -> str:
-    """The OpenAPI document (stable key order, newline-terminated)."""
-    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+    return document_json(openapi_document())
 
 
 def openapi_digest() -> str:
@@ -563,12 +557,7 @@ def openapi_digest() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["--openapi"]:
-        print("usage: python -m handlers.jobs_api --openapi > docs/openapi.json", file=sys.stderr)
-        return 2
-    sys.stdout.write(openapi_json())
-    return 0
+    return print_document("jobs_api", "docs/openapi.json", openapi_json, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
@@ -46,6 +45,7 @@ from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.heartbeat.tokens import NODE_ID_RE
 from handlers._common import powertools
 from handlers._http import BodyError, body_text, parse_json
+from handlers._openapi import document_json, print_document
 
 logger, tracer, metrics = powertools("node-api")
 app = APIGatewayRestResolver()
@@ -393,17 +393,11 @@ def openapi_document() -> dict[str, Any]:
 
 
 def openapi_json() -> str:
-    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+    return document_json(openapi_document())
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["--openapi"]:
-        print("usage: python -m handlers.node_api --openapi > docs/node-api.openapi.json",
-              file=sys.stderr)
-        return 2
-    sys.stdout.write(openapi_json())
-    return 0
+    return print_document("node_api", "docs/node-api.openapi.json", openapi_json, argv)
 
 
 if __name__ == "__main__":

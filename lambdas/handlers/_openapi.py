@@ -1,0 +1,43 @@
+"""What the three HTTP handlers' OpenAPI documents share: the error response of a route,
+the Authorization-header security scheme, the committed document's form and the
+``python -m handlers.<api> --openapi`` entry point that prints it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from aws_lambda_powertools.event_handler.openapi.models import APIKey
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+
+from gpu_recovery.queue.api_models import ErrorBody
+
+
+def error_doc(description: str) -> OpenAPIResponse:
+    """An error status of a route: its description, the body an :class:`ErrorBody`."""
+    return {"description": description, "content": {"application/json": {"model": ErrorBody}}}
+
+
+def authorization_header_scheme(description: str) -> APIKey:
+    """A credential sent in the ``Authorization`` header."""
+    # "in" is a keyword: the model takes it by its alias.
+    return APIKey.model_validate({"type": "apiKey", "name": "Authorization", "in": "header",
+                                  "description": description})
+
+
+def document_json(document: dict[str, Any]) -> str:
+    """The committed form: stable key order, newline-terminated."""
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def print_document(module: str, committed_as: str, document: Callable[[], str],
+                   argv: list[str] | None = None) -> int:
+    """``python -m handlers.<module> --openapi`` prints the document (exit 0), else usage (2)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--openapi"]:
+        print(f"usage: python -m handlers.{module} --openapi > {committed_as}", file=sys.stderr)
+        return 2
+    sys.stdout.write(document())
+    return 0
