@@ -26,6 +26,14 @@ def hook_answer(service: str, parsed: dict[str, Any]) -> tuple[Any, dict[str, An
     return http, {**parsed, "ResponseMetadata": metadata}
 
 
+
+def hook_error(service: str, code: str, message: str, status: int = 400) -> tuple[Any, dict[str, Any]]:
+    """An error answer a before-call hook returns in the emulator's place: the caller's client
+    raises its ``ClientError`` (``code``, ``message``) as for the service's own answer."""
+    http = AWSResponse(f"https://{service}.us-east-1.amazonaws.com/", status, HTTPHeaders(), None)  # type: ignore[arg-type]
+    metadata = {"HTTPStatusCode": status, "HTTPHeaders": {}, "RetryAttempts": 0}
+    return http, {"Error": {"Code": code, "Message": message}, "ResponseMetadata": metadata}
+
 class ApiHooks:
     """Per-operation listeners behind the botocore hooks ``LocalAws`` registers.
 

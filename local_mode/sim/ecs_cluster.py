@@ -23,7 +23,7 @@ from typing import Any
 
 from .aws_calls import ClientFailure, StandInClient
 from .ecs_cluster_data_plane import ClusterDataPlane
-from .ecs_model import Node, Task
+from .ecs_model import Node, Task, list_tasks_refusal
 
 PAGE_SIZE = 100
 MAX_START_INSTANCES = 10
@@ -95,7 +95,10 @@ class EcsCluster(ClusterDataPlane):
 
     def list_tasks(self, p: dict[str, Any]) -> dict[str, Any]:
         self._check_cluster(p)
-        desired = p.get("desiredStatus") or "RUNNING"
+        refused = list_tasks_refusal(p)
+        if refused:
+            raise ClientFailure("InvalidParameterException", refused)
+        desired = p.get("desiredStatus") or "RUNNING"  # ECS's default filter
         if p.get("startedBy"):
             candidates: Iterable[Task] = (self.tasks[a]
                                                  for a in self._started_by.get(p["startedBy"], []))

@@ -274,3 +274,17 @@ class Plan:
 
     run_seconds: float | None
     exit_code: int = 0
+
+
+#: ListTasks filters that ECS refuses beside ``startedBy`` ("When you specify startedBy as the
+#: filter, it must be the only filter that you use": the API reference; the answer is an
+#: InvalidParameterException, aws/aws-sdk-go-v2#1893)
+LIST_TASKS_FILTERS = ("containerInstance", "family", "serviceName", "desiredStatus", "launchType")
+STARTED_BY_ALONE = "cannot specify startedBy with other arguments"
+
+
+def list_tasks_refusal(params: dict[str, Any]) -> str | None:
+    """Why ECS refuses a ListTasks request (None: it does not), for both control planes."""
+    if params.get("startedBy") and any(params.get(f) for f in LIST_TASKS_FILTERS):
+        return STARTED_BY_ALONE
+    return None

@@ -142,14 +142,18 @@ class EcsAdapter:
         return found
 
     def tasks_started_by(self, started_by: str) -> list[str]:
-        """Task ARNs (running or recently stopped) carrying a deterministic startedBy."""
+        """ARNs of the live tasks (desired status RUNNING: pending or running, not asked to
+        stop) carrying a deterministic startedBy: what a retried start must not start again.
+
+        ECS takes ``startedBy`` only as the one filter (anything beside it, ``desiredStatus``
+        included, is an InvalidParameterException), and then lists what its default filter,
+        desired status RUNNING, lists. A task of that startedBy that already stopped is not
+        found: a retry may then start the task again, which each caller allows for (the
+        stopped task's event is handled on its own; see the callers)."""
         arns: list[str] = []
-        for status in ("RUNNING", "STOPPED"):
-            paginator = self._ecs.get_paginator("list_tasks")
-            for page in paginator.paginate(
-                cluster=self.cluster, startedBy=started_by[:36], desiredStatus=status
-            ):
-                arns.extend(page.get("taskArns", []))
+        paginator = self._ecs.get_paginator("list_tasks")
+        for page in paginator.paginate(cluster=self.cluster, startedBy=started_by[:36]):
+            arns.extend(page.get("taskArns", []))
         return arns
 
     def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
