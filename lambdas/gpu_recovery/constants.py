@@ -100,6 +100,9 @@ DEFAULT_GANG_WORKER_CONCURRENCY = 4  # batches at once (the config's default; ~9
 RECOVERY_ASYNC_RETRIES, RECOVERY_EVENT_MAX_AGE_SECONDS = 2, 2 * 3600
 RECOVERY_SWEEP_RATE_SECONDS, RECOVERY_SWEEP_TIMEOUT_SECONDS = 60, 55
 SCHEDULED_ASYNC_RETRIES, SCHEDULED_MAX_EVENT_AGE_SECONDS = 2, 5 * 60
+# The other two every-minute functions (infra/node_api.py, infra/scheduler.py): rate and timeout.
+HEARTBEAT_SWEEP_RATE_SECONDS, HEARTBEAT_SWEEP_TIMEOUT_SECONDS = 60, 55
+QUEUE_SCHEDULER_RATE_SECONDS, QUEUE_SCHEDULER_TIMEOUT_SECONDS = 60, 90  # timeout < the tick lease
 # Tag lookups (issue 28): a task with no rank and no registration convention is described by a
 # worker on this queue, up to 100 tasks per DescribeTasks (the API's limit; SQS batches them, waiting
 # up to the window), under the stack's Describe budget (its token bucket: ECS_DESCRIBE_RATE_PER_SECOND).
