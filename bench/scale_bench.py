@@ -153,11 +153,9 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
         world.reset_measurements()
         # ---------------------------------------------------------------- the fault
         t_fault = sim.now
-        world.cluster.fail_gpu(nodes[0], health="reboot_fixable", exit_code=1)
-        if scenario == "cascade":
-            for task in job.tasks:
-                if task.node != nodes[0].name:
-                    world.cluster.exit_task(task, 1, after=sim.rng.uniform(0.5, cascade_seconds), why="nccl")
+        world.cluster.fail_gpu(nodes[0], health="reboot_fixable", exit_code=1,
+                               nccl_cascade=scenario == "cascade",
+                               cascade_delay=lambda: sim.rng.uniform(0.5, cascade_seconds))
 
         def finished() -> bool:
             fields = _job_fields(world, job.job_id)

@@ -42,6 +42,8 @@ from gpu_recovery.constants import (
     ENV_NODE_LOST_FAIL_SECONDS,
     ENV_NODE_TOKEN_TABLE,
     GATEWAY_ERRORS,
+    HEARTBEAT_SWEEP_RATE_SECONDS,
+    HEARTBEAT_SWEEP_TIMEOUT_SECONDS,
     NODE_API_ROUTES,
     NODE_TOKEN_HEADER_PATTERN,
     NODE_TOKEN_PK,
@@ -154,7 +156,7 @@ class NodeApi(Construct):
             self, "HeartbeatSweep", defaults=defaults, handler="handlers.heartbeat_sweep.lambda_handler",
             service_name="heartbeat-sweep",
             description="Every minute: stale heartbeats -> NODE_LOST; NODE_LOST too long -> recovery",
-            timeout=Duration.seconds(55), extra_environment=env,
+            timeout=Duration.seconds(HEARTBEAT_SWEEP_TIMEOUT_SECONDS), extra_environment=env,
         )
         self.functions = {"Authorizer": self.authorizer_function, "NodeApi": self.api_function,
                           "HeartbeatSweep": self.sweep_function}
@@ -257,7 +259,7 @@ class NodeApi(Construct):
         self.sweep_dead_letter_queue = dlq
         self.sweep_rule = events.Rule(
             self, "HeartbeatSweepRule", description="Heartbeat sweep: stale ranks, NODE_LOST timeouts",
-            schedule=events.Schedule.rate(Duration.minutes(1)),
+            schedule=events.Schedule.rate(Duration.seconds(HEARTBEAT_SWEEP_RATE_SECONDS)),
         )
         # Same delivery retries as the other two every-minute rules (recovery sweep,
         # scheduler): EventBridge retries only a failed delivery (a throttled asynchronous

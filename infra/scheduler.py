@@ -34,7 +34,11 @@ from gpu_recovery.constants import ENV_SCHEDULER_LEASE_SECONDS as ENV_LEASE_SECO
 from gpu_recovery.constants import ENV_SCHEDULER_MAX_ADMISSIONS as ENV_MAX_ADMISSIONS
 from gpu_recovery.constants import ENV_SCHEDULER_MAX_UNPLACED as ENV_MAX_UNPLACED
 from gpu_recovery.constants import ENV_SCHEDULER_TIME_BUDGET_SECONDS as ENV_TIME_BUDGET_SECONDS
-from gpu_recovery.constants import table_definitions
+from gpu_recovery.constants import (
+    QUEUE_SCHEDULER_RATE_SECONDS,
+    QUEUE_SCHEDULER_TIMEOUT_SECONDS,
+    table_definitions,
+)
 from infra.lambda_common import (
     SCHEDULED_ASYNC_RETRIES,
     SCHEDULED_MAX_EVENT_AGE,
@@ -45,7 +49,7 @@ from infra.nag import acknowledge
 from infra.recovery import DLQ_RETENTION, EVENT_RETRY_ATTEMPTS, ClusterAccess, nag_resource_id
 from infra.tables import READ_WRITE_DATA_ACTIONS
 
-TIMEOUT = Duration.seconds(90)  # shorter than the lease, so a tick never outlives it
+TIMEOUT = Duration.seconds(QUEUE_SCHEDULER_TIMEOUT_SECONDS)  # < the lease: a tick never outlives it
 LEASE_SECONDS = 120
 TIME_BUDGET_SECONDS = 60
 # A tick is superseded by the next one a minute later: old events are worth nothing.
@@ -158,7 +162,7 @@ class QueueScheduler(Construct):
         )
         self.rule = events.Rule(
             self, "TickRule", description="Queue scheduler tick",
-            schedule=events.Schedule.rate(Duration.minutes(1)),
+            schedule=events.Schedule.rate(Duration.seconds(QUEUE_SCHEDULER_RATE_SECONDS)),
         )
         self.rule.add_target(targets.LambdaFunction(
             self.function, dead_letter_queue=self.dead_letter_queue,

@@ -39,17 +39,18 @@ from gpu_recovery import runtime
 from gpu_recovery.repository import Repository
 
 from .emulator import LocalAws
+from .sim import deployment as D
 from .sim.bus import EventBus, Target
 from .sim.ecs import SimulatedEcs
 from .sim.lambda_context import LambdaContext
-from .sim.wiring import wire_recovery_handlers
+from .sim.wiring import InProcessHost, wire_recovery_handlers, wire_schedule
 
 if TYPE_CHECKING:
     from .scale_recovery import ScaleWorld
 
 #: the deployed rate(1 minute) schedules of the heartbeat sweep and the queue scheduler
-HEARTBEAT_SWEEP_SCHEDULE = "heartbeat-sweep"
-QUEUE_SCHEDULER_SCHEDULE = "queue-scheduler"
+HEARTBEAT_SWEEP_SCHEDULE = D.HEARTBEAT_SWEEP_SCHEDULE.name
+QUEUE_SCHEDULER_SCHEDULE = D.QUEUE_SCHEDULER_SCHEDULE.name
 
 
 @dataclass
@@ -107,18 +108,16 @@ class World:
                       if not t.health_check and t.tags.get(C.TAG_JOB_ID) == job_id)
 
     def schedule_heartbeat_sweep(self, every_seconds: float = 60) -> None:
-        """The heartbeat sweep Lambda on its schedule."""
-        from handlers import heartbeat_sweep
-
-        self.bus.add_schedule(HEARTBEAT_SWEEP_SCHEDULE, every_seconds, heartbeat_sweep.lambda_handler,
-                              "heartbeat_sweep")
+        """The heartbeat sweep Lambda on its schedule, with its deployed async retries."""
+        wire_schedule(self.bus, InProcessHost(self.bus), D.HEARTBEAT_SWEEP_SCHEDULE, every_seconds)
 
     def schedule_queue_scheduler(self, every_seconds: float = 60, *, target: Target | None = None) -> None:
-        """The queue scheduler Lambda on its schedule (``target``: the handler, wrapped)."""
-        from handlers import queue_scheduler
-
-        self.bus.add_schedule(QUEUE_SCHEDULER_SCHEDULE, every_seconds,
-                              target or queue_scheduler.lambda_handler, "queue_scheduler")
+        """The queue scheduler Lambda on its schedule, with its deployed async retries
+        (``target``: the handler, wrapped)."""
+        host = InProcessHost(self.bus)
+        if target is not None:
+            host.targets[D.QUEUE_SCHEDULER] = target
+        wire_schedule(self.bus, host, D.QUEUE_SCHEDULER_SCHEDULE, every_seconds)
 
     def invoke_scheduler_in_process(self, on_failure: Callable[[Exception], None], *,
                                     target: Target | None = None) -> None:

@@ -96,22 +96,23 @@ GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 6 * GANG_WORKER_TIMEOUT_SECONDS
 GANG_QUEUE_MAX_RECEIVES = 5
 GANG_BATCH_SIZE = 1  # a batch is up to 100 ranks of ECS work already
 DEFAULT_GANG_WORKER_CONCURRENCY = 4  # batches at once (the config's default; ~9 ECS calls/s each)
-# Lambda's async retries and event ages (event functions; scheduled ones), the sweep's rate and timeout.
+# Lambda's async retries and event ages (event functions; scheduled ones); the three scheduled
+# functions' rates and timeouts (the queue scheduler's below its tick lease).
 RECOVERY_ASYNC_RETRIES, RECOVERY_EVENT_MAX_AGE_SECONDS = 2, 2 * 3600
-RECOVERY_SWEEP_RATE_SECONDS, RECOVERY_SWEEP_TIMEOUT_SECONDS = 60, 55
 SCHEDULED_ASYNC_RETRIES, SCHEDULED_MAX_EVENT_AGE_SECONDS = 2, 5 * 60
+RECOVERY_SWEEP_RATE_SECONDS, RECOVERY_SWEEP_TIMEOUT_SECONDS = 60, 55
+HEARTBEAT_SWEEP_RATE_SECONDS, HEARTBEAT_SWEEP_TIMEOUT_SECONDS = 60, 55
+QUEUE_SCHEDULER_RATE_SECONDS, QUEUE_SCHEDULER_TIMEOUT_SECONDS = 60, 90
 # Tag lookups (issue 28): a task with no rank and no registration convention is described by a
 # worker on this queue, up to 100 tasks per DescribeTasks (the API's limit; SQS batches them, waiting
 # up to the window), under the stack's Describe budget (its token bucket: ECS_DESCRIBE_RATE_PER_SECOND).
 ENV_TAG_LOOKUP_QUEUE_URL = "TAG_LOOKUP_QUEUE_URL"  # "": described inline by the task handler
-TAG_LOOKUP_BATCH_SIZE = 100
-TAG_LOOKUP_BATCHING_WINDOW_SECONDS = 2
+TAG_LOOKUP_BATCH_SIZE, TAG_LOOKUP_BATCHING_WINDOW_SECONDS = 100, 2
 TAG_LOOKUP_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
 TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS = 6 * TAG_LOOKUP_WORKER_TIMEOUT_SECONDS
 TAG_LOOKUP_MAX_RECEIVES = 10
 TAG_LOOKUP_WORKER_CONCURRENCY = 5
-ECS_DESCRIBE_RATE_PER_SECOND = 10.0
-ECS_DESCRIBE_BURST = 20
+ECS_DESCRIBE_RATE_PER_SECOND, ECS_DESCRIBE_BURST = 10.0, 20
 # Telemetry: per node and signal kind, at most one notification per this many seconds;
 # stored signals not seen for the retention period are forgotten.
 ENV_HW_SIGNAL_NOTIFY_SECONDS = "HW_SIGNAL_NOTIFY_SECONDS"

@@ -11,7 +11,9 @@ checks it against the synthesized template.
 The moto world (``local_mode.sim.wiring``: :class:`~local_mode.sim.bus.EventBus`) and
 the scale world (``local_mode.scale_recovery``: the same bus timed over ``LambdaService``) both
 read :data:`RULES`, :data:`SCHEDULES`, :data:`QUEUES` and :data:`FUNCTIONS`; neither
-writes the table again.
+writes the table again. The heartbeat sweep's and the queue scheduler's schedules
+(:data:`ALL_SCHEDULES`, :data:`SCHEDULED_FUNCTIONS`) are wired by the same
+``wiring.wire_schedule`` when a moto world asks for them.
 """
 
 from __future__ import annotations
@@ -115,8 +117,30 @@ RULES: tuple[EventRule, ...] = (
               lambda cluster_arn, _registration: C.container_instance_pattern(cluster_arn)),
 )
 
+HEARTBEAT_SWEEP = "heartbeat_sweep"
+QUEUE_SCHEDULER = "queue_scheduler"
+
+#: the other two scheduled functions (infra/node_api.py, infra/scheduler.py: rate(1 minute),
+#: the same asynchronous retries as the recovery sweep). A moto world runs them when asked
+#: (``World.schedule_heartbeat_sweep`` / ``schedule_queue_scheduler``); the scale world not.
+SCHEDULED_FUNCTIONS: dict[str, Function] = {f.name: f for f in (
+    Function(HEARTBEAT_SWEEP, C.HEARTBEAT_SWEEP_TIMEOUT_SECONDS, SCHEDULED_RETRIES),
+    Function(QUEUE_SCHEDULER, C.QUEUE_SCHEDULER_TIMEOUT_SECONDS, SCHEDULED_RETRIES),
+)}
+
+
+def function(name: str) -> Function:
+    """A deployed function by name (the recovery functions and the other scheduled ones)."""
+    return FUNCTIONS.get(name) or SCHEDULED_FUNCTIONS[name]
+
+
 SWEEP_SCHEDULE = Schedule("recovery-sweep", RECOVERY_SWEEP, float(C.RECOVERY_SWEEP_RATE_SECONDS))
+HEARTBEAT_SWEEP_SCHEDULE = Schedule("heartbeat-sweep", HEARTBEAT_SWEEP, float(C.HEARTBEAT_SWEEP_RATE_SECONDS))
+QUEUE_SCHEDULER_SCHEDULE = Schedule("queue-scheduler", QUEUE_SCHEDULER, float(C.QUEUE_SCHEDULER_RATE_SECONDS))
+#: the schedules wired with the recovery functions (``wiring.wire_deployment``)
 SCHEDULES: tuple[Schedule, ...] = (SWEEP_SCHEDULE,)
+#: every deployed ``rate()`` rule of the stack (tests/infra checks them against the template)
+ALL_SCHEDULES: tuple[Schedule, ...] = (SWEEP_SCHEDULE, HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE)
 
 GANG_QUEUE = QueueSource(
     "gang-batches", GANG_WORKER, batch_size=C.GANG_BATCH_SIZE, batching_window_seconds=0.0,

@@ -3,9 +3,9 @@
 moto provides the ECS *control plane* API; this module plays the part AWS runs
 behind it, driven by the API calls it observes through ``LocalAws.hooks``:
 
-* **StartTask** — placement is checked first (free GPUs, agent connected, status
-  ACTIVE); failing instances come back as ``failures [{"arn", "reason":
-  "RESOURCE:GPU"}]`` with HTTP 200, like ECS. Placed tasks get GPU ids, a PENDING
+* **StartTask** — placement is checked first (``ecs_model.placement_failure``, the scale
+  world's too); failing instances come back as ``failures [{"arn", "reason"}]`` (``AGENT``,
+  ``RESOURCE:GPU``, ``MISSING``) with HTTP 200, like ECS. Placed tasks get GPU ids, a PENDING
   event (+1 s) and a RUNNING event (+``run_delay_seconds``), then run to their plan:
   training tasks exit 0 after ``train_seconds`` (None: run until stopped), health-
   check tasks exit with the node's DCGM verdict after ``dcgm_seconds``.
@@ -63,7 +63,7 @@ from ..api_hooks import hook_answer, hook_error
 from ..emulator import LocalAws
 from .bus import EventBus
 from .ecs_faults import GpuFaults
-from .ecs_model import Task, list_tasks_refusal
+from .ecs_model import MISSING, Task, list_tasks_refusal, placement_failure
 
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
@@ -221,19 +221,18 @@ class SimulatedEcs(GpuFaults):
         failures: list[dict[str, str]] = []
         rid = next(self._reservation_ids)
         with self._lock:
+            known = self._backend.container_instances.get(self.local.cluster_name, {})
             for ref in cis:
                 node = self._node_or_none(ref)
                 if node is None:
-                    placed.append(ref)
+                    if str(ref).rsplit("/", 1)[-1] in known:
+                        placed.append(ref)  # moto's own instance: moto answers
+                    else:
+                        failures.append({"arn": ref, "reason": MISSING})
                     continue
-                ok = (
-                    node.agent_connected
-                    and not node.rebooting
-                    and self._ci_status(node) == "ACTIVE"
-                    and len(node.free_gpu_ids) >= needed
-                )
-                if not ok:
-                    failures.append({"arn": node.container_instance_arn, "reason": "RESOURCE:GPU"})
+                reason = placement_failure(node, needed, self._ci_status(node))
+                if reason:
+                    failures.append({"arn": node.container_instance_arn, "reason": reason})
                     continue
                 node.reservations[rid] = node.reservations.get(rid, []) + node.free_gpu_ids[:needed]
                 placed.append(ref)
@@ -241,9 +240,10 @@ class SimulatedEcs(GpuFaults):
             context["local_mode_failures"] = failures
             self.counters["start_failures"] += len(failures)
         for f in failures:
-            n = self.node(f["arn"])
-            self._log("placement", f"StartTask refused: RESOURCE:GPU ({len(n.free_gpu_ids)} "
-                      f"free, agent {'up' if n.agent_connected else 'down'})", n.name)
+            n = self._node_or_none(f["arn"])
+            if n is not None:
+                self._log("placement", f"StartTask refused: {f['reason']} ({len(n.free_gpu_ids)} "
+                          f"free, agent {'up' if n.agent_connected else 'down'})", n.name)
         if not placed:
             context["local_mode_short_circuit"] = True
             return hook_answer("ecs", {"tasks": [], "failures": failures})
@@ -354,23 +354,11 @@ class SimulatedEcs(GpuFaults):
                 return
             self._moto_stopped.add(task.arn)
             self.counters["stop_requests"] += 1
-            if task.done:
-                self._sync_moto(task)
-                self._patch_task_response(task, parsed.get("task"))
-                return
-            already = not task.request_stop(self.now(), reason)
+            requested = self._request_stop(task, reason)
             self._sync_moto(task)
             self._patch_task_response(task, parsed.get("task"))
-        if already:
-            return
-        self._log("stop", f"StopTask {task.label}: {reason}", task.node)
-
-        def stopping() -> list[dict[str, Any]]:
-            return [self._task_event(task)] if not task.done else []
-
-        now = self.now()
-        self.schedule(now, stopping, "stopping")
-        self._schedule_stopped(task, reason, now)
+        if requested:
+            self._log("stop", f"StopTask {task.label}: {reason}", task.node)
 
     def _patch_task_response(self, task: Task, resp: dict[str, Any] | None) -> None:
         if resp is not None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from .aws_calls import ClientFailure, StandInClient
 from .ecs_cluster_data_plane import ClusterDataPlane
-from .ecs_model import Node, Task, list_tasks_refusal
+from .ecs_model import MISSING, Node, Task, list_tasks_refusal
 
 PAGE_SIZE = 100
 MAX_START_INSTANCES = 10
@@ -54,7 +54,7 @@ class EcsCluster(ClusterDataPlane):
         for ref in refs:
             node = self._by_ref.get(ref)
             if node is None:
-                failures.append({"arn": ref, "reason": "MISSING"})
+                failures.append({"arn": ref, "reason": MISSING})
                 continue
             failure = self._placement_failure(node, definition)
             if failure:
@@ -72,10 +72,7 @@ class EcsCluster(ClusterDataPlane):
         if task is None:
             raise ClientFailure("InvalidParameterException", "The referenced task was not found.")
         self.counters["stop_requests"] += 1
-        reason = str(p.get("reason") or "Task stopped by user")
-        if task.request_stop(self.sim.now, reason):
-            self._emit_task(task)
-            self._schedule_stopped(task, reason, self.sim.now)
+        self._request_stop(task, str(p.get("reason") or "Task stopped by user"))
         return {"task": self.describe(task, tags=False)}
 
     def describe_tasks(self, p: dict[str, Any]) -> dict[str, Any]:

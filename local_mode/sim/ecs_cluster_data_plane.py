@@ -4,7 +4,8 @@
 and their GPU ids as ECS reports them; tasks go PENDING (+``pending_delay``) and RUNNING
 (+``run_delay``); a stop requested through the API emits the ``desiredStatus`` STOPPED event
 at once and STOPPED (exit 143, stopCode UserInitiated and the given reason) after
-``stop_delay``; a task exits on its own when the scenario says (``exit_task``, ``fail_gpu``);
+``stop_delay``; a task exits on its own when the scenario says (``exit_task``, ``fail_gpu``
+and its NCCL cascade: the data plane's, as in the moto world);
 training tasks run until then. A reboot (RebootInstances, or the reboot document through SSM
 for ``mi-`` nodes) kills the node's tasks (exit 137) after ``kill_delay``, disconnects the
 agent after ``disconnect_delay`` and reconnects it after ``reboot_seconds`` with a new boot
@@ -39,6 +40,7 @@ from .ecs_model import (
     TaskDefinition,
     describe_container_instance,
     describe_task,
+    placement_failure,
 )
 from .engine import Simulation
 from .log_store import LogStore
@@ -145,11 +147,7 @@ class ClusterDataPlane(DataPlane):
             raise ClientFailure("ClusterNotFoundException", "Cluster not found.")
 
     def _placement_failure(self, node: Node, definition: TaskDefinition) -> str:
-        if not node.agent_connected:
-            return "AGENT"
-        if node.status != "ACTIVE" or node.rebooting or len(node.free_gpu_ids) < definition.gpus:
-            return "RESOURCE:GPU"
-        return ""
+        return placement_failure(node, definition.gpus, node.status)
 
     # ================================================================ descriptions
     def describe(self, task: Task, *, tags: bool) -> dict[str, Any]:
@@ -208,14 +206,8 @@ class ClusterDataPlane(DataPlane):
         self.counters["reboots"] += 1
         self.reboots[node.name] += 1
 
-    def _to_pending(self, task: Task) -> list[dict[str, Any]]:
-        # No PENDING event once a stop was asked for (its event said PENDING already).
-        if task.last_status == "PENDING" and task.desired_status == "RUNNING":
-            return [self._task_event(task)]
-        return []
-
-    def _emit_task(self, task: Task) -> None:
-        self._task_event(task)
+    def _emit_now(self, action: Callable[[], list[dict[str, Any]]], label: str) -> None:
+        action()  # its events are on the bus, each delivery timed by the bus
 
     def _emit_instance(self, node: Node) -> None:
         self._ci_event(node)
@@ -261,17 +253,17 @@ class ClusterDataPlane(DataPlane):
 
         self.schedule(self.sim.now + max(0.0, after), go, "task exit")
 
-    def fail_gpu(self, node: Node | str, *, health: str = "reboot_fixable",
-                 exit_code: int = 1) -> list[Task]:
-        """A GPU of ``node`` fails now: its health becomes ``health`` (what the next DCGM
-        check finds) and every training task on it exits ``exit_code``."""
+    def fail_gpu(self, node: Node | str, *, health: str = "reboot_fixable", exit_code: int = 1,
+                 nccl_cascade: bool = False,
+                 cascade_delay: float | Callable[[], float] = 5.0) -> list[Task]:
+        """A GPU of ``node`` fails now (:meth:`~local_mode.sim.ecs_data_plane.DataPlane._gpu_fault`:
+        its health becomes ``health``, its tasks exit ``exit_code``, with ``nccl_cascade`` the
+        other ranks of their jobs ``cascade_delay`` later); returns the tasks on it it killed."""
         target = node if isinstance(node, Node) else self.node(node)
         if health not in HEALTH_VALUES:
             raise ValueError(f"health is one of {HEALTH_VALUES}")
-        target.health = health
-        victims = [self.tasks[a] for a in list(target.allocations) if not self.tasks[a].health_check]
-        for task in victims:
-            self._container_exit(task, exit_code, "GPU fault")
+        victims, _ = self._gpu_fault(target, health=health, exit_code=exit_code, why="GPU fault",
+                                     nccl_cascade=nccl_cascade, cascade_delay=cascade_delay)
         self.counters["gpu_faults"] += 1
         return victims
 

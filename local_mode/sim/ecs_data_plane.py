@@ -10,11 +10,15 @@ it back (+``reboot_seconds``). Each change emits the AWS-shaped event.
 its clock and driver (``now``, ``schedule``), the events as its control plane describes
 the task and the container instance (``_task_state_change``, ``_instance_state_change``),
 keeping its control plane in step (``_control_plane_running``, ``_control_plane_stopped``),
-where the verdict line goes (``_write_verdict_log``) and how a reboot is counted
-(``_count_reboot``). The moto world is :class:`~local_mode.sim.ecs.SimulatedEcs` (its driver
-delivers the events an action returns to the ``EventBus``, after the action); the
-scale world is :class:`~local_mode.sim.ecs_cluster.EcsCluster` (its hooks put each event on
-its ``EventBus`` as it is made, in the order its random draws were always made). The
+where the verdict line goes (``_write_verdict_log``), how a reboot is counted
+(``_count_reboot``) and how an event of the current instant goes out (``_emit_now``). The
+behaviours both control planes share are here once: StopTask (``_request_stop``), no PENDING
+event after a stop, a GPU fault's victims and its NCCL cascade (``_gpu_fault``); StartTask's
+failure reasons are ``ecs_model.placement_failure``. The moto world is
+:class:`~local_mode.sim.ecs.SimulatedEcs` (its driver delivers the events an action returns
+to the ``EventBus``, after the action); the scale world is
+:class:`~local_mode.sim.ecs_cluster.EcsCluster` (its hooks put each event on its
+``EventBus`` as it is made, in the order its random draws were always made). The
 records and their transitions are :mod:`~local_mode.sim.ecs_model`'s.
 """
 
@@ -23,10 +27,11 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..health_verdicts import RESET_FIXES
-from .ecs_model import Node, Plan, Task, TimelineEntry, health_check_verdict
+from .ecs_model import Node, Plan, Task, TimelineEntry, gang_of, health_check_verdict
 
 Events = list[dict[str, Any]]
 
@@ -105,6 +110,12 @@ class DataPlane(ABC):
     def _count_reboot(self, node: Node, via: str) -> None:  # noqa: B027 - optional hook, no-op by default
         """A reboot of ``node`` was asked for through ``via``."""
 
+    def _emit_now(self, action: Callable[[], Events], label: str) -> None:
+        """Emit what ``action`` makes at the current time. By default it is queued at now (a
+        driver that delivers synchronously must not deliver inside the API call that caused
+        it); a world whose bus times each delivery itself runs it at once."""
+        self.schedule(self.now(), action, label)
+
     # ================================================================ timeline
     def _log(self, kind: str, text: str, node: str | None = None) -> None:
         with self._lock:
@@ -160,7 +171,10 @@ class DataPlane(ABC):
                           "ci placement")
 
     def _to_pending(self, task: Task) -> Events:
-        if task.done or task.last_status != "PENDING":
+        # ECS sends a task event when lastStatus or desiredStatus changes: once a stop was
+        # asked for, its event reported lastStatus PENDING already, so none follows here
+        # (docs.aws.amazon.com/AmazonECS/latest/developerguide/ecs_task_events.html).
+        if task.done or task.last_status != "PENDING" or task.desired_status != "RUNNING":
             return []
         return [self._task_event(task)]
 
@@ -220,6 +234,20 @@ class DataPlane(ABC):
         return self._finish(task, exit_code=exit_code, stop_code="EssentialContainerExited",
                             reason="Essential container in task exited", why=why)
 
+    # ================================================================ StopTask
+    def _request_stop(self, task: Task, reason: str) -> bool:
+        """StopTask on ``task``: desiredStatus STOPPED and its event at once, STOPPED
+        ``stop_delay_seconds`` later (ECS sends the stop to the containers, docker stop's
+        SIGTERM, and the task is STOPPED when they have exited: StopTask in the ECS API
+        reference). A task still PENDING never runs and has no exit code. False (nothing
+        changed) when it is stopped or stopping already."""
+        with self._lock:
+            if not task.request_stop(self.now(), reason):
+                return False
+        self._emit_now(lambda: [] if task.done else [self._task_event(task)], "stopping")
+        self._schedule_stopped(task, reason, self.now())
+        return True
+
     def _schedule_stopped(self, task: Task, reason: str, now: float) -> None:
         """A stop was requested at ``now``: STOPPED (exit 143 if it ran) ``stop_delay_seconds``
         later."""
@@ -250,6 +278,51 @@ class DataPlane(ABC):
         """The tasks placed on ``node`` and not STOPPED, in the order they were placed."""
         with self._lock:
             return [self.tasks[arn] for arn in list(node.allocations)]
+
+    # ================================================================ GPU faults
+    def _gpu_fault(self, node: Node, *, health: str | None, exit_code: int, why: str,
+                   nccl_cascade: bool = False,
+                   cascade_delay: float | Callable[[], float] = 5.0) -> tuple[list[Task], Events]:
+        """A GPU of ``node`` fails now: its health becomes ``health`` (None: unchanged; what
+        the next DCGM check finds) and every task on it but the health checks and GPU resets
+        (PENDING or RUNNING, stopping or not: the fault is under all of them) exits
+        ``exit_code``. With ``nccl_cascade`` each other rank of their jobs
+        (:func:`~local_mode.sim.ecs_model.gang_of`), on other nodes and not stopped at the
+        fault, exits 1 ``cascade_delay`` seconds later (a callable: drawn per rank) with an
+        NCCL error, unless it was stopped or asked to stop by then (its stop ends it).
+        Returns the tasks on the node it killed and their events."""
+        with self._lock:
+            if health is not None:
+                node.health = health
+            victims = [t for t in self._tasks_on(node) if not t.health_check]
+        out: Events = []
+        for task in victims:
+            out += self._container_exit(task, exit_code, why)
+        if nccl_cascade:
+            self._schedule_cascade(victims, node, cascade_delay)
+        return victims, out
+
+    def _schedule_cascade(self, victims: list[Task], origin: Node,
+                          delay: float | Callable[[], float]) -> None:
+        gangs = {g for g in map(gang_of, victims) if g is not None}
+        if not gangs:
+            return
+        with self._lock:
+            peers = [t for t in self.tasks.values()
+                     if not t.done and t.node != origin.name and gang_of(t) in gangs]
+        by_delay: dict[float, list[Task]] = {}  # ranks erroring at one time: one action
+        for task in peers:
+            by_delay.setdefault(delay() if callable(delay) else delay, []).append(task)
+        now = self.now()
+        for after, ranks in by_delay.items():
+            self.schedule(now + max(0.0, after), partial(self._nccl_error, ranks), "nccl cascade")
+
+    def _nccl_error(self, ranks: list[Task]) -> Events:
+        out: Events = []
+        for task in ranks:
+            if not task.done and task.desired_status == "RUNNING":
+                out += self._container_exit(task, 1, "NCCL error")
+        return out
 
     # ================================================================ reboot
     def _reboot(self, node: Node, via: str) -> None:

@@ -1,13 +1,12 @@
-"""GPU faults in the simulated data plane: a node going bad under its training tasks (with
+"""GPU faults in the moto world's data plane: a node going bad under its training tasks (with
 an NCCL cascade to the other ranks), and XIDs the node agent reports to the heartbeat
-service before the tasks crash."""
+service before the tasks crash. Which tasks die, and the cascade, are the data plane's
+(``DataPlane._gpu_fault``, the scale world's ``fail_gpu`` too); this module times them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-from gpu_recovery import constants as C
 
 from ..emulator import LocalAws
 from ..health_verdicts import HEALTH_VALUES
@@ -41,48 +40,13 @@ class GpuFaults(TaskLifecycle):
         if health not in HEALTH_VALUES:
             raise ValueError(f"health is one of {HEALTH_VALUES}")
         n = self.node(node)
-        t = self._when(at, after)
 
         def fault() -> list[dict[str, Any]]:
-            out: list[dict[str, Any]] = []
-            with self._lock:
-                n.health = health
-                victims = [
-                    task
-                    for task in self.tasks.values()
-                    if task.node == n.name and not task.done and not task.health_check
-                ]
             self._log("fault", f"GPU fault injected (health: {health})", n.name)
-            jobs = set()
-            for task in victims:
-                out += self._container_exit(task, exit_code, "GPU fault injected")
-                if C.TAG_JOB_ID in task.tags:
-                    jobs.add(task.tags[C.TAG_JOB_ID])
-            if nccl_cascade and jobs:
-                self.schedule(
-                    self.now() + cascade_delay_seconds,
-                    lambda: self._cascade(jobs, n.name),
-                    "nccl cascade",
-                )
-            return out
+            return self._gpu_fault(n, health=health, exit_code=exit_code, why="GPU fault injected",
+                                   nccl_cascade=nccl_cascade, cascade_delay=cascade_delay_seconds)[1]
 
-        self.schedule(t, fault, f"gpu fault {node}")
-
-    def _cascade(self, jobs: set[str], origin: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        with self._lock:
-            others = [
-                t
-                for t in self.tasks.values()
-                if not t.done
-                and not t.health_check
-                and t.tags.get(C.TAG_JOB_ID) in jobs
-                and t.node != origin
-                and t.desired_status == "RUNNING"
-            ]
-        for task in others:
-            out += self._container_exit(task, 1, "NCCL error")
-        return out
+        self.schedule(self._when(at, after), fault, f"gpu fault {node}")
 
     def inject_xid(
         self,
@@ -122,18 +86,8 @@ class GpuFaults(TaskLifecycle):
                           f"xid {xid} crash")
 
     def _xid_crash(self, n: Node, xid: int, exit_code: int, nccl_cascade: bool) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        with self._lock:
-            victims = [task for task in self.tasks.values()
-                       if task.node == n.name and not task.done and not task.health_check]
-        jobs = set()
-        for task in victims:
-            out += self._container_exit(task, exit_code, f"CUDA error after XID {xid}")
-            if C.TAG_JOB_ID in task.tags:
-                jobs.add(task.tags[C.TAG_JOB_ID])
-        if nccl_cascade and jobs:
-            self.schedule(self.now() + 5, lambda: self._cascade(jobs, n.name), "nccl cascade")
-        return out
+        return self._gpu_fault(n, health=None, exit_code=exit_code, why=f"CUDA error after XID {xid}",
+                               nccl_cascade=nccl_cascade)[1]
 
     def gpu_report_body(self, n: Node, xids: dict[int, list[int]] | None = None) -> dict[str, Any]:
         """The node agent's ``/v1/report_gpu`` body (agent/README.md) for this node now."""

@@ -11,9 +11,10 @@ moto's container instance (moto's record answers the API).
 The state transitions of the data plane live here too, once for both worlds: a task's
 RUNNING, its stop request and its STOPPED (``Task.mark_running``, ``Task.request_stop``,
 ``Task.mark_stopped``), a node's reboot (``Node.request_reboot``, ``Node.back_from_reboot``),
-the health check's verdict (``health_check_verdict``) and the task and the container
-instance as ECS describes them (``describe_task``, ``describe_container_instance``). Each
-world decides when they happen (its timings, its driver), emits the events and keeps its
+the health check's verdict (``health_check_verdict``), StartTask's placement verdict
+(``placement_failure``), a training task's gang (``gang_of``) and the task and the
+container instance as ECS describes them (``describe_task``, ``describe_container_instance``).
+Each world decides when they happen (its timings, its driver), emits the events and keeps its
 control plane in step."""
 
 from __future__ import annotations
@@ -196,6 +197,36 @@ class Task:
             container["lastStatus"] = "STOPPED"
             if was_started:
                 container["exitCode"] = exit_code if i == 0 else 0
+
+
+def placement_failure(node: Node, gpus: int, status: str) -> str:
+    """StartTask's ``failures[].reason`` for placing a task needing ``gpus`` GPUs on ``node``
+    whose container instance is ``status`` ("" when it fits). The strings are ECS's ("API
+    failure reasons", docs.aws.amazon.com/AmazonECS/latest/developerguide/api_failures_messages.html):
+    ``AGENT`` when the instance's agent is disconnected, ``RESOURCE:GPU`` when its GPUs are
+    not there to take (taken, the host rebooting, the instance not ACTIVE); an unknown
+    instance is ``MISSING`` (:data:`MISSING`)."""
+    if not node.agent_connected:
+        return "AGENT"
+    if status != "ACTIVE" or node.rebooting or len(node.free_gpu_ids) < gpus:
+        return "RESOURCE:GPU"
+    return ""
+
+
+#: StartTask's failure reason for a container instance the cluster does not know
+MISSING = "MISSING"
+
+
+def gang_of(task: Task) -> str | None:
+    """The training job ``task`` is a rank of (its job tag, else its job group under the
+    registration convention); None for a task of no job. The ranks of one gang share NCCL
+    communicators: one rank's crash is the others' NCCL error."""
+    if task.health_check:
+        return None
+    job = task.tags.get(C.TAG_JOB_ID)
+    if job is not None:
+        return job
+    return task.group if task.group.startswith(C.JOB_GROUP_PREFIX) else None
 
 
 def health_check_verdict(task: Task, node: Node, dcgm_level: int) -> tuple[int, str, str]:

@@ -1,7 +1,8 @@
 """The recovery Lambdas on the bus, exactly as infra deploys them, for both worlds: the
 EventBridge rules of the ECS events, the recovery sweep's schedule and the event sources of
 the gang queue and the tag lookup queue, all read from ``local_mode.sim.deployment`` here
-and nowhere else (:func:`wire_deployment`).
+and nowhere else (:func:`wire_deployment`; the heartbeat sweep's and the queue scheduler's
+schedules, which a moto world adds when asked, through the same :func:`wire_schedule`).
 
 What differs between the worlds is only where a function runs, a :class:`FunctionHost`:
 
@@ -57,11 +58,19 @@ def wire_deployment(bus: EventBus, host: FunctionHost, cluster_arn: str, *, regi
                      retries=function.retries)
     if sweep_every_seconds:
         for schedule in D.SCHEDULES:
-            function = D.FUNCTIONS[schedule.function]
-            bus.add_schedule(schedule.name, sweep_every_seconds, host.target(function), schedule.function,
-                             first_at=host.first_tick(sweep_every_seconds), retries=function.retries)
+            wire_schedule(bus, host, schedule, sweep_every_seconds)
     for source in queues:
         host.attach_queue(source)
+
+
+def wire_schedule(bus: EventBus, host: FunctionHost, schedule: D.Schedule,
+                  every_seconds: float | None = None) -> None:
+    """``schedule``'s ``rate()`` rule on ``bus``, every ``every_seconds`` (None: the deployed
+    rate), its function invoked asynchronously with the function's retries, as deployed."""
+    function = D.function(schedule.function)
+    every = every_seconds or schedule.every_seconds
+    bus.add_schedule(schedule.name, every, host.target(function), schedule.function,
+                     first_at=host.first_tick(every), retries=function.retries)
 
 
 class InProcessHost:

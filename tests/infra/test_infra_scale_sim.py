@@ -26,7 +26,7 @@ def test_the_tables_functions_have_the_deployed_timeouts_and_async_retries(defau
     functions = default_synth.resources("AWS::Lambda::Function")
     configs = default_synth.resources("AWS::Lambda::EventInvokeConfig").values()
     ids = _function_ids(default_synth)
-    for name, function in D.FUNCTIONS.items():
+    for name, function in {**D.FUNCTIONS, **D.SCHEDULED_FUNCTIONS}.items():
         logical = ids[name]
         assert functions[logical]["Properties"]["Handler"] == function.handler
         assert functions[logical]["Properties"]["Timeout"] == function.timeout_seconds, name
@@ -47,7 +47,7 @@ def test_the_tables_rules_and_schedules_are_the_deployed_ones(default_synth: Syn
     deployed_patterns: dict[str, dict[str, Any]] = {}
     deployed_rates: dict[str, str] = {}
     for rule in default_synth.resources("AWS::Events::Rule").values():
-        targets = [t for t in _targets(default_synth, rule) if t in D.FUNCTIONS]
+        targets = [t for t in _targets(default_synth, rule) if t in {**D.FUNCTIONS, **D.SCHEDULED_FUNCTIONS}]
         if not targets:
             continue
         (function,) = targets
@@ -56,8 +56,8 @@ def test_the_tables_rules_and_schedules_are_the_deployed_ones(default_synth: Syn
         else:
             deployed_rates[function] = rule["Properties"]["ScheduleExpression"]
     assert deployed_patterns == {rule.function: rule.pattern(CLUSTER_ARN, "both") for rule in D.RULES}
-    assert deployed_rates == {s.function: f"rate({s.every_seconds / 60:g} minute)" for s in D.SCHEDULES}
-    assert all(s.every_seconds == 60 for s in D.SCHEDULES)  # the rate expression above is singular
+    assert deployed_rates == {s.function: f"rate({s.every_seconds / 60:g} minute)" for s in D.ALL_SCHEDULES}
+    assert all(s.every_seconds == 60 for s in D.ALL_SCHEDULES)  # the rate expression above is singular
 
 
 def test_the_tables_queues_and_event_sources_are_the_deployed_ones(default_synth: Synth) -> None:

@@ -140,6 +140,31 @@ def test_the_moto_world_wires_the_sweep_schedule_with_its_deployed_retries() -> 
         assert sweep.retries == SCHEDULED_RETRIES
 
 
+def test_the_heartbeat_sweep_and_queue_scheduler_ticks_are_retried_as_deployed() -> None:
+    """Given the moto world with the heartbeat sweep's and the queue scheduler's schedules
+    (every minute, as infra deploys them), the scheduler's first tick failing
+    When the ticks fire
+    Then both schedules carry the deployed async retries and the failed tick's event is tried
+    again 60 s later (not dead-lettered at once)."""
+    calls: list[tuple[float, str]] = []
+    with build_world(handlers=False) as world:
+        start = world.ecs.now()
+
+        def scheduler(event: dict[str, Any], _context: Any) -> None:
+            calls.append((world.ecs.now() - start, event["id"]))
+            if len(calls) == 1:
+                raise RuntimeError("throttled")
+
+        world.schedule_heartbeat_sweep(60)
+        world.schedule_queue_scheduler(600, target=scheduler)
+        assert {s.name: s.retries for s in world.bus.schedules} == {
+            "heartbeat-sweep": SCHEDULED_RETRIES, "queue-scheduler": SCHEDULED_RETRIES}
+        world.bus.schedules[:] = [s for s in world.bus.schedules if s.name == "queue-scheduler"]
+        world.ecs.run_for(700)
+        assert [t for t, _ in calls] == [600, 660] and calls[0][1] == calls[1][1]
+        assert world.bus.dead_letters == []
+
+
 # ================================================================== timed on the engine (the scale world)
 @pytest.fixture
 def scale_world() -> Iterator[ScaleWorld]:

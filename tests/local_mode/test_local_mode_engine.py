@@ -193,7 +193,7 @@ def test_gpu_placement_failure_and_accounting(env):
 
 def test_no_placement_on_disconnected_or_draining_instance(env):
     """Given a node whose agent is disconnected and one that is DRAINING,
-    When a task is started on them, Then both fail with RESOURCE:GPU."""
+    When a task is started on them, Then they fail with AGENT and RESOURCE:GPU, as ECS says."""
     local, _, sim, _ = env
     a, b = sim.add_node("node-a"), sim.add_node("node-b")
     sim.disconnect_agent("node-a", after=10, for_seconds=120)
@@ -201,10 +201,8 @@ def test_no_placement_on_disconnected_or_draining_instance(env):
         cluster=local.cluster_name, containerInstances=[b.container_instance_arn], status="DRAINING"
     )
     sim.run_for(20)
-    for node in (a, b):
-        assert _start_hc(local, node.container_instance_arn)["failures"][0]["reason"] == (
-            "RESOURCE:GPU"
-        )
+    for node, reason in ((a, "AGENT"), (b, "RESOURCE:GPU")):
+        assert _start_hc(local, node.container_instance_arn)["failures"][0]["reason"] == reason
     sim.run_for(200)
     assert _start_hc(local, a.container_instance_arn)["failures"] == []
 

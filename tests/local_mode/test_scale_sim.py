@@ -262,9 +262,8 @@ def test_a_small_job_recovers_from_a_gpu_fault_with_an_nccl_cascade_and_duplicat
             assert (world.job("job1") or {}).get("job_state") == "RUNNING"
             world.reset_measurements()
             t_fault = sim.now
-            world.cluster.fail_gpu(nodes[0])
-            for task in job.tasks[1:]:
-                world.cluster.exit_task(task, 1, after=sim.rng.uniform(0.2, 3.0))
+            world.cluster.fail_gpu(nodes[0], nccl_cascade=True,
+                                   cascade_delay=lambda: sim.rng.uniform(0.2, 3.0))
 
             def recovered() -> bool:
                 item = world.job("job1") or {}
