@@ -25,6 +25,8 @@ from gpu_recovery.constants import (
     RECOVERY_FUNCTION_TIMEOUT_SECONDS,
     RECOVERY_SWEEP_RATE_SECONDS,
     RECOVERY_SWEEP_TIMEOUT_SECONDS,
+)
+from gpu_recovery.event_patterns import (
     container_instance_pattern,
     health_check_task_pattern,
     training_task_pattern,

@@ -1,8 +1,8 @@
 """Single source of truth shared by ``infra/``, ``lambdas/`` and ``local_mode/``.
 
-Table keys and indexes, environment variable names, state names, task tags and
-EventBridge patterns are defined here once. Nothing in this module imports boto3
-or the CDK, so every layer can import it.
+Table keys and indexes, environment variable names, state names and task tags are defined
+here once (the EventBridge patterns built from them: ``gpu_recovery.event_patterns``).
+Nothing in this module imports boto3 or the CDK, so every layer can import it.
 """
 
 from __future__ import annotations
@@ -553,48 +553,3 @@ DEFAULT_HEALTH_CHECK_FAMILY = "gpu-health-check"
 DEFAULT_REBOOT_DOCUMENT_NAME = "GpuRecovery-RebootNode"
 HEALTH_CHECK_CONTAINER_NAME = "dcgm"
 HEALTH_CHECK_LOG_STREAM_PREFIX = "dcgm"  # awslogs stream: <prefix>/<container>/<task-id>
-
-
-# --------------------------------------------------------------------------------------
-# EventBridge patterns (deployed by infra/, matched in local mode by the same code)
-#
-# Kept to what AWS and moto's matcher both evaluate identically: plain values and
-# prefix on top-level detail strings. Exit codes (an array of objects) are read in code.
-# --------------------------------------------------------------------------------------
-def training_task_pattern(cluster_arn: str, registration: str = "both") -> dict[str, Any]:
-    """Training task state changes: with ``registration`` "convention" only the tasks of the
-    convention's group (other workloads' tasks never invoke the handler); otherwise
-    everything in the cluster not in the HC group (tag-registered tasks look alike)."""
-    group: list[Any] = ([{"prefix": JOB_GROUP_PREFIX}] if registration == "convention"
-                        else [{"anything-but": {"prefix": HEALTH_CHECK_GROUP}}])
-    return {
-        "source": ["aws.ecs"],
-        "detail-type": ["ECS Task State Change"],
-        "detail": {
-            "clusterArn": [cluster_arn],
-            "group": group,
-            # The handler acts on these two only (PROVISIONING, PENDING... cost nothing).
-            "lastStatus": ["RUNNING", "STOPPED"],
-        },
-    }
-
-
-def health_check_task_pattern(cluster_arn: str) -> dict[str, Any]:
-    """The health-check task stopped."""
-    return {
-        "source": ["aws.ecs"],
-        "detail-type": ["ECS Task State Change"],
-        "detail": {
-            "clusterArn": [cluster_arn],
-            "group": [{"prefix": HEALTH_CHECK_GROUP}],
-            "lastStatus": ["STOPPED"],
-        },
-    }
-
-
-def container_instance_pattern(cluster_arn: str) -> dict[str, Any]:
-    return {
-        "source": ["aws.ecs"],
-        "detail-type": ["ECS Container Instance State Change"],
-        "detail": {"clusterArn": [cluster_arn]},
-    }

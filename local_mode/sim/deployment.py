@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_recovery import constants as C
+from gpu_recovery import event_patterns as patterns
 
 #: Lambda asynchronous invocation: on a function error, the next attempt about a minute
 #: after the failure and the one after that about two minutes later (Lambda's documented
@@ -110,11 +111,11 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
 )}
 
 RULES: tuple[EventRule, ...] = (
-    EventRule("training-task-state", TASK_HANDLER, C.training_task_pattern),
+    EventRule("training-task-state", TASK_HANDLER, patterns.training_task_pattern),
     EventRule("health-check-task-stopped", DCGM_MONITOR,
-              lambda cluster_arn, _registration: C.health_check_task_pattern(cluster_arn)),
+              lambda cluster_arn, _registration: patterns.health_check_task_pattern(cluster_arn)),
     EventRule("container-instance-state", INSTANCE_MONITOR,
-              lambda cluster_arn, _registration: C.container_instance_pattern(cluster_arn)),
+              lambda cluster_arn, _registration: patterns.container_instance_pattern(cluster_arn)),
 )
 
 HEARTBEAT_SWEEP = "heartbeat_sweep"

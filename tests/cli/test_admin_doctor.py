@@ -24,6 +24,7 @@ from botocore.stub import Stubber
 from cli import doctor
 from cli.admin import COMMANDS, build_parser, main
 from gpu_recovery import constants as C
+from gpu_recovery import event_patterns as patterns
 
 TAG_KEY = "gpu-recovery:cluster"
 
@@ -111,9 +112,10 @@ def _deploy(local: Any) -> dict[str, str]:
         "HeartbeatStaleSeconds": "180",
     }
     triggers = {
-        "TaskHandler": {"EventPattern": json.dumps(C.training_task_pattern(local.cluster_arn))},
-        "DcgmMonitor": {"EventPattern": json.dumps(C.health_check_task_pattern(local.cluster_arn))},
-        "InstanceMonitor": {"EventPattern": json.dumps(C.container_instance_pattern(local.cluster_arn))},
+        "TaskHandler": {"EventPattern": json.dumps(patterns.training_task_pattern(local.cluster_arn))},
+        "DcgmMonitor": {"EventPattern": json.dumps(patterns.health_check_task_pattern(local.cluster_arn))},
+        "InstanceMonitor": {
+            "EventPattern": json.dumps(patterns.container_instance_pattern(local.cluster_arn))},
         "RecoverySweep": {"ScheduleExpression": "rate(1 minute)"},
         "HeartbeatSweep": {"ScheduleExpression": "rate(1 minute)"},
         "QueueScheduler": {"ScheduleExpression": "rate(1 minute)"},

@@ -9,6 +9,7 @@ from aws_cdk.assertions import Match
 from infra_synth import CLUSTER, CLUSTER_ARN, CUSTOM_TASK_ARN, Synth
 
 from gpu_recovery import constants as c
+from gpu_recovery import event_patterns as patterns
 from infra import REPO_ROOT as REPO
 from infra.health_check import read_health_check_script
 
@@ -134,22 +135,22 @@ def test_email_subscription_only_when_configured(
     )
 
 
-def test_three_rules_deploy_exactly_the_constants_patterns(default_synth: Synth) -> None:
-    """Given the cluster ARN, Then the rules' patterns equal the constants' functions."""
-    patterns = [
+def test_three_rules_deploy_exactly_the_shared_patterns(default_synth: Synth) -> None:
+    """Given the cluster ARN, Then the rules' patterns equal gpu_recovery.event_patterns'."""
+    deployed = [
         r["Properties"]["EventPattern"]
         for r in default_synth.resources("AWS::Events::Rule").values()
         if "EventPattern" in r["Properties"]
     ]
     expected = [
-        c.training_task_pattern(CLUSTER_ARN),
-        c.health_check_task_pattern(CLUSTER_ARN),
-        c.container_instance_pattern(CLUSTER_ARN),
+        patterns.training_task_pattern(CLUSTER_ARN),
+        patterns.health_check_task_pattern(CLUSTER_ARN),
+        patterns.container_instance_pattern(CLUSTER_ARN),
     ]
     def canonical(items: list[dict[str, Any]]) -> list[str]:
         return sorted(json.dumps(p, sort_keys=True) for p in items)
 
-    assert canonical(patterns) == canonical(expected)
+    assert canonical(deployed) == canonical(expected)
 
 
 def test_rules_target_their_handlers_with_retry_and_dlq(default_synth: Synth) -> None:

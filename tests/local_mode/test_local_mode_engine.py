@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
+from gpu_recovery import event_patterns as patterns
 from gpu_recovery.adapters import aws
 from local_mode import events as ev
 from local_mode.emulator import LocalAws
@@ -71,11 +72,11 @@ def env():
         local, bus, sim = world.aws, world.bus, world.ecs
         rec = {"task": Recorder(), "hc": Recorder(), "ci": Recorder()}
         # Every training task event (the deployed rule leaves PENDING and the like out).
-        every_status = C.training_task_pattern(local.cluster_arn)
+        every_status = patterns.training_task_pattern(local.cluster_arn)
         every_status["detail"].pop("lastStatus")
         bus.add_rule("t", every_status, rec["task"], "task")
-        bus.add_rule("h", C.health_check_task_pattern(local.cluster_arn), rec["hc"], "hc")
-        bus.add_rule("i", C.container_instance_pattern(local.cluster_arn), rec["ci"], "ci")
+        bus.add_rule("h", patterns.health_check_task_pattern(local.cluster_arn), rec["hc"], "hc")
+        bus.add_rule("i", patterns.container_instance_pattern(local.cluster_arn), rec["ci"], "ci")
         yield local, bus, sim, rec
 
 
@@ -329,7 +330,7 @@ def test_duplicate_delivery_and_dead_letters(env):
     def broken(event, context):
         raise RuntimeError("boom")
 
-    bus.add_rule("broken", C.container_instance_pattern(local.cluster_arn), broken)
+    bus.add_rule("broken", patterns.container_instance_pattern(local.cluster_arn), broken)
     sim.add_node("node-a")
     sim.run_for(1)
     ids = [e["id"] for e in rec["ci"].events]

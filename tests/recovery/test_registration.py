@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_recovery import constants as C
+from gpu_recovery import event_patterns as patterns
 from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.events.ecs import EcsTaskStateChangeEvent
 from gpu_recovery.recovery.ranks import overrides_for_attempt, registration_from_event
@@ -172,10 +173,10 @@ def test_overrides_for_attempt_rewrites_only_the_attempt() -> None:
 
 
 def test_convention_pattern_leaves_other_workloads_out() -> None:
-    pattern = C.training_task_pattern(CLUSTER_ARN, "convention")
+    pattern = patterns.training_task_pattern(CLUSTER_ARN, "convention")
     assert pattern["detail"]["group"] == [{"prefix": C.JOB_GROUP_PREFIX}]
     assert not C.HEALTH_CHECK_GROUP.startswith(C.JOB_GROUP_PREFIX)
-    both = C.training_task_pattern(CLUSTER_ARN)
+    both = patterns.training_task_pattern(CLUSTER_ARN)
     assert both["detail"]["group"] == [{"anything-but": {"prefix": C.HEALTH_CHECK_GROUP}}]
 
 
