@@ -354,6 +354,13 @@ def unprotected_task_key(task_arn: str) -> str:
     return f"UNPROTECTED#{task_arn}"
 
 
+def verdict_lease_key(task_arn: str) -> str:
+    """The lease on a health-check task's verdict: one delivery of its STOPPED event works the
+    verdict at a time (a duplicate copy waits instead of racing it). A plain item of its own,
+    never in a transaction, so taking it cannot conflict; the job table's TTL deletes it."""
+    return f"VERDICT#{task_arn.rsplit('/', 1)[-1]}"
+
+
 def refused_item_key(job_id: str) -> str:
     """Marks a tagged job refused (too large): operators are told once."""
     return f"{job_id}#REFUSED"
@@ -529,6 +536,8 @@ ENV_VAR_MAX_APP_RESTARTS = "GPU_RECOVERY_MAX_APP_RESTARTS"
 # the record later; readers ignore an expired one).
 UNPROTECTED_TASK_TTL_SECONDS = 14 * 24 * 3600
 JOB_TABLE_TTL_ATTRIBUTE = "purge_at"
+# A verdict lease outlives its holder's invocation by far: a day, then the TTL deletes it.
+VERDICT_LEASE_TTL_SECONDS = 24 * 3600
 
 
 def job_group(job_id: str) -> str:

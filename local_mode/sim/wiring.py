@@ -54,12 +54,13 @@ def wire_deployment(bus: EventBus, host: FunctionHost, cluster_arn: str, *, regi
     for rule in D.RULES:
         function = D.FUNCTIONS[rule.function]
         bus.add_rule(rule.name, rule.pattern(cluster_arn, registration), host.target(function), rule.function,
-                     retries=function.retries)
+                     retries=function.retries, timeout_seconds=function.timeout_seconds)
     if sweep_every_seconds:
         for schedule in D.SCHEDULES:
             function = D.FUNCTIONS[schedule.function]
             bus.add_schedule(schedule.name, sweep_every_seconds, host.target(function), schedule.function,
-                             first_at=host.first_tick(sweep_every_seconds), retries=function.retries)
+                             first_at=host.first_tick(sweep_every_seconds), retries=function.retries,
+                             timeout_seconds=function.timeout_seconds)
     for source in queues:
         host.attach_queue(source)
 
