@@ -1,17 +1,13 @@
-"""Single source of truth shared by ``infra/``, ``lambdas/`` and ``local_mode/``.
-
-Table keys and indexes, environment variable names, state names, task tags and
-EventBridge patterns are defined here once. Nothing in this module imports boto3
-or the CDK, so every layer can import it.
-"""
+"""Single source of truth shared by ``infra/``, ``lambdas/`` and ``local_mode/``: table keys
+and indexes, environment variable names, state names, task tags and EventBridge patterns,
+defined here once. Nothing here imports boto3 or the CDK, so every layer can import it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-# States, verdicts, notification kinds and the stop-reason prefix are the domain's
-# vocabulary (gpu_recovery.domain); re-exported here for infra/ and local mode, which take
-# every shared name from this module.
+# The domain's vocabulary (states, verdicts, notification kinds, the stop-reason prefix),
+# re-exported for infra/ and local mode, which take every shared name from this module.
 from gpu_recovery.domain.notifications import NotificationKind  # noqa: F401
 from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX  # noqa: F401
 from gpu_recovery.domain.states import (  # noqa: F401
@@ -355,9 +351,7 @@ def unprotected_task_key(task_arn: str) -> str:
 
 
 def verdict_lease_key(task_arn: str) -> str:
-    """The lease on a health-check task's verdict: one delivery of its STOPPED event works the
-    verdict at a time (a duplicate copy waits instead of racing it). A plain item of its own,
-    never in a transaction, so taking it cannot conflict; the job table's TTL deletes it."""
+    """Which delivery of a health check's STOPPED event works its verdict (no transaction's)."""
     return f"VERDICT#{task_arn.rsplit('/', 1)[-1]}"
 
 
@@ -536,8 +530,6 @@ ENV_VAR_MAX_APP_RESTARTS = "GPU_RECOVERY_MAX_APP_RESTARTS"
 # the record later; readers ignore an expired one).
 UNPROTECTED_TASK_TTL_SECONDS = 14 * 24 * 3600
 JOB_TABLE_TTL_ATTRIBUTE = "purge_at"
-# A verdict lease outlives its holder's invocation by far: a day, then the TTL deletes it.
-VERDICT_LEASE_TTL_SECONDS = 24 * 3600
 
 
 def job_group(job_id: str) -> str:

@@ -16,6 +16,7 @@ from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import Invocation
 from gpu_recovery.recovery.health_checks import VerdictBusy
+from gpu_recovery.repository.verdict_leases import VERDICT_LEASE_TTL_SECONDS
 from tests.fixtures.memory_repository import JOBS, T0, memory_repository
 from tests.recovery.fakes import LostResponse, World, world
 
@@ -192,4 +193,4 @@ def test_the_lease_is_taken_kept_by_its_holder_and_refused_to_others_until_it_ex
     assert repo.claim_verdict(task, "req-b", T0 + 121, T0 + 60.5).taken
     item = repo.db.get(JOBS, {C.JOB_PK: "VERDICT#0123abcd"})
     assert item is not None and item["holder"] == "req-b" and float(item["lease_until"]) == T0 + 121
-    assert int(item[C.JOB_TABLE_TTL_ATTRIBUTE]) == int(T0 + 60.5 + C.VERDICT_LEASE_TTL_SECONDS)
+    assert int(item[C.JOB_TABLE_TTL_ATTRIBUTE]) == int(T0 + 60.5 + VERDICT_LEASE_TTL_SECONDS)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_recovery.constants import (
-    JOB_PK,
-    JOB_TABLE_TTL_ATTRIBUTE,
-    VERDICT_LEASE_TTL_SECONDS,
-    verdict_lease_key,
-)
+from gpu_recovery.constants import JOB_PK, JOB_TABLE_TTL_ATTRIBUTE, verdict_lease_key
 from gpu_recovery.repository.base import to_ddb
 from gpu_recovery.repository.tables import RecoveryTables
+
+# A lease outlives its holder's invocation (60 s at most) by far: a day on, the TTL deletes it.
+VERDICT_LEASE_TTL_SECONDS = 24 * 3600
 
 
 @dataclass(frozen=True)
