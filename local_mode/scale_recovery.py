@@ -141,24 +141,28 @@ class Container:
 
 
 def invocation_context(container: Container) -> LambdaContext | None:
-    """The running invocation's Lambda context (the moto world's class), its time left counted
-    in simulated time to the invocation's deadline; None outside an invocation with one."""
+    """The running invocation's Lambda context (the moto world's class, set by
+    ``LambdaService``): its request id, its time left counted in simulated time to the
+    invocation's deadline; None outside an invocation with one."""
     sim = container.sim
     process = sim.current if sim is not None else None
-    if sim is None or process is None or process.deadline is None:
+    if process is None or process.deadline is None:
         return None
-    deadline = process.deadline
-    return LambdaContext(process.label, timeout_seconds=deadline - sim.now,
-                         seconds_left=lambda: deadline - sim.now)
+    context: LambdaContext | None = process.context
+    return context
 
 
 def on_container(handle: Handle) -> Callable[[Container, dict[str, Any]], dict[str, Any]]:
     """A simulated function running a handler's body (``handlers.<name>.handle``, the one its
-    ``lambda_handler`` runs) with the container's service and the time left its context gives."""
+    ``lambda_handler`` runs) with the container's service and the time left and request id
+    its context gives."""
 
     def handler(container: Container, event: dict[str, Any]) -> dict[str, Any]:
         context = invocation_context(container)
-        return handle(event, container.service, time_left=context.time_left if context is not None else None)
+        if context is None:
+            return handle(event, container.service)
+        return handle(event, container.service, time_left=context.time_left,
+                      request_id=context.aws_request_id)
 
     return handler
 

@@ -628,6 +628,7 @@ ITEM_HOMES = {
     "unprotected_task_key": "jobs_and_ranks.py",
     "launch_plan_key": "scheduling.py",
     "notice_item_key": "notices.py",
+    "verdict_lease_key": "verdict_leases.py",
 }
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# States, verdicts, notification kinds and the stop-reason prefix are the domain's
-# vocabulary (gpu_recovery.domain); re-exported here for infra/ and local mode, which take
-# every shared name from this module.
+# The domain's vocabulary (states, verdicts, notification kinds, the stop-reason prefix),
+# re-exported for infra/ and local mode, which take every shared name from this module.
 from gpu_recovery.domain.notifications import NotificationKind  # noqa: F401
 from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX  # noqa: F401
 from gpu_recovery.domain.states import (  # noqa: F401
@@ -353,6 +352,11 @@ def unprotected_task_key(task_arn: str) -> str:
     its later events cost no DescribeTasks). Carries the task index's key, so the lookup that
     finds a rank by its task finds this record in the same query."""
     return f"UNPROTECTED#{task_arn}"
+
+
+def verdict_lease_key(task_arn: str) -> str:
+    """Which delivery of a health check's STOPPED event works its verdict (no transaction's)."""
+    return f"VERDICT#{task_arn.rsplit('/', 1)[-1]}"
 
 
 def refused_item_key(job_id: str) -> str:

@@ -1,13 +1,14 @@
 """Powertools objects, the malformed-event guard and the shape of a handler's body, shared by
 the recovery handlers.
 
-Each handler module has two functions: ``handle(event, service, *, time_left=None)``, the
-body (parse the event with its model, drop a malformed one, call the service, log the
-outcome; an SQS handler answers with its partial batch response), and ``lambda_handler``,
-the Lambda entry point (Powertools' logger, tracer and metrics around ``handle``, the
-service from ``gpu_recovery.runtime``, the time left from Lambda's context). The
-simulators call ``handle`` with a service of their own (one per simulated container) and
-the simulated time left: one body for both.
+Each handler module has two functions: ``handle(event, service, *, time_left=None,
+request_id=None)``, the body (parse the event with its model, drop a malformed one, call the
+service, log the outcome; an SQS handler answers with its partial batch response), and
+``lambda_handler``, the Lambda entry point (Powertools' logger, tracer and metrics around
+``handle``, the service from ``gpu_recovery.runtime``, the time left and request id from
+Lambda's context). The simulators call ``handle`` with a service of their own (one per
+simulated container), the simulated time left and the invocation's request id: one body
+for both.
 """
 
 from __future__ import annotations
@@ -60,8 +61,15 @@ def remaining_time(context: Any) -> TimeLeft | None:
     return (lambda: remaining() / 1000.0) if callable(remaining) else None
 
 
+def request_id_of(context: Any) -> str | None:
+    """The invocation's ``aws_request_id`` (Lambda's retry of a failed asynchronous
+    invocation keeps it; None without a context)."""
+    return getattr(context, "aws_request_id", None) or None
+
+
 class Handle(Protocol):
-    """A handler's body: the event, the service it calls, the invocation's time left."""
+    """A handler's body: the event, the service it calls, the invocation's time left and
+    request id (the bodies that need neither ignore them)."""
 
     def __call__(self, event: dict[str, Any], service: Any, *,
-                 time_left: TimeLeft | None = None) -> dict[str, Any]: ...
+                 time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]: ...

@@ -9,21 +9,22 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
 from gpu_recovery.events.ecs import EcsTaskStateChangeEvent
-from gpu_recovery.recovery import RecoveryService
-from handlers._common import TimeLeft, dropped, parse_or_drop, powertools
+from gpu_recovery.recovery import Invocation, RecoveryService
+from handlers._common import TimeLeft, dropped, parse_or_drop, powertools, remaining_time, request_id_of
 
 logger, tracer, metrics = powertools("dcgm-task-monitor")
 
 
 def handle(event: dict[str, Any], service: RecoveryService, *,
-           time_left: TimeLeft | None = None) -> dict[str, Any]:
+           time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]:
     """The body (``handlers._common``): a stopped health-check (or reset) task to the service."""
     parsed = parse_or_drop(event, EcsTaskStateChangeEvent, logger)
     if parsed is None:
         return dropped("malformed ECS Task State Change event")
     if parsed.detail.lastStatus != "STOPPED":
         return {"action": "ignored", "why": f"lastStatus {parsed.detail.lastStatus}"}
-    outcome = service.on_health_check_stopped(parsed.detail).as_dict()
+    # The invocation holds the verdict's lease while it works it (a duplicate copy waits).
+    outcome = service.on_health_check_stopped(parsed.detail, Invocation.of(request_id, time_left)).as_dict()
     logger.info("health-check event handled", extra=outcome)
     return outcome
 
@@ -32,4 +33,5 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)))
+    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)),
+                  time_left=remaining_time(context), request_id=request_id_of(context))

@@ -15,7 +15,7 @@ logger, tracer, metrics = powertools("ecs-instance-monitor")
 
 
 def handle(event: dict[str, Any], service: RecoveryService, *,
-           time_left: TimeLeft | None = None) -> dict[str, Any]:
+           time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]:
     """The body (``handlers._common``): a container instance's state change to the service."""
     parsed = parse_or_drop(event, EcsContainerInstanceStateChangeEvent, logger)
     if parsed is None:

@@ -42,7 +42,7 @@ def handle_record(record: SQSRecord, service: RecoveryService,
 
 
 def handle(event: dict[str, Any], service: RecoveryService, *,
-           time_left: TimeLeft | None = None) -> dict[str, Any]:
+           time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]:
     """The body (``handlers._common``): the SQS batch's partial batch response. A processor
     per call: concurrent invocations (the simulators run them in one process) never share
     one's record state."""

@@ -14,7 +14,7 @@ logger, tracer, metrics = powertools("heartbeat-sweep")
 
 
 def handle(event: dict[str, Any], service: HeartbeatService, *,
-           time_left: TimeLeft | None = None) -> dict[str, Any]:
+           time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]:
     """The body (``handlers._common``). The schedule's event carries nothing the sweep needs;
     time comes from the clock."""
     outcome = service.sweep().as_dict()

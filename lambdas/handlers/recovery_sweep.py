@@ -14,7 +14,7 @@ logger, tracer, metrics = powertools("recovery-sweep")
 
 
 def handle(event: dict[str, Any], service: RecoveryService, *,
-           time_left: TimeLeft | None = None) -> dict[str, Any]:
+           time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]:
     """The body (``handlers._common``). The schedule's event carries nothing the sweep needs;
     time comes from the clock. Its budget is the invocation's time left: what it leaves
     waits for the next sweep."""

@@ -26,7 +26,7 @@ logger, tracer, metrics = powertools("tag-lookup-worker")
 
 
 def handle(event: dict[str, Any], service: RecoveryService, *,
-           time_left: TimeLeft | None = None) -> dict[str, Any]:
+           time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]:
     """The body (``handlers._common``): the batch's partial response, the message ids to
     deliver again. Not Powertools' ``BatchProcessor``: the batch's tasks are described
     together, so one call covers every message (and its failure fails them all)."""

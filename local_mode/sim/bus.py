@@ -52,13 +52,15 @@ from moto.events.models import EventPattern
 
 from .. import events as ev
 from .deployment import AsyncRetries
-from .lambda_context import LambdaContext
+from .lambda_context import simulated_context
 from .sqs_model import Message, MessageQueue
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 Target = Callable[[dict[str, Any], Any], Any]
+#: a target's timeout when its rule names none (the context's time left counts down from it)
+DEFAULT_TIMEOUT_SECONDS = 300.0
 
 
 # ===================================================================== the shared semantics
@@ -102,6 +104,7 @@ class Rule:
     target: Target | None  # the in-process handler (None: the engine's function ``target_name``)
     target_name: str
     retries: AsyncRetries | None = None  # Lambda's async retries of the target (in process)
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS  # the target function's (its context's time left)
     _matcher: Any = field(repr=False, default=None)
 
     @property
@@ -122,6 +125,7 @@ class Schedule:
     target_name: str
     next_due: float
     retries: AsyncRetries | None = None  # Lambda's async retries of a failed tick (in process)
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS  # the target function's (its context's time left)
 
     @property
     def arn(self) -> str:
@@ -174,6 +178,7 @@ class _Retry:
     event: dict[str, Any] = field(compare=False)
     attempt: int = field(compare=False)
     received_at: float = field(compare=False, default=0.0)
+    request_id: str | None = field(compare=False, default=None)  # the failed attempt's, kept
 
 
 @dataclass
@@ -267,11 +272,12 @@ class EventBus:
 
     # --- configuration -----------------------------------------------------------
     def add_rule(self, name: str, pattern: dict[str, Any], target: Target | str,
-                 target_name: str | None = None, retries: AsyncRetries | None = None) -> Rule:
+                 target_name: str | None = None, retries: AsyncRetries | None = None,
+                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> Rule:
         """A rule to ``target``: a handler (in process) or the engine's function of that name."""
         handler = None if isinstance(target, str) else target
         label = target_name or (target if isinstance(target, str) else _name_of(target))
-        rule = Rule(name, pattern, handler, label, retries)
+        rule = Rule(name, pattern, handler, label, retries, timeout_seconds)
         rule.matches({"source": "probe"})  # fail fast on a pattern moto cannot load
         with self._lock:
             self.rules.append(rule)
@@ -279,13 +285,14 @@ class EventBus:
 
     def add_schedule(self, name: str, every_seconds: float, target: Target | str,
                      target_name: str | None = None, first_at: float | None = None,
-                     retries: AsyncRetries | None = None) -> Schedule:
+                     retries: AsyncRetries | None = None,
+                     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> Schedule:
         """A ``rate(...)`` rule: first fires at ``first_at`` (default now + period); in process,
         a failed tick is retried per ``retries`` (None: a dead letter at once)."""
         due = first_at if first_at is not None else self.clock() + every_seconds
         handler = None if isinstance(target, str) else target
         label = target_name or (target if isinstance(target, str) else _name_of(target))
-        sched = Schedule(name, every_seconds, handler, label, due, retries)
+        sched = Schedule(name, every_seconds, handler, label, due, retries, timeout_seconds)
         with self._lock:
             self.schedules.append(sched)
         if self.timing is not None:
@@ -344,10 +351,12 @@ class EventBus:
 
     def _invoke(self, rule_name: str, target: Target | None, target_name: str, event: dict[str, Any],
                 dup: bool, *, rule: Rule | Schedule | None = None, attempt: int = 1,
-                received_at: float | None = None) -> Delivery:
+                received_at: float | None = None, request_id: str | None = None) -> Delivery:
         assert target is not None, f"{rule_name}: no in-process target"
         payload = copy.deepcopy(event)  # each invocation gets its own JSON-decoded copy
-        context = LambdaContext(function_name=target_name)
+        context = simulated_context(target_name, request_id=request_id, clock=self.clock,
+                                    timeout_seconds=rule.timeout_seconds if rule is not None
+                                    else DEFAULT_TIMEOUT_SECONDS)
         now = self.clock()
         received = now if received_at is None else received_at
         delivery = Delivery(event_id=event.get("id", ""), detail_type=event.get("detail-type", ""),
@@ -364,7 +373,7 @@ class EventBus:
                 if rule is not None and delay is not None:
                     self._retry_seq += 1
                     heapq.heappush(self._retries, _Retry(self.clock() + delay, self._retry_seq, rule, event,
-                                                         attempt + 1, received))
+                                                         attempt + 1, received, context.aws_request_id))
                 elif rule_name.startswith("sqs:"):
                     pass  # the queue redelivers it (or dead-letters it after its receives)
                 else:
@@ -437,7 +446,7 @@ class EventBus:
             if retry is not None:
                 out.append(self._invoke(retry.rule.name, retry.rule.target, retry.rule.target_name,
                                         retry.event, False, rule=retry.rule, attempt=retry.attempt,
-                                        received_at=retry.received_at))
+                                        received_at=retry.received_at, request_id=retry.request_id))
                 continue
             with self._lock:
                 sched = min(due, key=lambda s: s.next_due)

@@ -64,6 +64,7 @@ class Process:
         self.timed_out = False
         self.finished = False
         self.on_done: list[Callable[[Process], None]] = []
+        self.context: Any = None  # a Lambda invocation's context (``LambdaService`` sets it)
         self._go = threading.Semaphore(0)
         self._abort = False
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)

@@ -5,8 +5,9 @@ The moto world's bus (:class:`~local_mode.sim.bus.EventBus`), the local API serv
 (``local_mode.scale_recovery``) hand their handlers this one class: the fields Powertools
 reads (function name, ARN, memory, request id, log group and stream) and the invocation's
 time left. In the moto world the time left runs on the wall clock from the context's
-creation (``timeout_seconds``); the scale world passes ``seconds_left``, the simulated time
-to the invocation's deadline.
+creation (``timeout_seconds``); both worlds' function invocations get theirs from
+:func:`simulated_context`: the time left runs on the simulated clock, and a retry of a failed
+asynchronous invocation keeps the first attempt's ``aws_request_id``, as Lambda does.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class LambdaContext:
     memory_limit_in_mb: int = 256
     function_version: str = "$LATEST"
     timeout_seconds: float = 300
-    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    aws_request_id: str = field(default_factory=lambda: new_request_id())
     region: str = REGION
     account: str = ACCOUNT_ID
     log_group_name: str = ""
@@ -50,3 +51,20 @@ class LambdaContext:
 
     def get_remaining_time_in_millis(self) -> int:
         return max(0, int(self.time_left() * 1000))
+
+
+def new_request_id() -> str:
+    """A new invocation's request id (not from a simulation's seeded generator: drawing it
+    leaves a seeded run's other draws as they were)."""
+    return str(uuid.uuid4())
+
+
+def simulated_context(function_name: str, *, timeout_seconds: float, clock: Callable[[], float],
+                      request_id: str | None = None) -> LambdaContext:
+    """One invocation's context in simulated time: its time left counts down on ``clock`` from
+    ``timeout_seconds``; ``request_id``: the invocation's (a retry of a failed asynchronous
+    invocation passes the first attempt's; None: a new one)."""
+    deadline = clock() + timeout_seconds
+    return LambdaContext(function_name, timeout_seconds=timeout_seconds,
+                         aws_request_id=request_id or new_request_id(),
+                         seconds_left=lambda: deadline - clock())

@@ -32,6 +32,7 @@ from ..events import ACCOUNT_ID, REGION
 from .bus import DeadLetter, Rule, Schedule, async_retry_delay
 from .deployment import LAMBDA_ASYNC_RETRY_DELAYS, AsyncRetries
 from .engine import Process, Simulation
+from .lambda_context import new_request_id, simulated_context
 
 # "About" a minute: Lambda's internal queue does not replay failures in lockstep (an
 # assumption of the model; exact delays would make every retry of a burst collide again).
@@ -55,6 +56,7 @@ class Invocation:
     error: str = ""
     result: Any = None
     synchronous: bool = False
+    request_id: str = field(default_factory=new_request_id)  # a retry keeps the failed attempt's
 
     @property
     def duration(self) -> float:
@@ -130,10 +132,13 @@ class LambdaService:
 
     # --- invoking ----------------------------------------------------------------------
     def invoke_async(self, name: str, payload: Any, *, received_at: float | None = None,
-                     attempt: int = 1) -> None:
-        """An asynchronous invocation (an EventBridge target, a schedule)."""
+                     attempt: int = 1, request_id: str | None = None) -> None:
+        """An asynchronous invocation (an EventBridge target, a schedule); ``request_id``: a
+        retry's, the failed attempt's (Lambda keeps it)."""
         now = self.sim.now
         invocation = Invocation(name, payload, attempt, received_at if received_at is not None else now, now)
+        if request_id is not None:
+            invocation.request_id = request_id
         self._admit(invocation, None)
 
     def invoke(self, name: str, payload: Any, on_done: Callable[[Invocation], None]) -> None:
@@ -174,9 +179,12 @@ class LambdaService:
                 self._retry_or_dead_letter(function, invocation)
             self._start_waiting()
 
-        self.sim.spawn(lambda: function.handler(container, invocation.payload),
-                       name=f"{function.name}#{next(self._numbers)}", label=function.name,
-                       timeout=function.timeout, on_done=finished)
+        process = self.sim.spawn(lambda: function.handler(container, invocation.payload),
+                                 name=f"{function.name}#{next(self._numbers)}", label=function.name,
+                                 timeout=function.timeout, on_done=finished)
+        # Its Lambda context: the request id, the time left to the process's deadline.
+        process.context = simulated_context(function.name, request_id=invocation.request_id,
+                                            clock=lambda: self.sim.now, timeout_seconds=function.timeout)
         if self.keep_invocations:
             self.invocations.append(invocation)
 
@@ -208,7 +216,7 @@ class LambdaService:
             function.stats.retries += 1
             self.sim.after(delay, lambda: self.invoke_async(
                 function.name, invocation.payload, received_at=invocation.received_at,
-                attempt=attempt + 1), f"retry {function.name}")
+                attempt=attempt + 1, request_id=invocation.request_id), f"retry {function.name}")
             return
         function.stats.dead_letters += 1
         self.dead_letters.append(DeadLetter("", function.name, invocation.payload, invocation.error, attempt,

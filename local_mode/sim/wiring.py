@@ -55,7 +55,7 @@ def wire_deployment(bus: EventBus, host: FunctionHost, cluster_arn: str, *, regi
     for rule in D.RULES:
         function = D.FUNCTIONS[rule.function]
         bus.add_rule(rule.name, rule.pattern(cluster_arn, registration), host.target(function), rule.function,
-                     retries=function.retries)
+                     retries=function.retries, timeout_seconds=function.timeout_seconds)
     if sweep_every_seconds:
         for schedule in D.SCHEDULES:
             wire_schedule(bus, host, schedule, sweep_every_seconds)
@@ -70,7 +70,8 @@ def wire_schedule(bus: EventBus, host: FunctionHost, schedule: D.Schedule,
     function = D.function(schedule.function)
     every = every_seconds or schedule.every_seconds
     bus.add_schedule(schedule.name, every, host.target(function), schedule.function,
-                     first_at=host.first_tick(every), retries=function.retries)
+                     first_at=host.first_tick(every), retries=function.retries,
+                     timeout_seconds=function.timeout_seconds)
 
 
 class InProcessHost:

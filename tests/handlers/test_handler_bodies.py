@@ -1,7 +1,8 @@
-"""Each recovery handler's body (``handle(event, service, *, time_left)``) on its own, and the
-two callers of it: the Lambda entry point (``lambda_handler``: runtime's service, the
-context's time left) and the scale simulator (the container's service, the simulated time
-left). One body: what is checked here holds for Lambda and for the simulators."""
+"""Each recovery handler's body (``handle(event, service, *, time_left, request_id)``) on its
+own, and the two callers of it: the Lambda entry point (``lambda_handler``: runtime's service,
+the context's time left and request id) and the scale simulator (the container's service, the
+simulated time left and the invocation's request id). One body: what is checked here holds
+for Lambda and for the simulators."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 
-from gpu_recovery import runtime
-from gpu_recovery.recovery.ports import Outcome
+from gpu_recovery import clock, runtime
+from gpu_recovery.recovery.ports import Invocation, Outcome
 from local_mode.sim.lambda_context import LambdaContext
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +35,15 @@ class Service:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.invocations: list[Any] = []
 
     def on_task_state_change(self, detail: Any) -> Outcome:
         self.calls.append(("task", detail.taskArn))
         return Outcome("registered", "job-1")
 
-    def on_health_check_stopped(self, detail: Any) -> Outcome:
+    def on_health_check_stopped(self, detail: Any, invocation: Any = None) -> Outcome:
         self.calls.append(("health_check", detail.taskArn))
+        self.invocations.append(invocation)
         return Outcome("verdict", "job-1")
 
     def on_container_instance_change(self, detail: Any, time: Any) -> Outcome:
@@ -84,7 +87,22 @@ def test_event_bodies_parse_call_the_service_and_drop_malformed_events() -> None
     for name in ("ecs_task_handler", "dcgm_task_monitor", "ecs_instance_monitor"):
         assert _handle(name)({"detail-type": "x", "detail": "not an object"}, service)["action"] == "dropped"
     assert len(service.calls) == 3  # neither the ignored nor the malformed events reached the service
+    assert service.invocations == [None]  # no context: no verdict lease
 
+
+def test_the_dcgm_body_gives_the_service_its_invocation() -> None:
+    """Given the invocation's request id and time left
+    When a health check's STOPPED event is handled
+    Then the service gets them as the invocation (the verdict lease's holder and deadline)."""
+    service = Service()
+    clock.set_clock(lambda: 1_800_000_000.0)
+    handle = _handle("dcgm_task_monitor")
+    try:
+        handle(HEALTH_CHECK_STOPPED, service, time_left=lambda: 42.0, request_id="req-1")
+        handle(HEALTH_CHECK_STOPPED, service, time_left=lambda: 42.0)  # no request id: no invocation
+    finally:
+        clock.reset_clock()
+    assert service.invocations == [Invocation("req-1", 1_800_000_042.0), None]
 
 def test_the_sweeps_ignore_the_schedules_event_and_the_recovery_sweep_gets_the_time_left() -> None:
     service = Service()
@@ -113,21 +131,27 @@ def test_lambda_handler_runs_the_body_with_runtimes_service_and_the_contexts_tim
     module = importlib.import_module(f"handlers.{name}")
     service = Service()
     seen: list[tuple[Any, Any, float | None]] = []
+    ids: list[Any] = []
 
-    def body(event: dict[str, Any], given: Any, *, time_left: Any = None) -> dict[str, Any]:
+    def body(event: dict[str, Any], given: Any, *, time_left: Any = None,
+             request_id: Any = None) -> dict[str, Any]:
         seen.append((event, given, time_left() if time_left else None))
+        ids.append(request_id)
         return {"action": "done"}
 
     factory = "heartbeat_service" if name in HEARTBEAT_HANDLERS else "recovery_service"
     monkeypatch.setattr(runtime, factory, lambda metrics=None: service)
     monkeypatch.setattr(module, "handle", body)
     event = {"id": "e-1", "Records": []}
-    assert module.lambda_handler(event, LambdaContext(name)) == {"action": "done"}
+    assert module.lambda_handler(event, LambdaContext(name, aws_request_id="req-7")) == {"action": "done"}
     [(given_event, given_service, time_left)] = seen
     assert given_event is event and given_service is service
     # The sweep and the gang worker budget their work by the invocation's time left.
-    if name in ("recovery_sweep", "gang_worker"):
+    # The DCGM monitor holds its verdict's lease as the invocation (request id, deadline).
+    if name in ("recovery_sweep", "gang_worker", "dcgm_task_monitor"):
         assert time_left is not None and 0 < time_left <= LambdaContext(name).timeout_seconds
+    if name == "dcgm_task_monitor":
+        assert ids == ["req-7"]
 
 
 def test_the_scale_simulator_runs_the_handlers_bodies() -> None:

@@ -109,6 +109,31 @@ def test_in_process_a_failed_target_is_retried_per_its_policy_then_dead_lettered
         assert world.bus.pending_retries() == 0
 
 
+def test_in_process_a_retry_keeps_the_request_id_and_the_time_left_is_simulated() -> None:
+    """Given the moto world's bus with a rule whose target fails, timing out after 60 s
+    When two events are put and retried
+    Then each retry has its first attempt's request id (Lambda's), each event its own, and
+    the context's time left counts down on the simulated clock from the rule's timeout."""
+    with build_world(handlers=False) as world:
+        seen: list[tuple[str, float, float]] = []
+
+        def broken(_event: dict[str, Any], context: Any) -> None:
+            before = context.time_left()
+            world.ecs.clock.advance(5)
+            seen.append((context.aws_request_id, before, context.time_left()))
+            raise RuntimeError("boom")
+
+        world.bus.add_rule("scheduled", {"detail-type": ["Scheduled Event"]}, broken, "broken",
+                           retries=RECOVERY_RETRIES, timeout_seconds=60)
+        for _ in range(2):
+            world.bus.put_events(scheduled_event("arn:aws:events:us-east-1:123456789012:rule/x",
+                                                 time=world.ecs.now()))
+            world.ecs.run_for(600)
+        assert [(left, after) for _, left, after in seen] == [(60.0, 55.0)] * 6
+        ids = [request_id for request_id, _, _ in seen]
+        assert len(set(ids[:3])) == 1 and len(set(ids[3:])) == 1 and ids[0] != ids[3]
+
+
 def test_in_process_a_failed_sweep_tick_is_retried_as_the_deployed_schedule_is() -> None:
     """Given the moto world with the recovery sweep's schedule (every 10 minutes here), its
     tick failing on the first two attempts

@@ -72,6 +72,30 @@ def test_a_function_timeout_ends_the_invocation_and_cannot_be_caught(sim: Simula
     assert lambdas.dead_letters[0].attempts == 3
 
 
+def test_a_retry_keeps_the_failed_invocations_request_id_and_time_left_is_simulated(sim: Simulation) -> None:
+    """Lambda's retry of a failed asynchronous invocation keeps its request id (a new event,
+    a new one); the context's time left counts down in simulated time."""
+    lambdas = LambdaService(sim, retry_jitter=0.0)
+    seen: list[tuple[str, float, float]] = []
+
+    def failing(_container: Any, _payload: Any) -> None:
+        context = sim.current.context if sim.current is not None else None
+        assert context is not None
+        before = context.time_left()
+        clock.sleep(4)
+        seen.append((context.aws_request_id, before, context.time_left()))
+        raise RuntimeError("boom")
+
+    lambdas.add_function("failing", failing, timeout=10)
+    lambdas.invoke_async("failing", {})
+    sim.run(until=sim.now + 1000)
+    lambdas.invoke_async("failing", {})
+    sim.run(until=sim.now + 1000)
+    assert [(left, after) for _, left, after in seen] == [(10.0, 6.0)] * 6
+    ids = [request_id for request_id, _, _ in seen]
+    assert len(set(ids[:3])) == 1 and len(set(ids[3:])) == 1 and ids[0] != ids[3]
+
+
 def test_invocations_beyond_the_concurrency_limit_wait_for_a_slot(sim: Simulation) -> None:
     lambdas = LambdaService(sim, concurrency=2)
     lambdas.add_function("work", lambda _c, _p: clock.sleep(5), timeout=60)

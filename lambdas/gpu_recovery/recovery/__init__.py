@@ -11,7 +11,7 @@
 * ``service`` — ``RecoveryService``, the thin façade handlers call
 """
 
-from gpu_recovery.recovery.ports import MetricsPort, NullMetrics, Outcome
+from gpu_recovery.recovery.ports import Invocation, MetricsPort, NullMetrics, Outcome
 from gpu_recovery.recovery.ranks import (
     NotProtected,
     RankRegistration,
@@ -21,6 +21,7 @@ from gpu_recovery.recovery.ranks import (
 from gpu_recovery.recovery.service import RecoveryService
 
 __all__ = [
+    "Invocation",
     "MetricsPort",
     "NotProtected",
     "NullMetrics",

@@ -45,7 +45,7 @@ from gpu_recovery.domain.states import (
 )
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.gang_restart import GangRestart
-from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
@@ -79,6 +79,17 @@ _VERDICT_MAX_ROUNDS = 64  # and at most this many (a clock that does not move ca
 VERDICT_PATIENCE_SECONDS = 25.0
 _VERDICT_PAUSE_BASE_SECONDS = 0.05
 _VERDICT_PAUSE_CAP_SECONDS = 2.0
+# EventBridge delivers at least once: a duplicate copy of a check's STOPPED event, in its own
+# invocation, waits for the copy holding the verdict's lease (repository.verdict_leases)
+# instead of racing its transaction, looking at the instance this often (jittered)...
+_LEASE_POLL_SECONDS = (0.5, 1.0)
+# ...while its invocation keeps this long for the verdict itself, should it take the lease over.
+_LEASE_MARGIN_SECONDS = 10.0
+
+
+class VerdictBusy(RuntimeError):
+    """Another delivery holds the verdict's lease past this invocation's time: the invocation
+    fails and Lambda retries the event (by then the verdict is recorded or the lease expired)."""
 
 
 def _conflicted(error: ClientError) -> bool:
@@ -325,21 +336,38 @@ class HealthChecks:
                                                 min(timeout_at, now + POLL_SECONDS))
 
     # ------------------------------------------------------------------ verdict
-    def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
+    @staticmethod
+    def _ours(instance: Instance, detail: EcsTaskDetail) -> bool:
+        """The stopped task is the instance's running check (matched on its startedBy)."""
+        return instance.state is InstanceState.HEALTH_CHECKING and bool(
+            (instance.hc_started_by and detail.startedBy == instance.hc_started_by)
+            or (instance.hc_task_arn and detail.taskArn == instance.hc_task_arn))
+
+    def on_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None) -> Outcome:
+        """The check's verdict. ``invocation``: the delivery of its STOPPED event, which takes
+        the verdict's lease first; None (the sweep reading a lost event from DescribeTasks, a
+        test): no lease. The lease only keeps duplicate deliveries from racing; what makes a
+        verdict land once is its transaction's conditions (the instance still HEALTH_CHECKING
+        with this check's startedBy), so a verdict worked without it is as safe, and the
+        sweep's, minutes after the event, rarely meets another."""
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.deps.repo
         log_findings: dict[str, Any] | None = None
+        raw = repo.get_instance_item(inst_id) if inst_id else None
+        if invocation is not None and raw is not None:
+            leased = self._take_verdict_lease(inst_id, raw, detail, invocation)
+            if isinstance(leased, Outcome):
+                return leased
+            raw = leased
         give_up_at = clock.now() + VERDICT_PATIENCE_SECONDS
         round_ = 0
         while round_ < _VERDICT_ROUNDS or (round_ < _VERDICT_MAX_ROUNDS and clock.now() < give_up_at):
-            raw = repo.get_instance_item(inst_id) if inst_id else None  # read once per round
+            if round_:
+                raw = repo.get_instance_item(inst_id) if inst_id else None  # read once per round
             instance = repo.instance_from_item(raw) if raw else None
             if instance is None or raw is None:
                 return Outcome("ignored", detail={"why": "untracked instance"})
-            ours = instance.state is InstanceState.HEALTH_CHECKING and (
-                (instance.hc_started_by and detail.startedBy == instance.hc_started_by)
-                or (instance.hc_task_arn and detail.taskArn == instance.hc_task_arn))
-            if not ours:
+            if not self._ours(instance, detail):
                 return self.reboots.converge_after_verdict(instance)
             if log_findings is None and policy.parse_verdict(detail.exit_code()) is not None:
                 log_findings = self.deps.verdicts.read_verdict(detail.taskArn) or {}  # once per event
@@ -356,6 +384,41 @@ class HealthChecks:
                                               _VERDICT_PAUSE_BASE_SECONDS * 2 ** min(round_, 6))))
             round_ += 1
         return Outcome("duplicate", detail={"instance": inst_id})
+
+    def _take_verdict_lease(self, inst_id: str, raw: dict[str, Any], detail: EcsTaskDetail,
+                            invocation: Invocation) -> Outcome | dict[str, Any]:
+        """Take the lease on the check's verdict (the instance item as last read, to work the
+        verdict on), or wait for the delivery holding it. Each way out loses no fault:
+        - the check is no longer ours: the holder recorded the verdict (or the check moved
+          on), and this copy converges on it as any late duplicate does;
+        - the holder's lease expired: its invocation is over (it cannot be running), the
+          verdict is still to be made, and this copy takes the lease over and makes it;
+        - this invocation is short of time: VerdictBusy fails it, and Lambda retries the
+          event a minute or two later (the same request id), when one of the above holds;
+          after its last retry, the sweep's poll of the running check reads the verdict from
+          DescribeTasks."""
+        repo = self.deps.repo
+        holder_until: float | None = None  # the other holder's lease, once seen
+        while True:
+            instance = repo.instance_from_item(raw)
+            if not self._ours(instance, detail):
+                return self.reboots.converge_after_verdict(instance)
+            now = clock.now()
+            if holder_until is None or now > holder_until:
+                lease = repo.claim_verdict(detail.taskArn, invocation.request_id, invocation.deadline, now)
+                if lease.taken:
+                    return raw
+                holder_until = lease.until
+            pause = random.uniform(*_LEASE_POLL_SECONDS)
+            if now + pause + _LEASE_MARGIN_SECONDS > invocation.deadline:
+                self.deps.metrics.add_metric("VerdictLeaseWaitsOutOfTime", "Count", 1)
+                raise VerdictBusy(f"the verdict of {detail.taskArn} is another delivery's "
+                                  f"until {holder_until:.0f}")
+            clock.sleep(pause)
+            fresh = repo.get_instance_item(inst_id)
+            if fresh is None:
+                return Outcome("ignored", detail={"why": "untracked instance"})
+            raw = fresh
 
     def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail,
                log_findings: dict[str, Any]) -> Outcome | None:

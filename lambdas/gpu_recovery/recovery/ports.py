@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import StartResult
 from gpu_recovery.domain.fault_catalog import default_catalog
 from gpu_recovery.domain.gang_batches import GangQueuePort
@@ -91,6 +92,23 @@ class Deps:
     replacer: ReplacePort = field(default_factory=NoReplacer)
     tag_lookups: GangQueuePort | None = None  # unknown tasks' events, to the tag lookup worker
 
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """The Lambda invocation an event is handled in: its request id (Lambda's retry of a
+    failed asynchronous invocation keeps it; a duplicate delivery has its own) and its
+    deadline on ``clock`` (after it the invocation cannot be running)."""
+
+    request_id: str
+    deadline: float
+
+    @classmethod
+    def of(cls, request_id: str | None, time_left: Callable[[], float] | None) -> Invocation | None:
+        """From a handler's context (None without a request id and a time left)."""
+        if not request_id or time_left is None:
+            return None
+        return cls(request_id, clock.now() + time_left())
 
 
 @dataclass

@@ -22,6 +22,7 @@ from gpu_recovery.recovery.placement import PlacementHolds
 from gpu_recovery.recovery.ports import (
     Deps,
     EcsPort,
+    Invocation,
     MetricsPort,
     NoReplacer,
     NotifierPort,
@@ -120,10 +121,12 @@ class RecoveryService:
         dead-lettered): the event's own handling (DescribeTasks returns the event's detail)."""
         return self.faults.on_task_state_change(EcsTaskDetail.model_validate(task))
 
-    def on_health_check_stopped(self, detail: EcsTaskDetail) -> Outcome:
+    def on_health_check_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None) -> Outcome:
+        """``invocation``: the Lambda invocation delivering the event (its verdict lease's
+        holder); None (a test, no Lambda context): the verdict is worked without the lease."""
         if detail.group.startswith(GPU_RESET_GROUP):  # same rule, its own task
             return self.remediation.resets.on_stopped(detail)
-        return self.health.on_stopped(detail)
+        return self.health.on_stopped(detail, invocation)
 
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
                                      event_time: datetime | None = None) -> Outcome:

@@ -9,6 +9,7 @@
 * ``gpu_resets`` — a node's GPU reset: claim, task, passed or fallen back to a reboot.
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
+* ``verdict_leases`` — the lease one delivery of a health check's STOPPED event takes on its verdict.
 * ``faults``, ``latches``, ``health_check_slots``, ``cordons``, ``notices`` — the
   sub-repositories a :class:`Repository` carries (``repo.faults``, ``repo.latches``,
   ``repo.slots``, ``repo.cordons``, ``repo.notices``).
@@ -35,9 +36,10 @@ from gpu_recovery.repository.breaker import BreakerState
 from gpu_recovery.repository.gpu_resets import GpuResets
 from gpu_recovery.repository.jobs_and_ranks import RankStop
 from gpu_recovery.repository.node_decisions import JobFailure, JobVerdict, NodeDecision, NodeDecisions
+from gpu_recovery.repository.verdict_leases import VerdictLease, VerdictLeases
 
 
-class Repository(NodeDecisions, GpuResets, BreakerState):
+class Repository(NodeDecisions, GpuResets, BreakerState, VerdictLeases):
     """The recovery loop's repository: the intents of every aggregate of its two tables
     (jobs and ranks, instances, node decisions, the breaker), one object the stages share.
     Each method lives in the module of its aggregate (see the package docstring)."""
@@ -52,6 +54,7 @@ __all__ = [
     "RankStop",
     "Repository",
     "Update",
+    "VerdictLease",
     "from_ddb",
     "is_condition_failure",
     "state_condition",

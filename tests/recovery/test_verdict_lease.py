@@ -1,0 +1,196 @@
+"""Issue 28: a duplicate delivery of a health check's STOPPED event waits for the verdict's
+lease instead of racing its transaction (``HealthChecks.on_stopped`` with the invocation;
+``repository.verdict_leases``). The recovery with fakes of the ports, and the repository on
+the in-memory DynamoDB."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpu_recovery import clock
+from gpu_recovery import constants as C
+from gpu_recovery.domain.states import InstanceState, JobState
+from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery import Invocation
+from gpu_recovery.recovery.health_checks import VerdictBusy
+from gpu_recovery.repository.verdict_leases import VERDICT_LEASE_TTL_SECONDS
+from tests.fixtures.memory_repository import JOBS, T0, memory_repository
+from tests.recovery.fakes import LostResponse, World, world
+
+PEER, FAULTY = "node-a", "node-b"
+TIMEOUT = 60.0  # the DCGM monitor's function timeout
+
+
+def _check_stopped(w: World) -> EcsTaskDetail:
+    """Rank 1 exits 1: node-b's DCGM check runs, and stops saying reboot."""
+    arns = w.register_job("j", [PEER, FAULTY])
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    [task] = w.ecs.health_checks_on(FAULTY)
+    return w.health_check_stopped(task, 1)
+
+
+def _count_decisions(w: World) -> list[int]:
+    """How many node decisions (the verdict's transaction) were written, as they are."""
+    real = w.repo._repo
+    decide = real.record_node_decision
+    count = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return decide(*args, **kwargs)
+
+    real.record_node_decision = counted
+    return count
+
+
+def _sleeper(w: World, on_first: Callable[[], None] | None = None) -> list[float]:
+    """The clock's sleep: advances the world's time; ``on_first`` runs in the first pause
+    (what another invocation does meanwhile). Returns the pauses taken."""
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 1 and on_first is not None:
+            on_first()
+        w.advance(seconds)
+
+    clock.set_clock(lambda: w.now[0], sleep)
+    return pauses
+
+
+def _rebooted(w: World) -> None:
+    assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+    assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+    assert w.rebooter.calls == [f"i-{FAULTY}"]
+
+
+def test_two_copies_interleaved_make_one_transaction_and_the_second_waits() -> None:
+    """Given copy A of the STOPPED event took the verdict's lease and is working it
+    When copy B (its own invocation) arrives meanwhile
+    Then B waits (no transaction of its own), A's verdict lands, and B converges on it."""
+    with world() as w:
+        detail = _check_stopped(w)
+        decisions = _count_decisions(w)
+        a = Invocation("req-a", w.now[0] + TIMEOUT)
+        assert w.repo.claim_verdict(detail.taskArn, a.request_id, a.deadline, w.now[0]).taken
+        finished: list[str] = []
+        pauses = _sleeper(w, lambda: finished.append(w.service.on_health_check_stopped(detail, a).action))
+        b = Invocation("req-b", w.now[0] + 0.3 + TIMEOUT)
+        outcome = w.service.on_health_check_stopped(detail, b)
+        assert finished == ["verdict_applied"]  # A, while B waited
+        assert outcome.action != "verdict_applied" and len(pauses) == 1
+        assert all(0.5 <= p <= 1.0 for p in pauses)
+        assert decisions[0] == 1  # one transaction: B never built its own
+        _rebooted(w)
+
+
+def test_a_holder_that_died_after_the_lease_is_finished_by_lambdas_retry() -> None:
+    """Given the invocation that took the lease failed before its verdict
+    When Lambda retries it (the same request id) before the lease expired
+    Then the retry passes the lease at once and applies the verdict."""
+    with world() as w:
+        detail = _check_stopped(w)
+        died = Invocation("req-a", w.now[0] + TIMEOUT)
+        assert w.repo.claim_verdict(detail.taskArn, died.request_id, died.deadline, w.now[0]).taken
+        w.advance(TIMEOUT + 1)  # its failure, then Lambda's retry a minute on
+        pauses = _sleeper(w)
+        retry = Invocation("req-a", w.now[0] + TIMEOUT)
+        assert w.service.on_health_check_stopped(detail, retry).action == "verdict_applied"
+        assert pauses == []
+        _rebooted(w)
+
+
+def test_a_lost_answer_on_the_lease_write_is_passed_by_the_retry() -> None:
+    """Given the lease's PutItem was written but its answer lost (the invocation failed)
+    When the same invocation is retried
+    Then the lease is its own and the verdict is applied."""
+    with world() as w:
+        detail = _check_stopped(w)
+        pauses = _sleeper(w)
+        a = Invocation("req-a", w.now[0] + TIMEOUT)
+        w.repo.fail_once("claim_verdict", "lose")
+        with pytest.raises(LostResponse):
+            w.service.on_health_check_stopped(detail, a)
+        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.service.on_health_check_stopped(detail, a).action == "verdict_applied"
+        assert pauses == []
+        _rebooted(w)
+
+
+def test_another_copy_takes_over_an_expired_lease() -> None:
+    """Given the lease's holder died and its lease expired
+    When a different copy of the event arrives
+    Then it takes the lease over and applies the verdict, without waiting."""
+    with world() as w:
+        detail = _check_stopped(w)
+        assert w.repo.claim_verdict(detail.taskArn, "req-a", w.now[0] + TIMEOUT, w.now[0]).taken
+        w.advance(TIMEOUT + 0.5)
+        pauses = _sleeper(w)
+        assert w.service.on_health_check_stopped(detail, Invocation("req-b", w.now[0] + TIMEOUT)).action \
+            == "verdict_applied"
+        assert pauses == []
+        _rebooted(w)
+
+
+def test_a_waiting_copy_takes_over_once_the_dead_holders_lease_expires() -> None:
+    """Given the holder died with its lease running for 20 s more
+    When another copy with 60 s left arrives
+    Then it waits out the lease, takes it over and applies the verdict."""
+    with world() as w:
+        detail = _check_stopped(w)
+        assert w.repo.claim_verdict(detail.taskArn, "req-a", w.now[0] + 20, w.now[0]).taken
+        start = w.now[0]
+        pauses = _sleeper(w)
+        outcome = w.service.on_health_check_stopped(detail, Invocation("req-b", start + TIMEOUT))
+        assert outcome.action == "verdict_applied"
+        assert 20 < w.now[0] - start <= 21 and len(pauses) >= 20
+        _rebooted(w)
+
+
+def test_a_copy_short_of_time_fails_for_lambdas_retry_having_written_nothing() -> None:
+    """Given the holder's lease outlasts this copy's invocation (less its margin)
+    When the copy has waited as long as it can
+    Then it fails (Lambda retries the event later), the check still running, no verdict."""
+    with world() as w:
+        detail = _check_stopped(w)
+        decisions = _count_decisions(w)
+        assert w.repo.claim_verdict(detail.taskArn, "req-a", w.now[0] + TIMEOUT, w.now[0]).taken
+        start = w.now[0]
+        _sleeper(w)
+        with pytest.raises(VerdictBusy):
+            w.service.on_health_check_stopped(detail, Invocation("req-b", start + 15))
+        assert w.now[0] - start <= 5  # it kept its margin for the verdict
+        assert decisions[0] == 0
+        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.rebooter.calls == []
+
+
+def test_without_an_invocation_the_verdict_takes_no_lease() -> None:
+    """Given the sweep reading a lost STOPPED event (no Lambda context of the event)
+    When it applies the verdict
+    Then it writes no lease item (the transaction's conditions keep the verdict single)."""
+    with world() as w:
+        detail = _check_stopped(w)
+        assert w.service.on_health_check_stopped(detail).action == "verdict_applied"
+        assert w.repo._repo.db.get("jobs", {C.JOB_PK: C.verdict_lease_key(detail.taskArn)}) is None
+        _rebooted(w)
+
+
+def test_the_lease_is_taken_kept_by_its_holder_and_refused_to_others_until_it_expires() -> None:
+    """The repository's intent on the in-memory DynamoDB: botocore's retry of the same
+    PutItem (the same holder) passes; another holder learns when the lease expires; after
+    it, the other takes it; the item carries the job table's TTL a day on."""
+    repo = memory_repository()
+    task = "arn:aws:ecs:us-east-1:111122223333:task/cluster/0123abcd"
+    assert repo.claim_verdict(task, "req-a", T0 + 60, T0).taken
+    assert repo.claim_verdict(task, "req-a", T0 + 60, T0 + 0.2).taken  # the same PutItem again
+    other = repo.claim_verdict(task, "req-b", T0 + 61, T0 + 1)
+    assert not other.taken and other.until == T0 + 60
+    assert not repo.claim_verdict(task, "req-b", T0 + 61, T0 + 60).taken  # not yet past it
+    assert repo.claim_verdict(task, "req-b", T0 + 121, T0 + 60.5).taken
+    item = repo.db.get(JOBS, {C.JOB_PK: "VERDICT#0123abcd"})
+    assert item is not None and item["holder"] == "req-b" and float(item["lease_until"]) == T0 + 121
+    assert int(item[C.JOB_TABLE_TTL_ATTRIBUTE]) == int(T0 + 60.5 + VERDICT_LEASE_TTL_SECONDS)
