@@ -79,6 +79,7 @@ class SimulatedEcs(GpuFaults):
         hooks.on_after_call("ecs", "StartTask", self._after_start_task)
         hooks.on_before_call("ecs", "ListContainerInstances", self._before_list_cis)
         hooks.on_before_call("ecs", "ListTasks", self._before_list_tasks)
+        hooks.on_after_call("ecs", "ListTasks", self._after_list_tasks)
         hooks.on_before_call("ecs", "DeleteAttributes", self._before_delete_attributes)
         hooks.on_after_call("ecs", "StopTask", self._after_stop_task)
         hooks.on_after_call("ecs", "DescribeContainerInstances", self._after_describe_cis)
@@ -179,22 +180,20 @@ class SimulatedEcs(GpuFaults):
         return hook_answer("ecs", {"containerInstanceArns": arns})
 
     def _before_list_tasks(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
-        """ListTasks as ECS answers it where moto does not: ``startedBy`` only alone, and
-        without ``desiredStatus`` only the tasks whose desired status is RUNNING (moto lists
-        every task). With other filters and a desiredStatus: moto answers."""
+        """ListTasks takes ``startedBy`` only alone, as ECS does (moto takes any mix)."""
         refused = list_tasks_refusal(params)
-        if refused:
-            return hook_error("ecs", "InvalidParameterException", refused)
-        if params.get("desiredStatus"):
-            return None
-        tasks = self._backend.tasks.get(self.local.cluster_name, {}).values()
-        family = params.get("family")
-        instance = params.get("containerInstance")
-        arns = sorted(t.task_arn for t in tasks if t.desired_status == "RUNNING"
-                      and (not params.get("startedBy") or t.started_by == params["startedBy"])
-                      and (not family or t.task_definition_arn.split("/")[-1].rsplit(":", 1)[0] == family)
-                      and (not instance or _id(t.container_instance_arn) == _id(instance)))
-        return hook_answer("ecs", {"taskArns": arns})
+        return hook_error("ecs", "InvalidParameterException", refused) if refused else None
+
+    def _after_list_tasks(self, params: dict[str, Any], status: int, parsed: dict[str, Any],
+                          context: dict[str, Any]) -> None:
+        """Without ``desiredStatus``, ECS lists only the tasks whose desired status is RUNNING
+        (its default filter); moto lists every task: the others are dropped from its answer."""
+        if status != 200 or params.get("desiredStatus"):
+            return
+        tasks = self._backend.tasks.get(self.local.cluster_name, {})
+        parsed["taskArns"] = [arn for arn in parsed.get("taskArns", [])
+                              if (t := tasks.get(arn)) is not None
+                              and t.desired_status == "RUNNING"]
 
     def _before_delete_attributes(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
         """DeleteAttributes of custom attributes by name and target, without their value, as
@@ -484,8 +483,3 @@ class SimulatedEcs(GpuFaults):
 
         self.schedule(self.now() + 5, gone, "terminated")
         self.schedule(self.now() + self.replacement_seconds, replacement, "asg replacement")
-
-
-def _id(arn_or_id: Any) -> str:
-    """The resource id of an ARN (or the id itself)."""
-    return str(arn_or_id or "").rsplit("/", 1)[-1]
