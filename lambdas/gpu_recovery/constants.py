@@ -552,6 +552,11 @@ GPU_RESET_GROUP = f"{HEALTH_CHECK_GROUP}-gpu-reset"
 GPU_RESET_STARTED_BY = "gpu-recovery-reset"
 DEFAULT_GPU_RESET_FAMILY = "gpu-reset"
 
+# The custom container-instance attribute a node carries while the stack reboots it
+# (value: the reboot request's epoch seconds): the container-instance rule matches only
+# instances that carry it (event_patterns.container_instance_pattern).
+REBOOTING_ATTRIBUTE = "gpu-recovery.rebooting"
+
 DEFAULT_HEALTH_CHECK_FAMILY = "gpu-health-check"
 # Reboot-only SSM document: the name local mode uses (the stack passes its own name).
 DEFAULT_REBOOT_DOCUMENT_NAME = "GpuRecovery-RebootNode"

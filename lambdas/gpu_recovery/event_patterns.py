@@ -1,15 +1,18 @@
 """The EventBridge patterns of the recovery rules: deployed by ``infra/recovery.py``, matched
 in local mode by the same code (``local_mode/sim/deployment.py``).
 
-Kept to what AWS and moto's matcher both evaluate identically: plain values and prefix on
-top-level detail strings. Exit codes (an array of objects) are read in code.
+Kept to plain values and prefixes on detail strings, and one field of an array of objects
+(the container instance's ``attributes``, matched by ``name`` alone: EventBridge's matcher,
+Event Ruler, "crushes out" the array so that any element's field matches, aws/event-ruler
+README "JSON Array Matching"; a pattern on two fields of one element could be met by two
+different elements under the older matching, so none is used). Exit codes are read in code.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpu_recovery.constants import HEALTH_CHECK_GROUP, JOB_GROUP_PREFIX
+from gpu_recovery.constants import HEALTH_CHECK_GROUP, JOB_GROUP_PREFIX, REBOOTING_ATTRIBUTE
 
 
 def training_task_pattern(cluster_arn: str, registration: str = "both") -> dict[str, Any]:
@@ -44,8 +47,15 @@ def health_check_task_pattern(cluster_arn: str) -> dict[str, Any]:
 
 
 def container_instance_pattern(cluster_arn: str) -> dict[str, Any]:
+    """Container-instance state changes of the nodes the stack is rebooting: those carrying
+    the custom attribute ``gpu-recovery.rebooting`` (put before the reboot is issued, deleted
+    once the node is back or given up). ECS emits a container-instance event on every task
+    placed or stopped and on every agent reconnect ("Amazon ECS container instance state
+    change events"); the instance monitor acts only on rebooting nodes, so the others never
+    invoke it. The event's ``attributes`` are the ContainerInstance's, custom ones included
+    (the ECS API reference: "set ... manually with the PutAttributes operation")."""
     return {
         "source": ["aws.ecs"],
         "detail-type": ["ECS Container Instance State Change"],
-        "detail": {"clusterArn": [cluster_arn]},
+        "detail": {"clusterArn": [cluster_arn], "attributes": {"name": [REBOOTING_ATTRIBUTE]}},
     }

@@ -4,7 +4,9 @@ Lambda's asynchronous retry policy.
 What the bus owns, for both worlds:
 
 * **rules** ``(name, pattern, target)``: the *deployed* patterns from
-  ``gpu_recovery.constants``, matched with moto's EventBridge matcher (here only);
+  ``gpu_recovery.event_patterns``, matched with moto's EventBridge matcher (here only) on
+  the event with its arrays of objects crushed as EventBridge's matcher does
+  (:func:`pattern_matches`);
 * **at-least-once copies**: every event reaches every matching rule's target ``copies``
   times (2: EventBridge's duplicates, the same ``id``);
 * **schedules** (``rate()`` rules): "Scheduled Event" events every ``every_seconds``;
@@ -111,10 +113,46 @@ class Rule:
     def arn(self) -> str:
         return f"arn:aws:events:{ev.REGION}:{ev.ACCOUNT_ID}:rule/{self.name}"
 
-    def matches(self, event: dict[str, Any]) -> bool:
+    def matches(self, event: dict[str, Any], *, crushed: dict[str, Any] | None = None) -> bool:
+        """``crushed``: :func:`crush_object_arrays` of ``event``, when the caller has it."""
         if self._matcher is None:
             self._matcher = EventPattern.load(json.dumps(self.pattern))
-        return bool(self._matcher.matches_event(event))
+        return bool(self._matcher.matches_event(crush_object_arrays(event) if crushed is None else crushed))
+
+
+def crush_object_arrays(node: Any) -> Any:
+    """The event as EventBridge's matcher (Event Ruler) sees it: an array of objects is
+    "crushed out", each field of its elements becoming the list of that field's values
+    (aws/event-ruler README, "JSON Array Matching": ``{"employees": {"firstName": ["Anna"]}}``
+    matches an event whose ``employees`` array has an element with that first name). moto's
+    matcher does not descend into arrays; on the crushed event it does. (Event Ruler's newer
+    matching also refuses two fields met by two different elements; no deployed pattern
+    names two fields of one array, see ``gpu_recovery.event_patterns``.)"""
+    if isinstance(node, dict):
+        return {k: crush_object_arrays(v) for k, v in node.items()}
+    if isinstance(node, list) and any(isinstance(v, dict) for v in node):
+        merged: dict[str, list[Any]] = {}
+        for element in node:
+            if isinstance(element, dict):
+                for key, value in element.items():
+                    merged.setdefault(key, []).append(value)
+        return {k: crush_object_arrays(_flat(v)) for k, v in merged.items()}
+    return node
+
+
+def _flat(values: list[Any]) -> Any:
+    """One field's values across the elements: nested objects merged again, lists joined."""
+    if all(isinstance(v, dict) for v in values):
+        return values  # an array of objects again: crushed by the caller
+    out: list[Any] = []
+    for value in values:
+        out.extend(value if isinstance(value, list) else [value])
+    return out
+
+
+def pattern_matches(pattern: dict[str, Any], event: dict[str, Any]) -> bool:
+    """Whether EventBridge matches ``event`` to ``pattern`` (as :meth:`Rule.matches`)."""
+    return bool(EventPattern.load(json.dumps(pattern)).matches_event(crush_object_arrays(event)))
 
 
 @dataclass
@@ -330,7 +368,8 @@ class EventBus:
     def matching_rules(self, event: dict[str, Any]) -> list[Rule]:
         with self._lock:
             rules = list(self.rules)
-        return [r for r in rules if r.matches(event)]
+        crushed = crush_object_arrays(event)
+        return [r for r in rules if r.matches(event, crushed=crushed)]
 
     def put_events(self, event: dict[str, Any]) -> list[Delivery]:
         """Deliver ``event`` to every matching rule's target, ``copies`` times; the in-process

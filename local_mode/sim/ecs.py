@@ -378,6 +378,10 @@ class SimulatedEcs(GpuFaults):
             with self._lock:
                 ci["agentConnected"] = node.agent_connected
                 ci["ec2InstanceId"] = node.instance_id
+                ci["version"] = node.version
+                ci["versionInfo"] = {**(ci.get("versionInfo") or {}), "agentVersion": node.agent_version}
+                if node.agent_update_status:
+                    ci["agentUpdateStatus"] = node.agent_update_status
                 for key, ids in (
                     ("registeredResources", node.gpu_ids),
                     ("remainingResources", node.free_gpu_ids),

@@ -160,7 +160,9 @@ class ClusterDataPlane(DataPlane):
         return {k: v for k, v in out.items() if v is not None}
 
     def describe_instance(self, node: Node) -> dict[str, Any]:
-        out = describe_container_instance(node, self.arn, self.sim.now, status=node.status)
+        out = describe_container_instance(node, self.arn, self.sim.now, status=node.status,
+                                          attributes=[{"name": k, **({"value": v} if v else {})}
+                                                      for k, v in sorted(node.attributes.items())])
         out["runningTasksCount"] = len(node.allocations)
         out["pendingTasksCount"] = 0
         return out

@@ -213,7 +213,7 @@ class EcsCore(DataPlane):
             self.local.cluster_arn,
             self.now(),
             status=self._ci_status(node),
-            attributes=[{"name": k, "value": v}
+            attributes=[{"name": k, **({"value": v} if v else {})}
                         for k, v in ((moto_ci.attributes if moto_ci else {}) or {}).items()],
             registered=[dict(r) for r in (moto_ci.registered_resources if moto_ci else [])],
             remaining=[dict(r) for r in (moto_ci.remaining_resources if moto_ci else [])],
@@ -251,6 +251,28 @@ class EcsCore(DataPlane):
 
         self.schedule(t, down, f"flap-down {node}")
         self.schedule(t + for_seconds, up, f"flap-up {node}")
+
+    def update_agent(self, node: str, at: float | None = None, after: float | None = None,
+                     outage_seconds: float = 10, version: str | None = None) -> None:
+        """An ECS agent update (UpdateContainerAgent, or ecs-init's): the agent goes away
+        while it restarts and comes back with another ``versionInfo.agentVersion``, the host
+        never rebooting; ``agentUpdateStatus`` UPDATING, then UPDATED."""
+        n = self.node(node)
+        t = self._when(at, after)
+        new_version = version or _next_agent_version(n.agent_version)
+
+        def down() -> list[dict[str, Any]]:
+            n.agent_connected, n.agent_update_status = False, "UPDATING"
+            self._log("agent", f"agent updating ({n.agent_version} -> {new_version})", n.name)
+            return [self._ci_event(n)]
+
+        def up() -> list[dict[str, Any]]:
+            n.agent_connected, n.agent_update_status, n.agent_version = True, "UPDATED", new_version
+            self._log("agent", f"agent updated to {new_version}, reconnected (no reboot)", n.name)
+            return [self._ci_event(n)]
+
+        self.schedule(t, down, f"agent-update-down {node}")
+        self.schedule(t + outage_seconds, up, f"agent-update-up {node}")
 
     def running_tasks(self, node: str | None = None) -> list[Task]:
         with self._lock:
@@ -332,3 +354,9 @@ class EcsCore(DataPlane):
         out["notifications"] = len(self.local.notifications())
         out["dead_letters"] = len(self.bus.dead_letters)
         return out
+
+
+def _next_agent_version(version: str) -> str:
+    """``1.89.3`` -> ``1.89.4``."""
+    head, _, last = version.rpartition(".")
+    return f"{head}.{int(last) + 1}" if last.isdigit() else f"{version}.1"

@@ -65,6 +65,8 @@ class Node:
     reservations: dict[int, list[str]] = field(default_factory=dict)  # pending StartTask
     attributes: dict[str, str | None] = field(default_factory=dict)  # custom ECS attributes (cordon)
     version: int = 1
+    agent_version: str = "1.89.3"  # versionInfo.agentVersion: an agent update changes it
+    agent_update_status: str | None = None  # agentUpdateStatus: the most recent update's (None: never)
     reboots: int = 0
     rebooting: bool = False
     reboot_requested_at: float | None = None
@@ -250,8 +252,8 @@ def describe_container_instance(
 ) -> dict[str, Any]:
     """The ContainerInstance object as ECS describes it (and puts it in the container-instance
     state-change event): the node's GPUs registered and free after the control plane's other
-    ``registered`` / ``remaining`` resources, its ``status`` and ``attributes`` as the control
-    plane holds them."""
+    ``registered`` / ``remaining`` resources, its ``status`` and ``attributes`` (custom ones
+    included) as the control plane holds them, its agent's version and last update's status."""
     return {
         "agentConnected": node.agent_connected,
         "attributes": list(attributes or []),
@@ -262,7 +264,8 @@ def describe_container_instance(
         "remainingResources": [*(remaining or []), gpu_resource(node.free_gpu_ids)],
         "status": status,
         "version": node.version,
-        "versionInfo": dict(version_info or {}),
+        "versionInfo": {**(version_info or {}), "agentVersion": node.agent_version},
+        **({"agentUpdateStatus": node.agent_update_status} if node.agent_update_status else {}),
         "registeredAt": node.registered_at,
         "updatedAt": now,
         "accountType": "ec2_instance",

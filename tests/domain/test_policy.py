@@ -8,9 +8,7 @@ from gpu_recovery.constants import DcgmVerdict, InstanceState, JobState
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.policy import (
-    AgentEvent,
     JobOutcome,
-    RebootProgress,
     StopKind,
     StopReaction,
     TaskStop,
@@ -137,67 +135,6 @@ def test_fault_reaction_follows_the_catalog_decision(state: JobState, node_fault
                                  may_restart=may_restart) is StopReaction.RECORD
 
 
-def rebooting(**kw: object) -> Instance:
-    return Instance("ci-1", state=InstanceState.REBOOTING, reboot_requested_at=1000.0, **kw)  # type: ignore[arg-type]
-
-
-def event(connected: bool, at: float, version: int = 0, status: str = "ACTIVE") -> AgentEvent:
-    return AgentEvent(status=status, agent_connected=connected, at=at, version=version)
-
-
-def test_active_event_before_the_disconnect_is_not_back() -> None:
-    """Given a reboot requested, When an ACTIVE+connected event arrives before any
-    disconnect, Then the instance is not back (ECS emits such events all the time)."""
-    assert not policy.instance_is_back(rebooting(), event(True, 1001.0, 5))
-
-
-def test_back_after_a_disconnect_seen_after_the_request() -> None:
-    inst = rebooting()
-    assert policy.is_disconnect_after_reboot(inst, event(False, 1001.0, 6))
-    inst.disconnected_at, inst.disconnected_version = 1001.0, 6
-    assert policy.instance_is_back(inst, event(True, 1100.0, 7))
-    assert not policy.instance_is_back(inst, event(True, 1100.0, 7, status="DRAINING"))
-
-
-def test_a_stale_connected_event_redelivered_after_the_disconnect_is_not_back() -> None:
-    """Given the disconnect (version 6) was recorded, When the "connected" event of
-    version 5 (sent before the disconnect) is redelivered, Then the node is not back."""
-    inst = rebooting(disconnected_at=1001.0, disconnected_version=6)
-    assert not policy.instance_is_back(inst, event(True, 1000.5, 5))
-    assert not policy.instance_is_back(inst, event(True, 1002.0, 6))  # same version: not newer
-    # Without versions, time decides.
-    unversioned = rebooting(disconnected_at=1001.0)
-    assert not policy.instance_is_back(unversioned, event(True, 1000.5))
-    assert policy.instance_is_back(unversioned, event(True, 1001.5))
-
-
-def test_a_disconnect_from_before_the_request_does_not_count() -> None:
-    """Given a delayed disconnect event older than the reboot request, Then it is ignored."""
-    assert not policy.is_disconnect_after_reboot(rebooting(), event(False, 999.0))
-
-
-def test_back_when_boot_time_is_later_than_the_request() -> None:
-    assert policy.instance_is_back(rebooting(boot_time=1100.0), event(True, 1200.0))
-    assert not policy.instance_is_back(rebooting(boot_time=900.0), event(True, 1200.0))
-
-
-@pytest.mark.parametrize(
-    ("fields", "connected", "now", "expected"),
-    [
-        ({}, True, 1010.0, RebootProgress.NOT_ISSUED),
-        ({"reboot_issued_at": 1002.0}, True, 1010.0, RebootProgress.CONFIRMED),
-        ({"reboot_claimed_at": 1001.0}, True, 1010.0, RebootProgress.IN_FLIGHT),
-        ({"reboot_claimed_at": 1001.0}, True, 1400.0, RebootProgress.UNCONFIRMED),
-        # Signs that it happened: never issue it twice.
-        ({"reboot_claimed_at": 1001.0}, False, 1400.0, RebootProgress.HAPPENING),
-        ({"reboot_claimed_at": 1001.0, "disconnected_at": 1020.0}, True, 1400.0, RebootProgress.HAPPENING),
-        ({"reboot_claimed_at": 1001.0, "boot_time": 1100.0}, True, 1400.0, RebootProgress.HAPPENING),
-    ],
-)
-def test_reboot_progress_never_reboots_twice(fields: dict[str, float], connected: bool, now: float,
-                                             expected: RebootProgress) -> None:
-    inst = rebooting(**fields)
-    assert policy.reboot_progress(inst, now=now, lease_seconds=300, agent_connected=connected) is expected
 
 
 def test_gang_restart_waits_for_every_instance() -> None:

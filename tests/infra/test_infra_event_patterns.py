@@ -1,15 +1,15 @@
-"""Deployed rule patterns vs. AWS-documented sample events (moto's EventBridge matcher)."""
+"""Deployed rule patterns vs. AWS-documented sample events (moto's EventBridge matcher on the
+event with its arrays of objects crushed as EventBridge does: ``local_mode.sim.bus``)."""
 
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import pytest
 from infra_synth import CLUSTER_ARN, Synth
-from moto.events.models import EventPattern
 
+from local_mode.sim.bus import pattern_matches
 from tests.fixtures.events import load_event
 
 OTHER_CLUSTER_ARN = "arn:aws:ecs:us-east-1:111122223333:cluster/other-cluster"
@@ -32,7 +32,7 @@ def _matching_rules(synth: Synth, event: dict[str, Any]) -> set[str]:
     return {
         name
         for name, pattern in _rules_by_handler(synth).items()
-        if EventPattern.load(json.dumps(pattern)).matches_event(event)
+        if pattern_matches(pattern, event)
     }
 
 
@@ -70,13 +70,32 @@ def test_running_health_check_matches_no_rule(default_synth: Synth) -> None:
     assert _matching_rules(default_synth, event) == set()
 
 
-def test_documented_container_instance_event_goes_to_instance_monitor_only(
-    default_synth: Synth,
-) -> None:
-    """Given the ECS guide's container instance state change (our cluster),
-    Then only the container-instance rule matches."""
+def test_a_container_instance_event_of_a_node_not_rebooting_invokes_nothing(default_synth: Synth) -> None:
+    """Given the ECS guide's container instance state change (our cluster): a node's
+    resources changed, as on every task start and stop (issue 40, defect 10),
+    Then no rule matches: the instance monitor acts only on nodes the stack reboots."""
     event = _in_cluster(load_event("aws_doc_ecs_container_instance_state_change.json"))
+    assert _matching_rules(default_synth, event) == set()
+
+
+@pytest.mark.parametrize("fixture", ["ecs_container_instance_rebooting_disconnected.json",
+                                     "ecs_container_instance_agent_updated_while_rebooting.json"])
+def test_a_rebooting_node_s_events_go_to_the_instance_monitor_only(default_synth: Synth,
+                                                                   fixture: str) -> None:
+    """Given the ECS guide's container instance event of a node carrying the custom attribute
+    ``gpu-recovery.rebooting`` among the agent's (an array of objects: any element's name
+    matches), disconnected or reconnected after an agent update, Then only the
+    container-instance rule matches."""
+    event = _in_cluster(load_event(fixture))
     assert _matching_rules(default_synth, event) == {"ecs_instance_monitor"}
+
+
+def test_the_rebooting_attribute_must_be_an_attribute_name_not_a_value(default_synth: Synth) -> None:
+    """Given a node whose *value* of another attribute is "gpu-recovery.rebooting", Then
+    nothing matches: the pattern is on the name of one element."""
+    event = _in_cluster(load_event("aws_doc_ecs_container_instance_state_change.json"))
+    event["detail"]["attributes"].append({"name": "team", "value": "gpu-recovery.rebooting"})
+    assert _matching_rules(default_synth, event) == set()
 
 
 @pytest.mark.parametrize(
@@ -84,6 +103,7 @@ def test_documented_container_instance_event_goes_to_instance_monitor_only(
     [
         "aws_doc_ecs_task_state_change.json",
         "aws_doc_ecs_container_instance_state_change.json",
+        "ecs_container_instance_rebooting_disconnected.json",
         "health_check_task_stopped.json",
         "training_task_stopped_exit1.json",
     ],

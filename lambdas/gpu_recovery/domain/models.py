@@ -175,7 +175,14 @@ class Instance:
     reset_task_arn: str = ""
     disconnected_at: float | None = None  # agent seen disconnected after the reboot request
     disconnected_version: int = 0  # that event's detail.version (0: unknown)
-    boot_time: float | None = None
+    disconnected_agent: str = ""  # the agent's version then (versionInfo.agentVersion)
+    # The agent's first reconnect after that disconnect, when it did not prove the reboot
+    # (domain.policy.instance_is_back): a later disconnect replaces both.
+    reconnected_at: float | None = None
+    reconnected_version: int = 0
+    reconnected_agent: str = ""
+    boot_time: float | None = None  # the host's, as its node agent last reported it
+    last_report_at: float | None = None  # the node agent's last task report (receive time)
     waiting_jobs: set[str] = field(default_factory=set)  # jobs to restart when back
     deadline_at: float | None = None
     last_verdict: dict[str, Any] = field(default_factory=dict)

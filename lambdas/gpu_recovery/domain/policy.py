@@ -205,86 +205,8 @@ def verdicts_pending(suspects: Mapping[str, str]) -> list[str]:
     return sorted(i for i, v in suspects.items() if v == SuspectVerdict.PENDING.value)
 
 
-# ============================================================= instance after a reboot
-@dataclass(frozen=True)
-class AgentEvent:
-    """What an ``ECS Container Instance State Change`` says about the agent."""
-
-    status: str
-    agent_connected: bool
-    at: float  # detail.updatedAt (or the event time)
-    version: int = 0  # detail.version: increases with every change of the instance
-
-
-def is_disconnect_after_reboot(instance: Instance, event: AgentEvent) -> bool:
-    """The first agent disconnect that happened after the reboot was requested."""
-    return (
-        instance.state is InstanceState.REBOOTING
-        and instance.reboot_requested_at is not None
-        and not event.agent_connected
-        and event.at >= instance.reboot_requested_at
-        and instance.disconnected_at is None
-    )
-
-
-def _newer_than_disconnect(instance: Instance, event: AgentEvent) -> bool:
-    """A redelivered or reordered "connected" event from before the disconnect is stale."""
-    if instance.disconnected_at is None:
-        return False
-    if event.version and instance.disconnected_version:
-        return event.version > instance.disconnected_version
-    return event.at > instance.disconnected_at
-
-
-def instance_is_back(instance: Instance, event: AgentEvent) -> bool:
-    """A rebooted instance is back only once its agent reconnected *after* a disconnect
-    seen after the reboot request, or once it booted after the request.
-
-    ECS emits ACTIVE container-instance events for many reasons and ``status`` stays
-    ACTIVE across a reboot, so a plain ACTIVE event is never enough.
-    """
-    if instance.state is not InstanceState.REBOOTING or instance.reboot_requested_at is None:
-        return False
-    if event.status != "ACTIVE" or not event.agent_connected:
-        return False
-    booted_after_request = (
-        instance.boot_time is not None and instance.boot_time > instance.reboot_requested_at
-    )
-    return booted_after_request or _newer_than_disconnect(instance, event)
-
-
-class RebootProgress(str, Enum):
-    """Where an instance's reboot stands, from what the record and ECS say."""
-
-    NOT_ISSUED = "NOT_ISSUED"  # nobody is calling the API: issue it
-    IN_FLIGHT = "IN_FLIGHT"  # a delivery claimed the call recently: leave it
-    UNCONFIRMED = "UNCONFIRMED"  # claimed long ago, no answer recorded, no sign of a reboot
-    HAPPENING = "HAPPENING"  # the node shows it rebooted or is rebooting
-    CONFIRMED = "CONFIRMED"  # the API answered
-
-
-def reboot_progress(instance: Instance, *, now: float, lease_seconds: float,
-                    agent_connected: bool | None) -> RebootProgress:
-    """Decide whether a reboot may be (re-)issued without rebooting a node twice.
-
-    The claim (intent) is committed before the API call and the answer is recorded
-    after it. A claim whose answer was never recorded (lost response, crash) is
-    re-issued only when the node shows no sign of the reboot: no disconnect seen, no
-    later boot time, its agent still connected.
-    """
-    if instance.reboot_issued_at is not None:
-        return RebootProgress.CONFIRMED
-    if instance.reboot_claimed_at is None:
-        return RebootProgress.NOT_ISSUED
-    booted = (instance.boot_time is not None and instance.reboot_requested_at is not None
-              and instance.boot_time > instance.reboot_requested_at)
-    if instance.disconnected_at is not None or booted or agent_connected is False:
-        return RebootProgress.HAPPENING
-    if now < instance.reboot_claimed_at + lease_seconds:
-        return RebootProgress.IN_FLIGHT
-    return RebootProgress.UNCONFIRMED
-
-
+# ============================================================= the gang
+# (A rebooted node's return, and issuing its reboot: domain.reboot_evidence.)
 def gang_ready(instances: Iterable[Instance]) -> bool:
     """A job restarts only when every instance it needs is available again."""
     return all(inst.state is InstanceState.AVAILABLE for inst in instances)

@@ -53,6 +53,13 @@ class EcsTaskStateChangeEvent(EventBridgeModel):
     detail: EcsTaskDetail
 
 
+class EcsAttribute(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    value: str | None = None
+
+
 class EcsContainerInstanceDetail(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -63,6 +70,20 @@ class EcsContainerInstanceDetail(BaseModel):
     ec2InstanceId: str = ""
     version: int = 0
     updatedAt: datetime | None = None
+    # The ContainerInstance's attributes, the agent's and the custom ones (PutAttributes).
+    attributes: list[EcsAttribute] = Field(default_factory=list)
+    # agentVersion changes when the agent is updated ("Amazon ECS container instance state
+    # change events"): a reconnect with another version is an agent update, not a reboot.
+    versionInfo: dict[str, Any] = Field(default_factory=dict)
+
+    def attribute(self, name: str) -> str | None:
+        """The value of attribute ``name`` ("" for a name without value); None if absent."""
+        found = next((a for a in self.attributes if a.name == name), None)
+        return None if found is None else (found.value or "")
+
+    @property
+    def agent_version(self) -> str:
+        return str(self.versionInfo.get("agentVersion") or "")
 
 
 class EcsContainerInstanceStateChangeEvent(EventBridgeModel):

@@ -4,12 +4,12 @@ them (``domain.placement``: the ``gpu-recovery.unavailable`` attribute).
 The holds are derived state, recomputed from one cluster snapshot by :meth:`refresh`:
 
 * by the sweep, every minute (``Cordons.sweep`` runs it first, then syncs every node whose
-  attributes are not confirmed: a dead refresh or sync is finished there);
-* when a container-instance event shows a node wholly free (a lent spare included: its job
-  was suspended for the relocation that waits for it) (the change that follows the
-  STOPPED event of the last task on it: the earliest the stack can know), if a relocation
-  waits for nodes (each waiting job tries its relocation first, oldest first: the node is
-  claimed in the same step) or the spare pool is short;
+  attributes are not confirmed: a dead refresh or sync is finished there): a node that
+  frees (a lent spare included) is reserved for a waiting relocation, or joins a short
+  spare pool, within a minute, and the waiting relocation takes it at its own next try
+  (the sweep's, every minute). The container-instance events of free nodes no longer
+  invoke anything (issue 40: the rule matches only rebooting nodes; the event path cost
+  two invocations per rank of every gang restart to save that minute);
 * after a relocation claimed nodes (:meth:`release`: their holds end without a snapshot).
 
 A change of holds is committed first (the worklist item, conditional on its revision, with
@@ -98,33 +98,3 @@ class PlacementHolds:
         for node in sorted(changes):
             self.cordons.sync_quietly(node)
         return "holds_released"
-
-    # ------------------------------------------------------------------- events
-    def on_instance_change(self, detail: Any) -> str:
-        """A container-instance event: a node that is now wholly free goes first to the
-        relocations waiting for nodes (each tries again, oldest first), else to a short
-        spare pool. Per event: nothing unless the node is wholly free; then one GetItem and
-        one query of the jobs in recovery, and a snapshot only when a hold may change."""
-        extra = dict(getattr(detail, "model_extra", None) or {})
-        registered = gpu_count(extra.get("registeredResources"))
-        remaining = gpu_count(extra.get("remainingResources"))
-        if detail.status != "ACTIVE" or not detail.agentConnected or not 0 < registered <= remaining:
-            return "not_free"
-        read = self.deps.repo.cordons.worklist()
-        hold = read.holds.get(container_instance_id(detail.containerInstanceArn))
-        if hold is not None and not hold.get(placement.LENT):
-            # A lent spare wholly free again (its job suspended for a relocation, say) goes on
-            # to the waiting relocations.
-            return "already_held"
-        _, waits = self.restarts.held_by_recoveries()
-        relocated = []
-        for wait in sorted(waits, key=lambda w: (w.since, w.job_id)):
-            outcome = self.restarts.try_restart(wait.job_id)
-            if outcome.action in ("restarted", "restarting", "restarted_partly"):
-                relocated.append(wait.job_id)
-        pool = self.deps.settings.spare_nodes
-        spares = placement.spares_of(read.holds)
-        wanted = max([int(h.get(_WANTED) or 0) for h in read.holds.values()] or [pool.count or 1])
-        if (waits and len(relocated) < len(waits)) or (pool.configured and len(spares) < wanted):
-            return self.refresh()
-        return "relocated" if relocated else "pool_full"

@@ -5,9 +5,16 @@ committed before the API call and its answer (``reboot_issued_at``) after it. A 
 whose answer was lost is re-issued only when the node shows no sign of the reboot
 (agent never disconnected, no later boot time) after a grace period.
 
-"Back" is judged by event time and version: only an agent reconnect newer than the
-disconnect seen after the reboot request (or a boot time later than the request)
-brings the node back; a stale or redelivered "connected" event changes nothing.
+"Back" needs evidence of the reboot (``domain.reboot_evidence``: the host's boot time
+later than the request, else an agent outage that an agent update or a blip cannot
+explain), judged by event time and version: a stale or redelivered event changes nothing.
+
+While the stack reboots a node, the node carries the custom attribute
+``gpu-recovery.rebooting`` (put before the reboot is issued, deleted once the node is back
+or given up): the container-instance rule matches only such nodes, so the task starts and
+stops of every other node invoke nothing. A mark left behind (its delete failed) is deleted
+by the first event it brings; one lost (a stale event's delete raced a new reboot's put) is
+put again by the sweep, which judges REBOOTING nodes every minute from ECS anyway.
 
 :class:`NodeActionGate` is the blast-radius breaker every automatic reboot, replacement
 and quarantine asks first (node decisions, timed-out reboots and health checks, nodes
@@ -25,8 +32,8 @@ from datetime import datetime
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
-from gpu_recovery.constants import CLAIM_LEASE_SECONDS, NotificationKind
-from gpu_recovery.domain import policy
+from gpu_recovery.constants import CLAIM_LEASE_SECONDS, REBOOTING_ATTRIBUTE, NotificationKind
+from gpu_recovery.domain import reboot_evidence as evidence
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -36,7 +43,7 @@ from gpu_recovery.domain.escalation import (
 )
 from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.models import Instance, container_instance_id
-from gpu_recovery.domain.policy import AgentEvent, RebootProgress
+from gpu_recovery.domain.reboot_evidence import AgentEvent, RebootProgress
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
@@ -71,12 +78,16 @@ class Reboots:
         self.cordons = Cordons(deps, ranks, self.gate)
 
     # -------------------------------------------------------------------- issue
-    def issue(self, instance: Instance, *, agent_connected: bool | None = None) -> str:
-        """Reboot a REBOOTING instance unless it is (or may be) rebooting already."""
+    def issue(self, instance: Instance, *, agent_connected: bool | None = None, marked: bool = False) -> str:
+        """Reboot a REBOOTING instance unless it is (or may be) rebooting already. The node
+        is marked rebooting first (``marked``: the caller saw the mark on it): a reboot whose
+        mark could not be put is not issued (the sweep tries again)."""
         now = clock.now()
-        progress = policy.reboot_progress(instance, now=now, lease_seconds=REBOOT_CONFIRM_SECONDS,
-                                          agent_connected=agent_connected)
+        progress = evidence.reboot_progress(instance, now=now, lease_seconds=REBOOT_CONFIRM_SECONDS,
+                                            agent_connected=agent_connected)
         repo = self.deps.repo
+        if progress in (RebootProgress.NOT_ISSUED, RebootProgress.UNCONFIRMED) and not marked:
+            self.mark(instance)
         if progress is RebootProgress.NOT_ISSUED:
             claimed = repo.claim_reboot(instance, now)
         elif progress is RebootProgress.UNCONFIRMED:
@@ -156,16 +167,38 @@ class Reboots:
         return Outcome("duplicate", detail={"instance": instance.container_inst_id,
                                             "state": instance.state.value})
 
+    # ------------------------------------------------------- the rebooting mark
+    def mark(self, instance: Instance) -> None:
+        """PutAttributes ``gpu-recovery.rebooting`` (idempotent): the node's events reach the
+        instance monitor from now on."""
+        self.deps.ecs.put_attributes(instance.container_instance_arn or instance.container_inst_id,
+                                     {REBOOTING_ATTRIBUTE: str(int(instance.reboot_requested_at or 0))})
+
+    def unmark_quietly(self, target: str) -> str:
+        """DeleteAttributes of the mark once the node is back or given up; a failure leaves
+        the mark, which the next event it brings deletes (nothing else depends on it)."""
+        try:
+            self.deps.ecs.delete_attributes(target, [REBOOTING_ATTRIBUTE])
+        except Exception as error:
+            logger.warning("deleting the rebooting mark failed; its next event deletes it",
+                           extra={"instance": target, "error": str(error)})
+            return "unmark_failed"
+        return "unmarked"
+
     # ------------------------------------------------------------- node is back
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
                                      event_time: datetime | None = None) -> Outcome:
         inst_id = container_instance_id(detail.containerInstanceArn)
         instance = self.deps.repo.get_instance(inst_id)
         if instance is None or instance.state is not InstanceState.REBOOTING:
+            if detail.attribute(REBOOTING_ATTRIBUTE) is not None:  # a mark left behind
+                return Outcome(self.unmark_quietly(detail.containerInstanceArn),
+                               detail={"instance": inst_id, "why": "not rebooting"})
             return Outcome("ignored", detail={"instance": inst_id, "why": "not rebooting"})
         when = detail.updatedAt or event_time
         event = AgentEvent(status=detail.status, agent_connected=detail.agentConnected,
-                           at=when.timestamp() if when else clock.now(), version=detail.version)
+                           at=when.timestamp() if when else clock.now(), version=detail.version,
+                           agent_version=detail.agent_version)
         return self._judge(instance, event)
 
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
@@ -176,32 +209,43 @@ class Reboots:
         if instance is None or instance.state is not InstanceState.REBOOTING:
             return Outcome("ignored", detail={"instance": inst_id, "why": "not rebooting"})
         instance.boot_time = max(boot_time, instance.boot_time or 0.0)
-        return self._judge(instance, self._described(instance))
+        return self._judge(instance, self._described(instance)[0])
 
-    def _described(self, instance: Instance) -> AgentEvent:
+    def _described(self, instance: Instance) -> tuple[AgentEvent, bool]:
+        """What ECS says of the node now, and whether it carries the rebooting mark."""
         described = self.deps.ecs.describe_container_instance(
             instance.container_instance_arn or instance.container_inst_id) or {}
+        marked = any(a.get("name") == REBOOTING_ATTRIBUTE for a in described.get("attributes") or [])
         return AgentEvent(status=str(described.get("status", "")),
                           agent_connected=bool(described.get("agentConnected")),
-                          at=clock.now(), version=int(described.get("version") or 0))
+                          at=clock.now(), version=int(described.get("version") or 0),
+                          agent_version=str((described.get("versionInfo") or {}).get("agentVersion") or "")
+                          ), marked
 
     def _judge(self, instance: Instance, event: AgentEvent) -> Outcome:
         inst_id = instance.container_inst_id
         if instance.reset_pending:  # its GPUs are being reset (recovery.gpu_resets), not a reboot
             return Outcome("ignored", detail={"instance": inst_id, "why": "GPU reset in progress"})
-        if policy.is_disconnect_after_reboot(instance, event):
-            self.deps.repo.record_agent_disconnected(instance, event.at, event.version)
+        if evidence.is_new_disconnect(instance, event):
+            self.deps.repo.record_agent_disconnected(instance, event.at, event.version, event.agent_version)
             return Outcome("agent_disconnected", detail={"instance": inst_id})
-        if not policy.instance_is_back(instance, event):
-            return Outcome("ignored", detail={"instance": inst_id, "why": "not back yet"})
-        return self._mark_back(instance)
+        judged = evidence.judge_return(instance, event, clock.now())
+        if judged.back:
+            return self._mark_back(instance, judged.why)
+        if evidence.is_first_reconnect(instance, event):
+            self.deps.repo.record_agent_reconnected(instance, event.at, event.version, event.agent_version)
+            logger.info("agent reconnected without proof of the reboot",
+                        extra={"instance": inst_id, "why": judged.why})
+            return Outcome("agent_reconnected", detail={"instance": inst_id, "why": judged.why})
+        return Outcome("ignored", detail={"instance": inst_id, "why": judged.why})
 
-    def _mark_back(self, instance: Instance) -> Outcome:
+    def _mark_back(self, instance: Instance, why: str) -> Outcome:
         """REBOOTING -> AVAILABLE once, then release (and restart) every job waiting for it."""
         inst_id = instance.container_inst_id
         if not self.deps.repo.mark_instance_back(instance, clock.now()):
             return Outcome("duplicate", detail={"instance": inst_id})
-        logger.info("instance back after reboot", extra={"instance": inst_id})
+        logger.info("instance back after reboot", extra={"instance": inst_id, "evidence": why})
+        self.unmark_quietly(instance.container_instance_arn or inst_id)
         if instance.cordoned:  # healthy again: cordon cleared in the same write
             self.cordons.sync_quietly(inst_id)
         restarted = self.release_waiting(instance)
@@ -230,8 +274,11 @@ class Reboots:
         if now >= requested + self.deps.settings.reboot_timeout_seconds:
             return self.time_out(instance, NotificationKind.REBOOT_TIMEOUT,
                                  "did not come back after its reboot", verdict=SuspectVerdict.TIMEOUT)
-        observed = self._described(instance)
-        issued = self.issue(instance, agent_connected=observed.agent_connected)
+        observed, marked = self._described(instance)
+        if not marked and instance.reboot_claimed_at is not None:  # its mark was lost: put again
+            self.mark(instance)
+            marked = True
+        issued = self.issue(instance, agent_connected=observed.agent_connected, marked=marked)
         fresh = self.deps.repo.get_instance(instance.container_inst_id)
         if fresh is not None and fresh.state is InstanceState.REBOOTING and issued != "raced":
             judged = self._judge(fresh, observed)
@@ -339,6 +386,8 @@ class Reboots:
         """After the commit: the cordon's attribute, the drain, relocations and stops (each
         with its own intent and deadline: the sweep finishes what fails here)."""
         inst_id = instance.container_inst_id
+        if instance.state is InstanceState.REBOOTING:  # given up: its events matter no more
+            self.unmark_quietly(instance.container_instance_arn or inst_id)
         if cordoned:
             self.cordons.sync_quietly(inst_id)
         if drain:

@@ -130,13 +130,10 @@ class RecoveryService:
 
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
                                      event_time: datetime | None = None) -> Outcome:
-        outcome = self.reboots.on_container_instance_change(detail, event_time)
-        try:  # a node now wholly free: a waiting relocation's, or a spare (the sweep repeats it)
-            self.placement.on_instance_change(detail)
-        except Exception:
-            logger.warning("placement holds on a container-instance event failed; the sweep repeats it",
-                           exc_info=True)
-        return outcome
+        """A rebooting node's state change (the rule matches no other node's: a node that
+        frees reaches the waiting relocations and the spare pool through the sweep's
+        minute refresh, ``recovery.placement``)."""
+        return self.reboots.on_container_instance_change(detail, event_time)
 
     def sweep(self, time_left: Callable[[], float] | None = None) -> Outcome:
         return self.sweeper.run(time_left)

@@ -17,7 +17,7 @@ from typing import Any
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.instances import Instances
+from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
 
 # The reset attributes a new decision (or a fallback) clears.
 RESET_ATTRIBUTES = ("reset_pending", "reset_started_by", "reset_claimed_at", "reset_task_arn")
@@ -108,8 +108,8 @@ class GpuResets(Instances):
             fields["fault_history"] = fault_history
         return self.db.transact([self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING], set_fields=fields,
-            remove_fields=[*RESET_ATTRIBUTES, "reboot_claimed_at", "reboot_issued_at", "disconnected_at",
-                           "disconnected_version"],
+            remove_fields=[*RESET_ATTRIBUTES, "reboot_claimed_at", "reboot_issued_at",
+                           *AGENT_OUTAGE_ATTRIBUTES],
             deadline_at=deadline_at,
             extra_condition=f"#rq = :rq AND attribute_exists(#rp) AND {claim}",
             extra_values=values, extra_names=_names("#rq", "#rp", "#sb"),

@@ -26,6 +26,10 @@ from gpu_recovery.repository.health_check_slots import (
 )
 from gpu_recovery.repository.tables import RecoveryTables
 
+#: What a reboot request forgets of the agent's last outage (``record_agent_disconnected``).
+AGENT_OUTAGE_ATTRIBUTES = ("disconnected_at", "disconnected_version", "disconnected_agent", "reconnected_at",
+                           "reconnected_version", "reconnected_agent")
+
 
 class Instances(RecoveryTables):
     """Reads and intents of container instances."""
@@ -301,13 +305,34 @@ class Instances(RecoveryTables):
             extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
         ))
 
-    def record_agent_disconnected(self, instance: Instance, at: float, version: int) -> bool:
+    def record_agent_disconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool:
+        """The agent seen disconnected after the reboot request: the first time, or again
+        after the reconnect recorded as read (that outage was not the reboot: the new one
+        replaces it)."""
+        if instance.reconnected_at is None:
+            condition, values = "attribute_not_exists(#dc)", {}
+        else:
+            condition, values = "#ra = :ra", {":ra": instance.reconnected_at}
         return self.db.apply(self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"disconnected_at": at, "disconnected_version": version},
-            extra_condition="#rq = :rq AND attribute_not_exists(#dc)",
-            extra_values={":rq": instance.reboot_requested_at},
-            extra_names={"#rq": "reboot_requested_at", "#dc": "disconnected_at"},
+            set_fields={"disconnected_at": at, "disconnected_version": version, "disconnected_agent": agent},
+            remove_fields=["reconnected_at", "reconnected_version", "reconnected_agent"],
+            extra_condition=f"#rq = :rq AND {condition}",
+            extra_values={":rq": instance.reboot_requested_at, **values},
+            extra_names={"#rq": "reboot_requested_at",
+                         **({"#dc": "disconnected_at"} if instance.reconnected_at is None
+                            else {"#ra": "reconnected_at"})},
+        ))
+
+    def record_agent_reconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool:
+        """The agent's first reconnect after the recorded disconnect, when it did not bring
+        the node back (domain.policy: no proof of a reboot yet)."""
+        return self.db.apply(self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            set_fields={"reconnected_at": at, "reconnected_version": version, "reconnected_agent": agent},
+            extra_condition="#rq = :rq AND #dc = :dc AND attribute_not_exists(#ra)",
+            extra_values={":rq": instance.reboot_requested_at, ":dc": instance.disconnected_at},
+            extra_names={"#rq": "reboot_requested_at", "#dc": "disconnected_at", "#ra": "reconnected_at"},
         ))
 
     def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
