@@ -136,7 +136,9 @@ def measure_writes_and_latency(samples: int = 100) -> dict[str, Any]:
 
 def measure_sweep(ranks: int, stale: int = 10) -> dict[str, Any]:
     from gpu_recovery import clock, runtime
-    from gpu_recovery.constants import HB_BUCKET, HB_PK, HB_SK, JOB_BY_INSTANCE_PK, JOB_PK, JobState
+    from gpu_recovery.constants import JOB_BY_INSTANCE_PK, JOB_PK, JobState
+    from gpu_recovery.domain.heartbeat_policy import heartbeat_slot_seconds
+    from gpu_recovery.repository.heartbeat import HeartbeatRepository
 
     local, counter = _setup_local()
     try:
@@ -145,6 +147,7 @@ def measure_sweep(ranks: int, stale: int = 10) -> dict[str, Any]:
         table = local.job_table
         start = time.perf_counter()
         per_job = 8
+        slot = heartbeat_slot_seconds(180)
         batch: list[dict[str, Any]] = []
 
         # Seeding is setup, not the measured path: write straight into the emulator's table
@@ -174,7 +177,8 @@ def measure_sweep(ranks: int, stale: int = 10) -> dict[str, Any]:
                     "rank_state": {"S": "RUNNING"}, "attempt": {"N": "1"},
                     "task_arn": {"S": f"arn:aws:ecs:us-east-1:123456789012:task/gpu-cluster/{job_id}-{r}"},
                     "container_inst_id": {"S": f"node{j:06d}"}, JOB_BY_INSTANCE_PK: {"S": f"node{j:06d}"},
-                    HB_PK: {"S": HB_BUCKET}, HB_SK: {"N": repr(hb)}}}})
+                    **{k: ({"N": repr(v)} if isinstance(v, int | float) else {"S": v}) for k, v in
+                       HeartbeatRepository.heartbeat_fields(job_id, r, hb, slot).items()}}}})
                 if len(batch) >= 25:
                     flush()
         if batch:

@@ -173,13 +173,22 @@ DEADLINE_PK = "deadline_bucket"  # constant DEADLINE_BUCKET while a deadline is 
 DEADLINE_SK = "deadline_at"  # epoch seconds (number)
 DEADLINE_BUCKET = "DEADLINE"
 
-# Sparse index of heartbeating ranks (issue: node heartbeats): only ranks in
-# RUNNING / NODE_LOST / HUNG that have had at least one heartbeat carry HB_BUCKET,
-# sorted by last heartbeat, so the stale sweep reads only the stale ones.
-JOB_BY_HEARTBEAT_INDEX = "by-heartbeat"
-HB_PK = "hb_bucket"  # constant HB_BUCKET while the rank is watched
-HB_SK = "last_heartbeat_at"  # epoch seconds (number)
+# Sparse index of heartbeating ranks (node heartbeats; issue 40, defect 9): only ranks in
+# RUNNING / NODE_LOST / HUNG that have had at least one heartbeat carry HB_PK, so the stale
+# sweep reads only the stale ones. Spread over HB_SHARDS partition keys ("WATCHED#07", a hash
+# of job and rank: one key would take every heartbeat's index write, past one partition's
+# 1,000 WCU/s), sorted by HB_SK, the start of the heartbeat's time slot (a heartbeat moves the
+# entry only when it enters a new slot), KEYS_ONLY (an update that moves no key costs the
+# index nothing). docs/heartbeats.md "The heartbeat index" has the arithmetic.
+JOB_BY_HEARTBEAT_INDEX = "by-heartbeat-slot"
+HB_PK = "hb_shard"  # "WATCHED#<shard>" while the rank is watched
+HB_SK = "hb_slot"  # epoch seconds (number): the last heartbeat's slot start
+HB_AT = "last_heartbeat_at"  # epoch seconds (number): the last heartbeat, exactly (no index key)
 HB_BUCKET = "WATCHED"
+# 10,000 nodes x 8 ranks, reports every 30 s, 90 s slots (staggered per shard): each entry
+# moves every third report, ~1,800 index WCU/s in all, ~55 per shard (measured: make bench,
+# docs/benchmarks.md); the sweep's 32 Queries a minute cost ~16 RCU.
+HB_SHARDS = 32
 
 # Queue indexes (issue: job queue). Sparse: only QUEUED / PENDING_RESOURCES job items
 # carry QUEUE_PK, ordered by QUEUE_SK = "<999-priority:03d>#<submitted_at:017.6f>#<job_id>"
@@ -446,7 +455,7 @@ def table_definitions() -> dict[str, dict[str, Any]]:
                 },
                 _gsi(JOB_BY_INSTANCE_INDEX, JOB_BY_INSTANCE_PK, JOB_BY_INSTANCE_SK),
                 deadline_index,
-                _gsi(JOB_BY_HEARTBEAT_INDEX, HB_PK, HB_SK),
+                {**_gsi(JOB_BY_HEARTBEAT_INDEX, HB_PK, HB_SK), "Projection": keys_only},
                 _gsi(JOB_BY_QUEUE_INDEX, QUEUE_PK, QUEUE_SK),
                 _gsi(JOB_BY_USER_INDEX, USER_PK, SUBMITTED_SK),
                 _gsi(JOB_BY_STATE_INDEX, STATE_PK, SUBMITTED_SK),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_recovery.constants import HB_PK, InstanceState, JobState, NotificationKind, RankState
+from gpu_recovery.constants import HB_PK, HB_SK, InstanceState, JobState, NotificationKind, RankState
 from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
@@ -22,7 +22,8 @@ from tests.recovery.fakes import FakeEcs, FakeRebooter, FakeVerdicts, Flaky
 
 def test_report_refreshes_ranks_and_node(world) -> None:
     """Given a RUNNING job with 2 ranks on one node, When the node reports both tasks,
-    Then each rank gets last_heartbeat_at + hb_bucket and the node last_report_at."""
+    Then each rank gets last_heartbeat_at, its heartbeat-index shard and slot, and the node
+    last_report_at."""
     world.seed_job("j1")
     svc = world.service()
     result = world.report(svc, NODE, task_arn("j1", 0), task_arn("j1", 1), "arn:aws:ecs:us-east-1:"
@@ -32,7 +33,7 @@ def test_report_refreshes_ranks_and_node(world) -> None:
     for r in (0, 1):
         item = world.item(f"j1#{r}")
         assert item["last_heartbeat_at"] == world.clock()
-        assert item[HB_PK] == "WATCHED"
+        assert item[HB_PK].startswith("WATCHED#") and item[HB_SK] <= world.clock()
         assert item["last_seen_in_report_at"] == world.clock()
     assert world.node_item(NODE)["last_report_at"] == world.clock()
 

@@ -90,7 +90,7 @@ def test_report_tasks_event_is_accepted(world) -> None:
     world.seed_job("j1", world_size=1)
     status, body = call(api_event(world, "apigw_report_tasks.json", tasks_body(world, task_arn("j1", 0))))
     assert status == 200, body
-    assert body["refreshed"] == 1 and world.item("j1#0")[HB_PK] == "WATCHED"
+    assert body["refreshed"] == 1 and world.item("j1#0")[HB_PK].startswith("WATCHED#")
 
 
 def test_report_gpu_event_is_accepted(world) -> None:
@@ -230,7 +230,7 @@ def test_agent_end_to_end_against_local_server(world, tmp_path) -> None:
         introspection.stop()
     assert proc.returncode == 0, proc.stderr
     assert "report_tasks=ok(status=200" in proc.stderr and "report_gpu=ok(status=200" in proc.stderr
-    assert world.item("j1#0")[HB_PK] == "WATCHED"
+    assert world.item("j1#0")[HB_PK].startswith("WATCHED#")
     assert world.instance_state(NODE).value == "SUSPECT"
     assert os.environ.get("GPU_AGENT_TOKEN") is None
 

@@ -7,6 +7,7 @@ writes. Thresholds come from :class:`HeartbeatSettings` (environment, see consta
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,29 @@ def stale_cutoff(now: float, stale_seconds: float) -> float:
 def is_stale(last_heartbeat_at: float | None, now: float, stale_seconds: float) -> bool:
     """Only a rank that has had a heartbeat can go stale (seed: upgrade safety)."""
     return last_heartbeat_at is not None and last_heartbeat_at < stale_cutoff(now, stale_seconds)
+
+
+def heartbeat_shard(job_id: str, rank: int, shards: int) -> int:
+    """The rank's shard of the heartbeat index: stable (CRC-32 of job and rank, not Python's
+    salted ``hash``), so a rank's entry stays on one partition key."""
+    return zlib.crc32(f"{job_id}#{rank}".encode()) % max(1, shards)
+
+
+def heartbeat_slot_seconds(stale_seconds: float) -> int:
+    """How wide the heartbeat index's time slots are: half the stale threshold. A rank
+    reporting more often than every ``stale_seconds - slot`` seconds is never in a slot the
+    sweep reads (its slot starts after the cutoff); a slower one is read and kept by its
+    exact ``last_heartbeat_at``."""
+    return max(1, int(stale_seconds) // 2)
+
+
+def heartbeat_slot(at: float, slot_seconds: int, shard: int = 0, shards: int = 1) -> int:
+    """The start of the slot ``at`` falls in: a heartbeat moves the rank's index entry only
+    when this changes (once per slot, not once per report). Each shard's slots start
+    ``shard / shards`` of a slot later than shard 0's, so the cluster's entries do not all
+    move in the same seconds (the index writes stay as even as the reports)."""
+    offset = (shard * slot_seconds) // max(1, shards)
+    return int((at - offset) // slot_seconds) * slot_seconds + offset
 
 
 def node_lost_expired(node_lost_at: float | None, now: float, fail_seconds: float) -> bool:

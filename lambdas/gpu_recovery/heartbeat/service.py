@@ -3,9 +3,12 @@
 Bookkeeping (job table):
 
 * a rank item carries ``last_heartbeat_at`` / ``last_seen_in_report_at`` and, while it
-  is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat), ``hb_bucket``:
-  the sparse ``by-heartbeat`` index then holds only watched ranks, sorted by their last
-  heartbeat, so the sweep reads just the stale ones (``last_heartbeat_at < now - stale``).
+  is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat), ``hb_shard`` and
+  ``hb_slot``: the sparse ``by-heartbeat-slot`` index then holds only watched ranks, over
+  32 partition keys, sorted by the start of their last heartbeat's slot (half the stale
+  threshold wide), so the sweep reads just the stale ones (``last_heartbeat_at < now -
+  stale``) and a heartbeat moves the rank's index entry once a slot, on a partition of
+  its own shard (docs/heartbeats.md, "The heartbeat index").
 * a node that reports but omits a rank does not refresh it, so the same sweep catches
   a task missing from its node's reports.
 * the job item keeps, per attempt, the string sets ``hb_lost_a<attempt>`` and
@@ -27,9 +30,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
-    HB_BUCKET,
-    HB_PK,
-    HB_SK,
+    HB_AT,
     JOB_BY_TASK_PK,
     JOB_PK,
     InstanceState,
@@ -77,6 +78,7 @@ class HeartbeatService:
     ) -> None:
         self.repo = repo
         self.settings = settings
+        self._slot_seconds = policy.heartbeat_slot_seconds(settings.stale_seconds)
         # The recovery loop's catalog (with the deployment's override): what a telemetry
         # signal "needs" must be what recovery will do about it.
         self.catalog = catalog or default_catalog()
@@ -177,7 +179,8 @@ class HeartbeatService:
         state = rank.state
         verdict = policy.step_verdict(item.get("step"), item.get("step_changed_at"), task.step, now,
                                       self.settings.hang_seconds)
-        fields: dict[str, Any] = {HB_SK: now, HB_PK: HB_BUCKET, "last_seen_in_report_at": now}
+        fields = self.repo.heartbeat_fields(rank.job_id, rank.rank, now, self._slot_seconds)
+        fields["last_seen_in_report_at"] = now
         if verdict.advanced:
             fields.update(step=task.step, step_changed_at=now)
         if task.remote_pid is not None:
@@ -461,7 +464,7 @@ class HeartbeatService:
     def _mark_lost(self, rank: Rank, item: dict[str, Any], now: float, reason: str) -> bool:
         fields = {"node_lost_at": now, "node_lost_reason": reason[:300]}
         # A heartbeat that lands between the query and this write wins.
-        if not self.repo.mark_rank_lost(rank, item.get(HB_SK), fields):
+        if not self.repo.mark_rank_lost(rank, item.get(HB_AT), fields):
             job = self.repo.get_job(rank.job_id)
             if job is None or job.attempt != rank.attempt or job.state not in WATCHED_JOB_STATES:
                 self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))

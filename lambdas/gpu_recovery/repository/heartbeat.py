@@ -15,8 +15,10 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
+    HB_AT,
     HB_BUCKET,
     HB_PK,
+    HB_SHARDS,
     HB_SK,
     INSTANCE_PK,
     JOB_BY_HEARTBEAT_INDEX,
@@ -31,6 +33,7 @@ from gpu_recovery.constants import (
     job_item_key,
     rank_item_key,
 )
+from gpu_recovery.domain.heartbeat_policy import heartbeat_shard, heartbeat_slot
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES
 from gpu_recovery.repository import Repository, Update, from_ddb, is_condition_failure, to_ddb
@@ -123,13 +126,30 @@ class HeartbeatRepository:
         })
 
     def stale_rank_items(self, cutoff: float) -> list[dict[str, Any]]:
-        """Watched ranks whose last heartbeat is older than ``cutoff`` (sparse index)."""
-        return self._query_all({
-            "IndexName": JOB_BY_HEARTBEAT_INDEX,
-            "KeyConditionExpression": "#b = :b AND #h < :cutoff",
-            "ExpressionAttributeNames": {"#b": HB_PK, "#h": HB_SK},
-            "ExpressionAttributeValues": {":b": HB_BUCKET, ":cutoff": to_ddb(float(cutoff))},
-        })
+        """Watched ranks whose last heartbeat is older than ``cutoff``: each shard of the
+        sparse index read for the slots that start before it (keys only), then those items
+        (BatchGetItem) kept if their exact last heartbeat is. Reads grow with the stale
+        ranks (and the HB_SHARDS Queries), never with the healthy ones."""
+        keys: list[dict[str, Any]] = []
+        for shard in range(HB_SHARDS):
+            keys.extend({JOB_PK: entry[JOB_PK]} for entry in self._query_all({
+                "IndexName": JOB_BY_HEARTBEAT_INDEX,
+                "KeyConditionExpression": "#b = :b AND #h < :cutoff",
+                "ExpressionAttributeNames": {"#b": HB_PK, "#h": HB_SK},
+                "ExpressionAttributeValues": {":b": _shard_key(shard), ":cutoff": to_ddb(float(cutoff))},
+            }))
+        items = [from_ddb(dict(raw)) for raw in self.base._batch_get(self.base.job_table_name, keys)]
+        return sorted((i for i in items if i.get(HB_PK) and isinstance(i.get(HB_AT), int | float)
+                       and not isinstance(i.get(HB_AT), bool) and float(i[HB_AT]) < cutoff),
+                      key=lambda i: str(i[JOB_PK]))
+
+    @staticmethod
+    def heartbeat_fields(job_id: str, rank: int, at: float, slot_seconds: int) -> dict[str, Any]:
+        """What a heartbeat at ``at`` sets on a rank item: the exact time and the rank's
+        place in the heartbeat index (its shard, the slot ``at`` falls in)."""
+        shard = heartbeat_shard(job_id, rank, HB_SHARDS)
+        return {HB_AT: at, HB_PK: _shard_key(shard),
+                HB_SK: heartbeat_slot(at, slot_seconds, shard, HB_SHARDS)}
 
     def _query_all(self, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -217,7 +237,7 @@ class HeartbeatRepository:
         rank_update = self.base.rank_update(rank, RankState.NODE_LOST, from_states=[rank.state],
                                             set_fields=fields)
         rank_update.condition = f"({rank_update.condition}) AND #hbseen = :hbseen"
-        rank_update.condition_names["#hbseen"] = HB_SK
+        rank_update.condition_names["#hbseen"] = HB_AT
         rank_update.condition_values[":hbseen"] = heartbeat_seen
         member = {str(rank.rank)}
         condition, values, names = _watched_job_condition(rank.attempt)
@@ -264,6 +284,10 @@ class HeartbeatRepository:
     # A node lost with its agent disconnected is a node decision of the recovery loop
     # (``Repository.record_node_decision`` with ``lost_job_failure``): the breaker and observe
     # mode apply to its quarantine like to any other.
+
+
+def _shard_key(shard: int) -> str:
+    return f"{HB_BUCKET}#{shard:02d}"
 
 
 # ------------------------------------------------------------------------- tokens

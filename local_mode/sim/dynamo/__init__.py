@@ -49,6 +49,14 @@ Modelled (configurable):
   the ``context`` and ``now`` callables the simulator passes.
 * **latency**: ``on_call(operation)`` is called after each call (the simulator advances
   the caller's simulated clock there).
+* **partition throughput** (``partition_throughput=PartitionThroughput()``, off by default;
+  ``throughput.py``): about 1,000 write and 3,000 read units a second per partition key value
+  of the table and of each GSI, a GSI partition's limit refusing the base table's write (GSI
+  back-pressure): ``ProvisionedThroughputExceededException`` with its ``ThrottlingReasons``
+  (``ThrottlingError`` in a cancelled transaction). GetItem, Query, PutItem, UpdateItem,
+  DeleteItem and TransactWriteItems are admitted per partition; BatchGetItem (whose
+  throttled answer is a partial one, ``UnprocessedKeys``), BatchWriteItem (the stack never
+  calls it) and Scan are not.
 
 The same store also answers real botocore clients (``LocalAws(dynamodb="memory")``, see
 ``local_mode.sim.dynamo.botocore_backend``): :meth:`MemoryDynamo.respond` takes a call's parameters in
@@ -56,7 +64,7 @@ DynamoDB JSON, as a client holds them after boto3's mapping, and answers what bo
 have parsed (an error as a response, not raised); CreateTable, DescribeTable, DeleteTable,
 ListTables and the TTL settings are the control plane the emulator uses.
 
-Not modelled: throughput throttling (on-demand tables), TTL expiry, streams, LSIs, PartiQL,
+Not modelled: table- and account-level throughput (on-demand tables), TTL expiry, streams, LSIs, PartiQL,
 legacy parameters (``Expected``, ``AttributeUpdates``, ``KeyConditions``), eventual
 consistency (every read sees the last write; GSI reads too).
 """
@@ -66,6 +74,7 @@ from __future__ import annotations
 from .clients import MemoryDynamoClient, MemoryTable
 from .storage import Meter, Usage
 from .store import MemoryDynamo
+from .throughput import PartitionThroughput
 from .values import DEFAULT_TX_CONFLICT_WINDOW, MAX_ITEM_BYTES, item_size
 
 __all__ = [
@@ -75,6 +84,7 @@ __all__ = [
            "MemoryDynamoClient",
            "MemoryTable",
            "Meter",
+           "PartitionThroughput",
            "Usage",
            "item_size",
 ]

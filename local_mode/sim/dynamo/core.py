@@ -22,6 +22,7 @@ from ...events import ACCOUNT_ID, REGION
 from .clients import MemoryDynamoClient, MemoryTable, _Meta
 from .expressions import _attribute_names, _check_tokens_used, _condition, _update_tree, _Validator
 from .storage import Meter, _read_units, _Stored, _Table, _Usages, _write_units
+from .throughput import PartitionThroughput, throttling_reason
 from .values import (
     DEFAULT_TX_CONFLICT_WINDOW,
     _as_wire,
@@ -50,8 +51,11 @@ class DynamoCore:
                  context: Context | None = None, now: Callable[[], float] | None = None,
                  on_call: Callable[[str], None] | None = None,
                  tx_conflict_window: float = DEFAULT_TX_CONFLICT_WINDOW,
-                 validate: bool = True, arn_prefix: str = f"arn:aws:dynamodb:{REGION}:{ACCOUNT_ID}") -> None:
+                 validate: bool = True, arn_prefix: str = f"arn:aws:dynamodb:{REGION}:{ACCOUNT_ID}",
+                 partition_throughput: PartitionThroughput | None = None) -> None:
         self._tables: dict[str, _Table] = {}
+        #: per-partition limits (``throughput``); None: not modelled
+        self.partition_throughput = partition_throughput
         self.arn_prefix = arn_prefix
         self.meter = Meter()
         self.context: Context = context or (lambda: ("-", "-"))
@@ -272,6 +276,29 @@ class DynamoCore:
         if self.tx_conflict_window > 0:
             self._recent_tx.setdefault((table.name, key), []).append((now, invocation))
 
+    def _throttled(self, loads: list[tuple[tuple[str, str, Any], float]], *, write: bool) -> _Failure | None:
+        """The throttling error if a partition cannot take ``loads`` this second (None:
+        admitted and taken, or throughput not modelled)."""
+        if self.partition_throughput is None:
+            return None
+        refused = self.partition_throughput.admit(self.now(), loads, write=write)
+        if refused is None:
+            return None
+        return _Failure(
+            "ProvisionedThroughputExceededException",
+            "Throughput exceeds the current capacity of your table or index. DynamoDB is automatically "
+            "scaling your table or index so please try again shortly. If exceptions persist, check if "
+            "you have a hot key: https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/"
+            "bp-partition-key-design.html",
+            ThrottlingReasons=[throttling_reason(refused, write=write, arn_prefix=self.arn_prefix)])
+
+    def _admit_write(self, table: _Table, key: tuple[Any, ...], new: _Stored | None,
+                     touched: set[str] | None, old: _Stored | None) -> None:
+        units = _write_units(max(new.size if new is not None else 0, old.size if old is not None else 0))
+        failure = self._throttled(table.write_loads(key, new, touched, units), write=True)
+        if failure is not None:
+            raise failure
+
     # --- single-item operations ------------------------------------------------------------
     def _op_GetItem(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
         table = self._table(p["TableName"])
@@ -279,6 +306,9 @@ class DynamoCore:
         stored = table.items.get(key)
         size = stored.size if stored else 0
         consistent = bool(p.get("ConsistentRead"))
+        throttled = self._throttled([((table.name, "", key[0]), _read_units(size, consistent))], write=False)
+        if throttled is not None:
+            raise throttled
         self._count_read(usages, 1, size, _read_units(size, consistent))
         if stored is None:
             return {}
@@ -303,6 +333,7 @@ class DynamoCore:
                 raise _Failure("TransactionConflictException", "Transaction is ongoing for the item")
             self._check_condition(condition, p, old, "PutItem")
             stored = table.check_new_image(new, update=False)
+            self._admit_write(table, key, stored, None, old)
         except _Failure as failure:
             self._count_failed(usages, failure, table, key, old)
             raise
@@ -323,6 +354,8 @@ class DynamoCore:
             if self._conflicting(table, key, invocation, self.now()):
                 raise _Failure("TransactionConflictException", "Transaction is ongoing for the item")
             self._check_condition(condition, p, old, "DeleteItem")
+            if old is not None:
+                self._admit_write(table, key, None, None, old)
         except _Failure as failure:
             self._count_failed(usages, failure, table, key, old)
             raise
@@ -346,6 +379,7 @@ class DynamoCore:
             self._check_condition(condition, p, old, "UpdateItem")
             new, touched = self._updated(table, old, h, r, p)
             stored = table.check_new_image(new, update=True, previous=old, touched=touched)
+            self._admit_write(table, key, stored, touched, old)
         except _Failure as failure:
             self._count_failed(usages, failure, table, key, old)
             raise

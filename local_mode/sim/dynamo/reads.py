@@ -89,7 +89,8 @@ class Reads(DynamoCore):
         except DynamodbException as error:
             raise _from_moto(error) from None
         (_, hash_value), = hash_conditions
-        partition = index.partitions.get(_sortable(DynamoType(hash_value)), [])
+        hashed = _sortable(DynamoType(hash_value))
+        partition = index.partitions.get(hashed, [])
         entries = _range_slice(partition, range_conditions)
         forward = p.get("ScanIndexForward", True) is not False
         if not forward:
@@ -97,10 +98,13 @@ class Reads(DynamoCore):
         start = p.get("ExclusiveStartKey")
         if start is not None:
             entries = _after(entries, table, index, start, forward)
-        return self._page(p, usages, table, index, entries, consistent)
+        return self._page(p, usages, table, index, entries, consistent, partition=hashed)
 
     def _page(self, p: Mapping[str, Any], usages: _Usages, table: _Table, index: _Index,
-              entries: Iterable[tuple[Any, tuple[Any, ...]]], consistent: bool) -> dict[str, Any]:
+              entries: Iterable[tuple[Any, tuple[Any, ...]]], consistent: bool,
+              partition: Any = None) -> dict[str, Any]:
+        """One page; ``partition``: the Query's partition key value (its read units are
+        taken on that partition when throughput is modelled; a Scan's are not)."""
         limit = p.get("Limit")
         if limit is not None and limit < 1:
             raise _validation("Limit must be greater than or equal to 1")
@@ -133,6 +137,11 @@ class Reads(DynamoCore):
             if limit is not None and evaluated >= limit:
                 more = True
                 break
+        if partition is not None:
+            load = ((table.name, index.name, partition), _read_units(size, consistent))
+            throttled = self._throttled([load], write=False)
+            if throttled is not None:
+                raise throttled
         self._count_read(usages, evaluated, size, _read_units(size, consistent))
         out: dict[str, Any] = {"Count": matched, "ScannedCount": evaluated}
         if select != "COUNT":

@@ -283,6 +283,27 @@ class _Table:
             stored.attr_py = {k: v for k, v in previous.attr_py.items() if k not in touched}
         return stored
 
+    def write_loads(self, key: tuple[Any, ...], new: _Stored | None, touched: set[str] | None,
+                    units: float) -> list[tuple[tuple[str, str, Any], float]]:
+        """The partitions a write of ``key`` (``new`` None: a delete) would take units on,
+        and how many: the table's (``units``), and each index entry it removes, adds or
+        rewrites (``throughput.PartitionThroughput``); nothing is changed."""
+        old = self.items.get(key)
+        item = new.item if new is not None else None
+        loads: list[tuple[tuple[str, str, Any], float]] = [((self.name, "", key[0]), units)]
+        for index in self.gsis.values():
+            before = index.entries.get(key)
+            after = index.position(item) if item is not None else None
+            if before != after:
+                if before is not None:
+                    loads.append(((self.name, index.name, before[0]), _index_units(index, old)))
+                if after is not None:
+                    loads.append(((self.name, index.name, after[0]), _index_units(index, new)))
+            elif after is not None and old is not None and item is not None \
+                    and _projected_changed(index, self, old.item, item, touched):
+                loads.append(((self.name, index.name, after[0]), _index_units(index, new)))
+        return loads
+
     def store(self, key: tuple[Any, ...], new: _Stored | None, touched: set[str] | None = None) -> float:
         """Write (or delete, ``new`` None); returns the GSI write units it costs."""
         old = self.items.get(key)
@@ -305,6 +326,14 @@ class _Table:
                     _projected_changed(index, self, old.item, item, touched):
                 units += 1
         return units
+
+
+def _index_units(index: _Index, stored: _Stored | None) -> float:
+    """Write units of one index entry: an ALL projection copies the item (1 per KB); a
+    KEYS_ONLY or INCLUDE entry is counted as one unit."""
+    if index.projection == "ALL" and stored is not None:
+        return _write_units(stored.size)
+    return 1.0
 
 
 def _projected_changed(index: _Index, table: _Table, old: Item, new: Item, touched: set[str] | None) -> bool:

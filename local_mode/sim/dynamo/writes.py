@@ -8,7 +8,7 @@ from moto.dynamodb.models.dynamo_type import DynamoType
 
 from .core import DynamoCore
 from .expressions import _check_tokens_used
-from .storage import _read_units, _Stored, _Table, _Usages
+from .storage import _read_units, _Stored, _Table, _Usages, _write_units
 from .values import MAX_BATCH_WRITE_ITEMS, MAX_TRANSACT_ITEMS, _Failure, _new_item, _validation
 
 
@@ -117,6 +117,13 @@ class BatchWrites(DynamoCore):
                     for u in usages:
                         u.conflicts += 1
                         u.conflicts_by_item[table.key_label(key)] += 1
+        if not failed and self.partition_throughput is not None:
+            refused = self._throttled_transaction(planned)
+            if refused is not None:
+                failed = True
+                throttled = {"Code": "ThrottlingError",
+                             "Message": "Throughput exceeds the current capacity of your table or index."}
+                reasons = [dict(throttled) if hit else {"Code": "None"} for hit in refused]
         if failed:
             for _kind, _op, table, key, _h, _r in parsed:
                 old = table.items.get(key)
@@ -135,3 +142,19 @@ class BatchWrites(DynamoCore):
                     u.read_units += 2 * _read_units(old.size if old else 0, True)
             self._remember_tx(table, key, invocation, now)
         return {}
+
+    def _throttled_transaction(self, planned: list[tuple[_Table, tuple[Any, ...], _Stored | None,
+                                                         _Stored | None, set[str] | None, bool]]
+                               ) -> list[bool] | None:
+        """None when every partition the transaction writes has room this second (the units
+        are taken: twice a write's, as DynamoDB charges a transactional write); else, per
+        action, whether it writes the partition over its limit (nothing is taken)."""
+        assert self.partition_throughput is not None
+        per_action = [table.write_loads(key, new, touched, 2 * _write_units(max(
+                          new.size if new is not None else 0, old.size if old is not None else 0)))
+                      if writes else [] for table, key, old, new, touched, writes in planned]
+        every = [load for loads in per_action for load in loads]
+        refused = self.partition_throughput.admit(self.now(), every, write=True)
+        if refused is None:
+            return None
+        return [any(partition == refused for partition, _ in loads) for loads in per_action]
