@@ -71,6 +71,7 @@ from .moto_patches import (
     NoSleepTime,
     install_emulator_speedups,
     make_dynamodb_writes_atomic,
+    pass_start_task_network_configuration,
     share_model_loader,
 )
 from .sim.api_errors import ApiFaults
@@ -197,6 +198,7 @@ class LocalAws:
         self._mock = mock_aws()
         self._mock.start()
         make_dynamodb_writes_atomic()
+        pass_start_task_network_configuration()
         install_emulator_speedups()
         # moto advances a described task RUNNING -> ... -> STOPPED on its own; the
         # simulated data plane owns task state instead.

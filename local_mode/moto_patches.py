@@ -1,6 +1,7 @@
 """What ``LocalAws`` changes in botocore and moto, process-wide and idempotently: one
 botocore data loader for every session, retry back-off recorded instead of slept, moto's
-DynamoDB made atomic per call (as DynamoDB's conditional writes are), attribute values
+DynamoDB made atomic per call (as DynamoDB's conditional writes are), moto's StartTask
+given its ``networkConfiguration`` (as its RunTask is), attribute values
 serialized directly, moto's dispatch tables cached, its default AMIs only, its tables kept
 sorted, one SNS signing key (``install_emulator_speedups``)."""
 
@@ -303,6 +304,37 @@ def _share_moto_sns_signing_key() -> None:
 
     private_key._shared = True  # type: ignore[attr-defined]
     Subscription.private_key = private_key  # type: ignore[assignment]  # replaces an lru_cache
+
+
+def pass_start_task_network_configuration() -> None:
+    """moto's StartTask drops ``networkConfiguration`` (its RunTask passes it to the task),
+    so it refuses every task definition in the ``awsvpc`` mode as if none had been given:
+    the request's configuration is handed to the tasks it creates, which then get their
+    elastic network interface in its first subnet, as RunTask's do (idempotent)."""
+    from moto.ecs import models, responses
+
+    if getattr(responses.EC2ContainerServiceResponse.start_task, "_passes_network", False):
+        return
+    local = threading.local()
+    respond = responses.EC2ContainerServiceResponse.start_task
+    create = models.Task.__init__
+
+    @functools.wraps(respond)
+    def start_task(self: Any) -> Any:
+        local.network = self._get_param("networkConfiguration")
+        try:
+            return respond(self)
+        finally:
+            local.network = None
+
+    @functools.wraps(create)
+    def task_init(self: Any, *args: Any, networking_configuration: Any = None, **kwargs: Any) -> None:
+        kwargs["networking_configuration"] = networking_configuration or getattr(local, "network", None)
+        create(self, *args, **kwargs)
+
+    start_task._passes_network = True  # type: ignore[attr-defined]
+    responses.EC2ContainerServiceResponse.start_task = start_task  # type: ignore[method-assign]
+    models.Task.__init__ = task_init  # type: ignore[method-assign]
 
 
 def install_emulator_speedups() -> None:

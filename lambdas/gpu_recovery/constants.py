@@ -527,6 +527,8 @@ TAG_RANKS = "gpu-recovery:ranks"
 TAG_RELOCATABLE = "gpu-recovery:relocatable"  # "true": may be restarted on other nodes
 TAG_MAX_INFRA_RECOVERIES = "gpu-recovery:max-infra-recoveries"
 TAG_MAX_APP_RESTARTS = "gpu-recovery:max-app-restarts"
+# awsvpc tasks: their security groups (and subnets), space-separated (domain.task_network).
+TAG_SECURITY_GROUPS, TAG_SUBNETS = "gpu-recovery:security-groups", "gpu-recovery:subnets"
 # The registration convention (docs/architecture.md "Registration"): a task whose ``group``
 # is ``gpu-recovery:<job-id>`` and whose container environment carries RANK and WORLD_SIZE
 # (ATTEMPT optional, 1 by default) is a protected rank, registered from its ECS event alone
@@ -539,6 +541,7 @@ ENV_VAR_ATTEMPT = "ATTEMPT"
 ENV_VAR_RELOCATABLE = "GPU_RECOVERY_RELOCATABLE"
 ENV_VAR_MAX_INFRA_RECOVERIES = "GPU_RECOVERY_MAX_INFRA_RECOVERIES"
 ENV_VAR_MAX_APP_RESTARTS = "GPU_RECOVERY_MAX_APP_RESTARTS"
+ENV_VAR_SECURITY_GROUPS, ENV_VAR_SUBNETS = "GPU_RECOVERY_SECURITY_GROUPS", "GPU_RECOVERY_SUBNETS"
 # A task found not protected is not described again for this long (DynamoDB TTL deletes
 # the record later; readers ignore an expired one).
 UNPROTECTED_TASK_TTL_SECONDS = 14 * 24 * 3600

@@ -63,7 +63,7 @@ from ..api_hooks import hook_answer, hook_error
 from ..emulator import LocalAws
 from .bus import EventBus
 from .ecs_faults import GpuFaults
-from .ecs_model import MISSING, Task, list_tasks_refusal, placement_failure
+from .ecs_model import MISSING, Task, list_tasks_refusal, placement_failure, start_task_network_refusal
 
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
@@ -93,13 +93,13 @@ class SimulatedEcs(GpuFaults):
 
     # ================================================================ jobs (helpers)
     def register_training_task_definition(
-        self, family: str, gpus: int = 8, image: str = "trainer:latest"
+        self, family: str, gpus: int = 8, image: str = "trainer:latest", network_mode: str = "host"
     ) -> str:
         """Register a training task definition with a GPU requirement; returns its ARN."""
         return self.local.client("ecs").register_task_definition(
             family=family,
             requiresCompatibilities=["EC2"],
-            networkMode="host",
+            networkMode=network_mode,
             containerDefinitions=[
                 {
                     "name": "trainer",
@@ -121,6 +121,7 @@ class SimulatedEcs(GpuFaults):
         started_by: str = "gpujobs",
         overrides: dict[str, Any] | None = None,
         extra_tags: dict[str, str] | None = None,
+        network: dict[str, Any] | None = None,
     ) -> list[str]:
         """Start one rank per node through the *handler-side* ECS client (hooks see
         it), tagged with job id / rank / world size. Returns task ARNs by rank;
@@ -143,6 +144,8 @@ class SimulatedEcs(GpuFaults):
             }
             if overrides:
                 kwargs["overrides"] = overrides
+            if network:
+                kwargs["networkConfiguration"] = {"awsvpcConfiguration": network}
             resp = ecs.start_task(**kwargs)
             if resp.get("failures"):
                 raise RuntimeError(f"start of {job_id} rank {rank} failed: {resp['failures']}")
@@ -212,9 +215,12 @@ class SimulatedEcs(GpuFaults):
 
     def _before_start_task(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
         try:
-            _, needed = self._gpus_needed(params["taskDefinition"], params.get("overrides"))
+            td, needed = self._gpus_needed(params["taskDefinition"], params.get("overrides"))
         except Exception:
             return None  # let moto produce its own error
+        refused = start_task_network_refusal(str(getattr(td, "network_mode", "") or "bridge"), params)
+        if refused:
+            return hook_error("ecs", "InvalidParameterException", refused)
         cis = list(params.get("containerInstances") or [])
         placed: list[str] = []
         failures: list[dict[str, str]] = []
@@ -322,6 +328,8 @@ class SimulatedEcs(GpuFaults):
                     memory=str(sum(int(c.get("memory", 0) or 0) for c in td.container_definitions)),
                     health_check=hc or reset,
                     gpu_reset=reset,
+                    # moto's interface, as the task state change event names it ("eni")
+                    attachments=[{**a, "type": "eni"} for a in task_desc.get("attachments") or []],
                 )
                 self.tasks[task.arn] = task
                 new.append(task)

@@ -23,7 +23,7 @@ from typing import Any
 
 from .aws_calls import ClientFailure, StandInClient
 from .ecs_cluster_data_plane import ClusterDataPlane
-from .ecs_model import MISSING, Node, Task, list_tasks_refusal
+from .ecs_model import MISSING, Node, Task, list_tasks_refusal, start_task_network_refusal
 
 PAGE_SIZE = 100
 MAX_START_INSTANCES = 10
@@ -47,6 +47,9 @@ class EcsCluster(ClusterDataPlane):
             raise ClientFailure("InvalidParameterException",
                                  "Tag keys beginning with 'aws:' are reserved for AWS use.")
         definition = self._definition(p["taskDefinition"])
+        refused = start_task_network_refusal(definition.network_mode, p)
+        if refused:
+            raise ClientFailure("InvalidParameterException", refused)
         started_by = str(p.get("startedBy") or "")
         if len(started_by) > 36:
             raise ClientFailure("InvalidParameterException", "startedBy can have at most 36 characters.")

@@ -45,6 +45,7 @@ class TaskDefinition:
     container: str = "trainer"
     image: str = "trainer:latest"
     memory: int = 4096
+    network_mode: str = "host"  # bridge | host | awsvpc | none
 
 
 @dataclass
@@ -144,6 +145,7 @@ class Task:
     plan_token: int = 0
     health_check: bool = False
     gpu_reset: bool = False  # the GPU reset task (a health check's kin: never a training task)
+    attachments: list[dict[str, Any]] = field(default_factory=list)  # an awsvpc task's interface
 
     @property
     def label(self) -> str:
@@ -276,7 +278,7 @@ def describe_task(task: Task, node: Node, cluster_arn: str, region: str) -> dict
     """The Task object as ECS describes it (and puts it in the task state-change event);
     fields not set yet are None."""
     return {
-        "attachments": [],
+        "attachments": [dict(a) for a in task.attachments],
         "availabilityZone": f"{region}a",
         "clusterArn": cluster_arn,
         "containerInstanceArn": node.container_instance_arn,
@@ -308,6 +310,29 @@ class Plan:
 
     run_seconds: float | None
     exit_code: int = 0
+
+
+#: What ECS answers a StartTask / RunTask whose network configuration does not fit the task
+#: definition's network mode (InvalidParameterException; tryretool/retool-onpremise#84,
+#: muya/amazon-ecs-run-task#7, aws/aws-cdk#13348 for the three messages)
+NETWORK_REQUIRED = "Network Configuration must be provided when networkMode 'awsvpc' is specified."
+NETWORK_NOT_VALID = "Network Configuration is not valid for the given networkMode of this task definition."
+PUBLIC_IP_NOT_SUPPORTED = "Assign public IP is not supported for this launch type."
+
+
+def start_task_network_refusal(network_mode: str, params: dict[str, Any]) -> str | None:
+    """Why ECS refuses a StartTask's ``networkConfiguration`` for a task definition in
+    ``network_mode`` on EC2 container instances (None: it does not), for both control planes:
+    required for ``awsvpc`` (the StartTask API reference), refused for the other modes, and no
+    public IP outside Fargate."""
+    vpc = (params.get("networkConfiguration") or {}).get("awsvpcConfiguration")
+    if network_mode == "awsvpc" and not vpc:
+        return NETWORK_REQUIRED
+    if network_mode != "awsvpc" and params.get("networkConfiguration"):
+        return NETWORK_NOT_VALID
+    if vpc and vpc.get("assignPublicIp") == "ENABLED":
+        return PUBLIC_IP_NOT_SUPPORTED
+    return None
 
 
 #: ListTasks filters that ECS refuses beside ``startedBy`` ("When you specify startedBy as the

@@ -67,6 +67,7 @@ class FakeEcs:
     failures: dict[str, list[str]] = field(default_factory=dict)
     spare_nodes: list[str] = field(default_factory=list)
     start_calls: list[int] = field(default_factory=list)  # instances per StartTask call
+    networks: list[dict[str, Any] | None] = field(default_factory=list)  # networkConfiguration per call
     prepaid: int = 0
     described: list[str] = field(default_factory=list)  # DescribeContainerInstances, one node each
     attributes: dict[str, set[str]] = field(default_factory=dict)  # node -> custom attributes
@@ -82,9 +83,11 @@ class FakeEcs:
     def start_task(self, *, task_definition: str, container_instance_arn: str = "",
                    overrides: dict[str, Any] | None = None, tags: list[dict[str, str]] | None = None,
                    started_by: str = "", group: str | None = None,
-                   container_instance_arns: Sequence[str] = ()) -> StartResult:
+                   container_instance_arns: Sequence[str] = (),
+                   network_configuration: dict[str, Any] | None = None) -> StartResult:
         instances = list(container_instance_arns) or [container_instance_arn]
         self.start_calls.append(len(instances))
+        self.networks.append(network_configuration)
         fault = self._fault("start_task")
         if fault == "refuse":
             from botocore.exceptions import ClientError

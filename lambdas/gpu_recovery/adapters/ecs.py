@@ -72,9 +72,12 @@ class EcsAdapter:
         started_by: str = "",
         group: str | None = None,
         container_instance_arns: Sequence[str] = (),
+        network_configuration: dict[str, Any] | None = None,
     ) -> StartResult:
         """One task on ``container_instance_arn``, or one on each of up to 10
-        ``container_instance_arns`` (one set of overrides and tags for all)."""
+        ``container_instance_arns`` (one set of overrides and tags for all).
+        ``network_configuration``: an awsvpc task's (``domain.task_network``), which ECS
+        requires for that network mode and refuses for the others."""
         instances = list(container_instance_arns) or [container_instance_arn]
         params: dict[str, Any] = {
             "cluster": self.cluster,
@@ -90,6 +93,8 @@ class EcsAdapter:
             params["startedBy"] = started_by[:36]
         if group:
             params["group"] = group
+        if network_configuration:
+            params["networkConfiguration"] = network_configuration
         self._take_token()
         response = self._ecs.start_task(**params)
         tasks = response.get("tasks", [])

@@ -46,6 +46,7 @@ class Rank:
     launch_attempt: int | None = None
     launch_lease_until: float | None = None
     gpus: int = 0  # GPUs the task held (ECS gpuIds); 0: unknown
+    subnet: str = ""  # its elastic network interface's subnet (awsvpc tasks; "": none)
 
     @property
     def is_live(self) -> bool:
@@ -97,6 +98,8 @@ class Job:
     # Cannot move, and a node's reboot is held back by the breaker: the current attempt's
     # wait for the breaker's reset (None: none).
     breaker_hold: BreakerHold | None = None
+    # The tasks' awsvpcConfiguration (domain.task_network; {}: not in the awsvpc mode).
+    network: dict[str, Any] = field(default_factory=dict)
 
     @property
     def suspend_stopping(self) -> bool:

@@ -60,6 +60,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.control_token import make_token
 from gpu_recovery.domain.models import Rank, container_instance_id
 from gpu_recovery.domain.states import ENDING_JOB_STATES, LIVE_RANK_STATES, STARTED_JOB_STATES
+from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.queue.admission import (
     FailureKind,
     backoff_seconds,
@@ -337,7 +338,8 @@ class Launcher:
                 tags = rank_tags(job_id, rank, world_size, attempt)
                 existing = self.ecs.tasks_started_by(sb) if resume else []
                 task_arn = (existing[0] if existing
-                            else self._start_one(td_arn, ci_arn, overrides, tags, sb, job_id))
+                            else self._start_one(td_arn, ci_arn, overrides, tags, sb, job_id,
+                                                 restart_network(item.get("network") or {}, [])))
                 registered.append(self.recovery.register_rank(RankRegistration(
                     job_id=job_id, rank=rank, world_size=world_size, attempt=attempt,
                     task_arn=task_arn, task_definition_arn=td_arn, container_instance_arn=ci_arn,
@@ -385,12 +387,14 @@ class Launcher:
         return td
 
     def _start_one(self, td_arn: str, ci_arn: str, overrides: dict[str, Any],
-                   tags: list[dict[str, str]], sb: str, job_id: str) -> str:
+                   tags: list[dict[str, str]], sb: str, job_id: str,
+                   network: dict[str, Any] | None) -> str:
         # The group names the job and the overrides carry RANK / WORLD_SIZE / ATTEMPT (the
         # registration convention): its events register the rank without DescribeTasks.
+        # ``network``: the spec's, for a task definition in the awsvpc mode (checked at submit).
         result = self.ecs.start_task(task_definition=td_arn, container_instance_arn=ci_arn,
                                      overrides=overrides, tags=tags, started_by=sb,
-                                     group=job_group(job_id))
+                                     group=job_group(job_id), network_configuration=network)
         if result.task_arns:
             return str(result.task_arns[0])
         reasons = [str(f.get("reason", "")) for f in result.failures]

@@ -16,6 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpu_recovery.constants import MAX_QUEUE_NODES
 from gpu_recovery.domain.job_budgets import MAX_BUDGET
+from gpu_recovery.domain.task_network import (
+    MAX_SECURITY_GROUPS,
+    MAX_SUBNETS,
+    NetworkError,
+    awsvpc_configuration,
+)
 from gpu_recovery.domain.time_sharing import (
     AUTO_PRIORITY,
     MAX_SUSPEND_GRACE_SECONDS,
@@ -102,6 +108,34 @@ class ContainerOverrides(BaseModel):
         return self
 
 
+class NetworkSpec(BaseModel):
+    """The job's tasks' network, for a task definition in the ``awsvpc`` network mode (ECS
+    requires it then, and refuses it otherwise: checked at submission)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    subnets: list[str] = Field(min_length=1, max_length=MAX_SUBNETS,
+                               description="Subnet ids (1-16, one VPC; ECS puts each task in the one "
+                                           "of its node's availability zone)")
+    security_groups: list[str] = Field(default_factory=list, max_length=MAX_SECURITY_GROUPS,
+                                       description="Security group ids (0-5, the same VPC; none: the "
+                                                   "VPC's default group)")
+    assign_public_ip: Literal["DISABLED"] = Field(
+        default="DISABLED", description="DISABLED only: ECS gives no public IP to tasks on EC2 instances")
+
+    @model_validator(mode="after")
+    def _ids(self) -> NetworkSpec:
+        try:
+            awsvpc_configuration(self.subnets, self.security_groups)
+        except NetworkError as error:
+            raise ValueError(str(error)) from error
+        return self
+
+    def awsvpc(self) -> dict[str, Any]:
+        """StartTask's ``awsvpcConfiguration``."""
+        return awsvpc_configuration(self.subnets, self.security_groups)
+
+
 class JobSpec(BaseModel):
     """A multi-node training job: ``nnodes`` ECS tasks with ``gpus_per_node`` GPUs each."""
 
@@ -156,6 +190,9 @@ class JobSpec(BaseModel):
     max_recovery_attempts: int | None = Field(
         default=None, ge=0, le=MAX_BUDGET, strict=True, description="Older name of max_infra_recoveries")
     labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
+    network: NetworkSpec | None = Field(
+        default=None, description="Subnets and security groups, for a task definition in the awsvpc "
+                                  "network mode (required then, refused otherwise)")
 
     @model_validator(mode="after")
     def _one_infra_budget(self) -> JobSpec:

@@ -56,6 +56,7 @@ from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, 
 from gpu_recovery.domain.models import Job, Rank, container_instance_id
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
+from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.ranks import (
     RankOperations,
@@ -352,7 +353,8 @@ class GangOps:
                 task_definition=first.task_definition_arn,
                 container_instance_arns=[targets[r.rank]["arn"] for r in rest],
                 overrides=overrides_for_attempt(first.overrides, attempt), tags=tags, started_by=started_by,
-                group=first.group or None)
+                group=first.group or None,
+                network_configuration=restart_network(job.network, [r.subnet for r in rest]))
             placed = {container_instance_id(arn): task for arn, task in result.placed.items()}
             if not placed and len(result.task_arns) == len(rest) == 1:
                 placed = {targets[rest[0].rank]["node"]: result.task_arns[0]}

@@ -20,6 +20,8 @@ from gpu_recovery.constants import (
     ENV_VAR_MAX_INFRA_RECOVERIES,
     ENV_VAR_RANK,
     ENV_VAR_RELOCATABLE,
+    ENV_VAR_SECURITY_GROUPS,
+    ENV_VAR_SUBNETS,
     ENV_VAR_WORLD_SIZE,
     JOB_GROUP_PREFIX,
     MAX_WORLD_SIZE,
@@ -30,6 +32,8 @@ from gpu_recovery.constants import (
     TAG_RANK,
     TAG_RANKS,
     TAG_RELOCATABLE,
+    TAG_SECURITY_GROUPS,
+    TAG_SUBNETS,
     TAG_WORLD_SIZE,
     NotificationKind,
 )
@@ -39,6 +43,7 @@ from gpu_recovery.domain.launch_plan import parse_ranks_tag
 from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id
 from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import JobState, RankState
+from gpu_recovery.domain.task_network import NetworkError, awsvpc_configuration, eni_subnet, id_list
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps
@@ -68,6 +73,8 @@ class RankRegistration:
     max_recovery_attempts: int | None = None  # infrastructure recoveries (None: the deployment's)
     max_app_restarts: int | None = None  # application-error restarts (None: the deployment's)
     gpus: int = 0  # GPUs the task holds (0: unknown)
+    subnet: str = ""  # the task's elastic network interface's (awsvpc tasks)
+    network: dict[str, Any] = field(default_factory=dict)  # the job's awsvpcConfiguration ({}: none)
 
 
 class LookupQueued(Exception):
@@ -78,14 +85,61 @@ class NotProtected(ValueError):
     """The task carries no (or malformed) recovery tags."""
 
 
-class TooLarge(NotProtected):
-    """A tagged job larger than the loop protects: refused loudly, never ignored."""
+class Refused(NotProtected):
+    """A job the loop cannot protect as it was started: refused loudly (an e-mail, once),
+    never ignored."""
 
-    def __init__(self, job_id: str, world_size: int) -> None:
-        super().__init__(f"job {job_id} has {world_size} tasks; the recovery loop protects jobs of at most "
-                         f"{MAX_WORLD_SIZE}")
+    headline = "Job not protected"
+    operator_action = ""
+
+    def __init__(self, job_id: str, world_size: int, why: str) -> None:
+        super().__init__(why)
         self.job_id = job_id
         self.world_size = world_size
+
+
+class TooLarge(Refused):
+    """A tagged job larger than the loop protects."""
+
+    headline = "Job not protected: too many tasks"
+    operator_action = (f"Run jobs of at most {MAX_WORLD_SIZE} tasks (e.g. one task per node instead of "
+                       "one per GPU), or remove the gpu-recovery tags from this job's tasks.")
+
+    def __init__(self, job_id: str, world_size: int) -> None:
+        super().__init__(job_id, world_size, f"job {job_id} has {world_size} tasks; the recovery loop "
+                                             f"protects jobs of at most {MAX_WORLD_SIZE}")
+
+
+class NetworkUnknown(Refused):
+    """A task in the awsvpc network mode whose security groups the loop cannot learn (ECS
+    tells none): it could not be restarted as it was (domain.task_network)."""
+
+    headline = "Job not protected: its awsvpc network is not known"
+    operator_action = (f"Start the job's tasks with the tag {TAG_SECURITY_GROUPS} (or, under the "
+                       f"registration convention, the environment variable {ENV_VAR_SECURITY_GROUPS}): "
+                       "their security group ids, separated by spaces (and, optionally, "
+                       f"{TAG_SUBNETS} / {ENV_VAR_SUBNETS}: their subnets).")
+
+
+def _task_network(task: dict[str, Any], values: dict[Any, Any], groups_key: str, subnets_key: str,
+                  job_id: str, world_size: int) -> tuple[str, dict[str, Any]]:
+    """(the task's own subnet, the job's awsvpcConfiguration) from its attachment and the
+    tags (or convention environment) ``values``; NetworkUnknown for an awsvpc task without
+    its security groups or with ids ECS would refuse."""
+    subnet = eni_subnet(task)
+    if not subnet:
+        return "", {}
+    groups = id_list(str(values.get(groups_key) or ""))
+    if not groups:
+        raise NetworkUnknown(job_id, world_size,
+                             f"task {task.get('taskArn')} of job {job_id} is in the awsvpc network mode and "
+                             f"names no security groups ({groups_key}): ECS tells a task's subnet, not its "
+                             "security groups")
+    try:
+        return subnet, awsvpc_configuration(id_list(str(values.get(subnets_key) or "")) or [subnet], groups)
+    except NetworkError as error:
+        raise NetworkUnknown(job_id, world_size,
+                             f"job {job_id}: {groups_key} / {subnets_key}: {error}") from error
 
 
 class StartedForSeveralRanks(NotProtected):
@@ -118,6 +172,7 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
     if world_size > MAX_WORLD_SIZE:
         raise TooLarge(job_id, world_size)
     gpus = sum(len(c.get("gpuIds") or []) for c in task.get("containers") or [] if isinstance(c, dict))
+    subnet, network = _task_network(task, values, TAG_SECURITY_GROUPS, TAG_SUBNETS, job_id, world_size)
     return RankRegistration(
         job_id=job_id,
         rank=rank,
@@ -133,6 +188,8 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
         max_recovery_attempts=_budget_tag(values, TAG_MAX_INFRA_RECOVERIES),
         max_app_restarts=_budget_tag(values, TAG_MAX_APP_RESTARTS),
         gpus=gpus,
+        subnet=subnet,
+        network=network,
     )
 
 
@@ -176,6 +233,7 @@ def registration_from_event(task: dict[str, Any]) -> RankRegistration | None:
         raise TooLarge(job_id, world_size)
     gpus = sum(len(c.get("gpuIds") or []) for c in task.get("containers") or [] if isinstance(c, dict))
     relocatable = env.get(ENV_VAR_RELOCATABLE, "").strip().lower() == "true"
+    subnet, network = _task_network(task, env, ENV_VAR_SECURITY_GROUPS, ENV_VAR_SUBNETS, job_id, world_size)
     return RankRegistration(
         job_id=job_id, rank=rank, world_size=world_size, attempt=max(1, attempt),
         task_arn=str(task["taskArn"]), task_definition_arn=str(task.get("taskDefinitionArn") or ""),
@@ -184,7 +242,8 @@ def registration_from_event(task: dict[str, Any]) -> RankRegistration | None:
         tags=[{"key": TAG_RELOCATABLE, "value": "true"}] if relocatable else [],
         group=str(task.get("group") or ""), started_by=str(task.get("startedBy") or ""),
         max_recovery_attempts=_budget_tag(env, ENV_VAR_MAX_INFRA_RECOVERIES),
-        max_app_restarts=_budget_tag(env, ENV_VAR_MAX_APP_RESTARTS), gpus=gpus)
+        max_app_restarts=_budget_tag(env, ENV_VAR_MAX_APP_RESTARTS), gpus=gpus, subnet=subnet,
+        network=network)
 
 
 def overrides_for_attempt(overrides: dict[str, Any], attempt: int) -> dict[str, Any]:
@@ -256,6 +315,7 @@ class RankOperations:
             state=JobState.RUNNING if reg.state is RankState.RUNNING else JobState.STARTING,
             world_size=reg.world_size, attempt=reg.attempt, max_recovery_attempts=max_attempts,
             max_app_restarts=max_app, created_at=now, updated_at=now, relocatable_tags=relocatable,
+            network=reg.network,
         ))
         if not created and not relocatable and reg.tags:
             job = repo.get_job(reg.job_id)
@@ -266,7 +326,7 @@ class RankOperations:
             task_arn=reg.task_arn, task_definition_arn=reg.task_definition_arn,
             container_inst_id=inst_id, container_instance_arn=reg.container_instance_arn,
             ec2_instance_id=ec2_id, overrides=reg.overrides, tags=reg.tags, group=reg.group,
-            started_by=reg.started_by, registered_at=now, gpus=reg.gpus,
+            started_by=reg.started_by, registered_at=now, gpus=reg.gpus, subnet=reg.subnet,
         )
         if repo.put_rank_registration(rank):
             logger.info("rank registered", extra={"job_id": reg.job_id, "rank": reg.rank,
@@ -322,7 +382,7 @@ class RankOperations:
         if mode != "tags":
             try:
                 reg = registration_from_event(detail.model_dump())
-            except TooLarge as refused:
+            except Refused as refused:
                 self.refuse(refused)
                 return None
             except NotProtected as reason:
@@ -367,7 +427,7 @@ class RankOperations:
             return None
         try:
             reg = registration_from_tags(task, task.get("tags", []))
-        except TooLarge as refused:
+        except Refused as refused:
             self.refuse(refused)
             return None
         except StartedForSeveralRanks as several:
@@ -425,17 +485,15 @@ class RankOperations:
                 found.append(reg.rank)
         return found
 
-    def refuse(self, refused: TooLarge) -> None:
-        """A job too large to protect: a WARNING every time, a metric and an e-mail once."""
-        logger.warning("job too large to protect: not registered", extra={
-            "job_id": refused.job_id, "world_size": refused.world_size, "max_world_size": MAX_WORLD_SIZE})
-        notice = self.notices.for_facts(NotificationKind.JOB_REFUSED, "Job not protected: too many tasks",
-                                        NotificationFacts(
+    def refuse(self, refused: Refused) -> None:
+        """A job the loop cannot protect: a WARNING every time, a metric and an e-mail once."""
+        logger.warning("job not protected: not registered", extra={
+            "job_id": refused.job_id, "world_size": refused.world_size, "why": str(refused)})
+        notice = self.notices.for_facts(NotificationKind.JOB_REFUSED, refused.headline, NotificationFacts(
             job_id=refused.job_id,
             what_happened=str(refused),
             what_was_done="Nothing: its ranks are not registered, a GPU fault in this job is not recovered",
-            operator_action=(f"Run jobs of at most {MAX_WORLD_SIZE} tasks (e.g. one task per node instead of "
-                             "one per GPU), or remove the gpu-recovery tags from this job's tasks.")))
+            operator_action=refused.operator_action))
         now = clock.now()
         if not self.deps.repo.mark_refused(refused.job_id, refused.world_size, now,
                                            also=self.notices.owe([notice], now)):

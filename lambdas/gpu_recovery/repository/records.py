@@ -60,6 +60,7 @@ def job_from_item(item: Mapping[str, Any]) -> Job:
         last_fault=dict(item.get("last_fault") or {}),
         relocation_wait=RelocationWait.from_item(item["job_id"], item.get("relocation_wait"), attempt),
         breaker_hold=BreakerHold.from_item(item["job_id"], item.get("breaker_hold"), attempt),
+        network=dict(item.get("network") or {}),
     )
 
 
@@ -81,6 +82,7 @@ def job_to_item(job: Job) -> dict[str, Any]:
             "created_at": job.created_at,
             "updated_at": job.updated_at,
             "source": job.source,
+            **({"network": job.network} if job.network else {}),
         }
     )
 
@@ -109,6 +111,7 @@ def rank_from_item(item: Mapping[str, Any]) -> Rank:
         launch_attempt=item.get("launch_attempt"),
         launch_lease_until=item.get("launch_lease_until"),
         gpus=int(item.get("gpus") or 0),
+        subnet=str(item.get("subnet") or ""),
     )
 
 
@@ -135,6 +138,8 @@ def rank_to_item(rank: Rank) -> dict[str, Any]:
     }
     if rank.gpus:
         item["gpus"] = rank.gpus
+    if rank.subnet:
+        item["subnet"] = rank.subnet
     if rank.is_live and rank.container_inst_id:
         item[JOB_BY_INSTANCE_PK] = rank.container_inst_id
     if rank.exit_code is not None:

@@ -101,6 +101,7 @@ def _new_item(deps: Deps, job_id: str, spec: JobSpec, user: str, now: float) -> 
         "updated_at": now,
         "spec_json": spec.to_json(),
         "task_definition_arn": spec.task_definition,
+        **({"network": spec.network.awsvpc()} if spec.network is not None else {}),
         "world_size": spec.nnodes,
         "gpus_per_node": spec.gpus_per_node,
         "attempt": 0,
@@ -138,6 +139,16 @@ def _validate_against_aws(deps: Deps, spec: JobSpec) -> JobSpec:
     deps.authorize(lambda a: a.check_family(task_def.get("taskDefinitionArn", spec.task_definition)))
     deps.authorize(lambda a: a.check_task_roles(
         [r for r in (task_def.get("taskRoleArn"), task_def.get("executionRoleArn")) if r]))
+    mode = str(task_def.get("networkMode") or "bridge")
+    if mode == "awsvpc" and spec.network is None:
+        raise InvalidRequest(
+            f"network: task definition {spec.task_definition} uses the awsvpc network mode: ECS needs the "
+            "tasks' subnets (and security groups) to start them; give network.subnets and "
+            "network.security_groups", "network")
+    if mode != "awsvpc" and spec.network is not None:
+        raise InvalidRequest(
+            f"network: only for task definitions in the awsvpc network mode; {spec.task_definition} uses "
+            f"{mode} (ECS refuses a network configuration for it): leave network out", "network")
     containers = task_def.get("containerDefinitions", [])
     names = [c.get("name") for c in containers]
     container_name = spec.container_name or (names[0] if names else None)
