@@ -47,6 +47,7 @@ SECTIONS = (
     ("Crash consistency", "bench.crash_consistency_bench"),
     ("Remediation MTTR", "bench.remediation_bench"),
     ("Node heartbeats", "bench.heartbeat_bench"),
+    ("Heartbeat writes per partition", "bench.heartbeat_partitions_bench"),
     ("Jobs API", "bench.jobs_api_bench"),
     ("Queue scheduler", "bench.scheduler_bench"),
     ("Time sharing", "bench.time_sharing_bench"),

@@ -56,6 +56,7 @@ class PartitionThroughput:
     _seconds: dict[Partition, _Second] = field(default_factory=dict, repr=False)
     _peak_write: dict[Partition, float] = field(default_factory=dict, repr=False)
     _peak_read: dict[Partition, float] = field(default_factory=dict, repr=False)
+    _total_write: dict[Partition, float] = field(default_factory=dict, repr=False)
     #: throttled calls by ThrottlingReason ("IndexWriteKeyRangeThroughputExceeded"...)
     throttled: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -82,6 +83,7 @@ class PartitionThroughput:
                 if write:
                     used.write += units
                     peaks[partition] = max(peaks.get(partition, 0.0), used.write)
+                    self._total_write[partition] = self._total_write.get(partition, 0.0) + units
                 else:
                     used.read += units
                     peaks[partition] = max(peaks.get(partition, 0.0), used.read)
@@ -98,6 +100,11 @@ class PartitionThroughput:
         with self._lock:
             return dict(self._peak_write if write else self._peak_read)
 
+    def write_units(self) -> dict[Partition, float]:
+        """The write units each partition took in all."""
+        with self._lock:
+            return dict(self._total_write)
+
     def busiest(self, *, write: bool = True) -> tuple[Partition | None, float]:
         """The partition that took the most units in one second, and how many."""
         peaks = self.peaks(write=write)
@@ -111,6 +118,7 @@ class PartitionThroughput:
             self._seconds.clear()
             self._peak_write.clear()
             self._peak_read.clear()
+            self._total_write.clear()
             self.throttled.clear()
 
 
