@@ -340,6 +340,9 @@ def _print(result: dict[str, Any]) -> None:
                         + (f" ({f['timeouts']} timed out)" if f["timeouts"] else "")
                         for name, f in lam["functions"].items())
     print(f"  Lambda longest invocation / timeout: {longest}; max concurrency {lam['max_concurrency']}")
+    runs = ", ".join(f"{name} {f['invocations']:,} ({f['invocations'] / result['tasks']:.2f}/rank)"
+                     for name, f in lam["functions"].items())
+    print(f"  Lambda invocations: {runs}")
     refused = result["notifications_refused"]
     print(f"  dead letters {result['dead_letters_total']} {result['dead_letters'] or ''}; suspects "
           f"{result['suspects']}, health checks {result['health_checks']} "

@@ -6,10 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_recovery.domain.reboot_evidence import REBOOT_MIN_OUTAGE_SECONDS
+
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 # Task definitions the CLI's documentation submits besides the examples' (cli/README.md).
 DOCUMENTED_TASK_DEFINITIONS = {"bert-train": 7}
-MIN_REBOOT_SECONDS = 30  # SimulatedEcs: tasks killed 5 s, agent down 15 s after the request
+# SimulatedEcs: tasks killed 5 s, agent down 15 s after the request; the agent must then stay
+# away as long as a reboot does for the recovery loop to take it for one (without a node
+# agent reporting the boot time, domain.reboot_evidence).
+MIN_REBOOT_SECONDS = 15 + int(REBOOT_MIN_OUTAGE_SECONDS)
 
 
 class PlaygroundError(Exception):
@@ -45,7 +50,8 @@ class PlaygroundConfig:
             ("aws_port", 0 <= self.aws_port <= 65535, "0..65535"),
             ("run_minutes", 0 < self.run_minutes <= 7 * 24 * 60, "above 0, at most a week"),
             # The simulated agent disconnects 15 s after the reboot request: a node back before
-            # that would never be seen going down (the recovery would wait for it in vain).
+            # that would never be seen going down, one back too soon after looks like a blip
+            # (the recovery would wait for it in vain).
             ("reboot_seconds", MIN_REBOOT_SECONDS <= self.reboot_seconds <= 3600,
              f"{MIN_REBOOT_SECONDS}..3600"),
             ("dcgm_seconds", 5 <= self.dcgm_seconds <= 3600, "5..3600"),

@@ -262,7 +262,7 @@ def test_a_large_gang_is_stopped_and_restarted_through_the_gang_queue(capsys: py
     sent to the gang queue and run by the gang worker (the console shows each batch), and
     the job recovers and completes."""
     process = PlaygroundProcess("--nodes", "17", "--gpus", "1", "--speed", "40", "--run-minutes", "1",
-                                "--reboot-seconds", "30", "--once")  # 17 nodes: spare the CPU
+                                "--reboot-seconds", "45", "--once")  # 17 nodes: spare the CPU
     try:
         for name, value in process.exports().items():
             monkeypatch.setenv(name, value)
@@ -323,7 +323,7 @@ def test_playground_settings_are_checked() -> None:
         PlaygroundConfig(speed=0).validate()
     with pytest.raises(ValueError, match=r"--gpus: 32 is not 1\.\.16"):
         PlaygroundConfig(gpus_per_node=32).validate()
-    with pytest.raises(ValueError, match=r"--reboot-seconds: 10 is not 30\.\.3600"):
+    with pytest.raises(ValueError, match=r"--reboot-seconds: 10 is not 45\.\.3600"):
         PlaygroundConfig(reboot_seconds=10).validate()  # back before its agent was seen going down
     with pytest.raises(ValueError, match="--port and --aws-port must differ"):
         PlaygroundConfig(port=9000, aws_port=9000).validate()
