@@ -1,19 +1,25 @@
 """Heartbeat writes per partition key (issue 40, defect 9): the busiest partition of the job
 table and of each of its indexes, in write units a second, while a cluster reports.
 
-    python -m bench.heartbeat_partitions_bench     # BENCH_HB_NODES=10000 by default
+    python -m bench.heartbeat_partitions_bench     # BENCH_HB_NODES=1000 by default
 
-``BENCH_HB_NODES`` nodes, one RUNNING job of 8 ranks each, report their 8 tasks every 30 s
-(spread evenly over the 30 s) through the real heartbeat service, on the in-memory DynamoDB
-(``local_mode.sim.dynamo``) with its partition model measuring, per partition key value of
-the table and of each GSI, the write units each second took (limits lifted: the demand is
-measured, not what throttling would let through). One cycle seeds every rank's first
-heartbeat, the next cycle is measured (each rank reports once in it). Twice: with the index
-as it is (``by-heartbeat-slot``: 32 shards, 90 s slots, KEYS_ONLY) and as it was (one
-partition key ``WATCHED``, the exact heartbeat time as sort key, ALL projection).
+``BENCH_HB_NODES`` nodes (1,000: the in-memory store's update expressions cost ~5 ms each,
+so 10,000 nodes' two cycles would take an hour of CPU), one RUNNING job of 8 ranks each,
+report their 8 tasks every 30 s (spread evenly over the 30 s) through the real heartbeat
+service, on the in-memory DynamoDB (``local_mode.sim.dynamo``) with its partition model
+measuring, per partition key value of the table and of each GSI, the write units each
+second took (limits lifted: the demand is measured, not what throttling would let
+through). One cycle seeds every rank's first heartbeat, the next cycle is measured (each
+rank reports once in it). Twice: with the index as it is (``by-heartbeat-slot``: 32
+shards, 90 s slots, KEYS_ONLY) and as it was (one partition key ``WATCHED``, the exact
+heartbeat time as sort key, ALL projection).
 
 DynamoDB takes about 1,000 write units a second per partition (table or GSI); a GSI
-partition over it throttles the base table's writes (GSI back-pressure).
+partition over it throttles the base table's writes (GSI back-pressure). Every load of a
+heartbeat-index partition grows linearly with the report rate (reports spread evenly), so
+the figures are also given for ``PROJECTED_NODES`` (10,000) nodes: the busiest partition's
+units times 10,000 / nodes (for the shards, the busiest of 32 samples: an upper bound). A
+node's own partitions (``by-container-instance``) do not grow with the cluster.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-NODES = int(os.environ.get("BENCH_HB_NODES", "10000"))
+from local_mode.sim.clock import SimClock
+
+NODES = int(os.environ.get("BENCH_HB_NODES", "1000"))
+PROJECTED_NODES = 10_000
 RANKS = 8
 INTERVAL = 30
 T0 = 1_734_220_020.0
@@ -40,7 +49,7 @@ def _old_fields(job_id: str, rank: int, at: float, slot: int) -> dict[str, Any]:
 
 
 @contextmanager
-def _design(old: bool) -> Iterator[Callable[[], Any]]:
+def _design(old: bool, sim_clock: SimClock) -> Iterator[Callable[[], Any]]:
     """The job table's definition and heartbeat fields of one design (the old one: its index
     with an ALL projection, its fields); yields a factory of the in-memory store."""
     from gpu_recovery import constants as C
@@ -56,7 +65,7 @@ def _design(old: bool) -> Iterator[Callable[[], Any]]:
     saved = HeartbeatRepository.heartbeat_fields
 
     def store() -> Any:
-        db = MemoryDynamo({C.DEFAULT_INSTANCE_TABLE_NAME: "instance"}, now=_CLOCK)
+        db = MemoryDynamo({C.DEFAULT_INSTANCE_TABLE_NAME: "instance"}, now=sim_clock.now, validate=False)
         db.create_table(TableName=C.DEFAULT_JOB_TABLE_NAME, **job)
         return db
 
@@ -68,15 +77,6 @@ def _design(old: bool) -> Iterator[Callable[[], Any]]:
         setattr(HeartbeatRepository, "heartbeat_fields", staticmethod(saved))  # noqa: B010
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-_CLOCK = _Clock()
 
 
 def task_arn(job: str, rank: int) -> str:
@@ -95,9 +95,10 @@ def measure(old: bool, nodes: int = NODES) -> dict[str, Any]:
     from local_mode.sim.dynamo import PartitionThroughput
 
     started = time.perf_counter()
-    clock.set_clock(_CLOCK, lambda s: None)
+    sim_clock = SimClock(T0)  # the simulated wall clock the store's seconds are counted on
+    clock.set_clock(sim_clock.now, lambda s: None)
     try:
-        with _design(old) as store:
+        with _design(old, sim_clock) as store:
             db = store()
             repo = Repository(db, C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME)
             # Nothing here reaches ECS, SNS or the recovery loop (every rank keeps reporting).
@@ -114,9 +115,9 @@ def measure(old: bool, nodes: int = NODES) -> dict[str, Any]:
 
             def cycle(start: float) -> None:
                 for n in range(nodes):
-                    _CLOCK.t = start + (n * INTERVAL) / nodes  # evenly over the interval
+                    sim_clock.set(start + (n * INTERVAL) / nodes)  # evenly over the interval
                     job = f"job{n:05d}"
-                    service.report_tasks(f"node{n:05d}", _CLOCK.t,
+                    service.report_tasks(f"node{n:05d}", sim_clock.now(),
                                          [ReportedTask(task_arn(job, r)) for r in range(RANKS)])
 
             cycle(T0)
@@ -140,6 +141,8 @@ def measure(old: bool, nodes: int = NODES) -> dict[str, Any]:
         "nodes": nodes, "rank_heartbeats_per_second": round(nodes * RANKS / INTERVAL),
         "busiest_partition": {"where": busiest[0], "key": busiest[1][0], "wcu_per_second": busiest[1][1]},
         "heartbeat_index_busiest_wcu_per_second": by_index.get(index, ("", 0.0))[1],
+        f"heartbeat_index_busiest_wcu_per_second_at_{PROJECTED_NODES}_nodes": round(
+            by_index.get(index, ("", 0.0))[1] * PROJECTED_NODES / nodes),
         "heartbeat_index_partitions_written": len({k for _, i, k in peaks if i == C.JOB_BY_HEARTBEAT_INDEX}),
         "over_1000_wcu_per_second": sorted(f"{t}/{i or '(table)'}:{k}" for (t, i, k), u in peaks.items()
                                            if u > 1000)[:5],

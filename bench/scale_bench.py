@@ -26,6 +26,7 @@ Environment: ``SCALE_SIZES`` (tasks per job, default 8,64,256,1024 one per node 
 per GPU), ``SCALE_LAYOUTS`` (per-node,per-gpu), ``SCALE_SCENARIOS`` (cascade,all-nodes),
 ``SCALE_WALL_SECONDS`` (cap per scenario, default 600), ``SCALE_SEED``, ``SCALE_SPARES``,
 ``SCALE_SETTINGS`` (recovery ``Settings`` fields to override, as JSON),
+``SCALE_PARTITIONS=1`` (DynamoDB's per-partition limits modelled: ``local_mode.sim.dynamo.throughput``),
 ``SCALE_SETUP_READS_UNLIMITED=1`` (the registration set-up runs without the account's
 Describe/List limit, which a job of thousands of tasks registering at once exceeds: its
 registration is then not measured at the real limits, but its recovery can be).
@@ -107,6 +108,16 @@ def _job_fields(world: ScaleWorld, job_id: str) -> dict[str, Any]:
                                         ("job_state", "attempt", "last_error")) or {}
 
 
+def _partitions(throughput: Any) -> dict[str, Any]:
+    """``SCALE_PARTITIONS=1``: the busiest partition's write units in a second and the calls
+    refused for a partition over DynamoDB's limits (none without the model)."""
+    if throughput is None:
+        return {}
+    where, units = throughput.busiest()
+    return {"busiest_partition_wcu_per_second": units, "busiest_partition": "/".join(map(str, where or ())),
+            "throttled": dict(throughput.throttled)}
+
+
 def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120, spares: int = 2,
                  wall_cap: float = 600.0, cascade_seconds: float = 5.0,
                  settings: dict[str, Any] | None = None, lift_setup_reads: bool = False) -> dict[str, Any]:
@@ -118,7 +129,8 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
     if settings:
         out["settings"] = dict(settings)
     overrides = {"check_all_nodes_on_fault": scenario == "all-nodes", **(settings or {})}
-    world = build_world(backend="scale", seed=seed, settings=overrides, validate_dynamodb=False)
+    world = build_world(backend="scale", seed=seed, settings=overrides, validate_dynamodb=False,
+                        partition_throughput=os.environ.get("SCALE_PARTITIONS") == "1")
     try:
         nodes = [world.cluster.add_node(f"node-{i:04d}") for i in range(node_count)]
         for i in range(spares):
@@ -269,6 +281,7 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
             "job_item_bytes": world.dynamo.item_bytes(JOB_TABLE).get(
                 f"{JOB_TABLE}:{C.job_item_key(job.job_id)}", 0),
             "instance_items": len(world.dynamo.item_bytes(INSTANCE_TABLE)),
+            **_partitions(world.dynamo.partition_throughput),
         },
         "ecs": {"calls": ecs_calls, "control_plane_calls": control, "read_calls": read,
                 "control_per_rank": round(control / n, 2),
@@ -321,6 +334,9 @@ def _print(result: dict[str, Any]) -> None:
           f"{d['items_written']:,} written ({d['items_written_per_rank']}/rank); {d['read_units']:,} RRU, "
           f"{d['write_units']:,} WRU; largest item {d['largest_item_bytes']:,} B ({d['largest_item']}); "
           f"conflicts {d['conflicts']} ({d['conflicts_per_rank']}/rank); errors {d['errors'] or '-'}")
+    if "busiest_partition" in d:
+        print(f"  DynamoDB partitions (SCALE_PARTITIONS=1): busiest {d['busiest_partition']} "
+              f"{d['busiest_partition_wcu_per_second']} WCU in a second; throttled {d['throttled'] or 0}")
     if d["conflicts_by_item"]:
         hot = ", ".join(f"{k} {v}" for k, v in d["conflicts_by_item"].items())
         print(f"  conflicts by item (the 5 most): {hot}")

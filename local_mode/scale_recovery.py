@@ -65,7 +65,7 @@ from local_mode.sim import deployment as D
 from local_mode.sim.aws_calls import Account, Latencies
 from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTopic, SsmClient
 from local_mode.sim.bus import EventBus
-from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo
+from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo, PartitionThroughput
 from local_mode.sim.ecs_cluster import EcsCluster
 from local_mode.sim.ecs_model import Node, Task
 from local_mode.sim.engine import Simulation
@@ -185,7 +185,8 @@ class ScaleWorld:
                  service_factory: Callable[[Ports], Any] = default_service,
                  validate_dynamodb: bool = True, cluster: dict[str, Any] | None = None,
                  keep_invocations: bool = False, gang_fanout: bool = True,
-                 gang_worker_concurrency: int = D.GANG_QUEUE.max_concurrency) -> None:
+                 gang_worker_concurrency: int = D.GANG_QUEUE.max_concurrency,
+                 partition_throughput: bool = False) -> None:
         self.sim = Simulation(seed=seed)
         self.sim.install_clock()
         # The recovery code's own jitter (contention back-off, health-check retries) draws from
@@ -197,7 +198,9 @@ class ScaleWorld:
             {JOB_TABLE: "job", INSTANCE_TABLE: "instance"},
             context=self._context, now=lambda: self.sim.now,
             on_call=lambda operation: self.sim.pause(self.latencies.dynamodb_call(operation)),
-            tx_conflict_window=tx_conflict_window, validate=validate_dynamodb)
+            tx_conflict_window=tx_conflict_window, validate=validate_dynamodb,
+            # DynamoDB's per-partition limits on the simulated clock (off: a bench turns it on).
+            partition_throughput=PartitionThroughput() if partition_throughput else None)
         # keep_invocations: every Invocation (payload included) for inspection; off, only stats.
         self.lambdas = LambdaService(self.sim, concurrency=lambda_concurrency,
                                      keep_invocations=keep_invocations)

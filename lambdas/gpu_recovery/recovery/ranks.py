@@ -91,6 +91,7 @@ class Refused(NotProtected):
 
     headline = "Job not protected"
     operator_action = ""
+    log_message = "job not protected: not registered"
 
     def __init__(self, job_id: str, world_size: int, why: str) -> None:
         super().__init__(why)
@@ -102,6 +103,7 @@ class TooLarge(Refused):
     """A tagged job larger than the loop protects."""
 
     headline = "Job not protected: too many tasks"
+    log_message = "job too large to protect: not registered"
     operator_action = (f"Run jobs of at most {MAX_WORLD_SIZE} tasks (e.g. one task per node instead of "
                        "one per GPU), or remove the gpu-recovery tags from this job's tasks.")
 
@@ -115,6 +117,7 @@ class NetworkUnknown(Refused):
     tells none): it could not be restarted as it was (domain.task_network)."""
 
     headline = "Job not protected: its awsvpc network is not known"
+    log_message = "awsvpc job without its security groups: not registered"
     operator_action = (f"Start the job's tasks with the tag {TAG_SECURITY_GROUPS} (or, under the "
                        f"registration convention, the environment variable {ENV_VAR_SECURITY_GROUPS}): "
                        "their security group ids, separated by spaces (and, optionally, "
@@ -487,7 +490,7 @@ class RankOperations:
 
     def refuse(self, refused: Refused) -> None:
         """A job the loop cannot protect: a WARNING every time, a metric and an e-mail once."""
-        logger.warning("job not protected: not registered", extra={
+        logger.warning(refused.log_message, extra={
             "job_id": refused.job_id, "world_size": refused.world_size, "why": str(refused)})
         notice = self.notices.for_facts(NotificationKind.JOB_REFUSED, refused.headline, NotificationFacts(
             job_id=refused.job_id,
