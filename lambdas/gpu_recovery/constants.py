@@ -186,8 +186,9 @@ HB_SK = "hb_slot"  # epoch seconds (number): the last heartbeat's slot start
 HB_AT = "last_heartbeat_at"  # epoch seconds (number): the last heartbeat, exactly (no index key)
 HB_BUCKET = "WATCHED"
 # 10,000 nodes x 8 ranks, reports every 30 s, 90 s slots (staggered per shard): each entry
-# moves every third report, ~1,800 index WCU/s in all, ~55 per shard (measured: make bench,
-# docs/benchmarks.md); the sweep's 32 Queries a minute cost ~16 RCU.
+# moves every third report, ~1,800 index WCU/s in all, a shard ~55 on average and ~180 in the
+# 30 s after its slot starts (make bench, docs/benchmarks.md); the sweep's 32 Queries a
+# minute cost ~16 RCU.
 HB_SHARDS = 32
 
 # Queue indexes (issue: job queue). Sparse: only QUEUED / PENDING_RESOURCES job items
