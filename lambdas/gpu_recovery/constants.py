@@ -502,6 +502,10 @@ NOTIFICATION_KIND_ATTRIBUTE = "event_kind"
 # task per GPU on 1,024 nodes of 8 GPUs. A larger tagged job is refused loudly.
 MAX_WORLD_SIZE = 8192
 MAX_QUEUE_NODES = 1024
+# ECS: at most 50 tags a task, those prefixed aws: aside (ECS API Reference, Tag). A restarted
+# task carries its original's tags plus gpu-recovery:attempt: a tagged job with no room for
+# it is refused at registration (recovery/ranks.py, TooManyTags).
+MAX_TASK_TAGS = 50
 
 # --------------------------------------------------------------------------------------
 # ECS task tags that opt a job in to recovery

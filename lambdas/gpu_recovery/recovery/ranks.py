@@ -22,6 +22,7 @@ from gpu_recovery.constants import (
     ENV_VAR_RELOCATABLE,
     ENV_VAR_WORLD_SIZE,
     JOB_GROUP_PREFIX,
+    MAX_TASK_TAGS,
     MAX_WORLD_SIZE,
     TAG_ATTEMPT,
     TAG_JOB_ID,
@@ -78,14 +79,49 @@ class NotProtected(ValueError):
     """The task carries no (or malformed) recovery tags."""
 
 
-class TooLarge(NotProtected):
-    """A tagged job larger than the loop protects: refused loudly, never ignored."""
+class Refused(NotProtected):
+    """A tagged job the loop cannot protect: refused loudly (a WARNING every time, one e-mail),
+    never ignored."""
 
-    def __init__(self, job_id: str, world_size: int) -> None:
-        super().__init__(f"job {job_id} has {world_size} tasks; the recovery loop protects jobs of at most "
-                         f"{MAX_WORLD_SIZE}")
+    headline = "Job not protected"
+    log_message = "job not protected: not registered"
+    operator_action = ""
+
+    def __init__(self, job_id: str, world_size: int, why: str) -> None:
+        super().__init__(why)
         self.job_id = job_id
         self.world_size = world_size
+
+
+class TooLarge(Refused):
+    """A tagged job larger than the loop protects."""
+
+    headline = "Job not protected: too many tasks"
+    log_message = "job too large to protect: not registered"
+    operator_action = (f"Run jobs of at most {MAX_WORLD_SIZE} tasks (e.g. one task per node instead of one "
+                       "per GPU), or remove the gpu-recovery tags from this job's tasks.")
+
+    def __init__(self, job_id: str, world_size: int) -> None:
+        super().__init__(job_id, world_size, f"job {job_id} has {world_size} tasks; the recovery loop "
+                                             f"protects jobs of at most {MAX_WORLD_SIZE}")
+
+
+class TooManyTags(Refused):
+    """A tagged job whose tasks carry so many tags that a restart could not tag its tasks with
+    their attempt: ECS allows 50 tags a task (``aws:`` ones aside), and a restarted task
+    carries the original's tags plus ``gpu-recovery:attempt`` (ECS API Reference, Tag)."""
+
+    headline = "Job not protected: its tasks carry too many tags"
+    log_message = "job whose tasks carry too many tags to restart: not registered"
+    operator_action = (f"Remove a tag from the job's tasks (or tag them {TAG_ATTEMPT}=1 in place of "
+                       f"another tag) and start the job again: a restarted task carries its tags plus "
+                       f"{TAG_ATTEMPT}, and ECS takes at most {MAX_TASK_TAGS} tags a task.")
+
+    def __init__(self, job_id: str, world_size: int, tags: int) -> None:
+        super().__init__(job_id, world_size, f"the tasks of job {job_id} carry {tags} tags; a restart adds "
+                                             f"{TAG_ATTEMPT}, and ECS takes at most {MAX_TASK_TAGS} tags "
+                                             "a task")
+        self.tags = tags
 
 
 class StartedForSeveralRanks(NotProtected):
@@ -117,6 +153,9 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
         raise NotProtected(f"malformed recovery tags: {values}")
     if world_size > MAX_WORLD_SIZE:
         raise TooLarge(job_id, world_size)
+    user_tags = [t for t in tags if not str(t.get("key", "")).lower().startswith("aws:")]
+    if len(tags_for_attempt(user_tags, max(1, attempt))) > MAX_TASK_TAGS:
+        raise TooManyTags(job_id, world_size, len(user_tags))
     gpus = sum(len(c.get("gpuIds") or []) for c in task.get("containers") or [] if isinstance(c, dict))
     return RankRegistration(
         job_id=job_id,
@@ -322,7 +361,7 @@ class RankOperations:
         if mode != "tags":
             try:
                 reg = registration_from_event(detail.model_dump())
-            except TooLarge as refused:
+            except Refused as refused:
                 self.refuse(refused)
                 return None
             except NotProtected as reason:
@@ -367,7 +406,7 @@ class RankOperations:
             return None
         try:
             reg = registration_from_tags(task, task.get("tags", []))
-        except TooLarge as refused:
+        except Refused as refused:
             self.refuse(refused)
             return None
         except StartedForSeveralRanks as several:
@@ -425,17 +464,16 @@ class RankOperations:
                 found.append(reg.rank)
         return found
 
-    def refuse(self, refused: TooLarge) -> None:
-        """A job too large to protect: a WARNING every time, a metric and an e-mail once."""
-        logger.warning("job too large to protect: not registered", extra={
-            "job_id": refused.job_id, "world_size": refused.world_size, "max_world_size": MAX_WORLD_SIZE})
-        notice = self.notices.for_facts(NotificationKind.JOB_REFUSED, "Job not protected: too many tasks",
-                                        NotificationFacts(
+    def refuse(self, refused: Refused) -> None:
+        """A job the loop cannot protect: a WARNING every time, a metric and an e-mail once."""
+        logger.warning(refused.log_message, extra={
+            "job_id": refused.job_id, "world_size": refused.world_size, "why": str(refused),
+            "max_world_size": MAX_WORLD_SIZE})
+        notice = self.notices.for_facts(NotificationKind.JOB_REFUSED, refused.headline, NotificationFacts(
             job_id=refused.job_id,
             what_happened=str(refused),
             what_was_done="Nothing: its ranks are not registered, a GPU fault in this job is not recovered",
-            operator_action=(f"Run jobs of at most {MAX_WORLD_SIZE} tasks (e.g. one task per node instead of "
-                             "one per GPU), or remove the gpu-recovery tags from this job's tasks.")))
+            operator_action=refused.operator_action))
         now = clock.now()
         if not self.deps.repo.mark_refused(refused.job_id, refused.world_size, now,
                                            also=self.notices.owe([notice], now)):
