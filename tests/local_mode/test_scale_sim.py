@@ -15,7 +15,8 @@ from botocore.exceptions import ClientError
 from gpu_recovery import clock
 from gpu_recovery import constants as C
 from local_mode.scale_recovery import launch_tagged_job
-from local_mode.sim.aws_calls import Account
+from local_mode.sim.aws_calls import Account, ClientFailure
+from local_mode.sim.contract.requests import ContractViolation
 from local_mode.sim.engine import Simulation
 from local_mode.sim.lambdas import LambdaService
 from local_mode.sim.sqs import SqsQueue, sqs_batch_handler
@@ -178,10 +179,16 @@ def test_start_task_places_one_task_per_named_instance_and_reports_the_others(si
                                         {"arn": nodes[2].container_instance_arn, "reason": "AGENT"},
                                         {"arn": "arn:missing", "reason": "MISSING"}]
         assert world.account.stats.calls["ecs:StartTask"] == 1  # one call for the whole list
-        with pytest.raises(ClientError, match="at most 10"):
+        eleven = [n.container_instance_arn for n in nodes[:11]]
+        # The request guard refuses the request before the cluster sees it; the cluster
+        # refuses it too, as ECS does.
+        with pytest.raises(ContractViolation, match="at most 10 container instances"):
             world.sim.run_process(lambda: client.start_task(
-                cluster=world.cluster.name, taskDefinition="train",
-                containerInstances=[n.container_instance_arn for n in nodes[:11]]))
+                cluster=world.cluster.name, taskDefinition="train", containerInstances=eleven))
+        assert [v.member for v in world.requests.take()] == ["containerInstances"]
+        with pytest.raises(ClientFailure, match="at most 10"):
+            world.cluster.start_task({"cluster": world.cluster.name, "taskDefinition": "train",
+                                      "containerInstances": eleven})
         listed = world.sim.run_process(lambda: client.list_tasks(cluster=world.cluster.name,
                                                                  startedBy="gang-a2"))
         assert listed["taskArns"] == [response["tasks"][0]["taskArn"]]
