@@ -15,7 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gpu_recovery.adapters import aws
-from gpu_recovery.adapters.ecs import EcsAdapter
+from gpu_recovery.adapters.ecs import AttributeLimitExceeded, EcsAdapter
 from gpu_recovery.domain import launch_plan
 from gpu_recovery.recovery import gang
 from local_mode.emulator import LocalAws
@@ -481,9 +481,11 @@ def test_custom_attributes_past_ten_on_a_node_are_refused_as_ecs_refuses_them() 
         )
         ecs = EcsAdapter(aws.client("ecs"), local.cluster_name)
         assert ecs.put_attributes(arn, {"gpu-recovery.unavailable": "spare"})  # the 10th: fine
-        with pytest.raises(ClientError) as error:
+        with pytest.raises(AttributeLimitExceeded) as error:  # the adapter's word for ECS's refusal
             ecs.put_attributes(arn, {"gpu-recovery.cordoned": ""})
-        assert error.value.response["Error"]["Code"] == "AttributeLimitExceededException"
+        cause = error.value.__cause__
+        assert isinstance(cause, ClientError)
+        assert cause.response["Error"]["Code"] == "AttributeLimitExceededException"
         assert local.requests.refusals["ecs:PutAttributes"] == 1 and local.requests.violations == []
         with pytest.raises(ContractViolation, match="at most 10 custom attributes"):
             aws.client("ecs").put_attributes(

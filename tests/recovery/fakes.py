@@ -152,6 +152,10 @@ class FakeEcs:
 
             raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
                                "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
+        if fault == "no_room":  # the node carries 10 custom attributes of its users' (as EcsAdapter says)
+            from gpu_recovery.adapters.ecs import AttributeLimitExceeded
+
+            raise AttributeLimitExceeded(container_instance)
         node = container_instance.rsplit("/", 1)[-1]
         for name, value in attributes.items():
             self.attribute_calls.append(("put", node, name))
