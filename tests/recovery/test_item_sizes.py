@@ -51,7 +51,8 @@ def test_the_holds_of_a_10000_node_cluster_with_half_of_it_spare_fit_one_item(
 ) -> None:
     """spare_nodes takes up to 50 %: 5,000 holds of ~180 bytes would not fit the worklist's
     one item; the holds are capped (reserved first), and the item stays under 400 KB even
-    when every hold changed twice before any sync confirmed (twice the worklist members)."""
+    when every hold changed twice before any sync confirmed (twice the worklist members) and
+    ECS refused every node's attribute (no room: each member reported)."""
     dynamo, repo, _ = store
     free = [
         SpareNode(n, f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{n}", "", 8, 8)
@@ -64,10 +65,10 @@ def test_the_holds_of_a_10000_node_cluster_with_half_of_it_spare_fit_one_item(
     lent = {n: {**h, placement.LENT: f"queue-job-{uuid.uuid4()}"} for n, h in first.items()}
     assert repo.cordons.set_holds(repo.cordons.worklist(), lent, NOW + 60)
     read = repo.cordons.worklist()
-    assert (
-        len(read.holds) == placement.MAX_HOLDS
-        and sum(map(len, read.pending.values())) == 2 * placement.MAX_HOLDS
-    )
+    members = [m for pending in read.pending.values() for m in pending]
+    assert len(read.holds) == placement.MAX_HOLDS and len(members) == 2 * placement.MAX_HOLDS
+    assert repo.transact([repo.cordons.refused_update(members)])
+    assert repo.cordons.worklist().refused == frozenset(members)
     size = dynamo.item_bytes(INSTANCES)[f"{INSTANCES}:{C.CORDON_SYNC_ITEM_KEY}"]
     assert size < MAX_ITEM_BYTES, size
 

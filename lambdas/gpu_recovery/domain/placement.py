@@ -59,11 +59,12 @@ SPARE = "spare"
 HOLD_KINDS = (RESERVED, SPARE)
 LENT = "lent"  # key of a spare's hold: the queue job it is lent to ("" / absent: none)
 # The holds live on one DynamoDB item with the attribute sync worklist (repository/cordons.py)
-# and an item takes at most 400 KB (DynamoDB's item limit): a hold is ~180 bytes, its worklist
-# member ~50. At most this many nodes are held (reserved first, then spares): a larger
-# spare pool (spare_nodes up to 50 % of a 10,000-node cluster) is capped, with a WARNING at
-# each refresh (recovery/placement.py).
-MAX_HOLDS = 1000
+# and an item takes at most 400 KB (DynamoDB's item limit): a hold is ~230 bytes (lent), a
+# worklist member ~50 (twice per hold at worst, and as many reported refused). At most this
+# many nodes are held (reserved first, then spares): a larger spare pool (spare_nodes up to
+# 50 % of a 10,000-node cluster) is capped, with a WARNING at each refresh
+# (recovery/placement.py).
+MAX_HOLDS = 800
 # The only priority level a spare is lent to (domain.time_sharing.Priority.LOW): the
 # lowest level, the one every other level may preempt anyway.
 LENDABLE_PRIORITY = 0
