@@ -447,6 +447,15 @@ def test_every_prose_limit_cites_a_page_and_every_operation_was_reviewed() -> No
     assert any("36" in rule for _, rule, _ in start.prose)
 
 
+def test_an_operation_nobody_reviewed_fails_the_run_until_it_is_listed_with_its_limits() -> None:
+    guard = RequestGuard(Tables())
+    model = MODELS.get_service_model("ecs").operation_model("DeregisterContainerInstance")
+    assert guard.check("ecs", model, {"containerInstance": "ci"}) is None  # the call itself goes on
+    guard.check("ecs", model, {"containerInstance": "ci"})
+    [found] = guard.take()  # once per operation
+    assert found.operation == "ecs:DeregisterContainerInstance" and "prose_limits.OPERATIONS" in found.rule
+
+
 def test_the_list_prints_each_operation_with_its_limits(capsys: pytest.CaptureFixture[str]) -> None:
     assert contract_main(["requests", "--list", "--no-model"]) == 0
     out = capsys.readouterr().out

@@ -355,3 +355,23 @@ def test_a_small_scale_bench_run_recovers_with_nothing_dead_lettered(tasks: int)
     queue = result["gang_queue"]
     assert (queue["sent"] > 0) == (tasks > 16) and queue["failed_items"] == 0 and queue["in_queue"] == 0
     assert result["above_floor_s"] is not None and 0 <= result["above_floor_s"] < 30
+
+
+@pytest.mark.slow
+def test_the_largest_job_recovers_within_every_aws_request_and_item_limit() -> None:
+    """8,192 tasks, one per GPU on 1,024 nodes (the largest job the loop protects, issue 40):
+    its recovery makes no request AWS would refuse (the scale world's request guard: every
+    StartTask's tags, every transaction, batch and item) and writes no item over 400 KB (the
+    in-memory DynamoDB measures each by DynamoDB's rules). Slow tier: minutes of wall time;
+    the quick tier runs the same recovery at 8 and 64 tasks."""
+    from bench.scale_bench import run_scenario
+
+    logging.disable(logging.CRITICAL)
+    try:
+        result = run_scenario("per-gpu", 8192, "cascade", wall_cap=3600.0)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert result["outcome"] == "recovered", result.get("traceback") or result["outcome"]
+    assert "contract_violations" not in result
+    assert result["dynamodb"]["largest_item_bytes"] < 400 * 1024
+    assert result["dead_letters_total"] == 0

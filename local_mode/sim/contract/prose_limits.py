@@ -117,6 +117,14 @@ def _describe_cis(params: Mapping[str, Any], _: RequestState) -> Iterator[Findin
     yield from _too_many("containerInstances", params.get("containerInstances"), 100, "container instances")
 
 
+def _describe_clusters(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
+    yield from _too_many("clusters", params.get("clusters"), 100, "clusters")
+
+
+def _list_attributes(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
+    yield from _range("maxResults", params.get("maxResults"), 1, 100)
+
+
 def _update_cis_state(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
     yield from _too_many("containerInstances", params.get("containerInstances"), 10, "container instances")
     status = params.get("status")
@@ -418,6 +426,20 @@ LIMITS: tuple[ProseLimit, ...] = (
         _describe_cis,
     ),
     ProseLimit(
+        "ecs:DescribeClusters",
+        "clusters",
+        "up to 100 clusters",
+        f"{ECS_API}, DescribeClusters (clusters)",
+        _describe_clusters,
+    ),
+    ProseLimit(
+        "ecs:ListAttributes",
+        "maxResults",
+        "1-100",
+        f"{ECS_API}, ListAttributes (maxResults)",
+        _list_attributes,
+    ),
+    ProseLimit(
         "ecs:UpdateContainerInstancesState",
         "containerInstances, status",
         "up to 10 container instances; status ACTIVE or DRAINING only",
@@ -553,6 +575,19 @@ OPERATIONS: dict[str, str] = {
     "TerminateInstanceInAutoScalingGroup (the model's)",
     "lambda:Invoke": "AWS Lambda API Reference, Invoke",
     **ddb.OPERATIONS,
+    # gpu-recovery-doctor's reads of the deployment (cli/doctor): no limit beyond the model's
+    # but those named in LIMITS
+    "ecs:DescribeClusters": f"{ECS_API}, DescribeClusters",
+    "ecs:ListAttributes": f"{ECS_API}, ListAttributes",
+    "dynamodb:DescribeContinuousBackups": "Amazon DynamoDB API Reference, DescribeContinuousBackups",
+    "events:DescribeRule": "Amazon EventBridge API Reference, DescribeRule",
+    "events:ListTargetsByRule": "Amazon EventBridge API Reference, ListTargetsByRule (Limit: the model's)",
+    "lambda:ListEventSourceMappings": "AWS Lambda API Reference, ListEventSourceMappings",
+    "logs:DescribeLogGroups": "Amazon CloudWatch Logs API Reference, DescribeLogGroups (limit: the model's)",
+    "sns:GetTopicAttributes": "Amazon SNS API Reference, GetTopicAttributes",
+    "sns:ListSubscriptionsByTopic": "Amazon SNS API Reference, ListSubscriptionsByTopic",
+    "sqs:GetQueueAttributes": "Amazon SQS API Reference, GetQueueAttributes",
+    "ssm:ListTagsForResource": "AWS Systems Manager API Reference, ListTagsForResource",
 }
 
 

@@ -401,8 +401,13 @@ class RequestGuard:
                     broken.append(self._violation(operation, finding, limit.citation))
         with self._lock:
             self.seen[operation] += 1
+            first = self.seen[operation] == 1
             if answer is not None and not broken:
                 self.refusals[operation] += 1
+        if first and operation not in OPERATIONS:
+            self.refused_by_service(operation, "an operation nobody reviewed for the limits its API reference "
+                                    "states in prose: add it, with them, to prose_limits.OPERATIONS",
+                                    source="the request guard's list of operations")
         if broken:
             self._fail(broken)
         return answer
@@ -419,10 +424,12 @@ class RequestGuard:
         _record(violations)
         raise ContractViolation(violations)
 
-    def refused_by_service(self, operation: str, message: str) -> None:
-        """The emulator refused a request as invalid (DynamoDB's ValidationException):
-        recorded, not raised (the caller gets the service's error, as from AWS)."""
-        violation = Violation(operation, "", "(the request)", message, "the emulated service's refusal")
+    def refused_by_service(self, operation: str, message: str, *,
+                           source: str = "the emulated service's refusal") -> None:
+        """The emulator refused a request as invalid (DynamoDB's ValidationException), or an
+        operation nobody reviewed was called: recorded, not raised (the caller gets the
+        service's answer, as from AWS)."""
+        violation = Violation(operation, "", "(the request)", message, source)
         with self._lock:
             self.violations.append(violation)
         _record([violation])
