@@ -405,8 +405,9 @@ class RequestGuard:
             if answer is not None and not broken:
                 self.refusals[operation] += 1
         if first and operation not in OPERATIONS:
-            self.refused_by_service(operation, "an operation nobody reviewed for the limits its API reference "
-                                    "states in prose: add it, with them, to prose_limits.OPERATIONS",
+            self.refused_by_service(operation, "an operation nobody reviewed for the limits its API "
+                                    "reference states in prose: add it, with them, to "
+                                    "prose_limits.OPERATIONS",
                                     source="the request guard's list of operations")
         if broken:
             self._fail(broken)
