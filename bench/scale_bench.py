@@ -205,7 +205,18 @@ def run_scenario(layout: str, size: int, scenario: str, *, seed: int = 20261120,
         return _incomplete(out, f"error: {type(error).__name__}: {error}", started)
     finally:
         world.close()
+        _held_to_the_contract(world, out, started)
         gc.collect()
+
+
+def _held_to_the_contract(world: ScaleWorld, out: dict[str, Any], started: float) -> None:
+    """Every request held to what AWS accepts (local_mode/sim/contract/requests.py): a run
+    that made one AWS would refuse did not complete, whatever its job did."""
+    refused = [str(v) for v in world.requests.violations]
+    if refused:
+        out["contract_violations"] = refused
+        if out.get("outcome") == "recovered":
+            _incomplete(out, f"{len(refused)} request(s) AWS would refuse: {refused[0]}", started)
 
 
 def _incomplete(out: dict[str, Any], why: str, started: float) -> dict[str, Any]:
@@ -417,6 +428,7 @@ def run_registration(size: int, kind: str, *, seed: int = 20261120,
         return _incomplete(out, f"error: {type(error).__name__}: {error}", started)
     finally:
         world.close()
+        _held_to_the_contract(world, out, started)
         gc.collect()
 
 
@@ -460,6 +472,7 @@ def run_mixed(registration: str, *, seed: int = 20261120, wall_cap: float = 600.
         return _incomplete(out, f"error: {type(error).__name__}: {error}", started)
     finally:
         world.close()
+        _held_to_the_contract(world, out, started)
         gc.collect()
 
 

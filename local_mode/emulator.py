@@ -17,6 +17,8 @@ Entering the context:
   on its session before any handler client exists, so :class:`~local_mode.api_hooks.ApiHooks` listeners
   (the simulated ECS data plane) and :class:`~local_mode.sim.api_errors.ApiFaults` (error
   injection) can be added at any time afterwards;
+* holds every request of the handlers' session to what AWS accepts (``requests``: the
+  request guard of ``local_mode.sim.contract.requests``; exiting raises its violations);
 * makes botocore's retry back-off a no-op (delays are recorded in ``retry_sleeps``)
   so injected throttling costs no wall time;
 * serializes DynamoDB attribute values in moto's responses directly (the same bytes as
@@ -76,6 +78,8 @@ from .moto_patches import (
 )
 from .sim.api_errors import ApiFaults
 from .sim.broken_calls import CallFaults
+from .sim.contract.requests import ContractViolation, RequestGuard
+from .sim.contract.state import MotoState, key_schemas
 from .sim.dynamo import MemoryDynamo
 from .sim.dynamo.botocore_backend import serve_dynamodb_from
 
@@ -141,6 +145,8 @@ class LocalAws:
         self.faults = ApiFaults()
         #: one fault at the n-th API call (crash-consistency tests)
         self.call_faults = CallFaults()
+        #: every handler request held to what AWS accepts (sim/contract/requests.py)
+        self.requests = RequestGuard()
         #: back-off delays botocore asked for (not slept unless sleep_on_retry)
         self.retry_sleeps: list[float] = []
         self._sleep_on_retry = sleep_on_retry
@@ -180,6 +186,11 @@ class LocalAws:
         self.node_token_table = self._settings[C.ENV_NODE_TOKEN_TABLE]
         self.idempotency_table = self._settings[C.ENV_IDEMPOTENCY_TABLE]
         self.quota_table = self._settings[C.ENV_QUOTA_TABLE]
+        tables = {name: C.table_definitions()[kind] for kind, name in (
+            ("job", self.job_table), ("instance", self.instance_table),
+            ("node_token", self.node_token_table), ("quota", self.quota_table))}
+        tables[self.idempotency_table] = {"KeySchema": [{"AttributeName": "id", "KeyType": "HASH"}]}
+        self.requests.state = MotoState(ACCOUNT_ID, REGION, key_schemas(tables))
         #: tables created on the stack's behalf (see ``_tolerate_create_table``)
         self._provisioned_tables: set[str] = set()
         self.env: dict[str, str] = {}
@@ -221,6 +232,7 @@ class LocalAws:
         aws.reset()
         share_model_loader(aws.session())
         events = aws.session().events
+        self.requests.install(aws.session())
         events.register("before-parameter-build", self.hooks.stash_params)
         events.register("before-call", self.hooks.before_call)
         events.register("after-call", self.hooks.after_call)
@@ -254,6 +266,8 @@ class LocalAws:
         self._saved_env.clear()
         self._clients.clear()
         self.memory_dynamodb = None
+        if not (exc and isinstance(exc[1], ContractViolation)):
+            self.requests.raise_if_violated()
 
     def use_tag_lookup_queue(self) -> str:
         """Name the tag lookup queue in the handlers' environment (``TAG_LOOKUP_QUEUE_URL``),

@@ -65,6 +65,8 @@ from local_mode.sim import deployment as D
 from local_mode.sim.aws_calls import Account, Latencies
 from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTopic, SsmClient
 from local_mode.sim.bus import EventBus
+from local_mode.sim.contract.requests import ContractViolation, RequestGuard
+from local_mode.sim.contract.state import ClusterState, key_schemas
 from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo, PartitionThroughput
 from local_mode.sim.ecs_cluster import EcsCluster
 from local_mode.sim.ecs_model import Node, Task
@@ -208,6 +210,12 @@ class ScaleWorld:
         self.bus = EventBus(clock=lambda: self.sim.now, copies=copies, keep_events=False,
                             timing=EngineTiming(self.sim, self.lambdas, delivery_delay=delivery_delay))
         self.cluster = EcsCluster(self.sim, self.account, self.bus, **(cluster or {}))
+        # Every call held to what AWS accepts, as in the moto world (sim/contract/requests.py).
+        definitions = C.table_definitions()
+        self.requests = RequestGuard(ClusterState(self.cluster._by_ref.get, key_schemas(
+            {JOB_TABLE: definitions["job"], INSTANCE_TABLE: definitions["instance"]})))
+        self.account.requests = self.requests
+        self.dynamo.check_request = lambda model, wire: self.requests.check("dynamodb", model, wire)
         self.topic = SnsTopic()
         self.metrics = RecordingMetrics()
         self.queues: dict[str, SqsQueue] = {}
@@ -349,6 +357,8 @@ class ScaleWorld:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+        if not (exc and isinstance(exc[1], ContractViolation)):
+            self.requests.raise_if_violated()
 
 
 # ================================================================== a tagged job

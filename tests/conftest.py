@@ -3,6 +3,7 @@
 * The emulator's CPU-only speedups for every test that uses moto, the emulator's own tests
   and those that start ``mock_aws`` themselves alike (same responses;
   ``local_mode.moto_patches.install_emulator_speedups``).
+* A request AWS would refuse fails the test that made it (``_no_request_aws_would_refuse``).
 * Two tiers (docs/testing.md): ``make test`` runs ``pytest --quick``, which leaves out the
   tests marked ``slow`` and does not even collect the modules in ``SLOW_MODULES`` (their
   parametrization runs whole recoveries at collection); ``make test-all`` runs everything.
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,20 @@ def pytest_configure(config: pytest.Config) -> None:
     install_emulator_speedups()
     if config.getoption("--quick"):
         os.environ[TIER_ENV] = "quick"
+
+
+@pytest.fixture(autouse=True)
+def _no_request_aws_would_refuse() -> Iterator[None]:
+    """Issue 40: a request AWS would refuse, made anywhere in a test (the request guard of
+    every LocalAws and scale world, local_mode/sim/contract/requests.py), fails the test even
+    when the code under test caught the error."""
+    from local_mode.sim.contract.requests import recorded, recorded_since
+
+    mark = recorded()
+    yield
+    found = recorded_since(mark)
+    if found:
+        pytest.fail("requests AWS would refuse:\n  " + "\n  ".join(str(v) for v in found), pytrace=False)
 
 
 def in_slow_module(path: Path) -> bool:

@@ -512,6 +512,10 @@ NOTIFICATION_KIND_ATTRIBUTE = "event_kind"
 # task per GPU on 1,024 nodes of 8 GPUs. A larger tagged job is refused loudly.
 MAX_WORLD_SIZE = 8192
 MAX_QUEUE_NODES = 1024
+# ECS: at most 50 tags a task, those prefixed aws: aside (ECS API Reference, Tag). A restarted
+# task carries its original's tags plus gpu-recovery:attempt: a tagged job with no room for
+# it is refused at registration (recovery/ranks.py, TooManyTags).
+MAX_TASK_TAGS = 50
 
 # --------------------------------------------------------------------------------------
 # ECS task tags that opt a job in to recovery
@@ -521,8 +525,9 @@ TAG_RANK = "gpu-recovery:rank"
 TAG_WORLD_SIZE = "gpu-recovery:world-size"
 TAG_ATTEMPT = "gpu-recovery:attempt"
 # On tasks one StartTask started for several identical ranks (one set of overrides and tags
-# for up to 10 nodes): the ranks of that call, "3,11,19" (each task is the rank planned on
-# its container instance). Training code of such jobs takes its rank from its rendezvous.
+# for up to 10 nodes): the ranks of that call as space-separated runs, "3 11 19", "0-3 5" (ECS
+# tag values take no comma: domain/launch_plan.py); each task is the rank planned on its
+# container instance. Training code of such jobs takes its rank from its rendezvous.
 TAG_RANKS = "gpu-recovery:ranks"
 # Optional task tags of tag-registered jobs: relocation opt-in and per-job budgets.
 TAG_RELOCATABLE = "gpu-recovery:relocatable"  # "true": may be restarted on other nodes

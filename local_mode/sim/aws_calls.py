@@ -167,6 +167,9 @@ class Account:
                         "ecs_read": AccountRateLimit(*ecs_read)}
         self.max_attempts = max_attempts
         self.stats = CallStats()
+        #: holds every call to what AWS accepts (local_mode/sim/contract/requests.py; the
+        #: scale world installs it once its cluster exists)
+        self.requests: Any = None
 
     def bucket_for(self, service: str, operation: str) -> AccountRateLimit | None:
         if service == "ecs":
@@ -220,6 +223,10 @@ class SimClient:
             report = self._validator.validate(dict(params), model.input_shape)
             if report.has_errors():
                 raise ParamValidationError(report=report.generate_report())
+            if self.account.requests is not None:
+                refused = self.account.requests.check(self.meta.service_model.service_name, model, params)
+                if refused is not None:
+                    raise self.error(operation, *refused)
         account, sim = self.account, self.sim
         stats, key, label = account.stats, f"{self.service}:{operation}", account.label()
         bucket = account.bucket_for(self.service, operation)

@@ -97,6 +97,45 @@ def test_identical_ranks_share_a_start_call_on_distinct_nodes_only() -> None:
     assert parse_ranks_tag(ranks_tag_value([11, 3, 19])) == [3, 11, 19]
 
 
+def _ecs_tag_value() -> tuple[object, int]:
+    """The TagValue shape of the ECS model botocore ships: its pattern (whole) and its length."""
+    import botocore.session
+    import regex
+
+    shape = botocore.session.get_session().get_service_model("ecs").shape_for("TagValue")
+    return regex.compile(shape.metadata["pattern"]), int(shape.metadata["max"])
+
+
+@pytest.mark.parametrize("gpus_per_node", [1, 8])
+def test_the_ranks_tag_of_every_grouped_start_of_an_8192_task_job_is_an_ecs_tag_value(
+        gpus_per_node: int) -> None:
+    """Issue 40, defect 1: ECS tag values take no comma ("0,1,2" failed every grouped restart).
+    Every call of the largest job (8,192 tasks, one per GPU or one per node) carries a value
+    ECS takes, under 256 characters, that reads back as the call's ranks."""
+    pattern, longest = _ecs_tag_value()
+    ranks = [PlannedRank(r, f"node-{r // gpus_per_node}", "same") for r in range(8192)]
+    calls = plan_calls(ranks)
+    assert sum(len(c.ranks) for c in calls) == 8192
+    for call in calls:
+        value = ranks_tag_value(call.ranks)
+        assert pattern.fullmatch(value) and len(value) <= longest, value  # type: ignore[attr-defined]
+        assert parse_ranks_tag(value) == sorted(call.ranks)
+    # The widest a call can be: ten scattered ranks of four digits.
+    scattered = [8191 - 3 * i for i in range(10)]
+    assert len(ranks_tag_value(scattered)) <= 49
+    assert parse_ranks_tag(ranks_tag_value(scattered)) == sorted(scattered)
+
+
+def test_the_ranks_tag_writes_runs_and_reads_back_what_it_wrote() -> None:
+    assert ranks_tag_value([5, 0, 1, 2, 3, 9, 10]) == "0-3 5 9-10"
+    assert ranks_tag_value([7]) == "7" and ranks_tag_value([2, 2, 3]) == "2-3"
+    assert parse_ranks_tag("0-3 5 9-10") == [0, 1, 2, 3, 5, 9, 10]
+    assert parse_ranks_tag("3,11,19") == [3, 11, 19]  # commas read as spaces
+    assert parse_ranks_tag("x 4-2 7 -1 0-99999999") == [7]  # malformed parts are skipped
+    with pytest.raises(ValueError, match="do not fit an ECS tag value"):
+        ranks_tag_value(range(0, 1000, 2))  # never planned (a call has 10 ranks): refused, not sent
+
+
 def test_gang_batches_cover_the_gang_and_refuse_malformed_bodies() -> None:
     work = batches(STOP, "job", 2, 8192, why="fault")
     assert work[0].first == 0 and work[-1].last == 8192 and len(work) == 82

@@ -87,10 +87,26 @@ def test_notification_is_readable_and_filterable() -> None:
                           attempt=1, max_attempts=1, operator_action="replace the node"),
     )
     assert note.kind is NotificationKind.QUARANTINED
-    assert len(note.subject) <= 100 and "llama" in note.subject
+    assert len(note.subject) < 100 and "llama" in note.subject
     for text in ("Job:", "llama", "Ranks:              1", "i-0abc", "rank 1 exited 1", "drained",
                  "Recovery attempt:   1 of 1", "What to do: replace the node"):
         assert text in note.body
+
+
+@pytest.mark.parametrize(("headline", "job_id"), [
+    # 100 characters: the old [:100] kept them all; SNS takes fewer than 100 (issue 40)
+    ("Known-bad GPU nodes are no longer cordoned in ECS (cordon limit tripped)", ""),
+    ("Job failed: instance health check could not start (5 placement attempt(s))", "job stuck"),
+    ("Job recovered", "训练-ünïcode\nnext line"),  # a tag-registered job's id: any letters
+])
+def test_an_email_subject_is_one_sns_takes(headline: str, job_id: str) -> None:
+    """SNS Publish: a Subject of fewer than 100 printable ASCII characters, no line break or
+    control character (SNS API Reference, Publish); the body keeps the whole text."""
+    note = build(NotificationKind.JOB_REFUSED, headline,
+                 NotificationFacts(job_id=job_id, container_inst_id="e25f3e"))
+    assert 0 < len(note.subject) < 100 and all(" " <= c <= "~" for c in note.subject), note.subject
+    assert note.subject.startswith("[GPU recovery] ")
+    assert headline in note.body and (job_id or "-") in note.body
 
 
 def test_notification_carries_the_fault_evidence_and_plan_when_given() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
@@ -21,8 +22,12 @@ from gpu_recovery.constants import (
     ENV_JOBS_ADMIN_ROLES,
     ENV_QUOTA_TABLE,
     ENV_SCHEDULER_FUNCTION,
+    table_definitions,
 )
+from local_mode.sim.contract.requests import RequestGuard
+from local_mode.sim.contract.state import MotoState, key_schemas
 from tests.jobs_api.api_harness import (
+    ACCOUNT,
     ADMIN_ROLE,
     CLUSTER,
     IDEMPOTENCY_TABLE,
@@ -36,6 +41,18 @@ from tests.jobs_api.api_harness import (
     create_tables,
     register_task_definition,
 )
+
+
+def guard_requests(session: Any) -> RequestGuard:
+    """The request guard on the handlers' session (a violation fails the test:
+    tests/conftest.py)."""
+    definitions = table_definitions()
+    tables = {JOB_TABLE: definitions["job"], INSTANCE_TABLE: definitions["instance"],
+              QUOTA_TABLE: definitions["quota"],
+              IDEMPOTENCY_TABLE: {"KeySchema": [{"AttributeName": "id", "KeyType": "HASH"}]}}
+    guard = RequestGuard(MotoState(ACCOUNT, REGION, key_schemas(tables)))
+    guard.install(session)
+    return guard
 
 
 @pytest.fixture
@@ -68,6 +85,8 @@ def api(aws_env: None) -> Iterator[Api]:
     with mock_aws():
         jobs_api.reset()
         clock.set_clock(lambda: recorder.now[0])
+        # The jobs API's requests held to what AWS accepts, as in every LocalAws run (issue 40).
+        guard_requests(aws.session())
         aws.session().events.register(
             "before-call.dynamodb.*",
             lambda model, **_: recorder.ddb_ops.append(model.name),

@@ -6,10 +6,11 @@ default filter), so a task asked to stop is no longer listed."""
 from __future__ import annotations
 
 import pytest
-from botocore.exceptions import ClientError
 
 from gpu_recovery.adapters import aws
 from gpu_recovery.adapters.ecs import EcsAdapter
+from local_mode.sim.aws_calls import ClientFailure
+from local_mode.sim.contract.requests import ContractViolation
 from local_mode.world import build_world
 
 
@@ -25,9 +26,14 @@ def test_moto_world_lists_by_started_by_alone_and_refuses_it_beside_another_filt
         world.ecs.run_for(30)
         ecs = aws.client("ecs")
         cluster = world.aws.cluster_name
-        with pytest.raises(ClientError) as refused:
+        # The request guard refuses it before the emulator (sim/contract/requests.py); the
+        # emulator's own answer, as ECS's, is InvalidParameterException.
+        with pytest.raises(ContractViolation, match="startedBy must be the only filter"):
             ecs.list_tasks(cluster=cluster, startedBy="sb-one", desiredStatus="RUNNING")
-        assert refused.value.response["Error"]["Code"] == "InvalidParameterException"
+        world.aws.requests.take()
+        _, answer = world.ecs._before_list_tasks({"cluster": cluster, "startedBy": "sb-one",
+                                                   "desiredStatus": "RUNNING"}, {})
+        assert answer["Error"]["Code"] == "InvalidParameterException"
         adapter = EcsAdapter(ecs, cluster)
         assert adapter.tasks_started_by("sb-one") == [arn]
         ecs.stop_task(cluster=cluster, task=arn, reason="test")
@@ -46,10 +52,13 @@ def test_scale_world_lists_by_started_by_alone_and_refuses_it_beside_another_fil
             cluster=name, taskDefinition="train", containerInstances=[node.container_instance_arn],
             startedBy="sb-one"))
         arn = started["tasks"][0]["taskArn"]
-        with pytest.raises(ClientError) as refused:
+        with pytest.raises(ContractViolation, match="startedBy must be the only filter"):
             world.sim.run_process(lambda: client.list_tasks(cluster=name, startedBy="sb-one",
                                                             desiredStatus="RUNNING"))
-        assert refused.value.response["Error"]["Code"] == "InvalidParameterException"
+        world.requests.take()
+        with pytest.raises(ClientFailure) as refused:
+            world.cluster.list_tasks({"cluster": name, "startedBy": "sb-one", "desiredStatus": "RUNNING"})
+        assert refused.value.code == "InvalidParameterException"
         listed = world.sim.run_process(lambda: client.list_tasks(cluster=name, startedBy="sb-one"))
         assert listed["taskArns"] == [arn]
         world.sim.run_process(lambda: client.stop_task(cluster=name, task=arn, reason="test"))

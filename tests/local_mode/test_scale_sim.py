@@ -15,7 +15,8 @@ from botocore.exceptions import ClientError
 from gpu_recovery import clock
 from gpu_recovery import constants as C
 from local_mode.scale_recovery import launch_tagged_job
-from local_mode.sim.aws_calls import Account
+from local_mode.sim.aws_calls import Account, ClientFailure
+from local_mode.sim.contract.requests import ContractViolation
 from local_mode.sim.engine import Simulation
 from local_mode.sim.lambdas import LambdaService
 from local_mode.sim.sqs import SqsQueue, sqs_batch_handler
@@ -178,10 +179,16 @@ def test_start_task_places_one_task_per_named_instance_and_reports_the_others(si
                                         {"arn": nodes[2].container_instance_arn, "reason": "AGENT"},
                                         {"arn": "arn:missing", "reason": "MISSING"}]
         assert world.account.stats.calls["ecs:StartTask"] == 1  # one call for the whole list
-        with pytest.raises(ClientError, match="at most 10"):
+        eleven = [n.container_instance_arn for n in nodes[:11]]
+        # The request guard refuses the request before the cluster sees it; the cluster
+        # refuses it too, as ECS does.
+        with pytest.raises(ContractViolation, match="at most 10 container instances"):
             world.sim.run_process(lambda: client.start_task(
-                cluster=world.cluster.name, taskDefinition="train",
-                containerInstances=[n.container_instance_arn for n in nodes[:11]]))
+                cluster=world.cluster.name, taskDefinition="train", containerInstances=eleven))
+        assert [v.member for v in world.requests.take()] == ["containerInstances"]
+        with pytest.raises(ClientFailure, match="at most 10"):
+            world.cluster.start_task({"cluster": world.cluster.name, "taskDefinition": "train",
+                                      "containerInstances": eleven})
         listed = world.sim.run_process(lambda: client.list_tasks(cluster=world.cluster.name,
                                                                  startedBy="gang-a2"))
         assert listed["taskArns"] == [response["tasks"][0]["taskArn"]]
@@ -348,3 +355,23 @@ def test_a_small_scale_bench_run_recovers_with_nothing_dead_lettered(tasks: int)
     queue = result["gang_queue"]
     assert (queue["sent"] > 0) == (tasks > 16) and queue["failed_items"] == 0 and queue["in_queue"] == 0
     assert result["above_floor_s"] is not None and 0 <= result["above_floor_s"] < 30
+
+
+@pytest.mark.slow
+def test_the_largest_job_recovers_within_every_aws_request_and_item_limit() -> None:
+    """8,192 tasks, one per GPU on 1,024 nodes (the largest job the loop protects, issue 40):
+    its recovery makes no request AWS would refuse (the scale world's request guard: every
+    StartTask's tags, every transaction, batch and item) and writes no item over 400 KB (the
+    in-memory DynamoDB measures each by DynamoDB's rules). Slow tier: minutes of wall time;
+    the quick tier runs the same recovery at 8 and 64 tasks."""
+    from bench.scale_bench import run_scenario
+
+    logging.disable(logging.CRITICAL)
+    try:
+        result = run_scenario("per-gpu", 8192, "cascade", wall_cap=3600.0)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert result["outcome"] == "recovered", result.get("traceback") or result["outcome"]
+    assert "contract_violations" not in result
+    assert result["dynamodb"]["largest_item_bytes"] < 400 * 1024
+    assert result["dead_letters_total"] == 0

@@ -29,6 +29,8 @@ from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery import RankRegistration, RecoveryService
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import Settings
+from local_mode.sim.contract.requests import RequestGuard
+from local_mode.sim.contract.state import MotoState, key_schemas
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 REGION, ACCOUNT, CLUSTER = "us-east-1", "111122223333", "gpu-cluster"
@@ -153,6 +155,10 @@ class FakeEcs:
 
             raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
                                "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
+        if fault == "no_room":  # the node carries 10 custom attributes of its users' (as EcsAdapter says)
+            from gpu_recovery.adapters.ecs import AttributeLimitExceeded
+
+            raise AttributeLimitExceeded(container_instance)
         node = container_instance.rsplit("/", 1)[-1]
         for name, value in attributes.items():
             self.attribute_calls.append(("put", node, name))
@@ -381,6 +387,9 @@ def world(*, gang_queue: bool = False, **settings: Any) -> Iterator[World]:
         defs = C.table_definitions()
         for kind, name in (("job", "jobs"), ("instance", "instances")):
             ddb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", **defs[kind])
+        # The repository's requests held to what AWS accepts (issue 40; tests/conftest.py).
+        tables = key_schemas({"jobs": defs["job"], "instances": defs["instance"]})
+        RequestGuard(MotoState(ACCOUNT, REGION, tables)).install(ddb.meta.client)
         repo = Repository(ddb, "jobs", "instances")
         flaky = Flaky(repo)
         ecs, rebooter, notifier, replacer = FakeEcs(), FakeRebooter(), FakeNotifier(), FakeReplacer()

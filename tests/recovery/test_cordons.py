@@ -118,6 +118,31 @@ def test_a_refused_put_attributes_is_finished_by_the_sweep() -> None:
         assert w.repo.get_instance(FAULTY).cordon["ecs"] == cordon.ECS_APPLIED
 
 
+def test_a_node_with_no_room_for_the_attribute_is_told_once_and_tried_every_sweep() -> None:
+    """ECS takes 10 custom attributes a container instance (issue 40): a node carrying 10 of
+    its users' refuses the cordon's PutAttributes (AttributeLimitExceededException). The
+    cordon stands in the table (the stack keeps off the node), the operator is told once
+    what to remove, each sweep tries again, and once there is room the attribute is put
+    and confirmed."""
+    with world() as w:
+        _held_and_cordoned(w, put_attributes="no_room")
+        assert w.repo.get_instance(FAULTY).cordoned and not _has_attribute(w, FAULTY)
+        assert not _eligible(w, FAULTY)
+        [told] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.OPERATOR_ACTION]
+        assert FAULTY in told.subject + told.body and "10 custom attributes" in told.body
+        assert list(w.repo.cordons.pending()) == [FAULTY]
+        w.ecs.failures["put_attributes"] = ["no_room"]
+        w.advance(60)
+        w.service.sweep()
+        assert not _has_attribute(w, FAULTY) and list(w.repo.cordons.pending()) == [FAULTY]
+        assert len([n for n in w.notifier.sent if n.kind is C.NotificationKind.OPERATOR_ACTION]) == 1
+        w.advance(60)
+        w.service.sweep()  # room again: put and confirmed, the report forgotten with it
+        assert _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
+        assert w.repo.get_instance(FAULTY).cordon["ecs"] == cordon.ECS_APPLIED
+        assert w.repo.cordons.worklist().refused == frozenset()
+
+
 def test_a_lost_put_answer_is_put_again_idempotently_and_confirmed() -> None:
     with world() as w:
         _held_and_cordoned(w, put_attributes="lose")

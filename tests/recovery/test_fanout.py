@@ -184,6 +184,34 @@ def test_a_job_larger_than_supported_is_refused_loudly_once(caplog: Any) -> None
             assert "at most" in str(error)
 
 
+def test_a_job_whose_tasks_have_no_room_for_the_attempt_tag_is_refused_loudly_once(caplog: Any) -> None:
+    """ECS takes 50 tags a task (aws: ones aside) and a restarted task carries its original's
+    tags plus gpu-recovery:attempt (issue 40): a tagged job whose tasks carry 50 without it
+    could never be restarted, so it is refused at registration, with one e-mail saying what
+    to do, rather than failing at its first restart."""
+    with world() as w:
+        arn = "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/full0"
+        ours = [{"key": C.TAG_JOB_ID, "value": "full"}, {"key": C.TAG_RANK, "value": "0"},
+                {"key": C.TAG_WORLD_SIZE, "value": "2"}]
+        theirs = [{"key": f"team:label{i}", "value": "x"} for i in range(47)]
+        managed = [{"key": "aws:ecs:clusterName", "value": "gpu-cluster"}]  # not counted by ECS
+        tags = ours + theirs + managed
+        w.ecs.tasks[arn] = FakeTask(arn, "node-000", "user", "family:train")
+        w.ecs.describe_task = lambda task_arn: {  # type: ignore[method-assign]
+            "taskArn": task_arn, "containerInstanceArn": "ci/node-000", "tags": tags, "lastStatus": "RUNNING"}
+        with caplog.at_level("WARNING"):
+            for _ in range(3):
+                w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
+        assert w.repo.get_job("full") is None
+        [refused] = [n for n in w.notifier.sent if n.kind is NotificationKind.JOB_REFUSED]
+        assert "carry 50 tags" in refused.body and f"{C.TAG_ATTEMPT}=1" in refused.body
+        assert sum("too many tags" in r.message for r in caplog.records) == 3
+        # Room for the attempt tag: 49 of them, or 50 with the attempt tag among them.
+        assert registration_from_tags({"taskArn": arn}, ours + theirs[:46] + managed).rank == 0
+        with_attempt = [*ours, {"key": C.TAG_ATTEMPT, "value": "1"}, *theirs[:46]]
+        assert registration_from_tags({"taskArn": arn}, with_attempt).attempt == 1
+
+
 def test_a_rank_that_never_registered_is_found_by_its_tags_and_stopped() -> None:
     """Given rank 7's RUNNING event was lost (no rank item), When the gang is stopped,
     Then the rank is found running by its tags (once: its attempt's registered latch is

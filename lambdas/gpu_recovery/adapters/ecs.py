@@ -31,6 +31,16 @@ class StartResult:
         return ", ".join(str(f.get("reason", "?")) for f in self.failures) or "unknown"
 
 
+class AttributeLimitExceeded(Exception):
+    """ECS refused PutAttributes: the container instance already carries the 10 custom
+    attributes a resource takes (the stack's and its users' together: ECS API Reference,
+    PutAttributes, AttributeLimitExceededException)."""
+
+    def __init__(self, container_instance: str) -> None:
+        super().__init__(f"{container_instance} carries 10 custom attributes: ECS takes no more")
+        self.container_instance = container_instance
+
+
 class EcsAdapter:
     """Every control-plane call (StartTask, StopTask, UpdateContainerInstancesState) takes
     a token from the stack's shared budget first (``gpu_recovery.adapters.ecs_budget``)."""
@@ -215,7 +225,7 @@ class EcsAdapter:
     def put_attributes(self, container_instance: str, attributes: Mapping[str, str]) -> bool:
         """PutAttributes: custom attributes (name -> value, "" for a name only) on one
         container instance, in one call (idempotent). False when ECS no longer knows the
-        instance (deregistered)."""
+        instance (deregistered); :class:`AttributeLimitExceeded` when it has no room."""
         targets = [{"name": name, **({"value": value} if value else {})}
                    for name, value in attributes.items()]
         return self._attribute_call(self._ecs.put_attributes, container_instance, targets)
@@ -234,7 +244,10 @@ class EcsAdapter:
         try:
             call(cluster=self.cluster, attributes=[{**a, **extra} for a in attributes])
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "TargetNotFoundException":
+            code = error.response.get("Error", {}).get("Code")
+            if code == "AttributeLimitExceededException":
+                raise AttributeLimitExceeded(container_instance) from error
+            if code != "TargetNotFoundException":
                 raise
             logger.info("attribute call on a container instance ECS no longer knows",
                         extra={"container_instance": container_instance})

@@ -42,6 +42,9 @@ ECS_HELD = "held"  # the cordon limit tripped: out of our placements only, until
 
 CLOSED = "closed"
 TRIPPED = "tripped"
+# The limit's window lives on the breaker's item (one DynamoDB item, 400 KB: see
+# domain.breaker.breaker.MAX_WINDOW_NODES): at most this many nodes a window, whatever the share.
+MAX_WINDOW_NODES = 1000
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ class CordonPolicy:
             raise ValueError(f"cordon policy: bad values {self}")
 
     def allowed_nodes(self, cluster_gpu_nodes: int) -> int:
-        return max(math.floor(self.max_share * max(0, cluster_gpu_nodes) + 1e-9), self.min_allowed)
+        share = max(math.floor(self.max_share * max(0, cluster_gpu_nodes) + 1e-9), self.min_allowed)
+        return min(share, MAX_WINDOW_NODES)
 
 
 def new_state() -> dict[str, Any]:

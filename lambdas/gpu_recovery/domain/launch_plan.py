@@ -66,14 +66,42 @@ def plan_calls(ranks: Sequence[PlannedRank], *, batching: bool = True) -> list[S
     return sorted(planned, key=lambda c: c.key)
 
 
+#: ECS tag values: at most 256 characters of letters, digits, spaces and ``_ . : / = + - @``
+#: (ECS API Reference, Tag): no comma. Ranks are written as space-separated runs, "0-3 5 9".
+MAX_TAG_VALUE_CHARS = 256
+# A run wider than any job the loop protects is not a rank list (a user's tag, a typo).
+_MAX_RUN = 65_536
+
+
 def ranks_tag_value(ranks: Sequence[int]) -> str:
-    return ",".join(str(r) for r in sorted(ranks))
+    """The ``gpu-recovery:ranks`` tag of a grouped StartTask: its ranks, sorted, runs of
+    consecutive ranks as ``first-last``, separated by spaces ("0-3 5 9"). A call carries at
+    most 10 ranks (``MAX_INSTANCES_PER_START``): 10 ranks below 10,000 take at most 49
+    characters. A value past 256 characters is refused here, not by ECS."""
+    ordered = sorted(set(ranks))
+    runs: list[str] = []
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            first, last = ordered[start], ordered[i - 1]
+            runs.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    value = " ".join(runs)
+    if len(value) > MAX_TAG_VALUE_CHARS:
+        raise ValueError(f"{len(ordered)} ranks do not fit an ECS tag value ({len(value)} > "
+                         f"{MAX_TAG_VALUE_CHARS} characters)")
+    return value
 
 
 def parse_ranks_tag(value: str) -> list[int]:
-    out = []
-    for part in (value or "").split(","):
-        part = part.strip()
-        if part.isdigit():
-            out.append(int(part))
-    return out
+    """The ranks of a ``gpu-recovery:ranks`` tag, sorted: space-separated ranks and
+    ``first-last`` runs (commas read as spaces too); a malformed part is skipped."""
+    out: set[int] = set()
+    for part in (value or "").replace(",", " ").split():
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            continue
+        low, high = int(first), int(last or first)
+        if low <= high and high - low < _MAX_RUN:
+            out.update(range(low, high + 1))
+    return sorted(out)

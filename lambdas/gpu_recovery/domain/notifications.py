@@ -70,12 +70,25 @@ class NotificationFacts:
 
 
 _SUBJECT_PREFIX = "[GPU recovery]"
+#: SNS Publish: a Subject is less than 100 characters of printable ASCII, no line breaks or
+#: control characters (SNS API Reference, Publish; the body carries the whole text)
+MAX_SUBJECT_CHARS = 99
+
+
+def email_subject(text: str) -> str:
+    """``text`` as an SNS Subject: printable ASCII (other characters as "?", whitespace as
+    one space), cut to 99 characters with "..." when longer."""
+    printable = "".join(c if " " <= c <= "~" else (" " if c.isspace() else "?") for c in text)
+    subject = " ".join(printable.split())
+    if len(subject) > MAX_SUBJECT_CHARS:
+        subject = subject[:MAX_SUBJECT_CHARS - 3].rstrip() + "..."
+    return subject
 
 
 def build(kind: NotificationKind, headline: str, facts: NotificationFacts) -> Notification:
-    # SNS e-mail subjects are limited to 100 characters. A node-level message has no job.
+    # A node-level message has no job.
     about = f"job {facts.job_id}" if facts.job_id else f"node {facts.container_inst_id or '-'}"
-    subject = f"{_SUBJECT_PREFIX} {headline}: {about}"[:100]
+    subject = email_subject(f"{_SUBJECT_PREFIX} {headline}: {about}")
     ranks = ", ".join(str(r) for r in sorted(facts.ranks))
     lines = [
         headline,

@@ -58,6 +58,13 @@ RESERVED = "reserved"
 SPARE = "spare"
 HOLD_KINDS = (RESERVED, SPARE)
 LENT = "lent"  # key of a spare's hold: the queue job it is lent to ("" / absent: none)
+# The holds live on one DynamoDB item with the attribute sync worklist (repository/cordons.py)
+# and an item takes at most 400 KB (DynamoDB's item limit): a hold is ~230 bytes (lent), a
+# worklist member ~50 (twice per hold at worst, and as many reported refused). At most this
+# many nodes are held (reserved first, then spares): a larger spare pool (spare_nodes up to
+# 50 % of a 10,000-node cluster) is capped, with a WARNING at each refresh
+# (recovery/placement.py).
+MAX_HOLDS = 800
 # The only priority level a spare is lent to (domain.time_sharing.Priority.LOW): the
 # lowest level, the one every other level may preempt anyway.
 LENDABLE_PRIORITY = 0
@@ -132,7 +139,8 @@ def lent_to_reclaim(needs: Sequence[int], free: Sequence[SpareNode], lent: Seque
 def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], free: Sequence[SpareNode],
                waits: Sequence[RelocationWait], placeable: frozenset[str] | set[str] = frozenset(),
                ) -> dict[str, dict[str, str]]:
-    """node -> {"why", "job", "arn"}: the holds the cluster should have now.
+    """node -> {"why", "job", "arn"}: the holds the cluster should have now, at most
+    :data:`MAX_HOLDS` of them.
 
     ``free``: healthy, placeable nodes with free GPUs that no recovery holds (neither
     cordoned nor claimed). Reserved first (the waiting relocations, oldest first, as
@@ -152,9 +160,11 @@ def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], 
     in_use = {n.node_id for n in free if n.free_gpus < n.total_gpus} | (set(lent) - set(arns))
     for node, job_id in reserve_for_waits(waits, [n for n in free if n.node_id not in in_use or
                                                   n.node_id not in lent]).items():
+        if len(wanted) >= MAX_HOLDS:
+            break
         wanted[node] = {"why": RESERVED, "job": job_id, "arn": arns[node]}
     lent = {n: j for n, j in lent.items() if n not in wanted}
-    size = max(0, spares_wanted)
+    size = max(0, min(spares_wanted, MAX_HOLDS - len(wanted)))
     whole = [n for n in free if n.node_id not in wanted and n.total_gpus > 0 and n.free_gpus >= n.total_gpus]
     kept_lent = sorted(lent)[:size]
     kept = sorted(n.node_id for n in whole if (current.get(n.node_id) or {}).get("why") == SPARE

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import AttributeLimitExceeded
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as policy
 from gpu_recovery.domain import placement
@@ -68,10 +69,13 @@ class Cordons:
             # Never cordoned: no deprecated attribute to take off (one call, not two).
             delete = [d for d in delete if d != placement.DEPRECATED_CORDON_ATTRIBUTE]
         known = True
-        if put:
-            known = self.deps.ecs.put_attributes(target, put)
-        if delete and known:
-            known = self.deps.ecs.delete_attributes(target, delete)
+        try:
+            if put:
+                known = self.deps.ecs.put_attributes(target, put)
+            if delete and known:
+                known = self.deps.ecs.delete_attributes(target, delete)
+        except AttributeLimitExceeded:
+            return self._no_room(node, instance, members, read, put)
         value = put.get(placement.UNAVAILABLE_ATTRIBUTE)
         action = f"marked_{value}" if value else "unmarked"
         if value == placement.CORDONED:
@@ -88,6 +92,35 @@ class Cordons:
             "instance": node, "action": action,
             "version": instance.cordon_version if instance is not None else None})
         return action
+
+    def _no_room(self, node: str, instance: Instance | None, members: list[str], read: Worklist,
+                 put: dict[str, str]) -> str:
+        """ECS refused the attribute: the node carries the 10 custom attributes a container
+        instance takes, its users' own. Its members stay pending (each sweep tries again: the
+        node takes the attribute once one of them is removed); the operator is told once per
+        intent (the members reported are kept on the worklist item until synced)."""
+        value = put.get(placement.UNAVAILABLE_ATTRIBUTE, "")
+        logger.error("placement attribute refused: the node carries 10 custom ECS attributes", extra={
+            "instance": node, "attribute": placement.UNAVAILABLE_ATTRIBUTE, "value": value})
+        self.deps.metrics.add_metric("PlacementAttributeRefused", "Count", 1)
+        new = [m for m in members if m not in read.refused]
+        if not new:
+            return "attribute_limit"
+        owed = self.ranks.notices.for_node(
+            NotificationKind.OPERATOR_ACTION, "GPU node has no room for the placement attribute",
+            container_inst_id=node, instance_id=instance.ec2_instance_id if instance is not None else "",
+            what_happened=(f"ECS refused {placement.UNAVAILABLE_ATTRIBUTE}={value} on {node}: a container "
+                           "instance takes at most 10 custom attributes, and this one carries 10 already"),
+            what_was_done=("The stack's own scheduler and relocation keep off the node as decided, but "
+                           "other schedulers (placement constraint on the attribute) may place tasks on "
+                           "it; the attribute is tried again every minute"),
+            operator_action=("Remove one of the node's own custom attributes (aws ecs list-attributes / "
+                             "delete-attributes): the next sweep puts the stack's."))
+        now = clock.now()
+        if self.deps.repo.transact([self.deps.repo.cordons.refused_update(new),
+                                    *self.ranks.notices.owe([owed], now)]):
+            self.ranks.notices.send([owed])
+        return "attribute_limit"
 
     def sync_quietly(self, node: str) -> str:
         """Right after a commit that changed the cordon: the sweep finishes it if this fails."""

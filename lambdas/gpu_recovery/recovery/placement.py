@@ -71,6 +71,10 @@ class PlacementHolds:
                                       remaining, gpu_count(ci.get("registeredResources"))))
         gpu_nodes = sum(1 for ci in described if gpu_count(ci.get("registeredResources")) > 0)
         size = pool.size(gpu_nodes)
+        if size > placement.MAX_HOLDS:
+            logger.warning("spare pool capped: the holds fit one DynamoDB item", extra={
+                "spare_nodes": str(pool), "gpu_nodes": gpu_nodes, "spares_wanted": size,
+                "max_holds": placement.MAX_HOLDS})
         wanted = placement.plan_holds(spares_wanted=size, current=read.holds, free=free, waits=waits,
                                       placeable=placeable)
         changes: dict[str, Mapping[str, Any] | None] = dict(placement.hold_changes(read.holds, wanted))

@@ -24,6 +24,7 @@ from gpu_recovery.constants import (
     ENV_VAR_SUBNETS,
     ENV_VAR_WORLD_SIZE,
     JOB_GROUP_PREFIX,
+    MAX_TASK_TAGS,
     MAX_WORLD_SIZE,
     TAG_ATTEMPT,
     TAG_JOB_ID,
@@ -86,12 +87,12 @@ class NotProtected(ValueError):
 
 
 class Refused(NotProtected):
-    """A job the loop cannot protect as it was started: refused loudly (an e-mail, once),
+    """A tagged job the loop cannot protect: refused loudly (a WARNING every time, one e-mail),
     never ignored."""
 
     headline = "Job not protected"
-    operator_action = ""
     log_message = "job not protected: not registered"
+    operator_action = ""
 
     def __init__(self, job_id: str, world_size: int, why: str) -> None:
         super().__init__(why)
@@ -145,6 +146,24 @@ def _task_network(task: dict[str, Any], values: dict[Any, Any], groups_key: str,
                              f"job {job_id}: {groups_key} / {subnets_key}: {error}") from error
 
 
+class TooManyTags(Refused):
+    """A tagged job whose tasks carry so many tags that a restart could not tag its tasks with
+    their attempt: ECS allows 50 tags a task (``aws:`` ones aside), and a restarted task
+    carries the original's tags plus ``gpu-recovery:attempt`` (ECS API Reference, Tag)."""
+
+    headline = "Job not protected: its tasks carry too many tags"
+    log_message = "job whose tasks carry too many tags to restart: not registered"
+    operator_action = (f"Remove a tag from the job's tasks (or tag them {TAG_ATTEMPT}=1 in place of "
+                       f"another tag) and start the job again: a restarted task carries its tags plus "
+                       f"{TAG_ATTEMPT}, and ECS takes at most {MAX_TASK_TAGS} tags a task.")
+
+    def __init__(self, job_id: str, world_size: int, tags: int) -> None:
+        super().__init__(job_id, world_size, f"the tasks of job {job_id} carry {tags} tags; a restart adds "
+                                             f"{TAG_ATTEMPT}, and ECS takes at most {MAX_TASK_TAGS} tags "
+                                             "a task")
+        self.tags = tags
+
+
 class StartedForSeveralRanks(NotProtected):
     """A task one StartTask started for several identical ranks (tag ``gpu-recovery:ranks``):
     its rank is the one planned on its container instance."""
@@ -174,6 +193,9 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
         raise NotProtected(f"malformed recovery tags: {values}")
     if world_size > MAX_WORLD_SIZE:
         raise TooLarge(job_id, world_size)
+    user_tags = [t for t in tags if not str(t.get("key", "")).lower().startswith("aws:")]
+    if len(tags_for_attempt(user_tags, max(1, attempt))) > MAX_TASK_TAGS:
+        raise TooManyTags(job_id, world_size, len(user_tags))
     gpus = sum(len(c.get("gpuIds") or []) for c in task.get("containers") or [] if isinstance(c, dict))
     subnet, network = _task_network(task, values, TAG_SECURITY_GROUPS, TAG_SUBNETS, job_id, world_size)
     return RankRegistration(
@@ -491,7 +513,8 @@ class RankOperations:
     def refuse(self, refused: Refused) -> None:
         """A job the loop cannot protect: a WARNING every time, a metric and an e-mail once."""
         logger.warning(refused.log_message, extra={
-            "job_id": refused.job_id, "world_size": refused.world_size, "why": str(refused)})
+            "job_id": refused.job_id, "world_size": refused.world_size, "why": str(refused),
+            "max_world_size": MAX_WORLD_SIZE})
         notice = self.notices.for_facts(NotificationKind.JOB_REFUSED, refused.headline, NotificationFacts(
             job_id=refused.job_id,
             what_happened=str(refused),

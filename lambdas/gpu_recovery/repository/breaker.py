@@ -36,7 +36,7 @@ class BreakerState(RecoveryTables):
         ``None``: the item did not exist)."""
         fields = {k: state.get(k) for k in ("state", "version", "window", "backlog", "tripped_at",
                                              "trip_reason", "trips", "last_reset_at", "last_reset_by",
-                                             "tripped_nodes", "needs_operator")}
+                                             "tripped_nodes", "needs_operator", "backlog_dropped")}
         fields["item_type"] = "BREAKER"
         for extra in ("released", "limit", "cluster_gpu_nodes", "window_seconds", "auto_close", "cordons"):
             if extra in state:

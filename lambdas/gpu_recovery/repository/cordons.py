@@ -28,6 +28,7 @@ from gpu_recovery.repository.base import Update, from_ddb
 
 _SET = "pending"
 _HOLDS, _REV, _AT = "holds", "holds_rev", "holds_at"
+_REFUSED = "attribute_refused"  # members whose attribute ECS refused (reported once each)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Worklist:
     holds: dict[str, dict[str, Any]] = field(default_factory=dict)
     rev: int = 0
     holds_at: float = 0.0
+    refused: frozenset[str] = frozenset()  # members whose attribute ECS refused, reported
 
 
 class CordonRepository:
@@ -76,7 +78,14 @@ class CordonRepository:
                 out.setdefault(parsed[0], []).append(str(member))
         holds = {str(n): from_ddb(dict(h)) for n, h in (item.get(_HOLDS) or {}).items()
                  if isinstance(h, Mapping)}
-        return Worklist(out, holds, int(item.get(_REV) or 0), float(item.get(_AT) or 0.0))
+        return Worklist(out, holds, int(item.get(_REV) or 0), float(item.get(_AT) or 0.0),
+                        frozenset(str(m) for m in item.get(_REFUSED) or ()))
+
+    def refused_update(self, members: Iterable[str]) -> Update:
+        """``members``' attribute was refused by ECS (no room on the node): reported once,
+        still pending (the sweep tries again); forgotten with them once synced."""
+        return Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
+                      add_to_sets={_REFUSED: set(members)})
 
     def set_holds(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None], now: float) -> bool:
         """Apply ``changes`` (node -> new hold, None: released) to the holds read, with the
@@ -117,8 +126,11 @@ class CordonRepository:
                 and (synced is None or parsed[1] <= synced)}
         if not done:
             return False
+        gone = {_SET: done}
+        if read is not None and done & read.refused:
+            gone[_REFUSED] = done & read.refused
         update = Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
-                        delete_from_sets={_SET: done})
+                        delete_from_sets=gone)
         if read is not None:
             update.condition = "attribute_not_exists(#rev)" if read.rev == 0 else "#rev = :rev"
             update.condition_names = {"#rev": _REV}

@@ -63,6 +63,9 @@ class DynamoCore:
         self.on_call = on_call
         self.tx_conflict_window = tx_conflict_window
         self.validate = validate
+        #: ``(operation model, DynamoDB-JSON parameters)`` of each resource-API call, before it
+        #: runs (the scale world's request guard: local_mode/sim/contract/requests.py)
+        self.check_request: Callable[[Any, dict[str, Any]], Any] | None = None
         self._injector = TransformationInjector()
         self._validator = ParamValidator()
         self._lock = threading.RLock()
@@ -139,6 +142,8 @@ class DynamoCore:
                 from botocore.exceptions import ParamValidationError
 
                 raise ParamValidationError(report=report.generate_report())
+        if self.check_request is not None:
+            self.check_request(model, wire)
         status, response = self.respond(operation, wire)
         if status >= 300:
             error = response["Error"]

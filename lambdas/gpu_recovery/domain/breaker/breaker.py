@@ -34,6 +34,12 @@ from gpu_recovery.domain.states import InstanceState
 
 CLOSED = "closed"
 TRIPPED = "tripped"
+# The breaker's state is one DynamoDB item (400 KB at most): every node of its window, the
+# nodes it tripped on, its backlog, and the cordon limit's window (domain.cordon). Bounds that
+# keep it under the limit at any cluster size (20 % of 10,000 nodes is 2,000):
+MAX_WINDOW_NODES = 1000  # distinct nodes acted on within a window, whatever the share
+MAX_BACKLOG = 500  # actions kept while tripped; past it one is refused and counted, not kept
+MAX_BACKLOG_REASON = 200  # characters of an action's reason kept in the backlog
 # ``last_reset_by`` of a breaker that closed itself (an operator's reset names the operator).
 CLOSED_BY_ITSELF = "the breaker itself (auto close)"
 
@@ -68,13 +74,14 @@ class BreakerPolicy:
         limit = math.floor(self.max_share * max(0, cluster_gpu_nodes) + 1e-9)
         if self.max_nodes is not None:
             limit = min(limit, self.max_nodes)
+        limit = min(limit, MAX_WINDOW_NODES)
         return max(limit, self.min_allowed)
 
 
 def new_state() -> dict[str, Any]:
     return {"state": CLOSED, "version": 0, "window": [], "backlog": [], "tripped_at": None,
             "trip_reason": "", "trips": 0, "last_reset_at": None, "last_reset_by": "",
-            "tripped_nodes": [], "needs_operator": {}}
+            "tripped_nodes": [], "needs_operator": {}, "backlog_dropped": 0}
 
 
 def normalize(item: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -95,6 +102,7 @@ def normalize(item: Mapping[str, Any] | None) -> dict[str, Any]:
                          "job_id": str(e.get("job_id", "")), "reason": str(e.get("reason", ""))}
                         for e in item.get("backlog") or ()]
     state["tripped_nodes"] = sorted({str(n) for n in item.get("tripped_nodes") or ()})
+    state["backlog_dropped"] = int(item.get("backlog_dropped") or 0)
     needs = item.get("needs_operator") or {}
     state["needs_operator"] = ({"at": float(needs.get("at") or 0), "reason": str(needs.get("reason") or "")}
                                if needs else {})
@@ -107,6 +115,16 @@ def _in_window(state: Mapping[str, Any], now: float, policy: BreakerPolicy) -> l
 
 def _nodes(window: list[dict[str, Any]]) -> set[str]:
     return {e["node"] for e in window}
+
+
+def _with(window: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The window with ``entry``, replacing the node's earlier entry of the same action (its
+    latest time keeps it in the window as long; the item does not grow per repeat)."""
+    return [*(e for e in window if (e["node"], e["action"]) != (entry["node"], entry["action"])), entry]
+
+
+def _backlog_entry(entry: dict[str, Any], job_id: str, reason: str) -> dict[str, Any]:
+    return {**entry, "job_id": job_id, "reason": reason[:MAX_BACKLOG_REASON]}
 
 
 def needs_cluster_count(state: Mapping[str, Any] | None, *, node: str, now: float,
@@ -155,14 +173,19 @@ def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, no
         return BreakerDecision(True, current, False, "breaker disabled", len(nodes), limit)
     entry = {"node": node, "action": action, "at": now}
     if current["state"] == TRIPPED:
+        kept = "kept in the backlog"
         if not any(b["node"] == node and b["action"] == action for b in current["backlog"]):
-            current["backlog"].append({**entry, "job_id": job_id, "reason": reason})
+            if len(current["backlog"]) < MAX_BACKLOG:
+                current["backlog"].append(_backlog_entry(entry, job_id, reason))
+            else:
+                current["backlog_dropped"] += 1
+                kept = f"not kept: the backlog is full ({MAX_BACKLOG} actions)"
             current["version"] += 1
         return BreakerDecision(False, current, False,
                                f"breaker tripped at {current['tripped_at']}: {current['trip_reason']}; "
-                               f"{action} of {node} kept in the backlog", len(nodes), limit)
+                               f"{action} of {node} {kept}", len(nodes), limit)
     if node in nodes:
-        current["window"] = [*window, entry]
+        current["window"] = _with(window, entry)
         current["version"] += 1
         return BreakerDecision(True, current, False, f"{node} already acted on in this window",
                                len(nodes), limit)
@@ -172,11 +195,11 @@ def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, no
                + (f", at most {policy.max_nodes}" if policy.max_nodes is not None else "") + ")")
         current.update(state=TRIPPED, tripped_at=now, trip_reason=why, window=window,
                        tripped_nodes=sorted(nodes), needs_operator={},
-                       backlog=[{**entry, "job_id": job_id, "reason": reason}],
+                       backlog=[_backlog_entry(entry, job_id, reason)],
                        trips=current["trips"] + 1, version=current["version"] + 1)
         return BreakerDecision(False, current, True, f"breaker tripped: {why}; {action} of {node} "
                                "kept in the backlog", len(nodes), limit)
-    current["window"] = [*window, entry]
+    current["window"] = _with(window, entry)
     current["version"] += 1
     return BreakerDecision(True, current, False, f"{len(nodes) + 1} of {limit} allowed nodes in the window",
                            len(nodes) + 1, limit)
@@ -202,7 +225,7 @@ def admit_release(state: Mapping[str, Any] | None, *, node: str, action: str, no
         return BreakerDecision(False, current, False,
                                f"{len(nodes)} of {limit} allowed nodes already acted on within "
                                f"{policy.window_seconds:g} s: {action} of {node} waits", len(nodes), limit)
-    current["window"] = [*window, {"node": node, "action": action, "at": now}]
+    current["window"] = _with(window, {"node": node, "action": action, "at": now})
     current["version"] += 1
     acted = len(nodes | {node})
     return BreakerDecision(True, current, False, f"released backlog entry: {acted} of {limit} allowed nodes "
@@ -230,7 +253,7 @@ def reset(state: Mapping[str, Any] | None, *, now: float, resume_backlog: bool,
     else:
         fresh, stale = [], list(backlog)
     current.update(state=CLOSED, window=[], backlog=[], tripped_at=None, trip_reason="",
-                   tripped_nodes=[], needs_operator={},
+                   tripped_nodes=[], needs_operator={}, backlog_dropped=0,
                    last_reset_at=now, last_reset_by=by, version=current["version"] + 1)
     return BreakerReset(current, tuple(fresh), tuple(stale))
 
