@@ -40,6 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moto.logs.models import logs_backends
+
 from gpu_recovery import clock as gr_clock
 
 from ..api_hooks import PARAMS_KEY, hook_answer, hook_error
@@ -187,8 +189,6 @@ class DocumentedAnswers:
     # ------------------------------------------------------------------ the answers
     def _log_events(self, params: Mapping[str, Any], *, empty: bool) -> Any:
         try:
-            from moto.logs.models import logs_backends
-
             backend = logs_backends[ACCOUNT_ID][REGION]
             group = backend.groups.get(str(params.get("logGroupName") or params.get("logGroupIdentifier")))
             stream = group.streams.get(str(params.get("logStreamName"))) if group is not None else None
