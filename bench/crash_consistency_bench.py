@@ -39,7 +39,8 @@ def run(print_report: bool = True) -> dict[str, Any]:
     if print_report:
         print(f"\nFault injection: one 2-node GPU-fault recovery makes {summary.calls} AWS calls")
         print(f"  AWS calls injected: {summary.positions} ({results['positions']}) x {len(FAULT_MODES)} "
-              f"models (throttle, lost response) / runs: {summary.runs} / runs recovered: "
+              f"models (throttle, lost response), and the failure shape of each call whose operation "
+              f"documents one / runs: {summary.runs} / runs recovered: "
               f"{results['runs_recovered']}")
         for failure in failures:
             print(f"  WRONG: {failure}")

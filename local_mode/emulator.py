@@ -21,6 +21,10 @@ Entering the context:
   request guard of ``local_mode.sim.contract.requests``; exiting raises its violations);
 * makes botocore's retry back-off a no-op (delays are recorded in ``retry_sleeps``)
   so injected throttling costs no wall time;
+* answers what AWS documents and moto never gives (``answers``,
+  :class:`~local_mode.sim.answers.DocumentedAnswers`): GetLogEvents in partial and empty
+  pages, lines readable seconds after they were written (``log_paging``), and the documented
+  failure shapes a call can be broken in;
 * serializes DynamoDB attribute values in moto's responses directly (the same bytes as
   moto's generic serializer, a fraction of its CPU: see
   ``local_mode.moto_patches``).
@@ -76,12 +80,14 @@ from .moto_patches import (
     pass_start_task_network_configuration,
     share_model_loader,
 )
+from .sim.answers import DocumentedAnswers
 from .sim.api_errors import ApiFaults
 from .sim.broken_calls import CallFaults
 from .sim.contract.requests import ContractViolation, RequestGuard
 from .sim.contract.state import MotoState, key_schemas
 from .sim.dynamo import MemoryDynamo
 from .sim.dynamo.botocore_backend import serve_dynamodb_from
+from .sim.log_pages import LogPaging
 
 TOPIC_NAME = "gpu-training-notifications"
 QUEUE_NAME = "gpu-training-notifications-inbox"
@@ -120,6 +126,7 @@ class LocalAws:
         sleep_on_retry: bool = False,
         extra_env: dict[str, str] | None = None,
         dynamodb: str = "moto",
+        log_paging: LogPaging | None = None,
     ) -> None:
         if dynamodb not in DYNAMODB_BACKENDS:
             raise ValueError(f"dynamodb is one of {DYNAMODB_BACKENDS}, not {dynamodb!r}")
@@ -147,6 +154,8 @@ class LocalAws:
         self.call_faults = CallFaults()
         #: every handler request held to what AWS accepts (sim/contract/requests.py)
         self.requests = RequestGuard()
+        #: the answers AWS documents that moto never gives (GetLogEvents pages, failure shapes)
+        self.answers = DocumentedAnswers(paging=log_paging or LogPaging())
         #: back-off delays botocore asked for (not slept unless sleep_on_retry)
         self.retry_sleeps: list[float] = []
         self._sleep_on_retry = sleep_on_retry
@@ -219,6 +228,7 @@ class LocalAws:
             botocore.endpoint.time = NoSleepTime(self.retry_sleeps.append)  # type: ignore[assignment]
         self._session = boto3.session.Session()
         share_model_loader(self._session)
+        self.answers.watch_writes(self._session.events)  # the simulation writes its logs here
         if self.dynamodb_backend == "memory":
             # No transaction-conflict model: moto has none, and the two backends answer alike.
             self.memory_dynamodb = MemoryDynamo(tx_conflict_window=0,
@@ -238,6 +248,9 @@ class LocalAws:
         events.register("after-call", self.hooks.after_call)
         events.register_first("before-send", self.faults.before_send)
         events.register_first("before-call", self.call_faults.before_call)
+        # After the broken call's before-call hook (which may ask for a shape), before its
+        # after-call one (a lost response is lost after the answer took its shape).
+        self.answers.install(events)
         events.register_last("after-call", self.call_faults.after_call)
         if self.memory_dynamodb is not None:
             # After the hooks: the handlers' DynamoDB clients carry them as moto's would.

@@ -195,8 +195,11 @@ def _print_log_event(event: Mapping[str, Any], json_mode: bool) -> None:
 def cmd_logs(client: ApiClient, args: argparse.Namespace) -> int:
     """Print log events page by page; with --follow keep polling until the job is terminal.
 
-    A page without events means "caught up". A null ``next_token`` means "no more for now":
-    the next poll reuses the last token and skips events already printed for it.
+    The stream is caught up when the API says ``end_of_stream`` (the token came back
+    unchanged), never because a page had no events: CloudWatch Logs answers empty pages while
+    more events exist, so a page whose token moved on is followed at once. A null
+    ``next_token`` means "no more for now": the next poll reuses the last token and skips
+    events already printed for it.
     """
     as_json = json_mode(args)
     token: str | None = args.next_token
@@ -218,11 +221,12 @@ def cmd_logs(client: ApiClient, args: argparse.Namespace) -> int:
         advanced = new_token is not None and new_token != token
         if advanced:
             token, printed = new_token, set()
+        more = advanced and not page.get("end_of_stream", not fresh)
         if not args.follow:
-            if fresh and advanced:
+            if more:
                 continue
             return EXIT_OK
-        if fresh:
+        if fresh or more:
             continue  # more may be ready: drain without waiting
         # Caught up. Stop once a fetch made after seeing a terminal state found nothing new.
         if terminal_seen:

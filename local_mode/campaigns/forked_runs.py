@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..sim.broken_calls import FAULT_MODES, set_fork_point
+from ..sim.broken_calls import ALL_MODES, set_fork_point
 
 
 class BrokenRunFailed(Exception):
@@ -220,8 +220,8 @@ def broken_runs(run: Callable[[tuple[int, str] | None], Any], faults: Iterable[t
     chosen = sorted(set(faults))
     modes: dict[int, tuple[str, ...]] = {}
     for n, mode in chosen:
-        if mode not in FAULT_MODES:
-            raise ValueError(f"mode is one of {FAULT_MODES}")
+        if mode not in ALL_MODES:
+            raise ValueError(f"mode is one of {ALL_MODES}")
         modes[n] = (*modes.get(n, ()), mode)
     results: dict[tuple[int, str], Any] = {}
     if chosen and hasattr(os, "fork"):

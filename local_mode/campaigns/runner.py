@@ -4,8 +4,9 @@ A flow is a :class:`Scenario`: the world it needs, its set-up, what it starts on
 flow's calls are counted (the fault, the lost node, the preemption) and its own
 expectations (a :class:`CampaignResult` subclass, whose ``expectations()`` lists what ended
 wrong for that flow). :func:`run_flow` runs it with ``fault`` (``(n, mode)``: the n-th AWS
-call the handlers make once the flow is armed, broken once as a throttle or a lost response;
-None: unbroken, every call counted with its site) and checks what every flow owes: the
+call the handlers make once the flow is armed, broken once as a throttle, a lost response
+or, where its operation takes one, its documented failure shape; None: unbroken, every call
+counted with its site) and checks what every flow owes: the
 backstop invariant after every event (:class:`InvariantWatch`), nothing left pending, no
 event in a DLQ. :func:`campaign` runs a flow unbroken, lists its positions and runs every
 broken position, each forked from the unbroken run at the call it breaks
@@ -27,7 +28,7 @@ from gpu_recovery.repository import Repository
 
 from ..emulator import LocalAws
 from ..invariants import forgotten_jobs
-from ..sim.broken_calls import FAULT_MODES, ApiCall
+from ..sim.broken_calls import ApiCall, modes_of
 from ..sim.bus import Delivery, EventBus
 from ..sim.wiring import SWEEP_SCHEDULE
 from ..world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, World, build_world
@@ -250,11 +251,22 @@ def positions_of(calls: Sequence[ApiCall], *, every_call: bool, by: str = "site"
     return [call.index for call in calls] if every_call else sample_positions(calls, by=by)
 
 
+def faults_at(calls: Sequence[ApiCall], positions: Iterable[int],
+              modes: tuple[str, ...] | None = None) -> list[tuple[int, str]]:
+    """Each position broken in each of ``modes``, by default in every mode its call takes:
+    throttle, lost response and its operation's documented failure shape
+    (``broken_calls.modes_of``)."""
+    by_index = {call.index: call for call in calls}
+    return [(n, mode) for n in positions
+            for mode in (modes or modes_of(by_index[n].service, by_index[n].operation))]
+
+
 def campaign(flow: str, run: Callable[[tuple[int, str] | None], Any], *, every_call: bool = False,
-             positions: Sequence[int] | None = None, modes: tuple[str, ...] = FAULT_MODES) -> CampaignSummary:
+             positions: Sequence[int] | None = None, modes: tuple[str, ...] | None = None) -> CampaignSummary:
     """Run ``flow`` unbroken, list its positions (``positions``, else every call or the sample
-    of ``every_call``) and break each in each mode, each run forked from the unbroken one at
-    the call it breaks. A run that raised, died, or whose fault never fired ended wrong."""
+    of ``every_call``) and break each in each mode (``modes``, by default every mode its call
+    takes: ``faults_at``), each run forked from the unbroken one at the call it breaks. A run
+    that raised, died, or whose fault never fired ended wrong."""
     from .forked_runs import BrokenRunFailed, broken_runs
 
     baseline = run(None)
@@ -262,7 +274,7 @@ def campaign(flow: str, run: Callable[[tuple[int, str] | None], Any], *, every_c
     if problems:
         raise AssertionError(f"{flow}: the unbroken run itself failed: {problems}")
     chosen = list(positions) if positions is not None else positions_of(baseline.calls, every_call=every_call)
-    runs = broken_runs(run, [(n, m) for n in chosen for m in modes])
+    runs = broken_runs(run, faults_at(baseline.calls, chosen, modes))
     failures: list[tuple[tuple[int, str], ApiCall | None, list[str]]] = []
     for fault, result in sorted(runs.items()):
         if isinstance(result, BrokenRunFailed):

@@ -30,6 +30,12 @@ The moto-backed world (demo, playground, scenarios, crash campaigns):
   both worlds (``wire_deployment``; each world a ``FunctionHost``: where a function runs).
 * :mod:`~local_mode.sim.dynamo` — ``MemoryDynamo``: the in-memory DynamoDB (either world's
   storage backend when moto's is too slow).
+* :mod:`~local_mode.sim.answers` — ``DocumentedAnswers``: what AWS documents and moto never
+  answers (GetLogEvents pages and late lines, from :mod:`~local_mode.sim.log_pages`, which the
+  scale world's CloudWatch Logs pages too; a transaction cancelled for throttling, unprocessed
+  keys, ECS ``failures``): the shapes the crash campaigns break calls in.
+* :mod:`~local_mode.sim.api_errors`, :mod:`~local_mode.sim.broken_calls` — AWS errors injected
+  in the emulated account; the crash campaigns' broken call.
 
 The timed world of the scale simulator (``make bench BENCH=scale``; ``ScaleWorld`` in
 ``local_mode.scale_recovery``, wired by ``sim.wiring``), where invocations interleave at AWS calls:
@@ -48,7 +54,8 @@ The timed world of the scale simulator (``make bench BENCH=scale``; ``ScaleWorld
   API over :mod:`~local_mode.sim.ecs_cluster_data_plane` (the cluster's state and the
   ``DataPlane`` hooks of this world), on the records of :mod:`~local_mode.sim.ecs_model`.
 * :mod:`~local_mode.sim.log_store` — ``LogStore``: CloudWatch Logs lines (the verdicts).
-* :mod:`~local_mode.sim.aws_stand_ins` — EC2, SSM, CloudWatch Logs and SNS clients.
+* :mod:`~local_mode.sim.aws_stand_ins` — EC2, SSM, CloudWatch Logs (paged as the service
+  pages, :mod:`~local_mode.sim.log_pages`) and SNS clients.
 
 Both worlds build their events with ``local_mode.events`` (and take ``ACCOUNT_ID`` /
 ``REGION`` from it). ``local_mode.world.build_world`` assembles either world

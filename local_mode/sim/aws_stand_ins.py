@@ -16,6 +16,7 @@ from gpu_recovery import constants as C
 from ..events import ACCOUNT_ID, REGION
 from .aws_calls import Account, ClientFailure, StandInClient
 from .ecs_cluster import EcsCluster
+from .log_pages import InvalidLogToken, LogPaging, log_page
 from .log_store import LogStore
 
 SNS_MAX_MESSAGE_BYTES = 256 * 1024
@@ -79,23 +80,31 @@ class SsmClient(StandInClient):
 
 
 class LogsClient(StandInClient):
-    """GetLogEvents (the VerdictLogReader)."""
+    """GetLogEvents (the VerdictLogReader), paged as CloudWatch Logs pages
+    (``local_mode.sim.log_pages``: partial and empty pages, lines readable ``visible_after``
+    seconds after they were written)."""
 
     service = "logs"
 
-    def __init__(self, account: Account, store: LogStore) -> None:
+    def __init__(self, account: Account, store: LogStore, paging: LogPaging | None = None) -> None:
         super().__init__(account)
         self.store = store
+        self.paging = paging or LogPaging()
+        self._calls = 0
 
     def get_log_events(self, **params: Any) -> dict[str, Any]:
         def run(p: dict[str, Any]) -> dict[str, Any]:
             events = self.store.streams.get((p["logGroupName"], p["logStreamName"]))
             if events is None:
                 raise ClientFailure("ResourceNotFoundException", "The specified log stream does not exist.")
-            limit = int(p.get("limit") or 10_000)
-            chosen = events[:limit] if p.get("startFromHead") else events[-limit:]
-            return {"events": [dict(e) for e in chosen], "nextForwardToken": f"f/{len(events)}",
-                    "nextBackwardToken": "b/0"}
+            self._calls += 1
+            every = self.paging.empty_every
+            try:
+                written = [{**e, "ingestedAt": e["ingestionTime"] / 1000} for e in events]
+                return log_page(written, p, now=self.sim.now, paging=self.paging,
+                                empty=bool(every and self._calls % every == 0), nonce=self._calls)
+            except InvalidLogToken as error:
+                raise ClientFailure("InvalidParameterException", str(error)) from None
 
         return self._run("GetLogEvents", params, run)
 

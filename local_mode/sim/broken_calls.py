@@ -3,7 +3,10 @@
 :class:`CallFaults` counts every API call the handlers make once a flow is armed (a call, not
 an HTTP attempt: botocore's retries belong to the call) and breaks exactly one of them, or
 (``arm_random``) each with a chance: ``throttle`` refuses it without executing it,
-``lost_response`` executes it and loses its answer. The fork points of
+``lost_response`` executes it and loses its answer; ``arm(n, shape)`` answers it in its
+operation's documented failure shape instead (``local_mode.sim.answers``: a transaction
+cancelled for throttling, a BatchGetItem's unprocessed keys, an empty GetLogEvents page, an
+ECS ``failures`` entry). The fork points of
 :func:`local_mode.campaigns.forked_runs.broken_runs` hook in here (:func:`set_fork_point`).
 """
 
@@ -23,11 +26,23 @@ from botocore.compat import HTTPHeaders
 
 from gpu_recovery import clock as gr_clock
 
+from .answers import SHAPE_KEY, SHAPE_MODES, shape_for
 from .api_errors import ATTEMPTS, THROTTLING
 
 THROTTLE = "throttle"  # the call is refused (all its attempts throttled): nothing happens
 LOST_RESPONSE = "lost_response"  # the call executes, then its caller never hears back
+#: what breaks any call
 FAULT_MODES = (THROTTLE, LOST_RESPONSE)
+#: every mode a call can be broken in: the two above, and the documented failure shapes
+#: (``answers.SHAPE_MODES``) for the calls whose operation takes one
+ALL_MODES = (*FAULT_MODES, *SHAPE_MODES)
+
+
+def modes_of(service: str, operation: str) -> tuple[str, ...]:
+    """The modes a call of ``service.operation`` can be broken in: throttle, lost response and
+    its operation's failure shape, if it has one."""
+    shape = shape_for(service, operation)
+    return (*FAULT_MODES, shape) if shape else FAULT_MODES
 _CALL_INDEX = "local_mode_call_index"
 
 
@@ -103,9 +118,10 @@ class CallFaults:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def arm(self, index: int | None, mode: str = THROTTLE, *, record_sites: bool = False) -> None:
-        """Count calls from now on; break the ``index``-th (None: only count)."""
-        if mode not in FAULT_MODES:
-            raise ValueError(f"mode is one of {FAULT_MODES}")
+        """Count calls from now on; break the ``index``-th (None: only count) in ``mode`` (a
+        failure shape: answered in it, if its operation takes it)."""
+        if mode not in ALL_MODES:
+            raise ValueError(f"mode is one of {ALL_MODES}")
         with self._lock:
             self.calls.clear()
             self.target, self.mode, self.fired = index, mode, None
@@ -178,6 +194,8 @@ class CallFaults:
                 mode = self.mode
         if context is not None:
             context[_CALL_INDEX] = call.index
+            if hit and mode in SHAPE_MODES:
+                context[SHAPE_KEY] = mode  # answered in it by LocalAws.answers
         if not hit or mode != THROTTLE:
             return None
         code, status = THROTTLING

@@ -65,6 +65,10 @@ class FakeApi:
     logs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     logs_visible: dict[str, int] = field(default_factory=dict)
     logs_null_token_when_caught_up: bool = False
+    #: GET .../logs calls (1-based) answered with an empty page whose token moves on, as the
+    #: jobs API answers while CloudWatch Logs pages empty (end_of_stream false)
+    logs_empty_calls: set[int] = field(default_factory=set)
+    logs_calls: int = 0
     page_size: int = 50
     quota_rows: list[dict[str, Any]] = field(default_factory=list)  # GET /v1/quotas?all=true, 2 a page
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -219,7 +223,10 @@ class FakeApi:
     def log_page(self, job_id: str, query: dict[str, str]) -> dict[str, Any]:
         stream = self.logs.get(job_id, [])
         visible = self.logs_visible.get(job_id, len(stream))
-        start = int(query.get("next_token") or 0)
+        start = int(str(query.get("next_token") or 0).split("~")[0])
+        self.logs_calls += 1
+        if self.logs_calls in self.logs_empty_calls:
+            return {"events": [], "next_token": f"{start}~{self.logs_calls}", "end_of_stream": False}
         page = stream[start:visible][:3]
         end = start + len(page)
         token: str | None = str(end)
@@ -551,6 +558,21 @@ def test_logs_follow_stops_once_terminal_and_drained(api, sleeps, capsys, null_t
     assert len(api.calls("GET", "/v1/jobs/j-1")) == 3
     logs_calls = api.calls("GET", "/v1/jobs/j-1/logs")
     assert all(c.query["rank"] == "1" and c.query["attempt"] == "2" for c in logs_calls)
+
+
+def test_logs_without_follow_reads_past_an_empty_page_whose_token_moved_on(api, sleeps, capsys):
+    """Given 5 log lines served 3 per page, the first and third answers empty pages whose
+    token moved on (CloudWatch Logs pages empty while more events exist; the API says
+    end_of_stream false),
+    when `logs ID` runs (no --follow),
+    then every line is printed, in order, and nothing was waited for."""
+    api.add_job("j-1", state="COMPLETE")
+    api.logs["j-1"] = [{"timestamp": i, "message": f"m{i}"} for i in range(5)]
+    api.logs_empty_calls = {1, 3}
+    assert run(api, "logs", "j-1", "--json") == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["message"] for e in out] == [f"m{i}" for i in range(5)]
+    assert sleeps == []
 
 
 def test_logs_without_follow_drains_available_pages(api, sleeps, capsys):

@@ -19,7 +19,8 @@ import pytest
 
 from local_mode.campaigns import recovery as campaign
 from local_mode.campaigns.forked_runs import BrokenRunFailed, broken_runs
-from local_mode.sim.broken_calls import FAULT_MODES
+from local_mode.campaigns.runner import faults_at
+from local_mode.sim.broken_calls import FAULT_MODES, ApiCall, modes_of
 
 #: positions per group: a group's driver (one fork of the fork server, the unbroken run up to
 #: the group's last position) is paid once per group; the fork server of each worker is warmed
@@ -36,18 +37,28 @@ def group_name(name: str, group: tuple[int, ...]) -> str:
     return f"{name}-{group[0]}-{group[-1]}"
 
 
-def cases(name: str, positions: Sequence[int], *prefix: Any, size: int = GROUP_SIZE,
-          slow: Collection[int] = ()) -> list[Any]:
-    """``pytest.param(*prefix, group, index, mode)`` for every position and mode, with the id
-    the plain parametrization had (``[*prefix-]index-mode``) and the group's xdist_group
-    (and the ``slow`` marker for the positions in ``slow``)."""
+def group_faults(calls: Sequence[ApiCall], group: tuple[int, ...]) -> tuple[tuple[int, str], ...]:
+    """A group's faults: each of its positions broken in every mode its call takes (throttle,
+    lost response, and its operation's documented failure shape, ``modes_of``)."""
+    return tuple(faults_at(calls, group))
+
+
+def cases(name: str, positions: Sequence[int], *prefix: Any, calls: Sequence[ApiCall],
+          size: int = GROUP_SIZE, slow: Collection[int] = ()) -> list[Any]:
+    """``pytest.param(*prefix, faults, index, mode)`` for every position and every mode its
+    call takes (``calls``: the unbroken run's), with the id ``[*prefix-]index-mode``, the
+    group's faults (``group_faults``) and xdist_group (and the ``slow`` marker for the
+    positions in ``slow``)."""
     def marks(group: tuple[int, ...], index: int) -> list[Any]:
         slow_tier = [pytest.mark.slow] if index in slow else []
         return [pytest.mark.xdist_group(group_name(name, group)), *slow_tier]
 
-    return [pytest.param(*prefix, group, index, mode, id="-".join(map(str, (*prefix, index, mode))),
-                         marks=marks(group, index))
-            for group in groups(positions, size) for index in group for mode in FAULT_MODES]
+    out = []
+    for group in groups(positions, size):
+        faults = group_faults(calls, group)
+        out += [pytest.param(*prefix, faults, index, mode, id="-".join(map(str, (*prefix, index, mode))),
+                             marks=marks(group, index)) for index, mode in faults]
+    return out
 
 
 def group_of(name: str, positions: Sequence[int], index: int, size: int = GROUP_SIZE) -> str:
@@ -61,12 +72,28 @@ def broken(run: Callable[[tuple[int, str] | None], Any],
     return broken_runs(run, faults, warm_up=campaign.run_recovery)
 
 
-def alternating_cases(name: str, positions: Sequence[int], size: int = GROUP_SIZE) -> list[Any]:
+def first_of_each_shape(calls: Sequence[ApiCall]) -> list[tuple[int, str]]:
+    """The first call of each operation that takes a failure shape, broken in it."""
+    seen: set[tuple[str, str]] = set()
+    faults = []
+    for call in calls:
+        shape = modes_of(call.service, call.operation)[len(FAULT_MODES):]
+        if shape and (call.service, call.operation) not in seen:
+            seen.add((call.service, call.operation))
+            faults.append((call.index, shape[0]))
+    return faults
+
+
+def alternating_cases(name: str, positions: Sequence[int], size: int = GROUP_SIZE, *,
+                      calls: Sequence[ApiCall] = ()) -> list[Any]:
     """``pytest.param(group, index, mode)`` breaking each position once, the fault modes in
     turn along the flow (``make test``'s quick tier: both models at half the positions
-    each); ``group`` holds the group's faults, (index, mode) pairs, for ``result``. Every
-    chunk is in one xdist group, ``quick_group(name)``: one worker, one fork server warmed once."""
+    each), and the first call of each operation that takes a failure shape in that shape
+    (``calls``: the unbroken run's); ``group`` holds the group's faults, (index, mode) pairs,
+    for ``result``. Every chunk is in one xdist group, ``quick_group(name)``: one worker, one
+    fork server warmed once."""
     faults = [(index, FAULT_MODES[i % len(FAULT_MODES)]) for i, index in enumerate(sorted(set(positions)))]
+    faults = sorted(faults + first_of_each_shape(calls))
     chunks = [tuple(faults[i:i + size]) for i in range(0, len(faults), size)]
     group = pytest.mark.xdist_group(quick_group(name))
     return [pytest.param(chunk, index, mode, id=f"{index}-{mode}", marks=group)
@@ -80,8 +107,8 @@ def quick_group(name: str) -> str:
 def result(run: Callable[[tuple[int, str] | None], Any], group: tuple[Any, ...], index: int,
            mode: str) -> Any:
     """The run that broke call ``index`` in ``mode`` (its group's runs made once per process).
-    ``group``: the group's positions, each broken in both modes, or its (index, mode) faults
-    (``alternating_cases``)."""
+    ``group``: the group's (index, mode) faults (``cases``, ``alternating_cases``), or its
+    positions, each broken in both fault models."""
     faults = group if group and isinstance(group[0], tuple) else tuple(
         (n, m) for n in group for m in FAULT_MODES)
     return outcome(broken(run, faults), index, mode)

@@ -72,8 +72,9 @@ def test_every_call_site_of_the_flow_is_covered() -> None:
 
 # Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
 @pytest.mark.parametrize(("group", "index", "mode"),
-                         forked.alternating_cases("gpu_fault", positions()) if QUICK else
-                         forked.cases("gpu_fault", positions(), slow=beyond_the_quick_tier()))
+                         forked.alternating_cases("gpu_fault", positions(), calls=baseline().calls) if QUICK
+                         else forked.cases("gpu_fault", positions(), calls=baseline().calls,
+                                           slow=beyond_the_quick_tier()))
 def test_a_fault_at_any_call_still_recovers_the_job_exactly_once(group: tuple[int, ...], index: int,
                                                                  mode: str) -> None:
     result = forked.result(campaign.run_recovery, group, index, mode)
@@ -92,7 +93,7 @@ def _enter_group() -> tuple[Any, ...]:
     (the quick tier breaks each call in one mode) a group of its own of those two runs."""
     if QUICK:
         return ((_enter(), THROTTLE), (_enter(), LOST_RESPONSE))
-    return next(g for g in forked.groups(positions()) if _enter() in g)
+    return forked.group_faults(baseline().calls, next(g for g in forked.groups(positions()) if _enter() in g))
 
 
 def _enter_runs() -> tuple[campaign.RunResult, campaign.RunResult]:

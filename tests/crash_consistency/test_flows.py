@@ -71,7 +71,8 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
 
 
 # Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
-CASES = [case for flow in sorted(RUNS) for case in forked.cases(flow, positions(flow), flow)]
+CASES = [case for flow in sorted(RUNS)
+         for case in forked.cases(flow, positions(flow), flow, calls=baseline(flow).calls)]
 
 
 @pytest.mark.parametrize(("flow", "group", "index", "mode"), CASES)

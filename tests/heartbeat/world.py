@@ -48,8 +48,9 @@ class StubEcs:
                                         f"gpu-cluster/{ci.rsplit('/', 1)[-1]}",
                 "ec2InstanceId": "i-0123456789abcdef0", "agentConnected": self.connected}
 
-    def drain(self, arn: str) -> None:
+    def drain(self, arn: str) -> str:
         self.drained.append(arn)
+        return "draining"
 
     def put_attributes(self, arn: str, attributes: Mapping[str, str]) -> bool:
         self.cordoned = [*getattr(self, "cordoned", []), arn]

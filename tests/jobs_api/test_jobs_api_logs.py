@@ -46,6 +46,35 @@ def test_logs_of_a_rank_are_paged(api: Api) -> None:
     assert seen == [f"line {i}" for i in range(5)]
 
 
+def test_logs_read_past_empty_pages_and_end_only_when_the_token_comes_back(api: Api) -> None:
+    """Given rank 1 wrote 5 lines and CloudWatch Logs answers 2 events a page with an empty
+    page every second call (``local_mode.sim.log_pages``; moto answers whole streams)
+    When its logs are read page by page with next_token
+    Then no page is empty while lines remain (the API follows an empty page's token), every
+    line comes back in order, and end_of_stream comes only with the unchanged token."""
+    from gpu_recovery.adapters import aws
+    from local_mode.sim.answers import DocumentedAnswers
+    from local_mode.sim.log_pages import LogPaging
+
+    DocumentedAnswers(paging=LogPaging(page_events=2, empty_every=2, visible_after=0)).install(
+        aws.session().events)
+    _, job = api.submit()
+    arns = start_job(api, job["job_id"])
+    _write_log(arns[1], [f"line {i}" for i in range(5)])
+    seen, token, pages = [], None, []
+    for _ in range(10):
+        query = {"rank": "1", **({"next_token": token} if token else {})}
+        status, body, _ = api.call("GET", f"/v1/jobs/{job['job_id']}/logs", query=query)
+        assert status == 200, body
+        pages.append((len(body["events"]), body["end_of_stream"]))
+        seen.extend(e["message"] for e in body["events"])
+        token = body["next_token"]
+        if body["end_of_stream"]:
+            break
+    assert seen == [f"line {i}" for i in range(5)]
+    assert pages[-1] == (0, True) and all(count for count, _ in pages[:-1])
+
+
 def test_logs_default_to_rank_0_of_the_current_attempt(api: Api) -> None:
     """Given rank 0 logged one line
     When logs are read without parameters

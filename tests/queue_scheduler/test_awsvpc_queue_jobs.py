@@ -9,17 +9,19 @@ from typing import Any
 import pytest
 
 from gpu_recovery import constants as C
-from gpu_recovery.adapters import aws
 from gpu_recovery.constants import JobState
 from gpu_recovery.queue.jobs_api.errors import InvalidRequest
 from gpu_recovery.queue.models import JobSpec
+from local_mode.emulator import LocalAws
 from tests.fixtures.queue_cluster import QueueCluster
 
 MIN = 60
 
 
 def _vpc() -> tuple[str, str]:
-    ec2 = aws.client("ec2")
+    local = LocalAws.active()  # the set-up's own client: no handler made these calls
+    assert local is not None
+    ec2 = local.client("ec2")
     subnet = ec2.describe_subnets()["Subnets"][0]
     group = ec2.create_security_group(GroupName="training", Description="NCCL", VpcId=subnet["VpcId"])
     return subnet["SubnetId"], group["GroupId"]

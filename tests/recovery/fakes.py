@@ -51,6 +51,7 @@ class FakeTask:
     exit_code: int | None = None
     stop_code: str = ""
     stopped_reason: str = ""
+    stopped_at: float | None = None
 
 
 class LostResponse(Exception):
@@ -77,6 +78,9 @@ class FakeEcs:
     attribute_calls: list[tuple[str, str, str]] = field(default_factory=list)
     cluster_listings: int = 0  # ListContainerInstances (+ Describe) rounds
     fail_listing: Exception | None = None  # raised by every listing while set (a throttled ECS)
+    #: what DescribeTasks / DescribeContainerInstances answer MISSING (in ``failures``) while set
+    missing_tasks: set[str] = field(default_factory=set)
+    missing_nodes: set[str] = field(default_factory=set)
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -123,9 +127,10 @@ class FakeEcs:
 
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
         task = self.tasks.get(task_arn)
-        if task is None:
+        if task is None or task_arn in self.missing_tasks:
             return None
-        return {"taskArn": task.arn, "clusterArn": CLUSTER_ARN, "lastStatus": task.last_status,
+        stopped = {"stoppedAt": datetime.fromtimestamp(task.stopped_at, tz=UTC)} if task.stopped_at else {}
+        return {**stopped, "taskArn": task.arn, "clusterArn": CLUSTER_ARN, "lastStatus": task.last_status,
                 "containerInstanceArn": ci_arn(task.node), "startedBy": task.started_by,
                 "group": task.group, "stopCode": task.stop_code, "stoppedReason": task.stopped_reason,
                 "containers": [{"name": "dcgm", "exitCode": task.exit_code}], "tags": []}
@@ -139,12 +144,15 @@ class FakeEcs:
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None:
         node = container_instance.rsplit("/", 1)[-1]
         self.described.append(node)
+        if node in self.missing_nodes:
+            return None
         return {"containerInstanceArn": ci_arn(node), "status": "ACTIVE",
                 "agentConnected": self.agent_connected.get(node, True),
                 "version": self.versions.get(node, 1), "ec2InstanceId": f"i-{node}"}
 
-    def drain(self, container_instance_arn: str) -> None:
+    def drain(self, container_instance_arn: str) -> str:
         self.drained.append(container_instance_arn)
+        return "draining"
 
     def put_attributes(self, container_instance: str, attributes: Mapping[str, str]) -> bool:
         """PutAttributes: the attributes on the node (``attributes``, values in
@@ -359,11 +367,12 @@ class World:
         return EcsTaskDetail.model_validate(detail)
 
     def health_check_stopped(self, task: FakeTask, exit_code: int) -> EcsTaskDetail:
-        task.last_status, task.exit_code = "STOPPED", exit_code
+        task.last_status, task.exit_code, task.stopped_at = "STOPPED", exit_code, self.now[0]
         event = json.loads((EVENTS / "health_check_task_stopped.json").read_text())
         detail = event["detail"]
+        stamp = datetime.fromtimestamp(self.now[0], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
         detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
-                      startedBy=task.started_by)
+                      startedBy=task.started_by, stoppingAt=stamp, stoppedAt=stamp, updatedAt=stamp)
         detail["containers"][0]["exitCode"] = exit_code
         return EcsTaskDetail.model_validate(detail)
 

@@ -14,6 +14,39 @@ from gpu_recovery.adapters.ecs_budget import CallBudget, Unlimited
 
 logger = logging.getLogger(__name__)
 
+# ECS answers StartTask, DescribeTasks, DescribeContainerInstances and
+# UpdateContainerInstancesState with HTTP 200 and a ``failures`` list naming the resources it
+# did not act on ("API failure reasons", ECS developer guide): a successful call is not a
+# successful action. MISSING: the cluster has no such resource (a task expired an hour after
+# it stopped, an instance deregistered; or not yet: ECS is eventually consistent);
+# INACTIVE: the container instance was deregistered.
+MISSING = "MISSING"
+INACTIVE = "INACTIVE"
+
+
+class EcsActionFailed(RuntimeError):
+    """The call succeeded but ECS named the resource in ``failures``: nothing was done to it."""
+
+    def __init__(self, operation: str, failures: Sequence[Mapping[str, Any]]) -> None:
+        self.operation = operation
+        self.failures = [dict(f) for f in failures]
+        reasons = ", ".join(f"{f.get('arn', '?')}: {f.get('reason', '?')}"
+                            + (f" ({f['detail']})" if f.get("detail") else "") for f in failures)
+        super().__init__(f"{operation} answered with failures: {reasons}")
+
+    @classmethod
+    def missing(cls, operation: str, arns: Sequence[str]) -> EcsActionFailed:
+        """ECS answered these resources MISSING where the caller cannot take that for an answer."""
+        return cls(operation, [{"arn": arn, "reason": MISSING} for arn in arns])
+
+
+def _unexpected_failures(operation: str, response: Mapping[str, Any]) -> None:
+    """A describe call's failures other than MISSING (the resource not found, which the
+    caller sees as not returned) are raised."""
+    odd = [f for f in response.get("failures") or [] if f.get("reason") != MISSING]
+    if odd:
+        raise EcsActionFailed(operation, odd)
+
 
 @dataclass(frozen=True)
 class StartResult:
@@ -139,20 +172,25 @@ class EcsAdapter:
         return True
 
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
-        """One task with its tags (DescribeTasks returns tags only with include=TAGS)."""
+        """One task with its tags (DescribeTasks returns tags only with include=TAGS); None
+        when ECS answers it MISSING (expired, or not visible yet). Other failures are raised
+        (:class:`EcsActionFailed`)."""
         self.describe_budget.acquire(1)
         response = self._ecs.describe_tasks(cluster=self.cluster, tasks=[task_arn], include=["TAGS"])
+        _unexpected_failures("DescribeTasks", response)
         tasks = response.get("tasks", [])
         return tasks[0] if tasks else None
 
     def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]:
-        """Up to 100 tasks at a time (their container instances, for a grouped start)."""
+        """Up to 100 tasks at a time (their container instances, for a grouped start); the
+        tasks ECS answers MISSING are not returned (the caller compares, where it matters)."""
         found: list[dict[str, Any]] = []
         arns = list(task_arns)
         for start in range(0, len(arns), 100):
             self.describe_budget.acquire(1)
             response = self._ecs.describe_tasks(cluster=self.cluster, tasks=arns[start:start + 100],
                                                 include=["TAGS"])
+            _unexpected_failures("DescribeTasks", response)
             found.extend(response.get("tasks", []))
         return found
 
@@ -185,6 +223,7 @@ class EcsAdapter:
                 response = self._ecs.describe_tasks(
                     cluster=self.cluster, tasks=arns[start : start + 100], include=["TAGS"]
                 )
+                _unexpected_failures("DescribeTasks", response)  # MISSING: stopped and gone since
                 for task in response.get("tasks", []):
                     tags = {t.get("key"): t.get("value") for t in task.get("tags", [])}
                     if tags.get(tag_key) == tag_value:
@@ -192,9 +231,12 @@ class EcsAdapter:
         return found
 
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None:
+        """The instance as ECS describes it; None when ECS answers it MISSING (not registered
+        with the cluster). Other failures are raised (:class:`EcsActionFailed`)."""
         response = self._ecs.describe_container_instances(
             cluster=self.cluster, containerInstances=[container_instance]
         )
+        _unexpected_failures("DescribeContainerInstances", response)
         found = response.get("containerInstances", [])
         return found[0] if found else None
 
@@ -219,6 +261,7 @@ class EcsAdapter:
         for start in range(0, len(arns), 100):
             response = self._ecs.describe_container_instances(
                 cluster=self.cluster, containerInstances=arns[start:start + 100])
+            _unexpected_failures("DescribeContainerInstances", response)  # MISSING: deregistered since
             described.extend(response.get("containerInstances", []))
         return described
 
@@ -254,9 +297,24 @@ class EcsAdapter:
             return False
         return True
 
-    def drain(self, container_instance_arn: str) -> None:
-        """Quarantine: DRAINING keeps ECS from placing new tasks on the instance."""
+    def drain(self, container_instance_arn: str) -> str:
+        """Quarantine: DRAINING keeps ECS from placing new tasks on the instance. Returns
+        "draining" once ECS answered without a failure for it, or "deregistered" when ECS
+        answered MISSING or INACTIVE and DescribeContainerInstances agrees (the instance is
+        not registered: nothing can be placed on it). Any other failure (or a MISSING the
+        instance's description contradicts: ECS not caught up) raises
+        :class:`EcsActionFailed`: not drained, the caller tries again."""
         self._take_token()
-        self._ecs.update_container_instances_state(
+        response = self._ecs.update_container_instances_state(
             cluster=self.cluster, containerInstances=[container_instance_arn], status="DRAINING"
         )
+        failures = response.get("failures") or []
+        if not failures:
+            return "draining"
+        if all(f.get("reason") in (MISSING, INACTIVE) for f in failures):
+            described = self.describe_container_instance(container_instance_arn)
+            if described is None or described.get("status") == INACTIVE:
+                logger.warning("drain of a container instance ECS no longer has registered",
+                               extra={"container_instance": container_instance_arn, "failures": failures})
+                return "deregistered"
+        raise EcsActionFailed("UpdateContainerInstancesState", failures)

@@ -39,6 +39,7 @@ class EcsTaskDetail(BaseModel):
     stoppedReason: str = ""
     version: int = 0
     updatedAt: datetime | None = None
+    stoppedAt: datetime | None = None
 
     def exit_code(self) -> int | None:
         """The task's exit code: the first non-zero container exit, else 0, else None."""

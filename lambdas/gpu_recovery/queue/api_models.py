@@ -132,7 +132,8 @@ class JobLogs(BaseModel):
     next_token: str | None = Field(
         description="CloudWatch Logs forward token: pass it back to read on (also when following)"
     )
-    end_of_stream: bool = Field(description="True when no newer events exist right now")
+    end_of_stream: bool = Field(description="True when no newer events exist right now (CloudWatch Logs gave "
+                                            "the token back unchanged; a page without events is not the end)")
 
 
 class SuspendResult(BaseModel):

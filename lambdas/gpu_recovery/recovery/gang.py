@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
@@ -337,8 +338,15 @@ class GangOps:
             # A lease taken over: the task may exist already. Look before starting.
             arns = self.deps.ecs.tasks_started_by(started_by)
             if arns:
+                described = self.deps.ecs.describe_tasks(arns)
+                unseen = set(arns) - {str(t.get("taskArn")) for t in described}
+                if unseen:
+                    # Listed but answered MISSING (ECS not caught up): where it runs is not
+                    # known, and starting again could start a rank twice. Tried again later
+                    # (the claims' leases expire), as after a failed DescribeTasks.
+                    raise EcsActionFailed.missing("DescribeTasks", sorted(unseen))
                 found = {container_instance_id(str(t.get("containerInstanceArn", ""))): str(t["taskArn"])
-                         for t in self.deps.ecs.describe_tasks(arns)}
+                         for t in described}
         started: list[int] = []
         rest, complete = self._register_placed(job, claimed, found, targets, started_by, started)
         for _ in range(max(1, self.deps.settings.restart_start_retries)):

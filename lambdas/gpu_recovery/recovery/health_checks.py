@@ -85,6 +85,20 @@ _VERDICT_PAUSE_CAP_SECONDS = 2.0
 _LEASE_POLL_SECONDS = (0.5, 1.0)
 # ...while its invocation keeps this long for the verdict itself, should it take the lease over.
 _LEASE_MARGIN_SECONDS = 10.0
+# The check prints its JSON verdict line just before it exits, and CloudWatch Logs makes a
+# line readable only some seconds after it was written: the STOPPED event can come first.
+# The line carries the verdict's evidence (which GPU, which test, the driver's recovery
+# action) the remediation plan reads (a row-remap failure replaces the node, a pending remap
+# resets its GPUs): deciding on the exit code alone while the line is on its way could reboot
+# a node that needs replacing. So the line is read again after these pauses, inside the
+# invocation (with _LEASE_MARGIN_SECONDS to spare); a check whose line is still unreadable
+# stays HEALTH_CHECKING, unclaimed, and the sweep's poll (DescribeTasks, then the verdict
+# again) comes back VERDICT_LOG_RETRY_SECONDS later. Only VERDICT_LOG_GRACE_SECONDS after the
+# task stopped is the verdict decided on its exit code alone (the check's contract; the line
+# is then taken for lost, e.g. the log driver failed), with a metric and a warning.
+VERDICT_LOG_PAUSES = (1.0, 2.0, 4.0, 8.0)
+VERDICT_LOG_GRACE_SECONDS = 180.0
+VERDICT_LOG_RETRY_SECONDS = 60.0
 
 
 class VerdictBusy(RuntimeError):
@@ -370,7 +384,14 @@ class HealthChecks:
             if not self._ours(instance, detail):
                 return self.reboots.converge_after_verdict(instance)
             if log_findings is None and policy.parse_verdict(detail.exit_code()) is not None:
-                log_findings = self.deps.verdicts.read_verdict(detail.taskArn) or {}  # once per event
+                line = self._verdict_line(detail, invocation)  # once per event
+                if line is None and not self._log_grace_over(detail):
+                    return self._verdict_log_pending(instance, detail, invocation)
+                if line is None:
+                    self.deps.metrics.add_metric("VerdictsWithoutLogLine", "Count", 1)
+                    logger.warning("health check's verdict line never became readable: its exit code "
+                                   "decides alone", extra={"instance": inst_id, "task": detail.taskArn})
+                log_findings = line or {}
             try:
                 outcome = self._apply(instance, raw, detail, log_findings or {})
             except ClientError as error:
@@ -384,6 +405,43 @@ class HealthChecks:
                                               _VERDICT_PAUSE_BASE_SECONDS * 2 ** min(round_, 6))))
             round_ += 1
         return Outcome("duplicate", detail={"instance": inst_id})
+
+    def _verdict_line(self, detail: EcsTaskDetail, invocation: Invocation | None) -> dict[str, Any] | None:
+        """The check's verdict line, read again after VERDICT_LOG_PAUSES while it is not
+        readable yet and the invocation has time (none without an invocation: the sweep does
+        not wait, it comes back)."""
+        line = self.deps.verdicts.read_verdict(detail.taskArn)
+        if invocation is None:
+            return line
+        for pause in VERDICT_LOG_PAUSES:
+            if line is not None or self._log_grace_over(detail):
+                break
+            if clock.now() + pause + _LEASE_MARGIN_SECONDS > invocation.deadline:
+                break
+            clock.sleep(pause)
+            line = self.deps.verdicts.read_verdict(detail.taskArn)
+        return line
+
+    @staticmethod
+    def _log_grace_over(detail: EcsTaskDetail) -> bool:
+        stopped = detail.stoppedAt or detail.updatedAt
+        return stopped is not None and clock.now() >= stopped.timestamp() + VERDICT_LOG_GRACE_SECONDS
+
+    def _verdict_log_pending(self, instance: Instance, detail: EcsTaskDetail,
+                             invocation: Invocation | None) -> Outcome:
+        """The verdict line is not readable yet: nothing decided. The check's task is recorded
+        (its write may have been the one lost) with the sweep's poll due soon, and this
+        invocation's verdict lease is given up (a duplicate copy need not wait for it)."""
+        inst_id = instance.container_inst_id
+        self.deps.repo.record_health_check_task(inst_id, instance.hc_started_by, detail.taskArn,
+                                                clock.now() + VERDICT_LOG_RETRY_SECONDS)
+        if invocation is not None:
+            now = clock.now()
+            self.deps.repo.claim_verdict(detail.taskArn, invocation.request_id, now, now)
+        self.deps.metrics.add_metric("VerdictsWaitingForLogLine", "Count", 1)
+        logger.info("health check's verdict line not readable yet: left for the sweep's poll",
+                    extra={"instance": inst_id, "task": detail.taskArn})
+        return Outcome("verdict_log_pending", detail={"instance": inst_id})
 
     def _take_verdict_lease(self, inst_id: str, raw: dict[str, Any], detail: EcsTaskDetail,
                             invocation: Invocation) -> Outcome | dict[str, Any]:

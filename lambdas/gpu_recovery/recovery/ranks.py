@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.constants import (
     ENV_VAR_ATTEMPT,
     ENV_VAR_MAX_APP_RESTARTS,
@@ -426,11 +427,19 @@ class RankOperations:
         if self.deps.tag_lookups is not None:
             self.deps.tag_lookups.send([{"detail": detail.model_dump(mode="json")}])
             raise LookupQueued(detail.taskArn)
-        return self.rank_from_description(detail.taskArn, self.deps.ecs.describe_task(detail.taskArn))
+        task = self.deps.ecs.describe_task(detail.taskArn)
+        if task is None:
+            # Answered MISSING for a task whose event is in hand: ECS has not caught up (it
+            # keeps a stopped task describable for an hour). Not "unprotected": the event
+            # fails and is delivered again.
+            raise EcsActionFailed.missing("DescribeTasks", [detail.taskArn])
+        return self.rank_from_description(detail.taskArn, task)
 
     def look_up_tags(self, task_arns: Iterable[str]) -> dict[str, Rank | None]:
         """The ranks of tasks whose tags decide (the tag lookup worker's batch): known ones
-        from the table, the rest described together (DescribeTasks takes 100)."""
+        from the table, the rest described together (DescribeTasks takes 100). A task ECS
+        answers MISSING is left out (its event fails and is delivered again, see
+        ``rank_for_task``)."""
         repo = self.deps.repo
         resolved: dict[str, Rank | None] = {}
         unknown: list[str] = []
@@ -443,7 +452,8 @@ class RankOperations:
         if unknown:
             described = {str(t.get("taskArn")): t for t in self.deps.ecs.describe_tasks(unknown)}
             for arn in unknown:
-                resolved[arn] = self.rank_from_description(arn, described.get(arn))
+                if arn in described:
+                    resolved[arn] = self.rank_from_description(arn, described[arn])
         return resolved
 
     def rank_from_description(self, task_arn: str, task: dict[str, Any] | None) -> Rank | None:

@@ -118,6 +118,8 @@ class Reboots:
         A replacement by ``terminate_in_asg`` then terminates the instance in its group."""
         fresh = self.deps.repo.get_instance(instance.container_inst_id) or instance
         if fresh.drain_pending or not fresh.terminate_pending:
+            # Raises (EcsActionFailed) unless ECS confirmed it: the drain is then recorded by
+            # the sweep's next try, never before ECS said so.
             self.deps.ecs.drain(fresh.container_instance_arn or fresh.container_inst_id)
             if self.deps.repo.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending,
                                              uncordon=fresh.cordoned):
@@ -209,12 +211,19 @@ class Reboots:
         if instance is None or instance.state is not InstanceState.REBOOTING:
             return Outcome("ignored", detail={"instance": inst_id, "why": "not rebooting"})
         instance.boot_time = max(boot_time, instance.boot_time or 0.0)
-        return self._judge(instance, self._described(instance)[0])
+        event, _ = self._described(instance)
+        if event is None:  # ECS answered MISSING: no word on its agent, nothing to judge on
+            return Outcome("ignored", detail={"instance": inst_id, "why": "not described by ECS"})
+        return self._judge(instance, event)
 
-    def _described(self, instance: Instance) -> tuple[AgentEvent, bool]:
-        """What ECS says of the node now, and whether it carries the rebooting mark."""
+    def _described(self, instance: Instance) -> tuple[AgentEvent | None, bool]:
+        """The agent as DescribeContainerInstances shows it now (None when ECS answers the
+        instance MISSING: its absence is not an agent disconnect), and whether the node
+        carries the rebooting mark."""
         described = self.deps.ecs.describe_container_instance(
-            instance.container_instance_arn or instance.container_inst_id) or {}
+            instance.container_instance_arn or instance.container_inst_id)
+        if described is None:
+            return None, False
         marked = any(a.get("name") == REBOOTING_ATTRIBUTE for a in described.get("attributes") or [])
         return AgentEvent(status=str(described.get("status", "")),
                           agent_connected=bool(described.get("agentConnected")),
@@ -274,13 +283,15 @@ class Reboots:
         if now >= requested + self.deps.settings.reboot_timeout_seconds:
             return self.time_out(instance, NotificationKind.REBOOT_TIMEOUT,
                                  "did not come back after its reboot", verdict=SuspectVerdict.TIMEOUT)
-        observed, marked = self._described(instance)
-        if not marked and instance.reboot_claimed_at is not None:  # its mark was lost: put again
-            self.mark(instance)
+        observed, marked = self._described(instance)  # None (MISSING): no word on the agent
+        if observed is not None and not marked and instance.reboot_claimed_at is not None:
+            self.mark(instance)  # its mark was lost: put again
             marked = True
-        issued = self.issue(instance, agent_connected=observed.agent_connected, marked=marked)
+        issued = self.issue(instance, agent_connected=observed.agent_connected if observed else None,
+                            marked=marked)
         fresh = self.deps.repo.get_instance(instance.container_inst_id)
-        if fresh is not None and fresh.state is InstanceState.REBOOTING and issued != "raced":
+        if observed is not None and fresh is not None and fresh.state is InstanceState.REBOOTING \
+                and issued != "raced":
             judged = self._judge(fresh, observed)
             if judged.action == "instance_available":
                 return "back"

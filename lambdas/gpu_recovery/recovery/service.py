@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.constants import GPU_RESET_GROUP
 from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
 from gpu_recovery.domain.models import Rank
@@ -105,7 +107,10 @@ class RecoveryService:
         ranks = self.ranks.look_up_tags(d.taskArn for d in details)
         outcomes: list[Outcome | Exception] = []
         for detail in details:
-            rank = ranks.get(detail.taskArn)
+            if detail.taskArn not in ranks:  # answered MISSING: delivered again
+                outcomes.append(EcsActionFailed.missing("DescribeTasks", [detail.taskArn]))
+                continue
+            rank = ranks[detail.taskArn]
             if rank is None:
                 outcomes.append(Outcome("ignored", detail={"why": "not a protected job"}))
                 continue
@@ -126,7 +131,9 @@ class RecoveryService:
         holder); None (a test, no Lambda context): the verdict is worked without the lease."""
         if detail.group.startswith(GPU_RESET_GROUP):  # same rule, its own task
             return self.remediation.resets.on_stopped(detail)
-        return self.health.on_stopped(detail, invocation)
+        ends = (lambda: invocation.deadline - clock.now()) if invocation is not None else None
+        with clock.invocation_ends(ends):
+            return self.health.on_stopped(detail, invocation)
 
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
                                      event_time: datetime | None = None) -> Outcome:
@@ -136,12 +143,14 @@ class RecoveryService:
         return self.reboots.on_container_instance_change(detail, event_time)
 
     def sweep(self, time_left: Callable[[], float] | None = None) -> Outcome:
-        return self.sweeper.run(time_left)
+        with clock.invocation_ends(time_left):
+            return self.sweeper.run(time_left)
 
     def on_gang_batch(self, body: Mapping[str, Any], *, receive_count: int = 1,
                       time_left: Callable[[], float] | None = None) -> BatchResult:
         """One batch of a gang fan-out (the queue's worker); ValueError for a malformed body."""
-        return self.gang.run(GangBatch.from_body(body), receive_count=receive_count, time_left=time_left)
+        with clock.invocation_ends(time_left):
+            return self.gang.run(GangBatch.from_body(body), receive_count=receive_count, time_left=time_left)
 
     def stop_gang(self, job_id: str) -> bool:
         """Send the job's stop intent (the jobs API's cancel commits it)."""

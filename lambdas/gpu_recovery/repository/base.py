@@ -29,14 +29,31 @@ MAX_HISTORY = 200
 HISTORY_TRIM = 50
 _BATCH_GET_LIMIT = 100
 # Contention on a hot item (many ranks of one job writing at once) is a race, not an
-# error: a transaction cancelled by a conflicting one (nothing written) is tried again
-# after a jittered, growing pause; botocore already retries throughput errors.
+# error: a write refused for it (nothing written) is tried again after a jittered, growing
+# pause. botocore retries the throughput errors of a single-item write itself, never a
+# cancelled transaction, whatever its reasons.
 CONTENTION_RETRIES = 8
 CONTENTION_BASE_SECONDS = 0.025
 CONTENTION_CAP_SECONDS = 1.0
-_CONTENTION_CODES = ("TransactionConflict", "TransactionConflictException",
-                     "ProvisionedThroughputExceededException", "ThrottlingException",
-                     "RequestLimitExceeded")
+# The per-item reasons of a cancelled transaction (TransactWriteItems API reference,
+# TransactionCanceledException): None, ConditionalCheckFailed, ItemCollectionSizeLimitExceeded,
+# TransactionConflict, ProvisionedThroughputExceeded, ThrottlingError, ValidationError. These
+# say contention (a conflicting transaction, a table or index over its throughput or
+# scaling): nothing was written and the same transaction may succeed later.
+CANCELLATION_CONTENTION_REASONS = ("TransactionConflict", "ProvisionedThroughputExceeded", "ThrottlingError")
+# The errors a single-item write gets for the same causes.
+_CONTENTION_ERRORS = ("TransactionConflictException", "ProvisionedThroughputExceededException",
+                      "ThrottlingException", "RequestLimitExceeded")
+# BatchGetItem answers a partial batch (UnprocessedKeys) under throttling and asks for
+# exponential back-off before the unprocessed keys are asked again (BatchGetItem API
+# reference): full jitter, growing from BATCH_GET_BASE_SECONDS up to BATCH_GET_CAP_SECONDS a
+# pause, for at most BATCH_GET_PATIENCE_SECONDS and BATCH_GET_ROUNDS calls per chunk, and never
+# past the invocation's deadline (less BATCH_GET_MARGIN_SECONDS for what follows the read).
+BATCH_GET_BASE_SECONDS = 0.05
+BATCH_GET_CAP_SECONDS = 2.0
+BATCH_GET_PATIENCE_SECONDS = 10.0
+BATCH_GET_ROUNDS = 12
+BATCH_GET_MARGIN_SECONDS = 5.0
 T = TypeVar("T")
 
 
@@ -72,16 +89,20 @@ def cancellation_codes(error: ClientError) -> list[str]:
 
 
 def is_contention(error: ClientError) -> bool:
-    """Nothing was written because of contention (a conflicting transaction, a hot
-    partition), not because a condition did not hold: trying again is safe."""
+    """Nothing was written because of contention (a conflicting transaction, a throttled
+    table, index or partition), not because a condition did not hold or the request was
+    wrong: trying again is safe. A cancelled transaction is contention when every item's
+    reason is ``None`` or a contention reason and one is."""
     code = error.response.get("Error", {}).get("Code", "")
     if code == "TransactionCanceledException":
         codes = cancellation_codes(error)
-        message = error.response.get("Error", {}).get("Message", "")
-        if not codes:
-            return "TransactionConflict" in message and "ConditionalCheckFailed" not in message
-        return any(c in _CONTENTION_CODES for c in codes) and "ConditionalCheckFailed" not in codes
-    return code in _CONTENTION_CODES
+        if not codes:  # no reasons (an SDK that drops them): the message lists them
+            message = error.response.get("Error", {}).get("Message", "")
+            listed = message.rpartition("[")[2].rstrip("]") if "[" in message else ""
+            codes = [c.strip() for c in listed.split(",") if c.strip()]
+        return any(c in CANCELLATION_CONTENTION_REASONS for c in codes) and all(
+            c in ("None", *CANCELLATION_CONTENTION_REASONS) for c in codes)
+    return code in _CONTENTION_ERRORS
 
 
 def with_contention_retries(call: Callable[[], T], what: str) -> T:
@@ -357,17 +378,37 @@ class DynamoGateway:
         return trimmed
 
     def batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every item of ``keys`` that exists (100 keys a call); the keys a call leaves
+        unprocessed are asked again after a back-off (see BATCH_GET_*). Raises
+        :class:`UnprocessedKeysLeft` when they are still unprocessed once the patience or the
+        invocation's time is spent: nothing is guessed about the items not read."""
         items: list[dict[str, Any]] = []
         for start in range(0, len(keys), _BATCH_GET_LIMIT):
             pending: dict[str, Any] = {
                 table: {"Keys": list(keys[start : start + _BATCH_GET_LIMIT]), "ConsistentRead": True}
             }
-            for _ in range(8):
+            give_up_at = clock.now() + BATCH_GET_PATIENCE_SECONDS
+            for round_ in range(BATCH_GET_ROUNDS):
                 response = self._client.batch_get_item(RequestItems=pending)
                 items.extend(response.get("Responses", {}).get(table, []))
                 pending = response.get("UnprocessedKeys") or {}
                 if not pending:
                     break
-            else:
-                raise RuntimeError(f"BatchGetItem left keys unprocessed on {table}")
+                pause = random.uniform(0, min(BATCH_GET_CAP_SECONDS, BATCH_GET_BASE_SECONDS * 2 ** round_))
+                ends = clock.deadline()
+                until = clock.now() + pause
+                if until > give_up_at or (ends is not None and until > ends - BATCH_GET_MARGIN_SECONDS):
+                    break
+                logger.info("BatchGetItem left keys unprocessed; asking again", extra={
+                    "table": table, "keys": len(pending.get(table, {}).get("Keys", [])), "round": round_ + 1,
+                    "pause_seconds": round(pause, 3)})
+                clock.sleep(pause)
+            if pending:
+                raise UnprocessedKeysLeft(f"BatchGetItem left {len(pending.get(table, {}).get('Keys', []))} "
+                                          f"key(s) unprocessed on {table} after its back-off")
         return items
+
+
+class UnprocessedKeysLeft(RuntimeError):
+    """BatchGetItem still left keys unprocessed once its back-off was spent (the table
+    throttled for longer): the caller's invocation fails and is tried again."""

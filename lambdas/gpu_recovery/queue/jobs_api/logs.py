@@ -13,6 +13,10 @@ from gpu_recovery.queue.jobs_api.deps import Deps
 from gpu_recovery.queue.jobs_api.errors import InvalidRequest, JobNotFound
 
 LOG_EVENTS_LIMIT = 200
+# GetLogEvents may answer an empty page while more events exist (GetLogEvents API reference):
+# a request follows the forward token over empty pages, at most this many pages, and the
+# stream's end is the token coming back as it was passed, never an empty page.
+LOG_PAGES_PER_REQUEST = 5
 
 
 def job_logs(
@@ -42,14 +46,21 @@ def job_logs(
     spec = json.loads(item.get("spec_json") or "{}")
     group, stream = _log_location(deps, task_def or spec.get("task_definition", ""),
                                        spec.get("container_name"), task_arn)
-    try:
-        page = deps.log_reader.read_stream(group, stream, limit=limit, next_token=next_token)
-    except LogStreamNotFound as error:
-        raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
-    except InvalidLogToken as error:
-        raise InvalidRequest("next_token: is not valid for this log stream", "next_token") from error
-    events = page["events"]
-    forward = page["next_token"]
+    token = next_token
+    events: list[dict[str, Any]] = []
+    end = False
+    for _ in range(LOG_PAGES_PER_REQUEST):
+        try:
+            page = deps.log_reader.read_stream(group, stream, limit=limit, next_token=token)
+        except LogStreamNotFound as error:
+            raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
+        except InvalidLogToken as error:
+            raise InvalidRequest("next_token: is not valid for this log stream", "next_token") from error
+        events, forward = page["events"], page["next_token"]
+        end = forward == token
+        if events or end or not forward:
+            break
+        token = forward
     return {
         "job_id": job_id,
         "rank": rank,
@@ -59,7 +70,7 @@ def job_logs(
         "log_stream": stream,
         "events": events,
         "next_token": forward,
-        "end_of_stream": not events or forward == next_token,
+        "end_of_stream": end or not forward,
     }
 
 
