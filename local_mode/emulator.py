@@ -75,6 +75,8 @@ from .moto_patches import (
 )
 from .sim.api_errors import ApiFaults
 from .sim.broken_calls import CallFaults
+from .sim.contract.grants import GrantsGuard
+from .sim.contract.worlds import moto_guard
 from .sim.dynamo import MemoryDynamo
 from .sim.dynamo.botocore_backend import serve_dynamodb_from
 
@@ -140,6 +142,9 @@ class LocalAws:
         self.faults = ApiFaults()
         #: one fault at the n-th API call (crash-consistency tests)
         self.call_faults = CallFaults()
+        #: the grants guard: every call a handler makes must be allowed by its function's role
+        #: (``local_mode.sim.contract.grants``; its ``denials`` fail the run)
+        self.grants: GrantsGuard | None = None
         #: back-off delays botocore asked for (not slept unless sleep_on_retry)
         self.retry_sleeps: list[float] = []
         self._sleep_on_retry = sleep_on_retry
@@ -225,6 +230,8 @@ class LocalAws:
         events.register_first("before-send", self.faults.before_send)
         events.register_first("before-call", self.call_faults.before_call)
         events.register_last("after-call", self.call_faults.after_call)
+        self.grants = moto_guard(self)
+        self.grants.install(aws.session())
         if self.memory_dynamodb is not None:
             # After the hooks: the handlers' DynamoDB clients carry them as moto's would.
             serve_dynamodb_from(aws.session(), self.memory_dynamodb)

@@ -167,6 +167,9 @@ class Account:
                         "ecs_read": AccountRateLimit(*ecs_read)}
         self.max_attempts = max_attempts
         self.stats = CallStats()
+        #: called with (service, operation, params) before every call of a stand-in client
+        #: (the grants guard: local_mode.sim.contract); raising refuses the call
+        self.call_checks: list[Callable[[str, str, Mapping[str, Any]], None]] = []
 
     def bucket_for(self, service: str, operation: str) -> AccountRateLimit | None:
         if service == "ecs":
@@ -221,6 +224,8 @@ class SimClient:
             if report.has_errors():
                 raise ParamValidationError(report=report.generate_report())
         account, sim = self.account, self.sim
+        for check in account.call_checks:
+            check(self.service, operation, params)
         stats, key, label = account.stats, f"{self.service}:{operation}", account.label()
         bucket = account.bucket_for(self.service, operation)
         latency = self._latency(operation)
