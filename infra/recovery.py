@@ -198,11 +198,9 @@ class ClusterAccess:
                 resources=[self.ec2_instance_arns],
                 conditions=self._tagged,
             ),
-            iam.PolicyStatement(
-                sid="DescribeInstances",
-                actions=["ec2:DescribeInstances"],
-                resources=["*"],
-            ),
+            # No ec2:DescribeInstances: the reboot path never describes an instance (only the
+            # queue scheduler reads private addresses, infra/scheduler.py); the grants guard's
+            # usage report found it unused by every function that held it (issue 40).
         ]
 
     def send_reboot_command(self) -> list[iam.PolicyStatement]:

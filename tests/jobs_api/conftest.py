@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -22,7 +23,9 @@ from gpu_recovery.constants import (
     ENV_QUOTA_TABLE,
     ENV_SCHEDULER_FUNCTION,
 )
+from local_mode.sim.contract.worlds import moto_guard
 from tests.jobs_api.api_harness import (
+    ACCOUNT,
     ADMIN_ROLE,
     CLUSTER,
     IDEMPOTENCY_TABLE,
@@ -78,9 +81,19 @@ def api(aws_env: None) -> Iterator[Api]:
         register_task_definition()
         add_gpu_instances([8, 8])
         jobs_api.set_scheduler_trigger(CallbackSchedulerTrigger(recorder.triggers.append))
+        # The jobs API's calls held to its role's grants, as in every emulated world.
+        guard = moto_guard(SimpleNamespace(
+            region=REGION, account_id=ACCOUNT, cluster_name=CLUSTER, job_table=JOB_TABLE,
+            instance_table=INSTANCE_TABLE, node_token_table="unused-node-tokens", quota_table=QUOTA_TABLE,
+            idempotency_table=IDEMPOTENCY_TABLE, topic_arn=f"arn:aws:sns:{REGION}:{ACCOUNT}:unused",
+            gang_queue_url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/unused-gang",
+            tag_lookup_queue_url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/unused-lookups", env={},
+            client=lambda service: boto3.client(service, region_name=REGION)))
+        guard.install(aws.session())
         try:
             yield recorder
         finally:
+            guard.uninstall(aws.session())
             clock.reset_clock()
             jobs_api.reset()
 

@@ -43,6 +43,7 @@ told what it is authorized against before the code may call it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ def _in_cluster(facts: Facts, params: Mapping[str, Any], **more: Sequence[str] |
     return Context({"ecs:cluster": (_cluster_arn(facts, params),), **more})
 
 
+@functools.lru_cache(maxsize=16384)
 def _form(arn: str) -> str:
     """An ARN with its generated ids replaced (``task/gpu-cluster/<id>``), for the reports."""
     arn = re.sub(r"(task|container-instance)/([^/]+)/[^/]+$", r"\1/\2/<id>", arn)

@@ -46,6 +46,7 @@ statements no run used; ``--operations DIR`` prints each function's operations.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -72,6 +73,13 @@ VARIANTS: dict[str, Callable[[Mapping[str, str]], bool]] = {
     "replace_action=terminate_in_asg":
         lambda env: _remediation(env).get("replace_action") == "terminate_in_asg",
 }
+
+
+@functools.lru_cache(maxsize=64)
+def _variants_of(remediation_settings: str) -> frozenset[str]:
+    """The variants a run's settings turn on (every variant reads the remediation settings)."""
+    env = {C.ENV_REMEDIATION_SETTINGS: remediation_settings}
+    return frozenset(name for name, active in VARIANTS.items() if active(env))
 
 
 def _remediation(env: Mapping[str, str]) -> dict[str, Any]:
@@ -285,6 +293,9 @@ class GrantsGuard:
         parameters; a refused call never reaches the emulator)."""
         session.events.register("before-parameter-build", self._before_parameter_build)
 
+    def uninstall(self, session: Any) -> None:
+        session.events.unregister("before-parameter-build", self._before_parameter_build)
+
     def _before_parameter_build(self, params: Mapping[str, Any], model: Any, **_: Any) -> None:
         self.check(model.service_model.service_name, model.name, params)
 
@@ -299,8 +310,8 @@ class GrantsGuard:
         fn = self.functions[module]
         if not fn.platform_checked:
             fn.platform_checked = True
-            for action, resource, why in fn.platform:
-                self._require(fn, Need(action, resource, form=resource), f"Lambda service: {why}")
+            for action, resource, _why in fn.platform:
+                self._require(fn, Need(action, resource, form=resource), "Lambda service")
         try:
             wanted = needs(service, operation, params, self.facts)
         except UnknownOperation as unknown:
@@ -312,17 +323,16 @@ class GrantsGuard:
             self._require(fn, need, f"{service}:{operation}")
 
     def _active_variants(self) -> frozenset[str]:
-        return frozenset(name for name, active in VARIANTS.items() if active(self.env))
+        return _variants_of(self.env.get(C.ENV_REMEDIATION_SETTINGS) or "")
 
     def _require(self, fn: _Function, need: Need, operation: str) -> None:
         decision = fn.policies(self._active_variants()).decide(need.action, need.resource, need.context)
         if decision.allowed and decision.allowed_by is not None:
             sid = decision.allowed_by.ident
             key = (fn.module, operation, need.action, need.form or need.resource, sid)
-            for usage, lock in ((self.usage, self._lock), (USAGE, _lock)):
-                with lock:
-                    usage.statements.add(sid)
-                    usage.operations[key] += 1
+            for usage in (self.usage, USAGE):  # no lock: a count lost to a race only skews a report
+                usage.statements.add(sid)
+                usage.operations[key] += 1
             return
         self._deny(GrantDenied(fn.name, need.action, need.resource, _why(decision, need), operation))
 

@@ -195,6 +195,7 @@ class PolicySet:
     def __init__(self, statements: Iterable[Statement]) -> None:
         self.statements = list(statements)
         self._by_action: dict[str, list[Statement]] = {}
+        self._by_request: dict[tuple[str, str], list[Statement]] = {}
 
     def candidates(self, action: str) -> list[Statement]:
         """The statements whose Action (or NotAction) covers ``action``."""
@@ -209,9 +210,12 @@ class PolicySet:
         """``context``: condition key (lower-case) -> the request's values, or None when the
         request has no such key; a key not in ``context`` at all is unknown to the caller."""
         decision = Decision(False)
-        for statement in self.candidates(action):
-            if not statement.names_resource(resource):
-                continue
+        named = self._by_request.get((action, resource))
+        if named is None:
+            named = [s for s in self.candidates(action) if s.names_resource(resource)]
+            if len(self._by_request) < 65536:  # resources repeat (tables, the cluster): a bounded cache
+                self._by_request[(action, resource)] = named
+        for statement in named:
             missing = tuple(sorted(k for k in statement.condition_keys if k not in context))
             if missing:
                 decision.unknown.append((statement, missing))

@@ -20,6 +20,7 @@ from typing import Any
 from gpu_recovery import constants as C
 
 from ...events import ACCOUNT_ID, REGION
+from ...health_verdicts import HEALTH_CHECK_LOG_GROUP
 from .grants import INSTANCE_TAG_KEY, GrantsGuard, resolver
 
 ALERT_KEY = "alerts"  # the key symbol of the alert topic (grants_file.stack_symbols)
@@ -120,7 +121,7 @@ def moto_guard(local: Any) -> GrantsGuard:
                 "node_token": local.node_token_table, "idempotency": local.idempotency_table},
         topic_arn=local.topic_arn,
         queues={"gang": local.gang_queue_url, "tag-lookups": local.tag_lookup_queue_url},
-        log_groups={"health-check": local.env.get(C.ENV_HEALTH_CHECK_LOG_GROUP, ""),
+        log_groups={"health-check": local.env.get(C.ENV_HEALTH_CHECK_LOG_GROUP) or HEALTH_CHECK_LOG_GROUP,
                     "gpu-reset": GPU_RESET_LOG_GROUP},
         reboot_document=os.environ.get(C.ENV_REBOOT_DOCUMENT) or C.DEFAULT_REBOOT_DOCUMENT_NAME)
     return GrantsGuard(MotoFacts(local), resolve)
