@@ -14,7 +14,7 @@ LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
 .PHONY: install install-cdk demo test test-all test-slow test-faults test-campaigns lint typecheck bench synth deploy \
-	clean local-api fuzz config-docs doctor playground soak
+	clean local-api fuzz config-docs doctor playground soak contract-grants
 
 # --no-compile: byte-compiling every installed module (aws-cdk-lib's are huge) took half the
 # install's CPU; Python compiles what a process imports (docs/testing.md: measured both ways).
@@ -105,6 +105,13 @@ doctor: $(STAMP)
 # common ones) from infra/config/ (a test checks both).
 config-docs: $(STAMP)
 	$(PY) -m infra.config --write-docs
+
+# The deployed functions' grants the simulated runs are held to (local_mode/sim/contract/
+# grants.json, ~40 s: two syntheses); tests/infra/test_infra_grants.py fails when it is stale.
+# GRANTS_USAGE_DIR=<dir> make test ... then `$(PY) -m local_mode.sim.contract grants --unused <dir>`
+# lists the grants no run used (--operations <dir>: what each function calls).
+contract-grants: $(STAMP) install-cdk
+	$(LOCAL_ENV) $(PY) -m local_mode.sim.contract grants --write
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .pytest_cache .ruff_cache .mypy_cache

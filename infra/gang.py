@@ -46,7 +46,7 @@ from gpu_recovery.constants import (
 from infra.lambda_common import LambdaDefaults, RecoveryFunction
 from infra.nag import acknowledge
 from infra.notifications import Notifications
-from infra.recovery import DLQ_RETENTION, ClusterAccess, nag_resource_id
+from infra.recovery import DLQ_RETENTION, ClusterAccess, acknowledge_star, nag_resource_id
 from infra.tables import RecoveryTables
 
 WORKER_HANDLER = "handlers.gang_worker.lambda_handler"
@@ -153,7 +153,4 @@ class GangFanout(Construct):
         }
         for resource, reason in reasons.items():
             acknowledge(fn.role, (f"AwsSolutions-IAM5[Resource::{nag_resource_id(self, resource)}]", reason))
-        acknowledge(fn.role, (
-            "AwsSolutions-IAM5[Resource::*]",
-            "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) support no "
-            "resource-level permissions, so their resource must be '*'."))
+        acknowledge_star(fn)

@@ -56,7 +56,7 @@ from infra.lambda_common import (
 )
 from infra.nag import acknowledge
 from infra.notifications import Notifications
-from infra.recovery import EVENT_RETRY_ATTEMPTS, ClusterAccess, nag_resource_id
+from infra.recovery import EVENT_RETRY_ATTEMPTS, ClusterAccess, acknowledge_star, nag_resource_id
 from infra.tables import RecoveryTables
 
 STAGE_NAME = "prod"
@@ -160,11 +160,12 @@ class NodeApi(Construct):
         )
         self.functions = {"Authorizer": self.authorizer_function, "NodeApi": self.api_function,
                           "HeartbeatSweep": self.sweep_function}
-        # A node back after its reboot (boot report) is uncordoned; a node lost whose
-        # quarantine the breaker held is cordoned.
-        for fn, extra in ((self.api_function, [access.uncordon_container_instances]),
+        # Placement attributes (recovery.cordons): a node back after its reboot (boot report)
+        # is uncordoned and its waiting jobs' relocation releases holds (the node API); a node
+        # lost whose quarantine the breaker held is cordoned (the sweep).
+        for fn, extra in ((self.api_function, [access.placement_attributes]),
                           (self.sweep_function, [access.update_container_instances_state,
-                                                 access.cordon_container_instances])):
+                                                 access.placement_attributes])):
             for make in recovery_permissions + extra:
                 fn.add_to_policy(*make())
             tables.grant_read_write_data(fn.role)
@@ -308,6 +309,4 @@ class NodeApi(Construct):
             if resource in resources:
                 acknowledge(fn.role, (f"AwsSolutions-IAM5[Resource::{nag_resource_id(self, resource)}]",
                                       reason))
-        acknowledge(fn.role, ("AwsSolutions-IAM5[Resource::*]",
-                              "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) support no "
-                              "resource-level permissions, so their resource must be '*'."))
+        acknowledge_star(fn)

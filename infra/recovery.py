@@ -150,8 +150,11 @@ class ClusterAccess:
             "DescribeTasksInCluster", ["ecs:DescribeTasks"], self.task_arns)
 
     def list_tasks(self) -> list[iam.PolicyStatement]:
-        return self._in_cluster_statement(
-            "ListTasksInCluster", ["ecs:ListTasks"], self.container_instance_arns)
+        """ListTasks of the cluster (by startedBy, by desired status): a ListTasks naming no
+        container instance is authorized against ``*`` (not the container-instance ARN the
+        Service Authorization Reference lists: cdklabs/construct-hub#1207,
+        awsdocs/amazon-ecs-developer-guide#211), limited to this cluster by ``ecs:cluster``."""
+        return self._in_cluster_statement("ListTasksInCluster", ["ecs:ListTasks"], "*")
 
     def describe_container_instances(self) -> list[iam.PolicyStatement]:
         return self._in_cluster_statement(
@@ -163,18 +166,18 @@ class ClusterAccess:
             "DrainContainerInstancesInCluster", ["ecs:UpdateContainerInstancesState"],
             self.container_instance_arns)
 
-    def cordon_container_instances(self) -> list[iam.PolicyStatement]:
-        """Known-bad nodes: the custom attribute ``gpu-recovery.cordoned`` put and deleted
-        (ECS placement constraints keep tag-registered tasks off them), on the cluster's
-        container instances only."""
+    def placement_attributes(self) -> list[iam.PolicyStatement]:
+        """The placement attributes (``gpu_recovery.domain.placement``) put and deleted on the
+        cluster's container instances: ``gpu-recovery.unavailable`` (a known-bad node's
+        cordon, a spare's or a reserved node's hold) and the deprecated
+        ``gpu-recovery.cordoned``. Whoever changes a cordon or a hold syncs the attributes
+        at once (``recovery.cordons``): the functions that judge nodes, the instance monitor
+        (a node back after its reboot is uncordoned; a node now wholly free becomes a spare),
+        the node API (a boot report marks a node back), the heartbeat sweep, the recovery sweep
+        (the worklist)."""
         return self._in_cluster_statement(
-            "CordonContainerInstancesInCluster", ["ecs:PutAttributes", "ecs:DeleteAttributes"],
+            "PlacementAttributesInCluster", ["ecs:PutAttributes", "ecs:DeleteAttributes"],
             self.container_instance_arns)
-
-    def uncordon_container_instances(self) -> list[iam.PolicyStatement]:
-        """A node back after its reboot is healthy again: its attribute deleted (only)."""
-        return self._in_cluster_statement(
-            "UncordonContainerInstancesInCluster", ["ecs:DeleteAttributes"], self.container_instance_arns)
 
     def list_container_instances(self) -> list[iam.PolicyStatement]:
         """The breaker counts the cluster's GPU nodes; relocation looks for free ones."""
@@ -195,11 +198,9 @@ class ClusterAccess:
                 resources=[self.ec2_instance_arns],
                 conditions=self._tagged,
             ),
-            iam.PolicyStatement(
-                sid="DescribeInstances",
-                actions=["ec2:DescribeInstances"],
-                resources=["*"],
-            ),
+            # No ec2:DescribeInstances: the reboot path never describes an instance (only the
+            # queue scheduler reads private addresses, infra/scheduler.py); the grants guard's
+            # usage report found it unused by every function that held it (issue 40).
         ]
 
     def send_reboot_command(self) -> list[iam.PolicyStatement]:
@@ -283,7 +284,7 @@ class RecoveryFunctions(Construct):
                 access.reboot_instances,
                 access.send_reboot_command,
                 access.update_container_instances_state,
-                access.cordon_container_instances,
+                access.placement_attributes,
                 access.terminate_in_asg,
             ],
         )
@@ -297,7 +298,7 @@ class RecoveryFunctions(Construct):
                 access.reboot_instances,
                 access.send_reboot_command,
                 access.update_container_instances_state,
-                access.cordon_container_instances,
+                access.placement_attributes,
                 access.describe_tasks,
                 access.describe_container_instances,
                 access.list_container_instances,
@@ -323,8 +324,9 @@ class RecoveryFunctions(Construct):
                 access.describe_container_instances,
                 access.list_container_instances,
                 access.list_tasks,
-                # A node back after its reboot is uncordoned.
-                access.uncordon_container_instances,
+                # A node back after its reboot is uncordoned; a node now wholly free becomes a
+                # spare (its hold's attribute put).
+                access.placement_attributes,
             ],
         )
         self.sweep = self._function(
@@ -346,7 +348,7 @@ class RecoveryFunctions(Construct):
                 access.list_container_instances,
                 access.update_container_instances_state,
                 # The cordons' worklist (attributes not confirmed, held ones after a reset).
-                access.cordon_container_instances,
+                access.placement_attributes,
                 # A reboot whose issue was not confirmed is re-issued by the sweep.
                 access.reboot_instances,
                 access.send_reboot_command,
@@ -502,13 +504,38 @@ def acknowledge_cluster_wildcards(scope: Construct, fn: RecoveryFunction, access
                 fn.role,
                 (f"AwsSolutions-IAM5[Resource::{nag_resource_id(scope, resource)}]", reason),
             )
-    star_reason = (
-        "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) "
-        + ("and ec2:DescribeInstances / autoscaling:DescribeAutoScalingInstances "
-           if "*" in policy_resources else "")
-        + "support no resource-level permissions, so their resource must be '*'."
-    )
-    acknowledge(fn.role, ("AwsSolutions-IAM5[Resource::*]", star_reason))
+    acknowledge_star(fn)
+
+
+#: why an action of the stack's roles is granted on ``*`` (cdk-nag AwsSolutions-IAM5)
+STAR_REASONS = {
+    "ecs:ListTasks": ("ecs:ListTasks naming no container instance (startedBy, desired status) is "
+                      "authorized against '*' (cdklabs/construct-hub#1207), limited to this cluster by "
+                      "ArnEquals ecs:cluster"),
+    "ec2:DescribeInstances": "ec2:DescribeInstances supports no resource-level permission",
+    "autoscaling:DescribeAutoScalingInstances": ("autoscaling:DescribeAutoScalingInstances supports no "
+                                                 "resource-level permission"),
+    "ecs:DescribeTaskDefinition": "ecs:DescribeTaskDefinition supports no resource-level permission",
+    "ssm:DescribeInstanceInformation": ("ssm:DescribeInstanceInformation supports no resource-level "
+                                        "permission"),
+}
+
+
+def star_reason(actions: set[str]) -> str:
+    """The acknowledgement of ``Resource::*`` for a role whose ``*`` statements hold ``actions``
+    (X-Ray's, added by active tracing, always)."""
+    unknown = sorted(actions - set(STAR_REASONS))
+    if unknown:
+        raise ValueError(f"no reason known for granting {unknown} on '*': add it to STAR_REASONS")
+    reasons = [STAR_REASONS[a] for a in sorted(actions)]
+    return "; ".join(["X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) support no resource-level "
+                      "permission", *reasons]) + "."
+
+
+def acknowledge_star(fn: RecoveryFunction) -> None:
+    """Acknowledge the role's ``Resource::*`` finding with the reason of each action on ``*``."""
+    actions = {a for statement in fn.statements if "*" in statement.resources for a in statement.actions}
+    acknowledge(fn.role, ("AwsSolutions-IAM5[Resource::*]", star_reason(actions)))
 
 
 def _pattern_props(pattern: dict[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,13 @@ from infra.lambda_common import (
     RecoveryFunction,
 )
 from infra.nag import acknowledge
-from infra.recovery import DLQ_RETENTION, EVENT_RETRY_ATTEMPTS, ClusterAccess, nag_resource_id
+from infra.recovery import (
+    DLQ_RETENTION,
+    EVENT_RETRY_ATTEMPTS,
+    ClusterAccess,
+    acknowledge_star,
+    nag_resource_id,
+)
 from infra.tables import READ_WRITE_DATA_ACTIONS
 
 TIMEOUT = Duration.seconds(QUEUE_SCHEDULER_TIMEOUT_SECONDS)  # < the lease: a tick never outlives it
@@ -215,9 +221,4 @@ class QueueScheduler(Construct):
         }
         for resource, reason in reasons.items():
             acknowledge(role, (f"AwsSolutions-IAM5[Resource::{nag_resource_id(self, resource)}]", reason))
-        acknowledge(role, (
-            "AwsSolutions-IAM5[Resource::*]",
-            "ecs:DescribeTaskDefinition, ec2:DescribeInstances, ssm:DescribeInstanceInformation "
-            "and X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level "
-            "permissions, so their resource must be '*'.",
-        ))
+        acknowledge_star(self.recovery_function)

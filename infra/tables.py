@@ -25,7 +25,8 @@ _ATTRIBUTE_TYPES = {
 # The data-plane actions the recovery loop and the heartbeat service use: keys, indexes,
 # conditional writes and transactions (TransactWriteItems is authorized per item as
 # UpdateItem / ConditionCheckItem). No Scan (no request path scans), no BatchWriteItem,
-# no DeleteItem (nothing deletes; history is kept).
+# no DeleteItem (nothing deletes: history is kept, and what must go, a sent notice, a negative
+# task record, an expired lease, is given a TTL, JOB_TABLE_TTL_ATTRIBUTE, and DynamoDB removes it).
 READ_WRITE_DATA_ACTIONS = [
     "dynamodb:BatchGetItem",
     "dynamodb:ConditionCheckItem",

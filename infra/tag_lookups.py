@@ -74,7 +74,7 @@ class TagLookups(Construct):
         for make in (access.start_task, access.stop_task, access.describe_tasks, access.list_tasks,
                      access.describe_container_instances, access.list_container_instances,
                      access.reboot_instances, access.send_reboot_command,
-                     access.update_container_instances_state, access.cordon_container_instances,
+                     access.update_container_instances_state, access.placement_attributes,
                      access.terminate_in_asg):
             worker.add_to_policy(*make())
         tables.grant_read_write_data(worker.role)

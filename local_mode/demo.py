@@ -473,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(time_sharing_scenario.report(outcome)))
         ok = ok and outcome.ok
         summary["time_sharing"] = "as described" if outcome.ok else f"{len(outcome.problems)} problem(s)"
+    from local_mode.sim.contract.grants import recorded_denials
+
+    for denial in sorted({str(d) for d in recorded_denials()}):  # what AWS would have refused
+        print(f"!! {denial}")
+        ok = False
     print(json.dumps(summary))
     return 0 if ok else 1
 

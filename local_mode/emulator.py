@@ -85,6 +85,8 @@ from .sim.api_errors import ApiFaults
 from .sim.broken_calls import CallFaults
 from .sim.contract.requests import ContractViolation, RequestGuard
 from .sim.contract.state import MotoState, key_schemas
+from .sim.contract.grants import GrantsGuard
+from .sim.contract.worlds import moto_guard
 from .sim.dynamo import MemoryDynamo
 from .sim.dynamo.botocore_backend import serve_dynamodb_from
 from .sim.log_pages import LogPaging
@@ -156,6 +158,9 @@ class LocalAws:
         self.requests = RequestGuard()
         #: the answers AWS documents that moto never gives (GetLogEvents pages, failure shapes)
         self.answers = DocumentedAnswers(paging=log_paging or LogPaging())
+        #: the grants guard: every call a handler makes must be allowed by its function's role
+        #: (``local_mode.sim.contract.grants``; its ``denials`` fail the run)
+        self.grants: GrantsGuard | None = None
         #: back-off delays botocore asked for (not slept unless sleep_on_retry)
         self.retry_sleeps: list[float] = []
         self._sleep_on_retry = sleep_on_retry
@@ -252,6 +257,8 @@ class LocalAws:
         # after-call one (a lost response is lost after the answer took its shape).
         self.answers.install(events)
         events.register_last("after-call", self.call_faults.after_call)
+        self.grants = moto_guard(self)
+        self.grants.install(aws.session())
         if self.memory_dynamodb is not None:
             # After the hooks: the handlers' DynamoDB clients carry them as moto's would.
             serve_dynamodb_from(aws.session(), self.memory_dynamodb)

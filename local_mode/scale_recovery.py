@@ -68,6 +68,7 @@ from local_mode.sim.bus import EventBus
 from local_mode.sim.contract.requests import ContractViolation, RequestGuard
 from local_mode.sim.contract.state import ClusterState, key_schemas
 from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo, PartitionThroughput
+from local_mode.sim.contract.worlds import scale_guard
 from local_mode.sim.ecs_cluster import EcsCluster
 from local_mode.sim.ecs_model import Node, Task
 from local_mode.sim.engine import Simulation
@@ -249,6 +250,10 @@ class ScaleWorld:
         self.gang_worker_concurrency = gang_worker_concurrency
         wire_deployment(self.bus, self, self.cluster.arn, registration=self.settings.registration,
                         sweep_every_seconds=sweep_every_seconds, queues=tuple(sources))
+        # Every call a function makes, held to its role's grants (local_mode.sim.contract).
+        self.grants = scale_guard(self)
+        self.account.call_checks.append(self.grants.check)
+        self.dynamo.before_call = partial(self.grants.check, "dynamodb")
 
     # --- where the deployed functions run (``wiring.FunctionHost``) ---------------------
     def target(self, function: D.Function) -> str:

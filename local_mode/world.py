@@ -129,7 +129,11 @@ class World:
 
         scheduler = target or queue_scheduler.lambda_handler
 
+        guard = self.aws.grants
+
         def tick_now(payload: dict[str, Any]) -> None:
+            if guard is not None:  # the deployed trigger: an asynchronous Invoke of the scheduler
+                guard.check("lambda", "Invoke", {"FunctionName": "QueueScheduler", "InvocationType": "Event"})
             try:
                 scheduler(payload, LambdaContext("queue_scheduler"))
             except Exception as error:  # an async invoke failure: reported, never raised

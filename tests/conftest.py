@@ -4,6 +4,10 @@
   and those that start ``mock_aws`` themselves alike (same responses;
   ``local_mode.moto_patches.install_emulator_speedups``).
 * A request AWS would refuse fails the test that made it (``_no_request_aws_would_refuse``).
+* The grants guard (``local_mode.sim.contract.grants``): a test during which a Lambda
+  function made an AWS call its role does not allow fails, even if the code swallowed the
+  error; with ``GRANTS_USAGE_DIR`` set, each process writes what the guards allowed there at
+  the end (``python -m local_mode.sim.contract grants --unused DIR`` reads it).
 * Two tiers (docs/testing.md): ``make test`` runs ``pytest --quick``, which leaves out the
   tests marked ``slow`` and does not even collect the modules in ``SLOW_MODULES`` (their
   parametrization runs whole recoveries at collection); ``make test-all`` runs everything.
@@ -62,6 +66,28 @@ def _no_request_aws_would_refuse() -> Iterator[None]:
     found = recorded_since(mark)
     if found:
         pytest.fail("requests AWS would refuse:\n  " + "\n  ".join(str(v) for v in found), pytrace=False)
+def _no_call_refused_by_its_role() -> Iterator[None]:
+    """Fail the test when a handler made a call its function's role does not grant."""
+    from local_mode.sim.contract.grants import recorded_denials
+
+    before = len(recorded_denials())
+    yield
+    denied = recorded_denials()[before:]
+    if denied and os.environ.get("GRANTS_USAGE_DIR"):  # a survey: each denial kept as it happens
+        Path(os.environ["GRANTS_USAGE_DIR"]).mkdir(parents=True, exist_ok=True)
+        with open(Path(os.environ["GRANTS_USAGE_DIR"]) / f"denials-{os.getpid()}.txt", "a") as out:
+            out.writelines(f"{d}\n" for d in denied)
+    if denied:
+        pytest.fail("a Lambda function made AWS calls its role does not grant (what AWS refuses):\n"
+                    + "\n".join(sorted({f"  {d}" for d in denied})), pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get("GRANTS_USAGE_DIR")
+    if target:
+        from local_mode.sim.contract.usage import write_usage
+
+        write_usage(Path(target))
 
 
 def in_slow_module(path: Path) -> bool:

@@ -385,8 +385,9 @@ def launch_plan_key(job_id: str, attempt: int, chunk: int) -> str:
 
 
 def notice_item_key(owner: str, digest: str) -> str:
-    """An e-mail owed (the notice outbox): committed with the decision it reports, deleted
-    once published. ``owner``: the job id, or ``node:<container instance id>``."""
+    """An e-mail owed (the notice outbox): committed with the decision it reports, marked
+    sent once published (then expired by the table's TTL). ``owner``: the job id, or
+    ``node:<container instance id>``."""
     return f"{owner}#N#{digest}"
 
 

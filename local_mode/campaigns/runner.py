@@ -57,6 +57,8 @@ class CampaignResult:
     mails: list[tuple[str, str]]  # (event_kind, job or '-') of every e-mail sent
     forgotten: list[str]  # the backstop invariant broken after an event
     timeline: list[str] = field(default_factory=list)
+    #: calls a function's role does not grant (the grants guard: what AWS would refuse)
+    denied: list[str] = field(default_factory=list)
 
     def expectations(self) -> list[str]:
         """What ended wrong for this flow (its own checks)."""
@@ -71,6 +73,8 @@ class CampaignResult:
             problems.append(f"{self.dead_letters} event(s) in a DLQ")
         if self.forgotten:
             problems.append(f"backstop invariant broken: {self.forgotten}")
+        if self.denied:
+            problems.append(f"calls their function's role does not grant: {sorted(set(self.denied))}")
         return problems
 
 
@@ -139,6 +143,7 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
             "dead_letters": sum(1 for d in world.bus.dead_letters if d.rule not in SCHEDULES),
             "mails": mails(world.aws), "forgotten": list(watch.broken),
             "timeline": sim.format_timeline() if keep_timeline else [],
+            "denied": [str(d) for d in world.aws.grants.denials] if world.aws.grants is not None else [],
         }
         return scenario.result(world, common)
 

@@ -170,6 +170,9 @@ class Account:
         #: holds every call to what AWS accepts (local_mode/sim/contract/requests.py; the
         #: scale world installs it once its cluster exists)
         self.requests: Any = None
+        #: called with (service, operation, params) before every call of a stand-in client
+        #: (the grants guard: local_mode.sim.contract); raising refuses the call
+        self.call_checks: list[Callable[[str, str, Mapping[str, Any]], None]] = []
 
     def bucket_for(self, service: str, operation: str) -> AccountRateLimit | None:
         if service == "ecs":
@@ -228,6 +231,8 @@ class SimClient:
                 if refused is not None:
                     raise self.error(operation, *refused)
         account, sim = self.account, self.sim
+        for check in account.call_checks:
+            check(self.service, operation, params)
         stats, key, label = account.stats, f"{self.service}:{operation}", account.label()
         bucket = account.bucket_for(self.service, operation)
         latency = self._latency(operation)

@@ -95,9 +95,15 @@ class SimulatedEcs(GpuFaults):
     def register_training_task_definition(
         self, family: str, gpus: int = 8, image: str = "trainer:latest", network_mode: str = "host"
     ) -> str:
-        """Register a training task definition with a GPU requirement; returns its ARN."""
+        """Register a training task definition with a GPU requirement; returns its ARN. Its
+        task and execution roles carry the deployment's role prefix (``gpu-training-``, the
+        stack's ``task_role_name_prefix``): whoever starts its tasks passes them
+        (``iam:PassRole``, which the grants guard checks)."""
+        roles = f"arn:aws:iam::{self.local.account_id}:role/gpu-training-"
         return self.local.client("ecs").register_task_definition(
             family=family,
+            taskRoleArn=f"{roles}{family}"[:len(roles) + 64 - len("gpu-training-")],  # names: 64 at most
+            executionRoleArn=f"{roles}execution",
             requiresCompatibilities=["EC2"],
             networkMode=network_mode,
             containerDefinitions=[

@@ -170,6 +170,13 @@ class EcsCore(DataPlane):
                 ci["containerInstanceArn"].rsplit("/", 1)[-1]
             ].ec2_instance_id = instance_id
             ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+            # Its managed instance carries the node's tags, as the EC2 hosts do (the stack
+            # sends the reboot document only to managed instances tagged with the cluster tag).
+            # moto's AddTagsToResource refuses a ManagedInstance (it models none): its tag store.
+            from moto.ssm.models import ssm_backends
+
+            ssm_backends[self.local.account_id][self.local.region]._resource_tags["ManagedInstance"][
+                instance_id].update({t["Key"]: t["Value"] for t in tags})
         now = self.now()
         node = Node(
             name=name,

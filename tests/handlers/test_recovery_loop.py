@@ -155,6 +155,29 @@ def test_other_exit_codes_fail_without_health_check(cluster: Cluster) -> None:
     assert ranks[1].exit_code == 137 and ranks[0].state is RankState.STOPPED
 
 
+def test_a_sent_notice_is_marked_sent_and_never_sent_again(cluster: Cluster) -> None:
+    """Defect 2 (issue 40): a sent notice was deleted with DeleteItem, which no role is granted
+    (AccessDenied on AWS, swallowed: the sweep published it again every minute). Given a job
+    that fails as an application error (its e-mail owed with the decision), When its e-mail is
+    sent and the sweeps run for ten more minutes, Then it was sent once, and its outbox item
+    is kept, marked sent, out of the deadline index, expiring by the table's TTL a week later."""
+    tasks = start(cluster, "resnet", ["node-a", "node-b"])
+    cluster.sim.inject_task_exit(tasks[0], exit_code=1, after=5 * MIN)  # a healthy node: the app's fault
+    cluster.sim.run_for(25 * MIN)
+
+    assert cluster.state("resnet") is JobState.FAILED
+    assert len(cluster.notifications("application_error")) == 1
+    sent = [n["subject"] for n in cluster.notifications()]
+    assert len(sent) == len(set(sent)), sent
+    table = cluster.local.resource("dynamodb").Table(cluster.local.job_table)
+    notices = [i for i in table.scan()["Items"] if i.get("item_type") == "NOTICE"]
+    assert len(notices) == len(sent)
+    for notice in notices:
+        assert notice["sent_at"] >= notice["owed_at"]
+        assert C.DEADLINE_PK not in notice and C.DEADLINE_SK not in notice
+        assert int(notice[C.JOB_TABLE_TTL_ATTRIBUTE]) == int(notice["sent_at"]) + 7 * 24 * 3600
+
+
 def test_all_ranks_exit_zero_completes_the_job(cluster: Cluster) -> None:
     start(cluster, "short", ["node-a", "node-b"])
     cluster.sim.run_for(65 * MIN)

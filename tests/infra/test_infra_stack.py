@@ -406,8 +406,7 @@ def test_reboot_and_ssm_are_limited_to_tagged_instances(
         assert managed["Resource"].endswith(":managed-instance/*")
         assert managed["Condition"] == {"StringEquals": {f"aws:ResourceTag/{key}": value}}
         assert "AWS-RunShellScript" not in json.dumps(synth.template)
-        (describe,) = [s for s in statements if s["Action"] == "ec2:DescribeInstances"]
-        assert describe["Resource"] == "*"
+        assert not [s for s in statements if "ec2:DescribeInstances" in s["Action"]]  # no code path needs it
 
 
 NODE_ACTIONS = {"ec2:RebootInstances", "ssm:SendCommand", "ecs:UpdateContainerInstancesState"}

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Iterator
 from typing import Any
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -26,6 +27,7 @@ from gpu_recovery.constants import (
 )
 from local_mode.sim.contract.requests import RequestGuard
 from local_mode.sim.contract.state import MotoState, key_schemas
+from local_mode.sim.contract.worlds import moto_guard
 from tests.jobs_api.api_harness import (
     ACCOUNT,
     ADMIN_ROLE,
@@ -97,9 +99,19 @@ def api(aws_env: None) -> Iterator[Api]:
         register_task_definition()
         add_gpu_instances([8, 8])
         jobs_api.set_scheduler_trigger(CallbackSchedulerTrigger(recorder.triggers.append))
+        # The jobs API's calls held to its role's grants, as in every emulated world.
+        guard = moto_guard(SimpleNamespace(
+            region=REGION, account_id=ACCOUNT, cluster_name=CLUSTER, job_table=JOB_TABLE,
+            instance_table=INSTANCE_TABLE, node_token_table="unused-node-tokens", quota_table=QUOTA_TABLE,
+            idempotency_table=IDEMPOTENCY_TABLE, topic_arn=f"arn:aws:sns:{REGION}:{ACCOUNT}:unused",
+            gang_queue_url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/unused-gang",
+            tag_lookup_queue_url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/unused-lookups", env={},
+            client=lambda service: boto3.client(service, region_name=REGION)))
+        guard.install(aws.session())
         try:
             yield recorder
         finally:
+            guard.uninstall(aws.session())
             clock.reset_clock()
             jobs_api.reset()
 

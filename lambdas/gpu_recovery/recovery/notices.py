@@ -92,7 +92,7 @@ class Notices:
                                            now=now) for o in owed if o is not None]
 
     def send(self, owed: Iterable[Owed | None]) -> None:
-        """After the commit: publish each, then take it out of the outbox. Never raises: what
+        """After the commit: publish each, then mark it sent in the outbox. Never raises: what
         is not confirmed stays owed and the sweep sends it."""
         for item in owed:
             if item is not None:
@@ -118,7 +118,7 @@ class Notices:
                            extra={"job_id": notification.job_id, "kind": notification.kind.value})
             return False
         try:
-            self.deps.repo.notices.sent(notification, owner)
+            self.deps.repo.notices.sent(notification, owner, clock.now())
         except Exception:  # published: at worst the sweep sends it once more
             logger.warning("sent notice not cleared", exc_info=True, extra={"job_id": notification.job_id})
         return True

@@ -303,10 +303,6 @@ class DynamoGateway:
                 return False
             raise
 
-    def delete(self, table: str, key: dict[str, Any]) -> None:
-        """Delete an item (idempotent: an item already gone is not an error)."""
-        with_contention_retries(lambda: self.table(table).delete_item(Key=key), "DeleteItem")
-
     def apply(self, update: Update) -> bool:
         """Run one conditional update; False when its condition did not hold."""
         return self.apply_returning(update, returning="NONE") is not None

@@ -2,9 +2,15 @@
 
 An e-mail that reports a decision (a job failed, a node quarantined, the breaker tripped) is
 written here in the decision's own transaction, with a deadline in the ``by-deadline``
-index. The invocation that made the decision publishes it and deletes the item; if it dies
-first (a throttled read, a timeout), the sweep finds the item due and publishes it. So an
-e-mail is never lost; at worst (published, then the delete lost) it is sent twice.
+index. The invocation that made the decision publishes it and marks the item sent (one
+conditional UpdateItem: the deadline removed, so the item leaves the sparse index, and the
+table's TTL set, so it expires a week later); if it dies first (a throttled read, a timeout),
+the sweep finds the item due and publishes it. So an e-mail is never lost; at worst
+(published, then the update lost) it is sent twice.
+
+Nothing deletes an item (no function's role is granted ``dynamodb:DeleteItem`` on the job
+table, infra/tables.py): a sent notice is kept until DynamoDB's TTL removes it. Owed again
+(the same content: the same key), it is due again and no longer expires.
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_recovery.constants import JOB_PK, NotificationKind, notice_item_key
+from gpu_recovery.constants import JOB_PK, JOB_TABLE_TTL_ATTRIBUTE, NotificationKind, notice_item_key
 from gpu_recovery.domain.notifications import Notification
 from gpu_recovery.repository.base import Update
 
 NOTICE_ITEM_TYPE = "NOTICE"
+#: a sent notice stays this long (what was mailed, for an operator), then DynamoDB's TTL removes it
+SENT_NOTICE_TTL_SECONDS = 7 * 24 * 3600
 
 
 class NoticeRepository:
@@ -36,14 +44,21 @@ class NoticeRepository:
             set_fields={"item_type": NOTICE_ITEM_TYPE, "kind": notification.kind.value,
                         "subject": notification.subject, "body": notification.body,
                         "notice_job_id": notification.job_id, "attributes": dict(notification.attributes),
-                        "owed_at": now, **self.base.job_deadline_fields(due_at)})
+                        "owed_at": now, **self.base.job_deadline_fields(due_at)},
+            remove_fields=["sent_at", JOB_TABLE_TTL_ATTRIBUTE])
 
-    def sent(self, notification: Notification, owner: str) -> None:
-        self.base.db.delete(self.table, {JOB_PK: self.key_of(notification, owner)})
+    def sent(self, notification: Notification, owner: str, now: float) -> bool:
+        """The notice was published: out of the deadline index, expiring in a week. False when
+        there was no such item (never owed, or expired)."""
+        return self.base.db.apply(Update(
+            table=self.table, key={JOB_PK: self.key_of(notification, owner)},
+            set_fields={"sent_at": now, JOB_TABLE_TTL_ATTRIBUTE: int(now + SENT_NOTICE_TTL_SECONDS)},
+            remove_fields=self.base.deadline_attributes(),
+            condition="attribute_exists(#k)", condition_names={"#k": JOB_PK}))
 
     @staticmethod
     def from_item(item: Mapping[str, Any]) -> tuple[Notification, str]:
-        """A stored notice and its owner (to delete it once sent)."""
+        """A stored notice and its owner (to mark it sent)."""
         notification = Notification(
             kind=NotificationKind(str(item["kind"])), subject=str(item.get("subject") or ""),
             body=str(item.get("body") or ""), job_id=str(item.get("notice_job_id") or ""),

@@ -61,6 +61,9 @@ class DynamoCore:
         self.context: Context = context or (lambda: ("-", "-"))
         self.now: Callable[[], float] = now or _time.time
         self.on_call = on_call
+        #: called with (operation, params) before every call made through ``call`` (the
+        #: scale world's clients; the grants guard): raising refuses the call
+        self.before_call: Callable[[str, Mapping[str, Any]], None] | None = None
         self.tx_conflict_window = tx_conflict_window
         self.validate = validate
         #: ``(operation model, DynamoDB-JSON parameters)`` of each resource-API call, before it
@@ -131,6 +134,8 @@ class DynamoCore:
     # --- dispatch ------------------------------------------------------------------------
     def call(self, operation: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """One API call with boto3-resource parameters (Python types), as the client does."""
+        if self.before_call is not None:
+            self.before_call(operation, params)
         model = _operation_model(operation)
         wire: dict[str, Any] = _copy(dict(params))
         # boto3's own mapping (a float or an unsupported type raises TypeError, as in boto3).
