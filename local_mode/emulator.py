@@ -83,9 +83,9 @@ from .moto_patches import (
 from .sim.answers import DocumentedAnswers
 from .sim.api_errors import ApiFaults
 from .sim.broken_calls import CallFaults
+from .sim.contract.grants import GrantsGuard
 from .sim.contract.requests import ContractViolation, RequestGuard
 from .sim.contract.state import MotoState, key_schemas
-from .sim.contract.grants import GrantsGuard
 from .sim.contract.worlds import moto_guard
 from .sim.dynamo import MemoryDynamo
 from .sim.dynamo.botocore_backend import serve_dynamodb_from

@@ -67,8 +67,8 @@ from local_mode.sim.aws_stand_ins import Ec2Client, LogsClient, SnsClient, SnsTo
 from local_mode.sim.bus import EventBus
 from local_mode.sim.contract.requests import ContractViolation, RequestGuard
 from local_mode.sim.contract.state import ClusterState, key_schemas
-from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo, PartitionThroughput
 from local_mode.sim.contract.worlds import scale_guard
+from local_mode.sim.dynamo import DEFAULT_TX_CONFLICT_WINDOW, MemoryDynamo, PartitionThroughput
 from local_mode.sim.ecs_cluster import EcsCluster
 from local_mode.sim.ecs_model import Node, Task
 from local_mode.sim.engine import Simulation

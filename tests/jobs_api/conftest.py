@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from typing import Any
 from types import SimpleNamespace
+from typing import Any
 
 import boto3
 import pytest
