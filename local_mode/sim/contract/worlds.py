@@ -63,7 +63,8 @@ class MotoFacts:
                 # moto models no managed instances: their tags are in its tag store only
                 from moto.ssm.models import ssm_backends
 
-                store = ssm_backends[self.account][self.region]._resource_tags
+                backend = ssm_backends[self.account][self.region]
+                store: dict[str, dict[str, dict[str, str]]] = backend._resource_tags
                 return dict(store.get("ManagedInstance", {}).get(resource, {}))
             if ":autoscaling:" in arn:
                 groups = self.local.client("autoscaling").describe_auto_scaling_groups(
