@@ -64,7 +64,7 @@ class MotoFacts:
                 from moto.ssm.models import ssm_backends
 
                 backend = ssm_backends[self.account][self.region]
-                store: dict[str, dict[str, dict[str, str]]] = backend._resource_tags
+                store: Any = backend._resource_tags
                 return dict(store.get("ManagedInstance", {}).get(resource, {}))
             if ":autoscaling:" in arn:
                 groups = self.local.client("autoscaling").describe_auto_scaling_groups(
