@@ -149,7 +149,7 @@ class Playground:
         self.programs = TrainingPrograms(self.sim, log_locations, run_seconds=cfg.run_seconds,
                                          state_dir=state_dir, note=self._note_at)
         self.programs.start()
-        self.fault_injector = FaultInjector(self.sim, self.programs, self.agents, self.note)
+        self.fault_injector = FaultInjector(self.sim, self.programs, self.agents, self.note, repo=world.repo)
         self._start_aws_server(stack)
         stack.enter_context(server)  # serving from here on
         self._mono0, self._sim0 = time.monotonic(), self.sim.now()
