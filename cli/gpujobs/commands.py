@@ -13,16 +13,20 @@ from typing import Any
 from cli.gpujobs import clock
 from cli.gpujobs.client import ApiClient
 from cli.gpujobs.constants import EXIT_OK, PROG, TERMINAL_STATES
+from cli.gpujobs.errors import ApiError, CliError
 from cli.gpujobs.render import fmt_time, format_job, json_mode, nodes_label, print_json, stdout, table
-from cli.gpujobs.spec import build_spec
+from cli.gpujobs.spec import build_spec, check_as_the_api_would
 
 LOGS_POLL_SECONDS = 2.0
+# The API's 404s of a log that is not there yet (the job not started, its stream not written).
+NOT_YET = ("has not started yet", "(yet)")
 MAX_PAGES = 10_000  # guard against a server that never stops paginating
 
 
 def cmd_submit(client: ApiClient, args: argparse.Namespace) -> int:
     spec = build_spec(args)
     if args.dry_run:
+        check_as_the_api_would(spec)
         print_json(spec)
         return EXIT_OK
     job = client.submit(spec, args.idempotency_key or str(uuid.uuid4()))
@@ -79,11 +83,19 @@ def cmd_show(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(client: ApiClient, args: argparse.Namespace) -> int:
+    """Cancel; a job that had already ended otherwise (COMPLETE, FAILED...) is an error: nothing
+    was canceled (a repeat on a canceled job is not: it already was)."""
     result = client.cancel(args.job_id)
+    job_id = str(result.get("job_id") or args.job_id)
+    state = str(result.get("state") or "CANCELING")
+    ended_otherwise = result.get("changed") is False and state in TERMINAL_STATES and state != "CANCELED"
     if json_mode(args):
         print_json(result)
-    else:
-        print(f"{result.get('job_id', args.job_id)}: {result.get('state', 'CANCELING')}", file=stdout())
+    elif not ended_otherwise:
+        again = " (it already was)" if result.get("changed") is False else ""
+        print(f"{job_id}: {state}{again}", file=stdout())
+    if ended_otherwise:
+        raise CliError(f"{job_id} already ended {state}: nothing to cancel")
     return EXIT_OK
 
 
@@ -203,7 +215,16 @@ def cmd_logs(client: ApiClient, args: argparse.Namespace) -> int:
     printed: set[tuple[str, str]] = set()  # events printed since the token last changed
     terminal_seen = False
     while True:
-        page = client.logs(args.job_id, rank=args.rank, attempt=args.attempt, next_token=token)
+        try:
+            page = client.logs(args.job_id, rank=args.rank, attempt=args.attempt, next_token=token)
+        except ApiError as error:
+            # --follow a job that has not started (or whose stream is not there yet): wait for it.
+            if not (args.follow and error.status == 404 and any(text in error.message for text in NOT_YET)):
+                raise
+            if str(client.get_job(args.job_id).get("state", "")).upper() in TERMINAL_STATES:
+                raise
+            clock.sleep(args.interval)
+            continue
         fresh = 0
         for event in page.get("events") or []:
             if not isinstance(event, dict):

@@ -138,14 +138,18 @@ class FakeApi:
                     self.logs_visible[jid] = min(self.logs_visible[jid] + 1, len(self.logs[jid]))
             return 200, job
         if method == "POST" and rest[1:] == ["cancel"]:
+            if job["state"] in gpujobs.TERMINAL_STATES:  # as the API: a job that ended is unchanged
+                return 200, {"job_id": job["job_id"], "state": job["state"], "previous_state": job["state"],
+                             "changed": False}
             job["state"] = "CANCELING"
-            return 200, {"job_id": job["job_id"], "state": "CANCELING", "previous_state": "RUNNING"}
+            return 200, {"job_id": job["job_id"], "state": "CANCELING", "previous_state": "RUNNING",
+                         "changed": True}
         if method == "POST" and rest[1:] in (["suspend"], ["resume"]):
             return self.suspend_or_resume(job, rest[1])
         if method == "GET" and rest[1:] == ["events"]:
             return 200, {"events": self.events.get(job["job_id"], [])}
         if method == "GET" and rest[1:] == ["logs"]:
-            return 200, self.log_page(job["job_id"], query)
+            return self.log_page(job["job_id"], query)
         return 405, {"message": "method not allowed"}
 
     def suspend_or_resume(self, job: dict[str, Any], action: str) -> tuple[int, Any]:
@@ -216,7 +220,9 @@ class FakeApi:
         summaries = [{k: v for k, v in j.items() if k not in ("spec", "ranks", "attempts")} for j in page]
         return 200, {"jobs": summaries, "next_token": str(start + limit) if more else None}
 
-    def log_page(self, job_id: str, query: dict[str, str]) -> dict[str, Any]:
+    def log_page(self, job_id: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        if self.jobs[job_id]["state"] == "QUEUED":  # as the API answers a job not started
+            return 404, {"error": "not_found", "message": f"job {job_id} has not started yet: no logs"}
         stream = self.logs.get(job_id, [])
         visible = self.logs_visible.get(job_id, len(stream))
         start = int(query.get("next_token") or 0)
@@ -225,7 +231,7 @@ class FakeApi:
         token: str | None = str(end)
         if self.logs_null_token_when_caught_up and end >= visible:
             token = None
-        return {"events": page, "next_token": token}
+        return 200, {"events": page, "next_token": token}
 
     @staticmethod
     def update_ranks(job: dict[str, Any]) -> None:
@@ -510,6 +516,43 @@ def test_cancel_posts_and_prints_the_state(api, sleeps, capsys):
     assert capsys.readouterr().out.strip() == "j-1: CANCELING"
 
 
+def test_cancel_of_a_job_that_completed_is_an_error_saying_so(api, sleeps, capsys):
+    """Given a COMPLETE job (the API answers a cancel unchanged), When `cancel ID` runs, Then
+    it exits 2 with one line saying the job already ended (nothing was canceled); a repeat on
+    a CANCELED job is no error: it already was."""
+    api.add_job("j-1", state="COMPLETE")
+    assert run(api, "cancel", "j-1") == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "gpujobs: error: j-1 already ended COMPLETE: nothing to cancel\n")
+    api.add_job("j-2", state="CANCELED")
+    assert run(api, "cancel", "j-2") == 0
+    assert capsys.readouterr().out == "j-2: CANCELED (it already was)\n"
+
+
+@pytest.mark.parametrize(("change", "refused"), [
+    ({"nnode": 2}, "nnode: is not a known field (did you mean nnodes?) (field: nnode)"),
+    ({"nnodes": 0}, "nnodes: must be >= 1 (field: nnodes)"),
+    ({"gpus_per_node": 17}, "gpus_per_node: must be <= 16 (field: gpus_per_node)"),
+    ({"overrides": {"environment": {"1BAD": "x"}}},
+     "overrides.environment.0.name: has an invalid format (field: overrides.environment.0.name)"),
+])
+def test_dry_run_refuses_what_the_api_would_in_its_words(api, sleeps, capsys, tmp_path, change, refused):
+    """Given a spec file the API would refuse, When `submit --dry-run` runs, Then it exits 2
+    with the API's own message (the same validation: gpu_recovery.queue.spec_errors), prints
+    no spec and sends nothing."""
+    doc = {**yaml.safe_load(EXAMPLE_SPEC.read_text()), **change}
+    if "nnode" in change:
+        doc.pop("nnodes")
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(doc))
+    assert run(api, "submit", "-f", str(spec_file), "--dry-run") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"gpujobs: error: the API would refuse this spec: {refused}\n"
+    assert api.requests == []
+    assert run(api, "submit", "-f", str(EXAMPLE_SPEC), "--dry-run") == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "llama-ft"
+
+
 def test_events_prints_a_table(api, sleeps, capsys):
     """Given a job with two transitions,
     when `events ID` runs,
@@ -551,6 +594,19 @@ def test_logs_follow_stops_once_terminal_and_drained(api, sleeps, capsys, null_t
     assert len(api.calls("GET", "/v1/jobs/j-1")) == 3
     logs_calls = api.calls("GET", "/v1/jobs/j-1/logs")
     assert all(c.query["rank"] == "1" and c.query["attempt"] == "2" for c in logs_calls)
+
+
+def test_logs_follow_waits_for_a_job_that_has_not_started(api, sleeps, capsys):
+    """Given a job just submitted (the API: "has not started yet: no logs"), When `logs ID
+    --follow` runs, Then it waits for the job to start and prints its lines (without
+    --follow the 404 is an error, exit 2)."""
+    api.add_job("j-1", state="QUEUED")
+    api.state_scripts["j-1"] = ["QUEUED", "RUNNING", "COMPLETE"]
+    api.logs["j-1"] = [{"timestamp": 1_763_649_200_000, "message": "step 1"}]
+    assert run(api, "logs", "j-1") == 2
+    assert "has not started yet" in capsys.readouterr().err
+    assert run(api, "logs", "j-1", "--follow") == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(" step 1")
 
 
 def test_logs_without_follow_drains_available_pages(api, sleeps, capsys):
