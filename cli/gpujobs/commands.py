@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import sys
 import uuid
 from collections.abc import Iterator, Mapping
@@ -194,6 +195,18 @@ def cmd_events(client: ApiClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def reader_gone(stream: Any) -> bool:
+    """True when ``stream`` is a pipe whose reading end is closed (its reader exited): a
+    follower waiting for more would only learn it at its next write, maybe minutes later."""
+    try:
+        fd = stream.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLERR)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # not a file (tests), or no poll() here
+        return False
+
+
 def _print_log_event(event: Mapping[str, Any], json_mode: bool) -> None:
     if json_mode:
         print(json.dumps(event, separators=(",", ":"), default=str), file=stdout())
@@ -252,4 +265,6 @@ def cmd_logs(client: ApiClient, args: argparse.Namespace) -> int:
         if state in TERMINAL_STATES:
             terminal_seen = True
             continue
+        if reader_gone(stdout()):
+            return EXIT_OK  # `logs --follow | grep -m1 ...`: grep has what it wanted
         clock.sleep(args.interval)

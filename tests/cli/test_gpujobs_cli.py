@@ -1152,3 +1152,19 @@ def test_watch_without_timeout_waits_until_the_job_ends(api, sleeps):
     api.state_scripts["j-1"] = ["RUNNING"] * 30 + ["COMPLETE"]
     assert run(api, "watch", "j-1", "--interval", "1") == 0
     assert len(sleeps) == 30
+
+
+def test_watch_until_a_state_stops_there_and_a_job_ending_first_exits_as_usual(api, sleeps, capsys):
+    """`watch ID --until RUNNING` (what a script waits for before it injects a fault or reads
+    logs): exit 0 once the job is RUNNING, not when it ends; a job that fails first exits 1;
+    a state that does not exist is a usage error naming it."""
+    api.add_job("j-1", state="QUEUED")
+    api.state_scripts["j-1"] = ["QUEUED", "STARTING", "RUNNING", "RUNNING", "COMPLETE"]
+    assert run(api, "watch", "j-1", "--until", "running", "--interval", "1") == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[2:5] == ["STARTING", "->", "RUNNING"]
+    assert len(sleeps) == 2
+    api.add_job("j-2", state="QUEUED")
+    api.state_scripts["j-2"] = ["QUEUED", "FAILED"]
+    assert run(api, "watch", "j-2", "--until", "RUNNING", "--interval", "1") == 1
+    assert run(api, "watch", "j-2", "--until", "RUNING") == 2
+    assert "not a job state: 'RUNING'" in capsys.readouterr().err
