@@ -14,11 +14,6 @@ of 17 nodes restarts a 17-rank job through the gang queue and its worker.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,53 +22,10 @@ from typing import Any
 import pytest
 
 from cli import admin, gpujobs
+from tests.fixtures.playground import PlaygroundProcess
 
 REPO = Path(__file__).resolve().parents[2]
-STARTUP_SECONDS = 90  # the process imports and builds the emulator (a few seconds; CI is slow)
 WAIT_SECONDS = 120  # any one step, in wall time (each takes a few seconds at 40x)
-
-
-class PlaygroundProcess:
-    """The playground's process and its console (read by a thread: the pipe never fills)."""
-
-    def __init__(self, *args: str) -> None:
-        env = dict(os.environ, PYTHONPATH=f"{REPO / 'lambdas'}{os.pathsep}{REPO}", PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "local_mode.playground", "--port", "0", "--aws-port", "0", *args],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def console(self) -> str:
-        return "\n".join(self.lines)
-
-    def exports(self) -> dict[str, str]:
-        """The ``export NAME=value`` lines of the banner, once printed."""
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            found = dict(line.strip()[len("export "):].split("=", 1) for line in list(self.lines)
-                         if line.strip().startswith("export "))
-            if "AWS_ENDPOINT_URL" in found and "GPUJOBS_ENDPOINT" in found:
-                return found
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"no endpoints printed (exit {self.proc.poll()}):\n{self.console[-3000:]}")
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGINT)  # Ctrl-C
-        try:
-            return self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
 
 # The module's scenario is its fixture, run once per worker that takes a test: one
