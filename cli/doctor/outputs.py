@@ -12,6 +12,7 @@ from typing import Any
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.parsers import ResponseParserError
 
 from cli.doctor.findings import error_text
 from gpu_recovery import clock
@@ -41,7 +42,7 @@ def stack_outputs(session: Any, stack_name: str) -> dict[str, str]:
     except ClientError as error:
         raise OutputsError(f"stack {stack_name!r}: {error_text(error)} (deployed in another "
                            "region or account? use --region / --profile)") from error
-    except BotoCoreError as error:
+    except (BotoCoreError, ResponseParserError) as error:  # no CloudFormation answered at all
         endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
         if endpoint:  # an emulator (the playground's has no CloudFormation)
             raise OutputsError(f"AWS_ENDPOINT_URL={endpoint} answers no CloudFormation: give the stack's "

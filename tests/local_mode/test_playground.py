@@ -169,6 +169,34 @@ def test_admin_commands_reach_the_playground(playground: PlaygroundProcess, shel
     assert code == 2 and "job nope-20261120-000000-0000 not found" in err
 
 
+def test_doctor_reads_the_playground_as_a_deployed_stack(playground: PlaygroundProcess, shell: dict[str, str],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Given the playground's exports (the stack's outputs file among them), When the operator
+    runs gpu-recovery-admin doctor, Then every check runs against the emulated account and
+    passes: the cluster, its tagged GPU nodes and their tokens, the health check, the topic,
+    every rule with its empty dead-letter queue, the gang queue, PITR, the breaker."""
+    code, out, err = cli(capsys, admin.main, "doctor")
+    assert code == 0, out + err
+    checks = [line.split()[0] for line in out.splitlines()[1:-1]
+              if line[:4] in ("PASS", "WARN", "FAIL", "SKIP")]
+    assert set(checks) == {"PASS"} and len(checks) >= 15, out
+    assert "passed, 0 warnings, 0 failed" in out.splitlines()[-1]
+
+
+def test_doctor_against_an_emulator_without_the_outputs_says_so_in_one_line(
+        playground: PlaygroundProcess, shell: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AWS_ENDPOINT_URL that answers no CloudFormation (the playground's, without its
+    outputs file): one line saying what to give instead, not an HTML 500 page."""
+    monkeypatch.delenv("GPU_RECOVERY_OUTPUTS_FILE")
+    code, out, err = cli(capsys, admin.main, "doctor")
+    assert code == 2 and err == ""
+    endpoint = shell["AWS_ENDPOINT_URL"]
+    assert out.splitlines() == [f"doctor: AWS_ENDPOINT_URL={endpoint} answers no CloudFormation: give the "
+                                "stack's outputs with --outputs-file or $GPU_RECOVERY_OUTPUTS_FILE (make "
+                                "playground exports it)"]
+
+
 # Slow tier: preemption with a graceful suspend and a resume from the checkpoint runs in
 # make test through tests/time_sharing/test_preemption_flow.py.
 @pytest.mark.slow
