@@ -360,13 +360,6 @@ def _started_elsewhere(record: Record, mail: Mail, _m: re.Match[str]) -> str | N
     return None
 
 
-def _was_held_back(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
-    nodes = [n.strip() for n in m.group(1).split(",")]
-    held = {str(e.get("node")) for o in record.mails if o.n < mail.n for e in o.breaker.get("backlog") or []}
-    missing = [n for n in nodes if n not in held]
-    return f"{missing} never in the breaker's backlog" if missing else None
-
-
 def _cordon_held(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     """Known bad (cordoned in the table) but no ECS attribute put while the limit is tripped."""
     node = mail.field("Container instance")
@@ -425,8 +418,6 @@ CLAIMS: list[tuple[str, Check]] = [
     (r"Job back in the queue ahead of every job of its priority \(original queue position kept\)", _requeued),
     (r"the scheduler starts every rank again on healthy nodes \(MASTER_ADDR: rank 0's node\)",
      _started_elsewhere),
-    (r"reboot of ([^;]+?) held back by the breaker, carried out once it was released", _rebooted),
-    (r"reboot of ([^;]+?) held back by the breaker", _was_held_back),
     (r"(\d+) held-back action\(s\) stay in its backlog and jobs HELD for them wait until their deadline",
      _backlog_size),
 ]

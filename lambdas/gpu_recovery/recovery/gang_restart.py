@@ -514,17 +514,12 @@ class GangRestart:
                             "background)")
             if more > 0:
                 done.append(f"and {more} more suspect node(s) judged")
-            rebooted = sorted(s.node for s in shown if s.verdict is SuspectVerdict.REBOOT)
+            rebooted = sorted(s.node for s in shown if s.verdict is SuspectVerdict.REBOOT  # a held reboot is
+                              or (s.verdict is SuspectVerdict.BLOCKED and not job.relocated))  # done first
             if rebooted or tally.reboot:
                 extra = tally.reboot - len(rebooted)
                 more_reboots = f" and {extra} more" if extra > 0 else ""
                 done.append(f"reboot of {', '.join(rebooted) or 'nodes'}{more_reboots}")
-            # A reboot the breaker held back is a fatal verdict on the tally, but not an
-            # unusable node: a job that waited HELD restarts there once it is released and done.
-            held = sorted(s.node for s in shown if s.verdict is SuspectVerdict.BLOCKED)
-            if held or tally.held:
-                done.append(f"reboot of {', '.join(held) or 'nodes'} held back by the breaker"
-                            + ("" if job.relocated else ", carried out once it was released"))
             if tally.fatal - tally.held > len(left):
                 done.append(f"{tally.fatal - tally.held - len(left)} node(s) unusable")
         if job.relocated:
