@@ -3,9 +3,9 @@
     gpu-recovery-admin doctor [--stack-name GpuTrainingRecovery]   # is the account ready?
     gpu-recovery-admin issue-token --node-id <container-instance-id>   # prints the token once
     gpu-recovery-admin revoke-token --node-id <container-instance-id>
-    gpu-recovery-admin list-tokens
-    gpu-recovery-admin breaker show
-    gpu-recovery-admin breaker reset --resume-backlog | --drop-backlog
+    gpu-recovery-admin list-tokens [--json]
+    gpu-recovery-admin breaker show [--json]
+    gpu-recovery-admin breaker reset --resume-backlog | --drop-backlog [--json]
     gpu-recovery-admin quota set --user alice --priority HIGH --nodes 8
     gpu-recovery-admin quota list [--user alice] [--json]
     gpu-recovery-admin quota remove --user alice --priority HIGH
@@ -39,6 +39,9 @@ override them). Token commands use the table ``--table`` or ``$NODE_TOKEN_TABLE_
 (the stack output ``NodeTokenTableName``). Only a token's SHA-256 hash is stored: a lost
 token cannot be recovered, issue a new one (which also invalidates the old).
 
+Reads print for people (labelled lines, tables, UTC times with how long ago); ``--json``
+prints the document itself, for scripts.
+
 Commands are a registry (``COMMANDS``): to add one, write ``add_arguments(parser)`` and
 ``run(args, ctx) -> exit status`` and append a :class:`Command`.
 """
@@ -53,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli import doctor, inject_fault
+from cli import admin_views, doctor, inject_fault
 from gpu_recovery.constants import (
     DEFAULT_INSTANCE_TABLE_NAME,
     DEFAULT_JOB_TABLE_NAME,
@@ -82,8 +85,10 @@ class Context:
         if self.session is None:
             import boto3
 
+            # AWS_REGION too (botocore reads only AWS_DEFAULT_REGION): the region the
+            # playground and the SDKs' own docs export.
             self.session = boto3.session.Session(profile_name=self.args.profile,
-                                                 region_name=self.args.region)
+                                                 region_name=self.args.region or os.environ.get("AWS_REGION"))
         return self.session
 
     def token_store(self) -> TokenStore:
@@ -133,10 +138,6 @@ def _node_id_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", required=True, help="ECS container instance id of the node")
 
 
-def _no_arguments(parser: argparse.ArgumentParser) -> None:
-    return None
-
-
 def _issue_token(args: argparse.Namespace, ctx: Context) -> int:
     token = ctx.token_store().issue(args.node_id, issued_by=_caller())
     print(token)
@@ -153,9 +154,22 @@ def _revoke_token(args: argparse.Namespace, ctx: Context) -> int:
     return 1
 
 
+def _json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+
+
 def _list_tokens(args: argparse.Namespace, ctx: Context) -> int:
-    for row in ctx.token_store().list():
-        print(json.dumps(row, default=str, sort_keys=True))
+    import time
+
+    rows = ctx.token_store().list()
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, default=str, sort_keys=True))
+        return 0
+    for line in admin_views.token_lines(rows, time.time()):
+        print(line)
+    if not rows:
+        print("no node token issued (gpu-recovery-admin issue-token --node-id <id>)", file=sys.stderr)
     return 0
 
 
@@ -167,9 +181,12 @@ def _breaker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance-table", help=f"container-instance table (default ${ENV_INSTANCE_TABLE} "
                                                  f"or {DEFAULT_INSTANCE_TABLE_NAME})")
     actions = parser.add_subparsers(dest="breaker_command", required=True)
-    actions.add_parser("show", help="state (closed / open, waiting to close by itself / open until an "
-                                    "operator resets it) and why, nodes acted on in the window, backlog")
+    show = actions.add_parser("show", help="state (closed / open, waiting to close by itself / open until "
+                                           "an operator resets it) and why, nodes acted on in the window, "
+                                           "backlog")
+    _json_argument(show)
     reset = actions.add_parser("reset", help="close the breaker: resume or drop its backlog")
+    _json_argument(reset)
     choice = reset.add_mutually_exclusive_group(required=True)
     choice.add_argument("--resume-backlog", action="store_true",
                         help="carry the held-back node actions out (the recovery sweep does it)")
@@ -185,7 +202,8 @@ def _breaker(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
-    """``breaker show`` / ``breaker reset``: one JSON document on stdout, a sentence on stderr."""
+    """``breaker show`` / ``breaker reset``: for people on stdout (``--json``: one JSON
+    document), a sentence on stderr."""
     from gpu_recovery.domain import cordon as cordon_policy
     from gpu_recovery.domain.breaker import breaker as policy
     from gpu_recovery.recovery.breaker.operations import assess, reset_breaker
@@ -217,7 +235,10 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
                  "held_jobs": [{"job_id": item["job_id"], **dict(item.get("breaker_hold") or {})}
                                for item in SchedulingRepository(repo).jobs_in_recovery()
                                if item.get("job_state") == "HELD"]}
-        print(json.dumps(shown, default=str, sort_keys=True, indent=2))
+        if getattr(args, "json", False):
+            print(json.dumps(shown, default=str, sort_keys=True, indent=2))
+        else:
+            print("\n".join(admin_views.breaker_lines(shown, now)))
         if tripped:
             print(f"breaker {answer.standing}: {answer.reason}", file=sys.stderr)
         if stored is None:
@@ -232,8 +253,12 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
         print("error: the breaker changed while resetting it three times in a row; try again",
               file=sys.stderr)
         return 1
-    print(json.dumps({"state": result.state["state"], "released": list(result.released),
-                      "dropped": list(result.dropped)}, default=str, sort_keys=True, indent=2))
+    done = {"state": result.state["state"], "released": list(result.released),
+            "dropped": list(result.dropped)}
+    if getattr(args, "json", False):
+        print(json.dumps(done, default=str, sort_keys=True, indent=2))
+    else:
+        print("\n".join(admin_views.reset_lines(done)))
     if result.released:
         print(f"breaker closed; {len(result.released)} held-back node action(s) released: the recovery "
               "sweep carries them out within a minute; jobs HELD on those nodes restart once they are back",
@@ -432,7 +457,7 @@ COMMANDS: list[Command] = [
     Command("issue-token", "create or rotate a node's report token; prints it once",
             _node_id_argument, _issue_token),
     Command("revoke-token", "revoke a node's report token", _node_id_argument, _revoke_token),
-    Command("list-tokens", "list nodes and token status (never the tokens)", _no_arguments, _list_tokens),
+    Command("list-tokens", "list nodes and token status (never the tokens)", _json_argument, _list_tokens),
     Command("breaker", "show or reset the blast-radius breaker", _breaker_arguments, _breaker),
     Command("quota", "set, list or remove users' node quotas per priority level", _quota_arguments, _quota),
     Command("uncordon", "a known-bad node repaired by hand takes new work again", _uncordon_arguments,

@@ -366,7 +366,7 @@ def breaker_refault() -> ScenarioResult:
 
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.ecs.now())
+            breaker_command(argparse.Namespace(breaker_command="show", json=True), w.repo, w.ecs.now())
         shown = json.loads(out.getvalue())
         _expect(problems, "breaker show", (shown["standing"], shown["why"]),
                 ("open until an operator resets it", reason))

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.parsers import ResponseParserError
 
 from cli.doctor.findings import error_text
 from gpu_recovery import clock
+from gpu_recovery.constants import ENV_STACK_OUTPUTS_FILE
 
 DEFAULT_STACK_NAME = "GpuTrainingRecovery"
+OUTPUTS_FILE_ENV = ENV_STACK_OUTPUTS_FILE  # read when --outputs-file is not given
 # Outputs every check needs (stacks deployed before the doctor existed lack some).
 REQUIRED_OUTPUTS = ("ClusterName", "InstanceTagKey", "InstanceTagValue", "AlertTopicArn",
                     "HealthCheckTaskDefinitionArn", "JobTableName", "InstanceTableName",
@@ -38,6 +42,13 @@ def stack_outputs(session: Any, stack_name: str) -> dict[str, str]:
     except ClientError as error:
         raise OutputsError(f"stack {stack_name!r}: {error_text(error)} (deployed in another "
                            "region or account? use --region / --profile)") from error
+    except (BotoCoreError, ResponseParserError) as error:  # no CloudFormation answered at all
+        endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+        if endpoint:  # an emulator (the playground's has no CloudFormation)
+            raise OutputsError(f"AWS_ENDPOINT_URL={endpoint} answers no CloudFormation: give the stack's "
+                               f"outputs with --outputs-file or ${OUTPUTS_FILE_ENV} (make playground exports "
+                               "it)") from error
+        raise OutputsError(f"stack {stack_name!r}: {error_text(error)}") from error
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 
@@ -70,8 +81,13 @@ def resolve_outputs(args: argparse.Namespace, session: Any) -> dict[str, str]:
         if not sep or not key:
             raise OutputsError(f"--output {pair!r}: expected KEY=VALUE")
         given[key] = value
-    if args.outputs_file is not None:
-        return {**outputs_file(args.outputs_file, args.stack_name), **given}
+    from_env = os.environ.get(OUTPUTS_FILE_ENV)
+    path = args.outputs_file or (Path(from_env) if from_env else None)
+    if path is not None:
+        try:
+            return {**outputs_file(path, args.stack_name), **given}
+        except (OSError, ValueError) as error:
+            raise OutputsError(f"outputs file {path}: {error}") from error
     if all(k in given for k in REQUIRED_OUTPUTS):
         return given
     return {**stack_outputs(session, args.stack_name), **given}

@@ -27,8 +27,11 @@ from cli.gpujobs.constants import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_WATCH_TIMEOUT,
+    NON_TERMINAL_STATES,
+    POLL_ENV,
     PRIORITIES,
     PROG,
+    TERMINAL_STATES,
 )
 from cli.gpujobs.errors import CliError
 from cli.gpujobs.watch import WATCH_POLL_SECONDS, cmd_watch
@@ -52,6 +55,22 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError("must be > 0")
     return value
+
+
+def _poll_default(seconds: float) -> float:
+    """``$GPUJOBS_POLL_SECONDS`` (the default interval of watch and logs --follow), else ``seconds``."""
+    raw = os.environ.get(POLL_ENV, "").strip()
+    try:
+        return _positive_float(raw) if raw else seconds
+    except argparse.ArgumentTypeError:
+        return seconds
+
+
+def _job_state(text: str) -> str:
+    state = text.strip().upper()
+    if state not in (*NON_TERMINAL_STATES, *TERMINAL_STATES):
+        raise argparse.ArgumentTypeError(f"not a job state: {text!r} (e.g. RUNNING)")
+    return state
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,18 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", type=int, help="only this attempt (default: the current one)")
     p.add_argument("-F", "--follow", action="store_true", help="keep polling until the job is terminal")
     p.add_argument("--next-token", help="start from this token")
-    p.add_argument("--interval", type=_positive_float, default=LOGS_POLL_SECONDS,
-                   help="poll interval with --follow, seconds (default: %(default)s)")
+    p.add_argument("--interval", type=_positive_float, default=_poll_default(LOGS_POLL_SECONDS),
+                   help=f"poll interval with --follow, seconds (default: %(default)s; ${POLL_ENV} sets it)")
     p.set_defaults(func=cmd_logs)
 
     p = add("watch", "follow a job's state until it ends (exit 0 COMPLETE, 1 FAILED/USER_STOPPED/CANCELED)")
     p.add_argument("job_id", metavar="ID")
-    p.add_argument("--interval", type=_positive_float, default=WATCH_POLL_SECONDS,
-                   help="poll interval, seconds (default: %(default)s)")
+    p.add_argument("--interval", type=_positive_float, default=_poll_default(WATCH_POLL_SECONDS),
+                   help=f"poll interval, seconds (default: %(default)s; ${POLL_ENV} sets it)")
     # Its own dest: the global --timeout is the HTTP timeout per try.
     p.add_argument("--timeout", dest="watch_timeout", type=_positive_float, metavar="SECONDS",
                    help=f"give up after this many seconds if the job has not ended "
                         f"(exit {EXIT_WATCH_TIMEOUT}; default: wait until it ends)")
+    p.add_argument("--until", type=_job_state, metavar="STATE",
+                   help="stop watching once the job is in STATE (exit 0), e.g. RUNNING; a job that ends "
+                        "first exits as usual")
     p.set_defaults(func=cmd_watch)
     return parser
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import sys
 import uuid
 from collections.abc import Iterator, Mapping
@@ -13,16 +14,20 @@ from typing import Any
 from cli.gpujobs import clock
 from cli.gpujobs.client import ApiClient
 from cli.gpujobs.constants import EXIT_OK, PROG, TERMINAL_STATES
+from cli.gpujobs.errors import ApiError, CliError
 from cli.gpujobs.render import fmt_time, format_job, json_mode, nodes_label, print_json, stdout, table
-from cli.gpujobs.spec import build_spec
+from cli.gpujobs.spec import build_spec, check_as_the_api_would
 
 LOGS_POLL_SECONDS = 2.0
+# The API's 404s of a log that is not there yet (the job not started, its stream not written).
+NOT_YET = ("has not started yet", "(yet)")
 MAX_PAGES = 10_000  # guard against a server that never stops paginating
 
 
 def cmd_submit(client: ApiClient, args: argparse.Namespace) -> int:
     spec = build_spec(args)
     if args.dry_run:
+        check_as_the_api_would(spec)
         print_json(spec)
         return EXIT_OK
     job = client.submit(spec, args.idempotency_key or str(uuid.uuid4()))
@@ -79,11 +84,19 @@ def cmd_show(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(client: ApiClient, args: argparse.Namespace) -> int:
+    """Cancel; a job that had already ended otherwise (COMPLETE, FAILED...) is an error: nothing
+    was canceled (a repeat on a canceled job is not: it already was)."""
     result = client.cancel(args.job_id)
+    job_id = str(result.get("job_id") or args.job_id)
+    state = str(result.get("state") or "CANCELING")
+    ended_otherwise = result.get("changed") is False and state in TERMINAL_STATES and state != "CANCELED"
     if json_mode(args):
         print_json(result)
-    else:
-        print(f"{result.get('job_id', args.job_id)}: {result.get('state', 'CANCELING')}", file=stdout())
+    elif not ended_otherwise:
+        again = " (it already was)" if result.get("changed") is False else ""
+        print(f"{job_id}: {state}{again}", file=stdout())
+    if ended_otherwise:
+        raise CliError(f"{job_id} already ended {state}: nothing to cancel")
     return EXIT_OK
 
 
@@ -182,6 +195,18 @@ def cmd_events(client: ApiClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def reader_gone(stream: Any) -> bool:
+    """True when ``stream`` is a pipe whose reading end is closed (its reader exited): a
+    follower waiting for more would only learn it at its next write, maybe minutes later."""
+    try:
+        fd = stream.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLERR)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # not a file (tests), or no poll() here
+        return False
+
+
 def _print_log_event(event: Mapping[str, Any], json_mode: bool) -> None:
     if json_mode:
         print(json.dumps(event, separators=(",", ":"), default=str), file=stdout())
@@ -206,7 +231,16 @@ def cmd_logs(client: ApiClient, args: argparse.Namespace) -> int:
     printed: set[tuple[str, str]] = set()  # events printed since the token last changed
     terminal_seen = False
     while True:
-        page = client.logs(args.job_id, rank=args.rank, attempt=args.attempt, next_token=token)
+        try:
+            page = client.logs(args.job_id, rank=args.rank, attempt=args.attempt, next_token=token)
+        except ApiError as error:
+            # --follow a job that has not started (or whose stream is not there yet): wait for it.
+            if not (args.follow and error.status == 404 and any(text in error.message for text in NOT_YET)):
+                raise
+            if str(client.get_job(args.job_id).get("state", "")).upper() in TERMINAL_STATES:
+                raise
+            clock.sleep(args.interval)
+            continue
         fresh = 0
         for event in page.get("events") or []:
             if not isinstance(event, dict):
@@ -235,4 +269,6 @@ def cmd_logs(client: ApiClient, args: argparse.Namespace) -> int:
         if state in TERMINAL_STATES:
             terminal_seen = True
             continue
+        if reader_gone(stdout()):
+            return EXIT_OK  # `logs --follow | grep -m1 ...`: grep has what it wanted
         clock.sleep(args.interval)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 PROG = "gpujobs"
 ENDPOINT_ENV = "GPUJOBS_ENDPOINT"
+POLL_ENV = "GPUJOBS_POLL_SECONDS"  # the default poll interval of watch and logs --follow
 
 NON_TERMINAL_STATES = (
     "QUEUED", "PENDING_RESOURCES", "STARTING", "RUNNING", "PENDING_HEALTHCHECK",

@@ -155,3 +155,19 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
             flag = "--" + key.replace("_", "-")
             raise CliError(f"missing {key}: pass {flag} or set it in the spec file (-f)", field=key)
     return spec
+
+
+def check_as_the_api_would(spec: dict[str, Any]) -> None:
+    """``--dry-run``: refuse what the jobs API would, in its words, with its own validation
+    (``gpu_recovery.queue.spec_errors``, installed with the project). The checks against the
+    account (the task definition exists, the quota, the cluster's capacity) are the API's."""
+    try:
+        from gpu_recovery.queue.spec_errors import SpecError, validate_spec
+    except ImportError as error:
+        raise CliError(f"--dry-run validates with the jobs API's own model, which is not installed here "
+                       f"({error}): run make install (or pip install -e .)") from None
+    try:
+        validate_spec(spec)
+    except SpecError as error:
+        raise CliError(f"the API would refuse this spec: {error.field}: {error.message}",
+                       field=error.field) from None

@@ -218,6 +218,8 @@ def cmd_watch(client: ApiClient, args: argparse.Namespace) -> int:
             else:
                 watcher.update(job, reasons.new() if watcher.changed(job) else None)
             state = str(job.get("state", "")).upper()
+            if args.until and state == args.until:
+                return EXIT_OK  # the state waited for (before the job ends: scripts go on from it)
             if state in TERMINAL_STATES:
                 return EXIT_OK if state == "COMPLETE" else EXIT_JOB_FAILED
             if args.watch_timeout is not None and clock.monotonic() - started >= args.watch_timeout:

@@ -361,8 +361,8 @@ class RecoveryConfig:
             if raw is not None:
                 values[opt.key] = opt.parse(opt.key, raw)
             elif opt.required:
-                raise ConfigError(f"context key {opt.key!r} is required: {opt.doc} "
-                                  f"(cdk synth -c {opt.key}=<value>)")
+                raise ConfigError(f"context key {opt.key!r} is required: {opt.doc} (make synth "
+                                  f'CDK_ARGS="-c {opt.key}=<value>"; cdk synth -c {opt.key}=<value>)')
             elif opt.derive is not None:
                 values[opt.key] = opt.derive(values)
             else:

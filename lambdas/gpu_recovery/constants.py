@@ -129,6 +129,9 @@ ENV_JOBS_PRIORITY_ROLES = "JOBS_RESERVED_PRIORITY_ROLES"
 
 # Time sharing: node quotas, preemption, graceful suspend.
 ENV_QUOTA_TABLE = "QUOTA_TABLE_NAME"
+# Operator side, not a function's: the stack's outputs file (`cdk deploy --outputs-file`) that
+# `gpu-recovery-admin doctor` reads when --outputs-file is not given (make playground exports it).
+ENV_STACK_OUTPUTS_FILE = "GPU_RECOVERY_OUTPUTS_FILE"
 ENV_DEFAULT_NODE_QUOTAS = "DEFAULT_NODE_QUOTAS"  # JSON object: priority level -> nodes
 ENV_PREEMPTION = "PREEMPTION_ENABLED"  # "false": a blocked job never suspends others
 ENV_SUSPEND_GRACE_SECONDS = "SUSPEND_GRACE_SECONDS"  # default grace of a job (JobSpec overrides)

@@ -71,6 +71,7 @@ from gpu_recovery.queue.jobs_api.reads import DEFAULT_LIMIT, MAX_LIMIT
 from gpu_recovery.queue.jobs_api.service import JobQueueService
 from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
 from gpu_recovery.queue.models import JobSpec
+from gpu_recovery.queue.spec_errors import first_problem
 from handlers._common import powertools
 from handlers._http import BodyError, body_text, media_type, parse_json
 from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
@@ -207,59 +208,12 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
     return _json(status, body)
 
 
-_MESSAGES = {
-    "missing": "is required",
-    "extra_forbidden": "is not a known field",
-    "string_pattern_mismatch": "has an invalid format",
-    "int_parsing": "must be an integer",
-    "int_type": "must be an integer",
-    "int_from_float": "must be an integer",
-    "string_type": "must be a string",
-    "list_type": "must be a list",
-    "dict_type": "must be an object",
-    "model_type": "must be an object",
-    "model_attributes_type": "must be an object",
-    "json_invalid": "is not valid JSON",
-}
-
-
-def _describe(error: dict[str, Any]) -> tuple[str, str]:
-    """Pydantic error -> (field path, short message) e.g. ('nnodes', 'must be >= 1')."""
-    loc = [str(p) for p in error.get("loc", ())]
-    if loc and loc[0] in ("body", "query", "path", "header"):
-        loc = loc[1:]
-    # Union members (int | Literal) add their own loc parts; keep the field path only.
-    loc = [p for p in loc if not p.startswith(("int", "literal[", "function-")) and p != "str"]
-    field = ".".join(loc) or "body"
-    kind = error.get("type", "")
-    ctx = error.get("ctx") or {}
-    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
-              "less_than": "<"}[kind]
-        bound = next(iter(ctx.values()), "?")
-        return field, f"must be {op} {bound}"
-    if kind in ("string_too_short", "too_short"):
-        return field, f"must have at least {ctx.get('min_length', '?')} items/characters"
-    if kind in ("string_too_long", "too_long"):
-        return field, f"must have at most {ctx.get('max_length', '?')} items/characters"
-    if kind == "value_error":
-        return field, str(ctx.get("error") or error.get("msg", "is invalid")).removeprefix("Value error, ")
-    if kind == "json_invalid":
-        return "body", "is not valid JSON"
-    if kind == "enum":
-        return field, f"must be one of {ctx.get('expected', '')}".strip()
-    return field, _MESSAGES.get(kind, str(error.get("msg", "is invalid")).lower())
-
-
 @app.exception_handler(RequestValidationError)
 def _invalid(error: RequestValidationError) -> Response:
+    # The one line the CLI's --dry-run gives too (gpu_recovery.queue.spec_errors).
     errors = list(error.errors())
-    # A union (priority: int | name) reports one error per member: name the field once.
-    field, message = _describe(errors[0]) if errors else ("body", "is invalid")
-    for candidate in errors:
-        if candidate.get("type") == "value_error":
-            field, message = _describe(candidate)
-            break
+    body = [e for e in errors if str((e.get("loc") or ("",))[0]) == "body"]
+    field, message = first_problem(body, JobSpec) if body else first_problem(errors)
     return error_response(400, "validation_error", f"{field}: {message}", field)
 
 

@@ -23,7 +23,7 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m local_mode.playground",
         description="A local GPU cluster behind the local REST API: submit, watch, fault and recover jobs "
@@ -46,14 +46,26 @@ def main(argv: list[str] | None = None) -> int:
                              f"{MIN_REBOOT_SECONDS})")
     parser.add_argument("--dcgm-seconds", type=float, default=defaults.dcgm_seconds,
                         help="how long a DCGM health check takes (default %(default)s)")
+    parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a remediation setting of the deployment (docs/configuration.md), e.g. "
+                             "breaker_window_minutes=2; repeatable")
     parser.add_argument("--once", action="store_true", help="deliver every event once (default: twice)")
     parser.add_argument("--verbose", action="store_true", help="also print the handlers' warnings")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    settings = dict(pair.partition("=")[::2] for pair in args.setting)
+    if any("=" not in pair for pair in args.setting):
+        parser.error("--setting: expected KEY=VALUE, e.g. breaker_window_minutes=2")
     try:
         config = PlaygroundConfig(
             nodes=args.nodes, gpus_per_node=args.gpus_per_node, speed=args.speed, port=args.port,
             aws_port=args.aws_port, run_minutes=args.run_minutes, reboot_seconds=args.reboot_seconds,
-            dcgm_seconds=args.dcgm_seconds, duplicate_delivery=not args.once, verbose=args.verbose).validate()
+            dcgm_seconds=args.dcgm_seconds, duplicate_delivery=not args.once, verbose=args.verbose,
+            settings=settings).validate()
     except ValueError as error:
         parser.error(str(error))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -3,7 +3,7 @@ definitions it registers, and the error a request or an option is refused with."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_recovery.domain.reboot_evidence import REBOOT_MIN_OUTAGE_SECONDS
@@ -40,6 +40,8 @@ class PlaygroundConfig:
     duplicate_delivery: bool = True
     verbose: bool = False
     examples_dir: Path = EXAMPLES_DIR
+    # The deployment's remediation settings (docs/configuration.md keys), over the defaults.
+    settings: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> PlaygroundConfig:
         checks = (
@@ -62,6 +64,13 @@ class PlaygroundConfig:
                 raise ValueError(f"--{option.replace('_', '-')}: {value:g} is not {accepted}")
         if self.port and self.port == self.aws_port:
             raise ValueError("--port and --aws-port must differ")
+        if self.settings:
+            from gpu_recovery.domain.remediation_settings import parse_remediation_settings
+
+            try:
+                parse_remediation_settings(self.settings)
+            except ValueError as error:
+                raise ValueError(f"--setting: {error}") from None
         return self
 
     @property

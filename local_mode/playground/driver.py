@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from gpu_recovery import clock as gr_clock
@@ -27,6 +28,12 @@ from local_mode.playground.config import (
 from local_mode.playground.console import Console, ConsoleFeed, StdoutWithoutEmf
 from local_mode.playground.fault_injection import FaultInjector
 from local_mode.playground.local_routes import LOCAL_PREFIX, PlaygroundApi
+from local_mode.playground.stack_outputs import (
+    OUTPUTS_FILE_ENV,
+    create_stack_resources,
+    mirror_dead_letters,
+    write_outputs_file,
+)
 from local_mode.server import ApiResponse, LocalApiServer
 from local_mode.training_programs import CHECKPOINT_EVERY_STEPS, PROGRAM_TICK_SECONDS, TrainingPrograms
 
@@ -74,6 +81,9 @@ class Playground:
         self.feed = ConsoleFeed()
         self._last_console = 0.0
         self.fault_injector: FaultInjector | None = None
+        self.stack_outputs: dict[str, str] = {}
+        self.outputs_file: Path | None = None
+        self._dead_letters_mirrored = 0
         #: the console shows the cluster from when this is set (after the banner)
         self.console_open = threading.Event()
         self.driver_errors: list[str] = []
@@ -123,6 +133,7 @@ class Playground:
             sim_options={"reboot_seconds": cfg.reboot_seconds, "dcgm_seconds": cfg.dcgm_seconds},
             max_recovery_attempts=3, reboot_timeout_minutes=30,
             extra_env={"POWERTOOLS_LOG_LEVEL": "WARNING" if cfg.verbose else "CRITICAL",
+                       **({C.ENV_REMEDIATION_SETTINGS: json.dumps(cfg.settings)} if cfg.settings else {}),
                        C.ENV_JOBS_ADMIN_ROLES: ",".join(self.admins),
                        C.ENV_CONTROL_API_URL: f"{server.url}/prod",
                        C.ENV_CONTROL_POLL_SECONDS: str(self.control_poll_seconds)}))
@@ -149,8 +160,16 @@ class Playground:
         self.programs = TrainingPrograms(self.sim, log_locations, run_seconds=cfg.run_seconds,
                                          state_dir=state_dir, note=self._note_at)
         self.programs.start()
-        self.fault_injector = FaultInjector(self.sim, self.programs, self.agents, self.note)
+        self.fault_injector = FaultInjector(self.sim, self.programs, self.agents, self.note, repo=world.repo)
+        # What doctor reads of a deployed stack (rules, dead-letter queues, PITR, the outputs).
+        self.stack_outputs = create_stack_resources(self.local, cluster_arn=self.local.cluster_arn,
+                                                    tag_key=self.sim.node_tag_key)
         self._start_aws_server(stack)
+        if self.aws_url:  # named after the endpoint's port: the one the banner's exports name
+            port = self.aws_url.rsplit(":", 1)[-1]
+            self.outputs_file = write_outputs_file(self.stack_outputs,
+                                                   Path(tempfile.gettempdir()) / f"gpu-playground-{port}")
+            stack.callback(self.outputs_file.unlink, missing_ok=True)
         stack.enter_context(server)  # serving from here on
         self._mono0, self._sim0 = time.monotonic(), self.sim.now()
         self._driver = threading.Thread(target=self._drive, name="playground-driver", daemon=True)
@@ -306,6 +325,10 @@ class Playground:
     def _console_lines(self) -> list[str]:
         """What happened since the last look, in time order (called by the driver)."""
         self._last_console = time.monotonic()
+        dead = self.bus.dead_letters[self._dead_letters_mirrored:]
+        if dead:  # doctor reads them in the dead-letter queues, as in a deployed stack
+            self._dead_letters_mirrored += len(dead)
+            mirror_dead_letters(self.local, self.stack_outputs, list(dead))
         return self.feed.lines(self.sim, self.agents, self.bus, self.programs, self.local)
 
 
@@ -339,6 +362,8 @@ class Playground:
             env.update(AWS_ENDPOINT_URL=self.aws_url, AWS_ACCESS_KEY_ID="testing",
                        AWS_SECRET_ACCESS_KEY="testing", AWS_REGION=self.local.region,  # noqa: S106
                        AWS_DEFAULT_REGION=self.local.region)
+            if self.outputs_file is not None:  # gpu-recovery-admin doctor reads the stack's outputs there
+                env[OUTPUTS_FILE_ENV] = str(self.outputs_file)
         return env
 
     def banner(self) -> list[str]:
@@ -362,11 +387,15 @@ class Playground:
             "  source .venv/bin/activate                            # gpujobs, gpu-recovery-admin",
             *[f"  {line}" for line in exports],
             "  gpujobs submit -f examples/job.yaml                  # prints the job id",
+            '  gpujobs logs <job id> --follow | grep -m1 "checkpoint saved"   # its first checkpoint',
             "  gpu-recovery-admin inject-fault xid 79 --job <job id> --rank 1  # a GPU falls off the bus",
             "  gpujobs watch <job id>                               # its recovery, live, until COMPLETE",
+            "  gpujobs logs <job id> | grep resuming                # attempt 2 resumed from the checkpoint",
+            *([f"(at {speed} the walk takes about 15 minutes: make playground PLAYGROUND_ARGS=\"--speed 10\" "
+               "takes 1.5)"] if cfg.speed < 5 else []),
             "",
             "More: gpujobs list | logs <id> | suspend <id> | resume <id> | quota; gpu-recovery-admin",
-            "inject-fault nodes | dead-gpu | flap | app-error | lost-node; quota set; breaker show.",
+            "inject-fault nodes | dead-gpu | flap | app-error | lost-node; quota set; breaker show; doctor.",
             f"Users: the CLI acts as $USER; {' and '.join(self.admins)} are admins here (every job, every",
             "quota); USER=bob gpujobs ... acts as bob.",
             "Ctrl-C stops the playground (everything is in memory).",

@@ -40,11 +40,12 @@ class FaultInjector:
     (the crash they log) and node agents; says what it did on the console (``note``)."""
 
     def __init__(self, sim: Any, programs: TrainingPrograms, agents: Any,
-                 note: Callable[[str, str], None]) -> None:
+                 note: Callable[[str, str], None], repo: Any = None) -> None:
         self.sim = sim
         self.programs = programs
         self.agents = agents
         self.note = note
+        self.repo = repo  # the stack's tables (read only): which jobs exist, which ranks are watched
 
     def _target(self, doc: dict[str, Any]) -> tuple[Any, Any]:
         """(node, the rank's task or None) named by ``node``, or by ``job_id`` + ``rank``."""
@@ -58,6 +59,9 @@ class FaultInjector:
                 raise PlaygroundError(f"no node {node_ref} (nodes: {', '.join(sorted(self.sim.nodes))})",
                                       field="node", status=404) from None
         rank = _int(doc, "rank", 0)
+        if self.repo is not None and self.repo.get_job(str(job_id)) is None:
+            raise PlaygroundError(f"job {job_id} not found (gpujobs list shows the jobs)", field="job_id",
+                                  status=404)
         tasks = [t for t in self.sim.running_tasks() if not t.health_check
                  and t.tags.get(C.TAG_JOB_ID) == job_id and t.tags.get(C.TAG_RANK) == str(rank)]
         if not tasks:
@@ -119,6 +123,7 @@ class FaultInjector:
                       "healthy)")
         else:  # lost_node
             seconds = _number(doc, "seconds", 300.0, 10, 86400)
+            self._refuse_unwatched(node)
             now = self.sim.now()
             self.agents.silence(node.name, now, now + seconds)
             detail = (f"the node agent of {node.name} sends nothing for {seconds:g} s (ECS still sees the "
@@ -126,6 +131,29 @@ class FaultInjector:
         self.note("admin", f"fault injected: {detail}")
         return {"kind": kind, "node": node.name, "container_instance_id": node.container_instance_id,
                 "at": iso(self.sim.now()), "detail": detail}
+
+    def _refuse_unwatched(self, node: Any) -> None:
+        """A silent node is noticed through its ranks' heartbeats: the heartbeat sweep watches
+        a rank once the node agent reported it. Silencing a node none of whose ranks was
+        reported yet (or that runs none) would change nothing: say so instead."""
+        ranks = [(t.tags.get(C.TAG_JOB_ID), t.tags.get(C.TAG_RANK)) for t in self.sim.running_tasks(node.name)
+                 if not t.health_check and t.tags.get(C.TAG_JOB_ID)]
+        if not ranks:
+            raise PlaygroundError(f"nothing runs on {node.name}: a lost node is noticed through the "
+                                  "heartbeats of the ranks it runs (submit a job first)", field="node",
+                                  status=409)
+        if self.repo is None:
+            return
+        for job_id, rank in ranks:
+            found = self.repo.get_rank(str(job_id), int(rank or 0))
+            if found is not None and found.last_heartbeat_at is not None:
+                return
+        every = int(getattr(self.agents, "interval", 30))
+        raise PlaygroundError(
+            f"the ranks on {node.name} ({', '.join(f'{j} rank {r}' for j, r in ranks)}) have sent no "
+            f"heartbeat yet (the node agent reports every {every} s): nothing would notice the node "
+            "going silent; try again once the first report is in (gpujobs show <job id>: LAST HEARTBEAT)",
+            field="node", status=409)
 
     def _gpu(self, doc: dict[str, Any], node: Any) -> int:
         gpu = _int(doc, "gpu", 0)

@@ -90,7 +90,8 @@ class LocalRoutes:
         except ValueError as error:  # bad JSON
             return _answer(400, {"error": "BAD_REQUEST", "message": f"body: {error}"})
         except PlaygroundError as error:
-            return _answer(error.status, {"error": "BAD_REQUEST" if error.status == 400 else "NOT_FOUND",
+            code = {400: "BAD_REQUEST", 409: "CONFLICT"}.get(error.status, "NOT_FOUND")
+            return _answer(error.status, {"error": code,
                                           "message": str(error), "field": error.field})
         return _answer(status, payload)
 

@@ -162,6 +162,14 @@ class EcsCore(DataPlane):
             instanceIdentityDocument=json.dumps({"instanceId": inst["InstanceId"]}),
             totalResources=[{"name": "GPU", "type": "STRINGSET", "stringSetValue": gpu_ids}],
         )["containerInstance"]
+        # moto keeps no GPU of the registration: its record gets them, so every reader sees the
+        # node's GPUs (the in-process hooks answer free GPUs too; the playground's HTTP endpoint
+        # serves moto's record as it is, to gpu-recovery-admin doctor).
+        ci_id = ci["containerInstanceArn"].rsplit("/", 1)[-1]
+        record = self._backend.container_instances[self.local.cluster_name][ci_id]
+        record.registered_resources = [r for r in record.registered_resources if r.get("name") != "GPU"] + [
+            {"doubleValue": 0.0, "integerValue": 0, "longValue": 0, "name": "GPU", "type": "STRINGSET",
+             "stringSetValue": list(gpu_ids)}]
         instance_id = inst["InstanceId"]
         if kind == "anywhere":
             # moto needs an EC2 instance to register; ECS Anywhere hosts are "mi-" ids.

@@ -43,7 +43,8 @@ def _tripped(repo: Repository) -> None:
 
 
 def _run(repo: Repository, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
-    code = admin.main(["breaker", *argv], repo=repo)
+    """The command with --json: its document."""
+    code = admin.main(["breaker", argv[0], "--json", *argv[1:]], repo=repo)
     out = capsys.readouterr()
     return code, json.loads(out.out) if out.out.strip() else None, out.err
 
@@ -58,6 +59,28 @@ def test_show_a_tripped_breaker(repo: Repository, capsys: pytest.CaptureFixture[
     assert "3 of 10 GPU nodes" in shown["trip_reason"]
     assert shown["nodes_in_window"] == ["n1", "n2"] and shown["limit"] == 2
     assert [b["node"] for b in shown["backlog"]] == ["n3", "n4"]
+
+
+def test_show_prints_for_people_by_default(repo: Repository, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a tripped breaker, When `breaker show` runs without --json, Then it prints
+    labelled lines and a backlog table, times in UTC ISO 8601 with how long ago (no epoch
+    seconds, no JSON)."""
+    _tripped(repo)
+    monkeypatch.setattr("time.time", lambda: NOW + 60)
+    assert admin.main(["breaker", "show"], repo=repo) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == ("Breaker:       open until an operator resets it: n1 is gone (no item) after its "
+                        "remediation, not back healthy")
+    assert "Limit:         2 node action(s) per 10 min, 10 GPU nodes counted" in lines
+    assert "In the window: n1, n2" in lines
+    trips = "Trips:         1, last at 2027-01-15T08:00:02Z (58 s ago): "
+    assert any(line.startswith(trips) for line in lines)
+    assert lines[lines.index("Backlog (held-back node actions):") + 1].split() == [
+        "NODE", "ACTION", "SINCE", "JOB", "REASON"]
+    assert "  n3    reboot  2027-01-15T08:00:02Z (58 s ago)  job-2  XID 79" in lines
+    assert "{" not in out and "1800000" not in out
 
 
 def test_reset_resuming_the_backlog_releases_it_for_the_sweep(repo: Repository,
@@ -101,3 +124,15 @@ def test_show_says_when_the_cluster_was_not_counted(repo: Repository, capsys: py
     code, shown, err = _run(repo, capsys, "show")
     assert code == 0 and shown["cluster_gpu_nodes"] is None and shown["nodes_in_window"] == ["n1"]
     assert "not counted yet" in err
+
+
+def test_the_region_comes_from_aws_region_as_well(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shell that exports AWS_REGION only (as docs/playground.md once had it): the admin
+    commands use it, rather than failing with botocore's NoRegionError (botocore itself reads
+    AWS_DEFAULT_REGION only); --region still wins."""
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    args = admin.build_parser().parse_args(["breaker", "show"])
+    assert admin.Context(args).boto_session().region_name == "eu-west-1"
+    args = admin.build_parser().parse_args(["--region", "us-west-2", "breaker", "show"])
+    assert admin.Context(args).boto_session().region_name == "us-west-2"

@@ -142,14 +142,18 @@ class FakeApi:
                     self.logs_visible[jid] = min(self.logs_visible[jid] + 1, len(self.logs[jid]))
             return 200, job
         if method == "POST" and rest[1:] == ["cancel"]:
+            if job["state"] in gpujobs.TERMINAL_STATES:  # as the API: a job that ended is unchanged
+                return 200, {"job_id": job["job_id"], "state": job["state"], "previous_state": job["state"],
+                             "changed": False}
             job["state"] = "CANCELING"
-            return 200, {"job_id": job["job_id"], "state": "CANCELING", "previous_state": "RUNNING"}
+            return 200, {"job_id": job["job_id"], "state": "CANCELING", "previous_state": "RUNNING",
+                         "changed": True}
         if method == "POST" and rest[1:] in (["suspend"], ["resume"]):
             return self.suspend_or_resume(job, rest[1])
         if method == "GET" and rest[1:] == ["events"]:
             return 200, {"events": self.events.get(job["job_id"], [])}
         if method == "GET" and rest[1:] == ["logs"]:
-            return 200, self.log_page(job["job_id"], query)
+            return self.log_page(job["job_id"], query)
         return 405, {"message": "method not allowed"}
 
     def suspend_or_resume(self, job: dict[str, Any], action: str) -> tuple[int, Any]:
@@ -220,19 +224,21 @@ class FakeApi:
         summaries = [{k: v for k, v in j.items() if k not in ("spec", "ranks", "attempts")} for j in page]
         return 200, {"jobs": summaries, "next_token": str(start + limit) if more else None}
 
-    def log_page(self, job_id: str, query: dict[str, str]) -> dict[str, Any]:
+    def log_page(self, job_id: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        if self.jobs[job_id]["state"] == "QUEUED":  # as the API answers a job not started
+            return 404, {"error": "not_found", "message": f"job {job_id} has not started yet: no logs"}
         stream = self.logs.get(job_id, [])
         visible = self.logs_visible.get(job_id, len(stream))
         start = int(str(query.get("next_token") or 0).split("~")[0])
         self.logs_calls += 1
         if self.logs_calls in self.logs_empty_calls:
-            return {"events": [], "next_token": f"{start}~{self.logs_calls}", "end_of_stream": False}
+            return 200, {"events": [], "next_token": f"{start}~{self.logs_calls}", "end_of_stream": False}
         page = stream[start:visible][:3]
         end = start + len(page)
         token: str | None = str(end)
         if self.logs_null_token_when_caught_up and end >= visible:
             token = None
-        return {"events": page, "next_token": token}
+        return 200, {"events": page, "next_token": token}
 
     @staticmethod
     def update_ranks(job: dict[str, Any]) -> None:
@@ -517,6 +523,43 @@ def test_cancel_posts_and_prints_the_state(api, sleeps, capsys):
     assert capsys.readouterr().out.strip() == "j-1: CANCELING"
 
 
+def test_cancel_of_a_job_that_completed_is_an_error_saying_so(api, sleeps, capsys):
+    """Given a COMPLETE job (the API answers a cancel unchanged), When `cancel ID` runs, Then
+    it exits 2 with one line saying the job already ended (nothing was canceled); a repeat on
+    a CANCELED job is no error: it already was."""
+    api.add_job("j-1", state="COMPLETE")
+    assert run(api, "cancel", "j-1") == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "gpujobs: error: j-1 already ended COMPLETE: nothing to cancel\n")
+    api.add_job("j-2", state="CANCELED")
+    assert run(api, "cancel", "j-2") == 0
+    assert capsys.readouterr().out == "j-2: CANCELED (it already was)\n"
+
+
+@pytest.mark.parametrize(("change", "refused"), [
+    ({"nnode": 2}, "nnode: is not a known field (did you mean nnodes?) (field: nnode)"),
+    ({"nnodes": 0}, "nnodes: must be >= 1 (field: nnodes)"),
+    ({"gpus_per_node": 17}, "gpus_per_node: must be <= 16 (field: gpus_per_node)"),
+    ({"overrides": {"environment": {"1BAD": "x"}}},
+     "overrides.environment.0.name: has an invalid format (field: overrides.environment.0.name)"),
+])
+def test_dry_run_refuses_what_the_api_would_in_its_words(api, sleeps, capsys, tmp_path, change, refused):
+    """Given a spec file the API would refuse, When `submit --dry-run` runs, Then it exits 2
+    with the API's own message (the same validation: gpu_recovery.queue.spec_errors), prints
+    no spec and sends nothing."""
+    doc = {**yaml.safe_load(EXAMPLE_SPEC.read_text()), **change}
+    if "nnode" in change:
+        doc.pop("nnodes")
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(doc))
+    assert run(api, "submit", "-f", str(spec_file), "--dry-run") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"gpujobs: error: the API would refuse this spec: {refused}\n"
+    assert api.requests == []
+    assert run(api, "submit", "-f", str(EXAMPLE_SPEC), "--dry-run") == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "llama-ft"
+
+
 def test_events_prints_a_table(api, sleeps, capsys):
     """Given a job with two transitions,
     when `events ID` runs,
@@ -573,6 +616,19 @@ def test_logs_without_follow_reads_past_an_empty_page_whose_token_moved_on(api, 
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["message"] for e in out] == [f"m{i}" for i in range(5)]
     assert sleeps == []
+
+
+def test_logs_follow_waits_for_a_job_that_has_not_started(api, sleeps, capsys):
+    """Given a job just submitted (the API: "has not started yet: no logs"), When `logs ID
+    --follow` runs, Then it waits for the job to start and prints its lines (without
+    --follow the 404 is an error, exit 2)."""
+    api.add_job("j-1", state="QUEUED")
+    api.state_scripts["j-1"] = ["QUEUED", "RUNNING", "COMPLETE"]
+    api.logs["j-1"] = [{"timestamp": 1_763_649_200_000, "message": "step 1"}]
+    assert run(api, "logs", "j-1") == 2
+    assert "has not started yet" in capsys.readouterr().err
+    assert run(api, "logs", "j-1", "--follow") == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(" step 1")
 
 
 def test_logs_without_follow_drains_available_pages(api, sleeps, capsys):
@@ -1118,3 +1174,19 @@ def test_watch_without_timeout_waits_until_the_job_ends(api, sleeps):
     api.state_scripts["j-1"] = ["RUNNING"] * 30 + ["COMPLETE"]
     assert run(api, "watch", "j-1", "--interval", "1") == 0
     assert len(sleeps) == 30
+
+
+def test_watch_until_a_state_stops_there_and_a_job_ending_first_exits_as_usual(api, sleeps, capsys):
+    """`watch ID --until RUNNING` (what a script waits for before it injects a fault or reads
+    logs): exit 0 once the job is RUNNING, not when it ends; a job that fails first exits 1;
+    a state that does not exist is a usage error naming it."""
+    api.add_job("j-1", state="QUEUED")
+    api.state_scripts["j-1"] = ["QUEUED", "STARTING", "RUNNING", "RUNNING", "COMPLETE"]
+    assert run(api, "watch", "j-1", "--until", "running", "--interval", "1") == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[2:5] == ["STARTING", "->", "RUNNING"]
+    assert len(sleeps) == 2
+    api.add_job("j-2", state="QUEUED")
+    api.state_scripts["j-2"] = ["QUEUED", "FAILED"]
+    assert run(api, "watch", "j-2", "--until", "RUNNING", "--interval", "1") == 1
+    assert run(api, "watch", "j-2", "--until", "RUNING") == 2
+    assert "not a job state: 'RUNING'" in capsys.readouterr().err

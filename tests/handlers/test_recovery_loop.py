@@ -57,6 +57,8 @@ def test_ecc_fault_is_recovered_and_the_job_completes(cluster: Cluster) -> None:
     assert [r.attempt for r in ranks] == [2, 2]
     assert all(r.task_arn not in tasks for r in ranks)
     assert {t["key"]: t["value"] for t in ranks[1].tags}["gpu-recovery:attempt"] == "2"
+    # attempt 1's tasks stay on the rank items: `gpujobs logs --attempt 1` reads their streams
+    assert [r.task_of_attempt(1).task_arn for r in ranks] == tasks  # type: ignore[union-attr]
     assert [n["subject"] for n in cluster.notifications("recovered")] == [
         "[GPU recovery] Job recovered and restarted: job llama"]
 

@@ -6,6 +6,8 @@ import boto3
 
 from tests.jobs_api.api_harness import (
     CONTAINER,
+    INSTANCE_TABLE,
+    JOB_TABLE,
     LOG_GROUP,
     LOG_PREFIX,
     REGION,
@@ -86,22 +88,46 @@ def test_logs_default_to_rank_0_of_the_current_attempt(api: Api) -> None:
     assert status == 200 and [e["message"] for e in body["events"]] == ["hello from rank 0"]
 
 
-def test_logs_of_an_earlier_attempt_use_the_attempt_record(api: Api) -> None:
-    """Given attempt 2 runs and attempt 1's task ARNs are in the attempts list
-    When attempt 1's logs are read
-    Then the old task's stream is read."""
+def test_logs_of_an_earlier_attempt_read_the_task_the_rank_item_keeps(api: Api) -> None:
+    """Given attempt 1 of a 2-rank job logged, then its ranks restarted as attempt 2 (each
+    rank item written as the restart writes it: attempt 2's task, attempt 1's kept)
+    When attempt 1's logs are read, with and without a rank, and attempt 2's
+    Then each reads its own task's stream (one GetItem of the rank item: no attempt record
+    holds a job's task ARNs, which would grow with its ranks)."""
+    from dataclasses import replace
+
+    from gpu_recovery.repository import Repository
+
     _, job = api.submit()
-    old = start_job(api, job["job_id"], attempt=1)
-    _write_log(old[0], ["attempt one"])
-    start_job(api, job["job_id"], attempt=2)
-    api.job_table.update_item(
-        Key={"job_id_rank": f"{job['job_id']}#JOB"},
-        UpdateExpression="SET attempts = :a",
-        ExpressionAttributeValues={":a": [{"attempt": 1, "task_arns": old, "outcome": "FAILED"}]},
-    )
+    job_id = job["job_id"]
+    old = start_job(api, job_id, attempt=1)
+    for rank, arn in enumerate(old):
+        _write_log(arn, [f"attempt one, rank {rank}"])
+    repo = Repository(boto3.resource("dynamodb", region_name=REGION), JOB_TABLE, INSTANCE_TABLE)
+    first = [repo.get_rank(job_id, r) for r in range(2)]
+    new = start_job(api, job_id, attempt=2)
+    for rank, before in enumerate(first):
+        assert before is not None
+        restarted = replace(before, attempt=2, task_arn=new[rank], earlier_tasks=before.tasks_before(2))
+        api.job_table.put_item(Item=Repository.rank_to_item(restarted))
+        _write_log(new[rank], [f"attempt two, rank {rank}"])
+    path = f"/v1/jobs/{job_id}/logs"
+    for query, line in (({"attempt": "1"}, "attempt one, rank 0"),
+                        ({"attempt": "1", "rank": "1"}, "attempt one, rank 1"),
+                        ({}, "attempt two, rank 0"), ({"attempt": "2", "rank": "1"}, "attempt two, rank 1")):
+        status, body, _ = api.call("GET", path, query=query)
+        assert status == 200, (query, body)
+        assert [e["message"] for e in body["events"]] == [line], query
+
+
+def test_an_attempt_whose_task_is_not_kept_is_a_404_saying_why(api: Api) -> None:
+    _, job = api.submit()
+    start_job(api, job["job_id"], attempt=1)
+    start_job(api, job["job_id"], attempt=2)  # rank items written afresh: attempt 1 not kept
     status, body, _ = api.call("GET", f"/v1/jobs/{job['job_id']}/logs", query={"attempt": "1"})
-    assert status == 200, body
-    assert [e["message"] for e in body["events"]] == ["attempt one"]
+    assert status == 404
+    assert body["message"] == ("no task recorded for rank 0 of attempt 1 (it never started, or it is "
+                               "more than 8 attempts old)")
 
 
 def test_logs_errors(api: Api) -> None:

@@ -110,8 +110,12 @@ def test_iam_identity_wins_over_local_header(api: Api) -> None:
         ({"labels": {"k": "v" * 257}}, "labels", None),
         ({"overrides": {"command": "torchrun"}}, "overrides.command", None),
         ({"overrides": {"environment": {"1BAD": "x"}}}, "overrides.environment.0.name", None),
-        ({"overrides": {"cmd": ["x"]}}, "overrides.cmd", "overrides.cmd: is not a known field"),
-        ({"unknown": 1}, "unknown", "unknown: is not a known field"),
+        ({"overrides": {"cmd": ["x"]}}, "overrides.cmd",
+         "overrides.cmd: is not a known field (did you mean command?)"),
+        ({"unknown": 1}, "unknown", "unknown: is not a known field (known: name, task_definition, "
+                                    "container_name, overrides, nnodes, gpus_per_node, priority, "
+                                    "suspend_grace_seconds, max_infra_recoveries, max_app_restarts, "
+                                    "max_recovery_attempts, labels)"),
         ({"nnodes": None}, "nnodes", "nnodes: is required"),
     ],
 )
@@ -131,6 +135,17 @@ def test_invalid_spec_is_400_naming_the_field(api: Api, changes: dict[str, Any],
     if message:
         assert body["message"] == message
     assert api.triggers == []
+
+
+def test_a_misspelt_required_key_is_named_as_unknown_not_the_field_as_missing(api: Api) -> None:
+    """Given a spec with `nnode: 2` (nnodes misspelt: the real key is then missing too)
+    When submitted
+    Then 400 naming the key that is wrong and the one meant, not only "nnodes: is required"."""
+    spec = valid_spec()
+    spec["nnode"] = spec.pop("nnodes")
+    status, body = api.submit(spec)
+    assert status == 400
+    assert (body["field"], body["message"]) == ("nnode", "nnode: is not a known field (did you mean nnodes?)")
 
 
 @pytest.mark.parametrize("raw", ["{not json", "[]", '"text"', ""])

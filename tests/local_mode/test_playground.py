@@ -14,11 +14,6 @@ of 17 nodes restarts a 17-rank job through the gang queue and its worker.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,53 +22,10 @@ from typing import Any
 import pytest
 
 from cli import admin, gpujobs
+from tests.fixtures.playground import PlaygroundProcess
 
 REPO = Path(__file__).resolve().parents[2]
-STARTUP_SECONDS = 90  # the process imports and builds the emulator (a few seconds; CI is slow)
 WAIT_SECONDS = 120  # any one step, in wall time (each takes a few seconds at 40x)
-
-
-class PlaygroundProcess:
-    """The playground's process and its console (read by a thread: the pipe never fills)."""
-
-    def __init__(self, *args: str) -> None:
-        env = dict(os.environ, PYTHONPATH=f"{REPO / 'lambdas'}{os.pathsep}{REPO}", PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "local_mode.playground", "--port", "0", "--aws-port", "0", *args],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def console(self) -> str:
-        return "\n".join(self.lines)
-
-    def exports(self) -> dict[str, str]:
-        """The ``export NAME=value`` lines of the banner, once printed."""
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            found = dict(line.strip()[len("export "):].split("=", 1) for line in list(self.lines)
-                         if line.strip().startswith("export "))
-            if "AWS_ENDPOINT_URL" in found and "GPUJOBS_ENDPOINT" in found:
-                return found
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"no endpoints printed (exit {self.proc.poll()}):\n{self.console[-3000:]}")
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGINT)  # Ctrl-C
-        try:
-            return self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
 
 # The module's scenario is its fixture, run once per worker that takes a test: one
@@ -186,7 +138,7 @@ def test_a_job_hit_by_xid_79_recovers_and_completes(playground: PlaygroundProces
     wait_for_console(playground, "Subject: [GPU recovery] Job recovered and restarted",
                      "reboot requested via EC2 RebootInstances", f"{job_id} -> COMPLETE: every rank exited 0")
 
-    code, out, err = cli(capsys, admin.main, "breaker", "show")
+    code, out, err = cli(capsys, admin.main, "breaker", "show", "--json")
     assert code == 0, err
     breaker = json.loads(out)  # it acted once (its window is counted on this machine's clock)
     assert (breaker["state"], breaker["limit"], breaker["trips"]) == ("closed", 1, 0)
@@ -214,7 +166,35 @@ def test_admin_commands_reach_the_playground(playground: PlaygroundProcess, shel
     code, _, err = cli(capsys, admin.main, "inject-fault", "xid", "79", "--node", "node-1", "--gpu", "8")
     assert code == 2 and "gpu: 0..7" in err
     code, _, err = cli(capsys, admin.main, "inject-fault", "app-error", "--job", "nope-20261120-000000-0000")
-    assert code == 2 and "has no rank 0 on a node now" in err
+    assert code == 2 and "job nope-20261120-000000-0000 not found" in err
+
+
+def test_doctor_reads_the_playground_as_a_deployed_stack(playground: PlaygroundProcess, shell: dict[str, str],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Given the playground's exports (the stack's outputs file among them), When the operator
+    runs gpu-recovery-admin doctor, Then every check runs against the emulated account and
+    passes: the cluster, its tagged GPU nodes and their tokens, the health check, the topic,
+    every rule with its empty dead-letter queue, the gang queue, PITR, the breaker."""
+    code, out, err = cli(capsys, admin.main, "doctor")
+    assert code == 0, out + err
+    checks = [line.split()[0] for line in out.splitlines()[1:-1]
+              if line[:4] in ("PASS", "WARN", "FAIL", "SKIP")]
+    assert set(checks) == {"PASS"} and len(checks) >= 15, out
+    assert "passed, 0 warnings, 0 failed" in out.splitlines()[-1]
+
+
+def test_doctor_against_an_emulator_without_the_outputs_says_so_in_one_line(
+        playground: PlaygroundProcess, shell: dict[str, str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AWS_ENDPOINT_URL that answers no CloudFormation (the playground's, without its
+    outputs file): one line saying what to give instead, not an HTML 500 page."""
+    monkeypatch.delenv("GPU_RECOVERY_OUTPUTS_FILE")
+    code, out, err = cli(capsys, admin.main, "doctor")
+    assert code == 2 and err == ""
+    endpoint = shell["AWS_ENDPOINT_URL"]
+    assert out.splitlines() == [f"doctor: AWS_ENDPOINT_URL={endpoint} answers no CloudFormation: give the "
+                                "stack's outputs with --outputs-file or $GPU_RECOVERY_OUTPUTS_FILE (make "
+                                "playground exports it)"]
 
 
 # Slow tier: preemption with a graceful suspend and a resume from the checkpoint runs in

@@ -65,11 +65,15 @@ def test_replace_terminates_the_node_in_its_auto_scaling_group_and_the_job_moves
         for node in ("node-a", "node-b", "node-c"):
             w.ecs.add_node(node)
         w.ecs.put_in_auto_scaling_group(["node-a", "node-b", "node-c"])
-        w.ecs.start_job("asg-job", w.training_task_definition, ["node-a", "node-b"],
-                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        first = w.ecs.start_job("asg-job", w.training_task_definition, ["node-a", "node-b"],
+                                extra_tags={C.TAG_RELOCATABLE: "true"})
         w.ecs.inject_xid("node-b", 64, after=5 * MIN, health="replace", nccl_cascade=True)
         w.ecs.run_for(10 * MIN)
         assert w.ranks_on("asg-job") == ["node-a", "node-c"]
+        # moved, each rank item keeps its attempt-1 task (`gpujobs logs --attempt 1` reads it)
+        job = w.repo.get_job("asg-job")
+        assert job is not None and job.attempt == 2
+        assert [r.task_of_attempt(1).task_arn for r in w.repo.get_ranks(job)] == first  # type: ignore[union-attr]
         node_b = w.node_item("node-b")
         assert node_b["instance_state"] == "QUARANTINED" and "terminat" in node_b["terminate_result"]
         assert w.ecs.counters["terminations"] == 1 and w.ecs.counters["reboots"] == 0

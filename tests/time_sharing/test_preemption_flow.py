@@ -74,6 +74,7 @@ def test_a_higher_priority_job_preempts_gracefully_and_the_victim_resumes(tc, mo
     RESUME_COUNT=1 at attempt 2, keeps its recovery budget, and completes. Quota usage follows."""
     monkeypatch.setenv(C.ENV_CONTROL_API_URL, "https://api.example/prod")
     low = start_low(tc, run=3600)
+    first_tasks = sorted(t.arn for t in tc.live_tasks(low))
     assert used(tc, "alice", LOW) == 4
     high = submit_high(tc)
     tick = tc.scheduler().tick()
@@ -114,6 +115,10 @@ def test_a_higher_priority_job_preempts_gracefully_and_the_victim_resumes(tc, mo
     assert any(r.startswith("SUSPENDED: suspended (preempted by job") for r in history)
     assert any(r.startswith("STARTING: resumed (resume 1") and high in r for r in history)
     assert used(tc, "alice", LOW) == 4 and used(tc, "bob", HIGH) == 0
+    # The relaunch kept attempt 1's task on each rank item (its log is read by attempt).
+    job = tc.repo.get_job(low)
+    kept = [r.task_of_attempt(1) for r in tc.repo.get_ranks(job)]
+    assert sorted(t.task_arn for t in kept if t is not None) == first_tasks
 
 
 def test_a_job_that_ignores_the_suspend_is_stopped_by_force_after_its_grace(tc):

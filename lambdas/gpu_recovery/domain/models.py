@@ -20,6 +20,22 @@ def task_id(task_arn: str) -> str:
     return task_arn.rsplit("/", 1)[-1]
 
 
+#: Earlier attempts' tasks a rank item keeps (the newest first out of it): each attempt's
+#: log is read by its task (``gpujobs logs --attempt``); bounded, so a rank item never grows
+#: with the attempts a job makes, and nothing grows with the job's ranks.
+EARLIER_TASKS_KEPT = 8
+
+
+@dataclass(frozen=True)
+class EarlierTask:
+    """The task a rank ran in an earlier attempt (its log stream is named after it)."""
+
+    attempt: int
+    task_arn: str
+    task_definition_arn: str = ""
+
+
+
 @dataclass
 class Rank:
     """One ECS task of one attempt of a job."""
@@ -47,6 +63,8 @@ class Rank:
     launch_lease_until: float | None = None
     gpus: int = 0  # GPUs the task held (ECS gpuIds); 0: unknown
     subnet: str = ""  # its elastic network interface's subnet (awsvpc tasks; "": none)
+    # The rank's tasks of earlier attempts, oldest first (at most EARLIER_TASKS_KEPT).
+    earlier_tasks: tuple[EarlierTask, ...] = ()
 
     @property
     def is_live(self) -> bool:
@@ -55,6 +73,20 @@ class Rank:
     @property
     def tag_values(self) -> dict[str, str]:
         return {str(t.get("key")): str(t.get("value", "")) for t in self.tags}
+
+    def task_of_attempt(self, attempt: int) -> EarlierTask | None:
+        """This rank's task in ``attempt`` (this one or a kept earlier one), if known."""
+        if attempt == self.attempt and self.task_arn:
+            return EarlierTask(self.attempt, self.task_arn, self.task_definition_arn)
+        return next((t for t in self.earlier_tasks if t.attempt == attempt), None)
+
+    def tasks_before(self, attempt: int) -> tuple[EarlierTask, ...]:
+        """What the rank item of ``attempt`` keeps of this one's tasks: this item's earlier
+        tasks, plus its own when it is of an earlier attempt (the newest kept)."""
+        kept = tuple(t for t in self.earlier_tasks if t.attempt < attempt)
+        if self.attempt < attempt and self.task_arn:
+            kept += (EarlierTask(self.attempt, self.task_arn, self.task_definition_arn),)
+        return kept[-EARLIER_TASKS_KEPT:]
 
 
 @dataclass

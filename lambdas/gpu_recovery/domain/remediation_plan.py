@@ -89,15 +89,20 @@ class RemediationPlan:
                 "record_only": [e.value for e in self.record_only],
                 "breaker": self.breaker_reason, "blocked_by_breaker": self.blocked_by_breaker}
 
-    def render_lines(self) -> list[str]:
-        """Plain-text lines for the operator e-mail."""
+    def render_lines(self, *, job_failed: bool = False) -> list[str]:
+        """Plain-text lines for the operator e-mail. ``job_failed``: the e-mail is about a job
+        this decision failed, so the job was not restarted, whatever the node's plan said (a
+        health check's plan knows no job budget: the job's settlement decides its fate)."""
         lines = [f"Decision: {self.action.value} ({self.decision.reason})"]
         if self.escalation.escalated or self.escalation.page_operator:
             lines.append(f"Escalation: {self.escalation.reason}")
         if self.budget is not None:
             lines.append(f"Job budget: {self.budget.reason}")
-        if self.execute:
-            lines.append("Done: " + ", ".join(e.value for e in self.execute))
+        done = [e for e in self.execute if not (job_failed and e is Effect.RESTART_JOB)]
+        if done:
+            lines.append("Done: " + ", ".join(e.value for e in done))
+        if len(done) < len(self.execute):
+            lines.append(f"Not done: {Effect.RESTART_JOB.value} (the job is marked FAILED)")
         if self.record_only:
             why = f" ({self.breaker_reason})" if self.blocked_by_breaker else " (observe mode)"
             lines.append("Would have done (not carried out): "

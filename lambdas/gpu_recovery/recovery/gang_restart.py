@@ -427,8 +427,8 @@ class GangRestart:
             "Job relocated to healthy nodes",
             what_happened=why,
             what_was_done=("Job back in the queue ahead of every job of its priority (original queue "
-                           "position kept); the scheduler starts every rank on healthy nodes with a new "
-                           "MASTER_ADDR"),
+                           "position kept); the scheduler starts every rank again on healthy nodes "
+                           "(MASTER_ADDR: rank 0's node)"),
             operator_action="Nothing for the job; look after the faulty node.",
             # Still the fault's attempt: the scheduler starts the next one.
             details=self._fault_lines(job, job.attempt))
@@ -514,13 +514,14 @@ class GangRestart:
                             "background)")
             if more > 0:
                 done.append(f"and {more} more suspect node(s) judged")
-            rebooted = sorted(s.node for s in shown if s.verdict is SuspectVerdict.REBOOT)
+            rebooted = sorted(s.node for s in shown if s.verdict is SuspectVerdict.REBOOT  # a held reboot is
+                              or (s.verdict is SuspectVerdict.BLOCKED and not job.relocated))  # done first
             if rebooted or tally.reboot:
                 extra = tally.reboot - len(rebooted)
                 more_reboots = f" and {extra} more" if extra > 0 else ""
                 done.append(f"reboot of {', '.join(rebooted) or 'nodes'}{more_reboots}")
-            if tally.fatal > len(left):
-                done.append(f"{tally.fatal - len(left)} node(s) unusable")
+            if tally.fatal - tally.held > len(left):
+                done.append(f"{tally.fatal - tally.held - len(left)} node(s) unusable")
         if job.relocated:
             moves = self.deps.repo.faults.placement(job.job_id, job.attempt)
             shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])

@@ -347,17 +347,23 @@ class RankOperations:
             job = repo.get_job(reg.job_id)
             if job is not None and job.relocatable_tags and not job.is_queue_job:
                 repo.mark_not_relocatable(reg.job_id)
+        # A later attempt (the queue starting a suspended or requeued job again) keeps the
+        # rank's earlier tasks on its item: their logs stay readable by attempt. Read before
+        # the put instead of after it (the same two calls); attempt 1 has none to keep.
+        previous = repo.get_rank(reg.job_id, reg.rank) if reg.attempt > 1 else None
         rank = Rank(
             job_id=reg.job_id, rank=reg.rank, state=reg.state, attempt=reg.attempt,
             task_arn=reg.task_arn, task_definition_arn=reg.task_definition_arn,
             container_inst_id=inst_id, container_instance_arn=reg.container_instance_arn,
             ec2_instance_id=ec2_id, overrides=reg.overrides, tags=reg.tags, group=reg.group,
             started_by=reg.started_by, registered_at=now, gpus=reg.gpus, subnet=reg.subnet,
+            earlier_tasks=previous.tasks_before(reg.attempt) if previous is not None else (),
         )
-        if repo.put_rank_registration(rank):
+        written = repo.put_rank_registration(rank)
+        if written:
             logger.info("rank registered", extra={"job_id": reg.job_id, "rank": reg.rank,
                                                   "attempt": reg.attempt, "task": reg.task_arn})
-        stored = repo.get_rank(reg.job_id, reg.rank) or rank
+        stored = rank if written and previous is not None else (repo.get_rank(reg.job_id, reg.rank) or rank)
         if stored.attempt == reg.attempt and stored.task_arn == reg.task_arn:
             repo.latches.arrive(reg.job_id, reg.attempt, reg.world_size, reg.rank, [Latch.REGISTERED],
                                 node=inst_id)
@@ -379,7 +385,8 @@ class RankOperations:
             overrides=overrides_for_attempt(previous.overrides, job.attempt),
             tags=tags_for_attempt(previous.tags, job.attempt),
             group=previous.group,
-            started_by=started_by, registered_at=clock.now(), gpus=previous.gpus)
+            started_by=started_by, registered_at=clock.now(), gpus=previous.gpus,
+            earlier_tasks=previous.tasks_before(job.attempt))
         repo.put_rank_registration(rank)
         return repo.latches.arrive(job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
                                    node=inst_id)

@@ -23,7 +23,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.breaker.hold import BreakerHold
 from gpu_recovery.domain.fault_tally import FaultTally
-from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.models import EarlierTask, Instance, Job, Rank
 from gpu_recovery.domain.relocation import RelocationWait
 from gpu_recovery.domain.states import InstanceState, JobState, RankState
 from gpu_recovery.repository.base import from_ddb, to_ddb
@@ -112,6 +112,9 @@ def rank_from_item(item: Mapping[str, Any]) -> Rank:
         launch_lease_until=item.get("launch_lease_until"),
         gpus=int(item.get("gpus") or 0),
         subnet=str(item.get("subnet") or ""),
+        earlier_tasks=tuple(EarlierTask(int(t["attempt"]), str(t["task_arn"]),
+                                        str(t.get("task_definition_arn") or ""))
+                            for t in item.get("earlier_tasks") or ()),
     )
 
 
@@ -140,6 +143,9 @@ def rank_to_item(rank: Rank) -> dict[str, Any]:
         item["gpus"] = rank.gpus
     if rank.subnet:
         item["subnet"] = rank.subnet
+    if rank.earlier_tasks:
+        item["earlier_tasks"] = [{"attempt": t.attempt, "task_arn": t.task_arn,
+                                  "task_definition_arn": t.task_definition_arn} for t in rank.earlier_tasks]
     if rank.is_live and rank.container_inst_id:
         item[JOB_BY_INSTANCE_PK] = rank.container_inst_id
     if rank.exit_code is not None:

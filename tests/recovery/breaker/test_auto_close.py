@@ -148,7 +148,7 @@ def test_auto_close_off_keeps_todays_behaviour(capsys: pytest.CaptureFixture[str
         assert w.repo.get_breaker()["state"] == policy.TRIPPED and w.rebooter.calls == []
         assert not sent(w, NotificationKind.BREAKER_CLOSED)
         assert not sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
-        assert breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.now[0]) == 0
+        assert breaker_command(argparse.Namespace(breaker_command="show", json=True), w.repo, w.now[0]) == 0
         shown = json.loads(capsys.readouterr().out)
         assert shown["standing"] == "open until an operator resets it"
         assert "breaker_auto_close is false" in shown["why"]
@@ -165,7 +165,7 @@ def test_breaker_show_says_it_waits_to_close_by_itself_and_why(capsys: pytest.Ca
         assert "Job held: waiting for the breaker to close" in held
         assert "The breaker closes by itself once its window has passed" in held
         assert "Without a reset or the breaker closing the job fails at" in held
-        assert breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.now[0]) == 0
+        assert breaker_command(argparse.Namespace(breaker_command="show", json=True), w.repo, w.now[0]) == 0
         out = capsys.readouterr()
         shown = json.loads(out.out)
         assert shown["standing"] == "open, waiting to close by itself"
@@ -174,5 +174,5 @@ def test_breaker_show_says_it_waits_to_close_by_itself_and_why(capsys: pytest.Ca
         assert "breaker open, waiting to close by itself: a window" in out.err
         w.advance(WINDOW + 60)
         w.service.breaker.sweep(w.now[0])
-        assert breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.now[0]) == 0
+        assert breaker_command(argparse.Namespace(breaker_command="show", json=True), w.repo, w.now[0]) == 0
         assert json.loads(capsys.readouterr().out)["standing"] == "closed"

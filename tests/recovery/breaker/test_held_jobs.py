@@ -193,7 +193,7 @@ def test_breaker_show_lists_the_held_jobs_and_the_nodes_they_wait_on(
 
     with world() as w:
         _held(w)
-        assert breaker_command(argparse.Namespace(breaker_command="show"), w.repo, w.now[0]) == 0
+        assert breaker_command(argparse.Namespace(breaker_command="show", json=True), w.repo, w.now[0]) == 0
         shown = json.loads(capsys.readouterr().out)
         [held] = shown["held_jobs"]
         assert (held["job_id"], held["nodes"], held["until"] - held["since"]) == ("j", [FAULTY], 3600)

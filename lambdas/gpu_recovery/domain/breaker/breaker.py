@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
@@ -107,6 +108,10 @@ def normalize(item: Mapping[str, Any] | None) -> dict[str, Any]:
     state["needs_operator"] = ({"at": float(needs.get("at") or 0), "reason": str(needs.get("reason") or "")}
                                if needs else {})
     return state
+
+
+def _utc(at: float) -> str:
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _in_window(state: Mapping[str, Any], now: float, policy: BreakerPolicy) -> list[dict[str, Any]]:
@@ -366,7 +371,7 @@ def assess_auto_close(state: Mapping[str, Any] | None, *, now: float, policy: Br
     earliest = tripped_at + policy.window_seconds
     if now < earliest:
         return AutoCloseAnswer(AutoClose.WAIT, f"a window ({policy.window_seconds:g} s) has not passed since "
-                               f"the trip: it may close by itself from {earliest:.0f}", nodes)
+                               f"the trip: it may close by itself from {_utc(earliest)}", nodes)
     not_back = [n for n in nodes if n not in settled
                 and (nodes_now[n].state is not InstanceState.AVAILABLE or nodes_now[n].cordoned)]
     if not_back:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from gpu_recovery.adapters.logs import InvalidLogToken, LogStreamNotFound
 from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
-from gpu_recovery.domain.models import task_id
+from gpu_recovery.domain.models import EARLIER_TASKS_KEPT, task_id
 from gpu_recovery.queue.jobs_api.deps import Deps
 from gpu_recovery.queue.jobs_api.errors import InvalidRequest, JobNotFound
 
@@ -40,9 +39,10 @@ def job_logs(
         if current_attempt == 0:
             raise JobNotFound(f"job {job_id} has not started yet: no logs")
         raise InvalidRequest(f"attempt: must be between 1 and {current_attempt}", "attempt")
-    task_arn, task_def = _task_of(deps, item, rank, attempt)
+    task_arn, task_def = _task_of(deps, item["job_id"], rank, attempt)
     if not task_arn:
-        raise JobNotFound(f"no task recorded for rank {rank} of attempt {attempt}")
+        raise JobNotFound(f"no task recorded for rank {rank} of attempt {attempt} (it never started, or "
+                          f"it is more than {EARLIER_TASKS_KEPT} attempts old)")
     spec = json.loads(item.get("spec_json") or "{}")
     group, stream = _log_location(deps, task_def or spec.get("task_definition", ""),
                                        spec.get("container_name"), task_arn)
@@ -74,20 +74,13 @@ def job_logs(
     }
 
 
-def _task_of(deps: Deps, item: Mapping[str, Any], rank: int, attempt: int) -> tuple[str, str]:
-    """The rank's task ARN in that attempt: the rank item, else the attempt record."""
-    found = deps.repo.get_rank(item["job_id"], rank)
-    if found is not None and found.attempt == attempt and found.task_arn:
-        return found.task_arn, found.task_definition_arn
-    for record in item.get("attempts") or []:
-        if int(record.get("attempt", -1)) == attempt:
-            arns = record.get("task_arns") or []
-            if isinstance(arns, Mapping):
-                arn = arns.get(str(rank), "")
-            else:
-                arn = arns[rank] if rank < len(arns) else ""
-            return arn, record.get("task_definition_arn", "")
-    return "", ""
+def _task_of(deps: Deps, job_id: str, rank: int, attempt: int) -> tuple[str, str]:
+    """The rank's task ARN in that attempt (and its task definition), from the rank item:
+    the current attempt's task, or one of the earlier tasks it keeps (one GetItem, whatever
+    the job's size)."""
+    found = deps.repo.get_rank(job_id, rank)
+    task = found.task_of_attempt(attempt) if found is not None else None
+    return (task.task_arn, task.task_definition_arn) if task is not None else ("", "")
 
 
 def _log_location(deps: Deps, task_definition: str, container_name: str | None,

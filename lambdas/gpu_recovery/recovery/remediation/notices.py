@@ -44,9 +44,12 @@ def job_fate(outcome: JobOutcome) -> str:
     return "waits for its other nodes"
 
 
-def details_of(evidence: Evidence | None, plan: RemediationPlan | None) -> list[str]:
+def details_of(evidence: Evidence | None, plan: RemediationPlan | None, *,
+               job_failed: bool = False) -> list[str]:
+    """The e-mail's details: the evidence, then the plan as carried out (``job_failed``: for
+    a job the decision failed, which is not restarted)."""
     lines = evidence.render_lines() if evidence is not None else []
-    return lines + (plan.render_lines() if plan is not None else [])
+    return lines + (plan.render_lines(job_failed=job_failed) if plan is not None else [])
 
 
 def describe_node_effects(instance: Instance, plan: RemediationPlan | None) -> str:
@@ -110,7 +113,7 @@ class RemediationNotices:
         verdict for the node."""
         if not outcome.fails:
             return None
-        details = details_of(evidence, plan)
+        details = details_of(evidence, plan, job_failed=True)
         node_done = describe_node_effects(instance, plan)
         if outcome == JobOutcome.FAIL_APPLICATION_ERROR:
             return self.notices.for_job(job, instance, NotificationKind.APPLICATION_ERROR,
@@ -165,7 +168,7 @@ class RemediationNotices:
 
     def unreachable_notice(self, job: Job, instance: Instance, plan: RemediationPlan, evidence: Evidence,
                             observed: bool) -> Owed:
-        details = details_of(evidence, plan)
+        details = details_of(evidence, plan, job_failed=True)
         if observed:
             return self.notices.for_job(
                 job, instance, NotificationKind.OBSERVED, "Observe mode: GPU node lost, nothing done",
