@@ -164,17 +164,13 @@ class ClusterAccess:
             self.container_instance_arns)
 
     def cordon_container_instances(self) -> list[iam.PolicyStatement]:
-        """Known-bad nodes: the custom attribute ``gpu-recovery.cordoned`` put and deleted
-        (ECS placement constraints keep tag-registered tasks off them), on the cluster's
-        container instances only."""
+        """The placement attribute ``gpu-recovery.unavailable`` (cordoned, spare, reserved;
+        and the deprecated ``gpu-recovery.cordoned``) put and deleted, on the cluster's
+        container instances only: every function that decides a node bad or healthy, or
+        whose recovery step reserves or releases a job's nodes."""
         return self._in_cluster_statement(
             "CordonContainerInstancesInCluster", ["ecs:PutAttributes", "ecs:DeleteAttributes"],
             self.container_instance_arns)
-
-    def uncordon_container_instances(self) -> list[iam.PolicyStatement]:
-        """A node back after its reboot is healthy again: its attribute deleted (only)."""
-        return self._in_cluster_statement(
-            "UncordonContainerInstancesInCluster", ["ecs:DeleteAttributes"], self.container_instance_arns)
 
     def list_container_instances(self) -> list[iam.PolicyStatement]:
         """The breaker counts the cluster's GPU nodes; relocation looks for free ones."""
@@ -323,8 +319,9 @@ class RecoveryFunctions(Construct):
                 access.describe_container_instances,
                 access.list_container_instances,
                 access.list_tasks,
-                # A node back after its reboot is uncordoned.
-                access.uncordon_container_instances,
+                # A node back after its reboot is uncordoned; the jobs it restarts release
+                # their reserved nodes, a short spare pool is refilled (the placement attribute).
+                access.cordon_container_instances,
             ],
         )
         self.sweep = self._function(

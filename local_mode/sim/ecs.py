@@ -63,7 +63,7 @@ from ..api_hooks import hook_answer, hook_error
 from ..emulator import LocalAws
 from .bus import EventBus
 from .ecs_faults import GpuFaults
-from .ecs_model import MISSING, Task, list_tasks_refusal, placement_failure
+from .ecs_model import MISSING, Placement, Task, list_tasks_refusal, placement_failure
 
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
@@ -324,6 +324,8 @@ class SimulatedEcs(GpuFaults):
                     gpu_reset=reset,
                 )
                 self.tasks[task.arn] = task
+                self.placements.append(Placement(now, node.name, task.started_by, task.arn, node.health,
+                                                 not task.health_check))
                 new.append(task)
                 self.counters["tasks_started"] += 1
                 if hc:

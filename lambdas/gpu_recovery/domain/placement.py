@@ -58,6 +58,7 @@ RESERVED = "reserved"
 SPARE = "spare"
 HOLD_KINDS = (RESERVED, SPARE)
 LENT = "lent"  # key of a spare's hold: the queue job it is lent to ("" / absent: none)
+NEXT = "next"  # key of a spare's hold marked while its node is busy: a spare once it frees
 # The only priority level a spare is lent to (domain.time_sharing.Priority.LOW): the
 # lowest level, the one every other level may preempt anyway.
 LENDABLE_PRIORITY = 0
@@ -89,6 +90,13 @@ def attributes_wanted(cordon: Mapping[str, Any] | None,
     else:
         delete.append(DEPRECATED_CORDON_ATTRIBUTE)
     return put, delete
+
+
+def unhandled_stop(*, free_gpus: int, total_gpus: int, recorded_gpus: int) -> bool:
+    """ECS shows more of a node free than the ranks the stack records on it leave: one of
+    those ranks stopped and its stop is not handled yet (``recovery.free_nodes``). A node
+    whose recorded ranks hold ``recorded_gpus`` must have at least that many allocated."""
+    return recorded_gpus > 0 and max(0, total_gpus - free_gpus) < recorded_gpus
 
 
 def may_borrow_spare(*, lending: bool, queue_job: bool, priority: int, relocated: bool) -> bool:
@@ -131,21 +139,34 @@ def lent_to_reclaim(needs: Sequence[int], free: Sequence[SpareNode], lent: Seque
 
 def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], free: Sequence[SpareNode],
                waits: Sequence[RelocationWait], placeable: frozenset[str] | set[str] = frozenset(),
+               recovering: Mapping[str, str] | None = None, busy: Sequence[SpareNode] = (),
                ) -> dict[str, dict[str, str]]:
     """node -> {"why", "job", "arn"}: the holds the cluster should have now.
 
-    ``free``: healthy, placeable nodes with free GPUs that no recovery holds (neither
-    cordoned nor claimed). Reserved first (the waiting relocations, oldest first, as
-    ``reserve_for_waits``), then the spares among the wholly free rest: the current spares
-    that still qualify keep their hold (a spare does not hop from node to node), the pool
-    topped up to ``spares_wanted`` the largest first (``keep_spares``).
+    ``recovering``: node -> the job in recovery that holds it (its restart's nodes, from the
+    fault seen until every rank is placed again): each is reserved for that job first, busy or
+    free (a lent spare stays a spare). ``free``: healthy, placeable nodes with free GPUs that
+    no recovery holds (neither cordoned nor claimed). Then the waiting relocations' reservations
+    (oldest first, as ``reserve_for_waits``), then the spares among the wholly free rest: the
+    current spares that still qualify keep their hold (a spare does not hop from node to node),
+    the pool topped up to ``spares_wanted`` the largest first (``keep_spares``). Still short:
+    the next spares are marked among ``busy`` (healthy, placeable nodes in use, not held):
+    their running work is untouched, the attribute keeps new work off, and each is a spare the
+    moment it frees (:func:`next_spares`: no node whose free GPUs some job could use now is
+    taken while a wholly busy one is left).
 
     A spare lent to a queue job (``"lent"`` on its hold) stays a spare, lend included, while
     its node is healthy and placeable (``placeable``: such nodes whatever their free GPUs),
     free or not: it counts in the pool, which is not refilled because of it."""
     wanted: dict[str, dict[str, str]] = {}
-    arns = {n.node_id: n.container_instance_arn for n in free}
+    arns = {n.node_id: n.container_instance_arn for n in [*busy, *free]}
     lent = {n: j for n, j in lent_of(current).items() if n in placeable or n in arns}
+    for node, job_id in sorted((recovering or {}).items()):
+        if node not in lent:
+            wanted[node] = {"why": RESERVED, "job": job_id,
+                            "arn": arns.get(node) or str((current.get(node) or {}).get("arn") or "")}
+    free = [n for n in free if n.node_id not in wanted]
+    busy = [n for n in busy if n.node_id not in wanted]
     # A lent spare is reserved for a waiting relocation only once wholly free again (its
     # lent job suspended or ended): one still in use stays lent, so the relocation that
     # waits for it knows whose suspension it waits for.
@@ -167,7 +188,26 @@ def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], 
                         LENT: lent[node]}
     for node in [*kept, *sorted(topped)]:
         wanted[node] = {"why": SPARE, "job": "", "arn": arns[node]}
+    short = size - len(kept_lent) - len(kept) - len(topped)
+    if short > 0:
+        candidates = [n for n in busy if n.node_id not in wanted and n.node_id not in lent]
+        for node in next_spares(short, candidates, current):
+            wanted[node] = {"why": SPARE, "job": "", "arn": arns[node], NEXT: "busy"}
     return wanted
+
+
+def next_spares(count: int, busy: Sequence[SpareNode], current: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The ``count`` busy nodes marked to become spares when they free, so that no job is
+    slowed: nodes already marked keep their mark (a mark does not hop), then the nodes with
+    the fewest free GPUs (a wholly busy node gives up nothing any job could use now; a partly
+    used one would), the largest first (a spare must fit any rank), then node id."""
+    if count <= 0:
+        return []
+    marked = sorted(n.node_id for n in busy if (current.get(n.node_id) or {}).get("why") == SPARE
+                    and n.total_gpus > 0)[:count]
+    rest = sorted((n for n in busy if n.node_id not in marked and n.total_gpus > 0),
+                  key=lambda n: (n.free_gpus, -n.total_gpus, n.node_id))
+    return [*marked, *[n.node_id for n in rest[:count - len(marked)]]]
 
 
 def hold_changes(current: Mapping[str, Mapping[str, Any]],
@@ -179,13 +219,18 @@ def hold_changes(current: Mapping[str, Mapping[str, Any]],
         if new is None:
             changes[node] = None
         elif old is None or old.get("why") != new["why"] or old.get("job", "") != new.get("job", "") \
-                or old.get(LENT, "") != new.get(LENT, ""):
+                or old.get(LENT, "") != new.get(LENT, "") or old.get(NEXT, "") != new.get(NEXT, ""):
             changes[node] = dict(new)
     return {n: c for n, c in changes.items() if not (c is None and n not in current)}
 
 
 def spares_of(holds: Mapping[str, Mapping[str, Any]]) -> set[str]:
     return {n for n, h in holds.items() if h.get("why") == SPARE}
+
+
+def next_spares_of(holds: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """The spares marked while their node was busy (a spare once it frees)."""
+    return {n for n, h in holds.items() if h.get("why") == SPARE and h.get(NEXT)}
 
 
 def reserved_of(holds: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
