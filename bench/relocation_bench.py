@@ -56,7 +56,7 @@ def _scenario(ranks: int, per_node: int) -> dict[str, Any]:
 
     job_nodes = ranks // per_node
     gpus = 8 // per_node
-    durations = [(9 + 6 * (i % 4)) * MIN for i in range(1000)]
+    durations = iter([(9 + 6 * (i % 4)) * MIN for i in range(10_000)])
     env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL", C.ENV_SPARE_NODES: str(SPARES),
            C.ENV_RELOCATION_WAIT_SECONDS: "1800"}
     with build_world(dynamodb="memory", extra_env=env) as w:
@@ -69,12 +69,14 @@ def _scenario(ranks: int, per_node: int) -> dict[str, Any]:
         w.ecs.start_job(JOB_ID, task_definition, placement,
                         extra_tags={C.TAG_RELOCATABLE: "true", C.TAG_MAX_INFRA_RECOVERIES: str(FAULTS + 1)})
         w.ecs.run_for(2 * MIN)  # registered; the pool marked before the other scheduler fills the rest
-        eager = EagerScheduler(w.ecs, run_seconds=lambda: durations[len(eager.started)]).attach()
+        eager = EagerScheduler(w.ecs, run_seconds=lambda: float(next(durations))).attach()
         w.ecs.run_for(MIN)
         wall = time.perf_counter()
         faults: list[FaultTimeline] = []
         for _ in range(FAULTS):
             ranks_now = [t for t in w.ecs.running_tasks() if t.tags.get(C.TAG_JOB_ID) == JOB_ID]
+            if len(ranks_now) != ranks:  # not running again (the code before issue 41: failed)
+                break
             victim = sorted({t.node for t in ranks_now})[0]
             fault = FaultTimeline(victim, w.ecs.now() + 1)
             w.ecs.inject_gpu_fault(victim, after=1, health="replace", nccl_cascade=True)
@@ -91,6 +93,7 @@ def _scenario(ranks: int, per_node: int) -> dict[str, Any]:
         failed = [n for n in w.aws.notifications()
                   if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "failed"]
         running = [f.running for f in faults if f.running is not None]
+        job_state = w.job(JOB_ID).get("job_state")
         return {
             "ranks": ranks, "nodes": len(names), "job_nodes": job_nodes, "spare_nodes": SPARES,
             "faults": [f.as_dict() for f in faults],
@@ -98,7 +101,8 @@ def _scenario(ranks: int, per_node: int) -> dict[str, Any]:
             "all_running_max_s": max(running) if running else None,
             "relocated": len(running), "stack_placements_on_faulted_nodes": stack_on_faulted,
             "other_scheduler_on_judged_nodes": eager_on_judged, "jobs_failed": len(failed),
-            "other_scheduler_tasks": len(eager.started), "wall_seconds": round(time.perf_counter() - wall, 1),
+            "other_scheduler_tasks": len(eager.started), "job_state": job_state,
+            "wall_seconds": round(time.perf_counter() - wall, 1),
         }
 
 

@@ -14,7 +14,8 @@ node is kept off only if the stack's reaction put the attribute (or took the nod
 Its calls go through the handlers' session (the simulator's API hooks place its tasks) with
 the crash campaigns' counting paused: they are not the stack's calls, never broken. Every
 task it started is in ``started`` with the node and time (the simulator's ``placements``
-record the node's health then too)."""
+record the node's health then too). A task it places on a node whose GPU is bad dies on it
+(exit 1) seconds after it starts, as issue 41's user saw: "both failed on the dead GPU"."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ class EagerScheduler:
     honours_constraint: bool = True
     #: only these nodes (names; None: any)
     nodes: frozenset[str] | None = None
+    #: a task it places on a node whose GPU is bad (not judged yet, or judged and not kept
+    #: off) dies on it this long after it starts, as real work does on a dead GPU
+    dies_after_seconds: float = 20.0
     #: (time, node, task ARN) of every task it started
     started: list[tuple[float, str, str]] = field(default_factory=list)
     active: bool = True
@@ -119,6 +123,8 @@ class EagerScheduler:
                     if not answer.get("tasks"):
                         continue
                     arn = answer["tasks"][0]["taskArn"]
+            if self.sim.node(node).health != "healthy":  # CUDA fails on the bad GPU
+                self.sim.plan_task(arn, run_seconds=self.dies_after_seconds, exit_code=1)
             self.started.append((self.sim.now(), node, arn))
             used.append(node)
         return used

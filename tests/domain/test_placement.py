@@ -142,3 +142,12 @@ def test_a_node_whose_recorded_ranks_hold_more_than_ecs_has_allocated_had_a_stop
     assert not placement.unhandled_stop(free_gpus=0, total_gpus=8, recorded_gpus=8)
     assert not placement.unhandled_stop(free_gpus=4, total_gpus=8, recorded_gpus=4)
     assert not placement.unhandled_stop(free_gpus=8, total_gpus=8, recorded_gpus=0)  # nothing recorded
+
+
+def test_a_waiting_relocation_short_of_free_nodes_reserves_busy_ones_before_the_pool() -> None:
+    wait = RelocationWait("waiting", 1, since=10.0, until=100.0, from_nodes=("dead",), gpus=(8,))
+    busy = [_node("p", free=4), _node("x", free=0), _node("z", free=0)]
+    wanted = placement.plan_holds(spares_wanted=1, current={}, free=[_node("p", free=4)], waits=[wait],
+                                  busy=busy)
+    assert wanted["x"] == {"why": "reserved", "job": "waiting", "arn": "arn:x", "next": "busy"}
+    assert wanted["z"]["why"] == "spare" and "p" not in wanted  # the pool after the wait

@@ -447,7 +447,8 @@ def _policies_starting(synth: Synth, prefix: str) -> list[dict[str, Any]]:
     return found[0]
 
 
-def test_the_placement_attribute_is_granted_on_the_clusters_container_instances_only(default_synth: Synth) -> None:
+def test_the_placement_attribute_is_granted_on_the_clusters_container_instances_only(
+        default_synth: Synth) -> None:
     """Given the functions that find a node bad or healthy, or whose recovery steps reserve
     or release a job's nodes (every function running the recovery loop: a fault entering
     recovery reserves its job's nodes, a restart placed releases them), Then they may put

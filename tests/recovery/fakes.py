@@ -205,7 +205,8 @@ class FakeEcs:
                               "stringSetValue": [f"GPU-{i}" for i in range(n)]}]
             out[node] = {"containerInstanceArn": ci_arn(node), "status": "ACTIVE",
                          "agentConnected": self.agent_connected.get(node, True), "ec2InstanceId": f"i-{node}",
-                         "registeredResources": gpu(8), "remainingResources": gpu(0 if node in self.taken else 8)}
+                         "registeredResources": gpu(8),
+                         "remainingResources": gpu(0 if node in self.taken else 8)}
         return out
 
     def tasks_on(self, container_instance: str) -> list[dict[str, Any]]:

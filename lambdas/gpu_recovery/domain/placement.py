@@ -171,9 +171,15 @@ def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], 
     # lent job suspended or ended): one still in use stays lent, so the relocation that
     # waits for it knows whose suspension it waits for.
     in_use = {n.node_id for n in free if n.free_gpus < n.total_gpus} | (set(lent) - set(arns))
-    for node, job_id in reserve_for_waits(waits, [n for n in free if n.node_id not in in_use or
-                                                  n.node_id not in lent]).items():
+    for_waits = reserve_for_waits(waits, [n for n in free
+                                          if n.node_id not in in_use or n.node_id not in lent])
+    for node, job_id in for_waits.items():
         wanted[node] = {"why": RESERVED, "job": job_id, "arn": arns[node]}
+    # A wait still short of free nodes reserves busy ones (their work untouched): each is the
+    # waiting job's the moment it frees, before any other scheduler sees it free.
+    busy = [n for n in busy if n.node_id not in wanted and n.node_id not in lent]
+    for node, job_id in reserve_busy_for_waits(waits, for_waits, busy).items():
+        wanted[node] = {"why": RESERVED, "job": job_id, "arn": arns[node], NEXT: "busy"}
     lent = {n: j for n, j in lent.items() if n not in wanted}
     size = max(0, spares_wanted)
     whole = [n for n in free if n.node_id not in wanted and n.total_gpus > 0 and n.free_gpus >= n.total_gpus]
@@ -194,6 +200,23 @@ def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], 
         for node in next_spares(short, candidates, current):
             wanted[node] = {"why": SPARE, "job": "", "arn": arns[node], NEXT: "busy"}
     return wanted
+
+
+def reserve_busy_for_waits(waits: Sequence[RelocationWait], free_reserved: Mapping[str, str],
+                           busy: Sequence[SpareNode]) -> dict[str, str]:
+    """node -> job: for each waiting relocation (oldest first) the busy nodes that will take
+    the ranks its free reservations (``free_reserved``: node -> job) do not cover, the fewest
+    free GPUs first (a wholly busy node gives up nothing usable now), each with room for the
+    rank it will take."""
+    taken: dict[str, str] = {}
+    ordered = sorted(busy, key=lambda n: (n.free_gpus, -n.total_gpus, n.node_id))
+    for wait in sorted(waits, key=lambda w: (w.since, w.job_id)):
+        have = sum(1 for job_id in free_reserved.values() if job_id == wait.job_id)
+        for gpus in sorted(wait.gpus, reverse=True)[have:]:
+            node = next((n for n in ordered if n.node_id not in taken and n.total_gpus >= gpus), None)
+            if node is not None:
+                taken[node.node_id] = wait.job_id
+    return taken
 
 
 def next_spares(count: int, busy: Sequence[SpareNode], current: Mapping[str, Mapping[str, Any]]) -> list[str]:

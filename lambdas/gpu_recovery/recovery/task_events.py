@@ -73,6 +73,9 @@ _JUDGED_KINDS = (StopKind.SUSPECTED_GPU_FAULT, StopKind.FAILED)
 _STOPPING_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.RESTART, StopReaction.FAIL_JOB,
                        StopReaction.USER_STOPPED)
 _SUSPECT_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.ADD_SUSPECT)
+# A stop whose job keeps its node (it entered, or is in, recovery: the node is reserved for
+# its restart), or a redelivery: no node freed for anyone else.
+_STILL_HELD = frozenset({"health_check_requested", "recorded", "duplicate", "restart_requested"})
 # A fault of a rank that failed on its own moves the job from these (a SUSPENDING job's
 # grace included: the fault wins over the suspension).
 FAULT_JOB_STATES = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
@@ -141,12 +144,14 @@ class TaskEvents:
         if detail.lastStatus == "RUNNING":
             return self._on_running(detail, rank)
         outcome = self._on_stopped(detail, rank)
-        self._node_may_be_free(detail, rank)
+        if outcome.action not in _STILL_HELD:
+            self._node_may_be_free(detail, rank)
         return outcome
 
     def _node_may_be_free(self, detail: EcsTaskDetail, rank: Rank | None) -> None:
-        """Any task's STOPPED event, after its own handling: the node may be free now (the job
-        waiting for it, a short spare pool). Best effort: the sweep does it within a minute."""
+        """A task's STOPPED event, after its own handling, unless its job keeps the node (a
+        rank of a job in recovery): the node may be free now (the job waiting for it, a short
+        spare pool). Best effort: the sweep does it within a minute."""
         if self.on_task_stopped is not None and detail.lastStatus == "STOPPED":
             after_commit("placement on a task's stop", self.on_task_stopped,
                          detail.containerInstanceArn or "", rank.job_id if rank is not None else "")
