@@ -115,8 +115,11 @@ class GangFanout(Construct):
             # Claims rank launches: may not outlive CLAIM_LEASE_SECONDS (module docstring).
             timeout=WORKER_TIMEOUT,
         )
+        # A restart whose last batch places every rank releases the job's reserved nodes
+        # (the placement attribute: PutAttributes / DeleteAttributes, the pool refilled).
         for make in (access.start_task, access.stop_task, access.describe_tasks, access.list_tasks,
-                     access.describe_container_instances, access.list_container_instances):
+                     access.describe_container_instances, access.list_container_instances,
+                     access.placement_attributes):
             worker.add_to_policy(*make())
         tables.grant_read_write_data(worker.role)
         notifications.grant_publish(worker.role)

@@ -144,9 +144,12 @@ class NodeApi(Construct):
         # StartTask / PassRole: the node API hands a rebooted node's boot report to the
         # recovery loop, which gang-restarts the jobs waiting for it, and (hang_action
         # recover) a hung rank to a health check; the sweep escalates NODE_LOST ranks to
-        # a health check. PassRole stays limited to the task-role prefix.
+        # a health check. PassRole stays limited to the task-role prefix. A fault entering
+        # recovery reserves its job's nodes (PutAttributes) and, with a spare pool, decides
+        # the spare it moves to (ListContainerInstances: the cluster's free nodes).
         recovery_permissions = [access.describe_container_instances, access.start_task, access.stop_task,
-                                access.describe_tasks, access.list_tasks]
+                                access.describe_tasks, access.list_tasks, access.list_container_instances,
+                                access.placement_attributes]
         self.api_function = RecoveryFunction(
             self, "NodeApiFunction", defaults=defaults, handler="handlers.node_api.lambda_handler",
             service_name="node-api", description="Node API: task heartbeats and GPU telemetry",

@@ -63,7 +63,14 @@ from ..api_hooks import hook_answer, hook_error
 from ..emulator import LocalAws
 from .bus import EventBus
 from .ecs_faults import GpuFaults
-from .ecs_model import MISSING, Task, list_tasks_refusal, placement_failure, start_task_network_refusal
+from .ecs_model import (
+    MISSING,
+    Placement,
+    Task,
+    list_tasks_refusal,
+    placement_failure,
+    start_task_network_refusal,
+)
 
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
@@ -338,6 +345,8 @@ class SimulatedEcs(GpuFaults):
                     attachments=[{**a, "type": "eni"} for a in task_desc.get("attachments") or []],
                 )
                 self.tasks[task.arn] = task
+                self.placements.append(Placement(now, node.name, task.started_by, task.arn, node.health,
+                                                 not task.health_check))
                 new.append(task)
                 self.counters["tasks_started"] += 1
                 if hc:

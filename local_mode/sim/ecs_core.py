@@ -13,6 +13,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from moto.ecs.models import ecs_backends
@@ -25,7 +26,7 @@ from ..health_verdicts import HEALTH_VALUES
 from .bus import EventBus
 from .clock import DEFAULT_START, SimClock, TimedActions
 from .ecs_data_plane import DataPlane
-from .ecs_model import Node, Task, describe_container_instance
+from .ecs_model import Node, Placement, Task, describe_container_instance
 
 
 class EcsCore(DataPlane):
@@ -81,6 +82,15 @@ class EcsCore(DataPlane):
             "events_emitted": 0,
         }
         self._actions = TimedActions(self.clock)  # each returns the events it emits
+        #: EventBridge's delivery latency: event -> seconds before its rules see it (None: at
+        #: once). A scenario holds an event back to race the stack against its own sweep.
+        self.delivery_delay: Callable[[dict[str, Any]], float] | None = None
+        #: called after each action's events were delivered, with them (another scheduler
+        #: on the cluster reacting to what ECS just did: ``sim.eager_scheduler``)
+        self.step_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
+        self._held_back: set[int] = set()  # events delivered late once already
+        #: every task placed, with its node's health then (``ecs_model.Placement``)
+        self.placements: list[Placement] = []
         self._reservation_ids = itertools.count(1)
         self._drive_lock = threading.Lock()
         bus.clock = self.clock.now
@@ -321,8 +331,17 @@ class EcsCore(DataPlane):
         if action is not None:
             events = action()
             for event in events:
+                late = id(event) in self._held_back
+                self._held_back.discard(id(event))
+                delay = self.delivery_delay(event) if self.delivery_delay is not None and not late else 0.0
+                if delay > 0:  # delivered late, as it was made (its time unchanged)
+                    self._held_back.add(id(event))
+                    self.schedule(t + delay, partial(_deliver, event), "delayed delivery")
+                    continue
                 self.counters["events_emitted"] += 1
                 self.bus.put_events(event)
+            for listener in list(self.step_listeners):
+                listener(events)
         else:
             self.bus.fire_due(t)
         return True
@@ -375,3 +394,8 @@ def _next_agent_version(version: str) -> str:
     """``1.89.3`` -> ``1.89.4``."""
     head, _, last = version.rpartition(".")
     return f"{head}.{int(last) + 1}" if last.isdigit() else f"{version}.1"
+
+
+def _deliver(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """A held-back event's action: the event, delivered now."""
+    return [event]

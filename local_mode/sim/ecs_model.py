@@ -34,6 +34,19 @@ class TimelineEntry(NamedTuple):
     text: str
 
 
+class Placement(NamedTuple):
+    """A task ECS placed: when, on which node (its name), by whom (``startedBy``), and
+    what the node's health was then (a training task on a node whose fault is not judged
+    yet, or judged bad, runs on a bad GPU)."""
+
+    time: float
+    node: str
+    started_by: str
+    task_arn: str
+    health: str
+    training: bool  # not a health check nor a GPU reset
+
+
 @dataclass
 class TaskDefinition:
     """A task definition of the in-memory control plane (one essential container)."""

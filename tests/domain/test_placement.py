@@ -102,3 +102,52 @@ def test_a_relocation_takes_back_only_the_lent_spares_it_needs() -> None:
     assert placement.lent_to_reclaim([8], [_node("f")], lent) == []
     assert placement.lent_to_reclaim([8, 8, 8], [], lent[:1]) == []
     assert placement.lent_to_reclaim([8], [], []) == []
+
+
+# ------------------------------------------------------------------ issue 41: placement you can trust
+def test_a_recovering_jobs_nodes_are_reserved_for_it_busy_or_free_before_anything_else() -> None:
+    """Its nodes (busy: its ranks stopping; free: their GPUs released) are reserved for the
+    job first; they are never a spare nor a waiting relocation's, and a lent spare stays lent."""
+    wait = RelocationWait("waiting", 1, since=10.0, until=100.0, from_nodes=("dead",), gpus=(8,))
+    current = {"lent": {"why": "spare", "job": "", "arn": "arn:lent", "lent": "low-job"}}
+    wanted = placement.plan_holds(spares_wanted=1, current=current, free=[_node("a"), _node("c")],
+                                  waits=[wait], placeable={"lent"},
+                                  recovering={"a": "job-1", "b": "job-1", "lent": "job-2"})
+    assert wanted["a"] == {"why": "reserved", "job": "job-1", "arn": "arn:a"}
+    assert wanted["b"]["why"] == "reserved" and wanted["b"]["job"] == "job-1"  # busy: no ARN known here
+    assert wanted["c"] == {"why": "reserved", "job": "waiting", "arn": "arn:c"}
+    assert wanted["lent"]["why"] == "spare" and wanted["lent"]["lent"] == "low-job"
+
+
+def test_a_short_pool_marks_busy_nodes_as_the_next_spares_without_taking_usable_gpus() -> None:
+    """No wholly free node: the pool is refilled by marking busy nodes, the wholly busy ones
+    first (a partly used node's free GPUs could serve a job now), the largest first; a mark
+    does not hop; a node that frees keeps its spare hold, its busy mark gone."""
+    busy = [_node("p", free=4), _node("x", free=0), _node("y", free=0, total=4), _node("z", free=0)]
+    wanted = placement.plan_holds(spares_wanted=2, current={}, free=[_node("p", free=4)], waits=[], busy=busy)
+    assert {n: h.get(placement.NEXT) for n, h in wanted.items()} == {"x": "busy", "z": "busy"}
+    assert placement.next_spares(1, busy, {"z": wanted["z"]}) == ["z"]  # kept, not "x" by id
+    freed = placement.plan_holds(spares_wanted=2, current=wanted, free=[_node("x")], waits=[],
+                                 busy=[b for b in busy if b.node_id != "x"])
+    assert freed["x"] == {"why": "spare", "job": "", "arn": "arn:x"} and freed["z"][placement.NEXT] == "busy"
+    assert placement.hold_changes(wanted, freed) == {"x": freed["x"]}  # its busy mark gone: synced again
+    full = placement.plan_holds(spares_wanted=2, current=freed, free=[_node("x"), _node("w")], waits=[],
+                                busy=[b for b in busy if b.node_id != "x"])
+    assert sorted(full) == ["w", "x"]  # free spares preferred: the busy mark released
+
+
+def test_a_node_whose_recorded_ranks_hold_more_than_ecs_has_allocated_had_a_stop_not_handled() -> None:
+    assert placement.unhandled_stop(free_gpus=8, total_gpus=8, recorded_gpus=8)  # its rank's GPUs free
+    assert placement.unhandled_stop(free_gpus=1, total_gpus=8, recorded_gpus=8)  # one of 8 ranks stopped
+    assert not placement.unhandled_stop(free_gpus=0, total_gpus=8, recorded_gpus=8)
+    assert not placement.unhandled_stop(free_gpus=4, total_gpus=8, recorded_gpus=4)
+    assert not placement.unhandled_stop(free_gpus=8, total_gpus=8, recorded_gpus=0)  # nothing recorded
+
+
+def test_a_waiting_relocation_short_of_free_nodes_reserves_busy_ones_before_the_pool() -> None:
+    wait = RelocationWait("waiting", 1, since=10.0, until=100.0, from_nodes=("dead",), gpus=(8,))
+    busy = [_node("p", free=4), _node("x", free=0), _node("z", free=0)]
+    wanted = placement.plan_holds(spares_wanted=1, current={}, free=[_node("p", free=4)], waits=[wait],
+                                  busy=busy)
+    assert wanted["x"] == {"why": "reserved", "job": "waiting", "arn": "arn:x", "next": "busy"}
+    assert wanted["z"]["why"] == "spare" and "p" not in wanted  # the pool after the wait

@@ -60,6 +60,16 @@ class StubEcs:
         self.uncordoned = [*getattr(self, "uncordoned", []), arn]
         return True
 
+    def put_attributes_many(self, entries: Sequence[tuple[str, str, str]]) -> set[str]:
+        for target, name, value in entries:
+            self.put_attributes(target, {name: value})
+        return set()
+
+    def delete_attributes_many(self, entries: Sequence[tuple[str, str]]) -> set[str]:
+        for target, name in entries:
+            self.delete_attributes(target, [name])
+        return set()
+
     def stop_task(self, arn: str, reason: str) -> None:
         self.stopped.append(arn)
 

@@ -446,28 +446,30 @@ def _policies_starting(synth: Synth, prefix: str) -> list[dict[str, Any]]:
     return found[0]
 
 
-def test_cordons_are_granted_on_the_clusters_container_instances_only(default_synth: Synth) -> None:
-    """Given the functions that find a node bad (or finish what a delivery left), Then they
-    may put and delete the cordon attribute (PutAttributes / DeleteAttributes), only on
-    container instances of the cluster; the functions that only see a node come back
-    (instance monitor, node API's boot report) may only delete it; nothing else gets them."""
+def test_the_placement_attribute_is_granted_on_the_clusters_container_instances_only(
+        default_synth: Synth) -> None:
+    """Given the functions that find a node bad or healthy, or whose recovery steps reserve
+    or release a job's nodes (every function running the recovery loop: a fault entering
+    recovery reserves its job's nodes, a restart placed releases them), Then they may put
+    and delete the placement attribute (PutAttributes / DeleteAttributes), only on container
+    instances of the cluster; nothing else gets them."""
     cluster = {"ArnEquals": {"ecs:cluster": CLUSTER_ARN}}
     both = {name: _policy_of_function(default_synth, name)
-            for name in ("TaskHandler", "DcgmMonitor", "RecoverySweep")}
+            for name in ("TaskHandler", "DcgmMonitor", "RecoverySweep", "InstanceMonitor")}
     both["HeartbeatSweep"] = _policies_starting(default_synth, "NodeApiHeartbeatSweepRoleDefaultPolicy")
     both["TagLookupWorker"] = _policies_starting(default_synth, "TagLookupsWorkerRoleDefaultPolicy")
-    delete_only = {"InstanceMonitor": _policy_of_function(default_synth, "InstanceMonitor"),
-                   "NodeApi": _policies_starting(default_synth, "NodeApiNodeApiFunctionRoleDefaultPolicy")}
-    for name, statements in {**both, **delete_only}.items():
+    both["NodeApi"] = _policies_starting(default_synth, "NodeApiNodeApiFunctionRoleDefaultPolicy")
+    both["GangWorker"] = _policies_starting(default_synth, "GangWorkerRoleDefaultPolicy")
+    for name, statements in both.items():
         granted = [s for s in statements if _actions([s]) & CORDON]
         assert len(granted) == 1, name
         (statement,) = granted
-        assert _actions([statement]) == (CORDON if name in both else {"ecs:DeleteAttributes"}), name
+        assert _actions([statement]) == CORDON, name
         assert statement["Condition"] == cluster, name
         assert ":container-instance/" in json.dumps(statement["Resource"]), name
     others = [logical for logical, p in default_synth.resources("AWS::IAM::Policy").items()
               if _actions(p["Properties"]["PolicyDocument"]["Statement"]) & CORDON]
-    assert len(others) == len(both) + len(delete_only)
+    assert len(others) == len(both)
 
 
 def test_terminate_in_asg_only_in_groups_tagged_with_the_cluster(custom_synth: Synth) -> None:

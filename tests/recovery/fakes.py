@@ -81,6 +81,8 @@ class FakeEcs:
     #: what DescribeTasks / DescribeContainerInstances answer MISSING (in ``failures``) while set
     missing_tasks: set[str] = field(default_factory=set)
     missing_nodes: set[str] = field(default_factory=set)
+    #: node -> the task another scheduler runs on it (DescribeContainerInstances says it is busy)
+    taken: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -184,6 +186,16 @@ class FakeEcs:
             self.attribute_values.get(node, {}).pop(name, None)
         return True
 
+    def put_attributes_many(self, entries: Sequence[tuple[str, str, str]]) -> set[str]:
+        for target, name, value in entries:
+            self.put_attributes(target, {name: value})
+        return set()
+
+    def delete_attributes_many(self, entries: Sequence[tuple[str, str]]) -> set[str]:
+        for target, name in entries:
+            self.delete_attributes(target, [name])
+        return set()
+
     def container_instances(self) -> list[dict[str, Any]]:
         """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy."""
         self.cluster_listings += 1
@@ -200,6 +212,23 @@ class FakeEcs:
                         "ec2InstanceId": f"i-{node}", "registeredResources": gpu(8),
                         "remainingResources": gpu(0 if busy else 8)})
         return out
+
+    def describe_container_instances(self, refs: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """ACTIVE, agent as ``agent_connected`` says, every GPU free but on ``taken`` nodes."""
+        out = {}
+        for ref in refs:
+            node = ref.rsplit("/", 1)[-1]
+            gpu = lambda n: [{"name": "GPU", "type": "STRINGSET",  # noqa: E731
+                              "stringSetValue": [f"GPU-{i}" for i in range(n)]}]
+            out[node] = {"containerInstanceArn": ci_arn(node), "status": "ACTIVE",
+                         "agentConnected": self.agent_connected.get(node, True), "ec2InstanceId": f"i-{node}",
+                         "registeredResources": gpu(8),
+                         "remainingResources": gpu(0 if node in self.taken else 8)}
+        return out
+
+    def tasks_on(self, container_instance: str) -> list[dict[str, Any]]:
+        task = self.taken.get(container_instance.rsplit("/", 1)[-1])
+        return [task] if task else []
 
     def health_checks_on(self, node: str) -> list[FakeTask]:
         return [t for t in self.tasks.values() if t.node == node and t.group == C.HEALTH_CHECK_GROUP]

@@ -46,6 +46,8 @@ def _unexpected_failures(operation: str, response: Mapping[str, Any]) -> None:
     odd = [f for f in response.get("failures") or [] if f.get("reason") != MISSING]
     if odd:
         raise EcsActionFailed(operation, odd)
+# PutAttributes / DeleteAttributes take at most 10 attributes a call (the ECS API reference).
+ATTRIBUTES_PER_CALL = 10
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,27 @@ class EcsAdapter:
         found = response.get("containerInstances", [])
         return found[0] if found else None
 
+    def describe_container_instances(self, refs: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The given container instances (ARNs or ids) described, by 100: container instance
+        id -> its description (one ECS does not know is absent: its ``failures`` say MISSING)."""
+        found: dict[str, dict[str, Any]] = {}
+        refs = list(dict.fromkeys(refs))
+        for start in range(0, len(refs), 100):
+            response = self._ecs.describe_container_instances(cluster=self.cluster,
+                                                              containerInstances=refs[start:start + 100])
+            for ci in response.get("containerInstances", []):
+                found[str(ci["containerInstanceArn"]).rsplit("/", 1)[-1]] = ci
+        return found
+
+    def tasks_on(self, container_instance: str) -> list[dict[str, Any]]:
+        """The live tasks on one container instance (ListTasks of that instance, whose default
+        filter lists desired status RUNNING; DescribeTasks of the first 10): what holds it."""
+        arns = self._ecs.list_tasks(cluster=self.cluster, containerInstance=container_instance,
+                                    maxResults=10).get("taskArns", [])
+        if not arns:
+            return []
+        return list(self._ecs.describe_tasks(cluster=self.cluster, tasks=arns).get("tasks", []))
+
     def container_instances(self, statuses: Sequence[str | None] = ("ACTIVE", "DRAINING")
                             ) -> list[dict[str, Any]]:
         """The cluster's container instances in ``statuses``, described
@@ -279,10 +302,38 @@ class EcsAdapter:
         return self._attribute_call(self._ecs.delete_attributes, container_instance,
                                     [{"name": name} for name in names])
 
+    def put_attributes_many(self, entries: Sequence[tuple[str, str, str]]) -> set[str]:
+        """PutAttributes of one custom attribute on each of many container instances
+        (``(instance, name, value)``), up to 10 attributes a call (ECS's limit per call), each
+        with its own target. Returns the instances ECS no longer knows (each asked alone once
+        a call naming one was refused)."""
+        return self._attributes_many(self._ecs.put_attributes, [
+            (target, {"name": name, **({"value": value} if value else {})})
+            for target, name, value in entries])
+
+    def delete_attributes_many(self, entries: Sequence[tuple[str, str]]) -> set[str]:
+        """DeleteAttributes of ``(instance, name)`` pairs, up to 10 a call; the instances ECS no
+        longer knows."""
+        return self._attributes_many(self._ecs.delete_attributes,
+                                     [(target, {"name": name}) for target, name in entries])
+
+    def _attributes_many(self, call: Any, entries: list[tuple[str, dict[str, str]]]) -> set[str]:
+        gone: set[str] = set()
+        for start in range(0, len(entries), ATTRIBUTES_PER_CALL):
+            chunk = entries[start:start + ATTRIBUTES_PER_CALL]
+            self._take_token()
+            try:
+                call(cluster=self.cluster, attributes=[{**a, **_target(t)} for t, a in chunk])
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") != "TargetNotFoundException":
+                    raise
+                for target, attribute in chunk:  # which one is gone: each alone
+                    if not self._attribute_call(call, target, [attribute]):
+                        gone.add(target)
+        return gone
+
     def _attribute_call(self, call: Any, container_instance: str, attributes: list[dict[str, str]]) -> bool:
-        extra: dict[str, str] = {"targetId": container_instance}
-        if not container_instance.startswith("arn:"):
-            extra["targetType"] = "container-instance"  # the short id needs its type
+        extra = _target(container_instance)
         self._take_token()
         try:
             call(cluster=self.cluster, attributes=[{**a, **extra} for a in attributes])
@@ -318,3 +369,11 @@ class EcsAdapter:
                                extra={"container_instance": container_instance_arn, "failures": failures})
                 return "deregistered"
         raise EcsActionFailed("UpdateContainerInstancesState", failures)
+
+
+def _target(container_instance: str) -> dict[str, str]:
+    """An attribute's target: the ARN, or the short id with its type."""
+    extra: dict[str, str] = {"targetId": container_instance}
+    if not container_instance.startswith("arn:"):
+        extra["targetType"] = "container-instance"  # the short id needs its type
+    return extra

@@ -8,6 +8,7 @@ from typing import Any
 from gpu_recovery.domain.breaker.hold import BreakerHold
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.relocation import RelocationWait
+from gpu_recovery.domain.restart_wait import RestartWait
 from gpu_recovery.domain.states import InstanceState, JobState, RankState, SuspectVerdict
 
 
@@ -132,6 +133,9 @@ class Job:
     breaker_hold: BreakerHold | None = None
     # The tasks' awsvpcConfiguration (domain.task_network; {}: not in the awsvpc mode).
     network: dict[str, Any] = field(default_factory=dict)
+    # Its restart could not be placed (a node busy, its agent away, gone): the current
+    # attempt's wait for its nodes (None: none; domain.restart_wait).
+    restart_wait: RestartWait | None = None
 
     @property
     def suspend_stopping(self) -> bool:
@@ -232,6 +236,10 @@ class Instance:
     # Known bad: no new work until healthy again (domain.cordon); {} when not cordoned.
     cordon: dict[str, Any] = field(default_factory=dict)
     cordon_version: float | None = None  # the last cordon / uncordon intent (its sync's version)
+    # A rank stopped here with fault evidence ({"job", "attempt", "at"}, written with the
+    # rank's stop): a suspect, out of the stack's placements until its check (the node
+    # decision) says otherwise, whatever its state says meanwhile (domain.placement).
+    suspect_fence: dict[str, Any] = field(default_factory=dict)
 
     @property
     def left_jobs(self) -> list[tuple[str, int]]:
@@ -254,6 +262,17 @@ class Instance:
     @property
     def cordoned(self) -> bool:
         return bool(self.cordon)
+
+    @property
+    def fenced(self) -> bool:
+        """A rank's stop with fault evidence left it a suspect its check has not cleared."""
+        return bool(self.suspect_fence)
+
+    @property
+    def placeable(self) -> bool:
+        """What the stack's own placements ask of its item: AVAILABLE, not cordoned, no
+        suspect fence (ECS's view of the node is asked separately)."""
+        return self.state is InstanceState.AVAILABLE and not self.cordon and not self.suspect_fence
 
     @property
     def is_managed_instance(self) -> bool:

@@ -65,6 +65,7 @@ LENT = "lent"  # key of a spare's hold: the queue job it is lent to ("" / absent
 # 50 % of a 10,000-node cluster) is capped, with a WARNING at each refresh
 # (recovery/placement.py).
 MAX_HOLDS = 800
+NEXT = "next"  # key of a spare's hold marked while its node is busy: a spare once it frees
 # The only priority level a spare is lent to (domain.time_sharing.Priority.LOW): the
 # lowest level, the one every other level may preempt anyway.
 LENDABLE_PRIORITY = 0
@@ -96,6 +97,13 @@ def attributes_wanted(cordon: Mapping[str, Any] | None,
     else:
         delete.append(DEPRECATED_CORDON_ATTRIBUTE)
     return put, delete
+
+
+def unhandled_stop(*, free_gpus: int, total_gpus: int, recorded_gpus: int) -> bool:
+    """ECS shows more of a node free than the ranks the stack records on it leave: one of
+    those ranks stopped and its stop is not handled yet (``recovery.free_nodes``). A node
+    whose recorded ranks hold ``recorded_gpus`` must have at least that many allocated."""
+    return recorded_gpus > 0 and max(0, total_gpus - free_gpus) < recorded_gpus
 
 
 def may_borrow_spare(*, lending: bool, queue_job: bool, priority: int, relocated: bool) -> bool:
@@ -138,31 +146,52 @@ def lent_to_reclaim(needs: Sequence[int], free: Sequence[SpareNode], lent: Seque
 
 def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], free: Sequence[SpareNode],
                waits: Sequence[RelocationWait], placeable: frozenset[str] | set[str] = frozenset(),
+               recovering: Mapping[str, str] | None = None, busy: Sequence[SpareNode] = (),
                ) -> dict[str, dict[str, str]]:
     """node -> {"why", "job", "arn"}: the holds the cluster should have now, at most
     :data:`MAX_HOLDS` of them.
 
-    ``free``: healthy, placeable nodes with free GPUs that no recovery holds (neither
-    cordoned nor claimed). Reserved first (the waiting relocations, oldest first, as
-    ``reserve_for_waits``), then the spares among the wholly free rest: the current spares
-    that still qualify keep their hold (a spare does not hop from node to node), the pool
-    topped up to ``spares_wanted`` the largest first (``keep_spares``).
+    ``recovering``: node -> the job in recovery that holds it (its restart's nodes, from the
+    fault seen until every rank is placed again): each is reserved for that job first, busy or
+    free (a lent spare stays a spare). ``free``: healthy, placeable nodes with free GPUs that
+    no recovery holds (neither cordoned nor claimed). Then the waiting relocations' reservations
+    (oldest first, as ``reserve_for_waits``), then the spares among the wholly free rest: the
+    current spares that still qualify keep their hold (a spare does not hop from node to node),
+    the pool topped up to ``spares_wanted`` the largest first (``keep_spares``). Still short:
+    the next spares are marked among ``busy`` (healthy, placeable nodes in use, not held):
+    their running work is untouched, the attribute keeps new work off, and each is a spare the
+    moment it frees (:func:`next_spares`: no node whose free GPUs some job could use now is
+    taken while a wholly busy one is left).
 
     A spare lent to a queue job (``"lent"`` on its hold) stays a spare, lend included, while
     its node is healthy and placeable (``placeable``: such nodes whatever their free GPUs),
     free or not: it counts in the pool, which is not refilled because of it."""
     wanted: dict[str, dict[str, str]] = {}
-    arns = {n.node_id: n.container_instance_arn for n in free}
+    arns = {n.node_id: n.container_instance_arn for n in [*busy, *free]}
     lent = {n: j for n, j in lent_of(current).items() if n in placeable or n in arns}
+    for node, job_id in sorted((recovering or {}).items()):
+        if node not in lent:
+            wanted[node] = {"why": RESERVED, "job": job_id,
+                            "arn": arns.get(node) or str((current.get(node) or {}).get("arn") or "")}
+    free = [n for n in free if n.node_id not in wanted]
+    busy = [n for n in busy if n.node_id not in wanted]
     # A lent spare is reserved for a waiting relocation only once wholly free again (its
     # lent job suspended or ended): one still in use stays lent, so the relocation that
     # waits for it knows whose suspension it waits for.
     in_use = {n.node_id for n in free if n.free_gpus < n.total_gpus} | (set(lent) - set(arns))
-    for node, job_id in reserve_for_waits(waits, [n for n in free if n.node_id not in in_use or
-                                                  n.node_id not in lent]).items():
+    for_waits = reserve_for_waits(waits, [n for n in free
+                                          if n.node_id not in in_use or n.node_id not in lent])
+    for node, job_id in for_waits.items():
         if len(wanted) >= MAX_HOLDS:
             break
         wanted[node] = {"why": RESERVED, "job": job_id, "arn": arns[node]}
+    # A wait still short of free nodes reserves busy ones (their work untouched): each is the
+    # waiting job's the moment it frees, before any other scheduler sees it free.
+    busy = [n for n in busy if n.node_id not in wanted and n.node_id not in lent]
+    for node, job_id in reserve_busy_for_waits(waits, for_waits, busy).items():
+        if len(wanted) >= MAX_HOLDS:
+            break
+        wanted[node] = {"why": RESERVED, "job": job_id, "arn": arns[node], NEXT: "busy"}
     lent = {n: j for n, j in lent.items() if n not in wanted}
     size = max(0, min(spares_wanted, MAX_HOLDS - len(wanted)))
     whole = [n for n in free if n.node_id not in wanted and n.total_gpus > 0 and n.free_gpus >= n.total_gpus]
@@ -177,7 +206,43 @@ def plan_holds(*, spares_wanted: int, current: Mapping[str, Mapping[str, Any]], 
                         LENT: lent[node]}
     for node in [*kept, *sorted(topped)]:
         wanted[node] = {"why": SPARE, "job": "", "arn": arns[node]}
+    short = size - len(kept_lent) - len(kept) - len(topped)
+    if short > 0:
+        candidates = [n for n in busy if n.node_id not in wanted and n.node_id not in lent]
+        for node in next_spares(short, candidates, current):
+            wanted[node] = {"why": SPARE, "job": "", "arn": arns[node], NEXT: "busy"}
     return wanted
+
+
+def reserve_busy_for_waits(waits: Sequence[RelocationWait], free_reserved: Mapping[str, str],
+                           busy: Sequence[SpareNode]) -> dict[str, str]:
+    """node -> job: for each waiting relocation (oldest first) the busy nodes that will take
+    the ranks its free reservations (``free_reserved``: node -> job) do not cover, the fewest
+    free GPUs first (a wholly busy node gives up nothing usable now), each with room for the
+    rank it will take."""
+    taken: dict[str, str] = {}
+    ordered = sorted(busy, key=lambda n: (n.free_gpus, -n.total_gpus, n.node_id))
+    for wait in sorted(waits, key=lambda w: (w.since, w.job_id)):
+        have = sum(1 for job_id in free_reserved.values() if job_id == wait.job_id)
+        for gpus in sorted(wait.gpus, reverse=True)[have:]:
+            node = next((n for n in ordered if n.node_id not in taken and n.total_gpus >= gpus), None)
+            if node is not None:
+                taken[node.node_id] = wait.job_id
+    return taken
+
+
+def next_spares(count: int, busy: Sequence[SpareNode], current: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The ``count`` busy nodes marked to become spares when they free, so that no job is
+    slowed: nodes already marked keep their mark (a mark does not hop), then the nodes with
+    the fewest free GPUs (a wholly busy node gives up nothing any job could use now; a partly
+    used one would), the largest first (a spare must fit any rank), then node id."""
+    if count <= 0:
+        return []
+    marked = sorted(n.node_id for n in busy if (current.get(n.node_id) or {}).get("why") == SPARE
+                    and n.total_gpus > 0)[:count]
+    rest = sorted((n for n in busy if n.node_id not in marked and n.total_gpus > 0),
+                  key=lambda n: (n.free_gpus, -n.total_gpus, n.node_id))
+    return [*marked, *[n.node_id for n in rest[:count - len(marked)]]]
 
 
 def hold_changes(current: Mapping[str, Mapping[str, Any]],
@@ -189,13 +254,18 @@ def hold_changes(current: Mapping[str, Mapping[str, Any]],
         if new is None:
             changes[node] = None
         elif old is None or old.get("why") != new["why"] or old.get("job", "") != new.get("job", "") \
-                or old.get(LENT, "") != new.get(LENT, ""):
+                or old.get(LENT, "") != new.get(LENT, "") or old.get(NEXT, "") != new.get(NEXT, ""):
             changes[node] = dict(new)
     return {n: c for n, c in changes.items() if not (c is None and n not in current)}
 
 
 def spares_of(holds: Mapping[str, Mapping[str, Any]]) -> set[str]:
     return {n for n, h in holds.items() if h.get("why") == SPARE}
+
+
+def next_spares_of(holds: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """The spares marked while their node was busy (a spare once it frees)."""
+    return {n for n, h in holds.items() if h.get("why") == SPARE and h.get(NEXT)}
 
 
 def reserved_of(holds: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:

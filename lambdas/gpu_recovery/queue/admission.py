@@ -77,12 +77,15 @@ def node_ineligibility(
     instance_state: InstanceState | str | None,
     held_for_recovery: bool = False,
     cordoned: bool = False,
+    suspect: bool = False,
 ) -> str:
     """Why a node cannot take new ranks ("" when it can). A cordoned node (known bad:
     a failed diag, a definitive fault, a timed-out reboot or health check) is skipped
     whatever its state says (observe mode, or the breaker, may have left it AVAILABLE)."""
     if cordoned:
         return "cordoned (known bad)"
+    if suspect:
+        return "suspect: a rank stopped there with fault evidence, not judged yet"
     if ecs_status != "ACTIVE":
         return f"ecs status {ecs_status or 'unknown'}"
     if not agent_connected:

@@ -61,6 +61,7 @@ from gpu_recovery.queue.launcher import (
 )
 from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
 from gpu_recovery.queue.time_sharing import TimeSharing, subject_of
+from gpu_recovery.recovery.free_nodes import unhandled_stops
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
 from gpu_recovery.repository.time_sharing import HoldingRepository, QuotaRepository
@@ -69,6 +70,8 @@ from gpu_recovery.settings import SchedulerConfig
 logger = logging.getLogger(__name__)
 
 __all__ = ["LEASE_KEY", "QueueScheduler", "SchedulerConfig", "build_scheduler"]
+
+PREMARKED = "marked to become a spare when it frees"
 
 
 @dataclass
@@ -218,6 +221,8 @@ class QueueScheduler:
                     if step.kind is StepKind.ADMIT and not self._lend(step, queued, infos):
                         unplaced += 1
                         result.blocked.append(step.job_id)
+                    elif step.kind is StepKind.ADMIT and self._disagree(step, infos, result):
+                        unplaced += 1  # a node whose last stop is not handled yet: next tick
                     elif step.kind is StepKind.ADMIT:
                         charge = self.sharing.charge_for(planner.quotas, item) if self.sharing else None
                         outcome = self.launcher.launch(item, [infos[i].placed for i in step.nodes],
@@ -231,6 +236,17 @@ class QueueScheduler:
                 result.stop_reason = stop
                 return
         result.stop_reason = "queue read to the end"
+
+    def _disagree(self, step: Step, infos: Mapping[str, NodeInfo], result: TickResult) -> bool:
+        """An admitted job's nodes: does ECS show one free while a rank the stack records there
+        still holds it (its stop not handled yet: the node may just have faulted)? Then the
+        job is not launched this tick (``recovery.free_nodes``; one Query per node placed)."""
+        nodes = [SpareNode(n, infos[n].placed.container_instance_arn, "", infos[n].node.free_gpus, total)
+                 for n in step.nodes if (total := infos[n].node.total_gpus) is not None]
+        disagree = unhandled_stops(self.repo, nodes)
+        if disagree:
+            result.blocked.append(step.job_id)
+        return bool(disagree)
 
     def _lend(self, step: Step, job: QueuedJob, infos: Mapping[str, NodeInfo]) -> bool:
         """A job admitted onto spares it borrows: the lend is written on each spare's hold
@@ -325,11 +341,19 @@ class QueueScheduler:
                 instance_state=instance.state if instance else None,
                 held_for_recovery=node_id in held,
                 cordoned=instance.cordoned if instance else False,
+                suspect=instance.fenced if instance else False,
             )
         holds = self.repo.cordons.worklist().holds  # spare and reserved nodes (domain.placement)
         for node_id, job_id in reserved_of(holds).items():
             if node_id in whys and not whys[node_id]:
-                whys[node_id] = f"reserved for the relocation of {job_id}"
+                whys[node_id] = f"reserved for the recovery of {job_id}"
+        for ci, node_id in zip(described, ids, strict=True):
+            # A node marked to become a spare while still busy takes no new work (its
+            # attribute keeps every other scheduler off too); wholly free, it is a spare.
+            if node_id in spares_of(holds) and node_id in whys and not whys[node_id] and node_id not in \
+                    lent_of(holds) and (gpu_count(ci.get("remainingResources")) or 0) < \
+                    (gpu_count(ci.get("registeredResources")) or 0):
+                whys[node_id] = PREMARKED
         if waits:
             # Relocatable jobs waiting for a healthy node to free up take it before any queued job.
             spares = [SpareNode(node_id, ci["containerInstanceArn"], "", free, free)
@@ -375,8 +399,10 @@ class QueueScheduler:
                       for ci, node_id in zip(described, ids, strict=True) if not whys[node_id]]
         whole = {c.node_id for c in candidates if c.total_gpus > 0 and c.free_gpus >= c.total_gpus}
         usable = {c.node_id for c in candidates}
-        kept = sorted(marked & (whole | (set(lent) & usable)))[:size]
-        return set(kept) | keep_spares(size - len(kept), [c for c in candidates if c.node_id not in kept])
+        premarked = {n for n in marked if whys.get(n) == PREMARKED}  # busy, spares once free
+        kept = sorted(marked & (whole | (set(lent) & usable) | premarked))[:size]
+        return (set(kept) - premarked) | keep_spares(size - len(kept),
+                                                     [c for c in candidates if c.node_id not in kept])
 
     def _held_for_restart(self) -> tuple[set[str], list[RelocationWait]]:
         """Nodes of jobs in recovery (PENDING_HEALTHCHECK, PENDING_RESTART): their gang

@@ -17,7 +17,7 @@ the ECS side, carried out after the commit and finished by the sweep (the workli
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpu_recovery import clock
@@ -121,6 +121,58 @@ class Cordons:
                                     *self.ranks.notices.owe([owed], now)]):
             self.ranks.notices.send([owed])
         return "attribute_limit"
+
+    def sync_many(self, nodes: Iterable[str], read: Worklist | None = None) -> dict[str, str]:
+        """:meth:`sync` of many nodes whose attribute follows their hold only (spare,
+        reserved, none), in few calls: one BatchGetItem of their items, PutAttributes and
+        DeleteAttributes of up to 10 nodes a call, one confirmation of the worklist (on the
+        holds' revision read: a newer change is synced again). A node with a cordon, now or
+        before (its deprecated attribute, its ``applied`` mark), is synced alone."""
+        repo = self.deps.repo
+        read = read or repo.cordons.worklist()
+        todo = {n: read.pending[n] for n in sorted(set(nodes)) if read.pending.get(n)}
+        if not todo:
+            return {}
+        instances = repo.get_instances(todo)
+        done: dict[str, str] = {}
+        puts: list[tuple[str, str, str]] = []
+        deletes: list[tuple[str, str]] = []
+        targets: dict[str, str] = {}
+        for node in todo:
+            instance = instances.get(node)
+            if instance is not None and (instance.cordoned or instance.cordon_version is not None):
+                done[node] = self.sync(node, todo[node], read)
+                continue
+            hold = read.holds.get(node)
+            target = (instance.container_instance_arn if instance is not None else "") \
+                or str((hold or {}).get("arn") or node)
+            targets[node] = target
+            value = placement.attribute_value(None, hold)
+            if value is None:
+                deletes.append((target, placement.UNAVAILABLE_ATTRIBUTE))
+            else:
+                puts.append((target, placement.UNAVAILABLE_ATTRIBUTE, value))
+            done[node] = f"marked_{value}" if value else "unmarked"
+        gone = self.deps.ecs.put_attributes_many(puts) if puts else set()
+        gone |= self.deps.ecs.delete_attributes_many(deletes) if deletes else set()
+        batched = [n for n in targets if n in done]
+        for node in batched:
+            if targets[node] in gone:
+                done[node] = "instance_gone"
+        members = [m for n in batched for m in todo[n]]
+        if members:
+            repo.cordons.confirm_holds_synced(members, read)
+        logger.info("placement attributes synced", extra={"nodes": {n: done[n] for n in batched}})
+        return done
+
+    def sync_many_quietly(self, nodes: Iterable[str], read: Worklist | None = None) -> dict[str, str]:
+        """After a commit that changed holds: the sweep finishes it if this fails."""
+        try:
+            return self.sync_many(nodes, read)
+        except Exception as error:  # the worklist keeps the intent
+            logger.warning("placement attribute sync failed; the sweep retries it",
+                           extra={"error": str(error)})
+            return {}
 
     def sync_quietly(self, node: str) -> str:
         """Right after a commit that changed the cordon: the sweep finishes it if this fails."""

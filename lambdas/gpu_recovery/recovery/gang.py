@@ -300,9 +300,9 @@ class GangOps:
             result.started += started
             complete |= completed
             for rank, why in failed:
+                # A placement race waits (GangRestart), it never stops the batch's other calls.
                 self.on_start_failed(job, rank, why)
                 result.reason = f"rank {rank.rank} could not be started: {why}"
-                return
         if complete:
             self.on_started(repo.get_job(job.job_id) or job)
 
@@ -348,6 +348,7 @@ class GangOps:
                 found = {container_instance_id(str(t.get("containerInstanceArn", ""))): str(t["taskArn"])
                          for t in described}
         started: list[int] = []
+        reasons: dict[int, str] = {}
         rest, complete = self._register_placed(job, claimed, found, targets, started_by, started)
         for _ in range(max(1, self.deps.settings.restart_start_retries)):
             if not rest:
@@ -371,8 +372,13 @@ class GangOps:
             if still:
                 logger.warning("restart placement failed", extra={
                     "job_id": job.job_id, "ranks": [r.rank for r in still], "reasons": result.reasons()})
+                # ECS's reason per instance (RESOURCE:GPU, AGENT, MISSING): the rank's, for its wait.
+                for failure in result.failures:
+                    node = container_instance_id(str(failure.get("arn", "")))
+                    reasons.update({r.rank: str(failure.get("reason") or "") for r in still
+                                    if targets[r.rank]["node"] == node})
             rest = still
-        return started, [(r, "no placement") for r in rest], complete
+        return started, [(r, reasons.get(r.rank) or "no placement") for r in rest], complete
 
     def _register_placed(self, job: Job, ranks: list[Rank], task_by_node: Mapping[str, str],
                          targets: Mapping[int, Mapping[str, str]], started_by: str,

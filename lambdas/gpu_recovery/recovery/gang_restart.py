@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -42,31 +42,29 @@ from botocore.exceptions import BotoCoreError, ClientError
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind, relocated_queue_order
 from gpu_recovery.domain import placement
-from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Job, Rank, Suspect, container_instance_id
+from gpu_recovery.domain.models import Job, Rank, Suspect
 from gpu_recovery.domain.relocation import (
     RelocationWait,
     SpareNode,
-    choose_targets,
-    gpu_count,
-    reserve_for_waits,
     spare_first,
 )
 from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.restart_wait import is_placement_race
 from gpu_recovery.domain.states import (
     FATAL_SUSPECT_VERDICTS,
     UNUSABLE_INSTANCE_STATES,
-    InstanceState,
     JobState,
     SuspectVerdict,
 )
 from gpu_recovery.domain.time_sharing import DEFAULT_SUSPEND_GRACE_SECONDS, SuspendKind
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.gang import GangOps
-from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.repository.scheduling import SchedulingRepository
+from gpu_recovery.recovery.restart_nodes import RestartNodes
+from gpu_recovery.recovery.restart_notices import fault_lines, what_was_done
+from gpu_recovery.recovery.restart_waits import RestartWaits
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
@@ -75,8 +73,6 @@ RETRY_INTERVAL_SECONDS = 60
 # A restart whose batches were sent this long ago and are still not all registered is
 # sent again by the sweep (batches skip what is done).
 RESEND_AFTER_SECONDS = 120
-# Suspect nodes whose evidence one e-mail spells out; the rest are counted.
-MAX_FAULTS_IN_EMAIL = 5
 _SPARE_FIRST_ROUNDS = 3  # a verdict landing meanwhile: decide again on fresh counts
 _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the faulty node, and "
                     "resubmit the job.")
@@ -88,10 +84,14 @@ class GangRestart:
         self.ranks = ranks
         self.gang = gang
         self.holds = HeldJobs(deps, ranks)
+        self.nodes = RestartNodes(deps)  # what recoveries hold; free nodes for a relocation
         gang.on_started = self.on_started
-        gang.on_start_failed = self._fail_restart
-        # The nodes a relocation claimed stop being spare or reserved (``recovery.placement``).
-        self.on_moved: Callable[[list[str]], Any] | None = None
+        gang.on_start_failed = self._start_failed
+        # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
+        self.waits = RestartWaits(deps, lambda job, reason, action: self.fail_waiting(job, reason, action))
+        # A job's restart placed every rank, or the job ended: its reservations go
+        # (``PlacementHolds.after_restart``; the sweep's refresh does it if this fails).
+        self.on_released: Callable[[str], Any] | None = None
         # Suspends a queue job a spare is lent to (``Suspensions.request``) when a waiting
         # relocation needs the spare back.
         self.request_suspend: Callable[..., bool] | None = None
@@ -141,6 +141,15 @@ class GangRestart:
                 return moved
         if wait_reboot:
             return Outcome("waiting", job_id, {"rebooting_nodes": tally.rebooting})
+        # Its nodes, looked at before the claim: one it cannot use now (busy, its agent away,
+        # gone) is left for a free one if the job may move, else waited for; never a failure.
+        blocked = self.waits.blocked(job)
+        if blocked:
+            if relocatable:
+                moved = self._relocate(job, True, sorted(set(elsewhere) | set(blocked)), blocked)
+                if moved is not None:
+                    return moved
+            return self.waits.wait(job, blocked)
         now = clock.now()
         if not repo.claim_gang_restart(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS):
             return Outcome("duplicate", job_id)
@@ -168,22 +177,34 @@ class GangRestart:
         instances = self.deps.repo.get_instances(nodes) if nodes else {}
         return sorted(i for i, inst in instances.items() if inst.state in UNUSABLE_INSTANCE_STATES)
 
-    def _relocate(self, job: Job, unusable: bool, elsewhere: list[str] | None = None) -> Outcome | None:
+    def _relocate(self, job: Job, unusable: bool, elsewhere: list[str] | None = None,
+                  blocked: Mapping[str, str] | None = None) -> Outcome | None:
         """Move the job off its unusable (and, with relocate_instead_of_wait, rebooting)
-        nodes. None: nothing to move now (wait for the reboot as usual)."""
+        nodes, and off those it cannot use now (``blocked``: busy, agent away, gone). None:
+        nothing to move now (wait for the reboot as usual)."""
         suspects = self.deps.repo.faults.suspects(job.job_id, job.attempt)
+        blocked = dict(blocked or {})
         fatal = sorted({s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS}
                        | set(elsewhere or ()))
         rebooting = sorted(s.node for s in suspects if s.rebooting)
         moving_off_reboots = self._moves_off_reboots()
         leaving = sorted(set(fatal) | (set(rebooting) if moving_off_reboots else set()))
-        why = self._relocation_reason(suspects, fatal, rebooting)
+        why = self._relocation_reason(suspects, [n for n in fatal if n not in blocked], rebooting, blocked)
         if job.is_queue_job and unusable:
             return self._requeue(job, leaving, why)
         if not leaving:
             return None
         try:
-            targets, gpus, healthy = self._spares_for(job, leaving)
+            found = self.nodes.free_for(job, leaving)
+            # The nodes it keeps must take their ranks now too: a busy one is left as well.
+            kept = self.waits.blocked(job, leaving=leaving) if found.targets is not None else {}
+            if kept:
+                blocked.update(kept)
+                leaving = sorted(set(leaving) | set(kept))
+                why = self._relocation_reason(suspects, [n for n in fatal if n not in blocked], rebooting,
+                                              blocked)
+                found = self.nodes.free_for(job, leaving)
+            targets, gpus, healthy = found.targets, found.gpus, found.healthy
         except (ClientError, BotoCoreError) as error:
             # No cluster access from this function (or throttled): the sweep tries again.
             logger.warning("relocation snapshot failed", extra={"job_id": job.job_id, "error": str(error)})
@@ -255,16 +276,29 @@ class GangRestart:
             return Outcome("duplicate", job.job_id)
         self.deps.metrics.add_metric("Relocations", "Count", 1)
         started = self.deps.repo.get_job(job.job_id) or job
+        # Its targets stay reserved for it until every rank is placed (on_started releases
+        # them): a node is never without its attribute between its hold and its rank.
         launched = self._launch(started)
-        if self.on_moved is not None:
-            # After the launch: the node is taken before its attribute goes (the sweep's
-            # refresh releases it if this never runs).
-            try:
-                self.on_moved(sorted(t.node_id for t in targets.values()))
-            except Exception:
-                logger.warning("releasing the relocation's holds failed; the sweep does it",
-                               exc_info=True, extra={"job_id": job.job_id})
         return launched
+
+    def decide_on_fault(self, job: Job) -> list[str]:
+        """Spare first, decided in the invocation that sees the fault: the healthy free nodes
+        (spares first) its suspect nodes' ranks will take, chosen now, so that the caller
+        reserves them for the job before another relocation or scheduler can take them. The
+        move itself still waits for every old rank to stop (:meth:`spare_first` then takes
+        these nodes first). [] when spare first does not apply or nothing is free."""
+        if job.state is not JobState.PENDING_HEALTHCHECK or not job.in_fault:
+            return []
+        decision = spare_first(
+            pool=self.deps.settings.spare_nodes, relocatable=self.relocatable(job),
+            queue_job=job.is_queue_job, ranks_ended=True, pending_verdicts=max(1, job.tally.pending or 0),
+            infra_recoveries_left=job.max_recovery_attempts - job.recoveries_used,
+            restarts_enforced=self.deps.policy.modes.executes(Effect.RESTART_JOB))
+        pending = sorted(s.node for s in self.deps.repo.faults.suspects(job.job_id, job.attempt) if s.pending)
+        if not decision.go or not pending:
+            return []
+        targets = self.nodes.free_for(job, pending).targets
+        return sorted(t.node_id for t in targets.values()) if targets else []
 
     def spare_first(self, job: Job) -> Outcome:
         """Spare first: a relocatable job in PENDING_HEALTHCHECK whose old ranks all ended
@@ -294,7 +328,7 @@ class GangRestart:
             decided = sorted(s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS or s.rebooting)
             leaving = sorted(set(pending) | set(decided) | set(self._unusable_nodes(job)))
             try:
-                targets, _, _ = self._spares_for(job, leaving)
+                targets = self.nodes.free_for(job, leaving).targets
             except (ClientError, BotoCoreError) as error:
                 logger.warning("spare-first snapshot failed",
                                extra={"job_id": job.job_id, "error": str(error)})
@@ -346,7 +380,12 @@ class GangRestart:
         return Outcome("waiting", job.job_id, {"why": "no healthy free node", "until": wait.until})
 
     @staticmethod
-    def _relocation_reason(suspects: list[Suspect], fatal: list[str], rebooting: list[str]) -> str:
+    def _relocation_reason(suspects: list[Suspect], fatal: list[str], rebooting: list[str],
+                           blocked: Mapping[str, str] | None = None) -> str:
+        if blocked:
+            busy = "; ".join(f"{n}: {w}" for n, w in sorted(blocked.items())[:5])
+            rest = GangRestart._relocation_reason(suspects, fatal, rebooting) if fatal or rebooting else ""
+            return f"{rest + '; ' if rest else ''}node(s) not free for the restart: {busy}"[:500]
         left = sorted(s.node for s in suspects if s.verdict is SuspectVerdict.LEFT)
         if left and set(fatal) <= set(left):
             return (f"node(s) suspect: {', '.join(left[:10])} left before the DCGM verdict (checked and "
@@ -357,64 +396,6 @@ class GangRestart:
             more = f" and {len(fatal) - 10} more" if len(fatal) > 10 else ""
             return f"node(s) unusable: {shown}{more}"
         return f"node(s) rebooting ({', '.join(rebooting[:10])}): relocate_instead_of_wait"
-
-    def _spares_for(self, job: Job, leaving: list[str]
-                    ) -> tuple[dict[str, SpareNode] | None, list[int], dict[str, SpareNode]]:
-        """A healthy free node for each leaving node, with at least its GPUs (None: not
-        enough), and the GPUs each leaving node held. One cluster snapshot
-        (ListContainerInstances + Describe by 100). Nodes reserved for jobs that have waited
-        longer for a free node are theirs. Third: the healthy nodes it may use, free GPUs or
-        not (a lent spare among them may be taken back)."""
-        described = self.deps.ecs.container_instances()
-        ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
-        states = self.deps.repo.get_instances(ids) if ids else {}
-        # Nodes other recoveries restart on, and the job's own (the ranks that stay go back there).
-        others, waits = self._held_by_other_recoveries(job)
-        held = others | self.deps.repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
-        registered = {node_id: gpu_count(ci.get("registeredResources"))
-                      for ci, node_id in zip(described, ids, strict=True)}
-        spares = []
-        for ci, node_id in zip(described, ids, strict=True):
-            instance = states.get(node_id)
-            if ci.get("status") != "ACTIVE" or not ci.get("agentConnected") or node_id in held \
-                    or node_id in leaving \
-                    or (instance is not None and (instance.state is not InstanceState.AVAILABLE
-                                                  or instance.cordoned)):
-                continue
-            spares.append(SpareNode(node_id, ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")),
-                                    gpu_count(ci.get("remainingResources")),
-                                    gpu_count(ci.get("registeredResources"))))
-        mine = job.relocation_wait
-        first = [w for w in waits if mine is None or (w.since, w.job_id) < (mine.since, mine.job_id)]
-        reserved = reserve_for_waits(first, spares)
-        spares = [s for s in spares if s.node_id not in reserved]
-        healthy = {s.node_id: s for s in spares}  # free GPUs or not: a lent spare's take-back
-        gpus = [registered.get(node, 0) or 1 for node in leaving]
-        chosen = choose_targets(dict(enumerate(gpus)), spares)
-        if chosen is None:
-            return None, gpus, healthy
-        return {leaving[index]: node for index, node in chosen.items()}, gpus, healthy
-
-    def _held_by_other_recoveries(self, job: Job) -> tuple[set[str], list[RelocationWait]]:
-        return self.held_by_recoveries(job.job_id)
-
-    def held_by_recoveries(self, except_job: str = "") -> tuple[set[str], list[RelocationWait]]:
-        """Nodes jobs in recovery (but ``except_job``) will restart on (their GPUs are free,
-        not spare), and the jobs waiting for a free node: read once per relocation or
-        holds refresh, never per event."""
-        held: set[str] = set()
-        waits: list[RelocationWait] = []
-        for item in SchedulingRepository(self.deps.repo).jobs_in_recovery():
-            other = self.deps.repo.job_from_item(item)
-            if other.job_id == except_job:
-                continue
-            held |= self.deps.repo.latches.job_nodes(other.job_id, other.attempt, other.world_size)
-            if other.relocated:
-                held.update(m.get("node", "") for m in
-                            self.deps.repo.faults.placement(other.job_id, other.attempt).values())
-            if other.relocation_wait is not None and other.state is JobState.PENDING_RESTART:
-                waits.append(other.relocation_wait)
-        return held, waits
 
     def _requeue(self, job: Job, leaving: list[str], why: str) -> Outcome:
         item = self.deps.repo.get_job_item(job.job_id) or {}
@@ -431,7 +412,7 @@ class GangRestart:
                            "(MASTER_ADDR: rank 0's node)"),
             operator_action="Nothing for the job; look after the faulty node.",
             # Still the fault's attempt: the scheduler starts the next one.
-            details=self._fault_lines(job, job.attempt))
+            details=fault_lines(self.deps, job, job.attempt))
         if not self.deps.repo.requeue_for_relocation(
                 job, queue_order=order, relocation=relocation,
                 reason=f"relocation: back in the queue at the head of its priority ({why})",
@@ -440,6 +421,12 @@ class GangRestart:
         self.ranks.notices.send([notice])
         self.deps.metrics.add_metric("Relocations", "Count", 1)
         return Outcome("relocated", job.job_id, {"via": "queue", "from": leaving})
+
+    def released(self, job_id: str) -> None:
+        """The job's restart is placed, or it ended: its reservations go (best effort: the
+        sweep's refresh lets them go within a minute)."""
+        if self.on_released is not None:
+            after_commit("reservations released", self.on_released, job_id)
 
     # ------------------------------------------------------------- completion
     def on_started(self, job: Job) -> bool:
@@ -451,15 +438,16 @@ class GangRestart:
             replace(job, state=JobState.RUNNING), None, NotificationKind.RECOVERED,
             "Job recovered and restarted",
             what_happened=job.last_error or "suspected GPU fault",
-            what_was_done=f"{self._what_was_done(job)}; all {job.world_size} ranks restarted as attempt "
+            what_was_done=f"{what_was_done(self.deps, job)}; all {job.world_size} ranks restarted as attempt "
                           f"{job.attempt}",
             operator_action="Nothing; watch the job. Repeated faults on the same node escalate it to "
                             "replacement automatically.",
-            details=self._fault_lines(job, job.attempt - 1),
+            details=fault_lines(self.deps, job, job.attempt - 1),
         )
         if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, "every rank restarted",
                                                   actor="recovery", also=self.ranks.notices.owe([notice])):
             return False
+        self.released(job.job_id)
         self.ranks.notices.send([notice])
         self.deps.metrics.add_metric("Recoveries", "Count", 1)
         if job.fault_started_at:
@@ -476,7 +464,12 @@ class GangRestart:
         now = clock.now()
         sent_at = float(job.start_fanout.get("sent_at") or 0.0)
         action = "restart_waiting"
-        if not sent_at or now >= sent_at + RESEND_AFTER_SECONDS:
+        wait = job.restart_wait
+        if wait is not None and wait.expired(now):
+            # Ranks a placement race left unplaced, and their nodes still not free: it ends.
+            self.fail_waiting(job, wait.timeout_reason(), "Free the node(s) named, then resubmit the job.")
+            return "restart_timed_out"
+        if wait is not None or not sent_at or now >= sent_at + RESEND_AFTER_SECONDS:
             action = "restart_resuming"
             self._launch(job)
         fresh = self.deps.repo.get_job(job.job_id)
@@ -490,73 +483,27 @@ class GangRestart:
             return False
         return self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason, actor)
 
-    # ------------------------------------------------------------ notifications
-    def _what_was_done(self, job: Job) -> str:
-        """What the recovery did, in a line (a few suspect nodes named, the others counted)."""
-        tally = job.tally
-        done = []
-        # The fault's suspects (its total, final once every old rank ended, which every
-        # restart waits for): each judged, or left before its verdict, by now. Not the verdicts
-        # on the job item: the healthy ones are counted on the tally's shards.
-        suspects = tally.total or 0
-        if tally.attempt == job.attempt - 1 and suspects:
-            shown = self.deps.repo.faults.suspects(job.job_id, tally.attempt, limit=MAX_FAULTS_IN_EMAIL)
-            fast = sorted(s.node for s in shown if s.findings.get("source") == "fast path")
-            left = sorted(s.node for s in shown if s.verdict is SuspectVerdict.LEFT)
-            checked = sorted(s.node for s in shown if s.node not in fast and s.node not in left)
-            more = suspects - len(shown)
-            if checked:
-                done.append(f"DCGM health check of {', '.join(checked)}")
-            if fast:
-                done.append(f"no DCGM diag for {', '.join(fast)} (definitive evidence)")
-            if left:
-                done.append(f"moved off {', '.join(left)} before its DCGM verdict (checked in the "
-                            "background)")
-            if more > 0:
-                done.append(f"and {more} more suspect node(s) judged")
-            rebooted = sorted(s.node for s in shown if s.verdict is SuspectVerdict.REBOOT  # a held reboot is
-                              or (s.verdict is SuspectVerdict.BLOCKED and not job.relocated))  # done first
-            if rebooted or tally.reboot:
-                extra = tally.reboot - len(rebooted)
-                more_reboots = f" and {extra} more" if extra > 0 else ""
-                done.append(f"reboot of {', '.join(rebooted) or 'nodes'}{more_reboots}")
-            if tally.fatal - tally.held > len(left):
-                done.append(f"{tally.fatal - tally.held - len(left)} node(s) unusable")
-        if job.relocated:
-            moves = self.deps.repo.faults.placement(job.job_id, job.attempt)
-            shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])
-            done.append(f"relocated the ranks of {len(moves)} node(s) ({shown_moves})")
-        if not suspects and job.restart_reason:
-            done.append(f"restart without node action ({job.restart_reason})")
-        return "; ".join(done) or "gang restart"
-
-    def _fault_lines(self, job: Job, attempt: int) -> list[str]:
-        """The evidence and decision of the fault of ``attempt``: a few nodes spelled out,
-        the others counted (an e-mail stays small whatever the job's size)."""
-        lines: list[str] = []
-        records: list[tuple[str, dict[str, Any]]] = []
-        last = job.last_fault
-        if last and int(last.get("attempt") or 0) == attempt:
-            records.append((str(last.get("node", "")), last))
-        suspects = self.deps.repo.faults.suspects(job.job_id, attempt, limit=MAX_FAULTS_IN_EMAIL)
-        records += [(s.node, s.record) for s in suspects if s.record]
-        for node, record in records[:MAX_FAULTS_IN_EMAIL]:
-            if record.get("evidence"):
-                # An older record may not parse: the decision line below still says what happened.
-                with contextlib.suppress(KeyError, TypeError, ValueError):
-                    lines += Evidence.from_dict(record["evidence"]).render_lines()
-            plan = record.get("plan") or {}
-            decision = plan.get("decision") or {}
-            if plan:
-                lines.append(f"Decision for {node}: {plan.get('action', '?')} ({decision.get('reason', '')})")
-        total = job.tally.total if job.tally.attempt == attempt else None
-        if total is not None and total > MAX_FAULTS_IN_EMAIL:
-            lines.append(f"... and {total - MAX_FAULTS_IN_EMAIL} more suspect node(s): "
-                         f"`gpu-recovery-admin faults --job-id {job.job_id} --attempt {attempt}` "
-                         "lists them all")
-        return lines
-
     # ------------------------------------------------------------------ failing
+    def _start_failed(self, job: Job, rank: Rank, why: str) -> None:
+        """A rank of a claimed restart could not be placed. A placement race (``RESOURCE:*``,
+        ``AGENT``, ``MISSING``: the node was taken, or away, between the look and StartTask)
+        waits, STARTING, its lease released for the next try (the sweep's, or the node
+        freeing); the job fails only once its wait is over. Another refusal fails it."""
+        if not is_placement_race(why):
+            self._fail_restart(job, rank, why)
+            return
+        fresh = self.deps.repo.get_job(job.job_id) or job
+        if fresh.state is not JobState.STARTING or fresh.attempt != job.attempt:
+            return
+        moves = self.deps.repo.faults.placement(job.job_id, job.attempt) if job.relocated else {}
+        move = moves.get(rank.container_inst_id) or {}
+        node = str(move.get("node") or rank.container_inst_id)
+        ref = str(move.get("arn") or rank.container_instance_arn or node)
+        detail = f"{why}, held by {self.waits.holder(ref)}" if why.upper().startswith("RESOURCE") else why
+        outcome = self.waits.wait(fresh, {node: f"{detail} (StartTask)"})
+        if outcome.action in ("waiting", "duplicate"):
+            self.deps.repo.release_rank_launch(rank, fresh.attempt)
+
     def _fail_restart(self, job: Job, rank: Rank, why: str) -> None:
         reason = (f"could not start rank {rank.rank} on {rank.container_inst_id} for attempt {job.attempt}: "
                   f"{why}")
@@ -568,6 +515,7 @@ class GangRestart:
         if self.deps.repo.finish_job(job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
                                      stop_ranks_of=job.attempt, stop_why="restart failed",
                                      also=self.ranks.notices.owe([notice])):
+            self.released(job.job_id)
             self.ranks.notices.send([notice])
             self.deps.metrics.add_metric("Failures", "Count", 1)
             fresh = self.deps.repo.get_job(job.job_id) or job
@@ -591,6 +539,7 @@ class GangRestart:
                                          stop_ranks_of=job.attempt, stop_why="job failed",
                                          also=self.ranks.notices.owe([notice])):
             return False
+        self.released(job.job_id)
         self.ranks.notices.send([notice])
         self.deps.metrics.add_metric("Failures", "Count", 1)
         return True

@@ -534,8 +534,10 @@ class HealthChecks:
         """A check waiting for a slot (every ten minutes): let it go if no job it serves is
         still in recovery, else try it (its jobs' queues are kicked every minute anyway)."""
         jobs = [self.deps.repo.get_job(j) for j in sorted(instance.hc_jobs)]
-        # A node its jobs left before the verdict (spare first) still needs its check.
-        if not instance.hc_left and not any(j is not None and j.state in RECOVERING_JOB_STATES for j in jobs):
+        # A node its jobs left before the verdict (spare first) still needs its check, and so
+        # does a node a rank's stop fenced as a suspect (out of placement until it is judged).
+        if not instance.hc_left and not instance.fenced \
+                and not any(j is not None and j.state in RECOVERING_JOB_STATES for j in jobs):
             self.deps.repo.abandon_health_check(instance, "every job waiting for it moved on")
             return "health_check_abandoned"
         if self.start_if_ready(instance.container_inst_id) is None:

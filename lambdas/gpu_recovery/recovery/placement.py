@@ -1,20 +1,38 @@
-"""Placement holds: which nodes are spare or reserved now, so that every scheduler keeps off
+"""Placement holds: which nodes are reserved or spare now, so that every scheduler keeps off
 them (``domain.placement``: the ``gpu-recovery.unavailable`` attribute).
 
-The holds are derived state, recomputed from one cluster snapshot by :meth:`refresh`:
+The holds are derived state:
+
+* **reserved for a recovering job** — every node of a job from the moment its fault is seen
+  until its restart has placed every rank (or it ends), busy or free: its healthy nodes for
+  its restart, its suspect ones for their checks, the targets its relocation chose
+  (``RestartNodes.held``). A scheduler that places as soon as a node frees never takes them.
+  :meth:`on_fault` puts them in the invocation that sees the fault (before the gang's stops);
+  :meth:`refresh` keeps them and lets them go once the restart is placed;
+* **reserved for a waiting relocation** — the free nodes a relocatable job waiting for room
+  will take (``reserve_for_waits``);
+* **spare** — the ``spare_nodes`` pool: wholly free healthy nodes, and when too few are free,
+  the next nodes to become spares marked while still busy (their running work untouched, the
+  attribute keeping new work off: ``domain.placement.next_spares``), so that the pool refills
+  in a cluster another scheduler keeps full.
+
+They are recomputed by :meth:`refresh`:
 
 * by the sweep, every minute (``Cordons.sweep`` runs it first, then syncs every node whose
-  attributes are not confirmed: a dead refresh or sync is finished there): a node that
-  frees (a lent spare included) is reserved for a waiting relocation, or joins a short
-  spare pool, within a minute, and the waiting relocation takes it at its own next try
-  (the sweep's, every minute). The container-instance events of free nodes no longer
-  invoke anything (issue 40: the rule matches only rebooting nodes; the event path cost
-  two invocations per rank of every gang restart to save that minute);
-* after a relocation claimed nodes (:meth:`release`: their holds end without a snapshot).
+  attributes are not confirmed: a dead refresh or sync is finished there);
+* in the invocation that sees a fault (:meth:`on_fault`, after the job's own reservation, when
+  a spare pool is configured: the spare a relocation was given is replaced at once) and after a
+  restart is placed (:meth:`after_restart`);
+* on a task's STOPPED event (:meth:`on_task_stopped`) of a node that may have freed: the
+  relocation waiting for it tries again at once, a short pool refills. Container-instance
+  events of free nodes invoke nothing (issue 40: the rule matches only rebooting nodes; that
+  path cost two invocations per rank of every gang restart).
 
-A change of holds is committed first (the worklist item, conditional on its revision, with
-the changed nodes' sync members), then synced (``Cordons.sync``: PutAttributes /
-DeleteAttributes, idempotent), then confirmed.
+A change of holds is committed first (the worklist item, conditional on its revision, with the
+changed nodes' sync members), then synced (``Cordons.sync_many``: PutAttributes /
+DeleteAttributes of up to 10 nodes a call, idempotent), then confirmed. A node that becomes a
+spare or a wait's reservation while ECS shows it free is taken only if ECS and the stack agree
+it is free (``recovery.free_nodes``).
 """
 
 from __future__ import annotations
@@ -25,16 +43,20 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.domain import placement
-from gpu_recovery.domain.models import container_instance_id
+from gpu_recovery.domain.models import Job, container_instance_id
 from gpu_recovery.domain.relocation import SpareNode, gpu_count
-from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.domain.states import HEALTH_CHECK_STATES
 from gpu_recovery.recovery.cordons import Cordons
+from gpu_recovery.recovery.free_nodes import unhandled_stops, views
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.repository.cordons import Worklist
 
 logger = logging.getLogger(__name__)
 
 _WANTED = "spares_wanted"  # the pool's size at the last refresh (an event has no cluster count)
+_ROUNDS = 3  # nodes ECS and the records disagree on are left out, the plan made again
+_RELOCATED = ("restarted", "restarting", "restarted_partly")
 
 
 class PlacementHolds:
@@ -45,60 +67,140 @@ class PlacementHolds:
 
     # ------------------------------------------------------------------ refresh
     def refresh(self) -> str:
-        """Bring the holds up to date with the cluster (one snapshot: ListContainerInstances
-        + DescribeContainerInstances by 100, the instance items, the jobs in recovery)."""
+        """Bring the holds up to date with the cluster: the recovering jobs' nodes (one read
+        of the jobs in recovery and their latch shards), and, with a pool or a relocation
+        waiting, one snapshot (ListContainerInstances + DescribeContainerInstances by 100, the
+        instance items) for the free and busy nodes."""
         repo = self.deps.repo
         read = repo.cordons.worklist()
-        held, waits = self.restarts.held_by_recoveries()
+        held = self.restarts.nodes.held()
         pool = self.deps.settings.spare_nodes
-        if not pool.configured and not waits and not read.holds:
+        recovering = held.with_reserved(read.holds)
+        # Spares and waits' reservations need the cluster's free and busy nodes; the
+        # recovering jobs' reservations do not (nor does letting a stale one go).
+        snapshot = pool.configured or bool(held.waits) or any(
+            h.get("why") == placement.SPARE for h in read.holds.values())
+        if not snapshot and not recovering and not read.holds:
             return "no_holds"
-        described = self.deps.ecs.container_instances()
-        ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
-        states = repo.get_instances(ids) if ids else {}
         free: list[SpareNode] = []
+        busy: list[SpareNode] = []
         placeable: set[str] = set()  # healthy and placeable, free GPUs or not (a lent spare's)
-        for ci, node_id in zip(described, ids, strict=True):
-            instance = states.get(node_id)
-            if ci.get("status") != "ACTIVE" or not ci.get("agentConnected") or node_id in held \
-                    or (instance is not None and (instance.state is not InstanceState.AVAILABLE
-                                                  or instance.cordoned)):
-                continue
-            placeable.add(node_id)
-            remaining = gpu_count(ci.get("remainingResources"))
-            if remaining > 0:
-                free.append(SpareNode(node_id, ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")),
-                                      remaining, gpu_count(ci.get("registeredResources"))))
-        gpu_nodes = sum(1 for ci in described if gpu_count(ci.get("registeredResources")) > 0)
-        size = pool.size(gpu_nodes)
-        if size > placement.MAX_HOLDS:
-            logger.warning("spare pool capped: the holds fit one DynamoDB item", extra={
-                "spare_nodes": str(pool), "gpu_nodes": gpu_nodes, "spares_wanted": size,
-                "max_holds": placement.MAX_HOLDS})
-        wanted = placement.plan_holds(spares_wanted=size, current=read.holds, free=free, waits=waits,
-                                      placeable=placeable)
+        size = 0
+        if snapshot:
+            described = self.deps.ecs.container_instances()
+            ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
+            for view in views(described, repo.get_instances(ids) if ids else {}):
+                if not view.placeable or view.node_id in recovering:
+                    continue
+                placeable.add(view.node_id)
+                if view.node.free_gpus > 0:
+                    free.append(view.node)
+                if view.node.free_gpus < view.node.total_gpus:
+                    busy.append(view.node)
+            gpu_nodes = sum(1 for ci in described if gpu_count(ci.get("registeredResources")) > 0)
+            size = pool.size(gpu_nodes)
+            if size > placement.MAX_HOLDS:
+                logger.warning("spare pool capped: the holds fit one DynamoDB item", extra={
+                    "spare_nodes": str(pool), "gpu_nodes": gpu_nodes, "spares_wanted": size,
+                    "max_holds": placement.MAX_HOLDS})
+        wanted: dict[str, dict[str, str]] = {}
+        for _ in range(_ROUNDS):
+            wanted = placement.plan_holds(spares_wanted=size, current=read.holds, free=free, waits=held.waits,
+                                          placeable=placeable, recovering=recovering, busy=busy)
+            # A free node that becomes a spare or a wait's reservation: ECS and the stack agree?
+            fresh = [n for n in free if n.node_id in wanted and n.node_id not in read.holds
+                     and n.node_id not in recovering]
+            disagree = unhandled_stops(repo, fresh) if fresh else {}
+            if not disagree:
+                break
+            free = [n for n in free if n.node_id not in disagree]
+            busy = [n for n in busy if n.node_id not in disagree]
         changes: dict[str, Mapping[str, Any] | None] = dict(placement.hold_changes(read.holds, wanted))
+        releasing = sorted(n for n, h in changes.items() if h is None)
+        if releasing:
+            # A suspect whose check has not answered keeps its hold (its job moved on or
+            # ended): the node carries an attribute from its fault until its verdict's cordon.
+            for node, instance in repo.get_instances(releasing).items():
+                if instance.fenced or instance.state in HEALTH_CHECK_STATES:
+                    del changes[node]
         if not changes:
             return "holds_unchanged"
-        changes = {n: (None if h is None else {**h, _WANTED: size}) for n, h in changes.items()}
-        if not repo.cordons.set_holds(read, changes, clock.now()):
+        return self._commit(read, {n: (None if h is None else {**h, _WANTED: size})
+                                   for n, h in changes.items()})
+
+    def _commit(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None]) -> str:
+        if not self.deps.repo.cordons.set_holds(read, changes, clock.now()):
             return "holds_raced"  # another refresh won: the next one starts from its holds
         logger.info("placement holds changed", extra={
             "held": {n: (h or {}).get("why", "released") for n, h in sorted(changes.items())}})
-        for node in sorted(changes):
-            self.cordons.sync_quietly(node)
+        self.cordons.sync_many_quietly(changes)
         return "holds_changed"
 
-    def release(self, nodes: Sequence[str]) -> str:
-        """A relocation claimed ``nodes``: their spare or reserved holds end now (no
-        snapshot); the pool refills at the next free node or refresh."""
+    # ------------------------------------------------------------------- a fault
+    def on_fault(self, job: Job) -> str:
+        """The invocation that sees a job's fault: its nodes reserved for it at once (before
+        its other ranks are stopped and their nodes free), busy or not, one write and one
+        sync; with a spare pool, the spare its relocation may take is decided here too
+        (``GangRestart.decide_on_fault``) and the pool refilled. Each step's failure is left
+        to the sweep's refresh (the job in recovery is the intent)."""
         repo = self.deps.repo
+        nodes = self.restarts.nodes.nodes_of(job)
         read = repo.cordons.worklist()
-        changes: dict[str, Mapping[str, Any] | None] = {n: None for n in nodes if n in read.holds}
-        if not changes:
+        changes: dict[str, Mapping[str, Any] | None] = {}
+        for node in sorted(nodes):
+            hold = read.holds.get(node) or {}
+            if hold.get(placement.LENT) or hold.get("job") == job.job_id:
+                continue
+            changes[node] = _reserved(job.job_id, hold)
+        action = self._commit(read, changes) if changes else "holds_unchanged"
+        if self.deps.settings.spare_nodes.configured:
+            decided = self.restarts.decide_on_fault(job)
+            if decided:
+                action = self.reserve(job.job_id, decided)
+            action = self.refresh()
+        return action
+
+    def reserve(self, job_id: str, nodes: Sequence[str]) -> str:
+        """``nodes`` (a relocation's targets, decided) reserved for ``job_id`` now."""
+        read = self.deps.repo.cordons.worklist()
+        changes: dict[str, Mapping[str, Any] | None] = {
+            n: _reserved(job_id, read.holds.get(n))
+            for n in nodes if (read.holds.get(n) or {}).get("job") != job_id}
+        return self._commit(read, changes) if changes else "holds_unchanged"
+
+    def after_restart(self, job_id: str) -> str:
+        """A restart placed every rank (or the job ended): its reservations go, a target it
+        did not use goes back to the pool (one refresh: the node keeps an attribute all along)."""
+        holds = self.deps.repo.cordons.worklist().holds
+        if not any(h.get("job") == job_id for h in holds.values()):
             return "no_holds"
-        if not repo.cordons.set_holds(read, changes, clock.now()):
-            return "holds_raced"  # the sweep's refresh releases them
-        for node in sorted(changes):
-            self.cordons.sync_quietly(node)
-        return "holds_released"
+        return self.refresh()
+
+    # ------------------------------------------------------------------- events
+    def on_task_stopped(self, container_instance_arn: str, job_id: str = "") -> str:
+        """A task stopped on a node (any task's STOPPED event; ``job_id``: the job it was a
+        rank of, if any; one read of the holds). The node may be free: the job it is reserved
+        for, waiting for it, tries its restart again at once (not on its own ranks' stops:
+        the last of those moves it on anyway); a node marked to become a spare is one now
+        (nothing to do); a short pool refills."""
+        if not container_instance_arn:
+            return "no_node"
+        node = container_instance_id(container_instance_arn)
+        read = self.deps.repo.cordons.worklist()
+        hold = read.holds.get(node) or {}
+        waiting = str(hold.get("job") or "") if hold.get("why") == placement.RESERVED else ""
+        if waiting and waiting != job_id:
+            outcome = self.restarts.try_restart(waiting)
+            return "relocated" if outcome.action in _RELOCATED else f"reserved_{outcome.action}"
+        pool = self.deps.settings.spare_nodes
+        spares = placement.spares_of(read.holds)
+        wanted = max([int(h.get(_WANTED) or 0) for h in read.holds.values()] or [pool.count or 1])
+        # A node that frees while the pool is short, or counts a node still busy, becomes a
+        # spare at once (before any scheduler's next placement); the busy mark goes.
+        if pool.configured and not hold and (len(spares) < wanted or placement.next_spares_of(read.holds)):
+            return self.refresh()
+        return "nothing_to_do"
+
+
+def _reserved(job_id: str, hold: Mapping[str, Any] | None) -> dict[str, str]:
+    return {"why": placement.RESERVED, "job": job_id, "arn": str((hold or {}).get("arn") or "")}

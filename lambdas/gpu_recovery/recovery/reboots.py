@@ -34,6 +34,7 @@ from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import CLAIM_LEASE_SECONDS, REBOOTING_ATTRIBUTE, NotificationKind
 from gpu_recovery.domain import reboot_evidence as evidence
+from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -347,6 +348,8 @@ class Reboots:
                 blocked = {"action": Action.REPLACE.value, "at": now, "reason": decided.reason[:300],
                            "rule": cause, "jobs": jobs, "quarantine_only": True}
             cordon = answer.cordon_record(cause=cause, reason=f"instance {what}", now=now)
+            if drain and cordon is None:  # cordoned until ECS has its DRAINING (record_drained)
+                cordon = cordon_record(cause=cause, reason=f"instance {what}", now=now, ecs=ECS_PENDING)
             if answer.cordon is not None and answer.cordon.tripped_now:
                 cordon_tripped = answer.cordon
             record = NodeFaultRecord(at=now, cause=cause, action=Action.REPLACE, executed=drain,

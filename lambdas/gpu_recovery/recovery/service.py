@@ -70,7 +70,9 @@ class RecoveryService:
         self.breaker = BreakerOperations(self.deps, self.remediation)
         self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
         self.reboots.cordons.before_sweep = self.placement.refresh
-        self.restarts.on_moved = self.placement.release
+        self.restarts.on_released = self.placement.after_restart
+        self.faults.on_fault = self.placement.on_fault
+        self.faults.on_task_stopped = self.placement.on_task_stopped
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang)
 

@@ -78,6 +78,15 @@ class Sweep:
         # lasts: a burst of due items (hundreds of health checks of one large job whose
         # verdicts lost their races) is worked through in one sweep, not a page a minute,
         # and neither kind starves the other.
+        # First the ECS attributes not confirmed yet (a cordon whose put failed after its
+        # decision committed: keeping a bad node off every scheduler comes before anything
+        # else), with the placement holds brought up to date.
+        try:
+            for action, count in self.reboots.cordons.sweep().items():
+                handled[action] = handled.get(action, 0) + count
+        except Exception:
+            logger.exception("cordon sweep failed")
+            handled["error"] = handled.get("error", 0) + 1
         overdue = OverdueTally(now)  # counted from the due job items read anyway
         kinds = [self._instance_steps(now), self._job_item_steps(now, overdue)]
         for _ in range(MAX_DUE_PAGES):
@@ -101,12 +110,6 @@ class Sweep:
                 handled[action] = handled.get(action, 0) + count
         except Exception:
             logger.exception("breaker sweep failed")
-            handled["error"] = handled.get("error", 0) + 1
-        try:  # cordons whose ECS attribute is not confirmed (or held by the cordon limit)
-            for action, count in self.reboots.cordons.sweep().items():
-                handled[action] = handled.get(action, 0) + count
-        except Exception:
-            logger.exception("cordon sweep failed")
             handled["error"] = handled.get("error", 0) + 1
         if int(now // 60) % (REAP_EVERY_SECONDS // 60) == 0:
             try:  # health-check slots a claim or a release that died half-way left taken
@@ -181,6 +184,12 @@ class Sweep:
         job = self.deps.repo.get_job(suspect.job_id)
         if job is None or job.attempt != suspect.attempt or job.state not in RECOVERING_JOB_STATES \
                 or not suspect.pending:
+            instance = self.deps.repo.get_instance(suspect.node) if job is not None else None
+            if job is not None and instance is not None and instance.fenced \
+                    and instance.state is InstanceState.AVAILABLE:
+                # The job moved on before its node was checked: the check runs for the node
+                # alone (its fence keeps it out of placement until then).
+                self.health.request(job, suspect.node)
             self.deps.repo.faults.health_check_requested(suspect)
             return "suspect_settled"
         result = self.faults.request_check(job, suspect.node)

@@ -19,7 +19,7 @@ fault's suspects and moves the job on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,7 +46,7 @@ from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
-from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import LookupQueued, RankOperations
 from gpu_recovery.recovery.remediation.job_settlement import budgets_of
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
@@ -73,6 +73,9 @@ _JUDGED_KINDS = (StopKind.SUSPECTED_GPU_FAULT, StopKind.FAILED)
 _STOPPING_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.RESTART, StopReaction.FAIL_JOB,
                        StopReaction.USER_STOPPED)
 _SUSPECT_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.ADD_SUSPECT)
+# A stop whose job keeps its node (it entered, or is in, recovery: the node is reserved for
+# its restart), or a redelivery: no node freed for anyone else.
+_STILL_HELD = frozenset({"health_check_requested", "recorded", "duplicate", "restart_requested"})
 # A fault of a rank that failed on its own moves the job from these (a SUSPENDING job's
 # grace included: the fault wins over the suspension).
 FAULT_JOB_STATES = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
@@ -122,6 +125,10 @@ class TaskEvents:
         self.remediation = remediation
         self.suspensions = suspensions
         self.gang = gang
+        # Placement (``recovery.placement``, set by the service): a fault's nodes reserved for
+        # its job at once; any task's stop, for the node it may have freed.
+        self.on_fault: Callable[[Job], Any] | None = None
+        self.on_task_stopped: Callable[[str, str], Any] | None = None
 
     def on_task_state_change(self, detail: EcsTaskDetail, known: Rank | None = None) -> Outcome:
         """``known``: the task's rank, found by the tag lookup worker."""
@@ -132,10 +139,22 @@ class TaskEvents:
         try:
             rank = known or self.ranks.rank_for_task(detail)
         except LookupQueued:
+            self._node_may_be_free(detail, None)
             return Outcome("lookup_queued", detail={"task": detail.taskArn})
         if detail.lastStatus == "RUNNING":
             return self._on_running(detail, rank)
-        return self._on_stopped(detail, rank)
+        outcome = self._on_stopped(detail, rank)
+        if outcome.action not in _STILL_HELD:
+            self._node_may_be_free(detail, rank)
+        return outcome
+
+    def _node_may_be_free(self, detail: EcsTaskDetail, rank: Rank | None) -> None:
+        """A task's STOPPED event, after its own handling, unless its job keeps the node (a
+        rank of a job in recovery): the node may be free now (the job waiting for it, a short
+        spare pool). Best effort: the sweep does it within a minute."""
+        if self.on_task_stopped is not None and detail.lastStatus == "STOPPED":
+            after_commit("placement on a task's stop", self.on_task_stopped,
+                         detail.containerInstanceArn or "", rank.job_id if rank is not None else "")
 
     # ------------------------------------------------------------------ RUNNING
     def _on_running(self, detail: EcsTaskDetail, rank: Rank | None) -> Outcome:
@@ -279,6 +298,10 @@ class TaskEvents:
             if done:
                 self.deps.metrics.add_metric("Failures", "Count", 1)
             return done
+        if reaction in _SUSPECT_REACTIONS and rank_stop is not None:
+            # The node is a suspect from the very write that records the stop: out of the
+            # stack's placements until its check answers (recovery.free_nodes).
+            rank_stop = replace(rank_stop, fence={"job": job.job_id, "attempt": job.attempt, "at": now})
         if reaction is StopReaction.ENTER_RECOVERY:
             reason = (f"rank {rank.rank} exited {stop.exit_code} on {node}: suspected GPU fault{decided}")
             if assessment is not None and not assessment.catalog_node_fault:
@@ -317,6 +340,10 @@ class TaskEvents:
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
+        if reaction in (StopReaction.ENTER_RECOVERY, StopReaction.RESTART) and not redelivered \
+                and self.on_fault is not None:
+            # First the job's nodes reserved for it (before its other ranks stop and free them).
+            after_commit("reserve the job's nodes", self.on_fault, fresh)
         if reaction in _STOPPING_REACTIONS and not redelivered:
             self._stop_gang(fresh)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
@@ -480,8 +507,11 @@ class TaskEvents:
         repo.faults.open_suspect(job_id, attempt, inst_id, rank=failing_rank,
                                  record={"at": now, "evidence": evidence.to_dict()}, now=now,
                                  retry_at=now + RETRY_INTERVAL_SECONDS)
-        if job.state in states:
-            self._enter_recovery(job, reason, None, from_states=states)
+        if job.state in states and self._enter_recovery(job, reason, None, from_states=states) \
+                and self.on_fault is not None:
+            entered = repo.get_job(job_id)
+            if entered is not None:
+                after_commit("reserve the job's nodes", self.on_fault, entered)
         job = repo.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"

@@ -137,6 +137,21 @@ class CordonRepository:
             update.condition_values = {":rev": read.rev} if read.rev else {}
         return self.base.db.apply(update)
 
+    def confirm_holds_synced(self, members: Iterable[str], read: Worklist) -> bool:
+        """The attributes of nodes without a cordon match the holds ``read``: their members
+        up to the holds' last change removed, only if the holds did not change since (else
+        the sweep syncs again). One write for any number of nodes."""
+        done = {m for m in members
+                if (parsed := parse_sync_entry(m)) is not None and parsed[1] <= read.holds_at}
+        if not done:
+            return False
+        update = Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
+                        delete_from_sets={_SET: done},
+                        condition="attribute_not_exists(#rev)" if read.rev == 0 else "#rev = :rev",
+                        condition_names={"#rev": _REV},
+                        condition_values={":rev": read.rev} if read.rev else {})
+        return self.base.db.apply(update)
+
     def drop(self, members: Iterable[str]) -> bool:
         """Members with nothing to sync (the node is unknown to the loop)."""
         members = set(members)
@@ -170,6 +185,6 @@ class CordonRepository:
         node; DeleteAttributes follows through the worklist."""
         fields, remove, sync = self.uncordon_updates(node, version)
         update = self.base.instance_update(
-            node, set_fields=fields, remove_fields=remove,
+            node, set_fields=fields, remove_fields=[*remove, "suspect_fence"],
             extra_condition="attribute_exists(#c)", extra_names={"#c": "cordon"})
         return self.base.db.transact([update, sync])

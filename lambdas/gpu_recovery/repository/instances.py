@@ -343,7 +343,7 @@ class Instances(RecoveryTables):
         a reboot."""
         waiting = bool(instance.waiting_jobs)
         fields: dict[str, Any] = {"returned_at": now}
-        remove: list[str] = []
+        remove: list[str] = ["suspect_fence"]  # back healthy: the suspect is answered
         condition = "#rq = :rq"
         values: dict[str, Any] = {":rq": instance.reboot_requested_at}
         names = {"#rq": "reboot_requested_at"}

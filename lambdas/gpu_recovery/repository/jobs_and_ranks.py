@@ -33,6 +33,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.relocation import RelocationWait
+from gpu_recovery.domain.restart_wait import RestartWait
 from gpu_recovery.domain.state_machine import sources_of
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
@@ -58,6 +59,10 @@ class RankStop:
     rank: Rank
     to: RankState
     fields: dict[str, Any] = field(default_factory=dict)
+    # The stop names the rank's node a suspect (fault evidence): its instance item is fenced
+    # in the same write (``Instance.suspect_fence``), so the node is out of the stack's
+    # placements from the moment the stop is recorded until its check clears it.
+    fence: dict[str, Any] | None = None
 
 
 
@@ -174,10 +179,21 @@ class JobsAndRanks(RecoveryTables):
                                                           "stop_requested_at": now}))
 
     def record_rank_stop(self, stop: RankStop) -> bool:
+        if stop.fence:
+            return self.db.transact(self._rank_stop_updates(stop))
         return self.db.apply(self._rank_stop_update(stop))
 
     def _rank_stop_update(self, stop: RankStop) -> Update:
         return self.rank_update(stop.rank, stop.to, from_states=HOLDING_RANK_STATES, set_fields=stop.fields)
+
+    def _rank_stop_updates(self, stop: RankStop) -> list[Update]:
+        """The rank's stop, and the fence of its node when the stop makes it a suspect (an
+        unconditional SET: the node's item exists since the rank registered)."""
+        updates = [self._rank_stop_update(stop)]
+        if stop.fence and stop.rank.container_inst_id:
+            updates.append(self.instance_update(stop.rank.container_inst_id,
+                                                set_fields={"suspect_fence": dict(stop.fence)}))
+        return updates
 
     def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
         """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
@@ -259,7 +275,7 @@ class JobsAndRanks(RecoveryTables):
         return self._with_rank(job, rank_stop, also)
 
     def _with_rank(self, job_update: Update, rank_stop: RankStop | None, also: Sequence[Update] = ()) -> bool:
-        rank = [self._rank_stop_update(rank_stop)] if rank_stop is not None else []
+        rank = self._rank_stop_updates(rank_stop) if rank_stop is not None else []
         return self.db.transact([*rank, job_update, *also])
 
     def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery",
@@ -386,6 +402,26 @@ class JobsAndRanks(RecoveryTables):
             set_fields={"relocation_wait": wait.to_item(), **self.job_deadline_fields(deadline_at)},
             extra_condition="attribute_not_exists(#rw) OR #rw.#ra <> :att",
             extra_names={"#rw": "relocation_wait", "#ra": "attempt"}))
+
+    def wait_for_placement(self, job: Job, wait: RestartWait, deadline_at: float) -> bool:
+        """A restart that could not be placed waits for its nodes (PENDING_RESTART before its
+        claim, STARTING after it), once per attempt (a duplicate neither extends nor restarts
+        the wait), with a deadline for the sweep's next try. Nothing is charged."""
+        return self.db.apply(self.job_transition(
+            job.job_id, job.state, from_states=[job.state], attempt=job.attempt,
+            reason=wait.waiting_reason(), actor="recovery",
+            set_fields={"restart_wait": wait.to_item(), **self.job_deadline_fields(deadline_at)},
+            extra_condition="attribute_not_exists(#rw) OR #rw.#ra <> :att",
+            extra_names={"#rw": "restart_wait", "#ra": "attempt"}))
+
+    def release_rank_launch(self, rank: Rank, attempt: int) -> bool:
+        """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
+        next try (the sweep's, or a node freeing) may start it (looking it up first)."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            set_fields={"launch_lease_until": 0}, condition="#a = :prev AND #la = :a",
+            condition_values={":prev": attempt - 1, ":a": attempt},
+            condition_names={"#a": "attempt", "#la": "launch_attempt"}))
 
     def leave_suspects_before_verdict(self, job: Job, nodes: Sequence[str], *, reason: str,
                                       deadline_at: float) -> bool:

@@ -103,8 +103,9 @@ class NodeDecisions(JobsAndRanks, Instances):
         (``follow_up_at``) so the sweep finishes it if this delivery dies. ``also``: other
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
-        remove = ["hc_jobs", "hc_left", "hc_lease_until", *HealthCheckSlots.held_attributes(),
-                  *HealthCheckSlots.wait_attributes()]
+        # The node is judged: whatever fenced it as a suspect is answered (domain.placement).
+        remove = ["hc_jobs", "hc_left", "hc_lease_until", "suspect_fence",
+                  *HealthCheckSlots.held_attributes(), *HealthCheckSlots.wait_attributes()]
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
         if decision.fault_history is not None:
@@ -287,7 +288,7 @@ class NodeDecisions(JobsAndRanks, Instances):
         if breaker_blocked is not None and not quarantine:
             fields["breaker_blocked"] = breaker_blocked
         cordon_sync: list[Update] = []
-        if cordon is not None and not quarantine:  # left undrained: out of placement by its cordon
+        if cordon is not None:  # out of placement by its cordon (a drained node: until DRAINING)
             version = clock.now()
             fields.update(self.cordons.cordon_fields(cordon, version))
             cordon_sync.append(self.cordons.sync_update(inst_id, version))
@@ -295,7 +296,7 @@ class NodeDecisions(JobsAndRanks, Instances):
             inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
             set_fields=fields, remove_fields=["hc_jobs", "hc_left", "waiting_jobs", "hc_lease_until",
-                                              *HealthCheckSlots.held_attributes(),
+                                              "suspect_fence", *HealthCheckSlots.held_attributes(),
                                               *HealthCheckSlots.wait_attributes()],
             deadline_at=clock.now() + 60 if quarantine else None, clear_deadline=not quarantine)]
         if breaker is not None:

@@ -25,6 +25,7 @@ from gpu_recovery.domain.breaker.hold import BreakerHold
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import EarlierTask, Instance, Job, Rank
 from gpu_recovery.domain.relocation import RelocationWait
+from gpu_recovery.domain.restart_wait import RestartWait
 from gpu_recovery.domain.states import InstanceState, JobState, RankState
 from gpu_recovery.repository.base import from_ddb, to_ddb
 
@@ -61,6 +62,7 @@ def job_from_item(item: Mapping[str, Any]) -> Job:
         relocation_wait=RelocationWait.from_item(item["job_id"], item.get("relocation_wait"), attempt),
         breaker_hold=BreakerHold.from_item(item["job_id"], item.get("breaker_hold"), attempt),
         network=dict(item.get("network") or {}),
+        restart_wait=RestartWait.from_item(item.get("restart_wait"), attempt),
     )
 
 
@@ -202,4 +204,5 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         breaker_blocked=dict(item.get("breaker_blocked") or {}),
         cordon=dict(item.get("cordon") or {}),
         cordon_version=item.get("cordon_version"),
+        suspect_fence=dict(item.get("suspect_fence") or {}),
     )

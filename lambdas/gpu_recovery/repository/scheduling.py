@@ -117,6 +117,19 @@ class SchedulingRepository:
         return [from_ddb(dict(i)) for i in items
                 if i.get("item_type") == "JOB" and i.get("job_state") in states]
 
+    def jobs_holding_nodes(self) -> list[dict[str, Any]]:
+        """The jobs in recovery (:meth:`jobs_in_recovery`) and the gang restarts not placed
+        yet (STARTING with the recovery loop's restart of that attempt): each holds its nodes
+        until every rank is placed. Both carry a deadline: one read of the sparse index."""
+        items = self.db.query_all(
+            self.table, IndexName=DEADLINE_INDEX, KeyConditionExpression="#p = :v",
+            ExpressionAttributeNames={"#p": DEADLINE_PK}, ExpressionAttributeValues={":v": DEADLINE_BUCKET})
+        states = {s.value for s in RECOVERING_JOB_STATES}
+        return [from_ddb(dict(i)) for i in items if i.get("item_type") == "JOB" and (
+            i.get("job_state") in states
+            or (i.get("job_state") == JobState.STARTING.value
+                and int(i.get("restarted_attempt") or -1) == int(i.get("attempt") or 0)))]
+
     # ----------------------------------------------------------- launches
     def plan_updates(self, job_id: str, attempt: int, nodes: Sequence[str],
                      ec2_instance_ids: Sequence[str]) -> list[Update]:

@@ -21,7 +21,7 @@ from gpu_recovery.constants import (
     USER_PK,
     JobState,
 )
-from gpu_recovery.domain.models import container_instance_id
+from gpu_recovery.domain.models import Job, container_instance_id
 from gpu_recovery.domain.states import QUEUED_JOB_STATES
 from gpu_recovery.queue.access import Principal, quota_subject
 from gpu_recovery.queue.attempts import attempt_records
@@ -53,8 +53,7 @@ def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
             "breaker_hold": dict(item.get("breaker_hold") or {}) if job.state is JobState.HELD else None,
             "not_before": item.get("not_before", 0) or 0,
             "last_error": item.get("last_error", ""),
-            "wait_reason": item.get("wait_reason", "") if JobState(item["job_state"]) in QUEUED_STATES
-            else "",
+            "wait_reason": _wait_reason(item, job),
             "quota_user": str(item.get("quota_subject") or quota_subject(str(item.get("user") or ""))),
             "priority_requested": str(item.get("priority_requested") or ""),
             "demoted_from": item.get("demoted_from"),
@@ -84,6 +83,18 @@ def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
         }
     )
     return out
+
+
+def _wait_reason(item: Mapping[str, Any], job: Job) -> str:
+    """Why the job does not run yet: the queue's reason while queued; while its restart
+    waits, for its nodes to be free (a placement race) or for a healthy node to relocate to."""
+    if job.state in QUEUED_STATES:
+        return str(item.get("wait_reason", ""))
+    if job.restart_wait is not None and job.state in (JobState.PENDING_RESTART, JobState.STARTING):
+        return job.restart_wait.waiting_reason()
+    if job.relocation_wait is not None and job.state is JobState.PENDING_RESTART:
+        return job.relocation_wait.waiting_reason()
+    return ""
 
 
 def job_summary(item: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.domain import cordon as cordon_policy
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -228,14 +229,20 @@ class NodeRemediation:
 
         # The reboot or drain has the instance's follow-up deadline, a restart its job's: the
         # sweep carries out whatever a failure here leaves.
-        after_commit("node decision", self._after_decision, gate, instance, plan, decision.uncordon, outcomes)
+        after_commit("node decision", self._after_decision, gate, instance, plan, decision.uncordon, outcomes,
+                     decision.cordon is not None)
         return Applied(plan, label, outcomes)
 
     def _after_decision(self, gate: GateAnswer | None, instance: Instance, plan: RemediationPlan,
-                        uncordon: bool, outcomes: list[tuple[Job, JobOutcome]]) -> None:
-        """After the commit: the cordon's attribute, the reboot or drain, the restarts."""
+                        uncordon: bool, outcomes: list[tuple[Job, JobOutcome]],
+                        cordoned: bool = False) -> None:
+        """After the commit: the cordon's attribute first (a node judged bad is off every
+        scheduler before anything else is tried: a failure of any later step leaves it
+        cordoned), then the reboot or drain, the restarts. Each has its own intent in the
+        committed state: the sweep finishes what fails here, the cordon at its very next run
+        (it works the attribute worklist before anything else)."""
         inst_id = instance.container_inst_id
-        self.after_cordon(gate, inst_id, uncordoned=uncordon and instance.cordoned)
+        self.after_cordon(gate, inst_id, uncordoned=uncordon and instance.cordoned, cordoned=cordoned)
         fresh = self.deps.repo.get_instance(inst_id) or instance
         self.carry_out(fresh, plan)
         for job, outcome in outcomes:
@@ -293,10 +300,16 @@ class NodeRemediation:
                              if o in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.HOLD)
                              and label is SuspectVerdict.REBOOT)
         follow_up = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
-        # Known bad and not drained: cordoned (whatever the breaker or observe mode said);
-        # a diag that passed clears a cordon the node had.
+        # Known bad: cordoned (whatever the breaker or observe mode said); a diag that passed
+        # clears a cordon the node had. A node to be drained is cordoned too, until ECS has
+        # its DRAINING (``record_drained`` clears it): the drain is a call after the commit
+        # that may fail (or a read before it), and meanwhile its free GPUs would take other
+        # schedulers' work. Not counted by the cordon limit: the breaker allowed the drain.
         cordon = gate.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now) \
             if gate is not None and to is not InstanceState.QUARANTINED else None
+        if to is InstanceState.QUARANTINED:
+            cordon = cordon_policy.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason,
+                                                 now=now, ecs=cordon_policy.ECS_PENDING)
         uncordon = plan.action not in NODE_ACTIONS and InstanceState.HEALTH_CHECKING in from_states
         return NodeDecision(
             from_states=from_states, to=to, findings=findings, fault_history=history, last_fault=last_fault,
@@ -350,9 +363,10 @@ class NodeRemediation:
             return True
         return False
 
-    def after_cordon(self, gate: GateAnswer | None, inst_id: str, *, uncordoned: bool = False) -> None:
+    def after_cordon(self, gate: GateAnswer | None, inst_id: str, *, uncordoned: bool = False,
+                     cordoned: bool = False) -> None:
         """After the commit: the ECS attribute (the sweep finishes it)."""
-        cordoned = gate is not None and gate.cordon is not None
+        cordoned = cordoned or (gate is not None and gate.cordon is not None)
         if cordoned and gate is not None and gate.cordon is not None and gate.cordon.tripped_now:
             self.reboots.cordons.limit_tripped(gate.cordon, inst_id)
         if cordoned or uncordoned:

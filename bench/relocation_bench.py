@@ -1,0 +1,155 @@
+"""Relocation in a full cluster (issue 41): fault -> every rank RUNNING again after the job
+moves to a spare, per stage, at 8 and 128 ranks, in simulated time (moto + the simulated ECS
+data plane, the deployed handlers).
+
+Each world: a relocatable job (8 ranks on 8 nodes, one 8-GPU rank each; or 128 ranks on 16
+nodes, eight 1-GPU ranks each), ``spare_nodes=2``, and six more nodes that another scheduler
+(``local_mode.sim.eager_scheduler``) keeps busy, placing its own work onto any node the
+documented constraint allows the moment it frees: the cluster is full but for the spares.
+Its tasks run 9 to 27 minutes, so nodes free now and then. Four dead GPUs, 12 minutes apart,
+each under a rank of the job (DCGM: replace), so each fault moves the job again and the pool
+must refill from busy nodes between faults.
+
+Per fault, seconds after it: **seen** (the stack entered recovery), **old ranks stopped**
+(every task of the faulted attempt STOPPED), **placed** (every rank of the next attempt
+placed by StartTask), **all RUNNING** (every one of them RUNNING); with the count of the
+stack's placements on a node whose GPU was bad, the other scheduler's placements on a node
+the stack held (reserved, spare) or had judged bad, and the jobs failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import Any
+
+from gpu_recovery import constants as C
+
+MIN = 60
+SPARES = 2
+OTHER_NODES = 6
+FAULTS = 4
+FAULT_EVERY_SECONDS = 12 * MIN
+JOB_ID = "big-train"
+SCENARIOS = ((8, 1), (128, 8))  # (ranks, ranks per node)
+
+
+@dataclass
+class FaultTimeline:
+    node: str
+    at: float
+    seen: float | None = None
+    stopped: float | None = None
+    placed: float | None = None
+    running: float | None = None
+    moved_to: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "seen_s": self.seen, "old_ranks_stopped_s": self.stopped,
+                "placed_s": self.placed, "all_running_s": self.running, "moved_to": self.moved_to}
+
+
+def _scenario(ranks: int, per_node: int) -> dict[str, Any]:
+    from local_mode.sim.eager_scheduler import EagerScheduler
+    from local_mode.world import build_world
+
+    job_nodes = ranks // per_node
+    gpus = 8 // per_node
+    durations = iter([(9 + 6 * (i % 4)) * MIN for i in range(10_000)])
+    env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL", C.ENV_SPARE_NODES: str(SPARES),
+           C.ENV_RELOCATION_WAIT_SECONDS: "1800"}
+    with build_world(dynamodb="memory", extra_env=env) as w:
+        names = [f"node-{i:02d}" for i in range(job_nodes + SPARES + OTHER_NODES)]
+        for name in names:
+            w.ecs.add_node(name)
+        task_definition = w.ecs.register_training_task_definition("big", gpus=gpus)
+        w.ecs.plan_family("big", run_seconds=None)
+        placement = [n for n in names[:job_nodes] for _ in range(per_node)]
+        w.ecs.start_job(JOB_ID, task_definition, placement,
+                        extra_tags={C.TAG_RELOCATABLE: "true", C.TAG_MAX_INFRA_RECOVERIES: str(FAULTS + 1)})
+        w.ecs.run_for(2 * MIN)  # registered; the pool marked before the other scheduler fills the rest
+        eager = EagerScheduler(w.ecs, run_seconds=lambda: float(next(durations))).attach()
+        w.ecs.run_for(MIN)
+        wall = time.perf_counter()
+        faults: list[FaultTimeline] = []
+        for _ in range(FAULTS):
+            ranks_now = [t for t in w.ecs.running_tasks() if t.tags.get(C.TAG_JOB_ID) == JOB_ID]
+            if len(ranks_now) != ranks:  # not running again (the code before issue 41: failed)
+                break
+            victim = sorted({t.node for t in ranks_now})[0]
+            fault = FaultTimeline(victim, w.ecs.now() + 1)
+            w.ecs.inject_gpu_fault(victim, after=1, health="replace", nccl_cascade=True)
+            w.ecs.run_for(FAULT_EVERY_SECONDS)
+            _stages(w, fault, [t.arn for t in ranks_now])
+            faults.append(fault)
+        w.ecs.run_for(2 * MIN)
+        judged = {n: float((w.node_item(n).get("last_fault") or {}).get("at") or 0) for n in names}
+        holds_log = eager.started
+        stack_on_faulted = [(p.node, round(p.time - faults[0].at)) for p in w.ecs.placements
+                            if p.training and p.started_by not in ("gpujobs", "eager-scheduler")
+                            and p.health != "healthy"]
+        eager_on_judged = [(n, t) for t, n, _ in holds_log if judged.get(n) and t >= judged[n]]
+        failed = [n for n in w.aws.notifications()
+                  if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "failed"]
+        running = [f.running for f in faults if f.running is not None]
+        job_state = w.job(JOB_ID).get("job_state")
+        return {
+            "ranks": ranks, "nodes": len(names), "job_nodes": job_nodes, "spare_nodes": SPARES,
+            "faults": [f.as_dict() for f in faults],
+            "all_running_mean_s": round(mean(running), 1) if running else None,
+            "all_running_max_s": max(running) if running else None,
+            "relocated": len(running), "stack_placements_on_faulted_nodes": stack_on_faulted,
+            "other_scheduler_on_judged_nodes": eager_on_judged, "jobs_failed": len(failed),
+            "other_scheduler_tasks": len(eager.started), "job_state": job_state,
+            "wall_seconds": round(time.perf_counter() - wall, 1),
+        }
+
+
+def _stages(w: Any, fault: FaultTimeline, old: list[str]) -> None:
+    """The fault's stages, from the job's history and the data plane's task records."""
+    at = fault.at
+    history = w.job(JOB_ID).get("history") or []
+    seen = [float(h["at"]) for h in history if h.get("to") == "PENDING_HEALTHCHECK" and float(h["at"]) >= at]
+    fault.seen = round(min(seen) - at, 1) if seen else None
+    stopped = [w.ecs.tasks[a].stopped_at for a in old if w.ecs.tasks[a].stopped_at]
+    fault.stopped = round(max(stopped) - at, 1) if len(stopped) == len(old) else None
+    new = [t for t in w.ecs.tasks.values() if t.tags.get(C.TAG_JOB_ID) == JOB_ID and not t.health_check
+           and t.created_at >= at and t.arn not in old]
+    if new and len(new) == len(old):
+        fault.placed = round(max(t.created_at for t in new) - at, 1)
+        started = [t.started_at for t in new if t.started_at]
+        fault.running = round(max(started) - at, 1) if len(started) == len(new) else None
+        fault.moved_to = sorted({t.node for t in new} - {w.ecs.tasks[a].node for a in old})
+
+
+def run(print_report: bool = True) -> dict[str, Any]:
+    from bench.recovery_bench import quiet_logs
+
+    quiet_logs()
+    results = {f"{ranks}_ranks": _scenario(ranks, per_node) for ranks, per_node in SCENARIOS}
+    if print_report:
+        print(f"\nRelocation in a full cluster: spare_nodes={SPARES}, {OTHER_NODES} more nodes another "
+              "scheduler keeps busy (it places on any node the constraint allows the moment it frees);")
+        print(f"{FAULTS} dead GPUs (DCGM replace) {FAULT_EVERY_SECONDS // MIN} min apart, each under a rank "
+              "of the job; seconds after each fault (simulated)")
+        for (ranks, per_node), key in zip(SCENARIOS, results, strict=True):
+            r = results[key]
+            print(f"\n  {ranks} ranks ({r['job_nodes']} nodes x {per_node}), {r['nodes']} nodes in all")
+            print(f"  {'fault':<6}{'node':<9}{'seen':>7}{'old ranks stopped':>19}{'placed':>9}"
+                  f"{'all RUNNING':>13}  moved to")
+            for i, f in enumerate(r["faults"], 1):
+                cells = [f"{v:>.0f} s" if v is not None else "-" for v in
+                         (f["seen_s"], f["old_ranks_stopped_s"], f["placed_s"], f["all_running_s"])]
+                print(f"  #{i:<5}{f['node']:<9}{cells[0]:>7}{cells[1]:>19}{cells[2]:>9}{cells[3]:>13}  "
+                      f"{', '.join(f['moved_to']) or '-'}")
+            print(f"  all RUNNING: mean {r['all_running_mean_s']} s, max {r['all_running_max_s']} s over "
+                  f"{r['relocated']} relocations; stack placements on faulted nodes: "
+                  f"{len(r['stack_placements_on_faulted_nodes'])}; other scheduler on judged-bad nodes: "
+                  f"{len(r['other_scheduler_on_judged_nodes'])}; jobs failed: {r['jobs_failed']} "
+                  f"({r['wall_seconds']} s of wall time)")
+    return results
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,102 @@
+"""A restart that cannot be placed waits for its nodes; it never fails for a placement race.
+Pure.
+
+A shared cluster's normal life: a node the restart needs is busy (another scheduler took it,
+its GPUs are still being released), its ECS agent is briefly disconnected, its container
+instance is gone. StartTask says so with HTTP 200 and ``failures[].reason`` ``RESOURCE:*``,
+``AGENT`` or ``MISSING`` (the ECS developer guide's "API failure reasons"). None of these is
+the job's fault, so none fails it at once:
+
+* the restart looks at its nodes before it claims the attempt (:func:`blocked_by`, on
+  DescribeContainerInstances); a node it cannot use now is *blocked*, with the reason and,
+  for a busy node, what holds it;
+* a relocatable job leaves a blocked node for a healthy free one, as it leaves a bad one;
+* otherwise the job *waits* (:class:`RestartWait` on its job item: since, until, the blocked
+  nodes and why; shown by ``gpujobs show`` / ``watch``), still PENDING_RESTART (or STARTING,
+  when the race came after its claim: the ranks not placed are tried again), keeps its nodes
+  reserved for it (the ``reserved`` placement value), and tries again on the sweep and when a
+  task stops on a blocked node;
+* only after ``relocation_wait_seconds`` (the bound a relocation waits for a free node: one
+  bound for both) does it fail, its e-mail naming each blocked node and what holds it.
+
+The wait is written once per attempt: a duplicate or late delivery neither extends nor
+restarts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# StartTask's failure reasons that are a placement race, never the job's fault.
+RACE_REASONS = ("RESOURCE", "AGENT", "MISSING")
+
+
+def is_placement_race(reason: str) -> bool:
+    """``RESOURCE:GPU``, ``RESOURCE:MEMORY``, ``AGENT``, ``MISSING`` (and an empty answer)."""
+    return not reason or any(reason.upper().startswith(r) for r in RACE_REASONS)
+
+
+def blocked_by(*, status: str | None, agent_connected: bool, free_gpus: int, needed_gpus: int) -> str:
+    """Why the restart cannot start ranks needing ``needed_gpus`` GPUs on a node ECS describes
+    so ("" when it can), in StartTask's words (``status`` None: ECS does not know the node)."""
+    if status is None:
+        return "MISSING: the container instance is gone"
+    if not agent_connected:
+        return "AGENT: its ECS agent is disconnected"
+    if status != "ACTIVE":
+        return f"RESOURCE: the container instance is {status}"
+    if free_gpus < needed_gpus:
+        return f"RESOURCE:GPU: {free_gpus} of the {needed_gpus} GPUs it needs are free"
+    return ""
+
+
+@dataclass(frozen=True)
+class RestartWait:
+    """The restart of ``attempt`` waiting for ``blocked`` nodes (node -> why), from ``since``
+    until ``until`` (job item ``restart_wait``)."""
+
+    attempt: int
+    since: float
+    until: float
+    blocked: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def start(cls, attempt: int, now: float, wait_seconds: float, blocked: Mapping[str, str]) -> RestartWait:
+        return cls(attempt, now, now + max(0.0, wait_seconds), _pairs(blocked))
+
+    @classmethod
+    def from_item(cls, raw: Mapping[str, Any] | None, attempt: int) -> RestartWait | None:
+        """The wait of ``attempt`` (None: none, or an older attempt's)."""
+        if not raw or int(raw.get("attempt") or 0) != attempt:
+            return None
+        return cls(attempt, float(raw.get("since") or 0), float(raw.get("until") or 0),
+                   _pairs(dict(raw.get("blocked") or {})))
+
+    def to_item(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "since": self.since, "until": self.until,
+                "blocked": {n: why[:300] for n, why in self.blocked}}
+
+    def expired(self, now: float) -> bool:
+        return now >= self.until
+
+    @property
+    def seconds(self) -> int:
+        return round(self.until - self.since)
+
+    def _nodes(self) -> str:
+        shown = "; ".join(f"{node}: {why}" for node, why in self.blocked[:5])
+        more = f"; and {len(self.blocked) - 5} more node(s)" if len(self.blocked) > 5 else ""
+        return shown + more
+
+    def waiting_reason(self) -> str:
+        return f"restart waiting up to {self.seconds} s for its node(s) to be free: {self._nodes()}"
+
+    def timeout_reason(self) -> str:
+        return (f"restart could not be placed within {self.seconds} s (relocation_wait_seconds): "
+                f"{self._nodes()}")
+
+
+def _pairs(blocked: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(n), str(w)) for n, w in blocked.items()))

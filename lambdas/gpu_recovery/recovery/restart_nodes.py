@@ -1,0 +1,126 @@
+"""The nodes recoveries hold, and the healthy free nodes a relocation may take.
+
+* :meth:`RestartNodes.held` — node -> the job in recovery holding it. A job holds its nodes
+  from the moment its fault is seen (PENDING_HEALTHCHECK, PENDING_RESTART, HELD) until its
+  gang restart has placed every rank (STARTING, until RUNNING) or it ends: the nodes of the
+  fault's attempt (its latch shards, ``ceil(n / 64)`` reads) and its relocation's targets (the
+  placement item). No other placement of the stack's takes them, and they carry the
+  ``reserved`` placement value for every other scheduler (``recovery.placement``). With them:
+  the relocatable jobs waiting for a free node (``RelocationWait``), oldest first.
+* :meth:`RestartNodes.free_for` — one cluster snapshot (ListContainerInstances + Describe by
+  100, the instance items), then a healthy free node for each node a relocating job leaves
+  (``domain.relocation.choose_targets``), among the nodes ECS and the stack agree are free
+  (``recovery.free_nodes``): placeable, not held by another recovery, not reserved for a job
+  that has waited longer. Nodes already reserved for this job (decided when its fault was
+  seen: ``GangRestart.decide_on_fault``) are taken first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_recovery.domain import placement
+from gpu_recovery.domain.models import Job, container_instance_id
+from gpu_recovery.domain.relocation import RelocationWait, SpareNode, choose_targets, reserve_for_waits
+from gpu_recovery.domain.states import JobState
+from gpu_recovery.recovery.free_nodes import unhandled_stops, views
+from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.repository.scheduling import SchedulingRepository
+
+_AGREE_ROUNDS = 3  # targets ECS and the records disagree on are dropped, the choice made again
+
+
+@dataclass
+class Held:
+    """What recoveries hold: node -> job, and the relocation waits."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+    waits: list[RelocationWait] = field(default_factory=list)
+    jobs: set[str] = field(default_factory=set)  # the jobs holding nodes
+
+    def with_reserved(self, holds: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+        """node -> job: the recovering jobs' nodes, and what is reserved for them already
+        (the target a relocation chose when its fault was seen stays its own)."""
+        kept = {n: str(h.get("job")) for n, h in holds.items()
+                if h.get("why") == placement.RESERVED and h.get("job") in self.jobs}
+        return {**kept, **self.nodes}
+
+
+@dataclass
+class FreeFor:
+    """A relocation's choice: the target of each node it leaves (None: not enough free), the
+    GPUs each leaving node held, and the healthy nodes it may use, free GPUs or not (a lent
+    spare among them may be taken back)."""
+
+    targets: dict[str, SpareNode] | None
+    gpus: list[int]
+    healthy: dict[str, SpareNode]
+
+
+class RestartNodes:
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    # ------------------------------------------------------------------ held
+    def nodes_of(self, job: Job) -> set[str]:
+        """The nodes ``job`` holds while it recovers (its fault's attempt's, its targets')."""
+        latches, faults = self.deps.repo.latches, self.deps.repo.faults
+        nodes = set(latches.job_nodes(job.job_id, job.attempt, job.world_size))
+        restarting = job.state is JobState.STARTING and job.restarted_attempt == job.attempt
+        if restarting and job.attempt > 1:
+            nodes |= latches.job_nodes(job.job_id, job.attempt - 1, job.world_size)
+        if job.relocated:
+            nodes.update(m.get("node", "") for m in faults.placement(job.job_id, job.attempt).values())
+        nodes.discard("")
+        return nodes
+
+    def held(self, except_job: str = "") -> Held:
+        """node -> the job in recovery holding it (but ``except_job``), and the relocation
+        waits: read once per relocation or holds refresh, never per event."""
+        out = Held()
+        for item in SchedulingRepository(self.deps.repo).jobs_holding_nodes():
+            other = self.deps.repo.job_from_item(item)
+            if other.job_id == except_job:
+                continue
+            out.jobs.add(other.job_id)
+            for node in sorted(self.nodes_of(other)):
+                out.nodes.setdefault(node, other.job_id)
+            if other.relocation_wait is not None and other.state is JobState.PENDING_RESTART:
+                out.waits.append(other.relocation_wait)
+        return out
+
+    # -------------------------------------------------------------- free for
+    def free_for(self, job: Job, leaving: list[str]) -> FreeFor:
+        """A healthy free node for each node of ``leaving`` (see the module docstring)."""
+        repo = self.deps.repo
+        described = self.deps.ecs.container_instances()
+        ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
+        cluster = views(described, repo.get_instances(ids) if ids else {})
+        held = self.held(job.job_id)
+        own = repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
+        registered = {v.node_id: v.node.total_gpus for v in cluster}
+        candidates = [v.node for v in cluster if v.placeable and v.node_id not in held.nodes
+                      and v.node_id not in own and v.node_id not in leaving]
+        mine = job.relocation_wait
+        first = [w for w in held.waits if mine is None or (w.since, w.job_id) < (mine.since, mine.job_id)]
+        reserved = reserve_for_waits(first, candidates)
+        spares = [s for s in candidates if s.node_id not in reserved]
+        healthy = {s.node_id: s for s in spares}
+        gpus = [registered.get(node, 0) or 1 for node in leaving]
+        holds = repo.cordons.worklist().holds
+        decided = {n for n, j in placement.reserved_of(holds).items() if j == job.job_id}
+        for _ in range(_AGREE_ROUNDS):
+            needs = dict(enumerate(gpus))
+            # The nodes reserved for this job when its fault was seen first, then any.
+            chosen = choose_targets(needs, [s for s in spares if s.node_id in decided]) \
+                or choose_targets(needs, spares)
+            if chosen is None:
+                return FreeFor(None, gpus, healthy)
+            disagree = unhandled_stops(repo, chosen.values())
+            if not disagree:
+                return FreeFor({leaving[index]: node for index, node in chosen.items()}, gpus, healthy)
+            spares = [s for s in spares if s.node_id not in disagree]
+            healthy = {n: s for n, s in healthy.items() if n not in disagree}
+        return FreeFor(None, gpus, healthy)

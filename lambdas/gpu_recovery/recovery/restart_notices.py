@@ -1,0 +1,83 @@
+"""What a restart's e-mails say of the fault: what the recovery did, in a line, and the
+evidence and decision of a fault's nodes (a few spelled out, the others counted, so an e-mail
+stays small whatever the job's size)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from gpu_recovery.domain.evidence import Evidence
+from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.states import SuspectVerdict
+from gpu_recovery.recovery.ports import Deps
+
+# Suspect nodes whose evidence one e-mail spells out; the rest are counted.
+MAX_FAULTS_IN_EMAIL = 5
+
+
+def what_was_done(deps: Deps, job: Job) -> str:
+    """What the recovery did, in a line (a few suspect nodes named, the others counted)."""
+    tally = job.tally
+    done = []
+    # The fault's suspects (its total, final once every old rank ended, which every
+    # restart waits for): each judged, or left before its verdict, by now. Not the verdicts
+    # on the job item: the healthy ones are counted on the tally's shards.
+    suspects = tally.total or 0
+    if tally.attempt == job.attempt - 1 and suspects:
+        shown = deps.repo.faults.suspects(job.job_id, tally.attempt, limit=MAX_FAULTS_IN_EMAIL)
+        fast = sorted(s.node for s in shown if s.findings.get("source") == "fast path")
+        left = sorted(s.node for s in shown if s.verdict is SuspectVerdict.LEFT)
+        checked = sorted(s.node for s in shown if s.node not in fast and s.node not in left)
+        more = suspects - len(shown)
+        if checked:
+            done.append(f"DCGM health check of {', '.join(checked)}")
+        if fast:
+            done.append(f"no DCGM diag for {', '.join(fast)} (definitive evidence)")
+        if left:
+            done.append(f"moved off {', '.join(left)} before its DCGM verdict (checked in the "
+                        "background)")
+        if more > 0:
+            done.append(f"and {more} more suspect node(s) judged")
+        rebooted = sorted(s.node for s in shown if s.verdict is SuspectVerdict.REBOOT  # a held reboot is
+                          or (s.verdict is SuspectVerdict.BLOCKED and not job.relocated))  # done first
+        if rebooted or tally.reboot:
+            extra = tally.reboot - len(rebooted)
+            more_reboots = f" and {extra} more" if extra > 0 else ""
+            done.append(f"reboot of {', '.join(rebooted) or 'nodes'}{more_reboots}")
+        if tally.fatal - tally.held > len(left):
+            done.append(f"{tally.fatal - tally.held - len(left)} node(s) unusable")
+    if job.relocated:
+        moves = deps.repo.faults.placement(job.job_id, job.attempt)
+        shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])
+        done.append(f"relocated the ranks of {len(moves)} node(s) ({shown_moves})")
+    if not suspects and job.restart_reason:
+        done.append(f"restart without node action ({job.restart_reason})")
+    return "; ".join(done) or "gang restart"
+
+
+def fault_lines(deps: Deps, job: Job, attempt: int) -> list[str]:
+    """The evidence and decision of the fault of ``attempt``: a few nodes spelled out,
+    the others counted (an e-mail stays small whatever the job's size)."""
+    lines: list[str] = []
+    records: list[tuple[str, dict[str, Any]]] = []
+    last = job.last_fault
+    if last and int(last.get("attempt") or 0) == attempt:
+        records.append((str(last.get("node", "")), last))
+    suspects = deps.repo.faults.suspects(job.job_id, attempt, limit=MAX_FAULTS_IN_EMAIL)
+    records += [(s.node, s.record) for s in suspects if s.record]
+    for node, record in records[:MAX_FAULTS_IN_EMAIL]:
+        if record.get("evidence"):
+            # An older record may not parse: the decision line below still says what happened.
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                lines += Evidence.from_dict(record["evidence"]).render_lines()
+        plan = record.get("plan") or {}
+        decision = plan.get("decision") or {}
+        if plan:
+            lines.append(f"Decision for {node}: {plan.get('action', '?')} ({decision.get('reason', '')})")
+    total = job.tally.total if job.tally.attempt == attempt else None
+    if total is not None and total > MAX_FAULTS_IN_EMAIL:
+        lines.append(f"... and {total - MAX_FAULTS_IN_EMAIL} more suspect node(s): "
+                     f"`gpu-recovery-admin faults --job-id {job.job_id} --attempt {attempt}` "
+                     "lists them all")
+    return lines

@@ -1,0 +1,117 @@
+"""A restart's nodes looked at before it is claimed, and the wait when they cannot take it now
+(``domain.restart_wait``): a restart never fails for a placement race.
+
+:meth:`RestartWaits.blocked` reads the ranks the restart will start on nodes they keep (the
+fault's attempt's rank items, a Query per 100s of ranks) and describes those nodes
+(DescribeContainerInstances, by 100): a node whose agent is disconnected, that is not ACTIVE
+or gone, or whose free GPUs are fewer than its ranks need is *blocked*, and for a busy node
+what holds it is named (ListTasks of the node and DescribeTasks: asked of blocked nodes only).
+
+:meth:`RestartWaits.wait` keeps the job waiting (PENDING_RESTART before its claim, STARTING
+after it: a race between the look and StartTask) with its reason on the job item until
+``relocation_wait_seconds`` pass, then fails it with an e-mail naming each blocked node and
+what holds it. The job keeps its nodes reserved meanwhile (``recovery.placement``: a
+recovering job's nodes carry ``reserved``), and tries again on the sweep (every minute) and
+as soon as a task stops on a node reserved for it (``PlacementHolds.on_task_stopped``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from gpu_recovery import clock
+from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.relocation import gpu_count
+from gpu_recovery.domain.restart_wait import RestartWait, blocked_by
+from gpu_recovery.recovery.ports import Deps, Outcome
+
+logger = logging.getLogger(__name__)
+
+RETRY_INTERVAL_SECONDS = 60
+_ACTION = ("Free the node(s) named (or let the job move: tag its tasks gpu-recovery:relocatable=true), "
+           "then resubmit the job.")
+
+
+class RestartWaits:
+    def __init__(self, deps: Deps, fail: Callable[[Job, str, str], object]) -> None:
+        self.deps = deps
+        self.fail = fail  # (job, reason, operator action): FAILED with its e-mail, once
+
+    # -------------------------------------------------------------------- look
+    def blocked(self, job: Job, *, leaving: Iterable[str] = (), attempt: int | None = None) -> dict[str, str]:
+        """node -> why, for the nodes the restart of ``job`` starts ranks on (the ranks of
+        ``attempt``, by default the job's, on nodes not in ``leaving``) that cannot take them
+        now ({}: every one can)."""
+        repo = self.deps.repo
+        attempt = job.attempt if attempt is None else attempt
+        skip = set(leaving)
+        needs: dict[str, tuple[str, int]] = {}
+        for rank in repo.get_rank_range(job.job_id, 0, job.world_size):
+            node = rank.container_inst_id
+            if rank.attempt != attempt or not node or node in skip:
+                continue
+            ref, gpus = needs.get(node, (rank.container_instance_arn or node, 0))
+            needs[node] = (ref, gpus + max(1, int(rank.gpus or 0)))
+        if not needs:
+            return {}
+        described = self.deps.ecs.describe_container_instances([ref for ref, _ in needs.values()])
+        blocked: dict[str, str] = {}
+        for node, (ref, gpus) in sorted(needs.items()):
+            ci = described.get(node)
+            why = blocked_by(status=str(ci.get("status")) if ci else None,
+                             agent_connected=bool((ci or {}).get("agentConnected")),
+                             free_gpus=gpu_count((ci or {}).get("remainingResources")), needed_gpus=gpus)
+            if why.startswith("RESOURCE:GPU"):
+                why = f"{why}, held by {self.holder(ref)}"
+            if why:
+                blocked[node] = why
+        if blocked:
+            logger.info("restart's nodes not free", extra={"job_id": job.job_id, "blocked": blocked})
+        return blocked
+
+    def holder(self, container_instance: str) -> str:
+        """What holds a node: its live tasks, named by ECS's own words (at most three)."""
+        try:
+            tasks = self.deps.ecs.tasks_on(container_instance)
+        except Exception as error:  # naming the holder must never stop the wait
+            logger.warning("tasks on a node not listed",
+                           extra={"node": container_instance, "error": str(error)})
+            return "a task ECS could not list now"
+        if not tasks:
+            return "GPUs ECS has not released yet (no live task listed)"
+        names = [f"task {str(t.get('taskArn', '?')).rsplit('/', 1)[-1][:12]} (group {t.get('group') or '-'}, "
+                 f"started by {t.get('startedBy') or '-'})" for t in tasks[:3]]
+        more = f" and {len(tasks) - 3} more" if len(tasks) > 3 else ""
+        return ", ".join(names) + more
+
+    # -------------------------------------------------------------------- wait
+    def wait(self, job: Job, blocked: dict[str, str]) -> Outcome:
+        """The job waits for ``blocked`` (written once per attempt), or fails once its wait
+        is over (``relocation_wait_seconds``; 0: at once) with the e-mail naming them."""
+        repo, now = self.deps.repo, clock.now()
+        wait = job.restart_wait
+        if wait is None:
+            seconds = self.deps.settings.relocation_wait_seconds
+            wait = RestartWait.start(job.attempt, now, seconds, blocked)
+            if seconds <= 0:
+                self.fail(job, wait.timeout_reason(), _ACTION)
+                return Outcome("restart_failed", job.job_id, {"why": "nodes not free", "blocked": blocked})
+            if repo.wait_for_placement(job, wait, now + RETRY_INTERVAL_SECONDS):
+                self.deps.metrics.add_metric("RestartWaits", "Count", 1)
+                return Outcome("waiting", job.job_id, {"why": "nodes not free", "until": wait.until,
+                                                       "blocked": blocked})
+            fresh = repo.get_job(job.job_id)
+            if fresh is None or fresh.state is not job.state or fresh.attempt != job.attempt \
+                    or fresh.restart_wait is None:
+                return Outcome("duplicate", job.job_id)
+            wait = fresh.restart_wait  # another delivery started the wait: its deadline holds
+        if wait.expired(now):
+            # What holds the nodes now, in the e-mail (not what held them when the wait began).
+            ended = RestartWait(wait.attempt, wait.since, wait.until, tuple(sorted(blocked.items())))
+            self.fail(job, ended.timeout_reason(), _ACTION)
+            return Outcome("restart_failed", job.job_id,
+                           {"why": "nodes not free in time", "blocked": blocked})
+        repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+        return Outcome("waiting", job.job_id,
+                       {"why": "nodes not free", "until": wait.until, "blocked": blocked})
