@@ -127,3 +127,22 @@ def test_a_gang_restart_invokes_the_instance_monitor_for_the_rebooted_node_only(
     large_runs, large_events = _gang_restart_monitor_runs(6)
     assert large_events > small_events + 10  # the larger gang's placements emit more events
     assert small_runs == large_runs <= 4  # 2 events of the rebooted node, 2 copies each
+
+
+def test_the_instance_monitor_puts_a_returning_nodes_reservation_its_role_grants() -> None:
+    """Defect 4 (issue 40): the instance monitor puts placement attributes, which its role
+    did not grant (only DeleteAttributes, to uncordon): on AWS, AccessDenied swallowed. Given
+    a node rebooted while its job holds its nodes for the restart (issue 41: reserved), When
+    the node is back, Then the instance monitor takes off the cordon and leaves the job's
+    reservation (``gpu-recovery.unavailable=reserved``: PutAttributes), a call the grants
+    guard found allowed by the monitor's own role."""
+    with cluster_with(disconnect_delay_seconds=5, reboot_seconds=120) as cluster:
+        _start(cluster, "held", ["node-a", "node-b"])
+        cluster.sim.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable")
+        _until_rebooting(cluster, "node-b")
+        assert cluster.sim.run_until_true(
+            lambda: cluster.instance("node-b").state is InstanceState.AVAILABLE, max_seconds=10 * MIN)
+        grants = cluster.local.grants
+        assert grants is not None and not grants.denials
+        assert (MONITOR, "ecs:PutAttributes") in {
+            (function, operation) for function, operation, *_ in grants.usage.operations}

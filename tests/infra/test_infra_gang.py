@@ -99,13 +99,16 @@ def test_the_worker_gets_only_what_a_batch_needs(default_synth: Synth) -> None:
     """Given the worker's role, Then ECS start / stop / describe / list tasks and describe /
     list container instances in the cluster, PassRole to ECS tasks only, the job and instance
     tables (every index by name), the alert topic, and on its own queue only: receive /
-    delete / attributes (the event source) and send (the rest of a batch, sent back).
-    Nothing that touches a node (reboot, SSM, drain, Auto Scaling), no other queue."""
+    delete / attributes (the event source) and send (the rest of a batch, sent back); the
+    placement attribute on the cluster's container instances (a restart it places releases
+    the job's reserved nodes, issue 41). Nothing that touches a node (reboot, SSM, drain,
+    Auto Scaling), no other queue."""
     statements = _statements_by_service(default_synth)[WORKER]
     actions = set().union(*(statement_actions(s) for s in statements))
     assert {a for a in actions if a.startswith("ecs:")} == {
         "ecs:StartTask", "ecs:TagResource", "ecs:StopTask", "ecs:DescribeTasks", "ecs:ListTasks",
-        "ecs:DescribeContainerInstances", "ecs:ListContainerInstances"}
+        "ecs:DescribeContainerInstances", "ecs:ListContainerInstances", "ecs:PutAttributes",
+        "ecs:DeleteAttributes"}
     assert not {a for a in actions if a.startswith(("ec2:", "ssm:", "autoscaling:", "lambda:", "logs:Get"))}
     assert "ecs:UpdateContainerInstancesState" not in actions
     for s in statements:

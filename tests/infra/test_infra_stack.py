@@ -371,6 +371,9 @@ def test_ecs_actions_are_conditioned_on_the_cluster(default_synth: Synth) -> Non
     for s in ecs_statements:
         assert s["Condition"] == {"ArnEquals": {"ecs:cluster": CLUSTER_ARN}}
         for resource in [s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"]:
+            if resource == "*":  # a ListTasks naming no container instance is authorized on * (issue 40)
+                assert _actions([s]) == {"ecs:ListTasks"}
+                continue
             assert f"/{CLUSTER}/" in resource or ":task-definition/" in resource
     tag = [s for s in _statements(default_synth) if s["Action"] == "ecs:TagResource"]
     assert tag and all(
@@ -459,7 +462,10 @@ def test_the_placement_attribute_is_granted_on_the_clusters_container_instances_
     both["HeartbeatSweep"] = _policies_starting(default_synth, "NodeApiHeartbeatSweepRoleDefaultPolicy")
     both["TagLookupWorker"] = _policies_starting(default_synth, "TagLookupsWorkerRoleDefaultPolicy")
     both["NodeApi"] = _policies_starting(default_synth, "NodeApiNodeApiFunctionRoleDefaultPolicy")
-    both["GangWorker"] = _policies_starting(default_synth, "GangWorkerRoleDefaultPolicy")
+    # The worker's role outgrew one policy: CDK moved statements to an overflow policy.
+    both["GangWorker"] = [st for logical, p in default_synth.resources("AWS::IAM::Policy").items()
+                          if logical.startswith("GangWorkerRole")
+                          for st in p["Properties"]["PolicyDocument"]["Statement"]]
     for name, statements in both.items():
         granted = [s for s in statements if _actions([s]) & CORDON]
         assert len(granted) == 1, name

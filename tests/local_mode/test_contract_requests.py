@@ -555,9 +555,23 @@ def _old_ranks_tag_value(ranks: list[int]) -> str:
 def test_the_guard_catches_the_comma_separated_ranks_tag_of_a_grouped_restart(monkeypatch: Any) -> None:
     """A grouped StartTask of a gang restart (scale world, real EcsAdapter) with the ranks tag
     written "0,1,...": the guard refuses it, naming StartTask, the tag and the value."""
-    from tests.local_mode.test_scale_sim import (
-        test_a_small_job_recovers_from_a_gpu_fault_with_an_nccl_cascade_and_duplicate_events as recovery,
-    )
+    from local_mode.scale_recovery import launch_tagged_job
+    from local_mode.world import build_world
+
+    def recovery() -> None:
+        """An 8-rank tag-registered job whose node 0 GPU fails: the gang restart's grouped start."""
+        logging.disable(logging.CRITICAL)
+        try:
+            with build_world(backend="scale", seed=1) as world:
+                nodes = [world.cluster.add_node(f"n{i}") for i in range(8)]
+                world.cluster.add_node("spare")
+                launch_tagged_job(world, "job1", nodes)
+                world.sim.run(until=world.sim.now + 300)
+                world.cluster.fail_gpu(nodes[0], nccl_cascade=True)
+                world.sim.run(until=world.sim.now + 3600,
+                              stop=lambda: (world.job("job1") or {}).get("attempt") == 2)
+        finally:
+            logging.disable(logging.NOTSET)
 
     monkeypatch.setattr(gang, "ranks_tag_value", _old_ranks_tag_value)
     with pytest.raises(ContractViolation) as error:

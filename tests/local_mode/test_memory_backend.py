@@ -44,11 +44,21 @@ def outcome(call: Any) -> Any:
     return {k: v for k, v in response.items() if k not in UNCOMPARED}
 
 
+def _sets_sorted(value: Any) -> Any:
+    """A DynamoDB set's members in no particular order (the API keeps none): compared sorted."""
+    if isinstance(value, dict):
+        return {k: (sorted(v) if k in ("SS", "NS", "BS") and isinstance(v, list) else _sets_sorted(v))
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_sets_sorted(v) for v in value)
+    return value
+
+
 def on_both(script: Any) -> dict[str, Any]:
     seen = {}
     for backend in DYNAMODB_BACKENDS:
         with LocalAws(dynamodb=backend) as local:
-            seen[backend] = script(local)
+            seen[backend] = _sets_sorted(script(local))
     assert seen["memory"] == seen["moto"]
     return seen["memory"]
 

@@ -76,6 +76,8 @@ class FakeEcs:
     attributes: dict[str, set[str]] = field(default_factory=dict)  # node -> custom attributes
     attribute_values: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> name -> value
     attribute_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    #: the holds' batched attribute calls (put_attributes_many / delete_attributes_many)
+    hold_calls: list[tuple[str, str, str]] = field(default_factory=list)
     cluster_listings: int = 0  # ListContainerInstances (+ Describe) rounds
     fail_listing: Exception | None = None  # raised by every listing while set (a throttled ECS)
     #: what DescribeTasks / DescribeContainerInstances answer MISSING (in ``failures``) while set
@@ -187,13 +189,27 @@ class FakeEcs:
         return True
 
     def put_attributes_many(self, entries: Sequence[tuple[str, str, str]]) -> set[str]:
+        """The holds' batched PutAttributes (spare, reserved): values in ``attribute_values``,
+        calls in ``hold_calls`` (``attribute_calls`` keeps the cordons' own, one node a call);
+        ``failures["put_attributes_many"]`` breaks them ("refuse": a throttle)."""
+        if self._fault("put_attributes_many") == "refuse":
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
         for target, name, value in entries:
-            self.put_attributes(target, {name: value})
+            node = target.rsplit("/", 1)[-1]
+            self.hold_calls.append(("put", node, name))
+            self.attributes.setdefault(node, set()).add(name)
+            self.attribute_values.setdefault(node, {})[name] = value
         return set()
 
     def delete_attributes_many(self, entries: Sequence[tuple[str, str]]) -> set[str]:
         for target, name in entries:
-            self.delete_attributes(target, [name])
+            node = target.rsplit("/", 1)[-1]
+            self.hold_calls.append(("delete", node, name))
+            self.attributes.get(node, set()).discard(name)
+            self.attribute_values.get(node, {}).pop(name, None)
         return set()
 
     def container_instances(self) -> list[dict[str, Any]]:

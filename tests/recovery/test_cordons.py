@@ -37,6 +37,14 @@ def _has_attribute(w: World, node: str) -> bool:
 
 PUT = [("put", FAULTY, UNAVAILABLE_ATTRIBUTE), ("put", FAULTY, CORDON_ATTRIBUTE)]
 DELETE = [("delete", FAULTY, UNAVAILABLE_ATTRIBUTE), ("delete", FAULTY, CORDON_ATTRIBUTE)]
+#: the cordon goes while the job still holds the node for its restart (issue 41: reserved)
+TO_RESERVED = [("put", FAULTY, UNAVAILABLE_ATTRIBUTE), ("delete", FAULTY, CORDON_ATTRIBUTE)]
+
+
+def _uncordoned(w: World, node: str) -> bool:
+    """Neither attribute says cordoned (the node may still be reserved for its job)."""
+    values = w.ecs.attribute_values.get(node, {})
+    return values.get(UNAVAILABLE_ATTRIBUTE) != "cordoned" and CORDON_ATTRIBUTE not in values
 
 
 def _eligible(w: World, node: str) -> bool:
@@ -99,7 +107,8 @@ def test_a_rebooting_node_is_cordoned_until_it_is_back() -> None:
         assert w.service.on_container_instance_change(back).action == "instance_available"
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.AVAILABLE and not inst.cordoned
-        assert not _has_attribute(w, FAULTY) and w.ecs.attribute_calls[-2:] == DELETE
+        assert _uncordoned(w, FAULTY) and w.ecs.attribute_calls[-2:] == TO_RESERVED
+        assert w.ecs.attribute_values[FAULTY][UNAVAILABLE_ATTRIBUTE] == "reserved"  # its job's restart
         assert w.repo.cordons.pending() == {} and _eligible(w, FAULTY)
 
 
@@ -165,7 +174,7 @@ def test_a_newer_intent_committed_during_a_sync_is_not_confirmed_by_it() -> None
         assert list(w.repo.cordons.pending()) == [FAULTY]
         assert not w.repo.get_instance(FAULTY).cordoned  # not re-marked applied by the stale sync
         w.service.sweep()
-        assert w.ecs.attribute_calls == DELETE
+        assert w.ecs.attribute_calls == TO_RESERVED and _uncordoned(w, FAULTY)
         assert w.repo.cordons.pending() == {}
 
 

@@ -21,7 +21,9 @@ def test_the_sweep_marks_the_spares_and_a_refused_put_is_finished_by_the_next_sw
     puts gpu-recovery.unavailable=spare and confirms."""
     with world(spare_nodes=SparePool(1)) as w:
         w.ecs.spare_nodes = ["n-1", "n-2"]
-        w.ecs.failures["put_attributes"] = ["refuse", "refuse"]
+        # the refresh's batched sync, then the worklist pass's one node a call
+        w.ecs.failures["put_attributes_many"] = ["refuse"]
+        w.ecs.failures["put_attributes"] = ["refuse"]
         w.service.sweep()
         read = w.repo.cordons.worklist()
         assert {n: h["why"] for n, h in read.holds.items()} == {"n-1": "spare"}
@@ -30,24 +32,25 @@ def test_the_sweep_marks_the_spares_and_a_refused_put_is_finished_by_the_next_sw
         w.service.sweep()
         assert _value(w, "n-1") == "spare" and _value(w, "n-2") is None
         assert w.repo.cordons.worklist().pending == {}
-        calls = len(w.ecs.attribute_calls)
+        calls = len(w.ecs.attribute_calls) + len(w.ecs.hold_calls)
         w.advance(60)
         w.service.sweep()  # nothing changed: no call
-        assert len(w.ecs.attribute_calls) == calls
+        assert len(w.ecs.attribute_calls) + len(w.ecs.hold_calls) == calls
 
 
 def test_a_released_hold_takes_its_attribute_off_and_the_pool_refills() -> None:
-    """Given n-1 marked spare, When a relocation claims it (release), Then its attribute is
-    deleted at once; when it stays busy the next sweep marks another free node."""
+    """Given n-1 marked spare, When a relocation takes it (reserved for its job) and its
+    restart is placed (the reservation released), Then n-1's attribute goes at once; as it
+    is busy now, the pool refills with another free node in the same refresh."""
     with world(spare_nodes=SparePool(1)) as w:
         w.ecs.spare_nodes = ["n-1", "n-2"]
         w.service.sweep()
         assert _value(w, "n-1") == "spare"
-        assert w.service.placement.release(["n-1"]) == "holds_released"
-        assert _value(w, "n-1") is None and w.repo.cordons.worklist().holds == {}
-        w.ecs.spare_nodes = ["n-2"]  # n-1 is busy now: no longer listed free
-        w.advance(60)
-        w.service.sweep()
+        assert w.service.placement.reserve("j", ["n-1"]) == "holds_changed"
+        assert _value(w, "n-1") == "reserved"
+        w.ecs.spare_nodes = ["n-2"]  # n-1 runs the job's rank now: no longer listed free
+        w.service.placement.after_restart("j")
+        assert _value(w, "n-1") is None
         assert {n: h["why"] for n, h in w.repo.cordons.worklist().holds.items()} == {"n-2": "spare"}
         assert _value(w, "n-2") == "spare"
 

@@ -134,23 +134,6 @@ def _status(w: Any, name: str) -> str:
     return str(w.ecs.ci_description(w.ecs.node(name))["status"])
 
 
-def test_the_instance_monitor_puts_the_spare_hold_its_role_grants() -> None:
-    """Defect 4 (issue 40): the instance monitor puts a spare's hold (PutAttributes) when a
-    node is wholly free, which its role did not grant (only DeleteAttributes, to uncordon):
-    on AWS, AccessDenied swallowed, the hold waited for the sweep. Given spare_nodes=1 and two
-    free nodes, When their registration events reach the instance monitor, Then it holds one
-    as the spare, ``gpu-recovery.unavailable=spare`` in ECS, its own call allowed by its role."""
-    with world(spare_nodes="1") as w:
-        w.ecs.add_node("node-a")
-        w.ecs.add_node("node-b")
-        w.ecs.run_for(30)  # before the recovery sweep's first tick
-        (spare,) = _holds(w)
-        assert _unavailable(w, spare) == "spare"
-        assert w.aws.grants is not None
-        assert ("ecs_instance_monitor", "ecs:PutAttributes") in {
-            (function, operation) for function, operation, *_ in w.aws.grants.usage.operations}
-
-
 def test_a_full_cluster_whose_scheduler_honours_the_constraint_restarts_dead_gpu_jobs_on_spares() -> None:
     """Given 16 nodes, spare_nodes=2, and the user's own scheduler keeping every node the
     documented constraint allows busy (half its jobs relocatable), Then the stack marks two
