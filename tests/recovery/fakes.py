@@ -212,7 +212,8 @@ class FakeEcs:
             self.attribute_values.get(node, {}).pop(name, None)
         return set()
 
-    def container_instances(self) -> list[dict[str, Any]]:
+    def container_instances(self, statuses: Sequence[str | None] = ("ACTIVE", "DRAINING"), *,
+                            missing_ok: bool = True) -> list[dict[str, Any]]:
         """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy."""
         self.cluster_listings += 1
         if self.fail_listing is not None:

@@ -263,15 +263,19 @@ class EcsAdapter:
             return []
         return list(self._ecs.describe_tasks(cluster=self.cluster, tasks=arns).get("tasks", []))
 
-    def container_instances(self, statuses: Sequence[str | None] = ("ACTIVE", "DRAINING")
-                            ) -> list[dict[str, Any]]:
+    def container_instances(self, statuses: Sequence[str | None] = ("ACTIVE", "DRAINING"), *,
+                            missing_ok: bool = True) -> list[dict[str, Any]]:
         """The cluster's container instances in ``statuses``, described
         (ListContainerInstances per status + DescribeContainerInstances by 100).
 
         The default (ACTIVE and DRAINING): the breaker counts the GPU nodes, relocation looks
         for healthy free ones (node actions only). ``("ACTIVE",)``: the scheduler's snapshot.
         ``(None,)``: no status filter, i.e. every registered instance but INACTIVE ones (the
-        jobs API's capacity check)."""
+        jobs API's capacity check).
+
+        ``missing_ok=False``: an instance just listed that DescribeContainerInstances answers
+        MISSING (ECS is eventually consistent) raises :class:`EcsActionFailed` instead of
+        being left out, for a caller to whom a short count is worse than none (the breaker)."""
         arns: list[str] = []
         paginator = self._ecs.get_paginator("list_container_instances")
         for status in statuses:
@@ -285,6 +289,8 @@ class EcsAdapter:
             response = self._ecs.describe_container_instances(
                 cluster=self.cluster, containerInstances=arns[start:start + 100])
             _unexpected_failures("DescribeContainerInstances", response)  # MISSING: deregistered since
+            if not missing_ok and response.get("failures"):
+                raise EcsActionFailed("DescribeContainerInstances", response["failures"])
             described.extend(response.get("containerInstances", []))
         return described
 

@@ -17,6 +17,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as cordon_policy
 from gpu_recovery.domain.breaker import breaker as breaker_policy
@@ -86,9 +87,11 @@ class NodeActionGate:
         if self._cluster_count and 0 <= now - self._cluster_count.at < CLUSTER_COUNT_TTL_SECONDS:
             return self._cluster_count.count
         try:
-            count = sum(1 for ci in self.deps.ecs.container_instances()
+            # An instance listed but answered MISSING is not counted as gone: a short count
+            # could trip the breaker, so the count is unavailable then (issue 40: failures).
+            count = sum(1 for ci in self.deps.ecs.container_instances(missing_ok=False)
                         if gpu_count(ci.get("registeredResources")) > 0)
-        except (ClientError, BotoCoreError) as error:
+        except (ClientError, BotoCoreError, EcsActionFailed) as error:
             item = stored if stored is not None else self.deps.repo.get_breaker()
             last = (item or {}).get("cluster_gpu_nodes")
             if last is None:
