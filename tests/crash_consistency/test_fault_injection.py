@@ -148,6 +148,9 @@ def _last_dynamodb_write() -> int:
                if c.service == "dynamodb" and c.operation in ("UpdateItem", "PutItem", "TransactWriteItems"))
 
 
+# Slow tier: ~20 s (the whole flow twice); tests/local_mode/test_memory_backend.py holds every
+# operation the flow uses to moto's answers in make test.
+@pytest.mark.slow
 def test_the_in_memory_dynamodb_runs_the_flow_exactly_as_moto() -> None:
     """The campaigns' DynamoDB is the in-memory store (``local_mode.sim.dynamo.botocore_backend``); on moto,
     the DynamoDB the rest of the suite runs on, the unbroken flow and two broken runs (the

@@ -60,6 +60,9 @@ def broken(flow: str, index: int, mode: str) -> recovery.RunResult:
     return forked.outcome(forked.broken(run, ((index, mode),)), index, mode)
 
 
+# Slow tier: whole flows broken at one call each (~10 s a case); make test-campaigns breaks every
+# call of these flows, both ways.
+@pytest.mark.slow
 @GROUP
 @pytest.mark.parametrize("flow", ["dead_gpu", "app_error_fails"])
 def test_a_read_throttled_after_the_node_decision_still_settles_and_emails_the_job(flow: str) -> None:
@@ -73,6 +76,9 @@ def test_a_read_throttled_after_the_node_decision_still_settles_and_emails_the_j
     assert (kind, recovery.JOB_ID) in result.mails
 
 
+# Slow tier: whole flows broken at one call each (~10 s a case); make test-campaigns breaks every
+# call of these flows, both ways.
+@pytest.mark.slow
 @GROUP
 @pytest.mark.parametrize("flow", ["dead_gpu", "app_error_fails"])
 def test_the_suspect_read_for_the_email_throttled_fails_nothing_half_way(flow: str) -> None:
@@ -84,6 +90,9 @@ def test_the_suspect_read_for_the_email_throttled_fails_nothing_half_way(flow: s
     assert result.problems() == []
 
 
+# Slow tier: whole flows broken at one call each (~10 s a case); make test-campaigns breaks every
+# call of these flows, both ways.
+@pytest.mark.slow
 @GROUP
 @pytest.mark.parametrize("flow", ["gpu_fault", "app_error"])
 def test_a_lost_update_on_a_ranks_exit_leaves_nothing_forgotten(flow: str) -> None:

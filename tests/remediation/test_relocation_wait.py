@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpu_recovery import constants as C
 from local_mode.remediation_scenarios import MIN, world
 from local_mode.world import World
@@ -27,6 +29,9 @@ def _full_cluster(w: World, other_runs_seconds: float) -> None:
                     extra_tags={C.TAG_RELOCATABLE: "true"})
 
 
+# Slow tier: ~20 s; the crash campaigns' relocation-wait flow runs it with every call broken, and
+# the queue-job variant below stays in make test.
+@pytest.mark.slow
 def test_a_dead_gpu_in_a_full_cluster_waits_then_moves_to_the_node_that_frees_and_completes() -> None:
     """Given a full cluster (and a queued one-node job waiting for GPUs, scheduler running),
     When node-b's GPU dies (DCGM: replace), Then the relocatable job waits in

@@ -21,8 +21,10 @@ def outcome(name: str) -> scenarios.ScenarioResult:
 
 
 #: the slow tier's scenarios, covered in make test by their stage and handler tests (the
-#: flapping node: tests/handlers/test_recovery_loop.py, tests/domain/test_escalation.py)
-SLOW = ("flapping",)
+#: flapping node: tests/handlers/test_recovery_loop.py, tests/domain/test_escalation.py; the
+#: breaker's three, ~20 s each: tests/recovery/breaker/ and tests/domain/breaker/ with fakes,
+#: and the crash campaigns' held flows)
+SLOW = ("flapping", "breaker", "breaker_autoclose", "breaker_refault")
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gpu_recovery import constants as C
 from gpu_recovery.domain import placement
 from local_mode.remediation_scenarios import MIN, world
@@ -134,6 +136,10 @@ def _status(w: Any, name: str) -> str:
     return str(w.ecs.ci_description(w.ecs.node(name))["status"])
 
 
+# Slow tier: a 16-node cluster for hours (~45 s); make test-campaigns' full_cluster flow and
+# the relocation bench cover it, tests/recovery/test_spare_first.py and
+# test_placement_holds.py the stages.
+@pytest.mark.slow
 def test_a_full_cluster_whose_scheduler_honours_the_constraint_restarts_dead_gpu_jobs_on_spares() -> None:
     """Given 16 nodes, spare_nodes=2, and the user's own scheduler keeping every node the
     documented constraint allows busy (half its jobs relocatable), Then the stack marks two
@@ -194,6 +200,9 @@ def test_a_full_cluster_whose_scheduler_honours_the_constraint_restarts_dead_gpu
 # ------------------------------------------------------------------------------------------
 # Issue 29: spares lent to LOW-priority queue work, taken back by suspension.
 
+# Slow tier: ~20 s of a whole cluster; the lending stages are tested with fakes (tests/recovery,
+# tests/time_sharing) in make test.
+@pytest.mark.slow
 def test_a_spare_lent_to_a_low_queue_job_is_taken_back_by_suspending_it_for_a_relocation() -> None:
     """Given node-a/node-b running a relocatable job, node-c the spare (spare_nodes=1) and
     lend_spares on, When a LOW queue job is submitted, Then it runs on node-c, whose hold
