@@ -462,10 +462,7 @@ def test_the_placement_attribute_is_granted_on_the_clusters_container_instances_
     both["HeartbeatSweep"] = _policies_starting(default_synth, "NodeApiHeartbeatSweepRoleDefaultPolicy")
     both["TagLookupWorker"] = _policies_starting(default_synth, "TagLookupsWorkerRoleDefaultPolicy")
     both["NodeApi"] = _policies_starting(default_synth, "NodeApiNodeApiFunctionRoleDefaultPolicy")
-    # The worker's role outgrew one policy: CDK moved statements to an overflow policy.
-    both["GangWorker"] = [st for logical, p in default_synth.resources("AWS::IAM::Policy").items()
-                          if logical.startswith("GangWorkerRole")
-                          for st in p["Properties"]["PolicyDocument"]["Statement"]]
+    both["GangWorker"] = _policies_starting(default_synth, "GangFanoutWorkerRoleDefaultPolicy")
     for name, statements in both.items():
         granted = [s for s in statements if _actions([s]) & CORDON]
         assert len(granted) == 1, name

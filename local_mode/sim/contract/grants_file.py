@@ -282,17 +282,19 @@ def variant_statements(name: str, stack: Any, template: Mapping[str, Any]) -> di
 
 def synthesized(context: Mapping[str, str]) -> tuple[Any, dict[str, Any]]:
     """Synthesize the app with ``context`` (cdk-nag on: findings raise): (stack, template)."""
+    import importlib
     import tempfile
 
-    import aws_cdk as cdk
-
-    from app import STACK_NAME, build_app
+    # Imported by name: mypy would otherwise follow aws_cdk's types (minutes of CPU on a cold
+    # cache, why pyproject leaves infra/ out); the synthesis itself is checked by the infra tests.
+    cdk: Any = importlib.import_module("aws_cdk")
+    stack_app: Any = importlib.import_module("app")
 
     with tempfile.TemporaryDirectory() as outdir:
         app = cdk.App(outdir=outdir, context=dict(context))
-        _, stack = build_app(app, env=cdk.Environment(account=SYNTH_ACCOUNT, region=SYNTH_REGION))
+        _, stack = stack_app.build_app(app, env=cdk.Environment(account=SYNTH_ACCOUNT, region=SYNTH_REGION))
         app.synth()
-        template = json.loads((Path(outdir) / f"{STACK_NAME}.template.json").read_text())
+        template = json.loads((Path(outdir) / f"{stack_app.STACK_NAME}.template.json").read_text())
     return stack, template
 
 
