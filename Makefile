@@ -12,6 +12,10 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 # tests that synthesize print it otherwise, as Python bytes (b'!! ...').
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION ?= $(shell node --version 2>/dev/null | sed -E 's/^v([0-9]+).*/\1/')
 export PYTHONPATH := $(CURDIR)/lambdas:$(CURDIR)
+# Bytecode caches written (empty: off is any non-empty value): where the environment sets
+# PYTHONDONTWRITEBYTECODE, every test worker and every process the tests start (playground,
+# CLIs, synth) compiled botocore, moto and the stack from source again (~15 s each).
+export PYTHONDONTWRITEBYTECODE :=
 # Tests and local mode must never reach AWS: fake credentials, fixed region.
 LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null

@@ -218,6 +218,9 @@ def test_ecs_anywhere_node_is_rebooted_through_ssm() -> None:
         assert cluster.sim.node("edge-b").instance_id.startswith("mi-")
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_active_event_between_reboot_request_and_disconnect_does_not_restart() -> None:
     """Given a reboot was requested, When a plain ACTIVE event arrives before the agent
     disconnects (ECS emits them for many reasons), Then nothing restarts until the node
@@ -349,6 +352,9 @@ def test_persistent_reboot_failure_loses_nothing_and_is_finished_by_the_sweep(cl
     assert cluster.job("outage").attempt == 2
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_dynamodb_outage_writes_nothing_half_way(cluster: Cluster) -> None:
     """Given DynamoDB rejects every TransactWriteItems, When a rank fails, Then neither
     the rank nor the job changes (the rank's stop and the job's reaction are one
@@ -428,6 +434,9 @@ def _occupy_gpus(cluster: Cluster, node: str) -> str:
         containerInstances=[cluster.sim.node(node).container_instance_arn])["tasks"][0]["taskArn"]
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_health_check_placement_failure_is_retried_until_gpus_free(cluster: Cluster) -> None:
     """Given the suspect node's GPUs are taken by another tenant when the fault happens,
     When StartTask of the health check fails with RESOURCE:GPU, Then the sweep retries it
@@ -454,6 +463,9 @@ def test_health_check_placement_failure_is_retried_until_gpus_free(cluster: Clus
     assert cluster.job("shared").attempt == 2
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_health_check_that_can_never_be_placed_gives_up_after_the_bound(cluster: Cluster) -> None:
     """Given the suspect node's GPUs stay taken, Then after the bounded placement retries the
     job FAILS, operators are told, and the node is marked SUSPECT (not quarantined: nothing
@@ -508,6 +520,9 @@ def _boot_time_brings_back(cluster: Cluster, runtime: Any) -> None:
     assert cluster.state("boot") is JobState.RUNNING
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_an_old_boot_time_does_not_bring_a_rebooting_node_back() -> None:
     """Given a rebooting node (not back yet) whose instance events are all lost, When its
     agent reports the boot time it had before the reboot, Then the node stays REBOOTING."""
@@ -534,6 +549,9 @@ def _old_boot_time(cluster: Cluster, runtime: Any) -> None:
 # --------------------------------------------------------------------------------------
 # Regressions found in review: every one of these used to leave a job stuck or wrong.
 # --------------------------------------------------------------------------------------
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_stop_task_outage_holds_neither_the_health_check_nor_the_recovery(cluster: Cluster) -> None:
     """Given StopTask fails (5xx) on every try when a GPU fault is detected, Then the
     suspect node's health check still starts (its GPUs are free), the failed events are
@@ -552,6 +570,9 @@ def test_stop_task_outage_holds_neither_the_health_check_nor_the_recovery(cluste
     assert not cluster.bus.dead_letters
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_restart_interrupted_half_way_is_finished_by_the_sweep(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -590,6 +611,9 @@ def test_restart_interrupted_half_way_is_finished_by_the_sweep(
 NO_BREAKER = {"REMEDIATION_SETTINGS": '{"breaker_enabled": "false"}'}
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_two_reboot_verdicts_of_one_fault_spend_one_recovery() -> None:
     """Given max_recovery_attempts 1 and two suspect instances in the same fault, When both
     verdicts say reboot, Then both are rebooted and the job restarts (one recovery).
@@ -613,6 +637,9 @@ def _two_reboots(cluster: Cluster) -> None:
     assert cluster.counter("reboots") == 2
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~4-7 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_job_waiting_for_a_node_that_got_quarantined_fails_instead_of_waiting() -> None:
     """Given j2 waits to restart on node-a and node-c, When another job's fault gets node-a
     quarantined meanwhile, Then j2 FAILS with a notification instead of waiting forever."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import JobState, NotificationKind
@@ -113,6 +115,9 @@ def test_a_batch_out_of_ecs_budget_goes_back_to_the_queue_delayed() -> None:
         assert len(set(w.ecs.stop_calls)) == WORLD - 1
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated fan-out (~4-8 s); the other
+# fan-out tests here (large gangs, batches of ten, lookups by tags) stay in make test.
+@pytest.mark.slow
 def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event() -> None:
     with world(gang_queue=True, health_check_timeout_seconds=20_000) as w:
         arns = w.register_job("big", _nodes(WORLD))
@@ -261,6 +266,9 @@ def _verdicts_counted(w: World, job_id: str, attempt: int = 1) -> int:
     return job.tally.decided + sum(len((i or {}).get("decided_nodes") or ()) for i in shards)
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated fan-out (~4-8 s); the other
+# fan-out tests here (large gangs, batches of ten, lookups by tags) stay in make test.
+@pytest.mark.slow
 def test_one_sweep_works_through_more_due_items_than_a_page(monkeypatch: Any) -> None:
     """Hundreds of verdicts that lost their races to one job's tally are left to the sweep's
     poll: one sweep reads page after page (within its budget), not one page a minute."""
@@ -278,6 +286,9 @@ def test_one_sweep_works_through_more_due_items_than_a_page(monkeypatch: Any) ->
         assert job.state in (JobState.STARTING, JobState.RUNNING)
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated fan-out (~4-8 s); the other
+# fan-out tests here (large gangs, batches of ten, lookups by tags) stay in make test.
+@pytest.mark.slow
 def test_a_sweep_short_of_time_leaves_the_rest_for_the_next(monkeypatch: Any) -> None:
     monkeypatch.setattr(sweep_mod, "DUE_PAGE", 3)
     with world(max_app_restarts=1) as w:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gpu_recovery import constants as C
 from local_mode.remediation_scenarios import MIN, world
 from local_mode.world import World
@@ -57,6 +59,9 @@ def test_a_remap_pending_fault_recovers_by_reset_in_under_three_minutes() -> Non
         assert not w.bus.dead_letters
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated reset (~5-6 s);
+# tests/recovery/test_gpu_resets.py covers it with fakes in make test.
+@pytest.mark.slow
 def test_a_failed_reset_falls_back_to_a_reboot_with_its_email() -> None:
     with world() as w:
         fault_at = _two_node_job(w)
@@ -94,6 +99,9 @@ def test_observe_mode_resets_nothing() -> None:
         assert plan["action"] == "reset_gpu" and plan["record_only"] == ["reset_gpu"]
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated reset (~5-6 s);
+# tests/recovery/test_gpu_resets.py covers it with fakes in make test.
+@pytest.mark.slow
 def test_with_gpu_reset_off_the_same_fault_is_rebooted() -> None:
     with world(remediation={"gpu_reset": "false"}) as w:
         fault_at = _two_node_job(w)

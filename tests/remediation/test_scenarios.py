@@ -51,6 +51,9 @@ def test_the_fast_path_skips_the_diag_and_its_evidence_reaches_job_node_and_mail
     assert result.facts["fault_to_running_seconds"] < 240  # diag (120 s) skipped: reboot + restart
 
 
+# Slow tier (CI runs it: make test-slow): the breaker's scenario (~15 s); tests/recovery/breaker/
+# and tests/domain/breaker/ cover it with fakes in make test.
+@pytest.mark.slow
 def test_a_tripped_breaker_holds_every_later_node_action_and_the_jobs_there_wait() -> None:
     """Given the breaker tripped on the 4th of 16 nodes, Then the 5th node is not rebooted
     either (kept in the backlog), and the trip was told once, saying which job waits on the
@@ -70,6 +73,9 @@ def test_a_tripped_breaker_holds_every_later_node_action_and_the_jobs_there_wait
     assert "(jobs on it: job-3 (waits HELD until the breaker closes" in trip["message"]
 
 
+# Slow tier (CI runs it: make test-slow): the breaker's scenario (~15 s); tests/recovery/breaker/
+# and tests/domain/breaker/ cover it with fakes in make test.
+@pytest.mark.slow
 def test_after_a_storm_whose_nodes_came_back_the_breaker_closes_by_itself_and_later_faults_are_fixed(
         ) -> None:
     """Given the storm's 3 rebooted nodes back healthy and nobody resetting the breaker, Then
@@ -87,6 +93,9 @@ def test_after_a_storm_whose_nodes_came_back_the_breaker_closes_by_itself_and_la
     assert "1 held-back action(s) released at the window's rate" in mail["message"]
 
 
+# Slow tier (CI runs it: make test-slow): the breaker's scenario (~15 s); tests/recovery/breaker/
+# and tests/domain/breaker/ cover it with fakes in make test.
+@pytest.mark.slow
 def test_when_a_rebooted_node_faults_again_the_breaker_stays_open_and_says_so() -> None:
     result = outcome("breaker_refault")
     assert result.kinds().count("breaker_needs_operator") == 1 and "breaker_closed" not in result.kinds()
