@@ -240,6 +240,9 @@ def test_active_event_between_reboot_request_and_disconnect_does_not_restart() -
         assert cluster.job("flap").attempt == 2
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~3-5 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_reboot_timeout_fails_the_job() -> None:
     """Given a node that never comes back after its reboot, Then the sweep fails the job
     after reboot_timeout_minutes, quarantines the node and notifies once."""
@@ -254,6 +257,9 @@ def test_reboot_timeout_fails_the_job() -> None:
         assert len(cluster.notifications("reboot_timeout")) == 1
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~3-5 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_health_check_that_never_finishes_times_out() -> None:
     with cluster_with(health_check_timeout_minutes=10, dcgm_seconds=10**6) as cluster:
         start(cluster, "hang", ["node-a", "node-b"])
@@ -313,6 +319,9 @@ def test_eight_ranks_failing_at_once_from_threads_give_one_health_check_per_inst
         assert cluster.counter("health_checks_started") == 2
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~3-5 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_transient_api_errors_are_absorbed(cluster: Cluster) -> None:
     """Given ECS/EC2 throttle and 5xx a few times (fewer than the retry budget),
     Then the standard retry mode absorbs them and the job is recovered."""
@@ -328,6 +337,9 @@ def test_transient_api_errors_are_absorbed(cluster: Cluster) -> None:
     assert not cluster.bus.dead_letters
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~3-5 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_persistent_reboot_failure_loses_nothing_and_is_finished_by_the_sweep(cluster: Cluster) -> None:
     """Given RebootInstances fails on every try, Then the verdict is committed and its
     event does not fail (a retry would find it applied: the reboot is the sweep's), and the
@@ -488,6 +500,9 @@ def test_health_check_that_can_never_be_placed_gives_up_after_the_bound(cluster:
     assert len(cluster.notifications("health_check_timeout")) == 1
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~3-5 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_boot_time_from_the_agent_brings_a_node_back_when_its_disconnect_was_missed() -> None:
     """Given a rebooted node whose agent-disconnect event never arrived and whose outage
     was too short for the sweep to see it (so ACTIVE events alone do not prove it
@@ -666,6 +681,9 @@ def _quarantined_meanwhile(cluster: Cluster) -> None:
     assert any("j2" in n["subject"] for n in cluster.notifications("failed"))
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated recovery (~3-5 s); make test
+# covers the same stage with fakes in tests/recovery/.
+@pytest.mark.slow
 def test_health_check_without_a_verdict_is_retried(request: pytest.FixtureRequest) -> None:
     """Given the DCGM container dies without a verdict (OOM-killed, exit 137), Then the
     health check is started again and the job recovers (no 30-minute timeout)."""

@@ -71,6 +71,9 @@ def test_a_dead_gpu_in_a_full_cluster_waits_then_moves_to_the_node_that_frees_an
         assert not w.bus.dead_letters
 
 
+# Slow tier (CI runs it: make test-slow): ~7 s of a full cluster; tests/recovery/test_relocation_wait.py
+# covers the bound with fakes in make test.
+@pytest.mark.slow
 def test_no_node_frees_within_the_wait_and_the_job_fails_with_that_reason() -> None:
     with world(relocation_wait_seconds=600) as w:
         _full_cluster(w, other_runs_seconds=60 * MIN)

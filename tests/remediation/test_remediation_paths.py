@@ -19,6 +19,9 @@ def _job_history(job: dict[str, Any]) -> list[str]:
     return [str(h.get("to")) for h in job.get("history", [])]
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated remediation (~3-5 s); make test
+# covers the same stage with fakes (tests/recovery/test_remediation_stages.py and the like).
+@pytest.mark.slow
 def test_application_xid_restarts_within_its_budget_and_a_repeat_earns_a_health_check() -> None:
     """Given a job with one application-error restart, When XID 13 (an application error by
     NVIDIA's catalog) kills a rank, Then the job restarts on the same nodes with no diag and
@@ -206,6 +209,9 @@ def test_reboot_observed_the_node_is_left_alone_and_the_job_moves_to_a_spare() -
         assert not w.bus.dead_letters
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated remediation (~3-5 s); make test
+# covers the same stage with fakes (tests/recovery/test_remediation_stages.py and the like).
+@pytest.mark.slow
 def test_drain_observed_a_node_to_replace_is_not_drained_and_the_job_moves() -> None:
     """Given remediation_mode enforce,drain=observe, When the DCGM diag says replace (a dead
     GPU), Then the container instance stays ACTIVE (no drain), its history records the
@@ -238,6 +244,9 @@ def test_drain_observed_a_node_to_replace_is_not_drained_and_the_job_moves() -> 
         assert not w.bus.dead_letters
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated remediation (~3-5 s); make test
+# covers the same stage with fakes (tests/recovery/test_remediation_stages.py and the like).
+@pytest.mark.slow
 def test_a_job_placed_on_a_node_the_stack_is_about_to_reboot_is_recovered_not_failed() -> None:
     """Given XID 79 on node-b (fast path: reboot) and RebootInstances failing for a while (the
     reboot is late, as in the soak's seed 4 at 1 %), When the user's scheduler starts another
