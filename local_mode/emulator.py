@@ -65,6 +65,7 @@ import boto3
 import botocore.endpoint
 from moto import mock_aws
 from moto.moto_api import state_manager
+from moto.moto_api._internal import mock_random
 
 from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
@@ -222,6 +223,10 @@ class LocalAws:
         self._set_env(self._settings)
         self._mock = mock_aws()
         self._mock.start()
+        # moto's ids (task and container-instance ARNs, request ids) from a seeded generator:
+        # a world runs the same calls in the same order in every process (the crash campaigns
+        # collect each flow's calls in every pytest worker and break them by position).
+        mock_random.seed(0)
         make_dynamodb_writes_atomic()
         pass_start_task_network_configuration()
         install_emulator_speedups()
