@@ -208,13 +208,25 @@ def test_a_lost_fallback_write_is_finished_once() -> None:
         assert [n.kind for n in w.notifier.sent].count(C.NotificationKind.GPU_RESET_FAILED) == 1
 
 
-def test_a_task_that_could_not_be_placed_falls_back() -> None:
+def test_a_task_ecs_could_not_place_is_started_again_not_rebooted() -> None:
+    """ECS answers the reset's StartTask with a failure (placed nothing: GPUs not released
+    yet): the reset is tried again on the sweep and starts; no reboot (issue 40, ECS failures)."""
     with world() as w:
         w.ecs.failures["start_task"] = ["place_nothing"]
         xid_fault(w)
+        assert w.rebooter.calls == [] and resets_on(w, FAULTY) == []
+        sweeps(w, 2)
+        assert len(resets_on(w, FAULTY)) == 1 and w.rebooter.calls == []
+
+
+def test_a_task_that_can_never_be_placed_falls_back_once_its_time_is_up() -> None:
+    with world() as w:
+        w.ecs.failures["start_task"] = ["place_nothing"] * 100
+        xid_fault(w)
+        sweeps(w, 20)
         assert w.rebooter.calls == [f"i-{FAULTY}"]
         [mail] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.GPU_RESET_FAILED]
-        assert "could not be placed" in mail.body
+        assert "could not be placed" in mail.body or "did not finish" in mail.body
 
 
 def test_the_driver_asking_for_a_node_reboot_is_never_reset() -> None:

@@ -126,7 +126,16 @@ class GpuResets:
             # Otherwise it may have started: the lease expires and the next try looks it up.
             raise
         if not result.task_arns:
-            return self.fall_back(instance, f"the GPU reset task could not be placed ({result.reasons()})")
+            why = f"the GPU reset task could not be placed ({result.reasons()})"
+            now = clock.now()
+            if now + RETRY_INTERVAL_SECONDS < self._timeout_at(instance):
+                # ECS placed nothing (its GPUs not released yet, the agent away: the failures in
+                # its 200): tried again as a refused call is, a reboot only once time is up.
+                self.deps.repo.release_gpu_reset_claim(instance, started_by, now + RETRY_INTERVAL_SECONDS)
+                logger.warning("GPU reset task not placed; tried again", extra={
+                    "instance": instance.container_inst_id, "why": why})
+                return "gpu_reset_not_placed"
+            return self.fall_back(instance, why)
         task_arn = result.task_arns[0]
         self._record_task(instance, started_by, task_arn)
         self.deps.metrics.add_metric("GpuResetsStarted", "Count", 1)
