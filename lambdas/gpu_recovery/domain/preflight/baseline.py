@@ -1,0 +1,171 @@
+"""The bandwidth a preflight is held to: learned from the fleet's own passing runs.
+
+Published floors do not transfer between fleets (a healthy 2 x p5 pair measures 289 GB/s
+at 128 MB against a "p5: 800 GB/s" floor; the real 2 x 8 H100 capture: 339 GB/s at 8 GB),
+so the stack keeps, per **node class** (the instance type, or ``<n>gpu`` when ECS does not
+say) **and node count**, the busbw of the last :data:`MAX_SAMPLES` passing runs: one small
+item each, whatever the fleet's size. An operator may set a floor per node class.
+
+The rule (:func:`threshold`):
+
+* from ``min_samples`` passing runs on, a run is **slow** below ``slow_fraction`` of the
+  median of the kept samples (the median: one odd sample, fast or slow, moves nothing);
+* **the first runs** of a class and size (fewer than ``min_samples``): slow only below
+  ``first_runs_fraction`` of the best sample so far, and with no sample at all only failed
+  runs fail. An early run over a degraded link is learned, but the next healthy runs are
+  far above it: by the third, the median is theirs;
+* a slow run is never learned (:func:`learn`), so a degraded fabric cannot teach the
+  baseline its own slowness;
+* the operator's floor, when set, is a lower bound of the threshold at every stage;
+* a size with too few samples of its own borrows the nearest size's learned reference
+  (:func:`reference_for`), a larger node count first: busbw is built to be comparable
+  across rank counts (nccl-tests PERFORMANCE.md), and a larger job's busbw is the lower, so
+  the borrowed threshold errs on the side of passing. A single node's loopback (NVLink
+  only) never borrows from a multi-node size, nor they from it.
+
+Pure: the repository reads and writes the items (``repository.preflight``).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+MAX_SAMPLES = 8
+DEFAULT_SLOW_FRACTION = 0.8
+DEFAULT_MIN_SAMPLES = 3
+DEFAULT_FIRST_RUNS_FRACTION = 0.5
+_CLASS_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def node_class(instance_type: str, gpus_per_node: int) -> str:
+    """The class a baseline is kept for: the instance type ECS reports (``p5.48xlarge``), or
+    ``<n>gpu`` (ECS Anywhere hosts have none)."""
+    cleaned = _CLASS_UNSAFE.sub("-", instance_type.strip())[:64]
+    return cleaned or f"{max(0, int(gpus_per_node))}gpu"
+
+
+@dataclass(frozen=True)
+class BaselinePolicy:
+    slow_fraction: float = DEFAULT_SLOW_FRACTION
+    min_samples: int = DEFAULT_MIN_SAMPLES
+    first_runs_fraction: float = DEFAULT_FIRST_RUNS_FRACTION
+    #: operator floors (GB/s) per node class: a threshold never below it
+    floors: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.slow_fraction <= 1 or not 0 < self.first_runs_fraction <= 1:
+            raise ValueError("the slow fractions are in (0, 1]")
+        if not 1 <= self.min_samples <= MAX_SAMPLES:
+            raise ValueError(f"min_samples is 1..{MAX_SAMPLES}")
+        for name, floor in self.floors.items():
+            if floor <= 0:
+                raise ValueError(f"the floor of {name} must be > 0 GB/s")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The learned busbw of one (node class, node count): newest sample last."""
+
+    node_class: str
+    nodes: int
+    samples: tuple[float, ...] = ()
+    sample_ids: tuple[str, ...] = ()  # which run each sample is (a run is learned once)
+    version: int = 0
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    def to_item(self) -> dict[str, Any]:
+        return {"node_class": self.node_class, "nodes": self.nodes, "samples": list(self.samples),
+                "sample_ids": list(self.sample_ids), "version": self.version}
+
+    @classmethod
+    def from_item(cls, raw: Mapping[str, Any] | None, node_class_: str, nodes: int) -> Baseline:
+        raw = raw or {}
+        samples = tuple(float(s) for s in raw.get("samples") or ())[-MAX_SAMPLES:]
+        ids = tuple(str(s) for s in raw.get("sample_ids") or ())[-MAX_SAMPLES:]
+        return cls(node_class_, nodes, samples, ids, int(raw.get("version") or 0))
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """What a run of one size is held to: ``gbps`` None = nothing yet (only failures fail)."""
+
+    gbps: float | None
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gbps": None if self.gbps is None else round(self.gbps, 2), "source": self.source}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> Threshold:
+        raw = raw or {}
+        value = raw.get("gbps")
+        return cls(None if value is None else float(value), str(raw.get("source") or ""))
+
+    def slow(self, busbw: float) -> bool:
+        return self.gbps is not None and busbw < self.gbps
+
+
+def reference_for(baselines: Mapping[int, Baseline], nodes: int, policy: BaselinePolicy) -> Baseline | None:
+    """The baseline judging a run of ``nodes`` nodes: its own once it has ``min_samples``
+    samples, else the nearest multi-node size that has (larger first), else its own (first
+    runs). ``baselines``: what was read, by node count."""
+    own = baselines.get(nodes)
+    if own is not None and len(own.samples) >= policy.min_samples:
+        return own
+    if nodes >= 2:
+        learned = [b for n, b in baselines.items() if n >= 2 and n != nodes
+                   and len(b.samples) >= policy.min_samples]
+        if learned:
+            return min(learned, key=lambda b: (abs(b.nodes - nodes), b.nodes < nodes))
+    return own
+
+
+def threshold(policy: BaselinePolicy, baseline: Baseline | None, nodes: int) -> Threshold:
+    """The rule above, for a run of ``nodes`` nodes judged against ``baseline``."""
+    floor = policy.floors.get(baseline.node_class) if baseline is not None else None
+    learned: float | None = None
+    source = "no passing run of this size yet: only failures fail"
+    if baseline is not None and baseline.samples:
+        borrowed = "" if baseline.nodes == nodes else f" (borrowed from {baseline.nodes} nodes)"
+        if len(baseline.samples) >= policy.min_samples:
+            learned = policy.slow_fraction * float(baseline.median or 0.0)
+            source = (f"{policy.slow_fraction:g} x median {baseline.median:.1f} GB/s of the last "
+                      f"{len(baseline.samples)} passing runs{borrowed}")
+        else:
+            best = max(baseline.samples)
+            learned = policy.first_runs_fraction * best
+            source = (f"first runs: {policy.first_runs_fraction:g} x best {best:.1f} GB/s of "
+                      f"{len(baseline.samples)} passing run(s){borrowed}")
+    if floor is not None and (learned is None or floor > learned):
+        return Threshold(floor, f"operator floor {floor:g} GB/s for {baseline.node_class if baseline else '?'}")
+    return Threshold(learned, source)
+
+
+def with_floor(policy: BaselinePolicy, node_class_: str, nodes: int,
+               baselines: Mapping[int, Baseline]) -> Threshold:
+    """The threshold of a run of ``nodes`` nodes of ``node_class_`` (floors apply even when
+    nothing was ever learned)."""
+    baseline = reference_for(baselines, nodes, policy) or Baseline(node_class_, nodes)
+    return threshold(policy, baseline, nodes)
+
+
+def learn(baseline: Baseline, busbw: float, sample_id: str) -> Baseline | None:
+    """``baseline`` with a passing run's busbw (None: this run is learned already, or the
+    figure is not a bandwidth). Only passing runs are given to it."""
+    if sample_id in baseline.sample_ids or not busbw > 0:
+        return None
+    samples = (*baseline.samples, round(float(busbw), 2))[-MAX_SAMPLES:]
+    ids = (*baseline.sample_ids, sample_id)[-MAX_SAMPLES:]
+    return replace(baseline, samples=samples, sample_ids=ids, version=baseline.version + 1)
+
+
+def sizes_of(node_counts: Iterable[int]) -> list[int]:
+    """The node counts whose baselines a judgement reads (distinct, sorted)."""
+    return sorted({int(n) for n in node_counts if int(n) >= 1})
