@@ -144,7 +144,8 @@ def threshold(policy: BaselinePolicy, baseline: Baseline | None, nodes: int) -> 
             source = (f"first runs: {policy.first_runs_fraction:g} x best {best:.1f} GB/s of "
                       f"{len(baseline.samples)} passing run(s){borrowed}")
     if floor is not None and (learned is None or floor > learned):
-        return Threshold(floor, f"operator floor {floor:g} GB/s for {baseline.node_class if baseline else '?'}")
+        owner = baseline.node_class if baseline is not None else "?"
+        return Threshold(floor, f"operator floor {floor:g} GB/s for {owner}")
     return Threshold(learned, source)
 
 

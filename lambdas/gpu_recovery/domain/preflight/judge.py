@@ -25,7 +25,7 @@ class Verdict:
     outcome: str
     busbw: float | None = None  # the judged figure: busbw of the largest size (GB/s)
     large: Mapping[int, float] = field(default_factory=dict)  # busbw per large size
-    threshold: Threshold = Threshold(None, "")
+    threshold: Threshold = field(default_factory=lambda: Threshold(None, ""))
     reason: str = ""
     seconds: float | None = None  # how long the test took, as its runner measured
 
@@ -81,5 +81,5 @@ def judge(output: str, exit_code: int | None, threshold: Threshold, *, seconds: 
 
 def hung(threshold: Threshold, waited_seconds: float) -> Verdict:
     """A test whose report never came (its group hung, a rank never joined)."""
-    return Verdict(HUNG, None, {}, threshold, f"no report within {waited_seconds:.0f} s (hung, or a rank never "
-                                              "joined)")
+    why = f"no report within {waited_seconds:.0f} s (hung, or a rank never joined)"
+    return Verdict(HUNG, None, {}, threshold, why)

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 DEFAULT_LARGE_BYTES = 128 * 1024 * 1024
 _OUT_OF_BOUNDS = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?", re.IGNORECASE)
 _AVG_BUSBW = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
-_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$")
+_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+"
+                        r"\s+\[[^\]]*\]\s+(.+?)\s*$")
 _FAILURE_MARKERS = ("Test NCCL failure", "Test CUDA failure", "Test failure", "NCCL error",
                     "unhandled system error", "unhandled cuda error")
 MAX_ERROR_LINES = 5

@@ -186,7 +186,8 @@ class Pin:
     peer: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "reason": self.reason, **({"peer": self.peer} if self.peer is not None else {})}
+        out: dict[str, Any] = {"node": self.node, "reason": self.reason}
+        return out if self.peer is None else {**out, "peer": self.peer}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Pin:
@@ -247,7 +248,8 @@ class PinState:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> PinState:
-        return cls(nodes=int(raw["nodes"]), problems=tuple(Problem.from_dict(p) for p in raw.get("problems") or ()),
+        return cls(nodes=int(raw["nodes"]),
+                   problems=tuple(Problem.from_dict(p) for p in raw.get("problems") or ()),
                    known_good=_unpack(raw.get("known_good")),
                    pinned=tuple(Pin.from_dict(p) for p in raw.get("pinned") or ()),
                    round=int(raw.get("round") or 1), notes=tuple(str(n) for n in raw.get("notes") or ()),
@@ -360,7 +362,13 @@ def plan_round(state: PinState) -> list[GroupTest]:
 
 
 def _link(a: int, b: int) -> tuple[Pin, Pin]:
-    return (Pin(a, f"the link to node {b} is slow or fails", b), Pin(b, f"the link to node {a} is slow or fails", a))
+    return (Pin(a, f"the link to node {b} is slow or fails", b),
+            Pin(b, f"the link to node {a} is slow or fails", a))
+
+
+def _either(a: int, b: int) -> tuple[Pin, Pin]:
+    why = "it or its link to node {} fails (no other node to tell them apart)"
+    return Pin(a, why.format(b), b), Pin(b, why.format(a), a)
 
 
 def _own(node: int) -> Pin:
@@ -424,8 +432,7 @@ def _advance_one(problem: Problem, roles: Mapping[str, GroupTest], ok: Mapping[s
             u, v = members(s)
             ru, rv = result("pair_u"), result("pair_v")
             if ru is None and rv is None:  # no partner at all: both ends
-                return [], [Pin(u, f"it or its link to node {v} fails (no other node to tell them apart)", v),
-                            Pin(v, f"it or its link to node {u} fails (no other node to tell them apart)", u)], ""
+                return [], list(_either(u, v)), ""
             if ru is False or rv is False:
                 return [], [_own(n) for n, r in ((u, ru), (v, rv)) if r is False], ""
             if ru and rv:
@@ -495,10 +502,7 @@ def _advance_one(problem: Problem, roles: Mapping[str, GroupTest], ok: Mapping[s
     if size(c) == 1:
         r = result("involves_partner")
         if r is None:  # no partner left anywhere: both
-            return [], [Pin(first(x), f"it or its link to node {first(c)} fails (no other node to tell them "
-                                      "apart)", first(c)),
-                        Pin(first(c), f"it or its link to node {first(x)} fails (no other node to tell them "
-                                      "apart)", first(x))], ""
+            return [], list(_either(first(x), first(c))), ""
         if r is False:
             return [], [_own(first(x))], ""
         return [], list(_link(first(x), first(c))), ""
