@@ -89,6 +89,7 @@ from gpu_recovery.constants import (
     ENV_MAX_HEALTH_CHECKS_PER_JOB,
     ENV_MAX_RECOVERY_ATTEMPTS,
     ENV_PREEMPTION,
+    ENV_PREFLIGHT_SETTINGS,
     ENV_QUOTA_TABLE,
     ENV_REBOOT_DOCUMENT,
     ENV_REBOOT_TIMEOUT_MINUTES,
@@ -246,6 +247,7 @@ class GpuRecoveryStack(Stack):
                 ENV_REBOOT_DOCUMENT: self.reboot_document.name,
                 **large_jobs_environment(config, self.gang.queue_url),
                 ENV_TAG_LOOKUP_QUEUE_URL: self.tag_lookups.queue_url,
+                ENV_PREFLIGHT_SETTINGS: config.preflight_settings_json,
             },
             extra_layers=[self.fault_catalog_layer] if self.fault_catalog_layer is not None else [],
         )
@@ -334,6 +336,8 @@ class GpuRecoveryStack(Stack):
         # table already; these two read no other instance item.
         for fn in (self.jobs_api.function, self.control_api.function):
             fn.add_to_policy(self.tables.ecs_budget_statement())
+        # The gang preflight's baselines: the control API judges reports and learns passing runs.
+        self.control_api.function.add_to_policy(self.tables.preflight_baselines_statement())
         self.node_agent: NodeAgentDaemon | None = None
         if config.node_agent_daemon:
             self.node_agent = NodeAgentDaemon(

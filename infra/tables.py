@@ -13,6 +13,7 @@ from gpu_recovery.constants import (
     ECS_DESCRIBE_RATE_ITEM_KEY,
     ECS_RATE_ITEM_KEY,
     JOB_TABLE_TTL_ATTRIBUTE,
+    PREFLIGHT_BASELINE_PREFIX,
     table_definitions,
 )
 
@@ -124,6 +125,18 @@ class RecoveryTables(Construct):
             # ... and the Describe budget's (a recovery service describing a task, rarely).
             conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [
                 ECS_RATE_ITEM_KEY, ECS_DESCRIBE_RATE_ITEM_KEY]}},
+        )
+
+    def preflight_baselines_statement(self) -> iam.PolicyStatement:
+        """The gang preflight's baselines (``PREFLIGHT_BASELINE#<class>#<nodes>``) and nothing
+        else of the instance table: for the job-control API, which judges the preflight's
+        reports and learns a passing run in the transaction that concludes it."""
+        return iam.PolicyStatement(
+            sid="PreflightBaselineItems",
+            actions=["dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+            resources=[self.instance_table.table_arn],
+            conditions={"ForAllValues:StringLike": {
+                "dynamodb:LeadingKeys": [f"{PREFLIGHT_BASELINE_PREFIX}*"]}},
         )
 
     def grant_quota_data(self, grantee: iam.IGrantable) -> None:

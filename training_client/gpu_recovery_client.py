@@ -19,6 +19,17 @@ once and answer False: training never fails because the API is down.
 StopTask: SIGTERM, then SIGKILL). It does not return; ``go_suspend(block=False)`` returns
 the API's answer instead (tests, simulations).
 
+The **gang preflight** is a wrapper before the training command::
+
+    python gpu_recovery_client.py preflight -- torchrun ... train.py
+
+It asks the API whether this attempt runs a preflight (after a recovery restart, or at the
+first start when the job asks); if so every rank runs its node's loopback all-reduce and the
+gang all-reduce (nccl-tests' ``all_reduce_perf`` table, printed by the tool itself or by
+this file's own ``allreduce`` benchmark under ``torchrun``), reports it, takes part in the
+rounds that pin a failure to its node(s), and then execs the command, or waits to be
+stopped when its job restarts without the pinned nodes (docs/preflight.md).
+
 The queue's launcher gives every rank ``GPU_RECOVERY_CONTROL_URL``,
 ``GPU_RECOVERY_CONTROL_TOKEN`` (its own), ``RANK`` and ``ATTEMPT``. See README.md.
 
@@ -34,14 +45,19 @@ import logging
 import os
 import random
 import re
+import shlex
+import shutil
 import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 try:  # POSIX; elsewhere each process polls on its own (at worst a few more requests)
     import fcntl
@@ -49,7 +65,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __version__ = "1.0.0"
-__all__ = ["ControlError", "SuspendClient", "go_suspend", "receive_suspend_command"]
+__all__ = ["ControlError", "PreflightClient", "SuspendClient", "go_suspend", "receive_suspend_command",
+           "run_preflight"]
 
 LOG = logging.getLogger("gpu_recovery_client")
 
@@ -514,3 +531,471 @@ def go_suspend(block: bool = True) -> Dict[str, Any]:
     if client is None:
         raise RuntimeError("go_suspend(): " + why)
     return client.go_suspend(block=block)
+
+
+# --------------------------------------------------------------------------- gang preflight
+#
+# The wrapper asks GET /v1/control/preflight?attempt=N what to do: "skip" (no preflight for
+# this attempt) or "train" (it passed, or said nothing conclusive): exec the command; "run":
+# run the listed all-reduces (this node's loopback, a group's), POST each one this rank
+# reports; "wait": poll again; "stop": the job restarts without the pinned nodes, every rank
+# waits to be stopped (never exit 0: the job would look complete).
+
+PREFLIGHT_PATH = "/v1/control/preflight"
+PREFLIGHT_COMMAND_ENV = "GPU_RECOVERY_PREFLIGHT_COMMAND"  # a custom all-reduce (template)
+PREFLIGHT_GPUS_ENV = "GPU_RECOVERY_PREFLIGHT_GPUS"  # GPUs of this node to use (default: all visible)
+PREFLIGHT_ADDR_ENV = "GPU_RECOVERY_PREFLIGHT_ADDR"  # this node's address for its group's peers
+ALL_REDUCE_PERF_ENV = "GPU_RECOVERY_ALL_REDUCE_PERF"  # path of nccl-tests' all_reduce_perf
+PREFLIGHT_GIVE_UP_SECONDS = 900.0  # the API unreachable this long: go on with the command
+MAX_REPORT_CHARS = 11000  # the API takes 12,000 characters of output: the table, not NCCL's chatter
+MAX_REPORT_LINES = 64
+DEFAULT_MASTER_PORT = 29500
+_TABLE_ROW = re.compile(r"^\s*\d+\s+\d+\s+\S+\s+\S+\s+-?\d+\s")
+_FAILURE_WORDS = ("Test NCCL failure", "Test CUDA failure", "Test failure", "NCCL error")
+
+
+class PreflightClient(object):
+    """The gang preflight's channel of one rank (its control token, its attempt)."""
+
+    def __init__(self, url: str, token: str, attempt: int, rank: Optional[int] = None, opener: Any = None,
+                 timeout: float = HTTP_TIMEOUT_SECONDS, sleep: Optional[Callable[[float], Any]] = None,
+                 attempts: int = GO_SUSPEND_ATTEMPTS) -> None:
+        self.url = _check_http_url((url or "").strip().rstrip("/"))
+        self.token = (token or "").strip()
+        if not self.token:
+            raise ValueError("%s is empty" % TOKEN_ENV)
+        self.attempt = int(attempt)
+        named = rank_of_token(self.token)
+        self.rank = int(rank if rank is not None else (named if named is not None else -1))
+        self.timeout = float(timeout)
+        self.attempts = max(1, int(attempts))
+        self._sleep = sleep or time.sleep
+        self._opener = opener if opener is not None else _default_opener(self.url)
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **kwargs: Any) -> "PreflightClient":
+        env = os.environ if environ is None else environ
+        for name in (URL_ENV, TOKEN_ENV, ATTEMPT_ENV):
+            if not (env.get(name) or "").strip():
+                raise RuntimeError("%s is not set: this process was not started by the GPU job queue, "
+                                   "so it runs no preflight" % name)
+        raw = env[ATTEMPT_ENV].strip()
+        if not raw.isdigit() or int(raw) < 1:
+            raise RuntimeError("%s is not a positive integer: %r" % (ATTEMPT_ENV, raw))
+        return cls(env[URL_ENV], env[TOKEN_ENV], int(raw), **kwargs)
+
+    def step(self) -> Dict[str, Any]:
+        """What this rank does now (retries what is transient; ControlError otherwise)."""
+        return self._call("GET", None)
+
+    def report(self, round_: int, test_id: str, exit_code: Optional[int], output: str,
+               seconds: Optional[float] = None, address: str = "") -> Dict[str, Any]:
+        """An all-reduce this rank ran and reports (its loopback; its group's, as its leader)."""
+        body = {"round": int(round_), "test_id": test_id, "exit_code": exit_code,
+                "output": report_text(output), "address": address}
+        if seconds is not None:
+            body["seconds"] = round(max(0.0, float(seconds)), 3)
+        return self._call("POST", body)
+
+    def _call(self, method: str, body: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        url = join_url(self.url, PREFLIGHT_PATH) + "?" + urllib.parse.urlencode({"attempt": self.attempt})
+        data = json.dumps(body).encode("utf-8") if body is not None else None
+        headers = {"Authorization": "Bearer " + self.token, "Accept": "application/json",
+                   "User-Agent": USER_AGENT}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        failure: Optional[ControlError] = None
+        for attempt in range(1, self.attempts + 1):
+            wait = 0.0
+            request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
+            try:
+                with self._opener.open(request, timeout=self.timeout) as response:
+                    answer = json.loads(response.read(MAX_RESPONSE_BYTES).decode("utf-8") or "null")
+                if not isinstance(answer, dict):
+                    raise ValueError("not a JSON object: %r" % (answer,))
+                return answer
+            except urllib.error.HTTPError as error:
+                code, message = _error_text(error)
+                failure = ControlError("preflight %s refused: HTTP %d %s: %s" % (method, error.code, code,
+                                                                                 message), error.code, code)
+                if error.code != 429 and error.code < 500:
+                    raise failure from None
+                wait = _retry_after(error.headers)
+            except Exception as error:  # URLError, timeouts, resets, bad JSON
+                failure = ControlError("preflight %s failed: %s: %s" % (method, type(error).__name__,
+                                                                        getattr(error, "reason", error)))
+            if attempt < self.attempts:
+                cap = min(MAX_BACKOFF_SECONDS, BACKOFF_BASE_SECONDS * (2 ** (attempt - 1)))
+                self._sleep(max(random.uniform(0, cap), wait))
+        assert failure is not None
+        raise failure
+
+
+def report_text(output: str) -> str:
+    """What is sent of an all-reduce's output: its header lines (a few device lines), its
+    table and closing lines, and any failure line; not NCCL's INFO chatter (a 1,024-node run
+    lists 8,192 devices), at most MAX_REPORT_LINES lines and MAX_REPORT_CHARS characters."""
+    kept: List[str] = []
+    devices = 0
+    for raw in (output or "").splitlines():
+        line = raw.rstrip()
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped.startswith("#  Rank") or stripped.startswith("# Rank"):
+            devices += 1
+            if devices > 4:
+                continue
+        if stripped.startswith("#") or _TABLE_ROW.match(stripped) or \
+                any(word.lower() in stripped.lower() for word in _FAILURE_WORDS):
+            kept.append(line[:300])
+    if len(kept) > MAX_REPORT_LINES:
+        kept = kept[:4] + kept[-(MAX_REPORT_LINES - 4):]
+    text = "\n".join(kept)
+    return text[-MAX_REPORT_CHARS:]
+
+
+def gpu_count(environ: Optional[Mapping[str, str]] = None) -> int:
+    """GPUs this container runs on: GPU_RECOVERY_PREFLIGHT_GPUS, else the GPUs ECS assigned
+    (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES), else nvidia-smi -L, else 1."""
+    env = os.environ if environ is None else environ
+    raw = (env.get(PREFLIGHT_GPUS_ENV) or "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        value = (env.get(name) or "").strip()
+        if value and value not in ("all", "none", "void"):
+            return len([v for v in value.split(",") if v.strip()])
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+        count = sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
+        return count or 1
+    except (OSError, subprocess.SubprocessError):
+        return 1
+
+
+def node_address(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The address this node's group peers reach it at: GPU_RECOVERY_PREFLIGHT_ADDR, else the
+    local address of the route to MASTER_ADDR (no packet is sent), else the hostname's."""
+    env = os.environ if environ is None else environ
+    explicit = (env.get(PREFLIGHT_ADDR_ENV) or "").strip()
+    if explicit:
+        return explicit
+    master = (env.get("MASTER_ADDR") or "").strip()
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, int(env.get("MASTER_PORT") or DEFAULT_MASTER_PORT)))
+                return str(probe.getsockname()[0])
+        except (OSError, ValueError):
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return ""
+
+
+class CommandRunner(object):
+    """Runs one preflight test on this node: ``(exit code or None, output, seconds)``.
+
+    A loopback runs nccl-tests' ``all_reduce_perf -g <gpus>`` when the image has it (PATH, or
+    GPU_RECOVERY_ALL_REDUCE_PERF), else this file's ``allreduce`` benchmark under ``torchrun
+    --standalone``; a group runs the benchmark under ``torchrun`` with the group's rendezvous
+    (its leader's address, MASTER_PORT + the test's offset), one process per GPU.
+    GPU_RECOVERY_PREFLIGHT_COMMAND replaces both with a command of your own, formatted with
+    {nnodes} {nproc} {node_rank} {master_addr} {master_port} {min_bytes} {max_bytes} and
+    printing all_reduce_perf's table (e.g. an mpirun of nccl-tests over the group's hosts)."""
+
+    def __init__(self, environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None,
+                 script: Optional[str] = None) -> None:
+        self.env = dict(os.environ if environ is None else environ)
+        self.python = python or sys.executable
+        self.script = script or os.path.abspath(__file__)
+        self.gpus = gpu_count(self.env)
+
+    def command(self, test: Mapping[str, Any]) -> List[str]:
+        nodes = int(test.get("group_size") or 1)
+        master = str(test.get("master_addr") or "") or (self.env.get("MASTER_ADDR") or "127.0.0.1")
+        port = int(self.env.get("MASTER_PORT") or DEFAULT_MASTER_PORT) + int(test.get("port_offset") or 0)
+        values = {"nnodes": nodes, "nproc": self.gpus, "node_rank": int(test.get("group_rank") or 0),
+                  "master_addr": master, "master_port": port, "min_bytes": int(test["min_bytes"]),
+                  "max_bytes": int(test["max_bytes"])}
+        template = (self.env.get(PREFLIGHT_COMMAND_ENV) or "").strip()
+        if template:
+            return [part.format(**values) for part in shlex.split(template)]
+        sizes = ["--min-bytes", str(values["min_bytes"]), "--max-bytes", str(values["max_bytes"])]
+        if test.get("kind") == "loopback":
+            tool = (self.env.get(ALL_REDUCE_PERF_ENV) or "").strip() or shutil.which("all_reduce_perf")
+            if tool:
+                return [tool, "-b", str(values["min_bytes"]), "-e", str(values["max_bytes"]), "-f", "2",
+                        "-g", str(self.gpus)]
+            return [self.python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                    "--nproc-per-node", str(self.gpus), self.script, "allreduce", *sizes]
+        return [self.python, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                "--nproc-per-node", str(self.gpus), "--node-rank", str(values["node_rank"]),
+                "--master-addr", master, "--master-port", str(port), self.script, "allreduce", *sizes]
+
+    def __call__(self, test: Mapping[str, Any]) -> Tuple[Optional[int], str, float]:
+        started = time.monotonic()
+        limit = max(5.0, float(test.get("timeout_seconds") or 120))
+        try:
+            done = subprocess.run(self.command(test), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, timeout=limit, check=False)
+            return done.returncode, done.stdout or "", time.monotonic() - started
+        except subprocess.TimeoutExpired as expired:
+            out = expired.stdout if isinstance(expired.stdout, str) else \
+                (expired.stdout or b"").decode("utf-8", "replace")
+            took = time.monotonic() - started
+            return None, out + "\nTest failure: timed out after %.0f s\n" % limit, took
+        except OSError as error:
+            return 127, "Test failure: cannot run the all-reduce: %s\n" % error, time.monotonic() - started
+
+
+TestRunner = Callable[[Mapping[str, Any]], Tuple[Optional[int], str, float]]
+
+
+def run_preflight(client: PreflightClient, runner: TestRunner, address: str = "",
+                  sleep: Optional[Callable[[float], Any]] = None, clock: Optional[Callable[[], float]] = None,
+                  give_up_seconds: float = PREFLIGHT_GIVE_UP_SECONDS,
+                  log: Optional[Callable[[str], Any]] = None) -> str:
+    """The preflight of this rank, to its end: "train" (exec the command: passed, skipped,
+    nothing conclusive, or the API unreachable for ``give_up_seconds``) or "stop" (wait to be
+    stopped: the job restarts without the node(s) the preflight pinned)."""
+    sleep = sleep or time.sleep
+    clock = clock or time.monotonic
+    say = log or LOG.warning
+    done: Set[Tuple[int, str]] = set()
+    failing_since: Optional[float] = None
+    while True:
+        try:
+            step = client.step()
+            failing_since = None
+        except ControlError as error:
+            if error.status is not None and error.status < 500 and error.status != 429:
+                say("preflight refused (%s): going on with the command" % error)
+                return "train"
+            now = clock()
+            failing_since = now if failing_since is None else failing_since
+            if now - failing_since > give_up_seconds:
+                say("preflight: the control API has been unreachable for %.0f s (%s): going on with the "
+                    "command" % (now - failing_since, error))
+                return "train"
+            sleep(POLL_BACKOFF_SECONDS)
+            continue
+        action = str(step.get("action") or "")
+        if action in ("skip", "train"):
+            say("preflight %s: %s" % ("skipped" if action == "skip" else str(step.get("status")),
+                                      step.get("reason") or ""))
+            return "train"
+        if action == "stop":
+            say("preflight: %s; this rank waits to be stopped" % (step.get("reason") or "stop"))
+            return "stop"
+        ran = False
+        if action == "run":
+            for test in step.get("tests") or []:
+                key = (int(step.get("round") or 0), str(test.get("id")))
+                if key in done:
+                    continue
+                ran = True
+                exit_code, output, seconds = runner(test)
+                done.add(key)
+                say("preflight round %s test %s: exit %s in %.1f s" % (key[0], key[1], exit_code, seconds))
+                if test.get("report"):
+                    try:
+                        client.report(key[0], key[1], exit_code, output, seconds, address)
+                    except ControlError as error:  # the round's bound judges it hung
+                        say("preflight report of %s failed: %s" % (key[1], error))
+        if not ran:
+            sleep(max(MIN_POLL_SECONDS, min(MAX_POLL_SECONDS, float(step.get("poll_seconds") or 2))))
+
+
+POLL_BACKOFF_SECONDS = 5.0
+
+
+def _wait_to_be_stopped(sleep: Optional[Callable[[float], Any]] = None) -> None:
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    while True:
+        (sleep or time.sleep)(3600)
+
+
+def preflight_main(argv: Sequence[str]) -> int:
+    """``preflight [--] command...``: the preflight, then exec the command (or wait to be stopped)."""
+    args = list(argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        sys.stderr.write("usage: gpu_recovery_client.py preflight -- <training command...>\n")
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu_recovery_client: %(message)s")
+    try:
+        client = PreflightClient.from_env()
+    except (RuntimeError, ValueError) as error:
+        LOG.warning("no preflight: %s", error)
+        client = None
+    if client is not None and run_preflight(client, CommandRunner(), node_address()) == "stop":
+        _wait_to_be_stopped()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(args[0], args)  # noqa: S606 (the user's own training command, as given)
+    return 127  # pragma: no cover - execvp does not return
+
+
+# ------------------------------------------------------------------ the all-reduce benchmark
+#
+# ``allreduce`` (under torchrun, one process per GPU): nccl-tests' all_reduce_perf table,
+# printed by rank 0 in the tool's own format, from torch.distributed's NCCL all-reduce of
+# float32 sums. busbw = algbw * 2(n-1)/n (nccl-tests PERFORMANCE.md). Out-of-place: the send
+# buffer copied into the receive buffer, then reduced in place (torch has no out-of-place
+# all-reduce; the copy adds under 1 % at the large sizes). Each size is checked once: every
+# rank reduces ones, every element must equal n (#wrong counts those that do not).
+
+WARMUP_ITERS = 5
+TIMED_ITERS = 20
+
+
+def _time_text(usec: float) -> str:
+    if usec >= 10000.0:
+        return "%7.0f" % usec
+    if usec >= 100.0:
+        return "%7.1f" % usec
+    return "%7.2f" % usec
+
+
+Half = Tuple[float, float, float, Optional[int]]  # time (us), algbw, busbw, #wrong
+
+
+def table_row(size: int, count: int, dtype: str, redop: str, root: int, oop: Half, ip: Half) -> str:
+    """One row as nccl-tests prints it (``%12li  %12li  %8s  %6s  %6s``, then per half
+    ``  %7s  %6.2f  %6.2f  %5g``; #wrong ``N/A`` without validation)."""
+    out = "%12li  %12li  %8s  %6s  %6s" % (size, count, dtype, redop, "%6i" % root)
+    for usec, algbw, busbw, wrong in (oop, ip):
+        out += "  %7s  %6.2f  %6.2f  %5s" % (_time_text(usec), algbw, busbw,
+                                             "N/A" if wrong is None else "%g" % wrong)
+    return out
+
+
+Device = Tuple[int, int, str, int, str, str]  # rank, pid, host, device, PCI bus id, name
+
+
+def table_header(min_bytes: int, max_bytes: int, devices: Sequence[Device]) -> List[str]:
+    """all_reduce_perf's header: its parameters, "# Using devices" (rank, pid, host, device,
+    PCI bus id, name), the table's column titles."""
+    lines = ["# nThread 1 nGpus 1 minBytes %d maxBytes %d step: 2(factor) warmup iters: %d iters: %d "
+             "agg iters: 1 validation: 1 graph: 0" % (min_bytes, max_bytes, WARMUP_ITERS, TIMED_ITERS),
+             "#", "# Using devices"]
+    for rank, pid, host, device, bus, name in devices:
+        lines.append("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%s] %s" % (rank, 0, pid, host, device,
+                                                                                   bus, name))
+    lines += ["#",
+              "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          "
+              % ("", "", "", "", ""),
+              "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s"
+              % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+                 "algbw", "busbw", "#wrong"),
+              "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s"
+              % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
+                 "")]
+    return lines
+
+
+def table_footer(wrong: int, busbws: Sequence[float]) -> List[str]:
+    mean = sum(busbws) / len(busbws) if busbws else 0.0
+    return ["# Out of bounds values : %d %s" % (wrong, "FAILED" if wrong else "OK"),
+            "# Avg bus bandwidth    : %g " % mean, "#"]
+
+
+def bandwidths(size: int, seconds: float, ranks: int) -> Tuple[float, float]:
+    """(algbw, busbw) in GB/s of an all-reduce of ``size`` bytes taking ``seconds``."""
+    algbw = size / 1e9 / seconds if seconds > 0 else 0.0
+    return algbw, algbw * (2.0 * (ranks - 1) / ranks if ranks > 1 else 1.0)
+
+
+def allreduce_benchmark(torch: Any, dist: Any, min_bytes: int, max_bytes: int, write: Callable[[str], Any],
+                        clock: Callable[[], float] = time.perf_counter) -> int:
+    """The benchmark in an initialized process group (``torch``, ``torch.distributed`` passed
+    in); rank 0 writes the table. Returns the number of wrong values."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
+    bus = "%04x:%02x:%02x" % (getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", 0),
+                              getattr(props, "pci_device_id", 0))
+    mine = (rank, os.getpid(), socket.gethostname(), int(device.index or 0), bus, str(props.name))
+    gathered: List[Any] = [None] * ranks
+    dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        for line in table_header(min_bytes, max_bytes, gathered):
+            write(line)
+    total_wrong, busbws = 0, []
+    size = min_bytes
+    while size <= max_bytes:
+        count = size // 4
+        send = torch.ones(count, dtype=torch.float32, device=device)
+        recv = torch.empty_like(send)
+        timings = []
+        for in_place in (False, True):
+            for _ in range(WARMUP_ITERS):
+                dist.all_reduce(send if in_place else recv.copy_(send))
+            torch.cuda.synchronize()
+            dist.barrier()
+            started = clock()
+            for _ in range(TIMED_ITERS):
+                dist.all_reduce(send if in_place else recv.copy_(send))
+            torch.cuda.synchronize()
+            timings.append((clock() - started) / TIMED_ITERS)
+        check = torch.ones(count, dtype=torch.float32, device=device)
+        dist.all_reduce(check)
+        wrong_here = torch.tensor([int((check != float(ranks)).sum().item())], device=device)
+        dist.all_reduce(wrong_here)
+        wrong = int(wrong_here.item())
+        total_wrong += wrong
+        halves = []
+        for seconds in timings:
+            algbw, busbw = bandwidths(size, seconds, ranks)
+            halves.append((seconds * 1e6, algbw, busbw, wrong))
+            busbws.append(busbw)
+        if rank == 0:
+            write(table_row(size, count, "float", "sum", -1, halves[0], halves[1]))
+        size *= 2
+    if rank == 0:
+        for line in table_footer(total_wrong, busbws):
+            write(line)
+    return total_wrong
+
+
+def allreduce_main(argv: Sequence[str]) -> int:  # pragma: no cover - needs GPUs and torchrun
+    """``allreduce --min-bytes N --max-bytes M``, one process per GPU under torchrun."""
+    import argparse
+    import datetime
+
+    import torch  # the training image's own
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser(prog="gpu_recovery_client.py allreduce")
+    parser.add_argument("--min-bytes", type=int, default=128 * 1024 * 1024)
+    parser.add_argument("--max-bytes", type=int, default=1024 * 1024 * 1024)
+    options = parser.parse_args(list(argv))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=300))
+    try:
+        wrong = allreduce_benchmark(torch, dist, options.min_bytes, options.max_bytes,
+                                    lambda line: print(line, flush=True))
+    finally:
+        dist.destroy_process_group()
+    return 1 if wrong else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "preflight":
+        return preflight_main(args[1:])
+    if args and args[0] == "allreduce":
+        return allreduce_main(args[1:])
+    sys.stderr.write("usage: gpu_recovery_client.py preflight -- <command...> | allreduce [--min-bytes N] "
+                     "[--max-bytes M]\n")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

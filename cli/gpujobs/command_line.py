@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suspend-grace", type=_positive_int, metavar="SECONDS",
                    help="seconds rank 0 has to checkpoint and call go_suspend() once told to suspend "
                         "(default: the deployment's, 60)")
+    p.add_argument("--preflight", choices=("auto", "restarts", "always", "off"),
+                   help="gang preflight before the command (which must start with the training client's "
+                        "wrapper): after recovery restarts, always (the first start too), off, or auto "
+                        "(the deployment's default by job size)")
     p.add_argument("--label", action="append", metavar="K=V", help="label (repeatable)")
     p.add_argument("--idempotency-key", help="Idempotency-Key header (default: a fresh UUID4)")
     p.add_argument("--dry-run", action="store_true",

@@ -185,6 +185,23 @@ def _suspension_lines(job: Mapping[str, Any]) -> list[str]:
                           if value not in (None, "")]
 
 
+def _preflight_lines(job: Mapping[str, Any]) -> list[str]:
+    """The attempt's gang preflight, when it ran one: its verdict, a line per round, the nodes
+    it pinned."""
+    pre = job.get("preflight")
+    if not isinstance(pre, dict) or not pre.get("status"):
+        return []
+    lines = ["", f"Preflight (attempt {pre.get('attempt')}, {pre.get('mode', 'auto')}): "
+                 f"{pre.get('status')}, round {pre.get('round')}"]
+    if pre.get("verdict"):
+        lines.append(f"  {cell(pre['verdict'])}")
+    lines += [f"  {cell(line)}" for line in pre.get("summary") or []]
+    for pin in pre.get("pinned") or []:
+        if isinstance(pin, dict):
+            lines.append(f"  pinned rank {pin.get('rank')} on {pin.get('node')}: {cell(pin.get('reason'))}")
+    return lines
+
+
 def _rank_table(ranks: list[dict[str, Any]]) -> list[str]:
     columns: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
         ("RANK", lambda r: r.get("rank")),
@@ -242,6 +259,7 @@ def format_job(job: Mapping[str, Any]) -> list[str]:
     ]
     lines += [f"{label + ':':<11} {cell(value)}" for label, value in fields if value not in (None, "")]
     lines += _suspension_lines(job)
+    lines += _preflight_lines(job)
     ranks = [r for r in job.get("ranks") or [] if isinstance(r, dict)]
     if ranks:
         lines += ["", "Ranks:", *_rank_table(ranks)]

@@ -121,7 +121,7 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
                       ("max_recovery_attempts", "max_recovery_attempts"),
                       ("max_infra_recoveries", "max_infra_recoveries"),
                       ("max_app_restarts", "max_app_restarts"),
-                      ("suspend_grace", "suspend_grace_seconds")):
+                      ("suspend_grace", "suspend_grace_seconds"), ("preflight", "preflight")):
         value = getattr(args, flag)
         if value is not None:
             spec[key] = value

@@ -36,6 +36,15 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
+from gpu_recovery.domain.preflight.baseline import DEFAULT_SLOW_FRACTION
+from gpu_recovery.domain.preflight.settings import (
+    DEFAULT_MIN_NODES,
+    DEFAULT_ROUND_SECONDS,
+    MAX_MIN_NODES,
+    MAX_ROUND_SECONDS,
+    MIN_ROUND_SECONDS,
+    parse_preflight_settings,
+)
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST as DEFAULT_ECS_API_BURST
 from gpu_recovery.domain.rate_limit import DEFAULT_RATE as DEFAULT_ECS_API_RATE
 from gpu_recovery.domain.rate_limit import ECS_ACCOUNT_BURST, ECS_ACCOUNT_RATE
@@ -63,6 +72,7 @@ from infra.config.parsers import (
     names,
     node_quotas,
     number,
+    preflight_floors,
     remediation_setting,
     resolve_catalog_path,
     spare_count,
@@ -313,12 +323,36 @@ class RecoveryConfig:
     registration: str = option(
         "both", choice(*REGISTRATION_MODES),
         "how tasks are registered (docs/architecture.md#registering-jobs-what-gets-protected)")
+    # --- gang preflight (docs/preflight.md)
+    preflight_min_nodes: int = option(
+        DEFAULT_MIN_NODES, integer(1, MAX_MIN_NODES, zero_disables=True),
+        "queue jobs of this many nodes or more run the gang preflight after a recovery restart, "
+        "unless their spec says otherwise (0: only jobs that ask)")
+    preflight_round_seconds: int = option(
+        DEFAULT_ROUND_SECONDS, integer(MIN_ROUND_SECONDS, MAX_ROUND_SECONDS),
+        "bound of each preflight round (the first: twice); a group silent by then hung")
+    preflight_slow_fraction: float = option(
+        DEFAULT_SLOW_FRACTION, number(0.05, 1.0),
+        "a run under this share of its learned busbw baseline is slow")
+    preflight_floors: str | None = option(
+        None, preflight_floors(), "operator floors (GB/s) per instance type, never learned below")
 
     @property
     def remediation(self) -> tuple[tuple[str, str], ...]:
         """Every remediation setting, given or default: the functions' settings say exactly
         what was deployed."""
         return tuple(sorted((key, getattr(self, key)) for key in REMEDIATION_KEYS))
+
+    @property
+    def preflight_settings_json(self) -> str:
+        """PREFLIGHT_SETTINGS: the functions validate it with the same parser."""
+        settings: dict[str, Any] = {"min_nodes": self.preflight_min_nodes,
+                                    "round_seconds": self.preflight_round_seconds,
+                                    "slow_fraction": self.preflight_slow_fraction}
+        if self.preflight_floors:
+            settings["floors"] = json.loads(self.preflight_floors)
+        parse_preflight_settings(settings)
+        return json.dumps(settings, sort_keys=True)
 
     @property
     def remediation_settings_json(self) -> str:

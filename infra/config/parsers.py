@@ -18,6 +18,7 @@ from typing import Any
 
 from gpu_recovery.constants import ENV_DEFAULT_NODE_QUOTAS
 from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog
+from gpu_recovery.domain.preflight.settings import parse_floors
 from gpu_recovery.domain.relocation import SparePool
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
 from gpu_recovery.settings import SettingsError, parse_node_quotas
@@ -274,3 +275,20 @@ def node_quotas() -> Parser:
         return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
 
     return Parser(parse, "JSON {level: nodes}")
+
+
+def preflight_floors() -> Parser:
+    """Operator floors of the gang preflight, GB/s per node class: a JSON object (text or, in
+    cdk.json, an object), validated by the functions' own parser; kept as compact JSON."""
+
+    def parse(key: str, value: Any) -> str:
+        text_value = value if isinstance(value, str) else json.dumps(value)
+        try:
+            parsed = json.loads(text_value)
+            parse_floors(parsed)
+        except ValueError as error:
+            raise ConfigError(f"context key {key!r}: {error} (e.g. {{\"p5.48xlarge\": 250}})") from error
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+
+    return Parser(parse, "JSON {instance type: GB/s}")
+

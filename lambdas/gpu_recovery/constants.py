@@ -138,6 +138,8 @@ ENV_SUSPEND_GRACE_SECONDS = "SUSPEND_GRACE_SECONDS"  # default grace of a job (J
 ENV_DEMOTE_AFTER_SECONDS = "DEMOTE_ABOVE_NORMAL_AFTER_SECONDS"  # 0: never
 ENV_CONTROL_API_URL = "JOB_CONTROL_API_URL"  # given to every queue rank (suspend client)
 ENV_CONTROL_POLL_SECONDS = "JOB_CONTROL_POLL_SECONDS"  # how often the client may ask
+# The gang preflight (domain.preflight.settings): a JSON object, min_nodes, round_seconds, ...
+ENV_PREFLIGHT_SETTINGS = "PREFLIGHT_SETTINGS"
 
 # Powertools' own variables, set by infra and by local mode alike.
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
@@ -251,6 +253,8 @@ JOBS_API_ROUTES: tuple[tuple[str, str], ...] = (
 CONTROL_API_ROUTES: tuple[tuple[str, str], ...] = (
     ("GET", "v1/control"),
     ("POST", "v1/control/suspend"),
+    ("GET", "v1/control/preflight"),
+    ("POST", "v1/control/preflight"),
 )
 CONTROL_TOKEN_ENV = "GPU_RECOVERY_CONTROL_TOKEN"
 CONTROL_URL_ENV = "GPU_RECOVERY_CONTROL_URL"
@@ -392,6 +396,19 @@ def notice_item_key(owner: str, digest: str) -> str:
     sent once published (then expired by the table's TTL). ``owner``: the job id, or
     ``node:<container instance id>``."""
     return f"{owner}#N#{digest}"
+
+
+def preflight_item_key(job_id: str, attempt: int) -> str:
+    """The gang preflight of ``attempt``: its round, its tests and results, what it pinned."""
+    return f"{job_id}#PF#a{attempt}"
+
+
+PREFLIGHT_BASELINE_PREFIX = "PREFLIGHT_BASELINE#"
+
+
+def preflight_baseline_key(node_class: str, nodes: int) -> str:
+    """The learned busbw of (node class, node count), in the instance table (fleet data)."""
+    return f"{PREFLIGHT_BASELINE_PREFIX}{node_class}#{nodes}"
 
 
 def health_check_slots_key(job_id: str) -> str:

@@ -247,7 +247,10 @@ def job_control_service(metrics: MetricsPort | None = None) -> JobControlService
         def go_suspend(job_id: str, rank: int, attempt: int | None) -> Any:
             return recovery_service(_services.get("job_control_metrics")).go_suspend(job_id, rank, attempt)
 
-        service = JobControlService(repo, go_suspend, settings.control_poll_seconds)
+        def preflights() -> Any:
+            return recovery_service(_services.get("job_control_metrics")).preflights
+
+        service = JobControlService(repo, go_suspend, settings.control_poll_seconds, preflights=preflights)
         built = (session, service)
         with _lock:
             _services["job_control"] = built

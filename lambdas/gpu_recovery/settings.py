@@ -20,6 +20,7 @@ from gpu_recovery.domain.heartbeat_policy import (
     HeartbeatSettings,
 )
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
+from gpu_recovery.domain.preflight.settings import PreflightPolicy, parse_preflight_settings
 from gpu_recovery.domain.rate_limit import DEFAULT_BURST, DEFAULT_RATE, ECS_ACCOUNT_RATE, TokenBucket
 from gpu_recovery.domain.relocation import (
     DEFAULT_RELOCATION_WAIT_SECONDS,
@@ -189,6 +190,9 @@ class Settings:
     # How a task is recognised as a protected rank (constants.REGISTRATION_MODES).
     registration: str = "both"
     tag_lookup_queue_url: str = ""  # "": unknown tasks are described inline (one at a time)
+    # The gang preflight: which jobs run it, its rounds' bound, the baseline rule and floors.
+    preflight: PreflightPolicy = field(default_factory=PreflightPolicy)
+    control_poll_seconds: int = 2  # what the control API asks clients to poll at (at least)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -237,7 +241,25 @@ class Settings:
                                              DEFAULT_HEALTH_CHECKS_IN_FLIGHT, minimum=1),
             registration=registration_mode(env),
             tag_lookup_queue_url=env.get(c.ENV_TAG_LOOKUP_QUEUE_URL, ""),
+            preflight=preflight_policy(env),
+            control_poll_seconds=_int(env, c.ENV_CONTROL_POLL_SECONDS, 2, minimum=1),
         )
+
+
+def preflight_policy(env: Mapping[str, str] | None = None) -> PreflightPolicy:
+    """``PREFLIGHT_SETTINGS`` (a JSON object; empty: the defaults)."""
+    env = os.environ if env is None else env
+    raw = (env.get(c.ENV_PREFLIGHT_SETTINGS) or "").strip()
+    try:
+        parsed = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as error:
+        raise SettingsError(f"{c.ENV_PREFLIGHT_SETTINGS} must be a JSON object: {error.msg}") from error
+    if not isinstance(parsed, dict):
+        raise SettingsError(f"{c.ENV_PREFLIGHT_SETTINGS} must be a JSON object")
+    try:
+        return parse_preflight_settings(parsed)
+    except ValueError as error:
+        raise SettingsError(f"{c.ENV_PREFLIGHT_SETTINGS}: {error}") from error
 
 
 def registration_mode(env: Mapping[str, str]) -> str:

@@ -5,11 +5,18 @@
                                  while its job is SUSPENDING (checkpoint now, then go_suspend())
     POST /v1/control/suspend     200 go_suspend(): the job is suspended at once (every rank
                                  stopped; SUSPENDED once all stopped)
+    GET  /v1/control/preflight?attempt=N
+                                 200 this rank's step in the attempt's gang preflight: skip it,
+                                 run these all-reduces, wait, train, or stop (docs/preflight.md)
+    POST /v1/control/preflight?attempt=N
+                                 200 an all-reduce's output (all_reduce_perf's table), judged;
+                                 the answer is the rank's next step
 
 The authorizer puts ``job_id`` and ``rank`` into ``requestContext.authorizer``; the routes
 take no job id from the caller. Errors: ``{"error", "message", "field"}``: 400 (a bad
-``attempt``), 401/403 (API Gateway: token missing or refused), 404 (job gone), 409 (the
-job cannot be suspended now, or the caller's attempt is over), 429 (API Gateway).
+``attempt``, a malformed report), 401/403 (API Gateway: token missing or refused), 404 (job
+gone), 409 (the job cannot be suspended now, the caller's attempt is over, or it reports a
+test it does not lead), 413 (a body over 16 KiB), 429 (API Gateway).
 ``python -m handlers.job_control_api --openapi`` prints the OpenAPI document (committed as
 ``docs/control-api.openapi.json``).
 """
@@ -36,6 +43,8 @@ from handlers._openapi import authorization_header_scheme, document_json, error_
 logger, tracer, metrics = powertools("job-control-api")
 app = APIGatewayRestResolver(enable_validation=True)
 MAX_BODY_BYTES = 16 * 1024
+MAX_OUTPUT_CHARS = 12_000  # the client sends the table, not NCCL's chatter (a few KiB)
+PREFLIGHT_PATH = "/v1/control/preflight"
 OPENAPI_INFO: dict[str, Any] = {
     "title": "GPU training job-control API",
     "version": "1.0.0",
@@ -59,6 +68,49 @@ class ControlStatus(BaseModel):
     poll_seconds: int = Field(description="Ask at most this often")
 
 
+class PreflightTest(BaseModel):
+    id: str = Field(description="loopback, gang, or t<n> (a group of the pinning search)")
+    kind: str = Field(description="loopback: this node's GPUs only; group: an all-reduce over `nodes` nodes")
+    nodes: int
+    group_rank: int = Field(description="This rank's place in the group (torchrun's --node-rank)")
+    group_size: int
+    leader: int = Field(description="The group's first rank: it hosts the rendezvous and reports")
+    master_addr: str = Field(description="The leader's address (empty: this job's MASTER_ADDR)")
+    port_offset: int = Field(description="Rendezvous port: MASTER_PORT + this")
+    report: bool = Field(description="This rank posts the result")
+    min_bytes: int
+    max_bytes: int
+    timeout_seconds: float = Field(description="Give up (and report a failure) after this long")
+
+
+class PreflightStep(BaseModel):
+    job_id: str
+    rank: int
+    attempt: int
+    action: str = Field(description="skip | run | wait | train | stop")
+    status: str = Field(default="", description="running, passed, pinned, inconclusive, abandoned, skipped")
+    round: int = 0
+    reason: str = ""
+    tests: list[PreflightTest] = Field(default_factory=list)
+    poll_seconds: int = 2
+    accepted: bool | None = Field(default=None, description="(a report) it counted")
+    why: str | None = None
+    verdict: dict[str, Any] | None = Field(default=None,
+                                           description="(a report) passed, slow, failed, with busbw")
+
+
+class PreflightReport(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    round: int = Field(ge=1, le=64)
+    test_id: str = Field(pattern=r"^(loopback|gang|t[0-9]{1,3})$")
+    exit_code: int | None = Field(default=None, ge=-255, le=255)
+    seconds: float | None = Field(default=None, ge=0, le=86_400)
+    output: str = Field(max_length=MAX_OUTPUT_CHARS, description="What the all-reduce printed: its table")
+    address: str = Field(default="", max_length=64, pattern=r"^[A-Za-z0-9.:_-]*$",
+                         description="Where this rank's group peers reach it (its node's address)")
+
+
 class SuspendAck(BaseModel):
     job_id: str
     rank: int
@@ -71,7 +123,7 @@ _ERRORS: dict[int, OpenAPIResponse] = {
     401: error_doc("No Authorization header, or not a control token (API Gateway)"),
     403: error_doc("The control token was refused (API Gateway)"),
     404: error_doc("The job no longer exists"),
-    413: error_doc("Body over 16 KiB (the routes read no body: send none)"),
+    413: error_doc("Body over 16 KiB (only the preflight report has one)"),
     429: error_doc("Throttled by the API stage (API Gateway)"),
 }
 
@@ -136,6 +188,34 @@ def go_suspend(
     return SuspendAck.model_validate(result)
 
 
+@app.get(PREFLIGHT_PATH, summary="This rank's step in the gang preflight", tags=["preflight"],
+         responses={200: {"description": "The step",
+                          "content": {"application/json": {"model": PreflightStep}}}, **_ERRORS})
+def preflight_step(
+    attempt: Annotated[int, Query(ge=1, le=100_000, description="The rank's ATTEMPT")],
+) -> PreflightStep:
+    job_id, rank = _caller()
+    step = runtime.job_control_service().preflight_step(job_id, rank, attempt)
+    return PreflightStep.model_validate(step)
+
+
+@app.post(PREFLIGHT_PATH, summary="Report an all-reduce of the gang preflight", tags=["preflight"],
+          responses={200: {"description": "Judged; the rank's next step",
+                           "content": {"application/json": {"model": PreflightStep}}},
+                     **_ERRORS,
+                     409: error_doc("No preflight for this attempt, or a test this rank does not lead")})
+def preflight_report(
+    report: PreflightReport,
+    attempt: Annotated[int, Query(ge=1, le=100_000, description="The rank's ATTEMPT")],
+) -> PreflightStep:
+    job_id, rank = _caller()
+    answer = runtime.job_control_service(runtime.PowertoolsMetrics(metrics)).preflight_report(
+        job_id, rank, attempt, round_=report.round, test_id=report.test_id, exit_code=report.exit_code,
+        output=report.output, seconds=report.seconds, address=report.address)
+    metrics.add_metric(name="PreflightReports", unit="Count", value=1)
+    return PreflightStep.model_validate(answer)
+
+
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
@@ -145,7 +225,9 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     except BodyError as error:
         return {"statusCode": error.status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
                 "body": json.dumps(error.body()), "isBase64Encoded": False}
-    # The routes read no body: drop it, so nothing a client sends can fail parsing.
+    if event.get("httpMethod") == "POST" and str(event.get("path") or "").endswith(PREFLIGHT_PATH):
+        return app.resolve(event, context)  # the one route that reads a body (a report)
+    # The other routes read no body: drop it, so nothing a client sends can fail parsing.
     return app.resolve({**event, "body": None, "isBase64Encoded": False}, context)
 
 

@@ -115,8 +115,9 @@ def test_iam_identity_wins_over_local_header(api: Api) -> None:
         ({"unknown": 1}, "unknown", "unknown: is not a known field (known: name, task_definition, "
                                     "container_name, overrides, nnodes, gpus_per_node, priority, "
                                     "suspend_grace_seconds, max_infra_recoveries, max_app_restarts, "
-                                    "max_recovery_attempts, labels, network)"),
+                                    "max_recovery_attempts, labels, network, preflight)"),
         ({"nnodes": None}, "nnodes", "nnodes: is required"),
+        ({"preflight": "sometimes"}, "preflight", None),
     ],
 )
 def test_invalid_spec_is_400_naming_the_field(api: Api, changes: dict[str, Any], field: str,

@@ -274,6 +274,9 @@ class Evidence:
     xid_history: tuple[XidEvent, ...] = ()  # earlier ones, for the catalog's repeat rules
     gpu_signals: tuple[GpuSignal, ...] = ()
     dcgm: DcgmFindings | None = None
+    # The gang preflight's finding on this node (trigger preflight): why it was pinned, the
+    # round, the group or loopback result that pinned it (busbw, threshold), the peer node.
+    preflight: Mapping[str, Any] | None = None
 
     def with_dcgm(self, findings: DcgmFindings, at: float) -> Evidence:
         """The same fault once its health check finished (adds what its nvidia-smi saw)."""
@@ -291,6 +294,8 @@ class Evidence:
         }
         if self.dcgm is not None:
             out["dcgm"] = self.dcgm.to_dict()
+        if self.preflight:
+            out["preflight"] = dict(self.preflight)
         return out
 
     @classmethod
@@ -304,12 +309,13 @@ class Evidence:
             xid_history=tuple(XidEvent.from_dict(x) for x in raw.get("xid_history") or ()),
             gpu_signals=tuple(GpuSignal.from_dict(s) for s in raw.get("gpu_signals") or ()),
             dcgm=DcgmFindings.from_verdict_json(raw["dcgm"]) if raw.get("dcgm") else None,
+            preflight=dict(raw["preflight"]) if isinstance(raw.get("preflight"), Mapping) else None,
         )
 
     def render_lines(self) -> list[str]:
         """Plain-text lines for the operator e-mail."""
         how = {Trigger.TASK_EXIT: "task exit", Trigger.NODE_LOST: "node lost", Trigger.HUNG: "rank hung",
-               Trigger.TELEMETRY: "GPU telemetry"}[self.trigger]
+               Trigger.TELEMETRY: "GPU telemetry", Trigger.PREFLIGHT: "gang preflight"}[self.trigger]
         head = f"{how} on {self.node_id} at {_utc(self.fault_at)}"
         if self.trigger is Trigger.TASK_EXIT:
             code = "no exit code" if self.exit_code is None else f"exit code {self.exit_code}"
@@ -317,6 +323,10 @@ class Evidence:
             stop = ", ".join(s for s in (self.stop_code, self.stopped_reason) if s)
             head += f": {rank}{code}" + (f" ({stop})" if stop else "")
         lines = [head]
+        if self.preflight:
+            p = self.preflight
+            lines.append(f"Preflight (round {p.get('round', '?')}): {p.get('reason', '')}"
+                         + (f"; {p['result']}" if p.get("result") else ""))
         lines.append("XIDs: " + ("; ".join(f"{x.xid} on {x.gpu} at {_utc(x.at)}" for x in self.xids)
                                  if self.xids else "none reported"))
         if self.gpu_signals:

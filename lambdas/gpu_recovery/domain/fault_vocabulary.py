@@ -61,6 +61,7 @@ class Trigger(str, Enum):
     NODE_LOST = "node_lost"  # the heartbeat service lost the node for too long
     HUNG = "hung"  # a rank stopped making progress
     TELEMETRY = "telemetry"  # GPU telemetry alone (no job fault)
+    PREFLIGHT = "preflight"  # the job's gang preflight pinned the node (a slow or failing all-reduce)
 
 
 class GpuSignalKind(str, Enum):

@@ -2,7 +2,8 @@
 
 Three facts about one attempt of a job are needed at scale: every rank registered (the
 launch is complete), every rank ended (its GPUs are free: a suspension, a cancel or a
-restart may go on), every rank exited 0 (the job is complete). Each rank *arrives* at a
+restart may go on), every rank exited 0 (the job is complete); a fourth when the attempt
+runs the gang preflight: every rank's loopback reported. Each rank *arrives* at a
 latch once; arrivals are idempotent set additions on a **shard** item of 64 ranks, and a
 shard that fills up adds itself to the latch's **head** item, which completes when every
 shard has. No item holds more than 64 ranks (or, for the head, ``ceil(n / 64)`` shard
@@ -23,6 +24,7 @@ class Latch(str, Enum):
     REGISTERED = "reg"
     ENDED = "end"
     DONE = "done"
+    PREFLIGHT = "pf"  # the rank's loopback reported in its attempt's gang preflight (round 1)
 
     @property
     def head_attribute(self) -> str:

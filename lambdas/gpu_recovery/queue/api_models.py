@@ -61,6 +61,16 @@ class SuspendView(BaseModel):
     stop_reason: str = ""
 
 
+class PreflightView(BaseModel):
+    mode: str = Field(default="auto", description="The job's choice: auto, restarts, always, off")
+    attempt: int | None = Field(default=None, description="The attempt whose preflight is shown")
+    status: str = Field(default="", description="running, passed, pinned, inconclusive, abandoned")
+    round: int = 0
+    verdict: str = ""
+    summary: list[str] = Field(default_factory=list, description="One line per round, newest last")
+    pinned: list[dict[str, Any]] = Field(default_factory=list, description="Nodes pinned, and why")
+
+
 class JobDetail(JobSummary):
     spec: dict[str, Any]
     source: str
@@ -80,6 +90,8 @@ class JobDetail(JobSummary):
     demoted_from: int | None = Field(default=None, description="ABOVE_NORMAL demoted to NORMAL after 30 min")
     suspend_grace_seconds: int = Field(default=60, description="Seconds rank 0 has to checkpoint")
     suspend: SuspendView | None = Field(default=None, description="The last (or current) suspension")
+    preflight: PreflightView = Field(default_factory=PreflightView,
+                                     description="The gang preflight: the job's choice, the attempt's run")
     held: bool = Field(default=False, description="SUSPENDED and held until resumed (a user's suspend)")
     suspend_count: int = 0
     resume_count: int = Field(default=0, description="Times resumed (the RESUME_COUNT its ranks get)")

@@ -6,7 +6,11 @@ A queue job's ranks carry ``GPU_RECOVERY_CONTROL_URL`` and their own
 * ``receive_suspend_command()`` -> ``GET /v1/control``: True for **rank 0 only**, while the
   job is SUSPENDING (the scheduler preempted it, its owner suspended it): checkpoint now;
 * ``go_suspend()`` -> ``POST /v1/control/suspend``: any rank; the job is suspended at once
-  (every rank stopped; SUSPENDED once all stopped, then queued again or held).
+  (every rank stopped; SUSPENDED once all stopped, then queued again or held);
+* ``preflight`` (the wrapper before the training command) -> ``GET /v1/control/preflight``:
+  what this rank runs now (its loopback, its group's all-reduce, nothing, its command, or
+  stop), and ``POST /v1/control/preflight``: an all-reduce's output, judged where it lands
+  (``recovery.preflight``).
 
 Why through the API and not the node agent: the agent is optional and reports every 30 s
 (each report a write), while the seed's contract is "rank 0 knows within 5 s"; a poll
@@ -22,6 +26,7 @@ from typing import Any
 from gpu_recovery.domain.control_token import parse_token, verify_token
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.ports import Outcome
+from gpu_recovery.recovery.preflight.rounds import PreflightError
 from gpu_recovery.repository import Repository
 
 
@@ -37,10 +42,11 @@ class ControlError(Exception):
 
 class JobControlService:
     def __init__(self, repo: Repository, go_suspend: Callable[[str, int, int | None], Outcome],
-                 poll_seconds: int = 2) -> None:
+                 poll_seconds: int = 2, *, preflights: Callable[[], Any] | None = None) -> None:
         self.repo = repo
         self._go_suspend = go_suspend  # RecoveryService.go_suspend
         self.poll_seconds = poll_seconds
+        self._preflights = preflights  # -> RecoveryService.preflights (built when first needed)
 
     def authorize(self, token: str) -> tuple[str, int] | None:
         """(job id, rank) of a valid token, else None (the authorizer's check)."""
@@ -84,6 +90,28 @@ class JobControlService:
                                f"job {job_id} is {state}: only a RUNNING or SUSPENDING job can be suspended")
         return {"job_id": job_id, "rank": rank, "state": state,
                 "stopping_ranks": list(outcome.detail.get("stopping_ranks") or [])}
+
+    def preflight_step(self, job_id: str, rank: int, attempt: int) -> dict[str, Any]:
+        """What rank ``rank`` of ``attempt`` does now in its gang preflight."""
+        self._job(job_id)
+        return dict(self._preflight_service().step(job_id, rank, attempt))
+
+    def preflight_report(self, job_id: str, rank: int, attempt: int, *, round_: int, test_id: str,
+                         exit_code: int | None, output: str, seconds: float | None = None,
+                         address: str = "") -> dict[str, Any]:
+        """An all-reduce this rank ran (its loopback, or its group's as the group's leader)."""
+        self._job(job_id)
+        try:
+            return dict(self._preflight_service().report(
+                job_id, rank, attempt, round_=round_, test_id=test_id, exit_code=exit_code, output=output,
+                seconds=seconds, address=address))
+        except PreflightError as error:
+            raise ControlError(error.status, error.code, error.message) from None
+
+    def _preflight_service(self) -> Any:
+        if self._preflights is None:
+            raise ControlError(501, "not_configured", "this deployment runs no gang preflight")
+        return self._preflights()
 
     def _job(self, job_id: str) -> Mapping[str, Any]:
         item = self.repo.get_job_item(job_id)

@@ -157,6 +157,9 @@ def first_essential_container(td: Mapping[str, Any]) -> str:
     return str(containers[0]["name"]) if containers else ""
 
 
+INSTANCE_TYPE_ATTRIBUTE = "ecs.instance-type"
+
+
 def master_address(hosts: HostAddressPort, node: PlacedNode) -> str:
     """Rank 0's address for MASTER_ADDR: the node's explicit attribute (ECS Anywhere hosts
     whose SSM address is not the one peers reach), else its private IP."""
@@ -237,6 +240,9 @@ class Launcher:
             "rank0_node": container_instance_id(master.container_instance_arn),
             "master_addr": master_addr,
             "master_port": spec.master_port,
+            # The class the gang preflight keeps its baseline for (ECS's built-in attribute
+            # of EC2 container instances; ECS Anywhere hosts have none).
+            "instance_type": str(master.attributes.get(INSTANCE_TYPE_ATTRIBUTE) or ""),
         }
         resumed = item.get("job_state") == JobState.SUSPENDED.value
         reason, moved = f"admitted: attempt {attempt} on {len(nodes)} node(s)", None

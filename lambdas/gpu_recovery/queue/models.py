@@ -193,6 +193,12 @@ class JobSpec(BaseModel):
     network: NetworkSpec | None = Field(
         default=None, description="Subnets and security groups, for a task definition in the awsvpc "
                                   "network mode (required then, refused otherwise)")
+    preflight: Literal["auto", "restarts", "always", "off"] | None = Field(
+        default=None,
+        description="Gang preflight before the command (its command starts with the training client's "
+                    "wrapper: docs/preflight.md): restarts (after every recovery restart), always (also "
+                    "at the first start), off, or auto (the deployment's default: restarts for jobs of "
+                    "preflight_min_nodes nodes or more; the default)")
 
     @model_validator(mode="after")
     def _one_infra_budget(self) -> JobSpec:

@@ -34,6 +34,8 @@ from gpu_recovery.recovery.ports import (
     ReplacePort,
     VerdictReaderPort,
 )
+from gpu_recovery.recovery.preflight.handover import PreflightHandover
+from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
@@ -73,8 +75,9 @@ class RecoveryService:
         self.restarts.on_released = self.placement.after_restart
         self.faults.on_fault = self.placement.on_fault
         self.faults.on_task_stopped = self.placement.on_task_stopped
+        self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang))
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
-                             self.suspensions, self.gang)
+                             self.suspensions, self.gang, self.preflights)
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property

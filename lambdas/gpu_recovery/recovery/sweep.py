@@ -36,6 +36,7 @@ from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
@@ -43,6 +44,7 @@ from gpu_recovery.repository.faults import suspect_from_item
 from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
 from gpu_recovery.repository.notices import NOTICE_ITEM_TYPE
+from gpu_recovery.repository.preflight import PREFLIGHT_ITEM_TYPE
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ TIME_MARGIN_SECONDS = 12.0
 class Sweep:
     def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
                  restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
-                 gang: GangOps) -> None:
+                 gang: GangOps, preflights: Preflights) -> None:
         self.deps = deps
         self.faults = faults
         self.health = health
@@ -69,6 +71,7 @@ class Sweep:
         self.breaker = breaker
         self.suspensions = suspensions
         self.gang = gang
+        self.preflights = preflights
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -174,6 +177,8 @@ class Sweep:
             return self._suspect(item, now)
         if kind == NOTICE_ITEM_TYPE:  # an e-mail whose sender died after its decision
             return self.reboots.ranks.notices.sweep(item, now)
+        if kind == PREFLIGHT_ITEM_TYPE:  # a preflight round past its bound, a pin to hand over
+            return self.preflights.sweep(item, now)
         if kind != "JOB":
             return "ignored"
         return self._job(self.deps.repo.job_from_item(item), item, now)

@@ -48,6 +48,10 @@ class JobQueueRepository:
     def get_rank(self, job_id: str, rank: int) -> Rank | None:
         return self.base.get_rank(job_id, rank)
 
+    def preflight(self, job_id: str, attempt: int) -> dict[str, Any] | None:
+        """The attempt's gang preflight (None: it ran none)."""
+        return self.base.preflight.get(job_id, attempt)
+
     def get_ranks(self, job: Job) -> list[Rank]:
         return self.base.get_ranks(job)
 

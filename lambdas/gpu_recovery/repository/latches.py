@@ -17,6 +17,8 @@ from gpu_recovery.constants import JOB_PK, latch_head_key, latch_shard_key
 from gpu_recovery.domain.latch import Latch, latch_complete, shard_complete, shard_count, shard_of
 from gpu_recovery.repository.base import Update, from_ddb
 
+PREFLIGHT_ADDRESSES = "pfa"  # "<rank>|<address>" of the ranks whose preflight loopback reported
+
 
 @dataclass(frozen=True)
 class Arrival:
@@ -34,9 +36,10 @@ class LatchRepository:
         self.table = base.job_table_name
 
     def arrive(self, job_id: str, attempt: int, world_size: int, rank: int, latches: Iterable[Latch], *,
-               suspect_node: str = "", node: str = "") -> Arrival:
+               suspect_node: str = "", node: str = "", address: str = "") -> Arrival:
         """Rank ``rank`` of ``attempt`` arrives at ``latches`` (and names its node a suspect of
-        the attempt's fault; registering, records its ``node``). Idempotent; returns the
+        the attempt's fault; registering, records its ``node``; reporting its preflight
+        loopback, its ``address``, where its groups' peers reach it). Idempotent; returns the
         latches complete afterwards."""
         wanted = sorted(set(latches), key=lambda latch: latch.value)
         if not wanted and not suspect_node:
@@ -47,6 +50,8 @@ class LatchRepository:
             adds["susp"] = {suspect_node}
         if node and Latch.REGISTERED in wanted:
             adds["nodes"] = {node}
+        if address and Latch.PREFLIGHT in wanted:
+            adds[PREFLIGHT_ADDRESSES] = {f"{rank}|{address}"}
         written = self.base.db.apply_returning(Update(
             table=self.table, key={JOB_PK: latch_shard_key(job_id, attempt, shard)},
             set_fields={"item_type": "LATCH"}, add_to_sets=adds), returning="ALL_NEW") or {}
@@ -92,6 +97,18 @@ class LatchRepository:
         found: set[int] = set()
         for item in self.base.db.batch_get(self.table, keys):
             found.update(int(r) for r in from_ddb(item).get(Latch.REGISTERED.value) or ())
+        return found
+
+    def addresses(self, job_id: str, attempt: int, ranks: Iterable[int]) -> dict[int, str]:
+        """The preflight addresses ``ranks`` (a few group leaders) reported, by rank."""
+        wanted = set(ranks)
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in sorted({shard_of(r) for r in wanted})]
+        found: dict[int, str] = {}
+        for item in self.base.db.batch_get(self.table, keys) if keys else []:
+            for entry in item.get(PREFLIGHT_ADDRESSES) or ():
+                rank, _, address = str(entry).partition("|")
+                if rank.isdigit() and int(rank) in wanted:
+                    found[int(rank)] = address
         return found
 
     def arrived(self, job_id: str, attempt: int, ranks: Iterable[int], latch: Latch) -> set[int]:

@@ -43,6 +43,7 @@ from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_check_slots import HealthCheckSlots
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.notices import NoticeRepository
+from gpu_recovery.repository.preflight import PreflightRepository
 
 DEADLINE_ATTRIBUTES = [DEADLINE_PK, DEADLINE_SK]
 
@@ -62,6 +63,7 @@ class RecoveryTables:
         self.slots = HealthCheckSlots(self)  # health checks running: the cluster's, each job's
         self.cordons = CordonRepository(self)  # known-bad nodes and their ECS attribute syncs
         self.notices = NoticeRepository(self)  # e-mails owed (the outbox)
+        self.preflight = PreflightRepository(self)  # gang preflights and the fleet's baselines
 
     # ================================================================== mapping
     job_from_item = staticmethod(records.job_from_item)

@@ -59,6 +59,7 @@ def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
             "demoted_from": item.get("demoted_from"),
             "suspend_grace_seconds": int(item.get("suspend_grace_seconds") or deps.suspend_grace_seconds),
             "suspend": _suspend_view(item.get("suspend")),
+            "preflight": _preflight_view(deps, item),
             "held": bool(item.get("held", False)),
             "suspend_count": int(item.get("suspend_count") or 0),
             "resume_count": int(item.get("resume_count") or 0),
@@ -248,3 +249,18 @@ def previous_states(history: Sequence[Mapping[str, Any]]) -> list[str]:
         before = str(history[i - 1].get("to", "") or "") if i else ""
         out.append(before if before and before in stored.split("|") else stored)
     return out
+
+
+def _preflight_view(deps: Deps, item: dict[str, Any]) -> dict[str, Any]:
+    """The job's preflight choice, and the current attempt's preflight if it ran one."""
+    view: dict[str, Any] = {"mode": str(item.get("preflight") or "auto")}
+    attempt = int(item.get("attempt") or 0)
+    found = deps.repo.preflight(str(item["job_id"]), attempt) if attempt else None
+    if found:
+        pinned = [{k: p.get(k) for k in ("rank", "node", "reason", "peer_node") if p.get(k) is not None}
+                  for p in found.get("pinned") or ()]
+        view.update(attempt=attempt, status=str(found.get("status") or ""),
+                    round=int(found.get("round") or 0), verdict=str(found.get("verdict") or ""),
+                    summary=list(found.get("summary") or [])[-12:], pinned=pinned)
+    return view
+

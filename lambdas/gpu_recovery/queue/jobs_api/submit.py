@@ -110,6 +110,7 @@ def _new_item(deps: Deps, job_id: str, spec: JobSpec, user: str, now: float) -> 
         "app_restarts_used": 0,
         "max_app_restarts": spec.budgets(*deps.default_budgets)[1],
         "suspend_grace_seconds": spec.suspend_grace_seconds or deps.suspend_grace_seconds,
+        "preflight": spec.preflight or "auto",
         "control_secret": new_secret(),
         "suspend_count": 0,
         "resume_count": 0,

@@ -22,7 +22,7 @@ from typing import Any
 from gpu_recovery import clock
 from gpu_recovery.domain.escalation import NodeFaultRecord, charges_job
 from gpu_recovery.domain.evidence import Evidence
-from gpu_recovery.domain.fault_vocabulary import Action, Budget
+from gpu_recovery.domain.fault_vocabulary import Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import JobBudgets, settle
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.policy import JobOutcome
@@ -109,6 +109,11 @@ class JobSettlement:
         if outcome == JobOutcome.RESTART:
             kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
                 else (Budget.INFRASTRUCTURE if tally.infra_all else Budget.APPLICATION)
+        if evidence is not None and evidence.trigger is Trigger.PREFLIGHT:
+            # Found by the gang preflight, before the attempt trained: the job lost no work
+            # and restarts (or waits) without spending a recovery; the node's escalation and
+            # the breaker bound how often that can happen.
+            kind = Budget.NONE
         charge = True
         if plan is not None and kind is Budget.INFRASTRUCTURE and (outcome.restarts
                                                                     or outcome is JobOutcome.HOLD):

@@ -90,7 +90,7 @@ def rebuild(evidence: Evidence, instance_item: Mapping[str, Any] | None, catalog
         instance_item=instance_item, job_id=evidence.job_id, attempt=evidence.attempt, rank=evidence.rank,
         exit_code=evidence.exit_code, stop_code=evidence.stop_code, stopped_reason=evidence.stopped_reason,
         catalog=catalog)
-    return replace(fresh, dcgm=evidence.dcgm)
+    return replace(fresh, dcgm=evidence.dcgm, preflight=evidence.preflight)
 
 
 def projected(instance: Instance, decision: NodeDecision) -> Instance:

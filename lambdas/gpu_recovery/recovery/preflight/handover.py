@@ -1,0 +1,112 @@
+"""The nodes a gang preflight pinned, handed to the recovery loop's existing paths.
+
+Each pinned node becomes a **suspect of the attempt's fault** whose evidence says what the
+preflight found (``Trigger.PREFLIGHT``: its loopback, its groups, the link to its peer, with
+the busbw and the threshold) and whose plan the fault catalog made (default rule
+``preflight-pinned``: reboot without the DCGM diag, which passes a degraded NVLink/EFA path
+anyway; escalation replaces a node pinned again). The job enters recovery as for any fault
+(PENDING_HEALTHCHECK, every rank to be stopped), its pinned nodes named suspects at its
+latch, so the fault counts them once every rank ended. From there nothing is new:
+
+* the node decision (``remediation.node_decision``, the fast path) cordons and reboots,
+  resets or replaces each node, through the breaker and observe mode, recorded in the node's
+  fault history (so a node repaired and validated comes back, and one pinned again
+  escalates);
+* the job restarts without them: a spare or a relocation when it may move (queue jobs go
+  back to the queue at the head of their priority), otherwise it waits for the reboot
+  (PENDING_RESTART, its reason in its history). A fault the preflight found spends no
+  budget (``job_settlement``): the attempt had not trained, so the job never fails for it.
+
+Intent first: the preflight's ``pinned`` conclusion (with a deadline) is committed before
+this runs, and every step here is idempotent (the suspect items keep their first record,
+the job's transition is conditional on its attempt and state, latch arrivals are set
+additions, StopTask asked again is harmless). The control API runs it on the report that
+concludes the preflight; the sweep runs it again until the conclusion is marked handed
+over. Its calls are DynamoDB and StopTask only (the control API's role): the node decisions
+are the sweep's, through each suspect item's deadline (set due at once).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.domain.fault_vocabulary import Trigger
+from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
+from gpu_recovery.recovery.gang import GangOps
+from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+
+logger = logging.getLogger(__name__)
+
+STOP_RETRY_SECONDS = 60
+
+
+class PreflightHandover:
+    def __init__(self, deps: Deps, remediation: NodeRemediation, gang: GangOps) -> None:
+        self.deps = deps
+        self.remediation = remediation
+        self.gang = gang
+
+    def hand_over(self, item: Mapping[str, Any]) -> str:
+        """The pinned nodes of a concluded preflight (its item) to the recovery loop."""
+        repo = self.deps.repo
+        job_id, attempt = str(item["pf_job_id"]), int(item["attempt"])
+        pinned = [p for p in item.get("pinned") or () if isinstance(p, Mapping) and p.get("node")]
+        now = clock.now()
+        job = repo.get_job(job_id)
+        if job is None or job.attempt != attempt or not pinned:
+            repo.preflight.handed_over(job_id, attempt, now)
+            return "preflight_moved_on"
+        joining = job.state is JobState.PENDING_HEALTHCHECK and job.tally.attempt == attempt
+        if job.state not in ACTIVE_JOB_STATES and not joining:
+            repo.preflight.handed_over(job_id, attempt, now)  # another fault, a cancel: theirs now
+            return "preflight_moved_on"
+        for pin in pinned:
+            self._open_suspect(job_id, attempt, pin, now, job)
+        nodes = ", ".join(f"{p['node']} (rank {p['rank']})" for p in pinned)
+        reason = f"gang preflight pinned {nodes}: {str(pinned[0].get('reason') or '')[:200]}"
+        if job.state in ACTIVE_JOB_STATES:
+            entered = repo.enter_recovery(job_id, attempt, from_states=ACTIVE_JOB_STATES, reason=reason,
+                                          now=now, deadline_at=now + STOP_RETRY_SECONDS)
+            if entered:
+                self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
+                logger.warning("gang preflight pinned nodes: recovery",
+                               extra={"job_id": job_id, "why": reason})
+        for pin in pinned:  # named suspects at the latch: counted once every rank ended
+            repo.latches.arrive(job_id, attempt, job.world_size, int(pin["rank"]), [],
+                                suspect_node=str(pin["node"]))
+        fresh = repo.get_job(job_id)
+        if fresh is not None and fresh.attempt == attempt and fresh.stop_fanout \
+                and not fresh.stop_fanout.get("sent_at"):
+            try:
+                self.gang.stop(fresh)
+            except Exception:  # the job's deadline: the sweep sends the stops
+                logger.warning("gang stop not sent; the sweep sends it", exc_info=True,
+                               extra={"job_id": job_id})
+        repo.preflight.handed_over(job_id, attempt, now)
+        return "preflight_handed_over"
+
+    def _open_suspect(self, job_id: str, attempt: int, pin: Mapping[str, Any], now: float, job: Job) -> None:
+        """The node's suspect item with the preflight's evidence and the catalog's plan, due at
+        once: the sweep's next step decides the node (the fast path, for a definitive plan)."""
+        repo = self.deps.repo
+        node, rank = str(pin["node"]), int(pin["rank"])
+        # No instance read here (the control API reads no instance item): the node decision
+        # rebuilds this evidence with the node's reports (XIDs, GPU signals) and history.
+        raw = None
+        finding = {"round": pin.get("round"), "reason": str(pin.get("reason") or ""),
+                   "result": str(pin.get("result") or ""), "attempt": attempt}
+        if pin.get("peer_node"):
+            finding["peer"] = str(pin["peer_node"])
+        evidence = self.remediation.evidence(inst_id=node, instance_item=raw, trigger=Trigger.PREFLIGHT,
+                                             fault_at=float(pin.get("at") or now), job=job, rank=rank)
+        evidence = replace(evidence, preflight=finding)
+        plan = self.remediation.plan(evidence, raw, now=now)
+        repo.faults.open_suspect(job_id, attempt, node, rank=rank,
+                                 record={"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict()},
+                                 now=now, retry_at=now)
