@@ -292,6 +292,48 @@ class LocalApi:
         return ApiResponse(int(result.get("statusCode", 200)), headers, body)
 
 
+class InProcessOpener:
+    """``urllib``'s opener interface (``open(request, timeout=)``) over :meth:`LocalApi.handle`:
+    the shipped clients and the real handlers, without a socket (the campaigns' and the
+    benches' simulated training programs). The URL's host is ignored: any URL is this API."""
+
+    def __init__(self, api: LocalApi) -> None:
+        self.api = api
+
+    def open(self, request: Any, timeout: float | None = None) -> Any:
+        import io
+        import urllib.error
+        from email.message import Message
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(request.full_url)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        data = request.data if isinstance(request.data, bytes) else b""
+        response = self.api.handle(request.get_method(), path, dict(request.header_items()), data)
+        headers = Message()
+        for key, value in response.headers.items():
+            headers[key] = value
+        if response.status >= 400:
+            raise urllib.error.HTTPError(request.full_url, response.status, "error", headers,
+                                         io.BytesIO(response.body))
+        return _OpenedResponse(response)
+
+
+class _OpenedResponse:
+    def __init__(self, response: ApiResponse) -> None:
+        self.status = response.status
+        self._body = response.body
+
+    def read(self, limit: int = -1) -> bytes:
+        return self._body if limit < 0 else self._body[:limit]
+
+    def __enter__(self) -> _OpenedResponse:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
 def headers_lower(headers: dict[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
 

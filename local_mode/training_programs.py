@@ -10,6 +10,12 @@ Rank 0 asks ``receive_suspend_command()`` of the real training client
 (``training_client/gpu_recovery_client.py``) every step; told, it saves a checkpoint and
 calls ``go_suspend(block=False)``. A rank killed by an injected fault prints what
 ``mark_crash`` says (a CUDA error, an NCCL error) as its last line.
+
+A rank whose command starts with the client's preflight wrapper (``python
+gpu_recovery_client.py preflight -- ...``) first runs the gang preflight
+(``local_mode.preflight_programs``: the real client's steps, each all-reduce on the simulated
+fabric, its all_reduce_perf table in the rank's log); its training starts when the
+preflight says so, and the attempt's steps count from then.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class _RankProgram:
     log_stream: str
     env: dict[str, str]
     client: Any = None  # rank 0's SuspendClient
+    held: bool = False  # in its preflight: no training step yet
     last_logged_step: int = -1
     told: bool = False
     suspended: bool = False
@@ -57,6 +64,7 @@ class _AttemptRun:
     first_step: int
     end_at: float
     total_steps: int
+    held: bool = False  # its ranks run the preflight first: the steps count from its end
 
 
 class TrainingPrograms:
@@ -64,6 +72,7 @@ class TrainingPrograms:
 
     def __init__(self, sim: Any, log_locations: dict[str, tuple[str, str, str]], *, run_seconds: float,
                  state_dir: str, note: Callable[[float, str, str], None]) -> None:
+        from local_mode.preflight_programs import PreflightPrograms
         from local_mode.time_sharing_scenario import load_client_library
 
         self.sim = sim
@@ -79,6 +88,9 @@ class TrainingPrograms:
         self.death_causes: dict[str, str] = {}  # task arn -> the last lines it prints
         self.errors: list[str] = []
         self._logs_ready: set[tuple[str, str]] = set()
+        self.preflights = PreflightPrograms(sim, self.client_lib, log=self._log_task,
+                                            on_train=self._preflight_done,
+                                            note=lambda node, text: note(sim.now(), node, text))
 
     def start(self) -> None:
         self.sim.schedule(self.sim.now() + self.step_seconds, self._tick, "training programs")
@@ -122,8 +134,12 @@ class TrainingPrograms:
             started = task.started_at or self.sim.now()
             run = _AttemptRun(started, first, started + (total - first) * self.step_seconds, total)
             self.runs[key] = run
-        # Every rank of the attempt ends when the steps left are done (a fault stops it earlier).
-        self.sim.plan_task(task.arn, max(0.0, run.end_at - self.sim.now()), exit_code=0)
+        if self.preflights.attach(task, env):
+            program.held = run.held = True  # the wrapper runs the preflight before the command
+            self.sim.plan_task(task.arn, None)
+        else:
+            # Every rank of the attempt ends when the steps left are done (a fault stops it earlier).
+            self.sim.plan_task(task.arn, max(0.0, run.end_at - self.sim.now()), exit_code=0)
         command = override.get("command") or []
         resume = env.get(C.RESUME_COUNT_ENV)
         lines = [f"rank {program.rank}/{program.world_size} on {task.node} ({len(task.gpu_ids)} GPUs), "
@@ -159,9 +175,28 @@ class TrainingPrograms:
         done = int((self.sim.now() - run.started_at) // self.step_seconds)
         return min(run.total_steps, run.first_step + max(0, done))
 
+    def _preflight_done(self, task_arn: str) -> None:
+        """The wrapper execs the training command: the attempt's steps count from now (the
+        first of its ranks told so starts the clock for all)."""
+        program = self.ranks.get(task_arn)
+        if program is None or not program.held:
+            return
+        program.held = False
+        run = self.run_of(program)
+        if run.held:
+            run.held = False
+            run.started_at = self.sim.now()
+            run.end_at = run.started_at + (run.total_steps - run.first_step) * self.step_seconds
+        self.sim.plan_task(task_arn, max(0.0, run.end_at - self.sim.now()), exit_code=0)
+
+    def _log_task(self, task_arn: str, lines: list[str]) -> None:
+        program = self.ranks.get(task_arn)
+        if program is not None:
+            self._write(program, lines)
+
     def _step(self, program: _RankProgram, task: Any) -> None:
-        if program.suspended:
-            return  # go_suspend() does not return: the process waits to be stopped
+        if program.suspended or program.held:
+            return  # go_suspend() does not return; the preflight holds the command back
         step, total = self.step_of(program), self.run_of(program).total_steps
         lines: list[str] = []
         if step // LOG_EVERY_STEPS > program.last_logged_step // LOG_EVERY_STEPS and step < total:

@@ -75,6 +75,8 @@ class PreflightTest(BaseModel):
     group_rank: int = Field(description="This rank's place in the group (torchrun's --node-rank)")
     group_size: int
     leader: int = Field(description="The group's first rank: it hosts the rendezvous and reports")
+    members: list[list[int]] = Field(default_factory=list,
+                                     description="The group's ranks, as [first, last + 1) spans")
     master_addr: str = Field(description="The leader's address (empty: this job's MASTER_ADDR)")
     port_offset: int = Field(description="Rendezvous port: MASTER_PORT + this")
     report: bool = Field(description="This rank posts the result")

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..health_verdicts import RESET_FIXES
 from .ecs_model import Node, Plan, Task, TimelineEntry, gang_of, health_check_verdict
+from .fabric import Fabric
 
 Events = list[dict[str, Any]]
 
@@ -66,6 +67,7 @@ class DataPlane(ABC):
         #: a container-instance event when a task is placed and when one stops (its GPUs)
         self.instance_events_on_placement = instance_events_on_placement
         self.nodes: dict[str, Node] = {}  # by name
+        self.fabric = Fabric()  # NVLink and network paths: what a preflight's all-reduce measures
         self.tasks: dict[str, Task] = {}  # by ARN
         self.timeline: list[TimelineEntry] = []
         self._family_plans: dict[str, Plan] = {}
@@ -350,8 +352,10 @@ class DataPlane(ABC):
         def up() -> Events:
             with self._lock:
                 before = node.back_from_reboot(self.now())
+                healed = self.fabric.rebooted(node.name)
             self._log("agent", f"back after reboot, agent connected (health {before} -> "
-                      f"{node.health})", node.name)
+                      f"{node.health})" + (f"; {len(healed)} fabric fault(s) healed" if healed else ""),
+                      node.name)
             return [self._ci_event(node)]
 
         self.schedule(requested + self.kill_delay_seconds, kill, "reboot kill")

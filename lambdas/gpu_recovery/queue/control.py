@@ -92,15 +92,14 @@ class JobControlService:
                 "stopping_ranks": list(outcome.detail.get("stopping_ranks") or [])}
 
     def preflight_step(self, job_id: str, rank: int, attempt: int) -> dict[str, Any]:
-        """What rank ``rank`` of ``attempt`` does now in its gang preflight."""
-        self._job(job_id)
+        """What rank ``rank`` of ``attempt`` does now in its gang preflight (the token was
+        checked against the job item; the preflight reads it when it needs it)."""
         return dict(self._preflight_service().step(job_id, rank, attempt))
 
     def preflight_report(self, job_id: str, rank: int, attempt: int, *, round_: int, test_id: str,
                          exit_code: int | None, output: str, seconds: float | None = None,
                          address: str = "") -> dict[str, Any]:
         """An all-reduce this rank ran (its loopback, or its group's as the group's leader)."""
-        self._job(job_id)
         try:
             return dict(self._preflight_service().report(
                 job_id, rank, attempt, round_=round_, test_id=test_id, exit_code=exit_code, output=output,

@@ -147,11 +147,12 @@ class Preflights:
                   "timeout_seconds": round(max(5.0, deadline - now - MARGIN_SECONDS), 1)}
         if round_ == 1:
             tests = [{"id": LOOPBACK, "kind": "loopback", "nodes": 1, "group_rank": 0, "group_size": 1,
-                      "leader": rank, "master_addr": "", "port_offset": 0, "report": True, **common}]
+                      "leader": rank, "members": [[rank, rank + 1]], "master_addr": "", "port_offset": 0,
+                      "report": True, **common}]
             if nodes > 1:
                 tests.append({"id": GANG, "kind": "group", "nodes": nodes, "group_rank": rank,
-                              "group_size": nodes, "leader": 0, "master_addr": "", "port_offset": 1,
-                              "report": rank == 0, **common})
+                              "group_size": nodes, "leader": 0, "members": [[0, nodes]], "master_addr": "",
+                              "port_offset": 1, "report": rank == 0, **common})
             return {**answer, "action": "run", "tests": tests}
         for index, raw in enumerate(item.get("tests") or ()):
             test = pinning.GroupTest.from_dict(raw)
@@ -159,7 +160,7 @@ class Preflights:
                 ranks = pinning.members(test.nodes)
                 return {**answer, "action": "run", "tests": [{
                     "id": test.test_id, "kind": "group", "nodes": test.size, "group_rank": ranks.index(rank),
-                    "group_size": test.size, "leader": ranks[0],
+                    "group_size": test.size, "leader": ranks[0], "members": raw["nodes"],
                     "master_addr": str(raw.get("master_addr") or ""),
                     "port_offset": 2 + index + 16 * (round_ % 2), "report": rank == ranks[0], **common}]}
         return {**answer, "action": "wait", "reason": f"round {round_}: this node takes no part in it"}
@@ -253,7 +254,9 @@ class Preflights:
             gang = results.get(GANG) or (hung(self._threshold(item, nodes), waited) if nodes > 1 else None)
             failed = _listed_ranks(item.get("loopback_failed"))
             missing: list[int] = []
-            if timed_out and (gang is None or not gang.passed):
+            # A gang all-reduce that completed (passed or slow) ran on every rank: a loopback
+            # missing then is a report lost, not a node that never ran.
+            if timed_out and (gang is None or gang.busbw is None):
                 arrived = repo.latches.arrived(job_id, attempt, range(nodes), Latch.PREFLIGHT)
                 missing = [r for r in range(nodes) if r not in arrived]
             state = pinning.after_first_round(nodes, gang_passed=gang is None or gang.passed,

@@ -1,0 +1,169 @@
+"""Fault campaign for the gang preflight: a job with a degraded link, pinned and restarted
+without its nodes, broken at each of its AWS calls in turn.
+
+The scenario: four 8-GPU nodes, ``relocate_instead_of_wait=true``. A 2-node queue job asking
+for a preflight at its first start (``preflight: always``) lands on two nodes, and the link
+between them is degraded (30 % of its bandwidth; a reboot heals it). Its ranks run the
+training client's wrapper (``local_mode.preflight_programs``: the shipped client, the real
+control-API handler and authorizer, each all-reduce on the simulated fabric): round 1's
+loopbacks pass, the gang all-reduce is slow against the operator floor; with two nodes the
+only link tested is pinned, both its ends. The preflight hands them to the recovery loop:
+the job enters recovery, its ranks are stopped, the sweep decides each node on the fast
+path (reboot, no DCGM diag), and the job, which may move, goes back to the queue and starts
+on the two other nodes: that attempt's preflight passes, it trains and completes.
+
+``run(fault=(n, mode))`` breaks the n-th AWS call once the job is placed, once.
+``check(result)`` lists what ended wrong: the job must complete on attempt 2, on the other
+two nodes, spending no recovery; both pinned nodes rebooted exactly once, never health
+checked; attempt 1's preflight pinned exactly those two, attempt 2's passed; the baseline
+learned attempt 2's run once; no job failure e-mail; nothing stuck, nothing in a DLQ.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery.constants import JobState
+
+from ..events import ACCOUNT_ID
+from ..preflight_programs import PreflightPrograms
+from ..server import InProcessOpener, LocalApi
+from ..time_sharing_scenario import load_client_library
+from ..world import World
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
+
+NODES = ("node-a", "node-b", "node-c", "node-d")
+RUN_SECONDS = 2 * MIN
+RUN_LIMIT_SECONDS = 45 * MIN
+POLL_SECONDS = 10
+FLOOR_GBPS = 250.0  # the healthy simulated 2-node run: ~300 GB/s; the degraded link: ~90
+NODE_CLASS = "p4d.24xlarge"  # what the emulator's container instances say (ecs.instance-type)
+WRAPPER = ["python", "gpu_recovery_client.py", "preflight", "--", "python", "train.py"]
+
+
+@dataclass(kw_only=True)
+class RunResult(CampaignResult):
+    job: dict[str, Any]
+    first_nodes: list[str]  # where attempt 1 ran (the degraded link's ends)
+    last_nodes: list[str]  # where the last attempt ran
+    reboots: dict[str, int]  # node -> reboots
+    health_checks: dict[str, int]  # node -> DCGM tasks started
+    preflights: dict[int, dict[str, Any]]  # attempt -> its preflight item
+    learned: list[str]  # the baseline's sample ids
+
+    def expectations(self) -> list[str]:
+        return expectations(self)
+
+
+def check(result: RunResult) -> list[str]:
+    return result.problems()
+
+
+def expectations(result: RunResult) -> list[str]:
+    problems = []
+    job = result.job
+    if job.get("job_state") != JobState.COMPLETE.value:
+        problems.append(f"job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+    if int(job.get("attempt") or 0) != 2:
+        problems.append(f"job at attempt {job.get('attempt')} (want 2)")
+    if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
+        problems.append(f"job spent {job.get('recoveries_used')} recoveries, {job.get('app_restarts_used')} "
+                        "application restarts (want none: the preflight found it before it trained)")
+    bad = sorted(result.first_nodes)
+    if sorted(set(result.last_nodes) & set(bad)):
+        problems.append(f"restarted on {sorted(result.last_nodes)}, which holds pinned {bad}")
+    for node in bad:
+        if result.reboots.get(node) != 1:
+            problems.append(f"{node} rebooted {result.reboots.get(node, 0)} time(s) (want 1)")
+    if any(result.health_checks.values()):
+        problems.append(f"health checks {result.health_checks} (want none: the fast path)")
+    first, second = result.preflights.get(1) or {}, result.preflights.get(2) or {}
+    pinned = sorted(str(p.get("node_name")) for p in first.get("pinned") or ())
+    if first.get("status") != "pinned" or pinned != bad:
+        problems.append(f"attempt 1's preflight {first.get('status')}, pinned {pinned} (want pinned {bad})")
+    if second.get("status") != "passed":
+        problems.append(f"attempt 2's preflight {second.get('status')}: {second.get('verdict')}")
+    job_id = str(job.get("job_id"))
+    if result.learned.count(f"{job_id}#2") != 1:
+        problems.append(f"the baseline learned attempt 2 {result.learned.count(f'{job_id}#2')} time(s)")
+    problems += mail_problems(result.mails, {(kind, job_id): (0, 0)
+                                             for kind in ("failed", "application_error", "quarantined")})
+    return problems
+
+
+class PinnedLink(Scenario[RunResult]):
+    """The job placed and its link degraded; calls are counted from its first preflight step."""
+
+    run_limit_seconds = RUN_LIMIT_SECONDS
+
+    def __init__(self) -> None:
+        self.job_id = ""
+        self.first_nodes: list[str] = []
+        self.programs: PreflightPrograms | None = None
+
+    def world_options(self) -> dict[str, Any]:
+        settings = {"min_nodes": 0, "round_seconds": 60, "floors": {NODE_CLASS: FLOOR_GBPS}}
+        return {"extra_env": {C.ENV_CONTROL_API_URL: "https://control.invalid/prod",
+                              C.ENV_CONTROL_POLL_SECONDS: str(POLL_SECONDS),
+                              C.ENV_RELOCATE_INSTEAD_OF_WAIT: "true",
+                              # Two of four nodes pinned at once: half the cluster, above the
+                              # breaker's default 20 % (that case is the breaker's own flows').
+                              C.ENV_REMEDIATION_SETTINGS: json.dumps({"breaker_max_percent": 75}),
+                              C.ENV_PREFLIGHT_SETTINGS: json.dumps(settings)}}
+
+    def set_up(self, world: World) -> list[str]:
+        from gpu_recovery.adapters import aws
+        from gpu_recovery.queue.jobs_api.service import JobQueueService
+        from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
+        from gpu_recovery.queue.models import JobSpec
+        from gpu_recovery.repository.jobs_api import JobQueueRepository
+
+        local, sim = world.aws, world.ecs
+        world.schedule_queue_scheduler(60)
+        for node in NODES:
+            sim.add_node(node, gpus=8)
+        td = sim.register_training_task_definition("train", gpus=8)
+        service = JobQueueService(
+            repo=JobQueueRepository(world.repo), ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
+            cluster=local.cluster_name, scheduler=NoSchedulerTrigger())
+        self.job_id = service.submit(JobSpec.model_validate({
+            "name": "pinned-link", "task_definition": td, "nnodes": 2, "gpus_per_node": 8,
+            "preflight": "always", "overrides": {"command": WRAPPER}}),
+            f"arn:aws:iam::{ACCOUNT_ID}:user/alice")["job_id"]
+        sim.run_for(MIN + 2)  # the scheduler's tick places it (RUNNING a few seconds later)
+        self.first_nodes = sorted({t.node for t in sim.tasks.values() if not t.health_check
+                                   and t.tags.get(C.TAG_JOB_ID) == self.job_id})
+        sim.fabric.degrade_link(self.first_nodes[0], self.first_nodes[1], factor=0.3)
+        self.programs = PreflightPrograms(sim, load_client_library(), opener=InProcessOpener(LocalApi()))
+        self.programs.watch(5.0, lambda _task: RUN_SECONDS)
+        return [self.job_id]
+
+    def result(self, world: World, common: dict[str, Any]) -> RunResult:
+        repo, sim = world.repo, world.ecs
+        job = repo.get_job_item(self.job_id) or {}
+        attempt = int(job.get("attempt") or 0)
+        last = sorted({t.node for t in sim.tasks.values() if not t.health_check
+                       and t.tags.get(C.TAG_JOB_ID) == self.job_id and t.tags.get(C.TAG_ATTEMPT) == str(attempt)})
+        preflights: dict[int, dict[str, Any]] = {}
+        for a in range(1, attempt + 1):
+            item = repo.preflight.get(self.job_id, a) or {}
+            for pin in item.get("pinned") or ():
+                pin["node_name"] = world.node_name(str(pin.get("node")))
+            preflights[a] = item
+        checks: dict[str, int] = {}
+        for task in sim.tasks.values():
+            if task.health_check:
+                checks[task.node] = checks.get(task.node, 0) + 1
+        baselines = repo.preflight.baselines(NODE_CLASS, [2])
+        return RunResult(**common, job=job, first_nodes=self.first_nodes, last_nodes=last,
+                         reboots={n: sim.nodes[n].reboots for n in NODES}, health_checks=checks,
+                         preflights=preflights, learned=list(baselines[2].sample_ids))
+
+
+def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+        dynamodb: str = DYNAMODB) -> RunResult:
+    """The scenario with ``fault`` (n-th call once the job is placed, mode) broken once."""
+    return run_flow(PinnedLink(), fault, keep_timeline=keep_timeline, dynamodb=dynamodb)
