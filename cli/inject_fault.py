@@ -8,13 +8,17 @@
     gpu-recovery-admin inject-fault flap --node node-3 [--times 3] [--seconds 30]  # ECS agent flaps
     gpu-recovery-admin inject-fault app-error --job <job id> [--rank 0] [--exit-code 1]
     gpu-recovery-admin inject-fault lost-node --node node-4 [--seconds 300]  # heartbeats stop
+    gpu-recovery-admin inject-fault link --node node-1 --peer node-2 [--factor 0.3]  # a degraded link
+    gpu-recovery-admin inject-fault slow-node --node node-3 [--factor 0.4] [--network]  # slow under load
 
 Local only: the endpoint (``--endpoint`` or ``$GPUJOBS_ENDPOINT``, what ``make playground``
 prints) must be on this machine (127.0.0.1, localhost, ::1); anything else is refused
 before a request is sent. The playground answers on its local-only route ``POST
 /local/faults``, which no deployed API has. ``--persistent``: a reboot does not fix the
-GPU (it faults again; the fault catalog escalates). The injected fault is one JSON document
-on stdout, a sentence on stderr.
+GPU (it faults again; the fault catalog escalates), or the link or node stays slow. A degraded
+link or a slow node crashes nothing: the gang preflight of the next job restarted (or started,
+``preflight: always``) on it measures it and pins it (docs/preflight.md). The injected fault is
+one JSON document on stdout, a sentence on stderr.
 """
 
 from __future__ import annotations
@@ -71,6 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lost = actions.add_parser("lost-node", help="the node agent goes silent: its ranks miss heartbeats")
     target(lost)
     lost.add_argument("--seconds", type=float, default=300.0, help="silent this long (default 300)")
+    link = actions.add_parser("link", help="the network path between two nodes is degraded (a gang "
+                                           "preflight holding both measures it)")
+    target(link)
+    link.add_argument("--peer", required=True, help="the link's other node")
+    link.add_argument("--factor", type=float, default=0.3, help="share of its bandwidth left (default 0.3)")
+    link.add_argument("--persistent", action="store_true", help="a reboot does not heal it")
+    slow = actions.add_parser("slow-node", help="a node is slow under load: its GPUs, or with --network its "
+                                                "network path")
+    target(slow)
+    slow.add_argument("--factor", type=float, default=0.4, help="share of its bandwidth left (default 0.4)")
+    slow.add_argument("--network", action="store_true", help="its network path, not its GPUs (its loopback "
+                                                             "passes)")
+    slow.add_argument("--persistent", action="store_true", help="a reboot does not heal it")
 
 
 def local_endpoint(endpoint: str | None) -> str:
@@ -116,7 +133,7 @@ def fault_body(args: argparse.Namespace) -> dict[str, Any]:
         body["node"] = args.node
     else:
         body.update(job_id=args.job, rank=args.rank)
-    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code"):
+    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code", "peer", "factor", "network"):
         if getattr(args, name, None) is not None:
             body[name] = getattr(args, name)
     return body

@@ -10,13 +10,15 @@ loopbacks pass, the gang all-reduce is slow against the operator floor; with two
 only link tested is pinned, both its ends. The preflight hands them to the recovery loop:
 the job enters recovery, its ranks are stopped, the sweep decides each node on the fast
 path (reboot, no DCGM diag), and the job, which may move, goes back to the queue and starts
-on the two other nodes: that attempt's preflight passes, it trains and completes.
+on the two other nodes (or, when a broken call delays its launch past their repair, on them
+again, healed): that attempt's preflight passes, it trains and completes.
 
 ``run(fault=(n, mode))`` breaks the n-th AWS call once the job is placed, once.
-``check(result)`` lists what ended wrong: the job must complete on attempt 2, on the other
-two nodes, spending no recovery; both pinned nodes rebooted exactly once, never health
-checked; attempt 1's preflight pinned exactly those two, attempt 2's passed; the baseline
-learned attempt 2's run once; no job failure e-mail; nothing stuck, nothing in a DLQ.
+``check(result)`` lists what ended wrong: the job must complete on attempt 2, spending no
+recovery; both pinned nodes rebooted exactly once, never health checked; attempt 1's
+preflight pinned exactly those two, attempt 2's passed (so it never ran over the degraded
+link); the baseline learned attempt 2's run once; no job failure e-mail; nothing stuck,
+nothing in a DLQ.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from ..world import World
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
-RUN_SECONDS = 2 * MIN
+# The restarted job trains long enough for its pinned nodes' reboots to settle, a lost
+# answer's five-minute confirmation included (recovery-loop.md): the flow ends with nothing due.
+RUN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 45 * MIN
 POLL_SECONDS = 10
 FLOOR_GBPS = 250.0  # the healthy simulated 2-node run: ~300 GB/s; the degraded link: ~90
@@ -73,8 +77,8 @@ def expectations(result: RunResult) -> list[str]:
         problems.append(f"job spent {job.get('recoveries_used')} recoveries, {job.get('app_restarts_used')} "
                         "application restarts (want none: the preflight found it before it trained)")
     bad = sorted(result.first_nodes)
-    if sorted(set(result.last_nodes) & set(bad)):
-        problems.append(f"restarted on {sorted(result.last_nodes)}, which holds pinned {bad}")
+    # Without the pinned nodes, or on them once repaired (their link heals with the reboot, and
+    # the last attempt's preflight passing says so).
     for node in bad:
         if result.reboots.get(node) != 1:
             problems.append(f"{node} rebooted {result.reboots.get(node, 0)} time(s) (want 1)")
@@ -146,7 +150,8 @@ class PinnedLink(Scenario[RunResult]):
         job = repo.get_job_item(self.job_id) or {}
         attempt = int(job.get("attempt") or 0)
         last = sorted({t.node for t in sim.tasks.values() if not t.health_check
-                       and t.tags.get(C.TAG_JOB_ID) == self.job_id and t.tags.get(C.TAG_ATTEMPT) == str(attempt)})
+                       and t.tags.get(C.TAG_JOB_ID) == self.job_id
+                       and t.tags.get(C.TAG_ATTEMPT) == str(attempt)})
         preflights: dict[int, dict[str, Any]] = {}
         for a in range(1, attempt + 1):
             item = repo.preflight.get(self.job_id, a) or {}

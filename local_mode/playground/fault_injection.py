@@ -1,6 +1,8 @@
 """``POST /local/faults``: the faults the playground injects into its simulated cluster
 (``gpu-recovery-admin inject-fault``): an XID, a dead GPU, a flapping ECS agent, an
-application error, a node whose agent goes silent."""
+application error, a node whose agent goes silent, and, for the gang preflight, a link
+between two nodes degraded or a node slow under load (``sim.fabric``: the all-reduces
+holding them measure less; a reboot heals them unless ``persistent``)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from local_mode.playground.config import PlaygroundError
 from local_mode.playground.console import iso
 from local_mode.training_programs import TrainingPrograms
 
-FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node")
+FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node", "link", "slow_node")
 # What a health check finds after an XID, by the fault catalog's class of it: application
 # errors leave the GPU healthy, XID 64 (row-remap failure) needs a new node, the catalog's
 # reset XIDs are fixed by a GPU reset, the rest by a reboot (``persistent``: they are not).
@@ -121,6 +123,26 @@ class FaultInjector:
             self.sim.inject_task_exit(task.arn, exit_code, after=0, why="application error injected")
             detail = (f"{task.label} on {node.name} exits {exit_code} (an application error: the GPUs are "
                       "healthy)")
+        elif kind == "link":
+            peer = self._peer(doc, node)
+            factor = _number(doc, "factor", 0.3, 0.01, 1.0)
+            persistent = bool(doc.get("persistent"))
+            self.sim.fabric.degrade_link(node.name, peer.name, factor, persistent=persistent)
+            heals = "a reboot does not heal it" if persistent else "a reboot of either heals it"
+            detail = (f"the link between {node.name} and {peer.name} is degraded to {factor:.0%} of its "
+                      f"bandwidth (nothing crashes: a gang preflight holding both nodes measures it; "
+                      f"{heals})")
+        elif kind == "slow_node":
+            factor = _number(doc, "factor", 0.4, 0.01, 1.0)
+            persistent = bool(doc.get("persistent"))
+            if doc.get("network"):
+                self.sim.fabric.slow_network(node.name, factor, persistent=persistent)
+                what = "its network path (every all-reduce holding it and another node)"
+            else:
+                self.sim.fabric.slow_node(node.name, factor, persistent=persistent)
+                what = "its GPUs under load (its loopback and every all-reduce holding it)"
+            detail = (f"{node.name} is slow: {what} at {factor:.0%} of the healthy bandwidth; nothing "
+                      "crashes, a gang preflight measures it")
         else:  # lost_node
             seconds = _number(doc, "seconds", 300.0, 10, 86400)
             self._refuse_unwatched(node)
@@ -154,6 +176,19 @@ class FaultInjector:
             f"heartbeat yet (the node agent reports every {every} s): nothing would notice the node "
             "going silent; try again once the first report is in (gpujobs show <job id>: LAST HEARTBEAT)",
             field="node", status=409)
+
+    def _peer(self, doc: dict[str, Any], node: Any) -> Any:
+        ref = doc.get("peer")
+        if not ref:
+            raise PlaygroundError("peer: the link's other node (node-2...)", field="peer")
+        try:
+            peer = self.sim.node(str(ref))
+        except KeyError:
+            raise PlaygroundError(f"no node {ref} (nodes: {', '.join(sorted(self.sim.nodes))})", field="peer",
+                                  status=404) from None
+        if peer.name == node.name:
+            raise PlaygroundError("peer: a link joins two different nodes", field="peer")
+        return peer
 
     def _gpu(self, doc: dict[str, Any], node: Any) -> int:
         gpu = _int(doc, "gpu", 0)

@@ -26,11 +26,16 @@ def test_the_benchmark_prints_the_rows_as_nccl_tests_does() -> None:
         oop = (float(t[5]), float(t[6]), float(t[7]), int(t[8]))
         ip = (float(t[9]), float(t[10]), float(t[11]), int(t[12]))
         assert client_lib.table_row(int(t[0]), int(t[1]), t[2], t[3], int(t[4]), oop, ip) == line.rstrip()
-    header = client_lib.table_header(8, 8589934592, [(0, 6899, "ztan-mig-235z", 0, "0000:04:00",
-                                                      "NVIDIA H100 80GB HBM3")])
+    header = client_lib.table_header(
+        8, 8589934592, [(0, 6899, "ztan-mig-235z", 0, "0000:04:00", "NVIDIA H100 80GB HBM3")]
+    )
     printed = CAPTURE.splitlines()
     first_row = printed.index(rows[0])
-    assert header[0] == printed[0] and header[3] == printed[3] and header[-3:] == printed[first_row - 3:first_row]
+    assert (
+        header[0] == printed[0]
+        and header[3] == printed[3]
+        and header[-3:] == printed[first_row - 3 : first_row]
+    )
     # the capture ends at the mean's line (common.cu prints one "#" line more)
     assert client_lib.table_footer(0, [70.742])[:2] == printed[-2:]
 
@@ -50,7 +55,14 @@ class FakeDist:
 
     def all_gather_object(self, out: list[Any], mine: Any) -> None:
         for i in range(len(out)):
-            out[i] = (i, 1000 + i, "node-a" if i < 8 else "node-b", i % 8, "0000:04:00", "NVIDIA H100 80GB HBM3")
+            out[i] = (
+                i,
+                1000 + i,
+                "node-a" if i < 8 else "node-b",
+                i % 8,
+                "0000:04:00",
+                "NVIDIA H100 80GB HBM3",
+            )
 
     def all_reduce(self, tensor: Any) -> None:
         self.clock += 120e-6 + tensor.nbytes / 184.29e9
@@ -81,7 +93,7 @@ class FakeTensor:
 class FakeTorch:
     float32 = "float32"
 
-    class cuda:  # noqa: N801 - torch's own name
+    class cuda:  # torch's own name
         @staticmethod
         def current_device() -> int:
             return 0
@@ -114,7 +126,9 @@ class FakeTorch:
 def test_the_benchmark_output_is_read_by_the_stack_as_the_tool_s() -> None:
     dist = FakeDist()
     lines: list[str] = []
-    wrong = client_lib.allreduce_benchmark(FakeTorch, dist, 128 * 2**20, 2**30, lines.append, clock=lambda: dist.clock)
+    wrong = client_lib.allreduce_benchmark(
+        FakeTorch, dist, 128 * 2**20, 2**30, lines.append, clock=lambda: dist.clock
+    )
     run = parse_all_reduce_perf("\n".join(lines))
     assert wrong == 0 and run.failure(0) == "" and run.ranks == 16 and run.hosts == ("node-a", "node-b")
     assert [r.size_bytes for r in run.rows] == [2**27, 2**28, 2**29, 2**30]
@@ -124,8 +138,9 @@ def test_the_benchmark_output_is_read_by_the_stack_as_the_tool_s() -> None:
 
 
 def test_report_text_keeps_the_table_and_a_few_device_lines() -> None:
-    devices = "\n".join(f"#  Rank {r:2d} Group  0 Pid {r:6d} on      node device  0 [0000:04:00] H100"
-                        for r in range(8192))
+    devices = "\n".join(
+        f"#  Rank {r:2d} Group  0 Pid {r:6d} on      node device  0 [0000:04:00] H100" for r in range(8192)
+    )
     chatter = "\n".join(f"node:1:2 [0] NCCL INFO Channel {i:02d}" for i in range(500))
     text = client_lib.report_text(devices + "\n" + chatter + "\n" + CAPTURE)
     assert "NCCL INFO" not in text and text.count("#  Rank") <= 4
@@ -134,31 +149,68 @@ def test_report_text_keeps_the_table_and_a_few_device_lines() -> None:
 
 
 def test_what_the_runner_runs_for_each_test() -> None:
-    env = {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d,GPU-e,GPU-f,GPU-g,GPU-h", "MASTER_ADDR": "10.0.0.1",
-           "MASTER_PORT": "29500", "PATH": "/nonexistent"}
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d,GPU-e,GPU-f,GPU-g,GPU-h",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "PATH": "/nonexistent",
+    }
     runner = client_lib.CommandRunner(env, python="python3", script="/opt/gpu_recovery_client.py")
     assert runner.gpus == 8
     sizes = {"min_bytes": 134217728, "max_bytes": 1073741824}
     loopback = runner.command({"kind": "loopback", "group_size": 1, **sizes})
-    assert loopback[:7] == ["python3", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                            "--nproc-per-node"] and "allreduce" in loopback
-    group = runner.command({"kind": "group", "group_size": 4, "group_rank": 2, "master_addr": "10.0.0.7",
-                            "port_offset": 18, **sizes})
-    assert shlex.join(group) == ("python3 -m torch.distributed.run --nnodes 4 --nproc-per-node 8 --node-rank 2 "
-                                 "--master-addr 10.0.0.7 --master-port 29518 /opt/gpu_recovery_client.py allreduce "
-                                 "--min-bytes 134217728 --max-bytes 1073741824")
-    gang = runner.command({"kind": "group", "group_size": 16, "group_rank": 0, "master_addr": "", "port_offset": 1,
-                           **sizes})
+    assert (
+        loopback[:7]
+        == ["python3", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node"]
+        and "allreduce" in loopback
+    )
+    group = runner.command(
+        {
+            "kind": "group",
+            "group_size": 4,
+            "group_rank": 2,
+            "master_addr": "10.0.0.7",
+            "port_offset": 18,
+            **sizes,
+        }
+    )
+    assert shlex.join(group) == (
+        "python3 -m torch.distributed.run --nnodes 4 --nproc-per-node 8 --node-rank 2 "
+        "--master-addr 10.0.0.7 --master-port 29518 /opt/gpu_recovery_client.py allreduce "
+        "--min-bytes 134217728 --max-bytes 1073741824"
+    )
+    gang = runner.command(
+        {"kind": "group", "group_size": 16, "group_rank": 0, "master_addr": "", "port_offset": 1, **sizes}
+    )
     assert "10.0.0.1" in gang  # the gang's rendezvous is the job's own MASTER_ADDR
-    tool = client_lib.CommandRunner({**env, "GPU_RECOVERY_ALL_REDUCE_PERF": "/opt/nccl-tests/all_reduce_perf"})
+    tool = client_lib.CommandRunner(
+        {**env, "GPU_RECOVERY_ALL_REDUCE_PERF": "/opt/nccl-tests/all_reduce_perf"}
+    )
     assert tool.command({"kind": "loopback", **sizes}) == [
-        "/opt/nccl-tests/all_reduce_perf", "-b", "134217728", "-e", "1073741824", "-f", "2", "-g", "8"]
-    custom = client_lib.CommandRunner({**env, "GPU_RECOVERY_PREFLIGHT_COMMAND":
-                                       "mpirun -np {nnodes} run-nccl {master_addr}:{master_port} {max_bytes}"})
-    assert custom.command({"kind": "group", "group_size": 2, "master_addr": "h", "port_offset": 3, **sizes}) == [
-        "mpirun", "-np", "2", "run-nccl", "h:29503", "1073741824"]
-    failed = client_lib.CommandRunner(env, python="/nonexistent/python")({"kind": "loopback", "timeout_seconds": 5,
-                                                                         **sizes})
+        "/opt/nccl-tests/all_reduce_perf",
+        "-b",
+        "134217728",
+        "-e",
+        "1073741824",
+        "-f",
+        "2",
+        "-g",
+        "8",
+    ]
+    custom = client_lib.CommandRunner(
+        {
+            **env,
+            "GPU_RECOVERY_PREFLIGHT_COMMAND": (
+                "mpirun -np {nnodes} run-nccl {master_addr}:{master_port} {max_bytes}"
+            ),
+        }
+    )
+    assert custom.command(
+        {"kind": "group", "group_size": 2, "master_addr": "h", "port_offset": 3, **sizes}
+    ) == ["mpirun", "-np", "2", "run-nccl", "h:29503", "1073741824"]
+    failed = client_lib.CommandRunner(env, python="/nonexistent/python")(
+        {"kind": "loopback", "timeout_seconds": 5, **sizes}
+    )
     assert failed[0] == 127 and "Test failure" in failed[1]
 
 
@@ -175,8 +227,15 @@ class ScriptedClient:
             raise answer
         return dict(answer)
 
-    def report(self, round_: int, test_id: str, exit_code: int | None, output: str, seconds: float | None = None,
-               address: str = "") -> dict[str, Any]:
+    def report(
+        self,
+        round_: int,
+        test_id: str,
+        exit_code: int | None,
+        output: str,
+        seconds: float | None = None,
+        address: str = "",
+    ) -> dict[str, Any]:
         self.reports.append((round_, test_id, exit_code))
         return {"action": "wait"}
 
@@ -185,29 +244,55 @@ TEST = {"min_bytes": 1, "max_bytes": 2, "timeout_seconds": 30}
 
 
 def test_the_wrapper_runs_each_test_once_reports_its_own_and_ends_as_told() -> None:
-    run = {"action": "run", "round": 1, "poll_seconds": 2, "tests": [
-        {"id": "loopback", "kind": "loopback", "report": True, **TEST},
-        {"id": "gang", "kind": "group", "report": False, **TEST}]}
-    client = ScriptedClient([run, run, {"action": "wait", "poll_seconds": 2}, {"action": "train", "status": "passed"}])
+    run = {
+        "action": "run",
+        "round": 1,
+        "poll_seconds": 2,
+        "tests": [
+            {"id": "loopback", "kind": "loopback", "report": True, **TEST},
+            {"id": "gang", "kind": "group", "report": False, **TEST},
+        ],
+    }
+    client = ScriptedClient(
+        [run, run, {"action": "wait", "poll_seconds": 2}, {"action": "train", "status": "passed"}]
+    )
     ran: list[str] = []
     slept: list[float] = []
-    ended = client_lib.run_preflight(client, lambda t: (ran.append(t["id"]), (0, "out", 1.0))[1], "10.0.0.2",
-                                     sleep=slept.append, log=lambda _m: None)
+    ended = client_lib.run_preflight(
+        client,
+        lambda t: (ran.append(t["id"]), (0, "out", 1.0))[1],
+        "10.0.0.2",
+        sleep=slept.append,
+        log=lambda _m: None,
+    )
     assert ended == "train" and ran == ["loopback", "gang"] and client.reports == [(1, "loopback", 0)]
     assert slept == [2.0, 2.0]  # the round's tests done: it polls, not runs again
     stop = ScriptedClient([{"action": "stop", "reason": "pinned"}])
-    assert client_lib.run_preflight(stop, lambda t: (0, "", 0.0), sleep=slept.append, log=lambda _m: None) == "stop"
+    assert (
+        client_lib.run_preflight(stop, lambda t: (0, "", 0.0), sleep=slept.append, log=lambda _m: None)
+        == "stop"
+    )
 
 
 def test_the_wrapper_never_blocks_training_on_an_unreachable_api() -> None:
     down = client_lib.ControlError("preflight GET failed: URLError: refused")
     clock = iter(range(0, 10_000, 100))
     client = ScriptedClient([down] * 20)
-    assert client_lib.run_preflight(client, lambda t: (0, "", 0.0), sleep=lambda _s: None,
-                                    clock=lambda: float(next(clock)), give_up_seconds=900,
-                                    log=lambda _m: None) == "train"
+    assert (
+        client_lib.run_preflight(
+            client,
+            lambda t: (0, "", 0.0),
+            sleep=lambda _s: None,
+            clock=lambda: float(next(clock)),
+            give_up_seconds=900,
+            log=lambda _m: None,
+        )
+        == "train"
+    )
     refused = ScriptedClient([client_lib.ControlError("refused", 403, "forbidden")])
-    assert client_lib.run_preflight(refused, lambda t: (0, "", 0.0), sleep=lambda _s: None,
-                                    log=lambda _m: None) == "train"
+    assert (
+        client_lib.run_preflight(refused, lambda t: (0, "", 0.0), sleep=lambda _s: None, log=lambda _m: None)
+        == "train"
+    )
     with pytest.raises(RuntimeError, match="not started by the GPU job queue"):
         client_lib.PreflightClient.from_env({})

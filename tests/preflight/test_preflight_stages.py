@@ -28,13 +28,16 @@ FLOOR = {"floors": {"8gpu": 250.0}, "min_nodes": 4, "round_seconds": 60}
 def w() -> Iterator[World]:
     # Two nodes of a small fake cluster rebooted at once would trip the blast-radius breaker
     # (its own tests' matter): off here.
-    with world(preflight=parse_preflight_settings(FLOOR),
-               remediation=parse_remediation_settings({"breaker_enabled": "false"})) as built:
+    with world(
+        preflight=parse_preflight_settings(FLOOR),
+        remediation=parse_remediation_settings({"breaker_enabled": "false"}),
+    ) as built:
         yield built
 
 
-def queue_job(w: World, job_id: str, nodes: list[str], *, mode: str = "auto", restarted: bool = True,
-              gpus: int = 8) -> None:
+def queue_job(
+    w: World, job_id: str, nodes: list[str], *, mode: str = "auto", restarted: bool = True, gpus: int = 8
+) -> None:
     """A queue job's ranks (one per node) at attempt 1, as the launcher and a gang restart leave it."""
     w.register_job(job_id, nodes)
     fields = {"preflight": mode, "gpus_per_node": gpus, "source": "queue", "launch": {"instance_type": ""}}
@@ -45,14 +48,16 @@ def queue_job(w: World, job_id: str, nodes: list[str], *, mode: str = "auto", re
         Key={C.JOB_PK: C.job_item_key(job_id)},
         UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
         ExpressionAttributeNames=names,
-        ExpressionAttributeValues={f":v{i}": v for i, v in enumerate(fields.values())})
+        ExpressionAttributeValues={f":v{i}": v for i, v in enumerate(fields.values())},
+    )
 
 
 class Ranks:
     """Every rank's wrapper, synchronously: ask, run each test on the fabric, report."""
 
-    def __init__(self, w: World, job_id: str, nodes: list[str], fabric: Fabric,
-                 silent: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, w: World, job_id: str, nodes: list[str], fabric: Fabric, silent: frozenset[int] = frozenset()
+    ) -> None:
         self.w, self.job_id, self.nodes, self.fabric, self.silent = w, job_id, nodes, fabric, silent
         self.done: set[tuple[int, int, str]] = set()
         self.rounds = 0
@@ -62,7 +67,9 @@ class Ranks:
         return self.w.service.preflights
 
     def step_all(self) -> dict[int, dict[str, Any]]:
-        return {r: self.preflights.step(self.job_id, r, 1) for r in range(len(self.nodes)) if r not in self.silent}
+        return {
+            r: self.preflights.step(self.job_id, r, 1) for r in range(len(self.nodes)) if r not in self.silent
+        }
 
     def run(self, max_rounds: int = 20) -> dict[int, str]:
         """Until every rank trains or stops; returns each rank's end."""
@@ -82,9 +89,17 @@ class Ranks:
                     members = [self.nodes[m] for lo, hi in test["members"] for m in range(lo, hi)]
                     run = self.fabric.run(members, 8, MIN_BYTES, MAX_BYTES)
                     if not run.hung:
-                        self.preflights.report(self.job_id, rank, 1, round_=int(step["round"]), test_id=test["id"],
-                                               exit_code=0, output=run.output, seconds=run.seconds,
-                                               address=f"10.0.0.{rank + 1}")
+                        self.preflights.report(
+                            self.job_id,
+                            rank,
+                            1,
+                            round_=int(step["round"]),
+                            test_id=test["id"],
+                            exit_code=0,
+                            output=run.output,
+                            seconds=run.seconds,
+                            address=f"10.0.0.{rank + 1}",
+                        )
         raise AssertionError(f"no end after {max_rounds} rounds: {self.step_all()}")
 
 
@@ -102,9 +117,18 @@ def test_a_passing_preflight_lets_every_rank_train_and_learns_its_run_once(w: Wo
     learned = w.repo.preflight.baselines("8gpu", [1, 4])
     assert learned[4].sample_ids == ("j#1",) and learned[1].sample_ids == ("j#1",)
     # the 1 GB busbw the gang measured (the fabric's 4-node run)
-    assert learned[4].samples[0] == pytest.approx(Fabric().run(nodes, 8, MIN_BYTES, MAX_BYTES).busbw, rel=0.01)
-    again = w.service.preflights.report("j", 0, 1, round_=1, test_id="gang", exit_code=0,
-                                        output=Fabric().run(nodes, 8, MIN_BYTES, MAX_BYTES).output)
+    assert learned[4].samples[0] == pytest.approx(
+        Fabric().run(nodes, 8, MIN_BYTES, MAX_BYTES).busbw, rel=0.01
+    )
+    again = w.service.preflights.report(
+        "j",
+        0,
+        1,
+        round_=1,
+        test_id="gang",
+        exit_code=0,
+        output=Fabric().run(nodes, 8, MIN_BYTES, MAX_BYTES).output,
+    )
     assert again["accepted"] is False and again["action"] == "train"
     assert w.repo.preflight.baselines("8gpu", [4])[4].sample_ids == ("j#1",)  # not learned twice
     assert w.repo.get_job("j").state is JobState.RUNNING and w.ecs.stop_calls == []
@@ -137,22 +161,51 @@ def test_a_degraded_link_is_pinned_to_its_two_ends_and_their_nodes_rebooted_with
     assert w.repo.get_instance("node-2").state is C.InstanceState.REBOOTING
 
 
-def test_a_node_whose_ranks_never_report_is_pinned_when_the_round_times_out(w: World) -> None:
+def test_a_node_whose_rank_never_reports_is_pinned_when_the_round_times_out(w: World) -> None:
     nodes = nodes_of(4)
     queue_job(w, "j", nodes)
     fabric = Fabric()
-    fabric.hang_node("node-3")  # its all-reduces never end: the gang hangs too
-    ranks = Ranks(w, "j", nodes, fabric, silent=frozenset({3}))
+    fabric.hang_node("node-3")  # its all-reduces never end: its loopback never reports
+    ranks = Ranks(w, "j", nodes, fabric)
     for rank, step in ranks.step_all().items():
-        assert step["action"] == "run" and [t["id"] for t in step["tests"]] == ["loopback", "gang"]
-        loopback = fabric.run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
-        w.service.preflights.report("j", rank, 1, round_=1, test_id="loopback", exit_code=0, output=loopback.output)
+        # The gang opens only once every loopback arrived: first, each rank's own.
+        assert step["action"] == "run" and [t["id"] for t in step["tests"]] == ["loopback"]
+        run = fabric.run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
+        if not run.hung:
+            w.service.preflights.report(
+                "j", rank, 1, round_=1, test_id="loopback", exit_code=0, output=run.output
+            )
+    assert [t["id"] for t in w.service.preflights.step("j", 0, 1)["tests"]] == ["loopback"]
     w.advance(2 * 60 + 1)
     w.service.sweep()
     item = w.repo.preflight.get("j", 1)
     assert item["status"] == "pinned" and [p["node"] for p in item["pinned"]] == ["node-3"]
-    assert "never reported" in item["pinned"][0]["reason"] and "gang of 4 hung" in item["summary"][0]
+    assert (
+        "never reported" in item["pinned"][0]["reason"] and "no report from rank(s) 3" in item["summary"][0]
+    )
     assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+
+
+def test_a_gang_that_hangs_is_searched_and_the_hanging_node_pinned(w: World) -> None:
+    nodes = nodes_of(4)
+    queue_job(w, "j", nodes)
+    fabric = Fabric()
+    fabric.slow_network("node-1", 0.001)  # its groups crawl: the gang does not report in time
+    ranks = Ranks(w, "j", nodes, fabric)
+    ranks.step_all()
+    for rank in range(4):
+        run = fabric.run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
+        w.service.preflights.report(
+            "j", rank, 1, round_=1, test_id="loopback", exit_code=0, output=run.output
+        )
+    assert [t["id"] for t in w.service.preflights.step("j", 2, 1)["tests"]] == ["loopback", "gang"]
+    w.advance(60 + 1)  # the gang's own bound (round_seconds) passes without its report
+    w.service.sweep()
+    item = w.repo.preflight.get("j", 1)
+    assert item["status"] == "running" and item["round"] == 2 and "gang of 4 hung" in item["summary"][0]
+    ranks.done = {(1, r, t) for r in range(4) for t in ("loopback", "gang")}
+    assert set(ranks.run().values()) == {"stop"}
+    assert [p["node"] for p in w.repo.preflight.get("j", 1)["pinned"]] == ["node-1"]
 
 
 def test_slowness_everywhere_pins_nothing_and_the_job_trains(w: World) -> None:
@@ -194,13 +247,16 @@ def test_a_report_whose_answer_was_lost_counts_once(w: World) -> None:
     for rank in (0, 1):
         w.service.preflights.step("j", rank, 1)
         loopback = fabric.run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
-        w.service.preflights.report("j", rank, 1, round_=1, test_id="loopback", exit_code=0,
-                                    output=loopback.output)
+        w.service.preflights.report(
+            "j", rank, 1, round_=1, test_id="loopback", exit_code=0, output=loopback.output
+        )
     gang = fabric.run(nodes, 8, MIN_BYTES, MAX_BYTES).output
     repo = w.repo.preflight
     conclude = repo.conclude
 
-    def lost(*args: Any, **kwargs: Any) -> bool:  # the passing conclusion (and the baseline) written, its answer lost
+    def lost(
+        *args: Any, **kwargs: Any
+    ) -> bool:  # the passing conclusion (and the baseline) written, its answer lost
         repo.conclude = conclude
         conclude(*args, **kwargs)
         raise LostResponse("TransactWriteItems: response lost")

@@ -97,6 +97,17 @@ class PreflightRepository:
             table=self.table, key={JOB_PK: preflight_item_key(job_id, attempt)},
             set_fields={"rank0_loopback": dict(verdict)}, **_at(RUNNING, 1)))
 
+    def open_gang(self, job_id: str, attempt: int, deadline_at: float, now: float) -> bool:
+        """Every loopback arrived: the gang all-reduce may start, with a bound of its own."""
+        cond, values, names = _at_parts(RUNNING, 1)
+        names["#gr"] = "gang_ready"
+        return self.base.db.apply(Update(
+            table=self.table, key={JOB_PK: preflight_item_key(job_id, attempt)},
+            set_fields={"gang_ready": True, "gang_opened_at": now, "round_started_at": now,
+                        **self.base.job_deadline_fields(deadline_at)},
+            condition=f"{cond} AND attribute_not_exists(#gr)", condition_values=values,
+            condition_names=names))
+
     def record_result(self, job_id: str, attempt: int, round_: int, test_id: str,
                       verdict: Mapping[str, Any]) -> bool:
         """A group's result; False when the round moved on or the test was reported already."""

@@ -7,10 +7,15 @@ preflight at all (``domain.preflight.mode``) and starts it; nothing is written f
 attempt that runs none, and nothing happens for a job whose command does not ask (no
 wrapper: no preflight, nothing waits).
 
-* **Round 1**: every rank runs its node's loopback (an all-reduce over its own GPUs) and
-  reports it, then the gang all-reduce over every rank, which rank 0 reports. The round
-  completes when the gang's result is in and every rank's loopback arrived at the
-  attempt's latch, or at its bound (``first_round_seconds``).
+* **Round 1**: every rank runs its node's loopback (an all-reduce over its own GPUs) as
+  soon as it starts (the other ranks may still be starting) and reports it; its arrival at
+  the attempt's latch is counted. The report that completes the latch opens **the gang**
+  (``gang_ready``, the round's bound re-armed: ``round_seconds``): every rank then joins
+  the all-reduce over all of them, which rank 0 reports. A failed loopback ends the round
+  there (its node is pinned; no gang on top). The loopbacks' bound is
+  ``first_round_seconds`` from the first step, extended while the job is still STARTING
+  (a rank ECS has not started yet is the launch's business, not a hung node's); past it,
+  the ranks that never reported are pinned.
 * **Later rounds** (the gang failed): the search's groups (``domain.preflight.pinning``),
   disjoint, at once; each group's first rank reports. A group that has not reported by the
   round's bound hung: it failed.
@@ -143,13 +148,15 @@ class Preflights:
         if status in (PINNED, ABANDONED):
             return {**answer, "action": "stop"}
         deadline = float(item.get("deadline_at") or now)
+        # A test may take the round's bound whole, however late in the round it starts.
+        least = float(self.policy.round_seconds) - MARGIN_SECONDS
         common = {"min_bytes": SWEEP_MIN_BYTES, "max_bytes": SWEEP_MAX_BYTES,
-                  "timeout_seconds": round(max(5.0, deadline - now - MARGIN_SECONDS), 1)}
+                  "timeout_seconds": round(max(least, deadline - now - MARGIN_SECONDS), 1)}
         if round_ == 1:
             tests = [{"id": LOOPBACK, "kind": "loopback", "nodes": 1, "group_rank": 0, "group_size": 1,
                       "leader": rank, "members": [[rank, rank + 1]], "master_addr": "", "port_offset": 0,
                       "report": True, **common}]
-            if nodes > 1:
+            if nodes > 1 and item.get("gang_ready"):
                 tests.append({"id": GANG, "kind": "group", "nodes": nodes, "group_rank": rank,
                               "group_size": nodes, "leader": 0, "members": [[0, nodes]], "master_addr": "",
                               "port_offset": 1, "report": rank == 0, **common})
@@ -197,11 +204,10 @@ class Preflights:
         if not verdict.passed:
             logger.info("preflight test failed", extra={"job_id": job_id, "round": round_, "test": test_id,
                                                        "rank": rank, "verdict": verdict.line()})
-        # Read after the write: of two last reports landing together (the last loopback and
-        # the gang), each reads after its own write, so at least one sees both.
         fresh = repo.preflight.get(job_id, attempt) or item
-        if fresh["status"] == RUNNING and int(fresh["round"]) == round_ and \
-                self._complete(fresh, loopbacks_in):
+        if loopbacks_in and fresh["status"] == RUNNING and int(fresh["round"]) == 1:
+            fresh = self._loopbacks_in(fresh, now)
+        elif fresh["status"] == RUNNING and int(fresh["round"]) == round_ and self._complete(fresh):
             fresh = self._finish_round(fresh, now, timed_out=False)
         return {**self._instruction(fresh, rank, now), "accepted": True, "verdict": verdict.to_dict()}
 
@@ -222,19 +228,24 @@ class Preflights:
                 return test
         raise PreflightError(400, "unknown_test", f"round {round_} has no test {test_id}")
 
-    def _complete(self, item: Mapping[str, Any], loopbacks_in: bool | None) -> bool:
-        """Every result of the round in (round 1: the gang's, and every rank's loopback at the
-        attempt's latch; ``loopbacks_in``: what a loopback's own arrival said)."""
+    @staticmethod
+    def _complete(item: Mapping[str, Any]) -> bool:
+        """Every result of the round in (round 1: the gang's, once it was opened)."""
         results = item.get("results") or {}
         if int(item["round"]) > 1:
             return set(results) >= {t["id"] for t in item.get("tests") or ()}
-        nodes = int(item["nodes"])
-        if nodes > 1 and GANG not in results:
-            return False
-        if loopbacks_in is None:
-            latches = self.deps.repo.latches.complete(str(item["pf_job_id"]), int(item["attempt"]), nodes)
-            loopbacks_in = Latch.PREFLIGHT in latches
-        return loopbacks_in
+        return bool(item.get("gang_ready")) and GANG in results
+
+    def _loopbacks_in(self, item: dict[str, Any], now: float) -> dict[str, Any]:
+        """Every rank's loopback arrived: a failed one ends the round (its node pinned);
+        else the gang opens, with a round's bound of its own. Idempotent (the latch says
+        complete again to a retried report, and the sweep asks too)."""
+        if _listed_ranks(item.get("loopback_failed")) or int(item["nodes"]) == 1:
+            return self._finish_round(item, now, timed_out=False)
+        if not item.get("gang_ready"):
+            self.deps.repo.preflight.open_gang(str(item["pf_job_id"]), int(item["attempt"]),
+                                               now + self.policy.round_seconds, now)
+        return self.deps.repo.preflight.get(str(item["pf_job_id"]), int(item["attempt"])) or item
 
     @staticmethod
     def _threshold(item: Mapping[str, Any], size: int) -> Threshold:
@@ -251,16 +262,20 @@ class Preflights:
         results = {k: Verdict.from_dict(v) for k, v in (item.get("results") or {}).items()}
         summary = list(item.get("summary") or ())
         if round_ == 1:
-            gang = results.get(GANG) or (hung(self._threshold(item, nodes), waited) if nodes > 1 else None)
             failed = _listed_ranks(item.get("loopback_failed"))
             missing: list[int] = []
-            # A gang all-reduce that completed (passed or slow) ran on every rank: a loopback
-            # missing then is a report lost, not a node that never ran.
-            if timed_out and (gang is None or gang.busbw is None):
+            gang: Verdict | None = None
+            if not item.get("gang_ready") and not failed and nodes > 1:
+                # The loopbacks' bound passed with ranks missing: never reported (hung, or
+                # never started while the job was RUNNING).
                 arrived = repo.latches.arrived(job_id, attempt, range(nodes), Latch.PREFLIGHT)
                 missing = [r for r in range(nodes) if r not in arrived]
-            state = pinning.after_first_round(nodes, gang_passed=gang is None or gang.passed,
+            elif item.get("gang_ready"):
+                gang = results.get(GANG) or hung(self._threshold(item, nodes), waited)
+            state = pinning.after_first_round(nodes, gang_passed=gang is not None and gang.passed,
                                               loopback_failed=failed, missing=missing)
+            if nodes == 1 and not failed:  # one node: its loopback is the whole test
+                state = pinning.after_first_round(nodes, gang_passed=True)
             summary.append(_round_one_line(gang, failed, missing, nodes))
             tests: list[pinning.GroupTest] = []
         else:
@@ -382,6 +397,15 @@ class Preflights:
             return "preflight_abandoned"
         if float(item.get("deadline_at") or 0) > now:
             return "preflight_not_due"
+        if int(item["round"]) == 1 and not item.get("gang_ready"):
+            latches = repo.latches.complete(job_id, attempt, int(item["nodes"]))
+            if Latch.PREFLIGHT in latches:  # the report that completed the latch died before this
+                self._loopbacks_in(item, now)
+                return "preflight_gang_opened"
+            if job.get("job_state") == JobState.STARTING.value:
+                # Ranks ECS has not started yet (the restart's launch): not a hung node.
+                repo.preflight.rearm(job_id, attempt, now + self.policy.round_seconds)
+                return "preflight_waiting_for_the_start"
         self._finish_round(item, now, timed_out=True)
         return "preflight_round_timed_out"
 
@@ -396,7 +420,8 @@ def _listed_ranks(raw: Any) -> list[int]:
 
 
 def _round_one_line(gang: Verdict | None, failed: list[int], missing: list[int], nodes: int) -> str:
-    parts = [f"gang of {nodes} {gang.line()}" if gang is not None else "one node: no gang"]
+    parts = [f"gang of {nodes} {gang.line()}" if gang is not None else
+             "one node: no gang" if nodes == 1 else "gang not run"]
     parts.append(f"loopbacks failed on rank(s) {', '.join(map(str, failed))}" if failed
                  else "loopbacks passed")
     if missing:
