@@ -23,6 +23,7 @@ import json
 import math
 import random
 import time
+from functools import partial
 from statistics import mean
 from typing import Any
 
@@ -99,7 +100,10 @@ def restart_added(ranks: int) -> dict[str, Any]:
         programs = PreflightPrograms(sim, load_client_library(), opener=InProcessOpener(LocalApi()))
         running: dict[int, float] = {}
         trained: dict[int, float] = {}
-        programs.on_train = lambda arn: trained.setdefault(int(sim.tasks[arn].tags[C.TAG_RANK]), sim.now())
+        def told_to_train(arn: str) -> None:
+            trained.setdefault(int(sim.tasks[arn].tags[C.TAG_RANK]), sim.now())
+
+        programs.on_train = told_to_train
 
         def start(rank: int) -> None:
             token = make_token(job_id, rank, secret)
@@ -129,7 +133,7 @@ def restart_added(ranks: int) -> dict[str, Any]:
         for call, first in enumerate(range(0, ranks, 10)):
             at = t0 + call / DEFAULT_RATE
             for rank in range(first, min(ranks, first + 10)):
-                sim.schedule(at, lambda r=rank: start(r), "restart start")
+                sim.schedule(at, partial(start, rank), "restart start")
         sim.schedule(t0, watch, "bench watch")
         sim.run_until_true(lambda: len(trained) == ranks, max_seconds=1800)
         item = world.repo.preflight.get(job_id, 2) or {}

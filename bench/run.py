@@ -47,6 +47,7 @@ SECTIONS = (
     ("Crash consistency", "bench.crash_consistency_bench"),
     ("Remediation MTTR", "bench.remediation_bench"),
     ("Relocation in a full cluster", "bench.relocation_bench"),
+    ("Gang preflight", "bench.preflight_bench"),
     ("Node heartbeats", "bench.heartbeat_bench"),
     ("Heartbeat writes per partition", "bench.heartbeat_partitions_bench"),
     ("Jobs API", "bench.jobs_api_bench"),

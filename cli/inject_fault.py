@@ -9,6 +9,7 @@
     gpu-recovery-admin inject-fault app-error --job <job id> [--rank 0] [--exit-code 1]
     gpu-recovery-admin inject-fault lost-node --node node-4 [--seconds 300]  # heartbeats stop
     gpu-recovery-admin inject-fault link --node node-1 --peer node-2 [--factor 0.3]  # a degraded link
+    gpu-recovery-admin inject-fault link --job <job id> --rank 0 --peer-rank 1   # between two of its ranks
     gpu-recovery-admin inject-fault slow-node --node node-3 [--factor 0.4] [--network]  # slow under load
 
 Local only: the endpoint (``--endpoint`` or ``$GPUJOBS_ENDPOINT``, what ``make playground``
@@ -78,7 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     link = actions.add_parser("link", help="the network path between two nodes is degraded (a gang "
                                            "preflight holding both measures it)")
     target(link)
-    link.add_argument("--peer", required=True, help="the link's other node")
+    peer = link.add_mutually_exclusive_group(required=True)
+    peer.add_argument("--peer", help="the link's other node")
+    peer.add_argument("--peer-rank", type=int, help="with --job: the node of this rank of the job")
     link.add_argument("--factor", type=float, default=0.3, help="share of its bandwidth left (default 0.3)")
     link.add_argument("--persistent", action="store_true", help="a reboot does not heal it")
     slow = actions.add_parser("slow-node", help="a node is slow under load: its GPUs, or with --network its "
@@ -133,7 +136,8 @@ def fault_body(args: argparse.Namespace) -> dict[str, Any]:
         body["node"] = args.node
     else:
         body.update(job_id=args.job, rank=args.rank)
-    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code", "peer", "factor", "network"):
+    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code", "peer", "peer_rank", "factor",
+                 "network"):
         if getattr(args, name, None) is not None:
             body[name] = getattr(args, name)
     return body

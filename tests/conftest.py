@@ -55,6 +55,9 @@ SLOW_DOC_PAGES = {
     "docs/remediation.md": "breaker show and reset, run by docs/playground.md's walk as well",
     # a whole unbroken gpu_fault campaign run (test_docs.py runs the same flow in make test)
     "docs/data-flow.md": "the gpu_fault campaign's run, which tests/test_docs.py runs too",
+    # two 4-node jobs, a pinned node rebooted and a restart: about 40 s of the playground
+    # (tests/preflight's stage tests and the preflight_pin campaign cover the same path)
+    "docs/preflight.md": "the playground's preflight walk: two jobs, a node pinned and rebooted",
 }
 
 

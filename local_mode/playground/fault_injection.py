@@ -179,8 +179,12 @@ class FaultInjector:
 
     def _peer(self, doc: dict[str, Any], node: Any) -> Any:
         ref = doc.get("peer")
+        if not ref and doc.get("job_id") and doc.get("peer_rank") is not None:
+            _, task = self._target({"job_id": doc["job_id"], "rank": doc["peer_rank"]})
+            ref = task.node if task is not None else None
         if not ref:
-            raise PlaygroundError("peer: the link's other node (node-2...)", field="peer")
+            raise PlaygroundError("peer: the link's other node (node-2...), or peer_rank with job_id",
+                                  field="peer")
         try:
             peer = self.sim.node(str(ref))
         except KeyError:

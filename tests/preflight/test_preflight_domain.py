@@ -103,6 +103,9 @@ def test_an_operator_floor_bounds_the_threshold_and_sizes_borrow_the_nearest_lea
     borrowed = bl.reference_for(by_size, 8, bl.BaselinePolicy())
     assert borrowed is learned  # 8 has too few runs: the larger job's reference
     assert bl.reference_for(by_size, 1, bl.BaselinePolicy()) is None  # a loopback borrows from nobody
+    young = {4: bl.Baseline("p5.48xlarge", 4, (300.0,)), 16: bl.Baseline("p5.48xlarge", 16)}
+    first = bl.reference_for(young, 16, bl.BaselinePolicy())  # a young fleet: another size's first runs
+    assert first is young[4] and bl.threshold(bl.BaselinePolicy(), first, 16).gbps == pytest.approx(150.0)
     assert bl.node_class("", 8) == "8gpu" and bl.node_class("p5.48xlarge", 8) == "p5.48xlarge"
     with pytest.raises(ValueError):
         bl.BaselinePolicy(slow_fraction=0)

@@ -20,7 +20,8 @@ The rule (:func:`threshold`):
 * a size with too few samples of its own borrows the nearest size's learned reference
   (:func:`reference_for`), a larger node count first: busbw is built to be comparable
   across rank counts (nccl-tests PERFORMANCE.md), and a larger job's busbw is the lower, so
-  the borrowed threshold errs on the side of passing. A single node's loopback (NVLink
+  the borrowed threshold errs on the side of passing; in a young fleet where no size has
+  ``min_samples`` yet, its own first runs, else another size's. A single node's loopback (NVLink
   only) never borrows from a multi-node size, nor they from it.
 
 Pure: the repository reads and writes the items (``repository.preflight``).
@@ -114,16 +115,20 @@ class Threshold:
 
 def reference_for(baselines: Mapping[int, Baseline], nodes: int, policy: BaselinePolicy) -> Baseline | None:
     """The baseline judging a run of ``nodes`` nodes: its own once it has ``min_samples``
-    samples, else the nearest multi-node size that has (larger first), else its own (first
-    runs). ``baselines``: what was read, by node count."""
+    samples, else the nearest multi-node size that has (larger first), else its own first
+    runs, else the nearest multi-node size's first runs. ``baselines``: what was read, by
+    node count (the job's sizes and the powers of two)."""
     own = baselines.get(nodes)
     if own is not None and len(own.samples) >= policy.min_samples:
         return own
-    if nodes >= 2:
-        learned = [b for n, b in baselines.items() if n >= 2 and n != nodes
-                   and len(b.samples) >= policy.min_samples]
-        if learned:
-            return min(learned, key=lambda b: (abs(b.nodes - nodes), b.nodes < nodes))
+    others = [b for n, b in baselines.items() if nodes >= 2 and n >= 2 and n != nodes and b.samples]
+    learned = [b for b in others if len(b.samples) >= policy.min_samples]
+    if learned:
+        return min(learned, key=lambda b: (abs(b.nodes - nodes), b.nodes < nodes))
+    if own is not None and own.samples:
+        return own
+    if others:  # a young fleet: another size's first runs (their own, looser rule)
+        return min(others, key=lambda b: (abs(b.nodes - nodes), b.nodes < nodes))
     return own
 
 

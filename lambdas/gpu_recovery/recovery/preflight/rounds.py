@@ -62,6 +62,8 @@ MARGIN_SECONDS = 15  # a test's own time limit ends this long before its round's
 STARTED_STATES = (JobState.STARTING.value, JobState.RUNNING.value)
 MAX_OUTPUT_LINES = 64
 _CONCLUDE_ROUNDS = 3  # a baseline another job learned meanwhile: read it again and retry
+# The sizes whose baselines a size without enough runs of its own may borrow (one read).
+BORROWED_SIZES = tuple(2 ** k for k in range(1, 11))
 # One poll per interval per rank: keep a large job's polls near this many a second.
 POLLS_PER_SECOND = 256
 
@@ -125,7 +127,7 @@ class Preflights:
                           "poll_seconds": self._poll(nodes)}
         gpus = int(job.get("gpus_per_node") or 0)
         klass = node_class(str((job.get("launch") or {}).get("instance_type") or ""), gpus)
-        baselines = repo.preflight.baselines(klass, {1, nodes})
+        baselines = repo.preflight.baselines(klass, {1, nodes, *BORROWED_SIZES})
         thresholds = {str(n): with_floor(self.policy.baseline, klass, n, baselines).to_dict()
                       for n in sorted({1, nodes})}
         deadline = now + self.policy.first_round_seconds
@@ -298,7 +300,8 @@ class Preflights:
         leaders = {pinning.members(t.nodes)[0] for t in tests}
         addresses = repo.latches.addresses(job_id, attempt, leaders)
         sizes = {t.size for t in tests}
-        baselines = repo.preflight.baselines(str(item["node_class"]), sizes | {int(item["nodes"])})
+        baselines = repo.preflight.baselines(str(item["node_class"]),
+                                             sizes | {int(item["nodes"]), *BORROWED_SIZES})
         klass = str(item["node_class"])
         thresholds = {str(n): with_floor(self.policy.baseline, klass, n, baselines).to_dict()
                       for n in sorted(sizes)}
