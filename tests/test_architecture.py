@@ -629,6 +629,7 @@ ITEM_HOMES = {
     "launch_plan_key": "scheduling.py",
     "notice_item_key": "notices.py",
     "verdict_lease_key": "verdict_leases.py",
+    "preflight_item_key": "preflight.py",
 }
 
 
@@ -752,6 +753,9 @@ SIZED = ("lambdas", "cli", "infra", "local_mode", "bench", "agent", "health_chec
 LONG_MODULES = {
     "agent/gpu_node_agent.py": "the node agent is one stdlib-only file: its source is the container "
                                "command (and a systemd unit's script), copied to each node as is",
+    "training_client/gpu_recovery_client.py": "the training client is one stdlib-only file users copy "
+                                              "into their images: the suspend channel, the preflight "
+                                              "wrapper and its all-reduce benchmark",
 }
 
 

@@ -326,8 +326,7 @@ class RecoveryConfig:
     # --- gang preflight (docs/preflight.md)
     preflight_min_nodes: int = option(
         DEFAULT_MIN_NODES, integer(1, MAX_MIN_NODES, zero_disables=True),
-        "queue jobs of this many nodes or more run the gang preflight after a recovery restart, "
-        "unless their spec says otherwise (0: only jobs that ask)")
+        "queue jobs of this many nodes or more run the gang preflight after restarts (0: only if asked)")
     preflight_round_seconds: int = option(
         DEFAULT_ROUND_SECONDS, integer(MIN_ROUND_SECONDS, MAX_ROUND_SECONDS),
         "bound of each preflight round (the first: twice); a group silent by then hung")

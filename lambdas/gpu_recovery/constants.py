@@ -138,8 +138,7 @@ ENV_SUSPEND_GRACE_SECONDS = "SUSPEND_GRACE_SECONDS"  # default grace of a job (J
 ENV_DEMOTE_AFTER_SECONDS = "DEMOTE_ABOVE_NORMAL_AFTER_SECONDS"  # 0: never
 ENV_CONTROL_API_URL = "JOB_CONTROL_API_URL"  # given to every queue rank (suspend client)
 ENV_CONTROL_POLL_SECONDS = "JOB_CONTROL_POLL_SECONDS"  # how often the client may ask
-# The gang preflight (domain.preflight.settings): a JSON object, min_nodes, round_seconds, ...
-ENV_PREFLIGHT_SETTINGS = "PREFLIGHT_SETTINGS"
+ENV_PREFLIGHT_SETTINGS = "PREFLIGHT_SETTINGS"  # JSON object: domain.preflight.settings
 
 # Powertools' own variables, set by infra and by local mode alike.
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
@@ -403,12 +402,8 @@ def preflight_item_key(job_id: str, attempt: int) -> str:
     return f"{job_id}#PF#a{attempt}"
 
 
+# The gang preflight's baselines in the instance table: <prefix><node class>#<node count>.
 PREFLIGHT_BASELINE_PREFIX = "PREFLIGHT_BASELINE#"
-
-
-def preflight_baseline_key(node_class: str, nodes: int) -> str:
-    """The learned busbw of (node class, node count), in the instance table (fleet data)."""
-    return f"{PREFLIGHT_BASELINE_PREFIX}{node_class}#{nodes}"
 
 
 def health_check_slots_key(job_id: str) -> str:

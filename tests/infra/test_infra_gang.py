@@ -204,14 +204,22 @@ def test_every_ecs_caller_can_reach_the_budget_item_and_no_more_than_it_needs(de
         reachable = set().union(*(statement_actions(s) for s in on_instance)) if on_instance else set()
         assert {"dynamodb:GetItem", "dynamodb:UpdateItem"} <= reachable, service
         if service in BUDGET_ONLY:
-            (budget,) = on_instance
+            # The job-control API also judges the gang preflight: its baselines' items, and no other.
+            baselines = [s for s in on_instance if s.get("Sid") == "PreflightBaselineItems"]
+            if baselines:
+                assert service == "job-control-api"
+                assert baselines[0]["Condition"] == {"ForAllValues:StringLike": {
+                    "dynamodb:LeadingKeys": [f"{c.PREFLIGHT_BASELINE_PREFIX}*"]}}
+                assert statement_resources(baselines[0]) == [instance_arn]
+            (budget,) = [s for s in on_instance if s not in baselines]
             assert budget["Sid"] == "EcsCallBudgetItem"
             assert statement_actions(budget) == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
             assert statement_resources(budget) == [instance_arn]  # the table, no index
             assert budget["Condition"] == {
                 "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [c.ECS_RATE_ITEM_KEY,
                                                                        c.ECS_DESCRIBE_RATE_ITEM_KEY]}}
-            assert instance_id not in json.dumps([s["Resource"] for s in statements if s is not budget])
+            assert instance_id not in json.dumps([s["Resource"] for s in statements
+                                                  if s is not budget and s not in baselines])
     assert callers == SENDERS  # whoever calls ECS may also stop a gang, and the other way round
 
 

@@ -132,12 +132,14 @@ def test_two_token_authorizers_validate_the_header_and_cache_alike(default_synth
 
 def test_control_routes_use_the_control_authorizer(default_synth: Synth) -> None:
     """Given GET /v1/control and POST /v1/control/suspend (training code's suspend channel),
-    Then each is CUSTOM with the job-control TOKEN authorizer and a Lambda proxy to the
-    job-control function; the node authorizer guards none of them."""
+    GET and POST /v1/control/preflight (its gang preflight), Then each is CUSTOM with the
+    job-control TOKEN authorizer and a Lambda proxy to the job-control function; the node
+    authorizer guards none of them."""
     control_auth, _ = _authorizer_of(default_synth, CONTROL_AUTHORIZER_HANDLER)
     control_fn, _ = _function(default_synth, CONTROL_API_HANDLER)
     methods = _methods(default_synth)
-    assert {"GET /v1/control", "POST /v1/control/suspend"} == CONTROL_ROUTE_KEYS
+    assert {"GET /v1/control", "POST /v1/control/suspend", "GET /v1/control/preflight",
+            "POST /v1/control/preflight"} == CONTROL_ROUTE_KEYS
     for key in CONTROL_ROUTE_KEYS:
         props = methods[key]
         assert props["AuthorizationType"] == "CUSTOM"

@@ -200,7 +200,8 @@ def test_job_control_api_stops_tasks_of_the_cluster_and_writes_the_job_table_onl
     """go_suspend() stops the job's ranks: StopTask on the cluster's tasks (ArnEquals
     ecs:cluster), the job table's data actions (no Scan, BatchWrite or Delete); no
     StartTask, no PassRole, no SNS, no quota table; of the instance table only the ECS
-    budget's item (its StopTask calls take their tokens there)."""
+    budget's item (its StopTask calls take their tokens there) and the gang preflight's
+    baselines (it learns a passing run)."""
     role = _function_role(default_synth, "job-control-api")
     statements = _statements_by_role(default_synth)[role]
     actions = set().union(*(statement_actions(s) for s in statements))
@@ -211,7 +212,13 @@ def test_job_control_api_stops_tasks_of_the_cluster_and_writes_the_job_table_onl
                                                                "gpu-cluster"}}
     assert stop["Resource"] == "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/*"
     dynamo = [s for s in statements if any(a.startswith("dynamodb:") for a in statement_actions(s))
-              and s.get("Sid") != "EcsCallBudgetItem"]
+              and s.get("Sid") not in ("EcsCallBudgetItem", "PreflightBaselineItems")]
+    (baselines,) = [s for s in statements if s.get("Sid") == "PreflightBaselineItems"]
+    assert _arn_tables(baselines["Resource"]) == {_table_id(default_synth, "TablesInstanceTable")}
+    assert statement_actions(baselines) == {"dynamodb:BatchGetItem", "dynamodb:GetItem",
+                                            "dynamodb:UpdateItem"}
+    assert baselines["Condition"] == {"ForAllValues:StringLike": {
+        "dynamodb:LeadingKeys": ["PREFLIGHT_BASELINE#*"]}}
     assert set().union(*(_arn_tables(s["Resource"]) for s in dynamo)) == {
         _table_id(default_synth, "TablesJobTable")}
     assert set().union(*(statement_actions(s) for s in dynamo)) == {

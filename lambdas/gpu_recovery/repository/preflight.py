@@ -27,7 +27,7 @@ from typing import Any
 from gpu_recovery.constants import (
     INSTANCE_PK,
     JOB_PK,
-    preflight_baseline_key,
+    PREFLIGHT_BASELINE_PREFIX,
     preflight_item_key,
     rank_item_key,
 )
@@ -35,6 +35,13 @@ from gpu_recovery.domain.preflight.baseline import Baseline
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 
 PREFLIGHT_ITEM_TYPE = "PREFLIGHT"
+
+
+def preflight_baseline_key(node_class: str, nodes: int) -> str:
+    """The learned busbw of (node class, node count), an item of the instance table."""
+    return f"{PREFLIGHT_BASELINE_PREFIX}{node_class}#{nodes}"
+
+
 BASELINE_ITEM_TYPE = "PREFLIGHT_BASELINE"
 RUNNING, PASSED, PINNED, INCONCLUSIVE, ABANDONED = "running", "passed", "pinned", "inconclusive", "abandoned"
 MAX_SUMMARY_LINES = 40

@@ -532,7 +532,7 @@ class Fault:
 
 
 @dataclass
-class Simulation:
+class SearchRun:
     rounds: int
     pinned: list[int]
     widespread: str = ""
@@ -540,7 +540,7 @@ class Simulation:
     tests_per_round: list[int] = field(default_factory=list)
 
 
-def simulate(nodes: int, faults: Sequence[Fault], max_rounds: int = 64) -> Simulation:
+def simulate(nodes: int, faults: Sequence[Fault], max_rounds: int = 64) -> SearchRun:
     """The search against a model fabric: a group fails when a fault holds it. Rounds count
     the preflight itself (round 1)."""
     loopbacks = [n for f in faults if f.loopback for n in f.nodes]
@@ -553,4 +553,4 @@ def simulate(nodes: int, faults: Sequence[Fault], max_rounds: int = 64) -> Simul
         sizes.append(len(tests))
         outcome = {t.test_id: not any(f.fails(members(t.nodes)) for f in faults) for t in tests}
         state = advance(state, tests, outcome)
-    return Simulation(state.round, state.pinned_nodes, state.widespread, list(state.notes), sizes)
+    return SearchRun(state.round, state.pinned_nodes, state.widespread, list(state.notes), sizes)
