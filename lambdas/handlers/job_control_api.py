@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 from gpu_recovery import runtime
 from gpu_recovery.queue.control import ControlError
 from handlers._common import powertools
-from handlers._http import BodyError, body_text
+from handlers._http import BodyError, body_text, media_type, parse_json
 from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
 
 logger, tracer, metrics = powertools("job-control-api")
@@ -205,7 +205,8 @@ def preflight_step(
           responses={200: {"description": "Judged; the rank's next step",
                            "content": {"application/json": {"model": PreflightStep}}},
                      **_ERRORS,
-                     409: error_doc("No preflight for this attempt, or a test this rank does not lead")})
+                     409: error_doc("No preflight for this attempt, or a test this rank does not lead"),
+                     415: error_doc("Content-Type is not application/json")})
 def preflight_report(
     report: PreflightReport,
     attempt: Annotated[int, Query(ge=1, le=100_000, description="The rank's ATTEMPT")],
@@ -222,13 +223,22 @@ def preflight_report(
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    report = event.get("httpMethod") == "POST" and str(event.get("path") or "").endswith(PREFLIGHT_PATH)
     try:
-        body_text(event, MAX_BODY_BYTES)  # size and encoding: a 4xx, never a 5xx
+        text = body_text(event, MAX_BODY_BYTES)  # size and encoding: a 4xx, never a 5xx
+        if report:  # the one route with a body: JSON, parsed here so the resolver's parsing can't fail
+            media = media_type(event.get("headers"))
+            if media not in ("application/json", ""):
+                raise BodyError(415, "unsupported_media_type",
+                                f"Content-Type: {media} is not supported; send application/json",
+                                "Content-Type")
+            if text.strip():
+                parse_json(text)
     except BodyError as error:
         return {"statusCode": error.status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
                 "body": json.dumps(error.body()), "isBase64Encoded": False}
-    if event.get("httpMethod") == "POST" and str(event.get("path") or "").endswith(PREFLIGHT_PATH):
-        return app.resolve(event, context)  # the one route that reads a body (a report)
+    if report:
+        return app.resolve({**event, "body": text or None, "isBase64Encoded": False}, context)
     # The other routes read no body: drop it, so nothing a client sends can fail parsing.
     return app.resolve({**event, "body": None, "isBase64Encoded": False}, context)
 
