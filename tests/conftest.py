@@ -84,6 +84,9 @@ def _no_request_aws_would_refuse() -> Iterator[None]:
     found = recorded_since(mark)
     if found:
         pytest.fail("requests AWS would refuse:\n  " + "\n  ".join(str(v) for v in found), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _no_call_refused_by_its_role() -> Iterator[None]:
     """Fail the test when a handler made a call its function's role does not grant."""
     from local_mode.sim.contract.grants import recorded_denials
