@@ -67,6 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from local_mode.moto_patches import install_emulator_speedups
 
     config.addinivalue_line("markers", "slow: the slow tier, left out by --quick (make test)")
+    config.addinivalue_line("markers", "campaign: a crash campaign's test (tests/crash_consistency; added "
+                                       "to each by tests/conftest.py)")
+    config.addinivalue_line("markers", "long: minutes on one core; its xdist group is handed out first")
     install_emulator_speedups()
     if config.getoption("--quick"):
         os.environ[TIER_ENV] = "quick"
@@ -131,9 +134,27 @@ def group_by_module(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group("infra" if module.startswith("infra/") else module))
 
 
+def long_groups_first(items: list[pytest.Item]) -> None:
+    """The xdist groups holding a test marked ``long`` first, in a stable order otherwise:
+    xdist hands groups out in collection order, and a long test handed out last would run
+    alone while the other workers wait (make test-deep: the 8,192-task recovery beside the
+    campaigns)."""
+    def group(item: pytest.Item) -> str:
+        marker = item.get_closest_marker("xdist_group")
+        return str(marker.args[0]) if marker and marker.args else item.nodeid
+
+    long = {group(item) for item in items if item.get_closest_marker("long")}
+    if long:
+        items.sort(key=lambda item: group(item) not in long)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     group_by_module(items)
+    for item in items:
+        if item.path.is_relative_to(TESTS / "crash_consistency"):
+            item.add_marker(pytest.mark.campaign)
+    long_groups_first(items)
     if not config.getoption("--quick"):
         # the slow modules' tests carry the marker too, so `-m slow` (make test-slow) selects them
         for item in items:
