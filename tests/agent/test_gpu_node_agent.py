@@ -494,7 +494,8 @@ def test_older_driver_and_no_nvlink_leave_the_fields_null(node, server, caplog):
     """Given a driver before R565 (the recovery-action field refused) and GPUs without NVLink
     When the agent runs --once
     Then the report is sent, accepted as ever, with those fields null and no error."""
-    fake_nvidia_smi(node.bin, recovery_csv="recovery_action_unsupported.exit2.txt", nvlink_txt="no_nvlink.txt")
+    fake_nvidia_smi(node.bin, recovery_csv="recovery_action_unsupported.exit2.txt",
+                    nvlink_txt="no_nvlink.txt")
 
     assert agent_mod.main(["--once"]) == 0
 

@@ -1,0 +1,98 @@
+"""The driver's warnings: what a node's reports say it will need while it still runs. Pure.
+
+A catalog rule with a ``warning`` (docs/driver-warnings.md) decides on telemetry alone: the
+driver's recovery action, a pending row remap, a counter rising faster than the rule's rate.
+:func:`driver_warning` finds the strongest such rule the node's latest evidence matches (the
+highest priority, then the most severe action, then the earlier rule); the repair itself is
+the whole catalog's decision on the same evidence (a reboot asked for by another rule still
+beats a warning's reset). :func:`warning_record` is what the node's item keeps meanwhile,
+:func:`move_record` what a moved job's item keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_recovery.domain.classify import matching_rules
+from gpu_recovery.domain.evidence import Evidence
+from gpu_recovery.domain.fault_catalog import FaultCatalog
+from gpu_recovery.domain.fault_vocabulary import ACTION_SEVERITY, ANNOUNCED, MOVE_JOB, Action
+
+# A node's item keeps at most this many jobs asked to move (the jobs on one node: a job per GPU).
+MAX_WARNING_JOBS = 64
+# A job's item keeps its last moves (the newest last).
+MAX_MOVES_KEPT = 8
+
+
+@dataclass(frozen=True)
+class DriverWarning:
+    rule_id: str
+    action: Action  # what the warning rule says the node needs
+    confidence: str  # announced | predicted
+    busy_node: str  # move | cordon
+    reason: str
+
+    @property
+    def announced(self) -> bool:
+        return self.confidence == ANNOUNCED
+
+    @property
+    def moves_jobs(self) -> bool:
+        return self.busy_node == MOVE_JOB
+
+    def describe(self) -> str:
+        how = "announced by the driver" if self.announced else "predicted from a rising counter"
+        return f"{self.action.value} {how} ({self.reason})"
+
+
+def driver_warning(evidence: Evidence, catalog: FaultCatalog) -> DriverWarning | None:
+    """The strongest warning rule ``evidence`` matches, or None."""
+    found = matching_rules(evidence, catalog, catalog.warning_rules)
+    if not found:
+        return None
+    _, rule, facts = max(found, key=lambda m: (m[1].priority, ACTION_SEVERITY[m[1].action], -m[0]))
+    assert rule.warning is not None
+    return DriverWarning(rule.id, rule.action, rule.warning.confidence, rule.warning.busy_node,
+                         f"catalog rule {rule.id!r}: {rule.description} [{'; '.join(facts)}]")
+
+
+def warning_record(warning: DriverWarning, *, since: float,
+                   jobs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The node item's ``warning``: the rule, since when, and the jobs asked to move (job ->
+    {"attempt", "at"}: asked once per attempt, whatever the job answers)."""
+    return {"rule": warning.rule_id, "action": warning.action.value, "confidence": warning.confidence,
+            "busy_node": warning.busy_node, "reason": warning.reason[:500], "since": since,
+            "jobs": dict(jobs or {})}
+
+
+def asked(record: Mapping[str, Any] | None, job_id: str, attempt: int) -> bool:
+    """The job's attempt was asked to move for this warning already."""
+    entry = ((record or {}).get("jobs") or {}).get(job_id)
+    return isinstance(entry, Mapping) and int(entry.get("attempt") or 0) == attempt
+
+
+def move_record(*, node: str, warning: Mapping[str, Any], at: float, outcome: str, detail: str = "",
+                checkpoint_seconds: float | None = None) -> dict[str, Any]:
+    """One entry of a job's ``moves``: which node it left (or would have), why, how it ended
+    (``moved`` at its checkpoint, ``declined``: no checkpoint within the bound)."""
+    entry: dict[str, Any] = {"at": at, "node": node, "rule": str(warning.get("rule") or ""),
+                             "action": str(warning.get("action") or ""),
+                             "confidence": str(warning.get("confidence") or ""),
+                             "reason": str(warning.get("reason") or "")[:300], "outcome": outcome}
+    if detail:
+        entry["detail"] = detail[:300]
+    if checkpoint_seconds is not None:
+        entry["checkpoint_seconds"] = round(checkpoint_seconds, 1)
+    return entry
+
+
+def avoided(warning: Mapping[str, Any]) -> str:
+    """What a move off the node avoided, in words (for the job's history, e-mail, watch)."""
+    action = str(warning.get("action") or "a repair")
+    if warning.get("confidence") == ANNOUNCED:
+        return (f"the driver asked for {action.replace('_', ' ')}: a crash there would have lost the work "
+                "since the last checkpoint plus a whole recovery")
+    return (f"a failure the rising counters predict ({action.replace('_', ' ')} needed): a crash would have "
+            "lost the work since the last checkpoint plus a whole recovery")
