@@ -18,7 +18,7 @@ from gpu_recovery.domain.gpu_counters import (
     CounterRate,
     advance,
 )
-from gpu_recovery.domain.gpu_warnings import asked, driver_warning, warning_record
+from gpu_recovery.domain.gpu_warnings import asked, driver_warning, job_entry, job_key, warning_record
 
 WINDOW = 600.0
 
@@ -148,7 +148,7 @@ def test_a_job_fault_sees_the_drivers_warning_too() -> None:
 def test_the_warning_record_asks_each_attempt_once() -> None:
     warning = driver_warning(evidence_of(telemetry(rp=True)), default_catalog())
     assert warning is not None
-    record = warning_record(warning, since=5.0, jobs={"j1": {"attempt": 2, "at": 6.0}})
+    record = warning_record(warning, since=5.0, jobs={job_key("j1"): job_entry("j1", 2, 6.0, "move")})
     assert asked(record, "j1", 2) and not asked(record, "j1", 3) and not asked(record, "j2", 1)
 
 

@@ -11,6 +11,7 @@ beats a warning's reset). :func:`warning_record` is what the node's item keeps m
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,16 +61,27 @@ def driver_warning(evidence: Evidence, catalog: FaultCatalog) -> DriverWarning |
 
 def warning_record(warning: DriverWarning, *, since: float,
                    jobs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The node item's ``warning``: the rule, since when, and the jobs asked to move (job ->
-    {"attempt", "at"}: asked once per attempt, whatever the job answers)."""
+    """The node item's ``warning``: the rule, since when, and the jobs asked to move (``jobs``:
+    :func:`job_key` -> :func:`job_entry`: asked once per attempt, whatever the job answers)."""
     return {"rule": warning.rule_id, "action": warning.action.value, "confidence": warning.confidence,
             "busy_node": warning.busy_node, "reason": warning.reason[:500], "since": since,
             "jobs": dict(jobs or {})}
 
 
+def job_key(job_id: str) -> str:
+    """The key of a job in the record's ``jobs`` map (a job id may hold any character a
+    document path cannot: the entry names the job itself)."""
+    return "j" + hashlib.sha256(job_id.encode()).hexdigest()[:16]
+
+
+def job_entry(job_id: str, attempt: int, at: float, how: str) -> dict[str, Any]:
+    """What the record keeps of a job on the node: asked to ``move``, or noted (``stays``)."""
+    return {"job": job_id, "attempt": attempt, "at": at, "how": how}
+
+
 def asked(record: Mapping[str, Any] | None, job_id: str, attempt: int) -> bool:
-    """The job's attempt was asked to move for this warning already."""
-    entry = ((record or {}).get("jobs") or {}).get(job_id)
+    """The job's attempt was asked to move (or noted as staying) for this warning already."""
+    entry = ((record or {}).get("jobs") or {}).get(job_key(job_id))
     return isinstance(entry, Mapping) and int(entry.get("attempt") or 0) == attempt
 
 
