@@ -121,12 +121,16 @@ class GpuWarnings:
         """No job on the node: the node decision now (reset, reboot, replace as the catalog
         says; the breaker, observe mode, escalation, the cordon until it is back)."""
         since = float(record.get("since") or clock.now())
+        left = sorted(str(e.get("job")) for e in (record.get("jobs") or {}).values() if isinstance(e, dict))
+        headline = ("GPU node repaired on the driver's warning, once its jobs left" if left else
+                    "GPU node repaired on the driver's warning, before a job found it")
+        where = f"once job(s) {', '.join(left[:5])} left it" if left else "no job on the node"
 
         def notice(after: Instance, final: RemediationPlan) -> Owed:
             return self.notices.for_node(
-                NotificationKind.GPU_WARNING, "GPU node repaired on the driver's warning, before a job "
-                "found it", container_inst_id=after.container_inst_id, instance_id=after.ec2_instance_id,
-                what_happened=(f"The node's GPU report (no job on the node) showed {warning.describe()}, "
+                NotificationKind.GPU_WARNING, headline, container_inst_id=after.container_inst_id,
+                instance_id=after.ec2_instance_id,
+                what_happened=(f"The node's GPU report ({where}) showed {warning.describe()}, "
                                f"since {int(clock.now() - since)} s"),
                 what_was_done=describe_node_effects(after, final) + "; kept out of placement until then",
                 operator_action=("None: the node returns to service by itself when its repair passes; "

@@ -99,6 +99,7 @@ def projected(instance: Instance, decision: NodeDecision) -> Instance:
     to = decision.to or instance.state
     acted = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
     return replace(instance, state=to,
+                   reset_pending=decision.reset if to is InstanceState.REBOOTING else instance.reset_pending,
                    drain_pending=instance.drain_pending or to is InstanceState.QUARANTINED,
                    terminate_pending=decision.terminate if to is InstanceState.QUARANTINED
                    else instance.terminate_pending,
