@@ -204,7 +204,7 @@ def _moves_lines(job: Mapping[str, Any]) -> list[str]:
         seconds = move.get("checkpoint_seconds")
         took = f" in {seconds:g} s" if isinstance(seconds, int | float) else ""
         rows.append([fmt_time(move.get("at")) or None, short_arn(move.get("node")),
-                     MOVE_OUTCOMES.get(str(move.get("outcome")), move.get("outcome")) + took,
+                     MOVE_OUTCOMES.get(str(move.get("outcome")), str(move.get("outcome"))) + took,
                      f"{move.get('action') or '?'} {sure}", move.get("rule") or None])
     avoided = ("Avoided: a crash on a GPU the driver warned about (the work since the last checkpoint plus a "
                "whole recovery)") if any(m.get("outcome") == "moved" for m in moves) else None
