@@ -16,7 +16,7 @@ from gpu_recovery.domain.gpu_warnings import driver_warning, warning_record
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.repository import Update
 from tests.recovery.fakes import LostResponse, World, ci_arn, world
-from tests.recovery.test_gpu_resets import reset_stopped, resets_on, sweeps
+from tests.recovery.remediation_steps import reset_stopped, resets_on, sweeps
 
 NODE, PEER = "node-b", "node-a"
 JobState, InstanceState, Kind = C.JobState, C.InstanceState, C.NotificationKind
