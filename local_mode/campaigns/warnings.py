@@ -4,14 +4,14 @@ driver announces a reset, and the node's repair, broken at each of its AWS calls
 The scenario: three 8-GPU nodes. Alice's 2-node queue job runs (its rank 0 a simulated
 training program asking the control channel every ``POLL_SECONDS``, as ``gpu_recovery_client``
 does). Then the driver of rank 1's node says its GPU 0 needs a reset (nvidia-smi's GPU Recovery
-Action: Reset); the node agent reports it once (``/v1/report_gpu`` through the heartbeat
-service). From there calls are counted: the recovery sweep cordons the node and asks the job to
-checkpoint and stop (a move); rank 0 saves a checkpoint and calls ``go_suspend()``; every rank is
-stopped, the job goes back to the queue ahead of its priority and the scheduler restarts it on
-the two healthy nodes, from that checkpoint; the warned node's GPUs are reset (the reset task)
-and it returns to service. Task events are delivered as EventBridge and Lambda's asynchronous
-invocation would; the sweeps and the scheduler run every minute; rank 0 retries a failed call
-at its next poll.
+Action: Reset); the node agent reports it once (``/v1/report_gpu`` through the node API's
+checks and the heartbeat service). Calls are counted from that report: it records the warning,
+cordons the node and asks the job to checkpoint and stop (a move); rank 0 saves a checkpoint
+and calls ``go_suspend()``; every rank is stopped, the job goes back to the queue ahead of its
+priority and the scheduler restarts it on healthy nodes, from that checkpoint; the warned
+node's GPUs are reset (the reset task) and it returns to service. Task events are delivered
+as EventBridge and Lambda's asynchronous invocation would; the sweeps and the scheduler run
+every minute; rank 0 retries a failed call at its next poll.
 
 ``check(result)`` lists what ended wrong: the job complete on attempt 2, moved once at its
 checkpoint (one checkpoint, suspended and resumed once, no recovery spent, never crashed), the
@@ -134,8 +134,12 @@ class DriverWarning(Scenario[RunResult]):
         # Resumed from its checkpoint, the job needs only what was left.
         sim.plan_family("train", run_seconds=RESUMED_RUN_SECONDS, exit_code=0)
         sim.warn_gpu(self.warned, gpu=0, recovery_action="gpu_reset")
-        sim.report_gpu_state(self.warned)  # the node agent's report: the warning's record
         return [self.job_id]
+
+    def start(self, world: World) -> None:
+        """The node agent's report (counted: the node API records the warning, cordons the node
+        and asks the job to move)."""
+        world.ecs.report_gpu_state(self.warned)
 
     def result(self, world: World, common: dict[str, Any]) -> RunResult:
         repo, sim, program = world.repo, world.ecs, self.program

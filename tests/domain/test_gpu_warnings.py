@@ -38,6 +38,14 @@ def run(values: list[tuple[float, int | None]], counter: str = NVLINK_REPLAY) ->
 
 
 # ------------------------------------------------------------------ counter rates
+def test_the_lower_bound_keeps_noise_below_a_rate_from_matching() -> None:
+    """Poisson counts: 25 errors in 10 minutes (150/h measured) are at least 60/h with three
+    deviations to spare; 10 (60/h measured) are not."""
+    assert CounterRate(NVLINK_REPLAY, "g", 150.0, 25, 600.0).lower_per_hour >= 60
+    assert CounterRate(NVLINK_REPLAY, "g", 60.0, 10, 600.0).lower_per_hour < 60
+    assert CounterRate(NVLINK_REPLAY, "g", 0.0, 0, 600.0).lower_per_hour == 0
+
+
 def test_a_rate_spans_at_least_one_window_never_two_reports() -> None:
     """Given a counter rising by 1 every 30 s report, When reports come in, Then no rate
     before a whole window has passed (one error between two reports is not 120/h), then
@@ -116,12 +124,18 @@ def test_no_warning_without_one_and_none_for_an_unknown_recovery_action() -> Non
     ("ecc_corrected_volatile", 100.0, "gpu-ecc-corrected-rising"),
 ])
 def test_a_counter_rising_at_the_catalogs_rate_warns_and_below_it_does_not(counter, per_hour, rule) -> None:
-    """At the rule's rate: a predicted warning; just below it: nothing (no move, no repair)."""
-    at = CounterRate(counter, "GPU-0", per_hour, int(per_hour / 6), 600.0)
-    below = CounterRate(counter, "GPU-0", per_hour * 0.99, int(per_hour / 6) - 1, 600.0)
-    warning = driver_warning(evidence_of(telemetry(), [at]), default_catalog())
+    """A rise over 10 minutes whose lower bound (three Poisson deviations below it) reaches the
+    rule's rate: a predicted warning. One error fewer, or a rise measured at exactly the rate
+    (noise around a lower true rate could show it): nothing (no move, no repair)."""
+    def rate(increase: int) -> CounterRate:
+        return CounterRate(counter, "GPU-0", increase * 6.0, increase, 600.0)
+
+    needed = next(n for n in range(1, 10**6) if rate(n).lower_per_hour >= per_hour)
+    warning = driver_warning(evidence_of(telemetry(), [rate(needed)]), default_catalog())
     assert warning is not None and warning.rule_id == rule and warning.confidence == "predicted"
-    assert driver_warning(evidence_of(telemetry(), [below]), default_catalog()) is None
+    for below in (rate(needed - 1), rate(round(per_hour / 6))):
+        assert below.lower_per_hour < per_hour
+        assert driver_warning(evidence_of(telemetry(), [below]), default_catalog()) is None
 
 
 def test_the_repair_is_the_whole_catalogs_decision() -> None:

@@ -12,6 +12,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.domain.evidence import build_evidence
 from gpu_recovery.domain.fault_catalog import default_catalog
 from gpu_recovery.domain.fault_vocabulary import Trigger
+from gpu_recovery.domain.gpu_counters import CounterRate
 from gpu_recovery.domain.gpu_warnings import driver_warning, warning_record
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.repository import Update
@@ -22,19 +23,20 @@ NODE, PEER = "node-b", "node-a"
 JobState, InstanceState, Kind = C.JobState, C.InstanceState, C.NotificationKind
 
 
-def warn(w: World, node: str, **gpu: Any) -> str:
+def warn(w: World, node: str, rates: tuple[CounterRate, ...] = (), **gpu: Any) -> str:
     """What the heartbeat service leaves on the node when its agent reports ``gpu`` (compact
     telemetry keys: ``ra`` the recovery action, ``rp`` a pending remap) on GPU 0: the report,
     and the warning's record due for the sweep now. Returns the warning's rule."""
     w.repo.put_instance_if_absent(Instance(node, container_instance_arn=ci_arn(node),
                                            ec2_instance_id=f"i-{node}"))
-    item = {"gpu_telemetry": [{"i": 0, "u": "GPU-0", **gpu}], "last_gpu_report_at": w.now[0]}
+    item = {"gpu_telemetry": [{"i": 0, "u": "GPU-0", **gpu}], "last_gpu_report_at": w.now[0],
+            "gpu_counter_rates": [r.to_dict() for r in rates]}
     evidence = build_evidence(node_id=node, fault_at=w.now[0], trigger=Trigger.TELEMETRY, instance_item=item,
                               catalog=default_catalog())
     warning = driver_warning(evidence, default_catalog())
     assert warning is not None
     w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
-        **item, "warning": warning_record(warning, since=w.now[0]),
+        **item, "warning": warning_record(warning, since=w.now[0], rates=evidence.counter_rates),
         C.DEADLINE_PK: C.DEADLINE_BUCKET, C.DEADLINE_SK: w.now[0]}))
     return warning.rule_id
 
@@ -110,6 +112,19 @@ def test_a_warning_the_next_report_no_longer_shows_is_cleared_with_its_cordon() 
         instance = w.repo.get_instance(NODE)
         assert not instance.warning and not instance.cordoned and instance.state is InstanceState.AVAILABLE
         assert arns and w.rebooter.calls == [] and resets_on(w, NODE) == []
+
+
+def test_a_predicted_warning_stands_when_its_rate_dips_until_the_node_is_repaired() -> None:
+    """NVLink replays rising past the catalog's rate (their lower bound at least 60/h) raised a
+    predicted warning; the next report's rate dips (a shorter span, noise): the idle node is
+    still repaired (a reboot), not let go."""
+    with world() as w:
+        rule = warn(w, NODE, rates=(CounterRate("nvlink_replay_errors", "GPU-0", 150.0, 25, 600.0),))
+        assert rule == "gpu-nvlink-replay-rising"
+        calm(w, NODE)
+        sweeps(w, 1)
+        assert w.repo.get_instance(NODE).state is InstanceState.REBOOTING
+        assert w.rebooter.calls == [f"i-{NODE}"]
 
 
 def test_a_repair_the_breaker_holds_is_decided_once_not_every_minute() -> None:

@@ -129,7 +129,8 @@ def _facts(rule: CatalogRule, ev: Evidence, suspect_exit_codes: Collection[int])
         facts.append(", ".join(sorted({f"{s.kind.value} on {s.gpu}" for s in signals})))
     if m.counter_rate is not None:
         counter, per_hour = m.counter_rate
-        rising = [r for r in ev.counter_rates if r.counter == counter and r.per_hour >= per_hour]
+        # Held to the limit by its lower bound: noise around a rate below it never matches.
+        rising = [r for r in ev.counter_rates if r.counter == counter and r.lower_per_hour >= per_hour]
         if not rising:
             return None
         facts.append(", ".join(sorted(f"{r.describe()} (rate limit {per_hour:g}/h)" for r in rising)))

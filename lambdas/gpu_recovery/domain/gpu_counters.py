@@ -9,6 +9,13 @@ becomes the base and the latest report the mid. So a rate always spans one to tw
 (never two reports 30 s apart, where one error reads as 120 an hour), and the item holds
 four numbers per counter whatever the node's age: bounded by the GPUs a report may list.
 
+Errors arrive at random, so a rate measured over a window scatters around the true one: a
+counter whose true rate is just below a limit reads above it now and then. A rate is
+therefore held to a limit by its lower bound, :data:`CONFIDENCE_SIGMAS` standard deviations
+below the measured increase (counts are Poisson: the deviation of n is sqrt(n)): a counter
+rising below the limit (0.8 of it, bench) practically never matches, one at twice the limit
+matches within about two windows.
+
 A counter that went down (a reboot, a GPU reset, a driver reload cleared it) starts again
 from its new value: no rate until a window has passed. A counter at 0 keeps no anchors (the
 usual case adds nothing to the item every report rewrites): its first error starts them.
@@ -16,6 +23,7 @@ usual case adds nothing to the item every report rewrites): its first error star
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +42,8 @@ COUNTER_WORDS = {
     NVLINK_RECOVERY: "NVLink recovery errors",
 }
 DEFAULT_WINDOW_SECONDS = 600.0
+# How far below the measured increase a rate's lower bound lies, in Poisson standard deviations.
+CONFIDENCE_SIGMAS = 3.0
 # What the node's item keeps at most (a report lists at most 64 GPUs: the node API's limit).
 MAX_GPUS = 64
 MAX_COUNTER_VALUE = 2**63 - 1
@@ -49,9 +59,18 @@ class CounterRate:
     increase: int
     seconds: float
 
+    @property
+    def lower_per_hour(self) -> float:
+        """The rate this increase shows with CONFIDENCE_SIGMAS to spare (0: none to speak of)."""
+        if self.seconds <= 0:
+            return 0.0
+        spare = max(0.0, self.increase - CONFIDENCE_SIGMAS * math.sqrt(max(0, self.increase)))
+        return spare * 3600.0 / self.seconds
+
     def describe(self) -> str:
         return (f"{COUNTER_WORDS.get(self.counter, self.counter)} on {self.gpu} rising "
-                f"{self.per_hour:.0f}/h (+{self.increase} in {self.seconds / 60:.0f} min)")
+                f"{self.per_hour:.0f}/h (+{self.increase} in {self.seconds / 60:.0f} min; at least "
+                f"{self.lower_per_hour:.0f}/h)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"counter": self.counter, "gpu": self.gpu, "per_hour": round(self.per_hour, 2),

@@ -12,19 +12,22 @@ beats a warning's reset). :func:`warning_record` is what the node's item keeps m
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_recovery.domain.classify import matching_rules
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_catalog import FaultCatalog
-from gpu_recovery.domain.fault_vocabulary import ACTION_SEVERITY, ANNOUNCED, MOVE_JOB, Action
+from gpu_recovery.domain.fault_vocabulary import ACTION_SEVERITY, ANNOUNCED, MOVE_JOB, PREDICTED, Action
+from gpu_recovery.domain.gpu_counters import CounterRate, rates_from_item
 
 # A node's item keeps at most this many jobs asked to move (the jobs on one node: a job per GPU).
 MAX_WARNING_JOBS = 64
 # A job's item keeps its last moves (the newest last).
 MAX_MOVES_KEPT = 8
+# A predicted warning's record keeps at most this many of the rates that raised it.
+MAX_KEPT_RATES = 16
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,25 @@ def driver_warning(evidence: Evidence, catalog: FaultCatalog) -> DriverWarning |
                          f"catalog rule {rule.id!r}: {rule.description} [{'; '.join(facts)}]")
 
 
-def warning_record(warning: DriverWarning, *, since: float,
-                   jobs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def warning_record(warning: DriverWarning, *, since: float, jobs: Mapping[str, Any] | None = None,
+                   rates: Iterable[CounterRate] = ()) -> dict[str, Any]:
     """The node item's ``warning``: the rule, since when, and the jobs asked to move (``jobs``:
-    :func:`job_key` -> :func:`job_entry`: asked once per attempt, whatever the job answers)."""
-    return {"rule": warning.rule_id, "action": warning.action.value, "confidence": warning.confidence,
-            "busy_node": warning.busy_node, "reason": warning.reason[:500], "since": since,
-            "jobs": dict(jobs or {})}
+    :func:`job_key` -> :func:`job_entry`: asked once per attempt, whatever the job answers).
+    A predicted warning keeps the counter rates that raised it (``rates``): a rate that dips
+    under its limit in a later report (noise, a shorter span) does not withdraw it; the node's
+    repair (which clears the counters) does."""
+    record: dict[str, Any] = {
+        "rule": warning.rule_id, "action": warning.action.value, "confidence": warning.confidence,
+        "busy_node": warning.busy_node, "reason": warning.reason[:500], "since": since,
+        "jobs": dict(jobs or {})}
+    if warning.confidence == PREDICTED:
+        record["rates"] = [r.to_dict() for r in list(rates)[:MAX_KEPT_RATES]]
+    return record
+
+
+def kept_rates(record: Mapping[str, Any] | None) -> list[CounterRate]:
+    """The counter rates a predicted warning was raised on (its record's)."""
+    return rates_from_item((record or {}).get("rates"))
 
 
 def job_key(job_id: str) -> str:

@@ -411,10 +411,18 @@ class HeartbeatService:
         if kept.get("rule") == warning.rule_id and (repaired is None
                                                    or float(kept.get("since") or 0) >= repaired):
             return warning  # recorded already
-        if self.repo.record_warning(node_id, warning_record(warning, since=now), now, stale_before=repaired):
+        record = warning_record(warning, since=now, rates=evidence.counter_rates)
+        if self.repo.record_warning(node_id, record, now, stale_before=repaired):
             self.metrics.add_metric("DriverWarnings", "Count", 1)
             logger.warning("driver warning", extra={"node_id": node_id, "rule": warning.rule_id,
                                                     "why": warning.reason[:300]})
+            try:
+                # The node cordoned and its jobs asked to move now, not at the next sweep (a
+                # job has that much more time to checkpoint before the GPU fails).
+                self._recovery().gpu_warning(node_id)
+            except Exception:
+                logger.warning("driver warning not acted on yet; the recovery sweep does it", exc_info=True,
+                               extra={"node_id": node_id})
         return warning
 
     def _flag_suspect(self, node_id: str, fresh: list[HardwareSignal], notify: list[HardwareSignal],

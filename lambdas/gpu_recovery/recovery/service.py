@@ -175,6 +175,11 @@ class RecoveryService:
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
         return self.reboots.on_boot_reported(inst_id, boot_time)
 
+    def gpu_warning(self, inst_id: str) -> str:
+        """The heartbeat service recorded a driver warning on the node: cordon it and ask its
+        jobs to move now; the sweep repairs it (recovery.warnings)."""
+        return self.warnings.at_report(inst_id)
+
     def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
                          why: str) -> str:
         """The heartbeat service's node lost with its ECS agent disconnected: a node decision."""

@@ -35,7 +35,7 @@ from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.evidence import ITEM_TELEMETRY_AT
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Trigger
-from gpu_recovery.domain.gpu_warnings import DriverWarning, asked, driver_warning, job_entry
+from gpu_recovery.domain.gpu_warnings import DriverWarning, asked, driver_warning, job_entry, kept_rates
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPlan
@@ -68,9 +68,18 @@ class GpuWarnings:
         self.notices = remediation.notices
 
     # ------------------------------------------------------------------ the step
-    def sweep(self, instance: Instance, now: float) -> str:
-        """The node's warning is due: clear it, repair the idle node, or cordon the busy one
-        and ask its jobs to move."""
+    def at_report(self, inst_id: str) -> str:
+        """The node API just recorded the warning: what needs no repair happens now (the node
+        cordoned; its queue jobs asked to move: rank 0 learns it within seconds), the repair
+        itself at the sweep (a reboot or a drain is not the node API's to do)."""
+        instance = self.deps.repo.get_instance(inst_id)
+        if instance is None or not instance.warning:
+            return "ignored"
+        return self.sweep(instance, clock.now(), repair=False)
+
+    def sweep(self, instance: Instance, now: float, *, repair: bool = True) -> str:
+        """The node's warning is due: clear it, repair the idle node (``repair``; else only
+        cordon it, still due for the sweep), or cordon the busy one and ask its jobs to move."""
         repo = self.deps.repo
         inst_id = instance.container_inst_id
         raw = repo.get_instance_item(inst_id)
@@ -84,6 +93,11 @@ class GpuWarnings:
         evidence = self.remediation.evidence(inst_id=inst_id, instance_item=raw, trigger=Trigger.TELEMETRY,
                                              fault_at=now)
         warning = driver_warning(evidence, self.deps.policy.catalog)
+        if warning is None and kept_rates(record):
+            # A predicted warning stands until the node is repaired: a later report whose rate
+            # dips under the limit (noise, a shorter span) does not withdraw it.
+            evidence = replace(evidence, counter_rates=evidence.counter_rates + tuple(kept_rates(record)))
+            warning = driver_warning(evidence, self.deps.policy.catalog)
         report_at = raw.get(ITEM_TELEMETRY_AT)
         repaired = repaired_at(raw)
         stale = report_at is None or (repaired is not None and float(report_at) <= repaired)
@@ -105,8 +119,12 @@ class GpuWarnings:
             return "raced"
         busy = repo.live_ranks_on_instance(inst_id)
         holder = self._held_for(inst_id)
-        if not busy and not holder:
+        if not busy and not holder and repair:
             return self.repair(instance, raw, plan, evidence, warning, record)
+        if not busy and not holder:
+            if instance.cordoned:
+                return "warning_idle"
+            return "warning_idle_cordoned" if self._cordon(inst_id, rule, warning, now) else "raced"
         return self._busy(instance, raw, warning, record, busy, holder, now)
 
     def _held_for(self, inst_id: str) -> str:
