@@ -5,7 +5,8 @@ without the stack acting on the warning; and counters that rise below the catalo
 real node API and sweeps; one small cluster per case): a 2-node queue job (three 8-GPU nodes)
 whose rank 0 checkpoints every ``CHECKPOINT_EVERY`` seconds on its own and, told to suspend,
 saves at once and calls ``go_suspend()`` (polling the control channel every ``POLL_SECONDS``,
-as ``gpu_recovery_client`` does). Its rank-1 node's driver announces a repair (the recovery
+as ``gpu_recovery_client`` does; a checkpoint takes ``CHECKPOINT_SECONDS`` to save). Its rank-1
+node's driver announces a repair (the recovery
 action Reset, or a pending row remap) ``WARN_AFTER`` seconds into the job; the GPU fails
 ``lead`` seconds later *unless it was repaired by then* (what the driver's instruction is
 for). Each lead is run twice: the stack acting on the warning, and the crash path (the same
@@ -30,9 +31,10 @@ from gpu_recovery import constants as C
 
 MIN = 60
 CHECKPOINT_EVERY = 10 * MIN  # the job's own checkpoints
+CHECKPOINT_SECONDS = 30  # saving one (a GPU that fails meanwhile loses it)
 POLL_SECONDS = 2  # rank 0 asks the control channel every step
 WARN_AFTER = 7 * MIN  # into the job: 7 minutes of work since its last checkpoint
-LEADS = (20, 60, 120, 300, 900)  # warning -> the GPU's failure
+LEADS = (5, 20, 60, 120, 300, 900)  # warning -> the GPU's failure
 KINDS = ("recovery_action", "remap_pending")
 REPORT_EVERY = 30  # the node agent's interval
 
@@ -50,8 +52,9 @@ class Case:
 
 
 class _Rank0:
-    """Rank 0's program: a checkpoint every CHECKPOINT_EVERY s; told to suspend, one more and
-    go_suspend(). ``last_checkpoint``: when it last saved (the restart's starting point)."""
+    """Rank 0's program: a checkpoint every CHECKPOINT_EVERY s; told to suspend, one more
+    (CHECKPOINT_SECONDS to save; lost if the job faults meanwhile) and go_suspend().
+    ``checkpoints``: when each was saved (a restart's starting point is the last one)."""
 
     def __init__(self, sim: Any, repo: Any, job_id: str, started: float) -> None:
         self.sim, self.repo, self.job_id = sim, repo, job_id
@@ -75,11 +78,21 @@ class _Rank0:
         if job.state is C.JobState.SUSPENDING and self.told_attempt != job.attempt:
             control = runtime.job_control_service()
             if control.status(self.job_id, 0, job.attempt)["suspend"]:
-                self.last_checkpoint = now
-                self.checkpoints.append(now)
                 self.told_attempt = job.attempt
-                control.go_suspend(self.job_id, 0, job.attempt)
+                attempt = job.attempt
+                self.sim.schedule(now + CHECKPOINT_SECONDS, lambda: self._saved(attempt), "checkpoint saved")
         self.start()
+
+    def _saved(self, attempt: int) -> list[Any]:
+        from gpu_recovery import runtime
+
+        job = self.repo.get_job(self.job_id)
+        if job is None or job.attempt != attempt or job.state is not C.JobState.SUSPENDING:
+            return []  # the GPU failed while it saved: the checkpoint is lost, recovery took over
+        self.last_checkpoint = self.sim.now()
+        self.checkpoints.append(self.sim.now())
+        runtime.job_control_service().go_suspend(self.job_id, 0, attempt)
+        return []
 
 
 def _case(kind: str, lead: int, acted: bool) -> Case:
@@ -144,15 +157,18 @@ def _case(kind: str, lead: int, acted: bool) -> Case:
                 job.attempt >= 2 and job.state is C.JobState.RUNNING and sim.now() > warned_at + lead))
 
         sim.run_until_true(ended, max_seconds=3 * 3600)
+        sim.run_for(MIN)  # the restarted ranks placed, then RUNNING
         item = repo.get_job_item(job_id) or {}
         moves = [m for m in item.get("moves") or [] if m.get("outcome") == "moved"]
         tasks = sorted((t for t in sim.tasks.values() if t.tags.get(C.TAG_JOB_ID) == job_id
                         and not t.health_check), key=lambda t: t.created_at)
         first_stop = min((t.stopped_at for t in tasks if t.stopped_at and t.stopped_at > warned_at),
                          default=None)
-        later = [t for t in tasks if int(t.tags.get(C.TAG_ATTEMPT, "1")) > 1]
-        running_again = max((t.started_at for t in later if t.started_at), default=None) \
-            if len(later) >= 2 else None
+        # The ranks started after the first stop (a gang restart replays the tasks' tags: the
+        # attempt tag of a recovery's restart is not the new attempt).
+        later = [t.started_at for t in tasks if first_stop is not None and t.created_at >= first_stop
+                 and t.started_at is not None]
+        running_again = max(later) if len(later) >= 2 else None
         # The work since the checkpoint the job restarted from, at its first stop after the warning.
         lost = (first_stop - max(c for c in rank0.checkpoints if c <= first_stop)) if first_stop \
             else float("nan")
