@@ -206,10 +206,14 @@ def _counters(seed: int = 20261120) -> dict[str, Any]:
     limits = {r.match.counter_rate[0]: r.match.counter_rate[1] for r in catalog.warning_rules
               if r.match.counter_rate}
 
+    naive = {"warned": 0}
+
     def series(counter: str, per_hour: float, hours: float) -> float | None:
-        """Seconds until the first warning (None: none) for one GPU, reports every 30 s."""
+        """Seconds until the first warning (None: none) for one GPU, reports every 30 s. Also
+        counts (``naive``) the GPUs the measured rate alone, against the limit, would warn."""
         anchors: dict[str, Any] = {}
         value, now = 0, 0.0
+        crossed = False
         while now < hours * 3600:
             now += REPORT_EVERY
             # Poisson arrivals in the interval (a burst now and then, as errors come).
@@ -218,6 +222,9 @@ def _counters(seed: int = 20261120) -> dict[str, Any]:
             value += sum(1 for _ in range(trials) if rng.random() < expected / trials)
             anchors, rates = gpu_counters.advance(anchors, [("GPU-0", {counter: value})], now,
                                                   catalog.counter_window_seconds)
+            if not crossed and any(r.per_hour >= limits[counter] for r in rates):
+                crossed = True
+                naive["warned"] += 1
             item = {"gpu_telemetry": [{"i": 0, "u": "GPU-0"}], "last_gpu_report_at": now,
                     "gpu_counter_rates": [r.to_dict() for r in rates if r.increase > 0]}
             evidence = build_evidence(node_id="n", fault_at=now, trigger=Trigger.TELEMETRY,
@@ -231,10 +238,12 @@ def _counters(seed: int = 20261120) -> dict[str, Any]:
     for counter in ("nvlink_replay_errors", "ecc_corrected_volatile"):
         limit = limits[counter]
         gpus, hours = 20, 6.0
+        naive["warned"] = 0
         warned = sum(1 for share in (0.25, 0.5, 0.8) for _ in range(gpus)
                      if series(counter, limit * share, hours))
         below[counter] = {"rate_limit_per_hour": limit, "gpu_hours": round(3 * gpus * hours),
-                          "shares_of_the_rate": [0.25, 0.5, 0.8], "warnings": warned}
+                          "shares_of_the_rate": [0.25, 0.5, 0.8], "warnings": warned,
+                          "gpus_the_measured_rate_alone_would_warn": naive["warned"]}
         delays = [series(counter, limit * 2, 2.0) for _ in range(10)]
         found = [d for d in delays if d is not None]
         past[counter] = {"at_twice_the_rate": f"{len(found)}/10 warned",
