@@ -279,8 +279,7 @@ class RecoveryConfig:
         "GPU reset (a privileged ECS task) where it suffices, else reboot; false: always reboot")
     warning_checkpoint_seconds: str = option(
         REMEDIATION_DEFAULTS["warning_checkpoint_seconds"][0], remediation_setting("seconds 0..21600"),
-        "a queue job on a node with a driver warning checkpoints within this long and moves; past "
-        "it, it keeps running there, the node repaired once it leaves (0: never asked)")
+        "a job on a node with a driver warning checkpoints within this and moves (0: never asked)")
     relocate_instead_of_wait: bool = option(
         False, boolean(), "move relocatable jobs to free healthy nodes at once, not after the reboot")
     relocation_wait_seconds: int = option(
