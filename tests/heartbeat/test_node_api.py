@@ -141,6 +141,23 @@ def test_bad_reports_are_rejected_and_nothing_is_written(world, body, status, co
     assert snapshot(world) == before
 
 
+@pytest.mark.parametrize(("gpu", "field", "hint"), [
+    ({"index": 0, "recovery_action": "Reset"}, "gpus.0.recovery_action", "'none', 'gpu_reset'"),
+    ({"index": 0, "nvlink_replay_errors": -3}, "gpus.0.nvlink_replay_errors", "greater than or equal to 0"),
+    ({"index": 0, "ecc_corrected_volatile": True}, "gpus.0.ecc_corrected_volatile", "not true/false"),
+])
+def test_a_bad_warning_field_is_a_400_naming_it_and_nothing_is_written(world, gpu, field, hint) -> None:
+    """The agent's new fields are checked as its others: nvidia-smi's word instead of the
+    health check's name, a negative counter, a boolean count: 400 with the field, nothing written."""
+    world.seed_job("j1", world_size=1)
+    before = snapshot(world)
+    status, out = call(api_event(world, "apigw_report_gpu.json",
+                                 {"node_id": NODE, "timestamp": world.clock(), "gpus": [gpu]}))
+    assert (status, out["error"], out["field"]) == (400, "invalid_report", field), out
+    assert hint in out["message"]
+    assert snapshot(world) == before
+
+
 def test_too_many_gpus_is_413(world) -> None:
     gpus = [{"index": i} for i in range(65)]
     status, out = call(api_event(world, "apigw_report_gpu.json",
