@@ -54,6 +54,7 @@ SECTIONS = (
     ("Time sharing", "bench.time_sharing_bench"),
     ("Large jobs", "bench.scale_bench"),
     ("Goodput with hot spares (model)", "bench.goodput_bench"),
+    ("Driver warnings", "bench.warnings_bench"),
 )
 
 

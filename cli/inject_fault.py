@@ -8,6 +8,9 @@
     gpu-recovery-admin inject-fault flap --node node-3 [--times 3] [--seconds 30]  # ECS agent flaps
     gpu-recovery-admin inject-fault app-error --job <job id> [--rank 0] [--exit-code 1]
     gpu-recovery-admin inject-fault lost-node --node node-4 [--seconds 300]  # heartbeats stop
+    gpu-recovery-admin inject-fault recovery-action reset --node node-2 [--gpu 0]  # the driver's warning
+    gpu-recovery-admin inject-fault remap-pending --job <job id> --rank 1  # a row remap waits for a reset
+    gpu-recovery-admin inject-fault rising-counter nvlink_replay_errors --node node-3 [--per-hour 600]
 
 Local only: the endpoint (``--endpoint`` or ``$GPUJOBS_ENDPOINT``, what ``make playground``
 prints) must be on this machine (127.0.0.1, localhost, ::1); anything else is refused
@@ -71,6 +74,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lost = actions.add_parser("lost-node", help="the node agent goes silent: its ranks miss heartbeats")
     target(lost)
     lost.add_argument("--seconds", type=float, default=300.0, help="silent this long (default 300)")
+    # The driver's warnings on a GPU that still runs (docs/driver-warnings.md).
+    action = actions.add_parser("recovery-action",
+                                help="the driver's recovery action changes (the GPU still runs)")
+    action.add_argument("action", choices=("reset", "reboot", "drain-p2p", "drain-and-reset"),
+                        help="what the driver asks for (nvidia-smi's GPU Recovery Action)")
+    target(action)
+    action.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
+    remap = actions.add_parser("remap-pending", help="a row remap waits for a GPU reset (the GPU still runs)")
+    target(remap)
+    remap.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
+    rising = actions.add_parser("rising-counter", help="an error counter starts rising (the GPU still runs)")
+    rising.add_argument("counter", choices=("nvlink_replay_errors", "nvlink_recovery_errors",
+                                            "nvlink_crc_errors", "ecc_corrected_volatile"),
+                        help="the counter the node agent reports")
+    target(rising)
+    rising.add_argument("--per-hour", type=float, default=600.0,
+                        help="how fast it rises (default 600/h; the catalog's rates: docs/fault-catalog.md)")
+    rising.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
 
 
 def local_endpoint(endpoint: str | None) -> str:
@@ -116,7 +137,8 @@ def fault_body(args: argparse.Namespace) -> dict[str, Any]:
         body["node"] = args.node
     else:
         body.update(job_id=args.job, rank=args.rank)
-    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code"):
+    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code", "action", "counter",
+                 "per_hour"):
         if getattr(args, name, None) is not None:
             body[name] = getattr(args, name)
     return body

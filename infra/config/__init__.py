@@ -107,6 +107,7 @@ REMEDIATION_KEYS = (
     "remediation_mode", "replace_action", "reboots_before_replace", "reboot_window_hours",
     "max_remediations", "remediation_window_days", "breaker_enabled", "breaker_max_percent",
     "breaker_max_nodes", "breaker_window_minutes", "breaker_auto_close", "gpu_reset",
+    "warning_checkpoint_seconds",
 )
 
 
@@ -276,6 +277,9 @@ class RecoveryConfig:
     gpu_reset: str = option(
         REMEDIATION_DEFAULTS["gpu_reset"][0], remediation_setting("`true` / `false`"),
         "GPU reset (a privileged ECS task) where it suffices, else reboot; false: always reboot")
+    warning_checkpoint_seconds: str = option(
+        REMEDIATION_DEFAULTS["warning_checkpoint_seconds"][0], remediation_setting("seconds 0..21600"),
+        "a job on a node with a driver warning checkpoints within this and moves (0: never asked)")
     relocate_instead_of_wait: bool = option(
         False, boolean(), "move relocatable jobs to free healthy nodes at once, not after the reboot")
     relocation_wait_seconds: int = option(

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from . import heartbeats, placement, recovery, time_sharing
+from . import heartbeats, placement, recovery, time_sharing, warnings
 
 RUNS: dict[str, Callable[[tuple[int, str] | None], Any]] = {
     **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS},
     **{flow: partial(placement.run, flow) for flow in placement.FLOWS},
     "node_lost": heartbeats.run,
     "time_sharing": time_sharing.run,
+    "driver_warning": warnings.run,
 }

@@ -1,6 +1,7 @@
 """``POST /local/faults``: the faults the playground injects into its simulated cluster
 (``gpu-recovery-admin inject-fault``): an XID, a dead GPU, a flapping ECS agent, an
-application error, a node whose agent goes silent."""
+application error, a node whose agent goes silent, and the driver's warnings on a GPU that
+still runs (its recovery action, a pending row remap, a counter rising)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from local_mode.playground.config import PlaygroundError
 from local_mode.playground.console import iso
 from local_mode.training_programs import TrainingPrograms
 
-FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node")
+FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node", "recovery_action", "remap_pending",
+               "rising_counter")
+# The driver's recovery actions as the playground's CLI names them -> as the agent reports them.
+RECOVERY_ACTIONS = {"reset": "gpu_reset", "reboot": "node_reboot", "drain-p2p": "drain_p2p",
+                    "drain-and-reset": "drain_and_reset"}
+COUNTERS = ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors", "ecc_corrected_volatile")
 # What a health check finds after an XID, by the fault catalog's class of it: application
 # errors leave the GPU healthy, XID 64 (row-remap failure) needs a new node, the catalog's
 # reset XIDs are fixed by a GPU reset, the rest by a reboot (``persistent``: they are not).
@@ -121,6 +127,8 @@ class FaultInjector:
             self.sim.inject_task_exit(task.arn, exit_code, after=0, why="application error injected")
             detail = (f"{task.label} on {node.name} exits {exit_code} (an application error: the GPUs are "
                       "healthy)")
+        elif kind in ("recovery_action", "remap_pending", "rising_counter"):
+            detail = self._warning(kind, doc, node)
         else:  # lost_node
             seconds = _number(doc, "seconds", 300.0, 10, 86400)
             self._refuse_unwatched(node)
@@ -131,6 +139,30 @@ class FaultInjector:
         self.note("admin", f"fault injected: {detail}")
         return {"kind": kind, "node": node.name, "container_instance_id": node.container_instance_id,
                 "at": iso(self.sim.now()), "detail": detail}
+
+    def _warning(self, kind: str, doc: dict[str, Any], node: Any) -> str:
+        """The driver warns about a GPU that still runs: the node agent reports it with its
+        next GPU report (every 30 s), the recovery sweep acts within a minute after."""
+        gpu = self._gpu(doc, node)
+        every = int(getattr(self.agents, "interval", 30))
+        then = (f"the node agent reports it within {every} s; an idle node is then repaired, a busy one "
+                "cordoned and its queue jobs asked to checkpoint and move (gpujobs watch)")
+        if kind == "recovery_action":
+            action = str(doc.get("action") or "").lower()
+            if action not in RECOVERY_ACTIONS:
+                raise PlaygroundError(f"action: one of {', '.join(RECOVERY_ACTIONS)}", field="action")
+            self.sim.warn_gpu(node.name, gpu=gpu, recovery_action=RECOVERY_ACTIONS[action])
+            return f"GPU {gpu} of {node.name}: the driver's recovery action is now {action}; {then}"
+        if kind == "remap_pending":
+            self.sim.warn_gpu(node.name, gpu=gpu, remap_pending=True)
+            return f"GPU {gpu} of {node.name}: a row remap is pending (applied at the next reset); {then}"
+        counter = str(doc.get("counter") or "").replace("-", "_")
+        if counter not in COUNTERS:
+            raise PlaygroundError(f"counter: one of {', '.join(COUNTERS)}", field="counter")
+        per_hour = _number(doc, "per_hour", 600.0, 0.1, 1e9)
+        self.sim.warn_gpu(node.name, gpu=gpu, counter=counter, per_hour=per_hour)
+        return (f"GPU {gpu} of {node.name}: {counter} rising {per_hour:g}/h (the catalog acts past its rate, "
+                f"over 10 to 20 min of reports; below it, nothing happens); {then}")
 
     def _refuse_unwatched(self, node: Any) -> None:
         """A silent node is noticed through its ranks' heartbeats: the heartbeat sweep watches

@@ -222,6 +222,7 @@ class DataPlane(ABC):
             before = node.health
             if before in RESET_FIXES:
                 node.health = "healthy"
+                node.gpu_state = {}  # the reset applied the remap, cleared what the driver asked
         self._log("task", f"GPU reset: health {before} -> {node.health}", node.name)
         if before in RESET_FIXES:
             return self._container_exit(task, 0, "GPUs reset, diag passed")

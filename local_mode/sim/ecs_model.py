@@ -84,6 +84,9 @@ class Node:
     reboots: int = 0
     rebooting: bool = False
     reboot_requested_at: float | None = None
+    # The driver's warnings its node agent reports (GPU index -> "recovery_action",
+    # "remap_pending", "counters": {name: [value, per hour, since]}); {} when none.
+    gpu_state: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def container_instance_id(self) -> str:
@@ -124,7 +127,21 @@ class Node:
         self.boot_time = now
         if before in REBOOT_FIXES:
             self.health = "healthy"
+        if self.health == "healthy":
+            self.gpu_state = {}  # the warning's cause is gone, the volatile counters cleared
         return before
+
+    def gpu_report_fields(self, index: int, now: float) -> dict[str, Any]:
+        """What the node agent reports of GPU ``index`` beside its usual row: the driver's
+        recovery action, the remapped-rows state and the counters (as the tools print them)."""
+        state = self.gpu_state.get(index) or {}
+        row: dict[str, Any] = {"recovery_action": state.get("recovery_action", "none"),
+                               "remapped_rows_pending": bool(state.get("remap_pending")),
+                               "ecc_corrected_volatile": 0, "nvlink_crc_errors": 0,
+                               "nvlink_replay_errors": 0, "nvlink_recovery_errors": 0}
+        for name, (value, per_hour, since) in (state.get("counters") or {}).items():
+            row[name] = int(value + per_hour * max(0.0, now - since) / 3600)
+        return row
 
 
 @dataclass

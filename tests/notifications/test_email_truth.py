@@ -25,6 +25,7 @@ from gpu_recovery.domain.heartbeat_policy import ReportedTask
 from local_mode.campaigns import heartbeats as heartbeat_campaign
 from local_mode.campaigns.recovery import RecoveryScenario
 from local_mode.campaigns.runner import run_flow
+from local_mode.campaigns.warnings import DriverWarning
 from local_mode.remediation_scenarios import MIN, world
 from local_mode.world import build_world
 from tests.notifications.truth import Mail, Record, problems
@@ -57,6 +58,27 @@ class _RecordedCampaign(RecoveryScenario):
     def result(self, w: Any, common: dict[str, Any]) -> Any:
         self.inspected = _inspect(self.record)
         return super().result(w, common)
+
+
+class _RecordedWarning(DriverWarning):
+    """The driver-warning campaign's flow (a move at the checkpoint, the node reset), unbroken."""
+
+    inspected: Inspected
+
+    def set_up(self, w: Any) -> list[str]:
+        jobs = super().set_up(w)
+        self.record = Record(w)
+        return jobs
+
+    def result(self, w: Any, common: dict[str, Any]) -> Any:
+        self.inspected = _inspect(self.record)
+        return super().result(w, common)
+
+
+def driver_warning() -> Inspected:
+    scenario = _RecordedWarning()
+    run_flow(scenario)
+    return scenario.inspected
 
 
 def campaign(flow: str) -> Callable[[], Inspected]:
@@ -247,7 +269,7 @@ FLOWS: dict[str, Callable[[], Inspected]] = {
     "reboot_timeout": _timeout(reboot_timeout_minutes=10, reboot_seconds=10**6),
     "health_check_timeout": _timeout(health_check_timeout_minutes=10, dcgm_seconds=10**6),
     "breaker_refault": breaker_refault, "queue_relocation": queue_relocation, "too_large": too_large,
-    "hung": hung, "node_lost": node_lost, "cordon_limit": cordon_limit,
+    "hung": hung, "node_lost": node_lost, "cordon_limit": cordon_limit, "driver_warning": driver_warning,
 }
 #: the flow that sends each kind
 KIND_FLOWS: dict[str, str | None] = {
@@ -257,7 +279,7 @@ KIND_FLOWS: dict[str, str | None] = {
     "gpu_reset_failed": "reset_fails", "failed": "budget_spent", "reboot_timeout": "reboot_timeout",
     "health_check_timeout": "health_check_timeout", "breaker_needs_operator": "breaker_refault",
     "relocated": "queue_relocation", "job_refused": "too_large", "hung": "hung", "node_lost": "node_lost",
-    "cordon_limit_tripped": "cordon_limit",
+    "cordon_limit_tripped": "cordon_limit", "gpu_warning": "driver_warning",
 }
 QUICK = {"application_error"}  # the defect's e-mail: make test
 

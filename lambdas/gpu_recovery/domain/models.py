@@ -240,6 +240,9 @@ class Instance:
     # rank's stop): a suspect, out of the stack's placements until its check (the node
     # decision) says otherwise, whatever its state says meanwhile (domain.placement).
     suspect_fence: dict[str, Any] = field(default_factory=dict)
+    # The driver's warning (domain.gpu_warnings.warning_record): a repair due once its jobs
+    # left, the jobs asked to move meanwhile; {} when none.
+    warning: dict[str, Any] = field(default_factory=dict)
 
     @property
     def left_jobs(self) -> list[tuple[str, int]]:

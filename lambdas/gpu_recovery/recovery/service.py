@@ -41,6 +41,7 @@ from gpu_recovery.recovery.remediation.node_unreachable import NodeUnreachable
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.sweep import Sweep
 from gpu_recovery.recovery.task_events import TaskEvents
+from gpu_recovery.recovery.warnings import GpuWarnings
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import Settings
 
@@ -63,6 +64,8 @@ class RecoveryService:
         self.unreachable = NodeUnreachable(self.deps, self.remediation)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
         self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
+        self.warnings = GpuWarnings(self.deps, self.remediation)
+        self.suspensions.on_moved = self.warnings.after_move  # a job left a warned node
         self.restarts.request_suspend = self.suspensions.request  # lent spares taken back
         self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
                                  self.suspensions, self.gang)
@@ -74,7 +77,7 @@ class RecoveryService:
         self.faults.on_fault = self.placement.on_fault
         self.faults.on_task_stopped = self.placement.on_task_stopped
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
-                             self.suspensions, self.gang)
+                             self.suspensions, self.gang, self.warnings)
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property
@@ -171,6 +174,11 @@ class RecoveryService:
 
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
         return self.reboots.on_boot_reported(inst_id, boot_time)
+
+    def gpu_warning(self, inst_id: str) -> str:
+        """The heartbeat service recorded a driver warning on the node: cordon it and ask its
+        jobs to move now; the sweep repairs it (recovery.warnings)."""
+        return self.warnings.at_report(inst_id)
 
     def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
                          why: str) -> str:

@@ -39,6 +39,7 @@ from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
+from gpu_recovery.recovery.warnings import GpuWarnings
 from gpu_recovery.repository.faults import suspect_from_item
 from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
@@ -60,7 +61,7 @@ TIME_MARGIN_SECONDS = 12.0
 class Sweep:
     def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
                  restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
-                 gang: GangOps) -> None:
+                 gang: GangOps, warnings: GpuWarnings | None = None) -> None:
         self.deps = deps
         self.faults = faults
         self.health = health
@@ -69,6 +70,7 @@ class Sweep:
         self.breaker = breaker
         self.suspensions = suspensions
         self.gang = gang
+        self.warnings = warnings
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -165,6 +167,9 @@ class Sweep:
         if instance.state is InstanceState.AVAILABLE and instance.waiting_jobs:
             self.reboots.release_waiting(instance)  # back after its reboot; a delivery died after
             return "released_waiting_jobs"
+        if instance.warning and self.warnings is not None \
+                and instance.state in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
+            return self.warnings.sweep(instance, now)  # a driver warning: repair, or move its jobs
         self.deps.repo.clear_instance_deadline(instance.container_inst_id, instance.state)
         return "cleared"
 

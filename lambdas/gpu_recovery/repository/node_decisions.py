@@ -75,6 +75,9 @@ class NodeDecision:
     cordon: dict[str, Any] | None = None  # known bad: cordon it (domain.cordon.cordon_record)
     uncordon: bool = False  # healthy again (a passed diag): clear its cordon
     reset: bool = False  # REBOOTING by a GPU reset first (recovery.gpu_resets)
+    # A driver warning's decision that leaves the node as it is (observe mode, the breaker
+    # held it): its record stays, marked decided, so the warning is not decided again.
+    warning_decided: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,13 @@ class NodeDecisions(JobsAndRanks, Instances):
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
         # The node is judged: whatever fenced it as a suspect is answered (domain.placement).
+        # A driver's warning on it is answered too (repaired, or decided and left).
         remove = ["hc_jobs", "hc_left", "hc_lease_until", "suspect_fence",
                   *HealthCheckSlots.held_attributes(), *HealthCheckSlots.wait_attributes()]
+        if decision.warning_decided:
+            fields["warning.decided_at"] = now
+        else:
+            remove.append("warning")
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
         if decision.fault_history is not None:
@@ -144,6 +152,9 @@ class NodeDecisions(JobsAndRanks, Instances):
             extra.append("#sb = :sb")
             values[":sb"] = decision.hc_started_by
             names["#sb"] = "hc_started_by"
+        if decision.warning_decided:
+            extra.append("attribute_exists(#wd)")
+            names["#wd"] = "warning"
         if decision.hc_jobs_count is not None:
             # No job left waiting (they all left before the verdict): the emptied set is gone.
             extra.append("(attribute_not_exists(#hcj) OR size(#hcj) = :hcn)" if decision.hc_jobs_count == 0
