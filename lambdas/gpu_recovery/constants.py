@@ -67,6 +67,7 @@ ENV_SPARE_NODES = "SPARE_NODES"
 ENV_LEND_SPARES = "LEND_SPARES"  # "true": spares run LOW queue jobs until needed (domain.placement)
 # Seconds a job that cannot move waits (HELD) for the breaker's reset to reboot its node.
 ENV_HELD_JOB_DEADLINE_SECONDS = "HELD_JOB_DEADLINE_SECONDS"
+ENV_DEADLINE_INDEX_SHARDS = "DEADLINE_INDEX_SHARDS"
 # Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
 ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
 # Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.
@@ -172,9 +173,23 @@ JOB_BY_INSTANCE_SK = "job_id_rank"
 # (reboot, health check, restart) carry these attributes, so the scheduled sweep
 # reads only what can have timed out, never the whole table.
 DEADLINE_INDEX = "by-deadline"
-DEADLINE_PK = "deadline_bucket"  # constant DEADLINE_BUCKET while a deadline is set
+DEADLINE_PK = "deadline_bucket"  # the item's shard's bucket while a deadline is set
 DEADLINE_SK = "deadline_at"  # epoch seconds (number)
-DEADLINE_BUCKET = "DEADLINE"
+DEADLINE_BUCKET = "DEADLINE"  # what writers set; shard 0's bucket (the only one with one shard)
+# The index's partition key split over DEADLINE_INDEX_SHARDS values (a deployment setting, 1
+# by default): every write that puts an item in the index or changes it (an ALL projection)
+# lands on its partition, and one partition takes about 1,000 WCU/s (a 1,024-rank cascade
+# asks for more: docs/sizing.md). Writers set DEADLINE_BUCKET; the repository's gateway puts
+# the item in the shard of its key (``deadline_bucket``); readers Query every shard.
+DEADLINE_SHARDS_MAX = 32
+
+
+def deadline_bucket(shard: int) -> str:
+    """The by-deadline partition key value of ``shard`` ("DEADLINE", "DEADLINE#01", ...):
+    shard 0 keeps the unsharded value, so raising the shard count strands nothing."""
+    if not 0 <= shard < DEADLINE_SHARDS_MAX:
+        raise ValueError(f"a deadline shard is 0..{DEADLINE_SHARDS_MAX - 1}, not {shard}")
+    return DEADLINE_BUCKET if shard == 0 else f"{DEADLINE_BUCKET}#{shard:02d}"
 
 # Sparse index of heartbeating ranks (node heartbeats; issue 40, defect 9): only ranks in
 # RUNNING / NODE_LOST / HUNG that have had at least one heartbeat carry HB_PK, so the stale
