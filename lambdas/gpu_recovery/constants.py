@@ -175,20 +175,13 @@ JOB_BY_INSTANCE_SK = "job_id_rank"
 DEADLINE_INDEX = "by-deadline"
 DEADLINE_PK = "deadline_bucket"  # the item's shard's bucket while a deadline is set
 DEADLINE_SK = "deadline_at"  # epoch seconds (number)
-DEADLINE_BUCKET = "DEADLINE"  # what writers set; shard 0's bucket (the only one with one shard)
-# The index's partition key split over DEADLINE_INDEX_SHARDS values (a deployment setting, 1
-# by default): every write that puts an item in the index or changes it (an ALL projection)
-# lands on its partition, and one partition takes about 1,000 WCU/s (a 1,024-rank cascade
-# asks for more: docs/sizing.md). Writers set DEADLINE_BUCKET; the repository's gateway puts
-# the item in the shard of its key (``deadline_bucket``); readers Query every shard.
+DEADLINE_BUCKET = "DEADLINE"  # what writers set. Over DEADLINE_INDEX_SHARDS keys (docs/sizing.md):
+# the repository's gateway puts an item in its key's shard, readers Query every shard.
 DEADLINE_SHARDS_MAX = 32
 
 
 def deadline_bucket(shard: int) -> str:
-    """The by-deadline partition key value of ``shard`` ("DEADLINE", "DEADLINE#01", ...):
-    shard 0 keeps the unsharded value, so raising the shard count strands nothing."""
-    if not 0 <= shard < DEADLINE_SHARDS_MAX:
-        raise ValueError(f"a deadline shard is 0..{DEADLINE_SHARDS_MAX - 1}, not {shard}")
+    """The by-deadline key of ``shard`` (shard 0: "DEADLINE", as unsharded: nothing stranded)."""
     return DEADLINE_BUCKET if shard == 0 else f"{DEADLINE_BUCKET}#{shard:02d}"
 
 # Sparse index of heartbeating ranks (node heartbeats; issue 40, defect 9): only ranks in
@@ -325,9 +318,10 @@ QUOTA_BUCKET = "QUOTA"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
 # The blast-radius breaker's state: one item in the container-instance table.
 BREAKER_ITEM_KEY = "BREAKER#node-actions"
-# Cordons whose ECS attribute (PutAttributes / DeleteAttributes) is still to be synced: one
-# item, a string set of "<node>#<cordon version>" (domain.cordon); the sweep works it off.
+# ECS attribute syncs still to do ("<node>#<version>", domain.cordon) and the holds, over
+# CORDON_SYNC_SHARDS items by the node's hash (repository.cordons says why).
 CORDON_SYNC_ITEM_KEY = "CORDON#ecs-attribute-sync"
+CORDON_SYNC_SHARDS = 16
 # The stack's share of the account's ECS control-plane request bucket (a GCRA).
 ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
 ECS_DESCRIBE_RATE_ITEM_KEY = "RATE#ecs-describe"  # the stack's DescribeTasks budget

@@ -111,15 +111,20 @@ class RecoveryTables:
     def _due_pages(self, table: str, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
         """Pages from where the last one ended (an item handled meanwhile moved to a later
         deadline; one whose step failed keeps its place, before the next page: neither is
-        read twice in one pass), shard after shard; an empty page is not handed over."""
+        read twice in one pass), shard after shard; an empty page is handed over only when
+        nothing at all is due (the reader knows it read)."""
+        handed = False
         for kwargs in self._due_queries(now):
             while True:
                 response = self.db.query_page(table, Limit=page, **kwargs)
                 if response.get("Items"):
+                    handed = True
                     yield list(response["Items"])
                 if "LastEvaluatedKey" not in response:
                     break
                 kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        if not handed:
+            yield []
 
     # ======================================================= generic (shared) API
     def apply(self, update: Update) -> bool:
