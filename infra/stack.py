@@ -64,6 +64,7 @@ from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
     ENV_CONTROL_API_URL,
     ENV_DCGM_LEVEL,
+    ENV_DEADLINE_INDEX_SHARDS,
     ENV_DEFAULT_NODE_QUOTAS,
     ENV_DEMOTE_AFTER_SECONDS,
     ENV_ECS_API_BURST,
@@ -142,12 +143,14 @@ def heartbeat_config(config: RecoveryConfig) -> HeartbeatConfig:
 
 
 def large_jobs_environment(config: RecoveryConfig, gang_queue_url: str) -> dict[str, str]:
-    """Every function's: the gang queue, the ECS budget, grouped starts, health checks at once."""
+    """Every function's: the gang queue, the ECS budget, grouped starts, health checks at once,
+    the deadline index's shards (every reader of the index must read each of them)."""
     return {
         ENV_GANG_QUEUE_URL: gang_queue_url,
         ENV_ECS_API_RATE: f"{config.ecs_api_rate_per_second:g}",
         ENV_ECS_API_BURST: str(config.ecs_api_burst),
         ENV_BATCH_IDENTICAL_STARTS: "true" if config.batch_identical_starts else "false",
+        ENV_DEADLINE_INDEX_SHARDS: str(config.deadline_index_shards),
         ENV_MAX_HEALTH_CHECKS_PER_JOB: str(config.max_health_checks_per_job),
         ENV_MAX_HEALTH_CHECKS_IN_FLIGHT: str(config.max_health_checks_in_flight),
         ENV_REGISTRATION: config.registration,

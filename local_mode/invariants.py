@@ -54,7 +54,7 @@ def forgotten_jobs(repo: Repository, now: float, *, overdue_seconds: float = OVE
         if state in QUEUE_OWNED and item.get(C.QUEUE_PK):
             continue
         due = item.get(C.DEADLINE_SK)
-        if item.get(C.DEADLINE_PK) != C.DEADLINE_BUCKET or due is None:
+        if item.get(C.DEADLINE_PK) not in repo.db.deadline_buckets() or due is None:
             out[str(item["job_id"])] = f"{state.value} with nothing due"
         elif float(due) < now - overdue_seconds:
             out[str(item["job_id"])] = f"{state.value} due {now - float(due):.0f} s ago"

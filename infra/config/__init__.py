@@ -30,6 +30,7 @@ from functools import cached_property
 from typing import Any
 
 from gpu_recovery.constants import (
+    DEADLINE_SHARDS_MAX,
     DEFAULT_GANG_WORKER_CONCURRENCY,
     DEFAULT_HEALTH_CHECK_FAMILY,
     REGISTRATION_MODES,
@@ -314,6 +315,9 @@ class RecoveryConfig:
     gang_worker_concurrency: int = option(
         DEFAULT_GANG_WORKER_CONCURRENCY, integer(2, 100), "large-job stop/start batches run at once")
     batch_identical_starts: bool = option(True, boolean(), "up to 10 identical ranks per StartTask")
+    deadline_index_shards: int = option(
+        1, integer(1, DEADLINE_SHARDS_MAX),
+        "partition keys of the by-deadline index (one takes ~1,000 writes/s; raise only: docs/sizing.md)")
     registration: str = option(
         "both", choice(*REGISTRATION_MODES),
         "how tasks are registered (docs/architecture.md#registering-jobs-what-gets-protected)")

@@ -67,6 +67,7 @@ ENV_SPARE_NODES = "SPARE_NODES"
 ENV_LEND_SPARES = "LEND_SPARES"  # "true": spares run LOW queue jobs until needed (domain.placement)
 # Seconds a job that cannot move waits (HELD) for the breaker's reset to reboot its node.
 ENV_HELD_JOB_DEADLINE_SECONDS = "HELD_JOB_DEADLINE_SECONDS"
+ENV_DEADLINE_INDEX_SHARDS = "DEADLINE_INDEX_SHARDS"
 # Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
 ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
 # Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.
@@ -172,9 +173,16 @@ JOB_BY_INSTANCE_SK = "job_id_rank"
 # (reboot, health check, restart) carry these attributes, so the scheduled sweep
 # reads only what can have timed out, never the whole table.
 DEADLINE_INDEX = "by-deadline"
-DEADLINE_PK = "deadline_bucket"  # constant DEADLINE_BUCKET while a deadline is set
+DEADLINE_PK = "deadline_bucket"  # the item's shard's bucket while a deadline is set
 DEADLINE_SK = "deadline_at"  # epoch seconds (number)
-DEADLINE_BUCKET = "DEADLINE"
+DEADLINE_BUCKET = "DEADLINE"  # what writers set. Over DEADLINE_INDEX_SHARDS keys (docs/sizing.md):
+# the repository's gateway puts an item in its key's shard, readers Query every shard.
+DEADLINE_SHARDS_MAX = 32
+
+
+def deadline_bucket(shard: int) -> str:
+    """The by-deadline key of ``shard`` (shard 0: "DEADLINE", as unsharded: nothing stranded)."""
+    return DEADLINE_BUCKET if shard == 0 else f"{DEADLINE_BUCKET}#{shard:02d}"
 
 # Sparse index of heartbeating ranks (node heartbeats; issue 40, defect 9): only ranks in
 # RUNNING / NODE_LOST / HUNG that have had at least one heartbeat carry HB_PK, so the stale
@@ -310,9 +318,10 @@ QUOTA_BUCKET = "QUOTA"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
 # The blast-radius breaker's state: one item in the container-instance table.
 BREAKER_ITEM_KEY = "BREAKER#node-actions"
-# Cordons whose ECS attribute (PutAttributes / DeleteAttributes) is still to be synced: one
-# item, a string set of "<node>#<cordon version>" (domain.cordon); the sweep works it off.
+# ECS attribute syncs still to do ("<node>#<version>", domain.cordon) and the holds, over
+# CORDON_SYNC_SHARDS items by the node's hash (repository.cordons says why).
 CORDON_SYNC_ITEM_KEY = "CORDON#ecs-attribute-sync"
+CORDON_SYNC_SHARDS = 16
 # The stack's share of the account's ECS control-plane request bucket (a GCRA).
 ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
 ECS_DESCRIBE_RATE_ITEM_KEY = "RATE#ecs-describe"  # the stack's DescribeTasks budget

@@ -189,6 +189,9 @@ class Settings:
     # How a task is recognised as a protected rank (constants.REGISTRATION_MODES).
     registration: str = "both"
     tag_lookup_queue_url: str = ""  # "": unknown tasks are described inline (one at a time)
+    # The by-deadline index's partition key split over this many values (constants.
+    # DEADLINE_SHARDS_MAX at most): one partition takes ~1,000 WCU/s (docs/sizing.md).
+    deadline_index_shards: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -237,6 +240,7 @@ class Settings:
                                              DEFAULT_HEALTH_CHECKS_IN_FLIGHT, minimum=1),
             registration=registration_mode(env),
             tag_lookup_queue_url=env.get(c.ENV_TAG_LOOKUP_QUEUE_URL, ""),
+            deadline_index_shards=_bounded(env, c.ENV_DEADLINE_INDEX_SHARDS, 1, 1, c.DEADLINE_SHARDS_MAX),
         )
 
 

@@ -18,6 +18,8 @@ behind it, driven by the API calls it observes through ``LocalAws.hooks``:
 * **DescribeContainerInstances** — answers carry GPU registered/remaining
   resources and the simulated agentConnected.
 * **UpdateContainerInstancesState** — emits the container-instance event.
+* **DescribeInstanceInformation** / **ListTagsForResource** (SSM, the ``mi-`` nodes) —
+  answered from the nodes (``managed_instances``: moto models no managed instance).
 * **TerminateInstanceInAutoScalingGroup** (nodes put in a group with
   ``put_in_auto_scaling_group``) — the node's tasks die, its agent disconnects and its
   container instance is deregistered; ``replacement_seconds`` later a new node (``<name>-r1``)
@@ -71,6 +73,7 @@ from .ecs_model import (
     placement_failure,
     start_task_network_refusal,
 )
+from .managed_instances import ManagedInstances
 
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
@@ -97,6 +100,8 @@ class SimulatedEcs(GpuFaults):
         hooks.on_after_call("ssm", "SendCommand", self._after_send_command)
         hooks.on_after_call("auto-scaling", "TerminateInstanceInAutoScalingGroup",
                             self._after_terminate_in_asg)
+        #: SSM's view of the ``mi-`` nodes (moto has none): their ping status, address, tags
+        self.managed_instances = ManagedInstances(local, lambda: list(self.nodes.values()))
 
     # ================================================================ jobs (helpers)
     def register_training_task_definition(

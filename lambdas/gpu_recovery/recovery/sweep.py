@@ -128,16 +128,12 @@ class Sweep:
     def _instance_steps(self, now: float) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
         for page in self.deps.repo.due_instance_pages(now, DUE_PAGE):
             yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in page]
-            if len(page) < DUE_PAGE:
-                return
 
     def _job_item_steps(self, now: float, overdue: OverdueTally
                         ) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
         for page in self.deps.repo.due_job_item_pages(now, DUE_PAGE):
             overdue.add_page(item[DEADLINE_SK] for item in page if item.get("item_type") == "JOB")
             yield [(partial(self._job_item, item, now), {"key": item.get("job_id_rank")}) for item in page]
-            if len(page) < DUE_PAGE:
-                return
 
     @staticmethod
     def _short_of_time(time_left: Callable[[], float] | None) -> bool:
