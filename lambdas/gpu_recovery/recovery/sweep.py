@@ -69,6 +69,7 @@ class Sweep:
         self.breaker = breaker
         self.suspensions = suspensions
         self.gang = gang
+        self.validations: Any = None  # recovery.validations.Validations (set by the service)
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -155,6 +156,8 @@ class Sweep:
     def _instance(self, instance: Instance, now: float) -> str:
         if instance.state in HEALTH_CHECK_STATES:
             return self.health.sweep(instance, now)
+        if instance.validating and self.validations is not None:
+            return str(self.validations.sweep(instance, now))  # back from its repair, proving itself
         if instance.state is InstanceState.REBOOTING and instance.reset_pending:
             return self.health.remediation.resets.sweep(instance, now)  # a GPU reset first
         if instance.state is InstanceState.REBOOTING:
