@@ -341,12 +341,14 @@ class SimulatedEcs(GpuFaults):
                     memory=str(sum(int(c.get("memory", 0) or 0) for c in td.container_definitions)),
                     health_check=hc or reset,
                     gpu_reset=reset,
+                    validation=group.startswith(C.GPU_VALIDATION_GROUP),
                     # moto's interface, as the task state change event names it ("eni")
                     attachments=[{**a, "type": "eni"} for a in task_desc.get("attachments") or []],
                 )
                 self.tasks[task.arn] = task
                 self.placements.append(Placement(now, node.name, task.started_by, task.arn, node.health,
-                                                 not task.health_check))
+                                                 not task.health_check,
+                                                 "" if task.health_check else node.latent or ""))
                 new.append(task)
                 self.counters["tasks_started"] += 1
                 if hc:
