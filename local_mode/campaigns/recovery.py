@@ -132,9 +132,9 @@ def expectations(result: RunResult) -> list[str]:
     want_reboots = {n: (1 if n == FAULTY and flow in REBOOTED else 0) for n in result.reboots}
     if flow == "validation":  # the repair that did not hold, then the one that did
         want_reboots[FAULTY] = 2
-        if result.facts.get("validations") != {"failed": 1, "passed": 1}:
-            got = result.facts.get("validations")
-            problems.append(f"validations of node-b {got} (want 1 failed, 1 passed)")
+        validations = result.facts.get("validations")
+        if validations != {"failed": 1, "passed": 1}:
+            problems.append(f"validations of node-b {validations} (want 1 failed, 1 passed)")
         if result.facts.get("placed_on_latent"):
             problems.append("training placed on node-b while its fault was latent: "
                             f"{result.facts['placed_on_latent']}")
@@ -220,6 +220,9 @@ class RecoveryScenario(Scenario[RunResult]):
         # A large gang's placements need no container-instance events (nothing reads them).
         return {"sim_options": {"instance_events_on_placement": self.flow != "large"},
                 "extra_env": _env(self.flow)}
+
+    def validating_nodes(self, world: World) -> list[str]:
+        return [world.ecs.node(FAULTY).container_instance_id] if self.flow == "validation" else []
 
     def set_up(self, world: World) -> list[str]:
         _start_job(world, self.flow)

@@ -145,7 +145,7 @@ def test_a_node_failing_under_load_is_rebooted_again_and_its_job_keeps_waiting()
         assert item["fault_history"][-1]["evidence"]["trigger"] == "validation"
         assert item["last_validation"]["result"] == "failed"
         mails = [n for n in w.notifier.sent if n.kind is C.NotificationKind.VALIDATION_FAILED]
-        assert len(mails) == 1 and "jobs waiting for it: j" in mails[0].body
+        assert len(mails) == 1 and "Jobs waiting for it: j (they keep waiting for it)" in mails[0].body
         job = w.repo.get_job("j")
         assert job.state is C.JobState.PENDING_RESTART and job.attempt == 1 and job.recoveries_used == 1
         assert any("failed its validation" in r and "repaired again" in r for r in history_reasons(w))

@@ -220,6 +220,16 @@ def result_record(outcome: Result, *, validation: Mapping[str, Any], now: float,
     return record
 
 
+def email_clause(node: str, record: Mapping[str, Any]) -> str:
+    """The restart e-mail's "what was done" clause of a node the job waited for."""
+    repair = Repair(str(record.get("repair") or "reboot")).words
+    if record.get("result") == "off":
+        return f"{node} not validated after {repair} (validate_after_repair is false)"
+    load = record.get("load_seconds")
+    what = f"DCGM level {record.get('level')}" + (f" + {load} s GPU load" if load else "")
+    return f"validated {node} after {repair} ({what}): passed in {record.get('seconds', 0):g} s"
+
+
 def history_note(node: str, record: Mapping[str, Any]) -> str:
     """One line for a job's history (and its restart e-mail) about its node's validation."""
     if record.get("result") == "off":

@@ -10,6 +10,7 @@ from typing import Any
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import SuspectVerdict
+from gpu_recovery.domain.validation import email_clause
 from gpu_recovery.recovery.ports import Deps
 
 # Suspect nodes whose evidence one e-mail spells out; the rest are counted.
@@ -47,6 +48,9 @@ def what_was_done(deps: Deps, job: Job) -> str:
             done.append(f"reboot of {', '.join(rebooted) or 'nodes'}{more_reboots}")
         if tally.fatal - tally.held > len(left):
             done.append(f"{tally.fatal - tally.held - len(left)} node(s) unusable")
+        # How each repaired node proved itself before the restart (or that it did not have to).
+        done += [email_clause(s.node, s.validation) for s in shown
+                 if s.validation.get("result") in ("passed", "off")]
     if job.relocated:
         moves = deps.repo.faults.placement(job.job_id, job.attempt)
         shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])

@@ -218,6 +218,11 @@ class Sweep:
                 # Held by the breaker first: the restart's time counts from when it went on.
                 give_up_at = max(give_up_at, (hold.resumed_at or hold.until) + settings.reboot_timeout_seconds
                                  + RESTART_GIVE_UP_MARGIN_SECONDS)
+            if now >= give_up_at and self._still_in_repair(job):
+                # A node it waits for is still being repaired (a repair that did not hold,
+                # validated again): the node's own deadlines bound that, not this backstop.
+                repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+                return "restart_waiting_for_repair"
             if now >= give_up_at:
                 self.restarts.fail_pending_restart(job, why)
                 return "restart_timed_out"
@@ -282,6 +287,16 @@ class Sweep:
                                                                   "state": job.state.value})
         repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
         return "no_step"
+
+    def _still_in_repair(self, job: Job) -> bool:
+        """A node the job waits for is REBOOTING with a deadline of its own (its reboot, its
+        GPU reset, its validation after repair): read only once the backstop is due."""
+        if not job.in_fault or job.tally.rebooting <= 0:
+            return False
+        waiting = [s.node for s in self.deps.repo.faults.suspects(job.job_id, job.attempt) if s.rebooting]
+        instances = self.deps.repo.get_instances(waiting) if waiting else {}
+        return any(i.state is InstanceState.REBOOTING and i.deadline_at is not None
+                   and job.job_id in i.waiting_jobs for i in instances.values())
 
     def _heartbeat_backstop(self, job: Job, item: dict[str, Any], now: float) -> str:
         """A job the heartbeats moved out of RUNNING (NODE_LOST, HUNG): the heartbeat sweep

@@ -367,17 +367,16 @@ class Validations:
                        jobs: list[Job], repaired_again: bool) -> Any:
         inst_id = after.container_inst_id
         waiting = ", ".join(j.job_id for j in jobs[:10]) or "none"
+        fate = ("they keep waiting for it" if repaired_again else
+                "they no longer wait for it: each moves to healthy nodes, waits or fails as for any node "
+                "lost to it")
         return self.remediation.notices.for_node(
             NotificationKind.VALIDATION_FAILED,
             f"GPU node {inst_id} failed its validation after repair: "
             + ("repaired again" if repaired_again else plan.action.value),
             container_inst_id=inst_id, instance_id=after.ec2_instance_id,
-            what_happened=policy.history_note(inst_id, record),
-            what_was_done=(describe_node_effects(after, plan)
-                           + (f"; escalation: {plan.escalation.reason}" if plan.escalation.escalated else "")
-                           + f"; jobs waiting for it: {waiting}"
-                           + ("" if repaired_again else " (they move to healthy nodes, wait or fail as "
-                              "for any node lost to them)")),
+            what_happened=f"{policy.history_note(inst_id, record)}. Jobs waiting for it: {waiting} ({fate})",
+            what_was_done=describe_node_effects(after, plan),
             operator_action=("None if the next repair holds: the node is validated again. A node whose "
                              "repairs keep failing is replaced (or quarantined and paged) by escalation."),
             details=details_of(evidence, plan))
