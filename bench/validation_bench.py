@@ -3,7 +3,7 @@
 1. **What validation adds to a restart** (simulated time, the deployed handlers on the
    emulator and the simulated ECS data plane): fault -> every rank of a 2-node job running
    again, per repair path, with validation off and on (the deployment's default: DCGM level 1,
-   about 15 s here, + 45 s of GPU load). A validation runs on each repaired node in parallel,
+   about 15 s here, + 30 s of GPU load). A validation runs on each repaired node in parallel,
    so what it adds does not grow with the job's size: one StartTask per repaired node (the
    ECS budget's), the slowest node's validation on the restart's path.
 2. **Caught by validation, never by the job**: a 6-node cluster, three 2-node jobs, and three
@@ -11,7 +11,9 @@
    reboot, then fails again under load: ``SimulatedEcs.repair_does_not_hold``, a training
    task 3 minutes in). Counted with validation off and on: the restarts of a job onto such a
    node (a training task placed while its fault was latent), the job faults that followed, the
-   infrastructure recoveries they charged, the node reboots, the validations that failed.
+   infrastructure recoveries they charged (a repeat of one cause on one node is not charged
+   twice), the jobs' minutes lost beyond their uninterrupted run (each restart starts the
+   simulated run over), the node reboots, the validations that failed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ PATHS = (("diag_reboot", "DCGM diag + reboot"), ("diag_reset", "DCGM diag + GPU 
 CATCH_NODES = 6
 CATCH_JOBS = (("j1", ["n1", "n2"]), ("j2", ["n3", "n4"]), ("j3", ["n5", "n6"]))
 CATCH_FAULTS = (("n2", 10 * MIN), ("n3", 30 * MIN), ("n6", 50 * MIN))  # node, at (after the start)
-CATCH_HOURS = 2.5
+CATCH_HOURS = 4.0
+CATCH_TRAIN_MINUTES = 90
 
 
 @contextmanager
@@ -77,7 +80,7 @@ def _restart_seconds(path: str, validation: ValidationPolicy | None) -> float:
 
 def _catch(validation: ValidationPolicy | None) -> dict[str, Any]:
     """The 6-node run: what a repair that does not hold costs the jobs, and who catches it."""
-    with _world(validation, train_seconds=90 * MIN) as w:
+    with _world(validation, train_seconds=CATCH_TRAIN_MINUTES * MIN) as w:
         for i in range(1, CATCH_NODES + 1):
             w.ecs.add_node(f"n{i}")
         for job, nodes in CATCH_JOBS:
@@ -92,11 +95,16 @@ def _catch(validation: ValidationPolicy | None) -> dict[str, Any]:
         validations = [t for t in w.ecs.tasks.values() if t.validation and t.done]
         refaults = [e for e in w.ecs.timeline if e.kind == "fault" and "repair did not hold" in e.text]
         complete = [j for j in jobs.values() if j is not None and j.state is C.JobState.COMPLETE]
+        # Each job's time to completion beyond its uninterrupted run (restarts start over here).
+        ended = {job: max((t.stopped_at or 0.0) for t in w.ecs.tasks.values()
+                          if t.tags.get(C.TAG_JOB_ID) == job) for job, _ in CATCH_JOBS}
+        lost = sum(ended[j.job_id] - start - CATCH_TRAIN_MINUTES * MIN for j in complete)
         return {
             "restarts_onto_unheld_repairs": sum(1 for p in w.ecs.placements if p.training and p.latent),
             "job_faults_from_unheld_repairs": len(refaults),
             "recoveries_charged": sum(j.recoveries_used for j in jobs.values() if j is not None),
             "jobs_complete": len(complete),
+            "job_minutes_lost": round(lost / MIN),
             "node_reboots": sum(w.ecs.node(n).reboots for n in faulty),
             "validations_failed": sum(1 for t in validations if t.exit_code not in (0, None)),
             "validations_passed": sum(1 for t in validations if t.exit_code == 0),
@@ -129,7 +137,8 @@ def run(print_report: bool = True) -> dict[str, Any]:
               f"{len(CATCH_FAULTS)} faults on nodes whose first repair does not hold, "
               f"{CATCH_HOURS:g} h simulated")
         keys = ("restarts_onto_unheld_repairs", "job_faults_from_unheld_repairs", "recoveries_charged",
-                "jobs_complete", "node_reboots", "validations_failed", "validations_passed")
+                "jobs_complete", "job_minutes_lost", "node_reboots", "validations_failed",
+                "validations_passed")
         print(f"  {'':<34} {'off':>5} {'on':>5}")
         for key in keys:
             print(f"  {key.replace('_', ' '):<34} {caught['off'][key]:>5} {caught['on'][key]:>5}")
