@@ -15,6 +15,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain import placement
+from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.domain.validation import START_RETRIES, ValidationPolicy
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.validations import POLL_SECONDS
@@ -263,6 +264,36 @@ def test_with_validation_off_the_restart_says_so() -> None:
         assert w.repo.get_job("j").attempt == 2
         assert any("restarted without validation after its reboot (validate_after_repair is false)" in r
                    for r in history_reasons(w))
+
+
+def test_the_node_a_terminated_one_is_replaced_by_is_validated_before_it_takes_work() -> None:
+    """replace_action terminate_in_asg: the stack terminates node-b in its group; the node the
+    group launches in its place registers, is adopted in validation (cordoned ``validating``)
+    and is AVAILABLE only once it passed."""
+    with validating_world(remediation=RemediationSettings(replace_action="terminate_in_asg")) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        [check] = w.ecs.health_checks_on(FAULTY)
+        w.service.on_health_check_stopped(w.health_check_stopped(check, 2))  # replace
+        sweeps(w, 1)
+        assert w.replacer.terminated == [f"i-{FAULTY}"]
+        watch = w.repo.get_instance(FAULTY).replacement_watch
+        assert watch["group"] == "gpu-nodes"
+        sweeps(w, 1)  # nothing registered yet: still watching
+        assert w.repo.get_instance(FAULTY).replacement_watch == watch
+        w.ecs.spare_nodes.append("node-r1")
+        w.ecs.registered["node-r1"] = w.now[0] + 1
+        sweeps(w, 1)
+        new = w.repo.get_instance("node-r1")
+        assert new.validating and new.validation["repair"] == "replacement"
+        assert new.validation["replaces"] == FAULTY
+        assert w.ecs.attribute_values["node-r1"][placement.UNAVAILABLE_ATTRIBUTE] == placement.VALIDATING
+        old = w.repo.get_instance_item(FAULTY)
+        assert old["replaced_by"] == "node-r1" and "replacement_watch" not in old
+        [task] = validations_on(w, "node-r1")
+        w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
+        new = w.repo.get_instance("node-r1")
+        assert new.state is C.InstanceState.AVAILABLE and not new.cordoned
 
 
 def test_a_gpu_reset_is_validated_too() -> None:

@@ -66,5 +66,34 @@ def test_a_repair_that_does_not_hold_is_caught_by_validation_never_by_the_job() 
         history = [h["reason"] for h in w.job("train")["history"]]
         node_id = w.ecs.node("node-b").container_instance_id
         assert any(f"{node_id} failed its validation after its reboot" in h for h in history)
-        assert any("passed its validation after its reboot (DCGM level 1 + 30 s GPU load)" in h for h in history)
+        passed = "passed its validation after its reboot (DCGM level 1 + 30 s GPU load)"
+        assert any(passed in h for h in history)
         assert not w.bus.dead_letters
+
+
+def test_the_node_a_group_launches_for_a_terminated_one_is_validated_before_it_takes_work() -> None:
+    """replace_action terminate_in_asg: XID 64 replaces node-b (drained, terminated in its
+    group, the job moved to node-c); the node the group launches registers, is adopted in
+    validation (``gpu-recovery.unavailable=validating``) and is AVAILABLE once it passed."""
+    with world(remediation={"replace_action": "terminate_in_asg"}, replacement_seconds=120,
+               extra_env={C.ENV_POST_REPAIR_VALIDATION: ON.to_json()}) as w:
+        for node in ("node-a", "node-b", "node-c"):
+            w.ecs.add_node(node)
+        w.ecs.put_in_auto_scaling_group(["node-a", "node-b", "node-c"])
+        w.ecs.start_job("asg-job", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.ecs.run_for(MIN)
+        w.ecs.inject_xid("node-b", 64, after=MIN, health="replace", nccl_cascade=True)
+
+        def validating() -> bool:
+            return any(t.validation for t in w.ecs.tasks.values())
+
+        assert w.ecs.run_until_true(validating, max_seconds=15 * MIN)
+        assert attributes(w, "node-b-r1").get(placement.UNAVAILABLE_ATTRIBUTE) == placement.VALIDATING
+        w.ecs.run_for(3 * MIN)
+        new = w.node_item("node-b-r1")
+        assert new["instance_state"] == "AVAILABLE" and new["last_validation"]["result"] == "passed"
+        assert new["last_validation"]["repair"] == "replacement"
+        assert w.node_item("node-b")["replaced_by"] == w.ecs.node("node-b-r1").container_instance_id
+        assert placement.UNAVAILABLE_ATTRIBUTE not in attributes(w, "node-b-r1")
+        assert [p for p in w.ecs.placements if p.node == "node-b-r1" and p.training] == []

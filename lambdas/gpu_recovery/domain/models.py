@@ -249,6 +249,9 @@ class Instance:
     # REBOOTING meanwhile: every job waiting for it keeps waiting, nothing places on it.
     validation: dict[str, Any] = field(default_factory=dict)
     last_validation: dict[str, Any] = field(default_factory=dict)  # the last one's result
+    # Terminated in its Auto Scaling group: the node the group launches in its place is
+    # validated once it registers ({"since", "until", "group"}; {} when none is awaited).
+    replacement_watch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def validating(self) -> bool:

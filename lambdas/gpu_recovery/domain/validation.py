@@ -32,6 +32,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
@@ -73,6 +74,9 @@ MAX_LOAD_SECONDS = 3600
 MAX_TIMEOUT_SECONDS = 4 * 3600
 # A validation task that ends without a verdict is started again at most this many times.
 START_RETRIES = 3
+# A node the stack terminated in its Auto Scaling group is replaced by the group: the stack
+# watches this long for a node of the group registering in the cluster, to validate it.
+REPLACEMENT_WATCH_SECONDS = 3600
 # How long each DCGM level takes (NVIDIA: level 1 seconds, 2 about 2 min, 3 about 15 min;
 # level 4 longer still): the timeout must leave room for the level and the load.
 LEVEL_SECONDS = {1: 30, 2: 150, 3: 1200, 4: 2700}
@@ -183,6 +187,19 @@ def new_validation(repair: Repair, *, cause: str, since: float, policy: Validati
     if replaces:
         record["replaces"] = replaces
     return record
+
+
+def replacement_watch(*, since: float, group: str) -> dict[str, Any]:
+    """The terminated node's ``replacement_watch``: a node of ``group`` registering in the
+    cluster from ``since`` on is its replacement, validated before it takes work."""
+    return {"since": since, "until": since + REPLACEMENT_WATCH_SECONDS, "group": group}
+
+
+def registered_since(since: float) -> str:
+    """The cluster query language ``filter`` of the container instances registered at or
+    after ``since`` (ECS: ``registeredAt`` takes ``2018-06-18T22:28:28Z``)."""
+    stamp = datetime.fromtimestamp(int(since), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"registeredAt >= {stamp}"
 
 
 def repair_cause(last_fault: Mapping[str, Any] | None) -> str:

@@ -55,7 +55,7 @@ from gpu_recovery.domain.states import (
     JobState,
     SuspectVerdict,
 )
-from gpu_recovery.domain.validation import Repair, history_note
+from gpu_recovery.domain.validation import Repair, history_note, replacement_watch
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
@@ -148,7 +148,8 @@ class Reboots:
         if not self.deps.repo.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
             return "in_flight"
         ec2_id = self.ranks.ec2_instance_id(instance)
-        state = self.deps.replacer.lifecycle_state(ec2_id) if ec2_id.startswith("i-") else None
+        found = self.deps.replacer.groups_of([ec2_id]).get(ec2_id) if ec2_id.startswith("i-") else None
+        state, group = found if found else (None, "")
         if state is None or state.startswith("Terminat"):
             result = ("terminating in its Auto Scaling group" if state or retaken
                       else "not in an Auto Scaling group: left drained for an operator")
@@ -160,7 +161,11 @@ class Reboots:
                     logger.warning("termination refused", extra={"instance": ec2_id, "error": str(error)})
                 raise
             self.deps.metrics.add_metric("Replacements", "Count", 1)
-        self.deps.repo.record_termination(instance.container_inst_id, result, clock.now())
+        now = clock.now()
+        # The node the group launches in its place is validated before it takes work.
+        watch = replacement_watch(since=now, group=group) \
+            if group and self.deps.settings.validation.enabled else None
+        self.deps.repo.record_termination(instance.container_inst_id, result, now, watch)
         logger.warning("instance replaced", extra={"instance": instance.container_inst_id, "result": result})
         return result
 

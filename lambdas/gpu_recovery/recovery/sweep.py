@@ -165,6 +165,9 @@ class Sweep:
         if instance.state is InstanceState.QUARANTINED and (instance.drain_pending
                                                              or instance.terminate_pending):
             return self.reboots.finish_quarantine(instance)
+        if instance.state is InstanceState.QUARANTINED and instance.replacement_watch \
+                and self.validations is not None:
+            return str(self.validations.watch_replacement(instance, now))  # its replacement, to validate
         if instance.state is InstanceState.AVAILABLE and instance.waiting_jobs:
             self.reboots.release_waiting(instance)  # back after its reboot; a delivery died after
             return "released_waiting_jobs"

@@ -118,6 +118,53 @@ class Validations:
         started = after_commit("validation start", self.start, fresh) if fresh is not None else None
         return Outcome("validating", detail={"instance": inst_id, "repair": repair.value, "start": started})
 
+    # -------------------------------------------------------------- replacement
+    def watch_replacement(self, watcher: Instance, now: float) -> str:
+        """The sweep, while a node the stack terminated in its Auto Scaling group awaits its
+        replacement: a container instance registered since the termination, unknown to the
+        stack, whose EC2 instance is in the same group, is that replacement. It is adopted in
+        validation (one transaction with the watch's end), then validated as a repaired node
+        is; its failure's cause is ``FALLBACK_CAUSE`` (a new machine: none of its own yet)."""
+        watch = watcher.replacement_watch
+        if not self.policy.enabled or now >= float(watch.get("until") or 0):
+            self.deps.repo.close_replacement_watch(watcher)
+            if self.policy.enabled:
+                self.deps.metrics.add_metric("ReplacementsNotSeen", "Count", 1)
+                logger.warning("no replacement registered for a terminated node", extra={
+                    "instance": watcher.container_inst_id, "group": watch.get("group")})
+            return "replacement_watch_closed"
+        described = self.deps.ecs.container_instances(
+            ("ACTIVE",), query=policy.registered_since(float(watch["since"])))
+        candidates = {container_instance_id(ci["containerInstanceArn"]): ci for ci in described}
+        candidates.pop(watcher.container_inst_id, None)
+        known = self.deps.repo.get_instances(candidates) if candidates else {}
+        unknown = {n: ci for n, ci in candidates.items() if n not in known}
+        ec2_ids = [str(ci.get("ec2InstanceId") or "") for ci in unknown.values()]
+        groups = self.deps.replacer.groups_of([i for i in ec2_ids if i.startswith("i-")]) if ec2_ids else {}
+        for node, ci in sorted(unknown.items(), key=lambda kv: (str(kv[1].get("registeredAt")), kv[0])):
+            ec2_id = str(ci.get("ec2InstanceId") or "")
+            if groups.get(ec2_id, ("", ""))[1] != watch.get("group"):
+                continue
+            record = policy.new_validation(Repair.REPLACEMENT, cause=policy.FALLBACK_CAUSE, since=now,
+                                           policy=self.policy, replaces=watcher.container_inst_id)
+            cordon = validating_record(repair=Repair.REPLACEMENT.value, now=now, ecs=ECS_PENDING,
+                                       reason=f"replaces {watcher.container_inst_id}: validating "
+                                              f"({self.policy.describe()})")
+            if not self.deps.repo.adopt_replacement(watcher, node, arn=str(ci["containerInstanceArn"]),
+                                                    ec2_instance_id=ec2_id, validation=record, cordon=cordon,
+                                                    now=now):
+                return "raced"
+            logger.info("replacement node registered: validating", extra={
+                "instance": node, "replaces": watcher.container_inst_id})
+            after_commit("validating attribute", self.reboots.cordons.sync_quietly, node)
+            fresh = self.deps.repo.get_instance(node)
+            if fresh is not None:
+                after_commit("validation start", self.start, fresh)
+            return "replacement_validating"
+        next_look = min(float(watch["until"]), now + RETRY_INTERVAL_SECONDS)
+        self.deps.repo.rearm_replacement_watch(watcher, next_look)
+        return "replacement_awaited"
+
     # -------------------------------------------------------------------- start
     def start(self, instance: Instance) -> str:
         """Start the validation task once the node's GPUs are free; finish a dead claim."""

@@ -256,12 +256,17 @@ class Instances(RecoveryTables):
             extra_names={"#tp": "terminate_pending", "#tc": "terminate_claimed_at"},
         ))
 
-    def record_termination(self, inst_id: str, result: str, now: float) -> bool:
-        """The termination was requested (or found done / impossible): confirmed."""
+    def record_termination(self, inst_id: str, result: str, now: float,
+                           watch: dict[str, Any] | None = None) -> bool:
+        """The termination was requested (or found done / impossible): confirmed. ``watch``
+        (domain.validation.replacement_watch): the node its group launches in its place is
+        awaited, to validate it (the sweep looks for it every minute until then)."""
         return self.db.apply(self.instance_update(
             inst_id, from_states=[InstanceState.QUARANTINED],
-            set_fields={"terminate_result": result[:300], "terminated_at": now},
-            remove_fields=["terminate_pending"], clear_deadline=True,
+            set_fields={"terminate_result": result[:300], "terminated_at": now,
+                        **({"replacement_watch": watch} if watch else {})},
+            remove_fields=["terminate_pending"], clear_deadline=not watch,
+            deadline_at=now + 60 if watch else None,
             extra_condition="attribute_exists(#tp)", extra_names={"#tp": "terminate_pending"},
         ))
 

@@ -207,4 +207,5 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         suspect_fence=dict(item.get("suspect_fence") or {}),
         validation=dict(item.get("validation") or {}),
         last_validation=dict(item.get("last_validation") or {}),
+        replacement_watch=dict(item.get("replacement_watch") or {}),
     )

@@ -134,19 +134,38 @@ class Validations(Instances):
             condition_names={"#js": "job_state", "#att": "attempt"})
 
     # ------------------------------------------------------------- a new node
-    def put_replacement_in_validation(self, container_inst_id: str, *, arn: str, ec2_instance_id: str,
-                                      validation: dict[str, Any], cordon: dict[str, Any], now: float) -> bool:
-        """A node the Auto Scaling group launched in place of one the stack terminated, seen
-        for the first time: its item written in validation (REBOOTING, no reboot of its own),
-        cordoned ``validating``, with a deadline the sweep starts the task at. Only if the
-        stack has no item of it yet (one watch takes it; another finds it taken)."""
-        item = {INSTANCE_PK: container_inst_id, "instance_state": InstanceState.REBOOTING.value,
-                "container_instance_arn": arn, "ec2_instance_id": ec2_instance_id, "registered_at": now,
-                "returned_at": now, VALIDATION: validation, **self.cordons.cordon_fields(cordon, now),
-                "updated_at": now}
-        update = Update(
+    def adopt_replacement(self, watcher: Instance, container_inst_id: str, *, arn: str, ec2_instance_id: str,
+                          validation: dict[str, Any], cordon: dict[str, Any], now: float) -> bool:
+        """A node the Auto Scaling group launched in place of ``watcher`` (terminated by the
+        stack), seen for the first time: its item written in validation (REBOOTING, no reboot
+        of its own), cordoned ``validating``, due at once (the sweep starts its task if this
+        delivery dies), and the watch closed, in one transaction. Only if the stack has no item
+        of the node yet and the watch is still open (a node one watch took, another skips)."""
+        fields = {"instance_state": InstanceState.REBOOTING.value, "container_instance_arn": arn,
+                  "ec2_instance_id": ec2_instance_id, "registered_at": now, "returned_at": now,
+                  VALIDATION: validation, **self.cordons.cordon_fields(cordon, now), "updated_at": now,
+                  DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: now}
+        adopt = Update(
             table=self.instance_table_name, key={INSTANCE_PK: container_inst_id},
-            set_fields={k: v for k, v in item.items() if k != INSTANCE_PK and v != ""},
+            set_fields={k: v for k, v in fields.items() if v != ""},
             condition="attribute_not_exists(#k)", condition_names={"#k": INSTANCE_PK})
-        update.set_fields.update({DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: now})
-        return self.db.transact([update, self.cordons.sync_update(container_inst_id, now)])
+        return self.db.transact([adopt, self._close_watch(watcher, found=container_inst_id),
+                                 self.cordons.sync_update(container_inst_id, now)])
+
+    def close_replacement_watch(self, watcher: Instance) -> bool:
+        """No replacement registered within the watch: nothing more to look for."""
+        return self.db.apply(self._close_watch(watcher, found=""))
+
+    def rearm_replacement_watch(self, watcher: Instance, deadline_at: float) -> bool:
+        return self.db.apply(self.instance_update(
+            watcher.container_inst_id, from_states=[InstanceState.QUARANTINED], deadline_at=deadline_at,
+            extra_condition="#w.#si = :si", extra_values={":si": watcher.replacement_watch.get("since")},
+            extra_names={"#w": "replacement_watch", "#si": "since"}))
+
+    def _close_watch(self, watcher: Instance, *, found: str) -> Update:
+        return self.instance_update(
+            watcher.container_inst_id, from_states=[InstanceState.QUARANTINED],
+            set_fields={"replaced_by": found} if found else None, remove_fields=["replacement_watch"],
+            clear_deadline=True, extra_condition="#w.#si = :si",
+            extra_values={":si": watcher.replacement_watch.get("since")},
+            extra_names={"#w": "replacement_watch", "#si": "since"})
