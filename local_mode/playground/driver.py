@@ -132,6 +132,8 @@ class Playground:
             train_seconds=cfg.run_seconds, real_time_start=True,
             sim_options={"reboot_seconds": cfg.reboot_seconds, "dcgm_seconds": cfg.dcgm_seconds},
             max_recovery_attempts=3, reboot_timeout_minutes=30,
+            # The health check (and a validation after repair) takes a whole node's GPUs.
+            health_check_gpus=cfg.gpus_per_node,
             extra_env={"POWERTOOLS_LOG_LEVEL": "WARNING" if cfg.verbose else "CRITICAL",
                        **({C.ENV_REMEDIATION_SETTINGS: json.dumps(cfg.remediation_settings)}
                           if cfg.remediation_settings else {}),

@@ -98,7 +98,7 @@ def test_a_rebooted_node_validates_under_load_before_its_job_restarts_on_it() ->
         assert placement.UNAVAILABLE_ATTRIBUTE not in w.ecs.attribute_values.get(FAULTY, {})
         job = w.repo.get_job("j")
         assert job.attempt == 2  # restarted once the node proved itself
-        assert any("passed its validation after its reboot (DCGM level 1 + 45 s GPU load)" in r
+        assert any("validated node-b after its reboot (DCGM level 1 + 45 s GPU load): passed in" in r
                    for r in history_reasons(w))
         suspect = w.repo.faults.get_suspect("j", 1, FAULTY)
         assert suspect is not None and suspect.validation["result"] == "passed"
@@ -262,7 +262,7 @@ def test_with_validation_off_the_restart_says_so() -> None:
         assert validations_on(w, FAULTY) == []
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
         assert w.repo.get_job("j").attempt == 2
-        assert any("restarted without validation after its reboot (validate_after_repair is false)" in r
+        assert any("node-b not validated after its reboot (validate_after_repair is false)" in r
                    for r in history_reasons(w))
 
 

@@ -66,7 +66,7 @@ def test_a_repair_that_does_not_hold_is_caught_by_validation_never_by_the_job() 
         history = [h["reason"] for h in w.job("train")["history"]]
         node_id = w.ecs.node("node-b").container_instance_id
         assert any(f"{node_id} failed its validation after its reboot" in h for h in history)
-        passed = "passed its validation after its reboot (DCGM level 1 + 30 s GPU load)"
+        passed = f"validated {node_id} after its reboot (DCGM level 1 + 30 s GPU load): passed in"
         assert any(passed in h for h in history)
         assert not w.bus.dead_letters
 

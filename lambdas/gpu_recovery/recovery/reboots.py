@@ -55,7 +55,7 @@ from gpu_recovery.domain.states import (
     JobState,
     SuspectVerdict,
 )
-from gpu_recovery.domain.validation import Repair, history_note, replacement_watch
+from gpu_recovery.domain.validation import Repair, replacement_watch
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
@@ -297,18 +297,17 @@ class Reboots:
 
     def release_waiting(self, instance: Instance, *, validation: dict[str, Any] | None = None) -> list[str]:
         """The node is back: each job waiting for it counts one rebooting node fewer (once,
-        with the node letting it go, and a line in its history on the node's validation),
-        then tries its restart. The sweep finishes this for a node left AVAILABLE with
-        waiting jobs."""
+        with the node letting it go, the node's validation on the job's suspect item: its
+        restart's history and e-mail say it), then tries its restart. The sweep finishes this
+        for a node left AVAILABLE with waiting jobs."""
         inst_id = instance.container_inst_id
         if validation is None:  # the sweep's: what the node's item says of its last return
             validation = instance.last_validation if self.deps.settings.validation.enabled \
                 and instance.last_validation else {"result": "off", "repair": Repair.REBOOT.value}
-        note = history_note(inst_id, validation)
         restarted = []
         for job_id in sorted(instance.waiting_jobs):
             job = self.deps.repo.get_job(job_id)
-            self.deps.repo.release_waiting_job(inst_id, job, job_id, note, validation)
+            self.deps.repo.release_waiting_job(inst_id, job, job_id, validation=validation)
             if job is not None and self.restarts.try_restart(job_id).action in ("restarted", "restarting"):
                 restarted.append(job_id)
         self.deps.repo.clear_waiting_deadline(inst_id)
