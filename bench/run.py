@@ -46,6 +46,7 @@ SECTIONS = (
     ("Recovery loop", "bench.recovery_bench"),
     ("Crash consistency", "bench.crash_consistency_bench"),
     ("Remediation MTTR", "bench.remediation_bench"),
+    ("Validation after repair", "bench.validation_bench"),
     ("Relocation in a full cluster", "bench.relocation_bench"),
     ("Node heartbeats", "bench.heartbeat_bench"),
     ("Heartbeat writes per partition", "bench.heartbeat_partitions_bench"),

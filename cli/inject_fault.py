@@ -4,6 +4,7 @@
     gpu-recovery-admin inject-fault nodes                   # the playground's nodes and what runs there
     gpu-recovery-admin inject-fault xid 79 --job <job id> --rank 1  # XID 79 on the GPU node of rank 1
     gpu-recovery-admin inject-fault xid 48 --node node-2 [--gpu 3] [--persistent]
+    gpu-recovery-admin inject-fault xid 79 --node node-2 --repair-does-not-hold  # fails again under load
     gpu-recovery-admin inject-fault dead-gpu --node node-2  # the DCGM diag will say replace
     gpu-recovery-admin inject-fault flap --node node-3 [--times 3] [--seconds 30]  # ECS agent flaps
     gpu-recovery-admin inject-fault app-error --job <job id> [--rank 0] [--exit-code 1]
@@ -16,7 +17,9 @@ Local only: the endpoint (``--endpoint`` or ``$GPUJOBS_ENDPOINT``, what ``make p
 prints) must be on this machine (127.0.0.1, localhost, ::1); anything else is refused
 before a request is sent. The playground answers on its local-only route ``POST
 /local/faults``, which no deployed API has. ``--persistent``: a reboot does not fix the
-GPU (it faults again; the fault catalog escalates). The injected fault is one JSON document
+GPU (it faults again; the fault catalog escalates). ``--repair-does-not-hold [N]``: the node's
+next N repairs (default 1) do not hold: after each it passes idle checks and fails again under
+load, which its validation after repair catches (docs/remediation.md). The injected fault is one JSON document
 on stdout, a sentence on stderr.
 """
 
@@ -61,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target(xid)
     xid.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
     xid.add_argument("--persistent", action="store_true", help="a reboot does not fix it")
+    xid.add_argument("--repair-does-not-hold", type=int, nargs="?", const=1, default=None, metavar="N",
+                     help="the node's next N repairs (default 1) do not hold: it passes idle checks, then "
+                          "fails under load (its validation after repair catches it)")
     dead = actions.add_parser("dead-gpu", help="a GPU dies: ranks exit 1, the DCGM diag says replace")
     target(dead)
     dead.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
@@ -138,7 +144,7 @@ def fault_body(args: argparse.Namespace) -> dict[str, Any]:
     else:
         body.update(job_id=args.job, rank=args.rank)
     for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code", "action", "counter",
-                 "per_hour"):
+                 "per_hour", "repair_does_not_hold"):
         if getattr(args, name, None) is not None:
             body[name] = getattr(args, name)
     return body

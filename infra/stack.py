@@ -89,6 +89,7 @@ from gpu_recovery.constants import (
     ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
     ENV_MAX_HEALTH_CHECKS_PER_JOB,
     ENV_MAX_RECOVERY_ATTEMPTS,
+    ENV_POST_REPAIR_VALIDATION,
     ENV_PREEMPTION,
     ENV_QUOTA_TABLE,
     ENV_REBOOT_DOCUMENT,
@@ -223,6 +224,7 @@ class GpuRecoveryStack(Stack):
             ENV_SPARE_NODES: config.spare_nodes,
             ENV_LEND_SPARES: "true" if config.lend_spares else "false",
             ENV_HELD_JOB_DEADLINE_SECONDS: str(config.held_job_deadline_seconds),
+            ENV_POST_REPAIR_VALIDATION: config.validation.to_json(),
         }
         if self.fault_catalog_layer is not None:
             remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH

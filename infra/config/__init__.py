@@ -49,6 +49,9 @@ from gpu_recovery.domain.time_sharing import (
     MAX_SUSPEND_GRACE_SECONDS,
     MIN_SUSPEND_GRACE_SECONDS,
 )
+from gpu_recovery.domain.validation import MAX_LOAD_SECONDS as MAX_VALIDATION_LOAD_SECONDS
+from gpu_recovery.domain.validation import MAX_TIMEOUT_SECONDS as MAX_VALIDATION_TIMEOUT_SECONDS
+from gpu_recovery.domain.validation import ValidationError, ValidationPolicy
 from gpu_recovery.settings import DEFAULT_HEALTH_CHECKS_IN_FLIGHT, DEFAULT_HEALTH_CHECKS_PER_JOB
 from infra.catalog_file import read_catalog_document
 from infra.config.parsers import (
@@ -70,6 +73,7 @@ from infra.config.parsers import (
     text,
 )
 
+VALIDATION_DEFAULTS = ValidationPolicy(enabled=True)
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 # Any image with Python 3.8+ runs the agent (its source is the container command).
 DEFAULT_NODE_AGENT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
@@ -292,6 +296,17 @@ class RecoveryConfig:
     held_job_deadline_seconds: int = option(
         DEFAULT_HELD_JOB_DEADLINE_SECONDS, integer(0, MAX_HELD_JOB_DEADLINE_SECONDS),
         "HELD jobs wait this long for a breaker reset")
+    # --- validation after repair (docs/remediation.md#validation-after-repair)
+    validate_after_repair: bool = option(
+        True, boolean(), "a rebooted, reset or replacement node runs a DCGM diag and a GPU load before work")
+    validation_dcgm_level: int = option(VALIDATION_DEFAULTS.dcgm_level, integer(1, 4),
+                                        "`dcgmi diag -r` level of that validation")
+    validation_load_seconds: int = option(
+        VALIDATION_DEFAULTS.load_seconds, integer(0, MAX_VALIDATION_LOAD_SECONDS),
+        "seconds of GPU load (DCGM targeted stress) after the diag (0: none)")
+    validation_timeout_minutes: int = option(
+        VALIDATION_DEFAULTS.timeout_seconds // 60, integer(1, MAX_VALIDATION_TIMEOUT_SECONDS // 60),
+        "a validation not done within this fails (escalated like any failure)")
     # --- time sharing (quotas, preemption, suspend)
     default_node_quotas: str | None = option(None, node_quotas(),
                                              "nodes per user and level (none: unlimited)")
@@ -321,6 +336,13 @@ class RecoveryConfig:
     registration: str = option(
         "both", choice(*REGISTRATION_MODES),
         "how tasks are registered (docs/architecture.md#registering-jobs-what-gets-protected)")
+
+    @property
+    def validation(self) -> ValidationPolicy:
+        """The functions' validation after repair (``POST_REPAIR_VALIDATION``)."""
+        return ValidationPolicy(enabled=self.validate_after_repair, dcgm_level=self.validation_dcgm_level,
+                                load_seconds=self.validation_load_seconds,
+                                timeout_seconds=60 * self.validation_timeout_minutes)
 
     @property
     def remediation(self) -> tuple[tuple[str, str], ...]:
@@ -392,6 +414,12 @@ def _check_together(values: dict[str, Any], given: set[str]) -> None:
     except ValueError as error:
         message = str(error).removeprefix("remediation settings: ")
         raise ConfigError(f"remediation context key(s): {message}") from error
+    try:
+        ValidationPolicy(enabled=values["validate_after_repair"], dcgm_level=values["validation_dcgm_level"],
+                         load_seconds=values["validation_load_seconds"],
+                         timeout_seconds=60 * values["validation_timeout_minutes"])
+    except ValidationError as error:
+        raise ConfigError(f"validation context key(s): {error}") from error
 
 
 def _options() -> tuple[Option, ...]:

@@ -32,6 +32,8 @@ ENV_INSTANCE_TABLE = "CONTAINER_INSTANCE_TABLE_NAME"
 ENV_CLUSTER_NAME = "ECS_CLUSTER_NAME"
 ENV_HEALTH_CHECK_TASK = "DCGM_HEALTH_CHECK_TASK"  # task definition ARN or family
 ENV_GPU_RESET_TASK = "GPU_RESET_TASK"  # task definition ARN or family of the GPU reset task
+# Validation after repair (domain.validation.ValidationPolicy as JSON; "" or absent: off).
+ENV_POST_REPAIR_VALIDATION = "POST_REPAIR_VALIDATION"
 ENV_SNS_TOPIC_ARN = "SNS_TOPIC_ARN"
 ENV_MAX_RECOVERY_ATTEMPTS = "MAX_RECOVERY_ATTEMPTS"
 ENV_SUSPECT_EXIT_CODES = "SUSPECT_EXIT_CODES"  # JSON list, e.g. "[1]"
@@ -581,6 +583,10 @@ HEALTH_CHECK_STARTED_BY = "gpu-recovery-hc"
 # training-task handler); the monitor tells the two apart by this group.
 GPU_RESET_GROUP = f"{HEALTH_CHECK_GROUP}-gpu-reset"
 GPU_RESET_STARTED_BY = "gpu-recovery-reset"
+# A repaired node's validation (recovery.validations): the health-check task definition with
+# its level and load in the container's environment; its group routes its STOPPED event to the
+# health-check monitor like the check's (startedBy: domain.validation.started_by).
+GPU_VALIDATION_GROUP = f"{HEALTH_CHECK_GROUP}-validation"
 DEFAULT_GPU_RESET_FAMILY = "gpu-reset"
 
 # The custom container-instance attribute a node carries while the stack reboots it

@@ -40,6 +40,7 @@ from gpu_recovery.domain.time_sharing import (
     MIN_SUSPEND_GRACE_SECONDS,
     parse_priority,
 )
+from gpu_recovery.domain.validation import ValidationError, ValidationPolicy
 from gpu_recovery.queue.access import AccessPolicy, family_of
 
 # DCGM health checks at once: per cluster, and per job (a share, so other jobs still get
@@ -186,6 +187,9 @@ class Settings:
     # sweep falls back to a reboot (nvidia-smi -r and a short DCGM diag: about a minute).
     gpu_reset_task: str = c.DEFAULT_GPU_RESET_FAMILY
     gpu_reset_timeout_seconds: int = 10 * 60
+    # Validation after repair (domain.validation): off unless the deployment turns it on
+    # (infra passes the context keys; validate_after_repair defaults to true there).
+    validation: ValidationPolicy = field(default_factory=ValidationPolicy)
     # How a task is recognised as a protected rank (constants.REGISTRATION_MODES).
     registration: str = "both"
     tag_lookup_queue_url: str = ""  # "": unknown tasks are described inline (one at a time)
@@ -241,7 +245,15 @@ class Settings:
             registration=registration_mode(env),
             tag_lookup_queue_url=env.get(c.ENV_TAG_LOOKUP_QUEUE_URL, ""),
             deadline_index_shards=_bounded(env, c.ENV_DEADLINE_INDEX_SHARDS, 1, 1, c.DEADLINE_SHARDS_MAX),
+            validation=validation_policy(env),
         )
+
+
+def validation_policy(env: Mapping[str, str]) -> ValidationPolicy:
+    try:
+        return ValidationPolicy.from_json(env.get(c.ENV_POST_REPAIR_VALIDATION) or "")
+    except ValidationError as error:
+        raise SettingsError(f"{c.ENV_POST_REPAIR_VALIDATION}: {error}") from error
 
 
 def registration_mode(env: Mapping[str, str]) -> str:

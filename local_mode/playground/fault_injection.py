@@ -94,9 +94,17 @@ class FaultInjector:
                     f"(GPU {gpu}; the kernel log has Xid {xid})"
             self.programs.mark_crash(node.name, crash, "NCCL error: remote process exited or there was a "
                                                        "network error (a peer rank died)")
+            unheld = _int(doc, "repair_does_not_hold", 0)
+            if unheld is None or not 0 <= unheld <= 5:
+                raise PlaygroundError("repair_does_not_hold: 0..5 repairs", field="repair_does_not_hold")
+            if unheld:
+                self.sim.repair_does_not_hold(node.name, unheld)
             self.sim.inject_xid(node.name, xid, gpu=gpu, health=health, nccl_cascade=True)
             detail = (f"XID {xid} on GPU {gpu} of {node.name}: the node agent reports it within a second, "
                       f"the ranks there crash 3 s later (a health check would find the node {health})")
+            if unheld:
+                detail += (f"; its next {unheld} repair(s) will not hold: it passes idle checks after each "
+                           "and fails again under load (its validation after repair catches it)")
         elif kind == "dead_gpu":
             gpu = self._gpu(doc, node)
             self.programs.mark_crash(

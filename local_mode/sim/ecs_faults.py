@@ -24,6 +24,18 @@ class GpuFaults(TaskLifecycle):
         self.gpu_reporter: Callable[[str, dict[str, Any]], Any] = self._report_gpu_to_service
 
     # ================================================================ faults
+    def repair_does_not_hold(self, node: str, repairs: int = 1, *,
+                             fails_after_seconds: float = 180.0) -> None:
+        """The node's next ``repairs`` repairs do not hold (issue 43): after each (a reboot, a
+        GPU reset) it passes idle checks, but a GPU load (a validation's) finds the fault again,
+        and so does a training task ``fails_after_seconds`` into its work."""
+        if repairs < 0 or fails_after_seconds <= 0:
+            raise ValueError("repairs >= 0 and fails_after_seconds > 0")
+        n = self.node(node)
+        with self._lock:
+            n.unheld_repairs, n.latent_after_seconds = repairs, fails_after_seconds
+        self._log("fault", f"its next {repairs} repair(s) will not hold (fails again under load)", n.name)
+
     def inject_gpu_fault(
         self,
         node: str,

@@ -270,6 +270,7 @@ FLOWS: dict[str, Callable[[], Inspected]] = {
     "health_check_timeout": _timeout(health_check_timeout_minutes=10, dcgm_seconds=10**6),
     "breaker_refault": breaker_refault, "queue_relocation": queue_relocation, "too_large": too_large,
     "hung": hung, "node_lost": node_lost, "cordon_limit": cordon_limit, "driver_warning": driver_warning,
+    "validation": campaign("validation"),
 }
 #: the flow that sends each kind
 KIND_FLOWS: dict[str, str | None] = {
@@ -280,6 +281,7 @@ KIND_FLOWS: dict[str, str | None] = {
     "health_check_timeout": "health_check_timeout", "breaker_needs_operator": "breaker_refault",
     "relocated": "queue_relocation", "job_refused": "too_large", "hung": "hung", "node_lost": "node_lost",
     "cordon_limit_tripped": "cordon_limit", "gpu_warning": "driver_warning",
+    "validation_failed": "validation",
 }
 QUICK = {"application_error"}  # the defect's e-mail: make test
 

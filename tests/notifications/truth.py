@@ -413,6 +413,18 @@ def _cordoned_and_repaired(record: Record, mail: Mail, m: re.Match[str]) -> str 
         return f"no PutAttributes {UNAVAILABLE_ATTRIBUTE} on {node}"
     return _reset(record, mail, m) if m.group(2) == "reset_gpu" else (
         None if record.reboots_of(node) or record.drains_of(node) else f"{node} never repaired")
+def _validated(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    """A validation task ran on the node (a repaired node's, recovery.validations) and passed."""
+    node = record.node_name(m.group(1))
+    passed = [t for t in record.world.ecs.tasks.values() if t.node == node and t.validation and t.done
+              and t.exit_code == 0 and (t.stopped_at or 0) <= mail.at]
+    return None if passed else f"no validation task passed on {node} before the e-mail"
+
+
+def _not_validated(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    node = record.node_name(m.group(1))
+    ran = [t for t in record.world.ecs.tasks.values() if t.node == node and t.validation]
+    return f"{len(ran)} validation task(s) ran on {node}" if ran else None
 
 
 def _descriptive(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
@@ -470,6 +482,10 @@ CLAIMS: list[tuple[str, Check]] = [
      _started_elsewhere),
     (r"(\d+) held-back action\(s\) stay in its backlog and jobs HELD for them wait until their deadline",
      _backlog_size),
+    (r"validated (\S+) after its (?:reboot|GPU reset) \(DCGM level \d(?: \+ \d+ s GPU load)?\): passed in "
+     r"[\d.]+ s", _validated),
+    (r"(\S+) not validated after its (?:reboot|GPU reset) \(validate_after_repair is false\)",
+     _not_validated),
 ]
 
 EFFECT_CHECKS: dict[str, Callable[[Record, Mail], str | None]] = {

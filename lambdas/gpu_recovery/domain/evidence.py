@@ -318,7 +318,8 @@ class Evidence:
     def render_lines(self) -> list[str]:
         """Plain-text lines for the operator e-mail."""
         how = {Trigger.TASK_EXIT: "task exit", Trigger.NODE_LOST: "node lost", Trigger.HUNG: "rank hung",
-               Trigger.TELEMETRY: "GPU telemetry"}[self.trigger]
+               Trigger.TELEMETRY: "GPU telemetry",
+               Trigger.VALIDATION: "validation after repair"}[self.trigger]
         head = f"{how} on {self.node_id} at {_utc(self.fault_at)}"
         if self.trigger is Trigger.TASK_EXIT:
             code = "no exit code" if self.exit_code is None else f"exit code {self.exit_code}"

@@ -73,6 +73,8 @@ class Trigger(str, Enum):
     NODE_LOST = "node_lost"  # the heartbeat service lost the node for too long
     HUNG = "hung"  # a rank stopped making progress
     TELEMETRY = "telemetry"  # GPU telemetry alone (no job fault)
+    # A repaired node failed its validation under load (domain.validation): no job fault
+    VALIDATION = "validation"
 
 
 class GpuSignalKind(str, Enum):

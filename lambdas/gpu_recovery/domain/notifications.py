@@ -40,6 +40,8 @@ class NotificationKind(str, Enum):
     # The driver warned about a GPU (its recovery action, a pending remap, a counter rising):
     # an idle node repaired at once, a job moved at its checkpoint, or one that keeps running.
     GPU_WARNING = "gpu_warning"
+    # A repaired node failed its validation under load: repaired again, replaced or quarantined.
+    VALIDATION_FAILED = "validation_failed"
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class Sweep:
         self.suspensions = suspensions
         self.gang = gang
         self.warnings = warnings
+        self.validations: Any = None  # recovery.validations.Validations (set by the service)
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -153,6 +154,8 @@ class Sweep:
     def _instance(self, instance: Instance, now: float) -> str:
         if instance.state in HEALTH_CHECK_STATES:
             return self.health.sweep(instance, now)
+        if instance.validating and self.validations is not None:
+            return str(self.validations.sweep(instance, now))  # back from its repair, proving itself
         if instance.state is InstanceState.REBOOTING and instance.reset_pending:
             return self.health.remediation.resets.sweep(instance, now)  # a GPU reset first
         if instance.state is InstanceState.REBOOTING:
@@ -160,6 +163,9 @@ class Sweep:
         if instance.state is InstanceState.QUARANTINED and (instance.drain_pending
                                                              or instance.terminate_pending):
             return self.reboots.finish_quarantine(instance)
+        if instance.state is InstanceState.QUARANTINED and instance.replacement_watch \
+                and self.validations is not None:
+            return str(self.validations.watch_replacement(instance, now))  # its replacement, to validate
         if instance.state is InstanceState.AVAILABLE and instance.waiting_jobs:
             self.reboots.release_waiting(instance)  # back after its reboot; a delivery died after
             return "released_waiting_jobs"
@@ -216,6 +222,11 @@ class Sweep:
                 # Held by the breaker first: the restart's time counts from when it went on.
                 give_up_at = max(give_up_at, (hold.resumed_at or hold.until) + settings.reboot_timeout_seconds
                                  + RESTART_GIVE_UP_MARGIN_SECONDS)
+            if now >= give_up_at and self._still_in_repair(job):
+                # A node it waits for is still being repaired (a repair that did not hold,
+                # validated again): the node's own deadlines bound that, not this backstop.
+                repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+                return "restart_waiting_for_repair"
             if now >= give_up_at:
                 self.restarts.fail_pending_restart(job, why)
                 return "restart_timed_out"
@@ -280,6 +291,16 @@ class Sweep:
                                                                   "state": job.state.value})
         repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
         return "no_step"
+
+    def _still_in_repair(self, job: Job) -> bool:
+        """A node the job waits for is REBOOTING with a deadline of its own (its reboot, its
+        GPU reset, its validation after repair): read only once the backstop is due."""
+        if not job.in_fault or job.tally.rebooting <= 0:
+            return False
+        waiting = [s.node for s in self.deps.repo.faults.suspects(job.job_id, job.attempt) if s.rebooting]
+        instances = self.deps.repo.get_instances(waiting) if waiting else {}
+        return any(i.state is InstanceState.REBOOTING and i.deadline_at is not None
+                   and job.job_id in i.waiting_jobs for i in instances.values())
 
     def _heartbeat_backstop(self, job: Job, item: dict[str, Any], now: float) -> str:
         """A job the heartbeats moved out of RUNNING (NODE_LOST, HUNG): the heartbeat sweep
