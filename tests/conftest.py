@@ -40,22 +40,10 @@ SLOW_MODULES = (
 )
 
 
-# Also in the slow tier, marked in their modules: tests/notifications/test_email_truth.py's
-# e-mail kinds but the application-error one (a whole flow each, about a minute of CPU in all;
-# make test keeps the kind whose e-mail said what was not done).
-
 #: pages whose runnable blocks run in the slow tier only (tests/docs/test_doc_blocks.py), each
-#: with why; the README's and cli/README.md's run in make test, and every page's blocks are
-#: checked for syntax and names there
-SLOW_DOC_PAGES = {
-    # the README's walk with more steps (make test runs the README's), the breaker tripped on
-    # purpose and a preemption: about a minute of the playground
-    "docs/playground.md": "the README's walk with more; the breaker and preemption walks",
-    # the operator's breaker commands after a reset (the playground walk resets it too)
-    "docs/remediation.md": "breaker show and reset, run by docs/playground.md's walk as well",
-    # a whole unbroken gpu_fault campaign run (test_docs.py runs the same flow in make test)
-    "docs/data-flow.md": "the gpu_fault campaign's run, which tests/test_docs.py runs too",
-}
+#: with why. None: every page's blocks run in make test (issue 42: the documentation is
+#: executed where a newcomer's test command runs it), and are checked for syntax and names.
+SLOW_DOC_PAGES: dict[str, str] = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

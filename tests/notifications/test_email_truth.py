@@ -5,9 +5,8 @@ AWS calls the handlers made, the state they left), and its "What to do" names on
 that exist (tests/notifications/truth.py).
 
 The flows are the crash campaigns' unbroken runs and the remediation scenarios' worlds (each
-run once per module and shared by the kinds it sends). The application-error e-mail (which
-listed "Done: stop_tasks, restart_job" for a job it marked FAILED) runs in make test; the
-other kinds run in make test-slow (tests/conftest.py: a flow per kind, about a minute of CPU).
+run once per module and shared by the kinds it sends): every kind in make test (about a
+minute of CPU on one worker, beside the rest of the suite).
 """
 
 from __future__ import annotations
@@ -283,7 +282,6 @@ KIND_FLOWS: dict[str, str | None] = {
     "cordon_limit_tripped": "cordon_limit", "gpu_warning": "driver_warning",
     "validation_failed": "validation",
 }
-QUICK = {"application_error"}  # the defect's e-mail: make test
 
 
 @cache
@@ -296,8 +294,7 @@ def test_every_kind_has_a_flow() -> None:
     assert {f for f in KIND_FLOWS.values() if f} <= set(FLOWS)
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=[] if k in QUICK else [pytest.mark.slow])
-                                  for k in sorted(KIND_FLOWS)])
+@pytest.mark.parametrize("kind", sorted(KIND_FLOWS))
 def test_every_email_of_the_kind_says_what_was_done(kind: str) -> None:
     """Given the flow that sends ``kind``, When it has run, Then it sent at least one such
     e-mail and each says only what the stack did and names only commands that exist."""
@@ -309,7 +306,6 @@ def test_every_email_of_the_kind_says_what_was_done(kind: str) -> None:
     assert not wrong, "\n".join(wrong) + "\n--- the first e-mail ---\n" + mails[0][0].body
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("flow", sorted(FLOWS))
 def test_every_email_a_flow_sends_says_what_was_done(flow: str) -> None:
     """Every e-mail of every flow, whatever its kind (a recovered e-mail after a held reboot,
