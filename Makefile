@@ -20,7 +20,7 @@ export PYTHONDONTWRITEBYTECODE :=
 LOCAL_ENV := AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
 	AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
-.PHONY: install install-cdk demo test test-all test-slow test-faults test-campaigns lint typecheck bench synth deploy \
+.PHONY: install install-cdk demo test test-all test-slow test-faults test-campaigns test-deep lint typecheck bench synth deploy \
 	clean local-api fuzz config-docs doctor playground soak contract-grants
 
 # --no-compile: byte-compiling every installed module (aws-cdk-lib's are huge) took half the
@@ -81,6 +81,17 @@ test-campaigns test-faults: $(STAMP)
 	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q -n auto --dist loadgroup tests/crash_consistency \
 		$(PYTEST_ARGS); \
 	status=$$?; echo "make test-campaigns: $$(( $$(date +%s) - start )) s of wall time (exit $$status)"; exit $$status
+
+# What .ci/run runs after make test, in one pytest run: the slow tier and every call of every
+# crash campaign broken (make test-slow + make test-campaigns, ~1.5 cores busy one after the
+# other: the 8,192-task recovery alone for minutes). The groups with a test marked `long` are
+# handed out first (tests/conftest.py; --no-loadscope-reorder keeps that order), the
+# campaigns' groups fill the other worker meanwhile. Prints its wall time.
+test-deep: $(STAMP) install-cdk
+	@start=$$(date +%s); \
+	$(LOCAL_ENV) GPU_RECOVERY_FAULTS=all $(PY) -m pytest -q -n auto --dist loadgroup --no-loadscope-reorder \
+		-m "slow or campaign" --durations=10 $(PYTEST_ARGS); \
+	status=$$?; echo "make test-deep: $$(( $$(date +%s) - start )) s of wall time (exit $$status)"; exit $$status
 
 # Hours of a busy cluster with a share of every AWS call failing at random (local_mode/soak.py):
 # every job must end, every failure be e-mailed, nothing forgotten. SOAK_ARGS="--seeds 5 --rate 0.01".

@@ -51,8 +51,30 @@ GPU_QUERY_FIELDS = (
     "memory.total",
     "temperature.gpu",
     "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.corrected.volatile.total",
 )
 REMAP_QUERY_FIELDS = ("gpu_uuid", "remapped_rows.pending", "remapped_rows.failure")
+# The driver's own recovery action (R565+; "None", "Reset", "Reboot", "Drain P2P", "Drain and
+# Reset"). Its own query: a driver that does not know the field refuses the whole query.
+RECOVERY_QUERY_FIELDS = ("index", "gpu_recovery_action")
+# nvidia-smi's words -> the values the health check reports (health_check/README.md).
+RECOVERY_ACTIONS = {
+    "none": "none",
+    "reset": "gpu_reset",
+    "gpu reset": "gpu_reset",
+    "reboot": "node_reboot",
+    "node reboot": "node_reboot",
+    "drain p2p": "drain_p2p",
+    "drain and reset": "drain_and_reset",
+}
+# `nvidia-smi nvlink -e` counters summed over a GPU's links ("Link 3: Replay Errors: 2").
+NVLINK_COUNTERS = {
+    "replay errors": "nvlink_replay_errors",
+    "recovery errors": "nvlink_recovery_errors",
+    "crc errors": "nvlink_crc_errors",
+}
+NVLINK_GPU_RE = re.compile(r"^GPU (\d+):")
+NVLINK_LINK_RE = re.compile(r"^Link (\d+): ([A-Za-z][A-Za-z ]*?): (\S+)\s*$")
 
 # Share of the interval one cycle may use in total (collection + both reports).
 CYCLE_BUDGET_FRACTION = 0.9
@@ -315,9 +337,64 @@ def parse_gpu_csv(text: str) -> Tuple[List[Dict[str, Any]], List[str]]:
                 "memory_total_mib": parse_smi_int(cells[5]),
                 "temperature_c": parse_smi_int(cells[6]),
                 "ecc_uncorrected_volatile": parse_smi_int(cells[7]),
+                "ecc_corrected_volatile": parse_smi_int(cells[8]),
             }
         )
     return gpus, problems
+
+
+def parse_recovery_action(text: Optional[str]) -> Optional[str]:
+    """nvidia-smi's "GPU Recovery Action" as the health check names it; None for N/A or
+    nothing; "unknown" for a value the man page does not list (logged once a cycle)."""
+    value = parse_smi_value(text)
+    if value is None:
+        return None
+    found = RECOVERY_ACTIONS.get(" ".join(value.lower().split()))
+    if found is None:
+        LOG.warning("GPU recovery action not recognized: %r", value)
+        return "unknown"
+    return found
+
+
+def parse_recovery_csv(text: str) -> Dict[int, Optional[str]]:
+    """GPU index -> recovery action from ``--query-gpu=index,gpu_recovery_action --format=csv,noheader``."""
+    result: Dict[int, Optional[str]] = {}
+    for raw in text.splitlines():
+        cells = [c.strip() for c in raw.strip().split(",")]
+        if len(cells) != len(RECOVERY_QUERY_FIELDS):
+            continue
+        index = _to_int(cells[0])
+        if index is not None:
+            result[index] = parse_recovery_action(cells[1])
+    return result
+
+
+def parse_nvlink_errors(text: str) -> Dict[int, Dict[str, int]]:
+    """GPU index -> {counter: sum over its links} from ``nvidia-smi nvlink -e``.
+
+    Lines look like "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)" then, per link,
+    "Link 0: Replay Errors: 0" / "Recovery Errors" / "CRC Errors". Other counters (newer
+    drivers print more) and other lines are ignored; a GPU that lists no known counter
+    (no NVLink) is left out.
+    """
+    result: Dict[int, Dict[str, int]] = {}
+    gpu: Optional[int] = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        head = NVLINK_GPU_RE.match(line)
+        if head:
+            gpu = int(head.group(1))
+            continue
+        link = NVLINK_LINK_RE.match(line)
+        if gpu is None or not link:
+            continue
+        name = NVLINK_COUNTERS.get(" ".join(link.group(2).lower().split()))
+        value = _to_int(parse_smi_value(link.group(3)))
+        if name is None or value is None:
+            continue
+        counters = result.setdefault(gpu, {})
+        counters[name] = counters.get(name, 0) + value
+    return result
 
 
 def parse_remap_csv(text: str) -> Dict[str, Tuple[Optional[bool], Optional[bool]]]:
@@ -380,7 +457,39 @@ def collect_gpus(
         pending, failure = remap.get(gpu.get("uuid") or "", (None, None))
         gpu["remapped_rows_pending"] = pending
         gpu["remapped_rows_failure"] = failure
+
+    recovery = _optional_query(
+        runner,
+        [config.nvidia_smi, "--query-gpu=" + ",".join(RECOVERY_QUERY_FIELDS), "--format=csv,noheader"],
+        timeout(),
+        parse_recovery_csv,
+        "recovery action unavailable (a driver before R565)",
+    )
+    nvlink = _optional_query(
+        runner, [config.nvidia_smi, "nvlink", "-e"], timeout(), parse_nvlink_errors,
+        "NVLink error counters unavailable (no NVLink)",
+    )
+    for gpu in gpus:
+        gpu["recovery_action"] = recovery.get(gpu["index"])
+        counters = nvlink.get(gpu["index"]) or {}
+        for name in NVLINK_COUNTERS.values():
+            gpu[name] = counters.get(name)
     return gpus, error
+
+
+def _optional_query(runner: "CommandRunner", argv: List[str], timeout: float,
+                    parse: Callable[[str], Dict[int, Any]], missing: str) -> Dict[int, Any]:
+    """A query some drivers or GPUs cannot answer: its parsed output, or {} (not an error of
+    the report: the fields are null)."""
+    try:
+        code, out, err = runner.run(argv, timeout)
+    except CommandError as exc:
+        LOG.debug("%s: %s", missing, exc)
+        return {}
+    if code != 0:
+        LOG.debug("%s: %s exited %d: %s", missing, " ".join(argv[1:]), code, err.strip()[:200])
+        return {}
+    return parse(out)
 
 
 # --------------------------------------------------------------------------- Xids

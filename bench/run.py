@@ -46,6 +46,7 @@ SECTIONS = (
     ("Recovery loop", "bench.recovery_bench"),
     ("Crash consistency", "bench.crash_consistency_bench"),
     ("Remediation MTTR", "bench.remediation_bench"),
+    ("Validation after repair", "bench.validation_bench"),
     ("Relocation in a full cluster", "bench.relocation_bench"),
     ("Gang preflight", "bench.preflight_bench"),
     ("Node heartbeats", "bench.heartbeat_bench"),
@@ -55,6 +56,7 @@ SECTIONS = (
     ("Time sharing", "bench.time_sharing_bench"),
     ("Large jobs", "bench.scale_bench"),
     ("Goodput with hot spares (model)", "bench.goodput_bench"),
+    ("Driver warnings", "bench.warnings_bench"),
 )
 
 

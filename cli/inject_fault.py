@@ -4,6 +4,7 @@
     gpu-recovery-admin inject-fault nodes                   # the playground's nodes and what runs there
     gpu-recovery-admin inject-fault xid 79 --job <job id> --rank 1  # XID 79 on the GPU node of rank 1
     gpu-recovery-admin inject-fault xid 48 --node node-2 [--gpu 3] [--persistent]
+    gpu-recovery-admin inject-fault xid 79 --node node-2 --repair-does-not-hold  # fails again under load
     gpu-recovery-admin inject-fault dead-gpu --node node-2  # the DCGM diag will say replace
     gpu-recovery-admin inject-fault flap --node node-3 [--times 3] [--seconds 30]  # ECS agent flaps
     gpu-recovery-admin inject-fault app-error --job <job id> [--rank 0] [--exit-code 1]
@@ -11,15 +12,20 @@
     gpu-recovery-admin inject-fault link --node node-1 --peer node-2 [--factor 0.3]  # a degraded link
     gpu-recovery-admin inject-fault link --job <job id> --rank 0 --peer-rank 1   # between two of its ranks
     gpu-recovery-admin inject-fault slow-node --node node-3 [--factor 0.4] [--network]  # slow under load
+    gpu-recovery-admin inject-fault recovery-action reset --node node-2 [--gpu 0]  # the driver's warning
+    gpu-recovery-admin inject-fault remap-pending --job <job id> --rank 1  # a row remap waits for a reset
+    gpu-recovery-admin inject-fault rising-counter nvlink_replay_errors --node node-3 [--per-hour 600]
 
 Local only: the endpoint (``--endpoint`` or ``$GPUJOBS_ENDPOINT``, what ``make playground``
 prints) must be on this machine (127.0.0.1, localhost, ::1); anything else is refused
 before a request is sent. The playground answers on its local-only route ``POST
 /local/faults``, which no deployed API has. ``--persistent``: a reboot does not fix the
-GPU (it faults again; the fault catalog escalates), or the link or node stays slow. A degraded
-link or a slow node crashes nothing: the gang preflight of the next job restarted (or started,
-``preflight: always``) on it measures it and pins it (docs/preflight.md). The injected fault is
-one JSON document on stdout, a sentence on stderr.
+GPU (it faults again; the fault catalog escalates), or the link or node stays slow.
+``--repair-does-not-hold [N]``: the node's next N repairs (default 1) do not hold: after each
+it passes idle checks and fails again under load, which its validation after repair catches
+(docs/remediation.md). A degraded link or a slow node crashes nothing: the gang preflight of
+the next job restarted (or started, ``preflight: always``) on it measures it and pins it
+(docs/preflight.md). The injected fault is one JSON document on stdout, a sentence on stderr.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target(xid)
     xid.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
     xid.add_argument("--persistent", action="store_true", help="a reboot does not fix it")
+    xid.add_argument("--repair-does-not-hold", type=int, nargs="?", const=1, default=None, metavar="N",
+                     help="the node's next N repairs (default 1) do not hold: it passes idle checks, then "
+                          "fails under load (its validation after repair catches it)")
     dead = actions.add_parser("dead-gpu", help="a GPU dies: ranks exit 1, the DCGM diag says replace")
     target(dead)
     dead.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
@@ -91,6 +100,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slow.add_argument("--network", action="store_true", help="its network path, not its GPUs (its loopback "
                                                              "passes)")
     slow.add_argument("--persistent", action="store_true", help="a reboot does not heal it")
+    # The driver's warnings on a GPU that still runs (docs/driver-warnings.md).
+    action = actions.add_parser("recovery-action",
+                                help="the driver's recovery action changes (the GPU still runs)")
+    action.add_argument("action", choices=("reset", "reboot", "drain-p2p", "drain-and-reset"),
+                        help="what the driver asks for (nvidia-smi's GPU Recovery Action)")
+    target(action)
+    action.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
+    remap = actions.add_parser("remap-pending", help="a row remap waits for a GPU reset (the GPU still runs)")
+    target(remap)
+    remap.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
+    rising = actions.add_parser("rising-counter", help="an error counter starts rising (the GPU still runs)")
+    rising.add_argument("counter", choices=("nvlink_replay_errors", "nvlink_recovery_errors",
+                                            "nvlink_crc_errors", "ecc_corrected_volatile"),
+                        help="the counter the node agent reports")
+    target(rising)
+    rising.add_argument("--per-hour", type=float, default=600.0,
+                        help="how fast it rises (default 600/h; the catalog's rates: docs/fault-catalog.md)")
+    rising.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
 
 
 def local_endpoint(endpoint: str | None) -> str:
@@ -136,8 +163,8 @@ def fault_body(args: argparse.Namespace) -> dict[str, Any]:
         body["node"] = args.node
     else:
         body.update(job_id=args.job, rank=args.rank)
-    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code", "peer", "peer_rank", "factor",
-                 "network"):
+    for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code", "action", "counter",
+                 "per_hour", "repair_does_not_hold", "peer", "peer_rank", "factor", "network"):
         if getattr(args, name, None) is not None:
             body[name] = getattr(args, name)
     return body

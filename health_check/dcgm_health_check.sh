@@ -11,7 +11,9 @@
 #   3 operator_action: dcgmi failed only on configuration (5) errors.
 #   0 healthy: dcgmi passed and no hardware signal.
 # STDOUT: one JSON line, the verdict; everything else goes to stderr.
-# ENV: DCGM_LEVEL 1..4 (default 2), DCGMI, NVIDIA_SMI, DCGM_TIMEOUT (seconds).
+# ENV: DCGM_LEVEL 1..4 (default 2), DCGMI, NVIDIA_SMI, DCGM_TIMEOUT (seconds),
+#   VALIDATION_LOAD_SECONDS (0: none) of GPU load after the diag (validation after repair),
+#   VALIDATION_LOAD_TEST (targeted_stress): a second dcgmi diag, judged by the same rules.
 
 hc_log() { printf 'dcgm_health_check: %s\n' "$*" >&2; }
 
@@ -55,9 +57,28 @@ else
   hc_log "dcgmi not found: $DCGMI"
 fi
 
+# The validation's bounded GPU load: DCGM's stress plugin for LOAD seconds (timeout(1) stops
+# it LOAD + 300 s later: exit 124, reboot), parsed with the diag's JSON below.
+HC_LOAD=${VALIDATION_LOAD_SECONDS:-0}; HC_LOAD_TEST=${VALIDATION_LOAD_TEST:-targeted_stress}
+case "$HC_LOAD" in ''|*[!0-9]*) hc_log "invalid VALIDATION_LOAD_SECONDS, no load"; HC_LOAD=0; HC_LOAD_BAD=1 ;; esac
+case "$HC_LOAD_TEST" in *[!a-z_]*) HC_LOAD_TEST=targeted_stress ;; esac
+HC_LOAD_RC=0; HC_LOAD_OUT=
+if [ "$HC_LOAD" -gt 0 ] && [ "$HC_DIAG_FOUND" = 1 ]; then
+  hc_log "running: $DCGMI diag -r $HC_LOAD_TEST -p $HC_LOAD_TEST.test_duration=$HC_LOAD -j"
+  if command -v timeout >/dev/null 2>&1; then
+    HC_LOAD_OUT=$(timeout $((HC_LOAD + 300)) "$DCGMI" diag -r "$HC_LOAD_TEST" -p "$HC_LOAD_TEST.test_duration=$HC_LOAD" -j)
+  else
+    HC_LOAD_OUT=$("$DCGMI" diag -r "$HC_LOAD_TEST" -p "$HC_LOAD_TEST.test_duration=$HC_LOAD" -j)
+  fi
+  HC_LOAD_RC=$?
+  hc_log "GPU load exit code $HC_LOAD_RC"
+  printf '%s\n' "$HC_LOAD_OUT" | sed 's/^/dcgmi| /' >&2
+fi
+
 HC_HOST=$(hostname 2>/dev/null || cat /proc/sys/kernel/hostname 2>/dev/null)
 export DCGMI NVIDIA_SMI HC_LEVEL HC_LEVEL_RAW HC_LEVEL_BAD HC_SMI_FOUND HC_GPU_RC \
-  HC_GPU_OUT HC_REMAP_RC HC_REMAP_OUT HC_Q_RC HC_Q_OUT HC_DIAG_FOUND HC_DIAG_RC HC_HOST
+  HC_GPU_OUT HC_REMAP_RC HC_REMAP_OUT HC_Q_RC HC_Q_OUT HC_DIAG_FOUND HC_DIAG_RC HC_HOST \
+  HC_LOAD HC_LOAD_TEST HC_LOAD_RC HC_LOAD_BAD
 
 # The dcgmi output goes through stdin (it can exceed the size limit of one
 # environment string); everything else through ENVIRON (no escape processing).
@@ -157,7 +178,13 @@ END {
         if (tf && !(tn in XT)) nxr = 1
         if (tf) { if (tn == "") tn = "unknown"; if (!(tn in SEEN)) { SEEN[tn] = 1; FL[++nf] = tn } }
       }
-      d--; i++; if (d <= 0) break; continue
+      d--; i++
+      if (d <= 0) {  # the diag JSON ends, the load JSON follows the marker line
+        j = index(substr(J, i), "\n@@load@@\n"); if (!j || ph) break
+        ph = 1; nf1 = nf; i += j + 9; j = index(substr(J, i), "{"); ljson = (j > 0); if (!j) break
+        i += j - 1; d = 0
+      }
+      continue
     }
     if (c == ",") { WK = (T[d] == "{"); i++; continue }
     if (c == ":") { WK = 0; i++; continue }
@@ -174,17 +201,29 @@ END {
     i = (j > i) ? j : i + 1
   }
 
+  if (!ph) nf1 = nf
   V = 0; nr = 0; nn = 0; drc = E("DIAG_RC") + 0; cfg = (ne > 0 && !ncfg); OP = 0
+  LD = E("LOAD") + 0; lrc = E("LOAD_RC") + 0; lw = "GPU load (" E("LOAD_TEST") ", " LD " s)"
   rst = (rids != "" && !nxr); DR = ""
   if (E("LEVEL_BAD") == 1) N[++nn] = "invalid DCGM_LEVEL \"" E("LEVEL_RAW") "\"; used level 2"
+  if (E("LOAD_BAD") == 1) N[++nn] = "invalid VALIDATION_LOAD_SECONDS; no GPU load"
   if (E("DIAG_FOUND") != 1) reason(1, "dcgmi cannot run (not found: " ENVIRON["DCGMI"] ")")
   else {
     if (drc == 205) reason(2, "dcgmi diag reported an isolate error (exit 205): isolate/replace the GPU")
     else if (drc == 124) reason(1, "dcgmi diag timed out")
-    else if (drc != 0 && cfg || nf && cfg) OP = 1
-    else if (drc != 0 && rst || nf && rst) { DR = "dcgmi diag failed (exit " drc ") only on reset-severity errors (DCGM error " rids ")"; OP = (cids != "") }
+    else if (drc != 0 && cfg || nf1 && cfg) OP = 1
+    else if (drc != 0 && rst || nf1 && rst) { DR = "dcgmi diag failed (exit " drc ") only on reset-severity errors (DCGM error " rids ")"; OP = (cids != "") }
     else if (drc != 0) reason(1, "dcgmi diag failed (exit " drc ")")
-    else if (nf) reason(1, "dcgmi diag exited 0 but reported failed tests")
+    else if (nf1) reason(1, "dcgmi diag exited 0 but reported failed tests")
+    if (LD) {
+      if (lrc == 205) reason(2, lw " reported an isolate error (exit 205)")
+      else if (lrc == 124) reason(1, lw " did not finish in time (exit 124)")
+      else if ((lrc || nf > nf1) && cfg) OP = 1
+      else if ((lrc || nf > nf1) && rst) { if (DR == "") DR = lw " failed (exit " lrc ") only on reset-severity errors (DCGM error " rids ")" }
+      else if (lrc) reason(1, lw " failed (exit " lrc ")")
+      else if (nf > nf1) reason(1, lw " exited 0 but reported failed tests")
+      if (!ljson) N[++nn] = "the GPU load printed no JSON"
+    }
     if (iso) reason(2, "dcgmi diag reported an isolate-severity error")
     if (rte != "") reason(1, "dcgmi runtime error: " rte)
     if (!json) N[++nn] = "dcgmi printed no JSON"
@@ -251,18 +290,23 @@ END {
   split("healthy reboot replace operator_action reset", VN, " ")
   printf "{\"verdict\":\"%s\",\"exit_code\":%d,\"dcgm_level\":%d,\"dcgmi_exit_code\":%s,", VN[V + 1], V, E("LEVEL"), (E("DIAG_FOUND") == 1) ? drc : "null"
   printf "\"failed_tests\":%s,\"errors\":%s,\"gpus\":[%s],\"smi_exit_code\":%s,\"smi_errors\":%s,", list(FL, nf), raw(ER, ne), g, (E("SMI_FOUND") == 1) ? E("GPU_RC") + 0 : "null", list(SE, ns)
+  printf "\"load\":%s,", (LD && E("DIAG_FOUND") == 1) ? "{\"test\":\"" E("LOAD_TEST") "\",\"seconds\":" LD ",\"dcgmi_exit_code\":" lrc "}" : "null"
   printf "\"reasons\":%s,\"notes\":%s,\"hostname\":\"%s\"}\n", list(R, nr), list(N, nn), esc(E("HOST"))
   exit V
 }'
 
-printf '%s\n' "$HC_DIAG_OUT" | awk "$HC_AWK"
+if [ "$HC_LOAD" -gt 0 ]; then
+  printf '%s\n@@load@@\n%s\n' "$HC_DIAG_OUT" "$HC_LOAD_OUT" | awk "$HC_AWK"
+else
+  printf '%s\n' "$HC_DIAG_OUT" | awk "$HC_AWK"
+fi
 HC_RC=$?
 case "$HC_RC" in
   0|1|2|3|4) ;;
   *)
     hc_log "result evaluation failed (awk exit $HC_RC); defaulting to reboot"
     [ "$HC_DIAG_FOUND" = 1 ] || HC_DIAG_RC=null
-    printf '{"verdict":"reboot","exit_code":1,"dcgm_level":%s,"dcgmi_exit_code":%s,"failed_tests":[],"errors":[],"gpus":[],"smi_exit_code":null,"smi_errors":[],"reasons":["health check could not evaluate results"],"notes":[],"hostname":"%s"}\n' \
+    printf '{"verdict":"reboot","exit_code":1,"dcgm_level":%s,"dcgmi_exit_code":%s,"failed_tests":[],"errors":[],"gpus":[],"smi_exit_code":null,"smi_errors":[],"load":null,"reasons":["health check could not evaluate results"],"notes":[],"hostname":"%s"}\n' \
       "$HC_LEVEL" "$HC_DIAG_RC" "$(printf '%s' "$HC_HOST" | tr -cd 'A-Za-z0-9._-')"
     HC_RC=1 ;;
 esac

@@ -27,7 +27,8 @@ from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from gpu_recovery.constants import CONTROL_API_ROUTES, ENV_CONTROL_POLL_SECONDS, NODE_TOKEN_HEADER_PATTERN
+from gpu_recovery.api_routes import CONTROL_API_ROUTES, NODE_TOKEN_HEADER_PATTERN
+from gpu_recovery.constants import ENV_CONTROL_POLL_SECONDS
 from infra.lambda_common import LambdaDefaults, RecoveryFunction
 from infra.nag import acknowledge
 from infra.recovery import ClusterAccess, nag_resource_id

@@ -31,13 +31,13 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from gpu_recovery.api_routes import JOBS_API_ROUTES
 from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
     ENV_IDEMPOTENCY_TABLE,
     ENV_JOB_TABLE,
     ENV_QUOTA_TABLE,
     ENV_SCHEDULER_FUNCTION,
-    JOBS_API_ROUTES,
     table_definitions,
 )
 from infra.lambda_common import LambdaDefaults, RecoveryFunction

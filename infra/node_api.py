@@ -32,6 +32,11 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from gpu_recovery.api_routes import (
+    GATEWAY_ERRORS,
+    NODE_API_ROUTES,
+    NODE_TOKEN_HEADER_PATTERN,
+)
 from gpu_recovery.constants import (
     ENV_HANG_ACTION,
     ENV_HANG_SECONDS,
@@ -41,11 +46,8 @@ from gpu_recovery.constants import (
     ENV_HW_SIGNAL_RETENTION_SECONDS,
     ENV_NODE_LOST_FAIL_SECONDS,
     ENV_NODE_TOKEN_TABLE,
-    GATEWAY_ERRORS,
     HEARTBEAT_SWEEP_RATE_SECONDS,
     HEARTBEAT_SWEEP_TIMEOUT_SECONDS,
-    NODE_API_ROUTES,
-    NODE_TOKEN_HEADER_PATTERN,
     NODE_TOKEN_PK,
 )
 from infra.lambda_common import (
@@ -60,7 +62,7 @@ from infra.recovery import EVENT_RETRY_ATTEMPTS, ClusterAccess, acknowledge_star
 from infra.tables import RecoveryTables
 
 STAGE_NAME = "prod"
-#: the node routes under v1/ (constants.NODE_API_ROUTES, the one list, all POST)
+#: the node routes under v1/ (api_routes.NODE_API_ROUTES, the one list, all POST)
 NODE_ROUTES = tuple(path.removeprefix("v1/") for _, path in NODE_API_ROUTES)
 TOKEN_HEADER = "Authorization"
 
@@ -232,7 +234,7 @@ class NodeApi(Construct):
             )
         # What API Gateway answers itself (bad token, unsigned call, unknown route or method,
         # throttled, too large, body schema) comes in the APIs' error shape; local mode
-        # sends the same (gpu_recovery.constants.GATEWAY_ERRORS).
+        # sends the same (gpu_recovery.api_routes.GATEWAY_ERRORS).
         responses = [(apigw.ResponseType.of(name), '"' + message + '"')
                      for name, (_, message) in GATEWAY_ERRORS.items()]
         responses += [(apigw.ResponseType.BAD_REQUEST_BODY, '"$context.error.validationErrorString"'),

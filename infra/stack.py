@@ -64,6 +64,7 @@ from gpu_recovery.constants import (
     ENV_CLUSTER_NAME,
     ENV_CONTROL_API_URL,
     ENV_DCGM_LEVEL,
+    ENV_DEADLINE_INDEX_SHARDS,
     ENV_DEFAULT_NODE_QUOTAS,
     ENV_DEMOTE_AFTER_SECONDS,
     ENV_ECS_API_BURST,
@@ -88,6 +89,7 @@ from gpu_recovery.constants import (
     ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
     ENV_MAX_HEALTH_CHECKS_PER_JOB,
     ENV_MAX_RECOVERY_ATTEMPTS,
+    ENV_POST_REPAIR_VALIDATION,
     ENV_PREEMPTION,
     ENV_PREFLIGHT_SETTINGS,
     ENV_QUOTA_TABLE,
@@ -143,12 +145,14 @@ def heartbeat_config(config: RecoveryConfig) -> HeartbeatConfig:
 
 
 def large_jobs_environment(config: RecoveryConfig, gang_queue_url: str) -> dict[str, str]:
-    """Every function's: the gang queue, the ECS budget, grouped starts, health checks at once."""
+    """Every function's: the gang queue, the ECS budget, grouped starts, health checks at once,
+    the deadline index's shards (every reader of the index must read each of them)."""
     return {
         ENV_GANG_QUEUE_URL: gang_queue_url,
         ENV_ECS_API_RATE: f"{config.ecs_api_rate_per_second:g}",
         ENV_ECS_API_BURST: str(config.ecs_api_burst),
         ENV_BATCH_IDENTICAL_STARTS: "true" if config.batch_identical_starts else "false",
+        ENV_DEADLINE_INDEX_SHARDS: str(config.deadline_index_shards),
         ENV_MAX_HEALTH_CHECKS_PER_JOB: str(config.max_health_checks_per_job),
         ENV_MAX_HEALTH_CHECKS_IN_FLIGHT: str(config.max_health_checks_in_flight),
         ENV_REGISTRATION: config.registration,
@@ -221,6 +225,7 @@ class GpuRecoveryStack(Stack):
             ENV_SPARE_NODES: config.spare_nodes,
             ENV_LEND_SPARES: "true" if config.lend_spares else "false",
             ENV_HELD_JOB_DEADLINE_SECONDS: str(config.held_job_deadline_seconds),
+            ENV_POST_REPAIR_VALIDATION: config.validation.to_json(),
         }
         if self.fault_catalog_layer is not None:
             remediation_env[ENV_FAULT_CATALOG_OVERRIDE] = RUNTIME_PATH

@@ -3,7 +3,10 @@ expressions, as in a ``memberOf`` placement constraint or the ``filter`` of
 ListContainerInstances (moto does not implement that filter).
 
 Supported: ``attribute:<name> exists``, ``attribute:<name> !exists``,
-``attribute:<name> == <value>``, ``attribute:<name> != <value>``, joined by ``and``.
+``attribute:<name> == <value>``, ``attribute:<name> != <value>``, and ``registeredAt``
+compared (``==``, ``!=``, ``>``, ``>=``, ``<``, ``<=``) with a date in one of ECS's formats
+(``2018-06-18T22:28:28+00:00``, ``2018-06-18T22:28:28Z``, ``2018-06-18T22:28:28``,
+``2018-06-18``: the cluster query language's page), joined by ``and``.
 Anything else raises ``ValueError`` (ECS answers InvalidParameterException), so a test
 never passes on an expression the simulation silently ignored.
 """
@@ -12,18 +15,41 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 _CLAUSE = re.compile(
     r"^attribute:(?P<name>[A-Za-z0-9_.\-/:]+)\s+(?P<op>!exists|exists|==|!=)\s*(?P<value>\S*)$")
 
 
-def matches(expression: str, attributes: Mapping[str, str | None]) -> bool:
-    """Whether a container instance with ``attributes`` (name -> value) satisfies
-    ``expression``."""
+_REGISTERED = re.compile(r"^registeredAt\s*(?P<op>==|!=|>=|<=|>|<)\s*(?P<value>\S+)$")
+_DATE_FORMATS = ("%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d")
+
+
+def _date(value: str) -> float:
+    for fmt in _DATE_FORMATS:
+        try:
+            parsed = datetime.strptime(value, fmt)
+        except ValueError:
+            continue
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    raise ValueError(f"registeredAt takes a date such as 2018-06-18T22:28:28Z, got {value!r}")
+
+
+def matches(expression: str, attributes: Mapping[str, str | None],
+            registered_at: float | None = None) -> bool:
+    """Whether a container instance with ``attributes`` (name -> value), registered at
+    ``registered_at`` (epoch seconds), satisfies ``expression``."""
     clauses = [c.strip() for c in re.split(r"\s+and\s+", expression.strip()) if c.strip()]
     if not clauses:
         raise ValueError(f"empty cluster query expression: {expression!r}")
     for clause in clauses:
+        registered = _REGISTERED.match(clause)
+        if registered is not None:
+            when, at = _date(registered["value"]), float(registered_at or 0.0)
+            if not {"==": at == when, "!=": at != when, ">": at > when, ">=": at >= when, "<": at < when,
+                    "<=": at <= when}[registered["op"]]:
+                return False
+            continue
         found = _CLAUSE.match(clause)
         if found is None:
             raise ValueError(f"cluster query expression not supported by the simulation: {clause!r}")

@@ -104,6 +104,10 @@ class LocalAws:
     """Context manager: moto + the stack's resources + handler environment."""
 
     _active: list[LocalAws] = []
+    #: this process ends after its one run (a crash campaign's forked run): leaving moto's
+    #: accounts as they are is then enough, its reset of every backend (EC2's default VPC,
+    #: AMIs...) would be thrown away with the process
+    disposable_process: bool = False
 
     @classmethod
     def active(cls) -> LocalAws | None:
@@ -281,7 +285,7 @@ class LocalAws:
             self._saved_endpoint_time = None
         state_manager.unset_transition("ecs::task")
         if self._mock is not None:
-            self._mock.stop()
+            self._mock.stop(remove_data=not LocalAws.disposable_process)
             self._mock = None
         for key, value in self._saved_env.items():
             if value is None:

@@ -22,9 +22,12 @@ RESET_FIXES = frozenset({"healthy", "reset_fixable"})
 REBOOT_FIXES = frozenset({"reboot_fixable", "reset_fixable", "reset_fails"})
 
 
-def verdict_line(verdict: int, dcgm_level: int, gpu_ids: list[str], hostname: str) -> str:
+def verdict_line(verdict: int, dcgm_level: int, gpu_ids: list[str], hostname: str, *,
+                 load_seconds: int = 0, load_failed: bool = False) -> str:
     """The JSON verdict line health_check/dcgm_health_check.sh prints (see its README) for
-    exit code ``verdict`` (0 healthy, 1 reboot, 2 replace, 3 operator action, 4 reset)."""
+    exit code ``verdict`` (0 healthy, 1 reboot, 2 replace, 3 operator action, 4 reset).
+    ``load_seconds``: a validation's GPU load ran (``load``); ``load_failed``: it, not the
+    diag, found the fault (DCGM_FR_STRESS_LEVEL on GPU 0, as fixtures/dcgmi_targeted_stress_fail)."""
     name = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action", 4: "reset"}[verdict]
     reasons = {
         "healthy": [],
@@ -44,17 +47,30 @@ def verdict_line(verdict: int, dcgm_level: int, gpu_ids: list[str], hostname: st
                              "message": "Persistence mode for GPU 0 is disabled. Enable "
                                         "persistence mode by running \"nvidia-smi -i 0 -pm 1\""}],
     }.get(name, [])
+    load = None
+    failed_tests = {0: [], 3: ["software"], 4: []}.get(verdict, ["memory"])
+    if load_seconds:
+        load = {"test": "targeted_stress", "seconds": load_seconds,
+                "dcgmi_exit_code": {0: 0, 2: 205}.get(verdict, 226) if load_failed else 0}
+    if load_failed:
+        failed_tests = ["targeted_stress"]
+        exit_code = load["dcgmi_exit_code"] if load else 226
+        reasons = [f"GPU load (targeted_stress, {load_seconds} s) failed (exit {exit_code})"]
+        errors = [{"test": "targeted_stress", "error_id": 50, "severity": 1, "category": 1,
+                   "message": "Max stress level of 412.3 did not reach desired stress level of 1100.0 "
+                              "for GPU 0"}]
     return json.dumps(
         {
             "verdict": name,
             "exit_code": verdict,
             "dcgm_level": dcgm_level,
-            "dcgmi_exit_code": {0: 0, 1: 226, 2: 205, 3: 226, 4: 0}[verdict],
-            "failed_tests": {0: [], 3: ["software"], 4: []}.get(verdict, ["memory"]),
+            "dcgmi_exit_code": 0 if load_failed else {0: 0, 1: 226, 2: 205, 3: 226, 4: 0}[verdict],
+            "failed_tests": failed_tests,
             "errors": errors,
             "gpus": [{"index": i, "uuid": gpu,
                       **({"remap_pending": True, "recovery_action": "drain_and_reset"}
                          if verdict == 4 and i == 0 else {})} for i, gpu in enumerate(gpu_ids)],
+            "load": load,
             "reasons": reasons,
             "notes": [],
             "hostname": hostname,

@@ -24,6 +24,25 @@ QUEUE_OWNED = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES, JobState.S
 OVERDUE_SECONDS = 15 * 60
 
 
+def forgotten_validations(repo: Repository, now: float, nodes: Iterable[str], *,
+                          overdue_seconds: float = OVERDUE_SECONDS) -> dict[str, str]:
+    """``{node: why}`` for each of ``nodes`` (container instance ids) in validation after
+    repair with nothing due: a node back from its repair must be reached by the sweep until
+    its validation ends (the jobs waiting on it have their own deadlines: forgotten_jobs),
+    else its jobs would wait on it for ever."""
+    out = {}
+    for node in sorted(nodes):
+        item = repo.get_instance_item(node)
+        if not item or item.get("instance_state") != "REBOOTING" or not item.get("validation"):
+            continue
+        due = item.get(C.DEADLINE_SK)
+        if item.get(C.DEADLINE_PK) != C.DEADLINE_BUCKET or due is None:
+            out[node] = "validating with nothing due"
+        elif float(due) < now - overdue_seconds:
+            out[node] = f"validating, due {now - float(due):.0f} s ago"
+    return out
+
+
 def job_items(repo: Repository) -> list[dict[str, Any]]:
     table = repo.db.table(repo.job_table_name)
     items: list[dict[str, Any]] = []
@@ -54,7 +73,7 @@ def forgotten_jobs(repo: Repository, now: float, *, overdue_seconds: float = OVE
         if state in QUEUE_OWNED and item.get(C.QUEUE_PK):
             continue
         due = item.get(C.DEADLINE_SK)
-        if item.get(C.DEADLINE_PK) != C.DEADLINE_BUCKET or due is None:
+        if item.get(C.DEADLINE_PK) not in repo.db.deadline_buckets() or due is None:
             out[str(item["job_id"])] = f"{state.value} with nothing due"
         elif float(due) < now - overdue_seconds:
             out[str(item["job_id"])] = f"{state.value} due {now - float(due):.0f} s ago"

@@ -291,19 +291,29 @@ def _share_moto_sns_signing_key() -> None:
 
     if getattr(Subscription.private_key, "_shared", False):
         return
-    lock = threading.Lock()
-    keys: list[Any] = []
 
     def private_key(self: Any) -> Any:
-        with lock:
-            if not keys:
-                from cryptography.hazmat.primitives.asymmetric import rsa
-
-                keys.append(rsa.generate_private_key(public_exponent=65537, key_size=2048))
-            return keys[0]
+        return shared_sns_signing_key()
 
     private_key._shared = True  # type: ignore[attr-defined]
     Subscription.private_key = private_key  # type: ignore[assignment]  # replaces an lru_cache
+
+
+_signing_keys: list[Any] = []
+_signing_key_lock = threading.Lock()
+
+
+def shared_sns_signing_key() -> Any:
+    """The one RSA key this process's moto signs SNS deliveries with, made on first use. A
+    process that forks many runs (the crash campaigns' fork server) makes it before forking:
+    otherwise every forked run whose first e-mail comes after the fork makes its own (a
+    tenth of the campaigns' CPU)."""
+    with _signing_key_lock:
+        if not _signing_keys:
+            from cryptography.hazmat.primitives.asymmetric import rsa
+
+            _signing_keys.append(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+        return _signing_keys[0]
 
 
 def pass_start_task_network_configuration() -> None:

@@ -16,6 +16,12 @@ Scenario knobs:
 * ``freeze_steps(job_id, rank, start, end)``: that rank keeps being reported but its
   step stops advancing (a hung rank).
 
+A node with a driver warning injected (``SimulatedEcs.warn_gpu``: a recovery action, a pending
+remap, a counter rising) also POSTs ``/v1/report_gpu`` each round, in the agent's body (its
+GPU rows with ``recovery_action``, ``remapped_rows_pending`` and the counters), until the
+warning is gone and reported so once: the other nodes' GPU reports (a write each) are left
+out to keep the simulation cheap; XIDs reach the stack through ``inject_xid`` as before.
+
 Tokens come from :class:`gpu_recovery.heartbeat.tokens.TokenStore` (what ``gpu-recovery-admin
 issue-token`` uses), one per node. ``timeline`` holds what the agents did worth
 showing; ``results`` counts accepted / rejected reports.
@@ -75,6 +81,7 @@ class SimulatedNodeAgents:
         self.timeline: list[tuple[float, str, str, str]] = []  # (time, node, text, label)
         self.results = AgentResults()
         self._silent: dict[str, list[_Window]] = {}
+        self._gpu_reporting: set[str] = set()  # nodes with a warning (or just past one)
         self._frozen: dict[tuple[str, str], list[_Window]] = {}
         self._started = False
         logging.getLogger("gpu-node-agent").setLevel(logging.CRITICAL)
@@ -140,6 +147,8 @@ class SimulatedNodeAgents:
             if node.rebooting or self.is_silent(name, now) or name not in self.tokens:
                 continue
             self.report(name)
+            if node.gpu_state or name in self._gpu_reporting:
+                self.report_gpus(name)
         self.sim.schedule(now + self.interval, self._round, "node agents")
         return []
 
@@ -160,6 +169,21 @@ class SimulatedNodeAgents:
                 entry["step"] = step
             tasks.append(entry)
         return {"node_id": node.container_instance_id, "timestamp": now, "tasks": tasks}
+
+    def report_gpus(self, name: str) -> Any:
+        """``POST /v1/report_gpu`` of the node's GPUs as the agent sends it (its warnings
+        included); one more report once they are gone, then none until the next warning."""
+        node = self.sim.nodes[name]
+        if node.gpu_state:
+            self._gpu_reporting.add(name)
+        else:
+            self._gpu_reporting.discard(name)
+        url = self.agent.join_url(self.api_url, "/v1/report_gpu")
+        result = self.agent.post_json(url, self.sim.gpu_report_body(node), self.tokens[name],
+                                      time.monotonic() + 5.0, self.config, time.monotonic, lambda _s: None)
+        if not result.ok:
+            self.results.rejected.append((self.sim.now(), name, result.status, result.error or ""))
+        return result
 
     def report(self, name: str) -> Any:
         body = self.body(name)

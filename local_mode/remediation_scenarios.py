@@ -78,10 +78,11 @@ class ScenarioResult:
 def world(*, remediation: dict[str, Any] | None = None, max_recovery_attempts: int = 3,
           relocate_instead_of_wait: bool = False, duplicate_delivery: bool = True,
           relocation_wait_seconds: int | None = None, spare_nodes: str | None = None,
-          lend_spares: bool = False, **sim_options: Any) -> Iterator[World]:
+          lend_spares: bool = False, extra_env: dict[str, str] | None = None,
+          **sim_options: Any) -> Iterator[World]:
     warnings.filterwarnings("ignore")
     logging.getLogger().setLevel(logging.CRITICAL)
-    env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL"}
+    env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL", **(extra_env or {})}
     if remediation:
         env[C.ENV_REMEDIATION_SETTINGS] = json.dumps(remediation)
     if relocate_instead_of_wait:

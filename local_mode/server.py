@@ -19,7 +19,7 @@ A path may carry the stage prefix (``/prod/v1/report_tasks``), as with the
 execute-api URL of the deployed stage.
 
 What API Gateway answers itself is answered here the same way, in the APIs' error shape
-(``gpu_recovery.constants.GATEWAY_ERRORS``): a method or path the stage does not define
+(``gpu_recovery.api_routes.GATEWAY_ERRORS``): a method or path the stage does not define
 (TRACE, DELETE, ...) -> 403 ``MISSING_AUTHENTICATION_TOKEN``; an ``Authorization`` header
 that fails the authorizer's identity validation expression -> 401 without invoking it;
 a body over 10 MB -> 413, sent after the body was read so the client sees it.
@@ -51,7 +51,7 @@ from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gpu_recovery.constants import (
+from gpu_recovery.api_routes import (
     CONTROL_API_ROUTES,
     GATEWAY_ERRORS,
     JOBS_API_ROUTES,

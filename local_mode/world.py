@@ -28,6 +28,7 @@ Apps that also serve the jobs API wrap the world in ``harness.reset_handler_cach
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -71,7 +72,11 @@ class World:
     # --- what the stack wrote (through a Repository on the emulator's tables) ----------------
     @property
     def repo(self) -> Repository:
-        return Repository(self.aws.resource("dynamodb"), self.aws.job_table, self.aws.instance_table)
+        # The handlers' shard count of the deadline index (their environment, set by the world):
+        # the invariant and the campaigns read every shard the stack writes.
+        shards = int(os.environ.get(C.ENV_DEADLINE_INDEX_SHARDS) or 1)
+        return Repository(self.aws.resource("dynamodb"), self.aws.job_table, self.aws.instance_table,
+                          deadline_shards=shards)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job item ({} if none)."""

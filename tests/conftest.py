@@ -40,25 +40,10 @@ SLOW_MODULES = (
 )
 
 
-# Also in the slow tier, marked in their modules: tests/notifications/test_email_truth.py's
-# e-mail kinds but the application-error one (a whole flow each, about a minute of CPU in all;
-# make test keeps the kind whose e-mail said what was not done).
-
 #: pages whose runnable blocks run in the slow tier only (tests/docs/test_doc_blocks.py), each
-#: with why; the README's and cli/README.md's run in make test, and every page's blocks are
-#: checked for syntax and names there
-SLOW_DOC_PAGES = {
-    # the README's walk with more steps (make test runs the README's), the breaker tripped on
-    # purpose and a preemption: about a minute of the playground
-    "docs/playground.md": "the README's walk with more; the breaker and preemption walks",
-    # the operator's breaker commands after a reset (the playground walk resets it too)
-    "docs/remediation.md": "breaker show and reset, run by docs/playground.md's walk as well",
-    # a whole unbroken gpu_fault campaign run (test_docs.py runs the same flow in make test)
-    "docs/data-flow.md": "the gpu_fault campaign's run, which tests/test_docs.py runs too",
-    # two 4-node jobs, a pinned node rebooted and a restart: about 40 s of the playground
-    # (tests/preflight's stage tests and the preflight_pin campaign cover the same path)
-    "docs/preflight.md": "the playground's preflight walk: two jobs, a node pinned and rebooted",
-}
+#: with why. None: every page's blocks run in make test (issue 42: the documentation is
+#: executed where a newcomer's test command runs it), and are checked for syntax and names.
+SLOW_DOC_PAGES: dict[str, str] = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -70,6 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from local_mode.moto_patches import install_emulator_speedups
 
     config.addinivalue_line("markers", "slow: the slow tier, left out by --quick (make test)")
+    config.addinivalue_line("markers", "campaign: a crash campaign's test (tests/crash_consistency; added "
+                                       "to each by tests/conftest.py)")
+    config.addinivalue_line("markers", "long: minutes on one core; its xdist group is handed out first")
     install_emulator_speedups()
     if config.getoption("--quick"):
         os.environ[TIER_ENV] = "quick"
@@ -87,6 +75,9 @@ def _no_request_aws_would_refuse() -> Iterator[None]:
     found = recorded_since(mark)
     if found:
         pytest.fail("requests AWS would refuse:\n  " + "\n  ".join(str(v) for v in found), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _no_call_refused_by_its_role() -> Iterator[None]:
     """Fail the test when a handler made a call its function's role does not grant."""
     from local_mode.sim.contract.grants import recorded_denials
@@ -131,9 +122,27 @@ def group_by_module(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group("infra" if module.startswith("infra/") else module))
 
 
+def long_groups_first(items: list[pytest.Item]) -> None:
+    """The xdist groups holding a test marked ``long`` first, in a stable order otherwise:
+    xdist hands groups out in collection order, and a long test handed out last would run
+    alone while the other workers wait (make test-deep: the 8,192-task recovery beside the
+    campaigns)."""
+    def group(item: pytest.Item) -> str:
+        marker = item.get_closest_marker("xdist_group")
+        return str(marker.args[0]) if marker and marker.args else item.nodeid
+
+    long = {group(item) for item in items if item.get_closest_marker("long")}
+    if long:
+        items.sort(key=lambda item: group(item) not in long)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     group_by_module(items)
+    for item in items:
+        if item.path.is_relative_to(TESTS / "crash_consistency"):
+            item.add_marker(pytest.mark.campaign)
+    long_groups_first(items)
     if not config.getoption("--quick"):
         # the slow modules' tests carry the marker too, so `-m slow` (make test-slow) selects them
         for item in items:

@@ -163,11 +163,15 @@ def _suspension_lines(job: Mapping[str, Any]) -> list[str]:
     if deadline and grace:
         deadline = f"{deadline} (grace {grace} s)"
     held = None
+    moving = kind == "moved"
     if state == "SUSPENDED":
         held = (f"yes: waits for `{PROG} resume {job.get('job_id', 'ID')}`" if job.get("held")
+                else "no: queued again ahead of its priority, restarts on healthy nodes" if moving
                 else "no: queued again at its original position")
     elif state == "SUSPENDING":
         held = "yes, once its ranks stopped" if raw.get("hold") else "no: queued again once its ranks stopped"
+        if moving:
+            deadline = f"{deadline}: no go_suspend() by then, it keeps running there" if deadline else None
     stopped = raw.get("stop_reason") or None
     if stopped and raw.get("stop_requested_at"):
         stopped = f"{fmt_time(raw.get('stop_requested_at'))}: {stopped}"
@@ -200,6 +204,30 @@ def _preflight_lines(job: Mapping[str, Any]) -> list[str]:
         if isinstance(pin, dict):
             lines.append(f"  pinned rank {pin.get('rank')} on {pin.get('node')}: {cell(pin.get('reason'))}")
     return lines
+
+
+MOVE_OUTCOMES = {"moved": "moved at its checkpoint",
+                 "declined": "not moved: no checkpoint in time, kept running"}
+
+
+def _moves_lines(job: Mapping[str, Any]) -> list[str]:
+    """Why the job moved (or was asked to) off a node with a driver warning, and what it avoided."""
+    moves = [m for m in job.get("moves") or [] if isinstance(m, dict)]
+    if not moves:
+        return []
+    rows = []
+    for move in moves:
+        sure = "announced by the driver" if move.get("confidence") == "announced" else "predicted (a counter)"
+        seconds = move.get("checkpoint_seconds")
+        took = f" in {seconds:g} s" if isinstance(seconds, int | float) else ""
+        rows.append([fmt_time(move.get("at")) or None, short_arn(move.get("node")),
+                     MOVE_OUTCOMES.get(str(move.get("outcome")), str(move.get("outcome"))) + took,
+                     f"{move.get('action') or '?'} {sure}", move.get("rule") or None])
+    avoided = ("Avoided: a crash on a GPU the driver warned about (the work since the last checkpoint plus a "
+               "whole recovery)") if any(m.get("outcome") == "moved" for m in moves) else None
+    return ["", "Moves off nodes with a driver warning:",
+            *table(["AT", "NODE", "OUTCOME", "WARNING", "RULE"], rows, indent="  "),
+            *([f"  {avoided}"] if avoided else [])]
 
 
 def _rank_table(ranks: list[dict[str, Any]]) -> list[str]:
@@ -260,6 +288,7 @@ def format_job(job: Mapping[str, Any]) -> list[str]:
     lines += [f"{label + ':':<11} {cell(value)}" for label, value in fields if value not in (None, "")]
     lines += _suspension_lines(job)
     lines += _preflight_lines(job)
+    lines += _moves_lines(job)
     ranks = [r for r in job.get("ranks") or [] if isinstance(r, dict)]
     if ranks:
         lines += ["", "Ranks:", *_rank_table(ranks)]

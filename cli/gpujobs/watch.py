@@ -94,6 +94,9 @@ class Watcher:
         suspend = job.get("suspend") if isinstance(job.get("suspend"), dict) else {}
         if state in ("SUSPENDING", "SUSPENDED") and suspend:
             parts.append(f"suspend={suspend.get('kind', '?')}")
+            avoid = suspend.get("avoid") if isinstance(suspend.get("avoid"), dict) else {}
+            if avoid:  # a move off a node with a driver warning
+                parts.append(f"warning={avoid.get('action', '?')}:{avoid.get('confidence', '?')}")
             if suspend.get("by_job"):
                 parts.append(f"by={suspend['by_job']}")
             if state == "SUSPENDING" and suspend.get("deadline_at"):

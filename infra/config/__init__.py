@@ -30,6 +30,7 @@ from functools import cached_property
 from typing import Any
 
 from gpu_recovery.constants import (
+    DEADLINE_SHARDS_MAX,
     DEFAULT_GANG_WORKER_CONCURRENCY,
     DEFAULT_HEALTH_CHECK_FAMILY,
     REGISTRATION_MODES,
@@ -57,6 +58,9 @@ from gpu_recovery.domain.time_sharing import (
     MAX_SUSPEND_GRACE_SECONDS,
     MIN_SUSPEND_GRACE_SECONDS,
 )
+from gpu_recovery.domain.validation import MAX_LOAD_SECONDS as MAX_VALIDATION_LOAD_SECONDS
+from gpu_recovery.domain.validation import MAX_TIMEOUT_SECONDS as MAX_VALIDATION_TIMEOUT_SECONDS
+from gpu_recovery.domain.validation import ValidationError, ValidationPolicy
 from gpu_recovery.settings import DEFAULT_HEALTH_CHECKS_IN_FLIGHT, DEFAULT_HEALTH_CHECKS_PER_JOB
 from infra.catalog_file import read_catalog_document
 from infra.config.parsers import (
@@ -79,6 +83,7 @@ from infra.config.parsers import (
     text,
 )
 
+VALIDATION_DEFAULTS = ValidationPolicy(enabled=True)
 DEFAULT_HEALTH_CHECK_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 # Any image with Python 3.8+ runs the agent (its source is the container command).
 DEFAULT_NODE_AGENT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
@@ -117,6 +122,7 @@ REMEDIATION_KEYS = (
     "remediation_mode", "replace_action", "reboots_before_replace", "reboot_window_hours",
     "max_remediations", "remediation_window_days", "breaker_enabled", "breaker_max_percent",
     "breaker_max_nodes", "breaker_window_minutes", "breaker_auto_close", "gpu_reset",
+    "warning_checkpoint_seconds",
 )
 
 
@@ -286,6 +292,9 @@ class RecoveryConfig:
     gpu_reset: str = option(
         REMEDIATION_DEFAULTS["gpu_reset"][0], remediation_setting("`true` / `false`"),
         "GPU reset (a privileged ECS task) where it suffices, else reboot; false: always reboot")
+    warning_checkpoint_seconds: str = option(
+        REMEDIATION_DEFAULTS["warning_checkpoint_seconds"][0], remediation_setting("seconds 0..21600"),
+        "a job on a node with a driver warning checkpoints within this and moves (0: never asked)")
     relocate_instead_of_wait: bool = option(
         False, boolean(), "move relocatable jobs to free healthy nodes at once, not after the reboot")
     relocation_wait_seconds: int = option(
@@ -297,6 +306,17 @@ class RecoveryConfig:
     held_job_deadline_seconds: int = option(
         DEFAULT_HELD_JOB_DEADLINE_SECONDS, integer(0, MAX_HELD_JOB_DEADLINE_SECONDS),
         "HELD jobs wait this long for a breaker reset")
+    # --- validation after repair (docs/remediation.md#validation-after-repair)
+    validate_after_repair: bool = option(
+        True, boolean(), "a rebooted, reset or replacement node runs a DCGM diag and a GPU load before work")
+    validation_dcgm_level: int = option(VALIDATION_DEFAULTS.dcgm_level, integer(1, 4),
+                                        "`dcgmi diag -r` level of that validation")
+    validation_load_seconds: int = option(
+        VALIDATION_DEFAULTS.load_seconds, integer(0, MAX_VALIDATION_LOAD_SECONDS),
+        "seconds of GPU load (DCGM targeted stress) after the diag (0: none)")
+    validation_timeout_minutes: int = option(
+        VALIDATION_DEFAULTS.timeout_seconds // 60, integer(1, MAX_VALIDATION_TIMEOUT_SECONDS // 60),
+        "a validation not done within this fails (escalated like any failure)")
     # --- time sharing (quotas, preemption, suspend)
     default_node_quotas: str | None = option(None, node_quotas(),
                                              "nodes per user and level (none: unlimited)")
@@ -320,13 +340,16 @@ class RecoveryConfig:
     gang_worker_concurrency: int = option(
         DEFAULT_GANG_WORKER_CONCURRENCY, integer(2, 100), "large-job stop/start batches run at once")
     batch_identical_starts: bool = option(True, boolean(), "up to 10 identical ranks per StartTask")
+    deadline_index_shards: int = option(
+        1, integer(1, DEADLINE_SHARDS_MAX),
+        "partition keys of the by-deadline index (one takes ~1,000 writes/s; raise only: docs/sizing.md)")
     registration: str = option(
         "both", choice(*REGISTRATION_MODES),
         "how tasks are registered (docs/architecture.md#registering-jobs-what-gets-protected)")
     # --- gang preflight (docs/preflight.md)
     preflight_min_nodes: int = option(
         DEFAULT_MIN_NODES, integer(1, MAX_MIN_NODES, zero_disables=True),
-        "queue jobs of this many nodes or more run the gang preflight after restarts (0: only if asked)")
+        "jobs this size or larger run the gang preflight after restarts (0: on request)")
     preflight_round_seconds: int = option(
         DEFAULT_ROUND_SECONDS, integer(MIN_ROUND_SECONDS, MAX_ROUND_SECONDS),
         "bound of each preflight round (the first: twice); a group silent by then hung")
@@ -335,6 +358,13 @@ class RecoveryConfig:
         "a run under this share of its learned busbw baseline is slow")
     preflight_floors: str | None = option(
         None, preflight_floors(), "operator floors (GB/s) per instance type, never learned below")
+
+    @property
+    def validation(self) -> ValidationPolicy:
+        """The functions' validation after repair (``POST_REPAIR_VALIDATION``)."""
+        return ValidationPolicy(enabled=self.validate_after_repair, dcgm_level=self.validation_dcgm_level,
+                                load_seconds=self.validation_load_seconds,
+                                timeout_seconds=60 * self.validation_timeout_minutes)
 
     @property
     def remediation(self) -> tuple[tuple[str, str], ...]:
@@ -417,6 +447,12 @@ def _check_together(values: dict[str, Any], given: set[str]) -> None:
     except ValueError as error:
         message = str(error).removeprefix("remediation settings: ")
         raise ConfigError(f"remediation context key(s): {message}") from error
+    try:
+        ValidationPolicy(enabled=values["validate_after_repair"], dcgm_level=values["validation_dcgm_level"],
+                         load_seconds=values["validation_load_seconds"],
+                         timeout_seconds=60 * values["validation_timeout_minutes"])
+    except ValidationError as error:
+        raise ConfigError(f"validation context key(s): {error}") from error
 
 
 def _options() -> tuple[Option, ...]:

@@ -32,6 +32,8 @@ ENV_INSTANCE_TABLE = "CONTAINER_INSTANCE_TABLE_NAME"
 ENV_CLUSTER_NAME = "ECS_CLUSTER_NAME"
 ENV_HEALTH_CHECK_TASK = "DCGM_HEALTH_CHECK_TASK"  # task definition ARN or family
 ENV_GPU_RESET_TASK = "GPU_RESET_TASK"  # task definition ARN or family of the GPU reset task
+# Validation after repair (domain.validation.ValidationPolicy as JSON; "" or absent: off).
+ENV_POST_REPAIR_VALIDATION = "POST_REPAIR_VALIDATION"
 ENV_SNS_TOPIC_ARN = "SNS_TOPIC_ARN"
 ENV_MAX_RECOVERY_ATTEMPTS = "MAX_RECOVERY_ATTEMPTS"
 ENV_SUSPECT_EXIT_CODES = "SUSPECT_EXIT_CODES"  # JSON list, e.g. "[1]"
@@ -67,6 +69,7 @@ ENV_SPARE_NODES = "SPARE_NODES"
 ENV_LEND_SPARES = "LEND_SPARES"  # "true": spares run LOW queue jobs until needed (domain.placement)
 # Seconds a job that cannot move waits (HELD) for the breaker's reset to reboot its node.
 ENV_HELD_JOB_DEADLINE_SECONDS = "HELD_JOB_DEADLINE_SECONDS"
+ENV_DEADLINE_INDEX_SHARDS = "DEADLINE_INDEX_SHARDS"
 # Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
 ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
 # Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.
@@ -173,9 +176,16 @@ JOB_BY_INSTANCE_SK = "job_id_rank"
 # (reboot, health check, restart) carry these attributes, so the scheduled sweep
 # reads only what can have timed out, never the whole table.
 DEADLINE_INDEX = "by-deadline"
-DEADLINE_PK = "deadline_bucket"  # constant DEADLINE_BUCKET while a deadline is set
+DEADLINE_PK = "deadline_bucket"  # the item's shard's bucket while a deadline is set
 DEADLINE_SK = "deadline_at"  # epoch seconds (number)
-DEADLINE_BUCKET = "DEADLINE"
+DEADLINE_BUCKET = "DEADLINE"  # what writers set. Over DEADLINE_INDEX_SHARDS keys (docs/sizing.md):
+# the repository's gateway puts an item in its key's shard, readers Query every shard.
+DEADLINE_SHARDS_MAX = 32
+
+
+def deadline_bucket(shard: int) -> str:
+    """The by-deadline key of ``shard`` (shard 0: "DEADLINE", as unsharded: nothing stranded)."""
+    return DEADLINE_BUCKET if shard == 0 else f"{DEADLINE_BUCKET}#{shard:02d}"
 
 # Sparse index of heartbeating ranks (node heartbeats; issue 40, defect 9): only ranks in
 # RUNNING / NODE_LOST / HUNG that have had at least one heartbeat carry HB_PK, so the stale
@@ -224,53 +234,11 @@ HOLDING_PROJECTION = ("job_id", "job_state", "user", "quota_subject", "priority"
                       "suspend_grace_seconds")
 
 
-# --------------------------------------------------------------------------------------
-# REST API (one API Gateway stage): the methods each route has. Anything else is answered
-# by API Gateway itself (403 MISSING_AUTHENTICATION_TOKEN), as local mode does too.
-# --------------------------------------------------------------------------------------
-NODE_API_ROUTES: tuple[tuple[str, str], ...] = (
-    ("POST", "v1/report_tasks"),
-    ("POST", "v1/report_gpu"),
-)
-JOBS_API_ROUTES: tuple[tuple[str, str], ...] = (
-    ("POST", "v1/jobs"),
-    ("GET", "v1/jobs"),
-    ("GET", "v1/jobs/{job_id}"),
-    ("POST", "v1/jobs/{job_id}/cancel"),
-    ("POST", "v1/jobs/{job_id}/suspend"),
-    ("POST", "v1/jobs/{job_id}/resume"),
-    ("GET", "v1/jobs/{job_id}/events"),
-    ("GET", "v1/jobs/{job_id}/logs"),
-    ("GET", "v1/quotas"),
-    ("PUT", "v1/quotas"),
-    ("DELETE", "v1/quotas"),
-    ("GET", "swagger"),
-)
-# The job-control routes training code calls (gpu_recovery_client: receive_suspend_command,
-# go_suspend), authorized by the per-rank control token the launcher puts in the task's
-# environment (a TOKEN authorizer; no AWS credentials needed in the container).
-CONTROL_API_ROUTES: tuple[tuple[str, str], ...] = (
-    ("GET", "v1/control"),
-    ("POST", "v1/control/suspend"),
-    ("GET", "v1/control/preflight"),
-    ("POST", "v1/control/preflight"),
-)
+# The job-control channel's environment (the launcher puts it in a task's environment;
+# the routes and the gateway's answers: gpu_recovery.api_routes).
 CONTROL_TOKEN_ENV = "GPU_RECOVERY_CONTROL_TOKEN"
 CONTROL_URL_ENV = "GPU_RECOVERY_CONTROL_URL"
 RESUME_COUNT_ENV = "RESUME_COUNT"
-# API Gateway's own answers (gateway responses), in the APIs' error shape
-# {"error": <response type>, "message": ...}: infra configures them, local mode sends them.
-GATEWAY_ERRORS: dict[str, tuple[int, str]] = {
-    "UNAUTHORIZED": (401, "missing, malformed, unknown or revoked token (node or job-control token)"),
-    "ACCESS_DENIED": (403, "token refused (wrong secret, or not valid for this route)"),
-    "MISSING_AUTHENTICATION_TOKEN": (403, "no such route or method, or the request is not signed "
-                                          "(SigV4)"),
-    "REQUEST_TOO_LARGE": (413, "request body over API Gateway's 10 MB limit"),
-    "THROTTLED": (429, "too many requests: retry with exponential backoff"),
-}
-# The node authorizer's identity validation expression (API Gateway rejects a header
-# that does not match with 401, without invoking the authorizer).
-NODE_TOKEN_HEADER_PATTERN = r"^[Bb]earer [A-Za-z0-9_.-]{16,512}$"
 
 
 def queue_order(priority: int, submitted_at: float, job_id: str) -> str:
@@ -313,9 +281,10 @@ QUOTA_BUCKET = "QUOTA"
 INSTANCE_PK = "container_inst_id"  # container instance id (last part of the ARN)
 # The blast-radius breaker's state: one item in the container-instance table.
 BREAKER_ITEM_KEY = "BREAKER#node-actions"
-# Cordons whose ECS attribute (PutAttributes / DeleteAttributes) is still to be synced: one
-# item, a string set of "<node>#<cordon version>" (domain.cordon); the sweep works it off.
+# ECS attribute syncs still to do ("<node>#<version>", domain.cordon) and the holds, over
+# CORDON_SYNC_SHARDS items by the node's hash (repository.cordons says why).
 CORDON_SYNC_ITEM_KEY = "CORDON#ecs-attribute-sync"
+CORDON_SYNC_SHARDS = 16
 # The stack's share of the account's ECS control-plane request bucket (a GCRA).
 ECS_RATE_ITEM_KEY = "RATE#ecs-control-plane"
 ECS_DESCRIBE_RATE_ITEM_KEY = "RATE#ecs-describe"  # the stack's DescribeTasks budget
@@ -584,6 +553,10 @@ HEALTH_CHECK_STARTED_BY = "gpu-recovery-hc"
 # training-task handler); the monitor tells the two apart by this group.
 GPU_RESET_GROUP = f"{HEALTH_CHECK_GROUP}-gpu-reset"
 GPU_RESET_STARTED_BY = "gpu-recovery-reset"
+# A repaired node's validation (recovery.validations): the health-check task definition with
+# its level and load in the container's environment; its group routes its STOPPED event to the
+# health-check monitor like the check's (startedBy: domain.validation.started_by).
+GPU_VALIDATION_GROUP = f"{HEALTH_CHECK_GROUP}-validation"
 DEFAULT_GPU_RESET_FAMILY = "gpu-reset"
 
 # The custom container-instance attribute a node carries while the stack reboots it

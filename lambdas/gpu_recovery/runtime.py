@@ -51,7 +51,8 @@ class PowertoolsMetrics:
 
 def repository(settings: Settings | None = None) -> Repository:
     settings = settings or Settings.from_env()
-    return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table)
+    return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table,
+                      deadline_shards=settings.deadline_index_shards)
 
 
 def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, client: Any = None, *,
@@ -95,7 +96,8 @@ class RecoveryClients:
 def build_recovery_service(settings: Settings, clients: RecoveryClients,
                            metrics: MetricsPort | None = None) -> RecoveryService:
     """The recovery service on these clients: the one place its ports are put together."""
-    repo = Repository(clients.dynamodb, settings.job_table, settings.instance_table)
+    repo = Repository(clients.dynamodb, settings.job_table, settings.instance_table,
+                      deadline_shards=settings.deadline_index_shards)
     return RecoveryService(
         repo=repo,
         ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api, client=clients.ecs, describe_budget=True),

@@ -41,6 +41,7 @@ from gpu_recovery.domain.time_sharing import (
     MIN_SUSPEND_GRACE_SECONDS,
     parse_priority,
 )
+from gpu_recovery.domain.validation import ValidationError, ValidationPolicy
 from gpu_recovery.queue.access import AccessPolicy, family_of
 
 # DCGM health checks at once: per cluster, and per job (a share, so other jobs still get
@@ -187,12 +188,18 @@ class Settings:
     # sweep falls back to a reboot (nvidia-smi -r and a short DCGM diag: about a minute).
     gpu_reset_task: str = c.DEFAULT_GPU_RESET_FAMILY
     gpu_reset_timeout_seconds: int = 10 * 60
+    # Validation after repair (domain.validation): off unless the deployment turns it on
+    # (infra passes the context keys; validate_after_repair defaults to true there).
+    validation: ValidationPolicy = field(default_factory=ValidationPolicy)
     # How a task is recognised as a protected rank (constants.REGISTRATION_MODES).
     registration: str = "both"
     tag_lookup_queue_url: str = ""  # "": unknown tasks are described inline (one at a time)
     # The gang preflight: which jobs run it, its rounds' bound, the baseline rule and floors.
     preflight: PreflightPolicy = field(default_factory=PreflightPolicy)
     control_poll_seconds: int = 2  # what the control API asks clients to poll at (at least)
+    # The by-deadline index's partition key split over this many values (constants.
+    # DEADLINE_SHARDS_MAX at most): one partition takes ~1,000 WCU/s (docs/sizing.md).
+    deadline_index_shards: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -243,6 +250,8 @@ class Settings:
             tag_lookup_queue_url=env.get(c.ENV_TAG_LOOKUP_QUEUE_URL, ""),
             preflight=preflight_policy(env),
             control_poll_seconds=_int(env, c.ENV_CONTROL_POLL_SECONDS, 2, minimum=1),
+            deadline_index_shards=_bounded(env, c.ENV_DEADLINE_INDEX_SHARDS, 1, 1, c.DEADLINE_SHARDS_MAX),
+            validation=validation_policy(env),
         )
 
 
@@ -260,6 +269,13 @@ def preflight_policy(env: Mapping[str, str] | None = None) -> PreflightPolicy:
         return parse_preflight_settings(parsed)
     except ValueError as error:
         raise SettingsError(f"{c.ENV_PREFLIGHT_SETTINGS}: {error}") from error
+
+
+def validation_policy(env: Mapping[str, str]) -> ValidationPolicy:
+    try:
+        return ValidationPolicy.from_json(env.get(c.ENV_POST_REPAIR_VALIDATION) or "")
+    except ValidationError as error:
+        raise SettingsError(f"{c.ENV_POST_REPAIR_VALIDATION}: {error}") from error
 
 
 def registration_mode(env: Mapping[str, str]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
-from gpu_recovery.constants import CONTROL_API_ROUTES
+from gpu_recovery.api_routes import CONTROL_API_ROUTES
 from gpu_recovery.domain.control_token import parse_token
 from gpu_recovery.heartbeat.tokens import token_from_authorization
 from handlers._authorizer import UNAUTHORIZED, authorization, policy

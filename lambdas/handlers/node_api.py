@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.logging import correlation_paths
@@ -133,6 +133,9 @@ class ReportTasksIn(_Report):
                                                         allow_inf_nan=False)
 
 
+RecoveryAction = Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset", "unknown"]
+
+
 class GpuIn(_Model):
     index: Annotated[int, NotBool] = Field(..., ge=0, le=1023)
     uuid: str | None = Field(None, max_length=128)
@@ -141,8 +144,16 @@ class GpuIn(_Model):
     memory_total_mib: Num | None = None
     temperature_c: Annotated[float, NotBool] | None = Field(None, ge=-100, le=300, allow_inf_nan=False)
     ecc_uncorrected_volatile: Int64 | None = None
+    ecc_corrected_volatile: Int64 | None = None
     remapped_rows_pending: bool | Count | None = None
     remapped_rows_failure: bool | Count | None = None
+    # The driver's recovery action (nvidia-smi gpu_recovery_action, as the health check names
+    # it); null when the driver does not say (before R565).
+    recovery_action: RecoveryAction | None = Field(
+        None, description="none | gpu_reset | node_reboot | drain_p2p | drain_and_reset | unknown")
+    nvlink_crc_errors: Int64 | None = None
+    nvlink_replay_errors: Int64 | None = None
+    nvlink_recovery_errors: Int64 | None = None
     xids: list[Annotated[int, NotBool, Field(ge=0, le=100000)]] = Field(default_factory=list,
                                                                         max_length=MAX_XIDS)
 
@@ -180,6 +191,8 @@ class GpusAccepted(BaseModel):
     suspect: bool = Field(description="This report flagged the node SUSPECT")
     notified: bool = Field(description="Operators were e-mailed about new signals")
     suppressed: list[str] = Field(description="New signals not e-mailed (rate limit per kind)")
+    warning: str = Field("", description="The driver warning this report raised, acted on by the "
+                                         "recovery loop (the catalog rule; empty: none)")
 
 
 class NodeError(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
-from gpu_recovery.constants import NODE_API_ROUTES
+from gpu_recovery.api_routes import NODE_API_ROUTES
 from gpu_recovery.heartbeat.tokens import TokenStore, Verdict, token_from_authorization
 from handlers._authorizer import UNAUTHORIZED, authorization, policy
 from handlers._common import powertools

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..emulator import LocalAws
+from ..moto_patches import shared_sns_signing_key
 from ..sim.broken_calls import ALL_MODES, set_fork_point
 
 
@@ -61,6 +63,7 @@ class _Forks:
                 if pid == 0:
                     os.close(read_end)
                     self.child_pipe, self.child_fault = write_end, (index, mode)
+                    LocalAws.disposable_process = True  # it ends with os._exit after its run
                     return mode
                 os.close(write_end)
                 with os.fdopen(read_end, "rb") as pipe:
@@ -157,6 +160,7 @@ def _fork_server(conn: Any) -> None:
     warm-up asked for runs here once (a driver then does not pay for loading moto's services
     and the AWS models)."""
     warmed: set[Any] = set()
+    shared_sns_signing_key()  # made once here, not in every forked run that sends an e-mail
     while True:
         try:
             run, modes, warm_up = conn.recv()

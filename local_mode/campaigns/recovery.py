@@ -37,7 +37,12 @@ The flows (``FLOWS``):
   trip the breaker closes by itself (e-mailed), releases node-b's reboot and the job restarts;
 * ``large`` — the GPU fault of ``gpu_fault`` in a 17-rank job (one rank per node, above
   the inline fan-out): the gang is stopped and restarted in batches through the gang queue
-  and its worker, whose calls are broken too.
+  and its worker, whose calls are broken too;
+* ``validation`` — the GPU fault of ``gpu_fault`` with validation after repair on, on a node
+  whose first repair does not hold (issue 43): back from its reboot it passes an idle check
+  but fails its validation under load, so it is rebooted again (escalation, under the
+  fault's cause), validated again and passes; the job waits for it, restarts on it once it
+  passed and completes, never placed on it while the fault was latent.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.breaker import breaker as breaker_policy
 from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.validation import ValidationPolicy
 from gpu_recovery.repository import Repository
 
 from ..sim.ecs import SimulatedEcs
@@ -65,12 +71,14 @@ FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
 RELOCATING = ("relocation", "spare_first", "relocation_wait")
 # Flows whose job completes on its second attempt after one infrastructure recovery.
 HELD = ("held_reset", "held_autoclose")
-RECOVERED = ("gpu_fault", "gpu_reset", "fast_path", "large", *HELD, *RELOCATING)
+RECOVERED = ("gpu_fault", "gpu_reset", "fast_path", "large", "validation", *HELD, *RELOCATING)
 # Flows where node-b is rebooted (once) and comes back.
 REBOOTED = ("gpu_fault", "fast_path", "large", *HELD)
 QUARANTINED = ("dead_gpu", *RELOCATING)
 FLOWS = ("gpu_fault", "gpu_reset", "fast_path", "dead_gpu", "app_error", "app_error_fails", "relocation",
-         "spare_first", "relocation_wait", "held_reset", "held_autoclose", "large")
+         "spare_first", "relocation_wait", "held_reset", "held_autoclose", "large", "validation")
+# validation: level 1 and a short load (the flow's time is the campaign's CPU), one repair not held.
+VALIDATION = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=30, timeout_seconds=600)
 LARGE_RANKS = 17  # one above the inline fan-out: the gang queue and its worker carry it
 TRAIN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 90 * MIN
@@ -122,6 +130,14 @@ def expectations(result: RunResult) -> list[str]:
     if flow == "app_error" and result.app_restarts_used != 1:
         problems.append(f"{result.app_restarts_used} application-error restart(s) charged (want 1)")
     want_reboots = {n: (1 if n == FAULTY and flow in REBOOTED else 0) for n in result.reboots}
+    if flow == "validation":  # the repair that did not hold, then the one that did
+        want_reboots[FAULTY] = 2
+        validations = result.facts.get("validations")
+        if validations != {"failed": 1, "passed": 1}:
+            problems.append(f"validations of node-b {validations} (want 1 failed, 1 passed)")
+        if result.facts.get("placed_on_latent"):
+            problems.append("training placed on node-b while its fault was latent: "
+                            f"{result.facts['placed_on_latent']}")
     if result.reboots != want_reboots:
         problems.append(f"reboots {result.reboots} (want {want_reboots})")
     for node, count in result.health_checks.items():
@@ -168,6 +184,8 @@ def expected_mails(flow: str) -> dict[tuple[str, str], tuple[int, int]]:
         want = {("application_error", JOB_ID): (1, 2), ("recovered", JOB_ID): (0, 0)}
     if flow == "gpu_reset":  # the reset passed: no fallback e-mail
         want[("gpu_reset_failed", "-")] = (0, 0)
+    if flow == "validation":
+        want[("validation_failed", "-")] = (1, 2)
     if flow in HELD:
         want.update({("breaker_tripped", "-"): (1, 2), ("job_held", JOB_ID): (1, 2),
                      ("breaker_closed", "-"): (1, 2) if flow == "held_autoclose" else (0, 0),
@@ -181,6 +199,8 @@ def _env(flow: str) -> dict[str, str]:
         env[C.ENV_SPARE_NODES] = "1"
     if flow == "held_reset":  # the operator's reset is what this flow tries: nothing else closes it
         env[C.ENV_REMEDIATION_SETTINGS] = json.dumps({"breaker_auto_close": "false"})
+    if flow == "validation":
+        env[C.ENV_POST_REPAIR_VALIDATION] = VALIDATION.to_json()
     return env
 
 
@@ -201,6 +221,9 @@ class RecoveryScenario(Scenario[RunResult]):
         return {"sim_options": {"instance_events_on_placement": self.flow != "large"},
                 "extra_env": _env(self.flow)}
 
+    def validating_nodes(self, world: World) -> list[str]:
+        return [world.ecs.node(FAULTY).container_instance_id] if self.flow == "validation" else []
+
     def set_up(self, world: World) -> list[str]:
         _start_job(world, self.flow)
         if self.flow in HELD:
@@ -213,6 +236,8 @@ class RecoveryScenario(Scenario[RunResult]):
             sim.inject_xid(FAULTY, 79, after=MIN, health="reboot_fixable", nccl_cascade=True,
                            crash_delay_seconds=10)
         else:
+            if flow == "validation":
+                sim.repair_does_not_hold(FAULTY, 1)
             health = {"dead_gpu": "replace", "app_error": "healthy", "app_error_fails": "healthy",
                       "gpu_reset": "reset_fixable",
                       **{f: "replace" for f in RELOCATING}}.get(flow, "reboot_fixable")
@@ -234,13 +259,19 @@ class RecoveryScenario(Scenario[RunResult]):
                        if r.attempt == job.attempt)
         facts["gpu_resets"] = sum(1 for t in sim.tasks.values() if t.gpu_reset and t.node == FAULTY)
         facts["breaker_state"] = (repo.get_breaker() or {}).get("state", "closed")
+        if self.flow == "validation":
+            ran = [t for t in sim.tasks.values() if t.validation and t.node == FAULTY and t.done]
+            facts["validations"] = {"failed": sum(1 for t in ran if t.exit_code not in (0, None)),
+                                    "passed": sum(1 for t in ran if t.exit_code == 0)}
+            facts["placed_on_latent"] = [p.time for p in sim.placements if p.training and p.latent]
         facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
         return RunResult(
             **common, job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
             app_restarts_used=job.app_restarts_used,
             suspects={world.node_name(i): v for i, v in repo.faults.labels(job, attempt=1).items()},
             health_checks={n: sum(1 for t in sim.tasks.values()
-                                  if t.health_check and not t.gpu_reset and t.node == n) for n in names},
+                                  if t.health_check and not t.gpu_reset and not t.validation and t.node == n)
+                           for n in names},
             reboots={n: sim.node(n).reboots for n in names},
             instance_states={n: _state(repo.get_instance(sim.node(n).container_instance_id)) for n in names},
             scenario=self.flow, final_nodes=final, ecs_status=ecs_status(world, names), facts=facts,

@@ -27,7 +27,7 @@ from gpu_recovery.domain.models import Job
 from gpu_recovery.repository import Repository
 
 from ..emulator import LocalAws
-from ..invariants import forgotten_jobs
+from ..invariants import forgotten_jobs, forgotten_validations
 from ..sim.broken_calls import ApiCall, modes_of
 from ..sim.bus import Delivery, EventBus
 from ..sim.wiring import SWEEP_SCHEDULE
@@ -91,6 +91,11 @@ class Scenario(ABC, Generic[R]):
         """``build_world`` options (``extra_env`` merged over the handlers' quiet logs)."""
         return {}
 
+    def validating_nodes(self, world: World) -> list[str]:
+        """Container instance ids the invariant watch also checks after every event: a node
+        in validation after repair always has something due (none: not checked)."""
+        return []
+
     @abstractmethod
     def set_up(self, world: World) -> list[str]:
         """The world before the flow (calls not counted); the jobs whose end ends the flow."""
@@ -117,7 +122,7 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
         sim = world.ecs
         job_ids = scenario.set_up(world)
         repo = world.repo  # the emulator's own client: these reads are not the flow's calls
-        watch = InvariantWatch(world.bus, repo, sim.now, job_ids)
+        watch = InvariantWatch(world.bus, repo, sim.now, job_ids, scenario.validating_nodes(world))
         calls = world.aws.call_faults
         if fault is None:
             calls.arm(None, record_sites=True)
@@ -174,10 +179,11 @@ class InvariantWatch:
     emulator's own client: not the flow's calls, never broken."""
 
     def __init__(self, bus: EventBus, repo: Repository, clock: Callable[[], float],
-                 job_ids: Iterable[str] = ()) -> None:
+                 job_ids: Iterable[str] = (), nodes: Iterable[str] = ()) -> None:
         self.repo = repo
         self.clock = clock
         self.job_ids = set(job_ids)
+        self.nodes = set(nodes)  # also: each node in validation after repair has something due
         self.broken: list[str] = []
         self.checks = 0
         bus.observers.append(self._after)
@@ -190,7 +196,10 @@ class InvariantWatch:
             return
         self.checks += 1
         now = self.clock()
-        for job_id, why in sorted(forgotten_jobs(self.repo, now, job_ids=self.job_ids).items()):
+        found = forgotten_jobs(self.repo, now, job_ids=self.job_ids)
+        if self.nodes:
+            found.update(forgotten_validations(self.repo, now, self.nodes))
+        for job_id, why in sorted(found.items()):
             note = f"{job_id}: {why} (after {delivery.target} at t+{now % 86400:.0f})"
             if not any(b.startswith(f"{job_id}: {why}") for b in self.broken):
                 self.broken.append(note)

@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dcgm-seconds", type=float, default=defaults.dcgm_seconds,
                         help="how long a DCGM health check takes (default %(default)s)")
     parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
-                        help="a remediation setting of the deployment (docs/configuration.md), e.g. "
-                             "breaker_window_minutes=2; repeatable")
+                        help="a remediation or validation setting of the deployment "
+                             "(docs/configuration.md), e.g. breaker_window_minutes=2, "
+                             "validate_after_repair=false; repeatable")
     parser.add_argument("--once", action="store_true", help="deliver every event once (default: twice)")
     parser.add_argument("--verbose", action="store_true", help="also print the handlers' warnings")
     return parser

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_recovery.domain.reboot_evidence import REBOOT_MIN_OUTAGE_SECONDS
+from gpu_recovery.domain.validation import ValidationError, ValidationPolicy
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 # Task definitions the CLI's documentation submits besides the examples' (cli/README.md).
@@ -15,6 +16,10 @@ DOCUMENTED_TASK_DEFINITIONS = {"bert-train": 7}
 # away as long as a reboot does for the recovery loop to take it for one (without a node
 # agent reporting the boot time, domain.reboot_evidence).
 MIN_REBOOT_SECONDS = 15 + int(REBOOT_MIN_OUTAGE_SECONDS)
+# The validation-after-repair keys a --setting may give (docs/configuration.md); the others
+# are remediation settings.
+VALIDATION_KEYS = ("validate_after_repair", "validation_dcgm_level", "validation_load_seconds",
+                   "validation_timeout_minutes")
 
 
 class PlaygroundError(Exception):
@@ -40,7 +45,8 @@ class PlaygroundConfig:
     duplicate_delivery: bool = True
     verbose: bool = False
     examples_dir: Path = EXAMPLES_DIR
-    # The deployment's remediation settings (docs/configuration.md keys), over the defaults.
+    # The deployment's remediation and validation settings (docs/configuration.md keys), over
+    # the defaults (validation after repair on, as a deployment's).
     settings: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> PlaygroundConfig:
@@ -64,14 +70,36 @@ class PlaygroundConfig:
                 raise ValueError(f"--{option.replace('_', '-')}: {value:g} is not {accepted}")
         if self.port and self.port == self.aws_port:
             raise ValueError("--port and --aws-port must differ")
-        if self.settings:
+        if self.remediation_settings:
             from gpu_recovery.domain.remediation_settings import parse_remediation_settings
 
             try:
-                parse_remediation_settings(self.settings)
+                parse_remediation_settings(self.remediation_settings)
             except ValueError as error:
                 raise ValueError(f"--setting: {error}") from None
+        self.validation()
         return self
+
+    @property
+    def remediation_settings(self) -> dict[str, str]:
+        return {k: v for k, v in self.settings.items() if k not in VALIDATION_KEYS}
+
+    def validation(self) -> ValidationPolicy:
+        """Validation after repair as the settings give it (on by default, as deployed)."""
+        given = {k: v.strip().lower() for k, v in self.settings.items() if k in VALIDATION_KEYS}
+        defaults = ValidationPolicy(enabled=True)
+        try:
+            enabled = given.get("validate_after_repair", "true")
+            if enabled not in ("true", "false"):
+                raise ValidationError(f"validate_after_repair must be true or false, got {enabled!r}")
+            return ValidationPolicy(
+                enabled=enabled == "true",
+                dcgm_level=int(given.get("validation_dcgm_level", defaults.dcgm_level)),
+                load_seconds=int(given.get("validation_load_seconds", defaults.load_seconds)),
+                timeout_seconds=60 * int(given.get("validation_timeout_minutes",
+                                                   defaults.timeout_seconds // 60)))
+        except ValueError as error:
+            raise ValueError(f"--setting: {error}") from None
 
     @property
     def run_seconds(self) -> float:

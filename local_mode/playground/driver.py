@@ -132,8 +132,12 @@ class Playground:
             train_seconds=cfg.run_seconds, real_time_start=True,
             sim_options={"reboot_seconds": cfg.reboot_seconds, "dcgm_seconds": cfg.dcgm_seconds},
             max_recovery_attempts=3, reboot_timeout_minutes=30,
+            # The health check (and a validation after repair) takes a whole node's GPUs.
+            health_check_gpus=cfg.gpus_per_node,
             extra_env={"POWERTOOLS_LOG_LEVEL": "WARNING" if cfg.verbose else "CRITICAL",
-                       **({C.ENV_REMEDIATION_SETTINGS: json.dumps(cfg.settings)} if cfg.settings else {}),
+                       **({C.ENV_REMEDIATION_SETTINGS: json.dumps(cfg.remediation_settings)}
+                          if cfg.remediation_settings else {}),
+                       C.ENV_POST_REPAIR_VALIDATION: cfg.validation().to_json(),
                        C.ENV_JOBS_ADMIN_ROLES: ",".join(self.admins),
                        C.ENV_CONTROL_API_URL: f"{server.url}/prod",
                        C.ENV_CONTROL_POLL_SECONDS: str(self.control_poll_seconds)}))

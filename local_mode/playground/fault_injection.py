@@ -1,7 +1,8 @@
 """``POST /local/faults``: the faults the playground injects into its simulated cluster
 (``gpu-recovery-admin inject-fault``): an XID, a dead GPU, a flapping ECS agent, an
-application error, a node whose agent goes silent, and, for the gang preflight, a link
-between two nodes degraded or a node slow under load (``sim.fabric``: the all-reduces
+application error, a node whose agent goes silent, the driver's warnings on a GPU that still
+runs (its recovery action, a pending row remap, a counter rising) and, for the gang preflight,
+a link between two nodes degraded or a node slow under load (``sim.fabric``: the all-reduces
 holding them measure less; a reboot heals them unless ``persistent``)."""
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from local_mode.playground.config import PlaygroundError
 from local_mode.playground.console import iso
 from local_mode.training_programs import TrainingPrograms
 
-FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node", "link", "slow_node")
+FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node", "recovery_action", "remap_pending",
+               "rising_counter", "link", "slow_node")
+# The driver's recovery actions as the playground's CLI names them -> as the agent reports them.
+RECOVERY_ACTIONS = {"reset": "gpu_reset", "reboot": "node_reboot", "drain-p2p": "drain_p2p",
+                    "drain-and-reset": "drain_and_reset"}
+COUNTERS = ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors", "ecc_corrected_volatile")
 # What a health check finds after an XID, by the fault catalog's class of it: application
 # errors leave the GPU healthy, XID 64 (row-remap failure) needs a new node, the catalog's
 # reset XIDs are fixed by a GPU reset, the rest by a reboot (``persistent``: they are not).
@@ -90,9 +96,17 @@ class FaultInjector:
                     f"(GPU {gpu}; the kernel log has Xid {xid})"
             self.programs.mark_crash(node.name, crash, "NCCL error: remote process exited or there was a "
                                                        "network error (a peer rank died)")
+            unheld = _int(doc, "repair_does_not_hold", 0)
+            if unheld is None or not 0 <= unheld <= 5:
+                raise PlaygroundError("repair_does_not_hold: 0..5 repairs", field="repair_does_not_hold")
+            if unheld:
+                self.sim.repair_does_not_hold(node.name, unheld)
             self.sim.inject_xid(node.name, xid, gpu=gpu, health=health, nccl_cascade=True)
             detail = (f"XID {xid} on GPU {gpu} of {node.name}: the node agent reports it within a second, "
                       f"the ranks there crash 3 s later (a health check would find the node {health})")
+            if unheld:
+                detail += (f"; its next {unheld} repair(s) will not hold: it passes idle checks after each "
+                           "and fails again under load (its validation after repair catches it)")
         elif kind == "dead_gpu":
             gpu = self._gpu(doc, node)
             self.programs.mark_crash(
@@ -143,6 +157,8 @@ class FaultInjector:
                 what = "its GPUs under load (its loopback and every all-reduce holding it)"
             detail = (f"{node.name} is slow: {what} at {factor:.0%} of the healthy bandwidth; nothing "
                       "crashes, a gang preflight measures it")
+        elif kind in ("recovery_action", "remap_pending", "rising_counter"):
+            detail = self._warning(kind, doc, node)
         else:  # lost_node
             seconds = _number(doc, "seconds", 300.0, 10, 86400)
             self._refuse_unwatched(node)
@@ -153,6 +169,30 @@ class FaultInjector:
         self.note("admin", f"fault injected: {detail}")
         return {"kind": kind, "node": node.name, "container_instance_id": node.container_instance_id,
                 "at": iso(self.sim.now()), "detail": detail}
+
+    def _warning(self, kind: str, doc: dict[str, Any], node: Any) -> str:
+        """The driver warns about a GPU that still runs: the node agent reports it with its
+        next GPU report (every 30 s), the recovery sweep acts within a minute after."""
+        gpu = self._gpu(doc, node)
+        every = int(getattr(self.agents, "interval", 30))
+        then = (f"the node agent reports it within {every} s; an idle node is then repaired, a busy one "
+                "cordoned and its queue jobs asked to checkpoint and move (gpujobs watch)")
+        if kind == "recovery_action":
+            action = str(doc.get("action") or "").lower()
+            if action not in RECOVERY_ACTIONS:
+                raise PlaygroundError(f"action: one of {', '.join(RECOVERY_ACTIONS)}", field="action")
+            self.sim.warn_gpu(node.name, gpu=gpu, recovery_action=RECOVERY_ACTIONS[action])
+            return f"GPU {gpu} of {node.name}: the driver's recovery action is now {action}; {then}"
+        if kind == "remap_pending":
+            self.sim.warn_gpu(node.name, gpu=gpu, remap_pending=True)
+            return f"GPU {gpu} of {node.name}: a row remap is pending (applied at the next reset); {then}"
+        counter = str(doc.get("counter") or "").replace("-", "_")
+        if counter not in COUNTERS:
+            raise PlaygroundError(f"counter: one of {', '.join(COUNTERS)}", field="counter")
+        per_hour = _number(doc, "per_hour", 600.0, 0.1, 1e9)
+        self.sim.warn_gpu(node.name, gpu=gpu, counter=counter, per_hour=per_hour)
+        return (f"GPU {gpu} of {node.name}: {counter} rising {per_hour:g}/h (the catalog acts past its rate, "
+                f"over 10 to 20 min of reports; below it, nothing happens); {then}")
 
     def _refuse_unwatched(self, node: Any) -> None:
         """A silent node is noticed through its ranks' heartbeats: the heartbeat sweep watches

@@ -24,7 +24,11 @@ every n-th call of each operation in it (tests, the soak):
   guide): **StartTask** places nothing on its last container instance (``RESOURCE:GPU``),
   **DescribeTasks** / **DescribeContainerInstances** answer their last resource ``MISSING``
   (ECS is eventually consistent), **UpdateContainerInstancesState** changes nothing and
-  answers ``MISSING``.
+  answers ``MISSING``;
+* ``batch_entry_failed`` — **SendMessageBatch** answering HTTP 200 with its last entry in
+  ``Failed`` (a ``BatchResultErrorEntry``, ``SenderFault`` false: the service's fault, not
+  the request's; the SQS API Reference names no codes, ``InternalError`` is used), the others
+  sent.
 
 A shape is answered the same on moto's DynamoDB and on the in-memory store (the same
 botocore events reach both); ``given`` lists every shaped answer.
@@ -52,12 +56,14 @@ from .log_pages import InvalidLogToken, LogPaging, log_page
 SHAPE_KEY = "local_mode_answer_shape"
 _CALLER_KEY = "local_mode_caller_request"  # the caller's own parameters (before boto3's mapping)
 _START_FAILURE_KEY = "local_mode_refused_instance"
+_FAILED_ENTRY_KEY = "local_mode_failed_entry"
 
 CANCELLED_THROTTLED = "cancelled_throttled"
 UNPROCESSED_KEYS = "unprocessed_keys"
 EMPTY_LOG_PAGE = "empty_log_page"
 ECS_FAILURES = "ecs_failures"
-SHAPE_MODES = (CANCELLED_THROTTLED, UNPROCESSED_KEYS, EMPTY_LOG_PAGE, ECS_FAILURES)
+BATCH_ENTRY_FAILED = "batch_entry_failed"
+SHAPE_MODES = (CANCELLED_THROTTLED, UNPROCESSED_KEYS, EMPTY_LOG_PAGE, ECS_FAILURES, BATCH_ENTRY_FAILED)
 #: (botocore service id, operation) -> the documented failure shape its answer can take
 SHAPES: dict[tuple[str, str], str] = {
     ("dynamodb", "TransactWriteItems"): CANCELLED_THROTTLED,
@@ -67,6 +73,7 @@ SHAPES: dict[tuple[str, str], str] = {
     ("ecs", "DescribeTasks"): ECS_FAILURES,
     ("ecs", "DescribeContainerInstances"): ECS_FAILURES,
     ("ecs", "UpdateContainerInstancesState"): ECS_FAILURES,
+    ("sqs", "SendMessageBatch"): BATCH_ENTRY_FAILED,
 }
 #: what DynamoDB says of a throttled item of an on-demand table (TransactionCanceledException)
 THROTTLED_ITEM_MESSAGE = ("Throughput exceeds the current capacity of your table or index. DynamoDB is "
@@ -167,6 +174,8 @@ class DocumentedAnswers:
                                        "failures": [{"arn": arn, "reason": "MISSING"} for arn in arns]})
         if key == ("ecs", "StartTask"):
             return self._refuse_last_instance(params, context)
+        if key == ("sqs", "SendMessageBatch"):
+            return self._fail_last_entry(params, context)
         return None  # reshaped after the call (BatchGetItem, Describe*)
 
     def after_call(self, http_response: Any = None, parsed: Any = None, model: Any = None,
@@ -185,6 +194,8 @@ class DocumentedAnswers:
         elif key == ("ecs", "StartTask") and context.get(_START_FAILURE_KEY):
             parsed.setdefault("failures", []).append(
                 {"arn": context[_START_FAILURE_KEY], "reason": "RESOURCE:GPU"})
+        elif key == ("sqs", "SendMessageBatch") and context.get(_FAILED_ENTRY_KEY):
+            parsed.setdefault("Failed", []).append(_failed_entry(context[_FAILED_ENTRY_KEY]))
 
     # ------------------------------------------------------------------ the answers
     def _log_events(self, params: Mapping[str, Any], *, empty: bool) -> Any:
@@ -245,6 +256,23 @@ class DocumentedAnswers:
         return None
 
     @staticmethod
+    def _fail_last_entry(request: dict[str, Any], context: dict[str, Any]) -> Any:
+        """SendMessageBatch sends all but its last entry, which is answered ``Failed``: at
+        once for a batch of one, else the call goes on without it."""
+        body = _body(request)
+        entries = list(body.get("Entries") or [])
+        if len(entries) <= 1:
+            return hook_answer("sqs", {"Successful": [], "Failed": [_failed_entry(e["Id"]) for e in entries]})
+        failed = entries.pop()
+        body["Entries"] = entries
+        request["body"] = body if isinstance(request.get("body"), dict) else json.dumps(body).encode()
+        stashed = context.get(PARAMS_KEY)
+        if isinstance(stashed, dict) and stashed.get("Entries"):
+            stashed["Entries"] = [e for e in stashed["Entries"] if e.get("Id") != failed["Id"]]
+        context[_FAILED_ENTRY_KEY] = failed["Id"]
+        return None
+
+    @staticmethod
     def _leave_unprocessed(parsed: dict[str, Any], caller: Mapping[str, Any]) -> None:
         requests = caller.get("RequestItems") or {}
         unprocessed: dict[str, Any] = {}
@@ -265,3 +293,8 @@ class DocumentedAnswers:
         if described:
             gone = described.pop()
             parsed.setdefault("failures", []).append({"arn": gone.get(arn_field, ""), "reason": "MISSING"})
+
+
+def _failed_entry(entry_id: str) -> dict[str, Any]:
+    return {"Id": entry_id, "SenderFault": False, "Code": "InternalError",
+            "Message": "The request processing has failed because of an unknown error, exception or failure."}

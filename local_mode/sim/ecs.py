@@ -18,6 +18,8 @@ behind it, driven by the API calls it observes through ``LocalAws.hooks``:
 * **DescribeContainerInstances** — answers carry GPU registered/remaining
   resources and the simulated agentConnected.
 * **UpdateContainerInstancesState** — emits the container-instance event.
+* **DescribeInstanceInformation** / **ListTagsForResource** (SSM, the ``mi-`` nodes) —
+  answered from the nodes (``managed_instances``: moto models no managed instance).
 * **TerminateInstanceInAutoScalingGroup** (nodes put in a group with
   ``put_in_auto_scaling_group``) — the node's tasks die, its agent disconnects and its
   container instance is deregistered; ``replacement_seconds`` later a new node (``<name>-r1``)
@@ -71,6 +73,7 @@ from .ecs_model import (
     placement_failure,
     start_task_network_refusal,
 )
+from .managed_instances import ManagedInstances
 
 REBOOT_WORDS = ("reboot", "shutdown -r", "systemctl reboot")
 
@@ -97,6 +100,8 @@ class SimulatedEcs(GpuFaults):
         hooks.on_after_call("ssm", "SendCommand", self._after_send_command)
         hooks.on_after_call("auto-scaling", "TerminateInstanceInAutoScalingGroup",
                             self._after_terminate_in_asg)
+        #: SSM's view of the ``mi-`` nodes (moto has none): their ping status, address, tags
+        self.managed_instances = ManagedInstances(local, lambda: list(self.nodes.values()))
 
     # ================================================================ jobs (helpers)
     def register_training_task_definition(
@@ -192,8 +197,13 @@ class SimulatedEcs(GpuFaults):
         cis = self._backend.container_instances.get(self.local.cluster_name, {}).values()
         arns = sorted(ci.container_instance_arn for ci in cis
                       if (status is None or ci.status == status)
-                      and cluster_query.matches(str(expression), dict(ci.attributes or {})))
+                      and cluster_query.matches(str(expression), dict(ci.attributes or {}),
+                                                self._registered_at(ci.container_instance_arn)))
         return hook_answer("ecs", {"containerInstanceArns": arns})
+
+    def _registered_at(self, arn: str) -> float | None:
+        node = self._node_or_none(arn)
+        return node.registered_at if node is not None else None
 
     def _before_list_tasks(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
         """ListTasks takes ``startedBy`` only alone, as ECS does (moto takes any mix)."""
@@ -341,12 +351,14 @@ class SimulatedEcs(GpuFaults):
                     memory=str(sum(int(c.get("memory", 0) or 0) for c in td.container_definitions)),
                     health_check=hc or reset,
                     gpu_reset=reset,
+                    validation=group.startswith(C.GPU_VALIDATION_GROUP),
                     # moto's interface, as the task state change event names it ("eni")
                     attachments=[{**a, "type": "eni"} for a in task_desc.get("attachments") or []],
                 )
                 self.tasks[task.arn] = task
                 self.placements.append(Placement(now, node.name, task.started_by, task.arn, node.health,
-                                                 not task.health_check))
+                                                 not task.health_check,
+                                                 "" if task.health_check else node.latent or ""))
                 new.append(task)
                 self.counters["tasks_started"] += 1
                 if hc:
@@ -504,7 +516,16 @@ class SimulatedEcs(GpuFaults):
 
         def replacement() -> list[dict[str, Any]]:
             count = sum(1 for name in self.nodes if name.startswith(f"{node.name}-r")) + 1
-            new = self.add_node(f"{node.name}-r{count}", gpus=len(node.gpu_ids))
+            # The group launched an EC2 instance to keep its desired capacity (moto does at
+            # the termination): the new node registers on it, a member of the same group.
+            group = self.auto_scaling_groups[node.name]
+            known = {n.instance_id for n in self.nodes.values()}
+            [described] = self.local.client("autoscaling").describe_auto_scaling_groups(
+                AutoScalingGroupNames=[group])["AutoScalingGroups"]
+            launched = [i["InstanceId"] for i in described["Instances"] if i["InstanceId"] not in known]
+            new = self.add_node(f"{node.name}-r{count}", gpus=len(node.gpu_ids),
+                                instance_id=launched[0] if launched else None)
+            self.auto_scaling_groups[new.name] = group
             self._log("node", f"replacement for {node.name} launched by the Auto Scaling group", new.name)
             return []
 

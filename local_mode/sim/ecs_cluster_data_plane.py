@@ -233,7 +233,8 @@ class ClusterDataPlane(DataPlane):
         task = Task(arn, node.name, definition.arn, definition.family, group or f"family:{definition.family}",
                     started_by, overrides, {t["key"]: t["value"] for t in tags}, gpu_ids, [container],
                     self.sim.now, memory=str(definition.memory), updated_at=self.sim.now, version=1,
-                    health_check=health_check)
+                    health_check=health_check,
+                    validation=str(group or "").startswith(C.GPU_VALIDATION_GROUP))
         node.allocations[arn] = gpu_ids
         self.tasks[arn] = task
         if started_by:

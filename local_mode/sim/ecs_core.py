@@ -147,9 +147,11 @@ class EcsCore(DataPlane):
 
     # ================================================================ nodes
     def add_node(
-        self, name: str, gpus: int = 8, kind: str = "ec2", health: str = "healthy"
+        self, name: str, gpus: int = 8, kind: str = "ec2", health: str = "healthy",
+        instance_id: str | None = None,
     ) -> Node:
-        """Launch (EC2 p4d.24xlarge) or register (ECS Anywhere ``mi-``) a GPU node."""
+        """Launch (EC2 p4d.24xlarge) or register (ECS Anywhere ``mi-``) a GPU node
+        (``instance_id``: on an EC2 instance launched already, e.g. by an Auto Scaling group)."""
         if kind not in ("ec2", "anywhere"):
             raise ValueError("kind is 'ec2' or 'anywhere'")
         if health not in HEALTH_VALUES:
@@ -159,13 +161,17 @@ class EcsCore(DataPlane):
             {"Key": "Name", "Value": name},
             {"Key": self.node_tag_key, "Value": self.local.cluster_name},
         ]
-        inst = ec2.run_instances(
-            ImageId="ami-12c6146b",
-            MinCount=1,
-            MaxCount=1,
-            InstanceType="p4d.24xlarge",
-            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
-        )["Instances"][0]
+        if instance_id is not None:
+            ec2.create_tags(Resources=[instance_id], Tags=tags)
+            inst = {"InstanceId": instance_id}
+        else:
+            inst = ec2.run_instances(
+                ImageId="ami-12c6146b",
+                MinCount=1,
+                MaxCount=1,
+                InstanceType="p4d.24xlarge",
+                TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+            )["Instances"][0]
         gpu_ids = [f"GPU-{secrets.token_hex(4)}-{i:04d}-{secrets.token_hex(2)}" for i in range(gpus)]
         ci = ecs.register_container_instance(
             cluster=self.local.cluster_name,

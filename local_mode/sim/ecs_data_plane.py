@@ -35,6 +35,8 @@ from .ecs_model import Node, Plan, Task, TimelineEntry, gang_of, health_check_ve
 from .fabric import Fabric
 
 Events = list[dict[str, Any]]
+# A level-1 DCGM diag (deployment checks: NVIDIA says seconds): a validation's first part.
+LEVEL_1_SECONDS = 15.0
 
 
 class DataPlane(ABC):
@@ -190,10 +192,15 @@ class DataPlane(ABC):
             if task.gpu_reset:
                 plan = plan or Plan(self.reset_seconds, -2)  # -2: the reset's result on this node
             elif task.health_check:
-                plan = plan or Plan(self.dcgm_seconds, -1)  # -1: node verdict
+                plan = plan or Plan(self._check_seconds(task), -1)  # -1: node verdict
             else:
                 plan = plan or Plan(self.train_seconds, 0)
             token = task.plan_token
+            node = self.nodes[task.node]
+            if not task.health_check and node.latent is not None:
+                # A repair that did not hold: the fault comes back minutes into the work.
+                self.schedule(self.now() + node.latent_after_seconds, partial(self._latent_fault, node),
+                              "latent fault")
         self._log("task", f"{task.label} RUNNING", task.node)
         if plan.run_seconds is not None:
             self.schedule(
@@ -216,6 +223,30 @@ class DataPlane(ABC):
             return self._container_exit(task, verdict, f"DCGM verdict {node.health}")
         return self._container_exit(task, exit_code, "finished" if exit_code == 0 else "planned")
 
+    def _check_seconds(self, task: Task) -> float:
+        """How long a health check runs: the world's ``dcgm_seconds`` (a level-2 diag); a
+        validation, its level's diag (level 1 a few seconds) plus its GPU load."""
+        if not task.validation:
+            return self.dcgm_seconds
+        level = task.environment().get("DCGM_LEVEL", "2")
+        diag = {"1": LEVEL_1_SECONDS, "3": 900.0, "4": 1800.0}.get(level, self.dcgm_seconds)
+        return diag + task.load_seconds
+
+    def _latent_fault(self, node: Node) -> Events:
+        """A latent fault comes back under a training task's load: as a GPU fault (its ranks
+        exit 1, NCCL takes their peers down)."""
+        with self._lock:
+            health = node.latent
+            busy = [t for t in self._tasks_on(node) if not t.health_check]
+        if health is None or not busy:
+            return []
+        self._log("fault", f"GPU fails again under load (its repair did not hold; health: {health})",
+                  node.name)
+        with self._lock:
+            node.latent = None
+        return self._gpu_fault(node, health=health, exit_code=1, nccl_cascade=True,
+                               why="GPU fault under load (repair did not hold)")[1]
+
     def _reset_result(self, task: Task) -> Events:
         """The reset task's exit: 0 when a reset clears the node's health (it is healthy
         after), 1 when not (the fault stays for the reboot)."""
@@ -224,6 +255,8 @@ class DataPlane(ABC):
             before = node.health
             if before in RESET_FIXES:
                 node.health = "healthy"
+                node.gpu_state = {}  # the reset applied the remap, cleared what the driver asked
+                node.repaired(before)
         self._log("task", f"GPU reset: health {before} -> {node.health}", node.name)
         if before in RESET_FIXES:
             return self._container_exit(task, 0, "GPUs reset, diag passed")

@@ -24,6 +24,18 @@ class GpuFaults(TaskLifecycle):
         self.gpu_reporter: Callable[[str, dict[str, Any]], Any] = self._report_gpu_to_service
 
     # ================================================================ faults
+    def repair_does_not_hold(self, node: str, repairs: int = 1, *,
+                             fails_after_seconds: float = 180.0) -> None:
+        """The node's next ``repairs`` repairs do not hold (issue 43): after each (a reboot, a
+        GPU reset) it passes idle checks, but a GPU load (a validation's) finds the fault again,
+        and so does a training task ``fails_after_seconds`` into its work."""
+        if repairs < 0 or fails_after_seconds <= 0:
+            raise ValueError("repairs >= 0 and fails_after_seconds > 0")
+        n = self.node(node)
+        with self._lock:
+            n.unheld_repairs, n.latent_after_seconds = repairs, fails_after_seconds
+        self._log("fault", f"its next {repairs} repair(s) will not hold (fails again under load)", n.name)
+
     def inject_gpu_fault(
         self,
         node: str,
@@ -90,14 +102,59 @@ class GpuFaults(TaskLifecycle):
                                nccl_cascade=nccl_cascade)[1]
 
     def gpu_report_body(self, n: Node, xids: dict[int, list[int]] | None = None) -> dict[str, Any]:
-        """The node agent's ``/v1/report_gpu`` body (agent/README.md) for this node now."""
+        """The node agent's ``/v1/report_gpu`` body (agent/README.md) for this node now, with
+        the driver's warnings injected on it (``warn_gpu``)."""
         xids = xids or {}
+        now = self.now()
         gpus = [{"index": i, "uuid": uuid, "pci_bus_id": f"00000000:{16 + i:02X}:00.0",
                  "utilization_gpu": 0, "memory_used_mib": 0, "memory_total_mib": 81920,
-                 "temperature_c": 40, "ecc_uncorrected_volatile": 0, "remapped_rows_pending": False,
-                 "remapped_rows_failure": False, "xids": list(xids.get(i, []))}
+                 "temperature_c": 40, "ecc_uncorrected_volatile": 0, "remapped_rows_failure": False,
+                 **n.gpu_report_fields(i, now), "xids": list(xids.get(i, []))}
                 for i, uuid in enumerate(n.gpu_ids)]
-        return {"node_id": n.container_instance_id, "timestamp": self.now(), "gpus": gpus}
+        return {"node_id": n.container_instance_id, "timestamp": now, "gpus": gpus}
+
+    # ======================================================== driver warnings
+    def warn_gpu(self, node: str, *, gpu: int = 0, recovery_action: str | None = None,
+                 remap_pending: bool = False, counter: str | None = None, per_hour: float = 0.0,
+                 health: str | None = None) -> None:
+        """The driver warns about GPU ``gpu`` of ``node`` now, while it still runs: its recovery
+        action, a pending row remap, or ``counter`` rising ``per_hour``. The node's health
+        becomes what a diag or a repair of that warning finds (``health``; default: a reset
+        clears a reset request or a pending remap, a reboot the rest). The node agent reports
+        it with its GPU report (``report_gpu_state``, or ``SimulatedNodeAgents`` each round)."""
+        n = self.node(node)
+        now = self.now()
+        with self._lock:
+            state = n.gpu_state.setdefault(gpu, {})
+            if recovery_action is not None:
+                state["recovery_action"] = recovery_action
+            if remap_pending:
+                state["remap_pending"] = True
+            if counter is not None:
+                state.setdefault("counters", {})[counter] = [1, float(per_hour), now]
+            resettable = (recovery_action in ("gpu_reset", "drain_and_reset") or remap_pending
+                          or counter == "ecc_corrected_volatile")
+            if health is not None:
+                n.health = health
+            elif n.health == "healthy":
+                n.health = "reset_fixable" if resettable else "reboot_fixable"
+        what = (f"recovery action {recovery_action}" if recovery_action
+                else "row remap pending" if remap_pending else f"{counter} rising {per_hour:g}/h")
+        self._log("fault", f"driver warning on GPU {gpu}: {what} (health: {n.health})", n.name)
+
+    def report_gpu_state(self, node: str, attempt: int = 1) -> list[dict[str, Any]]:
+        """The node agent's GPU report of ``node`` now (retried as the agent retries)."""
+        n = self.node(node)
+        try:
+            self.gpu_reporter(n.name, self.gpu_report_body(n))
+        except Exception as error:
+            if attempt >= 5:
+                self._log("agent", f"report_gpu failed {attempt} times: {error}", n.name)
+                return []
+            self.schedule(self.now() + 2, lambda: self.report_gpu_state(node, attempt + 1), "report retry")
+            return []
+        self._log("agent", "node agent reported its GPUs (POST /v1/report_gpu)", n.name)
+        return []
 
     def _report_xid(self, n: Node, xid: int, gpu: int, attempt: int) -> list[dict[str, Any]]:
         body = self.gpu_report_body(n, {gpu: [xid]})

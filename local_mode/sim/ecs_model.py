@@ -45,6 +45,9 @@ class Placement(NamedTuple):
     task_arn: str
     health: str
     training: bool  # not a health check nor a GPU reset
+    # A fault the node's last repair left behind, seen only under load (``Node.latent``): a
+    # training task placed here fails again minutes in ("" : none).
+    latent: str = ""
 
 
 @dataclass
@@ -84,6 +87,29 @@ class Node:
     reboots: int = 0
     rebooting: bool = False
     reboot_requested_at: float | None = None
+    # The driver's warnings its node agent reports (GPU index -> "recovery_action",
+    # "remap_pending", "counters": {name: [value, per hour, since]}); {} when none.
+    gpu_state: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Repairs that do not hold (issue 43): after each of the next ``unheld_repairs`` repairs
+    # (a reboot or a GPU reset that heals it) the node passes idle checks but keeps ``latent``,
+    # the health it had, which a GPU load (a validation's) or ``latent_after_seconds`` of a
+    # training task's work brings back.
+    unheld_repairs: int = 0
+    latent: str | None = None
+    latent_after_seconds: float = 180.0
+
+    def repaired(self, before: str) -> None:
+        """A repair healed ``before``: unless it does not hold, nothing is left of it."""
+        if self.unheld_repairs > 0 and before != "healthy":
+            self.unheld_repairs -= 1
+            self.latent = before
+
+    def under_load(self) -> str | None:
+        """A GPU load brings a latent fault back (the health it shows now); None: none."""
+        if self.latent is None:
+            return None
+        self.health, self.latent = self.latent, None
+        return self.health
 
     @property
     def container_instance_id(self) -> str:
@@ -124,7 +150,22 @@ class Node:
         self.boot_time = now
         if before in REBOOT_FIXES:
             self.health = "healthy"
+            self.repaired(before)
+        if self.health == "healthy":
+            self.gpu_state = {}  # the warning's cause is gone, the volatile counters cleared
         return before
+
+    def gpu_report_fields(self, index: int, now: float) -> dict[str, Any]:
+        """What the node agent reports of GPU ``index`` beside its usual row: the driver's
+        recovery action, the remapped-rows state and the counters (as the tools print them)."""
+        state = self.gpu_state.get(index) or {}
+        row: dict[str, Any] = {"recovery_action": state.get("recovery_action", "none"),
+                               "remapped_rows_pending": bool(state.get("remap_pending")),
+                               "ecc_corrected_volatile": 0, "nvlink_crc_errors": 0,
+                               "nvlink_replay_errors": 0, "nvlink_recovery_errors": 0}
+        for name, (value, per_hour, since) in (state.get("counters") or {}).items():
+            row[name] = int(value + per_hour * max(0.0, now - since) / 3600)
+        return row
 
 
 @dataclass
@@ -158,12 +199,26 @@ class Task:
     plan_token: int = 0
     health_check: bool = False
     gpu_reset: bool = False  # the GPU reset task (a health check's kin: never a training task)
+    validation: bool = False  # a health check run as a validation after repair (its group)
     attachments: list[dict[str, Any]] = field(default_factory=list)  # an awsvpc task's interface
+
+    def environment(self) -> dict[str, str]:
+        """Its first container's environment overrides (the validation's level and load)."""
+        for container in (self.overrides or {}).get("containerOverrides") or []:
+            return {str(e.get("name")): str(e.get("value")) for e in container.get("environment") or []}
+        return {}
+
+    @property
+    def load_seconds(self) -> int:
+        raw = self.environment().get("VALIDATION_LOAD_SECONDS", "0")
+        return int(raw) if raw.isdigit() else 0
 
     @property
     def label(self) -> str:
         if self.gpu_reset:
             return "GPU reset"
+        if self.validation:
+            return "validation"
         if self.health_check:
             return "health check"
         job, rank = self.tags.get(C.TAG_JOB_ID), self.tags.get(C.TAG_RANK)
@@ -248,10 +303,16 @@ def gang_of(task: Task) -> str | None:
 
 def health_check_verdict(task: Task, node: Node, dcgm_level: int) -> tuple[int, str, str]:
     """The DCGM health check's verdict on ``node`` as it is now: its exit code, the log
-    stream it prints to and its verdict line (the JSON the stack reads)."""
+    stream it prints to and its verdict line (the JSON the stack reads). A check with a GPU
+    load (a validation after repair) brings a latent fault back first: what an idle check
+    passes, the load finds."""
+    level = int(task.environment().get("DCGM_LEVEL") or dcgm_level)
+    load = task.load_seconds
+    under_load = node.under_load() if load > 0 else None
     code = VERDICT_EXIT[node.health]
     stream = f"{C.HEALTH_CHECK_LOG_STREAM_PREFIX}/{task.containers[0]['name']}/{task.arn.rsplit('/', 1)[-1]}"
-    return code, stream, verdict_line(code, dcgm_level, task.gpu_ids, node.name)
+    return code, stream, verdict_line(code, level, task.gpu_ids, node.name, load_seconds=load,
+                                      load_failed=under_load is not None)
 
 
 def describe_container_instance(

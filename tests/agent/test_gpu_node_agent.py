@@ -20,6 +20,7 @@ import pytest
 
 from .fakes.fake_server import (
     KERNEL_LOG_DIR,
+    SMI_DIR,
     FakeServer,
     Reply,
     env_without_proxy,
@@ -296,8 +297,14 @@ def test_once_posts_both_reports_with_auth_and_exact_bodies(node, server, monkey
                 "memory_total_mib": 81559,
                 "temperature_c": 66,
                 "ecc_uncorrected_volatile": 0,
+                "ecc_corrected_volatile": 0,
                 "remapped_rows_pending": False,
                 "remapped_rows_failure": False,
+                "recovery_action": "none",
+                # The published nvlink -e capture (GPU 0 only, some links elided).
+                "nvlink_replay_errors": 0,
+                "nvlink_recovery_errors": 0,
+                "nvlink_crc_errors": 0,
                 "xids": [],
             },
             {
@@ -308,8 +315,13 @@ def test_once_posts_both_reports_with_auth_and_exact_bodies(node, server, monkey
                 "memory_total_mib": 81559,
                 "temperature_c": 64,
                 "ecc_uncorrected_volatile": 0,
+                "ecc_corrected_volatile": 0,
                 "remapped_rows_pending": False,
                 "remapped_rows_failure": False,
+                "recovery_action": "none",
+                "nvlink_replay_errors": None,
+                "nvlink_recovery_errors": None,
+                "nvlink_crc_errors": None,
                 "xids": [],
             },
         ],
@@ -317,8 +329,11 @@ def test_once_posts_both_reports_with_auth_and_exact_bodies(node, server, monkey
     calls = (node.bin / "nvidia-smi.calls").read_text()
     assert (
         "--query-gpu=index,uuid,pci.bus_id,utilization.gpu,memory.used,memory.total,"
-        "temperature.gpu,ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits"
+        "temperature.gpu,ecc.errors.uncorrected.volatile.total,ecc.errors.corrected.volatile.total "
+        "--format=csv,noheader,nounits"
     ) in calls
+    assert "--query-gpu=index,gpu_recovery_action --format=csv,noheader" in calls
+    assert "nvlink -e" in calls
     assert (
         "--query-remapped-rows=gpu_uuid,remapped_rows.pending,remapped_rows.failure "
         "--format=csv,noheader,nounits"
@@ -390,8 +405,13 @@ def test_node_without_ecs_uses_node_id_env_and_metadata_files(node, server, monk
                 "memory_total_mib": 81559,
                 "temperature_c": 41,
                 "ecc_uncorrected_volatile": 2,
+                "ecc_corrected_volatile": 5,
                 "remapped_rows_pending": True,
                 "remapped_rows_failure": False,
+                "recovery_action": "none",
+                "nvlink_replay_errors": None,
+                "nvlink_recovery_errors": None,
+                "nvlink_crc_errors": None,
                 "xids": [],
             },
         ),
@@ -406,8 +426,13 @@ def test_node_without_ecs_uses_node_id_env_and_metadata_files(node, server, monk
                 "memory_total_mib": 16384,
                 "temperature_c": None,
                 "ecc_uncorrected_volatile": None,
+                "ecc_corrected_volatile": None,
                 "remapped_rows_pending": None,
                 "remapped_rows_failure": None,
+                "recovery_action": "none",
+                "nvlink_replay_errors": 0,
+                "nvlink_recovery_errors": 0,
+                "nvlink_crc_errors": 0,
                 "xids": [],
             },
         ),
@@ -425,6 +450,71 @@ def test_gpu_telemetry_from_recorded_csv(node, server, gpu_csv, remap_csv, expec
     body = server.posts("/v1/report_gpu")[0].body
     assert body["gpus"][-1] == expected
     assert "error" not in body
+
+
+REAL_NVLINK = (SMI_DIR / "real" / "nvlink_e_h100_ml_engineering.txt").read_text()
+
+
+def nvlink_output(directory: Path, counts: dict[int, tuple[int, int, int]]) -> Path:
+    """``nvidia-smi nvlink -e`` in the layout of the published H100 capture (its GPU line and
+    its per-link lines), one GPU per entry, link 0 carrying (replay, recovery, CRC) errors
+    and link 1 none: rising counters for the tests, printed as the real tool prints them."""
+    lines = [line for line in REAL_NVLINK.splitlines() if not line.startswith("# ")]
+    head, link0, link1 = lines[0], lines[1:4], lines[5:8]
+    out = []
+    for gpu, (replay, recovery, crc) in sorted(counts.items()):
+        out.append(head.replace("GPU 0:", f"GPU {gpu}:"))
+        for line, value in zip(link0, (replay, recovery, crc), strict=True):
+            out.append(line.rsplit(" ", 1)[0] + f" {value}")
+        out += ["", *link1, ""]
+    path = directory / "nvlink-e.txt"
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def test_driver_warnings_from_published_captures(node, server):
+    """Given the published outputs: GPU 1's recovery action Reset (NVIDIA/DCGM #263) and the
+    H100 nvlink -e layout with link 0 of GPU 1 at 7 replay, 1 recovery and 3 CRC errors
+    When the agent runs --once
+    Then report_gpu carries, per GPU, the recovery action as the health check names it and
+    each NVLink counter summed over the GPU's links."""
+    fake_nvidia_smi(node.bin, recovery_csv="real/recovery_action_reset_gpu1_dcgm263.csv",
+                    nvlink_txt=nvlink_output(node.tmp, {0: (0, 0, 0), 1: (7, 1, 3)}))
+
+    assert agent_mod.main(["--once"]) == 0
+
+    gpus = server.posts("/v1/report_gpu")[0].body["gpus"]
+    assert [g["recovery_action"] for g in gpus] == ["none", "gpu_reset"]
+    assert {k: gpus[1][k] for k in ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors")} \
+        == {"nvlink_replay_errors": 7, "nvlink_recovery_errors": 1, "nvlink_crc_errors": 3}
+    assert gpus[0]["nvlink_replay_errors"] == 0
+
+
+def test_older_driver_and_no_nvlink_leave_the_fields_null(node, server, caplog):
+    """Given a driver before R565 (the recovery-action field refused) and GPUs without NVLink
+    When the agent runs --once
+    Then the report is sent, accepted as ever, with those fields null and no error."""
+    fake_nvidia_smi(node.bin, recovery_csv="recovery_action_unsupported.exit2.txt",
+                    nvlink_txt="no_nvlink.txt")
+
+    assert agent_mod.main(["--once"]) == 0
+
+    body = server.posts("/v1/report_gpu")[0].body
+    assert "error" not in body
+    for gpu in body["gpus"]:
+        assert gpu["recovery_action"] is None
+        assert gpu["nvlink_replay_errors"] is gpu["nvlink_crc_errors"] is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("None", "none"), ("Reset", "gpu_reset"), ("Reboot", "node_reboot"), ("Drain P2P", "drain_p2p"),
+    ("Drain and Reset", "drain_and_reset"), ("[N/A]", None), ("Recover IMEX Domain", "unknown"),
+])
+def test_recovery_action_words(text, expected):
+    """The man page's values (the DCGM #263 capture prints "None" and "Reset") map to the health
+    check's names; N/A is unknown (null); a value the man page does not list is "unknown"."""
+    assert agent_mod.parse_recovery_action(text) == expected
 
 
 def test_missing_nvidia_smi_reports_empty_gpus_with_error(node, server, monkeypatch):

@@ -5,7 +5,8 @@ subscription, cluster, health-check task definition and its log group) plus what
 ``cdk deploy`` adds there (rules with their DLQs, point-in-time recovery), the simulated
 ECS data plane's GPU nodes (two EC2, one ECS Anywhere), node tokens issued with the
 admin CLI and one report per node through the node API. moto has no SSM managed
-instances: ``ManagedInstances`` answers for the ``mi-`` host as SSM does.
+instances: the simulation answers for the ``mi-`` host as SSM does
+(``local_mode.sim.managed_instances``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.awsrequest import AWSResponse
-from botocore.compat import HTTPHeaders
 from botocore.stub import Stubber
 
 from cli import doctor
@@ -29,52 +28,11 @@ from gpu_recovery import event_patterns as patterns
 TAG_KEY = "gpu-recovery:cluster"
 
 
-def _answer(service: str, parsed: dict[str, Any]) -> tuple[AWSResponse, dict[str, Any]]:
-    http = AWSResponse(f"https://{service}.us-east-1.amazonaws.com/", 200, HTTPHeaders(), None)  # type: ignore[arg-type]
-    return http, {
-        **parsed,
-        "ResponseMetadata": {"HTTPStatusCode": 200, "HTTPHeaders": {}, "RetryAttempts": 0},
-    }
-
-
-class ManagedInstances:
-    """SSM's view of the ECS Anywhere hosts: ping status and tags (moto has neither)."""
-
-    def __init__(self, local: Any, sim: Any) -> None:
-        self.sim = sim
-        self.tags: dict[str, dict[str, str]] = {}
-        self.offline: set[str] = set()
-        local.hooks.on_before_call("ssm", "DescribeInstanceInformation", self._describe)
-        local.hooks.on_before_call("ssm", "ListTagsForResource", self._list_tags)
-
-    def hosts(self) -> list[str]:
-        return [n.instance_id for n in self.sim.nodes.values() if n.kind == "anywhere"]
-
-    def _describe(self, params: dict[str, Any], context: Any) -> Any:
-        wanted = {v for f in params.get("Filters", []) if f["Key"] == "InstanceIds" for v in f["Values"]}
-        found = [
-            {
-                "InstanceId": h,
-                "PingStatus": "ConnectionLost" if h in self.offline else "Online",
-                "ResourceType": "ManagedInstance",
-            }
-            for h in self.hosts()
-            if h in wanted
-        ]
-        return _answer("ssm", {"InstanceInformationList": found})
-
-    def _list_tags(self, params: dict[str, Any], context: Any) -> Any:
-        if params.get("ResourceType") != "ManagedInstance":
-            return None
-        tags = self.tags.get(params["ResourceId"], {})
-        return _answer("ssm", {"TagList": [{"Key": k, "Value": v} for k, v in tags.items()]})
-
-
 @dataclass
 class Account:
     local: Any
     sim: Any
-    ssm: ManagedInstances
+    ssm: Any  # the simulation's SSM view of the mi- hosts (local_mode.sim.managed_instances)
     outputs: dict[str, str]
     tokens: dict[str, str] = field(default_factory=dict)
 
@@ -193,9 +151,9 @@ def account(capsys: pytest.CaptureFixture[str]) -> Iterator[Account]:
         local, sim = world.aws, world.ecs
         for name, kind in (("node-a", "ec2"), ("node-b", "ec2"), ("node-d", "anywhere")):
             sim.add_node(name, gpus=8, kind=kind)
-        ssm = ManagedInstances(local, sim)
+        ssm = sim.managed_instances
         for host in ssm.hosts():
-            ssm.tags[host] = {TAG_KEY: local.cluster_name, "Name": "node-d"}
+            ssm.set_tags(host.instance_id, {TAG_KEY: local.cluster_name, "Name": "node-d"})
         acct = Account(local, sim, ssm, _deploy(local))
         # Tokens as an operator issues them (the admin CLI), then one report per node
         # through the node API (authorizer + handler), as each node agent sends it.
@@ -292,7 +250,7 @@ def test_doctor_names_each_problem_of_a_broken_account(
     local, sim = account.local, account.sim
     local.client("ec2").delete_tags(Resources=[account.host("node-b")], Tags=[{"Key": TAG_KEY}])
     mi = account.host("node-d")
-    account.ssm.tags[mi] = {}
+    account.ssm.set_tags(mi, {})
     account.ssm.offline.add(mi)
     sim.add_node("node-c", gpus=4)  # too small for the 8-GPU health check, and no token
     local.client("logs").delete_log_group(logGroupName="/ecs/gpu-health-check")

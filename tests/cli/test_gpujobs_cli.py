@@ -1190,3 +1190,32 @@ def test_watch_until_a_state_stops_there_and_a_job_ending_first_exits_as_usual(a
     assert run(api, "watch", "j-2", "--until", "RUNNING", "--interval", "1") == 1
     assert run(api, "watch", "j-2", "--until", "RUNING") == 2
     assert "not a job state: 'RUNING'" in capsys.readouterr().err
+
+
+def test_show_and_watch_say_why_a_job_moved_and_what_it_avoided(api, sleeps, capsys):
+    """Given a job moved off a node whose driver asked for a reset (at its checkpoint), then
+    asked again on another node and not checkpointing in time,
+    when `show ID` and `watch ID` run,
+    then show lists both moves (node, outcome, the warning and how sure, the rule) and what the
+    move avoided; watch's SUSPENDING line names the warning."""
+    node = "68fe8666-6fb5-445c-995c-d1ae6d7cefa5"
+    moves = [{"at": 1_763_650_000, "node": node, "rule": "gpu-recovery-action-reset", "action": "reset_gpu",
+              "confidence": "announced", "outcome": "moved", "checkpoint_seconds": 15},
+             {"at": 1_763_651_000, "node": "n-2", "rule": "gpu-nvlink-replay-rising", "action": "reboot",
+              "confidence": "predicted", "outcome": "declined", "detail": "no go_suspend() within 600 s"}]
+    avoid = {"node": node, "action": "reset_gpu", "confidence": "announced"}
+    api.add_job("j-1", state="RUNNING", attempt=2, suspend_count=1, resume_count=1, moves=moves,
+                suspend={"kind": "moved", "reason": "driver warning", "avoid": avoid})
+    assert run(api, "show", "j-1") == 0
+    out = capsys.readouterr().out
+    assert "\nMoves off nodes with a driver warning:\n" in out
+    assert "moved at its checkpoint in 15 s" in out and "reset_gpu announced by the driver" in out
+    assert "not moved: no checkpoint in time, kept running" in out and "reboot predicted (a counter)" in out
+    assert "Avoided: a crash on a GPU the driver warned about" in out
+    api.add_job("j-2", state="RUNNING", attempt=1)
+    moving = {"state": "SUSPENDING", "suspend": {"kind": "moved", "avoid": avoid}}
+    api.state_scripts["j-2"] = ["RUNNING", moving, {"state": "SUSPENDED"},
+                                {"state": "STARTING", "attempt": 2}, "COMPLETE"]
+    assert run(api, "watch", "j-2") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "suspend=moved" in lines[1] and "warning=reset_gpu:announced" in lines[1]

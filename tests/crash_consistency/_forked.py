@@ -22,10 +22,13 @@ from local_mode.campaigns.forked_runs import BrokenRunFailed, broken_runs
 from local_mode.campaigns.runner import faults_at
 from local_mode.sim.broken_calls import FAULT_MODES, ApiCall, modes_of
 
-#: positions per group: a group's driver (one fork of the fork server, the unbroken run up to
-#: the group's last position) is paid once per group; the fork server of each worker is warmed
-#: by one unbroken GPU-fault recovery (moto's services and the AWS models loaded once)
-GROUP_SIZE = 6
+#: positions per group: a group's driver (one fork of the fork server: the world built, then
+#: the unbroken run up to the group's last position) is paid once per group, about as much as
+#: 2-3 of its runs; 24 positions (~50 runs, a few seconds on one core) make it ~5 % of the
+#: campaigns (6 made it ~15 %) and still leave hundreds of groups to balance between workers.
+#: The fork server of each worker is warmed by one unbroken GPU-fault recovery (moto's
+#: services and the AWS models loaded once).
+GROUP_SIZE = 24
 
 
 def groups(positions: Sequence[int], size: int = GROUP_SIZE) -> list[tuple[int, ...]]:

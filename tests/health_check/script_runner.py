@@ -81,18 +81,22 @@ def run_check(
     env: dict[str, str] | None = None,
     shell: str = "sh",
     hostname: str | None = None,
+    load: tuple[str, int] | None = None,
 ) -> Run:
     """Run the script via ``<shell> -c <text>`` with fakes on PATH.
 
-    ``dcgmi=None`` / ``smi_gpu=None`` leave that executable out (it cannot run).
+    ``dcgmi=None`` / ``smi_gpu=None`` leave that executable out (it cannot run). ``load``:
+    what ``dcgmi diag -r targeted_stress ...`` (the validation's GPU load) prints and exits.
     """
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     if dcgmi is not None:
         name, code = dcgmi
+        stress = (f'if [ "$3" = targeted_stress ]; then cat "{_fixture(load[0])}"; exit {load[1]}; fi\n'
+                  if load is not None else "")
         write_executable(
             bindir / "dcgmi",
-            f'printf "%s\\n" "$*" >> "{bindir}/dcgmi.args"\ncat "{_fixture(name)}"\nexit {code}\n',
+            f'printf "%s\\n" "$*" >> "{bindir}/dcgmi.args"\n{stress}cat "{_fixture(name)}"\nexit {code}\n',
         )
     if smi_gpu is not None:
         (gname, gcode), (rname, rcode), (qname, qcode) = smi_gpu, smi_remap, smi_q

@@ -361,10 +361,17 @@ def test_gpu_report_flags_suspect_once_per_new_signal(world) -> None:
     world.clock.advance(30)
     assert svc.report_gpu(NODE, world.clock(), [bad]).new_signals == []
     world.clock.advance(30)
-    assert svc.report_gpu(NODE, world.clock(),
-                          [{**bad, "remapped_rows_pending": True}]).new_signals == ["remap_pending:GPU-0"]
+    assert svc.report_gpu(NODE, world.clock(), [{**bad, "ecc_uncorrected_volatile": 2}]).new_signals \
+        == ["ecc_uncorrected:GPU-0"]
     kinds = [n.kind for n in world.notifier.sent]
     assert kinds == [NotificationKind.SUSPECT_NODE, NotificationKind.SUSPECT_NODE]
+    # A pending remap is a driver warning: the recovery loop acts on it (its record is the
+    # intent, due for the sweep) and says so; nothing is flagged or e-mailed here.
+    world.clock.advance(30)
+    result = svc.report_gpu(NODE, world.clock(), [{**bad, "remapped_rows_pending": True}])
+    assert result.warning == "gpu-remap-pending" and result.new_signals == []
+    assert len(world.notifier.sent) == 2
+    assert world.node_item(NODE)["warning"]["rule"] == "gpu-remap-pending"
     telemetry = world.node_item(NODE)["gpu_telemetry"]
     assert telemetry[0]["u"] == "GPU-0" and telemetry[0]["x"] == [79]
 
@@ -432,3 +439,45 @@ def test_first_report_of_unknown_node_creates_its_item(world) -> None:
     item = world.node_item(NODE_B)
     assert item["last_report_at"] == world.clock()
     assert item["ec2_instance_id"] == "i-0123456789abcdef0"
+
+
+def _replay_reports(svc, world, node: str, per_report: int, reports: int) -> list:
+    """``reports`` GPU reports 30 s apart, NVLink replay errors rising by ``per_report`` each."""
+    results = []
+    for i in range(reports):
+        world.clock.advance(30)
+        gpu = {**HEALTHY, "nvlink_replay_errors": 1 + i * per_report}
+        results.append(svc.report_gpu(node, world.clock(), [gpu]))
+    return results
+
+
+def test_nvlink_replays_rising_past_the_catalogs_rate_raise_a_predicted_warning(world) -> None:
+    """Given an idle node whose agent reports NVLink replay errors rising by 1 a report (120/h,
+    the catalog's limit 60/h), When 10 to 20 minutes of reports are in (the rise's lower bound
+    reaches 60/h), Then the node carries the warning (once: later reports write nothing more),
+    its counters' anchors stay four numbers, and the rate is on the item for the evidence."""
+    svc = world.service()
+    world.report(svc, NODE_B)
+    results = _replay_reports(svc, world, NODE_B, 1, 45)
+    first = next(i for i, r in enumerate(results) if r.warning)
+    assert 20 <= first <= 40
+    item = world.node_item(NODE_B)
+    assert item["warning"]["rule"] == "gpu-nvlink-replay-rising"
+    assert item["warning"]["confidence"] == "predicted"
+    assert len(item["gpu_counters"]["GPU-0"]["nvlink_replay_errors"]) == 4
+    assert item["gpu_counter_rates"][0]["per_hour"] == pytest.approx(120.0)
+    assert world.notifier.sent == []  # the recovery loop says what it does
+
+
+def test_nvlink_replays_below_the_rate_raise_nothing(world) -> None:
+    """The same counter rising by 1 every fourth report (30/h, half the catalog's 60/h): no
+    warning, however long it goes on."""
+    svc = world.service()
+    world.report(svc, NODE_B)
+    results = []
+    for i in range(60):
+        world.clock.advance(30)
+        gpu = {**HEALTHY, "nvlink_replay_errors": 1 + i // 4}
+        results.append(svc.report_gpu(NODE_B, world.clock(), [gpu]))
+    assert not any(r.warning for r in results)
+    assert "warning" not in world.node_item(NODE_B)

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpu_recovery.constants import NODE_TOKEN_HEADER_PATTERN
+from gpu_recovery.api_routes import NODE_TOKEN_HEADER_PATTERN
 from local_mode.server import MAX_REQUEST_BYTES, LocalApi, LocalApiServer, route_defined
 from tests.heartbeat.node_api_calls import tasks_body
 from tests.heartbeat.world import NODE, task_arn

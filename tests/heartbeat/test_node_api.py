@@ -141,6 +141,23 @@ def test_bad_reports_are_rejected_and_nothing_is_written(world, body, status, co
     assert snapshot(world) == before
 
 
+@pytest.mark.parametrize(("gpu", "field", "hint"), [
+    ({"index": 0, "recovery_action": "Reset"}, "gpus.0.recovery_action", "'none', 'gpu_reset'"),
+    ({"index": 0, "nvlink_replay_errors": -3}, "gpus.0.nvlink_replay_errors", "greater than or equal to 0"),
+    ({"index": 0, "ecc_corrected_volatile": True}, "gpus.0.ecc_corrected_volatile", "not true/false"),
+])
+def test_a_bad_warning_field_is_a_400_naming_it_and_nothing_is_written(world, gpu, field, hint) -> None:
+    """The agent's new fields are checked as its others: nvidia-smi's word instead of the
+    health check's name, a negative counter, a boolean count: 400 with the field, nothing written."""
+    world.seed_job("j1", world_size=1)
+    before = snapshot(world)
+    status, out = call(api_event(world, "apigw_report_gpu.json",
+                                 {"node_id": NODE, "timestamp": world.clock(), "gpus": [gpu]}))
+    assert (status, out["error"], out["field"]) == (400, "invalid_report", field), out
+    assert hint in out["message"]
+    assert snapshot(world) == before
+
+
 def test_too_many_gpus_is_413(world) -> None:
     gpus = [{"index": i} for i in range(65)]
     status, out = call(api_event(world, "apigw_report_gpu.json",
@@ -202,8 +219,9 @@ def test_local_jobs_route_passes_iam_identity(world) -> None:
 def test_agent_end_to_end_against_local_server(world, tmp_path) -> None:
     """Given the local server (real authorizer + handler in moto) and a RUNNING rank on the
     node, When the real agent runs --once with a fake nvidia-smi reporting a pending row
-    remap, Then both reports are accepted (exit 0), the rank got its heartbeat and the
-    node is SUSPECT."""
+    remap and GPU 1's recovery action Reset (the published capture), Then both reports are
+    accepted (exit 0), the rank got its heartbeat and the node carries the driver's warning
+    (due for the recovery sweep)."""
     from tests.agent.fakes.fake_server import FakeServer, env_without_proxy, fake_kernel_log, fake_nvidia_smi
 
     world.clock.t = __import__("time").time()  # the agent stamps reports with its real clock
@@ -215,7 +233,8 @@ def test_agent_end_to_end_against_local_server(world, tmp_path) -> None:
     introspection.start()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    smi = fake_nvidia_smi(bin_dir, remap_csv="pending_remap.csv")
+    smi = fake_nvidia_smi(bin_dir, remap_csv="pending_remap.csv",
+                          recovery_csv="real/recovery_action_reset_gpu1_dcgm263.csv")
     kcmd, _ = fake_kernel_log(bin_dir)
     try:
         with LocalApiServer() as server:
@@ -231,7 +250,10 @@ def test_agent_end_to_end_against_local_server(world, tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "report_tasks=ok(status=200" in proc.stderr and "report_gpu=ok(status=200" in proc.stderr
     assert world.item("j1#0")[HB_PK].startswith("WATCHED#")
-    assert world.instance_state(NODE).value == "SUSPECT"
+    node = world.node_item(NODE)
+    # Both are the same repair (a reset); the earlier rule of equal rank names it.
+    assert node["warning"]["rule"] == "gpu-remap-pending" and node["warning"]["action"] == "reset_gpu"
+    assert {row.get("ra") for row in node["gpu_telemetry"]} == {"none", "gpu_reset"}
     assert os.environ.get("GPU_AGENT_TOKEN") is None
 
 

@@ -11,7 +11,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match, Template
 
-from gpu_recovery.constants import NODE_TOKEN_HEADER_PATTERN
+from gpu_recovery.api_routes import NODE_TOKEN_HEADER_PATTERN
 from infra.config import RecoveryConfig
 from infra.lambda_common import LambdaDefaults
 from infra.nag import add_nag_checks, read_findings

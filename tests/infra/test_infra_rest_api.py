@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from infra_synth import CLUSTER, Synth
 
+from gpu_recovery import api_routes
 from gpu_recovery import constants as c
 from infra.control_api import CONTROL_API_HANDLER, CONTROL_AUTHORIZER_HANDLER, JobControlApi
 from infra.jobs_api import ROUTES, SWAGGER_ROUTE, JobsApi
@@ -24,7 +25,7 @@ AUTHORIZER_HANDLER = "handlers.node_authorizer.lambda_handler"
 NODE_API_HANDLER = "handlers.node_api.lambda_handler"
 IAM_ROUTES = {f"{m} /{path}" for m, path in (*ROUTES, SWAGGER_ROUTE)}
 NODE_ROUTE_KEYS = {f"POST /v1/{route}" for route in NODE_ROUTES}
-CONTROL_ROUTE_KEYS = {f"{m} /{path}" for m, path in c.CONTROL_API_ROUTES}
+CONTROL_ROUTE_KEYS = {f"{m} /{path}" for m, path in api_routes.CONTROL_API_ROUTES}
 # Time sharing's routes on the jobs API (IAM): a user's suspend / resume, the quotas.
 TIME_SHARING_IAM_ROUTES = {"POST /v1/jobs/{job_id}/suspend", "POST /v1/jobs/{job_id}/resume",
                            "GET /v1/quotas", "PUT /v1/quotas", "DELETE /v1/quotas"}
@@ -126,7 +127,7 @@ def test_two_token_authorizers_validate_the_header_and_cache_alike(default_synth
         _, authorizer = _authorizer_of(default_synth, handler)
         assert authorizer["Type"] == "TOKEN"
         assert authorizer["IdentitySource"] == "method.request.header.Authorization"
-        assert authorizer["IdentityValidationExpression"] == c.NODE_TOKEN_HEADER_PATTERN
+        assert authorizer["IdentityValidationExpression"] == api_routes.NODE_TOKEN_HEADER_PATTERN
         assert authorizer["AuthorizerResultTtlInSeconds"] == 300
 
 

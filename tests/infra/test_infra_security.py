@@ -15,12 +15,12 @@ import pytest
 from infra_synth import DEFAULT_CONTEXT, Synth, statement_actions, statement_resources, synthesize
 
 from gpu_recovery.adapters.compute import REBOOT_COMMAND
+from gpu_recovery.api_routes import GATEWAY_ERRORS
 from gpu_recovery.constants import (
     ENV_JOBS_ADMIN_ROLES,
     ENV_JOBS_ALLOWED_FAMILIES,
     ENV_JOBS_TASK_ROLE_PREFIXES,
     ENV_REBOOT_DOCUMENT,
-    GATEWAY_ERRORS,
 )
 
 SECURITY_CONTEXT = {**DEFAULT_CONTEXT, "admin_roles": "gpu-ops", "team_roles": '["ml-team"]',

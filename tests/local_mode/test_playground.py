@@ -331,6 +331,15 @@ def test_fault_requests_from_the_command_line() -> None:
                                 "persistent": True}
     args = parser.parse_args(["inject-fault", "lost-node", "--node", "node-2", "--seconds", "600"])
     assert fault_body(args) == {"kind": "lost_node", "node": "node-2", "seconds": 600.0}
+    # The driver's warnings (issue 44).
+    args = parser.parse_args(["inject-fault", "recovery-action", "reset", "--node", "node-2"])
+    assert fault_body(args) == {"kind": "recovery_action", "node": "node-2", "gpu": 0, "action": "reset"}
+    args = parser.parse_args(["inject-fault", "remap-pending", "--job", "j-1", "--rank", "1"])
+    assert fault_body(args) == {"kind": "remap_pending", "job_id": "j-1", "rank": 1, "gpu": 0}
+    args = parser.parse_args(["inject-fault", "rising-counter", "nvlink_replay_errors", "--node", "node-3",
+                              "--per-hour", "900"])
+    assert fault_body(args) == {"kind": "rising_counter", "node": "node-3", "gpu": 0,
+                                "counter": "nvlink_replay_errors", "per_hour": 900.0}
     assert local_endpoint("http://localhost:8080/v1") == "http://localhost:8080"
     assert local_endpoint("http://[::1]:8080") == "http://[::1]:8080"
 

@@ -119,3 +119,49 @@ def test_a_fault_aimed_at_a_job_that_does_not_exist_says_not_found(kind: str) ->
         faults.inject({"kind": kind, "job_id": "nope-20261120-000000-0000", "rank": 1, "xid": 79})
     assert (refused.value.status, refused.value.field) == (404, "job_id")
     assert str(refused.value) == "job nope-20261120-000000-0000 not found (gpujobs list shows the jobs)"
+
+
+class WarnedCluster(Cluster):
+    """The stand-in cluster, recording the driver warnings the injector gives it."""
+
+    def __init__(self, tasks: list[Task]) -> None:
+        super().__init__(tasks)
+        self.warned: list[tuple[str, dict[str, Any]]] = []
+
+    def warn_gpu(self, node: str, **warning: Any) -> None:
+        self.warned.append((node, warning))
+
+
+@pytest.mark.parametrize(("doc", "warning"), [
+    ({"kind": "recovery-action", "action": "reset"}, {"gpu": 0, "recovery_action": "gpu_reset"}),
+    ({"kind": "recovery_action", "action": "drain-and-reset", "gpu": 1},
+     {"gpu": 1, "recovery_action": "drain_and_reset"}),
+    ({"kind": "recovery_action", "action": "reboot"}, {"gpu": 0, "recovery_action": "node_reboot"}),
+    ({"kind": "remap-pending"}, {"gpu": 0, "remap_pending": True}),
+    ({"kind": "rising-counter", "counter": "nvlink_replay_errors", "per_hour": 600},
+     {"gpu": 0, "counter": "nvlink_replay_errors", "per_hour": 600.0}),
+])
+def test_each_driver_warning_is_injected_on_a_gpu_that_still_runs(doc: dict[str, Any],
+                                                                  warning: dict[str, Any]) -> None:
+    """`inject-fault recovery-action reset | remap-pending | rising-counter ...`: the warning on
+    the node's GPU (its agent reports it next round), nothing crashed."""
+    cluster = WarnedCluster([rank_task("llama-1", 1, "node-2")])
+    notes: list[str] = []
+    faults = FaultInjector(cluster, programs=None, agents=Agents(),  # type: ignore[arg-type]
+                           note=lambda _n, text: notes.append(text), repo=Tables({"llama-1"}, {}))
+    done = faults.inject({**doc, "job_id": "llama-1", "rank": 1})
+    assert done["node"] == "node-2" and cluster.warned == [("node-2", warning)]
+    assert "the node agent reports it within 30 s" in notes[0]
+
+
+@pytest.mark.parametrize(("doc", "field"), [
+    ({"kind": "recovery_action", "action": "explode"}, "action"),
+    ({"kind": "rising_counter", "counter": "fan_speed"}, "counter"),
+    ({"kind": "rising_counter", "counter": "nvlink_crc_errors", "per_hour": -1}, "per_hour"),
+])
+def test_a_bad_warning_is_refused_naming_the_field(doc: dict[str, Any], field: str) -> None:
+    faults = FaultInjector(WarnedCluster([]), programs=None, agents=Agents(),  # type: ignore[arg-type]
+                           note=lambda _n, _t: None, repo=Tables(set(), {}))
+    with pytest.raises(PlaygroundError) as refused:
+        faults.inject({**doc, "node": "node-1"})
+    assert refused.value.field == field

@@ -12,12 +12,16 @@ from typing import Any
 import pytest
 
 from gpu_recovery import clock
+from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 from gpu_recovery.adapters.ecs import EcsActionFailed, EcsAdapter
+from gpu_recovery.adapters.queue import GangQueue
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.base import Update
 from local_mode.emulator import LocalAws
+from local_mode.sim import deployment as D
 from local_mode.sim.answers import (
+    BATCH_ENTRY_FAILED,
     CANCELLED_THROTTLED,
     ECS_FAILURES,
     EMPTY_LOG_PAGE,
@@ -91,7 +95,9 @@ def test_the_moto_world_answers_get_log_events_in_pages_with_late_lines() -> Non
 
 
 def test_every_shape_is_an_operations_and_a_mode_of_its_calls() -> None:
-    assert set(SHAPES.values()) == {CANCELLED_THROTTLED, UNPROCESSED_KEYS, EMPTY_LOG_PAGE, ECS_FAILURES}
+    assert set(SHAPES.values()) == {CANCELLED_THROTTLED, UNPROCESSED_KEYS, EMPTY_LOG_PAGE, ECS_FAILURES,
+                                    BATCH_ENTRY_FAILED}
+    assert modes_of("sqs", "SendMessageBatch") == (*FAULT_MODES, BATCH_ENTRY_FAILED)
     assert modes_of("dynamodb", "TransactWriteItems") == (*FAULT_MODES, CANCELLED_THROTTLED)
     assert modes_of("dynamodb", "GetItem") == FAULT_MODES
     assert modes_of("ecs", "UpdateContainerInstancesState") == (*FAULT_MODES, ECS_FAILURES)
@@ -153,3 +159,23 @@ def test_ecs_calls_broken_in_their_shape_answer_failures_in_a_200() -> None:
         assert ecs.describe_container_instance(arns[1])["status"] == "ACTIVE"
         assert ecs.drain(arns[1]) == "draining"
         assert [shape for *_, shape in world.aws.answers.given] == [ECS_FAILURES] * 5
+
+
+def test_a_send_message_batch_broken_in_its_shape_sends_all_but_its_last_entry_and_says_so() -> None:
+    """SendMessageBatch answered 200 with its last entry in ``Failed`` (SenderFault false):
+    the others are on the queue, and the gang queue's adapter raises naming the code, so its
+    caller sends the whole batch again (its consumers are idempotent)."""
+    with build_world() as world:
+        queue = world.bus.queues[D.GANG_QUEUE.name].queue
+        gang = GangQueue(aws.client("sqs"), world.aws.env[C.ENV_GANG_QUEUE_URL])
+        world.aws.call_faults.arm(1, BATCH_ENTRY_FAILED)
+        with pytest.raises(RuntimeError, match=r"refused 1 message.*InternalError"):
+            gang.send([{"batch": i} for i in range(3)])
+        assert queue.sent == 2
+        world.aws.call_faults.arm(1, BATCH_ENTRY_FAILED)
+        with pytest.raises(RuntimeError, match="refused 1 message"):
+            gang.send([{"batch": 9}])
+        assert queue.sent == 2
+        gang.send([{"batch": i} for i in range(3)])
+        assert queue.sent == 5
+        assert world.aws.answers.given == [("sqs", "SendMessageBatch", BATCH_ENTRY_FAILED)] * 2

@@ -5,9 +5,8 @@ AWS calls the handlers made, the state they left), and its "What to do" names on
 that exist (tests/notifications/truth.py).
 
 The flows are the crash campaigns' unbroken runs and the remediation scenarios' worlds (each
-run once per module and shared by the kinds it sends). The application-error e-mail (which
-listed "Done: stop_tasks, restart_job" for a job it marked FAILED) runs in make test; the
-other kinds run in make test-slow (tests/conftest.py: a flow per kind, about a minute of CPU).
+run once per module and shared by the kinds it sends): every kind in make test (about a
+minute of CPU on one worker, beside the rest of the suite).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from gpu_recovery.domain.heartbeat_policy import ReportedTask
 from local_mode.campaigns import heartbeats as heartbeat_campaign
 from local_mode.campaigns.recovery import RecoveryScenario
 from local_mode.campaigns.runner import run_flow
+from local_mode.campaigns.warnings import DriverWarning
 from local_mode.remediation_scenarios import MIN, world
 from local_mode.world import build_world
 from tests.notifications.truth import Mail, Record, problems
@@ -57,6 +57,27 @@ class _RecordedCampaign(RecoveryScenario):
     def result(self, w: Any, common: dict[str, Any]) -> Any:
         self.inspected = _inspect(self.record)
         return super().result(w, common)
+
+
+class _RecordedWarning(DriverWarning):
+    """The driver-warning campaign's flow (a move at the checkpoint, the node reset), unbroken."""
+
+    inspected: Inspected
+
+    def set_up(self, w: Any) -> list[str]:
+        jobs = super().set_up(w)
+        self.record = Record(w)
+        return jobs
+
+    def result(self, w: Any, common: dict[str, Any]) -> Any:
+        self.inspected = _inspect(self.record)
+        return super().result(w, common)
+
+
+def driver_warning() -> Inspected:
+    scenario = _RecordedWarning()
+    run_flow(scenario)
+    return scenario.inspected
 
 
 def campaign(flow: str) -> Callable[[], Inspected]:
@@ -247,7 +268,8 @@ FLOWS: dict[str, Callable[[], Inspected]] = {
     "reboot_timeout": _timeout(reboot_timeout_minutes=10, reboot_seconds=10**6),
     "health_check_timeout": _timeout(health_check_timeout_minutes=10, dcgm_seconds=10**6),
     "breaker_refault": breaker_refault, "queue_relocation": queue_relocation, "too_large": too_large,
-    "hung": hung, "node_lost": node_lost, "cordon_limit": cordon_limit,
+    "hung": hung, "node_lost": node_lost, "cordon_limit": cordon_limit, "driver_warning": driver_warning,
+    "validation": campaign("validation"),
 }
 #: the flow that sends each kind
 KIND_FLOWS: dict[str, str | None] = {
@@ -257,9 +279,9 @@ KIND_FLOWS: dict[str, str | None] = {
     "gpu_reset_failed": "reset_fails", "failed": "budget_spent", "reboot_timeout": "reboot_timeout",
     "health_check_timeout": "health_check_timeout", "breaker_needs_operator": "breaker_refault",
     "relocated": "queue_relocation", "job_refused": "too_large", "hung": "hung", "node_lost": "node_lost",
-    "cordon_limit_tripped": "cordon_limit",
+    "cordon_limit_tripped": "cordon_limit", "gpu_warning": "driver_warning",
+    "validation_failed": "validation",
 }
-QUICK = {"application_error"}  # the defect's e-mail: make test
 
 
 @cache
@@ -272,8 +294,7 @@ def test_every_kind_has_a_flow() -> None:
     assert {f for f in KIND_FLOWS.values() if f} <= set(FLOWS)
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=[] if k in QUICK else [pytest.mark.slow])
-                                  for k in sorted(KIND_FLOWS)])
+@pytest.mark.parametrize("kind", sorted(KIND_FLOWS))
 def test_every_email_of_the_kind_says_what_was_done(kind: str) -> None:
     """Given the flow that sends ``kind``, When it has run, Then it sent at least one such
     e-mail and each says only what the stack did and names only commands that exist."""
@@ -285,7 +306,6 @@ def test_every_email_of_the_kind_says_what_was_done(kind: str) -> None:
     assert not wrong, "\n".join(wrong) + "\n--- the first e-mail ---\n" + mails[0][0].body
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("flow", sorted(FLOWS))
 def test_every_email_a_flow_sends_says_what_was_done(flow: str) -> None:
     """Every e-mail of every flow, whatever its kind (a recovered e-mail after a held reboot,

@@ -372,6 +372,61 @@ def _cordon_held(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     return f"the ECS attribute was put on {node} while the limit was tripped" if put else None
 
 
+def resets_of(record: Record, container_instance_id: str) -> list[Any]:
+    node = record.node_name(container_instance_id)
+    return [t for t in record.world.ecs.tasks.values() if t.gpu_reset and t.node == node]
+
+
+def _reset(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    """A GPU reset task ran on the node (or, failed, it was rebooted)."""
+    node = m.group(1) if m.groups() else mail.field("Container instance")
+    return None if resets_of(record, node) or record.reboots_of(node) else f"no GPU reset task on {node}"
+
+
+def _kept_out(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+    """The node was cordoned in the table when the e-mail was sent (out of every placement)."""
+    node = mail.field("Container instance")
+    return None if (mail.instances.get(node) or {}).get("cordon") else f"{node} was not cordoned"
+
+
+def _moved_at_checkpoint(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+    """The job was suspended (every rank stopped) by its move, not failed or restarted."""
+    moves = [m.get("outcome") for m in mail.job.get("moves") or []]
+    state = mail.job.get("job_state")
+    if state != "SUSPENDED" or not moves or moves[-1] != "moved":
+        return f"the job was {state} with moves {moves}, not suspended by its move"
+    return _tasks_ended(record, mail)
+
+
+def _requeued_ahead_and_restarted(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+    order = str(mail.job.get(C.QUEUE_SK) or "")
+    if C.RELOCATED_QUEUE_MARK not in order:
+        return f"queue order {order!r}: not at the head of its priority"
+    return _new_attempt(record, mail)
+
+
+def _cordoned_and_repaired(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    node = m.group(1)
+    put = [c for c in record.calls if c.operation == "PutAttributes" and node in repr(c.params)
+           and UNAVAILABLE_ATTRIBUTE in repr(c.params)]
+    if not put:
+        return f"no PutAttributes {UNAVAILABLE_ATTRIBUTE} on {node}"
+    return _reset(record, mail, m) if m.group(2) == "reset_gpu" else (
+        None if record.reboots_of(node) or record.drains_of(node) else f"{node} never repaired")
+def _validated(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    """A validation task ran on the node (a repaired node's, recovery.validations) and passed."""
+    node = record.node_name(m.group(1))
+    passed = [t for t in record.world.ecs.tasks.values() if t.node == node and t.validation and t.done
+              and t.exit_code == 0 and (t.stopped_at or 0) <= mail.at]
+    return None if passed else f"no validation task passed on {node} before the e-mail"
+
+
+def _not_validated(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    node = record.node_name(m.group(1))
+    ran = [t for t in record.world.ecs.tasks.values() if t.node == node and t.validation]
+    return f"{len(ran)} validation task(s) ran on {node}" if ran else None
+
+
 def _descriptive(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     """A clause that reports no effect (what the operator may expect): nothing to hold it to."""
     return None
@@ -383,6 +438,13 @@ CLAIMS: list[tuple[str, Check]] = [
     (rf"{NODE} drained \(DRAINING\) so nothing new is placed on it", _drained),
     (rf"{NODE} rebooted", _rebooted),
     (r"it returns to service when it is back", _descriptive),
+    (rf"{NODE}'s GPUs reset \(rebooted instead if the reset fails\)", _reset),
+    (r"it returns to service when it passes", _descriptive),
+    (r"kept out of placement until then", _kept_out),
+    (r"Rank 0 saved a checkpoint and stopped the job \d+ s after it was asked", _moved_at_checkpoint),
+    (r"the job is back in the queue ahead of every job of its priority and restarts on healthy nodes from "
+     r"that checkpoint", _requeued_ahead_and_restarted),
+    (rf"{NODE} takes no new work and is repaired \((\w+)\)\. Avoided: .*", _cordoned_and_repaired),
     (r"reboot of ([^;]+?)(?: and \d+ more)?", _rebooted),
     (r"terminated in its Auto Scaling group.*", _terminated),
     (r"DCGM health check of ([^;]+)", _health_checked),
@@ -420,6 +482,10 @@ CLAIMS: list[tuple[str, Check]] = [
      _started_elsewhere),
     (r"(\d+) held-back action\(s\) stay in its backlog and jobs HELD for them wait until their deadline",
      _backlog_size),
+    (r"validated (\S+) after its (?:reboot|GPU reset) \(DCGM level \d(?: \+ \d+ s GPU load)?\): passed in "
+     r"[\d.]+ s", _validated),
+    (r"(\S+) not validated after its (?:reboot|GPU reset) \(validate_after_repair is false\)",
+     _not_validated),
 ]
 
 EFFECT_CHECKS: dict[str, Callable[[Record, Mail], str | None]] = {
@@ -427,6 +493,7 @@ EFFECT_CHECKS: dict[str, Callable[[Record, Mail], str | None]] = {
     "restart_job": lambda r, mail: _new_attempt(r, mail),
     "drain": lambda r, mail: None if r.drains_of(mail.field("Container instance")) else "no drain of it",
     "reboot": lambda r, mail: None if r.reboots_of(mail.field("Container instance")) else "no reboot of it",
+    "reset_gpu": lambda r, mail: _reset(r, mail, re.match("", "")),  # type: ignore[arg-type]
     "terminate": lambda r, mail: _terminated(r, mail, re.match("", "")),  # type: ignore[arg-type]
 }
 

@@ -85,6 +85,8 @@ class FakeEcs:
     missing_nodes: set[str] = field(default_factory=set)
     #: node -> the task another scheduler runs on it (DescribeContainerInstances says it is busy)
     taken: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: node -> when it registered (a ``registeredAt >= <date>`` listing filters on it; others: 0)
+    registered: dict[str, float] = field(default_factory=dict)
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -213,12 +215,16 @@ class FakeEcs:
         return set()
 
     def container_instances(self, statuses: Sequence[str | None] = ("ACTIVE", "DRAINING"), *,
-                            missing_ok: bool = True) -> list[dict[str, Any]]:
-        """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy."""
+                            missing_ok: bool = True, query: str | None = None) -> list[dict[str, Any]]:
+        """Every node a task ran on (plus ``spare_nodes``), 8 GPUs each, free unless busy
+        (``query``: only ``registeredAt >= <date>``, on ``registered``)."""
         self.cluster_listings += 1
         if self.fail_listing is not None:
             raise self.fail_listing
         nodes = sorted({t.node for t in self.tasks.values()} | set(self.spare_nodes))
+        if query:
+            since = datetime.strptime(query.removeprefix("registeredAt >= "), "%Y-%m-%dT%H:%M:%SZ")
+            nodes = [n for n in nodes if self.registered.get(n, 0.0) >= since.replace(tzinfo=UTC).timestamp()]
         out = []
         for node in nodes:
             busy = any(t.node == node and t.last_status == "RUNNING" for t in self.tasks.values())
@@ -278,6 +284,9 @@ class FakeReplacer:
 
     def lifecycle_state(self, instance_id: str) -> str | None:
         return "Terminating" if instance_id in self.terminated else "InService"
+
+    def groups_of(self, instance_ids: list[str]) -> dict[str, tuple[str, str]]:
+        return {i: (str(self.lifecycle_state(i)), "gpu-nodes") for i in instance_ids if i.startswith("i-")}
 
     def terminate_in_asg(self, instance_id: str) -> str:
         self.terminated.append(instance_id)

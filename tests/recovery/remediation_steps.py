@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 from gpu_recovery import constants as C
 from gpu_recovery.domain.breaker import breaker
+from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.repository import Update
-from tests.recovery.fakes import World
+from tests.recovery.fakes import CLUSTER_ARN, EVENTS, FakeTask, World, ci_arn
 
 FAULTY = "node-b"
 
@@ -43,3 +46,23 @@ def rebooting(w: World, job: str, nodes: list[str]) -> None:
     [task] = w.ecs.health_checks_on(nodes[1])
     w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
     assert w.repo.get_instance(nodes[1]).state is C.InstanceState.REBOOTING
+
+
+def resets_on(w: World, node: str) -> list[FakeTask]:
+    return [t for t in w.ecs.tasks.values() if t.node == node and t.group == C.GPU_RESET_GROUP]
+
+
+def reset_stopped(task: FakeTask, exit_code: int | None) -> EcsTaskDetail:
+    """The reset task's STOPPED event (the health-check fixture's shape, its own group)."""
+    task.last_status, task.exit_code = "STOPPED", exit_code
+    detail = json.loads((EVENTS / "health_check_task_stopped.json").read_text())["detail"]
+    detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
+                  startedBy=task.started_by, group=task.group)
+    detail["containers"][0]["exitCode"] = exit_code
+    return EcsTaskDetail.model_validate(detail)
+
+
+def sweeps(w: World, times: int, every: float = 60) -> None:
+    for _ in range(times):
+        w.advance(every)
+        w.service.sweep()

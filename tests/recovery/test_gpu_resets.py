@@ -7,34 +7,22 @@ AWS call of the flow lost or refused once ends right."""
 from __future__ import annotations
 
 import contextlib
-import json
 
 import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
-from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.gpu_resets import POLL_SECONDS
 from gpu_recovery.repository import Update
-from tests.recovery.fakes import CLUSTER_ARN, EVENTS, FakeTask, LostResponse, World, ci_arn, world
-from tests.recovery.remediation_steps import report_xid
+from tests.recovery.fakes import LostResponse, World, world
+from tests.recovery.remediation_steps import report_xid, reset_stopped, resets_on, sweeps
 
 FAULTY, PEER = "node-b", "node-a"
 
 
-def resets_on(w: World, node: str) -> list[FakeTask]:
-    return [t for t in w.ecs.tasks.values() if t.node == node and t.group == C.GPU_RESET_GROUP]
 
 
-def reset_stopped(task: FakeTask, exit_code: int | None) -> EcsTaskDetail:
-    """The reset task's STOPPED event (the health-check fixture's shape, its own group)."""
-    task.last_status, task.exit_code = "STOPPED", exit_code
-    detail = json.loads((EVENTS / "health_check_task_stopped.json").read_text())["detail"]
-    detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
-                  startedBy=task.started_by, group=task.group)
-    detail["containers"][0]["exitCode"] = exit_code
-    return EcsTaskDetail.model_validate(detail)
 
 
 def xid_fault(w: World, xid: int = 119) -> list[str]:
@@ -51,10 +39,6 @@ def peer_stopped(w: World, arns: list[str]) -> None:
         arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
 
 
-def sweeps(w: World, times: int, every: float = 60) -> None:
-    for _ in range(times):
-        w.advance(every)
-        w.service.sweep()
 
 
 def test_a_reset_class_xid_resets_the_gpus_and_the_job_restarts_on_the_same_node() -> None:

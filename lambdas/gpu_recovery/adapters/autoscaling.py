@@ -12,9 +12,15 @@ class AutoScalingReplacer:
     def lifecycle_state(self, instance_id: str) -> str | None:
         """The instance's lifecycle state in its group (``InService``, ``Terminating``...),
         or None when it belongs to no Auto Scaling group (or is gone)."""
-        response = self._asg.describe_auto_scaling_instances(InstanceIds=[instance_id])
-        found = response.get("AutoScalingInstances") or []
-        return str(found[0].get("LifecycleState")) if found else None
+        found = self.groups_of([instance_id]).get(instance_id)
+        return found[0] if found else None
+
+    def groups_of(self, instance_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """instance id -> (lifecycle state, Auto Scaling group name), for those of
+        ``instance_ids`` (up to 50: the API's limit) that belong to a group."""
+        response = self._asg.describe_auto_scaling_instances(InstanceIds=list(instance_ids)[:50])
+        return {str(i["InstanceId"]): (str(i.get("LifecycleState")), str(i.get("AutoScalingGroupName")))
+                for i in response.get("AutoScalingInstances") or []}
 
     def terminate_in_asg(self, instance_id: str) -> str:
         """Terminate without decrementing the desired capacity: the group launches a new

@@ -264,14 +264,15 @@ class EcsAdapter:
         return list(self._ecs.describe_tasks(cluster=self.cluster, tasks=arns).get("tasks", []))
 
     def container_instances(self, statuses: Sequence[str | None] = ("ACTIVE", "DRAINING"), *,
-                            missing_ok: bool = True) -> list[dict[str, Any]]:
+                            missing_ok: bool = True, query: str | None = None) -> list[dict[str, Any]]:
         """The cluster's container instances in ``statuses``, described
         (ListContainerInstances per status + DescribeContainerInstances by 100).
 
         The default (ACTIVE and DRAINING): the breaker counts the GPU nodes, relocation looks
         for healthy free ones (node actions only). ``("ACTIVE",)``: the scheduler's snapshot.
         ``(None,)``: no status filter, i.e. every registered instance but INACTIVE ones (the
-        jobs API's capacity check).
+        jobs API's capacity check). ``query``: a cluster query language ``filter`` (the
+        instances registered since a time: a replacement the stack awaits).
 
         ``missing_ok=False``: an instance just listed that DescribeContainerInstances answers
         MISSING (ECS is eventually consistent) raises :class:`EcsActionFailed` instead of
@@ -282,6 +283,8 @@ class EcsAdapter:
             params: dict[str, Any] = {"cluster": self.cluster, "PaginationConfig": {"PageSize": 100}}
             if status is not None:
                 params["status"] = status
+            if query:
+                params["filter"] = query
             for page in paginator.paginate(**params):
                 arns.extend(page.get("containerInstanceArns", []))
         described: list[dict[str, Any]] = []

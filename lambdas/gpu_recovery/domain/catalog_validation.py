@@ -12,21 +12,29 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpu_recovery.domain.fault_vocabulary import (
+    BUSY_NODE_POLICIES,
     DCGM_SEVERITY_NAMES,
     DCGM_VERDICT_NAMES,
     SKIPPABLE_ACTIONS,
+    WARNING_ACTIONS,
+    WARNING_CONFIDENCES,
     Action,
     Budget,
     GpuSignalKind,
     Trigger,
 )
+from gpu_recovery.domain.gpu_counters import COUNTERS
 
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 RULE_FIELDS = {"id", "match", "action", "budget", "skip_health_check", "priority", "repeat",
-               "description", "source", "nvidia_bucket"}
+               "description", "source", "nvidia_bucket", "warning"}
 REPEAT_FIELDS = {"count", "window_hours", "scope", "action"}
-DEFAULT_FIELDS = {"unmatched_action", "evidence_lookback_seconds", "evidence_lookahead_seconds"}
+WARNING_FIELDS = {"confidence", "busy_node"}
+COUNTER_RATE_FIELDS = {"counter", "per_hour"}
+MAX_PER_HOUR = 1e9
+DEFAULT_FIELDS = {"unmatched_action", "evidence_lookback_seconds", "evidence_lookahead_seconds",
+                  "counter_rate_window_seconds"}
 TOP_FIELDS = {"schema_version", "description", "defaults", "rules"}
 MAX_XID = 1023  # the driver prints Xids as small integers; anything larger is a typo
 
@@ -63,6 +71,21 @@ def _nonempty_strings(value: Any) -> str | None:
     return _list_of(lambda v: isinstance(v, str) and v.strip() != "", "non-empty strings")(value)
 
 
+def _counter_rate(value: Any) -> str | None:
+    what = f"must be an object {{\"counter\": one of {', '.join(COUNTERS)}, \"per_hour\": a number > 0}}"
+    if not isinstance(value, Mapping):
+        return what
+    unknown = sorted(set(value) - COUNTER_RATE_FIELDS)
+    if unknown:
+        return f"{what}; unknown field(s): {', '.join(unknown)}"
+    if value.get("counter") not in COUNTERS:
+        return f"{what}; counter {value.get('counter')!r} is not one of them"
+    rate = value.get("per_hour")
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or not 0 < rate <= MAX_PER_HOUR:
+        return f"{what}; per_hour {rate!r} is not a number in (0, {MAX_PER_HOUR:g}]"
+    return None
+
+
 MATCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "trigger": _one_of(_names(Trigger)),
     "exit_code": _exit_codes,
@@ -74,7 +97,10 @@ MATCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "dcgm_error_id": _list_of(lambda v: _is_int(v) and v >= 0, "DCGM error ids (integers >= 0)"),
     "dcgm_severity": _one_of(list(DCGM_SEVERITY_NAMES.values())),
     "dcgm_failed_test": _nonempty_strings,
+    "counter_rate": _counter_rate,
 }
+# What a node reports while it still runs: the only conditions a driver warning may match.
+WARNING_MATCH_KEYS = {"gpu_signal", "counter_rate"}
 DCGM_MATCH_KEYS = {"dcgm_verdict", "dcgm_error_id", "dcgm_severity", "dcgm_failed_test"}
 REPEAT_MATCH_KEYS = {"xid"}  # repeats are counted over the node's reported XID events
 
@@ -130,6 +156,10 @@ def _validate_defaults(defaults: Any) -> list[str]:
         value = defaults.get(key, 0)
         if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 86400:
             errors.append(f"defaults: field {key!r} must be a number of seconds 0..86400, got {value!r}")
+    window = defaults.get("counter_rate_window_seconds", 600)
+    if not isinstance(window, int | float) or isinstance(window, bool) or not 60 <= window <= 86400:
+        errors.append("defaults: field 'counter_rate_window_seconds' must be a number of seconds 60..86400 "
+                      f"(a counter's rate spans one to two of these), got {window!r}")
     return errors
 
 
@@ -179,6 +209,36 @@ def _validate_rule(rule: Mapping[str, Any]) -> list[str]:
                       "health check (it would loop)")
     if "repeat" in rule:
         errors += _validate_repeat(rule["repeat"], match)
+    if "warning" in rule:
+        errors += _validate_warning(rule["warning"], rule, match)
+    return errors
+
+
+def _validate_warning(warning: Any, rule: Mapping[str, Any], match: Mapping[str, Any]) -> list[str]:
+    """A driver warning acts on a node that still runs: what it matches must be in the node's
+    reports, and what it does must be a repair decided without the diag."""
+    if not isinstance(warning, Mapping):
+        return ["field 'warning' must be an object {confidence, busy_node}"]
+    errors = [f"field 'warning': unknown field {k!r} (allowed: {', '.join(sorted(WARNING_FIELDS))})"
+              for k in sorted(set(warning) - WARNING_FIELDS)]
+    if warning.get("confidence") not in WARNING_CONFIDENCES:
+        errors.append(f"field 'warning.confidence' must be one of {', '.join(WARNING_CONFIDENCES)} "
+                      f"(announced: the driver says so; predicted: a counter's trend), "
+                      f"got {warning.get('confidence')!r}")
+    if warning.get("busy_node", "move") not in BUSY_NODE_POLICIES:
+        errors.append(f"field 'warning.busy_node' must be one of {', '.join(BUSY_NODE_POLICIES)}, "
+                      f"got {warning.get('busy_node')!r}")
+    if rule.get("action") not in _names(WARNING_ACTIONS):
+        errors.append("field 'warning': only a rule whose action is "
+                      f"{', '.join(sorted(_names(WARNING_ACTIONS)))} can repair a node on a warning")
+    if rule.get("skip_health_check") is not True:
+        errors.append("field 'warning': needs 'skip_health_check': true (a warning repairs an idle "
+                      "node without the DCGM diag)")
+    others = sorted(set(match) - WARNING_MATCH_KEYS)
+    if others or not set(match) & WARNING_MATCH_KEYS:
+        errors.append("field 'warning': the rule may only match what a node reports while it runs "
+                      f"({', '.join(sorted(WARNING_MATCH_KEYS))})"
+                      + (f", not {', '.join(others)}" if others else ""))
     return errors
 
 

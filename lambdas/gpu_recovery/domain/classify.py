@@ -127,6 +127,13 @@ def _facts(rule: CatalogRule, ev: Evidence, suspect_exit_codes: Collection[int])
         if not signals:
             return None
         facts.append(", ".join(sorted({f"{s.kind.value} on {s.gpu}" for s in signals})))
+    if m.counter_rate is not None:
+        counter, per_hour = m.counter_rate
+        # Held to the limit by its lower bound: noise around a rate below it never matches.
+        rising = [r for r in ev.counter_rates if r.counter == counter and r.lower_per_hour >= per_hour]
+        if not rising:
+            return None
+        facts.append(", ".join(sorted(f"{r.describe()} (rate limit {per_hour:g}/h)" for r in rising)))
     if m.needs_dcgm and ev.dcgm is None:
         return None
     if ev.dcgm is not None:
@@ -151,6 +158,21 @@ def _facts(rule: CatalogRule, ev: Evidence, suspect_exit_codes: Collection[int])
                 return None
             facts.append("DCGM failed test " + ", ".join(tests))
     return facts
+
+
+def matching_rules(evidence: Evidence, catalog: FaultCatalog, rules: Iterable[CatalogRule] | None = None,
+                   suspect_exit_codes: Collection[int] = ()
+                   ) -> list[tuple[int, CatalogRule, tuple[str, ...]]]:
+    """(position in the catalog, rule, the facts it matched) of every rule of ``rules``
+    (default: the catalog's) the evidence satisfies, repeats left aside."""
+    chosen = catalog.rules if rules is None else tuple(rules)
+    positions = {id(r): i for i, r in enumerate(catalog.rules)}
+    found = []
+    for rule in chosen:
+        facts = _facts(rule, evidence, suspect_exit_codes)
+        if facts is not None:
+            found.append((positions.get(id(rule), len(positions)), rule, tuple(facts)))
+    return found
 
 
 def _xid_pool(ev: Evidence, history: Iterable[NodeFaultRecord]) -> set[XidEvent]:

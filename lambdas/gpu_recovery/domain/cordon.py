@@ -131,6 +131,14 @@ def cordon_record(*, cause: str, reason: str, now: float, ecs: str) -> dict[str,
     return {"at": now, "cause": cause[:100], "reason": reason[:300], "ecs": ecs}
 
 
+def validating_record(*, repair: str, reason: str, now: float, ecs: str) -> dict[str, Any]:
+    """The ``cordon`` of a repaired node during its validation (``domain.validation``): out of
+    every placement as a cordoned node is, its attribute's value ``validating``. Never
+    admitted by the cordon limit: every repair validated was admitted by the breaker."""
+    record = cordon_record(cause=f"validation:{repair}", reason=reason, now=now, ecs=ecs)
+    return {**record, "validating": True}
+
+
 def sync_entry(node: str, version: float) -> str:
     """A pending ECS attribute sync (the worklist's member): node and the cordon version."""
     return f"{node}#{version!r}"

@@ -26,6 +26,7 @@ from gpu_recovery.domain.fault_vocabulary import (
     category_name,
     severity_name,
 )
+from gpu_recovery.domain.gpu_counters import CounterRate, rates_from_item
 
 # Where the heartbeat service keeps the node agent's reports on the container-instance item.
 ITEM_GPU_EVENTS = "gpu_events"  # [{"t": epoch, "g": gpu, "x": xid}], see heartbeat_policy
@@ -34,6 +35,10 @@ ITEM_TELEMETRY_AT = "last_gpu_report_at"
 ITEM_REPORT_ERROR = "gpu_report_error"  # "nvidia-smi exited 255: <its lines joined by ' | '>"
 # The node's decided faults (escalation.NodeFaultRecord.to_dict): each lists the XIDs it used.
 ITEM_FAULT_HISTORY = "fault_history"
+# The counters rising in the latest report (domain.gpu_counters.CounterRate.to_dict; only
+# those that rose) and their anchors.
+ITEM_COUNTER_RATES = "gpu_counter_rates"
+ITEM_COUNTER_ANCHORS = "gpu_counters"
 
 SOURCE_TELEMETRY = "telemetry"
 SOURCE_HEALTH_CHECK = "health_check"
@@ -277,6 +282,7 @@ class Evidence:
     # The gang preflight's finding on this node (trigger preflight): why it was pinned, the
     # round, the group or loopback result that pinned it (busbw, threshold), the peer node.
     preflight: Mapping[str, Any] | None = None
+    counter_rates: tuple[CounterRate, ...] = ()  # counters rising, per the node's reports
 
     def with_dcgm(self, findings: DcgmFindings, at: float) -> Evidence:
         """The same fault once its health check finished (adds what its nvidia-smi saw)."""
@@ -292,6 +298,8 @@ class Evidence:
             "xid_history": [x.to_dict() for x in self.xid_history],
             "gpu_signals": [s.to_dict() for s in self.gpu_signals],
         }
+        if self.counter_rates:
+            out["counter_rates"] = [r.to_dict() for r in self.counter_rates]
         if self.dcgm is not None:
             out["dcgm"] = self.dcgm.to_dict()
         if self.preflight:
@@ -310,12 +318,14 @@ class Evidence:
             gpu_signals=tuple(GpuSignal.from_dict(s) for s in raw.get("gpu_signals") or ()),
             dcgm=DcgmFindings.from_verdict_json(raw["dcgm"]) if raw.get("dcgm") else None,
             preflight=dict(raw["preflight"]) if isinstance(raw.get("preflight"), Mapping) else None,
+            counter_rates=tuple(rates_from_item(raw.get("counter_rates"))),
         )
 
     def render_lines(self) -> list[str]:
         """Plain-text lines for the operator e-mail."""
         how = {Trigger.TASK_EXIT: "task exit", Trigger.NODE_LOST: "node lost", Trigger.HUNG: "rank hung",
-               Trigger.TELEMETRY: "GPU telemetry", Trigger.PREFLIGHT: "gang preflight"}[self.trigger]
+               Trigger.TELEMETRY: "GPU telemetry", Trigger.VALIDATION: "validation after repair",
+               Trigger.PREFLIGHT: "gang preflight"}[self.trigger]
         head = f"{how} on {self.node_id} at {_utc(self.fault_at)}"
         if self.trigger is Trigger.TASK_EXIT:
             code = "no exit code" if self.exit_code is None else f"exit code {self.exit_code}"
@@ -332,6 +342,8 @@ class Evidence:
         if self.gpu_signals:
             lines.append("GPU signals: " + "; ".join(
                 f"{s.kind.value} on {s.gpu} ({s.detail}, from {s.source})" for s in self.gpu_signals))
+        if self.counter_rates:
+            lines.append("Counters: " + "; ".join(r.describe() for r in self.counter_rates))
         if self.dcgm is not None:
             d = self.dcgm
             known = [f"{name} {value}" for name, value in (
@@ -349,6 +361,12 @@ class Evidence:
 
 
 # ------------------------------------------------------------------------ builders
+def recovery_action_of(row: Mapping[str, Any]) -> str:
+    """A compact telemetry row's recovery action ("unknown" when the driver did not say)."""
+    action = str(row.get("ra") or "unknown")
+    return action if action in RECOVERY_ACTIONS else "unknown"
+
+
 def node_reports(instance_item: Mapping[str, Any] | None) -> tuple[list[XidEvent], list[GpuSignal]]:
     """Every XID the container-instance item remembers and the signals of its latest GPU report."""
     item = instance_item or {}
@@ -367,7 +385,7 @@ def node_reports(instance_item: Mapping[str, Any] | None) -> tuple[list[XidEvent
                 events.setdefault((int(xid), gpu, at), XidEvent(int(xid), gpu, at))
         signals += gpu_state_signals(gpu, remap_failure=row.get("rf") is True,
                                      remap_pending=row.get("rp") is True, ecc=_int_or_none(row.get("ecc")),
-                                     at=at, source=SOURCE_TELEMETRY)
+                                     recovery_action=recovery_action_of(row), at=at, source=SOURCE_TELEMETRY)
     error = str(item.get(ITEM_REPORT_ERROR) or "")
     if error:
         code = _AGENT_EXIT.search(error)
@@ -418,11 +436,15 @@ def build_evidence(*, node_id: str, fault_at: float, trigger: Trigger,
     # its health check, or its fast path re-read) must still see its own XIDs.
     used = decided_xids(instance_item, before=fault_at)
     current = [e for e in events if start <= e.at <= end and e not in used]
+    report_at = _float_or_none((instance_item or {}).get(ITEM_TELEMETRY_AT))
+    rates = rates_from_item((instance_item or {}).get(ITEM_COUNTER_RATES)) \
+        if report_at is not None and start <= report_at <= end else []
     return Evidence(
         node_id=node_id, fault_at=fault_at, trigger=trigger, job_id=job_id, attempt=attempt, rank=rank,
         exit_code=exit_code, stop_code=stop_code, stopped_reason=stopped_reason,
         xids=tuple(current),
         xid_history=tuple(e for e in events if history_start <= e.at <= end and e not in current),
         gpu_signals=tuple(s for s in signals if s.at is not None and start <= s.at <= end),
+        counter_rates=tuple(rates),
     )
 

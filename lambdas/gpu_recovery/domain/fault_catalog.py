@@ -20,11 +20,13 @@ from typing import Any
 from gpu_recovery.domain.catalog_validation import validate_catalog
 from gpu_recovery.domain.fault_vocabulary import (
     DEFAULT_BUDGET,
+    MOVE_JOB,
     Action,
     Budget,
     GpuSignalKind,
     Trigger,
 )
+from gpu_recovery.domain.gpu_counters import DEFAULT_WINDOW_SECONDS
 
 SCHEMA_VERSION = 1
 DEFAULT_CATALOG_PATH = Path(__file__).resolve().parent.parent / "catalog" / "default_fault_catalog.json"
@@ -38,6 +40,7 @@ __all__ = [
     "FaultCatalog",
     "RepeatRule",
     "RuleMatch",
+    "WarningPolicy",
     "catalog_document",
     "checked_document",
     "default_catalog",
@@ -72,6 +75,8 @@ class RuleMatch:
     dcgm_error_ids: frozenset[int] = frozenset()
     dcgm_severities: frozenset[str] = frozenset()
     dcgm_failed_tests: frozenset[str] = frozenset()  # lower case
+    # A counter rising at least this fast over the node's reports: (counter, per hour).
+    counter_rate: tuple[str, float] | None = None
 
     @property
     def needs_dcgm(self) -> bool:
@@ -94,6 +99,8 @@ class RuleMatch:
             dcgm_error_ids=frozenset(raw.get("dcgm_error_id", ())),
             dcgm_severities=frozenset(raw.get("dcgm_severity", ())),
             dcgm_failed_tests=frozenset(t.lower() for t in raw.get("dcgm_failed_test", ())),
+            counter_rate=(str(raw["counter_rate"]["counter"]), float(raw["counter_rate"]["per_hour"]))
+            if raw.get("counter_rate") else None,
         )
 
 
@@ -113,6 +120,21 @@ class RepeatRule:
 
 
 @dataclass(frozen=True)
+class WarningPolicy:
+    """A rule the driver's warnings decide on a node still running (docs/driver-warnings.md):
+    how sure it is (``announced`` by the driver, or ``predicted`` from a rising counter), and
+    what happens to a job running there (``move`` at its next checkpoint, or ``cordon``: the
+    node takes nothing new and is repaired once the job leaves)."""
+
+    confidence: str
+    busy_node: str = MOVE_JOB
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> WarningPolicy:
+        return cls(str(raw["confidence"]), str(raw.get("busy_node", MOVE_JOB)))
+
+
+@dataclass(frozen=True)
 class CatalogRule:
     id: str
     match: RuleMatch
@@ -124,6 +146,7 @@ class CatalogRule:
     description: str = ""
     source: str = ""
     nvidia_bucket: str = ""
+    warning: WarningPolicy | None = None  # a driver warning: acted on before any job fault
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> CatalogRule:
@@ -136,6 +159,7 @@ class CatalogRule:
             repeat=RepeatRule.from_dict(raw["repeat"]) if raw.get("repeat") else None,
             description=raw.get("description", ""), source=raw.get("source", ""),
             nvidia_bucket=raw.get("nvidia_bucket", ""),
+            warning=WarningPolicy.from_dict(raw["warning"]) if raw.get("warning") else None,
         )
 
 
@@ -146,6 +170,12 @@ class FaultCatalog:
     lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS  # evidence window before the fault
     lookahead_seconds: float = DEFAULT_LOOKAHEAD_SECONDS  # ... and after it (reports lag)
     document: Mapping[str, Any] | None = None  # the validated (merged) document
+    # A counter's rate spans one to two of these (domain.gpu_counters).
+    counter_window_seconds: float = DEFAULT_WINDOW_SECONDS
+
+    @property
+    def warning_rules(self) -> tuple[CatalogRule, ...]:
+        return tuple(r for r in self.rules if r.warning is not None)
 
     @property
     def repeat_lookback_seconds(self) -> float:
@@ -168,6 +198,7 @@ class FaultCatalog:
             lookback_seconds=float(defaults.get("evidence_lookback_seconds", DEFAULT_LOOKBACK_SECONDS)),
             lookahead_seconds=float(defaults.get("evidence_lookahead_seconds", DEFAULT_LOOKAHEAD_SECONDS)),
             document=copy.deepcopy(dict(document)),
+            counter_window_seconds=float(defaults.get("counter_rate_window_seconds", DEFAULT_WINDOW_SECONDS)),
         )
 
 

@@ -54,6 +54,18 @@ DEFAULT_BUDGET: dict[Action, Budget] = {
 }
 
 
+# A catalog rule with a ``warning`` acts on telemetry alone (docs/driver-warnings.md): how sure
+# it is, and what happens to a job running on the node.
+ANNOUNCED = "announced"  # the driver says what it needs (its recovery action, a pending remap)
+PREDICTED = "predicted"  # a counter rising faster than a rate: a failure may follow
+WARNING_CONFIDENCES = (ANNOUNCED, PREDICTED)
+MOVE_JOB = "move"  # ask the job to checkpoint and stop, restart it elsewhere, repair the node
+CORDON_NODE = "cordon"  # nothing new on the node; repair it once its jobs leave
+BUSY_NODE_POLICIES = (MOVE_JOB, CORDON_NODE)
+# The actions a warning may repair an idle node with (definitive: no DCGM diag first).
+WARNING_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT, Action.REPLACE})
+
+
 class Trigger(str, Enum):
     """How the fault was noticed."""
 
@@ -61,6 +73,8 @@ class Trigger(str, Enum):
     NODE_LOST = "node_lost"  # the heartbeat service lost the node for too long
     HUNG = "hung"  # a rank stopped making progress
     TELEMETRY = "telemetry"  # GPU telemetry alone (no job fault)
+    # A repaired node failed its validation under load (domain.validation): no job fault
+    VALIDATION = "validation"
     PREFLIGHT = "preflight"  # the job's gang preflight pinned the node (a slow or failing all-reduce)
 
 

@@ -178,6 +178,15 @@ def catalog_action(catalog: FaultCatalog, *, xid: int | None = None,
     return action if action in NODE_ACTIONS or action is Action.HEALTH_CHECK else None
 
 
+# Signals of events (an XID the driver logged), not of the GPU's state.
+EVENT_SIGNAL_KINDS = frozenset({"xid", "unmapped_xid"})
+
+
+def gpu_name(gpu: Mapping[str, Any]) -> str:
+    """How a reported GPU is named on the node's item: its uuid, else its index."""
+    return _gpu_name(gpu)
+
+
 def _gpu_name(gpu: Mapping[str, Any]) -> str:
     return str(gpu.get("uuid") or f"index-{gpu.get('index')}")[:MAX_SIGNAL_NAME]
 
@@ -364,8 +373,13 @@ _TELEMETRY_FIELDS = (
     ("memory_total_mib", "memt"),
     ("temperature_c", "temp"),
     ("ecc_uncorrected_volatile", "ecc"),
+    ("ecc_corrected_volatile", "eccc"),
     ("remapped_rows_pending", "rp"),
     ("remapped_rows_failure", "rf"),
+    ("recovery_action", "ra"),
+    ("nvlink_crc_errors", "nvc"),
+    ("nvlink_replay_errors", "nvr"),
+    ("nvlink_recovery_errors", "nvq"),
     ("xids", "x"),
 )
 

@@ -173,6 +173,9 @@ class Suspect:
     # Healthy, and counted off the job item on a tally shard ("healthy", or "infra" when the
     # catalog charges a restart to the infrastructure budget); "" otherwise.
     counted_on_shard: str = ""
+    # Its node's validation after repair, once it let the job go (domain.validation
+    # result_record, or {"result": "off"}); {} when the node was not repaired.
+    validation: dict[str, Any] = field(default_factory=dict)
 
     @property
     def pending(self) -> bool:
@@ -240,6 +243,23 @@ class Instance:
     # rank's stop): a suspect, out of the stack's placements until its check (the node
     # decision) says otherwise, whatever its state says meanwhile (domain.placement).
     suspect_fence: dict[str, Any] = field(default_factory=dict)
+    # The driver's warning (domain.gpu_warnings.warning_record): a repair due once its jobs
+    # left, the jobs asked to move meanwhile; {} when none.
+    warning: dict[str, Any] = field(default_factory=dict)
+    # Back from its repair and proving itself under load (domain.validation): {"repair",
+    # "cause", "since", "until", "level", "load_seconds", "attempts", and the task's claim:
+    # "started_by", "claimed_at", "task_arn"}; {} when not validating. The node stays
+    # REBOOTING meanwhile: every job waiting for it keeps waiting, nothing places on it.
+    validation: dict[str, Any] = field(default_factory=dict)
+    last_validation: dict[str, Any] = field(default_factory=dict)  # the last one's result
+    # Terminated in its Auto Scaling group: the node the group launches in its place is
+    # validated once it registers ({"since", "until", "group"}; {} when none is awaited).
+    replacement_watch: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def validating(self) -> bool:
+        """Repaired, its validation not passed yet (recovery.validations)."""
+        return self.state is InstanceState.REBOOTING and bool(self.validation)
 
     @property
     def left_jobs(self) -> list[tuple[str, int]]:

@@ -37,6 +37,11 @@ class NotificationKind(str, Enum):
     JOB_REFUSED = "job_refused"  # a tagged job larger than the supported size: not protected
     # A node's GPU reset failed (or its task was lost / timed out): rebooted instead.
     GPU_RESET_FAILED = "gpu_reset_failed"
+    # The driver warned about a GPU (its recovery action, a pending remap, a counter rising):
+    # an idle node repaired at once, a job moved at its checkpoint, or one that keeps running.
+    GPU_WARNING = "gpu_warning"
+    # A repaired node failed its validation under load: repaired again, replaced or quarantined.
+    VALIDATION_FAILED = "validation_failed"
 
 
 @dataclass(frozen=True)

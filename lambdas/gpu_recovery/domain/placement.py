@@ -1,15 +1,17 @@
 """Placement: the one ECS attribute on every node the stack keeps off new work. Pure.
 
-Three kinds of node take no new work from any scheduler but the stack's own relocation:
+Four kinds of node take no new work from any scheduler but the stack's own relocation:
 
 * **cordoned**: known bad (``domain.cordon``), until healthy again;
+* **validating**: repaired (rebooted, reset, replaced) and running its validation under
+  load (``domain.validation``): a cordon whose record says so, until the validation passes;
 * **spare**: one of the ``spare_nodes`` hot spares (``domain.relocation.SparePool``),
   kept wholly free for relocations;
 * **reserved**: a healthy free node a relocatable job waiting for nodes will take
   (``domain.relocation.reserve_for_waits``).
 
 Each carries the custom attribute ``gpu-recovery.unavailable`` on its container instance,
-its value saying why (``cordoned`` | ``reserved`` | ``spare``). Every scheduler adds the
+its value saying why (``cordoned`` | ``validating`` | ``reserved`` | ``spare``). Every scheduler adds the
 one placement constraint ``memberOf`` ``attribute:gpu-recovery.unavailable !exists`` (a
 scheduler that uses StartTask lists its candidates with that expression as the
 ListContainerInstances ``filter``). The stack's own relocations use StartTask on the node
@@ -56,6 +58,8 @@ DEPRECATED_CORDON_ATTRIBUTE = CORDON_ATTRIBUTE
 CORDONED = "cordoned"
 RESERVED = "reserved"
 SPARE = "spare"
+# A repaired node running its validation (domain.validation): a cordon of its own kind.
+VALIDATING = "validating"
 HOLD_KINDS = (RESERVED, SPARE)
 LENT = "lent"  # key of a spare's hold: the queue job it is lent to ("" / absent: none)
 # The holds live on one DynamoDB item with the attribute sync worklist (repository/cordons.py)
@@ -76,7 +80,9 @@ def attribute_value(cordon: Mapping[str, Any] | None, hold: Mapping[str, Any] | 
     the cordon limit puts nothing in ECS (the limit bounds what a storm takes out of every
     scheduler's placement); such a node is never a spare nor reserved either."""
     if cordon:
-        return None if cordon.get("ecs") == ECS_HELD else CORDONED
+        if cordon.get("ecs") == ECS_HELD:
+            return None
+        return VALIDATING if cordon.get(VALIDATING) else CORDONED
     if hold and hold.get("why") in HOLD_KINDS:
         return str(hold["why"])
     return None
@@ -92,7 +98,7 @@ def attributes_wanted(cordon: Mapping[str, Any] | None,
         delete.append(UNAVAILABLE_ATTRIBUTE)
     else:
         put[UNAVAILABLE_ATTRIBUTE] = value
-    if value == CORDONED:
+    if value in (CORDONED, VALIDATING):  # not yet proven healthy: off the old constraint too
         put[DEPRECATED_CORDON_ATTRIBUTE] = ""
     else:
         delete.append(DEPRECATED_CORDON_ATTRIBUTE)

@@ -13,7 +13,7 @@ the job restarts (``job_may_restart``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -113,17 +113,26 @@ class RemediationPlan:
 
 def plan_remediation(evidence: Evidence, policy: RemediationPolicy, *,
                      node_history: Iterable[NodeFaultRecord] = (), now: float,
-                     job_budgets: JobBudgets | None = None) -> RemediationPlan:
+                     job_budgets: JobBudgets | None = None,
+                     decided: Callable[[Decision], Decision] | None = None,
+                     cause: str | None = None) -> RemediationPlan:
+    """``decided``: adjusts the catalog's decision (a failed validation's is always a node
+    action: ``domain.validation.failure_decision``); ``cause``: the cause escalation counts the
+    fault under, when not the deciding rule's (a validation failure counts under the cause of
+    the repair that did not hold)."""
     history = tuple(node_history)
     # Without a reset stage, reset_gpu rules compete and act as today's reboot (classify).
     decision = classify(evidence, policy.catalog, history=history,
                         suspect_exit_codes=policy.suspect_exit_codes,
                         reset_as_reboot=not policy.gpu_reset_enabled)
-    escalation = escalate(decision.action, decision.cause, history, now, policy.escalation)
+    if decided is not None:
+        decision = decided(decision)
+    cause = cause or decision.cause
+    escalation = escalate(decision.action, cause, history, now, policy.escalation)
     action = escalation.action
     charge = True
     if decision.budget is Budget.INFRASTRUCTURE and evidence.job_id:
-        charge = charges_job(history, evidence.job_id, decision.cause, now, policy.escalation)
+        charge = charges_job(history, evidence.job_id, cause, now, policy.escalation)
     budget = None
     if job_budgets is not None and action is not Action.HEALTH_CHECK:
         budget = settle(job_budgets, decision.budget, charge=charge)
@@ -136,7 +145,7 @@ def plan_remediation(evidence: Evidence, policy: RemediationPolicy, *,
     if action is not Action.HEALTH_CHECK:
         executed = action not in NODE_ACTIONS or any(e in NODE_EFFECTS for e in execute)
         node_record = NodeFaultRecord(
-            at=now, cause=decision.cause, action=action, executed=executed, job_id=evidence.job_id,
+            at=now, cause=cause, action=action, executed=executed, job_id=evidence.job_id,
             charged_job=(budget.charged is Budget.INFRASTRUCTURE if budget is not None
                          else charge and decision.budget is Budget.INFRASTRUCTURE),
             xids=evidence.xids)

@@ -26,6 +26,12 @@ from gpu_recovery.domain.remediation_mode import (
 )
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 
+# A job asked to move off a node with a driver warning (docs/driver-warnings.md) checkpoints
+# within this long, or keeps running: long enough for a large model's checkpoint, short enough
+# that a warned GPU does not run on for long.
+DEFAULT_WARNING_CHECKPOINT_SECONDS = 600
+MAX_WARNING_CHECKPOINT_SECONDS = 6 * 3600
+
 # key -> (default, what it is)
 SETTINGS: dict[str, tuple[str, str]] = {
     "remediation_mode": ("enforce", "enforce | observe, per-effect exceptions: enforce,reboot=observe"),
@@ -44,6 +50,10 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "gpu_reset": ("true", "true | false: reset a node's GPUs (a privileged ECS task) where the evidence "
                   "says a reset suffices; false: reboot the node instead"),
     "max_app_restarts": (str(DEFAULT_MAX_APP_RESTARTS), "a job's application-error restarts"),
+    "warning_checkpoint_seconds": (str(DEFAULT_WARNING_CHECKPOINT_SECONDS),
+                                   "a queue job on a node with a driver warning has this long to "
+                                   "checkpoint and stop (it then moves); past it, it keeps running on its "
+                                   "cordoned node, repaired once it leaves; 0: never asked"),
 }
 
 
@@ -58,6 +68,7 @@ class RemediationSettings:
     max_infra_recoveries: int = DEFAULT_MAX_INFRA_RECOVERIES
     max_app_restarts: int = DEFAULT_MAX_APP_RESTARTS
     gpu_reset_enabled: bool = True
+    warning_checkpoint_seconds: int = DEFAULT_WARNING_CHECKPOINT_SECONDS  # 0: jobs are not asked to move
 
     def policy(self, catalog: FaultCatalog, suspect_exit_codes: Collection[int]) -> RemediationPolicy:
         return RemediationPolicy(catalog=catalog, escalation=self.escalation, modes=self.modes,
@@ -118,6 +129,7 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
     percent, cap = num("breaker_max_percent", 1, 100, False), num("breaker_max_nodes", 1, 100_000)
     minutes = num("breaker_window_minutes", 0.1, 24 * 60, False)
     infra, app = num("max_infra_recoveries", 0, 1000), num("max_app_restarts", 0, 1000)
+    checkpoint = num("warning_checkpoint_seconds", 0, MAX_WARNING_CHECKPOINT_SECONDS)
     if infra is not None and app is not None:
         errors += validate_limits(int(infra), int(app))
     if errors:
@@ -135,4 +147,5 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
                               window_seconds=float(minutes or 0) * 60, auto_close=auto_close == "true"),
         max_infra_recoveries=int(infra or 0), max_app_restarts=int(app or 0),
         gpu_reset_enabled=gpu_reset == "true",
+        warning_checkpoint_seconds=int(checkpoint or 0),
     )

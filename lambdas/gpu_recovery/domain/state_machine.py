@@ -28,10 +28,11 @@ JOB_TRANSITIONS: dict[S, frozenset[S]] = {
     ),
     # SUSPENDING: rank 0 checkpoints during the grace, then every rank is stopped. A rank
     # that fails on its own during the grace is a fault like in RUNNING (recovery wins over
-    # the suspension); every rank stopped -> SUSPENDED.
+    # the suspension); every rank stopped -> SUSPENDED. SUSPENDING -> RUNNING: a move off a
+    # node with a driver warning that the job did not take within its bound (it keeps running).
     S.SUSPENDING: frozenset(
         {S.SUSPENDED, S.COMPLETE, S.FAILED, S.USER_STOPPED, S.CANCELING, S.CANCELED,
-         S.PENDING_HEALTHCHECK, S.PENDING_RESTART}
+         S.PENDING_HEALTHCHECK, S.PENDING_RESTART, S.RUNNING}
     ),
     # SUSPENDED -> STARTING: resumed by the scheduler like a queued job.
     S.SUSPENDED: frozenset({S.STARTING, S.CANCELED}),

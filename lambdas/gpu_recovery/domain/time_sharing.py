@@ -77,6 +77,9 @@ class SuspendKind(str, Enum):
     PREEMPTED = "preempted"  # the scheduler made room for a higher-priority job: queued again
     USER = "user"  # the owner asked (gpujobs suspend): held until resumed
     SELF = "self"  # the job called go_suspend() on its own: queued again
+    # A driver warning on one of its nodes: checkpoint and stop, restart elsewhere at the
+    # head of its priority (no checkpoint within the bound: the job keeps running).
+    MOVED = "moved"
 
 
 MIN_SUSPEND_GRACE_SECONDS = 5  # the seed's grace

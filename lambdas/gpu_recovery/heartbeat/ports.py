@@ -24,6 +24,9 @@ class RecoveryPort(Protocol):
                                from_states: Iterable[JobState] = ...) -> Any: ...
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Any: ...
 
+    # A driver warning just recorded on the node: what needs no repair, at once.
+    def gpu_warning(self, inst_id: str) -> Any: ...
+
     # The recovery loop's node decisions (the breaker, observe mode, the node's history):
     # a node lost with its agent disconnected is one of them.
     def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,

@@ -38,11 +38,12 @@ class GpuResult:
     suspect: bool = False
     notified: bool = False
     suppressed: list[str] = field(default_factory=list)  # new, held back by the rate limit
+    warning: str = ""  # the catalog rule of the driver warning this report raised ("": none)
 
     def as_dict(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "gpus": self.gpus, "signals": self.signals,
                 "new_signals": self.new_signals, "suspect": self.suspect,
-                "notified": self.notified, "suppressed": self.suppressed}
+                "notified": self.notified, "suppressed": self.suppressed, "warning": self.warning}
 
 
 @dataclass

@@ -38,8 +38,12 @@ from gpu_recovery.constants import (
     NotificationKind,
     RankState,
 )
+from gpu_recovery.domain import gpu_counters
 from gpu_recovery.domain import heartbeat_policy as policy
+from gpu_recovery.domain.evidence import ITEM_COUNTER_ANCHORS, ITEM_COUNTER_RATES, build_evidence
 from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
+from gpu_recovery.domain.fault_vocabulary import Trigger
+from gpu_recovery.domain.gpu_warnings import DriverWarning, driver_warning, warning_record
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import NotificationFacts, build
@@ -334,6 +338,7 @@ class HeartbeatService:
         signals = policy.hardware_signals(gpus, self.catalog, unmapped_xids or [])
         result = GpuResult(node_id, len(gpus), signals=[s.fingerprint for s in signals])
         telemetry = policy.compact_telemetry(gpus)
+        named = [(policy.gpu_name(g), g) for g in gpus]
         for _ in range(_GPU_REPORT_RETRIES):
             now = clock.now()
             node = self.repo.node_item(node_id)
@@ -351,9 +356,13 @@ class HeartbeatService:
                 notify_interval_seconds=self.settings.signal_notify_seconds,
                 repaired_at=_repaired_at(node),
             )
+            # The counters' anchors and what rose (domain.gpu_counters): bounded by the GPUs.
+            anchors, rates = gpu_counters.advance(node.get(ITEM_COUNTER_ANCHORS), named, now,
+                                                  self.catalog.counter_window_seconds)
             fields: dict[str, Any] = {"gpu_telemetry": telemetry, "last_gpu_report_at": now,
                                       "gpu_count": len(gpus), "hw_signals": update.stored,
-                                      "hw_notified": update.notified}
+                                      "hw_notified": update.notified, ITEM_COUNTER_ANCHORS: anchors,
+                                      ITEM_COUNTER_RATES: [r.to_dict() for r in rates if r.increase > 0]}
             if error:
                 fields["gpu_report_error"] = error[:500]
             # Time-stamped XID log (the evidence of a fault): merged from what was read, and
@@ -370,12 +379,51 @@ class HeartbeatService:
         else:
             raise ReplayedReport(f"GPU reports of node {node_id} keep arriving concurrently; "
                                  "send one report at a time")
-        if update.fresh:
-            result.new_signals = [s.fingerprint for s in update.fresh]
-            result.suppressed = [s.fingerprint for s in update.suppressed]
-            result.suspect = self._flag_suspect(node_id, update.fresh, update.notify, now)
-            result.notified = bool(update.notify)
+        warning = self._warning(node_id, {**node, **fields}, now)
+        fresh, notify = update.fresh, update.notify
+        if warning is not None:
+            result.warning = warning.rule_id
+            # The recovery loop acts on the warning and says so: the node's GPU state is not
+            # flagged SUSPECT or e-mailed here (its XIDs still are).
+            fresh = [s for s in fresh if s.kind in policy.EVENT_SIGNAL_KINDS]
+            notify = [s for s in notify if s.kind in policy.EVENT_SIGNAL_KINDS]
+        if fresh:
+            result.new_signals = [s.fingerprint for s in fresh]
+            result.suppressed = [s.fingerprint for s in update.suppressed if s in fresh]
+            result.suspect = self._flag_suspect(node_id, fresh, notify, now)
+            result.notified = bool(notify)
         return result
+
+    def _warning(self, node_id: str, item: dict[str, Any], now: float) -> DriverWarning | None:
+        """The driver's warning in this report (a catalog rule with a ``warning``), if any; on a
+        node no recovery owns, its record (the intent) due for the recovery sweep now, once
+        per rule (docs/driver-warnings.md)."""
+        evidence = build_evidence(node_id=node_id, fault_at=now, trigger=Trigger.TELEMETRY,
+                                  instance_item=item, catalog=self.catalog)
+        warning = driver_warning(evidence, self.catalog)
+        if warning is None:
+            return None
+        state = str(item.get("instance_state") or InstanceState.AVAILABLE.value)
+        kept = item.get("warning") or {}
+        repaired = _repaired_at(item)
+        if state not in (InstanceState.AVAILABLE.value, InstanceState.SUSPECT.value):
+            return warning  # a recovery owns the node: its repair answers the warning too
+        if kept.get("rule") == warning.rule_id and (repaired is None
+                                                   or float(kept.get("since") or 0) >= repaired):
+            return warning  # recorded already
+        record = warning_record(warning, since=now, rates=evidence.counter_rates)
+        if self.repo.record_warning(node_id, record, now, stale_before=repaired):
+            self.metrics.add_metric("DriverWarnings", "Count", 1)
+            logger.warning("driver warning", extra={"node_id": node_id, "rule": warning.rule_id,
+                                                    "why": warning.reason[:300]})
+            try:
+                # The node cordoned and its jobs asked to move now, not at the next sweep (a
+                # job has that much more time to checkpoint before the GPU fails).
+                self._recovery().gpu_warning(node_id)
+            except Exception:
+                logger.warning("driver warning not acted on yet; the recovery sweep does it", exc_info=True,
+                               extra={"node_id": node_id})
+        return warning
 
     def _flag_suspect(self, node_id: str, fresh: list[HardwareSignal], notify: list[HardwareSignal],
                       now: float) -> bool:

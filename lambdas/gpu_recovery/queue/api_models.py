@@ -49,7 +49,8 @@ class AttemptView(BaseModel):
 
 
 class SuspendView(BaseModel):
-    kind: str = Field(description="preempted (by a higher-priority job), user, or self (go_suspend())")
+    kind: str = Field(description="preempted (by a higher-priority job), user, self (go_suspend()), or moved "
+                                  "(off a node with a driver warning, at the job's checkpoint)")
     reason: str = ""
     requested_at: float | None = None
     deadline_at: float | None = Field(default=None, description="Ranks are stopped by force after this")
@@ -59,6 +60,8 @@ class SuspendView(BaseModel):
     by_user: str = ""
     stop_requested_at: float | None = None
     stop_reason: str = ""
+    avoid: dict[str, Any] | None = Field(
+        default=None, description="moved: the node and its driver warning (rule, action, confidence, reason)")
 
 
 class PreflightView(BaseModel):
@@ -80,6 +83,10 @@ class JobDetail(JobSummary):
     max_app_restarts: int = 0
     relocations: list[dict[str, Any]] = Field(
         default_factory=list, description="Where each rank moved after a node fault, and why")
+    moves: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Moves off nodes with a driver warning: the node, the warning, outcome moved (at its "
+                    "checkpoint) or declined (no checkpoint in time)")
     breaker_hold: dict[str, Any] | None = Field(
         default=None, description="HELD: the nodes whose reboot the breaker held back, since, until")
     not_before: float = Field(description="Scheduler backoff: not started before (epoch seconds)")

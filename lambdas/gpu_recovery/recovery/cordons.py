@@ -117,7 +117,7 @@ class Cordons:
             operator_action=("Remove one of the node's own custom attributes (aws ecs list-attributes / "
                              "delete-attributes): the next sweep puts the stack's."))
         now = clock.now()
-        if self.deps.repo.transact([self.deps.repo.cordons.refused_update(new),
+        if self.deps.repo.transact([*self.deps.repo.cordons.refused_updates(new),
                                     *self.ranks.notices.owe([owed], now)]):
             self.ranks.notices.send([owed])
         return "attribute_limit"

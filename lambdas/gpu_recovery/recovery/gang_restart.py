@@ -63,7 +63,7 @@ from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.restart_nodes import RestartNodes
-from gpu_recovery.recovery.restart_notices import fault_lines, what_was_done
+from gpu_recovery.recovery.restart_notices import fault_lines, restart_summary
 from gpu_recovery.recovery.restart_waits import RestartWaits
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 
@@ -434,17 +434,19 @@ class GangRestart:
         are told by whoever made it so."""
         if job.state is not JobState.STARTING or job.restarted_attempt != job.attempt:
             return False
+        done, validations = restart_summary(self.deps, job)
         notice = self.ranks.notices.for_job(
             replace(job, state=JobState.RUNNING), None, NotificationKind.RECOVERED,
             "Job recovered and restarted",
             what_happened=job.last_error or "suspected GPU fault",
-            what_was_done=f"{what_was_done(self.deps, job)}; all {job.world_size} ranks restarted as attempt "
-                          f"{job.attempt}",
+            what_was_done=f"{done}; all {job.world_size} ranks restarted as attempt {job.attempt}",
             operator_action="Nothing; watch the job. Repeated faults on the same node escalate it to "
                             "replacement automatically.",
             details=fault_lines(self.deps, job, job.attempt - 1),
         )
-        if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, "every rank restarted",
+        # The history says how the repaired nodes proved themselves (validation after repair).
+        reason = "; ".join(["every rank restarted", *validations])
+        if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason,
                                                   actor="recovery", also=self.ranks.notices.owe([notice])):
             return False
         self.released(job.job_id)

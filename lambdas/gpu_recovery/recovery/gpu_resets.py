@@ -47,6 +47,7 @@ from gpu_recovery.domain.escalation import (
 from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
@@ -168,14 +169,13 @@ class GpuResets:
         return Outcome(self.fall_back(instance, why, result=result), detail={"instance": inst_id})
 
     def _passed(self, instance: Instance, result: dict[str, Any]) -> str:
-        inst_id = instance.container_inst_id
-        if not self.deps.repo.record_gpu_reset_passed(instance, {**result, "result": "passed"}, clock.now()):
+        """The node is back, as after a reboot: validated first (``Reboots.node_back``)."""
+        back = self.reboots.node_back(instance, Repair.GPU_RESET, "GPU reset and its diag passed",
+                                      reset_result={**result, "result": "passed"})
+        if back.action == "duplicate":
             return "duplicate"
         self.deps.metrics.add_metric("GpuResets", "Count", 1)
-        logger.info("GPU reset passed: node back", extra={"instance": inst_id})
-        if instance.cordoned:  # healthy again: cordon cleared in the same write
-            self.reboots.cordons.sync_quietly(inst_id)
-        after_commit("release after reset", self.reboots.release_waiting, instance)
+        logger.info("GPU reset passed", extra={"instance": instance.container_inst_id, "next": back.action})
         return "gpu_reset_passed"
 
     def fall_back(self, instance: Instance, why: str, *, result: dict[str, Any] | None = None) -> str:

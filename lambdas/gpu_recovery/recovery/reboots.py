@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
+from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
@@ -53,6 +55,7 @@ from gpu_recovery.domain.states import (
     JobState,
     SuspectVerdict,
 )
+from gpu_recovery.domain.validation import Repair, replacement_watch
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
@@ -77,6 +80,9 @@ class Reboots:
         self.restarts = restarts
         self.gate = NodeActionGate(deps, ranks)
         self.cordons = Cordons(deps, ranks, self.gate)
+        # Where every repair's return goes (``recovery.validations``: the node validates under
+        # load before it is AVAILABLE); None: straight back (``mark_available``).
+        self.on_back: Callable[..., Outcome] | None = None
 
     # -------------------------------------------------------------------- issue
     def issue(self, instance: Instance, *, agent_connected: bool | None = None, marked: bool = False) -> str:
@@ -142,7 +148,8 @@ class Reboots:
         if not self.deps.repo.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
             return "in_flight"
         ec2_id = self.ranks.ec2_instance_id(instance)
-        state = self.deps.replacer.lifecycle_state(ec2_id) if ec2_id.startswith("i-") else None
+        found = self.deps.replacer.groups_of([ec2_id]).get(ec2_id) if ec2_id.startswith("i-") else None
+        state, group = found if found else (None, "")
         if state is None or state.startswith("Terminat"):
             result = ("terminating in its Auto Scaling group" if state or retaken
                       else "not in an Auto Scaling group: left drained for an operator")
@@ -154,7 +161,11 @@ class Reboots:
                     logger.warning("termination refused", extra={"instance": ec2_id, "error": str(error)})
                 raise
             self.deps.metrics.add_metric("Replacements", "Count", 1)
-        self.deps.repo.record_termination(instance.container_inst_id, result, clock.now())
+        now = clock.now()
+        # The node the group launches in its place is validated before it takes work.
+        watch = replacement_watch(since=now, group=group) \
+            if group and self.deps.settings.validation.enabled else None
+        self.deps.repo.record_termination(instance.container_inst_id, result, now, watch)
         logger.warning("instance replaced", extra={"instance": instance.container_inst_id, "result": result})
         return result
 
@@ -236,6 +247,8 @@ class Reboots:
         inst_id = instance.container_inst_id
         if instance.reset_pending:  # its GPUs are being reset (recovery.gpu_resets), not a reboot
             return Outcome("ignored", detail={"instance": inst_id, "why": "GPU reset in progress"})
+        if instance.validating:  # back already, proving itself (recovery.validations)
+            return Outcome("ignored", detail={"instance": inst_id, "why": "validating after its repair"})
         if evidence.is_new_disconnect(instance, event):
             self.deps.repo.record_agent_disconnected(instance, event.at, event.version, event.agent_version)
             return Outcome("agent_disconnected", detail={"instance": inst_id})
@@ -250,26 +263,51 @@ class Reboots:
         return Outcome("ignored", detail={"instance": inst_id, "why": judged.why})
 
     def _mark_back(self, instance: Instance, why: str) -> Outcome:
-        """REBOOTING -> AVAILABLE once, then release (and restart) every job waiting for it."""
+        return self.node_back(instance, Repair.REBOOT, why)
+
+    def node_back(self, instance: Instance, repair: Repair, why: str, *,
+                  reset_result: dict[str, Any] | None = None) -> Outcome:
+        """The node is back from ``repair`` (its reboot proven, its GPU reset passed): it
+        validates first (``on_back``) or is AVAILABLE at once."""
+        if self.on_back is not None:
+            return self.on_back(instance, repair, why, reset_result=reset_result)
+        return self.mark_available(instance, repair, why, reset_result=reset_result)
+
+    def mark_available(self, instance: Instance, repair: Repair, why: str, *,
+                       reset_result: dict[str, Any] | None = None,
+                       validation: dict[str, Any] | None = None) -> Outcome:
+        """REBOOTING -> AVAILABLE once, then release (and restart) every job waiting for it
+        (``validation``: what their history says of the node's validation, e.g. that it is off)."""
         inst_id = instance.container_inst_id
-        if not self.deps.repo.mark_instance_back(instance, clock.now()):
+        now = clock.now()
+        if reset_result is not None:
+            back = self.deps.repo.record_gpu_reset_passed(instance, reset_result, now)
+        else:
+            back = self.deps.repo.mark_instance_back(instance, now)
+        if not back:
             return Outcome("duplicate", detail={"instance": inst_id})
-        logger.info("instance back after reboot", extra={"instance": inst_id, "evidence": why})
-        self.unmark_quietly(instance.container_instance_arn or inst_id)
+        logger.info("instance back", extra={"instance": inst_id, "repair": repair.value, "evidence": why})
+        if repair is Repair.REBOOT:
+            self.unmark_quietly(instance.container_instance_arn or inst_id)
         if instance.cordoned:  # healthy again: cordon cleared in the same write
             self.cordons.sync_quietly(inst_id)
-        restarted = self.release_waiting(instance)
-        return Outcome("instance_available", detail={"instance": inst_id, "restarted": restarted})
+        restarted = after_commit("release after repair", partial(self.release_waiting, instance,
+                                                                 validation=validation))
+        return Outcome("instance_available", detail={"instance": inst_id, "restarted": restarted or []})
 
-    def release_waiting(self, instance: Instance) -> list[str]:
+    def release_waiting(self, instance: Instance, *, validation: dict[str, Any] | None = None) -> list[str]:
         """The node is back: each job waiting for it counts one rebooting node fewer (once,
-        with the node letting it go), then tries its restart. The sweep finishes this for a
-        node left AVAILABLE with waiting jobs."""
+        with the node letting it go, the node's validation on the job's suspect item: its
+        restart's history and e-mail say it), then tries its restart. The sweep finishes this
+        for a node left AVAILABLE with waiting jobs."""
         inst_id = instance.container_inst_id
+        if validation is None:  # the sweep's: what the node's item says of its last return
+            validation = instance.last_validation if self.deps.settings.validation.enabled \
+                and instance.last_validation else {"result": "off", "repair": Repair.REBOOT.value}
         restarted = []
         for job_id in sorted(instance.waiting_jobs):
             job = self.deps.repo.get_job(job_id)
-            self.deps.repo.release_waiting_job(inst_id, job, job_id)
+            self.deps.repo.release_waiting_job(inst_id, job, job_id, validation=validation)
             if job is not None and self.restarts.try_restart(job_id).action in ("restarted", "restarting"):
                 restarted.append(job_id)
         self.deps.repo.clear_waiting_deadline(inst_id)
@@ -294,7 +332,7 @@ class Reboots:
         if observed is not None and fresh is not None and fresh.state is InstanceState.REBOOTING \
                 and issued != "raced":
             judged = self._judge(fresh, observed)
-            if judged.action == "instance_available":
+            if judged.action in ("instance_available", "validating"):
                 return "back"
         self.deps.repo.rearm_instance(instance.container_inst_id, InstanceState.REBOOTING,
                                       min(requested + self.deps.settings.reboot_timeout_seconds,

@@ -10,6 +10,7 @@ from typing import Any
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import SuspectVerdict
+from gpu_recovery.domain.validation import email_clause
 from gpu_recovery.recovery.ports import Deps
 
 # Suspect nodes whose evidence one e-mail spells out; the rest are counted.
@@ -18,8 +19,16 @@ MAX_FAULTS_IN_EMAIL = 5
 
 def what_was_done(deps: Deps, job: Job) -> str:
     """What the recovery did, in a line (a few suspect nodes named, the others counted)."""
+    return restart_summary(deps, job)[0]
+
+
+def restart_summary(deps: Deps, job: Job) -> tuple[str, list[str]]:
+    """What the recovery did, in a line, and of it how each repaired node proved itself
+    before the restart (or that validation after repair is off): the restart's history says
+    that much (one read of the suspects for both)."""
     tally = job.tally
     done = []
+    validations: list[str] = []
     # The fault's suspects (its total, final once every old rank ended, which every
     # restart waits for): each judged, or left before its verdict, by now. Not the verdicts
     # on the job item: the healthy ones are counted on the tally's shards.
@@ -47,13 +56,17 @@ def what_was_done(deps: Deps, job: Job) -> str:
             done.append(f"reboot of {', '.join(rebooted) or 'nodes'}{more_reboots}")
         if tally.fatal - tally.held > len(left):
             done.append(f"{tally.fatal - tally.held - len(left)} node(s) unusable")
+        # How each repaired node proved itself before the restart (or that it did not have to).
+        validations = [email_clause(s.node, s.validation) for s in shown
+                       if s.validation.get("result") in ("passed", "off")]
+        done += validations
     if job.relocated:
         moves = deps.repo.faults.placement(job.job_id, job.attempt)
         shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])
         done.append(f"relocated the ranks of {len(moves)} node(s) ({shown_moves})")
     if not suspects and job.restart_reason:
         done.append(f"restart without node action ({job.restart_reason})")
-    return "; ".join(done) or "gang restart"
+    return "; ".join(done) or "gang restart", validations
 
 
 def fault_lines(deps: Deps, job: Job, attempt: int) -> list[str]:

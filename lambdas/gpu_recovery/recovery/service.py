@@ -10,7 +10,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed
-from gpu_recovery.constants import GPU_RESET_GROUP
+from gpu_recovery.constants import GPU_RESET_GROUP, GPU_VALIDATION_GROUP
 from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
 from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
@@ -43,6 +43,8 @@ from gpu_recovery.recovery.remediation.node_unreachable import NodeUnreachable
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.sweep import Sweep
 from gpu_recovery.recovery.task_events import TaskEvents
+from gpu_recovery.recovery.validations import Validations
+from gpu_recovery.recovery.warnings import GpuWarnings
 from gpu_recovery.repository import Repository
 from gpu_recovery.settings import Settings
 
@@ -63,8 +65,12 @@ class RecoveryService:
         self.reboots = Reboots(self.deps, self.ranks, self.restarts)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts)
         self.unreachable = NodeUnreachable(self.deps, self.remediation)
+        # Every repaired node's return (reboot, GPU reset) goes through its validation.
+        self.validations = Validations(self.deps, self.reboots, self.remediation)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
         self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
+        self.warnings = GpuWarnings(self.deps, self.remediation)
+        self.suspensions.on_moved = self.warnings.after_move  # a job left a warned node
         self.restarts.request_suspend = self.suspensions.request  # lent spares taken back
         self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
                                  self.suspensions, self.gang)
@@ -77,7 +83,8 @@ class RecoveryService:
         self.faults.on_task_stopped = self.placement.on_task_stopped
         self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang))
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
-                             self.suspensions, self.gang, self.preflights)
+                             self.suspensions, self.gang, self.preflights, self.warnings)
+        self.sweeper.validations = self.validations
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property
@@ -136,6 +143,8 @@ class RecoveryService:
         holder); None (a test, no Lambda context): the verdict is worked without the lease."""
         if detail.group.startswith(GPU_RESET_GROUP):  # same rule, its own task
             return self.remediation.resets.on_stopped(detail)
+        if detail.group.startswith(GPU_VALIDATION_GROUP):  # a repaired node's validation
+            return self.validations.on_stopped(detail, invocation)
         ends = (lambda: invocation.deadline - clock.now()) if invocation is not None else None
         with clock.invocation_ends(ends):
             return self.health.on_stopped(detail, invocation)
@@ -174,6 +183,11 @@ class RecoveryService:
 
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
         return self.reboots.on_boot_reported(inst_id, boot_time)
+
+    def gpu_warning(self, inst_id: str) -> str:
+        """The heartbeat service recorded a driver warning on the node: cordon it and ask its
+        jobs to move now; the sweep repairs it (recovery.warnings)."""
+        return self.warnings.at_report(inst_id)
 
     def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
                          why: str) -> str:

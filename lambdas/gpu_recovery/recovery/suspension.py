@@ -9,21 +9,32 @@ before its StopTask, and StopTask is idempotent: a delivery that dies anywhere l
 deadline the sweep finishes. Once every rank of the attempt is STOPPED: SUSPENDED,
 queued again at its original position (or held, for a user's suspend). A suspension
 spends no recovery and no retry.
+
+A **move** off a node with a driver warning (kind ``moved``, asked by ``recovery.warnings``)
+is the same suspend with two differences: once every rank stopped the job goes back to the
+queue at the **head of its priority** (as a relocation: the scheduler restarts it on healthy
+nodes or a spare, from its checkpoint), with the move on its item (``moves``) and an e-mail
+saying what it avoided; and when its bound passes without go_suspend() it is **not** stopped
+by force: it keeps running (SUSPENDING -> RUNNING), its node cordoned and repaired once it
+leaves.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.constants import queue_order
+from gpu_recovery.constants import NotificationKind, queue_order, relocated_queue_order
+from gpu_recovery.domain.gpu_warnings import MAX_MOVES_KEPT, avoided, move_record
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend_record
 from gpu_recovery.recovery.gang import GangOps
-from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 
@@ -38,6 +49,8 @@ class Suspensions:
         self.ranks = ranks
         self.gang = gang
         self.store = SuspensionRepository(deps.repo)
+        # A job moved off a warned node: its node may be repaired now (recovery.warnings).
+        self.on_moved: Callable[[str], Any] | None = None
 
     # ----------------------------------------------------------------- request
     def request(self, job_id: str, attempt: int, *, kind: SuspendKind, reason: str, grace_seconds: int,
@@ -105,6 +118,8 @@ class Suspensions:
                 self.gang.stop(job)
             return "stopping"
         deadline = float(job.suspend.get("deadline_at") or 0)
+        if now >= deadline and job.suspend.get("kind") == SuspendKind.MOVED.value:
+            return "move_declined" if self.decline(job) else "raced"
         if now >= deadline:
             grace = int(job.suspend.get("grace_seconds") or 0)
             self.stop(job, why=f"grace of {grace} s over without go_suspend(): stopped by force",
@@ -125,6 +140,8 @@ class Suspensions:
         return f"suspend_{action}"
 
     def finish(self, job: Job) -> bool:
+        if job.suspend.get("kind") == SuspendKind.MOVED.value:
+            return self._moved(job)
         item = self.store.job_item(job.job_id) or {}
         hold = bool(job.suspend.get("hold"))
         order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0.0), job.job_id)
@@ -138,6 +155,81 @@ class Suspensions:
             self.deps.metrics.add_metric("JobsSuspended", "Count", 1)
             logger.info("job suspended", extra={"job_id": job.job_id, "kind": kind, "hold": hold})
         return done
+
+
+    # ------------------------------------------------------- moves off warned nodes
+    def _moved(self, job: Job) -> bool:
+        """Every rank stopped at the job's checkpoint: back in the queue at the head of its
+        priority (restarted on healthy nodes or a spare, from that checkpoint), the move on
+        its item, its e-mail owed; then the node may be repaired."""
+        item = self.store.job_item(job.job_id) or {}
+        avoid = dict(job.suspend.get("avoid") or {})
+        node = str(avoid.get("node") or "")
+        now = clock.now()
+        took = now - float(job.suspend.get("requested_at") or now)
+        entry = move_record(node=node, warning=avoid, at=now, outcome="moved", checkpoint_seconds=took)
+        moves = [*(item.get("moves") or []), entry][-MAX_MOVES_KEPT:]
+        order = relocated_queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0.0),
+                                      job.job_id)
+        what = avoided(avoid)
+        reason = (f"moved off {node} at its checkpoint ({int(took)} s after it was asked): "
+                  f"{avoid.get('reason') or 'driver warning'}; back in the queue at the head of its "
+                  "priority, it restarts on healthy nodes from that checkpoint")
+        notice = self.ranks.notices.for_job(
+            replace(job, state=JobState.SUSPENDED), None, NotificationKind.GPU_WARNING,
+            "Job moved off a GPU node at its checkpoint, before the GPU failed",
+            what_happened=(f"Node {node} reported a driver warning: {avoid.get('reason') or '?'} "
+                           f"({avoid.get('confidence') or '?'})"),
+            what_was_done=(f"Rank 0 saved a checkpoint and stopped the job {int(took)} s after it was "
+                           "asked; the job is back in the queue ahead of every job of its priority and "
+                           f"restarts on healthy nodes from that checkpoint; {node} takes no new work and is "
+                           f"repaired ({avoid.get('action') or 'as the catalog says'}). Avoided: {what}"),
+            operator_action=("None: the job resumes by itself (RESUME_COUNT + 1) and the node returns "
+                             "once repaired."))
+        if not self.store.finish(job.job_id, job.attempt, queue_order=order, hold=False, reason=reason,
+                                 moves=moves, also=self.ranks.notices.owe([notice], now)):
+            return False
+        self.ranks.notices.send([notice])
+        self.deps.metrics.add_metric("JobsMovedAtCheckpoint", "Count", 1)
+        logger.warning("job moved off a warned node at its checkpoint", extra={
+            "job_id": job.job_id, "instance": node, "checkpoint_seconds": round(took, 1)})
+        if node and self.on_moved is not None:
+            after_commit("repair the node the job left", self.on_moved, node)
+        return True
+
+    def decline(self, job: Job) -> bool:
+        """The move's bound passed without go_suspend(): the job keeps running (never stopped
+        by force for a warning); its node stays cordoned and is repaired once it leaves."""
+        item = self.store.job_item(job.job_id) or {}
+        avoid = dict(job.suspend.get("avoid") or {})
+        node = str(avoid.get("node") or "")
+        now = clock.now()
+        bound = int(job.suspend.get("grace_seconds") or 0)
+        detail = f"no go_suspend() within {bound} s"
+        entry = move_record(node=node, warning=avoid, at=now, outcome="declined", detail=detail)
+        moves = [*(item.get("moves") or []), entry][-MAX_MOVES_KEPT:]
+        reason = (f"move declined: {detail} after a driver warning on {node}; the job keeps running there "
+                  "(the node takes no new work and is repaired once the job leaves)")
+        notice = self.ranks.notices.for_job(
+            replace(job, state=JobState.RUNNING), None, NotificationKind.GPU_WARNING,
+            "Job did not checkpoint in time: it keeps running on a GPU node with a driver warning",
+            what_happened=(f"Node {node} reported a driver warning ({avoid.get('reason') or '?'}); the job "
+                           f"was asked to checkpoint and stop within {bound} s and did not call "
+                           "go_suspend()"),
+            what_was_done=(f"Nothing stopped: the job keeps running; {node} takes no new work and is "
+                           f"repaired ({avoid.get('action') or 'as the catalog says'}) once the job leaves "
+                           "it. If the GPU fails first, the ordinary recovery restarts the job from its last "
+                           "checkpoint"),
+            operator_action=("Check that the training loop calls receive_suspend_command() every step and "
+                             "go_suspend() after saving (training_client/README.md); or stop the job at a "
+                             "checkpoint of yours and resubmit it."))
+        if not self.store.decline_move(job.job_id, job.attempt, reason=reason, moves=moves,
+                                       also=self.ranks.notices.owe([notice], now)):
+            return False
+        self.ranks.notices.send([notice])
+        self.deps.metrics.add_metric("WarningMovesDeclined", "Count", 1)
+        logger.warning("move off a warned node declined", extra={"job_id": job.job_id, "instance": node})
+        return True
 
 
 def _cause(suspend: dict[str, Any]) -> str:

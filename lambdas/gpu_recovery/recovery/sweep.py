@@ -40,6 +40,7 @@ from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
+from gpu_recovery.recovery.warnings import GpuWarnings
 from gpu_recovery.repository.faults import suspect_from_item
 from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
@@ -62,7 +63,7 @@ TIME_MARGIN_SECONDS = 12.0
 class Sweep:
     def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
                  restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
-                 gang: GangOps, preflights: Preflights) -> None:
+                 gang: GangOps, preflights: Preflights, warnings: GpuWarnings | None = None) -> None:
         self.deps = deps
         self.faults = faults
         self.health = health
@@ -72,6 +73,8 @@ class Sweep:
         self.suspensions = suspensions
         self.gang = gang
         self.preflights = preflights
+        self.warnings = warnings
+        self.validations: Any = None  # recovery.validations.Validations (set by the service)
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -129,16 +132,12 @@ class Sweep:
     def _instance_steps(self, now: float) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
         for page in self.deps.repo.due_instance_pages(now, DUE_PAGE):
             yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in page]
-            if len(page) < DUE_PAGE:
-                return
 
     def _job_item_steps(self, now: float, overdue: OverdueTally
                         ) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
         for page in self.deps.repo.due_job_item_pages(now, DUE_PAGE):
             overdue.add_page(item[DEADLINE_SK] for item in page if item.get("item_type") == "JOB")
             yield [(partial(self._job_item, item, now), {"key": item.get("job_id_rank")}) for item in page]
-            if len(page) < DUE_PAGE:
-                return
 
     @staticmethod
     def _short_of_time(time_left: Callable[[], float] | None) -> bool:
@@ -158,6 +157,8 @@ class Sweep:
     def _instance(self, instance: Instance, now: float) -> str:
         if instance.state in HEALTH_CHECK_STATES:
             return self.health.sweep(instance, now)
+        if instance.validating and self.validations is not None:
+            return str(self.validations.sweep(instance, now))  # back from its repair, proving itself
         if instance.state is InstanceState.REBOOTING and instance.reset_pending:
             return self.health.remediation.resets.sweep(instance, now)  # a GPU reset first
         if instance.state is InstanceState.REBOOTING:
@@ -165,9 +166,15 @@ class Sweep:
         if instance.state is InstanceState.QUARANTINED and (instance.drain_pending
                                                              or instance.terminate_pending):
             return self.reboots.finish_quarantine(instance)
+        if instance.state is InstanceState.QUARANTINED and instance.replacement_watch \
+                and self.validations is not None:
+            return str(self.validations.watch_replacement(instance, now))  # its replacement, to validate
         if instance.state is InstanceState.AVAILABLE and instance.waiting_jobs:
             self.reboots.release_waiting(instance)  # back after its reboot; a delivery died after
             return "released_waiting_jobs"
+        if instance.warning and self.warnings is not None \
+                and instance.state in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
+            return self.warnings.sweep(instance, now)  # a driver warning: repair, or move its jobs
         self.deps.repo.clear_instance_deadline(instance.container_inst_id, instance.state)
         return "cleared"
 
@@ -220,6 +227,11 @@ class Sweep:
                 # Held by the breaker first: the restart's time counts from when it went on.
                 give_up_at = max(give_up_at, (hold.resumed_at or hold.until) + settings.reboot_timeout_seconds
                                  + RESTART_GIVE_UP_MARGIN_SECONDS)
+            if now >= give_up_at and self._still_in_repair(job):
+                # A node it waits for is still being repaired (a repair that did not hold,
+                # validated again): the node's own deadlines bound that, not this backstop.
+                repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+                return "restart_waiting_for_repair"
             if now >= give_up_at:
                 self.restarts.fail_pending_restart(job, why)
                 return "restart_timed_out"
@@ -284,6 +296,16 @@ class Sweep:
                                                                   "state": job.state.value})
         repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
         return "no_step"
+
+    def _still_in_repair(self, job: Job) -> bool:
+        """A node the job waits for is REBOOTING with a deadline of its own (its reboot, its
+        GPU reset, its validation after repair): read only once the backstop is due."""
+        if not job.in_fault or job.tally.rebooting <= 0:
+            return False
+        waiting = [s.node for s in self.deps.repo.faults.suspects(job.job_id, job.attempt) if s.rebooting]
+        instances = self.deps.repo.get_instances(waiting) if waiting else {}
+        return any(i.state is InstanceState.REBOOTING and i.deadline_at is not None
+                   and job.job_id in i.waiting_jobs for i in instances.values())
 
     def _heartbeat_backstop(self, job: Job, item: dict[str, Any], now: float) -> str:
         """A job the heartbeats moved out of RUNNING (NODE_LOST, HUNG): the heartbeat sweep

@@ -7,6 +7,8 @@
 * ``jobs_and_ranks`` — a job and its ranks: reads, registration, intents.
 * ``instances`` — a container instance: its health check, reboot, quarantine, history.
 * ``gpu_resets`` — a node's GPU reset: claim, task, passed or fallen back to a reboot.
+* ``warnings`` — the driver's warning on a node: its cordon, the jobs asked to move, its end.
+* ``validations`` — a repaired node's validation: claim, task, passed (a failure is a node decision).
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
 * ``verdict_leases`` — the lease one delivery of a health check's STOPPED event takes on its verdict.
@@ -36,10 +38,12 @@ from gpu_recovery.repository.breaker import BreakerState
 from gpu_recovery.repository.gpu_resets import GpuResets
 from gpu_recovery.repository.jobs_and_ranks import RankStop
 from gpu_recovery.repository.node_decisions import JobFailure, JobVerdict, NodeDecision, NodeDecisions
+from gpu_recovery.repository.validations import Validations
 from gpu_recovery.repository.verdict_leases import VerdictLease, VerdictLeases
+from gpu_recovery.repository.warnings import DriverWarnings
 
 
-class Repository(NodeDecisions, GpuResets, BreakerState, VerdictLeases):
+class Repository(NodeDecisions, GpuResets, Validations, BreakerState, VerdictLeases, DriverWarnings):
     """The recovery loop's repository: the intents of every aggregate of its two tables
     (jobs and ranks, instances, node decisions, the breaker), one object the stages share.
     Each method lives in the module of its aggregate (see the package docstring)."""

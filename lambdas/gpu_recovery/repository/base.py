@@ -12,13 +12,15 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
+from gpu_recovery.constants import DEADLINE_BUCKET, DEADLINE_PK, DEADLINE_SHARDS_MAX, deadline_bucket
+from gpu_recovery.domain.shards import stable_shard
 
 logger = logging.getLogger(__name__)
 
@@ -246,12 +248,42 @@ def state_condition(
 
 
 class DynamoGateway:
-    """The few DynamoDB operations the repositories build on (boto3 *resource* in)."""
+    """The few DynamoDB operations the repositories build on (boto3 *resource* in).
 
-    def __init__(self, dynamodb: Any) -> None:
+    ``deadline_shards``: the by-deadline index's partition key is split over this many
+    values (constants.DEADLINE_SHARDS_MAX at most): an update that puts its item in the index
+    (``DEADLINE_BUCKET``) puts it in the shard of its key, so a burst of deadlines (a
+    cascade's suspects and ranks) spreads over the shards' partitions; readers Query each of
+    :meth:`deadline_buckets`. Any shard count reads what fewer shards wrote (shard 0 is the
+    unsharded bucket)."""
+
+    def __init__(self, dynamodb: Any, *, deadline_shards: int = 1) -> None:
+        if not 1 <= deadline_shards <= DEADLINE_SHARDS_MAX:
+            raise ValueError(f"deadline_shards is 1..{DEADLINE_SHARDS_MAX}, not {deadline_shards}")
         self._ddb = dynamodb
         self._client = dynamodb.meta.client  # type-transforming client (transactions)
         self._tables: dict[str, Any] = {}
+        self.deadline_shards = deadline_shards
+
+    def deadline_buckets(self, rotate: int = 0) -> list[str]:
+        """Every by-deadline partition key value a reader Queries, starting at shard
+        ``rotate`` (modulo the count: a reader short of time that stops part-way starts
+        elsewhere next time, so no shard waits behind the others)."""
+        n = self.deadline_shards
+        return [deadline_bucket((rotate + i) % n) for i in range(n)]
+
+    def _in_its_shard(self, update: Update) -> Update:
+        """``update`` with the item's own shard's bucket where it sets ``DEADLINE_BUCKET``."""
+        if self.deadline_shards == 1:
+            return update
+        changed: dict[str, Any] = {}
+        for attr in ("set_fields", "set_if_absent"):
+            fields = getattr(update, attr)
+            if fields.get(DEADLINE_PK) == DEADLINE_BUCKET:
+                key = "#".join(str(v) for v in update.key.values())
+                shard = stable_shard(key, self.deadline_shards)
+                changed[attr] = {**fields, DEADLINE_PK: deadline_bucket(shard)}
+        return replace(update, **changed) if changed else update
 
     def table(self, name: str) -> Any:
         # A boto3 Table resource costs milliseconds to build: one per table and gateway.
@@ -310,6 +342,7 @@ class DynamoGateway:
     def apply_returning(self, update: Update, returning: str = "ALL_NEW") -> dict[str, Any] | None:
         """Like :meth:`apply`, returning the item as written (``returning``: DynamoDB's
         ReturnValues; None when the condition failed)."""
+        update = self._in_its_shard(update)
         for _ in range(2):
             try:
                 response = with_contention_retries(
@@ -327,6 +360,7 @@ class DynamoGateway:
         """All or nothing: no state is ever half-written across items."""
         if len(updates) == 1:
             return self.apply(updates[0])
+        updates = [self._in_its_shard(u) for u in updates]
         for _ in range(2):
             try:
                 with_contention_retries(lambda: self._client.transact_write_items(
@@ -344,6 +378,7 @@ class DynamoGateway:
     def transact_or_raise(self, updates: Sequence[Update]) -> None:
         """All or nothing; a cancellation (a condition that did not hold) is raised, with its
         per-item reasons, to a caller that needs to know which condition it was."""
+        updates = [self._in_its_shard(u) for u in updates]
         with_contention_retries(lambda: self._client.transact_write_items(
             TransactItems=[u.transact_item() for u in updates]), "TransactWriteItems")
 

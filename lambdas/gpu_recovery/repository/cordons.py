@@ -4,16 +4,22 @@ worklist of ECS attribute syncs.
 A cordon (or its removal) is an intent committed before any ECS call: the instance item's
 ``cordon`` (absent once uncordoned) and ``cordon_version`` (the intent's time), and, in the
 same transaction, a member ``<node>#<version>`` added to one string set
-(``CORDON#ecs-attribute-sync``). The ECS call (PutAttributes / DeleteAttributes, both
-idempotent) syncs what the instance item says *now*; its confirmation removes the members
-up to the version it synced, so a newer intent committed meanwhile stays in the worklist
-and is synced again. The sweep reads the one worklist item every minute.
+(``CORDON#ecs-attribute-sync``, split over ``CORDON_SYNC_SHARDS`` items by the node: the
+node's shard). The ECS call (PutAttributes / DeleteAttributes, both idempotent) syncs what
+the instance item says *now*; its confirmation removes the members up to the version it
+synced, so a newer intent committed meanwhile stays in the worklist and is synced again.
+The worklist is read whole, every shard, in one BatchGetItem (the sweep every minute).
 
-The same item keeps the *holds* (``domain.placement``): the spare and reserved nodes,
-``holds`` (node -> {"why", "job", "arn", "at"}) with a revision ``holds_rev`` and the time of
-its last change ``holds_at``. A change of holds is one conditional write (on the revision)
-that also adds the changed nodes' worklist members, so their attribute follows through the
-same sync; a sync's confirmation is conditional on the revision it read.
+The same items keep the *holds* (``domain.placement``): the spare and reserved nodes,
+``holds`` (node -> {"why", "job", "arn", "at"}) of the shard's nodes, with the shard's
+revision ``holds_rev`` and the time of its last change ``holds_at``. A change of holds is a
+conditional write (on the revision) of each shard it touches, all in one transaction, that
+also adds the changed nodes' worklist members, so their attribute follows through the same
+sync; a sync's confirmation is conditional on the revision of the shard it read.
+
+Why shards: one item was written by every suspect node's transaction of a large fault and
+held every node's hold, so it took an item's 1,000 WCU/s and grew with the cluster (130 KB
+at 1,024 nodes); split by a stable hash of the node, each shard takes a sixteenth.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, INSTANCE_PK
+from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, CORDON_SYNC_SHARDS, INSTANCE_PK
 from gpu_recovery.domain.cordon import ECS_APPLIED, ECS_HELD, ECS_PENDING, parse_sync_entry, sync_entry
+from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.repository.base import Update, from_ddb
 
 _SET = "pending"
@@ -31,21 +38,51 @@ _HOLDS, _REV, _AT = "holds", "holds_rev", "holds_at"
 _REFUSED = "attribute_refused"  # members whose attribute ECS refused (reported once each)
 
 
+def cordon_sync_item_key(shard: int) -> str:
+    """The worklist item of ``shard`` (shard 0 keeps the unsharded item's key)."""
+    return CORDON_SYNC_ITEM_KEY if shard == 0 else f"{CORDON_SYNC_ITEM_KEY}#{shard:02d}"
+
+
+_SHARD_OF_KEY = {cordon_sync_item_key(s): s for s in range(CORDON_SYNC_SHARDS)}
+
+
+def shard_of(node: str) -> int:
+    """The worklist shard of ``node`` (the same in every process and release)."""
+    return stable_shard(node, CORDON_SYNC_SHARDS)
+
+
 @dataclass(frozen=True)
 class Worklist:
-    """The sync worklist item as read: pending members by node, the holds, their revision."""
+    """The sync worklist as read (every shard): pending members by node, the holds, and each
+    shard's revision and last change of its holds."""
 
     pending: dict[str, list[str]] = field(default_factory=dict)
     holds: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rev: int = 0
-    holds_at: float = 0.0
+    revs: dict[int, int] = field(default_factory=dict)  # shard -> holds_rev as read (0: none)
+    holds_ats: dict[int, float] = field(default_factory=dict)  # shard -> holds_at as read
     refused: frozenset[str] = frozenset()  # members whose attribute ECS refused, reported
+    where: dict[str, int] = field(default_factory=dict)  # member -> the shard it was read from
+
+    def shard_holds(self, shard: int) -> dict[str, dict[str, Any]]:
+        return {n: dict(h) for n, h in self.holds.items() if shard_of(n) == shard}
 
 
 class CordonRepository:
     def __init__(self, base: Any) -> None:
         self.base = base  # Repository
         self.table = base.instance_table_name
+
+    def _key(self, shard: int) -> dict[str, Any]:
+        return {INSTANCE_PK: cordon_sync_item_key(shard)}
+
+    @staticmethod
+    def _on_rev(update: Update, read: Worklist, shard: int) -> Update:
+        """``update`` only if the shard's holds did not change since ``read``."""
+        rev = read.revs.get(shard, 0)
+        update.condition = "attribute_not_exists(#rev)" if rev == 0 else "#rev = :rev"
+        update.condition_names = {"#rev": _REV}
+        update.condition_values = {":rev": rev} if rev else {}
+        return update
 
     # ----------------------------------------------------------- building blocks
     @staticmethod
@@ -54,8 +91,8 @@ class CordonRepository:
         return {"cordon": dict(record), "cordon_version": version}
 
     def sync_update(self, node: str, version: float) -> Update:
-        """The worklist member of an intent (ADD: idempotent, no condition)."""
-        return Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
+        """The worklist member of an intent, on the node's shard (ADD: idempotent, no condition)."""
+        return Update(table=self.table, key=self._key(shard_of(node)),
                       set_fields={"item_type": "CORDON_SYNC"},
                       add_to_sets={_SET: {sync_entry(node, version)}})
 
@@ -65,100 +102,123 @@ class CordonRepository:
 
     # --------------------------------------------------------------------- reads
     def pending(self) -> dict[str, list[str]]:
-        """node -> its worklist members (one GetItem)."""
+        """node -> its worklist members (one BatchGetItem)."""
         return self.worklist().pending
 
     def worklist(self) -> Worklist:
-        """Pending members, holds and their revision (one GetItem)."""
-        item = self.base.db.get(self.table, {INSTANCE_PK: CORDON_SYNC_ITEM_KEY}) or {}
+        """Pending members, holds and each shard's revision (one BatchGetItem of the shards)."""
+        items = self.base.db.batch_get(self.table, [self._key(s) for s in range(CORDON_SYNC_SHARDS)])
         out: dict[str, list[str]] = {}
-        for member in item.get(_SET) or ():
-            parsed = parse_sync_entry(str(member))
-            if parsed is not None:
-                out.setdefault(parsed[0], []).append(str(member))
-        holds = {str(n): from_ddb(dict(h)) for n, h in (item.get(_HOLDS) or {}).items()
-                 if isinstance(h, Mapping)}
-        return Worklist(out, holds, int(item.get(_REV) or 0), float(item.get(_AT) or 0.0),
-                        frozenset(str(m) for m in item.get(_REFUSED) or ()))
+        holds: dict[str, dict[str, Any]] = {}
+        revs: dict[int, int] = {}
+        ats: dict[int, float] = {}
+        refused: set[str] = set()
+        where: dict[str, int] = {}
+        for item in sorted(items, key=lambda i: _SHARD_OF_KEY.get(str(i.get(INSTANCE_PK)), 0)):
+            shard = _SHARD_OF_KEY.get(str(item.get(INSTANCE_PK)))
+            if shard is None:
+                continue
+            for member in item.get(_SET) or ():
+                parsed = parse_sync_entry(str(member))
+                if parsed is not None:
+                    out.setdefault(parsed[0], []).append(str(member))
+                    where[str(member)] = shard
+            holds.update({str(n): from_ddb(dict(h)) for n, h in (item.get(_HOLDS) or {}).items()
+                          if isinstance(h, Mapping)})
+            revs[shard] = int(item.get(_REV) or 0)
+            ats[shard] = float(item.get(_AT) or 0.0)
+            refused |= {str(m) for m in item.get(_REFUSED) or ()}
+        return Worklist(out, holds, revs, ats, frozenset(refused), where)
 
-    def refused_update(self, members: Iterable[str]) -> Update:
+    def _by_shard(self, members: Iterable[str], read: Worklist | None = None) -> dict[int, set[str]]:
+        """``members`` grouped by the shard they were read from (else their node's)."""
+        grouped: dict[int, set[str]] = {}
+        for member in members:
+            parsed = parse_sync_entry(member)
+            if parsed is None:
+                continue
+            shard = read.where.get(member) if read is not None else None
+            grouped.setdefault(shard_of(parsed[0]) if shard is None else shard, set()).add(member)
+        return grouped
+
+    def refused_updates(self, members: Iterable[str]) -> list[Update]:
         """``members``' attribute was refused by ECS (no room on the node): reported once,
         still pending (the sweep tries again); forgotten with them once synced."""
-        return Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
-                      add_to_sets={_REFUSED: set(members)})
+        return [Update(table=self.table, key=self._key(shard), add_to_sets={_REFUSED: found})
+                for shard, found in sorted(self._by_shard(members).items())]
 
     def set_holds(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None], now: float) -> bool:
         """Apply ``changes`` (node -> new hold, None: released) to the holds read, with the
-        changed nodes' worklist members; only if no other change landed since ``read``."""
+        changed nodes' worklist members; only if no other change landed since ``read`` on the
+        shards they touch (all of them or none: one transaction)."""
         if not changes:
             return True
-        holds = {n: dict(h) for n, h in read.holds.items()}
+        by_shard: dict[int, dict[str, Mapping[str, Any] | None]] = {}
         for node, hold in changes.items():
-            if hold is None:
-                holds.pop(node, None)
-            else:
-                holds[node] = {**hold, "at": now}
-        condition = "attribute_not_exists(#rev)" if read.rev == 0 else "#rev = :rev"
-        return self.base.db.apply(Update(
-            table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
-            set_fields={"item_type": "CORDON_SYNC", _HOLDS: holds, _REV: read.rev + 1, _AT: now},
-            add_to_sets={_SET: {sync_entry(node, now) for node in changes}},
-            condition=condition, condition_names={"#rev": _REV},
-            condition_values={":rev": read.rev} if read.rev else {}))
+            by_shard.setdefault(shard_of(node), {})[node] = hold
+        updates = []
+        for shard, shard_changes in sorted(by_shard.items()):
+            holds = read.shard_holds(shard)
+            for node, hold in shard_changes.items():
+                if hold is None:
+                    holds.pop(node, None)
+                else:
+                    holds[node] = {**hold, "at": now}
+            updates.append(self._on_rev(Update(
+                table=self.table, key=self._key(shard),
+                set_fields={"item_type": "CORDON_SYNC", _HOLDS: holds, _REV: read.revs.get(shard, 0) + 1,
+                            _AT: now},
+                add_to_sets={_SET: {sync_entry(node, now) for node in shard_changes}}), read, shard))
+        return self.base.db.transact(updates)
 
     # ------------------------------------------------------------------- intents
     def confirm_synced(self, node: str, version: float | None, members: Iterable[str], *,
                        applied: bool, read: Worklist | None = None) -> bool:
         """The attribute matches the intent of ``version``: mark a cordon applied (only if no
         newer intent landed) and remove the members up to that version. With the holds
-        ``read`` the sync used: members up to their last change too, only if they did not
-        change since (else the sweep syncs again)."""
+        ``read`` the sync used: members up to their shard's last change of holds too, only if
+        they did not change since (else the sweep syncs again)."""
         if applied and version is not None:
             self.base.db.apply(self.base.instance_update(
                 node, set_fields={"cordon.ecs": ECS_APPLIED},
                 extra_condition="attribute_exists(#c) AND #cv = :cv",
                 extra_values={":cv": version}, extra_names={"#c": "cordon", "#cv": "cordon_version"}))
         synced = version
-        if read is not None and read.holds_at:
-            synced = max(version or 0.0, read.holds_at)
+        holds_at = read.holds_ats.get(shard_of(node), 0.0) if read is not None else 0.0
+        if holds_at:
+            synced = max(version or 0.0, holds_at)
         done = {m for m in members
                 if (parsed := parse_sync_entry(m)) is not None
                 and (synced is None or parsed[1] <= synced)}
         if not done:
             return False
-        gone = {_SET: done}
-        if read is not None and done & read.refused:
-            gone[_REFUSED] = done & read.refused
-        update = Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
-                        delete_from_sets=gone)
-        if read is not None:
-            update.condition = "attribute_not_exists(#rev)" if read.rev == 0 else "#rev = :rev"
-            update.condition_names = {"#rev": _REV}
-            update.condition_values = {":rev": read.rev} if read.rev else {}
-        return self.base.db.apply(update)
+        updates = []
+        for shard, found in sorted(self._by_shard(done, read).items()):
+            gone = {_SET: found}
+            if read is not None and found & read.refused:
+                gone[_REFUSED] = found & read.refused
+            update = Update(table=self.table, key=self._key(shard), delete_from_sets=gone)
+            updates.append(self._on_rev(update, read, shard) if read is not None else update)
+        return self.base.db.transact(updates)
 
     def confirm_holds_synced(self, members: Iterable[str], read: Worklist) -> bool:
         """The attributes of nodes without a cordon match the holds ``read``: their members
-        up to the holds' last change removed, only if the holds did not change since (else
-        the sweep syncs again). One write for any number of nodes."""
-        done = {m for m in members
-                if (parsed := parse_sync_entry(m)) is not None and parsed[1] <= read.holds_at}
-        if not done:
-            return False
-        update = Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
-                        delete_from_sets={_SET: done},
-                        condition="attribute_not_exists(#rev)" if read.rev == 0 else "#rev = :rev",
-                        condition_names={"#rev": _REV},
-                        condition_values={":rev": read.rev} if read.rev else {})
-        return self.base.db.apply(update)
+        up to their shard's last change of holds removed, only if those holds did not change
+        since (else the sweep syncs again). One write for any number of nodes."""
+        updates = []
+        for shard, found in sorted(self._by_shard(members, read).items()):
+            at = read.holds_ats.get(shard, 0.0)
+            done = {m for m in found if (parsed := parse_sync_entry(m)) is not None and parsed[1] <= at}
+            if done:
+                updates.append(self._on_rev(Update(table=self.table, key=self._key(shard),
+                                                   delete_from_sets={_SET: done}), read, shard))
+        return bool(updates) and self.base.db.transact(updates)
 
     def drop(self, members: Iterable[str]) -> bool:
         """Members with nothing to sync (the node is unknown to the loop)."""
-        members = set(members)
-        if not members:
-            return False
-        return self.base.db.apply(Update(table=self.table, key={INSTANCE_PK: CORDON_SYNC_ITEM_KEY},
-                                         delete_from_sets={_SET: members}))
+        updates = [Update(table=self.table, key=self._key(shard), delete_from_sets={_SET: found})
+                   for shard, found in sorted(self._by_shard(members).items())]
+        return bool(updates) and self.base.db.transact(updates)
 
     def admit_held(self, node: str, version: float, breaker: Update | None) -> bool:
         """A held cordon may now be put in ECS: ``cordon.ecs`` held -> pending (only for the

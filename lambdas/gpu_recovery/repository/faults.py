@@ -57,7 +57,8 @@ def suspect_from_item(item: Mapping[str, Any]) -> Suspect:
         findings=dict(item.get("findings") or {}), record=dict(item.get("record") or {}),
         ranks={int(r) for r in item.get("ranks") or ()}, opened_at=float(item.get("opened_at") or 0.0),
         rebooting=bool(item.get("rebooting", False)),
-        counted_on_shard=str(item.get("counted_on_shard") or ""))
+        counted_on_shard=str(item.get("counted_on_shard") or ""),
+        validation=dict(item.get("validation") or {}))
 
 
 class FaultRepository:

@@ -86,11 +86,15 @@ class GpuResets(Instances):
             extra_values={":rq": instance.reboot_requested_at}, extra_names=_names("#rq", "#rp"),
         ))
 
-    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float) -> bool:
+    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
+                                validation: dict[str, Any] | None = None,
+                                validating_cordon: dict[str, Any] | None = None) -> bool:
         """The reset and its diag passed: REBOOTING -> AVAILABLE, as a node back from its
-        reboot (its waiting jobs are then released the same way)."""
+        reboot (its waiting jobs are then released the same way); with ``validation`` the
+        node validates first, as after a reboot (``mark_instance_back``)."""
         return self.mark_instance_back(instance, now, reset_started_by=instance.reset_started_by,
-                                       last_reset=result)
+                                       last_reset=result, validation=validation,
+                                       validating_cordon=validating_cordon)
 
     def fall_back_to_reboot(self, instance: Instance, *, started_by: str, result: dict[str, Any],
                             reason: str, fault_history: list[dict[str, Any]] | None, now: float,

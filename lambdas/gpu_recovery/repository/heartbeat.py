@@ -208,6 +208,24 @@ class HeartbeatRepository:
             node_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
             allow_missing=True, set_fields={"suspect_since": now, "suspect_reason": reason[:500]}))
 
+    def record_warning(self, node_id: str, record: dict[str, Any], now: float, *,
+                       stale_before: float | None = None) -> bool:
+        """The driver's warning on a node no recovery owns (AVAILABLE / SUSPECT): its record,
+        due for the recovery sweep now (the intent: the sweep repairs or moves). Only once per
+        warning rule (a repeat report writes nothing), unless the one kept is older than the
+        node's last repair (``stale_before``)."""
+        condition = "attribute_not_exists(#w) OR #w.#r <> :r"
+        values: dict[str, Any] = {":r": record["rule"]}
+        names = {"#w": "warning", "#r": "rule"}
+        if stale_before is not None:
+            condition += " OR #w.#s < :rep"
+            values[":rep"] = stale_before
+            names["#s"] = "since"
+        return self.base.apply(self.base.instance_update(
+            node_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT],
+            set_fields={"warning": record}, deadline_at=now, extra_condition=condition,
+            extra_values=values, extra_names=names))
+
     # ------------------------------------------------------------------ ranks
     def refresh_rank(self, rank: Rank, fields: dict[str, Any]) -> bool:
         """Record a heartbeat on a rank still in the state (and task) it was read in."""

@@ -256,12 +256,17 @@ class Instances(RecoveryTables):
             extra_names={"#tp": "terminate_pending", "#tc": "terminate_claimed_at"},
         ))
 
-    def record_termination(self, inst_id: str, result: str, now: float) -> bool:
-        """The termination was requested (or found done / impossible): confirmed."""
+    def record_termination(self, inst_id: str, result: str, now: float,
+                           watch: dict[str, Any] | None = None) -> bool:
+        """The termination was requested (or found done / impossible): confirmed. ``watch``
+        (domain.validation.replacement_watch): the node its group launches in its place is
+        awaited, to validate it (the sweep looks for it every minute until then)."""
         return self.db.apply(self.instance_update(
             inst_id, from_states=[InstanceState.QUARANTINED],
-            set_fields={"terminate_result": result[:300], "terminated_at": now},
-            remove_fields=["terminate_pending"], clear_deadline=True,
+            set_fields={"terminate_result": result[:300], "terminated_at": now,
+                        **({"replacement_watch": watch} if watch else {})},
+            remove_fields=["terminate_pending"], clear_deadline=not watch,
+            deadline_at=now + 60 if watch else None,
             extra_condition="attribute_exists(#tp)", extra_names={"#tp": "terminate_pending"},
         ))
 
@@ -336,17 +341,21 @@ class Instances(RecoveryTables):
         ))
 
     def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
-                           last_reset: dict[str, Any] | None = None) -> bool:
+                           last_reset: dict[str, Any] | None = None,
+                           validation: dict[str, Any] | None = None,
+                           validating_cordon: dict[str, Any] | None = None) -> bool:
         """REBOOTING -> AVAILABLE, once per reboot. The jobs waiting for it stay listed until
         each is released (:meth:`release_waiting_job`); a deadline lets the sweep finish that
         if this delivery dies. ``reset_started_by``: back after that GPU reset (its claim), not
-        a reboot."""
+        a reboot. ``validation`` (domain.validation.new_validation): the node stays REBOOTING
+        and validates first (the intent of ``recovery.validations``), its cordon becoming
+        ``validating_cordon`` (the placement value ``validating``), its waiting jobs kept."""
         waiting = bool(instance.waiting_jobs)
         fields: dict[str, Any] = {"returned_at": now}
         remove: list[str] = ["suspect_fence"]  # back healthy: the suspect is answered
-        condition = "#rq = :rq"
+        condition = "#rq = :rq AND attribute_not_exists(#val)"
         values: dict[str, Any] = {":rq": instance.reboot_requested_at}
-        names = {"#rq": "reboot_requested_at"}
+        names = {"#rq": "reboot_requested_at", "#val": "validation"}
         if reset_started_by:
             condition += " AND attribute_exists(#rp) AND #sb = :sb"
             values[":sb"] = reset_started_by
@@ -354,6 +363,15 @@ class Instances(RecoveryTables):
             remove += ["reset_pending", "reset_claimed_at"]
             fields["last_reset"] = last_reset or {}
         sync: list[Update] = []
+        if validation is not None:
+            fields["validation"] = validation
+            if validating_cordon is not None:  # out of every placement until it passes
+                fields.update(self.cordons.cordon_fields(validating_cordon, now))
+                sync.append(self.cordons.sync_update(instance.container_inst_id, now))
+            return self.db.transact([self.instance_update(
+                instance.container_inst_id, from_states=[InstanceState.REBOOTING], set_fields=fields,
+                remove_fields=remove, deadline_at=now + 60, extra_condition=condition, extra_values=values,
+                extra_names=names), *sync])
         if instance.cordoned:  # healthy again: its cordon goes with the reboot (same transaction)
             more, gone, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
             fields.update(more)
@@ -366,10 +384,13 @@ class Instances(RecoveryTables):
             extra_condition=condition, extra_values=values, extra_names=names,
         ), *sync])
 
-    def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str) -> bool:
+    def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str, note: str = "",
+                            validation: dict[str, Any] | None = None) -> bool:
         """The node is back: it no longer holds ``job_id``'s gang restart. The job's count of
         rebooting nodes goes down once (its suspect item's ``rebooting`` flag) in the same
-        transaction as the instance lets the job go."""
+        transaction as the instance lets the job go. ``note``: a line for the job's history
+        (its node's validation after repair, or that it had none), ``validation`` its record
+        on the job's suspect item (the restart's e-mail says it)."""
         leave = self.instance_update(
             inst_id, delete_from_sets={"waiting_jobs": {job_id}}, extra_condition="contains(#wj, :j)",
             extra_values={":j": job_id}, extra_names={"#wj": "waiting_jobs"})
@@ -379,7 +400,22 @@ class Instances(RecoveryTables):
         suspect = faults.get_suspect(job.job_id, job.attempt, inst_id)
         if suspect is None or not suspect.rebooting:
             return self.db.apply(leave)
-        return self.db.transact([leave, faults.node_back(job, inst_id), faults.tally_back(job)])
+        return self.db.transact([leave, *self.node_back_updates(job, inst_id, note, validation)])
+
+    def node_back_updates(self, job: Job, inst_id: str, note: str = "",
+                          validation: dict[str, Any] | None = None) -> list[Update]:
+        """The job's suspect of ``inst_id`` back (no longer holding its restart) and its tally
+        one rebooting node fewer, with ``note`` in the job's history (no state change)."""
+        back = self.faults.node_back(job, inst_id)
+        if validation:
+            back.set_fields["validation"] = dict(validation)
+        tally = self.faults.tally_back(job)
+        if note:
+            now = clock.now()
+            tally.set_fields["updated_at"] = now
+            tally.history_entry = {"at": now, "to": job.state.value, "from": job.state.value,
+                                   "reason": note[:500], "actor": "recovery"}
+        return [back, tally]
 
     def clear_waiting_deadline(self, inst_id: str) -> bool:
         """Every waiting job was released: the sweep has nothing left on the node."""

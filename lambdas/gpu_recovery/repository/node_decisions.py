@@ -75,6 +75,15 @@ class NodeDecision:
     cordon: dict[str, Any] | None = None  # known bad: cordon it (domain.cordon.cordon_record)
     uncordon: bool = False  # healthy again (a passed diag): clear its cordon
     reset: bool = False  # REBOOTING by a GPU reset first (recovery.gpu_resets)
+    # A driver warning's decision that leaves the node as it is (observe mode, the breaker
+    # held it): its record stays, marked decided, so the warning is not decided again.
+    warning_decided: bool = False
+    # A failed validation's decision (recovery.validations): written only on that validation
+    # and its claim (``Validations.validation_condition``), and, when the node leaves repair,
+    # letting its waiting jobs go in the same transaction (their updates in ``also``).
+    validation: tuple[str, dict[str, Any], dict[str, str]] | None = None
+    release_waiting: bool = False
+    last_validation: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,8 +113,17 @@ class NodeDecisions(JobsAndRanks, Instances):
         updates built here (e.g. :meth:`lost_job_failure`) that belong to the decision."""
         fields: dict[str, Any] = {}
         # The node is judged: whatever fenced it as a suspect is answered (domain.placement).
-        remove = ["hc_jobs", "hc_left", "hc_lease_until", "suspect_fence",
+        # A driver's warning on it is answered too (repaired, or decided and left).
+        remove = ["hc_jobs", "hc_left", "hc_lease_until", "suspect_fence", "validation",
                   *HealthCheckSlots.held_attributes(), *HealthCheckSlots.wait_attributes()]
+        if decision.warning_decided:
+            fields["warning.decided_at"] = now
+        else:
+            remove.append("warning")
+        if decision.release_waiting:
+            remove.append("waiting_jobs")
+        if decision.last_validation is not None:
+            fields["last_validation"] = decision.last_validation
         if decision.findings is not None:
             fields["last_verdict"] = decision.findings
         if decision.fault_history is not None:
@@ -144,6 +162,14 @@ class NodeDecisions(JobsAndRanks, Instances):
             extra.append("#sb = :sb")
             values[":sb"] = decision.hc_started_by
             names["#sb"] = "hc_started_by"
+        if decision.warning_decided:
+            extra.append("attribute_exists(#wd)")
+            names["#wd"] = "warning"
+        if decision.validation is not None:
+            condition, more_values, more_names = decision.validation
+            extra.append(condition)
+            values.update(more_values)
+            names.update(more_names)
         if decision.hc_jobs_count is not None:
             # No job left waiting (they all left before the verdict): the emptied set is gone.
             extra.append("(attribute_not_exists(#hcj) OR size(#hcj) = :hcn)" if decision.hc_jobs_count == 0

@@ -205,4 +205,8 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         cordon=dict(item.get("cordon") or {}),
         cordon_version=item.get("cordon_version"),
         suspect_fence=dict(item.get("suspect_fence") or {}),
+        warning=dict(item.get("warning") or {}),
+        validation=dict(item.get("validation") or {}),
+        last_validation=dict(item.get("last_validation") or {}),
+        replacement_watch=dict(item.get("replacement_watch") or {}),
     )

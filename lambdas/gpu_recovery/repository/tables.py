@@ -51,8 +51,9 @@ DEADLINE_ATTRIBUTES = [DEADLINE_PK, DEADLINE_SK]
 class RecoveryTables:
     """The job and instance tables, and what every aggregate's intents are built with."""
 
-    def __init__(self, dynamodb: Any, job_table: str, instance_table: str) -> None:
-        self.db = DynamoGateway(dynamodb)
+    def __init__(self, dynamodb: Any, job_table: str, instance_table: str, *,
+                 deadline_shards: int = 1) -> None:
+        self.db = DynamoGateway(dynamodb, deadline_shards=deadline_shards)
         self._ddb = dynamodb  # boto3 DynamoDB *resource* (the other repositories share it)
         self.job_table_name = job_table
         self.instance_table_name = instance_table
@@ -88,32 +89,44 @@ class RecoveryTables:
         for items in self._due_pages(self.job_table_name, now, page):
             yield [from_ddb(dict(i)) for i in items]
 
-    @staticmethod
-    def _due_query(now: float) -> dict[str, Any]:
-        return dict(
+    def _due_queries(self, now: float) -> list[dict[str, Any]]:
+        """One Query per shard of the index (constants.DEADLINE_SHARDS_MAX), the shard the
+        minute names first."""
+        return [dict(
             IndexName=DEADLINE_INDEX,
             KeyConditionExpression="#b = :b AND #d <= :now",
             ExpressionAttributeNames={"#b": DEADLINE_PK, "#d": DEADLINE_SK},
-            ExpressionAttributeValues={":b": DEADLINE_BUCKET, ":now": to_ddb(float(now))},
-        )
+            ExpressionAttributeValues={":b": bucket, ":now": to_ddb(float(now))},
+        ) for bucket in self.db.deadline_buckets(rotate=int(now // 60))]
 
     def _due(self, table: str, now: float, limit: int | None) -> list[dict[str, Any]]:
-        """Items whose deadline passed, oldest first (at most ``limit``: one page)."""
+        """Items whose deadline passed, oldest first (at most ``limit``: one page a shard)."""
         if limit is None:
-            return self.db.query_all(table, **self._due_query(now))
-        return list(self.db.query_page(table, Limit=limit, **self._due_query(now)).get("Items", []))
+            items = [i for q in self._due_queries(now) for i in self.db.query_all(table, **q)]
+        else:
+            items = [i for q in self._due_queries(now)
+                     for i in self.db.query_page(table, Limit=limit, **q).get("Items", [])]
+        if self.db.deadline_shards > 1:
+            items.sort(key=lambda i: i[DEADLINE_SK])
+        return items if limit is None else items[:limit]
 
     def _due_pages(self, table: str, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
         """Pages from where the last one ended (an item handled meanwhile moved to a later
         deadline; one whose step failed keeps its place, before the next page: neither is
-        read twice in one pass)."""
-        kwargs = self._due_query(now)
-        while True:
-            response = self.db.query_page(table, Limit=page, **kwargs)
-            yield list(response.get("Items", []))
-            if "LastEvaluatedKey" not in response:
-                return
-            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        read twice in one pass), shard after shard; an empty page is handed over only when
+        nothing at all is due (the reader knows it read)."""
+        handed = False
+        for kwargs in self._due_queries(now):
+            while True:
+                response = self.db.query_page(table, Limit=page, **kwargs)
+                if response.get("Items"):
+                    handed = True
+                    yield list(response["Items"])
+                if "LastEvaluatedKey" not in response:
+                    break
+                kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        if not handed:
+            yield []
 
     # ======================================================= generic (shared) API
     def apply(self, update: Update) -> bool:

@@ -15,7 +15,7 @@ Quota accounting is exact under concurrent ticks, submissions and crashes:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,17 +243,34 @@ class SuspensionRepository:
             condition_names={"#st": "job_state", "#att": "attempt"}))
 
     def finish(self, job_id: str, attempt: int, *, queue_order: str, hold: bool, reason: str,
-               actor: str = "recovery") -> bool:
+               actor: str = "recovery", moves: list[dict[str, Any]] | None = None,
+               also: Sequence[Update] = ()) -> bool:
         """SUSPENDING -> SUSPENDED: every rank stopped. Back in the queue at its original
-        position, or held (a user's suspend) until resumed."""
+        position (a move off a warned node: at the head of its priority), or held (a user's
+        suspend) until resumed. ``moves``: the job's moves with this one (a move)."""
         fields: dict[str, Any] = {"held": hold, "not_before": 0}
         if not hold:
             fields.update({QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order})
-        return self.db.apply(self.base.job_transition(
+        if moves is not None:
+            fields["moves"] = moves
+        update = self.base.job_transition(
             job_id, JobState.SUSPENDED, from_states=[JobState.SUSPENDING], attempt=attempt, reason=reason,
             actor=actor, set_fields=fields, increments={"suspend_count": 1},
             remove_fields=[*_DEADLINE_ATTRS, "launched_at", "launch_claimed_at", "wait_reason",
-                           *([QUEUE_PK, QUEUE_SK] if hold else [])]))
+                           *([QUEUE_PK, QUEUE_SK] if hold else [])])
+        return self.db.transact([update, *also]) if also else self.db.apply(update)
+
+    def decline_move(self, job_id: str, attempt: int, *, reason: str, moves: list[dict[str, Any]],
+                     also: Sequence[Update] = ()) -> bool:
+        """SUSPENDING -> RUNNING: a move off a warned node that the job did not take within its
+        bound (no go_suspend(), no stop asked yet): it keeps running; rank 0 is told no more."""
+        update = self.base.job_transition(
+            job_id, JobState.RUNNING, from_states=[JobState.SUSPENDING], attempt=attempt, reason=reason,
+            actor="recovery", set_fields={"moves": moves}, remove_fields=["suspend", *_DEADLINE_ATTRS],
+            extra_condition="#sp.#sk = :moved AND attribute_not_exists(#sp.#sr)",
+            extra_values={":moved": "moved"},
+            extra_names={"#sp": "suspend", "#sk": "kind", "#sr": "stop_requested_at"})
+        return self.db.transact([update, *also])
 
     def hold_waiting(self, job_id: str, current: JobState, *, suspend: Mapping[str, Any], reason: str,
                      actor: str) -> bool:

@@ -161,15 +161,27 @@ def fake_nvidia_smi(
     gpu_csv: str = "healthy_gpu.csv",
     remap_csv: str = "healthy_remap.csv",
     sleep_seconds: float = 0,
+    recovery_csv: str = "healthy_recovery_action.csv",
+    nvlink_txt: str | Path = "real/nvlink_e_h100_ml_engineering.txt",
 ) -> Path:
-    """An executable ``nvidia-smi`` printing recorded CSV; it logs its arguments."""
+    """An executable ``nvidia-smi`` printing recorded output; it logs its arguments. A
+    recording's own header lines (starting ``# ``: where it comes from) are not printed. A
+    recording named ``*.exit<N>.*`` is printed with exit code N (a query the driver refuses)."""
     calls = directory / "nvidia-smi.calls"
+
+    def show(name: str | Path) -> str:
+        path = SMI_DIR / name
+        code = next((part[4:] for part in path.name.split(".") if part.startswith("exit")), "0")
+        return f"sed '/^# /d' '{path}'; exit {code}"
+
     script = f"""#!/bin/sh
 echo "$*" >> '{calls}'
 if [ "{sleep_seconds}" != "0" ]; then sleep {sleep_seconds}; fi
 case "$*" in
-  *--query-remapped-rows=*) cat '{SMI_DIR / remap_csv}' ;;
-  *--query-gpu=*) cat '{SMI_DIR / gpu_csv}' ;;
+  *--query-remapped-rows=*) {show(remap_csv)} ;;
+  *--query-gpu=index,gpu_recovery_action*) {show(recovery_csv)} ;;
+  *--query-gpu=*) {show(gpu_csv)} ;;
+  "nvlink -e") {show(nvlink_txt)} ;;
   *) echo "unexpected arguments: $*" >&2; exit 2 ;;
 esac
 """

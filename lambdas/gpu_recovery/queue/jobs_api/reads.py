@@ -50,6 +50,7 @@ def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
             "app_restarts_used": int(item.get("app_restarts_used", 0)),
             "max_app_restarts": int(item.get("max_app_restarts", 0)),
             "relocations": list(item.get("relocations") or []),
+            "moves": list(item.get("moves") or []),
             "breaker_hold": dict(item.get("breaker_hold") or {}) if job.state is JobState.HELD else None,
             "not_before": item.get("not_before", 0) or 0,
             "last_error": item.get("last_error", ""),
@@ -217,7 +218,7 @@ def _suspend_view(raw: Any) -> dict[str, Any] | None:
     if not isinstance(raw, Mapping) or not raw:
         return None
     keys = ("kind", "reason", "requested_at", "deadline_at", "grace_seconds", "hold", "by_job", "by_user",
-            "stop_requested_at", "stop_reason")
+            "stop_requested_at", "stop_reason", "avoid")
     return {k: raw[k] for k in keys if k in raw}
 
 

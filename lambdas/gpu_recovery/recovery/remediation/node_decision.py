@@ -21,7 +21,7 @@ XID 79). Both go through :meth:`NodeRemediation.apply`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +44,7 @@ from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, Sus
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.gpu_resets import GpuResets
+from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
@@ -98,6 +99,7 @@ def projected(instance: Instance, decision: NodeDecision) -> Instance:
     to = decision.to or instance.state
     acted = to in (InstanceState.REBOOTING, InstanceState.QUARANTINED)
     return replace(instance, state=to,
+                   reset_pending=decision.reset if to is InstanceState.REBOOTING else instance.reset_pending,
                    drain_pending=instance.drain_pending or to is InstanceState.QUARANTINED,
                    terminate_pending=decision.terminate if to is InstanceState.QUARANTINED
                    else instance.terminate_pending,
@@ -181,9 +183,13 @@ class NodeRemediation:
     def apply(self, instance: Instance, instance_item: Mapping[str, Any] | None, plan: RemediationPlan,
               evidence: Evidence, jobs: Iterable[Job], *, from_states: tuple[InstanceState, ...],
               hc_started_by: str | None = None, hc_jobs_count: int | None = None,
-              findings: dict[str, Any] | None = None) -> Applied | None:
+              findings: dict[str, Any] | None = None,
+              node_notice: Callable[[Instance, RemediationPlan], Owed | None] | None = None,
+              warning_rule: str = "") -> Applied | None:
         """Commit the node decision with every waiting job's outcome, then carry it out.
-        None when the commit lost a race (re-read and try again)."""
+        None when the commit lost a race (re-read and try again). ``node_notice``: one more
+        e-mail about the node, built with it as the decision leaves it; ``warning_rule``: the
+        decision answers the node's driver warning (``recovery.warnings``)."""
         repo = self.deps.repo
         inst_id = instance.container_inst_id
         if not instance.ec2_instance_id and any(e in NODE_EFFECTS for e in plan.execute):
@@ -207,9 +213,13 @@ class NodeRemediation:
         decision = self.node_decision(plan, label, instance, from_states, evidence, findings, new_history,
                                       hc_started_by, hc_jobs_count, verdicts, now,
                                       job_ids=[v.job.job_id for v, _ in verdicts], gate=gate)
+        if warning_rule and decision.to not in (InstanceState.REBOOTING, InstanceState.QUARANTINED):
+            decision = replace(decision, warning_decided=True)
         after = projected(instance, decision)
         notices = self.owed_notices.decision_notices(after, plan, evidence, label, verdicts, gate,
                                                      waiting=bool(waiting), anywhere=anywhere)
+        if node_notice is not None:
+            notices.append(node_notice(after, plan))
         if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update,
                                          also=self.notices.owe(notices, now)):
             return None

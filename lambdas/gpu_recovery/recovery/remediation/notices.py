@@ -54,6 +54,9 @@ def details_of(evidence: Evidence | None, plan: RemediationPlan | None, *,
 
 def describe_node_effects(instance: Instance, plan: RemediationPlan | None) -> str:
     node = instance.container_inst_id
+    if instance.state is InstanceState.REBOOTING and instance.reset_pending:
+        return (f"{node}'s GPUs reset (rebooted instead if the reset fails); it returns to service when it "
+                "passes")
     if instance.state is InstanceState.REBOOTING:
         return f"{node} rebooted; it returns to service when it is back"
     if instance.state is InstanceState.QUARANTINED:

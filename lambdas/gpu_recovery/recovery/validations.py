@@ -1,0 +1,473 @@
+"""Stage 3b: a repaired node validates under load before it takes work again.
+
+Whatever repaired a node (its reboot came back, its GPU reset passed, a replacement the
+stack's termination brought in), the write that used to hand it back (REBOOTING ->
+AVAILABLE) hands it here instead (:meth:`Validations.node_back`): the node stays REBOOTING
+with a ``validation`` (``domain.validation``), its cordon turns ``validating`` (the
+placement attribute every other scheduler reads), and every job waiting for it keeps
+waiting. Then, as the GPU reset does:
+
+1. once no rank of the stack's holds the node's GPUs, **claim** the validation task
+   (``validation.started_by``: deterministic per node, validation and attempt) before
+   StartTask of the health-check task definition with the validation's level and GPU load
+   in its environment; a claim taken over looks the task up by its startedBy first;
+2. record the task; its STOPPED event (the health-check rule: its group starts with the
+   check's) gives the result by the health check's exit-code contract;
+3. **passed**: REBOOTING -> AVAILABLE, the cordon cleared, the waiting jobs released (their
+   history and restart e-mail say how the node proved itself); **failed**: a node decision
+   on the validation's evidence through the fault catalog, counted under the cause of the
+   repair that did not hold (reset -> reboot -> replace / quarantine, the breaker, observe
+   mode), with one ``validation_failed`` e-mail; a node repaired again keeps its jobs
+   waiting, a node that leaves repair lets them go in the same transaction (they relocate,
+   wait HELD or fail as for any node lost to them); **no verdict** (the task did not run):
+   started again, at most ``START_RETRIES`` times.
+
+The instance keeps a deadline the sweep reaches at every step (GPUs busy, a claim in
+flight, a running task: DescribeTasks for a lost event), and ``validation.until`` bounds
+the whole: a validation out of time is stopped and counts as failed (``domain.validation``
+says why).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.adapters.errors import refused
+from gpu_recovery.constants import (
+    CLAIM_LEASE_SECONDS,
+    GPU_VALIDATION_GROUP,
+    HEALTH_CHECK_CONTAINER_NAME,
+    SYSTEM_STOP_REASON_PREFIX,
+    NotificationKind,
+)
+from gpu_recovery.domain import validation as policy
+from gpu_recovery.domain.cordon import ECS_HELD, ECS_PENDING, validating_record
+from gpu_recovery.domain.escalation import history_from_item
+from gpu_recovery.domain.evidence import DcgmFindings
+from gpu_recovery.domain.fault_vocabulary import Trigger
+from gpu_recovery.domain.models import Instance, Job, container_instance_id
+from gpu_recovery.domain.remediation_plan import plan_remediation
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
+from gpu_recovery.domain.validation import Repair, Result
+from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
+from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, label_for, projected
+from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
+from gpu_recovery.repository.base import Update
+
+logger = logging.getLogger(__name__)
+
+RETRY_INTERVAL_SECONDS = 60  # GPUs held, nothing placed: the sweep looks again
+POLL_SECONDS = 120  # a running validation task is looked at this often (its STOPPED event may be lost)
+# The verdict line of a failed validation is read again after these pauses inside the event's
+# invocation (CloudWatch Logs makes a line readable seconds after it was written); without it
+# past the grace the exit code decides alone, as the health check's contract allows.
+LOG_PAUSES = (1.0, 2.0, 4.0)
+LOG_GRACE_SECONDS = 120.0
+APPLY_ROUNDS = 3
+TASK_PURPOSE = "post-repair-validation"
+
+
+class Validations:
+    def __init__(self, deps: Deps, reboots: Reboots, remediation: NodeRemediation) -> None:
+        self.deps = deps
+        self.reboots = reboots
+        self.remediation = remediation
+        reboots.on_back = self.node_back  # every repair's return comes here
+
+    @property
+    def policy(self) -> policy.ValidationPolicy:
+        return self.deps.settings.validation
+
+    # ---------------------------------------------------------------- node back
+    def node_back(self, instance: Instance, repair: Repair, why: str, *,
+                  reset_result: dict[str, Any] | None = None) -> Outcome:
+        """The node is back from ``repair``: validate it (the intent, then the task), or, with
+        validation off, hand it back at once as before (its jobs' history says so)."""
+        settings = self.policy
+        inst_id = instance.container_inst_id
+        if not settings.enabled:
+            return self.reboots.mark_available(instance, repair, why, reset_result=reset_result,
+                                               validation={"result": "off", "repair": repair.value})
+        repo = self.deps.repo
+        raw = repo.get_instance_item(inst_id) or {}
+        now = clock.now()
+        record = policy.new_validation(repair, cause=policy.repair_cause(raw.get("last_fault")), since=now,
+                                       policy=settings)
+        held = (instance.cordon or {}).get("ecs") == ECS_HELD  # the cordon limit keeps it held
+        cordon = validating_record(repair=repair.value, now=now, ecs=ECS_HELD if held else ECS_PENDING,
+                                   reason=f"back after {repair.words}: validating ({settings.describe()})")
+        if reset_result is not None:
+            ok = repo.record_gpu_reset_passed(instance, reset_result, now, validation=record,
+                                              validating_cordon=cordon)
+        else:
+            ok = repo.mark_instance_back(instance, now, validation=record, validating_cordon=cordon)
+        if not ok:
+            return Outcome("duplicate", detail={"instance": inst_id})
+        logger.info("node back from its repair: validating", extra={
+            "instance": inst_id, "repair": repair.value, "evidence": why, "validation": settings.describe()})
+        if repair is Repair.REBOOT:
+            self.reboots.unmark_quietly(instance.container_instance_arn or inst_id)
+        after_commit("validating attribute", self.reboots.cordons.sync_quietly, inst_id)
+        fresh = repo.get_instance(inst_id)
+        started = after_commit("validation start", self.start, fresh) if fresh is not None else None
+        return Outcome("validating", detail={"instance": inst_id, "repair": repair.value, "start": started})
+
+    # -------------------------------------------------------------- replacement
+    def watch_replacement(self, watcher: Instance, now: float) -> str:
+        """The sweep, while a node the stack terminated in its Auto Scaling group awaits its
+        replacement: a container instance registered since the termination, unknown to the
+        stack, whose EC2 instance is in the same group, is that replacement. It is adopted in
+        validation (one transaction with the watch's end), then validated as a repaired node
+        is; its failure's cause is ``FALLBACK_CAUSE`` (a new machine: none of its own yet)."""
+        watch = watcher.replacement_watch
+        if not self.policy.enabled or now >= float(watch.get("until") or 0):
+            self.deps.repo.close_replacement_watch(watcher)
+            if self.policy.enabled:
+                self.deps.metrics.add_metric("ReplacementsNotSeen", "Count", 1)
+                logger.warning("no replacement registered for a terminated node", extra={
+                    "instance": watcher.container_inst_id, "group": watch.get("group")})
+            return "replacement_watch_closed"
+        described = self.deps.ecs.container_instances(
+            ("ACTIVE",), query=policy.registered_since(float(watch["since"])))
+        candidates = {container_instance_id(ci["containerInstanceArn"]): ci for ci in described}
+        candidates.pop(watcher.container_inst_id, None)
+        known = self.deps.repo.get_instances(candidates) if candidates else {}
+        unknown = {n: ci for n, ci in candidates.items() if n not in known}
+        ec2_ids = [str(ci.get("ec2InstanceId") or "") for ci in unknown.values()]
+        groups = self.deps.replacer.groups_of([i for i in ec2_ids if i.startswith("i-")]) if ec2_ids else {}
+        for node, ci in sorted(unknown.items(), key=lambda kv: (str(kv[1].get("registeredAt")), kv[0])):
+            ec2_id = str(ci.get("ec2InstanceId") or "")
+            if groups.get(ec2_id, ("", ""))[1] != watch.get("group"):
+                continue
+            record = policy.new_validation(Repair.REPLACEMENT, cause=policy.FALLBACK_CAUSE, since=now,
+                                           policy=self.policy, replaces=watcher.container_inst_id)
+            cordon = validating_record(repair=Repair.REPLACEMENT.value, now=now, ecs=ECS_PENDING,
+                                       reason=f"replaces {watcher.container_inst_id}: validating "
+                                              f"({self.policy.describe()})")
+            if not self.deps.repo.adopt_replacement(watcher, node, arn=str(ci["containerInstanceArn"]),
+                                                    ec2_instance_id=ec2_id, validation=record, cordon=cordon,
+                                                    now=now):
+                return "raced"
+            logger.info("replacement node registered: validating", extra={
+                "instance": node, "replaces": watcher.container_inst_id})
+            after_commit("validating attribute", self.reboots.cordons.sync_quietly, node)
+            fresh = self.deps.repo.get_instance(node)
+            if fresh is not None:
+                after_commit("validation start", self.start, fresh)
+            return "replacement_validating"
+        next_look = min(float(watch["until"]), now + RETRY_INTERVAL_SECONDS)
+        self.deps.repo.rearm_replacement_watch(watcher, next_look)
+        return "replacement_awaited"
+
+    # -------------------------------------------------------------------- start
+    def start(self, instance: Instance) -> str:
+        """Start the validation task once the node's GPUs are free; finish a dead claim."""
+        if not instance.validating:
+            return "not_validating"
+        repo, now = self.deps.repo, clock.now()
+        v = instance.validation
+        if v.get("task_arn"):
+            return "validation_running"
+        if v.get("started_by"):
+            if float(v.get("claimed_at") or 0.0) + CLAIM_LEASE_SECONDS > now:
+                return "validation_claimed"  # its claimer may still be starting it
+            if not repo.take_over_validation_claim(instance, now, now + CLAIM_LEASE_SECONDS):
+                return "raced"
+            started_by = str(v["started_by"])
+            found = self.deps.ecs.tasks_started_by(started_by)
+            if found:
+                self._record_task(instance, started_by, found[0])
+                return "validation_found"
+            return self._start_task(instance, started_by)
+        busy = repo.live_ranks_on_instance(instance.container_inst_id)
+        if busy:
+            logger.info("validation waits for the node's ranks to stop", extra={
+                "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
+            repo.rearm_validation(instance, min(self._until(instance), now + RETRY_INTERVAL_SECONDS))
+            return "validation_waiting_for_gpus"
+        attempt = int(v.get("attempts") or 0)
+        started_by = policy.started_by(instance.container_inst_id, float(v["since"]), attempt)
+        if not repo.claim_validation(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
+            return "raced"
+        claimed = replace(instance, validation={**v, "started_by": started_by, "claimed_at": now})
+        return self._start_task(claimed, started_by)
+
+    def _start_task(self, instance: Instance, started_by: str) -> str:
+        inst_id = instance.container_inst_id
+        environment = [{"name": k, "value": val} for k, val in sorted(self._environment(instance).items())]
+        try:
+            result = self.deps.ecs.start_task(
+                task_definition=self.deps.settings.health_check_task,
+                container_instance_arn=instance.container_instance_arn or inst_id,
+                overrides={"containerOverrides": [{"name": HEALTH_CHECK_CONTAINER_NAME,
+                                                   "environment": environment}]},
+                started_by=started_by, group=GPU_VALIDATION_GROUP,
+                tags=[{"key": "gpu-recovery:purpose", "value": TASK_PURPOSE}],
+            )
+        except Exception as error:
+            if refused(error):  # nothing was started: the next try may start it
+                self.deps.repo.release_validation_claim(instance, started_by,
+                                                        clock.now() + RETRY_INTERVAL_SECONDS)
+            # Otherwise it may have started: the lease expires and the next try looks it up.
+            raise
+        if not result.task_arns:
+            # ECS placed nothing (the GPUs not free yet, the agent away: the failures in its
+            # 200): tried again each minute until the validation's time is up.
+            self.deps.repo.release_validation_claim(instance, started_by, min(
+                self._until(instance), clock.now() + RETRY_INTERVAL_SECONDS))
+            logger.warning("validation task not placed; tried again", extra={
+                "instance": inst_id, "why": result.reasons()})
+            return "validation_not_placed"
+        self._record_task(instance, started_by, result.task_arns[0])
+        self.deps.metrics.add_metric("ValidationsStarted", "Count", 1)
+        logger.info("validation started", extra={"instance": inst_id, "task": result.task_arns[0]})
+        return "validation_started"
+
+    def _environment(self, instance: Instance) -> dict[str, str]:
+        v = instance.validation
+        return {"DCGM_LEVEL": str(v.get("level") or self.policy.dcgm_level),
+                "VALIDATION_LOAD_SECONDS": str(v.get("load_seconds") if v.get("load_seconds") is not None
+                                               else self.policy.load_seconds)}
+
+    def _record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
+        self.deps.repo.record_validation_task(instance, started_by, task_arn,
+                                              min(self._until(instance), clock.now() + POLL_SECONDS))
+
+    @staticmethod
+    def _until(instance: Instance) -> float:
+        return float(instance.validation.get("until") or clock.now())
+
+    # ------------------------------------------------------------------- result
+    def on_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None) -> Outcome:
+        """The validation task stopped: its exit code is the verdict (0: passed)."""
+        inst_id = container_instance_id(detail.containerInstanceArn or "")
+        repo = self.deps.repo
+        raw = repo.get_instance_item(inst_id) if inst_id else None
+        if raw is None:
+            return Outcome("ignored", detail={"why": "untracked instance"})
+        instance = repo.instance_from_item(raw)
+        if not instance.validating or detail.startedBy != instance.validation.get("started_by"):
+            return Outcome("duplicate", detail={"instance": inst_id, "state": instance.state.value})
+        exit_code = detail.exit_code()
+        result = policy.judge(exit_code)
+        if result is Result.PASSED:
+            return Outcome(self._passed(instance, detail.taskArn), detail={"instance": inst_id})
+        if result is Result.NO_VERDICT:
+            why = (f"the validation task ended without a verdict (exit {exit_code}, "
+                   f"{detail.stoppedReason or 'no reason'})")
+            return Outcome(self._no_verdict(instance, raw, why), detail={"instance": inst_id})
+        line = self._verdict_line(detail.taskArn, invocation)
+        stopped = detail.stoppedAt.timestamp() if detail.stoppedAt else clock.now()
+        if line is None and clock.now() < stopped + LOG_GRACE_SECONDS:
+            # Its evidence (which GPU, which test) is on its way: the sweep's poll reads it.
+            self._record_task(instance, str(instance.validation["started_by"]), detail.taskArn)
+            repo.rearm_validation(instance, min(self._until(instance), clock.now() + RETRY_INTERVAL_SECONDS))
+            return Outcome("validation_log_pending", detail={"instance": inst_id})
+        return Outcome(self._failed(instance, raw, exit_code, line or {}, task_arn=detail.taskArn),
+                       detail={"instance": inst_id})
+
+    def _verdict_line(self, task_arn: str, invocation: Invocation | None) -> dict[str, Any] | None:
+        line = self.deps.verdicts.read_verdict(task_arn)
+        for pause in LOG_PAUSES:
+            if line is not None or invocation is None or clock.now() + pause + 10 > invocation.deadline:
+                break
+            clock.sleep(pause)
+            line = self.deps.verdicts.read_verdict(task_arn)
+        return line
+
+    def _passed(self, instance: Instance, task_arn: str) -> str:
+        inst_id, now = instance.container_inst_id, clock.now()
+        record = policy.result_record(Result.PASSED, validation=instance.validation, now=now, exit_code=0,
+                                      task_arn=task_arn)
+        if not self.deps.repo.pass_validation(instance, record, now):
+            return "duplicate"
+        self.deps.metrics.add_metric("ValidationsPassed", "Count", 1)
+        self.deps.metrics.add_metric("ValidationSeconds", "Seconds", record["seconds"])
+        logger.info("validation passed: node available", extra={"instance": inst_id,
+                                                                "seconds": record["seconds"]})
+        if instance.cordoned:  # healthy again: the cordon cleared in the same write
+            after_commit("uncordon after validation", self.reboots.cordons.sync_quietly, inst_id)
+        after_commit("release after validation", partial(self.reboots.release_waiting, instance,
+                                                         validation=record))
+        return "validation_passed"
+
+    def _no_verdict(self, instance: Instance, raw: dict[str, Any], why: str) -> str:
+        """Started again with a new startedBy, at most START_RETRIES times; then a failure."""
+        attempts = int(instance.validation.get("attempts") or 0) + 1
+        if attempts >= policy.START_RETRIES:
+            return self._failed(instance, raw, policy.TIMEOUT_EXIT_CODE,
+                                {"verdict": "reboot", "reasons": [f"{why}; {attempts} attempt(s)"]}, why=why)
+        started_by = str(instance.validation.get("started_by") or "")
+        retry_at = clock.now() + RETRY_INTERVAL_SECONDS
+        if not self.deps.repo.release_validation_claim(instance, started_by, retry_at, attempt_used=True):
+            return "raced"
+        logger.warning("validation ended without a verdict: started again", extra={
+            "instance": instance.container_inst_id, "why": why, "attempt": attempts + 1})
+        fresh = self.deps.repo.get_instance(instance.container_inst_id)
+        if fresh is not None:
+            after_commit("validation restart", self.start, fresh)
+        return "validation_retried"
+
+    # ------------------------------------------------------------------ failure
+    def _failed(self, instance: Instance, raw: dict[str, Any], exit_code: int | None,
+                findings: dict[str, Any], *, task_arn: str = "", why: str = "",
+                timed_out: bool = False) -> str:
+        """A node decision on the validation's evidence (see the module docstring), with
+        every waiting job kept waiting (repaired again) or let go (the node left repair)."""
+        repo = self.deps.repo
+        for _ in range(APPLY_ROUNDS):
+            done = self._decide(instance, raw, exit_code, findings, task_arn=task_arn, why=why)
+            if done is not None and timed_out:
+                self.deps.metrics.add_metric("ValidationTimeouts", "Count", 1)
+            if done is not None:
+                return done
+            fresh = repo.get_instance_item(instance.container_inst_id)
+            if fresh is None:
+                return "ignored"
+            instance, raw = repo.instance_from_item(fresh), fresh
+            if not instance.validating:
+                return "duplicate"
+        return "raced"
+
+    def _decide(self, instance: Instance, raw: dict[str, Any], exit_code: int | None,
+                findings: dict[str, Any], *, task_arn: str, why: str) -> str | None:
+        repo, remediation = self.deps.repo, self.remediation
+        inst_id, now = instance.container_inst_id, clock.now()
+        v = instance.validation
+        repair = Repair(str(v.get("repair") or Repair.REBOOT.value))
+        verdict = {"exit_code": exit_code, "task_arn": task_arn, "source": "validation after repair",
+                   **findings}
+        dcgm = DcgmFindings.from_verdict_json(verdict, exit_code=exit_code, task_arn=task_arn)
+        evidence = remediation.evidence(inst_id=inst_id, instance_item=raw, trigger=Trigger.VALIDATION,
+                                        fault_at=now).with_dcgm(dcgm, now)
+        history = history_from_item(raw.get("fault_history"))
+        plan = plan_remediation(evidence, remediation.policy, node_history=history, now=now,
+                                decided=partial(policy.failure_decision, repair=repair),
+                                cause=str(v.get("cause") or policy.FALLBACK_CAUSE))
+        if not instance.ec2_instance_id:
+            instance = replace(instance, ec2_instance_id=remediation.ranks.ec2_instance_id(instance))
+        plan = remediation._for_this_node(plan, instance)
+        plan, breaker_update, gate = remediation.ask_gate(plan, inst_id, [], now)
+        label = label_for(plan)
+        record = policy.result_record(Result.FAILED, validation=v, now=now, exit_code=exit_code,
+                                      task_arn=task_arn,
+                                      why=why or "; ".join(dcgm.reasons[:3]) or f"verdict {dcgm.verdict}")
+        decision = remediation.node_decision(plan, label, instance, (InstanceState.REBOOTING,), evidence,
+                                             verdict, remediation.history_with(history, plan, evidence, now),
+                                             None, None, [], now, job_ids=sorted(instance.waiting_jobs),
+                                             gate=gate)
+        to = decision.to or InstanceState.SUSPECT  # observe mode left it alone: out of service, cordoned
+        repaired_again = to is InstanceState.REBOOTING
+        decision = replace(decision, to=to, validation=repo.validation_condition(instance),
+                           release_waiting=not repaired_again, last_validation=record)
+        after = projected(instance, decision)
+        note = (f"{policy.history_note(inst_id, record)}; "
+                + (f"{inst_id} is repaired again ({plan.action.value}: {plan.escalation.reason})"
+                   if repaired_again else describe_node_effects(after, plan)))
+        jobs, updates = self._waiting_jobs(instance, note, release=not repaired_again, validation=record)
+        notices = remediation.owed_notices.decision_notices(after, plan, evidence, label, [], gate,
+                                                            waiting=bool(jobs), anywhere=False)
+        notices.append(self._failed_notice(after, plan, evidence, record, jobs, repaired_again))
+        if not repo.record_node_decision(instance, decision, [], now, breaker_update,
+                                         also=[*updates, *remediation.notices.owe(notices, now)]):
+            return None
+        self.deps.metrics.add_metric("ValidationsFailed", "Count", 1)
+        logger.warning("validation failed", extra={
+            "instance": inst_id, "repair": repair.value, "action": plan.action.value, "to": to.value,
+            "escalation": plan.escalation.reason, "jobs": [j.job_id for j in jobs]})
+        remediation.notices.send(notices)
+        if gate is not None and gate.tripped is not None:
+            self.reboots.gate.tripped(gate.tripped)
+        after_commit("validation failure", self._after_failure, gate, instance, plan,
+                     [] if repaired_again else [j.job_id for j in jobs])
+        return "validation_failed"
+
+    def _waiting_jobs(self, instance: Instance, note: str, *, release: bool,
+                      validation: dict[str, Any]) -> tuple[list[Job], list[Update]]:
+        """The jobs waiting for the node (at most its GPUs' worth: a rank each), and what the
+        decision's transaction writes on them: a history line (kept waiting), or their
+        release (the node no longer holds their restart: it left repair)."""
+        repo = self.deps.repo
+        jobs: list[Job] = []
+        updates: list[Update] = []
+        for job_id in sorted(instance.waiting_jobs):
+            job = repo.get_job(job_id)
+            if job is None or job.state not in RECOVERING_JOB_STATES or not job.in_fault:
+                continue
+            suspect = repo.faults.get_suspect(job.job_id, job.attempt, instance.container_inst_id)
+            if suspect is None or not suspect.rebooting:
+                continue
+            jobs.append(job)
+            if release:
+                updates += repo.node_back_updates(job, instance.container_inst_id, note, validation)
+            else:
+                updates.append(repo.job_history_note(job, note))
+        return jobs, updates
+
+    def _failed_notice(self, after: Instance, plan: Any, evidence: Any, record: dict[str, Any],
+                       jobs: list[Job], repaired_again: bool) -> Any:
+        inst_id = after.container_inst_id
+        waiting = ", ".join(j.job_id for j in jobs[:10]) or "none"
+        fate = ("they keep waiting for it" if repaired_again else
+                "they no longer wait for it: each moves to healthy nodes, waits or fails as for any node "
+                "lost to it")
+        return self.remediation.notices.for_node(
+            NotificationKind.VALIDATION_FAILED,
+            f"GPU node {inst_id} failed its validation after repair: "
+            + ("repaired again" if repaired_again else plan.action.value),
+            container_inst_id=inst_id, instance_id=after.ec2_instance_id,
+            what_happened=f"{policy.history_note(inst_id, record)}. Jobs waiting for it: {waiting} ({fate})",
+            what_was_done=describe_node_effects(after, plan),
+            operator_action=("None if the next repair holds: the node is validated again. A node whose "
+                             "repairs keep failing is replaced (or quarantined and paged) by escalation."),
+            details=details_of(evidence, plan))
+
+    def _after_failure(self, gate: Any, instance: Instance, plan: Any, released: list[str]) -> None:
+        """After the commit: the cordon's attribute, the node's next repair (reboot, reset,
+        drain), the released jobs' restarts (each has its own intent: the sweep finishes it)."""
+        inst_id = instance.container_inst_id
+        self.remediation.after_cordon(gate, inst_id, cordoned=True)
+        fresh = self.deps.repo.get_instance(inst_id)
+        if fresh is not None:
+            self.remediation.carry_out(fresh, plan)
+        for job_id in released:
+            self.remediation.restarts.try_restart(job_id)
+
+    # -------------------------------------------------------------------- sweep
+    def sweep(self, instance: Instance, now: float) -> str:
+        """Scheduled while validating: start what never started, read a result whose event
+        was lost, and end a validation out of time as failed."""
+        v = instance.validation
+        if now >= self._until(instance):
+            task_arn = str(v.get("task_arn") or "")
+            if task_arn:
+                self.deps.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} validation timed out")
+            raw = self.deps.repo.get_instance_item(instance.container_inst_id) or {}
+            seconds = int(self.policy.timeout_seconds)
+            why = f"the validation did not finish within {seconds} s"
+            return self._failed(instance, raw, policy.TIMEOUT_EXIT_CODE,
+                                {"verdict": "reboot", "reasons": [why]}, task_arn=task_arn, why=why,
+                                timed_out=True)
+        if v.get("task_arn"):
+            task_arn = str(v["task_arn"])
+            # A task ECS answers MISSING twice in a row is gone (once may be a describe not caught up).
+            task = self.deps.ecs.describe_task(task_arn) or self.deps.ecs.describe_task(task_arn)
+            if task is None:
+                raw = self.deps.repo.get_instance_item(instance.container_inst_id) or {}
+                return self._no_verdict(instance, raw, "the validation task is gone (ECS no longer knows it)")
+            if task.get("lastStatus") == "STOPPED":
+                return self.on_stopped(EcsTaskDetail.model_validate(task)).action
+            self.deps.repo.rearm_validation(instance, min(self._until(instance), now + POLL_SECONDS))
+            return "validation_running"
+        started = self.start(instance)
+        if started in ("validation_claimed", "raced"):
+            claimed = float(v.get("claimed_at") or now)
+            self.deps.repo.rearm_validation(instance, min(self._until(instance),
+                                                          max(claimed, now) + CLAIM_LEASE_SECONDS))
+        return started

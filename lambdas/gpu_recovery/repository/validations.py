@@ -1,0 +1,171 @@
+"""A repaired node's validation (``recovery.validations``): its intents on the instance item.
+
+The node is back from its repair and stays REBOOTING with a ``validation`` map (written by
+``mark_instance_back``, the same write that used to make it AVAILABLE): every job waiting for
+it keeps waiting and nothing places on it. Every write here is conditional on that validation
+(its ``since``) and on the claim of its task (``started_by``, deterministic per node,
+validation and attempt, committed before StartTask): a delivery that died between two of them
+is finished by the next one, or by the sweep, never repeated.
+
+* claim -> StartTask -> record the task (a claim whose answer was lost is taken over after its
+  lease and the task looked up by its startedBy first);
+* the task's result: passed (REBOOTING -> AVAILABLE, the cordon cleared, as a node back from
+  its reboot used to be), no verdict (the claim given back, tried again), failed (a node
+  decision: ``repository.node_decisions``, conditional on the same claim).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    DEADLINE_BUCKET,
+    DEADLINE_PK,
+    DEADLINE_SK,
+    INSTANCE_PK,
+    JOB_PK,
+    job_item_key,
+)
+from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.instances import Instances
+
+# The node's validation: set when it is back from its repair, removed by its result.
+VALIDATION = "validation"
+_NAMES = {"#v": VALIDATION, "#si": "since", "#sb": "started_by", "#ca": "claimed_at", "#ta": "task_arn"}
+
+
+def _names(*keys: str) -> dict[str, str]:
+    return {k: _NAMES[k] for k in keys}
+
+
+class Validations(Instances):
+    """Intents of a repaired node's validation."""
+
+    def _update(self, instance: Instance, condition: str, values: dict[str, Any], names: dict[str, str],
+                **changes: Any) -> Update:
+        return self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            extra_condition=f"#v.#si = :si AND {condition}" if condition else "#v.#si = :si",
+            extra_values={":si": instance.validation.get("since"), **values},
+            extra_names={**_names("#v", "#si"), **names}, **changes)
+
+    def claim_validation(self, instance: Instance, started_by: str, now: float, lease_until: float) -> bool:
+        """The intent to start the validation task (one claimer), committed before StartTask."""
+        return self.db.apply(self._update(
+            instance, "attribute_not_exists(#v.#sb)", {}, _names("#sb"),
+            set_fields={f"{VALIDATION}.started_by": started_by, f"{VALIDATION}.claimed_at": now},
+            deadline_at=lease_until))
+
+    def take_over_validation_claim(self, instance: Instance, now: float, lease_until: float) -> bool:
+        """A claim whose task was never recorded (its claimer died, or StartTask's answer was
+        lost): the taker looks the task up by its startedBy before starting one."""
+        v = instance.validation
+        return self.db.apply(self._update(
+            instance, "#v.#sb = :sb AND #v.#ca = :ca AND attribute_not_exists(#v.#ta)",
+            {":sb": v.get("started_by"), ":ca": v.get("claimed_at")}, _names("#sb", "#ca", "#ta"),
+            set_fields={f"{VALIDATION}.claimed_at": now}, deadline_at=lease_until))
+
+    def release_validation_claim(self, instance: Instance, started_by: str, retry_at: float, *,
+                                 attempt_used: bool = False) -> bool:
+        """Nothing runs (StartTask refused or placed nothing, or the task ended without a
+        verdict: ``attempt_used``, the next start is a new attempt with its own startedBy)."""
+        return self.db.apply(self._update(
+            instance, "#v.#sb = :sb", {":sb": started_by}, _names("#sb"),
+            remove_fields=[f"{VALIDATION}.started_by", f"{VALIDATION}.claimed_at", f"{VALIDATION}.task_arn"],
+            increments={f"{VALIDATION}.attempts": 1} if attempt_used else None, deadline_at=retry_at))
+
+    def record_validation_task(self, instance: Instance, started_by: str, task_arn: str,
+                               deadline_at: float) -> bool:
+        """StartTask answered: the task to wait for (its STOPPED event, or the sweep's look)."""
+        return self.db.apply(self._update(
+            instance, "#v.#sb = :sb", {":sb": started_by}, _names("#sb"),
+            set_fields={f"{VALIDATION}.task_arn": task_arn}, deadline_at=deadline_at))
+
+    def rearm_validation(self, instance: Instance, deadline_at: float) -> bool:
+        """Still waiting (GPUs busy, a claim in flight, the task running): look again then."""
+        return self.db.apply(self._update(instance, "", {}, {}, deadline_at=deadline_at))
+
+    def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool:
+        """The validation passed: REBOOTING -> AVAILABLE, its cordon cleared, as a node back
+        from its reboot used to be; the jobs waiting for it are released next (a deadline
+        lets the sweep finish that if this delivery dies)."""
+        waiting = bool(instance.waiting_jobs)
+        fields: dict[str, Any] = {"last_validation": result, "validated_at": now}
+        remove = [VALIDATION, "suspect_fence"]
+        sync: list[Update] = []
+        if instance.cordoned:
+            more, gone, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
+            fields.update(more)
+            remove += gone
+            sync.append(update)
+        return self.db.transact([self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
+            set_fields=fields, remove_fields=remove, deadline_at=now + 60 if waiting else None,
+            clear_deadline=not waiting,
+            extra_condition="#v.#si = :si AND #v.#sb = :sb",
+            extra_values={":si": instance.validation.get("since"),
+                          ":sb": instance.validation.get("started_by")},
+            extra_names=_names("#v", "#si", "#sb")), *sync])
+
+    def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]:
+        """The condition a failed validation's node decision is written on: this validation,
+        this claim (none: a validation that timed out before any task was claimed)
+        (``repository.node_decisions.NodeDecision.validation``)."""
+        started_by = instance.validation.get("started_by")
+        if not started_by:
+            return ("#v.#si = :vsi AND attribute_not_exists(#v.#sb)",
+                    {":vsi": instance.validation.get("since")}, _names("#v", "#si", "#sb"))
+        return ("#v.#si = :vsi AND #v.#sb = :vsb",
+                {":vsi": instance.validation.get("since"), ":vsb": started_by}, _names("#v", "#si", "#sb"))
+
+    def job_history_note(self, job: Job, note: str) -> Update:
+        """A line in a waiting job's history (no state change: its node was repaired again),
+        only while the job is still in this recovery."""
+        now = clock.now()
+        return Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)}, set_fields={"updated_at": now},
+            history_entry={"at": now, "to": job.state.value, "from": job.state.value, "reason": note[:500],
+                           "actor": "recovery"},
+            condition="#js = :js AND #att = :att",
+            condition_values={":js": job.state.value, ":att": job.attempt},
+            condition_names={"#js": "job_state", "#att": "attempt"})
+
+    # ------------------------------------------------------------- a new node
+    def adopt_replacement(self, watcher: Instance, container_inst_id: str, *, arn: str, ec2_instance_id: str,
+                          validation: dict[str, Any], cordon: dict[str, Any], now: float) -> bool:
+        """A node the Auto Scaling group launched in place of ``watcher`` (terminated by the
+        stack), seen for the first time: its item written in validation (REBOOTING, no reboot
+        of its own), cordoned ``validating``, due at once (the sweep starts its task if this
+        delivery dies), and the watch closed, in one transaction. Only if the stack has no item
+        of the node yet and the watch is still open (a node one watch took, another skips)."""
+        fields = {"instance_state": InstanceState.REBOOTING.value, "container_instance_arn": arn,
+                  "ec2_instance_id": ec2_instance_id, "registered_at": now, "returned_at": now,
+                  VALIDATION: validation, **self.cordons.cordon_fields(cordon, now), "updated_at": now,
+                  DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: now}
+        adopt = Update(
+            table=self.instance_table_name, key={INSTANCE_PK: container_inst_id},
+            set_fields={k: v for k, v in fields.items() if v != ""},
+            condition="attribute_not_exists(#k)", condition_names={"#k": INSTANCE_PK})
+        return self.db.transact([adopt, self._close_watch(watcher, found=container_inst_id),
+                                 self.cordons.sync_update(container_inst_id, now)])
+
+    def close_replacement_watch(self, watcher: Instance) -> bool:
+        """No replacement registered within the watch: nothing more to look for."""
+        return self.db.apply(self._close_watch(watcher, found=""))
+
+    def rearm_replacement_watch(self, watcher: Instance, deadline_at: float) -> bool:
+        return self.db.apply(self.instance_update(
+            watcher.container_inst_id, from_states=[InstanceState.QUARANTINED], deadline_at=deadline_at,
+            extra_condition="#w.#si = :si", extra_values={":si": watcher.replacement_watch.get("since")},
+            extra_names={"#w": "replacement_watch", "#si": "since"}))
+
+    def _close_watch(self, watcher: Instance, *, found: str) -> Update:
+        return self.instance_update(
+            watcher.container_inst_id, from_states=[InstanceState.QUARANTINED],
+            set_fields={"replaced_by": found} if found else None, remove_fields=["replacement_watch"],
+            clear_deadline=True, extra_condition="#w.#si = :si",
+            extra_values={":si": watcher.replacement_watch.get("since")},
+            extra_names={"#w": "replacement_watch", "#si": "since"})

@@ -1,0 +1,162 @@
+"""Fault campaign for the driver's warnings (issue 44): a checkpointed move off a node whose
+driver announces a reset, and the node's repair, broken at each of its AWS calls in turn.
+
+The scenario: three 8-GPU nodes. Alice's 2-node queue job runs (its rank 0 a simulated
+training program asking the control channel every ``POLL_SECONDS``, as ``gpu_recovery_client``
+does). Then the driver of rank 1's node says its GPU 0 needs a reset (nvidia-smi's GPU Recovery
+Action: Reset); the node agent reports it once (``/v1/report_gpu`` through the node API's
+checks and the heartbeat service). Calls are counted from that report: it records the warning,
+cordons the node and asks the job to checkpoint and stop (a move); rank 0 saves a checkpoint
+and calls ``go_suspend()``; every rank is stopped, the job goes back to the queue ahead of its
+priority and the scheduler restarts it on healthy nodes, from that checkpoint; the warned
+node's GPUs are reset (the reset task) and it returns to service. Task events are delivered
+as EventBridge and Lambda's asynchronous invocation would; the sweeps and the scheduler run
+every minute; rank 0 retries a failed call at its next poll.
+
+``check(result)`` lists what ended wrong: the job complete on attempt 2, moved once at its
+checkpoint (one checkpoint, suspended and resumed once, no recovery spent, never crashed), the
+warned node reset once and never rebooted, back in service uncordoned, no job left suspended
+with nothing due (the backstop invariant, after every event), nothing stuck, nothing in a DLQ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery.constants import JobState
+
+from ..world import World
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
+from .time_sharing import Rank0ControlPoller, _user_arn
+
+NODES = ("node-a", "node-b", "node-c")
+RUN_LIMIT_SECONDS = 40 * MIN
+RESUMED_RUN_SECONDS = 2 * MIN
+
+
+@dataclass(kw_only=True)
+class RunResult(CampaignResult):
+    job: dict[str, Any]
+    tasks_started: list[int]  # training tasks started per attempt
+    warned: str  # the node whose driver asked for a reset
+    warned_node: dict[str, Any]  # its instance item
+    resets: int  # GPU reset tasks started on it
+    reboots: int  # reboots of it
+    checkpoints: int  # times rank 0 saved a checkpoint after being told
+
+    def expectations(self) -> list[str]:
+        return expectations(self)
+
+
+def check(result: RunResult) -> list[str]:
+    return result.problems()
+
+
+def expectations(result: RunResult) -> list[str]:
+    problems = []
+    job = result.job
+    if job.get("job_state") != JobState.COMPLETE.value:
+        problems.append(f"job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+    if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
+        problems.append("the move spent a recovery (it must not: the job never crashed)")
+    if int(job.get("suspend_count") or 0) != 1 or int(job.get("resume_count") or 0) != 1:
+        problems.append(f"job suspended {job.get('suspend_count')} / resumed {job.get('resume_count')} "
+                        "time(s) (want 1 / 1)")
+    moves = [m.get("outcome") for m in job.get("moves") or []]
+    if moves != ["moved"]:
+        problems.append(f"moves {moves} (want ['moved'])")
+    # A launch whose StartTask ECS answered with a failure (placed nothing, in its 200) is
+    # aborted and launched again as the next attempt: one more attempt, the aborted one short.
+    unplaced = result.fired is not None and result.fault is not None and result.fault[1] == "ecs_failures" \
+        and result.fired.operation == "StartTask"
+    if int(job.get("attempt") or 0) not in ((2, 3) if unplaced else (2,)):
+        problems.append(f"job at attempt {job.get('attempt')} (want 2)")
+    whole = result.tasks_started[-1:] if unplaced else result.tasks_started
+    if any(count != 2 for count in whole) or any(count > 2 for count in result.tasks_started):
+        problems.append(f"training tasks started per attempt {result.tasks_started} (want 2 each)")
+    node = result.warned_node
+    if result.reboots or result.resets != 1:
+        problems.append(f"{result.warned}: {result.resets} reset(s), {result.reboots} reboot(s) (want 1, 0)")
+    back = node.get("instance_state") == C.InstanceState.AVAILABLE.value
+    if not back or node.get("cordon") or node.get("warning"):
+        problems.append(f"{result.warned} not back in service: {node.get('instance_state')}, cordon "
+                        f"{node.get('cordon')}, warning {node.get('warning')}")
+    if result.checkpoints != 1:
+        problems.append(f"rank 0 saved {result.checkpoints} checkpoint(s) (want 1)")
+    job_id = str(job.get("job_id"))
+    problems += mail_problems(result.mails, {**{(kind, job_id): (0, 0) for kind in
+                                                ("failed", "application_error", "quarantined", "recovered")},
+                                             ("gpu_warning", job_id): (1, 2)})
+    return problems
+
+
+class DriverWarning(Scenario[RunResult]):
+    """Alice's job runs; once rank 1's node reported its driver's reset request, calls are counted."""
+
+    run_limit_seconds = RUN_LIMIT_SECONDS
+
+    def __init__(self) -> None:
+        self.job_id = ""
+        self.warned = ""
+        self.program: Rank0ControlPoller | None = None
+
+    def world_options(self) -> dict[str, Any]:
+        return {"extra_env": {C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}}
+
+    def set_up(self, world: World) -> list[str]:
+        from gpu_recovery.adapters import aws
+        from gpu_recovery.queue.jobs_api.service import JobQueueService
+        from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
+        from gpu_recovery.queue.models import JobSpec
+        from gpu_recovery.repository.jobs_api import JobQueueRepository
+
+        local, sim = world.aws, world.ecs
+        world.schedule_queue_scheduler(60)
+        for node in NODES:
+            sim.add_node(node, gpus=8)
+        task_definition = sim.register_training_task_definition("train", gpus=8)
+        sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)  # far longer than the test
+        service = JobQueueService(
+            repo=JobQueueRepository(world.repo), ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
+            cluster=local.cluster_name, scheduler=NoSchedulerTrigger())
+        self.job_id = service.submit(JobSpec.model_validate({
+            "name": "alice-train", "task_definition": task_definition, "nnodes": 2, "gpus_per_node": 8}),
+            _user_arn("alice"))["job_id"]
+        sim.run_for(MIN + 5)  # the scheduler's tick starts it
+        self.program = Rank0ControlPoller(sim, world.repo, self.job_id)
+        self.program.start()
+        sim.run_for(MIN)
+        rank1 = world.repo.get_rank(self.job_id, 1)
+        assert rank1 is not None
+        self.warned = world.node_name(rank1.container_inst_id)
+        # Resumed from its checkpoint, the job needs only what was left.
+        sim.plan_family("train", run_seconds=RESUMED_RUN_SECONDS, exit_code=0)
+        sim.warn_gpu(self.warned, gpu=0, recovery_action="gpu_reset")
+        return [self.job_id]
+
+    def start(self, world: World) -> None:
+        """The node agent's report (counted: the node API records the warning, cordons the node
+        and asks the job to move)."""
+        world.ecs.report_gpu_state(self.warned)
+
+    def result(self, world: World, common: dict[str, Any]) -> RunResult:
+        repo, sim, program = world.repo, world.ecs, self.program
+        assert program is not None
+        job = repo.get_job_item(self.job_id) or {}
+        attempts = int(job.get("attempt") or 0)
+        ours = [t.tags.get(C.TAG_ATTEMPT) for t in sim.tasks.values()
+                if not t.health_check and t.tags.get(C.TAG_JOB_ID) == self.job_id]
+        started = [ours.count(str(a)) for a in range(1, attempts + 1)]
+        node = sim.node(self.warned)
+        resets = sum(1 for t in sim.tasks.values() if t.node == node.name and t.group == C.GPU_RESET_GROUP)
+        return RunResult(**common, job=job, tasks_started=started, warned=self.warned,
+                         warned_node=repo.get_instance_item(node.container_instance_id) or {}, resets=resets,
+                         reboots=node.reboots, checkpoints=program.checkpoints)
+
+
+def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+        dynamodb: str = DYNAMODB) -> RunResult:
+    """The scenario with ``fault`` (n-th call after the warning's report, mode) broken once."""
+    return run_flow(DriverWarning(), fault, keep_timeline=keep_timeline, dynamodb=dynamodb)

@@ -1,0 +1,100 @@
+"""The by-deadline index split over several partition keys (``deadline_index_shards``): one
+partition takes about 1,000 writes a second, and a 1,024-rank cascade puts more deadlines in
+the index than that (docs/sizing.md, docs/benchmarks.md). Every item that gets a deadline
+lands in its key's shard, every reader reads every shard, and raising the count strands
+nothing written before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.states import JobState
+from gpu_recovery.repository import Repository
+from gpu_recovery.repository.scheduling import SchedulingRepository
+from local_mode.campaigns import recovery as campaign
+from local_mode.campaigns.runner import run_flow
+from local_mode.sim.dynamo import MemoryDynamo
+from tests.fixtures.memory_repository import INSTANCES, JOBS, T0
+
+NODES = [f"node-{i:02d}" for i in range(24)]
+
+
+def _tables() -> MemoryDynamo:
+    return MemoryDynamo({JOBS: "job", INSTANCES: "instance"})
+
+
+def _repository(db: MemoryDynamo, shards: int) -> Repository:
+    return Repository(db, JOBS, INSTANCES, deadline_shards=shards)
+
+
+def _buckets(db: MemoryDynamo, table: str) -> set[Any]:
+    return {item[C.DEADLINE_PK] for item in db.scan_all(table) if C.DEADLINE_PK in item}
+
+
+def _open_checks(repo: Repository, nodes: list[str]) -> None:
+    for i, node in enumerate(nodes):
+        assert repo.open_health_check(node, "j1", now=T0, retry_at=T0 + 60 + i)
+
+
+def test_each_item_takes_its_keys_shard_and_every_shard_is_read_oldest_first() -> None:
+    db = _tables()
+    repo = _repository(db, 4)
+    _open_checks(repo, NODES)
+    buckets = _buckets(db, INSTANCES)
+    assert buckets <= set(repo.db.deadline_buckets()) and len(buckets) == 4
+    due = repo.due_instances(T0 + 10_000)
+    assert [i.container_inst_id for i in due] == NODES  # all of them, oldest deadline first
+    assert [i.container_inst_id for i in repo.due_instances(T0 + 10_000, limit=5)] == NODES[:5]
+    assert {i.container_inst_id for i in repo.due_instances(T0 + 60 + 11)} == set(NODES[:12])
+    paged = [i.container_inst_id for page in repo.due_instance_pages(T0 + 10_000, 3) for i in page]
+    assert sorted(paged) == NODES and all(page for page in repo.due_instance_pages(T0 + 10_000, 3))
+
+
+def test_one_shard_is_the_unsharded_index() -> None:
+    db = _tables()
+    repo = _repository(db, 1)
+    _open_checks(repo, NODES[:3])
+    assert _buckets(db, INSTANCES) == {C.DEADLINE_BUCKET}
+    assert repo.db.deadline_buckets(rotate=7) == [C.DEADLINE_BUCKET]
+
+
+def test_raising_the_shard_count_strands_nothing_written_before() -> None:
+    db = _tables()
+    _open_checks(_repository(db, 1), NODES[:6])
+    _open_checks(_repository(db, 3), NODES[6:12])
+    wider = _repository(db, 8)
+    assert {i.container_inst_id for i in wider.due_instances(T0 + 10_000)} == set(NODES[:12])
+
+
+def test_the_jobs_holding_nodes_are_found_in_every_shard() -> None:
+    db = _tables()
+    repo = _repository(db, 4)
+    jobs = [f"job-{i}" for i in range(12)]
+    for job_id in jobs:
+        assert repo.create_job_if_absent(Job(job_id, JobState.RUNNING, world_size=2, created_at=T0))
+        assert repo.enter_recovery(job_id, 1, from_states=[JobState.RUNNING], reason="GPU fault", now=T0,
+                                   deadline_at=T0 + 60)
+    held = {item["job_id"] for item in SchedulingRepository(repo).jobs_holding_nodes()}
+    assert held == set(jobs)
+    assert len(_buckets(db, JOBS)) > 1 and _buckets(db, JOBS) <= set(repo.db.deadline_buckets())
+
+
+class _ShardedGpuFault(campaign.RecoveryScenario):
+    def world_options(self) -> dict[str, Any]:
+        options = super().world_options()
+        options["extra_env"] = {**options["extra_env"], C.ENV_DEADLINE_INDEX_SHARDS: "4"}
+        return options
+
+
+def test_a_gpu_fault_is_recovered_with_the_index_in_four_shards() -> None:
+    result = run_flow(_ShardedGpuFault("gpu_fault"))
+    assert result.problems() == []
+    def sweep_reads(calls: list[Any]) -> int:
+        return sum(1 for c in calls if c.operation == "Query" and c.site.startswith("recovery/sweep.py"))
+
+    sharded, unsharded = sweep_reads(result.calls), sweep_reads(campaign.run("gpu_fault").calls)
+    # Each of the sweep's reads once a shard (a run or two more or fewer: the runs differ in
+    # their timing by a few seconds).
+    assert sharded > 3 * unsharded
