@@ -48,6 +48,7 @@ from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.ecs_budget import EcsCallBudget
+from gpu_recovery.domain.validation import ValidationPolicy
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.recovery.ranks import container_environment
 from gpu_recovery.settings import Settings
@@ -234,7 +235,7 @@ class ScaleWorld:
             health_check_task=self.cluster.health_check_task, topic_arn=self.topic.arn,
             health_check_log_group=HEALTH_CHECK_LOG_GROUP,
             gang_queue_url=gang_queue.url if gang_queue is not None else "",
-            tag_lookup_queue_url=self.queues[TAG_LOOKUP_QUEUE].url), **(settings or {}))
+            tag_lookup_queue_url=self.queues[TAG_LOOKUP_QUEUE].url), **_typed(settings or {}))
         timeouts = {name: float(f.timeout_seconds) for name, f in D.FUNCTIONS.items()}
         timeouts.update(function_timeouts or {})
         for function in D.FUNCTIONS.values():
@@ -420,3 +421,12 @@ def launch_tagged_job(world: ScaleWorld, job_id: str, nodes: list[Node], *,
                                               started_by="launcher", group=group if by_convention else None,
                                               overrides=overrides))
     return job
+
+
+def _typed(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``Settings`` overrides as JSON gives them, the nested policies built (``validation``:
+    the fields of ``domain.validation.ValidationPolicy``, e.g. ``{"enabled": true}``)."""
+    typed = dict(overrides)
+    if isinstance(typed.get("validation"), dict):
+        typed["validation"] = ValidationPolicy(**typed["validation"])
+    return typed
