@@ -272,3 +272,10 @@ def test_every_function_that_lists_tasks_may_list_them_by_started_by(deployed: G
     deployed.check("ecs", "ListTasks", {"cluster": CLUSTER, "desiredStatus": "RUNNING"}, function=function)
     with expecting_denials(), pytest.raises(GrantDenied, match="conditions of ListTasksInCluster"):
         deployed.check("ecs", "ListTasks", {"cluster": "another-cluster"}, function=function)
+
+
+def test_every_test_is_held_to_both_guards(request: pytest.FixtureRequest) -> None:
+    """Both guards' per-test checks (tests/conftest.py) are autouse fixtures of every test: a
+    merge once dropped the grants guard's decorator, and a denied call the code swallowed then
+    failed no test."""
+    assert {"_no_call_refused_by_its_role", "_no_request_aws_would_refuse"} <= set(request.fixturenames)
