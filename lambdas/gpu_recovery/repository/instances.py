@@ -350,7 +350,6 @@ class Instances(RecoveryTables):
         a reboot. ``validation`` (domain.validation.new_validation): the node stays REBOOTING
         and validates first (the intent of ``recovery.validations``), its cordon becoming
         ``validating_cordon`` (the placement value ``validating``), its waiting jobs kept."""
-        waiting = bool(instance.waiting_jobs)
         fields: dict[str, Any] = {"returned_at": now}
         remove: list[str] = ["suspect_fence"]  # back healthy: the suspect is answered
         condition = "#rq = :rq AND attribute_not_exists(#val)"
@@ -362,8 +361,8 @@ class Instances(RecoveryTables):
             names.update({"#rp": "reset_pending", "#sb": "reset_started_by"})
             remove += ["reset_pending", "reset_claimed_at"]
             fields["last_reset"] = last_reset or {}
-        sync: list[Update] = []
         if validation is not None:
+            sync: list[Update] = []
             fields["validation"] = validation
             if validating_cordon is not None:  # out of every placement until it passes
                 fields.update(self.cordons.cordon_fields(validating_cordon, now))
@@ -372,10 +371,20 @@ class Instances(RecoveryTables):
                 instance.container_inst_id, from_states=[InstanceState.REBOOTING], set_fields=fields,
                 remove_fields=remove, deadline_at=now + 60, extra_condition=condition, extra_values=values,
                 extra_names=names), *sync])
-        if instance.cordoned:  # healthy again: its cordon goes with the reboot (same transaction)
+        # Healthy again: its cordon goes with the reboot (same transaction).
+        return self.back_to_available(instance, now, fields, remove, condition, values, names)
+
+    def back_to_available(self, instance: Instance, now: float, fields: dict[str, Any], remove: list[str],
+                          condition: str, values: dict[str, Any], names: dict[str, str]) -> bool:
+        """REBOOTING -> AVAILABLE on ``condition``, its cordon cleared in the same transaction
+        (healthy again); its waiting jobs keep a deadline so the sweep releases them if this
+        delivery dies before it does."""
+        waiting = bool(instance.waiting_jobs)
+        sync: list[Update] = []
+        if instance.cordoned:
             more, gone, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
-            fields.update(more)
-            remove += gone
+            fields = {**fields, **more}
+            remove = [*remove, *gone]
             sync.append(update)
         return self.db.transact([self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,

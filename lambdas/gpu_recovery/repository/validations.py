@@ -92,23 +92,11 @@ class Validations(Instances):
         """The validation passed: REBOOTING -> AVAILABLE, its cordon cleared, as a node back
         from its reboot used to be; the jobs waiting for it are released next (a deadline
         lets the sweep finish that if this delivery dies)."""
-        waiting = bool(instance.waiting_jobs)
-        fields: dict[str, Any] = {"last_validation": result, "validated_at": now}
-        remove = [VALIDATION, "suspect_fence"]
-        sync: list[Update] = []
-        if instance.cordoned:
-            more, gone, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
-            fields.update(more)
-            remove += gone
-            sync.append(update)
-        return self.db.transact([self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
-            set_fields=fields, remove_fields=remove, deadline_at=now + 60 if waiting else None,
-            clear_deadline=not waiting,
-            extra_condition="#v.#si = :si AND #v.#sb = :sb",
-            extra_values={":si": instance.validation.get("since"),
-                          ":sb": instance.validation.get("started_by")},
-            extra_names=_names("#v", "#si", "#sb")), *sync])
+        return self.back_to_available(
+            instance, now, {"last_validation": result, "validated_at": now}, [VALIDATION, "suspect_fence"],
+            "#v.#si = :si AND #v.#sb = :sb",
+            {":si": instance.validation.get("since"), ":sb": instance.validation.get("started_by")},
+            _names("#v", "#si", "#sb"))
 
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]:
         """The condition a failed validation's node decision is written on: this validation,

@@ -381,6 +381,18 @@ def _cross_or_pin(a: NodeSet, b: NodeSet) -> tuple[list[Problem], list[Pin]]:
     return [Problem(CROSS, (a, b))], []
 
 
+def _failed_crossings(*pairs: tuple[bool | None, NodeSet, NodeSet]) -> tuple[list[Problem], list[Pin]]:
+    """For each (result, a, b) whose all-reduce failed: the link between a and b is next."""
+    new: list[Problem] = []
+    pins: list[Pin] = []
+    for passed, a, b in pairs:
+        if passed is False:
+            more, p = _cross_or_pin(a, b)
+            new += more
+            pins += p
+    return new, pins
+
+
 def advance(state: PinState, tests: Sequence[GroupTest], passed: Mapping[str, bool]) -> PinState:
     """The state after a round: ``passed`` says, per test id, whether its all-reduce passed
     (a test missing from it did not report in time: it failed)."""
@@ -463,15 +475,7 @@ def _advance_one(problem: Problem, roles: Mapping[str, GroupTest], ok: Mapping[s
             a1, a2 = halves(a)
             b1, b2 = halves(b)
             r11, r22 = result("cross_11"), result("cross_22")
-            new, pins = [], []
-            if r11 is False:
-                more, p = _cross_or_pin(a1, b1)
-                new += more
-                pins += p
-            if r22 is False:
-                more, p = _cross_or_pin(a2, b2)
-                new += more
-                pins += p
+            new, pins = _failed_crossings((r11, a1, b1), (r22, a2, b2))
             if r11 and r22:
                 new.append(Problem(CROSSX, (a1, b2, a2, b1)))
             return new, pins, ""
@@ -485,15 +489,7 @@ def _advance_one(problem: Problem, roles: Mapping[str, GroupTest], ok: Mapping[s
     if problem.kind == CROSSX:
         a1, b2, a2, b1 = problem.sets
         r12, r21 = result("crossx_12"), result("crossx_21")
-        new, pins = [], []
-        if r12 is False:
-            more, p = _cross_or_pin(a1, b2)
-            new += more
-            pins += p
-        if r21 is False:
-            more, p = _cross_or_pin(a2, b1)
-            new += more
-            pins += p
+        new, pins = _failed_crossings((r12, a1, b2), (r21, a2, b1))
         if r12 and r21:
             return [], [], f"{problem}: every group passed this time (a flapping link?): nothing pinned"
         return new, pins, ""
