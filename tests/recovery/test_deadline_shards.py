@@ -10,6 +10,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.scheduling import SchedulingRepository
@@ -79,6 +80,19 @@ def test_the_jobs_holding_nodes_are_found_in_every_shard() -> None:
     held = {item["job_id"] for item in SchedulingRepository(repo).jobs_holding_nodes()}
     assert held == set(jobs)
     assert len(_buckets(db, JOBS)) > 1 and _buckets(db, JOBS) <= set(repo.db.deadline_buckets())
+
+
+def test_an_item_put_whole_with_a_deadline_takes_its_keys_shard_too() -> None:
+    """The gang preflight's item is put (PutItem), not updated: it is sharded the same way."""
+    db = _tables()
+    repo = _repository(db, 4)
+    jobs = [f"job-{i}" for i in range(12)]
+    for job_id in jobs:
+        assert repo.preflight.start(job_id, 2, {}, deadline_at=T0 + 60)
+    placed = {item[C.JOB_PK]: item[C.DEADLINE_PK] for item in db.scan_all(JOBS)}
+    assert placed == {C.preflight_item_key(job_id, 2): C.deadline_bucket(stable_shard(
+        C.preflight_item_key(job_id, 2), 4)) for job_id in jobs}
+    assert len(set(placed.values())) > 1
 
 
 class _ShardedGpuFault(campaign.RecoveryScenario):

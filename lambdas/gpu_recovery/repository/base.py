@@ -276,14 +276,21 @@ class DynamoGateway:
         """``update`` with the item's own shard's bucket where it sets ``DEADLINE_BUCKET``."""
         if self.deadline_shards == 1:
             return update
+        key = "#".join(str(v) for v in update.key.values())
         changed: dict[str, Any] = {}
         for attr in ("set_fields", "set_if_absent"):
             fields = getattr(update, attr)
-            if fields.get(DEADLINE_PK) == DEADLINE_BUCKET:
-                key = "#".join(str(v) for v in update.key.values())
-                shard = stable_shard(key, self.deadline_shards)
-                changed[attr] = {**fields, DEADLINE_PK: deadline_bucket(shard)}
+            sharded = self._fields_in_shard(key, fields)
+            if sharded is not fields:
+                changed[attr] = sharded
         return replace(update, **changed) if changed else update
+
+    def _fields_in_shard(self, key: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """``fields`` (an update's, or a whole item put) with ``key``'s shard's bucket where
+        they set ``DEADLINE_BUCKET``; ``fields`` itself when there is nothing to change."""
+        if self.deadline_shards == 1 or fields.get(DEADLINE_PK) != DEADLINE_BUCKET:
+            return fields
+        return {**fields, DEADLINE_PK: deadline_bucket(stable_shard(key, self.deadline_shards))}
 
     def table(self, name: str) -> Any:
         # A boto3 Table resource costs milliseconds to build: one per table and gateway.
@@ -311,6 +318,7 @@ class DynamoGateway:
         return dict(self.table(table).query(**kwargs))
 
     def put_if_absent(self, table: str, item: dict[str, Any], key_attr: str) -> bool:
+        item = self._fields_in_shard(str(item[key_attr]), item)
         try:
             with_contention_retries(lambda: self.table(table).put_item(
                 Item=item,
