@@ -31,7 +31,7 @@ from gpu_recovery.constants import (
     preflight_item_key,
     rank_item_key,
 )
-from gpu_recovery.domain.preflight.baseline import Baseline
+from gpu_recovery.domain.preflight.baseline import Baseline, sizes_of
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 
 PREFLIGHT_ITEM_TYPE = "PREFLIGHT"
@@ -67,7 +67,7 @@ class PreflightRepository:
 
     def baselines(self, node_class: str, counts: Iterable[int]) -> dict[int, Baseline]:
         """The baselines of ``node_class`` at ``counts`` nodes (empty ones for those never learned)."""
-        wanted = sorted({int(n) for n in counts if int(n) >= 1})
+        wanted = sizes_of(counts)
         keys = [{INSTANCE_PK: preflight_baseline_key(node_class, n)} for n in wanted]
         found = {str(i[INSTANCE_PK]): from_ddb(i) for i in (self.base.db.batch_get(self.instances, keys)
                                                               if keys else [])}
@@ -199,9 +199,7 @@ class PreflightRepository:
         return Update(
             table=self.instances,
             key={INSTANCE_PK: preflight_baseline_key(baseline.node_class, baseline.nodes)},
-            set_fields={"item_type": BASELINE_ITEM_TYPE, "node_class": baseline.node_class,
-                        "nodes": baseline.nodes, "samples": list(baseline.samples),
-                        "sample_ids": list(baseline.sample_ids), "version": baseline.version},
+            set_fields={"item_type": BASELINE_ITEM_TYPE, **baseline.to_item()},
             condition=condition, condition_values=values, condition_names={"#ver": "version"})
 
 

@@ -19,8 +19,6 @@ class PreflightMode(str, Enum):
     OFF = "off"
 
 
-MODE_NAMES = tuple(m.value for m in PreflightMode)
-
 
 def effective(mode: PreflightMode, nodes: int, min_nodes: int) -> PreflightMode:
     """``auto`` resolved with the cluster's default."""

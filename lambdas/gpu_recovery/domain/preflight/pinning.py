@@ -464,8 +464,9 @@ def _advance_one(problem: Problem, roles: Mapping[str, GroupTest], ok: Mapping[s
             else:
                 new.append(Problem(WITHIN, (b,)))
         if ra and rb:
-            new += _cross_or_pin(b, a)[0]
-            pins += _cross_or_pin(b, a)[1]
+            more, p = _cross_or_pin(b, a)
+            new += more
+            pins += p
         if ra and rb is None:  # a lone node nobody could pad: it, or its link into A
             new.append(Problem(INVOLVES, (b, a)))
         return new, pins, ""

@@ -98,9 +98,8 @@ class Preflights:
             item, answer = self._start(job_id, attempt, now)
             if item is None:
                 return {**answer, "job_id": job_id, "rank": rank, "attempt": attempt}
-        if item["status"] == RUNNING and int(item["round"]) > 1 and \
-                set(item.get("results") or {}) >= {t["id"] for t in item.get("tests") or ()}:
-            item = self._finish_round(item, now, timed_out=False)  # a dead delivery's round
+        if item["status"] == RUNNING and int(item["round"]) > 1 and self._complete(item):
+            item = self._finish_round(item, now)  # a dead delivery's round
         return self._instruction(item, rank, now)
 
     def _start(self, job_id: str, attempt: int, now: float) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -210,7 +209,7 @@ class Preflights:
         if loopbacks_in and fresh["status"] == RUNNING and int(fresh["round"]) == 1:
             fresh = self._loopbacks_in(fresh, now)
         elif fresh["status"] == RUNNING and int(fresh["round"]) == round_ and self._complete(fresh):
-            fresh = self._finish_round(fresh, now, timed_out=False)
+            fresh = self._finish_round(fresh, now)
         return {**self._instruction(fresh, rank, now), "accepted": True, "verdict": verdict.to_dict()}
 
     def _test(self, item: Mapping[str, Any], round_: int, test_id: str, rank: int) -> pinning.GroupTest:
@@ -243,7 +242,7 @@ class Preflights:
         else the gang opens, with a round's bound of its own. Idempotent (the latch says
         complete again to a retried report, and the sweep asks too)."""
         if _listed_ranks(item.get("loopback_failed")) or int(item["nodes"]) == 1:
-            return self._finish_round(item, now, timed_out=False)
+            return self._finish_round(item, now)
         if not item.get("gang_ready"):
             self.deps.repo.preflight.open_gang(str(item["pf_job_id"]), int(item["attempt"]),
                                                now + self.policy.round_seconds, now)
@@ -254,7 +253,7 @@ class Preflights:
         return Threshold.from_dict((item.get("thresholds") or {}).get(str(size)))
 
     # ================================================================= a round judged
-    def _finish_round(self, item: dict[str, Any], now: float, *, timed_out: bool) -> dict[str, Any]:
+    def _finish_round(self, item: dict[str, Any], now: float) -> dict[str, Any]:
         """The round's results (missing ones hung) to the search's next state: another round,
         or the end. Returns the item as it is afterwards."""
         repo = self.deps.repo
@@ -276,8 +275,6 @@ class Preflights:
                 gang = results.get(GANG) or hung(self._threshold(item, nodes), waited)
             state = pinning.after_first_round(nodes, gang_passed=gang is not None and gang.passed,
                                               loopback_failed=failed, missing=missing)
-            if nodes == 1 and not failed:  # one node: its loopback is the whole test
-                state = pinning.after_first_round(nodes, gang_passed=True)
             summary.append(_round_one_line(gang, failed, missing, nodes))
             tests: list[pinning.GroupTest] = []
         else:
@@ -409,7 +406,7 @@ class Preflights:
                 # Ranks ECS has not started yet (the restart's launch): not a hung node.
                 repo.preflight.rearm(job_id, attempt, now + self.policy.round_seconds)
                 return "preflight_waiting_for_the_start"
-        self._finish_round(item, now, timed_out=True)
+        self._finish_round(item, now)
         return "preflight_round_timed_out"
 
 
