@@ -427,14 +427,7 @@ class SuspendClient(object):
         return ack  # pragma: no cover - unreachable: the wait ends with the process
 
     def _wait_to_be_stopped(self) -> None:
-        """Block until ECS stops the task. A Python process running as the container's
-        PID 1 ignores SIGTERM while its disposition is the default (the kernel does not
-        apply default actions to PID 1): exit on it instead of waiting for SIGKILL."""
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        while True:
-            self._sleep(3600)
+        _wait_to_be_stopped(self._sleep)
 
     # --------------------------------------------------------------------------- HTTP
     def _call(self, method: str, path: str) -> Tuple[int, Any]:
@@ -806,13 +799,16 @@ def run_preflight(client: PreflightClient, runner: TestRunner, address: str = ""
                     except ControlError as error:  # the round's bound judges it hung
                         say("preflight report of %s failed: %s" % (key[1], error))
         if not ran:
-            sleep(max(MIN_POLL_SECONDS, min(MAX_POLL_SECONDS, float(step.get("poll_seconds") or 2))))
+            sleep(_clamp_poll(step.get("poll_seconds"), DEFAULT_POLL_SECONDS))
 
 
 POLL_BACKOFF_SECONDS = 5.0
 
 
 def _wait_to_be_stopped(sleep: Optional[Callable[[float], Any]] = None) -> None:
+    """Block until ECS stops the task. A Python process running as the container's PID 1
+    ignores SIGTERM while its disposition is the default (the kernel does not apply default
+    actions to PID 1): exit on it instead of waiting for SIGKILL."""
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -111,3 +111,21 @@ def media_type(headers: dict[str, Any] | None) -> str:
         if str(key).lower() == "content-type":
             return str(value or "").split(";", 1)[0].strip().lower()
     return ""
+
+
+JSON_MEDIA_TYPES = ("application/json", "")  # no Content-Type: taken as JSON
+
+
+def guarded_body(event: dict[str, Any], max_bytes: int, *, json_route: bool) -> str:
+    """The body as UTF-8 text, everything that can be wrong with it a :class:`BodyError` (a
+    4xx) before routing: size (413), encoding (400) and, on a route that takes JSON, its
+    media type (415) and JSON (400); so the resolver's own parsing cannot fail."""
+    text = body_text(event, max_bytes)
+    if json_route:
+        media = media_type(event.get("headers"))
+        if media not in JSON_MEDIA_TYPES:
+            raise BodyError(415, "unsupported_media_type",
+                            f"Content-Type: {media} is not supported; send application/json", "Content-Type")
+        if text.strip():
+            parse_json(text)
+    return text

@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 from gpu_recovery import runtime
 from gpu_recovery.queue.control import ControlError
 from handlers._common import powertools
-from handlers._http import BodyError, body_text, media_type, parse_json
+from handlers._http import BodyError, guarded_body
 from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
 
 logger, tracer, metrics = powertools("job-control-api")
@@ -197,7 +197,8 @@ def preflight_step(
     attempt: Annotated[int, Query(ge=1, le=100_000, description="The rank's ATTEMPT")],
 ) -> PreflightStep:
     job_id, rank = _caller()
-    step = runtime.job_control_service().preflight_step(job_id, rank, attempt)
+    service = runtime.job_control_service(runtime.PowertoolsMetrics(metrics))  # a step may start a preflight
+    step = service.preflight_step(job_id, rank, attempt)
     return PreflightStep.model_validate(step)
 
 
@@ -225,15 +226,8 @@ def preflight_report(
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     report = event.get("httpMethod") == "POST" and str(event.get("path") or "").endswith(PREFLIGHT_PATH)
     try:
-        text = body_text(event, MAX_BODY_BYTES)  # size and encoding: a 4xx, never a 5xx
-        if report:  # the one route with a body: JSON, parsed here so the resolver's parsing can't fail
-            media = media_type(event.get("headers"))
-            if media not in ("application/json", ""):
-                raise BodyError(415, "unsupported_media_type",
-                                f"Content-Type: {media} is not supported; send application/json",
-                                "Content-Type")
-            if text.strip():
-                parse_json(text)
+        # The report is the one route with a body (JSON); size and encoding: a 4xx, never a 5xx.
+        text = guarded_body(event, MAX_BODY_BYTES, json_route=report)
     except BodyError as error:
         return {"statusCode": error.status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
                 "body": json.dumps(error.body()), "isBase64Encoded": False}

@@ -73,7 +73,7 @@ from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
 from gpu_recovery.queue.models import JobSpec
 from gpu_recovery.queue.spec_errors import first_problem
 from handlers._common import powertools
-from handlers._http import BodyError, body_text, media_type, parse_json
+from handlers._http import BodyError, guarded_body
 from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
 
 API_TITLE = "GPU training jobs API"
@@ -439,7 +439,6 @@ def _header(name: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------ entry
-JSON_MEDIA_TYPES = ("application/json", "")
 
 
 def _error_result(status: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -459,15 +458,7 @@ def _guard_body(event: dict[str, Any]) -> dict[str, Any]:
     """Everything that can be wrong with a body before routing becomes a 4xx: size (413),
     encoding and JSON (400), media type of a submit (415). Returns the event with the
     body as UTF-8 text, so the resolver's own parsing cannot fail."""
-    text = body_text(event, MAX_BODY_BYTES)
-    if _json_body_route(event):
-        media = media_type(event.get("headers"))
-        if media not in JSON_MEDIA_TYPES:
-            raise BodyError(415, "unsupported_media_type",
-                            f"Content-Type: {media} is not supported; send application/json",
-                            "Content-Type")
-        if text.strip():
-            parse_json(text)
+    text = guarded_body(event, MAX_BODY_BYTES, json_route=_json_body_route(event))
     return {**event, "body": text if text else None, "isBase64Encoded": False}
 
 
