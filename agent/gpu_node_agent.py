@@ -389,7 +389,7 @@ def parse_nvlink_errors(text: str) -> Dict[int, Dict[str, int]]:
         if gpu is None or not link:
             continue
         name = NVLINK_COUNTERS.get(" ".join(link.group(2).lower().split()))
-        value = _to_int(parse_smi_value(link.group(3)))
+        value = parse_smi_int(link.group(3))
         if name is None or value is None:
             continue
         counters = result.setdefault(gpu, {})

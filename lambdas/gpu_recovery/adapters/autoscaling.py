@@ -17,10 +17,16 @@ class AutoScalingReplacer:
 
     def groups_of(self, instance_ids: list[str]) -> dict[str, tuple[str, str]]:
         """instance id -> (lifecycle state, Auto Scaling group name), for those of
-        ``instance_ids`` (up to 50: the API's limit) that belong to a group."""
-        response = self._asg.describe_auto_scaling_instances(InstanceIds=list(instance_ids)[:50])
-        return {str(i["InstanceId"]): (str(i.get("LifecycleState")), str(i.get("AutoScalingGroupName")))
-                for i in response.get("AutoScalingInstances") or []}
+        ``instance_ids`` that belong to a group: 50 a call (the API's limit); none, no call
+        (an empty InstanceIds would list every group instance of the account)."""
+        ids = list(instance_ids)
+        found: dict[str, tuple[str, str]] = {}
+        for start in range(0, len(ids), 50):
+            response = self._asg.describe_auto_scaling_instances(InstanceIds=ids[start:start + 50])
+            for i in response.get("AutoScalingInstances") or []:
+                found[str(i["InstanceId"])] = (str(i.get("LifecycleState")),
+                                               str(i.get("AutoScalingGroupName")))
+        return found
 
     def terminate_in_asg(self, instance_id: str) -> str:
         """Terminate without decrementing the desired capacity: the group launches a new

@@ -22,8 +22,6 @@ from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.fault_vocabulary import ACTION_SEVERITY, ANNOUNCED, MOVE_JOB, PREDICTED, Action
 from gpu_recovery.domain.gpu_counters import CounterRate, rates_from_item
 
-# A node's item keeps at most this many jobs asked to move (the jobs on one node: a job per GPU).
-MAX_WARNING_JOBS = 64
 # A job's item keeps its last moves (the newest last).
 MAX_MOVES_KEPT = 8
 # A predicted warning's record keeps at most this many of the rates that raised it.
@@ -123,3 +121,12 @@ def avoided(warning: Mapping[str, Any]) -> str:
                 "since the last checkpoint plus a whole recovery")
     return (f"a failure the rising counters predict ({action.replace('_', ' ')} needed): a crash would have "
             "lost the work since the last checkpoint plus a whole recovery")
+
+
+def repaired_at(node: Mapping[str, Any]) -> float | None:
+    """When the node (its instance item) was last repaired: its boot after a reboot, or its
+    return to service. Signals and warnings from before then are stale (a reboot resets
+    volatile ECC counts)."""
+    times = [float(v) for v in (node.get("boot_time"), node.get("returned_at"))
+             if isinstance(v, int | float) and not isinstance(v, bool)]
+    return max(times) if times else None

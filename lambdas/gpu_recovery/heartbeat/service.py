@@ -43,7 +43,7 @@ from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.evidence import ITEM_COUNTER_ANCHORS, ITEM_COUNTER_RATES, build_evidence
 from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
 from gpu_recovery.domain.fault_vocabulary import Trigger
-from gpu_recovery.domain.gpu_warnings import DriverWarning, driver_warning, warning_record
+from gpu_recovery.domain.gpu_warnings import DriverWarning, driver_warning, repaired_at, warning_record
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import NotificationFacts, build
@@ -354,7 +354,7 @@ class HeartbeatService:
                 node.get("hw_notified") or {}, now,
                 retention_seconds=self.settings.signal_retention_seconds,
                 notify_interval_seconds=self.settings.signal_notify_seconds,
-                repaired_at=_repaired_at(node),
+                repaired_at=repaired_at(node),
             )
             # The counters' anchors and what rose (domain.gpu_counters): bounded by the GPUs.
             anchors, rates = gpu_counters.advance(node.get(ITEM_COUNTER_ANCHORS), named, now,
@@ -405,7 +405,7 @@ class HeartbeatService:
             return None
         state = str(item.get("instance_state") or InstanceState.AVAILABLE.value)
         kept = item.get("warning") or {}
-        repaired = _repaired_at(item)
+        repaired = repaired_at(item)
         if state not in (InstanceState.AVAILABLE.value, InstanceState.SUSPECT.value):
             return warning  # a recovery owns the node: its repair answers the warning too
         if kept.get("rule") == warning.rule_id and (repaired is None
@@ -588,12 +588,3 @@ class HeartbeatService:
             self.notifier.publish(build(kind, headline, facts))
         except Exception:
             logger.exception("notification failed", extra={"kind": kind.value, "job_id": facts.job_id})
-
-
-
-def _repaired_at(node: dict[str, Any]) -> float | None:
-    """When the node was last repaired: its boot after a reboot, or its return to service.
-    Signals last seen before then are forgotten (a reboot resets volatile ECC counts)."""
-    times = [float(v) for v in (node.get("boot_time"), node.get("returned_at"))
-             if isinstance(v, int | float) and not isinstance(v, bool)]
-    return max(times) if times else None

@@ -140,7 +140,7 @@ class Validations:
         known = self.deps.repo.get_instances(candidates) if candidates else {}
         unknown = {n: ci for n, ci in candidates.items() if n not in known}
         ec2_ids = [str(ci.get("ec2InstanceId") or "") for ci in unknown.values()]
-        groups = self.deps.replacer.groups_of([i for i in ec2_ids if i.startswith("i-")]) if ec2_ids else {}
+        groups = self.deps.replacer.groups_of([i for i in ec2_ids if i.startswith("i-")])
         for node, ci in sorted(unknown.items(), key=lambda kv: (str(kv[1].get("registeredAt")), kv[0])):
             ec2_id = str(ci.get("ec2InstanceId") or "")
             if groups.get(ec2_id, ("", ""))[1] != watch.get("group"):

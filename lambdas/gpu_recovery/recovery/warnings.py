@@ -35,11 +35,18 @@ from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.evidence import ITEM_TELEMETRY_AT
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Trigger
-from gpu_recovery.domain.gpu_warnings import DriverWarning, asked, driver_warning, job_entry, kept_rates
+from gpu_recovery.domain.gpu_warnings import (
+    DriverWarning,
+    asked,
+    driver_warning,
+    job_entry,
+    kept_rates,
+    repaired_at,
+)
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPlan
-from gpu_recovery.domain.states import InstanceState, JobState
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES, InstanceState, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
@@ -51,14 +58,7 @@ logger = logging.getLogger(__name__)
 RETRY_INTERVAL_SECONDS = 60
 _WARNED = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
 # A job that runs on the node (a recovering one will leave it, or is reserved and waited for).
-_STARTED = (JobState.RUNNING, JobState.SUSPENDING, JobState.HUNG, JobState.NODE_LOST, JobState.STARTING)
-
-
-def repaired_at(raw: dict[str, Any]) -> float | None:
-    """When the node was last repaired (its boot after a reboot, its return to service)."""
-    times = [float(v) for v in (raw.get("boot_time"), raw.get("returned_at"))
-             if isinstance(v, int | float) and not isinstance(v, bool)]
-    return max(times) if times else None
+_STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
 
 class GpuWarnings:
@@ -253,7 +253,7 @@ class GpuWarnings:
 
     def _stays_notice(self, job: Job, instance: Instance, warning: DriverWarning, why: str) -> Owed:
         return self.notices.for_job(
-            replace(job), None, NotificationKind.GPU_WARNING, "Job runs on a GPU node with a driver warning",
+            job, None, NotificationKind.GPU_WARNING, "Job runs on a GPU node with a driver warning",
             what_happened=f"Node {instance.container_inst_id} reports {warning.describe()}",
             what_was_done=(f"The job keeps running ({why}); the node takes no new work (cordoned) and is "
                            f"repaired ({warning.action.value}) once the job leaves it"),
