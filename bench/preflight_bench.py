@@ -77,9 +77,9 @@ def restart_added(ranks: int) -> dict[str, Any]:
     from gpu_recovery.domain.rate_limit import DEFAULT_RATE
     from gpu_recovery.repository.jobs_api import JobQueueRepository
     from local_mode.preflight_programs import PreflightPrograms
+    from local_mode.scripts import load_client_library
     from local_mode.server import InProcessOpener, LocalApi
     from local_mode.sim.fabric import test_seconds
-    from local_mode.time_sharing_scenario import load_client_library
     from local_mode.world import build_world
 
     env = {C.ENV_CONTROL_API_URL: "https://control.invalid/prod",
@@ -122,9 +122,7 @@ def restart_added(ranks: int) -> dict[str, Any]:
                 rank = int(task.tags.get(C.TAG_RANK, "-1"))
                 if task.last_status == "RUNNING" and rank >= 0 and rank not in running:
                     running[rank] = sim.now()
-                    env_of = {e["name"]: e["value"]
-                              for e in task.overrides["containerOverrides"][0]["environment"]}
-                    programs.attach(task, env_of)
+                    programs.attach(task, task.environment())
             if len(running) < ranks:
                 sim.schedule(sim.now() + 0.5, watch, "bench watch")
 

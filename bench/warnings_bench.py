@@ -96,12 +96,6 @@ class _Rank0:
 
 
 def _case(kind: str, lead: int, acted: bool) -> Case:
-    from gpu_recovery.adapters import aws
-    from gpu_recovery.queue.jobs_api.service import JobQueueService
-    from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
-    from gpu_recovery.queue.models import JobSpec
-    from gpu_recovery.repository.jobs_api import JobQueueRepository
-    from local_mode.campaigns.time_sharing import _user_arn
     from local_mode.world import build_world
 
     env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL", C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}
@@ -112,12 +106,9 @@ def _case(kind: str, lead: int, acted: bool) -> Case:
             sim.add_node(node, gpus=8)
         definition = sim.register_training_task_definition("train", gpus=8)
         sim.plan_family("train", run_seconds=4 * 3600, exit_code=0)  # runs past the case's end
-        service = JobQueueService(repo=JobQueueRepository(repo), ecs_client=aws.client("ecs"),
-                                  logs_client=aws.client("logs"), cluster=world.aws.cluster_name,
-                                  scheduler=NoSchedulerTrigger())
-        job_id = service.submit(JobSpec.model_validate({
+        job_id = world.submit_queue_job({
             "name": "bench", "task_definition": definition, "nnodes": 2, "gpus_per_node": 8,
-            "max_infra_recoveries": 3}), _user_arn("alice"))["job_id"]
+            "max_infra_recoveries": 3}, "alice")
         def running() -> bool:
             job = repo.get_job(job_id)
             return job is not None and job.state is C.JobState.RUNNING

@@ -35,12 +35,21 @@ def forgotten_validations(repo: Repository, now: float, nodes: Iterable[str], *,
         item = repo.get_instance_item(node)
         if not item or item.get("instance_state") != "REBOOTING" or not item.get("validation"):
             continue
-        due = item.get(C.DEADLINE_SK)
-        if item.get(C.DEADLINE_PK) != C.DEADLINE_BUCKET or due is None:
-            out[node] = "validating with nothing due"
-        elif float(due) < now - overdue_seconds:
-            out[node] = f"validating, due {now - float(due):.0f} s ago"
+        why = _not_due(repo, item, now, overdue_seconds)
+        if why:
+            out[node] = f"validating {why}"
     return out
+
+
+def _not_due(repo: Repository, item: dict[str, Any], now: float, overdue_seconds: float) -> str:
+    """Why the sweep would not reach ``item`` (in no shard of the by-deadline index, or due
+    for longer than ``overdue_seconds``); "" when it will."""
+    due = item.get(C.DEADLINE_SK)
+    if item.get(C.DEADLINE_PK) not in repo.db.deadline_buckets() or due is None:
+        return "with nothing due"
+    if float(due) < now - overdue_seconds:
+        return f"due {now - float(due):.0f} s ago"
+    return ""
 
 
 def job_items(repo: Repository) -> list[dict[str, Any]]:
@@ -72,9 +81,7 @@ def forgotten_jobs(repo: Repository, now: float, *, overdue_seconds: float = OVE
             continue
         if state in QUEUE_OWNED and item.get(C.QUEUE_PK):
             continue
-        due = item.get(C.DEADLINE_SK)
-        if item.get(C.DEADLINE_PK) not in repo.db.deadline_buckets() or due is None:
-            out[str(item["job_id"])] = f"{state.value} with nothing due"
-        elif float(due) < now - overdue_seconds:
-            out[str(item["job_id"])] = f"{state.value} due {now - float(due):.0f} s ago"
+        why = _not_due(repo, item, now, overdue_seconds)
+        if why:
+            out[str(item["job_id"])] = f"{state.value} {why}"
     return out

@@ -33,12 +33,6 @@ POLL_FLOOR_SECONDS = 1.0
 ERROR_RETRY_SECONDS = 5.0
 
 
-def task_environment(task: Any) -> dict[str, str]:
-    """The training container's environment, as its overrides set it (the launcher's)."""
-    override = (task.overrides.get("containerOverrides") or [{}])[0]
-    return {str(e["name"]): str(e["value"]) for e in override.get("environment") or []}
-
-
 def runs_wrapper(command: list[str]) -> bool:
     """Does a container command start with the preflight wrapper?"""
     head = command[: command.index("--")] if "--" in command else command[:4]
@@ -64,7 +58,6 @@ class _Group:
     joined: dict[int, float] = field(default_factory=dict)  # rank -> when it joined
     tests: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its own instruction
     started: bool = False
-    limit_at: float = 0.0
 
 
 class PreflightPrograms:
@@ -72,18 +65,15 @@ class PreflightPrograms:
 
     def __init__(self, sim: Any, client_lib: Any, *, opener: Any = None,
                  log: Callable[[str, list[str]], None] | None = None,
-                 on_train: Callable[[str], None] | None = None,
-                 note: Callable[[str, str], None] | None = None) -> None:
+                 on_train: Callable[[str], None] | None = None) -> None:
         self.sim = sim
         self.client_lib = client_lib
         self.opener = opener  # None: each client's own (HTTP to its GPU_RECOVERY_CONTROL_URL)
         self.log = log  # (task arn, lines): the rank's log stream
         self.on_train = on_train  # (task arn): its training starts now
-        self.note = note  # (node, text): the playground's console
         self.ranks: dict[str, _Rank] = {}
         self.groups: dict[tuple[str, int, int, str, int], _Group] = {}
         self.errors: list[str] = []
-        self.tests_run = 0
 
     # ------------------------------------------------------------------ starting
     def attach(self, task: Any, env: dict[str, str]) -> bool:
@@ -126,7 +116,7 @@ class PreflightPrograms:
                         or C.TAG_JOB_ID not in task.tags:
                     continue
                 seen.add(task.arn)
-                if self.attach(task, task_environment(task)):
+                if self.attach(task, task.environment()):
                     self.sim.plan_task(task.arn, None)
             self.sim.schedule(self.sim.now() + every_seconds, tick, "preflight programs")
 
@@ -186,8 +176,7 @@ class PreflightPrograms:
         group.joined.setdefault(rank.rank, self.sim.now())
         group.tests[rank.rank] = test
         limit = self.sim.now() + float(test.get("timeout_seconds") or 120)
-        group.limit_at = max(group.limit_at, limit)
-        self.sim.schedule(limit, lambda: self._time_limit(rank, round_, test, group), "preflight time limit")
+        self.sim.schedule(limit, lambda: self._time_limit(rank, round_, test), "preflight time limit")
         if set(group.joined) >= group.members and not group.started:
             group.started = True
             self._start_group(key, round_, test, group)
@@ -199,7 +188,6 @@ class PreflightPrograms:
         nodes = [by_rank[m].node for m in sorted(group.members) if m in by_rank]
         gpus = max(1, len(self.sim.nodes[nodes[0]].gpu_ids)) if nodes else 8
         run = self.sim.fabric.run(nodes, gpus, int(test["min_bytes"]), int(test["max_bytes"]))
-        self.tests_run += 1
         if run.hung:
             return  # every member's time limit ends it
         at = self.sim.now() + run.seconds
@@ -211,7 +199,7 @@ class PreflightPrograms:
                     at, lambda r=rank, t=mine: self._finished(r, round_, t, 0, run.output, run.seconds),
                     "preflight test done")
 
-    def _time_limit(self, rank: _Rank, round_: int, test: dict[str, Any], group: _Group) -> None:
+    def _time_limit(self, rank: _Rank, round_: int, test: dict[str, Any]) -> None:
         if (round_, str(test["id"])) in rank.done:
             return
         seconds = float(test.get("timeout_seconds") or 120)

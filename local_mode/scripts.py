@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+CLIENT_PATH = Path(__file__).resolve().parents[1] / "training_client" / "gpu_recovery_client.py"
+
 
 def load_script(name: str, path: Path) -> Any:
     """``path`` imported once as module ``name`` (later calls return the same module)."""
@@ -20,3 +22,9 @@ def load_script(name: str, path: Path) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_client_library() -> Any:
+    """The shipped training client file itself (training code copies it or pip-installs it;
+    it is not a package of this repository)."""
+    return load_script("gpu_recovery_client", CLIENT_PATH)

@@ -42,11 +42,10 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from gpu_recovery import constants as C
-from local_mode.scripts import load_script
+from local_mode.scripts import load_client_library
 from local_mode.world import World, build_world
 
 MIN = 60
@@ -62,15 +61,8 @@ PRETRAIN_AT = 5.0  # seconds after the start
 FINETUNE_AT = 3 * MIN + 30  # + the phase: bob's submit (the preemption decision)
 SWEEP_AT = 4 * MIN + 30
 RUN_LIMIT_SECONDS = 2 * 60 * MIN
-CLIENT_PATH = Path(__file__).resolve().parents[1] / "training_client" / "gpu_recovery_client.py"
 TERMINAL = ("COMPLETE", "FAILED", "CANCELED", "USER_STOPPED")
 _NOTE_ORDER = itertools.count()
-
-
-def load_client_library() -> Any:
-    """The shipped client file itself (training code copies it or pip-installs it; it is
-    not a package of this repository)."""
-    return load_script("gpu_recovery_client", CLIENT_PATH)
 
 
 def note_order(sim: Any) -> tuple[int, int, int]:

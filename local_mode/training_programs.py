@@ -73,7 +73,7 @@ class TrainingPrograms:
     def __init__(self, sim: Any, log_locations: dict[str, tuple[str, str, str]], *, run_seconds: float,
                  state_dir: str, note: Callable[[float, str, str], None]) -> None:
         from local_mode.preflight_programs import PreflightPrograms
-        from local_mode.time_sharing_scenario import load_client_library
+        from local_mode.scripts import load_client_library
 
         self.sim = sim
         self.log_locations = log_locations  # family -> (group, stream prefix, container)
@@ -89,8 +89,7 @@ class TrainingPrograms:
         self.errors: list[str] = []
         self._logs_ready: set[tuple[str, str]] = set()
         self.preflights = PreflightPrograms(sim, self.client_lib, log=self._log_task,
-                                            on_train=self._preflight_done,
-                                            note=lambda node, text: note(sim.now(), node, text))
+                                            on_train=self._preflight_done)
 
     def start(self) -> None:
         self.sim.schedule(self.sim.now() + self.step_seconds, self._tick, "training programs")

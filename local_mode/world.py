@@ -40,6 +40,7 @@ from gpu_recovery import runtime
 from gpu_recovery.repository import Repository
 
 from .emulator import LocalAws
+from .events import ACCOUNT_ID
 from .sim import deployment as D
 from .sim.bus import EventBus, Target
 from .sim.ecs import SimulatedEcs
@@ -52,6 +53,11 @@ if TYPE_CHECKING:
 #: the deployed rate(1 minute) schedules of the heartbeat sweep and the queue scheduler
 HEARTBEAT_SWEEP_SCHEDULE = D.HEARTBEAT_SWEEP_SCHEDULE.name
 QUEUE_SCHEDULER_SCHEDULE = D.QUEUE_SCHEDULER_SCHEDULE.name
+
+
+def user_arn(name: str) -> str:
+    """IAM user ``name``'s ARN in the emulator's account (IAM ARNs name no region)."""
+    return f"arn:aws:iam::{ACCOUNT_ID}:user/{name}"
 
 
 @dataclass
@@ -111,6 +117,19 @@ class World:
         """The nodes the job's training tasks run on now, sorted."""
         return sorted(t.node for t in self.ecs.running_tasks()
                       if not t.health_check and t.tags.get(C.TAG_JOB_ID) == job_id)
+
+    def submit_queue_job(self, spec: Mapping[str, Any], user: str) -> str:
+        """``spec`` submitted to the job queue by IAM user ``user`` (the jobs API's service, no
+        scheduler trigger: the scheduled tick admits it); its job id."""
+        from gpu_recovery.adapters import aws
+        from gpu_recovery.queue.jobs_api.service import JobQueueService
+        from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
+        from gpu_recovery.queue.models import JobSpec
+
+        service = JobQueueService(repo=self.repo, ecs_client=aws.client("ecs"),
+                                  logs_client=aws.client("logs"), cluster=self.aws.cluster_name,
+                                  scheduler=NoSchedulerTrigger())
+        return str(service.submit(JobSpec.model_validate(dict(spec)), user_arn(user))["job_id"])
 
     def schedule_heartbeat_sweep(self, every_seconds: float = 60) -> None:
         """The heartbeat sweep Lambda on its schedule, with its deployed async retries."""

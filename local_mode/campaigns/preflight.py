@@ -31,10 +31,9 @@ from typing import Any
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
 
-from ..events import ACCOUNT_ID
 from ..preflight_programs import PreflightPrograms
+from ..scripts import load_client_library
 from ..server import InProcessOpener, LocalApi
-from ..time_sharing_scenario import load_client_library
 from ..world import World
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
 
@@ -125,24 +124,14 @@ class PinnedLink(Scenario[RunResult]):
                               C.ENV_PREFLIGHT_SETTINGS: json.dumps(settings)}}
 
     def set_up(self, world: World) -> list[str]:
-        from gpu_recovery.adapters import aws
-        from gpu_recovery.queue.jobs_api.service import JobQueueService
-        from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
-        from gpu_recovery.queue.models import JobSpec
-        from gpu_recovery.repository.jobs_api import JobQueueRepository
-
-        local, sim = world.aws, world.ecs
+        sim = world.ecs
         world.schedule_queue_scheduler(60)
         for node in NODES:
             sim.add_node(node, gpus=8)
         td = sim.register_training_task_definition("train", gpus=8)
-        service = JobQueueService(
-            repo=JobQueueRepository(world.repo), ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
-            cluster=local.cluster_name, scheduler=NoSchedulerTrigger())
-        self.job_id = service.submit(JobSpec.model_validate({
+        self.job_id = world.submit_queue_job({
             "name": "pinned-link", "task_definition": td, "nnodes": 2, "gpus_per_node": 8,
-            "preflight": "always", "overrides": {"command": WRAPPER}}),
-            f"arn:aws:iam::{ACCOUNT_ID}:user/alice")["job_id"]
+            "preflight": "always", "overrides": {"command": WRAPPER}}, "alice")
         sim.run_for(MIN + 2)  # the scheduler's tick places it (RUNNING a few seconds later)
         self.first_nodes = sorted({t.node for t in sim.tasks.values() if not t.health_check
                                    and t.tags.get(C.TAG_JOB_ID) == self.job_id})

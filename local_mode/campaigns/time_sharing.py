@@ -30,7 +30,6 @@ from gpu_recovery.domain.time_sharing import Priority
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.time_sharing import QuotaRepository
 
-from ..events import ACCOUNT_ID
 from ..sim.ecs import SimulatedEcs
 from ..world import World
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
@@ -40,11 +39,6 @@ POLL_SECONDS = 10
 LOW_RUN_SECONDS = 2 * MIN
 HIGH_RUN_SECONDS = 3 * MIN
 RUN_LIMIT_SECONDS = 40 * MIN
-
-
-def _user_arn(name: str) -> str:
-    """The submitting IAM user's ARN, in the emulator's account (IAM ARNs name no region)."""
-    return f"arn:aws:iam::{ACCOUNT_ID}:user/{name}"
 
 
 @dataclass(kw_only=True)
@@ -154,12 +148,6 @@ class Preemption(Scenario[RunResult]):
         return {"extra_env": {C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}}
 
     def set_up(self, world: World) -> list[str]:
-        from gpu_recovery.adapters import aws
-        from gpu_recovery.queue.jobs_api.service import JobQueueService
-        from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
-        from gpu_recovery.queue.models import JobSpec
-        from gpu_recovery.repository.jobs_api import JobQueueRepository
-
         local, sim = world.aws, world.ecs
         world.schedule_queue_scheduler(60)
         for node in NODES:
@@ -171,22 +159,18 @@ class Preemption(Scenario[RunResult]):
         sim.plan_family("low", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)  # far longer than the test
         high_td = sim.register_training_task_definition("high", gpus=8)
         sim.plan_family("high", run_seconds=HIGH_RUN_SECONDS, exit_code=0)
-        service = JobQueueService(
-            repo=JobQueueRepository(repo), ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
-            cluster=local.cluster_name, scheduler=NoSchedulerTrigger())
-        self.low = service.submit(JobSpec.model_validate({
+        self.low = world.submit_queue_job({
             "name": "alice-low", "task_definition": low_td, "nnodes": 2, "gpus_per_node": 8,
-            "priority": "LOW", "suspend_grace_seconds": 120}),
-            _user_arn("alice"))["job_id"]
+            "priority": "LOW", "suspend_grace_seconds": 120}, "alice")
         sim.run_for(MIN + 5)  # the scheduler's tick starts it
         self.program = Rank0ControlPoller(sim, repo, self.low)
         self.program.start()
         sim.run_for(MIN)
         # Resumed from its checkpoint, alice's job needs only what was left.
         sim.plan_family("low", run_seconds=LOW_RUN_SECONDS, exit_code=0)
-        self.high = service.submit(JobSpec.model_validate({
+        self.high = world.submit_queue_job({
             "name": "bob-high", "task_definition": high_td, "nnodes": 2, "gpus_per_node": 8,
-            "priority": "HIGH"}), _user_arn("bob"))["job_id"]
+            "priority": "HIGH"}, "bob")
         # Calls are counted (and broken) from here: the submit is the jobs API's own flow
         # (made retry-safe by its Idempotency-Key), the preemption is this one.
         return [self.low, self.high]

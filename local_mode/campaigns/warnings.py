@@ -29,7 +29,7 @@ from gpu_recovery.constants import JobState
 
 from ..world import World
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
-from .time_sharing import Rank0ControlPoller, _user_arn
+from .time_sharing import Rank0ControlPoller
 
 NODES = ("node-a", "node-b", "node-c")
 RUN_LIMIT_SECONDS = 40 * MIN
@@ -106,24 +106,15 @@ class DriverWarning(Scenario[RunResult]):
         return {"extra_env": {C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}}
 
     def set_up(self, world: World) -> list[str]:
-        from gpu_recovery.adapters import aws
-        from gpu_recovery.queue.jobs_api.service import JobQueueService
-        from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger
-        from gpu_recovery.queue.models import JobSpec
-        from gpu_recovery.repository.jobs_api import JobQueueRepository
-
-        local, sim = world.aws, world.ecs
+        sim = world.ecs
         world.schedule_queue_scheduler(60)
         for node in NODES:
             sim.add_node(node, gpus=8)
         task_definition = sim.register_training_task_definition("train", gpus=8)
         sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)  # far longer than the test
-        service = JobQueueService(
-            repo=JobQueueRepository(world.repo), ecs_client=aws.client("ecs"), logs_client=aws.client("logs"),
-            cluster=local.cluster_name, scheduler=NoSchedulerTrigger())
-        self.job_id = service.submit(JobSpec.model_validate({
-            "name": "alice-train", "task_definition": task_definition, "nnodes": 2, "gpus_per_node": 8}),
-            _user_arn("alice"))["job_id"]
+        self.job_id = world.submit_queue_job({
+            "name": "alice-train", "task_definition": task_definition, "nnodes": 2, "gpus_per_node": 8},
+            "alice")
         sim.run_for(MIN + 5)  # the scheduler's tick starts it
         self.program = Rank0ControlPoller(sim, world.repo, self.job_id)
         self.program.start()

@@ -31,7 +31,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 MIB = 1024 * 1024
@@ -45,7 +44,6 @@ GPU_NAME = "NVIDIA H100 80GB HBM3"
 BUS_IDS = ("0000:04:00", "0000:05:00", "0000:0b:00", "0000:0c:00", "0000:84:00", "0000:85:00",
            "0000:8b:00", "0000:8c:00")
 MAX_DEVICE_LINES = 64  # a 1,024-node run lists 8,192 devices; the sim prints the first few
-CLIENT_PATH = Path(__file__).resolve().parents[2] / "training_client" / "gpu_recovery_client.py"
 
 
 @dataclass
@@ -94,12 +92,6 @@ class Fabric:
         healed = [f for f in self.faults if node in f.nodes and not f.persistent]
         self.faults = [f for f in self.faults if f not in healed]
         return healed
-
-    def replaced(self, node: str) -> None:
-        self.faults = [f for f in self.faults if node not in f.nodes]
-
-    def faults_of(self, node: str) -> list[FabricFault]:
-        return [f for f in self.faults if node in f.nodes]
 
     # ------------------------------------------------------------ what a group measures
     def factor(self, nodes: Sequence[str]) -> float:
@@ -194,9 +186,9 @@ def bandwidths(size: int, seconds: float, ranks: int) -> tuple[float, float]:
 def _client() -> Any:
     """The shipped training client: its all-reduce benchmark prints nccl-tests' table, and the
     simulated runs print it with the same functions (one copy of the tool's format)."""
-    from local_mode.scripts import load_script
+    from local_mode.scripts import load_client_library
 
-    return load_script("gpu_recovery_client", CLIENT_PATH)
+    return load_client_library()
 
 
 def table_row(size: int, count: int, oop: tuple[float, float, float, int],

@@ -16,6 +16,7 @@ from gpu_recovery.repository import Repository
 from gpu_recovery.repository.scheduling import SchedulingRepository
 from local_mode.campaigns import recovery as campaign
 from local_mode.campaigns.runner import run_flow
+from local_mode.invariants import forgotten_validations
 from local_mode.sim.dynamo import MemoryDynamo
 from tests.fixtures.memory_repository import INSTANCES, JOBS, T0
 
@@ -93,6 +94,21 @@ def test_an_item_put_whole_with_a_deadline_takes_its_keys_shard_too() -> None:
     assert placed == {C.preflight_item_key(job_id, 2): C.deadline_bucket(stable_shard(
         C.preflight_item_key(job_id, 2), 4)) for job_id in jobs}
     assert len(set(placed.values())) > 1
+
+
+def test_the_backstop_finds_a_validating_node_due_in_any_shard() -> None:
+    """local_mode.invariants: a node in validation after repair is due in its key's shard,
+    not only in the unsharded bucket (else every sharded run would report it forgotten)."""
+    db = _tables()
+    repo = _repository(db, 4)
+    for node in NODES[:8]:
+        assert repo.apply(repo.instance_update(node, set_fields={"instance_state": "REBOOTING",
+                                                                 "validation": {"since": T0}},
+                                               deadline_at=T0 + 60, allow_missing=True))
+    assert len(_buckets(db, INSTANCES)) > 1
+    assert forgotten_validations(repo, T0 + 30, NODES[:8]) == {}
+    late = forgotten_validations(repo, T0 + 60 + 3_600, NODES[:8])
+    assert set(late) == set(NODES[:8]) and all("due" in why for why in late.values())
 
 
 class _ShardedGpuFault(campaign.RecoveryScenario):
