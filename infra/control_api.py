@@ -16,8 +16,13 @@ Least privilege:
   functions; ``ecs:StopTask`` on the cluster's tasks through ``ClusterAccess.stop_task``).
   No StartTask, no PassRole, no SNS: suspending starts nothing and notifies no one; the
   rest of the suspension (SUSPENDED once every rank stopped) is the task handler's and the
-  recovery sweep's. Of the instance table only the ECS budget's item, and a large job's
-  stop batches go to the gang queue: the stack grants both (infra/stack.py).
+  recovery sweep's. A large job's stop batches go to the gang queue (infra/stack.py).
+  The gang preflight's handover, on the report that pins nodes, keeps them out of new
+  placement as the task-event path does (``recovery.preflight.handover``): the pinned
+  nodes' suspect fence and the job's reservations are instance-table items (the instance
+  table's data, as the recovery functions), synced as the ``gpu-recovery.unavailable``
+  attribute (``ClusterAccess.placement_attributes``); with a spare pool, the reservation
+  refreshes the pool (List/DescribeContainerInstances of the cluster).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from gpu_recovery.api_routes import CONTROL_API_ROUTES, NODE_TOKEN_HEADER_PATTER
 from gpu_recovery.constants import ENV_CONTROL_POLL_SECONDS
 from infra.lambda_common import LambdaDefaults, RecoveryFunction
 from infra.nag import acknowledge
-from infra.recovery import ClusterAccess, nag_resource_id
+from infra.recovery import ClusterAccess, acknowledge_cluster_wildcards
 from infra.tables import READ_WRITE_DATA_ACTIONS, RecoveryTables
 
 CONTROL_API_HANDLER = "handlers.job_control_api.lambda_handler"
@@ -81,9 +86,12 @@ class JobControlApi(Construct):
             extra_environment={ENV_CONTROL_POLL_SECONDS: str(CONTROL_POLL_SECONDS)},
         )
         self.function.add_to_policy(
-            iam.PolicyStatement(sid="JobTableData", actions=READ_WRITE_DATA_ACTIONS,
-                                resources=tables.arns("job")),
+            iam.PolicyStatement(sid="RecoveryTableData", actions=READ_WRITE_DATA_ACTIONS,
+                                resources=tables.arns("job", "instance")),
             *access.stop_task(),
+            *access.placement_attributes(),
+            *access.list_container_instances(),
+            *access.describe_container_instances(),
         )
         self.functions = {"Authorizer": self.authorizer_function, "Function": self.function}
         self._acknowledge()
@@ -109,13 +117,9 @@ class JobControlApi(Construct):
             self.methods[f"{http_method} /{path}"] = method
 
     def _acknowledge(self) -> None:
-        task_arns = self.access.task_arns
-        acknowledge(self.function.role, (
-            f"AwsSolutions-IAM5[Resource::{nag_resource_id(self, task_arns)}]",
-            "go_suspend() stops the job's tasks, whose ids ECS generates: StopTask only on "
-            "tasks of this one cluster (task/<cluster>/*) and by ArnEquals ecs:cluster."))
-        for fn in self.functions.values():
-            acknowledge(fn.role, (
-                "AwsSolutions-IAM5[Resource::*]",
-                "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) support no "
-                "resource-level permissions, so their resource must be '*'."))
+        # StopTask on the job's tasks, the attributes of the cluster's container instances.
+        acknowledge_cluster_wildcards(self, self.function, self.access)
+        acknowledge(self.authorizer_function.role, (
+            "AwsSolutions-IAM5[Resource::*]",
+            "X-Ray PutTraceSegments/PutTelemetryRecords (active tracing) support no "
+            "resource-level permissions, so their resource must be '*'."))

@@ -81,6 +81,7 @@ from gpu_recovery.constants import (
     ENV_JOB_TABLE,
     ENV_JOBS_ADMIN_ROLES,
     ENV_JOBS_ALLOWED_FAMILIES,
+    ENV_JOBS_ALLOWED_NETWORKS,
     ENV_JOBS_PRIORITY_ROLES,
     ENV_JOBS_TASK_ROLE_PREFIXES,
     ENV_JOBS_TEAM_ROLES,
@@ -167,6 +168,7 @@ def jobs_access_environment(config: RecoveryConfig) -> dict[str, str]:
         ENV_JOBS_ALLOWED_FAMILIES: json.dumps(list(config.allowed_task_families)),
         ENV_JOBS_TASK_ROLE_PREFIXES: json.dumps([config.task_role_name_prefix]),
         ENV_JOBS_PRIORITY_ROLES: json.dumps(list(config.reserved_priority_roles)),
+        ENV_JOBS_ALLOWED_NETWORKS: config.allowed_task_networks,
     }
 
 

@@ -80,6 +80,7 @@ from infra.config.parsers import (
     remediation_setting,
     resolve_catalog_path,
     spare_count,
+    task_networks,
     text,
 )
 
@@ -252,6 +253,10 @@ class RecoveryConfig:
     reserved_priority_roles: tuple[str, ...] = option(
         (), names(_PRINCIPAL_RE, "IAM role names / ARNs"),
         "roles that may submit at VERY_HIGH / EXTREME_HIGH")
+    allowed_task_networks: str = option(
+        "[]", task_networks(),
+        "subnets and security groups a job's `network` may name, optionally per principal",
+        default_text="none (a job naming a network is refused)")
     telemetry_notify_interval_seconds: int = option(
         3600, integer(60, 86_400), "at most one hardware-signal e-mail per node and kind per interval")
     telemetry_signal_retention_seconds: int = option(

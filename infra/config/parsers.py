@@ -21,6 +21,7 @@ from gpu_recovery.domain.fault_catalog import CatalogError, load_catalog
 from gpu_recovery.domain.preflight.settings import parse_floors
 from gpu_recovery.domain.relocation import SparePool
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
+from gpu_recovery.queue.access import NETWORK_EXAMPLE, parse_allowed_networks
 from gpu_recovery.settings import SettingsError, parse_node_quotas
 from infra.catalog_file import read_catalog_document
 
@@ -275,6 +276,26 @@ def node_quotas() -> Parser:
         return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
 
     return Parser(parse, "JSON {level: nodes}")
+
+
+def task_networks() -> Parser:
+    """The subnets and security groups a job's ``network`` may name: a JSON list of grants
+    (text or, in cdk.json, a list), validated by the jobs API's own parser; kept as compact
+    JSON."""
+
+    def parse(key: str, value: Any) -> str:
+        text_value = value if isinstance(value, str) else json.dumps(value)
+        try:
+            parse_allowed_networks(text_value)
+            parsed = json.loads(text_value) if text_value.strip() else []
+        except ValueError as error:
+            message = str(error)
+            if "e.g." not in message:
+                message += f" (e.g. {NETWORK_EXAMPLE})"
+            raise ConfigError(f"context key {key!r}: {message}") from error
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+
+    return Parser(parse, "JSON [{subnets, security_groups, principals?}]")
 
 
 def preflight_floors() -> Parser:

@@ -129,6 +129,9 @@ ENV_JOBS_TEAM_ROLES = "JOBS_TEAM_ROLES"
 ENV_JOBS_ALLOWED_FAMILIES = "JOBS_ALLOWED_TASK_FAMILIES"
 ENV_JOBS_TASK_ROLE_PREFIXES = "JOBS_TASK_ROLE_PREFIXES"
 ENV_JOBS_PRIORITY_ROLES = "JOBS_RESERVED_PRIORITY_ROLES"
+# The subnets and security groups a job's `network` may name (JSON list of grants:
+# queue.access.parse_allowed_networks); none: no job may name a network.
+ENV_JOBS_ALLOWED_NETWORKS = "JOBS_ALLOWED_TASK_NETWORKS"
 
 # Time sharing: node quotas, preemption, graceful suspend.
 ENV_QUOTA_TABLE = "QUOTA_TABLE_NAME"

@@ -42,7 +42,7 @@ from gpu_recovery.domain.time_sharing import (
     parse_priority,
 )
 from gpu_recovery.domain.validation import ValidationError, ValidationPolicy
-from gpu_recovery.queue.access import AccessPolicy, family_of
+from gpu_recovery.queue.access import AccessPolicy, NetworkGrant, family_of, parse_allowed_networks
 
 # DCGM health checks at once: per cluster, and per job (a share, so other jobs still get
 # theirs; a share as large as the cluster's is no share and is not counted). The job's
@@ -493,7 +493,15 @@ def access_policy(env: Mapping[str, str] | None = None) -> AccessPolicy:
         task_role_prefixes=_list(env, c.ENV_JOBS_TASK_ROLE_PREFIXES, ("*",)),
         reserved_priority_roles=_list(env, c.ENV_JOBS_PRIORITY_ROLES, ()),
         health_check_families=frozenset(health),
+        allowed_networks=_allowed_networks(env),
     )
+
+
+def _allowed_networks(env: Mapping[str, str]) -> tuple[NetworkGrant, ...]:
+    try:
+        return parse_allowed_networks(env.get(c.ENV_JOBS_ALLOWED_NETWORKS) or "")
+    except ValueError as error:
+        raise SettingsError(f"{c.ENV_JOBS_ALLOWED_NETWORKS}: {error}") from error
 
 
 def _list(env: Mapping[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:

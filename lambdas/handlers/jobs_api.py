@@ -104,7 +104,7 @@ _E400 = error_doc("Invalid request; `field` names the offending field")
 _E403 = error_doc("Refused: a missing or invalid SigV4 signature (API Gateway), or an "
                    "authorization rule named in `error` (`forbidden:ownership`, "
                    "`forbidden:tag_registered`, `forbidden:task_definition_family`, "
-                   "`forbidden:task_role`, `forbidden:reserved_priority`)")
+                   "`forbidden:task_role`, `forbidden:reserved_priority`, `forbidden:task_network`)")
 _E404 = error_doc("Unknown job")
 _E429 = error_doc("Throttled by the API stage (API Gateway)")
 _READ_ERRORS: dict[int, OpenAPIResponse] = {400: _E400, 403: _E403, 404: _E404, 429: _E429}

@@ -14,6 +14,7 @@ import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
+from gpu_recovery.domain import placement
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.preflight.settings import parse_preflight_settings
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
@@ -278,3 +279,43 @@ def test_which_attempts_run_it(w: World) -> None:
     assert w.service.preflights.step("asks", 1, 1)["action"] == "run"
     assert w.service.preflights.step("asks", 1, 2)["action"] == "stop"  # not the job's attempt
     assert w.repo.preflight.get("small", 1) is None  # nothing written for an attempt that runs none
+
+
+# Issue 49 (why 6): the handover keeps the pinned nodes, and the job's other nodes, out of new
+# placement in the invocation that concludes the preflight, as the task-event path does for a
+# rank's fault (its stop's fence, PlacementHolds.on_fault): not a minute later at the sweep.
+def test_the_handover_fences_the_pinned_node_and_reserves_the_jobs_nodes_before_any_sweep(w: World) -> None:
+    nodes = nodes_of(4)
+    queue_job(w, "j", nodes)
+    fabric = Fabric()
+    fabric.slow_node("node-1", 0.3)  # its loopback fails: pinned alone
+    assert set(Ranks(w, "j", nodes, fabric).run().values()) == {"stop"}
+    item = w.repo.preflight.get("j", 1)
+    assert item["handed_over"] is True and [p["node"] for p in item["pinned"]] == ["node-1"]
+    assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+    # No sweep has run: the handover's own invocation did it.
+    pinned = w.repo.get_instance("node-1")
+    assert pinned.fenced and not pinned.placeable
+    assert pinned.suspect_fence["job"] == "j"
+    holds = w.repo.cordons.worklist().holds
+    for node in nodes:
+        assert holds[node]["why"] == placement.RESERVED and holds[node]["job"] == "j", node
+        assert w.ecs.attribute_values[node][placement.UNAVAILABLE_ATTRIBUTE] == placement.RESERVED, node
+    assert all(w.repo.get_instance(n).placeable for n in nodes if n != "node-1")
+
+
+def test_a_handover_run_again_by_the_sweep_keeps_the_first_fence(w: World) -> None:
+    nodes = nodes_of(2)
+    queue_job(w, "j", nodes, mode="restarts")
+    fabric = Fabric()
+    fabric.degrade_link("node-0", "node-1", 0.3)
+    w.repo.fail_once("enter_recovery", "refuse")
+    with pytest.raises(TimeoutError):
+        Ranks(w, "j", nodes, fabric).run()
+    first = {n: w.repo.get_instance(n).suspect_fence for n in nodes}
+    assert all(first.values())  # fenced before the recovery the handover could not enter
+    w.advance(61)
+    w.service.sweep()
+    assert w.repo.preflight.get("j", 1)["handed_over"] is True
+    assert {n: w.repo.get_instance(n).suspect_fence for n in nodes} == first
+    assert all(w.ecs.attribute_values[n][placement.UNAVAILABLE_ATTRIBUTE] for n in nodes)

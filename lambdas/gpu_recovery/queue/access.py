@@ -19,6 +19,10 @@ Rules, each named in the 403 that applies it:
   configured roles (and admins).
 * ``admin`` -- node quotas are set and removed by admin roles only (everyone reads their
   own).
+* ``task_network`` -- a job's ``network`` (the subnets and security groups its tasks are
+  started in, by the launcher's role) only from the deployment's allow-list
+  (``allowed_task_networks``, optionally per principal); none configured: no job may name
+  a network (a job without one is unaffected).
 
 A configured entry is a role (or user) name, or a full ARN; names match the role of a
 role session or the user name, ARNs match the principal's ARN or its role's ARN.
@@ -26,11 +30,14 @@ role session or the user name, ARNs match the principal's ARN or its role's ARN.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_recovery import constants as c
+from gpu_recovery.domain.task_network import SECURITY_GROUP_ID, SUBNET_ID
 
 _ARN_RE = re.compile(r"^arn:(?P<partition>aws[a-z-]*):(?P<service>iam|sts)::(?P<account>\d{12}):"
                      r"(?P<resource>.+)$")
@@ -103,6 +110,65 @@ def role_name_of(role_arn: str) -> str:
     return role_arn.rsplit("/", 1)[-1]
 
 
+ANY = "*"
+_PRINCIPAL_ENTRY = re.compile(
+    r"^([\w+=,.@-]{1,64}|arn:aws[a-z-]*:(iam|sts)::\d{12}:[\w+=,.@/-]{1,512})$")
+NETWORK_EXAMPLE = ('[{"subnets": ["subnet-0a1b2c3d"], "security_groups": ["sg-0a1b2c3d"]}, '
+                   '{"subnets": ["subnet-0e1f2a3b"], "security_groups": ["sg-0e1f2a3b"], '
+                   '"principals": ["ml-team"]}]')
+
+
+@dataclass(frozen=True)
+class NetworkGrant:
+    """Subnets and security groups jobs may name (``*``: any), for ``principals`` (role
+    or user names, ARNs; none: every caller)."""
+
+    subnets: tuple[str, ...]
+    security_groups: tuple[str, ...]
+    principals: tuple[str, ...] = ()
+
+
+def parse_allowed_networks(text: str) -> tuple[NetworkGrant, ...]:
+    """The ``allowed_task_networks`` allow-list (JSON list of grants; "" or [] : none).
+    ValueError says what is wrong, with an example."""
+    if not text.strip():
+        return ()
+    try:
+        raw = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"not JSON ({error}): e.g. {NETWORK_EXAMPLE}") from error
+    if not isinstance(raw, list):
+        raise ValueError(f"must be a JSON list of grants, e.g. {NETWORK_EXAMPLE}")
+    return tuple(_grant(i, entry) for i, entry in enumerate(raw))
+
+
+def _grant(index: int, entry: Any) -> NetworkGrant:
+    where = f"grant {index}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be an object with subnets and security_groups, "
+                         f"e.g. {NETWORK_EXAMPLE}")
+    unknown = sorted(set(entry) - {"subnets", "security_groups", "principals"})
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} "
+                         "(subnets, security_groups, principals)")
+
+    def ids(name: str, pattern: re.Pattern[str], what: str) -> tuple[str, ...]:
+        values = entry.get(name, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ValueError(f"{where}: {name} must be a list of {what}")
+        for value in values:
+            if value != ANY and not pattern.match(value):
+                raise ValueError(f"{where}: {value!r} is not a valid {what[:-1]} (or '*')")
+        return tuple(dict.fromkeys(values))
+
+    subnets = ids("subnets", SUBNET_ID, "subnet ids")
+    groups = ids("security_groups", SECURITY_GROUP_ID, "security group ids")
+    principals = ids("principals", _PRINCIPAL_ENTRY, "IAM role or user names / ARNs")
+    if not subnets and not groups:
+        raise ValueError(f"{where}: names no subnet and no security group")
+    return NetworkGrant(subnets, groups, principals)
+
+
 
 
 @dataclass(frozen=True)
@@ -115,6 +181,7 @@ class AccessPolicy:
     health_check_families: frozenset[str] = field(
         default_factory=lambda: frozenset({c.DEFAULT_HEALTH_CHECK_FAMILY}))
     reserved_priority_min: int = RESERVED_PRIORITY_MIN
+    allowed_networks: tuple[NetworkGrant, ...] = ()  # none: no job may name a network
 
     # ---------------------------------------------------------------- principals
     def is_admin(self, caller: Principal) -> bool:
@@ -188,6 +255,37 @@ class AccessPolicy:
                              f"with an allowed prefix ({', '.join(self.task_role_prefixes)}; "
                              "context task_role_name_prefixes): the stack may not pass it to ECS",
                              "task_definition")
+
+    def check_network(self, caller: Principal, subnets: Sequence[str],
+                      security_groups: Sequence[str]) -> None:
+        """A job's network: every subnet and security group in a grant of the allow-list
+        that applies to ``caller`` (no security group: the VPC's default group, which only
+        a grant of any group (``*``) allows). Admin roles are held to it too: the network is
+        what the launcher's role starts tasks in, not what the caller may read."""
+        how = ("an operator lists the subnets and security groups jobs may use in the CDK context key "
+               "allowed_task_networks (docs/configuration.md)")
+        if not self.allowed_networks:
+            raise Denied("task_network",
+                         f"network: this deployment allows no task networks (subnet "
+                         f"{', '.join(subnets)}; security groups {', '.join(security_groups) or 'none'}): "
+                         f"{how}, or leave network out", "network")
+        grants = [g for g in self.allowed_networks if not g.principals or caller.matches(g.principals)]
+        allowed_subnets = tuple(dict.fromkeys(s for g in grants for s in g.subnets))
+        allowed_groups = tuple(dict.fromkeys(s for g in grants for s in g.security_groups))
+        for subnet in subnets:
+            if subnet not in allowed_subnets and ANY not in allowed_subnets:
+                raise Denied("task_network",
+                             f"network: subnet {subnet} is not in the subnets allowed to {caller.name} "
+                             f"({', '.join(allowed_subnets) or 'none'}): {how}", "network")
+        if not security_groups and ANY not in allowed_groups:
+            raise Denied("task_network",
+                         "network: no security group named (ECS would use the VPC's default group, which "
+                         f"is not allowed): name one of {', '.join(allowed_groups) or 'none'}", "network")
+        for group in security_groups:
+            if group not in allowed_groups and ANY not in allowed_groups:
+                raise Denied("task_network",
+                             f"network: security group {group} is not in the security groups allowed to "
+                             f"{caller.name} ({', '.join(allowed_groups) or 'none'}): {how}", "network")
 
     def may_use_priority(self, caller: Principal, priority: int) -> bool:
         return (priority < self.reserved_priority_min or self.is_admin(caller)

@@ -81,7 +81,8 @@ class RecoveryService:
         self.restarts.on_released = self.placement.after_restart
         self.faults.on_fault = self.placement.on_fault
         self.faults.on_task_stopped = self.placement.on_task_stopped
-        self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang))
+        self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang,
+                                                                  on_fault=self.placement.on_fault))
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang, self.preflights, self.warnings)
         self.sweeper.validations = self.validations

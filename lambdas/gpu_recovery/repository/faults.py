@@ -29,6 +29,7 @@ from gpu_recovery.constants import (
     DEADLINE_BUCKET,
     DEADLINE_PK,
     DEADLINE_SK,
+    INSTANCE_PK,
     JOB_BY_JOB_INDEX,
     JOB_BY_JOB_PK,
     JOB_BY_JOB_SK,
@@ -81,6 +82,15 @@ class FaultRepository:
             add_to_sets={"ranks": {rank}} if rank is not None else {})
         written = self.base.db.apply_returning(update, returning="ALL_NEW") or {}
         return suspect_from_item({**written, JOB_BY_JOB_PK: job_id})
+
+    def fence_suspect(self, node: str, fence: dict[str, Any]) -> bool:
+        """The node out of the stack's placements until it is judged (``Instance.suspect_fence``,
+        lifted by its decision, as a rank's stop fences it): a fence already there is kept, a
+        node without an item is not created. False: nothing written."""
+        return bool(self.base.db.apply(self.base.instance_update(
+            node, set_fields={"suspect_fence": dict(fence)},
+            extra_condition="attribute_exists(#ik) AND attribute_not_exists(#sf)",
+            extra_names={"#ik": INSTANCE_PK, "#sf": "suspect_fence"})))
 
     def health_check_requested(self, suspect: Suspect) -> bool:
         """Its health check is open (or its verdict known): the sweep need not ask again."""

@@ -60,6 +60,9 @@ def submit_job(deps: Deps, spec: JobSpec, user: str) -> dict[str, Any]:
         spec = spec.model_copy(update={"priority": level})
     deps.authorize(lambda a: a.check_priority(caller, spec.priority_value,
                                                priority_name(spec.priority_value)))
+    network = spec.network
+    if network is not None:  # nothing read from AWS nor written before it is allowed
+        deps.authorize(lambda a: a.check_network(caller, network.subnets, network.security_groups))
     never = book.never_fits(subject, spec.priority_value, spec.nnodes)
     if never:
         raise InvalidRequest(f"nnodes: the job could never start: {never} (ask an administrator "

@@ -22,23 +22,33 @@ this runs, and every step here is idempotent (the suspect items keep their first
 the job's transition is conditional on its attempt and state, latch arrivals are set
 additions, StopTask asked again is harmless). The control API runs it on the report that
 concludes the preflight; the sweep runs it again until the conclusion is marked handed
-over. Its calls are DynamoDB and StopTask only (the control API's role): the node decisions
-are the sweep's, through each suspect item's deadline (set due at once).
+over. The node decisions are the sweep's, through each suspect item's deadline (set due at
+once).
+
+As on the task-event path (``TaskEvents``: the stop's fence, then ``PlacementHolds.on_fault``),
+the pinned nodes are kept out of new placement in the same invocation, whatever their plan:
+each is **fenced** as a suspect (out of the stack's own placements until its decision or
+check answers) before the job enters recovery, and once it has, every node of the job is
+**reserved** for it (the ``gpu-recovery.unavailable`` attribute: other schedulers keep off)
+before its ranks are stopped and their nodes free. A pinned node is a suspect for the
+stack's own check, never condemned by the preflight's word: the reservation and the fence
+hold it only until it is judged. Its calls: DynamoDB, PutAttributes (and, with a spare
+pool, the container-instance reads of the refresh), StopTask (the control API's role).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Job
-from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES, RECOVERING_JOB_STATES, JobState
 from gpu_recovery.recovery.gang import GangOps
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 
 logger = logging.getLogger(__name__)
@@ -47,10 +57,12 @@ STOP_RETRY_SECONDS = 60
 
 
 class PreflightHandover:
-    def __init__(self, deps: Deps, remediation: NodeRemediation, gang: GangOps) -> None:
+    def __init__(self, deps: Deps, remediation: NodeRemediation, gang: GangOps,
+                 on_fault: Callable[[Job], Any] | None = None) -> None:
         self.deps = deps
         self.remediation = remediation
         self.gang = gang
+        self.on_fault = on_fault  # PlacementHolds.on_fault: the job's nodes reserved for it
 
     def hand_over(self, item: Mapping[str, Any]) -> str:
         """The pinned nodes of a concluded preflight (its item) to the recovery loop."""
@@ -68,6 +80,10 @@ class PreflightHandover:
             return "preflight_moved_on"
         for pin in pinned:
             self._open_suspect(job_id, attempt, pin, now, job)
+            # Out of the stack's placements from now until it is judged (as a rank's stop
+            # that names its node a suspect): its plan does not matter here.
+            repo.faults.fence_suspect(str(pin["node"]), {"job": job_id, "attempt": attempt, "at": now,
+                                                         "why": "preflight"})
         nodes = ", ".join(f"{p['node']} (rank {p['rank']})" for p in pinned)
         reason = f"gang preflight pinned {nodes}: {str(pinned[0].get('reason') or '')[:200]}"
         if job.state in ACTIVE_JOB_STATES:
@@ -81,6 +97,10 @@ class PreflightHandover:
             repo.latches.arrive(job_id, attempt, job.world_size, int(pin["rank"]), [],
                                 suspect_node=str(pin["node"]))
         fresh = repo.get_job(job_id)
+        if fresh is not None and fresh.attempt == attempt and fresh.state in RECOVERING_JOB_STATES \
+                and self.on_fault is not None:
+            # First the job's nodes reserved for it (before its ranks stop and free them).
+            after_commit("reserve the job's nodes", self.on_fault, fresh)
         if fresh is not None and fresh.attempt == attempt and fresh.stop_fanout \
                 and not fresh.stop_fanout.get("sent_at"):
             try:
