@@ -33,6 +33,7 @@ def run(print_report: bool = True) -> dict[str, Any]:
         "positions": "every call" if every else "first call of each call site",
         "runs": summary.runs,
         "runs_recovered": summary.ended_right,
+        "false_repairs": summary.false_repairs + summary.false_repairs_broken,
         "failures": failures,
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -42,6 +43,8 @@ def run(print_report: bool = True) -> dict[str, Any]:
               f"models (throttle, lost response), and the failure shape of each call whose operation "
               f"documents one / runs: {summary.runs} / runs recovered: "
               f"{results['runs_recovered']}")
+        print(f"  false repairs (healthy nodes rebooted, reset, replaced, quarantined or held): "
+              f"{results['false_repairs']} in all runs")
         for failure in failures:
             print(f"  WRONG: {failure}")
     return results

@@ -45,6 +45,7 @@ class _DropEmf(io.TextIOBase, TextIO):
 SECTIONS = (
     ("Recovery loop", "bench.recovery_bench"),
     ("Crash consistency", "bench.crash_consistency_bench"),
+    ("False repairs", "bench.false_repairs_bench"),
     ("Remediation MTTR", "bench.remediation_bench"),
     ("Validation after repair", "bench.validation_bench"),
     ("Relocation in a full cluster", "bench.relocation_bench"),

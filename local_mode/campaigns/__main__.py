@@ -1,7 +1,9 @@
 """``python -m local_mode.campaigns [FLOW ...] [--every-call]``: run crash campaigns and print,
 per flow, the AWS calls it makes, the runs (each call broken as a throttle and as a lost
-response) and how many ended right, as one JSON line each (exit 1 if any run ended wrong).
-Without ``--every-call`` the first call of each call site is broken."""
+response), how many ended right and the false repairs (healthy nodes repaired or held), as
+one JSON line each (exit 1 if any run ended wrong). Without ``--every-call`` the first call
+of each call site is broken. ``--calls-failing 0.01 --seed 3``: each flow run once with every
+AWS call failing with that chance instead (a throttle or a lost response, seeded)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import json
 import sys
 
 from .catalog import RUNS
-from .runner import campaign
+from .runner import calls_failing, campaign
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("flows", nargs="*", metavar="FLOW",
                         help=f"default: every flow ({', '.join(sorted(RUNS))})")
     parser.add_argument("--every-call", action="store_true", help="break every call, not one per call site")
+    parser.add_argument("--calls-failing", type=float, metavar="RATE",
+                        help="run each flow once with every AWS call failing with this chance (0.01: 1 %%)")
+    parser.add_argument("--seed", type=int, default=1, help="which calls --calls-failing breaks (default 1)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.flows) - set(RUNS))
     if unknown:
@@ -33,6 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     wrong = 0
     for flow in args.flows or sorted(RUNS):
         run = RUNS[flow]
+        if args.calls_failing is not None:
+            with contextlib.redirect_stdout(io.StringIO()), calls_failing(args.calls_failing, args.seed):
+                result = run(None)
+            problems = result.problems()
+            print(json.dumps({"flow": flow, "calls_failing": args.calls_failing, "seed": args.seed,
+                              "calls": len(result.calls), "broken": result.broken,
+                              "false_repairs": result.false_repairs, "problems": problems}),
+                  file=report, flush=True)
+            wrong += bool(problems)
+            continue
         with contextlib.redirect_stdout(io.StringIO()):
             summary = campaign(flow, run, every_call=args.every_call)
         print(json.dumps(summary.as_dict()), file=report, flush=True)

@@ -116,6 +116,7 @@ class NodeLost(Scenario[RunResult]):
 
         def power_off() -> list[dict[str, Any]]:
             agents.silent.add(LOST)
+            sim.node(LOST).powered = False  # the truth the false-repair figure judges by
             return []
 
         sim.schedule(sim.now() + 30, power_off, "node-b loses power")

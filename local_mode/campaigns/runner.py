@@ -8,17 +8,22 @@ call the handlers make once the flow is armed, broken once as a throttle, a lost
 or, where its operation takes one, its documented failure shape; None: unbroken, every call
 counted with its site) and checks what every flow owes: the
 backstop invariant after every event (:class:`InvariantWatch`), nothing left pending, no
-event in a DLQ. :func:`campaign` runs a flow unbroken, lists its positions and runs every
-broken position, each forked from the unbroken run at the call it breaks
+event in a DLQ, and **no false repair** (issue 49): no reboot, GPU reset, replacement,
+quarantine or cordon longer than a check of a node whose simulated hardware was healthy
+(``sim.repair_ledger``). Under :func:`calls_failing` every AWS call of the flow fails with a
+chance instead (a throttle or a lost response, seeded), as ``make soak`` breaks them.
+:func:`campaign` runs a flow unbroken, lists its positions and runs every broken position,
+each forked from the unbroken run at the call it breaks
 (``forked_runs.broken_runs``). ``catalog.RUNS`` names the flows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -59,6 +64,14 @@ class CampaignResult:
     timeline: list[str] = field(default_factory=list)
     #: calls a function's role does not grant (the grants guard: what AWS would refuse)
     denied: list[str] = field(default_factory=list)
+    #: repairs and holds of nodes whose simulated hardware was healthy (``sim.repair_ledger``)
+    false_repairs: list[str] = field(default_factory=list)
+    #: every repair and hold of the flow (for the figures)
+    repairs: list[str] = field(default_factory=list)
+    #: (rate, seed) when every call failed with that chance (``calls_failing``)
+    failing: tuple[float, int] | None = None
+    #: the calls ``calls_failing`` broke: "service.operation mode at site"
+    broken: list[str] = field(default_factory=list)
 
     def expectations(self) -> list[str]:
         """What ended wrong for this flow (its own checks)."""
@@ -75,6 +88,9 @@ class CampaignResult:
             problems.append(f"backstop invariant broken: {self.forgotten}")
         if self.denied:
             problems.append(f"calls their function's role does not grant: {sorted(set(self.denied))}")
+        if self.false_repairs:
+            problems.append(f"{len(self.false_repairs)} false repair(s) of healthy nodes: "
+                            f"{self.false_repairs}")
         return problems
 
 
@@ -111,9 +127,29 @@ class Scenario(ABC, Generic[R]):
         """The flow's result: ``common`` holds :class:`CampaignResult`'s fields."""
 
 
+#: (rate, seed) of :func:`calls_failing` while it is on (None: off)
+_failing: list[tuple[float, int] | None] = [None]
+
+
+@contextlib.contextmanager
+def calls_failing(rate: float, seed: int) -> Iterator[None]:
+    """Every flow run meanwhile without a ``fault`` has each of its AWS calls fail with chance
+    ``rate`` (a throttle or a lost response, seeded: the same seed breaks the same calls), as
+    AWS does under load (``CallFaults.arm_random``). Any flow: ``with calls_failing(0.01, 1):
+    RUNS[flow](None)``."""
+    if not 0 < rate <= 1:
+        raise ValueError("rate is a chance, 0 < rate <= 1")
+    before, _failing[0] = _failing[0], (rate, seed)
+    try:
+        yield
+    finally:
+        _failing[0] = before
+
+
 def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
              dynamodb: str = DYNAMODB) -> R:
-    """``scenario`` with ``fault`` (n-th call once armed, mode) broken once (None: unbroken)."""
+    """``scenario`` with ``fault`` (n-th call once armed, mode) broken once (None: unbroken, or
+    every call failing with a chance under :func:`calls_failing`)."""
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
     options = scenario.world_options()
@@ -124,10 +160,14 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
         repo = world.repo  # the emulator's own client: these reads are not the flow's calls
         watch = InvariantWatch(world.bus, repo, sim.now, job_ids, scenario.validating_nodes(world))
         calls = world.aws.call_faults
-        if fault is None:
+        failing = _failing[0] if fault is None else None
+        if failing is not None:
+            calls.arm_random(failing[0], failing[1], record_sites=True)
+        elif fault is None:
             calls.arm(None, record_sites=True)
         else:
             calls.arm(fault[0], fault[1])
+        sim.repairs.mark()  # what the set-up did is not the flow's
         scenario.start(world)
         checked = [0.0]
 
@@ -149,6 +189,10 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
             "mails": mails(world.aws), "forgotten": list(watch.broken),
             "timeline": sim.format_timeline() if keep_timeline else [],
             "denied": [str(d) for d in world.aws.grants.denials] if world.aws.grants is not None else [],
+            "false_repairs": [str(r) for r in sim.repairs.false_repairs()],
+            "repairs": [str(r) for r in sim.repairs.repairs()],
+            "failing": failing,
+            "broken": [f"{c.service}.{c.operation} {mode} at {c.site}" for c, mode in calls.broken],
         }
         return scenario.result(world, common)
 
@@ -252,12 +296,16 @@ class CampaignSummary:
     runs: int
     ended_right: int
     failures: list[tuple[tuple[int, str], ApiCall | None, list[str]]]
+    #: false repairs (``CampaignResult.false_repairs``) of the unbroken run, and of all its runs
+    false_repairs: int = 0
+    false_repairs_broken: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         failures = [{"fault": list(f), "call": f"{c.service}.{c.operation} at {c.site}" if c else None,
                      "problems": p} for f, c, p in self.failures]
         return {"flow": self.flow, "calls": self.calls, "positions": self.positions, "runs": self.runs,
-                "ended_right": self.ended_right, "failures": failures}
+                "ended_right": self.ended_right, "false_repairs": self.false_repairs,
+                "false_repairs_broken_runs": self.false_repairs_broken, "failures": failures}
 
 
 def positions_of(calls: Sequence[ApiCall], *, every_call: bool, by: str = "site") -> list[int]:
@@ -290,12 +338,15 @@ def campaign(flow: str, run: Callable[[tuple[int, str] | None], Any], *, every_c
     chosen = list(positions) if positions is not None else positions_of(baseline.calls, every_call=every_call)
     runs = broken_runs(run, faults_at(baseline.calls, chosen, modes))
     failures: list[tuple[tuple[int, str], ApiCall | None, list[str]]] = []
+    false_repairs = 0
     for fault, result in sorted(runs.items()):
         if isinstance(result, BrokenRunFailed):
             failures.append((fault, None, [str(result)[-2000:]]))
             continue
+        false_repairs += len(result.false_repairs)
         wrong = result.problems() + ([] if result.fired else ["the fault never fired"])
         if wrong:
             failures.append((fault, result.fired, wrong))
     return CampaignSummary(flow, len(baseline.calls), len(chosen), len(runs), len(runs) - len(failures),
-                           failures)
+                           failures, false_repairs=len(baseline.false_repairs),
+                           false_repairs_broken=false_repairs)

@@ -91,6 +91,7 @@ class SimulatedEcs(GpuFaults):
         hooks.on_before_call("ecs", "ListTasks", self._before_list_tasks)
         hooks.on_after_call("ecs", "ListTasks", self._after_list_tasks)
         hooks.on_before_call("ecs", "DeleteAttributes", self._before_delete_attributes)
+        hooks.on_after_call("ecs", "PutAttributes", self._after_put_attributes)
         hooks.on_after_call("ecs", "StopTask", self._after_stop_task)
         hooks.on_after_call("ecs", "DescribeContainerInstances", self._after_describe_cis)
         hooks.on_after_call(
@@ -234,7 +235,21 @@ class SimulatedEcs(GpuFaults):
                 return None  # moto answers TargetNotFoundException
         for attribute in attributes:
             cis[str(attribute["targetId"]).rsplit("/", 1)[-1]].attributes.pop(attribute["name"], None)
+            node = self._node_or_none(str(attribute["targetId"]))
+            if node is not None:
+                self.repairs.attribute(node, str(attribute["name"]), None)
         return hook_answer("ecs", {"attributes": attributes})
+
+    def _after_put_attributes(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        """The placement attribute's value on a node (the repair ledger's cordons)."""
+        if status >= 300:
+            return
+        for attribute in params.get("attributes") or []:
+            node = self._node_or_none(str(attribute.get("targetId") or ""))
+            if node is not None:
+                self.repairs.attribute(node, str(attribute.get("name")), attribute.get("value"))
 
     def _before_start_task(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
         try:
@@ -365,6 +380,7 @@ class SimulatedEcs(GpuFaults):
                     self.counters["health_checks_started"] += 1
                 if reset:
                     self.counters["gpu_resets_started"] += 1
+                    self.repairs.record(node, "gpu_reset", "StartTask of the GPU reset task")
                 self._sync_moto(task)
             self._release_reservation(rid)
         if failures and not context.get("local_mode_short_circuit"):
@@ -437,6 +453,8 @@ class SimulatedEcs(GpuFaults):
             node = self._node_or_none(ci.get("containerInstanceArn", ""))
             if node is None:
                 continue
+            if ci.get("status") == "DRAINING" and node.status != "DRAINING":
+                self.repairs.record(node, "quarantine", "UpdateContainerInstancesState DRAINING")
             node.status = str(ci.get("status") or node.status)  # moto's record answers the API
             self._log("node", f"container instance -> {ci.get('status')}", node.name)
             self.schedule(self.now(), partial(self._ci_events, node), "ci state")
@@ -498,6 +516,7 @@ class SimulatedEcs(GpuFaults):
             return
         with self._lock:
             self.counters["terminations"] += 1
+            self.repairs.record(node, "replace", "TerminateInstanceInAutoScalingGroup")
         self._log("node", "terminated in its Auto Scaling group (desired capacity kept)", node.name)
         host = node.instance_id
 

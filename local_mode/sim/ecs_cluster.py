@@ -144,6 +144,8 @@ class EcsCluster(ClusterDataPlane):
                 failures.append({"arn": ref, "reason": "MISSING"})
                 continue
             if node.status != status:
+                if status == "DRAINING":
+                    self.repairs.record(node, "quarantine", "UpdateContainerInstancesState DRAINING")
                 node.status = status
                 self.counters[f"instances_{status.lower()}"] += 1
                 self._emit_instance(node)
@@ -157,6 +159,7 @@ class EcsCluster(ClusterDataPlane):
         nodes = [self._attribute_target(a) for a in p["attributes"]]
         for node, attribute in zip(nodes, p["attributes"], strict=True):
             node.attributes[attribute["name"]] = attribute.get("value")
+            self.repairs.attribute(node, str(attribute["name"]), attribute.get("value"))
         return {"attributes": list(p["attributes"])}
 
     def delete_attributes(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +167,7 @@ class EcsCluster(ClusterDataPlane):
         nodes = [self._attribute_target(a) for a in p["attributes"]]
         for node, attribute in zip(nodes, p["attributes"], strict=True):
             node.attributes.pop(attribute["name"], None)
+            self.repairs.attribute(node, str(attribute["name"]), None)
         return {"attributes": list(p["attributes"])}
 
     def _attribute_target(self, attribute: dict[str, Any]) -> Node:

@@ -33,6 +33,7 @@ from typing import Any
 from ..health_verdicts import RESET_FIXES
 from .ecs_model import Node, Plan, Task, TimelineEntry, gang_of, health_check_verdict
 from .fabric import Fabric
+from .repair_ledger import RepairLedger
 
 Events = list[dict[str, Any]]
 # A level-1 DCGM diag (deployment checks: NVIDIA says seconds): a validation's first part.
@@ -70,6 +71,9 @@ class DataPlane(ABC):
         self.instance_events_on_placement = instance_events_on_placement
         self.nodes: dict[str, Node] = {}  # by name
         self.fabric = Fabric()  # NVLink and network paths: what a preflight's all-reduce measures
+        #: every repair and hold carried out, with the node's true health then (issue 49)
+        self.repairs = RepairLedger(now=lambda: self.now(), fabric=lambda: self.fabric,
+                                    check_seconds=dcgm_seconds)
         self.tasks: dict[str, Task] = {}  # by ARN
         self.timeline: list[TimelineEntry] = []
         self._family_plans: dict[str, Plan] = {}
@@ -368,6 +372,7 @@ class DataPlane(ABC):
                 self._log("reboot", f"reboot requested again via {via} (already rebooting)",
                           node.name)
                 return
+            self.repairs.record(node, "reboot", via)
         self._log("reboot", f"reboot requested via {via}", node.name)
 
         def kill() -> Events:

@@ -97,6 +97,9 @@ class Node:
     unheld_repairs: int = 0
     latent: str | None = None
     latent_after_seconds: float = 180.0
+    # False: the host lost power (what the stack sees is its agents going silent and its ECS
+    # agent disconnecting): not a healthy node, whatever its GPUs (``repair_ledger``).
+    powered: bool = True
 
     def repaired(self, before: str) -> None:
         """A repair healed ``before``: unless it does not hold, nothing is left of it."""

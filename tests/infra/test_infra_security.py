@@ -194,18 +194,20 @@ def test_job_control_authorizer_reads_the_job_table_only(default_synth: Synth) -
         ({"dynamodb:GetItem"}, {"Fn::GetAtt": [job_table, "Arn"]})]
 
 
-def test_job_control_api_stops_tasks_of_the_cluster_and_writes_the_job_table_only(
+def test_job_control_api_stops_tasks_and_holds_nodes_of_the_cluster_only(
     default_synth: Synth,
 ) -> None:
     """go_suspend() stops the job's ranks: StopTask on the cluster's tasks (ArnEquals
-    ecs:cluster), the job table's data actions (no Scan, BatchWrite or Delete); no
-    StartTask, no PassRole, no SNS, no quota table; of the instance table only the ECS
-    budget's item (its StopTask calls take their tokens there) and the gang preflight's
-    baselines (it learns a passing run)."""
+    ecs:cluster); the preflight's handover fences the pinned nodes and reserves the job's
+    nodes (issue 49): the instance table's data and the placement attribute on the cluster's
+    container instances (with a spare pool, their listing). The job and instance tables' data
+    actions (no Scan, BatchWrite or Delete); no StartTask, no PassRole, no SNS, no quota table."""
     role = _function_role(default_synth, "job-control-api")
     statements = _statements_by_role(default_synth)[role]
     actions = set().union(*(statement_actions(s) for s in statements))
-    assert {a for a in actions if a.startswith("ecs:")} == {"ecs:StopTask"}
+    assert {a for a in actions if a.startswith("ecs:")} == {
+        "ecs:StopTask", "ecs:PutAttributes", "ecs:DeleteAttributes", "ecs:ListContainerInstances",
+        "ecs:DescribeContainerInstances"}
     assert not {a for a in actions if a.startswith(("iam:", "sns:", "ec2:", "ssm:", "lambda:"))}
     (stop,) = [s for s in statements if "ecs:StopTask" in statement_actions(s)]
     assert stop["Condition"] == {"ArnEquals": {"ecs:cluster": "arn:aws:ecs:us-east-1:111122223333:cluster/"
@@ -213,14 +215,8 @@ def test_job_control_api_stops_tasks_of_the_cluster_and_writes_the_job_table_onl
     assert stop["Resource"] == "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/*"
     dynamo = [s for s in statements if any(a.startswith("dynamodb:") for a in statement_actions(s))
               and s.get("Sid") not in ("EcsCallBudgetItem", "PreflightBaselineItems")]
-    (baselines,) = [s for s in statements if s.get("Sid") == "PreflightBaselineItems"]
-    assert _arn_tables(baselines["Resource"]) == {_table_id(default_synth, "TablesInstanceTable")}
-    assert statement_actions(baselines) == {"dynamodb:BatchGetItem", "dynamodb:GetItem",
-                                            "dynamodb:UpdateItem"}
-    assert baselines["Condition"] == {"ForAllValues:StringLike": {
-        "dynamodb:LeadingKeys": ["PREFLIGHT_BASELINE#*"]}}
     assert set().union(*(_arn_tables(s["Resource"]) for s in dynamo)) == {
-        _table_id(default_synth, "TablesJobTable")}
+        _table_id(default_synth, "TablesJobTable"), _table_id(default_synth, "TablesInstanceTable")}
     assert set().union(*(statement_actions(s) for s in dynamo)) == {
         "dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem", "dynamodb:GetItem", "dynamodb:Query",
         "dynamodb:PutItem", "dynamodb:UpdateItem"}

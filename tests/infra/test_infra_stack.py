@@ -453,7 +453,8 @@ def test_the_placement_attribute_is_granted_on_the_clusters_container_instances_
         default_synth: Synth) -> None:
     """Given the functions that find a node bad or healthy, or whose recovery steps reserve
     or release a job's nodes (every function running the recovery loop: a fault entering
-    recovery reserves its job's nodes, a restart placed releases them), Then they may put
+    recovery reserves its job's nodes, a restart placed releases them; the job-control API,
+    whose preflight handover reserves them too), Then they may put
     and delete the placement attribute (PutAttributes / DeleteAttributes), only on container
     instances of the cluster; nothing else gets them."""
     cluster = {"ArnEquals": {"ecs:cluster": CLUSTER_ARN}}
@@ -463,6 +464,8 @@ def test_the_placement_attribute_is_granted_on_the_clusters_container_instances_
     both["TagLookupWorker"] = _policies_starting(default_synth, "TagLookupsWorkerRoleDefaultPolicy")
     both["NodeApi"] = _policies_starting(default_synth, "NodeApiNodeApiFunctionRoleDefaultPolicy")
     both["GangWorker"] = _policies_starting(default_synth, "GangFanoutWorkerRoleDefaultPolicy")
+    # The preflight's handover reserves the job's nodes as a fault does (issue 49).
+    both["JobControlApi"] = _policies_starting(default_synth, "JobControlApiFunctionRoleDefaultPolicy")
     for name, statements in both.items():
         granted = [s for s in statements if _actions([s]) & CORDON]
         assert len(granted) == 1, name
