@@ -134,7 +134,10 @@ def test_a_passing_preflight_lets_every_rank_train_and_learns_its_run_once(w: Wo
     assert w.repo.get_job("j").state is JobState.RUNNING and w.ecs.stop_calls == []
 
 
-def test_a_degraded_link_is_pinned_to_its_two_ends_and_their_nodes_rebooted_without_a_diag(w: World) -> None:
+def test_a_degraded_link_pinned_to_its_two_ends_gets_the_stacks_own_check_not_a_reboot(w: World) -> None:
+    """Issue 49: the preflight is the tenant's program: its pins make suspects for the stack's
+    DCGM check (rule preflight-pinned: health_check), never a reboot on its word; the check's
+    verdict decides (here healthy: the nodes are cleared, the job restarts, no budget spent)."""
     nodes = nodes_of(8)
     queue_job(w, "j", nodes)
     fabric = Fabric()
@@ -153,12 +156,20 @@ def test_a_degraded_link_is_pinned_to_its_two_ends_and_their_nodes_rebooted_with
     assert suspect.record["plan"]["decision"]["rule_id"] == "preflight-pinned"
     assert "node-5" in suspect.record["evidence"]["preflight"]["peer"]
     w.advance(61)
-    w.service.sweep()  # each suspect's deadline: the node decisions, on the fast path
-    assert sorted(w.rebooter.calls) == ["i-node-2", "i-node-5"]
-    assert w.ecs.health_checks_on("node-2") == [] and w.ecs.health_checks_on("node-5") == []
-    job = w.repo.get_job("j")
-    assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 0  # spends no budget
-    assert w.repo.get_instance("node-2").state is C.InstanceState.REBOOTING
+    assert suspect.record["plan"]["action"] == "health_check"
+    for arn in list(w.ecs.stop_calls):  # the ranks stopped: their nodes are free for the check
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                      reason="gpu-recovery: gang preflight pinned"))
+    w.service.sweep()  # each suspect's deadline: the stack's own check on each pinned node
+    assert w.rebooter.calls == []
+    checks = [w.ecs.health_checks_on(n) for n in ("node-2", "node-5")]
+    assert [len(c) for c in checks] == [1, 1]
+    for [task] in checks:
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))  # the diag passes
+    assert w.rebooter.calls == []
+    assert {w.repo.get_instance(n).state for n in ("node-2", "node-5")} == {C.InstanceState.AVAILABLE}
+    job = w.repo.get_job("j")  # restarted (attempt 2), spending no budget
+    assert job.attempt == 2 and job.recoveries_used == 0 and job.app_restarts_used == 0
 
 
 def test_a_node_whose_rank_never_reports_is_pinned_when_the_round_times_out(w: World) -> None:
