@@ -5,7 +5,9 @@ the pins, the handover to the recovery loop's node decisions, the sweep's part."
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,6 +107,47 @@ class Ranks:
 
 def nodes_of(n: int) -> list[str]:
     return [f"node-{i}" for i in range(n)]
+
+
+_ROW = re.compile(r"^(\s*\d+\s+\d+\s+\S+\s+\S+\s+-?\d+\s+)(.*)$")
+
+
+def forged(output: str, factor: float) -> str:
+    """An all_reduce_perf table with its algbw and busbw multiplied (a tenant's forgery)."""
+    lines = []
+    for line in output.splitlines():
+        row = _ROW.match(line)
+        if row:
+            cols = row.group(2).split()  # time algbw busbw wrong time algbw busbw wrong
+            for i in (1, 2, 5, 6):
+                cols[i] = f"{float(cols[i]) * factor:.2f}"
+            line = row.group(1) + "  ".join(cols)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+class ForgingFabric(Fabric):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.forge_factor = factor
+
+    def run(self, nodes: Any, *args: Any, **kwargs: Any) -> Any:
+        honest = super().run(nodes, *args, **kwargs)
+        return dataclasses.replace(honest, output=forged(honest.output, self.forge_factor),
+                                   busbw=honest.busbw * self.forge_factor)
+
+
+def test_a_forged_x1000_table_is_not_learned_and_the_next_honest_job_is_not_pinned(w: World) -> None:
+    """Issue 49: a tenant's table teaches nothing another tenant is judged by."""
+    queue_job(w, "forger", nodes_of(2), mode="always")
+    assert Ranks(w, "forger", nodes_of(2), ForgingFabric(1000.0)).run() == {0: "train", 1: "train"}
+    assert w.repo.preflight.get("forger", 1)["status"] == "passed"
+    assert w.repo.preflight.baselines("8gpu", [2])[2].samples == ()  # above any physical bound
+    honest = [f"node-{i}" for i in range(4, 6)]
+    queue_job(w, "honest", honest, mode="always")
+    assert Ranks(w, "honest", honest, Fabric()).run() == {0: "train", 1: "train"}
+    item = w.repo.preflight.get("honest", 1)
+    assert item["status"] == "passed" and not item.get("pinned") and w.rebooter.calls == []
 
 
 def test_a_passing_preflight_lets_every_rank_train_and_learns_its_run_once(w: World) -> None:

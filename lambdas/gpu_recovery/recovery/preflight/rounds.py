@@ -45,7 +45,14 @@ from typing import Any
 from gpu_recovery import clock
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.preflight import pinning
-from gpu_recovery.domain.preflight.baseline import Baseline, Threshold, learn, node_class, with_floor
+from gpu_recovery.domain.preflight.baseline import (
+    Baseline,
+    Threshold,
+    learn,
+    node_class,
+    refusal,
+    with_floor,
+)
 from gpu_recovery.domain.preflight.judge import Verdict, hung, judge
 from gpu_recovery.domain.preflight.mode import PreflightMode, required
 from gpu_recovery.domain.preflight.nccl_output import table_lines
@@ -350,9 +357,14 @@ class Preflights:
             learned: list[Baseline] = []
             for size, busbw in samples.items():
                 if busbw is not None:
-                    taught = learn(current[size], busbw, f"{job_id}#{attempt}")
+                    taught = learn(current[size], busbw, f"{job_id}#{attempt}", self.policy.baseline)
                     if taught is not None:
                         learned.append(taught)
+                    elif why := refusal(current[size], busbw, self.policy.baseline):
+                        # The tenant's table teaches nothing another job is judged by.
+                        logger.warning("preflight run not learned", extra={"job_id": job_id, "nodes": size,
+                                                                           "why": why})
+                        self.deps.metrics.add_metric("PreflightSamplesRefused", "Count", 1)
             if repo.preflight.conclude(job_id, attempt, round_, PASSED, verdict=verdict, summary=summary,
                                        now=now, learned=learned):
                 self.deps.metrics.add_metric("PreflightsPassed", "Count", 1)
