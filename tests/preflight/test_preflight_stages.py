@@ -332,3 +332,40 @@ def test_which_attempts_run_it(w: World) -> None:
     assert w.service.preflights.step("asks", 1, 1)["action"] == "run"
     assert w.service.preflights.step("asks", 1, 2)["action"] == "stop"  # not the job's attempt
     assert w.repo.preflight.get("small", 1) is None  # nothing written for an attempt that runs none
+
+
+def test_loopbacks_failing_alike_on_every_node_end_the_job_told_why_and_pin_no_node(w: World) -> None:
+    """Issue 49: an image without all_reduce_perf (the client's fallback exits 1 on every node)
+    is the job's own failure: FAILED with a clear reason, no node suspected, checked or cordoned,
+    no budget spent."""
+    nodes = nodes_of(2)
+    queue_job(w, "broken", nodes, mode="always")
+    for rank in range(2):
+        assert w.service.preflights.step("broken", rank, 1)["action"] == "run"
+        w.service.preflights.report("broken", rank, 1, round_=1, test_id="loopback", exit_code=1,
+                                    output="python: can't open file 'all_reduce_perf': No such file",
+                                    seconds=1.0, address=f"10.0.0.{rank + 1}")
+    item = w.repo.preflight.get("broken", 1)
+    assert item["status"] == "job_fault" and "own image or code" in item["verdict"]
+    assert {w.service.preflights.step("broken", r, 1)["action"] for r in range(2)} == {"stop"}
+    w.service.sweep()
+    job = w.repo.get_job("broken")
+    assert job.state is JobState.FAILED and "own image or code failed the gang preflight" in job.last_error
+    assert job.recoveries_used == 0 and job.app_restarts_used == 0
+    assert w.repo.faults.suspects("broken", 1) == []
+    assert all(w.ecs.health_checks_on(n) == [] for n in nodes) and w.rebooter.calls == []
+    assert all(not w.repo.get_instance(n).cordoned for n in nodes)
+    assert [n.kind for n in w.notifier.sent] == [C.NotificationKind.FAILED]
+    assert w.repo.preflight.get("broken", 1)["handed_over"] is True
+
+
+def test_one_node_failing_its_loopback_is_still_a_suspect_not_the_jobs_fault(w: World) -> None:
+    nodes = nodes_of(2)
+    queue_job(w, "j", nodes, mode="always")
+    for rank, code in ((0, 0), (1, 1)):
+        w.service.preflights.step("j", rank, 1)
+        run = Fabric().run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
+        w.service.preflights.report("j", rank, 1, round_=1, test_id="loopback", exit_code=code,
+                                    output=run.output, seconds=run.seconds, address=f"10.0.0.{rank + 1}")
+    item = w.repo.preflight.get("j", 1)
+    assert item["status"] == "pinned" and [p["node"] for p in item["pinned"]] == ["node-1"]

@@ -53,14 +53,15 @@ from gpu_recovery.domain.preflight.baseline import (
     refusal,
     with_floor,
 )
-from gpu_recovery.domain.preflight.judge import Verdict, hung, judge
+from gpu_recovery.domain.preflight.judge import Verdict, alike_everywhere, hung, judge
 from gpu_recovery.domain.preflight.mode import PreflightMode, required
 from gpu_recovery.domain.preflight.nccl_output import table_lines
 from gpu_recovery.domain.preflight.settings import SWEEP_MAX_BYTES, SWEEP_MIN_BYTES
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.preflight.handover import PreflightHandover
-from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, PASSED, PINNED, RUNNING
+from gpu_recovery.recovery.preflight.job_fault import PreflightJobFault
+from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, JOB_FAULT, PASSED, PINNED, RUNNING
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class Preflights:
     def __init__(self, deps: Deps, handover: PreflightHandover) -> None:
         self.deps = deps
         self.handover = handover
+        self.job_fault = PreflightJobFault(deps, handover.remediation.notices)
 
     @property
     def policy(self) -> Any:
@@ -153,7 +155,7 @@ class Preflights:
             "reason": str(item.get("verdict") or item.get("why") or "")[:500]}
         if status in (PASSED, INCONCLUSIVE):
             return {**answer, "action": "train"}
-        if status in (PINNED, ABANDONED):
+        if status in (PINNED, ABANDONED, JOB_FAULT):
             return {**answer, "action": "stop"}
         deadline = float(item.get("deadline_at") or now)
         # A test may take the round's bound whole, however late in the round it starts.
@@ -280,9 +282,13 @@ class Preflights:
                 missing = [r for r in range(nodes) if r not in arrived]
             elif item.get("gang_ready"):
                 gang = results.get(GANG) or hung(self._threshold(item, nodes), waited)
+            summary.append(_round_one_line(gang, failed, missing, nodes))
+            own = alike_everywhere(item.get("loopback_failed") or (), missing, nodes) \
+                if failed or missing else ""
+            if own:  # alike on every node: the job's own image or code, no node pinned
+                return self._own_fault(item, own, summary, now)
             state = pinning.after_first_round(nodes, gang_passed=gang is not None and gang.passed,
                                               loopback_failed=failed, missing=missing)
-            summary.append(_round_one_line(gang, failed, missing, nodes))
             tests: list[pinning.GroupTest] = []
         else:
             state = pinning.PinState.from_dict(item["pin"])
@@ -339,6 +345,17 @@ class Preflights:
                 self.handover.hand_over(fresh)
         else:
             self._passed(item, results, summary, now)
+        return repo.preflight.get(job_id, attempt) or item
+
+    def _own_fault(self, item: dict[str, Any], why: str, summary: list[str], now: float) -> dict[str, Any]:
+        """Concluded as the job's own failure, due at once: the sweep ends the job, told why
+        (``job_fault``)."""
+        repo = self.deps.repo
+        job_id, attempt = str(item["pf_job_id"]), int(item["attempt"])
+        verdict = f"{why}; the job's own image or code, not a node: nothing pinned"
+        if repo.preflight.conclude(job_id, attempt, 1, JOB_FAULT, verdict=verdict, summary=summary, now=now,
+                                   handover_at=now):
+            logger.warning("gang preflight failed alike on every node", extra={"job_id": job_id, "why": why})
         return repo.preflight.get(job_id, attempt) or item
 
     def _passed(self, item: dict[str, Any], results: Mapping[str, Verdict], summary: list[str],
@@ -399,6 +416,8 @@ class Preflights:
         status = item.get("status")
         if status == PINNED and not item.get("handed_over"):
             return self.handover.hand_over(item)
+        if status == JOB_FAULT and not item.get("handed_over"):
+            return self.job_fault.end(item)
         if status != RUNNING:
             repo.preflight.settle(job_id, attempt)  # concluded: nothing is due
             return "preflight_settled"
