@@ -63,6 +63,7 @@ class Ranks:
         self.w, self.job_id, self.nodes, self.fabric, self.silent = w, job_id, nodes, fabric, silent
         self.done: set[tuple[int, int, str]] = set()
         self.rounds = 0
+        self.attempt = 1
 
     @property
     def preflights(self) -> Any:
@@ -70,7 +71,8 @@ class Ranks:
 
     def step_all(self) -> dict[int, dict[str, Any]]:
         return {
-            r: self.preflights.step(self.job_id, r, 1) for r in range(len(self.nodes)) if r not in self.silent
+            r: self.preflights.step(self.job_id, r, self.attempt) for r in range(len(self.nodes))
+            if r not in self.silent
         }
 
     def run(self, max_rounds: int = 20) -> dict[int, str]:
@@ -94,7 +96,7 @@ class Ranks:
                         self.preflights.report(
                             self.job_id,
                             rank,
-                            1,
+                            self.attempt,
                             round_=int(step["round"]),
                             test_id=test["id"],
                             exit_code=0,
@@ -369,3 +371,47 @@ def test_one_node_failing_its_loopback_is_still_a_suspect_not_the_jobs_fault(w: 
                                     output=run.output, seconds=run.seconds, address=f"10.0.0.{rank + 1}")
     item = w.repo.preflight.get("j", 1)
     assert item["status"] == "pinned" and [p["node"] for p in item["pinned"]] == ["node-1"]
+
+
+class _Recorded:
+    def __init__(self) -> None:
+        self.by: list[tuple[str, dict[str, str]]] = []
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        return None
+
+    def add_dimensioned_metric(self, name: str, unit: str, value: float, dimensions: dict[str, str]) -> None:
+        self.by.append((name, dimensions))
+
+
+def test_a_job_whose_pins_the_stacks_check_cleared_twice_pins_nothing_more(w: World) -> None:
+    """Issue 49: a job whose evidence condemned nodes the stack's check cleared is limited
+    (cleared_limit 2 in 24 h): an operator is told, its next preflight pins nothing, and each
+    clearance is a SuspectsCleared metric of its evidence source."""
+    metrics = _Recorded()
+    w.service.deps.metrics = metrics
+    nodes = nodes_of(8)
+    queue_job(w, "j", nodes)
+    fabric = Fabric()
+    fabric.degrade_link("node-2", "node-5", 0.3, persistent=True)  # a link the DCGM diag cannot see
+    assert set(Ranks(w, "j", nodes, fabric).run().values()) == {"stop"}
+    w.advance(61)
+    for arn in list(w.ecs.stop_calls):
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                      reason="gpu-recovery: gang preflight pinned"))
+    w.service.sweep()
+    for node in ("node-2", "node-5"):
+        [task] = w.ecs.health_checks_on(node)
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))  # cleared
+    assert metrics.by == [("SuspectsCleared", {"EvidenceSource": "tenant_preflight"})] * 2
+    assert w.repo.tenant_evidence.cleared(C.tenant_evidence_job_key("j"), w.now[0], 86400) == 2
+    told = [n for n in w.notifier.sent if n.kind is C.NotificationKind.TENANT_EVIDENCE_LIMITED]
+    assert len(told) == 1 and "no longer moves nodes" in told[0].subject
+    job = w.repo.get_job("j")
+    assert job.attempt == 2
+    again = Ranks(w, "j", nodes, fabric)
+    again.attempt = 2
+    assert set(again.run().values()) == {"train"}  # the link still fails, nothing is pinned
+    item = w.repo.preflight.get("j", 2)
+    assert item["status"] == "inconclusive" and "pins are not handed over" in item["verdict"]
+    assert w.repo.get_job("j").state is JobState.RUNNING and w.rebooter.calls == []

@@ -326,8 +326,9 @@ class Preflights:
                   summary: list[str], now: float) -> dict[str, Any]:
         repo = self.deps.repo
         job_id, attempt, round_ = str(item["pf_job_id"]), int(item["attempt"]), int(item["round"])
-        if state.widespread or (not state.pinned and round_ > 1):
-            why = state.widespread or ("; ".join(state.notes) or "the failure did not show again")
+        limited = self._evidence_limited(job_id) if state.pinned and not state.widespread else ""
+        if state.widespread or limited or (not state.pinned and round_ > 1):
+            why = state.widespread or limited or ("; ".join(state.notes) or "the failure did not show again")
             verdict = f"inconclusive after {state.round} round(s): {why}; nothing pinned, the job goes on"
             repo.preflight.conclude(job_id, attempt, round_, INCONCLUSIVE, verdict=verdict, summary=summary,
                                     now=now, pin=state.to_dict())
@@ -346,6 +347,12 @@ class Preflights:
         else:
             self._passed(item, results, summary, now)
         return repo.preflight.get(job_id, attempt) or item
+
+    def _evidence_limited(self, job_id: str) -> str:
+        """Why this job's (or its user's) preflight no longer moves nodes ("": it does): its
+        evidence named too many nodes the stack's own check then cleared (issue 49)."""
+        user = str((self.deps.repo.get_job_item(job_id) or {}).get("user") or "")
+        return self.handover.remediation.tenant_evidence.limited(job_id, user)
 
     def _own_fault(self, item: dict[str, Any], why: str, summary: list[str], now: float) -> dict[str, Any]:
         """Concluded as the job's own failure, due at once: the sweep ends the job, told why
