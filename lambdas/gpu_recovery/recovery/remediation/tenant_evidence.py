@@ -71,39 +71,48 @@ class TenantEvidence:
         repo = self.deps.repo
         now = clock.now()
         window = self.limit.window_seconds
-        entry = f"{evidence.node_id}#{evidence.job_id}#{evidence.attempt}"
+        # One entry per fault (job and attempt): a preflight pinning both ends of a link is
+        # one wrong word, not two.
+        entry = f"{evidence.job_id}#{evidence.attempt}"
         user = str((repo.get_job_item(evidence.job_id) or {}).get("user") or "")
-        subjects = [("job", evidence.job_id, tenant_evidence_job_key(evidence.job_id))]
+        subjects = [(f"job {evidence.job_id}", tenant_evidence_job_key(evidence.job_id))]
         if user:
-            subjects.append(("user", user, tenant_evidence_user_key(user)))
-        for kind, name, key in subjects:
+            subjects.append((f"user {user}", tenant_evidence_user_key(user)))
+        reached = []
+        for name, key in subjects:
             count = repo.tenant_evidence.record_cleared(key, entry, now, window)
             if self.limit.reached(count):
-                self._tell(kind, name, key, count, evidence, source.id, now)
+                reached.append((name, key, count))
+        if reached:
+            self._tell(reached, evidence, source.id, now)
 
-    def _tell(self, kind: str, name: str, key: str, count: int, evidence: Evidence, source: str,
-              now: float) -> None:
+    def _tell(self, reached: list[tuple[str, str, int]], evidence: Evidence, source: str, now: float) -> None:
+        """One e-mail for the subjects that reached the limit, once per window each."""
         hours = self.limit.window_seconds / 3600
         job = self.deps.repo.get_job(evidence.job_id)
+        names = " and ".join(f"the {name} ({count} faults)" for name, _, count in reached)
         owed = []
         if job is not None:
             owed = [self.notices.for_job(
                 job, None, NotificationKind.TENANT_EVIDENCE_LIMITED,
-                f"The {kind}'s evidence no longer moves nodes: {count} suspects cleared",
-                what_happened=(f"the {kind} {name}'s own evidence ({source}) named {count} node(s) within "
-                               f"{hours:g} h that the stack's DCGM check then found healthy; the last: "
-                               f"{evidence.node_id}"),
+                f"A tenant's evidence no longer moves nodes: {names}",
+                what_happened=(f"the own evidence ({source}) of {names} named nodes within {hours:g} h that "
+                               f"the stack's DCGM check then found healthy; the last: {evidence.node_id}"),
                 what_was_done=(f"its gang preflights pin no node until {hours:g} h after the last cleared "
                                "one (they conclude inconclusive and the job goes on)"),
                 operator_action=(f"Look at the job (`gpujobs show {evidence.job_id}`): a preflight or "
                                  "image that fails on healthy nodes, a tenant's forged reports, or a fault "
                                  "the DCGM diag cannot see (a degraded link)."))]
-        also = self.notices.owe(owed, now) if owed else ()
-        if self.deps.repo.tenant_evidence.claim_notice(key, now, self.limit.window_seconds, also=also):
+        told = False
+        for _, key, _ in reached:
+            also = self.notices.owe(owed, now) if owed and not told else ()
+            if self.deps.repo.tenant_evidence.claim_notice(key, now, self.limit.window_seconds, also=also):
+                told = told or bool(also)
+        if told:
             self.notices.send(owed)
             self.deps.metrics.add_metric("TenantEvidenceLimited", "Count", 1)
             logger.warning("a tenant's evidence no longer moves nodes",
-                           extra={"subject": f"{kind}:{name}", "cleared": count, "job_id": evidence.job_id})
+                           extra={"subjects": names, "job_id": evidence.job_id})
 
     def limited(self, job_id: str, user: str) -> str:
         """Why this job's (or its user's) evidence no longer moves nodes ("": it does)."""
@@ -116,7 +125,7 @@ class TenantEvidence:
         for kind, key in subjects:
             count = repo.tenant_evidence.cleared(key, now, window)
             if self.limit.reached(count):
-                return (f"the {kind}'s evidence named {count} node(s) the stack's DCGM check cleared "
-                        f"within {window / 3600:g} h (cleared_limit {self.limit.limit}): its pins are not "
-                        "handed over")
+                return (f"the {kind}'s evidence named nodes the stack's DCGM check cleared, in {count} "
+                        f"faults within {window / 3600:g} h (cleared_limit {self.limit.limit}): its pins are "
+                        "not handed over")
         return ""
