@@ -33,7 +33,7 @@ OWN_FAULT_ACTION = (
     "Check the job's image and command: the preflight's all-reduce (`all_reduce_perf`, or the client's "
     "torch fallback) failed the same way on every node it ran on, so the nodes are not at fault. "
     "`gpujobs logs <id> --rank 0 | grep -A4 'preflight round 1'` shows what it printed. No node was taken "
-    "out of service and no recovery was spent; fix the image (or submit with `preflight: never`) and "
+    "out of service and no recovery was spent; fix the image (or submit with `preflight: off`) and "
     "submit again.")
 
 
@@ -59,9 +59,9 @@ class PreflightJobFault:
         notice = self.notices.for_job(
             replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
             "Job failed: its own image or code failed the gang preflight",
-            what_happened=reason,
-            what_was_done=("Job marked FAILED; no node was suspected, cordoned or repaired (the failure was "
-                           "alike on every node: it is the job's), no recovery spent"),
+            what_happened=(f"{reason}. The failure was alike on every node: it is the job's, so no node was "
+                           "suspected, checked, cordoned or repaired, and no recovery was spent"),
+            what_was_done="Job marked FAILED",
             operator_action=OWN_FAULT_ACTION)
         if repo.finish_job(job_id, attempt, JobState.FAILED, reason, fields={"last_error": reason},
                            from_states=ACTIVE_JOB_STATES, stop_ranks_of=attempt, stop_why=reason,
