@@ -8,7 +8,8 @@ simulated fabric), with a tenant's program that says something else than the fab
 
 * ``preflight_forged_baseline`` — a tenant's 2-node job posts ``all_reduce_perf`` tables with
   busbw x1000; it passes but teaches nothing (above the physical bound); another user's
-  honest 2-node job on the other nodes then passes, pinned nothing, and is learned.
+  honest 2-node job, queued behind it on the same two nodes, then passes, pinned nothing,
+  and is learned.
 * ``preflight_forged_loopback`` — a 2-node job's rank 1 reports exit 1 for its loopback on a
   healthy node, at every attempt: the node gets the stack's DCGM check and is cleared, never
   rebooted; after ``cleared_limit`` (2) such faults an operator is told
@@ -206,13 +207,16 @@ class TenantPreflight(Scenario[EvidenceResult]):
         sim = world.ecs
         self.world = world
         world.schedule_queue_scheduler(60)
-        count = 10 if self.flow == "preflight_broken_image" else 4
+        # The forged baseline's two jobs share two nodes: the honest one runs once the forger's
+        # preflight taught (or not) the baseline.
+        count = {"preflight_broken_image": 10, "preflight_forged_baseline": 2}.get(self.flow, 4)
         self.nodes = [f"node-{chr(ord('a') + i)}" for i in range(count)]
         for node in self.nodes:
             sim.add_node(node, gpus=8)
         td = sim.register_training_task_definition("train", gpus=8)
         if self.flow == "preflight_forged_baseline":
             self._submit(world, "forger", td, 2, "always", "mallory")
+            self._submit(world, "honest", td, 2, "always", "alice")
         elif self.flow == "preflight_forged_loopback":
             self._submit(world, "liar", td, 2, "always", "mallory")
         else:
@@ -223,14 +227,6 @@ class TenantPreflight(Scenario[EvidenceResult]):
         programs.watch(5.0, lambda _task: RUN_SECONDS)
         sim.run_for(MIN + 2)  # the scheduler's tick places them
         return list(self.jobs.values())
-
-    def each_minute(self, world: World, jobs: Any) -> None:
-        # The honest job comes once the forger's preflight passed (its nodes are the others').
-        if self.flow == "preflight_forged_baseline" and "honest" not in self.jobs:
-            forger = world.repo.preflight.get(self.jobs["forger"], 1) or {}
-            if forger.get("status") == "passed":
-                td = world.ecs.register_training_task_definition("train", gpus=8)
-                self._submit(world, "honest", td, 2, "always", "alice")
 
     def _tamper(self, job_id: str, rank: int, test: dict[str, Any], exit_code: int | None,
                 output: str) -> tuple[int | None, str]:

@@ -384,34 +384,61 @@ class _Recorded:
         self.by.append((name, dimensions))
 
 
+def _pinned_then_cleared(w: World, ranks: Ranks, stopped_before: int) -> None:
+    """The attempt's preflight pins the degraded link's ends; its ranks stop; the stack's
+    check on each pinned node passes."""
+    assert set(ranks.run().values()) == {"stop"}
+    w.advance(61)
+    for arn in list(w.ecs.stop_calls)[stopped_before:]:
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                      reason="gpu-recovery: gang preflight pinned"))
+    w.service.sweep()
+    for node in ("node-2", "node-5"):
+        task = next(t for t in reversed(w.ecs.health_checks_on(node)) if t.last_status != "STOPPED")
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))  # cleared
+
+
 def test_a_job_whose_pins_the_stacks_check_cleared_twice_pins_nothing_more(w: World) -> None:
     """Issue 49: a job whose evidence condemned nodes the stack's check cleared is limited
-    (cleared_limit 2 in 24 h): an operator is told, its next preflight pins nothing, and each
-    clearance is a SuspectsCleared metric of its evidence source."""
+    (cleared_limit 2 faults in 24 h): an operator is told, its next preflight pins nothing, and
+    each clearance is a SuspectsCleared metric of its evidence source."""
     metrics = _Recorded()
     w.service.deps.metrics = metrics
     nodes = nodes_of(8)
     queue_job(w, "j", nodes)
     fabric = Fabric()
     fabric.degrade_link("node-2", "node-5", 0.3, persistent=True)  # a link the DCGM diag cannot see
-    assert set(Ranks(w, "j", nodes, fabric).run().values()) == {"stop"}
-    w.advance(61)
-    for arn in list(w.ecs.stop_calls):
-        w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
-                                                      reason="gpu-recovery: gang preflight pinned"))
-    w.service.sweep()
-    for node in ("node-2", "node-5"):
-        [task] = w.ecs.health_checks_on(node)
-        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))  # cleared
+    key = C.tenant_evidence_job_key("j")
+    _pinned_then_cleared(w, Ranks(w, "j", nodes, fabric), 0)
     assert metrics.by == [("SuspectsCleared", {"EvidenceSource": "tenant_preflight"})] * 2
-    assert w.repo.tenant_evidence.cleared(C.tenant_evidence_job_key("j"), w.now[0], 86400) == 2
-    told = [n for n in w.notifier.sent if n.kind is C.NotificationKind.TENANT_EVIDENCE_LIMITED]
+    assert w.repo.tenant_evidence.cleared(key, w.now[0], 86400) == 1  # one fault, both ends
+    limited = C.NotificationKind.TENANT_EVIDENCE_LIMITED
+    assert not [n for n in w.notifier.sent if n.kind is limited]
+    assert w.repo.get_job("j").attempt == 2
+    second = Ranks(w, "j", nodes, fabric)
+    second.attempt = 2
+    _pinned_then_cleared(w, second, len(w.ecs.stop_calls))
+    assert w.repo.tenant_evidence.cleared(key, w.now[0], 86400) == 2
+    told = [n for n in w.notifier.sent if n.kind is limited]
     assert len(told) == 1 and "no longer moves nodes" in told[0].subject
-    job = w.repo.get_job("j")
-    assert job.attempt == 2
-    again = Ranks(w, "j", nodes, fabric)
-    again.attempt = 2
-    assert set(again.run().values()) == {"train"}  # the link still fails, nothing is pinned
-    item = w.repo.preflight.get("j", 2)
+    assert w.repo.get_job("j").attempt == 3
+    third = Ranks(w, "j", nodes, fabric)
+    third.attempt = 3
+    assert set(third.run().values()) == {"train"}  # the link still fails, nothing is pinned
+    item = w.repo.preflight.get("j", 3)
     assert item["status"] == "inconclusive" and "pins are not handed over" in item["verdict"]
     assert w.repo.get_job("j").state is JobState.RUNNING and w.rebooter.calls == []
+
+
+def test_no_loopback_reported_anywhere_is_missing_evidence_not_a_job_or_node_fault(w: World) -> None:
+    """Issue 49: every rank silent past the bound (the API unreachable, a wrapper hung) pins
+    nothing and fails nothing: inconclusive, the job goes on."""
+    nodes = nodes_of(2)
+    queue_job(w, "j", nodes, mode="always")
+    for rank in range(2):
+        w.service.preflights.step("j", rank, 1)
+    w.advance(10_000)
+    w.service.sweep()
+    item = w.repo.preflight.get("j", 1)
+    assert item["status"] == "inconclusive" and "no node reported" in item["verdict"]
+    assert w.repo.get_job("j").state is JobState.RUNNING and w.repo.faults.suspects("j", 1) == []

@@ -89,15 +89,14 @@ def hung(threshold: Threshold, waited_seconds: float) -> Verdict:
 _FIGURES = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
-def alike_everywhere(failed: Sequence[str], missing: Sequence[int], nodes: int) -> str:
+def alike_everywhere(failed: Sequence[str], nodes: int) -> str:
     """Why round 1's loopbacks say the job's own image or code failed, not a node ("" when
     they do not): on a job of 2 or more nodes, every node's loopback failed the same way (the
-    same outcome and reason, figures aside: "exit code 1" everywhere, every node slow alike),
-    or none reported at all. ``failed``: the item's ``rank|outcome|reason`` entries."""
+    same outcome and reason, figures aside: "exit code 1" everywhere, every node slow alike).
+    ``failed``: the item's ``rank|outcome|reason`` entries. (No report at all is missing
+    evidence, not bad evidence: the preflight's caller decides, not this.)"""
     if nodes < 2:
         return ""
-    if len(set(missing)) >= nodes:
-        return f"no node reported its loopback (all {nodes})"
     entries = [str(e).split("|", 2) for e in failed]
     ranks = {int(e[0]) for e in entries if e and e[0].isdigit()}
     if len(ranks) < nodes:

@@ -283,10 +283,13 @@ class Preflights:
             elif item.get("gang_ready"):
                 gang = results.get(GANG) or hung(self._threshold(item, nodes), waited)
             summary.append(_round_one_line(gang, failed, missing, nodes))
-            own = alike_everywhere(item.get("loopback_failed") or (), missing, nodes) \
-                if failed or missing else ""
+            own = alike_everywhere(item.get("loopback_failed") or (), nodes) if failed else ""
             if own:  # alike on every node: the job's own image or code, no node pinned
                 return self._own_fault(item, own, summary, now)
+            if nodes > 1 and len(missing) >= nodes:  # missing evidence is not bad evidence
+                why = f"no node reported its loopback (all {nodes})"
+                state = pinning.PinState(nodes=nodes, widespread=why)
+                return self._conclude(item, state, results, summary, now)
             state = pinning.after_first_round(nodes, gang_passed=gang is not None and gang.passed,
                                               loopback_failed=failed, missing=missing)
             tests: list[pinning.GroupTest] = []
