@@ -44,9 +44,11 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from gpu_recovery.constants import (
+    DIMENSION_EVIDENCE_SOURCE,
     GANG_QUEUE_MAX_RECEIVES,
     METRIC_OLDEST_DUE_JOB_SECONDS,
     METRIC_OVERDUE_JOBS,
+    METRIC_SUSPECTS_CLEARED,
     METRICS_NAMESPACE,
 )
 from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS
@@ -286,6 +288,15 @@ class Monitoring(Construct):
                 right=[_combined("MAX", BREAKER_GAUGE, "Maximum", period, "breaker open (1)")],
             ),
         )
+        dashboard.add_widgets(cloudwatch.GraphWidget(
+            title=("Suspects the stack's own DCGM check cleared, by evidence source (a source that keeps "
+                   "naming healthy nodes cries wolf: docs/remediation.md, issue 49)"),
+            width=24,
+            left=[cloudwatch.MathExpression(
+                expression=(f"SEARCH('{{{METRICS_NAMESPACE},{DIMENSION_EVIDENCE_SOURCE},service}} "
+                            f"MetricName=\"{METRIC_SUSPECTS_CLEARED}\"', 'Sum', {int(period.to_seconds())})"),
+                using_metrics={}, label="", period=period)],
+        ))
         dashboard.add_widgets(cloudwatch.GraphWidget(
             title=(f"Jobs past their due time (should be 0; {OVERDUE_AFTER_SECONDS // 60} min or more late), "
                    "and how late the oldest due job is (s, right)"),

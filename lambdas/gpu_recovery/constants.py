@@ -150,6 +150,9 @@ ENV_PREFLIGHT_SETTINGS = "PREFLIGHT_SETTINGS"  # JSON object: domain.preflight.s
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
 ENV_POWERTOOLS_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
 METRICS_NAMESPACE = "GpuTrainingRecovery"
+# Suspects the stack's own DCGM check cleared, per evidence source (issue 49: the dashboard).
+METRIC_SUSPECTS_CLEARED = "SuspectsCleared"
+DIMENSION_EVIDENCE_SOURCE = "EvidenceSource"
 # The recovery sweep's count of jobs past their due time (domain.overdue) and how late the
 # oldest due job is, every minute; infra/monitoring.py alarms on the first.
 METRIC_OVERDUE_JOBS = "OverdueJobs"
@@ -376,6 +379,16 @@ def preflight_item_key(job_id: str, attempt: int) -> str:
 
 # The gang preflight's baselines in the instance table: <prefix><node class>#<node count>.
 PREFLIGHT_BASELINE_PREFIX = "PREFLIGHT_BASELINE#"
+
+
+def tenant_evidence_job_key(job_id: str) -> str:
+    """The suspects a job's own evidence named that the stack's check cleared (issue 49)."""
+    return f"{job_id}#TE"
+
+
+def tenant_evidence_user_key(user: str) -> str:
+    """The same, for every job of one user (a small bounded item, in the job table)."""
+    return f"TENANT_EVIDENCE#{user}"
 
 
 def health_check_slots_key(job_id: str) -> str:

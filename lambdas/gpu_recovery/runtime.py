@@ -48,6 +48,16 @@ class PowertoolsMetrics:
     def add_metric(self, name: str, unit: str, value: float) -> None:
         self._metrics.add_metric(name=name, unit=unit, value=value)
 
+    def add_dimensioned_metric(self, name: str, unit: str, value: float, dimensions: dict[str, str]) -> None:
+        """A metric with dimensions of its own (flushed at once, beside the function's metrics)."""
+        from aws_lambda_powertools.metrics import MetricUnit, single_metric  # the functions' layer
+
+        service = str(getattr(self._metrics, "service", "") or "")
+        with single_metric(name=name, unit=MetricUnit(unit), value=value,
+                           default_dimensions={"service": service} if service else None) as metric:
+            for key, label in dimensions.items():
+                metric.add_dimension(name=key, value=label)
+
 
 def repository(settings: Settings | None = None) -> Repository:
     settings = settings or Settings.from_env()

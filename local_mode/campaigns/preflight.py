@@ -1,25 +1,28 @@
-"""Fault campaign for the gang preflight: a job with a degraded link, pinned and restarted
-without its nodes, broken at each of its AWS calls in turn.
+"""Fault campaign for the gang preflight: a job with a degraded link, its pinned nodes checked
+by the stack's own DCGM diag, broken at each of its AWS calls in turn.
 
 The scenario: four 8-GPU nodes, ``relocate_instead_of_wait=true``. A 2-node queue job asking
 for a preflight at its first start (``preflight: always``) lands on two nodes, and the link
-between them is degraded (30 % of its bandwidth; a reboot heals it). Its ranks run the
-training client's wrapper (``local_mode.preflight_programs``: the shipped client, the real
-control-API handler and authorizer, each all-reduce on the simulated fabric): round 1's
-loopbacks pass, the gang all-reduce is slow against the operator floor; with two nodes the
-only link tested is pinned, both its ends. The preflight hands them to the recovery loop:
-the job enters recovery, its ranks are stopped, the sweep decides each node on the fast
-path (reboot, no DCGM diag), and the job, which may move, goes back to the queue and starts
-on the two other nodes (or, when a broken call delays its launch past their repair, on them
-again, healed): that attempt's preflight passes, it trains and completes.
+between them is degraded (30 % of its bandwidth). Its ranks run the training client's
+wrapper (``local_mode.preflight_programs``: the shipped client, the real control-API
+handler and authorizer, each all-reduce on the simulated fabric): round 1's loopbacks pass,
+the gang all-reduce is slow against the operator floor; with two nodes the only link tested
+is pinned, both its ends. The preflight is the tenant's program (issue 49), so the pinned
+nodes are suspects for **the stack's own DCGM check**, never rebooted on its word. The
+simulated check sees GPU health, not the simulated fabric (as a single-node diag does not see
+a degraded EFA path): it clears both nodes, and the job, which may move, goes back to the
+queue. Placed elsewhere, its next preflight passes; placed on the same two nodes again, it is
+pinned and cleared again, and then the job's limit of cleared suspects (``cleared_limit``, 2)
+is reached: an operator is told (``tenant_evidence_limited``) and its next preflight pins
+nothing (inconclusive), the job trains and completes. That is the honest outcome of a check
+that cannot see the link.
 
 ``run(fault=(n, mode))`` breaks the n-th AWS call once the job is placed, once.
-``check(result)`` lists what ended wrong: the job must complete on attempt 2 (or a later one
-when the launches between were aborted before any rank ran: a StartTask answered with
-failures is launched again), spending no recovery; both pinned nodes rebooted exactly once,
-never health checked; attempt 1's preflight pinned exactly those two, the last attempt's
-passed (so it never ran over the degraded link); the baseline learned that run once and
-nothing else; no job failure e-mail; nothing stuck, nothing in a DLQ.
+``check(result)`` lists what ended wrong: the job completes spending no recovery; no node
+rebooted, reset, replaced or quarantined; the pinned nodes health checked; attempt 1's
+preflight pinned exactly the link's two ends, no more than ``cleared_limit`` preflights
+pinned anything, the last one passed (learned once) or was held back by the limit (nothing
+learned); no job failure e-mail; nothing stuck, nothing in a DLQ.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ RUN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 45 * MIN
 POLL_SECONDS = 10
 FLOOR_GBPS = 250.0  # the healthy simulated 2-node run: ~300 GB/s; the degraded link: ~90
-NODE_CLASS = "p4d.24xlarge"  # what the emulator's container instances say (ecs.instance-type)
+NODE_CLASS = "p5.48xlarge"  # what the emulator's container instances say (ecs.instance-type)
 WRAPPER = ["python", "gpu_recovery_client.py", "preflight", "--", "python", "train.py"]
+CLEARED_LIMIT = 2  # the default: preflights whose pins the stack's check cleared, then none
 
 
 @dataclass(kw_only=True)
@@ -71,35 +75,35 @@ def expectations(result: RunResult) -> list[str]:
     job = result.job
     if job.get("job_state") != JobState.COMPLETE.value:
         problems.append(f"job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
-    # Attempt 2, or a later one when the launches between were aborted before any rank ran (a
-    # StartTask answered with failures: the launcher stops what it placed and launches again).
     last = int(job.get("attempt") or 0)
-    ran = [a for a in range(2, last) if result.preflights.get(a)]
-    if last < 2 or ran:
-        problems.append(f"job at attempt {last}, attempts {ran} ran their preflight (want attempt 2, "
-                        "or later with the launches between aborted)")
     if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
         problems.append(f"job spent {job.get('recoveries_used')} recoveries, {job.get('app_restarts_used')} "
                         "application restarts (want none: the preflight found it before it trained)")
     bad = sorted(result.first_nodes)
-    # Without the pinned nodes, or on them once repaired (their link heals with the reboot, and
-    # the last attempt's preflight passing says so).
-    for node in bad:
-        if result.reboots.get(node) != 1:
-            problems.append(f"{node} rebooted {result.reboots.get(node, 0)} time(s) (want 1)")
-    if any(result.health_checks.values()):
-        problems.append(f"health checks {result.health_checks} (want none: the fast path)")
-    first, second = result.preflights.get(1) or {}, result.preflights.get(last) or {}
+    # The preflight is the tenant's word: its pins get the stack's check, never a repair.
+    if any(result.reboots.values()):
+        problems.append(f"reboots {result.reboots} (want none: a pinned node gets the stack's check)")
+    if any(result.health_checks.get(node, 0) < 1 for node in bad):
+        problems.append(f"health checks {result.health_checks} (want each of {bad} checked)")
+    if set(result.health_checks) - set(bad):
+        problems.append(f"health checks {result.health_checks} on nodes the preflight did not pin")
+    first, final = result.preflights.get(1) or {}, result.preflights.get(last) or {}
     pinned = sorted(str(p.get("node_name")) for p in first.get("pinned") or ())
     if first.get("status") != "pinned" or pinned != bad:
         problems.append(f"attempt 1's preflight {first.get('status')}, pinned {pinned} (want pinned {bad})")
-    if second.get("status") != "passed":
-        problems.append(f"attempt {last}'s preflight {second.get('status')}: {second.get('verdict')}")
+    pinning = [a for a, item in result.preflights.items() if item.get("status") == "pinned"]
+    if len(pinning) > CLEARED_LIMIT:
+        problems.append(f"attempts {pinning} pinned nodes (want at most cleared_limit {CLEARED_LIMIT})")
     job_id = str(job.get("job_id"))
-    if result.learned != [f"{job_id}#{last}"]:
-        problems.append(f"the baseline learned {result.learned} (want attempt {last}'s run once)")
-    problems += mail_problems(result.mails, {(kind, job_id): (0, 0)
-                                             for kind in ("failed", "application_error", "quarantined")})
+    limited = final.get("status") == "inconclusive" and "not handed over" in str(final.get("verdict"))
+    if final.get("status") != "passed" and not limited:
+        problems.append(f"attempt {last}'s preflight {final.get('status')}: {final.get('verdict')}")
+    want_learned = [f"{job_id}#{last}"] if final.get("status") == "passed" else []
+    if result.learned != want_learned:
+        problems.append(f"the baseline learned {result.learned} (want {want_learned})")
+    problems += mail_problems(result.mails, {
+        **{(kind, job_id): (0, 0) for kind in ("failed", "application_error", "quarantined")},
+        ("tenant_evidence_limited", job_id): (1, 2) if limited else (0, 2)})
     return problems
 
 

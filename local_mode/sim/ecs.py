@@ -493,7 +493,7 @@ class SimulatedEcs(GpuFaults):
         if group not in set(self.auto_scaling_groups.values()):
             template = ec2.create_launch_template(
                 LaunchTemplateName=f"{group}-lt",
-                LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "p4d.24xlarge"})
+                LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "p5.48xlarge"})
             asg.create_auto_scaling_group(
                 AutoScalingGroupName=group, MinSize=0, MaxSize=64, DesiredCapacity=0,
                 LaunchTemplate={"LaunchTemplateId": template["LaunchTemplate"]["LaunchTemplateId"]},

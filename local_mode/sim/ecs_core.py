@@ -150,8 +150,9 @@ class EcsCore(DataPlane):
         self, name: str, gpus: int = 8, kind: str = "ec2", health: str = "healthy",
         instance_id: str | None = None,
     ) -> Node:
-        """Launch (EC2 p4d.24xlarge) or register (ECS Anywhere ``mi-``) a GPU node
-        (``instance_id``: on an EC2 instance launched already, e.g. by an Auto Scaling group)."""
+        """Launch (EC2 p5.48xlarge: 8 x H100, as the simulated fabric) or register (ECS Anywhere
+        ``mi-``) a GPU node (``instance_id``: on an EC2 instance launched already, e.g. by an Auto
+        Scaling group)."""
         if kind not in ("ec2", "anywhere"):
             raise ValueError("kind is 'ec2' or 'anywhere'")
         if health not in HEALTH_VALUES:
@@ -169,7 +170,7 @@ class EcsCore(DataPlane):
                 ImageId="ami-12c6146b",
                 MinCount=1,
                 MaxCount=1,
-                InstanceType="p4d.24xlarge",
+                InstanceType="p5.48xlarge",
                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
             )["Instances"][0]
         gpu_ids = [f"GPU-{secrets.token_hex(4)}-{i:04d}-{secrets.token_hex(2)}" for i in range(gpus)]

@@ -115,6 +115,13 @@ def test_the_gang_worker_is_monitored_as_a_queue_worker(default_synth: Synth) ->
     assert "ApproximateAgeOfOldestMessage" in body and "GangFanout" in body
 
 
+def test_dashboard_shows_suspects_the_stacks_check_cleared_per_evidence_source(default_synth: Synth) -> None:
+    """Issue 49: an operator sees which kind of evidence cries wolf."""
+    (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    assert "SuspectsCleared" in body and "GpuTrainingRecovery,EvidenceSource,service" in body
+
+
 def test_dashboard_shows_recoveries_mttr_dlq_breaker_and_alarms(default_synth: Synth) -> None:
     (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
     body = json.dumps(dashboard["Properties"]["DashboardBody"])

@@ -22,6 +22,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.heartbeat_policy import ReportedTask
 from local_mode.campaigns import heartbeats as heartbeat_campaign
+from local_mode.campaigns.preflight_evidence import TenantPreflight
 from local_mode.campaigns.recovery import RecoveryScenario
 from local_mode.campaigns.runner import run_flow
 from local_mode.campaigns.warnings import DriverWarning
@@ -72,6 +73,28 @@ class _RecordedWarning(DriverWarning):
     def result(self, w: Any, common: dict[str, Any]) -> Any:
         self.inspected = _inspect(self.record)
         return super().result(w, common)
+
+
+class _RecordedEvidence(TenantPreflight):
+    """A tenant's preflight campaign (issue 49), unbroken."""
+
+    inspected: Inspected
+
+    def set_up(self, w: Any) -> list[str]:
+        jobs = super().set_up(w)
+        self.record = Record(w)
+        return jobs
+
+    def result(self, w: Any, common: dict[str, Any]) -> Any:
+        self.inspected = _inspect(self.record)
+        return super().result(w, common)
+
+
+def forged_loopback() -> Inspected:
+    """A rank lying about its loopback at every attempt: its nodes cleared, then the job limited."""
+    scenario = _RecordedEvidence("preflight_forged_loopback")
+    run_flow(scenario)
+    return scenario.inspected
 
 
 def driver_warning() -> Inspected:
@@ -269,7 +292,7 @@ FLOWS: dict[str, Callable[[], Inspected]] = {
     "health_check_timeout": _timeout(health_check_timeout_minutes=10, dcgm_seconds=10**6),
     "breaker_refault": breaker_refault, "queue_relocation": queue_relocation, "too_large": too_large,
     "hung": hung, "node_lost": node_lost, "cordon_limit": cordon_limit, "driver_warning": driver_warning,
-    "validation": campaign("validation"),
+    "validation": campaign("validation"), "forged_loopback": forged_loopback,
 }
 #: the flow that sends each kind
 KIND_FLOWS: dict[str, str | None] = {
@@ -280,7 +303,7 @@ KIND_FLOWS: dict[str, str | None] = {
     "health_check_timeout": "health_check_timeout", "breaker_needs_operator": "breaker_refault",
     "relocated": "queue_relocation", "job_refused": "too_large", "hung": "hung", "node_lost": "node_lost",
     "cordon_limit_tripped": "cordon_limit", "gpu_warning": "driver_warning",
-    "validation_failed": "validation",
+    "validation_failed": "validation", "tenant_evidence_limited": "forged_loopback",
 }
 
 

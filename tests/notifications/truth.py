@@ -433,6 +433,8 @@ def _descriptive(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
 
 
 CLAIMS: list[tuple[str, Check]] = [
+    (r"its gang preflights pin no node until [\d.]+ h after the last cleared one "
+     r"\(they conclude inconclusive and the job goes on\)", _descriptive),
     (r"Job marked FAILED( \(it was HELD, not charged\))?", _failed),
     (rf"{NODE} back in service", _back_in_service),
     (rf"{NODE} drained \(DRAINING\) so nothing new is placed on it", _drained),

@@ -79,11 +79,13 @@ def test_the_judgement_uses_the_threshold_and_names_failures() -> None:
 def test_first_runs_then_the_median_and_a_slow_run_is_never_learned() -> None:
     policy = bl.BaselinePolicy()
     b = bl.Baseline("p5.48xlarge", 16)
-    assert bl.threshold(policy, b, 16).gbps is None  # nothing learned: only failures fail
+    # Nothing learned: the first runs are held to 0.2 x the physical bound (p5: 400 GB/s EFA x 1.25).
+    assert bl.threshold(policy, b, 16).gbps == pytest.approx(100.0)
+    assert bl.threshold(policy, bl.Baseline("8gpu", 16), 16).gbps is None  # unknown class: failures only
     early = bl.learn(b, 120.0, "job-a#1")  # an early run over a degraded link: learned...
     assert early is not None and bl.learn(early, 120.0, "job-a#1") is None  # ...once
     b = early
-    assert bl.threshold(policy, b, 16).gbps == pytest.approx(60.0)  # first runs: half the best
+    assert bl.threshold(policy, b, 16).gbps == pytest.approx(100.0)  # first runs: still the bound's
     for i, value in enumerate((330.0, 338.0)):
         b = bl.learn(b, value, f"job-b#{i}") or b
     t = bl.threshold(policy, b, 16)  # 3 samples: 0.8 x median(120, 330, 338)
@@ -105,10 +107,43 @@ def test_an_operator_floor_bounds_the_threshold_and_sizes_borrow_the_nearest_lea
     assert bl.reference_for(by_size, 1, bl.BaselinePolicy()) is None  # a loopback borrows from nobody
     young = {4: bl.Baseline("p5.48xlarge", 4, (300.0,)), 16: bl.Baseline("p5.48xlarge", 16)}
     first = bl.reference_for(young, 16, bl.BaselinePolicy())  # a young fleet: another size's first runs
-    assert first is young[4] and bl.threshold(bl.BaselinePolicy(), first, 16).gbps == pytest.approx(150.0)
+    assert first is young[4] and bl.threshold(bl.BaselinePolicy(), first, 16).gbps == pytest.approx(100.0)
     assert bl.node_class("", 8) == "8gpu" and bl.node_class("p5.48xlarge", 8) == "p5.48xlarge"
     with pytest.raises(ValueError):
         bl.BaselinePolicy(slow_fraction=0)
+
+
+def test_a_forged_table_is_not_learned_and_does_not_make_an_honest_run_slow() -> None:
+    """Issue 49: a tenant posts busbw x1000 (or x2 once the fleet has a median)."""
+    policy = bl.BaselinePolicy()
+    for klass in ("p5.48xlarge", "8gpu"):
+        fresh = bl.Baseline(klass, 2)
+        assert bl.learn(fresh, 299_000.0, "forger#1") is None  # above the physical bound
+        assert "physical bound" in bl.refusal(fresh, 299_000.0, policy)
+        assert not bl.threshold(policy, fresh, 2).slow(299.0)
+    # A forged first sample within the bound is learned but judges nobody alone.
+    forged = bl.learn(bl.Baseline("p5.48xlarge", 2), 490.0, "forger#1")
+    assert forged is not None and not bl.threshold(policy, forged, 2).slow(299.0)
+    honest = bl.Baseline("p5.48xlarge", 2, (299.0, 301.0, 300.0))
+    assert bl.learn(honest, 490.0, "forger#2") is None and "median" in bl.refusal(honest, 490.0, policy)
+    # Honest runs outvote one forged sample: the median is theirs.
+    b = forged
+    for i in range(2):
+        b = bl.learn(b, 300.0, f"honest#{i}") or b
+    judged = bl.threshold(policy, b, 2)
+    assert judged.gbps == pytest.approx(240.0) and not judged.slow(299.0)
+    # An item learned before the bound existed: its impossible samples count for nothing.
+    old = bl.Baseline("p5.48xlarge", 2, (299_000.0, 299_000.0, 299_000.0))
+    assert bl.threshold(policy, old, 2).gbps == pytest.approx(100.0)
+
+
+def test_the_physical_bounds_name_their_source() -> None:
+    from gpu_recovery.domain.preflight.bounds import GENERIC, max_busbw
+
+    assert max_busbw("p5.48xlarge", 1).gbps == 900.0 and "NVLink" in max_busbw("p5.48xlarge", 1).source
+    p4d = max_busbw("p4d.24xlarge", 4)
+    assert p4d.gbps == pytest.approx(62.5) and "EFA" in p4d.source
+    assert max_busbw("8gpu", 2).known is False and max_busbw("8gpu", 1).gbps == GENERIC.nvlink_gbps
 
 
 # ------------------------------------------------------------------ pinning

@@ -5,7 +5,9 @@ the pins, the handover to the recovery loop's node decisions, the sweep's part."
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,6 +64,7 @@ class Ranks:
         self.w, self.job_id, self.nodes, self.fabric, self.silent = w, job_id, nodes, fabric, silent
         self.done: set[tuple[int, int, str]] = set()
         self.rounds = 0
+        self.attempt = 1
 
     @property
     def preflights(self) -> Any:
@@ -69,7 +72,8 @@ class Ranks:
 
     def step_all(self) -> dict[int, dict[str, Any]]:
         return {
-            r: self.preflights.step(self.job_id, r, 1) for r in range(len(self.nodes)) if r not in self.silent
+            r: self.preflights.step(self.job_id, r, self.attempt) for r in range(len(self.nodes))
+            if r not in self.silent
         }
 
     def run(self, max_rounds: int = 20) -> dict[int, str]:
@@ -93,7 +97,7 @@ class Ranks:
                         self.preflights.report(
                             self.job_id,
                             rank,
-                            1,
+                            self.attempt,
                             round_=int(step["round"]),
                             test_id=test["id"],
                             exit_code=0,
@@ -106,6 +110,47 @@ class Ranks:
 
 def nodes_of(n: int) -> list[str]:
     return [f"node-{i}" for i in range(n)]
+
+
+_ROW = re.compile(r"^(\s*\d+\s+\d+\s+\S+\s+\S+\s+-?\d+\s+)(.*)$")
+
+
+def forged(output: str, factor: float) -> str:
+    """An all_reduce_perf table with its algbw and busbw multiplied (a tenant's forgery)."""
+    lines = []
+    for line in output.splitlines():
+        row = _ROW.match(line)
+        if row:
+            cols = row.group(2).split()  # time algbw busbw wrong time algbw busbw wrong
+            for i in (1, 2, 5, 6):
+                cols[i] = f"{float(cols[i]) * factor:.2f}"
+            line = row.group(1) + "  ".join(cols)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+class ForgingFabric(Fabric):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.forge_factor = factor
+
+    def run(self, nodes: Any, *args: Any, **kwargs: Any) -> Any:
+        honest = super().run(nodes, *args, **kwargs)
+        return dataclasses.replace(honest, output=forged(honest.output, self.forge_factor),
+                                   busbw=honest.busbw * self.forge_factor)
+
+
+def test_a_forged_x1000_table_is_not_learned_and_the_next_honest_job_is_not_pinned(w: World) -> None:
+    """Issue 49: a tenant's table teaches nothing another tenant is judged by."""
+    queue_job(w, "forger", nodes_of(2), mode="always")
+    assert Ranks(w, "forger", nodes_of(2), ForgingFabric(1000.0)).run() == {0: "train", 1: "train"}
+    assert w.repo.preflight.get("forger", 1)["status"] == "passed"
+    assert w.repo.preflight.baselines("8gpu", [2])[2].samples == ()  # above any physical bound
+    honest = [f"node-{i}" for i in range(4, 6)]
+    queue_job(w, "honest", honest, mode="always")
+    assert Ranks(w, "honest", honest, Fabric()).run() == {0: "train", 1: "train"}
+    item = w.repo.preflight.get("honest", 1)
+    assert item["status"] == "passed" and not item.get("pinned") and w.rebooter.calls == []
 
 
 def test_a_passing_preflight_lets_every_rank_train_and_learns_its_run_once(w: World) -> None:
@@ -135,7 +180,10 @@ def test_a_passing_preflight_lets_every_rank_train_and_learns_its_run_once(w: Wo
     assert w.repo.get_job("j").state is JobState.RUNNING and w.ecs.stop_calls == []
 
 
-def test_a_degraded_link_is_pinned_to_its_two_ends_and_their_nodes_rebooted_without_a_diag(w: World) -> None:
+def test_a_degraded_link_pinned_to_its_two_ends_gets_the_stacks_own_check_not_a_reboot(w: World) -> None:
+    """Issue 49: the preflight is the tenant's program: its pins make suspects for the stack's
+    DCGM check (rule preflight-pinned: health_check), never a reboot on its word; the check's
+    verdict decides (here healthy: the nodes are cleared, the job restarts, no budget spent)."""
     nodes = nodes_of(8)
     queue_job(w, "j", nodes)
     fabric = Fabric()
@@ -154,12 +202,20 @@ def test_a_degraded_link_is_pinned_to_its_two_ends_and_their_nodes_rebooted_with
     assert suspect.record["plan"]["decision"]["rule_id"] == "preflight-pinned"
     assert "node-5" in suspect.record["evidence"]["preflight"]["peer"]
     w.advance(61)
-    w.service.sweep()  # each suspect's deadline: the node decisions, on the fast path
-    assert sorted(w.rebooter.calls) == ["i-node-2", "i-node-5"]
-    assert w.ecs.health_checks_on("node-2") == [] and w.ecs.health_checks_on("node-5") == []
-    job = w.repo.get_job("j")
-    assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 0  # spends no budget
-    assert w.repo.get_instance("node-2").state is C.InstanceState.REBOOTING
+    assert suspect.record["plan"]["action"] == "health_check"
+    for arn in list(w.ecs.stop_calls):  # the ranks stopped: their nodes are free for the check
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                      reason="gpu-recovery: gang preflight pinned"))
+    w.service.sweep()  # each suspect's deadline: the stack's own check on each pinned node
+    assert w.rebooter.calls == []
+    checks = [w.ecs.health_checks_on(n) for n in ("node-2", "node-5")]
+    assert [len(c) for c in checks] == [1, 1]
+    for [task] in checks:
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))  # the diag passes
+    assert w.rebooter.calls == []
+    assert {w.repo.get_instance(n).state for n in ("node-2", "node-5")} == {C.InstanceState.AVAILABLE}
+    job = w.repo.get_job("j")  # restarted (attempt 2), spending no budget
+    assert job.attempt == 2 and job.recoveries_used == 0 and job.app_restarts_used == 0
 
 
 def test_a_node_whose_rank_never_reports_is_pinned_when_the_round_times_out(w: World) -> None:
@@ -319,3 +375,110 @@ def test_a_handover_run_again_by_the_sweep_keeps_the_first_fence(w: World) -> No
     assert w.repo.preflight.get("j", 1)["handed_over"] is True
     assert {n: w.repo.get_instance(n).suspect_fence for n in nodes} == first
     assert all(w.ecs.attribute_values[n][placement.UNAVAILABLE_ATTRIBUTE] for n in nodes)
+
+def test_loopbacks_failing_alike_on_every_node_end_the_job_told_why_and_pin_no_node(w: World) -> None:
+    """Issue 49: an image without all_reduce_perf (the client's fallback exits 1 on every node)
+    is the job's own failure: FAILED with a clear reason, no node suspected, checked or cordoned,
+    no budget spent."""
+    nodes = nodes_of(2)
+    queue_job(w, "broken", nodes, mode="always")
+    for rank in range(2):
+        assert w.service.preflights.step("broken", rank, 1)["action"] == "run"
+        w.service.preflights.report("broken", rank, 1, round_=1, test_id="loopback", exit_code=1,
+                                    output="python: can't open file 'all_reduce_perf': No such file",
+                                    seconds=1.0, address=f"10.0.0.{rank + 1}")
+    item = w.repo.preflight.get("broken", 1)
+    assert item["status"] == "job_fault" and "own image or code" in item["verdict"]
+    assert {w.service.preflights.step("broken", r, 1)["action"] for r in range(2)} == {"stop"}
+    w.service.sweep()
+    job = w.repo.get_job("broken")
+    assert job.state is JobState.FAILED and "own image or code failed the gang preflight" in job.last_error
+    assert job.recoveries_used == 0 and job.app_restarts_used == 0
+    assert w.repo.faults.suspects("broken", 1) == []
+    assert all(w.ecs.health_checks_on(n) == [] for n in nodes) and w.rebooter.calls == []
+    assert all(not w.repo.get_instance(n).cordoned for n in nodes)
+    assert [n.kind for n in w.notifier.sent] == [C.NotificationKind.FAILED]
+    assert w.repo.preflight.get("broken", 1)["handed_over"] is True
+
+
+def test_one_node_failing_its_loopback_is_still_a_suspect_not_the_jobs_fault(w: World) -> None:
+    nodes = nodes_of(2)
+    queue_job(w, "j", nodes, mode="always")
+    for rank, code in ((0, 0), (1, 1)):
+        w.service.preflights.step("j", rank, 1)
+        run = Fabric().run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
+        w.service.preflights.report("j", rank, 1, round_=1, test_id="loopback", exit_code=code,
+                                    output=run.output, seconds=run.seconds, address=f"10.0.0.{rank + 1}")
+    item = w.repo.preflight.get("j", 1)
+    assert item["status"] == "pinned" and [p["node"] for p in item["pinned"]] == ["node-1"]
+
+
+class _Recorded:
+    def __init__(self) -> None:
+        self.by: list[tuple[str, dict[str, str]]] = []
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        return None
+
+    def add_dimensioned_metric(self, name: str, unit: str, value: float, dimensions: dict[str, str]) -> None:
+        self.by.append((name, dimensions))
+
+
+def _pinned_then_cleared(w: World, ranks: Ranks, stopped_before: int) -> None:
+    """The attempt's preflight pins the degraded link's ends; its ranks stop; the stack's
+    check on each pinned node passes."""
+    assert set(ranks.run().values()) == {"stop"}
+    w.advance(61)
+    for arn in list(w.ecs.stop_calls)[stopped_before:]:
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                      reason="gpu-recovery: gang preflight pinned"))
+    w.service.sweep()
+    for node in ("node-2", "node-5"):
+        task = next(t for t in reversed(w.ecs.health_checks_on(node)) if t.last_status != "STOPPED")
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 0))  # cleared
+
+
+def test_a_job_whose_pins_the_stacks_check_cleared_twice_pins_nothing_more(w: World) -> None:
+    """Issue 49: a job whose evidence condemned nodes the stack's check cleared is limited
+    (cleared_limit 2 faults in 24 h): an operator is told, its next preflight pins nothing, and
+    each clearance is a SuspectsCleared metric of its evidence source."""
+    metrics = _Recorded()
+    w.service.deps.metrics = metrics
+    nodes = nodes_of(8)
+    queue_job(w, "j", nodes)
+    fabric = Fabric()
+    fabric.degrade_link("node-2", "node-5", 0.3, persistent=True)  # a link the DCGM diag cannot see
+    key = C.tenant_evidence_job_key("j")
+    _pinned_then_cleared(w, Ranks(w, "j", nodes, fabric), 0)
+    assert metrics.by == [("SuspectsCleared", {"EvidenceSource": "tenant_preflight"})] * 2
+    assert w.repo.tenant_evidence.cleared(key, w.now[0], 86400) == 1  # one fault, both ends
+    limited = C.NotificationKind.TENANT_EVIDENCE_LIMITED
+    assert not [n for n in w.notifier.sent if n.kind is limited]
+    assert w.repo.get_job("j").attempt == 2
+    second = Ranks(w, "j", nodes, fabric)
+    second.attempt = 2
+    _pinned_then_cleared(w, second, len(w.ecs.stop_calls))
+    assert w.repo.tenant_evidence.cleared(key, w.now[0], 86400) == 2
+    told = [n for n in w.notifier.sent if n.kind is limited]
+    assert len(told) == 1 and "no longer moves nodes" in told[0].subject
+    assert w.repo.get_job("j").attempt == 3
+    third = Ranks(w, "j", nodes, fabric)
+    third.attempt = 3
+    assert set(third.run().values()) == {"train"}  # the link still fails, nothing is pinned
+    item = w.repo.preflight.get("j", 3)
+    assert item["status"] == "inconclusive" and "pins are not handed over" in item["verdict"]
+    assert w.repo.get_job("j").state is JobState.RUNNING and w.rebooter.calls == []
+
+
+def test_no_loopback_reported_anywhere_is_missing_evidence_not_a_job_or_node_fault(w: World) -> None:
+    """Issue 49: every rank silent past the bound (the API unreachable, a wrapper hung) pins
+    nothing and fails nothing: inconclusive, the job goes on."""
+    nodes = nodes_of(2)
+    queue_job(w, "j", nodes, mode="always")
+    for rank in range(2):
+        w.service.preflights.step("j", rank, 1)
+    w.advance(10_000)
+    w.service.sweep()
+    item = w.repo.preflight.get("j", 1)
+    assert item["status"] == "inconclusive" and "no node reported" in item["verdict"]
+    assert w.repo.get_job("j").state is JobState.RUNNING and w.repo.faults.suspects("j", 1) == []

@@ -11,6 +11,13 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpu_recovery.domain.evidence_sources import SECTION as SOURCES_SECTION
+from gpu_recovery.domain.evidence_sources import (
+    EvidenceSources,
+    rule_problems,
+    sources_of,
+    validate_sources,
+)
 from gpu_recovery.domain.fault_vocabulary import (
     BUSY_NODE_POLICIES,
     DCGM_SEVERITY_NAMES,
@@ -35,7 +42,7 @@ COUNTER_RATE_FIELDS = {"counter", "per_hour"}
 MAX_PER_HOUR = 1e9
 DEFAULT_FIELDS = {"unmatched_action", "evidence_lookback_seconds", "evidence_lookahead_seconds",
                   "counter_rate_window_seconds"}
-TOP_FIELDS = {"schema_version", "description", "defaults", "rules"}
+TOP_FIELDS = {"schema_version", "description", "defaults", "rules", SOURCES_SECTION}
 MAX_XID = 1023  # the driver prints Xids as small integers; anything larger is a typo
 
 
@@ -118,6 +125,10 @@ def validate_catalog(document: Any) -> list[str]:
     if "description" in document and not isinstance(document["description"], str):
         errors.append("description must be a string")
     errors += _validate_defaults(document.get("defaults", {}))
+    source_errors = (validate_sources(document[SOURCES_SECTION], MATCH_KEYS)
+                     if SOURCES_SECTION in document else [])
+    errors += source_errors
+    sources = sources_of({} if source_errors else document)
     rules = document.get("rules")
     if not isinstance(rules, list) or not rules:
         return [*errors, "rules must be a non-empty list of rule objects"]
@@ -134,7 +145,7 @@ def validate_catalog(document: Any) -> list[str]:
             if rule_id in seen_ids:
                 errors.append(f"{label}: duplicate id, also rules[{seen_ids[rule_id]}]")
             seen_ids.setdefault(rule_id, position)
-        errors += [f"{label}: {problem}" for problem in _validate_rule(rule)]
+        errors += [f"{label}: {problem}" for problem in _validate_rule(rule, sources)]
         if isinstance(rule.get("match"), Mapping):
             key = json.dumps(rule["match"], sort_keys=True)
             if key in seen_matches:
@@ -163,7 +174,7 @@ def _validate_defaults(defaults: Any) -> list[str]:
     return errors
 
 
-def _validate_rule(rule: Mapping[str, Any]) -> list[str]:
+def _validate_rule(rule: Mapping[str, Any], sources: EvidenceSources) -> list[str]:
     errors = [f"unknown field {k!r} (allowed: {', '.join(sorted(RULE_FIELDS))})"
               for k in sorted(set(rule) - RULE_FIELDS)]
     rule_id = rule.get("id")
@@ -207,6 +218,7 @@ def _validate_rule(rule: Mapping[str, Any]) -> list[str]:
     if DCGM_MATCH_KEYS & set(match) and action == Action.HEALTH_CHECK.value:
         errors.append("field 'action': a rule matching DCGM results cannot ask for another "
                       "health check (it would loop)")
+    errors += rule_problems(rule, sources)
     if "repeat" in rule:
         errors += _validate_repeat(rule["repeat"], match)
     if "warning" in rule:

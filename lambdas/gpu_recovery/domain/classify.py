@@ -25,6 +25,7 @@ from typing import Any
 
 from gpu_recovery.domain.escalation import NodeFaultRecord
 from gpu_recovery.domain.evidence import Evidence, XidEvent
+from gpu_recovery.domain.evidence_sources import exceeds
 from gpu_recovery.domain.fault_catalog import CatalogRule, FaultCatalog
 from gpu_recovery.domain.fault_vocabulary import (
     ACTION_SEVERITY,
@@ -91,10 +92,14 @@ class _Match:
     facts: tuple[str, ...]
     repeated: bool
     as_reboot: bool = False  # a reset_gpu action classified as reboot (reset_as_reboot)
+    capped: str = ""  # the action its evidence's owners allow was less (evidence_sources)
+
+    @property
+    def definitive(self) -> bool:
+        return self.rule.skip_health_check and not self.capped
 
     def rank(self) -> tuple[int, int, bool, int]:
-        return (self.rule.priority, ACTION_SEVERITY[self.action], self.rule.skip_health_check,
-                -self.position)
+        return (self.rule.priority, ACTION_SEVERITY[self.action], self.definitive, -self.position)
 
 
 def _facts(rule: CatalogRule, ev: Evidence, suspect_exit_codes: Collection[int]) -> list[str] | None:
@@ -212,10 +217,19 @@ def classify(evidence: Evidence, catalog: FaultCatalog, *, history: Iterable[Nod
         why_repeat = _repeat(rule, evidence, pool)
         action = rule.repeat.action if why_repeat and rule.repeat else rule.action
         as_reboot = reset_as_reboot and action is Action.RESET_GPU
-        match = _Match(rule, position, Action.REBOOT if as_reboot else action,
-                       tuple(facts + ([why_repeat] if why_repeat else [])), why_repeat is not None, as_reboot)
+        action = Action.REBOOT if as_reboot else action
+        allowed = catalog.allowed_action(rule)
+        capped = ""
+        if exceeds(action, allowed):
+            # What its evidence's owners may do alone (a tenant's word: only the stack's check).
+            owners = catalog.evidence_sources.of_match(rule.match.conditions())
+            capped = (f"{rule.id} asks {action.value}; its evidence ({', '.join(s.id for s in owners)}) "
+                      f"may trigger at most {allowed.value} alone")
+            action, as_reboot = allowed, False
+        match = _Match(rule, position, action, tuple(facts + ([why_repeat] if why_repeat else [])),
+                       why_repeat is not None, as_reboot, capped)
         # After the diag, rules that only wanted the diag have had their answer.
-        if after and not (rule.match.needs_dcgm or rule.skip_health_check or action in MILD_ACTIONS):
+        if after and not (rule.match.needs_dcgm or match.definitive or action in MILD_ACTIONS):
             continue
         matches.append(match)
     matched_ids = tuple(m.rule.id for m in matches)
@@ -229,10 +243,11 @@ def classify(evidence: Evidence, catalog: FaultCatalog, *, history: Iterable[Nod
     notes = informational + tuple(f"also matched {m.rule.id} ({m.action.value})"
                                   for m in deciding if m is not best)
     notes += (RESET_AS_REBOOT_NOTE,) if best.as_reboot else ()
+    notes += (best.capped,) if best.capped else ()
     rule, action = best.rule, best.action
     budget = rule.budget if action is rule.action or best.as_reboot else DEFAULT_BUDGET[action]
     reason = f"catalog rule {rule.id!r}: {rule.description} [{'; '.join(best.facts)}]"
-    if not after and action in NODE_ACTIONS and not rule.skip_health_check:
+    if not after and action in NODE_ACTIONS and not best.definitive:
         return Decision(Action.HEALTH_CHECK, rule.id, f"{reason}; {action.value} expected, the DCGM "
                         "diag decides", Budget.NONE, expected_action=action, repeated=best.repeated,
                         matched_rules=matched_ids, notes=notes)

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_recovery.domain.catalog_validation import validate_catalog
+from gpu_recovery.domain.evidence_sources import SECTION as SOURCES_SECTION
+from gpu_recovery.domain.evidence_sources import EvidenceSources, sources_of
 from gpu_recovery.domain.fault_vocabulary import (
     DEFAULT_BUDGET,
     MOVE_JOB,
@@ -83,6 +85,16 @@ class RuleMatch:
         """Only a finished health check can satisfy this rule."""
         return bool(self.dcgm_verdicts or self.dcgm_error_ids or self.dcgm_severities
                     or self.dcgm_failed_tests)
+
+    def conditions(self) -> dict[str, Any]:
+        """The conditions this match holds, by catalog key (their owners: evidence_sources)."""
+        present = {"trigger": sorted(t.value for t in self.triggers),
+                   "exit_code": self.exit_code_suspect or self.exit_codes, "stop_code": self.stop_codes,
+                   "stopped_reason_contains": self.stopped_reason_contains, "xid": self.xids,
+                   "gpu_signal": self.gpu_signals, "dcgm_verdict": self.dcgm_verdicts,
+                   "dcgm_error_id": self.dcgm_error_ids, "dcgm_severity": self.dcgm_severities,
+                   "dcgm_failed_test": self.dcgm_failed_tests, "counter_rate": self.counter_rate}
+        return {key: value for key, value in present.items() if value}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> RuleMatch:
@@ -172,6 +184,12 @@ class FaultCatalog:
     document: Mapping[str, Any] | None = None  # the validated (merged) document
     # A counter's rate spans one to two of these (domain.gpu_counters).
     counter_window_seconds: float = DEFAULT_WINDOW_SECONDS
+    # Who owns each kind of evidence and what it may do alone (domain.evidence_sources).
+    sources: EvidenceSources | None = None
+
+    @property
+    def evidence_sources(self) -> EvidenceSources:
+        return self.sources if self.sources is not None else sources_of({})
 
     @property
     def warning_rules(self) -> tuple[CatalogRule, ...]:
@@ -181,6 +199,10 @@ class FaultCatalog:
     def repeat_lookback_seconds(self) -> float:
         """How far back XID history must reach for the repeat rules."""
         return max((r.repeat.window_seconds for r in self.rules if r.repeat), default=0.0)
+
+    def allowed_action(self, rule: CatalogRule) -> Action:
+        """The most ``rule`` may do on its evidence's owners' word (domain.evidence_sources)."""
+        return self.evidence_sources.allowed(rule.match.conditions())
 
     def rule(self, rule_id: str) -> CatalogRule:
         for rule in self.rules:
@@ -199,6 +221,7 @@ class FaultCatalog:
             lookahead_seconds=float(defaults.get("evidence_lookahead_seconds", DEFAULT_LOOKAHEAD_SECONDS)),
             document=copy.deepcopy(dict(document)),
             counter_window_seconds=float(defaults.get("counter_rate_window_seconds", DEFAULT_WINDOW_SECONDS)),
+            sources=sources_of(document),
         )
 
 
@@ -253,7 +276,10 @@ def merge_override(base: Mapping[str, Any], override: Mapping[str, Any]) -> tupl
     errors: list[str] = []
     merged = copy.deepcopy(dict(base))
     known = {"schema_version", "description", "defaults", "rules", "remove_rules"}
-    for key in sorted(set(override) - known):
+    if SOURCES_SECTION in override:
+        errors.append(f"override: {SOURCES_SECTION!r} cannot be overridden: who owns each kind of evidence "
+                      "and what it may do alone is the stack's (docs/remediation.md)")
+    for key in sorted(set(override) - known - {SOURCES_SECTION}):
         errors.append(f"override: unknown top-level field {key!r} (allowed: {', '.join(sorted(known))})")
     if "schema_version" in override and override["schema_version"] != merged.get("schema_version"):
         errors.append(f"override: schema_version {override['schema_version']!r} does not match the "

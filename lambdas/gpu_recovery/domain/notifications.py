@@ -42,6 +42,9 @@ class NotificationKind(str, Enum):
     GPU_WARNING = "gpu_warning"
     # A repaired node failed its validation under load: repaired again, replaced or quarantined.
     VALIDATION_FAILED = "validation_failed"
+    # A job's or a user's own evidence (its preflight, its exit codes) named nodes the stack's
+    # check then cleared, too often: its evidence no longer moves nodes (issue 49).
+    TENANT_EVIDENCE_LIMITED = "tenant_evidence_limited"
 
 
 @dataclass(frozen=True)

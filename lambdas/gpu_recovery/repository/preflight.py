@@ -44,6 +44,8 @@ def preflight_baseline_key(node_class: str, nodes: int) -> str:
 
 BASELINE_ITEM_TYPE = "PREFLIGHT_BASELINE"
 RUNNING, PASSED, PINNED, INCONCLUSIVE, ABANDONED = "running", "passed", "pinned", "inconclusive", "abandoned"
+# The loopbacks failed alike on every node: the job's own image or code, not a node (issue 49).
+JOB_FAULT = "job_fault"
 MAX_SUMMARY_LINES = 40
 MAX_LISTED = 8  # failed loopbacks listed on the item (more: the search stops anyway)
 
@@ -162,12 +164,14 @@ class PreflightRepository:
         return self.base.db.transact(updates) if len(updates) > 1 else self.base.db.apply(updates[0])
 
     def handed_over(self, job_id: str, attempt: int, now: float) -> bool:
-        """The pinned nodes are the recovery loop's now: out of the deadline index."""
+        """The pinned nodes are the recovery loop's now (or the job told its own preflight
+        failed): out of the deadline index."""
         return self.base.db.apply(Update(
             table=self.table, key={JOB_PK: preflight_item_key(job_id, attempt)},
             set_fields={"handed_over": True, "handed_over_at": now},
             remove_fields=self.base.deadline_attributes(),
-            condition="#st = :st", condition_values={":st": PINNED}, condition_names={"#st": "status"}))
+            condition="#st IN (:st, :jf)", condition_values={":st": PINNED, ":jf": JOB_FAULT},
+            condition_names={"#st": "status"}))
 
     def abandon(self, job_id: str, attempt: int, why: str, now: float) -> bool:
         """The job moved on (another fault, canceled, a newer attempt): nothing more to do."""

@@ -44,6 +44,7 @@ from gpu_recovery.repository.health_check_slots import HealthCheckSlots
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.notices import NoticeRepository
 from gpu_recovery.repository.preflight import PreflightRepository
+from gpu_recovery.repository.tenant_evidence import TenantEvidenceRepository
 
 DEADLINE_ATTRIBUTES = [DEADLINE_PK, DEADLINE_SK]
 
@@ -65,6 +66,7 @@ class RecoveryTables:
         self.cordons = CordonRepository(self)  # known-bad nodes and their ECS attribute syncs
         self.notices = NoticeRepository(self)  # e-mails owed (the outbox)
         self.preflight = PreflightRepository(self)  # gang preflights and the fleet's baselines
+        self.tenant_evidence = TenantEvidenceRepository(self)  # suspects the stack's check cleared
 
     # ================================================================== mapping
     job_from_item = staticmethod(records.job_from_item)

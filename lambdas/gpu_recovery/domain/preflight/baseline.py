@@ -6,16 +6,21 @@ so the stack keeps, per **node class** (the instance type, or ``<n>gpu`` when EC
 say) **and node count**, the busbw of the last :data:`MAX_SAMPLES` passing runs: one small
 item each, whatever the fleet's size. An operator may set a floor per node class.
 
-The rule (:func:`threshold`):
+A preflight's table is the tenant's word (issue 49): what one job reports must not teach
+what another is judged by. So the rule (:func:`threshold`) is **robust**:
 
 * from ``min_samples`` passing runs on, a run is **slow** below ``slow_fraction`` of the
   median of the kept samples (the median: one odd sample, fast or slow, moves nothing);
-* **the first runs** of a class and size (fewer than ``min_samples``): slow only below
-  ``first_runs_fraction`` of the best sample so far, and with no sample at all only failed
-  runs fail. An early run over a degraded link is learned, but the next healthy runs are
-  far above it: by the third, the median is theirs;
-* a slow run is never learned (:func:`learn`), so a degraded fabric cannot teach the
-  baseline its own slowness;
+* **the first runs** of a class and size (fewer than ``min_samples``) are judged against
+  the hardware, not against one another: slow only below ``first_runs_fraction`` of the
+  class's physical bound (``bounds.max_busbw``: NVLink for one node, EFA for several; an
+  unknown class has no floor, only failed runs fail). A single forged first sample cannot
+  raise what the next honest job is held to;
+* a run is **learned** (:func:`learn`) only when it passed, its busbw is within the physical
+  bound, and, once ``min_samples`` are kept, it is not more than :data:`OUTLIER_FACTOR` x
+  their median (a table x1000, or x2, is refused); a slow run is never learned, so a degraded
+  fabric cannot teach the baseline its own slowness; samples above the bound (kept before
+  the bound existed) are left out of the median;
 * the operator's floor, when set, is a lower bound of the threshold at every stage;
 * a size with too few samples of its own borrows the nearest size's learned reference
   (:func:`reference_for`), a larger node count first: busbw is built to be comparable
@@ -35,10 +40,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpu_recovery.domain.preflight.bounds import max_busbw
+
 MAX_SAMPLES = 8
 DEFAULT_SLOW_FRACTION = 0.8
 DEFAULT_MIN_SAMPLES = 3
-DEFAULT_FIRST_RUNS_FRACTION = 0.5
+DEFAULT_FIRST_RUNS_FRACTION = 0.2  # of the physical bound: a socket fallback, a dead link
+OUTLIER_FACTOR = 1.5  # a run this far above the kept median is not learned
 _CLASS_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -79,7 +87,15 @@ class Baseline:
 
     @property
     def median(self) -> float | None:
-        return statistics.median(self.samples) if self.samples else None
+        usable = self.usable
+        return statistics.median(usable) if usable else None
+
+    @property
+    def usable(self) -> tuple[float, ...]:
+        """The samples within the class's physical bound (one kept from before the bound
+        existed, or forged, counts for nothing)."""
+        ceiling = max_busbw(self.node_class, self.nodes).gbps
+        return tuple(s for s in self.samples if 0 < s <= ceiling)
 
     def to_item(self) -> dict[str, Any]:
         return {"node_class": self.node_class, "nodes": self.nodes, "samples": list(self.samples),
@@ -119,13 +135,13 @@ def reference_for(baselines: Mapping[int, Baseline], nodes: int, policy: Baselin
     runs, else the nearest multi-node size's first runs. ``baselines``: what was read, by
     node count (the job's sizes and the powers of two)."""
     own = baselines.get(nodes)
-    if own is not None and len(own.samples) >= policy.min_samples:
+    if own is not None and len(own.usable) >= policy.min_samples:
         return own
-    others = [b for n, b in baselines.items() if nodes >= 2 and n >= 2 and n != nodes and b.samples]
-    learned = [b for b in others if len(b.samples) >= policy.min_samples]
+    others = [b for n, b in baselines.items() if nodes >= 2 and n >= 2 and n != nodes and b.usable]
+    learned = [b for b in others if len(b.usable) >= policy.min_samples]
     if learned:
         return min(learned, key=lambda b: (abs(b.nodes - nodes), b.nodes < nodes))
-    if own is not None and own.samples:
+    if own is not None and own.usable:
         return own
     if others:  # a young fleet: another size's first runs (their own, looser rule)
         return min(others, key=lambda b: (abs(b.nodes - nodes), b.nodes < nodes))
@@ -137,17 +153,22 @@ def threshold(policy: BaselinePolicy, baseline: Baseline | None, nodes: int) -> 
     floor = policy.floors.get(baseline.node_class) if baseline is not None else None
     learned: float | None = None
     source = "no passing run of this size yet: only failures fail"
-    if baseline is not None and baseline.samples:
+    usable = baseline.usable if baseline is not None else ()
+    if baseline is not None and len(usable) >= policy.min_samples:
         borrowed = "" if baseline.nodes == nodes else f" (borrowed from {baseline.nodes} nodes)"
-        if len(baseline.samples) >= policy.min_samples:
-            learned = policy.slow_fraction * float(baseline.median or 0.0)
-            source = (f"{policy.slow_fraction:g} x median {baseline.median:.1f} GB/s of the last "
-                      f"{len(baseline.samples)} passing runs{borrowed}")
+        learned = policy.slow_fraction * float(baseline.median or 0.0)
+        source = (f"{policy.slow_fraction:g} x median {baseline.median:.1f} GB/s of the last "
+                  f"{len(usable)} passing runs{borrowed}")
+    elif baseline is not None:
+        bound = max_busbw(baseline.node_class, nodes)
+        if bound.known:
+            learned = policy.first_runs_fraction * bound.gbps
+            source = (f"first runs ({len(usable)} of {policy.min_samples} passing runs): "
+                      f"{policy.first_runs_fraction:g} x the physical bound {bound.gbps:.0f} GB/s, "
+                      f"{bound.source}")
         else:
-            best = max(baseline.samples)
-            learned = policy.first_runs_fraction * best
-            source = (f"first runs: {policy.first_runs_fraction:g} x best {best:.1f} GB/s of "
-                      f"{len(baseline.samples)} passing run(s){borrowed}")
+            source = (f"first runs ({len(usable)} of {policy.min_samples} passing runs) of an unknown "
+                      "class: only failures fail")
     if floor is not None and (learned is None or floor > learned):
         owner = baseline.node_class if baseline is not None else "?"
         return Threshold(floor, f"operator floor {floor:g} GB/s for {owner}")
@@ -162,14 +183,32 @@ def with_floor(policy: BaselinePolicy, node_class_: str, nodes: int,
     return threshold(policy, baseline, nodes)
 
 
-def learn(baseline: Baseline, busbw: float, sample_id: str) -> Baseline | None:
-    """``baseline`` with a passing run's busbw (None: this run is learned already, or the
-    figure is not a bandwidth). Only passing runs are given to it."""
+def learn(baseline: Baseline, busbw: float, sample_id: str,
+          policy: BaselinePolicy | None = None) -> Baseline | None:
+    """``baseline`` with a passing run's busbw. None: this run is learned already, the figure is
+    not a bandwidth, it is above the class's physical bound, or far above the kept median
+    (``policy.min_samples`` of them on). Only passing runs are given to it."""
+    policy = policy or BaselinePolicy()
     if sample_id in baseline.sample_ids or not busbw > 0:
+        return None
+    if busbw > max_busbw(baseline.node_class, baseline.nodes).gbps:
+        return None
+    if len(baseline.usable) >= policy.min_samples and busbw > OUTLIER_FACTOR * float(baseline.median or 0.0):
         return None
     samples = (*baseline.samples, round(float(busbw), 2))[-MAX_SAMPLES:]
     ids = (*baseline.sample_ids, sample_id)[-MAX_SAMPLES:]
     return replace(baseline, samples=samples, sample_ids=ids, version=baseline.version + 1)
+
+
+def refusal(baseline: Baseline, busbw: float, policy: BaselinePolicy) -> str:
+    """Why a passing run's busbw is not learned ("" when it is)."""
+    bound = max_busbw(baseline.node_class, baseline.nodes)
+    if busbw > bound.gbps:
+        return f"busbw {busbw:.1f} GB/s above the physical bound {bound.gbps:.0f} GB/s ({bound.source})"
+    median = baseline.median
+    if len(baseline.usable) >= policy.min_samples and median and busbw > OUTLIER_FACTOR * median:
+        return f"busbw {busbw:.1f} GB/s over {OUTLIER_FACTOR:g} x the median {median:.1f} GB/s"
+    return ""
 
 
 def sizes_of(node_counts: Iterable[int]) -> list[int]:

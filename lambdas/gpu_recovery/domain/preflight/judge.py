@@ -10,7 +10,8 @@ under the threshold (``baseline``), and a test nobody reported by the round's de
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,3 +84,26 @@ def hung(threshold: Threshold, waited_seconds: float) -> Verdict:
     """A test whose report never came (its group hung, a rank never joined)."""
     why = f"no report within {waited_seconds:.0f} s (hung, or a rank never joined)"
     return Verdict(HUNG, None, {}, threshold, why)
+
+
+_FIGURES = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def alike_everywhere(failed: Sequence[str], nodes: int) -> str:
+    """Why round 1's loopbacks say the job's own image or code failed, not a node ("" when
+    they do not): on a job of 2 or more nodes, every node's loopback failed the same way (the
+    same outcome and reason, figures aside: "exit code 1" everywhere, every node slow alike).
+    ``failed``: the item's ``rank|outcome|reason`` entries. (No report at all is missing
+    evidence, not bad evidence: the preflight's caller decides, not this.)"""
+    if nodes < 2:
+        return ""
+    entries = [str(e).split("|", 2) for e in failed]
+    ranks = {int(e[0]) for e in entries if e and e[0].isdigit()}
+    if len(ranks) < nodes:
+        return ""
+    ways = {(e[1] if len(e) > 1 else "", _FIGURES.sub("#", e[2] if len(e) > 2 else "")) for e in entries}
+    if len(ways) != 1:
+        return ""
+    outcome = entries[0][1] if len(entries[0]) > 1 else FAILED
+    reason = entries[0][2] if len(entries[0]) > 2 else ""
+    return f"every node's loopback {outcome} alike (all {nodes}){': ' + reason if reason else ''}"

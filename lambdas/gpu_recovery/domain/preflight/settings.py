@@ -26,6 +26,12 @@ from gpu_recovery.domain.preflight.baseline import (
     BaselinePolicy,
 )
 from gpu_recovery.domain.preflight.nccl_output import DEFAULT_LARGE_BYTES
+from gpu_recovery.domain.tenant_evidence import (
+    DEFAULT_LIMIT,
+    DEFAULT_WINDOW_SECONDS,
+    MAX_ENTRIES,
+    TenantEvidenceLimit,
+)
 
 DEFAULT_MIN_NODES = 8
 DEFAULT_ROUND_SECONDS = 120
@@ -35,7 +41,8 @@ MAX_MIN_NODES = 1024
 #: takes seconds, not the minutes of a full 8 B..8 GB sweep
 SWEEP_MIN_BYTES = DEFAULT_LARGE_BYTES
 SWEEP_MAX_BYTES = 1024 * 1024 * 1024
-KEYS = ("min_nodes", "round_seconds", "slow_fraction", "min_samples", "first_runs_fraction", "floors")
+KEYS = ("min_nodes", "round_seconds", "slow_fraction", "min_samples", "first_runs_fraction", "floors",
+        "cleared_limit", "cleared_window_hours")
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,9 @@ class PreflightPolicy:
     min_nodes: int = DEFAULT_MIN_NODES
     round_seconds: int = DEFAULT_ROUND_SECONDS
     baseline: BaselinePolicy = field(default_factory=BaselinePolicy)
+    # A job or user whose evidence named this many suspects the stack's check cleared within
+    # the window: its preflights pin nothing more (domain.tenant_evidence).
+    tenant_limit: TenantEvidenceLimit = field(default_factory=TenantEvidenceLimit)
 
     @property
     def first_round_seconds(self) -> int:
@@ -52,7 +62,8 @@ class PreflightPolicy:
         return {"min_nodes": self.min_nodes, "round_seconds": self.round_seconds,
                 "slow_fraction": self.baseline.slow_fraction, "min_samples": self.baseline.min_samples,
                 "first_runs_fraction": self.baseline.first_runs_fraction,
-                "floors": dict(self.baseline.floors)}
+                "floors": dict(self.baseline.floors), "cleared_limit": self.tenant_limit.limit,
+                "cleared_window_hours": self.tenant_limit.window_seconds / 3600}
 
 
 def _integer(raw: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
@@ -112,4 +123,18 @@ def parse_preflight_settings(raw: Mapping[str, Any] | None) -> PreflightPolicy:
         min_nodes=_integer(raw, "min_nodes", DEFAULT_MIN_NODES, 0, MAX_MIN_NODES),
         round_seconds=_integer(raw, "round_seconds", DEFAULT_ROUND_SECONDS, MIN_ROUND_SECONDS,
                                MAX_ROUND_SECONDS),
-        baseline=baseline)
+        baseline=baseline,
+        tenant_limit=TenantEvidenceLimit(
+            limit=_integer(raw, "cleared_limit", DEFAULT_LIMIT, 1, MAX_ENTRIES),
+            window_seconds=3600 * _hours(raw, "cleared_window_hours", DEFAULT_WINDOW_SECONDS / 3600)))
+
+
+def _hours(raw: Mapping[str, Any], key: str, default: float) -> float:
+    value = raw.get(key, default)
+    try:
+        hours = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"preflight setting {key} must be a number of hours, got {value!r}") from None
+    if isinstance(value, bool) or not 1 <= hours <= 720:
+        raise ValueError(f"preflight setting {key} must be 1..720 hours, got {value!r}")
+    return hours

@@ -45,15 +45,23 @@ from typing import Any
 from gpu_recovery import clock
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.preflight import pinning
-from gpu_recovery.domain.preflight.baseline import Baseline, Threshold, learn, node_class, with_floor
-from gpu_recovery.domain.preflight.judge import Verdict, hung, judge
+from gpu_recovery.domain.preflight.baseline import (
+    Baseline,
+    Threshold,
+    learn,
+    node_class,
+    refusal,
+    with_floor,
+)
+from gpu_recovery.domain.preflight.judge import Verdict, alike_everywhere, hung, judge
 from gpu_recovery.domain.preflight.mode import PreflightMode, required
 from gpu_recovery.domain.preflight.nccl_output import table_lines
 from gpu_recovery.domain.preflight.settings import SWEEP_MAX_BYTES, SWEEP_MIN_BYTES
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.preflight.handover import PreflightHandover
-from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, PASSED, PINNED, RUNNING
+from gpu_recovery.recovery.preflight.job_fault import PreflightJobFault
+from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, JOB_FAULT, PASSED, PINNED, RUNNING
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +90,7 @@ class Preflights:
     def __init__(self, deps: Deps, handover: PreflightHandover) -> None:
         self.deps = deps
         self.handover = handover
+        self.job_fault = PreflightJobFault(deps, handover.remediation.notices)
 
     @property
     def policy(self) -> Any:
@@ -146,7 +155,7 @@ class Preflights:
             "reason": str(item.get("verdict") or item.get("why") or "")[:500]}
         if status in (PASSED, INCONCLUSIVE):
             return {**answer, "action": "train"}
-        if status in (PINNED, ABANDONED):
+        if status in (PINNED, ABANDONED, JOB_FAULT):
             return {**answer, "action": "stop"}
         deadline = float(item.get("deadline_at") or now)
         # A test may take the round's bound whole, however late in the round it starts.
@@ -273,9 +282,16 @@ class Preflights:
                 missing = [r for r in range(nodes) if r not in arrived]
             elif item.get("gang_ready"):
                 gang = results.get(GANG) or hung(self._threshold(item, nodes), waited)
+            summary.append(_round_one_line(gang, failed, missing, nodes))
+            own = alike_everywhere(item.get("loopback_failed") or (), nodes) if failed else ""
+            if own:  # alike on every node: the job's own image or code, no node pinned
+                return self._own_fault(item, own, summary, now)
+            if nodes > 1 and len(missing) >= nodes:  # missing evidence is not bad evidence
+                why = f"no node reported its loopback (all {nodes})"
+                state = pinning.PinState(nodes=nodes, widespread=why)
+                return self._conclude(item, state, results, summary, now)
             state = pinning.after_first_round(nodes, gang_passed=gang is not None and gang.passed,
                                               loopback_failed=failed, missing=missing)
-            summary.append(_round_one_line(gang, failed, missing, nodes))
             tests: list[pinning.GroupTest] = []
         else:
             state = pinning.PinState.from_dict(item["pin"])
@@ -313,8 +329,9 @@ class Preflights:
                   summary: list[str], now: float) -> dict[str, Any]:
         repo = self.deps.repo
         job_id, attempt, round_ = str(item["pf_job_id"]), int(item["attempt"]), int(item["round"])
-        if state.widespread or (not state.pinned and round_ > 1):
-            why = state.widespread or ("; ".join(state.notes) or "the failure did not show again")
+        limited = self._evidence_limited(job_id) if state.pinned and not state.widespread else ""
+        if state.widespread or limited or (not state.pinned and round_ > 1):
+            why = state.widespread or limited or ("; ".join(state.notes) or "the failure did not show again")
             verdict = f"inconclusive after {state.round} round(s): {why}; nothing pinned, the job goes on"
             repo.preflight.conclude(job_id, attempt, round_, INCONCLUSIVE, verdict=verdict, summary=summary,
                                     now=now, pin=state.to_dict())
@@ -334,6 +351,23 @@ class Preflights:
             self._passed(item, results, summary, now)
         return repo.preflight.get(job_id, attempt) or item
 
+    def _evidence_limited(self, job_id: str) -> str:
+        """Why this job's (or its user's) preflight no longer moves nodes ("": it does): its
+        evidence named too many nodes the stack's own check then cleared (issue 49)."""
+        user = str((self.deps.repo.get_job_item(job_id) or {}).get("user") or "")
+        return self.handover.remediation.tenant_evidence.limited(job_id, user)
+
+    def _own_fault(self, item: dict[str, Any], why: str, summary: list[str], now: float) -> dict[str, Any]:
+        """Concluded as the job's own failure, due at once: the sweep ends the job, told why
+        (``job_fault``)."""
+        repo = self.deps.repo
+        job_id, attempt = str(item["pf_job_id"]), int(item["attempt"])
+        verdict = f"{why}; the job's own image or code, not a node: nothing pinned"
+        if repo.preflight.conclude(job_id, attempt, 1, JOB_FAULT, verdict=verdict, summary=summary, now=now,
+                                   handover_at=now):
+            logger.warning("gang preflight failed alike on every node", extra={"job_id": job_id, "why": why})
+        return repo.preflight.get(job_id, attempt) or item
+
     def _passed(self, item: dict[str, Any], results: Mapping[str, Verdict], summary: list[str],
                 now: float) -> None:
         """Passed: concluded, and the gang's and rank 0's loopback busbw learned, at once."""
@@ -350,9 +384,14 @@ class Preflights:
             learned: list[Baseline] = []
             for size, busbw in samples.items():
                 if busbw is not None:
-                    taught = learn(current[size], busbw, f"{job_id}#{attempt}")
+                    taught = learn(current[size], busbw, f"{job_id}#{attempt}", self.policy.baseline)
                     if taught is not None:
                         learned.append(taught)
+                    elif why := refusal(current[size], busbw, self.policy.baseline):
+                        # The tenant's table teaches nothing another job is judged by.
+                        logger.warning("preflight run not learned", extra={"job_id": job_id, "nodes": size,
+                                                                           "why": why})
+                        self.deps.metrics.add_metric("PreflightSamplesRefused", "Count", 1)
             if repo.preflight.conclude(job_id, attempt, round_, PASSED, verdict=verdict, summary=summary,
                                        now=now, learned=learned):
                 self.deps.metrics.add_metric("PreflightsPassed", "Count", 1)
@@ -387,6 +426,8 @@ class Preflights:
         status = item.get("status")
         if status == PINNED and not item.get("handed_over"):
             return self.handover.hand_over(item)
+        if status == JOB_FAULT and not item.get("handed_over"):
+            return self.job_fault.end(item)
         if status != RUNNING:
             repo.preflight.settle(job_id, attempt)  # concluded: nothing is due
             return "preflight_settled"

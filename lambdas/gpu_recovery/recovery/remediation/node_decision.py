@@ -50,6 +50,7 @@ from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
+from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
 from gpu_recovery.repository import JobVerdict, NodeDecision
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class NodeRemediation:
         self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
         self.settlement = JobSettlement(deps, restarts, self.notices, self.owed_notices)
         self.resets = GpuResets(deps, reboots, self.notices)
+        self.tenant_evidence = TenantEvidence(deps, self.notices)
 
     # ------------------------------------------------------------ evidence / plan
     @property
@@ -227,6 +229,8 @@ class NodeRemediation:
         # job (a failure here is counted by the sweep: FaultRepository.recount).
         after_commit("healthy verdicts counted", repo.count_healthy_verdicts, inst_id,
                      [v for v, _ in verdicts])
+        # A suspect the stack's own check cleared: per evidence source, and per job and user (issue 49).
+        after_commit("cleared suspect counted", self.tenant_evidence.cleared, evidence, label, from_states)
         logger.info("node decision applied", extra={
             "instance": inst_id, "action": plan.action.value, "label": label.value,
             "execute": [e.value for e in plan.execute], "record_only": [e.value for e in plan.record_only],
