@@ -42,6 +42,9 @@ class NotificationKind(str, Enum):
     GPU_WARNING = "gpu_warning"
     # A repaired node failed its validation under load: repaired again, replaced or quarantined.
     VALIDATION_FAILED = "validation_failed"
+    # AWS announced that capacity goes away (a Capacity Block's end, a Spot or reservation
+    # interruption, scheduled maintenance): the nodes, the jobs moved off them, when, what was done.
+    CAPACITY_NOTICE = "capacity_notice"
 
 
 @dataclass(frozen=True)
