@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from . import heartbeats, placement, preflight, recovery, time_sharing, warnings
+from . import aws_notices, heartbeats, placement, preflight, recovery, time_sharing, warnings
 
 RUNS: dict[str, Callable[[tuple[int, str] | None], Any]] = {
     **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS},
@@ -16,4 +16,5 @@ RUNS: dict[str, Callable[[tuple[int, str] | None], Any]] = {
     "time_sharing": time_sharing.run,
     "preflight_pin": preflight.run,
     "driver_warning": warnings.run,
+    **{flow: partial(aws_notices.run, flow) for flow in aws_notices.FLOWS},
 }
