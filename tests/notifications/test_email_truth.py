@@ -22,6 +22,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.heartbeat_policy import ReportedTask
 from local_mode.campaigns import heartbeats as heartbeat_campaign
+from local_mode.campaigns.aws_notices import AwsNotice
 from local_mode.campaigns.recovery import RecoveryScenario
 from local_mode.campaigns.runner import run_flow
 from local_mode.campaigns.warnings import DriverWarning
@@ -72,6 +73,27 @@ class _RecordedWarning(DriverWarning):
     def result(self, w: Any, common: dict[str, Any]) -> Any:
         self.inspected = _inspect(self.record)
         return super().result(w, common)
+
+
+class _RecordedNotice(AwsNotice):
+    """The AWS-notice campaign's Capacity Block flow (two nodes of the block, one busy), unbroken."""
+
+    inspected: Inspected
+
+    def set_up(self, w: Any) -> list[str]:
+        jobs = super().set_up(w)
+        self.record = Record(w)
+        return jobs
+
+    def result(self, w: Any, common: dict[str, Any]) -> Any:
+        self.inspected = _inspect(self.record)
+        return super().result(w, common)
+
+
+def capacity_notice() -> Inspected:
+    scenario = _RecordedNotice("notice_capacity_block")
+    run_flow(scenario)
+    return scenario.inspected
 
 
 def driver_warning() -> Inspected:
@@ -269,7 +291,7 @@ FLOWS: dict[str, Callable[[], Inspected]] = {
     "health_check_timeout": _timeout(health_check_timeout_minutes=10, dcgm_seconds=10**6),
     "breaker_refault": breaker_refault, "queue_relocation": queue_relocation, "too_large": too_large,
     "hung": hung, "node_lost": node_lost, "cordon_limit": cordon_limit, "driver_warning": driver_warning,
-    "validation": campaign("validation"),
+    "validation": campaign("validation"), "capacity_notice": capacity_notice,
 }
 #: the flow that sends each kind
 KIND_FLOWS: dict[str, str | None] = {
@@ -280,7 +302,7 @@ KIND_FLOWS: dict[str, str | None] = {
     "health_check_timeout": "health_check_timeout", "breaker_needs_operator": "breaker_refault",
     "relocated": "queue_relocation", "job_refused": "too_large", "hung": "hung", "node_lost": "node_lost",
     "cordon_limit_tripped": "cordon_limit", "gpu_warning": "driver_warning",
-    "validation_failed": "validation",
+    "validation_failed": "validation", "capacity_notice": "capacity_notice",
 }
 
 

@@ -1,0 +1,34 @@
+"""The simulation's side of AWS's notices (docs/aws-notices.md): the ECS filter that finds a
+notice's nodes (``ec2InstanceId in [...]``, the cluster query language), and the events the
+simulated bus sends, read back into the notice they announce (the documented shapes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_recovery.domain import aws_notices as n
+from local_mode import cluster_query
+from local_mode.sim.aws_notices import notice_event
+
+
+def test_ec2_instance_id_filters_as_the_cluster_query_language_documents() -> None:
+    assert cluster_query.matches("ec2InstanceId in ['i-abcd1234', 'i-wxyx7890']", {}, None, "i-wxyx7890")
+    assert not cluster_query.matches("ec2InstanceId in ['i-abcd1234']", {}, None, "i-wxyx7890")
+    assert cluster_query.matches("ec2InstanceId == i-abcd1234", {}, None, "i-abcd1234")
+    with pytest.raises(ValueError):
+        cluster_query.matches("ec2InstanceId in i-abcd1234", {}, None, "i-abcd1234")
+
+
+@pytest.mark.parametrize(("kind", "lead", "want"), [
+    ("spot_interruption", n.SPOT_WARNING_SECONDS, n.NoticeKind.SPOT_INTERRUPTION),
+    ("capacity_block_expiry", n.CAPACITY_BLOCK_TERMINATION_LEAD_SECONDS, n.NoticeKind.CAPACITY_BLOCK_EXPIRY),
+    ("scheduled_maintenance", 3600, n.NoticeKind.REBOOT_MAINTENANCE),
+    ("scheduled_retirement", 3600, n.NoticeKind.RETIREMENT),
+])
+def test_each_simulated_event_reads_back_into_its_notice(kind: str, lead: float, want: n.NoticeKind) -> None:
+    now = 1_800_000_000.0
+    event, deadline = notice_event(kind, now=now, region="us-east-1", account="123456789012",
+                                   instance_id="i-0123", reservation_id="cr-0123", lead_seconds=3600)
+    notice = n.parse_notice(event)
+    assert notice is not None and notice.kind is want
+    assert notice.deadline == deadline == now + lead
