@@ -464,8 +464,8 @@ def _stays_cordoned(record: Record, mail: Mail, _m: re.Match[str]) -> str | None
 
 def _node_kept_out(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
     node = m.group(1)
-    return None if (mail.instances.get(node) or record.world.repo.get_instance_item(node) or {}).get("cordon") \
-        else f"{node} was not cordoned"
+    item = mail.instances.get(node) or record.world.repo.get_instance_item(node) or {}
+    return None if item.get("cordon") else f"{node} was not cordoned"
 
 
 def _moved_off_notice(record: Record, mail: Mail, m: re.Match[str]) -> str | None:

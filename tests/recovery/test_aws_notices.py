@@ -6,15 +6,16 @@ foreign events. The whole flow, broken at every call: local_mode/campaigns/aws_n
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain import aws_notices as n
 from gpu_recovery.domain.placement import NOTICE, UNAVAILABLE_ATTRIBUTE
+from gpu_recovery.repository import Update
 from local_mode.sim.aws_notices import notice_event
-from tests.recovery.fakes import REGION, World, world
+from tests.recovery.fakes import REGION, LostResponse, World, world
 from tests.recovery.remediation_steps import sweeps
-from tests.recovery.test_warnings import queue_job, stop_all
 
 NODE, PEER, IDLE = "node-b", "node-a", "node-c"
 JobState, Kind = C.JobState, C.NotificationKind
@@ -24,6 +25,23 @@ def notify(w: World, kind: str, node: str = NODE, **options: Any) -> dict[str, A
     event, _deadline = notice_event(kind, now=w.now[0], region=REGION, account="123456789012",
                                     instance_id=f"i-{node}", **options)
     return w.service.on_aws_notice(event).as_dict() | {"event": event}
+
+
+def queue_job(w: World, job_id: str, nodes: list[str]) -> list[str]:
+    """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""
+    arns = w.register_job(job_id, nodes)
+    w.repo.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
+        "source": "queue", "priority": 10, "submitted_at": w.now[0] - 600,
+        "job_state": JobState.RUNNING.value}))
+    return arns
+
+
+def stop_all(w: World, arns: list[str]) -> None:
+    """Every rank's STOPPED event after the stack's StopTask."""
+    for arn in arns:
+        with contextlib.suppress(LostResponse):
+            w.service.on_task_state_change(w.task_stopped(
+                arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspended"))
 
 
 def mails(w: World) -> list[Any]:
@@ -42,13 +60,14 @@ class Block:
         return [f"i-{node}" for node in self.nodes]
 
 
-def test_a_spot_warning_cordons_the_node_at_once_and_asks_its_queue_job_to_move_before_the_deadline() -> None:
+def test_a_spot_warning_cordons_the_node_at_once_and_asks_its_queue_job_to_move_in_time() -> None:
     with world() as w:
         queue_job(w, "train", [PEER, NODE])
         done = notify(w, "spot_interruption")
         assert done["action"] == "aws_notice"
         instance = w.repo.get_instance(NODE)
-        assert instance.cordoned and instance.cordon["notice"] and instance.notice["kind"] == "spot_interruption"
+        assert instance.cordoned and instance.cordon["notice"]
+        assert instance.notice["kind"] == "spot_interruption"
         assert w.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == NOTICE
         job = w.repo.get_job("train")
         assert job.state is JobState.SUSPENDING and job.suspend["kind"] == "moved"
@@ -80,7 +99,7 @@ def test_a_notice_for_an_instance_of_no_node_of_this_cluster_writes_nothing() ->
         assert w.repo.get_job("train").state is JobState.RUNNING
 
 
-def test_a_job_that_does_not_checkpoint_in_time_is_stopped_before_the_deadline_without_spending_budget() -> None:
+def test_a_job_that_does_not_checkpoint_in_time_is_stopped_before_the_deadline_spending_nothing() -> None:
     with world() as w:
         arns = queue_job(w, "train", [PEER, NODE])
         notify(w, "spot_interruption")

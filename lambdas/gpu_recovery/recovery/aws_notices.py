@@ -185,9 +185,9 @@ class AwsNotices:
             owed = self.notices.for_job(
                 job, None, NotificationKind.CAPACITY_NOTICE, "Job runs on a node AWS takes away",
                 what_happened=f"AWS announced for node {inst_id}: {why}",
-                what_was_done=(f"The job keeps running ({stays}); {inst_id} takes no new work; when AWS takes "
-                               "the node, the job's ranks there end and the recovery restarts it from its "
-                               "last checkpoint on other nodes"),
+                what_was_done=(f"The job keeps running ({stays}); {inst_id} takes no new work; when AWS "
+                               "takes the node, the job's ranks there end and the recovery restarts it from "
+                               "its last checkpoint on other nodes"),
                 operator_action=("To lose no work, stop the job at a checkpoint of yours before "
                                  f"{iso(deadline)} and start it again: it will not land on this node."))
         entry = job_entry(job.job_id, job.attempt, now, "stays")
