@@ -32,3 +32,38 @@ def test_each_simulated_event_reads_back_into_its_notice(kind: str, lead: float,
     notice = n.parse_notice(event)
     assert notice is not None and notice.kind is want
     assert notice.deadline == deadline == now + lead
+
+
+def test_the_playground_injects_a_notice_the_stack_acts_on() -> None:
+    """``gpu-recovery-admin inject-fault spot-interruption --node node-a``: the event on the
+    simulated bus reaches the instance monitor through the deployed rule; the node is cordoned."""
+    import argparse
+
+    from cli.inject_fault import add_arguments, fault_body
+    from local_mode.playground.fault_injection import FaultInjector
+    from local_mode.world import build_world
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    body = fault_body(parser.parse_args(["spot-interruption", "--node", "node-a"]))
+    assert body == {"kind": "spot_interruption", "node": "node-a"}
+    with build_world() as world:
+        world.ecs.add_node("node-a", gpus=8)
+        done = FaultInjector(world.ecs, None, None, lambda *_: None, world.repo).inject(body)  # type: ignore[arg-type]
+        assert "Spot interruption warning" in done["detail"]
+        world.ecs.run_for(5)
+        item = world.repo.get_instance_item(world.ecs.node("node-a").container_instance_id) or {}
+        assert item["notice"]["kind"] == "spot_interruption" and item["cordon"]["notice"]
+        assert any(d.rule == "ec2-capacity-notices" and d.ok for d in world.bus.deliveries)
+
+
+def test_scheduled_maintenance_takes_its_lead_and_retirement_from_the_cli() -> None:
+    import argparse
+
+    from cli.inject_fault import add_arguments, fault_body
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["scheduled-maintenance", "--node", "node-3", "--lead-seconds", "600", "--retirement"])
+    assert fault_body(args) == {"kind": "scheduled_maintenance", "node": "node-3", "lead_seconds": 600.0,
+                                "retirement": True}
