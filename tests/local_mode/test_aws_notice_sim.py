@@ -64,6 +64,7 @@ def test_scheduled_maintenance_takes_its_lead_and_retirement_from_the_cli() -> N
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["scheduled-maintenance", "--node", "node-3", "--lead-seconds", "600", "--retirement"])
+    args = parser.parse_args(["scheduled-maintenance", "--node", "node-3", "--lead-seconds", "600",
+                              "--retirement"])
     assert fault_body(args) == {"kind": "scheduled_maintenance", "node": "node-3", "lead_seconds": 600.0,
                                 "retirement": True}
