@@ -68,3 +68,34 @@ def test_scheduled_maintenance_takes_its_lead_and_retirement_from_the_cli() -> N
                               "--retirement"])
     assert fault_body(args) == {"kind": "scheduled_maintenance", "node": "node-3", "lead_seconds": 600.0,
                                 "retirement": True}
+
+
+def test_a_job_with_nowhere_to_go_waits_in_the_queue_with_the_notice_as_its_reason() -> None:
+    """Two nodes, a two-node queue job, AWS takes one: the job moves at its checkpoint, cannot be
+    placed elsewhere, and waits (SUSPENDED, queued) with the notice in its wait reason; at the
+    deadline nothing of it is on the node; never FAILED."""
+    from gpu_recovery import constants as C
+    from local_mode.campaigns.time_sharing import Rank0ControlPoller
+    from local_mode.sim.aws_notices import announce
+    from local_mode.world import build_world
+
+    with build_world(extra_env={C.ENV_CONTROL_API_URL: "https://control.invalid/prod",
+                                "POWERTOOLS_LOG_LEVEL": "CRITICAL"}) as world:
+        sim = world.ecs
+        world.schedule_queue_scheduler(60)
+        for node in ("node-a", "node-b"):
+            sim.add_node(node, gpus=8)
+        definition = sim.register_training_task_definition("train", gpus=8)
+        sim.plan_family("train", run_seconds=3600, exit_code=0)
+        job_id = world.submit_queue_job({"name": "wide", "task_definition": definition, "nnodes": 2,
+                                         "gpus_per_node": 8}, "alice")
+        sim.run_for(65)
+        Rank0ControlPoller(sim, world.repo, job_id).start()
+        sim.run_for(30)
+        announce(sim, "spot_interruption", "node-b")
+        sim.run_for(5 * 60)
+        item = world.repo.get_job_item(job_id) or {}
+        assert item["job_state"] == C.JobState.SUSPENDED.value
+        assert [m["outcome"] for m in item["moves"]] == ["moved"]
+        assert "moved off a node AWS takes away: Spot interruption" in str(item.get("wait_reason"))
+        assert not any(t.node == "node-b" and t.done is False for t in sim.tasks.values())
