@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.aws_notices import (
@@ -102,7 +103,14 @@ class AwsNotices:
         ids = sorted(set(instance_ids))
         for start in range(0, len(ids), IDS_PER_QUERY):
             listed = ", ".join(f"'{i}'" for i in ids[start:start + IDS_PER_QUERY])
-            found.extend(self.deps.ecs.container_instances(query=f"ec2InstanceId in [{listed}]"))
+            query = f"ec2InstanceId in [{listed}]"
+            try:
+                # A node just listed that DescribeContainerInstances answers MISSING (ECS is
+                # eventually consistent) is not dropped: asked again at once, then the delivery
+                # fails and is retried (a notice of two minutes has no minute to lose).
+                found.extend(self.deps.ecs.container_instances(query=query, missing_ok=False))
+            except EcsActionFailed:
+                found.extend(self.deps.ecs.container_instances(query=query, missing_ok=False))
         return found
 
     # ------------------------------------------------------------------ one node

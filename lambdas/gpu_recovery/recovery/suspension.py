@@ -41,6 +41,13 @@ from gpu_recovery.repository.time_sharing import SuspensionRepository
 logger = logging.getLogger(__name__)
 
 RETRY_INTERVAL_SECONDS = 60
+# A move off a node AWS takes away (recovery.aws_notices) has minutes, not hours: stops not
+# confirmed are asked again at the next sweep (every minute), not the one after.
+NOTICE_RETRY_SECONDS = 30
+
+
+def _retry_after(job: Job) -> int:
+    return NOTICE_RETRY_SECONDS if (job.suspend.get("avoid") or {}).get("notice") else RETRY_INTERVAL_SECONDS
 
 
 class Suspensions:
@@ -93,7 +100,7 @@ class Suspensions:
         now = clock.now()
         if not job.suspend_stopping:
             if self.store.record_stop(job.job_id, job.attempt, now=now, why=why,
-                                      deadline_at=now + RETRY_INTERVAL_SECONDS, actor=actor) and forced:
+                                      deadline_at=now + _retry_after(job), actor=actor) and forced:
                 self.deps.metrics.add_metric("SuspendsForced", "Count", 1)
             job = self.deps.repo.get_job(job.job_id) or job
             if job.state is not JobState.SUSPENDING:
@@ -139,7 +146,7 @@ class Suspensions:
                 deadline = float(fresh.suspend.get("deadline_at") or 0)
                 in_grace = not fresh.suspend_stopping and deadline > now
                 self.store.rearm(job.job_id, fresh.attempt,
-                                 deadline if in_grace else now + RETRY_INTERVAL_SECONDS)
+                                 deadline if in_grace else now + _retry_after(fresh))
         return f"suspend_{action}"
 
     def finish(self, job: Job) -> bool:
