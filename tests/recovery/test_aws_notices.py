@@ -173,3 +173,18 @@ def test_a_later_more_urgent_notice_replaces_a_scheduled_one() -> None:
         assert w.repo.get_instance(NODE).notice["kind"] == "spot_interruption"
         notify(w, "scheduled_retirement", lead_seconds=3 * 24 * 3600)  # later: it does not replace it
         assert w.repo.get_instance(NODE).notice["kind"] == "spot_interruption"
+
+
+def test_a_notice_cordon_outlives_the_node_s_return_from_a_reboot() -> None:
+    """A node AWS announced that the stack also reboots (a fault on it) stays out of placement
+    when it is back: its cordon is AWS's notice's, not the fault's."""
+    with world() as w:
+        w.ecs.spare_nodes = [NODE]
+        notify(w, "scheduled_retirement", lead_seconds=3600)
+        w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: NODE},
+                            set_fields={"instance_state": C.InstanceState.REBOOTING.value}))
+        instance = w.repo.get_instance(NODE)
+        assert w.repo.back_to_available(instance, w.now[0], {}, [], "attribute_exists(#k)", {},
+                                        {"#k": C.INSTANCE_PK})
+        after = w.repo.get_instance(NODE)
+        assert after.state is C.InstanceState.AVAILABLE and after.cordoned and after.cordon["notice"]
