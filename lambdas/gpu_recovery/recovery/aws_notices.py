@@ -43,15 +43,19 @@ from gpu_recovery.domain.aws_notices import (
 from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
 from gpu_recovery.domain.gpu_warnings import asked, job_entry
 from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
+#: how often the node is looked at while ranks run there (a two-minute notice has no minute to lose)
+RETRY_INTERVAL_SECONDS = 30
+#: a rank asked to stop and still on the node after this long is asked again (StopTask is idempotent)
+RESTOP_AFTER_SECONDS = 20
 #: ECS's cluster query language takes a list after ``in``; ids per ListContainerInstances filter
 IDS_PER_QUERY = 50
 #: kinds after whose window the node is back (the others take the instance away for good)
@@ -233,6 +237,7 @@ class AwsNotices:
         record = instance.notice
         key, deadline = str(record["key"]), _float(record.get("deadline"))
         if deadline is None or now < deadline:
+            self._stop_again(inst_id, now)
             asked_now = self._ask_jobs(inst_id, record, now)
             self._rearm(inst_id, record, now)
             return "notice_moving_jobs" if asked_now else "notice_waiting"
@@ -257,6 +262,24 @@ class AwsNotices:
                 after_commit("aws-notice uncordon", self.cordons.sync_quietly, inst_id)
             return "notice_window_over"
         return "raced"
+
+    def _stop_again(self, inst_id: str, now: float) -> None:
+        """A moving job's rank on the node asked to stop whose stop was not confirmed (a throttled
+        StopTask, a lost answer): asked again now, not at the gang stop's paced re-ask (minutes):
+        the node goes at the deadline."""
+        repo = self.deps.repo
+        for rank in repo.live_ranks_on_instance(inst_id):
+            asked_at = rank.stop_requested_at or now
+            if rank.state is not RankState.STOP_REQUESTED or asked_at > now - RESTOP_AFTER_SECONDS:
+                continue
+            job = repo.get_job(rank.job_id)
+            if job is None or job.state is not JobState.SUSPENDING or job.attempt != rank.attempt \
+                    or not (job.suspend.get("avoid") or {}).get("notice"):
+                continue
+            why = str(job.stop_fanout.get("why") or "suspended: AWS takes the node")
+            self.deps.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255])
+            logger.warning("rank on a node AWS takes away asked to stop again", extra={
+                "job_id": job.job_id, "rank": rank.rank, "instance": inst_id})
 
     # ------------------------------------------------------------------ e-mails
     def _node_notice(self, notice: Notice, inst_id: str, ec2_id: str, busy: list[str], *,
