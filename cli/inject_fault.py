@@ -15,6 +15,9 @@
     gpu-recovery-admin inject-fault recovery-action reset --node node-2 [--gpu 0]  # the driver's warning
     gpu-recovery-admin inject-fault remap-pending --job <job id> --rank 1  # a row remap waits for a reset
     gpu-recovery-admin inject-fault rising-counter nvlink_replay_errors --node node-3 [--per-hour 600]
+    gpu-recovery-admin inject-fault capacity-block-expiry --node node-2  # AWS's notices (docs/aws-notices.md)
+    gpu-recovery-admin inject-fault spot-interruption --job <job id> --rank 1
+    gpu-recovery-admin inject-fault scheduled-maintenance --node node-3 [--lead-seconds 172800] [--retirement]
 
 Local only: the endpoint (``--endpoint`` or ``$GPUJOBS_ENDPOINT``, what ``make playground``
 prints) must be on this machine (127.0.0.1, localhost, ::1); anything else is refused
@@ -118,6 +121,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rising.add_argument("--per-hour", type=float, default=600.0,
                         help="how fast it rises (default 600/h; the catalog's rates: docs/fault-catalog.md)")
     rising.add_argument("--gpu", type=int, default=0, help="GPU index on the node (default 0)")
+    # AWS's own notices that a node goes away (docs/aws-notices.md): the documented event shapes.
+    block = actions.add_parser("capacity-block-expiry",
+                               help="EC2's Capacity Block Expiration Warning for the node's block (its "
+                                    "instances go 10 min later)")
+    target(block)
+    spot = actions.add_parser("spot-interruption", help="EC2's Spot Instance Interruption Warning (2 min)")
+    target(spot)
+    scheduled = actions.add_parser("scheduled-maintenance", help="an AWS Health scheduled event for the node "
+                                                                 "(reboot maintenance, or --retirement)")
+    target(scheduled)
+    scheduled.add_argument("--lead-seconds", type=float, default=None,
+                           help="the window starts this long from now (default 2 days)")
+    scheduled.add_argument("--retirement", action="store_true",
+                           help="an instance retirement (the node does not come back) instead of a reboot")
 
 
 def local_endpoint(endpoint: str | None) -> str:
@@ -164,9 +181,12 @@ def fault_body(args: argparse.Namespace) -> dict[str, Any]:
     else:
         body.update(job_id=args.job, rank=args.rank)
     for name in ("xid", "gpu", "persistent", "times", "seconds", "exit_code", "action", "counter",
-                 "per_hour", "repair_does_not_hold", "peer", "peer_rank", "factor", "network"):
+                 "per_hour", "repair_does_not_hold", "peer", "peer_rank", "factor", "network",
+                 "lead_seconds"):
         if getattr(args, name, None) is not None:
             body[name] = getattr(args, name)
+    if getattr(args, "retirement", False):
+        body["retirement"] = True
     return body
 
 

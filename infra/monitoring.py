@@ -64,6 +64,11 @@ BREAKER_GAUGE = "BreakerOpen"
 # after the grace, jobs suspended (every rank stopped): the recovery functions, the
 # scheduler and the job-control API emit them.
 SUSPEND_COUNTERS = ("SuspendsRequested", "SuspendsForced", "JobsSuspended")
+# AWS's notices (docs/aws-notices.md): nodes announced, jobs moved off them at their checkpoint
+# before the deadline, jobs stopped at the deadline without a checkpoint, and jobs still on a
+# node when AWS took it (they crashed with it).
+NOTICE_COUNTERS = ("AwsNotices", "NoticeJobsMovedBeforeDeadline", "NoticeJobsStoppedUnsaved",
+                   "NoticeJobsCrashed")
 BUSINESS_COUNTERS = RECOVERY_COUNTERS + QUARANTINE_COUNTERS + SUSPEND_COUNTERS
 RUNBOOK = "Runbook: docs/operations.md of the gpu-training-recovery repository."
 # Jobs past their due time: OverdueJobs > 0 in this many one-minute runs of the sweep in a row.
@@ -342,6 +347,10 @@ class Monitoring(Construct):
             ))
         else:
             dashboard.add_widgets(sharing)
+        dashboard.add_widgets(cloudwatch.GraphWidget(
+            title="AWS notices: nodes announced, jobs moved before the deadline, stopped unsaved, crashed",
+            width=24, left=[_total(name, period) for name in NOTICE_COUNTERS],
+        ))
         if rest_api is not None:
             dashboard.add_widgets(
                 cloudwatch.GraphWidget(

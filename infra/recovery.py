@@ -28,7 +28,9 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.event_patterns import (
     container_instance_pattern,
+    ec2_notice_pattern,
     health_check_task_pattern,
+    health_notice_pattern,
     training_task_pattern,
 )
 from infra.config import RecoveryConfig
@@ -203,6 +205,18 @@ class ClusterAccess:
             # usage report found it unused by every function that held it (issue 40).
         ]
 
+    def describe_capacity_reservation_instances(self) -> list[iam.PolicyStatement]:
+        """A Capacity Block's expiration warning names its reservation, not its instances: the
+        instance monitor lists them (DescribeInstances filtered by ``capacity-reservation-id``,
+        docs/aws-notices.md). DescribeInstances supports no resource-level permission."""
+        return [
+            iam.PolicyStatement(
+                sid="DescribeCapacityReservationInstances",
+                actions=["ec2:DescribeInstances"],
+                resources=["*"],
+            ),
+        ]
+
     def send_reboot_command(self) -> list[iam.PolicyStatement]:
         """ECS Anywhere (mi-) hosts are rebooted with the stack's reboot-only document."""
         if self.reboot_document_arn is None:
@@ -325,8 +339,10 @@ class RecoveryFunctions(Construct):
                 access.list_container_instances,
                 access.list_tasks,
                 # A node back after its reboot is uncordoned; a node now wholly free becomes a
-                # spare (its hold's attribute put).
+                # spare (its hold's attribute put); a node AWS announced is going away is marked.
                 access.placement_attributes,
+                # AWS's notices: a Capacity Block's instances (docs/aws-notices.md).
+                access.describe_capacity_reservation_instances,
             ],
         )
         self.sweep = self._function(
@@ -373,6 +389,19 @@ class RecoveryFunctions(Construct):
             "InstanceMonitor",
             "Container instance state changes in the cluster",
             events.EventPattern(**_pattern_props(container_instance_pattern(cluster_arn))),
+        )
+        # AWS's own notices that capacity goes away (docs/aws-notices.md).
+        self._rule(
+            "InstanceMonitor",
+            "EC2 notices: Capacity Block expiration, Spot / reservation interruption, rebalance",
+            events.EventPattern(**_pattern_props(ec2_notice_pattern())),
+            rule_id="Ec2NoticesRule",
+        )
+        self._rule(
+            "InstanceMonitor",
+            "AWS Health scheduled changes of EC2 instances (retirement, maintenance)",
+            events.EventPattern(**_pattern_props(health_notice_pattern())),
+            rule_id="HealthNoticesRule",
         )
         self._rule(
             "RecoverySweep",
@@ -438,10 +467,11 @@ class RecoveryFunctions(Construct):
         description: str,
         event_pattern: events.EventPattern | None = None,
         schedule: events.Schedule | None = None,
+        rule_id: str = "",
     ) -> None:
         rule = events.Rule(
             self,
-            f"{name}Rule",
+            rule_id or f"{name}Rule",
             description=description,
             event_pattern=event_pattern,
             schedule=schedule,
@@ -454,7 +484,7 @@ class RecoveryFunctions(Construct):
                 max_event_age=self._max_event_age[name],
             )
         )
-        self.rules[name] = rule
+        self.rules[rule_id or name] = rule
 
     def _acknowledge_wildcards(self, fn: RecoveryFunction) -> None:
         acknowledge_cluster_wildcards(self, fn, self.access)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, JOB_GROUP_PREFIX, REBOOTING_ATTRIBUTE
+from gpu_recovery.domain import aws_notices
 
 
 def training_task_pattern(cluster_arn: str, registration: str = "both") -> dict[str, Any]:
@@ -58,4 +59,23 @@ def container_instance_pattern(cluster_arn: str) -> dict[str, Any]:
         "source": ["aws.ecs"],
         "detail-type": ["ECS Container Instance State Change"],
         "detail": {"clusterArn": [cluster_arn], "attributes": {"name": [REBOOTING_ATTRIBUTE]}},
+    }
+
+
+def ec2_notice_pattern() -> dict[str, Any]:
+    """EC2's own notices that instances go away (docs/aws-notices.md): a Capacity Block's
+    expiration warning (by either name the EC2 documentation gives it), a Spot or an
+    interruptible Capacity Reservation interruption warning, a rebalance recommendation. They
+    carry no cluster: the instance monitor acts on the nodes of its cluster and drops the rest."""
+    return {"source": [aws_notices.EC2_SOURCE], "detail-type": list(aws_notices.EC2_NOTICE_DETAIL_TYPES)}
+
+
+def health_notice_pattern() -> dict[str, Any]:
+    """AWS Health's EC2 scheduled changes that take an instance away for a window (retirement,
+    reboot and system maintenance: ``domain.aws_notices.HEALTH_EVENT_CODES``)."""
+    return {
+        "source": [aws_notices.HEALTH_SOURCE],
+        "detail-type": [aws_notices.HEALTH_DETAIL_TYPE],
+        "detail": {"service": ["EC2"], "eventTypeCategory": ["scheduledChange"],
+                   "eventTypeCode": list(aws_notices.HEALTH_EVENT_CODES)},
     }

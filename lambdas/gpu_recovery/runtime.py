@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_recovery.adapters import aws
 from gpu_recovery.adapters.autoscaling import AutoScalingReplacer
+from gpu_recovery.adapters.capacity import CapacityReservations
 from gpu_recovery.adapters.compute import RebootAdapter
 from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.ecs_budget import EcsCallBudget
@@ -122,6 +123,7 @@ def build_recovery_service(settings: Settings, clients: RecoveryClients,
                     if settings.gang_queue_url and clients.sqs is not None else None),
         tag_lookups=(GangQueue(clients.sqs, settings.tag_lookup_queue_url)
                      if settings.tag_lookup_queue_url and clients.sqs is not None else None),
+        capacity=CapacityReservations(clients.ec2),
     )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from . import heartbeats, placement, preflight, preflight_evidence, recovery, time_sharing, warnings
+from . import aws_notices, heartbeats, placement, preflight, preflight_evidence, recovery, time_sharing, warnings
 
 RUNS: dict[str, Callable[[tuple[int, str] | None], Any]] = {
     **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS},
@@ -17,4 +17,5 @@ RUNS: dict[str, Callable[[tuple[int, str] | None], Any]] = {
     "preflight_pin": preflight.run,
     **{flow: partial(preflight_evidence.run, flow) for flow in preflight_evidence.FLOWS},
     "driver_warning": warnings.run,
+    **{flow: partial(aws_notices.run, flow) for flow in aws_notices.FLOWS},
 }

@@ -15,8 +15,10 @@ from local_mode.playground.config import PlaygroundError
 from local_mode.playground.console import iso
 from local_mode.training_programs import TrainingPrograms
 
+# AWS's notices (docs/aws-notices.md): the event EC2 or AWS Health sends, on the simulated bus.
+NOTICE_KINDS = ("capacity_block_expiry", "spot_interruption", "scheduled_maintenance")
 FAULT_KINDS = ("xid", "dead_gpu", "flap", "app_error", "lost_node", "recovery_action", "remap_pending",
-               "rising_counter", "link", "slow_node")
+               "rising_counter", "link", "slow_node", *NOTICE_KINDS)
 # The driver's recovery actions as the playground's CLI names them -> as the agent reports them.
 RECOVERY_ACTIONS = {"reset": "gpu_reset", "reboot": "node_reboot", "drain-p2p": "drain_p2p",
                     "drain-and-reset": "drain_and_reset"}
@@ -159,6 +161,8 @@ class FaultInjector:
                       "crashes, a gang preflight measures it")
         elif kind in ("recovery_action", "remap_pending", "rising_counter"):
             detail = self._warning(kind, doc, node)
+        elif kind in NOTICE_KINDS:
+            detail = self._notice(kind, doc, node)
         else:  # lost_node
             seconds = _number(doc, "seconds", 300.0, 10, 86400)
             self._refuse_unwatched(node)
@@ -193,6 +197,22 @@ class FaultInjector:
         self.sim.warn_gpu(node.name, gpu=gpu, counter=counter, per_hour=per_hour)
         return (f"GPU {gpu} of {node.name}: {counter} rising {per_hour:g}/h (the catalog acts past its rate, "
                 f"over 10 to 20 min of reports; below it, nothing happens); {then}")
+
+    def _notice(self, kind: str, doc: dict[str, Any], node: Any) -> str:
+        """AWS announces the node goes away (``sim.aws_notices``): the event now, the node taken
+        at its deadline (what still runs there ends; a reboot maintenance reboots it)."""
+        from local_mode.sim.aws_notices import announce
+
+        lead = _number(doc, "lead_seconds", 2 * 24 * 3600.0, 60, 30 * 24 * 3600) \
+            if kind == "scheduled_maintenance" else None
+        sent = announce(self.sim, "scheduled_retirement" if doc.get("retirement") else kind, node.name,
+                        lead_seconds=lead)
+        what = {"capacity_block_expiry": "its Capacity Block's expiration warning (40 min before the end)",
+                "spot_interruption": "a Spot interruption warning (2 min)",
+                "scheduled_maintenance": "an AWS Health scheduled event"}[kind]
+        return (f"{what} for {', '.join(sent['nodes'])}: AWS takes the node(s) at {iso(sent['deadline'])}; "
+                "the stack cordons them at once (aws-notice) and asks their queue jobs to checkpoint and "
+                "move (gpujobs watch)")
 
     def _refuse_unwatched(self, node: Any) -> None:
         """A silent node is noticed through its ranks' heartbeats: the heartbeat sweep watches

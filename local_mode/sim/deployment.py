@@ -116,6 +116,11 @@ RULES: tuple[EventRule, ...] = (
               lambda cluster_arn, _registration: patterns.health_check_task_pattern(cluster_arn)),
     EventRule("container-instance-state", INSTANCE_MONITOR,
               lambda cluster_arn, _registration: patterns.container_instance_pattern(cluster_arn)),
+    # AWS's notices that capacity goes away (docs/aws-notices.md): to the instance monitor too.
+    EventRule("ec2-capacity-notices", INSTANCE_MONITOR,
+              lambda _cluster_arn, _registration: patterns.ec2_notice_pattern()),
+    EventRule("health-scheduled-changes", INSTANCE_MONITOR,
+              lambda _cluster_arn, _registration: patterns.health_notice_pattern()),
 )
 
 HEARTBEAT_SWEEP = "heartbeat_sweep"

@@ -98,6 +98,7 @@ class SimulatedEcs(GpuFaults):
             "ecs", "UpdateContainerInstancesState", self._after_update_ci_state
         )
         hooks.on_after_call("ec2", "RebootInstances", self._after_reboot_instances)
+        hooks.on_before_call("ec2", "DescribeInstances", self._before_describe_instances)
         hooks.on_after_call("ssm", "SendCommand", self._after_send_command)
         hooks.on_after_call("auto-scaling", "TerminateInstanceInAutoScalingGroup",
                             self._after_terminate_in_asg)
@@ -199,8 +200,25 @@ class SimulatedEcs(GpuFaults):
         arns = sorted(ci.container_instance_arn for ci in cis
                       if (status is None or ci.status == status)
                       and cluster_query.matches(str(expression), dict(ci.attributes or {}),
-                                                self._registered_at(ci.container_instance_arn)))
+                                                self._registered_at(ci.container_instance_arn),
+                                                str(ci.ec2_instance_id or "")))
         return hook_answer("ecs", {"containerInstanceArns": arns})
+
+    def _before_describe_instances(self, params: dict[str, Any], context: dict[str, Any]) -> Any:
+        """DescribeInstances filtered by ``capacity-reservation-id`` (a Capacity Block's
+        instances, docs/aws-notices.md): answered from the nodes' reservation (moto keeps none)."""
+        filters = {f.get("Name"): list(f.get("Values") or []) for f in params.get("Filters") or []}
+        wanted = filters.get("capacity-reservation-id")
+        if not wanted:
+            return None  # moto answers
+        instances: list[dict[str, Any]] = [
+            {"InstanceId": n.instance_id, "CapacityReservationId": n.capacity_reservation_id,
+             "State": {"Code": 16, "Name": "running"}}
+                     for n in sorted(self.nodes.values(), key=lambda n: n.name)
+                     if n.kind == "ec2" and n.capacity_reservation_id in wanted and n.status != "INACTIVE"]
+        reservations = [{"ReservationId": f"r-{str(i['InstanceId'])[2:]}", "OwnerId": self.local.account_id,
+                         "Instances": [i]} for i in instances]
+        return hook_answer("ec2", {"Reservations": reservations})
 
     def _registered_at(self, arn: str) -> float | None:
         node = self._node_or_none(arn)

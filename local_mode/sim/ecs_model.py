@@ -78,6 +78,7 @@ class Node:
     health: str = "healthy"
     agent_connected: bool = True
     status: str = "ACTIVE"  # ACTIVE | DRAINING | INACTIVE (deregistered)
+    capacity_reservation_id: str = ""  # a Capacity Block's (cr-...): its expiration warning names it
     allocations: dict[str, list[str]] = field(default_factory=dict)  # task arn -> gpu ids
     reservations: dict[int, list[str]] = field(default_factory=dict)  # pending StartTask
     attributes: dict[str, str | None] = field(default_factory=dict)  # custom ECS attributes (cordon)

@@ -145,6 +145,17 @@ def test_time_sharing_functions_and_metrics_are_monitored(default_synth: Synth) 
     assert "Time sharing" in body
 
 
+def test_the_dashboard_counts_aws_notices_and_their_jobs(default_synth: Synth) -> None:
+    """AWS's notices (docs/aws-notices.md): nodes announced, jobs moved before the deadline, jobs
+    stopped at it unsaved, jobs that crashed with the node, summed over the services."""
+    (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for metric in ("AwsNotices", "NoticeJobsMovedBeforeDeadline", "NoticeJobsStoppedUnsaved",
+                   "NoticeJobsCrashed"):
+        assert metric in body, metric
+    assert "AWS notices" in body
+
+
 def test_a_job_past_its_due_time_pages(default_synth: Synth) -> None:
     """Given the recovery sweep's OverdueJobs (jobs 15 minutes or more past their next step's
     deadline), Then one alarm fires when it is above 0 in 3 one-minute runs in a row, with

@@ -15,24 +15,25 @@ from tests.fixtures.events import load_event
 OTHER_CLUSTER_ARN = "arn:aws:ecs:us-east-1:111122223333:cluster/other-cluster"
 
 
-def _rules_by_handler(synth: Synth) -> dict[str, dict[str, Any]]:
-    """The synthesized pattern of each event rule, keyed by its target's handler."""
+def _rules_by_handler(synth: Synth) -> dict[str, list[dict[str, Any]]]:
+    """The synthesized patterns of the event rules, keyed by their target's handler (the
+    instance monitor has three: its own, and AWS's notices: tests/infra/test_aws_notice_patterns.py)."""
     functions = synth.resources("AWS::Lambda::Function")
-    out = {}
+    out: dict[str, list[dict[str, Any]]] = {}
     for rule in synth.resources("AWS::Events::Rule").values():
         if "EventPattern" not in rule["Properties"]:
             continue
         (target,) = rule["Properties"]["Targets"]
         handler = functions[target["Arn"]["Fn::GetAtt"][0]]["Properties"]["Handler"]
-        out[handler.split(".")[1]] = rule["Properties"]["EventPattern"]
+        out.setdefault(handler.split(".")[1], []).append(rule["Properties"]["EventPattern"])
     return out
 
 
 def _matching_rules(synth: Synth, event: dict[str, Any]) -> set[str]:
     return {
         name
-        for name, pattern in _rules_by_handler(synth).items()
-        if pattern_matches(pattern, event)
+        for name, patterns in _rules_by_handler(synth).items()
+        if any(pattern_matches(pattern, event) for pattern in patterns)
     }
 
 

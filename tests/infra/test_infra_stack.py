@@ -146,6 +146,8 @@ def test_three_rules_deploy_exactly_the_shared_patterns(default_synth: Synth) ->
         patterns.training_task_pattern(CLUSTER_ARN),
         patterns.health_check_task_pattern(CLUSTER_ARN),
         patterns.container_instance_pattern(CLUSTER_ARN),
+        patterns.ec2_notice_pattern(),
+        patterns.health_notice_pattern(),
     ]
     def canonical(items: list[dict[str, Any]]) -> list[str]:
         return sorted(json.dumps(p, sort_keys=True) for p in items)
@@ -174,7 +176,9 @@ def test_rules_target_their_handlers_with_retry_and_dlq(default_synth: Synth) ->
                 assert handler == "handlers.recovery_sweep.lambda_handler"
         else:
             others[handler] = (rule, target)
-    assert sorted(recovery) == sorted(RECOVERY_HANDLERS)
+    # The instance monitor also takes AWS's notices (two more rules: EC2's and AWS Health's).
+    monitor = "handlers.ecs_instance_monitor.lambda_handler"
+    assert sorted(recovery) == sorted([*RECOVERY_HANDLERS, monitor, monitor])
     assert set(others) == {SWEEP_HANDLER, SCHEDULER_HANDLER}
     for rule, target in others.values():
         assert rule["Properties"]["ScheduleExpression"] == "rate(1 minute)"

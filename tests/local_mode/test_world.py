@@ -13,7 +13,8 @@ from local_mode.sim.deployment import TAG_LOOKUP_QUEUE
 from local_mode.sim.wiring import GANG_QUEUE, SWEEP_SCHEDULE
 from local_mode.world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, build_world
 
-RULES = ["training-task-state", "health-check-task-stopped", "container-instance-state"]
+RULES = ["training-task-state", "health-check-task-stopped", "container-instance-state",
+         "ec2-capacity-notices", "health-scheduled-changes"]
 
 
 def test_a_ranks_stopped_event_reaches_the_task_handler_through_the_bus() -> None:

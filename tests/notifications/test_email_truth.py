@@ -23,6 +23,7 @@ from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.heartbeat_policy import ReportedTask
 from local_mode.campaigns import heartbeats as heartbeat_campaign
 from local_mode.campaigns.preflight_evidence import TenantPreflight
+from local_mode.campaigns.aws_notices import AwsNotice
 from local_mode.campaigns.recovery import RecoveryScenario
 from local_mode.campaigns.runner import run_flow
 from local_mode.campaigns.warnings import DriverWarning
@@ -78,6 +79,10 @@ class _RecordedWarning(DriverWarning):
 class _RecordedEvidence(TenantPreflight):
     """A tenant's preflight campaign (issue 49), unbroken."""
 
+
+class _RecordedNotice(AwsNotice):
+    """The AWS-notice campaign's Capacity Block flow (two nodes of the block, one busy), unbroken."""
+
     inspected: Inspected
 
     def set_up(self, w: Any) -> list[str]:
@@ -93,6 +98,12 @@ class _RecordedEvidence(TenantPreflight):
 def forged_loopback() -> Inspected:
     """A rank lying about its loopback at every attempt: its nodes cleared, then the job limited."""
     scenario = _RecordedEvidence("preflight_forged_loopback")
+    run_flow(scenario)
+    return scenario.inspected
+
+
+def capacity_notice() -> Inspected:
+    scenario = _RecordedNotice("notice_capacity_block")
     run_flow(scenario)
     return scenario.inspected
 
@@ -293,6 +304,7 @@ FLOWS: dict[str, Callable[[], Inspected]] = {
     "breaker_refault": breaker_refault, "queue_relocation": queue_relocation, "too_large": too_large,
     "hung": hung, "node_lost": node_lost, "cordon_limit": cordon_limit, "driver_warning": driver_warning,
     "validation": campaign("validation"), "forged_loopback": forged_loopback,
+    "capacity_notice": capacity_notice,
 }
 #: the flow that sends each kind
 KIND_FLOWS: dict[str, str | None] = {
@@ -304,6 +316,7 @@ KIND_FLOWS: dict[str, str | None] = {
     "relocated": "queue_relocation", "job_refused": "too_large", "hung": "hung", "node_lost": "node_lost",
     "cordon_limit_tripped": "cordon_limit", "gpu_warning": "driver_warning",
     "validation_failed": "validation", "tenant_evidence_limited": "forged_loopback",
+    "capacity_notice": "capacity_notice",
 }
 
 

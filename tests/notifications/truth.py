@@ -427,6 +427,57 @@ def _not_validated(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
     return f"{len(ran)} validation task(s) ran on {node}" if ran else None
 
 
+def _notice_cordon(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+    """AWS's notice (recovery.aws_notices): the node cordoned as ``aws-notice`` in the table when
+    the e-mail was sent, and the attribute put with that value."""
+    node = mail.field("Container instance")
+    item = mail.instances.get(node) or {}
+    if not (item.get("cordon") or {}).get("notice") or not item.get("notice"):
+        return f"{node} carried no notice cordon: {item.get('cordon')}"
+    put = [c for c in record.calls if c.operation == "PutAttributes" and node in repr(c.params)
+           and "aws-notice" in repr(c.params)]
+    return None if put else f"no PutAttributes {UNAVAILABLE_ATTRIBUTE}=aws-notice on {node}"
+
+
+def _jobs_asked_to_move(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    """Each job named was asked to leave the node (a move, or a note that it stays, on its item)."""
+    for job_id in [j.strip() for j in m.group(1).split(",")]:
+        final = record.final_job(job_id)
+        moves = [mv for mv in final.get("moves") or [] if str(mv.get("rule") or "").startswith("aws-notice")]
+        if not moves and final.get("job_state") not in ("RUNNING", "RECOVERING", "FAILED", "COMPLETE"):
+            return f"job {job_id} was never moved off the node ({final.get('job_state')})"
+    return None
+
+
+def _no_job_there(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+    node = record.node_name(mail.field("Container instance"))
+    live = [t.label for t in record.world.ecs.tasks.values() if t.node == node and t.created_at <= mail.at
+            and not t.health_check and (t.stopped_at is None or t.stopped_at > mail.at)]
+    return f"tasks ran on {node}: {live}" if live else None
+
+
+def _stays_cordoned(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+    node = mail.field("Container instance")
+    item = record.world.repo.get_instance_item(node) or {}
+    return None if item.get("cordon") else f"{node} is not cordoned at the end"
+
+
+def _node_kept_out(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    node = m.group(1)
+    item = mail.instances.get(node) or record.world.repo.get_instance_item(node) or {}
+    return None if item.get("cordon") else f"{node} was not cordoned"
+
+
+def _moved_off_notice(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    """Every rank stopped: at its checkpoint (``moved``) or by the stop before the deadline."""
+    want = "moved" if m.group(1) == "moved" else "stopped_at_deadline"
+    moves = [mv.get("outcome") for mv in mail.job.get("moves") or []]
+    state = mail.job.get("job_state")
+    if state != "SUSPENDED" or not moves or moves[-1] != want:
+        return f"the job was {state} with moves {moves}, not {want}"
+    return _tasks_ended(record, mail)
+
+
 def _descriptive(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     """A clause that reports no effect (what the operator may expect): nothing to hold it to."""
     return None
@@ -488,6 +539,22 @@ CLAIMS: list[tuple[str, Check]] = [
      r"[\d.]+ s", _validated),
     (r"(\S+) not validated after its (?:reboot|GPU reset) \(validate_after_repair is false\)",
      _not_validated),
+    # AWS's notices (recovery.aws_notices)
+    (rf"The node: it takes no new work from now \(placement attribute {re.escape(UNAVAILABLE_ATTRIBUTE)}="
+     r"aws-notice\) and is never chosen as a spare or relocation target", _notice_cordon),
+    (r"The node: it was cordoned already and stays so", _kept_out),
+    (r"its job\(s\) (.+?) are asked to checkpoint and move \(.*\)", _jobs_asked_to_move),
+    (r"no job runs on it", _no_job_there),
+    (r"it stays cordoned: AWS takes the instance", _stays_cordoned),
+    (r"it returns to service after the window", _descriptive),
+    (r"The job was (moved|stopped) (?:at its checkpoint \(\d+ s after it was asked\)|before AWS takes the "
+     r"node \(.*\))", _moved_off_notice),
+    (r"it is back in the queue ahead of every job of its priority and restarts on other nodes when capacity "
+     r"exists", _requeued_ahead_and_restarted),
+    (rf"{NODE} takes no new work", _node_kept_out),
+    (r"The job keeps running \(.*\)", _nothing_stopped),
+    (r"when AWS takes the node, the job's ranks there end and the recovery restarts it from its last "
+     r"checkpoint on other nodes", _descriptive),
 ]
 
 EFFECT_CHECKS: dict[str, Callable[[Record, Mail], str | None]] = {

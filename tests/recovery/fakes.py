@@ -222,7 +222,10 @@ class FakeEcs:
         if self.fail_listing is not None:
             raise self.fail_listing
         nodes = sorted({t.node for t in self.tasks.values()} | set(self.spare_nodes))
-        if query:
+        if query and query.startswith("ec2InstanceId in ["):  # AWS's notices (recovery.aws_notices)
+            wanted = {v.strip().strip("'") for v in query.removeprefix("ec2InstanceId in [")[:-1].split(",")}
+            nodes = [n for n in nodes if f"i-{n}" in wanted]
+        elif query:
             since = datetime.strptime(query.removeprefix("registeredAt >= "), "%Y-%m-%dT%H:%M:%SZ")
             nodes = [n for n in nodes if self.registered.get(n, 0.0) >= since.replace(tzinfo=UTC).timestamp()]
         out = []

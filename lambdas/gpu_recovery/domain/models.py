@@ -246,6 +246,8 @@ class Instance:
     # The driver's warning (domain.gpu_warnings.warning_record): a repair due once its jobs
     # left, the jobs asked to move meanwhile; {} when none.
     warning: dict[str, Any] = field(default_factory=dict)
+    # AWS's notice that the node goes away (domain.aws_notices): its jobs moved off before then.
+    notice: dict[str, Any] = field(default_factory=dict)
     # Back from its repair and proving itself under load (domain.validation): {"repair",
     # "cause", "since", "until", "level", "load_seconds", "attempts", and the task's claim:
     # "started_by", "claimed_at", "task_arn"}; {} when not validating. The node stays

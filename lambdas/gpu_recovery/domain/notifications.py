@@ -45,6 +45,9 @@ class NotificationKind(str, Enum):
     # A job's or a user's own evidence (its preflight, its exit codes) named nodes the stack's
     # check then cleared, too often: its evidence no longer moves nodes (issue 49).
     TENANT_EVIDENCE_LIMITED = "tenant_evidence_limited"
+    # AWS announced that capacity goes away (a Capacity Block's end, a Spot or reservation
+    # interruption, scheduled maintenance): the nodes, the jobs moved off them, when, what was done.
+    CAPACITY_NOTICE = "capacity_notice"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ Four kinds of node take no new work from any scheduler but the stack's own reloc
   (``domain.relocation.reserve_for_waits``).
 
 Each carries the custom attribute ``gpu-recovery.unavailable`` on its container instance,
-its value saying why (``cordoned`` | ``validating`` | ``reserved`` | ``spare``). Every scheduler adds the
+its value saying why (``cordoned`` | ``validating`` | ``aws-notice`` | ``reserved`` | ``spare``).
+Every scheduler adds the
 one placement constraint ``memberOf`` ``attribute:gpu-recovery.unavailable !exists`` (a
 scheduler that uses StartTask lists its candidates with that expression as the
 ListContainerInstances ``filter``). The stack's own relocations use StartTask on the node
@@ -60,6 +61,9 @@ RESERVED = "reserved"
 SPARE = "spare"
 # A repaired node running its validation (domain.validation): a cordon of its own kind.
 VALIDATING = "validating"
+# A node AWS announced it takes away (a Capacity Block's end, a Spot or reservation interruption,
+# scheduled maintenance: domain.aws_notices): a cordon of its own kind (the record's ``notice``).
+NOTICE = "aws-notice"
 HOLD_KINDS = (RESERVED, SPARE)
 LENT = "lent"  # key of a spare's hold: the queue job it is lent to ("" / absent: none)
 # The holds live on one DynamoDB item with the attribute sync worklist (repository/cordons.py)
@@ -82,6 +86,8 @@ def attribute_value(cordon: Mapping[str, Any] | None, hold: Mapping[str, Any] | 
     if cordon:
         if cordon.get("ecs") == ECS_HELD:
             return None
+        if cordon.get("notice"):
+            return NOTICE
         return VALIDATING if cordon.get(VALIDATING) else CORDONED
     if hold and hold.get("why") in HOLD_KINDS:
         return str(hold["why"])
@@ -98,7 +104,7 @@ def attributes_wanted(cordon: Mapping[str, Any] | None,
         delete.append(UNAVAILABLE_ATTRIBUTE)
     else:
         put[UNAVAILABLE_ATTRIBUTE] = value
-    if value in (CORDONED, VALIDATING):  # not yet proven healthy: off the old constraint too
+    if value in (CORDONED, VALIDATING, NOTICE):  # not yet proven healthy / going away: off the old one too
         put[DEPRECATED_CORDON_ATTRIBUTE] = ""
     else:
         delete.append(DEPRECATED_CORDON_ATTRIBUTE)

@@ -290,6 +290,10 @@ class QueueScheduler:
             why = f"waiting for GPUs: {step.reason}"
         elif step.waiting_for:
             why = f"waiting for {', '.join(step.waiting_for)} to suspend"
+        last_move = (item.get("moves") or [{}])[-1]
+        if why and str(last_move.get("rule") or "").startswith("aws-notice"):
+            # Moved off capacity AWS takes (recovery.aws_notices): say which (gpujobs show).
+            why = f"{why}; moved off a node AWS takes away: {str(last_move.get('reason') or '')[:200]}"
         if self.sharing is not None and why and item.get("wait_reason") != why:
             self.sharing.holding.record_wait_reason(step.job_id, why)
 

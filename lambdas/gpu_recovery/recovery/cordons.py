@@ -85,7 +85,8 @@ class Cordons:
             action = "uncordoned"
         if not known:
             action = "instance_gone"
-        applied = bool(instance is not None and instance.cordoned and known and value == placement.CORDONED)
+        applied = bool(instance is not None and instance.cordoned and known
+                       and value in (placement.CORDONED, placement.NOTICE))
         repo.cordons.confirm_synced(node, instance.cordon_version if instance is not None else None,
                                     members, applied=applied, read=read)
         logger.info("placement attributes synced", extra={

@@ -16,6 +16,7 @@ from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
+from gpu_recovery.recovery.aws_notices import AwsNotices, CapacityPort
 from gpu_recovery.recovery.breaker.operations import BreakerOperations
 from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
@@ -55,7 +56,8 @@ class RecoveryService:
     def __init__(self, repo: Repository, ecs: EcsPort, rebooter: RebootPort, notifier: NotifierPort,
                  verdicts: VerdictReaderPort, settings: Settings, metrics: MetricsPort | None = None, *,
                  catalog: FaultCatalog | None = None, replacer: ReplacePort | None = None,
-                 gang_queue: GangQueuePort | None = None, tag_lookups: GangQueuePort | None = None) -> None:
+                 gang_queue: GangQueuePort | None = None, tag_lookups: GangQueuePort | None = None,
+                 capacity: CapacityPort | None = None) -> None:
         policy = settings.remediation.policy(catalog or default_catalog(), settings.suspect_exit_codes)
         self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics(),
                          policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
@@ -86,6 +88,9 @@ class RecoveryService:
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang, self.preflights, self.warnings)
         self.sweeper.validations = self.validations
+        # AWS's notices that capacity goes away (docs/aws-notices.md).
+        self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, self.ranks.notices, capacity)
+        self.sweeper.aws_notices = self.aws_notices
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property
@@ -156,6 +161,10 @@ class RecoveryService:
         frees reaches the waiting relocations and the spare pool through the sweep's
         minute refresh, ``recovery.placement``)."""
         return self.reboots.on_container_instance_change(detail, event_time)
+
+    def on_aws_notice(self, event: dict[str, Any]) -> Outcome:
+        """An EC2 or AWS Health notice that instances go away (``recovery.aws_notices``)."""
+        return self.aws_notices.on_event(event)
 
     def sweep(self, time_left: Callable[[], float] | None = None) -> Outcome:
         with clock.invocation_ends(time_left):

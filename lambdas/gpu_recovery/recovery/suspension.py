@@ -41,6 +41,13 @@ from gpu_recovery.repository.time_sharing import SuspensionRepository
 logger = logging.getLogger(__name__)
 
 RETRY_INTERVAL_SECONDS = 60
+# A move off a node AWS takes away (recovery.aws_notices) has minutes, not hours: stops not
+# confirmed are asked again at the next sweep (every minute), not the one after.
+NOTICE_RETRY_SECONDS = 30
+
+
+def _retry_after(job: Job) -> int:
+    return NOTICE_RETRY_SECONDS if (job.suspend.get("avoid") or {}).get("notice") else RETRY_INTERVAL_SECONDS
 
 
 class Suspensions:
@@ -93,7 +100,7 @@ class Suspensions:
         now = clock.now()
         if not job.suspend_stopping:
             if self.store.record_stop(job.job_id, job.attempt, now=now, why=why,
-                                      deadline_at=now + RETRY_INTERVAL_SECONDS, actor=actor) and forced:
+                                      deadline_at=now + _retry_after(job), actor=actor) and forced:
                 self.deps.metrics.add_metric("SuspendsForced", "Count", 1)
             job = self.deps.repo.get_job(job.job_id) or job
             if job.state is not JobState.SUSPENDING:
@@ -118,8 +125,11 @@ class Suspensions:
                 self.gang.stop(job)
             return "stopping"
         deadline = float(job.suspend.get("deadline_at") or 0)
-        if now >= deadline and job.suspend.get("kind") == SuspendKind.MOVED.value:
+        if now >= deadline and job.suspend.get("kind") == SuspendKind.MOVED.value \
+                and not (job.suspend.get("avoid") or {}).get("force"):
             return "move_declined" if self.decline(job) else "raced"
+        # A move off a node AWS takes away (``recovery.aws_notices``) is not declined: its ranks
+        # are stopped before AWS takes the node (the job requeued at the head of its priority).
         if now >= deadline:
             grace = int(job.suspend.get("grace_seconds") or 0)
             self.stop(job, why=f"grace of {grace} s over without go_suspend(): stopped by force",
@@ -136,7 +146,7 @@ class Suspensions:
                 deadline = float(fresh.suspend.get("deadline_at") or 0)
                 in_grace = not fresh.suspend_stopping and deadline > now
                 self.store.rearm(job.job_id, fresh.attempt,
-                                 deadline if in_grace else now + RETRY_INTERVAL_SECONDS)
+                                 deadline if in_grace else now + _retry_after(fresh))
         return f"suspend_{action}"
 
     def finish(self, job: Job) -> bool:
@@ -162,8 +172,10 @@ class Suspensions:
         """Every rank stopped at the job's checkpoint: back in the queue at the head of its
         priority (restarted on healthy nodes or a spare, from that checkpoint), the move on
         its item, its e-mail owed; then the node may be repaired."""
-        item = self.store.job_item(job.job_id) or {}
         avoid = dict(job.suspend.get("avoid") or {})
+        if avoid.get("notice"):
+            return self._moved_off_notice(job, avoid)
+        item = self.store.job_item(job.job_id) or {}
         node = str(avoid.get("node") or "")
         now = clock.now()
         took = now - float(job.suspend.get("requested_at") or now)
@@ -195,6 +207,49 @@ class Suspensions:
             "job_id": job.job_id, "instance": node, "checkpoint_seconds": round(took, 1)})
         if node and self.on_moved is not None:
             after_commit("repair the node the job left", self.on_moved, node)
+        return True
+
+    def _moved_off_notice(self, job: Job, avoid: dict[str, Any]) -> bool:
+        """Every rank of a job on a node AWS takes away stopped: at its checkpoint (go_suspend())
+        or, not in time, by the stop before the deadline. Back in the queue at the head of its
+        priority, its reason the notice's (a job that cannot be placed elsewhere waits with it)."""
+        item = self.store.job_item(job.job_id) or {}
+        node = str(avoid.get("node") or "")
+        now = clock.now()
+        took = now - float(job.suspend.get("requested_at") or now)
+        forced = "stopped by force" in str(job.suspend.get("stop_reason") or "")  # not by go_suspend()
+        outcome = "stopped_at_deadline" if forced else "moved"
+        entry = move_record(node=node, warning=avoid, at=now, outcome=outcome,
+                            checkpoint_seconds=None if forced else took)
+        moves = [*(item.get("moves") or []), entry][-MAX_MOVES_KEPT:]
+        order = relocated_queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0.0),
+                                      job.job_id)
+        why = str(avoid.get("reason") or "AWS notice")
+        how = ("stopped before AWS takes the node (no go_suspend() in time: it resumes from its last "
+               "checkpoint)" if forced else f"moved at its checkpoint ({int(took)} s after it was asked)")
+        reason = f"waiting for capacity: {why}; {how} off {node}; queued at the head of its priority"
+        notice = self.ranks.notices.for_job(
+            replace(job, state=JobState.SUSPENDED), None, NotificationKind.CAPACITY_NOTICE,
+            ("Job stopped before AWS took its node" if forced else
+             "Job moved off a node AWS takes away, at its checkpoint"),
+            what_happened=f"AWS announced for node {node}: {why}",
+            what_was_done=(f"The job was {how}; it is back in the queue ahead of every job of its priority "
+                           "and "
+                           f"restarts on other nodes when capacity exists; {node} takes no new work"),
+            operator_action=("None: the job resumes by itself (RESUME_COUNT + 1). " + (
+                "Make its training loop call receive_suspend_command() every step to lose no work next time."
+                if forced else "")).strip())
+        if not self.store.finish(job.job_id, job.attempt, queue_order=order, hold=False, reason=reason,
+                                 moves=moves, also=self.ranks.notices.owe([notice], now)):
+            return False
+        self.ranks.notices.send([notice])
+        deadline = avoid.get("deadline")
+        in_time = not forced and (deadline is None or now < float(deadline))
+        self.deps.metrics.add_metric("NoticeJobsMovedBeforeDeadline" if in_time
+                                     else "NoticeJobsStoppedUnsaved",
+                                     "Count", 1)
+        logger.warning("job left a node AWS takes away", extra={
+            "job_id": job.job_id, "instance": node, "outcome": outcome, "seconds": round(took, 1)})
         return True
 
     def decline(self, job: Job) -> bool:

@@ -75,6 +75,7 @@ class Sweep:
         self.preflights = preflights
         self.warnings = warnings
         self.validations: Any = None  # recovery.validations.Validations (set by the service)
+        self.aws_notices: Any = None  # recovery.aws_notices.AwsNotices (set by the service)
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -172,6 +173,8 @@ class Sweep:
         if instance.state is InstanceState.AVAILABLE and instance.waiting_jobs:
             self.reboots.release_waiting(instance)  # back after its reboot; a delivery died after
             return "released_waiting_jobs"
+        if instance.notice and self.aws_notices is not None:
+            return str(self.aws_notices.sweep(instance.container_inst_id, now))  # AWS takes the node away
         if instance.warning and self.warnings is not None \
                 and instance.state in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
             return self.warnings.sweep(instance, now)  # a driver warning: repair, or move its jobs

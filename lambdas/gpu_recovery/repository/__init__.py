@@ -8,6 +8,7 @@
 * ``instances`` — a container instance: its health check, reboot, quarantine, history.
 * ``gpu_resets`` — a node's GPU reset: claim, task, passed or fallen back to a reboot.
 * ``warnings`` — the driver's warning on a node: its cordon, the jobs asked to move, its end.
+* ``aws_notices`` — AWS's notice on a node: its cordon, the jobs asked to leave, its end.
 * ``validations`` — a repaired node's validation: claim, task, passed (a failure is a node decision).
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
@@ -25,6 +26,7 @@ not hold (a duplicate, a race lost, a state moved on); it raises on any other er
 written nothing (single items and transactions are all-or-nothing).
 """
 
+from gpu_recovery.repository.aws_notices import AwsNoticeRecords
 from gpu_recovery.repository.base import (
     MAX_HISTORY,
     DynamoGateway,
@@ -43,7 +45,8 @@ from gpu_recovery.repository.verdict_leases import VerdictLease, VerdictLeases
 from gpu_recovery.repository.warnings import DriverWarnings
 
 
-class Repository(NodeDecisions, GpuResets, Validations, BreakerState, VerdictLeases, DriverWarnings):
+class Repository(NodeDecisions, GpuResets, Validations, BreakerState, VerdictLeases, DriverWarnings,
+                 AwsNoticeRecords):
     """The recovery loop's repository: the intents of every aggregate of its two tables
     (jobs and ranks, instances, node decisions, the breaker), one object the stages share.
     Each method lives in the module of its aggregate (see the package docstring)."""

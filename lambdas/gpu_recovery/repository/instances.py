@@ -381,7 +381,8 @@ class Instances(RecoveryTables):
         delivery dies before it does."""
         waiting = bool(instance.waiting_jobs)
         sync: list[Update] = []
-        if instance.cordoned:
+        # A cordon AWS's notice put (the node goes away: recovery.aws_notices) outlives a reboot.
+        if instance.cordoned and not instance.cordon.get("notice"):
             more, gone, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
             fields = {**fields, **more}
             remove = [*remove, *gone]

@@ -150,7 +150,7 @@ class NodeDecisions(JobsAndRanks, Instances):
         if decision.cordon is not None:
             fields.update(self.cordons.cordon_fields(decision.cordon, now))
             cordon_sync.append(self.cordons.sync_update(instance.container_inst_id, now))
-        elif decision.uncordon and instance.cordoned:
+        elif decision.uncordon and instance.cordoned and not instance.cordon.get("notice"):  # AWS's: it stays
             more, gone, sync = self.cordons.uncordon_updates(instance.container_inst_id, now)
             fields.update(more)
             remove += gone

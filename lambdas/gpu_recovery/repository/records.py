@@ -206,6 +206,7 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         cordon_version=item.get("cordon_version"),
         suspect_fence=dict(item.get("suspect_fence") or {}),
         warning=dict(item.get("warning") or {}),
+        notice=dict(item.get("notice") or {}),
         validation=dict(item.get("validation") or {}),
         last_validation=dict(item.get("last_validation") or {}),
         replacement_watch=dict(item.get("replacement_watch") or {}),

@@ -1,0 +1,317 @@
+"""Act on AWS's own notices that capacity goes away (docs/aws-notices.md).
+
+The instance monitor receives them (``event_patterns.ec2_notice_pattern`` /
+``health_notice_pattern``); for each node of this cluster a notice names:
+
+* the node is taken out of new placement **at once**: its cordon, of its own kind (the
+  ``gpu-recovery.unavailable`` value ``aws-notice``, the reason the notice's), committed with the
+  notice itself (the intent) and the operator's ``capacity_notice`` e-mail in one transaction;
+  a node already cordoned keeps its cordon. Cordoned, it is never chosen as a spare, a reserved
+  node or a relocation target (``domain.placement``);
+* **busy**: each queue job on it is asked to checkpoint and move (the ``moved`` suspend of the
+  driver warnings, ``recovery.suspension``) at once, with until the stop margin before the
+  deadline to call go_suspend(); one that has not by then is stopped (its ranks SIGTERM'd, the
+  job back at the head of its queue), so no rank is still there when AWS takes the node. A job
+  whose capacity is gone and that cannot be placed elsewhere waits in the queue with the notice
+  as its reason, never FAILED. A tag-registered job has no control channel: it keeps running,
+  and is told (its ranks end with the node; the ordinary recovery restarts it);
+* **idle**: left out of service until the window. At the deadline the sweep counts the jobs
+  that were still there (they crash with the node); after a maintenance window (reboot,
+  system maintenance) the node returns: the notice and its cordon go.
+
+Every step is a conditional write on the notice's key: a duplicate or replayed event, a
+retried delivery, or the sweep after a delivery died finds the step done and goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import EcsActionFailed
+from gpu_recovery.constants import NotificationKind
+from gpu_recovery.domain import placement
+from gpu_recovery.domain.aws_notices import (
+    Notice,
+    NoticeKind,
+    iso,
+    move_bound,
+    parse_notice,
+)
+from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
+from gpu_recovery.domain.gpu_warnings import asked, job_entry
+from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX
+from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState
+from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
+from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+
+logger = logging.getLogger(__name__)
+
+#: how often the node is looked at while ranks run there (a two-minute notice has no minute to lose)
+RETRY_INTERVAL_SECONDS = 30
+#: a rank asked to stop and still on the node after this long is asked again (StopTask is idempotent)
+RESTOP_AFTER_SECONDS = 20
+#: ECS's cluster query language takes a list after ``in``; ids per ListContainerInstances filter
+IDS_PER_QUERY = 50
+#: kinds after whose window the node is back (the others take the instance away for good)
+COMES_BACK = (NoticeKind.REBOOT_MAINTENANCE, NoticeKind.MAINTENANCE)
+_STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
+
+
+class CapacityPort(Protocol):
+    def instances_in(self, reservation_id: str) -> list[str]: ...
+
+
+class AwsNotices:
+    def __init__(self, deps: Deps, cordons: Any, notices: Any, capacity: CapacityPort | None = None) -> None:
+        self.deps = deps
+        self.cordons = cordons  # recovery.cordons.Cordons: the attribute put after the commit
+        self.notices = notices  # recovery.notices: the e-mails' outbox
+        self.capacity = capacity
+
+    # ------------------------------------------------------------------ the event
+    def on_event(self, event: dict[str, Any]) -> Outcome:
+        notice = parse_notice(event)
+        if notice is None:
+            logger.warning("AWS notice not understood: dropped", extra={
+                "source": event.get("source"), "detail_type": event.get("detail-type")})
+            return Outcome("dropped", detail={"why": "not a notice this stack reads"})
+        self.deps.metrics.add_metric("AwsNoticesReceived", "Count", 1)
+        instance_ids = list(notice.instance_ids)
+        if notice.reservation_id:
+            if self.capacity is None:
+                logger.error("Capacity Block warning: no EC2 client to list its instances",
+                             extra={"reservation": notice.reservation_id})
+                return Outcome("ignored", detail={"why": "no capacity lookup configured"})
+            instance_ids = self.capacity.instances_in(notice.reservation_id)
+        nodes = self._nodes(instance_ids)
+        done: dict[str, str] = {}
+        for node in nodes:
+            inst_id = str(node["containerInstanceArn"]).rsplit("/", 1)[-1]
+            done[inst_id] = self.apply(notice, inst_id, str(node["containerInstanceArn"]),
+                                       str(node.get("ec2InstanceId") or ""), clock.now())
+        logger.warning("AWS notice handled", extra={"kind": notice.kind.value, "key": notice.key,
+                                                    "deadline": iso(notice.deadline), "nodes": done})
+        return Outcome("aws_notice" if nodes else "aws_notice_no_node_of_this_cluster",
+                       detail={"kind": notice.kind.value, "nodes": done, "instances": len(instance_ids)})
+
+    def _nodes(self, instance_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """This cluster's container instances on those EC2 instances (ListContainerInstances
+        filtered by ``ec2InstanceId``, DescribeContainerInstances: the others are not ours)."""
+        found: list[dict[str, Any]] = []
+        ids = sorted(set(instance_ids))
+        for start in range(0, len(ids), IDS_PER_QUERY):
+            listed = ", ".join(f"'{i}'" for i in ids[start:start + IDS_PER_QUERY])
+            query = f"ec2InstanceId in [{listed}]"
+            try:
+                # A node just listed that DescribeContainerInstances answers MISSING (ECS is
+                # eventually consistent) is not dropped: asked again at once, then the delivery
+                # fails and is retried (a notice of two minutes has no minute to lose).
+                found.extend(self.deps.ecs.container_instances(query=query, missing_ok=False))
+            except EcsActionFailed:
+                found.extend(self.deps.ecs.container_instances(query=query, missing_ok=False))
+        return found
+
+    # ------------------------------------------------------------------ one node
+    def apply(self, notice: Notice, inst_id: str, arn: str, ec2_id: str, now: float) -> str:
+        """The notice on one node: recorded with its cordon and e-mail, then its jobs asked."""
+        repo = self.deps.repo
+        repo.put_instance_if_absent(Instance(inst_id, container_instance_arn=arn, ec2_instance_id=ec2_id))
+        raw = repo.get_instance_item(inst_id) or {}
+        current = dict(raw.get("notice") or {})
+        if current.get("key") == notice.key:
+            recorded = False  # a duplicate delivery, or a retry after the record: the jobs again
+        elif current and not _more_urgent(notice, current):
+            return "notice_already_more_urgent"
+        else:
+            cordon = None if repo.instance_from_item(raw).cordoned else {
+                **cordon_record(cause=f"aws-notice:{notice.kind.value}", reason=notice.describe(), now=now,
+                                ecs=ECS_PENDING), "notice": True}
+            busy = sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)})
+            owed = self._node_notice(notice, inst_id, ec2_id, busy, already_cordoned=cordon is None)
+            record = {**notice.as_record(), "jobs": {}}
+            replaces = str(current.get("key") or "")
+            if not repo.record_notice(inst_id, record, replaces=replaces, deadline_at=now,
+                                      cordon=cordon, version=now, also=self.notices.owe([owed], now)):
+                return "raced"
+            self.notices.send([owed])
+            self.deps.metrics.add_metric("AwsNotices", "Count", 1)
+            if cordon is not None:
+                after_commit("aws-notice cordon", self.cordons.sync_quietly, inst_id)
+            recorded = True
+        after = repo.get_instance(inst_id)
+        if after is None or after.notice.get("key") != notice.key:
+            return "raced"
+        asked_now = self._ask_jobs(inst_id, after.notice, now)
+        self._rearm(inst_id, after.notice, now)
+        done = "notice_recorded" if recorded else "notice_again"
+        return done + (f"_asked_{asked_now}" if asked_now else "")
+
+    def _ask_jobs(self, inst_id: str, record: dict[str, Any], now: float) -> int:
+        repo = self.deps.repo
+        count = 0
+        for job_id in sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)}):
+            job = repo.get_job(job_id)
+            if job is None or asked(record, job_id, job.attempt) or job.state not in _STARTED:
+                continue
+            count += self._ask(inst_id, record, job, now)
+        return count
+
+    def _ask(self, inst_id: str, record: dict[str, Any], job: Job, now: float) -> int:
+        """Ask one job on the node to checkpoint and move (1), or note that it cannot be (0)."""
+        repo, modes = self.deps.repo, self.deps.policy.modes
+        key, deadline = str(record["key"]), _float(record.get("deadline"))
+        movable = (job.is_queue_job and job.state is JobState.RUNNING and modes.executes(Effect.STOP_TASKS)
+                   and modes.executes(Effect.RESTART_JOB))
+        why = str(record.get("why") or "AWS notice")
+        if movable:
+            fallback = self.deps.settings.remediation.warning_checkpoint_seconds or 600
+            bound = move_bound(deadline, now, fallback)
+            avoid = {"node": inst_id, "rule": f"aws-notice:{record.get('kind')}", "action": "none",
+                     "confidence": "announced by AWS", "reason": why[:300], "notice": str(record.get("kind")),
+                     "force": deadline is not None}
+            if deadline is not None:
+                avoid["deadline"] = deadline
+            told = (f"AWS notice on {inst_id}: {why}; checkpoint and stop within {int(bound)} s: the job "
+                    "restarts elsewhere from that checkpoint")
+            suspend = {**suspend_record(SuspendKind.MOVED, told, grace_seconds=int(bound), now=now),
+                       "avoid": avoid}
+            done = repo.ask_job_to_leave(inst_id, key, job.job_id, job.attempt,
+                                         job_entry(job.job_id, job.attempt, now, "move"), suspend,
+                                         now + bound,
+                                         f"move requested ({told})")
+            if done:
+                self.deps.metrics.add_metric("NoticeMovesRequested", "Count", 1)
+                logger.warning("job asked to move off a node AWS takes away", extra={
+                    "job_id": job.job_id, "instance": inst_id, "bound": int(bound)})
+            return int(done)
+        owed = None
+        if job.state is JobState.RUNNING:
+            stays = ("it is not a queue job: nothing can ask it to checkpoint" if not job.is_queue_job
+                     else "observe mode for stop_tasks / restart_job: the move is only recorded")
+            owed = self.notices.for_job(
+                job, None, NotificationKind.CAPACITY_NOTICE, "Job runs on a node AWS takes away",
+                what_happened=f"AWS announced for node {inst_id}: {why}",
+                what_was_done=(f"The job keeps running ({stays}); {inst_id} takes no new work; when AWS "
+                               "takes the node, the job's ranks there end and the recovery restarts it from "
+                               "its last checkpoint on other nodes"),
+                operator_action=("To lose no work, stop the job at a checkpoint of yours before "
+                                 f"{iso(deadline)} and start it again: it will not land on this node."))
+        entry = job_entry(job.job_id, job.attempt, now, "stays")
+        if repo.note_notice_job(inst_id, key, job.job_id, entry, also=self.notices.owe([owed], now)):
+            self.notices.send([owed])
+        return 0
+
+    def _rearm(self, inst_id: str, record: dict[str, Any], now: float) -> None:
+        """When the node is looked at again: each minute while jobs run on it (those not asked
+        yet are asked; those still there at the deadline are counted); once none does, at the
+        end of a maintenance window (the node returns) or never (the capacity goes for good: the
+        cordon stays). A rebalance (no date) is left once its jobs were asked."""
+        repo = self.deps.repo
+        deadline, key = _float(record.get("deadline")), str(record["key"])
+        window_end = _float(record.get("window_end"))
+        comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
+        if deadline is None:
+            repo.settle_notice(inst_id, key)
+        elif repo.live_ranks_on_instance(inst_id):
+            repo.rearm_notice(inst_id, key, max(now + 1, min(deadline, now + RETRY_INTERVAL_SECONDS)))
+        elif comes_back:
+            repo.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
+        else:
+            repo.settle_notice(inst_id, key)
+
+    # ------------------------------------------------------------------ the sweep
+    def sweep(self, inst_id: str, now: float) -> str:
+        """The node's notice is due: jobs not asked yet are asked (a delivery died); at the
+        deadline the jobs still there are counted (they crash with the node); after a
+        maintenance window the node returns to service."""
+        repo = self.deps.repo
+        instance = repo.get_instance(inst_id)
+        if instance is None or not instance.notice:
+            return "ignored"
+        record = instance.notice
+        key, deadline = str(record["key"]), _float(record.get("deadline"))
+        if deadline is None or now < deadline:
+            self._stop_again(inst_id, now)
+            asked_now = self._ask_jobs(inst_id, record, now)
+            self._rearm(inst_id, record, now)
+            return "notice_moving_jobs" if asked_now else "notice_waiting"
+        if not record.get("ended_at"):
+            left = sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)})
+            if left:
+                self.deps.metrics.add_metric("NoticeJobsCrashed", "Count", len(left))
+                logger.error("jobs still on a node at its AWS deadline",
+                             extra={"instance": inst_id, "jobs": left})
+            window_end = _float(record.get("window_end"))
+            comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
+            if comes_back and now < (window_end or 0):
+                if repo.settle_notice(inst_id, key, {"notice.ended_at": now, "notice.left": left}):
+                    repo.rearm_notice(inst_id, key, float(window_end or now))
+                return "notice_window"
+            if not comes_back:
+                return "notice_capacity_gone" if repo.settle_notice(
+                    inst_id, key, {"notice.ended_at": now, "notice.left": left}) else "raced"
+        uncordon = bool(instance.cordon.get("notice"))
+        if repo.end_notice(inst_id, key, now, uncordon=uncordon):
+            if uncordon:
+                after_commit("aws-notice uncordon", self.cordons.sync_quietly, inst_id)
+            return "notice_window_over"
+        return "raced"
+
+    def _stop_again(self, inst_id: str, now: float) -> None:
+        """A moving job's rank on the node asked to stop whose stop was not confirmed (a throttled
+        StopTask, a lost answer): asked again now, not at the gang stop's paced re-ask (minutes):
+        the node goes at the deadline."""
+        repo = self.deps.repo
+        for rank in repo.live_ranks_on_instance(inst_id):
+            asked_at = rank.stop_requested_at or now
+            if rank.state is not RankState.STOP_REQUESTED or asked_at > now - RESTOP_AFTER_SECONDS:
+                continue
+            job = repo.get_job(rank.job_id)
+            if job is None or job.state is not JobState.SUSPENDING or job.attempt != rank.attempt \
+                    or not (job.suspend.get("avoid") or {}).get("notice"):
+                continue
+            why = str(job.stop_fanout.get("why") or "suspended: AWS takes the node")
+            self.deps.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255])
+            logger.warning("rank on a node AWS takes away asked to stop again", extra={
+                "job_id": job.job_id, "rank": rank.rank, "instance": inst_id})
+
+    # ------------------------------------------------------------------ e-mails
+    def _node_notice(self, notice: Notice, inst_id: str, ec2_id: str, busy: list[str], *,
+                     already_cordoned: bool) -> Owed:
+        kept = ("it was cordoned already and stays so" if already_cordoned else
+                f"it takes no new work from now (placement attribute {placement.UNAVAILABLE_ATTRIBUTE}="
+                f"{placement.NOTICE}) and is never chosen as a spare or relocation target")
+        jobs = (f"its job(s) {', '.join(busy[:10])} are asked to checkpoint and move (a queue job that "
+                f"has not "
+                f"by {iso(notice.deadline - 45) if notice.deadline is not None else 'then'} is stopped and "
+                "requeued at the head of its priority; a tag-registered one keeps running and is told)"
+                if busy else "no job runs on it")
+        after = ("it returns to service after the window" if notice.kind in COMES_BACK
+                 else "it stays cordoned: AWS takes the instance")
+        return self.notices.for_node(
+            NotificationKind.CAPACITY_NOTICE,
+            f"AWS takes a GPU node away: {notice.kind.value.replace('_', ' ')}",
+            container_inst_id=inst_id, instance_id=ec2_id,
+            what_happened=f"AWS announced for {ec2_id or inst_id}: {notice.describe()}",
+            what_was_done=f"The node: {kept}; {jobs}; {after}",
+            operator_action=("None required: queue jobs move by themselves at their checkpoint and resume "
+                             "elsewhere when capacity exists. To return a node that stays cordoned: "
+                             "gpu-recovery-admin uncordon."),
+            details=[f"notice key: {notice.key}", f"deadline: {iso(notice.deadline)}"])
+
+
+def _more_urgent(new: Notice, current: dict[str, Any]) -> bool:
+    """A later notice replaces the node's when it takes the node sooner (a 2-minute warning
+    after a scheduled retirement) or the current one has no date."""
+    old = _float(current.get("deadline"))
+    return new.deadline is not None and (old is None or new.deadline < old)
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if value is not None else None

@@ -1,0 +1,182 @@
+"""Fault campaign for AWS's notices (issue 51, docs/aws-notices.md): a queue job moved off
+capacity AWS announced it takes, at its checkpoint and before the deadline, broken at each of
+its AWS calls in turn.
+
+The scenario: four 8-GPU nodes. Alice's 2-node queue job runs (its rank 0 polls the control
+channel every ``POLL_SECONDS``, as ``gpu_recovery_client`` does). Then AWS announces that rank
+1's node goes away, with one of three leads (calls are counted from the event):
+
+* ``notice_spot``: a Spot Instance Interruption Warning, two minutes ahead (the job's
+  ``suspend_grace_seconds``, 60, plus 60 s: the least notice the guarantee covers);
+* ``notice_capacity_block``: a Capacity Block Expiration Warning, 40 minutes before the block's
+  end (its instances terminate 10 minutes after it); the block holds rank 1's node and an idle
+  one, mapped to nodes from the reservation's instances;
+* ``notice_scheduled``: an AWS Health instance retirement two days ahead.
+
+The notice is delivered as EventBridge and Lambda's asynchronous invocation would (a broken
+call's delivery retried); at the deadline AWS takes the node (what still runs there ends).
+
+``check(result)`` lists what ended wrong: the job complete on attempt 2, moved once at its
+checkpoint before the deadline (one checkpoint, suspended and resumed once, no recovery spent,
+never crashed), no task placed on an announced node after its notice, each announced node
+cordoned (``aws-notice``), its ``capacity_notice`` e-mails sent, nothing stuck, nothing in a DLQ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery.constants import JobState
+
+from ..sim import aws_notices as notices
+from ..world import World
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
+from .time_sharing import Rank0ControlPoller
+
+NODES = ("node-a", "node-b", "node-c", "node-d")
+RUN_LIMIT_SECONDS = 40 * MIN
+RESUMED_RUN_SECONDS = 2 * MIN
+#: flow -> (the notice, its lead: None for the notice's own)
+FLOWS: dict[str, tuple[str, float | None]] = {
+    "notice_spot": ("spot_interruption", None),
+    "notice_capacity_block": ("capacity_block_expiry", None),
+    "notice_scheduled": ("scheduled_retirement", 2 * 24 * 3600.0),
+}
+
+
+@dataclass(kw_only=True)
+class RunResult(CampaignResult):
+    flow: str
+    job: dict[str, Any]
+    tasks_started: list[int]  # training tasks started per attempt
+    announced: list[str]  # the nodes AWS announced it takes
+    announced_items: dict[str, dict[str, Any]]  # their instance items
+    placed_after: list[str]  # tasks started on an announced node after the notice
+    noticed_at: float
+    deadline: float
+    left_at: float | None  # when the job's last rank on the announced node stopped
+    checkpoints: int
+
+    def expectations(self) -> list[str]:
+        return expectations(self)
+
+
+def check(result: RunResult) -> list[str]:
+    return result.problems()
+
+
+def expectations(result: RunResult) -> list[str]:
+    problems = []
+    job = result.job
+    if job.get("job_state") != JobState.COMPLETE.value:
+        problems.append(f"job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+    if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
+        problems.append("the move spent a recovery (it must not: the job never crashed)")
+    if int(job.get("suspend_count") or 0) != 1 or int(job.get("resume_count") or 0) != 1:
+        problems.append(f"job suspended {job.get('suspend_count')} / resumed {job.get('resume_count')} "
+                        "time(s) (want 1 / 1)")
+    moves = [m.get("outcome") for m in job.get("moves") or []]
+    if moves != ["moved"]:
+        problems.append(f"moves {moves} (want ['moved']: at its checkpoint, not stopped at the deadline)")
+    unplaced = result.fired is not None and result.fault is not None and result.fault[1] == "ecs_failures" \
+        and result.fired.operation == "StartTask"
+    if int(job.get("attempt") or 0) not in ((2, 3) if unplaced else (2,)):
+        problems.append(f"job at attempt {job.get('attempt')} (want 2)")
+    if any(count > 2 for count in result.tasks_started):
+        problems.append(f"training tasks started per attempt {result.tasks_started} (want 2 at most)")
+    if result.checkpoints != 1:
+        problems.append(f"rank 0 saved {result.checkpoints} checkpoint(s) (want 1)")
+    if result.left_at is None or result.left_at >= result.deadline:
+        problems.append(f"the job left the announced node at {result.left_at} (deadline {result.deadline})")
+    if result.placed_after:
+        problems.append(f"tasks placed on an announced node after its notice: {result.placed_after}")
+    for name, item in result.announced_items.items():
+        cordon = item.get("cordon") or {}
+        if not item.get("notice") or not cordon.get("notice"):
+            problems.append(f"{name}: notice {item.get('notice')}, cordon {cordon} "
+                            "(want its aws-notice cordon)")
+    job_id = str(job.get("job_id"))
+    problems += mail_problems(result.mails, {**{(kind, job_id): (0, 0) for kind in
+                                                ("failed", "application_error", "quarantined", "recovered")},
+                                             ("capacity_notice", job_id): (1, 2)})
+    node_mails = sum(1 for kind, job in result.mails if kind == "capacity_notice" and job == "-")
+    if node_mails < len(result.announced):
+        problems.append(f"{node_mails} node capacity_notice e-mail(s) for {len(result.announced)} node(s)")
+    return problems
+
+
+class AwsNotice(Scenario[RunResult]):
+    """Alice's job runs; once AWS's notice is sent, calls are counted."""
+
+    run_limit_seconds = RUN_LIMIT_SECONDS
+
+    def __init__(self, flow: str) -> None:
+        self.flow = flow
+        self.kind, self.lead = FLOWS[flow]
+        self.job_id = ""
+        self.target = ""
+        self.program: Rank0ControlPoller | None = None
+        self.announced: dict[str, Any] = {}
+        self.noticed_at = 0.0
+
+    def world_options(self) -> dict[str, Any]:
+        return {"extra_env": {C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}}
+
+    def set_up(self, world: World) -> list[str]:
+        sim = world.ecs
+        world.schedule_queue_scheduler(60)
+        for node in NODES:
+            sim.add_node(node, gpus=8)
+        task_definition = sim.register_training_task_definition("train", gpus=8)
+        sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)
+        self.job_id = world.submit_queue_job({
+            "name": "alice-train", "task_definition": task_definition, "nnodes": 2, "gpus_per_node": 8},
+            "alice")
+        sim.run_for(MIN + 5)
+        self.program = Rank0ControlPoller(sim, world.repo, self.job_id)
+        self.program.start()
+        sim.run_for(MIN)
+        rank1 = world.repo.get_rank(self.job_id, 1)
+        assert rank1 is not None
+        self.target = world.node_name(rank1.container_inst_id)
+        if self.kind == "capacity_block_expiry":  # the block: rank 1's node and an idle one
+            job = world.repo.get_job(self.job_id)
+            assert job is not None
+            busy = {world.node_name(r.container_inst_id) for r in world.repo.get_ranks(job)}
+            idle = next(n for n in NODES if n not in busy)
+            for name in (self.target, idle):
+                sim.node(name).capacity_reservation_id = "cr-0123456789abcdef0"
+        sim.plan_family("train", run_seconds=RESUMED_RUN_SECONDS, exit_code=0)
+        return [self.job_id]
+
+    def start(self, world: World) -> None:
+        self.noticed_at = world.ecs.now()
+        self.announced = notices.announce(world.ecs, self.kind, self.target, lead_seconds=self.lead)
+
+    def result(self, world: World, common: dict[str, Any]) -> RunResult:
+        repo, sim, program = world.repo, world.ecs, self.program
+        assert program is not None
+        job = repo.get_job_item(self.job_id) or {}
+        attempts = int(job.get("attempt") or 0)
+        ours = [t for t in sim.tasks.values()
+                if not t.health_check and t.tags.get(C.TAG_JOB_ID) == self.job_id]
+        started = [sum(1 for t in ours if t.tags.get(C.TAG_ATTEMPT) == str(a))
+                   for a in range(1, attempts + 1)]
+        names = list(self.announced.get("nodes") or [])
+        placed_after = [f"{t.label} on {t.node}" for t in sim.tasks.values()
+                        if t.node in names and t.created_at > self.noticed_at]
+        stops = [float(t.stopped_at) for t in ours if t.node == self.target and t.stopped_at is not None]
+        items = {n: repo.get_instance_item(sim.node(n).container_instance_id) or {} for n in names}
+        return RunResult(**common, flow=self.flow, job=job, tasks_started=started, announced=names,
+                         announced_items=items, placed_after=placed_after, noticed_at=self.noticed_at,
+                         deadline=float(self.announced.get("deadline") or 0),
+                         left_at=max(stops) if stops else None,
+                         checkpoints=program.checkpoints)
+
+
+def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
+        dynamodb: str = DYNAMODB) -> RunResult:
+    """The flow with ``fault`` (n-th call after the notice, mode) broken once."""
+    return run_flow(AwsNotice(flow), fault, keep_timeline=keep_timeline, dynamodb=dynamodb)

@@ -1,0 +1,190 @@
+"""Issue 51 with the stages' fakes: AWS's notice that a node goes away (a Spot or reservation
+interruption, a Capacity Block's end, scheduled maintenance, a rebalance recommendation) takes the
+node out of placement at once (its own ``aws-notice`` cordon), asks each queue job on it to
+checkpoint and move before the deadline (stopped by it otherwise), and handles duplicate and
+foreign events. The whole flow, broken at every call: local_mode/campaigns/aws_notices.py."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery.domain import aws_notices as n
+from gpu_recovery.domain.placement import NOTICE, UNAVAILABLE_ATTRIBUTE
+from gpu_recovery.repository import Update
+from local_mode.sim.aws_notices import notice_event
+from tests.recovery.fakes import REGION, LostResponse, World, world
+from tests.recovery.remediation_steps import sweeps
+
+NODE, PEER, IDLE = "node-b", "node-a", "node-c"
+JobState, Kind = C.JobState, C.NotificationKind
+
+
+def notify(w: World, kind: str, node: str = NODE, **options: Any) -> dict[str, Any]:
+    event, _deadline = notice_event(kind, now=w.now[0], region=REGION, account="123456789012",
+                                    instance_id=f"i-{node}", **options)
+    return w.service.on_aws_notice(event).as_dict() | {"event": event}
+
+
+def queue_job(w: World, job_id: str, nodes: list[str]) -> list[str]:
+    """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""
+    arns = w.register_job(job_id, nodes)
+    w.repo.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
+        "source": "queue", "priority": 10, "submitted_at": w.now[0] - 600,
+        "job_state": JobState.RUNNING.value}))
+    return arns
+
+
+def stop_all(w: World, arns: list[str]) -> None:
+    """Every rank's STOPPED event after the stack's StopTask."""
+    for arn in arns:
+        with contextlib.suppress(LostResponse):
+            w.service.on_task_state_change(w.task_stopped(
+                arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspended"))
+
+
+def mails(w: World) -> list[Any]:
+    return [m for m in w.notifier.sent if m.kind is Kind.CAPACITY_NOTICE]
+
+
+class Block:
+    """The EC2 side of a Capacity Block: its reservation's instances."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = nodes
+        self.calls = 0
+
+    def instances_in(self, reservation_id: str) -> list[str]:
+        self.calls += 1
+        return [f"i-{node}" for node in self.nodes]
+
+
+def test_a_spot_warning_cordons_the_node_at_once_and_asks_its_queue_job_to_move_in_time() -> None:
+    with world() as w:
+        queue_job(w, "train", [PEER, NODE])
+        done = notify(w, "spot_interruption")
+        assert done["action"] == "aws_notice"
+        instance = w.repo.get_instance(NODE)
+        assert instance.cordoned and instance.cordon["notice"]
+        assert instance.notice["kind"] == "spot_interruption"
+        assert w.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == NOTICE
+        job = w.repo.get_job("train")
+        assert job.state is JobState.SUSPENDING and job.suspend["kind"] == "moved"
+        # Until the stop margin before the deadline (two minutes from the warning).
+        assert job.suspend["grace_seconds"] == n.SPOT_WARNING_SECONDS - n.STOP_MARGIN_SECONDS
+        assert job.suspend["avoid"]["force"] is True
+        [mail] = mails(w)
+        assert "spot interruption" in mail.subject and NODE in mail.body
+        assert not w.repo.get_instance(PEER).cordoned  # only the announced node
+
+
+def test_a_duplicate_or_replayed_notice_changes_nothing_more() -> None:
+    with world() as w:
+        queue_job(w, "train", [PEER, NODE])
+        event = notify(w, "spot_interruption")["event"]
+        before = (w.repo.get_instance_item(NODE)["notice"], w.repo.get_job("train").suspend)
+        again = w.service.on_aws_notice({**event, "id": "another-delivery"}).as_dict()
+        assert again["nodes"] == {NODE: "notice_again"}
+        assert (w.repo.get_instance_item(NODE)["notice"], w.repo.get_job("train").suspend) == before
+        assert len(mails(w)) == 1
+
+
+def test_a_notice_for_an_instance_of_no_node_of_this_cluster_writes_nothing() -> None:
+    with world() as w:
+        queue_job(w, "train", [PEER, NODE])
+        done = notify(w, "spot_interruption", node="elsewhere")
+        assert done["action"] == "aws_notice_no_node_of_this_cluster"
+        assert w.repo.get_instance("elsewhere") is None and not mails(w)
+        assert w.repo.get_job("train").state is JobState.RUNNING
+
+
+def test_a_job_that_does_not_checkpoint_in_time_is_stopped_before_the_deadline_spending_nothing() -> None:
+    with world() as w:
+        arns = queue_job(w, "train", [PEER, NODE])
+        notify(w, "spot_interruption")
+        sweeps(w, 1, every=n.SPOT_WARNING_SECONDS - n.STOP_MARGIN_SECONDS)  # no go_suspend() by then
+        assert w.repo.get_job("train").suspend.get("stop_requested_at")  # not declined: stopped
+        assert set(w.ecs.stop_calls) >= set(arns)
+        stop_all(w, arns)
+        job = w.repo.get_job_item("train")
+        assert job["job_state"] == JobState.SUSPENDED.value
+        assert [m["outcome"] for m in job["moves"]] == ["stopped_at_deadline"]
+        assert not int(job.get("recoveries_used") or 0)
+        assert C.RELOCATED_QUEUE_MARK in str(job.get(C.QUEUE_SK))  # at the head of its priority
+        assert "waiting for capacity: Spot interruption" in str(job["history"][-1])
+
+
+def test_a_capacity_block_warning_maps_its_reservation_to_nodes_and_drains_the_idle_one_too() -> None:
+    with world(spare_nodes=0) as w:
+        queue_job(w, "train", [PEER, NODE])
+        w.ecs.spare_nodes = [IDLE]
+        block = Block([NODE, IDLE])
+        w.service.aws_notices.capacity = block
+        done = notify(w, "capacity_block_expiry", reservation_id="cr-0123456789abcdef0")
+        assert block.calls == 1 and set(done["nodes"]) == {NODE, IDLE}
+        idle = w.repo.get_instance(IDLE)
+        assert idle.cordoned and idle.cordon["notice"] and idle.ec2_instance_id == f"i-{IDLE}"
+        assert w.repo.get_job("train").state is JobState.SUSPENDING
+        assert any("no job runs on it" in m.body for m in mails(w))
+
+
+def test_a_tag_registered_job_keeps_running_and_is_told() -> None:
+    with world() as w:
+        w.register_job("tagged", [PEER, NODE])
+        notify(w, "spot_interruption")
+        assert w.repo.get_job("tagged").state is JobState.RUNNING
+        told = [m for m in mails(w) if m.job_id == "tagged"]
+        assert len(told) == 1 and "keeps running" in told[0].body
+        assert w.repo.get_instance(NODE).cordoned
+
+
+def test_after_a_reboot_maintenance_window_the_node_returns_to_service() -> None:
+    with world() as w:
+        w.ecs.spare_nodes = [NODE]
+        notify(w, "scheduled_maintenance", lead_seconds=600)
+        instance = w.repo.get_instance(NODE)
+        assert instance.cordoned and instance.notice["kind"] == "scheduled_reboot"
+        w.advance(600 + 2 * 3600 + 1)  # past the window's end
+        w.service.sweep()
+        after = w.repo.get_instance(NODE)
+        assert not after.cordoned and not after.notice
+
+
+def test_a_rebalance_recommendation_asks_without_a_deadline_and_never_stops_the_job() -> None:
+    with world() as w:
+        queue_job(w, "train", [PEER, NODE])
+        event = {"version": "0", "id": "x", "detail-type": n.REBALANCE_RECOMMENDATION, "source": "aws.ec2",
+                 "account": "123456789012", "time": "2027-01-15T08:00:00Z", "region": REGION,
+                 "resources": [], "detail": {"instance-id": f"i-{NODE}"}}
+        w.service.on_aws_notice(event)
+        job = w.repo.get_job("train")
+        assert job.state is JobState.SUSPENDING and job.suspend["avoid"]["force"] is False
+        sweeps(w, 1, every=w.service.deps.settings.remediation.warning_checkpoint_seconds + 1)
+        assert w.repo.get_job("train").state is JobState.RUNNING  # declined, not stopped
+        assert w.repo.get_instance(NODE).cordoned
+
+
+def test_a_later_more_urgent_notice_replaces_a_scheduled_one() -> None:
+    with world() as w:
+        w.ecs.spare_nodes = [NODE]
+        notify(w, "scheduled_retirement", lead_seconds=3 * 24 * 3600)
+        notify(w, "spot_interruption")
+        assert w.repo.get_instance(NODE).notice["kind"] == "spot_interruption"
+        notify(w, "scheduled_retirement", lead_seconds=3 * 24 * 3600)  # later: it does not replace it
+        assert w.repo.get_instance(NODE).notice["kind"] == "spot_interruption"
+
+
+def test_a_notice_cordon_outlives_the_node_s_return_from_a_reboot() -> None:
+    """A node AWS announced that the stack also reboots (a fault on it) stays out of placement
+    when it is back: its cordon is AWS's notice's, not the fault's."""
+    with world() as w:
+        w.ecs.spare_nodes = [NODE]
+        notify(w, "scheduled_retirement", lead_seconds=3600)
+        w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: NODE},
+                            set_fields={"instance_state": C.InstanceState.REBOOTING.value}))
+        instance = w.repo.get_instance(NODE)
+        assert w.repo.back_to_available(instance, w.now[0], {}, [], "attribute_exists(#k)", {},
+                                        {"#k": C.INSTANCE_PK})
+        after = w.repo.get_instance(NODE)
+        assert after.state is C.InstanceState.AVAILABLE and after.cordoned and after.cordon["notice"]
