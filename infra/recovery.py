@@ -279,7 +279,9 @@ class RecoveryFunctions(Construct):
         self.access = access
         self.functions: dict[str, RecoveryFunction] = {}
         self.dead_letter_queues: dict[str, sqs.Queue] = {}
-        self.rules: dict[str, events.Rule] = {}
+        self.rules: dict[str, events.Rule] = {}  # each function's own rule (the stack outputs name it)
+        # Further rules of a function (AWS's notices, to the instance monitor): same target, retries, DLQ.
+        self.extra_rules: dict[str, events.Rule] = {}
         cluster_arn = access.cluster_arn
 
         self.task_handler = self._function(
@@ -484,7 +486,10 @@ class RecoveryFunctions(Construct):
                 max_event_age=self._max_event_age[name],
             )
         )
-        self.rules[rule_id or name] = rule
+        if rule_id:
+            self.extra_rules[rule_id] = rule
+        else:
+            self.rules[name] = rule
 
     def _acknowledge_wildcards(self, fn: RecoveryFunction) -> None:
         acknowledge_cluster_wildcards(self, fn, self.access)

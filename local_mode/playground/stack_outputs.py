@@ -62,9 +62,12 @@ def create_stack_resources(local: Any, *, cluster_arn: str, tag_key: str) -> dic
         dlq_arns[function] = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
             "Attributes"]["QueueArn"]
         outputs[f"{name}DeadLetterQueueUrl"] = url
+    # Each function's own rule, as the stack outputs name them (a function's further rules, AWS's
+    # notices to the instance monitor, are not in the outputs: infra/recovery.py extra_rules).
+    firsts = {rule.function: rule for rule in reversed(deployment.RULES)}
     rules: list[tuple[str, str, dict[str, Any]]] = [
         (rule.function, rule.name, {"EventPattern": json.dumps(rule.pattern(cluster_arn))})
-        for rule in deployment.RULES]
+        for rule in deployment.RULES if firsts[rule.function] is rule]
     rules += [(schedule.function, schedule.name,
                {"ScheduleExpression": f"rate({int(schedule.every_seconds // 60)} minute"
                                       f"{'s' if schedule.every_seconds > 60 else ''})"})
