@@ -27,7 +27,6 @@ from gpu_recovery.constants import (
     HEALTH_CHECK_GROUP,
     HEALTH_CHECK_STARTED_BY,
     SYSTEM_STOP_REASON_PREFIX,
-    NotificationKind,
 )
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.escalation import history_from_item
@@ -50,6 +49,7 @@ from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
+from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.health_check_slots import Claim
 
@@ -452,7 +452,7 @@ class HealthChecks:
         return Outcome("verdict_log_pending", detail={"instance": inst_id})
 
     def _take_verdict_lease(self, inst_id: str, raw: dict[str, Any], detail: EcsTaskDetail,
-                            invocation: Invocation) -> Outcome | tuple[verdict_lease.HeldLease, dict[str, Any]]:
+                            invocation: Invocation) -> Outcome | tuple[verdict_lease.HeldLease, Any]:
         """Take the lease on the check's verdict (with the instance item as last read, to work
         the verdict on), or look a few times for it (``recovery.verdict_lease``). Each way out
         loses no fault: the check is no longer ours (the holder recorded the verdict: converge
@@ -561,21 +561,26 @@ class HealthChecks:
         out_of_time = now >= requested + settings.health_check_timeout_seconds
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
             if out_of_time or instance.hc_start_attempts >= settings.health_check_start_retries:
-                return self.reboots.time_out(
-                    instance, NotificationKind.HEALTH_CHECK_TIMEOUT,
-                    f"health check could not start ({instance.hc_start_attempts} placement attempt(s))",
-                    verdict=SuspectVerdict.UNAVAILABLE, quarantine=False)
+                attempts = instance.hc_start_attempts
+                return settle_undiagnosed(self, instance, f"the health check could not start "
+                                                          f"({attempts} placement attempt(s))")
             if self.start_if_ready(instance.container_inst_id) is None:
                 self.deps.repo.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECK_PENDING,
                                               now + RETRY_INTERVAL_SECONDS)
             return "health_check_retried"
         if out_of_time:
-            if instance.hc_task_arn:
+            # A check that ended has its verdict in its exit code (its line, lost, is not
+            # waited for any more); one with none is the stack's failure, not the node's.
+            task = self.deps.ecs.describe_task(instance.hc_task_arn) if instance.hc_task_arn else None
+            if task is not None and task.get("lastStatus") == "STOPPED":
+                outcome = self.on_stopped(EcsTaskDetail.model_validate(task), decide_now=True)
+                if outcome.action != "health_check_retry":
+                    return outcome.action
+            elif instance.hc_task_arn:
                 self.deps.ecs.stop_task(instance.hc_task_arn,
                                         f"{SYSTEM_STOP_REASON_PREFIX} health check timed out")
-            return self.reboots.time_out(instance, NotificationKind.HEALTH_CHECK_TIMEOUT,
-                                         "health check did not finish in time",
-                                         verdict=SuspectVerdict.TIMEOUT)
+            return settle_undiagnosed(self, instance, f"no verdict in "
+                                                      f"{settings.health_check_timeout_seconds} s")
         if not instance.hc_task_arn:
             started = self.start_if_ready(instance.container_inst_id)
             if started is None:

@@ -287,6 +287,8 @@ class NodeRemediation:
                       verdicts: list[tuple[JobVerdict, JobOutcome]], now: float, *,
                       job_ids: list[str], gate: GateAnswer | None = None) -> NodeDecision:
         why = f"{plan.action.value}: {plan.decision.reason}"
+        # A check ends here (a verdict, or none to be had: a check that could not start).
+        checked = bool({InstanceState.HEALTH_CHECKING, InstanceState.HEALTH_CHECK_PENDING} & set(from_states))
         last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": job_ids}
         to: InstanceState | None
         blocked = None
@@ -305,7 +307,7 @@ class NodeRemediation:
         else:
             # Nothing done to the node: a health check leaves it as it found it; a fast
             # path (observe mode) leaves its state alone.
-            to = InstanceState.AVAILABLE if InstanceState.HEALTH_CHECKING in from_states else None
+            to = InstanceState.AVAILABLE if checked else None
         restart_jobs = tuple(v.job.job_id for v, o in verdicts
                              if o in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.HOLD)
                              and label is SuspectVerdict.REBOOT)
@@ -320,7 +322,7 @@ class NodeRemediation:
         if to is InstanceState.QUARANTINED:
             cordon = cordon_policy.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason,
                                                  now=now, ecs=cordon_policy.ECS_PENDING)
-        uncordon = plan.action not in NODE_ACTIONS and InstanceState.HEALTH_CHECKING in from_states
+        uncordon = plan.action not in NODE_ACTIONS and checked
         return NodeDecision(
             from_states=from_states, to=to, findings=findings, fault_history=history, last_fault=last_fault,
             quarantine_reason=why if to is InstanceState.QUARANTINED else "",

@@ -1,0 +1,70 @@
+"""A fault the stack's own check could not diagnose (issue 49: missing evidence is not bad
+evidence).
+
+A DCGM check that gave no verdict by its timeout (its STOPPED event lost and its log line
+unreadable, a check that hung) or that could not start (placement refused, no slot in time)
+says nothing about the node: the check's failure is the stack's own. The node leaves its check
+as it was before it (AVAILABLE, its suspect fence answered, nothing in its fault history), an
+operator is e-mailed, and each waiting job goes on as its fault's tally says (restart, or
+relocate when another node of the fault was found unusable) without spending any budget. A
+node that is really faulty fails its job again: the next check judges it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import NotificationKind
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.remediation_plan import RemediationPlan, undiagnosed
+from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.recovery.notices import Owed
+
+if TYPE_CHECKING:
+    from gpu_recovery.recovery.health_checks import HealthChecks
+
+
+def settle_undiagnosed(checks: HealthChecks, instance: Instance, what: str) -> str:
+    """End ``instance``'s check without a verdict (``what``: why there is none)."""
+    deps = checks.deps
+    repo = deps.repo
+    inst_id = instance.container_inst_id
+    for _ in range(3):  # a job that joined meanwhile: read and decide again
+        raw = repo.get_instance_item(inst_id)
+        if raw is None:
+            return "instance_missing"
+        instance = repo.instance_from_item(raw)
+        if instance.state not in (InstanceState.HEALTH_CHECKING, InstanceState.HEALTH_CHECK_PENDING):
+            return "moved_on"
+        jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
+        now = clock.now()
+        evidence = checks._evidence(instance, raw, jobs)
+        reason = f"the stack's DCGM check of {inst_id} gave no verdict: {what}"
+        plan = undiagnosed(checks.remediation.plan(evidence, raw, now=now), reason)
+        checking = instance.state is InstanceState.HEALTH_CHECKING
+        findings: dict[str, Any] = {"verdict": "undiagnosed", "reason": what[:300]}
+        if instance.hc_task_arn:
+            findings["task_arn"] = instance.hc_task_arn
+
+        def operator_notice(after: Instance, _plan: RemediationPlan) -> Owed:
+            return checks.ranks.notices.for_node(
+                NotificationKind.HEALTH_CHECK_TIMEOUT,
+                f"Health check gave no verdict: {inst_id} left as it was",
+                container_inst_id=inst_id, instance_id=after.ec2_instance_id,
+                what_happened=f"Instance {inst_id}: {what}",
+                what_was_done=f"{inst_id} back in service; the jobs that waited for the check go on "
+                              "without spending a recovery",
+                operator_action="Look at why the stack's check could not give a verdict (the check's task "
+                                "and log, the recovery functions' errors and dead-letter queues); check the "
+                                "node by hand if its jobs fail again.")
+
+        applied = checks.remediation.apply(
+            instance, raw, plan, evidence, jobs, from_states=(instance.state,),
+            hc_started_by=instance.hc_started_by if checking else None, hc_jobs_count=len(instance.hc_jobs),
+            findings=findings, node_notice=operator_notice)
+        if applied is not None:
+            deps.metrics.add_metric("HealthChecksUndiagnosed", "Count", 1)
+            checks._kick_after_release(instance)
+            return "health_check_undiagnosed"
+    return "raced"
