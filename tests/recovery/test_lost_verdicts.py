@@ -91,3 +91,43 @@ def test_a_check_that_cannot_be_placed_does_not_count_against_the_node() -> None
         assert w.ecs.health_checks_on(FAULTY) == []
         _not_condemned(w)
         assert [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
+
+
+def _rebooting(w: World) -> None:
+    """Rank 1 exits 1, DCGM says reboot, rank 0 stops: node-b REBOOTING, its reboot issued."""
+    arns = w.register_job("j", [PEER, FAULTY])
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    [check] = w.ecs.health_checks_on(FAULTY)
+    w.service.on_health_check_stopped(w.health_check_stopped(check, 1))
+    w.service.on_task_state_change(w.task_stopped(
+        arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+    assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING and w.rebooter.calls
+
+
+def test_a_reboot_the_stack_cannot_prove_is_settled_by_asking_the_node_not_by_a_quarantine() -> None:
+    """Issue 49: the reboot was issued, but no agent outage was ever seen (the reboot's
+    events lost, or too quick to see); at the reboot's timeout the node's agent answers. It is
+    not quarantined: it is back as from its reboot, and its job restarts."""
+    with world() as w:
+        _rebooting(w)
+        for _ in range(32):
+            w.advance(60)
+            w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is InstanceState.AVAILABLE and w.ecs.drained == []
+        assert not (w.repo.get_instance_item(FAULTY) or {}).get("quarantine_reason")
+        assert w.repo.get_job("j").state is not JobState.FAILED
+
+
+def test_with_validation_on_an_unproven_reboot_is_settled_by_the_nodes_validation() -> None:
+    from gpu_recovery.domain.validation import ValidationPolicy
+
+    policy = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=45, timeout_seconds=600)
+    with world(validation=policy) as w:
+        _rebooting(w)
+        for _ in range(32):
+            w.advance(60)
+            w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is InstanceState.REBOOTING and instance.validating
+        assert w.ecs.drained == []

@@ -146,6 +146,7 @@ def test_a_reboot_timeout_with_the_breaker_at_its_limit_does_not_drain() -> None
     with world() as w:
         rebooting(w, "j", [PEER, FAULTY])
         w.advance(31 * 60)
+        w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.service.sweep()
         assert w.ecs.drained == []
@@ -162,6 +163,7 @@ def test_a_reboot_timeout_counts_against_the_breaker_when_it_drains() -> None:
     with world() as w:
         rebooting(w, "j", [PEER, FAULTY])
         w.advance(31 * 60)
+        w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         w.service.sweep()
         assert w.ecs.drained and w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
         assert [e["node"] for e in w.repo.get_breaker()["window"]] == [FAULTY]  # the quarantine, now

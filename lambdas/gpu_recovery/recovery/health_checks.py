@@ -71,10 +71,9 @@ POLL_SECONDS = 300
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
 # A verdict's transaction fails when another verdict of the same job lands first (both
 # count on the job's tally), or conflicts with one in flight: decide again on fresh counts.
-# A job's DCGM checks end together (started together, same diag), so up to
-# hundreds of verdicts (a cascade's suspects) race for one tally and land one at a time: keep
-# trying, with a growing full-jitter pause, for VERDICT_PATIENCE_SECONDS (well inside the
-# function's timeout) before leaving it to the sweep's poll of the running check.
+# A job's DCGM checks end together, so up to hundreds of verdicts (a cascade's suspects) race
+# for one tally and land one at a time: keep trying, with a growing full-jitter pause, for
+# VERDICT_PATIENCE_SECONDS before leaving it to the sweep's poll of the running check.
 _VERDICT_ROUNDS = 8  # at least this many rounds, however long they take
 _VERDICT_MAX_ROUNDS = 64  # and at most this many (a clock that does not move cannot spin it)
 VERDICT_PATIENCE_SECONDS = 25.0
@@ -536,6 +535,10 @@ class HealthChecks:
                                          trigger=Trigger.TASK_EXIT, fault_at=fault_at, job=waiting)
 
     # -------------------------------------------------------------------- sweep
+    def _undiagnosed(self, instance: Instance, what: str) -> str:
+        settled = settle_undiagnosed(self.deps, self.remediation, self._evidence, instance, what)
+        return self._kick_after_release(instance) or "health_check_undiagnosed" if settled else "raced"
+
     def _sweep_waiting(self, instance: Instance, now: float) -> str:
         """A check waiting for a slot (every ten minutes): let it go if no job it serves is
         still in recovery, else try it (its jobs' queues are kicked every minute anyway)."""
@@ -562,8 +565,8 @@ class HealthChecks:
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
             if out_of_time or instance.hc_start_attempts >= settings.health_check_start_retries:
                 attempts = instance.hc_start_attempts
-                return settle_undiagnosed(self, instance, f"the health check could not start "
-                                                          f"({attempts} placement attempt(s))")
+                return self._undiagnosed(instance, f"the health check could not start "
+                                                   f"({attempts} placement attempt(s))")
             if self.start_if_ready(instance.container_inst_id) is None:
                 self.deps.repo.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECK_PENDING,
                                               now + RETRY_INTERVAL_SECONDS)
@@ -579,8 +582,7 @@ class HealthChecks:
             elif instance.hc_task_arn:
                 self.deps.ecs.stop_task(instance.hc_task_arn,
                                         f"{SYSTEM_STOP_REASON_PREFIX} health check timed out")
-            return settle_undiagnosed(self, instance, f"no verdict in "
-                                                      f"{settings.health_check_timeout_seconds} s")
+            return self._undiagnosed(instance, f"no verdict in {settings.health_check_timeout_seconds} s")
         if not instance.hc_task_arn:
             started = self.start_if_ready(instance.container_inst_id)
             if started is None:

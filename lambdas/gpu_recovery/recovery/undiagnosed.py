@@ -12,43 +12,47 @@ node that is really faulty fails its job again: the next check judges it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
-from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.evidence import Evidence
+from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.remediation_plan import RemediationPlan, undiagnosed
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 
-if TYPE_CHECKING:
-    from gpu_recovery.recovery.health_checks import HealthChecks
 
-
-def settle_undiagnosed(checks: HealthChecks, instance: Instance, what: str) -> str:
-    """End ``instance``'s check without a verdict (``what``: why there is none)."""
-    deps = checks.deps
+def settle_undiagnosed(deps: Deps, remediation: NodeRemediation,
+                       evidence_of: Callable[[Instance, dict[str, Any], list[Job]], Evidence],
+                       instance: Instance, what: str) -> bool:
+    """End ``instance``'s check without a verdict (``what``: why there is none); False when it
+    moved on meanwhile or kept losing races. ``evidence_of``: the fault's evidence as the
+    check's verdict would have read it."""
     repo = deps.repo
     inst_id = instance.container_inst_id
     for _ in range(3):  # a job that joined meanwhile: read and decide again
         raw = repo.get_instance_item(inst_id)
         if raw is None:
-            return "instance_missing"
+            return False
         instance = repo.instance_from_item(raw)
         if instance.state not in (InstanceState.HEALTH_CHECKING, InstanceState.HEALTH_CHECK_PENDING):
-            return "moved_on"
+            return False
         jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
         now = clock.now()
-        evidence = checks._evidence(instance, raw, jobs)
+        evidence = evidence_of(instance, raw, jobs)
         reason = f"the stack's DCGM check of {inst_id} gave no verdict: {what}"
-        plan = undiagnosed(checks.remediation.plan(evidence, raw, now=now), reason)
+        plan = undiagnosed(remediation.plan(evidence, raw, now=now), reason)
         checking = instance.state is InstanceState.HEALTH_CHECKING
         findings: dict[str, Any] = {"verdict": "undiagnosed", "reason": what[:300]}
         if instance.hc_task_arn:
             findings["task_arn"] = instance.hc_task_arn
 
         def operator_notice(after: Instance, _plan: RemediationPlan) -> Owed:
-            return checks.ranks.notices.for_node(
+            return remediation.notices.for_node(
                 NotificationKind.HEALTH_CHECK_TIMEOUT,
                 f"Health check gave no verdict: {inst_id} left as it was",
                 container_inst_id=inst_id, instance_id=after.ec2_instance_id,
@@ -59,12 +63,11 @@ def settle_undiagnosed(checks: HealthChecks, instance: Instance, what: str) -> s
                                 "and log, the recovery functions' errors and dead-letter queues); check the "
                                 "node by hand if its jobs fail again.")
 
-        applied = checks.remediation.apply(
+        applied = remediation.apply(
             instance, raw, plan, evidence, jobs, from_states=(instance.state,),
             hc_started_by=instance.hc_started_by if checking else None, hc_jobs_count=len(instance.hc_jobs),
             findings=findings, node_notice=operator_notice)
         if applied is not None:
             deps.metrics.add_metric("HealthChecksUndiagnosed", "Count", 1)
-            checks._kick_after_release(instance)
-            return "health_check_undiagnosed"
-    return "raced"
+            return True
+    return False

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.domain import cordon as cordon_policy
+from gpu_recovery.domain.breaker import causes
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -203,7 +204,8 @@ class NodeRemediation:
         waiting = [repo.faults.counted(j) for j in jobs if j.state in RECOVERING_JOB_STATES]
         anywhere = Effect.TERMINATE in plan.execute and instance.is_managed_instance
         plan = self._for_this_node(plan, instance)
-        plan, breaker_update, gate = self.ask_gate(plan, inst_id, waiting, now)
+        cause = causes.cause_of(evidence, [j.job_id for j in waiting])
+        plan, breaker_update, gate = self.ask_gate(plan, inst_id, waiting, now, cause=cause)
         tripped = gate.tripped if gate is not None else None
         label = label_for(plan)
         history = history_from_item((instance_item or {}).get("fault_history"))
@@ -333,8 +335,8 @@ class NodeRemediation:
             reset=reset)
 
     # ------------------------------------------------------------ gate, cordon
-    def ask_gate(self, plan: RemediationPlan, inst_id: str, jobs: list[Job],
-                 now: float) -> tuple[RemediationPlan, Any, GateAnswer | None]:
+    def ask_gate(self, plan: RemediationPlan, inst_id: str, jobs: list[Job], now: float,
+                 cause: Mapping[str, str] | None = None) -> tuple[RemediationPlan, Any, GateAnswer | None]:
         """The breaker, for a node action about to be carried out; the cordon limit, for a
         node found bad (a node action decided) that will not be drained."""
         known_bad = plan.action in NODE_ACTIONS
@@ -343,7 +345,7 @@ class NodeRemediation:
         answer = self.reboots.gate.decide(
             node=inst_id, action=plan.action.value if plan.needs_breaker else None,
             job_ids=[j.job_id for j in jobs], reason=plan.decision.reason, now=now,
-            cordon_unless_drained=known_bad, drains_if_allowed=Effect.DRAIN in plan.execute)
+            cordon_unless_drained=known_bad, drains_if_allowed=Effect.DRAIN in plan.execute, cause=cause)
         if answer.breaker is not None:
             plan = plan.with_breaker(answer.breaker)
         return plan, answer.update, answer
