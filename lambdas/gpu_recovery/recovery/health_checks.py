@@ -355,8 +355,7 @@ class HealthChecks:
         test): no lease. The lease only keeps duplicate deliveries from racing; what makes a
         verdict land once is its transaction's conditions (the instance still HEALTH_CHECKING
         with this check's startedBy), so a verdict worked without it is as safe, and the
-        sweep's, minutes after the event, rarely meets another. ``decide_now``: the check's
-        time is up, so a verdict line still unreadable is taken for lost (its exit code decides)."""
+        sweep's, rarely meets another. ``decide_now``: time is up, a line not read is lost."""
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.deps.repo
         log_findings: dict[str, Any] | None = None
@@ -536,8 +535,10 @@ class HealthChecks:
 
     # -------------------------------------------------------------------- sweep
     def _undiagnosed(self, instance: Instance, what: str) -> str:
-        settled = settle_undiagnosed(self.deps, self.remediation, self._evidence, instance, what)
-        return self._kick_after_release(instance) or "health_check_undiagnosed" if settled else "raced"
+        if not settle_undiagnosed(self.deps, self.remediation, self._evidence, instance, what):
+            return "raced"
+        self._kick_after_release(instance)
+        return "health_check_undiagnosed"
 
     def _sweep_waiting(self, instance: Instance, now: float) -> str:
         """A check waiting for a slot (every ten minutes): let it go if no job it serves is
@@ -580,8 +581,7 @@ class HealthChecks:
                 if outcome.action != "health_check_retry":
                     return outcome.action
             elif instance.hc_task_arn:
-                self.deps.ecs.stop_task(instance.hc_task_arn,
-                                        f"{SYSTEM_STOP_REASON_PREFIX} health check timed out")
+                self.deps.ecs.stop_task(instance.hc_task_arn, f"{SYSTEM_STOP_REASON_PREFIX} check timed out")
             return self._undiagnosed(instance, f"no verdict in {settings.health_check_timeout_seconds} s")
         if not instance.hc_task_arn:
             started = self.start_if_ready(instance.container_inst_id)
