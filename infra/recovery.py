@@ -373,6 +373,12 @@ class RecoveryFunctions(Construct):
                 access.terminate_in_asg,
             ],
         )
+        if health_check.log_group is not None:
+            # A check whose STOPPED event was lost: the sweep reads its verdict line as the
+            # event's path does (issue 49: a lost verdict never becomes a quarantine).
+            health_check.log_group.grant(self.sweep.role, "logs:GetLogEvents")
+            self.sweep.function.add_environment(ENV_HEALTH_CHECK_LOG_GROUP,
+                                                health_check.log_group.log_group_name)
         for fn in self.functions.values():
             tables.grant_read_write_data(fn.role)
             notifications.grant_publish(fn.role)

@@ -42,7 +42,13 @@ The flows (``FLOWS``):
   whose first repair does not hold (issue 43): back from its reboot it passes an idle check
   but fails its validation under load, so it is rebooted again (escalation, under the
   fault's cause), validated again and passes; the job waits for it, restarts on it once it
-  passed and completes, never placed on it while the fault was latent.
+  passed and completes, never placed on it while the fault was latent;
+* ``lost_verdict`` — issue 49: ``app_error`` (rank 1 exits 1, the diag passes) with every
+  delivery of the DCGM check's STOPPED event failing (dead-lettered): the sweep reads the
+  verdict from the stopped task and its log line, the job restarts (one application-error
+  restart), no node is quarantined or rebooted, the job is not failed for a health check
+  timeout. ``run_lost_verdict_with_failing_calls(seed)``: the same with 1 % of every AWS call
+  failing at random.
 """
 
 from __future__ import annotations
@@ -76,7 +82,13 @@ RECOVERED = ("gpu_fault", "gpu_reset", "fast_path", "large", "validation", *HELD
 REBOOTED = ("gpu_fault", "fast_path", "large", *HELD)
 QUARANTINED = ("dead_gpu", *RELOCATING)
 FLOWS = ("gpu_fault", "gpu_reset", "fast_path", "dead_gpu", "app_error", "app_error_fails", "relocation",
-         "spare_first", "relocation_wait", "held_reset", "held_autoclose", "large", "validation")
+         "spare_first", "relocation_wait", "held_reset", "held_autoclose", "large", "validation",
+         "lost_verdict")
+# Flows whose job restarts once for its application's error (the diag passed).
+APP_ERROR = ("app_error", "lost_verdict")
+#: the rule whose deliveries lost_verdict fails (its dead letters are the flow's premise)
+HEALTH_CHECK_RULE = "health-check-task-stopped"
+RANDOM_FAILURE_RATE = 0.01
 # validation: level 1 and a short load (the flow's time is the campaign's CPU), one repair not held.
 VALIDATION = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=30, timeout_seconds=600)
 LARGE_RANKS = 17  # one above the inline fan-out: the gang queue and its worker carry it
@@ -121,13 +133,13 @@ def expectations(result: RunResult) -> list[str]:
     got = (result.job_state, result.attempt, result.recoveries_used)
     if flow in RECOVERED:
         want: tuple[Any, ...] = (JobState.COMPLETE.value, 2, 1)
-    elif flow == "app_error":
+    elif flow in APP_ERROR:
         want = (JobState.COMPLETE.value, 2, 0)
     else:
         want = (JobState.FAILED.value, 1, 0)
     if got != want:
         problems.append(f"job {got} (want {want})")
-    if flow == "app_error" and result.app_restarts_used != 1:
+    if flow in APP_ERROR and result.app_restarts_used != 1:
         problems.append(f"{result.app_restarts_used} application-error restart(s) charged (want 1)")
     want_reboots = {n: (1 if n == FAULTY and flow in REBOOTED else 0) for n in result.reboots}
     if flow == "validation":  # the repair that did not hold, then the one that did
@@ -176,7 +188,7 @@ def expectations(result: RunResult) -> list[str]:
 
 def expected_mails(flow: str) -> dict[tuple[str, str], tuple[int, int]]:
     """The e-mails a flow owes (at least once; twice when a confirmation was lost)."""
-    if flow in RECOVERED or flow == "app_error":
+    if flow in RECOVERED or flow in APP_ERROR:
         want = {("recovered", JOB_ID): (1, 2)}
     elif flow == "dead_gpu":
         want = {("quarantined", JOB_ID): (1, 2), ("recovered", JOB_ID): (0, 0)}
@@ -238,7 +250,10 @@ class RecoveryScenario(Scenario[RunResult]):
         else:
             if flow == "validation":
                 sim.repair_does_not_hold(FAULTY, 1)
+            if flow == "lost_verdict":
+                _lose_check_events(world)
             health = {"dead_gpu": "replace", "app_error": "healthy", "app_error_fails": "healthy",
+                      "lost_verdict": "healthy",
                       "gpu_reset": "reset_fixable",
                       **{f: "replace" for f in RELOCATING}}.get(flow, "reboot_fixable")
             sim.inject_gpu_fault(FAULTY, after=MIN, health=health, nccl_cascade=True)
@@ -252,6 +267,9 @@ class RecoveryScenario(Scenario[RunResult]):
 
     def result(self, world: World, common: dict[str, Any]) -> RunResult:
         repo, sim, facts = world.repo, world.ecs, self.facts
+        if self.flow == "lost_verdict":  # the flow's premise, not a problem
+            common = {**common, "dead_letters": common["dead_letters"] - sum(
+                1 for d in world.bus.dead_letters if d.rule == HEALTH_CHECK_RULE)}
         job = repo.get_job(JOB_ID)
         assert job is not None
         names = nodes_of(self.flow)
@@ -313,6 +331,32 @@ def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool 
     return run_flow(RecoveryScenario(flow), fault, keep_timeline=keep_timeline, dynamodb=dynamodb)
 
 
+class _LostVerdictWithFailingCalls(RecoveryScenario):
+    """``lost_verdict`` with RANDOM_FAILURE_RATE of every AWS call failing (seeded)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__("lost_verdict")
+        self.seed = seed
+
+    def start(self, world: World) -> None:
+        world.aws.call_faults.arm_random(RANDOM_FAILURE_RATE, self.seed)
+        super().start(world)
+
+
+def run_lost_verdict_with_failing_calls(seed: int) -> RunResult:
+    return run_flow(_LostVerdictWithFailingCalls(seed))
+
+
+def _lose_check_events(world: World) -> None:
+    """Every delivery of a DCGM check's STOPPED event fails (Lambda's retries too)."""
+    rule = next(r for r in world.bus.rules if r.name == HEALTH_CHECK_RULE)
+
+    def lost(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        raise RuntimeError("the check's STOPPED event lost (campaign lost_verdict)")
+
+    rule.target = lost
+
+
 def run_recovery(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
                  scenario: str = "gpu_fault", dynamodb: str = DYNAMODB) -> RunResult:
     """``run(scenario, fault)`` (the name the benches and older tests call)."""
@@ -333,7 +377,7 @@ def _start_job(world: World, flow: str) -> None:
     td = sim.register_training_task_definition("train", gpus=8)
     sim.plan_family("train", run_seconds=TRAIN_SECONDS, exit_code=0)
     tags = {C.TAG_RELOCATABLE: "true"} if flow in RELOCATING else {}
-    if flow == "app_error":
+    if flow in APP_ERROR:
         tags[C.TAG_MAX_APP_RESTARTS] = "1"
     ranks = list(nodes_of(flow)) if flow == "large" else [HEALTHY, FAULTY]
     sim.start_job(JOB_ID, td, ranks, extra_tags=tags or None)

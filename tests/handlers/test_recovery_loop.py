@@ -265,9 +265,11 @@ def test_health_check_that_never_finishes_times_out() -> None:
         start(cluster, "hang", ["node-a", "node-b"])
         cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable")
         cluster.sim.run_for(20 * MIN)
-        assert cluster.state("hang") is JobState.FAILED
+        # Issue 49: no verdict is the stack's failure: the node is not quarantined, the job
+        # goes on (no budget spent), an operator is told.
+        assert cluster.state("hang") is not JobState.FAILED
         assert len(cluster.notifications("health_check_timeout")) == 1
-        assert cluster.instance("node-b").state is InstanceState.QUARANTINED
+        assert cluster.instance("node-b").state is not InstanceState.QUARANTINED
 
 
 def test_eight_ranks_failing_at_once_from_threads_give_one_health_check_per_instance() -> None:
@@ -480,7 +482,7 @@ def test_health_check_placement_failure_is_retried_until_gpus_free(cluster: Clus
 @pytest.mark.slow
 def test_health_check_that_can_never_be_placed_gives_up_after_the_bound(cluster: Cluster) -> None:
     """Given the suspect node's GPUs stay taken, Then after the bounded placement retries the
-    job FAILS, operators are told, and the node is marked SUSPECT (not quarantined: nothing
+    job is not failed (issue 49), operators are told, and the node is not marked SUSPECT (nothing
     proved it faulty)."""
     cluster.sim.add_node("node-a", gpus=8)
     cluster.sim.add_node("node-b", gpus=8)
@@ -493,10 +495,10 @@ def test_health_check_that_can_never_be_placed_gives_up_after_the_bound(cluster:
     cluster.sim.inject_task_exit(tasks[1], exit_code=1, after=MIN)
     cluster.sim.run_for(15 * MIN)
     job = cluster.job("stuck-hc")
-    assert job.state is JobState.FAILED
-    assert "could not start" in job.last_error
+    # Issue 49: a check that could not start does not count against the node nor the job.
+    assert job.state is not JobState.FAILED
     assert cluster.counter("health_checks_started") == 0
-    assert cluster.instance("node-b").state is InstanceState.SUSPECT
+    assert cluster.instance("node-b").state is not InstanceState.SUSPECT
     assert len(cluster.notifications("health_check_timeout")) == 1
 
 

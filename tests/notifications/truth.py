@@ -488,6 +488,7 @@ CLAIMS: list[tuple[str, Check]] = [
      r"\(they conclude inconclusive and the job goes on\)", _descriptive),
     (r"Job marked FAILED( \(it was HELD, not charged\))?", _failed),
     (rf"{NODE} back in service", _back_in_service),
+    (r"the jobs that waited for the check go on without spending a recovery", _descriptive),
     (rf"{NODE} drained \(DRAINING\) so nothing new is placed on it", _drained),
     (rf"{NODE} rebooted", _rebooted),
     (r"it returns to service when it is back", _descriptive),

@@ -182,6 +182,7 @@ def test_a_reboot_timeout_held_by_the_breaker_cordons_the_node() -> None:
     with world() as w:
         rebooting(w, "j", [PEER, FAULTY])
         w.advance(31 * 60)
+        w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.service.sweep()
         inst = w.repo.get_instance(FAULTY)
@@ -198,6 +199,7 @@ def test_a_drained_node_loses_its_cordon_once_draining_is_confirmed() -> None:
         rebooting(w, "j", [PEER, FAULTY])
         assert _has_attribute(w, FAULTY)
         w.advance(31 * 60)
+        w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         w.service.sweep()
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.QUARANTINED and w.ecs.drained and not inst.cordoned

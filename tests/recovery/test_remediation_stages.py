@@ -146,6 +146,7 @@ def test_a_reboot_timeout_with_the_breaker_at_its_limit_does_not_drain() -> None
     with world() as w:
         rebooting(w, "j", [PEER, FAULTY])
         w.advance(31 * 60)
+        w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.service.sweep()
         assert w.ecs.drained == []
@@ -162,14 +163,16 @@ def test_a_reboot_timeout_counts_against_the_breaker_when_it_drains() -> None:
     with world() as w:
         rebooting(w, "j", [PEER, FAULTY])
         w.advance(31 * 60)
+        w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         w.service.sweep()
         assert w.ecs.drained and w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
         assert [e["node"] for e in w.repo.get_breaker()["window"]] == [FAULTY]  # the quarantine, now
 
 
 def test_drain_observed_a_health_check_timeout_leaves_the_node_undrained() -> None:
-    """Given drain=observe, When a health check never finishes, Then the node is marked
-    SUSPECT (not drained) and its history says the quarantine was not executed."""
+    """Given drain=observe, When a health check never finishes, Then the node is neither
+    drained nor marked SUSPECT and its history records nothing (issue 49: a check without
+    a verdict is the stack's failure, not evidence against the node)."""
     settings = RemediationSettings(modes=parse_remediation_mode("enforce,drain=observe"))
     with world(remediation=settings) as w:
         arns = w.register_job("j", [PEER, FAULTY])
@@ -179,10 +182,8 @@ def test_drain_observed_a_health_check_timeout_leaves_the_node_undrained() -> No
         w.service.sweep()
         assert w.ecs.drained == []
         inst = w.repo.get_instance_item(FAULTY)
-        assert inst["instance_state"] == "SUSPECT" and "drain_pending" not in inst
-        assert [(r["cause"], r["executed"]) for r in inst["fault_history"]] == [
-            ("builtin:health-check-timeout", False)]
-        assert "observe mode" in w.notifier.sent[-1].body
+        assert inst["instance_state"] == "AVAILABLE" and "drain_pending" not in inst
+        assert not inst.get("fault_history")
 
 
 def _held(w: World, nodes: list[str]) -> None:

@@ -230,7 +230,11 @@ def test_a_lost_result_event_is_read_by_the_sweep() -> None:
         assert w.repo.get_job("j").attempt == 2
 
 
-def test_a_task_without_a_verdict_is_run_again_then_counts_as_failed() -> None:
+def test_a_task_without_a_verdict_is_run_again_then_is_not_a_failed_repair() -> None:
+    """Issue 49: every attempt ends without a verdict (CannotPullContainerError,
+    ResourceInitializationError): the node is not repaired again nor escalated; it stays
+    validating (out of service, as it was), an operator is told once, and it is tried again;
+    once the task can run and passes, the node is back and its job restarts."""
     with validating_world() as w:
         fault_to_reboot(w)
         comes_back(w)
@@ -239,8 +243,30 @@ def test_a_task_without_a_verdict_is_run_again_then_counts_as_failed() -> None:
             assert len(tasks) == attempt + 1 and len({t.started_by for t in tasks}) == attempt + 1
             w.service.on_health_check_stopped(stopped(tasks[-1], None, w.now[0]))
         instance = w.repo.get_instance(FAULTY)
-        assert instance.state is C.InstanceState.REBOOTING and not instance.validation
-        assert len(w.rebooter.calls) == 2
+        assert instance.state is C.InstanceState.REBOOTING and instance.validating
+        assert instance.validation.get("stalled_at") and len(w.rebooter.calls) == 1
+        assert w.ecs.attribute_values[FAULTY][placement.UNAVAILABLE_ATTRIBUTE] == placement.VALIDATING
+        told = [n for n in w.notifier.sent if "could not run" in n.subject]
+        assert len(told) == 1
+        sweeps(w, 2)  # tried again
+        task = validations_on(w, FAULTY)[-1]
+        w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.get_job("j").attempt == 2 and len(w.rebooter.calls) == 1
+
+
+def test_a_validation_that_can_never_be_placed_is_not_a_failed_repair() -> None:
+    """Issue 49: ECS places nothing until the validation's time is up: no failed repair (no
+    second reboot, no escalation), the node stays validating, an operator is told."""
+    with validating_world() as w:
+        fault_to_reboot(w)
+        w.ecs.failures["start_task"] = ["place_nothing"] * 100
+        comes_back(w)
+        sweeps(w, int(ON.timeout_seconds // 60) + 2)
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is C.InstanceState.REBOOTING and instance.validating
+        assert len(w.rebooter.calls) == 1 and not instance.last_validation
+        assert len([n for n in w.notifier.sent if "could not run" in n.subject]) == 1
 
 
 def test_the_validation_waits_for_ranks_still_on_the_node() -> None:

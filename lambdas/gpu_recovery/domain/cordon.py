@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_recovery.domain.breaker.causes import independent_causes, kept, one_cause_note
+
 # The ECS custom attribute (name only: DeleteAttributes takes the name and target, not the
 # value) and the placement constraint that keeps tasks off cordoned container instances.
 CORDON_ATTRIBUTE = "gpu-recovery.cordoned"
@@ -74,7 +76,8 @@ def normalize(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     if not stored:
         return state
     state["state"] = TRIPPED if stored.get("state") == TRIPPED else CLOSED
-    state["window"] = [{"node": str(e["node"]), "at": float(e["at"])} for e in stored.get("window") or ()]
+    state["window"] = [{"node": str(e["node"]), "at": float(e["at"]), **kept(e)}
+                       for e in stored.get("window") or ()]
     state["tripped_at"] = float(stored["tripped_at"]) if stored.get("tripped_at") is not None else None
     state["trip_reason"] = str(stored.get("trip_reason") or "")
     state["trips"] = int(stored.get("trips") or 0)
@@ -92,8 +95,10 @@ class CordonDecision:
 
 
 def admit(stored: Mapping[str, Any] | None, *, node: str, now: float, cluster_gpu_nodes: int,
-          policy: CordonPolicy | None = None) -> CordonDecision:
-    """May ``node`` get the ECS attribute now? Idempotent for a node already in the window."""
+          policy: CordonPolicy | None = None, cause: Mapping[str, str] | None = None) -> CordonDecision:
+    """May ``node`` get the ECS attribute now? Idempotent for a node already in the window.
+    ``cause`` (``breaker.causes.cause_of``): recorded on the window's entry; past the limit, a
+    window whose nodes share one cause (one job's own evidence) refuses without tripping."""
     policy = policy or CordonPolicy()
     current = normalize(stored)
     limit = policy.allowed_nodes(cluster_gpu_nodes)
@@ -107,12 +112,17 @@ def admit(stored: Mapping[str, Any] | None, *, node: str, now: float, cluster_gp
     if node in nodes:
         return CordonDecision(True, current, False, f"{node} already cordoned in this window",
                               len(nodes), limit)
+    entry = {"node": node, "at": now, **(cause or {})}
+    if len(nodes) + 1 > limit and independent_causes([*window, entry]) <= 1:
+        return CordonDecision(False, current, False, f"cordon of {node} refused: {len(nodes) + 1} nodes "
+                              f"past the limit {limit}, but {one_cause_note([*window, entry])}",
+                              len(nodes), limit)
     if len(nodes) + 1 > limit:
         why = (f"{len(nodes) + 1} of {cluster_gpu_nodes} GPU nodes would be cordoned within "
                f"{policy.window_seconds:g} s (limit {limit}: {policy.max_share:.0%} of the cluster)")
         current.update(state=TRIPPED, tripped_at=now, trip_reason=why, trips=current["trips"] + 1)
         return CordonDecision(False, current, True, f"cordon limit tripped: {why}", len(nodes), limit)
-    current["window"] = [*window, {"node": node, "at": now}]
+    current["window"] = [*window, entry]
     return CordonDecision(True, current, False, f"{len(nodes) + 1} of {limit} cordons allowed in the window",
                           len(nodes) + 1, limit)
 

@@ -38,8 +38,11 @@ The evidence, in order:
 A node whose node agent reports boot times is back only on a boot time later than the
 request (the reconnect alone waits for it), unless that agent stays silent past the grace.
 A reconnect that proves nothing is recorded with the outage it ended; the next disconnect
-starts a new outage, so the reboot's own is judged when it comes. With no proof at all the
-reboot times out and the node is quarantined, as before.
+starts a new outage, so the reboot's own is judged when it comes. With no proof by the
+reboot's timeout, a node whose ECS agent answers (connected, ACTIVE) and whose node agent
+says nothing against a reboot is asked instead of quarantined (issue 49): it is back as from
+its reboot, and its validation after repair, when on, decides whether it takes work. A node
+that does not answer times out and is quarantined, as before.
 """
 
 from __future__ import annotations

@@ -150,3 +150,21 @@ def plan_remediation(evidence: Evidence, policy: RemediationPolicy, *,
                          else charge and decision.budget is Budget.INFRASTRUCTURE),
             xids=evidence.xids)
     return RemediationPlan(decision, escalation, action, charge, budget, execute, record_only, node_record)
+
+
+#: the rule of a fault the stack's own check could not diagnose (no verdict in time, a check
+#: that could not start): missing evidence is not bad evidence (issue 49)
+UNDIAGNOSED_RULE = "builtin:health-check-undiagnosed"
+
+
+def undiagnosed(plan: RemediationPlan, reason: str) -> RemediationPlan:
+    """``plan`` for a fault whose DCGM check gave no verdict: nothing done to the node (it
+    leaves its check as it was before it), nothing recorded in its history, no page, and the
+    job's restart spends no budget (the stack's own failure, not the job's nor the node's)."""
+    decision = replace(plan.decision, action=Action.NONE, rule_id=UNDIAGNOSED_RULE, reason=reason,
+                       budget=Budget.NONE, skip_health_check=False, after_health_check=True,
+                       expected_action=None)
+    escalation = replace(plan.escalation, action=Action.NONE, escalated=False, page_operator=False)
+    return replace(plan, decision=decision, escalation=escalation, action=Action.NONE, charge_job=False,
+                   budget=None, execute=(), record_only=(), node_record=None, breaker_reason="",
+                   blocked_by_breaker=False)

@@ -27,7 +27,6 @@ from gpu_recovery.constants import (
     HEALTH_CHECK_GROUP,
     HEALTH_CHECK_STARTED_BY,
     SYSTEM_STOP_REASON_PREFIX,
-    NotificationKind,
 )
 from gpu_recovery.domain import policy
 from gpu_recovery.domain.escalation import history_from_item
@@ -44,11 +43,13 @@ from gpu_recovery.domain.states import (
     SuspectVerdict,
 )
 from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery import verdict_lease
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
+from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.health_check_slots import Claim
 
@@ -70,21 +71,16 @@ POLL_SECONDS = 300
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
 # A verdict's transaction fails when another verdict of the same job lands first (both
 # count on the job's tally), or conflicts with one in flight: decide again on fresh counts.
-# A job's DCGM checks end together (started together, same diag), so up to
-# hundreds of verdicts (a cascade's suspects) race for one tally and land one at a time: keep
-# trying, with a growing full-jitter pause, for VERDICT_PATIENCE_SECONDS (well inside the
-# function's timeout) before leaving it to the sweep's poll of the running check.
+# A job's DCGM checks end together, so up to hundreds of verdicts (a cascade's suspects) race
+# for one tally and land one at a time: keep trying, with a growing full-jitter pause, for
+# VERDICT_PATIENCE_SECONDS before leaving it to the sweep's poll of the running check.
 _VERDICT_ROUNDS = 8  # at least this many rounds, however long they take
 _VERDICT_MAX_ROUNDS = 64  # and at most this many (a clock that does not move cannot spin it)
 VERDICT_PATIENCE_SECONDS = 25.0
 _VERDICT_PAUSE_BASE_SECONDS = 0.05
 _VERDICT_PAUSE_CAP_SECONDS = 2.0
-# EventBridge delivers at least once: a duplicate copy of a check's STOPPED event, in its own
-# invocation, waits for the copy holding the verdict's lease (repository.verdict_leases)
-# instead of racing its transaction, looking at the instance this often (jittered)...
-_LEASE_POLL_SECONDS = (0.5, 1.0)
-# ...while its invocation keeps this long for the verdict itself, should it take the lease over.
-_LEASE_MARGIN_SECONDS = 10.0
+# What an invocation keeps of its time for the verdict after pausing for its log line.
+_LEASE_MARGIN_SECONDS = verdict_lease.MARGIN_SECONDS
 # The check prints its JSON verdict line just before it exits, and CloudWatch Logs makes a
 # line readable only some seconds after it was written: the STOPPED event can come first.
 # The line carries the verdict's evidence (which GPU, which test, the driver's recovery
@@ -99,11 +95,6 @@ _LEASE_MARGIN_SECONDS = 10.0
 VERDICT_LOG_PAUSES = (1.0, 2.0, 4.0, 8.0)
 VERDICT_LOG_GRACE_SECONDS = 180.0
 VERDICT_LOG_RETRY_SECONDS = 60.0
-
-
-class VerdictBusy(RuntimeError):
-    """Another delivery holds the verdict's lease past this invocation's time: the invocation
-    fails and Lambda retries the event (by then the verdict is recorded or the lease expired)."""
 
 
 def _conflicted(error: ClientError) -> bool:
@@ -357,22 +348,24 @@ class HealthChecks:
             (instance.hc_started_by and detail.startedBy == instance.hc_started_by)
             or (instance.hc_task_arn and detail.taskArn == instance.hc_task_arn))
 
-    def on_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None) -> Outcome:
+    def on_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None, *,
+                   decide_now: bool = False) -> Outcome:
         """The check's verdict. ``invocation``: the delivery of its STOPPED event, which takes
         the verdict's lease first; None (the sweep reading a lost event from DescribeTasks, a
         test): no lease. The lease only keeps duplicate deliveries from racing; what makes a
         verdict land once is its transaction's conditions (the instance still HEALTH_CHECKING
         with this check's startedBy), so a verdict worked without it is as safe, and the
-        sweep's, minutes after the event, rarely meets another."""
+        sweep's, rarely meets another. ``decide_now``: time is up, a line not read is lost."""
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.deps.repo
         log_findings: dict[str, Any] | None = None
         raw = repo.get_instance_item(inst_id) if inst_id else None
+        lease: verdict_lease.HeldLease | None = None
         if invocation is not None and raw is not None:
             leased = self._take_verdict_lease(inst_id, raw, detail, invocation)
             if isinstance(leased, Outcome):
                 return leased
-            raw = leased
+            lease, raw = leased
         give_up_at = clock.now() + VERDICT_PATIENCE_SECONDS
         round_ = 0
         while round_ < _VERDICT_ROUNDS or (round_ < _VERDICT_MAX_ROUNDS and clock.now() < give_up_at):
@@ -384,9 +377,9 @@ class HealthChecks:
             if not self._ours(instance, detail):
                 return self.reboots.converge_after_verdict(instance)
             if log_findings is None and policy.parse_verdict(detail.exit_code()) is not None:
-                line = self._verdict_line(detail, invocation)  # once per event
-                if line is None and not self._log_grace_over(detail):
-                    return self._verdict_log_pending(instance, detail, invocation)
+                line = self._verdict_line(detail, invocation, lease)  # once per event
+                if line is None and not self._log_grace_over(detail) and not decide_now:
+                    return self._verdict_log_pending(instance, detail, lease)
                 if line is None:
                     self.deps.metrics.add_metric("VerdictsWithoutLogLine", "Count", 1)
                     logger.warning("health check's verdict line never became readable: its exit code "
@@ -401,16 +394,20 @@ class HealthChecks:
             if outcome is not None:
                 return outcome
             # Another verdict of the job landed first: a growing pause, then fresh counts.
+            if lease is not None and not lease.keep():
+                return Outcome("duplicate", detail={"instance": inst_id, "why": "lease taken over"})
             clock.sleep(random.uniform(0, min(_VERDICT_PAUSE_CAP_SECONDS,
                                               _VERDICT_PAUSE_BASE_SECONDS * 2 ** min(round_, 6))))
             round_ += 1
         return Outcome("duplicate", detail={"instance": inst_id})
 
-    def _verdict_line(self, detail: EcsTaskDetail, invocation: Invocation | None) -> dict[str, Any] | None:
+    def _verdict_line(self, detail: EcsTaskDetail, invocation: Invocation | None,
+                      lease: verdict_lease.HeldLease | None) -> dict[str, Any] | None:
         """The check's verdict line, read again after VERDICT_LOG_PAUSES while it is not
         readable yet and the invocation has time (none without an invocation: the sweep does
-        not wait, it comes back)."""
-        line = self.deps.verdicts.read_verdict(detail.taskArn)
+        not wait, it comes back). A read that fails is a line not readable yet: the log is
+        read again later, and past its grace the exit code decides (the check's contract)."""
+        line = self._read_line(detail)
         if invocation is None:
             return line
         for pause in VERDICT_LOG_PAUSES:
@@ -418,9 +415,19 @@ class HealthChecks:
                 break
             if clock.now() + pause + _LEASE_MARGIN_SECONDS > invocation.deadline:
                 break
+            if lease is not None and not lease.keep():
+                break
             clock.sleep(pause)
-            line = self.deps.verdicts.read_verdict(detail.taskArn)
+            line = self._read_line(detail)
         return line
+
+    def _read_line(self, detail: EcsTaskDetail) -> dict[str, Any] | None:
+        try:
+            return self.deps.verdicts.read_verdict(detail.taskArn)
+        except Exception:  # throttled, denied, answer lost: not readable now
+            logger.warning("verdict line not read", exc_info=True, extra={"task": detail.taskArn})
+            self.deps.metrics.add_metric("VerdictLineReadsFailed", "Count", 1)
+            return None
 
     @staticmethod
     def _log_grace_over(detail: EcsTaskDetail) -> bool:
@@ -428,55 +435,52 @@ class HealthChecks:
         return stopped is not None and clock.now() >= stopped.timestamp() + VERDICT_LOG_GRACE_SECONDS
 
     def _verdict_log_pending(self, instance: Instance, detail: EcsTaskDetail,
-                             invocation: Invocation | None) -> Outcome:
+                             lease: verdict_lease.HeldLease | None) -> Outcome:
         """The verdict line is not readable yet: nothing decided. The check's task is recorded
         (its write may have been the one lost) with the sweep's poll due soon, and this
         invocation's verdict lease is given up (a duplicate copy need not wait for it)."""
         inst_id = instance.container_inst_id
         self.deps.repo.record_health_check_task(inst_id, instance.hc_started_by, detail.taskArn,
                                                 clock.now() + VERDICT_LOG_RETRY_SECONDS)
-        if invocation is not None:
-            now = clock.now()
-            self.deps.repo.claim_verdict(detail.taskArn, invocation.request_id, now, now)
+        if lease is not None:
+            lease.give_up()
         self.deps.metrics.add_metric("VerdictsWaitingForLogLine", "Count", 1)
         logger.info("health check's verdict line not readable yet: left for the sweep's poll",
                     extra={"instance": inst_id, "task": detail.taskArn})
         return Outcome("verdict_log_pending", detail={"instance": inst_id})
 
     def _take_verdict_lease(self, inst_id: str, raw: dict[str, Any], detail: EcsTaskDetail,
-                            invocation: Invocation) -> Outcome | dict[str, Any]:
-        """Take the lease on the check's verdict (the instance item as last read, to work the
-        verdict on), or wait for the delivery holding it. Each way out loses no fault:
-        - the check is no longer ours: the holder recorded the verdict (or the check moved
-          on), and this copy converges on it as any late duplicate does;
-        - the holder's lease expired: its invocation is over (it cannot be running), the
-          verdict is still to be made, and this copy takes the lease over and makes it;
-        - this invocation is short of time: VerdictBusy fails it, and Lambda retries the
-          event a minute or two later (the same request id), when one of the above holds;
-          after its last retry, the sweep's poll of the running check reads the verdict from
-          DescribeTasks."""
+                            invocation: Invocation) -> Outcome | tuple[verdict_lease.HeldLease, Any]:
+        """Take the lease on the check's verdict (with the instance item as last read, to work
+        the verdict on), or look a few times for it (``recovery.verdict_lease``). Each way out
+        loses no fault: the check is no longer ours (the holder recorded the verdict: converge
+        on it); the lease is taken (over); or it is still another copy's, which works it, and
+        should that copy die, the sweep's poll of the check, brought forward to the lease's
+        end, reads the verdict from DescribeTasks."""
         repo = self.deps.repo
-        holder_until: float | None = None  # the other holder's lease, once seen
-        while True:
-            instance = repo.instance_from_item(raw)
-            if not self._ours(instance, detail):
-                return self.reboots.converge_after_verdict(instance)
-            now = clock.now()
-            if holder_until is None or now > holder_until:
-                lease = repo.claim_verdict(detail.taskArn, invocation.request_id, invocation.deadline, now)
-                if lease.taken:
-                    return raw
-                holder_until = lease.until
-            pause = random.uniform(*_LEASE_POLL_SECONDS)
-            if now + pause + _LEASE_MARGIN_SECONDS > invocation.deadline:
-                self.deps.metrics.add_metric("VerdictLeaseWaitsOutOfTime", "Count", 1)
-                raise VerdictBusy(f"the verdict of {detail.taskArn} is another delivery's "
-                                  f"until {holder_until:.0f}")
-            clock.sleep(pause)
-            fresh = repo.get_instance_item(inst_id)
-            if fresh is None:
-                return Outcome("ignored", detail={"why": "untracked instance"})
-            raw = fresh
+        seen: list[dict[str, Any] | None] = [raw]  # the instance item as last read
+
+        def reread() -> dict[str, Any] | None:
+            seen[0] = repo.get_instance_item(inst_id)
+            return seen[0]
+
+        def still_ours(item: dict[str, Any]) -> bool:
+            return self._ours(repo.instance_from_item(item), detail)
+
+        if not still_ours(raw):
+            return self.reboots.converge_after_verdict(repo.instance_from_item(raw))
+        taken = verdict_lease.take(self.deps, detail.taskArn, invocation, reread, still_ours)
+        last = seen[0]
+        if last is None:
+            return Outcome("ignored", detail={"why": "untracked instance"})
+        if isinstance(taken, verdict_lease.HeldLease):
+            return taken, last
+        instance = repo.instance_from_item(last)
+        if taken is None:
+            return self.reboots.converge_after_verdict(instance)
+        repo.record_health_check_task(inst_id, instance.hc_started_by, detail.taskArn,
+                                      taken.until + verdict_lease.SWEEP_AFTER_LEASE_SECONDS)
+        return Outcome("verdict_lease_held", detail={"instance": inst_id, "until": taken.until})
 
     def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail,
                log_findings: dict[str, Any]) -> Outcome | None:
@@ -530,6 +534,12 @@ class HealthChecks:
                                          trigger=Trigger.TASK_EXIT, fault_at=fault_at, job=waiting)
 
     # -------------------------------------------------------------------- sweep
+    def _undiagnosed(self, instance: Instance, what: str) -> str:
+        if not settle_undiagnosed(self.deps, self.remediation, self._evidence, instance, what):
+            return "raced"
+        self._kick_after_release(instance)
+        return "health_check_undiagnosed"
+
     def _sweep_waiting(self, instance: Instance, now: float) -> str:
         """A check waiting for a slot (every ten minutes): let it go if no job it serves is
         still in recovery, else try it (its jobs' queues are kicked every minute anyway)."""
@@ -555,21 +565,24 @@ class HealthChecks:
         out_of_time = now >= requested + settings.health_check_timeout_seconds
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
             if out_of_time or instance.hc_start_attempts >= settings.health_check_start_retries:
-                return self.reboots.time_out(
-                    instance, NotificationKind.HEALTH_CHECK_TIMEOUT,
-                    f"health check could not start ({instance.hc_start_attempts} placement attempt(s))",
-                    verdict=SuspectVerdict.UNAVAILABLE, quarantine=False)
+                attempts = instance.hc_start_attempts
+                return self._undiagnosed(instance, f"the health check could not start "
+                                                   f"({attempts} placement attempt(s))")
             if self.start_if_ready(instance.container_inst_id) is None:
                 self.deps.repo.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECK_PENDING,
                                               now + RETRY_INTERVAL_SECONDS)
             return "health_check_retried"
         if out_of_time:
-            if instance.hc_task_arn:
-                self.deps.ecs.stop_task(instance.hc_task_arn,
-                                        f"{SYSTEM_STOP_REASON_PREFIX} health check timed out")
-            return self.reboots.time_out(instance, NotificationKind.HEALTH_CHECK_TIMEOUT,
-                                         "health check did not finish in time",
-                                         verdict=SuspectVerdict.TIMEOUT)
+            # A check that ended has its verdict in its exit code (its line, lost, is not
+            # waited for any more); one with none is the stack's failure, not the node's.
+            task = self.deps.ecs.describe_task(instance.hc_task_arn) if instance.hc_task_arn else None
+            if task is not None and task.get("lastStatus") == "STOPPED":
+                outcome = self.on_stopped(EcsTaskDetail.model_validate(task), decide_now=True)
+                if outcome.action != "health_check_retry":
+                    return outcome.action
+            elif instance.hc_task_arn:
+                self.deps.ecs.stop_task(instance.hc_task_arn, f"{SYSTEM_STOP_REASON_PREFIX} check timed out")
+            return self._undiagnosed(instance, f"no verdict in {settings.health_check_timeout_seconds} s")
         if not instance.hc_task_arn:
             started = self.start_if_ready(instance.container_inst_id)
             if started is None:

@@ -319,7 +319,19 @@ class Reboots:
         what provably did not happen, notice the node back from ECS if its events were
         lost, and give up after the reboot timeout."""
         requested = instance.reboot_requested_at or now
-        if now >= requested + self.deps.settings.reboot_timeout_seconds:
+        out_of_time = now >= requested + self.deps.settings.reboot_timeout_seconds
+        observed, marked = self._described(instance) if out_of_time and instance.reboot_issued_at \
+            else (None, False)
+        if out_of_time and observed is not None and self._answers(instance, observed):
+            # Issue 49: the node is there and its agent answers, but its reboot was never
+            # proven (no outage seen, or the agent updated across it): the stack's doubt, not
+            # the node's fault. It is asked instead of quarantined: back as from a reboot, its
+            # validation after repair (when on) deciding whether it takes work again.
+            why = evidence.judge_return(instance, observed, now).why
+            self.deps.metrics.add_metric("RebootsUnproven", "Count", 1)
+            back = self.node_back(instance, Repair.REBOOT, f"its reboot not proven ({why}); the node answers")
+            return "back_unproven" if back.action != "duplicate" else "raced"
+        if out_of_time:
             return self.time_out(instance, NotificationKind.REBOOT_TIMEOUT,
                                  "did not come back after its reboot", verdict=SuspectVerdict.TIMEOUT)
         observed, marked = self._described(instance)  # None (MISSING): no word on the agent
@@ -338,6 +350,17 @@ class Reboots:
                                       min(requested + self.deps.settings.reboot_timeout_seconds,
                                           now + RETRY_INTERVAL_SECONDS))
         return f"rebooting_{issued}"
+
+    @staticmethod
+    def _answers(instance: Instance, observed: AgentEvent) -> bool:
+        """A rebooting node (not a GPU reset, not validating) whose ECS agent is connected
+        and ACTIVE now, and whose node agent, if it reports, says nothing against a reboot."""
+        if instance.reset_pending or instance.validating:
+            return False
+        if not (observed.agent_connected and observed.status == "ACTIVE"):
+            return False
+        return instance.boot_time is None or evidence.booted_after_request(instance) \
+            or (instance.last_report_at or 0.0) < (instance.reboot_requested_at or 0.0)
 
     # ----------------------------------------------------------------- timeouts
     def time_out(self, instance: Instance, kind: NotificationKind, what: str, *,

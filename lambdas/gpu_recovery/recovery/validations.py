@@ -301,8 +301,7 @@ class Validations:
         """Started again with a new startedBy, at most START_RETRIES times; then a failure."""
         attempts = int(instance.validation.get("attempts") or 0) + 1
         if attempts >= policy.START_RETRIES:
-            return self._failed(instance, raw, policy.TIMEOUT_EXIT_CODE,
-                                {"verdict": "reboot", "reasons": [f"{why}; {attempts} attempt(s)"]}, why=why)
+            return self._stalled(instance, f"{why}; {attempts} attempt(s)")
         started_by = str(instance.validation.get("started_by") or "")
         retry_at = clock.now() + RETRY_INTERVAL_SECONDS
         if not self.deps.repo.release_validation_claim(instance, started_by, retry_at, attempt_used=True):
@@ -313,6 +312,32 @@ class Validations:
         if fresh is not None:
             after_commit("validation restart", self.start, fresh)
         return "validation_retried"
+
+    def _stalled(self, instance: Instance, why: str) -> str:
+        """Issue 49: a validation that could not run is not a failed repair. The node stays
+        validating (out of service, as it was), an operator is told once, and it is tried
+        again (a fresh round of attempts within a fresh timeout): never escalated."""
+        now = clock.now()
+        inst_id = instance.container_inst_id
+        also = []
+        if not instance.validation.get("stalled_at"):
+            notice = self.remediation.notices.for_node(
+                NotificationKind.VALIDATION_FAILED,
+                f"GPU node {inst_id}: its validation after repair could not run",
+                container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
+                what_happened=f"The validation of {inst_id} could not run: {why}",
+                what_was_done=f"{inst_id} kept out of placement until then; not counted as a failed repair",
+                operator_action="Look at why the stack's validation task cannot run (its image, the task "
+                                "definition, the node's ECS agent, `doctor`): it is tried again meanwhile.")
+            also = self.remediation.notices.owe([notice], now)
+        if not self.deps.repo.stall_validation(instance, now, now + self.policy.timeout_seconds, also):
+            return "raced"
+        if also:
+            self.remediation.notices.send([notice])
+        self.deps.metrics.add_metric("ValidationsStalled", "Count", 1)
+        logger.warning("validation could not run: not a failed repair, tried again", extra={
+            "instance": inst_id, "why": why})
+        return "validation_stalled"
 
     # ------------------------------------------------------------------ failure
     def _failed(self, instance: Instance, raw: dict[str, Any], exit_code: int | None,
@@ -444,6 +469,11 @@ class Validations:
         """Scheduled while validating: start what never started, read a result whose event
         was lost, and end a validation out of time as failed."""
         v = instance.validation
+        if now >= self._until(instance) and not v.get("task_arn"):
+            # Out of time with no task running (never placed, or none gave a verdict): the
+            # stack's failure, not a failed repair.
+            seconds = int(self.policy.timeout_seconds)
+            return self._stalled(instance, f"the validation could not run within {seconds} s")
         if now >= self._until(instance):
             task_arn = str(v.get("task_arn") or "")
             if task_arn:

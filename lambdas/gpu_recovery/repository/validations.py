@@ -157,3 +157,20 @@ class Validations(Instances):
             clear_deadline=True, extra_condition="#w.#si = :si",
             extra_values={":si": watcher.replacement_watch.get("since")},
             extra_names={"#w": "replacement_watch", "#si": "since"})
+
+    def stall_validation(self, instance: Instance, now: float, until: float,
+                         also: list[Update] | tuple[Update, ...] = ()) -> bool:
+        """A validation that could not run (never placed, or every attempt ended without a
+        verdict): no failed repair. The node stays validating (out of service as it was), its
+        attempts start again until ``until``; ``stalled_at`` (set once) says an operator was
+        told (``also``: that e-mail, owed in the same write)."""
+        started_by = instance.validation.get("started_by")
+        condition, values, names = (("#v.#sb = :sb", {":sb": started_by}, _names("#sb")) if started_by
+                                    else ("attribute_not_exists(#v.#sb)", {}, _names("#sb")))
+        fields: dict[str, Any] = {f"{VALIDATION}.attempts": 0, f"{VALIDATION}.until": until}
+        if not instance.validation.get("stalled_at"):
+            fields[f"{VALIDATION}.stalled_at"] = now
+        update = self._update(instance, condition, values, names, set_fields=fields,
+                              remove_fields=[f"{VALIDATION}.started_by", f"{VALIDATION}.claimed_at",
+                                             f"{VALIDATION}.task_arn"], deadline_at=now + 60)
+        return self.db.transact([update, *also]) if also else self.db.apply(update)

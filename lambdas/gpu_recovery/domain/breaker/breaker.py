@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
+from gpu_recovery.domain.breaker import causes
+from gpu_recovery.domain.breaker.causes import independent_causes, one_cause_note
 from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.states import InstanceState
 
@@ -97,8 +99,8 @@ def normalize(item: Mapping[str, Any] | None) -> dict[str, Any]:
     state["last_reset_by"] = str(item.get("last_reset_by") or "")
     for key in ("tripped_at", "last_reset_at"):
         state[key] = float(item[key]) if item.get(key) is not None else None
-    state["window"] = [{"node": str(e["node"]), "action": str(e.get("action", "")), "at": float(e["at"])}
-                       for e in item.get("window") or ()]
+    state["window"] = [{"node": str(e["node"]), "action": str(e.get("action", "")), "at": float(e["at"]),
+                        **causes.kept(e)} for e in item.get("window") or ()]
     state["backlog"] = [{"node": str(e["node"]), "action": str(e.get("action", "")), "at": float(e["at"]),
                          "job_id": str(e.get("job_id", "")), "reason": str(e.get("reason", ""))}
                         for e in item.get("backlog") or ()]
@@ -166,9 +168,11 @@ class BreakerDecision:
 
 def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, now: float,
                   cluster_gpu_nodes: int, policy: BreakerPolicy | None = None, job_id: str = "",
-                  reason: str = "") -> BreakerDecision:
+                  reason: str = "", cause: Mapping[str, str] | None = None) -> BreakerDecision:
     """Ask to act on ``node`` (reboot / replace / quarantine). Idempotent for a node already
-    acted on in the window and for an entry already in the backlog."""
+    acted on in the window and for an entry already in the backlog. ``cause``
+    (``causes.cause_of``): recorded on the window's entry; past the limit, a window whose
+    nodes share one cause (one job's own evidence) refuses this node without tripping."""
     policy = policy or BreakerPolicy()
     current = normalize(state)
     limit = policy.allowed_nodes(cluster_gpu_nodes)
@@ -176,7 +180,7 @@ def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, no
     nodes = _nodes(window)
     if not policy.enabled:
         return BreakerDecision(True, current, False, "breaker disabled", len(nodes), limit)
-    entry = {"node": node, "action": action, "at": now}
+    entry: dict[str, Any] = {"node": node, "action": action, "at": now, **(cause or {})}
     if current["state"] == TRIPPED:
         kept = "kept in the backlog"
         if not any(b["node"] == node and b["action"] == action for b in current["backlog"]):
@@ -193,6 +197,11 @@ def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, no
         current["window"] = _with(window, entry)
         current["version"] += 1
         return BreakerDecision(True, current, False, f"{node} already acted on in this window",
+                               len(nodes), limit)
+    if len(nodes) + 1 > limit and independent_causes([*window, entry]) <= 1:
+        return BreakerDecision(False, current, False, f"{action} of {node} refused: "
+                               f"{len(nodes) + 1} nodes past the limit {limit}, but "
+                               f"{one_cause_note([*window, entry])}; the breaker not tripped",
                                len(nodes), limit)
     if len(nodes) + 1 > limit:
         why = (f"{len(nodes) + 1} of {cluster_gpu_nodes} GPU nodes would be acted on within "

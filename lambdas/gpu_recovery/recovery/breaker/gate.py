@@ -111,7 +111,8 @@ class NodeActionGate:
         return answer.breaker, answer.update
 
     def decide(self, *, node: str, action: str | None, job_ids: Iterable[str], reason: str, now: float,
-               cordon_unless_drained: bool = False, drains_if_allowed: bool = False) -> GateAnswer:
+               cordon_unless_drained: bool = False, drains_if_allowed: bool = False,
+               cause: Mapping[str, str] | None = None) -> GateAnswer:
         """The breaker's answer to a node action (``action``; None: none asked) and, for a
         node known bad (``cordon_unless_drained``) that will not be drained, the cordon
         limit's answer to its ECS attribute: both in one update of the breaker's item."""
@@ -128,7 +129,7 @@ class NodeActionGate:
                 nodes, counted = self.cluster_gpu_nodes(stored), True
             decided = breaker_policy.record_action(
                 stored, node=node, action=action, now=now, cluster_gpu_nodes=nodes, policy=policy,
-                job_id=",".join(job_ids), reason=reason[:300])
+                job_id=",".join(job_ids), reason=reason[:300], cause=cause)
         cordoned = None
         if cordon_unless_drained and not (decided is not None and decided.allowed and drains_if_allowed):
             limits = self.deps.settings.remediation.cordon
@@ -138,7 +139,7 @@ class NodeActionGate:
                     and len(in_window) + 1 > limits.allowed_nodes(0):
                 nodes, counted = self.cluster_gpu_nodes(stored), True
             cordoned = cordon_policy.admit((stored or {}).get("cordons"), node=node, now=now,
-                                           cluster_gpu_nodes=nodes, policy=limits)
+                                           cluster_gpu_nodes=nodes, policy=limits, cause=cause)
         return GateAnswer(decided, cordoned, self.state_update(stored, read_version, decided, nodes,
                                                                cordons=cordoned, counted=counted))
 

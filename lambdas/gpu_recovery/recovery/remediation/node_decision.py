@@ -27,6 +27,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.domain import cordon as cordon_policy
+from gpu_recovery.domain.breaker import causes
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -205,7 +206,8 @@ class NodeRemediation:
         waiting = [repo.faults.counted(j) for j in jobs if j.state in RECOVERING_JOB_STATES]
         anywhere = Effect.TERMINATE in plan.execute and instance.is_managed_instance
         plan = self._for_this_node(plan, instance)
-        plan, breaker_update, gate = self.ask_gate(plan, inst_id, waiting, now)
+        cause = causes.cause_of(evidence, [j.job_id for j in waiting])
+        plan, breaker_update, gate = self.ask_gate(plan, inst_id, waiting, now, cause=cause)
         tripped = gate.tripped if gate is not None else None
         label = label_for(plan)
         history = history_from_item((instance_item or {}).get("fault_history"))
@@ -291,6 +293,8 @@ class NodeRemediation:
                       verdicts: list[tuple[JobVerdict, JobOutcome]], now: float, *,
                       job_ids: list[str], gate: GateAnswer | None = None) -> NodeDecision:
         why = f"{plan.action.value}: {plan.decision.reason}"
+        # A check ends here (a verdict, or none to be had: a check that could not start).
+        checked = bool({InstanceState.HEALTH_CHECKING, InstanceState.HEALTH_CHECK_PENDING} & set(from_states))
         last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": job_ids}
         to: InstanceState | None
         blocked = None
@@ -309,7 +313,7 @@ class NodeRemediation:
         else:
             # Nothing done to the node: a health check leaves it as it found it; a fast
             # path (observe mode) leaves its state alone.
-            to = InstanceState.AVAILABLE if InstanceState.HEALTH_CHECKING in from_states else None
+            to = InstanceState.AVAILABLE if checked else None
         restart_jobs = tuple(v.job.job_id for v, o in verdicts
                              if o in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.HOLD)
                              and label is SuspectVerdict.REBOOT)
@@ -324,7 +328,7 @@ class NodeRemediation:
         if to is InstanceState.QUARANTINED:
             cordon = cordon_policy.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason,
                                                  now=now, ecs=cordon_policy.ECS_PENDING)
-        uncordon = plan.action not in NODE_ACTIONS and InstanceState.HEALTH_CHECKING in from_states
+        uncordon = plan.action not in NODE_ACTIONS and checked
         return NodeDecision(
             from_states=from_states, to=to, findings=findings, fault_history=history, last_fault=last_fault,
             quarantine_reason=why if to is InstanceState.QUARANTINED else "",
@@ -335,8 +339,8 @@ class NodeRemediation:
             reset=reset)
 
     # ------------------------------------------------------------ gate, cordon
-    def ask_gate(self, plan: RemediationPlan, inst_id: str, jobs: list[Job],
-                 now: float) -> tuple[RemediationPlan, Any, GateAnswer | None]:
+    def ask_gate(self, plan: RemediationPlan, inst_id: str, jobs: list[Job], now: float,
+                 cause: Mapping[str, str] | None = None) -> tuple[RemediationPlan, Any, GateAnswer | None]:
         """The breaker, for a node action about to be carried out; the cordon limit, for a
         node found bad (a node action decided) that will not be drained."""
         known_bad = plan.action in NODE_ACTIONS
@@ -345,7 +349,7 @@ class NodeRemediation:
         answer = self.reboots.gate.decide(
             node=inst_id, action=plan.action.value if plan.needs_breaker else None,
             job_ids=[j.job_id for j in jobs], reason=plan.decision.reason, now=now,
-            cordon_unless_drained=known_bad, drains_if_allowed=Effect.DRAIN in plan.execute)
+            cordon_unless_drained=known_bad, drains_if_allowed=Effect.DRAIN in plan.execute, cause=cause)
         if answer.breaker is not None:
             plan = plan.with_breaker(answer.breaker)
         return plan, answer.update, answer

@@ -1,0 +1,133 @@
+"""Issue 49: missing evidence is not bad evidence. A DCGM check whose verdict cannot be had
+(its STOPPED event lost and its log line unreadable, a check that hangs, one that cannot
+start) never quarantines its node nor fails its job: the verdict is read from the stopped
+task when it can be, else the node leaves its check as it was, an operator is told, and the
+job goes on without spending a recovery. The recovery with fakes of the ports."""
+
+from __future__ import annotations
+
+from gpu_recovery import constants as C
+from gpu_recovery.domain.states import InstanceState, JobState
+from tests.recovery.fakes import World, world
+
+PEER, FAULTY = "node-a", "node-b"
+TIMEOUT = 30 * 60  # health_check_timeout_seconds (the default)
+
+
+def _check_running(w: World) -> None:
+    """Rank 1 exits 1 (its application's own error): node-b's DCGM check starts."""
+    arns = w.register_job("j", [PEER, FAULTY])
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    assert w.ecs.health_checks_on(FAULTY)
+
+
+def _unreadable_log(w: World) -> None:
+    def failing(task_arn: str) -> None:
+        raise TimeoutError("GetLogEvents: throttled")
+
+    w.service.health.deps.verdicts.read_verdict = failing  # type: ignore[method-assign]
+
+
+def _not_condemned(w: World) -> None:
+    """The node back in service, the job restarting, no budget spent, nobody failed."""
+    instance = w.repo.get_instance(FAULTY)
+    assert instance.state is InstanceState.AVAILABLE and not instance.drain_pending
+    assert w.ecs.drained == [] and w.rebooter.calls == []
+    job = w.repo.get_job("j")
+    assert job.state in (JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART), job.state
+    suspect = w.repo.faults.get_suspect("j", 1, FAULTY)
+    assert suspect is not None and not suspect.pending and suspect.findings["verdict"] == "undiagnosed"
+    assert (job.recoveries_used, job.app_restarts_used) == (0, 0)
+    assert not (w.repo.get_instance_item(FAULTY) or {}).get("fault_history")
+
+
+def test_a_diag_that_passed_whose_event_was_lost_and_log_unreadable_is_decided_by_its_exit_code() -> None:
+    """The issue's case: the diag passed (exit 0), its STOPPED event was dead-lettered and
+    every read of its log line fails. By the check's timeout the sweep decides on the
+    stopped task's exit code: healthy, the job restarts (application error), the node is
+    not quarantined and the job not failed for health_check_timeout."""
+    with world() as w:
+        _check_running(w)
+        [task] = w.ecs.health_checks_on(FAULTY)
+        w.health_check_stopped(task, 0)  # the event itself never delivered
+        _unreadable_log(w)
+        for _ in range(TIMEOUT // 300 + 2):
+            w.advance(300)
+            w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is InstanceState.AVAILABLE and w.ecs.drained == []
+        job = w.repo.get_job("j")
+        assert job.state is not JobState.FAILED and "health check" not in (job.last_error or "")
+        suspect = w.repo.faults.get_suspect("j", 1, FAULTY)
+        assert suspect is not None and suspect.findings["verdict"] == "healthy"
+
+
+def test_a_check_with_no_verdict_by_its_timeout_leaves_the_node_as_it_was_and_tells_an_operator() -> None:
+    """A check that never ends (no verdict by health_check_timeout_seconds): stopped, the
+    node back in service (not quarantined, nothing in its history), one e-mail to the
+    operator, the job restarting without spending a recovery."""
+    with world() as w:
+        _check_running(w)
+        [task] = w.ecs.health_checks_on(FAULTY)
+        w.advance(TIMEOUT + 60)
+        w.service.sweep()
+        assert task.arn in w.ecs.stop_calls
+        _not_condemned(w)
+        told = [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
+        assert len(told) == 1 and "no verdict" in told[0].subject and not told[0].job_id
+        assert not any(n.job_id == "j" and "FAILED" in n.body for n in w.notifier.sent)
+
+
+def test_a_check_that_cannot_be_placed_does_not_count_against_the_node() -> None:
+    """Every placement of the check refused (its start retries spent): the node is not
+    marked SUSPECT, the job is not failed; an operator is told."""
+    with world(health_check_start_retries=2) as w:
+        w.ecs.failures["start_task"] = ["place_nothing"] * 10
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        for _ in range(4):
+            w.advance(61)
+            w.service.sweep()
+        assert w.ecs.health_checks_on(FAULTY) == []
+        _not_condemned(w)
+        assert [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
+
+
+def _rebooting(w: World) -> None:
+    """Rank 1 exits 1, DCGM says reboot, rank 0 stops: node-b REBOOTING, its reboot issued."""
+    arns = w.register_job("j", [PEER, FAULTY])
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    [check] = w.ecs.health_checks_on(FAULTY)
+    w.service.on_health_check_stopped(w.health_check_stopped(check, 1))
+    w.service.on_task_state_change(w.task_stopped(
+        arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+    assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING and w.rebooter.calls
+
+
+def test_a_reboot_the_stack_cannot_prove_is_settled_by_asking_the_node_not_by_a_quarantine() -> None:
+    """Issue 49: the reboot was issued, but no agent outage was ever seen (the reboot's
+    events lost, or too quick to see); at the reboot's timeout the node's agent answers. It is
+    not quarantined: it is back as from its reboot, and its job restarts."""
+    with world() as w:
+        _rebooting(w)
+        for _ in range(32):
+            w.advance(60)
+            w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is InstanceState.AVAILABLE and w.ecs.drained == []
+        assert not (w.repo.get_instance_item(FAULTY) or {}).get("quarantine_reason")
+        assert w.repo.get_job("j").state is not JobState.FAILED
+
+
+def test_with_validation_on_an_unproven_reboot_is_settled_by_the_nodes_validation() -> None:
+    from gpu_recovery.domain.validation import ValidationPolicy
+
+    policy = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=45, timeout_seconds=600)
+    with world(validation=policy) as w:
+        _rebooting(w)
+        for _ in range(32):
+            w.advance(60)
+            w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is InstanceState.REBOOTING and instance.validating
+        assert w.ecs.drained == []
