@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import DEADLINE_BUCKET, DEADLINE_PK, DEADLINE_SHARDS_MAX, deadline_bucket
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.shards import stable_shard
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 # resumed, or lost and found, a thousand times never outgrows DynamoDB's 400 KB item. A
 # full history drops its oldest HISTORY_TRIM entries at once (one write per 50 changes).
 MAX_HISTORY = 200
+LEDGER_ATTRIBUTE = "goodput"  # the job's folded goodput ledger (domain.goodput)
 HISTORY_TRIM = 50
 _BATCH_GET_LIMIT = 100
 # Contention on a hot item (many ranks of one job writing at once) is a race, not an
@@ -393,23 +395,32 @@ class DynamoGateway:
     def _trim_history(self, updates: Sequence[Update]) -> bool:
         """A job's history full (its own condition failed the write): drop its oldest entries
         and say so (the caller writes again). False: nothing to trim, the write's own
-        condition did not hold."""
+        condition did not hold. The entries dropped are folded into the job's goodput ledger
+        (``domain.goodput``) in the same write, conditioned on the entries read: the ledger
+        stays exact and bounded however many times the job changed state."""
         trimmed = False
         for update in updates:
             if update.history_entry is None:
                 continue
             item = self._client.get_item(TableName=update.table, Key=update.key, ConsistentRead=True,
-                                         ProjectionExpression="#h", ExpressionAttributeNames={"#h": "history"}
+                                         ProjectionExpression="#h, #g",
+                                         ExpressionAttributeNames={"#h": "history", "#g": LEDGER_ATTRIBUTE}
                                          ).get("Item") or {}
-            if len(item.get("history") or []) < MAX_HISTORY:
+            history = from_ddb(item).get("history") or []
+            if len(history) < MAX_HISTORY:
                 continue
             removes = ", ".join(f"#h[{i}]" for i in range(HISTORY_TRIM))
+            folded = goodput.advance(from_ddb(item).get(LEDGER_ATTRIBUTE), history[:HISTORY_TRIM])
             try:
-                self._client.update_item(TableName=update.table, Key=update.key,
-                                         UpdateExpression=f"REMOVE {removes}",
-                                         ConditionExpression="size(#h) >= :hmax",
-                                         ExpressionAttributeNames={"#h": "history"},
-                                         ExpressionAttributeValues={":hmax": MAX_HISTORY})
+                self._client.update_item(
+                    TableName=update.table, Key=update.key,
+                    UpdateExpression=f"SET #g = :g REMOVE {removes}",
+                    ConditionExpression="size(#h) >= :hmax AND #h[0].#at = :first AND "
+                                        f"#h[{HISTORY_TRIM - 1}].#at = :last",
+                    ExpressionAttributeNames={"#h": "history", "#g": LEDGER_ATTRIBUTE, "#at": "at"},
+                    ExpressionAttributeValues={":hmax": MAX_HISTORY, ":g": to_ddb(folded.to_item()),
+                                               ":first": to_ddb(history[0].get("at")),
+                                               ":last": to_ddb(history[HISTORY_TRIM - 1].get("at"))})
             except ClientError as error:
                 if not is_condition_failure(error):
                     raise

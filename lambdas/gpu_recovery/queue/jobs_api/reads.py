@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpu_recovery import clock
 from gpu_recovery.constants import (
     JOB_BY_STATE_INDEX,
     JOB_BY_USER_INDEX,
@@ -21,6 +22,7 @@ from gpu_recovery.constants import (
     USER_PK,
     JobState,
 )
+from gpu_recovery.domain.goodput import ledger_of
 from gpu_recovery.domain.models import Job, container_instance_id
 from gpu_recovery.domain.states import QUEUED_JOB_STATES
 from gpu_recovery.queue.access import Principal, quota_subject
@@ -82,9 +84,18 @@ def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
             "attempts": [_attempt(a) for a in attempt_records(item.get("attempts") or [],
                                                               item.get("history") or [],
                                                               int(item.get("attempt") or 0))],
+            "goodput": goodput_view(item),
         }
     )
     return out
+
+
+def goodput_view(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's goodput ledger up to now (``domain.goodput``) and its last checkpoint."""
+    plain = from_ddb(dict(item))
+    checkpoint = plain.get("checkpoint")
+    return {**ledger_of(plain, clock.now()).to_view(),
+            "checkpoint": dict(checkpoint) if isinstance(checkpoint, Mapping) else None}
 
 
 def _wait_reason(item: Mapping[str, Any], job: Job) -> str:
