@@ -44,10 +44,13 @@ CAUSES = (PRODUCTIVE, *STACK_CAUSES, *OWN_CAUSES)
 OUTSIDE_STACK_SHARE = (LOST_WORK, REPAIR)
 TOP_N = 8  # nodes and rules kept per job (the most costly)
 GP = "gp"  # the history entry's key for a transition's ledger facts
+LEDGER_KEY = "goodput"  # the job item's folded ledger
 
 _WALL_END = frozenset({JobState.CANCELING.value, JobState.COMPLETE.value, JobState.FAILED.value,
                        JobState.USER_STOPPED.value, JobState.CANCELED.value})
 _QUEUE_STATES = frozenset({JobState.QUEUED.value, JobState.PENDING_RESOURCES.value})
+# The gang is being stopped at the start of these (a fault's first wait).
+_STOPPING_STATES = frozenset({JobState.PENDING_HEALTHCHECK.value, JobState.PENDING_RESTART.value})
 _SUSPEND_STATES = frozenset({JobState.SUSPENDING.value, JobState.SUSPENDED.value})
 _STATE_CAUSE = {JobState.STARTING.value: RESTART, JobState.RUNNING.value: PRODUCTIVE,
                 JobState.NODE_LOST.value: DETECTION, JobState.HUNG.value: DETECTION,
@@ -86,6 +89,15 @@ def wait_cause(*, relocate: bool, repair: bool, application: bool) -> str:
     if repair:
         return REPAIR
     return APPLICATION_ERROR if application else RESTART
+
+
+def stop_marks(stopped: Mapping[str, Any] | None, attempt: int) -> dict[str, Any]:
+    """When the gang of ``attempt`` had stopped (``Job.stopped``), for the transition that
+    ends the wait it was part of ({} when not yet known)."""
+    stopped = stopped or {}
+    if stopped.get("at") is None or int(stopped.get("attempt") or 0) != attempt:
+        return {}
+    return {"stopped_at": float(stopped["at"])}
 
 
 def suspend_cause(kind: str) -> str:
@@ -201,7 +213,12 @@ class Ledger:
         if state == JobState.RUNNING.value and marks.get("fault"):
             self._close_running_on_fault(start, end, marks)
             return
-        self.add(self._cause_of(state), end - start)
+        cause = self._cause_of(state)
+        if state in _STOPPING_STATES and marks.get("stopped_at") is not None:
+            stopped = min(max(float(marks["stopped_at"]), start), end)
+            self.add(APPLICATION_ERROR if cause == APPLICATION_ERROR else STOPPING, stopped - start)
+            start = stopped
+        self.add(cause, end - start)
 
     def _close_running_on_fault(self, start: float, end: float, marks: Mapping[str, Any]) -> None:
         self.episode = {"node": marks.get("node", ""), "rule": marks.get("rule", ""),
@@ -239,7 +256,7 @@ class Ledger:
         marks = entry.get(GP) if isinstance(entry.get(GP), Mapping) else None
         previous = self.last_state
         self.close(at, marks)
-        if self.started_at is None and to == JobState.STARTING.value:
+        if self.started_at is None and to in (JobState.STARTING.value, JobState.RUNNING.value):
             self.started_at = at
         if to in _WALL_END:
             self.ended = True
@@ -270,12 +287,38 @@ def advance(folded: Mapping[str, Any] | None, entries: Iterable[Mapping[str, Any
     return ledger
 
 
+def entries_of(item: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The job's history as the ledger reads it. A job registered from its tasks' own events
+    (not submitted to the queue) has no entry for its start: it began at ``created_at``, in
+    the state its first change left (STARTING when that change was its confirmation)."""
+    history = [e for e in item.get("history") or [] if isinstance(e, Mapping)]
+    created_at = _float(item.get("created_at"))
+    if isinstance(item.get(LEDGER_KEY), Mapping) or created_at is None:
+        return history
+    if history and str(history[0].get("to")) in _QUEUE_STATES:
+        return history  # a queue job: its history starts at its submission
+    if history:
+        initial = JobState.STARTING.value if history[0].get("from") == JobState.STARTING.value \
+            else JobState.RUNNING.value
+    else:
+        initial = str(item.get("job_state") or JobState.RUNNING.value)
+    return [{"at": created_at, "to": initial}, *history]
+
+
 def ledger_of(item: Mapping[str, Any], now: float) -> Ledger:
     """A job item's ledger up to ``now`` (its folded map, its history, the open interval)."""
-    history = [e for e in item.get("history") or [] if isinstance(e, Mapping)]
-    ledger = advance(item.get("goodput") if isinstance(item.get("goodput"), Mapping) else None, history)
+    folded = item.get(LEDGER_KEY)
+    ledger = advance(folded if isinstance(folded, Mapping) else None, entries_of(item))
     ledger.close(now, None)
     return ledger
+
+
+def fold_oldest(item: Mapping[str, Any], count: int) -> dict[str, Any]:
+    """The item's folded map once its ``count`` oldest history entries are dropped."""
+    entries = entries_of(item)
+    synthesized = len(entries) - len([e for e in item.get("history") or [] if isinstance(e, Mapping)])
+    folded = item.get(LEDGER_KEY)
+    return advance(folded if isinstance(folded, Mapping) else None, entries[:count + synthesized]).to_item()
 
 
 def _float(value: Any) -> float | None:

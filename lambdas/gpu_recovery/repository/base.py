@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 # resumed, or lost and found, a thousand times never outgrows DynamoDB's 400 KB item. A
 # full history drops its oldest HISTORY_TRIM entries at once (one write per 50 changes).
 MAX_HISTORY = 200
-LEDGER_ATTRIBUTE = "goodput"  # the job's folded goodput ledger (domain.goodput)
 HISTORY_TRIM = 50
 _BATCH_GET_LIMIT = 100
 # Contention on a hot item (many ranks of one job writing at once) is a race, not an
@@ -402,23 +401,24 @@ class DynamoGateway:
         for update in updates:
             if update.history_entry is None:
                 continue
-            item = self._client.get_item(TableName=update.table, Key=update.key, ConsistentRead=True,
-                                         ProjectionExpression="#h, #g",
-                                         ExpressionAttributeNames={"#h": "history", "#g": LEDGER_ATTRIBUTE}
-                                         ).get("Item") or {}
-            history = from_ddb(item).get("history") or []
+            item = from_ddb(self._client.get_item(
+                TableName=update.table, Key=update.key, ConsistentRead=True,
+                ProjectionExpression="#h, #g, #c, #s",
+                ExpressionAttributeNames={"#h": "history", "#g": goodput.LEDGER_KEY, "#c": "created_at",
+                                          "#s": "job_state"}).get("Item") or {})
+            history = item.get("history") or []
             if len(history) < MAX_HISTORY:
                 continue
             removes = ", ".join(f"#h[{i}]" for i in range(HISTORY_TRIM))
-            folded = goodput.advance(from_ddb(item).get(LEDGER_ATTRIBUTE), history[:HISTORY_TRIM])
+            folded = goodput.fold_oldest(item, HISTORY_TRIM)
             try:
                 self._client.update_item(
                     TableName=update.table, Key=update.key,
                     UpdateExpression=f"SET #g = :g REMOVE {removes}",
                     ConditionExpression="size(#h) >= :hmax AND #h[0].#at = :first AND "
                                         f"#h[{HISTORY_TRIM - 1}].#at = :last",
-                    ExpressionAttributeNames={"#h": "history", "#g": LEDGER_ATTRIBUTE, "#at": "at"},
-                    ExpressionAttributeValues={":hmax": MAX_HISTORY, ":g": to_ddb(folded.to_item()),
+                    ExpressionAttributeNames={"#h": "history", "#g": goodput.LEDGER_KEY, "#at": "at"},
+                    ExpressionAttributeValues={":hmax": MAX_HISTORY, ":g": to_ddb(folded),
                                                ":first": to_ddb(history[0].get("at")),
                                                ":last": to_ddb(history[HISTORY_TRIM - 1].get("at"))})
             except ClientError as error:

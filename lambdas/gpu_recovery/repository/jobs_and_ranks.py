@@ -30,6 +30,7 @@ from gpu_recovery.constants import (
     refused_item_key,
     unprotected_task_key,
 )
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.relocation import RelocationWait
@@ -356,7 +357,7 @@ class JobsAndRanks(RecoveryTables):
         update = self.job_transition(
             job.job_id, JobState.STARTING, from_states=[JobState.PENDING_RESTART],
             attempt=job.attempt, reason=reason or f"gang restart, attempt {new_attempt}", actor="recovery",
-            set_fields=fields)
+            set_fields=fields, ledger=goodput.stop_marks(job.stopped, job.attempt))
         return self.db.transact([update, placement]) if placement is not None else self.db.apply(update)
 
     def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
@@ -381,6 +382,8 @@ class JobsAndRanks(RecoveryTables):
         deadline index)."""
         update = Update(
             table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            # When the gang was stopped: the goodput ledger's stopping time ends there.
+            set_fields={"stopped": {"attempt": attempt, "at": clock.now()}},
             remove_fields=["stop_fanout", *(DEADLINE_ATTRIBUTES if job.state.is_terminal else [])],
             condition="#f.#a = :a AND #st = :st",
             condition_values={":a": attempt, ":st": job.state.value},
@@ -407,7 +410,8 @@ class JobsAndRanks(RecoveryTables):
         return self.db.transact([self.job_transition(
             job.job_id, to, from_states=[job.state], attempt=job.attempt, reason=reason, actor="recovery",
             set_fields=fields, increments={SPEND_COUNTER[spend]: 1} if spend else None,
-            extra_condition=condition, extra_values=values, extra_names=names, ledger=ledger), *also])
+            extra_condition=condition, extra_values=values, extra_names=names,
+            ledger={**goodput.stop_marks(job.stopped, job.attempt), **(ledger or {})}), *also])
 
     def _relocations(self, job_id: str) -> list[dict[str, Any]]:
         item = self.get_job_item(job_id) or {}

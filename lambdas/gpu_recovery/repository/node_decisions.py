@@ -279,9 +279,9 @@ class NodeDecisions(JobsAndRanks, Instances):
             job.job_id, verdict.to, from_states=[job.state], attempt=job.attempt,
             reason=verdict.reason or f"verdict {verdict.label.value} on {inst_id}", actor="recovery",
             set_fields=fields, increments=counts, extra_condition=condition, extra_values=values,
-            extra_names=names, ledger=goodput.cause_marks(goodput.wait_cause(
-                relocate=verdict.relocate, repair=verdict.waits_for_reboot or verdict.held,
-                application=verdict.spend == SPEND_APPLICATION)))
+            extra_names=names, ledger={**goodput.stop_marks(job.stopped, job.attempt), **goodput.cause_marks(
+                goodput.wait_cause(relocate=verdict.relocate, repair=verdict.waits_for_reboot or verdict.held,
+                                   application=verdict.spend == SPEND_APPLICATION))})
         if verdict.to is job.state:
             # Not a state change: the verdict is on the suspect item. One history entry per
             # checked node would fill the job's bounded history (pushing its real changes

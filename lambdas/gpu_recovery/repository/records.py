@@ -64,6 +64,7 @@ def job_from_item(item: Mapping[str, Any]) -> Job:
         network=dict(item.get("network") or {}),
         restart_wait=RestartWait.from_item(item.get("restart_wait"), attempt),
         checkpoint=dict(item.get("checkpoint") or {}),
+        stopped=dict(item.get("stopped") or {}),
     )
 
 
