@@ -84,7 +84,6 @@ def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
             "attempts": [_attempt(a) for a in attempt_records(item.get("attempts") or [],
                                                               item.get("history") or [],
                                                               int(item.get("attempt") or 0))],
-            "goodput": goodput_view(item),
         }
     )
     return out
@@ -125,6 +124,8 @@ def job_summary(item: Mapping[str, Any]) -> dict[str, Any]:
         "attempt": int(item.get("attempt", 0)),
         "submitted_at": item.get("submitted_at", item.get("created_at", 0)),
         "updated_at": item.get("updated_at", 0),
+        # Computed from the item the listing index already returned (its projection is ALL).
+        "goodput": goodput_view(item),
     }
 
 
