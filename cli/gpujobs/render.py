@@ -292,11 +292,6 @@ def format_job(job: Mapping[str, Any]) -> list[str]:
     ranks = [r for r in job.get("ranks") or [] if isinstance(r, dict)]
     if ranks:
         lines += ["", "Ranks:", *_rank_table(ranks)]
-    ledger = job.get("goodput")
-    if isinstance(ledger, Mapping):
-        from cli.gpujobs.goodput import ledger_lines  # it imports this module's helpers
-
-        lines += ledger_lines(ledger)
     attempts = [a for a in job.get("attempts") or [] if isinstance(a, dict)]
     if attempts:
         lines += ["", "Attempts:"]
