@@ -127,3 +127,11 @@ def test_folding_the_history_keeps_the_same_ledger() -> None:
 def test_an_unknown_cause_is_refused() -> None:
     with pytest.raises(ValueError):
         gp.cause_marks("coffee")
+
+
+def test_a_late_confirmation_of_the_restart_counts_from_when_rank_0_ran() -> None:
+    """Given the STARTING -> RUNNING confirmation written 100 s after rank 0 was seen running
+    (a retried invocation), Then the restart ends when rank 0 ran; the rest is productive."""
+    book = ledger([entry(0, "STARTING"), entry(130, "RUNNING", gp.running_marks(30))], 200)
+    assert book.seconds["restart"] == pytest.approx(30)
+    assert book.seconds["productive"] == pytest.approx(170)

@@ -100,6 +100,11 @@ def stop_marks(stopped: Mapping[str, Any] | None, attempt: int) -> dict[str, Any
     return {"stopped_at": float(stopped["at"])}
 
 
+def running_marks(running_at: float) -> dict[str, Any]:
+    """When the attempt was seen running, for its STARTING -> RUNNING confirmed later."""
+    return {"running_at": float(running_at)}
+
+
 def suspend_cause(kind: str) -> str:
     """A suspension's cause by its kind (``domain.time_sharing.SuspendKind``): a move off a
     node with a driver warning is the stack's repair; the others are the job's own."""
@@ -214,6 +219,11 @@ class Ledger:
             self._close_running_on_fault(start, end, marks)
             return
         cause = self._cause_of(state)
+        if state == JobState.STARTING.value and marks.get("running_at") is not None:
+            running = min(max(float(marks["running_at"]), start), end)
+            self.add(cause, running - start)
+            self.add(PRODUCTIVE, end - running)
+            return
         if state in _STOPPING_STATES and marks.get("stopped_at") is not None:
             stopped = min(max(float(marks["stopped_at"]), start), end)
             self.add(APPLICATION_ERROR if cause == APPLICATION_ERROR else STOPPING, stopped - start)

@@ -286,10 +286,11 @@ class JobsAndRanks(RecoveryTables):
         return self.db.transact([*rank, job_update, *also])
 
     def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery",
-                            also: Sequence[Update] = ()) -> bool:
+                            also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool:
         return self.db.transact([self.job_transition(
             job_id, JobState.RUNNING, from_states=[JobState.STARTING], attempt=attempt,
-            reason=reason, actor=actor, remove_fields=[*DEADLINE_ATTRIBUTES, "start_fanout"]), *also])
+            reason=reason, actor=actor, remove_fields=[*DEADLINE_ATTRIBUTES, "start_fanout"],
+            ledger=ledger), *also])
 
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = "recovery") -> bool:
         return self.db.apply(self.job_transition(
