@@ -135,3 +135,14 @@ def test_a_late_confirmation_of_the_restart_counts_from_when_rank_0_ran() -> Non
     book = ledger([entry(0, "STARTING"), entry(130, "RUNNING", gp.running_marks(30))], 200)
     assert book.seconds["restart"] == pytest.approx(30)
     assert book.seconds["productive"] == pytest.approx(170)
+
+
+def test_a_fault_while_the_job_was_lost_opens_a_recovery_charged_to_its_node() -> None:
+    """Given a job NODE_LOST (its node silent) whose rank then exits on a GPU fault, Then the
+    fault counts, the silent time is detection, and all of it is charged to the node."""
+    marks = gp.fault_marks(fault_at=300, checkpoint_at=250, node="ci-9", rule="xid-79")
+    book = ledger([entry(0, "STARTING"), entry(0, "RUNNING"), entry(200, "NODE_LOST"),
+                   entry(300, "PENDING_HEALTHCHECK", marks), entry(400, "PENDING_RESTART")], 450)
+    assert book.faults == 1
+    assert book.seconds["detection"] == pytest.approx(100)
+    assert book.nodes == {"ci-9": pytest.approx(100 + 100 + 50)}

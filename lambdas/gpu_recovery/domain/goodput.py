@@ -219,6 +219,8 @@ class Ledger:
             self._close_running_on_fault(start, end, marks)
             return
         cause = self._cause_of(state)
+        if marks.get("fault"):  # a fault while starting, suspending, lost or hung: no training to lose
+            self._open_fault_episode(marks)
         if state == JobState.STARTING.value and marks.get("running_at") is not None:
             running = min(max(float(marks["running_at"]), start), end)
             self.add(cause, running - start)
@@ -230,10 +232,13 @@ class Ledger:
             start = stopped
         self.add(cause, end - start)
 
-    def _close_running_on_fault(self, start: float, end: float, marks: Mapping[str, Any]) -> None:
+    def _open_fault_episode(self, marks: Mapping[str, Any]) -> None:
         self.episode = {"node": marks.get("node", ""), "rule": marks.get("rule", ""),
                         "own": bool(marks.get("own"))}
         self.faults += 1
+
+    def _close_running_on_fault(self, start: float, end: float, marks: Mapping[str, Any]) -> None:
+        self._open_fault_episode(marks)
         fault_at = min(max(float(marks.get("fault_at", end)), start), end)
         self.add(APPLICATION_ERROR if self.episode["own"] else DETECTION, end - fault_at)
         checkpoint = marks.get("ckpt_at")
