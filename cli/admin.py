@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli import admin_views, doctor, inject_fault
+from cli import admin_goodput, admin_views, doctor, inject_fault
 from gpu_recovery.constants import (
     DEFAULT_INSTANCE_TABLE_NAME,
     DEFAULT_JOB_TABLE_NAME,
@@ -462,6 +462,8 @@ COMMANDS: list[Command] = [
     Command("quota", "set, list or remove users' node quotas per priority level", _quota_arguments, _quota),
     Command("uncordon", "a known-bad node repaired by hand takes new work again", _uncordon_arguments,
             _uncordon),
+    Command("goodput", "the cluster's ETTR, GPU-hours lost per cause per day, the nodes that cost the most",
+            admin_goodput.add_arguments, admin_goodput.run),
     Command("faults", "read a job's fault analysis: every suspect node, verdict, decision, XIDs",
             _fault_analysis_arguments, _fault_analysis),
     # Not "fault": one letter from "faults", which reads a deployed job's analysis.

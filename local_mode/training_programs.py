@@ -6,7 +6,8 @@ rank logs its progress to its task definition's ``awslogs`` group (the emulated 
 Logs, which ``gpujobs logs`` reads); rank 0 saves a checkpoint every
 ``CHECKPOINT_EVERY_STEPS`` steps; an attempt starts from the last checkpoint (a crash loses
 the steps since) and its ranks exit 0 when the steps are done (``SimulatedEcs.plan_task``).
-Rank 0 asks ``receive_suspend_command()`` of the real training client
+Rank 0 reports each checkpoint (``checkpoint_saved``: the job's goodput ledger measures a
+fault's lost work from it) and asks ``receive_suspend_command()`` of the real training client
 (``training_client/gpu_recovery_client.py``) every step; told, it saves a checkpoint and
 calls ``go_suspend(block=False)``. A rank killed by an injected fault prints what
 ``mark_crash`` says (a CUDA error, an NCCL error) as its last line.
@@ -150,7 +151,8 @@ class TrainingPrograms:
             if env.get(C.CONTROL_URL_ENV) and env.get(C.CONTROL_TOKEN_ENV):
                 try:
                     program.client = self.client_lib.SuspendClient.from_env(
-                        env, clock=self.sim.now, state_dir=self.state_dir, attempts=1)
+                        env, clock=self.sim.now, state_dir=self.state_dir, attempts=1,
+                        report_in_background=False)  # the simulation's one thread
                 except (RuntimeError, ValueError) as error:
                     lines.append(f"no suspend channel: {error}")
         self._write(program, lines)
@@ -207,6 +209,8 @@ class TrainingPrograms:
             if due > saved and step < total:
                 self.checkpoints[program.job_id] = due
                 lines.append(f"checkpoint saved at step {due}")
+                if program.client is not None:  # the stack's ledger measures lost work from it
+                    program.client.checkpoint_saved(due)
             if program.client is not None:
                 lines += self._suspend_check(program, task, step)
         self._write(program, lines)
@@ -218,6 +222,7 @@ class TrainingPrograms:
         if not program.told:
             program.told = True
             self.checkpoints[program.job_id] = max(step, self.checkpoints.get(program.job_id, 0))
+            program.client.checkpoint_saved(step)
             state = program.client.read_state()
             lines.append(f"suspend command received ({state.get('reason') or 'suspend'}): checkpoint "
                          f"saved at step {step}; calling go_suspend()")

@@ -15,6 +15,12 @@ polls; the processes of one container share one poll per interval through a smal
 file in ``$TMPDIR``. Once True it stays True for the container. Network errors are logged
 once and answer False: training never fails because the API is down.
 
+``checkpoint_saved(step)`` (rank 0, after each checkpoint it saved) tells the stack which
+step the job can restart from and when it was saved: the job's goodput ledger measures a
+fault's lost work from it (without it the lost work is "unknown"). One small request, sent
+from a background thread (at most one every ``CHECKPOINT_MIN_INTERVAL_SECONDS``, the latest
+step wins), with a short timeout; it never blocks, never raises, and logs a failure once.
+
 ``go_suspend()`` tells the API the job may be interrupted now: every rank is stopped (ECS
 StopTask: SIGTERM, then SIGKILL). It does not return; ``go_suspend(block=False)`` returns
 the API's answer instead (tests, simulations).
@@ -65,8 +71,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __version__ = "1.0.0"
-__all__ = ["ControlError", "PreflightClient", "SuspendClient", "go_suspend", "receive_suspend_command",
-           "run_preflight"]
+__all__ = ["ControlError", "PreflightClient", "SuspendClient", "checkpoint_saved", "go_suspend",
+           "receive_suspend_command", "run_preflight"]
 
 LOG = logging.getLogger("gpu_recovery_client")
 
@@ -84,6 +90,8 @@ GO_SUSPEND_ATTEMPTS = 4  # first try + 3 retries of a transient failure
 BACKOFF_BASE_SECONDS = 0.5
 MAX_BACKOFF_SECONDS = 4.0
 MAX_MESSAGE_CHARS = 500
+CHECKPOINT_MIN_INTERVAL_SECONDS = 5.0  # one checkpoint report per this (the latest step wins)
+CHECKPOINT_TIMEOUT_SECONDS = 2.0
 MAX_RESPONSE_BYTES = 65536
 # The token the launcher makes: <job_id>.<rank>.<mac> (see gpu_recovery.domain.control_token).
 _TOKEN_RE = re.compile(r"^([a-z0-9][a-z0-9-]{0,80})\.(\d{1,4})\.[0-9a-f]{40}$")
@@ -243,6 +251,7 @@ class SuspendClient(object):
         timeout: float = HTTP_TIMEOUT_SECONDS,
         sleep: Optional[Callable[[float], Any]] = None,
         attempts: int = GO_SUSPEND_ATTEMPTS,
+        report_in_background: bool = True,
     ) -> None:
         self.url = _check_http_url((url or "").strip().rstrip("/"))
         self.token = (token or "").strip()
@@ -272,6 +281,14 @@ class SuspendClient(object):
         self._quiet_until = float("-inf")  # no need to look at the shared file before this
         self._failing = False
         self._warned: Set[str] = set()
+        # checkpoint_saved(): one pending report (the latest step), sent by one daemon thread.
+        self.report_in_background = bool(report_in_background)
+        self._checkpoint_cv = threading.Condition()
+        self._checkpoint_pending: Optional[int] = None
+        self._checkpoint_sent_at = float("-inf")
+        self._checkpoint_busy = False
+        self._checkpoint_thread: Optional[threading.Thread] = None
+        self.checkpoints_reported = 0
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None, **kwargs: Any) -> "SuspendClient":
@@ -429,16 +446,82 @@ class SuspendClient(object):
     def _wait_to_be_stopped(self) -> None:
         _wait_to_be_stopped(self._sleep)
 
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_saved(self, step: int) -> bool:
+        """Rank 0 saved a checkpoint at ``step``: report it (never blocks training in the
+        background mode, never raises). False on other ranks (nothing sent) or for a bad
+        step; True when the report is sent or queued."""
+        if self.rank != 0 or isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            return False
+        with self._checkpoint_cv:
+            if self._checkpoint_pending is None or step >= self._checkpoint_pending:
+                self._checkpoint_pending = step
+            if self.report_in_background:
+                self._start_checkpoint_thread()
+                self._checkpoint_cv.notify()
+                return True
+        self._send_due_checkpoint()
+        return True
+
+    def flush_checkpoints(self, timeout: float = CHECKPOINT_TIMEOUT_SECONDS * 2) -> bool:
+        """Wait (at most ``timeout``) until no checkpoint report is pending or in flight
+        (before a process exits, in tests); True when none is left."""
+        deadline = time.monotonic() + timeout
+        with self._checkpoint_cv:
+            while self._checkpoint_pending is not None or self._checkpoint_busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._checkpoint_cv.wait(min(left, 0.05))
+        return True
+
+    def _start_checkpoint_thread(self) -> None:
+        if self._checkpoint_thread is None or not self._checkpoint_thread.is_alive():
+            self._checkpoint_thread = threading.Thread(
+                target=self._checkpoint_loop, name="gpu-recovery-checkpoints", daemon=True)
+            self._checkpoint_thread.start()
+
+    def _checkpoint_loop(self) -> None:
+        while True:
+            with self._checkpoint_cv:
+                while self._checkpoint_pending is None:
+                    self._checkpoint_cv.wait()
+                wait = self._checkpoint_sent_at + CHECKPOINT_MIN_INTERVAL_SECONDS - self._clock()
+            if wait > 0:
+                time.sleep(min(wait, CHECKPOINT_MIN_INTERVAL_SECONDS))
+            self._send_due_checkpoint()
+
+    def _send_due_checkpoint(self) -> None:
+        """Send the pending step if the rate limit allows (else it waits for a later call)."""
+        with self._checkpoint_cv:
+            step = self._checkpoint_pending
+            if step is None or self._clock() < self._checkpoint_sent_at + CHECKPOINT_MIN_INTERVAL_SECONDS:
+                return
+            self._checkpoint_pending, self._checkpoint_busy = None, True
+            self._checkpoint_sent_at = self._clock()
+        try:
+            self._call("POST", "/v1/control/checkpoint", {"step": step}, timeout=CHECKPOINT_TIMEOUT_SECONDS)
+            self.checkpoints_reported += 1
+        except Exception as error:  # URLError, timeouts, resets, 4xx: training goes on regardless
+            self._warn_once("checkpoint", "checkpoint_saved(%s) not reported (%s): the job's lost "
+                            "work after a fault may be shown as unknown", step, error)
+        finally:
+            with self._checkpoint_cv:
+                self._checkpoint_busy = False
+                self._checkpoint_cv.notify_all()
+
     # --------------------------------------------------------------------------- HTTP
-    def _call(self, method: str, path: str) -> Tuple[int, Any]:
+    def _call(self, method: str, path: str, query: Optional[Dict[str, Any]] = None,
+              timeout: Optional[float] = None) -> Tuple[int, Any]:
         url = join_url(self.url, path)
-        if self.attempt is not None:
-            url += "?" + urllib.parse.urlencode({"attempt": self.attempt})
+        params = dict({"attempt": self.attempt} if self.attempt is not None else {}, **(query or {}))
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
         headers = {"Authorization": "Bearer " + self.token, "Accept": "application/json",
                    "User-Agent": USER_AGENT}
         request = urllib.request.Request(  # noqa: S310 (scheme checked)
             url, data=b"" if method == "POST" else None, headers=headers, method=method)
-        with self._opener.open(request, timeout=self.timeout) as response:
+        with self._opener.open(request, timeout=self.timeout if timeout is None else timeout) as response:
             raw = response.read(MAX_RESPONSE_BYTES)
             status = getattr(response, "status", 200)
         return status, json.loads(raw.decode("utf-8") or "null")
@@ -524,6 +607,19 @@ def go_suspend(block: bool = True) -> Dict[str, Any]:
     if client is None:
         raise RuntimeError("go_suspend(): " + why)
     return client.go_suspend(block=block)
+
+
+def checkpoint_saved(step: int) -> bool:
+    """Rank 0 saved a checkpoint at ``step``: tell the stack (in the background, rate-limited,
+    never raises; lost work after a fault is measured from it). False on other ranks, or
+    when the job has no control channel (logged once)."""
+    client, why = _env_client()
+    if client is None:
+        if why not in _warned_missing:
+            _warned_missing.add(why)
+            LOG.warning("checkpoint_saved() reports nothing: %s", why)
+        return False
+    return client.checkpoint_saved(step)
 
 
 # --------------------------------------------------------------------------- gang preflight

@@ -34,6 +34,7 @@ from cli.gpujobs.constants import (
     TERMINAL_STATES,
 )
 from cli.gpujobs.errors import CliError
+from cli.gpujobs.goodput import cmd_goodput, period_seconds
 from cli.gpujobs.watch import WATCH_POLL_SECONDS, cmd_watch
 
 
@@ -135,9 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--next-token", help="start from this page token")
     p.set_defaults(func=cmd_list)
 
-    p = add("show", "show one job: state, ranks, attempts")
+    p = add("show", "show one job: state, ranks, attempts, its goodput ledger")
     p.add_argument("job_id", metavar="ID")
     p.set_defaults(func=cmd_show)
+
+    p = add("goodput", "your jobs' goodput over a period: GPU-hours per cause, ETTR (docs/goodput.md)")
+    p.add_argument("--since", type=period_seconds, default=7 * 86400, metavar="PERIOD",
+                   help="jobs submitted within this period: 7d (default), 36h")
+    p.add_argument("--user", help="another user's jobs (admins): an IAM ARN or user name")
+    p.set_defaults(func=cmd_goodput)
 
     p = add("cancel", "cancel a job")
     p.add_argument("job_id", metavar="ID")

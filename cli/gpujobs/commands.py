@@ -15,6 +15,7 @@ from cli.gpujobs import clock
 from cli.gpujobs.client import ApiClient
 from cli.gpujobs.constants import EXIT_OK, PROG, TERMINAL_STATES
 from cli.gpujobs.errors import ApiError, CliError
+from cli.gpujobs.goodput import ledger_lines
 from cli.gpujobs.render import fmt_time, format_job, json_mode, nodes_label, print_json, stdout, table
 from cli.gpujobs.spec import build_spec, check_as_the_api_would
 
@@ -79,7 +80,9 @@ def cmd_show(client: ApiClient, args: argparse.Namespace) -> int:
     if json_mode(args):
         print_json(job)
     else:
-        print("\n".join(format_job(job)), file=stdout())
+        ledger = job.get("goodput")
+        lines = format_job(job) + (ledger_lines(ledger) if isinstance(ledger, Mapping) else [])
+        print("\n".join(lines), file=stdout())
     return EXIT_OK
 
 

@@ -31,6 +31,7 @@ JOBS_API_ROUTES: tuple[tuple[str, str], ...] = (
 CONTROL_API_ROUTES: tuple[tuple[str, str], ...] = (
     ("GET", "v1/control"),
     ("POST", "v1/control/suspend"),
+    ("POST", "v1/control/checkpoint"),
     ("GET", "v1/control/preflight"),
     ("POST", "v1/control/preflight"),
 )

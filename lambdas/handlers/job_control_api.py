@@ -5,6 +5,9 @@
                                  while its job is SUSPENDING (checkpoint now, then go_suspend())
     POST /v1/control/suspend     200 go_suspend(): the job is suspended at once (every rank
                                  stopped; SUSPENDED once all stopped)
+    POST /v1/control/checkpoint?attempt=N&step=S
+                                 200 checkpoint_saved(step): rank 0 saved a checkpoint (the
+                                 job's goodput ledger measures a fault's lost work from it)
     GET  /v1/control/preflight?attempt=N
                                  200 this rank's step in the attempt's gang preflight: skip it,
                                  run these all-reduces, wait, train, or stop (docs/preflight.md)
@@ -66,6 +69,13 @@ class ControlStatus(BaseModel):
     grace_seconds: int | None = None
     reason: str = ""
     poll_seconds: int = Field(description="Ask at most this often")
+
+
+class CheckpointAck(BaseModel):
+    job_id: str
+    attempt: int
+    step: int
+    recorded: bool = Field(description="False: not kept (the job is not running, or a later step is)")
 
 
 class PreflightTest(BaseModel):
@@ -188,6 +198,21 @@ def go_suspend(
     result = runtime.job_control_service(runtime.PowertoolsMetrics(metrics)).go_suspend(job_id, rank, attempt)
     metrics.add_metric(name="GoSuspendCalls", unit="Count", value=1)
     return SuspendAck.model_validate(result)
+
+
+@app.post("/v1/control/checkpoint", summary="checkpoint_saved(): rank 0 saved a checkpoint", tags=["control"],
+          responses={200: {"description": "Recorded (or not, see `recorded`)",
+                           "content": {"application/json": {"model": CheckpointAck}}},
+                     **_ERRORS,
+                     409: error_doc("Not rank 0, or the caller's attempt is over")})
+def checkpoint_saved(
+    attempt: Annotated[int, Query(ge=1, le=100_000, description="The rank's ATTEMPT")],
+    step: Annotated[int, Query(ge=0, le=10**15, description="The training step the checkpoint holds")],
+) -> CheckpointAck:
+    job_id, rank = _caller()
+    result = runtime.job_control_service().checkpoint_saved(job_id, rank, attempt, step)
+    metrics.add_metric(name="CheckpointsReported", unit="Count", value=1)
+    return CheckpointAck.model_validate(result)
 
 
 @app.get(PREFLIGHT_PATH, summary="This rank's step in the gang preflight", tags=["preflight"],

@@ -69,6 +69,7 @@ from gpu_recovery.repository import Repository
 from ..sim.ecs import SimulatedEcs
 from ..sim.lambda_context import LambdaContext
 from ..world import World
+from . import goodput_truth
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
 
 JOB_ID = "campaign"
@@ -183,6 +184,7 @@ def expectations(result: RunResult) -> list[str]:
     if result.instance_states != want_states:
         problems.append(f"instances {result.instance_states} (want {want_states})")
     problems += mail_problems(result.mails, expected_mails(flow))
+    problems += goodput_truth.problems(result.facts.get("goodput") or {})
     return problems
 
 
@@ -238,6 +240,7 @@ class RecoveryScenario(Scenario[RunResult]):
 
     def set_up(self, world: World) -> list[str]:
         _start_job(world, self.flow)
+        goodput_truth.report_start(world.repo, world.ecs, JOB_ID)
         if self.flow in HELD:
             self._on_minute = _operator(world.repo, world.ecs, self.facts, resets=self.flow == "held_reset")
         return [JOB_ID]
@@ -283,6 +286,7 @@ class RecoveryScenario(Scenario[RunResult]):
                                     "passed": sum(1 for t in ran if t.exit_code == 0)}
             facts["placed_on_latent"] = [p.time for p in sim.placements if p.training and p.latent]
         facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
+        facts["goodput"] = goodput_truth.compare(repo, sim, JOB_ID)
         return RunResult(
             **common, job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
             app_restarts_used=job.app_restarts_used,

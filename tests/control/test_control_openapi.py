@@ -21,7 +21,8 @@ def test_committed_control_openapi_matches_the_handler() -> None:
 def test_the_document_has_its_routes_behind_the_control_token() -> None:
     document = json.loads(COMMITTED.read_text())
     assert {path: set(ops) for path, ops in document["paths"].items()} == {
-        "/v1/control": {"get"}, "/v1/control/suspend": {"post"}, "/v1/control/preflight": {"get", "post"}}
+        "/v1/control": {"get"}, "/v1/control/suspend": {"post"}, "/v1/control/checkpoint": {"post"},
+        "/v1/control/preflight": {"get", "post"}}
     assert document["security"] == [{"controlToken": []}]
     assert document["components"]["securitySchemes"]["controlToken"]["name"] == "Authorization"
     suspend = document["paths"]["/v1/control/suspend"]["post"]["responses"]

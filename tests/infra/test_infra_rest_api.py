@@ -139,7 +139,8 @@ def test_control_routes_use_the_control_authorizer(default_synth: Synth) -> None
     control_auth, _ = _authorizer_of(default_synth, CONTROL_AUTHORIZER_HANDLER)
     control_fn, _ = _function(default_synth, CONTROL_API_HANDLER)
     methods = _methods(default_synth)
-    assert {"GET /v1/control", "POST /v1/control/suspend", "GET /v1/control/preflight",
+    assert {"GET /v1/control", "POST /v1/control/suspend", "POST /v1/control/checkpoint",
+            "GET /v1/control/preflight",
             "POST /v1/control/preflight"} == CONTROL_ROUTE_KEYS
     for key in CONTROL_ROUTE_KEYS:
         props = methods[key]

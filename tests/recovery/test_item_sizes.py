@@ -108,3 +108,60 @@ def test_the_breakers_item_in_a_storm_over_a_10000_node_cluster_fits_one_item(
     assert repo.save_breaker({**state, "cordons": cordons}, None)
     size = dynamo.item_bytes(INSTANCES)[f"{INSTANCES}:{C.BREAKER_ITEM_KEY}"]
     assert size < MAX_ITEM_BYTES, size
+
+
+@pytest.mark.parametrize(("recoveries", "history"), [
+    (60, (20, 5)),  # make test: a short history, trimmed and folded ~45 times (~2 s)
+    pytest.param(1000, (40, 10), marks=pytest.mark.slow),  # 1,000 recoveries (~40 s)
+])
+def test_a_job_with_many_recoveries_keeps_an_exact_bounded_goodput_ledger(
+    store: tuple[MemoryDynamo, Repository, RequestGuard], monkeypatch: pytest.MonkeyPatch,
+    recoveries: int, history: tuple[int, int] | None,
+) -> None:
+    """Issue 52: a job recovered 1,000 times (each fault on one of 40 nodes, four state
+    changes each) through the repository: its history is trimmed and folded into the ledger
+    map, which stays bounded (a fixed set of counters, the top nodes and rules), and the
+    ledger read back is the exact sum of what happened."""
+    from gpu_recovery import clock
+    from gpu_recovery.domain import goodput
+    from gpu_recovery.domain.models import Job
+    from gpu_recovery.repository import base
+
+    if history is not None:
+        monkeypatch.setattr(base, "MAX_HISTORY", history[0])
+        monkeypatch.setattr(base, "HISTORY_TRIM", history[1])
+    _, repo, _ = store
+    now = [NOW]
+    clock.set_clock(lambda: now[0], lambda s: now.__setitem__(0, now[0] + s))
+    try:
+        assert repo.create_job_if_absent(Job("j", C.JobState.RUNNING, 2, created_at=NOW, updated_at=NOW,
+                                             max_recovery_attempts=10_000))
+        for i in range(recoveries):
+            now[0] += 100
+            marks = goodput.fault_marks(fault_at=now[0] - 5, checkpoint_at=now[0] - 35, node=f"n{i % 40}",
+                                        rule=f"rule-{i % 13}")
+            assert repo.enter_recovery("j", i + 1, from_states=[C.JobState.RUNNING], reason="fault",
+                                       now=now[0], deadline_at=now[0] + 60, ledger=marks)
+            now[0] += 30
+            assert repo.db.apply(repo.job_transition(
+                "j", C.JobState.PENDING_RESTART, from_states=[C.JobState.PENDING_HEALTHCHECK], attempt=i + 1,
+                reason="verdict", actor="test", ledger=goodput.cause_marks("repair")))
+            now[0] += 40
+            assert repo.claim_gang_restart(repo.get_job("j"), now=now[0], deadline_at=now[0] + 60)
+            now[0] += 10
+            assert repo.confirm_job_running("j", i + 2, "running")
+        item = repo.get_job_item("j")
+        assert item is not None
+        ledger = goodput.ledger_of(item, now[0])
+    finally:
+        clock.reset_clock()
+    assert len(repr(item["goodput"])) < 2_000
+    assert len(item["history"]) <= base.MAX_HISTORY
+    assert ledger.faults == recoveries
+    seconds, n = ledger.seconds, recoveries
+    assert seconds["productive"] == pytest.approx(n * 65)
+    assert seconds["lost_work"] == pytest.approx(n * 30) and seconds["detection"] == pytest.approx(n * 5)
+    assert seconds["diagnosis"] == pytest.approx(n * 30) and seconds["repair"] == pytest.approx(n * 40)
+    assert seconds["restart"] == pytest.approx(n * 10)
+    assert ledger.wall == pytest.approx(now[0] - NOW)
+    assert len(ledger.nodes) <= goodput.TOP_N + 40 and len(item["goodput"]["nodes"]) == goodput.TOP_N

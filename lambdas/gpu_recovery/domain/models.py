@@ -136,6 +136,11 @@ class Job:
     # Its restart could not be placed (a node busy, its agent away, gone): the current
     # attempt's wait for its nodes (None: none; domain.restart_wait).
     restart_wait: RestartWait | None = None
+    # The last checkpoint rank 0 reported (gpu_recovery_client.checkpoint_saved):
+    # {"step", "at", "attempt"}; {} when none (a fault's lost work is then unknown).
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    # When every rank of an attempt had stopped (its stop fan-out ended): {"attempt", "at"}.
+    stopped: dict[str, Any] = field(default_factory=dict)
 
     @property
     def suspend_stopping(self) -> bool:

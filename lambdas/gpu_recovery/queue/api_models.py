@@ -13,6 +13,21 @@ class ErrorBody(BaseModel):
     field: str | None = Field(default=None, description="The offending field (400 only)")
 
 
+class GoodputView(BaseModel):
+    wall_seconds: float = Field(default=0.0, description="Since the job first started (to its end or now)")
+    seconds: dict[str, float] = Field(default_factory=dict, description="Seconds per cause (docs/goodput.md)")
+    ettr: float | None = Field(default=None, description="productive / (wall - the job's own time)")
+    stack_share_seconds: float = Field(default=0.0, description="The stack's own badput: all but lost work "
+                                                                "and repair")
+    own_seconds: float = Field(default=0.0, description="Suspended, preempted, queued, application errors")
+    faults: int = 0
+    lost_work_unknown_faults: int = Field(default=0, description="Faults with no checkpoint reported")
+    lost_work: float | str = Field(default=0.0, description="Seconds, or unknown (no checkpoint)")
+    top_nodes: list[dict[str, Any]] = Field(default_factory=list, description="The nodes that cost the most")
+    top_rules: list[dict[str, Any]] = Field(default_factory=list, description="The rules that cost the most")
+    checkpoint: dict[str, Any] | None = Field(default=None, description="The last checkpoint rank 0 reported")
+
+
 class JobSummary(BaseModel):
     job_id: str
     name: str
@@ -25,6 +40,8 @@ class JobSummary(BaseModel):
     attempt: int = Field(description="0 until the scheduler first starts the job")
     submitted_at: float = Field(description="Epoch seconds")
     updated_at: float = Field(description="Epoch seconds")
+    goodput: GoodputView = Field(default_factory=GoodputView,
+                                 description="The job's goodput ledger: productive time and badput by cause")
 
 
 class RankView(BaseModel):

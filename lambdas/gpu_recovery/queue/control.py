@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpu_recovery import clock
 from gpu_recovery.domain.control_token import parse_token, verify_token
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.ports import Outcome
@@ -90,6 +91,20 @@ class JobControlService:
                                f"job {job_id} is {state}: only a RUNNING or SUSPENDING job can be suspended")
         return {"job_id": job_id, "rank": rank, "state": state,
                 "stopping_ranks": list(outcome.detail.get("stopping_ranks") or [])}
+
+    def checkpoint_saved(self, job_id: str, rank: int, attempt: int, step: int) -> dict[str, Any]:
+        """Rank 0 saved a checkpoint at ``step``: the job's ledger measures a fault's lost
+        work from it (``domain.goodput``). Other ranks are refused (one report per save)."""
+        if rank != 0:
+            raise ControlError(409, "not_rank_0", "only rank 0 reports checkpoints")
+        recorded = self.repo.record_checkpoint(job_id, attempt, step, clock.now())
+        if not recorded:
+            item = self._job(job_id)
+            current = int(item.get("attempt") or 0)
+            if attempt != current:
+                raise ControlError(409, "stale_attempt", f"attempt {attempt} of job {job_id} is over "
+                                                         f"(the job is at attempt {current})")
+        return {"job_id": job_id, "attempt": attempt, "step": step, "recorded": recorded}
 
     def preflight_step(self, job_id: str, rank: int, attempt: int) -> dict[str, Any]:
         """What rank ``rank`` of ``attempt`` does now in its gang preflight (the token was

@@ -41,7 +41,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind, relocated_queue_order
-from gpu_recovery.domain import placement
+from gpu_recovery.domain import goodput, placement
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank, Suspect
 from gpu_recovery.domain.relocation import (
@@ -447,7 +447,8 @@ class GangRestart:
         # The history says how the repaired nodes proved themselves (validation after repair).
         reason = "; ".join(["every rank restarted", *validations])
         if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason,
-                                                  actor="recovery", also=self.ranks.notices.owe([notice])):
+                                                  actor="recovery", also=self.ranks.notices.owe([notice]),
+                                                  ledger=self._running_marks(job)):
             return False
         self.released(job.job_id)
         self.ranks.notices.send([notice])
@@ -483,7 +484,16 @@ class GangRestart:
         """STARTING -> RUNNING only once every rank of the attempt is registered."""
         if Latch.REGISTERED not in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size):
             return False
-        return self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason, actor)
+        return self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason, actor,
+                                                  ledger=self._running_marks(job))
+
+    def _running_marks(self, job: Job) -> dict[str, float]:
+        """When the attempt's rank 0 was seen running (its registration): the goodput ledger's
+        restart ends there, even when this confirmation comes later (a retried invocation)."""
+        rank0 = self.deps.repo.get_rank(job.job_id, 0)
+        if rank0 is None or rank0.attempt != job.attempt or not rank0.registered_at:
+            return {}
+        return goodput.running_marks(rank0.registered_at)
 
     # ------------------------------------------------------------------ failing
     def _start_failed(self, job: Job, rank: Rank, why: str) -> None:

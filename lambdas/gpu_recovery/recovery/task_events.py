@@ -25,7 +25,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, NotificationKind
-from gpu_recovery.domain import policy
+from gpu_recovery.domain import goodput, policy
 from gpu_recovery.domain.escalation import charges_job, history_from_item, history_to_item, record_fault
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
@@ -112,6 +112,21 @@ class Assessment:
         if node:
             out.update(node=node, attempt=attempt)
         return out
+
+
+def _fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
+                 budget: BudgetOutcome | None) -> dict[str, Any]:
+    """The goodput facts of a rank's fault (``domain.goodput``): when it happened (the
+    evidence's time: the task's stop), the last checkpoint reported before it, its node
+    and catalog rule, and whether it is the job's own (an application error)."""
+    fault_at = assessment.evidence.fault_at if assessment is not None else now
+    rule = assessment.plan.decision.rule_id if assessment is not None else ""
+    own = budget is not None and budget.charged is Budget.APPLICATION
+    if assessment is not None and not assessment.node_fault and \
+            assessment.plan.decision.budget is Budget.APPLICATION:
+        own = True
+    checkpoint_at = goodput.checkpoint_before(job.checkpoint, fault_at)
+    return goodput.fault_marks(fault_at=fault_at, checkpoint_at=checkpoint_at, node=node, rule=rule, own=own)
 
 
 class TaskEvents:
@@ -250,6 +265,7 @@ class TaskEvents:
         node = rank.container_inst_id
         decided = f" ({assessment.plan.decision.reason})" if assessment is not None else ""
         last_fault = assessment.record(now, node, job.attempt) if assessment is not None else None
+        ledger = _fault_marks(job, node, now, assessment, budget)
         if reaction is StopReaction.USER_STOPPED:
             reason = (f"rank {rank.rank} stopped by a user ({stop.stopped_reason or 'UserInitiated'})")
             return repo.finish_job(job.job_id, job.attempt, JobState.USER_STOPPED, reason,
@@ -264,7 +280,7 @@ class TaskEvents:
             return repo.restart_in_place(job, from_states=FAULT_JOB_STATES, reason=reason, now=now,
                                          deadline_at=now + RETRY_INTERVAL_SECONDS, spend=spend,
                                          restart_reason=f"{what}: {budget.reason}", rank_stop=rank_stop,
-                                         last_fault=last_fault)
+                                         last_fault=last_fault, ledger=ledger)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             would = ", ".join(e.value for e in assessment.plan.record_only)
             reason = (f"rank {rank.rank} failed: {policy.describe_failure(stop)}; observe mode: would have "
@@ -294,7 +310,7 @@ class TaskEvents:
                 fields["last_fault"] = last_fault
             done = repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason, fields=fields,
                                    rank_stop=rank_stop, stop_ranks_of=job.attempt,
-                                   stop_why=_ENDING_REASON[JobState.FAILED])
+                                   stop_why=_ENDING_REASON[JobState.FAILED], ledger=ledger)
             if done:
                 self.deps.metrics.add_metric("Failures", "Count", 1)
             return done
@@ -308,7 +324,7 @@ class TaskEvents:
                 reason = (f"rank {rank.rank} exited {stop.exit_code} on {node} while the stack was "
                           f"{assessment.remediating} it: infrastructure fault of the node")
             self._open_suspect(job, rank, assessment)
-            return self._enter_recovery(job, reason, rank_stop, from_states=FAULT_JOB_STATES)
+            return self._enter_recovery(job, reason, rank_stop, from_states=FAULT_JOB_STATES, ledger=ledger)
         if reaction is StopReaction.ADD_SUSPECT:
             self._open_suspect(job, rank, assessment)
         return rank_stop is None or repo.record_rank_stop(rank_stop)
@@ -322,11 +338,11 @@ class TaskEvents:
                                            record=record, now=now, retry_at=now + RETRY_INTERVAL_SECONDS)
 
     def _enter_recovery(self, job: Job, reason: str, rank_stop: RankStop | None,
-                        from_states: Iterable[JobState]) -> bool:
+                        from_states: Iterable[JobState], ledger: dict[str, Any] | None = None) -> bool:
         now = clock.now()
         entered = self.deps.repo.enter_recovery(
             job.job_id, job.attempt, from_states=from_states, reason=reason,
-            now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop)
+            now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop, ledger=ledger)
         if entered:
             self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
             logger.info("suspected GPU fault", extra={"job_id": job.job_id, "why": reason})

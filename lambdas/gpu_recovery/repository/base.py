@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import DEADLINE_BUCKET, DEADLINE_PK, DEADLINE_SHARDS_MAX, deadline_bucket
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.shards import stable_shard
 
 logger = logging.getLogger(__name__)
@@ -393,23 +394,33 @@ class DynamoGateway:
     def _trim_history(self, updates: Sequence[Update]) -> bool:
         """A job's history full (its own condition failed the write): drop its oldest entries
         and say so (the caller writes again). False: nothing to trim, the write's own
-        condition did not hold."""
+        condition did not hold. The entries dropped are folded into the job's goodput ledger
+        (``domain.goodput``) in the same write, conditioned on the entries read: the ledger
+        stays exact and bounded however many times the job changed state."""
         trimmed = False
         for update in updates:
             if update.history_entry is None:
                 continue
-            item = self._client.get_item(TableName=update.table, Key=update.key, ConsistentRead=True,
-                                         ProjectionExpression="#h", ExpressionAttributeNames={"#h": "history"}
-                                         ).get("Item") or {}
-            if len(item.get("history") or []) < MAX_HISTORY:
+            item = from_ddb(self._client.get_item(
+                TableName=update.table, Key=update.key, ConsistentRead=True,
+                ProjectionExpression="#h, #g, #c, #s",
+                ExpressionAttributeNames={"#h": "history", "#g": goodput.LEDGER_KEY, "#c": "created_at",
+                                          "#s": "job_state"}).get("Item") or {})
+            history = item.get("history") or []
+            if len(history) < MAX_HISTORY:
                 continue
             removes = ", ".join(f"#h[{i}]" for i in range(HISTORY_TRIM))
+            folded = goodput.fold_oldest(item, HISTORY_TRIM)
             try:
-                self._client.update_item(TableName=update.table, Key=update.key,
-                                         UpdateExpression=f"REMOVE {removes}",
-                                         ConditionExpression="size(#h) >= :hmax",
-                                         ExpressionAttributeNames={"#h": "history"},
-                                         ExpressionAttributeValues={":hmax": MAX_HISTORY})
+                self._client.update_item(
+                    TableName=update.table, Key=update.key,
+                    UpdateExpression=f"SET #g = :g REMOVE {removes}",
+                    ConditionExpression="size(#h) >= :hmax AND #h[0].#at = :first AND "
+                                        f"#h[{HISTORY_TRIM - 1}].#at = :last",
+                    ExpressionAttributeNames={"#h": "history", "#g": goodput.LEDGER_KEY, "#at": "at"},
+                    ExpressionAttributeValues={":hmax": MAX_HISTORY, ":g": to_ddb(folded),
+                                               ":first": to_ddb(history[0].get("at")),
+                                               ":last": to_ddb(history[HISTORY_TRIM - 1].get("at"))})
             except ClientError as error:
                 if not is_condition_failure(error):
                     raise

@@ -30,6 +30,7 @@ from gpu_recovery.constants import (
     refused_item_key,
     unprotected_task_key,
 )
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.relocation import RelocationWait
@@ -43,13 +44,17 @@ from gpu_recovery.domain.states import (
     RankState,
     SuspectVerdict,
 )
-from gpu_recovery.repository.base import Update, from_ddb, to_ddb
+from gpu_recovery.repository.base import Update, from_ddb, state_condition, to_ddb
 from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES, RecoveryTables
 
 # The budgets a restart spends, and the job item's counter of each.
 SPEND_INFRASTRUCTURE = "infrastructure"
 SPEND_APPLICATION = "application"
 SPEND_COUNTER = {SPEND_INFRASTRUCTURE: "recoveries_used", SPEND_APPLICATION: "app_restarts_used"}
+# A checkpoint is recorded while the attempt's ranks may train (SUSPENDING: rank 0 saves
+# during its grace).
+CHECKPOINT_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.SUSPENDING,
+                                   JobState.NODE_LOST, JobState.HUNG})
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,7 @@ class JobsAndRanks(RecoveryTables):
 
     def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
                        now: float, deadline_at: float, rank_stop: RankStop | None = None,
-                       actor: str = "recovery") -> bool:
+                       actor: str = "recovery", ledger: Mapping[str, Any] | None = None) -> bool:
         """The first suspect of a fault: job -> PENDING_HEALTHCHECK with a fresh tally and the
         intent to stop every other rank (with the rank's stop in the same transaction, so a
         retry never finds one written without the other). The suspect itself is an item of
@@ -229,14 +234,15 @@ class JobsAndRanks(RecoveryTables):
                         # In the deadline index while in recovery: the queue scheduler holds
                         # the job's nodes, and the sweep finishes what a delivery left undone.
                         **self.job_deadline_fields(deadline_at)},
-            remove_fields=["relocate", "restart_reason"],
+            remove_fields=["relocate", "restart_reason"], ledger=ledger,
         )
         return self._with_rank(job, rank_stop)
 
     def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
                          deadline_at: float, spend: str, restart_reason: str,
                          rank_stop: RankStop | None = None,
-                         last_fault: dict[str, Any] | None = None) -> bool:
+                         last_fault: dict[str, Any] | None = None,
+                         ledger: Mapping[str, Any] | None = None) -> bool:
         """A fault that needs no node action (an application error within its budget, a
         transient fault): job -> PENDING_RESTART on the same nodes, the budget charged, every
         other rank to be stopped, with the rank's stop in the same transaction."""
@@ -250,7 +256,7 @@ class JobsAndRanks(RecoveryTables):
             job.job_id, JobState.PENDING_RESTART, from_states=from_states, attempt=job.attempt,
             reason=reason, actor="recovery", set_fields=fields,
             increments={SPEND_COUNTER[spend]: 1} if spend else None,
-            remove_fields=["relocate"],
+            remove_fields=["relocate"], ledger=ledger,
         )
         return self._with_rank(update, rank_stop)
 
@@ -258,7 +264,8 @@ class JobsAndRanks(RecoveryTables):
                    actor: str = "recovery", fields: dict[str, Any] | None = None,
                    from_states: Iterable[JobState] | None = None,
                    rank_stop: RankStop | None = None, stop_ranks_of: int | None = None,
-                   stop_why: str = "", also: Sequence[Update] = ()) -> bool:
+                   stop_why: str = "", also: Sequence[Update] = (),
+                   ledger: Mapping[str, Any] | None = None) -> bool:
         """Move a job to a terminal state (from any state that may reach it). With
         ``stop_ranks_of`` (an attempt) the intent to stop that attempt's live ranks is
         committed too, and a deadline kept until the fan-out is confirmed."""
@@ -271,7 +278,7 @@ class JobsAndRanks(RecoveryTables):
             extra.update(self.job_deadline_fields(now + 60))
             remove = []
         job = self.job_transition(job_id, to, from_states=sources, attempt=attempt, reason=reason,
-                                  actor=actor, set_fields=extra, remove_fields=remove)
+                                  actor=actor, set_fields=extra, remove_fields=remove, ledger=ledger)
         return self._with_rank(job, rank_stop, also)
 
     def _with_rank(self, job_update: Update, rank_stop: RankStop | None, also: Sequence[Update] = ()) -> bool:
@@ -279,15 +286,30 @@ class JobsAndRanks(RecoveryTables):
         return self.db.transact([*rank, job_update, *also])
 
     def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery",
-                            also: Sequence[Update] = ()) -> bool:
+                            also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool:
         return self.db.transact([self.job_transition(
             job_id, JobState.RUNNING, from_states=[JobState.STARTING], attempt=attempt,
-            reason=reason, actor=actor, remove_fields=[*DEADLINE_ATTRIBUTES, "start_fanout"]), *also])
+            reason=reason, actor=actor, remove_fields=[*DEADLINE_ATTRIBUTES, "start_fanout"],
+            ledger=ledger), *also])
 
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = "recovery") -> bool:
         return self.db.apply(self.job_transition(
             job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
             reason=reason, actor=actor))
+
+    def record_checkpoint(self, job_id: str, attempt: int, step: int, now: float) -> bool:
+        """Rank 0 saved a checkpoint (``gpu_recovery_client.checkpoint_saved``): kept on the job
+        item, one small map overwritten (a fault's lost work is measured from it). Only while
+        the attempt runs, and never backwards in steps within the attempt (a late duplicate)."""
+        condition, values, names = state_condition(
+            "job_state", [s.value for s in CHECKPOINT_JOB_STATES], "cs",
+            "#att = :att AND (attribute_not_exists(#ck) OR #ck.#att <> :att OR #ck.#st <= :step)")
+        values.update({":att": attempt, ":step": step})
+        names.update({"#att": "attempt", "#ck": "checkpoint", "#st": "step"})
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
+            set_fields={"checkpoint": {"step": step, "at": now, "attempt": attempt}},
+            condition=condition, condition_values=values, condition_names=names))
 
     def mark_not_relocatable(self, job_id: str) -> bool:
         """A rank of the job lacks gpu-recovery:relocatable=true: the job is not relocatable."""
@@ -336,7 +358,7 @@ class JobsAndRanks(RecoveryTables):
         update = self.job_transition(
             job.job_id, JobState.STARTING, from_states=[JobState.PENDING_RESTART],
             attempt=job.attempt, reason=reason or f"gang restart, attempt {new_attempt}", actor="recovery",
-            set_fields=fields)
+            set_fields=fields, ledger=goodput.stop_marks(job.stopped, job.attempt))
         return self.db.transact([update, placement]) if placement is not None else self.db.apply(update)
 
     def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
@@ -361,6 +383,8 @@ class JobsAndRanks(RecoveryTables):
         deadline index)."""
         update = Update(
             table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            # When the gang was stopped: the goodput ledger's stopping time ends there.
+            set_fields={"stopped": {"attempt": attempt, "at": clock.now()}},
             remove_fields=["stop_fanout", *(DEADLINE_ATTRIBUTES if job.state.is_terminal else [])],
             condition="#f.#a = :a AND #st = :st",
             condition_values={":a": attempt, ":st": job.state.value},
@@ -368,7 +392,8 @@ class JobsAndRanks(RecoveryTables):
         return self.db.apply(update)
 
     def conclude_fault(self, job: Job, to: JobState, *, reason: str, error: str, spend: str,
-                       restart_reason: str, deadline_at: float | None, also: Sequence[Update] = ()) -> bool:
+                       restart_reason: str, deadline_at: float | None, also: Sequence[Update] = (),
+                       ledger: Mapping[str, Any] | None = None) -> bool:
         """Every verdict in (counted once every rank ended): the job leaves
         PENDING_HEALTHCHECK on the tally as read."""
         condition, values, names = self.faults.tally_condition(job)
@@ -386,7 +411,8 @@ class JobsAndRanks(RecoveryTables):
         return self.db.transact([self.job_transition(
             job.job_id, to, from_states=[job.state], attempt=job.attempt, reason=reason, actor="recovery",
             set_fields=fields, increments={SPEND_COUNTER[spend]: 1} if spend else None,
-            extra_condition=condition, extra_values=values, extra_names=names), *also])
+            extra_condition=condition, extra_values=values, extra_names=names,
+            ledger={**goodput.stop_marks(job.stopped, job.attempt), **(ledger or {})}), *also])
 
     def _relocations(self, job_id: str) -> list[dict[str, Any]]:
         item = self.get_job_item(job_id) or {}

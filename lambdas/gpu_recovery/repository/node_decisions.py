@@ -15,12 +15,13 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import JOB_PK, job_item_key
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, InstanceState, JobState, SuspectVerdict
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.health_check_slots import HealthCheckSlots
 from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
-from gpu_recovery.repository.jobs_and_ranks import SPEND_COUNTER, JobsAndRanks
+from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_COUNTER, JobsAndRanks
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,9 @@ class NodeDecisions(JobsAndRanks, Instances):
             job.job_id, verdict.to, from_states=[job.state], attempt=job.attempt,
             reason=verdict.reason or f"verdict {verdict.label.value} on {inst_id}", actor="recovery",
             set_fields=fields, increments=counts, extra_condition=condition, extra_values=values,
-            extra_names=names)
+            extra_names=names, ledger={**goodput.stop_marks(job.stopped, job.attempt), **goodput.cause_marks(
+                goodput.wait_cause(relocate=verdict.relocate, repair=verdict.waits_for_reboot or verdict.held,
+                                   application=verdict.spend == SPEND_APPLICATION))})
         if verdict.to is job.state:
             # Not a state change: the verdict is on the suspect item. One history entry per
             # checked node would fill the job's bounded history (pushing its real changes

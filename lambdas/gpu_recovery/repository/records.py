@@ -63,6 +63,8 @@ def job_from_item(item: Mapping[str, Any]) -> Job:
         breaker_hold=BreakerHold.from_item(item["job_id"], item.get("breaker_hold"), attempt),
         network=dict(item.get("network") or {}),
         restart_wait=RestartWait.from_item(item.get("restart_wait"), attempt),
+        checkpoint=dict(item.get("checkpoint") or {}),
+        stopped=dict(item.get("stopped") or {}),
     )
 
 

@@ -10,7 +10,7 @@ which share these tables, build their own intents with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from gpu_recovery import clock
@@ -27,6 +27,7 @@ from gpu_recovery.constants import (
     job_item_key,
     rank_item_key,
 )
+from gpu_recovery.domain.goodput import GP
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.state_machine import check_transition
 from gpu_recovery.domain.states import (
@@ -158,8 +159,10 @@ class RecoveryTables:
         extra_condition: str | None = None,
         extra_values: dict[str, Any] | None = None,
         extra_names: dict[str, str] | None = None,
+        ledger: Mapping[str, Any] | None = None,
     ) -> Update:
-        """A job state change, checked against the one job state machine."""
+        """A job state change, checked against the one job state machine. ``ledger``: the
+        change's goodput facts (``domain.goodput``), kept in its history entry."""
         sources = list(from_states)
         for source in sources:
             if source is not to:
@@ -183,7 +186,7 @@ class RecoveryTables:
             increments=increments or {},
             remove_fields=remove_fields or [],
             history_entry={"at": now, "to": to.value, "reason": reason[:500], "actor": actor,
-                           "from": "|".join(states)},
+                           "from": "|".join(states), **({GP: dict(ledger)} if ledger else {})},
             condition=condition,
             condition_values=values,
             condition_names=names,

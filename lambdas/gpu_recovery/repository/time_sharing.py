@@ -33,6 +33,7 @@ from gpu_recovery.constants import (
     QUOTA_SK,
     job_item_key,
 )
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.states import HOLDING_JOB_STATES, QUEUED_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import QuotaEntry, quota_key
 from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
@@ -219,7 +220,8 @@ class SuspensionRepository:
         """RUNNING -> SUSPENDING: rank 0 is told (control API) and has until ``deadline_at``."""
         return self.db.apply(self.base.job_transition(
             job_id, JobState.SUSPENDING, from_states=[JobState.RUNNING], attempt=attempt, reason=reason,
-            actor=actor, set_fields={"suspend": dict(suspend), **self.base.job_deadline_fields(deadline_at)}))
+            actor=actor, set_fields={"suspend": dict(suspend), **self.base.job_deadline_fields(deadline_at)},
+            ledger=goodput.cause_marks(goodput.suspend_cause(str(suspend.get("kind") or "")))))
 
     def record_stop(self, job_id: str, attempt: int, *, now: float, why: str, deadline_at: float,
                     actor: str) -> bool:

@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpu_recovery import clock
 from gpu_recovery.constants import (
     JOB_BY_STATE_INDEX,
     JOB_BY_USER_INDEX,
@@ -21,6 +22,7 @@ from gpu_recovery.constants import (
     USER_PK,
     JobState,
 )
+from gpu_recovery.domain.goodput import ledger_of
 from gpu_recovery.domain.models import Job, container_instance_id
 from gpu_recovery.domain.states import QUEUED_JOB_STATES
 from gpu_recovery.queue.access import Principal, quota_subject
@@ -87,6 +89,14 @@ def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
     return out
 
 
+def goodput_view(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's goodput ledger up to now (``domain.goodput``) and its last checkpoint."""
+    plain = from_ddb(dict(item))
+    checkpoint = plain.get("checkpoint")
+    return {**ledger_of(plain, clock.now()).to_view(),
+            "checkpoint": dict(checkpoint) if isinstance(checkpoint, Mapping) else None}
+
+
 def _wait_reason(item: Mapping[str, Any], job: Job) -> str:
     """Why the job does not run yet: the queue's reason while queued; while its restart
     waits, for its nodes to be free (a placement race) or for a healthy node to relocate to."""
@@ -114,6 +124,8 @@ def job_summary(item: Mapping[str, Any]) -> dict[str, Any]:
         "attempt": int(item.get("attempt", 0)),
         "submitted_at": item.get("submitted_at", item.get("created_at", 0)),
         "updated_at": item.get("updated_at", 0),
+        # Computed from the item the listing index already returned (its projection is ALL).
+        "goodput": goodput_view(item),
     }
 
 

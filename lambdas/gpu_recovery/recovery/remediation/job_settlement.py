@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.escalation import NodeFaultRecord, charges_job
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import Action, Budget, Trigger
@@ -206,7 +207,11 @@ class JobSettlement:
         if not self.deps.repo.conclude_fault(job, settled.to, reason=settled.reason, error=settled.error,
                                              spend=settled.spend, restart_reason=settled.restart_reason,
                                              deadline_at=settled.deadline_at(now),
-                                             also=self.notices.owe([notice], now)):
+                                             also=self.notices.owe([notice], now),
+                                             ledger=goodput.cause_marks(goodput.wait_cause(
+                                                 relocate=settled.outcome is JobOutcome.RELOCATE,
+                                                 repair=settled.outcome is JobOutcome.HOLD,
+                                                 application=settled.spend == SPEND_APPLICATION))):
             return "raced"
         if settled.outcome.fails:
             self.notices.send([notice])

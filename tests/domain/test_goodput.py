@@ -1,0 +1,148 @@
+"""The goodput ledger (domain.goodput) over job histories as the repository writes them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_recovery.domain import goodput as gp
+
+
+def entry(at: float, to: str, marks: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"at": at, "to": to, "from": "", "reason": "", "actor": "test"}
+    if marks:
+        out[gp.GP] = marks
+    return out
+
+
+def ledger(entries: list[dict[str, Any]], now: float) -> gp.Ledger:
+    return gp.ledger_of({"history": entries}, now)
+
+
+def test_a_job_that_never_failed_is_all_productive_after_its_start() -> None:
+    """Given a job queued 100 s, starting 20 s, then running to COMPLETE, Then wall time counts
+    from its first start, the start is restart, the rest productive, ETTR 900/920."""
+    book = ledger([entry(0, "QUEUED"), entry(100, "STARTING"), entry(120, "RUNNING"),
+                   entry(1020, "COMPLETE")], now=5000)
+    assert book.wall == pytest.approx(920)
+    assert book.seconds["restart"] == pytest.approx(20)
+    assert book.seconds["productive"] == pytest.approx(900)
+    assert book.ettr == pytest.approx(900 / 920)
+
+
+def test_a_gpu_fault_splits_into_lost_work_detection_diagnosis_repair_restart() -> None:
+    """Given a fault at 500 (last checkpoint at 400) acted on at 510, a health check until
+    600, a reboot until 800, the restart until 830, Then each cause has its share and the
+    fault's node and catalog rule carry the badput."""
+    marks = gp.fault_marks(fault_at=500, checkpoint_at=400, node="ci-1", rule="xid-79")
+    book = ledger([entry(0, "STARTING"), entry(100, "RUNNING"), entry(510, "PENDING_HEALTHCHECK", marks),
+                   entry(600, "PENDING_RESTART", gp.cause_marks("repair")), entry(800, "STARTING"),
+                   entry(830, "RUNNING"), entry(1830, "COMPLETE")], now=9999)
+    s = book.seconds
+    assert (s["productive"], s["lost_work"], s["detection"]) == pytest.approx((300 + 1000, 100, 10))
+    assert (s["diagnosis"], s["repair"], s["restart"]) == pytest.approx((90, 200, 100 + 30))
+    assert book.wall == pytest.approx(1830)
+    assert book.faults == 1 and book.lost_work_unknown == 0
+    costs = 100 + 10 + 90 + 200 + 30
+    assert book.to_view()["top_nodes"] == [{"name": "ci-1", "seconds": costs}]
+    assert book.to_view()["top_rules"] == [{"name": "xid-79", "seconds": costs}]
+    assert book.stack_share == pytest.approx(s["detection"] + s["diagnosis"] + s["restart"])
+
+
+def test_no_checkpoint_reported_leaves_lost_work_unknown_never_guessed() -> None:
+    marks = gp.fault_marks(fault_at=500, checkpoint_at=None, node="ci-1")
+    book = ledger([entry(0, "STARTING"), entry(0, "RUNNING"), entry(500, "PENDING_HEALTHCHECK", marks)], 600)
+    assert book.seconds["lost_work"] == 0
+    assert book.lost_work_unknown == 1
+    assert book.to_view()["lost_work"] == "unknown"
+
+
+def test_a_checkpoint_of_an_earlier_attempt_makes_the_whole_attempt_lost() -> None:
+    marks = gp.fault_marks(fault_at=900, checkpoint_at=100, node="ci-1")
+    book = ledger([entry(0, "STARTING"), entry(600, "RUNNING"), entry(900, "PENDING_RESTART", marks)], 900)
+    assert book.seconds["lost_work"] == pytest.approx(300)
+    assert book.seconds["productive"] == 0
+
+
+def test_relocation_waits_for_capacity_and_requeues_too() -> None:
+    marks = gp.fault_marks(fault_at=100, checkpoint_at=100, node="ci-1")
+    book = ledger([entry(0, "STARTING"), entry(0, "RUNNING"), entry(100, "PENDING_HEALTHCHECK", marks),
+                   entry(150, "PENDING_RESTART", gp.cause_marks("waiting_for_capacity")),
+                   entry(250, "PENDING_RESOURCES"), entry(400, "STARTING"), entry(420, "RUNNING")], 500)
+    assert book.seconds["waiting_for_capacity"] == pytest.approx(100 + 150)
+    assert book.seconds["queued"] == 0
+
+
+def test_the_jobs_own_time_is_out_of_ettr() -> None:
+    """Given a job preempted (200 s suspending and suspended), then an application error
+    (its 50 s of lost work and its restart), Then those are its own and ETTR ignores them."""
+    app = gp.fault_marks(fault_at=1000, checkpoint_at=950, node="ci-2", rule="app-exit", own=True)
+    book = ledger([entry(0, "STARTING"), entry(0, "RUNNING"),
+                   entry(300, "SUSPENDING", gp.cause_marks("preempted")), entry(310, "SUSPENDED"),
+                   entry(500, "STARTING"), entry(520, "RUNNING"), entry(1000, "PENDING_RESTART", app),
+                   entry(1030, "STARTING"), entry(1040, "RUNNING"), entry(1100, "USER_STOPPED")], 2000)
+    s = book.seconds
+    assert s["preempted"] == pytest.approx(200)
+    assert s["application_error"] == pytest.approx(50 + 30 + 10)
+    assert s["restart"] == pytest.approx(20)
+    assert book.ettr == pytest.approx(s["productive"] / (book.wall - book.own))
+    assert book.to_view()["top_nodes"] == []  # the job's own time is no node's cost
+
+
+def test_a_users_suspend_is_suspended_and_hung_is_detection() -> None:
+    book = ledger([entry(0, "STARTING"), entry(0, "RUNNING"),
+                   entry(100, "SUSPENDING", gp.cause_marks("suspended")), entry(110, "SUSPENDED"),
+                   entry(300, "STARTING"), entry(300, "RUNNING"), entry(400, "HUNG"),
+                   entry(460, "RUNNING")], 500)
+    assert book.seconds["suspended"] == pytest.approx(200)
+    assert book.seconds["detection"] == pytest.approx(60)
+
+
+def test_folding_the_history_keeps_the_same_ledger() -> None:
+    """Given a history folded 50 entries at a time (as the gateway trims it), Then the ledger
+    is the one of the whole history, and the folded map stays bounded."""
+    entries = [entry(0, "STARTING"), entry(10, "RUNNING")]
+    t = 10.0
+    for i in range(1000):
+        marks = gp.fault_marks(fault_at=t + 95, checkpoint_at=t + 60, node=f"ci-{i % 40}", rule=f"r{i % 13}")
+        entries += [entry(t + 100, "PENDING_HEALTHCHECK", marks),
+                    entry(t + 130, "PENDING_RESTART", gp.cause_marks("repair")),
+                    entry(t + 170, "STARTING"), entry(t + 180, "RUNNING")]
+        t += 180
+    whole = ledger(entries, t + 50)
+    folded: dict[str, Any] | None = None
+    rest = entries
+    while len(rest) > 200:
+        folded = gp.advance(folded, rest[:50]).to_item()
+        rest = rest[50:]
+    assert len(repr(folded)) < 2000
+    parts = gp.ledger_of({"goodput": folded, "history": rest}, t + 50)
+    assert parts.seconds == pytest.approx(whole.seconds)
+    assert parts.faults == whole.faults == 1000
+    assert whole.seconds["lost_work"] == pytest.approx(1000 * 35)
+    assert whole.wall == pytest.approx(t + 50)
+
+
+def test_an_unknown_cause_is_refused() -> None:
+    with pytest.raises(ValueError):
+        gp.cause_marks("coffee")
+
+
+def test_a_late_confirmation_of_the_restart_counts_from_when_rank_0_ran() -> None:
+    """Given the STARTING -> RUNNING confirmation written 100 s after rank 0 was seen running
+    (a retried invocation), Then the restart ends when rank 0 ran; the rest is productive."""
+    book = ledger([entry(0, "STARTING"), entry(130, "RUNNING", gp.running_marks(30))], 200)
+    assert book.seconds["restart"] == pytest.approx(30)
+    assert book.seconds["productive"] == pytest.approx(170)
+
+
+def test_a_fault_while_the_job_was_lost_opens_a_recovery_charged_to_its_node() -> None:
+    """Given a job NODE_LOST (its node silent) whose rank then exits on a GPU fault, Then the
+    fault counts, the silent time is detection, and all of it is charged to the node."""
+    marks = gp.fault_marks(fault_at=300, checkpoint_at=250, node="ci-9", rule="xid-79")
+    book = ledger([entry(0, "STARTING"), entry(0, "RUNNING"), entry(200, "NODE_LOST"),
+                   entry(300, "PENDING_HEALTHCHECK", marks), entry(400, "PENDING_RESTART")], 450)
+    assert book.faults == 1
+    assert book.seconds["detection"] == pytest.approx(100)
+    assert book.nodes == {"ci-9": pytest.approx(100 + 100 + 50)}
