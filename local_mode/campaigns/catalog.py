@@ -7,7 +7,16 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from . import aws_notices, heartbeats, placement, preflight, preflight_evidence, recovery, time_sharing, warnings
+from . import (
+    aws_notices,
+    heartbeats,
+    placement,
+    preflight,
+    preflight_evidence,
+    recovery,
+    time_sharing,
+    warnings,
+)
 
 RUNS: dict[str, Callable[[tuple[int, str] | None], Any]] = {
     **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS},

@@ -22,8 +22,8 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.heartbeat_policy import ReportedTask
 from local_mode.campaigns import heartbeats as heartbeat_campaign
-from local_mode.campaigns.preflight_evidence import TenantPreflight
 from local_mode.campaigns.aws_notices import AwsNotice
+from local_mode.campaigns.preflight_evidence import TenantPreflight
 from local_mode.campaigns.recovery import RecoveryScenario
 from local_mode.campaigns.runner import run_flow
 from local_mode.campaigns.warnings import DriverWarning
