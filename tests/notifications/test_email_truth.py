@@ -79,6 +79,17 @@ class _RecordedWarning(DriverWarning):
 class _RecordedEvidence(TenantPreflight):
     """A tenant's preflight campaign (issue 49), unbroken."""
 
+    inspected: Inspected
+
+    def set_up(self, w: Any) -> list[str]:
+        jobs = super().set_up(w)
+        self.record = Record(w)
+        return jobs
+
+    def result(self, w: Any, common: dict[str, Any]) -> Any:
+        self.inspected = _inspect(self.record)
+        return super().result(w, common)
+
 
 class _RecordedNotice(AwsNotice):
     """The AWS-notice campaign's Capacity Block flow (two nodes of the block, one busy), unbroken."""
