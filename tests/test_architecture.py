@@ -630,6 +630,8 @@ ITEM_HOMES = {
     "notice_item_key": "notices.py",
     "verdict_lease_key": "verdict_leases.py",
     "preflight_item_key": "preflight.py",
+    "tenant_evidence_job_key": "tenant_evidence.py",
+    "tenant_evidence_user_key": "tenant_evidence.py",
 }
 
 

@@ -448,17 +448,16 @@ def test_a_job_whose_pins_the_stacks_check_cleared_twice_pins_nothing_more(w: Wo
     queue_job(w, "j", nodes)
     fabric = Fabric()
     fabric.degrade_link("node-2", "node-5", 0.3, persistent=True)  # a link the DCGM diag cannot see
-    key = C.tenant_evidence_job_key("j")
     _pinned_then_cleared(w, Ranks(w, "j", nodes, fabric), 0)
     assert metrics.by == [("SuspectsCleared", {"EvidenceSource": "tenant_preflight"})] * 2
-    assert w.repo.tenant_evidence.cleared(key, w.now[0], 86400) == 1  # one fault, both ends
+    assert w.repo.tenant_evidence.cleared("job", "j", w.now[0], 86400) == 1  # one fault, both ends
     limited = C.NotificationKind.TENANT_EVIDENCE_LIMITED
     assert not [n for n in w.notifier.sent if n.kind is limited]
     assert w.repo.get_job("j").attempt == 2
     second = Ranks(w, "j", nodes, fabric)
     second.attempt = 2
     _pinned_then_cleared(w, second, len(w.ecs.stop_calls))
-    assert w.repo.tenant_evidence.cleared(key, w.now[0], 86400) == 2
+    assert w.repo.tenant_evidence.cleared("job", "j", w.now[0], 86400) == 2
     told = [n for n in w.notifier.sent if n.kind is limited]
     assert len(told) == 1 and "no longer moves nodes" in told[0].subject
     assert w.repo.get_job("j").attempt == 3

@@ -12,12 +12,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpu_recovery.constants import JOB_PK
+from gpu_recovery.constants import JOB_PK, tenant_evidence_job_key, tenant_evidence_user_key
 from gpu_recovery.domain.tenant_evidence import MAX_ENTRIES, within
 from gpu_recovery.repository.base import Update, from_ddb
 
 ITEM_TYPE = "TENANT_EVIDENCE"
 WRITE_ROUNDS = 3
+
+
+JOB, USER = "job", "user"
+
+
+def subject_key(kind: str, name: str) -> str:
+    """The item of a job's (``kind`` job) or a user's (``kind`` user) cleared suspects."""
+    return tenant_evidence_job_key(name) if kind == JOB else tenant_evidence_user_key(name)
 
 
 class TenantEvidenceRepository:
@@ -29,12 +37,14 @@ class TenantEvidenceRepository:
         item = self.base.db.get(self.table, {JOB_PK: key})
         return from_ddb(item) if item else {}
 
-    def cleared(self, key: str, now: float, window_seconds: float) -> int:
-        """How many suspects this subject's evidence named were cleared within the window."""
-        return len(within(self._get(key).get("cleared") or (), now, window_seconds))
+    def cleared(self, kind: str, name: str, now: float, window_seconds: float) -> int:
+        """How many faults this subject's evidence named were cleared within the window."""
+        return len(within(self._get(subject_key(kind, name)).get("cleared") or (), now, window_seconds))
 
-    def record_cleared(self, key: str, entry_id: str, now: float, window_seconds: float) -> int:
-        """Add a cleared suspect (once); the count within the window after it (-1: contended)."""
+    def record_cleared(self, kind: str, name: str, entry_id: str, now: float,
+                       window_seconds: float) -> int:
+        """Add a cleared fault (once); the count within the window after it (-1: contended)."""
+        key = subject_key(kind, name)
         for _ in range(WRITE_ROUNDS):
             item = self._get(key)
             entries = within(item.get("cleared") or (), now, window_seconds)
@@ -54,9 +64,11 @@ class TenantEvidenceRepository:
                       condition=cond, condition_values={} if version == 0 else {":v": version},
                       condition_names={"#v": "version"})
 
-    def claim_notice(self, key: str, now: float, window_seconds: float, also: Sequence[Update] = ()) -> bool:
+    def claim_notice(self, kind: str, name: str, now: float, window_seconds: float,
+                     also: Sequence[Update] = ()) -> bool:
         """Once per window per subject: the operator's e-mail owed with it (``also``)."""
-        claim = Update(table=self.table, key={JOB_PK: key}, set_fields={"notified_at": now},
+        claim = Update(table=self.table, key={JOB_PK: subject_key(kind, name)},
+                       set_fields={"notified_at": now},
                        condition="attribute_exists(#k) AND (attribute_not_exists(#n) OR #n < :since)",
                        condition_values={":since": now - window_seconds},
                        condition_names={"#n": "notified_at", "#k": JOB_PK})

@@ -19,18 +19,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.constants import (
-    DIMENSION_EVIDENCE_SOURCE,
-    METRIC_SUSPECTS_CLEARED,
-    NotificationKind,
-    tenant_evidence_job_key,
-    tenant_evidence_user_key,
-)
+from gpu_recovery.constants import DIMENSION_EVIDENCE_SOURCE, METRIC_SUSPECTS_CLEARED, NotificationKind
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.states import InstanceState, SuspectVerdict
 from gpu_recovery.domain.tenant_evidence import TenantEvidenceLimit, source_of
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.repository.tenant_evidence import JOB, USER
 
 logger = logging.getLogger(__name__)
 
@@ -75,22 +70,21 @@ class TenantEvidence:
         # one wrong word, not two.
         entry = f"{evidence.job_id}#{evidence.attempt}"
         user = str((repo.get_job_item(evidence.job_id) or {}).get("user") or "")
-        subjects = [(f"job {evidence.job_id}", tenant_evidence_job_key(evidence.job_id))]
-        if user:
-            subjects.append((f"user {user}", tenant_evidence_user_key(user)))
+        subjects = [(JOB, evidence.job_id)] + ([(USER, user)] if user else [])
         reached = []
-        for name, key in subjects:
-            count = repo.tenant_evidence.record_cleared(key, entry, now, window)
+        for kind, name in subjects:
+            count = repo.tenant_evidence.record_cleared(kind, name, entry, now, window)
             if self.limit.reached(count):
-                reached.append((name, key, count))
+                reached.append((kind, name, count))
         if reached:
             self._tell(reached, evidence, source.id, now)
 
-    def _tell(self, reached: list[tuple[str, str, int]], evidence: Evidence, source: str, now: float) -> None:
+    def _tell(self, reached: list[tuple[str, str, int]], evidence: Evidence, source: str,
+              now: float) -> None:
         """One e-mail for the subjects that reached the limit, once per window each."""
         hours = self.limit.window_seconds / 3600
         job = self.deps.repo.get_job(evidence.job_id)
-        names = " and ".join(f"the {name} ({count} faults)" for name, _, count in reached)
+        names = " and ".join(f"the {kind} {name} ({count} faults)" for kind, name, count in reached)
         owed = []
         if job is not None:
             owed = [self.notices.for_job(
@@ -104,9 +98,10 @@ class TenantEvidence:
                                  "image that fails on healthy nodes, a tenant's forged reports, or a fault "
                                  "the DCGM diag cannot see (a degraded link)."))]
         told = False
-        for _, key, _ in reached:
+        for kind, name, _ in reached:
             also = self.notices.owe(owed, now) if owed and not told else ()
-            if self.deps.repo.tenant_evidence.claim_notice(key, now, self.limit.window_seconds, also=also):
+            if self.deps.repo.tenant_evidence.claim_notice(kind, name, now, self.limit.window_seconds,
+                                                           also=also):
                 told = told or bool(also)
         if told:
             self.notices.send(owed)
@@ -119,13 +114,12 @@ class TenantEvidence:
         repo = self.deps.repo
         now = clock.now()
         window = self.limit.window_seconds
-        subjects = [("job", tenant_evidence_job_key(job_id))]
-        if user:
-            subjects.append((f"user {user}", tenant_evidence_user_key(user)))
-        for kind, key in subjects:
-            count = repo.tenant_evidence.cleared(key, now, window)
+        subjects = [(JOB, job_id)] + ([(USER, user)] if user else [])
+        for kind, name in subjects:
+            count = repo.tenant_evidence.cleared(kind, name, now, window)
             if self.limit.reached(count):
-                return (f"the {kind}'s evidence named nodes the stack's DCGM check cleared, in {count} "
+                who = "job" if kind == JOB else f"user {name}"
+                return (f"the {who}'s evidence named nodes the stack's DCGM check cleared, in {count} "
                         f"faults within {window / 3600:g} h (cleared_limit {self.limit.limit}): its pins are "
                         "not handed over")
         return ""
