@@ -2,12 +2,14 @@
 (its STOPPED event lost and its log line unreadable, a check that hangs, one that cannot
 start) never quarantines its node nor fails its job: the verdict is read from the stopped
 task when it can be, else the node leaves its check as it was, an operator is told, and the
-job goes on without spending a recovery. The recovery with fakes of the ports."""
+job goes on without spending a recovery. A reboot the stack cannot prove is settled by
+asking the node, not by a quarantine. The recovery with fakes of the ports."""
 
 from __future__ import annotations
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain.states import InstanceState, JobState
+from gpu_recovery.domain.validation import ValidationPolicy
 from tests.recovery.fakes import World, world
 
 PEER, FAULTY = "node-a", "node-b"
@@ -120,8 +122,6 @@ def test_a_reboot_the_stack_cannot_prove_is_settled_by_asking_the_node_not_by_a_
 
 
 def test_with_validation_on_an_unproven_reboot_is_settled_by_the_nodes_validation() -> None:
-    from gpu_recovery.domain.validation import ValidationPolicy
-
     policy = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=45, timeout_seconds=600)
     with world(validation=policy) as w:
         _rebooting(w)
