@@ -360,7 +360,7 @@ def test_the_handover_fences_the_pinned_node_and_reserves_the_jobs_nodes_before_
     assert all(w.repo.get_instance(n).placeable for n in nodes if n != "node-1")
 
 
-def test_a_handover_run_again_by_the_sweep_keeps_the_first_fence(w: World) -> None:
+def test_a_handover_run_again_by_the_sweep_fences_and_reserves_once_the_job_is_in_recovery(w: World) -> None:
     nodes = nodes_of(2)
     queue_job(w, "j", nodes, mode="restarts")
     fabric = Fabric()
@@ -368,13 +368,18 @@ def test_a_handover_run_again_by_the_sweep_keeps_the_first_fence(w: World) -> No
     w.repo.fail_once("enter_recovery", "refuse")
     with pytest.raises(TimeoutError):
         Ranks(w, "j", nodes, fabric).run()
-    first = {n: w.repo.get_instance(n).suspect_fence for n in nodes}
-    assert all(first.values())  # fenced before the recovery the handover could not enter
+    # Not in recovery: no fence (the sweep would check a fenced node alone, for nothing).
+    assert not any(w.repo.get_instance(n).fenced for n in nodes)
     w.advance(61)
     w.service.sweep()
     assert w.repo.preflight.get("j", 1)["handed_over"] is True
-    assert {n: w.repo.get_instance(n).suspect_fence for n in nodes} == first
-    assert all(w.ecs.attribute_values[n][placement.UNAVAILABLE_ATTRIBUTE] for n in nodes)
+    assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+    for node in nodes:  # fenced until judged (or judged already), held, never checked alone
+        instance = w.repo.get_instance(node)
+        assert instance.fenced or instance.state is not C.InstanceState.AVAILABLE, node
+        assert w.ecs.attribute_values[node][placement.UNAVAILABLE_ATTRIBUTE], node
+        assert w.ecs.health_checks_on(node) == [], node
+
 
 def test_loopbacks_failing_alike_on_every_node_end_the_job_told_why_and_pin_no_node(w: World) -> None:
     """Issue 49: an image without all_reduce_perf (the client's fallback exits 1 on every node)

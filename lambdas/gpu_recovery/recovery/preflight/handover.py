@@ -45,7 +45,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.domain.fault_vocabulary import Trigger
-from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.models import Job, Suspect
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, RECOVERING_JOB_STATES, JobState
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import Deps, after_commit
@@ -78,21 +78,27 @@ class PreflightHandover:
         if job.state not in ACTIVE_JOB_STATES and not joining:
             repo.preflight.handed_over(job_id, attempt, now)  # another fault, a cancel: theirs now
             return "preflight_moved_on"
-        for pin in pinned:
-            self._open_suspect(job_id, attempt, pin, now, job)
-            # Out of the stack's placements from now until it is judged (as a rank's stop
-            # that names its node a suspect): its plan does not matter here.
-            repo.faults.fence_suspect(str(pin["node"]), {"job": job_id, "attempt": attempt, "at": now,
-                                                         "why": "preflight"})
+        suspects = [self._open_suspect(job_id, attempt, pin, now, job) for pin in pinned]
         nodes = ", ".join(f"{p['node']} (rank {p['rank']})" for p in pinned)
         reason = f"gang preflight pinned {nodes}: {str(pinned[0].get('reason') or '')[:200]}"
+        in_recovery = joining
         if job.state in ACTIVE_JOB_STATES:
             entered = repo.enter_recovery(job_id, attempt, from_states=ACTIVE_JOB_STATES, reason=reason,
                                           now=now, deadline_at=now + STOP_RETRY_SECONDS)
+            in_recovery = entered
             if entered:
                 self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
                 logger.warning("gang preflight pinned nodes: recovery",
                                extra={"job_id": job_id, "why": reason})
+        if in_recovery:
+            # Each pinned node not judged yet is out of the stack's placements until it is (as a
+            # rank's stop that names its node a suspect fences it), whatever its plan. Only once
+            # the job is in recovery for it: a fence on a job that never entered would have the
+            # sweep check the node alone, for nothing.
+            for suspect in suspects:
+                if suspect.pending:
+                    repo.faults.fence_suspect(suspect.node, {"job": job_id, "attempt": attempt, "at": now,
+                                                             "why": "preflight"})
         for pin in pinned:  # named suspects at the latch: counted once every rank ended
             repo.latches.arrive(job_id, attempt, job.world_size, int(pin["rank"]), [],
                                 suspect_node=str(pin["node"]))
@@ -111,7 +117,8 @@ class PreflightHandover:
         repo.preflight.handed_over(job_id, attempt, now)
         return "preflight_handed_over"
 
-    def _open_suspect(self, job_id: str, attempt: int, pin: Mapping[str, Any], now: float, job: Job) -> None:
+    def _open_suspect(self, job_id: str, attempt: int, pin: Mapping[str, Any], now: float,
+                      job: Job) -> Suspect:
         """The node's suspect item with the preflight's evidence and the catalog's plan, due at
         once: the sweep's next step decides the node (the fast path, for a definitive plan)."""
         repo = self.deps.repo
@@ -127,6 +134,7 @@ class PreflightHandover:
                                              fault_at=float(pin.get("at") or now), job=job, rank=rank)
         evidence = replace(evidence, preflight=finding)
         plan = self.remediation.plan(evidence, raw, now=now)
-        repo.faults.open_suspect(job_id, attempt, node, rank=rank,
-                                 record={"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict()},
-                                 now=now, retry_at=now)
+        return repo.faults.open_suspect(job_id, attempt, node, rank=rank,
+                                        record={"at": now, "evidence": evidence.to_dict(),
+                                                "plan": plan.to_dict()},
+                                        now=now, retry_at=now)
