@@ -5,7 +5,6 @@ asynchronous retries are the synthesized template's."""
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 from infra_synth import CLUSTER_ARN, Synth
