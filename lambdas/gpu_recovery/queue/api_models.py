@@ -7,12 +7,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class ErrorBody(BaseModel):
-    error: str = Field(description="validation_error | not_found | conflict | payload_too_large | ...")
-    message: str = Field(description="Human-readable; for 400 it starts with '<field>: '")
-    field: str | None = Field(default=None, description="The offending field (400 only)")
-
-
 class JobSummary(BaseModel):
     job_id: str
     name: str
