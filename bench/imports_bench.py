@@ -2,12 +2,18 @@
 
 Each run is a fresh interpreter that imports ``handlers.<name>`` and times that import
 alone (what a new Lambda container pays before its first event, on top of the runtime's
-own start); the bytecode is warm (one untimed import first, as the deployed package ships
-compiled files). Runs go round-robin over the handlers so that the load of a shared
-machine spreads over all of them; the figure is the median of ``IMPORT_BENCH_RUNS`` runs
-(5). Goals: under 0.5 s for the two API authorizers, under 1.2 s for the others, on the
-2-core machine. Outside Lambda Powertools' Tracer disables itself but still imports the
-X-Ray SDK; in Lambda it also patches the libraries it traces (the ones installed).
+own start). The bytecode is warm: one untimed import first compiles every module into a
+cache of the bench's own (``PYTHONPYCACHEPREFIX`` under the temporary directory: nothing
+is written into the tree or the virtualenv, whatever ``PYTHONDONTWRITEBYTECODE`` says).
+Runs go round-robin over the handlers so that the load of a shared machine spreads over
+all of them; the figure is the median of ``IMPORT_BENCH_RUNS`` runs (5). Each run gives
+two figures: the CPU time of the import (``time.process_time``: what the import costs,
+whatever else the machine runs) and its wall time (what a container waits: the CPU time
+plus any wait for a core that other processes hold). The goals, under 0.5 s for the two
+API authorizers and under 1.2 s for the others on the 2-core machine, are held against
+the CPU time: on a machine of its own the two agree. Outside Lambda Powertools' Tracer
+disables itself but still imports the X-Ray SDK; in Lambda it also patches the libraries
+it traces (the ones installed).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +33,10 @@ GOAL_AUTHORIZER_SECONDS = 0.5
 GOAL_OTHER_SECONDS = 1.2
 
 _PROBE = ("import sys, time\n"
-          "started = time.perf_counter()\n"
+          "cpu, wall = time.process_time(), time.perf_counter()\n"
           "import handlers.{name}\n"
-          "elapsed = time.perf_counter() - started\n"
-          "print(elapsed, sum(1 for m in sys.modules if m.startswith('gpu_recovery')))\n")
+          "cpu, wall = time.process_time() - cpu, time.perf_counter() - wall\n"
+          "print(cpu, wall, sum(1 for m in sys.modules if m.startswith('gpu_recovery')))\n")
 
 
 def handler_names() -> list[str]:
@@ -43,15 +50,17 @@ def goal_of(name: str) -> float:
 def _environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("LAMBDA_TASK_ROOT", "PYTHONDONTWRITEBYTECODE")}
     env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "lambdas"), str(ROOT)))
+    env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "gpu-recovery-bench-pycache")
     return env
 
 
-def import_once(name: str, env: dict[str, str] | None = None) -> tuple[float, int]:
-    """(seconds importing ``handlers.<name>``, gpu_recovery modules loaded), in a fresh interpreter."""
+def import_once(name: str, env: dict[str, str] | None = None) -> tuple[float, float, int]:
+    """(CPU seconds, wall seconds importing ``handlers.<name>``, gpu_recovery modules loaded),
+    in a fresh interpreter."""
     done = subprocess.run([sys.executable, "-c", _PROBE.format(name=name)], env=env or _environment(),
                           cwd=ROOT, capture_output=True, text=True, check=True)
-    seconds, modules = done.stdout.split()
-    return float(seconds), int(modules)
+    cpu, wall, modules = done.stdout.split()
+    return float(cpu), float(wall), int(modules)
 
 
 def measure(runs: int) -> dict[str, dict[str, Any]]:
@@ -59,14 +68,18 @@ def measure(runs: int) -> dict[str, dict[str, Any]]:
     names = handler_names()
     for name in names:  # warm bytecode
         import_once(name, env)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
     modules: dict[str, int] = {}
     for _ in range(runs):
         for name in names:
-            seconds, modules[name] = import_once(name, env)
-            times[name].append(seconds)
-    return {name: {"median_s": round(statistics.median(times[name]), 3), "min_s": round(min(times[name]), 3),
-                   "max_s": round(max(times[name]), 3), "goal_s": goal_of(name),
+            seconds, waited, modules[name] = import_once(name, env)
+            cpu[name].append(seconds)
+            wall[name].append(waited)
+    return {name: {"cpu_median_s": round(statistics.median(cpu[name]), 3),
+                   "cpu_max_s": round(max(cpu[name]), 3),
+                   "wall_median_s": round(statistics.median(wall[name]), 3),
+                   "wall_min_s": round(min(wall[name]), 3), "goal_s": goal_of(name),
                    "gpu_recovery_modules": modules[name]} for name in names}
 
 
@@ -74,12 +87,22 @@ def run() -> dict[str, Any]:
     runs = int(os.environ.get("IMPORT_BENCH_RUNS") or 5)
     results = measure(runs)
     print(f"import time of each handler module: fresh interpreter, warm bytecode, median of {runs} runs")
-    print(f"{'handler':<24} {'median':>8} {'min':>7} {'max':>7} {'goal':>6}  {'':4} gpu_recovery modules")
+    print(f"{'handler':<24} {'CPU':>7} {'max':>7} {'goal':>6}  {'':4} {'wall':>7} {'min':>7}  "
+          "gpu_recovery modules")
     for name, row in results.items():
-        verdict = "ok" if row["median_s"] < row["goal_s"] else "OVER"
-        print(f"{name:<24} {row['median_s']:>7.3f}s {row['min_s']:>6.3f}s {row['max_s']:>6.3f}s "
-              f"{row['goal_s']:>5.1f}s  {verdict:<4} {row['gpu_recovery_modules']}")
-    return {"runs": runs, "handlers": results}
+        verdict = "ok" if row["cpu_median_s"] < row["goal_s"] else "OVER"
+        print(f"{name:<24} {row['cpu_median_s']:>6.3f}s {row['cpu_max_s']:>6.3f}s {row['goal_s']:>5.1f}s  "
+              f"{verdict:<4} {row['wall_median_s']:>6.3f}s {row['wall_min_s']:>6.3f}s  "
+              f"{row['gpu_recovery_modules']}")
+    print(f"load average: {_load_average()}")
+    return {"runs": runs, "load_average": _load_average(), "handlers": results}
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":
