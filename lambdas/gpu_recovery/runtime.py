@@ -255,7 +255,8 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
 
 def job_control_service(metrics: MetricsPort | None = None) -> JobControlService:
     """The job-control channel of training code (the control API; its authorizer reads
-    ``control_secrets`` alone); ``metrics`` receives what its go_suspend() records (suspends requested, forced)."""
+    ``control_secrets`` alone); ``metrics`` receives what its go_suspend() records
+    (suspends requested, forced)."""
     from gpu_recovery.queue.control import JobControlService
     from gpu_recovery.repository import Repository
     from gpu_recovery.settings import JobControlSettings
