@@ -58,6 +58,7 @@ SECTIONS = (
     ("Large jobs", "bench.scale_bench"),
     ("Goodput with hot spares (model)", "bench.goodput_bench"),
     ("Driver warnings", "bench.warnings_bench"),
+    ("Cold starts: handler import times", "bench.imports_bench"),
 )
 
 

@@ -12,11 +12,11 @@ from typing import Any
 # The domain's vocabulary (states, verdicts, notification kinds, the stop-reason prefix),
 # re-exported for infra/ and local mode, which take every shared name from this module.
 from gpu_recovery.domain.notifications import NotificationKind  # noqa: F401
-from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX  # noqa: F401
 from gpu_recovery.domain.states import (  # noqa: F401
     ACTIVE_JOB_STATES,
     HOLDING_RANK_STATES,
     LIVE_RANK_STATES,
+    SYSTEM_STOP_REASON_PREFIX,
     TERMINAL_JOB_STATES,
     DcgmVerdict,
     InstanceState,

@@ -11,30 +11,25 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+# Each factory imports what its service needs when it first builds it: a function loads only
+# its own services' modules (an authorizer no recovery service, a recovery handler none of
+# the queue's; tests/handlers/test_cold_imports.py holds each handler to its list).
 from gpu_recovery.adapters import aws
-from gpu_recovery.adapters.autoscaling import AutoScalingReplacer
-from gpu_recovery.adapters.capacity import CapacityReservations
-from gpu_recovery.adapters.compute import RebootAdapter
-from gpu_recovery.adapters.ecs import EcsAdapter
-from gpu_recovery.adapters.ecs_budget import EcsCallBudget
-from gpu_recovery.adapters.logs import VerdictLogReader
-from gpu_recovery.adapters.notifier import SnsNotifier
-from gpu_recovery.adapters.queue import GangQueue
-from gpu_recovery.domain.fault_catalog import FaultCatalog, load_catalog
-from gpu_recovery.domain.rate_limit import TokenBucket
-from gpu_recovery.recovery import MetricsPort, RecoveryService
-from gpu_recovery.repository import Repository
-from gpu_recovery.repository.rate_limit import RateLimitRepository
-from gpu_recovery.settings import DESCRIBE_BUCKET, SchedulerConfig, Settings, ecs_api_bucket
 
 if TYPE_CHECKING:
+    from gpu_recovery.adapters.ecs import EcsAdapter
+    from gpu_recovery.domain.fault_catalog import FaultCatalog
+    from gpu_recovery.domain.rate_limit import TokenBucket
     from gpu_recovery.heartbeat.service import HeartbeatService
     from gpu_recovery.heartbeat.tokens import TokenStore
     from gpu_recovery.queue.control import JobControlService
     from gpu_recovery.queue.jobs_api.service import JobQueueService
     from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
     from gpu_recovery.queue.scheduler import QueueScheduler
-    from gpu_recovery.settings import JobsApiSettings
+    from gpu_recovery.recovery import MetricsPort, RecoveryService
+    from gpu_recovery.repository import Repository
+    from gpu_recovery.repository.control_secrets import ControlSecrets
+    from gpu_recovery.settings import JobsApiSettings, Settings
 
 _lock = threading.Lock()
 _services: dict[str, Any] = {}
@@ -61,6 +56,9 @@ class PowertoolsMetrics:
 
 
 def repository(settings: Settings | None = None) -> Repository:
+    from gpu_recovery.repository import Repository
+    from gpu_recovery.settings import Settings
+
     settings = settings or Settings.from_env()
     return Repository(aws.resource("dynamodb"), settings.job_table, settings.instance_table,
                       deadline_shards=settings.deadline_index_shards)
@@ -71,6 +69,11 @@ def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, client: Any
     """ECS with the stack's shared control-plane budget (one item in the instance table);
     ``client``: the ECS client (default: the container's boto3 one); ``describe_budget``: and
     its Describe budget (another item: the recovery functions')."""
+    from gpu_recovery.adapters.ecs import EcsAdapter
+    from gpu_recovery.adapters.ecs_budget import EcsCallBudget
+    from gpu_recovery.repository.rate_limit import RateLimitRepository
+    from gpu_recovery.settings import DESCRIBE_BUCKET
+
     describe = (EcsCallBudget(RateLimitRepository.describe_budget(repo), DESCRIBE_BUCKET)
                 if describe_budget else None)
     return EcsAdapter(client or aws.client("ecs"), cluster,
@@ -80,6 +83,8 @@ def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, client: Any
 def fault_catalog(settings: Settings) -> FaultCatalog:
     """The shipped catalog with the deployment's override (validated at synth; validated
     again here so a hand-edited file fails the cold start loudly, not a fault later)."""
+    from gpu_recovery.domain.fault_catalog import load_catalog
+
     key = f"catalog:{settings.fault_catalog_override}"
     catalog = _services.get(key)
     if catalog is None:
@@ -107,6 +112,15 @@ class RecoveryClients:
 def build_recovery_service(settings: Settings, clients: RecoveryClients,
                            metrics: MetricsPort | None = None) -> RecoveryService:
     """The recovery service on these clients: the one place its ports are put together."""
+    from gpu_recovery.adapters.autoscaling import AutoScalingReplacer
+    from gpu_recovery.adapters.capacity import CapacityReservations
+    from gpu_recovery.adapters.compute import RebootAdapter
+    from gpu_recovery.adapters.logs import VerdictLogReader
+    from gpu_recovery.adapters.notifier import SnsNotifier
+    from gpu_recovery.adapters.queue import GangQueue
+    from gpu_recovery.recovery import RecoveryService
+    from gpu_recovery.repository import Repository
+
     repo = Repository(clients.dynamodb, settings.job_table, settings.instance_table,
                       deadline_shards=settings.deadline_index_shards)
     return RecoveryService(
@@ -128,6 +142,8 @@ def build_recovery_service(settings: Settings, clients: RecoveryClients,
 
 
 def recovery_service(metrics: MetricsPort | None = None) -> RecoveryService:
+    from gpu_recovery.settings import Settings
+
     with _lock:
         service = _services.get("recovery")
         if service is None:
@@ -147,11 +163,11 @@ def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
     """The scheduler tick, over the recovery service's ports (per invocation: its lease
     owner is new each time, and its settings are read again); the task-definition and
     host-address caches live per container."""
-    # Imported here: the recovery handlers never load the queue's modules.
     from gpu_recovery.adapters.hosts import HostAddresses
     from gpu_recovery.adapters.task_definitions import TaskDefinitions
     from gpu_recovery.queue.scheduler import build_scheduler
     from gpu_recovery.repository.time_sharing import QuotaRepository
+    from gpu_recovery.settings import SchedulerConfig
 
     recovery = recovery_service(metrics)
     config = SchedulerConfig.from_env()
@@ -172,9 +188,10 @@ def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
 def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
     """The node heartbeat service, once per boto3 session (local mode and tests swap
     sessions with ``aws.reset()``; a new session builds a new service)."""
+    from gpu_recovery.adapters.notifier import SnsNotifier
     from gpu_recovery.heartbeat.service import HeartbeatService
     from gpu_recovery.repository.heartbeat import HeartbeatRepository
-    from gpu_recovery.settings import heartbeat_settings
+    from gpu_recovery.settings import Settings, heartbeat_settings
 
     session = aws.session()
     with _lock:
@@ -213,13 +230,16 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
     """The jobs API's service; ``trigger`` wakes the scheduler after a submit or cancel
     (None: invoke the scheduler function the stack names, if any)."""
     from gpu_recovery.adapters.logs import TrainingLogReader
+    from gpu_recovery.adapters.queue import GangQueue
     from gpu_recovery.adapters.scheduler_trigger import LambdaInvoker
     from gpu_recovery.adapters.task_definitions import TaskDefinitions
     from gpu_recovery.queue.jobs_api.service import JobQueueService
     from gpu_recovery.queue.jobs_api.triggers import LambdaSchedulerTrigger, NoSchedulerTrigger
     from gpu_recovery.queue.quotas import QuotaService
+    from gpu_recovery.repository import Repository
     from gpu_recovery.repository.jobs_api import JobQueueRepository
     from gpu_recovery.repository.time_sharing import QuotaRepository
+    from gpu_recovery.settings import ecs_api_bucket
 
     settings = jobs_api_settings()
     if trigger is None:
@@ -246,9 +266,11 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
 
 
 def job_control_service(metrics: MetricsPort | None = None) -> JobControlService:
-    """The job-control channel of training code (control API and its authorizer);
-    ``metrics`` receives what its go_suspend() records (suspends requested, forced)."""
+    """The job-control channel of training code (the control API; its authorizer reads
+    ``control_secrets`` alone); ``metrics`` receives what its go_suspend() records
+    (suspends requested, forced)."""
     from gpu_recovery.queue.control import JobControlService
+    from gpu_recovery.repository import Repository
     from gpu_recovery.settings import JobControlSettings
 
     session = aws.session()
@@ -276,8 +298,8 @@ def job_control_service(metrics: MetricsPort | None = None) -> JobControlService
 def node_token_store() -> TokenStore:
     """The node-token store of the authorizer and the admin CLI, once per session."""
     from gpu_recovery.heartbeat.tokens import TokenStore
-    from gpu_recovery.repository.heartbeat import NodeTokenRepository
-    from gpu_recovery.settings import node_token_table
+    from gpu_recovery.repository.node_tokens import NodeTokenRepository
+    from gpu_recovery.settings_base import node_token_table
 
     session = aws.session()
     table = node_token_table()
@@ -286,6 +308,23 @@ def node_token_store() -> TokenStore:
         if built is None or built[0] is not session or built[1] != table:
             built = (session, table, TokenStore(NodeTokenRepository(aws.resource("dynamodb").Table(table))))
             _services["tokens"] = built
+    return built[2]  # type: ignore[no-any-return]
+
+
+def control_secrets() -> ControlSecrets:
+    """The jobs' control secrets, for the job-control authorizer, once per session (the
+    job table alone: the authorizer builds no control or recovery service)."""
+    from gpu_recovery.repository.base import DynamoGateway
+    from gpu_recovery.repository.control_secrets import ControlSecrets
+    from gpu_recovery.settings_base import job_table
+
+    session = aws.session()
+    table = job_table()
+    with _lock:
+        built = _services.get("control_secrets")
+        if built is None or built[0] is not session or built[1] != table:
+            built = (session, table, ControlSecrets(DynamoGateway(aws.resource("dynamodb")), table))
+            _services["control_secrets"] = built
     return built[2]  # type: ignore[no-any-return]
 
 

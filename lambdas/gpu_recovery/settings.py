@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpu_recovery import constants as c
 from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
@@ -42,7 +43,18 @@ from gpu_recovery.domain.time_sharing import (
     parse_priority,
 )
 from gpu_recovery.domain.validation import ValidationError, ValidationPolicy
-from gpu_recovery.queue.access import AccessPolicy, NetworkGrant, family_of, parse_allowed_networks
+from gpu_recovery.settings_base import (  # noqa: F401  (node_token_table: re-exported)
+    SettingsError,
+    node_token_table,
+)
+from gpu_recovery.settings_base import env_bool as _bool
+from gpu_recovery.settings_base import env_bounded as _bounded
+from gpu_recovery.settings_base import env_int as _int
+from gpu_recovery.settings_base import env_list as _list
+from gpu_recovery.settings_base import env_required as _required
+
+if TYPE_CHECKING:
+    from gpu_recovery.queue.access import AccessPolicy, NetworkGrant
 
 # DCGM health checks at once: per cluster, and per job (a share, so other jobs still get
 # theirs; a share as large as the cluster's is no share and is not counted). The job's
@@ -57,41 +69,6 @@ DEFAULT_HEALTH_CHECKS_PER_JOB = DEFAULT_HEALTH_CHECKS_IN_FLIGHT
 
 # The stack's DescribeTasks budget for unknown tasks (half the account's 20/s).
 DESCRIBE_BUCKET = TokenBucket(rate=c.ECS_DESCRIBE_RATE_PER_SECOND, burst=c.ECS_DESCRIBE_BURST)
-
-
-class SettingsError(ValueError):
-    """A missing or malformed environment variable; names the variable."""
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError as error:
-        raise SettingsError(f"{name} must be an integer, got {raw!r}") from error
-    if value < minimum:
-        raise SettingsError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _bounded(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    value = _int(env, name, default, minimum=low)
-    if value > high:
-        raise SettingsError(f"{name} must be <= {high}, got {value}")
-    return value
-
-
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = (env.get(name) or "").strip().lower()
-    if raw == "":
-        return default
-    if raw in ("true", "1", "yes"):
-        return True
-    if raw in ("false", "0", "no"):
-        return False
-    raise SettingsError(f"{name} must be true or false, got {raw!r}")
 
 
 def parse_exit_codes(raw: str) -> tuple[int, ...]:
@@ -395,10 +372,11 @@ def spare_pool(env: Mapping[str, str]) -> SparePool:
         raise SettingsError(f"{c.ENV_SPARE_NODES}: {error}") from error
 
 
-def _required(env: Mapping[str, str], *names: str) -> None:
-    missing = [name for name in names if not (env.get(name) or "").strip()]
-    if missing:
-        raise SettingsError(f"missing environment variables: {', '.join(missing)}")
+def _no_access_rules() -> AccessPolicy:
+    # The queue's access rules load with the jobs API's settings, not with every function's.
+    from gpu_recovery.queue.access import AccessPolicy
+
+    return AccessPolicy()
 
 
 @dataclass(frozen=True)
@@ -414,7 +392,7 @@ class JobsApiSettings:
     idempotency_table: str = c.DEFAULT_IDEMPOTENCY_TABLE_NAME
     # (infrastructure recoveries, application restarts) of a job that names none
     default_budgets: tuple[int, int] = (DEFAULT_MAX_INFRA_RECOVERIES, DEFAULT_MAX_APP_RESTARTS)
-    access: AccessPolicy = field(default_factory=AccessPolicy)
+    access: AccessPolicy = field(default_factory=_no_access_rules)
     sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
     gang_queue_url: str = ""  # a large job's cancel sends its stop batches here
 
@@ -455,13 +433,6 @@ class JobControlSettings:
         )
 
 
-def node_token_table(env: Mapping[str, str] | None = None) -> str:
-    """The node-token table (node authorizer, admin CLI); the heartbeat service reads it
-    from :func:`heartbeat_settings`."""
-    env = os.environ if env is None else env
-    return (env.get(c.ENV_NODE_TOKEN_TABLE) or "").strip() or c.DEFAULT_NODE_TOKEN_TABLE_NAME
-
-
 def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSettings:
     """The heartbeat service's settings (the domain owns the record, not the parsing)."""
     env = os.environ if env is None else env
@@ -482,6 +453,8 @@ def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSetting
 
 def access_policy(env: Mapping[str, str] | None = None) -> AccessPolicy:
     """Who may do what through the jobs API (JSON lists or comma-separated values)."""
+    from gpu_recovery.queue.access import AccessPolicy, family_of
+
     env = os.environ if env is None else env
     health = {c.DEFAULT_HEALTH_CHECK_FAMILY}
     if env.get(c.ENV_HEALTH_CHECK_TASK):
@@ -495,24 +468,3 @@ def access_policy(env: Mapping[str, str] | None = None) -> AccessPolicy:
         health_check_families=frozenset(health),
         allowed_networks=_allowed_networks(env),
     )
-
-
-def _allowed_networks(env: Mapping[str, str]) -> tuple[NetworkGrant, ...]:
-    try:
-        return parse_allowed_networks(env.get(c.ENV_JOBS_ALLOWED_NETWORKS) or "")
-    except ValueError as error:
-        raise SettingsError(f"{c.ENV_JOBS_ALLOWED_NETWORKS}: {error}") from error
-
-
-def _list(env: Mapping[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    text = raw.strip()
-    try:
-        values = json.loads(text) if text.startswith("[") else [v.strip() for v in text.split(",")]
-    except ValueError as error:
-        raise SettingsError(f"{name} must be a JSON list of strings, got {raw!r}") from error
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise SettingsError(f"{name} must be a JSON list of strings, got {raw!r}")
-    return tuple(v for v in values if v)

@@ -1,5 +1,5 @@
-"""What the two Lambda TOKEN authorizers (node API, job control) share: the token as API
-Gateway hands it over, and the IAM policy they answer with.
+"""What the two Lambda TOKEN authorizers (node API, job control) share: their Powertools
+objects, the token as API Gateway hands it over, and the IAM policy they answer with.
 
 An authorizer's policy covers every route it guards on the calling API and stage, not just
 the method called, because API Gateway caches the policy by token for all of them.
@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from aws_lambda_powertools import Logger, Metrics
+
+from gpu_recovery.constants import METRICS_NAMESPACE
+
 UNAUTHORIZED = "Unauthorized"  # the exact message API Gateway maps to 401
+
+
+def powertools(service: str) -> tuple[Logger, Metrics]:
+    """An authorizer's logger and metrics. No Tracer (nor the parser of ``handlers._common``):
+    an authorizer is one GetItem and an HMAC, Lambda's active tracing records its invocation,
+    and importing the X-Ray SDK would be about a third of its cold start (docs/benchmarks.md)."""
+    return Logger(service=service), Metrics(namespace=METRICS_NAMESPACE, service=service)
 
 
 def authorization(event: dict[str, Any]) -> str | None:

@@ -11,8 +11,15 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler.openapi.models import APIKey
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from pydantic import BaseModel, Field
 
-from gpu_recovery.queue.api_models import ErrorBody
+
+# The body of every error the three APIs answer (here, not with the jobs API's models: the
+# node API loads none of the queue's modules). No docstring: it would enter the documents.
+class ErrorBody(BaseModel):
+    error: str = Field(description="validation_error | not_found | conflict | payload_too_large | ...")
+    message: str = Field(description="Human-readable; for 400 it starts with '<field>: '")
+    field: str | None = Field(default=None, description="The offending field (400 only)")
 
 
 def error_doc(description: str) -> OpenAPIResponse:

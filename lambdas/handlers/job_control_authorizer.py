@@ -17,15 +17,13 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
 from gpu_recovery.api_routes import CONTROL_API_ROUTES
-from gpu_recovery.domain.control_token import parse_token
+from gpu_recovery.domain.control_token import authorize, parse_token
 from gpu_recovery.heartbeat.tokens import token_from_authorization
-from handlers._authorizer import UNAUTHORIZED, authorization, policy
-from handlers._common import powertools
+from handlers._authorizer import UNAUTHORIZED, authorization, policy, powertools
 
-logger, tracer, metrics = powertools("job-control-authorizer")
+logger, metrics = powertools("job-control-authorizer")
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     token = token_from_authorization(authorization(event)) or ""
@@ -34,7 +32,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     if claimed is None:
         metrics.add_metric(name="ControlAuthMalformed", unit="Count", value=1)
         raise Exception(UNAUTHORIZED)  # API Gateway maps exactly this message to 401
-    verified = runtime.job_control_service().authorize(token)
+    verified = authorize(token, runtime.control_secrets().of)
     principal = f"{claimed[0]}/rank-{claimed[1]}"
     if verified is None:
         metrics.add_metric(name="ControlAuthDenied", unit="Count", value=1)

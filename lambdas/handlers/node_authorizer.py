@@ -19,10 +19,9 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from gpu_recovery import runtime
 from gpu_recovery.api_routes import NODE_API_ROUTES
 from gpu_recovery.heartbeat.tokens import TokenStore, Verdict, token_from_authorization
-from handlers._authorizer import UNAUTHORIZED, authorization, policy
-from handlers._common import powertools
+from handlers._authorizer import UNAUTHORIZED, authorization, policy, powertools
 
-logger, tracer, metrics = powertools("node-authorizer")
+logger, metrics = powertools("node-authorizer")
 
 
 def token_store() -> TokenStore:
@@ -30,7 +29,6 @@ def token_store() -> TokenStore:
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     token = token_from_authorization(authorization(event))

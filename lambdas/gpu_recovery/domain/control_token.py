@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Callable
 
 MAC_CHARS = 40
 SECRET_BYTES = 32
@@ -50,3 +51,12 @@ def verify_token(token: str, secret: str) -> tuple[str, int] | None:
     if not hmac.compare_digest(make_token(job_id, rank, secret), token):
         return None
     return parsed
+
+
+def authorize(token: str, secret_of: Callable[[str], str]) -> tuple[str, int] | None:
+    """(job id, rank) of a valid token, else None; ``secret_of(job_id)`` is the job's secret
+    ("" for no such job), asked only for a well-formed token."""
+    parsed = parse_token(token)
+    if parsed is None:
+        return None
+    return verify_token(token, secret_of(parsed[0]))

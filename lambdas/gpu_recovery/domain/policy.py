@@ -14,6 +14,7 @@ from gpu_recovery.domain.states import (
     ACTIVE_JOB_STATES,
     FATAL_SUSPECT_VERDICTS,
     RECOVERING_JOB_STATES,
+    SYSTEM_STOP_REASON_PREFIX,
     UNUSABLE_INSTANCE_STATES,
     DcgmVerdict,
     InstanceState,
@@ -23,9 +24,6 @@ from gpu_recovery.domain.states import (
 )
 
 __all__ = ["UNUSABLE_INSTANCE_STATES", "JobOutcome"]
-
-# StopTask reasons this system sets; a stop carrying it is not a user stop.
-SYSTEM_STOP_REASON_PREFIX = "gpu-recovery:"
 
 
 # =============================================================== a training task stopped

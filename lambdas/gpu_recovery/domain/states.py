@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from enum import Enum
 
+# StopTask reasons this system sets; a stop carrying it is not a user stop (domain.policy).
+SYSTEM_STOP_REASON_PREFIX = "gpu-recovery:"
+
 
 class JobState(str, Enum):
     """One state machine for the job record (shared with the queue service)."""

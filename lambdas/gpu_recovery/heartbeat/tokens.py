@@ -20,7 +20,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NODE_TOKEN_PK
-from gpu_recovery.repository.heartbeat import NodeTokenRepository
+from gpu_recovery.repository.node_tokens import NodeTokenRepository
 
 SECRET_BYTES = 32
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")

@@ -7,12 +7,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class ErrorBody(BaseModel):
-    error: str = Field(description="validation_error | not_found | conflict | payload_too_large | ...")
-    message: str = Field(description="Human-readable; for 400 it starts with '<field>: '")
-    field: str | None = Field(default=None, description="The offending field (400 only)")
-
-
 class GoodputView(BaseModel):
     wall_seconds: float = Field(default=0.0, description="Since the job first started (to its end or now)")
     seconds: dict[str, float] = Field(default_factory=dict, description="Seconds per cause (docs/goodput.md)")

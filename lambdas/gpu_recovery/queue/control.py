@@ -21,14 +21,16 @@ of a container.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_recovery import clock
-from gpu_recovery.domain.control_token import parse_token, verify_token
+from gpu_recovery.domain.control_token import authorize
 from gpu_recovery.domain.states import JobState
-from gpu_recovery.recovery.ports import Outcome
-from gpu_recovery.recovery.preflight.rounds import PreflightError
-from gpu_recovery.repository import Repository
+from gpu_recovery.repository.control_secrets import ControlSecrets
+
+if TYPE_CHECKING:
+    from gpu_recovery.recovery.ports import Outcome
+    from gpu_recovery.repository import Repository
 
 
 class ControlError(Exception):
@@ -50,14 +52,9 @@ class JobControlService:
         self._preflights = preflights  # -> RecoveryService.preflights (built when first needed)
 
     def authorize(self, token: str) -> tuple[str, int] | None:
-        """(job id, rank) of a valid token, else None (the authorizer's check)."""
-        parsed = parse_token(token)
-        if parsed is None:
-            return None
-        item = self.repo.get_job_item(parsed[0])
-        if item is None or item.get("item_type", "JOB") != "JOB":
-            return None
-        return verify_token(token, str(item.get("control_secret") or ""))
+        """(job id, rank) of a valid token, else None (the authorizer's check, which the
+        authorizer makes on ``ControlSecrets`` alone)."""
+        return authorize(token, ControlSecrets(self.repo.db, self.repo.job_table_name).of)
 
     def status(self, job_id: str, rank: int, attempt: int | None = None) -> dict[str, Any]:
         """What rank ``rank`` of ``job_id`` should do now."""
@@ -115,6 +112,10 @@ class JobControlService:
                          exit_code: int | None, output: str, seconds: float | None = None,
                          address: str = "") -> dict[str, Any]:
         """An all-reduce this rank ran (its loopback, or its group's as the group's leader)."""
+        # Imported with the recovery service that raises it: the control API's polls load
+        # neither.
+        from gpu_recovery.recovery.preflight.rounds import PreflightError
+
         try:
             return dict(self._preflight_service().report(
                 job_id, rank, attempt, round_=round_, test_id=test_id, exit_code=exit_code, output=output,

@@ -11,14 +11,36 @@
 * ``service`` — ``RecoveryService``, the thin façade handlers call
 """
 
-from gpu_recovery.recovery.ports import Invocation, MetricsPort, NullMetrics, Outcome
-from gpu_recovery.recovery.ranks import (
-    NotProtected,
-    RankRegistration,
-    registration_from_tags,
-    restart_started_by,
-)
-from gpu_recovery.recovery.service import RecoveryService
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpu_recovery.recovery.ports import Invocation, MetricsPort, NullMetrics, Outcome
+    from gpu_recovery.recovery.ranks import (
+        NotProtected,
+        RankRegistration,
+        registration_from_tags,
+        restart_started_by,
+    )
+    from gpu_recovery.recovery.service import RecoveryService
+
+# Each name is imported when first asked for: a module that needs only ``ports`` (the
+# job-control API's ``Outcome``) does not load every stage with the service.
+_HOMES = {
+    "Invocation": "ports", "MetricsPort": "ports", "NullMetrics": "ports", "Outcome": "ports",
+    "NotProtected": "ranks", "RankRegistration": "ranks", "registration_from_tags": "ranks",
+    "restart_started_by": "ranks", "RecoveryService": "service",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "Invocation",

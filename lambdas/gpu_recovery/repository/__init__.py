@@ -1,5 +1,6 @@
 """The only DynamoDB user: one module per aggregate's records, over shared plumbing.
 
+* ``recovery_loop`` — :class:`Repository`, the recovery loop's: every aggregate's intents below.
 * ``base`` — value mapping, :class:`Update`, transactions, batched reads.
 * ``records`` — job, rank and instance items as the domain's objects, and back.
 * ``tables`` — what the recovery loop's repositories share: the two tables, the builders
@@ -26,30 +27,43 @@ not hold (a duplicate, a race lost, a state moved on); it raises on any other er
 written nothing (single items and transactions are all-or-nothing).
 """
 
-from gpu_recovery.repository.aws_notices import AwsNoticeRecords
-from gpu_recovery.repository.base import (
-    MAX_HISTORY,
-    DynamoGateway,
-    Update,
-    from_ddb,
-    is_condition_failure,
-    state_condition,
-    to_ddb,
-)
-from gpu_recovery.repository.breaker import BreakerState
-from gpu_recovery.repository.gpu_resets import GpuResets
-from gpu_recovery.repository.jobs_and_ranks import RankStop
-from gpu_recovery.repository.node_decisions import JobFailure, JobVerdict, NodeDecision, NodeDecisions
-from gpu_recovery.repository.validations import Validations
-from gpu_recovery.repository.verdict_leases import VerdictLease, VerdictLeases
-from gpu_recovery.repository.warnings import DriverWarnings
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpu_recovery.repository.base import (
+        MAX_HISTORY,
+        DynamoGateway,
+        Update,
+        from_ddb,
+        is_condition_failure,
+        state_condition,
+        to_ddb,
+    )
+    from gpu_recovery.repository.jobs_and_ranks import RankStop
+    from gpu_recovery.repository.node_decisions import JobFailure, JobVerdict, NodeDecision
+    from gpu_recovery.repository.recovery_loop import Repository
+    from gpu_recovery.repository.verdict_leases import VerdictLease
+
+# Each name is imported when first asked for: a function that reads one small table (the
+# authorizers' token lookups) does not load every aggregate of the recovery loop's.
+_HOMES = {
+    **dict.fromkeys(("MAX_HISTORY", "DynamoGateway", "Update", "from_ddb", "is_condition_failure",
+                     "state_condition", "to_ddb"), "base"),
+    "RankStop": "jobs_and_ranks",
+    **dict.fromkeys(("JobFailure", "JobVerdict", "NodeDecision"), "node_decisions"),
+    "Repository": "recovery_loop",
+    "VerdictLease": "verdict_leases",
+}
 
 
-class Repository(NodeDecisions, GpuResets, Validations, BreakerState, VerdictLeases, DriverWarnings,
-                 AwsNoticeRecords):
-    """The recovery loop's repository: the intents of every aggregate of its two tables
-    (jobs and ranks, instances, node decisions, the breaker), one object the stages share.
-    Each method lives in the module of its aggregate (see the package docstring)."""
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
 
 
 __all__ = [

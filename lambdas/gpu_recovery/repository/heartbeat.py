@@ -1,4 +1,4 @@
-"""Persistence of node heartbeats, GPU telemetry and node tokens, in intents.
+"""Persistence of node heartbeats and GPU telemetry, in intents (node tokens: ``node_tokens``).
 
 The heartbeat service (:mod:`gpu_recovery.heartbeat`) and the token store
 (:mod:`gpu_recovery.heartbeat.tokens`) never touch DynamoDB themselves: every read and every
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
-
-from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -26,7 +24,6 @@ from gpu_recovery.constants import (
     JOB_BY_INSTANCE_PK,
     JOB_BY_TASK_PK,
     JOB_PK,
-    NODE_TOKEN_PK,
     InstanceState,
     JobState,
     RankState,
@@ -36,7 +33,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.heartbeat_policy import heartbeat_shard, heartbeat_slot
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES
-from gpu_recovery.repository import Repository, Update, from_ddb, is_condition_failure, to_ddb
+from gpu_recovery.repository import Repository, Update, from_ddb, to_ddb
 
 # Job states in which ranks are watched (a queue job is STARTING until every rank runs).
 WATCHED_JOB_STATES = tuple(sorted(ACTIVE_JOB_STATES, key=lambda s: s.value))  # heartbeats count for these
@@ -306,48 +303,3 @@ class HeartbeatRepository:
 
 def _shard_key(shard: int) -> str:
     return f"{HB_BUCKET}#{shard:02d}"
-
-
-# ------------------------------------------------------------------------- tokens
-class NodeTokenRepository:
-    """The node-token table: one item per node, the token's SHA-256 only."""
-
-    def __init__(self, table: Any) -> None:
-        self._table = table  # boto3 Table resource
-
-    def get(self, node_id: str) -> dict[str, Any] | None:
-        item = self._table.get_item(Key={NODE_TOKEN_PK: node_id}, ConsistentRead=True).get("Item")
-        return dict(item) if item else None
-
-    def put_active(self, node_id: str, fields: dict[str, Any]) -> None:
-        """Create or rotate the node's token item (a rotation replaces it whole)."""
-        self._table.put_item(Item={NODE_TOKEN_PK: node_id, **fields})
-
-    def revoke(self, node_id: str, *, status_attr: str, hash_attr: str, status: str,
-               revoked_at: int, revoked_by: str) -> bool:
-        """Mark the item revoked and drop its hash; False if the node has no item."""
-        try:
-            self._table.update_item(
-                Key={NODE_TOKEN_PK: node_id},
-                UpdateExpression="SET #s = :r, revoked_at = :t, revoked_by = :b REMOVE #h",
-                ConditionExpression="attribute_exists(#k)",
-                ExpressionAttributeNames={"#s": status_attr, "#h": hash_attr, "#k": NODE_TOKEN_PK},
-                ExpressionAttributeValues={":r": status, ":t": revoked_at, ":b": revoked_by},
-            )
-            return True
-        except ClientError as error:
-            if is_condition_failure(error):
-                return False
-            raise
-
-    def all_items(self) -> list[dict[str, Any]]:
-        """Every token item. Operator command only (gpu-recovery-admin list): a Scan,
-        never on a request path; the deployed roles are not granted dynamodb:Scan."""
-        items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {}
-        while True:
-            page = self._table.scan(**kwargs)
-            items.extend(dict(i) for i in page.get("Items", []))
-            if "LastEvaluatedKey" not in page:
-                return items
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
