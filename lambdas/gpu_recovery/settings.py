@@ -468,3 +468,12 @@ def access_policy(env: Mapping[str, str] | None = None) -> AccessPolicy:
         health_check_families=frozenset(health),
         allowed_networks=_allowed_networks(env),
     )
+
+
+def _allowed_networks(env: Mapping[str, str]) -> tuple[NetworkGrant, ...]:
+    from gpu_recovery.queue.access import parse_allowed_networks
+
+    try:
+        return parse_allowed_networks(env.get(c.ENV_JOBS_ALLOWED_NETWORKS) or "")
+    except ValueError as error:
+        raise SettingsError(f"{c.ENV_JOBS_ALLOWED_NETWORKS}: {error}") from error
