@@ -69,6 +69,9 @@ from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
 
+# The goodput ledger: a STARTING -> RUNNING written this soon after the restart's claim
+# is on time (its own time is when the gang ran); later, rank 0's registration says when.
+PROMPT_CONFIRMATION_SECONDS = 5.0
 RETRY_INTERVAL_SECONDS = 60
 # A restart whose batches were sent this long ago and are still not all registered is
 # sent again by the sweep (batches skip what is done).
@@ -489,7 +492,10 @@ class GangRestart:
 
     def _running_marks(self, job: Job) -> dict[str, float]:
         """When the attempt's rank 0 was seen running (its registration): the goodput ledger's
-        restart ends there, even when this confirmation comes later (a retried invocation)."""
+        restart ends there, even when this confirmation comes later (a retried invocation).
+        A confirmation within seconds of the restart's claim is its own time (no read)."""
+        if clock.now() - job.updated_at <= PROMPT_CONFIRMATION_SECONDS:
+            return {}
         rank0 = self.deps.repo.get_rank(job.job_id, 0)
         if rank0 is None or rank0.attempt != job.attempt or not rank0.registered_at:
             return {}
