@@ -22,7 +22,9 @@ SENDERS = {"ecs-task-handler", "dcgm-task-monitor", "ecs-instance-monitor", "rec
            "heartbeat-sweep", "job-control-api", "queue-scheduler", "jobs-api", WORKER,
            "tag-lookup-worker"}  # handles STOPPED events of tag-registered ranks
 # Functions that call StartTask / StopTask read no other instance item than the budget's.
-BUDGET_ONLY = {"jobs-api", "job-control-api"}
+# The job-control API is not among them since issue 49: the preflight handover fences the pinned
+# nodes and reserves the job's nodes (instance-table items) in its own invocation.
+BUDGET_ONLY = {"jobs-api"}
 LARGE_JOB_ENV = (c.ENV_GANG_QUEUE_URL, c.ENV_ECS_API_RATE, c.ENV_ECS_API_BURST, c.ENV_BATCH_IDENTICAL_STARTS,
                  c.ENV_MAX_HEALTH_CHECKS_PER_JOB, c.ENV_MAX_HEALTH_CHECKS_IN_FLIGHT)
 
