@@ -75,46 +75,10 @@ CASES = [case for flow in sorted(RUNS)
          for case in forked.cases(flow, positions(flow), flow, calls=baseline(flow).calls)]
 
 
-#: Known defects (issue 49, found by the full campaign run at the end of the session, not fixed):
-#: a broken call in these tenant-preflight flows lets the job's pins be handed over past its
-#: cleared_limit, or charges a cleared pin as an application error. Reported as xfail with the
-#: problems they show; a case that ends right passes. docs/testing.md and the closing note list them.
-KNOWN_DEFECTS = frozenset({
-    ("preflight_forged_loopback", 166, "lost_response"),
-    ("preflight_forged_loopback", 168, "lost_response"),
-    ("preflight_forged_loopback", 168, "throttle"),
-    ("preflight_forged_loopback", 169, "lost_response"),
-    ("preflight_forged_loopback", 169, "throttle"),
-    ("preflight_forged_loopback", 186, "lost_response"),
-    ("preflight_forged_loopback", 192, "lost_response"),
-    ("preflight_forged_loopback", 193, "lost_response"),
-    ("preflight_forged_loopback", 194, "lost_response"),
-    ("preflight_forged_loopback", 381, "lost_response"),
-    ("preflight_forged_loopback", 383, "lost_response"),
-    ("preflight_forged_loopback", 383, "throttle"),
-    ("preflight_forged_loopback", 384, "lost_response"),
-    ("preflight_forged_loopback", 384, "throttle"),
-    ("preflight_forged_loopback", 385, "lost_response"),
-    ("preflight_forged_loopback", 386, "lost_response"),
-    ("preflight_forged_loopback", 386, "throttle"),
-    ("preflight_forged_loopback", 387, "lost_response"),
-    ("preflight_forged_loopback", 388, "lost_response"),
-    ("preflight_forged_loopback", 388, "throttle"),
-    ("preflight_pin", 189, "lost_response"),
-    ("preflight_pin", 230, "lost_response"),
-    ("preflight_pin", 236, "lost_response"),
-    ("preflight_pin", 237, "lost_response"),
-    ("preflight_pin", 238, "lost_response"),
-    ("preflight_pin", 449, "lost_response"),
-})
-
-
 @pytest.mark.parametrize(("flow", "group", "index", "mode"), CASES)
 def test_a_fault_at_any_call_of_any_flow_still_ends_right(flow: str, group: tuple[int, ...], index: int,
                                                           mode: str) -> None:
     result = forked.result(RUNS[flow], group, index, mode)
     assert result.fired is not None, "the fault never fired"
     fired = f"{result.fired.service}.{result.fired.operation} at {result.fired.site}"
-    if (flow, index, mode) in KNOWN_DEFECTS and result.problems():
-        pytest.xfail(f"known defect: {flow} {mode} at call {index} ({fired}): {result.problems()[:2]}")
     assert result.problems() == [], f"{flow}: {mode} at call {index} ({fired})"

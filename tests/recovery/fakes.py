@@ -435,7 +435,7 @@ class World:
         return EcsTaskDetail.model_validate(detail)
 
     def instance_event(self, node: str, *, connected: bool, version: int,
-                       at: float) -> EcsContainerInstanceDetail:
+                       at: float, agent: str = "") -> EcsContainerInstanceDetail:
         event = json.loads((EVENTS / "aws_doc_ecs_container_instance_state_change.json").read_text())
         detail = event["detail"]
         from datetime import UTC, datetime
@@ -443,6 +443,8 @@ class World:
         detail.update(containerInstanceArn=ci_arn(node), clusterArn=CLUSTER_ARN, agentConnected=connected,
                       status="ACTIVE", version=version,
                       updatedAt=datetime.fromtimestamp(at, tz=UTC).isoformat())
+        if agent:  # the ECS agent's version (it changes when the agent is updated)
+            detail["versionInfo"] = {**detail.get("versionInfo", {}), "agentVersion": agent}
         return EcsContainerInstanceDetail.model_validate(detail)
 
 

@@ -121,6 +121,27 @@ def test_a_reboot_the_stack_cannot_prove_is_settled_by_asking_the_node_not_by_a_
         assert w.repo.get_job("j").state is not JobState.FAILED
 
 
+def test_a_reboot_across_which_the_agent_was_updated_is_settled_by_asking_the_node() -> None:
+    """Issue 49: an agent outage was seen, but the ECS agent came back with another version
+    (an agent update, not proof of a reboot): the node is not taken back on that outage, and
+    not quarantined at the reboot's timeout either; the node answers, so it is back."""
+    with world() as w:
+        _rebooting(w)
+        t = w.now[0]
+        w.service.on_container_instance_change(w.instance_event(FAULTY, connected=False, version=11,
+                                                                at=t + 20, agent="1.80.0"))
+        back = w.instance_event(FAULTY, connected=True, version=12, at=t + 200, agent="1.81.0")
+        assert w.service.on_container_instance_change(back).action != "instance_available"
+        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+        for _ in range(32):
+            w.advance(60)
+            w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is InstanceState.AVAILABLE and w.ecs.drained == []
+        assert not (w.repo.get_instance_item(FAULTY) or {}).get("quarantine_reason")
+        assert w.repo.get_job("j").state is not JobState.FAILED
+
+
 def test_with_validation_on_an_unproven_reboot_is_settled_by_the_nodes_validation() -> None:
     policy = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=45, timeout_seconds=600)
     with world(validation=policy) as w:

@@ -53,6 +53,9 @@ class FaultTally:
     held: int = 0
     shard_decided: int = 0  # healthy verdicts counted on the tally shards (not on the job item)
     shard_infra: int = 0  # of which charged to the infrastructure budget
+    # What opened the fault, when it was not a rank's own end: "preflight" (the gang preflight
+    # pinned nodes before the attempt trained; the fault spends no budget however it ends).
+    opened_by: str = ""
 
     @classmethod
     def from_item(cls, raw: Mapping[str, Any] | None) -> FaultTally:
@@ -62,7 +65,7 @@ class FaultTally:
                    fatal=int(raw.get("fatal") or 0), reboot=int(raw.get("reboot") or 0),
                    rebooting=int(raw.get("rebooting") or 0),
                    total=None if total is None else int(total), infra=int(raw.get("infra") or 0),
-                   held=int(raw.get("held") or 0))
+                   held=int(raw.get("held") or 0), opened_by=str(raw.get("opened_by") or ""))
 
     def to_item(self) -> dict[str, Any]:
         item: dict[str, Any] = {"attempt": self.attempt, "decided": self.decided, "fatal": self.fatal,
@@ -70,6 +73,8 @@ class FaultTally:
                                 "held": self.held}
         if self.total is not None:
             item["total"] = self.total
+        if self.opened_by:
+            item["opened_by"] = self.opened_by
         return item
 
     @property

@@ -130,8 +130,11 @@ class GangOps:
     def inline(self, job: Job) -> bool:
         return self.queue is None or job.world_size <= INLINE_MAX_RANKS
 
-    def stop(self, job: Job, *, round_: int = 0) -> Dispatched:
-        """Send (or run) the batches of the job's stop intent; true once all were sent."""
+    def stop(self, job: Job, *, round_: int = 0, look_up_missing: bool = True) -> Dispatched:
+        """Send (or run) the batches of the job's stop intent; true once all were sent.
+        ``look_up_missing=False`` (a caller whose role lists no tasks: the control API's
+        preflight handover): with a rank not registered, nothing is sent and the sweep stops
+        the gang (it finds the rank by its tags first)."""
         intent = job.stop_fanout
         if not intent:
             return Dispatched(True)
@@ -139,7 +142,11 @@ class GangOps:
         why = str(intent.get("why") or job.last_error or "gang stopped")
         remediation = bool(intent.get("remediation", True))
         if attempt == job.attempt:
-            self.ranks.register_missing(job)  # a rank never registered could not be stopped
+            if not look_up_missing:
+                if not self.ranks.all_registered(job):
+                    return Dispatched(False)
+            else:
+                self.ranks.register_missing(job)  # a rank never registered could not be stopped
         work = batches(STOP, job.job_id, attempt, job.world_size, why=why, round_=round_,
                        remediation=remediation)
         sent = self._dispatch(job, work)

@@ -355,7 +355,7 @@ class RankOperations:
             job_id=reg.job_id, rank=reg.rank, state=reg.state, attempt=reg.attempt,
             task_arn=reg.task_arn, task_definition_arn=reg.task_definition_arn,
             container_inst_id=inst_id, container_instance_arn=reg.container_instance_arn,
-            ec2_instance_id=ec2_id, overrides=reg.overrides, tags=reg.tags, group=reg.group,
+            ec2_instance_id=ec2_id, overrides=reg.overrides, tags=_tags_kept(reg, previous), group=reg.group,
             started_by=reg.started_by, registered_at=now, gpus=reg.gpus, subnet=reg.subnet,
             earlier_tasks=previous.tasks_before(reg.attempt) if previous is not None else (),
         )
@@ -506,12 +506,16 @@ class RankOperations:
                 return repo.get_rank(job.job_id, number)
         return None
 
+    def all_registered(self, job: Job) -> bool:
+        """Every rank of the job's attempt registered (its registered latch complete)."""
+        return Latch.REGISTERED in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size)
+
     def register_missing(self, job: Job) -> list[int]:
         """Ranks whose RUNNING event never arrived, found running by their tags and registered
         (so they are stopped and restarted too). Costs a ListTasks and a DescribeTasks per
         100 tasks of the cluster: only when the attempt's registered latch is incomplete."""
         repo = self.deps.repo
-        if Latch.REGISTERED in repo.latches.complete(job.job_id, job.attempt, job.world_size):
+        if self.all_registered(job):
             return []
         known = repo.latches.registered(job.job_id, job.attempt, job.world_size)
         found = []
@@ -543,6 +547,19 @@ class RankOperations:
             return
         self.deps.metrics.add_metric("JobsRefused", "Count", 1)
         self.notices.send([notice])
+
+
+def _tags_kept(reg: RankRegistration, previous: Rank | None) -> list[dict[str, str]]:
+    """The rank's tags for its registration: the registration's own, and the earlier attempt's
+    it does not carry (an event registered by the convention carries none: the launcher's tags,
+    which the next restart starts the rank with, must not be lost with it)."""
+    if previous is None or not previous.tags:
+        return reg.tags
+    own = {t.get("key") for t in reg.tags}
+    kept = [t for t in previous.tags if t.get("key") not in own]
+    if TAG_ATTEMPT in own or not any(t.get("key") == TAG_ATTEMPT for t in kept):
+        return [*kept, *reg.tags]
+    return tags_for_attempt([*kept, *reg.tags], reg.attempt)
 
 
 def _tag_relocatable(tags: list[dict[str, str]]) -> bool:

@@ -84,7 +84,8 @@ class PreflightHandover:
         in_recovery = joining
         if job.state in ACTIVE_JOB_STATES:
             entered = repo.enter_recovery(job_id, attempt, from_states=ACTIVE_JOB_STATES, reason=reason,
-                                          now=now, deadline_at=now + STOP_RETRY_SECONDS)
+                                          now=now, deadline_at=now + STOP_RETRY_SECONDS,
+                                          opened_by=Trigger.PREFLIGHT.value)
             in_recovery = entered
             if entered:
                 self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
@@ -110,7 +111,8 @@ class PreflightHandover:
         if fresh is not None and fresh.attempt == attempt and fresh.stop_fanout \
                 and not fresh.stop_fanout.get("sent_at"):
             try:
-                self.gang.stop(fresh)
+                # Its role lists no tasks: a rank never registered leaves the stop to the sweep.
+                self.gang.stop(fresh, look_up_missing=False)
             except Exception:  # the job's deadline: the sweep sends the stops
                 logger.warning("gang stop not sent; the sweep sends it", exc_info=True,
                                extra={"job_id": job_id})

@@ -53,6 +53,11 @@ def fault_record(evidence: Evidence, plan: RemediationPlan, now: float,
     return record
 
 
+def _opened_by_preflight(job: Job) -> bool:
+    """The fault was opened by the gang preflight (before the attempt trained): no budget."""
+    return job.tally.opened_by == Trigger.PREFLIGHT.value
+
+
 def budgets_of(job: Job) -> JobBudgets:
     def clamp(value: int) -> int:
         return max(0, min(20, value))
@@ -112,7 +117,7 @@ class JobSettlement:
                 else (Budget.INFRASTRUCTURE if tally.infra_all else Budget.APPLICATION)
         if plan is not None and plan.decision.rule_id == UNDIAGNOSED_RULE:
             kind = Budget.NONE  # the stack's own check gave no verdict: not the job's to pay
-        if evidence is not None and evidence.trigger is Trigger.PREFLIGHT:
+        if (evidence is not None and evidence.trigger is Trigger.PREFLIGHT) or _opened_by_preflight(job):
             # Found by the gang preflight, before the attempt trained: the job lost no work
             # and restarts (or waits) without spending a recovery; the node's escalation and
             # the breaker bound how often that can happen.
@@ -196,6 +201,8 @@ class JobSettlement:
         if outcome is JobOutcome.WAIT:
             return "waiting"
         kind = Budget.INFRASTRUCTURE if job.tally.infra_all else Budget.APPLICATION
+        if _opened_by_preflight(job):
+            kind = Budget.NONE  # every pinned node cleared: the attempt had not trained
         where = f"{job.tally.total} suspect node(s)"
         settled = self._settle(job, outcome, kind, True, where, None, None,
                                f"every verdict in: {where} healthy")

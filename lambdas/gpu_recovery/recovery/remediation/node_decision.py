@@ -224,15 +224,20 @@ class NodeRemediation:
                                                      waiting=bool(waiting), anywhere=anywhere)
         if node_notice is not None:
             notices.append(node_notice(after, plan))
+        # A suspect the stack's own check cleared: counted per evidence source, and per job and
+        # user when the evidence was the tenant's, with the decision (issue 49).
+        clearance = self.tenant_evidence.clearance(evidence, label, from_states)
+        also = self.notices.owe(notices, now)
+        if clearance is not None:
+            also += [*clearance.updates, *self.notices.owe([clearance.notice], now)]
         if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update,
-                                         also=self.notices.owe(notices, now)):
+                                         also=also):
             return None
         # Healthy verdicts that only count, on their tally shards before anyone settles the
         # job (a failure here is counted by the sweep: FaultRepository.recount).
         after_commit("healthy verdicts counted", repo.count_healthy_verdicts, inst_id,
                      [v for v, _ in verdicts])
-        # A suspect the stack's own check cleared: per evidence source, and per job and user (issue 49).
-        after_commit("cleared suspect counted", self.tenant_evidence.cleared, evidence, label, from_states)
+        after_commit("cleared suspect counted", self.tenant_evidence.counted, clearance, evidence.job_id)
         logger.info("node decision applied", extra={
             "instance": inst_id, "action": plan.action.value, "label": label.value,
             "execute": [e.value for e in plan.execute], "record_only": [e.value for e in plan.record_only],

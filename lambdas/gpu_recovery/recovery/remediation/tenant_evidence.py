@@ -1,30 +1,34 @@
 """Suspects the stack's own check cleared: counted per evidence source, and per job and user
 when the evidence was the tenant's (issue 49).
 
-Called after a health check's decision committed (``NodeRemediation.apply``): a DCGM check
-that found the node healthy cleared the suspect its evidence named. Every such clearance is a
+Built before a health check's decision commits and committed with it
+(``NodeRemediation.apply``): a DCGM check that found the node healthy cleared the suspect its
+evidence named. Every such clearance is a
 ``SuspectsCleared`` metric with the dimension ``EvidenceSource`` (the dashboard shows which
 source cries wolf). When the evidence was the tenant's alone (its exit code, its preflight,
 its progress), the clearance is added to the job's and its user's items
-(``repository.tenant_evidence``); at the limit (``cleared_limit`` within
-``cleared_window_hours``) an operator is e-mailed, once per window, and the job's (or user's)
-gang preflights stop pinning nodes (:meth:`TenantEvidence.limited`, read by the preflight).
-A failure here loses a count, never a decision: it runs after the commit.
+(``repository.tenant_evidence``), in the decision's transaction; at the limit
+(``cleared_limit`` within ``cleared_window_hours``) an operator's e-mail is owed in it too,
+once per window, and the job's (or user's) gang preflights stop pinning nodes
+(:meth:`TenantEvidence.limited`, read by the preflight). A lost response or a crash after the
+commit loses no count: the count is the commit's.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import DIMENSION_EVIDENCE_SOURCE, METRIC_SUSPECTS_CLEARED, NotificationKind
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.states import InstanceState, SuspectVerdict
-from gpu_recovery.domain.tenant_evidence import TenantEvidenceLimit, source_of
-from gpu_recovery.recovery.notices import Notices
+from gpu_recovery.domain.tenant_evidence import MAX_ENTRIES, TenantEvidenceLimit, source_of, within
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.tenant_evidence import JOB, USER
 
 logger = logging.getLogger(__name__)
@@ -43,6 +47,17 @@ def add_metric_by(metrics: Any, name: str, value: float, dimension: str, label: 
         metrics.add_metric(name, "Count", value)
 
 
+@dataclass(frozen=True)
+class Clearance:
+    """A suspect a decision clears: its evidence source (the metric's dimension), the subject
+    items' writes and the e-mail owed, committed with the decision."""
+
+    source: str
+    updates: list[Update] = field(default_factory=list)
+    notice: Owed | None = None
+    subjects: str = ""
+
+
 class TenantEvidence:
     def __init__(self, deps: Deps, notices: Notices) -> None:
         self.deps = deps
@@ -52,17 +67,20 @@ class TenantEvidence:
     def limit(self) -> TenantEvidenceLimit:
         return self.deps.settings.preflight.tenant_limit
 
-    def cleared(self, evidence: Evidence, label: SuspectVerdict,
-                from_states: Iterable[InstanceState]) -> None:
-        """A health check's decision, committed: count the suspect it cleared, if it did."""
+    def clearance(self, evidence: Evidence, label: SuspectVerdict,
+                  from_states: Iterable[InstanceState]) -> Clearance | None:
+        """A health check's decision about to commit: if it clears a suspect, the count to
+        commit with it (``Clearance.updates``, in the decision's transaction: a clearance is
+        counted exactly when its decision commits, whatever fails after) and the operator's
+        e-mail owed when this clearance reaches the limit (once per window). None: it clears
+        nothing (not healthy, not from a check, a source the catalog does not know)."""
         if label is not SuspectVerdict.HEALTHY or InstanceState.HEALTH_CHECKING not in tuple(from_states):
-            return
+            return None
         source = source_of(evidence, self.deps.policy.catalog.evidence_sources)
         if source is None:
-            return
-        add_metric_by(self.deps.metrics, METRIC, 1, DIMENSION, source.id)
+            return None
         if not source.tenant or not evidence.job_id:
-            return
+            return Clearance(source.id)
         repo = self.deps.repo
         now = clock.now()
         window = self.limit.window_seconds
@@ -70,44 +88,52 @@ class TenantEvidence:
         # one wrong word, not two.
         entry = f"{evidence.job_id}#{evidence.attempt}"
         user = str((repo.get_job_item(evidence.job_id) or {}).get("user") or "")
-        subjects = [(JOB, evidence.job_id)] + ([(USER, user)] if user else [])
-        reached = []
-        for kind, name in subjects:
-            count = repo.tenant_evidence.record_cleared(kind, name, entry, now, window)
+        updates, reached, claims = [], [], []
+        for kind, name in [(JOB, evidence.job_id)] + ([(USER, user)] if user else []):
+            item = repo.tenant_evidence.read(kind, name)
+            entries = within(item.get("cleared") or (), now, window)
+            if any(e[0] == entry for e in entries):
+                continue  # counted by an earlier decision about the same fault
+            entries = [*entries, (entry, now)][-MAX_ENTRIES:]
+            count = len(entries)
+            tell = self.limit.reached(count) and float(item.get("notified_at") or 0) < now - window
             if self.limit.reached(count):
                 reached.append((kind, name, count))
-        if reached:
-            self._tell(reached, evidence, source.id, now)
+            if tell:
+                claims.append(name)
+            updates.append(repo.tenant_evidence.clearance_update(kind, name, item, entries,
+                                                                 notified_at=now if tell else None))
+        notice = self._notice(reached, evidence, source.id) if claims else None
+        return Clearance(source.id, updates=updates, notice=notice,
+                         subjects=" and ".join(f"the {k} {n} ({c} faults)" for k, n, c in reached))
 
-    def _tell(self, reached: list[tuple[str, str, int]], evidence: Evidence, source: str,
-              now: float) -> None:
-        """One e-mail for the subjects that reached the limit, once per window each."""
-        hours = self.limit.window_seconds / 3600
-        job = self.deps.repo.get_job(evidence.job_id)
-        names = " and ".join(f"the {kind} {name} ({count} faults)" for kind, name, count in reached)
-        owed = []
-        if job is not None:
-            owed = [self.notices.for_job(
-                job, None, NotificationKind.TENANT_EVIDENCE_LIMITED,
-                f"A tenant's evidence no longer moves nodes: {names}",
-                what_happened=(f"the own evidence ({source}) of {names} named nodes within {hours:g} h that "
-                               f"the stack's DCGM check then found healthy; the last: {evidence.node_id}"),
-                what_was_done=(f"its gang preflights pin no node until {hours:g} h after the last cleared "
-                               "one (they conclude inconclusive and the job goes on)"),
-                operator_action=(f"Look at the job (`gpujobs show {evidence.job_id}`): a preflight or "
-                                 "image that fails on healthy nodes, a tenant's forged reports, or a fault "
-                                 "the DCGM diag cannot see (a degraded link)."))]
-        told = False
-        for kind, name, _ in reached:
-            also = self.notices.owe(owed, now) if owed and not told else ()
-            if self.deps.repo.tenant_evidence.claim_notice(kind, name, now, self.limit.window_seconds,
-                                                           also=also):
-                told = told or bool(also)
-        if told:
-            self.notices.send(owed)
+    def counted(self, clearance: Clearance | None, job_id: str) -> None:
+        """After the decision committed: its metric, and the operator's e-mail (owed with it)."""
+        if clearance is None:
+            return
+        add_metric_by(self.deps.metrics, METRIC, 1, DIMENSION, clearance.source)
+        if clearance.notice is not None:
+            self.notices.send([clearance.notice])
             self.deps.metrics.add_metric("TenantEvidenceLimited", "Count", 1)
             logger.warning("a tenant's evidence no longer moves nodes",
-                           extra={"subjects": names, "job_id": evidence.job_id})
+                           extra={"subjects": clearance.subjects, "job_id": job_id})
+
+    def _notice(self, reached: list[tuple[str, str, int]], evidence: Evidence, source: str) -> Owed | None:
+        hours = self.limit.window_seconds / 3600
+        job = self.deps.repo.get_job(evidence.job_id)
+        if job is None:
+            return None
+        names = " and ".join(f"the {kind} {name} ({count} faults)" for kind, name, count in reached)
+        return self.notices.for_job(
+            job, None, NotificationKind.TENANT_EVIDENCE_LIMITED,
+            f"A tenant's evidence no longer moves nodes: {names}",
+            what_happened=(f"the own evidence ({source}) of {names} named nodes within {hours:g} h that "
+                           f"the stack's DCGM check then found healthy; the last: {evidence.node_id}"),
+            what_was_done=(f"its gang preflights pin no node until {hours:g} h after the last cleared "
+                           "one (they conclude inconclusive and the job goes on)"),
+            operator_action=(f"Look at the job (`gpujobs show {evidence.job_id}`): a preflight or "
+                             "image that fails on healthy nodes, a tenant's forged reports, or a fault "
+                             "the DCGM diag cannot see (a degraded link)."))
 
     def limited(self, job_id: str, user: str) -> str:
         """Why this job's (or its user's) evidence no longer moves nodes ("": it does)."""
