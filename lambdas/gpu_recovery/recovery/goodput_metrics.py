@@ -21,6 +21,12 @@ def ended(deps: Deps, job_id: str, won: bool) -> bool:
     return won
 
 
+def job_failed(deps: Deps, job_id: str) -> None:
+    """A job's FAILED transition committed by this call: the Failures count and its goodput."""
+    deps.metrics.add_metric("Failures", "Count", 1)
+    ended(deps, job_id, True)
+
+
 def emit_job_end(metrics: MetricsPort, repo: Repository, job_id: str) -> None:
     item = repo.get_job_item(job_id)
     if item is None:
