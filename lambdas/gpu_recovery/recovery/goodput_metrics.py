@@ -6,18 +6,21 @@ transition, after its commit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
 from gpu_recovery import clock
 from gpu_recovery.constants import DIMENSION_CAUSE, METRIC_GPU_HOURS_LOST, METRIC_JOB_ETTR
 from gpu_recovery.domain.goodput_report import job_end_figures
 from gpu_recovery.recovery.ports import Deps, MetricsPort, after_commit
-from gpu_recovery.repository import Repository
 
 
 def ended(deps: Deps, job_id: str, won: bool) -> bool:
     """``won``: the job's terminal transition committed by this call (a redelivered event
     loses its conditional write, and emits nothing). Returns ``won``."""
     if won:
-        after_commit("goodput metrics", emit_job_end, deps.metrics, deps.repo, job_id)
+        after_commit("goodput metrics", emit_job_end, deps.metrics, partial(deps.repo.get_job_item, job_id))
     return won
 
 
@@ -27,8 +30,9 @@ def job_failed(deps: Deps, job_id: str) -> None:
     ended(deps, job_id, True)
 
 
-def emit_job_end(metrics: MetricsPort, repo: Repository, job_id: str) -> None:
-    item = repo.get_job_item(job_id)
+def emit_job_end(metrics: MetricsPort, read_item: Callable[[], Mapping[str, Any] | None]) -> None:
+    """``read_item``: the ended job's item, read after its terminal write."""
+    item = read_item()
     if item is None:
         return
     lost, ettr = job_end_figures(item, clock.now())
