@@ -44,8 +44,11 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from gpu_recovery.constants import (
+    DIMENSION_CAUSE,
     DIMENSION_EVIDENCE_SOURCE,
     GANG_QUEUE_MAX_RECEIVES,
+    METRIC_GPU_HOURS_LOST,
+    METRIC_JOB_ETTR,
     METRIC_OLDEST_DUE_JOB_SECONDS,
     METRIC_OVERDUE_JOBS,
     METRIC_SUSPECTS_CLEARED,
@@ -302,6 +305,7 @@ class Monitoring(Construct):
                             f"MetricName=\"{METRIC_SUSPECTS_CLEARED}\"', 'Sum', {int(period.to_seconds())})"),
                 using_metrics={}, label="", period=period)],
         ))
+        dashboard.add_widgets(*self._goodput_widgets())
         dashboard.add_widgets(cloudwatch.GraphWidget(
             title=(f"Jobs past their due time (should be 0; {OVERDUE_AFTER_SECONDS // 60} min or more late), "
                    "and how late the oldest due job is (s, right)"),
@@ -371,6 +375,27 @@ class Monitoring(Construct):
             sort_by=cloudwatch.AlarmStatusWidgetSortBy.STATE_UPDATED_TIMESTAMP,
         ))
         return dashboard
+
+
+    @staticmethod
+    def _goodput_widgets() -> list[cloudwatch.IWidget]:
+        """The goodput ledger of the jobs that ended (docs/goodput.md): GPU-hours lost per
+        cause, summed per hour over the services, and the finished jobs' ETTR."""
+        hour = Duration.hours(1)
+        lost = cloudwatch.MathExpression(
+            expression=(f"SEARCH('{{{METRICS_NAMESPACE},{DIMENSION_CAUSE},service}} "
+                        f"MetricName=\"{METRIC_GPU_HOURS_LOST}\"', 'Sum', {int(hour.to_seconds())})"),
+            using_metrics={}, label="", period=hour)
+        return [
+            cloudwatch.GraphWidget(
+                title="GPU-hours lost per cause, by the jobs that ended (goodput: docs/goodput.md)",
+                width=16, stacked=True, left=[lost]),
+            cloudwatch.GraphWidget(
+                title="ETTR of the jobs that ended (%, productive / time not of the job's own making)",
+                width=8, left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+                left=[_combined("AVG", METRIC_JOB_ETTR, "Average", hour, "average"),
+                      _combined("MIN", METRIC_JOB_ETTR, "Minimum", hour, "worst job")]),
+        ]
 
 
 def _search(metric_name: str, statistic: str, period: Duration) -> str:

@@ -153,6 +153,8 @@ METRICS_NAMESPACE = "GpuTrainingRecovery"
 # Suspects the stack's own DCGM check cleared, per evidence source (issue 49: the dashboard).
 METRIC_SUSPECTS_CLEARED = "SuspectsCleared"
 DIMENSION_EVIDENCE_SOURCE = "EvidenceSource"
+# A finished job's goodput ledger (docs/goodput.md): GPU-hours lost per cause, and its ETTR.
+METRIC_GPU_HOURS_LOST, DIMENSION_CAUSE, METRIC_JOB_ETTR = "GpuHoursLost", "Cause", "JobEttr"
 # The recovery sweep's count of jobs past their due time (domain.overdue) and how late the
 # oldest due job is, every minute; infra/monitoring.py alarms on the first.
 METRIC_OVERDUE_JOBS = "OverdueJobs"

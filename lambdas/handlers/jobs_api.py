@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from functools import partial
 from http import HTTPStatus
 from pathlib import Path as FilePath
 from typing import Annotated, Any
@@ -72,6 +73,8 @@ from gpu_recovery.queue.jobs_api.service import JobQueueService
 from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
 from gpu_recovery.queue.models import JobSpec
 from gpu_recovery.queue.spec_errors import first_problem
+from gpu_recovery.recovery.goodput_metrics import emit_job_end
+from gpu_recovery.recovery.ports import after_commit
 from handlers._common import powertools
 from handlers._http import BodyError, guarded_body
 from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
@@ -311,6 +314,9 @@ def get_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobDetail:
                      409: error_doc("The job kept changing state; retry")})
 def cancel_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> CancelResult:
     result = service().cancel(job_id, caller())
+    if result.pop("ended", False):  # this call's write made it CANCELED: its goodput, once
+        after_commit("goodput metrics", emit_job_end, runtime.PowertoolsMetrics(metrics),
+                     partial(service().repo.job_item, job_id))
     if result["changed"]:
         metrics.add_metric(name="JobsCanceled", unit=MetricUnit.Count, value=1)
     return CancelResult.model_validate(result)

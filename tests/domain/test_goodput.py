@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpu_recovery.domain import goodput as gp
+from gpu_recovery.domain.goodput_report import job_end_figures
 
 
 def entry(at: float, to: str, marks: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -146,3 +147,17 @@ def test_a_fault_while_the_job_was_lost_opens_a_recovery_charged_to_its_node() -
     assert book.faults == 1
     assert book.seconds["detection"] == pytest.approx(100)
     assert book.nodes == {"ci-9": pytest.approx(100 + 100 + 50)}
+
+
+def test_a_finished_jobs_metric_figures_are_gpu_hours_per_badput_cause_and_ettr_percent() -> None:
+    """Given a 2-node x 8-GPU job that lost 90 s to diagnosis and 180 s to repair and ran
+    900 s, When it ends, Then its metric figures are those causes in GPU-hours (16 GPUs), no
+    productive and no zero cause, and ETTR in percent."""
+    marks = gp.fault_marks(fault_at=500, checkpoint_at=500, node="ci-1", rule="xid-79")
+    item = {"world_size": 2, "gpus_per_node": 8, "history": [
+        entry(0, "STARTING"), entry(0, "RUNNING"), entry(500, "PENDING_HEALTHCHECK", marks),
+        entry(590, "PENDING_RESTART", gp.cause_marks("repair")), entry(770, "RUNNING"),
+        entry(1170, "COMPLETE")]}
+    lost, ettr = job_end_figures(item, now=9999)
+    assert lost == pytest.approx({"diagnosis": 90 * 16 / 3600, "repair": 180 * 16 / 3600})
+    assert ettr == pytest.approx(100 * 900 / 1170, abs=1e-3)

@@ -181,3 +181,12 @@ def test_a_job_past_its_due_time_pages(default_synth: Synth) -> None:
     (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     assert "OverdueJobs" in body and "OldestDueJobSeconds" in body and "Jobs past their due time" in body
+
+
+def test_the_dashboard_shows_the_goodput_of_the_jobs_that_ended(default_synth: Synth) -> None:
+    """Issue 52: GPU-hours lost per cause (the Cause dimension, no job or node) and the finished
+    jobs' ETTR, from the EMF the recovery functions emit when a job ends."""
+    (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    assert "GpuHoursLost" in body and "GpuTrainingRecovery,Cause,service" in body
+    assert "JobEttr" in body and "ETTR" in body

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import boto3
 import pytest
 
@@ -173,3 +175,31 @@ def _stopped_detail(task: dict) -> object:
         container["taskArn"] = task["taskArn"]
         container["exitCode"] = 143
     return EcsTaskStateChangeEvent.model_validate(event).detail
+
+
+def test_a_cancel_the_api_finishes_emits_the_jobs_goodput_once(api: Api,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Given a job that started, ran and has waited 100 s for a health check with every rank
+    stopped, When it is canceled (the API's own write makes it CANCELED) and canceled again,
+    Then the job's end emits GpuHoursLost by Cause (diagnosis, restart: no job or node in the
+    dimensions) and JobEttr, once."""
+    _, job = api.submit()
+    start_job(api, job["job_id"], state="PENDING_HEALTHCHECK", rank_states=["FAILED", "STOPPED"])
+    now = api.now[0]
+    api.job_table.update_item(
+        Key={"job_id_rank": f"{job['job_id']}#JOB"}, UpdateExpression="SET history = :h",
+        ExpressionAttributeValues={":h": [
+            {"at": int(now - 1000), "to": "QUEUED", "from": "", "reason": "", "actor": OPS},
+            {"at": int(now - 900), "to": "STARTING", "from": "QUEUED", "reason": "", "actor": "scheduler"},
+            {"at": int(now - 880), "to": "RUNNING", "from": "STARTING", "reason": "", "actor": "recovery"},
+            {"at": int(now - 100), "to": "PENDING_HEALTHCHECK", "from": "RUNNING", "reason": "",
+             "actor": "recovery"}]})
+    capsys.readouterr()
+    assert _cancel(api, job["job_id"])[1]["state"] == "CANCELED"
+    assert _cancel(api, job["job_id"])[1]["changed"] is False
+    out = capsys.readouterr().out.splitlines()
+    emitted = [json.loads(line) for line in out if line.startswith('{"_aws"')]
+    lost = [m for m in emitted if "GpuHoursLost" in m]
+    assert sorted(m["Cause"] for m in lost) == ["diagnosis", "restart"]
+    assert all(set(m) - {"_aws", "GpuHoursLost"} == {"Cause", "service"} for m in lost)
+    assert len([m for m in emitted if "JobEttr" in m]) == 1

@@ -139,3 +139,49 @@ def test_waiting_for_a_node_to_relocate_to_is_waiting_for_capacity() -> None:
     assert s["waiting_for_capacity"] == pytest.approx(180)
     assert s["productive"] == pytest.approx(50 + 60)
     assert ledger["top_rules"][0]["name"] == "exit-suspect"
+
+
+class _Metrics:
+    """What the recovery functions' Powertools adapter receives (runtime.PowertoolsMetrics)."""
+
+    def __init__(self) -> None:
+        self.plain: list[tuple[str, str, float]] = []
+        self.by: list[tuple[str, str, float, dict[str, str]]] = []
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        self.plain.append((name, unit, value))
+
+    def add_dimensioned_metric(self, name: str, unit: str, value: float, dimensions: dict[str, str]) -> None:
+        self.by.append((name, unit, value, dimensions))
+
+
+def test_a_finished_job_emits_its_gpu_hours_lost_per_cause_and_its_ettr_once() -> None:
+    """Given a 2-GPU job that lost 107 s to an application error and restarted, When every
+    rank of its second attempt exits 0 (and the last stop event is delivered twice), Then the
+    job's end emits GpuHoursLost once, by Cause only (never a job or a node), 107 s x 2 GPUs,
+    and its ETTR (100 %: an application error is the job's own time) once."""
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.advance(100)
+        assert w.repo.record_checkpoint("j", 1, 50, w.now[0])
+        w.advance(100)
+        report_xid(w, FAULTY, 13)
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        w.advance(7)
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: restart"))
+        assert w.repo.get_job("j").attempt == 2
+        w.advance(300)
+        metrics = _Metrics()
+        w.service.deps.metrics = metrics
+        second = [arn for arn, task in w.ecs.tasks.items() if task.last_status == "RUNNING"
+                  and task.started_by != "gpu-health-check"]
+        assert len(second) == 2
+        stops = [w.task_stopped(arn, exit_code=0) for arn in second]
+        for stop in [*stops, stops[-1]]:
+            w.service.on_task_state_change(stop)
+        assert w.repo.get_job("j").state is JobState.COMPLETE
+    lost = [m for m in metrics.by if m[0] == C.METRIC_GPU_HOURS_LOST]
+    assert lost == [(C.METRIC_GPU_HOURS_LOST, "None", pytest.approx(107 * 2 / 3600), {C.DIMENSION_CAUSE:
+                                                                                     "application_error"})]
+    assert [m for m in metrics.plain if m[0] == C.METRIC_JOB_ETTR] == [(C.METRIC_JOB_ETTR, "Percent", 100.0)]

@@ -56,3 +56,15 @@ def report(items: Iterable[Mapping[str, Any]], now: float) -> dict[str, Any]:
                    for n, h in sorted(nodes.items(), key=lambda kv: -kv[1])[:LEMONS]],
         "lost_work_unknown_faults": unknown,
     }
+
+
+def job_end_figures(item: Mapping[str, Any], now: float) -> tuple[dict[str, float], float | None]:
+    """A finished job's figures for its metrics: GPU-hours per badput cause (the causes with
+    any time; the job's own ones included, apart in the docs), and its ETTR in percent (None
+    when the job never had time the stack could count)."""
+    ledger = goodput.ledger_of(item, now)
+    gpus = gpus_of(item)
+    lost = {cause: seconds * gpus / 3600 for cause, seconds in ledger.seconds.items()
+            if cause != goodput.PRODUCTIVE and seconds > 0}
+    ettr = ledger.ettr
+    return lost, (round(ettr * 100, 3) if ettr is not None else None)

@@ -60,6 +60,7 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.domain.time_sharing import DEFAULT_SUSPEND_GRACE_SECONDS, SuspendKind
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.gang import GangOps
+from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.restart_nodes import RestartNodes
@@ -530,9 +531,9 @@ class GangRestart:
             "Job failed: restart failed", what_happened=reason,
             what_was_done="Job marked FAILED; started ranks stopped",
             operator_action="Check the cluster's capacity and the instance, then resubmit the job.")
-        if self.deps.repo.finish_job(job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
-                                     stop_ranks_of=job.attempt, stop_why="restart failed",
-                                     also=self.ranks.notices.owe([notice])):
+        if ended(self.deps, job.job_id, self.deps.repo.finish_job(
+                job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
+                stop_ranks_of=job.attempt, stop_why="restart failed", also=self.ranks.notices.owe([notice]))):
             self.released(job.job_id)
             self.ranks.notices.send([notice])
             self.deps.metrics.add_metric("Failures", "Count", 1)
@@ -552,10 +553,10 @@ class GangRestart:
             "Job failed: cannot be restarted", what_happened=reason, what_was_done="Job marked FAILED",
             operator_action=operator_action or (
                 "Repair or replace the node, set it ACTIVE again, and resubmit the job."))
-        if not self.deps.repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
-                                         fields={"last_error": reason}, from_states=[from_state or job.state],
-                                         stop_ranks_of=job.attempt, stop_why="job failed",
-                                         also=self.ranks.notices.owe([notice])):
+        if not ended(self.deps, job.job_id, self.deps.repo.finish_job(
+                job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason},
+                from_states=[from_state or job.state], stop_ranks_of=job.attempt, stop_why="job failed",
+                also=self.ranks.notices.owe([notice]))):
             return False
         self.released(job.job_id)
         self.ranks.notices.send([notice])

@@ -45,6 +45,7 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import verdict_lease
 from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.goodput_metrics import job_failed
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reboots import Reboots
@@ -171,7 +172,7 @@ class HealthChecks:
                                                               also=owed):
                 self.remediation.notices.send([notice])
                 if outcome.fails:
-                    self.deps.metrics.add_metric("Failures", "Count", 1)
+                    job_failed(self.deps, job.job_id)
                 if outcome.restarts:
                     after_commit("restart", self.restarts.try_restart, job.job_id)
                 return result
@@ -217,7 +218,7 @@ class HealthChecks:
         self.remediation.notices.send([notice])
         self.deps.metrics.add_metric("ObservedFaults", "Count", 1)
         if outcome.fails:
-            self.deps.metrics.add_metric("Failures", "Count", 1)
+            job_failed(self.deps, job.job_id)
         last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]}
         after_commit("observed fault", partial(repo.record_observed_fault, inst_id, fault_history=None,
                                                last_fault=last_fault))

@@ -60,6 +60,7 @@ from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository import JobFailure
@@ -452,6 +453,8 @@ class Reboots:
             self.cordons.limit_tripped(cordon_tripped, inst_id)
         failed_jobs = [f.job.job_id for f in failures if not f.moves]
         self.deps.metrics.add_metric("Failures", "Count", len(failed_jobs))
+        for job_id in failed_jobs:
+            ended(self.deps, job_id, True)
         after_commit("timed-out instance", self._after_time_out, instance, cordon is not None, drain, moving,
                      failed_jobs)
         return kind.value

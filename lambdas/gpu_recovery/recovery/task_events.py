@@ -45,6 +45,7 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import LookupQueued, RankOperations
@@ -268,9 +269,9 @@ class TaskEvents:
         ledger = _fault_marks(job, node, now, assessment, budget)
         if reaction is StopReaction.USER_STOPPED:
             reason = (f"rank {rank.rank} stopped by a user ({stop.stopped_reason or 'UserInitiated'})")
-            return repo.finish_job(job.job_id, job.attempt, JobState.USER_STOPPED, reason,
-                                   rank_stop=rank_stop, stop_ranks_of=job.attempt,
-                                   stop_why=_ENDING_REASON[JobState.USER_STOPPED])
+            return ended(self.deps, job.job_id, repo.finish_job(
+                job.job_id, job.attempt, JobState.USER_STOPPED, reason, rank_stop=rank_stop,
+                stop_ranks_of=job.attempt, stop_why=_ENDING_REASON[JobState.USER_STOPPED]))
         if reaction is StopReaction.RESTART and assessment is not None and budget is not None:
             what = ("application error" if assessment.plan.decision.budget is Budget.APPLICATION
                     else "transient fault")
@@ -293,9 +294,10 @@ class TaskEvents:
                                "termination; the job is marked FAILED in the job table"),
                 operator_action="Read what would have been done below and act by hand if needed.",
                 details=details_of(assessment.evidence, assessment.plan))
-            done = repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
-                                   fields={"last_error": reason[:1000], "last_fault": last_fault},
-                                   rank_stop=rank_stop, also=self.ranks.notices.owe([notice], now))
+            done = ended(self.deps, job.job_id, repo.finish_job(
+                job.job_id, job.attempt, JobState.FAILED, reason,
+                fields={"last_error": reason[:1000], "last_fault": last_fault},
+                rank_stop=rank_stop, also=self.ranks.notices.owe([notice], now)))
             if done:
                 self.ranks.notices.send([notice])
             if done:
@@ -308,9 +310,9 @@ class TaskEvents:
             fields: dict[str, Any] = {"last_error": reason[:1000]}
             if last_fault is not None:
                 fields["last_fault"] = last_fault
-            done = repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason, fields=fields,
-                                   rank_stop=rank_stop, stop_ranks_of=job.attempt,
-                                   stop_why=_ENDING_REASON[JobState.FAILED], ledger=ledger)
+            done = ended(self.deps, job.job_id, repo.finish_job(
+                job.job_id, job.attempt, JobState.FAILED, reason, fields=fields, rank_stop=rank_stop,
+                stop_ranks_of=job.attempt, stop_why=_ENDING_REASON[JobState.FAILED], ledger=ledger))
             if done:
                 self.deps.metrics.add_metric("Failures", "Count", 1)
             return done
@@ -432,8 +434,8 @@ class TaskEvents:
             [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
             suspect_node=node if suspect else "")
         if Latch.DONE in arrival:
-            detail["complete"] = repo.finish_job(job.job_id, current.attempt, JobState.COMPLETE,
-                                                 "every rank exited 0")
+            detail["complete"] = ended(self.deps, job.job_id, repo.finish_job(
+                job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0"))
         if Latch.ENDED in arrival:
             detail["ended"] = self.on_attempt_ended(repo.get_job(job.job_id) or job, current.attempt)
         return Outcome("duplicate" if redelivered else "recorded", job.job_id, detail)
@@ -494,7 +496,7 @@ class TaskEvents:
         if job.state is JobState.SUSPENDING:
             return "suspended" if self.suspensions.finish(job) else "raced"
         if job.state is JobState.CANCELING:
-            repo.mark_job_canceled(job.job_id, "every rank stopped")
+            ended(self.deps, job.job_id, repo.mark_job_canceled(job.job_id, "every rank stopped"))
             return "canceled"
         return "ended"
 

@@ -29,11 +29,12 @@ def cancel_job(deps: Deps, job_id: str, user: str) -> dict[str, Any]:
             if deps.repo.move_job(job_id, current, JobState.CANCELED, reason=reason, actor=user,
                                   leave_queue=True):
                 deps.trigger("canceled", job_id)
-                return {**result, "state": JobState.CANCELED.value, "changed": True}
+                return {**result, "state": JobState.CANCELED.value, "changed": True, "ended": True}
             continue
         if current is JobState.CANCELING:
-            stopping, state = _stop_and_finish(deps, job_id, user, was_starting=False)
-            return {**result, "state": state.value, "changed": False, "stopping_ranks": stopping}
+            stopping, state, won = _stop_and_finish(deps, job_id, user, was_starting=False)
+            return {**result, "state": state.value, "changed": False, "stopping_ranks": stopping,
+                    "ended": won}
         target = JobState.CANCELING if can_transition(current, JobState.CANCELING) else JobState.CANCELED
         check_transition(current, target)
         attempt = int(item.get("attempt") or 0)
@@ -41,15 +42,18 @@ def cancel_job(deps: Deps, job_id: str, user: str) -> dict[str, Any]:
         if not deps.repo.move_job(job_id, current, target, reason=reason, actor=user,
                                   leave_queue=True, clear_deadline=True, stop_ranks_of=stop_of):
             continue
-        stopping, state = _stop_and_finish(deps, job_id, user, was_starting=current is JobState.STARTING)
+        stopping, state, won = _stop_and_finish(deps, job_id, user, was_starting=current is JobState.STARTING)
         if state.is_terminal:
             deps.trigger("canceled", job_id)
-        return {**result, "state": state.value, "changed": True, "stopping_ranks": stopping}
+        return {**result, "state": state.value, "changed": True, "stopping_ranks": stopping,
+                "ended": won or target is JobState.CANCELED}
     raise Conflict(f"job {job_id} changed state repeatedly while canceling, retry")
 
 
-def _stop_and_finish(deps: Deps, job_id: str, user: str, *, was_starting: bool) -> tuple[list[int], JobState]:
-    """StopTask every live rank of the current attempt; CANCELED once none is left.
+def _stop_and_finish(deps: Deps, job_id: str, user: str, *,
+                     was_starting: bool) -> tuple[list[int], JobState, bool]:
+    """StopTask every live rank of the current attempt; CANCELED once none is left (the
+    last: whether this call's write made it CANCELED, for the job's goodput metrics).
 
     The job is CANCELING *before* the ranks are read, so a rank that stops after
     this read is finished by the task handler (``_maybe_canceled``).
@@ -64,7 +68,7 @@ def _stop_and_finish(deps: Deps, job_id: str, user: str, *, was_starting: bool) 
             deps.gang_queue.send([b.body() for b in batches(
                 STOP, job.job_id, job.attempt, job.world_size, why=why, remediation=False)])
             deps.repo.record_stop_sent(job.job_id, job.attempt, clock.now())
-        return [], job.state
+        return [], job.state, False
     ranks = [r for r in deps.repo.get_ranks(job) if r.attempt == job.attempt]
     why = f"{SYSTEM_STOP_REASON_PREFIX} canceled by {user}"
     stopping: list[int] = []
@@ -79,11 +83,11 @@ def _stop_and_finish(deps: Deps, job_id: str, user: str, *, was_starting: bool) 
         deps.ecs.stop_task_if_known(rank.task_arn, why)  # False: ECS no longer knows the task
         stopping.append(rank.rank)
     if job.state is not JobState.CANCELING:
-        return stopping, job.state
+        return stopping, job.state, False
     complete = not was_starting or len(ranks) >= job.world_size
     fresh_ranks = [r for r in deps.repo.get_ranks(job) if r.attempt == job.attempt]
     if complete and all(r.state.is_terminal for r in fresh_ranks):
-        deps.repo.move_job(job_id, JobState.CANCELING, JobState.CANCELED,
-                           reason="every rank stopped", actor=user, leave_queue=False)
-        return stopping, JobState(deps.item(job_id)["job_state"])
-    return stopping, JobState.CANCELING
+        won = deps.repo.move_job(job_id, JobState.CANCELING, JobState.CANCELED,
+                                 reason="every rank stopped", actor=user, leave_queue=False)
+        return stopping, JobState(deps.item(job_id)["job_state"]), bool(won)
+    return stopping, JobState.CANCELING, False

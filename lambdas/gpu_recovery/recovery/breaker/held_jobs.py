@@ -40,6 +40,7 @@ from gpu_recovery.domain.breaker.hold import (
 )
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import JobState, SuspectVerdict
+from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.ranks import RankOperations
@@ -147,9 +148,9 @@ class HeldJobs:
             replace(job, state=JobState.FAILED, last_error=reason[:1000]), None, NotificationKind.FAILED,
             "Job failed: held node not rebooted", what_happened=reason,
             what_was_done="Job marked FAILED (it was HELD, not charged)", operator_action=_FAILED_ACTION)
-        if not self.deps.repo.finish_job(job.job_id, job.attempt, JobState.FAILED, reason,
-                                         fields={"last_error": reason[:1000]},
-                                         from_states=[job.state], also=self.ranks.notices.owe([notice])):
+        if not ended(self.deps, job.job_id, self.deps.repo.finish_job(
+                job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason[:1000]},
+                from_states=[job.state], also=self.ranks.notices.owe([notice]))):
             return False
         self.ranks.notices.send([notice])
         self.deps.metrics.add_metric("Failures", "Count", 1)

@@ -24,6 +24,7 @@ from typing import Any
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
+from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps
 
@@ -63,9 +64,10 @@ class PreflightJobFault:
                            "suspected, checked, cordoned or repaired, and no recovery was spent"),
             what_was_done="Job marked FAILED",
             operator_action=OWN_FAULT_ACTION)
-        if repo.finish_job(job_id, attempt, JobState.FAILED, reason, fields={"last_error": reason},
-                           from_states=ACTIVE_JOB_STATES, stop_ranks_of=attempt, stop_why=reason,
-                           also=self.notices.owe([notice], now)):
+        if ended(self.deps, job_id, repo.finish_job(
+                job_id, attempt, JobState.FAILED, reason, fields={"last_error": reason},
+                from_states=ACTIVE_JOB_STATES, stop_ranks_of=attempt, stop_why=reason,
+                also=self.notices.owe([notice], now))):
             self.notices.send([notice])
             self.deps.metrics.add_metric("PreflightJobFaults", "Count", 1)
             self.deps.metrics.add_metric("Failures", "Count", 1)

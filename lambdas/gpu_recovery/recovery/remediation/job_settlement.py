@@ -31,6 +31,7 @@ from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import UNDIAGNOSED_RULE, RemediationPlan
 from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
@@ -223,6 +224,7 @@ class JobSettlement:
         if settled.outcome.fails:
             self.notices.send([notice])
             self.deps.metrics.add_metric("Failures", "Count", 1)
+            ended(self.deps, job.job_id, True)
             return "failed"
         after_commit("restart", self.restarts.try_restart, job.job_id)
         return "restart"

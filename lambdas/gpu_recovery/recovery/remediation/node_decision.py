@@ -44,6 +44,7 @@ from gpu_recovery.domain.remediation_plan import NODE_EFFECTS, RemediationPlan, 
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, after_commit
@@ -247,6 +248,8 @@ class NodeRemediation:
             self.reboots.gate.tripped(tripped)
         outcomes = [(v.job, o) for v, o in verdicts]
         self.deps.metrics.add_metric("Failures", "Count", sum(1 for _, o in outcomes if o.fails))
+        for failed in (job for job, outcome in outcomes if outcome.fails):
+            ended(self.deps, failed.job_id, True)
 
         # The reboot or drain has the instance's follow-up deadline, a restart its job's: the
         # sweep carries out whatever a failure here leaves.

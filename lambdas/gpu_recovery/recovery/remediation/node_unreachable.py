@@ -27,6 +27,7 @@ from gpu_recovery.domain.remediation_mode import Effect, effects_of
 from gpu_recovery.domain.remediation_plan import NODE_EFFECTS, RemediationPlan, RemediationPolicy
 from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.recovery.breaker.gate import GateAnswer
+from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.remediation.job_settlement import fault_record
 from gpu_recovery.recovery.remediation.node_decision import (
@@ -162,6 +163,7 @@ class NodeUnreachable:
                 "record_only": [e.value for e in plan.record_only]})
             self.notices.send(notices)
             self.deps.metrics.add_metric("Failures", "Count", 1)
+            ended(self.deps, job_id, True)
             if tripped is not None:
                 self.gate.tripped(tripped)
             after_commit("node unreachable", self._after, gate, decision is not None, after, plan,
