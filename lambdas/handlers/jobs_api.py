@@ -73,8 +73,6 @@ from gpu_recovery.queue.jobs_api.service import JobQueueService
 from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
 from gpu_recovery.queue.models import JobSpec
 from gpu_recovery.queue.spec_errors import first_problem
-from gpu_recovery.recovery.goodput_metrics import emit_job_end
-from gpu_recovery.recovery.ports import after_commit
 from handlers._common import powertools
 from handlers._http import BodyError, guarded_body
 from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
@@ -315,6 +313,9 @@ def get_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobDetail:
 def cancel_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> CancelResult:
     result = service().cancel(job_id, caller())
     if result.pop("ended", False):  # this call's write made it CANCELED: its goodput, once
+        # Imported here: the jobs API loads no recovery module for its other requests (cold start).
+        from gpu_recovery.recovery.goodput_metrics import emit_job_end
+        from gpu_recovery.recovery.ports import after_commit
         after_commit("goodput metrics", emit_job_end, runtime.PowertoolsMetrics(metrics),
                      partial(service().repo.job_item, job_id))
     if result["changed"]:

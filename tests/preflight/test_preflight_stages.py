@@ -486,3 +486,39 @@ def test_no_loopback_reported_anywhere_is_missing_evidence_not_a_job_or_node_fau
     item = w.repo.preflight.get("j", 1)
     assert item["status"] == "inconclusive" and "no node reported" in item["verdict"]
     assert w.repo.get_job("j").state is JobState.RUNNING and w.repo.faults.suspects("j", 1) == []
+
+
+def test_a_clearance_is_counted_with_its_decision_whatever_is_lost_after_the_commit(w: World) -> None:
+    """Issue 49's campaign defect: each clearing decision's response lost after it committed
+    (its delivery dies, the redelivery finds the check answered): the count is the commit's,
+    so the job still reaches its limit after two cleared faults and pins nothing more."""
+    nodes = nodes_of(8)
+    queue_job(w, "j", nodes)
+    fabric = Fabric()
+    fabric.degrade_link("node-2", "node-5", 0.3, persistent=True)
+    for attempt in (1, 2):
+        ranks = Ranks(w, "j", nodes, fabric)
+        ranks.attempt = attempt
+        stopped_before = len(w.ecs.stop_calls)
+        assert set(ranks.run().values()) == {"stop"}
+        w.advance(61)
+        for arn in list(w.ecs.stop_calls)[stopped_before:]:
+            w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                          reason="gpu-recovery: gang preflight pinned"))
+        w.service.sweep()
+        for node in ("node-2", "node-5"):
+            task = next(t for t in reversed(w.ecs.health_checks_on(node)) if t.last_status != "STOPPED")
+            event = w.health_check_stopped(task, 0)
+            w.repo.fail_once("record_node_decision", "lose")
+            with pytest.raises(LostResponse):
+                w.service.on_health_check_stopped(event)
+            w.service.on_health_check_stopped(event)  # Lambda's retry
+        for _ in range(3):
+            w.advance(61)
+            w.service.sweep()
+    assert w.repo.tenant_evidence.cleared("job", "j", w.now[0], 86400) == 2
+    assert w.repo.get_job("j").attempt == 3
+    third = Ranks(w, "j", nodes, fabric)
+    third.attempt = 3
+    assert set(third.run().values()) == {"train"}
+    assert w.rebooter.calls == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -100,6 +101,24 @@ def test_an_older_attempt_s_task_is_not_registered_over_the_new_one() -> None:
         old = w.service.on_task_state_change(event(attempt=1))
         assert old.detail == {"why": "task of an older attempt"}
         assert w.repo.get_rank("llm-pretrain-42", 3).task_arn == new.taskArn
+
+
+def test_a_rank_registered_by_its_event_keeps_the_tags_it_was_launched_with() -> None:
+    """Issue 49's campaign defect: a restart's registration lost (its response), the new
+    attempt's RUNNING event registers the rank by the convention, which carries no tags; the
+    launcher's tags (job id, rank, world size) stay on the rank, the attempt's updated, so the
+    next restart starts it with them (it was started with the attempt tag alone)."""
+    with world() as w:
+        launched = [{"key": C.TAG_JOB_ID, "value": "llm-pretrain-42"}, {"key": C.TAG_RANK, "value": "3"},
+                    {"key": C.TAG_WORLD_SIZE, "value": "8"}, {"key": C.TAG_ATTEMPT, "value": "1"}]
+        launch = registration_from_event(event().model_dump())
+        assert launch is not None
+        w.service.register_rank(replace(launch, tags=launched))  # as the queue's launcher does
+        w.service.on_task_state_change(event(task=f"{FIXTURE['detail']['taskArn']}-a2", attempt=2))
+        rank = w.repo.get_rank("llm-pretrain-42", 3)
+        assert rank.attempt == 2
+        assert {t["key"]: t["value"] for t in rank.tags} == {
+            C.TAG_JOB_ID: "llm-pretrain-42", C.TAG_RANK: "3", C.TAG_WORLD_SIZE: "8", C.TAG_ATTEMPT: "2"}
 
 
 @pytest.mark.parametrize("env", [
