@@ -57,6 +57,7 @@ SECTIONS = (
     ("Time sharing", "bench.time_sharing_bench"),
     ("Large jobs", "bench.scale_bench"),
     ("Goodput with hot spares (model)", "bench.goodput_bench"),
+    ("Goodput over days, from the stack's ledger", "bench.goodput_days_bench"),
     ("Driver warnings", "bench.warnings_bench"),
     ("Cold starts: handler import times", "bench.imports_bench"),
 )

@@ -32,13 +32,26 @@ def report_start(repo: Repository, sim: SimulatedEcs, job_id: str) -> None:
 
 
 def truth(sim: SimulatedEcs, job_id: str) -> float:
-    """Seconds of training kept: the attempts whose every task ran to its end (exit 0), from
-    when the whole gang ran to when its first task ended."""
+    """Seconds of training kept: the time rank 0 ran (from its RUNNING to its end) in the
+    attempts whose every task ran to its end (exit 0). Rank 0's, as the ledger's checkpoints
+    are: the simulated ranks train on their own, so a rank started late by a broken call ends
+    late too, and the gang's tasks do not end together."""
     kept = 0.0
     for tasks in _attempts(sim, job_id).values():
         if all(t.exit_code == 0 and t.started_at is not None and t.stopped_at is not None for t in tasks):
-            kept += min(float(t.stopped_at) for t in tasks) - max(float(t.started_at) for t in tasks)
+            first = _rank_zero(tasks)
+            kept += float(first.stopped_at) - float(first.started_at)
     return kept
+
+
+def _rank_zero(tasks: list[Any]) -> Any:
+    """The attempt's task of rank 0 (a grouped start names its ranks in one tag)."""
+    for task in tasks:
+        ranks = str(task.tags.get(C.TAG_RANK) or task.tags.get(C.TAG_RANKS) or "")
+        first = ranks.split(" ")[0]  # "0", or a grouped start's runs ("0-3 5 9")
+        if first == "0" or first.startswith("0-"):
+            return task
+    return min(tasks, key=lambda t: float(t.started_at))
 
 
 def compare(repo: Repository, sim: SimulatedEcs, job_id: str) -> dict[str, Any]:
@@ -63,7 +76,7 @@ def problems(figures: dict[str, Any]) -> list[str]:
 
 
 def _attempts(sim: SimulatedEcs, job_id: str) -> dict[int, list[Any]]:
-    """The job's training tasks by attempt (the gang's tasks end together)."""
+    """The job's training tasks by attempt."""
     attempts: dict[int, list[Any]] = {}
     for task in sim.tasks.values():
         if not task.health_check and task.tags.get(C.TAG_JOB_ID) == job_id:

@@ -184,10 +184,8 @@ def expectations(result: RunResult) -> list[str]:
     if result.instance_states != want_states:
         problems.append(f"instances {result.instance_states} (want {want_states})")
     problems += mail_problems(result.mails, expected_mails(flow))
-    if result.fired is None and not result.broken and not result.failing:
-        # Unbroken runs only: with a call broken the ledger can be off by the minute of a late
-        # confirmation (issue 52 left open; docs/goodput.md says so).
-        problems += goodput_truth.problems(result.facts.get("goodput") or {})
+    # The goodput ledger against the training's truth (issue 52), unbroken, broken or failing.
+    problems += goodput_truth.problems(result.facts.get("goodput") or {})
     return problems
 
 

@@ -24,11 +24,11 @@ from local_mode.sim.broken_calls import FAULT_MODES, ApiCall, modes_of
 
 #: positions per group: a group's driver (one fork of the fork server: the world built, then
 #: the unbroken run up to the group's last position) is paid once per group, about as much as
-#: 2-3 of its runs; 24 positions (~50 runs, a few seconds on one core) make it ~5 % of the
-#: campaigns (6 made it ~15 %) and still leave hundreds of groups to balance between workers.
+#: 2-3 of its runs; 48 positions (~100 runs, several seconds on one core) make it ~2-3 % of the
+#: campaigns (24 made it ~5 %, 6 ~15 %) and still leave ~170 groups to balance between workers.
 #: The fork server of each worker is warmed by one unbroken GPU-fault recovery (moto's
 #: services and the AWS models loaded once).
-GROUP_SIZE = 24
+GROUP_SIZE = 48
 
 
 def groups(positions: Sequence[int], size: int = GROUP_SIZE) -> list[tuple[int, ...]]:

@@ -138,6 +138,19 @@ def test_a_late_confirmation_of_the_restart_counts_from_when_rank_0_ran() -> Non
     assert book.seconds["productive"] == pytest.approx(170)
 
 
+def test_a_late_completion_ends_the_training_when_its_last_task_ended() -> None:
+    """Issue 52: the last rank's STOPPED (exit 0) processed 60 s late (its first delivery
+    failed, Lambda retried a minute later): the training and the wall time end at the task's
+    own stop time, not at the retried write (the ledger was 60 s above the truth)."""
+    book = ledger([entry(0, "STARTING"), entry(10, "RUNNING"),
+                   entry(1070, "COMPLETE", gp.end_marks(1010))], 5000)
+    assert book.seconds["productive"] == pytest.approx(1000)
+    assert book.wall == pytest.approx(1010)
+    early = ledger([entry(0, "STARTING"), entry(10, "RUNNING"),
+                    entry(1070, "COMPLETE", gp.end_marks(5))], 5000)
+    assert early.seconds["productive"] == pytest.approx(0)  # never before the open interval
+
+
 def test_a_fault_while_the_job_was_lost_opens_a_recovery_charged_to_its_node() -> None:
     """Given a job NODE_LOST (its node silent) whose rank then exits on a GPU fault, Then the
     fault counts, the silent time is detection, and all of it is charged to the node."""

@@ -105,6 +105,12 @@ def running_marks(running_at: float) -> dict[str, Any]:
     return {"running_at": float(running_at)}
 
 
+def end_marks(ended_at: float | None) -> dict[str, Any]:
+    """When the job's training really ended (its last task's own stop time), for its terminal
+    transition recorded later (a retried event): its wall time and productive time end there."""
+    return {} if ended_at is None else {"ended_at": float(ended_at)}
+
+
 def suspend_cause(kind: str) -> str:
     """A suspension's cause by its kind (``domain.time_sharing.SuspendKind``): a move off a
     node with a driver warning is the stack's repair; the others are the job's own."""
@@ -269,6 +275,9 @@ class Ledger:
         if at is None or not to:
             return
         marks = entry.get(GP) if isinstance(entry.get(GP), Mapping) else None
+        if to in _WALL_END and marks and marks.get("ended_at") is not None:
+            # The job's end as it happened, not as it was recorded (never before the open interval).
+            at = max(min(float(marks["ended_at"]), at), self.last_at if self.last_at is not None else at)
         previous = self.last_state
         self.close(at, marks)
         if self.started_at is None and to in (JobState.STARTING.value, JobState.RUNNING.value):

@@ -196,6 +196,10 @@ class TaskEvents:
             return Outcome("ignored", rank.job_id, {"why": "task of an older attempt"})
         stop = TaskStop(detail.exit_code(), detail.stopCode, detail.stoppedReason)
         kind = policy.classify_stop(stop, self.deps.settings.suspect_exit_codes)
+        # When the task really ended (its event's own time, not when this delivery runs: a
+        # retried delivery must not count the minute it waited as training, issue 52).
+        stamp = detail.stoppedAt or detail.updatedAt
+        ended_at = min(stamp.timestamp(), clock.now()) if stamp is not None else None
         fields: dict[str, Any] = {"stop_reason": policy.describe_failure(stop)[:500]}
         if stop.exit_code is not None:
             fields["exit_code"] = stop.exit_code
@@ -221,14 +225,14 @@ class TaskEvents:
                     suspend_stopping=job.suspend_stopping)
             if self._record(job, rank, stop, reaction, rank_stop, assessment, budget):
                 return self._follow_up(job, rank, kind, reaction, redelivered=rank_stop is None,
-                                       assessment=assessment)
+                                       assessment=assessment, ended_at=ended_at)
             rank = repo.get_rank(rank.job_id, rank.rank) or rank
             if rank.task_arn != detail.taskArn:
                 return Outcome("ignored", rank.job_id, {"why": "task of an older attempt"})
         latest = repo.get_job(rank.job_id)
         if latest is None:
             return Outcome("ignored", rank.job_id, {"why": "job record missing"})
-        return self._converge(latest, redelivered=True, kind=kind, rank=rank)
+        return self._converge(latest, redelivered=True, kind=kind, rank=rank, ended_at=ended_at)
 
     # ------------------------------------------------------------- judgement
     def _assess(self, job: Job, rank: Rank, stop: TaskStop, detail: EcsTaskDetail) -> Assessment:
@@ -351,7 +355,8 @@ class TaskEvents:
         return entered
 
     def _follow_up(self, job: Job, rank: Rank, kind: StopKind, reaction: StopReaction, *,
-                   redelivered: bool, assessment: Assessment | None = None) -> Outcome:
+                   redelivered: bool, assessment: Assessment | None = None,
+                   ended_at: float | None = None) -> Outcome:
         fresh = self.deps.repo.get_job(job.job_id) or job
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             self._observed(fresh, rank, assessment)
@@ -365,7 +370,7 @@ class TaskEvents:
         if reaction in _STOPPING_REACTIONS and not redelivered:
             self._stop_gang(fresh)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
-                                 suspect=reaction in _SUSPECT_REACTIONS)
+                                 suspect=reaction in _SUSPECT_REACTIONS, ended_at=ended_at)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             return Outcome("observed", job.job_id, {"rank": rank.rank,
                                                     "would_have_done": [e.value for e in
@@ -410,10 +415,11 @@ class TaskEvents:
                            extra={"job_id": job.job_id, "instance": rank.container_inst_id})
 
     def _converge(self, job: Job, *, redelivered: bool, kind: StopKind, rank: Rank,
-                  suspect: bool = False) -> Outcome:
+                  suspect: bool = False, ended_at: float | None = None) -> Outcome:
         """Do what the rank's stop still needs (the work a dead delivery left undone): its
         node's health check if it is a suspect, its arrival at the attempt's latches, and
-        whatever completing them means for the job."""
+        whatever completing them means for the job (``ended_at``: when the task ended, the
+        end of a completed job's training in its ledger)."""
         detail: dict[str, Any] = {"rank": rank.rank, "kind": kind.value}
         repo = self.deps.repo
         current = repo.get_rank(rank.job_id, rank.rank) or rank
@@ -435,7 +441,8 @@ class TaskEvents:
             suspect_node=node if suspect else "")
         if Latch.DONE in arrival:
             detail["complete"] = ended(self.deps, job.job_id, repo.finish_job(
-                job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0"))
+                job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0",
+                ledger=goodput.end_marks(ended_at)))
         if Latch.ENDED in arrival:
             detail["ended"] = self.on_attempt_ended(repo.get_job(job.job_id) or job, current.attempt)
         return Outcome("duplicate" if redelivered else "recorded", job.job_id, detail)
