@@ -151,6 +151,34 @@ def test_a_late_completion_ends_the_training_when_its_last_task_ended() -> None:
     assert early.seconds["productive"] == pytest.approx(0)  # never before the open interval
 
 
+def test_a_gang_restart_is_restart_until_rank_0_ran_and_the_preflight_until_it_concluded() -> None:
+    """Issue 52: a gang restart is RUNNING once its last rank's StartTask was accepted; its
+    tasks then pull their image: rank 0's RUNNING event (at 70) marks the time before it as
+    restart; the preflight's conclusion (at 130) marks the time before it as preflight."""
+    book = ledger([entry(0, "STARTING"), entry(10, "RUNNING"),
+                   entry(75, "RUNNING", gp.interval_marks(gp.RESTART, 70)),
+                   entry(131, "RUNNING", gp.interval_marks(gp.PREFLIGHT, 130)),
+                   entry(1131, "COMPLETE")], 5000)
+    assert book.seconds["restart"] == pytest.approx(10 + 60)
+    assert book.seconds["preflight"] == pytest.approx(60)
+    assert book.seconds["productive"] == pytest.approx(1001)  # from the preflight's end, not its write
+    with pytest.raises(ValueError):
+        gp.interval_marks("coffee", 1)
+
+
+def test_the_nodes_validation_after_repair_is_its_own_cause_in_the_wait() -> None:
+    """Issue 52: the job waits for its node's reboot (repair) and then for the node's
+    validation after repair (200 to 260): the history line written when the node is back
+    carries the validation's span, which is ``validation``, the rest of the wait ``repair``."""
+    marks = gp.validation_marks({"result": "passed", "since": 200, "at": 260})
+    book = ledger([entry(0, "STARTING"), entry(10, "RUNNING"),
+                   entry(100, "PENDING_RESTART", gp.cause_marks(gp.REPAIR)),
+                   entry(262, "PENDING_RESTART", marks), entry(270, "STARTING"), entry(280, "RUNNING")], 300)
+    assert book.seconds["validation"] == pytest.approx(60)
+    assert book.seconds["repair"] == pytest.approx(100 + 10)  # 100-200, then 260-270
+    assert gp.validation_marks({"result": "off", "since": 1, "at": 2}) == {}
+
+
 def test_a_fault_while_the_job_was_lost_opens_a_recovery_charged_to_its_node() -> None:
     """Given a job NODE_LOST (its node silent) whose rank then exits on a GPU fault, Then the
     fault counts, the silent time is detection, and all of it is charged to the node."""

@@ -105,6 +105,25 @@ def running_marks(running_at: float) -> dict[str, Any]:
     return {"running_at": float(running_at)}
 
 
+def interval_marks(cause: str, until: float) -> dict[str, Any]:
+    """The ``gp`` facts of a RUNNING -> RUNNING mark: the open RUNNING interval was ``cause``
+    until ``until``, productive after (a gang restart's tasks running only at rank 0's RUNNING
+    event: ``restart``; the gang preflight, until its conclusion: ``preflight``)."""
+    if cause not in CAUSES:
+        raise ValueError(f"unknown goodput cause {cause!r}")
+    return {"was": cause, "until": float(until)}
+
+
+def validation_marks(record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``gp`` facts of a waiting job's history line when its node's validation after
+    repair ended (``domain.validation.result_record``: ``since`` to ``at``): that part of the
+    wait was ``validation``, not ``repair`` ({} when the node had none)."""
+    record = record or {}
+    if record.get("since") is None or record.get("at") is None or record.get("result") == "off":
+        return {}
+    return {"was": VALIDATION, "since": float(record["since"]), "until": float(record["at"])}
+
+
 def end_marks(ended_at: float | None) -> dict[str, Any]:
     """When the job's training really ended (its last task's own stop time), for its terminal
     transition recorded later (a retried event): its wall time and productive time end there."""
@@ -275,6 +294,18 @@ class Ledger:
         if at is None or not to:
             return
         marks = entry.get(GP) if isinstance(entry.get(GP), Mapping) else None
+        if marks and marks.get("was") in CAUSES and marks.get("until") is not None \
+                and to == self.last_state and self.last_at is not None:
+            # A mark within a state (``interval_marks``, ``validation_marks``): the open interval
+            # was its usual cause until ``since``, then ``was`` until ``until``; it goes on from
+            # ``until`` (not from when the mark was written: training runs from rank 0's start).
+            since = min(max(float(marks.get("since", self.last_at)), self.last_at), at)
+            until = min(max(float(marks["until"]), since), at)
+            if not self.ended and self.started_at is not None:
+                self.add(self._cause_of(to), since - self.last_at)
+                self.add(str(marks["was"]), until - since)
+            self.last_at = until
+            return
         if to in _WALL_END and marks and marks.get("ended_at") is not None:
             # The job's end as it happened, not as it was recorded (never before the open interval).
             at = max(min(float(marks["ended_at"]), at), self.last_at if self.last_at is not None else at)

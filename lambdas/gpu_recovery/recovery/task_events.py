@@ -186,6 +186,14 @@ class TaskEvents:
             # A queue launch: RUNNING once every rank is registered (a gang restart is
             # confirmed by the batch that registers its last rank, with its e-mail).
             self.restarts.confirm_running(job, f"rank {rank.rank} running")
+        elif job and rank.rank == 0 and job.state is JobState.RUNNING and job.attempt == rank.attempt:
+            # A gang restart is RUNNING once its last rank's StartTask was accepted; its tasks
+            # then pull and start: until rank 0 runs, that is restart, not training (issue 52).
+            # Once per attempt (rank 0 only: one write per restart, whatever the job's size).
+            now = clock.now()
+            ran = min(detail.updatedAt.timestamp(), now) if detail.updatedAt is not None else now
+            self.deps.repo.mark_running_interval(job.job_id, job.attempt, cause=goodput.RESTART, until=ran,
+                                                 reason="rank 0 running")
         return Outcome("running", rank.job_id, {"rank": rank.rank})
 
     # ------------------------------------------------------------------ STOPPED

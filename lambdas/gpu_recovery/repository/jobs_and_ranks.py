@@ -300,6 +300,20 @@ class JobsAndRanks(RecoveryTables):
             job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
             reason=reason, actor=actor))
 
+    def mark_running_interval(self, job_id: str, attempt: int, *, cause: str, until: float,
+                              reason: str) -> bool:
+        """A RUNNING job's ledger mark (``goodput.interval_marks``): the RUNNING time of
+        ``attempt`` so far was ``cause`` until ``until``. Once per attempt and cause (a
+        redelivery finds it written: ``gp_<cause>_attempt`` on the item); nothing when the job
+        left RUNNING or that attempt."""
+        once_key = f"gp_{cause}_attempt"
+        update = self.job_transition(
+            job_id, JobState.RUNNING, from_states=[JobState.RUNNING], attempt=attempt, reason=reason,
+            actor="recovery", set_fields={once_key: attempt},
+            extra_condition="attribute_not_exists(#once) OR #once < :att", extra_names={"#once": once_key},
+            ledger=goodput.interval_marks(cause, until))
+        return self.db.apply(update)
+
     def record_checkpoint(self, job_id: str, attempt: int, step: int, now: float) -> bool:
         """Rank 0 saved a checkpoint (``gpu_recovery_client.checkpoint_saved``): kept on the job
         item, one small map overwritten (a fault's lost work is measured from it). Only while

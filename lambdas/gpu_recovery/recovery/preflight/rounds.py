@@ -40,9 +40,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.preflight import pinning
 from gpu_recovery.domain.preflight.baseline import (
@@ -58,7 +60,7 @@ from gpu_recovery.domain.preflight.mode import PreflightMode, required
 from gpu_recovery.domain.preflight.nccl_output import table_lines
 from gpu_recovery.domain.preflight.settings import SWEEP_MAX_BYTES, SWEEP_MIN_BYTES
 from gpu_recovery.domain.states import JobState
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.preflight.handover import PreflightHandover
 from gpu_recovery.recovery.preflight.job_fault import PreflightJobFault
 from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, JOB_FAULT, PASSED, PINNED, RUNNING
@@ -349,7 +351,14 @@ class Preflights:
                 self.handover.hand_over(fresh)
         else:
             self._passed(item, results, summary, now)
-        return repo.preflight.get(job_id, attempt) or item
+        concluded = repo.preflight.get(job_id, attempt) or item
+        if concluded.get("status") in (PASSED, INCONCLUSIVE):
+            # The job trains from now: its RUNNING time so far was the preflight's (issue 52). A
+            # lost mark leaves that time in productive; the preflight's outcome stands.
+            after_commit("preflight in the goodput ledger", partial(
+                repo.mark_running_interval, job_id, attempt, cause=goodput.PREFLIGHT, until=now,
+                reason="gang preflight concluded"))
+        return concluded
 
     def _evidence_limited(self, job_id: str) -> str:
         """Why this job's (or its user's) preflight no longer moves nodes ("": it does): its
