@@ -4,14 +4,17 @@ measured where the stack learns it, attributed to the fault's node and catalog r
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import InstanceState, JobState
+from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.queue.jobs_api.reads import goodput_view
-from tests.recovery.fakes import World, world
+from tests.recovery.fakes import CLUSTER_ARN, EVENTS, World, ci_arn, world
 from tests.recovery.remediation_steps import report_xid
 
 FAULTY, PEER = "node-b", "node-a"
@@ -70,6 +73,46 @@ def test_a_gpu_fault_is_split_into_its_causes_and_charged_to_its_node_and_rule()
     assert ledger["top_nodes"] == [{"name": FAULTY, "seconds": badput}]
     assert ledger["top_rules"] == [{"name": "exit-suspect", "seconds": badput}]
     assert ledger["checkpoint"]["step"] == 60
+
+
+def running(w: World, arn: str, node: str, at: float) -> EcsTaskDetail:
+    """The task's RUNNING event (the AWS documentation's example), at ``at``."""
+    detail = json.loads((EVENTS / "aws_doc_ecs_task_state_change.json").read_text())["detail"]
+    stamp = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    detail.update(taskArn=arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(node), group="gpujobs",
+                  updatedAt=stamp)
+    return EcsTaskDetail.model_validate(detail)
+
+
+def test_a_gang_restart_is_restart_until_rank_0_runs_marked_once() -> None:
+    """Issue 52: a gang restart is RUNNING once its last rank's StartTask was accepted; its
+    tasks then pull their images. Rank 0's RUNNING event 40 s later (delivered twice) marks
+    those 40 s as restart, once; rank 1's marks nothing."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.advance(300)
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        [task] = w.ecs.health_checks_on(FAULTY)
+        w.advance(90)
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+        reboot_back(w, FAULTY)
+        assert w.repo.get_job("j").state is JobState.RUNNING
+        before = view(w)["seconds"]["restart"]
+        w.advance(40)
+        rank0, rank1 = w.repo.get_rank("j", 0), w.repo.get_rank("j", 1)
+        assert rank0 is not None and rank1 is not None and rank0.attempt == 2
+        w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
+        event = running(w, rank0.task_arn, PEER, w.now[0])
+        w.service.on_task_state_change(event)
+        w.advance(5)
+        w.service.on_task_state_change(event)  # at-least-once delivery
+        w.advance(100)
+        ledger = view(w)
+        history = (w.repo.get_job_item("j") or {}).get("history") or []
+    assert ledger["seconds"]["restart"] == pytest.approx(before + 40)
+    assert sum(1 for h in history if h.get("reason") == "rank 0 running") == 1
 
 
 def test_a_fault_before_any_checkpoint_has_unknown_lost_work() -> None:
