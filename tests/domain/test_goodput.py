@@ -168,15 +168,15 @@ def test_a_gang_restart_is_restart_until_rank_0_ran_and_the_preflight_until_it_c
 
 def test_the_nodes_validation_after_repair_is_its_own_cause_in_the_wait() -> None:
     """Issue 52: the job waits for its node's reboot (repair) and then for the node's
-    validation after repair (200 to 260): the history line written when the node is back
-    carries the validation's span, which is ``validation``, the rest of the wait ``repair``."""
-    marks = gp.validation_marks({"result": "passed", "since": 200, "at": 260})
+    validation after repair (200 to 260): the restart's RUNNING carries the validation's span,
+    which moves from ``repair`` to ``validation``."""
+    marks = gp.validation_marks([{"result": "passed", "since": 200, "at": 260}])
     book = ledger([entry(0, "STARTING"), entry(10, "RUNNING"),
                    entry(100, "PENDING_RESTART", gp.cause_marks(gp.REPAIR)),
-                   entry(262, "PENDING_RESTART", marks), entry(270, "STARTING"), entry(280, "RUNNING")], 300)
+                   entry(270, "STARTING"), entry(280, "RUNNING", marks)], 300)
     assert book.seconds["validation"] == pytest.approx(60)
-    assert book.seconds["repair"] == pytest.approx(100 + 10)  # 100-200, then 260-270
-    assert gp.validation_marks({"result": "off", "since": 1, "at": 2}) == {}
+    assert book.seconds["repair"] == pytest.approx(170 - 60)
+    assert gp.validation_marks([{"result": "off", "since": 1, "at": 2}]) == {}
 
 
 def test_a_fault_while_the_job_was_lost_opens_a_recovery_charged_to_its_node() -> None:

@@ -180,6 +180,20 @@ def test_a_passing_preflight_lets_every_rank_train_and_learns_its_run_once(w: Wo
     assert w.repo.get_job("j").state is JobState.RUNNING and w.ecs.stop_calls == []
 
 
+def test_the_preflight_is_its_own_cause_in_the_jobs_goodput_ledger(w: World) -> None:
+    """Issue 52: the attempt's time until its preflight passed is ``preflight``, not training."""
+    from gpu_recovery.queue.jobs_api.reads import goodput_view
+
+    nodes = nodes_of(4)
+    queue_job(w, "j", nodes)
+    w.advance(30)
+    assert Ranks(w, "j", nodes, Fabric()).run() == {r: "train" for r in range(4)}
+    w.advance(100)
+    seconds = goodput_view(w.repo.get_job_item("j"))["seconds"]
+    assert seconds["preflight"] == pytest.approx(30)
+    assert seconds["productive"] == pytest.approx(100)
+
+
 def test_a_degraded_link_pinned_to_its_two_ends_gets_the_stacks_own_check_not_a_reboot(w: World) -> None:
     """Issue 49: the preflight is the tenant's program: its pins make suspects for the stack's
     DCGM check (rule preflight-pinned: health_check), never a reboot on its word; the check's

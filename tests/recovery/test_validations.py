@@ -337,3 +337,21 @@ def test_a_gpu_reset_is_validated_too() -> None:
         [task] = validations_on(w, FAULTY)
         w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
         assert w.repo.get_job("j").attempt == 2 and w.rebooter.calls == []
+
+
+def test_the_validation_is_its_own_cause_in_the_jobs_goodput_ledger() -> None:
+    """Issue 52: the job waits for its node's reboot, then for the node's validation (70 s
+    from its start to its result): the ledger has those 70 s as ``validation``, the rest of
+    the wait as ``repair`` (the restart's RUNNING carries the span)."""
+    from gpu_recovery.queue.jobs_api.reads import goodput_view
+
+    with validating_world() as w:
+        fault_to_reboot(w)
+        comes_back(w)
+        since = float(w.repo.get_instance(FAULTY).validation["since"])
+        [task] = validations_on(w, FAULTY)
+        w.advance(70 - (w.now[0] - since))
+        assert w.service.on_health_check_stopped(stopped(task, 0, w.now[0])).action == "validation_passed"
+        seconds = goodput_view(w.repo.get_job_item("j"))["seconds"]
+    assert seconds["validation"] == 70
+    assert seconds["repair"] > 0

@@ -114,14 +114,15 @@ def interval_marks(cause: str, until: float) -> dict[str, Any]:
     return {"was": cause, "until": float(until)}
 
 
-def validation_marks(record: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``gp`` facts of a waiting job's history line when its node's validation after
-    repair ended (``domain.validation.result_record``: ``since`` to ``at``): that part of the
-    wait was ``validation``, not ``repair`` ({} when the node had none)."""
-    record = record or {}
-    if record.get("since") is None or record.get("at") is None or record.get("result") == "off":
+def validation_marks(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``gp`` facts of a gang restart's RUNNING when the nodes it waited for validated
+    after their repair (``domain.validation.result_record``: each ``since`` to ``at``): that
+    span of the wait just closed was ``validation``, not ``repair`` ({} when none did)."""
+    spans = [(float(r["since"]), float(r["at"])) for r in records
+             if r.get("since") is not None and r.get("at") is not None and r.get("result") != "off"]
+    if not spans:
         return {}
-    return {"was": VALIDATION, "since": float(record["since"]), "until": float(record["at"])}
+    return {"validated": round(max(a for _, a in spans) - min(s for s, _ in spans), 3)}
 
 
 def end_marks(ended_at: float | None) -> dict[str, Any]:
@@ -295,17 +296,19 @@ class Ledger:
             return
         marks = entry.get(GP) if isinstance(entry.get(GP), Mapping) else None
         if marks and marks.get("was") in CAUSES and marks.get("until") is not None \
-                and to == self.last_state and self.last_at is not None:
-            # A mark within a state (``interval_marks``, ``validation_marks``): the open interval
-            # was its usual cause until ``since``, then ``was`` until ``until``; it goes on from
-            # ``until`` (not from when the mark was written: training runs from rank 0's start).
-            since = min(max(float(marks.get("since", self.last_at)), self.last_at), at)
-            until = min(max(float(marks["until"]), since), at)
+                and to == self.last_state == JobState.RUNNING.value and self.last_at is not None:
+            # A mark within RUNNING (``interval_marks``): the time so far was ``was`` until
+            # ``until``; training runs from then (not from when the mark was written).
+            until = min(max(float(marks["until"]), self.last_at), at)
             if not self.ended and self.started_at is not None:
-                self.add(self._cause_of(to), since - self.last_at)
-                self.add(str(marks["was"]), until - since)
+                self.add(str(marks["was"]), until - self.last_at)
             self.last_at = until
             return
+        if marks and marks.get("validated"):
+            # The wait just closed held the repaired nodes' validation: repair -> validation.
+            moved = min(float(marks["validated"]), self.seconds[REPAIR])
+            self.seconds[REPAIR] -= moved
+            self.seconds[VALIDATION] += moved
         if to in _WALL_END and marks and marks.get("ended_at") is not None:
             # The job's end as it happened, not as it was recorded (never before the open interval).
             at = max(min(float(marks["ended_at"]), at), self.last_at if self.last_at is not None else at)

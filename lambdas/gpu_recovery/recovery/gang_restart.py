@@ -438,7 +438,7 @@ class GangRestart:
         are told by whoever made it so."""
         if job.state is not JobState.STARTING or job.restarted_attempt != job.attempt:
             return False
-        done, validations = restart_summary(self.deps, job)
+        done, validations, validated = restart_summary(self.deps, job)
         notice = self.ranks.notices.for_job(
             replace(job, state=JobState.RUNNING), None, NotificationKind.RECOVERED,
             "Job recovered and restarted",
@@ -452,7 +452,8 @@ class GangRestart:
         reason = "; ".join(["every rank restarted", *validations])
         if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason,
                                                   actor="recovery", also=self.ranks.notices.owe([notice]),
-                                                  ledger=self._running_marks(job)):
+                                                  ledger={**self._running_marks(job),
+                                                          **goodput.validation_marks(validated)}):
             return False
         self.released(job.job_id)
         self.ranks.notices.send([notice])

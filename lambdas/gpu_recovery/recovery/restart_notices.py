@@ -5,7 +5,7 @@ stays small whatever the job's size)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.models import Job
@@ -17,18 +17,25 @@ from gpu_recovery.recovery.ports import Deps
 MAX_FAULTS_IN_EMAIL = 5
 
 
+class RestartSummary(NamedTuple):
+    done: str  # what the recovery did, in a line
+    validations: list[str]  # how each repaired node proved itself
+    validated: list[dict[str, Any]]  # the validation records of those nodes (the goodput ledger's)
+
+
 def what_was_done(deps: Deps, job: Job) -> str:
     """What the recovery did, in a line (a few suspect nodes named, the others counted)."""
     return restart_summary(deps, job)[0]
 
 
-def restart_summary(deps: Deps, job: Job) -> tuple[str, list[str]]:
+def restart_summary(deps: Deps, job: Job) -> RestartSummary:
     """What the recovery did, in a line, and of it how each repaired node proved itself
     before the restart (or that validation after repair is off): the restart's history says
     that much (one read of the suspects for both)."""
     tally = job.tally
     done = []
     validations: list[str] = []
+    validated: list[dict[str, Any]] = []
     # The fault's suspects (its total, final once every old rank ended, which every
     # restart waits for): each judged, or left before its verdict, by now. Not the verdicts
     # on the job item: the healthy ones are counted on the tally's shards.
@@ -59,6 +66,7 @@ def restart_summary(deps: Deps, job: Job) -> tuple[str, list[str]]:
         # How each repaired node proved itself before the restart (or that it did not have to).
         validations = [email_clause(s.node, s.validation) for s in shown
                        if s.validation.get("result") in ("passed", "off")]
+        validated = [dict(s.validation) for s in shown if s.validation.get("result") == "passed"]
         done += validations
     if job.relocated:
         moves = deps.repo.faults.placement(job.job_id, job.attempt)
@@ -66,7 +74,7 @@ def restart_summary(deps: Deps, job: Job) -> tuple[str, list[str]]:
         done.append(f"relocated the ranks of {len(moves)} node(s) ({shown_moves})")
     if not suspects and job.restart_reason:
         done.append(f"restart without node action ({job.restart_reason})")
-    return "; ".join(done) or "gang restart", validations
+    return RestartSummary("; ".join(done) or "gang restart", validations, validated)
 
 
 def fault_lines(deps: Deps, job: Job, attempt: int) -> list[str]:

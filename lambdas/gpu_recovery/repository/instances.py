@@ -15,7 +15,6 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import INSTANCE_PK
-from gpu_recovery.domain import goodput
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
@@ -426,9 +425,6 @@ class Instances(RecoveryTables):
             tally.set_fields["updated_at"] = now
             tally.history_entry = {"at": now, "to": job.state.value, "from": job.state.value,
                                    "reason": note[:500], "actor": "recovery"}
-            marks = goodput.validation_marks(validation)
-            if marks:  # the wait's time the node spent in its validation (issue 52)
-                tally.history_entry[goodput.GP] = marks
         return [back, tally]
 
     def clear_waiting_deadline(self, inst_id: str) -> bool:
