@@ -166,6 +166,12 @@ def test_a_gang_restart_is_restart_until_rank_0_ran_and_the_preflight_until_it_c
         gp.interval_marks("coffee", 1)
 
 
+def test_a_preflight_that_pinned_nodes_was_preflight_until_the_fault() -> None:
+    book = ledger([entry(0, "STARTING"), entry(10, "RUNNING"),
+                   entry(70, "PENDING_HEALTHCHECK", gp.interval_marks(gp.PREFLIGHT, 70))], 100)
+    assert book.seconds["preflight"] == pytest.approx(60) and book.seconds["productive"] == 0
+
+
 def test_the_nodes_validation_after_repair_is_its_own_cause_in_the_wait() -> None:
     """Issue 52: the job waits for its node's reboot (repair) and then for the node's
     validation after repair (200 to 260): the restart's RUNNING carries the validation's span,

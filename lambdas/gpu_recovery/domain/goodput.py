@@ -241,6 +241,13 @@ class Ledger:
             return
         start, end = self.last_at, max(self.last_at, until)
         state, marks = self.last_state, dict(closing or {})
+        if state == JobState.RUNNING.value and marks.get("was") in CAUSES and marks.get("until") is not None \
+                and not marks.get("fault"):
+            # Leaving RUNNING after time of another cause (a preflight that pinned nodes).
+            until = min(max(float(marks["until"]), start), end)
+            self.add(str(marks["was"]), until - start)
+            self.add(PRODUCTIVE, end - until)
+            return
         if state == JobState.RUNNING.value and marks.get("fault"):
             self._close_running_on_fault(start, end, marks)
             return

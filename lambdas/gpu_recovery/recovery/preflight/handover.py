@@ -44,6 +44,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Job, Suspect
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, RECOVERING_JOB_STATES, JobState
@@ -85,7 +86,9 @@ class PreflightHandover:
         if job.state in ACTIVE_JOB_STATES:
             entered = repo.enter_recovery(job_id, attempt, from_states=ACTIVE_JOB_STATES, reason=reason,
                                           now=now, deadline_at=now + STOP_RETRY_SECONDS,
-                                          opened_by=Trigger.PREFLIGHT.value)
+                                          opened_by=Trigger.PREFLIGHT.value,
+                                          # The attempt ran its preflight, not training (issue 52).
+                                          ledger=goodput.interval_marks(goodput.PREFLIGHT, now))
             in_recovery = entered
             if entered:
                 self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
