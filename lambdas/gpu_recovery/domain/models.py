@@ -58,6 +58,7 @@ class Rank:
     stop_reason: str = ""
     last_heartbeat_at: float | None = None
     registered_at: float = 0.0
+    running_at: float | None = None  # its task's RUNNING event's time (this attempt's)
     stop_requested_at: float | None = None
     # Gang restart lease: which attempt this rank is being started for, until when.
     launch_attempt: int | None = None

@@ -178,8 +178,10 @@ class TaskEvents:
             return Outcome("ignored", detail={"why": "not a protected job"})
         if rank.task_arn != detail.taskArn:
             return Outcome("ignored", rank.job_id, {"why": "task of an older attempt"})
+        now = clock.now()
+        ran = min(detail.updatedAt.timestamp(), now) if detail.updatedAt is not None else now
         if rank.state is RankState.STARTING:
-            self.deps.repo.mark_rank_running(rank)
+            self.deps.repo.mark_rank_running(rank, ran)
         job = self.deps.repo.get_job(rank.job_id)
         if job and job.state is JobState.STARTING and job.attempt == rank.attempt \
                 and job.restarted_attempt != job.attempt:
@@ -190,8 +192,6 @@ class TaskEvents:
             # A gang restart is RUNNING once its last rank's StartTask was accepted; its tasks
             # then pull and start: until rank 0 runs, that is restart, not training (issue 52).
             # Once per attempt (rank 0 only: one write per restart, whatever the job's size).
-            now = clock.now()
-            ran = min(detail.updatedAt.timestamp(), now) if detail.updatedAt is not None else now
             self.deps.repo.mark_running_interval(job.job_id, job.attempt, cause=goodput.RESTART, until=ran,
                                                  reason="rank 0 running")
         return Outcome("running", rank.job_id, {"rank": rank.rank})

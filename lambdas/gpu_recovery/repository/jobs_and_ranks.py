@@ -174,8 +174,10 @@ class JobsAndRanks(RecoveryTables):
             condition="attribute_not_exists(#k)", condition_names={"#k": JOB_PK}), *also])
 
     # ================================================================ rank intents
-    def mark_rank_running(self, rank: Rank) -> bool:
-        return self.db.apply(self.rank_update(rank, RankState.RUNNING, from_states=[RankState.STARTING]))
+    def mark_rank_running(self, rank: Rank, at: float | None = None) -> bool:
+        """STARTING -> RUNNING (``at``: its task's RUNNING time, the goodput ledger's restart end)."""
+        return self.db.apply(self.rank_update(rank, RankState.RUNNING, from_states=[RankState.STARTING],
+                                              set_fields={"running_at": at} if at is not None else None))
 
     def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool:
         """Mark a live rank STOP_REQUESTED (once) before asking ECS to stop it."""

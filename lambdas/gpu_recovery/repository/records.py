@@ -111,6 +111,7 @@ def rank_from_item(item: Mapping[str, Any]) -> Rank:
         stop_reason=item.get("stop_reason", ""),
         last_heartbeat_at=item.get("last_heartbeat_at"),
         registered_at=item.get("registered_at", 0.0),
+        running_at=item.get("running_at"),
         stop_requested_at=item.get("stop_requested_at"),
         launch_attempt=item.get("launch_attempt"),
         launch_lease_until=item.get("launch_lease_until"),
