@@ -475,5 +475,6 @@ class LocalAws:
                             "timestamp": env.get("Timestamp"),
                         }
                     )
-                    sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"])
+                sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)])
             return list(self._notifications)

@@ -103,6 +103,12 @@ DEFAULT_GANG_WORKER_CONCURRENCY = 4  # batches at once (the config's default; ~9
 RECOVERY_ASYNC_RETRIES, RECOVERY_EVENT_MAX_AGE_SECONDS = 2, 2 * 3600
 SCHEDULED_ASYNC_RETRIES, SCHEDULED_MAX_EVENT_AGE_SECONDS = 2, 5 * 60
 RECOVERY_SWEEP_RATE_SECONDS, RECOVERY_SWEEP_TIMEOUT_SECONDS = 60, 55
+#: a recovery step that must be looked at again (a claim in flight, GPUs still held, nothing
+#: placed yet) is due this far ahead: the recovery sweep's next run
+RETRY_INTERVAL_SECONDS = RECOVERY_SWEEP_RATE_SECONDS
+#: the same while AWS takes a node away (recovery.aws_notices): a two-minute notice has no
+#: minute to lose, so the step is due at the next sweep whatever its phase
+NOTICE_RETRY_SECONDS = RECOVERY_SWEEP_RATE_SECONDS // 2
 HEARTBEAT_SWEEP_RATE_SECONDS, HEARTBEAT_SWEEP_TIMEOUT_SECONDS = 60, 55
 QUEUE_SCHEDULER_RATE_SECONDS, QUEUE_SCHEDULER_TIMEOUT_SECONDS = 60, 90
 # Tag lookups (issue 28): a task with no rank and no registration convention is described by a

@@ -2,10 +2,11 @@
 
 The campaigns' training tasks keep no checkpoint: each attempt starts from step 0 and only
 an attempt that runs to its end (exit 0) trains for good. So the truth of a job is the
-time its rank 0 ran in attempts that completed; everything a faulted attempt ran is lost
-work. The simulated program tells the stack where it starts, as the training client would
-(``checkpoint_saved(0)`` at its start: the step it resumes from), and the ledger must match
-the truth within ``TOLERANCE`` of the job's wall time.
+time its gang trained (from its last rank RUNNING to rank 0's end) in attempts that
+completed; everything a faulted attempt ran is lost work. The simulated program tells the
+stack where it starts, as the training client would (``checkpoint_saved(0)`` at its start:
+the step it resumes from), and the ledger must match the truth within ``TOLERANCE`` of the
+job's wall time.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ def report_start(repo: Repository, sim: SimulatedEcs, job_id: str) -> None:
 
 
 def truth(sim: SimulatedEcs, job_id: str) -> float:
-    """Seconds of training kept: the time rank 0 ran (from its RUNNING to its end) in the
-    attempts whose every task ran to its end (exit 0). Rank 0's, as the ledger's checkpoints
-    are: the simulated ranks train on their own, so a rank started late by a broken call ends
-    late too, and the gang's tasks do not end together."""
+    """Seconds of training kept: in the attempts whose every task ran to its end (exit 0), the
+    time from the gang's rendezvous (its last rank RUNNING: the simulated ranks train from
+    there, ``Plan.gang``) to rank 0's end. Before it rank 0 runs but waits for its peers (a
+    rank a broken call started late), which is the restart's time, not training."""
     kept = 0.0
     for tasks in _attempts(sim, job_id).values():
         if all(t.exit_code == 0 and t.started_at is not None and t.stopped_at is not None for t in tasks):
-            first = _rank_zero(tasks)
-            kept += float(first.stopped_at) - float(first.started_at)
+            met = max(float(t.started_at) for t in tasks)
+            kept += max(0.0, float(_rank_zero(tasks).stopped_at) - met)
     return kept
 
 

@@ -11,10 +11,10 @@ is pinned, both its ends. The preflight is the tenant's program (issue 49), so t
 nodes are suspects for **the stack's own DCGM check**, never rebooted on its word. The
 simulated check sees GPU health, not the simulated fabric (as a single-node diag does not see
 a degraded EFA path): it clears both nodes, and the job, which may move, goes back to the
-queue. Placed elsewhere, its next preflight passes; placed on the same two nodes again, it is
-pinned and cleared again, and then the job's limit of cleared suspects (``cleared_limit``, 2)
-is reached: an operator is told (``tenant_evidence_limited``) and its next preflight pins
-nothing (inconclusive), the job trains and completes. That is the honest outcome of a check
+queue. The job's limit of cleared suspects (``cleared_limit``, 1 here) is then reached: an
+operator is told (``tenant_evidence_limited``); placed elsewhere, its next preflight passes;
+placed on the same two nodes again, it pins nothing (inconclusive), the job trains and
+completes. That is the honest outcome of a check
 that cannot see the link.
 
 ``run(fault=(n, mode))`` breaks the n-th AWS call once the job is placed, once.
@@ -41,15 +41,19 @@ from ..world import World
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
-# The restarted job trains long enough for its pinned nodes' reboots to settle, a lost
-# answer's five-minute confirmation included (recovery-loop.md): the flow ends with nothing due.
-RUN_SECONDS = 8 * MIN
+# The job's training once its preflight let it run: with the settling after the flow, longer
+# than a lost answer's five-minute confirmation (recovery-loop.md), so the flow ends with
+# nothing due; no longer, as every simulated minute is sweeps and polls every broken run pays.
+RUN_SECONDS = 4 * MIN
 RUN_LIMIT_SECONDS = 45 * MIN
 POLL_SECONDS = 10
 FLOOR_GBPS = 250.0  # the healthy simulated 2-node run: ~300 GB/s; the degraded link: ~90
 NODE_CLASS = "p5.48xlarge"  # what the emulator's container instances say (ecs.instance-type)
 WRAPPER = ["python", "gpu_recovery_client.py", "preflight", "--", "python", "train.py"]
-CLEARED_LIMIT = 2  # the default: preflights whose pins the stack's check cleared, then none
+#: preflights whose pins the stack's check cleared, then none (the default is 2; one here: a
+#: second pin-and-clear round is the same steps again, and preflight_forged_loopback's runs
+#: reach the default; each round is ~190 AWS calls every earlier broken run goes through)
+CLEARED_LIMIT = 1
 
 
 @dataclass(kw_only=True)
@@ -118,7 +122,8 @@ class PinnedLink(Scenario[RunResult]):
         self.programs: PreflightPrograms | None = None
 
     def world_options(self) -> dict[str, Any]:
-        settings = {"min_nodes": 0, "round_seconds": 60, "floors": {NODE_CLASS: FLOOR_GBPS}}
+        settings = {"min_nodes": 0, "round_seconds": 60, "floors": {NODE_CLASS: FLOOR_GBPS},
+                    "cleared_limit": CLEARED_LIMIT}
         return {"extra_env": {C.ENV_CONTROL_API_URL: "https://control.invalid/prod",
                               C.ENV_CONTROL_POLL_SECONDS: str(POLL_SECONDS),
                               C.ENV_RELOCATE_INSTEAD_OF_WAIT: "true",

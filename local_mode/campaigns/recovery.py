@@ -93,7 +93,10 @@ RANDOM_FAILURE_RATE = 0.01
 # validation: level 1 and a short load (the flow's time is the campaign's CPU), one repair not held.
 VALIDATION = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=30, timeout_seconds=600)
 LARGE_RANKS = 17  # one above the inline fan-out: the gang queue and its worker carry it
-TRAIN_SECONDS = 8 * MIN
+#: each attempt's training, from its gang's rendezvous (every rank RUNNING: a rank whose start a
+#: broken call delays holds the others, as NCCL's init does); every simulated minute is a
+#: sweep's calls, and every broken run before them goes through them
+TRAIN_SECONDS = 4 * MIN
 RUN_LIMIT_SECONDS = 90 * MIN
 OTHER_WORKLOAD_SECONDS = 5 * MIN  # relocation_wait: node-c frees up this long after the fault
 ANOTHER_NODE = "node-z"  # held_*: acted on a minute before, in the breaker's window
@@ -384,7 +387,7 @@ def _start_job(world: World, flow: str) -> None:
     for node in nodes_of(flow):
         sim.add_node(node, gpus=8)
     td = sim.register_training_task_definition("train", gpus=8)
-    sim.plan_family("train", run_seconds=TRAIN_SECONDS, exit_code=0)
+    sim.plan_family("train", run_seconds=TRAIN_SECONDS, exit_code=0, gang=True)
     tags = {C.TAG_RELOCATABLE: "true"} if flow in RELOCATING else {}
     if flow in APP_ERROR:
         tags[C.TAG_MAX_APP_RESTARTS] = "1"

@@ -33,7 +33,7 @@ from gpu_recovery.repository import Repository
 
 from ..emulator import LocalAws
 from ..invariants import forgotten_jobs, forgotten_validations
-from ..sim.broken_calls import ApiCall, modes_of
+from ..sim.broken_calls import FAULT_MODES, ApiCall, modes_of
 from ..sim.bus import Delivery, EventBus
 from ..sim.wiring import SWEEP_SCHEDULE
 from ..world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, World, build_world
@@ -315,12 +315,31 @@ def positions_of(calls: Sequence[ApiCall], *, every_call: bool, by: str = "site"
 
 def faults_at(calls: Sequence[ApiCall], positions: Iterable[int],
               modes: tuple[str, ...] | None = None) -> list[tuple[int, str]]:
-    """Each position broken in each of ``modes``, by default in every mode its call takes:
-    throttle, lost response and its operation's documented failure shape
-    (``broken_calls.modes_of``)."""
+    """Each position broken in each of ``modes``; by default throttled and its response lost,
+    and, at the first call of each call site whose operation documents a failure shape, in
+    that shape too (``broken_calls.modes_of``). A shape is read in one place per operation
+    (the repository's batch reads and transactions, the ECS adapter, the log reader) and
+    acted on by its call site: every call site meets it; the two fault models, every call."""
     by_index = {call.index: call for call in calls}
-    return [(n, mode) for n in positions
-            for mode in (modes or modes_of(by_index[n].service, by_index[n].operation))]
+    first = _first_of_site(calls)
+    return [(n, mode) for n in positions for mode in (modes or _modes_at(by_index[n], first))]
+
+
+def _first_of_site(calls: Sequence[ApiCall]) -> frozenset[int]:
+    """The index of the first call of each (call site, operation) of ``calls``."""
+    seen: set[tuple[str, str, str]] = set()
+    first = []
+    for call in calls:
+        key = (call.site, call.service, call.operation)
+        if key not in seen:
+            seen.add(key)
+            first.append(call.index)
+    return frozenset(first)
+
+
+def _modes_at(call: ApiCall, first_of_site: frozenset[int]) -> tuple[str, ...]:
+    every = modes_of(call.service, call.operation)
+    return every if call.index in first_of_site else every[:len(FAULT_MODES)]
 
 
 def campaign(flow: str, run: Callable[[tuple[int, str] | None], Any], *, every_call: bool = False,

@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any
 
 from ..health_verdicts import RESET_FIXES
-from .ecs_model import Node, Plan, Task, TimelineEntry, gang_of, health_check_verdict
+from .ecs_model import Node, Plan, Task, TimelineEntry, gang_of, health_check_verdict, rendezvous_of
 from .fabric import Fabric
 from .repair_ledger import RepairLedger
 
@@ -146,11 +146,13 @@ class DataPlane(ABC):
         return [self._ci_event(node)]
 
     # ================================================================ plans
-    def plan_family(self, family: str, run_seconds: float | None, exit_code: int = 0) -> None:
+    def plan_family(self, family: str, run_seconds: float | None, exit_code: int = 0, *,
+                    gang: bool = False) -> None:
         """Tasks of ``family`` started from now on run ``run_seconds`` (None: until
-        stopped) after RUNNING, then exit ``exit_code``."""
+        stopped) after RUNNING, then exit ``exit_code``; ``gang``: after their gang's
+        rendezvous instead, every rank of the attempt RUNNING (``Plan``)."""
         with self._lock:
-            self._family_plans[family] = Plan(run_seconds, exit_code)
+            self._family_plans[family] = Plan(run_seconds, exit_code, gang)
 
     def plan_task(self, task_arn: str, run_seconds: float | None, exit_code: int = 0) -> None:
         """Re-plan one task: exit ``exit_code`` ``run_seconds`` from now (None: never)."""
@@ -160,6 +162,7 @@ class DataPlane(ABC):
                 self._task_plans[task_arn] = Plan(run_seconds, exit_code)
                 return
             task.plan_token += 1
+            task.held_plan = None
             token = task.plan_token
         if run_seconds is not None:
             self.schedule(
@@ -206,13 +209,31 @@ class DataPlane(ABC):
                 self.schedule(self.now() + node.latent_after_seconds, partial(self._latent_fault, node),
                               "latent fault")
         self._log("task", f"{task.label} RUNNING", task.node)
-        if plan.run_seconds is not None:
-            self.schedule(
-                self.now() + plan.run_seconds,
-                lambda: self._planned_exit(task.arn, token, plan.exit_code),
-                "planned exit",
-            )
+        for ready, its_plan, its_token in self._after_rendezvous(task, plan, token):
+            self._schedule_exit(ready, its_plan, its_token)
         return [self._task_event(task)]
+
+    def _after_rendezvous(self, task: Task, plan: Plan, token: int) -> list[tuple[Task, Plan, int]]:
+        """The ranks whose planned runs start now: ``task`` alone, or, for a gang's plan, none
+        until its attempt's last rank is RUNNING, then every rank held for it."""
+        gang = rendezvous_of(task) if plan.gang and plan.run_seconds is not None else None
+        if gang is None:
+            return [(task, plan, token)]
+        with self._lock:
+            task.held_plan = plan
+            ranks = [t for t in self.tasks.values()
+                     if not t.done and t.last_status == "RUNNING" and rendezvous_of(t) == gang]
+            if len(ranks) < gang[2]:
+                return []
+            held = [(t, p, t.plan_token) for t in ranks if (p := t.held_plan) is not None]
+            for t in ranks:
+                t.held_plan = None
+        return held
+
+    def _schedule_exit(self, task: Task, plan: Plan, token: int) -> None:
+        if plan.run_seconds is not None:
+            self.schedule(self.now() + plan.run_seconds,
+                          lambda: self._planned_exit(task.arn, token, plan.exit_code), "planned exit")
 
     def _planned_exit(self, arn: str, token: int, exit_code: int) -> Events:
         task = self.tasks.get(arn)

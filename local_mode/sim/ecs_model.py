@@ -201,6 +201,8 @@ class Task:
     exit_code: int | None = None
     version: int = 0
     plan_token: int = 0
+    #: a rank's planned run, held until its gang's rendezvous (``Plan.gang``); None: not held
+    held_plan: Plan | None = None
     health_check: bool = False
     gpu_reset: bool = False  # the GPU reset task (a health check's kin: never a training task)
     validation: bool = False  # a health check run as a validation after repair (its group)
@@ -384,10 +386,21 @@ def describe_task(task: Task, node: Node, cluster_arn: str, region: str) -> dict
 
 @dataclass
 class Plan:
-    """How a task ends once RUNNING: ``exit_code`` after ``run_seconds`` (None: never)."""
+    """How a task ends once RUNNING: ``exit_code`` after ``run_seconds`` (None: never).
+    ``gang``: a training rank's ``run_seconds`` count from its gang's rendezvous, the moment
+    every rank of its attempt is RUNNING (``rendezvous_of``), as NCCL's init waits for all."""
 
     run_seconds: float | None
     exit_code: int = 0
+    gang: bool = False
+
+
+def rendezvous_of(task: Task) -> tuple[str, str, int] | None:
+    """(job, attempt, world size) of a training rank whose tags say so; None otherwise."""
+    job, size = gang_of(task), task.tags.get(C.TAG_WORLD_SIZE)
+    if job is None or size is None or not size.isdigit():
+        return None
+    return job, task.tags.get(C.TAG_ATTEMPT, "1"), int(size)
 
 
 #: What ECS answers a StartTask / RunTask whose network configuration does not fit the task

@@ -106,6 +106,24 @@ def test_every_shape_is_an_operations_and_a_mode_of_its_calls() -> None:
         LocalAws().call_faults.arm(1, "sideways")
 
 
+def test_a_campaign_breaks_every_call_both_ways_and_each_call_site_once_in_its_shape() -> None:
+    from local_mode.campaigns.runner import faults_at
+    from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE, ApiCall
+
+    calls = [ApiCall(1, "dynamodb", "BatchGetItem", "recovery/sweep.py:run"),
+             ApiCall(2, "dynamodb", "GetItem", "recovery/sweep.py:run"),
+             ApiCall(3, "dynamodb", "BatchGetItem", "recovery/sweep.py:run"),  # the same site again
+             ApiCall(4, "dynamodb", "BatchGetItem", "recovery/placement.py:refresh"),
+             ApiCall(5, "dynamodb", "TransactWriteItems", "recovery/sweep.py:run")]
+    assert faults_at(calls, [1, 2, 3, 4, 5]) == [
+        (1, THROTTLE), (1, LOST_RESPONSE), (1, UNPROCESSED_KEYS),
+        (2, THROTTLE), (2, LOST_RESPONSE),
+        (3, THROTTLE), (3, LOST_RESPONSE),
+        (4, THROTTLE), (4, LOST_RESPONSE), (4, UNPROCESSED_KEYS),
+        (5, THROTTLE), (5, LOST_RESPONSE), (5, CANCELLED_THROTTLED)]
+    assert faults_at(calls, [3], (UNPROCESSED_KEYS,)) == [(3, UNPROCESSED_KEYS)]  # asked for: given
+
+
 @pytest.mark.parametrize("backend", ["moto", "memory"])
 def test_dynamodb_calls_broken_in_their_shapes_on_either_backend(backend: str) -> None:
     """A transaction answered TransactionCanceledException [ThrottlingError, None] (nothing

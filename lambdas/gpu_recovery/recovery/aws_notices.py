@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed
-from gpu_recovery.constants import NotificationKind
+from gpu_recovery.constants import NOTICE_RETRY_SECONDS, NotificationKind
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.aws_notices import (
     Notice,
@@ -52,8 +52,6 @@ from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 
 logger = logging.getLogger(__name__)
 
-#: how often the node is looked at while ranks run there (a two-minute notice has no minute to lose)
-RETRY_INTERVAL_SECONDS = 30
 #: a rank asked to stop and still on the node after this long is asked again (StopTask is idempotent)
 RESTOP_AFTER_SECONDS = 20
 #: ECS's cluster query language takes a list after ``in``; ids per ListContainerInstances filter
@@ -219,7 +217,7 @@ class AwsNotices:
         if deadline is None:
             repo.settle_notice(inst_id, key)
         elif repo.live_ranks_on_instance(inst_id):
-            repo.rearm_notice(inst_id, key, max(now + 1, min(deadline, now + RETRY_INTERVAL_SECONDS)))
+            repo.rearm_notice(inst_id, key, max(now + 1, min(deadline, now + NOTICE_RETRY_SECONDS)))
         elif comes_back:
             repo.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
         else:

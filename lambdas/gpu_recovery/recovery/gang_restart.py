@@ -40,7 +40,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
-from gpu_recovery.constants import NotificationKind, relocated_queue_order
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind, relocated_queue_order
 from gpu_recovery.domain import goodput, placement
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank, Suspect
@@ -73,7 +73,6 @@ logger = logging.getLogger(__name__)
 # The goodput ledger: a STARTING -> RUNNING written this soon after the restart's claim
 # is on time (its own time is when the gang ran); later, rank 0's registration says when.
 PROMPT_CONFIRMATION_SECONDS = 5.0
-RETRY_INTERVAL_SECONDS = 60
 # A restart whose batches were sent this long ago and are still not all registered is
 # sent again by the sweep (batches skip what is done).
 RESEND_AFTER_SECONDS = 120

@@ -34,6 +34,7 @@ from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     GPU_RESET_GROUP,
     GPU_RESET_STARTED_BY,
+    RETRY_INTERVAL_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
 )
@@ -55,7 +56,6 @@ from gpu_recovery.recovery.reboots import Reboots
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60  # GPUs still held, a claim in flight: the sweep looks again
 POLL_SECONDS = 120  # a running reset task is looked at this often (its STOPPED event may be lost)
 RESET_TASK_PURPOSE = "gpu-reset"
 

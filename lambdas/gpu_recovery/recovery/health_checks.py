@@ -26,6 +26,7 @@ from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     HEALTH_CHECK_GROUP,
     HEALTH_CHECK_STARTED_BY,
+    RETRY_INTERVAL_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
 )
 from gpu_recovery.domain import policy
@@ -56,7 +57,6 @@ from gpu_recovery.repository.health_check_slots import Claim
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
 # A cascade's suspects ask for their DCGM StartTask at once, past the stack's ECS budget
 # (burst 90, 36 a second): each reserves its token and waits its turn, up to this long on
 # the rank's exit event (well inside the function's timeout; ~990 tokens' worth), up to

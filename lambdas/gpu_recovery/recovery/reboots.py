@@ -34,7 +34,12 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
-from gpu_recovery.constants import CLAIM_LEASE_SECONDS, REBOOTING_ATTRIBUTE, NotificationKind
+from gpu_recovery.constants import (
+    CLAIM_LEASE_SECONDS,
+    REBOOTING_ATTRIBUTE,
+    RETRY_INTERVAL_SECONDS,
+    NotificationKind,
+)
 from gpu_recovery.domain import reboot_evidence as evidence
 from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
 from gpu_recovery.domain.escalation import (
@@ -67,7 +72,6 @@ from gpu_recovery.repository import JobFailure
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
 # A reboot call whose answer was lost is repeated only if, this long after it, the node
 # still shows no sign of rebooting (an EC2 reboot falls back to a hard reboot after a
 # few minutes; an ECS agent disconnects well within this).

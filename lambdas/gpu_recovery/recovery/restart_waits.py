@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from gpu_recovery import clock
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.domain.restart_wait import RestartWait, blocked_by
@@ -28,7 +29,6 @@ from gpu_recovery.recovery.ports import Deps, Outcome
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
 _ACTION = ("Free the node(s) named (or let the job move: tag its tasks gpu-recovery:relocatable=true), "
            "then resubmit the job.")
 

@@ -27,7 +27,13 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.constants import NotificationKind, queue_order, relocated_queue_order
+from gpu_recovery.constants import (
+    NOTICE_RETRY_SECONDS,
+    RETRY_INTERVAL_SECONDS,
+    NotificationKind,
+    queue_order,
+    relocated_queue_order,
+)
 from gpu_recovery.domain.gpu_warnings import MAX_MOVES_KEPT, avoided, move_record
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job
@@ -40,10 +46,6 @@ from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
-# A move off a node AWS takes away (recovery.aws_notices) has minutes, not hours: stops not
-# confirmed are asked again at the next sweep (every minute), not the one after.
-NOTICE_RETRY_SECONDS = 30
 
 
 def _retry_after(job: Job) -> int:

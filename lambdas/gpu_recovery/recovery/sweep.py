@@ -19,7 +19,12 @@ from functools import partial
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.constants import DEADLINE_SK, METRIC_OLDEST_DUE_JOB_SECONDS, METRIC_OVERDUE_JOBS
+from gpu_recovery.constants import (
+    DEADLINE_SK,
+    METRIC_OLDEST_DUE_JOB_SECONDS,
+    METRIC_OVERDUE_JOBS,
+    RETRY_INTERVAL_SECONDS,
+)
 from gpu_recovery.domain.heartbeat_policy import BACKSTOP_MARGIN_SECONDS, backstop_deadline
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Instance, Job
@@ -49,7 +54,6 @@ from gpu_recovery.repository.preflight import PREFLIGHT_ITEM_TYPE
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
 # A job whose gang restart has not happened this long after its fault (health check,
 # reboot and a margin) fails instead of waiting forever.
 RESTART_GIVE_UP_MARGIN_SECONDS = 600

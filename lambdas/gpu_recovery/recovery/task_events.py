@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.constants import HEALTH_CHECK_GROUP, NotificationKind
+from gpu_recovery.constants import HEALTH_CHECK_GROUP, RETRY_INTERVAL_SECONDS, NotificationKind
 from gpu_recovery.domain import goodput, policy
 from gpu_recovery.domain.escalation import charges_job, history_from_item, history_to_item, record_fault
 from gpu_recovery.domain.evidence import Evidence
@@ -58,7 +58,6 @@ from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFR
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
 _RANK_STATE_FOR = {
     StopKind.SUCCEEDED: RankState.DONE,
     StopKind.STOPPED_BY_SYSTEM: RankState.STOPPED,

@@ -41,6 +41,7 @@ from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     GPU_VALIDATION_GROUP,
     HEALTH_CHECK_CONTAINER_NAME,
+    RETRY_INTERVAL_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
 )
@@ -62,7 +63,6 @@ from gpu_recovery.repository.base import Update
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60  # GPUs held, nothing placed: the sweep looks again
 POLL_SECONDS = 120  # a running validation task is looked at this often (its STOPPED event may be lost)
 # The verdict line of a failed validation is read again after these pauses inside the event's
 # invocation (CloudWatch Logs makes a line readable seconds after it was written); without it

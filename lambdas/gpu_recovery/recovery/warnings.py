@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.constants import NotificationKind
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.evidence import ITEM_TELEMETRY_AT
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Trigger
@@ -55,7 +55,6 @@ from gpu_recovery.recovery.remediation.notices import describe_node_effects, det
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
 _WARNED = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
 # A job that runs on the node (a recovering one will leave it, or is reserved and waited for).
 _STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}

@@ -27,7 +27,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from gpu_recovery import clock
-from gpu_recovery.constants import NotificationKind
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind
 from gpu_recovery.domain.breaker.hold import (
     BreakerHold,
     HoldAction,
@@ -47,7 +47,6 @@ from gpu_recovery.recovery.ranks import RankOperations
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_SECONDS = 60
 _FAILED_ACTION = ("Find why the breaker tripped, repair or reboot the node by hand (then "
                   "`gpu-recovery-admin uncordon --node-id <id>`), and resubmit the job.")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.escalation import NodeFaultRecord, charges_job
 from gpu_recovery.domain.evidence import Evidence
@@ -37,8 +38,6 @@ from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.repository import JobVerdict
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
-
-RETRY_INTERVAL_SECONDS = 60
 
 
 def fault_record(evidence: Evidence, plan: RemediationPlan, now: float,
