@@ -97,6 +97,11 @@ LARGE_RANKS = 17  # one above the inline fan-out: the gang queue and its worker 
 #: broken call delays holds the others, as NCCL's init does); every simulated minute is a
 #: sweep's calls, and every broken run before them goes through them
 TRAIN_SECONDS = 4 * MIN
+#: large: a lost answer to a rank's registration in a gang-queue batch leaves the restart
+#: unconfirmed until the sweep confirms it 6 minutes later, though every rank runs;
+#: a job that ends sooner ends STARTING and its 'recovered' e-mail is never sent (a gap
+#: noted in docs/recovery-loop.md), so this flow's job trains long enough to see it sent
+LARGE_TRAIN_SECONDS = 8 * MIN
 RUN_LIMIT_SECONDS = 90 * MIN
 OTHER_WORKLOAD_SECONDS = 5 * MIN  # relocation_wait: node-c frees up this long after the fault
 ANOTHER_NODE = "node-z"  # held_*: acted on a minute before, in the breaker's window
@@ -387,7 +392,8 @@ def _start_job(world: World, flow: str) -> None:
     for node in nodes_of(flow):
         sim.add_node(node, gpus=8)
     td = sim.register_training_task_definition("train", gpus=8)
-    sim.plan_family("train", run_seconds=TRAIN_SECONDS, exit_code=0, gang=True)
+    sim.plan_family("train", run_seconds=LARGE_TRAIN_SECONDS if flow == "large" else TRAIN_SECONDS,
+                     exit_code=0, gang=True)
     tags = {C.TAG_RELOCATABLE: "true"} if flow in RELOCATING else {}
     if flow in APP_ERROR:
         tags[C.TAG_MAX_APP_RESTARTS] = "1"
