@@ -321,20 +321,8 @@ def faults_at(calls: Sequence[ApiCall], positions: Iterable[int],
     (the repository's batch reads and transactions, the ECS adapter, the log reader) and
     acted on by its call site: every call site meets it; the two fault models, every call."""
     by_index = {call.index: call for call in calls}
-    first = _first_of_site(calls)
+    first = frozenset(sample_positions(calls))  # the first call of each call site
     return [(n, mode) for n in positions for mode in (modes or _modes_at(by_index[n], first))]
-
-
-def _first_of_site(calls: Sequence[ApiCall]) -> frozenset[int]:
-    """The index of the first call of each (call site, operation) of ``calls``."""
-    seen: set[tuple[str, str, str]] = set()
-    first = []
-    for call in calls:
-        key = (call.site, call.service, call.operation)
-        if key not in seen:
-            seen.add(key)
-            first.append(call.index)
-    return frozenset(first)
 
 
 def _modes_at(call: ApiCall, first_of_site: frozenset[int]) -> tuple[str, ...]:

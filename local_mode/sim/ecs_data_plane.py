@@ -164,12 +164,7 @@ class DataPlane(ABC):
             task.plan_token += 1
             task.held_plan = None
             token = task.plan_token
-        if run_seconds is not None:
-            self.schedule(
-                self.now() + run_seconds,
-                lambda: self._planned_exit(task_arn, token, exit_code),
-                f"planned exit {task_arn}",
-            )
+        self._schedule_exit(task, Plan(run_seconds, exit_code), token, f"planned exit {task_arn}")
 
     # ================================================================ task lifecycle
     def _schedule_placement(self, task: Task, now: float) -> None:
@@ -230,10 +225,10 @@ class DataPlane(ABC):
                 t.held_plan = None
         return held
 
-    def _schedule_exit(self, task: Task, plan: Plan, token: int) -> None:
+    def _schedule_exit(self, task: Task, plan: Plan, token: int, label: str = "planned exit") -> None:
         if plan.run_seconds is not None:
             self.schedule(self.now() + plan.run_seconds,
-                          lambda: self._planned_exit(task.arn, token, plan.exit_code), "planned exit")
+                          lambda: self._planned_exit(task.arn, token, plan.exit_code), label)
 
     def _planned_exit(self, arn: str, token: int, exit_code: int) -> Events:
         task = self.tasks.get(arn)

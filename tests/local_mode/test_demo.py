@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_recovery import constants as C
+from gpu_recovery.domain import goodput
 
 EXPECTED_SUMMARY = {
     # 3 recovery jobs + 5 queue jobs
@@ -47,9 +48,8 @@ def demo() -> tuple[dict[str, int], dict[str, Any]]:
     return summary, details
 
 
-def _changes(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """The job's state changes (not the goodput ledger's marks within RUNNING)."""
-    return [h for h in job.get("history", []) if not (h.get("gp") or {}).get("was")]
+def _changes(job: dict[str, Any]) -> list[Any]:
+    return goodput.state_changes(job.get("history", []))
 
 
 def _states(job: dict[str, Any]) -> list[str]:

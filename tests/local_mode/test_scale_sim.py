@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery import constants as C
+from gpu_recovery.domain import goodput
 from local_mode.scale_recovery import launch_tagged_job
 from local_mode.sim.aws_calls import Account, ClientFailure
 from local_mode.sim.contract.requests import ContractViolation
@@ -309,7 +310,7 @@ def test_a_small_job_recovers_from_a_gpu_fault_with_an_nccl_cascade_and_duplicat
             assert "n0" in suspects
             # The job's history has its state changes only (each verdict is on its suspect item),
             # and the goodput ledger's marks within RUNNING (rank 0 running: restart until then).
-            assert [h["to"] for h in item["history"] if not (h.get("gp") or {}).get("was")][-4:] == [
+            assert [h["to"] for h in goodput.state_changes(item["history"])][-4:] == [
                 "PENDING_HEALTHCHECK", "PENDING_RESTART", "STARTING", "RUNNING"]
             # Exactly one DCGM check per suspect node, one reboot (node 0), nothing dead-lettered.
             assert dict(world.cluster.health_checks) == dict.fromkeys(suspects, 1)

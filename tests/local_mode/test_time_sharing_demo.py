@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 
 from bench import time_sharing_day as bench
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.time_sharing import Priority, QuotaBook
 from local_mode import time_sharing_scenario as scenario
 
@@ -31,8 +32,7 @@ def outcome() -> scenario.TimeSharingResult:
 
 
 def _states(job: dict) -> list[str]:
-    """The job's state changes (not the goodput ledger's marks within RUNNING)."""
-    return [str(h.get("to")) for h in job.get("history") or [] if not (h.get("gp") or {}).get("was")]
+    return [str(h.get("to")) for h in goodput.state_changes(job.get("history") or [])]
 
 
 def test_the_scenario_ends_as_described(outcome: scenario.TimeSharingResult) -> None:
