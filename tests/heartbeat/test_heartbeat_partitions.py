@@ -12,17 +12,20 @@ here grows linearly with the cluster), to keep the quick tier quick; ``make benc
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import HB_AT, HB_BUCKET, HB_PK, HB_SK, JobState, RankState
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.heartbeat.service import HeartbeatService
-from gpu_recovery.repository import Repository
+from gpu_recovery.repository import Repository, base
+from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from local_mode.sim.dynamo import MemoryDynamo, PartitionThroughput
 from local_mode.sim.dynamo.throughput import PARTITION_READ_UNITS_PER_SECOND, PARTITION_WRITE_UNITS_PER_SECOND
@@ -39,9 +42,11 @@ WRITE_LIMIT = PARTITION_WRITE_UNITS_PER_SECOND / SCALE
 
 
 @pytest.fixture
-def clk() -> Iterator[ManualClock]:
+def clk(monkeypatch: pytest.MonkeyPatch) -> Iterator[ManualClock]:
     c = ManualClock(T0)
     clock.set_clock(c, c.advance)  # a write's backoff passes simulated time, not real time
+    # The backoff's jitter from a seeded source: the same second every run.
+    monkeypatch.setattr(base, "random", random.Random(40))
     yield c
     clock.reset_clock()
 
@@ -71,20 +76,26 @@ def _report(service: HeartbeatService, n: int, at: float) -> Any:
     return service.report_tasks(f"node{n:04d}", at, [ReportedTask(task_arn(job, r)) for r in range(RANKS)])
 
 
-def _one_second(clk: ManualClock, service: HeartbeatService) -> tuple[int, float]:
+def _one_second(clk: ManualClock, service: HeartbeatService) -> tuple[int, float, int]:
     """Every node reports within one second, 100 s after the seed (every rank in a new
-    slot): (ranks refreshed, seconds it took: a throttled write's backoff waits)."""
+    slot): (ranks refreshed, seconds it took: a throttled write's backoff waits, reports
+    still refused after every retry: the agent's next report carries them)."""
     start = clk.advance(100)
-    refreshed = 0
+    refreshed = refused = 0
     for n in range(NODES):
-        refreshed += _report(service, n, clk()).refreshed
-    return refreshed, clk() - start
+        try:
+            refreshed += _report(service, n, clk()).refreshed
+        except ClientError as error:
+            if not is_contention(error):
+                raise
+            refused += 1
+    return refreshed, clk() - start, refused
 
 
 def test_a_second_of_a_large_cluster_s_heartbeats_stays_under_every_partition_limit(clk: ManualClock) -> None:
     service, throughput = _cluster(clk)
-    refreshed, took = _one_second(clk, service)
-    assert (refreshed, took, dict(throughput.throttled)) == (NODES * RANKS, 0, {})
+    refreshed, took, refused = _one_second(clk, service)
+    assert (refreshed, took, refused, dict(throughput.throttled)) == (NODES * RANKS, 0, 0, {})
     partition, units = throughput.busiest()
     assert units <= WRITE_LIMIT / 2, f"{partition} took {units} WCU in one second"
     # The index is sharded: every shard took a share of the second's moves.
@@ -97,11 +108,12 @@ def test_the_old_heartbeat_index_throttles_the_base_table(clk: ManualClock,
     """The same second with the index as it was (one partition key, the exact heartbeat as
     sort key): its one partition takes two units per heartbeat (the entry moves), twice its
     limit: the base table's writes are refused with it (GSI back-pressure) and the second's
-    reports get through only with their backoffs, over seconds."""
+    reports get through only with their backoffs, over seconds (or not at all: a report
+    whose retries all meet the full partition is refused)."""
     monkeypatch.setattr(HeartbeatRepository, "heartbeat_fields", staticmethod(
         lambda job_id, rank, at, slot: {HB_AT: at, HB_PK: HB_BUCKET, HB_SK: at}))
     service, throughput = _cluster(clk)
-    _, took = _one_second(clk, service)
+    _, took, _ = _one_second(clk, service)
     assert throughput.throttled["IndexWriteKeyRangeThroughputExceeded"] > 0
     # The one partition takes its limit a second: the second's index writes take seconds.
     assert took > 2 * NODES * RANKS / WRITE_LIMIT - 1, took
