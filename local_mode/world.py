@@ -76,13 +76,18 @@ class World:
     training_task_definition: str = ""
 
     # --- what the stack wrote (through a Repository on the emulator's tables) ----------------
+    _repo: tuple[int, Repository] | None = field(default=None, init=False, repr=False)
+
     @property
     def repo(self) -> Repository:
         # The handlers' shard count of the deadline index (their environment, set by the world):
-        # the invariant and the campaigns read every shard the stack writes.
+        # the invariant and the campaigns read every shard the stack writes. Built once per
+        # shard count (a Repository's boto3 Table resources cost milliseconds each).
         shards = int(os.environ.get(C.ENV_DEADLINE_INDEX_SHARDS) or 1)
-        return Repository(self.aws.resource("dynamodb"), self.aws.job_table, self.aws.instance_table,
-                          deadline_shards=shards)
+        if self._repo is None or self._repo[0] != shards:
+            self._repo = (shards, Repository(self.aws.resource("dynamodb"), self.aws.job_table,
+                                             self.aws.instance_table, deadline_shards=shards))
+        return self._repo[1]
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job item ({} if none)."""

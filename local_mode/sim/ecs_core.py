@@ -237,6 +237,10 @@ class EcsCore(DataPlane):
         moto_ci = self._moto_ci(node)
         return moto_ci.status if moto_ci is not None else "INACTIVE"
 
+    def container_instance_status(self, name: str) -> str:
+        """ECS's status of node ``name`` (ACTIVE, DRAINING...; INACTIVE once deregistered)."""
+        return self._ci_status(self.node(name))
+
     def ci_description(self, node: Node) -> dict[str, Any]:
         """The ContainerInstance object as ECS would describe it now."""
         moto_ci = self._moto_ci(node)

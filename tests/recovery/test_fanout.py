@@ -14,6 +14,8 @@ from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.domain.fault_tally import tally_shard_count
 from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS
+from gpu_recovery.domain.latch import Latch
+from gpu_recovery.recovery import gang_restart
 from gpu_recovery.recovery import sweep as sweep_mod
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
 from gpu_recovery.recovery.health_checks import POLL_SECONDS
@@ -90,6 +92,47 @@ def test_a_restart_starts_identical_ranks_ten_per_call_and_tells_once() -> None:
                                 receive_count=2)
         assert w.ecs.start_calls == [10, 10, 10, 10]
         assert len([n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]) == 1
+
+
+def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resend() -> None:
+    """The start batch dies between rank 12's registration and its latch arrival. The sweep
+    sends the restart's batch again after RESEND_AFTER_SECONDS (a new message: SQS counts a
+    first receive): it starts the ranks not started, rank 12 arrives then, and the restart is
+    confirmed at once, not minutes later. The goodput ledger's restart ends at the last rank's
+    registration (the gang waits for it), not at rank 0's."""
+    with world(gang_queue=True, max_app_restarts=1) as w:
+        nodes = _nodes(WORLD)
+        arns = w.register_job("big", nodes)
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        w.drain_queue()
+        _stopped_by_us(w)
+        _verdict(w, nodes[-1], 0)
+        real = w.repo.latches.arrive
+        died: list[int] = []
+
+        def dies_once(job_id: str, attempt: int, world_size: int, rank: int, latches: Any,
+                      **kwargs: Any) -> Any:
+            if Latch.REGISTERED in latches and rank == 12 and not died:
+                died.append(rank)
+                raise TimeoutError("the worker died after the registration (injected)")
+            return real(job_id, attempt, world_size, rank, latches, **kwargs)
+
+        w.repo.latches.arrive = dies_once  # type: ignore[method-assign]
+        with pytest.raises(TimeoutError):
+            w.drain_queue()
+        assert died == [12] and w.repo.get_job("big").state is JobState.STARTING
+        assert w.repo.get_rank("big", 12).attempt == 2 and w.repo.get_rank("big", 39).attempt == 1
+        w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
+        w.service.sweep()
+        w.drain_queue()
+        job = w.repo.get_job("big")
+        assert job.state is JobState.RUNNING, job.state
+        rank0, last = w.repo.get_rank("big", 0), w.repo.get_rank("big", WORLD - 1)
+        assert last.registered_at - rank0.registered_at > gang_restart.RESEND_AFTER_SECONDS
+        item = w.repo.get_job_item("big") or {}
+        [confirmed] = [e for e in item["history"] if e.get("to") == JobState.RUNNING.value
+                       and e.get("from") == JobState.STARTING.value]
+        assert confirmed["gp"]["running_at"] == int(last.registered_at)
 
 
 def test_a_batch_out_of_ecs_budget_goes_back_to_the_queue_delayed() -> None:

@@ -70,3 +70,26 @@ def test_a_sync_that_read_older_holds_does_not_confirm_a_newer_change() -> None:
         assert list(w.repo.cordons.worklist().pending) == ["n-1"]
         assert w.service.reboots.cordons.sync("n-1") == "unmarked"  # the release, synced
         assert _value(w, "n-1") is None and w.repo.cordons.worklist().pending == {}
+
+
+def test_a_sweep_reads_the_worklist_once_unless_its_refresh_changed_a_hold() -> None:
+    """The sweep's one read of the worklist serves the holds' refresh and the attribute
+    syncs; a refresh that wrote a hold (and its members) has it read again first, so the
+    syncs never work from a read older than the sweep's own write."""
+    with world(spare_nodes=SparePool(1)) as w:
+        real = w.repo.cordons.worklist
+        reads: list[int] = []
+
+        def counted() -> object:
+            reads.append(1)
+            return real()
+
+        w.repo.cordons.worklist = counted  # type: ignore[method-assign]
+        w.ecs.spare_nodes = ["n-1", "n-2"]
+        assert w.service.sweep().detail["handled"]["holds_changed"] == 1
+        changed = len(reads)
+        assert _value(w, "n-1") == "spare"
+        reads.clear()
+        w.advance(60)
+        assert w.service.sweep().detail["handled"]["holds_unchanged"] == 1
+        assert len(reads) == 1 and changed >= 2

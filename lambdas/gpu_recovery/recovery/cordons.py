@@ -34,13 +34,18 @@ from gpu_recovery.repository.cordons import Worklist
 logger = logging.getLogger(__name__)
 
 
+#: what the holds' refresh answers when it wrote nothing (the worklist read before it stands)
+UNCHANGED_HOLDS = frozenset({"no_holds", "holds_unchanged"})
+
+
 class Cordons:
     def __init__(self, deps: Deps, ranks: RankOperations, gate: Any) -> None:
         self.deps = deps
         self.ranks = ranks
         self.gate = gate  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
-        # The spare and reserved holds' refresh (``recovery.placement``), run first by the sweep.
-        self.before_sweep: Callable[[], str] | None = None
+        # The spare and reserved holds' refresh (``recovery.placement``), run first by the sweep
+        # on the sweep's read of the worklist; returns what it did.
+        self.before_sweep: Callable[[Worklist], str] | None = None
 
     # --------------------------------------------------------------------- sync
     def sync(self, node: str, members: list[str] | None = None, read: Worklist | None = None) -> str:
@@ -198,14 +203,16 @@ class Cordons:
         reservations, ``recovery.placement``), then every node whose ECS attributes are not
         confirmed yet."""
         done: dict[str, int] = {}
+        read = self.deps.repo.cordons.worklist()
         if self.before_sweep is not None:
             try:
-                action = self.before_sweep()
+                action = self.before_sweep(read)
             except Exception:
                 logger.exception("placement holds refresh failed")
                 action = "holds_refresh_failed"
             done[action] = 1
-        read = self.deps.repo.cordons.worklist()
+            if action not in UNCHANGED_HOLDS:  # it wrote (or may have): the syncs start from a fresh read
+                read = self.deps.repo.cordons.worklist()
         for node, members in sorted(read.pending.items()):
             try:
                 action = self.sync(node, members, read)

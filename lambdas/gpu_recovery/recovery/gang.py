@@ -289,11 +289,13 @@ class GangOps:
         previous = {r.rank: r for r in ranks if r.attempt == batch.attempt - 1}
         registered = [r for r in ranks if r.attempt == batch.attempt]
         complete = False
-        if registered and (receive_count > 1 or self._inline_batch(batch)):
-            # A delivery that died between a registration and its latch: arrive again.
+        if registered:
+            # A delivery that died between a registration and its latch (a redelivery, or the
+            # sweep's resend of the batch, which SQS counts as a first receive): arrive again.
             for rank in registered:
                 complete |= Latch.REGISTERED in repo.latches.arrive(
-                    job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED])
+                    job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
+                    registered_at=rank.registered_at)
         planned = [PlannedRank(r.rank, self._target(r, moves)["node"], self._spec(r)) for r in ranks
                    if r.attempt in (batch.attempt, batch.attempt - 1)]
         for call in plan_calls(planned, batching=self.deps.settings.batch_identical_starts):

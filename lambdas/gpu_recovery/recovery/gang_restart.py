@@ -492,16 +492,20 @@ class GangRestart:
                                                   ledger=self._running_marks(job))
 
     def _running_marks(self, job: Job) -> dict[str, float]:
-        """When the attempt's rank 0 was seen running (its task's RUNNING, else its registration):
-        the goodput ledger's restart ends there, even when this confirmation comes later.
-        A confirmation within seconds of the restart's claim is its own time (no read)."""
+        """When the attempt's gang was running: rank 0 seen running (its task's RUNNING, else
+        its registration), or the last rank's registration if that came later (a batch a broken
+        call held back: the gang waits for it). The goodput ledger's restart ends there, even
+        when this confirmation comes later. A confirmation within seconds of the restart's
+        claim is its own time (no read)."""
         if clock.now() - job.updated_at <= PROMPT_CONFIRMATION_SECONDS:
             return {}
         rank0 = self.deps.repo.get_rank(job.job_id, 0)
         if rank0 is None or rank0.attempt != job.attempt or not rank0.registered_at:
             return {}
         # Its task's RUNNING when that event came first (else rank 0's RUNNING event marks it later).
-        return goodput.running_marks(rank0.running_at or rank0.registered_at)
+        running = rank0.running_at or rank0.registered_at
+        last = self.deps.repo.latches.last_registered_at(job.job_id, job.attempt, job.world_size)
+        return goodput.running_marks(max(running, last or 0.0))
 
     # ------------------------------------------------------------------ failing
     def _start_failed(self, job: Job, rank: Rank, why: str) -> None:

@@ -66,13 +66,15 @@ class PlacementHolds:
         self.restarts = restarts
 
     # ------------------------------------------------------------------ refresh
-    def refresh(self) -> str:
+    def refresh(self, read: Worklist | None = None) -> str:
         """Bring the holds up to date with the cluster: the recovering jobs' nodes (one read
         of the jobs in recovery and their latch shards), and, with a pool or a relocation
         waiting, one snapshot (ListContainerInstances + DescribeContainerInstances by 100, the
-        instance items) for the free and busy nodes."""
+        instance items) for the free and busy nodes. ``read``: the worklist as the caller
+        just read it (the sweep's), else read here. Answers ``no_holds`` or
+        ``holds_unchanged`` only when it wrote nothing."""
         repo = self.deps.repo
-        read = repo.cordons.worklist()
+        read = read or repo.cordons.worklist()
         held = self.restarts.nodes.held()
         pool = self.deps.settings.spare_nodes
         recovering = held.with_reserved(read.holds)

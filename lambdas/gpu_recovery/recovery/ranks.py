@@ -366,7 +366,7 @@ class RankOperations:
         stored = rank if written and previous is not None else (repo.get_rank(reg.job_id, reg.rank) or rank)
         if stored.attempt == reg.attempt and stored.task_arn == reg.task_arn:
             repo.latches.arrive(reg.job_id, reg.attempt, reg.world_size, reg.rank, [Latch.REGISTERED],
-                                node=inst_id)
+                                node=inst_id, registered_at=stored.registered_at)
         return stored
 
     def register_restarted(self, job: Job, previous: Rank, *, task_arn: str, container_instance_arn: str,
@@ -389,7 +389,7 @@ class RankOperations:
             earlier_tasks=previous.tasks_before(job.attempt))
         repo.put_rank_registration(rank)
         return repo.latches.arrive(job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
-                                   node=inst_id)
+                                   node=inst_id, registered_at=rank.registered_at)
 
     def ec2_instance_id(self, instance: Instance) -> str:
         """The node's EC2 / managed instance id: the instance item's, else described once

@@ -18,6 +18,7 @@ from gpu_recovery.domain.latch import Latch, latch_complete, shard_complete, sha
 from gpu_recovery.repository.base import Update, from_ddb
 
 PREFLIGHT_ADDRESSES = "pfa"  # "<rank>|<address>" of the ranks whose preflight loopback reported
+REGISTERED_AT = "reg_at"  # the whole seconds the shard's ranks were registered at (at most 64 values)
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,12 @@ class LatchRepository:
         self.table = base.job_table_name
 
     def arrive(self, job_id: str, attempt: int, world_size: int, rank: int, latches: Iterable[Latch], *,
-               suspect_node: str = "", node: str = "", address: str = "") -> Arrival:
+               suspect_node: str = "", node: str = "", address: str = "",
+               registered_at: float | None = None) -> Arrival:
         """Rank ``rank`` of ``attempt`` arrives at ``latches`` (and names its node a suspect of
-        the attempt's fault; registering, records its ``node``; reporting its preflight
-        loopback, its ``address``, where its groups' peers reach it). Idempotent; returns the
-        latches complete afterwards."""
+        the attempt's fault; registering, records its ``node`` and the second it was
+        ``registered_at``; reporting its preflight loopback, its ``address``, where its groups'
+        peers reach it). Idempotent; returns the latches complete afterwards."""
         wanted = sorted(set(latches), key=lambda latch: latch.value)
         if not wanted and not suspect_node:
             return Arrival()
@@ -50,6 +52,8 @@ class LatchRepository:
             adds["susp"] = {suspect_node}
         if node and Latch.REGISTERED in wanted:
             adds["nodes"] = {node}
+        if registered_at and Latch.REGISTERED in wanted:
+            adds[REGISTERED_AT] = {int(registered_at)}
         if address and Latch.PREFLIGHT in wanted:
             adds[PREFLIGHT_ADDRESSES] = {f"{rank}|{address}"}
         written = self.base.db.apply_returning(Update(
@@ -90,6 +94,14 @@ class LatchRepository:
         for item in self.base.db.batch_get(self.table, keys):
             found.update(str(n) for n in item.get(attribute) or ())
         return found
+
+    def last_registered_at(self, job_id: str, attempt: int, world_size: int) -> float | None:
+        """When the attempt's last rank was registered (``ceil(n / 64)`` items, read once per
+        restart, only when its confirmation came late: a batch a broken call held back)."""
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
+        times = [float(t) for item in self.base.db.batch_get(self.table, keys)
+                 for t in from_ddb(item).get(REGISTERED_AT) or ()]
+        return max(times) if times else None
 
     def registered(self, job_id: str, attempt: int, world_size: int) -> set[int]:
         """The attempt's registered ranks (``ceil(n / 64)`` items: only when some are missing)."""
