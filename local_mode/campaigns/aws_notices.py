@@ -32,7 +32,7 @@ from gpu_recovery.constants import JobState
 
 from ..sim import aws_notices as notices
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
 from .time_sharing import Rank0ControlPoller
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
@@ -53,6 +53,7 @@ class RunResult(CampaignResult):
     tasks_started: list[int]  # training tasks started per attempt
     announced: list[str]  # the nodes AWS announced it takes
     announced_items: dict[str, dict[str, Any]]  # their instance items
+    announced_status: dict[str, str]  # their ECS status (a Capacity Block's: DRAINING)
     placed_after: list[str]  # tasks started on an announced node after the notice
     noticed_at: float
     deadline: float
@@ -97,6 +98,10 @@ def expectations(result: RunResult) -> list[str]:
         if not item.get("notice") or not cordon.get("notice"):
             problems.append(f"{name}: notice {item.get('notice')}, cordon {cordon} "
                             "(want its aws-notice cordon)")
+    want = "DRAINING" if result.flow == "notice_capacity_block" else "ACTIVE"
+    wrong = {n: status for n, status in result.announced_status.items() if status != want}
+    if wrong:
+        problems.append(f"announced nodes in ECS {wrong} (want {want})")
     job_id = str(job.get("job_id"))
     problems += mail_problems(result.mails, {**{(kind, job_id): (0, 0) for kind in
                                                 ("failed", "application_error", "quarantined", "recovered")},
@@ -170,7 +175,8 @@ class AwsNotice(Scenario[RunResult]):
         stops = [float(t.stopped_at) for t in ours if t.node == self.target and t.stopped_at is not None]
         items = {n: repo.get_instance_item(sim.node(n).container_instance_id) or {} for n in names}
         return RunResult(**common, flow=self.flow, job=job, tasks_started=started, announced=names,
-                         announced_items=items, placed_after=placed_after, noticed_at=self.noticed_at,
+                         announced_items=items, announced_status=ecs_status(world, names),
+                         placed_after=placed_after, noticed_at=self.noticed_at,
                          deadline=float(self.announced.get("deadline") or 0),
                          left_at=max(stops) if stops else None,
                          checkpoints=program.checkpoints)

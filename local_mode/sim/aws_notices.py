@@ -89,6 +89,8 @@ def announce(sim: Any, kind: str, node: str, *, lead_seconds: float | None = Non
     sim.schedule(now, lambda: [event], f"AWS notice {kind} {node}")
     taken = [m for m in sim.nodes.values() if m.capacity_reservation_id == reservation_id] \
         if kind == "capacity_block_expiry" else [target]
+    for gone in taken:
+        gone.taken_at = deadline
     if take_node:
         for gone in taken:
             sim.schedule(deadline, lambda gone=gone: _take(sim, gone.name, kind), f"AWS takes {gone.name}")

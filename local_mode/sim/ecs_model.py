@@ -79,6 +79,7 @@ class Node:
     agent_connected: bool = True
     status: str = "ACTIVE"  # ACTIVE | DRAINING | INACTIVE (deregistered)
     capacity_reservation_id: str = ""  # a Capacity Block's (cr-...): its expiration warning names it
+    taken_at: float | None = None  # AWS announced it takes the node then (a notice: sim.aws_notices)
     allocations: dict[str, list[str]] = field(default_factory=dict)  # task arn -> gpu ids
     reservations: dict[int, list[str]] = field(default_factory=dict)  # pending StartTask
     attributes: dict[str, str | None] = field(default_factory=dict)  # custom ECS attributes (cordon)

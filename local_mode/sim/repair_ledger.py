@@ -10,8 +10,9 @@ What counts, recorded where the simulated AWS carries it out (whoever asked):
 * ``reboot`` — a reboot starts (EC2 RebootInstances, the SSM reboot; asked again while the
   node reboots is the same reboot);
 * ``gpu_reset`` — the GPU reset task is placed on the node;
-* ``quarantine`` — the container instance is set DRAINING (the stack drains only to
-  quarantine or replace a node);
+* ``quarantine`` — the container instance is set DRAINING (the stack drains to quarantine or
+  replace a node, and the nodes of a Capacity Block AWS announced it ends: those drains are on
+  AWS's word that the capacity goes, not on evidence about the hardware, and are not counted);
 * ``replace`` — the instance is terminated in its Auto Scaling group;
 * ``cordon`` — ``gpu-recovery.unavailable=cordoned`` (known bad) held longer than a check
   (:data:`CORDON_MARGIN_SECONDS` past the DCGM check's own time) on a node healthy when it
@@ -80,6 +81,8 @@ class RepairLedger:
     def record(self, node: Node, action: str, via: str = "") -> None:
         if action not in REPAIRS:
             raise ValueError(f"action is one of {REPAIRS}")
+        if action == "quarantine" and getattr(node, "taken_at", None) is not None:
+            return  # AWS announced it takes the node: its drain condemns nothing
         self.done.append(Repair(self.now(), node.name, action, hardware_healthy(node, self.fabric()), via))
 
     def mark(self) -> None:

@@ -462,6 +462,12 @@ def _stays_cordoned(record: Record, mail: Mail, _m: re.Match[str]) -> str | None
     return None if item.get("cordon") else f"{node} is not cordoned at the end"
 
 
+def _drained_and_stays_cordoned(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
+    node = mail.field("Container instance")
+    return (None if record.drains_of(node) else f"no UpdateContainerInstancesState DRAINING of {node}") \
+        or _stays_cordoned(record, mail, m)
+
+
 def _node_kept_out(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
     node = m.group(1)
     item = mail.instances.get(node) or record.world.repo.get_instance_item(node) or {}
@@ -547,6 +553,8 @@ CLAIMS: list[tuple[str, Check]] = [
     (r"its job\(s\) (.+?) are asked to checkpoint and move \(.*\)", _jobs_asked_to_move),
     (r"no job runs on it", _no_job_there),
     (r"it stays cordoned: AWS takes the instance", _stays_cordoned),
+    (r"it is drained in ECS \(DRAINING: no scheduler places on it\) and stays cordoned: AWS takes the "
+     r"instance", _drained_and_stays_cordoned),
     (r"it returns to service after the window", _descriptive),
     (r"The job was (moved|stopped) (?:at its checkpoint \(\d+ s after it was asked\)|before AWS takes the "
      r"node \(.*\))", _moved_off_notice),

@@ -157,7 +157,15 @@ class FakeEcs:
                 "version": self.versions.get(node, 1), "ec2InstanceId": f"i-{node}"}
 
     def drain(self, container_instance_arn: str) -> str:
+        fault = self._fault("drain")
+        if fault == "refuse":
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "UpdateContainerInstancesState")
         self.drained.append(container_instance_arn)
+        if fault == "lose":
+            raise LostResponse("UpdateContainerInstancesState: response lost")
         return "draining"
 
     def put_attributes(self, container_instance: str, attributes: Mapping[str, str]) -> bool:

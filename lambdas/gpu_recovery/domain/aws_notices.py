@@ -70,6 +70,17 @@ class NoticeKind(StrEnum):
     MAINTENANCE = "scheduled_maintenance"
 
 
+#: kinds whose nodes are also drained in ECS (DRAINING: no scheduler's new task lands there, a
+#: service's tasks move off; the stack's own standalone tasks keep running until they move): a
+#: Capacity Block's end takes every instance of the block for good, on a date
+DRAINED_KINDS = frozenset({NoticeKind.CAPACITY_BLOCK_EXPIRY})
+
+
+def owes_drain(record: dict[str, Any]) -> bool:
+    """The node's notice (``Notice.as_record``) asks its drain and it is not recorded yet."""
+    return record.get("kind") in {k.value for k in DRAINED_KINDS} and not record.get("drained_at")
+
+
 @dataclass(frozen=True)
 class Notice:
     """One notice: the capacity it names and when that capacity goes."""

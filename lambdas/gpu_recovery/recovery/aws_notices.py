@@ -34,10 +34,12 @@ from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.constants import NOTICE_RETRY_SECONDS, NotificationKind
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.aws_notices import (
+    DRAINED_KINDS,
     Notice,
     NoticeKind,
     iso,
     move_bound,
+    owes_drain,
     parse_notice,
 )
 from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
@@ -146,6 +148,7 @@ class AwsNotices:
         if after is None or after.notice.get("key") != notice.key:
             return "raced"
         asked_now = self._ask_jobs(inst_id, after.notice, now)
+        after_commit("aws-notice drain", self._drain, after, now)
         self._rearm(inst_id, after.notice, now)
         done = "notice_recorded" if recorded else "notice_again"
         return done + (f"_asked_{asked_now}" if asked_now else "")
@@ -214,9 +217,12 @@ class AwsNotices:
         deadline, key = _float(record.get("deadline")), str(record["key"])
         window_end = _float(record.get("window_end"))
         comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
+        fresh = repo.get_instance(inst_id) if owes_drain(record) else None
         if deadline is None:
             repo.settle_notice(inst_id, key)
-        elif repo.live_ranks_on_instance(inst_id):
+        elif repo.live_ranks_on_instance(inst_id) or (fresh is not None and owes_drain(fresh.notice)
+                                                      and now < deadline):
+            # Jobs to move, or a drain ECS has not confirmed: looked at again within the minute.
             repo.rearm_notice(inst_id, key, max(now + 1, min(deadline, now + NOTICE_RETRY_SECONDS)))
         elif comes_back:
             repo.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
@@ -237,6 +243,7 @@ class AwsNotices:
         if deadline is None or now < deadline:
             self._stop_again(inst_id, now)
             asked_now = self._ask_jobs(inst_id, record, now)
+            after_commit("aws-notice drain", self._drain, instance, now)
             self._rearm(inst_id, record, now)
             return "notice_moving_jobs" if asked_now else "notice_waiting"
         if not record.get("ended_at"):
@@ -260,6 +267,18 @@ class AwsNotices:
                 after_commit("aws-notice uncordon", self.cordons.sync_quietly, inst_id)
             return "notice_window_over"
         return "raced"
+
+    def _drain(self, instance: Instance, now: float) -> None:
+        """A Capacity Block's node drained in ECS (``DRAINED_KINDS``): the notice is the intent;
+        DRAINING is idempotent; ECS's answer recorded after (``notice.drained_at``). Not
+        confirmed (throttled, its answer lost), it is owed: the node stays due for the sweep."""
+        record = instance.notice
+        if not owes_drain(record):
+            return
+        self.deps.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
+        if self.deps.repo.record_notice_drained(instance.container_inst_id, str(record["key"]), now):
+            logger.warning("node drained: AWS takes its capacity", extra={
+                "instance": instance.container_inst_id, "notice": record.get("kind")})
 
     def _stop_again(self, inst_id: str, now: float) -> None:
         """A moving job's rank on the node asked to stop whose stop was not confirmed (a throttled
@@ -291,6 +310,8 @@ class AwsNotices:
                 "requeued at the head of its priority; a tag-registered one keeps running and is told)"
                 if busy else "no job runs on it")
         after = ("it returns to service after the window" if notice.kind in COMES_BACK
+                 else "it is drained in ECS (DRAINING: no scheduler places on it) and stays cordoned: AWS "
+                      "takes the instance" if notice.kind in DRAINED_KINDS
                  else "it stays cordoned: AWS takes the instance")
         return self.notices.for_node(
             NotificationKind.CAPACITY_NOTICE,

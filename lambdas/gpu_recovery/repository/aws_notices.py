@@ -67,6 +67,10 @@ class AwsNoticeRecords(JobsAndRanks):
         update = self._notice_update(node, key, set_fields={f"notice.jobs.{job_key(job_id)}": dict(entry)})
         return self.db.transact([update, *also])
 
+    def record_notice_drained(self, node: str, key: str, at: float) -> bool:
+        """ECS answered the node's drain (DRAINING): recorded on the notice, after the call."""
+        return self.db.apply(self._notice_update(node, key, set_fields={"notice.drained_at": at}))
+
     def rearm_notice(self, node: str, key: str, deadline_at: float) -> bool:
         return self.db.apply(self._notice_update(node, key, deadline_at=deadline_at))
 
