@@ -343,9 +343,9 @@ class RecoveryFunctions(Construct):
                 # A node back after its reboot is uncordoned; a node now wholly free becomes a
                 # spare (its hold's attribute put); a node AWS announced is going away is marked.
                 access.placement_attributes,
-                # AWS's notices: a Capacity Block's instances (docs/aws-notices.md), drained.
+                # AWS's notices: a Capacity Block's instances (docs/aws-notices.md; the sweep
+                # drains them: this function takes no node action).
                 access.describe_capacity_reservation_instances,
-                access.update_container_instances_state,
             ],
         )
         self.sweep = self._function(

@@ -127,15 +127,21 @@ def test_a_capacity_block_warning_maps_its_reservation_to_nodes_and_drains_the_i
         assert idle.cordoned and idle.cordon["notice"] and idle.ec2_instance_id == f"i-{IDLE}"
         assert w.repo.get_job("train").state is JobState.SUSPENDING
         assert any("no job runs on it" in m.body for m in mails(w))
-        # Both of the block's nodes drained in ECS (the busy one's ranks keep running until they move).
+        # The block's nodes are due for the sweep, which drains both in ECS (the busy one's ranks
+        # keep running until they move); the instance monitor itself takes no node action.
+        assert w.ecs.drained == []
+        assert all(w.repo.get_instance(node).deadline_at <= w.now[0] + C.NOTICE_RETRY_SECONDS
+                   for node in (NODE, IDLE))
+        w.advance(C.NOTICE_RETRY_SECONDS)
+        w.service.sweep()
         assert sorted(a.rsplit("/", 1)[-1] for a in w.ecs.drained) == sorted([NODE, IDLE])
         assert all(w.repo.get_instance(node).notice.get("drained_at") for node in (NODE, IDLE))
 
 
 def test_a_drain_ecs_did_not_confirm_is_owed_and_done_by_the_sweep() -> None:
-    """Given a Capacity Block's warning for an idle node, When its drain is throttled, Then the
-    notice (the intent) stands, the node stays due, and the next sweep drains it and records
-    it; When the drain's answer is lost, the sweep drains again (idempotent) and records it.
+    """Given a Capacity Block's warning for an idle node, When the sweep's drain is throttled,
+    Then the notice (the intent) stands, the node stays due, and the next sweep drains it and
+    records it; When the drain's answer is lost, the sweep drains again (idempotent) and records it.
     Other notices (a Spot warning) do not drain: the instance may be replaced or come back."""
     for how in ("refuse", "lose"):
         with world(spare_nodes=0) as w:
@@ -143,6 +149,8 @@ def test_a_drain_ecs_did_not_confirm_is_owed_and_done_by_the_sweep() -> None:
             w.service.aws_notices.capacity = Block([IDLE])
             w.ecs.failures["drain"] = [how]
             notify(w, "capacity_block_expiry", node=IDLE, reservation_id="cr-0123456789abcdef0")
+            w.advance(C.NOTICE_RETRY_SECONDS)
+            w.service.sweep()  # its drain fails
             idle = w.repo.get_instance(IDLE)
             assert idle.notice and not idle.notice.get("drained_at"), how
             assert idle.deadline_at is not None and idle.deadline_at <= w.now[0] + C.NOTICE_RETRY_SECONDS

@@ -148,8 +148,7 @@ class AwsNotices:
         if after is None or after.notice.get("key") != notice.key:
             return "raced"
         asked_now = self._ask_jobs(inst_id, after.notice, now)
-        after_commit("aws-notice drain", self._drain, after, now)
-        self._rearm(inst_id, after.notice, now)
+        self._rearm(inst_id, after.notice, now)  # a drain it owes is the sweep's, within the minute
         done = "notice_recorded" if recorded else "notice_again"
         return done + (f"_asked_{asked_now}" if asked_now else "")
 
@@ -269,9 +268,11 @@ class AwsNotices:
         return "raced"
 
     def _drain(self, instance: Instance, now: float) -> None:
-        """A Capacity Block's node drained in ECS (``DRAINED_KINDS``): the notice is the intent;
-        DRAINING is idempotent; ECS's answer recorded after (``notice.drained_at``). Not
-        confirmed (throttled, its answer lost), it is owed: the node stays due for the sweep."""
+        """A Capacity Block's node drained in ECS (``DRAINED_KINDS``), by the sweep (the
+        instance monitor that records the notice takes no node action: least privilege): the
+        notice is the intent; DRAINING is idempotent; ECS's answer recorded after
+        (``notice.drained_at``). Not confirmed (throttled, its answer lost), it is owed: the
+        node stays due for the next sweep."""
         record = instance.notice
         if not owes_drain(record):
             return
