@@ -486,8 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"try: GPU_AGENT_API_URL={server.url} GPU_AGENT_TOKEN={token} "
                   f"GPU_AGENT_NODE_ID={args.node_id} python3 agent/gpu_node_agent.py --once", flush=True)
             try:
-                while True:
-                    time.sleep(3600)
+                while True:  # short sleeps: see Playground.serve_forever
+                    time.sleep(0.5)
             except KeyboardInterrupt:
                 pass
             finally:

@@ -411,7 +411,9 @@ class Playground:
         self.console_open.set()
         try:
             while True:
-                time.sleep(3600)
+                # Short sleeps: a Ctrl-C the kernel hands to another thread reaches Python's
+                # handler only when the main thread next runs, not at the end of a long sleep.
+                time.sleep(0.5)
         except KeyboardInterrupt:
             self.console.print("", "playground stopped")
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import pytest
+from botocore.exceptions import ReadTimeoutError
+
 from gpu_recovery import constants as C
 from gpu_recovery.domain import aws_notices as n
 from gpu_recovery.domain.placement import NOTICE, UNAVAILABLE_ATTRIBUTE
@@ -136,6 +139,38 @@ def test_a_capacity_block_warning_maps_its_reservation_to_nodes_and_drains_the_i
         w.service.sweep()
         assert sorted(a.rsplit("/", 1)[-1] for a in w.ecs.drained) == sorted([NODE, IDLE])
         assert all(w.repo.get_instance(node).notice.get("drained_at") for node in (NODE, IDLE))
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_node_whose_notice_write_failed_is_recorded_at_once_and_holds_back_no_other(failures: int) -> None:
+    """Given a Capacity Block's warning for two nodes, When the first write for one is lost
+    (executed, its answer never came), Then it is written again at once in the same delivery:
+    until it is, the scheduler may still place work there. When it fails twice, the other node
+    is recorded all the same and the delivery fails (EventBridge retries it); the retry records
+    the rest."""
+    with world(spare_nodes=0) as w:
+        w.ecs.spare_nodes = [NODE, IDLE]
+        w.service.aws_notices.capacity = Block([IDLE, NODE])  # IDLE is the first looked at
+        real = w.repo.put_instance_if_absent
+        lost: list[str] = []
+
+        def loses(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            done = real(instance, *args, **kwargs)
+            if instance.container_inst_id == IDLE and len(lost) < failures:
+                lost.append(IDLE)
+                raise ReadTimeoutError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+            return done
+
+        w.repo.put_instance_if_absent = loses  # type: ignore[method-assign]
+        if failures == 1:
+            done = notify(w, "capacity_block_expiry", reservation_id="cr-0123456789abcdef0")
+            assert set(done["nodes"]) == {NODE, IDLE}
+        else:
+            with pytest.raises(ReadTimeoutError):
+                notify(w, "capacity_block_expiry", reservation_id="cr-0123456789abcdef0")
+            assert w.repo.get_instance(NODE).cordoned and not w.repo.get_instance(IDLE).cordoned
+            notify(w, "capacity_block_expiry", reservation_id="cr-0123456789abcdef0")  # the retry
+        assert all(w.repo.get_instance(node).cordon.get("notice") for node in (NODE, IDLE)), failures
 
 
 def test_a_drain_ecs_did_not_confirm_is_owed_and_done_by_the_sweep() -> None:

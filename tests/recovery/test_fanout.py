@@ -67,14 +67,20 @@ def test_a_large_gang_is_stopped_in_batches_and_restarted_ten_ranks_per_start_ta
         assert w.queue.messages == []
 
 
+def _restart_pending(w: Any) -> None:
+    """Job "big" on WORLD nodes; its last rank exits 1, the gang stops, the node is found
+    healthy: the restart on the same nodes (application budget 1) is queued."""
+    nodes = _nodes(WORLD)
+    arns = w.register_job("big", nodes)
+    w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+    w.drain_queue()
+    _stopped_by_us(w)
+    _verdict(w, nodes[-1], 0)
+
+
 def test_a_restart_starts_identical_ranks_ten_per_call_and_tells_once() -> None:
     with world(gang_queue=True, max_app_restarts=1) as w:
-        nodes = _nodes(WORLD)
-        arns = w.register_job("big", nodes)
-        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
-        w.drain_queue()
-        _stopped_by_us(w)
-        _verdict(w, nodes[-1], 0)  # healthy: restart on the same nodes (app budget 1)
+        _restart_pending(w)
         job = w.repo.get_job("big")
         assert job.state is JobState.STARTING and job.attempt == 2
         assert [m[0]["op"] for m in w.queue.messages] == ["start"]
@@ -101,12 +107,7 @@ def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resen
     confirmed at once, not minutes later. The goodput ledger's restart ends at the last rank's
     registration (the gang waits for it), not at rank 0's."""
     with world(gang_queue=True, max_app_restarts=1) as w:
-        nodes = _nodes(WORLD)
-        arns = w.register_job("big", nodes)
-        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
-        w.drain_queue()
-        _stopped_by_us(w)
-        _verdict(w, nodes[-1], 0)
+        _restart_pending(w)
         real = w.repo.latches.arrive
         died: list[int] = []
 

@@ -29,6 +29,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.constants import NOTICE_RETRY_SECONDS, NotificationKind
@@ -91,14 +93,31 @@ class AwsNotices:
             instance_ids = self.capacity.instances_in(notice.reservation_id)
         nodes = self._nodes(instance_ids)
         done: dict[str, str] = {}
+        failed: list[Exception] = []
         for node in nodes:
             inst_id = str(node["containerInstanceArn"]).rsplit("/", 1)[-1]
-            done[inst_id] = self.apply(notice, inst_id, str(node["containerInstanceArn"]),
-                                       str(node.get("ec2InstanceId") or ""), clock.now())
+            done[inst_id] = self._apply_now(notice, inst_id, node, failed)
+        if failed:
+            raise failed[-1]  # the delivery is retried: the nodes recorded find their key
         logger.warning("AWS notice handled", extra={"kind": notice.kind.value, "key": notice.key,
                                                     "deadline": iso(notice.deadline), "nodes": done})
         return Outcome("aws_notice" if nodes else "aws_notice_no_node_of_this_cluster",
                        detail={"kind": notice.kind.value, "nodes": done, "instances": len(instance_ids)})
+
+    def _apply_now(self, notice: Notice, inst_id: str, node: dict[str, Any], failed: list[Exception]) -> str:
+        """The notice on one node, a failed call tried again at once: until it is recorded the
+        scheduler may still place work there, and the delivery's retry is a minute away (apply
+        is idempotent: the notice's key). One node failing twice holds back no other."""
+        for tries in (1, 2):
+            try:
+                return self.apply(notice, inst_id, str(node["containerInstanceArn"]),
+                                  str(node.get("ec2InstanceId") or ""), clock.now())
+            except (ClientError, BotoCoreError) as error:
+                if tries == 2:
+                    logger.error("AWS notice not recorded on a node: the delivery is retried",
+                                 extra={"instance": inst_id, "error": str(error)})
+                    failed.append(error)
+        return "failed"
 
     def _nodes(self, instance_ids: Sequence[str]) -> list[dict[str, Any]]:
         """This cluster's container instances on those EC2 instances (ListContainerInstances
@@ -216,17 +235,23 @@ class AwsNotices:
         deadline, key = _float(record.get("deadline")), str(record["key"])
         window_end = _float(record.get("window_end"))
         comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
-        fresh = repo.get_instance(inst_id) if owes_drain(record) else None
         if deadline is None:
             repo.settle_notice(inst_id, key)
-        elif repo.live_ranks_on_instance(inst_id) or (fresh is not None and owes_drain(fresh.notice)
-                                                      and now < deadline):
+        elif repo.live_ranks_on_instance(inst_id) or (now < deadline and self._drain_owed(inst_id, record)):
             # Jobs to move, or a drain ECS has not confirmed: looked at again within the minute.
             repo.rearm_notice(inst_id, key, max(now + 1, min(deadline, now + NOTICE_RETRY_SECONDS)))
         elif comes_back:
             repo.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
         else:
             repo.settle_notice(inst_id, key)
+
+    def _drain_owed(self, inst_id: str, record: dict[str, Any]) -> bool:
+        """The notice asks a drain ECS has not confirmed (read again: the sweep may have just
+        recorded it)."""
+        if not owes_drain(record):
+            return False
+        fresh = self.deps.repo.get_instance(inst_id)
+        return fresh is not None and owes_drain(fresh.notice)
 
     # ------------------------------------------------------------------ the sweep
     def sweep(self, inst_id: str, now: float) -> str:

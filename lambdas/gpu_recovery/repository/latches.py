@@ -89,34 +89,31 @@ class LatchRepository:
         return self._union(job_id, attempt, world_size, "nodes")
 
     def _union(self, job_id: str, attempt: int, world_size: int, attribute: str) -> set[str]:
-        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
-        found: set[str] = set()
-        for item in self.base.db.batch_get(self.table, keys):
-            found.update(str(n) for n in item.get(attribute) or ())
-        return found
+        return {str(n) for item in self._shard_items(job_id, attempt, range(shard_count(world_size)))
+                for n in item.get(attribute) or ()}
+
+    def _shard_items(self, job_id: str, attempt: int, shards: Iterable[int]) -> list[dict[str, Any]]:
+        """The attempt's latch shards ``shards``, as stored (one BatchGetItem per 100)."""
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in shards]
+        return list(self.base.db.batch_get(self.table, keys)) if keys else []
 
     def last_registered_at(self, job_id: str, attempt: int, world_size: int) -> float | None:
         """When the attempt's last rank was registered (``ceil(n / 64)`` items, read once per
         restart, only when its confirmation came late: a batch a broken call held back)."""
-        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
-        times = [float(t) for item in self.base.db.batch_get(self.table, keys)
+        times = [float(t) for item in self._shard_items(job_id, attempt, range(shard_count(world_size)))
                  for t in from_ddb(item).get(REGISTERED_AT) or ()]
         return max(times) if times else None
 
     def registered(self, job_id: str, attempt: int, world_size: int) -> set[int]:
         """The attempt's registered ranks (``ceil(n / 64)`` items: only when some are missing)."""
-        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
-        found: set[int] = set()
-        for item in self.base.db.batch_get(self.table, keys):
-            found.update(int(r) for r in from_ddb(item).get(Latch.REGISTERED.value) or ())
-        return found
+        return {int(r) for item in self._shard_items(job_id, attempt, range(shard_count(world_size)))
+                for r in from_ddb(item).get(Latch.REGISTERED.value) or ()}
 
     def addresses(self, job_id: str, attempt: int, ranks: Iterable[int]) -> dict[int, str]:
         """The preflight addresses ``ranks`` (a few group leaders) reported, by rank."""
         wanted = set(ranks)
-        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in sorted({shard_of(r) for r in wanted})]
         found: dict[int, str] = {}
-        for item in self.base.db.batch_get(self.table, keys) if keys else []:
+        for item in self._shard_items(job_id, attempt, sorted({shard_of(r) for r in wanted})):
             for entry in item.get(PREFLIGHT_ADDRESSES) or ():
                 rank, _, address = str(entry).partition("|")
                 if rank.isdigit() and int(rank) in wanted:
@@ -126,9 +123,5 @@ class LatchRepository:
     def arrived(self, job_id: str, attempt: int, ranks: Iterable[int], latch: Latch) -> set[int]:
         """Which of ``ranks`` (of one or a few shards) arrived at ``latch``."""
         wanted = set(ranks)
-        shards = sorted({shard_of(r) for r in wanted})
-        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in shards]
-        found: set[int] = set()
-        for item in self.base.db.batch_get(self.table, keys):
-            found.update(int(r) for r in from_ddb(item).get(latch.value) or ())
-        return found & wanted
+        return {int(r) for item in self._shard_items(job_id, attempt, sorted({shard_of(r) for r in wanted}))
+                for r in from_ddb(item).get(latch.value) or ()} & wanted
