@@ -71,7 +71,7 @@ SUSPEND_COUNTERS = ("SuspendsRequested", "SuspendsForced", "JobsSuspended")
 # before the deadline, jobs stopped at the deadline without a checkpoint, and jobs still on a
 # node when AWS took it (they crashed with it).
 NOTICE_COUNTERS = ("AwsNotices", "NoticeJobsMovedBeforeDeadline", "NoticeJobsStoppedUnsaved",
-                   "NoticeJobsCrashed")
+                   "NoticeJobsStopped", "NoticeJobsCrashed")
 BUSINESS_COUNTERS = RECOVERY_COUNTERS + QUARANTINE_COUNTERS + SUSPEND_COUNTERS
 RUNBOOK = "Runbook: docs/operations.md of the gpu-training-recovery repository."
 # Jobs past their due time: OverdueJobs > 0 in this many one-minute runs of the sweep in a row.

@@ -333,7 +333,7 @@ class RecoveryFunctions(Construct):
             "InstanceMonitor",
             handler="handlers.ecs_instance_monitor.lambda_handler",
             service="ecs-instance-monitor",
-            description="Container instance back after reboot: gang-restart waiting jobs",
+            description="Container instance back after reboot: gang-restart waiting jobs; AWS's notices",
             permissions=[
                 access.start_task,
                 access.describe_tasks,
@@ -344,8 +344,10 @@ class RecoveryFunctions(Construct):
                 # spare (its hold's attribute put); a node AWS announced is going away is marked.
                 access.placement_attributes,
                 # AWS's notices: a Capacity Block's instances (docs/aws-notices.md; the sweep
-                # drains them: this function takes no node action).
+                # drains them: this function takes no node action); a job with no control
+                # channel on a node a Spot warning names is stopped at once, to move.
                 access.describe_capacity_reservation_instances,
+                access.stop_task,
             ],
         )
         self.sweep = self._function(

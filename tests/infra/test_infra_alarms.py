@@ -151,7 +151,7 @@ def test_the_dashboard_counts_aws_notices_and_their_jobs(default_synth: Synth) -
     (dashboard,) = default_synth.resources("AWS::CloudWatch::Dashboard").values()
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     for metric in ("AwsNotices", "NoticeJobsMovedBeforeDeadline", "NoticeJobsStoppedUnsaved",
-                   "NoticeJobsCrashed"):
+                   "NoticeJobsStopped", "NoticeJobsCrashed"):
         assert metric in body, metric
     assert "AWS notices" in body
 

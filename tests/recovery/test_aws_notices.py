@@ -209,6 +209,75 @@ def test_a_tag_registered_job_keeps_running_and_is_told() -> None:
         assert w.repo.get_instance(NODE).cordoned
 
 
+def test_a_relocatable_tag_registered_job_is_stopped_before_the_deadline_and_moves_spending_nothing() -> None:
+    """Given a tag-registered relocatable job (no control channel) on a node a scheduled
+    retirement names, Then it keeps running (told when it will be stopped) until two sweep
+    periods before the stop margin; the sweep then stops every rank and relocates it as a fault
+    of its own (the node UNAVAILABLE, no check, no node action, no budget); it restarts on
+    another node, never the announced one; a repeated sweep stops nothing more."""
+    with world() as w:
+        w.ecs.spare_nodes = [IDLE]
+        arns = w.register_job("tagged", [PEER, NODE], tags={C.TAG_RELOCATABLE: "true"})
+        done = notify(w, "scheduled_retirement", lead_seconds=600)
+        deadline = float(w.repo.get_instance(NODE).notice["deadline"])
+        told = [m for m in mails(w) if m.job_id == "tagged"]
+        assert len(told) == 1 and "keeps running until" in told[0].body
+        # Two sweep periods before the stop margin: one for the sweep to come, one for a retry.
+        stop_at = n.stop_at(deadline, C.RECOVERY_SWEEP_RATE_SECONDS)
+        assert stop_at == deadline - n.STOP_MARGIN_SECONDS - 120
+        assert w.repo.get_instance(NODE).deadline_at == w.now[0] + C.NOTICE_RETRY_SECONDS, done
+        w.now[0] = stop_at - 1
+        w.service.sweep()
+        assert w.repo.get_job("tagged").state is JobState.RUNNING and w.ecs.stop_calls == []
+        assert w.repo.get_instance(NODE).deadline_at == stop_at
+        w.now[0] = stop_at
+        w.service.sweep()
+        _moved(w, "tagged", arns)
+
+
+def test_a_spot_warning_stops_and_moves_a_relocatable_tag_registered_job_at_once() -> None:
+    """Two minutes leave no sweep to wait for: the invocation that records the notice stops
+    the job and moves it (its only e-mail says so)."""
+    with world() as w:
+        w.ecs.spare_nodes = [IDLE]
+        arns = w.register_job("tagged", [PEER, NODE], tags={C.TAG_RELOCATABLE: "true"})
+        notify(w, "spot_interruption")
+        _moved(w, "tagged", arns)
+        assert [m.subject for m in mails(w) if m.job_id == "tagged"] == [
+            next(m.subject for m in mails(w) if m.job_id == "tagged" and "moved off" in m.subject.lower())]
+
+
+def _moved(w: World, job_id: str, arns: list[str]) -> None:
+    """The job stopped and relocated off NODE, nothing spent, no check, no node action; then
+    restarted on PEER and IDLE once its ranks stopped."""
+    job = w.repo.get_job(job_id)
+    assert job.state is JobState.PENDING_RESTART and job.relocate, job.state
+    assert sorted(w.ecs.stop_calls) == sorted(arns)
+    assert w.repo.faults.labels(job) == {NODE: "UNAVAILABLE"}
+    assert (job.recoveries_used, job.app_restarts_used) == (0, 0)
+    assert w.ecs.health_checks_on(NODE) == [] and w.rebooter.calls == []  # no check, no node action
+    w.service.sweep()  # again: nothing more is stopped or charged
+    assert sorted(w.ecs.stop_calls) == sorted(arns)
+    for arn in arns:
+        w.service.on_task_state_change(w.task_stopped(
+            arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: moved"))
+    job = w.repo.get_job(job_id)
+    assert job.attempt == 2 and job.state in (JobState.STARTING, JobState.RUNNING), job.state
+    placed = sorted(r.container_inst_id for r in w.repo.get_ranks(job))
+    assert placed == sorted([PEER, IDLE]) and (job.recoveries_used, job.app_restarts_used) == (0, 0)
+    moved = [m for m in mails(w) if m.job_id == job_id and "moved off" in m.subject.lower()]
+    assert len(moved) == 1, [m.subject for m in mails(w)]
+
+
+def test_a_tag_registered_job_that_cannot_move_is_not_stopped() -> None:
+    with world() as w:
+        w.register_job("tagged", [PEER, NODE])
+        notify(w, "spot_interruption")
+        w.now[0] = float(w.repo.get_instance(NODE).notice["deadline"]) - n.STOP_MARGIN_SECONDS
+        w.service.sweep()
+        assert w.repo.get_job("tagged").state is JobState.RUNNING and w.ecs.stop_calls == []
+
+
 def test_after_a_reboot_maintenance_window_the_node_returns_to_service() -> None:
     with world() as w:
         w.ecs.spare_nodes = [NODE]

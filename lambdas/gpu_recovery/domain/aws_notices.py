@@ -58,6 +58,9 @@ CAPACITY_BLOCK_TERMINATION_LEAD_SECONDS = 10 * 60  # its instances start termina
 #: a queue job that has not called go_suspend() this long before the deadline is stopped (its
 #: ranks get SIGTERM, then SIGKILL after the task's stopTimeout, 30 s by default)
 STOP_MARGIN_SECONDS = 45
+#: ``FaultTally.opened_by`` of the move of a job with no control channel off an announced node:
+#: stopped shortly before the deadline, relocated, no budget spent
+NOTICE_FAULT = "aws_notice"
 
 
 class NoticeKind(StrEnum):
@@ -226,3 +229,25 @@ def enough_notice(deadline: float | None, now: float, grace_seconds: int) -> boo
     """Whether a job told now has its grace before the stop margin: the guarantee's premise
     (every job given ``suspend_grace_seconds`` + 60 s of notice is off the node in time)."""
     return deadline is None or deadline - now >= grace_seconds + STOP_MARGIN_SECONDS
+
+
+def stop_at(deadline: float, sweep_every_seconds: float) -> float:
+    """When a job that cannot be asked to checkpoint (no control channel) is stopped: two sweep
+    periods before the stop margin, one for the periodic sweep that stops it to come once it is
+    due, one for the next sweep to send the stop again if a call of the first failed; so its
+    ranks get SIGTERM by the margin (then SIGKILL after the task's stopTimeout) before AWS
+    takes the node. A Spot warning (two minutes) is stopped at once."""
+    return deadline - STOP_MARGIN_SECONDS - 2 * sweep_every_seconds
+
+
+def stop_due(deadline: float | None, now: float, sweep_every_seconds: float) -> bool:
+    return deadline is not None and now >= stop_at(deadline, sweep_every_seconds)
+
+
+def next_look(deadline: float, now: float, every_seconds: float, sweep_every_seconds: float) -> float:
+    """When a node with jobs on it is looked at again: within ``every_seconds``, when its jobs
+    with no control channel are due to be stopped (the next sweep, once they are), and at the
+    deadline."""
+    stop = stop_at(deadline, sweep_every_seconds)
+    due = min(deadline, now + every_seconds, stop if stop > now else now)
+    return max(now + 1, due)

@@ -54,7 +54,8 @@ class FaultTally:
     shard_decided: int = 0  # healthy verdicts counted on the tally shards (not on the job item)
     shard_infra: int = 0  # of which charged to the infrastructure budget
     # What opened the fault, when it was not a rank's own end: "preflight" (the gang preflight
-    # pinned nodes before the attempt trained; the fault spends no budget however it ends).
+    # pinned nodes before the attempt trained; the fault spends no budget however it ends), or
+    # "aws_notice" (a job with no control channel moved off a node AWS takes: no budget).
     opened_by: str = ""
 
     @classmethod

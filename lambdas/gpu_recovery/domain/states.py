@@ -139,7 +139,7 @@ class SuspectVerdict(str, Enum):
     QUARANTINED = "QUARANTINED"
     OPERATOR_ACTION = "OPERATOR_ACTION"
     TIMEOUT = "TIMEOUT"
-    UNAVAILABLE = "UNAVAILABLE"
+    UNAVAILABLE = "UNAVAILABLE"  # AWS takes the node (a notice): the job moves, the node is not suspected
     BLOCKED = "BLOCKED"  # needed a node action that was not carried out (observe mode, breaker)
     # The job moved to a spare before the verdict (spare first): the verdict is the node's only.
     LEFT = "LEFT"

@@ -13,8 +13,10 @@ The instance monitor receives them (``event_patterns.ec2_notice_pattern`` /
   deadline to call go_suspend(); one that has not by then is stopped (its ranks SIGTERM'd, the
   job back at the head of its queue), so no rank is still there when AWS takes the node. A job
   whose capacity is gone and that cannot be placed elsewhere waits in the queue with the notice
-  as its reason, never FAILED. A tag-registered job has no control channel: it keeps running,
-  and is told (its ranks end with the node; the ordinary recovery restarts it);
+  as its reason, never FAILED. A tag-registered job has no control channel: a relocatable one
+  runs until ``stop_at`` (at once on a Spot warning), then its ranks are stopped and it is
+  relocated as a fault of its own that spends no budget (the node ``UNAVAILABLE`` for it: no
+  check, no node action); one that cannot move keeps running and is told;
 * **idle**: left out of service until the window. At the deadline the sweep counts the jobs
   that were still there (they crash with the node); after a maintenance window (reboot,
   system maintenance) the node returns: the notice and its cordon go.
@@ -26,27 +28,31 @@ retried delivery, or the sweep after a delivery died finds the step done and goe
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed
-from gpu_recovery.constants import NOTICE_RETRY_SECONDS, NotificationKind
-from gpu_recovery.domain import placement
+from gpu_recovery.constants import NOTICE_RETRY_SECONDS, RECOVERY_SWEEP_RATE_SECONDS, NotificationKind
+from gpu_recovery.domain import goodput, placement
 from gpu_recovery.domain.aws_notices import (
     DRAINED_KINDS,
+    NOTICE_FAULT,
+    STOP_MARGIN_SECONDS,
     Notice,
     NoticeKind,
     iso,
     move_bound,
+    next_look,
     owes_drain,
     parse_notice,
+    stop_due,
 )
 from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
 from gpu_recovery.domain.gpu_warnings import asked, job_entry
-from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState
@@ -70,11 +76,17 @@ class CapacityPort(Protocol):
 
 
 class AwsNotices:
-    def __init__(self, deps: Deps, cordons: Any, notices: Any, capacity: CapacityPort | None = None) -> None:
+    def __init__(self, deps: Deps, cordons: Any, notices: Any, capacity: CapacityPort | None = None, *,
+                 stop_gang: Callable[[Job], Any] | None = None,
+                 reserve_nodes: Callable[[Job], Any] | None = None) -> None:
         self.deps = deps
         self.cordons = cordons  # recovery.cordons.Cordons: the attribute put after the commit
         self.notices = notices  # recovery.notices: the e-mails' outbox
         self.capacity = capacity
+        # A job moved off the node by a stop (no control channel): its stop intent sent
+        # (GangOps.stop) and its nodes reserved for its restart (PlacementHolds.on_fault).
+        self.stop_gang = stop_gang
+        self.reserve_nodes = reserve_nodes
 
     # ------------------------------------------------------------------ the event
     def on_event(self, event: dict[str, Any]) -> Outcome:
@@ -129,10 +141,11 @@ class AwsNotices:
             query = f"ec2InstanceId in [{listed}]"
             try:
                 # A node just listed that DescribeContainerInstances answers MISSING (ECS is
-                # eventually consistent) is not dropped: asked again at once, then the delivery
-                # fails and is retried (a notice of two minutes has no minute to lose).
+                # eventually consistent), or a throttled call, is not given up: asked again at
+                # once, then the delivery fails and is retried (a notice of two minutes has no
+                # minute to lose).
                 found.extend(self.deps.ecs.container_instances(query=query, missing_ok=False))
-            except EcsActionFailed:
+            except (EcsActionFailed, ClientError, BotoCoreError):
                 found.extend(self.deps.ecs.container_instances(query=query, missing_ok=False))
         return found
 
@@ -167,6 +180,9 @@ class AwsNotices:
         if after is None or after.notice.get("key") != notice.key:
             return "raced"
         asked_now = self._ask_jobs(inst_id, after.notice, now)
+        if stop_due(_float(after.notice.get("deadline")), now, RECOVERY_SWEEP_RATE_SECONDS):
+            # Due already (a Spot warning's two minutes): stopped now, not at the next sweep.
+            asked_now += self._stop_and_move(inst_id, after.notice, now)
         self._rearm(inst_id, after.notice, now)  # a drain it owes is the sweep's, within the minute
         done = "notice_recorded" if recorded else "notice_again"
         return done + (f"_asked_{asked_now}" if asked_now else "")
@@ -174,10 +190,13 @@ class AwsNotices:
     def _ask_jobs(self, inst_id: str, record: dict[str, Any], now: float) -> int:
         repo = self.deps.repo
         count = 0
+        stopping = stop_due(_float(record.get("deadline")), now, RECOVERY_SWEEP_RATE_SECONDS)
         for job_id in sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)}):
             job = repo.get_job(job_id)
             if job is None or asked(record, job_id, job.attempt) or job.state not in _STARTED:
                 continue
+            if stopping and self._stoppable(job):
+                continue  # stopped and moved now (``_stop_and_move``): told then
             count += self._ask(inst_id, record, job, now)
         return count
 
@@ -211,20 +230,111 @@ class AwsNotices:
             return int(done)
         owed = None
         if job.state is JobState.RUNNING:
-            stays = ("it is not a queue job: nothing can ask it to checkpoint" if not job.is_queue_job
-                     else "observe mode for stop_tasks / restart_job: the move is only recorded")
-            owed = self.notices.for_job(
-                job, None, NotificationKind.CAPACITY_NOTICE, "Job runs on a node AWS takes away",
-                what_happened=f"AWS announced for node {inst_id}: {why}",
-                what_was_done=(f"The job keeps running ({stays}); {inst_id} takes no new work; when AWS "
-                               "takes the node, the job's ranks there end and the recovery restarts it from "
-                               "its last checkpoint on other nodes"),
-                operator_action=("To lose no work, stop the job at a checkpoint of yours before "
-                                 f"{iso(deadline)} and start it again: it will not land on this node."))
+            owed = self._told(inst_id, job, why, deadline)
         entry = job_entry(job.job_id, job.attempt, now, "stays")
         if repo.note_notice_job(inst_id, key, job.job_id, entry, also=self.notices.owe([owed], now)):
             self.notices.send([owed])
         return 0
+
+    def _stoppable(self, job: Job) -> bool:
+        """A job with no control channel the stack moves itself by a stop before the deadline:
+        tag-registered, relocatable (every task tagged so), stops and restarts executed."""
+        modes = self.deps.policy.modes
+        return (not job.is_queue_job and job.relocatable_tags and modes.executes(Effect.STOP_TASKS)
+                and modes.executes(Effect.RESTART_JOB))
+
+    def _told(self, inst_id: str, job: Job, why: str, deadline: float | None) -> Owed:
+        """The e-mail to the owner of a job that cannot be asked to checkpoint."""
+        if self._stoppable(job) and deadline is not None:
+            done = ("The job keeps running until shortly before the deadline (its ranks get SIGTERM by "
+                    f"{iso(deadline - STOP_MARGIN_SECONDS)}, then SIGKILL after the task's stopTimeout); it "
+                    "then restarts on other nodes from its last checkpoint, without spending a recovery")
+            action = ("To lose no work, save a checkpoint on SIGTERM, or stop the job at a checkpoint of "
+                      f"yours before {iso(deadline)} and start it again: it will not land on this node.")
+        else:
+            stays = ("it is not a queue job: nothing can ask it to checkpoint, and it is not relocatable"
+                     if not job.is_queue_job else "observe mode for stop_tasks / restart_job: the move is "
+                                                  "only recorded")
+            done = (f"The job keeps running ({stays}); when AWS takes the node, the job's ranks there end "
+                    "and the recovery restarts it from its last checkpoint")
+            action = ("To lose no work, stop the job at a checkpoint of yours before "
+                      f"{iso(deadline)} and start it again: it will not land on this node.")
+        return self.notices.for_job(
+            job, None, NotificationKind.CAPACITY_NOTICE, "Job runs on a node AWS takes away",
+            what_happened=f"AWS announced for node {inst_id}: {why}",
+            what_was_done=f"{done}; {inst_id} takes no new work", operator_action=action)
+
+    def _stop_and_move(self, inst_id: str, record: dict[str, Any], now: float) -> int:
+        """Once due (``stop_at``): each job with no control channel still on the node
+        (tag-registered, relocatable) stopped and relocated, as a fault of its own that spends no
+        budget. A failed call is tried again at once (a Spot warning leaves no sweep to spare);
+        failing twice, the job's deadline has the sweep send its stop. A job that cannot move
+        keeps running (its owner was told)."""
+        moved = 0
+        on_node: dict[str, Rank] = {}
+        for rank in self.deps.repo.live_ranks_on_instance(inst_id):
+            on_node.setdefault(rank.job_id, rank)
+        for job_id, rank in sorted(on_node.items()):
+            for tries in (1, 2):
+                try:
+                    count, settled = self._move_one(inst_id, record, job_id, rank, now)
+                except (ClientError, BotoCoreError) as error:
+                    count, settled = 0, False
+                    logger.warning("a call of a job's move off an announced node failed",
+                                   extra={"job_id": job_id, "instance": inst_id, "error": str(error)})
+                moved += count
+                if settled:
+                    break
+                if tries == 2:
+                    logger.error("job on a node AWS takes not stopped yet: the sweep tries again",
+                                 extra={"job_id": job_id, "instance": inst_id})
+        return moved
+
+    def _move_one(self, inst_id: str, record: dict[str, Any], job_id: str, rank: Rank,
+                  now: float) -> tuple[int, bool]:
+        """One job off the node: its move committed (one transaction: ``move_job_off_notice``),
+        then its nodes reserved for its restart and every rank's stop sent. Each step finds the
+        one before done on a retry: the commit is conditioned on the job RUNNING in that
+        attempt, the stop intent is sent until recorded sent. Returns (jobs moved now, whether
+        nothing is left to do)."""
+        repo = self.deps.repo
+        key, deadline = str(record["key"]), _float(record.get("deadline"))
+        job = repo.get_job(job_id)
+        if job is None or job.attempt != rank.attempt or not self._stoppable(job):
+            return 0, True
+        moved = 0
+        if job.state is JobState.RUNNING:
+            why = str(record.get("why") or "AWS notice")
+            reason = (f"moved off {inst_id} before AWS takes it ({why}): every rank stopped at "
+                      f"{iso(now)}; it restarts on other nodes from its last checkpoint, no recovery spent")
+            owed = self.notices.for_job(
+                job, None, NotificationKind.CAPACITY_NOTICE, "Job moved off a node AWS takes away",
+                what_happened=f"AWS announced for node {inst_id}: {why}",
+                what_was_done=("Every rank of the job was stopped (SIGTERM, then SIGKILL after the task's "
+                               f"stopTimeout) before {iso(deadline)}; it restarts on other nodes from its "
+                               "last checkpoint; no recovery was spent"),
+                operator_action="None: the restart is automatic (gpujobs show / the recovered e-mail).")
+            checkpoint_at = goodput.checkpoint_before(job.checkpoint, now)
+            ledger = goodput.fault_marks(fault_at=now, checkpoint_at=checkpoint_at, node=inst_id,
+                                         rule=f"aws-notice:{record.get('kind')}")
+            if not repo.move_job_off_notice(inst_id, key, job, rank.rank,
+                                            job_entry(job_id, job.attempt, now, "stopped"),
+                                            reason=reason, now=now, deadline_at=now + NOTICE_RETRY_SECONDS,
+                                            ledger=ledger, also=self.notices.owe([owed], now)):
+                return 0, False  # raced (or its answer lost): read again
+            moved = 1
+            self.notices.send([owed])
+            self.deps.metrics.add_metric("NoticeJobsStopped", "Count", 1)
+            logger.warning("job with no control channel stopped before AWS takes its node", extra={
+                "job_id": job_id, "instance": inst_id, "deadline": iso(deadline)})
+            job = repo.get_job(job_id) or job
+            if self.reserve_nodes is not None:
+                after_commit("reserve the job's nodes", self.reserve_nodes, job)
+        unsent = (job.state is JobState.PENDING_RESTART and job.tally.opened_by == NOTICE_FAULT
+                  and bool(job.stop_fanout) and not job.stop_fanout.get("sent_at"))
+        if unsent and self.stop_gang is not None:
+            return moved, bool(self.stop_gang(job))
+        return moved, True
 
     def _rearm(self, inst_id: str, record: dict[str, Any], now: float) -> None:
         """When the node is looked at again: each minute while jobs run on it (those not asked
@@ -238,8 +348,10 @@ class AwsNotices:
         if deadline is None:
             repo.settle_notice(inst_id, key)
         elif repo.live_ranks_on_instance(inst_id) or (now < deadline and self._drain_owed(inst_id, record)):
-            # Jobs to move, or a drain ECS has not confirmed: looked at again within the minute.
-            repo.rearm_notice(inst_id, key, max(now + 1, min(deadline, now + NOTICE_RETRY_SECONDS)))
+            # Jobs to move, or a drain ECS has not confirmed: looked at again within the minute
+            # (and when the jobs with no control channel are due to be stopped: ``stop_at``).
+            repo.rearm_notice(inst_id, key, next_look(deadline, now, NOTICE_RETRY_SECONDS,
+                                                      RECOVERY_SWEEP_RATE_SECONDS))
         elif comes_back:
             repo.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
         else:
@@ -267,6 +379,8 @@ class AwsNotices:
         if deadline is None or now < deadline:
             self._stop_again(inst_id, now)
             asked_now = self._ask_jobs(inst_id, record, now)
+            if stop_due(deadline, now, RECOVERY_SWEEP_RATE_SECONDS):
+                asked_now += self._stop_and_move(inst_id, record, now)
             after_commit("aws-notice drain", self._drain, instance, now)
             self._rearm(inst_id, record, now)
             return "notice_moving_jobs" if asked_now else "notice_waiting"
@@ -309,15 +423,15 @@ class AwsNotices:
     def _stop_again(self, inst_id: str, now: float) -> None:
         """A moving job's rank on the node asked to stop whose stop was not confirmed (a throttled
         StopTask, a lost answer): asked again now, not at the gang stop's paced re-ask (minutes):
-        the node goes at the deadline."""
+        the node goes at the deadline. Moving: a queue job suspending to move, or a job with no
+        control channel stopped to move (``_stop_and_move``)."""
         repo = self.deps.repo
         for rank in repo.live_ranks_on_instance(inst_id):
             asked_at = rank.stop_requested_at or now
             if rank.state is not RankState.STOP_REQUESTED or asked_at > now - RESTOP_AFTER_SECONDS:
                 continue
             job = repo.get_job(rank.job_id)
-            if job is None or job.state is not JobState.SUSPENDING or job.attempt != rank.attempt \
-                    or not (job.suspend.get("avoid") or {}).get("notice"):
+            if job is None or job.attempt != rank.attempt or not _moving_off_notice(job):
                 continue
             why = str(job.stop_fanout.get("why") or "suspended: AWS takes the node")
             self.deps.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255])
@@ -349,6 +463,11 @@ class AwsNotices:
                              "elsewhere when capacity exists. To return a node that stays cordoned: "
                              "gpu-recovery-admin uncordon."),
             details=[f"notice key: {notice.key}", f"deadline: {iso(notice.deadline)}"])
+
+
+def _moving_off_notice(job: Job) -> bool:
+    return ((job.state is JobState.SUSPENDING and bool((job.suspend.get("avoid") or {}).get("notice")))
+            or (job.state is JobState.PENDING_RESTART and job.tally.opened_by == NOTICE_FAULT))
 
 
 def _more_urgent(new: Notice, current: dict[str, Any]) -> bool:

@@ -89,7 +89,8 @@ class RecoveryService:
                              self.suspensions, self.gang, self.preflights, self.warnings)
         self.sweeper.validations = self.validations
         # AWS's notices that capacity goes away (docs/aws-notices.md).
-        self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, self.ranks.notices, capacity)
+        self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, self.ranks.notices, capacity,
+                                      stop_gang=self.gang.stop, reserve_nodes=self.placement.on_fault)
         self.sweeper.aws_notices = self.aws_notices
 
     # The ports, for callers that share them (queue scheduler, tests).

@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpu_recovery.domain.aws_notices import NOTICE_FAULT
+from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.gpu_warnings import job_key
-from gpu_recovery.domain.states import JobState
+from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 
@@ -59,6 +62,31 @@ class AwsNoticeRecords(JobsAndRanks):
             job_id, JobState.SUSPENDING, from_states=[JobState.RUNNING], attempt=attempt, reason=reason,
             actor="recovery", set_fields={"suspend": dict(suspend), **self.job_deadline_fields(deadline_at)})
         return self.db.transact([node_update, job_update, *also])
+
+    def move_job_off_notice(self, node: str, key: str, job: Job, rank: int, entry: Mapping[str, Any], *,
+                            reason: str, now: float, deadline_at: float, ledger: Mapping[str, Any],
+                            also: Sequence[Update] = ()) -> bool:
+        """A job with no control channel (tag-registered, relocatable) leaves the announced node
+        shortly before its deadline, in one transaction: the job noted on the node's notice;
+        RUNNING -> PENDING_RESTART to relocate, a fault of its own (opened by the notice, the
+        node decided UNAVAILABLE: no check, no node action, no budget) with the intent to stop
+        every rank; the node's suspect item decided; the node named a suspect at the attempt's
+        latch on ``rank``'s shard (so the fault counts it once every rank ended)."""
+        node_update = self._notice_update(node, key,
+                                          set_fields={f"notice.jobs.{job_key(job.job_id)}": dict(entry)})
+        tally = FaultTally(attempt=job.attempt, decided=1, fatal=1, opened_by=NOTICE_FAULT)
+        job_update = self.job_transition(
+            job.job_id, JobState.PENDING_RESTART, from_states=[JobState.RUNNING], attempt=job.attempt,
+            reason=reason, actor="recovery",
+            set_fields={"fault": tally.to_item(), "fault_started_at": now, "relocate": True,
+                        "restart_reason": reason[:500], **self.stop_fanout_fields(job.attempt, reason, now),
+                        **self.job_deadline_fields(deadline_at)},
+            ledger=ledger)
+        suspect = self.faults.decide_suspect(
+            job, node, SuspectVerdict.UNAVAILABLE, findings={"source": "aws notice", "why": reason[:300]},
+            record=None, rebooting=False, now=now)
+        arrival = self.latches.suspect_arrival(job.job_id, job.attempt, rank, node)
+        return self.db.transact([node_update, job_update, suspect, arrival, *also])
 
     def note_notice_job(self, node: str, key: str, job_id: str, entry: Mapping[str, Any],
                         also: Sequence[Update] = ()) -> bool:

@@ -72,6 +72,12 @@ class LatchRepository:
                 complete.add(latch)
         return Arrival(frozenset(complete))
 
+    def suspect_arrival(self, job_id: str, attempt: int, rank: int, node: str) -> Update:
+        """``node`` named a suspect of the attempt's fault on ``rank``'s shard, as an update for
+        a caller's transaction (``arrive`` with no latch, committed with the fault it names)."""
+        return Update(table=self.table, key={JOB_PK: latch_shard_key(job_id, attempt, shard_of(rank))},
+                      set_fields={"item_type": "LATCH"}, add_to_sets={"susp": {node}})
+
     def complete(self, job_id: str, attempt: int, world_size: int) -> frozenset[Latch]:
         """The attempt's complete latches (one read: the head)."""
         head = self.base.db.get(self.table, {JOB_PK: latch_head_key(job_id, attempt)}) or {}
