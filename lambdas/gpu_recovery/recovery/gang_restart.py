@@ -82,7 +82,8 @@ _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the
 
 
 class GangRestart:
-    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps, *,
+                 request_suspend: Callable[..., bool] | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.gang = gang
@@ -97,7 +98,7 @@ class GangRestart:
         self.on_released: Callable[[str], Any] | None = None
         # Suspends a queue job a spare is lent to (``Suspensions.request``) when a waiting
         # relocation needs the spare back.
-        self.request_suspend: Callable[..., bool] | None = None
+        self.request_suspend = request_suspend
 
     def relocatable(self, job: Job, ranks: list[Rank] | None = None) -> bool:
         """Queue jobs always; tag-registered jobs only when every rank's task carries

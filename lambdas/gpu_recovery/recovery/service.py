@@ -63,35 +63,35 @@ class RecoveryService:
                          policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
         self.ranks = RankOperations(self.deps)
         self.gang = GangOps(self.deps, self.ranks, gang_queue)
-        self.restarts = GangRestart(self.deps, self.ranks, self.gang)
+        self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
+        # A waiting relocation takes back the spares lent to queue jobs (their suspension).
+        self.restarts = GangRestart(self.deps, self.ranks, self.gang,
+                                    request_suspend=self.suspensions.request)
         self.reboots = Reboots(self.deps, self.ranks, self.restarts)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts)
         self.unreachable = NodeUnreachable(self.deps, self.remediation)
         # Every repaired node's return (reboot, GPU reset) goes through its validation.
         self.validations = Validations(self.deps, self.reboots, self.remediation)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
-        self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
         self.warnings = GpuWarnings(self.deps, self.remediation)
-        self.suspensions.on_moved = self.warnings.after_move  # a job left a warned node
-        self.restarts.request_suspend = self.suspensions.request  # lent spares taken back
-        self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
-                                 self.suspensions, self.gang)
-        self.gang.on_task_stopped = self._lost_stopped_event
-        self.breaker = BreakerOperations(self.deps, self.remediation)
         self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
-        self.reboots.cordons.before_sweep = self.placement.refresh
-        self.restarts.on_released = self.placement.after_restart
-        self.faults.on_fault = self.placement.on_fault
-        self.faults.on_task_stopped = self.placement.on_task_stopped
+        self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
+                                 self.suspensions, self.gang, on_fault=self.placement.on_fault,
+                                 on_task_stopped=self.placement.on_task_stopped)
+        self.breaker = BreakerOperations(self.deps, self.remediation)
         self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang,
                                                                   on_fault=self.placement.on_fault))
-        self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
-                             self.suspensions, self.gang, self.preflights, self.warnings)
-        self.sweeper.validations = self.validations
         # AWS's notices that capacity goes away (docs/aws-notices.md).
         self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, self.ranks.notices, capacity,
                                       stop_gang=self.gang.stop, reserve_nodes=self.placement.on_fault)
-        self.sweeper.aws_notices = self.aws_notices
+        self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
+                             self.suspensions, self.gang, self.preflights, self.warnings,
+                             validations=self.validations, aws_notices=self.aws_notices)
+        # The hooks left are cycles of construction: each callee is built from the caller.
+        self.suspensions.on_moved = self.warnings.after_move  # a job left a warned node
+        self.gang.on_task_stopped = self._lost_stopped_event
+        self.reboots.cordons.before_sweep = self.placement.refresh
+        self.restarts.on_released = self.placement.after_restart
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property

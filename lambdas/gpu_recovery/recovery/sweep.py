@@ -67,7 +67,8 @@ TIME_MARGIN_SECONDS = 12.0
 class Sweep:
     def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
                  restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
-                 gang: GangOps, preflights: Preflights, warnings: GpuWarnings | None = None) -> None:
+                 gang: GangOps, preflights: Preflights, warnings: GpuWarnings | None = None, *,
+                 validations: Any = None, aws_notices: Any = None) -> None:
         self.deps = deps
         self.faults = faults
         self.health = health
@@ -78,8 +79,8 @@ class Sweep:
         self.gang = gang
         self.preflights = preflights
         self.warnings = warnings
-        self.validations: Any = None  # recovery.validations.Validations (set by the service)
-        self.aws_notices: Any = None  # recovery.aws_notices.AwsNotices (set by the service)
+        self.validations = validations  # recovery.validations.Validations
+        self.aws_notices = aws_notices  # recovery.aws_notices.AwsNotices
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()

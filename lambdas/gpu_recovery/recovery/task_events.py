@@ -132,7 +132,8 @@ def _fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
 class TaskEvents:
     def __init__(self, deps: Deps, ranks: RankOperations, health: HealthChecks,
                  restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions,
-                 gang: GangOps) -> None:
+                 gang: GangOps, *, on_fault: Callable[[Job], Any] | None = None,
+                 on_task_stopped: Callable[[str, str], Any] | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.health = health
@@ -140,10 +141,10 @@ class TaskEvents:
         self.remediation = remediation
         self.suspensions = suspensions
         self.gang = gang
-        # Placement (``recovery.placement``, set by the service): a fault's nodes reserved for
-        # its job at once; any task's stop, for the node it may have freed.
-        self.on_fault: Callable[[Job], Any] | None = None
-        self.on_task_stopped: Callable[[str, str], Any] | None = None
+        # Placement (``recovery.placement``): a fault's nodes reserved for its job at once; any
+        # task's stop, for the node it may have freed.
+        self.on_fault = on_fault
+        self.on_task_stopped = on_task_stopped
 
     def on_task_state_change(self, detail: EcsTaskDetail, known: Rank | None = None) -> Outcome:
         """``known``: the task's rank, found by the tag lookup worker."""

@@ -44,6 +44,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Job, Suspect
@@ -53,8 +54,6 @@ from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 
 logger = logging.getLogger(__name__)
-
-STOP_RETRY_SECONDS = 60
 
 
 class PreflightHandover:
@@ -85,7 +84,7 @@ class PreflightHandover:
         in_recovery = joining
         if job.state in ACTIVE_JOB_STATES:
             entered = repo.enter_recovery(job_id, attempt, from_states=ACTIVE_JOB_STATES, reason=reason,
-                                          now=now, deadline_at=now + STOP_RETRY_SECONDS,
+                                          now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
                                           opened_by=Trigger.PREFLIGHT.value,
                                           # The attempt ran its preflight, not training (issue 52).
                                           ledger=goodput.interval_marks(goodput.PREFLIGHT, now))
