@@ -35,6 +35,9 @@
   ``local_mode/`` and ``bench/``, like an ECS model either), no AWS event is built with
   ``local_mode/events.py`` and nothing imports EventBridge's matcher (``moto.events``), but
   the policy models named in ``POLICY_MODELS`` with their reason.
+* **No hook assigned after construction** in the recovery loop: no callable is assigned to
+  another object's attribute; stages emit events and the composition root declares, in one
+  table, who reacts (``recovery/reactions.py``).
 * **No module over 600 lines** outside ``tests/``, but those in ``LONG_MODULES``, each
   named with its reason (a module that shrinks below the limit must leave the list).
 
@@ -937,3 +940,54 @@ def test_the_simulation_layer_check_finds_a_simulator_outside_it(snippet: str, p
 ])
 def test_the_simulation_layer_check_leaves_the_rest_alone(snippet: str, path: str) -> None:
     assert simulator_parts_defined(snippet, path) == []
+
+
+# ------------------------------------------------------- no hook assigned after construction
+REACTING_PACKAGE = "lambdas/gpu_recovery/recovery"
+
+
+def hooks_assigned(source: str, path: str) -> list[str]:
+    """``path:line target`` for each callable (a lambda, a method of ``self`` or of one of its
+    parts) assigned to an attribute of another object: a hook patched in after construction."""
+    found = []
+    for node in ast.walk(ast.parse(source, path)):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        value = node.value
+        callable_value = isinstance(value, ast.Lambda) or (
+            isinstance(value, ast.Attribute) and isinstance(_root(value), ast.Name)
+            and _root(value).id == "self")
+        for target in targets:
+            if isinstance(target, ast.Attribute) and callable_value \
+                    and not (isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")):
+                found.append(f"{path}:{node.lineno} {ast.unparse(target)}")
+    return found
+
+
+def _root(node: ast.expr) -> ast.expr:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
+def test_no_recovery_stage_has_a_hook_assigned_after_construction() -> None:
+    """Given every module of the recovery loop
+    When the attributes of other objects it assigns a callable to are listed
+    Then there are none: a stage tells another what happened by emitting an event, and the
+    composition root declares who reacts in one table (recovery/reactions.py, service.py)."""
+    found = [hit for path in _sources(ROOT / REACTING_PACKAGE)
+             for hit in hooks_assigned(path.read_text(), _relative(path))]
+    assert not found, f"emit an event (recovery.reactions) instead of patching a hook in: {found}"
+
+
+@pytest.mark.parametrize("snippet", ["self.gang.on_started = self.on_started",
+                                     "gang.on_start_failed = self._start_failed",
+                                     "self.cordons.before_sweep = lambda read: 'x'"])
+def test_the_hook_check_finds_a_hook_patched_in(snippet: str) -> None:
+    assert hooks_assigned(snippet, "x.py")
+
+
+def test_the_hook_check_leaves_data_alone() -> None:
+    data = "instance.boot_time = boot\nself.deps.metrics = metrics\nself.x = self.y"
+    assert not hooks_assigned(data, "x.py")

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -59,6 +60,7 @@ from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.reactions import FaultSeen, Reactions
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ RESTOP_AFTER_SECONDS = 20
 #: ECS's cluster query language takes a list after ``in``; ids per ListContainerInstances filter
 IDS_PER_QUERY = 50
 #: kinds after whose window the node is back (the others take the instance away for good)
+_T = TypeVar("_T")
 COMES_BACK = (NoticeKind.REBOOT_MAINTENANCE, NoticeKind.MAINTENANCE)
 _STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
@@ -77,16 +80,15 @@ class CapacityPort(Protocol):
 
 class AwsNotices:
     def __init__(self, deps: Deps, cordons: Any, notices: Any, capacity: CapacityPort | None = None, *,
-                 stop_gang: Callable[[Job], Any] | None = None,
-                 reserve_nodes: Callable[[Job], Any] | None = None) -> None:
+                 stop_gang: Callable[[Job], Any] | None = None, reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.cordons = cordons  # recovery.cordons.Cordons: the attribute put after the commit
         self.notices = notices  # recovery.notices: the e-mails' outbox
         self.capacity = capacity
         # A job moved off the node by a stop (no control channel): its stop intent sent
-        # (GangOps.stop) and its nodes reserved for its restart (PlacementHolds.on_fault).
+        # (GangOps.stop); told: its fault seen (its nodes reserved for its restart).
         self.stop_gang = stop_gang
-        self.reserve_nodes = reserve_nodes
+        self.reactions = reactions or Reactions()
 
     # ------------------------------------------------------------------ the event
     def on_event(self, event: dict[str, Any]) -> Outcome:
@@ -120,15 +122,13 @@ class AwsNotices:
         """The notice on one node, a failed call tried again at once: until it is recorded the
         scheduler may still place work there, and the delivery's retry is a minute away (apply
         is idempotent: the notice's key). One node failing twice holds back no other."""
-        for tries in (1, 2):
-            try:
-                return self.apply(notice, inst_id, str(node["containerInstanceArn"]),
-                                  str(node.get("ec2InstanceId") or ""), clock.now())
-            except (ClientError, BotoCoreError) as error:
-                if tries == 2:
-                    logger.error("AWS notice not recorded on a node: the delivery is retried",
-                                 extra={"instance": inst_id, "error": str(error)})
-                    failed.append(error)
+        try:
+            return _twice(lambda: self.apply(notice, inst_id, str(node["containerInstanceArn"]),
+                                             str(node.get("ec2InstanceId") or ""), clock.now()))
+        except (ClientError, BotoCoreError) as error:
+            logger.error("AWS notice not recorded on a node: the delivery is retried",
+                         extra={"instance": inst_id, "error": str(error)})
+            failed.append(error)
         return "failed"
 
     def _nodes(self, instance_ids: Sequence[str]) -> list[dict[str, Any]]:
@@ -139,14 +139,11 @@ class AwsNotices:
         for start in range(0, len(ids), IDS_PER_QUERY):
             listed = ", ".join(f"'{i}'" for i in ids[start:start + IDS_PER_QUERY])
             query = f"ec2InstanceId in [{listed}]"
-            try:
-                # A node just listed that DescribeContainerInstances answers MISSING (ECS is
-                # eventually consistent), or a throttled call, is not given up: asked again at
-                # once, then the delivery fails and is retried (a notice of two minutes has no
-                # minute to lose).
-                found.extend(self.deps.ecs.container_instances(query=query, missing_ok=False))
-            except (EcsActionFailed, ClientError, BotoCoreError):
-                found.extend(self.deps.ecs.container_instances(query=query, missing_ok=False))
+            # A node just listed that DescribeContainerInstances answers MISSING (ECS is
+            # eventually consistent), or a throttled call, is not given up: asked again at once,
+            # then the delivery fails and is retried (a notice of two minutes has no minute to lose).
+            found.extend(_twice(partial(self.deps.ecs.container_instances, query=query, missing_ok=False),
+                                retry_on=(EcsActionFailed, ClientError, BotoCoreError)))
         return found
 
     # ------------------------------------------------------------------ one node
@@ -179,19 +176,22 @@ class AwsNotices:
         after = repo.get_instance(inst_id)
         if after is None or after.notice.get("key") != notice.key:
             return "raced"
-        asked_now = self._ask_jobs(inst_id, after.notice, now)
+        live = repo.live_ranks_on_instance(inst_id)
+        asked_now = self._ask_jobs(inst_id, after.notice, live, now)
         if stop_due(_float(after.notice.get("deadline")), now, RECOVERY_SWEEP_RATE_SECONDS):
             # Due already (a Spot warning's two minutes): stopped now, not at the next sweep.
-            asked_now += self._stop_and_move(inst_id, after.notice, now)
-        self._rearm(inst_id, after.notice, now)  # a drain it owes is the sweep's, within the minute
+            asked_now += self._stop_and_move(inst_id, after.notice, live, now)
+        # A drain it owes is the sweep's, within the minute (the record is fresh: none recorded).
+        self._rearm(inst_id, after.notice, live, now, drain_owed=owes_drain(after.notice))
         done = "notice_recorded" if recorded else "notice_again"
         return done + (f"_asked_{asked_now}" if asked_now else "")
 
-    def _ask_jobs(self, inst_id: str, record: dict[str, Any], now: float) -> int:
+    def _ask_jobs(self, inst_id: str, record: dict[str, Any], live: Sequence[Rank], now: float) -> int:
+        """Each job with ranks on the node (``live``, read once per step) asked to move, or told."""
         repo = self.deps.repo
         count = 0
         stopping = stop_due(_float(record.get("deadline")), now, RECOVERY_SWEEP_RATE_SECONDS)
-        for job_id in sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)}):
+        for job_id in sorted({r.job_id for r in live}):
             job = repo.get_job(job_id)
             if job is None or asked(record, job_id, job.attempt) or job.state not in _STARTED:
                 continue
@@ -264,7 +264,7 @@ class AwsNotices:
             what_happened=f"AWS announced for node {inst_id}: {why}",
             what_was_done=f"{done}; {inst_id} takes no new work", operator_action=action)
 
-    def _stop_and_move(self, inst_id: str, record: dict[str, Any], now: float) -> int:
+    def _stop_and_move(self, inst_id: str, record: dict[str, Any], live: Sequence[Rank], now: float) -> int:
         """Once due (``stop_at``): each job with no control channel still on the node
         (tag-registered, relocatable) stopped and relocated, as a fault of its own that spends no
         budget. A failed call is tried again at once (a Spot warning leaves no sweep to spare);
@@ -272,22 +272,25 @@ class AwsNotices:
         keeps running (its owner was told)."""
         moved = 0
         on_node: dict[str, Rank] = {}
-        for rank in self.deps.repo.live_ranks_on_instance(inst_id):
+        for rank in live:
             on_node.setdefault(rank.job_id, rank)
         for job_id, rank in sorted(on_node.items()):
-            for tries in (1, 2):
-                try:
-                    count, settled = self._move_one(inst_id, record, job_id, rank, now)
-                except (ClientError, BotoCoreError) as error:
-                    count, settled = 0, False
-                    logger.warning("a call of a job's move off an announced node failed",
-                                   extra={"job_id": job_id, "instance": inst_id, "error": str(error)})
+
+            def move(job_id: str = job_id, rank: Rank = rank) -> bool:
+                nonlocal moved
+                count, settled = self._move_one(inst_id, record, job_id, rank, now)
                 moved += count
-                if settled:
-                    break
-                if tries == 2:
-                    logger.error("job on a node AWS takes not stopped yet: the sweep tries again",
-                                 extra={"job_id": job_id, "instance": inst_id})
+                return settled
+
+            try:
+                settled = _twice(move, done=bool)
+            except (ClientError, BotoCoreError) as error:
+                settled = False
+                logger.warning("a call of a job's move off an announced node failed",
+                               extra={"job_id": job_id, "instance": inst_id, "error": str(error)})
+            if not settled:
+                logger.error("job on a node AWS takes not stopped yet: the sweep tries again",
+                             extra={"job_id": job_id, "instance": inst_id})
         return moved
 
     def _move_one(self, inst_id: str, record: dict[str, Any], job_id: str, rank: Rank,
@@ -328,15 +331,15 @@ class AwsNotices:
             logger.warning("job with no control channel stopped before AWS takes its node", extra={
                 "job_id": job_id, "instance": inst_id, "deadline": iso(deadline)})
             job = repo.get_job(job_id) or job
-            if self.reserve_nodes is not None:
-                after_commit("reserve the job's nodes", self.reserve_nodes, job)
+            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job))
         unsent = (job.state is JobState.PENDING_RESTART and job.tally.opened_by == NOTICE_FAULT
                   and bool(job.stop_fanout) and not job.stop_fanout.get("sent_at"))
         if unsent and self.stop_gang is not None:
             return moved, bool(self.stop_gang(job))
         return moved, True
 
-    def _rearm(self, inst_id: str, record: dict[str, Any], now: float) -> None:
+    def _rearm(self, inst_id: str, record: dict[str, Any], live: Sequence[Rank], now: float, *,
+               drain_owed: bool) -> None:
         """When the node is looked at again: each minute while jobs run on it (those not asked
         yet are asked; those still there at the deadline are counted); once none does, at the
         end of a maintenance window (the node returns) or never (the capacity goes for good: the
@@ -347,7 +350,7 @@ class AwsNotices:
         comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
         if deadline is None:
             repo.settle_notice(inst_id, key)
-        elif repo.live_ranks_on_instance(inst_id) or (now < deadline and self._drain_owed(inst_id, record)):
+        elif live or (now < deadline and drain_owed):
             # Jobs to move, or a drain ECS has not confirmed: looked at again within the minute
             # (and when the jobs with no control channel are due to be stopped: ``stop_at``).
             repo.rearm_notice(inst_id, key, next_look(deadline, now, NOTICE_RETRY_SECONDS,
@@ -356,14 +359,6 @@ class AwsNotices:
             repo.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
         else:
             repo.settle_notice(inst_id, key)
-
-    def _drain_owed(self, inst_id: str, record: dict[str, Any]) -> bool:
-        """The notice asks a drain ECS has not confirmed (read again: the sweep may have just
-        recorded it)."""
-        if not owes_drain(record):
-            return False
-        fresh = self.deps.repo.get_instance(inst_id)
-        return fresh is not None and owes_drain(fresh.notice)
 
     # ------------------------------------------------------------------ the sweep
     def sweep(self, inst_id: str, now: float) -> str:
@@ -377,12 +372,13 @@ class AwsNotices:
         record = instance.notice
         key, deadline = str(record["key"]), _float(record.get("deadline"))
         if deadline is None or now < deadline:
-            self._stop_again(inst_id, now)
-            asked_now = self._ask_jobs(inst_id, record, now)
+            live = repo.live_ranks_on_instance(inst_id)  # read once for every step below
+            self._stop_again(live, now)
+            asked_now = self._ask_jobs(inst_id, record, live, now)
             if stop_due(deadline, now, RECOVERY_SWEEP_RATE_SECONDS):
-                asked_now += self._stop_and_move(inst_id, record, now)
-            after_commit("aws-notice drain", self._drain, instance, now)
-            self._rearm(inst_id, record, now)
+                asked_now += self._stop_and_move(inst_id, record, live, now)
+            drained = after_commit("aws-notice drain", self._drain, instance, now)
+            self._rearm(inst_id, record, live, now, drain_owed=owes_drain(record) and not drained)
             return "notice_moving_jobs" if asked_now else "notice_waiting"
         if not record.get("ended_at"):
             left = sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)})
@@ -406,27 +402,29 @@ class AwsNotices:
             return "notice_window_over"
         return "raced"
 
-    def _drain(self, instance: Instance, now: float) -> None:
+    def _drain(self, instance: Instance, now: float) -> bool:
         """A Capacity Block's node drained in ECS (``DRAINED_KINDS``), by the sweep (the
         instance monitor that records the notice takes no node action: least privilege): the
         notice is the intent; DRAINING is idempotent; ECS's answer recorded after
         (``notice.drained_at``). Not confirmed (throttled, its answer lost), it is owed: the
-        node stays due for the next sweep."""
+        node stays due for the next sweep. Returns whether no drain is owed any more."""
         record = instance.notice
         if not owes_drain(record):
-            return
+            return True
         self.deps.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
-        if self.deps.repo.record_notice_drained(instance.container_inst_id, str(record["key"]), now):
-            logger.warning("node drained: AWS takes its capacity", extra={
-                "instance": instance.container_inst_id, "notice": record.get("kind")})
+        if not self.deps.repo.record_notice_drained(instance.container_inst_id, str(record["key"]), now):
+            return False
+        logger.warning("node drained: AWS takes its capacity", extra={
+            "instance": instance.container_inst_id, "notice": record.get("kind")})
+        return True
 
-    def _stop_again(self, inst_id: str, now: float) -> None:
+    def _stop_again(self, live: Sequence[Rank], now: float) -> None:
         """A moving job's rank on the node asked to stop whose stop was not confirmed (a throttled
         StopTask, a lost answer): asked again now, not at the gang stop's paced re-ask (minutes):
         the node goes at the deadline. Moving: a queue job suspending to move, or a job with no
         control channel stopped to move (``_stop_and_move``)."""
         repo = self.deps.repo
-        for rank in repo.live_ranks_on_instance(inst_id):
+        for rank in live:
             asked_at = rank.stop_requested_at or now
             if rank.state is not RankState.STOP_REQUESTED or asked_at > now - RESTOP_AFTER_SECONDS:
                 continue
@@ -436,7 +434,7 @@ class AwsNotices:
             why = str(job.stop_fanout.get("why") or "suspended: AWS takes the node")
             self.deps.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255])
             logger.warning("rank on a node AWS takes away asked to stop again", extra={
-                "job_id": job.job_id, "rank": rank.rank, "instance": inst_id})
+                "job_id": job.job_id, "rank": rank.rank, "instance": rank.container_inst_id})
 
     # ------------------------------------------------------------------ e-mails
     def _node_notice(self, notice: Notice, inst_id: str, ec2_id: str, busy: list[str], *,
@@ -463,6 +461,20 @@ class AwsNotices:
                              "elsewhere when capacity exists. To return a node that stays cordoned: "
                              "gpu-recovery-admin uncordon."),
             details=[f"notice key: {notice.key}", f"deadline: {iso(notice.deadline)}"])
+
+
+def _twice(step: Callable[[], _T], *, done: Callable[[_T], bool] = lambda _: True,
+           retry_on: tuple[type[Exception], ...] = (ClientError, BotoCoreError)) -> _T:
+    """``step`` tried again at once when a call of it fails (or its result is not ``done``): a
+    notice's deadline leaves no minute for the delivery's retry. The second try's failure is
+    raised; every step is idempotent (the notice's key, the job's state, the stop intent)."""
+    try:
+        first = step()
+        if done(first):
+            return first
+    except retry_on as error:
+        logger.warning("a call failed: tried again at once", extra={"error": str(error)})
+    return step()
 
 
 def _moving_off_notice(job: Job) -> bool:

@@ -17,7 +17,7 @@ the ECS side, carried out after the commit and finished by the sweep (the workli
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from gpu_recovery import clock
@@ -29,6 +29,7 @@ from gpu_recovery.domain.models import Instance
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.recovery.reactions import HoldsDue, Reactions
 from gpu_recovery.repository.cordons import Worklist
 
 logger = logging.getLogger(__name__)
@@ -39,13 +40,14 @@ UNCHANGED_HOLDS = frozenset({"no_holds", "holds_unchanged"})
 
 
 class Cordons:
-    def __init__(self, deps: Deps, ranks: RankOperations, gate: Any) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, gate: Any, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.gate = gate  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
-        # The spare and reserved holds' refresh (``recovery.placement``), run first by the sweep
-        # on the sweep's read of the worklist; returns what it did.
-        self.before_sweep: Callable[[Worklist], str] | None = None
+        # Told: the sweep starts (the spare and reserved holds refreshed first, on its read of
+        # the worklist; answers what was done).
+        self.reactions = reactions or Reactions()
 
     # --------------------------------------------------------------------- sync
     def sync(self, node: str, members: list[str] | None = None, read: Worklist | None = None) -> str:
@@ -199,14 +201,13 @@ class Cordons:
                                                       answer.update))
 
     def sweep(self) -> dict[str, int]:
-        """Every minute: the holds brought up to date (``before_sweep``: spares and
-        reservations, ``recovery.placement``), then every node whose ECS attributes are not
-        confirmed yet."""
+        """Every minute: the holds brought up to date (``HoldsDue``: spares and reservations,
+        ``recovery.placement``), then every node whose ECS attributes are not confirmed yet."""
         done: dict[str, int] = {}
         read = self.deps.repo.cordons.worklist()
-        if self.before_sweep is not None:
+        if self.reactions.handles(HoldsDue):
             try:
-                action = self.before_sweep(read)
+                action = str(self.reactions.emit(HoldsDue(read)))
             except Exception:
                 logger.exception("placement holds refresh failed")
                 action = "holds_refresh_failed"

@@ -65,6 +65,7 @@ from gpu_recovery.recovery.ranks import (
     restart_started_by,
     tags_for_attempt,
 )
+from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
 from gpu_recovery.repository.faults import FaultRepository
 
 logger = logging.getLogger(__name__)
@@ -113,18 +114,14 @@ def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
 
 
 class GangOps:
-    def __init__(self, deps: Deps, ranks: RankOperations, queue: GangQueuePort | None = None) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, queue: GangQueuePort | None = None, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.queue = queue
         self.faults = FaultRepository(deps.repo)
-        #: called once a restarted attempt has every rank registered (GangRestart sets it)
-        self.on_started: Callable[[Job], Any] = lambda job: None
-        #: called when a rank of a restart cannot be placed (GangRestart sets it)
-        self.on_start_failed: Callable[[Job, Rank, str], Any] = lambda job, rank, why: None
-        #: a rank's task found STOPPED while its stop was asked again: its STOPPED event was
-        #: lost (its retries spent); the task-event stage handles it as that event (the service sets it)
-        self.on_task_stopped: Callable[[dict[str, Any]], Any] | None = None
+        # Told: a restart's ranks all started, a rank not placed, a stopped task's lost event.
+        self.reactions = reactions or Reactions()
 
     # ------------------------------------------------------------------ dispatch
     def inline(self, job: Job) -> bool:
@@ -263,14 +260,14 @@ class GangOps:
         """Asked again (the stops were not confirmed): a rank whose task ECS reports STOPPED
         lost its event (a DLQ): handle it as that event instead of stopping it again. One
         DescribeTasks per 100 ranks, only in the paced rounds."""
-        if self.on_task_stopped is None:
+        if not self.reactions.handles(StoppedEventLost):
             return todo
         described = {t.get("taskArn"): t for t in self.deps.ecs.describe_tasks([r.task_arn for r in todo])}
         left = []
         for rank in todo:
             task = described.get(rank.task_arn)
             if task is not None and task.get("lastStatus") == "STOPPED":
-                self.on_task_stopped(task)
+                self.reactions.emit(StoppedEventLost(task))
                 result.stopped.append(rank.rank)
             else:
                 left.append(rank)
@@ -310,10 +307,10 @@ class GangOps:
             complete |= completed
             for rank, why in failed:
                 # A placement race waits (GangRestart), it never stops the batch's other calls.
-                self.on_start_failed(job, rank, why)
+                self.reactions.emit(RankNotPlaced(job, rank, why))
                 result.reason = f"rank {rank.rank} could not be started: {why}"
         if complete:
-            self.on_started(repo.get_job(job.job_id) or job)
+            self.reactions.emit(RanksStarted(repo.get_job(job.job_id) or job))
 
     @staticmethod
     def _target(rank: Rank, moves: Mapping[str, Mapping[str, str]]) -> dict[str, str]:

@@ -35,7 +35,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -63,6 +62,7 @@ from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.recovery.reactions import Reactions, ReservationsReleased
 from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.restart_notices import fault_lines, restart_summary
 from gpu_recovery.recovery.restart_waits import RestartWaits
@@ -83,19 +83,18 @@ _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the
 
 class GangRestart:
     def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps, *,
-                 request_suspend: Callable[..., bool] | None = None) -> None:
+                 request_suspend: Callable[..., bool] | None = None,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.gang = gang
         self.holds = HeldJobs(deps, ranks)
         self.nodes = RestartNodes(deps)  # what recoveries hold; free nodes for a relocation
-        gang.on_started = self.on_started
-        gang.on_start_failed = self._start_failed
         # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
         self.waits = RestartWaits(deps, lambda job, reason, action: self.fail_waiting(job, reason, action))
-        # A job's restart placed every rank, or the job ended: its reservations go
-        # (``PlacementHolds.after_restart``; the sweep's refresh does it if this fails).
-        self.on_released: Callable[[str], Any] | None = None
+        # Told: a job's restart placed every rank, or the job ended (its reservations go; the
+        # sweep's refresh does it if this fails).
+        self.reactions = reactions or Reactions()
         # Suspends a queue job a spare is lent to (``Suspensions.request``) when a waiting
         # relocation needs the spare back.
         self.request_suspend = request_suspend
@@ -429,8 +428,7 @@ class GangRestart:
     def released(self, job_id: str) -> None:
         """The job's restart is placed, or it ended: its reservations go (best effort: the
         sweep's refresh lets them go within a minute)."""
-        if self.on_released is not None:
-            after_commit("reservations released", self.on_released, job_id)
+        after_commit("reservations released", self.reactions.emit, ReservationsReleased(job_id))
 
     # ------------------------------------------------------------- completion
     def on_started(self, job: Job) -> bool:
@@ -509,7 +507,7 @@ class GangRestart:
         return goodput.running_marks(max(running, last or 0.0))
 
     # ------------------------------------------------------------------ failing
-    def _start_failed(self, job: Job, rank: Rank, why: str) -> None:
+    def start_failed(self, job: Job, rank: Rank, why: str) -> None:
         """A rank of a claimed restart could not be placed. A placement race (``RESOURCE:*``,
         ``AGENT``, ``MISSING``: the node was taken, or away, between the look and StartTask)
         waits, STARTING, its lease released for the next try (the sweep's, or the node

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 from functools import partial
@@ -68,6 +68,7 @@ from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.recovery.reactions import NodeBack, Reactions
 from gpu_recovery.repository import JobFailure
 
 logger = logging.getLogger(__name__)
@@ -79,15 +80,16 @@ REBOOT_CONFIRM_SECONDS = 300
 
 
 class Reboots:
-    def __init__(self, deps: Deps, ranks: RankOperations, restarts: GangRestart) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, restarts: GangRestart, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.restarts = restarts
         self.gate = NodeActionGate(deps, ranks)
-        self.cordons = Cordons(deps, ranks, self.gate)
-        # Where every repair's return goes (``recovery.validations``: the node validates under
-        # load before it is AVAILABLE); None: straight back (``mark_available``).
-        self.on_back: Callable[..., Outcome] | None = None
+        # Told: a repaired node is back (it validates under load before it is AVAILABLE);
+        # with nothing reacting, it is straight back (``mark_available``).
+        self.reactions = reactions or Reactions()
+        self.cordons = Cordons(deps, ranks, self.gate, reactions=self.reactions)
 
     # -------------------------------------------------------------------- issue
     def issue(self, instance: Instance, *, agent_connected: bool | None = None, marked: bool = False) -> str:
@@ -273,9 +275,10 @@ class Reboots:
     def node_back(self, instance: Instance, repair: Repair, why: str, *,
                   reset_result: dict[str, Any] | None = None) -> Outcome:
         """The node is back from ``repair`` (its reboot proven, its GPU reset passed): it
-        validates first (``on_back``) or is AVAILABLE at once."""
-        if self.on_back is not None:
-            return self.on_back(instance, repair, why, reset_result=reset_result)
+        validates first (``NodeBack``) or is AVAILABLE at once."""
+        if self.reactions.handles(NodeBack):
+            back: Outcome = self.reactions.emit(NodeBack(instance, repair, why, reset_result))
+            return back
         return self.mark_available(instance, repair, why, reset_result=reset_result)
 
     def mark_available(self, instance: Instance, repair: Repair, why: str, *,

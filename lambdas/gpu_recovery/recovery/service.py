@@ -38,6 +38,20 @@ from gpu_recovery.recovery.ports import (
 from gpu_recovery.recovery.preflight.handover import PreflightHandover
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
+from gpu_recovery.recovery.reactions import (
+    FaultSeen,
+    Handler,
+    HoldsDue,
+    JobLeftNode,
+    NodeBack,
+    RankNotPlaced,
+    RanksStarted,
+    Reactions,
+    ReservationsReleased,
+    StoppedEventLost,
+    TaskStopped,
+    on,
+)
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.node_unreachable import NodeUnreachable
@@ -62,36 +76,57 @@ class RecoveryService:
         self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics(),
                          policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
         self.ranks = RankOperations(self.deps)
-        self.gang = GangOps(self.deps, self.ranks, gang_queue)
-        self.suspensions = Suspensions(self.deps, self.ranks, self.gang)
+        # What one stage tells the others: every stage built with it, the table declared once
+        # below (``_reactions``), when every stage exists.
+        reactions = Reactions()
+        self.gang = GangOps(self.deps, self.ranks, gang_queue, reactions=reactions)
+        self.suspensions = Suspensions(self.deps, self.ranks, self.gang, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
         self.restarts = GangRestart(self.deps, self.ranks, self.gang,
-                                    request_suspend=self.suspensions.request)
-        self.reboots = Reboots(self.deps, self.ranks, self.restarts)
+                                    request_suspend=self.suspensions.request, reactions=reactions)
+        self.reboots = Reboots(self.deps, self.ranks, self.restarts, reactions=reactions)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts)
         self.unreachable = NodeUnreachable(self.deps, self.remediation)
-        # Every repaired node's return (reboot, GPU reset) goes through its validation.
         self.validations = Validations(self.deps, self.reboots, self.remediation)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
         self.warnings = GpuWarnings(self.deps, self.remediation)
         self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
         self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
-                                 self.suspensions, self.gang, on_fault=self.placement.on_fault,
-                                 on_task_stopped=self.placement.on_task_stopped)
+                                 self.suspensions, self.gang, reactions=reactions)
         self.breaker = BreakerOperations(self.deps, self.remediation)
         self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang,
-                                                                  on_fault=self.placement.on_fault))
+                                                                  reactions=reactions))
         # AWS's notices that capacity goes away (docs/aws-notices.md).
         self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, self.ranks.notices, capacity,
-                                      stop_gang=self.gang.stop, reserve_nodes=self.placement.on_fault)
+                                      stop_gang=self.gang.stop, reactions=reactions)
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang, self.preflights, self.warnings,
                              validations=self.validations, aws_notices=self.aws_notices)
-        # The hooks left are cycles of construction: each callee is built from the caller.
-        self.suspensions.on_moved = self.warnings.after_move  # a job left a warned node
-        self.gang.on_task_stopped = self._lost_stopped_event
-        self.reboots.cordons.before_sweep = self.placement.refresh
-        self.restarts.on_released = self.placement.after_restart
+        reactions.declare(self._reactions())
+
+    def _reactions(self) -> list[tuple[type, Handler]]:
+        """The reactions table: each event a stage emits (``recovery.reactions``) and the one
+        stage that reacts to it."""
+        return [
+            # A fault's nodes reserved for its job at once (before its other ranks free them).
+            on(FaultSeen, lambda e: self.placement.on_fault(e.job)),
+            # A stopped task's node may be free: a restart waiting for it, a short spare pool.
+            on(TaskStopped, lambda e: self.placement.on_task_stopped(e.container_instance_arn, e.job_id)),
+            # A rank found STOPPED whose STOPPED event was lost: handled as that event.
+            on(StoppedEventLost, lambda e: self._lost_stopped_event(e.task)),
+            # A job left a warned node at its checkpoint: the node may be repaired now.
+            on(JobLeftNode, lambda e: self.warnings.after_move(e.node)),
+            # The cordon sweep starts: the spare and reserved holds first.
+            on(HoldsDue, lambda e: self.placement.refresh(e.worklist)),
+            # A restart placed (or the job ended): its reservations go.
+            on(ReservationsReleased, lambda e: self.placement.after_restart(e.job_id)),
+            # The gang fan-out reports back to the restart that asked it.
+            on(RanksStarted, lambda e: self.restarts.on_started(e.job)),
+            on(RankNotPlaced, lambda e: self.restarts.start_failed(e.job, e.rank, e.why)),
+            # Every repaired node's return goes through its validation under load.
+            on(NodeBack, lambda e: self.validations.node_back(e.instance, e.repair, e.why,
+                                                              reset_result=e.reset_result)),
+        ]
 
     # The ports, for callers that share them (queue scheduler, tests).
     @property

@@ -22,7 +22,6 @@ leaves.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +41,7 @@ from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.recovery.reactions import JobLeftNode, Reactions
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
@@ -53,13 +53,14 @@ def _retry_after(job: Job) -> int:
 
 
 class Suspensions:
-    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.gang = gang
         self.store = SuspensionRepository(deps.repo)
-        # A job moved off a warned node: its node may be repaired now (recovery.warnings).
-        self.on_moved: Callable[[str], Any] | None = None
+        # Told: a job moved off a node (a warned node may be repaired now).
+        self.reactions = reactions or Reactions()
 
     # ----------------------------------------------------------------- request
     def request(self, job_id: str, attempt: int, *, kind: SuspendKind, reason: str, grace_seconds: int,
@@ -207,8 +208,8 @@ class Suspensions:
         self.deps.metrics.add_metric("JobsMovedAtCheckpoint", "Count", 1)
         logger.warning("job moved off a warned node at its checkpoint", extra={
             "job_id": job.job_id, "instance": node, "checkpoint_seconds": round(took, 1)})
-        if node and self.on_moved is not None:
-            after_commit("repair the node the job left", self.on_moved, node)
+        if node:
+            after_commit("repair the node the job left", self.reactions.emit, JobLeftNode(node))
         return True
 
     def _moved_off_notice(self, job: Job, avoid: dict[str, Any]) -> bool:

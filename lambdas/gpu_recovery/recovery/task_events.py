@@ -19,7 +19,7 @@ fault's suspects and moves the job on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,6 +49,7 @@ from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import LookupQueued, RankOperations
+from gpu_recovery.recovery.reactions import FaultSeen, Reactions, TaskStopped
 from gpu_recovery.recovery.remediation.job_settlement import budgets_of
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import details_of
@@ -132,8 +133,7 @@ def _fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
 class TaskEvents:
     def __init__(self, deps: Deps, ranks: RankOperations, health: HealthChecks,
                  restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions,
-                 gang: GangOps, *, on_fault: Callable[[Job], Any] | None = None,
-                 on_task_stopped: Callable[[str, str], Any] | None = None) -> None:
+                 gang: GangOps, *, reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.health = health
@@ -141,10 +141,9 @@ class TaskEvents:
         self.remediation = remediation
         self.suspensions = suspensions
         self.gang = gang
-        # Placement (``recovery.placement``): a fault's nodes reserved for its job at once; any
-        # task's stop, for the node it may have freed.
-        self.on_fault = on_fault
-        self.on_task_stopped = on_task_stopped
+        # Told: a fault seen (its nodes reserved for its job at once); any task's stop (the
+        # node it may have freed).
+        self.reactions = reactions or Reactions()
 
     def on_task_state_change(self, detail: EcsTaskDetail, known: Rank | None = None) -> Outcome:
         """``known``: the task's rank, found by the tag lookup worker."""
@@ -168,9 +167,9 @@ class TaskEvents:
         """A task's STOPPED event, after its own handling, unless its job keeps the node (a
         rank of a job in recovery): the node may be free now (the job waiting for it, a short
         spare pool). Best effort: the sweep does it within a minute."""
-        if self.on_task_stopped is not None and detail.lastStatus == "STOPPED":
-            after_commit("placement on a task's stop", self.on_task_stopped,
-                         detail.containerInstanceArn or "", rank.job_id if rank is not None else "")
+        if detail.lastStatus == "STOPPED":
+            stopped = TaskStopped(detail.containerInstanceArn or "", rank.job_id if rank is not None else "")
+            after_commit("placement on a task's stop", self.reactions.emit, stopped)
 
     # ------------------------------------------------------------------ RUNNING
     def _on_running(self, detail: EcsTaskDetail, rank: Rank | None) -> Outcome:
@@ -371,10 +370,9 @@ class TaskEvents:
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
-        if reaction in (StopReaction.ENTER_RECOVERY, StopReaction.RESTART) and not redelivered \
-                and self.on_fault is not None:
+        if reaction in (StopReaction.ENTER_RECOVERY, StopReaction.RESTART) and not redelivered:
             # First the job's nodes reserved for it (before its other ranks stop and free them).
-            after_commit("reserve the job's nodes", self.on_fault, fresh)
+            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(fresh))
         if reaction in _STOPPING_REACTIONS and not redelivered:
             self._stop_gang(fresh)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
@@ -540,11 +538,10 @@ class TaskEvents:
         repo.faults.open_suspect(job_id, attempt, inst_id, rank=failing_rank,
                                  record={"at": now, "evidence": evidence.to_dict()}, now=now,
                                  retry_at=now + RETRY_INTERVAL_SECONDS)
-        if job.state in states and self._enter_recovery(job, reason, None, from_states=states) \
-                and self.on_fault is not None:
+        if job.state in states and self._enter_recovery(job, reason, None, from_states=states):
             entered = repo.get_job(job_id)
             if entered is not None:
-                after_commit("reserve the job's nodes", self.on_fault, entered)
+                after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(entered))
         job = repo.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"

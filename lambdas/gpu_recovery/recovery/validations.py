@@ -78,7 +78,6 @@ class Validations:
         self.deps = deps
         self.reboots = reboots
         self.remediation = remediation
-        reboots.on_back = self.node_back  # every repair's return comes here
 
     @property
     def policy(self) -> policy.ValidationPolicy:

@@ -39,7 +39,7 @@ pool, the container-instance reads of the refresh), StopTask (the control API's 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -51,18 +51,19 @@ from gpu_recovery.domain.models import Job, Suspect
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, RECOVERING_JOB_STATES, JobState
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import Deps, after_commit
+from gpu_recovery.recovery.reactions import FaultSeen, Reactions
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 
 logger = logging.getLogger(__name__)
 
 
 class PreflightHandover:
-    def __init__(self, deps: Deps, remediation: NodeRemediation, gang: GangOps,
-                 on_fault: Callable[[Job], Any] | None = None) -> None:
+    def __init__(self, deps: Deps, remediation: NodeRemediation, gang: GangOps, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.remediation = remediation
         self.gang = gang
-        self.on_fault = on_fault  # PlacementHolds.on_fault: the job's nodes reserved for it
+        self.reactions = reactions or Reactions()  # told: a fault seen (the job's nodes reserved)
 
     def hand_over(self, item: Mapping[str, Any]) -> str:
         """The pinned nodes of a concluded preflight (its item) to the recovery loop."""
@@ -106,10 +107,9 @@ class PreflightHandover:
             repo.latches.arrive(job_id, attempt, job.world_size, int(pin["rank"]), [],
                                 suspect_node=str(pin["node"]))
         fresh = repo.get_job(job_id)
-        if fresh is not None and fresh.attempt == attempt and fresh.state in RECOVERING_JOB_STATES \
-                and self.on_fault is not None:
+        if fresh is not None and fresh.attempt == attempt and fresh.state in RECOVERING_JOB_STATES:
             # First the job's nodes reserved for it (before its ranks stop and free them).
-            after_commit("reserve the job's nodes", self.on_fault, fresh)
+            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(fresh))
         if fresh is not None and fresh.attempt == attempt and fresh.stop_fanout \
                 and not fresh.stop_fanout.get("sent_at"):
             try:

@@ -1,0 +1,128 @@
+"""Reactions: what one stage lets the others react to, declared in one table.
+
+A stage emits an event when something happened that another stage reacts to; which stage
+reacts is declared once, in the composition root's table (``RecoveryService._reactions`` in
+``recovery/service.py``). That is how stages built from one another (a cycle of
+construction: the gang restart starts ranks through the gang fan-out, which reports back to
+it) reach each other with no hook assigned after construction, as in cosmicpython's message
+bus (``EVENT_HANDLERS`` and its ``bootstrap``).
+
+Each event says what happened, not who listens. A stage built without the table (a unit
+test's) reacts to nothing: :meth:`Reactions.emit` answers None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.validation import Repair
+from gpu_recovery.repository.cordons import Worklist
+
+
+@dataclass(frozen=True)
+class FaultSeen:
+    """A job entered recovery (a rank's stop, the heartbeat, the gang preflight, an AWS
+    notice): its nodes are reserved for it at once, before its other ranks stop and free
+    them."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class TaskStopped:
+    """A task stopped (any task): the node it may have freed."""
+
+    container_instance_arn: str
+    job_id: str = ""
+
+
+@dataclass(frozen=True)
+class StoppedEventLost:
+    """A rank's task found STOPPED (DescribeTasks) while its stop was asked again: its STOPPED
+    event was lost (its retries spent), and is handled as that event."""
+
+    task: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JobLeftNode:
+    """A job moved off a node (its suspension to move ended): the node may be repaired now."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class HoldsDue:
+    """The cordon sweep starts, on its read of the worklist: the spare and reserved holds are
+    brought up to date first. Answers what was done (``recovery.cordons.UNCHANGED_HOLDS``)."""
+
+    worklist: Worklist
+
+
+@dataclass(frozen=True)
+class ReservationsReleased:
+    """A restart placed every rank, or the job ended: the nodes reserved for it go."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class RanksStarted:
+    """Every rank of a restarted attempt was started: the restart is confirmed. Answers
+    whether it was."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class RankNotPlaced:
+    """A rank of a restart could not be placed (ECS refused the StartTask)."""
+
+    job: Job
+    rank: Rank
+    why: str
+
+
+@dataclass(frozen=True)
+class NodeBack:
+    """A repaired node is back (its reboot, its GPU reset, a replacement): it proves itself
+    before it is AVAILABLE. Answers the node's outcome."""
+
+    instance: Instance
+    repair: Repair
+    why: str
+    reset_result: dict[str, Any] | None = None
+
+
+_E = TypeVar("_E")
+Handler = Callable[[Any], Any]
+
+
+def on(kind: type[_E], handler: Callable[[_E], Any]) -> tuple[type, Handler]:
+    """One line of the table: ``handler`` reacts to events of ``kind`` (typed against it)."""
+    return kind, handler
+
+
+@dataclass
+class Reactions:
+    """The table: each kind of event and the one handler that reacts to it."""
+
+    _table: dict[type, Handler] = field(default_factory=dict)
+
+    def declare(self, lines: Iterable[tuple[type, Handler]]) -> None:
+        """The composition root's table, declared once, whole."""
+        if self._table:
+            raise RuntimeError("the reactions are declared once, by the composition root")
+        table = dict(lines)
+        self._table = table
+
+    def handles(self, kind: type) -> bool:
+        return kind in self._table
+
+    def emit(self, event: object) -> Any:
+        """The handler's answer, or None when nothing reacts to the event."""
+        handler = self._table.get(type(event))
+        return None if handler is None else handler(event)
