@@ -57,7 +57,10 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS
 from infra.lambda_common import SCHEDULED_ASYNC_RETRIES, RecoveryFunction
 
-RECOVERY_COUNTERS = ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries", "Failures")
+# CoupledNodesChecked: nodes whose exits followed a fault's first ones, checked because the
+# fault's first checks found nothing (issue 50: docs/recovery-loop.md).
+RECOVERY_COUNTERS = ("FaultsDetected", "HealthChecksStarted", "CoupledNodesChecked", "Reboots", "Recoveries",
+                     "Failures")
 TIME_TO_RESTART = "TimeToRestartSeconds"
 # Quarantines: the recovery loop; BreakerTripped (count) / BreakerOpen (1 while open): the
 # remediation circuit breaker, graphed as soon as the code emits them.

@@ -206,7 +206,8 @@ class RecoveryConfig:
     max_app_restarts: int = option(DEFAULT_MAX_APP_RESTARTS, integer(0, MAX_BUDGET),
                                    "a job's restarts after an application error (0: the job fails)")
     health_check_all_nodes: bool = option(
-        False, boolean(), "on a GPU fault, check every node of the job, not only the failed ranks'")
+        False, boolean(), "on a GPU fault, check every node of the job, not only the first exits and nodes "
+                          "with evidence")
     suspect_exit_codes: tuple[int, ...] = option(
         (1,), exit_codes(), "exit codes meaning a suspected GPU fault (JSON list or `1,134`)")
     reboot_timeout_minutes: int = option(30, integer(1, 1440),

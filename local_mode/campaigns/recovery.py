@@ -84,9 +84,15 @@ REBOOTED = ("gpu_fault", "fast_path", "large", *HELD)
 QUARANTINED = ("dead_gpu", *RELOCATING)
 FLOWS = ("gpu_fault", "gpu_reset", "fast_path", "dead_gpu", "app_error", "app_error_fails", "relocation",
          "spare_first", "relocation_wait", "held_reset", "held_autoclose", "large", "validation",
-         "lost_verdict")
+         "lost_verdict", "coupled_app_error")
 # Flows whose job restarts once for its application's error (the diag passed).
-APP_ERROR = ("app_error", "lost_verdict")
+APP_ERROR = ("app_error", "lost_verdict", "coupled_app_error")
+# coupled_app_error (issue 50): three ranks exit 1 on their own within seconds (every task's
+# STOPPED event reaches the stack COUPLED_DELIVERY_SECONDS late, so the stops come too late),
+# no GPU fault: the first two exits are checked, the third is coupled; both checks find
+# nothing, so the coupled node is checked too before the job restarts as an application error.
+COUPLED_NODE = "node-d"
+COUPLED_DELIVERY_SECONDS = 10.0
 #: the rule whose deliveries lost_verdict fails (its dead letters are the flow's premise)
 HEALTH_CHECK_RULE = "health-check-task-stopped"
 RANDOM_FAILURE_RATE = 0.01
@@ -173,6 +179,12 @@ def expectations(result: RunResult) -> list[str]:
             problems.append(f"node-b is {result.ecs_status.get(FAULTY)} in ECS (want DRAINING)")
     if flow in RELOCATING and result.final_nodes != [HEALTHY, SPARE]:
         problems.append(f"ranks ended on {result.final_nodes} (want rank 1 moved to {SPARE})")
+    # A broken call that delays node-b's stop past the others' has the three exits judged in
+    # another order: each is then among the first two it knows of, and all three are checked
+    # at once (none coupled). Either way each node is checked once, node-d never before.
+    if flow == "coupled_app_error" and result.facts.get("coupled") not in ([COUPLED_NODE], []):
+        problems.append(f"checked after the first checks answered: {result.facts.get('coupled')} (want "
+                        f"[{COUPLED_NODE!r}], the third exit, coupled, checked once they found nothing)")
     if flow == "relocation_wait" and not result.facts.get("waited_for_a_node"):
         problems.append("the job never waited for a free node")
     if flow in HELD:
@@ -252,6 +264,12 @@ class RecoveryScenario(Scenario[RunResult]):
 
     def start(self, world: World) -> None:
         sim, flow = world.ecs, self.flow
+        if flow == "coupled_app_error":
+            sim.delivery_delay = _late_training_stops
+            # node-a's rank exits 3 s after node-b's, node-d's 6 s after: the third exit.
+            sim.inject_gpu_fault(FAULTY, after=MIN, health="healthy", nccl_cascade=True,
+                                 cascade_delay_seconds=_cascade_delays())  # type: ignore[arg-type]
+            return
         if flow == "fast_path":
             sim.inject_xid(FAULTY, 79, after=MIN, health="reboot_fixable", nccl_cascade=True,
                            crash_delay_seconds=10)
@@ -292,6 +310,10 @@ class RecoveryScenario(Scenario[RunResult]):
             facts["placed_on_latent"] = [p.time for p in sim.placements if p.training and p.latent]
         facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
         facts["goodput"] = goodput_truth.compare(repo, sim, JOB_ID)
+        checks = [t for t in sim.tasks.values() if t.health_check and not t.gpu_reset and not t.validation]
+        # Checked only after another check had answered: a coupled node (coupled_app_error).
+        facts["coupled"] = sorted({t.node for t in checks if any(
+            o.stopped_at is not None and o.stopped_at <= t.created_at for o in checks)})
         return RunResult(
             **common, job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
             app_restarts_used=job.app_restarts_used,
@@ -388,13 +410,29 @@ def _start_job(world: World, flow: str) -> None:
     tags = {C.TAG_RELOCATABLE: "true"} if flow in RELOCATING else {}
     if flow in APP_ERROR:
         tags[C.TAG_MAX_APP_RESTARTS] = "1"
-    ranks = list(nodes_of(flow)) if flow == "large" else [HEALTHY, FAULTY]
+    ranks = list(nodes_of(flow)) if flow in ("large", "coupled_app_error") else [HEALTHY, FAULTY]
     sim.start_job(JOB_ID, td, ranks, extra_tags=tags or None)
     if flow == "relocation_wait":
         _other_workload(world)
     if flow in HELD:
         _another_node_acted_on(world, flow)
     sim.run_for(MIN)
+
+
+def _late_training_stops(event: dict[str, Any]) -> float:
+    """coupled_app_error: every training task's STOPPED event reaches the stack late (not the
+    DCGM checks'), so the ranks exit on their own before the stops reach them."""
+    detail = event.get("detail") or {}
+    late = event.get("detail-type") == "ECS Task State Change" and detail.get("lastStatus") == "STOPPED" \
+        and not str(detail.get("group", "")).startswith(C.HEALTH_CHECK_GROUP)
+    return COUPLED_DELIVERY_SECONDS if late else 0.0
+
+
+def _cascade_delays() -> Callable[[], float]:
+    """The NCCL error of each peer of node-b, seconds after its exit: node-a 3, node-d 6 (the
+    cascade hits the peers in the order they were placed)."""
+    delays = iter([3.0, 6.0])
+    return lambda: next(delays, 6.0)
 
 
 def _other_workload(world: World) -> None:
@@ -433,6 +471,8 @@ def nodes_of(flow: str) -> tuple[str, ...]:
         return (HEALTHY, FAULTY, *(f"node-x{i:02d}" for i in range(LARGE_RANKS - 2)))
     if flow == "held_autoclose":
         return (HEALTHY, FAULTY, ANOTHER_NODE)
+    if flow == "coupled_app_error":
+        return (HEALTHY, FAULTY, COUPLED_NODE)
     return (HEALTHY, FAULTY, SPARE) if flow in RELOCATING else (HEALTHY, FAULTY)
 
 

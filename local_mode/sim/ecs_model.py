@@ -376,6 +376,7 @@ def describe_task(task: Task, node: Node, cluster_arn: str, region: str) -> dict
         "startedBy": task.started_by,
         "stoppingAt": task.stopping_at,
         "stoppedAt": task.stopped_at,
+        "executionStoppedAt": task.stopped_at,
         "stoppedReason": task.stopped_reason,
         "stopCode": task.stop_code,
         "taskArn": task.arn,

@@ -9,7 +9,7 @@ from tests.recovery.fakes import world
 
 
 def test_faults_lists_every_suspect_node_of_the_fault(capsys) -> None:
-    with world(max_health_checks_per_job=8) as w:
+    with world(max_health_checks_per_job=8, check_all_nodes_on_fault=True) as w:
         nodes = [f"node-{i}" for i in range(3)]
         arns = w.register_job("j", nodes)
         for arn in arns:  # an NCCL cascade: each node a suspect

@@ -7,9 +7,10 @@ The flows (``local_mode.campaigns``): a GPU reset instead of a reboot, the fast 
 GPU (quarantine, the job failed and e-mailed), an application error (restarted, and failed and
 e-mailed), relocation (at once, spare first, after waiting for a free node), a job HELD by the
 breaker until the operator's reset or until the breaker closes by itself, a gang above the
-inline fan-out (17 ranks, through the gang queue), a node lost from heartbeats (its agent
-silent, its ECS agent disconnected) and a preemption (suspend, go_suspend(), resume). The GPU
-fault with reboot is ``test_fault_injection.py``'s.
+inline fan-out (17 ranks, through the gang queue), an application error whose third exit is
+coupled to the first two and checked once their checks find nothing (issue 50), a node lost
+from heartbeats (its agent silent, its ECS agent disconnected) and a preemption (suspend,
+go_suspend(), resume). The GPU fault with reboot is ``test_fault_injection.py``'s.
 
 Without ``GPU_RECOVERY_FAULTS=all`` (``make test-slow``) the first call of every call site
 of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs) every call.
@@ -63,6 +64,9 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
             assert any(s.startswith("recovery/gang.py:_start_call") for s in sites)
             assert any(c.operation == "SendMessageBatch" for c in result.calls)
         elif flow in ("app_error", "app_error_fails"):
+            assert set(result.suspects.values()) == {"HEALTHY"}
+        elif flow == "coupled_app_error":  # issue 50: the third exit coupled, checked last
+            assert result.facts["coupled"] == [recovery.COUPLED_NODE]
             assert set(result.suspects.values()) == {"HEALTHY"}
         elif flow == "gpu_reset":
             # The reset task's calls are the flow's (each is broken in turn), no reboot.

@@ -189,7 +189,7 @@ def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event()
 
 
 def test_health_checks_are_held_to_the_jobs_share_and_the_restart_waits_for_every_verdict() -> None:
-    with world(max_health_checks_per_job=2, max_app_restarts=1) as w:
+    with world(max_health_checks_per_job=2, max_app_restarts=1, check_all_nodes_on_fault=True) as w:
         nodes = _nodes(5)
         arns = w.register_job("j", nodes)
         for arn in arns:  # an NCCL cascade: every rank exits 1 on its own
@@ -317,7 +317,7 @@ def test_one_sweep_works_through_more_due_items_than_a_page(monkeypatch: Any) ->
     """Hundreds of verdicts that lost their races to one job's tally are left to the sweep's
     poll: one sweep reads page after page (within its budget), not one page a minute."""
     monkeypatch.setattr(sweep_mod, "DUE_PAGE", 3)
-    with world(max_app_restarts=1) as w:
+    with world(max_app_restarts=1, check_all_nodes_on_fault=True) as w:  # every exit a suspect
         nodes = _nodes(10)
         arns = w.register_job("j", nodes)
         for arn in arns:  # an NCCL cascade: every node a suspect
@@ -335,7 +335,7 @@ def test_one_sweep_works_through_more_due_items_than_a_page(monkeypatch: Any) ->
 @pytest.mark.slow
 def test_a_sweep_short_of_time_leaves_the_rest_for_the_next(monkeypatch: Any) -> None:
     monkeypatch.setattr(sweep_mod, "DUE_PAGE", 3)
-    with world(max_app_restarts=1) as w:
+    with world(max_app_restarts=1, check_all_nodes_on_fault=True) as w:  # every exit a suspect
         nodes = _nodes(10)
         arns = w.register_job("j", nodes)
         for arn in arns:
@@ -354,7 +354,8 @@ def test_a_jobs_share_as_large_as_the_clusters_is_not_counted() -> None:
     """The per-job share can never bind when it is at least the cluster's limit: no share
     item is written (one hot item less per claim and verdict), the cluster's count stays
     exact, and every check is released."""
-    with world(max_health_checks_per_job=64, max_health_checks_in_flight=64, max_app_restarts=1) as w:
+    with world(max_health_checks_per_job=64, max_health_checks_in_flight=64, max_app_restarts=1,
+               check_all_nodes_on_fault=True) as w:
         nodes = _nodes(5)
         arns = w.register_job("j", nodes)
         for arn in arns:

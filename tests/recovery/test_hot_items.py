@@ -284,7 +284,7 @@ def test_a_count_lost_after_the_commit_is_counted_by_the_sweep(monkeypatch: pyte
 
 
 def test_a_healthy_verdict_counts_once_however_often_it_is_counted() -> None:
-    with world(max_app_restarts=1) as w:
+    with world(max_app_restarts=1, check_all_nodes_on_fault=True) as w:  # every exit a suspect
         nodes = [f"node-{i}" for i in range(4)]
         _cascade(w, nodes)
         _healthy(w, nodes[0])
@@ -296,7 +296,7 @@ def test_a_healthy_verdict_counts_once_however_often_it_is_counted() -> None:
 
 
 def test_counts_of_the_release_before_still_count_on_a_fault_in_flight_across_an_upgrade() -> None:
-    with world(max_app_restarts=1) as w:
+    with world(max_app_restarts=1, check_all_nodes_on_fault=True) as w:  # every exit a suspect
         nodes = [f"node-{i}" for i in range(4)]
         _cascade(w, nodes)
         job = w.repo.get_job("j")

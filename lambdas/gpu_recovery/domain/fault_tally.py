@@ -57,6 +57,12 @@ class FaultTally:
     # pinned nodes before the attempt trained; the fault spends no budget however it ends), or
     # "aws_notice" (a job with no control channel moved off a node AWS takes: no budget).
     opened_by: str = ""
+    # The stop times of the fault's first exits, earliest first (``domain.suspects``): a later
+    # exit with no evidence of its own is coupled, its node not checked ...
+    exits: tuple[float, ...] = ()
+    # ... unless the checks find nothing: then the coupled nodes are checked too, ``total``
+    # raised to count them.
+    escalated: bool = False
 
     @classmethod
     def from_item(cls, raw: Mapping[str, Any] | None) -> FaultTally:
@@ -66,7 +72,9 @@ class FaultTally:
                    fatal=int(raw.get("fatal") or 0), reboot=int(raw.get("reboot") or 0),
                    rebooting=int(raw.get("rebooting") or 0),
                    total=None if total is None else int(total), infra=int(raw.get("infra") or 0),
-                   held=int(raw.get("held") or 0), opened_by=str(raw.get("opened_by") or ""))
+                   held=int(raw.get("held") or 0), opened_by=str(raw.get("opened_by") or ""),
+                   exits=tuple(float(t) for t in raw.get("exits") or ()),
+                   escalated=bool(raw.get("escalated")))
 
     def to_item(self) -> dict[str, Any]:
         item: dict[str, Any] = {"attempt": self.attempt, "decided": self.decided, "fatal": self.fatal,
@@ -76,6 +84,10 @@ class FaultTally:
             item["total"] = self.total
         if self.opened_by:
             item["opened_by"] = self.opened_by
+        if self.exits:
+            item["exits"] = list(self.exits)
+        if self.escalated:
+            item["escalated"] = True
         return item
 
     @property
@@ -96,6 +108,11 @@ class FaultTally:
     def pending(self) -> int | None:
         """Suspects still waiting for a verdict (None: not known yet, ranks still ending)."""
         return None if self.total is None else max(0, self.total - self.decided_all)
+
+    @property
+    def found(self) -> bool:
+        """A check of the fault found it: a node is unusable, or needs a reboot."""
+        return self.fatal > 0 or self.reboot > 0
 
     @property
     def all_decided(self) -> bool:

@@ -56,6 +56,9 @@ class Rank:
     started_by: str = ""
     exit_code: int | None = None
     stop_reason: str = ""
+    # Its exit was coupled to the fault's first ones (``domain.suspects``): its node not
+    # named a suspect (a redelivered stop repeats the arrival it made).
+    coupled: bool = False
     last_heartbeat_at: float | None = None
     registered_at: float = 0.0
     running_at: float | None = None  # its task's RUNNING event's time (this attempt's)

@@ -73,6 +73,9 @@ class StopReaction(str, Enum):
     FAIL_JOB = "FAIL_JOB"
     ENTER_RECOVERY = "ENTER_RECOVERY"  # first suspect of a fault
     ADD_SUSPECT = "ADD_SUSPECT"  # another suspect of the fault being handled
+    # A later exit of the fault, with no evidence of its own: it died of the fault (an NCCL
+    # peer); its node is checked only if the fault's checks find nothing (domain.suspects).
+    COUPLED = "COUPLED"
     RESTART = "RESTART"  # no node action (application error within budget, transient fault)
     FAIL_OBSERVED = "FAIL_OBSERVED"  # observe mode: recorded and notified, nothing done
 

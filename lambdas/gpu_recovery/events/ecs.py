@@ -40,6 +40,8 @@ class EcsTaskDetail(BaseModel):
     version: int = 0
     updatedAt: datetime | None = None
     stoppedAt: datetime | None = None
+    # When the task's containers stopped (its own exit; ``stoppedAt`` is the later transition).
+    executionStoppedAt: datetime | None = None
 
     def exit_code(self) -> int | None:
         """The task's exit code: the first non-zero container exit, else 0, else None."""

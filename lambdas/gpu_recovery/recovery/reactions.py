@@ -97,6 +97,14 @@ class NodeBack:
     reset_result: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class CoupledToCheck:
+    """A fault's checks found nothing: the nodes whose exits were coupled to it are checked
+    too (``domain.suspects``)."""
+
+    job: Job
+
+
 _E = TypeVar("_E")
 Handler = Callable[[Any], Any]
 

@@ -39,6 +39,7 @@ from gpu_recovery.recovery.preflight.handover import PreflightHandover
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
 from gpu_recovery.recovery.reactions import (
+    CoupledToCheck,
     FaultSeen,
     Handler,
     HoldsDue,
@@ -85,7 +86,8 @@ class RecoveryService:
         self.restarts = GangRestart(self.deps, self.ranks, self.gang,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         self.reboots = Reboots(self.deps, self.ranks, self.restarts, reactions=reactions)
-        self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts)
+        self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts,
+                                           reactions=reactions)
         self.unreachable = NodeUnreachable(self.deps, self.remediation)
         self.validations = Validations(self.deps, self.reboots, self.remediation)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
@@ -123,6 +125,8 @@ class RecoveryService:
             # The gang fan-out reports back to the restart that asked it.
             on(RanksStarted, lambda e: self.restarts.on_started(e.job)),
             on(RankNotPlaced, lambda e: self.restarts.start_failed(e.job, e.rank, e.why)),
+            # A fault's first checks found nothing: the nodes whose exits followed are checked.
+            on(CoupledToCheck, lambda e: self.faults.suspects.check_coupled(e.job)),
             # Every repaired node's return goes through its validation under load.
             on(NodeBack, lambda e: self.validations.node_back(e.instance, e.repair, e.why,
                                                               reset_result=e.reset_result)),

@@ -212,7 +212,7 @@ class Sweep:
                 self.health.request(job, suspect.node)
             self.deps.repo.faults.health_check_requested(suspect)
             return "suspect_settled"
-        result = self.faults.request_check(job, suspect.node)
+        result = self.faults.suspects.request_check(job, suspect.node)
         if result in ("waiting_for_gpus",) or result.startswith("instance_"):
             self.deps.repo.faults.rearm_suspect(suspect, now + RETRY_INTERVAL_SECONDS)
         return "suspect_check_requested"

@@ -31,7 +31,7 @@ from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.models import Job, Rank, Suspect
 from gpu_recovery.domain.policy import StopKind, StopReaction, TaskStop
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPlan
@@ -43,6 +43,7 @@ from gpu_recovery.domain.states import (
     RankState,
 )
 from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import ended
@@ -76,7 +77,8 @@ _STOPPING_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.RESTART, StopRe
 _SUSPECT_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.ADD_SUSPECT)
 # A stop whose job keeps its node (it entered, or is in, recovery: the node is reserved for
 # its restart), or a redelivery: no node freed for anyone else.
-_STILL_HELD = frozenset({"health_check_requested", "recorded", "duplicate", "restart_requested"})
+_STILL_HELD = frozenset({"health_check_requested", "coupled_exit", "recorded", "duplicate",
+                         "restart_requested"})
 # A fault of a rank that failed on its own moves the job from these (a SUSPENDING job's
 # grace included: the fault wins over the suspension).
 FAULT_JOB_STATES = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
@@ -137,6 +139,7 @@ class TaskEvents:
         self.deps = deps
         self.ranks = ranks
         self.health = health
+        self.suspects = FaultSuspects(deps, health, remediation)  # which exits name a suspect; their checks
         self.restarts = restarts
         self.remediation = remediation
         self.suspensions = suspensions
@@ -205,7 +208,7 @@ class TaskEvents:
         kind = policy.classify_stop(stop, self.deps.settings.suspect_exit_codes)
         # When the task really ended (its event's own time, not when this delivery runs: a
         # retried delivery must not count the minute it waited as training, issue 52).
-        stamp = detail.stoppedAt or detail.updatedAt
+        stamp = detail.executionStoppedAt or detail.stoppedAt or detail.updatedAt
         ended_at = min(stamp.timestamp(), clock.now()) if stamp is not None else None
         fields: dict[str, Any] = {"stop_reason": policy.describe_failure(stop)[:500]}
         if stop.exit_code is not None:
@@ -230,7 +233,9 @@ class TaskEvents:
                     may_restart=bool(budget and budget.restart)
                     and self.deps.policy.modes.executes(Effect.RESTART_JOB),
                     suspend_stopping=job.suspend_stopping)
-            if self._record(job, rank, stop, reaction, rank_stop, assessment, budget):
+            if reaction is StopReaction.ADD_SUSPECT and self._coupled(job, rank, assessment, ended_at):
+                reaction = StopReaction.COUPLED
+            if self._record(job, rank, stop, reaction, rank_stop, assessment, budget, exited_at=ended_at):
                 return self._follow_up(job, rank, kind, reaction, redelivered=rank_stop is None,
                                        assessment=assessment, ended_at=ended_at)
             rank = repo.get_rank(rank.job_id, rank.rank) or rank
@@ -270,7 +275,7 @@ class TaskEvents:
 
     def _record(self, job: Job, rank: Rank, stop: TaskStop, reaction: StopReaction,
                 rank_stop: RankStop | None, assessment: Assessment | None = None,
-                budget: BudgetOutcome | None = None) -> bool:
+                budget: BudgetOutcome | None = None, *, exited_at: float | None = None) -> bool:
         """Write the rank's stop and the job's reaction together; False if a race was lost."""
         repo = self.deps.repo
         now = clock.now()
@@ -337,25 +342,43 @@ class TaskEvents:
                 reason = (f"rank {rank.rank} exited {stop.exit_code} on {node} while the stack was "
                           f"{assessment.remediating} it: infrastructure fault of the node")
             self._open_suspect(job, rank, assessment)
-            return self._enter_recovery(job, reason, rank_stop, from_states=FAULT_JOB_STATES, ledger=ledger)
+            return self._enter_recovery(job, reason, rank_stop, from_states=FAULT_JOB_STATES, ledger=ledger,
+                                        exited_at=exited_at)
         if reaction is StopReaction.ADD_SUSPECT:
-            self._open_suspect(job, rank, assessment)
+            opened = self._open_suspect(job, rank, assessment)
+            if rank_stop is not None and set(opened.ranks) <= {rank.rank}:
+                # The node's first exit (a node counts once; a redelivery not again).
+                self.suspects.note_exit(job, exited_at)
+        if reaction is StopReaction.COUPLED and rank_stop is not None:
+            rank_stop = replace(rank_stop, fields={**rank_stop.fields, "coupled": True})
         return rank_stop is None or repo.record_rank_stop(rank_stop)
 
-    def _open_suspect(self, job: Job, rank: Rank, assessment: Assessment | None) -> None:
-        """The rank's node is a suspect of the job's fault: its item (with the evidence and
-        decision, and this rank) exists before anything counts it."""
+    def _open_suspect(self, job: Job, rank: Rank, assessment: Assessment | None) -> Suspect:
         now = clock.now()
-        record = assessment.record(now) if assessment is not None else {"at": now}
-        self.deps.repo.faults.open_suspect(job.job_id, job.attempt, rank.container_inst_id, rank=rank.rank,
-                                           record=record, now=now, retry_at=now + RETRY_INTERVAL_SECONDS)
+        return self.suspects.open(job, rank, assessment.record(now) if assessment is not None
+                                  else {"at": now})
+
+    def _coupled(self, job: Job, rank: Rank, assessment: Assessment | None, exited_at: float | None) -> bool:
+        """A later exit of the fault with no evidence of its own (``recovery.fault_suspects``);
+        a redelivered stop as its first delivery judged it."""
+        if rank.coupled:
+            return True
+        if assessment is None or not self.suspects.coupled(
+                job, assessment.evidence, assessment.plan.action, assessment.remediating, exited_at):
+            return False
+        # A first delivery that judged it a suspect (and died before its stop was written) opened
+        # the node's item naming this rank: a suspect it stays, counted as one.
+        opened = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, rank.container_inst_id)
+        return opened is None or rank.rank not in opened.ranks
 
     def _enter_recovery(self, job: Job, reason: str, rank_stop: RankStop | None,
-                        from_states: Iterable[JobState], ledger: dict[str, Any] | None = None) -> bool:
+                        from_states: Iterable[JobState], ledger: dict[str, Any] | None = None,
+                        exited_at: float | None = None) -> bool:
         now = clock.now()
         entered = self.deps.repo.enter_recovery(
             job.job_id, job.attempt, from_states=from_states, reason=reason,
-            now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop, ledger=ledger)
+            now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop, ledger=ledger,
+            exited_at=exited_at)
         if entered:
             self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
             logger.info("suspected GPU fault", extra={"job_id": job.job_id, "why": reason})
@@ -376,7 +399,8 @@ class TaskEvents:
         if reaction in _STOPPING_REACTIONS and not redelivered:
             self._stop_gang(fresh)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
-                                 suspect=reaction in _SUSPECT_REACTIONS, ended_at=ended_at)
+                                 suspect=reaction in _SUSPECT_REACTIONS,
+                                 coupled=reaction is StopReaction.COUPLED, ended_at=ended_at)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             return Outcome("observed", job.job_id, {"rank": rank.rank,
                                                     "would_have_done": [e.value for e in
@@ -388,6 +412,9 @@ class TaskEvents:
             return Outcome("restart_requested", job.job_id, {"rank": rank.rank, **outcome.detail})
         if reaction in _SUSPECT_REACTIONS:
             return Outcome("health_check_requested", job.job_id,
+                           {"rank": rank.rank, "instance": rank.container_inst_id, **outcome.detail})
+        if reaction is StopReaction.COUPLED:
+            return Outcome("coupled_exit", job.job_id,
                            {"rank": rank.rank, "instance": rank.container_inst_id, **outcome.detail})
         if reaction is StopReaction.USER_STOPPED:
             return Outcome("user_stopped", job.job_id, {"rank": rank.rank})
@@ -421,7 +448,7 @@ class TaskEvents:
                            extra={"job_id": job.job_id, "instance": rank.container_inst_id})
 
     def _converge(self, job: Job, *, redelivered: bool, kind: StopKind, rank: Rank,
-                  suspect: bool = False, ended_at: float | None = None) -> Outcome:
+                  suspect: bool = False, coupled: bool = False, ended_at: float | None = None) -> Outcome:
         """Do what the rank's stop still needs (the work a dead delivery left undone): its
         node's health check if it is a suspect, its arrival at the attempt's latches, and
         whatever completing them means for the job (``ended_at``: when the task ended, the
@@ -434,17 +461,18 @@ class TaskEvents:
         node = current.container_inst_id
         if not suspect and (redelivered or self.deps.settings.check_all_nodes_on_fault):
             suspect = self._named_suspect(job, current)
+        coupled = (coupled or current.coupled) and not suspect  # a redelivery repeats its arrival
         if suspect and job.attempt == rank.attempt:
             if self.deps.settings.check_all_nodes_on_fault or repo.faults.get_suspect(
                     job.job_id, job.attempt, node) is None:
                 self._open_suspect(job, current, None)
-            detail["health_checks"] = {node: self.request_check(job, node)}
+            detail["health_checks"] = {node: self.suspects.request_check(job, node)}
         if redelivered and job.stop_fanout and not job.stop_fanout.get("sent_at"):
             self._stop_gang(job)
         arrival = repo.latches.arrive(
             job.job_id, current.attempt, job.world_size, current.rank,
             [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
-            suspect_node=node if suspect else "")
+            suspect_node=node if suspect else "", coupled_node=node if coupled else "")
         if Latch.DONE in arrival:
             detail["complete"] = ended(self.deps, job.job_id, repo.finish_job(
                 job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0",
@@ -463,27 +491,6 @@ class TaskEvents:
             return True
         found = self.deps.repo.faults.get_suspect(job.job_id, rank.attempt, rank.container_inst_id)
         return found is not None and rank.rank in found.ranks
-
-    def request_check(self, job: Job, inst_id: str) -> str:
-        """The suspect node's decision: the fast path (definitive evidence), or its health
-        check opened (or joined); then its item needs no follow-up from the sweep."""
-        if job.state not in RECOVERING_JOB_STATES:
-            return "job_moved_on"
-        faults = self.deps.repo.faults
-        suspect = faults.get_suspect(job.job_id, job.attempt, inst_id)
-        if suspect is not None and not suspect.pending:
-            faults.health_check_requested(suspect)
-            return "decided"  # a redelivery: its verdict is in already
-        marked: list[bool] = []
-
-        def opened() -> None:  # the check is open: its instance's deadline is the sweep's now
-            if suspect is not None and not marked:
-                faults.health_check_requested(suspect)
-                marked.append(True)
-
-        result = self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id, opened=opened)
-        opened()
-        return result
 
     def on_attempt_ended(self, job: Job, attempt: int) -> str:
         """Every rank of ``attempt`` ended (its GPUs are free): the fault's suspects are final
@@ -548,7 +555,7 @@ class TaskEvents:
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": state})
         # Counted with the failing rank's shard (that rank has not ended: it is stopped now).
         repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
-        checks = {inst_id: self.request_check(job, inst_id)}
+        checks = {inst_id: self.suspects.request_check(job, inst_id)}
         self._stop_gang(job)
         return Outcome("health_check_requested", job_id,
                        {"rank": failing_rank, "instance": inst_id, "health_checks": checks})
@@ -556,8 +563,11 @@ class TaskEvents:
     def converge_fault(self, job: Job) -> dict[str, str]:
         """The sweep, for a job in PENDING_HEALTHCHECK: the stop intent sent (and the stops
         asked again at a paced interval); each suspect's check is the suspect item's own
-        follow-up."""
-        return {"stops": self.gang.stop_due(job, clock.now())}
+        follow-up; the coupled nodes of a fault whose checks found nothing named suspects."""
+        done = {"stops": self.gang.stop_due(job, clock.now())}
+        if job.tally.escalated:
+            done["coupled"] = self.suspects.check_coupled(job)
+        return done
 
     def _observed(self, job: Job, rank: Rank, assessment: Assessment) -> None:
         """Observe mode: record on the node what would have been done, and tell operators."""

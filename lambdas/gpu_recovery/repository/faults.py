@@ -21,7 +21,7 @@ that moves ranks off unusable nodes writes its moves on a placement item
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -168,6 +168,27 @@ class FaultRepository:
             condition="#f.#a = :a AND attribute_not_exists(#f.#t)",
             condition_values={":a": job.tally.attempt},
             condition_names={"#f": "fault", "#a": "attempt", "#t": "total"}))
+        return self.base.job_from_item(written) if written else None
+
+    def note_exit(self, job: Job, exits: Sequence[float]) -> bool:
+        """The fault's first exits (``FaultTally.exits``) as a later suspect's stop makes them.
+        Unconditional but for the fault: two suspects writing at once may lose one's time,
+        which only makes a later exit a suspect too (``domain.suspects.coupled``)."""
+        return self.base.db.apply(Update(
+            table=self.table, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={"fault.exits": list(exits)}, condition="#f.#a = :a",
+            condition_values={":a": job.tally.attempt}, condition_names={"#f": "fault", "#a": "attempt"}))
+
+    def escalate(self, job: Job, total: int) -> Job | None:
+        """The fault's checks found nothing: its coupled nodes are checked too, ``total`` raised
+        to count them (once: the count it was read at). Returns the job as written (None: not
+        this fault, or raised already)."""
+        written = self.base.db.apply_returning(Update(
+            table=self.table, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={"fault.total": total, "fault.escalated": True},
+            condition="#f.#a = :a AND #f.#t = :t AND attribute_not_exists(#f.#e)",
+            condition_values={":a": job.tally.attempt, ":t": job.tally.total},
+            condition_names={"#f": "fault", "#a": "attempt", "#t": "total", "#e": "escalated"}))
         return self.base.job_from_item(written) if written else None
 
     def count_healthy(self, job: Job, node: str, *, infra: bool) -> None:

@@ -224,16 +224,18 @@ class JobsAndRanks(RecoveryTables):
     def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
                        now: float, deadline_at: float, rank_stop: RankStop | None = None,
                        actor: str = "recovery", ledger: Mapping[str, Any] | None = None,
-                       opened_by: str = "") -> bool:
+                       opened_by: str = "", exited_at: float | None = None) -> bool:
         """The first suspect of a fault: job -> PENDING_HEALTHCHECK with a fresh tally (``opened_by``:
-        what opened it when not a rank's end, ``FaultTally.opened_by``) and the
+        what opened it when not a rank's end, ``FaultTally.opened_by``; ``exited_at``: when the
+        rank that opened it stopped, the fault's first exit) and the
         intent to stop every other rank (with the rank's stop in the same transaction, so a
         retry never finds one written without the other). The suspect itself is an item of
         its own (``FaultRepository.open_suspect``), written before."""
         job = self.job_transition(
             job_id, JobState.PENDING_HEALTHCHECK, from_states=from_states, attempt=attempt,
             reason=reason, actor=actor,
-            set_fields={"fault": FaultTally(attempt=attempt, opened_by=opened_by).to_item(),
+            set_fields={"fault": FaultTally(attempt=attempt, opened_by=opened_by,
+                                            exits=() if exited_at is None else (exited_at,)).to_item(),
                         "fault_started_at": now, "last_error": reason[:1000],
                         **self.stop_fanout_fields(attempt, reason, now),
                         # In the deadline index while in recovery: the queue scheduler holds

@@ -18,6 +18,7 @@ from gpu_recovery.domain.latch import Latch, latch_complete, shard_complete, sha
 from gpu_recovery.repository.base import Update, from_ddb
 
 PREFLIGHT_ADDRESSES = "pfa"  # "<rank>|<address>" of the ranks whose preflight loopback reported
+COUPLED_NODES = "cpl"  # nodes whose rank's exit was coupled to the attempt's fault (domain.suspects)
 REGISTERED_AT = "reg_at"  # the whole seconds the shard's ranks were registered at (at most 64 values)
 
 
@@ -37,19 +38,22 @@ class LatchRepository:
         self.table = base.job_table_name
 
     def arrive(self, job_id: str, attempt: int, world_size: int, rank: int, latches: Iterable[Latch], *,
-               suspect_node: str = "", node: str = "", address: str = "",
+               suspect_node: str = "", coupled_node: str = "", node: str = "", address: str = "",
                registered_at: float | None = None) -> Arrival:
         """Rank ``rank`` of ``attempt`` arrives at ``latches`` (and names its node a suspect of
-        the attempt's fault; registering, records its ``node`` and the second it was
-        ``registered_at``; reporting its preflight loopback, its ``address``, where its groups'
-        peers reach it). Idempotent; returns the latches complete afterwards."""
+        the attempt's fault, or one whose exit was coupled to it; registering, records its
+        ``node`` and the second it was ``registered_at``; reporting its preflight loopback, its
+        ``address``, where its groups' peers reach it). Idempotent; returns the latches
+        complete afterwards."""
         wanted = sorted(set(latches), key=lambda latch: latch.value)
-        if not wanted and not suspect_node:
+        if not wanted and not suspect_node and not coupled_node:
             return Arrival()
         shard = shard_of(rank)
         adds: dict[str, set[Any]] = {latch.value: set[Any]([rank]) for latch in wanted}
         if suspect_node:
             adds["susp"] = {suspect_node}
+        if coupled_node:
+            adds[COUPLED_NODES] = {coupled_node}
         if node and Latch.REGISTERED in wanted:
             adds["nodes"] = {node}
         if registered_at and Latch.REGISTERED in wanted:
@@ -89,6 +93,14 @@ class LatchRepository:
         """Every node named a suspect by a rank of the attempt (``ceil(n / 64)`` items, read
         once per fault, when every rank has ended)."""
         return self._union(job_id, attempt, world_size, "susp")
+
+    def fault_nodes(self, job_id: str, attempt: int, world_size: int) -> tuple[set[str], set[str]]:
+        """The attempt's suspect nodes and the nodes whose exits were coupled to its fault
+        (``domain.suspects``) that are not suspects: one read of the shards."""
+        items = self._shard_items(job_id, attempt, range(shard_count(world_size)))
+        suspects = {str(n) for item in items for n in item.get("susp") or ()}
+        coupled = {str(n) for item in items for n in item.get(COUPLED_NODES) or ()}
+        return suspects, coupled - suspects
 
     def job_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
         """The nodes the attempt's registered ranks run on (read once per relocation)."""

@@ -109,6 +109,7 @@ def rank_from_item(item: Mapping[str, Any]) -> Rank:
         started_by=item.get("started_by", ""),
         exit_code=item.get("exit_code"),
         stop_reason=item.get("stop_reason", ""),
+        coupled=bool(item.get("coupled")),
         last_heartbeat_at=item.get("last_heartbeat_at"),
         registered_at=item.get("registered_at", 0.0),
         running_at=item.get("running_at"),

@@ -15,15 +15,17 @@ the job restarts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
-from gpu_recovery.domain import goodput
+from gpu_recovery.domain import goodput, suspects
 from gpu_recovery.domain.escalation import NodeFaultRecord, charges_job
 from gpu_recovery.domain.evidence import Evidence
+from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.fault_vocabulary import Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import JobBudgets, settle
 from gpu_recovery.domain.models import Job
@@ -35,9 +37,12 @@ from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, after_commit
+from gpu_recovery.recovery.reactions import CoupledToCheck, Reactions
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.repository import JobVerdict
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
+
+logger = logging.getLogger(__name__)
 
 
 def fault_record(evidence: Evidence, plan: RemediationPlan, now: float,
@@ -82,11 +87,13 @@ class _Settled:
 
 
 class JobSettlement:
-    def __init__(self, deps: Deps, restarts: GangRestart, notices: Notices, owed: RemediationNotices) -> None:
+    def __init__(self, deps: Deps, restarts: GangRestart, notices: Notices, owed: RemediationNotices, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.restarts = restarts
         self.notices = notices
         self.owed = owed
+        self.reactions = reactions or Reactions()  # told: a fault's coupled nodes to check
 
     @property
     def policy(self) -> Any:
@@ -109,6 +116,10 @@ class JobSettlement:
         if infra_hint:
             tally = replace(tally, infra=tally.infra + 1)
         outcome = tally.outcome(relocatable=bool(tally.fatal) and self.restarts.relocatable(job))
+        if outcome is JobOutcome.RESTART and self._coupled_nodes(job, tally):
+            # Nothing found, and nodes whose exits followed were not checked: they are, before
+            # the job restarts (``conclude``, once this verdict is committed).
+            outcome = JobOutcome.WAIT
         reason = f"verdict {label.value} on {inst_id}" + (f" ({plan.action.value}, rule "
                                                           f"{plan.decision.rule_id})" if plan else "")
         kind = Budget.INFRASTRUCTURE
@@ -200,6 +211,10 @@ class JobSettlement:
         outcome = job.tally.outcome(relocatable=bool(job.tally.fatal) and self.restarts.relocatable(job))
         if outcome is JobOutcome.WAIT:
             return "waiting"
+        if outcome is JobOutcome.RESTART:
+            coupled = self._check_coupled(job)
+            if coupled:
+                return coupled
         kind = Budget.INFRASTRUCTURE if job.tally.infra_all else Budget.APPLICATION
         if _opened_by_preflight(job):
             kind = Budget.NONE  # every pinned node cleared: the attempt had not trained
@@ -227,6 +242,34 @@ class JobSettlement:
             return "failed"
         after_commit("restart", self.restarts.try_restart, job.job_id)
         return "restart"
+
+    def _check_coupled(self, job: Job) -> str:
+        """Every check of the fault found its node healthy: before the job restarts on them,
+        the nodes whose exits were coupled to the fault (``domain.suspects``) are checked too,
+        the total raised to count them (once). "" when there are none (fewer than two
+        suspects: no exit could be coupled)."""
+        tally = job.tally
+        found = self._coupled_nodes(job, tally)
+        if not found:
+            return ""
+        named, coupled = found
+        escalated = self.deps.repo.faults.escalate(job, max(tally.total or 0, len(named)) + len(coupled))
+        if escalated is None:
+            return "raced"
+        logger.warning("the fault's checks found nothing: the nodes whose exits followed are checked",
+                       extra={"job_id": job.job_id, "coupled": len(coupled), "checked": len(named)})
+        self.deps.metrics.add_metric("CoupledNodesChecked", "Count", len(coupled))
+        after_commit("check the coupled nodes", self.reactions.emit, CoupledToCheck(escalated))
+        return "checking_coupled"
+
+    def _coupled_nodes(self, job: Job, tally: FaultTally) -> tuple[set[str], set[str]] | None:
+        """The fault's suspect nodes and the nodes whose exits were coupled to it, when the
+        latter are owed a check (none found, not escalated yet); None otherwise. Read only
+        when it can be owed: two suspects at least (no exit is coupled before the second)."""
+        if tally.escalated or tally.found or (tally.total or 0) < suspects.FIRST_CHECKED_EXITS:
+            return None
+        named, coupled = self.deps.repo.latches.fault_nodes(job.job_id, tally.attempt, job.world_size)
+        return (named, coupled) if coupled else None
 
     def settle_counted(self, job_id: str) -> str:
         """After a verdict that left the job waiting (counted on a tally shard, or on the

@@ -49,6 +49,7 @@ from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.recovery.reactions import Reactions
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
@@ -117,14 +118,15 @@ class Applied:
 
 
 class NodeRemediation:
-    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, restarts: GangRestart) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, restarts: GangRestart, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.reboots = reboots
         self.restarts = restarts
         self.notices = ranks.notices  # the outbox
         self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
-        self.settlement = JobSettlement(deps, restarts, self.notices, self.owed_notices)
+        self.settlement = JobSettlement(deps, restarts, self.notices, self.owed_notices, reactions=reactions)
         self.resets = GpuResets(deps, reboots, self.notices)
         self.tenant_evidence = TenantEvidence(deps, self.notices)
 

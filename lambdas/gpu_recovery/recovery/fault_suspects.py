@@ -1,0 +1,114 @@
+"""A fault's suspect nodes: which exits name one (``domain.suspects``), each suspect's check
+asked for, and the coupled nodes checked when the fault's checks find nothing (issue 50).
+
+The task-event stage (``recovery.task_events``) judges each rank's stop and hands the
+suspects here; the sweep asks for the check of a suspect whose delivery died; the settlement
+(``JobSettlement.conclude``) has the coupled nodes checked (``reactions.CoupledToCheck``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpu_recovery import clock
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
+from gpu_recovery.domain import suspects
+from gpu_recovery.domain.evidence import Evidence
+from gpu_recovery.domain.fault_vocabulary import Action
+from gpu_recovery.domain.models import Job, Rank, Suspect
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, JobState
+from gpu_recovery.recovery.health_checks import HealthChecks
+from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+
+logger = logging.getLogger(__name__)
+
+# The coupled nodes named suspects by one call (their checks requested inline; the rest by
+# the sweep's next minutes): bounded, whatever the job's size.
+COUPLED_PER_STEP = 32
+
+
+class FaultSuspects:
+    def __init__(self, deps: Deps, health: HealthChecks, remediation: NodeRemediation) -> None:
+        self.deps = deps
+        self.health = health
+        self.remediation = remediation
+
+    def open(self, job: Job, rank: Rank, record: dict[str, Any]) -> Suspect:
+        """The rank's node is a suspect of the job's fault: its item (with the evidence and
+        decision, and this rank) exists before anything counts it."""
+        now = clock.now()
+        return self.deps.repo.faults.open_suspect(job.job_id, job.attempt, rank.container_inst_id,
+                                                  rank=rank.rank, record=record, now=now,
+                                                  retry_at=now + RETRY_INTERVAL_SECONDS)
+
+    def coupled(self, job: Job, evidence: Evidence, action: Action, remediating: str,
+                exited_at: float | None) -> bool:
+        """A later exit of the fault with no evidence of its own: its node is checked only if
+        the fault's checks find nothing. Every exit is a suspect with
+        ``health_check_all_nodes``; an exit the catalog judged by a rule of its own (an XID,
+        a GPU signal of its node) or on a node the stack is taking down is one too."""
+        if self.deps.settings.check_all_nodes_on_fault or job.tally.attempt != job.attempt:
+            return False
+        own = bool(evidence.xids or evidence.gpu_signals or remediating) or action is not Action.HEALTH_CHECK
+        return suspects.coupled(exited_at, job.tally.exits, own_evidence=own)
+
+    def note_exit(self, job: Job, exited_at: float | None) -> None:
+        """A later suspect's stop time among the fault's first exits, when it is one of them.
+        Best effort: a time not written only makes a later exit a suspect too."""
+        if exited_at is None or job.tally.attempt != job.attempt:
+            return
+        exits = suspects.first_exits(job.tally.exits, exited_at)
+        if exits == job.tally.exits:
+            return
+        try:
+            self.deps.repo.faults.note_exit(job, exits)
+        except Exception:
+            logger.warning("the fault's first exits not written", exc_info=True, extra={"job_id": job.job_id})
+
+    def request_check(self, job: Job, inst_id: str) -> str:
+        """The suspect node's decision: the fast path (definitive evidence), or its health
+        check opened (or joined); then its item needs no follow-up from the sweep."""
+        if job.state not in RECOVERING_JOB_STATES:
+            return "job_moved_on"
+        faults = self.deps.repo.faults
+        suspect = faults.get_suspect(job.job_id, job.attempt, inst_id)
+        if suspect is not None and not suspect.pending:
+            faults.health_check_requested(suspect)
+            return "decided"  # a redelivery: its verdict is in already
+        marked: list[bool] = []
+
+        def opened() -> None:  # the check is open: its instance's deadline is the sweep's now
+            if suspect is not None and not marked:
+                faults.health_check_requested(suspect)
+                marked.append(True)
+
+        result = self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id, opened=opened)
+        opened()
+        return result
+
+    def check_coupled(self, job: Job) -> str:
+        """The fault's checks found nothing (``FaultTally.escalated``): each node whose rank's
+        exit was coupled to it is named a suspect and checked, as every such node was before:
+        its item (due: the sweep asks for its check if this dies), its fence, its place among
+        the latch's suspects (the raised total counts them), its check. At most
+        ``COUPLED_PER_STEP`` nodes a call; the sweep goes on each minute."""
+        if not job.tally.escalated or job.state is not JobState.PENDING_HEALTHCHECK:
+            return "not_escalated"
+        repo = self.deps.repo
+        attempt = job.tally.attempt
+        _, coupled = repo.latches.fault_nodes(job.job_id, attempt, job.world_size)
+        now = clock.now()
+        named = sorted(coupled)[:COUPLED_PER_STEP]
+        for node in named:
+            suspect = repo.faults.open_suspect(job.job_id, attempt, node, rank=None,
+                                               record={"at": now, "coupled": True}, now=now,
+                                               retry_at=now + RETRY_INTERVAL_SECONDS)
+            if suspect.pending:
+                fence = {"job": job.job_id, "attempt": attempt, "at": now,
+                         "why": "coupled exit checked: the first checks found nothing"}
+                repo.faults.fence_suspect(node, fence)
+            repo.latches.arrive(job.job_id, attempt, job.world_size, 0, [], suspect_node=node)
+            self.request_check(job, node)
+        return f"named_{len(named)}_of_{len(coupled)}"

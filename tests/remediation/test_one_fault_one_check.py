@@ -1,0 +1,102 @@
+"""One fault, one diagnosis (issue 50, ``domain.suspects``), end to end under the emulator: a
+24-rank gang on 26 nodes, one GPU fault, its NCCL peers exiting 1 within seconds, before the
+stack's stops reach them (EventBridge's delivery of the stops is late here, as it is when
+many events arrive at once). The stack checks the first exits and the nodes with evidence of
+their own, not every rank that followed."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from gpu_recovery import constants as C
+from local_mode.remediation_scenarios import MIN, world
+
+RANKS = 24
+FAULTY = "node-07"
+
+
+def _late_task_stops(seconds: float) -> Any:
+    """Every training task's STOPPED event reaches the stack ``seconds`` late (not the
+    health checks'), so a cascade's peers exit on their own before they are stopped."""
+    def delay(event: dict[str, Any]) -> float:
+        detail = event.get("detail") or {}
+        return seconds if event.get("detail-type") == "ECS Task State Change" and \
+            detail.get("lastStatus") == "STOPPED" and \
+            not str(detail.get("group", "")).startswith(C.HEALTH_CHECK_GROUP) else 0.0
+    return delay
+
+
+def _gang(w: Any) -> list[str]:
+    nodes = [f"node-{i:02d}" for i in range(RANKS + 2)]
+    for node in nodes:
+        w.ecs.add_node(node)
+    w.ecs.start_job("big", w.training_task_definition, nodes[:RANKS])
+    return nodes
+
+
+def _nccl_delays(seed: int) -> Any:
+    rng = random.Random(seed)
+    return lambda: rng.uniform(2.0, 6.0)  # each peer's NCCL error, seconds after the fault
+
+
+def test_a_single_gpu_fault_in_a_24_rank_gang_runs_at_most_two_checks_without_the_node_agent() -> None:
+    """Given 24 ranks, node-07's GPU failing (DCGM: reboot) and its 23 peers exiting 1 two to
+    six seconds later, every STOPPED event delivered 10 s late
+    When the stack recovers the job
+    Then it runs at most two DCGM checks (the faulty node's and the first peer's), reboots
+    node-07 once and no other node, and the job runs again on attempt 2."""
+    with world() as w:
+        nodes = _gang(w)
+        w.ecs.delivery_delay = _late_task_stops(10.0)
+        w.ecs.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True,
+                               cascade_delay_seconds=_nccl_delays(1))  # type: ignore[arg-type]
+        w.ecs.run_for(2 * MIN)
+        w.ecs.delivery_delay = None
+        w.ecs.run_for(20 * MIN)
+        assert w.ecs.counters["health_checks_started"] <= 2, w.ecs.counters
+        assert w.ecs.node(FAULTY).reboots == 1
+        assert all(w.ecs.node(n).reboots == 0 for n in nodes if n != FAULTY)
+        job = w.job("big")
+        assert (job["job_state"], job["attempt"]) == ("RUNNING", 2), job.get("history")
+        assert not w.bus.dead_letters
+
+
+def test_with_the_node_agent_the_node_that_reported_the_xid_is_checked_and_at_most_one_more() -> None:
+    """Given the same gang, node-07's driver logging XID 142 (the catalog asks the diag for
+    it), which its node agent reports before the ranks crash
+    When the stack recovers the job
+    Then node-07 is checked (its evidence) with at most one peer, and rebooted."""
+    with world() as w:
+        _gang(w)
+        w.ecs.delivery_delay = _late_task_stops(10.0)
+        w.ecs.inject_xid(FAULTY, 142, after=MIN, health="reboot_fixable", nccl_cascade=True)
+        w.ecs.run_for(2 * MIN)
+        w.ecs.delivery_delay = None
+        w.ecs.run_for(20 * MIN)
+        assert w.ecs.counters["health_checks_started"] <= 2, w.ecs.counters
+        assert w.ecs.node(FAULTY).reboots == 1
+        assert (w.job("big")["job_state"], w.job("big")["attempt"]) == ("RUNNING", 2)
+
+
+def test_two_faults_within_seconds_are_both_caught_before_the_job_runs_on_them_again() -> None:
+    """Given node-07's GPU failing and, two seconds later, node-15's (both: reboot), their
+    peers exiting 1 three to six seconds after the first fault
+    When the stack recovers the job
+    Then both faulty nodes are checked (the first two exits) and rebooted before the job's
+    attempt 2 starts on them."""
+    with world() as w:
+        _gang(w)
+        w.ecs.delivery_delay = _late_task_stops(10.0)
+        rng = random.Random(2)
+        w.ecs.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True,
+                               cascade_delay_seconds=lambda: rng.uniform(3.0, 6.0))  # type: ignore[arg-type]
+        w.ecs.inject_gpu_fault("node-15", after=MIN + 2, health="reboot_fixable")
+        w.ecs.run_for(2 * MIN)
+        w.ecs.delivery_delay = None
+        w.ecs.run_for(25 * MIN)
+        assert w.ecs.node(FAULTY).reboots == 1 and w.ecs.node("node-15").reboots == 1
+        assert w.ecs.counters["health_checks_started"] <= 2, w.ecs.counters
+        bad = [p for p in w.ecs.placements if p.training and p.health != "healthy"]
+        assert bad == [], bad
+        assert (w.job("big")["job_state"], w.job("big")["attempt"]) == ("RUNNING", 2)
