@@ -179,9 +179,9 @@ def expectations(result: RunResult) -> list[str]:
             problems.append(f"node-b is {result.ecs_status.get(FAULTY)} in ECS (want DRAINING)")
     if flow in RELOCATING and result.final_nodes != [HEALTHY, SPARE]:
         problems.append(f"ranks ended on {result.final_nodes} (want rank 1 moved to {SPARE})")
-    # A broken call that delays node-b's stop past the others' has the three exits judged in
-    # another order: each is then among the first two it knows of, and all three are checked
-    # at once (none coupled). Either way each node is checked once, node-d never before.
+    # A broken call that delays node-b's stop past the others' has it handled third: earlier
+    # than both suspects, it is one too, and all three are checked at once (none coupled).
+    # Either way each node is checked once, node-d never before node-b and node-a.
     if flow == "coupled_app_error" and result.facts.get("coupled") not in ([COUPLED_NODE], []):
         problems.append(f"checked after the first checks answered: {result.facts.get('coupled')} (want "
                         f"[{COUPLED_NODE!r}], the third exit, coupled, checked once they found nothing)")

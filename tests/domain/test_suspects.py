@@ -16,10 +16,10 @@ def test_the_first_exits_keep_the_two_earliest_whatever_the_order_they_are_added
 
 
 @pytest.mark.parametrize(("exited_at", "known", "own", "expected"), [
-    (104.0, (100.0, 103.0), False, True),    # later than the first two: it died of the fault
-    (102.0, (100.0, 103.0), False, False),   # earlier than the second: among the first two
-    (103.0, (100.0, 103.0), False, True),    # a tie with the second: the cascade's instant
-    (100.0, (100.0, 103.0), False, False),   # a tie with the first: before the second
+    (104.0, (100.0, 103.0), False, True),    # after the first two: it died of the fault
+    (102.0, (100.0, 103.0), False, True),    # between them: a peer handled late, still after the fault
+    (99.0, (100.0, 103.0), False, False),    # earlier than every suspect: its event came late
+    (100.0, (100.0, 103.0), False, False),   # a tie with the earliest counts as before it
     (104.0, (100.0,), False, False),         # fewer than two exits known
     (104.0, (100.0, 103.0), True, False),    # its node has evidence of its own
     (None, (100.0, 103.0), False, False),    # no stop time: a suspect
@@ -30,8 +30,8 @@ def test_a_later_exit_without_evidence_of_its_own_is_coupled(
 
 
 def test_a_lost_write_of_the_first_exits_only_makes_more_suspects() -> None:
-    """Given the true first exits (100, 101) but only (100, 103) written (101's write lost)
+    """Given the suspects' stop times (99, 103) but only (103,) written (99's write lost)
     When an exit at 102 is judged
     Then it is a suspect (checked), never coupled wrongly: what is missing only widens."""
-    assert not coupled(102.0, (100.0, 103.0), own_evidence=False)
-    assert coupled(102.0, (100.0, 101.0), own_evidence=False)
+    assert not coupled(102.0, (103.0,), own_evidence=False)
+    assert coupled(102.0, (99.0, 103.0), own_evidence=False)
