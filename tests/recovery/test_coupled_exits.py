@@ -6,9 +6,11 @@ tests/remediation/test_one_fault_one_check.py."""
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery import fault_suspects
 from tests.recovery.fakes import World, world
 
 NODES = ["node-0", "node-1", "node-2", "node-3", "node-4", "node-5"]
@@ -152,3 +154,24 @@ def test_an_exit_judged_a_suspect_by_a_delivery_that_died_stays_one() -> None:
         job = w.repo.get_job("j")
         assert job.tally.total == 2
         assert set(w.repo.faults.labels(job)) == {FAULTY, "node-1"}
+
+
+def test_coupled_nodes_beyond_the_inline_ones_are_checked_by_the_sweeps_pages(monkeypatch: Any) -> None:
+    """Given an application error of six ranks (two checked at once, four coupled) and room
+    for one inline check when the first checks find nothing
+    When the escalation names the four coupled nodes
+    Then one is checked at once and the three others' items are due, so the next sweep asks
+    for their checks (in parallel, not one call's worth a minute)."""
+    monkeypatch.setattr(fault_suspects, "COUPLED_CHECKS_INLINE", 1)
+    with world() as w:
+        arns = w.register_job("j", NODES)
+        for event in _exits(w, arns, list(range(len(NODES))), {r: r for r in range(len(NODES))}):
+            w.service.on_task_state_change(event)
+        for node in ("node-0", "node-1"):
+            [task] = w.ecs.health_checks_on(node)
+            w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
+        assert w.repo.get_job("j").tally.total == 6
+        assert _checked(w) == {"node-0", "node-1", "node-2"}
+        w.advance(1)
+        w.service.sweep()
+        assert _checked(w) == set(NODES)

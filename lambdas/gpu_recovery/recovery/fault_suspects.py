@@ -24,9 +24,12 @@ from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 
 logger = logging.getLogger(__name__)
 
-# The coupled nodes named suspects by one call (their checks requested inline; the rest by
-# the sweep's next minutes): bounded, whatever the job's size.
-COUPLED_PER_STEP = 32
+# The coupled nodes named suspects by one call (three writes each: bounded, whatever the
+# job's size; the rest by the sweep's next minutes), the checks of the first ones requested
+# inline; the others' items are due at once, so the sweep's pages of due suspects ask for
+# them (as for a suspect whose delivery died), in parallel rather than a few a minute.
+COUPLED_PER_STEP = 256
+COUPLED_CHECKS_INLINE = 16
 
 
 class FaultSuspects:
@@ -92,7 +95,8 @@ class FaultSuspects:
         """The fault's checks found nothing (``FaultTally.escalated``): each node whose rank's
         exit was coupled to it is named a suspect and checked, as every such node was before:
         its item (due: the sweep asks for its check if this dies), its fence, its place among
-        the latch's suspects (the raised total counts them), its check. At most
+        the latch's suspects (the raised total counts them), its check (inline for the first
+        ``COUPLED_CHECKS_INLINE``, else by the sweep's step for the due item). At most
         ``COUPLED_PER_STEP`` nodes a call; the sweep goes on each minute."""
         if not job.tally.escalated or job.state is not JobState.PENDING_HEALTHCHECK:
             return "not_escalated"
@@ -101,14 +105,16 @@ class FaultSuspects:
         _, coupled = repo.latches.fault_nodes(job.job_id, attempt, job.world_size)
         now = clock.now()
         named = sorted(coupled)[:COUPLED_PER_STEP]
-        for node in named:
+        for index, node in enumerate(named):
+            inline = index < COUPLED_CHECKS_INLINE
             suspect = repo.faults.open_suspect(job.job_id, attempt, node, rank=None,
                                                record={"at": now, "coupled": True}, now=now,
-                                               retry_at=now + RETRY_INTERVAL_SECONDS)
+                                               retry_at=now + RETRY_INTERVAL_SECONDS if inline else now)
             if suspect.pending:
                 fence = {"job": job.job_id, "attempt": attempt, "at": now,
                          "why": "coupled exit checked: the first checks found nothing"}
                 repo.faults.fence_suspect(node, fence)
             repo.latches.arrive(job.job_id, attempt, job.world_size, 0, [], suspect_node=node)
-            self.request_check(job, node)
+            if inline:
+                self.request_check(job, node)
         return f"named_{len(named)}_of_{len(coupled)}"
