@@ -179,12 +179,15 @@ def expectations(result: RunResult) -> list[str]:
             problems.append(f"node-b is {result.ecs_status.get(FAULTY)} in ECS (want DRAINING)")
     if flow in RELOCATING and result.final_nodes != [HEALTHY, SPARE]:
         problems.append(f"ranks ended on {result.final_nodes} (want rank 1 moved to {SPARE})")
-    # A broken call that delays node-b's stop past the others' has it handled third: earlier
-    # than both suspects, it is one too, and all three are checked at once (none coupled).
-    # Either way each node is checked once, node-d never before node-b and node-a.
-    if flow == "coupled_app_error" and result.facts.get("coupled") not in ([COUPLED_NODE], []):
-        problems.append(f"checked after the first checks answered: {result.facts.get('coupled')} (want "
-                        f"[{COUPLED_NODE!r}], the third exit, coupled, checked once they found nothing)")
+    # A broken call that delays one rank's stop past the others' changes which exits are
+    # handled first: node-b's (the earliest) handled third is still a suspect (none coupled);
+    # node-a's handled third is the coupled one. Whatever the order, node-b is checked at
+    # once, one node at most waits for the first checks, and each node is checked once.
+    coupled = result.facts.get("coupled")
+    if flow == "coupled_app_error" and (not isinstance(coupled, list) or FAULTY in coupled
+                                        or len(coupled) > 1):
+        problems.append(f"checked after the first checks answered: {coupled} (want at most one node, "
+                        f"never {FAULTY}, the earliest exit; unbroken: [{COUPLED_NODE!r}])")
     if flow == "relocation_wait" and not result.facts.get("waited_for_a_node"):
         problems.append("the job never waited for a free node")
     if flow in HELD:
