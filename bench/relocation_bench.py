@@ -1,6 +1,7 @@
 """Relocation in a full cluster (issue 41): fault -> every rank RUNNING again after the job
 moves to a spare, per stage, at 8 and 128 ranks, in simulated time (moto + the simulated ECS
-data plane, the deployed handlers).
+data plane, the deployed handlers); then a busy cluster of many jobs (issue 50,
+``_busy_cluster``).
 
 Each world: a relocatable job (8 ranks on 8 nodes, one 8-GPU rank each; or 128 ranks on 16
 nodes, eight 1-GPU ranks each), ``spare_nodes=2``, and six more nodes that another scheduler
@@ -19,6 +20,8 @@ the stack held (reserved, spare) or had judged bad, and the jobs failed.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 from dataclasses import dataclass, field
 from statistics import mean
@@ -123,17 +126,101 @@ def _stages(w: Any, fault: FaultTimeline, old: list[str]) -> None:
         fault.moved_to = sorted({t.node for t in new} - {w.ecs.tasks[a].node for a in old})
 
 
+BUSY_NODES = 16
+BUSY_HOURS = 12.0
+BUSY_JOBS = 110
+BUSY_FAULT_SHARE = 0.5
+BUSY_SEEDS = (1, 2)
+
+
+def _busy_cluster(seed: int, hours: float = BUSY_HOURS, rate: float = 0.0) -> dict[str, Any]:
+    """Issue 50's soak: ``BUSY_NODES`` nodes, ``spare_nodes=2``, the user's own scheduler
+    (``local_mode.soak``'s: it starts the next queued job the moment enough nodes the
+    constraint allows are free, so the cluster stays full) with more jobs queued than the
+    hours can run: 1-4 ranks (one per node), 20-80 minutes each, every other one relocatable;
+    half of them meet one fault (``soak.FAULTS``: a GPU a reboot fixes, a dead GPU, an
+    application error, XID 79 from the node agent; each with the NCCL cascade). Per fault of a
+    relocatable job: seconds from the fault to every rank of the next attempt RUNNING, and
+    whether it moved; whether each relocatable dead-GPU job completed. ``rate``: the share of
+    the stack's AWS calls broken at random (the soak's ``CallFaults.arm_random``)."""
+    import random
+
+    from local_mode.soak import _UserScheduler, plan_jobs
+    from local_mode.world import build_world
+
+    rng = random.Random(seed)
+    planned = plan_jobs(rng, BUSY_JOBS, hours, BUSY_FAULT_SHARE)
+    for i, job in enumerate(planned):
+        job.relocatable = i % 2 == 0
+    env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL", C.ENV_SPARE_NODES: str(SPARES),
+           C.ENV_RELOCATION_WAIT_SECONDS: "1800"}
+    # the product's default budget (3 infrastructure recoveries; the emulator's default is 1)
+    with build_world(dynamodb="memory", extra_env=env, max_recovery_attempts=3) as w:
+        for i in range(BUSY_NODES):
+            w.ecs.add_node(f"node-{i:02d}")
+        w.ecs.run_for(2 * MIN)  # the pool marked before the scheduler fills the rest
+        scheduler = _UserScheduler(w.aws, w.ecs, planned, rng)
+        if rate:
+            w.aws.call_faults.arm_random(rate, seed)
+        wall = time.perf_counter()
+        end = w.ecs.now() + hours * 3600
+        while w.ecs.now() < end:
+            scheduler.tick()
+            w.ecs.run_for(MIN)
+        scheduler.queue.clear()
+        w.aws.call_faults.disarm()
+        w.ecs.run_for(2 * 3600)  # every job started ends
+        moves: list[dict[str, Any]] = []
+        in_place: list[dict[str, Any]] = []
+        for job in planned:
+            if job.started_at is None or job.fault is None or not job.relocatable:
+                continue
+            at = job.started_at + job.fault_after
+            first = [t for t in w.ecs.tasks.values() if t.tags.get(C.TAG_JOB_ID) == job.job_id
+                     and not t.health_check and t.created_at < at]
+            later = [t for t in w.ecs.tasks.values() if t.tags.get(C.TAG_JOB_ID) == job.job_id
+                     and not t.health_check and t.created_at >= at]
+            if not first or at > end:
+                continue
+            started = sorted(later, key=lambda t: t.created_at)[:job.ranks]
+            row = {"job": job.job_id, "fault": job.fault, "ranks": job.ranks,
+                   "all_running_s": None, "moved_to": []}
+            if len(started) == job.ranks and all(t.started_at for t in started):
+                row["all_running_s"] = round(max(float(t.started_at or 0) for t in started) - at, 1)
+                row["moved_to"] = sorted({t.node for t in started} - {t.node for t in first})
+            (moves if row["moved_to"] else in_place).append(row)
+        dead = [j.job_id for j in planned if j.fault == "dead_gpu" and j.relocatable and j.started_at
+                and j.started_at + j.fault_after <= end]
+        states = {job: w.job(job).get("job_state") for job in dead}
+        running_s = [float(m["all_running_s"]) for m in moves if m["all_running_s"] is not None]
+        return {
+            "seed": seed, "hours": hours, "jobs_started": sum(1 for j in planned if j.started_at),
+            "relocations": moves, "relocatable_faults_not_moved": in_place,
+            "all_running_mean_s": round(mean(running_s), 1) if running_s else None,
+            "all_running_max_s": max(running_s) if running_s else None,
+            "relocatable_dead_gpu_jobs": len(dead),
+            "completed": sum(1 for s in states.values() if s == "COMPLETE"), "dead_gpu_job_states": states,
+            "wall_seconds": round(time.perf_counter() - wall, 1),
+            "failed_histories": {job: [(round(float(h["at"])), h.get("to"), h.get("reason", "")[:160])
+                                       for h in w.job(job).get("history") or []]
+                                 for job, state in states.items() if state != "COMPLETE"},
+        }
+
+
 def run(print_report: bool = True) -> dict[str, Any]:
     from bench.recovery_bench import quiet_logs
 
     quiet_logs()
     results = {f"{ranks}_ranks": _scenario(ranks, per_node) for ranks, per_node in SCENARIOS}
+    with contextlib.redirect_stdout(io.StringIO()):  # the handlers' metrics
+        busy = [_busy_cluster(seed) for seed in BUSY_SEEDS]
+    results["busy_cluster"] = {"seeds": busy}
     if print_report:
         print(f"\nRelocation in a full cluster: spare_nodes={SPARES}, {OTHER_NODES} more nodes another "
               "scheduler keeps busy (it places on any node the constraint allows the moment it frees);")
         print(f"{FAULTS} dead GPUs (DCGM replace) {FAULT_EVERY_SECONDS // MIN} min apart, each under a rank "
               "of the job; seconds after each fault (simulated)")
-        for (ranks, per_node), key in zip(SCENARIOS, results, strict=True):
+        for (ranks, per_node), key in zip(SCENARIOS, list(results)[:len(SCENARIOS)], strict=True):
             r = results[key]
             print(f"\n  {ranks} ranks ({r['job_nodes']} nodes x {per_node}), {r['nodes']} nodes in all")
             print(f"  {'fault':<6}{'node':<9}{'seen':>7}{'old ranks stopped':>19}{'placed':>9}"
@@ -148,7 +235,24 @@ def run(print_report: bool = True) -> dict[str, Any]:
                   f"{len(r['stack_placements_on_faulted_nodes'])}; other scheduler on judged-bad nodes: "
                   f"{len(r['other_scheduler_on_judged_nodes'])}; jobs failed: {r['jobs_failed']} "
                   f"({r['wall_seconds']} s of wall time)")
+        _print_busy(busy)
     return results
+
+
+def _print_busy(busy: list[dict[str, Any]]) -> None:
+    print(f"\nA busy cluster (issue 50): {BUSY_NODES} nodes, spare_nodes={SPARES}, the user's scheduler "
+          f"keeping it full of 1-4-rank jobs, every other one relocatable, half of them faulted; "
+          f"{BUSY_HOURS:.0f} simulated hours")
+    for r in busy:
+        moves = r["relocations"]
+        kinds: dict[str, int] = {}
+        for m in moves:
+            kinds[m["fault"]] = kinds.get(m["fault"], 0) + 1
+        print(f"  seed {r['seed']}: {r['jobs_started']} jobs started, {len(moves)} relocations "
+              f"({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))}); fault to every rank RUNNING: "
+              f"mean {r['all_running_mean_s']} s, max {r['all_running_max_s']} s; relocatable faults not "
+              f"moved: {len(r['relocatable_faults_not_moved'])}; relocatable dead-GPU jobs completed: "
+              f"{r['completed']} of {r['relocatable_dead_gpu_jobs']} ({r['wall_seconds']} s of wall time)")
 
 
 if __name__ == "__main__":

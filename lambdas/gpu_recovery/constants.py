@@ -97,7 +97,10 @@ GANG_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
 GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 6 * GANG_WORKER_TIMEOUT_SECONDS
 GANG_QUEUE_MAX_RECEIVES = 5
 GANG_BATCH_SIZE = 1  # a batch is up to 100 ranks of ECS work already
-DEFAULT_GANG_WORKER_CONCURRENCY = 4  # batches at once (the config's default; ~9 ECS calls/s each)
+# Batches at once (the config's default). A start batch does DynamoDB work per rank (its
+# launch claim, its registration) around few StartTasks (10 ranks a call): 4 workers started
+# 8,192 per-GPU ranks at ~18 calls/s, half the budget; 8 keep up with it (docs/benchmarks.md).
+DEFAULT_GANG_WORKER_CONCURRENCY = 8
 # Lambda's async retries and event ages (event functions; scheduled ones); the three scheduled
 # functions' rates and timeouts (the queue scheduler's below its tick lease).
 RECOVERY_ASYNC_RETRIES, RECOVERY_EVENT_MAX_AGE_SECONDS = 2, 2 * 3600

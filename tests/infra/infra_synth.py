@@ -48,7 +48,7 @@ CUSTOM_CONTEXT = {
     "ecs_api_burst": "40",
     "max_health_checks_per_job": "16",
     "max_health_checks_in_flight": "64",
-    "gang_worker_concurrency": "8",
+    "gang_worker_concurrency": "6",
     "batch_identical_starts": "false",
 }
 # Node agent daemon on, every heartbeat / API / queue option changed (-c style strings).

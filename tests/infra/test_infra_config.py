@@ -284,7 +284,7 @@ def test_large_job_keys() -> None:
     assert defaults.ecs_api_burst < rate_limit.ECS_ACCOUNT_BURST
     assert (defaults.max_health_checks_per_job, defaults.max_health_checks_in_flight) == (
         DEFAULT_HEALTH_CHECKS_PER_JOB, DEFAULT_HEALTH_CHECKS_IN_FLIGHT) == (2048, 2048)
-    assert defaults.gang_worker_concurrency == 4 and defaults.batch_identical_starts is True
+    assert defaults.gang_worker_concurrency == 8 and defaults.batch_identical_starts is True
     config = RecoveryConfig.from_context({
         "cluster_name": "c", "ecs_api_rate_per_second": "18.5", "ecs_api_burst": "40",
         "max_health_checks_per_job": "16", "max_health_checks_in_flight": "64",

@@ -80,7 +80,7 @@ def test_the_worker_and_its_event_source(default_synth: Synth, custom_synth: Syn
     batch claims rank launches for CLAIM_LEASE_SECONDS), one batch per invocation, with
     partial batch responses, at most gang_worker_concurrency at once; the mapping is created
     after the role's policy (Lambda checks the permissions on the queue then)."""
-    for synth, concurrency in ((default_synth, 4), (custom_synth, 8)):
+    for synth, concurrency in ((default_synth, 8), (custom_synth, 6)):
         worker_id, worker = _one(synth, "AWS::Lambda::Function", "GangFanoutWorkerFunction")
         assert worker["Properties"]["Handler"] == "handlers.gang_worker.lambda_handler"
         assert worker["Properties"]["Timeout"] == c.GANG_WORKER_TIMEOUT_SECONDS < c.CLAIM_LEASE_SECONDS

@@ -9,6 +9,7 @@ suspects here; the sweep asks for the check of a suspect whose delivery died; th
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from gpu_recovery import clock
@@ -91,18 +92,20 @@ class FaultSuspects:
         opened()
         return result
 
-    def check_coupled(self, job: Job) -> str:
+    def check_coupled(self, job: Job, coupled: Collection[str] | None = None) -> str:
         """The fault's checks found nothing (``FaultTally.escalated``): each node whose rank's
         exit was coupled to it is named a suspect and checked, as every such node was before:
         its item (due: the sweep asks for its check if this dies), its fence, its place among
         the latch's suspects (the raised total counts them), its check (inline for the first
         ``COUPLED_CHECKS_INLINE``, else by the sweep's step for the due item). At most
-        ``COUPLED_PER_STEP`` nodes a call; the sweep goes on each minute."""
+        ``COUPLED_PER_STEP`` nodes a call; the sweep goes on each minute. ``coupled``: the
+        nodes as the settlement read them (None: read from the latch, the sweep's case)."""
         if not job.tally.escalated or job.state is not JobState.PENDING_HEALTHCHECK:
             return "not_escalated"
         repo = self.deps.repo
         attempt = job.tally.attempt
-        _, coupled = repo.latches.fault_nodes(job.job_id, attempt, job.world_size)
+        if coupled is None:
+            _, coupled = repo.latches.fault_nodes(job.job_id, attempt, job.world_size)
         now = clock.now()
         named = sorted(coupled)[:COUPLED_PER_STEP]
         for index, node in enumerate(named):

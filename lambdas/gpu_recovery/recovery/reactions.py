@@ -100,9 +100,10 @@ class NodeBack:
 @dataclass(frozen=True)
 class CoupledToCheck:
     """A fault's checks found nothing: the nodes whose exits were coupled to it are checked
-    too (``domain.suspects``)."""
+    too (``domain.suspects``): ``nodes``, as the settlement read them from the latch."""
 
     job: Job
+    nodes: frozenset[str]
 
 
 _E = TypeVar("_E")

@@ -18,6 +18,7 @@ from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery.aws_notices import AwsNotices, CapacityPort
 from gpu_recovery.recovery.breaker.operations import BreakerOperations
+from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
@@ -93,7 +94,9 @@ class RecoveryService:
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
         self.warnings = GpuWarnings(self.deps, self.remediation)
         self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
-        self.faults = TaskEvents(self.deps, self.ranks, self.health, self.restarts, self.remediation,
+        # Which exits of a fault name a suspect, and their checks (issue 50).
+        self.suspects = FaultSuspects(self.deps, self.health, self.remediation)
+        self.faults = TaskEvents(self.deps, self.ranks, self.suspects, self.restarts, self.remediation,
                                  self.suspensions, self.gang, reactions=reactions)
         self.breaker = BreakerOperations(self.deps, self.remediation)
         self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang,
@@ -103,7 +106,8 @@ class RecoveryService:
                                       stop_gang=self.gang.stop, reactions=reactions)
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang, self.preflights, self.warnings,
-                             validations=self.validations, aws_notices=self.aws_notices)
+                             validations=self.validations, aws_notices=self.aws_notices,
+                             suspects=self.suspects, settlement=self.remediation.settlement)
         reactions.declare(self._reactions())
 
     def _reactions(self) -> list[tuple[type, Handler]]:
@@ -126,7 +130,7 @@ class RecoveryService:
             on(RanksStarted, lambda e: self.restarts.on_started(e.job)),
             on(RankNotPlaced, lambda e: self.restarts.start_failed(e.job, e.rank, e.why)),
             # A fault's first checks found nothing: the nodes whose exits followed are checked.
-            on(CoupledToCheck, lambda e: self.faults.suspects.check_coupled(e.job)),
+            on(CoupledToCheck, lambda e: self.suspects.check_coupled(e.job, e.nodes)),
             # Every repaired node's return goes through its validation under load.
             on(NodeBack, lambda e: self.validations.node_back(e.instance, e.repair, e.why,
                                                               reset_result=e.reset_result)),

@@ -37,12 +37,14 @@ from gpu_recovery.domain.states import (
     JobState,
 )
 from gpu_recovery.recovery.breaker.operations import BreakerOperations
+from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.warnings import GpuWarnings
@@ -68,7 +70,8 @@ class Sweep:
     def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
                  restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
                  gang: GangOps, preflights: Preflights, warnings: GpuWarnings | None = None, *,
-                 validations: Any = None, aws_notices: Any = None) -> None:
+                 validations: Any = None, aws_notices: Any = None, suspects: FaultSuspects,
+                 settlement: JobSettlement) -> None:
         self.deps = deps
         self.faults = faults
         self.health = health
@@ -81,6 +84,8 @@ class Sweep:
         self.warnings = warnings
         self.validations = validations  # recovery.validations.Validations
         self.aws_notices = aws_notices  # recovery.aws_notices.AwsNotices
+        self.suspects = suspects
+        self.settlement = settlement
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -212,7 +217,7 @@ class Sweep:
                 self.health.request(job, suspect.node)
             self.deps.repo.faults.health_check_requested(suspect)
             return "suspect_settled"
-        result = self.faults.suspects.request_check(job, suspect.node)
+        result = self.suspects.request_check(job, suspect.node)
         if result in ("waiting_for_gpus",) or result.startswith("instance_"):
             self.deps.repo.faults.rearm_suspect(suspect, now + RETRY_INTERVAL_SECONDS)
         return "suspect_check_requested"
@@ -360,6 +365,6 @@ class Sweep:
                 job.job_id, job.attempt, job.world_size):
             self.faults.on_attempt_ended(job, job.attempt)
         elif self._counted_after_repair(job).tally.all_decided:
-            self.faults.remediation.settlement.conclude(job)
+            self.settlement.conclude(job)
         elif job.tally.ranks_ended:
             self.restarts.spare_first(job)  # a spare may have freed up, or a delivery died

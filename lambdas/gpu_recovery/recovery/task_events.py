@@ -47,7 +47,6 @@ from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import ended
-from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import LookupQueued, RankOperations
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions, TaskStopped
@@ -133,13 +132,12 @@ def _fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
 
 
 class TaskEvents:
-    def __init__(self, deps: Deps, ranks: RankOperations, health: HealthChecks,
+    def __init__(self, deps: Deps, ranks: RankOperations, suspects: FaultSuspects,
                  restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions,
                  gang: GangOps, *, reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
-        self.health = health
-        self.suspects = FaultSuspects(deps, health, remediation)  # which exits name a suspect; their checks
+        self.suspects = suspects  # which exits name a suspect; their checks
         self.restarts = restarts
         self.remediation = remediation
         self.suspensions = suspensions

@@ -259,7 +259,8 @@ class JobSettlement:
         logger.warning("the fault's checks found nothing: the nodes whose exits followed are checked",
                        extra={"job_id": job.job_id, "coupled": len(coupled), "checked": len(named)})
         self.deps.metrics.add_metric("CoupledNodesChecked", "Count", len(coupled))
-        after_commit("check the coupled nodes", self.reactions.emit, CoupledToCheck(escalated))
+        after_commit("check the coupled nodes", self.reactions.emit,
+                     CoupledToCheck(escalated, frozenset(coupled)))
         return "checking_coupled"
 
     def _coupled_nodes(self, job: Job, tally: FaultTally) -> tuple[set[str], set[str]] | None:
