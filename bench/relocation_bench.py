@@ -131,6 +131,7 @@ BUSY_HOURS = 12.0
 BUSY_JOBS = 110
 BUSY_FAULT_SHARE = 0.5
 BUSY_SEEDS = (1, 2)
+BUSY_RATES = (0.0, 0.01)  # none broken; 1 % of the stack's calls broken past botocore's retries
 
 
 def _busy_cluster(seed: int, hours: float = BUSY_HOURS, rate: float = 0.0) -> dict[str, Any]:
@@ -194,7 +195,8 @@ def _busy_cluster(seed: int, hours: float = BUSY_HOURS, rate: float = 0.0) -> di
         states = {job: w.job(job).get("job_state") for job in dead}
         running_s = [float(m["all_running_s"]) for m in moves if m["all_running_s"] is not None]
         return {
-            "seed": seed, "hours": hours, "jobs_started": sum(1 for j in planned if j.started_at),
+            "seed": seed, "rate": rate, "hours": hours,
+            "jobs_started": sum(1 for j in planned if j.started_at),
             "relocations": moves, "relocatable_faults_not_moved": in_place,
             "all_running_mean_s": round(mean(running_s), 1) if running_s else None,
             "all_running_max_s": max(running_s) if running_s else None,
@@ -213,7 +215,7 @@ def run(print_report: bool = True) -> dict[str, Any]:
     quiet_logs()
     results = {f"{ranks}_ranks": _scenario(ranks, per_node) for ranks, per_node in SCENARIOS}
     with contextlib.redirect_stdout(io.StringIO()):  # the handlers' metrics
-        busy = [_busy_cluster(seed) for seed in BUSY_SEEDS]
+        busy = [_busy_cluster(seed, rate=rate) for rate in BUSY_RATES for seed in BUSY_SEEDS]
     results["busy_cluster"] = {"seeds": busy}
     if print_report:
         print(f"\nRelocation in a full cluster: spare_nodes={SPARES}, {OTHER_NODES} more nodes another "
@@ -248,7 +250,8 @@ def _print_busy(busy: list[dict[str, Any]]) -> None:
         kinds: dict[str, int] = {}
         for m in moves:
             kinds[m["fault"]] = kinds.get(m["fault"], 0) + 1
-        print(f"  seed {r['seed']}: {r['jobs_started']} jobs started, {len(moves)} relocations "
+        print(f"  seed {r['seed']}, {r['rate']:.0%} of calls broken: {r['jobs_started']} jobs started, "
+              f"{len(moves)} relocations "
               f"({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))}); fault to every rank RUNNING: "
               f"mean {r['all_running_mean_s']} s, max {r['all_running_max_s']} s; relocatable faults not "
               f"moved: {len(r['relocatable_faults_not_moved'])}; relocatable dead-GPU jobs completed: "

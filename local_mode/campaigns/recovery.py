@@ -181,8 +181,9 @@ def expectations(result: RunResult) -> list[str]:
         problems.append(f"ranks ended on {result.final_nodes} (want rank 1 moved to {SPARE})")
     # A broken call that delays one rank's stop past the others' changes which exits are
     # handled first: node-b's (the earliest) handled third is still a suspect (none coupled);
-    # node-a's handled third is the coupled one. Whatever the order, node-b is checked at
-    # once, one node at most waits for the first checks, and each node is checked once.
+    # so is node-a's (3 s before node-d's: one of the two earliest beyond the margin). Whatever
+    # the order, node-b is checked at once, one node at most waits for the first checks, and
+    # each node is checked once.
     coupled = result.facts.get("coupled")
     if flow == "coupled_app_error" and (not isinstance(coupled, list) or FAULTY in coupled
                                         or len(coupled) > 1):

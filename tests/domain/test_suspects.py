@@ -17,7 +17,9 @@ def test_the_first_exits_keep_the_two_earliest_whatever_the_order_they_are_added
 
 @pytest.mark.parametrize(("exited_at", "known", "own", "expected"), [
     (104.0, (100.0, 103.0), False, True),    # after the first two: it died of the fault
-    (102.0, (100.0, 103.0), False, True),    # between them: a peer handled late, still after the fault
+    (102.5, (100.0, 103.0), False, True),    # between them, within the margin: the handled order stands
+    (102.0, (100.0, 103.0), False, True),    # exactly the margin before the second: still coupled
+    (101.9, (100.0, 103.0), False, False),   # one of the two earliest beyond the margin: a second fault
     (99.0, (100.0, 103.0), False, False),    # earlier than every suspect: its event came late
     (100.0, (100.0, 103.0), False, False),   # a tie with the earliest counts as before it
     (104.0, (100.0,), False, False),         # fewer than two exits known
@@ -34,4 +36,13 @@ def test_a_lost_write_of_the_first_exits_only_makes_more_suspects() -> None:
     When an exit at 102 is judged
     Then it is a suspect (checked), never coupled wrongly: what is missing only widens."""
     assert not coupled(102.0, (103.0,), own_evidence=False)
-    assert coupled(102.0, (99.0, 103.0), own_evidence=False)
+    assert coupled(102.5, (99.0, 103.0), own_evidence=False)
+
+
+def test_a_second_fault_handled_after_a_peer_is_still_a_suspect() -> None:
+    """Given node-b's GPU failing at 100, node-d's at 101 (an independent fault), node-a's rank
+    exiting at 103 of the NCCL error, and node-d's event handled last (its delivery died)
+    When node-d's exit is judged after node-b's and node-a's
+    Then it is a suspect: one of the two earliest exits, by more than the margin."""
+    assert not coupled(101.0, first_exits(first_exits((), 100.0), 103.0), own_evidence=False)
+    assert not coupled(101.0, first_exits(first_exits((), 103.0), 100.0), own_evidence=False)
