@@ -39,11 +39,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # The exits of a fault checked whatever their evidence: the first two handled (a second fault
-# within the NCCL timeout is usually the second), then only an exit earlier than them all.
+# within the NCCL timeout is usually the second), then only one of the two earliest by stop
+# time (beyond the margin below).
 FIRST_CHECKED_EXITS = 2
-# How far apart two exits' events may arrive out of order without the order meaning anything
-# (EventBridge delivers events of the same second in either order; a peer's NCCL exit trails
-# the one before it by less): within it the order handled stands.
+# How much earlier than the second suspect's an exit must have stopped to count as one of
+# the two earliest. Events less than this apart arrive in either order (EventBridge keeps
+# none), and a large job's peers exit that close together: within it the handled order stands.
 REORDER_MARGIN_SECONDS = 1.0
 
 
