@@ -175,3 +175,24 @@ def test_coupled_nodes_beyond_the_inline_ones_are_checked_by_the_sweeps_pages(mo
         w.advance(1)
         w.service.sweep()
         assert _checked(w) == set(NODES)
+
+
+def test_with_health_check_all_nodes_a_stop_handled_after_the_first_reboot_verdict_is_checked_too() -> None:
+    """Given health_check_all_nodes, rank 4's GPU failing and its check answering "reboot"
+    (the job waits for the reboot: PENDING_RESTART) before the other ranks' stops are handled
+    (at 8,192 tasks the stops take longer than the diag)
+    When the later stops are handled
+    Then their nodes are checked too, counted among the fault's suspects, and the job's
+    restart waits for their verdicts."""
+    with world(check_all_nodes_on_fault=True) as w:
+        arns = w.register_job("j", NODES)
+        events = _exits(w, arns, [4, 0, 1, 2, 3, 5], {4: 0, 0: 3, 1: 4, 2: 5, 3: 6, 5: 7})
+        w.service.on_task_state_change(events[0])
+        [sick] = w.ecs.health_checks_on(FAULTY)
+        w.service.on_health_check_stopped(w.health_check_stopped(sick, 1))  # reboot
+        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        for event in events[1:]:
+            w.service.on_task_state_change(event)
+        assert _checked(w) == set(NODES)
+        job = w.repo.get_job("j")
+        assert job.tally.total == len(NODES) and not job.tally.all_decided

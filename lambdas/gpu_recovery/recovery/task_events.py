@@ -481,11 +481,14 @@ class TaskEvents:
 
     def _named_suspect(self, job: Job, rank: Rank) -> bool:
         """Is this rank's node a suspect of the job's fault? Every node with
-        ``health_check_all_nodes``; else a node whose suspect item names this rank (a
-        redelivery after the job moved on still counts it, as its first delivery did)."""
+        ``health_check_all_nodes`` until the suspects are counted (its rank ended after a
+        first verdict moved the job on, as a large job's stops do, is one too: the restart
+        waits for its verdict); else a node whose suspect item names this rank (a redelivery
+        after the job moved on still counts it, as its first delivery did)."""
         if not (job.in_fault and job.tally.attempt == rank.attempt):
             return False
-        if self.deps.settings.check_all_nodes_on_fault and job.state is JobState.PENDING_HEALTHCHECK:
+        if self.deps.settings.check_all_nodes_on_fault and job.state in RECOVERING_JOB_STATES \
+                and job.tally.total is None:
             return True
         found = self.deps.repo.faults.get_suspect(job.job_id, rank.attempt, rank.container_inst_id)
         return found is not None and rank.rank in found.ranks
