@@ -173,14 +173,18 @@ def _busy_cluster(seed: int, hours: float = BUSY_HOURS, rate: float = 0.0) -> di
         w.ecs.run_for(2 * 3600)  # every job started ends
         moves: list[dict[str, Any]] = []
         in_place: list[dict[str, Any]] = []
+        training: dict[str, list[Any]] = {}  # job id -> its training tasks, every attempt
+        for task in w.ecs.tasks.values():
+            if not task.health_check and task.tags.get(C.TAG_JOB_ID):
+                training.setdefault(task.tags[C.TAG_JOB_ID], []).append(task)
         for job in planned:
             if job.started_at is None or job.fault is None or not job.relocatable:
                 continue
             at = job.started_at + job.fault_after
-            first = [t for t in w.ecs.tasks.values() if t.tags.get(C.TAG_JOB_ID) == job.job_id
-                     and not t.health_check and t.created_at < at]
-            later = [t for t in w.ecs.tasks.values() if t.tags.get(C.TAG_JOB_ID) == job.job_id
-                     and not t.health_check and t.created_at >= at]
+            first: list[Any] = []
+            later: list[Any] = []
+            for task in training.get(job.job_id, []):
+                (first if task.created_at < at else later).append(task)
             if not first or at > end:
                 continue
             started = sorted(later, key=lambda t: t.created_at)[:job.ranks]
@@ -222,8 +226,8 @@ def run(print_report: bool = True) -> dict[str, Any]:
               "scheduler keeps busy (it places on any node the constraint allows the moment it frees);")
         print(f"{FAULTS} dead GPUs (DCGM replace) {FAULT_EVERY_SECONDS // MIN} min apart, each under a rank "
               "of the job; seconds after each fault (simulated)")
-        for (ranks, per_node), key in zip(SCENARIOS, list(results)[:len(SCENARIOS)], strict=True):
-            r = results[key]
+        for ranks, per_node in SCENARIOS:
+            r = results[f"{ranks}_ranks"]
             print(f"\n  {ranks} ranks ({r['job_nodes']} nodes x {per_node}), {r['nodes']} nodes in all")
             print(f"  {'fault':<6}{'node':<9}{'seen':>7}{'old ranks stopped':>19}{'placed':>9}"
                   f"{'all RUNNING':>13}  moved to")

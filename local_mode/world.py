@@ -28,9 +28,10 @@ Apps that also serve the jobs API wrap the world in ``harness.reset_handler_cach
 
 from __future__ import annotations
 
+import copy
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -136,6 +137,12 @@ class World:
                                   scheduler=NoSchedulerTrigger())
         return str(service.submit(JobSpec.model_validate(dict(spec)), user_arn(user))["job_id"])
 
+    def hold_training_stops(self) -> HeldStops:
+        """From now on, the training tasks' STOPPED events are held back, by node, until
+        ``HeldStops.deliver`` hands them to the task handler in the order a test chooses (as
+        when a delivery dies and Lambda retries it after the others)."""
+        return HeldStops(self)
+
     def schedule_heartbeat_sweep(self, every_seconds: float = 60) -> None:
         """The heartbeat sweep Lambda on its schedule, with its deployed async retries."""
         wire_schedule(self.bus, InProcessHost(self.bus), D.HEARTBEAT_SWEEP_SCHEDULE, every_seconds)
@@ -169,6 +176,34 @@ class World:
                 on_failure(error)
 
         jobs_api.set_scheduler_trigger(CallbackSchedulerTrigger(tick_now))
+
+
+class HeldStops:
+    """The training tasks' STOPPED events held back by ``World.hold_training_stops``."""
+
+    RULE = "training-task-state"
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self._rule = next(r for r in world.bus.rules if r.name == self.RULE)
+        handler = self._rule.target
+        assert handler is not None  # the in-process bus: each rule's target is its handler
+        self._handler: Target = handler
+        #: node name -> its last STOPPED event
+        self.events: dict[str, dict[str, Any]] = {}
+        self._rule.target = self._hold
+
+    def _hold(self, event: dict[str, Any], context: Any) -> Any:
+        if event["detail"]["lastStatus"] != "STOPPED":
+            return self._handler(event, context)
+        self.events[self._world.ecs.node(event["detail"]["containerInstanceArn"]).name] = event
+        return {"held": True}
+
+    def deliver(self, nodes: Iterable[str]) -> None:
+        """The rule's handler back, then each held node's event handled in ``nodes``' order."""
+        self._rule.target = self._handler
+        for node in nodes:
+            self._handler(copy.deepcopy(self.events[node]), LambdaContext(function_name="ecs_task_handler"))
 
 
 @overload

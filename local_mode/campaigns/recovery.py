@@ -53,7 +53,6 @@ The flows (``FLOWS``):
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -67,7 +66,6 @@ from gpu_recovery.domain.validation import ValidationPolicy
 from gpu_recovery.repository import Repository
 
 from ..sim.ecs import SimulatedEcs
-from ..sim.lambda_context import LambdaContext
 from ..world import World
 from . import goodput_truth
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
@@ -339,25 +337,11 @@ class _Reordered(RecoveryScenario):
         self.order = order
 
     def start(self, world: World) -> None:
-        bus, sim = world.bus, world.ecs
-        rule = next(r for r in bus.rules if r.name == "training-task-state")
-        handler = rule.target
-        assert handler is not None  # the in-process bus: each rule's target is its handler
-        held: dict[str, dict[str, Any]] = {}
-
-        def hold(event: dict[str, Any], context: Any) -> dict[str, Any]:
-            if event["detail"]["lastStatus"] != "STOPPED":
-                return handler(event, context)
-            node = sim.node(event["detail"]["containerInstanceArn"]).name
-            held["faulty" if node == FAULTY else "peer"] = event
-            return {"held": node}
-
-        rule.target = hold
-        sim.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True)
-        sim.run_until_true(lambda: len(held) == 2, max_seconds=5 * MIN)
-        rule.target = handler
-        for name in self.order:
-            handler(copy.deepcopy(held[name]), LambdaContext(function_name="ecs_task_handler"))
+        held = world.hold_training_stops()
+        world.ecs.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True)
+        world.ecs.run_until_true(lambda: len(held.events) == 2, max_seconds=5 * MIN)
+        named = {"faulty": FAULTY, "peer": HEALTHY}
+        held.deliver(named[which] for which in self.order)
 
 
 def run(flow: str, fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,

@@ -6,7 +6,6 @@ their own, not every rank that followed."""
 
 from __future__ import annotations
 
-import copy
 import itertools
 import random
 from typing import Any
@@ -15,7 +14,6 @@ import pytest
 
 from gpu_recovery import constants as C
 from local_mode.remediation_scenarios import MIN, world
-from local_mode.sim.lambda_context import LambdaContext
 
 RANKS = 24
 FAULTY = "node-07"
@@ -102,25 +100,12 @@ def test_two_faults_a_second_apart_are_both_caught_in_every_order_their_stops_ar
         for node in PAIR:
             w.ecs.add_node(node)
         w.ecs.start_job("pair", w.training_task_definition, list(PAIR))
-        rule = next(r for r in w.bus.rules if r.name == "training-task-state")
-        handler = rule.target
-        assert handler is not None
-        held: dict[str, dict[str, Any]] = {}
-
-        def hold(event: dict[str, Any], context: Any) -> Any:
-            if event["detail"]["lastStatus"] != "STOPPED":
-                return handler(event, context)
-            held[w.ecs.node(event["detail"]["containerInstanceArn"]).name] = event
-            return {"held": True}
-
-        rule.target = hold
+        held = w.hold_training_stops()
         w.ecs.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable", nccl_cascade=True,
                                cascade_delay_seconds=3)
         w.ecs.inject_gpu_fault("node-d", after=MIN + 1, health="reboot_fixable")
-        w.ecs.run_until_true(lambda: len(held) == len(PAIR), max_seconds=5 * MIN)
-        rule.target = handler
-        for node in order:
-            handler(copy.deepcopy(held[node]), LambdaContext(function_name="ecs_task_handler"))
+        w.ecs.run_until_true(lambda: len(held.events) == len(PAIR), max_seconds=5 * MIN)
+        held.deliver(order)
         w.ecs.run_until_true(lambda: w.job("pair").get("job_state") == "RUNNING"
                              and int(w.job("pair").get("attempt") or 0) == 2, max_seconds=20 * MIN)
         assert (w.ecs.node("node-b").reboots, w.ecs.node("node-d").reboots) == (1, 1)
