@@ -244,3 +244,10 @@ def record_fault(history: Iterable[NodeFaultRecord], record: NodeFaultRecord, no
     kept.append(record)
     kept.sort(key=lambda r: r.at)
     return tuple(kept[-policy.max_records:])
+
+
+def stored_history_with(raw: Iterable[Mapping[str, Any]] | None, record: NodeFaultRecord, now: float,
+                        policy: EscalationPolicy | None = None) -> list[dict[str, Any]]:
+    """A node's stored fault history (its item's ``fault_history``) with ``record`` added
+    (:func:`record_fault`), as it is stored again."""
+    return history_to_item(record_fault(history_from_item(raw), record, now, policy))

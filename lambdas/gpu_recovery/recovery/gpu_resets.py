@@ -41,9 +41,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
-    history_from_item,
-    history_to_item,
-    record_fault,
+    stored_history_with,
 )
 from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.models import Instance, container_instance_id
@@ -188,8 +186,7 @@ class GpuResets:
         cause = str((plan.get("decision") or {}).get("rule_id") or "gpu-reset-failed")
         record = NodeFaultRecord(at=now, cause=cause, action=Action.REBOOT, executed=True,
                                  evidence=fault_summary(None, note=f"GPU reset failed: {why}"))
-        history = history_to_item(record_fault(history_from_item(raw.get("fault_history")), record, now,
-                                               self.deps.policy.escalation))
+        history = stored_history_with(raw.get("fault_history"), record, now, self.deps.policy.escalation)
         notice = self.notices.for_node(
             NotificationKind.GPU_RESET_FAILED, f"GPU reset failed on {inst_id}: rebooting it instead",
             container_inst_id=inst_id, instance_id=instance.ec2_instance_id,

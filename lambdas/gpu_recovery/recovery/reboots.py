@@ -45,9 +45,7 @@ from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
-    history_from_item,
-    history_to_item,
-    record_fault,
+    stored_history_with,
 )
 from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.models import Instance, container_instance_id
@@ -423,8 +421,7 @@ class Reboots:
                 cordon_tripped = answer.cordon
             record = NodeFaultRecord(at=now, cause=cause, action=Action.REPLACE, executed=drain,
                                      evidence=fault_summary(None, note=f"instance {what}"))
-            history = history_to_item(record_fault(history_from_item(instance.fault_history), record, now,
-                                                   self.deps.policy.escalation))
+            history = stored_history_with(instance.fault_history, record, now, self.deps.policy.escalation)
         if blocked is not None:
             done = "; instance marked SUSPECT: the blast-radius breaker held its quarantine back"
         elif observed:

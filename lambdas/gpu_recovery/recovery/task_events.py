@@ -26,7 +26,7 @@ from typing import Any
 from gpu_recovery import clock
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, RETRY_INTERVAL_SECONDS, NotificationKind
 from gpu_recovery.domain import goodput, policy
-from gpu_recovery.domain.escalation import charges_job, history_from_item, history_to_item, record_fault
+from gpu_recovery.domain.escalation import charges_job, history_from_item, stored_history_with
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
@@ -576,9 +576,8 @@ class TaskEvents:
         plan = assessment.plan
         history = None
         if plan.node_record is not None:
-            current = history_from_item((assessment.instance_item or {}).get("fault_history"))
-            history = history_to_item(record_fault(current, plan.node_record, now,
-                                                   self.deps.policy.escalation))
+            history = stored_history_with((assessment.instance_item or {}).get("fault_history"),
+                                          plan.node_record, now, self.deps.policy.escalation)
         self.deps.repo.record_observed_fault(
             rank.container_inst_id, fault_history=history,
             last_fault={"at": now, "evidence": assessment.evidence.to_dict(), "plan": plan.to_dict(),

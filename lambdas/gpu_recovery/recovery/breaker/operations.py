@@ -32,9 +32,7 @@ from gpu_recovery.domain.breaker import breaker as policy
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
-    history_from_item,
-    history_to_item,
-    record_fault,
+    stored_history_with,
 )
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import Action
@@ -270,8 +268,7 @@ class BreakerOperations:
         why = f"{action.value} released from the breaker's backlog ({entry.get('reason', '')})"
         record = NodeFaultRecord(at=now, cause=str(blocked.get("rule") or "breaker-backlog"), action=action,
                                  executed=True, evidence=_summary(raw or {}, why))
-        history = record_fault(history_from_item(instance.fault_history), record, now,
-                               self.deps.policy.escalation)
+        history = stored_history_with(instance.fault_history, record, now, self.deps.policy.escalation)
         terminate = (action is Action.REPLACE and self.deps.policy.replace_action == "terminate_in_asg"
                      and self.deps.policy.modes.executes(Effect.TERMINATE)
                      and not instance.is_managed_instance and not blocked.get("quarantine_only"))
@@ -279,7 +276,7 @@ class BreakerOperations:
         to = (InstanceState.REBOOTING if action in (Action.REBOOT, Action.RESET_GPU)
               else InstanceState.QUARANTINED)
         decision = NodeDecision(
-            from_states=(InstanceState.SUSPECT,), to=to, fault_history=history_to_item(history),
+            from_states=(InstanceState.SUSPECT,), to=to, fault_history=history,
             quarantine_reason=why if to is InstanceState.QUARANTINED else "",
             reboot_reason=why if to is InstanceState.REBOOTING else "", terminate=terminate,
             follow_up_at=now + FOLLOW_UP_SECONDS, reset=action is Action.RESET_GPU)
