@@ -257,6 +257,15 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
     # after the reboot (the stops, long before, leave the bucket full again).
     restarts = math.ceil(n / MAX_INSTANCES_PER_START) if world.settings.batch_identical_starts else n
     data_plane_floor = 2 * cluster.run_delay_seconds + cluster.dcgm_seconds + cluster.reboot_seconds
+    # The last node's check (every node checked): it cannot start before the stack has stopped
+    # every task it stops itself (StopTask takes one task a call) and started every check (at
+    # best 10 nodes a StartTask), all on the same bucket; then its start, the diag and the
+    # restart's own start. Below the path above when only a few nodes are checked.
+    stopped = ecs_calls.get("StopTask", 0) - stats.throttled.get("ecs:StopTask", 0)
+    checked = sum(cluster.health_checks.values())
+    check_calls = stopped + math.ceil(checked / MAX_INSTANCES_PER_START)
+    checks_floor = (2 * cluster.run_delay_seconds + cluster.dcgm_seconds
+                    + control_bucket.floor_seconds(check_calls))
     functions = {name: f.stats.as_dict(f.timeout) for name, f in sorted(world.lambdas.functions.items())}
     dead = Counter(d.function for d in world.lambdas.dead_letters)
     gang = world.gang_queue()
@@ -268,7 +277,7 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
             dead["gang_worker (SQS DLQ)"] = queue["moved_to_dead_letter"] + doomed
     notes = world.topic.published
     suspects = world.suspects(job.job_id, attempt=1)
-    floor = data_plane_floor + control_bucket.floor_seconds(restarts)
+    floor = max(data_plane_floor, checks_floor) + control_bucket.floor_seconds(restarts)
     took = all_running - t_fault if all_running else None
     budget_waits = [b.waited_seconds for b in world.budgets]
     return {
@@ -277,7 +286,8 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
         "floor_s": round(floor, 1),
         "above_floor_s": round(took - floor, 1) if took is not None else None,
         "floor_detail": {"data_plane_s": data_plane_floor, "restart_start_calls": restarts,
-                         "restart_bucket_s": round(control_bucket.floor_seconds(restarts), 1)},
+                         "restart_bucket_s": round(control_bucket.floor_seconds(restarts), 1),
+                         "checks_s": round(checks_floor, 1), "stops_and_check_start_calls": check_calls},
         "simulated_s": round(outcome_at - t_fault, 1),
         "dynamodb": {
             "items_read": usage.items_read, "items_written": usage.items_written,
@@ -336,8 +346,11 @@ def _print(result: dict[str, Any]) -> None:
     d, e, lam = result["dynamodb"], result["ecs"], result["lambda"]
     t = result["fault_to_all_running_s"]
     floor = result["floor_detail"]
+    checks = (f"the last check: {floor['stops_and_check_start_calls']:,} StopTasks and check starts at 40/s "
+              f"+ DCGM + starts {floor['checks_s']} s" if floor["checks_s"] > floor["data_plane_s"]
+              else f"DCGM + reboot + starts {floor['data_plane_s']:.0f} s")
     print(f"  fault -> every rank RUNNING: {t if t is not None else '-'} s (floor {result['floor_s']} s: "
-          f"DCGM + reboot + starts {floor['data_plane_s']:.0f} s, the restart's "
+          f"{checks}, the restart's "
           f"{floor['restart_start_calls']} StartTasks at 40/s {floor['restart_bucket_s']} s; "
           f"above it {result['above_floor_s']} s); "
           f"job {result['job_state']} attempt {result['attempt']}")
