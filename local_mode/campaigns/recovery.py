@@ -48,7 +48,15 @@ The flows (``FLOWS``):
   verdict from the stopped task and its log line, the job restarts (one application-error
   restart), no node is quarantined or rebooted, the job is not failed for a health check
   timeout. ``run_lost_verdict_with_failing_calls(seed)``: the same with 1 % of every AWS call
-  failing at random.
+  failing at random;
+* ``coupled_app_error`` — issue 50: three ranks exit 1 on their own within seconds, no GPU
+  fault: the first two exits are checked, the third is coupled and checked once both checks
+  find nothing;
+* ``two_faults`` — issue 50: two independent faults a second apart in a 3-node job (node-b's
+  GPU, then node-d's; both need a reboot), node-a's rank exiting 3 s after node-b's (the NCCL
+  error): both faulty nodes are checked and rebooted before the job's second attempt starts on
+  them, whatever a broken call does to the order the three stops are handled in; no training
+  task is ever placed on a node whose fault is not judged.
 """
 
 from __future__ import annotations
@@ -76,13 +84,13 @@ FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
 RELOCATING = ("relocation", "spare_first", "relocation_wait")
 # Flows whose job completes on its second attempt after one infrastructure recovery.
 HELD = ("held_reset", "held_autoclose")
-RECOVERED = ("gpu_fault", "gpu_reset", "fast_path", "large", "validation", *HELD, *RELOCATING)
+RECOVERED = ("gpu_fault", "gpu_reset", "fast_path", "large", "validation", "two_faults", *HELD, *RELOCATING)
 # Flows where node-b is rebooted (once) and comes back.
-REBOOTED = ("gpu_fault", "fast_path", "large", *HELD)
+REBOOTED = ("gpu_fault", "fast_path", "large", "two_faults", *HELD)
 QUARANTINED = ("dead_gpu", *RELOCATING)
 FLOWS = ("gpu_fault", "gpu_reset", "fast_path", "dead_gpu", "app_error", "app_error_fails", "relocation",
          "spare_first", "relocation_wait", "held_reset", "held_autoclose", "large", "validation",
-         "lost_verdict", "coupled_app_error")
+         "lost_verdict", "coupled_app_error", "two_faults")
 # Flows whose job restarts once for its application's error (the diag passed).
 APP_ERROR = ("app_error", "lost_verdict", "coupled_app_error")
 # coupled_app_error (issue 50): three ranks exit 1 on their own within seconds (every task's
@@ -91,6 +99,11 @@ APP_ERROR = ("app_error", "lost_verdict", "coupled_app_error")
 # nothing, so the coupled node is checked too before the job restarts as an application error.
 COUPLED_NODE = "node-d"
 COUPLED_DELIVERY_SECONDS = 10.0
+# two_faults (issue 50): the second fault's node, its GPU failing a second after node-b's; an
+# idle fourth node, so that two nodes acted on are within the cordon limit (half the cluster)
+# and, with breaker_max_percent 50, the breaker's window: the flow is two faults, not a trip.
+SECOND_FAULTY = "node-d"
+IDLE = "node-e"
 #: the rule whose deliveries lost_verdict fails (its dead letters are the flow's premise)
 HEALTH_CHECK_RULE = "health-check-task-stopped"
 RANDOM_FAILURE_RATE = 0.01
@@ -150,6 +163,11 @@ def expectations(result: RunResult) -> list[str]:
     if flow in APP_ERROR and result.app_restarts_used != 1:
         problems.append(f"{result.app_restarts_used} application-error restart(s) charged (want 1)")
     want_reboots = {n: (1 if n == FAULTY and flow in REBOOTED else 0) for n in result.reboots}
+    if flow == "two_faults":  # both faults caught before the job runs on either again
+        want_reboots[SECOND_FAULTY] = 1
+        if result.facts.get("placed_on_faulty"):
+            problems.append(f"training placed on a node whose fault was not judged: "
+                            f"{result.facts['placed_on_faulty']}")
     if flow == "validation":  # the repair that did not hold, then the one that did
         want_reboots[FAULTY] = 2
         validations = result.facts.get("validations")
@@ -165,8 +183,9 @@ def expectations(result: RunResult) -> list[str]:
         wanted = 1 if suspect and not (flow == "fast_path" and node == FAULTY) else 0
         if count != wanted:
             problems.append(f"{count} health check(s) on {node} (suspect: {suspect}, want {wanted})")
-    if FAULTY not in result.suspects:
-        problems.append("the faulty node was never a suspect")
+    for faulty in (FAULTY, SECOND_FAULTY) if flow == "two_faults" else (FAULTY,):
+        if faulty not in result.suspects:
+            problems.append(f"the faulty node {faulty} was never a suspect")
     want_resets, resets = (1 if flow == "gpu_reset" else 0), result.facts.get("gpu_resets", 0)
     if resets != want_resets:
         problems.append(f"{resets} GPU reset task(s) on node-b (want {want_resets})")
@@ -230,6 +249,8 @@ def _env(flow: str) -> dict[str, str]:
     env = {"POWERTOOLS_LOG_LEVEL": "CRITICAL"}
     if flow == "spare_first":
         env[C.ENV_SPARE_NODES] = "1"
+    if flow == "two_faults":
+        env[C.ENV_REMEDIATION_SETTINGS] = json.dumps({"breaker_max_percent": "50"})
     if flow == "held_reset":  # the operator's reset is what this flow tries: nothing else closes it
         env[C.ENV_REMEDIATION_SETTINGS] = json.dumps({"breaker_auto_close": "false"})
     if flow == "validation":
@@ -272,6 +293,15 @@ class RecoveryScenario(Scenario[RunResult]):
             sim.inject_gpu_fault(FAULTY, after=MIN, health="healthy", nccl_cascade=True,
                                  cascade_delay_seconds=_cascade_delays())  # type: ignore[arg-type]
             return
+        if flow == "two_faults":
+            # Both faults and node-a's NCCL exit before the stack's stops can reach a rank (the
+            # STOPPED events late, as in coupled_app_error): a fault on a rank the stack has
+            # already stopped is a fault of an idle node, the node agent's or the preflight's.
+            sim.delivery_delay = _late_training_stops
+            sim.inject_gpu_fault(FAULTY, after=MIN, health="reboot_fixable", nccl_cascade=True,
+                                 cascade_delay_seconds=3)
+            sim.inject_gpu_fault(SECOND_FAULTY, after=MIN + 1, health="reboot_fixable")
+            return
         if flow == "fast_path":
             sim.inject_xid(FAULTY, 79, after=MIN, health="reboot_fixable", nccl_cascade=True,
                            crash_delay_seconds=10)
@@ -311,6 +341,8 @@ class RecoveryScenario(Scenario[RunResult]):
                                     "passed": sum(1 for t in ran if t.exit_code == 0)}
             facts["placed_on_latent"] = [p.time for p in sim.placements if p.training and p.latent]
         facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
+        facts["placed_on_faulty"] = [(p.time, p.node) for p in sim.placements
+                                     if p.training and p.health != "healthy"]
         facts["goodput"] = goodput_truth.compare(repo, sim, JOB_ID)
         checks = [t for t in sim.tasks.values() if t.health_check and not t.gpu_reset and not t.validation]
         # Checked only after another check had answered: a coupled node (coupled_app_error).
@@ -398,7 +430,10 @@ def _start_job(world: World, flow: str) -> None:
     tags = {C.TAG_RELOCATABLE: "true"} if flow in RELOCATING else {}
     if flow in APP_ERROR:
         tags[C.TAG_MAX_APP_RESTARTS] = "1"
-    ranks = list(nodes_of(flow)) if flow in ("large", "coupled_app_error") else [HEALTHY, FAULTY]
+    if flow == "two_faults":
+        sim.add_node(IDLE, gpus=8)  # counted in the cluster, never the job's
+    every_node = flow in ("large", "coupled_app_error", "two_faults")
+    ranks = list(nodes_of(flow)) if every_node else [HEALTHY, FAULTY]
     sim.start_job(JOB_ID, td, ranks, extra_tags=tags or None)
     if flow == "relocation_wait":
         _other_workload(world)
@@ -408,7 +443,7 @@ def _start_job(world: World, flow: str) -> None:
 
 
 def _late_training_stops(event: dict[str, Any]) -> float:
-    """coupled_app_error: every training task's STOPPED event reaches the stack late (not the
+    """coupled_app_error and two_faults: every training task's STOPPED event reaches the stack late (not the
     DCGM checks'), so the ranks exit on their own before the stops reach them."""
     detail = event.get("detail") or {}
     late = event.get("detail-type") == "ECS Task State Change" and detail.get("lastStatus") == "STOPPED" \
@@ -461,6 +496,8 @@ def nodes_of(flow: str) -> tuple[str, ...]:
         return (HEALTHY, FAULTY, ANOTHER_NODE)
     if flow == "coupled_app_error":
         return (HEALTHY, FAULTY, COUPLED_NODE)
+    if flow == "two_faults":
+        return (HEALTHY, FAULTY, SECOND_FAULTY)
     return (HEALTHY, FAULTY, SPARE) if flow in RELOCATING else (HEALTHY, FAULTY)
 
 

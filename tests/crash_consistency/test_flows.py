@@ -8,7 +8,8 @@ GPU (quarantine, the job failed and e-mailed), an application error (restarted, 
 e-mailed), relocation (at once, spare first, after waiting for a free node), a job HELD by the
 breaker until the operator's reset or until the breaker closes by itself, a gang above the
 inline fan-out (17 ranks, through the gang queue), an application error whose third exit is
-coupled to the first two and checked once their checks find nothing (issue 50), a node lost
+coupled to the first two and checked once their checks find nothing (issue 50), two
+independent faults a second apart (both caught before the job runs on either again), a node lost
 from heartbeats (its agent silent, its ECS agent disconnected) and a preemption (suspend,
 go_suspend(), resume). The GPU fault with reboot is ``test_fault_injection.py``'s.
 
@@ -68,6 +69,9 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
         elif flow == "coupled_app_error":  # issue 50: the third exit coupled, checked last
             assert result.facts["coupled"] == [recovery.COUPLED_NODE]
             assert set(result.suspects.values()) == {"HEALTHY"}
+        elif flow == "two_faults":  # issue 50: both faults checked and rebooted, nothing coupled
+            assert result.suspects == {recovery.FAULTY: "REBOOT", recovery.SECOND_FAULTY: "REBOOT"}
+            assert result.facts["coupled"] == [] and result.facts["placed_on_faulty"] == []
         elif flow == "gpu_reset":
             # The reset task's calls are the flow's (each is broken in turn), no reboot.
             assert any(c.operation == "StartTask" and "gpu_resets" in c.site for c in result.calls)
