@@ -26,9 +26,8 @@ from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as policy
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Instance
-from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import Deps
-from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import HoldsDue, Reactions
 from gpu_recovery.repository.cordons import Worklist
 
@@ -40,10 +39,10 @@ UNCHANGED_HOLDS = frozenset({"no_holds", "holds_unchanged"})
 
 
 class Cordons:
-    def __init__(self, deps: Deps, ranks: RankOperations, gate: Any, *,
+    def __init__(self, deps: Deps, notices: Notices, gate: Any, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
-        self.ranks = ranks
+        self.notices = notices
         self.gate = gate  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
         # Told: the sweep starts (the spare and reserved holds refreshed first, on its read of
         # the worklist; answers what was done).
@@ -114,7 +113,7 @@ class Cordons:
         new = [m for m in members if m not in read.refused]
         if not new:
             return "attribute_limit"
-        owed = self.ranks.notices.for_node(
+        owed = self.notices.for_node(
             NotificationKind.OPERATOR_ACTION, "GPU node has no room for the placement attribute",
             container_inst_id=node, instance_id=instance.ec2_instance_id if instance is not None else "",
             what_happened=(f"ECS refused {placement.UNAVAILABLE_ATTRIBUTE}={value} on {node}: a container "
@@ -126,8 +125,8 @@ class Cordons:
                              "delete-attributes): the next sweep puts the stack's."))
         now = clock.now()
         if self.deps.repo.transact([*self.deps.repo.cordons.refused_updates(new),
-                                    *self.ranks.notices.owe([owed], now)]):
-            self.ranks.notices.send([owed])
+                                    *self.notices.owe([owed], now)]):
+            self.notices.send([owed])
         return "attribute_limit"
 
     def sync_many(self, nodes: Iterable[str], read: Worklist | None = None) -> dict[str, str]:
@@ -235,7 +234,7 @@ class Cordons:
         nodes are no longer kept off ECS placement automatically (our own scheduler still
         skips them)."""
         tripped = str(decided.state.get("trip_reason") or decided.reason)
-        return self.ranks.notices.for_node(
+        return self.notices.for_node(
             NotificationKind.CORDON_LIMIT_TRIPPED,
             "Known-bad GPU nodes are no longer cordoned in ECS (cordon limit tripped)",
             container_inst_id=node, instance_id="",

@@ -60,8 +60,8 @@ from gpu_recovery.domain.time_sharing import DEFAULT_SUSPEND_GRACE_SECONDS, Susp
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
-from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import Reactions, ReservationsReleased
 from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.restart_notices import fault_lines, restart_summary
@@ -82,13 +82,13 @@ _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the
 
 
 class GangRestart:
-    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps, *,
+    def __init__(self, deps: Deps, notices: Notices, gang: GangOps, *,
                  request_suspend: Callable[..., bool] | None = None,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
-        self.ranks = ranks
+        self.notices = notices
         self.gang = gang
-        self.holds = HeldJobs(deps, ranks)
+        self.holds = HeldJobs(deps, notices)
         self.nodes = RestartNodes(deps)  # what recoveries hold; free nodes for a relocation
         # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
         self.waits = RestartWaits(deps, lambda job, reason, action: self.fail_waiting(job, reason, action))
@@ -406,7 +406,7 @@ class GangRestart:
                                       float(item.get("submitted_at") or job.created_at), job.job_id)
         now = clock.now()
         relocation = {"at": now, "attempt": job.attempt, "reason": why[:500], "from_nodes": leaving[:64]}
-        notice = self.ranks.notices.for_job(
+        notice = self.notices.for_job(
             replace(job, state=JobState.PENDING_RESOURCES), None, NotificationKind.RELOCATED,
             "Job relocated to healthy nodes",
             what_happened=why,
@@ -419,9 +419,9 @@ class GangRestart:
         if not self.deps.repo.requeue_for_relocation(
                 job, queue_order=order, relocation=relocation,
                 reason=f"relocation: back in the queue at the head of its priority ({why})",
-                also=self.ranks.notices.owe([notice], now)):
+                also=self.notices.owe([notice], now)):
             return Outcome("duplicate", job.job_id)
-        self.ranks.notices.send([notice])
+        self.notices.send([notice])
         self.deps.metrics.add_metric("Relocations", "Count", 1)
         return Outcome("relocated", job.job_id, {"via": "queue", "from": leaving})
 
@@ -437,7 +437,7 @@ class GangRestart:
         if job.state is not JobState.STARTING or job.restarted_attempt != job.attempt:
             return False
         done, validations, validated = restart_summary(self.deps, job)
-        notice = self.ranks.notices.for_job(
+        notice = self.notices.for_job(
             replace(job, state=JobState.RUNNING), None, NotificationKind.RECOVERED,
             "Job recovered and restarted",
             what_happened=job.last_error or "suspected GPU fault",
@@ -449,12 +449,12 @@ class GangRestart:
         # The history says how the repaired nodes proved themselves (validation after repair).
         reason = "; ".join(["every rank restarted", *validations])
         if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason,
-                                                  actor="recovery", also=self.ranks.notices.owe([notice]),
+                                                  actor="recovery", also=self.notices.owe([notice]),
                                                   ledger={**self._running_marks(job),
                                                           **goodput.validation_marks(validated)}):
             return False
         self.released(job.job_id)
-        self.ranks.notices.send([notice])
+        self.notices.send([notice])
         self.deps.metrics.add_metric("Recoveries", "Count", 1)
         if job.fault_started_at:
             self.deps.metrics.add_metric("TimeToRestartSeconds", "Seconds",
@@ -530,16 +530,16 @@ class GangRestart:
     def _fail_restart(self, job: Job, rank: Rank, why: str) -> None:
         reason = (f"could not start rank {rank.rank} on {rank.container_inst_id} for attempt {job.attempt}: "
                   f"{why}")
-        notice = self.ranks.notices.for_job(
+        notice = self.notices.for_job(
             replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
             "Job failed: restart failed", what_happened=reason,
             what_was_done="Job marked FAILED; started ranks stopped",
             operator_action="Check the cluster's capacity and the instance, then resubmit the job.")
         if ended(self.deps, job.job_id, self.deps.repo.finish_job(
                 job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
-                stop_ranks_of=job.attempt, stop_why="restart failed", also=self.ranks.notices.owe([notice]))):
+                stop_ranks_of=job.attempt, stop_why="restart failed", also=self.notices.owe([notice]))):
             self.released(job.job_id)
-            self.ranks.notices.send([notice])
+            self.notices.send([notice])
             self.deps.metrics.add_metric("Failures", "Count", 1)
             fresh = self.deps.repo.get_job(job.job_id) or job
             with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
@@ -552,7 +552,7 @@ class GangRestart:
                      from_state: JobState | None = None) -> bool:
         """A job the loop cannot take further (its restart or its checks never happened in
         time): FAILED, its live ranks stopped, e-mailed; once."""
-        notice = self.ranks.notices.for_job(
+        notice = self.notices.for_job(
             replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
             "Job failed: cannot be restarted", what_happened=reason, what_was_done="Job marked FAILED",
             operator_action=operator_action or (
@@ -560,10 +560,10 @@ class GangRestart:
         if not ended(self.deps, job.job_id, self.deps.repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason},
                 from_states=[from_state or job.state], stop_ranks_of=job.attempt, stop_why="job failed",
-                also=self.ranks.notices.owe([notice]))):
+                also=self.notices.owe([notice]))):
             return False
         self.released(job.job_id)
-        self.ranks.notices.send([notice])
+        self.notices.send([notice])
         self.deps.metrics.add_metric("Failures", "Count", 1)
         return True
 

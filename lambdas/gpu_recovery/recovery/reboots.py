@@ -83,11 +83,11 @@ class Reboots:
         self.deps = deps
         self.ranks = ranks
         self.restarts = restarts
-        self.gate = NodeActionGate(deps, ranks)
+        self.gate = NodeActionGate(deps, ranks.notices)
         # Told: a repaired node is back (it validates under load before it is AVAILABLE);
         # with nothing reacting, it is straight back (``mark_available``).
         self.reactions = reactions or Reactions()
-        self.cordons = Cordons(deps, ranks, self.gate, reactions=self.reactions)
+        self.cordons = Cordons(deps, ranks.notices, self.gate, reactions=self.reactions)
 
     # -------------------------------------------------------------------- issue
     def issue(self, instance: Instance, *, agent_connected: bool | None = None, marked: bool = False) -> str:

@@ -78,13 +78,14 @@ class RecoveryService:
         self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics(),
                          policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
         self.ranks = RankOperations(self.deps)
+        notices = self.ranks.notices  # the e-mails, owed with the decisions they report
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
         reactions = Reactions()
         self.gang = GangOps(self.deps, self.ranks, gang_queue, reactions=reactions)
-        self.suspensions = Suspensions(self.deps, self.ranks, self.gang, reactions=reactions)
+        self.suspensions = Suspensions(self.deps, notices, self.gang, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
-        self.restarts = GangRestart(self.deps, self.ranks, self.gang,
+        self.restarts = GangRestart(self.deps, notices, self.gang,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         self.reboots = Reboots(self.deps, self.ranks, self.restarts, reactions=reactions)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts,
@@ -102,7 +103,7 @@ class RecoveryService:
         self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang,
                                                                   reactions=reactions))
         # AWS's notices that capacity goes away (docs/aws-notices.md).
-        self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, self.ranks.notices, capacity,
+        self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, notices, capacity,
                                       stop_gang=self.gang.stop, reactions=reactions)
         self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang, self.preflights, self.warnings,

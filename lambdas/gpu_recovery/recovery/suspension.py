@@ -39,8 +39,8 @@ from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend_record
 from gpu_recovery.recovery.gang import GangOps
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
-from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import JobLeftNode, Reactions
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 
@@ -53,10 +53,10 @@ def _retry_after(job: Job) -> int:
 
 
 class Suspensions:
-    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps, *,
+    def __init__(self, deps: Deps, notices: Notices, gang: GangOps, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
-        self.ranks = ranks
+        self.notices = notices
         self.gang = gang
         self.store = SuspensionRepository(deps.repo)
         # Told: a job moved off a node (a warned node may be repaired now).
@@ -190,7 +190,7 @@ class Suspensions:
         reason = (f"moved off {node} at its checkpoint ({int(took)} s after it was asked): "
                   f"{avoid.get('reason') or 'driver warning'}; back in the queue at the head of its "
                   "priority, it restarts on healthy nodes from that checkpoint")
-        notice = self.ranks.notices.for_job(
+        notice = self.notices.for_job(
             replace(job, state=JobState.SUSPENDED), None, NotificationKind.GPU_WARNING,
             "Job moved off a GPU node at its checkpoint, before the GPU failed",
             what_happened=(f"Node {node} reported a driver warning: {avoid.get('reason') or '?'} "
@@ -202,9 +202,9 @@ class Suspensions:
             operator_action=("None: the job resumes by itself (RESUME_COUNT + 1) and the node returns "
                              "once repaired."))
         if not self.store.finish(job.job_id, job.attempt, queue_order=order, hold=False, reason=reason,
-                                 moves=moves, also=self.ranks.notices.owe([notice], now)):
+                                 moves=moves, also=self.notices.owe([notice], now)):
             return False
-        self.ranks.notices.send([notice])
+        self.notices.send([notice])
         self.deps.metrics.add_metric("JobsMovedAtCheckpoint", "Count", 1)
         logger.warning("job moved off a warned node at its checkpoint", extra={
             "job_id": job.job_id, "instance": node, "checkpoint_seconds": round(took, 1)})
@@ -231,7 +231,7 @@ class Suspensions:
         how = ("stopped before AWS takes the node (no go_suspend() in time: it resumes from its last "
                "checkpoint)" if forced else f"moved at its checkpoint ({int(took)} s after it was asked)")
         reason = f"waiting for capacity: {why}; {how} off {node}; queued at the head of its priority"
-        notice = self.ranks.notices.for_job(
+        notice = self.notices.for_job(
             replace(job, state=JobState.SUSPENDED), None, NotificationKind.CAPACITY_NOTICE,
             ("Job stopped before AWS took its node" if forced else
              "Job moved off a node AWS takes away, at its checkpoint"),
@@ -243,9 +243,9 @@ class Suspensions:
                 "Make its training loop call receive_suspend_command() every step to lose no work next time."
                 if forced else "")).strip())
         if not self.store.finish(job.job_id, job.attempt, queue_order=order, hold=False, reason=reason,
-                                 moves=moves, also=self.ranks.notices.owe([notice], now)):
+                                 moves=moves, also=self.notices.owe([notice], now)):
             return False
-        self.ranks.notices.send([notice])
+        self.notices.send([notice])
         deadline = avoid.get("deadline")
         in_time = not forced and (deadline is None or now < float(deadline))
         self.deps.metrics.add_metric("NoticeJobsMovedBeforeDeadline" if in_time
@@ -268,7 +268,7 @@ class Suspensions:
         moves = [*(item.get("moves") or []), entry][-MAX_MOVES_KEPT:]
         reason = (f"move declined: {detail} after a driver warning on {node}; the job keeps running there "
                   "(the node takes no new work and is repaired once the job leaves)")
-        notice = self.ranks.notices.for_job(
+        notice = self.notices.for_job(
             replace(job, state=JobState.RUNNING), None, NotificationKind.GPU_WARNING,
             "Job did not checkpoint in time: it keeps running on a GPU node with a driver warning",
             what_happened=(f"Node {node} reported a driver warning ({avoid.get('reason') or '?'}); the job "
@@ -282,9 +282,9 @@ class Suspensions:
                              "go_suspend() after saving (training_client/README.md); or stop the job at a "
                              "checkpoint of yours and resubmit it."))
         if not self.store.decline_move(job.job_id, job.attempt, reason=reason, moves=moves,
-                                       also=self.ranks.notices.owe([notice], now)):
+                                       also=self.notices.owe([notice], now)):
             return False
-        self.ranks.notices.send([notice])
+        self.notices.send([notice])
         self.deps.metrics.add_metric("WarningMovesDeclined", "Count", 1)
         logger.warning("move off a warned node declined", extra={"job_id": job.job_id, "instance": node})
         return True

@@ -24,9 +24,8 @@ from gpu_recovery.domain.breaker import breaker as breaker_policy
 from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.placement import PLACEMENT_EXPRESSION
 from gpu_recovery.domain.relocation import gpu_count
-from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import Deps
-from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository import Update
 
 logger = logging.getLogger(__name__)
@@ -71,9 +70,9 @@ class NodeActionGate:
     to be written in the caller's own transaction (conditional on the version read), so a
     crash never counts an action that was not recorded, nor records one not counted."""
 
-    def __init__(self, deps: Deps, ranks: RankOperations) -> None:
+    def __init__(self, deps: Deps, notices: Notices) -> None:
         self.deps = deps
-        self.ranks = ranks
+        self.notices = notices
         self._cluster_count: _CachedCount | None = None
 
     def cluster_gpu_nodes(self, stored: dict[str, Any] | None = None) -> int:
@@ -190,7 +189,7 @@ class NodeActionGate:
         if self.deps.settings.remediation.breaker.auto_close:
             until = ("the breaker closes by itself (a window after this trip, once the nodes it acted on are "
                      "back healthy; it e-mails either way) or an operator resets it")
-        return self.ranks.notices.for_node(
+        return self.notices.for_node(
             NotificationKind.BREAKER_TRIPPED, "Automatic node remediation stopped (blast-radius breaker)",
             container_inst_id=inst_id, instance_id="",
             what_happened=str(decided.state.get("trip_reason") or decided.reason),

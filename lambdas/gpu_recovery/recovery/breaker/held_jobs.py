@@ -41,9 +41,8 @@ from gpu_recovery.domain.breaker.hold import (
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.recovery.goodput_metrics import ended
-from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import Deps, Outcome
-from gpu_recovery.recovery.ranks import RankOperations
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +62,9 @@ def _at(seconds: float) -> str:
 
 
 class HeldJobs:
-    def __init__(self, deps: Deps, ranks: RankOperations) -> None:
+    def __init__(self, deps: Deps, notices: Notices) -> None:
         self.deps = deps
-        self.ranks = ranks
+        self.notices = notices
 
     # ------------------------------------------------------------------ enter
     def hold(self, job: Job, unusable: list[str]) -> Outcome | None:
@@ -108,9 +107,9 @@ class HeldJobs:
             hold = BreakerHold.start(job.job_id, job.attempt, now, seconds, waiting, spend=spend, why=why)
         notice = self._held_notice(replace(job, state=JobState.HELD), hold) if existing is None else None
         if not repo.hold_job(job, hold, min(hold.until, now + RETRY_INTERVAL_SECONDS),
-                             also=self.ranks.notices.owe([notice], now)):
+                             also=self.notices.owe([notice], now)):
             return Outcome("duplicate", job.job_id)
-        self.ranks.notices.send([notice])
+        self.notices.send([notice])
         self.deps.metrics.add_metric("JobsHeld", "Count", 1)
         logger.warning("job held by the breaker", extra={"job_id": job.job_id, "nodes": waiting,
                                                          "until": hold.until})
@@ -143,15 +142,15 @@ class HeldJobs:
     # ------------------------------------------------------------------ fail
     def fail(self, job: Job, reason: str) -> bool:
         """HELD (or PENDING_RESTART, re-entering an expired hold) -> FAILED, once."""
-        notice = self.ranks.notices.for_job(
+        notice = self.notices.for_job(
             replace(job, state=JobState.FAILED, last_error=reason[:1000]), None, NotificationKind.FAILED,
             "Job failed: held node not rebooted", what_happened=reason,
             what_was_done="Job marked FAILED (it was HELD, not charged)", operator_action=_FAILED_ACTION)
         if not ended(self.deps, job.job_id, self.deps.repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason[:1000]},
-                from_states=[job.state], also=self.ranks.notices.owe([notice]))):
+                from_states=[job.state], also=self.notices.owe([notice]))):
             return False
-        self.ranks.notices.send([notice])
+        self.notices.send([notice])
         self.deps.metrics.add_metric("Failures", "Count", 1)
         return True
 
@@ -165,7 +164,7 @@ class HeldJobs:
                      "at a time and the job restarts, with no one acting; it stays open for an operator if "
                      "the reboots did not fix them. " if closes_itself else "")
         or_closing = " or the breaker closing" if closes_itself else ""
-        return self.ranks.notices.for_job(
+        return self.notices.for_job(
             job, None, NotificationKind.JOB_HELD, title,
             what_happened=f"{nodes}: {hold.why}",
             what_was_done=(f"Job HELD on {nodes}, not failed (its budget is not charged while held); its "
