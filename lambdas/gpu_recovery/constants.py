@@ -11,6 +11,7 @@ from typing import Any
 
 # The domain's vocabulary (states, verdicts, notification kinds, the stop-reason prefix),
 # re-exported for infra/ and local mode, which take every shared name from this module.
+from gpu_recovery.domain import started_by
 from gpu_recovery.domain.notifications import NotificationKind  # noqa: F401
 from gpu_recovery.domain.states import (  # noqa: F401
     ACTIVE_JOB_STATES,
@@ -574,15 +575,15 @@ def job_group(job_id: str) -> str:
 # Health-check tasks are started with this group / startedBy so their events are
 # routed to the DCGM monitor and never to the training-task handler.
 HEALTH_CHECK_GROUP = "gpu-recovery-health-check"
-HEALTH_CHECK_STARTED_BY = "gpu-recovery-hc"
+HEALTH_CHECK_STARTED_BY = started_by.HEALTH_CHECK
 # The GPU reset task (recovery.gpu_resets): its group starts with HEALTH_CHECK_GROUP so the
 # same event rules route its STOPPED event to the health-check monitor (never to the
 # training-task handler); the monitor tells the two apart by this group.
 GPU_RESET_GROUP = f"{HEALTH_CHECK_GROUP}-gpu-reset"
-GPU_RESET_STARTED_BY = "gpu-recovery-reset"
+GPU_RESET_STARTED_BY = started_by.GPU_RESET
 # A repaired node's validation (recovery.validations): the health-check task definition with
 # its level and load in the container's environment; its group routes its STOPPED event to the
-# health-check monitor like the check's (startedBy: domain.validation.started_by).
+# health-check monitor like the check's.
 GPU_VALIDATION_GROUP = f"{HEALTH_CHECK_GROUP}-validation"
 DEFAULT_GPU_RESET_FAMILY = "gpu-reset"
 

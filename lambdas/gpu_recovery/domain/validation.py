@@ -28,7 +28,6 @@ validation); SageMaker HyperPod's deep health checks stress a node before it goe
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -36,6 +35,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
+from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.classify import Decision
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget
 
@@ -174,8 +174,7 @@ def judge(exit_code: int | None) -> Result:
 def started_by(node: str, since: float, attempt: int) -> str:
     """Deterministic per node, validation and start attempt (ECS startedBy: 36 characters at
     most): a claim whose StartTask answer was lost finds its task again by it."""
-    seed = f"{node}:{since!r}:{attempt}"
-    return f"gpu-recovery-val-{hashlib.sha256(seed.encode()).hexdigest()[:16]}"
+    return task_started_by.node_task(task_started_by.VALIDATION, node, repr(since), attempt)
 
 
 def new_validation(repair: Repair, *, cause: str, since: float, policy: ValidationPolicy,

@@ -32,7 +32,6 @@ error code above is the launcher's, in ``admission.classify_failure``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -57,6 +56,7 @@ from gpu_recovery.constants import (
     job_group,
     queue_order,
 )
+from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.control_token import make_token
 from gpu_recovery.domain.models import Rank, container_instance_id
 from gpu_recovery.domain.states import ENDING_JOB_STATES, LIVE_RANK_STATES, STARTED_JOB_STATES
@@ -84,9 +84,8 @@ HOST_ADDRESS_ATTRIBUTE = "gpu-recovery.host-address"
 
 
 def started_by(job_id: str, attempt: int, rank: int) -> str:
-    """Deterministic per attempt and rank, <= 36 characters (ECS limit)."""
-    digest = hashlib.sha256(job_id.encode()).hexdigest()[:12]
-    return f"q-{digest}-a{attempt}-r{rank}"[:36]
+    """Deterministic per attempt and rank (``domain.started_by``)."""
+    return task_started_by.rank_launch(task_started_by.QUEUE_LAUNCH, job_id, attempt, f"r{rank}", digest=12)
 
 
 class LaunchError(Exception):

@@ -27,7 +27,6 @@ redelivered event.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -44,6 +43,7 @@ from gpu_recovery.constants import (
     TAG_RANK,
     TAG_RANKS,
 )
+from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.gang_batches import (
     INLINE_MAX_RANKS,
     START,
@@ -106,11 +106,10 @@ class BatchResult:
 
 
 def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
-    """Deterministic per attempt and call (ECS allows 36 characters)."""
+    """Deterministic per attempt and call (``domain.started_by``)."""
     if not call.grouped:
         return restart_started_by(job_id, attempt, call.key)
-    digest = hashlib.sha256(job_id.encode()).hexdigest()[:10]
-    return f"gpurec-{digest}-a{attempt}-g{call.key}"[:36]
+    return task_started_by.rank_launch(task_started_by.RESTART, job_id, attempt, f"g{call.key}", digest=10)
 
 
 class GangOps:

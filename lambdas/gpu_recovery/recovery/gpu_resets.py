@@ -23,7 +23,6 @@ DescribeTasks, and one that never ends is stopped and replaced by the reboot.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import replace
 from typing import Any
@@ -38,6 +37,7 @@ from gpu_recovery.constants import (
     SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
 )
+from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -60,8 +60,8 @@ RESET_TASK_PURPOSE = "gpu-reset"
 
 def gpu_reset_started_by(instance: Instance) -> str:
     """Deterministic per node and decision (its reboot request): the same claim finds its task."""
-    seed = f"{instance.container_inst_id}:{instance.reboot_requested_at}"
-    return f"{GPU_RESET_STARTED_BY}-{hashlib.sha256(seed.encode()).hexdigest()[:16]}"
+    return task_started_by.node_task(GPU_RESET_STARTED_BY, instance.container_inst_id,
+                                     instance.reboot_requested_at)
 
 
 def resetting(instance: Instance | None) -> bool:

@@ -9,7 +9,6 @@ the task ARN, whose write may have been the one that failed).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from gpu_recovery.constants import (
     SYSTEM_STOP_REASON_PREFIX,
 )
 from gpu_recovery.domain import policy
+from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.escalation import history_from_item
 from gpu_recovery.domain.evidence import DcgmFindings, Evidence
 from gpu_recovery.domain.fault_vocabulary import Trigger
@@ -107,8 +107,8 @@ def _conflicted(error: ClientError) -> bool:
 
 def health_check_started_by(instance: Instance) -> str:
     """Deterministic per check and placement attempt: the same claim finds its task."""
-    seed = f"{instance.container_inst_id}:{instance.hc_requested_at}:{instance.hc_start_attempts}"
-    return f"{HEALTH_CHECK_STARTED_BY}-{hashlib.sha256(seed.encode()).hexdigest()[:16]}"
+    return task_started_by.node_task(HEALTH_CHECK_STARTED_BY, instance.container_inst_id,
+                                     instance.hc_requested_at, instance.hc_start_attempts)
 
 
 class HealthChecks:

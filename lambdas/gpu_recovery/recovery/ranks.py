@@ -7,7 +7,6 @@ every rank. Stopping a gang is a fan-out of its own (``recovery.gang``).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from gpu_recovery.constants import (
     TAG_WORLD_SIZE,
     NotificationKind,
 )
+from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.job_budgets import MAX_BUDGET
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import parse_ranks_tag
@@ -303,9 +303,8 @@ def _budget_tag(values: dict[Any, Any], key: str) -> int | None:
 
 
 def restart_started_by(job_id: str, attempt: int, rank: int) -> str:
-    """Deterministic per attempt and rank (ECS allows 36 characters): finds duplicates."""
-    digest = hashlib.sha256(job_id.encode()).hexdigest()[:10]
-    return f"gpurec-{digest}-a{attempt}-r{rank}"[:36]
+    """Deterministic per attempt and rank (``domain.started_by``): finds duplicates."""
+    return task_started_by.rank_launch(task_started_by.RESTART, job_id, attempt, f"r{rank}", digest=10)
 
 
 def tags_for_attempt(tags: list[dict[str, str]], attempt: int) -> list[dict[str, str]]:

@@ -1,0 +1,38 @@
+"""The ``startedBy`` of every task the stack starts: deterministic, so that a start whose
+answer was lost finds its task again (ListTasks by startedBy) instead of starting a second
+one. ECS takes 36 characters at most.
+
+Two shapes, each kept as tasks already running carry it (a task started before an upgrade
+must still be found after it):
+
+* a node task (a DCGM check, a GPU reset, a validation): its kind's prefix and a digest of
+  what makes the start unique (the node, the decision or request it serves, the attempt);
+* a rank (or a call of identical ranks): the launcher's prefix, a digest of the job id, the
+  attempt and the rank (``r``) or the call (``g``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+MAX_LENGTH = 36  # ECS StartTask's startedBy
+# Each kind's prefix.
+HEALTH_CHECK = "gpu-recovery-hc"
+GPU_RESET = "gpu-recovery-reset"
+VALIDATION = "gpu-recovery-val"
+RESTART = "gpurec"  # the ranks the recovery starts again
+QUEUE_LAUNCH = "q"  # the queue's launches
+NODE_TASK_DIGEST = 16  # hex characters of a node task's digest
+
+
+def node_task(prefix: str, *unique: object) -> str:
+    """``prefix`` and the digest of ``unique`` (their ``str``, joined by ":")."""
+    seed = ":".join(str(part) for part in unique)
+    return f"{prefix}-{hashlib.sha256(seed.encode()).hexdigest()[:NODE_TASK_DIGEST]}"[:MAX_LENGTH]
+
+
+def rank_launch(prefix: str, job_id: str, attempt: int, tail: str, *, digest: int) -> str:
+    """``prefix``, ``digest`` hex characters of the job id's digest, the attempt and ``tail``
+    (``r<rank>`` or ``g<call>``)."""
+    job = hashlib.sha256(job_id.encode()).hexdigest()[:digest]
+    return f"{prefix}-{job}-a{attempt}-{tail}"[:MAX_LENGTH]
