@@ -45,10 +45,10 @@ from gpu_recovery.domain.states import (
 )
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import verdict_lease
-from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import job_failed
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
+from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
@@ -112,13 +112,14 @@ def health_check_started_by(instance: Instance) -> str:
 
 
 class HealthChecks:
-    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots,
-                 restarts: GangRestart, remediation: NodeRemediation) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, remediation: NodeRemediation, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.reboots = reboots
-        self.restarts = restarts
         self.remediation = remediation
+        # Told: a verdict lets a job restart (or leave its node).
+        self.reactions = reactions or Reactions()
 
     # ------------------------------------------------------------ open / join
     def request(self, job: Job, inst_id: str, *, opened: Callable[[], None] | None = None) -> str:
@@ -174,7 +175,7 @@ class HealthChecks:
                 if outcome.fails:
                     job_failed(self.deps, job.job_id)
                 if outcome.restarts:
-                    after_commit("restart", self.restarts.try_restart, job.job_id)
+                    after_commit("restart", self.reactions.emit, RestartDue(job.job_id))
                 return result
             fresh = self.deps.repo.get_job(job.job_id)
             if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
@@ -223,7 +224,7 @@ class HealthChecks:
         after_commit("observed fault", partial(repo.record_observed_fault, inst_id, fault_history=None,
                                                last_fault=last_fault))
         if outcome is JobOutcome.RELOCATE:
-            after_commit("relocation", self.restarts.try_restart, job.job_id)
+            after_commit("relocation", self.reactions.emit, RestartDue(job.job_id))
         return "observed"
 
     # -------------------------------------------------------------------- start

@@ -98,6 +98,15 @@ class NodeBack:
 
 
 @dataclass(frozen=True)
+class RestartDue:
+    """A job may restart now: its fault is settled by a verdict, or a node it waits for is
+    back, or it leaves a node that cannot take it. The gang restart decides (restart,
+    relocate, wait, fail); answers its ``Outcome``."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
 class CoupledToCheck:
     """A fault's checks found nothing: the nodes whose exits were coupled to it are checked
     too (``domain.suspects``): ``nodes``, as the settlement read them from the latch."""

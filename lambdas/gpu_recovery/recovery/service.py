@@ -50,6 +50,7 @@ from gpu_recovery.recovery.reactions import (
     RanksStarted,
     Reactions,
     ReservationsReleased,
+    RestartDue,
     StoppedEventLost,
     TaskStopped,
     on,
@@ -91,8 +92,8 @@ class RecoveryService:
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts,
                                            reactions=reactions)
         self.unreachable = NodeUnreachable(self.deps, self.remediation)
-        self.validations = Validations(self.deps, self.reboots, self.remediation)
-        self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.restarts, self.remediation)
+        self.validations = Validations(self.deps, self.reboots, self.remediation, reactions=reactions)
+        self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.remediation, reactions=reactions)
         self.warnings = GpuWarnings(self.deps, self.remediation)
         self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
         # Which exits of a fault name a suspect, and their checks (issue 50).
@@ -130,6 +131,8 @@ class RecoveryService:
             # The gang fan-out reports back to the restart that asked it.
             on(RanksStarted, lambda e: self.restarts.on_started(e.job)),
             on(RankNotPlaced, lambda e: self.restarts.start_failed(e.job, e.rank, e.why)),
+            # A verdict settled a fault, a node came back, a job must leave a node: its restart.
+            on(RestartDue, lambda e: self.restarts.try_restart(e.job_id)),
             # A fault's first checks found nothing: the nodes whose exits followed are checked.
             on(CoupledToCheck, lambda e: self.suspects.check_coupled(e.job, e.nodes)),
             # Every repaired node's return goes through its validation under load.

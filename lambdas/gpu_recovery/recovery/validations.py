@@ -56,6 +56,7 @@ from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.domain.validation import Repair, Result
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
+from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, label_for, projected
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
@@ -74,10 +75,13 @@ TASK_PURPOSE = "post-repair-validation"
 
 
 class Validations:
-    def __init__(self, deps: Deps, reboots: Reboots, remediation: NodeRemediation) -> None:
+    def __init__(self, deps: Deps, reboots: Reboots, remediation: NodeRemediation, *,
+                 reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.reboots = reboots
         self.remediation = remediation
+        # Told: a failed validation released the jobs waiting for the node.
+        self.reactions = reactions or Reactions()
 
     @property
     def policy(self) -> policy.ValidationPolicy:
@@ -461,7 +465,7 @@ class Validations:
         if fresh is not None:
             self.remediation.carry_out(fresh, plan)
         for job_id in released:
-            self.remediation.restarts.try_restart(job_id)
+            self.reactions.emit(RestartDue(job_id))
 
     # -------------------------------------------------------------------- sweep
     def sweep(self, instance: Instance, now: float) -> str:

@@ -49,7 +49,7 @@ from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.recovery.reactions import Reactions
+from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
@@ -124,9 +124,12 @@ class NodeRemediation:
         self.ranks = ranks
         self.reboots = reboots
         self.restarts = restarts
+        # Told: a verdict lets a job restart (or leave its node).
+        self.reactions = reactions or Reactions()
         self.notices = ranks.notices  # the outbox
         self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
-        self.settlement = JobSettlement(deps, restarts, self.notices, self.owed_notices, reactions=reactions)
+        self.settlement = JobSettlement(deps, restarts, self.notices, self.owed_notices,
+                                        reactions=self.reactions)
         self.resets = GpuResets(deps, reboots, self.notices)
         self.tenant_evidence = TenantEvidence(deps, self.notices)
 
@@ -276,7 +279,7 @@ class NodeRemediation:
             # unusable node moves now (once its old ranks stopped), not at the next sweep.
             if (outcome.restarts and (fresh.state is InstanceState.AVAILABLE
                                      or outcome is JobOutcome.RELOCATE)) or outcome is JobOutcome.HOLD:
-                self.restarts.try_restart(job.job_id)
+                self.reactions.emit(RestartDue(job.job_id))
             elif outcome is JobOutcome.WAIT:
                 # Counted off the job item, or beside another verdict committing at once:
                 # with every count added, this may have been the last one.
