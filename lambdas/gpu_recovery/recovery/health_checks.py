@@ -118,8 +118,7 @@ class HealthChecks:
         self.ranks = ranks
         self.reboots = reboots
         self.remediation = remediation
-        # Told: a verdict lets a job restart (or leave its node).
-        self.reactions = reactions or Reactions()
+        self.reactions = reactions or Reactions()  # told: a verdict lets a job restart, or move
 
     # ------------------------------------------------------------ open / join
     def request(self, job: Job, inst_id: str, *, opened: Callable[[], None] | None = None) -> str:
