@@ -75,6 +75,11 @@ class ApiCall:
     at: float | None = None  # when (simulated time), for the calls arm_random broke
 
 
+#: where a call is never its own site but its caller's: the ports' implementations and the
+#: one way every node task starts (a check's StartTask is the check's site, a reset's the reset's)
+_SHARED_MECHANISMS = ("/adapters/", "/repository/", "/recovery/node_tasks.py")
+
+
 def _call_site() -> str:
     # Frames walked directly, innermost first (traceback.extract_stack also read each
     # frame's source line: a twentieth of a campaign's CPU).
@@ -83,7 +88,7 @@ def _call_site() -> str:
         if frame is None:
             break
         path = frame.f_code.co_filename.replace("\\", "/")
-        if "/gpu_recovery/" in path and "/adapters/" not in path and "/repository/" not in path:
+        if "/gpu_recovery/" in path and not any(shared in path for shared in _SHARED_MECHANISMS):
             return f"{path.rsplit('/gpu_recovery/', 1)[-1]}:{frame.f_code.co_name}"
         frame = frame.f_back
     return "?"

@@ -28,11 +28,8 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
-    GPU_RESET_GROUP,
-    GPU_RESET_STARTED_BY,
     RETRY_INTERVAL_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
@@ -48,6 +45,8 @@ from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery import node_tasks
+from gpu_recovery.recovery.node_tasks import NodeTaskStarts
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.reboots import Reboots
@@ -55,12 +54,11 @@ from gpu_recovery.recovery.reboots import Reboots
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 120  # a running reset task is looked at this often (its STOPPED event may be lost)
-RESET_TASK_PURPOSE = "gpu-reset"
 
 
 def gpu_reset_started_by(instance: Instance) -> str:
     """Deterministic per node and decision (its reboot request): the same claim finds its task."""
-    return task_started_by.node_task(GPU_RESET_STARTED_BY, instance.container_inst_id,
+    return task_started_by.node_task(task_started_by.GPU_RESET, instance.container_inst_id,
                                      instance.reboot_requested_at)
 
 
@@ -72,6 +70,7 @@ def resetting(instance: Instance | None) -> bool:
 class GpuResets:
     def __init__(self, deps: Deps, reboots: Reboots, notices: Notices) -> None:
         self.deps = deps
+        self.tasks = NodeTaskStarts(deps)
         self.reboots = reboots
         self.notices = notices
 
@@ -92,9 +91,9 @@ class GpuResets:
                 return "gpu_reset_claimed"  # its claimer may still be starting it
             if not repo.take_over_gpu_reset_claim(instance, now, now + CLAIM_LEASE_SECONDS):
                 return "raced"
-            found = self.deps.ecs.tasks_started_by(instance.reset_started_by)
+            found = self.tasks.found(instance.reset_started_by)
             if found:
-                self._record_task(instance, instance.reset_started_by, found[0])
+                self._record_task(instance, instance.reset_started_by, found)
                 return "gpu_reset_found"
             return self._start_task(replace(instance, reset_claimed_at=now), instance.reset_started_by)
         busy = repo.live_ranks_on_instance(instance.container_inst_id)
@@ -110,36 +109,23 @@ class GpuResets:
                                 started_by)
 
     def _start_task(self, instance: Instance, started_by: str) -> str:
-        inst_id = instance.container_inst_id
-        try:
-            result = self.deps.ecs.start_task(
-                task_definition=self.deps.settings.gpu_reset_task,
-                container_instance_arn=instance.container_instance_arn or inst_id,
-                started_by=started_by, group=GPU_RESET_GROUP,
-                tags=[{"key": "gpu-recovery:purpose", "value": RESET_TASK_PURPOSE}],
-            )
-        except Exception as error:
-            if refused(error):  # nothing was started: the next try may start it
-                self.deps.repo.release_gpu_reset_claim(instance, started_by,
-                                                       clock.now() + RETRY_INTERVAL_SECONDS)
-            # Otherwise it may have started: the lease expires and the next try looks it up.
-            raise
-        if not result.task_arns:
-            why = f"the GPU reset task could not be placed ({result.reasons()})"
-            now = clock.now()
-            if now + RETRY_INTERVAL_SECONDS < self._timeout_at(instance):
-                # ECS placed nothing (its GPUs not released yet, the agent away: the failures in
-                # its 200): tried again as a refused call is, a reboot only once time is up.
-                self.deps.repo.release_gpu_reset_claim(instance, started_by, now + RETRY_INTERVAL_SECONDS)
-                logger.warning("GPU reset task not placed; tried again", extra={
-                    "instance": instance.container_inst_id, "why": why})
-                return "gpu_reset_not_placed"
-            return self.fall_back(instance, why)
-        task_arn = result.task_arns[0]
-        self._record_task(instance, started_by, task_arn)
-        self.deps.metrics.add_metric("GpuResetsStarted", "Count", 1)
-        logger.info("GPU reset started", extra={"instance": inst_id, "task": task_arn})
-        return "gpu_reset_started"
+        placed = self.tasks.start(
+            node_tasks.GPU_RESET, instance, started_by,
+            release=lambda: self.deps.repo.release_gpu_reset_claim(instance, started_by,
+                                                                   clock.now() + RETRY_INTERVAL_SECONDS),
+            record=lambda task_arn: self._record_task(instance, started_by, task_arn))
+        if placed.task_arn is not None:
+            return "gpu_reset_started"
+        why = f"the GPU reset task could not be placed ({placed.reasons})"
+        now = clock.now()
+        if now + RETRY_INTERVAL_SECONDS < self._timeout_at(instance):
+            # ECS placed nothing (its GPUs not released yet, the agent away: the failures in
+            # its 200): tried again as a refused call is, a reboot only once time is up.
+            self.deps.repo.release_gpu_reset_claim(instance, started_by, now + RETRY_INTERVAL_SECONDS)
+            logger.warning("GPU reset task not placed; tried again", extra={
+                "instance": instance.container_inst_id, "why": why})
+            return "gpu_reset_not_placed"
+        return self.fall_back(instance, why)
 
     def _record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
         now = clock.now()

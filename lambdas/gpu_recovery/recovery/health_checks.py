@@ -20,11 +20,8 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
-from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
-    HEALTH_CHECK_GROUP,
-    HEALTH_CHECK_STARTED_BY,
     RETRY_INTERVAL_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
 )
@@ -44,8 +41,9 @@ from gpu_recovery.domain.states import (
     SuspectVerdict,
 )
 from gpu_recovery.events.ecs import EcsTaskDetail
-from gpu_recovery.recovery import verdict_lease
+from gpu_recovery.recovery import node_tasks, verdict_lease
 from gpu_recovery.recovery.goodput_metrics import job_failed
+from gpu_recovery.recovery.node_tasks import NodeTaskStarts
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
@@ -107,7 +105,7 @@ def _conflicted(error: ClientError) -> bool:
 
 def health_check_started_by(instance: Instance) -> str:
     """Deterministic per check and placement attempt: the same claim finds its task."""
-    return task_started_by.node_task(HEALTH_CHECK_STARTED_BY, instance.container_inst_id,
+    return task_started_by.node_task(task_started_by.HEALTH_CHECK, instance.container_inst_id,
                                      instance.hc_requested_at, instance.hc_start_attempts)
 
 
@@ -115,6 +113,7 @@ class HealthChecks:
     def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, remediation: NodeRemediation, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
+        self.tasks = NodeTaskStarts(deps)
         self.ranks = ranks
         self.reboots = reboots
         self.remediation = remediation
@@ -284,21 +283,20 @@ class HealthChecks:
         """StartTask on the claimed instance, once its turn at the ECS budget has come (the
         claim, leased for longer than any turn, keeps a redelivered event from taking a
         token of its own)."""
-        inst_id = instance.container_inst_id
         repo = self.deps.repo
         if look_up_first:
-            found = self.deps.ecs.tasks_started_by(started_by)
+            found = self.tasks.found(started_by)
             if found:
-                self._record_task(instance, started_by, found[0])
-                return found[0]
+                self._record_task(instance, started_by, found)
+                return found
+        def release() -> None:  # refused: nothing started, tried again in a minute
+            repo.release_health_check_claim(instance, started_by, placement_failed=False,
+                                            retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
+
         try:
-            self.deps.ecs.prepay(1, in_turn_within=turn_within)
-            result = self.deps.ecs.start_task(
-                task_definition=self.deps.settings.health_check_task,
-                container_instance_arn=instance.container_instance_arn or inst_id,
-                started_by=started_by, group=HEALTH_CHECK_GROUP,
-                tags=[{"key": "gpu-recovery:purpose", "value": "dcgm-health-check"}],
-            )
+            placed = self.tasks.start(node_tasks.HEALTH_CHECK, instance, started_by, release=release,
+                                      record=partial(self._record_task, instance, started_by),
+                                      turn_within=turn_within)
         except RateLimited as limited:
             # The stack's ECS budget has no turn in time: StartTask was never called. The
             # slot is given back at once (not held until the claim's lease expires) and the
@@ -307,24 +305,14 @@ class HealthChecks:
                                             retry_at=clock.now() + limited.wait_seconds)
             self.deps.metrics.add_metric("HealthCheckStartsDeferred", "Count", 1)
             return None
-        except Exception as error:
-            if refused(error):  # nothing was started: the next try may start it
-                repo.release_health_check_claim(instance, started_by, placement_failed=False,
-                                                retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
-            # Otherwise it may have started: the lease expires and the next try looks it up.
-            raise
-        if not result.task_arns:
+        if placed.task_arn is None:
             logger.warning("health check could not be placed", extra={
-                "instance": inst_id, "reasons": result.reasons(), "attempt": instance.hc_start_attempts + 1})
+                "instance": instance.container_inst_id, "reasons": placed.reasons,
+                "attempt": instance.hc_start_attempts + 1})
             repo.release_health_check_claim(instance, started_by, placement_failed=True,
                                             retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
             self._kick_after_release(instance)
-            return None
-        task_arn = result.task_arns[0]
-        self._record_task(instance, started_by, task_arn)
-        self.deps.metrics.add_metric("HealthChecksStarted", "Count", 1)
-        logger.info("health check started", extra={"instance": inst_id, "task": task_arn})
-        return task_arn
+        return placed.task_arn
 
     def _kick_after_release(self, instance: Instance) -> None:
         if instance.hc_owner:

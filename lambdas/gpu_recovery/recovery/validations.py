@@ -36,11 +36,8 @@ from functools import partial
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
-    GPU_VALIDATION_GROUP,
-    HEALTH_CHECK_CONTAINER_NAME,
     RETRY_INTERVAL_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
@@ -55,6 +52,8 @@ from gpu_recovery.domain.remediation_plan import plan_remediation
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.domain.validation import Repair, Result
 from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery import node_tasks
+from gpu_recovery.recovery.node_tasks import NodeTaskStarts
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
@@ -71,13 +70,13 @@ POLL_SECONDS = 120  # a running validation task is looked at this often (its STO
 LOG_PAUSES = (1.0, 2.0, 4.0)
 LOG_GRACE_SECONDS = 120.0
 APPLY_ROUNDS = 3
-TASK_PURPOSE = "post-repair-validation"
 
 
 class Validations:
     def __init__(self, deps: Deps, reboots: Reboots, remediation: NodeRemediation, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
+        self.tasks = NodeTaskStarts(deps)
         self.reboots = reboots
         self.remediation = remediation
         # Told: a failed validation released the jobs waiting for the node.
@@ -183,9 +182,9 @@ class Validations:
             if not repo.take_over_validation_claim(instance, now, now + CLAIM_LEASE_SECONDS):
                 return "raced"
             started_by = str(v["started_by"])
-            found = self.deps.ecs.tasks_started_by(started_by)
+            found = self.tasks.found(started_by)
             if found:
-                self._record_task(instance, started_by, found[0])
+                self._record_task(instance, started_by, found)
                 return "validation_found"
             return self._start_task(instance, started_by)
         busy = repo.live_ranks_on_instance(instance.container_inst_id)
@@ -202,35 +201,20 @@ class Validations:
         return self._start_task(claimed, started_by)
 
     def _start_task(self, instance: Instance, started_by: str) -> str:
-        inst_id = instance.container_inst_id
-        environment = [{"name": k, "value": val} for k, val in sorted(self._environment(instance).items())]
-        try:
-            result = self.deps.ecs.start_task(
-                task_definition=self.deps.settings.health_check_task,
-                container_instance_arn=instance.container_instance_arn or inst_id,
-                overrides={"containerOverrides": [{"name": HEALTH_CHECK_CONTAINER_NAME,
-                                                   "environment": environment}]},
-                started_by=started_by, group=GPU_VALIDATION_GROUP,
-                tags=[{"key": "gpu-recovery:purpose", "value": TASK_PURPOSE}],
-            )
-        except Exception as error:
-            if refused(error):  # nothing was started: the next try may start it
-                self.deps.repo.release_validation_claim(instance, started_by,
-                                                        clock.now() + RETRY_INTERVAL_SECONDS)
-            # Otherwise it may have started: the lease expires and the next try looks it up.
-            raise
-        if not result.task_arns:
-            # ECS placed nothing (the GPUs not free yet, the agent away: the failures in its
-            # 200): tried again each minute until the validation's time is up.
-            self.deps.repo.release_validation_claim(instance, started_by, min(
-                self._until(instance), clock.now() + RETRY_INTERVAL_SECONDS))
-            logger.warning("validation task not placed; tried again", extra={
-                "instance": inst_id, "why": result.reasons()})
-            return "validation_not_placed"
-        self._record_task(instance, started_by, result.task_arns[0])
-        self.deps.metrics.add_metric("ValidationsStarted", "Count", 1)
-        logger.info("validation started", extra={"instance": inst_id, "task": result.task_arns[0]})
-        return "validation_started"
+        placed = self.tasks.start(
+            node_tasks.VALIDATION, instance, started_by, environment=self._environment(instance),
+            release=lambda: self.deps.repo.release_validation_claim(instance, started_by,
+                                                                    clock.now() + RETRY_INTERVAL_SECONDS),
+            record=lambda task_arn: self._record_task(instance, started_by, task_arn))
+        if placed.task_arn is not None:
+            return "validation_started"
+        # ECS placed nothing (the GPUs not free yet, the agent away: the failures in its
+        # 200): tried again each minute until the validation's time is up.
+        self.deps.repo.release_validation_claim(instance, started_by, min(
+            self._until(instance), clock.now() + RETRY_INTERVAL_SECONDS))
+        logger.warning("validation task not placed; tried again", extra={
+            "instance": instance.container_inst_id, "why": placed.reasons})
+        return "validation_not_placed"
 
     def _environment(self, instance: Instance) -> dict[str, str]:
         v = instance.validation

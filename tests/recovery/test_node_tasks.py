@@ -1,0 +1,109 @@
+"""The one way a node task starts (``recovery.node_tasks``), for every kind the stack runs
+on a node, with the stages' fakes: what StartTask is asked, and what the claim owes each
+answer (recorded, given back, kept until its lease expires). The stages' own tests
+(test_stages.py, test_gpu_resets.py, test_validations.py) run it inside their flows."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_recovery.adapters.ecs_budget import RateLimited
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.recovery import node_tasks
+from gpu_recovery.recovery.node_tasks import NodeTaskKind, NodeTaskStarts
+from tests.recovery.fakes import LostResponse, World, world
+
+KINDS = [node_tasks.HEALTH_CHECK, node_tasks.GPU_RESET, node_tasks.VALIDATION]
+
+
+class Claim:
+    """What the stage's callbacks were told."""
+
+    def __init__(self) -> None:
+        self.released = 0
+        self.recorded: list[str] = []
+
+    def release(self) -> None:
+        self.released += 1
+
+    def record(self, task_arn: str) -> None:
+        self.recorded.append(task_arn)
+
+
+def start(w: World, kind: NodeTaskKind, claim: Claim, **kwargs: object) -> node_tasks.Placed:
+    return NodeTaskStarts(w.service.deps).start(kind, Instance("node-a"), "claim-1", release=claim.release,
+                                                record=claim.record, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_a_placed_task_is_recorded_with_its_kind_s_group_and_tag(kind: NodeTaskKind) -> None:
+    with world() as w:
+        claim = Claim()
+        placed = start(w, kind, claim, environment={"DCGM_LEVEL": "3"})
+        [task] = w.ecs.tasks.values()
+        assert placed.task_arn == task.arn and claim.recorded == [task.arn] and claim.released == 0
+        assert (task.node, task.started_by, task.group) == ("node-a", "claim-1", kind.group)
+        assert kind.group.startswith(node_tasks.HEALTH_CHECK.group)  # routed to the check's handler
+        assert NodeTaskStarts(w.service.deps).found("claim-1") == task.arn
+
+
+def test_each_kind_is_its_own_group_purpose_and_metric() -> None:
+    for field in ("group", "purpose", "started_metric"):
+        assert len({getattr(kind, field) for kind in KINDS}) == len(KINDS), field
+
+
+def test_only_a_kind_with_a_container_hands_it_an_environment() -> None:
+    seen: list[object] = []
+    with world() as w:
+        original = w.ecs.start_task
+
+        def spy(**kwargs: object):  # type: ignore[no-untyped-def]
+            seen.append(kwargs.get("overrides"))
+            return original(**kwargs)  # type: ignore[arg-type]
+
+        w.ecs.start_task = spy  # type: ignore[method-assign]
+        start(w, node_tasks.HEALTH_CHECK, Claim(), environment={"A": "1"})
+        start(w, node_tasks.VALIDATION, Claim(), environment={"B": "2", "A": "1"})
+    assert seen[0] is None
+    assert seen[1] == {"containerOverrides": [{"name": node_tasks.VALIDATION.container, "environment": [
+        {"name": "A", "value": "1"}, {"name": "B", "value": "2"}]}]}
+
+
+def test_a_refused_start_gives_the_claim_back_and_raises() -> None:
+    with world() as w:
+        w.ecs.failures["start_task"] = ["refuse"]
+        claim = Claim()
+        with pytest.raises(Exception, match="Rate exceeded"):
+            start(w, node_tasks.HEALTH_CHECK, claim)
+        assert claim.released == 1 and claim.recorded == [] and w.ecs.tasks == {}
+
+
+def test_a_lost_answer_keeps_the_claim_for_the_lookup_of_its_task() -> None:
+    with world() as w:
+        w.ecs.failures["start_task"] = ["lose"]
+        claim = Claim()
+        with pytest.raises(LostResponse):
+            start(w, node_tasks.HEALTH_CHECK, claim)
+        [task] = w.ecs.tasks.values()  # it did start: only its answer was lost
+        assert claim.released == 0 and claim.recorded == []
+        assert NodeTaskStarts(w.service.deps).found("claim-1") == task.arn
+
+
+def test_a_task_not_placed_is_neither_recorded_nor_released_here() -> None:
+    with world() as w:
+        w.ecs.failures["start_task"] = ["place_nothing"]
+        claim = Claim()
+        placed = start(w, node_tasks.GPU_RESET, claim)
+        assert placed.task_arn is None and placed.reasons == "RESOURCE:GPU"  # the stage decides
+        assert claim.released == 0 and claim.recorded == []
+
+
+def test_no_turn_at_the_budget_never_calls_start_task_and_leaves_the_claim_to_the_stage() -> None:
+    with world() as w:
+        w.ecs.failures["prepay_in_turn"] = ["rate_limited"]
+        claim = Claim()
+        with pytest.raises(RateLimited):
+            start(w, node_tasks.HEALTH_CHECK, claim, turn_within=5.0)
+        assert w.ecs.start_calls == [] and claim.released == 0
+        start(w, node_tasks.HEALTH_CHECK, claim, turn_within=5.0)
+        assert w.ecs.prepaid == 1 and len(claim.recorded) == 1
