@@ -122,7 +122,7 @@ _TOOLKIT_KEYS = frozenset({"acknowledged-issue-numbers", "cli-telemetry"})
 REMEDIATION_KEYS = (
     "remediation_mode", "replace_action", "reboots_before_replace", "reboot_window_hours",
     "max_remediations", "remediation_window_days", "breaker_enabled", "breaker_max_percent",
-    "breaker_max_nodes", "breaker_window_minutes", "breaker_auto_close", "gpu_reset",
+    "breaker_max_nodes", "breaker_window_minutes", "breaker_auto_close", "cordon_max_percent", "gpu_reset",
     "warning_checkpoint_seconds",
 )
 
@@ -295,6 +295,9 @@ class RecoveryConfig:
     breaker_auto_close: str = option(
         REMEDIATION_DEFAULTS["breaker_auto_close"][0], remediation_setting("`true` / `false`"),
         "the breaker closes by itself once the nodes it acted on are back healthy (false: only a reset)")
+    cordon_max_percent: str = option(
+        REMEDIATION_DEFAULTS["cordon_max_percent"][0], remediation_setting("1..100"),
+        "% of GPU nodes cordoned (known bad) per 5 minutes before the cordon limit trips")
     gpu_reset: str = option(
         REMEDIATION_DEFAULTS["gpu_reset"][0], remediation_setting("`true` / `false`"),
         "GPU reset (a privileged ECS task) where it suffices, else reboot; false: always reboot")

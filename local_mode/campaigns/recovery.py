@@ -165,9 +165,9 @@ def expectations(result: RunResult) -> list[str]:
     want_reboots = {n: (1 if n == FAULTY and flow in REBOOTED else 0) for n in result.reboots}
     if flow == "two_faults":  # both faults caught before the job runs on either again
         want_reboots[SECOND_FAULTY] = 1
-        if result.facts.get("placed_on_faulty"):
-            problems.append(f"training placed on a node whose fault was not judged: "
-                            f"{result.facts['placed_on_faulty']}")
+    if result.facts.get("placed_on_faulty"):  # every flow: no training on a faulty node
+        problems.append(f"training placed on a node whose fault was not judged: "
+                        f"{result.facts['placed_on_faulty']}")
     if flow == "validation":  # the repair that did not hold, then the one that did
         want_reboots[FAULTY] = 2
         validations = result.facts.get("validations")

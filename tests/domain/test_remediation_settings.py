@@ -25,7 +25,7 @@ def test_every_setting_is_read() -> None:
         "reboots_before_replace": "3", "reboot_window_hours": "48", "max_remediations": "4",
         "remediation_window_days": "3.5", "breaker_enabled": "false", "breaker_max_percent": "50",
         "breaker_max_nodes": "8", "breaker_window_minutes": "5", "max_infra_recoveries": "2",
-        "max_app_restarts": "1", "breaker_auto_close": "false"})
+        "max_app_restarts": "1", "breaker_auto_close": "false", "cordon_max_percent": "75"})
     assert not s.modes.executes(Effect.STOP_TASKS) and s.replace_action == "terminate_in_asg"
     assert (s.escalation.reboots_before_replace, s.escalation.reboot_window_seconds,
             s.escalation.max_remediations, s.escalation.remediation_window_seconds) == (
@@ -33,6 +33,8 @@ def test_every_setting_is_read() -> None:
     assert (s.breaker.enabled, s.breaker.max_share, s.breaker.max_nodes, s.breaker.window_seconds,
             s.breaker.auto_close) == (False, 0.5, 8, 300, False)
     assert parse_remediation_settings({}).breaker.auto_close is True
+    assert s.cordon.max_share == 0.75 and s.cordon.allowed_nodes(4) == 3
+    assert parse_remediation_settings({}).cordon.max_share == 0.5  # NVSentinel's default
     assert (s.max_infra_recoveries, s.max_app_restarts) == (2, 1)
     policy = s.policy(load_catalog(), [1, 134])
     assert policy.suspect_exit_codes == {1, 134} and policy.replace_action == "terminate_in_asg"
@@ -43,10 +45,11 @@ def test_every_bad_value_is_named() -> None:
         parse_remediation_settings({"remediation_mode": "dryrun", "replace_action": "burn",
                                     "breaker_max_percent": "0", "reboots_before_replace": "two",
                                     "breaker_enabled": "yes", "breaker_auto_close": "maybe",
-                                    "max_app_restarts": "99", "colour": "red"})
+                                    "max_app_restarts": "99", "cordon_max_percent": "101", "colour": "red"})
     message = str(raised.value)
     for key in ("remediation_mode", "replace_action", "breaker_max_percent", "reboots_before_replace",
                 "breaker_enabled", "breaker_auto_close must be true or false", "max_app_restarts",
+                "cordon_max_percent must be between 1 and 100",
                 "unknown setting 'colour'"):
         assert key in message, key
     assert set(SETTINGS) >= {"remediation_mode", "breaker_max_percent"}

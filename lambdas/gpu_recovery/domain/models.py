@@ -160,6 +160,13 @@ class Job:
         return self.source == "queue"
 
     @property
+    def relocatable(self) -> bool:
+        """May move to other nodes: queue jobs always; tag-registered jobs only when every
+        rank's task carries ``gpu-recovery:relocatable=true`` (kept on the job item as ranks
+        register)."""
+        return self.is_queue_job or self.relocatable_tags
+
+    @property
     def in_fault(self) -> bool:
         """The tally counts a fault of the current attempt."""
         return self.tally.attempt == self.attempt

@@ -32,6 +32,11 @@ from gpu_recovery.domain.remediation_plan import RemediationPolicy
 DEFAULT_WARNING_CHECKPOINT_SECONDS = 600
 MAX_WARNING_CHECKPOINT_SECONDS = 6 * 3600
 
+
+def _percent(share: float) -> str:
+    return f"{share * 100:g}"
+
+
 # key -> (default, what it is)
 SETTINGS: dict[str, tuple[str, str]] = {
     "remediation_mode": ("enforce", "enforce | observe, per-effect exceptions: enforce,reboot=observe"),
@@ -46,6 +51,9 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "breaker_window_minutes": ("10", "the breaker's sliding window"),
     "breaker_auto_close": ("true", "true | false: the breaker closes by itself once the nodes it acted on "
                            "are back healthy"),
+    "cordon_max_percent": (_percent(CordonPolicy().max_share),
+                           "share of the cluster's GPU nodes given the placement attribute (known bad) "
+                           "per 5-minute window before the cordon limit trips, 1..100"),
     "max_infra_recoveries": (str(DEFAULT_MAX_INFRA_RECOVERIES), "a job's infrastructure recoveries"),
     "gpu_reset": ("true", "true | false: reset a node's GPUs (a privileged ECS task) where the evidence "
                   "says a reset suffices; false: reboot the node instead"),
@@ -63,7 +71,7 @@ class RemediationSettings:
     replace_action: str = "quarantine"
     escalation: EscalationPolicy = field(default_factory=EscalationPolicy)
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
-    # Known-bad nodes' ECS attribute: its own, higher limit (data, not a context key).
+    # Known-bad nodes' ECS attribute: its own, higher limit (``cordon_max_percent``).
     cordon: CordonPolicy = field(default_factory=CordonPolicy)
     max_infra_recoveries: int = DEFAULT_MAX_INFRA_RECOVERIES
     max_app_restarts: int = DEFAULT_MAX_APP_RESTARTS
@@ -127,6 +135,7 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
     reboot_hours = num("reboot_window_hours", 0.1, 24 * 90, False)
     remediations, days = num("max_remediations", 1, 1000), num("remediation_window_days", 0.1, 90, False)
     percent, cap = num("breaker_max_percent", 1, 100, False), num("breaker_max_nodes", 1, 100_000)
+    cordon_percent = num("cordon_max_percent", 1, 100, False)
     minutes = num("breaker_window_minutes", 0.1, 24 * 60, False)
     infra, app = num("max_infra_recoveries", 0, 1000), num("max_app_restarts", 0, 1000)
     checkpoint = num("warning_checkpoint_seconds", 0, MAX_WARNING_CHECKPOINT_SECONDS)
@@ -145,6 +154,7 @@ def parse_remediation_settings(values: Mapping[str, str]) -> RemediationSettings
         breaker=BreakerPolicy(enabled=enabled == "true", max_share=float(percent or 0) / 100,
                               max_nodes=int(cap) if cap is not None else None,
                               window_seconds=float(minutes or 0) * 60, auto_close=auto_close == "true"),
+        cordon=CordonPolicy(max_share=float(cordon_percent or 0) / 100),
         max_infra_recoveries=int(infra or 0), max_app_restarts=int(app or 0),
         gpu_reset_enabled=gpu_reset == "true",
         warning_checkpoint_seconds=int(checkpoint or 0),

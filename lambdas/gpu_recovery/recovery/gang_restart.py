@@ -99,11 +99,6 @@ class GangRestart:
         # relocation needs the spare back.
         self.request_suspend = request_suspend
 
-    def relocatable(self, job: Job, ranks: list[Rank] | None = None) -> bool:
-        """Queue jobs always; tag-registered jobs only when every rank's task carries
-        ``gpu-recovery:relocatable=true`` (kept on the job item as ranks register)."""
-        return job.is_queue_job or job.relocatable_tags
-
     def try_restart(self, job_id: str) -> Outcome:
         """Restart every rank of a job once every instance it needs is available, or
         relocate it off the instances it can no longer use."""
@@ -125,7 +120,7 @@ class GangRestart:
         # Nodes of the job another fault made unusable meanwhile (read once per restart:
         # the job's nodes from its latch shards, then their instance items).
         elsewhere = self._unusable_nodes(job)
-        relocatable = self.relocatable(job)
+        relocatable = job.relocatable
         if not relocatable:
             # A node's reboot held back by the breaker: the job waits (HELD), not fails.
             held = self.holds.hold(job, elsewhere)
@@ -293,7 +288,7 @@ class GangRestart:
         if job.state is not JobState.PENDING_HEALTHCHECK or not job.in_fault:
             return []
         decision = spare_first(
-            pool=self.deps.settings.spare_nodes, relocatable=self.relocatable(job),
+            pool=self.deps.settings.spare_nodes, relocatable=job.relocatable,
             queue_job=job.is_queue_job, ranks_ended=True, pending_verdicts=max(1, job.tally.pending or 0),
             infra_recoveries_left=job.max_recovery_attempts - job.recoveries_used,
             restarts_enforced=self.deps.policy.modes.executes(Effect.RESTART_JOB))
@@ -317,7 +312,7 @@ class GangRestart:
                 return Outcome("ignored", job.job_id, {"why": "not waiting for verdicts"})
             tally = job.tally
             decision = spare_first(
-                pool=self.deps.settings.spare_nodes, relocatable=self.relocatable(job),
+                pool=self.deps.settings.spare_nodes, relocatable=job.relocatable,
                 queue_job=job.is_queue_job, ranks_ended=tally.ranks_ended,
                 pending_verdicts=tally.pending or 0,
                 infra_recoveries_left=job.max_recovery_attempts - job.recoveries_used,

@@ -62,11 +62,11 @@ from gpu_recovery.domain.validation import Repair, replacement_watch
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
-from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.recovery.reactions import NodeBack, Reactions
+from gpu_recovery.recovery.reactions import NodeBack, Reactions, RestartDue
 from gpu_recovery.repository import JobFailure
 
 logger = logging.getLogger(__name__)
@@ -78,11 +78,11 @@ REBOOT_CONFIRM_SECONDS = 300
 
 
 class Reboots:
-    def __init__(self, deps: Deps, ranks: RankOperations, restarts: GangRestart, *,
+    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
-        self.restarts = restarts
+        self.gang = gang  # a failed job's ranks stopped
         self.gate = NodeActionGate(deps, ranks.notices)
         # Told: a repaired node is back (it validates under load before it is AVAILABLE);
         # with nothing reacting, it is straight back (``mark_available``).
@@ -314,7 +314,10 @@ class Reboots:
         for job_id in sorted(instance.waiting_jobs):
             job = self.deps.repo.get_job(job_id)
             self.deps.repo.release_waiting_job(inst_id, job, job_id, validation=validation)
-            if job is not None and self.restarts.try_restart(job_id).action in ("restarted", "restarting"):
+            if job is None:
+                continue
+            outcome = self.reactions.emit(RestartDue(job_id))
+            if outcome is not None and outcome.action in ("restarted", "restarting"):
                 restarted.append(job_id)
         self.deps.repo.clear_waiting_deadline(inst_id)
         return restarted
@@ -388,7 +391,7 @@ class Reboots:
             if job is None or job.state not in RECOVERING_JOB_STATES:
                 continue
             jobs.append(job_id)
-            if quarantine and job.state is JobState.PENDING_RESTART and self.restarts.relocatable(job) \
+            if quarantine and job.state is JobState.PENDING_RESTART and job.relocatable \
                     and job.in_fault:
                 moving.append(job_id)
                 suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
@@ -475,9 +478,9 @@ class Reboots:
         if drain:
             self.quarantine(instance)
         for job_id in moving:
-            self.restarts.try_restart(job_id)  # the instance is unusable now: relocation
+            self.reactions.emit(RestartDue(job_id))  # the instance is unusable now: relocation
         for job_id in failed_jobs:
             job = self.deps.repo.get_job(job_id)
             if job is not None:
                 with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
-                    self.restarts.gang.stop(job)
+                    self.gang.stop(job)

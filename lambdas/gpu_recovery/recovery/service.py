@@ -88,10 +88,9 @@ class RecoveryService:
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
         self.restarts = GangRestart(self.deps, notices, self.gang,
                                     request_suspend=self.suspensions.request, reactions=reactions)
-        self.reboots = Reboots(self.deps, self.ranks, self.restarts, reactions=reactions)
-        self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, self.restarts,
-                                           reactions=reactions)
-        self.unreachable = NodeUnreachable(self.deps, self.remediation)
+        self.reboots = Reboots(self.deps, self.ranks, self.gang, reactions=reactions)
+        self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, reactions=reactions)
+        self.unreachable = NodeUnreachable(self.deps, self.remediation, self.gang)
         self.validations = Validations(self.deps, self.reboots, self.remediation, reactions=reactions)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.remediation, reactions=reactions)
         self.warnings = GpuWarnings(self.deps, self.remediation)

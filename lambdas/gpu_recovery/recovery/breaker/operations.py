@@ -188,7 +188,7 @@ class BreakerOperations:
                                                              or recorded):
             return ""
         read_version = int(stored.get("version") or 0)
-        notices = self.remediation.reboots.gate.notices
+        notices = self.remediation.notices
         if answer.verdict is policy.AutoClose.CLOSE:
             result = _reset(stored, now=now, resume_backlog=True, by=policy.CLOSED_BY_ITSELF,
                             max_backlog_age_seconds=DEFAULT_MAX_BACKLOG_AGE_SECONDS)

@@ -33,11 +33,10 @@ from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import UNDIAGNOSED_RULE, RemediationPlan
 from gpu_recovery.domain.states import JobState, SuspectVerdict
-from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, after_commit
-from gpu_recovery.recovery.reactions import CoupledToCheck, Reactions
+from gpu_recovery.recovery.reactions import CoupledToCheck, Reactions, RestartDue
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.repository import JobVerdict
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
@@ -87,13 +86,13 @@ class _Settled:
 
 
 class JobSettlement:
-    def __init__(self, deps: Deps, restarts: GangRestart, notices: Notices, owed: RemediationNotices, *,
+    def __init__(self, deps: Deps, notices: Notices, owed: RemediationNotices, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
-        self.restarts = restarts
         self.notices = notices
         self.owed = owed
-        self.reactions = reactions or Reactions()  # told: a fault's coupled nodes to check
+        # Told: a fault's coupled nodes to check, a job's restart due.
+        self.reactions = reactions or Reactions()
 
     @property
     def policy(self) -> Any:
@@ -115,7 +114,7 @@ class JobSettlement:
         tally = job.tally.with_verdict(label, held=held)
         if infra_hint:
             tally = replace(tally, infra=tally.infra + 1)
-        outcome = tally.outcome(relocatable=bool(tally.fatal) and self.restarts.relocatable(job))
+        outcome = tally.outcome(relocatable=bool(tally.fatal) and job.relocatable)
         if outcome is JobOutcome.RESTART and self._coupled_nodes(job, tally):
             # Nothing found, and nodes whose exits followed were not checked: they are, before
             # the job restarts (``conclude``, once this verdict is committed).
@@ -208,7 +207,7 @@ class JobSettlement:
         job = self.deps.repo.faults.counted(job)
         if job.state is not JobState.PENDING_HEALTHCHECK or not job.tally.all_decided:
             return "waiting"
-        outcome = job.tally.outcome(relocatable=bool(job.tally.fatal) and self.restarts.relocatable(job))
+        outcome = job.tally.outcome(relocatable=bool(job.tally.fatal) and job.relocatable)
         if outcome is JobOutcome.WAIT:
             return "waiting"
         if outcome is JobOutcome.RESTART:
@@ -240,7 +239,7 @@ class JobSettlement:
             self.deps.metrics.add_metric("Failures", "Count", 1)
             ended(self.deps, job.job_id, True)
             return "failed"
-        after_commit("restart", self.restarts.try_restart, job.job_id)
+        after_commit("restart", self.reactions.emit, RestartDue(job.job_id))
         return "restart"
 
     def _check_coupled(self, job: Job) -> str:
@@ -283,7 +282,8 @@ class JobSettlement:
         if job.state is JobState.PENDING_HEALTHCHECK:
             return self.conclude(job)
         if job.state is JobState.PENDING_RESTART:
-            return self.restarts.try_restart(job_id).action
+            restarted = self.reactions.emit(RestartDue(job_id))
+            return restarted.action if restarted is not None else "restart_due"
         return "ignored"
 
     @staticmethod

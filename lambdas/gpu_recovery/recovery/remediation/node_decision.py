@@ -43,7 +43,6 @@ from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import NODE_EFFECTS, RemediationPlan, plan_remediation
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
 from gpu_recovery.recovery.breaker.gate import GateAnswer
-from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.notices import Owed
@@ -118,17 +117,16 @@ class Applied:
 
 
 class NodeRemediation:
-    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, restarts: GangRestart, *,
+    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
         self.reboots = reboots
-        self.restarts = restarts
         # Told: a verdict lets a job restart (or leave its node).
         self.reactions = reactions or Reactions()
         self.notices = ranks.notices  # the outbox
         self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
-        self.settlement = JobSettlement(deps, restarts, self.notices, self.owed_notices,
+        self.settlement = JobSettlement(deps, self.notices, self.owed_notices,
                                         reactions=self.reactions)
         self.resets = GpuResets(deps, reboots, self.notices)
         self.tenant_evidence = TenantEvidence(deps, self.notices)

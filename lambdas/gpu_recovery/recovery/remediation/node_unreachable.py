@@ -27,6 +27,7 @@ from gpu_recovery.domain.remediation_mode import Effect, effects_of
 from gpu_recovery.domain.remediation_plan import NODE_EFFECTS, RemediationPlan, RemediationPolicy
 from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.recovery.breaker.gate import GateAnswer
+from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.remediation.job_settlement import fault_record
@@ -77,13 +78,13 @@ def unreachable_decided(job: Job, inst_id: str) -> bool:
 
 
 class NodeUnreachable:
-    def __init__(self, deps: Deps, remediation: NodeRemediation) -> None:
+    def __init__(self, deps: Deps, remediation: NodeRemediation, gang: GangOps) -> None:
         self.deps = deps
         self.remediation = remediation
         self.notices = remediation.notices  # the outbox
         self.owed = remediation.owed_notices
         self.gate = remediation.reboots.gate
-        self.gang = remediation.restarts.gang
+        self.gang = gang  # the job's other ranks stopped
 
     @property
     def policy(self) -> Any:
