@@ -6,7 +6,6 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from datetime import UTC, datetime
 
 _clock: Callable[[], float] = time.time
 _sleep: Callable[[float], object] = time.sleep  # its result, if any, unused
@@ -18,10 +17,6 @@ _deadline: ContextVar[float | None] = ContextVar("gpu_recovery_deadline", defaul
 def now() -> float:
     """Seconds since the epoch, from the installed clock."""
     return _clock()
-
-
-def now_iso() -> str:
-    return datetime.fromtimestamp(now(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
 def sleep(seconds: float) -> None:

@@ -61,10 +61,6 @@ class Decision:
     def cause(self) -> str:
         return self.rule_id
 
-    @property
-    def is_node_action(self) -> bool:
-        return self.action in NODE_ACTIONS
-
     def to_dict(self) -> dict[str, Any]:
         return {"action": self.action.value, "rule_id": self.rule_id, "reason": self.reason,
                 "budget": self.budget.value, "skip_health_check": self.skip_health_check,

@@ -69,11 +69,6 @@ def stale_cutoff(now: float, stale_seconds: float) -> float:
     return now - stale_seconds
 
 
-def is_stale(last_heartbeat_at: float | None, now: float, stale_seconds: float) -> bool:
-    """Only a rank that has had a heartbeat can go stale (seed: upgrade safety)."""
-    return last_heartbeat_at is not None and last_heartbeat_at < stale_cutoff(now, stale_seconds)
-
-
 def heartbeat_shard(job_id: str, rank: int, shards: int) -> int:
     """The rank's shard of the heartbeat index: stable (CRC-32 of job and rank, not Python's
     salted ``hash``), so a rank's entry stays on one partition key."""

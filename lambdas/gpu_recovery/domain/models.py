@@ -75,10 +75,6 @@ class Rank:
     def is_live(self) -> bool:
         return not self.state.is_terminal
 
-    @property
-    def tag_values(self) -> dict[str, str]:
-        return {str(t.get("key")): str(t.get("value", "")) for t in self.tags}
-
     def task_of_attempt(self, attempt: int) -> EarlierTask | None:
         """This rank's task in ``attempt`` (this one or a kept earlier one), if known."""
         if attempt == self.attempt and self.task_arn:
@@ -316,7 +312,3 @@ class Instance:
     def is_managed_instance(self) -> bool:
         """ECS Anywhere nodes are SSM managed instances (``mi-...``)."""
         return self.ec2_instance_id.startswith("mi-")
-
-    @property
-    def seen_disconnected_after_reboot(self) -> bool:
-        return self.disconnected_at is not None

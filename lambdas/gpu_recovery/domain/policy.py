@@ -202,10 +202,6 @@ def job_outcome(suspects: Mapping[str, str], *, relocatable: bool) -> JobOutcome
     return JobOutcome.RESTART
 
 
-def verdicts_pending(suspects: Mapping[str, str]) -> list[str]:
-    return sorted(i for i, v in suspects.items() if v == SuspectVerdict.PENDING.value)
-
-
 # ============================================================= the gang
 # (A rebooted node's return, and issuing its reboot: domain.reboot_evidence.)
 def gang_ready(instances: Iterable[Instance]) -> bool:

@@ -171,13 +171,6 @@ def choose_targets(needs: Mapping[int, int], spares: list[SpareNode]) -> dict[in
     return chosen
 
 
-def describe_moves(moves: Mapping[Any, tuple[str, str]]) -> str:
-    """``"rank 1 node-b -> node-c"`` for every rank that changes node."""
-    ordered = sorted(moves.items(), key=lambda m: int(m[0]))
-    parts = [f"rank {rank} {old} -> {new}" for rank, (old, new) in ordered if old != new]
-    return ", ".join(parts) or "no rank moved"
-
-
 @dataclass(frozen=True)
 class RelocationWait:
     """A relocatable job of ``attempt`` waiting for healthy free nodes for the ranks of

@@ -215,9 +215,6 @@ class AccessPolicy:
                      f"job {job_id} belongs to {owner}: only its owner, sessions of its team role "
                      f"or an admin role may {action} it")
 
-    def check_cancel(self, caller: Principal, job: Mapping[str, object]) -> None:
-        self.check_read(caller, job, action="cancel")
-
     def check_list(self, caller: Principal, user: str | None) -> None:
         """Listing another principal's jobs: admins, or a team role listing a session of
         the same role."""

@@ -230,8 +230,6 @@ class FailureKind(str, Enum):
     UNKNOWN = "UNKNOWN"
 
 
-RETRYABLE_FAILURE_KINDS = frozenset({FailureKind.INSUFFICIENT_RESOURCES})
-
 # ECS StartTask ``failures[].reason`` values meaning "the node could not take it now".
 _RESOURCE_REASON_PREFIXES = ("RESOURCE:", "AGENT", "MISSING", "INACTIVE", "DRAINING", "CAPACITY")
 _USER_ERROR_MARKERS = (

@@ -98,18 +98,6 @@ class Notices:
             if item is not None:
                 self._publish(item.notification, item.owner)
 
-    def owe_and_send(self, owed: Iterable[Owed | None]) -> None:
-        """A notice whose decision was committed already (its own write first, then the
-        e-mail): for reports that no state change carries."""
-        items = [o for o in owed if o is not None]
-        if not items:
-            return
-        try:
-            self.deps.repo.transact(self.owe(items))
-        except Exception:
-            logger.warning("notice not owed; sending it at once", exc_info=True)
-        self.send(items)
-
     def _publish(self, notification: Notification, owner: str) -> bool:
         try:
             self.deps.notifier.publish(notification)

@@ -384,13 +384,6 @@ class DynamoGateway:
                     return False
         return False
 
-    def transact_or_raise(self, updates: Sequence[Update]) -> None:
-        """All or nothing; a cancellation (a condition that did not hold) is raised, with its
-        per-item reasons, to a caller that needs to know which condition it was."""
-        updates = [self._in_its_shard(u) for u in updates]
-        with_contention_retries(lambda: self._client.transact_write_items(
-            TransactItems=[u.transact_item() for u in updates]), "TransactWriteItems")
-
     def _trim_history(self, updates: Sequence[Update]) -> bool:
         """A job's history full (its own condition failed the write): drop its oldest entries
         and say so (the caller writes again). False: nothing to trim, the write's own

@@ -40,10 +40,10 @@ from gpu_recovery.constants import (
     suspect_item_key,
     suspect_key_prefix,
 )
-from gpu_recovery.domain.fault_tally import FaultTally, tally_shard_count
+from gpu_recovery.domain.fault_tally import tally_shard_count
 from gpu_recovery.domain.models import Instance, Job, Suspect
 from gpu_recovery.domain.shards import stable_shard
-from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, InstanceState, SuspectVerdict
+from gpu_recovery.domain.states import InstanceState, SuspectVerdict
 from gpu_recovery.repository.base import Update, from_ddb
 
 # The most moves one relocation may record: its placement item stays far below 64 KB.
@@ -152,11 +152,6 @@ class FaultRepository:
         if last and int(last.get("attempt") or 0) == attempt and last.get("node"):
             found.setdefault(str(last["node"]), dict(last))
         return found
-
-    def fatal_nodes(self, job: Job) -> list[str]:
-        """The nodes of the current fault the job can no longer use (read on relocation)."""
-        return sorted(s.node for s in self.suspects(job.job_id, job.tally.attempt or job.attempt)
-                      if s.verdict in FATAL_SUSPECT_VERDICTS)
 
     # ------------------------------------------------------------------- tally
     def record_total(self, job: Job, total: int) -> Job | None:
@@ -317,10 +312,6 @@ class FaultRepository:
             increments={"fault.rebooting": -1}, condition="#f.#a = :a AND #att = :att",
             condition_values={":a": job.tally.attempt, ":att": job.attempt},
             condition_names={"#f": "fault", "#a": "attempt", "#att": "attempt"})
-
-    @staticmethod
-    def fresh_tally(attempt: int) -> dict[str, Any]:
-        return FaultTally(attempt=attempt).to_item()
 
     # --------------------------------------------------------------- placement
     def placement_update(self, job_id: str, attempt: int, moves: Mapping[str, Mapping[str, str]],

@@ -42,11 +42,6 @@ class ClusterCapacity:
         self._cache = _CapacityCache()
         self._lock = threading.Lock()
 
-    def max_gpus_per_node(self) -> int | None:
-        """None when the cluster has no container instances (it may scale out later)."""
-        capacity = self.capacity()
-        return capacity.largest if capacity is not None else None
-
     def capacity(self) -> Capacity | None:
         """None when the cluster has no container instances (it may scale out later)."""
         with self._lock:
