@@ -107,3 +107,70 @@ def test_no_turn_at_the_budget_never_calls_start_task_and_leaves_the_claim_to_th
         assert w.ecs.start_calls == [] and claim.released == 0
         start(w, node_tasks.HEALTH_CHECK, claim, turn_within=5.0)
         assert w.ecs.prepaid == 1 and len(claim.recorded) == 1
+
+
+class Stage:
+    """A stage as ``claim_and_start`` sees it: its claim, and what it was asked to do."""
+
+    def __init__(self, claim: node_tasks.TaskClaim, *, wins: bool = True) -> None:
+        self.stored, self.wins = claim, wins
+        self.asked: list[str] = []
+
+    def claim_of(self, instance: Instance) -> node_tasks.TaskClaim:
+        return self.stored
+
+    def take_over(self, instance: Instance, now: float) -> Instance | None:
+        self.asked.append("take_over")
+        return instance if self.wins else None
+
+    def wait_for_gpus(self, instance: Instance, now: float) -> None:
+        self.asked.append("wait_for_gpus")
+
+    def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
+        self.asked.append("claim")
+        return (instance, "claim-new") if self.wins else None
+
+    def start_task(self, instance: Instance, started_by: str) -> str:
+        self.asked.append(f"start_task {started_by}")
+        return "started"
+
+    def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
+        self.asked.append(f"record_task {started_by}")
+
+
+def claim_and_start(w: World, stage: Stage) -> str:
+    return NodeTaskStarts(w.service.deps).claim_and_start(node_tasks.GPU_RESET, stage, Instance("node-a"))
+
+
+def test_a_recorded_task_runs_and_a_live_claim_is_its_claimer_s() -> None:
+    with world() as w:
+        running = Stage(node_tasks.TaskClaim("claim-1", w.now[0], "arn:task"))
+        assert claim_and_start(w, running) == "gpu_reset_running" and running.asked == []
+        live = Stage(node_tasks.TaskClaim("claim-1", w.now[0] - 1, ""))
+        assert claim_and_start(w, live) == "gpu_reset_claimed" and live.asked == []
+
+
+def test_a_dead_claim_is_taken_over_and_its_task_looked_up_before_one_is_started() -> None:
+    with world() as w:
+        dead = node_tasks.TaskClaim("claim-1", w.now[0] - 3600, "")
+        nothing_started = Stage(dead)
+        assert claim_and_start(w, nothing_started) == "started"
+        assert nothing_started.asked == ["take_over", "start_task claim-1"]
+        w.ecs.start_task(task_definition="gpu-reset", container_instance_arn="node-a", started_by="claim-1")
+        started_before = Stage(dead)  # its answer was lost: the task exists
+        assert claim_and_start(w, started_before) == "gpu_reset_found"
+        assert started_before.asked == ["take_over", "record_task claim-1"]
+        lost_race = Stage(dead, wins=False)
+        assert claim_and_start(w, lost_race) == "raced" and lost_race.asked == ["take_over"]
+
+
+def test_a_new_claim_waits_for_the_node_s_gpus_then_starts() -> None:
+    with world() as w:
+        w.register_job("j", ["node-a", "node-b"])  # a live rank holds node-a's GPUs
+        busy = Stage(node_tasks.TaskClaim("", 0.0, ""))
+        assert claim_and_start(w, busy) == "gpu_reset_waiting_for_gpus" and busy.asked == ["wait_for_gpus"]
+    with world() as w:
+        free = Stage(node_tasks.TaskClaim("", 0.0, ""))
+        assert claim_and_start(w, free) == "started" and free.asked == ["claim", "start_task claim-new"]
+        lost_race = Stage(node_tasks.TaskClaim("", 0.0, ""), wins=False)
+        assert claim_and_start(w, lost_race) == "raced" and lost_race.asked == ["claim"]

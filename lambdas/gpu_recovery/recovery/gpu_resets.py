@@ -46,7 +46,7 @@ from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import NodeTaskStarts
+from gpu_recovery.recovery.node_tasks import NodeTaskStarts, TaskClaim
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.reboots import Reboots
@@ -82,38 +82,34 @@ class GpuResets:
         """Start the reset task once the node's GPUs are free; finish a dead claim."""
         if not resetting(instance):
             return "not_resetting"
-        repo = self.deps.repo
-        now = clock.now()
-        if instance.reset_task_arn:
-            return "gpu_reset_running"
-        if instance.reset_started_by:
-            if (instance.reset_claimed_at or 0.0) + CLAIM_LEASE_SECONDS > now:
-                return "gpu_reset_claimed"  # its claimer may still be starting it
-            if not repo.take_over_gpu_reset_claim(instance, now, now + CLAIM_LEASE_SECONDS):
-                return "raced"
-            found = self.tasks.found(instance.reset_started_by)
-            if found:
-                self._record_task(instance, instance.reset_started_by, found)
-                return "gpu_reset_found"
-            return self._start_task(replace(instance, reset_claimed_at=now), instance.reset_started_by)
-        busy = repo.live_ranks_on_instance(instance.container_inst_id)
-        if busy:
-            logger.info("GPU reset waits for the node's ranks to stop", extra={
-                "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
-            repo.rearm_gpu_reset(instance, min(self._timeout_at(instance), now + RETRY_INTERVAL_SECONDS))
-            return "gpu_reset_waiting_for_gpus"
-        started_by = gpu_reset_started_by(instance)
-        if not repo.claim_gpu_reset(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
-            return "raced"
-        return self._start_task(replace(instance, reset_started_by=started_by, reset_claimed_at=now),
-                                started_by)
+        return self.tasks.claim_and_start(node_tasks.GPU_RESET, self, instance)
 
-    def _start_task(self, instance: Instance, started_by: str) -> str:
+    # The claim's lifecycle (``NodeTaskStarts.claim_and_start``): the reset_* fields.
+    @staticmethod
+    def claim_of(instance: Instance) -> TaskClaim:
+        return TaskClaim(instance.reset_started_by, instance.reset_claimed_at or 0.0, instance.reset_task_arn)
+
+    def take_over(self, instance: Instance, now: float) -> Instance | None:
+        if not self.deps.repo.take_over_gpu_reset_claim(instance, now, now + CLAIM_LEASE_SECONDS):
+            return None
+        return replace(instance, reset_claimed_at=now)
+
+    def wait_for_gpus(self, instance: Instance, now: float) -> None:
+        self.deps.repo.rearm_gpu_reset(instance, min(self._timeout_at(instance),
+                                                     now + RETRY_INTERVAL_SECONDS))
+
+    def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
+        started_by = gpu_reset_started_by(instance)
+        if not self.deps.repo.claim_gpu_reset(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
+            return None
+        return replace(instance, reset_started_by=started_by, reset_claimed_at=now), started_by
+
+    def start_task(self, instance: Instance, started_by: str) -> str:
         placed = self.tasks.start(
             node_tasks.GPU_RESET, instance, started_by,
             release=lambda: self.deps.repo.release_gpu_reset_claim(instance, started_by,
                                                                    clock.now() + RETRY_INTERVAL_SECONDS),
-            record=lambda task_arn: self._record_task(instance, started_by, task_arn))
+            record=lambda task_arn: self.record_task(instance, started_by, task_arn))
         if placed.task_arn is not None:
             return "gpu_reset_started"
         why = f"the GPU reset task could not be placed ({placed.reasons})"
@@ -127,7 +123,7 @@ class GpuResets:
             return "gpu_reset_not_placed"
         return self.fall_back(instance, why)
 
-    def _record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
+    def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
         now = clock.now()
         self.deps.repo.record_gpu_reset_started(instance, started_by, task_arn,
                                                 min(self._timeout_at(instance), now + POLL_SECONDS))

@@ -9,7 +9,10 @@ claim taken over (its claimer died, or StartTask's answer was lost) looks its ta
 other error keeps it until its lease expires (the task may have started: the next try looks it
 up). What differs between kinds is data (the task definition, its group and tag, the container
 its environment goes to) and what the stage does with a task not placed or started, which
-stays the stage's.
+stays the stage's. A GPU reset and a validation also share the claim's lifecycle before
+StartTask (:meth:`NodeTaskStarts.claim_and_start`: a recorded task runs, a live claim is its
+claimer's, a dead one is taken over, a new one waits for the node's GPUs); the health check's
+claim takes a slot of the cluster's and the job's checks first, so it keeps its own.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Protocol
 
+from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
+    CLAIM_LEASE_SECONDS,
     GPU_RESET_GROUP,
     GPU_VALIDATION_GROUP,
     HEALTH_CHECK_CONTAINER_NAME,
@@ -41,6 +47,7 @@ class NodeTaskKind:
     """One kind of task the stack runs on a node, as data."""
 
     name: str  # in logs: "<name> started"
+    outcome: str  # the stage's outcomes: "<outcome>_started", "<outcome>_claimed", ...
     group: str  # the ECS task group (its STOPPED events are routed by it)
     purpose: str  # the gpu-recovery:purpose tag's value
     started_metric: str
@@ -48,13 +55,16 @@ class NodeTaskKind:
     container: str = ""  # the container an environment is handed to ("": none is)
 
 
-HEALTH_CHECK = NodeTaskKind("health check", HEALTH_CHECK_GROUP, "dcgm-health-check", "HealthChecksStarted",
-                            attrgetter("health_check_task"))
-GPU_RESET = NodeTaskKind("GPU reset", GPU_RESET_GROUP, "gpu-reset", "GpuResetsStarted",
-                         attrgetter("gpu_reset_task"))
+HEALTH_CHECK = NodeTaskKind(name="health check", outcome="health_check", group=HEALTH_CHECK_GROUP,
+                            purpose="dcgm-health-check", started_metric="HealthChecksStarted",
+                            task_definition=attrgetter("health_check_task"))
+GPU_RESET = NodeTaskKind(name="GPU reset", outcome="gpu_reset", group=GPU_RESET_GROUP, purpose="gpu-reset",
+                         started_metric="GpuResetsStarted", task_definition=attrgetter("gpu_reset_task"))
 # The validation runs the health check's image under load (its level and load in its environment).
-VALIDATION = NodeTaskKind("validation", GPU_VALIDATION_GROUP, "post-repair-validation", "ValidationsStarted",
-                          attrgetter("health_check_task"), container=HEALTH_CHECK_CONTAINER_NAME)
+VALIDATION = NodeTaskKind(name="validation", outcome="validation", group=GPU_VALIDATION_GROUP,
+                          purpose="post-repair-validation", started_metric="ValidationsStarted",
+                          task_definition=attrgetter("health_check_task"),
+                          container=HEALTH_CHECK_CONTAINER_NAME)
 
 
 @dataclass(frozen=True)
@@ -65,11 +75,71 @@ class Placed:
     reasons: str = ""
 
 
+@dataclass(frozen=True)
+class TaskClaim:
+    """A node task's claim as the instance item holds it (each kind keeps its own fields)."""
+
+    started_by: str  # "": not claimed
+    claimed_at: float
+    task_arn: str  # "": not recorded (not started, or its answer lost)
+
+
+class WaitsForGpus(Protocol):
+    """A stage whose node task runs once no rank holds the node's GPUs (a GPU reset, a
+    validation after repair): what :meth:`NodeTaskStarts.claim_and_start` asks of it."""
+
+    def claim_of(self, instance: Instance) -> TaskClaim: ...
+
+    def take_over(self, instance: Instance, now: float) -> Instance | None:
+        """A dead claim taken over (the instance as taken), None: another took it."""
+
+    def wait_for_gpus(self, instance: Instance, now: float) -> None:
+        """Ranks still hold the GPUs: looked at again later."""
+
+    def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
+        """A new claim (the instance as claimed and its startedBy), None: another took it."""
+
+    def start_task(self, instance: Instance, started_by: str) -> str: ...
+
+    def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None: ...
+
+
 class NodeTaskStarts:
-    """Starts a claimed node's task of any kind; the stage records it (``record``)."""
+    """A node task's claim up to StartTask (``claim_and_start``, for the kinds that wait for
+    the node's GPUs) and StartTask itself (``start``, every kind)."""
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+
+    def claim_and_start(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance) -> str:
+        """The claim's lifecycle up to StartTask: a task recorded runs; a claim within its
+        lease is its claimer's; a dead claim is taken over and its task looked up before one
+        is started; else, once no rank holds the GPUs, a new claim, then StartTask."""
+        now = clock.now()
+        claim = stage.claim_of(instance)
+        if claim.task_arn:
+            return f"{kind.outcome}_running"
+        if claim.started_by:
+            if claim.claimed_at + CLAIM_LEASE_SECONDS > now:
+                return f"{kind.outcome}_claimed"  # its claimer may still be starting it
+            taken = stage.take_over(instance, now)
+            if taken is None:
+                return "raced"
+            found = self.found(claim.started_by)
+            if found:
+                stage.record_task(instance, claim.started_by, found)
+                return f"{kind.outcome}_found"
+            return stage.start_task(taken, claim.started_by)
+        busy = self.deps.repo.live_ranks_on_instance(instance.container_inst_id)
+        if busy:
+            logger.info(f"{kind.name} waits for the node's ranks to stop", extra={
+                "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
+            stage.wait_for_gpus(instance, now)
+            return f"{kind.outcome}_waiting_for_gpus"
+        claimed = stage.claim(instance, now)
+        if claimed is None:
+            return "raced"
+        return stage.start_task(*claimed)
 
     def found(self, started_by: str) -> str | None:
         """The task a claim taken over may have started already (looked up by its startedBy)."""

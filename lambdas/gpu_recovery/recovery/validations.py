@@ -53,7 +53,7 @@ from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.domain.validation import Repair, Result
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import NodeTaskStarts
+from gpu_recovery.recovery.node_tasks import NodeTaskStarts, TaskClaim
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
@@ -172,40 +172,36 @@ class Validations:
         """Start the validation task once the node's GPUs are free; finish a dead claim."""
         if not instance.validating:
             return "not_validating"
-        repo, now = self.deps.repo, clock.now()
+        return self.tasks.claim_and_start(node_tasks.VALIDATION, self, instance)
+
+    # The claim's lifecycle (``NodeTaskStarts.claim_and_start``): the validation map's fields.
+    @staticmethod
+    def claim_of(instance: Instance) -> TaskClaim:
         v = instance.validation
-        if v.get("task_arn"):
-            return "validation_running"
-        if v.get("started_by"):
-            if float(v.get("claimed_at") or 0.0) + CLAIM_LEASE_SECONDS > now:
-                return "validation_claimed"  # its claimer may still be starting it
-            if not repo.take_over_validation_claim(instance, now, now + CLAIM_LEASE_SECONDS):
-                return "raced"
-            started_by = str(v["started_by"])
-            found = self.tasks.found(started_by)
-            if found:
-                self._record_task(instance, started_by, found)
-                return "validation_found"
-            return self._start_task(instance, started_by)
-        busy = repo.live_ranks_on_instance(instance.container_inst_id)
-        if busy:
-            logger.info("validation waits for the node's ranks to stop", extra={
-                "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
-            repo.rearm_validation(instance, min(self._until(instance), now + RETRY_INTERVAL_SECONDS))
-            return "validation_waiting_for_gpus"
+        return TaskClaim(str(v.get("started_by") or ""), float(v.get("claimed_at") or 0.0),
+                         str(v.get("task_arn") or ""))
+
+    def take_over(self, instance: Instance, now: float) -> Instance | None:
+        taken = self.deps.repo.take_over_validation_claim(instance, now, now + CLAIM_LEASE_SECONDS)
+        return instance if taken else None
+
+    def wait_for_gpus(self, instance: Instance, now: float) -> None:
+        self.deps.repo.rearm_validation(instance, min(self._until(instance), now + RETRY_INTERVAL_SECONDS))
+
+    def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
+        v = instance.validation
         attempt = int(v.get("attempts") or 0)
         started_by = policy.started_by(instance.container_inst_id, float(v["since"]), attempt)
-        if not repo.claim_validation(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
-            return "raced"
-        claimed = replace(instance, validation={**v, "started_by": started_by, "claimed_at": now})
-        return self._start_task(claimed, started_by)
+        if not self.deps.repo.claim_validation(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
+            return None
+        return replace(instance, validation={**v, "started_by": started_by, "claimed_at": now}), started_by
 
-    def _start_task(self, instance: Instance, started_by: str) -> str:
+    def start_task(self, instance: Instance, started_by: str) -> str:
         placed = self.tasks.start(
             node_tasks.VALIDATION, instance, started_by, environment=self._environment(instance),
             release=lambda: self.deps.repo.release_validation_claim(instance, started_by,
                                                                     clock.now() + RETRY_INTERVAL_SECONDS),
-            record=lambda task_arn: self._record_task(instance, started_by, task_arn))
+            record=lambda task_arn: self.record_task(instance, started_by, task_arn))
         if placed.task_arn is not None:
             return "validation_started"
         # ECS placed nothing (the GPUs not free yet, the agent away: the failures in its
@@ -222,7 +218,7 @@ class Validations:
                 "VALIDATION_LOAD_SECONDS": str(v.get("load_seconds") if v.get("load_seconds") is not None
                                                else self.policy.load_seconds)}
 
-    def _record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
+    def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
         self.deps.repo.record_validation_task(instance, started_by, task_arn,
                                               min(self._until(instance), clock.now() + POLL_SECONDS))
 
@@ -253,7 +249,7 @@ class Validations:
         stopped = detail.stoppedAt.timestamp() if detail.stoppedAt else clock.now()
         if line is None and clock.now() < stopped + LOG_GRACE_SECONDS:
             # Its evidence (which GPU, which test) is on its way: the sweep's poll reads it.
-            self._record_task(instance, str(instance.validation["started_by"]), detail.taskArn)
+            self.record_task(instance, str(instance.validation["started_by"]), detail.taskArn)
             repo.rearm_validation(instance, min(self._until(instance), clock.now() + RETRY_INTERVAL_SECONDS))
             return Outcome("validation_log_pending", detail={"instance": inst_id})
         return Outcome(self._failed(instance, raw, exit_code, line or {}, task_arn=detail.taskArn),
