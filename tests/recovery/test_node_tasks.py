@@ -174,3 +174,23 @@ def test_a_new_claim_waits_for_the_node_s_gpus_then_starts() -> None:
         assert claim_and_start(w, free) == "started" and free.asked == ["claim", "start_task claim-new"]
         lost_race = Stage(node_tasks.TaskClaim("", 0.0, ""), wins=False)
         assert claim_and_start(w, lost_race) == "raced" and lost_race.asked == ["claim"]
+
+
+def test_the_sweep_s_look_asks_again_once_before_it_calls_a_task_gone() -> None:
+    with world() as w:
+        tasks = NodeTaskStarts(w.service.deps)
+        arn = start(w, node_tasks.VALIDATION, Claim()).task_arn
+        assert arn is not None and tasks.look(arn)["taskArn"] == arn  # type: ignore[index]
+        asked: list[str] = []
+        described = w.ecs.describe_task
+        answers = iter([None, described(arn)])  # MISSING once: a describe not caught up
+
+        def flaky(task_arn: str) -> dict[str, object] | None:
+            asked.append(task_arn)
+            return next(answers)
+
+        w.ecs.describe_task = flaky  # type: ignore[method-assign,assignment]
+        assert tasks.look(arn)["taskArn"] == arn and asked == [arn, arn]  # type: ignore[index]
+        w.ecs.describe_task = described  # type: ignore[method-assign]
+        w.ecs.missing_tasks.add(arn)  # MISSING twice in a row: gone
+        assert tasks.look(arn) is None

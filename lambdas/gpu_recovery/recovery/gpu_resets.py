@@ -203,10 +203,7 @@ class GpuResets:
                                         f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
             return self.fall_back(instance, "the GPU reset did not finish in time")
         if instance.reset_task_arn:
-            # ECS keeps a stopped task describable for an hour: a task it answers MISSING twice
-            # in a row is gone (once may be a describe not caught up: asked again at once).
-            task = self.deps.ecs.describe_task(instance.reset_task_arn) \
-                or self.deps.ecs.describe_task(instance.reset_task_arn)
+            task = self.tasks.look(instance.reset_task_arn)
             if task is None:
                 return self.fall_back(instance, "the GPU reset task is gone (ECS no longer knows it)")
             if task.get("lastStatus") == "STOPPED":

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
@@ -140,6 +140,12 @@ class NodeTaskStarts:
         if claimed is None:
             return "raced"
         return stage.start_task(*claimed)
+
+    def look(self, task_arn: str) -> dict[str, Any] | None:
+        """The sweep's look at a recorded task (its STOPPED event may be lost): as ECS
+        describes it, None once ECS answers MISSING twice in a row (once may be a describe
+        not caught up; ECS keeps a stopped task describable for an hour)."""
+        return self.deps.ecs.describe_task(task_arn) or self.deps.ecs.describe_task(task_arn)
 
     def found(self, started_by: str) -> str | None:
         """The task a claim taken over may have started already (looked up by its startedBy)."""

@@ -469,8 +469,7 @@ class Validations:
                                 timed_out=True)
         if v.get("task_arn"):
             task_arn = str(v["task_arn"])
-            # A task ECS answers MISSING twice in a row is gone (once may be a describe not caught up).
-            task = self.deps.ecs.describe_task(task_arn) or self.deps.ecs.describe_task(task_arn)
+            task = self.tasks.look(task_arn)
             if task is None:
                 raw = self.deps.repo.get_instance_item(instance.container_inst_id) or {}
                 return self._no_verdict(instance, raw, "the validation task is gone (ECS no longer knows it)")
