@@ -94,6 +94,20 @@ class TrainingPrograms:
 
     def start(self) -> None:
         self.sim.schedule(self.sim.now() + self.step_seconds, self._tick, "training programs")
+        self.sim.container_start_listeners.append(self._container_started)
+
+    def _container_started(self, task: Any) -> None:
+        """The awslogs driver makes a rank's log stream as its container starts, before ECS
+        reports the task RUNNING: ``gpujobs logs`` of a RUNNING job finds the stream (empty
+        until the program's first step writes)."""
+        location = self.log_locations.get(task.family)
+        if task.health_check or location is None or C.TAG_JOB_ID not in task.tags:
+            return
+        group, prefix, container = location
+        try:
+            self._open_stream(group, _stream_name(prefix, container, task.arn))
+        except Exception as error:  # a program's bug must not stop the cluster
+            self.errors.append(f"{type(error).__name__}: {error}")
 
     # ------------------------------------------------------------------ the step
     def _tick(self) -> None:
@@ -124,7 +138,7 @@ class TrainingPrograms:
             task_arn=task.arn, job_id=tags[C.TAG_JOB_ID], rank=int(tags.get(C.TAG_RANK, "0")),
             world_size=int(tags.get(C.TAG_WORLD_SIZE, "1")), attempt=int(tags.get(C.TAG_ATTEMPT, "1")),
             node=task.node, log_group=group,
-            log_stream=f"{prefix}/{container}/{task.arn.rsplit('/', 1)[-1]}", env=env)
+            log_stream=_stream_name(prefix, container, task.arn), env=env)
         self.ranks[task.arn] = program
         key = (program.job_id, program.attempt)
         run = self.runs.get(key)
@@ -260,17 +274,21 @@ class TrainingPrograms:
         if not lines:
             return
         logs = self.sim.local.client("logs")
-        key = (program.log_group, program.log_stream)
-        if key not in self._logs_ready:
-            with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
-                logs.create_log_stream(logGroupName=program.log_group, logStreamName=program.log_stream)
-            self._logs_ready.add(key)
+        self._open_stream(program.log_group, program.log_stream)
         # Simulated time may run ahead of the wall clock; CloudWatch Logs takes no event more
         # than 2 h in the future (only a long accelerated session gets there).
         stamp = int(min(self.sim.now(), time.time() + LOG_FUTURE_LIMIT_SECONDS) * 1000)
         logs.put_log_events(logGroupName=program.log_group, logStreamName=program.log_stream,
                             logEvents=[{"timestamp": stamp, "message": f"[rank {program.rank}] {line}"}
                                        for line in lines])
+
+    def _open_stream(self, group: str, stream: str) -> None:
+        if (group, stream) in self._logs_ready:
+            return
+        logs = self.sim.local.client("logs")
+        with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+            logs.create_log_stream(logGroupName=group, logStreamName=stream)
+        self._logs_ready.add((group, stream))
 
     def mark_crash(self, node: str, message: str, job_message: str | None = None) -> None:
         """What the ranks on ``node`` print when they die of the coming fault (and, with
@@ -285,3 +303,8 @@ class TrainingPrograms:
                 peer = task.tags.get(C.TAG_JOB_ID) in jobs - {None}
                 if task.node != node and not task.health_check and peer:
                     self.death_causes.setdefault(task.arn, job_message)
+
+
+def _stream_name(prefix: str, container: str, task_arn: str) -> str:
+    """The awslogs driver's stream: ``prefix/container/task id``."""
+    return f"{prefix}/{container}/{task_arn.rsplit('/', 1)[-1]}"

@@ -546,6 +546,7 @@ TAG_RANKS = "gpu-recovery:ranks"
 TAG_RELOCATABLE = "gpu-recovery:relocatable"  # "true": may be restarted on other nodes
 TAG_MAX_INFRA_RECOVERIES = "gpu-recovery:max-infra-recoveries"
 TAG_MAX_APP_RESTARTS = "gpu-recovery:max-app-restarts"
+TAG_PURPOSE = "gpu-recovery:purpose"  # which of the stack's own node tasks (recovery/node_tasks.py)
 # awsvpc tasks: their security groups (and subnets), space-separated (domain.task_network).
 TAG_SECURITY_GROUPS, TAG_SUBNETS = "gpu-recovery:security-groups", "gpu-recovery:subnets"
 # The registration convention (docs/architecture.md "Registration"): a task whose ``group``

@@ -88,6 +88,9 @@ class EcsCore(DataPlane):
         #: called after each action's events were delivered, with them (another scheduler
         #: on the cluster reacting to what ECS just did: ``sim.eager_scheduler``)
         self.step_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
+        #: called with a task as its containers start, before its RUNNING event is sent (what a
+        #: container does at start: the awslogs driver makes its stream, a program begins)
+        self.container_start_listeners: list[Callable[[Task], None]] = []
         self._held_back: set[int] = set()  # events delivered late once already
         #: every task placed, with its node's health then (``ecs_model.Placement``)
         self.placements: list[Placement] = []

@@ -56,6 +56,8 @@ class TaskLifecycle(EcsCore):
 
     def _control_plane_running(self, task: Task) -> None:
         self._sync_moto(task)
+        for started in list(self.container_start_listeners):
+            started(task)
 
     def _control_plane_stopped(self, task: Task) -> None:
         if task.arn not in self._moto_stopped:

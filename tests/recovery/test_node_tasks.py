@@ -10,7 +10,7 @@ import pytest
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import NodeTaskKind, NodeTaskStarts
+from gpu_recovery.recovery.node_tasks import NodeTaskKind, NodeTasks
 from tests.recovery.fakes import LostResponse, World, world
 
 KINDS = [node_tasks.HEALTH_CHECK, node_tasks.GPU_RESET, node_tasks.VALIDATION]
@@ -31,7 +31,7 @@ class Claim:
 
 
 def start(w: World, kind: NodeTaskKind, claim: Claim, **kwargs: object) -> node_tasks.Placed:
-    return NodeTaskStarts(w.service.deps).start(kind, Instance("node-a"), "claim-1", release=claim.release,
+    return NodeTasks(w.service.deps).start(kind, Instance("node-a"), "claim-1", release=claim.release,
                                                 record=claim.record, **kwargs)  # type: ignore[arg-type]
 
 
@@ -44,7 +44,7 @@ def test_a_placed_task_is_recorded_with_its_kind_s_group_and_tag(kind: NodeTaskK
         assert placed.task_arn == task.arn and claim.recorded == [task.arn] and claim.released == 0
         assert (task.node, task.started_by, task.group) == ("node-a", "claim-1", kind.group)
         assert kind.group.startswith(node_tasks.HEALTH_CHECK.group)  # routed to the check's handler
-        assert NodeTaskStarts(w.service.deps).found("claim-1") == task.arn
+        assert NodeTasks(w.service.deps).found("claim-1") == task.arn
 
 
 def test_each_kind_is_its_own_group_purpose_and_metric() -> None:
@@ -86,7 +86,7 @@ def test_a_lost_answer_keeps_the_claim_for_the_lookup_of_its_task() -> None:
             start(w, node_tasks.HEALTH_CHECK, claim)
         [task] = w.ecs.tasks.values()  # it did start: only its answer was lost
         assert claim.released == 0 and claim.recorded == []
-        assert NodeTaskStarts(w.service.deps).found("claim-1") == task.arn
+        assert NodeTasks(w.service.deps).found("claim-1") == task.arn
 
 
 def test_a_task_not_placed_is_neither_recorded_nor_released_here() -> None:
@@ -139,7 +139,7 @@ class Stage:
 
 
 def claim_and_start(w: World, stage: Stage) -> str:
-    return NodeTaskStarts(w.service.deps).claim_and_start(node_tasks.GPU_RESET, stage, Instance("node-a"))
+    return NodeTasks(w.service.deps).claim_and_start(node_tasks.GPU_RESET, stage, Instance("node-a"))
 
 
 def test_a_recorded_task_runs_and_a_live_claim_is_its_claimer_s() -> None:
@@ -178,7 +178,7 @@ def test_a_new_claim_waits_for_the_node_s_gpus_then_starts() -> None:
 
 def test_the_sweep_s_look_asks_again_once_before_it_calls_a_task_gone() -> None:
     with world() as w:
-        tasks = NodeTaskStarts(w.service.deps)
+        tasks = NodeTasks(w.service.deps)
         arn = start(w, node_tasks.VALIDATION, Claim()).task_arn
         assert arn is not None and tasks.look(arn)["taskArn"] == arn  # type: ignore[index]
         asked: list[str] = []

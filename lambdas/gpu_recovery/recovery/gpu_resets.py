@@ -46,7 +46,7 @@ from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import NodeTaskStarts, TaskClaim
+from gpu_recovery.recovery.node_tasks import NodeTasks, TaskClaim
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
 from gpu_recovery.recovery.reboots import Reboots
@@ -70,7 +70,7 @@ def resetting(instance: Instance | None) -> bool:
 class GpuResets:
     def __init__(self, deps: Deps, reboots: Reboots, notices: Notices) -> None:
         self.deps = deps
-        self.tasks = NodeTaskStarts(deps)
+        self.tasks = NodeTasks(deps)
         self.reboots = reboots
         self.notices = notices
 
@@ -84,7 +84,7 @@ class GpuResets:
             return "not_resetting"
         return self.tasks.claim_and_start(node_tasks.GPU_RESET, self, instance)
 
-    # The claim's lifecycle (``NodeTaskStarts.claim_and_start``): the reset_* fields.
+    # The claim's lifecycle (``NodeTasks.claim_and_start``): the reset_* fields.
     @staticmethod
     def claim_of(instance: Instance) -> TaskClaim:
         return TaskClaim(instance.reset_started_by, instance.reset_claimed_at or 0.0, instance.reset_task_arn)

@@ -43,7 +43,7 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks, verdict_lease
 from gpu_recovery.recovery.goodput_metrics import job_failed
-from gpu_recovery.recovery.node_tasks import NodeTaskStarts
+from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
@@ -113,7 +113,7 @@ class HealthChecks:
     def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, remediation: NodeRemediation, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
-        self.tasks = NodeTaskStarts(deps)
+        self.tasks = NodeTasks(deps)
         self.ranks = ranks
         self.reboots = reboots
         self.remediation = remediation
@@ -289,14 +289,13 @@ class HealthChecks:
             if found:
                 self._record_task(instance, started_by, found)
                 return found
-        def release() -> None:  # refused: nothing started, tried again in a minute
-            repo.release_health_check_claim(instance, started_by, placement_failed=False,
-                                            retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
-
         try:
-            placed = self.tasks.start(node_tasks.HEALTH_CHECK, instance, started_by, release=release,
-                                      record=partial(self._record_task, instance, started_by),
-                                      turn_within=turn_within)
+            placed = self.tasks.start(
+                node_tasks.HEALTH_CHECK, instance, started_by, turn_within=turn_within,
+                release=lambda: repo.release_health_check_claim(  # refused: tried again in a minute
+                    instance, started_by, placement_failed=False,
+                    retry_at=clock.now() + RETRY_INTERVAL_SECONDS),
+                record=lambda task_arn: self._record_task(instance, started_by, task_arn))
         except RateLimited as limited:
             # The stack's ECS budget has no turn in time: StartTask was never called. The
             # slot is given back at once (not held until the claim's lease expires) and the

@@ -1,6 +1,6 @@
 """The tasks the stack runs on one node (a health check, a GPU reset, a validation after
 repair): each kind declared once (:class:`NodeTaskKind`), each started the one way
-(:class:`NodeTaskStarts`).
+(:class:`NodeTasks`).
 
 Every kind's start is crash-consistent the same way: the stage has claimed the node with a
 ``startedBy`` deterministic per claim (``domain.started_by.node_task``) before StartTask; a
@@ -10,7 +10,7 @@ other error keeps it until its lease expires (the task may have started: the nex
 up). What differs between kinds is data (the task definition, its group and tag, the container
 its environment goes to) and what the stage does with a task not placed or started, which
 stays the stage's. A GPU reset and a validation also share the claim's lifecycle before
-StartTask (:meth:`NodeTaskStarts.claim_and_start`: a recorded task runs, a live claim is its
+StartTask (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a live claim is its
 claimer's, a dead one is taken over, a new one waits for the node's GPUs); the health check's
 claim takes a slot of the cluster's and the job's checks first, so it keeps its own.
 """
@@ -32,15 +32,13 @@ from gpu_recovery.constants import (
     GPU_VALIDATION_GROUP,
     HEALTH_CHECK_CONTAINER_NAME,
     HEALTH_CHECK_GROUP,
+    TAG_PURPOSE,
 )
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-PURPOSE_TAG = "gpu-recovery:purpose"
-
 
 @dataclass(frozen=True)
 class NodeTaskKind:
@@ -49,7 +47,7 @@ class NodeTaskKind:
     name: str  # in logs: "<name> started"
     outcome: str  # the stage's outcomes: "<outcome>_started", "<outcome>_claimed", ...
     group: str  # the ECS task group (its STOPPED events are routed by it)
-    purpose: str  # the gpu-recovery:purpose tag's value
+    purpose: str  # the gpu-recovery:purpose tag's value (TAG_PURPOSE)
     started_metric: str
     task_definition: Callable[[Settings], str]
     container: str = ""  # the container an environment is handed to ("": none is)
@@ -86,7 +84,7 @@ class TaskClaim:
 
 class WaitsForGpus(Protocol):
     """A stage whose node task runs once no rank holds the node's GPUs (a GPU reset, a
-    validation after repair): what :meth:`NodeTaskStarts.claim_and_start` asks of it."""
+    validation after repair): what :meth:`NodeTasks.claim_and_start` asks of it."""
 
     def claim_of(self, instance: Instance) -> TaskClaim: ...
 
@@ -104,7 +102,7 @@ class WaitsForGpus(Protocol):
     def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None: ...
 
 
-class NodeTaskStarts:
+class NodeTasks:
     """A node task's claim up to StartTask (``claim_and_start``, for the kinds that wait for
     the node's GPUs) and StartTask itself (``start``, every kind)."""
 
@@ -170,7 +168,7 @@ class NodeTaskStarts:
                 task_definition=kind.task_definition(self.deps.settings),
                 container_instance_arn=instance.container_instance_arn or inst_id,
                 overrides=overrides, started_by=started_by, group=kind.group,
-                tags=[{"key": PURPOSE_TAG, "value": kind.purpose}],
+                tags=[{"key": TAG_PURPOSE, "value": kind.purpose}],
             )
         except RateLimited:
             raise  # never called: the stage decides when to try again

@@ -53,7 +53,7 @@ from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.domain.validation import Repair, Result
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import NodeTaskStarts, TaskClaim
+from gpu_recovery.recovery.node_tasks import NodeTasks, TaskClaim
 from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
@@ -76,7 +76,7 @@ class Validations:
     def __init__(self, deps: Deps, reboots: Reboots, remediation: NodeRemediation, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
-        self.tasks = NodeTaskStarts(deps)
+        self.tasks = NodeTasks(deps)
         self.reboots = reboots
         self.remediation = remediation
         # Told: a failed validation released the jobs waiting for the node.
@@ -174,7 +174,7 @@ class Validations:
             return "not_validating"
         return self.tasks.claim_and_start(node_tasks.VALIDATION, self, instance)
 
-    # The claim's lifecycle (``NodeTaskStarts.claim_and_start``): the validation map's fields.
+    # The claim's lifecycle (``NodeTasks.claim_and_start``): the validation map's fields.
     @staticmethod
     def claim_of(instance: Instance) -> TaskClaim:
         v = instance.validation
