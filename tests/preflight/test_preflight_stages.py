@@ -462,7 +462,7 @@ def test_a_job_whose_pins_the_stacks_check_cleared_twice_pins_nothing_more(w: Wo
     (cleared_limit 2 faults in 24 h): an operator is told, its next preflight pins nothing, and
     each clearance is a SuspectsCleared metric of its evidence source."""
     metrics = _Recorded()
-    w.service.deps.metrics = metrics
+    w.service.metrics = metrics
     nodes = nodes_of(8)
     queue_job(w, "j", nodes)
     fabric = Fabric()

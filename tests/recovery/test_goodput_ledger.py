@@ -216,7 +216,7 @@ def test_a_finished_job_emits_its_gpu_hours_lost_per_cause_and_its_ettr_once() -
         assert w.repo.get_job("j").attempt == 2
         w.advance(300)
         metrics = _Metrics()
-        w.service.deps.metrics = metrics
+        w.service.metrics = metrics
         second = [arn for arn, task in w.ecs.tasks.items() if task.last_status == "RUNNING"
                   and task.started_by != "gpu-health-check"]
         assert len(second) == 2

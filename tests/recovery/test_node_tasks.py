@@ -10,7 +10,7 @@ import pytest
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import NodeTaskKind, NodeTasks
+from gpu_recovery.recovery.node_tasks import NodeTaskKind
 from tests.recovery.fakes import LostResponse, World, world
 
 KINDS = [node_tasks.HEALTH_CHECK, node_tasks.GPU_RESET, node_tasks.VALIDATION]
@@ -31,8 +31,8 @@ class Claim:
 
 
 def start(w: World, kind: NodeTaskKind, claim: Claim, **kwargs: object) -> node_tasks.Placed:
-    return NodeTasks(w.service.deps).start(kind, Instance("node-a"), "claim-1", release=claim.release,
-                                                record=claim.record, **kwargs)  # type: ignore[arg-type]
+    return w.service.node_tasks.start(kind, Instance("node-a"), "claim-1", release=claim.release,
+                                      record=claim.record, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
@@ -44,7 +44,30 @@ def test_a_placed_task_is_recorded_with_its_kind_s_group_and_tag(kind: NodeTaskK
         assert placed.task_arn == task.arn and claim.recorded == [task.arn] and claim.released == 0
         assert (task.node, task.started_by, task.group) == ("node-a", "claim-1", kind.group)
         assert kind.group.startswith(node_tasks.HEALTH_CHECK.group)  # routed to the check's handler
-        assert NodeTasks(w.service.deps).found("claim-1") == task.arn
+        assert w.service.node_tasks.found("claim-1") == task.arn
+
+
+class Counted:
+    def __init__(self) -> None:
+        self.added: list[str] = []
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        self.added.append(name)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_a_start_counts_in_the_metrics_of_the_invocation_running_now(kind: NodeTaskKind) -> None:
+    """The component is built once per service; each invocation points the service's metrics
+    at its own (runtime.recovery_service), and the component's start counts there."""
+    with world() as w:
+        first, second = Counted(), Counted()
+        w.service.metrics = first
+        start(w, kind, Claim())
+        w.service.metrics = second
+        w.ecs.tasks.clear()
+        start(w, kind, Claim())
+        assert first.added == [kind.started_metric] and second.added == [kind.started_metric]
+        assert w.service.metrics is second
 
 
 def test_each_kind_is_its_own_group_purpose_and_metric() -> None:
@@ -86,7 +109,7 @@ def test_a_lost_answer_keeps_the_claim_for_the_lookup_of_its_task() -> None:
             start(w, node_tasks.HEALTH_CHECK, claim)
         [task] = w.ecs.tasks.values()  # it did start: only its answer was lost
         assert claim.released == 0 and claim.recorded == []
-        assert NodeTasks(w.service.deps).found("claim-1") == task.arn
+        assert w.service.node_tasks.found("claim-1") == task.arn
 
 
 def test_a_task_not_placed_is_neither_recorded_nor_released_here() -> None:
@@ -139,7 +162,7 @@ class Stage:
 
 
 def claim_and_start(w: World, stage: Stage) -> str:
-    return NodeTasks(w.service.deps).claim_and_start(node_tasks.GPU_RESET, stage, Instance("node-a"))
+    return w.service.node_tasks.claim_and_start(node_tasks.GPU_RESET, stage, Instance("node-a"))
 
 
 def test_a_recorded_task_runs_and_a_live_claim_is_its_claimer_s() -> None:
@@ -178,7 +201,7 @@ def test_a_new_claim_waits_for_the_node_s_gpus_then_starts() -> None:
 
 def test_the_sweep_s_look_asks_again_once_before_it_calls_a_task_gone() -> None:
     with world() as w:
-        tasks = NodeTasks(w.service.deps)
+        tasks = w.service.node_tasks
         arn = start(w, node_tasks.VALIDATION, Claim()).task_arn
         assert arn is not None and tasks.look(arn)["taskArn"] == arn  # type: ignore[index]
         asked: list[str] = []

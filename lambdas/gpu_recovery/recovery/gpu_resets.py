@@ -68,9 +68,9 @@ def resetting(instance: Instance | None) -> bool:
 
 
 class GpuResets:
-    def __init__(self, deps: Deps, reboots: Reboots, notices: Notices) -> None:
+    def __init__(self, deps: Deps, reboots: Reboots, notices: Notices, tasks: NodeTasks) -> None:
         self.deps = deps
-        self.tasks = NodeTasks(deps)
+        self.tasks = tasks
         self.reboots = reboots
         self.notices = notices
 

@@ -110,10 +110,10 @@ def health_check_started_by(instance: Instance) -> str:
 
 
 class HealthChecks:
-    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, remediation: NodeRemediation, *,
-                 reactions: Reactions | None = None) -> None:
+    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, remediation: NodeRemediation,
+                 tasks: NodeTasks, *, reactions: Reactions | None = None) -> None:
         self.deps = deps
-        self.tasks = NodeTasks(deps)
+        self.tasks = tasks
         self.ranks = ranks
         self.reboots = reboots
         self.remediation = remediation

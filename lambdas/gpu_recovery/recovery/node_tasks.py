@@ -18,12 +18,13 @@ claim takes a slot of the cluster's and the job's checks first, so it keeps its 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Protocol
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import StartResult
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
@@ -34,8 +35,8 @@ from gpu_recovery.constants import (
     HEALTH_CHECK_GROUP,
     TAG_PURPOSE,
 )
-from gpu_recovery.domain.models import Instance
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.domain.models import Instance, Rank
+from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -102,12 +103,36 @@ class WaitsForGpus(Protocol):
     def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None: ...
 
 
+class NodeTaskEcs(Protocol):
+    """The ECS calls of a node task: its start (on the stack's budget), its lookups."""
+
+    def start_task(self, *, task_definition: str, container_instance_arn: str = "",
+                   overrides: dict[str, Any] | None = None,
+                   tags: list[dict[str, str]] | None = None, started_by: str = "",
+                   group: str | None = None, container_instance_arns: Sequence[str] = (),
+                   network_configuration: dict[str, Any] | None = None) -> StartResult: ...
+    def prepay(self, calls: int, *, in_turn_within: float | None = None) -> None: ...
+    def describe_task(self, task_arn: str) -> dict[str, Any] | None: ...
+    def tasks_started_by(self, started_by: str) -> list[str]: ...
+
+
+class RanksOnNodes(Protocol):
+    """The one read a node task makes of the tables: the ranks still holding a node's GPUs."""
+
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+
+
 class NodeTasks:
     """A node task's claim up to StartTask (``claim_and_start``, for the kinds that wait for
-    the node's GPUs) and StartTask itself (``start``, every kind)."""
+    the node's GPUs) and StartTask itself (``start``, every kind). One per service, built by
+    the composition root (``RecoveryService``) and shared by the stages of every kind."""
 
-    def __init__(self, deps: Deps) -> None:
-        self.deps = deps
+    def __init__(self, ecs: NodeTaskEcs, ranks: RanksOnNodes, metrics: MetricsPort,
+                 settings: Settings) -> None:
+        self.ecs = ecs
+        self.ranks = ranks
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
 
     def claim_and_start(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance) -> str:
         """The claim's lifecycle up to StartTask: a task recorded runs; a claim within its
@@ -128,7 +153,7 @@ class NodeTasks:
                 stage.record_task(instance, claim.started_by, found)
                 return f"{kind.outcome}_found"
             return stage.start_task(taken, claim.started_by)
-        busy = self.deps.repo.live_ranks_on_instance(instance.container_inst_id)
+        busy = self.ranks.live_ranks_on_instance(instance.container_inst_id)
         if busy:
             logger.info(f"{kind.name} waits for the node's ranks to stop", extra={
                 "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
@@ -143,11 +168,11 @@ class NodeTasks:
         """The sweep's look at a recorded task (its STOPPED event may be lost): as ECS
         describes it, None once ECS answers MISSING twice in a row (once may be a describe
         not caught up; ECS keeps a stopped task describable for an hour)."""
-        return self.deps.ecs.describe_task(task_arn) or self.deps.ecs.describe_task(task_arn)
+        return self.ecs.describe_task(task_arn) or self.ecs.describe_task(task_arn)
 
     def found(self, started_by: str) -> str | None:
         """The task a claim taken over may have started already (looked up by its startedBy)."""
-        tasks = self.deps.ecs.tasks_started_by(started_by)
+        tasks = self.ecs.tasks_started_by(started_by)
         return tasks[0] if tasks else None
 
     def start(self, kind: NodeTaskKind, instance: Instance, started_by: str, *,
@@ -163,9 +188,9 @@ class NodeTasks:
         inst_id = instance.container_inst_id
         try:
             if turn_within is not None:
-                self.deps.ecs.prepay(1, in_turn_within=turn_within)
-            result = self.deps.ecs.start_task(
-                task_definition=kind.task_definition(self.deps.settings),
+                self.ecs.prepay(1, in_turn_within=turn_within)
+            result = self.ecs.start_task(
+                task_definition=kind.task_definition(self.settings),
                 container_instance_arn=instance.container_instance_arn or inst_id,
                 overrides=overrides, started_by=started_by, group=kind.group,
                 tags=[{"key": TAG_PURPOSE, "value": kind.purpose}],
@@ -181,6 +206,6 @@ class NodeTasks:
             return Placed(None, result.reasons())
         task_arn = result.task_arns[0]
         record(task_arn)
-        self.deps.metrics.add_metric(kind.started_metric, "Count", 1)
+        self.metrics.add_metric(kind.started_metric, "Count", 1)
         logger.info(f"{kind.name} started", extra={"instance": inst_id, "task": task_arn})
         return Placed(task_arn)

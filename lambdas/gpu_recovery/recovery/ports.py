@@ -87,6 +87,24 @@ class NullMetrics:
         return None
 
 
+class MetricsRelay:
+    """The one metrics port every stage of a service holds: each Lambda invocation points it
+    at that invocation's metrics (``RecoveryService.metrics``), and no stage is re-wired."""
+
+    def __init__(self, target: MetricsPort | None = None) -> None:
+        self.target: MetricsPort = target or NullMetrics()
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        self.target.add_metric(name, unit, value)
+
+    def __getattr__(self, name: str) -> Any:
+        # What the target has beyond the port (Powertools' dimensioned metric), as it has it.
+        target = self.__dict__.get("target")
+        if target is None:
+            raise AttributeError(name)
+        return getattr(target, name)
+
+
 @dataclass
 class Deps:
     """Everything a stage uses; one instance shared by the stages of a service."""

@@ -22,15 +22,16 @@ from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
+from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.placement import PlacementHolds
 from gpu_recovery.recovery.ports import (
     Deps,
     EcsPort,
     Invocation,
     MetricsPort,
+    MetricsRelay,
     NoReplacer,
     NotifierPort,
-    NullMetrics,
     Outcome,
     RebootPort,
     ReplacePort,
@@ -76,7 +77,8 @@ class RecoveryService:
                  gang_queue: GangQueuePort | None = None, tag_lookups: GangQueuePort | None = None,
                  capacity: CapacityPort | None = None) -> None:
         policy = settings.remediation.policy(catalog or default_catalog(), settings.suspect_exit_codes)
-        self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, metrics or NullMetrics(),
+        self._metrics = MetricsRelay(metrics)
+        self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, self._metrics,
                          policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
         self.ranks = RankOperations(self.deps)
         notices = self.ranks.notices  # the e-mails, owed with the decisions they report
@@ -89,10 +91,13 @@ class RecoveryService:
         self.restarts = GangRestart(self.deps, notices, self.gang,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         self.reboots = Reboots(self.deps, self.ranks, self.gang, reactions=reactions)
-        self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, reactions=reactions)
+        # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
+        self.node_tasks = tasks = NodeTasks(ecs, repo, self._metrics, settings)
+        self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, tasks, reactions=reactions)
         self.unreachable = NodeUnreachable(self.deps, self.remediation, self.gang)
-        self.validations = Validations(self.deps, self.reboots, self.remediation, reactions=reactions)
-        self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.remediation, reactions=reactions)
+        self.validations = Validations(self.deps, self.reboots, self.remediation, tasks, reactions=reactions)
+        self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.remediation, tasks,
+                                   reactions=reactions)
         self.warnings = GpuWarnings(self.deps, self.remediation)
         self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
         # Which exits of a fault name a suspect, and their checks (issue 50).
@@ -154,11 +159,12 @@ class RecoveryService:
 
     @property
     def metrics(self) -> MetricsPort:
-        return self.deps.metrics
+        return self._metrics.target
 
     @metrics.setter
     def metrics(self, metrics: MetricsPort) -> None:
-        self.deps.metrics = metrics
+        """The invocation's metrics, for every stage at once (they hold the relay)."""
+        self._metrics.target = metrics
 
     # Handlers.
     def on_task_state_change(self, detail: EcsTaskDetail) -> Outcome:

@@ -73,10 +73,10 @@ APPLY_ROUNDS = 3
 
 
 class Validations:
-    def __init__(self, deps: Deps, reboots: Reboots, remediation: NodeRemediation, *,
+    def __init__(self, deps: Deps, reboots: Reboots, remediation: NodeRemediation, tasks: NodeTasks, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
-        self.tasks = NodeTasks(deps)
+        self.tasks = tasks
         self.reboots = reboots
         self.remediation = remediation
         # Told: a failed validation released the jobs waiting for the node.

@@ -45,6 +45,7 @@ from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, Sus
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.gpu_resets import GpuResets
+from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import Deps, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
@@ -117,7 +118,7 @@ class Applied:
 
 
 class NodeRemediation:
-    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, *,
+    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, tasks: NodeTasks, *,
                  reactions: Reactions | None = None) -> None:
         self.deps = deps
         self.ranks = ranks
@@ -128,7 +129,7 @@ class NodeRemediation:
         self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
         self.settlement = JobSettlement(deps, self.notices, self.owed_notices,
                                         reactions=self.reactions)
-        self.resets = GpuResets(deps, reboots, self.notices)
+        self.resets = GpuResets(deps, reboots, self.notices, tasks)
         self.tenant_evidence = TenantEvidence(deps, self.notices)
 
     # ------------------------------------------------------------ evidence / plan
