@@ -24,8 +24,9 @@ DescribeTasks, and one that never ends is stopped and replaced by the reboot.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -36,6 +37,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.escalation import (
+    EscalationPolicy,
     NodeFaultRecord,
     fault_summary,
     stored_history_with,
@@ -48,8 +50,10 @@ from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.node_tasks import NodeTasks, TaskClaim
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.repository.base import Update
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +71,43 @@ def resetting(instance: Instance | None) -> bool:
     return instance is not None and instance.state is InstanceState.REBOOTING and instance.reset_pending
 
 
+class GpuResetData(Protocol):
+    """What the GPU reset reads and writes: the node, and the reset's intents on its item
+    (``repository/gpu_resets.py``)."""
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def claim_gpu_reset(self, instance: Instance, started_by: str, now: float,
+                        deadline_at: float) -> bool: ...
+    def take_over_gpu_reset_claim(self, instance: Instance, now: float, deadline_at: float) -> bool: ...
+    def release_gpu_reset_claim(self, instance: Instance, started_by: str, retry_at: float) -> bool: ...
+    def record_gpu_reset_started(self, instance: Instance, started_by: str, task_arn: str,
+                                 deadline_at: float) -> bool: ...
+    def rearm_gpu_reset(self, instance: Instance, deadline_at: float) -> bool: ...
+    def fall_back_to_reboot(self, instance: Instance, *, started_by: str, result: dict[str, Any],
+                            reason: str, fault_history: list[dict[str, Any]] | None, now: float,
+                            deadline_at: float, also: Sequence[Update] = ()) -> bool: ...
+
+
+class StopsTasks(Protocol):
+    def stop_task(self, task_arn: str, reason: str) -> None: ...
+
+
 class GpuResets:
-    def __init__(self, deps: Deps, reboots: Reboots, notices: Notices, tasks: NodeTasks) -> None:
-        self.deps = deps
+    def __init__(self, data: GpuResetData, ecs: StopsTasks, tasks: NodeTasks, reboots: Reboots,
+                 notices: Notices, *, metrics: MetricsPort, settings: Settings,
+                 escalation: EscalationPolicy) -> None:
+        self.data = data
+        self.ecs = ecs
         self.tasks = tasks
         self.reboots = reboots
         self.notices = notices
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
+        self.escalation = escalation
 
     def _timeout_at(self, instance: Instance) -> float:
-        return (instance.reboot_requested_at or clock.now()) + self.deps.settings.gpu_reset_timeout_seconds
+        return (instance.reboot_requested_at or clock.now()) + self.settings.gpu_reset_timeout_seconds
 
     # -------------------------------------------------------------------- start
     def start(self, instance: Instance) -> str:
@@ -90,24 +122,24 @@ class GpuResets:
         return TaskClaim(instance.reset_started_by, instance.reset_claimed_at or 0.0, instance.reset_task_arn)
 
     def take_over(self, instance: Instance, now: float) -> Instance | None:
-        if not self.deps.repo.take_over_gpu_reset_claim(instance, now, now + CLAIM_LEASE_SECONDS):
+        if not self.data.take_over_gpu_reset_claim(instance, now, now + CLAIM_LEASE_SECONDS):
             return None
         return replace(instance, reset_claimed_at=now)
 
     def wait_for_gpus(self, instance: Instance, now: float) -> None:
-        self.deps.repo.rearm_gpu_reset(instance, min(self._timeout_at(instance),
+        self.data.rearm_gpu_reset(instance, min(self._timeout_at(instance),
                                                      now + RETRY_INTERVAL_SECONDS))
 
     def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
         started_by = gpu_reset_started_by(instance)
-        if not self.deps.repo.claim_gpu_reset(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
+        if not self.data.claim_gpu_reset(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
             return None
         return replace(instance, reset_started_by=started_by, reset_claimed_at=now), started_by
 
     def start_task(self, instance: Instance, started_by: str) -> str:
         placed = self.tasks.start(
             node_tasks.GPU_RESET, instance, started_by,
-            release=lambda: self.deps.repo.release_gpu_reset_claim(instance, started_by,
+            release=lambda: self.data.release_gpu_reset_claim(instance, started_by,
                                                                    clock.now() + RETRY_INTERVAL_SECONDS),
             record=lambda task_arn: self.record_task(instance, started_by, task_arn))
         if placed.task_arn is not None:
@@ -117,7 +149,7 @@ class GpuResets:
         if now + RETRY_INTERVAL_SECONDS < self._timeout_at(instance):
             # ECS placed nothing (its GPUs not released yet, the agent away: the failures in
             # its 200): tried again as a refused call is, a reboot only once time is up.
-            self.deps.repo.release_gpu_reset_claim(instance, started_by, now + RETRY_INTERVAL_SECONDS)
+            self.data.release_gpu_reset_claim(instance, started_by, now + RETRY_INTERVAL_SECONDS)
             logger.warning("GPU reset task not placed; tried again", extra={
                 "instance": instance.container_inst_id, "why": why})
             return "gpu_reset_not_placed"
@@ -125,14 +157,14 @@ class GpuResets:
 
     def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
         now = clock.now()
-        self.deps.repo.record_gpu_reset_started(instance, started_by, task_arn,
+        self.data.record_gpu_reset_started(instance, started_by, task_arn,
                                                 min(self._timeout_at(instance), now + POLL_SECONDS))
 
     # ------------------------------------------------------------------- result
     def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
         """The reset task stopped: its exit code is the result (0: reset and diag passed)."""
         inst_id = container_instance_id(detail.containerInstanceArn or "")
-        instance = self.deps.repo.get_instance(inst_id) if inst_id else None
+        instance = self.data.get_instance(inst_id) if inst_id else None
         if instance is None:
             return Outcome("ignored", detail={"why": "untracked instance"})
         if not resetting(instance) or not instance.reset_started_by \
@@ -154,13 +186,13 @@ class GpuResets:
                                       reset_result={**result, "result": "passed"})
         if back.action == "duplicate":
             return "duplicate"
-        self.deps.metrics.add_metric("GpuResets", "Count", 1)
+        self.metrics.add_metric("GpuResets", "Count", 1)
         logger.info("GPU reset passed", extra={"instance": instance.container_inst_id, "next": back.action})
         return "gpu_reset_passed"
 
     def fall_back(self, instance: Instance, why: str, *, result: dict[str, Any] | None = None) -> str:
         """Today's reboot instead, with its e-mail, in one conditional write; then issue it."""
-        repo = self.deps.repo
+        repo = self.data
         inst_id = instance.container_inst_id
         now = clock.now()
         raw = repo.get_instance_item(inst_id) or {}
@@ -168,7 +200,7 @@ class GpuResets:
         cause = str((plan.get("decision") or {}).get("rule_id") or "gpu-reset-failed")
         record = NodeFaultRecord(at=now, cause=cause, action=Action.REBOOT, executed=True,
                                  evidence=fault_summary(None, note=f"GPU reset failed: {why}"))
-        history = stored_history_with(raw.get("fault_history"), record, now, self.deps.policy.escalation)
+        history = stored_history_with(raw.get("fault_history"), record, now, self.escalation)
         notice = self.notices.for_node(
             NotificationKind.GPU_RESET_FAILED, f"GPU reset failed on {inst_id}: rebooting it instead",
             container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
@@ -186,7 +218,7 @@ class GpuResets:
                 also=self.notices.owe([notice], now)):
             return "raced"
         self.notices.send([notice])
-        self.deps.metrics.add_metric("GpuResetFallbacks", "Count", 1)
+        self.metrics.add_metric("GpuResetFallbacks", "Count", 1)
         logger.warning("GPU reset failed: rebooting instead", extra={"instance": inst_id, "why": why})
         fresh = repo.get_instance(inst_id)
         if fresh is not None and fresh.state is InstanceState.REBOOTING and not fresh.reset_pending:
@@ -199,7 +231,7 @@ class GpuResets:
         whose event was lost, and fall back to the reboot once out of time."""
         if now >= self._timeout_at(instance):
             if instance.reset_task_arn:
-                self.deps.ecs.stop_task(instance.reset_task_arn,
+                self.ecs.stop_task(instance.reset_task_arn,
                                         f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
             return self.fall_back(instance, "the GPU reset did not finish in time")
         if instance.reset_task_arn:
@@ -209,11 +241,11 @@ class GpuResets:
             if task.get("lastStatus") == "STOPPED":
                 # Its STOPPED event was lost (or is still being retried): read it from ECS.
                 return self.on_stopped(EcsTaskDetail.model_validate(task)).action
-            self.deps.repo.rearm_gpu_reset(instance, min(self._timeout_at(instance), now + POLL_SECONDS))
+            self.data.rearm_gpu_reset(instance, min(self._timeout_at(instance), now + POLL_SECONDS))
             return "gpu_reset_running"
         started = self.start(instance)
         if started in ("gpu_reset_claimed", "raced"):
-            self.deps.repo.rearm_gpu_reset(instance, min(self._timeout_at(instance),
+            self.data.rearm_gpu_reset(instance, min(self._timeout_at(instance),
                                                          max(instance.reset_claimed_at or now, now)
                                                          + CLAIM_LEASE_SECONDS))
         return started

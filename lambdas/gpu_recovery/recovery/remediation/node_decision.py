@@ -129,7 +129,8 @@ class NodeRemediation:
         self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
         self.settlement = JobSettlement(deps, self.notices, self.owed_notices,
                                         reactions=self.reactions)
-        self.resets = GpuResets(deps, reboots, self.notices, tasks)
+        self.resets = GpuResets(deps.repo, deps.ecs, tasks, reboots, self.notices, metrics=deps.metrics,
+                                settings=deps.settings, escalation=deps.policy.escalation)
         self.tenant_evidence = TenantEvidence(deps, self.notices)
 
     # ------------------------------------------------------------ evidence / plan
