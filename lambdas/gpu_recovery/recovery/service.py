@@ -95,7 +95,9 @@ class RecoveryService:
         self.node_tasks = tasks = NodeTasks(ecs, repo, self._metrics, settings)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, tasks, reactions=reactions)
         self.unreachable = NodeUnreachable(self.deps, self.remediation, self.gang)
-        self.validations = Validations(self.deps, self.reboots, self.remediation, tasks, reactions=reactions)
+        self.validations = Validations(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
+                                       replacer=self.deps.replacer, metrics=self._metrics, settings=settings,
+                                       reactions=reactions)
         self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.remediation, tasks,
                                    reactions=reactions)
         self.warnings = GpuWarnings(self.deps, self.remediation)

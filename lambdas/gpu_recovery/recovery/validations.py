@@ -31,9 +31,10 @@ says why).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -54,12 +55,22 @@ from gpu_recovery.domain.validation import Repair, Result
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.node_tasks import NodeTasks, TaskClaim
-from gpu_recovery.recovery.ports import Deps, Invocation, Outcome, after_commit
+from gpu_recovery.recovery.ports import (
+    Invocation,
+    MetricsPort,
+    Outcome,
+    ReplacePort,
+    VerdictReaderPort,
+    after_commit,
+)
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, label_for, projected
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
 from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +83,66 @@ LOG_GRACE_SECONDS = 120.0
 APPLY_ROUNDS = 3
 
 
+class ValidationData(Protocol):
+    """What the validation reads and writes: the node and the jobs waiting for it, the
+    validation's intents on the node's item (``repository/validations.py``), the decision a
+    failed one leads to, and the replacement watch."""
+
+    faults: FaultRepository
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    def get_job(self, job_id: str) -> Job | None: ...
+    def claim_validation(self, instance: Instance, started_by: str, now: float,
+                         lease_until: float) -> bool: ...
+    def take_over_validation_claim(self, instance: Instance, now: float, lease_until: float) -> bool: ...
+    def release_validation_claim(self, instance: Instance, started_by: str, retry_at: float, *,
+                                 attempt_used: bool = False) -> bool: ...
+    def record_validation_task(self, instance: Instance, started_by: str, task_arn: str,
+                               deadline_at: float) -> bool: ...
+    def rearm_validation(self, instance: Instance, deadline_at: float) -> bool: ...
+    def stall_validation(self, instance: Instance, now: float, until: float,
+                         also: list[Update] | tuple[Update, ...] = ()) -> bool: ...
+    def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool: ...
+    def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]: ...
+    def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
+                           last_reset: dict[str, Any] | None = None,
+                           validation: dict[str, Any] | None = None,
+                           validating_cordon: dict[str, Any] | None = None) -> bool: ...
+    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
+                                validation: dict[str, Any] | None = None,
+                                validating_cordon: dict[str, Any] | None = None) -> bool: ...
+    def record_node_decision(self, instance: Instance, decision: NodeDecision,
+                             jobs: Sequence[JobVerdict], now: float,
+                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
+    def job_history_note(self, job: Job, note: str) -> Update: ...
+    def node_back_updates(self, job: Job, inst_id: str, note: str = "",
+                          validation: dict[str, Any] | None = None) -> list[Update]: ...
+    def adopt_replacement(self, watcher: Instance, container_inst_id: str, *, arn: str, ec2_instance_id: str,
+                          validation: dict[str, Any], cordon: dict[str, Any], now: float) -> bool: ...
+    def close_replacement_watch(self, watcher: Instance) -> bool: ...
+    def rearm_replacement_watch(self, watcher: Instance, deadline_at: float) -> bool: ...
+
+
+class ValidationEcs(Protocol):
+    def stop_task(self, task_arn: str, reason: str) -> None: ...
+    def container_instances(self, statuses: Sequence[str | None] = ..., *, query: str | None = None,
+                            missing_ok: bool = True) -> list[dict[str, Any]]: ...
+
+
 class Validations:
-    def __init__(self, deps: Deps, reboots: Reboots, remediation: NodeRemediation, tasks: NodeTasks, *,
-                 reactions: Reactions | None = None) -> None:
-        self.deps = deps
+    def __init__(self, data: ValidationData, ecs: ValidationEcs, tasks: NodeTasks, reboots: Reboots,
+                 remediation: NodeRemediation, *, verdicts: VerdictReaderPort, replacer: ReplacePort,
+                 metrics: MetricsPort, settings: Settings, reactions: Reactions | None = None) -> None:
+        self.data = data
+        self.ecs = ecs
         self.tasks = tasks
+        self.verdicts = verdicts
+        self.replacer = replacer
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self.reboots = reboots
         self.remediation = remediation
         # Told: a failed validation released the jobs waiting for the node.
@@ -84,7 +150,7 @@ class Validations:
 
     @property
     def policy(self) -> policy.ValidationPolicy:
-        return self.deps.settings.validation
+        return self.settings.validation
 
     # ---------------------------------------------------------------- node back
     def node_back(self, instance: Instance, repair: Repair, why: str, *,
@@ -96,7 +162,7 @@ class Validations:
         if not settings.enabled:
             return self.reboots.mark_available(instance, repair, why, reset_result=reset_result,
                                                validation={"result": "off", "repair": repair.value})
-        repo = self.deps.repo
+        repo = self.data
         raw = repo.get_instance_item(inst_id) or {}
         now = clock.now()
         record = policy.new_validation(repair, cause=policy.repair_cause(raw.get("last_fault")), since=now,
@@ -129,20 +195,20 @@ class Validations:
         is; its failure's cause is ``FALLBACK_CAUSE`` (a new machine: none of its own yet)."""
         watch = watcher.replacement_watch
         if not self.policy.enabled or now >= float(watch.get("until") or 0):
-            self.deps.repo.close_replacement_watch(watcher)
+            self.data.close_replacement_watch(watcher)
             if self.policy.enabled:
-                self.deps.metrics.add_metric("ReplacementsNotSeen", "Count", 1)
+                self.metrics.add_metric("ReplacementsNotSeen", "Count", 1)
                 logger.warning("no replacement registered for a terminated node", extra={
                     "instance": watcher.container_inst_id, "group": watch.get("group")})
             return "replacement_watch_closed"
-        described = self.deps.ecs.container_instances(
+        described = self.ecs.container_instances(
             ("ACTIVE",), query=policy.registered_since(float(watch["since"])))
         candidates = {container_instance_id(ci["containerInstanceArn"]): ci for ci in described}
         candidates.pop(watcher.container_inst_id, None)
-        known = self.deps.repo.get_instances(candidates) if candidates else {}
+        known = self.data.get_instances(candidates) if candidates else {}
         unknown = {n: ci for n, ci in candidates.items() if n not in known}
         ec2_ids = [str(ci.get("ec2InstanceId") or "") for ci in unknown.values()]
-        groups = self.deps.replacer.groups_of([i for i in ec2_ids if i.startswith("i-")])
+        groups = self.replacer.groups_of([i for i in ec2_ids if i.startswith("i-")])
         for node, ci in sorted(unknown.items(), key=lambda kv: (str(kv[1].get("registeredAt")), kv[0])):
             ec2_id = str(ci.get("ec2InstanceId") or "")
             if groups.get(ec2_id, ("", ""))[1] != watch.get("group"):
@@ -152,19 +218,19 @@ class Validations:
             cordon = validating_record(repair=Repair.REPLACEMENT.value, now=now, ecs=ECS_PENDING,
                                        reason=f"replaces {watcher.container_inst_id}: validating "
                                               f"({self.policy.describe()})")
-            if not self.deps.repo.adopt_replacement(watcher, node, arn=str(ci["containerInstanceArn"]),
+            if not self.data.adopt_replacement(watcher, node, arn=str(ci["containerInstanceArn"]),
                                                     ec2_instance_id=ec2_id, validation=record, cordon=cordon,
                                                     now=now):
                 return "raced"
             logger.info("replacement node registered: validating", extra={
                 "instance": node, "replaces": watcher.container_inst_id})
             after_commit("validating attribute", self.reboots.cordons.sync_quietly, node)
-            fresh = self.deps.repo.get_instance(node)
+            fresh = self.data.get_instance(node)
             if fresh is not None:
                 after_commit("validation start", self.start, fresh)
             return "replacement_validating"
         next_look = min(float(watch["until"]), now + RETRY_INTERVAL_SECONDS)
-        self.deps.repo.rearm_replacement_watch(watcher, next_look)
+        self.data.rearm_replacement_watch(watcher, next_look)
         return "replacement_awaited"
 
     # -------------------------------------------------------------------- start
@@ -182,31 +248,31 @@ class Validations:
                          str(v.get("task_arn") or ""))
 
     def take_over(self, instance: Instance, now: float) -> Instance | None:
-        taken = self.deps.repo.take_over_validation_claim(instance, now, now + CLAIM_LEASE_SECONDS)
+        taken = self.data.take_over_validation_claim(instance, now, now + CLAIM_LEASE_SECONDS)
         return instance if taken else None
 
     def wait_for_gpus(self, instance: Instance, now: float) -> None:
-        self.deps.repo.rearm_validation(instance, min(self._until(instance), now + RETRY_INTERVAL_SECONDS))
+        self.data.rearm_validation(instance, min(self._until(instance), now + RETRY_INTERVAL_SECONDS))
 
     def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
         v = instance.validation
         attempt = int(v.get("attempts") or 0)
         started_by = policy.started_by(instance.container_inst_id, float(v["since"]), attempt)
-        if not self.deps.repo.claim_validation(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
+        if not self.data.claim_validation(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
             return None
         return replace(instance, validation={**v, "started_by": started_by, "claimed_at": now}), started_by
 
     def start_task(self, instance: Instance, started_by: str) -> str:
         placed = self.tasks.start(
             node_tasks.VALIDATION, instance, started_by, environment=self._environment(instance),
-            release=lambda: self.deps.repo.release_validation_claim(instance, started_by,
+            release=lambda: self.data.release_validation_claim(instance, started_by,
                                                                     clock.now() + RETRY_INTERVAL_SECONDS),
             record=lambda task_arn: self.record_task(instance, started_by, task_arn))
         if placed.task_arn is not None:
             return "validation_started"
         # ECS placed nothing (the GPUs not free yet, the agent away: the failures in its
         # 200): tried again each minute until the validation's time is up.
-        self.deps.repo.release_validation_claim(instance, started_by, min(
+        self.data.release_validation_claim(instance, started_by, min(
             self._until(instance), clock.now() + RETRY_INTERVAL_SECONDS))
         logger.warning("validation task not placed; tried again", extra={
             "instance": instance.container_inst_id, "why": placed.reasons})
@@ -219,7 +285,7 @@ class Validations:
                                                else self.policy.load_seconds)}
 
     def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
-        self.deps.repo.record_validation_task(instance, started_by, task_arn,
+        self.data.record_validation_task(instance, started_by, task_arn,
                                               min(self._until(instance), clock.now() + POLL_SECONDS))
 
     @staticmethod
@@ -230,7 +296,7 @@ class Validations:
     def on_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None) -> Outcome:
         """The validation task stopped: its exit code is the verdict (0: passed)."""
         inst_id = container_instance_id(detail.containerInstanceArn or "")
-        repo = self.deps.repo
+        repo = self.data
         raw = repo.get_instance_item(inst_id) if inst_id else None
         if raw is None:
             return Outcome("ignored", detail={"why": "untracked instance"})
@@ -256,22 +322,22 @@ class Validations:
                        detail={"instance": inst_id})
 
     def _verdict_line(self, task_arn: str, invocation: Invocation | None) -> dict[str, Any] | None:
-        line = self.deps.verdicts.read_verdict(task_arn)
+        line = self.verdicts.read_verdict(task_arn)
         for pause in LOG_PAUSES:
             if line is not None or invocation is None or clock.now() + pause + 10 > invocation.deadline:
                 break
             clock.sleep(pause)
-            line = self.deps.verdicts.read_verdict(task_arn)
+            line = self.verdicts.read_verdict(task_arn)
         return line
 
     def _passed(self, instance: Instance, task_arn: str) -> str:
         inst_id, now = instance.container_inst_id, clock.now()
         record = policy.result_record(Result.PASSED, validation=instance.validation, now=now, exit_code=0,
                                       task_arn=task_arn)
-        if not self.deps.repo.pass_validation(instance, record, now):
+        if not self.data.pass_validation(instance, record, now):
             return "duplicate"
-        self.deps.metrics.add_metric("ValidationsPassed", "Count", 1)
-        self.deps.metrics.add_metric("ValidationSeconds", "Seconds", record["seconds"])
+        self.metrics.add_metric("ValidationsPassed", "Count", 1)
+        self.metrics.add_metric("ValidationSeconds", "Seconds", record["seconds"])
         logger.info("validation passed: node available", extra={"instance": inst_id,
                                                                 "seconds": record["seconds"]})
         if instance.cordoned:  # healthy again: the cordon cleared in the same write
@@ -287,11 +353,11 @@ class Validations:
             return self._stalled(instance, f"{why}; {attempts} attempt(s)")
         started_by = str(instance.validation.get("started_by") or "")
         retry_at = clock.now() + RETRY_INTERVAL_SECONDS
-        if not self.deps.repo.release_validation_claim(instance, started_by, retry_at, attempt_used=True):
+        if not self.data.release_validation_claim(instance, started_by, retry_at, attempt_used=True):
             return "raced"
         logger.warning("validation ended without a verdict: started again", extra={
             "instance": instance.container_inst_id, "why": why, "attempt": attempts + 1})
-        fresh = self.deps.repo.get_instance(instance.container_inst_id)
+        fresh = self.data.get_instance(instance.container_inst_id)
         if fresh is not None:
             after_commit("validation restart", self.start, fresh)
         return "validation_retried"
@@ -313,11 +379,11 @@ class Validations:
                 operator_action="Look at why the stack's validation task cannot run (its image, the task "
                                 "definition, the node's ECS agent, `doctor`): it is tried again meanwhile.")
             also = self.remediation.notices.owe([notice], now)
-        if not self.deps.repo.stall_validation(instance, now, now + self.policy.timeout_seconds, also):
+        if not self.data.stall_validation(instance, now, now + self.policy.timeout_seconds, also):
             return "raced"
         if also:
             self.remediation.notices.send([notice])
-        self.deps.metrics.add_metric("ValidationsStalled", "Count", 1)
+        self.metrics.add_metric("ValidationsStalled", "Count", 1)
         logger.warning("validation could not run: not a failed repair, tried again", extra={
             "instance": inst_id, "why": why})
         return "validation_stalled"
@@ -328,11 +394,11 @@ class Validations:
                 timed_out: bool = False) -> str:
         """A node decision on the validation's evidence (see the module docstring), with
         every waiting job kept waiting (repaired again) or let go (the node left repair)."""
-        repo = self.deps.repo
+        repo = self.data
         for _ in range(APPLY_ROUNDS):
             done = self._decide(instance, raw, exit_code, findings, task_arn=task_arn, why=why)
             if done is not None and timed_out:
-                self.deps.metrics.add_metric("ValidationTimeouts", "Count", 1)
+                self.metrics.add_metric("ValidationTimeouts", "Count", 1)
             if done is not None:
                 return done
             fresh = repo.get_instance_item(instance.container_inst_id)
@@ -345,7 +411,7 @@ class Validations:
 
     def _decide(self, instance: Instance, raw: dict[str, Any], exit_code: int | None,
                 findings: dict[str, Any], *, task_arn: str, why: str) -> str | None:
-        repo, remediation = self.deps.repo, self.remediation
+        repo, remediation = self.data, self.remediation
         inst_id, now = instance.container_inst_id, clock.now()
         v = instance.validation
         repair = Repair(str(v.get("repair") or Repair.REBOOT.value))
@@ -385,7 +451,7 @@ class Validations:
         if not repo.record_node_decision(instance, decision, [], now, breaker_update,
                                          also=[*updates, *remediation.notices.owe(notices, now)]):
             return None
-        self.deps.metrics.add_metric("ValidationsFailed", "Count", 1)
+        self.metrics.add_metric("ValidationsFailed", "Count", 1)
         logger.warning("validation failed", extra={
             "instance": inst_id, "repair": repair.value, "action": plan.action.value, "to": to.value,
             "escalation": plan.escalation.reason, "jobs": [j.job_id for j in jobs]})
@@ -401,7 +467,7 @@ class Validations:
         """The jobs waiting for the node (at most its GPUs' worth: a rank each), and what the
         decision's transaction writes on them: a history line (kept waiting), or their
         release (the node no longer holds their restart: it left repair)."""
-        repo = self.deps.repo
+        repo = self.data
         jobs: list[Job] = []
         updates: list[Update] = []
         for job_id in sorted(instance.waiting_jobs):
@@ -441,7 +507,7 @@ class Validations:
         drain), the released jobs' restarts (each has its own intent: the sweep finishes it)."""
         inst_id = instance.container_inst_id
         self.remediation.after_cordon(gate, inst_id, cordoned=True)
-        fresh = self.deps.repo.get_instance(inst_id)
+        fresh = self.data.get_instance(inst_id)
         if fresh is not None:
             self.remediation.carry_out(fresh, plan)
         for job_id in released:
@@ -460,8 +526,8 @@ class Validations:
         if now >= self._until(instance):
             task_arn = str(v.get("task_arn") or "")
             if task_arn:
-                self.deps.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} validation timed out")
-            raw = self.deps.repo.get_instance_item(instance.container_inst_id) or {}
+                self.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} validation timed out")
+            raw = self.data.get_instance_item(instance.container_inst_id) or {}
             seconds = int(self.policy.timeout_seconds)
             why = f"the validation did not finish within {seconds} s"
             return self._failed(instance, raw, policy.TIMEOUT_EXIT_CODE,
@@ -471,15 +537,15 @@ class Validations:
             task_arn = str(v["task_arn"])
             task = self.tasks.look(task_arn)
             if task is None:
-                raw = self.deps.repo.get_instance_item(instance.container_inst_id) or {}
+                raw = self.data.get_instance_item(instance.container_inst_id) or {}
                 return self._no_verdict(instance, raw, "the validation task is gone (ECS no longer knows it)")
             if task.get("lastStatus") == "STOPPED":
                 return self.on_stopped(EcsTaskDetail.model_validate(task)).action
-            self.deps.repo.rearm_validation(instance, min(self._until(instance), now + POLL_SECONDS))
+            self.data.rearm_validation(instance, min(self._until(instance), now + POLL_SECONDS))
             return "validation_running"
         started = self.start(instance)
         if started in ("validation_claimed", "raced"):
             claimed = float(v.get("claimed_at") or now)
-            self.deps.repo.rearm_validation(instance, min(self._until(instance),
+            self.data.rearm_validation(instance, min(self._until(instance),
                                                           max(claimed, now) + CLAIM_LEASE_SECONDS))
         return started
