@@ -19,8 +19,10 @@ from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.notifications import Notification, NotificationFacts, build
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import NotifierPort
 from gpu_recovery.repository import Update
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.notices import NoticeRepository
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +48,12 @@ def budget_lines(job: Job) -> list[str]:
 
 
 class Notices:
-    def __init__(self, deps: Deps) -> None:
-        self.deps = deps
+    """The e-mails: built, owed in the decision's transaction (the outbox), sent after it."""
+
+    def __init__(self, outbox: NoticeRepository, faults: FaultRepository, notifier: NotifierPort) -> None:
+        self.outbox = outbox
+        self.faults = faults  # a job's e-mail names the ranks of its suspect node
+        self.notifier = notifier
 
     # ------------------------------------------------------------------ build
     def for_job(self, job: Job, instance: Instance | None, kind: NotificationKind, headline: str, *,
@@ -57,7 +63,7 @@ class Notices:
         the decision's commit."""
         ranks: list[int] = []
         if instance is not None:
-            suspect = self.deps.repo.faults.get_suspect(job.job_id, job.tally.attempt or job.attempt,
+            suspect = self.faults.get_suspect(job.job_id, job.tally.attempt or job.attempt,
                                                         instance.container_inst_id)
             ranks = sorted(suspect.ranks)[:MAX_RANKS_LISTED] if suspect is not None else []
         facts = NotificationFacts(
@@ -88,7 +94,7 @@ class Notices:
     def owe(self, owed: Iterable[Owed | None], now: float | None = None) -> list[Update]:
         """The outbox items of ``owed``, for the decision's transaction."""
         now = clock.now() if now is None else now
-        return [self.deps.repo.notices.owe(o.notification, owner=o.owner, due_at=now + SEND_GRACE_SECONDS,
+        return [self.outbox.owe(o.notification, owner=o.owner, due_at=now + SEND_GRACE_SECONDS,
                                            now=now) for o in owed if o is not None]
 
     def send(self, owed: Iterable[Owed | None]) -> None:
@@ -100,13 +106,13 @@ class Notices:
 
     def _publish(self, notification: Notification, owner: str) -> bool:
         try:
-            self.deps.notifier.publish(notification)
+            self.notifier.publish(notification)
         except Exception:
             logger.warning("notification not published; the sweep sends it", exc_info=True,
                            extra={"job_id": notification.job_id, "kind": notification.kind.value})
             return False
         try:
-            self.deps.repo.notices.sent(notification, owner, clock.now())
+            self.outbox.sent(notification, owner, clock.now())
         except Exception:  # published: at worst the sweep sends it once more
             logger.warning("sent notice not cleared", exc_info=True, extra={"job_id": notification.job_id})
         return True
@@ -114,8 +120,8 @@ class Notices:
     # ------------------------------------------------------------------- sweep
     def sweep(self, item: Mapping[str, Any], now: float) -> str:
         """A notice owed past its grace: its sender died. Publish it now."""
-        notification, owner = self.deps.repo.notices.from_item(item)
+        notification, owner = self.outbox.from_item(item)
         if self._publish(notification, owner):
             return "notice_sent"
-        self.deps.repo.notices.rearm(item, now + RETRY_SECONDS)
+        self.outbox.rearm(item, now + RETRY_SECONDS)
         return "notice_retry"

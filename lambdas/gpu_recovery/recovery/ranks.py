@@ -313,9 +313,9 @@ def tags_for_attempt(tags: list[dict[str, str]], attempt: int) -> list[dict[str,
 
 
 class RankOperations:
-    def __init__(self, deps: Deps) -> None:
+    def __init__(self, deps: Deps, notices: Notices) -> None:
         self.deps = deps
-        self.notices = Notices(deps)  # e-mails, owed with the decision they report
+        self.notices = notices  # e-mails, owed with the decision they report
 
     # ------------------------------------------------------------- registration
     def register_rank(self, reg: RankRegistration) -> Rank:

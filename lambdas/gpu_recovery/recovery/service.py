@@ -23,6 +23,7 @@ from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueu
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.node_tasks import NodeTasks
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.placement import PlacementHolds
 from gpu_recovery.recovery.ports import (
     Deps,
@@ -80,8 +81,9 @@ class RecoveryService:
         self._metrics = MetricsRelay(metrics)
         self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, self._metrics,
                          policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
-        self.ranks = RankOperations(self.deps)
-        notices = self.ranks.notices  # the e-mails, owed with the decisions they report
+        # The e-mails, owed with the decisions they report (the outbox), for every stage.
+        notices = Notices(repo.notices, repo.faults, notifier)
+        self.ranks = RankOperations(self.deps, notices)
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
         reactions = Reactions()
