@@ -457,7 +457,10 @@ class World:
 
 
 @contextmanager
-def world(*, gang_queue: bool = False, **settings: Any) -> Iterator[World]:
+def world(*, gang_queue: bool = False, verdicts: Any = None, tag_lookups: Any = None,
+          **settings: Any) -> Iterator[World]:
+    """``verdicts``: the checks' verdict-line reader (FakeVerdicts); ``tag_lookups``: the tag
+    lookup worker's queue (none)."""
     now = [1_800_000_000.0]
     with mock_aws():
         ddb = boto3.resource("dynamodb", region_name=REGION)
@@ -471,9 +474,10 @@ def world(*, gang_queue: bool = False, **settings: Any) -> Iterator[World]:
         flaky = Flaky(repo)
         ecs, rebooter, notifier, replacer = FakeEcs(), FakeRebooter(), FakeNotifier(), FakeReplacer()
         queue = FakeQueue(now) if gang_queue else None
-        service = RecoveryService(flaky, ecs, rebooter, notifier, FakeVerdicts(),  # type: ignore[arg-type]
+        service = RecoveryService(flaky, ecs, rebooter, notifier, verdicts or FakeVerdicts(),  # type: ignore[arg-type]
                                   Settings("jobs", "instances", CLUSTER, "gpu-health-check", "topic",
-                                           **settings), replacer=replacer, gang_queue=queue)
+                                           **settings), replacer=replacer, gang_queue=queue,
+                                  tag_lookups=tag_lookups(now) if tag_lookups else None)
         clock.set_clock(lambda: now[0], lambda seconds: now.__setitem__(0, now[0] + seconds))
         try:
             yield World(service, flaky, ecs, rebooter, notifier, now, replacer, queue)

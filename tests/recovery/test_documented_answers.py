@@ -8,7 +8,7 @@ from typing import Any
 
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, InstanceState, JobState
 from gpu_recovery.recovery import Invocation
-from gpu_recovery.recovery.health_checks import VERDICT_LOG_GRACE_SECONDS, VERDICT_LOG_RETRY_SECONDS
+from gpu_recovery.recovery.health_check_verdicts import VERDICT_LOG_GRACE_SECONDS, VERDICT_LOG_RETRY_SECONDS
 from tests.recovery.fakes import World, world
 
 FAULTY, PEER = "node-b", "node-a"
@@ -28,9 +28,8 @@ class LateLine:
         return dict(LINE) if self.readable_from is not None and self.reads >= self.readable_from else None
 
 
-def _checking(w: World, reader: LateLine) -> Any:
+def _checking(w: World) -> Any:
     """Rank 1 on the faulty node exits 1: its node's DCGM check runs; returns the check."""
-    w.service.deps.verdicts = reader
     arns = w.register_job("j", [PEER, FAULTY])
     w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
     [task] = w.ecs.health_checks_on(FAULTY)
@@ -46,9 +45,9 @@ def test_a_verdict_line_readable_seconds_after_the_stopped_event_is_waited_for()
     Logs ingests a line some seconds after it was written), When its STOPPED event is
     handled, Then the invocation reads again after short pauses and the verdict is applied
     with the line's evidence (not on the exit code alone)."""
-    with world() as w:
-        reader = LateLine(readable_from=3)
-        task = _checking(w, reader)
+    reader = LateLine(readable_from=3)
+    with world(verdicts=reader) as w:
+        task = _checking(w)
         started = w.now[0]
         outcome = w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
         assert outcome.action == "verdict_applied"
@@ -62,9 +61,9 @@ def test_a_verdict_line_still_unreadable_is_left_for_the_sweep_not_guessed_from_
     handled, Then nothing is decided (the node stays HEALTH_CHECKING, no reboot) and the
     sweep's poll comes back within a minute; once the line is readable the sweep (reading the
     task from DescribeTasks) applies the verdict with its evidence."""
-    with world() as w:
-        reader = LateLine(readable_from=None)
-        task = _checking(w, reader)
+    reader = LateLine(readable_from=None)
+    with world(verdicts=reader) as w:
+        task = _checking(w)
         outcome = w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
         assert outcome.action == "verdict_log_pending"
         instance = w.repo.get_instance(FAULTY)
@@ -83,9 +82,9 @@ def test_a_verdict_line_never_readable_is_decided_on_the_exit_code_after_the_gra
     """Given the verdict line never becomes readable (the log driver lost it), Then the sweep
     keeps the check waiting until the grace after the task stopped, then decides on the
     exit code (the check's contract): the node is rebooted, once."""
-    with world() as w:
-        reader = LateLine(readable_from=None)
-        task = _checking(w, reader)
+    reader = LateLine(readable_from=None)
+    with world(verdicts=reader) as w:
+        task = _checking(w)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
         stopped = w.now[0]
         while w.now[0] < stopped + VERDICT_LOG_GRACE_SECONDS + 2 * VERDICT_LOG_RETRY_SECONDS:

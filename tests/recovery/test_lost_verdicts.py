@@ -27,7 +27,7 @@ def _unreadable_log(w: World) -> None:
     def failing(task_arn: str) -> None:
         raise TimeoutError("GetLogEvents: throttled")
 
-    w.service.health.deps.verdicts.read_verdict = failing  # type: ignore[method-assign]
+    w.service.health.verdicts.reader.read_verdict = failing  # type: ignore[method-assign]
 
 
 def _not_condemned(w: World) -> None:

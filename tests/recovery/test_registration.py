@@ -232,9 +232,9 @@ class TaggedDescribe:
 def test_unknown_tasks_go_to_the_tag_lookup_worker_and_are_described_together() -> None:
     from tests.recovery.fakes import FakeQueue
 
-    with world() as w:
+    with world(tag_lookups=FakeQueue) as w:
         describes = TaggedDescribe(w)
-        queue = w.service.deps.tag_lookups = FakeQueue(w.now)
+        queue = w.service.deps.tag_lookups
         base = "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/"
         arns = [f"{base}{i:032x}" for i in range(3)]
         _tagged(w, arns[0], "node-0", 0, 2)

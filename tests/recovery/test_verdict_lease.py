@@ -157,7 +157,7 @@ def test_a_lease_taken_by_an_invocation_that_died_expires_seconds_later_not_at_i
     with world() as w:
         detail = _check_stopped(w)
         died = Invocation("req-a", w.now[0] + TIMEOUT)
-        health = w.service.health
+        health = w.service.health.verdicts
 
         def die(*args: object, **kwargs: object) -> None:
             raise RuntimeError("the invocation died")

@@ -20,8 +20,9 @@ from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.models import Job, Rank, Suspect
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, JobState
 from gpu_recovery.recovery.health_checks import HealthChecks
-from gpu_recovery.recovery.ports import Deps
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.latches import LatchRepository
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,13 @@ COUPLED_CHECKS_INLINE = 16
 
 
 class FaultSuspects:
-    def __init__(self, deps: Deps, health: HealthChecks, remediation: NodeRemediation) -> None:
-        self.deps = deps
+    """``check_all_nodes``: every exit of a fault names a suspect (``health_check_all_nodes``)."""
+
+    def __init__(self, faults: FaultRepository, latches: LatchRepository, health: HealthChecks,
+                 remediation: NodeRemediation, *, check_all_nodes: bool) -> None:
+        self.faults = faults
+        self.latches = latches
+        self.check_all_nodes = check_all_nodes
         self.health = health
         self.remediation = remediation
 
@@ -43,9 +49,8 @@ class FaultSuspects:
         """The rank's node is a suspect of the job's fault: its item (with the evidence and
         decision, and this rank) exists before anything counts it."""
         now = clock.now()
-        return self.deps.repo.faults.open_suspect(job.job_id, job.attempt, rank.container_inst_id,
-                                                  rank=rank.rank, record=record, now=now,
-                                                  retry_at=now + RETRY_INTERVAL_SECONDS)
+        return self.faults.open_suspect(job.job_id, job.attempt, rank.container_inst_id, rank=rank.rank,
+                                        record=record, now=now, retry_at=now + RETRY_INTERVAL_SECONDS)
 
     def coupled(self, job: Job, evidence: Evidence, action: Action, remediating: str,
                 exited_at: float | None) -> bool:
@@ -53,7 +58,7 @@ class FaultSuspects:
         the fault's checks find nothing. Every exit is a suspect with
         ``health_check_all_nodes``; an exit the catalog judged by a rule of its own (an XID,
         a GPU signal of its node) or on a node the stack is taking down is one too."""
-        if self.deps.settings.check_all_nodes_on_fault or job.tally.attempt != job.attempt:
+        if self.check_all_nodes or job.tally.attempt != job.attempt:
             return False
         own = bool(evidence.xids or evidence.gpu_signals or remediating) or action is not Action.HEALTH_CHECK
         return suspects.coupled(exited_at, job.tally.exits, own_evidence=own)
@@ -67,7 +72,7 @@ class FaultSuspects:
         if exits == job.tally.exits:
             return
         try:
-            self.deps.repo.faults.note_exit(job, exits)
+            self.faults.note_exit(job, exits)
         except Exception:
             logger.warning("the fault's first exits not written", exc_info=True, extra={"job_id": job.job_id})
 
@@ -76,7 +81,7 @@ class FaultSuspects:
         check opened (or joined); then its item needs no follow-up from the sweep."""
         if job.state not in RECOVERING_JOB_STATES:
             return "job_moved_on"
-        faults = self.deps.repo.faults
+        faults = self.faults
         suspect = faults.get_suspect(job.job_id, job.attempt, inst_id)
         if suspect is not None and not suspect.pending:
             faults.health_check_requested(suspect)
@@ -102,22 +107,21 @@ class FaultSuspects:
         nodes as the settlement read them (None: read from the latch, the sweep's case)."""
         if not job.tally.escalated or job.state is not JobState.PENDING_HEALTHCHECK:
             return "not_escalated"
-        repo = self.deps.repo
         attempt = job.tally.attempt
         if coupled is None:
-            _, coupled = repo.latches.fault_nodes(job.job_id, attempt, job.world_size)
+            _, coupled = self.latches.fault_nodes(job.job_id, attempt, job.world_size)
         now = clock.now()
         named = sorted(coupled)[:COUPLED_PER_STEP]
         for index, node in enumerate(named):
             inline = index < COUPLED_CHECKS_INLINE
-            suspect = repo.faults.open_suspect(job.job_id, attempt, node, rank=None,
+            suspect = self.faults.open_suspect(job.job_id, attempt, node, rank=None,
                                                record={"at": now, "coupled": True}, now=now,
                                                retry_at=now + RETRY_INTERVAL_SECONDS if inline else now)
             if suspect.pending:
                 fence = {"job": job.job_id, "attempt": attempt, "at": now,
                          "why": "coupled exit checked: the first checks found nothing"}
-                repo.faults.fence_suspect(node, fence)
-            repo.latches.arrive(job.job_id, attempt, job.world_size, 0, [], suspect_node=node)
+                self.faults.fence_suspect(node, fence)
+            self.latches.arrive(job.job_id, attempt, job.world_size, 0, [], suspect_node=node)
             if inline:
                 self.request_check(job, node)
         return f"named_{len(named)}_of_{len(coupled)}"

@@ -410,7 +410,7 @@ class GangRestart:
                            "(MASTER_ADDR: rank 0's node)"),
             operator_action="Nothing for the job; look after the faulty node.",
             # Still the fault's attempt: the scheduler starts the next one.
-            details=fault_lines(self.deps, job, job.attempt))
+            details=fault_lines(self.deps.repo.faults, job, job.attempt))
         if not self.deps.repo.requeue_for_relocation(
                 job, queue_order=order, relocation=relocation,
                 reason=f"relocation: back in the queue at the head of its priority ({why})",
@@ -431,7 +431,7 @@ class GangRestart:
         are told by whoever made it so."""
         if job.state is not JobState.STARTING or job.restarted_attempt != job.attempt:
             return False
-        done, validations, validated = restart_summary(self.deps, job)
+        done, validations, validated = restart_summary(self.deps.repo.faults, job)
         notice = self.notices.for_job(
             replace(job, state=JobState.RUNNING), None, NotificationKind.RECOVERED,
             "Job recovered and restarted",
@@ -439,7 +439,7 @@ class GangRestart:
             what_was_done=f"{done}; all {job.world_size} ranks restarted as attempt {job.attempt}",
             operator_action="Nothing; watch the job. Repeated faults on the same node escalate it to "
                             "replacement automatically.",
-            details=fault_lines(self.deps, job, job.attempt - 1),
+            details=fault_lines(self.deps.repo.faults, job, job.attempt - 1),
         )
         # The history says how the repaired nodes proved themselves (validation after repair).
         reason = "; ".join(["every rank restarted", *validations])
@@ -530,7 +530,7 @@ class GangRestart:
             "Job failed: restart failed", what_happened=reason,
             what_was_done="Job marked FAILED; started ranks stopped",
             operator_action="Check the cluster's capacity and the instance, then resubmit the job.")
-        if ended(self.deps, job.job_id, self.deps.repo.finish_job(
+        if ended(self.deps.metrics, self.deps.repo, job.job_id, self.deps.repo.finish_job(
                 job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
                 stop_ranks_of=job.attempt, stop_why="restart failed", also=self.notices.owe([notice]))):
             self.released(job.job_id)
@@ -552,7 +552,7 @@ class GangRestart:
             "Job failed: cannot be restarted", what_happened=reason, what_was_done="Job marked FAILED",
             operator_action=operator_action or (
                 "Repair or replace the node, set it ACTIVE again, and resubmit the job."))
-        if not ended(self.deps, job.job_id, self.deps.repo.finish_job(
+        if not ended(self.deps.metrics, self.deps.repo, job.job_id, self.deps.repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason},
                 from_states=[from_state or job.state], stop_ranks_of=job.attempt, stop_why="job failed",
                 also=self.notices.owe([notice]))):

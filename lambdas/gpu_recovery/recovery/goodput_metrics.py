@@ -8,26 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import DIMENSION_CAUSE, METRIC_GPU_HOURS_LOST, METRIC_JOB_ETTR
 from gpu_recovery.domain.goodput_report import job_end_figures
-from gpu_recovery.recovery.ports import Deps, MetricsPort, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, after_commit
 
 
-def ended(deps: Deps, job_id: str, won: bool) -> bool:
+class JobItems(Protocol):
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+
+
+def ended(metrics: MetricsPort, jobs: JobItems, job_id: str, won: bool) -> bool:
     """``won``: the job's terminal transition committed by this call (a redelivered event
     loses its conditional write, and emits nothing). Returns ``won``."""
     if won:
-        after_commit("goodput metrics", emit_job_end, deps.metrics, partial(deps.repo.get_job_item, job_id))
+        after_commit("goodput metrics", emit_job_end, metrics, partial(jobs.get_job_item, job_id))
     return won
 
 
-def job_failed(deps: Deps, job_id: str) -> None:
+def job_failed(metrics: MetricsPort, jobs: JobItems, job_id: str) -> None:
     """A job's FAILED transition committed by this call: the Failures count and its goodput."""
-    deps.metrics.add_metric("Failures", "Count", 1)
-    ended(deps, job_id, True)
+    metrics.add_metric("Failures", "Count", 1)
+    ended(metrics, jobs, job_id, True)
 
 
 def emit_job_end(metrics: MetricsPort, read_item: Callable[[], Mapping[str, Any] | None]) -> None:

@@ -50,7 +50,7 @@ from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.node_tasks import NodeTasks, TaskClaim
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, Outcome, StopsTasks, after_commit
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.repository.base import Update
 from gpu_recovery.settings import Settings
@@ -87,10 +87,6 @@ class GpuResetData(Protocol):
     def fall_back_to_reboot(self, instance: Instance, *, started_by: str, result: dict[str, Any],
                             reason: str, fault_history: list[dict[str, Any]] | None, now: float,
                             deadline_at: float, also: Sequence[Update] = ()) -> bool: ...
-
-
-class StopsTasks(Protocol):
-    def stop_task(self, task_arn: str, reason: str) -> None: ...
 
 
 class GpuResets:

@@ -45,6 +45,18 @@ class EcsPort(Protocol):
     def tasks_on(self, container_instance: str) -> list[dict[str, Any]]: ...
 
 
+class StopsTasks(Protocol):
+    """A stage that only stops its own node tasks (a reset, a validation)."""
+
+    def stop_task(self, task_arn: str, reason: str) -> None: ...
+
+
+class StopsAndDescribesTasks(StopsTasks, Protocol):
+    """The health check's sweep: a check looked at (its STOPPED event lost), or stopped (timed out)."""
+
+    def describe_task(self, task_arn: str) -> dict[str, Any] | None: ...
+
+
 class RebootPort(Protocol):
     def reboot(self, instance_id: str, reason: str) -> str: ...
 
@@ -105,9 +117,10 @@ class MetricsRelay:
         return getattr(target, name)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Deps:
-    """Everything a stage uses; one instance shared by the stages of a service."""
+    """Everything a stage uses; one instance shared by the stages of a service (built once:
+    the invocation's metrics reach it through the relay, ``MetricsRelay``)."""
 
     repo: Repository
     ecs: EcsPort

@@ -461,7 +461,7 @@ class Reboots:
         failed_jobs = [f.job.job_id for f in failures if not f.moves]
         self.deps.metrics.add_metric("Failures", "Count", len(failed_jobs))
         for job_id in failed_jobs:
-            ended(self.deps, job_id, True)
+            ended(self.deps.metrics, self.deps.repo, job_id, True)
         after_commit("timed-out instance", self._after_time_out, instance, cordon is not None, drain, moving,
                      failed_jobs)
         return kind.value

@@ -11,7 +11,7 @@ from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import SuspectVerdict
 from gpu_recovery.domain.validation import email_clause
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.repository.faults import FaultRepository
 
 # Suspect nodes whose evidence one e-mail spells out; the rest are counted.
 MAX_FAULTS_IN_EMAIL = 5
@@ -23,12 +23,7 @@ class RestartSummary(NamedTuple):
     validated: list[dict[str, Any]]  # the validation records of those nodes (the goodput ledger's)
 
 
-def what_was_done(deps: Deps, job: Job) -> str:
-    """What the recovery did, in a line (a few suspect nodes named, the others counted)."""
-    return restart_summary(deps, job)[0]
-
-
-def restart_summary(deps: Deps, job: Job) -> RestartSummary:
+def restart_summary(faults: FaultRepository, job: Job) -> RestartSummary:
     """What the recovery did, in a line, and of it how each repaired node proved itself
     before the restart (or that validation after repair is off): the restart's history says
     that much (one read of the suspects for both)."""
@@ -41,7 +36,7 @@ def restart_summary(deps: Deps, job: Job) -> RestartSummary:
     # on the job item: the healthy ones are counted on the tally's shards.
     suspects = tally.total or 0
     if tally.attempt == job.attempt - 1 and suspects:
-        shown = deps.repo.faults.suspects(job.job_id, tally.attempt, limit=MAX_FAULTS_IN_EMAIL)
+        shown = faults.suspects(job.job_id, tally.attempt, limit=MAX_FAULTS_IN_EMAIL)
         fast = sorted(s.node for s in shown if s.findings.get("source") == "fast path")
         left = sorted(s.node for s in shown if s.verdict is SuspectVerdict.LEFT)
         checked = sorted(s.node for s in shown if s.node not in fast and s.node not in left)
@@ -69,7 +64,7 @@ def restart_summary(deps: Deps, job: Job) -> RestartSummary:
         validated = [dict(s.validation) for s in shown if s.validation.get("result") == "passed"]
         done += validations
     if job.relocated:
-        moves = deps.repo.faults.placement(job.job_id, job.attempt)
+        moves = faults.placement(job.job_id, job.attempt)
         shown_moves = ", ".join(f"{a} -> {m.get('node', '?')}" for a, m in sorted(moves.items())[:10])
         done.append(f"relocated the ranks of {len(moves)} node(s) ({shown_moves})")
     if not suspects and job.restart_reason:
@@ -77,7 +72,7 @@ def restart_summary(deps: Deps, job: Job) -> RestartSummary:
     return RestartSummary("; ".join(done) or "gang restart", validations, validated)
 
 
-def fault_lines(deps: Deps, job: Job, attempt: int) -> list[str]:
+def fault_lines(faults: FaultRepository, job: Job, attempt: int) -> list[str]:
     """The evidence and decision of the fault of ``attempt``: a few nodes spelled out,
     the others counted (an e-mail stays small whatever the job's size)."""
     lines: list[str] = []
@@ -85,7 +80,7 @@ def fault_lines(deps: Deps, job: Job, attempt: int) -> list[str]:
     last = job.last_fault
     if last and int(last.get("attempt") or 0) == attempt:
         records.append((str(last.get("node", "")), last))
-    suspects = deps.repo.faults.suspects(job.job_id, attempt, limit=MAX_FAULTS_IN_EMAIL)
+    suspects = faults.suspects(job.job_id, attempt, limit=MAX_FAULTS_IN_EMAIL)
     records += [(s.node, s.record) for s in suspects if s.record]
     for node, record in records[:MAX_FAULTS_IN_EMAIL]:
         if record.get("evidence"):

@@ -100,12 +100,14 @@ class RecoveryService:
         self.validations = Validations(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
                                        replacer=self.deps.replacer, metrics=self._metrics, settings=settings,
                                        reactions=reactions)
-        self.health = HealthChecks(self.deps, self.ranks, self.reboots, self.remediation, tasks,
+        self.health = HealthChecks(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
+                                   leases=repo, policy=policy, metrics=self._metrics, settings=settings,
                                    reactions=reactions)
         self.warnings = GpuWarnings(self.deps, self.remediation)
         self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
         # Which exits of a fault name a suspect, and their checks (issue 50).
-        self.suspects = FaultSuspects(self.deps, self.health, self.remediation)
+        self.suspects = FaultSuspects(repo.faults, repo.latches, self.health, self.remediation,
+                                      check_all_nodes=settings.check_all_nodes_on_fault)
         self.faults = TaskEvents(self.deps, self.ranks, self.suspects, self.restarts, self.remediation,
                                  self.suspensions, self.gang, reactions=reactions)
         self.breaker = BreakerOperations(self.deps, self.remediation)

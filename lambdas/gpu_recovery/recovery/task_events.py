@@ -283,7 +283,7 @@ class TaskEvents:
         ledger = _fault_marks(job, node, now, assessment, budget)
         if reaction is StopReaction.USER_STOPPED:
             reason = (f"rank {rank.rank} stopped by a user ({stop.stopped_reason or 'UserInitiated'})")
-            return ended(self.deps, job.job_id, repo.finish_job(
+            return ended(self.deps.metrics, self.deps.repo, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.USER_STOPPED, reason, rank_stop=rank_stop,
                 stop_ranks_of=job.attempt, stop_why=_ENDING_REASON[JobState.USER_STOPPED]))
         if reaction is StopReaction.RESTART and assessment is not None and budget is not None:
@@ -308,7 +308,7 @@ class TaskEvents:
                                "termination; the job is marked FAILED in the job table"),
                 operator_action="Read what would have been done below and act by hand if needed.",
                 details=details_of(assessment.evidence, assessment.plan))
-            done = ended(self.deps, job.job_id, repo.finish_job(
+            done = ended(self.deps.metrics, self.deps.repo, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason,
                 fields={"last_error": reason[:1000], "last_fault": last_fault},
                 rank_stop=rank_stop, also=self.ranks.notices.owe([notice], now)))
@@ -324,7 +324,7 @@ class TaskEvents:
             fields: dict[str, Any] = {"last_error": reason[:1000]}
             if last_fault is not None:
                 fields["last_fault"] = last_fault
-            done = ended(self.deps, job.job_id, repo.finish_job(
+            done = ended(self.deps.metrics, self.deps.repo, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields=fields, rank_stop=rank_stop,
                 stop_ranks_of=job.attempt, stop_why=_ENDING_REASON[JobState.FAILED], ledger=ledger))
             if done:
@@ -472,7 +472,7 @@ class TaskEvents:
             [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
             suspect_node=node if suspect else "", coupled_node=node if coupled else "")
         if Latch.DONE in arrival:
-            detail["complete"] = ended(self.deps, job.job_id, repo.finish_job(
+            detail["complete"] = ended(self.deps.metrics, self.deps.repo, job.job_id, repo.finish_job(
                 job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0",
                 ledger=goodput.end_marks(ended_at)))
         if Latch.ENDED in arrival:
@@ -517,7 +517,8 @@ class TaskEvents:
         if job.state is JobState.SUSPENDING:
             return "suspended" if self.suspensions.finish(job) else "raced"
         if job.state is JobState.CANCELING:
-            ended(self.deps, job.job_id, repo.mark_job_canceled(job.job_id, "every rank stopped"))
+            canceled = repo.mark_job_canceled(job.job_id, "every rank stopped")
+            ended(self.deps.metrics, repo, job.job_id, canceled)
             return "canceled"
         return "ended"
 

@@ -12,8 +12,8 @@ node that is really faulty fails its job again: the next check judges it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
@@ -22,26 +22,33 @@ from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.remediation_plan import RemediationPlan, undiagnosed
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.notices import Owed
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 
 
-def settle_undiagnosed(deps: Deps, remediation: NodeRemediation,
+class CheckReads(Protocol):
+    """The node and the jobs waiting for its check, read again before each try."""
+
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    def get_job(self, job_id: str) -> Job | None: ...
+
+
+def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: NodeRemediation,
                        evidence_of: Callable[[Instance, dict[str, Any], list[Job]], Evidence],
                        instance: Instance, what: str) -> bool:
     """End ``instance``'s check without a verdict (``what``: why there is none); False when it
     moved on meanwhile or kept losing races. ``evidence_of``: the fault's evidence as the
     check's verdict would have read it."""
-    repo = deps.repo
     inst_id = instance.container_inst_id
     for _ in range(3):  # a job that joined meanwhile: read and decide again
-        raw = repo.get_instance_item(inst_id)
+        raw = data.get_instance_item(inst_id)
         if raw is None:
             return False
-        instance = repo.instance_from_item(raw)
+        instance = data.instance_from_item(raw)
         if instance.state not in (InstanceState.HEALTH_CHECKING, InstanceState.HEALTH_CHECK_PENDING):
             return False
-        jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
+        jobs = [j for j in (data.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
         now = clock.now()
         evidence = evidence_of(instance, raw, jobs)
         reason = f"the stack's DCGM check of {inst_id} gave no verdict: {what}"
@@ -68,6 +75,6 @@ def settle_undiagnosed(deps: Deps, remediation: NodeRemediation,
             hc_started_by=instance.hc_started_by if checking else None, hc_jobs_count=len(instance.hc_jobs),
             findings=findings, node_notice=operator_notice)
         if applied is not None:
-            deps.metrics.add_metric("HealthChecksUndiagnosed", "Count", 1)
+            metrics.add_metric("HealthChecksUndiagnosed", "Count", 1)
             return True
     return False

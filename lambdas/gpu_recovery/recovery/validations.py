@@ -60,6 +60,7 @@ from gpu_recovery.recovery.ports import (
     MetricsPort,
     Outcome,
     ReplacePort,
+    StopsTasks,
     VerdictReaderPort,
     after_commit,
 )
@@ -126,8 +127,7 @@ class ValidationData(Protocol):
     def rearm_replacement_watch(self, watcher: Instance, deadline_at: float) -> bool: ...
 
 
-class ValidationEcs(Protocol):
-    def stop_task(self, task_arn: str, reason: str) -> None: ...
+class ValidationEcs(StopsTasks, Protocol):
     def container_instances(self, statuses: Sequence[str | None] = ..., *, query: str | None = None,
                             missing_ok: bool = True) -> list[dict[str, Any]]: ...
 

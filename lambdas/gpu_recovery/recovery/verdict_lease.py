@@ -13,10 +13,11 @@ copies from racing: the verdict's transaction conditions are what make it land o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.recovery.ports import Deps, Invocation
+from gpu_recovery.recovery.ports import Invocation, MetricsPort
+from gpu_recovery.repository.verdict_leases import VerdictLease
 
 #: how long a lease lasts unless renewed: a dead holder blocks the verdict this long at most
 VERDICT_LEASE_SECONDS = 10.0
@@ -32,11 +33,17 @@ SWEEP_AFTER_LEASE_SECONDS = 5.0
 MARGIN_SECONDS = 10.0
 
 
+class VerdictLeases(Protocol):
+    """The leases' one operation (``repository/verdict_leases.py``)."""
+
+    def claim_verdict(self, task_arn: str, holder: str, until: float, now: float) -> VerdictLease: ...
+
+
 @dataclass
 class HeldLease:
     """The lease this invocation holds; ``keep`` renews it before a pause."""
 
-    deps: Deps
+    leases: VerdictLeases
     task_arn: str
     invocation: Invocation
     until: float
@@ -47,14 +54,14 @@ class HeldLease:
         if self.until - now >= RENEW_BELOW_SECONDS:
             return True
         until = lease_end(self.invocation, now)
-        lease = self.deps.repo.claim_verdict(self.task_arn, self.invocation.request_id, until, now)
+        lease = self.leases.claim_verdict(self.task_arn, self.invocation.request_id, until, now)
         if lease.taken:
             self.until = until
         return lease.taken
 
     def give_up(self) -> None:
         now = clock.now()
-        self.deps.repo.claim_verdict(self.task_arn, self.invocation.request_id, now, now)
+        self.leases.claim_verdict(self.task_arn, self.invocation.request_id, now, now)
 
 
 def lease_end(invocation: Invocation, now: float) -> float:
@@ -68,23 +75,22 @@ class LeaseHeld:
     until: float
 
 
-def take(deps: Deps, task_arn: str, invocation: Invocation,
+def take(leases: VerdictLeases, metrics: MetricsPort, task_arn: str, invocation: Invocation,
          reread: Any, still_ours: Any) -> HeldLease | LeaseHeld | None:
     """Take the lease, or look LEASE_READS times for it to be free. ``reread()``: the
     instance item read again (None: gone); ``still_ours(item)``: the check is still to be
     decided. Returns the held lease, the other holder's (left to it), or None when the check
     is no longer to be decided (the holder recorded it) or its instance is gone."""
-    repo = deps.repo
     reads = 0
     while True:
         now = clock.now()
         until = lease_end(invocation, now)
-        lease = repo.claim_verdict(task_arn, invocation.request_id, until, now)
+        lease = leases.claim_verdict(task_arn, invocation.request_id, until, now)
         if lease.taken:
-            return HeldLease(deps, task_arn, invocation, until)
+            return HeldLease(leases, task_arn, invocation, until)
         pause = max(MIN_PAUSE_SECONDS, lease.until - now + 0.1)
         if reads >= LEASE_READS or now + pause + MARGIN_SECONDS > invocation.deadline:
-            deps.metrics.add_metric("VerdictLeaseLeftToHolder", "Count", 1)
+            metrics.add_metric("VerdictLeaseLeftToHolder", "Count", 1)
             return LeaseHeld(lease.until)
         clock.sleep(pause)
         reads += 1

@@ -146,7 +146,7 @@ class HeldJobs:
             replace(job, state=JobState.FAILED, last_error=reason[:1000]), None, NotificationKind.FAILED,
             "Job failed: held node not rebooted", what_happened=reason,
             what_was_done="Job marked FAILED (it was HELD, not charged)", operator_action=_FAILED_ACTION)
-        if not ended(self.deps, job.job_id, self.deps.repo.finish_job(
+        if not ended(self.deps.metrics, self.deps.repo, job.job_id, self.deps.repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason[:1000]},
                 from_states=[job.state], also=self.notices.owe([notice]))):
             return False

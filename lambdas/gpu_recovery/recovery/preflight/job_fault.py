@@ -17,16 +17,19 @@ handed over.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
+from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import MetricsPort
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.preflight import PreflightRepository
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +45,29 @@ def own_fault_reason(why: str) -> str:
     return f"the job's own image or code failed the gang preflight: {why}"[:1000]
 
 
+class JobFaultData(Protocol):
+    """The job read and ended (with its ranks' stop and its e-mail), its preflight handed over."""
+
+    preflight: PreflightRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
+                   actor: str = ..., fields: dict[str, Any] | None = None,
+                   from_states: Iterable[JobState] | None = None,
+                   stop_ranks_of: int | None = None, stop_why: str = "",
+                   also: Sequence[Update] = ()) -> bool: ...
+
+
 class PreflightJobFault:
-    def __init__(self, deps: Deps, notices: Notices) -> None:
-        self.deps = deps
+    def __init__(self, data: JobFaultData, notices: Notices, metrics: MetricsPort) -> None:
+        self.data = data
         self.notices = notices
+        self.metrics = metrics  # the service's relay: the invocation's metrics
 
     def end(self, item: Mapping[str, Any]) -> str:
         """The job of a ``job_fault`` preflight (its item) to FAILED, told why."""
-        repo = self.deps.repo
+        repo = self.data
         job_id, attempt = str(item["pf_job_id"]), int(item["attempt"])
         now = clock.now()
         job = repo.get_job(job_id)
@@ -64,13 +82,13 @@ class PreflightJobFault:
                            "suspected, checked, cordoned or repaired, and no recovery was spent"),
             what_was_done="Job marked FAILED",
             operator_action=OWN_FAULT_ACTION)
-        if ended(self.deps, job_id, repo.finish_job(
+        if ended(self.metrics, repo, job_id, repo.finish_job(
                 job_id, attempt, JobState.FAILED, reason, fields={"last_error": reason},
                 from_states=ACTIVE_JOB_STATES, stop_ranks_of=attempt, stop_why=reason,
                 also=self.notices.owe([notice], now))):
             self.notices.send([notice])
-            self.deps.metrics.add_metric("PreflightJobFaults", "Count", 1)
-            self.deps.metrics.add_metric("Failures", "Count", 1)
+            self.metrics.add_metric("PreflightJobFaults", "Count", 1)
+            self.metrics.add_metric("Failures", "Count", 1)
             logger.warning("gang preflight: the job's own failure", extra={"job_id": job_id, "why": reason})
         repo.preflight.handed_over(job_id, attempt, now)
         return "preflight_job_failed"

@@ -92,7 +92,7 @@ class Preflights:
     def __init__(self, deps: Deps, handover: PreflightHandover) -> None:
         self.deps = deps
         self.handover = handover
-        self.job_fault = PreflightJobFault(deps, handover.remediation.notices)
+        self.job_fault = PreflightJobFault(deps.repo, handover.remediation.notices, deps.metrics)
 
     @property
     def policy(self) -> Any:

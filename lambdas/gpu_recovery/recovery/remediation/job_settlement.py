@@ -237,7 +237,7 @@ class JobSettlement:
         if settled.outcome.fails:
             self.notices.send([notice])
             self.deps.metrics.add_metric("Failures", "Count", 1)
-            ended(self.deps, job.job_id, True)
+            ended(self.deps.metrics, self.deps.repo, job.job_id, True)
             return "failed"
         after_commit("restart", self.reactions.emit, RestartDue(job.job_id))
         return "restart"

@@ -254,7 +254,7 @@ class NodeRemediation:
         outcomes = [(v.job, o) for v, o in verdicts]
         self.deps.metrics.add_metric("Failures", "Count", sum(1 for _, o in outcomes if o.fails))
         for failed in (job for job, outcome in outcomes if outcome.fails):
-            ended(self.deps, failed.job_id, True)
+            ended(self.deps.metrics, self.deps.repo, failed.job_id, True)
 
         # The reboot or drain has the instance's follow-up deadline, a restart its job's: the
         # sweep carries out whatever a failure here leaves.

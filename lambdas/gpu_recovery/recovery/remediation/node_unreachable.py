@@ -164,7 +164,7 @@ class NodeUnreachable:
                 "record_only": [e.value for e in plan.record_only]})
             self.notices.send(notices)
             self.deps.metrics.add_metric("Failures", "Count", 1)
-            ended(self.deps, job_id, True)
+            ended(self.deps.metrics, self.deps.repo, job_id, True)
             if tripped is not None:
                 self.gate.tripped(tripped)
             after_commit("node unreachable", self._after, gate, decision is not None, after, plan,
