@@ -88,10 +88,12 @@ class GangRestart:
         self.deps = deps
         self.notices = notices
         self.gang = gang
-        self.holds = HeldJobs(deps, notices)
+        self.holds = HeldJobs(deps.repo, notices, metrics=deps.metrics, settings=deps.settings)
         self.nodes = RestartNodes(deps)  # what recoveries hold; free nodes for a relocation
         # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
-        self.waits = RestartWaits(deps, lambda job, reason, action: self.fail_waiting(job, reason, action))
+        self.waits = RestartWaits(deps.repo, deps.ecs,
+                                  lambda job, reason, action: self.fail_waiting(job, reason, action),
+                                  wait_seconds=deps.settings.relocation_wait_seconds, metrics=deps.metrics)
         # Told: a job's restart placed every rank, or the job ended (its reservations go; the
         # sweep's refresh does it if this fails).
         self.reactions = reactions or Reactions()

@@ -38,19 +38,20 @@ it is free (``recovery.free_nodes``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain import placement
-from gpu_recovery.domain.models import Job, container_instance_id
+from gpu_recovery.domain.models import Instance, Job, container_instance_id
 from gpu_recovery.domain.relocation import SpareNode, gpu_count
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.free_nodes import unhandled_stops, views
 from gpu_recovery.recovery.gang_restart import GangRestart
-from gpu_recovery.recovery.ports import Deps
-from gpu_recovery.repository.cordons import Worklist
+from gpu_recovery.recovery.ports import ListsContainerInstances
+from gpu_recovery.repository.cordons import CordonRepository, Worklist
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +60,20 @@ _ROUNDS = 3  # nodes ECS and the records disagree on are left out, the plan made
 _RELOCATED = ("restarted", "restarting", "restarted_partly")
 
 
+class HoldData(Protocol):
+    """The holds (on the cordon worklist) and the nodes' records."""
+
+    cordons: CordonRepository
+
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+
+
 class PlacementHolds:
-    def __init__(self, deps: Deps, cordons: Cordons, restarts: GangRestart) -> None:
-        self.deps = deps
+    def __init__(self, data: HoldData, ecs: ListsContainerInstances, cordons: Cordons,
+                 restarts: GangRestart, *, settings: Settings) -> None:
+        self.data = data
+        self.ecs = ecs
+        self.settings = settings
         self.cordons = cordons
         self.restarts = restarts
 
@@ -73,10 +85,10 @@ class PlacementHolds:
         instance items) for the free and busy nodes. ``read``: the worklist as the caller
         just read it (the sweep's), else read here. Answers ``no_holds`` or
         ``holds_unchanged`` only when it wrote nothing."""
-        repo = self.deps.repo
+        repo = self.data
         read = read or repo.cordons.worklist()
         held = self.restarts.nodes.held()
-        pool = self.deps.settings.spare_nodes
+        pool = self.settings.spare_nodes
         recovering = held.with_reserved(read.holds)
         # Spares and waits' reservations need the cluster's free and busy nodes; the
         # recovering jobs' reservations do not (nor does letting a stale one go).
@@ -89,7 +101,7 @@ class PlacementHolds:
         placeable: set[str] = set()  # healthy and placeable, free GPUs or not (a lent spare's)
         size = 0
         if snapshot:
-            described = self.deps.ecs.container_instances()
+            described = self.ecs.container_instances()
             ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
             for view in views(described, repo.get_instances(ids) if ids else {}):
                 if not view.placeable or view.node_id in recovering:
@@ -131,7 +143,7 @@ class PlacementHolds:
                                    for n, h in changes.items()})
 
     def _commit(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None]) -> str:
-        if not self.deps.repo.cordons.set_holds(read, changes, clock.now()):
+        if not self.data.cordons.set_holds(read, changes, clock.now()):
             return "holds_raced"  # another refresh won: the next one starts from its holds
         logger.info("placement holds changed", extra={
             "held": {n: (h or {}).get("why", "released") for n, h in sorted(changes.items())}})
@@ -145,7 +157,7 @@ class PlacementHolds:
         sync; with a spare pool, the spare its relocation may take is decided here too
         (``GangRestart.decide_on_fault``) and the pool refilled. Each step's failure is left
         to the sweep's refresh (the job in recovery is the intent)."""
-        repo = self.deps.repo
+        repo = self.data
         nodes = self.restarts.nodes.nodes_of(job)
         read = repo.cordons.worklist()
         changes: dict[str, Mapping[str, Any] | None] = {}
@@ -155,7 +167,7 @@ class PlacementHolds:
                 continue
             changes[node] = _reserved(job.job_id, hold)
         action = self._commit(read, changes) if changes else "holds_unchanged"
-        if self.deps.settings.spare_nodes.configured:
+        if self.settings.spare_nodes.configured:
             decided = self.restarts.decide_on_fault(job)
             if decided:
                 action = self.reserve(job.job_id, decided)
@@ -164,7 +176,7 @@ class PlacementHolds:
 
     def reserve(self, job_id: str, nodes: Sequence[str]) -> str:
         """``nodes`` (a relocation's targets, decided) reserved for ``job_id`` now."""
-        read = self.deps.repo.cordons.worklist()
+        read = self.data.cordons.worklist()
         changes: dict[str, Mapping[str, Any] | None] = {
             n: _reserved(job_id, read.holds.get(n))
             for n in nodes if (read.holds.get(n) or {}).get("job") != job_id}
@@ -173,7 +185,7 @@ class PlacementHolds:
     def after_restart(self, job_id: str) -> str:
         """A restart placed every rank (or the job ended): its reservations go, a target it
         did not use goes back to the pool (one refresh: the node keeps an attribute all along)."""
-        holds = self.deps.repo.cordons.worklist().holds
+        holds = self.data.cordons.worklist().holds
         if not any(h.get("job") == job_id for h in holds.values()):
             return "no_holds"
         return self.refresh()
@@ -188,13 +200,13 @@ class PlacementHolds:
         if not container_instance_arn:
             return "no_node"
         node = container_instance_id(container_instance_arn)
-        read = self.deps.repo.cordons.worklist()
+        read = self.data.cordons.worklist()
         hold = read.holds.get(node) or {}
         waiting = str(hold.get("job") or "") if hold.get("why") == placement.RESERVED else ""
         if waiting and waiting != job_id:
             outcome = self.restarts.try_restart(waiting)
             return "relocated" if outcome.action in _RELOCATED else f"reserved_{outcome.action}"
-        pool = self.deps.settings.spare_nodes
+        pool = self.settings.spare_nodes
         spares = placement.spares_of(read.holds)
         wanted = max([int(h.get(_WANTED) or 0) for h in read.holds.values()] or [pool.count or 1])
         # A node that frees while the pool is short, or counts a node still busy, becomes a

@@ -51,6 +51,13 @@ class StopsTasks(Protocol):
     def stop_task(self, task_arn: str, reason: str) -> None: ...
 
 
+class ListsContainerInstances(Protocol):
+    """ListContainerInstances (and their descriptions) of the cluster."""
+
+    def container_instances(self, statuses: Sequence[str | None] = ..., *, query: str | None = None,
+                            missing_ok: bool = True) -> list[dict[str, Any]]: ...
+
+
 class StopsAndDescribesTasks(StopsTasks, Protocol):
     """The health check's sweep: a check looked at (its STOPPED event lost), or stopped (timed out)."""
 

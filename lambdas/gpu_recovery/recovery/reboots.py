@@ -83,7 +83,8 @@ class Reboots:
         self.deps = deps
         self.ranks = ranks
         self.gang = gang  # a failed job's ranks stopped
-        self.gate = NodeActionGate(deps, ranks.notices)
+        self.gate = NodeActionGate(deps.repo, deps.ecs, ranks.notices, metrics=deps.metrics,
+                                   settings=deps.settings)
         # Told: a repaired node is back (it validates under load before it is AVAILABLE);
         # with nothing reacting, it is straight back (``mark_available``).
         self.reactions = reactions or Reactions()

@@ -18,14 +18,15 @@ as soon as a task stops on a node reserved for it (``PlacementHolds.on_task_stop
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
-from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.domain.restart_wait import RestartWait, blocked_by
-from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ports import MetricsPort, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +34,31 @@ _ACTION = ("Free the node(s) named (or let the job move: tag its tasks gpu-recov
            "then resubmit the job.")
 
 
+class WaitData(Protocol):
+    """The job, its ranks (where they restart) and its wait for placement."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]: ...
+    def wait_for_placement(self, job: Job, wait: RestartWait, deadline_at: float) -> bool: ...
+    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
+
+
+class NodesAndTheirTasks(Protocol):
+    """DescribeContainerInstances (free GPUs) and ListTasks + DescribeTasks on one node."""
+
+    def describe_container_instances(self, refs: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+    def tasks_on(self, container_instance: str) -> list[dict[str, Any]]: ...
+
+
 class RestartWaits:
-    def __init__(self, deps: Deps, fail: Callable[[Job, str, str], object]) -> None:
-        self.deps = deps
+    """``wait_seconds``: how long a restart waits for its nodes to free up (``relocation_wait_seconds``)."""
+
+    def __init__(self, data: WaitData, ecs: NodesAndTheirTasks, fail: Callable[[Job, str, str], object], *,
+                 wait_seconds: int, metrics: MetricsPort) -> None:
+        self.data = data
+        self.ecs = ecs
+        self.wait_seconds = wait_seconds
+        self.metrics = metrics  # the service's relay: the invocation's metrics
         self.fail = fail  # (job, reason, operator action): FAILED with its e-mail, once
 
     # -------------------------------------------------------------------- look
@@ -43,7 +66,7 @@ class RestartWaits:
         """node -> why, for the nodes the restart of ``job`` starts ranks on (the ranks of
         ``attempt``, by default the job's, on nodes not in ``leaving``) that cannot take them
         now ({}: every one can)."""
-        repo = self.deps.repo
+        repo = self.data
         attempt = job.attempt if attempt is None else attempt
         skip = set(leaving)
         needs: dict[str, tuple[str, int]] = {}
@@ -55,7 +78,7 @@ class RestartWaits:
             needs[node] = (ref, gpus + max(1, int(rank.gpus or 0)))
         if not needs:
             return {}
-        described = self.deps.ecs.describe_container_instances([ref for ref, _ in needs.values()])
+        described = self.ecs.describe_container_instances([ref for ref, _ in needs.values()])
         blocked: dict[str, str] = {}
         for node, (ref, gpus) in sorted(needs.items()):
             ci = described.get(node)
@@ -73,7 +96,7 @@ class RestartWaits:
     def holder(self, container_instance: str) -> str:
         """What holds a node: its live tasks, named by ECS's own words (at most three)."""
         try:
-            tasks = self.deps.ecs.tasks_on(container_instance)
+            tasks = self.ecs.tasks_on(container_instance)
         except Exception as error:  # naming the holder must never stop the wait
             logger.warning("tasks on a node not listed",
                            extra={"node": container_instance, "error": str(error)})
@@ -89,16 +112,16 @@ class RestartWaits:
     def wait(self, job: Job, blocked: dict[str, str]) -> Outcome:
         """The job waits for ``blocked`` (written once per attempt), or fails once its wait
         is over (``relocation_wait_seconds``; 0: at once) with the e-mail naming them."""
-        repo, now = self.deps.repo, clock.now()
+        repo, now = self.data, clock.now()
         wait = job.restart_wait
         if wait is None:
-            seconds = self.deps.settings.relocation_wait_seconds
+            seconds = self.wait_seconds
             wait = RestartWait.start(job.attempt, now, seconds, blocked)
             if seconds <= 0:
                 self.fail(job, wait.timeout_reason(), _ACTION)
                 return Outcome("restart_failed", job.job_id, {"why": "nodes not free", "blocked": blocked})
             if repo.wait_for_placement(job, wait, now + RETRY_INTERVAL_SECONDS):
-                self.deps.metrics.add_metric("RestartWaits", "Count", 1)
+                self.metrics.add_metric("RestartWaits", "Count", 1)
                 return Outcome("waiting", job.job_id, {"why": "nodes not free", "until": wait.until,
                                                        "blocked": blocked})
             fresh = repo.get_job(job.job_id)

@@ -66,6 +66,7 @@ from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.validations import Validations
 from gpu_recovery.recovery.warnings import GpuWarnings
 from gpu_recovery.repository import Repository
+from gpu_recovery.repository.time_sharing import SuspensionRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,8 @@ class RecoveryService:
         # below (``_reactions``), when every stage exists.
         reactions = Reactions()
         self.gang = GangOps(self.deps, self.ranks, gang_queue, reactions=reactions)
-        self.suspensions = Suspensions(self.deps, notices, self.gang, reactions=reactions)
+        self.suspensions = Suspensions(repo, SuspensionRepository(repo), notices, self.gang,
+                                       metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
         self.restarts = GangRestart(self.deps, notices, self.gang,
                                     request_suspend=self.suspensions.request, reactions=reactions)
@@ -96,23 +98,26 @@ class RecoveryService:
         # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
         self.node_tasks = tasks = NodeTasks(ecs, repo, self._metrics, settings)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, tasks, reactions=reactions)
-        self.unreachable = NodeUnreachable(self.deps, self.remediation, self.gang)
+        self.unreachable = NodeUnreachable(repo, self.remediation, self.gang, policy=policy,
+                                           metrics=self._metrics)
         self.validations = Validations(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
                                        replacer=self.deps.replacer, metrics=self._metrics, settings=settings,
                                        reactions=reactions)
         self.health = HealthChecks(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
                                    leases=repo, policy=policy, metrics=self._metrics, settings=settings,
                                    reactions=reactions)
-        self.warnings = GpuWarnings(self.deps, self.remediation)
-        self.placement = PlacementHolds(self.deps, self.reboots.cordons, self.restarts)
+        self.warnings = GpuWarnings(repo, self.remediation, policy=policy, metrics=self._metrics,
+                                    settings=settings)
+        self.placement = PlacementHolds(repo, ecs, self.reboots.cordons, self.restarts, settings=settings)
         # Which exits of a fault name a suspect, and their checks (issue 50).
         self.suspects = FaultSuspects(repo.faults, repo.latches, self.health, self.remediation,
                                       check_all_nodes=settings.check_all_nodes_on_fault)
         self.faults = TaskEvents(self.deps, self.ranks, self.suspects, self.restarts, self.remediation,
                                  self.suspensions, self.gang, reactions=reactions)
         self.breaker = BreakerOperations(self.deps, self.remediation)
-        self.preflights = Preflights(self.deps, PreflightHandover(self.deps, self.remediation, self.gang,
-                                                                  reactions=reactions))
+        handover = PreflightHandover(repo, self.remediation, self.gang, metrics=self._metrics,
+                                     reactions=reactions)
+        self.preflights = Preflights(repo, handover, notices, metrics=self._metrics, settings=settings)
         # AWS's notices that capacity goes away (docs/aws-notices.md).
         self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, notices, capacity,
                                       stop_gang=self.gang.stop, reactions=reactions)

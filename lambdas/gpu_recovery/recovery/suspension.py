@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -40,8 +40,9 @@ from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend_record
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.reactions import JobLeftNode, Reactions
+from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
@@ -52,13 +53,22 @@ def _retry_after(job: Job) -> int:
     return NOTICE_RETRY_SECONDS if (job.suspend.get("avoid") or {}).get("notice") else RETRY_INTERVAL_SECONDS
 
 
+class SuspensionReads(Protocol):
+    """Besides its own intents (``SuspensionRepository``): the job, and its ranks' latch."""
+
+    latches: LatchRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+
+
 class Suspensions:
-    def __init__(self, deps: Deps, notices: Notices, gang: GangOps, *,
-                 reactions: Reactions | None = None) -> None:
-        self.deps = deps
+    def __init__(self, data: SuspensionReads, store: SuspensionRepository, notices: Notices, gang: GangOps, *,
+                 metrics: MetricsPort, reactions: Reactions | None = None) -> None:
+        self.data = data
+        self.store = store
         self.notices = notices
         self.gang = gang
-        self.store = SuspensionRepository(deps.repo)
+        self.metrics = metrics  # the service's relay: the invocation's metrics
         # Told: a job moved off a node (a warned node may be repaired now).
         self.reactions = reactions or Reactions()
 
@@ -75,13 +85,13 @@ class Suspensions:
         done = self.store.request(job_id, attempt, suspend=suspend, deadline_at=now + grace_seconds,
                                   reason=history, actor=actor)
         if done:
-            self.deps.metrics.add_metric("SuspendsRequested", "Count", 1)
+            self.metrics.add_metric("SuspendsRequested", "Count", 1)
             logger.info("suspend requested", extra={"job_id": job_id, "kind": kind.value, "why": reason})
         return done
 
     def go_suspend(self, job_id: str, rank: int, attempt: int | None = None) -> Outcome:
         """A rank called ``go_suspend()``: suspend the job at once (seed: any rank may)."""
-        job = self.deps.repo.get_job(job_id)
+        job = self.data.get_job(job_id)
         if job is None:
             return Outcome("ignored", job_id, {"why": "job not found"})
         if attempt is not None and job.attempt != attempt:
@@ -90,7 +100,7 @@ class Suspensions:
         if job.state is JobState.RUNNING:
             self.request(job.job_id, job.attempt, kind=SuspendKind.SELF, reason=why, grace_seconds=0,
                          actor=f"rank {rank}")
-            job = self.deps.repo.get_job(job_id) or job
+            job = self.data.get_job(job_id) or job
         if job.state is not JobState.SUSPENDING:
             return Outcome("ignored", job_id, {"why": f"job is {job.state.value}", "state": job.state.value})
         stopping = self.stop(job, why=why, actor=f"rank {rank}")
@@ -104,8 +114,8 @@ class Suspensions:
         if not job.suspend_stopping:
             if self.store.record_stop(job.job_id, job.attempt, now=now, why=why,
                                       deadline_at=now + _retry_after(job), actor=actor) and forced:
-                self.deps.metrics.add_metric("SuspendsForced", "Count", 1)
-            job = self.deps.repo.get_job(job.job_id) or job
+                self.metrics.add_metric("SuspendsForced", "Count", 1)
+            job = self.data.get_job(job.job_id) or job
             if job.state is not JobState.SUSPENDING:
                 return []
         if job.stop_fanout.get("sent_at"):
@@ -118,7 +128,7 @@ class Suspensions:
         asked again; or, the grace being over, the ranks stopped by force."""
         if job.state is not JobState.SUSPENDING:
             return "not_suspending"
-        if Latch.ENDED in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size):
+        if Latch.ENDED in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
             return "suspended" if self.finish(job) else "raced"
         now = clock.now()
         if job.suspend_stopping:
@@ -144,7 +154,7 @@ class Suspensions:
         """The deadline of a SUSPENDING job passed: converge, then look again in a minute."""
         action = self.converge(job, reissue=True)
         if action in ("grace", "stopping", "forced"):
-            fresh = self.deps.repo.get_job(job.job_id)
+            fresh = self.data.get_job(job.job_id)
             if fresh is not None and fresh.state is JobState.SUSPENDING:
                 deadline = float(fresh.suspend.get("deadline_at") or 0)
                 in_grace = not fresh.suspend_stopping and deadline > now
@@ -165,7 +175,7 @@ class Suspensions:
         done = self.store.finish(job.job_id, job.attempt, queue_order=order, hold=hold,
                                  reason=f"suspended ({cause}): every rank stopped, GPUs free; {where}")
         if done:
-            self.deps.metrics.add_metric("JobsSuspended", "Count", 1)
+            self.metrics.add_metric("JobsSuspended", "Count", 1)
             logger.info("job suspended", extra={"job_id": job.job_id, "kind": kind, "hold": hold})
         return done
 
@@ -205,7 +215,7 @@ class Suspensions:
                                  moves=moves, also=self.notices.owe([notice], now)):
             return False
         self.notices.send([notice])
-        self.deps.metrics.add_metric("JobsMovedAtCheckpoint", "Count", 1)
+        self.metrics.add_metric("JobsMovedAtCheckpoint", "Count", 1)
         logger.warning("job moved off a warned node at its checkpoint", extra={
             "job_id": job.job_id, "instance": node, "checkpoint_seconds": round(took, 1)})
         if node:
@@ -248,7 +258,7 @@ class Suspensions:
         self.notices.send([notice])
         deadline = avoid.get("deadline")
         in_time = not forced and (deadline is None or now < float(deadline))
-        self.deps.metrics.add_metric("NoticeJobsMovedBeforeDeadline" if in_time
+        self.metrics.add_metric("NoticeJobsMovedBeforeDeadline" if in_time
                                      else "NoticeJobsStoppedUnsaved",
                                      "Count", 1)
         logger.warning("job left a node AWS takes away", extra={
@@ -285,7 +295,7 @@ class Suspensions:
                                        also=self.notices.owe([notice], now)):
             return False
         self.notices.send([notice])
-        self.deps.metrics.add_metric("WarningMovesDeclined", "Count", 1)
+        self.metrics.add_metric("WarningMovesDeclined", "Count", 1)
         logger.warning("move off a warned node declined", extra={"job_id": job.job_id, "instance": node})
         return True
 

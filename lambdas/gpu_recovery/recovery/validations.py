@@ -57,6 +57,7 @@ from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.node_tasks import NodeTasks, TaskClaim
 from gpu_recovery.recovery.ports import (
     Invocation,
+    ListsContainerInstances,
     MetricsPort,
     Outcome,
     ReplacePort,
@@ -127,9 +128,8 @@ class ValidationData(Protocol):
     def rearm_replacement_watch(self, watcher: Instance, deadline_at: float) -> bool: ...
 
 
-class ValidationEcs(StopsTasks, Protocol):
-    def container_instances(self, statuses: Sequence[str | None] = ..., *, query: str | None = None,
-                            missing_ok: bool = True) -> list[dict[str, Any]]: ...
+class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):
+    """StopTask, and the cluster's nodes (a replacement found)."""
 
 
 class Validations:

@@ -27,8 +27,9 @@ is answered (each step a conditional write, so a delivery that dies is finished 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind
@@ -43,15 +44,18 @@ from gpu_recovery.domain.gpu_warnings import (
     kept_rates,
     repaired_at,
 )
-from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.remediation_plan import RemediationPlan
+from gpu_recovery.domain.remediation_plan import RemediationPlan, RemediationPolicy
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, InstanceState, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.recovery.notices import Owed
-from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +64,37 @@ _WARNED = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
 _STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
 
+class WarningData(Protocol):
+    """The warned node, the jobs on it, the warning's intents (``repository/warnings.py``) and
+    the holds it is kept out of placement by."""
+
+    cordons: CordonRepository
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    def get_job(self, job_id: str) -> Job | None: ...
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+    def cordon_for_warning(self, node: str, rule: str, record: Mapping[str, Any], version: float,
+                           deadline_at: float, breaker: Update | None = None,
+                           also: Sequence[Update] = ()) -> bool: ...
+    def ask_job_to_move(self, node: str, rule: str, job_id: str, attempt: int, entry: Mapping[str, Any],
+                        suspend: Mapping[str, Any], deadline_at: float, reason: str,
+                        also: Sequence[Update] = ()) -> bool: ...
+    def note_job_stays(self, node: str, rule: str, job_id: str, entry: Mapping[str, Any],
+                       also: Sequence[Update] = ()) -> bool: ...
+    def settle_warning(self, node: str, rule: str) -> bool: ...
+    def rearm_warning(self, node: str, rule: str, deadline_at: float) -> bool: ...
+    def clear_warning(self, node: str, rule: str, now: float, *, uncordon: bool) -> bool: ...
+
+
 class GpuWarnings:
-    def __init__(self, deps: Deps, remediation: NodeRemediation) -> None:
-        self.deps = deps
+    def __init__(self, data: WarningData, remediation: NodeRemediation, *, policy: RemediationPolicy,
+                 metrics: MetricsPort, settings: Settings) -> None:
+        self.data = data
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self.remediation = remediation
         self.notices = remediation.notices
 
@@ -71,7 +103,7 @@ class GpuWarnings:
         """The node API just recorded the warning: what needs no repair happens now (the node
         cordoned; its queue jobs asked to move: rank 0 learns it within seconds), the repair
         itself at the sweep (a reboot or a drain is not the node API's to do)."""
-        instance = self.deps.repo.get_instance(inst_id)
+        instance = self.data.get_instance(inst_id)
         if instance is None or not instance.warning:
             return "ignored"
         return self.sweep(instance, clock.now(), repair=False)
@@ -79,7 +111,7 @@ class GpuWarnings:
     def sweep(self, instance: Instance, now: float, *, repair: bool = True) -> str:
         """The node's warning is due: clear it, repair the idle node (``repair``; else only
         cordon it, still due for the sweep), or cordon the busy one and ask its jobs to move."""
-        repo = self.deps.repo
+        repo = self.data
         inst_id = instance.container_inst_id
         raw = repo.get_instance_item(inst_id)
         if raw is None:
@@ -91,12 +123,12 @@ class GpuWarnings:
             return "warning_owned_elsewhere"
         evidence = self.remediation.evidence(inst_id=inst_id, instance_item=raw, trigger=Trigger.TELEMETRY,
                                              fault_at=now)
-        warning = driver_warning(evidence, self.deps.policy.catalog)
+        warning = driver_warning(evidence, self.policy.catalog)
         if warning is None and kept_rates(record):
             # A predicted warning stands until the node is repaired: a later report whose rate
             # dips under the limit (noise, a shorter span) does not withdraw it.
             evidence = replace(evidence, counter_rates=evidence.counter_rates + tuple(kept_rates(record)))
-            warning = driver_warning(evidence, self.deps.policy.catalog)
+            warning = driver_warning(evidence, self.policy.catalog)
         report_at = raw.get(ITEM_TELEMETRY_AT)
         repaired = repaired_at(raw)
         stale = report_at is None or (repaired is not None and float(report_at) <= repaired)
@@ -129,7 +161,7 @@ class GpuWarnings:
     def _held_for(self, inst_id: str) -> str:
         """The recovering job the node is reserved for ("": none): its restart may place ranks
         on it, so it is not repaired under it (it is looked at again each minute)."""
-        hold = self.deps.repo.cordons.worklist().holds.get(inst_id) or {}
+        hold = self.data.cordons.worklist().holds.get(inst_id) or {}
         return str(hold.get("job") or "") if hold.get("why") == placement.RESERVED else ""
 
     # -------------------------------------------------------------------- idle
@@ -162,7 +194,7 @@ class GpuWarnings:
                       "reason": plan.decision.reason[:500]})
         if applied is None:
             return "raced"
-        self.deps.metrics.add_metric("WarningRepairs", "Count", 1)
+        self.metrics.add_metric("WarningRepairs", "Count", 1)
         logger.warning("idle node repaired on a driver warning", extra={
             "instance": instance.container_inst_id, "rule": warning.rule_id,
             "action": applied.plan.action.value, "execute": [e.value for e in applied.plan.execute]})
@@ -171,7 +203,7 @@ class GpuWarnings:
     # -------------------------------------------------------------------- busy
     def _busy(self, instance: Instance, raw: dict[str, Any], warning: DriverWarning, record: dict[str, Any],
               busy: list[Any], holder: str, now: float) -> str:
-        repo = self.deps.repo
+        repo = self.data
         inst_id = instance.container_inst_id
         rule = str(record.get("rule"))
         next_look = now + RETRY_INTERVAL_SECONDS
@@ -196,11 +228,11 @@ class GpuWarnings:
                              cordon_unless_drained=True)
         cordon = answer.cordon_record(cause=rule, reason=f"driver warning: {warning.describe()}", now=now)
         if cordon is None:
-            return self.deps.repo.rearm_warning(inst_id, rule, next_look)
+            return self.data.rearm_warning(inst_id, rule, next_look)
         cordons = self.remediation.owed_notices.cordons
         limit = cordons.limit_tripped_notice(answer.cordon, inst_id, warning.reason) \
             if answer.cordon is not None and answer.cordon.tripped_now else None
-        if not self.deps.repo.cordon_for_warning(inst_id, rule, cordon, now, next_look, answer.update,
+        if not self.data.cordon_for_warning(inst_id, rule, cordon, now, next_look, answer.update,
                                                  also=self.notices.owe([limit], now)):
             return False
         self.notices.send([limit])
@@ -210,10 +242,10 @@ class GpuWarnings:
     def _ask(self, instance: Instance, rule: str, record: dict[str, Any], warning: DriverWarning, job: Job,
              now: float) -> int:
         """Ask one job on the warned node to move (1), or note that it stays (0)."""
-        repo = self.deps.repo
+        repo = self.data
         inst_id = instance.container_inst_id
-        bound = self.deps.settings.remediation.warning_checkpoint_seconds
-        modes = self.deps.policy.modes
+        bound = self.settings.remediation.warning_checkpoint_seconds
+        modes = self.policy.modes
         movable = (job.is_queue_job and job.state is JobState.RUNNING and warning.moves_jobs and bound > 0
                    and modes.executes(Effect.STOP_TASKS) and modes.executes(Effect.RESTART_JOB))
         if movable:
@@ -226,7 +258,7 @@ class GpuWarnings:
                                         job_entry(job.job_id, job.attempt, now, "move"), suspend, now + bound,
                                         f"move requested ({why})")
             if done:
-                self.deps.metrics.add_metric("WarningMovesRequested", "Count", 1)
+                self.metrics.add_metric("WarningMovesRequested", "Count", 1)
                 logger.warning("job asked to move off a warned node", extra={
                     "job_id": job.job_id, "instance": inst_id, "rule": rule, "grace": bound})
             return int(done)
@@ -239,7 +271,7 @@ class GpuWarnings:
         return 0
 
     def _why_it_stays(self, job: Job, warning: DriverWarning, bound: int) -> str:
-        modes = self.deps.policy.modes
+        modes = self.policy.modes
         if not job.is_queue_job:
             return "it is not a queue job: nothing can ask it to checkpoint (no control channel)"
         if not warning.moves_jobs:
@@ -263,7 +295,7 @@ class GpuWarnings:
     def after_move(self, inst_id: str) -> Outcome:
         """A job left the warned node at its checkpoint: repair it now if nothing else runs
         there (else the sweep looks again within a minute)."""
-        instance = self.deps.repo.get_instance(inst_id)
+        instance = self.data.get_instance(inst_id)
         if instance is None or not instance.warning or instance.state not in _WARNED:
             return Outcome("ignored", detail={"instance": inst_id})
         return Outcome(self.sweep(instance, clock.now()), detail={"instance": inst_id})

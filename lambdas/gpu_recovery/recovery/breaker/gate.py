@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -25,8 +25,9 @@ from gpu_recovery.domain.fault_vocabulary import Action
 from gpu_recovery.domain.placement import PLACEMENT_EXPRESSION
 from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.recovery.notices import Notices, Owed
-from gpu_recovery.recovery.ports import Deps
-from gpu_recovery.repository import Update
+from gpu_recovery.recovery.ports import ListsContainerInstances, MetricsPort
+from gpu_recovery.repository.base import Update
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,13 @@ class _CachedCount:
     count: int
 
 
+class BreakerData(Protocol):
+    """The breaker's item: read, and its conditional write (in the caller's transaction)."""
+
+    def get_breaker(self) -> dict[str, Any] | None: ...
+    def breaker_update(self, state: Mapping[str, Any], read_version: int | None) -> Update: ...
+
+
 class NodeActionGate:
     """The blast-radius breaker in front of every automatic reboot, replacement and
     quarantine: a node decision, a timed-out reboot or health check, a node lost with
@@ -70,9 +78,13 @@ class NodeActionGate:
     to be written in the caller's own transaction (conditional on the version read), so a
     crash never counts an action that was not recorded, nor records one not counted."""
 
-    def __init__(self, deps: Deps, notices: Notices) -> None:
-        self.deps = deps
+    def __init__(self, data: BreakerData, ecs: ListsContainerInstances, notices: Notices, *,
+                 metrics: MetricsPort, settings: Settings) -> None:
+        self.data = data
+        self.ecs = ecs
         self.notices = notices
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self._cluster_count: _CachedCount | None = None
 
     def cluster_gpu_nodes(self, stored: dict[str, Any] | None = None) -> int:
@@ -88,10 +100,10 @@ class NodeActionGate:
         try:
             # An instance listed but answered MISSING is not counted as gone: a short count
             # could trip the breaker, so the count is unavailable then (issue 40: failures).
-            count = sum(1 for ci in self.deps.ecs.container_instances(missing_ok=False)
+            count = sum(1 for ci in self.ecs.container_instances(missing_ok=False)
                         if gpu_count(ci.get("registeredResources")) > 0)
         except (ClientError, BotoCoreError, EcsActionFailed) as error:
-            item = stored if stored is not None else self.deps.repo.get_breaker()
+            item = stored if stored is not None else self.data.get_breaker()
             last = (item or {}).get("cluster_gpu_nodes")
             if last is None:
                 raise ClusterCountUnavailable(
@@ -115,10 +127,10 @@ class NodeActionGate:
         """The breaker's answer to a node action (``action``; None: none asked) and, for a
         node known bad (``cordon_unless_drained``) that will not be drained, the cordon
         limit's answer to its ECS attribute: both in one update of the breaker's item."""
-        repo = self.deps.repo
+        repo = self.data
         stored = repo.get_breaker()
         read_version = int(stored.get("version") or 0) if stored else None
-        policy = self.deps.settings.remediation.breaker
+        policy = self.settings.remediation.breaker
         last_count = int((stored or {}).get("cluster_gpu_nodes") or 0)
         nodes = last_count
         counted = False
@@ -131,7 +143,7 @@ class NodeActionGate:
                 job_id=",".join(job_ids), reason=reason[:300], cause=cause)
         cordoned = None
         if cordon_unless_drained and not (decided is not None and decided.allowed and drains_if_allowed):
-            limits = self.deps.settings.remediation.cordon
+            limits = self.settings.remediation.cordon
             current = cordon_policy.normalize((stored or {}).get("cordons"))
             in_window = {e["node"] for e in current["window"] if now - limits.window_seconds < e["at"] <= now}
             if current["state"] == cordon_policy.CLOSED and node not in in_window \
@@ -169,7 +181,7 @@ class NodeActionGate:
         elif stored and stored.get("released"):
             state["released"] = stored["released"]
         # What the decision was measured against, for `gpu-recovery-admin breaker show`.
-        settings = self.deps.settings.remediation.breaker
+        settings = self.settings.remediation.breaker
         state.update(limit=decided.limit if decided is not None else settings.allowed_nodes(nodes),
                      window_seconds=settings.window_seconds, auto_close=settings.auto_close)
         # Only a real count is recorded: a first node action needs none, and "0 GPU nodes"
@@ -178,7 +190,7 @@ class NodeActionGate:
             state["cluster_gpu_nodes"] = nodes
         elif stored and stored.get("cluster_gpu_nodes") is not None:
             state["cluster_gpu_nodes"] = stored["cluster_gpu_nodes"]
-        return self.deps.repo.breaker_update(state, read_version)
+        return self.data.breaker_update(state, read_version)
 
     def tripped_notice(self, decided: breaker_policy.BreakerDecision, inst_id: str,
                        fates: Mapping[str, str] | None = None) -> Owed:
@@ -186,7 +198,7 @@ class NodeActionGate:
         ``fates``: job id -> what the decision did to each job on the node (waits HELD,
         moves, fails)."""
         until = "an operator resets the breaker"
-        if self.deps.settings.remediation.breaker.auto_close:
+        if self.settings.remediation.breaker.auto_close:
             until = ("the breaker closes by itself (a window after this trip, once the nodes it acted on are "
                      "back healthy; it e-mails either way) or an operator resets it")
         return self.notices.for_node(
@@ -201,11 +213,11 @@ class NodeActionGate:
                              "`gpu-recovery-admin breaker show`, and `gpu-recovery-admin breaker reset "
                              "--resume-backlog` (carry the held-back actions out) or `--drop-backlog`."),
             details=held_back_lines(decided.state.get("backlog") or (), fates,
-                                    self.deps.settings.held_job_deadline_seconds))
+                                    self.settings.held_job_deadline_seconds))
 
     def tripped(self, decided: breaker_policy.BreakerDecision) -> None:
         """After the commit that tripped it: the metric and the log line."""
-        self.deps.metrics.add_metric("BreakerTripped", "Count", 1)
+        self.metrics.add_metric("BreakerTripped", "Count", 1)
         logger.error("blast-radius breaker tripped", extra={"why": decided.state.get("trip_reason")})
 
 

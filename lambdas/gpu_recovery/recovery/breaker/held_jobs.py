@@ -22,9 +22,10 @@ Cost: per held job a minute, one job item and the few nodes it waits for; nothin
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind
@@ -42,7 +43,10 @@ from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices, Owed
-from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ports import MetricsPort, Outcome
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +65,30 @@ def _at(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class HoldData(Protocol):
+    """The job's hold (entered, resumed, failed), its nodes and suspects, the breaker."""
+
+    faults: FaultRepository
+
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def get_breaker(self) -> dict[str, Any] | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def hold_job(self, job: Job, hold: BreakerHold, deadline_at: float,
+                 also: Sequence[Update] = ()) -> bool: ...
+    def resume_held_job(self, job: Job, hold: BreakerHold, reason: str, now: float) -> bool: ...
+    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
+    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
+                   actor: str = ..., fields: dict[str, Any] | None = None,
+                   from_states: Iterable[JobState] | None = None, stop_ranks_of: int | None = None,
+                   stop_why: str = "", also: Sequence[Update] = ()) -> bool: ...
+
+
 class HeldJobs:
-    def __init__(self, deps: Deps, notices: Notices) -> None:
-        self.deps = deps
+    def __init__(self, data: HoldData, notices: Notices, *, metrics: MetricsPort, settings: Settings) -> None:
+        self.data = data
         self.notices = notices
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
 
     # ------------------------------------------------------------------ enter
     def hold(self, job: Job, unusable: list[str]) -> Outcome | None:
@@ -74,10 +98,10 @@ class HeldJobs:
         cannot wait for (lost for good, or a hold of 0 s): the caller fails it as before.
         ``unusable``: the job's nodes the loop marked SUSPECT or QUARANTINED meanwhile."""
         tally = job.tally
-        seconds = self.deps.settings.held_job_deadline_seconds
+        seconds = self.settings.held_job_deadline_seconds
         if job.relocate or tally.fatal > tally.held or seconds <= 0 or not (tally.held or unusable):
             return None
-        repo = self.deps.repo
+        repo = self.data
         held_here = {s.node for s in repo.faults.suspects(job.job_id, job.attempt)
                      if s.verdict is SuspectVerdict.BLOCKED} if tally.held else set()
         nodes = sorted(held_here | set(unusable))
@@ -110,7 +134,7 @@ class HeldJobs:
                              also=self.notices.owe([notice], now)):
             return Outcome("duplicate", job.job_id)
         self.notices.send([notice])
-        self.deps.metrics.add_metric("JobsHeld", "Count", 1)
+        self.metrics.add_metric("JobsHeld", "Count", 1)
         logger.warning("job held by the breaker", extra={"job_id": job.job_id, "nodes": waiting,
                                                          "until": hold.until})
         return Outcome("held", job.job_id, {"nodes": list(hold.nodes), "until": hold.until})
@@ -119,7 +143,7 @@ class HeldJobs:
     def sweep(self, job: Job, now: float, restart: Callable[[str], Outcome]) -> str:
         """Every minute while HELD: go on once every node is back, fail when waiting cannot
         help any more (backlog dropped, node lost, deadline), otherwise wait."""
-        repo = self.deps.repo
+        repo = self.data
         hold = job.breaker_hold
         if hold is None:
             self.fail(job, "held without a record of what it waits for")
@@ -146,17 +170,17 @@ class HeldJobs:
             replace(job, state=JobState.FAILED, last_error=reason[:1000]), None, NotificationKind.FAILED,
             "Job failed: held node not rebooted", what_happened=reason,
             what_was_done="Job marked FAILED (it was HELD, not charged)", operator_action=_FAILED_ACTION)
-        if not ended(self.deps.metrics, self.deps.repo, job.job_id, self.deps.repo.finish_job(
+        if not ended(self.metrics, self.data, job.job_id, self.data.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason[:1000]},
                 from_states=[job.state], also=self.notices.owe([notice]))):
             return False
         self.notices.send([notice])
-        self.deps.metrics.add_metric("Failures", "Count", 1)
+        self.metrics.add_metric("Failures", "Count", 1)
         return True
 
     def _held_notice(self, job: Job, hold: BreakerHold) -> Owed:
         nodes = hold.named()
-        closes_itself = self.deps.settings.remediation.breaker.auto_close
+        closes_itself = self.settings.remediation.breaker.auto_close
         title = ("Job held: waiting for the breaker to close" if closes_itself
                  else "Job held: waiting for the breaker's reset")
         by_itself = ("The breaker closes by itself once its window has passed and the nodes it acted on are "

@@ -39,9 +39,9 @@ pool, the container-instance reads of the refresh), StopTask (the control API's 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
@@ -50,24 +50,43 @@ from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Job, Suspect
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, RECOVERING_JOB_STATES, JobState
 from gpu_recovery.recovery.gang import GangOps
-from gpu_recovery.recovery.ports import Deps, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.preflight import PreflightRepository
 
 logger = logging.getLogger(__name__)
 
 
+class HandoverData(Protocol):
+    """The job entering recovery, its pinned nodes' suspect items and latch arrivals, the
+    preflight's conclusion handed over."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+    preflight: PreflightRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
+                       now: float, deadline_at: float, actor: str = ...,
+                       ledger: Mapping[str, Any] | None = None, opened_by: str = "",
+                       exited_at: float | None = None) -> bool: ...
+
+
 class PreflightHandover:
-    def __init__(self, deps: Deps, remediation: NodeRemediation, gang: GangOps, *,
-                 reactions: Reactions | None = None) -> None:
-        self.deps = deps
+    def __init__(self, data: HandoverData, remediation: NodeRemediation, gang: GangOps, *,
+                 metrics: MetricsPort, reactions: Reactions | None = None) -> None:
+        self.data = data
+        self.metrics = metrics  # the service's relay: the invocation's metrics
         self.remediation = remediation
         self.gang = gang
         self.reactions = reactions or Reactions()  # told: a fault seen (the job's nodes reserved)
 
     def hand_over(self, item: Mapping[str, Any]) -> str:
         """The pinned nodes of a concluded preflight (its item) to the recovery loop."""
-        repo = self.deps.repo
+        repo = self.data
         job_id, attempt = str(item["pf_job_id"]), int(item["attempt"])
         pinned = [p for p in item.get("pinned") or () if isinstance(p, Mapping) and p.get("node")]
         now = clock.now()
@@ -91,7 +110,7 @@ class PreflightHandover:
                                           ledger=goodput.interval_marks(goodput.PREFLIGHT, now))
             in_recovery = entered
             if entered:
-                self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
+                self.metrics.add_metric("FaultsDetected", "Count", 1)
                 logger.warning("gang preflight pinned nodes: recovery",
                                extra={"job_id": job_id, "why": reason})
         if in_recovery:
@@ -125,7 +144,7 @@ class PreflightHandover:
                       job: Job) -> Suspect:
         """The node's suspect item with the preflight's evidence and the catalog's plan, due at
         once: the sweep's next step decides the node (the fast path, for a definitive plan)."""
-        repo = self.deps.repo
+        repo = self.data
         node, rank = str(pin["node"]), int(pin["rank"])
         # No instance read here (the control API reads no instance item): the node decision
         # rebuilds this evidence with the node's reports (XIDs, GPU signals) and history.

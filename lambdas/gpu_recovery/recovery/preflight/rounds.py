@@ -41,7 +41,7 @@ import logging
 import math
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain import goodput
@@ -60,10 +60,13 @@ from gpu_recovery.domain.preflight.mode import PreflightMode, required
 from gpu_recovery.domain.preflight.nccl_output import table_lines
 from gpu_recovery.domain.preflight.settings import SWEEP_MAX_BYTES, SWEEP_MIN_BYTES
 from gpu_recovery.domain.states import JobState
-from gpu_recovery.recovery.ports import Deps, after_commit
+from gpu_recovery.recovery.notices import Notices
+from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.preflight.handover import PreflightHandover
-from gpu_recovery.recovery.preflight.job_fault import PreflightJobFault
+from gpu_recovery.recovery.preflight.job_fault import JobFaultData, PreflightJobFault
+from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, JOB_FAULT, PASSED, PINNED, RUNNING
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -88,22 +91,35 @@ class PreflightError(Exception):
         self.message = message
 
 
+class PreflightData(JobFaultData, Protocol):
+    """The preflight's items (``repository/preflight.py``), its ranks' arrivals on the latch, the
+    job's ledger mark of its preflight time; and what a job's own fault ends (``JobFaultData``)."""
+
+    latches: LatchRepository
+
+    def mark_running_interval(self, job_id: str, attempt: int, *, cause: str, until: float,
+                              reason: str) -> bool: ...
+
+
 class Preflights:
-    def __init__(self, deps: Deps, handover: PreflightHandover) -> None:
-        self.deps = deps
+    def __init__(self, data: PreflightData, handover: PreflightHandover, notices: Notices, *,
+                 metrics: MetricsPort, settings: Settings) -> None:
+        self.data = data
         self.handover = handover
-        self.job_fault = PreflightJobFault(deps.repo, handover.remediation.notices, deps.metrics)
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
+        self.job_fault = PreflightJobFault(data, notices, metrics)
 
     @property
     def policy(self) -> Any:
-        return self.deps.settings.preflight
+        return self.settings.preflight
 
     # ================================================================= the rank's step
     def step(self, job_id: str, rank: int, attempt: int) -> dict[str, Any]:
         """What rank ``rank`` of ``attempt`` does now (starting the preflight if it is the
         first to ask)."""
         now = clock.now()
-        repo = self.deps.repo
+        repo = self.data
         item = repo.preflight.get(job_id, attempt)
         if item is None:
             item, answer = self._start(job_id, attempt, now)
@@ -114,7 +130,7 @@ class Preflights:
         return self._instruction(item, rank, now)
 
     def _start(self, job_id: str, attempt: int, now: float) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        repo = self.deps.repo
+        repo = self.data
         job = repo.get_job_item(job_id) or {}
         current = int(job.get("attempt") or 0)
         if current != attempt:
@@ -144,7 +160,7 @@ class Preflights:
         fields = {"nodes": nodes, "node_class": klass, "gpus_per_node": gpus, "why": why, "created_at": now,
                   "round_started_at": now, "thresholds": thresholds, "summary": []}
         if repo.preflight.start(job_id, attempt, fields, deadline):
-            self.deps.metrics.add_metric("PreflightsStarted", "Count", 1)
+            self.metrics.add_metric("PreflightsStarted", "Count", 1)
             logger.info("gang preflight started", extra={"job_id": job_id, "attempt": attempt, "why": why})
         return repo.preflight.get(job_id, attempt), {}
 
@@ -185,14 +201,14 @@ class Preflights:
         return {**answer, "action": "wait", "reason": f"round {round_}: this node takes no part in it"}
 
     def _poll(self, nodes: int) -> int:
-        return max(self.deps.settings.control_poll_seconds, math.ceil(nodes / POLLS_PER_SECOND))
+        return max(self.settings.control_poll_seconds, math.ceil(nodes / POLLS_PER_SECOND))
 
     # ================================================================= a report
     def report(self, job_id: str, rank: int, attempt: int, *, round_: int, test_id: str,
                exit_code: int | None, output: str, seconds: float | None = None,
                address: str = "") -> dict[str, Any]:
         """One all-reduce's report, judged where it lands; the answer is the rank's next step."""
-        repo = self.deps.repo
+        repo = self.data
         now = clock.now()
         item = repo.preflight.get(job_id, attempt)
         if item is None:
@@ -255,9 +271,9 @@ class Preflights:
         if _listed_ranks(item.get("loopback_failed")) or int(item["nodes"]) == 1:
             return self._finish_round(item, now)
         if not item.get("gang_ready"):
-            self.deps.repo.preflight.open_gang(str(item["pf_job_id"]), int(item["attempt"]),
+            self.data.preflight.open_gang(str(item["pf_job_id"]), int(item["attempt"]),
                                                now + self.policy.round_seconds, now)
-        return self.deps.repo.preflight.get(str(item["pf_job_id"]), int(item["attempt"])) or item
+        return self.data.preflight.get(str(item["pf_job_id"]), int(item["attempt"])) or item
 
     @staticmethod
     def _threshold(item: Mapping[str, Any], size: int) -> Threshold:
@@ -267,7 +283,7 @@ class Preflights:
     def _finish_round(self, item: dict[str, Any], now: float) -> dict[str, Any]:
         """The round's results (missing ones hung) to the search's next state: another round,
         or the end. Returns the item as it is afterwards."""
-        repo = self.deps.repo
+        repo = self.data
         job_id, attempt, round_ = str(item["pf_job_id"]), int(item["attempt"]), int(item["round"])
         nodes = int(item["nodes"])
         waited = now - float(item.get("round_started_at") or now)
@@ -309,7 +325,7 @@ class Preflights:
 
     def _next_round(self, item: dict[str, Any], state: pinning.PinState, summary: list[str],
                     now: float) -> dict[str, Any]:
-        repo = self.deps.repo
+        repo = self.data
         job_id, attempt, round_ = str(item["pf_job_id"]), int(item["attempt"]), int(item["round"])
         tests = pinning.plan_round(state)
         leaders = {pinning.members(t.nodes)[0] for t in tests}
@@ -329,7 +345,7 @@ class Preflights:
 
     def _conclude(self, item: dict[str, Any], state: pinning.PinState, results: Mapping[str, Verdict],
                   summary: list[str], now: float) -> dict[str, Any]:
-        repo = self.deps.repo
+        repo = self.data
         job_id, attempt, round_ = str(item["pf_job_id"]), int(item["attempt"]), int(item["round"])
         limited = self._evidence_limited(job_id) if state.pinned and not state.widespread else ""
         if state.widespread or limited or (not state.pinned and round_ > 1):
@@ -337,14 +353,14 @@ class Preflights:
             verdict = f"inconclusive after {state.round} round(s): {why}; nothing pinned, the job goes on"
             repo.preflight.conclude(job_id, attempt, round_, INCONCLUSIVE, verdict=verdict, summary=summary,
                                     now=now, pin=state.to_dict())
-            self.deps.metrics.add_metric("PreflightsInconclusive", "Count", 1)
+            self.metrics.add_metric("PreflightsInconclusive", "Count", 1)
         elif state.pinned:
             pinned = self._pinned(item, state)
             nodes = ", ".join(f"rank {p['rank']} on {p['node']}" for p in pinned)
             verdict = f"pinned after {state.round} round(s): {nodes}"
             if repo.preflight.conclude(job_id, attempt, round_, PINNED, verdict=verdict, summary=summary,
                                        now=now, pin=state.to_dict(), pinned=pinned, handover_at=now + 60):
-                self.deps.metrics.add_metric("PreflightNodesPinned", "Count", len(pinned))
+                self.metrics.add_metric("PreflightNodesPinned", "Count", len(pinned))
                 logger.warning("gang preflight pinned nodes", extra={"job_id": job_id, "nodes": nodes})
             fresh = repo.preflight.get(job_id, attempt)
             if fresh is not None and fresh["status"] == PINNED and not fresh.get("handed_over"):
@@ -363,13 +379,13 @@ class Preflights:
     def _evidence_limited(self, job_id: str) -> str:
         """Why this job's (or its user's) preflight no longer moves nodes ("": it does): its
         evidence named too many nodes the stack's own check then cleared (issue 49)."""
-        user = str((self.deps.repo.get_job_item(job_id) or {}).get("user") or "")
+        user = str((self.data.get_job_item(job_id) or {}).get("user") or "")
         return self.handover.remediation.tenant_evidence.limited(job_id, user)
 
     def _own_fault(self, item: dict[str, Any], why: str, summary: list[str], now: float) -> dict[str, Any]:
         """Concluded as the job's own failure, due at once: the sweep ends the job, told why
         (``job_fault``)."""
-        repo = self.deps.repo
+        repo = self.data
         job_id, attempt = str(item["pf_job_id"]), int(item["attempt"])
         verdict = f"{why}; the job's own image or code, not a node: nothing pinned"
         if repo.preflight.conclude(job_id, attempt, 1, JOB_FAULT, verdict=verdict, summary=summary, now=now,
@@ -380,7 +396,7 @@ class Preflights:
     def _passed(self, item: dict[str, Any], results: Mapping[str, Verdict], summary: list[str],
                 now: float) -> None:
         """Passed: concluded, and the gang's and rank 0's loopback busbw learned, at once."""
-        repo = self.deps.repo
+        repo = self.data
         job_id, attempt, round_ = str(item["pf_job_id"]), int(item["attempt"]), int(item["round"])
         nodes, klass = int(item["nodes"]), str(item["node_class"])
         samples = {1: Verdict.from_dict(item.get("rank0_loopback")).busbw}
@@ -400,10 +416,10 @@ class Preflights:
                         # The tenant's table teaches nothing another job is judged by.
                         logger.warning("preflight run not learned", extra={"job_id": job_id, "nodes": size,
                                                                            "why": why})
-                        self.deps.metrics.add_metric("PreflightSamplesRefused", "Count", 1)
+                        self.metrics.add_metric("PreflightSamplesRefused", "Count", 1)
             if repo.preflight.conclude(job_id, attempt, round_, PASSED, verdict=verdict, summary=summary,
                                        now=now, learned=learned):
-                self.deps.metrics.add_metric("PreflightsPassed", "Count", 1)
+                self.metrics.add_metric("PreflightsPassed", "Count", 1)
                 return
             fresh = repo.preflight.get(job_id, attempt)
             if fresh is None or fresh["status"] != RUNNING or int(fresh["round"]) != round_:
@@ -415,7 +431,7 @@ class Preflights:
         """The pinned ranks with their nodes (their rank items) and why."""
         job_id = str(item["pf_job_id"])
         ranks = {p.node for p in state.pinned} | {p.peer for p in state.pinned if p.peer is not None}
-        items = self.deps.repo.preflight.rank_items(job_id, ranks)
+        items = self.data.preflight.rank_items(job_id, ranks)
 
         def node_of(rank: int | None) -> str:
             return str((items.get(rank) or {}).get("container_inst_id") or "") if rank is not None else ""
@@ -430,7 +446,7 @@ class Preflights:
     # ================================================================= the sweep
     def sweep(self, item: dict[str, Any], now: float) -> str:
         """A preflight item due: a round past its bound, a pin not handed over yet."""
-        repo = self.deps.repo
+        repo = self.data
         job_id, attempt = str(item["pf_job_id"]), int(item["attempt"])
         status = item.get("status")
         if status == PINNED and not item.get("handed_over"):

@@ -131,7 +131,10 @@ class NodeRemediation:
                                         reactions=self.reactions)
         self.resets = GpuResets(deps.repo, deps.ecs, tasks, reboots, self.notices, metrics=deps.metrics,
                                 settings=deps.settings, escalation=deps.policy.escalation)
-        self.tenant_evidence = TenantEvidence(deps, self.notices)
+        self.tenant_evidence = TenantEvidence(deps.repo, self.notices,
+                                              limit=deps.settings.preflight.tenant_limit,
+                                              sources=deps.policy.catalog.evidence_sources,
+                                              metrics=deps.metrics)
 
     # ------------------------------------------------------------ evidence / plan
     @property

@@ -13,9 +13,9 @@ through its own intent (the sweep finishes them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain.classify import Decision
@@ -29,7 +29,7 @@ from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
-from gpu_recovery.recovery.ports import Deps, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.remediation.job_settlement import fault_record
 from gpu_recovery.recovery.remediation.node_decision import (
     APPLY_ROUNDS,
@@ -38,6 +38,8 @@ from gpu_recovery.recovery.remediation.node_decision import (
     projected,
 )
 from gpu_recovery.recovery.remediation.notices import observed_node_effects
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
 
 logger = logging.getLogger(__name__)
 
@@ -77,18 +79,36 @@ def unreachable_decided(job: Job, inst_id: str) -> bool:
     return decision.get("rule_id") == UNREACHABLE_RULE
 
 
+class UnreachableData(Protocol):
+    """The job and its lost node, the node's decision (or the job's failure alone), the fault
+    observed only (observe mode)."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    def record_node_decision(self, instance: Instance, decision: NodeDecision,
+                             jobs: Sequence[JobVerdict], now: float,
+                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
+    def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update: ...
+    def fail_lost_job(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None,
+                      also: Sequence[Update] = ()) -> bool: ...
+    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
+                              last_fault: dict[str, Any]) -> bool: ...
+
+
 class NodeUnreachable:
-    def __init__(self, deps: Deps, remediation: NodeRemediation, gang: GangOps) -> None:
-        self.deps = deps
+    def __init__(self, data: UnreachableData, remediation: NodeRemediation, gang: GangOps, *,
+                 policy: RemediationPolicy, metrics: MetricsPort) -> None:
+        self.data = data
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
         self.remediation = remediation
         self.notices = remediation.notices  # the outbox
         self.owed = remediation.owed_notices
         self.gate = remediation.reboots.gate
         self.gang = gang  # the job's other ranks stopped
-
-    @property
-    def policy(self) -> Any:
-        return self.deps.policy
 
     def decide(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
                why: str) -> str:
@@ -102,7 +122,7 @@ class NodeUnreachable:
         decision asks the stops again (the lost ranks are stopped last, so they stay watched
         until every other one was asked). Returns failed | observed | converged |
         observed_before | moved_on | raced."""
-        repo = self.deps.repo
+        repo = self.data
         for _ in range(APPLY_ROUNDS):
             job = repo.get_job(job_id)
             if job is None or job.attempt != attempt:
@@ -163,8 +183,8 @@ class NodeUnreachable:
                 "job_id": job_id, "instance": inst_id, "execute": [e.value for e in plan.execute],
                 "record_only": [e.value for e in plan.record_only]})
             self.notices.send(notices)
-            self.deps.metrics.add_metric("Failures", "Count", 1)
-            ended(self.deps.metrics, self.deps.repo, job_id, True)
+            self.metrics.add_metric("Failures", "Count", 1)
+            ended(self.metrics, self.data, job_id, True)
             if tripped is not None:
                 self.gate.tripped(tripped)
             after_commit("node unreachable", self._after, gate, decision is not None, after, plan,
@@ -174,14 +194,14 @@ class NodeUnreachable:
 
     def _record_observed(self, inst_id: str, job_id: str, history: list[dict[str, Any]] | None,
                          evidence: Evidence, plan: RemediationPlan, now: float) -> None:
-        self.deps.repo.record_observed_fault(
+        self.data.record_observed_fault(
             inst_id, fault_history=history,
             last_fault={"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job_id]})
 
     def _after(self, gate: GateAnswer | None, decided: bool, after: Instance, plan: RemediationPlan,
                failed: Job, lost: list[Rank], reason: str) -> None:
         """After the commit: the cordon's attribute, the drain, the ranks' stops."""
-        repo = self.deps.repo
+        repo = self.data
         inst_id = after.container_inst_id
         self.remediation.after_cordon(gate, inst_id)
         if decided:

@@ -19,17 +19,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import DIMENSION_EVIDENCE_SOURCE, METRIC_SUSPECTS_CLEARED, NotificationKind
 from gpu_recovery.domain.evidence import Evidence
+from gpu_recovery.domain.evidence_sources import EvidenceSources
+from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import InstanceState, SuspectVerdict
 from gpu_recovery.domain.tenant_evidence import MAX_ENTRIES, TenantEvidenceLimit, source_of, within
 from gpu_recovery.recovery.notices import Notices, Owed
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.tenant_evidence import JOB, USER
+from gpu_recovery.repository.tenant_evidence import JOB, USER, TenantEvidenceRepository
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +60,26 @@ class Clearance:
     subjects: str = ""
 
 
-class TenantEvidence:
-    def __init__(self, deps: Deps, notices: Notices) -> None:
-        self.deps = deps
-        self.notices = notices
+class ClearanceData(Protocol):
+    """The clearances counted per tenant (``repository/tenant_evidence.py``) and the job they name."""
 
-    @property
-    def limit(self) -> TenantEvidenceLimit:
-        return self.deps.settings.preflight.tenant_limit
+    tenant_evidence: TenantEvidenceRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+
+
+class TenantEvidence:
+    """``limit``: how many of a tenant's suspects the stack's check may clear (the preflight's
+    settings); ``sources``: what evidence is the tenant's (the catalog's)."""
+
+    def __init__(self, data: ClearanceData, notices: Notices, *, limit: TenantEvidenceLimit,
+                 sources: EvidenceSources, metrics: MetricsPort) -> None:
+        self.data = data
+        self.notices = notices
+        self.limit = limit
+        self.sources = sources
+        self.metrics = metrics  # the service's relay: the invocation's metrics
 
     def clearance(self, evidence: Evidence, label: SuspectVerdict,
                   from_states: Iterable[InstanceState]) -> Clearance | None:
@@ -76,12 +90,12 @@ class TenantEvidence:
         nothing (not healthy, not from a check, a source the catalog does not know)."""
         if label is not SuspectVerdict.HEALTHY or InstanceState.HEALTH_CHECKING not in tuple(from_states):
             return None
-        source = source_of(evidence, self.deps.policy.catalog.evidence_sources)
+        source = source_of(evidence, self.sources)
         if source is None:
             return None
         if not source.tenant or not evidence.job_id:
             return Clearance(source.id)
-        repo = self.deps.repo
+        repo = self.data
         now = clock.now()
         window = self.limit.window_seconds
         # One entry per fault (job and attempt): a preflight pinning both ends of a link is
@@ -111,16 +125,16 @@ class TenantEvidence:
         """After the decision committed: its metric, and the operator's e-mail (owed with it)."""
         if clearance is None:
             return
-        add_metric_by(self.deps.metrics, METRIC, 1, DIMENSION, clearance.source)
+        add_metric_by(self.metrics, METRIC, 1, DIMENSION, clearance.source)
         if clearance.notice is not None:
             self.notices.send([clearance.notice])
-            self.deps.metrics.add_metric("TenantEvidenceLimited", "Count", 1)
+            self.metrics.add_metric("TenantEvidenceLimited", "Count", 1)
             logger.warning("a tenant's evidence no longer moves nodes",
                            extra={"subjects": clearance.subjects, "job_id": job_id})
 
     def _notice(self, reached: list[tuple[str, str, int]], evidence: Evidence, source: str) -> Owed | None:
         hours = self.limit.window_seconds / 3600
-        job = self.deps.repo.get_job(evidence.job_id)
+        job = self.data.get_job(evidence.job_id)
         if job is None:
             return None
         names = " and ".join(f"the {kind} {name} ({count} faults)" for kind, name, count in reached)
@@ -137,7 +151,7 @@ class TenantEvidence:
 
     def limited(self, job_id: str, user: str) -> str:
         """Why this job's (or its user's) evidence no longer moves nodes ("": it does)."""
-        repo = self.deps.repo
+        repo = self.data
         now = clock.now()
         window = self.limit.window_seconds
         subjects = [(JOB, job_id)] + ([(USER, user)] if user else [])
