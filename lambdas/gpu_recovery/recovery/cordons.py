@@ -17,8 +17,8 @@ the ECS side, carried out after the commit and finished by the sweep (the workli
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import AttributeLimitExceeded
@@ -27,9 +27,10 @@ from gpu_recovery.domain import cordon as policy
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.recovery.notices import Notices, Owed
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.reactions import HoldsDue, Reactions
-from gpu_recovery.repository.cordons import Worklist
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.cordons import CordonRepository, Worklist
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +39,31 @@ logger = logging.getLogger(__name__)
 UNCHANGED_HOLDS = frozenset({"no_holds", "holds_unchanged"})
 
 
+class CordonData(Protocol):
+    """The cordon worklist and its syncs (``repository/cordons.py``), the nodes' records."""
+
+    cordons: CordonRepository
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def transact(self, updates: Sequence[Update]) -> bool: ...
+
+
+class NodeAttributes(Protocol):
+    """PutAttributes and DeleteAttributes on container instances (one, or many a call)."""
+
+    def put_attributes(self, container_instance: str, attributes: Mapping[str, str]) -> bool: ...
+    def delete_attributes(self, container_instance: str, names: Sequence[str]) -> bool: ...
+    def put_attributes_many(self, entries: Sequence[tuple[str, str, str]]) -> set[str]: ...
+    def delete_attributes_many(self, entries: Sequence[tuple[str, str]]) -> set[str]: ...
+
+
 class Cordons:
-    def __init__(self, deps: Deps, notices: Notices, gate: Any, *,
-                 reactions: Reactions | None = None) -> None:
-        self.deps = deps
+    def __init__(self, data: CordonData, ecs: NodeAttributes, notices: Notices, gate: Any, *,
+                 metrics: MetricsPort, reactions: Reactions | None = None) -> None:
+        self.data = data
+        self.ecs = ecs
+        self.metrics = metrics  # the service's relay: the invocation's metrics
         self.notices = notices
         self.gate = gate  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
         # Told: the sweep starts (the spare and reserved holds refreshed first, on its read of
@@ -53,7 +75,7 @@ class Cordons:
         """Make the node's ECS attributes match its instance item (cordon) and its hold
         (spare, reserved): ``gpu-recovery.unavailable`` with its value, and the deprecated
         ``gpu-recovery.cordoned`` on a cordoned node; confirm. Returns what was done."""
-        repo = self.deps.repo
+        repo = self.data
         read = read or repo.cordons.worklist()
         if members is None:
             members = read.pending.get(node, [])
@@ -77,9 +99,9 @@ class Cordons:
         known = True
         try:
             if put:
-                known = self.deps.ecs.put_attributes(target, put)
+                known = self.ecs.put_attributes(target, put)
             if delete and known:
-                known = self.deps.ecs.delete_attributes(target, delete)
+                known = self.ecs.delete_attributes(target, delete)
         except AttributeLimitExceeded:
             return self._no_room(node, instance, members, read, put)
         value = put.get(placement.UNAVAILABLE_ATTRIBUTE)
@@ -109,7 +131,7 @@ class Cordons:
         value = put.get(placement.UNAVAILABLE_ATTRIBUTE, "")
         logger.error("placement attribute refused: the node carries 10 custom ECS attributes", extra={
             "instance": node, "attribute": placement.UNAVAILABLE_ATTRIBUTE, "value": value})
-        self.deps.metrics.add_metric("PlacementAttributeRefused", "Count", 1)
+        self.metrics.add_metric("PlacementAttributeRefused", "Count", 1)
         new = [m for m in members if m not in read.refused]
         if not new:
             return "attribute_limit"
@@ -124,7 +146,7 @@ class Cordons:
             operator_action=("Remove one of the node's own custom attributes (aws ecs list-attributes / "
                              "delete-attributes): the next sweep puts the stack's."))
         now = clock.now()
-        if self.deps.repo.transact([*self.deps.repo.cordons.refused_updates(new),
+        if self.data.transact([*self.data.cordons.refused_updates(new),
                                     *self.notices.owe([owed], now)]):
             self.notices.send([owed])
         return "attribute_limit"
@@ -135,7 +157,7 @@ class Cordons:
         DeleteAttributes of up to 10 nodes a call, one confirmation of the worklist (on the
         holds' revision read: a newer change is synced again). A node with a cordon, now or
         before (its deprecated attribute, its ``applied`` mark), is synced alone."""
-        repo = self.deps.repo
+        repo = self.data
         read = read or repo.cordons.worklist()
         todo = {n: read.pending[n] for n in sorted(set(nodes)) if read.pending.get(n)}
         if not todo:
@@ -160,8 +182,8 @@ class Cordons:
             else:
                 puts.append((target, placement.UNAVAILABLE_ATTRIBUTE, value))
             done[node] = f"marked_{value}" if value else "unmarked"
-        gone = self.deps.ecs.put_attributes_many(puts) if puts else set()
-        gone |= self.deps.ecs.delete_attributes_many(deletes) if deletes else set()
+        gone = self.ecs.put_attributes_many(puts) if puts else set()
+        gone |= self.ecs.delete_attributes_many(deletes) if deletes else set()
         batched = [n for n in targets if n in done]
         for node in batched:
             if targets[node] in gone:
@@ -196,14 +218,14 @@ class Cordons:
                                   reason="held cordon", now=clock.now(), cordon_unless_drained=True)
         if answer.cordon is None or not answer.cordon.allowed or instance.cordon_version is None:
             return False
-        return bool(self.deps.repo.cordons.admit_held(instance.container_inst_id, instance.cordon_version,
+        return bool(self.data.cordons.admit_held(instance.container_inst_id, instance.cordon_version,
                                                       answer.update))
 
     def sweep(self) -> dict[str, int]:
         """Every minute: the holds brought up to date (``HoldsDue``: spares and reservations,
         ``recovery.placement``), then every node whose ECS attributes are not confirmed yet."""
         done: dict[str, int] = {}
-        read = self.deps.repo.cordons.worklist()
+        read = self.data.cordons.worklist()
         if self.reactions.handles(HoldsDue):
             try:
                 action = str(self.reactions.emit(HoldsDue(read)))
@@ -212,7 +234,7 @@ class Cordons:
                 action = "holds_refresh_failed"
             done[action] = 1
             if action not in UNCHANGED_HOLDS:  # it wrote (or may have): the syncs start from a fresh read
-                read = self.deps.repo.cordons.worklist()
+                read = self.data.cordons.worklist()
         for node, members in sorted(read.pending.items()):
             try:
                 action = self.sync(node, members, read)
@@ -225,7 +247,7 @@ class Cordons:
     # ---------------------------------------------------------------- operator
     def uncordon(self, node: str) -> str:
         """The operator says the node is healthy: its cordon goes (and its attribute)."""
-        if not self.deps.repo.cordons.uncordon(node, clock.now()):
+        if not self.data.cordons.uncordon(node, clock.now()):
             return "not_cordoned"
         return self.sync_quietly(node)
 
@@ -250,6 +272,6 @@ class Cordons:
 
     def limit_tripped(self, decided: policy.CordonDecision, node: str) -> None:
         """After the commit that tripped it: the metric and the log line."""
-        self.deps.metrics.add_metric("CordonLimitTripped", "Count", 1)
+        self.metrics.add_metric("CordonLimitTripped", "Count", 1)
         why = str(decided.state.get("trip_reason") or decided.reason)
         logger.error("cordon limit tripped", extra={"why": why, "instance": node})

@@ -66,6 +66,7 @@ from gpu_recovery.recovery.reactions import Reactions, ReservationsReleased
 from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.restart_notices import fault_lines, restart_summary
 from gpu_recovery.recovery.restart_waits import RestartWaits
+from gpu_recovery.repository.scheduling import SchedulingRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ class GangRestart:
         self.notices = notices
         self.gang = gang
         self.holds = HeldJobs(deps.repo, notices, metrics=deps.metrics, settings=deps.settings)
-        self.nodes = RestartNodes(deps)  # what recoveries hold; free nodes for a relocation
+        # What recoveries hold; free nodes for a relocation.
+        self.nodes = RestartNodes(deps.repo, SchedulingRepository(deps.repo), deps.ecs)
         # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
         self.waits = RestartWaits(deps.repo, deps.ecs,
                                   lambda job, reason, action: self.fail_waiting(job, reason, action),

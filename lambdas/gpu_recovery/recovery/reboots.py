@@ -88,7 +88,8 @@ class Reboots:
         # Told: a repaired node is back (it validates under load before it is AVAILABLE);
         # with nothing reacting, it is straight back (``mark_available``).
         self.reactions = reactions or Reactions()
-        self.cordons = Cordons(deps, ranks.notices, self.gate, reactions=self.reactions)
+        self.cordons = Cordons(deps.repo, deps.ecs, ranks.notices, self.gate, metrics=deps.metrics,
+                               reactions=self.reactions)
 
     # -------------------------------------------------------------------- issue
     def issue(self, instance: Instance, *, agent_connected: bool | None = None, marked: bool = False) -> str:

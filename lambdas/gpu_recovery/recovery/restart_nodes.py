@@ -17,16 +17,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery.domain import placement
-from gpu_recovery.domain.models import Job, container_instance_id
+from gpu_recovery.domain.models import Instance, Job, container_instance_id
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, choose_targets, reserve_for_waits
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.free_nodes import unhandled_stops, views
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import ListsContainerInstances
+from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.scheduling import SchedulingRepository
 
 _AGREE_ROUNDS = 3  # targets ECS and the records disagree on are dropped, the choice made again
@@ -59,14 +62,30 @@ class FreeFor:
     healthy: dict[str, SpareNode]
 
 
+class NodesHeldData(Protocol):
+    """Where each job's ranks ran (the latches), its fault's moves, the holds, the nodes' records."""
+
+    latches: LatchRepository
+    faults: FaultRepository
+    cordons: CordonRepository
+
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def job_from_item(self, item: dict[str, Any]) -> Job: ...
+
+
 class RestartNodes:
-    def __init__(self, deps: Deps) -> None:
-        self.deps = deps
+    """``scheduling``: the jobs holding nodes (its index)."""
+
+    def __init__(self, data: NodesHeldData, scheduling: SchedulingRepository,
+                 ecs: ListsContainerInstances) -> None:
+        self.data = data
+        self.scheduling = scheduling
+        self.ecs = ecs
 
     # ------------------------------------------------------------------ held
     def nodes_of(self, job: Job) -> set[str]:
         """The nodes ``job`` holds while it recovers (its fault's attempt's, its targets')."""
-        latches, faults = self.deps.repo.latches, self.deps.repo.faults
+        latches, faults = self.data.latches, self.data.faults
         nodes = set(latches.job_nodes(job.job_id, job.attempt, job.world_size))
         restarting = job.state is JobState.STARTING and job.restarted_attempt == job.attempt
         if restarting and job.attempt > 1:
@@ -80,8 +99,8 @@ class RestartNodes:
         """node -> the job in recovery holding it (but ``except_job``), and the relocation
         waits: read once per relocation or holds refresh, never per event."""
         out = Held()
-        for item in SchedulingRepository(self.deps.repo).jobs_holding_nodes():
-            other = self.deps.repo.job_from_item(item)
+        for item in self.scheduling.jobs_holding_nodes():
+            other = self.data.job_from_item(item)
             if other.job_id == except_job:
                 continue
             out.jobs.add(other.job_id)
@@ -94,8 +113,8 @@ class RestartNodes:
     # -------------------------------------------------------------- free for
     def free_for(self, job: Job, leaving: list[str]) -> FreeFor:
         """A healthy free node for each node of ``leaving`` (see the module docstring)."""
-        repo = self.deps.repo
-        described = self.deps.ecs.container_instances()
+        repo = self.data
+        described = self.ecs.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         cluster = views(described, repo.get_instances(ids) if ids else {})
         held = self.held(job.job_id)

@@ -16,9 +16,9 @@ the job restarts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
@@ -31,15 +31,18 @@ from gpu_recovery.domain.job_budgets import JobBudgets, settle
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.remediation_plan import UNDIAGNOSED_RULE, RemediationPlan
+from gpu_recovery.domain.remediation_plan import UNDIAGNOSED_RULE, RemediationPlan, RemediationPolicy
 from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import Deps, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.reactions import CoupledToCheck, Reactions, RestartDue
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
-from gpu_recovery.repository import JobVerdict
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
+from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.node_decisions import JobVerdict
 
 logger = logging.getLogger(__name__)
 
@@ -85,18 +88,33 @@ class _Settled:
         return now + RETRY_INTERVAL_SECONDS if self.to is JobState.PENDING_RESTART else None
 
 
+class SettlementData(Protocol):
+    """The fault's tally and suspects, its nodes on the latch, the job's conclusion."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def conclude_fault(self, job: Job, to: JobState, *, reason: str, error: str, spend: str,
+                       restart_reason: str, deadline_at: float | None, also: Sequence[Update] = (),
+                       ledger: Mapping[str, Any] | None = None) -> bool: ...
+
+
 class JobSettlement:
-    def __init__(self, deps: Deps, notices: Notices, owed: RemediationNotices, *,
+    """``held_job_deadline_seconds``: how long a job may be HELD by the breaker (0: never)."""
+
+    def __init__(self, data: SettlementData, notices: Notices, owed: RemediationNotices, *,
+                 policy: RemediationPolicy, metrics: MetricsPort, held_job_deadline_seconds: int,
                  reactions: Reactions | None = None) -> None:
-        self.deps = deps
+        self.data = data
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.held_job_deadline_seconds = held_job_deadline_seconds
         self.notices = notices
         self.owed = owed
         # Told: a fault's coupled nodes to check, a job's restart due.
         self.reactions = reactions or Reactions()
-
-    @property
-    def policy(self) -> Any:
-        return self.deps.policy
 
     def job_verdict(self, job: Job, inst_id: str, label: SuspectVerdict, plan: RemediationPlan | None,
                     evidence: Evidence | None, findings: dict[str, Any], history: Iterable[NodeFaultRecord],
@@ -110,7 +128,7 @@ class JobSettlement:
         # breaker's reset (HOLD).
         held = (label is SuspectVerdict.BLOCKED and plan is not None and plan.blocked_by_breaker
                 and plan.action in (Action.REBOOT, Action.RESET_GPU)
-                and self.deps.settings.held_job_deadline_seconds > 0)
+                and self.held_job_deadline_seconds > 0)
         tally = job.tally.with_verdict(label, held=held)
         if infra_hint:
             tally = replace(tally, infra=tally.infra + 1)
@@ -204,7 +222,7 @@ class JobSettlement:
         ended (so before the suspects were counted), or two last verdicts committed at once
         (neither saw the other): the job restarts without node action, budget permitting.
         The verdicts counted on the tally's shards are added first."""
-        job = self.deps.repo.faults.counted(job)
+        job = self.data.faults.counted(job)
         if job.state is not JobState.PENDING_HEALTHCHECK or not job.tally.all_decided:
             return "waiting"
         outcome = job.tally.outcome(relocatable=bool(job.tally.fatal) and job.relocatable)
@@ -225,7 +243,7 @@ class JobSettlement:
         if settled.outcome.fails:
             failed = replace(job, state=JobState.FAILED, last_error=settled.error or job.last_error)
             notice = self.owed.concluded_notice(failed, settled.outcome)
-        if not self.deps.repo.conclude_fault(job, settled.to, reason=settled.reason, error=settled.error,
+        if not self.data.conclude_fault(job, settled.to, reason=settled.reason, error=settled.error,
                                              spend=settled.spend, restart_reason=settled.restart_reason,
                                              deadline_at=settled.deadline_at(now),
                                              also=self.notices.owe([notice], now),
@@ -236,8 +254,8 @@ class JobSettlement:
             return "raced"
         if settled.outcome.fails:
             self.notices.send([notice])
-            self.deps.metrics.add_metric("Failures", "Count", 1)
-            ended(self.deps.metrics, self.deps.repo, job.job_id, True)
+            self.metrics.add_metric("Failures", "Count", 1)
+            ended(self.metrics, self.data, job.job_id, True)
             return "failed"
         after_commit("restart", self.reactions.emit, RestartDue(job.job_id))
         return "restart"
@@ -252,12 +270,12 @@ class JobSettlement:
         if not found:
             return ""
         named, coupled = found
-        escalated = self.deps.repo.faults.escalate(job, max(tally.total or 0, len(named)) + len(coupled))
+        escalated = self.data.faults.escalate(job, max(tally.total or 0, len(named)) + len(coupled))
         if escalated is None:
             return "raced"
         logger.warning("the fault's checks found nothing: the nodes whose exits followed are checked",
                        extra={"job_id": job.job_id, "coupled": len(coupled), "checked": len(named)})
-        self.deps.metrics.add_metric("CoupledNodesChecked", "Count", len(coupled))
+        self.metrics.add_metric("CoupledNodesChecked", "Count", len(coupled))
         after_commit("check the coupled nodes", self.reactions.emit,
                      CoupledToCheck(escalated, frozenset(coupled)))
         return "checking_coupled"
@@ -268,7 +286,7 @@ class JobSettlement:
         when it can be owed: two suspects at least (no exit is coupled before the second)."""
         if tally.escalated or tally.found or (tally.total or 0) < suspects.FIRST_CHECKED_EXITS:
             return None
-        named, coupled = self.deps.repo.latches.fault_nodes(job.job_id, tally.attempt, job.world_size)
+        named, coupled = self.data.latches.fault_nodes(job.job_id, tally.attempt, job.world_size)
         return (named, coupled) if coupled else None
 
     def settle_counted(self, job_id: str) -> str:
@@ -276,7 +294,7 @@ class JobSettlement:
         job item beside another one committing at once): with every count added, the fault
         may be complete. Concludes it (a job waiting for verdicts) or tries the restart (a
         job waiting to restart); each is conditioned on the job's state, so one wins."""
-        job = self.deps.repo.get_job(job_id)
+        job = self.data.get_job(job_id)
         if job is None or not job.in_fault:
             return "ignored"
         if job.state is JobState.PENDING_HEALTHCHECK:

@@ -127,7 +127,9 @@ class NodeRemediation:
         self.reactions = reactions or Reactions()
         self.notices = ranks.notices  # the outbox
         self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
-        self.settlement = JobSettlement(deps, self.notices, self.owed_notices,
+        self.settlement = JobSettlement(deps.repo, self.notices, self.owed_notices, policy=deps.policy,
+                                        metrics=deps.metrics,
+                                        held_job_deadline_seconds=deps.settings.held_job_deadline_seconds,
                                         reactions=self.reactions)
         self.resets = GpuResets(deps.repo, deps.ecs, tasks, reboots, self.notices, metrics=deps.metrics,
                                 settings=deps.settings, escalation=deps.policy.escalation)
