@@ -28,7 +28,7 @@ retried delivery, or the sweep after a delivery died finds the step done and goe
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -56,11 +56,20 @@ from gpu_recovery.domain.gpu_warnings import asked, job_entry
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX
 from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.recovery.notices import Owed
-from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.ports import (
+    ListsContainerInstances,
+    MetricsPort,
+    Outcome,
+    StopsTasks,
+    after_commit,
+)
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions
+from gpu_recovery.repository.base import Update
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +87,48 @@ class CapacityPort(Protocol):
     def instances_in(self, reservation_id: str) -> list[str]: ...
 
 
+class NoticeData(Protocol):
+    """The node and the jobs on it, and the notice's intents (``repository/aws_notices.py``)."""
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    def put_instance_if_absent(self, instance: Instance) -> bool: ...
+    def get_job(self, job_id: str) -> Job | None: ...
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+    def record_notice(self, node: str, record: Mapping[str, Any], *, replaces: str, deadline_at: float,
+                      cordon: Mapping[str, Any] | None, version: float,
+                      also: Sequence[Update] = ()) -> bool: ...
+    def ask_job_to_leave(self, node: str, key: str, job_id: str, attempt: int, entry: Mapping[str, Any],
+                         suspend: Mapping[str, Any], deadline_at: float, reason: str,
+                         also: Sequence[Update] = ()) -> bool: ...
+    def move_job_off_notice(self, node: str, key: str, job: Job, rank: int, entry: Mapping[str, Any], *,
+                            reason: str, now: float, deadline_at: float, ledger: Mapping[str, Any],
+                            also: Sequence[Update] = ()) -> bool: ...
+    def note_notice_job(self, node: str, key: str, job_id: str, entry: Mapping[str, Any],
+                        also: Sequence[Update] = ()) -> bool: ...
+    def record_notice_drained(self, node: str, key: str, at: float) -> bool: ...
+    def rearm_notice(self, node: str, key: str, deadline_at: float) -> bool: ...
+    def settle_notice(self, node: str, key: str, fields: Mapping[str, Any] | None = None) -> bool: ...
+    def end_notice(self, node: str, key: str, now: float, *, uncordon: bool) -> bool: ...
+
+
+class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):
+    """The nodes a notice names (found by a query), their drain, and a rank's stop."""
+
+    def drain(self, container_instance_arn: str) -> str: ...
+
+
 class AwsNotices:
-    def __init__(self, deps: Deps, cordons: Any, notices: Any, capacity: CapacityPort | None = None, *,
-                 stop_gang: Callable[[Job], Any] | None = None, reactions: Reactions | None = None) -> None:
-        self.deps = deps
+    def __init__(self, data: NoticeData, ecs: NoticeEcs, cordons: Any, notices: Any,
+                 capacity: CapacityPort | None = None, *, policy: RemediationPolicy, metrics: MetricsPort,
+                 settings: Settings, stop_gang: Callable[[Job], Any] | None = None,
+                 reactions: Reactions | None = None) -> None:
+        self.data = data
+        self.ecs = ecs
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self.cordons = cordons  # recovery.cordons.Cordons: the attribute put after the commit
         self.notices = notices  # recovery.notices: the e-mails' outbox
         self.capacity = capacity
@@ -97,7 +144,7 @@ class AwsNotices:
             logger.warning("AWS notice not understood: dropped", extra={
                 "source": event.get("source"), "detail_type": event.get("detail-type")})
             return Outcome("dropped", detail={"why": "not a notice this stack reads"})
-        self.deps.metrics.add_metric("AwsNoticesReceived", "Count", 1)
+        self.metrics.add_metric("AwsNoticesReceived", "Count", 1)
         instance_ids = list(notice.instance_ids)
         if notice.reservation_id:
             if self.capacity is None:
@@ -142,14 +189,14 @@ class AwsNotices:
             # A node just listed that DescribeContainerInstances answers MISSING (ECS is
             # eventually consistent), or a throttled call, is not given up: asked again at once,
             # then the delivery fails and is retried (a notice of two minutes has no minute to lose).
-            found.extend(_twice(partial(self.deps.ecs.container_instances, query=query, missing_ok=False),
+            found.extend(_twice(partial(self.ecs.container_instances, query=query, missing_ok=False),
                                 retry_on=(EcsActionFailed, ClientError, BotoCoreError)))
         return found
 
     # ------------------------------------------------------------------ one node
     def apply(self, notice: Notice, inst_id: str, arn: str, ec2_id: str, now: float) -> str:
         """The notice on one node: recorded with its cordon and e-mail, then its jobs asked."""
-        repo = self.deps.repo
+        repo = self.data
         repo.put_instance_if_absent(Instance(inst_id, container_instance_arn=arn, ec2_instance_id=ec2_id))
         raw = repo.get_instance_item(inst_id) or {}
         current = dict(raw.get("notice") or {})
@@ -169,7 +216,7 @@ class AwsNotices:
                                       cordon=cordon, version=now, also=self.notices.owe([owed], now)):
                 return "raced"
             self.notices.send([owed])
-            self.deps.metrics.add_metric("AwsNotices", "Count", 1)
+            self.metrics.add_metric("AwsNotices", "Count", 1)
             if cordon is not None:
                 after_commit("aws-notice cordon", self.cordons.sync_quietly, inst_id)
             recorded = True
@@ -188,7 +235,7 @@ class AwsNotices:
 
     def _ask_jobs(self, inst_id: str, record: dict[str, Any], live: Sequence[Rank], now: float) -> int:
         """Each job with ranks on the node (``live``, read once per step) asked to move, or told."""
-        repo = self.deps.repo
+        repo = self.data
         count = 0
         stopping = stop_due(_float(record.get("deadline")), now, RECOVERY_SWEEP_RATE_SECONDS)
         for job_id in sorted({r.job_id for r in live}):
@@ -202,13 +249,13 @@ class AwsNotices:
 
     def _ask(self, inst_id: str, record: dict[str, Any], job: Job, now: float) -> int:
         """Ask one job on the node to checkpoint and move (1), or note that it cannot be (0)."""
-        repo, modes = self.deps.repo, self.deps.policy.modes
+        repo, modes = self.data, self.policy.modes
         key, deadline = str(record["key"]), _float(record.get("deadline"))
         movable = (job.is_queue_job and job.state is JobState.RUNNING and modes.executes(Effect.STOP_TASKS)
                    and modes.executes(Effect.RESTART_JOB))
         why = str(record.get("why") or "AWS notice")
         if movable:
-            fallback = self.deps.settings.remediation.warning_checkpoint_seconds or 600
+            fallback = self.settings.remediation.warning_checkpoint_seconds or 600
             bound = move_bound(deadline, now, fallback)
             avoid = {"node": inst_id, "rule": f"aws-notice:{record.get('kind')}", "action": "none",
                      "confidence": "announced by AWS", "reason": why[:300], "notice": str(record.get("kind")),
@@ -224,7 +271,7 @@ class AwsNotices:
                                          now + bound,
                                          f"move requested ({told})")
             if done:
-                self.deps.metrics.add_metric("NoticeMovesRequested", "Count", 1)
+                self.metrics.add_metric("NoticeMovesRequested", "Count", 1)
                 logger.warning("job asked to move off a node AWS takes away", extra={
                     "job_id": job.job_id, "instance": inst_id, "bound": int(bound)})
             return int(done)
@@ -239,7 +286,7 @@ class AwsNotices:
     def _stoppable(self, job: Job) -> bool:
         """A job with no control channel the stack moves itself by a stop before the deadline:
         tag-registered, relocatable (every task tagged so), stops and restarts executed."""
-        modes = self.deps.policy.modes
+        modes = self.policy.modes
         return (not job.is_queue_job and job.relocatable_tags and modes.executes(Effect.STOP_TASKS)
                 and modes.executes(Effect.RESTART_JOB))
 
@@ -300,7 +347,7 @@ class AwsNotices:
         one before done on a retry: the commit is conditioned on the job RUNNING in that
         attempt, the stop intent is sent until recorded sent. Returns (jobs moved now, whether
         nothing is left to do)."""
-        repo = self.deps.repo
+        repo = self.data
         key, deadline = str(record["key"]), _float(record.get("deadline"))
         job = repo.get_job(job_id)
         if job is None or job.attempt != rank.attempt or not self._stoppable(job):
@@ -327,7 +374,7 @@ class AwsNotices:
                 return 0, False  # raced (or its answer lost): read again
             moved = 1
             self.notices.send([owed])
-            self.deps.metrics.add_metric("NoticeJobsStopped", "Count", 1)
+            self.metrics.add_metric("NoticeJobsStopped", "Count", 1)
             logger.warning("job with no control channel stopped before AWS takes its node", extra={
                 "job_id": job_id, "instance": inst_id, "deadline": iso(deadline)})
             job = repo.get_job(job_id) or job
@@ -344,7 +391,7 @@ class AwsNotices:
         yet are asked; those still there at the deadline are counted); once none does, at the
         end of a maintenance window (the node returns) or never (the capacity goes for good: the
         cordon stays). A rebalance (no date) is left once its jobs were asked."""
-        repo = self.deps.repo
+        repo = self.data
         deadline, key = _float(record.get("deadline")), str(record["key"])
         window_end = _float(record.get("window_end"))
         comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
@@ -365,7 +412,7 @@ class AwsNotices:
         """The node's notice is due: jobs not asked yet are asked (a delivery died); at the
         deadline the jobs still there are counted (they crash with the node); after a
         maintenance window the node returns to service."""
-        repo = self.deps.repo
+        repo = self.data
         instance = repo.get_instance(inst_id)
         if instance is None or not instance.notice:
             return "ignored"
@@ -383,7 +430,7 @@ class AwsNotices:
         if not record.get("ended_at"):
             left = sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)})
             if left:
-                self.deps.metrics.add_metric("NoticeJobsCrashed", "Count", len(left))
+                self.metrics.add_metric("NoticeJobsCrashed", "Count", len(left))
                 logger.error("jobs still on a node at its AWS deadline",
                              extra={"instance": inst_id, "jobs": left})
             window_end = _float(record.get("window_end"))
@@ -411,8 +458,8 @@ class AwsNotices:
         record = instance.notice
         if not owes_drain(record):
             return True
-        self.deps.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
-        if not self.deps.repo.record_notice_drained(instance.container_inst_id, str(record["key"]), now):
+        self.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
+        if not self.data.record_notice_drained(instance.container_inst_id, str(record["key"]), now):
             return False
         logger.warning("node drained: AWS takes its capacity", extra={
             "instance": instance.container_inst_id, "notice": record.get("kind")})
@@ -423,7 +470,7 @@ class AwsNotices:
         StopTask, a lost answer): asked again now, not at the gang stop's paced re-ask (minutes):
         the node goes at the deadline. Moving: a queue job suspending to move, or a job with no
         control channel stopped to move (``_stop_and_move``)."""
-        repo = self.deps.repo
+        repo = self.data
         for rank in live:
             asked_at = rank.stop_requested_at or now
             if rank.state is not RankState.STOP_REQUESTED or asked_at > now - RESTOP_AFTER_SECONDS:
@@ -432,7 +479,7 @@ class AwsNotices:
             if job is None or job.attempt != rank.attempt or not _moving_off_notice(job):
                 continue
             why = str(job.stop_fanout.get("why") or "suspended: AWS takes the node")
-            self.deps.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255])
+            self.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255])
             logger.warning("rank on a node AWS takes away asked to stop again", extra={
                 "job_id": job.job_id, "rank": rank.rank, "instance": rank.container_inst_id})
 

@@ -119,12 +119,14 @@ class RecoveryService:
                                      reactions=reactions)
         self.preflights = Preflights(repo, handover, notices, metrics=self._metrics, settings=settings)
         # AWS's notices that capacity goes away (docs/aws-notices.md).
-        self.aws_notices = AwsNotices(self.deps, self.reboots.cordons, notices, capacity,
-                                      stop_gang=self.gang.stop, reactions=reactions)
-        self.sweeper = Sweep(self.deps, self.faults, self.health, self.reboots, self.restarts, self.breaker,
+        self.aws_notices = AwsNotices(repo, ecs, self.reboots.cordons, notices, capacity, policy=policy,
+                                      metrics=self._metrics, settings=settings, stop_gang=self.gang.stop,
+                                      reactions=reactions)
+        self.sweeper = Sweep(repo, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang, self.preflights, self.warnings,
                              validations=self.validations, aws_notices=self.aws_notices,
-                             suspects=self.suspects, settlement=self.remediation.settlement)
+                             suspects=self.suspects, settlement=self.remediation.settlement,
+                             metrics=self._metrics, settings=settings)
         reactions.declare(self._reactions())
 
     def _reactions(self) -> list[tuple[type, Handler]]:

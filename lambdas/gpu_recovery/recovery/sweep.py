@@ -14,9 +14,9 @@ what the budget leaves keeps its deadline for the next sweep.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -27,7 +27,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.heartbeat_policy import BACKSTOP_MARGIN_SECONDS, backstop_deadline
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.overdue import OverdueTally
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
@@ -41,18 +41,20 @@ from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.health_checks import HealthChecks
-from gpu_recovery.recovery.ports import Deps, Outcome
+from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.warnings import GpuWarnings
-from gpu_recovery.repository.faults import suspect_from_item
-from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS
+from gpu_recovery.repository.faults import FaultRepository, suspect_from_item
+from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS, HealthCheckSlots
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
+from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.notices import NOTICE_ITEM_TYPE
 from gpu_recovery.repository.preflight import PREFLIGHT_ITEM_TYPE
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +68,34 @@ MAX_DUE_PAGES = 20
 TIME_MARGIN_SECONDS = 12.0
 
 
+class SweepData(Protocol):
+    """The due items' pages (the deadline index), and what each kind's follow-up reads first."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+    slots: HealthCheckSlots
+
+    def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]: ...
+    def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]: ...
+    def get_job(self, job_id: str) -> Job | None: ...
+    def job_from_item(self, item: dict[str, Any]) -> Job: ...
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
+    def clear_job_deadline(self, job_id: str, state: JobState, deadline_at: Any) -> bool: ...
+    def clear_instance_deadline(self, inst_id: str, state: InstanceState) -> bool: ...
+
+
 class Sweep:
-    def __init__(self, deps: Deps, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
+    def __init__(self, data: SweepData, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
                  restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
                  gang: GangOps, preflights: Preflights, warnings: GpuWarnings | None = None, *,
                  validations: Any = None, aws_notices: Any = None, suspects: FaultSuspects,
-                 settlement: JobSettlement) -> None:
-        self.deps = deps
+                 settlement: JobSettlement, metrics: MetricsPort, settings: Settings) -> None:
+        self.data = data
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self.faults = faults
         self.health = health
         self.reboots = reboots
@@ -120,8 +143,8 @@ class Sweep:
             if not kinds or self._short_of_time(time_left):
                 break
         if overdue.read:
-            self.deps.metrics.add_metric(METRIC_OVERDUE_JOBS, "Count", overdue.overdue)
-            self.deps.metrics.add_metric(METRIC_OLDEST_DUE_JOB_SECONDS, "Seconds", overdue.oldest_due_seconds)
+            self.metrics.add_metric(METRIC_OVERDUE_JOBS, "Count", overdue.overdue)
+            self.metrics.add_metric(METRIC_OLDEST_DUE_JOB_SECONDS, "Seconds", overdue.oldest_due_seconds)
         try:
             for action, count in self.breaker.sweep(now).items():
                 handled[action] = handled.get(action, 0) + count
@@ -130,7 +153,7 @@ class Sweep:
             handled["error"] = handled.get("error", 0) + 1
         if int(now // 60) % (REAP_EVERY_SECONDS // 60) == 0:
             try:  # health-check slots a claim or a release that died half-way left taken
-                reaped = self.deps.repo.slots.reap(now)
+                reaped = self.data.slots.reap(now)
                 if reaped:
                     handled["slot_reaped"] = reaped
             except Exception:
@@ -141,12 +164,12 @@ class Sweep:
         return Outcome("swept", detail={"handled": handled})
 
     def _instance_steps(self, now: float) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
-        for page in self.deps.repo.due_instance_pages(now, DUE_PAGE):
+        for page in self.data.due_instance_pages(now, DUE_PAGE):
             yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in page]
 
     def _job_item_steps(self, now: float, overdue: OverdueTally
                         ) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
-        for page in self.deps.repo.due_job_item_pages(now, DUE_PAGE):
+        for page in self.data.due_job_item_pages(now, DUE_PAGE):
             overdue.add_page(item[DEADLINE_SK] for item in page if item.get("item_type") == "JOB")
             yield [(partial(self._job_item, item, now), {"key": item.get("job_id_rank")}) for item in page]
 
@@ -188,7 +211,7 @@ class Sweep:
         if instance.warning and self.warnings is not None \
                 and instance.state in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
             return self.warnings.sweep(instance, now)  # a driver warning: repair, or move its jobs
-        self.deps.repo.clear_instance_deadline(instance.container_inst_id, instance.state)
+        self.data.clear_instance_deadline(instance.container_inst_id, instance.state)
         return "cleared"
 
     def _job_item(self, item: dict[str, Any], now: float) -> str:
@@ -201,31 +224,31 @@ class Sweep:
             return self.preflights.sweep(item, now)
         if kind != "JOB":
             return "ignored"
-        return self._job(self.deps.repo.job_from_item(item), item, now)
+        return self._job(self.data.job_from_item(item), item, now)
 
     def _suspect(self, item: dict[str, Any], now: float) -> str:
         """A suspect whose health check was never asked for (its delivery died): ask."""
         suspect = suspect_from_item(item)
-        job = self.deps.repo.get_job(suspect.job_id)
+        job = self.data.get_job(suspect.job_id)
         if job is None or job.attempt != suspect.attempt or job.state not in RECOVERING_JOB_STATES \
                 or not suspect.pending:
-            instance = self.deps.repo.get_instance(suspect.node) if job is not None else None
+            instance = self.data.get_instance(suspect.node) if job is not None else None
             if job is not None and instance is not None and instance.fenced \
                     and instance.state is InstanceState.AVAILABLE:
                 # The job moved on before its node was checked: the check runs for the node
                 # alone (its fence keeps it out of placement until then).
                 self.health.request(job, suspect.node)
-            self.deps.repo.faults.health_check_requested(suspect)
+            self.data.faults.health_check_requested(suspect)
             return "suspect_settled"
         result = self.suspects.request_check(job, suspect.node)
         if result in ("waiting_for_gpus",) or result.startswith("instance_"):
-            self.deps.repo.faults.rearm_suspect(suspect, now + RETRY_INTERVAL_SECONDS)
+            self.data.faults.rearm_suspect(suspect, now + RETRY_INTERVAL_SECONDS)
         return "suspect_check_requested"
 
     def _job(self, job: Job, item: dict[str, Any], now: float) -> str:
-        repo = self.deps.repo
+        repo = self.data
         if job.state is JobState.PENDING_RESTART:
-            settings = self.deps.settings
+            settings = self.settings
             give_up_at = ((job.fault_started_at or now) + settings.health_check_timeout_seconds
                           + settings.reboot_timeout_seconds + RESTART_GIVE_UP_MARGIN_SECONDS)
             why = "the gang restart did not happen in time (instances or old ranks never became ready)"
@@ -261,7 +284,7 @@ class Sweep:
             # Waiting for the breaker's reset (domain.breaker.hold): go on, fail, or wait.
             return self.restarts.holds.sweep(job, now, self.restarts.try_restart)
         if job.state is JobState.PENDING_HEALTHCHECK:
-            give_up_at = (job.fault_started_at or now) + 2 * self.deps.settings.health_check_timeout_seconds \
+            give_up_at = (job.fault_started_at or now) + 2 * self.settings.health_check_timeout_seconds \
                 + RESTART_GIVE_UP_MARGIN_SECONDS
             if now >= give_up_at:
                 # Every check has its own timeout (the node's): this is the backstop behind them.
@@ -315,8 +338,8 @@ class Sweep:
         GPU reset, its validation after repair): read only once the backstop is due."""
         if not job.in_fault or job.tally.rebooting <= 0:
             return False
-        waiting = [s.node for s in self.deps.repo.faults.suspects(job.job_id, job.attempt) if s.rebooting]
-        instances = self.deps.repo.get_instances(waiting) if waiting else {}
+        waiting = [s.node for s in self.data.faults.suspects(job.job_id, job.attempt) if s.rebooting]
+        instances = self.data.get_instances(waiting) if waiting else {}
         return any(i.state is InstanceState.REBOOTING and i.deadline_at is not None
                    and job.job_id in i.waiting_jobs for i in instances.values())
 
@@ -327,14 +350,14 @@ class Sweep:
         reported keeps running, e-mailed)."""
         escalate_at = item.get("heartbeat_escalate_at")
         if escalate_at is None or now < float(escalate_at) + BACKSTOP_MARGIN_SECONDS:
-            self.deps.repo.rearm_job(job, backstop_deadline(now, None if escalate_at is None
+            self.data.rearm_job(job, backstop_deadline(now, None if escalate_at is None
                                                             else float(escalate_at)))
             return "heartbeat_waiting"
         attr = lost_attr(job.attempt) if job.state is JobState.NODE_LOST else hung_attr(job.attempt)
         ranks = sorted(int(r) for r in item.get(attr) or () if str(r).isdigit())
-        rank = self.deps.repo.get_rank(job.job_id, ranks[0]) if ranks else None
+        rank = self.data.get_rank(job.job_id, ranks[0]) if ranks else None
         if rank is None or rank.attempt != job.attempt:
-            self.deps.repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+            self.data.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return "heartbeat_waiting"
         reason = (f"rank {rank.rank} {job.state.value} on {rank.container_inst_id} past the time the "
                   "heartbeat sweep hands it to the recovery loop")
@@ -351,7 +374,7 @@ class Sweep:
     def _counted_after_repair(self, job: Job) -> Job:
         """The job's tally with its shards added; short of verdicts, with the healthy ones
         whose writer died before counting them counted now (FaultRepository.recount)."""
-        faults = self.deps.repo.faults
+        faults = self.data.faults
         counted = faults.counted(job)
         if counted.tally.ranks_ended and not counted.tally.all_decided and faults.recount(job):
             counted = faults.counted(job)
@@ -361,7 +384,7 @@ class Sweep:
         """Every rank ended but the event that completed the latch died before counting the
         suspects: count them (once), and conclude the fault if every verdict is in (or,
         verdicts pending, move a relocatable job to a spare)."""
-        if job.tally.total is None and Latch.ENDED in self.deps.repo.latches.complete(
+        if job.tally.total is None and Latch.ENDED in self.data.latches.complete(
                 job.job_id, job.attempt, job.world_size):
             self.faults.on_attempt_ended(job, job.attempt)
         elif self._counted_after_repair(job).tally.all_decided:
