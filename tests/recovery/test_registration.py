@@ -234,7 +234,7 @@ def test_unknown_tasks_go_to_the_tag_lookup_worker_and_are_described_together() 
 
     with world(tag_lookups=FakeQueue) as w:
         describes = TaggedDescribe(w)
-        queue = w.service.deps.tag_lookups
+        queue = w.service.ranks.tag_lookups
         base = "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/"
         arns = [f"{base}{i:032x}" for i in range(3)]
         _tagged(w, arns[0], "node-0", 0, 2)

@@ -31,7 +31,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed
@@ -56,9 +56,10 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, ranks_tag_value, spec_key
 from gpu_recovery.domain.models import Job, Rank, container_instance_id
 from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
 from gpu_recovery.domain.task_network import restart_network
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.ranks import (
     RankOperations,
     overrides_for_attempt,
@@ -67,6 +68,8 @@ from gpu_recovery.recovery.ranks import (
 )
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
 from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +115,33 @@ def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
     return task_started_by.rank_launch(task_started_by.RESTART, job_id, attempt, f"g{call.key}", digest=10)
 
 
+class GangData(Protocol):
+    """A batch's ranks (their stop asked, their launch claimed), its job's fan-out marks, the
+    latch the ranks arrive on."""
+
+    latches: LatchRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]: ...
+    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
+    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool: ...
+    def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool: ...
+    def record_stop_round(self, job: Job, attempt: int, rounds: int, now: float) -> bool: ...
+    def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
+
+
 class GangOps:
-    def __init__(self, deps: Deps, ranks: RankOperations, queue: GangQueuePort | None = None, *,
-                 reactions: Reactions | None = None) -> None:
-        self.deps = deps
+    def __init__(self, data: GangData, ecs: EcsPort, ranks: RankOperations, faults: FaultRepository,
+                 queue: GangQueuePort | None = None, *, policy: RemediationPolicy, metrics: MetricsPort,
+                 settings: Settings, reactions: Reactions | None = None) -> None:
+        self.data = data
+        self.ecs = ecs
         self.ranks = ranks
         self.queue = queue
-        self.faults = FaultRepository(deps.repo)
+        self.faults = faults
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         # Told: a restart's ranks all started, a rank not placed, a stopped task's lost event.
         self.reactions = reactions or Reactions()
 
@@ -150,9 +173,9 @@ class GangOps:
             return sent
         now = clock.now()
         if round_:
-            self.deps.repo.record_stop_round(job, attempt, round_, now)
+            self.data.record_stop_round(job, attempt, round_, now)
         else:
-            self.deps.repo.record_fanout_sent(job, "stop_fanout", attempt, now)
+            self.data.record_fanout_sent(job, "stop_fanout", attempt, now)
         return sent
 
     def start(self, job: Job) -> Dispatched:
@@ -163,7 +186,7 @@ class GangOps:
             return Dispatched(True)
         sent = self._dispatch(job, batches(START, job.job_id, attempt, job.world_size))
         if sent:
-            self.deps.repo.record_fanout_sent(job, "start_fanout", attempt, clock.now())
+            self.data.record_fanout_sent(job, "start_fanout", attempt, clock.now())
         return sent
 
     def _dispatch(self, job: Job, work: list[GangBatch]) -> Dispatched:
@@ -172,7 +195,7 @@ class GangOps:
             return Dispatched(all(r.done for r in results), [r for res in results for r in res.stopped])
         assert self.queue is not None
         self.queue.send([b.body() for b in work])
-        self.deps.metrics.add_metric("GangBatchesSent", "Count", len(work))
+        self.metrics.add_metric("GangBatchesSent", "Count", len(work))
         return Dispatched(True)
 
     def stop_due(self, job: Job, now: float) -> str:
@@ -180,15 +203,15 @@ class GangOps:
         again at a paced interval; once every rank ended, the intent is done."""
         intent = job.stop_fanout
         attempt = int(intent.get("attempt") or job.attempt)
-        if Latch.ENDED in self.deps.repo.latches.complete(job.job_id, attempt, job.world_size):
-            self.deps.repo.end_stop_fanout(job, attempt)
+        if Latch.ENDED in self.data.latches.complete(job.job_id, attempt, job.world_size):
+            self.data.end_stop_fanout(job, attempt)
             return "stopped"
         if not intent.get("sent_at"):
             return "stop_sent" if self.stop(job) else "stop_pending"
         rounds = int(intent.get("rounds") or 0)
         if rounds >= MAX_STOP_ROUNDS:
             if job.state.is_terminal:
-                self.deps.repo.end_stop_fanout(job, attempt)
+                self.data.end_stop_fanout(job, attempt)
             return "stop_given_up"
         if now < float(intent["sent_at"]) + RECHECK_SECONDS * 2 ** rounds:
             return "stop_waiting"
@@ -212,7 +235,7 @@ class GangOps:
         if not result.done and result.rest is not None and self.queue is not None \
                 and not self._inline_batch(batch):
             self.queue.send([result.rest.body()], delay_seconds=math.ceil(result.delay_seconds))
-            self.deps.metrics.add_metric("GangBatchesDeferred", "Count", 1)
+            self.metrics.add_metric("GangBatchesDeferred", "Count", 1)
         return result
 
     def _inline_batch(self, batch: GangBatch) -> bool:
@@ -225,10 +248,10 @@ class GangOps:
     # ---------------------------------------------------------------------- stop
     def _stop_batch(self, batch: GangBatch, receive_count: int, time_left: Callable[[], float] | None,
                     result: BatchResult) -> None:
-        if batch.remediation and not self.deps.policy.modes.executes(Effect.STOP_TASKS):
+        if batch.remediation and not self.policy.modes.executes(Effect.STOP_TASKS):
             result.reason = "observe mode: ranks not stopped"
             return
-        repo = self.deps.repo
+        repo = self.data
         now = clock.now()
         reask = receive_count > 1 or batch.round > 0
         todo = [r for r in repo.get_rank_range(batch.job_id, batch.first, batch.last)
@@ -245,14 +268,14 @@ class GangOps:
                 return
             if index % PREPAY_CALLS == 0:
                 try:
-                    self.deps.ecs.prepay(min(PREPAY_CALLS, len(todo) - index))
+                    self.ecs.prepay(min(PREPAY_CALLS, len(todo) - index))
                 except RateLimited as limited:
                     result.done, result.rest = False, replace(batch, first=rank.rank)
                     result.delay_seconds, result.reason = limited.wait_seconds, "rate limited"
                     return
             if rank.state in LIVE_RANK_STATES and not repo.request_rank_stop(rank, batch.why, clock.now()):
                 continue  # it ended (or was marked) meanwhile
-            self.deps.ecs.stop_task(rank.task_arn, reason)
+            self.ecs.stop_task(rank.task_arn, reason)
             result.stopped.append(rank.rank)
 
     def _already_stopped(self, todo: list[Rank], result: BatchResult) -> list[Rank]:
@@ -261,7 +284,7 @@ class GangOps:
         DescribeTasks per 100 ranks, only in the paced rounds."""
         if not self.reactions.handles(StoppedEventLost):
             return todo
-        described = {t.get("taskArn"): t for t in self.deps.ecs.describe_tasks([r.task_arn for r in todo])}
+        described = {t.get("taskArn"): t for t in self.ecs.describe_tasks([r.task_arn for r in todo])}
         left = []
         for rank in todo:
             task = described.get(rank.task_arn)
@@ -275,7 +298,7 @@ class GangOps:
     # --------------------------------------------------------------------- start
     def _start_batch(self, batch: GangBatch, receive_count: int, time_left: Callable[[], float] | None,
                      result: BatchResult) -> None:
-        repo = self.deps.repo
+        repo = self.data
         job = repo.get_job(batch.job_id)
         if job is None or job.attempt != batch.attempt or job.state not in STARTED_JOB_STATES:
             result.reason = "job moved on"  # an ended job's stop fan-out stops what was started
@@ -294,7 +317,7 @@ class GangOps:
                     registered_at=rank.registered_at)
         planned = [PlannedRank(r.rank, self._target(r, moves)["node"], self._spec(r)) for r in ranks
                    if r.attempt in (batch.attempt, batch.attempt - 1)]
-        for call in plan_calls(planned, batching=self.deps.settings.batch_identical_starts):
+        for call in plan_calls(planned, batching=self.settings.batch_identical_starts):
             todo = [previous[r] for r in call.ranks if r in previous]
             if not todo:
                 continue
@@ -330,7 +353,7 @@ class GangOps:
         """Start the ranks of one call whose lease this delivery wins; returns the ranks
         started (and registered), those that could not be placed, and whether a
         registration completed the attempt's latch."""
-        repo = self.deps.repo
+        repo = self.data
         attempt = job.attempt
         now = clock.now()
         claimed = [r for r in todo if repo.claim_rank_launch(r, attempt, now + CLAIM_LEASE_SECONDS, now)]
@@ -341,9 +364,9 @@ class GangOps:
         found: dict[str, str] = {}
         if any(r.launch_attempt == attempt for r in claimed):
             # A lease taken over: the task may exist already. Look before starting.
-            arns = self.deps.ecs.tasks_started_by(started_by)
+            arns = self.ecs.tasks_started_by(started_by)
             if arns:
-                described = self.deps.ecs.describe_tasks(arns)
+                described = self.ecs.describe_tasks(arns)
                 unseen = set(arns) - {str(t.get("taskArn")) for t in described}
                 if unseen:
                     # Listed but answered MISSING (ECS not caught up): where it runs is not
@@ -355,7 +378,7 @@ class GangOps:
         started: list[int] = []
         reasons: dict[int, str] = {}
         rest, complete = self._register_placed(job, claimed, found, targets, started_by, started)
-        for _ in range(max(1, self.deps.settings.restart_start_retries)):
+        for _ in range(max(1, self.settings.restart_start_retries)):
             if not rest:
                 break
             first = rest[0]
@@ -363,7 +386,7 @@ class GangOps:
             if call.grouped:
                 tags = [t for t in tags if t.get("key") != TAG_RANK]
                 tags.append({"key": TAG_RANKS, "value": ranks_tag_value(call.ranks)})
-            result = self.deps.ecs.start_task(
+            result = self.ecs.start_task(
                 task_definition=first.task_definition_arn,
                 container_instance_arns=[targets[r.rank]["arn"] for r in rest],
                 overrides=overrides_for_attempt(first.overrides, attempt), tags=tags, started_by=started_by,

@@ -8,9 +8,9 @@ every rank. Stopping a gang is a fan-out of its own (``recovery.gang``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed
@@ -48,8 +48,12 @@ from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.domain.task_network import NetworkError, awsvpc_configuration, eni_subnet, id_list
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import Deps
-from gpu_recovery.repository.latches import Arrival
+from gpu_recovery.recovery.ports import EcsPort, GangQueuePort, MetricsPort
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.jobs_and_ranks import TaskLookup
+from gpu_recovery.repository.latches import Arrival, LatchRepository
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -312,15 +316,42 @@ def tags_for_attempt(tags: list[dict[str, str]], attempt: int) -> list[dict[str,
     return [*kept, {"key": TAG_ATTEMPT, "value": str(attempt)}]
 
 
+class RankData(Protocol):
+    """A rank's registration (its job, node and latch arrival), its task looked up, a refused job."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def create_job_if_absent(self, job: Job) -> bool: ...
+    def put_rank_registration(self, rank: Rank) -> bool: ...
+    def put_instance_if_absent(self, instance: Instance) -> bool: ...
+    def record_ec2_instance_id(self, inst_id: str, ec2_instance_id: str) -> bool: ...
+    def look_up_task(self, task_arn: str) -> TaskLookup: ...
+    def remember_unprotected_task(self, task_arn: str, now: float) -> None: ...
+    def mark_not_relocatable(self, job_id: str) -> bool: ...
+    def mark_refused(self, job_id: str, world_size: int, now: float, also: Sequence[Update] = ()) -> bool: ...
+
+
 class RankOperations:
-    def __init__(self, deps: Deps, notices: Notices) -> None:
-        self.deps = deps
+    """``tag_lookups``: the tag lookup worker's queue (unknown tasks' events described
+    together), or None (each looked up here)."""
+
+    def __init__(self, data: RankData, ecs: EcsPort, notices: Notices, *, metrics: MetricsPort,
+                 settings: Settings, tag_lookups: GangQueuePort | None = None) -> None:
+        self.data = data
+        self.ecs = ecs
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
+        self.tag_lookups = tag_lookups
         self.notices = notices  # e-mails, owed with the decision they report
 
     # ------------------------------------------------------------- registration
     def register_rank(self, reg: RankRegistration) -> Rank:
         """Protect a rank: the task handler calls it on RUNNING, the queue at launch."""
-        repo = self.deps.repo
+        repo = self.data
         now = clock.now()
         inst_id = container_instance_id(reg.container_instance_arn)
         # No DescribeContainerInstances here (a job of 1,024 nodes starting at once would spend
@@ -331,9 +362,9 @@ class RankOperations:
             Instance(inst_id, container_instance_arn=reg.container_instance_arn, ec2_instance_id=ec2_id)
         )
         max_attempts = (reg.max_recovery_attempts if reg.max_recovery_attempts is not None
-                        else self.deps.settings.max_recovery_attempts)
+                        else self.settings.max_recovery_attempts)
         max_app = (reg.max_app_restarts if reg.max_app_restarts is not None
-                   else self.deps.settings.max_app_restarts)
+                   else self.settings.max_app_restarts)
         relocatable = _tag_relocatable(reg.tags)
         created = repo.create_job_if_absent(Job(
             job_id=reg.job_id,
@@ -372,7 +403,7 @@ class RankOperations:
                            ec2_instance_id: str, started_by: str) -> Arrival:
         """The gang restart started ``previous``'s rank again (job, instance and budgets are
         known): write the new attempt's rank and arrive at its registered latch."""
-        repo = self.deps.repo
+        repo = self.data
         inst_id = container_instance_id(container_instance_arn)
         if inst_id != previous.container_inst_id:  # relocated: the new node may be unknown
             repo.put_instance_if_absent(Instance(inst_id, container_instance_arn=container_instance_arn,
@@ -395,22 +426,22 @@ class RankOperations:
         (DescribeContainerInstances) and recorded on the item."""
         if instance.ec2_instance_id:
             return instance.ec2_instance_id
-        described = self.deps.ecs.describe_container_instance(
+        described = self.ecs.describe_container_instance(
             instance.container_instance_arn or instance.container_inst_id)
         ec2_id = str((described or {}).get("ec2InstanceId", ""))
         if ec2_id:
-            self.deps.repo.record_ec2_instance_id(instance.container_inst_id, ec2_id)
+            self.data.record_ec2_instance_id(instance.container_inst_id, ec2_id)
         return ec2_id
 
     def rank_for_task(self, detail: EcsTaskDetail) -> Rank | None:
         """The task's rank: known by its task, else registered from its event (the
         convention), else from its tags (one DescribeTasks, once per task: a task found not
         protected is remembered, so its later events cost no DescribeTasks)."""
-        repo = self.deps.repo
+        repo = self.data
         known = repo.look_up_task(detail.taskArn)
         if known.rank is not None:
             return known.rank
-        mode = self.deps.settings.registration
+        mode = self.settings.registration
         if mode != "tags":
             try:
                 reg = registration_from_event(detail.model_dump())
@@ -430,10 +461,10 @@ class RankOperations:
         # Unknown task: out-of-order delivery, index lag, or a job launched by another
         # tool. Tags decide, and only DescribeTasks(include=TAGS) returns them: the tag
         # lookup worker describes 100 tasks a call under the stack's Describe budget.
-        if self.deps.tag_lookups is not None:
-            self.deps.tag_lookups.send([{"detail": detail.model_dump(mode="json")}])
+        if self.tag_lookups is not None:
+            self.tag_lookups.send([{"detail": detail.model_dump(mode="json")}])
             raise LookupQueued(detail.taskArn)
-        task = self.deps.ecs.describe_task(detail.taskArn)
+        task = self.ecs.describe_task(detail.taskArn)
         if task is None:
             # Answered MISSING for a task whose event is in hand: ECS has not caught up (it
             # keeps a stopped task describable for an hour). Not "unprotected": the event
@@ -446,7 +477,7 @@ class RankOperations:
         from the table, the rest described together (DescribeTasks takes 100). A task ECS
         answers MISSING is left out (its event fails and is delivered again, see
         ``rank_for_task``)."""
-        repo = self.deps.repo
+        repo = self.data
         resolved: dict[str, Rank | None] = {}
         unknown: list[str] = []
         for arn in dict.fromkeys(task_arns):
@@ -456,7 +487,7 @@ class RankOperations:
             else:
                 unknown.append(arn)
         if unknown:
-            described = {str(t.get("taskArn")): t for t in self.deps.ecs.describe_tasks(unknown)}
+            described = {str(t.get("taskArn")): t for t in self.ecs.describe_tasks(unknown)}
             for arn in unknown:
                 if arn in described:
                     resolved[arn] = self.rank_from_description(arn, described[arn])
@@ -475,7 +506,7 @@ class RankOperations:
             return self._rank_of_grouped_task(task, several)
         except NotProtected as reason:
             logger.debug("task not protected", extra={"task": task_arn, "why": str(reason)})
-            self.deps.repo.remember_unprotected_task(task_arn, clock.now())
+            self.data.remember_unprotected_task(task_arn, clock.now())
             return None
         return self.register_rank(reg)
 
@@ -483,7 +514,7 @@ class RankOperations:
         """A task a grouped StartTask started whose registration has not landed yet: its rank
         is the one of the call planned on its node (a gang restart's; the launcher registers
         it as well, and the first registration wins)."""
-        repo = self.deps.repo
+        repo = self.data
         job = repo.get_job(several.job_id)
         if job is None or job.attempt != several.attempt:
             return None
@@ -507,18 +538,18 @@ class RankOperations:
 
     def all_registered(self, job: Job) -> bool:
         """Every rank of the job's attempt registered (its registered latch complete)."""
-        return Latch.REGISTERED in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size)
+        return Latch.REGISTERED in self.data.latches.complete(job.job_id, job.attempt, job.world_size)
 
     def register_missing(self, job: Job) -> list[int]:
         """Ranks whose RUNNING event never arrived, found running by their tags and registered
         (so they are stopped and restarted too). Costs a ListTasks and a DescribeTasks per
         100 tasks of the cluster: only when the attempt's registered latch is incomplete."""
-        repo = self.deps.repo
+        repo = self.data
         if self.all_registered(job):
             return []
         known = repo.latches.registered(job.job_id, job.attempt, job.world_size)
         found = []
-        for task in self.deps.ecs.running_tasks_tagged(TAG_JOB_ID, job.job_id):
+        for task in self.ecs.running_tasks_tagged(TAG_JOB_ID, job.job_id):
             try:
                 reg = registration_from_tags(task, task.get("tags", []))
             except NotProtected:
@@ -541,10 +572,10 @@ class RankOperations:
             what_was_done="Nothing: its ranks are not registered, a GPU fault in this job is not recovered",
             operator_action=refused.operator_action))
         now = clock.now()
-        if not self.deps.repo.mark_refused(refused.job_id, refused.world_size, now,
+        if not self.data.mark_refused(refused.job_id, refused.world_size, now,
                                            also=self.notices.owe([notice], now)):
             return
-        self.deps.metrics.add_metric("JobsRefused", "Count", 1)
+        self.metrics.add_metric("JobsRefused", "Count", 1)
         self.notices.send([notice])
 
 

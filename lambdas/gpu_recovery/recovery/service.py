@@ -66,6 +66,7 @@ from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.validations import Validations
 from gpu_recovery.recovery.warnings import GpuWarnings
 from gpu_recovery.repository import Repository
+from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 from gpu_recovery.settings import Settings
 
@@ -84,11 +85,13 @@ class RecoveryService:
                          policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
         # The e-mails, owed with the decisions they report (the outbox), for every stage.
         notices = Notices(repo.notices, repo.faults, notifier)
-        self.ranks = RankOperations(self.deps, notices)
+        self.ranks = RankOperations(repo, ecs, notices, metrics=self._metrics, settings=settings,
+                                    tag_lookups=tag_lookups)
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
         reactions = Reactions()
-        self.gang = GangOps(self.deps, self.ranks, gang_queue, reactions=reactions)
+        self.gang = GangOps(repo, ecs, self.ranks, FaultRepository(repo), gang_queue, policy=policy,
+                            metrics=self._metrics, settings=settings, reactions=reactions)
         self.suspensions = Suspensions(repo, SuspensionRepository(repo), notices, self.gang,
                                        metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
