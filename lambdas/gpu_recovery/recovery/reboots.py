@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.errors import refused
@@ -48,9 +48,10 @@ from gpu_recovery.domain.escalation import (
     stored_history_with,
 )
 from gpu_recovery.domain.fault_vocabulary import Action
-from gpu_recovery.domain.models import Instance, container_instance_id
+from gpu_recovery.domain.models import Instance, Job, container_instance_id
 from gpu_recovery.domain.reboot_evidence import AgentEvent, RebootProgress
 from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import (
     HEALTH_CHECK_STATES,
     RECOVERING_JOB_STATES,
@@ -64,10 +65,13 @@ from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
-from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.ports import EcsPort, MetricsPort, Outcome, RebootPort, ReplacePort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import NodeBack, Reactions, RestartDue
-from gpu_recovery.repository import JobFailure
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.node_decisions import JobFailure
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -77,19 +81,66 @@ logger = logging.getLogger(__name__)
 REBOOT_CONFIRM_SECONDS = 300
 
 
+class RebootData(Protocol):
+    """The reboot's (and the replacement's) intents on the node's item
+    (``repository/instances.py``), the jobs waiting for it, a node that ran out of time."""
+
+    faults: FaultRepository
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def claim_reboot(self, instance: Instance, now: float) -> bool: ...
+    def take_over_reboot_claim(self, instance: Instance, now: float) -> bool: ...
+    def release_reboot_claim(self, instance: Instance, claimed_at: float, retry_at: float) -> bool: ...
+    def record_reboot_issued(self, instance: Instance, path: str, now: float, deadline_at: float) -> bool: ...
+    def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool: ...
+    def record_termination(self, inst_id: str, result: str, now: float,
+                           watch: dict[str, Any] | None = None) -> bool: ...
+    def record_drained(self, inst_id: str, *, terminate_next: bool = False,
+                       uncordon: bool = False) -> bool: ...
+    def record_agent_disconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
+    def record_agent_reconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
+    def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
+                           last_reset: dict[str, Any] | None = None,
+                           validation: dict[str, Any] | None = None,
+                           validating_cordon: dict[str, Any] | None = None) -> bool: ...
+    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
+                                validation: dict[str, Any] | None = None,
+                                validating_cordon: dict[str, Any] | None = None) -> bool: ...
+    def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str, note: str = "",
+                            validation: dict[str, Any] | None = None) -> bool: ...
+    def clear_waiting_deadline(self, inst_id: str) -> bool: ...
+    def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool: ...
+    def time_out_instance(self, instance: Instance, *, quarantine: bool, what: str,
+                          failures: Sequence[JobFailure], actor: str = "sweep",
+                          fault_history: list[dict[str, Any]] | None = None,
+                          breaker_blocked: dict[str, Any] | None = None,
+                          breaker: Update | None = None, cordon: dict[str, Any] | None = None,
+                          also: Sequence[Update] = ()) -> bool: ...
+
+
 class Reboots:
-    def __init__(self, deps: Deps, ranks: RankOperations, gang: GangOps, *,
+    """``gate``: the breaker every node action asks; ``cordons``: the node attributes kept in sync."""
+
+    def __init__(self, data: RebootData, ecs: EcsPort, ranks: RankOperations, gang: GangOps,
+                 gate: NodeActionGate, cordons: Cordons, *, rebooter: RebootPort, replacer: ReplacePort,
+                 policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
                  reactions: Reactions | None = None) -> None:
-        self.deps = deps
+        self.data = data
+        self.ecs = ecs
+        self.rebooter = rebooter
+        self.replacer = replacer
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self.ranks = ranks
         self.gang = gang  # a failed job's ranks stopped
-        self.gate = NodeActionGate(deps.repo, deps.ecs, ranks.notices, metrics=deps.metrics,
-                                   settings=deps.settings)
+        self.gate = gate
         # Told: a repaired node is back (it validates under load before it is AVAILABLE);
         # with nothing reacting, it is straight back (``mark_available``).
         self.reactions = reactions or Reactions()
-        self.cordons = Cordons(deps.repo, deps.ecs, ranks.notices, self.gate, metrics=deps.metrics,
-                               reactions=self.reactions)
+        self.cordons = cordons
 
     # -------------------------------------------------------------------- issue
     def issue(self, instance: Instance, *, agent_connected: bool | None = None, marked: bool = False) -> str:
@@ -99,7 +150,7 @@ class Reboots:
         now = clock.now()
         progress = evidence.reboot_progress(instance, now=now, lease_seconds=REBOOT_CONFIRM_SECONDS,
                                             agent_connected=agent_connected)
-        repo = self.deps.repo
+        repo = self.data
         if progress in (RebootProgress.NOT_ISSUED, RebootProgress.UNCONFIRMED) and not marked:
             self.mark(instance)
         if progress is RebootProgress.NOT_ISSUED:
@@ -113,16 +164,16 @@ class Reboots:
         if not claimed:
             return "raced"
         try:
-            path = self.deps.rebooter.reboot(
+            path = self.rebooter.reboot(
                 self.ranks.ec2_instance_id(instance),
                 f"gpu-recovery: {instance.reboot_reason or 'DCGM asked for a reboot'}"[:100])
         except Exception as error:
             if refused(error):  # nothing happened: the next try may issue it
                 repo.release_reboot_claim(instance, now, now + RETRY_INTERVAL_SECONDS)
             raise
-        timeout_at = (instance.reboot_requested_at or now) + self.deps.settings.reboot_timeout_seconds
+        timeout_at = (instance.reboot_requested_at or now) + self.settings.reboot_timeout_seconds
         repo.record_reboot_issued(instance, path, clock.now(), min(timeout_at, now + RETRY_INTERVAL_SECONDS))
-        self.deps.metrics.add_metric("Reboots", "Count", 1)
+        self.metrics.add_metric("Reboots", "Count", 1)
         logger.info("reboot requested", extra={"instance": instance.container_inst_id,
                                                "ec2_instance": instance.ec2_instance_id, "via": path})
         return "issued"
@@ -130,14 +181,14 @@ class Reboots:
     def quarantine(self, instance: Instance) -> None:
         """Drain (idempotent): ECS places nothing new on the instance; then confirm it.
         A replacement by ``terminate_in_asg`` then terminates the instance in its group."""
-        fresh = self.deps.repo.get_instance(instance.container_inst_id) or instance
+        fresh = self.data.get_instance(instance.container_inst_id) or instance
         if fresh.drain_pending or not fresh.terminate_pending:
             # Raises (EcsActionFailed) unless ECS confirmed it: the drain is then recorded by
             # the sweep's next try, never before ECS said so.
-            self.deps.ecs.drain(fresh.container_instance_arn or fresh.container_inst_id)
-            if self.deps.repo.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending,
+            self.ecs.drain(fresh.container_instance_arn or fresh.container_inst_id)
+            if self.data.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending,
                                              uncordon=fresh.cordoned):
-                self.deps.metrics.add_metric("Quarantines", "Count", 1)
+                self.metrics.add_metric("Quarantines", "Count", 1)
                 logger.warning("instance quarantined", extra={"instance": fresh.container_inst_id,
                                                               "why": fresh.quarantine_reason})
                 if fresh.cordoned:  # DRAINING keeps placements off now: the attribute goes
@@ -152,27 +203,27 @@ class Reboots:
         call is repeated; the result is recorded after."""
         now = clock.now()
         retaken = instance.terminate_claimed_at is not None
-        if not self.deps.repo.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
+        if not self.data.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
             return "in_flight"
         ec2_id = self.ranks.ec2_instance_id(instance)
-        found = self.deps.replacer.groups_of([ec2_id]).get(ec2_id) if ec2_id.startswith("i-") else None
+        found = self.replacer.groups_of([ec2_id]).get(ec2_id) if ec2_id.startswith("i-") else None
         state, group = found if found else (None, "")
         if state is None or state.startswith("Terminat"):
             result = ("terminating in its Auto Scaling group" if state or retaken
                       else "not in an Auto Scaling group: left drained for an operator")
         else:
             try:
-                result = self.deps.replacer.terminate_in_asg(ec2_id)
+                result = self.replacer.terminate_in_asg(ec2_id)
             except Exception as error:
                 if refused(error):  # nothing happened: let the next try claim it again
                     logger.warning("termination refused", extra={"instance": ec2_id, "error": str(error)})
                 raise
-            self.deps.metrics.add_metric("Replacements", "Count", 1)
+            self.metrics.add_metric("Replacements", "Count", 1)
         now = clock.now()
         # The node the group launches in its place is validated before it takes work.
         watch = replacement_watch(since=now, group=group) \
-            if group and self.deps.settings.validation.enabled else None
-        self.deps.repo.record_termination(instance.container_inst_id, result, now, watch)
+            if group and self.settings.validation.enabled else None
+        self.data.record_termination(instance.container_inst_id, result, now, watch)
         logger.warning("instance replaced", extra={"instance": instance.container_inst_id, "result": result})
         return result
 
@@ -192,14 +243,14 @@ class Reboots:
     def mark(self, instance: Instance) -> None:
         """PutAttributes ``gpu-recovery.rebooting`` (idempotent): the node's events reach the
         instance monitor from now on."""
-        self.deps.ecs.put_attributes(instance.container_instance_arn or instance.container_inst_id,
+        self.ecs.put_attributes(instance.container_instance_arn or instance.container_inst_id,
                                      {REBOOTING_ATTRIBUTE: str(int(instance.reboot_requested_at or 0))})
 
     def unmark_quietly(self, target: str) -> str:
         """DeleteAttributes of the mark once the node is back or given up; a failure leaves
         the mark, which the next event it brings deletes (nothing else depends on it)."""
         try:
-            self.deps.ecs.delete_attributes(target, [REBOOTING_ATTRIBUTE])
+            self.ecs.delete_attributes(target, [REBOOTING_ATTRIBUTE])
         except Exception as error:
             logger.warning("deleting the rebooting mark failed; its next event deletes it",
                            extra={"instance": target, "error": str(error)})
@@ -210,7 +261,7 @@ class Reboots:
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
                                      event_time: datetime | None = None) -> Outcome:
         inst_id = container_instance_id(detail.containerInstanceArn)
-        instance = self.deps.repo.get_instance(inst_id)
+        instance = self.data.get_instance(inst_id)
         if instance is None or instance.state is not InstanceState.REBOOTING:
             if detail.attribute(REBOOTING_ATTRIBUTE) is not None:  # a mark left behind
                 return Outcome(self.unmark_quietly(detail.containerInstanceArn),
@@ -226,7 +277,7 @@ class Reboots:
         """The node agent reported a boot time: a REBOOTING node that booted after the
         request and whose ECS agent is connected is back, even if its disconnect event
         was never seen."""
-        instance = self.deps.repo.get_instance(inst_id)
+        instance = self.data.get_instance(inst_id)
         if instance is None or instance.state is not InstanceState.REBOOTING:
             return Outcome("ignored", detail={"instance": inst_id, "why": "not rebooting"})
         instance.boot_time = max(boot_time, instance.boot_time or 0.0)
@@ -239,7 +290,7 @@ class Reboots:
         """The agent as DescribeContainerInstances shows it now (None when ECS answers the
         instance MISSING: its absence is not an agent disconnect), and whether the node
         carries the rebooting mark."""
-        described = self.deps.ecs.describe_container_instance(
+        described = self.ecs.describe_container_instance(
             instance.container_instance_arn or instance.container_inst_id)
         if described is None:
             return None, False
@@ -257,13 +308,13 @@ class Reboots:
         if instance.validating:  # back already, proving itself (recovery.validations)
             return Outcome("ignored", detail={"instance": inst_id, "why": "validating after its repair"})
         if evidence.is_new_disconnect(instance, event):
-            self.deps.repo.record_agent_disconnected(instance, event.at, event.version, event.agent_version)
+            self.data.record_agent_disconnected(instance, event.at, event.version, event.agent_version)
             return Outcome("agent_disconnected", detail={"instance": inst_id})
         judged = evidence.judge_return(instance, event, clock.now())
         if judged.back:
             return self._mark_back(instance, judged.why)
         if evidence.is_first_reconnect(instance, event):
-            self.deps.repo.record_agent_reconnected(instance, event.at, event.version, event.agent_version)
+            self.data.record_agent_reconnected(instance, event.at, event.version, event.agent_version)
             logger.info("agent reconnected without proof of the reboot",
                         extra={"instance": inst_id, "why": judged.why})
             return Outcome("agent_reconnected", detail={"instance": inst_id, "why": judged.why})
@@ -289,9 +340,9 @@ class Reboots:
         inst_id = instance.container_inst_id
         now = clock.now()
         if reset_result is not None:
-            back = self.deps.repo.record_gpu_reset_passed(instance, reset_result, now)
+            back = self.data.record_gpu_reset_passed(instance, reset_result, now)
         else:
-            back = self.deps.repo.mark_instance_back(instance, now)
+            back = self.data.mark_instance_back(instance, now)
         if not back:
             return Outcome("duplicate", detail={"instance": inst_id})
         logger.info("instance back", extra={"instance": inst_id, "repair": repair.value, "evidence": why})
@@ -310,18 +361,18 @@ class Reboots:
         for a node left AVAILABLE with waiting jobs."""
         inst_id = instance.container_inst_id
         if validation is None:  # the sweep's: what the node's item says of its last return
-            validation = instance.last_validation if self.deps.settings.validation.enabled \
+            validation = instance.last_validation if self.settings.validation.enabled \
                 and instance.last_validation else {"result": "off", "repair": Repair.REBOOT.value}
         restarted = []
         for job_id in sorted(instance.waiting_jobs):
-            job = self.deps.repo.get_job(job_id)
-            self.deps.repo.release_waiting_job(inst_id, job, job_id, validation=validation)
+            job = self.data.get_job(job_id)
+            self.data.release_waiting_job(inst_id, job, job_id, validation=validation)
             if job is None:
                 continue
             outcome = self.reactions.emit(RestartDue(job_id))
             if outcome is not None and outcome.action in ("restarted", "restarting"):
                 restarted.append(job_id)
-        self.deps.repo.clear_waiting_deadline(inst_id)
+        self.data.clear_waiting_deadline(inst_id)
         return restarted
 
     # -------------------------------------------------------------------- sweep
@@ -330,7 +381,7 @@ class Reboots:
         what provably did not happen, notice the node back from ECS if its events were
         lost, and give up after the reboot timeout."""
         requested = instance.reboot_requested_at or now
-        out_of_time = now >= requested + self.deps.settings.reboot_timeout_seconds
+        out_of_time = now >= requested + self.settings.reboot_timeout_seconds
         observed, marked = self._described(instance) if out_of_time and instance.reboot_issued_at \
             else (None, False)
         if out_of_time and observed is not None and self._answers(instance, observed):
@@ -339,7 +390,7 @@ class Reboots:
             # the node's fault. It is asked instead of quarantined: back as from a reboot, its
             # validation after repair (when on) deciding whether it takes work again.
             why = evidence.judge_return(instance, observed, now).why
-            self.deps.metrics.add_metric("RebootsUnproven", "Count", 1)
+            self.metrics.add_metric("RebootsUnproven", "Count", 1)
             back = self.node_back(instance, Repair.REBOOT, f"its reboot not proven ({why}); the node answers")
             return "back_unproven" if back.action != "duplicate" else "raced"
         if out_of_time:
@@ -351,14 +402,14 @@ class Reboots:
             marked = True
         issued = self.issue(instance, agent_connected=observed.agent_connected if observed else None,
                             marked=marked)
-        fresh = self.deps.repo.get_instance(instance.container_inst_id)
+        fresh = self.data.get_instance(instance.container_inst_id)
         if observed is not None and fresh is not None and fresh.state is InstanceState.REBOOTING \
                 and issued != "raced":
             judged = self._judge(fresh, observed)
             if judged.action in ("instance_available", "validating"):
                 return "back"
-        self.deps.repo.rearm_instance(instance.container_inst_id, InstanceState.REBOOTING,
-                                      min(requested + self.deps.settings.reboot_timeout_seconds,
+        self.data.rearm_instance(instance.container_inst_id, InstanceState.REBOOTING,
+                                      min(requested + self.settings.reboot_timeout_seconds,
                                           now + RETRY_INTERVAL_SECONDS))
         return f"rebooting_{issued}"
 
@@ -389,14 +440,14 @@ class Reboots:
                                      else instance.waiting_jobs)
         failures, moving, jobs = [], [], []
         for job_id in sorted(job_ids):
-            job = self.deps.repo.get_job(job_id)
+            job = self.data.get_job(job_id)
             if job is None or job.state not in RECOVERING_JOB_STATES:
                 continue
             jobs.append(job_id)
             if quarantine and job.state is JobState.PENDING_RESTART and job.relocatable \
                     and job.in_fault:
                 moving.append(job_id)
-                suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+                suspect = self.data.faults.get_suspect(job.job_id, job.attempt, inst_id)
                 failures.append(JobFailure(job, f"instance {inst_id} {what}", verdict, moves=True,
                                            suspect_pending=suspect is None or suspect.pending,
                                            suspect_rebooting=suspect is not None and suspect.rebooting))
@@ -407,7 +458,7 @@ class Reboots:
         cordon, cordon_tripped = None, None
         if quarantine:
             cause = f"builtin:{kind.value.replace('_', '-')}"
-            observed = not self.deps.policy.modes.executes(Effect.DRAIN)
+            observed = not self.policy.modes.executes(Effect.DRAIN)
             # Known bad from now on: drained, or (breaker, observe mode) cordoned.
             answer = self.gate.decide(node=inst_id, action=None if observed else Action.REPLACE.value,
                                       job_ids=jobs, reason=f"instance {what}", now=now,
@@ -426,7 +477,7 @@ class Reboots:
                 cordon_tripped = answer.cordon
             record = NodeFaultRecord(at=now, cause=cause, action=Action.REPLACE, executed=drain,
                                      evidence=fault_summary(None, note=f"instance {what}"))
-            history = stored_history_with(instance.fault_history, record, now, self.deps.policy.escalation)
+            history = stored_history_with(instance.fault_history, record, now, self.policy.escalation)
         if blocked is not None:
             done = "; instance marked SUSPECT: the blast-radius breaker held its quarantine back"
         elif observed:
@@ -450,7 +501,7 @@ class Reboots:
                 container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
                 what_happened=f"Instance {inst_id} {what}", what_was_done="Nothing" + done,
                 operator_action="Check the instance and drain it by hand if it is faulty."))
-        if not self.deps.repo.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
+        if not self.data.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
                                                 fault_history=history, breaker_blocked=blocked,
                                                 breaker=update, cordon=cordon,
                                                 also=self.ranks.notices.owe(notices, now)):
@@ -461,9 +512,9 @@ class Reboots:
         if cordon_tripped is not None:
             self.cordons.limit_tripped(cordon_tripped, inst_id)
         failed_jobs = [f.job.job_id for f in failures if not f.moves]
-        self.deps.metrics.add_metric("Failures", "Count", len(failed_jobs))
+        self.metrics.add_metric("Failures", "Count", len(failed_jobs))
         for job_id in failed_jobs:
-            ended(self.deps.metrics, self.deps.repo, job_id, True)
+            ended(self.metrics, self.data, job_id, True)
         after_commit("timed-out instance", self._after_time_out, instance, cordon is not None, drain, moving,
                      failed_jobs)
         return kind.value
@@ -482,7 +533,7 @@ class Reboots:
         for job_id in moving:
             self.reactions.emit(RestartDue(job_id))  # the instance is unusable now: relocation
         for job_id in failed_jobs:
-            job = self.deps.repo.get_job(job_id)
+            job = self.data.get_job(job_id)
             if job is not None:
                 with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
                     self.gang.stop(job)

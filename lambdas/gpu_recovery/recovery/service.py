@@ -17,7 +17,9 @@ from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery.aws_notices import AwsNotices, CapacityPort
+from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.breaker.operations import BreakerOperations
+from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
@@ -97,7 +99,12 @@ class RecoveryService:
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
         self.restarts = GangRestart(self.deps, notices, self.gang,
                                     request_suspend=self.suspensions.request, reactions=reactions)
-        self.reboots = Reboots(self.deps, self.ranks, self.gang, reactions=reactions)
+        # The breaker every node action asks, and the node attributes kept in its cordons' sync.
+        gate = NodeActionGate(repo, ecs, notices, metrics=self._metrics, settings=settings)
+        cordons = Cordons(repo, ecs, notices, gate, metrics=self._metrics, reactions=reactions)
+        self.reboots = Reboots(repo, ecs, self.ranks, self.gang, gate, cordons, rebooter=rebooter,
+                               replacer=self.deps.replacer, policy=policy, metrics=self._metrics,
+                               settings=settings, reactions=reactions)
         # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
         self.node_tasks = tasks = NodeTasks(ecs, repo, self._metrics, settings)
         self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, tasks, reactions=reactions)
