@@ -23,6 +23,7 @@ from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueuePort
 from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
@@ -60,8 +61,11 @@ from gpu_recovery.recovery.reactions import (
     on,
 )
 from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.node_unreachable import NodeUnreachable
+from gpu_recovery.recovery.remediation.notices import RemediationNotices
+from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.sweep import Sweep
 from gpu_recovery.recovery.task_events import TaskEvents
@@ -107,7 +111,18 @@ class RecoveryService:
                                settings=settings, reactions=reactions)
         # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
         self.node_tasks = tasks = NodeTasks(ecs, repo, self._metrics, settings)
-        self.remediation = NodeRemediation(self.deps, self.ranks, self.reboots, tasks, reactions=reactions)
+        # The node decision and the stages it hands over to.
+        owed = RemediationNotices(notices, gate, cordons)
+        settlement = JobSettlement(repo, notices, owed, policy=policy, metrics=self._metrics,
+                                   held_job_deadline_seconds=settings.held_job_deadline_seconds,
+                                   reactions=reactions)
+        resets = GpuResets(repo, ecs, tasks, self.reboots, notices, metrics=self._metrics, settings=settings,
+                           escalation=policy.escalation)
+        tenant_evidence = TenantEvidence(repo, notices, limit=settings.preflight.tenant_limit,
+                                         sources=policy.catalog.evidence_sources, metrics=self._metrics)
+        self.remediation = NodeRemediation(repo, self.ranks, self.reboots, owed, settlement, resets,
+                                           tenant_evidence, policy=policy, metrics=self._metrics,
+                                           reactions=reactions)
         self.unreachable = NodeUnreachable(repo, self.remediation, self.gang, policy=policy,
                                            metrics=self._metrics)
         self.validations = Validations(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,

@@ -21,9 +21,9 @@ XID 79). Both go through :meth:`NodeRemediation.apply`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain import cordon as cordon_policy
@@ -40,21 +40,28 @@ from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Trigger
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.remediation_plan import NODE_EFFECTS, RemediationPlan, plan_remediation
+from gpu_recovery.domain.remediation_plan import (
+    NODE_EFFECTS,
+    RemediationPlan,
+    RemediationPolicy,
+    plan_remediation,
+)
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.gpu_resets import GpuResets
-from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Owed
-from gpu_recovery.recovery.ports import Deps, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
-from gpu_recovery.repository import JobVerdict, NodeDecision
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
 
 logger = logging.getLogger(__name__)
 
@@ -117,31 +124,48 @@ class Applied:
     outcomes: list[tuple[Job, JobOutcome]]
 
 
+class DecisionData(Protocol):
+    """The node (its item, its fault history), the suspects and jobs its decision settles, the
+    decision's one transaction, and the holds it may cordon the node by."""
+
+    faults: FaultRepository
+    cordons: CordonRepository
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def record_node_decision(self, instance: Instance, decision: NodeDecision,
+                             jobs: Sequence[JobVerdict], now: float,
+                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
+    def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
+                          last_fault: dict[str, Any] | None, read_version: int) -> bool: ...
+    def count_healthy_verdicts(self, inst_id: str, verdicts: Sequence[JobVerdict]) -> None: ...
+
+
 class NodeRemediation:
-    def __init__(self, deps: Deps, ranks: RankOperations, reboots: Reboots, tasks: NodeTasks, *,
+    """The node decision; built by the composition root with the stages it hands over to: the
+    jobs' settlement, the GPU reset, the tenant-evidence clearances, and the e-mails it owes."""
+
+    def __init__(self, data: DecisionData, ranks: RankOperations, reboots: Reboots,
+                 owed_notices: RemediationNotices, settlement: JobSettlement, resets: GpuResets,
+                 tenant_evidence: TenantEvidence, *, policy: RemediationPolicy, metrics: MetricsPort,
                  reactions: Reactions | None = None) -> None:
-        self.deps = deps
+        self.data = data
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
         self.ranks = ranks
         self.reboots = reboots
         # Told: a verdict lets a job restart (or leave its node).
         self.reactions = reactions or Reactions()
         self.notices = ranks.notices  # the outbox
-        self.owed_notices = RemediationNotices(self.notices, reboots.gate, reboots.cordons)
-        self.settlement = JobSettlement(deps.repo, self.notices, self.owed_notices, policy=deps.policy,
-                                        metrics=deps.metrics,
-                                        held_job_deadline_seconds=deps.settings.held_job_deadline_seconds,
-                                        reactions=self.reactions)
-        self.resets = GpuResets(deps.repo, deps.ecs, tasks, reboots, self.notices, metrics=deps.metrics,
-                                settings=deps.settings, escalation=deps.policy.escalation)
-        self.tenant_evidence = TenantEvidence(deps.repo, self.notices,
-                                              limit=deps.settings.preflight.tenant_limit,
-                                              sources=deps.policy.catalog.evidence_sources,
-                                              metrics=deps.metrics)
+        self.owed_notices = owed_notices
+        self.settlement = settlement
+        self.resets = resets
+        self.tenant_evidence = tenant_evidence
 
     # ------------------------------------------------------------ evidence / plan
-    @property
-    def policy(self) -> Any:
-        return self.deps.policy
 
     def evidence(self, *, inst_id: str, instance_item: Mapping[str, Any] | None, trigger: Trigger,
                  fault_at: float, job: Job | None = None, rank: int | None = None,
@@ -162,15 +186,15 @@ class NodeRemediation:
         """A pending suspect whose evidence is definitive: the node action without the
         DCGM diag. None when it does not apply (the instance is busy, the fresh evidence
         no longer says so): the caller opens (or joins) the health check instead."""
-        suspect = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+        suspect = self.data.faults.get_suspect(job.job_id, job.attempt, inst_id)
         stored = suspect.record if suspect is not None and suspect.pending else {}
         if not is_definitive(stored.get("plan")) or not stored.get("evidence"):
             return None
         for _ in range(APPLY_ROUNDS):
-            raw = self.deps.repo.get_instance_item(inst_id)
+            raw = self.data.get_instance_item(inst_id)
             if raw is None:
                 return None
-            instance = self.deps.repo.instance_from_item(raw)
+            instance = self.data.instance_from_item(raw)
             if instance.state not in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
                 return None
             now = clock.now()
@@ -178,10 +202,10 @@ class NodeRemediation:
             plan = self.plan(evidence, raw, now=now)
             if not is_definitive(plan):
                 return None
-            fresh = self.deps.repo.get_job(job.job_id)
+            fresh = self.data.get_job(job.job_id)
             if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
                 return "moved_on"
-            pending = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
+            pending = self.data.faults.get_suspect(job.job_id, job.attempt, inst_id)
             if pending is None or not pending.pending:
                 return "moved_on"
             applied = self.apply(instance, raw, plan, evidence, [fresh],
@@ -189,7 +213,7 @@ class NodeRemediation:
                                  findings={"verdict": "not run", "source": "fast path",
                                            "rule": plan.decision.rule_id, "reason": plan.decision.reason})
             if applied is not None:
-                self.deps.metrics.add_metric("FastPathDecisions", "Count", 1)
+                self.metrics.add_metric("FastPathDecisions", "Count", 1)
                 return f"fast_path_{plan.action.value}"
         return "raced"
 
@@ -204,7 +228,7 @@ class NodeRemediation:
         None when the commit lost a race (re-read and try again). ``node_notice``: one more
         e-mail about the node, built with it as the decision leaves it; ``warning_rule``: the
         decision answers the node's driver warning (``recovery.warnings``)."""
-        repo = self.deps.repo
+        repo = self.data
         inst_id = instance.container_inst_id
         if not instance.ec2_instance_id and any(e in NODE_EFFECTS for e in plan.execute):
             # Registration leaves the id out (no DescribeContainerInstances per rank): what the
@@ -257,9 +281,9 @@ class NodeRemediation:
         if tripped is not None:
             self.reboots.gate.tripped(tripped)
         outcomes = [(v.job, o) for v, o in verdicts]
-        self.deps.metrics.add_metric("Failures", "Count", sum(1 for _, o in outcomes if o.fails))
+        self.metrics.add_metric("Failures", "Count", sum(1 for _, o in outcomes if o.fails))
         for failed in (job for job, outcome in outcomes if outcome.fails):
-            ended(self.deps.metrics, self.deps.repo, failed.job_id, True)
+            ended(self.metrics, self.data, failed.job_id, True)
 
         # The reboot or drain has the instance's follow-up deadline, a restart its job's: the
         # sweep carries out whatever a failure here leaves.
@@ -277,7 +301,7 @@ class NodeRemediation:
         (it works the attribute worklist before anything else)."""
         inst_id = instance.container_inst_id
         self.after_cordon(gate, inst_id, uncordoned=uncordon and instance.cordoned, cordoned=cordoned)
-        fresh = self.deps.repo.get_instance(inst_id) or instance
+        fresh = self.data.get_instance(inst_id) or instance
         self.carry_out(fresh, plan)
         for job, outcome in outcomes:
             # A healthy node may be the last one a job was waiting for; a job leaving an
@@ -379,7 +403,7 @@ class NodeRemediation:
         same cause is left as it is)."""
         if plan.action not in NODE_ACTIONS:
             return False
-        repo = self.deps.repo
+        repo = self.data
         for _ in range(APPLY_ROUNDS):
             instance = repo.get_instance(inst_id)
             if instance is None:
@@ -434,7 +458,7 @@ class NodeRemediation:
         append is re-read, not overwritten). False: no node item, or no record to add."""
         if plan.node_record is None or plan.action in NODE_ACTIONS:
             return False
-        repo = self.deps.repo
+        repo = self.data
         summary = fault_summary(evidence)
         if spent:
             summary["spent"] = spent
