@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -42,13 +43,14 @@ from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind, relocated_queue_order
 from gpu_recovery.domain import goodput, placement
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Job, Rank, Suspect
+from gpu_recovery.domain.models import Instance, Job, Rank, Suspect
 from gpu_recovery.domain.relocation import (
     RelocationWait,
     SpareNode,
     spare_first,
 )
 from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.restart_wait import is_placement_race
 from gpu_recovery.domain.states import (
     FATAL_SUSPECT_VERDICTS,
@@ -61,13 +63,17 @@ from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.reactions import Reactions, ReservationsReleased
 from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.restart_notices import fault_lines, restart_summary
-from gpu_recovery.recovery.restart_waits import RestartWaits
-from gpu_recovery.repository.scheduling import SchedulingRepository
+from gpu_recovery.recovery.restart_waits import NodesAndTheirTasks, RestartWaits, WaitData
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -82,20 +88,56 @@ _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the
                     "resubmit the job.")
 
 
+class RestartData(WaitData, Protocol):
+    """The restart's claim and its job's transitions (running again, relocated, requeued,
+    waiting, failed), the fault's tally and suspects, the nodes its ranks ran on."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+    cordons: CordonRepository
+
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float,
+                           placement: Update | None = None, moves: Mapping[str, Any] | None = None,
+                           reason: str = "") -> bool: ...
+    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = ...,
+                            also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool: ...
+    def release_rank_launch(self, rank: Rank, attempt: int) -> bool: ...
+    def leave_suspects_before_verdict(self, job: Job, nodes: Sequence[str], *, reason: str,
+                                      deadline_at: float) -> bool: ...
+    def wait_for_relocation(self, job: Job, wait: RelocationWait, deadline_at: float) -> bool: ...
+    def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
+                               reason: str, also: Sequence[Update] = ()) -> bool: ...
+    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
+                   actor: str = ..., fields: dict[str, Any] | None = None,
+                   from_states: Iterable[JobState] | None = None, stop_ranks_of: int | None = None,
+                   stop_why: str = "", also: Sequence[Update] = ()) -> bool: ...
+
+
 class GangRestart:
-    def __init__(self, deps: Deps, notices: Notices, gang: GangOps, *,
+    """``holds``: the jobs the breaker holds; ``nodes``: what recoveries hold, free nodes for a
+    relocation; ``suspension_items``: a lent spare's queue job read."""
+
+    def __init__(self, data: RestartData, ecs: NodesAndTheirTasks, notices: Notices, gang: GangOps,
+                 holds: HeldJobs, nodes: RestartNodes, suspension_items: SuspensionRepository, *,
+                 policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
                  request_suspend: Callable[..., bool] | None = None,
                  reactions: Reactions | None = None) -> None:
-        self.deps = deps
+        self.data = data
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self.notices = notices
         self.gang = gang
-        self.holds = HeldJobs(deps.repo, notices, metrics=deps.metrics, settings=deps.settings)
-        # What recoveries hold; free nodes for a relocation.
-        self.nodes = RestartNodes(deps.repo, SchedulingRepository(deps.repo), deps.ecs)
+        self.holds = holds
+        self.nodes = nodes
+        self.suspension_items = suspension_items
         # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
-        self.waits = RestartWaits(deps.repo, deps.ecs,
+        self.waits = RestartWaits(data, ecs,
                                   lambda job, reason, action: self.fail_waiting(job, reason, action),
-                                  wait_seconds=deps.settings.relocation_wait_seconds, metrics=deps.metrics)
+                                  wait_seconds=settings.relocation_wait_seconds, metrics=metrics)
         # Told: a job's restart placed every rank, or the job ended (its reservations go; the
         # sweep's refresh does it if this fails).
         self.reactions = reactions or Reactions()
@@ -106,7 +148,7 @@ class GangRestart:
     def try_restart(self, job_id: str) -> Outcome:
         """Restart every rank of a job once every instance it needs is available, or
         relocate it off the instances it can no longer use."""
-        repo = self.deps.repo
+        repo = self.data
         job = repo.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_RESTART:
             return Outcome("ignored", job_id, {"why": "not pending restart"})
@@ -166,7 +208,7 @@ class GangRestart:
             logger.warning("gang restart not sent; the sweep resumes it", exc_info=True,
                            extra={"job_id": job.job_id})
             return Outcome("restarted_partly", job.job_id, {"attempt": job.attempt})
-        fresh = self.deps.repo.get_job(job.job_id) or job
+        fresh = self.data.get_job(job.job_id) or job
         if fresh.state is JobState.RUNNING and fresh.attempt == job.attempt:
             return Outcome("restarted", job.job_id, {"attempt": job.attempt})
         if fresh.state is JobState.FAILED:
@@ -175,8 +217,8 @@ class GangRestart:
 
     # --------------------------------------------------------------- relocation
     def _unusable_nodes(self, job: Job) -> list[str]:
-        nodes = self.deps.repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
-        instances = self.deps.repo.get_instances(nodes) if nodes else {}
+        nodes = self.data.latches.job_nodes(job.job_id, job.attempt, job.world_size)
+        instances = self.data.get_instances(nodes) if nodes else {}
         return sorted(i for i, inst in instances.items() if inst.state in UNUSABLE_INSTANCE_STATES)
 
     def _relocate(self, job: Job, unusable: bool, elsewhere: list[str] | None = None,
@@ -184,7 +226,7 @@ class GangRestart:
         """Move the job off its unusable (and, with relocate_instead_of_wait, rebooting)
         nodes, and off those it cannot use now (``blocked``: busy, agent away, gone). None:
         nothing to move now (wait for the reboot as usual)."""
-        suspects = self.deps.repo.faults.suspects(job.job_id, job.attempt)
+        suspects = self.data.faults.suspects(job.job_id, job.attempt)
         blocked = dict(blocked or {})
         fatal = sorted({s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS}
                        | set(elsewhere or ()))
@@ -210,7 +252,7 @@ class GangRestart:
         except (ClientError, BotoCoreError) as error:
             # No cluster access from this function (or throttled): the sweep tries again.
             logger.warning("relocation snapshot failed", extra={"job_id": job.job_id, "error": str(error)})
-            self.deps.repo.rearm_job(job, clock.now())
+            self.data.rearm_job(job, clock.now())
             return Outcome("waiting", job.job_id, {"why": "cluster snapshot failed"})
         if job.is_queue_job:
             # relocate_instead_of_wait: only when healthy free nodes exist now; otherwise the
@@ -233,7 +275,7 @@ class GangRestart:
         again once stopped). The relocation claims the nodes as they free, like any wait."""
         if self.request_suspend is None:
             return []
-        holds = self.deps.repo.cordons.worklist().holds
+        holds = self.data.cordons.worklist().holds
         lent = placement.lent_of(holds)
         if not lent:
             return []
@@ -241,10 +283,10 @@ class GangRestart:
         nodes = placement.lent_to_reclaim(gpus, free, [healthy[n] for n in sorted(lent) if n in healthy])
         asked: list[str] = []
         for lent_job in sorted({lent[n] for n in nodes}):
-            borrower = self.deps.repo.get_job(lent_job)
+            borrower = self.data.get_job(lent_job)
             if borrower is None or borrower.state is not JobState.RUNNING or not borrower.is_queue_job:
                 continue  # already suspending, ended, or a stale lend: the node frees by itself
-            item = SuspensionRepository(self.deps.repo).job_item(lent_job) or {}
+            item = self.suspension_items.job_item(lent_job) or {}
             grace = int(item.get("suspend_grace_seconds") or DEFAULT_SUSPEND_GRACE_SECONDS)
             taken = ", ".join(n for n in nodes if lent[n] == lent_job)
             if self.request_suspend(
@@ -252,7 +294,7 @@ class GangRestart:
                     reason=f"spare node {taken} lent to it is needed by the relocation of job {job.job_id}",
                     grace_seconds=grace, actor="recovery", by_job=job.job_id, by_user="gpu-recovery"):
                 asked.append(lent_job)
-                self.deps.metrics.add_metric("LentSparesTakenBack", "Count", 1)
+                self.metrics.add_metric("LentSparesTakenBack", "Count", 1)
                 logger.info("lent spare taken back", extra={"job_id": job.job_id, "lent_job": lent_job,
                                                             "nodes": taken})
         return asked
@@ -260,7 +302,7 @@ class GangRestart:
     def _moves_off_reboots(self) -> bool:
         """A relocatable job leaves a rebooting node for a healthy free one (if any) instead
         of waiting for the reboot: ``relocate_instead_of_wait``, or a spare pool to take it."""
-        settings = self.deps.settings
+        settings = self.settings
         return settings.relocate_instead_of_wait or settings.spare_nodes.configured
 
     def _claim_moves(self, job: Job, targets: dict[str, SpareNode], why: str) -> Outcome:
@@ -272,12 +314,12 @@ class GangRestart:
         waited = job.relocation_wait
         after = f" (after waiting {round(now - waited.since)} s for a free node)" if waited else ""
         reason = f"relocated: {described}; {why}{after}"
-        placement = self.deps.repo.faults.placement_update(job.job_id, job.attempt + 1, moves, reason)
-        if not self.deps.repo.claim_gang_restart(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
+        placement = self.data.faults.placement_update(job.job_id, job.attempt + 1, moves, reason)
+        if not self.data.claim_gang_restart(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
                                                  placement=placement, moves=moves, reason=reason):
             return Outcome("duplicate", job.job_id)
-        self.deps.metrics.add_metric("Relocations", "Count", 1)
-        started = self.deps.repo.get_job(job.job_id) or job
+        self.metrics.add_metric("Relocations", "Count", 1)
+        started = self.data.get_job(job.job_id) or job
         # Its targets stay reserved for it until every rank is placed (on_started releases
         # them): a node is never without its attribute between its hold and its rank.
         launched = self._launch(started)
@@ -292,11 +334,11 @@ class GangRestart:
         if job.state is not JobState.PENDING_HEALTHCHECK or not job.in_fault:
             return []
         decision = spare_first(
-            pool=self.deps.settings.spare_nodes, relocatable=job.relocatable,
+            pool=self.settings.spare_nodes, relocatable=job.relocatable,
             queue_job=job.is_queue_job, ranks_ended=True, pending_verdicts=max(1, job.tally.pending or 0),
             infra_recoveries_left=job.max_recovery_attempts - job.recoveries_used,
-            restarts_enforced=self.deps.policy.modes.executes(Effect.RESTART_JOB))
-        pending = sorted(s.node for s in self.deps.repo.faults.suspects(job.job_id, job.attempt) if s.pending)
+            restarts_enforced=self.policy.modes.executes(Effect.RESTART_JOB))
+        pending = sorted(s.node for s in self.data.faults.suspects(job.job_id, job.attempt) if s.pending)
         if not decision.go or not pending:
             return []
         targets = self.nodes.free_for(job, pending).targets
@@ -310,17 +352,17 @@ class GangRestart:
         healthy free node for every node it leaves (the spare was taken by another
         relocation, say): nothing is written and the job waits for the verdicts as before.
         Called when the last old rank ends, and by the sweep while the job waits."""
-        repo = self.deps.repo
+        repo = self.data
         for _ in range(_SPARE_FIRST_ROUNDS):
             if job.state is not JobState.PENDING_HEALTHCHECK or not job.in_fault:
                 return Outcome("ignored", job.job_id, {"why": "not waiting for verdicts"})
             tally = job.tally
             decision = spare_first(
-                pool=self.deps.settings.spare_nodes, relocatable=job.relocatable,
+                pool=self.settings.spare_nodes, relocatable=job.relocatable,
                 queue_job=job.is_queue_job, ranks_ended=tally.ranks_ended,
                 pending_verdicts=tally.pending or 0,
                 infra_recoveries_left=job.max_recovery_attempts - job.recoveries_used,
-                restarts_enforced=self.deps.policy.modes.executes(Effect.RESTART_JOB))
+                restarts_enforced=self.policy.modes.executes(Effect.RESTART_JOB))
             if not decision.go:
                 return Outcome("waiting", job.job_id, {"why": decision.why})
             suspects = repo.faults.suspects(job.job_id, job.attempt)
@@ -342,7 +384,7 @@ class GangRestart:
                    f"remediated in the background)")
             if repo.leave_suspects_before_verdict(job, pending, reason=f"spare first: {why}",
                                                   deadline_at=clock.now() + RETRY_INTERVAL_SECONDS):
-                self.deps.metrics.add_metric("SpareFirstMoves", "Count", 1)
+                self.metrics.add_metric("SpareFirstMoves", "Count", 1)
                 left = repo.get_job(job.job_id)
                 if left is None or left.state is not JobState.PENDING_RESTART or left.attempt != job.attempt:
                     return Outcome("duplicate", job.job_id)
@@ -358,10 +400,10 @@ class GangRestart:
         """No healthy free node for a tag-registered job: wait for one (the sweep tries
         again every minute) until the wait's deadline, then fail with that reason. The wait
         is written once per fault; a duplicate delivery finds it and only reports it."""
-        repo, now = self.deps.repo, clock.now()
+        repo, now = self.data, clock.now()
         wait = job.relocation_wait
         if wait is None:
-            seconds = self.deps.settings.relocation_wait_seconds
+            seconds = self.settings.relocation_wait_seconds
             if seconds <= 0:
                 self.fail_pending_restart(job, f"no healthy free node to relocate the ranks on "
                                                f"{', '.join(leaving)} ({why})",
@@ -369,7 +411,7 @@ class GangRestart:
                 return Outcome("restart_failed", job.job_id, {"why": "no spare node"})
             wait = RelocationWait.start(job.job_id, job.attempt, now, seconds, leaving, gpus, why)
             if repo.wait_for_relocation(job, wait, now + RETRY_INTERVAL_SECONDS):
-                self.deps.metrics.add_metric("RelocationWaits", "Count", 1)
+                self.metrics.add_metric("RelocationWaits", "Count", 1)
                 return Outcome("waiting", job.job_id, {"why": "no healthy free node", "until": wait.until})
             fresh = repo.get_job(job.job_id)
             if fresh is None or fresh.state is not JobState.PENDING_RESTART or fresh.attempt != job.attempt \
@@ -400,7 +442,7 @@ class GangRestart:
         return f"node(s) rebooting ({', '.join(rebooting[:10])}): relocate_instead_of_wait"
 
     def _requeue(self, job: Job, leaving: list[str], why: str) -> Outcome:
-        item = self.deps.repo.get_job_item(job.job_id) or {}
+        item = self.data.get_job_item(job.job_id) or {}
         order = relocated_queue_order(int(item.get("priority") or 0),
                                       float(item.get("submitted_at") or job.created_at), job.job_id)
         now = clock.now()
@@ -414,14 +456,14 @@ class GangRestart:
                            "(MASTER_ADDR: rank 0's node)"),
             operator_action="Nothing for the job; look after the faulty node.",
             # Still the fault's attempt: the scheduler starts the next one.
-            details=fault_lines(self.deps.repo.faults, job, job.attempt))
-        if not self.deps.repo.requeue_for_relocation(
+            details=fault_lines(self.data.faults, job, job.attempt))
+        if not self.data.requeue_for_relocation(
                 job, queue_order=order, relocation=relocation,
                 reason=f"relocation: back in the queue at the head of its priority ({why})",
                 also=self.notices.owe([notice], now)):
             return Outcome("duplicate", job.job_id)
         self.notices.send([notice])
-        self.deps.metrics.add_metric("Relocations", "Count", 1)
+        self.metrics.add_metric("Relocations", "Count", 1)
         return Outcome("relocated", job.job_id, {"via": "queue", "from": leaving})
 
     def released(self, job_id: str) -> None:
@@ -435,7 +477,7 @@ class GangRestart:
         are told by whoever made it so."""
         if job.state is not JobState.STARTING or job.restarted_attempt != job.attempt:
             return False
-        done, validations, validated = restart_summary(self.deps.repo.faults, job)
+        done, validations, validated = restart_summary(self.data.faults, job)
         notice = self.notices.for_job(
             replace(job, state=JobState.RUNNING), None, NotificationKind.RECOVERED,
             "Job recovered and restarted",
@@ -443,20 +485,20 @@ class GangRestart:
             what_was_done=f"{done}; all {job.world_size} ranks restarted as attempt {job.attempt}",
             operator_action="Nothing; watch the job. Repeated faults on the same node escalate it to "
                             "replacement automatically.",
-            details=fault_lines(self.deps.repo.faults, job, job.attempt - 1),
+            details=fault_lines(self.data.faults, job, job.attempt - 1),
         )
         # The history says how the repaired nodes proved themselves (validation after repair).
         reason = "; ".join(["every rank restarted", *validations])
-        if not self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason,
+        if not self.data.confirm_job_running(job.job_id, job.attempt, reason,
                                                   actor="recovery", also=self.notices.owe([notice]),
                                                   ledger={**self._running_marks(job),
                                                           **goodput.validation_marks(validated)}):
             return False
         self.released(job.job_id)
         self.notices.send([notice])
-        self.deps.metrics.add_metric("Recoveries", "Count", 1)
+        self.metrics.add_metric("Recoveries", "Count", 1)
         if job.fault_started_at:
-            self.deps.metrics.add_metric("TimeToRestartSeconds", "Seconds",
+            self.metrics.add_metric("TimeToRestartSeconds", "Seconds",
                                          clock.now() - job.fault_started_at)
         return True
 
@@ -464,7 +506,7 @@ class GangRestart:
         """The sweep: a gang restart is confirmed once every rank is registered (its RUNNING
         events may be lost), or its batches are sent again if they were never sent or have
         not finished after a while."""
-        if Latch.REGISTERED in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size):
+        if Latch.REGISTERED in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
             return "restart_confirmed" if self.on_started(job) else "restart_raced"
         now = clock.now()
         sent_at = float(job.start_fanout.get("sent_at") or 0.0)
@@ -477,16 +519,16 @@ class GangRestart:
         if wait is not None or not sent_at or now >= sent_at + RESEND_AFTER_SECONDS:
             action = "restart_resuming"
             self._launch(job)
-        fresh = self.deps.repo.get_job(job.job_id)
+        fresh = self.data.get_job(job.job_id)
         if fresh is not None and fresh.state is JobState.STARTING and fresh.attempt == job.attempt:
-            self.deps.repo.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
+            self.data.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
         return action
 
     def confirm_running(self, job: Job, reason: str, actor: str = "recovery") -> bool:
         """STARTING -> RUNNING only once every rank of the attempt is registered."""
-        if Latch.REGISTERED not in self.deps.repo.latches.complete(job.job_id, job.attempt, job.world_size):
+        if Latch.REGISTERED not in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
             return False
-        return self.deps.repo.confirm_job_running(job.job_id, job.attempt, reason, actor,
+        return self.data.confirm_job_running(job.job_id, job.attempt, reason, actor,
                                                   ledger=self._running_marks(job))
 
     def _running_marks(self, job: Job) -> dict[str, float]:
@@ -497,12 +539,12 @@ class GangRestart:
         claim is its own time (no read)."""
         if clock.now() - job.updated_at <= PROMPT_CONFIRMATION_SECONDS:
             return {}
-        rank0 = self.deps.repo.get_rank(job.job_id, 0)
+        rank0 = self.data.get_rank(job.job_id, 0)
         if rank0 is None or rank0.attempt != job.attempt or not rank0.registered_at:
             return {}
         # Its task's RUNNING when that event came first (else rank 0's RUNNING event marks it later).
         running = rank0.running_at or rank0.registered_at
-        last = self.deps.repo.latches.last_registered_at(job.job_id, job.attempt, job.world_size)
+        last = self.data.latches.last_registered_at(job.job_id, job.attempt, job.world_size)
         return goodput.running_marks(max(running, last or 0.0))
 
     # ------------------------------------------------------------------ failing
@@ -514,17 +556,17 @@ class GangRestart:
         if not is_placement_race(why):
             self._fail_restart(job, rank, why)
             return
-        fresh = self.deps.repo.get_job(job.job_id) or job
+        fresh = self.data.get_job(job.job_id) or job
         if fresh.state is not JobState.STARTING or fresh.attempt != job.attempt:
             return
-        moves = self.deps.repo.faults.placement(job.job_id, job.attempt) if job.relocated else {}
+        moves = self.data.faults.placement(job.job_id, job.attempt) if job.relocated else {}
         move = moves.get(rank.container_inst_id) or {}
         node = str(move.get("node") or rank.container_inst_id)
         ref = str(move.get("arn") or rank.container_instance_arn or node)
         detail = f"{why}, held by {self.waits.holder(ref)}" if why.upper().startswith("RESOURCE") else why
         outcome = self.waits.wait(fresh, {node: f"{detail} (StartTask)"})
         if outcome.action in ("waiting", "duplicate"):
-            self.deps.repo.release_rank_launch(rank, fresh.attempt)
+            self.data.release_rank_launch(rank, fresh.attempt)
 
     def _fail_restart(self, job: Job, rank: Rank, why: str) -> None:
         reason = (f"could not start rank {rank.rank} on {rank.container_inst_id} for attempt {job.attempt}: "
@@ -534,13 +576,13 @@ class GangRestart:
             "Job failed: restart failed", what_happened=reason,
             what_was_done="Job marked FAILED; started ranks stopped",
             operator_action="Check the cluster's capacity and the instance, then resubmit the job.")
-        if ended(self.deps.metrics, self.deps.repo, job.job_id, self.deps.repo.finish_job(
+        if ended(self.metrics, self.data, job.job_id, self.data.finish_job(
                 job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
                 stop_ranks_of=job.attempt, stop_why="restart failed", also=self.notices.owe([notice]))):
             self.released(job.job_id)
             self.notices.send([notice])
-            self.deps.metrics.add_metric("Failures", "Count", 1)
-            fresh = self.deps.repo.get_job(job.job_id) or job
+            self.metrics.add_metric("Failures", "Count", 1)
+            fresh = self.data.get_job(job.job_id) or job
             with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
                 self.gang.stop(fresh)
 
@@ -556,14 +598,14 @@ class GangRestart:
             "Job failed: cannot be restarted", what_happened=reason, what_was_done="Job marked FAILED",
             operator_action=operator_action or (
                 "Repair or replace the node, set it ACTIVE again, and resubmit the job."))
-        if not ended(self.deps.metrics, self.deps.repo, job.job_id, self.deps.repo.finish_job(
+        if not ended(self.metrics, self.data, job.job_id, self.data.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason},
                 from_states=[from_state or job.state], stop_ranks_of=job.attempt, stop_why="job failed",
                 also=self.notices.owe([notice]))):
             return False
         self.released(job.job_id)
         self.notices.send([notice])
-        self.deps.metrics.add_metric("Failures", "Count", 1)
+        self.metrics.add_metric("Failures", "Count", 1)
         return True
 
 

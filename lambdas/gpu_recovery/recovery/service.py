@@ -18,6 +18,7 @@ from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery.aws_notices import AwsNotices, CapacityPort
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
+from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.breaker.operations import BreakerOperations
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.fault_suspects import FaultSuspects
@@ -66,6 +67,7 @@ from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.node_unreachable import NodeUnreachable
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
+from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.sweep import Sweep
 from gpu_recovery.recovery.task_events import TaskEvents
@@ -73,6 +75,7 @@ from gpu_recovery.recovery.validations import Validations
 from gpu_recovery.recovery.warnings import GpuWarnings
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.scheduling import SchedulingRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 from gpu_recovery.settings import Settings
 
@@ -98,10 +101,14 @@ class RecoveryService:
         reactions = Reactions()
         self.gang = GangOps(repo, ecs, self.ranks, FaultRepository(repo), gang_queue, policy=policy,
                             metrics=self._metrics, settings=settings, reactions=reactions)
-        self.suspensions = Suspensions(repo, SuspensionRepository(repo), notices, self.gang,
+        suspension_items = SuspensionRepository(repo)
+        self.suspensions = Suspensions(repo, suspension_items, notices, self.gang,
                                        metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
-        self.restarts = GangRestart(self.deps, notices, self.gang,
+        self.restarts = GangRestart(repo, ecs, notices, self.gang,
+                                    HeldJobs(repo, notices, metrics=self._metrics, settings=settings),
+                                    RestartNodes(repo, SchedulingRepository(repo), ecs), suspension_items,
+                                    policy=policy, metrics=self._metrics, settings=settings,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
         gate = NodeActionGate(repo, ecs, notices, metrics=self._metrics, settings=settings)
@@ -137,8 +144,9 @@ class RecoveryService:
         # Which exits of a fault name a suspect, and their checks (issue 50).
         self.suspects = FaultSuspects(repo.faults, repo.latches, self.health, self.remediation,
                                       check_all_nodes=settings.check_all_nodes_on_fault)
-        self.faults = TaskEvents(self.deps, self.ranks, self.suspects, self.restarts, self.remediation,
-                                 self.suspensions, self.gang, reactions=reactions)
+        self.faults = TaskEvents(repo, self.ranks, self.suspects, self.restarts, self.remediation,
+                                 self.suspensions, self.gang, policy=policy, metrics=self._metrics,
+                                 settings=settings, reactions=reactions)
         self.breaker = BreakerOperations(self.deps, self.remediation)
         handover = PreflightHandover(repo, self.remediation, self.gang, metrics=self._metrics,
                                      reactions=reactions)

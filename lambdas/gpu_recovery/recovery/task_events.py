@@ -19,9 +19,9 @@ fault's suspects and moves the job on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, RETRY_INTERVAL_SECONDS, NotificationKind
@@ -31,10 +31,10 @@ from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Job, Rank, Suspect
+from gpu_recovery.domain.models import Instance, Job, Rank, Suspect
 from gpu_recovery.domain.policy import StopKind, StopReaction, TaskStop
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.remediation_plan import RemediationPlan
+from gpu_recovery.domain.remediation_plan import RemediationPlan, RemediationPolicy
 from gpu_recovery.domain.states import (
     ACTIVE_JOB_STATES,
     HOLDING_RANK_STATES,
@@ -47,15 +47,18 @@ from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import ended
-from gpu_recovery.recovery.ports import Deps, Outcome, after_commit
+from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.ranks import LookupQueued, RankOperations
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions, TaskStopped
 from gpu_recovery.recovery.remediation.job_settlement import budgets_of
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import details_of
 from gpu_recovery.recovery.suspension import Suspensions
-from gpu_recovery.repository import RankStop
-from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE, RankStop
+from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +134,52 @@ def _fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
     return goodput.fault_marks(fault_at=fault_at, checkpoint_at=checkpoint_at, node=node, rule=rule, own=own)
 
 
+class TaskEventData(Protocol):
+    """A rank's stop or start recorded, the fault it opens (or joins), the job's end."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    def mark_rank_running(self, rank: Rank, at: float | None = None) -> bool: ...
+    def mark_running_interval(self, job_id: str, attempt: int, *, cause: str, until: float,
+                              reason: str) -> bool: ...
+    def record_rank_stop(self, stop: RankStop) -> bool: ...
+    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
+                       now: float, deadline_at: float, rank_stop: RankStop | None = None,
+                       actor: str = ..., ledger: Mapping[str, Any] | None = None,
+                       opened_by: str = "", exited_at: float | None = None) -> bool: ...
+    def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
+                         deadline_at: float, spend: str, restart_reason: str,
+                         rank_stop: RankStop | None = None,
+                         last_fault: dict[str, Any] | None = None,
+                         ledger: Mapping[str, Any] | None = None) -> bool: ...
+    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
+                   actor: str = ..., fields: dict[str, Any] | None = None,
+                   from_states: Iterable[JobState] | None = None,
+                   rank_stop: RankStop | None = None, stop_ranks_of: int | None = None,
+                   stop_why: str = "", also: Sequence[Update] = (),
+                   ledger: Mapping[str, Any] | None = None) -> bool: ...
+    def mark_job_canceled(self, job_id: str, reason: str, actor: str = ...) -> bool: ...
+    def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
+    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
+                              last_fault: dict[str, Any]) -> bool: ...
+
+
 class TaskEvents:
-    def __init__(self, deps: Deps, ranks: RankOperations, suspects: FaultSuspects,
+    def __init__(self, data: TaskEventData, ranks: RankOperations, suspects: FaultSuspects,
                  restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions,
-                 gang: GangOps, *, reactions: Reactions | None = None) -> None:
-        self.deps = deps
+                 gang: GangOps, *, policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
+                 reactions: Reactions | None = None) -> None:
+        self.data = data
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self.ranks = ranks
         self.suspects = suspects  # which exits name a suspect; their checks
         self.restarts = restarts
@@ -181,8 +225,8 @@ class TaskEvents:
         now = clock.now()
         ran = min(detail.updatedAt.timestamp(), now) if detail.updatedAt is not None else now
         if rank.state is RankState.STARTING:
-            self.deps.repo.mark_rank_running(rank, ran)
-        job = self.deps.repo.get_job(rank.job_id)
+            self.data.mark_rank_running(rank, ran)
+        job = self.data.get_job(rank.job_id)
         if job and job.state is JobState.STARTING and job.attempt == rank.attempt \
                 and job.restarted_attempt != job.attempt:
             # A queue launch: RUNNING once every rank is registered (a gang restart is
@@ -192,7 +236,7 @@ class TaskEvents:
             # A gang restart is RUNNING once its last rank's StartTask was accepted; its tasks
             # then pull and start: until rank 0 runs, that is restart, not training (issue 52).
             # Once per attempt (rank 0 only: one write per restart, whatever the job's size).
-            self.deps.repo.mark_running_interval(job.job_id, job.attempt, cause=goodput.RESTART, until=ran,
+            self.data.mark_running_interval(job.job_id, job.attempt, cause=goodput.RESTART, until=ran,
                                                  reason="rank 0 running")
         return Outcome("running", rank.job_id, {"rank": rank.rank})
 
@@ -203,7 +247,7 @@ class TaskEvents:
         if rank.task_arn != detail.taskArn:
             return Outcome("ignored", rank.job_id, {"why": "task of an older attempt"})
         stop = TaskStop(detail.exit_code(), detail.stopCode, detail.stoppedReason)
-        kind = policy.classify_stop(stop, self.deps.settings.suspect_exit_codes)
+        kind = policy.classify_stop(stop, self.settings.suspect_exit_codes)
         # When the task really ended (its event's own time, not when this delivery runs: a
         # retried delivery must not count the minute it waited as training, issue 52).
         stamp = detail.executionStoppedAt or detail.stoppedAt or detail.updatedAt
@@ -211,7 +255,7 @@ class TaskEvents:
         fields: dict[str, Any] = {"stop_reason": policy.describe_failure(stop)[:500]}
         if stop.exit_code is not None:
             fields["exit_code"] = stop.exit_code
-        repo = self.deps.repo
+        repo = self.data
         assessment: Assessment | None = None
         for _ in range(_WRITE_ROUNDS):
             job = repo.get_job(rank.job_id)
@@ -229,7 +273,7 @@ class TaskEvents:
                 reaction = policy.fault_reaction(
                     job.state, same_attempt, node_fault=assessment.node_fault, observed=assessment.observed,
                     may_restart=bool(budget and budget.restart)
-                    and self.deps.policy.modes.executes(Effect.RESTART_JOB),
+                    and self.policy.modes.executes(Effect.RESTART_JOB),
                     suspend_stopping=job.suspend_stopping)
             if reaction is StopReaction.ADD_SUSPECT and self._coupled(job, rank, assessment, ended_at):
                 reaction = StopReaction.COUPLED
@@ -247,14 +291,14 @@ class TaskEvents:
     # ------------------------------------------------------------- judgement
     def _assess(self, job: Job, rank: Rank, stop: TaskStop, detail: EcsTaskDetail) -> Assessment:
         """The catalog's decision for this rank's exit, on its node's evidence."""
-        raw = self.deps.repo.get_instance_item(rank.container_inst_id)
+        raw = self.data.get_instance_item(rank.container_inst_id)
         now = clock.now()
         when = detail.updatedAt.timestamp() if detail.updatedAt is not None else now
         evidence = self.remediation.evidence(
             inst_id=rank.container_inst_id, instance_item=raw, trigger=Trigger.TASK_EXIT,
             fault_at=min(when, now), job=job, rank=rank.rank, exit_code=stop.exit_code,
             stop_code=stop.stop_code, stopped_reason=stop.stopped_reason)
-        remediating = policy.stack_remediation(self.deps.repo.instance_from_item(raw) if raw else None)
+        remediating = policy.stack_remediation(self.data.instance_from_item(raw) if raw else None)
         return Assessment(evidence, self.remediation.plan(evidence, raw, now=now), raw, remediating)
 
     def _budget(self, job: Job, assessment: Assessment) -> BudgetOutcome | None:
@@ -268,14 +312,14 @@ class TaskEvents:
         if kind is Budget.INFRASTRUCTURE:
             history = history_from_item((assessment.instance_item or {}).get("fault_history"))
             charge = charges_job(history, job.job_id, assessment.plan.decision.cause, clock.now(),
-                                 self.deps.policy.escalation)
+                                 self.policy.escalation)
         return settle(budgets_of(job), kind, charge=charge)
 
     def _record(self, job: Job, rank: Rank, stop: TaskStop, reaction: StopReaction,
                 rank_stop: RankStop | None, assessment: Assessment | None = None,
                 budget: BudgetOutcome | None = None, *, exited_at: float | None = None) -> bool:
         """Write the rank's stop and the job's reaction together; False if a race was lost."""
-        repo = self.deps.repo
+        repo = self.data
         now = clock.now()
         node = rank.container_inst_id
         decided = f" ({assessment.plan.decision.reason})" if assessment is not None else ""
@@ -283,7 +327,7 @@ class TaskEvents:
         ledger = _fault_marks(job, node, now, assessment, budget)
         if reaction is StopReaction.USER_STOPPED:
             reason = (f"rank {rank.rank} stopped by a user ({stop.stopped_reason or 'UserInitiated'})")
-            return ended(self.deps.metrics, self.deps.repo, job.job_id, repo.finish_job(
+            return ended(self.metrics, self.data, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.USER_STOPPED, reason, rank_stop=rank_stop,
                 stop_ranks_of=job.attempt, stop_why=_ENDING_REASON[JobState.USER_STOPPED]))
         if reaction is StopReaction.RESTART and assessment is not None and budget is not None:
@@ -308,14 +352,14 @@ class TaskEvents:
                                "termination; the job is marked FAILED in the job table"),
                 operator_action="Read what would have been done below and act by hand if needed.",
                 details=details_of(assessment.evidence, assessment.plan))
-            done = ended(self.deps.metrics, self.deps.repo, job.job_id, repo.finish_job(
+            done = ended(self.metrics, self.data, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason,
                 fields={"last_error": reason[:1000], "last_fault": last_fault},
                 rank_stop=rank_stop, also=self.ranks.notices.owe([notice], now)))
             if done:
                 self.ranks.notices.send([notice])
             if done:
-                self.deps.metrics.add_metric("ObservedFaults", "Count", 1)
+                self.metrics.add_metric("ObservedFaults", "Count", 1)
             return done
         if reaction is StopReaction.FAIL_JOB:
             reason = f"rank {rank.rank} failed: {policy.describe_failure(stop)}"
@@ -324,11 +368,11 @@ class TaskEvents:
             fields: dict[str, Any] = {"last_error": reason[:1000]}
             if last_fault is not None:
                 fields["last_fault"] = last_fault
-            done = ended(self.deps.metrics, self.deps.repo, job.job_id, repo.finish_job(
+            done = ended(self.metrics, self.data, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields=fields, rank_stop=rank_stop,
                 stop_ranks_of=job.attempt, stop_why=_ENDING_REASON[JobState.FAILED], ledger=ledger))
             if done:
-                self.deps.metrics.add_metric("Failures", "Count", 1)
+                self.metrics.add_metric("Failures", "Count", 1)
             return done
         if reaction in _SUSPECT_REACTIONS and rank_stop is not None:
             # The node is a suspect from the very write that records the stop: out of the
@@ -366,26 +410,26 @@ class TaskEvents:
             return False
         # A first delivery that judged it a suspect (and died before its stop was written) opened
         # the node's item naming this rank: a suspect it stays, counted as one.
-        opened = self.deps.repo.faults.get_suspect(job.job_id, job.attempt, rank.container_inst_id)
+        opened = self.data.faults.get_suspect(job.job_id, job.attempt, rank.container_inst_id)
         return opened is None or rank.rank not in opened.ranks
 
     def _enter_recovery(self, job: Job, reason: str, rank_stop: RankStop | None,
                         from_states: Iterable[JobState], ledger: dict[str, Any] | None = None,
                         exited_at: float | None = None) -> bool:
         now = clock.now()
-        entered = self.deps.repo.enter_recovery(
+        entered = self.data.enter_recovery(
             job.job_id, job.attempt, from_states=from_states, reason=reason,
             now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop, ledger=ledger,
             exited_at=exited_at)
         if entered:
-            self.deps.metrics.add_metric("FaultsDetected", "Count", 1)
+            self.metrics.add_metric("FaultsDetected", "Count", 1)
             logger.info("suspected GPU fault", extra={"job_id": job.job_id, "why": reason})
         return entered
 
     def _follow_up(self, job: Job, rank: Rank, kind: StopKind, reaction: StopReaction, *,
                    redelivered: bool, assessment: Assessment | None = None,
                    ended_at: float | None = None) -> Outcome:
-        fresh = self.deps.repo.get_job(job.job_id) or job
+        fresh = self.data.get_job(job.job_id) or job
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             self._observed(fresh, rank, assessment)
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
@@ -452,16 +496,16 @@ class TaskEvents:
         whatever completing them means for the job (``ended_at``: when the task ended, the
         end of a completed job's training in its ledger)."""
         detail: dict[str, Any] = {"rank": rank.rank, "kind": kind.value}
-        repo = self.deps.repo
+        repo = self.data
         current = repo.get_rank(rank.job_id, rank.rank) or rank
         if current.attempt != rank.attempt or not current.state.is_terminal:
             return Outcome("recorded", job.job_id, {**detail, "why": "older attempt"})
         node = current.container_inst_id
-        if not suspect and (redelivered or self.deps.settings.check_all_nodes_on_fault):
+        if not suspect and (redelivered or self.settings.check_all_nodes_on_fault):
             suspect = self._named_suspect(job, current)
         coupled = (coupled or current.coupled) and not suspect  # a redelivery repeats its arrival
         if suspect and job.attempt == rank.attempt:
-            if self.deps.settings.check_all_nodes_on_fault or repo.faults.get_suspect(
+            if self.settings.check_all_nodes_on_fault or repo.faults.get_suspect(
                     job.job_id, job.attempt, node) is None:
                 self._open_suspect(job, current, None)
             detail["health_checks"] = {node: self.suspects.request_check(job, node)}
@@ -472,7 +516,7 @@ class TaskEvents:
             [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
             suspect_node=node if suspect else "", coupled_node=node if coupled else "")
         if Latch.DONE in arrival:
-            detail["complete"] = ended(self.deps.metrics, self.deps.repo, job.job_id, repo.finish_job(
+            detail["complete"] = ended(self.metrics, self.data, job.job_id, repo.finish_job(
                 job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0",
                 ledger=goodput.end_marks(ended_at)))
         if Latch.ENDED in arrival:
@@ -487,17 +531,17 @@ class TaskEvents:
         after the job moved on still counts it, as its first delivery did)."""
         if not (job.in_fault and job.tally.attempt == rank.attempt):
             return False
-        if self.deps.settings.check_all_nodes_on_fault and job.state in RECOVERING_JOB_STATES \
+        if self.settings.check_all_nodes_on_fault and job.state in RECOVERING_JOB_STATES \
                 and job.tally.total is None:
             return True
-        found = self.deps.repo.faults.get_suspect(job.job_id, rank.attempt, rank.container_inst_id)
+        found = self.data.faults.get_suspect(job.job_id, rank.attempt, rank.container_inst_id)
         return found is not None and rank.rank in found.ranks
 
     def on_attempt_ended(self, job: Job, attempt: int) -> str:
         """Every rank of ``attempt`` ended (its GPUs are free): the fault's suspects are final
         (counted once), nothing is left to stop, and the job goes on - restart, suspended,
         canceled."""
-        repo = self.deps.repo
+        repo = self.data
         if job.attempt != attempt:
             return "older_attempt"
         if job.stop_fanout and int(job.stop_fanout.get("attempt") or 0) == attempt:
@@ -518,7 +562,7 @@ class TaskEvents:
             return "suspended" if self.suspensions.finish(job) else "raced"
         if job.state is JobState.CANCELING:
             canceled = repo.mark_job_canceled(job.job_id, "every rank stopped")
-            ended(self.deps.metrics, repo, job.job_id, canceled)
+            ended(self.metrics, repo, job.job_id, canceled)
             return "canceled"
         return "ended"
 
@@ -531,7 +575,7 @@ class TaskEvents:
         service calls it for a node lost too long or a hung rank). Such a fault is always
         confirmed by the DCGM diag (its evidence is kept for the verdict: a healthy node
         after a lost node or a hang restarts the job as a transient fault)."""
-        repo = self.deps.repo
+        repo = self.data
         job = repo.get_job(job_id)
         if job is None or job.attempt != attempt:
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": "attempt moved on"})
@@ -578,8 +622,8 @@ class TaskEvents:
         history = None
         if plan.node_record is not None:
             history = stored_history_with((assessment.instance_item or {}).get("fault_history"),
-                                          plan.node_record, now, self.deps.policy.escalation)
-        self.deps.repo.record_observed_fault(
+                                          plan.node_record, now, self.policy.escalation)
+        self.data.record_observed_fault(
             rank.container_inst_id, fault_history=history,
             last_fault={"at": now, "evidence": assessment.evidence.to_dict(), "plan": plan.to_dict(),
                         "jobs": [job.job_id]})
