@@ -121,7 +121,7 @@ def default_service(ports: Ports) -> RecoveryService:
     """The service ``gpu_recovery.runtime`` builds, on the container's clients (no Auto Scaling
     client: the simulated cluster has no group)."""
     service = runtime.build_recovery_service(ports.settings, ports.clients, ports.metrics)
-    ecs = service.deps.ecs
+    ecs = service.ecs
     budget = ecs.budget if isinstance(ecs, EcsAdapter) else None
     if isinstance(budget, EcsCallBudget):
         ports.budgets.append(budget)

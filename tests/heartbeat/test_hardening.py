@@ -205,7 +205,7 @@ def test_heartbeat_service_gets_the_deployments_catalog_override(world, tmp_path
     runtime.reset(clients=False)
     try:
         catalog = runtime.heartbeat_service().catalog
-        assert catalog is runtime.recovery_service().deps.policy.catalog
+        assert catalog is runtime.recovery_service().policy.catalog
         (signal,) = policy.hardware_signals([{**GPU, "xids": [79]}], catalog)
         assert signal.action == "replace"
     finally:

@@ -299,7 +299,7 @@ def test_a_rebalance_recommendation_asks_without_a_deadline_and_never_stops_the_
         w.service.on_aws_notice(event)
         job = w.repo.get_job("train")
         assert job.state is JobState.SUSPENDING and job.suspend["avoid"]["force"] is False
-        sweeps(w, 1, every=w.service.deps.settings.remediation.warning_checkpoint_seconds + 1)
+        sweeps(w, 1, every=w.service.settings.remediation.warning_checkpoint_seconds + 1)
         assert w.repo.get_job("train").state is JobState.RUNNING  # declined, not stopped
         assert w.repo.get_instance(NODE).cordoned
 

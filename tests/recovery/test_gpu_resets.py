@@ -217,7 +217,7 @@ def test_the_driver_asking_for_a_node_reboot_is_never_reset() -> None:
     """The check exits 4 (reset) but a GPU's driver recovery action is "node reboot": the
     more severe signal wins."""
     with world() as w:
-        w.service.deps.verdicts.read_verdict = lambda _arn: {  # type: ignore[method-assign]
+        w.service.verdicts.read_verdict = lambda _arn: {  # type: ignore[method-assign]
             "verdict": "reset", "gpus": [{"index": 0, "uuid": "GPU-0", "remap_pending": True,
                                           "recovery_action": "node_reboot"}]}
         arns = w.register_job("j", [PEER, FAULTY])

@@ -9,12 +9,7 @@ from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import StartResult
-from gpu_recovery.domain.fault_catalog import default_catalog
-from gpu_recovery.domain.gang_batches import GangQueuePort
 from gpu_recovery.domain.notifications import Notification
-from gpu_recovery.domain.remediation_plan import RemediationPolicy
-from gpu_recovery.repository import Repository
-from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -122,24 +117,6 @@ class MetricsRelay:
         if target is None:
             raise AttributeError(name)
         return getattr(target, name)
-
-
-@dataclass(frozen=True)
-class Deps:
-    """Everything a stage uses; one instance shared by the stages of a service (built once:
-    the invocation's metrics reach it through the relay, ``MetricsRelay``)."""
-
-    repo: Repository
-    ecs: EcsPort
-    rebooter: RebootPort
-    notifier: NotifierPort
-    verdicts: VerdictReaderPort
-    settings: Settings
-    metrics: MetricsPort = field(default_factory=NullMetrics)
-    policy: RemediationPolicy = field(default_factory=lambda: RemediationPolicy(default_catalog()))
-    replacer: ReplacePort = field(default_factory=NoReplacer)
-    tag_lookups: GangQueuePort | None = None  # unknown tasks' events, to the tag lookup worker
-
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from gpu_recovery.constants import (
     NotificationKind,
 )
 from gpu_recovery.domain import started_by as task_started_by
+from gpu_recovery.domain.gang_batches import GangQueuePort
 from gpu_recovery.domain.job_budgets import MAX_BUDGET
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import parse_ranks_tag
@@ -48,7 +49,7 @@ from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.domain.task_network import NetworkError, awsvpc_configuration, eni_subnet, id_list
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import EcsPort, GangQueuePort, MetricsPort
+from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import TaskLookup

@@ -30,7 +30,6 @@ from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.placement import PlacementHolds
 from gpu_recovery.recovery.ports import (
-    Deps,
     EcsPort,
     Invocation,
     MetricsPort,
@@ -90,8 +89,9 @@ class RecoveryService:
                  capacity: CapacityPort | None = None) -> None:
         policy = settings.remediation.policy(catalog or default_catalog(), settings.suspect_exit_codes)
         self._metrics = MetricsRelay(metrics)
-        self.deps = Deps(repo, ecs, rebooter, notifier, verdicts, settings, self._metrics,
-                         policy=policy, replacer=replacer or NoReplacer(), tag_lookups=tag_lookups)
+        # The ports, kept for callers that share them (queue scheduler, tests).
+        self.repo, self.ecs, self.settings, self.policy, self.verdicts = repo, ecs, settings, policy, verdicts
+        replacer = replacer or NoReplacer()
         # The e-mails, owed with the decisions they report (the outbox), for every stage.
         notices = Notices(repo.notices, repo.faults, notifier)
         self.ranks = RankOperations(repo, ecs, notices, metrics=self._metrics, settings=settings,
@@ -114,7 +114,7 @@ class RecoveryService:
         gate = NodeActionGate(repo, ecs, notices, metrics=self._metrics, settings=settings)
         cordons = Cordons(repo, ecs, notices, gate, metrics=self._metrics, reactions=reactions)
         self.reboots = Reboots(repo, ecs, self.ranks, self.gang, gate, cordons, rebooter=rebooter,
-                               replacer=self.deps.replacer, policy=policy, metrics=self._metrics,
+                               replacer=replacer, policy=policy, metrics=self._metrics,
                                settings=settings, reactions=reactions)
         # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
         self.node_tasks = tasks = NodeTasks(ecs, repo, self._metrics, settings)
@@ -133,7 +133,7 @@ class RecoveryService:
         self.unreachable = NodeUnreachable(repo, self.remediation, self.gang, policy=policy,
                                            metrics=self._metrics)
         self.validations = Validations(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
-                                       replacer=self.deps.replacer, metrics=self._metrics, settings=settings,
+                                       replacer=replacer, metrics=self._metrics, settings=settings,
                                        reactions=reactions)
         self.health = HealthChecks(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
                                    leases=repo, policy=policy, metrics=self._metrics, settings=settings,
@@ -147,7 +147,8 @@ class RecoveryService:
         self.faults = TaskEvents(repo, self.ranks, self.suspects, self.restarts, self.remediation,
                                  self.suspensions, self.gang, policy=policy, metrics=self._metrics,
                                  settings=settings, reactions=reactions)
-        self.breaker = BreakerOperations(self.deps, self.remediation)
+        self.breaker = BreakerOperations(repo, self.remediation, policy=policy, metrics=self._metrics,
+                                         settings=settings)
         handover = PreflightHandover(repo, self.remediation, self.gang, metrics=self._metrics,
                                      reactions=reactions)
         self.preflights = Preflights(repo, handover, notices, metrics=self._metrics, settings=settings)
@@ -189,19 +190,6 @@ class RecoveryService:
             on(NodeBack, lambda e: self.validations.node_back(e.instance, e.repair, e.why,
                                                               reset_result=e.reset_result)),
         ]
-
-    # The ports, for callers that share them (queue scheduler, tests).
-    @property
-    def repo(self) -> Repository:
-        return self.deps.repo
-
-    @property
-    def ecs(self) -> EcsPort:
-        return self.deps.ecs
-
-    @property
-    def settings(self) -> Settings:
-        return self.deps.settings
 
     @property
     def metrics(self) -> MetricsPort:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as cordon_policy
@@ -36,19 +37,39 @@ from gpu_recovery.domain.escalation import (
 )
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import Action
+from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.remediation_mode import Effect
+from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.breaker.gate import held_back_lines
 from gpu_recovery.recovery.notices import Notices, Owed
-from gpu_recovery.recovery.ports import Deps
+from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
-from gpu_recovery.repository import NodeDecision, Repository
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
+from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 # A released entry older than this is dropped, not replayed (stale backlogs are a hazard:
 # NVSentinel #450); the operator may pass another age to the reset.
 DEFAULT_MAX_BACKLOG_AGE_SECONDS = 24 * 3600
+
+
+class BreakerRecords(Protocol):
+    """The breaker's item, the nodes it acted on and held back, and a released action's decision."""
+
+    def get_breaker(self) -> dict[str, Any] | None: ...
+    def save_breaker(self, state: Mapping[str, Any], read_version: int | None,
+                     also: Sequence[Update] = ()) -> bool: ...
+    def drop_released(self, node: str) -> bool: ...
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    def record_node_decision(self, instance: Instance, decision: NodeDecision,
+                             jobs: Sequence[JobVerdict], now: float,
+                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -59,7 +80,7 @@ class ResetResult:
     state: dict[str, Any]
 
 
-def reset_breaker(repo: Repository, *, now: float, resume_backlog: bool, by: str,
+def reset_breaker(repo: BreakerRecords, *, now: float, resume_backlog: bool, by: str,
                   max_backlog_age_seconds: float | None = DEFAULT_MAX_BACKLOG_AGE_SECONDS) -> ResetResult:
     """Close the breaker (the operator's reset). With ``resume_backlog`` the held-back
     actions are released: the recovery sweep carries them out, a window's allowance at a
@@ -94,7 +115,7 @@ def _reset(stored: dict[str, Any] | None, *, now: float, resume_backlog: bool, b
     return ResetResult(True, result.released, result.dropped + tuple(stale), state)
 
 
-def acted_on_views(repo: Repository, stored: dict[str, Any] | None) -> dict[str, policy.ActedOnNode]:
+def acted_on_views(repo: BreakerRecords, stored: dict[str, Any] | None) -> dict[str, policy.ActedOnNode]:
     """What the nodes the tripped breaker had acted on look like now: one batch read of
     their items (at most the breaker's limit of them, never a scan). A fault decided on a
     node after the trip (its fault history) is a failure again."""
@@ -110,7 +131,7 @@ def acted_on_views(repo: Repository, stored: dict[str, Any] | None) -> dict[str,
     return views
 
 
-def assess(repo: Repository, stored: dict[str, Any] | None, *, now: float,
+def assess(repo: BreakerRecords, stored: dict[str, Any] | None, *, now: float,
            settings: policy.BreakerPolicy) -> policy.AutoCloseAnswer:
     """May the breaker close by itself now, and why (the sweep's question, and ``breaker show``'s)."""
     state = policy.normalize(stored)
@@ -123,8 +144,12 @@ def assess(repo: Repository, stored: dict[str, Any] | None, *, now: float,
 
 
 class BreakerOperations:
-    def __init__(self, deps: Deps, remediation: NodeRemediation) -> None:
-        self.deps = deps
+    def __init__(self, data: BreakerRecords, remediation: NodeRemediation, *, policy: RemediationPolicy,
+                 metrics: MetricsPort, settings: Settings) -> None:
+        self.data = data
+        self.policy = policy
+        self.metrics = metrics  # the service's relay: the invocation's metrics
+        self.settings = settings
         self.remediation = remediation
 
     def status(self, now: float, stored: dict[str, Any] | None = None, *,
@@ -134,8 +159,8 @@ class BreakerOperations:
         with ``count_cluster``: the sweep's metrics, every minute, use the count its last
         decision was measured against (no ECS listing a minute)."""
         if stored is None:
-            stored = self.deps.repo.get_breaker()
-        settings = self.deps.settings.remediation.breaker
+            stored = self.data.get_breaker()
+        settings = self.settings.remediation.breaker
         nodes = 0
         if policy.is_busy(stored, now=now, policy=settings):
             recorded = (stored or {}).get("cluster_gpu_nodes")
@@ -148,25 +173,25 @@ class BreakerOperations:
     def sweep(self, now: float) -> dict[str, int]:
         """Every minute: the breaker's metrics, then the released backlog (oldest first,
         while the window has room)."""
-        stored = self.deps.repo.get_breaker()
+        stored = self.data.get_breaker()
         if stored is None:
-            self.deps.metrics.add_metric("BreakerOpen", "Count", 0)
+            self.metrics.add_metric("BreakerOpen", "Count", 0)
             return {}
         status = self.status(now, stored, count_cluster=False)
         metrics = status.metrics()
-        self.deps.metrics.add_metric("BreakerOpen", "Count", metrics["BreakerTripped"])
+        self.metrics.add_metric("BreakerOpen", "Count", metrics["BreakerTripped"])
         if stored.get("cluster_gpu_nodes") is not None or not status.nodes_in_window:
             # Against the cluster its last decision counted (none counted yet: a first node
             # action needs no count, and a share of an unknown cluster means nothing).
-            self.deps.metrics.add_metric("BreakerUtilization", "Percent", 100 * metrics["BreakerUtilization"])
-        self.deps.metrics.add_metric("BreakerBacklog", "Count", metrics["BreakerBacklog"])
+            self.metrics.add_metric("BreakerUtilization", "Percent", 100 * metrics["BreakerUtilization"])
+        self.metrics.add_metric("BreakerBacklog", "Count", metrics["BreakerBacklog"])
         done: dict[str, int] = {}
         if stored.get("state") == policy.TRIPPED:
             outcome = self._auto_close(stored, now)
             if outcome:
                 done[outcome] = 1
             if outcome == "breaker_closed_by_itself":
-                stored = self.deps.repo.get_breaker() or {}
+                stored = self.data.get_breaker() or {}
         entries = sorted(dict(stored.get("released") or {}).items(),
                          key=lambda kv: (float(kv[1].get("at") or 0), kv[0]))
         for node, entry in entries:
@@ -179,10 +204,10 @@ class BreakerOperations:
         (``domain.breaker.assess_auto_close``), or records once that it stays open until an
         operator resets it. Either is one transaction conditional on the version read, with
         its one e-mail owed in it: a duplicate sweep finds the version moved and does nothing."""
-        settings = self.deps.settings.remediation.breaker
+        settings = self.settings.remediation.breaker
         if not settings.enabled:
             return ""
-        answer = assess(self.deps.repo, stored, now=now, settings=settings)
+        answer = assess(self.data, stored, now=now, settings=settings)
         recorded = bool(policy.normalize(stored)["needs_operator"])
         if answer.verdict is not policy.AutoClose.CLOSE and (answer.verdict is not policy.AutoClose.OPERATOR
                                                              or recorded):
@@ -200,7 +225,7 @@ class BreakerOperations:
                      "auto_close": settings.auto_close}
             owed = self._needs_operator_notice(answer, stored)
             outcome, level = "breaker_needs_operator", logging.ERROR
-        if not self.deps.repo.save_breaker(state, read_version, notices.owe([owed], now)):
+        if not self.data.save_breaker(state, read_version, notices.owe([owed], now)):
             return "breaker_raced"  # written meanwhile: the next sweep decides again
         notices.send([owed])
         logger.log(level, "blast-radius breaker: " + outcome.replace("_", " "), extra={"why": answer.reason})
@@ -242,13 +267,13 @@ class BreakerOperations:
             details=held_back_lines(backlog))
 
     def _release(self, node: str, entry: dict[str, Any], now: float) -> str:
-        repo = self.deps.repo
+        repo = self.data
         raw = repo.get_instance_item(node)
         instance = repo.instance_from_item(raw) if raw else None
         action = Action(entry.get("action") or Action.REBOOT.value)
         effect = {Action.REBOOT: Effect.REBOOT, Action.RESET_GPU: Effect.RESET_GPU}.get(action, Effect.DRAIN)
         if instance is None or instance.state is not InstanceState.SUSPECT or not instance.breaker_blocked \
-                or not self.deps.policy.modes.executes(effect):
+                or not self.policy.modes.executes(effect):
             repo.drop_released(node)
             return "backlog_dropped"
         stored = repo.get_breaker()
@@ -259,7 +284,7 @@ class BreakerOperations:
         nodes = gate.cluster_gpu_nodes(stored)
         admitted = policy.admit_release(stored, node=node, action=action.value, now=now,
                                         cluster_gpu_nodes=nodes,
-                                        policy=self.deps.settings.remediation.breaker)
+                                        policy=self.settings.remediation.breaker)
         if not admitted.allowed:
             return "backlog_waiting"
         released = {k: v for k, v in dict(stored.get("released") or {}).items() if k != node}
@@ -268,9 +293,9 @@ class BreakerOperations:
         why = f"{action.value} released from the breaker's backlog ({entry.get('reason', '')})"
         record = NodeFaultRecord(at=now, cause=str(blocked.get("rule") or "breaker-backlog"), action=action,
                                  executed=True, evidence=_summary(raw or {}, why))
-        history = stored_history_with(instance.fault_history, record, now, self.deps.policy.escalation)
-        terminate = (action is Action.REPLACE and self.deps.policy.replace_action == "terminate_in_asg"
-                     and self.deps.policy.modes.executes(Effect.TERMINATE)
+        history = stored_history_with(instance.fault_history, record, now, self.policy.escalation)
+        terminate = (action is Action.REPLACE and self.policy.replace_action == "terminate_in_asg"
+                     and self.policy.modes.executes(Effect.TERMINATE)
                      and not instance.is_managed_instance and not blocked.get("quarantine_only"))
         # A held-back reset is carried out as a reset (recovery.gpu_resets), a reboot as a reboot.
         to = (InstanceState.REBOOTING if action in (Action.REBOOT, Action.RESET_GPU)
