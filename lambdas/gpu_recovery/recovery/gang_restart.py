@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -43,7 +42,7 @@ from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind, relocated_queue_order
 from gpu_recovery.domain import goodput, placement
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Instance, Job, Rank, Suspect
+from gpu_recovery.domain.models import Job, Rank, Suspect
 from gpu_recovery.domain.relocation import (
     RelocationWait,
     SpareNode,
@@ -67,11 +66,8 @@ from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.reactions import Reactions, ReservationsReleased
 from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.restart_notices import fault_lines, restart_summary
-from gpu_recovery.recovery.restart_waits import NodesAndTheirTasks, RestartWaits, WaitData
-from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.cordons import CordonRepository
-from gpu_recovery.repository.faults import FaultRepository
-from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.recovery.restart_waits import NodesAndTheirTasks, RestartWaits
+from gpu_recovery.recovery.stage_data import RestartData
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 from gpu_recovery.settings import Settings
 
@@ -86,34 +82,6 @@ RESEND_AFTER_SECONDS = 120
 _SPARE_FIRST_ROUNDS = 3  # a verdict landing meanwhile: decide again on fresh counts
 _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the faulty node, and "
                     "resubmit the job.")
-
-
-class RestartData(WaitData, Protocol):
-    """The restart's claim and its job's transitions (running again, relocated, requeued,
-    waiting, failed), the fault's tally and suspects, the nodes its ranks ran on."""
-
-    faults: FaultRepository
-    latches: LatchRepository
-    cordons: CordonRepository
-
-    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
-    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
-    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float,
-                           placement: Update | None = None, moves: Mapping[str, Any] | None = None,
-                           reason: str = "") -> bool: ...
-    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = ...,
-                            also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool: ...
-    def release_rank_launch(self, rank: Rank, attempt: int) -> bool: ...
-    def leave_suspects_before_verdict(self, job: Job, nodes: Sequence[str], *, reason: str,
-                                      deadline_at: float) -> bool: ...
-    def wait_for_relocation(self, job: Job, wait: RelocationWait, deadline_at: float) -> bool: ...
-    def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
-                               reason: str, also: Sequence[Update] = ()) -> bool: ...
-    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
-                   actor: str = ..., fields: dict[str, Any] | None = None,
-                   from_states: Iterable[JobState] | None = None, stop_ranks_of: int | None = None,
-                   stop_why: str = "", also: Sequence[Update] = ()) -> bool: ...
 
 
 class GangRestart:

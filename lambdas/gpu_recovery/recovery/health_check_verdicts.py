@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
@@ -31,6 +31,7 @@ from gpu_recovery.recovery import verdict_lease
 from gpu_recovery.recovery.ports import Invocation, MetricsPort, Outcome, VerdictReaderPort
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
+from gpu_recovery.recovery.stage_data import ReadsNodeItems
 from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.faults import FaultRepository
@@ -71,14 +72,12 @@ def _conflicted(error: ClientError) -> bool:
     code = error.response.get("Error", {}).get("Code", "")
     return code in ("TransactionCanceledException", "TransactionConflictException") and is_contention(error)
 
-class CheckVerdictData(Protocol):
+class CheckVerdictData(ReadsNodeItems, Protocol):
     """What a verdict reads and writes: the node, the jobs waiting for it, their suspects'
     recorded evidence, and the check's task (recorded again, or its check retried)."""
 
     faults: FaultRepository
 
-    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def record_health_check_task(self, inst_id: str, started_by: str, task_arn: str,
                                  deadline_at: float) -> bool: ...

@@ -19,9 +19,9 @@ fault's suspects and moves the job on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, RETRY_INTERVAL_SECONDS, NotificationKind
@@ -31,7 +31,7 @@ from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Instance, Job, Rank, Suspect
+from gpu_recovery.domain.models import Job, Rank, Suspect
 from gpu_recovery.domain.policy import StopKind, StopReaction, TaskStop
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPlan, RemediationPolicy
@@ -53,11 +53,9 @@ from gpu_recovery.recovery.reactions import FaultSeen, Reactions, TaskStopped
 from gpu_recovery.recovery.remediation.job_settlement import budgets_of
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import details_of
+from gpu_recovery.recovery.stage_data import TaskEventData
 from gpu_recovery.recovery.suspension import Suspensions
-from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE, RankStop
-from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -132,43 +130,6 @@ def _fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
         own = True
     checkpoint_at = goodput.checkpoint_before(job.checkpoint, fault_at)
     return goodput.fault_marks(fault_at=fault_at, checkpoint_at=checkpoint_at, node=node, rule=rule, own=own)
-
-
-class TaskEventData(Protocol):
-    """A rank's stop or start recorded, the fault it opens (or joins), the job's end."""
-
-    faults: FaultRepository
-    latches: LatchRepository
-
-    def get_job(self, job_id: str) -> Job | None: ...
-    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
-    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
-    def mark_rank_running(self, rank: Rank, at: float | None = None) -> bool: ...
-    def mark_running_interval(self, job_id: str, attempt: int, *, cause: str, until: float,
-                              reason: str) -> bool: ...
-    def record_rank_stop(self, stop: RankStop) -> bool: ...
-    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
-                       now: float, deadline_at: float, rank_stop: RankStop | None = None,
-                       actor: str = ..., ledger: Mapping[str, Any] | None = None,
-                       opened_by: str = "", exited_at: float | None = None) -> bool: ...
-    def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
-                         deadline_at: float, spend: str, restart_reason: str,
-                         rank_stop: RankStop | None = None,
-                         last_fault: dict[str, Any] | None = None,
-                         ledger: Mapping[str, Any] | None = None) -> bool: ...
-    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
-                   actor: str = ..., fields: dict[str, Any] | None = None,
-                   from_states: Iterable[JobState] | None = None,
-                   rank_stop: RankStop | None = None, stop_ranks_of: int | None = None,
-                   stop_why: str = "", also: Sequence[Update] = (),
-                   ledger: Mapping[str, Any] | None = None) -> bool: ...
-    def mark_job_canceled(self, job_id: str, reason: str, actor: str = ...) -> bool: ...
-    def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
-    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
-                              last_fault: dict[str, Any]) -> bool: ...
 
 
 class TaskEvents:

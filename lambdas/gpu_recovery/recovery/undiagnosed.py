@@ -12,7 +12,7 @@ node that is really faulty fails its job again: the next check judges it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -24,13 +24,12 @@ from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+from gpu_recovery.recovery.stage_data import ReadsNodeItems
 
 
-class CheckReads(Protocol):
+class CheckReads(ReadsNodeItems, Protocol):
     """The node and the jobs waiting for its check, read again before each try."""
 
-    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
     def get_job(self, job_id: str) -> Job | None: ...
 
 

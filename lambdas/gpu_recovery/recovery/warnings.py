@@ -53,6 +53,7 @@ from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
+from gpu_recovery.recovery.stage_data import ReadsNodeItems
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.settings import Settings
@@ -64,15 +65,13 @@ _WARNED = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
 _STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
 
-class WarningData(Protocol):
+class WarningData(ReadsNodeItems, Protocol):
     """The warned node, the jobs on it, the warning's intents (``repository/warnings.py``) and
     the holds it is kept out of placement by."""
 
     cordons: CordonRepository
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
     def cordon_for_warning(self, node: str, rule: str, record: Mapping[str, Any], version: float,

@@ -44,6 +44,7 @@ from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
+from gpu_recovery.recovery.stage_data import EndsJobs
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.settings import Settings
@@ -65,22 +66,17 @@ def _at(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class HoldData(Protocol):
+class HoldData(EndsJobs, Protocol):
     """The job's hold (entered, resumed, failed), its nodes and suspects, the breaker."""
 
     faults: FaultRepository
 
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
     def get_breaker(self) -> dict[str, Any] | None: ...
-    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def hold_job(self, job: Job, hold: BreakerHold, deadline_at: float,
                  also: Sequence[Update] = ()) -> bool: ...
     def resume_held_job(self, job: Job, hold: BreakerHold, reason: str, now: float) -> bool: ...
     def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
-    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
-                   actor: str = ..., fields: dict[str, Any] | None = None,
-                   from_states: Iterable[JobState] | None = None, stop_ranks_of: int | None = None,
-                   stop_why: str = "", also: Sequence[Update] = ()) -> bool: ...
 
 
 class HeldJobs:

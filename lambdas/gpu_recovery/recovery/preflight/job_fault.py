@@ -17,7 +17,7 @@ handed over.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort
-from gpu_recovery.repository.base import Update
+from gpu_recovery.recovery.stage_data import EndsJobs
 from gpu_recovery.repository.preflight import PreflightRepository
 
 logger = logging.getLogger(__name__)
@@ -45,18 +45,12 @@ def own_fault_reason(why: str) -> str:
     return f"the job's own image or code failed the gang preflight: {why}"[:1000]
 
 
-class JobFaultData(Protocol):
+class JobFaultData(EndsJobs, Protocol):
     """The job read and ended (with its ranks' stop and its e-mail), its preflight handed over."""
 
     preflight: PreflightRepository
 
     def get_job(self, job_id: str) -> Job | None: ...
-    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
-    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
-                   actor: str = ..., fields: dict[str, Any] | None = None,
-                   from_states: Iterable[JobState] | None = None,
-                   stop_ranks_of: int | None = None, stop_why: str = "",
-                   also: Sequence[Update] = ()) -> bool: ...
 
 
 class PreflightJobFault:

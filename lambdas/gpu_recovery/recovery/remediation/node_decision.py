@@ -58,6 +58,7 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
+from gpu_recovery.recovery.stage_data import ReadsNodeItems
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
@@ -124,7 +125,7 @@ class Applied:
     outcomes: list[tuple[Job, JobOutcome]]
 
 
-class DecisionData(Protocol):
+class DecisionData(ReadsNodeItems, Protocol):
     """The node (its item, its fault history), the suspects and jobs its decision settles, the
     decision's one transaction, and the holds it may cordon the node by."""
 
@@ -132,8 +133,6 @@ class DecisionData(Protocol):
     cordons: CordonRepository
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def record_node_decision(self, instance: Instance, decision: NodeDecision,

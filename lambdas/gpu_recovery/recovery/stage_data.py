@@ -1,0 +1,90 @@
+"""What the recovery loop's stages read and write, as protocols the repository provides
+(mypy checks that it does): the operations several stages share, and the data of the two
+largest stages (the task events and the gang restart), kept here so that their modules stay
+one concern each. The other stages declare theirs in their own module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.relocation import RelocationWait
+from gpu_recovery.domain.states import JobState
+from gpu_recovery.recovery.restart_waits import WaitData
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.jobs_and_ranks import RankStop
+from gpu_recovery.repository.latches import LatchRepository
+
+
+class EndsJobs(Protocol):
+    """A job's terminal transition (with its ranks' stop and the e-mails it owes), and its item
+    read after it (its goodput metrics)."""
+
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
+                   actor: str = ..., fields: dict[str, Any] | None = None,
+                   from_states: Iterable[JobState] | None = None,
+                   rank_stop: RankStop | None = None, stop_ranks_of: int | None = None,
+                   stop_why: str = "", also: Sequence[Update] = (),
+                   ledger: Mapping[str, Any] | None = None) -> bool: ...
+
+
+class ReadsNodeItems(Protocol):
+    """A node's item as stored (its fault history, its evidence) and as a record."""
+
+    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+
+
+class TaskEventData(EndsJobs, ReadsNodeItems, Protocol):
+    """A rank's stop or start recorded, the fault it opens (or joins), the job's end."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def mark_rank_running(self, rank: Rank, at: float | None = None) -> bool: ...
+    def mark_running_interval(self, job_id: str, attempt: int, *, cause: str, until: float,
+                              reason: str) -> bool: ...
+    def record_rank_stop(self, stop: RankStop) -> bool: ...
+    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
+                       now: float, deadline_at: float, rank_stop: RankStop | None = None,
+                       actor: str = ..., ledger: Mapping[str, Any] | None = None,
+                       opened_by: str = "", exited_at: float | None = None) -> bool: ...
+    def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
+                         deadline_at: float, spend: str, restart_reason: str,
+                         rank_stop: RankStop | None = None,
+                         last_fault: dict[str, Any] | None = None,
+                         ledger: Mapping[str, Any] | None = None) -> bool: ...
+    def mark_job_canceled(self, job_id: str, reason: str, actor: str = ...) -> bool: ...
+    def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
+    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
+                              last_fault: dict[str, Any]) -> bool: ...
+
+
+class RestartData(WaitData, EndsJobs, Protocol):
+    """The restart's claim and its job's transitions (running again, relocated, requeued,
+    waiting, failed), the fault's tally and suspects, the nodes its ranks ran on."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+    cordons: CordonRepository
+
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float,
+                           placement: Update | None = None, moves: Mapping[str, Any] | None = None,
+                           reason: str = "") -> bool: ...
+    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = ...,
+                            also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool: ...
+    def release_rank_launch(self, rank: Rank, attempt: int) -> bool: ...
+    def leave_suspects_before_verdict(self, job: Job, nodes: Sequence[str], *, reason: str,
+                                      deadline_at: float) -> bool: ...
+    def wait_for_relocation(self, job: Job, wait: RelocationWait, deadline_at: float) -> bool: ...
+    def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
+                               reason: str, also: Sequence[Update] = ()) -> bool: ...
