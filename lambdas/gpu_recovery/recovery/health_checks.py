@@ -52,6 +52,7 @@ from gpu_recovery.recovery.ports import (
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+from gpu_recovery.recovery.stage_data import RecordsObservedFaults
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
 from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import Update
@@ -82,7 +83,7 @@ def health_check_started_by(instance: Instance) -> str:
                                      instance.hc_requested_at, instance.hc_start_attempts)
 
 
-class HealthCheckData(CheckVerdictData, Protocol):
+class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
     """What the check reads and writes besides its verdict's: its intents on the node's item
     (``repository/instances.py``), the slots it waits for, a busy node's known verdict."""
 
@@ -102,8 +103,6 @@ class HealthCheckData(CheckVerdictData, Protocol):
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool: ...
     def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
                                         restart: bool, also: Sequence[Update] = ()) -> bool: ...
-    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
-                              last_fault: dict[str, Any]) -> bool: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 

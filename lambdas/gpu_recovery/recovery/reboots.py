@@ -68,6 +68,7 @@ from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort, Outcome, RebootPort, ReplacePort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import NodeBack, Reactions, RestartDue
+from gpu_recovery.recovery.stage_data import MarksNodesBack
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.node_decisions import JobFailure
@@ -81,7 +82,7 @@ logger = logging.getLogger(__name__)
 REBOOT_CONFIRM_SECONDS = 300
 
 
-class RebootData(Protocol):
+class RebootData(MarksNodesBack, Protocol):
     """The reboot's (and the replacement's) intents on the node's item
     (``repository/instances.py``), the jobs waiting for it, a node that ran out of time."""
 
@@ -101,13 +102,6 @@ class RebootData(Protocol):
                        uncordon: bool = False) -> bool: ...
     def record_agent_disconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
     def record_agent_reconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
-    def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
-                           last_reset: dict[str, Any] | None = None,
-                           validation: dict[str, Any] | None = None,
-                           validating_cordon: dict[str, Any] | None = None) -> bool: ...
-    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
-                                validation: dict[str, Any] | None = None,
-                                validating_cordon: dict[str, Any] | None = None) -> bool: ...
     def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str, note: str = "",
                             validation: dict[str, Any] | None = None) -> bool: ...
     def clear_waiting_deadline(self, inst_id: str) -> bool: ...

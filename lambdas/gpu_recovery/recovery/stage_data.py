@@ -17,6 +17,7 @@ from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import RankStop
 from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
 
 
 class EndsJobs(Protocol):
@@ -39,7 +40,34 @@ class ReadsNodeItems(Protocol):
     def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
 
 
-class TaskEventData(EndsJobs, ReadsNodeItems, Protocol):
+class MarksNodesBack(Protocol):
+    """A repaired node back (after a reboot, or a GPU reset that passed), its validation next."""
+
+    def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
+                           last_reset: dict[str, Any] | None = None,
+                           validation: dict[str, Any] | None = None,
+                           validating_cordon: dict[str, Any] | None = None) -> bool: ...
+    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
+                                validation: dict[str, Any] | None = None,
+                                validating_cordon: dict[str, Any] | None = None) -> bool: ...
+
+
+class RecordsNodeDecisions(Protocol):
+    """A node's decision in one transaction: the instance, the jobs it settles, the breaker."""
+
+    def record_node_decision(self, instance: Instance, decision: NodeDecision,
+                             jobs: Sequence[JobVerdict], now: float,
+                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
+
+
+class RecordsObservedFaults(Protocol):
+    """A fault observed only (observe mode, a node lost): the node's last fault recorded."""
+
+    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
+                              last_fault: dict[str, Any]) -> bool: ...
+
+
+class TaskEventData(EndsJobs, ReadsNodeItems, RecordsObservedFaults, Protocol):
     """A rank's stop or start recorded, the fault it opens (or joins), the job's end."""
 
     faults: FaultRepository
@@ -63,8 +91,6 @@ class TaskEventData(EndsJobs, ReadsNodeItems, Protocol):
                          ledger: Mapping[str, Any] | None = None) -> bool: ...
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = ...) -> bool: ...
     def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
-    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
-                              last_fault: dict[str, Any]) -> bool: ...
 
 
 class RestartData(WaitData, EndsJobs, Protocol):

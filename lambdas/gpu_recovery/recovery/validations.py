@@ -31,7 +31,7 @@ says why).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any, Protocol
@@ -69,9 +69,9 @@ from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, label_for, projected
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
+from gpu_recovery.recovery.stage_data import MarksNodesBack, RecordsNodeDecisions
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
-from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ LOG_GRACE_SECONDS = 120.0
 APPLY_ROUNDS = 3
 
 
-class ValidationData(Protocol):
+class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
     """What the validation reads and writes: the node and the jobs waiting for it, the
     validation's intents on the node's item (``repository/validations.py``), the decision a
     failed one leads to, and the replacement watch."""
@@ -109,16 +109,6 @@ class ValidationData(Protocol):
                          also: list[Update] | tuple[Update, ...] = ()) -> bool: ...
     def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool: ...
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]: ...
-    def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
-                           last_reset: dict[str, Any] | None = None,
-                           validation: dict[str, Any] | None = None,
-                           validating_cordon: dict[str, Any] | None = None) -> bool: ...
-    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
-                                validation: dict[str, Any] | None = None,
-                                validating_cordon: dict[str, Any] | None = None) -> bool: ...
-    def record_node_decision(self, instance: Instance, decision: NodeDecision,
-                             jobs: Sequence[JobVerdict], now: float,
-                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
     def job_history_note(self, job: Job, note: str) -> Update: ...
     def node_back_updates(self, job: Job, inst_id: str, note: str = "",
                           validation: dict[str, Any] | None = None) -> list[Update]: ...

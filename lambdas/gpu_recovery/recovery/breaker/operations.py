@@ -45,9 +45,9 @@ from gpu_recovery.recovery.breaker.gate import held_back_lines
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
-from gpu_recovery.recovery.stage_data import ReadsNodeItems
+from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
+from gpu_recovery.repository.node_decisions import NodeDecision
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BACKLOG_AGE_SECONDS = 24 * 3600
 
 
-class BreakerRecords(ReadsNodeItems, Protocol):
+class BreakerRecords(ReadsNodeItems, RecordsNodeDecisions, Protocol):
     """The breaker's item, the nodes it acted on and held back, and a released action's decision."""
 
     def get_breaker(self) -> dict[str, Any] | None: ...
@@ -66,9 +66,6 @@ class BreakerRecords(ReadsNodeItems, Protocol):
     def drop_released(self, node: str) -> bool: ...
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
-    def record_node_decision(self, instance: Instance, decision: NodeDecision,
-                             jobs: Sequence[JobVerdict], now: float,
-                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,7 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
-from gpu_recovery.recovery.stage_data import ReadsNodeItems
-from gpu_recovery.repository.base import Update
+from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
@@ -125,7 +124,7 @@ class Applied:
     outcomes: list[tuple[Job, JobOutcome]]
 
 
-class DecisionData(ReadsNodeItems, Protocol):
+class DecisionData(ReadsNodeItems, RecordsNodeDecisions, Protocol):
     """The node (its item, its fault history), the suspects and jobs its decision settles, the
     decision's one transaction, and the holds it may cordon the node by."""
 
@@ -135,9 +134,6 @@ class DecisionData(ReadsNodeItems, Protocol):
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
-    def record_node_decision(self, instance: Instance, decision: NodeDecision,
-                             jobs: Sequence[JobVerdict], now: float,
-                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
     def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
                           last_fault: dict[str, Any] | None, read_version: int) -> bool: ...
     def count_healthy_verdicts(self, inst_id: str, verdicts: Sequence[JobVerdict]) -> None: ...

@@ -38,8 +38,8 @@ from gpu_recovery.recovery.remediation.node_decision import (
     projected,
 )
 from gpu_recovery.recovery.remediation.notices import observed_node_effects
+from gpu_recovery.recovery.stage_data import RecordsNodeDecisions, RecordsObservedFaults
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def unreachable_decided(job: Job, inst_id: str) -> bool:
     return decision.get("rule_id") == UNREACHABLE_RULE
 
 
-class UnreachableData(Protocol):
+class UnreachableData(RecordsNodeDecisions, RecordsObservedFaults, Protocol):
     """The job and its lost node, the node's decision (or the job's failure alone), the fault
     observed only (observe mode)."""
 
@@ -88,14 +88,9 @@ class UnreachableData(Protocol):
     def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
-    def record_node_decision(self, instance: Instance, decision: NodeDecision,
-                             jobs: Sequence[JobVerdict], now: float,
-                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
     def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update: ...
     def fail_lost_job(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None,
                       also: Sequence[Update] = ()) -> bool: ...
-    def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
-                              last_fault: dict[str, Any]) -> bool: ...
 
 
 class NodeUnreachable:
