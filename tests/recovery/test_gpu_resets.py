@@ -167,7 +167,7 @@ def test_a_refused_start_task_is_retried_once_by_the_sweep() -> None:
         assert len(resets_on(w, FAULTY)) == 1
 
 
-@pytest.mark.parametrize("intent", ["claim_gpu_reset", "record_gpu_reset_started"])
+@pytest.mark.parametrize("intent", ["claim_node_task", "record_node_task"])
 def test_a_lost_write_of_the_reset_is_finished_by_the_sweep(intent: str) -> None:
     with world() as w:
         w.repo.fail_once(intent, "lose")

@@ -5,12 +5,19 @@ answer (recorded, given back, kept until its lease expires). The stages' own tes
 
 from __future__ import annotations
 
+import boto3
 import pytest
 
+from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs_budget import RateLimited
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.node_tasks import NodeTaskKind
+from gpu_recovery.repository import node_task_claims as stored
+from gpu_recovery.repository.base import to_ddb
+from gpu_recovery.repository.node_task_claims import TaskClaim
 from tests.recovery.fakes import LostResponse, World, world
 
 KINDS = [node_tasks.HEALTH_CHECK, node_tasks.GPU_RESET, node_tasks.VALIDATION]
@@ -133,70 +140,109 @@ def test_no_turn_at_the_budget_never_calls_start_task_and_leaves_the_claim_to_th
 
 
 class Stage:
-    """A stage as ``claim_and_start`` sees it: its claim, and what it was asked to do."""
+    """A stage as ``claim_and_start`` sees it (a GPU reset's), and what it was asked to do."""
 
-    def __init__(self, claim: node_tasks.TaskClaim, *, wins: bool = True) -> None:
-        self.stored, self.wins = claim, wins
+    def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def claim_of(self, instance: Instance) -> node_tasks.TaskClaim:
-        return self.stored
+    @staticmethod
+    def deadline(instance: Instance) -> float:
+        return (instance.reboot_requested_at or 0.0) + 3600
 
-    def take_over(self, instance: Instance, now: float) -> Instance | None:
-        self.asked.append("take_over")
-        return instance if self.wins else None
-
-    def wait_for_gpus(self, instance: Instance, now: float) -> None:
-        self.asked.append("wait_for_gpus")
-
-    def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
-        self.asked.append("claim")
-        return (instance, "claim-new") if self.wins else None
+    @staticmethod
+    def new_started_by(instance: Instance) -> str:
+        return "claim-new"
 
     def start_task(self, instance: Instance, started_by: str) -> str:
         self.asked.append(f"start_task {started_by}")
         return "started"
 
-    def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
-        self.asked.append(f"record_task {started_by}")
+
+def resetting(w: World, **claim: object) -> Instance:
+    """node-a decided for a GPU reset (REBOOTING, ``reset_pending``), its claim as ``claim``."""
+    item = {C.INSTANCE_PK: "node-a", "instance_state": InstanceState.REBOOTING.value,
+            "reboot_requested_at": w.now[0] - 60, "reset_pending": True, **claim}
+    boto3.resource("dynamodb", region_name="us-east-1").Table("instances").put_item(Item=to_ddb(item))
+    instance = w.repo.get_instance("node-a")
+    assert instance is not None
+    return instance
 
 
-def claim_and_start(w: World, stage: Stage) -> str:
-    return w.service.node_tasks.claim_and_start(node_tasks.GPU_RESET, stage, Instance("node-a"))
+def claim_and_start(w: World, stage: Stage, instance: Instance) -> str:
+    return w.service.node_tasks.claim_and_start(node_tasks.GPU_RESET, stage, instance)
+
+
+def stored_claim(w: World) -> TaskClaim:
+    return stored.GPU_RESET.read(w.repo.get_instance("node-a"))
 
 
 def test_a_recorded_task_runs_and_a_live_claim_is_its_claimer_s() -> None:
     with world() as w:
-        running = Stage(node_tasks.TaskClaim("claim-1", w.now[0], "arn:task"))
-        assert claim_and_start(w, running) == "gpu_reset_running" and running.asked == []
-        live = Stage(node_tasks.TaskClaim("claim-1", w.now[0] - 1, ""))
-        assert claim_and_start(w, live) == "gpu_reset_claimed" and live.asked == []
+        running, live = Stage(), Stage()
+        recorded = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0],
+                             reset_task_arn="arn:task")
+        assert claim_and_start(w, running, recorded) == "gpu_reset_running" and running.asked == []
+        in_lease = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0] - 1)
+        assert claim_and_start(w, live, in_lease) == "gpu_reset_claimed" and live.asked == []
 
 
 def test_a_dead_claim_is_taken_over_and_its_task_looked_up_before_one_is_started() -> None:
     with world() as w:
-        dead = node_tasks.TaskClaim("claim-1", w.now[0] - 3600, "")
-        nothing_started = Stage(dead)
-        assert claim_and_start(w, nothing_started) == "started"
-        assert nothing_started.asked == ["take_over", "start_task claim-1"]
-        w.ecs.start_task(task_definition="gpu-reset", container_instance_arn="node-a", started_by="claim-1")
-        started_before = Stage(dead)  # its answer was lost: the task exists
-        assert claim_and_start(w, started_before) == "gpu_reset_found"
-        assert started_before.asked == ["take_over", "record_task claim-1"]
-        lost_race = Stage(dead, wins=False)
-        assert claim_and_start(w, lost_race) == "raced" and lost_race.asked == ["take_over"]
+        dead = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0] - 3600)
+        nothing_started = Stage()
+        assert claim_and_start(w, nothing_started, dead) == "started"
+        assert nothing_started.asked == ["start_task claim-1"]
+        assert stored_claim(w) == TaskClaim("claim-1", w.now[0], "")  # the lease runs from the take-over
+        lost_race = Stage()  # a second taker read the claim before the first took it over
+        assert claim_and_start(w, lost_race, dead) == "raced" and lost_race.asked == []
+    with world() as w:
+        dead = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0] - 3600)
+        task = w.ecs.start_task(task_definition="gpu-reset", container_instance_arn="node-a",
+                                started_by="claim-1").task_arns[0]
+        started_before = Stage()  # its answer was lost: the task exists, and is recorded
+        assert claim_and_start(w, started_before, dead) == "gpu_reset_found" and started_before.asked == []
+        assert stored_claim(w) == TaskClaim("claim-1", w.now[0], task)
 
 
 def test_a_new_claim_waits_for_the_node_s_gpus_then_starts() -> None:
     with world() as w:
         w.register_job("j", ["node-a", "node-b"])  # a live rank holds node-a's GPUs
-        busy = Stage(node_tasks.TaskClaim("", 0.0, ""))
-        assert claim_and_start(w, busy) == "gpu_reset_waiting_for_gpus" and busy.asked == ["wait_for_gpus"]
+        busy = Stage()
+        assert claim_and_start(w, busy, resetting(w)) == "gpu_reset_waiting_for_gpus" and busy.asked == []
+        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + RETRY_INTERVAL_SECONDS
     with world() as w:
-        free = Stage(node_tasks.TaskClaim("", 0.0, ""))
-        assert claim_and_start(w, free) == "started" and free.asked == ["claim", "start_task claim-new"]
-        lost_race = Stage(node_tasks.TaskClaim("", 0.0, ""), wins=False)
-        assert claim_and_start(w, lost_race) == "raced" and lost_race.asked == ["claim"]
+        free, lost_race = Stage(), Stage()
+        unclaimed = resetting(w)
+        assert claim_and_start(w, free, unclaimed) == "started" and free.asked == ["start_task claim-new"]
+        assert stored_claim(w) == TaskClaim("claim-new", w.now[0], "")
+        assert claim_and_start(w, lost_race, unclaimed) == "raced" and lost_race.asked == []
+
+
+def test_a_refused_start_under_a_claim_gives_it_back_and_a_placed_one_is_recorded() -> None:
+    with world() as w:
+        w.ecs.failures["start_task"] = ["refuse"]
+        claimed = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0])
+        with pytest.raises(Exception, match="Rate exceeded"):
+            w.service.node_tasks.start_claimed(node_tasks.GPU_RESET, Stage(), claimed, "claim-1")
+        assert stored_claim(w) == TaskClaim("", 0.0, "")
+        claimed = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0])
+        placed = w.service.node_tasks.start_claimed(node_tasks.GPU_RESET, Stage(), claimed, "claim-1")
+        assert placed.task_arn and stored_claim(w) == TaskClaim("claim-1", w.now[0], placed.task_arn)
+        instance = w.repo.get_instance("node-a")
+        assert instance.deadline_at == w.now[0] + node_tasks.POLL_SECONDS  # the sweep looks at it then
+
+
+def test_each_kind_declares_where_its_claim_is_stored() -> None:
+    """A GPU reset keeps its claim in top-level attributes, a validation in its map (the
+    other keys of the map kept); the health check keeps its own (it takes slots)."""
+    assert node_tasks.HEALTH_CHECK.claim is None
+    node = Instance("node-a", validation={"since": 1.0, "attempts": 2})
+    claimed = stored.VALIDATION.claimed(node, "claim-v", 5.0)
+    assert claimed.validation == {"since": 1.0, "attempts": 2, "started_by": "claim-v", "claimed_at": 5.0}
+    assert stored.VALIDATION.read(claimed) == TaskClaim("claim-v", 5.0, "")
+    reset = stored.GPU_RESET.claimed(Instance("node-a"), "claim-r", 6.0)
+    assert (reset.reset_started_by, reset.reset_claimed_at) == ("claim-r", 6.0)
+    assert stored.GPU_RESET.read(reset) == TaskClaim("claim-r", 6.0, "")
 
 
 def test_the_sweep_s_look_asks_again_once_before_it_calls_a_task_gone() -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -48,7 +47,7 @@ from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import NodeTasks, TaskClaim
+from gpu_recovery.recovery.node_tasks import POLL_SECONDS, NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, StopsTasks, after_commit
 from gpu_recovery.recovery.reboots import Reboots
@@ -56,9 +55,6 @@ from gpu_recovery.repository.base import Update
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-POLL_SECONDS = 120  # a running reset task is looked at this often (its STOPPED event may be lost)
-
 
 def gpu_reset_started_by(instance: Instance) -> str:
     """Deterministic per node and decision (its reboot request): the same claim finds its task."""
@@ -77,13 +73,6 @@ class GpuResetData(Protocol):
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def claim_gpu_reset(self, instance: Instance, started_by: str, now: float,
-                        deadline_at: float) -> bool: ...
-    def take_over_gpu_reset_claim(self, instance: Instance, now: float, deadline_at: float) -> bool: ...
-    def release_gpu_reset_claim(self, instance: Instance, started_by: str, retry_at: float) -> bool: ...
-    def record_gpu_reset_started(self, instance: Instance, started_by: str, task_arn: str,
-                                 deadline_at: float) -> bool: ...
-    def rearm_gpu_reset(self, instance: Instance, deadline_at: float) -> bool: ...
     def fall_back_to_reboot(self, instance: Instance, *, started_by: str, result: dict[str, Any],
                             reason: str, fault_history: list[dict[str, Any]] | None, now: float,
                             deadline_at: float, also: Sequence[Update] = ()) -> bool: ...
@@ -102,7 +91,8 @@ class GpuResets:
         self.settings = settings
         self.escalation = escalation
 
-    def _timeout_at(self, instance: Instance) -> float:
+    def deadline(self, instance: Instance) -> float:
+        """The reset's time limit from its decision: then the reboot instead."""
         return (instance.reboot_requested_at or clock.now()) + self.settings.gpu_reset_timeout_seconds
 
     # -------------------------------------------------------------------- start
@@ -112,49 +102,24 @@ class GpuResets:
             return "not_resetting"
         return self.tasks.claim_and_start(node_tasks.GPU_RESET, self, instance)
 
-    # The claim's lifecycle (``NodeTasks.claim_and_start``): the reset_* fields.
     @staticmethod
-    def claim_of(instance: Instance) -> TaskClaim:
-        return TaskClaim(instance.reset_started_by, instance.reset_claimed_at or 0.0, instance.reset_task_arn)
-
-    def take_over(self, instance: Instance, now: float) -> Instance | None:
-        if not self.data.take_over_gpu_reset_claim(instance, now, now + CLAIM_LEASE_SECONDS):
-            return None
-        return replace(instance, reset_claimed_at=now)
-
-    def wait_for_gpus(self, instance: Instance, now: float) -> None:
-        self.data.rearm_gpu_reset(instance, min(self._timeout_at(instance),
-                                                     now + RETRY_INTERVAL_SECONDS))
-
-    def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
-        started_by = gpu_reset_started_by(instance)
-        if not self.data.claim_gpu_reset(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
-            return None
-        return replace(instance, reset_started_by=started_by, reset_claimed_at=now), started_by
+    def new_started_by(instance: Instance) -> str:
+        return gpu_reset_started_by(instance)
 
     def start_task(self, instance: Instance, started_by: str) -> str:
-        placed = self.tasks.start(
-            node_tasks.GPU_RESET, instance, started_by,
-            release=lambda: self.data.release_gpu_reset_claim(instance, started_by,
-                                                                   clock.now() + RETRY_INTERVAL_SECONDS),
-            record=lambda task_arn: self.record_task(instance, started_by, task_arn))
+        placed = self.tasks.start_claimed(node_tasks.GPU_RESET, self, instance, started_by)
         if placed.task_arn is not None:
             return "gpu_reset_started"
         why = f"the GPU reset task could not be placed ({placed.reasons})"
         now = clock.now()
-        if now + RETRY_INTERVAL_SECONDS < self._timeout_at(instance):
+        if now + RETRY_INTERVAL_SECONDS < self.deadline(instance):
             # ECS placed nothing (its GPUs not released yet, the agent away: the failures in
             # its 200): tried again as a refused call is, a reboot only once time is up.
-            self.data.release_gpu_reset_claim(instance, started_by, now + RETRY_INTERVAL_SECONDS)
+            self.tasks.release(node_tasks.GPU_RESET, instance, started_by, now + RETRY_INTERVAL_SECONDS)
             logger.warning("GPU reset task not placed; tried again", extra={
                 "instance": instance.container_inst_id, "why": why})
             return "gpu_reset_not_placed"
         return self.fall_back(instance, why)
-
-    def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
-        now = clock.now()
-        self.data.record_gpu_reset_started(instance, started_by, task_arn,
-                                                min(self._timeout_at(instance), now + POLL_SECONDS))
 
     # ------------------------------------------------------------------- result
     def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
@@ -225,7 +190,7 @@ class GpuResets:
     def sweep(self, instance: Instance, now: float) -> str:
         """Scheduled while the reset is pending: start what never started, read a result
         whose event was lost, and fall back to the reboot once out of time."""
-        if now >= self._timeout_at(instance):
+        if now >= self.deadline(instance):
             if instance.reset_task_arn:
                 self.ecs.stop_task(instance.reset_task_arn,
                                         f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
@@ -237,11 +202,10 @@ class GpuResets:
             if task.get("lastStatus") == "STOPPED":
                 # Its STOPPED event was lost (or is still being retried): read it from ECS.
                 return self.on_stopped(EcsTaskDetail.model_validate(task)).action
-            self.data.rearm_gpu_reset(instance, min(self._timeout_at(instance), now + POLL_SECONDS))
+            self.tasks.rearm(node_tasks.GPU_RESET, instance, min(self.deadline(instance), now + POLL_SECONDS))
             return "gpu_reset_running"
         started = self.start(instance)
         if started in ("gpu_reset_claimed", "raced"):
-            self.data.rearm_gpu_reset(instance, min(self._timeout_at(instance),
-                                                         max(instance.reset_claimed_at or now, now)
-                                                         + CLAIM_LEASE_SECONDS))
+            self.tasks.rearm(node_tasks.GPU_RESET, instance, min(
+                self.deadline(instance), max(instance.reset_claimed_at or now, now) + CLAIM_LEASE_SECONDS))
         return started

@@ -8,10 +8,11 @@ claim taken over (its claimer died, or StartTask's answer was lost) looks its ta
 ``startedBy`` first; a refused StartTask (nothing started) gives the claim back at once, any
 other error keeps it until its lease expires (the task may have started: the next try looks it
 up). What differs between kinds is data (the task definition, its group and tag, the container
-its environment goes to) and what the stage does with a task not placed or started, which
-stays the stage's. A GPU reset and a validation also share the claim's lifecycle before
-StartTask (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a live claim is its
-claimer's, a dead one is taken over, a new one waits for the node's GPUs); the health check's
+its environment goes to, where its claim is stored) and what the stage does with a task not
+placed or started, which stays the stage's. A GPU reset and a validation also share the claim
+itself (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a live claim is its
+claimer's, a dead one is taken over, a new one waits for the node's GPUs; its writes are
+``repository.node_task_claims``'s, for each kind's :class:`ClaimFields`); the health check's
 claim takes a slot of the cluster's and the job's checks first, so it keeps its own.
 """
 
@@ -33,13 +34,20 @@ from gpu_recovery.constants import (
     GPU_VALIDATION_GROUP,
     HEALTH_CHECK_CONTAINER_NAME,
     HEALTH_CHECK_GROUP,
+    RETRY_INTERVAL_SECONDS,
     TAG_PURPOSE,
 )
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.recovery.ports import MetricsPort
+from gpu_recovery.repository import node_task_claims as stored
+from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+# A running reset or validation task is looked at this often (its STOPPED event may be lost).
+POLL_SECONDS = 120
+
 
 @dataclass(frozen=True)
 class NodeTaskKind:
@@ -52,18 +60,20 @@ class NodeTaskKind:
     started_metric: str
     task_definition: Callable[[Settings], str]
     container: str = ""  # the container an environment is handed to ("": none is)
+    claim: ClaimFields | None = None  # where its claim is stored (None: the health check keeps its own)
 
 
 HEALTH_CHECK = NodeTaskKind(name="health check", outcome="health_check", group=HEALTH_CHECK_GROUP,
                             purpose="dcgm-health-check", started_metric="HealthChecksStarted",
                             task_definition=attrgetter("health_check_task"))
 GPU_RESET = NodeTaskKind(name="GPU reset", outcome="gpu_reset", group=GPU_RESET_GROUP, purpose="gpu-reset",
-                         started_metric="GpuResetsStarted", task_definition=attrgetter("gpu_reset_task"))
+                         started_metric="GpuResetsStarted", task_definition=attrgetter("gpu_reset_task"),
+                         claim=stored.GPU_RESET)
 # The validation runs the health check's image under load (its level and load in its environment).
 VALIDATION = NodeTaskKind(name="validation", outcome="validation", group=GPU_VALIDATION_GROUP,
                           purpose="post-repair-validation", started_metric="ValidationsStarted",
                           task_definition=attrgetter("health_check_task"),
-                          container=HEALTH_CHECK_CONTAINER_NAME)
+                          container=HEALTH_CHECK_CONTAINER_NAME, claim=stored.VALIDATION)
 
 
 @dataclass(frozen=True)
@@ -74,33 +84,19 @@ class Placed:
     reasons: str = ""
 
 
-@dataclass(frozen=True)
-class TaskClaim:
-    """A node task's claim as the instance item holds it (each kind keeps its own fields)."""
-
-    started_by: str  # "": not claimed
-    claimed_at: float
-    task_arn: str  # "": not recorded (not started, or its answer lost)
-
-
 class WaitsForGpus(Protocol):
     """A stage whose node task runs once no rank holds the node's GPUs (a GPU reset, a
     validation after repair): what :meth:`NodeTasks.claim_and_start` asks of it."""
 
-    def claim_of(self, instance: Instance) -> TaskClaim: ...
+    def deadline(self, instance: Instance) -> float:
+        """When the task is out of time (the sweep's last look is due by then)."""
 
-    def take_over(self, instance: Instance, now: float) -> Instance | None:
-        """A dead claim taken over (the instance as taken), None: another took it."""
+    def new_started_by(self, instance: Instance) -> str:
+        """A new claim's startedBy (deterministic per claim)."""
 
-    def wait_for_gpus(self, instance: Instance, now: float) -> None:
-        """Ranks still hold the GPUs: looked at again later."""
-
-    def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
-        """A new claim (the instance as claimed and its startedBy), None: another took it."""
-
-    def start_task(self, instance: Instance, started_by: str) -> str: ...
-
-    def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None: ...
+    def start_task(self, instance: Instance, started_by: str) -> str:
+        """StartTask on the claimed node (``NodeTasks.start_claimed``), and what a task not
+        placed leads to."""
 
 
 class NodeTaskEcs(Protocol):
@@ -116,10 +112,20 @@ class NodeTaskEcs(Protocol):
     def tasks_started_by(self, started_by: str) -> list[str]: ...
 
 
-class RanksOnNodes(Protocol):
-    """The one read a node task makes of the tables: the ranks still holding a node's GPUs."""
+class ClaimData(Protocol):
+    """What a node task reads and writes: the ranks still holding a node's GPUs, and the
+    claim's intents (``repository.node_task_claims``)."""
 
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+    def claim_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
+                        lease_until: float) -> bool: ...
+    def take_over_node_task(self, fields: ClaimFields, instance: Instance, now: float,
+                            lease_until: float) -> bool: ...
+    def release_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
+                          attempt_used: bool = False) -> bool: ...
+    def record_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
+                         deadline_at: float) -> bool: ...
+    def rearm_node_task(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool: ...
 
 
 class NodeTasks:
@@ -127,10 +133,10 @@ class NodeTasks:
     the node's GPUs) and StartTask itself (``start``, every kind). One per service, built by
     the composition root (``RecoveryService``) and shared by the stages of every kind."""
 
-    def __init__(self, ecs: NodeTaskEcs, ranks: RanksOnNodes, metrics: MetricsPort,
+    def __init__(self, ecs: NodeTaskEcs, data: ClaimData, metrics: MetricsPort,
                  settings: Settings) -> None:
         self.ecs = ecs
-        self.ranks = ranks
+        self.data = data
         self.metrics = metrics  # the service's relay: the invocation's metrics
         self.settings = settings
 
@@ -138,31 +144,55 @@ class NodeTasks:
         """The claim's lifecycle up to StartTask: a task recorded runs; a claim within its
         lease is its claimer's; a dead claim is taken over and its task looked up before one
         is started; else, once no rank holds the GPUs, a new claim, then StartTask."""
+        fields = _claim_fields(kind)
         now = clock.now()
-        claim = stage.claim_of(instance)
+        claim = fields.read(instance)
         if claim.task_arn:
             return f"{kind.outcome}_running"
         if claim.started_by:
             if claim.claimed_at + CLAIM_LEASE_SECONDS > now:
                 return f"{kind.outcome}_claimed"  # its claimer may still be starting it
-            taken = stage.take_over(instance, now)
-            if taken is None:
+            if not self.data.take_over_node_task(fields, instance, now, now + CLAIM_LEASE_SECONDS):
                 return "raced"
             found = self.found(claim.started_by)
             if found:
-                stage.record_task(instance, claim.started_by, found)
+                self.record(kind, stage, instance, claim.started_by, found)
                 return f"{kind.outcome}_found"
-            return stage.start_task(taken, claim.started_by)
-        busy = self.ranks.live_ranks_on_instance(instance.container_inst_id)
+            return stage.start_task(fields.claimed(instance, claim.started_by, now), claim.started_by)
+        busy = self.data.live_ranks_on_instance(instance.container_inst_id)
         if busy:
             logger.info(f"{kind.name} waits for the node's ranks to stop", extra={
                 "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
-            stage.wait_for_gpus(instance, now)
+            self.rearm(kind, instance, min(stage.deadline(instance), now + RETRY_INTERVAL_SECONDS))
             return f"{kind.outcome}_waiting_for_gpus"
-        claimed = stage.claim(instance, now)
-        if claimed is None:
+        started_by = stage.new_started_by(instance)
+        if not self.data.claim_node_task(fields, instance, started_by, now, now + CLAIM_LEASE_SECONDS):
             return "raced"
-        return stage.start_task(*claimed)
+        return stage.start_task(fields.claimed(instance, started_by, now), started_by)
+
+    def start_claimed(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance, started_by: str, *,
+                      environment: Mapping[str, str] | None = None) -> Placed:
+        """StartTask under a claim of ``claim_and_start``'s: refused, the claim given back."""
+        return self.start(kind, instance, started_by, environment=environment,
+                          release=lambda: self.release(kind, instance, started_by,
+                                                       clock.now() + RETRY_INTERVAL_SECONDS),
+                          record=lambda task_arn: self.record(kind, stage, instance, started_by, task_arn))
+
+    def record(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance, started_by: str,
+               task_arn: str) -> None:
+        """The task to wait for: its STOPPED event, or the sweep's look within POLL_SECONDS."""
+        self.data.record_node_task(_claim_fields(kind), instance, started_by, task_arn,
+                                   min(stage.deadline(instance), clock.now() + POLL_SECONDS))
+
+    def release(self, kind: NodeTaskKind, instance: Instance, started_by: str, retry_at: float, *,
+                attempt_used: bool = False) -> bool:
+        """Nothing runs under the claim (see ``NodeTaskClaims.release_node_task``)."""
+        return self.data.release_node_task(_claim_fields(kind), instance, started_by, retry_at,
+                                           attempt_used=attempt_used)
+
+    def rearm(self, kind: NodeTaskKind, instance: Instance, deadline_at: float) -> bool:
+        """The sweep looks at the node's task again at ``deadline_at``."""
+        return self.data.rearm_node_task(_claim_fields(kind), instance, deadline_at)
 
     def look(self, task_arn: str) -> dict[str, Any] | None:
         """The sweep's look at a recorded task (its STOPPED event may be lost): as ECS
@@ -209,3 +239,9 @@ class NodeTasks:
         self.metrics.add_metric(kind.started_metric, "Count", 1)
         logger.info(f"{kind.name} started", extra={"instance": inst_id, "task": task_arn})
         return Placed(task_arn)
+
+
+def _claim_fields(kind: NodeTaskKind) -> ClaimFields:
+    if kind.claim is None:
+        raise ValueError(f"the {kind.name} keeps its own claim")
+    return kind.claim

@@ -54,7 +54,7 @@ from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.domain.validation import Repair, Result
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import NodeTasks, TaskClaim
+from gpu_recovery.recovery.node_tasks import POLL_SECONDS, NodeTasks
 from gpu_recovery.recovery.ports import (
     Invocation,
     ListsContainerInstances,
@@ -76,7 +76,6 @@ from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-POLL_SECONDS = 120  # a running validation task is looked at this often (its STOPPED event may be lost)
 # The verdict line of a failed validation is read again after these pauses inside the event's
 # invocation (CloudWatch Logs makes a line readable seconds after it was written); without it
 # past the grace the exit code decides alone, as the health check's contract allows.
@@ -97,14 +96,6 @@ class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
     def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
     def get_job(self, job_id: str) -> Job | None: ...
-    def claim_validation(self, instance: Instance, started_by: str, now: float,
-                         lease_until: float) -> bool: ...
-    def take_over_validation_claim(self, instance: Instance, now: float, lease_until: float) -> bool: ...
-    def release_validation_claim(self, instance: Instance, started_by: str, retry_at: float, *,
-                                 attempt_used: bool = False) -> bool: ...
-    def record_validation_task(self, instance: Instance, started_by: str, task_arn: str,
-                               deadline_at: float) -> bool: ...
-    def rearm_validation(self, instance: Instance, deadline_at: float) -> bool: ...
     def stall_validation(self, instance: Instance, now: float, until: float,
                          also: list[Update] | tuple[Update, ...] = ()) -> bool: ...
     def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool: ...
@@ -230,40 +221,20 @@ class Validations:
             return "not_validating"
         return self.tasks.claim_and_start(node_tasks.VALIDATION, self, instance)
 
-    # The claim's lifecycle (``NodeTasks.claim_and_start``): the validation map's fields.
     @staticmethod
-    def claim_of(instance: Instance) -> TaskClaim:
+    def new_started_by(instance: Instance) -> str:
         v = instance.validation
-        return TaskClaim(str(v.get("started_by") or ""), float(v.get("claimed_at") or 0.0),
-                         str(v.get("task_arn") or ""))
-
-    def take_over(self, instance: Instance, now: float) -> Instance | None:
-        taken = self.data.take_over_validation_claim(instance, now, now + CLAIM_LEASE_SECONDS)
-        return instance if taken else None
-
-    def wait_for_gpus(self, instance: Instance, now: float) -> None:
-        self.data.rearm_validation(instance, min(self._until(instance), now + RETRY_INTERVAL_SECONDS))
-
-    def claim(self, instance: Instance, now: float) -> tuple[Instance, str] | None:
-        v = instance.validation
-        attempt = int(v.get("attempts") or 0)
-        started_by = policy.started_by(instance.container_inst_id, float(v["since"]), attempt)
-        if not self.data.claim_validation(instance, started_by, now, now + CLAIM_LEASE_SECONDS):
-            return None
-        return replace(instance, validation={**v, "started_by": started_by, "claimed_at": now}), started_by
+        return policy.started_by(instance.container_inst_id, float(v["since"]), int(v.get("attempts") or 0))
 
     def start_task(self, instance: Instance, started_by: str) -> str:
-        placed = self.tasks.start(
-            node_tasks.VALIDATION, instance, started_by, environment=self._environment(instance),
-            release=lambda: self.data.release_validation_claim(instance, started_by,
-                                                                    clock.now() + RETRY_INTERVAL_SECONDS),
-            record=lambda task_arn: self.record_task(instance, started_by, task_arn))
+        placed = self.tasks.start_claimed(node_tasks.VALIDATION, self, instance, started_by,
+                                          environment=self._environment(instance))
         if placed.task_arn is not None:
             return "validation_started"
         # ECS placed nothing (the GPUs not free yet, the agent away: the failures in its
         # 200): tried again each minute until the validation's time is up.
-        self.data.release_validation_claim(instance, started_by, min(
-            self._until(instance), clock.now() + RETRY_INTERVAL_SECONDS))
+        self.tasks.release(node_tasks.VALIDATION, instance, started_by,
+                           min(self.deadline(instance), clock.now() + RETRY_INTERVAL_SECONDS))
         logger.warning("validation task not placed; tried again", extra={
             "instance": instance.container_inst_id, "why": placed.reasons})
         return "validation_not_placed"
@@ -274,12 +245,9 @@ class Validations:
                 "VALIDATION_LOAD_SECONDS": str(v.get("load_seconds") if v.get("load_seconds") is not None
                                                else self.policy.load_seconds)}
 
-    def record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
-        self.data.record_validation_task(instance, started_by, task_arn,
-                                              min(self._until(instance), clock.now() + POLL_SECONDS))
-
     @staticmethod
-    def _until(instance: Instance) -> float:
+    def deadline(instance: Instance) -> float:
+        """The validation's time limit (its ``until``)."""
         return float(instance.validation.get("until") or clock.now())
 
     # ------------------------------------------------------------------- result
@@ -305,8 +273,10 @@ class Validations:
         stopped = detail.stoppedAt.timestamp() if detail.stoppedAt else clock.now()
         if line is None and clock.now() < stopped + LOG_GRACE_SECONDS:
             # Its evidence (which GPU, which test) is on its way: the sweep's poll reads it.
-            self.record_task(instance, str(instance.validation["started_by"]), detail.taskArn)
-            repo.rearm_validation(instance, min(self._until(instance), clock.now() + RETRY_INTERVAL_SECONDS))
+            self.tasks.record(node_tasks.VALIDATION, self, instance, str(instance.validation["started_by"]),
+                              detail.taskArn)
+            self.tasks.rearm(node_tasks.VALIDATION, instance,
+                             min(self.deadline(instance), clock.now() + RETRY_INTERVAL_SECONDS))
             return Outcome("validation_log_pending", detail={"instance": inst_id})
         return Outcome(self._failed(instance, raw, exit_code, line or {}, task_arn=detail.taskArn),
                        detail={"instance": inst_id})
@@ -343,7 +313,7 @@ class Validations:
             return self._stalled(instance, f"{why}; {attempts} attempt(s)")
         started_by = str(instance.validation.get("started_by") or "")
         retry_at = clock.now() + RETRY_INTERVAL_SECONDS
-        if not self.data.release_validation_claim(instance, started_by, retry_at, attempt_used=True):
+        if not self.tasks.release(node_tasks.VALIDATION, instance, started_by, retry_at, attempt_used=True):
             return "raced"
         logger.warning("validation ended without a verdict: started again", extra={
             "instance": instance.container_inst_id, "why": why, "attempt": attempts + 1})
@@ -508,12 +478,12 @@ class Validations:
         """Scheduled while validating: start what never started, read a result whose event
         was lost, and end a validation out of time as failed."""
         v = instance.validation
-        if now >= self._until(instance) and not v.get("task_arn"):
+        if now >= self.deadline(instance) and not v.get("task_arn"):
             # Out of time with no task running (never placed, or none gave a verdict): the
             # stack's failure, not a failed repair.
             seconds = int(self.policy.timeout_seconds)
             return self._stalled(instance, f"the validation could not run within {seconds} s")
-        if now >= self._until(instance):
+        if now >= self.deadline(instance):
             task_arn = str(v.get("task_arn") or "")
             if task_arn:
                 self.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} validation timed out")
@@ -531,11 +501,12 @@ class Validations:
                 return self._no_verdict(instance, raw, "the validation task is gone (ECS no longer knows it)")
             if task.get("lastStatus") == "STOPPED":
                 return self.on_stopped(EcsTaskDetail.model_validate(task)).action
-            self.data.rearm_validation(instance, min(self._until(instance), now + POLL_SECONDS))
+            self.tasks.rearm(node_tasks.VALIDATION, instance,
+                             min(self.deadline(instance), now + POLL_SECONDS))
             return "validation_running"
         started = self.start(instance)
         if started in ("validation_claimed", "raced"):
             claimed = float(v.get("claimed_at") or now)
-            self.data.rearm_validation(instance, min(self._until(instance),
-                                                          max(claimed, now) + CLAIM_LEASE_SECONDS))
+            self.tasks.rearm(node_tasks.VALIDATION, instance,
+                             min(self.deadline(instance), max(claimed, now) + CLAIM_LEASE_SECONDS))
         return started

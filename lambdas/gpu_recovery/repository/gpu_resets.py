@@ -22,8 +22,7 @@ from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
 # The reset attributes a new decision (or a fallback) clears.
 RESET_ATTRIBUTES = ("reset_pending", "reset_started_by", "reset_claimed_at", "reset_task_arn")
 
-_NAMES = {"#rq": "reboot_requested_at", "#rp": "reset_pending", "#sb": "reset_started_by",
-          "#rc": "reset_claimed_at", "#rt": "reset_task_arn"}
+_NAMES = {"#rq": "reboot_requested_at", "#rp": "reset_pending", "#sb": "reset_started_by"}
 
 
 def _names(*keys: str) -> dict[str, str]:
@@ -31,60 +30,7 @@ def _names(*keys: str) -> dict[str, str]:
 
 
 class GpuResets(Instances):
-    """Intents of a node's GPU reset."""
-
-    def claim_gpu_reset(self, instance: Instance, started_by: str, now: float, deadline_at: float) -> bool:
-        """The intent to start the reset task, committed before StartTask (one claimer; a
-        claim whose task was never recorded is taken over by :meth:`take_over_gpu_reset_claim`).
-        ``deadline_at``: the sweep looks at a claimer that died."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reset_started_by": started_by, "reset_claimed_at": now}, deadline_at=deadline_at,
-            extra_condition="#rq = :rq AND attribute_exists(#rp) AND attribute_not_exists(#sb)",
-            extra_values={":rq": instance.reboot_requested_at}, extra_names=_names("#rq", "#rp", "#sb"),
-        ))
-
-    def take_over_gpu_reset_claim(self, instance: Instance, now: float, deadline_at: float) -> bool:
-        """A claim whose task was never recorded (its claimer died, or StartTask's answer was
-        lost): the taker looks the task up by its startedBy before starting one."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reset_claimed_at": now}, deadline_at=deadline_at,
-            extra_condition="#rq = :rq AND attribute_exists(#rp) AND #sb = :sb AND #rc = :rc "
-                            "AND attribute_not_exists(#rt)",
-            extra_values={":rq": instance.reboot_requested_at, ":sb": instance.reset_started_by,
-                          ":rc": instance.reset_claimed_at},
-            extra_names=_names("#rq", "#rp", "#sb", "#rc", "#rt"),
-        ))
-
-    def release_gpu_reset_claim(self, instance: Instance, started_by: str, retry_at: float) -> bool:
-        """StartTask refused the call (nothing started): the next try claims it again."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            remove_fields=["reset_started_by", "reset_claimed_at"], deadline_at=retry_at,
-            extra_condition="#rq = :rq AND #sb = :sb AND attribute_not_exists(#rt)",
-            extra_values={":rq": instance.reboot_requested_at, ":sb": started_by},
-            extra_names=_names("#rq", "#sb", "#rt"),
-        ))
-
-    def record_gpu_reset_started(self, instance: Instance, started_by: str, task_arn: str,
-                                 deadline_at: float) -> bool:
-        """StartTask answered: the task to wait for (its STOPPED event, or the sweep's look)."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reset_task_arn": task_arn}, deadline_at=deadline_at,
-            extra_condition="#rq = :rq AND attribute_exists(#rp) AND #sb = :sb",
-            extra_values={":rq": instance.reboot_requested_at, ":sb": started_by},
-            extra_names=_names("#rq", "#rp", "#sb"),
-        ))
-
-    def rearm_gpu_reset(self, instance: Instance, deadline_at: float) -> bool:
-        """Still waiting (GPUs busy, task running): the sweep looks again at ``deadline_at``."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING], deadline_at=deadline_at,
-            extra_condition="#rq = :rq AND attribute_exists(#rp)",
-            extra_values={":rq": instance.reboot_requested_at}, extra_names=_names("#rq", "#rp"),
-        ))
+    """Intents of a node's GPU reset (its claim's are ``node_task_claims``'s, ``GPU_RESET``)."""
 
     def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
                                 validation: dict[str, Any] | None = None,

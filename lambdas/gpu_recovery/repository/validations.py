@@ -52,42 +52,6 @@ class Validations(Instances):
             extra_values={":si": instance.validation.get("since"), **values},
             extra_names={**_names("#v", "#si"), **names}, **changes)
 
-    def claim_validation(self, instance: Instance, started_by: str, now: float, lease_until: float) -> bool:
-        """The intent to start the validation task (one claimer), committed before StartTask."""
-        return self.db.apply(self._update(
-            instance, "attribute_not_exists(#v.#sb)", {}, _names("#sb"),
-            set_fields={f"{VALIDATION}.started_by": started_by, f"{VALIDATION}.claimed_at": now},
-            deadline_at=lease_until))
-
-    def take_over_validation_claim(self, instance: Instance, now: float, lease_until: float) -> bool:
-        """A claim whose task was never recorded (its claimer died, or StartTask's answer was
-        lost): the taker looks the task up by its startedBy before starting one."""
-        v = instance.validation
-        return self.db.apply(self._update(
-            instance, "#v.#sb = :sb AND #v.#ca = :ca AND attribute_not_exists(#v.#ta)",
-            {":sb": v.get("started_by"), ":ca": v.get("claimed_at")}, _names("#sb", "#ca", "#ta"),
-            set_fields={f"{VALIDATION}.claimed_at": now}, deadline_at=lease_until))
-
-    def release_validation_claim(self, instance: Instance, started_by: str, retry_at: float, *,
-                                 attempt_used: bool = False) -> bool:
-        """Nothing runs (StartTask refused or placed nothing, or the task ended without a
-        verdict: ``attempt_used``, the next start is a new attempt with its own startedBy)."""
-        return self.db.apply(self._update(
-            instance, "#v.#sb = :sb", {":sb": started_by}, _names("#sb"),
-            remove_fields=[f"{VALIDATION}.started_by", f"{VALIDATION}.claimed_at", f"{VALIDATION}.task_arn"],
-            increments={f"{VALIDATION}.attempts": 1} if attempt_used else None, deadline_at=retry_at))
-
-    def record_validation_task(self, instance: Instance, started_by: str, task_arn: str,
-                               deadline_at: float) -> bool:
-        """StartTask answered: the task to wait for (its STOPPED event, or the sweep's look)."""
-        return self.db.apply(self._update(
-            instance, "#v.#sb = :sb", {":sb": started_by}, _names("#sb"),
-            set_fields={f"{VALIDATION}.task_arn": task_arn}, deadline_at=deadline_at))
-
-    def rearm_validation(self, instance: Instance, deadline_at: float) -> bool:
-        """Still waiting (GPUs busy, a claim in flight, the task running): look again then."""
-        return self.db.apply(self._update(instance, "", {}, {}, deadline_at=deadline_at))
-
     def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool:
         """The validation passed: REBOOTING -> AVAILABLE, its cordon cleared, as a node back
         from its reboot used to be; the jobs waiting for it are released next (a deadline

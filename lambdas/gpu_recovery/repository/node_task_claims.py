@@ -1,0 +1,154 @@
+"""The claim of a node task that waits for its node's GPUs (a GPU reset, a validation after
+repair): where each kind keeps it on the instance item, declared once (:class:`ClaimFields`),
+and its intents, written the one way for every kind (:class:`NodeTaskClaims`).
+
+A claim is three attributes: its ``startedBy`` (committed before StartTask, deterministic
+per claim), when it was claimed (its lease runs from there) and the task's ARN (recorded
+after StartTask answered). Each write is conditional on the claim's scope (the node decision
+or the validation the task serves: a claim of a decision since replaced never moves) and on
+the claim itself, so a delivery that died between two writes is finished by the next one or
+by the sweep, never repeated. The health check keeps its own claim (``instances``): it takes
+a slot of the cluster's and of its job's share in the same write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.instances import Instances
+
+# A condition with its values and names, as ``instance_update`` takes them.
+Condition = tuple[str, dict[str, Any], dict[str, str]]
+
+
+@dataclass(frozen=True)
+class TaskClaim:
+    """A node task's claim as the instance item holds it."""
+
+    started_by: str  # "": not claimed
+    claimed_at: float
+    task_arn: str  # "": not recorded (not started, or its answer lost)
+
+
+@dataclass(frozen=True)
+class ClaimFields:
+    """Where one kind of node task keeps its claim: attribute paths of the instance item
+    (``map.key``: a key of a map attribute), and the condition naming what it serves."""
+
+    started_by: str
+    claimed_at: str
+    task_arn: str
+    scope: Callable[[Instance], Condition]
+    attempts: str = ""  # a task that ended without a verdict is counted here ("": not counted)
+
+    def read(self, instance: Instance) -> TaskClaim:
+        started_by, claimed_at, task_arn = (_get(instance, path) for path in
+                                            (self.started_by, self.claimed_at, self.task_arn))
+        return TaskClaim(str(started_by or ""), float(claimed_at or 0.0), str(task_arn or ""))
+
+    def claimed(self, instance: Instance, started_by: str, claimed_at: float) -> Instance:
+        """``instance`` as a claim (or a take-over) wrote it."""
+        return _set(_set(instance, self.started_by, started_by), self.claimed_at, claimed_at)
+
+
+def _get(instance: Instance, path: str) -> Any:
+    attribute, _, key = path.partition(".")
+    value = getattr(instance, attribute)
+    return (value or {}).get(key) if key else value
+
+
+def _set(instance: Instance, path: str, value: Any) -> Instance:
+    attribute, _, key = path.partition(".")
+    if key:
+        value = {**(getattr(instance, attribute) or {}), key: value}
+    return replace(instance, **{attribute: value})
+
+
+def _names(path: str, tag: str) -> tuple[str, dict[str, str]]:
+    """``path`` as a condition names it (``#<tag>0.#<tag>1`` for a map's key)."""
+    names = {f"#{tag}{i}": part for i, part in enumerate(path.split("."))}
+    return ".".join(names), names
+
+
+def _decision(instance: Instance) -> Condition:
+    """A GPU reset serves the node's decision (its ``reboot_requested_at``) while pending."""
+    return ("#rq = :rq AND attribute_exists(#rp)", {":rq": instance.reboot_requested_at},
+            {"#rq": "reboot_requested_at", "#rp": "reset_pending"})
+
+
+def _validation(instance: Instance) -> Condition:
+    """A validation's task serves that validation (its ``since``)."""
+    return "#v.#si = :si", {":si": instance.validation.get("since")}, {"#v": "validation", "#si": "since"}
+
+
+GPU_RESET = ClaimFields("reset_started_by", "reset_claimed_at", "reset_task_arn", _decision)
+VALIDATION = ClaimFields("validation.started_by", "validation.claimed_at", "validation.task_arn", _validation,
+                         attempts="validation.attempts")
+
+
+class NodeTaskClaims(Instances):
+    """A node task's claim, for every kind declared by :class:`ClaimFields`."""
+
+    def _claim_update(self, fields: ClaimFields, instance: Instance, claim: str, values: dict[str, Any],
+                      names: dict[str, str], **changes: Any) -> Update:
+        scope, scope_values, scope_names = fields.scope(instance)
+        return self.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
+            extra_condition=f"{scope} AND {claim}" if claim else scope,
+            extra_values={**scope_values, **values}, extra_names={**scope_names, **names}, **changes)
+
+    def claim_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
+                        lease_until: float) -> bool:
+        """The intent to start the task (one claimer), committed before StartTask; the sweep
+        looks at it at ``lease_until`` (its claimer may have died)."""
+        sb, names = _names(fields.started_by, "sb")
+        return self.db.apply(self._claim_update(
+            fields, instance, f"attribute_not_exists({sb})", {}, names,
+            set_fields={fields.started_by: started_by, fields.claimed_at: now}, deadline_at=lease_until))
+
+    def take_over_node_task(self, fields: ClaimFields, instance: Instance, now: float,
+                            lease_until: float) -> bool:
+        """A claim whose task was never recorded (its claimer died, or StartTask's answer was
+        lost): the taker looks the task up by its startedBy before starting one."""
+        claim = fields.read(instance)
+        sb, sb_names = _names(fields.started_by, "sb")
+        ca, ca_names = _names(fields.claimed_at, "ca")
+        ta, ta_names = _names(fields.task_arn, "ta")
+        return self.db.apply(self._claim_update(
+            fields, instance, f"{sb} = :sb AND {ca} = :ca AND attribute_not_exists({ta})",
+            {":sb": claim.started_by, ":ca": _get(instance, fields.claimed_at)},
+            {**sb_names, **ca_names, **ta_names}, set_fields={fields.claimed_at: now},
+            deadline_at=lease_until))
+
+    def release_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
+                          attempt_used: bool = False) -> bool:
+        """Nothing runs: StartTask refused or placed nothing (no task recorded), or the task
+        ended without a verdict (``attempt_used``: counted, the next start is a new attempt
+        with its own startedBy). The next try claims it again at ``retry_at``."""
+        sb, names = _names(fields.started_by, "sb")
+        claim = f"{sb} = :sb"
+        if not attempt_used:
+            ta, ta_names = _names(fields.task_arn, "ta")
+            claim, names = f"{claim} AND attribute_not_exists({ta})", {**names, **ta_names}
+        counted = {fields.attempts: 1} if attempt_used and fields.attempts else None
+        removed = [fields.started_by, fields.claimed_at, *([fields.task_arn] if attempt_used else [])]
+        return self.db.apply(self._claim_update(
+            fields, instance, claim, {":sb": started_by}, names, remove_fields=removed,
+            increments=counted, deadline_at=retry_at))
+
+    def record_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
+                         deadline_at: float) -> bool:
+        """StartTask answered: the task to wait for (its STOPPED event, or the sweep's look)."""
+        sb, names = _names(fields.started_by, "sb")
+        return self.db.apply(self._claim_update(
+            fields, instance, f"{sb} = :sb", {":sb": started_by}, names,
+            set_fields={fields.task_arn: task_arn}, deadline_at=deadline_at))
+
+    def rearm_node_task(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool:
+        """Still waiting (GPUs busy, a claim in flight, the task running): looked at again then."""
+        return self.db.apply(self._claim_update(fields, instance, "", {}, {}, deadline_at=deadline_at))
