@@ -13,7 +13,7 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
-from gpu_recovery.recovery.gpu_resets import POLL_SECONDS
+from gpu_recovery.recovery.node_tasks import POLL_SECONDS
 from gpu_recovery.repository import Update
 from tests.recovery.fakes import LostResponse, World, world
 from tests.recovery.remediation_steps import report_xid, reset_stopped, resets_on, sweeps

@@ -18,7 +18,7 @@ from gpu_recovery.domain import placement
 from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.domain.validation import START_RETRIES, ValidationPolicy
 from gpu_recovery.events.ecs import EcsTaskDetail
-from gpu_recovery.recovery.validations import POLL_SECONDS
+from gpu_recovery.recovery.node_tasks import POLL_SECONDS
 from tests.recovery.fakes import CLUSTER_ARN, EVENTS, FakeTask, LostResponse, World, ci_arn, world
 
 FAULTY, PEER = "node-b", "node-a"

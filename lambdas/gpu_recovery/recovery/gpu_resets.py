@@ -29,7 +29,6 @@ from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
-    CLAIM_LEASE_SECONDS,
     RETRY_INTERVAL_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
@@ -47,7 +46,7 @@ from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import POLL_SECONDS, NodeTasks
+from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, StopsTasks, after_commit
 from gpu_recovery.recovery.reboots import Reboots
@@ -195,17 +194,7 @@ class GpuResets:
                 self.ecs.stop_task(instance.reset_task_arn,
                                         f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
             return self.fall_back(instance, "the GPU reset did not finish in time")
-        if instance.reset_task_arn:
-            task = self.tasks.look(instance.reset_task_arn)
-            if task is None:
-                return self.fall_back(instance, "the GPU reset task is gone (ECS no longer knows it)")
-            if task.get("lastStatus") == "STOPPED":
-                # Its STOPPED event was lost (or is still being retried): read it from ECS.
-                return self.on_stopped(EcsTaskDetail.model_validate(task)).action
-            self.tasks.rearm(node_tasks.GPU_RESET, instance, min(self.deadline(instance), now + POLL_SECONDS))
-            return "gpu_reset_running"
-        started = self.start(instance)
-        if started in ("gpu_reset_claimed", "raced"):
-            self.tasks.rearm(node_tasks.GPU_RESET, instance, min(
-                self.deadline(instance), max(instance.reset_claimed_at or now, now) + CLAIM_LEASE_SECONDS))
-        return started
+        return self.tasks.follow(node_tasks.GPU_RESET, self, instance, now)
+
+    def gone(self, instance: Instance) -> str:
+        return self.fall_back(instance, "the GPU reset task is gone (ECS no longer knows it)")

@@ -38,7 +38,8 @@ from gpu_recovery.constants import (
     TAG_PURPOSE,
 )
 from gpu_recovery.domain.models import Instance, Rank
-from gpu_recovery.recovery.ports import MetricsPort
+from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.repository import node_task_claims as stored
 from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
@@ -97,6 +98,19 @@ class WaitsForGpus(Protocol):
     def start_task(self, instance: Instance, started_by: str) -> str:
         """StartTask on the claimed node (``NodeTasks.start_claimed``), and what a task not
         placed leads to."""
+
+
+class FollowsTask(WaitsForGpus, Protocol):
+    """What :meth:`NodeTasks.follow` (the sweep's look) asks of the stage besides."""
+
+    def start(self, instance: Instance) -> str:
+        """The task started if the node still needs it (``claim_and_start``)."""
+
+    def gone(self, instance: Instance) -> str:
+        """ECS no longer knows the recorded task: what that leads to."""
+
+    def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
+        """The task stopped (its STOPPED event lost, or still being retried): its result."""
 
 
 class NodeTaskEcs(Protocol):
@@ -193,6 +207,25 @@ class NodeTasks:
     def rearm(self, kind: NodeTaskKind, instance: Instance, deadline_at: float) -> bool:
         """The sweep looks at the node's task again at ``deadline_at``."""
         return self.data.rearm_node_task(_claim_fields(kind), instance, deadline_at)
+
+    def follow(self, kind: NodeTaskKind, stage: FollowsTask, instance: Instance, now: float) -> str:
+        """The sweep's look at a node task within its time: a recorded task is looked at
+        (gone, stopped: the stage's; running: looked at again within POLL_SECONDS); else it
+        is started (the stage's ``start``), and a claim in flight looked at once its lease ends."""
+        claim = _claim_fields(kind).read(instance)
+        if claim.task_arn:
+            task = self.look(claim.task_arn)
+            if task is None:
+                return stage.gone(instance)
+            if task.get("lastStatus") == "STOPPED":
+                return stage.on_stopped(EcsTaskDetail.model_validate(task)).action
+            self.rearm(kind, instance, min(stage.deadline(instance), now + POLL_SECONDS))
+            return f"{kind.outcome}_running"
+        started = stage.start(instance)
+        if started in (f"{kind.outcome}_claimed", "raced"):
+            self.rearm(kind, instance, min(stage.deadline(instance),
+                                           max(claim.claimed_at, now) + CLAIM_LEASE_SECONDS))
+        return started
 
     def look(self, task_arn: str) -> dict[str, Any] | None:
         """The sweep's look at a recorded task (its STOPPED event may be lost): as ECS

@@ -38,7 +38,6 @@ from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
-    CLAIM_LEASE_SECONDS,
     RETRY_INTERVAL_SECONDS,
     SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
@@ -54,7 +53,7 @@ from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.domain.validation import Repair, Result
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
-from gpu_recovery.recovery.node_tasks import POLL_SECONDS, NodeTasks
+from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.ports import (
     Invocation,
     ListsContainerInstances,
@@ -493,20 +492,8 @@ class Validations:
             return self._failed(instance, raw, policy.TIMEOUT_EXIT_CODE,
                                 {"verdict": "reboot", "reasons": [why]}, task_arn=task_arn, why=why,
                                 timed_out=True)
-        if v.get("task_arn"):
-            task_arn = str(v["task_arn"])
-            task = self.tasks.look(task_arn)
-            if task is None:
-                raw = self.data.get_instance_item(instance.container_inst_id) or {}
-                return self._no_verdict(instance, raw, "the validation task is gone (ECS no longer knows it)")
-            if task.get("lastStatus") == "STOPPED":
-                return self.on_stopped(EcsTaskDetail.model_validate(task)).action
-            self.tasks.rearm(node_tasks.VALIDATION, instance,
-                             min(self.deadline(instance), now + POLL_SECONDS))
-            return "validation_running"
-        started = self.start(instance)
-        if started in ("validation_claimed", "raced"):
-            claimed = float(v.get("claimed_at") or now)
-            self.tasks.rearm(node_tasks.VALIDATION, instance,
-                             min(self.deadline(instance), max(claimed, now) + CLAIM_LEASE_SECONDS))
-        return started
+        return self.tasks.follow(node_tasks.VALIDATION, self, instance, now)
+
+    def gone(self, instance: Instance) -> str:
+        raw = self.data.get_instance_item(instance.container_inst_id) or {}
+        return self._no_verdict(instance, raw, "the validation task is gone (ECS no longer knows it)")

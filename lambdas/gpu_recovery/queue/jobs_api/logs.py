@@ -8,7 +8,7 @@ from typing import Any
 from gpu_recovery.adapters.logs import InvalidLogToken, LogStreamNotFound
 from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.domain.models import EARLIER_TASKS_KEPT, task_id
-from gpu_recovery.queue.jobs_api.deps import Deps
+from gpu_recovery.queue.jobs_api.context import JobsApiContext
 from gpu_recovery.queue.jobs_api.errors import InvalidRequest, JobNotFound
 
 LOG_EVENTS_LIMIT = 200
@@ -19,7 +19,7 @@ LOG_PAGES_PER_REQUEST = 5
 
 
 def job_logs(
-    deps: Deps,
+    context: JobsApiContext,
     job_id: str,
     *,
     rank: int = 0,
@@ -29,7 +29,7 @@ def job_logs(
     user: str | None = None,
 ) -> dict[str, Any]:
     """One rank's container log (awslogs driver), oldest first, page by page."""
-    item = deps.readable(job_id, user)
+    item = context.readable(job_id, user)
     world_size = int(item.get("world_size", 0))
     if not 0 <= rank < max(world_size, 1):
         raise InvalidRequest(f"rank: must be between 0 and {max(world_size - 1, 0)}", "rank")
@@ -39,19 +39,19 @@ def job_logs(
         if current_attempt == 0:
             raise JobNotFound(f"job {job_id} has not started yet: no logs")
         raise InvalidRequest(f"attempt: must be between 1 and {current_attempt}", "attempt")
-    task_arn, task_def = _task_of(deps, item["job_id"], rank, attempt)
+    task_arn, task_def = _task_of(context, item["job_id"], rank, attempt)
     if not task_arn:
         raise JobNotFound(f"no task recorded for rank {rank} of attempt {attempt} (it never started, or "
                           f"it is more than {EARLIER_TASKS_KEPT} attempts old)")
     spec = json.loads(item.get("spec_json") or "{}")
-    group, stream = _log_location(deps, task_def or spec.get("task_definition", ""),
+    group, stream = _log_location(context, task_def or spec.get("task_definition", ""),
                                        spec.get("container_name"), task_arn)
     token = next_token
     events: list[dict[str, Any]] = []
     end = False
     for _ in range(LOG_PAGES_PER_REQUEST):
         try:
-            page = deps.log_reader.read_stream(group, stream, limit=limit, next_token=token)
+            page = context.log_reader.read_stream(group, stream, limit=limit, next_token=token)
         except LogStreamNotFound as error:
             raise JobNotFound(f"log stream {stream} not found in {group} (yet)") from error
         except InvalidLogToken as error:
@@ -74,19 +74,19 @@ def job_logs(
     }
 
 
-def _task_of(deps: Deps, job_id: str, rank: int, attempt: int) -> tuple[str, str]:
+def _task_of(context: JobsApiContext, job_id: str, rank: int, attempt: int) -> tuple[str, str]:
     """The rank's task ARN in that attempt (and its task definition), from the rank item:
     the current attempt's task, or one of the earlier tasks it keeps (one GetItem, whatever
     the job's size)."""
-    found = deps.repo.get_rank(job_id, rank)
+    found = context.repo.get_rank(job_id, rank)
     task = found.task_of_attempt(attempt) if found is not None else None
     return (task.task_arn, task.task_definition_arn) if task is not None else ("", "")
 
 
-def _log_location(deps: Deps, task_definition: str, container_name: str | None,
+def _log_location(context: JobsApiContext, task_definition: str, container_name: str | None,
                   task_arn: str) -> tuple[str, str]:
     try:
-        task_def = deps.task_definitions.describe(task_definition)
+        task_def = context.task_definitions.describe(task_definition)
     except TaskDefinitionNotFound as error:
         raise JobNotFound(f"task definition {task_definition} no longer exists") from error
     containers = task_def.get("containerDefinitions", [])

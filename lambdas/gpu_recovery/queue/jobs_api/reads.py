@@ -27,7 +27,7 @@ from gpu_recovery.domain.models import Job, container_instance_id
 from gpu_recovery.domain.states import QUEUED_JOB_STATES
 from gpu_recovery.queue.access import Principal, quota_subject
 from gpu_recovery.queue.attempts import attempt_records
-from gpu_recovery.queue.jobs_api.deps import Deps
+from gpu_recovery.queue.jobs_api.context import JobsApiContext
 from gpu_recovery.queue.jobs_api.errors import InvalidRequest
 from gpu_recovery.queue.models import priority_name
 from gpu_recovery.repository import from_ddb
@@ -38,10 +38,10 @@ DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 
 
-def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
-    item = deps.readable(job_id, user)
-    job = deps.repo.job_from_item(item)
-    ranks = [r for r in deps.repo.get_ranks(job)] if job.world_size else []
+def get_job(context: JobsApiContext, job_id: str, user: str | None = None) -> dict[str, Any]:
+    item = context.readable(job_id, user)
+    job = context.repo.job_from_item(item)
+    ranks = [r for r in context.repo.get_ranks(job)] if job.world_size else []
     out = job_summary(item)
     out.update(
         {
@@ -60,9 +60,9 @@ def get_job(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
             "quota_user": str(item.get("quota_subject") or quota_subject(str(item.get("user") or ""))),
             "priority_requested": str(item.get("priority_requested") or ""),
             "demoted_from": item.get("demoted_from"),
-            "suspend_grace_seconds": int(item.get("suspend_grace_seconds") or deps.suspend_grace_seconds),
+            "suspend_grace_seconds": int(item.get("suspend_grace_seconds") or context.suspend_grace_seconds),
             "suspend": _suspend_view(item.get("suspend")),
-            "preflight": _preflight_view(deps, item),
+            "preflight": _preflight_view(context, item),
             "held": bool(item.get("held", False)),
             "suspend_count": int(item.get("suspend_count") or 0),
             "resume_count": int(item.get("resume_count") or 0),
@@ -130,7 +130,7 @@ def job_summary(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def list_jobs(
-    deps: Deps,
+    context: JobsApiContext,
     *,
     state: JobState | None = None,
     user: str | None = None,
@@ -145,10 +145,10 @@ def list_jobs(
     """
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit: must be between 1 and {MAX_LIMIT}", "limit")
-    if caller is not None and deps.access is not None:
+    if caller is not None and context.access is not None:
         principal = Principal.parse(caller)
-        deps.authorize(lambda a: a.check_list(principal, user))
-        if user is None and not deps.access.is_admin(principal):
+        context.authorize(lambda a: a.check_list(principal, user))
+        if user is None and not context.access.is_admin(principal):
             user = caller
     filter_state: str | None = None
     if user:
@@ -172,7 +172,7 @@ def list_jobs(
     while True:
         page_limit = limit - len(items) if not filter_state else max(limit, 25)
         try:
-            page, last_key = deps.repo.list_page(index, pk_attr, pk_value, state=filter_state,
+            page, last_key = context.repo.list_page(index, pk_attr, pk_value, state=filter_state,
                                                  limit=page_limit, start_key=start_key)
         except InvalidPageToken as error:
             raise InvalidRequest("next_token: is not valid for this query", "next_token") from error
@@ -191,8 +191,8 @@ def list_jobs(
     }
 
 
-def job_events(deps: Deps, job_id: str, user: str | None = None) -> dict[str, Any]:
-    item = deps.readable(job_id, user)
+def job_events(context: JobsApiContext, job_id: str, user: str | None = None) -> dict[str, Any]:
+    item = context.readable(job_id, user)
     history = [e for e in item.get("history") or [] if isinstance(e, Mapping)]
     return {
         "job_id": job_id,
@@ -264,11 +264,11 @@ def previous_states(history: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _preflight_view(deps: Deps, item: dict[str, Any]) -> dict[str, Any]:
+def _preflight_view(context: JobsApiContext, item: dict[str, Any]) -> dict[str, Any]:
     """The job's preflight choice, and the current attempt's preflight if it ran one."""
     view: dict[str, Any] = {"mode": str(item.get("preflight") or "auto")}
     attempt = int(item.get("attempt") or 0)
-    found = deps.repo.preflight(str(item["job_id"]), attempt) if attempt else None
+    found = context.repo.preflight(str(item["job_id"]), attempt) if attempt else None
     if found:
         pinned = [{k: p.get(k) for k in ("rank", "node", "reason", "peer_node") if p.get(k) is not None}
                   for p in found.get("pinned") or ()]

@@ -1,5 +1,5 @@
 """``JobQueueService``: the jobs API's façade (the handler calls it). It builds the shared
-``Deps`` and delegates each use case to its module: ``submit``, ``reads`` (get, list,
+``JobsApiContext`` and delegates each use case to its module: ``submit``, ``reads`` (get, list,
 events), ``logs``, ``cancel``, ``suspension`` (suspend, resume), ``quotas``.
 
 Jobs share the recovery loop's job model (table key ``job_id_rank``): a job item
@@ -33,7 +33,7 @@ from gpu_recovery.queue.access import AccessPolicy
 from gpu_recovery.queue.jobs_api import quotas as quota_cases
 from gpu_recovery.queue.jobs_api.cancel import cancel_job
 from gpu_recovery.queue.jobs_api.capacity import ClusterCapacity
-from gpu_recovery.queue.jobs_api.deps import Deps
+from gpu_recovery.queue.jobs_api.context import JobsApiContext
 from gpu_recovery.queue.jobs_api.logs import LOG_EVENTS_LIMIT, job_logs
 from gpu_recovery.queue.jobs_api.ports import JobsEcs, LogReader, TaskDefinitionReader
 from gpu_recovery.queue.jobs_api.reads import DEFAULT_LIMIT, get_job, job_events, job_summary, list_jobs
@@ -76,7 +76,7 @@ class JobQueueService:
             ecs, task_definitions, log_reader = _wrap_raw_clients(ecs, task_definitions, log_reader,
                                                                   ecs_client, logs_client, cluster)
         repo = repo if isinstance(repo, JobQueueRepository) else JobQueueRepository(repo)
-        self.deps = Deps(
+        self.context = JobsApiContext(
             repo=repo,
             suspensions=SuspensionRepository(repo.base),
             ecs=ecs,
@@ -95,42 +95,42 @@ class JobQueueService:
     # The shared ports and settings (the handler swaps the trigger, tests the access policy).
     @property
     def repo(self) -> JobQueueRepository:
-        return self.deps.repo
+        return self.context.repo
 
     @property
     def ecs(self) -> JobsEcs:
-        return self.deps.ecs
+        return self.context.ecs
 
     @property
     def cluster(self) -> str:
-        return self.deps.cluster
+        return self.context.cluster
 
     @property
     def capacity(self) -> ClusterCapacity:
-        return self.deps.capacity
+        return self.context.capacity
 
     @property
     def scheduler(self) -> SchedulerTrigger:
-        return self.deps.scheduler
+        return self.context.scheduler
 
     @scheduler.setter
     def scheduler(self, trigger: SchedulerTrigger) -> None:
-        self.deps.scheduler = trigger
+        self.context.scheduler = trigger
 
     @property
     def access(self) -> AccessPolicy | None:
-        return self.deps.access
+        return self.context.access
 
     @access.setter
     def access(self, access: AccessPolicy | None) -> None:
-        self.deps.access = access
+        self.context.access = access
 
     # The use cases.
     def submit(self, spec: JobSpec, user: str) -> dict[str, Any]:
-        return submit_job(self.deps, spec, user)
+        return submit_job(self.context, spec, user)
 
     def get(self, job_id: str, user: str | None = None) -> dict[str, Any]:
-        return get_job(self.deps, job_id, user)
+        return get_job(self.context, job_id, user)
 
     @staticmethod
     def summary(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -139,37 +139,37 @@ class JobQueueService:
     def list(self, *, state: JobState | None = None, user: str | None = None, limit: int = DEFAULT_LIMIT,
              next_token: str | None = None, caller: str | None = None) -> dict[str, Any]:
         """Newest first, from an index (never a Scan); ``next_token`` is opaque."""
-        return list_jobs(self.deps, state=state, user=user, limit=limit, next_token=next_token,
+        return list_jobs(self.context, state=state, user=user, limit=limit, next_token=next_token,
                          caller=caller)
 
     def cancel(self, job_id: str, user: str) -> dict[str, Any]:
-        return cancel_job(self.deps, job_id, user)
+        return cancel_job(self.context, job_id, user)
 
     def suspend(self, job_id: str, user: str) -> dict[str, Any]:
-        return suspend_job(self.deps, job_id, user)
+        return suspend_job(self.context, job_id, user)
 
     def resume(self, job_id: str, user: str) -> dict[str, Any]:
-        return resume_job(self.deps, job_id, user)
+        return resume_job(self.context, job_id, user)
 
     def events(self, job_id: str, user: str | None = None) -> dict[str, Any]:
-        return job_events(self.deps, job_id, user)
+        return job_events(self.context, job_id, user)
 
     def logs(self, job_id: str, *, rank: int = 0, attempt: int | None = None, next_token: str | None = None,
              limit: int = LOG_EVENTS_LIMIT, user: str | None = None) -> dict[str, Any]:
-        return job_logs(self.deps, job_id, rank=rank, attempt=attempt, next_token=next_token, limit=limit,
+        return job_logs(self.context, job_id, rank=rank, attempt=attempt, next_token=next_token, limit=limit,
                         user=user)
 
     def quota_view(self, caller: str, user: str | None = None) -> dict[str, Any]:
-        return quota_cases.quota_view(self.deps, caller, user)
+        return quota_cases.quota_view(self.context, caller, user)
 
     def quota_list(self, caller: str, *, limit: int = 50, next_token: str | None = None) -> dict[str, Any]:
-        return quota_cases.quota_list(self.deps, caller, limit=limit, next_token=next_token)
+        return quota_cases.quota_list(self.context, caller, limit=limit, next_token=next_token)
 
     def quota_set(self, caller: str, user: str, priority: Any, max_nodes: Any) -> dict[str, Any]:
-        return quota_cases.quota_set(self.deps, caller, user, priority, max_nodes)
+        return quota_cases.quota_set(self.context, caller, user, priority, max_nodes)
 
     def quota_remove(self, caller: str, user: str, priority: Any) -> dict[str, Any]:
-        return quota_cases.quota_remove(self.deps, caller, user, priority)
+        return quota_cases.quota_remove(self.context, caller, user, priority)
 
 
 def _wrap_raw_clients(ecs: JobsEcs | None, task_definitions: TaskDefinitionReader | None,

@@ -25,7 +25,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.control_token import new_secret
 from gpu_recovery.domain.time_sharing import AUTO_PRIORITY, PRIORITY_VALUES, QuotaBook, resolve_auto_priority
 from gpu_recovery.queue.access import Principal, quota_subject
-from gpu_recovery.queue.jobs_api.deps import SOURCE_QUEUE, Deps
+from gpu_recovery.queue.jobs_api.context import SOURCE_QUEUE, JobsApiContext
 from gpu_recovery.queue.jobs_api.errors import Conflict, InvalidRequest
 from gpu_recovery.queue.jobs_api.reads import job_summary
 from gpu_recovery.queue.models import JobSpec, priority_name
@@ -47,48 +47,48 @@ def new_job_id(name: str, now: float) -> str:
     return f"{slugify(name)}-{stamp}-{secrets.token_hex(2)}"
 
 
-def submit_job(deps: Deps, spec: JobSpec, user: str) -> dict[str, Any]:
+def submit_job(context: JobsApiContext, spec: JobSpec, user: str) -> dict[str, Any]:
     caller = Principal.parse(user)
     subject = quota_subject(user)
-    deps.authorize(lambda a: a.check_family(spec.task_definition))
-    book = deps.quotas.book() if deps.quotas is not None else QuotaBook()
+    context.authorize(lambda a: a.check_family(spec.task_definition))
+    book = context.quotas.book() if context.quotas is not None else QuotaBook()
     auto_note = ""
     if spec.is_auto_priority:
         allowed = [lvl for lvl in PRIORITY_VALUES
-                   if deps.access is None or deps.access.may_use_priority(caller, lvl)]
+                   if context.access is None or context.access.may_use_priority(caller, lvl)]
         level, auto_note = resolve_auto_priority(book, subject, spec.nnodes, allowed)
         spec = spec.model_copy(update={"priority": level})
-    deps.authorize(lambda a: a.check_priority(caller, spec.priority_value,
+    context.authorize(lambda a: a.check_priority(caller, spec.priority_value,
                                                priority_name(spec.priority_value)))
     network = spec.network
     if network is not None:  # nothing read from AWS nor written before it is allowed
-        deps.authorize(lambda a: a.check_network(caller, network.subnets, network.security_groups))
+        context.authorize(lambda a: a.check_network(caller, network.subnets, network.security_groups))
     never = book.never_fits(subject, spec.priority_value, spec.nnodes)
     if never:
         raise InvalidRequest(f"nnodes: the job could never start: {never} (ask an administrator "
                              "for a larger quota, or choose another priority)", "nnodes")
-    spec = _validate_against_aws(deps, spec)
+    spec = _validate_against_aws(context, spec)
     now = clock.now()
     item: dict[str, Any] = {}
     for _ in range(5):
         job_id = new_job_id(spec.name, now)
-        item = _new_item(deps, job_id, spec, user, now)
+        item = _new_item(context, job_id, spec, user, now)
         item["quota_subject"] = subject
         if auto_note:
             item["priority_requested"] = AUTO_PRIORITY
             item["history"][0]["reason"] = f"submitted; {auto_note}"
         if caller.role:
             item["owner_role"] = caller.role
-        if deps.repo.create_job(item):
+        if context.repo.create_job(item):
             break
     else:  # pragma: no cover - 5 collisions of a 16-bit suffix in the same second
         raise Conflict("could not allocate a unique job id, retry")
     logger.info("job submitted", extra={"job_id": item["job_id"], "user": user})
-    deps.trigger("submitted", item["job_id"])
+    context.trigger("submitted", item["job_id"])
     return job_summary(item)
 
 
-def _new_item(deps: Deps, job_id: str, spec: JobSpec, user: str, now: float) -> dict[str, Any]:
+def _new_item(context: JobsApiContext, job_id: str, spec: JobSpec, user: str, now: float) -> dict[str, Any]:
     priority = spec.priority_value
     return {
         JOB_PK: job_item_key(job_id),
@@ -109,10 +109,10 @@ def _new_item(deps: Deps, job_id: str, spec: JobSpec, user: str, now: float) -> 
         "gpus_per_node": spec.gpus_per_node,
         "attempt": 0,
         "recoveries_used": 0,
-        "max_recovery_attempts": spec.budgets(*deps.default_budgets)[0],
+        "max_recovery_attempts": spec.budgets(*context.default_budgets)[0],
         "app_restarts_used": 0,
-        "max_app_restarts": spec.budgets(*deps.default_budgets)[1],
-        "suspend_grace_seconds": spec.suspend_grace_seconds or deps.suspend_grace_seconds,
+        "max_app_restarts": spec.budgets(*context.default_budgets)[1],
+        "suspend_grace_seconds": spec.suspend_grace_seconds or context.suspend_grace_seconds,
         "preflight": spec.preflight or "auto",
         "control_secret": new_secret(),
         "suspend_count": 0,
@@ -131,17 +131,17 @@ def _new_item(deps: Deps, job_id: str, spec: JobSpec, user: str, now: float) -> 
     }
 
 
-def _validate_against_aws(deps: Deps, spec: JobSpec) -> JobSpec:
+def _validate_against_aws(context: JobsApiContext, spec: JobSpec) -> JobSpec:
     """Pin the task definition, resolve the container, refuse what could never run."""
     try:
-        task_def = deps.task_definitions.describe(spec.task_definition)
+        task_def = context.task_definitions.describe(spec.task_definition)
     except TaskDefinitionNotFound as error:
         raise InvalidRequest(
             f"task_definition: {spec.task_definition} does not exist", "task_definition"
         ) from error
     # The family as ECS resolved it (a revision ARN may name another family's alias).
-    deps.authorize(lambda a: a.check_family(task_def.get("taskDefinitionArn", spec.task_definition)))
-    deps.authorize(lambda a: a.check_task_roles(
+    context.authorize(lambda a: a.check_family(task_def.get("taskDefinitionArn", spec.task_definition)))
+    context.authorize(lambda a: a.check_task_roles(
         [r for r in (task_def.get("taskRoleArn"), task_def.get("executionRoleArn")) if r]))
     mode = str(task_def.get("networkMode") or "bridge")
     if mode == "awsvpc" and spec.network is None:
@@ -162,17 +162,17 @@ def _validate_against_aws(deps: Deps, spec: JobSpec) -> JobSpec:
             f"({', '.join(n for n in names if n) or 'none'})",
             "container_name",
         )
-    capacity = deps.capacity.capacity()
+    capacity = context.capacity.capacity()
     if capacity is not None and spec.gpus_per_node > capacity.largest:
         raise InvalidRequest(
             f"gpus_per_node: {spec.gpus_per_node} GPUs per node could never run: the largest "
-            f"node of cluster {deps.cluster} has {capacity.largest}",
+            f"node of cluster {context.cluster} has {capacity.largest}",
             "gpus_per_node",
         )
     if capacity is not None and spec.nnodes > capacity.nodes_with(spec.gpus_per_node):
         raise InvalidRequest(
             f"nnodes: {spec.nnodes} nodes with {spec.gpus_per_node} GPUs each could never run: "
-            f"cluster {deps.cluster} has {capacity.nodes_with(spec.gpus_per_node)} such "
+            f"cluster {context.cluster} has {capacity.nodes_with(spec.gpus_per_node)} such "
             f"node(s) of {len(capacity.gpus_per_node)} registered; add nodes first",
             "nnodes",
         )

@@ -10,24 +10,24 @@ from gpu_recovery.constants import JobState, queue_order
 from gpu_recovery.domain.states import RECOVERY_OWNED_JOB_STATES, WAITING_JOB_STATES
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.queue.access import quota_subject
-from gpu_recovery.queue.jobs_api.deps import RACE_RETRIES, SOURCE_QUEUE, Deps
+from gpu_recovery.queue.jobs_api.context import RACE_RETRIES, SOURCE_QUEUE, JobsApiContext
 from gpu_recovery.queue.jobs_api.errors import Conflict
 
 
-def suspend_job(deps: Deps, job_id: str, user: str) -> dict[str, Any]:
+def suspend_job(context: JobsApiContext, job_id: str, user: str) -> dict[str, Any]:
     """The owner suspends a job: a running one gracefully (rank 0 is told, has the
     job's grace to checkpoint and call go_suspend(), then its ranks are stopped); a
     waiting one at once. Either way it is held until resumed."""
     for _ in range(RACE_RETRIES):
-        item = _suspendable(deps, job_id, user, "suspend")
+        item = _suspendable(context, job_id, user, "suspend")
         current = JobState(item["job_state"])
         result = {"job_id": job_id, "previous_state": current.value, "held": True}
         if current is JobState.RUNNING:
-            grace = int(item.get("suspend_grace_seconds") or deps.suspend_grace_seconds)
+            grace = int(item.get("suspend_grace_seconds") or context.suspend_grace_seconds)
             now = clock.now()
             record = suspend_record(SuspendKind.USER, f"suspended by {user}", grace_seconds=grace,
                                     now=now, hold=True, by_user=quota_subject(user))
-            if deps.suspensions.request(job_id, int(item.get("attempt") or 0), suspend=record,
+            if context.suspensions.request(job_id, int(item.get("attempt") or 0), suspend=record,
                                         deadline_at=now + grace, actor=user,
                                         reason=f"suspend requested by {user}; grace {grace} s"):
                 return {**result, "state": JobState.SUSPENDING.value, "changed": True,
@@ -37,14 +37,14 @@ def suspend_job(deps: Deps, job_id: str, user: str) -> dict[str, Any]:
                 current is JobState.SUSPENDED and not item.get("held")):
             record = suspend_record(SuspendKind.USER, f"suspended by {user}", grace_seconds=0,
                                     now=clock.now(), hold=True, by_user=quota_subject(user))
-            if deps.suspensions.hold_waiting(job_id, current, suspend=record, actor=user,
+            if context.suspensions.hold_waiting(job_id, current, suspend=record, actor=user,
                                              reason=f"suspended by {user} while waiting: held "
                                                     "until resumed"):
                 return {**result, "state": JobState.SUSPENDED.value, "changed": True}
             continue
         if current is JobState.SUSPENDING:
             held = bool((item.get("suspend") or {}).get("hold"))
-            if held or deps.suspensions.set_hold(job_id, True, actor=user,
+            if held or context.suspensions.set_hold(job_id, True, actor=user,
                                                  reason=f"suspend by {user}: held once stopped"):
                 return {**result, "state": current.value, "changed": not held}
             continue
@@ -54,11 +54,11 @@ def suspend_job(deps: Deps, job_id: str, user: str) -> dict[str, Any]:
     raise Conflict(f"job {job_id} changed state repeatedly while suspending, retry")
 
 
-def resume_job(deps: Deps, job_id: str, user: str) -> dict[str, Any]:
+def resume_job(context: JobsApiContext, job_id: str, user: str) -> dict[str, Any]:
     """A held job back into the queue at its original position (a suspending one once
     its ranks stopped)."""
     for _ in range(RACE_RETRIES):
-        item = _suspendable(deps, job_id, user, "resume")
+        item = _suspendable(context, job_id, user, "resume")
         current = JobState(item["job_state"])
         result = {"job_id": job_id, "previous_state": current.value, "held": False}
         if current is JobState.SUSPENDED:
@@ -66,15 +66,15 @@ def resume_job(deps: Deps, job_id: str, user: str) -> dict[str, Any]:
                 return {**result, "state": current.value, "changed": False}
             order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0),
                                 job_id)
-            if deps.suspensions.resume_held(job_id, queue_order=order, actor=user,
+            if context.suspensions.resume_held(job_id, queue_order=order, actor=user,
                                             reason=f"resumed by {user}: queued again at its original "
                                                    "position"):
-                deps.trigger("resumed", job_id)
+                context.trigger("resumed", job_id)
                 return {**result, "state": current.value, "changed": True}
             continue
         if current is JobState.SUSPENDING:
             held = bool((item.get("suspend") or {}).get("hold"))
-            if not held or deps.suspensions.set_hold(job_id, False, actor=user,
+            if not held or context.suspensions.set_hold(job_id, False, actor=user,
                                                      reason=f"resumed by {user}: queued again once "
                                                             "stopped"):
                 return {**result, "state": current.value, "changed": held}
@@ -83,8 +83,8 @@ def resume_job(deps: Deps, job_id: str, user: str) -> dict[str, Any]:
     raise Conflict(f"job {job_id} changed state repeatedly while resuming, retry")
 
 
-def _suspendable(deps: Deps, job_id: str, user: str, action: str) -> dict[str, Any]:
-    item = deps.readable(job_id, user if deps.access is not None else None, action)
+def _suspendable(context: JobsApiContext, job_id: str, user: str, action: str) -> dict[str, Any]:
+    item = context.readable(job_id, user if context.access is not None else None, action)
     if item.get("source", SOURCE_QUEUE) != SOURCE_QUEUE:
         raise Conflict(f"job {job_id} was started on ECS directly (registered from its task tags): "
                        f"only queue jobs can be {action}ed, since only the queue can start them again")

@@ -26,7 +26,7 @@ RACE_RETRIES = 5
 
 
 @dataclass
-class Deps:
+class JobsApiContext:
     repo: JobQueueRepository
     suspensions: SuspensionRepository
     ecs: JobsEcs
