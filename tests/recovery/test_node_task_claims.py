@@ -1,0 +1,118 @@
+"""The stored claim of a node task that waits for its node's GPUs
+(``repository.node_task_claims``), for both kinds that declare one: each write holds only for
+the claim it names and for what the claim serves (a GPU reset's node decision, a
+validation's ``since``), so a late or repeated delivery never moves a newer claim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+import pytest
+
+from gpu_recovery import constants as C
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.repository import node_task_claims as stored
+from gpu_recovery.repository.base import to_ddb
+from gpu_recovery.repository.node_task_claims import ClaimFields, TaskClaim
+from tests.recovery.fakes import World, world
+
+NODE = "node-a"
+
+
+def node(w: World, **fields: Any) -> Instance:
+    """NODE as REBOOTING with ``fields`` (a GPU reset pending, or a validation map)."""
+    item = {C.INSTANCE_PK: NODE, "instance_state": InstanceState.REBOOTING.value, **fields}
+    boto3.resource("dynamodb", region_name="us-east-1").Table("instances").put_item(Item=to_ddb(item))
+    return read(w)
+
+
+def read(w: World) -> Instance:
+    instance = w.repo.get_instance(NODE)
+    assert instance is not None
+    return instance
+
+
+def resetting(w: World, **claim: Any) -> Instance:
+    return node(w, reboot_requested_at=w.now[0] - 60, reset_pending=True, **claim)
+
+
+def validating(w: World, **claim: Any) -> Instance:
+    return node(w, validation={"since": w.now[0] - 60, "until": w.now[0] + 3600, "attempts": 1, **claim})
+
+
+KINDS = [pytest.param(stored.GPU_RESET, resetting, id="gpu_reset"),
+         pytest.param(stored.VALIDATION, validating, id="validation")]
+
+
+@pytest.mark.parametrize(("fields", "make"), KINDS)
+def test_one_claimer_wins_and_a_dead_claim_is_taken_over_once(fields: ClaimFields, make: Any) -> None:
+    with world() as w:
+        unclaimed = make(w)
+        now = w.now[0]
+        assert w.repo.claim_node_task(fields, unclaimed, "claim-1", now, now + 60)
+        assert not w.repo.claim_node_task(fields, unclaimed, "claim-2", now, now + 60)  # the loser
+        claimed = read(w)
+        assert fields.read(claimed) == TaskClaim("claim-1", now, "")
+        w.advance(600)
+        assert w.repo.take_over_node_task(fields, claimed, w.now[0], w.now[0] + 60)
+        assert not w.repo.take_over_node_task(fields, claimed, w.now[0], w.now[0] + 60)  # read before
+        assert fields.read(read(w)) == TaskClaim("claim-1", w.now[0], "")
+
+
+@pytest.mark.parametrize(("fields", "make"), KINDS)
+def test_a_recorded_task_is_the_claim_s_and_is_never_released_as_not_started(fields: ClaimFields,
+                                                                                make: Any) -> None:
+    with world() as w:
+        now = w.now[0]
+        claimed = make(w)
+        assert w.repo.claim_node_task(fields, claimed, "claim-1", now, now + 60)
+        claimed = read(w)
+        assert not w.repo.record_node_task(fields, claimed, "claim-other", "arn:task", now + 120)
+        assert w.repo.record_node_task(fields, claimed, "claim-1", "arn:task", now + 120)
+        running = read(w)
+        assert fields.read(running).task_arn == "arn:task" and running.deadline_at == now + 120
+        # A start whose answer came late says "not placed": the recorded task stays.
+        assert not w.repo.release_node_task(fields, running, "claim-1", now + 60)
+        assert fields.read(read(w)) == TaskClaim("claim-1", now, "arn:task")
+
+
+def test_a_task_ended_without_a_verdict_gives_the_validation_s_claim_back_as_an_attempt() -> None:
+    with world() as w:
+        now = w.now[0]
+        running = validating(w, started_by="claim-1", claimed_at=now, task_arn="arn:task")
+        assert w.repo.release_node_task(stored.VALIDATION, running, "claim-1", now + 60, attempt_used=True)
+        released = read(w)
+        assert stored.VALIDATION.read(released) == TaskClaim("", 0.0, "")
+        assert released.validation["attempts"] == 2 and released.validation["since"] == now - 60
+        assert released.deadline_at == now + 60
+
+
+def test_a_refused_start_gives_the_reset_s_claim_back_without_counting() -> None:
+    with world() as w:
+        now = w.now[0]
+        claimed = resetting(w, reset_started_by="claim-1", reset_claimed_at=now)
+        assert w.repo.release_node_task(stored.GPU_RESET, claimed, "claim-1", now + 60)
+        assert stored.GPU_RESET.read(read(w)) == TaskClaim("", 0.0, "")
+
+
+@pytest.mark.parametrize(("fields", "make", "moved_on"), [
+    pytest.param(stored.GPU_RESET, resetting,
+                 lambda w, before: node(w, reboot_requested_at=w.now[0], reset_pending=True),
+                 id="a newer decision"),
+    pytest.param(stored.GPU_RESET, resetting,
+                 lambda w, before: node(w, reboot_requested_at=before.reboot_requested_at),
+                 id="the reset fell back to a reboot"),
+    pytest.param(stored.VALIDATION, validating, lambda w, before: node(w, validation={"since": w.now[0]}),
+                 id="a newer validation"),
+])
+def test_no_write_holds_once_what_the_claim_served_moved_on(fields: ClaimFields, make: Any,
+                                                            moved_on: Any) -> None:
+    with world() as w:
+        now = w.now[0]
+        before = make(w)
+        moved_on(w, before)
+        assert not w.repo.claim_node_task(fields, before, "claim-1", now, now + 60)
+        assert not w.repo.rearm_node_task(fields, before, now + 60)
+        assert fields.read(read(w)).started_by == ""
