@@ -70,9 +70,6 @@ class RunResult(CampaignResult):
         return expectations(self)
 
 
-def check(result: RunResult) -> list[str]:
-    return result.problems()
-
 
 def expectations(result: RunResult) -> list[str]:
     problems = []

@@ -82,9 +82,6 @@ class EvidenceResult(CampaignResult):
         return expectations(self)
 
 
-def check(result: EvidenceResult) -> list[str]:
-    return result.problems()
-
 
 def expectations(result: EvidenceResult) -> list[str]:
     problems: list[str] = []

@@ -52,11 +52,6 @@ class RunResult(CampaignResult):
         return expectations(self)
 
 
-def check(result: RunResult) -> list[str]:
-    """Everything that ended wrong (empty: exactly right)."""
-    return result.problems()
-
-
 def expectations(result: RunResult) -> list[str]:
     """What ended wrong for this flow (what every flow owes is ``CampaignResult.problems``)."""
     problems = []

@@ -50,9 +50,6 @@ class RunResult(CampaignResult):
         return expectations(self)
 
 
-def check(result: RunResult) -> list[str]:
-    return result.problems()
-
 
 def expectations(result: RunResult) -> list[str]:
     problems = []
