@@ -41,6 +41,7 @@ from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.goodput_metrics import job_failed
 from gpu_recovery.recovery.health_check_verdicts import VERDICT_ROUNDS, CheckVerdictData, HealthCheckVerdicts
 from gpu_recovery.recovery.node_tasks import NodeTasks
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import (
     Invocation,
     MetricsPort,
@@ -51,7 +52,9 @@ from gpu_recovery.recovery.ports import (
 )
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
+from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.stage_data import RecordsObservedFaults
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
 from gpu_recovery.recovery.verdict_lease import VerdictLeases
@@ -108,7 +111,8 @@ class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
 
 class HealthChecks:
     def __init__(self, data: HealthCheckData, ecs: StopsAndDescribesTasks, tasks: NodeTasks,
-                 reboots: Reboots, remediation: NodeRemediation, *, verdicts: VerdictReaderPort,
+                 reboots: Reboots, remediation: NodeRemediation, settlement: JobSettlement,
+                 owed_notices: RemediationNotices, notices: Notices, *, verdicts: VerdictReaderPort,
                  leases: VerdictLeases, policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
                  reactions: Reactions | None = None) -> None:
         self.data = data
@@ -118,6 +122,9 @@ class HealthChecks:
         self.metrics = metrics  # the service's relay: the invocation's metrics
         self.settings = settings
         self.remediation = remediation
+        self.settlement = settlement
+        self.owed_notices = owed_notices
+        self.notices = notices  # the outbox
         self.reactions = reactions or Reactions()  # told: a verdict lets a job restart, or move
         self.verdicts = HealthCheckVerdicts(data, leases, verdicts, reboots, remediation,
                                             catalog=policy.catalog, metrics=metrics,
@@ -171,14 +178,14 @@ class HealthChecks:
             history = history_from_item(instance.fault_history)
             now = clock.now()
             job = self.data.faults.counted(job)
-            record, outcome = self.remediation.settlement.job_verdict(job, inst_id, label, None, None,
+            record, outcome = self.settlement.job_verdict(job, inst_id, label, None, None,
                                                                       findings, history, now)
             after = replace(job, state=record.to, last_error=record.last_error or job.last_error)
-            notice = self.remediation.owed_notices.outcome_notice(after, outcome, instance, None, None, label)
-            owed = self.remediation.notices.owe([notice], now)
+            notice = self.owed_notices.outcome_notice(after, outcome, instance, None, None, label)
+            owed = self.notices.owe([notice], now)
             if self.data.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot,
                                                               also=owed):
-                self.remediation.notices.send([notice])
+                self.notices.send([notice])
                 if outcome.fails:
                     job_failed(self.metrics, self.data, job.job_id)
                 if outcome.restarts:
@@ -209,7 +216,7 @@ class HealthChecks:
         plan = self.remediation.plan(evidence, raw, now=now)
         findings = {"verdict": "not run", "source": "observe mode", "rule": plan.decision.rule_id,
                     "reason": plan.decision.reason[:300]}
-        record, outcome = self.remediation.settlement.job_verdict(
+        record, outcome = self.settlement.job_verdict(
             job, inst_id, SuspectVerdict.BLOCKED, plan, evidence, findings,
             history_from_item(raw.get("fault_history")), now)
         if outcome.fails:
@@ -217,13 +224,13 @@ class HealthChecks:
             record = replace(record, to=JobState.FAILED, spend="", deadline_at=None, relocate=False,
                              last_error=(f"observe mode: the DCGM diag of {inst_id} would have run "
                                          f"({plan.decision.reason})"))
-        notice = self.remediation.owed_notices.outcome_notice(
+        notice = self.owed_notices.outcome_notice(
             replace(job, state=record.to, last_error=record.last_error or job.last_error), outcome, instance,
             plan, evidence, SuspectVerdict.BLOCKED)
         if not repo.record_verdict_of_busy_instance(instance, record, restart=False,
-                                                    also=self.remediation.notices.owe([notice], now)):
+                                                    also=self.notices.owe([notice], now)):
             return "raced"
-        self.remediation.notices.send([notice])
+        self.notices.send([notice])
         self.metrics.add_metric("ObservedFaults", "Count", 1)
         if outcome.fails:
             job_failed(self.metrics, self.data, job.job_id)

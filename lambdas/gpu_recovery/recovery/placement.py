@@ -50,6 +50,7 @@ from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.free_nodes import unhandled_stops, views
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import ListsContainerInstances
+from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.repository.cordons import CordonRepository, Worklist
 from gpu_recovery.settings import Settings
 
@@ -70,12 +71,13 @@ class HoldData(Protocol):
 
 class PlacementHolds:
     def __init__(self, data: HoldData, ecs: ListsContainerInstances, cordons: Cordons,
-                 restarts: GangRestart, *, settings: Settings) -> None:
+                 restarts: GangRestart, nodes: RestartNodes, *, settings: Settings) -> None:
         self.data = data
         self.ecs = ecs
         self.settings = settings
         self.cordons = cordons
         self.restarts = restarts
+        self.nodes = nodes  # the restarts' free nodes and the holds on them
 
     # ------------------------------------------------------------------ refresh
     def refresh(self, read: Worklist | None = None) -> str:
@@ -87,7 +89,7 @@ class PlacementHolds:
         ``holds_unchanged`` only when it wrote nothing."""
         repo = self.data
         read = read or repo.cordons.worklist()
-        held = self.restarts.nodes.held()
+        held = self.nodes.held()
         pool = self.settings.spare_nodes
         recovering = held.with_reserved(read.holds)
         # Spares and waits' reservations need the cluster's free and busy nodes; the
@@ -158,7 +160,7 @@ class PlacementHolds:
         (``GangRestart.decide_on_fault``) and the pool refilled. Each step's failure is left
         to the sweep's refresh (the job in recovery is the intent)."""
         repo = self.data
-        nodes = self.restarts.nodes.nodes_of(job)
+        nodes = self.nodes.nodes_of(job)
         read = repo.cordons.worklist()
         changes: dict[str, Mapping[str, Any] | None] = {}
         for node in sorted(nodes):

@@ -65,6 +65,7 @@ from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort, Outcome, RebootPort, ReplacePort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import NodeBack, Reactions, RestartDue
@@ -118,7 +119,8 @@ class Reboots:
     """``gate``: the breaker every node action asks; ``cordons``: the node attributes kept in sync."""
 
     def __init__(self, data: RebootData, ecs: EcsPort, ranks: RankOperations, gang: GangOps,
-                 gate: NodeActionGate, cordons: Cordons, *, rebooter: RebootPort, replacer: ReplacePort,
+                 gate: NodeActionGate, cordons: Cordons, notices: Notices, *, rebooter: RebootPort,
+                 replacer: ReplacePort,
                  policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
                  reactions: Reactions | None = None) -> None:
         self.data = data
@@ -131,6 +133,7 @@ class Reboots:
         self.ranks = ranks
         self.gang = gang  # a failed job's ranks stopped
         self.gate = gate
+        self.notices = notices  # the outbox
         # Told: a repaired node is back (it validates under load before it is AVAILABLE);
         # with nothing reacting, it is straight back (``mark_available``).
         self.reactions = reactions or Reactions()
@@ -484,13 +487,13 @@ class Reboots:
         for failure in failures:
             if not failure.moves:
                 failed = replace(failure.job, state=JobState.FAILED, last_error=failure.reason[:1000])
-                notices.append(self.ranks.notices.for_job(
+                notices.append(self.notices.for_job(
                     failed, instance, kind, f"Job failed: instance {what}",
                     what_happened=f"Instance {inst_id} {what}", what_was_done="Job marked FAILED" + done,
                     operator_action="Check the instance (console, SSM, ECS agent log); repair or replace "
                                     "it, then resubmit the job."))
         if observed and not any(not f.moves for f in failures):
-            notices.append(self.ranks.notices.for_node(
+            notices.append(self.notices.for_node(
                 NotificationKind.OBSERVED, f"Observe mode: instance {what}, not drained",
                 container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
                 what_happened=f"Instance {inst_id} {what}", what_was_done="Nothing" + done,
@@ -498,9 +501,9 @@ class Reboots:
         if not self.data.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
                                                 fault_history=history, breaker_blocked=blocked,
                                                 breaker=update, cordon=cordon,
-                                                also=self.ranks.notices.owe(notices, now)):
+                                                also=self.notices.owe(notices, now)):
             return "raced"
-        self.ranks.notices.send(notices)
+        self.notices.send(notices)
         if tripped is not None:
             self.gate.tripped(tripped)
         if cordon_tripped is not None:

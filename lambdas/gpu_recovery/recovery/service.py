@@ -105,15 +105,15 @@ class RecoveryService:
         self.suspensions = Suspensions(repo, suspension_items, notices, self.gang,
                                        metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
-        self.restarts = GangRestart(repo, ecs, notices, self.gang,
-                                    HeldJobs(repo, notices, metrics=self._metrics, settings=settings),
-                                    RestartNodes(repo, SchedulingRepository(repo), ecs), suspension_items,
+        holds = HeldJobs(repo, notices, metrics=self._metrics, settings=settings)
+        restart_nodes = RestartNodes(repo, SchedulingRepository(repo), ecs)
+        self.restarts = GangRestart(repo, ecs, notices, self.gang, holds, restart_nodes, suspension_items,
                                     policy=policy, metrics=self._metrics, settings=settings,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
         gate = NodeActionGate(repo, ecs, notices, metrics=self._metrics, settings=settings)
         cordons = Cordons(repo, ecs, notices, gate, metrics=self._metrics, reactions=reactions)
-        self.reboots = Reboots(repo, ecs, self.ranks, self.gang, gate, cordons, rebooter=rebooter,
+        self.reboots = Reboots(repo, ecs, self.ranks, self.gang, gate, cordons, notices, rebooter=rebooter,
                                replacer=replacer, policy=policy, metrics=self._metrics,
                                settings=settings, reactions=reactions)
         # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
@@ -123,44 +123,45 @@ class RecoveryService:
         settlement = JobSettlement(repo, notices, owed, policy=policy, metrics=self._metrics,
                                    held_job_deadline_seconds=settings.held_job_deadline_seconds,
                                    reactions=reactions)
-        resets = GpuResets(repo, ecs, tasks, self.reboots, notices, metrics=self._metrics, settings=settings,
-                           escalation=policy.escalation)
+        self.resets = resets = GpuResets(repo, ecs, tasks, self.reboots, notices, metrics=self._metrics,
+                                         settings=settings, escalation=policy.escalation)
         tenant_evidence = TenantEvidence(repo, notices, limit=settings.preflight.tenant_limit,
                                          sources=policy.catalog.evidence_sources, metrics=self._metrics)
-        self.remediation = NodeRemediation(repo, self.ranks, self.reboots, owed, settlement, resets,
-                                           tenant_evidence, policy=policy, metrics=self._metrics,
-                                           reactions=reactions)
+        self.remediation = NodeRemediation(repo, self.ranks, self.reboots, gate, cordons, notices, owed,
+                                           settlement, resets, tenant_evidence, policy=policy,
+                                           metrics=self._metrics, reactions=reactions)
         self.unreachable = NodeUnreachable(repo, self.remediation, self.gang, policy=policy,
                                            metrics=self._metrics)
-        self.validations = Validations(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
-                                       replacer=replacer, metrics=self._metrics, settings=settings,
-                                       reactions=reactions)
-        self.health = HealthChecks(repo, ecs, tasks, self.reboots, self.remediation, verdicts=verdicts,
-                                   leases=repo, policy=policy, metrics=self._metrics, settings=settings,
-                                   reactions=reactions)
-        self.warnings = GpuWarnings(repo, self.remediation, policy=policy, metrics=self._metrics,
-                                    settings=settings)
-        self.placement = PlacementHolds(repo, ecs, self.reboots.cordons, self.restarts, settings=settings)
+        self.validations = Validations(repo, ecs, tasks, self.reboots, self.remediation, cordons, gate,
+                                       notices, verdicts=verdicts, replacer=replacer,
+                                       metrics=self._metrics, settings=settings, reactions=reactions)
+        self.health = HealthChecks(repo, ecs, tasks, self.reboots, self.remediation, settlement, owed,
+                                   notices, verdicts=verdicts, leases=repo, policy=policy,
+                                   metrics=self._metrics, settings=settings, reactions=reactions)
+        self.warnings = GpuWarnings(repo, self.remediation, gate, cordons, notices, policy=policy,
+                                    metrics=self._metrics, settings=settings)
+        self.placement = PlacementHolds(repo, ecs, cordons, self.restarts, restart_nodes, settings=settings)
         # Which exits of a fault name a suspect, and their checks (issue 50).
         self.suspects = FaultSuspects(repo.faults, repo.latches, self.health, self.remediation,
                                       check_all_nodes=settings.check_all_nodes_on_fault)
         self.faults = TaskEvents(repo, self.ranks, self.suspects, self.restarts, self.remediation,
-                                 self.suspensions, self.gang, policy=policy, metrics=self._metrics,
-                                 settings=settings, reactions=reactions)
-        self.breaker = BreakerOperations(repo, self.remediation, policy=policy, metrics=self._metrics,
-                                         settings=settings)
+                                 self.suspensions, self.gang, notices, settlement, policy=policy,
+                                 metrics=self._metrics, settings=settings, reactions=reactions)
+        self.breaker = BreakerOperations(repo, self.remediation, gate, notices, policy=policy,
+                                         metrics=self._metrics, settings=settings)
         handover = PreflightHandover(repo, self.remediation, self.gang, metrics=self._metrics,
                                      reactions=reactions)
-        self.preflights = Preflights(repo, handover, notices, metrics=self._metrics, settings=settings)
+        self.preflights = Preflights(repo, handover, notices, tenant_evidence, metrics=self._metrics,
+                                     settings=settings)
         # AWS's notices that capacity goes away (docs/aws-notices.md).
-        self.aws_notices = AwsNotices(repo, ecs, self.reboots.cordons, notices, capacity, policy=policy,
+        self.aws_notices = AwsNotices(repo, ecs, cordons, notices, capacity, policy=policy,
                                       metrics=self._metrics, settings=settings, stop_gang=self.gang.stop,
                                       reactions=reactions)
         self.sweeper = Sweep(repo, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang, self.preflights, self.warnings,
                              validations=self.validations, aws_notices=self.aws_notices,
-                             suspects=self.suspects, settlement=self.remediation.settlement,
-                             metrics=self._metrics, settings=settings)
+                             suspects=self.suspects, settlement=settlement, resets=resets, cordons=cordons,
+                             holds=holds, notices=notices, metrics=self._metrics, settings=settings)
         reactions.declare(self._reactions())
 
     def _reactions(self) -> list[tuple[type, Handler]]:
@@ -235,7 +236,7 @@ class RecoveryService:
         """``invocation``: the Lambda invocation delivering the event (its verdict lease's
         holder); None (a test, no Lambda context): the verdict is worked without the lease."""
         if detail.group.startswith(GPU_RESET_GROUP):  # same rule, its own task
-            return self.remediation.resets.on_stopped(detail)
+            return self.resets.on_stopped(detail)
         if detail.group.startswith(GPU_VALIDATION_GROUP):  # a repaired node's validation
             return self.validations.on_stopped(detail, invocation)
         ends = (lambda: invocation.deadline - clock.now()) if invocation is not None else None

@@ -36,11 +36,15 @@ from gpu_recovery.domain.states import (
     InstanceState,
     JobState,
 )
+from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.breaker.operations import BreakerOperations
+from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
+from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.health_checks import HealthChecks
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.reboots import Reboots
@@ -92,7 +96,8 @@ class Sweep:
                  restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
                  gang: GangOps, preflights: Preflights, warnings: GpuWarnings | None = None, *,
                  validations: Any = None, aws_notices: Any = None, suspects: FaultSuspects,
-                 settlement: JobSettlement, metrics: MetricsPort, settings: Settings) -> None:
+                 settlement: JobSettlement, resets: GpuResets, cordons: Cordons, holds: HeldJobs,
+                 notices: Notices, metrics: MetricsPort, settings: Settings) -> None:
         self.data = data
         self.metrics = metrics  # the service's relay: the invocation's metrics
         self.settings = settings
@@ -109,6 +114,10 @@ class Sweep:
         self.aws_notices = aws_notices  # recovery.aws_notices.AwsNotices
         self.suspects = suspects
         self.settlement = settlement
+        self.resets = resets
+        self.cordons = cordons
+        self.holds = holds
+        self.notices = notices  # the outbox: an e-mail whose sender died
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -122,7 +131,7 @@ class Sweep:
         # decision committed: keeping a bad node off every scheduler comes before anything
         # else), with the placement holds brought up to date.
         try:
-            for action, count in self.reboots.cordons.sweep().items():
+            for action, count in self.cordons.sweep().items():
                 handled[action] = handled.get(action, 0) + count
         except Exception:
             logger.exception("cordon sweep failed")
@@ -194,7 +203,7 @@ class Sweep:
         if instance.validating and self.validations is not None:
             return str(self.validations.sweep(instance, now))  # back from its repair, proving itself
         if instance.state is InstanceState.REBOOTING and instance.reset_pending:
-            return self.health.remediation.resets.sweep(instance, now)  # a GPU reset first
+            return self.resets.sweep(instance, now)  # a GPU reset first
         if instance.state is InstanceState.REBOOTING:
             return self.reboots.sweep(instance, now)
         if instance.state is InstanceState.QUARANTINED and (instance.drain_pending
@@ -219,7 +228,7 @@ class Sweep:
         if kind == "SUSPECT":
             return self._suspect(item, now)
         if kind == NOTICE_ITEM_TYPE:  # an e-mail whose sender died after its decision
-            return self.reboots.ranks.notices.sweep(item, now)
+            return self.notices.sweep(item, now)
         if kind == PREFLIGHT_ITEM_TYPE:  # a preflight round past its bound, a pin to hand over
             return self.preflights.sweep(item, now)
         if kind != "JOB":
@@ -282,7 +291,7 @@ class Sweep:
             return f"restart_{outcome.action}"
         if job.state is JobState.HELD:
             # Waiting for the breaker's reset (domain.breaker.hold): go on, fail, or wait.
-            return self.restarts.holds.sweep(job, now, self.restarts.try_restart)
+            return self.holds.sweep(job, now, self.restarts.try_restart)
         if job.state is JobState.PENDING_HEALTHCHECK:
             give_up_at = (job.fault_started_at or now) + 2 * self.settings.health_check_timeout_seconds \
                 + RESTART_GIVE_UP_MARGIN_SECONDS

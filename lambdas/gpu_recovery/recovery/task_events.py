@@ -47,10 +47,11 @@ from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import ended
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.ranks import LookupQueued, RankOperations
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions, TaskStopped
-from gpu_recovery.recovery.remediation.job_settlement import budgets_of
+from gpu_recovery.recovery.remediation.job_settlement import JobSettlement, budgets_of
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import details_of
 from gpu_recovery.recovery.stage_data import TaskEventData
@@ -135,8 +136,8 @@ def _fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
 class TaskEvents:
     def __init__(self, data: TaskEventData, ranks: RankOperations, suspects: FaultSuspects,
                  restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions,
-                 gang: GangOps, *, policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
-                 reactions: Reactions | None = None) -> None:
+                 gang: GangOps, notices: Notices, settlement: JobSettlement, *, policy: RemediationPolicy,
+                 metrics: MetricsPort, settings: Settings, reactions: Reactions | None = None) -> None:
         self.data = data
         self.policy = policy
         self.metrics = metrics  # the service's relay: the invocation's metrics
@@ -147,6 +148,8 @@ class TaskEvents:
         self.remediation = remediation
         self.suspensions = suspensions
         self.gang = gang
+        self.notices = notices  # the outbox
+        self.settlement = settlement
         # Told: a fault seen (its nodes reserved for its job at once); any task's stop (the
         # node it may have freed).
         self.reactions = reactions or Reactions()
@@ -305,7 +308,7 @@ class TaskEvents:
             would = ", ".join(e.value for e in assessment.plan.record_only)
             reason = (f"rank {rank.rank} failed: {policy.describe_failure(stop)}; observe mode: would have "
                       f"done {would}{decided}")
-            notice = self.ranks.notices.for_job(
+            notice = self.notices.for_job(
                 replace(job, state=JobState.FAILED, last_error=reason[:1000]), repo.get_instance(node),
                 NotificationKind.OBSERVED, "Observe mode: GPU fault detected, nothing done",
                 what_happened=reason[:1000],
@@ -316,9 +319,9 @@ class TaskEvents:
             done = ended(self.metrics, self.data, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason,
                 fields={"last_error": reason[:1000], "last_fault": last_fault},
-                rank_stop=rank_stop, also=self.ranks.notices.owe([notice], now)))
+                rank_stop=rank_stop, also=self.notices.owe([notice], now)))
             if done:
-                self.ranks.notices.send([notice])
+                self.notices.send([notice])
             if done:
                 self.metrics.add_metric("ObservedFaults", "Count", 1)
             return done
@@ -513,7 +516,7 @@ class TaskEvents:
             logger.info("every rank ended", extra={"job_id": job.job_id, "suspects": total})
         job = repo.faults.counted(job)  # the verdicts counted on the tally's shards (all in?)
         if job.state is JobState.PENDING_HEALTHCHECK and job.tally.all_decided:
-            return self.remediation.settlement.conclude(job)
+            return self.settlement.conclude(job)
         if job.state is JobState.PENDING_HEALTHCHECK:
             # Verdicts still to come: with a spare free, a relocatable job need not wait for them.
             return self.restarts.spare_first(job).action

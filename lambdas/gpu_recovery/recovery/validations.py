@@ -53,7 +53,10 @@ from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.domain.validation import Repair, Result
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
+from gpu_recovery.recovery.breaker.gate import NodeActionGate
+from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.node_tasks import NodeTasks
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import (
     Invocation,
     ListsContainerInstances,
@@ -114,7 +117,8 @@ class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):
 
 class Validations:
     def __init__(self, data: ValidationData, ecs: ValidationEcs, tasks: NodeTasks, reboots: Reboots,
-                 remediation: NodeRemediation, *, verdicts: VerdictReaderPort, replacer: ReplacePort,
+                 remediation: NodeRemediation, cordons: Cordons, gate: NodeActionGate, notices: Notices, *,
+                 verdicts: VerdictReaderPort, replacer: ReplacePort,
                  metrics: MetricsPort, settings: Settings, reactions: Reactions | None = None) -> None:
         self.data = data
         self.ecs = ecs
@@ -125,6 +129,9 @@ class Validations:
         self.settings = settings
         self.reboots = reboots
         self.remediation = remediation
+        self.cordons = cordons
+        self.gate = gate
+        self.notices = notices  # the outbox
         # Told: a failed validation released the jobs waiting for the node.
         self.reactions = reactions or Reactions()
 
@@ -161,7 +168,7 @@ class Validations:
             "instance": inst_id, "repair": repair.value, "evidence": why, "validation": settings.describe()})
         if repair is Repair.REBOOT:
             self.reboots.unmark_quietly(instance.container_instance_arn or inst_id)
-        after_commit("validating attribute", self.reboots.cordons.sync_quietly, inst_id)
+        after_commit("validating attribute", self.cordons.sync_quietly, inst_id)
         fresh = repo.get_instance(inst_id)
         started = after_commit("validation start", self.start, fresh) if fresh is not None else None
         return Outcome("validating", detail={"instance": inst_id, "repair": repair.value, "start": started})
@@ -204,7 +211,7 @@ class Validations:
                 return "raced"
             logger.info("replacement node registered: validating", extra={
                 "instance": node, "replaces": watcher.container_inst_id})
-            after_commit("validating attribute", self.reboots.cordons.sync_quietly, node)
+            after_commit("validating attribute", self.cordons.sync_quietly, node)
             fresh = self.data.get_instance(node)
             if fresh is not None:
                 after_commit("validation start", self.start, fresh)
@@ -300,7 +307,7 @@ class Validations:
         logger.info("validation passed: node available", extra={"instance": inst_id,
                                                                 "seconds": record["seconds"]})
         if instance.cordoned:  # healthy again: the cordon cleared in the same write
-            after_commit("uncordon after validation", self.reboots.cordons.sync_quietly, inst_id)
+            after_commit("uncordon after validation", self.cordons.sync_quietly, inst_id)
         after_commit("release after validation", partial(self.reboots.release_waiting, instance,
                                                          validation=record))
         return "validation_passed"
@@ -329,7 +336,7 @@ class Validations:
         inst_id = instance.container_inst_id
         also = []
         if not instance.validation.get("stalled_at"):
-            notice = self.remediation.notices.for_node(
+            notice = self.notices.for_node(
                 NotificationKind.VALIDATION_FAILED,
                 f"GPU node {inst_id}: its validation after repair could not run",
                 container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
@@ -337,11 +344,11 @@ class Validations:
                 what_was_done=f"{inst_id} kept out of placement until then; not counted as a failed repair",
                 operator_action="Look at why the stack's validation task cannot run (its image, the task "
                                 "definition, the node's ECS agent, `doctor`): it is tried again meanwhile.")
-            also = self.remediation.notices.owe([notice], now)
+            also = self.notices.owe([notice], now)
         if not self.data.stall_validation(instance, now, now + self.policy.timeout_seconds, also):
             return "raced"
         if also:
-            self.remediation.notices.send([notice])
+            self.notices.send([notice])
         self.metrics.add_metric("ValidationsStalled", "Count", 1)
         logger.warning("validation could not run: not a failed repair, tried again", extra={
             "instance": inst_id, "why": why})
@@ -416,7 +423,7 @@ class Validations:
             "escalation": plan.escalation.reason, "jobs": [j.job_id for j in jobs]})
         remediation.notices.send(notices)
         if gate is not None and gate.tripped is not None:
-            self.reboots.gate.tripped(gate.tripped)
+            self.gate.tripped(gate.tripped)
         after_commit("validation failure", self._after_failure, gate, instance, plan,
                      [] if repaired_again else [j.job_id for j in jobs])
         return "validation_failed"
@@ -450,7 +457,7 @@ class Validations:
         fate = ("they keep waiting for it" if repaired_again else
                 "they no longer wait for it: each moves to healthy nodes, waits or fails as for any node "
                 "lost to it")
-        return self.remediation.notices.for_node(
+        return self.notices.for_node(
             NotificationKind.VALIDATION_FAILED,
             f"GPU node {inst_id} failed its validation after repair: "
             + ("repaired again" if repaired_again else plan.action.value),

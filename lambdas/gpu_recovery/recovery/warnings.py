@@ -49,7 +49,9 @@ from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPlan, RemediationPolicy
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, InstanceState, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
-from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.breaker.gate import NodeActionGate
+from gpu_recovery.recovery.cordons import Cordons
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
@@ -88,14 +90,17 @@ class WarningData(ReadsNodeItems, Protocol):
 
 
 class GpuWarnings:
-    def __init__(self, data: WarningData, remediation: NodeRemediation, *, policy: RemediationPolicy,
-                 metrics: MetricsPort, settings: Settings) -> None:
+    def __init__(self, data: WarningData, remediation: NodeRemediation, gate: NodeActionGate,
+                 cordons: Cordons, notices: Notices, *, policy: RemediationPolicy, metrics: MetricsPort,
+                 settings: Settings) -> None:
         self.data = data
         self.policy = policy
         self.metrics = metrics  # the service's relay: the invocation's metrics
         self.settings = settings
         self.remediation = remediation
-        self.notices = remediation.notices
+        self.gate = gate
+        self.cordons = cordons
+        self.notices = notices  # the outbox
 
     # ------------------------------------------------------------------ the step
     def at_report(self, inst_id: str) -> str:
@@ -144,7 +149,7 @@ class GpuWarnings:
             if repo.clear_warning(inst_id, rule, now, uncordon=uncordon):
                 logger.info("driver warning cleared", extra={"instance": inst_id, "rule": rule, "why": why})
                 if uncordon:
-                    after_commit("uncordon", self.remediation.reboots.cordons.sync_quietly, inst_id)
+                    after_commit("uncordon", self.cordons.sync_quietly, inst_id)
                 return "warning_cleared"
             return "raced"
         busy = repo.live_ranks_on_instance(inst_id)
@@ -222,14 +227,12 @@ class GpuWarnings:
     def _cordon(self, inst_id: str, rule: str, warning: DriverWarning, next_look: float) -> bool:
         """The warned node takes nothing new: its cordon, through the cordon limit."""
         now = clock.now()
-        gate = self.remediation.reboots.gate
-        answer = gate.decide(node=inst_id, action=None, job_ids=(), now=now, reason=warning.reason,
-                             cordon_unless_drained=True)
+        answer = self.gate.decide(node=inst_id, action=None, job_ids=(), now=now, reason=warning.reason,
+                                  cordon_unless_drained=True)
         cordon = answer.cordon_record(cause=rule, reason=f"driver warning: {warning.describe()}", now=now)
         if cordon is None:
             return self.data.rearm_warning(inst_id, rule, next_look)
-        cordons = self.remediation.owed_notices.cordons
-        limit = cordons.limit_tripped_notice(answer.cordon, inst_id, warning.reason) \
+        limit = self.cordons.limit_tripped_notice(answer.cordon, inst_id, warning.reason) \
             if answer.cordon is not None and answer.cordon.tripped_now else None
         if not self.data.cordon_for_warning(inst_id, rule, cordon, now, next_look, answer.update,
                                                  also=self.notices.owe([limit], now)):

@@ -41,7 +41,7 @@ from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import InstanceState
-from gpu_recovery.recovery.breaker.gate import held_back_lines
+from gpu_recovery.recovery.breaker.gate import NodeActionGate, held_back_lines
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
@@ -140,13 +140,16 @@ def assess(repo: BreakerRecords, stored: dict[str, Any] | None, *, now: float,
 
 
 class BreakerOperations:
-    def __init__(self, data: BreakerRecords, remediation: NodeRemediation, *, policy: RemediationPolicy,
-                 metrics: MetricsPort, settings: Settings) -> None:
+    def __init__(self, data: BreakerRecords, remediation: NodeRemediation, gate: NodeActionGate,
+                 notices: Notices, *, policy: RemediationPolicy, metrics: MetricsPort,
+                 settings: Settings) -> None:
         self.data = data
         self.policy = policy
         self.metrics = metrics  # the service's relay: the invocation's metrics
         self.settings = settings
         self.remediation = remediation
+        self.gate = gate
+        self.notices = notices  # the outbox
 
     def status(self, now: float, stored: dict[str, Any] | None = None, *,
                count_cluster: bool = True) -> policy.BreakerStatus:
@@ -160,10 +163,7 @@ class BreakerOperations:
         nodes = 0
         if policy.is_busy(stored, now=now, policy=settings):
             recorded = (stored or {}).get("cluster_gpu_nodes")
-            if not count_cluster:
-                nodes = int(recorded or 0)
-            else:
-                nodes = self.remediation.reboots.gate.cluster_gpu_nodes(stored)
+            nodes = self.gate.cluster_gpu_nodes(stored) if count_cluster else int(recorded or 0)
         return policy.status(stored, now=now, cluster_gpu_nodes=nodes, policy=settings)
 
     def sweep(self, now: float) -> dict[str, int]:
@@ -209,7 +209,7 @@ class BreakerOperations:
                                                              or recorded):
             return ""
         read_version = int(stored.get("version") or 0)
-        notices = self.remediation.notices
+        notices = self.notices
         if answer.verdict is policy.AutoClose.CLOSE:
             result = _reset(stored, now=now, resume_backlog=True, by=policy.CLOSED_BY_ITSELF,
                             max_backlog_age_seconds=DEFAULT_MAX_BACKLOG_AGE_SECONDS)
@@ -276,7 +276,7 @@ class BreakerOperations:
         if stored is None or node not in dict(stored.get("released") or {}):
             return "backlog_gone"  # carried out or dropped meanwhile
         read_version = int(stored.get("version") or 0)
-        gate = self.remediation.reboots.gate
+        gate = self.gate
         nodes = gate.cluster_gpu_nodes(stored)
         admitted = policy.admit_release(stored, node=node, action=action.value, now=now,
                                         cluster_gpu_nodes=nodes,

@@ -64,6 +64,7 @@ from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.preflight.handover import PreflightHandover
 from gpu_recovery.recovery.preflight.job_fault import JobFaultData, PreflightJobFault
+from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, JOB_FAULT, PASSED, PINNED, RUNNING
 from gpu_recovery.settings import Settings
@@ -102,10 +103,11 @@ class PreflightData(JobFaultData, Protocol):
 
 
 class Preflights:
-    def __init__(self, data: PreflightData, handover: PreflightHandover, notices: Notices, *,
-                 metrics: MetricsPort, settings: Settings) -> None:
+    def __init__(self, data: PreflightData, handover: PreflightHandover, notices: Notices,
+                 tenant_evidence: TenantEvidence, *, metrics: MetricsPort, settings: Settings) -> None:
         self.data = data
         self.handover = handover
+        self.tenant_evidence = tenant_evidence
         self.metrics = metrics  # the service's relay: the invocation's metrics
         self.settings = settings
         self.job_fault = PreflightJobFault(data, notices, metrics)
@@ -380,7 +382,7 @@ class Preflights:
         """Why this job's (or its user's) preflight no longer moves nodes ("": it does): its
         evidence named too many nodes the stack's own check then cleared (issue 49)."""
         user = str((self.data.get_job_item(job_id) or {}).get("user") or "")
-        return self.handover.remediation.tenant_evidence.limited(job_id, user)
+        return self.tenant_evidence.limited(job_id, user)
 
     def _own_fault(self, item: dict[str, Any], why: str, summary: list[str], now: float) -> dict[str, Any]:
         """Concluded as the job's own failure, due at once: the sweep ends the job, told why

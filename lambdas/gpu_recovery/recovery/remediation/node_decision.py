@@ -47,10 +47,11 @@ from gpu_recovery.domain.remediation_plan import (
     plan_remediation,
 )
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState, SuspectVerdict
-from gpu_recovery.recovery.breaker.gate import GateAnswer
+from gpu_recovery.recovery.breaker.gate import GateAnswer, NodeActionGate
+from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.gpu_resets import GpuResets
-from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import Reactions, RestartDue
@@ -143,9 +144,10 @@ class NodeRemediation:
     """The node decision; built by the composition root with the stages it hands over to: the
     jobs' settlement, the GPU reset, the tenant-evidence clearances, and the e-mails it owes."""
 
-    def __init__(self, data: DecisionData, ranks: RankOperations, reboots: Reboots,
-                 owed_notices: RemediationNotices, settlement: JobSettlement, resets: GpuResets,
-                 tenant_evidence: TenantEvidence, *, policy: RemediationPolicy, metrics: MetricsPort,
+    def __init__(self, data: DecisionData, ranks: RankOperations, reboots: Reboots, gate: NodeActionGate,
+                 cordons: Cordons, notices: Notices, owed_notices: RemediationNotices,
+                 settlement: JobSettlement, resets: GpuResets, tenant_evidence: TenantEvidence, *,
+                 policy: RemediationPolicy, metrics: MetricsPort,
                  reactions: Reactions | None = None) -> None:
         self.data = data
         self.policy = policy
@@ -154,7 +156,9 @@ class NodeRemediation:
         self.reboots = reboots
         # Told: a verdict lets a job restart (or leave its node).
         self.reactions = reactions or Reactions()
-        self.notices = ranks.notices  # the outbox
+        self.gate = gate
+        self.cordons = cordons
+        self.notices = notices  # the outbox
         self.owed_notices = owed_notices
         self.settlement = settlement
         self.resets = resets
@@ -274,7 +278,7 @@ class NodeRemediation:
             "rule": plan.decision.rule_id})
         self.notices.send(notices)
         if tripped is not None:
-            self.reboots.gate.tripped(tripped)
+            self.gate.tripped(tripped)
         outcomes = [(v.job, o) for v, o in verdicts]
         self.metrics.add_metric("Failures", "Count", sum(1 for _, o in outcomes if o.fails))
         for failed in (job for job, outcome in outcomes if outcome.fails):
@@ -383,7 +387,7 @@ class NodeRemediation:
         known_bad = plan.action in NODE_ACTIONS
         if not plan.needs_breaker and not known_bad:
             return plan, None, None
-        answer = self.reboots.gate.decide(
+        answer = self.gate.decide(
             node=inst_id, action=plan.action.value if plan.needs_breaker else None,
             job_ids=[j.job_id for j in jobs], reason=plan.decision.reason, now=now,
             cordon_unless_drained=known_bad, drains_if_allowed=Effect.DRAIN in plan.execute, cause=cause)
@@ -406,7 +410,7 @@ class NodeRemediation:
             if instance.cordoned and instance.cordon.get("cause") == plan.decision.rule_id:
                 return True
             now = clock.now()
-            answer = self.reboots.gate.decide(node=inst_id, action=None, job_ids=(), now=now,
+            answer = self.gate.decide(node=inst_id, action=None, job_ids=(), now=now,
                                               reason=plan.decision.reason, cordon_unless_drained=True)
             record = answer.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now)
             notice = self.owed_notices.cordon_notice(answer, inst_id, plan)
@@ -423,9 +427,9 @@ class NodeRemediation:
         """After the commit: the ECS attribute (the sweep finishes it)."""
         cordoned = cordoned or (gate is not None and gate.cordon is not None)
         if cordoned and gate is not None and gate.cordon is not None and gate.cordon.tripped_now:
-            self.reboots.cordons.limit_tripped(gate.cordon, inst_id)
+            self.cordons.limit_tripped(gate.cordon, inst_id)
         if cordoned or uncordoned:
-            self.reboots.cordons.sync_quietly(inst_id)
+            self.cordons.sync_quietly(inst_id)
 
     # ------------------------------------------------------------------ effects
     def carry_out(self, instance: Instance, plan: RemediationPlan | None = None) -> None:
