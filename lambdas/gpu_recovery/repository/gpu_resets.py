@@ -18,9 +18,10 @@ from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
+from gpu_recovery.repository.node_task_claims import GPU_RESET as CLAIM
 
 # The reset attributes a new decision (or a fallback) clears.
-RESET_ATTRIBUTES = ("reset_pending", "reset_started_by", "reset_claimed_at", "reset_task_arn")
+RESET_ATTRIBUTES = ("reset_pending", *CLAIM.paths)
 
 _NAMES = {"#rq": "reboot_requested_at", "#rp": "reset_pending", "#sb": "reset_started_by"}
 

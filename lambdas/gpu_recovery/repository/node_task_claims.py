@@ -46,9 +46,13 @@ class ClaimFields:
     scope: Callable[[Instance], Condition]
     attempts: str = ""  # a task that ended without a verdict is counted here ("": not counted)
 
+    @property
+    def paths(self) -> tuple[str, str, str]:
+        """The claim's three attribute paths (what a new claim or decision clears)."""
+        return self.started_by, self.claimed_at, self.task_arn
+
     def read(self, instance: Instance) -> TaskClaim:
-        started_by, claimed_at, task_arn = (_get(instance, path) for path in
-                                            (self.started_by, self.claimed_at, self.task_arn))
+        started_by, claimed_at, task_arn = (_get(instance, path) for path in self.paths)
         return TaskClaim(str(started_by or ""), float(claimed_at or 0.0), str(task_arn or ""))
 
     def claimed(self, instance: Instance, started_by: str, claimed_at: float) -> Instance:
@@ -136,7 +140,7 @@ class NodeTaskClaims(Instances):
             ta, ta_names = _names(fields.task_arn, "ta")
             claim, names = f"{claim} AND attribute_not_exists({ta})", {**names, **ta_names}
         counted = {fields.attempts: 1} if attempt_used and fields.attempts else None
-        removed = [fields.started_by, fields.claimed_at, *([fields.task_arn] if attempt_used else [])]
+        removed = list(fields.paths if attempt_used else fields.paths[:2])
         return self.db.apply(self._claim_update(
             fields, instance, claim, {":sb": started_by}, names, remove_fields=removed,
             increments=counted, deadline_at=retry_at))

@@ -31,10 +31,11 @@ from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.instances import Instances
+from gpu_recovery.repository.node_task_claims import VALIDATION as CLAIM
 
 # The node's validation: set when it is back from its repair, removed by its result.
 VALIDATION = "validation"
-_NAMES = {"#v": VALIDATION, "#si": "since", "#sb": "started_by", "#ca": "claimed_at", "#ta": "task_arn"}
+_NAMES = {"#v": VALIDATION, "#si": "since", "#sb": "started_by"}
 
 
 def _names(*keys: str) -> dict[str, str]:
@@ -135,6 +136,5 @@ class Validations(Instances):
         if not instance.validation.get("stalled_at"):
             fields[f"{VALIDATION}.stalled_at"] = now
         update = self._update(instance, condition, values, names, set_fields=fields,
-                              remove_fields=[f"{VALIDATION}.started_by", f"{VALIDATION}.claimed_at",
-                                             f"{VALIDATION}.task_arn"], deadline_at=now + 60)
+                              remove_fields=list(CLAIM.paths), deadline_at=now + 60)
         return self.db.transact([update, *also]) if also else self.db.apply(update)
