@@ -271,6 +271,7 @@ def job_control_service(metrics: MetricsPort | None = None) -> JobControlService
     (suspends requested, forced)."""
     from gpu_recovery.queue.control import JobControlService
     from gpu_recovery.repository import Repository
+    from gpu_recovery.repository.control_secrets import ControlSecrets
     from gpu_recovery.settings import JobControlSettings
 
     session = aws.session()
@@ -286,7 +287,9 @@ def job_control_service(metrics: MetricsPort | None = None) -> JobControlService
         def preflights() -> Any:
             return recovery_service(_services.get("job_control_metrics")).preflights
 
-        service = JobControlService(repo, go_suspend, settings.control_poll_seconds, preflights=preflights)
+        service = JobControlService(repo, go_suspend, settings.control_poll_seconds,
+                                    secrets=ControlSecrets(repo.db, repo.job_table_name).of,
+                                    preflights=preflights)
         built = (session, service)
         with _lock:
             _services["job_control"] = built

@@ -21,16 +21,14 @@ of a container.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain.control_token import authorize
 from gpu_recovery.domain.states import JobState
-from gpu_recovery.repository.control_secrets import ControlSecrets
 
 if TYPE_CHECKING:
     from gpu_recovery.recovery.ports import Outcome
-    from gpu_recovery.repository import Repository
 
 
 class ControlError(Exception):
@@ -43,10 +41,19 @@ class ControlError(Exception):
         self.message = message
 
 
+class JobControlData(Protocol):
+    """The job item a rank asks about, and the checkpoint it reports."""
+
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def record_checkpoint(self, job_id: str, attempt: int, step: int, now: float) -> bool: ...
+
+
 class JobControlService:
-    def __init__(self, repo: Repository, go_suspend: Callable[[str, int, int | None], Outcome],
-                 poll_seconds: int = 2, *, preflights: Callable[[], Any] | None = None) -> None:
+    def __init__(self, repo: JobControlData, go_suspend: Callable[[str, int, int | None], Outcome],
+                 poll_seconds: int = 2, *, secrets: Callable[[str], str],
+                 preflights: Callable[[], Any] | None = None) -> None:
         self.repo = repo
+        self._secrets = secrets  # job id -> its control secret ("": none)
         self._go_suspend = go_suspend  # RecoveryService.go_suspend
         self.poll_seconds = poll_seconds
         self._preflights = preflights  # -> RecoveryService.preflights (built when first needed)
@@ -54,7 +61,7 @@ class JobControlService:
     def authorize(self, token: str) -> tuple[str, int] | None:
         """(job id, rank) of a valid token, else None (the authorizer's check, which the
         authorizer makes on ``ControlSecrets`` alone)."""
-        return authorize(token, ControlSecrets(self.repo.db, self.repo.job_table_name).of)
+        return authorize(token, self._secrets)
 
     def status(self, job_id: str, rank: int, attempt: int | None = None) -> dict[str, Any]:
         """What rank ``rank`` of ``job_id`` should do now."""

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import StartResult
 from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import (
     CONTROL_TOKEN_ENV,
@@ -58,7 +59,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.control_token import make_token
-from gpu_recovery.domain.models import Rank, container_instance_id
+from gpu_recovery.domain.models import Job, Rank, container_instance_id
 from gpu_recovery.domain.states import ENDING_JOB_STATES, LIVE_RANK_STATES, STARTED_JOB_STATES
 from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.queue.admission import (
@@ -67,7 +68,8 @@ from gpu_recovery.queue.admission import (
     classify_failure,
 )
 from gpu_recovery.recovery import RankRegistration
-from gpu_recovery.repository import Repository, from_ddb
+from gpu_recovery.repository import from_ddb
+from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.scheduling import SchedulingRepository
 from gpu_recovery.repository.time_sharing import ChargeClaim
 from gpu_recovery.settings import TimeSharingSettings
@@ -148,6 +150,32 @@ class HostAddressPort(Protocol):
     def address(self, instance_id: str) -> str: ...
 
 
+class LaunchEcs(Protocol):
+    """The ECS calls a launch makes (``adapters.ecs.EcsAdapter``)."""
+
+    def start_task(self, *, task_definition: str, container_instance_arn: str = "",
+                   overrides: dict[str, Any] | None = None,
+                   tags: list[dict[str, str]] | None = None, started_by: str = "",
+                   group: str | None = None,
+                   network_configuration: dict[str, Any] | None = None) -> StartResult: ...
+    def stop_task(self, task_arn: str, reason: str) -> None: ...
+    def tasks_started_by(self, started_by: str) -> list[str]: ...
+
+
+class LaunchedRanks(Protocol):
+    """A launch's ranks in the recovery loop's records: the ones registered, and a stop asked
+    of one (``repository.Repository``)."""
+
+    def get_ranks(self, job: Job) -> list[Rank]: ...
+    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
+
+
+class RegistersRanks(Protocol):
+    """Hands a started rank to the recovery loop (``recovery.RecoveryService``)."""
+
+    def register_rank(self, reg: RankRegistration) -> Rank: ...
+
+
 def first_essential_container(td: Mapping[str, Any]) -> str:
     containers = td.get("containerDefinitions") or []
     for c in containers:
@@ -190,15 +218,16 @@ class LaunchOutcome:
 
 # ------------------------------------------------------------------ launcher
 class Launcher:
-    def __init__(self, repo: Repository, ecs: Any, recovery: Any, task_definitions: TaskDefinitionPort,
+    def __init__(self, repo: LaunchedRanks, ecs: LaunchEcs, recovery: RegistersRanks,
+                 task_definitions: TaskDefinitionPort,
                  hosts: HostAddressPort, store: SchedulingRepository, owner: str, *,
                  max_launch_resumes: int = 3, sharing: TimeSharingSettings | None = None) -> None:
         self.sharing = sharing or TimeSharingSettings()
         self.repo = repo
         self.store = store  # the scheduler's lease, launch ledger and launch transitions
         self.owner = owner  # the lease owner: a claim holds only while the lease is ours
-        self.ecs = ecs  # EcsAdapter (start_task / stop_task / tasks_started_by / describe_task)
-        self.recovery = recovery  # RecoveryService (register_rank)
+        self.ecs = ecs
+        self.recovery = recovery
         self.task_definitions = task_definitions
         self.hosts = hosts
         self.max_launch_resumes = max_launch_resumes
@@ -416,7 +445,7 @@ class Launcher:
         self.store.cancel_unlaunched(job_id, "canceled before any rank of the launch was running")
 
     def _registered_ranks(self, item: Mapping[str, Any], attempt: int) -> dict[int, Rank]:
-        job = self.repo.job_from_item(item)
+        job = job_from_item(item)
         return {r.rank: r for r in self.repo.get_ranks(job) if r.attempt == attempt}
 
     # ----------------------------------------------------------------- finish

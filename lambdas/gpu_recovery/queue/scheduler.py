@@ -40,13 +40,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import QUEUE_SK, RELOCATED_QUEUE_MARK
-from gpu_recovery.domain.models import container_instance_id
+from gpu_recovery.domain.models import Instance, Rank, container_instance_id
 from gpu_recovery.domain.placement import SPARE, lend, lent_of, may_borrow_spare, reserved_of, spares_of
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, keep_spares, reserve_for_waits
 from gpu_recovery.domain.states import JobState
@@ -54,15 +54,21 @@ from gpu_recovery.domain.time_sharing import QuotaBook
 from gpu_recovery.queue.admission import Node, node_ineligibility
 from gpu_recovery.queue.launcher import (
     HostAddressPort,
+    LaunchEcs,
     Launcher,
     LaunchOutcome,
     PlacedNode,
+    RegistersRanks,
     TaskDefinitionPort,
 )
 from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
-from gpu_recovery.queue.time_sharing import TimeSharing, subject_of
+from gpu_recovery.queue.time_sharing import SuspendPort, TimeSharing, subject_of
 from gpu_recovery.recovery.free_nodes import unhandled_stops
 from gpu_recovery.repository import Repository
+from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
 from gpu_recovery.repository.time_sharing import HoldingRepository, QuotaRepository
 from gpu_recovery.settings import SchedulerConfig
@@ -148,8 +154,21 @@ class ClusterReader:
 
 
 # -------------------------------------------------------------------- scheduler
+class SchedulerData(Protocol):
+    """What a tick reads of the recovery loop's records besides the queue's: the nodes'
+    states and holds (cordons, spares, reservations), the ranks a node's GPUs are recorded
+    for, an attempt's nodes and its relocations."""
+
+    cordons: CordonRepository
+    faults: FaultRepository
+    latches: LatchRepository
+
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+
+
 class QueueScheduler:
-    def __init__(self, repo: Repository, launcher: Launcher, cluster: ClusterReader, lease: Lease,
+    def __init__(self, repo: SchedulerData, launcher: Launcher, cluster: ClusterReader, lease: Lease,
                  config: SchedulerConfig | None = None, sharing: TimeSharing | None = None,
                  quotas: QuotaRepository | None = None) -> None:
         self.repo = repo
@@ -419,7 +438,7 @@ class QueueScheduler:
         held: set[str] = set()
         waits: list[RelocationWait] = []
         for item in self.launcher.store.jobs_in_recovery():
-            job = self.repo.job_from_item(item)
+            job = job_from_item(item)
             if job.relocation_wait is not None and job.state is JobState.PENDING_RESTART:
                 waits.append(job.relocation_wait)
             # Its nodes, from its latch shards (one item per 64 ranks, not every rank).
@@ -452,7 +471,15 @@ def _queued(item: Mapping[str, Any], lend_spares: bool = False) -> QueuedJob | N
 
 
 # ------------------------------------------------------------------- wiring
-def build_scheduler(*, repo: Repository, ecs_adapter: Any, recovery: Any,
+class SchedulerEcs(LaunchEcs, ContainerInstancesPort, Protocol):
+    """The ECS adapter a tick launches with and reads the cluster's nodes through."""
+
+
+class RecoveryLoop(RegistersRanks, SuspendPort, Protocol):
+    """What the queue asks of the recovery loop: a started rank handed over, a job suspended."""
+
+
+def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: RecoveryLoop,
                     task_definitions: TaskDefinitionPort | None = None, hosts: HostAddressPort | None = None,
                     config: SchedulerConfig | None = None, owner: str | None = None,
                     quotas: QuotaRepository | None = None, dynamodb: Any | None = None,

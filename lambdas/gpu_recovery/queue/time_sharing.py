@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gpu_recovery import clock
+from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.states import HOLDING_JOB_STATES, HOLDING_RANK_STATES, JobState
 from gpu_recovery.domain.time_sharing import (
     Priority,
@@ -28,7 +29,7 @@ from gpu_recovery.domain.time_sharing import (
     priority_name,
 )
 from gpu_recovery.queue.planner import Step
-from gpu_recovery.repository import Repository
+from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository, QuotaCharge
 from gpu_recovery.settings import TimeSharingSettings
 
@@ -43,13 +44,19 @@ class SuspendPort(Protocol):
                         by_user: str = "", by_priority: int | None = None) -> bool: ...
 
 
+class RanksOfJobs(Protocol):
+    """A holding job's ranks (their nodes and GPUs), from the recovery loop's records."""
+
+    def get_ranks(self, job: Job) -> list[Rank]: ...
+
+
 def subject_of(item: Mapping[str, Any]) -> str:
     """The quota subject of a job's owner (recorded at submit; the owner's ARN before)."""
     return str(item.get("quota_subject") or item.get("user") or "")
 
 
 class TimeSharing:
-    def __init__(self, repo: Repository, holding: HoldingRepository, suspender: SuspendPort,
+    def __init__(self, repo: RanksOfJobs, holding: HoldingRepository, suspender: SuspendPort,
                  settings: TimeSharingSettings) -> None:
         self.repo = repo
         self.holding = holding
@@ -154,7 +161,7 @@ class TimeSharing:
         if job_id not in self._footprints:
             attempt = int(item.get("attempt") or 0)
             gpus = int(item.get("gpus_per_node") or 0)
-            job = self.repo.job_from_item({**item, "world_size": int(item.get("world_size") or 1)})
+            job = job_from_item({**item, "world_size": int(item.get("world_size") or 1)})
             self._footprints[job_id] = {
                 r.container_inst_id: r.gpus or gpus for r in self.repo.get_ranks(job)
                 if r.attempt == attempt and r.state in HOLDING_RANK_STATES and r.container_inst_id}
