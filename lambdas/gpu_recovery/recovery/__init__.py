@@ -13,8 +13,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpu_recovery.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from gpu_recovery.recovery.ports import Invocation, MetricsPort, NullMetrics, Outcome
@@ -34,12 +35,7 @@ _HOMES = {
     "restart_started_by": "ranks", "RecoveryService": "service",
 }
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = [
