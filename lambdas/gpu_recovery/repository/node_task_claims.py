@@ -7,7 +7,9 @@ per claim), when it was claimed (its lease runs from there) and the task's ARN (
 after StartTask answered). Each write is conditional on the claim's scope (the node decision
 or the validation the task serves: a claim of a decision since replaced never moves) and on
 the claim itself, so a delivery that died between two writes is finished by the next one or
-by the sweep, never repeated. The health check keeps its own claim (``instances``): it takes
+by the sweep, never repeated; a write that must hold only on the claim as read (a failed
+validation's decision, its stall) takes its condition from the declaration (``held``). The
+health check keeps its own claim (``instances``): it takes
 a slot of the cluster's and of its job's share in the same write.
 """
 
@@ -54,6 +56,14 @@ class ClaimFields:
     def read(self, instance: Instance) -> TaskClaim:
         started_by, claimed_at, task_arn = (_get(instance, path) for path in self.paths)
         return TaskClaim(str(started_by or ""), float(claimed_at or 0.0), str(task_arn or ""))
+
+    def held(self, instance: Instance, tag: str = "sb") -> Condition:
+        """The claim as ``instance`` holds it: its startedBy, or none (names tagged ``tag``)."""
+        path, names = _names(self.started_by, tag)
+        started_by = self.read(instance).started_by
+        if started_by:
+            return f"{path} = :{tag}", {f":{tag}": started_by}, names
+        return f"attribute_not_exists({path})", {}, names
 
     def claimed(self, instance: Instance, started_by: str, claimed_at: float) -> Instance:
         """``instance`` as a claim (or a take-over) wrote it."""

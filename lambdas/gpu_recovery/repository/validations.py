@@ -47,11 +47,11 @@ class Validations(Instances):
 
     def _update(self, instance: Instance, condition: str, values: dict[str, Any], names: dict[str, str],
                 **changes: Any) -> Update:
+        scope, scope_values, scope_names = CLAIM.scope(instance)
         return self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            extra_condition=f"#v.#si = :si AND {condition}" if condition else "#v.#si = :si",
-            extra_values={":si": instance.validation.get("since"), **values},
-            extra_names={**_names("#v", "#si"), **names}, **changes)
+            extra_condition=f"{scope} AND {condition}" if condition else scope,
+            extra_values={**scope_values, **values}, extra_names={**scope_names, **names}, **changes)
 
     def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool:
         """The validation passed: REBOOTING -> AVAILABLE, its cordon cleared, as a node back
@@ -67,12 +67,9 @@ class Validations(Instances):
         """The condition a failed validation's node decision is written on: this validation,
         this claim (none: a validation that timed out before any task was claimed)
         (``repository.node_decisions.NodeDecision.validation``)."""
-        started_by = instance.validation.get("started_by")
-        if not started_by:
-            return ("#v.#si = :vsi AND attribute_not_exists(#v.#sb)",
-                    {":vsi": instance.validation.get("since")}, _names("#v", "#si", "#sb"))
-        return ("#v.#si = :vsi AND #v.#sb = :vsb",
-                {":vsi": instance.validation.get("since"), ":vsb": started_by}, _names("#v", "#si", "#sb"))
+        scope, scope_values, scope_names = CLAIM.scope(instance)
+        claim, claim_values, claim_names = CLAIM.held(instance, "vsb")
+        return f"{scope} AND {claim}", {**scope_values, **claim_values}, {**scope_names, **claim_names}
 
     def job_history_note(self, job: Job, note: str) -> Update:
         """A line in a waiting job's history (no state change: its node was repaired again),
@@ -129,9 +126,7 @@ class Validations(Instances):
         verdict): no failed repair. The node stays validating (out of service as it was), its
         attempts start again until ``until``; ``stalled_at`` (set once) says an operator was
         told (``also``: that e-mail, owed in the same write)."""
-        started_by = instance.validation.get("started_by")
-        condition, values, names = (("#v.#sb = :sb", {":sb": started_by}, _names("#sb")) if started_by
-                                    else ("attribute_not_exists(#v.#sb)", {}, _names("#sb")))
+        condition, values, names = CLAIM.held(instance)
         fields: dict[str, Any] = {f"{VALIDATION}.attempts": 0, f"{VALIDATION}.until": until}
         if not instance.validation.get("stalled_at"):
             fields[f"{VALIDATION}.stalled_at"] = now
