@@ -9,8 +9,8 @@ or the validation the task serves: a claim of a decision since replaced never mo
 the claim itself, so a delivery that died between two writes is finished by the next one or
 by the sweep, never repeated; a write that must hold only on the claim as read (a failed
 validation's decision, its stall) takes its condition from the declaration (``held``). The
-health check keeps its own claim (``instances``): it takes
-a slot of the cluster's and of its job's share in the same write.
+health check keeps its own claim (``instances``): it takes a slot of the cluster's and of
+its job's share in the same write.
 """
 
 from __future__ import annotations
