@@ -112,10 +112,5 @@ class AwsNoticeRecords(JobsAndRanks):
         put (only that one) with it."""
         if not uncordon:
             return self.db.apply(self._notice_update(node, key, remove=["notice"], clear_deadline=True))
-        fields, gone, sync = self.cordons.uncordon_updates(node, now)
-        update = self._notice_update(node, key, set_fields=fields, remove=["notice", *gone],
-                                     clear_deadline=True)
-        update.condition = f"({update.condition}) AND #c.#cn = :yes"
-        update.condition_names.update({"#c": "cordon", "#cn": "notice"})
-        update.condition_values[":yes"] = True
-        return self.db.transact([update, sync])
+        return self.cordons.end_with_its_cordon(node, now, lambda fields, gone: self._notice_update(
+            node, key, set_fields=fields, remove=["notice", *gone], clear_deadline=True), ("notice", True))

@@ -24,7 +24,7 @@ at 1,024 nodes); split by a stable hash of the node, each shard takes a sixteent
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,18 @@ class CordonRepository:
     def uncordon_updates(self, node: str, version: float) -> tuple[dict[str, Any], list[str], Update]:
         """(fields to set, fields to remove, worklist update) that uncordon the node."""
         return {"cordon_version": version}, ["cordon"], self.sync_update(node, version)
+
+    def end_with_its_cordon(self, node: str, now: float, end: Callable[[dict[str, Any], list[str]], Update],
+                            owner: tuple[str, Any]) -> bool:
+        """What put the node's cordon ends, and takes the cordon with it only if the cordon is
+        its own (``cordon.<owner[0]> = owner[1]``), with the attribute's worklist member, in one
+        transaction. ``end(fields, removed)``: the ending update, given what uncordons."""
+        fields, gone, sync = self.uncordon_updates(node, now)
+        update = end(fields, gone)
+        update.condition = f"({update.condition}) AND #c.#co = :co"
+        update.condition_names.update({"#c": "cordon", "#co": owner[0]})
+        update.condition_values[":co"] = owner[1]
+        return bool(self.base.db.transact([update, sync]))
 
     # --------------------------------------------------------------------- reads
     def pending(self) -> dict[str, list[str]]:

@@ -76,9 +76,5 @@ class DriverWarnings(JobsAndRanks):
         record and its deadline go, and the cordon it put (only that one) with it."""
         if not uncordon:
             return self.db.apply(self._warning_update(node, rule, remove=["warning"], clear_deadline=True))
-        fields, gone, sync = self.cordons.uncordon_updates(node, now)
-        update = self._warning_update(node, rule, set_fields=fields, remove=["warning", *gone],
-                                      clear_deadline=True)
-        update.condition = f"({update.condition}) AND #c.#cc = :wr"
-        update.condition_names.update({"#c": "cordon", "#cc": "cause"})
-        return self.db.transact([update, sync])
+        return self.cordons.end_with_its_cordon(node, now, lambda fields, gone: self._warning_update(
+            node, rule, set_fields=fields, remove=["warning", *gone], clear_deadline=True), ("cause", rule))
