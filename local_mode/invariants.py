@@ -22,6 +22,20 @@ from gpu_recovery.repository import Repository
 QUEUE_OWNED = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES, JobState.SUSPENDED})
 # Due this long ago and still due: the sweep is not getting to it (or keeps failing on it).
 OVERDUE_SECONDS = 15 * 60
+# What a check reads of an item: its state, whether it is validating, where it is indexed.
+# A whole job item (its history, its goodput ledger) cost milliseconds to read and decode,
+# and the campaigns check after every event of every broken run.
+_JOB_FIELDS = ("job_id", "job_state", C.QUEUE_PK, C.DEADLINE_PK, C.DEADLINE_SK)
+_INSTANCE_FIELDS = ("instance_state", "validation", C.DEADLINE_PK, C.DEADLINE_SK)
+
+
+def _projected(repo: Repository, table: str, key: dict[str, Any],
+               fields: Iterable[str]) -> dict[str, Any] | None:
+    """The item's top-level ``fields``, read consistently; None: no item."""
+    names = {f"#p{i}": field for i, field in enumerate(fields)}
+    item = repo.db.table(table).get_item(Key=key, ConsistentRead=True, ProjectionExpression=", ".join(names),
+                                         ExpressionAttributeNames=names).get("Item")
+    return dict(item) if item else None
 
 
 def forgotten_validations(repo: Repository, now: float, nodes: Iterable[str], *,
@@ -32,7 +46,7 @@ def forgotten_validations(repo: Repository, now: float, nodes: Iterable[str], *,
     else its jobs would wait on it for ever."""
     out = {}
     for node in sorted(nodes):
-        item = repo.get_instance_item(node)
+        item = _projected(repo, repo.instance_table_name, {C.INSTANCE_PK: node}, _INSTANCE_FIELDS)
         if not item or item.get("instance_state") != "REBOOTING" or not item.get("validation"):
             continue
         why = _not_due(repo, item, now, overdue_seconds)
@@ -74,7 +88,8 @@ def forgotten_jobs(repo: Repository, now: float, *, overdue_seconds: float = OVE
     if job_ids is None:
         items = job_items(repo)
     else:
-        items = [i for i in (repo.get_job_item(j) for j in sorted(job_ids)) if i is not None]
+        keys = ({C.JOB_PK: C.job_item_key(j)} for j in sorted(job_ids))
+        items = [i for i in (_projected(repo, repo.job_table_name, k, _JOB_FIELDS) for k in keys) if i]
     for item in items:
         state = JobState(item["job_state"])
         if state is JobState.RUNNING or state.is_terminal:
