@@ -166,6 +166,16 @@ class BreakerDecision:
     limit: int
 
 
+def _read(state: Mapping[str, Any] | None, now: float, cluster_gpu_nodes: int, policy: BreakerPolicy | None
+          ) -> tuple[BreakerPolicy, dict[str, Any], list[dict[str, Any]], set[str], int]:
+    """(the policy, the state normalized, its window's entries and their nodes at ``now``, the
+    cluster's limit of nodes acted on in a window)."""
+    policy = policy or BreakerPolicy()
+    current = normalize(state)
+    window = _in_window(current, now, policy)
+    return policy, current, window, _nodes(window), policy.allowed_nodes(cluster_gpu_nodes)
+
+
 def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, now: float,
                   cluster_gpu_nodes: int, policy: BreakerPolicy | None = None, job_id: str = "",
                   reason: str = "", cause: Mapping[str, str] | None = None) -> BreakerDecision:
@@ -173,11 +183,7 @@ def record_action(state: Mapping[str, Any] | None, *, node: str, action: str, no
     acted on in the window and for an entry already in the backlog. ``cause``
     (``causes.cause_of``): recorded on the window's entry; past the limit, a window whose
     nodes share one cause (one job's own evidence) refuses this node without tripping."""
-    policy = policy or BreakerPolicy()
-    current = normalize(state)
-    limit = policy.allowed_nodes(cluster_gpu_nodes)
-    window = _in_window(current, now, policy)
-    nodes = _nodes(window)
+    policy, current, window, nodes, limit = _read(state, now, cluster_gpu_nodes, policy)
     if not policy.enabled:
         return BreakerDecision(True, current, False, "breaker disabled", len(nodes), limit)
     entry: dict[str, Any] = {"node": node, "action": action, "at": now, **(cause or {})}
@@ -225,11 +231,7 @@ def admit_release(state: Mapping[str, Any] | None, *, node: str, action: str, no
     node already in it is free): after a reset the backlog comes back at most a window's
     allowance at a time, never all at once. A refusal never trips the breaker and leaves
     the state as it is (the entry waits for a later sweep); a tripped breaker holds it."""
-    policy = policy or BreakerPolicy()
-    current = normalize(state)
-    limit = policy.allowed_nodes(cluster_gpu_nodes)
-    window = _in_window(current, now, policy)
-    nodes = _nodes(window)
+    policy, current, window, nodes, limit = _read(state, now, cluster_gpu_nodes, policy)
     if not policy.enabled:
         return BreakerDecision(True, current, False, "breaker disabled", len(nodes), limit)
     if current["state"] == TRIPPED:
