@@ -34,6 +34,23 @@ def authorization_header_scheme(description: str) -> APIKey:
                                   "description": description})
 
 
+def as_answered(schema_json: str, **every_route: Any) -> dict[str, Any]:
+    """The resolver's document (``schema_json``) with the status codes the API really answers:
+    the resolver's generic 422 and its schemas dropped (a bad request is a 400 with an
+    :class:`ErrorBody`); ``every_route``: status -> response that every route may answer."""
+    document: dict[str, Any] = json.loads(schema_json)
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            responses.pop("422", None)
+            for status, response in every_route.items():
+                responses.setdefault(status, response)
+    schemas = document.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return document
+
+
 def document_json(document: dict[str, Any]) -> str:
     """The committed form: stable key order, newline-terminated."""
     return json.dumps(document, indent=2, sort_keys=True) + "\n"

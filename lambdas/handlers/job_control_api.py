@@ -41,7 +41,13 @@ from gpu_recovery import runtime
 from gpu_recovery.queue.control import ControlError
 from handlers._common import powertools
 from handlers._http import BodyError, guarded_body
-from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
+from handlers._openapi import (
+    as_answered,
+    authorization_header_scheme,
+    document_json,
+    error_doc,
+    print_document,
+)
 
 logger, tracer, metrics = powertools("job-control-api")
 app = APIGatewayRestResolver(enable_validation=True)
@@ -264,14 +270,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
 
 # ---------------------------------------------------------------------------- OpenAPI
 def openapi_document() -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(app.get_openapi_json_schema(**OPENAPI_INFO))
-    for operations in document.get("paths", {}).values():
-        for operation in operations.values():
-            operation.get("responses", {}).pop("422", None)
-    schemas = document.get("components", {}).get("schemas", {})
-    for unused in ("HTTPValidationError", "ValidationError"):
-        schemas.pop(unused, None)
-    return document
+    return as_answered(app.get_openapi_json_schema(**OPENAPI_INFO))
 
 
 def openapi_json() -> str:

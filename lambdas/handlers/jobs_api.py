@@ -75,7 +75,13 @@ from gpu_recovery.queue.models import JobSpec
 from gpu_recovery.queue.spec_errors import first_problem
 from handlers._common import powertools
 from handlers._http import BodyError, guarded_body
-from handlers._openapi import authorization_header_scheme, document_json, error_doc, print_document
+from handlers._openapi import (
+    as_answered,
+    authorization_header_scheme,
+    document_json,
+    error_doc,
+    print_document,
+)
 
 API_TITLE = "GPU training jobs API"
 API_VERSION = "1.0.0"
@@ -486,18 +492,9 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
 def openapi_document() -> dict[str, Any]:
     """The resolver's OpenAPI document with the status codes the API really answers: the
     resolver's generic 422 is replaced by the 400 this API returns (ErrorBody)."""
-    document: dict[str, Any] = json.loads(app.get_openapi_json_schema(**OPENAPI_INFO))
     too_large = {"description": "Body over 128 KiB (checked on every route)",
                  "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
-    for operations in document.get("paths", {}).values():
-        for operation in operations.values():
-            responses = operation.get("responses", {})
-            responses.pop("422", None)
-            responses.setdefault("413", too_large)
-    schemas = document.get("components", {}).get("schemas", {})
-    for unused in ("HTTPValidationError", "ValidationError"):
-        schemas.pop(unused, None)
-    return document
+    return as_answered(app.get_openapi_json_schema(**OPENAPI_INFO), **{"413": too_large})
 
 
 def openapi_json() -> str:
