@@ -23,6 +23,7 @@ from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.domain.states import InstanceState, JobState, RankState
 from gpu_recovery.repository import RankStop, Repository, health_check_slots
+from gpu_recovery.repository.node_task_claims import HEALTH_CHECK as CHECK_CLAIM
 from gpu_recovery.repository.rate_limit import RateLimitRepository
 from local_mode.emulator import LocalAws
 from local_mode.sim.dynamo import MAX_ITEM_BYTES, MemoryDynamo, item_size
@@ -198,9 +199,16 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("reap, young", lambda: repo.slots.reap(now[0] + 60))
         step("reap, old", lambda: repo.slots.reap(now[0] + 7200))
         step("running after reaping", lambda: repo.slots.running_by_shard())
-        step("record hc task", lambda: repo.record_health_check_task("n0", "sb-1", "arn:hc-task",
-                                                                     now[0] + 300))
-        step("record hc task, other claim", lambda: repo.record_health_check_task("n0", "sb-2", "x", now[0]))
+        step("take over hc claim, leased", lambda: repo.take_over_node_task(
+            CHECK_CLAIM, repo.get_instance("n0"), now[0], now[0] + 75))
+        step("take over hc claim, lease ended", lambda: repo.take_over_node_task(
+            CHECK_CLAIM, repo.get_instance("n0"), now[0] + 100, now[0] + 175))
+        step("record hc task", lambda: repo.record_node_task(
+            CHECK_CLAIM, repo.get_instance("n0"), "sb-1", "arn:hc-task", now[0] + 300))
+        step("record hc task, other claim", lambda: repo.record_node_task(
+            CHECK_CLAIM, repo.get_instance("n0"), "sb-2", "x", now[0]))
+        step("take over hc claim, recorded", lambda: repo.take_over_node_task(
+            CHECK_CLAIM, repo.get_instance("n0"), now[0] + 1000, now[0] + 1075))
         step("instances", lambda: repo.get_instances(["n0", "n1", "n7", "n9"]))
         step("due instances", lambda: repo.due_instances(now[0] + 3600))
         step("due instances, none yet", lambda: repo.due_instances(T0))

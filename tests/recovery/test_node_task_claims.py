@@ -1,7 +1,7 @@
-"""The stored claim of a node task that waits for its node's GPUs
-(``repository.node_task_claims``), for both kinds that declare one: each write holds only for
-the claim it names and for what the claim serves (a GPU reset's node decision, a
-validation's ``since``), so a late or repeated delivery never moves a newer claim."""
+"""The stored claim of a node task (``repository.node_task_claims``), for every kind: each
+write holds only for the claim it names and for what the claim serves (a GPU reset's node
+decision, a validation's ``since``, the health check its node is in), so a late or repeated
+delivery never moves a newer claim."""
 
 from __future__ import annotations
 
@@ -116,3 +116,44 @@ def test_no_write_holds_once_what_the_claim_served_moved_on(fields: ClaimFields,
         assert not w.repo.claim_node_task(fields, before, "claim-1", now, now + 60)
         assert not w.repo.rearm_node_task(fields, before, now + 60)
         assert fields.read(read(w)).started_by == ""
+
+
+def checking(w: World, **claim: Any) -> Instance:
+    """NODE in its health check, claimed by ``claim-1`` (its lease apart from its claim time)."""
+    item = {C.INSTANCE_PK: NODE, "instance_state": InstanceState.HEALTH_CHECKING.value,
+            "hc_started_by": "claim-1", "hc_claimed_at": w.now[0], "hc_lease_until": w.now[0] + 75, **claim}
+    boto3.resource("dynamodb", region_name="us-east-1").Table("instances").put_item(Item=to_ddb(item))
+    return read(w)
+
+
+def test_a_health_check_s_dead_claim_is_taken_over_once_its_lease_ends_and_keeps_its_time() -> None:
+    """The check's time runs from its claim: a take-over renews the lease kept apart, never
+    ``hc_claimed_at``; one taker wins; a recorded task ends the lease and is never taken over."""
+    with world() as w:
+        claimed_at = w.now[0]
+        held = checking(w)
+        assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)  # leased
+        w.advance(100)
+        assert w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
+        assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)  # the loser
+        taken = read(w)
+        assert stored.HEALTH_CHECK.read(taken) == TaskClaim("claim-1", claimed_at, "")
+        assert taken.hc_lease_until == w.now[0] + 75 and taken.deadline_at == w.now[0] + 75
+        assert not w.repo.record_node_task(stored.HEALTH_CHECK, taken, "claim-2", "arn:hc", w.now[0] + 300)
+        assert w.repo.record_node_task(stored.HEALTH_CHECK, taken, "claim-1", "arn:hc", w.now[0] + 300)
+        running = read(w)
+        assert stored.HEALTH_CHECK.read(running) == TaskClaim("claim-1", claimed_at, "arn:hc")
+        assert running.hc_lease_until is None and running.deadline_at == w.now[0] + 300
+        w.advance(600)
+        assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, running, w.now[0], w.now[0] + 75)
+
+
+def test_no_health_check_claim_write_holds_once_the_node_left_its_check() -> None:
+    """A verdict (or a released claim) moved the node on: a late delivery records nothing."""
+    with world() as w:
+        held = checking(w)
+        node(w)  # the verdict: REBOOTING
+        w.advance(100)
+        assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
+        assert not w.repo.record_node_task(stored.HEALTH_CHECK, held, "claim-1", "arn:hc", w.now[0] + 300)
+        assert read(w).state is InstanceState.REBOOTING and read(w).hc_task_arn == ""

@@ -234,8 +234,12 @@ def test_a_refused_start_under_a_claim_gives_it_back_and_a_placed_one_is_recorde
 
 def test_each_kind_declares_where_its_claim_is_stored() -> None:
     """A GPU reset keeps its claim in top-level attributes, a validation in its map (the
-    other keys of the map kept); the health check keeps its own (it takes slots)."""
-    assert node_tasks.HEALTH_CHECK.claim is None
+    other keys of the map kept), a health check in its ``hc_*`` attributes, its lease apart."""
+    assert node_tasks.HEALTH_CHECK.claim is stored.HEALTH_CHECK
+    check = stored.HEALTH_CHECK.claimed(Instance("node-a"), "claim-h", 7.0)
+    assert stored.HEALTH_CHECK.read(check) == TaskClaim("claim-h", 7.0, "")
+    assert stored.HEALTH_CHECK.lease_until == "hc_lease_until"
+    assert stored.HEALTH_CHECK.state is InstanceState.HEALTH_CHECKING
     node = Instance("node-a", validation={"since": 1.0, "attempts": 2})
     claimed = stored.VALIDATION.claimed(node, "claim-v", 5.0)
     assert claimed.validation == {"since": 1.0, "attempts": 2, "started_by": "claim-v", "claimed_at": 5.0}

@@ -35,6 +35,8 @@ from gpu_recovery.recovery.stage_data import ReadsNodeItems
 from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.node_task_claims import HEALTH_CHECK as CHECK_CLAIM
+from gpu_recovery.repository.node_task_claims import ClaimFields
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +81,8 @@ class CheckVerdictData(ReadsNodeItems, Protocol):
     faults: FaultRepository
 
     def get_job(self, job_id: str) -> Job | None: ...
-    def record_health_check_task(self, inst_id: str, started_by: str, task_arn: str,
-                                 deadline_at: float) -> bool: ...
+    def record_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
+                         deadline_at: float) -> bool: ...
     def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool: ...
 
 
@@ -198,8 +200,8 @@ class HealthCheckVerdicts:
         (its write may have been the one lost) with the sweep's poll due soon, and this
         invocation's verdict lease is given up (a duplicate copy need not wait for it)."""
         inst_id = instance.container_inst_id
-        self.data.record_health_check_task(inst_id, instance.hc_started_by, detail.taskArn,
-                                                clock.now() + VERDICT_LOG_RETRY_SECONDS)
+        self.data.record_node_task(CHECK_CLAIM, instance, instance.hc_started_by, detail.taskArn,
+                                   clock.now() + VERDICT_LOG_RETRY_SECONDS)
         if lease is not None:
             lease.give_up()
         self.metrics.add_metric("VerdictsWaitingForLogLine", "Count", 1)
@@ -236,8 +238,8 @@ class HealthCheckVerdicts:
         instance = repo.instance_from_item(last)
         if taken is None:
             return self.reboots.converge_after_verdict(instance)
-        repo.record_health_check_task(inst_id, instance.hc_started_by, detail.taskArn,
-                                      taken.until + verdict_lease.SWEEP_AFTER_LEASE_SECONDS)
+        repo.record_node_task(CHECK_CLAIM, instance, instance.hc_started_by, detail.taskArn,
+                              taken.until + verdict_lease.SWEEP_AFTER_LEASE_SECONDS)
         return Outcome("verdict_lease_held", detail={"instance": inst_id, "until": taken.until})
 
     def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail,

@@ -39,7 +39,12 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.goodput_metrics import job_failed
-from gpu_recovery.recovery.health_check_verdicts import VERDICT_ROUNDS, CheckVerdictData, HealthCheckVerdicts
+from gpu_recovery.recovery.health_check_verdicts import (
+    CHECK_CLAIM,
+    VERDICT_ROUNDS,
+    CheckVerdictData,
+    HealthCheckVerdicts,
+)
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import (
@@ -61,6 +66,7 @@ from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.health_check_slots import Claim, HealthCheckClaim, HealthCheckSlots
 from gpu_recovery.repository.node_decisions import JobVerdict
+from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -99,7 +105,8 @@ class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
     def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
                            per_job: int, cluster: int, now: float) -> HealthCheckClaim: ...
     def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool: ...
-    def take_over_health_check_claim(self, instance: Instance, lease_until: float, now: float) -> bool: ...
+    def take_over_node_task(self, fields: ClaimFields, instance: Instance, now: float,
+                            lease_until: float) -> bool: ...
     def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
                                    retry_at: float) -> bool: ...
     def abandon_health_check(self, instance: Instance, reason: str) -> bool: ...
@@ -254,7 +261,7 @@ class HealthChecks:
         if instance.state is InstanceState.HEALTH_CHECKING:
             if instance.hc_task_arn or (instance.hc_lease_until or 0.0) > now:
                 return None  # running, or its claimer may still be starting it
-            if not self.data.take_over_health_check_claim(instance, now + CLAIM_LEASE_SECONDS, now):
+            if not self.data.take_over_node_task(CHECK_CLAIM, instance, now, now + CLAIM_LEASE_SECONDS):
                 return None
             return self._start(instance, instance.hc_started_by, look_up_first=True, turn_within=turn_within)
         if instance.state is not InstanceState.HEALTH_CHECK_PENDING:
@@ -341,8 +348,8 @@ class HealthChecks:
         now = clock.now()
         started = instance.hc_claimed_at or instance.hc_requested_at or now
         timeout_at = started + self.settings.health_check_timeout_seconds
-        self.data.record_health_check_task(instance.container_inst_id, started_by, task_arn,
-                                                min(timeout_at, now + POLL_SECONDS))
+        self.data.record_node_task(CHECK_CLAIM, instance, started_by, task_arn,
+                                   min(timeout_at, now + POLL_SECONDS))
 
     # -------------------------------------------------------------------- sweep
     def _undiagnosed(self, instance: Instance, what: str) -> str:

@@ -9,11 +9,13 @@ claim taken over (its claimer died, or StartTask's answer was lost) looks its ta
 other error keeps it until its lease expires (the task may have started: the next try looks it
 up). What differs between kinds is data (the task definition, its group and tag, the container
 its environment goes to, where its claim is stored) and what the stage does with a task not
-placed or started, which stays the stage's. A GPU reset and a validation also share the claim
-itself (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a live claim is its
-claimer's, a dead one is taken over, a new one waits for the node's GPUs; its writes are
-``repository.node_task_claims``'s, for each kind's :class:`ClaimFields`); the health check's
-claim takes a slot of the cluster's and the job's checks first, so it keeps its own.
+placed or started, which stays the stage's. Every kind's claim is declared where it is stored
+(:class:`ClaimFields`) and written by the same intents (``repository.node_task_claims``: a
+task recorded, a dead claim taken over). A GPU reset and a validation also share how a claim
+is made (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a live claim is its
+claimer's, a dead one is taken over, a new one waits for the node's GPUs); the health check's
+claim moves the node to HEALTH_CHECKING and takes a slot of the cluster's and of its job's
+checks in the same write, so making and giving back that claim stay its own.
 """
 
 from __future__ import annotations
@@ -60,13 +62,13 @@ class NodeTaskKind:
     purpose: str  # the gpu-recovery:purpose tag's value (TAG_PURPOSE)
     started_metric: str
     task_definition: Callable[[Settings], str]
+    claim: ClaimFields  # where its claim is stored (``repository.node_task_claims``)
     container: str = ""  # the container an environment is handed to ("": none is)
-    claim: ClaimFields | None = None  # where its claim is stored (None: the health check keeps its own)
 
 
 HEALTH_CHECK = NodeTaskKind(name="health check", outcome="health_check", group=HEALTH_CHECK_GROUP,
                             purpose="dcgm-health-check", started_metric="HealthChecksStarted",
-                            task_definition=attrgetter("health_check_task"))
+                            task_definition=attrgetter("health_check_task"), claim=stored.HEALTH_CHECK)
 GPU_RESET = NodeTaskKind(name="GPU reset", outcome="gpu_reset", group=GPU_RESET_GROUP, purpose="gpu-reset",
                          started_metric="GpuResetsStarted", task_definition=attrgetter("gpu_reset_task"),
                          claim=stored.GPU_RESET)
@@ -158,7 +160,7 @@ class NodeTasks:
         """The claim's lifecycle up to StartTask: a task recorded runs; a claim within its
         lease is its claimer's; a dead claim is taken over and its task looked up before one
         is started; else, once no rank holds the GPUs, a new claim, then StartTask."""
-        fields = _claim_fields(kind)
+        fields = kind.claim
         now = clock.now()
         claim = fields.read(instance)
         if claim.task_arn:
@@ -195,24 +197,24 @@ class NodeTasks:
     def record(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance, started_by: str,
                task_arn: str) -> None:
         """The task to wait for: its STOPPED event, or the sweep's look within POLL_SECONDS."""
-        self.data.record_node_task(_claim_fields(kind), instance, started_by, task_arn,
+        self.data.record_node_task(kind.claim, instance, started_by, task_arn,
                                    min(stage.deadline(instance), clock.now() + POLL_SECONDS))
 
     def release(self, kind: NodeTaskKind, instance: Instance, started_by: str, retry_at: float, *,
                 attempt_used: bool = False) -> bool:
         """Nothing runs under the claim (see ``NodeTaskClaims.release_node_task``)."""
-        return self.data.release_node_task(_claim_fields(kind), instance, started_by, retry_at,
+        return self.data.release_node_task(kind.claim, instance, started_by, retry_at,
                                            attempt_used=attempt_used)
 
     def rearm(self, kind: NodeTaskKind, instance: Instance, deadline_at: float) -> bool:
         """The sweep looks at the node's task again at ``deadline_at``."""
-        return self.data.rearm_node_task(_claim_fields(kind), instance, deadline_at)
+        return self.data.rearm_node_task(kind.claim, instance, deadline_at)
 
     def follow(self, kind: NodeTaskKind, stage: FollowsTask, instance: Instance, now: float) -> str:
         """The sweep's look at a node task within its time: a recorded task is looked at
         (gone, stopped: the stage's; running: looked at again within POLL_SECONDS); else it
         is started (the stage's ``start``), and a claim in flight looked at once its lease ends."""
-        claim = _claim_fields(kind).read(instance)
+        claim = kind.claim.read(instance)
         if claim.task_arn:
             task = self.look(claim.task_arn)
             if task is None:
@@ -273,8 +275,3 @@ class NodeTasks:
         logger.info(f"{kind.name} started", extra={"instance": inst_id, "task": task_arn})
         return Placed(task_arn)
 
-
-def _claim_fields(kind: NodeTaskKind) -> ClaimFields:
-    if kind.claim is None:
-        raise ValueError(f"the {kind.name} keeps its own claim")
-    return kind.claim

@@ -136,27 +136,6 @@ class Instances(RecoveryTables):
             clear_deadline=True, extra_condition="#att = :att",
             extra_values={":att": instance.hc_start_attempts}, extra_names={"#att": "hc_start_attempts"}))
 
-    def take_over_health_check_claim(self, instance: Instance, lease_until: float, now: float) -> bool:
-        """A claim whose holder died (lease expired, no task recorded): take it over."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
-            set_fields={"hc_lease_until": lease_until}, deadline_at=lease_until,
-            extra_condition="#sb = :sb AND attribute_not_exists(#arn) AND "
-                            "(attribute_not_exists(#lu) OR #lu < :now)",
-            extra_values={":sb": instance.hc_started_by, ":now": now},
-            extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn", "#lu": "hc_lease_until"},
-        ))
-
-    def record_health_check_task(self, inst_id: str, started_by: str, task_arn: str,
-                                 deadline_at: float) -> bool:
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=[InstanceState.HEALTH_CHECKING],
-            set_fields={"hc_task_arn": task_arn}, remove_fields=["hc_lease_until"],
-            deadline_at=deadline_at,
-            extra_condition="#sb = :sb", extra_values={":sb": started_by},
-            extra_names={"#sb": "hc_started_by"},
-        ))
-
     def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
                                    retry_at: float) -> bool:
         """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING, its slot

@@ -1,6 +1,6 @@
-"""The claim of a node task that waits for its node's GPUs (a GPU reset, a validation after
-repair): where each kind keeps it on the instance item, declared once (:class:`ClaimFields`),
-and its intents, written the one way for every kind (:class:`NodeTaskClaims`).
+"""The claim of a node task (a health check, a GPU reset, a validation after repair): where
+each kind keeps it on the instance item, declared once (:class:`ClaimFields`), and its
+intents, written the one way for every kind (:class:`NodeTaskClaims`).
 
 A claim is three attributes: its ``startedBy`` (committed before StartTask, deterministic
 per claim), when it was claimed (its lease runs from there) and the task's ARN (recorded
@@ -8,9 +8,12 @@ after StartTask answered). Each write is conditional on the claim's scope (the n
 or the validation the task serves: a claim of a decision since replaced never moves) and on
 the claim itself, so a delivery that died between two writes is finished by the next one or
 by the sweep, never repeated; a write that must hold only on the claim as read (a failed
-validation's decision, its stall) takes its condition from the declaration (``held``). The
-health check keeps its own claim (``instances``): it takes a slot of the cluster's and of
-its job's share in the same write.
+validation's decision, its stall) takes its condition from the declaration (``held``).
+
+The health check's claim is declared too (``HEALTH_CHECK``): its task is recorded and a dead
+claim taken over by the same intents. Its claim and its release are its own
+(``instances``): they move the node between HEALTH_CHECK_PENDING and HEALTH_CHECKING and take
+or give back a slot of the cluster's and of its job's share in the same transaction.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ class ClaimFields:
     task_arn: str
     scope: Callable[[Instance], Condition]
     attempts: str = ""  # a task that ended without a verdict is counted here ("": not counted)
+    state: InstanceState = InstanceState.REBOOTING  # the node's state while the claim is held
+    # Where the lease's end is kept ("": it runs from ``claimed_at``, which a take-over moves;
+    # declared: ``claimed_at`` stays when the claim is taken over, the task's time runs from it).
+    lease_until: str = ""
 
     @property
     def paths(self) -> tuple[str, str, str]:
@@ -103,6 +110,15 @@ def _validation(instance: Instance) -> Condition:
 GPU_RESET = ClaimFields("reset_started_by", "reset_claimed_at", "reset_task_arn", _decision)
 VALIDATION = ClaimFields("validation.started_by", "validation.claimed_at", "validation.task_arn", _validation,
                          attempts="validation.attempts")
+def _check(instance: Instance) -> Condition:
+    """A health check's claim serves the check the node is in (its state, HEALTH_CHECKING,
+    which the verdict or the claim's release ends): no condition besides."""
+    return "", {}, {}
+
+
+# Its time runs from its claim (``hc_claimed_at``), its lease is kept apart.
+HEALTH_CHECK = ClaimFields("hc_started_by", "hc_claimed_at", "hc_task_arn", _check,
+                           state=InstanceState.HEALTH_CHECKING, lease_until="hc_lease_until")
 
 
 class NodeTaskClaims(Instances):
@@ -112,8 +128,8 @@ class NodeTaskClaims(Instances):
                       names: dict[str, str], **changes: Any) -> Update:
         scope, scope_values, scope_names = fields.scope(instance)
         return self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            extra_condition=f"{scope} AND {claim}" if claim else scope,
+            instance.container_inst_id, from_states=[fields.state],
+            extra_condition=" AND ".join(part for part in (scope, claim) if part) or None,
             extra_values={**scope_values, **values}, extra_names={**scope_names, **names}, **changes)
 
     def claim_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
@@ -128,16 +144,22 @@ class NodeTaskClaims(Instances):
     def take_over_node_task(self, fields: ClaimFields, instance: Instance, now: float,
                             lease_until: float) -> bool:
         """A claim whose task was never recorded (its claimer died, or StartTask's answer was
-        lost): the taker looks the task up by its startedBy before starting one."""
-        claim = fields.read(instance)
+        lost) and whose lease has ended: the taker looks the task up by its startedBy before
+        starting one. One taker wins: the lease, as read, is the condition."""
         sb, sb_names = _names(fields.started_by, "sb")
-        ca, ca_names = _names(fields.claimed_at, "ca")
         ta, ta_names = _names(fields.task_arn, "ta")
+        if fields.lease_until:
+            lease, lease_names = _names(fields.lease_until, "lu")
+            ended = f"(attribute_not_exists({lease}) OR {lease} < :now)"
+            lease_values, renewed = {":now": now}, {fields.lease_until: lease_until}
+        else:
+            lease, lease_names = _names(fields.claimed_at, "ca")
+            ended = f"{lease} = :ca"
+            lease_values, renewed = {":ca": _get(instance, fields.claimed_at)}, {fields.claimed_at: now}
         return self.db.apply(self._claim_update(
-            fields, instance, f"{sb} = :sb AND {ca} = :ca AND attribute_not_exists({ta})",
-            {":sb": claim.started_by, ":ca": _get(instance, fields.claimed_at)},
-            {**sb_names, **ca_names, **ta_names}, set_fields={fields.claimed_at: now},
-            deadline_at=lease_until))
+            fields, instance, f"{sb} = :sb AND attribute_not_exists({ta}) AND {ended}",
+            {":sb": fields.read(instance).started_by, **lease_values},
+            {**sb_names, **ta_names, **lease_names}, set_fields=renewed, deadline_at=lease_until))
 
     def release_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
                           attempt_used: bool = False) -> bool:
@@ -157,11 +179,13 @@ class NodeTaskClaims(Instances):
 
     def record_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
                          deadline_at: float) -> bool:
-        """StartTask answered: the task to wait for (its STOPPED event, or the sweep's look)."""
+        """StartTask answered (or the task's STOPPED event came first): the task to wait for
+        (its STOPPED event, or the sweep's look); a lease kept apart ends with it."""
         sb, names = _names(fields.started_by, "sb")
         return self.db.apply(self._claim_update(
             fields, instance, f"{sb} = :sb", {":sb": started_by}, names,
-            set_fields={fields.task_arn: task_arn}, deadline_at=deadline_at))
+            set_fields={fields.task_arn: task_arn}, deadline_at=deadline_at,
+            remove_fields=[fields.lease_until] if fields.lease_until else None))
 
     def rearm_node_task(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool:
         """Still waiting (GPUs busy, a claim in flight, the task running): looked at again then."""
