@@ -157,3 +157,28 @@ def test_no_health_check_claim_write_holds_once_the_node_left_its_check() -> Non
         assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
         assert not w.repo.record_node_task(stored.HEALTH_CHECK, held, "claim-1", "arn:hc", w.now[0] + 300)
         assert read(w).state is InstanceState.REBOOTING and read(w).hc_task_arn == ""
+
+
+def test_a_health_check_s_claim_given_back_returns_the_node_to_pending_and_counts_as_its_kind_says() -> None:
+    """Not placed: the claim goes (its lease with it), the attempt counted; refused: not
+    counted; a recorded task is never given back as not started; a check that ended without a
+    verdict is given back as a used attempt, its task with it."""
+    with world() as w:
+        now = w.now[0]
+        assert w.repo.release_health_check_claim(checking(w, hc_start_attempts=1), "claim-1",
+                                                 placement_failed=True, retry_at=now + 60)
+        released = read(w)
+        assert released.state is InstanceState.HEALTH_CHECK_PENDING and released.hc_start_attempts == 2
+        assert stored.HEALTH_CHECK.read(released) == TaskClaim("", 0.0, "")
+        assert released.hc_lease_until is None
+        assert released.deadline_at == now + 60
+        assert w.repo.release_health_check_claim(checking(w, hc_start_attempts=1), "claim-1",
+                                                 placement_failed=False, retry_at=now + 60)
+        assert read(w).hc_start_attempts == 1
+        running = checking(w, hc_start_attempts=1, hc_task_arn="arn:hc")
+        assert not w.repo.release_health_check_claim(running, "claim-1", placement_failed=True, retry_at=now)
+        assert not w.repo.retry_health_check(running, "claim-2", now + 60)  # another claim's
+        assert w.repo.retry_health_check(running, "claim-1", now + 60)
+        retried = read(w)
+        assert retried.state is InstanceState.HEALTH_CHECK_PENDING and retried.hc_start_attempts == 2
+        assert stored.HEALTH_CHECK.read(retried) == TaskClaim("", 0.0, "")

@@ -11,11 +11,11 @@ up). What differs between kinds is data (the task definition, its group and tag,
 its environment goes to, where its claim is stored) and what the stage does with a task not
 placed or started, which stays the stage's. Every kind's claim is declared where it is stored
 (:class:`ClaimFields`) and written by the same intents (``repository.node_task_claims``: a
-task recorded, a dead claim taken over). A GPU reset and a validation also share how a claim
-is made (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a live claim is its
-claimer's, a dead one is taken over, a new one waits for the node's GPUs); the health check's
-claim moves the node to HEALTH_CHECKING and takes a slot of the cluster's and of its job's
-checks in the same write, so making and giving back that claim stay its own.
+task recorded, a dead claim taken over, a claim given back). A GPU reset and a validation
+also share how a claim is made (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a
+live claim is its claimer's, a dead one is taken over, a new one waits for the node's GPUs);
+the health check's claim moves the node to HEALTH_CHECKING and takes a slot of the
+cluster's and of its job's checks in the same write, so making that claim stays its own.
 """
 
 from __future__ import annotations

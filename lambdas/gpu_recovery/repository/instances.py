@@ -24,15 +24,16 @@ from gpu_recovery.repository.health_check_slots import (
     HealthCheckClaim,
     HealthCheckSlots,
 )
-from gpu_recovery.repository.tables import RecoveryTables
+from gpu_recovery.repository.node_task_claims import HEALTH_CHECK as CHECK_CLAIM
+from gpu_recovery.repository.node_task_claims import NodeTaskClaims
 
 #: What a reboot request forgets of the agent's last outage (``record_agent_disconnected``).
 AGENT_OUTAGE_ATTRIBUTES = ("disconnected_at", "disconnected_version", "disconnected_agent", "reconnected_at",
                            "reconnected_version", "reconnected_agent")
 
 
-class Instances(RecoveryTables):
-    """Reads and intents of container instances."""
+class Instances(NodeTaskClaims):
+    """Reads and intents of container instances (a node task's claim among them)."""
 
     # ==================================================================== reads
     def get_instance(self, container_inst_id: str) -> Instance | None:
@@ -139,30 +140,19 @@ class Instances(RecoveryTables):
     def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
                                    retry_at: float) -> bool:
         """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING, its slot
-        given back (after the commit)."""
-        return self._released(instance, [self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
-            to=InstanceState.HEALTH_CHECK_PENDING,
-            increments={"hc_start_attempts": 1} if placement_failed else {},
-            remove_fields=["hc_started_by", "hc_lease_until", *HealthCheckSlots.held_attributes()],
-            deadline_at=retry_at,
-            extra_condition="#sb = :sb AND attribute_not_exists(#arn)",
-            extra_values={":sb": started_by},
-            extra_names={"#sb": "hc_started_by", "#arn": "hc_task_arn"},
-        ), *self.slots.release(instance)])
+        given back (after the commit); a placement that failed counts as an attempt."""
+        return self._released(instance, [self.release_update(
+            CHECK_CLAIM, instance, started_by, retry_at, counted=placement_failed,
+            to=InstanceState.HEALTH_CHECK_PENDING, also_removed=HealthCheckSlots.held_attributes()),
+            *self.slots.release(instance)])
 
     def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool:
         """The check ended without a verdict (image pull, OOM...): run it again (its slot
         given back after the commit; it takes one again when it starts)."""
-        return self._released(instance, [self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECKING],
-            to=InstanceState.HEALTH_CHECK_PENDING, increments={"hc_start_attempts": 1},
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until",
-                           *HealthCheckSlots.held_attributes()],
-            deadline_at=retry_at,
-            extra_condition="#sb = :sb", extra_values={":sb": started_by},
-            extra_names={"#sb": "hc_started_by"},
-        ), *self.slots.release(instance)])
+        return self._released(instance, [self.release_update(
+            CHECK_CLAIM, instance, started_by, retry_at, attempt_used=True,
+            to=InstanceState.HEALTH_CHECK_PENDING, also_removed=HealthCheckSlots.held_attributes()),
+            *self.slots.release(instance)])
 
     def _released(self, instance: Instance, updates: list[Update], *, leaving: bool = True) -> bool:
         """A way out of HEALTH_CHECKING committed, then (``leaving``) its slots given back

@@ -10,22 +10,24 @@ the claim itself, so a delivery that died between two writes is finished by the 
 by the sweep, never repeated; a write that must hold only on the claim as read (a failed
 validation's decision, its stall) takes its condition from the declaration (``held``).
 
-The health check's claim is declared too (``HEALTH_CHECK``): its task is recorded and a dead
-claim taken over by the same intents. Its claim and its release are its own
-(``instances``): they move the node between HEALTH_CHECK_PENDING and HEALTH_CHECKING and take
-or give back a slot of the cluster's and of its job's share in the same transaction.
+The health check's claim is declared too (``HEALTH_CHECK``): its task is recorded, a dead
+claim taken over and a claim given back by the same intents (its release, ``release_update``,
+also moves the node back to HEALTH_CHECK_PENDING and drops its slots' attributes, in
+``instances``). Making it is its own (``instances.claim_health_check``): the claim moves the
+node to HEALTH_CHECKING and takes a slot of the cluster's and of its job's share in one
+transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.instances import Instances
+from gpu_recovery.repository.tables import RecoveryTables
 
 # A condition with its values and names, as ``instance_update`` takes them.
 Condition = tuple[str, dict[str, Any], dict[str, str]]
@@ -118,10 +120,11 @@ def _check(instance: Instance) -> Condition:
 
 # Its time runs from its claim (``hc_claimed_at``), its lease is kept apart.
 HEALTH_CHECK = ClaimFields("hc_started_by", "hc_claimed_at", "hc_task_arn", _check,
-                           state=InstanceState.HEALTH_CHECKING, lease_until="hc_lease_until")
+                           attempts="hc_start_attempts", state=InstanceState.HEALTH_CHECKING,
+                           lease_until="hc_lease_until")
 
 
-class NodeTaskClaims(Instances):
+class NodeTaskClaims(RecoveryTables):
     """A node task's claim, for every kind declared by :class:`ClaimFields`."""
 
     def _claim_update(self, fields: ClaimFields, instance: Instance, claim: str, values: dict[str, Any],
@@ -166,16 +169,27 @@ class NodeTaskClaims(Instances):
         """Nothing runs: StartTask refused or placed nothing (no task recorded), or the task
         ended without a verdict (``attempt_used``: counted, the next start is a new attempt
         with its own startedBy). The next try claims it again at ``retry_at``."""
+        return self.db.apply(self.release_update(fields, instance, started_by, retry_at,
+                                                 attempt_used=attempt_used))
+
+    def release_update(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
+                       attempt_used: bool = False, counted: bool | None = None,
+                       also_removed: Sequence[str] = (), **changes: Any) -> Update:
+        """``release_node_task``'s write, for a kind whose release does more in it (the health
+        check's: back to HEALTH_CHECK_PENDING, its slots' attributes removed). ``counted``:
+        the attempt is counted (by default when it was used)."""
         sb, names = _names(fields.started_by, "sb")
         claim = f"{sb} = :sb"
         if not attempt_used:
             ta, ta_names = _names(fields.task_arn, "ta")
             claim, names = f"{claim} AND attribute_not_exists({ta})", {**names, **ta_names}
-        counted = {fields.attempts: 1} if attempt_used and fields.attempts else None
-        removed = list(fields.paths if attempt_used else fields.paths[:2])
-        return self.db.apply(self._claim_update(
+        counted = attempt_used if counted is None else counted
+        removed = [*(fields.paths if attempt_used else fields.paths[:2]),
+                   *([fields.lease_until] if fields.lease_until else []), *also_removed]
+        return self._claim_update(
             fields, instance, claim, {":sb": started_by}, names, remove_fields=removed,
-            increments=counted, deadline_at=retry_at))
+            increments={fields.attempts: 1} if counted and fields.attempts else None, deadline_at=retry_at,
+            **changes)
 
     def record_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
                          deadline_at: float) -> bool:
