@@ -14,8 +14,8 @@ placed or started, which stays the stage's. Every kind's claim is declared where
 task recorded, a dead claim taken over, a claim given back). A GPU reset and a validation
 also share how a claim is made (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a
 live claim is its claimer's, a dead one is taken over, a new one waits for the node's GPUs);
-the health check's claim moves the node to HEALTH_CHECKING and takes a slot of the
-cluster's and of its job's checks in the same write, so making that claim stays its own.
+the health check's claim takes a slot of the cluster's and of its job's checks and moves the
+node to HEALTH_CHECKING, so making that claim stays its own.
 """
 
 from __future__ import annotations
