@@ -182,3 +182,17 @@ def test_a_health_check_s_claim_given_back_returns_the_node_to_pending_and_count
         retried = read(w)
         assert retried.state is InstanceState.HEALTH_CHECK_PENDING and retried.hc_start_attempts == 2
         assert stored.HEALTH_CHECK.read(retried) == TaskClaim("", 0.0, "")
+
+
+def test_a_validation_passes_only_on_its_own_claim_which_must_exist() -> None:
+    """A pass is its task's result: with no claim read (nothing ran) or another claim's, it
+    does not land; on its own claim the node is AVAILABLE."""
+    with world() as w:
+        unclaimed = validating(w)
+        assert not w.repo.pass_validation(unclaimed, {"result": "passed"}, w.now[0])
+        stale = validating(w, started_by="claim-1", claimed_at=w.now[0], task_arn="arn:task")
+        validating(w, started_by="claim-2", claimed_at=w.now[0], task_arn="arn:task-2")  # a new attempt's
+        assert not w.repo.pass_validation(stale, {"result": "passed"}, w.now[0])
+        assert read(w).state is InstanceState.REBOOTING
+        assert w.repo.pass_validation(read(w), {"result": "passed"}, w.now[0])
+        assert read(w).state is InstanceState.AVAILABLE

@@ -72,9 +72,9 @@ class GpuResetData(Protocol):
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def fall_back_to_reboot(self, instance: Instance, *, started_by: str, result: dict[str, Any],
-                            reason: str, fault_history: list[dict[str, Any]] | None, now: float,
-                            deadline_at: float, also: Sequence[Update] = ()) -> bool: ...
+    def fall_back_to_reboot(self, instance: Instance, *, result: dict[str, Any], reason: str,
+                            fault_history: list[dict[str, Any]] | None, now: float, deadline_at: float,
+                            also: Sequence[Update] = ()) -> bool: ...
 
 
 class GpuResets:
@@ -172,8 +172,7 @@ class GpuResets:
                             "rebooted, then replaced, by escalation.")
         reason = f"reboot: GPU reset failed ({why})"
         if not repo.fall_back_to_reboot(
-                instance, started_by=instance.reset_started_by,
-                result={**(result or {}), "result": "failed", "why": why[:300], "at": now},
+                instance, result={**(result or {}), "result": "failed", "why": why[:300], "at": now},
                 reason=reason, fault_history=history, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
                 also=self.notices.owe([notice], now)):
             return "raced"

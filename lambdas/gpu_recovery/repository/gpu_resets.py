@@ -15,20 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_recovery.domain.models import Instance
-from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
 from gpu_recovery.repository.node_task_claims import GPU_RESET as CLAIM
 
 # The reset attributes a new decision (or a fallback) clears.
 RESET_ATTRIBUTES = ("reset_pending", *CLAIM.paths)
-
-_NAMES = {"#rq": "reboot_requested_at", "#rp": "reset_pending", "#sb": "reset_started_by"}
-
-
-def _names(*keys: str) -> dict[str, str]:
-    return {k: _NAMES[k] for k in keys}
-
 
 class GpuResets(Instances):
     """Intents of a node's GPU reset (its claim's are ``node_task_claims``'s, ``GPU_RESET``)."""
@@ -43,25 +35,19 @@ class GpuResets(Instances):
                                        last_reset=result, validation=validation,
                                        validating_cordon=validating_cordon)
 
-    def fall_back_to_reboot(self, instance: Instance, *, started_by: str, result: dict[str, Any],
-                            reason: str, fault_history: list[dict[str, Any]] | None, now: float,
-                            deadline_at: float, also: Sequence[Update] = ()) -> bool:
+    def fall_back_to_reboot(self, instance: Instance, *, result: dict[str, Any], reason: str,
+                            fault_history: list[dict[str, Any]] | None, now: float, deadline_at: float,
+                            also: Sequence[Update] = ()) -> bool:
         """The reset failed (or could not run, or its result never came): the node's decision
         becomes today's reboot (a new request: its own timeout), with the e-mail owed
-        (``also``) in the same transaction. ``started_by`` "": no task was ever claimed."""
-        claim = "#sb = :sb" if started_by else "attribute_not_exists(#sb)"
-        values: dict[str, Any] = {":rq": instance.reboot_requested_at}
-        if started_by:
-            values[":sb"] = started_by
+        (``also``) in the same transaction. On the reset's claim as read (none: no task was
+        ever claimed)."""
         fields: dict[str, Any] = {"last_reset": result, "reboot_requested_at": now,
                                   "reboot_reason": reason[:300]}
         if fault_history is not None:
             fields["fault_history"] = fault_history
-        return self.db.transact([self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING], set_fields=fields,
-            remove_fields=[*RESET_ATTRIBUTES, "reboot_claimed_at", "reboot_issued_at",
-                           *AGENT_OUTAGE_ATTRIBUTES],
-            deadline_at=deadline_at,
-            extra_condition=f"#rq = :rq AND attribute_exists(#rp) AND {claim}",
-            extra_values=values, extra_names=_names("#rq", "#rp", "#sb"),
-        ), *also])
+        condition, values, names = CLAIM.held(instance)
+        removed = [*RESET_ATTRIBUTES, "reboot_claimed_at", "reboot_issued_at", *AGENT_OUTAGE_ATTRIBUTES]
+        return self.db.transact([self.claim_update(CLAIM, instance, condition, values, names,
+                                                   set_fields=fields, remove_fields=removed,
+                                                   deadline_at=deadline_at), *also])

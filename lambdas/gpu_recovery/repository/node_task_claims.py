@@ -73,6 +73,13 @@ class ClaimFields:
             return f"{path} = :{tag}", {f":{tag}": started_by}, names
         return f"attribute_not_exists({path})", {}, names
 
+    def serving(self, instance: Instance, tag: str = "sb") -> Condition:
+        """What the claim serves (``scope``) and the claim as read (``held``), both."""
+        scope, scope_values, scope_names = self.scope(instance)
+        claim, claim_values, claim_names = self.held(instance, tag)
+        return (" AND ".join(part for part in (scope, claim) if part), {**scope_values, **claim_values},
+                {**scope_names, **claim_names})
+
     def claimed(self, instance: Instance, started_by: str, claimed_at: float) -> Instance:
         """``instance`` as a claim (or a take-over) wrote it."""
         return _set(_set(instance, self.started_by, started_by), self.claimed_at, claimed_at)
@@ -126,8 +133,10 @@ HEALTH_CHECK = ClaimFields("hc_started_by", "hc_claimed_at", "hc_task_arn", _che
 class NodeTaskClaims(RecoveryTables):
     """A node task's claim, for every kind declared by :class:`ClaimFields`."""
 
-    def _claim_update(self, fields: ClaimFields, instance: Instance, claim: str, values: dict[str, Any],
-                      names: dict[str, str], **changes: Any) -> Update:
+    def claim_update(self, fields: ClaimFields, instance: Instance, claim: str, values: dict[str, Any],
+                     names: dict[str, str], **changes: Any) -> Update:
+        """A write on the node while its kind's claim is held (its state), on what the claim
+        serves (its scope) and on ``claim`` (a condition on the claim itself, "": none)."""
         scope, scope_values, scope_names = fields.scope(instance)
         return self.instance_update(
             instance.container_inst_id, from_states=[fields.state],
@@ -139,7 +148,7 @@ class NodeTaskClaims(RecoveryTables):
         """The intent to start the task (one claimer), committed before StartTask; the sweep
         looks at it at ``lease_until`` (its claimer may have died)."""
         sb, names = _names(fields.started_by, "sb")
-        return self.db.apply(self._claim_update(
+        return self.db.apply(self.claim_update(
             fields, instance, f"attribute_not_exists({sb})", {}, names,
             set_fields={fields.started_by: started_by, fields.claimed_at: now}, deadline_at=lease_until))
 
@@ -158,7 +167,7 @@ class NodeTaskClaims(RecoveryTables):
             lease, lease_names = _names(fields.claimed_at, "ca")
             ended = f"{lease} = :ca"
             lease_values, renewed = {":ca": _get(instance, fields.claimed_at)}, {fields.claimed_at: now}
-        return self.db.apply(self._claim_update(
+        return self.db.apply(self.claim_update(
             fields, instance, f"{sb} = :sb AND attribute_not_exists({ta}) AND {ended}",
             {":sb": fields.read(instance).started_by, **lease_values},
             {**sb_names, **ta_names, **lease_names}, set_fields=renewed, deadline_at=lease_until))
@@ -185,7 +194,7 @@ class NodeTaskClaims(RecoveryTables):
         counted = attempt_used if counted is None else counted
         removed = [*(fields.paths if attempt_used else fields.paths[:2]),
                    *([fields.lease_until] if fields.lease_until else []), *also_removed]
-        return self._claim_update(
+        return self.claim_update(
             fields, instance, claim, {":sb": started_by}, names, remove_fields=removed,
             increments={fields.attempts: 1} if counted and fields.attempts else None, deadline_at=retry_at,
             **changes)
@@ -195,11 +204,11 @@ class NodeTaskClaims(RecoveryTables):
         """StartTask answered (or the task's STOPPED event came first): the task to wait for
         (its STOPPED event, or the sweep's look); a lease kept apart ends with it."""
         sb, names = _names(fields.started_by, "sb")
-        return self.db.apply(self._claim_update(
+        return self.db.apply(self.claim_update(
             fields, instance, f"{sb} = :sb", {":sb": started_by}, names,
             set_fields={fields.task_arn: task_arn}, deadline_at=deadline_at,
             remove_fields=[fields.lease_until] if fields.lease_until else None))
 
     def rearm_node_task(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool:
         """Still waiting (GPUs busy, a claim in flight, the task running): looked at again then."""
-        return self.db.apply(self._claim_update(fields, instance, "", {}, {}, deadline_at=deadline_at))
+        return self.db.apply(self.claim_update(fields, instance, "", {}, {}, deadline_at=deadline_at))

@@ -35,41 +35,27 @@ from gpu_recovery.repository.node_task_claims import VALIDATION as CLAIM
 
 # The node's validation: set when it is back from its repair, removed by its result.
 VALIDATION = "validation"
-_NAMES = {"#v": VALIDATION, "#si": "since", "#sb": "started_by"}
-
-
-def _names(*keys: str) -> dict[str, str]:
-    return {k: _NAMES[k] for k in keys}
 
 
 class Validations(Instances):
     """Intents of a repaired node's validation."""
 
-    def _update(self, instance: Instance, condition: str, values: dict[str, Any], names: dict[str, str],
-                **changes: Any) -> Update:
-        scope, scope_values, scope_names = CLAIM.scope(instance)
-        return self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            extra_condition=f"{scope} AND {condition}" if condition else scope,
-            extra_values={**scope_values, **values}, extra_names={**scope_names, **names}, **changes)
-
     def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool:
         """The validation passed: REBOOTING -> AVAILABLE, its cordon cleared, as a node back
         from its reboot used to be; the jobs waiting for it are released next (a deadline
-        lets the sweep finish that if this delivery dies)."""
-        return self.back_to_available(
-            instance, now, {"last_validation": result, "validated_at": now}, [VALIDATION, "suspect_fence"],
-            "#v.#si = :si AND #v.#sb = :sb",
-            {":si": instance.validation.get("since"), ":sb": instance.validation.get("started_by")},
-            _names("#v", "#si", "#sb"))
+        lets the sweep finish that if this delivery dies). On its task's claim as read: with
+        none read, nothing ran and nothing is written."""
+        if not CLAIM.read(instance).started_by:
+            return False
+        condition, values, names = CLAIM.serving(instance)
+        return self.back_to_available(instance, now, {"last_validation": result, "validated_at": now},
+                                      [VALIDATION, "suspect_fence"], condition, values, names)
 
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]:
         """The condition a failed validation's node decision is written on: this validation,
         this claim (none: a validation that timed out before any task was claimed)
         (``repository.node_decisions.NodeDecision.validation``)."""
-        scope, scope_values, scope_names = CLAIM.scope(instance)
-        claim, claim_values, claim_names = CLAIM.held(instance, "vsb")
-        return f"{scope} AND {claim}", {**scope_values, **claim_values}, {**scope_names, **claim_names}
+        return CLAIM.serving(instance, "vsb")
 
     def job_history_note(self, job: Job, note: str) -> Update:
         """A line in a waiting job's history (no state change: its node was repaired again),
@@ -130,6 +116,6 @@ class Validations(Instances):
         fields: dict[str, Any] = {f"{VALIDATION}.attempts": 0, f"{VALIDATION}.until": until}
         if not instance.validation.get("stalled_at"):
             fields[f"{VALIDATION}.stalled_at"] = now
-        update = self._update(instance, condition, values, names, set_fields=fields,
-                              remove_fields=list(CLAIM.paths), deadline_at=now + 60)
+        update = self.claim_update(CLAIM, instance, condition, values, names, set_fields=fields,
+                                   remove_fields=list(CLAIM.paths), deadline_at=now + 60)
         return self.db.transact([update, *also]) if also else self.db.apply(update)
