@@ -76,6 +76,7 @@ from .events import ACCOUNT_ID, REGION
 from .health_verdicts import HEALTH_CHECK_LOG_GROUP
 from .moto_patches import (
     NoSleepTime,
+    compare_missing_attributes_as_dynamodb_does,
     install_emulator_speedups,
     make_dynamodb_writes_atomic,
     pass_start_task_network_configuration,
@@ -232,6 +233,7 @@ class LocalAws:
         # collect each flow's calls in every pytest worker and break them by position).
         mock_random.seed(0)
         make_dynamodb_writes_atomic()
+        compare_missing_attributes_as_dynamodb_does()
         pass_start_task_network_configuration()
         install_emulator_speedups()
         # moto advances a described task RUNNING -> ... -> STOPPED on its own; the

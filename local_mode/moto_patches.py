@@ -76,6 +76,33 @@ def make_dynamodb_writes_atomic() -> None:
         setattr(DynamoDBBackend, name, atomic)
 
 
+def compare_missing_attributes_as_dynamodb_does() -> None:
+    """A comparison with an attribute the item does not have: ``=`` is false and ``<>`` true,
+    whatever the other side (an ``{"NULL": true}`` value included), as DynamoDB compares the
+    types first. moto compares the Python values, so ``missing = :null`` held there: a
+    condition on a claim read as absent would pass in the emulator and fail in AWS.
+    Idempotent."""
+    from moto.dynamodb.comparisons import AttributePath, AttributeValue, OpEqual, OpNotEqual
+
+    def one_side_missing(lhs: Any, rhs: Any, item: Any) -> bool:
+        typed = (AttributePath, AttributeValue)  # size() and the like keep moto's rules
+        return item is not None and isinstance(lhs, typed) and isinstance(rhs, typed) \
+            and (lhs.get_type(item) is None) != (rhs.get_type(item) is None)
+
+    for op, missing in ((OpEqual, False), (OpNotEqual, True)):
+        compare = op.expr
+        if getattr(compare, "_types_first", False):
+            continue
+
+        def expr(self: Any, item: Any, __compare: Any = compare, __missing: bool = missing) -> bool:
+            if one_side_missing(self.lhs, self.rhs, item):
+                return __missing
+            return bool(__compare(self, item))
+
+        expr._types_first = True  # type: ignore[attr-defined]
+        op.expr = expr  # type: ignore[method-assign]
+
+
 class _Generic:
     """Marker: this value needs moto's generic, model-driven serialization."""
 

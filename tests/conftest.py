@@ -55,13 +55,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from local_mode.moto_patches import install_emulator_speedups
+    from local_mode.moto_patches import compare_missing_attributes_as_dynamodb_does, install_emulator_speedups
 
     config.addinivalue_line("markers", "slow: the slow tier, left out by --quick (make test)")
     config.addinivalue_line("markers", "campaign: a crash campaign's test (tests/crash_consistency; added "
                                        "to each by tests/conftest.py)")
     config.addinivalue_line("markers", "long: minutes on one core; its xdist group is handed out first")
     install_emulator_speedups()
+    compare_missing_attributes_as_dynamodb_does()  # every test's moto, not only the emulator's
     if config.getoption("--quick"):
         os.environ[TIER_ENV] = "quick"
 

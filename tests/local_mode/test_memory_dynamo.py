@@ -501,3 +501,33 @@ def test_boto3_type_rules_hold_floats_refused_and_bad_parameters_rejected() -> N
     assert item["s"] == {"a", "b"} and item["n"] == Decimal("1.5") and item["b"].value == b"\x00"
     item["s"].add("c")  # the caller's copy: the table is unchanged
     assert table.get_item(Key={C.INSTANCE_PK: "n1"})["Item"]["s"] == {"a", "b"}
+
+
+@pytest.mark.parametrize("store", ["moto", "memory"])
+def test_a_comparison_with_a_missing_attribute_is_false_and_not_equal_is_true_as_dynamodb_compares(
+        store: str) -> None:
+    """DynamoDB compares types first: a missing attribute is equal to nothing, a NULL value
+    included, and not equal to anything (moto's own rule let ``missing = :null`` hold)."""
+    def outcomes(table: Any) -> list[bool]:
+        table.put_item(Item={C.INSTANCE_PK: "n0", "validation": {"since": 1}})
+        results = []
+        for condition, value in (("#v.#sb = :x", None), ("#v.#sb = :x", "claim-1"), ("#v.#sb <> :x", None),
+                                 ("#v.#sb <> :x", "claim-1"), ("#v.#si = :x", 1), ("#v.#si <> :x", None)):
+            try:
+                table.update_item(Key={C.INSTANCE_PK: "n0"}, UpdateExpression="SET #m = :m",
+                                  ConditionExpression=condition,
+                                  ExpressionAttributeNames={"#v": "validation", "#m": "mark", **(
+                                      {"#sb": "started_by"} if "#sb" in condition else {"#si": "since"})},
+                                  ExpressionAttributeValues={":x": value, ":m": 1})
+                results.append(True)
+            except ClientError as error:
+                assert error.response["Error"]["Code"] == "ConditionalCheckFailedException"
+                results.append(False)
+        return results
+
+    expected = [False, False, True, True, True, True]
+    if store == "memory":
+        assert outcomes(_memory().Table(INSTANCES)) == expected
+    else:
+        with LocalAws() as local:
+            assert outcomes(local.resource("dynamodb").Table(INSTANCES)) == expected
