@@ -39,12 +39,7 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.goodput_metrics import job_failed
-from gpu_recovery.recovery.health_check_verdicts import (
-    CHECK_CLAIM,
-    VERDICT_ROUNDS,
-    CheckVerdictData,
-    HealthCheckVerdicts,
-)
+from gpu_recovery.recovery.health_check_verdicts import VERDICT_ROUNDS, CheckVerdictData, HealthCheckVerdicts
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import (
@@ -66,6 +61,7 @@ from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.health_check_slots import Claim, HealthCheckClaim, HealthCheckSlots
 from gpu_recovery.repository.node_decisions import JobVerdict
+from gpu_recovery.repository.node_task_claims import HEALTH_CHECK as CHECK_CLAIM
 from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
 

@@ -75,10 +75,7 @@ class ClaimFields:
 
     def serving(self, instance: Instance, tag: str = "sb") -> Condition:
         """What the claim serves (``scope``) and the claim as read (``held``), both."""
-        scope, scope_values, scope_names = self.scope(instance)
-        claim, claim_values, claim_names = self.held(instance, tag)
-        return (" AND ".join(part for part in (scope, claim) if part), {**scope_values, **claim_values},
-                {**scope_names, **claim_names})
+        return _both(self.scope(instance), self.held(instance, tag))
 
     def claimed(self, instance: Instance, started_by: str, claimed_at: float) -> Instance:
         """``instance`` as a claim (or a take-over) wrote it."""
@@ -98,6 +95,12 @@ def _set(instance: Instance, path: str, value: Any) -> Instance:
     return replace(instance, **{attribute: value})
 
 
+def _both(first: Condition, second: Condition) -> Condition:
+    """Two conditions that must both hold (either may be "": none)."""
+    return (" AND ".join(part for part in (first[0], second[0]) if part), {**first[1], **second[1]},
+            {**first[2], **second[2]})
+
+
 def _names(path: str, tag: str) -> tuple[str, dict[str, str]]:
     """``path`` as a condition names it (``#<tag>0.#<tag>1`` for a map's key)."""
     names = {f"#{tag}{i}": part for i, part in enumerate(path.split("."))}
@@ -115,15 +118,15 @@ def _validation(instance: Instance) -> Condition:
     return "#v.#si = :si", {":si": instance.validation.get("since")}, {"#v": "validation", "#si": "since"}
 
 
-GPU_RESET = ClaimFields("reset_started_by", "reset_claimed_at", "reset_task_arn", _decision)
-VALIDATION = ClaimFields("validation.started_by", "validation.claimed_at", "validation.task_arn", _validation,
-                         attempts="validation.attempts")
 def _check(instance: Instance) -> Condition:
     """A health check's claim serves the check the node is in (its state, HEALTH_CHECKING,
     which the verdict or the claim's release ends): no condition besides."""
     return "", {}, {}
 
 
+GPU_RESET = ClaimFields("reset_started_by", "reset_claimed_at", "reset_task_arn", _decision)
+VALIDATION = ClaimFields("validation.started_by", "validation.claimed_at", "validation.task_arn", _validation,
+                         attempts="validation.attempts")
 # Its time runs from its claim (``hc_claimed_at``), its lease is kept apart.
 HEALTH_CHECK = ClaimFields("hc_started_by", "hc_claimed_at", "hc_task_arn", _check,
                            attempts="hc_start_attempts", state=InstanceState.HEALTH_CHECKING,
@@ -137,11 +140,10 @@ class NodeTaskClaims(RecoveryTables):
                      names: dict[str, str], **changes: Any) -> Update:
         """A write on the node while its kind's claim is held (its state), on what the claim
         serves (its scope) and on ``claim`` (a condition on the claim itself, "": none)."""
-        scope, scope_values, scope_names = fields.scope(instance)
+        condition, values, names = _both(fields.scope(instance), (claim, values, names))
         return self.instance_update(
-            instance.container_inst_id, from_states=[fields.state],
-            extra_condition=" AND ".join(part for part in (scope, claim) if part) or None,
-            extra_values={**scope_values, **values}, extra_names={**scope_names, **names}, **changes)
+            instance.container_inst_id, from_states=[fields.state], extra_condition=condition or None,
+            extra_values=values, extra_names=names, **changes)
 
     def claim_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
                         lease_until: float) -> bool:
