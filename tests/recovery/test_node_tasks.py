@@ -5,6 +5,8 @@ answer (recorded, given back, kept until its lease expires). The stages' own tes
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import boto3
 import pytest
 
@@ -267,3 +269,70 @@ def test_the_sweep_s_look_asks_again_once_before_it_calls_a_task_gone() -> None:
         w.ecs.describe_task = described  # type: ignore[method-assign]
         w.ecs.missing_tasks.add(arn)  # MISSING twice in a row: gone
         assert tasks.look(arn) is None
+
+
+def test_a_claim_s_lease_ends_where_its_kind_keeps_it_and_a_take_over_renews_it_there() -> None:
+    """A reset's lease runs from its claim time, which a take-over moves; a check's is kept
+    apart (``hc_lease_until``), which a take-over renews, its claim time kept."""
+    reset = stored.GPU_RESET.claimed(Instance("node-a"), "claim-r", 100.0)
+    assert not stored.GPU_RESET.lease_ended(reset, 174.0, 75)
+    assert stored.GPU_RESET.lease_ended(reset, 175.0, 75)
+    assert stored.GPU_RESET.read(stored.GPU_RESET.taken_over(reset, 200.0, 275.0)).claimed_at == 200.0
+    check = replace(stored.HEALTH_CHECK.claimed(Instance("node-a"), "claim-h", 100.0), hc_lease_until=500.0)
+    assert not stored.HEALTH_CHECK.lease_ended(check, 499.0, 75)  # its claim time is not its lease
+    assert stored.HEALTH_CHECK.lease_ended(check, 500.0, 75)
+    taken = stored.HEALTH_CHECK.taken_over(check, 600.0, 675.0)
+    assert (taken.hc_claimed_at, taken.hc_lease_until) == (100.0, 675.0)
+
+
+def checking(w: World, **claim: object) -> Instance:
+    """node-a in its health check, claimed by ``claim-1`` an hour ago, its lease ended."""
+    item = {C.INSTANCE_PK: "node-a", "instance_state": InstanceState.HEALTH_CHECKING.value,
+            "hc_started_by": "claim-1", "hc_claimed_at": w.now[0] - 100, "hc_lease_until": w.now[0] - 25,
+            **claim}
+    boto3.resource("dynamodb", region_name="us-east-1").Table("instances").put_item(Item=to_ddb(item))
+    instance = w.repo.get_instance("node-a")
+    assert instance is not None
+    return instance
+
+
+def test_a_health_check_s_dead_claim_is_taken_over_the_way_every_kind_s_is() -> None:
+    """The check's take-over is the component's: within its lease it is its claimer's; once
+    the lease ended, one taker; a task its claimer started is found by its startedBy and
+    recorded (looked at within the check's own poll interval); else the taker starts it."""
+    tasks_of = node_tasks.HEALTH_CHECK
+    with world() as w:
+        tasks = w.service.node_tasks
+        live = checking(w, hc_lease_until=w.now[0] + 10)
+        assert tasks.take_over(tasks_of, live, w.now[0], deadline=w.now[0] + 3600).step == "claimed"
+        dead = checking(w)
+        taken = tasks.take_over(tasks_of, dead, w.now[0], deadline=w.now[0] + 3600)
+        assert taken.step == "taken" and taken.instance is not None
+        lease_until = w.now[0] + C.CLAIM_LEASE_SECONDS
+        assert (taken.instance.hc_claimed_at, taken.instance.hc_lease_until) == (w.now[0] - 100, lease_until)
+        assert w.repo.get_instance("node-a").hc_lease_until == taken.instance.hc_lease_until
+        assert tasks.take_over(tasks_of, dead, w.now[0], deadline=w.now[0] + 3600).step == "raced"
+    with world() as w:
+        tasks = w.service.node_tasks
+        task = w.ecs.start_task(task_definition="dcgm", container_instance_arn="node-a",
+                                started_by="claim-1").task_arns[0]
+        found = tasks.take_over(tasks_of, checking(w), w.now[0], deadline=w.now[0] + 3600)
+        assert (found.step, found.task_arn, found.instance) == ("found", task, None)
+        recorded = w.repo.get_instance("node-a")
+        assert stored.HEALTH_CHECK.read(recorded) == TaskClaim("claim-1", w.now[0] - 100, task)
+        assert recorded.deadline_at == w.now[0] + node_tasks.HEALTH_CHECK_POLL_SECONDS
+        assert w.ecs.start_calls == [1] and len(w.ecs.tasks) == 1  # the claimer's; none started since
+
+
+def test_a_recorded_task_is_looked_at_within_its_kind_s_poll_interval_and_by_its_deadline() -> None:
+    with world() as w:
+        tasks = w.service.node_tasks
+        instance = checking(w)
+        tasks.record(node_tasks.HEALTH_CHECK, instance, "claim-1", "arn:hc", deadline=w.now[0] + 3600)
+        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + node_tasks.HEALTH_CHECK_POLL_SECONDS
+        reset = resetting(w, reset_started_by="claim-r", reset_claimed_at=w.now[0])
+        tasks.record(node_tasks.GPU_RESET, reset, "claim-r", "arn:r", deadline=w.now[0] + 3600)
+        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + node_tasks.POLL_SECONDS
+        reset = resetting(w, reset_started_by="claim-r", reset_claimed_at=w.now[0])
+        tasks.record(node_tasks.GPU_RESET, reset, "claim-r", "arn:r", deadline=w.now[0] + 30)
+        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + 30  # out of time first

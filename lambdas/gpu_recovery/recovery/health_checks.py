@@ -61,7 +61,6 @@ from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.health_check_slots import Claim, HealthCheckClaim, HealthCheckSlots
 from gpu_recovery.repository.node_decisions import JobVerdict
-from gpu_recovery.repository.node_task_claims import HEALTH_CHECK as CHECK_CLAIM
 from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
 
@@ -76,9 +75,9 @@ logger = logging.getLogger(__name__)
 # back: pending, due when its token is, for the sweep (no failed invocation, no retry).
 EVENT_START_TURN_SECONDS = 25.0
 START_TURN_SECONDS = 5.0
-# A running check is looked at this often by the sweep: a verdict event that never
+# A running check is looked at this often by the sweep (its kind declares it): a verdict event that never
 # arrived is read from DescribeTasks instead.
-POLL_SECONDS = 300
+POLL_SECONDS = node_tasks.HEALTH_CHECK.poll_seconds
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
 
 
@@ -255,11 +254,13 @@ class HealthChecks:
         inst_id = instance.container_inst_id
         now = clock.now()
         if instance.state is InstanceState.HEALTH_CHECKING:
-            if instance.hc_task_arn or (instance.hc_lease_until or 0.0) > now:
-                return None  # running, or its claimer may still be starting it
-            if not self.data.take_over_node_task(CHECK_CLAIM, instance, now, now + CLAIM_LEASE_SECONDS):
-                return None
-            return self._start(instance, instance.hc_started_by, look_up_first=True, turn_within=turn_within)
+            if instance.hc_task_arn:
+                return None  # running
+            taken = self.tasks.take_over(node_tasks.HEALTH_CHECK, instance, now,
+                                         deadline=self._deadline(instance))
+            if taken.instance is not None:
+                return self._start(taken.instance, instance.hc_started_by, turn_within=turn_within)
+            return taken.task_arn or None  # found; or its claimer may still be starting it
         if instance.state is not InstanceState.HEALTH_CHECK_PENDING:
             return None
         if instance.hc_start_attempts and not instance.hc_waiting_for_slot \
@@ -286,7 +287,7 @@ class HealthChecks:
             return None
         # The instance as the claim wrote it: a release gives the slot back to the shard and
         # the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
-        return self._start(claimed.instance, started_by, look_up_first=False, turn_within=turn_within)
+        return self._start(claimed.instance, started_by, turn_within=turn_within)
 
     def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
         """A slot of ``job_id``'s was given back: start its next waiting checks."""
@@ -297,24 +298,20 @@ class HealthChecks:
                 started.append(inst_id)
         return started
 
-    def _start(self, instance: Instance, started_by: str, *, look_up_first: bool,
+    def _start(self, instance: Instance, started_by: str, *,
                turn_within: float = START_TURN_SECONDS) -> str | None:
         """StartTask on the claimed instance, once its turn at the ECS budget has come (the
         claim, leased for longer than any turn, keeps a redelivered event from taking a
         token of its own)."""
         repo = self.data
-        if look_up_first:
-            found = self.tasks.found(started_by)
-            if found:
-                self._record_task(instance, started_by, found)
-                return found
         try:
             placed = self.tasks.start(
                 node_tasks.HEALTH_CHECK, instance, started_by, turn_within=turn_within,
                 release=lambda: repo.release_health_check_claim(  # refused: tried again in a minute
                     instance, started_by, placement_failed=False,
                     retry_at=clock.now() + RETRY_INTERVAL_SECONDS),
-                record=lambda task_arn: self._record_task(instance, started_by, task_arn))
+                record=lambda task_arn: self.tasks.record(node_tasks.HEALTH_CHECK, instance, started_by,
+                                                          task_arn, deadline=self._deadline(instance)))
         except RateLimited as limited:
             # The stack's ECS budget has no turn in time: StartTask was never called. The
             # slot is given back at once (not held until the claim's lease expires) and the
@@ -340,12 +337,10 @@ class HealthChecks:
                 logger.warning("next health check not started", exc_info=True,
                                extra={"job_id": instance.hc_owner})
 
-    def _record_task(self, instance: Instance, started_by: str, task_arn: str) -> None:
-        now = clock.now()
-        started = instance.hc_claimed_at or instance.hc_requested_at or now
-        timeout_at = started + self.settings.health_check_timeout_seconds
-        self.data.record_node_task(CHECK_CLAIM, instance, started_by, task_arn,
-                                   min(timeout_at, now + POLL_SECONDS))
+    def _deadline(self, instance: Instance) -> float:
+        """The check's time limit, from its claim (a take-over keeps the claim's time)."""
+        started = instance.hc_claimed_at or instance.hc_requested_at or clock.now()
+        return started + self.settings.health_check_timeout_seconds
 
     # -------------------------------------------------------------------- sweep
     def _undiagnosed(self, instance: Instance, what: str) -> str:

@@ -11,9 +11,10 @@ up). What differs between kinds is data (the task definition, its group and tag,
 its environment goes to, where its claim is stored) and what the stage does with a task not
 placed or started, which stays the stage's. Every kind's claim is declared where it is stored
 (:class:`ClaimFields`) and written by the same intents (``repository.node_task_claims``: a
-task recorded, a dead claim taken over, a claim given back). A GPU reset and a validation
-also share how a claim is made (:meth:`NodeTasks.claim_and_start`: a recorded task runs, a
-live claim is its claimer's, a dead one is taken over, a new one waits for the node's GPUs);
+task recorded, a dead claim taken over, a claim given back), and every kind's dead claim is
+taken over and its task recorded here (:meth:`NodeTasks.take_over`, :meth:`NodeTasks.record`).
+A GPU reset and a validation also share how a claim is made (:meth:`NodeTasks.claim_and_start`:
+a recorded task runs, a claim with none is taken over, a new one waits for the node's GPUs);
 the health check's claim takes a slot of the cluster's and of its job's checks and moves the
 node to HEALTH_CHECKING, so making that claim stays its own.
 """
@@ -48,8 +49,10 @@ from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-# A running reset or validation task is looked at this often (its STOPPED event may be lost).
+# A running task is looked at this often (its STOPPED event may be lost): a reset or a
+# validation every two minutes, a health check (whose sweep also reads its verdict) every five.
 POLL_SECONDS = 120
+HEALTH_CHECK_POLL_SECONDS = 300
 
 
 @dataclass(frozen=True)
@@ -64,11 +67,13 @@ class NodeTaskKind:
     task_definition: Callable[[Settings], str]
     claim: ClaimFields  # where its claim is stored (``repository.node_task_claims``)
     container: str = ""  # the container an environment is handed to ("": none is)
+    poll_seconds: int = POLL_SECONDS  # a recorded task is looked at this often by the sweep
 
 
 HEALTH_CHECK = NodeTaskKind(name="health check", outcome="health_check", group=HEALTH_CHECK_GROUP,
                             purpose="dcgm-health-check", started_metric="HealthChecksStarted",
-                            task_definition=attrgetter("health_check_task"), claim=stored.HEALTH_CHECK)
+                            task_definition=attrgetter("health_check_task"), claim=stored.HEALTH_CHECK,
+                            poll_seconds=HEALTH_CHECK_POLL_SECONDS)
 GPU_RESET = NodeTaskKind(name="GPU reset", outcome="gpu_reset", group=GPU_RESET_GROUP, purpose="gpu-reset",
                          started_metric="GpuResetsStarted", task_definition=attrgetter("gpu_reset_task"),
                          claim=stored.GPU_RESET)
@@ -77,6 +82,15 @@ VALIDATION = NodeTaskKind(name="validation", outcome="validation", group=GPU_VAL
                           purpose="post-repair-validation", started_metric="ValidationsStarted",
                           task_definition=attrgetter("health_check_task"),
                           container=HEALTH_CHECK_CONTAINER_NAME, claim=stored.VALIDATION)
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """What :meth:`NodeTasks.take_over` found of a claim with no task recorded."""
+
+    step: str  # "claimed" (its lease runs), "raced", "found" (``task_arn``), "taken" (start it)
+    task_arn: str = ""
+    instance: Instance | None = None  # "taken": the node as the take-over wrote it
 
 
 @dataclass(frozen=True)
@@ -157,24 +171,19 @@ class NodeTasks:
         self.settings = settings
 
     def claim_and_start(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance) -> str:
-        """The claim's lifecycle up to StartTask: a task recorded runs; a claim within its
-        lease is its claimer's; a dead claim is taken over and its task looked up before one
-        is started; else, once no rank holds the GPUs, a new claim, then StartTask."""
+        """The claim's lifecycle up to StartTask: a task recorded runs; a claim with no task
+        recorded is its claimer's or taken over (:meth:`take_over`); else, once no rank
+        holds the GPUs, a new claim, then StartTask."""
         fields = kind.claim
         now = clock.now()
         claim = fields.read(instance)
         if claim.task_arn:
             return f"{kind.outcome}_running"
         if claim.started_by:
-            if claim.claimed_at + CLAIM_LEASE_SECONDS > now:
-                return f"{kind.outcome}_claimed"  # its claimer may still be starting it
-            if not self.data.take_over_node_task(fields, instance, now, now + CLAIM_LEASE_SECONDS):
-                return "raced"
-            found = self.found(claim.started_by)
-            if found:
-                self.record(kind, stage, instance, claim.started_by, found)
-                return f"{kind.outcome}_found"
-            return stage.start_task(fields.claimed(instance, claim.started_by, now), claim.started_by)
+            taken = self.take_over(kind, instance, now, deadline=stage.deadline(instance))
+            if taken.instance is not None:
+                return stage.start_task(taken.instance, claim.started_by)
+            return "raced" if taken.step == "raced" else f"{kind.outcome}_{taken.step}"
         busy = self.data.live_ranks_on_instance(instance.container_inst_id)
         if busy:
             logger.info(f"{kind.name} waits for the node's ranks to stop", extra={
@@ -186,19 +195,38 @@ class NodeTasks:
             return "raced"
         return stage.start_task(fields.claimed(instance, started_by, now), started_by)
 
+    def take_over(self, kind: NodeTaskKind, instance: Instance, now: float, *, deadline: float) -> TakeOver:
+        """A claim with no task recorded: its claimer's while its lease runs ("claimed": it
+        may still be starting the task); else taken over (one taker, "raced" for the others)
+        and its task looked up by its startedBy before one is started: "found" (recorded,
+        looked at by ``deadline``) or "taken" (the caller starts it, on the node as taken)."""
+        fields = kind.claim
+        if not fields.lease_ended(instance, now, CLAIM_LEASE_SECONDS):
+            return TakeOver("claimed")
+        if not self.data.take_over_node_task(fields, instance, now, now + CLAIM_LEASE_SECONDS):
+            return TakeOver("raced")
+        started_by = fields.read(instance).started_by
+        found = self.found(started_by)
+        if found:
+            self.record(kind, instance, started_by, found, deadline=deadline)
+            return TakeOver("found", found)
+        return TakeOver("taken", instance=fields.taken_over(instance, now, now + CLAIM_LEASE_SECONDS))
+
     def start_claimed(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance, started_by: str, *,
                       environment: Mapping[str, str] | None = None) -> Placed:
         """StartTask under a claim of ``claim_and_start``'s: refused, the claim given back."""
         return self.start(kind, instance, started_by, environment=environment,
                           release=lambda: self.release(kind, instance, started_by,
                                                        clock.now() + RETRY_INTERVAL_SECONDS),
-                          record=lambda task_arn: self.record(kind, stage, instance, started_by, task_arn))
+                          record=lambda task_arn: self.record(kind, instance, started_by, task_arn,
+                                                              deadline=stage.deadline(instance)))
 
-    def record(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance, started_by: str,
-               task_arn: str) -> None:
-        """The task to wait for: its STOPPED event, or the sweep's look within POLL_SECONDS."""
+    def record(self, kind: NodeTaskKind, instance: Instance, started_by: str, task_arn: str, *,
+               deadline: float) -> None:
+        """The task to wait for: its STOPPED event, or the sweep's look within the kind's
+        ``poll_seconds`` (by ``deadline`` at the latest, when the task is out of time)."""
         self.data.record_node_task(kind.claim, instance, started_by, task_arn,
-                                   min(stage.deadline(instance), clock.now() + POLL_SECONDS))
+                                   min(deadline, clock.now() + kind.poll_seconds))
 
     def release(self, kind: NodeTaskKind, instance: Instance, started_by: str, retry_at: float, *,
                 attempt_used: bool = False) -> bool:
@@ -212,7 +240,7 @@ class NodeTasks:
 
     def follow(self, kind: NodeTaskKind, stage: FollowsTask, instance: Instance, now: float) -> str:
         """The sweep's look at a node task within its time: a recorded task is looked at
-        (gone, stopped: the stage's; running: looked at again within POLL_SECONDS); else it
+        (gone, stopped: the stage's; running: looked at again within its poll interval); else it
         is started (the stage's ``start``), and a claim in flight looked at once its lease ends."""
         claim = kind.claim.read(instance)
         if claim.task_arn:
@@ -221,7 +249,7 @@ class NodeTasks:
                 return stage.gone(instance)
             if task.get("lastStatus") == "STOPPED":
                 return stage.on_stopped(EcsTaskDetail.model_validate(task)).action
-            self.rearm(kind, instance, min(stage.deadline(instance), now + POLL_SECONDS))
+            self.rearm(kind, instance, min(stage.deadline(instance), now + kind.poll_seconds))
             return f"{kind.outcome}_running"
         started = stage.start(instance)
         if started in (f"{kind.outcome}_claimed", "raced"):

@@ -279,8 +279,8 @@ class Validations:
         stopped = detail.stoppedAt.timestamp() if detail.stoppedAt else clock.now()
         if line is None and clock.now() < stopped + LOG_GRACE_SECONDS:
             # Its evidence (which GPU, which test) is on its way: the sweep's poll reads it.
-            self.tasks.record(node_tasks.VALIDATION, self, instance, str(instance.validation["started_by"]),
-                              detail.taskArn)
+            self.tasks.record(node_tasks.VALIDATION, instance, str(instance.validation["started_by"]),
+                              detail.taskArn, deadline=self.deadline(instance))
             self.tasks.rearm(node_tasks.VALIDATION, instance,
                              min(self.deadline(instance), clock.now() + RETRY_INTERVAL_SECONDS))
             return Outcome("validation_log_pending", detail={"instance": inst_id})

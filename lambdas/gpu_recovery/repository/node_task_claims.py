@@ -78,8 +78,21 @@ class ClaimFields:
         return _both(self.scope(instance), self.held(instance, tag))
 
     def claimed(self, instance: Instance, started_by: str, claimed_at: float) -> Instance:
-        """``instance`` as a claim (or a take-over) wrote it."""
+        """``instance`` as a claim wrote it."""
         return _set(_set(instance, self.started_by, started_by), self.claimed_at, claimed_at)
+
+    def lease_ended(self, instance: Instance, now: float, lease_seconds: float) -> bool:
+        """No claimer may still be starting the task: the lease kept apart has ended, or
+        ``lease_seconds`` have passed since the claim (or its last take-over)."""
+        if self.lease_until:
+            return float(_get(instance, self.lease_until) or 0.0) <= now
+        return self.read(instance).claimed_at + lease_seconds <= now
+
+    def taken_over(self, instance: Instance, now: float, lease_until: float) -> Instance:
+        """``instance`` as a take-over wrote it (``NodeTaskClaims.take_over_node_task``)."""
+        if self.lease_until:
+            return _set(instance, self.lease_until, lease_until)
+        return _set(instance, self.claimed_at, now)
 
 
 def _get(instance: Instance, path: str) -> Any:
