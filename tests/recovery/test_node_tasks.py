@@ -336,3 +336,12 @@ def test_a_recorded_task_is_looked_at_within_its_kind_s_poll_interval_and_by_its
         reset = resetting(w, reset_started_by="claim-r", reset_claimed_at=w.now[0])
         tasks.record(node_tasks.GPU_RESET, reset, "claim-r", "arn:r", deadline=w.now[0] + 30)
         assert w.repo.get_instance("node-a").deadline_at == w.now[0] + 30  # out of time first
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_every_kind_waits_while_a_live_rank_holds_the_node_s_gpus(kind: NodeTaskKind) -> None:
+    with world() as w:
+        assert not w.service.node_tasks.gpus_busy(kind, Instance("node-a"))
+        w.register_job("j", ["node-a", "node-b"])
+        assert w.service.node_tasks.gpus_busy(kind, Instance("node-a"))
+        assert not w.service.node_tasks.gpus_busy(kind, Instance("node-c"))

@@ -25,7 +25,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.escalation import history_from_item
-from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
@@ -94,7 +94,6 @@ class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
     slots: HealthCheckSlots
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
     def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float) -> bool: ...
     def join_health_check(self, inst_id: str, job_id: str) -> bool: ...
     def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
@@ -266,10 +265,7 @@ class HealthChecks:
         if instance.hc_start_attempts and not instance.hc_waiting_for_slot \
                 and (instance.deadline_at or 0.0) > now:
             return None  # a failed start backs off until its retry time (the sweep's)
-        busy = self.data.live_ranks_on_instance(inst_id)
-        if busy:
-            logger.info("health check waits for GPUs", extra={
-                "instance": inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
+        if self.tasks.gpus_busy(node_tasks.HEALTH_CHECK, instance):
             return None
         started_by = health_check_started_by(instance)
         owner = instance.check_owner

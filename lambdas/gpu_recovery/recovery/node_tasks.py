@@ -184,16 +184,21 @@ class NodeTasks:
             if taken.instance is not None:
                 return stage.start_task(taken.instance, claim.started_by)
             return "raced" if taken.step == "raced" else f"{kind.outcome}_{taken.step}"
-        busy = self.data.live_ranks_on_instance(instance.container_inst_id)
-        if busy:
-            logger.info(f"{kind.name} waits for the node's ranks to stop", extra={
-                "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
+        if self.gpus_busy(kind, instance):
             self.rearm(kind, instance, min(stage.deadline(instance), now + RETRY_INTERVAL_SECONDS))
             return f"{kind.outcome}_waiting_for_gpus"
         started_by = stage.new_started_by(instance)
         if not self.data.claim_node_task(fields, instance, started_by, now, now + CLAIM_LEASE_SECONDS):
             return "raced"
         return stage.start_task(fields.claimed(instance, started_by, now), started_by)
+
+    def gpus_busy(self, kind: NodeTaskKind, instance: Instance) -> bool:
+        """A rank still holds the node's GPUs: its task waits (no claim is made)."""
+        busy = self.data.live_ranks_on_instance(instance.container_inst_id)
+        if busy:
+            logger.info(f"{kind.name} waits for the node's ranks to stop", extra={
+                "instance": instance.container_inst_id, "busy_ranks": [f"{r.job_id}#{r.rank}" for r in busy]})
+        return bool(busy)
 
     def take_over(self, kind: NodeTaskKind, instance: Instance, now: float, *, deadline: float) -> TakeOver:
         """A claim with no task recorded: its claimer's while its lease runs ("claimed": it
