@@ -75,8 +75,8 @@ logger = logging.getLogger(__name__)
 # back: pending, due when its token is, for the sweep (no failed invocation, no retry).
 EVENT_START_TURN_SECONDS = 25.0
 START_TURN_SECONDS = 5.0
-# A running check is looked at this often by the sweep (its kind declares it): a verdict event that never
-# arrived is read from DescribeTasks instead.
+# A running check is looked at this often by the sweep (its kind declares it): a verdict
+# event that never arrived is read from DescribeTasks instead.
 POLL_SECONDS = node_tasks.HEALTH_CHECK.poll_seconds
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
 
@@ -259,7 +259,7 @@ class HealthChecks:
                                          deadline=self._deadline(instance))
             if taken.instance is not None:
                 return self._start(taken.instance, instance.hc_started_by, turn_within=turn_within)
-            return taken.task_arn or None  # found; or its claimer may still be starting it
+            return taken.task_arn or None  # found; else its claimer's still, or another taker's
         if instance.state is not InstanceState.HEALTH_CHECK_PENDING:
             return None
         if instance.hc_start_attempts and not instance.hc_waiting_for_slot \

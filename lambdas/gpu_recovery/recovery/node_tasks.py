@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import StartResult
@@ -88,7 +88,7 @@ VALIDATION = NodeTaskKind(name="validation", outcome="validation", group=GPU_VAL
 class TakeOver:
     """What :meth:`NodeTasks.take_over` found of a claim with no task recorded."""
 
-    step: str  # "claimed" (its lease runs), "raced", "found" (``task_arn``), "taken" (start it)
+    step: Literal["claimed", "raced", "found", "taken"]  # claimed: its lease runs; found: ``task_arn``
     task_arn: str = ""
     instance: Instance | None = None  # "taken": the node as the take-over wrote it
 
