@@ -35,12 +35,14 @@ RUN = [pytest.param(b, id=b.name, marks=[pytest.mark.slow] if b.page in SLOW_DOC
        for b in BLOCKS if b.mode == "run"]
 CHECKED = [b for b in BLOCKS if b.mode in ("needs-aws", "checked")]
 FRAGMENTS = [b for b in BLOCKS if b.mode == "fragment"]
-# The playground the blocks run against: 40 simulated seconds a second, jobs of 6 simulated
-# minutes (9 s; a checkpoint every 2), reboots of 60 s. Each block finds the cluster as a newcomer's
-# fresh playground is: the runner cancels what a block leaves running and resets the breaker
-# (its window empty); a node faulted by an earlier block is not escalated to replacement by a
-# later block's fault (the settings below), as it would not be on a fresh playground.
-PLAYGROUND_ARGS = ("--speed", "40", "--run-minutes", "6", "--reboot-seconds", "60",
+# The playground the blocks run against: 80 simulated seconds a second (the blocks mostly wait
+# on simulated time; a playground that cannot keep up slows its clock, it never skips an event),
+# jobs of 6 simulated minutes (4.5 s; a checkpoint every 2), reboots of 60 s. Each block finds
+# the cluster as a newcomer's fresh playground is: the runner cancels what a block leaves
+# running and resets the breaker (its window empty); a node faulted by an earlier block is not
+# escalated to replacement by a later block's fault (the settings below), as it would not be on
+# a fresh playground.
+PLAYGROUND_ARGS = ("--speed", "80", "--run-minutes", "6", "--reboot-seconds", "60",
                    "--setting", "reboots_before_replace=100", "--setting", "max_remediations=1000")
 
 
