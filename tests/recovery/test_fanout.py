@@ -18,7 +18,7 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.recovery import gang_restart
 from gpu_recovery.recovery import sweep as sweep_mod
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
-from gpu_recovery.recovery.health_checks import POLL_SECONDS
+from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
 from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, World, ci_arn, world
 
@@ -323,7 +323,7 @@ def test_one_sweep_works_through_more_due_items_than_a_page(monkeypatch: Any) ->
         for arn in arns:  # an NCCL cascade: every node a suspect
             w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
         _lose_verdicts(w, nodes)
-        w.advance(POLL_SECONDS + 1)
+        w.advance(HEALTH_CHECK_POLL_SECONDS + 1)
         w.service.sweep()
         job = w.repo.get_job("j")
         assert _verdicts_counted(w, "j") == 10, "one sweep polls every due check, 3 per page"
@@ -341,7 +341,7 @@ def test_a_sweep_short_of_time_leaves_the_rest_for_the_next(monkeypatch: Any) ->
         for arn in arns:
             w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
         _lose_verdicts(w, nodes)
-        w.advance(POLL_SECONDS + 1)
+        w.advance(HEALTH_CHECK_POLL_SECONDS + 1)
         budget = iter([60.0] * 3 + [1.0] * 1000)  # time for two steps, then out of time
         outcome = w.service.sweep(lambda: next(budget))
         assert _verdicts_counted(w, "j") < 10

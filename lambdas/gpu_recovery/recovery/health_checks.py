@@ -75,9 +75,6 @@ logger = logging.getLogger(__name__)
 # back: pending, due when its token is, for the sweep (no failed invocation, no retry).
 EVENT_START_TURN_SECONDS = 25.0
 START_TURN_SECONDS = 5.0
-# A running check is looked at this often by the sweep (its kind declares it): a verdict
-# event that never arrived is read from DescribeTasks instead.
-POLL_SECONDS = node_tasks.HEALTH_CHECK.poll_seconds
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
 
 
@@ -400,6 +397,5 @@ class HealthChecks:
             # Its STOPPED event was lost (or is still being retried): read it from ECS.
             return self.on_stopped(EcsTaskDetail.model_validate(task)).action
         self.data.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECKING,
-                                      min(requested + settings.health_check_timeout_seconds,
-                                          now + POLL_SECONDS))
+                                 min(self._deadline(instance), now + node_tasks.HEALTH_CHECK.poll_seconds))
         return "health_check_running"

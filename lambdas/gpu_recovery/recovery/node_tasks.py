@@ -257,9 +257,15 @@ class NodeTasks:
             self.rearm(kind, instance, min(stage.deadline(instance), now + kind.poll_seconds))
             return f"{kind.outcome}_running"
         started = stage.start(instance)
-        if started in (f"{kind.outcome}_claimed", "raced"):
-            self.rearm(kind, instance, min(stage.deadline(instance),
-                                           max(claim.claimed_at, now) + CLAIM_LEASE_SECONDS))
+        # A claim in flight is looked at once its lease ends: the claimer's as read, or the
+        # lease another taker has just begun.
+        if started == f"{kind.outcome}_claimed":
+            lease_end = kind.claim.lease_ends_at(instance, CLAIM_LEASE_SECONDS)
+        elif started == "raced":
+            lease_end = now + CLAIM_LEASE_SECONDS
+        else:
+            return started
+        self.rearm(kind, instance, min(stage.deadline(instance), max(lease_end, now)))
         return started
 
     def look(self, task_arn: str) -> dict[str, Any] | None:

@@ -81,12 +81,15 @@ class ClaimFields:
         """``instance`` as a claim wrote it."""
         return _set(_set(instance, self.started_by, started_by), self.claimed_at, claimed_at)
 
-    def lease_ended(self, instance: Instance, now: float, lease_seconds: float) -> bool:
-        """No claimer may still be starting the task: the lease kept apart has ended, or
-        ``lease_seconds`` have passed since the claim (or its last take-over)."""
+    def lease_ends_at(self, instance: Instance, lease_seconds: float) -> float:
+        """When no claimer may still be starting the task: the lease kept apart, or
+        ``lease_seconds`` after the claim (or its last take-over)."""
         if self.lease_until:
-            return float(_get(instance, self.lease_until) or 0.0) <= now
-        return self.read(instance).claimed_at + lease_seconds <= now
+            return float(_get(instance, self.lease_until) or 0.0)
+        return self.read(instance).claimed_at + lease_seconds
+
+    def lease_ended(self, instance: Instance, now: float, lease_seconds: float) -> bool:
+        return self.lease_ends_at(instance, lease_seconds) <= now
 
     def taken_over(self, instance: Instance, now: float, lease_until: float) -> Instance:
         """``instance`` as a take-over wrote it (``NodeTaskClaims.take_over_node_task``)."""
