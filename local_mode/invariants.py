@@ -16,7 +16,10 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
+from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.repository import Repository
+
+from .sim.ecs_model import Placement
 
 # The queue's own states: the queue scheduler (every minute) reaches these through the queue index.
 QUEUE_OWNED = frozenset({JobState.QUEUED, JobState.PENDING_RESOURCES, JobState.SUSPENDED})
@@ -100,3 +103,25 @@ def forgotten_jobs(repo: Repository, now: float, *, overdue_seconds: float = OVE
         if why:
             out[str(item["job_id"])] = f"{state.value} {why}"
     return out
+
+
+#: the prefixes of every ``startedBy`` the stack gives a task (``domain.started_by``)
+STACK_STARTED_BY = tuple(f"{prefix}-" for prefix in (task_started_by.HEALTH_CHECK, task_started_by.GPU_RESET,
+                                                      task_started_by.VALIDATION, task_started_by.RESTART,
+                                                      task_started_by.QUEUE_LAUNCH))
+
+
+def started_twice(placements: Iterable[Placement]) -> list[str]:
+    """Tasks the stack started twice: a second task of one ``startedBy`` on one node. A
+    start whose answer was lost (or a claim taken over) looks its task up by its startedBy
+    before starting again; every kind's startedBy is deterministic per start (per node for
+    a call of identical ranks)."""
+    seen: dict[tuple[str, str], str] = {}
+    twice = []
+    for placed in placements:
+        if not placed.started_by.startswith(STACK_STARTED_BY):
+            continue
+        first = seen.setdefault((placed.started_by, placed.node), placed.task_arn)
+        if first != placed.task_arn:
+            twice.append(f"{placed.started_by} on {placed.node} at {placed.time:.0f} s")
+    return twice

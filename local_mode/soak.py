@@ -43,7 +43,7 @@ from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.repository import Repository
 
 from .emulator import DYNAMODB_BACKENDS, LocalAws
-from .invariants import forgotten_jobs
+from .invariants import forgotten_jobs, started_twice
 from .sim.bus import EventBus
 from .sim.ecs import SimulatedEcs
 from .sim.wiring import SWEEP_SCHEDULE
@@ -254,6 +254,9 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
         result.problems.append(f"FAILED without an e-mail: {no_mail}")
     if forgotten:
         result.problems.append(f"forgotten (neither RUNNING nor terminal, nothing due): {result.forgotten}")
+    twice = started_twice(sim.placements)
+    if twice:
+        result.problems.append(f"tasks started twice (one startedBy, one node): {twice}")
     # Faults at random can put more nodes than the limit in one window (a small storm, by the
     # breaker's own rule): a trip is fine, a breaker still open once the faults stopped is not.
     breaker = repo.get_breaker() or {}

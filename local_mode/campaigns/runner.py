@@ -32,7 +32,7 @@ from gpu_recovery.domain.models import Job
 from gpu_recovery.repository import Repository
 
 from ..emulator import LocalAws
-from ..invariants import forgotten_jobs, forgotten_validations
+from ..invariants import forgotten_jobs, forgotten_validations, started_twice
 from ..sim.broken_calls import FAULT_MODES, ApiCall, modes_of
 from ..sim.bus import Delivery, EventBus
 from ..sim.wiring import SWEEP_SCHEDULE
@@ -72,6 +72,10 @@ class CampaignResult:
     failing: tuple[float, int] | None = None
     #: the calls ``calls_failing`` broke: "service.operation mode at site"
     broken: list[str] = field(default_factory=list)
+    #: the second call broken (``then_breaking``), once it fired
+    then_fired: ApiCall | None = None
+    #: a second task of one startedBy on one node (``invariants.started_twice``)
+    started_twice: list[str] = field(default_factory=list)
 
     def expectations(self) -> list[str]:
         """What ended wrong for this flow (its own checks)."""
@@ -88,6 +92,8 @@ class CampaignResult:
             problems.append(f"backstop invariant broken: {self.forgotten}")
         if self.denied:
             problems.append(f"calls their function's role does not grant: {sorted(set(self.denied))}")
+        if self.started_twice:
+            problems.append(f"tasks started twice: {self.started_twice}")
         if self.false_repairs:
             problems.append(f"{len(self.false_repairs)} false repair(s) of healthy nodes: "
                             f"{self.false_repairs}")
@@ -146,6 +152,22 @@ def calls_failing(rate: float, seed: int) -> Iterator[None]:
         _failing[0] = before
 
 
+#: the second fault of :func:`then_breaking` while it is on (a list: on, its one entry)
+_then: list[tuple[int, str] | None] = []
+
+
+@contextlib.contextmanager
+def then_breaking(then: tuple[int, str] | None) -> Iterator[None]:
+    """Every flow run meanwhile with a ``fault`` records its calls' sites and has ``then``
+    (its index in that run, its mode) broken too: a call the recovery from the first fault
+    makes, which an unbroken run never makes (None: the sites only, to choose it)."""
+    before, _then[:] = list(_then), [then]
+    try:
+        yield
+    finally:
+        _then[:] = before
+
+
 def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
              dynamodb: str = DYNAMODB) -> R:
     """``scenario`` with ``fault`` (n-th call once armed, mode) broken once (None: unbroken, or
@@ -166,8 +188,9 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
         elif fault is None:
             calls.arm(None, record_sites=True)
         else:
-            calls.arm(fault[0], fault[1])
+            calls.arm(fault[0], fault[1], record_sites=bool(_then), then=_then[0] if _then else None)
         sim.repairs.mark()  # what the set-up did is not the flow's
+        placed_before = len(sim.placements)
         scenario.start(world)
         checked = [0.0]
 
@@ -183,13 +206,14 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
         calls.disarm()
         sim.run_for(SETTLE_SECONDS)
         common = {
-            "fault": fault, "fired": calls.fired, "calls": list(calls.calls),
+            "fault": fault, "fired": calls.fired, "then_fired": calls.then_fired, "calls": list(calls.calls),
             "stuck": stuck_items(world, repo),
             "dead_letters": sum(1 for d in world.bus.dead_letters if d.rule not in SCHEDULES),
             "mails": mails(world.aws), "forgotten": list(watch.broken),
             "timeline": sim.format_timeline() if keep_timeline else [],
             "denied": [str(d) for d in world.aws.grants.denials] if world.aws.grants is not None else [],
             "false_repairs": [str(r) for r in sim.repairs.false_repairs()],
+            "started_twice": started_twice(sim.placements[placed_before:]),
             "repairs": [str(r) for r in sim.repairs.repairs()],
             "failing": failing,
             "broken": [f"{c.service}.{c.operation} {mode} at {c.site}" for c, mode in calls.broken],

@@ -118,18 +118,28 @@ class CallFaults:
     rate: float | None = None
     #: the calls ``arm_random`` broke, with how
     broken: list[tuple[ApiCall, str]] = field(default_factory=list)
+    #: ``arm(..., then=(m, mode))``: the call broken after the ``target`` (None: none), and
+    #: what it broke once it fired
+    then: tuple[int, str] | None = None
+    then_fired: ApiCall | None = None
     _rng: random.Random | None = field(default=None, repr=False)
     _lost: set[int] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def arm(self, index: int | None, mode: str = THROTTLE, *, record_sites: bool = False) -> None:
+    def arm(self, index: int | None, mode: str = THROTTLE, *, record_sites: bool = False,
+            then: tuple[int, str] | None = None) -> None:
         """Count calls from now on; break the ``index``-th (None: only count) in ``mode`` (a
-        failure shape: answered in it, if its operation takes it)."""
-        if mode not in ALL_MODES:
+        failure shape: answered in it, if its operation takes it); ``then``: a later call
+        broken too, (its index, its mode), as the recovery from the first makes it."""
+        if mode not in ALL_MODES or (then is not None and then[1] not in ALL_MODES):
             raise ValueError(f"mode is one of {ALL_MODES}")
+        if then is not None and (index is None or then[0] <= index):
+            raise ValueError("the second broken call comes after the first")
         with self._lock:
             self.calls.clear()
+            self._lost.clear()
             self.target, self.mode, self.fired = index, mode, None
+            self.then, self.then_fired = then, None
             self.record_sites = record_sites
             self.armed = True
             self.forks = _fork_point if index is None else None
@@ -164,6 +174,7 @@ class CallFaults:
     def disarm(self) -> None:
         with self._lock:
             self.target = self.mode = None
+            self.then = None
             self.armed = False
             self.forks = None
             self.rate, self._rng = None, None
@@ -197,6 +208,10 @@ class CallFaults:
                 if hit:
                     self.fired = call
                 mode = self.mode
+                if self.then is not None and self.then[0] == call.index and self.then_fired is None:
+                    hit, mode, self.then_fired = True, self.then[1], call
+                if hit and mode == LOST_RESPONSE:
+                    self._lost.add(call.index)
         if context is not None:
             context[_CALL_INDEX] = call.index
             if hit and mode in SHAPE_MODES:
@@ -215,12 +230,8 @@ class CallFaults:
         if context is None:
             return
         with self._lock:
-            if self._rng is not None:
-                lost = context.get(_CALL_INDEX) in self._lost
-                self._lost.discard(context.get(_CALL_INDEX))
-            else:
-                lost = (self.mode == LOST_RESPONSE and self.fired is not None
-                        and self.fired.index == context.get(_CALL_INDEX))
+            lost = context.get(_CALL_INDEX) in self._lost
+            self._lost.discard(context.get(_CALL_INDEX))
         if lost:
             from botocore.exceptions import ReadTimeoutError
 

@@ -9,7 +9,9 @@ from typing import Any
 import boto3
 
 from gpu_recovery import constants as C
-from local_mode.invariants import OVERDUE_SECONDS, forgotten_jobs, forgotten_validations
+from gpu_recovery.domain import started_by
+from local_mode.invariants import OVERDUE_SECONDS, forgotten_jobs, forgotten_validations, started_twice
+from local_mode.sim.ecs_model import Placement
 from tests.recovery.fakes import world
 
 NOW = 1_800_000_000
@@ -52,3 +54,20 @@ def test_a_node_in_validation_with_nothing_due_is_reported() -> None:
         put("instances", {C.INSTANCE_PK: "node-d", "instance_state": "AVAILABLE", "validation": validation})
         assert forgotten_validations(w.repo, NOW, ["node-a", "node-b", "node-c", "node-d", "node-e"]) == {
             "node-a": "validating with nothing due"}
+
+
+def test_a_second_task_of_one_startedby_on_one_node_is_reported() -> None:
+    check = started_by.node_task(started_by.HEALTH_CHECK, "node-b", 1.0, 0)
+    call = started_by.rank_launch(started_by.RESTART, "job", 2, "g0", digest=10)
+
+    def placed(at: float, node: str, by: str, arn: str) -> Placement:
+        return Placement(at, node, by, arn, "healthy", True, "")
+
+    placements = [placed(1, "node-b", check, "t1"), placed(2, "node-a", call, "t2"),
+                  placed(2, "node-c", call, "t3"),  # one call of identical ranks: one task a node
+                  placed(3, "node-a", "eager-scheduler", "t4"), placed(4, "node-a", "eager-scheduler", "t5"),
+                  placed(5, "node-b", check, "t1")]  # the same task seen again is not a second
+    assert started_twice(placements) == []
+    again = [placed(300, "node-b", check, "t6"), placed(301, "node-c", call, "t7")]
+    assert started_twice([*placements, *again]) == [
+        f"{check} on node-b at 300 s", f"{call} on node-c at 301 s"]
