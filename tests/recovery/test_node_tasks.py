@@ -345,3 +345,38 @@ def test_every_kind_waits_while_a_live_rank_holds_the_node_s_gpus(kind: NodeTask
         w.register_job("j", ["node-a", "node-b"])
         assert w.service.node_tasks.gpus_busy(kind, Instance("node-a"))
         assert not w.service.node_tasks.gpus_busy(kind, Instance("node-c"))
+
+
+class Followed(Stage):
+    """A stage as the sweep's look (``NodeTasks.follow``) sees it: its start is the claim's."""
+
+    def __init__(self, w: World) -> None:
+        super().__init__()
+        self.w = w
+
+    def start(self, instance: Instance) -> str:
+        return claim_and_start(self.w, self, instance)
+
+    def gone(self, instance: Instance) -> str:
+        return "gone"
+
+    def on_stopped(self, detail: object) -> node_tasks.Outcome:
+        raise AssertionError("no task was recorded")
+
+
+def test_the_sweep_looks_at_a_claim_in_flight_again_once_its_lease_ends() -> None:
+    """The claimer's lease as read (a reset's from its claim time), or the one another taker
+    has just begun: the next look is when no claimer may still be starting the task."""
+    with world() as w:
+        live = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0] - 30)
+        stage = Followed(w)
+        assert w.service.node_tasks.follow(node_tasks.GPU_RESET, stage, live, w.now[0]) == "gpu_reset_claimed"
+        assert w.repo.get_instance("node-a").deadline_at == w.now[0] - 30 + C.CLAIM_LEASE_SECONDS
+        assert stage.asked == []
+    with world() as w:
+        dead = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0] - 3600)
+        assert claim_and_start(w, Stage(), dead) == "started"  # another taker, just now
+        late = Followed(w)  # read the claim before it was taken over
+        assert w.service.node_tasks.follow(node_tasks.GPU_RESET, late, dead, w.now[0]) == "raced"
+        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + C.CLAIM_LEASE_SECONDS
+        assert late.asked == []
