@@ -106,9 +106,7 @@ def forgotten_jobs(repo: Repository, now: float, *, overdue_seconds: float = OVE
 
 
 #: the prefixes of every ``startedBy`` the stack gives a task (``domain.started_by``)
-STACK_STARTED_BY = tuple(f"{prefix}-" for prefix in (task_started_by.HEALTH_CHECK, task_started_by.GPU_RESET,
-                                                      task_started_by.VALIDATION, task_started_by.RESTART,
-                                                      task_started_by.QUEUE_LAUNCH))
+STACK_STARTED_BY = tuple(f"{prefix}-" for prefix in task_started_by.PREFIXES)
 
 
 def started_twice(placements: Iterable[Placement]) -> list[str]:

@@ -60,3 +60,19 @@ def test_every_startedby_fits_ecs_36_characters_whatever_the_job_id_or_rank() ->
             started_by.node_task(started_by.GPU_RESET, "x" * 100, 1.7e9),
             started_by.node_task(started_by.VALIDATION, "x" * 100, repr(1.7e9), 99)]
     assert all(len(m) <= started_by.MAX_LENGTH for m in made), made
+
+
+def test_each_kind_is_told_by_its_prefix_alone() -> None:
+    """A task's kind is read off its startedBy (the campaigns' count of tasks started twice,
+    an operator's ListTasks): no kind's prefix begins another's, and each kind's startedBy
+    begins with its own prefix only."""
+    heads = [f"{prefix}-" for prefix in started_by.PREFIXES]
+    assert not [(a, b) for a in heads for b in heads if a != b and b.startswith(a)]
+    kinds = {"check": started_by.HEALTH_CHECK, "reset": started_by.GPU_RESET,
+             "validation": started_by.VALIDATION, "restart": started_by.RESTART,
+             "queue": started_by.QUEUE_LAUNCH}
+    made = {kind: stored for kind, (_, _, stored) in STORED.items()}
+    made["restart"] = group_started_by("job-1", 2, StartCall((0, 1), ("n1", "n2")))
+    assert sorted(kinds) == sorted(made) and sorted(kinds.values()) == sorted(started_by.PREFIXES)
+    for kind, value in made.items():
+        assert [head for head in heads if value.startswith(head)] == [f"{kinds[kind]}-"], value

@@ -22,6 +22,8 @@ GPU_RESET = "gpu-recovery-reset"
 VALIDATION = "gpu-recovery-val"
 RESTART = "gpurec"  # the ranks the recovery starts again
 QUEUE_LAUNCH = "q"  # the queue's launches
+#: every kind's prefix: a task whose startedBy begins with one of them (and "-") is the stack's
+PREFIXES = (HEALTH_CHECK, GPU_RESET, VALIDATION, RESTART, QUEUE_LAUNCH)
 NODE_TASK_DIGEST = 16  # hex characters of a node task's digest
 
 

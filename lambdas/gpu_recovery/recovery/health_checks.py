@@ -330,9 +330,11 @@ class HealthChecks:
                 logger.warning("next health check not started", exc_info=True,
                                extra={"job_id": instance.hc_owner})
 
-    def _deadline(self, instance: Instance) -> float:
-        """The check's time limit, from its claim (a take-over keeps the claim's time)."""
-        started = instance.hc_claimed_at or instance.hc_requested_at or clock.now()
+    def _deadline(self, instance: Instance, now: float | None = None) -> float:
+        """The check's time limit: from its claim once claimed (a take-over keeps the claim's
+        time), from its request while it waits for one."""
+        claimed = instance.hc_claimed_at if instance.state is InstanceState.HEALTH_CHECKING else None
+        started = claimed or instance.hc_requested_at or (clock.now() if now is None else now)
         return started + self.settings.health_check_timeout_seconds
 
     # -------------------------------------------------------------------- sweep
@@ -363,9 +365,7 @@ class HealthChecks:
         settings = self.settings
         if instance.state is InstanceState.HEALTH_CHECK_PENDING and instance.hc_waiting_for_slot:
             return self._sweep_waiting(instance, now)
-        requested = (instance.hc_claimed_at if instance.state is InstanceState.HEALTH_CHECKING
-                     else None) or instance.hc_requested_at or now
-        out_of_time = now >= requested + settings.health_check_timeout_seconds
+        out_of_time = now >= self._deadline(instance, now)
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
             if out_of_time or instance.hc_start_attempts >= settings.health_check_start_retries:
                 attempts = instance.hc_start_attempts

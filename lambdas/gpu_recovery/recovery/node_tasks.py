@@ -265,6 +265,7 @@ class NodeTasks:
             lease_end = now + CLAIM_LEASE_SECONDS
         else:
             return started
+        # Not before now: a lease that ended while this sweep ran is looked at on its next pass.
         self.rearm(kind, instance, min(stage.deadline(instance), max(lease_end, now)))
         return started
 
