@@ -75,9 +75,10 @@ class ApiCall:
     at: float | None = None  # when (simulated time), for the calls arm_random broke
 
 
-#: where a call is never its own site but its caller's: the ports' implementations and the
-#: one way every node task starts (a check's StartTask is the check's site, a reset's the reset's)
-_SHARED_MECHANISMS = ("/adapters/", "/repository/", "/recovery/node_tasks.py")
+#: where a call is never its own site but its caller's: the ports' implementations, the one
+#: way every node task starts (a check's StartTask is the check's site, a reset's the reset's)
+#: and the one way every task is started once (a gang restart's StartTask is the gang's site)
+_SHARED_MECHANISMS = ("/adapters/", "/repository/", "/recovery/node_tasks.py", "/recovery/task_starts.py")
 
 
 def _call_site() -> str:

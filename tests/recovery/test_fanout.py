@@ -136,6 +136,38 @@ def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resen
         assert confirmed["gp"]["running_at"] == int(last.registered_at)
 
 
+def test_a_rank_whose_call_started_is_registered_with_its_own_node_s_task() -> None:
+    """The start batch dies at the latch arrival of rank 18, the ninth of the call of ranks
+    10-19: rank 19, placed by the same StartTask, is not registered. The sweep's resend takes
+    its lease over and looks the call's startedBy up: of the ten tasks listed, rank 19 gets the
+    one on its own node, and no rank is started again."""
+    with world(gang_queue=True, max_app_restarts=1) as w:
+        _restart_pending(w)
+        real = w.repo.latches.arrive
+        died: list[int] = []
+
+        def dies_once(job_id: str, attempt: int, world_size: int, rank: int, latches: Any,
+                      **kwargs: Any) -> Any:
+            if Latch.REGISTERED in latches and rank == 18 and not died:
+                died.append(rank)
+                raise TimeoutError("the worker died after the registration (injected)")
+            return real(job_id, attempt, world_size, rank, latches, **kwargs)
+
+        w.repo.latches.arrive = dies_once  # type: ignore[method-assign]
+        with pytest.raises(TimeoutError):
+            w.drain_queue()
+        assert w.repo.get_rank("big", 18).attempt == 2 and w.repo.get_rank("big", 19).attempt == 1
+        starts = list(w.ecs.start_calls)
+        w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
+        w.service.sweep()
+        w.drain_queue()
+        assert w.repo.get_job("big").state is JobState.RUNNING
+        # Only the calls the dead delivery never made (ranks 20-39) start afterwards.
+        assert w.ecs.start_calls[:len(starts)] == starts and sum(w.ecs.start_calls[len(starts):]) == 20
+        for rank in w.repo.get_ranks(w.repo.get_job("big")):
+            assert w.ecs.tasks[rank.task_arn].node == rank.container_inst_id, rank.rank
+
+
 def test_a_batch_out_of_ecs_budget_goes_back_to_the_queue_delayed() -> None:
     with world(gang_queue=True) as w:
         arns = w.register_job("big", _nodes(WORLD))

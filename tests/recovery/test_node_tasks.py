@@ -17,6 +17,7 @@ from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.node_tasks import NodeTaskKind
+from gpu_recovery.recovery.task_starts import started_already
 from gpu_recovery.repository import node_task_claims as stored
 from gpu_recovery.repository.base import to_ddb
 from gpu_recovery.repository.node_task_claims import TaskClaim
@@ -53,7 +54,7 @@ def test_a_placed_task_is_recorded_with_its_kind_s_group_and_tag(kind: NodeTaskK
         assert placed.task_arn == task.arn and claim.recorded == [task.arn] and claim.released == 0
         assert (task.node, task.started_by, task.group) == ("node-a", "claim-1", kind.group)
         assert kind.group.startswith(node_tasks.HEALTH_CHECK.group)  # routed to the check's handler
-        assert w.service.node_tasks.found("claim-1") == task.arn
+        assert started_already(w.ecs, "claim-1", ["node-a"]) == {"node-a": task.arn}
 
 
 class Counted:
@@ -118,7 +119,7 @@ def test_a_lost_answer_keeps_the_claim_for_the_lookup_of_its_task() -> None:
             start(w, node_tasks.HEALTH_CHECK, claim)
         [task] = w.ecs.tasks.values()  # it did start: only its answer was lost
         assert claim.released == 0 and claim.recorded == []
-        assert w.service.node_tasks.found("claim-1") == task.arn
+        assert started_already(w.ecs, "claim-1", ["node-a"]) == {"node-a": task.arn}
 
 
 def test_a_task_not_placed_is_neither_recorded_nor_released_here() -> None:

@@ -41,7 +41,6 @@ from typing import Any, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
-from gpu_recovery.adapters.ecs import StartResult
 from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import (
     CONTROL_TOKEN_ENV,
@@ -68,6 +67,7 @@ from gpu_recovery.queue.admission import (
     classify_failure,
 )
 from gpu_recovery.recovery import RankRegistration
+from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_on, started_already
 from gpu_recovery.repository import from_ddb
 from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.scheduling import SchedulingRepository
@@ -150,16 +150,10 @@ class HostAddressPort(Protocol):
     def address(self, instance_id: str) -> str: ...
 
 
-class LaunchEcs(Protocol):
-    """The ECS calls a launch makes (``adapters.ecs.EcsAdapter``)."""
+class LaunchEcs(StartsTasks, Protocol):
+    """The ECS calls a launch makes (``adapters.ecs.EcsAdapter``): its starts, and a stop."""
 
-    def start_task(self, *, task_definition: str, container_instance_arn: str = "",
-                   overrides: dict[str, Any] | None = None,
-                   tags: list[dict[str, str]] | None = None, started_by: str = "",
-                   group: str | None = None,
-                   network_configuration: dict[str, Any] | None = None) -> StartResult: ...
     def stop_task(self, task_arn: str, reason: str) -> None: ...
-    def tasks_started_by(self, started_by: str) -> list[str]: ...
 
 
 class LaunchedRanks(Protocol):
@@ -338,6 +332,11 @@ class Launcher:
                                             "abandoned")
                     stopped.append(arn)
         return stopped
+        for arn in self.ecs.tasks_started_by(started_by(job_id, attempt, unregistered)):
+            if arn not in known:
+                self.ecs.stop_task(arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt {attempt} abandoned")
+                stopped.append(arn)
+        return stopped
 
     # ----------------------------------------------------------------- start
     def _start_ranks(self, item: dict[str, Any], spec: LaunchSpec, attempt: int, plan: Mapping[str, Any],
@@ -370,10 +369,11 @@ class Launcher:
                                             master_port=int(plan.get("master_port") or spec.master_port),
                                             extra_env=self.control_env(item, rank))
                 tags = rank_tags(job_id, rank, world_size, attempt)
-                existing = self.ecs.tasks_started_by(sb) if resume else []
-                task_arn = (existing[0] if existing
-                            else self._start_one(td_arn, ci_arn, overrides, tags, sb, job_id,
-                                                 restart_network(item.get("network") or {}, [])))
+                node = container_instance_id(ci_arn)
+                existing = started_already(self.ecs, sb, [node]) if resume else {}
+                task_arn = existing.get(node) or self._start_one(
+                    TaskRequest(td_arn, sb, overrides, tags, job_group(job_id),
+                                restart_network(item.get("network") or {}, [])), node, ci_arn)
                 registered.append(self.recovery.register_rank(RankRegistration(
                     job_id=job_id, rank=rank, world_size=world_size, attempt=attempt,
                     task_arn=task_arn, task_definition_arn=td_arn, container_instance_arn=ci_arn,
@@ -420,17 +420,14 @@ class Launcher:
             raise LaunchError(FailureKind.USER_ERROR, f"task definition {ref} is INACTIVE")
         return td
 
-    def _start_one(self, td_arn: str, ci_arn: str, overrides: dict[str, Any],
-                   tags: list[dict[str, str]], sb: str, job_id: str,
-                   network: dict[str, Any] | None) -> str:
+    def _start_one(self, request: TaskRequest, node: str, ci_arn: str) -> str:
         # The group names the job and the overrides carry RANK / WORLD_SIZE / ATTEMPT (the
         # registration convention): its events register the rank without DescribeTasks.
-        # ``network``: the spec's, for a task definition in the awsvpc mode (checked at submit).
-        result = self.ecs.start_task(task_definition=td_arn, container_instance_arn=ci_arn,
-                                     overrides=overrides, tags=tags, started_by=sb,
-                                     group=job_group(job_id), network_configuration=network)
-        if result.task_arns:
-            return str(result.task_arns[0])
+        # ``request.network``: the spec's, for a task definition in the awsvpc mode (checked
+        # at submit).
+        placed, result = start_on(self.ecs, request, {node: ci_arn})
+        if node in placed:
+            return placed[node]
         reasons = [str(f.get("reason", "")) for f in result.failures]
         kind = classify_failure(placement_reasons=reasons or ["UNKNOWN"])
         raise LaunchError(kind, f"StartTask on {ci_arn} failed: {', '.join(reasons) or 'no task'}")

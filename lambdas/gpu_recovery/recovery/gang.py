@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
@@ -67,6 +66,7 @@ from gpu_recovery.recovery.ranks import (
     tags_for_attempt,
 )
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
+from gpu_recovery.recovery.task_starts import TaskRequest, start_on, started_already
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.settings import Settings
@@ -363,38 +363,25 @@ class GangOps:
         targets = {r.rank: self._target(r, moves) for r in claimed}
         found: dict[str, str] = {}
         if any(r.launch_attempt == attempt for r in claimed):
-            # A lease taken over: the task may exist already. Look before starting.
-            arns = self.ecs.tasks_started_by(started_by)
-            if arns:
-                described = self.ecs.describe_tasks(arns)
-                unseen = set(arns) - {str(t.get("taskArn")) for t in described}
-                if unseen:
-                    # Listed but answered MISSING (ECS not caught up): where it runs is not
-                    # known, and starting again could start a rank twice. Tried again later
-                    # (the claims' leases expire), as after a failed DescribeTasks.
-                    raise EcsActionFailed.missing("DescribeTasks", sorted(unseen))
-                found = {container_instance_id(str(t.get("containerInstanceArn", ""))): str(t["taskArn"])
-                         for t in described}
+            # A lease taken over: the task may exist already. Look before starting (on every
+            # node of the call: those of the ranks registered already have a task of it too).
+            found = started_already(self.ecs, started_by, call.nodes)
         started: list[int] = []
         reasons: dict[int, str] = {}
         rest, complete = self._register_placed(job, claimed, found, targets, started_by, started)
+        first = claimed[0]
+        tags = tags_for_attempt(first.tags, attempt)
+        if call.grouped:
+            tags = [t for t in tags if t.get("key") != TAG_RANK]
+            tags.append({"key": TAG_RANKS, "value": ranks_tag_value(call.ranks)})
+        request = TaskRequest(first.task_definition_arn, started_by,
+                              overrides_for_attempt(first.overrides, attempt), tags, first.group or None)
         for _ in range(max(1, self.settings.restart_start_retries)):
             if not rest:
                 break
-            first = rest[0]
-            tags = tags_for_attempt(first.tags, attempt)
-            if call.grouped:
-                tags = [t for t in tags if t.get("key") != TAG_RANK]
-                tags.append({"key": TAG_RANKS, "value": ranks_tag_value(call.ranks)})
-            result = self.ecs.start_task(
-                task_definition=first.task_definition_arn,
-                container_instance_arns=[targets[r.rank]["arn"] for r in rest],
-                overrides=overrides_for_attempt(first.overrides, attempt), tags=tags, started_by=started_by,
-                group=first.group or None,
-                network_configuration=restart_network(job.network, [r.subnet for r in rest]))
-            placed = {container_instance_id(arn): task for arn, task in result.placed.items()}
-            if not placed and len(result.task_arns) == len(rest) == 1:
-                placed = {targets[rest[0].rank]["node"]: result.task_arns[0]}
+            placed, result = start_on(
+                self.ecs, replace(request, network=restart_network(job.network, [r.subnet for r in rest])),
+                {targets[r.rank]["node"]: targets[r.rank]["arn"] for r in rest})
             still, registered_all = self._register_placed(job, rest, placed, targets, started_by, started)
             complete |= registered_all
             if still:

@@ -22,13 +22,12 @@ node to HEALTH_CHECKING, so making that claim stays its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Literal, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.adapters.ecs import StartResult
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
@@ -43,6 +42,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
+from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_on, started_already
 from gpu_recovery.repository import node_task_claims as stored
 from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
@@ -129,17 +129,11 @@ class FollowsTask(WaitsForGpus, Protocol):
         """The task stopped (its STOPPED event lost, or still being retried): its result."""
 
 
-class NodeTaskEcs(Protocol):
+class NodeTaskEcs(StartsTasks, Protocol):
     """The ECS calls of a node task: its start (on the stack's budget), its lookups."""
 
-    def start_task(self, *, task_definition: str, container_instance_arn: str = "",
-                   overrides: dict[str, Any] | None = None,
-                   tags: list[dict[str, str]] | None = None, started_by: str = "",
-                   group: str | None = None, container_instance_arns: Sequence[str] = (),
-                   network_configuration: dict[str, Any] | None = None) -> StartResult: ...
     def prepay(self, calls: int, *, in_turn_within: float | None = None) -> None: ...
     def describe_task(self, task_arn: str) -> dict[str, Any] | None: ...
-    def tasks_started_by(self, started_by: str) -> list[str]: ...
 
 
 class ClaimData(Protocol):
@@ -210,8 +204,8 @@ class NodeTasks:
             return TakeOver("claimed")
         if not self.data.take_over_node_task(fields, instance, now, now + CLAIM_LEASE_SECONDS):
             return TakeOver("raced")
-        started_by = fields.read(instance).started_by
-        found = self.found(started_by)
+        started_by, node = fields.read(instance).started_by, instance.container_inst_id
+        found = started_already(self.ecs, started_by, [node]).get(node)
         if found:
             self.record(kind, instance, started_by, found, deadline=deadline)
             return TakeOver("found", found)
@@ -275,11 +269,6 @@ class NodeTasks:
         not caught up; ECS keeps a stopped task describable for an hour)."""
         return self.ecs.describe_task(task_arn) or self.ecs.describe_task(task_arn)
 
-    def found(self, started_by: str) -> str | None:
-        """The task a claim taken over may have started already (looked up by its startedBy)."""
-        tasks = self.ecs.tasks_started_by(started_by)
-        return tasks[0] if tasks else None
-
     def start(self, kind: NodeTaskKind, instance: Instance, started_by: str, *,
               release: Callable[[], object], record: Callable[[str], object],
               environment: Mapping[str, str] | None = None, turn_within: float | None = None) -> Placed:
@@ -294,12 +283,10 @@ class NodeTasks:
         try:
             if turn_within is not None:
                 self.ecs.prepay(1, in_turn_within=turn_within)
-            result = self.ecs.start_task(
-                task_definition=kind.task_definition(self.settings),
-                container_instance_arn=instance.container_instance_arn or inst_id,
-                overrides=overrides, started_by=started_by, group=kind.group,
-                tags=[{"key": TAG_PURPOSE, "value": kind.purpose}],
-            )
+            placed, result = start_on(self.ecs, TaskRequest(
+                kind.task_definition(self.settings), started_by, overrides,
+                [{"key": TAG_PURPOSE, "value": kind.purpose}], kind.group),
+                {inst_id: instance.container_instance_arn or inst_id})
         except RateLimited:
             raise  # never called: the stage decides when to try again
         except Exception as error:
@@ -307,9 +294,9 @@ class NodeTasks:
                 release()
             # Otherwise it may have started: the lease expires and the next try looks it up.
             raise
-        if not result.task_arns:
+        task_arn = placed.get(inst_id)
+        if task_arn is None:
             return Placed(None, result.reasons())
-        task_arn = result.task_arns[0]
         record(task_arn)
         self.metrics.add_metric(kind.started_metric, "Count", 1)
         logger.info(f"{kind.name} started", extra={"instance": inst_id, "task": task_arn})

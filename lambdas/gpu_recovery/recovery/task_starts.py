@@ -1,0 +1,77 @@
+"""Starting a task exactly once: the one way every start of the stack's takes (a rank of a
+queue launch, a call of identical ranks of a gang restart, a node task).
+
+Every start carries a ``startedBy`` deterministic per start (``domain.started_by``). A start
+that may repeat one already made (its answer was lost, its claim or lease was taken over, its
+launch is resumed) looks that startedBy up first (:func:`started_already`) and starts only on
+the nodes that have no task of it (:func:`start_on`). ECS lists tasks by startedBy with no
+other filter, so the tasks of a start on several nodes are described to tell which node each
+is on; the one task of a start on one node is on that node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
+from gpu_recovery.domain.models import container_instance_id
+
+
+class StartsTasks(Protocol):
+    """The ECS calls of a start (``adapters.ecs.EcsAdapter``)."""
+
+    def start_task(self, *, task_definition: str, container_instance_arn: str = "",
+                   overrides: dict[str, Any] | None = None,
+                   tags: list[dict[str, str]] | None = None, started_by: str = "",
+                   group: str | None = None, container_instance_arns: Sequence[str] = (),
+                   network_configuration: dict[str, Any] | None = None) -> StartResult: ...
+    def tasks_started_by(self, started_by: str) -> list[str]: ...
+    def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """What one StartTask starts, the same on each of its nodes."""
+
+    task_definition: str
+    started_by: str
+    overrides: dict[str, Any] | None = None
+    tags: list[dict[str, str]] | None = None
+    group: str | None = None
+    network: dict[str, Any] | None = None  # an awsvpc task's (``domain.task_network``)
+
+
+def started_already(ecs: StartsTasks, started_by: str, nodes: Collection[str]) -> dict[str, str]:
+    """Node id -> the task of ``started_by`` on it, for a start that may have been made
+    already. ``nodes``: every node that start is made on, not only those whose task is still
+    to be found (with one node, the task listed is that node's; with several, any of them may
+    be listed). A listed task ECS cannot describe yet (MISSING: not caught up) raises
+    :class:`EcsActionFailed`: where it runs is not known, and starting again could start a
+    second one; the caller tries again later, as after a failed lookup."""
+    arns = ecs.tasks_started_by(started_by)
+    if not arns:
+        return {}
+    if len(nodes) == 1:
+        return {next(iter(nodes)): arns[0]}
+    described = ecs.describe_tasks(arns)
+    unseen = set(arns) - {str(task.get("taskArn")) for task in described}
+    if unseen:
+        raise EcsActionFailed.missing("DescribeTasks", sorted(unseen))
+    return {container_instance_id(str(task.get("containerInstanceArn", ""))): str(task["taskArn"])
+            for task in described}
+
+
+def start_on(ecs: StartsTasks, request: TaskRequest,
+             nodes: Mapping[str, str]) -> tuple[dict[str, str], StartResult]:
+    """StartTask of ``request`` on ``nodes`` (node id -> container instance ARN, up to 10):
+    node id -> the task placed there, and ECS's answer (its failures, node by node)."""
+    ids = list(nodes)
+    result = ecs.start_task(task_definition=request.task_definition,
+                            container_instance_arns=[nodes[node] for node in ids],
+                            overrides=request.overrides, tags=request.tags, started_by=request.started_by,
+                            group=request.group, network_configuration=request.network)
+    if len(ids) == 1:  # a start on one node has its task, if any, there
+        return ({ids[0]: result.task_arns[0]} if len(result.task_arns) == 1 else {}), result
+    return {container_instance_id(arn): task for arn, task in result.placed.items()}, result

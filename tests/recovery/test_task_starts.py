@@ -1,0 +1,71 @@
+"""``recovery.task_starts``: a start that may repeat one finds the tasks already started, node
+by node, and a StartTask's answer is read node by node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
+from gpu_recovery.recovery.task_starts import TaskRequest, start_on, started_already
+from tests.recovery.fakes import FakeEcs, ci_arn
+
+
+class CountedEcs(FakeEcs):
+    """The fake ECS, counting DescribeTasks calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.describes = 0
+
+    def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]:
+        self.describes += 1
+        return super().describe_tasks(task_arns)
+
+
+REQUEST = TaskRequest("train:3", "gpurec-0123456789-a2-g0", {"containerOverrides": []},
+                      [{"key": "k", "value": "v"}], "job:abc")
+NODES = {"node-a": ci_arn("node-a"), "node-b": ci_arn("node-b"), "node-c": ci_arn("node-c")}
+
+
+def test_a_start_on_several_nodes_tells_each_node_s_task_and_what_was_not_placed() -> None:
+    ecs = FakeEcs()
+    placed, result = start_on(ecs, REQUEST, NODES)
+    assert sorted(placed) == sorted(NODES) and len(set(placed.values())) == 3
+    assert {ecs.tasks[t].node for t in placed.values()} == set(NODES)
+    assert ecs.start_calls == [3] and not result.failures
+    ecs.failures["start_task"] = ["place_nothing"]
+    placed, result = start_on(ecs, REQUEST, {"node-d": ci_arn("node-d")})
+    assert placed == {} and result.reasons() == "RESOURCE:GPU"
+
+
+def test_a_start_on_one_node_has_its_task_there_even_where_the_answer_names_no_node() -> None:
+    class Anonymous(FakeEcs):
+        def start_task(self, **params: Any) -> StartResult:
+            started = super().start_task(**params)
+            return StartResult(started.task_arns, started.failures, {})
+
+    placed, _ = start_on(Anonymous(), REQUEST, {"node-a": ci_arn("node-a")})
+    assert list(placed) == ["node-a"]
+    placed, _ = start_on(Anonymous(), REQUEST, {"node-a": ci_arn("node-a"), "node-b": ci_arn("node-b")})
+    assert placed == {}  # several nodes: which task is where is not guessed
+
+
+def test_a_repeated_start_finds_each_node_s_task_and_describes_only_a_start_on_several_nodes() -> None:
+    ecs = CountedEcs()
+    assert started_already(ecs, REQUEST.started_by, NODES) == {} and ecs.describes == 0
+    placed, _ = start_on(ecs, REQUEST, {n: NODES[n] for n in ("node-a", "node-b")})
+    assert started_already(ecs, REQUEST.started_by, NODES) == placed and ecs.describes == 1
+    single = TaskRequest("check:1", "gpu-recovery-hc-0123456789abcdef")
+    [(node, task)] = start_on(ecs, single, {"node-c": ci_arn("node-c")})[0].items()
+    assert started_already(ecs, single.started_by, [node]) == {node: task} and ecs.describes == 1
+
+
+def test_a_listed_task_ecs_cannot_describe_yet_is_never_guessed_at() -> None:
+    ecs = FakeEcs()
+    placed, _ = start_on(ecs, REQUEST, NODES)
+    ecs.missing_tasks.add(placed["node-b"])
+    with pytest.raises(EcsActionFailed):
+        started_already(ecs, REQUEST.started_by, NODES)
