@@ -283,6 +283,42 @@ def test_canceled_while_half_launched_stops_the_orphan(qc, monkeypatch):
     assert qc.live_tasks(job) == []
 
 
+def test_an_abandoned_launch_looks_up_only_its_first_rank_not_registered(qc, monkeypatch):
+    """Given a 4-node launch whose tick died after starting rank 2, before registering it,
+    and the job canceled
+    When a tick runs after the staleness delay
+    Then one ListTasks is made, of the first rank not registered (rank 2 registered from its
+    own RUNNING event meanwhile, so rank 3: ranks start in order, each registered as it
+    starts, so no later rank can have a task), and every task of the launch is stopped."""
+    job = qc.submit(nnodes=4, gpus=8)
+    service = qc.recovery
+    register = service.register_rank
+
+    def dies_at_rank_2(reg):
+        if reg.rank == 2:
+            raise RuntimeError("died")
+        return register(reg)
+
+    monkeypatch.setattr(service, "register_rank", dies_at_rank_2)
+    with pytest.raises(RuntimeError):
+        qc.scheduler().tick()
+    monkeypatch.undo()
+    assert len(qc.live_tasks(job)) == 3
+    qc.repo.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
+                                         attempt=None, reason="user cancel", actor="api"))
+    qc.sim.run_for(150)
+    sched = qc.scheduler()
+    lookups: list[str] = []
+    list_tasks = sched.launcher.ecs.tasks_started_by
+    monkeypatch.setattr(sched.launcher.ecs, "tasks_started_by",
+                        lambda started_by: lookups.append(started_by) or list_tasks(started_by))
+    result = sched.tick()
+    assert [r["action"] for r in result.resumed] == ["abandoned"]
+    assert lookups == [launcher_mod.started_by(job, 1, 3)]
+    qc.sim.run_for(30)
+    assert qc.live_tasks(job) == []
+
+
 def test_lease_excludes_a_concurrent_tick(qc):
     """Given one tick holding the lease
     When another scheduler ticks meanwhile

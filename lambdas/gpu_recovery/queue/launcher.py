@@ -325,13 +325,12 @@ class Launcher:
             self._stop(list(registered.values()), f"launch of attempt {attempt} abandoned")
         known = {r.task_arn for r in registered.values()}
         stopped: list[str] = sorted(known) if all_ranks else []
-        for rank in range(world_size):
-            for arn in self.ecs.tasks_started_by(started_by(job_id, attempt, rank)):
-                if arn not in known:
-                    self.ecs.stop_task(arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt {attempt} "
-                                            "abandoned")
-                    stopped.append(arn)
-        return stopped
+        # Ranks start in order, each registered as soon as its StartTask answers (a resume
+        # registers a rank's task found by startedBy before it starts the next): only the first
+        # rank not registered may have a task no one knows. One ListTasks, whatever the size.
+        unregistered = next((rank for rank in range(world_size) if rank not in registered), None)
+        if unregistered is None:
+            return stopped
         for arn in self.ecs.tasks_started_by(started_by(job_id, attempt, unregistered)):
             if arn not in known:
                 self.ecs.stop_task(arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt {attempt} abandoned")
