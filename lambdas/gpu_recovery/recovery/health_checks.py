@@ -252,11 +252,7 @@ class HealthChecks:
         if instance.state is InstanceState.HEALTH_CHECKING:
             if instance.hc_task_arn:
                 return None  # running
-            taken = self.tasks.take_over(node_tasks.HEALTH_CHECK, instance, now,
-                                         deadline=self._deadline(instance))
-            if taken.instance is not None:
-                return self._start(taken.instance, instance.hc_started_by, turn_within=turn_within)
-            return taken.task_arn or None  # found; else its claimer's still, or another taker's
+            return self._take_over(instance, now, turn_within=turn_within)[1]
         if instance.state is not InstanceState.HEALTH_CHECK_PENDING:
             return None
         if instance.hc_start_attempts and not instance.hc_waiting_for_slot \
@@ -282,6 +278,15 @@ class HealthChecks:
         # the share the claim recorded (hc_slot_shard, hc_job_slot), not to defaults.
         return self._start(claimed.instance, started_by, turn_within=turn_within)
 
+    def _take_over(self, instance: Instance, now: float, *,
+                   turn_within: float = START_TURN_SECONDS) -> tuple[node_tasks.TakeOver, str | None]:
+        """A claim with no task recorded: its claimer's still, another taker's, its task found,
+        or taken over and started; with the check's task, if one runs now."""
+        taken = self.tasks.take_over(node_tasks.HEALTH_CHECK, instance, now, deadline=self.deadline(instance))
+        if taken.instance is not None:
+            return taken, self._start(taken.instance, instance.hc_started_by, turn_within=turn_within)
+        return taken, taken.task_arn or None
+
     def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
         """A slot of ``job_id``'s was given back: start its next waiting checks."""
         started = []
@@ -304,7 +309,7 @@ class HealthChecks:
                     instance, started_by, placement_failed=False,
                     retry_at=clock.now() + RETRY_INTERVAL_SECONDS),
                 record=lambda task_arn: self.tasks.record(node_tasks.HEALTH_CHECK, instance, started_by,
-                                                          task_arn, deadline=self._deadline(instance)))
+                                                          task_arn, deadline=self.deadline(instance)))
         except RateLimited as limited:
             # The stack's ECS budget has no turn in time: StartTask was never called. The
             # slot is given back at once (not held until the claim's lease expires) and the
@@ -330,7 +335,7 @@ class HealthChecks:
                 logger.warning("next health check not started", exc_info=True,
                                extra={"job_id": instance.hc_owner})
 
-    def _deadline(self, instance: Instance, now: float | None = None) -> float:
+    def deadline(self, instance: Instance, now: float | None = None) -> float:
         """The check's time limit: from its claim once claimed (a take-over keeps the claim's
         time), from its request while it waits for one."""
         claimed = instance.hc_claimed_at if instance.state is InstanceState.HEALTH_CHECKING else None
@@ -365,7 +370,7 @@ class HealthChecks:
         settings = self.settings
         if instance.state is InstanceState.HEALTH_CHECK_PENDING and instance.hc_waiting_for_slot:
             return self._sweep_waiting(instance, now)
-        out_of_time = now >= self._deadline(instance, now)
+        out_of_time = now >= self.deadline(instance, now)
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
             if out_of_time or instance.hc_start_attempts >= settings.health_check_start_retries:
                 attempts = instance.hc_start_attempts
@@ -386,16 +391,21 @@ class HealthChecks:
             elif instance.hc_task_arn:
                 self.ecs.stop_task(instance.hc_task_arn, f"{SYSTEM_STOP_REASON_PREFIX} check timed out")
             return self._undiagnosed(instance, f"no verdict in {settings.health_check_timeout_seconds} s")
-        if not instance.hc_task_arn:
-            started = self.start_if_ready(instance.container_inst_id)
-            if started is None:
-                self.data.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECKING,
-                                              max(instance.hc_lease_until or now, now + 1))
-            return "health_check_resumed"
-        task = self.ecs.describe_task(instance.hc_task_arn)
-        if task is not None and task.get("lastStatus") == "STOPPED":
-            # Its STOPPED event was lost (or is still being retried): read it from ECS.
-            return self.on_stopped(EcsTaskDetail.model_validate(task)).action
-        self.data.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECKING,
-                                 min(self._deadline(instance), now + node_tasks.HEALTH_CHECK.poll_seconds))
+        # Within its time: its task looked at (a lost STOPPED event read from ECS), or its
+        # claim with none taken over once its lease ends (``NodeTasks.follow``).
+        return self.tasks.follow(node_tasks.HEALTH_CHECK, self, instance, now)
+
+    def start(self, instance: Instance) -> str:
+        """The sweep's start of a claimed check with no task recorded (``NodeTasks.follow``)."""
+        taken, task_arn = self._take_over(instance, clock.now())
+        if taken.step in ("claimed", "raced"):
+            return "raced" if taken.step == "raced" else "health_check_claimed"
+        return "health_check_started" if task_arn else "health_check_not_started"
+
+    def gone(self, instance: Instance) -> str:
+        """ECS no longer knows the check's task: its verdict is still waited for until the
+        check's time ends (the sweep then reads the task once more, or settles it)."""
+        now = clock.now()
+        self.tasks.rearm(node_tasks.HEALTH_CHECK, instance,
+                         min(self.deadline(instance), now + node_tasks.HEALTH_CHECK.poll_seconds))
         return "health_check_running"

@@ -16,7 +16,8 @@ taken over and its task recorded here (:meth:`NodeTasks.take_over`, :meth:`NodeT
 A GPU reset and a validation also share how a claim is made (:meth:`NodeTasks.claim_and_start`:
 a recorded task runs, a claim with none is taken over, a new one waits for the node's GPUs);
 the health check's claim takes a slot of the cluster's and of its job's checks and moves the
-node to HEALTH_CHECKING, so making that claim stays its own.
+node to HEALTH_CHECKING, so making that claim stays its own. Every kind's sweep looks at its
+task within its time the one way (:meth:`NodeTasks.follow`).
 """
 
 from __future__ import annotations
@@ -116,8 +117,11 @@ class WaitsForGpus(Protocol):
         placed leads to."""
 
 
-class FollowsTask(WaitsForGpus, Protocol):
-    """What :meth:`NodeTasks.follow` (the sweep's look) asks of the stage besides."""
+class FollowsTask(Protocol):
+    """What :meth:`NodeTasks.follow` (the sweep's look) asks of the stage."""
+
+    def deadline(self, instance: Instance) -> float:
+        """When the task is out of time (the sweep's last look is due by then)."""
 
     def start(self, instance: Instance) -> str:
         """The task started if the node still needs it (``claim_and_start``)."""
