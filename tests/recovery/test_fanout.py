@@ -100,6 +100,23 @@ def test_a_restart_starts_identical_ranks_ten_per_call_and_tells_once() -> None:
         assert len([n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]) == 1
 
 
+def _die_once_at_registered_arrival(w: World, dying_rank: int) -> list[int]:
+    """Makes the worker die once, after registering `dying_rank`, at its latch arrival; the
+    list returned gets the rank when it has died."""
+    real = w.repo.latches.arrive
+    died: list[int] = []
+
+    def dies_once(job_id: str, attempt: int, world_size: int, rank: int, latches: Any,
+                  **kwargs: Any) -> Any:
+        if Latch.REGISTERED in latches and rank == dying_rank and not died:
+            died.append(rank)
+            raise TimeoutError("the worker died after the registration (injected)")
+        return real(job_id, attempt, world_size, rank, latches, **kwargs)
+
+    w.repo.latches.arrive = dies_once  # type: ignore[method-assign]
+    return died
+
+
 def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resend() -> None:
     """The start batch dies between rank 12's registration and its latch arrival. The sweep
     sends the restart's batch again after RESEND_AFTER_SECONDS (a new message: SQS counts a
@@ -108,17 +125,7 @@ def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resen
     registration (the gang waits for it), not at rank 0's."""
     with world(gang_queue=True, max_app_restarts=1) as w:
         _restart_pending(w)
-        real = w.repo.latches.arrive
-        died: list[int] = []
-
-        def dies_once(job_id: str, attempt: int, world_size: int, rank: int, latches: Any,
-                      **kwargs: Any) -> Any:
-            if Latch.REGISTERED in latches and rank == 12 and not died:
-                died.append(rank)
-                raise TimeoutError("the worker died after the registration (injected)")
-            return real(job_id, attempt, world_size, rank, latches, **kwargs)
-
-        w.repo.latches.arrive = dies_once  # type: ignore[method-assign]
+        died = _die_once_at_registered_arrival(w, 12)
         with pytest.raises(TimeoutError):
             w.drain_queue()
         assert died == [12] and w.repo.get_job("big").state is JobState.STARTING
@@ -143,19 +150,10 @@ def test_a_rank_whose_call_started_is_registered_with_its_own_node_s_task() -> N
     one on its own node, and no rank is started again."""
     with world(gang_queue=True, max_app_restarts=1) as w:
         _restart_pending(w)
-        real = w.repo.latches.arrive
-        died: list[int] = []
-
-        def dies_once(job_id: str, attempt: int, world_size: int, rank: int, latches: Any,
-                      **kwargs: Any) -> Any:
-            if Latch.REGISTERED in latches and rank == 18 and not died:
-                died.append(rank)
-                raise TimeoutError("the worker died after the registration (injected)")
-            return real(job_id, attempt, world_size, rank, latches, **kwargs)
-
-        w.repo.latches.arrive = dies_once  # type: ignore[method-assign]
+        died = _die_once_at_registered_arrival(w, 18)
         with pytest.raises(TimeoutError):
             w.drain_queue()
+        assert died == [18]
         assert w.repo.get_rank("big", 18).attempt == 2 and w.repo.get_rank("big", 19).attempt == 1
         starts = list(w.ecs.start_calls)
         w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
