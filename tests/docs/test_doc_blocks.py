@@ -41,9 +41,12 @@ FRAGMENTS = [b for b in BLOCKS if b.mode == "fragment"]
 # the cluster as a newcomer's fresh playground is: the runner cancels what a block leaves
 # running and resets the breaker (its window empty); a node faulted by an earlier block is not
 # escalated to replacement by a later block's fault (the settings below), as it would not be on
-# a fresh playground.
+# a fresh playground. The breaker's window is an hour: 10 minutes would be 7.5 s of wall time,
+# and on a loaded machine the breaker could close by itself (a window after its trip) before
+# the commands that read it tripped had run.
 PLAYGROUND_ARGS = ("--speed", "80", "--run-minutes", "6", "--reboot-seconds", "60",
-                   "--setting", "reboots_before_replace=100", "--setting", "max_remediations=1000")
+                   "--setting", "reboots_before_replace=100", "--setting", "max_remediations=1000",
+                   "--setting", "breaker_window_minutes=60")
 
 
 def ids(blocks: list[Block]) -> list[str]:
