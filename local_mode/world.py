@@ -6,7 +6,10 @@ wiring in ``sim.wiring``) and differ in their storage and timing:
 * ``backend="moto"`` (the default): :class:`World`, the emulated AWS account (``LocalAws``:
   moto, or its in-memory DynamoDB), the bus delivering in process and the simulated ECS data
   plane (``SimulatedEcs``), with the recovery Lambdas wired to the bus as infra deploys them;
-  exact API behaviour, for the demo, the playground, the scenarios and the campaigns::
+  exact API behaviour, for the demo, the playground, the scenarios and the campaigns. Its
+  DynamoDB is ``LocalAws(dynamodb=...)``'s, by default :data:`DEFAULT_DYNAMODB` (moto for the
+  demo and the playground; the test suite sets the in-memory store, a fraction of moto's CPU
+  per call, and the tests that pin moto's DynamoDB ask for it)::
 
     with build_world(duplicate_delivery=True, max_recovery_attempts=3) as world:
         world.ecs.add_node("node-a")
@@ -50,6 +53,10 @@ from .sim.wiring import InProcessHost, wire_recovery_handlers, wire_schedule
 
 if TYPE_CHECKING:
     from .scale_recovery import ScaleWorld
+
+#: the DynamoDB of a world that names none (``LocalAws(dynamodb=...)``): "moto", or "memory" (the
+#: test suite's, tests/conftest.py)
+DEFAULT_DYNAMODB = "moto"
 
 #: the deployed rate(1 minute) schedules of the heartbeat sweep and the queue scheduler
 HEARTBEAT_SWEEP_SCHEDULE = D.HEARTBEAT_SWEEP_SCHEDULE.name
@@ -235,7 +242,8 @@ def build_moto_world(*, duplicate_delivery: bool = False, handlers: bool = True,
                 **aws_options: Any) -> Iterator[World]:
     """Set up the moto world, yield it, tear it down.
 
-    ``aws_options`` go to ``LocalAws`` (``metrics_disabled`` defaults to True here);
+    ``aws_options`` go to ``LocalAws`` (``metrics_disabled`` defaults to True here, ``dynamodb``
+    to :data:`DEFAULT_DYNAMODB`);
     ``duplicate_delivery``: every event delivered twice; ``handlers``: wire the recovery
     Lambdas (``wire_recovery_handlers``), with the recovery sweep every
     ``sweep_every_seconds`` (None: no sweep schedule); ``train_seconds`` and
@@ -246,7 +254,7 @@ def build_moto_world(*, duplicate_delivery: bool = False, handlers: bool = True,
     (``World.training_task_definition``) whose tasks run ``training_run_seconds`` then exit 0
     (None: until stopped).
     """
-    aws_options = {"metrics_disabled": True, **aws_options}
+    aws_options = {"metrics_disabled": True, "dynamodb": DEFAULT_DYNAMODB, **aws_options}
     with LocalAws(**aws_options) as aws:
         runtime.reset(clients=False)
         try:

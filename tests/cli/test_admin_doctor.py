@@ -146,7 +146,9 @@ def account(capsys: pytest.CaptureFixture[str]) -> Iterator[Account]:
     from local_mode.world import build_world
 
     # No recovery Lambdas on the bus: the doctor reads the account; the node API is called directly.
-    with build_world(handlers=False, sim_options={"node_tag_key": TAG_KEY},
+    # moto's DynamoDB: the deployment turns the tables' point-in-time recovery on, which the
+    # doctor reads back (the in-memory store keeps no backups).
+    with build_world(handlers=False, dynamodb="moto", sim_options={"node_tag_key": TAG_KEY},
                      extra_env={"POWERTOOLS_LOG_LEVEL": "CRITICAL"}) as world:
         local, sim = world.aws, world.ecs
         for name, kind in (("node-a", "ec2"), ("node-b", "ec2"), ("node-d", "anywhere")):

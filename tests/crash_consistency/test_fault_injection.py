@@ -153,7 +153,7 @@ def _last_dynamodb_write() -> int:
 @pytest.mark.slow
 def test_the_in_memory_dynamodb_runs_the_flow_exactly_as_moto() -> None:
     """The campaigns' DynamoDB is the in-memory store (``local_mode.sim.dynamo.botocore_backend``); on moto,
-    the DynamoDB the rest of the suite runs on, the unbroken flow and two broken runs (the
+    the DynamoDB of the demo and the playground, the unbroken flow and two broken runs (the
     recovery's entry throttled, the last write's response lost) make the same AWS calls in
     the same order (service, operation, and for the unbroken run the call site), break the
     same call, and end the same."""

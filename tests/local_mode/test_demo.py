@@ -42,9 +42,12 @@ pytestmark = pytest.mark.xdist_group("demo")
 @pytest.fixture(scope="module")
 def demo() -> tuple[dict[str, int], dict[str, Any]]:
     from local_mode import demo as demo_module
+    from local_mode import world
 
     details: dict[str, Any] = {}
-    summary = demo_module.run(quiet=True, details=details)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(world, "DEFAULT_DYNAMODB", "moto")  # as `make demo` runs it (tests/conftest.py)
+        summary = demo_module.run(quiet=True, details=details)
     return summary, details
 
 

@@ -28,7 +28,11 @@ pytestmark = pytest.mark.xdist_group("time-sharing-demo")
 
 @pytest.fixture(scope="module")
 def outcome() -> scenario.TimeSharingResult:
-    return scenario.run()
+    from local_mode import world
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(world, "DEFAULT_DYNAMODB", "moto")  # as `make demo` runs it (tests/conftest.py)
+        return scenario.run()
 
 
 def _states(job: dict) -> list[str]:

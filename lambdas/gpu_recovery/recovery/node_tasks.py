@@ -124,7 +124,8 @@ class FollowsTask(Protocol):
         """When the task is out of time (the sweep's last look is due by then)."""
 
     def start(self, instance: Instance) -> str:
-        """The task started if the node still needs it (``claim_and_start``)."""
+        """The task started if the node still needs it (a reset's and a validation's:
+        ``claim_and_start``; the check's: its claim taken over, ``HealthChecks.start``)."""
 
     def gone(self, instance: Instance) -> str:
         """ECS no longer knows the recorded task: what that leads to."""
