@@ -64,10 +64,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: minutes on one core; its xdist group is handed out first")
     install_emulator_speedups()
     # The worlds' DynamoDB is the in-memory store (the crash campaigns' and the soak's), a
-    # fraction of moto's CPU per call: make test takes about a fifth less
-    # time. moto's stays under the tests that pin it (dynamodb="moto", or LocalAws itself), the
-    # demo, the playground and the documentation's blocks; tests/local_mode/test_memory_backend.py
-    # and the GPU-fault campaign hold the two to the same calls and outcome.
+    # fraction of moto's CPU per call: make test takes about a fifth less time. moto's stays
+    # under the tests that pin it (dynamodb="moto", LocalAws or mock_aws entered themselves),
+    # the demo's tests, the playground and the documentation's blocks. The two are held to the
+    # same answers (tests/local_mode/test_memory_backend.py) and, in the slow tier, to the same
+    # calls and end of a whole recovery (test_the_in_memory_dynamodb_runs_the_flow_exactly_as_moto).
     world.DEFAULT_DYNAMODB = "memory"
     compare_missing_attributes_as_dynamodb_does()  # every test's moto, not only the emulator's
     if config.getoption("--quick"):
