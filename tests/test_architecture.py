@@ -113,13 +113,36 @@ def _sources(root: Path) -> Iterator[Path]:
     yield from sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+# The checkers below read the same files many times: parsing and walking them again was most
+# of this module's CPU (about 35 s of 43 in the quick tier), so each text is parsed once and
+# each tree walked once.
+@cache
+def parsed(source: str, filename: str = "<unknown>") -> ast.Module:
+    return ast.parse(source, filename)
+
+
+_WALKS: dict[int, tuple[ast.AST, tuple[ast.AST, ...]]] = {}
+
+
+def walk(tree: ast.AST) -> tuple[ast.AST, ...]:
+    """``ast.walk(tree)``, kept: the entry holds the tree, so its id is never reused."""
+    entry = _WALKS.get(id(tree))
+    if entry is None:
+        entry = _WALKS[id(tree)] = (tree, tuple(ast.walk(tree)))
+    return entry[1]
+
+
+def walked(source: str, filename: str = "<unknown>") -> tuple[ast.AST, ...]:
+    return walk(parsed(source, filename))
+
+
 @cache
 def project_methods() -> frozenset[str]:
     """Names of every function the project defines (a call by one of these names with no
     keyword arguments is taken for the project's own method)."""
     names: set[str] = set()
     for path in _sources(LAMBDAS):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in walked(path.read_text(), str(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 names.add(node.name)
     return frozenset(names)
@@ -170,14 +193,14 @@ def scan(source: str, path: str, *, aws_services: Iterable[str] = (), raw_client
     * ``dynamodb``: any use of DynamoDB: its operations, ``Table``, ``.meta.client``,
       ``boto3.dynamodb``, its client or resource built (unless ``dynamodb_wiring_allowed``).
     """
-    tree = ast.parse(source, path)
+    tree = parsed(source, path)
     findings: list[Finding] = []
     services = tuple(aws_services) + (("dynamodb",) if dynamodb else ())
 
     def add(node: ast.AST, what: str) -> None:
         findings.append(Finding(path, getattr(node, "lineno", 0), what))
 
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             for module in modules:
@@ -265,7 +288,7 @@ def test_the_checked_services_cover_every_client_runtime_builds() -> None:
     Then none is missing (a new service would otherwise escape the check)."""
     named: set[str] = set()
     for path in [RUNTIME, JOBS_API, *_sources(ADAPTERS)]:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in walked(path.read_text()):
             if (isinstance(node, ast.Call) and _first_string(node)
                     and _dotted(node.func) in ("aws.client", "aws.resource", "sess.client", "sess.resource")):
                 named.add(_first_string(node))
@@ -373,7 +396,7 @@ def imported_names(tree: ast.AST, module: str, is_package: bool) -> Iterator[tup
     """Every module ``tree`` imports, absolute, with its line: module level, inside
     functions and under ``if TYPE_CHECKING`` alike. ``from a import b`` yields ``a.b``: the
     module ``a.b`` if there is one, else a name in ``a`` (``_resolve`` tells)."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
@@ -405,7 +428,7 @@ def import_graph(modules: dict[str, Module]) -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {}
     for name, module in modules.items():
         edges: dict[str, int] = {}
-        tree = ast.parse(module.path.read_text(), str(module.path))
+        tree = parsed(module.path.read_text(), str(module.path))
         for imported, line in imported_names(tree, name, module.is_package):
             target = _resolve(imported, modules)
             if target is not None and target != name:
@@ -490,7 +513,7 @@ def test_domain_imports_only_the_domain_and_the_standard_library() -> None:
     for module in modules.values():
         if not _inside(module.path, DOMAIN) and module.path.parent != DOMAIN:
             continue
-        tree = ast.parse(module.path.read_text(), str(module.path))
+        tree = parsed(module.path.read_text(), str(module.path))
         for imported, line in imported_names(tree, module.name, module.is_package):
             top = imported.split(".")[0]
             if imported.startswith("gpu_recovery.domain.") or (top in sys.stdlib_module_names
@@ -522,7 +545,7 @@ def test_the_cycle_check_sees_function_level_relative_and_type_checking_imports(
     graph = {}
     for module, source in sources.items():
         edges: dict[str, int] = {}
-        for imported, line in imported_names(ast.parse(source), module, False):
+        for imported, line in imported_names(parsed(source), module, False):
             target = _resolve(imported, sources)
             if target is not None and target != module:
                 edges.setdefault(target, line)
@@ -537,7 +560,7 @@ def test_nothing_runtime_builds_imports_it_back() -> None:
     modules = project_modules()
     findings = [f"{_relative(m.path)}:{line}"
                 for m in modules.values() if _inside(m.path, PACKAGE) and m.path != RUNTIME
-                for imported, line in imported_names(ast.parse(m.path.read_text()), m.name, m.is_package)
+                for imported, line in imported_names(parsed(m.path.read_text()), m.name, m.is_package)
                 if _resolve(imported, modules) == "gpu_recovery.runtime"]
     assert not findings, "gpu_recovery modules importing runtime back: " + ", ".join(findings)
 
@@ -561,7 +584,7 @@ CONDITION_TEXT = re.compile(
 def condition_findings(source: str, path: str) -> list[Finding]:
     """A condition expression written (or an update built) in ``source``."""
     findings: list[Finding] = []
-    for node in ast.walk(ast.parse(source, path)):
+    for node in walked(source, path):
         text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
         if text is not None and CONDITION_TEXT.search(text):
             findings.append(Finding(path, node.lineno, f"condition text {text[:60]!r}"))
@@ -642,7 +665,7 @@ def _item_keys() -> set[str]:
     """The singleton item keys (``*_ITEM_KEY``, ``*_SLOTS_KEY``...) and item-key builders
     (``*_key`` functions but a job's and a rank's, which every repository of the job
     table builds on) that constants.py defines."""
-    tree = ast.parse(CONSTANTS.read_text())
+    tree = parsed(CONSTANTS.read_text())
     names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
              if isinstance(t, ast.Name) and t.id.endswith("_KEY") and t.id.isupper()}
     names |= {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
@@ -652,10 +675,10 @@ def _item_keys() -> set[str]:
 
 
 def _names_used(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    used |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    tree = parsed(path.read_text())
+    used = {n.id for n in walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.attr for n in walk(tree) if isinstance(n, ast.Attribute)}
+    used |= {a.asname or a.name for n in walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     return used
 
 
@@ -691,10 +714,10 @@ BREAKER_WRITES = frozenset({"save_breaker", "breaker_update", "drop_released"})
 
 def breaker_findings(source: str, path: str) -> list[Finding]:
     """The breaker's state decided (its policy's state changes) or written in ``source``."""
-    tree = ast.parse(source, path)
+    tree = parsed(source, path)
     policy_names: set[str] = set()
     findings: list[Finding] = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module == "gpu_recovery.domain.breaker":
             policy_names |= {a.asname or a.name for a in node.names if a.name == "breaker"}
         elif isinstance(node, ast.ImportFrom) and node.module == BREAKER_POLICY:
@@ -702,7 +725,7 @@ def breaker_findings(source: str, path: str) -> list[Finding]:
                          for a in node.names if a.name in BREAKER_DECISIONS]
         elif isinstance(node, ast.Import):
             policy_names |= {a.asname for a in node.names if a.name == BREAKER_POLICY and a.asname}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             receiver = _dotted(node.func.value)
             if node.func.attr in BREAKER_DECISIONS and receiver in policy_names:
@@ -795,7 +818,7 @@ SCALE_WORLD_BUILDER = "local_mode/scale_recovery.py"
 def world_parts_built(source: str, path: str) -> list[str]:
     """``path:line Name(`` for each construction of a world part in ``source``."""
     found = []
-    for node in ast.walk(ast.parse(source, path)):
+    for node in walked(source, path):
         if isinstance(node, ast.Call):
             func = node.func
             name = (func.id if isinstance(func, ast.Name)
@@ -830,7 +853,7 @@ def imported_test_modules(source: str, path: str) -> list[str]:
     parts = list(Path(path).with_suffix("").parts)
     is_package = parts[-1] == "__init__"
     module = ".".join(parts[:-1] if is_package else parts)
-    imported = imported_names(ast.parse(source, path), module, is_package)
+    imported = imported_names(parsed(source, path), module, is_package)
     return [f"{path}:{line} {name}" for name, line in imported
             if name.split(".")[0] == "tests" and any(p.startswith("test_") for p in name.split(".")[1:])]
 
@@ -874,7 +897,7 @@ def simulator_parts_defined(source: str, path: str) -> list[str]:
     a clock, a bus, a cluster or a simulation (or, in local_mode/ and bench/, like an ECS model),
     an AWS event built with local_mode/events.py, EventBridge's rule matcher imported."""
     found = []
-    for node in ast.walk(ast.parse(source, path)):
+    for node in walked(source, path):
         if isinstance(node, ast.ClassDef):
             if f"{path}:{node.name}" in POLICY_MODELS:
                 continue
@@ -910,7 +933,7 @@ def test_nothing_outside_the_simulation_layer_models_a_clock_a_bus_or_ecs() -> N
                 continue
             source = path.read_text()
             found += simulator_parts_defined(source, relative)
-            policy_models |= {f"{relative}:{node.name}" for node in ast.walk(ast.parse(source, relative))
+            policy_models |= {f"{relative}:{node.name}" for node in walked(source, relative)
                               if isinstance(node, ast.ClassDef)}
     assert not found, f"simulate AWS in local_mode/sim/ (and use it from there): {found}"
     stale = sorted(set(POLICY_MODELS) - policy_models)
@@ -950,7 +973,7 @@ def hooks_assigned(source: str, path: str) -> list[str]:
     """``path:line target`` for each callable (a lambda, a method of ``self`` or of one of its
     parts) assigned to an attribute of another object: a hook patched in after construction."""
     found = []
-    for node in ast.walk(ast.parse(source, path)):
+    for node in walked(source, path):
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
