@@ -50,7 +50,7 @@ from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.ecs_budget import EcsCallBudget
 from gpu_recovery.domain.validation import ValidationPolicy
 from gpu_recovery.recovery import RecoveryService
-from gpu_recovery.recovery.ranks import container_environment
+from gpu_recovery.recovery.task_convention import container_environment
 from gpu_recovery.settings import Settings
 from handlers import (
     dcgm_task_monitor,

@@ -103,6 +103,49 @@ def test_an_older_attempt_s_task_is_not_registered_over_the_new_one() -> None:
         assert w.repo.get_rank("llm-pretrain-42", 3).task_arn == new.taskArn
 
 
+class CountingIndexLookups:
+    """Wraps the repository's task-index lookup (a Query of ``by-task-arn``): each is counted."""
+
+    def __init__(self, repo: Any) -> None:
+        self.calls: list[str] = []
+        real = repo.look_up_task
+
+        def look_up_task(task_arn: str) -> Any:
+            self.calls.append(task_arn)
+            return real(task_arn)
+
+        repo.look_up_task = look_up_task
+
+
+def test_a_registered_rank_s_events_read_it_by_its_key_not_through_the_task_index() -> None:
+    """The rank the event names records this task: one GetItem by key, no index Query."""
+    with world() as w:
+        first = w.service.on_task_state_change(event())  # registers rank 3
+        lookups = CountingIndexLookups(w.repo)
+        stopped = w.service.on_task_state_change(event(status="STOPPED"))
+        assert first.action == "running" and stopped.job_id == "llm-pretrain-42"
+        assert lookups.calls == []
+        assert w.repo.get_rank("llm-pretrain-42", 3).state is RankState.DONE
+
+
+@pytest.mark.parametrize("named_rank", [3, 5])
+def test_an_event_naming_a_rank_that_records_another_task_is_not_taken_for_it(named_rank: int) -> None:
+    """What the event names is only where to look: a task whose environment names rank 3 (its
+    own, an older attempt's, or another's) while rank 3 records another task is looked up by
+    its own task, and rank 3 keeps its task."""
+    with world() as w:
+        registered = event()
+        w.service.on_task_state_change(registered)
+        lookups = CountingIndexLookups(w.repo)
+        other = event(task=f"{FIXTURE['detail']['taskArn']}-other", rank=named_rank, attempt=1)
+        if named_rank == 3:
+            assert w.service.on_task_state_change(other).detail == {"why": "task of an older attempt"}
+        else:
+            w.service.on_task_state_change(other)
+        assert lookups.calls == [other.taskArn]
+        assert w.repo.get_rank("llm-pretrain-42", 3).task_arn == registered.taskArn
+
+
 def test_a_rank_registered_by_its_event_keeps_the_tags_it_was_launched_with() -> None:
     """Issue 49's campaign defect: a restart's registration lost (its response), the new
     attempt's RUNNING event registers the rank by the convention, which carries no tags; the

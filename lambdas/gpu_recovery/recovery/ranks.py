@@ -23,7 +23,6 @@ from gpu_recovery.constants import (
     ENV_VAR_SECURITY_GROUPS,
     ENV_VAR_SUBNETS,
     ENV_VAR_WORLD_SIZE,
-    JOB_GROUP_PREFIX,
     MAX_TASK_TAGS,
     MAX_WORLD_SIZE,
     TAG_ATTEMPT,
@@ -50,6 +49,7 @@ from gpu_recovery.domain.task_network import NetworkError, awsvpc_configuration,
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
+from gpu_recovery.recovery.task_convention import container_environment, convention_job_id, convention_rank
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import TaskLookup
@@ -222,23 +222,6 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
         subnet=subnet,
         network=network,
     )
-
-
-def container_environment(overrides: dict[str, Any]) -> dict[str, str]:
-    """The environment of a task's container overrides (the first value of a name wins)."""
-    env: dict[str, str] = {}
-    for container in (overrides or {}).get("containerOverrides") or []:
-        if not isinstance(container, dict):
-            continue
-        for entry in container.get("environment") or []:
-            if isinstance(entry, dict) and "name" in entry:
-                env.setdefault(str(entry["name"]), str(entry.get("value", "")))
-    return env
-
-
-def convention_job_id(group: str) -> str:
-    """The job a task's ``group`` names under the registration convention ("" if none)."""
-    return group[len(JOB_GROUP_PREFIX):].strip() if group.startswith(JOB_GROUP_PREFIX) else ""
 
 
 def registration_from_event(task: dict[str, Any]) -> RankRegistration | None:
@@ -435,10 +418,18 @@ class RankOperations:
         return ec2_id
 
     def rank_for_task(self, detail: EcsTaskDetail) -> Rank | None:
-        """The task's rank: known by its task, else registered from its event (the
-        convention), else from its tags (one DescribeTasks, once per task: a task found not
-        protected is remembered, so its later events cost no DescribeTasks)."""
+        """The task's rank: the one its event names if that rank records this task, else
+        known by its task, else registered from its event (the convention), else from its
+        tags (one DescribeTasks, once per task: a task found not protected is remembered, so
+        its later events cost no DescribeTasks)."""
         repo = self.data
+        named = convention_rank(detail.group, detail.overrides)
+        if named is not None:
+            # The rank the event names, by key: one GetItem and no index query when it
+            # records this task (the common case); anything else is looked up by the task.
+            rank = repo.get_rank(*named)
+            if rank is not None and rank.task_arn == detail.taskArn:
+                return rank
         known = repo.look_up_task(detail.taskArn)
         if known.rank is not None:
             return known.rank
