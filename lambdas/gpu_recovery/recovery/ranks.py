@@ -423,7 +423,8 @@ class RankOperations:
         tags (one DescribeTasks, once per task: a task found not protected is remembered, so
         its later events cost no DescribeTasks)."""
         repo = self.data
-        named = convention_rank(detail.group, detail.overrides)
+        mode = self.settings.registration
+        named = convention_rank(detail.group, detail.overrides) if mode != "tags" else None
         if named is not None:
             # The rank the event names, by key: one GetItem and no index query when it
             # records this task (the common case); anything else is looked up by the task.
@@ -433,7 +434,6 @@ class RankOperations:
         known = repo.look_up_task(detail.taskArn)
         if known.rank is not None:
             return known.rank
-        mode = self.settings.registration
         if mode != "tags":
             try:
                 reg = registration_from_event(detail.model_dump())
