@@ -121,15 +121,10 @@ def parsed(source: str, filename: str = "<unknown>") -> ast.Module:
     return ast.parse(source, filename)
 
 
-_WALKS: dict[int, tuple[ast.AST, tuple[ast.AST, ...]]] = {}
-
-
+@cache
 def walk(tree: ast.AST) -> tuple[ast.AST, ...]:
-    """``ast.walk(tree)``, kept: the entry holds the tree, so its id is never reused."""
-    entry = _WALKS.get(id(tree))
-    if entry is None:
-        entry = _WALKS[id(tree)] = (tree, tuple(ast.walk(tree)))
-    return entry[1]
+    """``ast.walk(tree)``, kept (AST nodes hash by identity; the cache holds the tree)."""
+    return tuple(ast.walk(tree))
 
 
 def walked(source: str, filename: str = "<unknown>") -> tuple[ast.AST, ...]:
