@@ -4,6 +4,7 @@ one test each (the acceptance campaign in tests/crash_consistency covers every c
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 
@@ -72,6 +73,40 @@ def test_a_rank_our_stop_reached_is_not_a_suspect() -> None:
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
         assert set(w.repo.faults.labels(w.repo.get_job("j"))) == {FAULTY}
         assert w.ecs.health_checks_on(PEER) == []
+
+
+class CountingReads:
+    """Counts the repository's reads of a job and of a rank (a GetItem each), by name."""
+
+    def __init__(self, repo: Any) -> None:
+        self.calls: list[str] = []
+        for name in ("get_job", "get_rank"):
+            setattr(repo, name, self._counted(name, getattr(repo, name)))
+
+    def _counted(self, name: str, real: Any) -> Any:
+        def read(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return real(*args, **kwargs)
+        return read
+
+
+def test_a_rank_our_stop_reached_reads_its_job_once_and_its_rank_not_again() -> None:
+    """A gang's stopped rank writes its stop and nothing else: it goes on with the job it
+    decided on and the rank it wrote (two GetItems per stopped rank fewer than a re-read of
+    each), and still arrives at its attempt's latch."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY, "node-c"])
+        fault(w, arns)
+        reads = CountingReads(w.repo)
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        assert reads.calls == ["get_job"]
+        # The last rank's stop ends the attempt: that reads the job again, to move it on.
+        w.service.on_task_state_change(w.task_stopped(
+            arns[2], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        assert reads.calls == ["get_job"] * 3
+        assert w.repo.get_rank("j", 0).state is RankState.STOPPED
+        assert w.repo.get_job("j").tally.total == 1  # every rank ended: the suspects counted
 
 
 def test_a_user_stop_racing_ours_ends_the_job_without_a_wasted_check() -> None:

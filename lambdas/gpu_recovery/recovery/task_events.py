@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, RETRY_INTERVAL_SECONDS, NotificationKind
 from gpu_recovery.domain import goodput, policy
 from gpu_recovery.domain.escalation import charges_job, history_from_item, stored_history_with
-from gpu_recovery.domain.evidence import Evidence
-from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget, Trigger
+from gpu_recovery.domain.fault_vocabulary import Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank, Suspect
 from gpu_recovery.domain.policy import StopKind, StopReaction, TaskStop
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.remediation_plan import RemediationPlan, RemediationPolicy
+from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import (
     ACTIVE_JOB_STATES,
     HOLDING_RANK_STATES,
@@ -55,6 +54,7 @@ from gpu_recovery.recovery.remediation.job_settlement import JobSettlement, budg
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import details_of
 from gpu_recovery.recovery.stage_data import TaskEventData
+from gpu_recovery.recovery.stop_assessment import Assessment, fault_marks
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE, RankStop
 from gpu_recovery.settings import Settings
@@ -76,6 +76,9 @@ _JUDGED_KINDS = (StopKind.SUSPECTED_GPU_FAULT, StopKind.FAILED)
 _STOPPING_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.RESTART, StopReaction.FAIL_JOB,
                        StopReaction.USER_STOPPED)
 _SUSPECT_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.ADD_SUSPECT)
+# Reactions that write the rank's stop and nothing else (a gang's stopped ranks, a fault's
+# coupled exits, a completion): what follows needs no fresh read of the job or the rank.
+_RANK_ONLY_REACTIONS = (StopReaction.RECORD, StopReaction.MAYBE_COMPLETE, StopReaction.COUPLED)
 # A stop whose job keeps its node (it entered, or is in, recovery: the node is reserved for
 # its restart), or a redelivery: no node freed for anyone else.
 _STILL_HELD = frozenset({"health_check_requested", "coupled_exit", "recorded", "duplicate",
@@ -83,54 +86,6 @@ _STILL_HELD = frozenset({"health_check_requested", "coupled_exit", "recorded", "
 # A fault of a rank that failed on its own moves the job from these (a SUSPENDING job's
 # grace included: the fault wins over the suspension).
 FAULT_JOB_STATES = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
-
-
-@dataclass(frozen=True)
-class Assessment:
-    """A rank's own exit, judged by the fault catalog against its node's evidence."""
-
-    evidence: Evidence
-    plan: RemediationPlan
-    instance_item: dict[str, Any] | None
-    # What the stack is doing to the rank's node (policy.stack_remediation): the rank was
-    # killed by our own reboot or replacement, an infrastructure fault of that node.
-    remediating: str = ""
-
-    @property
-    def catalog_node_fault(self) -> bool:
-        return self.plan.action is Action.HEALTH_CHECK or self.plan.action in NODE_ACTIONS
-
-    @property
-    def node_fault(self) -> bool:
-        return self.catalog_node_fault or bool(self.remediating)
-
-    @property
-    def observed(self) -> bool:
-        """Observe mode keeps the recovery from beginning (ranks not stopped, no diag)."""
-        needed = {Effect.STOP_TASKS} | ({Effect.HEALTH_CHECK} if self.plan.action is Action.HEALTH_CHECK
-                                        else set())
-        return bool(needed & set(self.plan.record_only))
-
-    def record(self, now: float, node: str = "", attempt: int = 0) -> dict[str, Any]:
-        out: dict[str, Any] = {"at": now, "evidence": self.evidence.to_dict(), "plan": self.plan.to_dict()}
-        if node:
-            out.update(node=node, attempt=attempt)
-        return out
-
-
-def _fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
-                 budget: BudgetOutcome | None) -> dict[str, Any]:
-    """The goodput facts of a rank's fault (``domain.goodput``): when it happened (the
-    evidence's time: the task's stop), the last checkpoint reported before it, its node
-    and catalog rule, and whether it is the job's own (an application error)."""
-    fault_at = assessment.evidence.fault_at if assessment is not None else now
-    rule = assessment.plan.decision.rule_id if assessment is not None else ""
-    own = budget is not None and budget.charged is Budget.APPLICATION
-    if assessment is not None and not assessment.node_fault and \
-            assessment.plan.decision.budget is Budget.APPLICATION:
-        own = True
-    checkpoint_at = goodput.checkpoint_before(job.checkpoint, fault_at)
-    return goodput.fault_marks(fault_at=fault_at, checkpoint_at=checkpoint_at, node=node, rule=rule, own=own)
 
 
 class TaskEvents:
@@ -243,7 +198,8 @@ class TaskEvents:
                 reaction = StopReaction.COUPLED
             if self._record(job, rank, stop, reaction, rank_stop, assessment, budget, exited_at=ended_at):
                 return self._follow_up(job, rank, kind, reaction, redelivered=rank_stop is None,
-                                       assessment=assessment, ended_at=ended_at)
+                                       assessment=assessment, ended_at=ended_at,
+                                       written=_as_written(rank, rank_stop, reaction))
             rank = repo.get_rank(rank.job_id, rank.rank) or rank
             if rank.task_arn != detail.taskArn:
                 return Outcome("ignored", rank.job_id, {"why": "task of an older attempt"})
@@ -288,7 +244,7 @@ class TaskEvents:
         node = rank.container_inst_id
         decided = f" ({assessment.plan.decision.reason})" if assessment is not None else ""
         last_fault = assessment.record(now, node, job.attempt) if assessment is not None else None
-        ledger = _fault_marks(job, node, now, assessment, budget)
+        ledger = fault_marks(job, node, now, assessment, budget)
         if reaction is StopReaction.USER_STOPPED:
             reason = (f"rank {rank.rank} stopped by a user ({stop.stopped_reason or 'UserInitiated'})")
             return ended(self.metrics, self.data, job.job_id, repo.finish_job(
@@ -392,8 +348,12 @@ class TaskEvents:
 
     def _follow_up(self, job: Job, rank: Rank, kind: StopKind, reaction: StopReaction, *,
                    redelivered: bool, assessment: Assessment | None = None,
-                   ended_at: float | None = None) -> Outcome:
-        fresh = self.data.get_job(job.job_id) or job
+                   ended_at: float | None = None, written: Rank | None = None) -> Outcome:
+        """``written``: the rank as this delivery wrote it, when that was all its reaction
+        wrote: the job goes on as read (its reaction was decided on that read), except where any
+        stop may name a suspect (``health_check_all_nodes``: the latest tally is needed)."""
+        rank_only = written is not None and not self.settings.check_all_nodes_on_fault
+        fresh, written = (job, written) if rank_only else (self.data.get_job(job.job_id) or job, None)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             self._observed(fresh, rank, assessment)
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
@@ -406,7 +366,7 @@ class TaskEvents:
             self._stop_gang(fresh)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
                                  suspect=reaction in _SUSPECT_REACTIONS,
-                                 coupled=reaction is StopReaction.COUPLED, ended_at=ended_at)
+                                 coupled=reaction is StopReaction.COUPLED, ended_at=ended_at, written=written)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             return Outcome("observed", job.job_id, {"rank": rank.rank,
                                                     "would_have_done": [e.value for e in
@@ -454,14 +414,16 @@ class TaskEvents:
                            extra={"job_id": job.job_id, "instance": rank.container_inst_id})
 
     def _converge(self, job: Job, *, redelivered: bool, kind: StopKind, rank: Rank,
-                  suspect: bool = False, coupled: bool = False, ended_at: float | None = None) -> Outcome:
+                  suspect: bool = False, coupled: bool = False, ended_at: float | None = None,
+                  written: Rank | None = None) -> Outcome:
         """Do what the rank's stop still needs (the work a dead delivery left undone): its
         node's health check if it is a suspect, its arrival at the attempt's latches, and
         whatever completing them means for the job (``ended_at``: when the task ended, the
-        end of a completed job's training in its ledger)."""
+        end of a completed job's training in its ledger; ``written``: the rank as this
+        delivery wrote it, else read)."""
         detail: dict[str, Any] = {"rank": rank.rank, "kind": kind.value}
         repo = self.data
-        current = repo.get_rank(rank.job_id, rank.rank) or rank
+        current = written or repo.get_rank(rank.job_id, rank.rank) or rank
         if current.attempt != rank.attempt or not current.state.is_terminal:
             return Outcome("recorded", job.job_id, {**detail, "why": "older attempt"})
         node = current.container_inst_id
@@ -593,3 +555,10 @@ class TaskEvents:
                         "jobs": [job.job_id]})
         # Known bad (a definitive fault) all the same: no new work on it (domain.cordon).
         self.remediation.cordon_only(rank.container_inst_id, plan)
+
+
+def _as_written(rank: Rank, rank_stop: RankStop | None, reaction: StopReaction) -> Rank | None:
+    """The rank as this delivery's own stop left it, if the reaction wrote nothing else."""
+    if rank_stop is None or reaction not in _RANK_ONLY_REACTIONS:
+        return None
+    return replace(rank, state=rank_stop.to, coupled=rank.coupled or reaction is StopReaction.COUPLED)
