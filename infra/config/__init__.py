@@ -36,6 +36,7 @@ from gpu_recovery.constants import (
     REGISTRATION_MODES,
 )
 from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
+from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS, START_BATCH_RANKS
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
 from gpu_recovery.domain.preflight.baseline import DEFAULT_SLOW_FRACTION
 from gpu_recovery.domain.preflight.settings import (
@@ -349,6 +350,9 @@ class RecoveryConfig:
     gang_worker_concurrency: int = option(
         DEFAULT_GANG_WORKER_CONCURRENCY, integer(2, 100), "large-job stop/start batches run at once")
     batch_identical_starts: bool = option(True, boolean(), "up to 10 identical ranks per StartTask")
+    gang_inline_max_ranks: int = option(
+        INLINE_MAX_RANKS, integer(0, START_BATCH_RANKS),
+        "a gang this small is stopped and started by the invocation that asks (0: always the gang queue)")
     deadline_index_shards: int = option(
         1, integer(1, DEADLINE_SHARDS_MAX),
         "partition keys of the by-deadline index (one takes ~1,000 writes/s; raise only: docs/sizing.md)")

@@ -262,6 +262,7 @@ def jobs_service(trigger: SchedulerTrigger | None) -> JobQueueService:
         suspend_grace_seconds=settings.sharing.suspend_grace_seconds,
         gang_queue=(GangQueue(aws.client("sqs"), settings.gang_queue_url) if settings.gang_queue_url
                     else None),
+        gang_inline_max_ranks=settings.gang_inline_max_ranks,
     )
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gpu_recovery import constants as c
 from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
+from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS, START_BATCH_RANKS
 from gpu_recovery.domain.heartbeat_policy import (
     DEFAULT_HANG_SECONDS,
     DEFAULT_MAX_SKEW_SECONDS,
@@ -157,6 +158,7 @@ class Settings:
     # control-plane budget shared by the stack, grouped StartTask of identical ranks, and
     # DCGM health checks at once (per job, per cluster).
     gang_queue_url: str = ""
+    gang_inline_max_ranks: int = INLINE_MAX_RANKS  # a gang this small runs its batches inline
     ecs_api: TokenBucket = field(default_factory=TokenBucket)
     batch_identical_starts: bool = True
     max_health_checks_per_job: int = DEFAULT_HEALTH_CHECKS_PER_JOB
@@ -217,6 +219,7 @@ class Settings:
             fault_catalog_override=env.get(c.ENV_FAULT_CATALOG_OVERRIDE, ""),
             reboot_document=env.get(c.ENV_REBOOT_DOCUMENT) or c.DEFAULT_REBOOT_DOCUMENT_NAME,
             gang_queue_url=env.get(c.ENV_GANG_QUEUE_URL, ""),
+            gang_inline_max_ranks=gang_inline_max_ranks(env),
             ecs_api=ecs_api_bucket(env),
             batch_identical_starts=_bool(env, c.ENV_BATCH_IDENTICAL_STARTS, True),
             max_health_checks_per_job=_int(env, c.ENV_MAX_HEALTH_CHECKS_PER_JOB,
@@ -261,6 +264,12 @@ def registration_mode(env: Mapping[str, str]) -> str:
         raise SettingsError(f"{c.ENV_REGISTRATION} must be one of {', '.join(c.REGISTRATION_MODES)}, "
                             f"got {raw!r}")
     return raw
+
+
+def gang_inline_max_ranks(env: Mapping[str, str]) -> int:
+    """The largest gang whose stop and start batches run in the invocation that asks (0: every
+    gang's go through the gang queue); at most one start batch."""
+    return _bounded(env, c.ENV_GANG_INLINE_MAX_RANKS, INLINE_MAX_RANKS, 0, START_BATCH_RANKS)
 
 
 def ecs_api_bucket(env: Mapping[str, str] | None = None) -> TokenBucket:
@@ -395,6 +404,7 @@ class JobsApiSettings:
     access: AccessPolicy = field(default_factory=_no_access_rules)
     sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
     gang_queue_url: str = ""  # a large job's cancel sends its stop batches here
+    gang_inline_max_ranks: int = INLINE_MAX_RANKS  # ... a job this small's cancel stops its ranks itself
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JobsApiSettings:
@@ -411,6 +421,7 @@ class JobsApiSettings:
             access=access_policy(env),
             sharing=TimeSharingSettings.from_env(env),
             gang_queue_url=(env.get(c.ENV_GANG_QUEUE_URL) or "").strip(),
+            gang_inline_max_ranks=gang_inline_max_ranks(env),
         )
 
 

@@ -35,9 +35,10 @@ The flows (``FLOWS``):
 * ``held_autoclose`` — the same trip, with nobody to reset it: node-z, the node the breaker
   had acted on (rebooted a minute before the fault), is back healthy, so a window after the
   trip the breaker closes by itself (e-mailed), releases node-b's reboot and the job restarts;
-* ``large`` — the GPU fault of ``gpu_fault`` in a 17-rank job (one rank per node, above
-  the inline fan-out): the gang is stopped and restarted in batches through the gang queue
-  and its worker, whose calls are broken too;
+* ``large`` — the GPU fault of ``gpu_fault`` in a 4-rank job (one rank per node) above the
+  deployment's inline fan-out (``gang_inline_max_ranks`` 2 here: the default's 16 would take
+  17 ranks, each rank's events a dozen calls more for every broken run): the gang is stopped
+  and restarted in batches through the gang queue and its worker, whose calls are broken too;
 * ``validation`` — the GPU fault of ``gpu_fault`` with validation after repair on, on a node
   whose first repair does not hold (issue 43): back from its reboot it passes an idle check
   but fails its validation under load, so it is rebooted again (escalation, under the
@@ -109,7 +110,8 @@ HEALTH_CHECK_RULE = "health-check-task-stopped"
 RANDOM_FAILURE_RATE = 0.01
 # validation: level 1 and a short load (the flow's time is the campaign's CPU), one repair not held.
 VALIDATION = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=30, timeout_seconds=600)
-LARGE_RANKS = 17  # one above the inline fan-out: the gang queue and its worker carry it
+LARGE_RANKS = 4  # above the flow's inline fan-out: the gang queue and its worker carry it
+LARGE_INLINE_MAX_RANKS = 2
 #: each attempt's training, from its gang's rendezvous (every rank RUNNING: a rank whose start a
 #: broken call delays holds the others, as NCCL's init does); every simulated minute is a
 #: sweep's calls, and every broken run before them goes through them
@@ -255,6 +257,8 @@ def _env(flow: str) -> dict[str, str]:
         env[C.ENV_REMEDIATION_SETTINGS] = json.dumps({"breaker_auto_close": "false"})
     if flow == "validation":
         env[C.ENV_POST_REPAIR_VALIDATION] = VALIDATION.to_json()
+    if flow == "large":
+        env[C.ENV_GANG_INLINE_MAX_RANKS] = str(LARGE_INLINE_MAX_RANKS)
     return env
 
 

@@ -182,7 +182,7 @@ class Playground:
 
 
     def _show_gang_batches(self) -> None:
-        """A gang of more than ``INLINE_MAX_RANKS`` ranks is stopped and started in batches
+        """A gang of more than ``gang_inline_max_ranks`` (16) ranks is stopped and started in batches
         through the gang queue (wired by ``wire_recovery_handlers``, as in ``make demo``):
         the console shows each batch the gang worker receives (once, not its duplicate)."""
         from local_mode.sim.wiring import GANG_QUEUE

@@ -7,8 +7,8 @@ The flows (``local_mode.campaigns``): a GPU reset instead of a reboot, the fast 
 GPU (quarantine, the job failed and e-mailed), an application error (restarted, and failed and
 e-mailed), relocation (at once, spare first, after waiting for a free node), a job HELD by the
 breaker until the operator's reset or until the breaker closes by itself, a gang above the
-inline fan-out (17 ranks, through the gang queue), an application error whose third exit is
-coupled to the first two and checked once their checks find nothing (issue 50), two
+inline fan-out (4 ranks, its inline limit 2: through the gang queue), an application error whose
+third exit is coupled to the first two and checked once their checks find nothing (issue 50), two
 independent faults a second apart (both caught before the job runs on either again), a node lost
 from heartbeats (its agent silent, its ECS agent disconnected) and a preemption (suspend,
 go_suspend(), resume). The GPU fault with reboot is ``test_fault_injection.py``'s.

@@ -44,6 +44,15 @@ def test_a_bad_relocation_wait_fails_the_cold_start_naming_it(raw: str) -> None:
         Settings.from_env({**BASE, c.ENV_RELOCATION_WAIT_SECONDS: raw})
 
 
+@pytest.mark.parametrize("raw", ["-1", "81", "many"])
+def test_a_gang_inline_limit_past_one_start_batch_fails_the_cold_start_naming_it(raw: str) -> None:
+    """0..80: a gang run inline is at most one start batch (0: every gang through the queue)."""
+    assert Settings.from_env({**BASE, c.ENV_GANG_INLINE_MAX_RANKS: "0"}).gang_inline_max_ranks == 0
+    assert Settings.from_env(BASE).gang_inline_max_ranks == 16
+    with pytest.raises(SettingsError, match=c.ENV_GANG_INLINE_MAX_RANKS):
+        Settings.from_env({**BASE, c.ENV_GANG_INLINE_MAX_RANKS: raw})
+
+
 def test_spare_nodes_is_a_count_or_a_percentage_and_a_bad_one_fails_the_cold_start() -> None:
     assert Settings.from_env({**BASE, c.ENV_SPARE_NODES: "2"}).spare_nodes.size(128) == 2
     assert Settings.from_env({**BASE, c.ENV_SPARE_NODES: "5%"}).spare_nodes.size(128) == 7

@@ -26,7 +26,8 @@ SENDERS = {"ecs-task-handler", "dcgm-task-monitor", "ecs-instance-monitor", "rec
 # nodes and reserves the job's nodes (instance-table items) in its own invocation.
 BUDGET_ONLY = {"jobs-api"}
 LARGE_JOB_ENV = (c.ENV_GANG_QUEUE_URL, c.ENV_ECS_API_RATE, c.ENV_ECS_API_BURST, c.ENV_BATCH_IDENTICAL_STARTS,
-                 c.ENV_MAX_HEALTH_CHECKS_PER_JOB, c.ENV_MAX_HEALTH_CHECKS_IN_FLIGHT)
+                 c.ENV_MAX_HEALTH_CHECKS_PER_JOB, c.ENV_MAX_HEALTH_CHECKS_IN_FLIGHT,
+                 c.ENV_GANG_INLINE_MAX_RANKS)
 
 
 def _one(synth: Synth, type_name: str, prefix: str) -> tuple[str, dict[str, Any]]:
@@ -171,6 +172,7 @@ def test_every_function_gets_the_large_job_settings(default_synth: Synth, custom
                     env[c.ENV_MAX_HEALTH_CHECKS_PER_JOB], env[c.ENV_MAX_HEALTH_CHECKS_IN_FLIGHT]) == (
                 rate, burst, grouped, per_job, in_flight), service
             assert env[c.ENV_INSTANCE_TABLE]["Ref"].startswith("TablesInstanceTable"), service
+            assert env[c.ENV_GANG_INLINE_MAX_RANKS] == "16", service
 
 
 def test_the_environment_the_stack_writes_is_what_the_functions_read() -> None:
@@ -178,7 +180,8 @@ def test_the_environment_the_stack_writes_is_what_the_functions_read() -> None:
     parsers, Then every value arrives as configured (nothing lost in the text)."""
     config = RecoveryConfig.from_context({
         "cluster_name": "c", "ecs_api_rate_per_second": "0.5", "ecs_api_burst": "7",
-        "max_health_checks_per_job": "3", "max_health_checks_in_flight": "9", "batch_identical_starts": "no"})
+        "max_health_checks_per_job": "3", "max_health_checks_in_flight": "9", "batch_identical_starts": "no",
+        "gang_inline_max_ranks": "0"})
     env = {c.ENV_JOB_TABLE: "jobs", c.ENV_INSTANCE_TABLE: "instances", c.ENV_CLUSTER_NAME: "c",
            **large_jobs_environment(config, "https://sqs.us-east-1.amazonaws.com/1/gang")}
     assert set(LARGE_JOB_ENV) <= set(env)
@@ -188,6 +191,8 @@ def test_the_environment_the_stack_writes_is_what_the_functions_read() -> None:
     assert settings.batch_identical_starts is False
     assert (settings.max_health_checks_per_job, settings.max_health_checks_in_flight) == (3, 9)
     assert JobsApiSettings.from_env(env).gang_queue_url == settings.gang_queue_url
+    # 0: every gang through the queue, a cancel's stops too
+    assert settings.gang_inline_max_ranks == JobsApiSettings.from_env(env).gang_inline_max_ranks == 0
 
 
 def test_every_ecs_caller_can_reach_the_budget_item_and_no_more_than_it_needs(default_synth: Synth) -> None:

@@ -1,8 +1,9 @@
 """The batches of a gang fan-out (``recovery.gang``): what a queue message says. Pure.
 
 A stop batch covers 100 consecutive ranks, a start batch 80 (10 nodes of 8 one-GPU ranks, so
-identical ranks start 10 per StartTask); a gang of at most
-``INLINE_MAX_RANKS`` ranks runs its batches in the invocation that asks.
+identical ranks start 10 per StartTask); a gang of at most ``INLINE_MAX_RANKS`` ranks (the
+deployment's ``gang_inline_max_ranks``, at most one start batch) runs its batches in the
+invocation that asks.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ STOP = "stop"
 START = "start"
 STOP_BATCH_RANKS = 100
 START_BATCH_RANKS = 80  # 10 nodes of 8 one-GPU ranks: grouped StartTasks of 10
-INLINE_MAX_RANKS = 16
+INLINE_MAX_RANKS = 16  # the default
 
 
 class GangQueuePort(Protocol):

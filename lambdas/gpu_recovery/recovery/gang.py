@@ -13,8 +13,8 @@ consecutive ranks:
   StartTask, ``domain.launch_plan``) and registered as the new attempt's rank.
 
 Batches go on an SQS queue (``GangQueuePort``) whose worker function runs a few at a
-time; a gang of at most ``INLINE_MAX_RANKS`` ranks runs its batches in the invocation
-that asks (the same code, no queue hop). Every ECS call takes a token from the stack's
+time; a gang of at most ``gang_inline_max_ranks`` ranks (16: ``Settings``) runs its batches
+in the invocation that asks (the same code, no queue hop). Every ECS call takes a token from the stack's
 shared budget (``gpu_recovery.adapters.ecs_budget``); a batch that would wait too long, or whose
 invocation runs short of time, sends the rest of itself back to the queue, delayed. A
 batch is idempotent: a redelivered or resent one skips what is done (ranks STOPPED or
@@ -44,7 +44,6 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.gang_batches import (
-    INLINE_MAX_RANKS,
     START,
     STOP,
     GangBatch,
@@ -147,7 +146,7 @@ class GangOps:
 
     # ------------------------------------------------------------------ dispatch
     def inline(self, job: Job) -> bool:
-        return self.queue is None or job.world_size <= INLINE_MAX_RANKS
+        return self.queue is None or job.world_size <= self.settings.gang_inline_max_ranks
 
     def stop(self, job: Job, *, round_: int = 0, look_up_missing: bool = True) -> Dispatched:
         """Send (or run) the batches of the job's stop intent; true once all were sent.
@@ -239,7 +238,7 @@ class GangOps:
         return result
 
     def _inline_batch(self, batch: GangBatch) -> bool:
-        return self.queue is None or (batch.last <= INLINE_MAX_RANKS and batch.first == 0)
+        return self.queue is None or (batch.last <= self.settings.gang_inline_max_ranks and batch.first == 0)
 
     @staticmethod
     def _short_of_time(time_left: Callable[[], float] | None) -> bool:

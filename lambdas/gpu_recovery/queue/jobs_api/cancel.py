@@ -7,7 +7,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX, JobState, RankState
-from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS, STOP, batches
+from gpu_recovery.domain.gang_batches import STOP, batches
 from gpu_recovery.domain.state_machine import can_transition, check_transition
 from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
 from gpu_recovery.queue.jobs_api.context import RACE_RETRIES, JobsApiContext
@@ -61,7 +61,7 @@ def _stop_and_finish(context: JobsApiContext, job_id: str, user: str, *,
     """
     item = context.item(job_id)
     job = context.repo.job_from_item(item)
-    if job.world_size > INLINE_MAX_RANKS:
+    if job.world_size > context.gang_inline_max_ranks:
         # A large gang: its ranks are stopped in batches (the committed intent); the task
         # handler finishes the cancel once every rank ended.
         if context.gang_queue is not None and job.stop_fanout and not job.stop_fanout.get("sent_at"):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_recovery.domain.gang_batches import GangQueuePort
+from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS, GangQueuePort
 from gpu_recovery.queue.access import AccessPolicy, Denied, Principal
 from gpu_recovery.queue.jobs_api.capacity import ClusterCapacity
 from gpu_recovery.queue.jobs_api.errors import Forbidden, JobNotFound
@@ -40,6 +40,7 @@ class JobsApiContext:
     quotas: QuotaService | None  # None: no quota table (every level unlimited, AUTO is NORMAL)
     suspend_grace_seconds: int
     gang_queue: GangQueuePort | None  # a large job's cancel stops its ranks in batches
+    gang_inline_max_ranks: int = INLINE_MAX_RANKS  # ... a smaller one's cancel stops them itself
 
     def authorize(self, check: Callable[[AccessPolicy], None]) -> None:
         if self.access is not None:

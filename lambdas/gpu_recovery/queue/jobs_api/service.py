@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_recovery.constants import JobState
-from gpu_recovery.domain.gang_batches import GangQueuePort
+from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS, GangQueuePort
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES
 from gpu_recovery.domain.time_sharing import DEFAULT_SUSPEND_GRACE_SECONDS
 from gpu_recovery.queue.access import AccessPolicy
@@ -67,6 +67,7 @@ class JobQueueService:
         ecs_client: Any | None = None,
         logs_client: Any | None = None,
         gang_queue: GangQueuePort | None = None,
+        gang_inline_max_ranks: int = INLINE_MAX_RANKS,
     ) -> None:
         """``ecs``, ``task_definitions`` and ``log_reader`` are the adapters ``runtime.jobs_service``
         builds. ``ecs_client``/``logs_client`` (raw boto3 clients, wrapped in those adapters
@@ -90,6 +91,7 @@ class JobQueueService:
             quotas=quotas,
             suspend_grace_seconds=suspend_grace_seconds,
             gang_queue=gang_queue,
+            gang_inline_max_ranks=gang_inline_max_ranks,
         )
 
     # The shared ports and settings (the handler swaps the trigger, tests the access policy).
