@@ -75,8 +75,7 @@ ENV_DEADLINE_INDEX_SHARDS = "DEADLINE_INDEX_SHARDS"
 ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
 # Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.
 ENV_GANG_QUEUE_URL = "GANG_QUEUE_URL"  # SQS queue of stop/start batches ("": run them inline)
-# A gang of at most this many ranks runs its batches in the invocation that asks (no queue hop).
-ENV_GANG_INLINE_MAX_RANKS = "GANG_INLINE_MAX_RANKS"
+ENV_GANG_INLINE_MAX_RANKS = "GANG_INLINE_MAX_RANKS"  # a gang this small: its batches run inline
 ENV_ECS_API_RATE = "ECS_API_RATE_PER_SECOND"  # the stack's share of the account's 40/s
 ENV_ECS_API_BURST = "ECS_API_BURST"
 ENV_BATCH_IDENTICAL_STARTS = "BATCH_IDENTICAL_STARTS"  # "false": one StartTask per rank
