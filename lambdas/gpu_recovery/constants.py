@@ -71,8 +71,7 @@ ENV_LEND_SPARES = "LEND_SPARES"  # "true": spares run LOW queue jobs until neede
 # Seconds a job that cannot move waits (HELD) for the breaker's reset to reboot its node.
 ENV_HELD_JOB_DEADLINE_SECONDS = "HELD_JOB_DEADLINE_SECONDS"
 ENV_DEADLINE_INDEX_SHARDS = "DEADLINE_INDEX_SHARDS"
-# Path of the per-deployment fault-catalog override (JSON) the stack ships in a layer.
-ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"
+ENV_FAULT_CATALOG_OVERRIDE = "FAULT_CATALOG_OVERRIDE"  # the deployment's catalog override (a layer's JSON)
 # Large jobs: the gang fan-out queue, the ECS control-plane budget, health checks at once.
 ENV_GANG_QUEUE_URL = "GANG_QUEUE_URL"  # SQS queue of stop/start batches ("": run them inline)
 ENV_GANG_INLINE_MAX_RANKS = "GANG_INLINE_MAX_RANKS"  # a gang this small: its batches run inline
