@@ -5,6 +5,8 @@ goes. Each test fails without the behaviour it names."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.domain.relocation import SparePool
 from tests.recovery.fakes import World, world
@@ -77,14 +79,18 @@ def test_a_sweep_reads_the_worklist_once_unless_its_refresh_changed_a_hold() -> 
     syncs; a refresh that wrote a hold (and its members) has it read again first, so the
     syncs never work from a read older than the sweep's own write."""
     with world(spare_nodes=SparePool(1)) as w:
-        real = w.repo.cordons.worklist
         reads: list[int] = []
 
-        def counted() -> object:
-            reads.append(1)
-            return real()
+        def counted(real: Any) -> Any:
+            def read() -> object:
+                reads.append(1)
+                return real()
+            return read
 
-        w.repo.cordons.worklist = counted  # type: ignore[method-assign]
+        # The sweep's first read (with the breaker's item, one BatchGetItem), and any other.
+        cordons = w.repo.cordons
+        cordons.worklist = counted(cordons.worklist)  # type: ignore[method-assign]
+        cordons.worklist_and_breaker = counted(cordons.worklist_and_breaker)  # type: ignore[method-assign]
         w.ecs.spare_nodes = ["n-1", "n-2"]
         assert w.service.sweep().detail["handled"]["holds_changed"] == 1
         changed = len(reads)

@@ -265,6 +265,28 @@ def test_the_breaker_sweep_emits_its_state_and_utilisation() -> None:
         assert metrics.last("BreakerBacklog") == ("Count", 1.0)
 
 
+def test_an_idle_sweep_reads_the_breaker_with_its_worklist_and_a_sweep_that_acted_reads_it_again() -> None:
+    """The sweep reads the cordon worklist and the breaker's item in one BatchGetItem; the
+    breaker's sweep uses that item when nothing was written since (an idle minute), and reads
+    it again after a due step ran (a step may act on a node through the breaker)."""
+    with world() as w:
+        metrics = _Metrics()
+        w.service.metrics = metrics
+        decided = breaker.record_action(None, node="n-0", action="reboot", now=w.now[0], cluster_gpu_nodes=10)
+        assert w.repo.save_breaker({**decided.state, "cluster_gpu_nodes": 10}, None)
+        reads: list[str] = []
+        read = w.repo.get_breaker
+        w.repo.get_breaker = lambda: reads.append("breaker") or read()  # type: ignore[method-assign]
+        w.service.sweep()
+        assert reads == []
+        assert metrics.last("BreakerUtilization") == ("Percent", pytest.approx(50.0))  # from the batch's item
+        fault_with_reboot_verdict(w, w.register_job("j", [PEER, FAULTY]))  # node-b rebooting: due
+        w.advance(10 * 60)
+        reads.clear()  # the verdict's node decision read it too
+        w.service.sweep()
+        assert reads, "the breaker was not read again after a due step ran"
+
+
 def test_observe_mode_leaves_a_hung_or_lost_nodes_diag_unstarted() -> None:
     """Given observe mode, When the heartbeat service hands a suspected fault over (a node
     lost with its agent connected, a hung rank), Then no diag is started and nothing is

@@ -221,11 +221,12 @@ class Cordons:
         return bool(self.data.cordons.admit_held(instance.container_inst_id, instance.cordon_version,
                                                       answer.update))
 
-    def sweep(self) -> dict[str, int]:
+    def sweep(self, read: Worklist | None = None) -> dict[str, int]:
         """Every minute: the holds brought up to date (``HoldsDue``: spares and reservations,
-        ``recovery.placement``), then every node whose ECS attributes are not confirmed yet."""
+        ``recovery.placement``), then every node whose ECS attributes are not confirmed yet
+        (``read``: the worklist as the caller just read it, else read here)."""
         done: dict[str, int] = {}
-        read = self.data.cordons.worklist()
+        read = read or self.data.cordons.worklist()
         if self.reactions.handles(HoldsDue):
             try:
                 action = str(self.reactions.emit(HoldsDue(read)))

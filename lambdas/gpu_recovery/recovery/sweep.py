@@ -38,7 +38,7 @@ from gpu_recovery.domain.states import (
 )
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.breaker.operations import BreakerOperations
-from gpu_recovery.recovery.cordons import Cordons
+from gpu_recovery.recovery.cordons import UNCHANGED_HOLDS, Cordons
 from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
@@ -52,6 +52,7 @@ from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.warnings import GpuWarnings
+from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository, suspect_from_item
 from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS, HealthCheckSlots
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
@@ -78,6 +79,7 @@ class SweepData(Protocol):
     faults: FaultRepository
     latches: LatchRepository
     slots: HealthCheckSlots
+    cordons: CordonRepository  # the sweep's first read: the cordon worklist and the breaker
 
     def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]: ...
     def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]: ...
@@ -129,9 +131,16 @@ class Sweep:
         # and neither kind starves the other.
         # First the ECS attributes not confirmed yet (a cordon whose put failed after its
         # decision committed: keeping a bad node off every scheduler comes before anything
-        # else), with the placement holds brought up to date.
+        # else), with the placement holds brought up to date. Their worklist and the
+        # breaker's item are read together (one BatchGetItem); the breaker's is used at the
+        # end only if nothing was written meanwhile (a sync may admit a held cordon, a due
+        # step act on a node: each through the breaker), else it is read again.
+        breaker, unread = None, True
         try:
-            for action, count in self.cordons.sweep().items():
+            read, breaker = self.data.cordons.worklist_and_breaker()
+            done = self.cordons.sweep(read)
+            unread = not set(done) <= UNCHANGED_HOLDS
+            for action, count in done.items():
                 handled[action] = handled.get(action, 0) + count
         except Exception:
             logger.exception("cordon sweep failed")
@@ -148,6 +157,7 @@ class Sweep:
                     if self._short_of_time(time_left):
                         deferred += 1
                         continue
+                    unread = True
                     self._count(handled, step, context)
             if not kinds or self._short_of_time(time_left):
                 break
@@ -155,7 +165,7 @@ class Sweep:
             self.metrics.add_metric(METRIC_OVERDUE_JOBS, "Count", overdue.overdue)
             self.metrics.add_metric(METRIC_OLDEST_DUE_JOB_SECONDS, "Seconds", overdue.oldest_due_seconds)
         try:
-            for action, count in self.breaker.sweep(now).items():
+            for action, count in self.breaker.sweep(now, breaker, read=unread).items():
                 handled[action] = handled.get(action, 0) + count
         except Exception:
             logger.exception("breaker sweep failed")

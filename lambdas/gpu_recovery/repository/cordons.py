@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, CORDON_SYNC_SHARDS, INSTANCE_PK
+from gpu_recovery.constants import BREAKER_ITEM_KEY, CORDON_SYNC_ITEM_KEY, CORDON_SYNC_SHARDS, INSTANCE_PK
 from gpu_recovery.domain.cordon import ECS_APPLIED, ECS_HELD, ECS_PENDING, parse_sync_entry, sync_entry
 from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.repository.base import Update, from_ddb
@@ -119,28 +119,17 @@ class CordonRepository:
 
     def worklist(self) -> Worklist:
         """Pending members, holds and each shard's revision (one BatchGetItem of the shards)."""
-        items = self.base.db.batch_get(self.table, [self._key(s) for s in range(CORDON_SYNC_SHARDS)])
-        out: dict[str, list[str]] = {}
-        holds: dict[str, dict[str, Any]] = {}
-        revs: dict[int, int] = {}
-        ats: dict[int, float] = {}
-        refused: set[str] = set()
-        where: dict[str, int] = {}
-        for item in sorted(items, key=lambda i: _SHARD_OF_KEY.get(str(i.get(INSTANCE_PK)), 0)):
-            shard = _SHARD_OF_KEY.get(str(item.get(INSTANCE_PK)))
-            if shard is None:
-                continue
-            for member in item.get(_SET) or ():
-                parsed = parse_sync_entry(str(member))
-                if parsed is not None:
-                    out.setdefault(parsed[0], []).append(str(member))
-                    where[str(member)] = shard
-            holds.update({str(n): from_ddb(dict(h)) for n, h in (item.get(_HOLDS) or {}).items()
-                          if isinstance(h, Mapping)})
-            revs[shard] = int(item.get(_REV) or 0)
-            ats[shard] = float(item.get(_AT) or 0.0)
-            refused |= {str(m) for m in item.get(_REFUSED) or ()}
-        return Worklist(out, holds, revs, ats, frozenset(refused), where)
+        keys = [self._key(s) for s in range(CORDON_SYNC_SHARDS)]
+        return _worklist(self.base.db.batch_get(self.table, keys))
+
+    def worklist_and_breaker(self) -> tuple[Worklist, dict[str, Any] | None]:
+        """The worklist and the breaker's item (None: there is none) in one BatchGetItem (both
+        on the instance table): the recovery sweep's first read each minute."""
+        breaker_key = {INSTANCE_PK: BREAKER_ITEM_KEY}
+        items = self.base.db.batch_get(self.table, [*(self._key(s) for s in range(CORDON_SYNC_SHARDS)),
+                                                    breaker_key])
+        breaker = next((i for i in items if i.get(INSTANCE_PK) == BREAKER_ITEM_KEY), None)
+        return _worklist(items), from_ddb(dict(breaker)) if breaker else None
 
     def _by_shard(self, members: Iterable[str], read: Worklist | None = None) -> dict[int, set[str]]:
         """``members`` grouped by the shard they were read from (else their node's)."""
@@ -260,3 +249,28 @@ class CordonRepository:
             node, set_fields=fields, remove_fields=[*remove, "suspect_fence"],
             extra_condition="attribute_exists(#c)", extra_names={"#c": "cordon"})
         return self.base.db.transact([update, sync])
+
+
+def _worklist(items: Iterable[Mapping[str, Any]]) -> Worklist:
+    """The worklist from its shards' items (another item read with them is left out)."""
+    out: dict[str, list[str]] = {}
+    holds: dict[str, dict[str, Any]] = {}
+    revs: dict[int, int] = {}
+    ats: dict[int, float] = {}
+    refused: set[str] = set()
+    where: dict[str, int] = {}
+    for item in sorted(items, key=lambda i: _SHARD_OF_KEY.get(str(i.get(INSTANCE_PK)), 0)):
+        shard = _SHARD_OF_KEY.get(str(item.get(INSTANCE_PK)))
+        if shard is None:
+            continue
+        for member in item.get(_SET) or ():
+            parsed = parse_sync_entry(str(member))
+            if parsed is not None:
+                out.setdefault(parsed[0], []).append(str(member))
+                where[str(member)] = shard
+        holds.update({str(n): from_ddb(dict(h)) for n, h in (item.get(_HOLDS) or {}).items()
+                      if isinstance(h, Mapping)})
+        revs[shard] = int(item.get(_REV) or 0)
+        ats[shard] = float(item.get(_AT) or 0.0)
+        refused |= {str(m) for m in item.get(_REFUSED) or ()}
+    return Worklist(out, holds, revs, ats, frozenset(refused), where)

@@ -166,10 +166,12 @@ class BreakerOperations:
             nodes = self.gate.cluster_gpu_nodes(stored) if count_cluster else int(recorded or 0)
         return policy.status(stored, now=now, cluster_gpu_nodes=nodes, policy=settings)
 
-    def sweep(self, now: float) -> dict[str, int]:
+    def sweep(self, now: float, stored: dict[str, Any] | None = None, *, read: bool = True) -> dict[str, int]:
         """Every minute: the breaker's metrics, then the released backlog (oldest first,
-        while the window has room)."""
-        stored = self.data.get_breaker()
+        while the window has room). ``read=False``: ``stored`` is the breaker's item (None:
+        there is none) as the caller read it, nothing it did since able to change it."""
+        if read:
+            stored = self.data.get_breaker()
         if stored is None:
             self.metrics.add_metric("BreakerOpen", "Count", 0)
             return {}
