@@ -88,9 +88,8 @@ def test_a_sweep_reads_the_worklist_once_unless_its_refresh_changed_a_hold() -> 
             return read
 
         # The sweep's first read (with the breaker's item, one BatchGetItem), and any other.
-        cordons = w.repo.cordons
-        cordons.worklist = counted(cordons.worklist)  # type: ignore[method-assign]
-        cordons.worklist_and_breaker = counted(cordons.worklist_and_breaker)  # type: ignore[method-assign]
+        w.repo.cordons.worklist = counted(w.repo.cordons.worklist)  # type: ignore[method-assign]
+        w.repo.worklist_and_breaker = counted(w.repo.worklist_and_breaker)  # type: ignore[method-assign]
         w.ecs.spare_nodes = ["n-1", "n-2"]
         assert w.service.sweep().detail["handled"]["holds_changed"] == 1
         changed = len(reads)

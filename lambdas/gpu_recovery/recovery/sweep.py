@@ -52,7 +52,7 @@ from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.warnings import GpuWarnings
-from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.cordons import Worklist
 from gpu_recovery.repository.faults import FaultRepository, suspect_from_item
 from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS, HealthCheckSlots
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
@@ -79,10 +79,10 @@ class SweepData(Protocol):
     faults: FaultRepository
     latches: LatchRepository
     slots: HealthCheckSlots
-    cordons: CordonRepository  # the sweep's first read: the cordon worklist and the breaker
 
     def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]: ...
     def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]: ...
+    def worklist_and_breaker(self) -> tuple[Worklist, dict[str, Any] | None]: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def job_from_item(self, item: dict[str, Any]) -> Job: ...
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
@@ -137,7 +137,7 @@ class Sweep:
         # step act on a node: each through the breaker), else it is read again.
         breaker, unread = None, True
         try:
-            read, breaker = self.data.cordons.worklist_and_breaker()
+            read, breaker = self.data.worklist_and_breaker()
             done = self.cordons.sweep(read)
             unread = not set(done) <= UNCHANGED_HOLDS
             for action, count in done.items():

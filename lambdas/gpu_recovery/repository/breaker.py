@@ -19,6 +19,7 @@ from gpu_recovery.domain.breaker.hold import BreakerHold
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.repository.base import Update, from_ddb
+from gpu_recovery.repository.cordons import Worklist, worklist_from
 from gpu_recovery.repository.jobs_and_ranks import SPEND_COUNTER
 from gpu_recovery.repository.tables import RecoveryTables
 
@@ -30,6 +31,14 @@ class BreakerState(RecoveryTables):
     def get_breaker(self) -> dict[str, Any] | None:
         item = self.db.get(self.instance_table_name, {INSTANCE_PK: BREAKER_ITEM_KEY})
         return from_ddb(item) if item else None
+
+    def worklist_and_breaker(self) -> tuple[Worklist, dict[str, Any] | None]:
+        """The cordon worklist and the breaker's item (None: there is none) in one
+        BatchGetItem, both on the instance table: the recovery sweep's first read each minute."""
+        key = {INSTANCE_PK: BREAKER_ITEM_KEY}
+        items = self.db.batch_get(self.instance_table_name, [*self.cordons.worklist_keys(), key])
+        breaker = next((i for i in items if i.get(INSTANCE_PK) == BREAKER_ITEM_KEY), None)
+        return worklist_from(items), from_ddb(dict(breaker)) if breaker else None
 
     def breaker_update(self, state: Mapping[str, Any], read_version: int | None) -> Update:
         """Write the breaker's state, only if nobody wrote it since it was read (its version;

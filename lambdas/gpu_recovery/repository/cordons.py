@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_recovery.constants import BREAKER_ITEM_KEY, CORDON_SYNC_ITEM_KEY, CORDON_SYNC_SHARDS, INSTANCE_PK
+from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, CORDON_SYNC_SHARDS, INSTANCE_PK
 from gpu_recovery.domain.cordon import ECS_APPLIED, ECS_HELD, ECS_PENDING, parse_sync_entry, sync_entry
 from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.repository.base import Update, from_ddb
@@ -119,17 +119,11 @@ class CordonRepository:
 
     def worklist(self) -> Worklist:
         """Pending members, holds and each shard's revision (one BatchGetItem of the shards)."""
-        keys = [self._key(s) for s in range(CORDON_SYNC_SHARDS)]
-        return _worklist(self.base.db.batch_get(self.table, keys))
+        return worklist_from(self.base.db.batch_get(self.table, self.worklist_keys()))
 
-    def worklist_and_breaker(self) -> tuple[Worklist, dict[str, Any] | None]:
-        """The worklist and the breaker's item (None: there is none) in one BatchGetItem (both
-        on the instance table): the recovery sweep's first read each minute."""
-        breaker_key = {INSTANCE_PK: BREAKER_ITEM_KEY}
-        items = self.base.db.batch_get(self.table, [*(self._key(s) for s in range(CORDON_SYNC_SHARDS)),
-                                                    breaker_key])
-        breaker = next((i for i in items if i.get(INSTANCE_PK) == BREAKER_ITEM_KEY), None)
-        return _worklist(items), from_ddb(dict(breaker)) if breaker else None
+    def worklist_keys(self) -> list[dict[str, Any]]:
+        """The worklist's shards' keys (on the instance table)."""
+        return [self._key(s) for s in range(CORDON_SYNC_SHARDS)]
 
     def _by_shard(self, members: Iterable[str], read: Worklist | None = None) -> dict[int, set[str]]:
         """``members`` grouped by the shard they were read from (else their node's)."""
@@ -251,7 +245,7 @@ class CordonRepository:
         return self.base.db.transact([update, sync])
 
 
-def _worklist(items: Iterable[Mapping[str, Any]]) -> Worklist:
+def worklist_from(items: Iterable[Mapping[str, Any]]) -> Worklist:
     """The worklist from its shards' items (another item read with them is left out)."""
     out: dict[str, list[str]] = {}
     holds: dict[str, dict[str, Any]] = {}
