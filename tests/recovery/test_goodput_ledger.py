@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpu_recovery import constants as C
-from gpu_recovery.constants import InstanceState, JobState
+from gpu_recovery.constants import InstanceState, JobState, RankState
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.queue.jobs_api.reads import goodput_view
 from tests.recovery.fakes import CLUSTER_ARN, EVENTS, World, ci_arn, world
@@ -113,6 +113,33 @@ def test_a_gang_restart_is_restart_until_rank_0_runs_marked_once() -> None:
         history = (w.repo.get_job_item("j") or {}).get("history") or []
     assert ledger["seconds"]["restart"] == pytest.approx(before + 40)
     assert sum(1 for h in history if h.get("reason") == "rank 0 running") == 1
+
+
+def test_a_restarted_ranks_running_event_reads_the_job_only_for_rank_0() -> None:
+    """A gang restart's ranks go RUNNING one event each: only rank 0's marks the attempt, so
+    only rank 0's reads the job (a job of 8,192 ranks: 8,191 GetItems fewer per restart)."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        [task] = w.ecs.health_checks_on(FAULTY)
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
+        reboot_back(w, FAULTY)
+        rank0, rank1 = w.repo.get_rank("j", 0), w.repo.get_rank("j", 1)
+        assert rank0 is not None and rank1 is not None and rank1.attempt == 2
+        reads: list[str] = []
+        real = w.repo.get_job
+
+        def counted(job_id: str) -> Any:
+            reads.append(job_id)
+            return real(job_id)
+
+        w.repo.get_job = counted  # type: ignore[method-assign]
+        w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
+        assert reads == [] and w.repo.get_rank("j", 1).state is RankState.RUNNING
+        w.service.on_task_state_change(running(w, rank0.task_arn, PEER, w.now[0]))
+        assert reads == ["j"]
 
 
 def test_a_fault_before_any_checkpoint_has_unknown_lost_work() -> None:

@@ -27,6 +27,11 @@ PREFIXES = (HEALTH_CHECK, GPU_RESET, VALIDATION, RESTART, QUEUE_LAUNCH)
 NODE_TASK_DIGEST = 16  # hex characters of a node task's digest
 
 
+def is_restart(started_by: str) -> bool:
+    """A rank the recovery's gang restart started (its job's attempt claimed as a restart)."""
+    return started_by.startswith(f"{RESTART}-")
+
+
 def node_task(prefix: str, *unique: object) -> str:
     """``prefix`` and the digest of ``unique`` (their ``str``, joined by ":")."""
     seed = ":".join(str(part) for part in unique)

@@ -25,7 +25,7 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, RETRY_INTERVAL_SECONDS, NotificationKind
-from gpu_recovery.domain import goodput, policy
+from gpu_recovery.domain import goodput, policy, started_by
 from gpu_recovery.domain.escalation import charges_job, history_from_item, stored_history_with
 from gpu_recovery.domain.fault_vocabulary import Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
@@ -145,6 +145,10 @@ class TaskEvents:
         ran = min(detail.updatedAt.timestamp(), now) if detail.updatedAt is not None else now
         if rank.state is RankState.STARTING:
             self.data.mark_rank_running(rank, ran)
+        if rank.rank != 0 and started_by.is_restart(rank.started_by):
+            # A gang restart's rank: the batch that registered the last rank confirmed the job,
+            # and only rank 0's RUNNING marks the attempt's goodput: no job read per rank.
+            return Outcome("running", rank.job_id, {"rank": rank.rank})
         job = self.data.get_job(rank.job_id)
         if job and job.state is JobState.STARTING and job.attempt == rank.attempt \
                 and job.restarted_attempt != job.attempt:
