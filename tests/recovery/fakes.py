@@ -78,6 +78,8 @@ class FakeEcs:
     attribute_calls: list[tuple[str, str, str]] = field(default_factory=list)
     #: the holds' batched attribute calls (put_attributes_many / delete_attributes_many)
     hold_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    #: nodes the batched puts may still mark before ECS throttles them (None: no limit)
+    hold_puts_left: int | None = None
     cluster_listings: int = 0  # ListContainerInstances (+ Describe) rounds
     fail_listing: Exception | None = None  # raised by every listing while set (a throttled ECS)
     #: what DescribeTasks / DescribeContainerInstances answer MISSING (in ``failures``) while set
@@ -208,6 +210,13 @@ class FakeEcs:
             raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
                                "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
         for target, name, value in entries:
+            if self.hold_puts_left is not None:
+                if self.hold_puts_left <= 0:  # a later call of the adapter's 10-node calls throttled
+                    from botocore.exceptions import ClientError
+
+                    raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                                       "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
+                self.hold_puts_left -= 1
             node = target.rsplit("/", 1)[-1]
             self.hold_calls.append(("put", node, name))
             self.attributes.setdefault(node, set()).add(name)

@@ -98,3 +98,17 @@ def test_a_sweep_reads_the_worklist_once_unless_its_refresh_changed_a_hold() -> 
         w.advance(60)
         assert w.service.sweep().detail["handled"]["holds_unchanged"] == 1
         assert len(reads) == 1 and changed >= 2
+
+
+def test_a_sync_of_many_nodes_keeps_what_it_did_when_a_call_fails_midway() -> None:
+    """Given a job's 250 nodes reserved at once, When ECS throttles the attribute puts after
+    the 150th node (an invocation that cannot finish: the budget shared with a gang's stops),
+    Then the nodes synced before the failing slice are confirmed (100 of them: a slice at a
+    time), and only the rest is the sweep's to put again (not all 250, every minute)."""
+    nodes = [f"n-{i:03d}" for i in range(250)]
+    with world() as w:
+        w.ecs.hold_puts_left = 150
+        assert w.service.placement.reserve("j", nodes) == "holds_changed"
+        pending = w.repo.cordons.worklist().pending
+        assert sorted(pending) == nodes[100:]
+        assert all(_value(w, n) == "reserved" for n in nodes[:150]) and _value(w, nodes[150]) is None

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: what the holds' refresh answers when it wrote nothing (the worklist read before it stands)
 UNCHANGED_HOLDS = frozenset({"no_holds", "holds_unchanged"})
+# A batched sync confirms its nodes this many at a time (10 attribute calls of 10 nodes).
+CONFIRM_EVERY_NODES = 100
 
 
 class CordonData(Protocol):
@@ -182,15 +184,23 @@ class Cordons:
             else:
                 puts.append((target, placement.UNAVAILABLE_ATTRIBUTE, value))
             done[node] = f"marked_{value}" if value else "unmarked"
-        gone = self.ecs.put_attributes_many(puts) if puts else set()
-        gone |= self.ecs.delete_attributes_many(deletes) if deletes else set()
         batched = [n for n in targets if n in done]
-        for node in batched:
-            if targets[node] in gone:
-                done[node] = "instance_gone"
-        members = [m for n in batched for m in todo[n]]
-        if members:
-            repo.cordons.confirm_holds_synced(members, read)
+        # Confirmed a slice at a time: a sync of a thousand nodes (a large job's reservations)
+        # that its invocation cannot finish (the ECS budget shared with a gang's stops) keeps
+        # what it did, not one confirmation at the end that a timeout loses every minute.
+        for start in range(0, len(batched), CONFIRM_EVERY_NODES):
+            part = batched[start:start + CONFIRM_EVERY_NODES]
+            wanted = {targets[n] for n in part}
+            part_puts = [p for p in puts if p[0] in wanted]
+            part_deletes = [d for d in deletes if d[0] in wanted]
+            gone = self.ecs.put_attributes_many(part_puts) if part_puts else set()
+            gone |= self.ecs.delete_attributes_many(part_deletes) if part_deletes else set()
+            for node in part:
+                if targets[node] in gone:
+                    done[node] = "instance_gone"
+            members = [m for n in part for m in todo[n]]
+            if members:
+                repo.cordons.confirm_holds_synced(members, read)
         logger.info("placement attributes synced", extra={"nodes": {n: done[n] for n in batched}})
         return done
 
