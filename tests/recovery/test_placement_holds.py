@@ -112,3 +112,26 @@ def test_a_sync_of_many_nodes_keeps_what_it_did_when_a_call_fails_midway() -> No
         pending = w.repo.cordons.worklist().pending
         assert sorted(pending) == nodes[100:]
         assert all(_value(w, n) == "reserved" for n in nodes[:150]) and _value(w, nodes[150]) is None
+
+
+def test_the_sweeps_attribute_pass_leaves_the_rest_of_a_backlog_to_the_next_sweep() -> None:
+    """Given 30 free nodes to mark spare whose batched sync is refused, When the sweep's time
+    runs short during its attribute pass (one node a call), Then the pass stops with time
+    left for the due steps (no timeout: nothing retried, nothing starved) and counts what it
+    left; the next sweep goes on from there."""
+    nodes = [f"n-{i:03d}" for i in range(30)]
+    with world(spare_nodes=SparePool(30)) as w:
+        w.ecs.spare_nodes = list(nodes)
+        w.ecs.failures["put_attributes_many"] = ["refuse"]  # the refresh's batched sync
+
+        def time_left() -> float:  # each attribute call costs two seconds of the invocation
+            return 60.0 - 2 * len(w.ecs.attribute_calls)
+
+        handled = w.service.sweep(time_left).detail["handled"]
+        left = w.repo.cordons.worklist().pending
+        assert 0 < len(left) < 30 and handled["sync_deferred"] == len(left)
+        assert time_left() >= 30.0  # the due steps' share of the minute kept
+        w.advance(60)
+        w.service.sweep()
+        assert w.repo.cordons.worklist().pending == {}
+        assert all(_value(w, n) == "spare" for n in nodes)

@@ -17,7 +17,7 @@ the ECS side, carried out after the commit and finished by the sweep (the workli
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -231,10 +231,14 @@ class Cordons:
         return bool(self.data.cordons.admit_held(instance.container_inst_id, instance.cordon_version,
                                                       answer.update))
 
-    def sweep(self, read: Worklist | None = None) -> dict[str, int]:
+    def sweep(self, read: Worklist | None = None, *,
+              short_of_time: Callable[[], bool] | None = None) -> dict[str, int]:
         """Every minute: the holds brought up to date (``HoldsDue``: spares and reservations,
         ``recovery.placement``), then every node whose ECS attributes are not confirmed yet
-        (``read``: the worklist as the caller just read it, else read here)."""
+        (``read``: the worklist as the caller just read it, else read here), one call each,
+        until ``short_of_time()``: the rest is the next sweep's (a backlog of a thousand
+        nodes, a large job's reservations whose batched sync failed, takes minutes of calls
+        at the ECS budget's pace, and the sweep has other work)."""
         done: dict[str, int] = {}
         read = read or self.data.cordons.worklist()
         if self.reactions.handles(HoldsDue):
@@ -247,6 +251,9 @@ class Cordons:
             if action not in UNCHANGED_HOLDS:  # it wrote (or may have): the syncs start from a fresh read
                 read = self.data.cordons.worklist()
         for node, members in sorted(read.pending.items()):
+            if short_of_time is not None and short_of_time():
+                done["sync_deferred"] = done.get("sync_deferred", 0) + 1
+                continue
             try:
                 action = self.sync(node, members, read)
             except Exception:

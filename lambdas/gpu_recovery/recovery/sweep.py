@@ -71,6 +71,8 @@ DUE_PAGE = 100
 # Pages of each kind one sweep reads at most (the time budget usually ends it first).
 MAX_DUE_PAGES = 20
 TIME_MARGIN_SECONDS = 12.0
+# The attribute syncs go first but leave the due steps this much of the sweep's time.
+STEPS_SHARE_SECONDS = 20.0
 
 
 class SweepData(Protocol):
@@ -138,7 +140,8 @@ class Sweep:
         breaker, unread = None, True
         try:
             read, breaker = self.data.worklist_and_breaker()
-            done = self.cordons.sweep(read)
+            done = self.cordons.sweep(read, short_of_time=lambda: time_left is not None
+                                      and time_left() < TIME_MARGIN_SECONDS + STEPS_SHARE_SECONDS)
             unread = not set(done) <= UNCHANGED_HOLDS
             for action, count in done.items():
                 handled[action] = handled.get(action, 0) + count
