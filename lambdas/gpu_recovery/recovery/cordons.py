@@ -186,8 +186,8 @@ class Cordons:
             done[node] = f"marked_{value}" if value else "unmarked"
         batched = [n for n in targets if n in done]
         # Confirmed a slice at a time: a sync of a thousand nodes (a large job's reservations)
-        # that its invocation cannot finish (the ECS budget shared with a gang's stops) keeps
-        # what it did, not one confirmation at the end that a timeout loses every minute.
+        # that dies or is throttled half-way keeps what it did; the sweep's pass, one node a
+        # call, is left only the rest.
         for start in range(0, len(batched), CONFIRM_EVERY_NODES):
             part = batched[start:start + CONFIRM_EVERY_NODES]
             wanted = {targets[n] for n in part}
