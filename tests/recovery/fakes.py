@@ -58,6 +58,31 @@ class LostResponse(Exception):
     """The call executed; its answer never came back."""
 
 
+
+def _throttled(operation: str) -> Exception:
+    """ECS's answer to a call over its rate, as botocore raises it."""
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                        "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
+
+
+class CountedCalls:
+    """Counts calls of some methods of an object (a repository's reads, say), by name, in
+    order; each still does what it did."""
+
+    def __init__(self, target: Any, names: Sequence[str]) -> None:
+        self.calls: list[str] = []
+        for name in names:
+            setattr(target, name, self._counted(name, getattr(target, name)))
+
+    def _counted(self, name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return real(*args, **kwargs)
+        return call
+
+
 @dataclass
 class FakeEcs:
     cluster: str = CLUSTER
@@ -104,10 +129,7 @@ class FakeEcs:
         self.networks.append(network_configuration)
         fault = self._fault("start_task")
         if fault == "refuse":
-            from botocore.exceptions import ClientError
-
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "StartTask")
+            raise _throttled("StartTask")
         if fault == "place_nothing":
             return StartResult([], [{"arn": a, "reason": "RESOURCE:GPU"} for a in instances])
         placed = {}
@@ -161,10 +183,7 @@ class FakeEcs:
     def drain(self, container_instance_arn: str) -> str:
         fault = self._fault("drain")
         if fault == "refuse":
-            from botocore.exceptions import ClientError
-
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "UpdateContainerInstancesState")
+            raise _throttled("UpdateContainerInstancesState")
         self.drained.append(container_instance_arn)
         if fault == "lose":
             raise LostResponse("UpdateContainerInstancesState: response lost")
@@ -175,10 +194,7 @@ class FakeEcs:
         ``attribute_values``), one record per attribute in ``attribute_calls``."""
         fault = self._fault("put_attributes")
         if fault == "refuse":
-            from botocore.exceptions import ClientError
-
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
+            raise _throttled("PutAttributes")
         if fault == "no_room":  # the node carries 10 custom attributes of its users' (as EcsAdapter says)
             from gpu_recovery.adapters.ecs import AttributeLimitExceeded
 
@@ -205,17 +221,11 @@ class FakeEcs:
         calls in ``hold_calls`` (``attribute_calls`` keeps the cordons' own, one node a call);
         ``failures["put_attributes_many"]`` breaks them ("refuse": a throttle)."""
         if self._fault("put_attributes_many") == "refuse":
-            from botocore.exceptions import ClientError
-
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
+            raise _throttled("PutAttributes")
         for target, name, value in entries:
             if self.hold_puts_left is not None:
                 if self.hold_puts_left <= 0:  # a later call of the adapter's 10-node calls throttled
-                    from botocore.exceptions import ClientError
-
-                    raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                                       "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutAttributes")
+                    raise _throttled("PutAttributes")
                 self.hold_puts_left -= 1
             node = target.rsplit("/", 1)[-1]
             self.hold_calls.append(("put", node, name))

@@ -14,7 +14,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import InstanceState, JobState, RankState
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.queue.jobs_api.reads import goodput_view
-from tests.recovery.fakes import CLUSTER_ARN, EVENTS, World, ci_arn, world
+from tests.recovery.fakes import CLUSTER_ARN, EVENTS, CountedCalls, World, ci_arn, world
 from tests.recovery.remediation_steps import report_xid
 
 FAULTY, PEER = "node-b", "node-a"
@@ -128,18 +128,11 @@ def test_a_restarted_ranks_running_event_reads_the_job_only_for_rank_0() -> None
         reboot_back(w, FAULTY)
         rank0, rank1 = w.repo.get_rank("j", 0), w.repo.get_rank("j", 1)
         assert rank0 is not None and rank1 is not None and rank1.attempt == 2
-        reads: list[str] = []
-        real = w.repo.get_job
-
-        def counted(job_id: str) -> Any:
-            reads.append(job_id)
-            return real(job_id)
-
-        w.repo.get_job = counted  # type: ignore[method-assign]
+        reads = CountedCalls(w.repo, ("get_job",))
         w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
-        assert reads == [] and w.repo.get_rank("j", 1).state is RankState.RUNNING
+        assert reads.calls == [] and w.repo.get_rank("j", 1).state is RankState.RUNNING
         w.service.on_task_state_change(running(w, rank0.task_arn, PEER, w.now[0]))
-        assert reads == ["j"]
+        assert reads.calls == ["get_job"]
 
 
 def test_a_fault_before_any_checkpoint_has_unknown_lost_work() -> None:

@@ -104,7 +104,7 @@ def test_a_sync_of_many_nodes_keeps_what_it_did_when_a_call_fails_midway() -> No
     """Given a job's 250 nodes reserved at once, When ECS throttles the attribute puts after
     the 150th node (an invocation that cannot finish: the budget shared with a gang's stops),
     Then the nodes synced before the failing slice are confirmed (100 of them: a slice at a
-    time), and only the rest is the sweep's to put again (not all 250, every minute)."""
+    time), and only the rest is the sweep's to put again (150 nodes, not 250)."""
     nodes = [f"n-{i:03d}" for i in range(250)]
     with world() as w:
         w.ecs.hold_puts_left = 150

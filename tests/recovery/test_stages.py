@@ -4,13 +4,12 @@ one test each (the acceptance campaign in tests/crash_consistency covers every c
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import CLAIM_LEASE_SECONDS, InstanceState, JobState, RankState
-from tests.recovery.fakes import LostResponse, World, world
+from tests.recovery.fakes import CountedCalls, LostResponse, World, world
 
 FAULTY, PEER = "node-b", "node-a"
 
@@ -75,21 +74,6 @@ def test_a_rank_our_stop_reached_is_not_a_suspect() -> None:
         assert w.ecs.health_checks_on(PEER) == []
 
 
-class CountingReads:
-    """Counts the repository's reads of a job and of a rank (a GetItem each), by name."""
-
-    def __init__(self, repo: Any) -> None:
-        self.calls: list[str] = []
-        for name in ("get_job", "get_rank"):
-            setattr(repo, name, self._counted(name, getattr(repo, name)))
-
-    def _counted(self, name: str, real: Any) -> Any:
-        def read(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append(name)
-            return real(*args, **kwargs)
-        return read
-
-
 def test_a_rank_our_stop_reached_reads_its_job_once_and_its_rank_not_again() -> None:
     """A gang's stopped rank writes its stop and nothing else: it goes on with the job it
     decided on and the rank it wrote (two GetItems per stopped rank fewer than a re-read of
@@ -97,7 +81,7 @@ def test_a_rank_our_stop_reached_reads_its_job_once_and_its_rank_not_again() -> 
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY, "node-c"])
         fault(w, arns)
-        reads = CountingReads(w.repo)
+        reads = CountedCalls(w.repo, ("get_job", "get_rank"))
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
         assert reads.calls == ["get_job"]

@@ -231,19 +231,20 @@ class Cordons:
         return bool(self.data.cordons.admit_held(instance.container_inst_id, instance.cordon_version,
                                                       answer.update))
 
-    def sweep(self, read: Worklist | None = None, *,
-              short_of_time: Callable[[], bool] | None = None) -> dict[str, int]:
+    def sweep(self, read: Worklist | None = None, *, short_of_time: Callable[[], bool] | None = None,
+              job_deadlines: Sequence[Mapping[str, Any]] | None = None) -> dict[str, int]:
         """Every minute: the holds brought up to date (``HoldsDue``: spares and reservations,
         ``recovery.placement``), then every node whose ECS attributes are not confirmed yet
         (``read``: the worklist as the caller just read it, else read here), one call each,
         until ``short_of_time()``: the rest is the next sweep's (a backlog of a thousand
         nodes, a large job's reservations whose batched sync failed, takes minutes of calls
-        at the ECS budget's pace, and the sweep has other work)."""
+        at the ECS budget's pace, and the sweep has other work). ``job_deadlines``: the job
+        table's deadline index as the caller just read it, for the holds (else read there)."""
         done: dict[str, int] = {}
         read = read or self.data.cordons.worklist()
         if self.reactions.handles(HoldsDue):
             try:
-                action = str(self.reactions.emit(HoldsDue(read)))
+                action = str(self.reactions.emit(HoldsDue(read, job_deadlines)))
             except Exception:
                 logger.exception("placement holds refresh failed")
                 action = "holds_refresh_failed"

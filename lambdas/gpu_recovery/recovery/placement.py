@@ -80,16 +80,18 @@ class PlacementHolds:
         self.nodes = nodes  # the restarts' free nodes and the holds on them
 
     # ------------------------------------------------------------------ refresh
-    def refresh(self, read: Worklist | None = None) -> str:
+    def refresh(self, read: Worklist | None = None,
+                job_deadlines: Sequence[Mapping[str, Any]] | None = None) -> str:
         """Bring the holds up to date with the cluster: the recovering jobs' nodes (one read
         of the jobs in recovery and their latch shards), and, with a pool or a relocation
         waiting, one snapshot (ListContainerInstances + DescribeContainerInstances by 100, the
         instance items) for the free and busy nodes. ``read``: the worklist as the caller
-        just read it (the sweep's), else read here. Answers ``no_holds`` or
+        just read it (the sweep's), else read here; ``job_deadlines`` likewise, the job
+        table's deadline index (the jobs holding nodes). Answers ``no_holds`` or
         ``holds_unchanged`` only when it wrote nothing."""
         repo = self.data
         read = read or repo.cordons.worklist()
-        held = self.nodes.held()
+        held = self.nodes.held(deadline_items=job_deadlines)
         pool = self.settings.spare_nodes
         recovering = held.with_reserved(read.holds)
         # Spares and waits' reservations need the cluster's free and busy nodes; the

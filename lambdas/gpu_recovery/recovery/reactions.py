@@ -13,7 +13,7 @@ test's) reacts to nothing: :meth:`Reactions.emit` answers None.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -57,9 +57,11 @@ class JobLeftNode:
 @dataclass(frozen=True)
 class HoldsDue:
     """The cordon sweep starts, on its read of the worklist: the spare and reserved holds are
-    brought up to date first. Answers what was done (``recovery.cordons.UNCHANGED_HOLDS``)."""
+    brought up to date first. Answers what was done (``recovery.cordons.UNCHANGED_HOLDS``).
+    ``job_deadlines``: the job table's deadline index as the sweep read it (None: read it)."""
 
     worklist: Worklist
+    job_deadlines: Sequence[Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

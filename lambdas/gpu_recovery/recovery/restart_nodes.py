@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,11 +95,13 @@ class RestartNodes:
         nodes.discard("")
         return nodes
 
-    def held(self, except_job: str = "") -> Held:
+    def held(self, except_job: str = "", *,
+             deadline_items: Sequence[Mapping[str, Any]] | None = None) -> Held:
         """node -> the job in recovery holding it (but ``except_job``), and the relocation
-        waits: read once per relocation or holds refresh, never per event."""
+        waits: read once per relocation or holds refresh, never per event
+        (``deadline_items``: the job table's deadline index as the sweep just read it)."""
         out = Held()
-        for item in self.scheduling.jobs_holding_nodes():
+        for item in self.scheduling.jobs_holding_nodes(deadline_items):
             other = self.data.job_from_item(item)
             if other.job_id == except_job:
                 continue

@@ -177,7 +177,7 @@ class RecoveryService:
             # A job left a warned node at its checkpoint: the node may be repaired now.
             on(JobLeftNode, lambda e: self.warnings.after_move(e.node)),
             # The cordon sweep starts: the spare and reserved holds first.
-            on(HoldsDue, lambda e: self.placement.refresh(e.worklist)),
+            on(HoldsDue, lambda e: self.placement.refresh(e.worklist, e.job_deadlines)),
             # A restart placed (or the job ended): its reservations go.
             on(ReservationsReleased, lambda e: self.placement.after_restart(e.job_id)),
             # The gang fan-out reports back to the restart that asked it.

@@ -12,8 +12,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gpu_recovery.constants import (
-    DEADLINE_INDEX,
-    DEADLINE_PK,
     JOB_BY_QUEUE_INDEX,
     JOB_PK,
     QUEUE_BUCKET,
@@ -106,25 +104,20 @@ class SchedulingRepository:
                 return
             kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
 
-    def _deadline_items(self) -> list[dict[str, Any]]:
-        """Every item of the job table that carries a deadline, every shard of the index."""
-        return [item for bucket in self.db.deadline_buckets() for item in self.db.query_all(
-            self.table, IndexName=DEADLINE_INDEX, KeyConditionExpression="#p = :v",
-            ExpressionAttributeNames={"#p": DEADLINE_PK}, ExpressionAttributeValues={":v": bucket})]
-
     def jobs_in_recovery(self) -> list[dict[str, Any]]:
         """Jobs in PENDING_HEALTHCHECK / PENDING_RESTART / HELD: they carry a deadline, so the
         sparse deadline index lists them (as many items as jobs in recovery)."""
-        items = self._deadline_items()
         states = {s.value for s in RECOVERING_JOB_STATES}
-        return [from_ddb(dict(i)) for i in items
+        return [from_ddb(dict(i)) for i in self.repo.job_deadline_items()
                 if i.get("item_type") == "JOB" and i.get("job_state") in states]
 
-    def jobs_holding_nodes(self) -> list[dict[str, Any]]:
+    def jobs_holding_nodes(self, deadline_items: Sequence[Mapping[str, Any]] | None = None
+                           ) -> list[dict[str, Any]]:
         """The jobs in recovery (:meth:`jobs_in_recovery`) and the gang restarts not placed
         yet (STARTING with the recovery loop's restart of that attempt): each holds its nodes
-        until every rank is placed. Both carry a deadline: one read of the sparse index."""
-        items = self._deadline_items()
+        until every rank is placed. Both carry a deadline: one read of the sparse index
+        (``deadline_items``: that read, as the caller just made it)."""
+        items = self.repo.job_deadline_items() if deadline_items is None else deadline_items
         states = {s.value for s in RECOVERING_JOB_STATES}
         return [from_ddb(dict(i)) for i in items if i.get("item_type") == "JOB" and (
             i.get("job_state") in states

@@ -83,6 +83,14 @@ class RecoveryTables:
     def due_job_items(self, now: float, limit: int | None = None) -> list[dict[str, Any]]:
         return [from_ddb(dict(i)) for i in self._due(self.job_table_name, now, limit)]
 
+    def job_deadline_items(self) -> list[dict[str, Any]]:
+        """Every item of the job table that carries a deadline, due or not, every shard of the
+        index, as stored: the jobs holding nodes are among them, and the sweep knows from
+        the same read whether any job item is due."""
+        return [item for bucket in self.db.deadline_buckets() for item in self.db.query_all(
+            self.job_table_name, IndexName=DEADLINE_INDEX, KeyConditionExpression="#p = :v",
+            ExpressionAttributeNames={"#p": DEADLINE_PK}, ExpressionAttributeValues={":v": bucket})]
+
     def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]:
         """:meth:`due_instances` a page at a time, read as the caller asks for the next."""
         for items in self._due_pages(self.instance_table_name, now, page):

@@ -1,0 +1,60 @@
+"""The sweep's reads of the job table's deadline index: read whole once a minute (the holds
+need the jobs holding nodes), and the due job items' Query made only when that read shows
+one due or something was written since."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_recovery.constants import JobState
+from tests.recovery.fakes import CountedCalls, World, world
+
+
+def index_reads(w: World) -> CountedCalls:
+    """The whole reads of the job table's deadline index and the due job items' Queries
+    (pages asked for), counted on the real repository under the Flaky wrapper."""
+    return CountedCalls(w.repo._repo, ("job_deadline_items", "due_job_item_pages"))
+
+
+def _waiting_for_its_check(w: World) -> float:
+    """A 2-rank job whose rank 1 exited 1: PENDING_HEALTHCHECK, its deadline a minute away."""
+    arns = w.register_job("j", ["node-a", "node-b"])
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    item = w.repo.get_job_item("j")
+    assert item is not None and item["job_state"] == JobState.PENDING_HEALTHCHECK.value
+    return float(item["deadline_at"])
+
+
+def test_an_idle_minute_reads_the_index_once() -> None:
+    """Nothing due: one read of the index, no Query of the due job items."""
+    with world() as w:
+        reads = index_reads(w)
+        assert w.service.sweep().action == "swept"
+        assert reads.calls == ["job_deadline_items"]
+
+
+def test_a_due_job_item_is_queried_and_moved_on() -> None:
+    """The read shows the job's deadline passed: its page is queried and its step runs (the
+    job re-armed a minute on); before it was due, the Query was not made."""
+    with world() as w:
+        deadline = _waiting_for_its_check(w)
+        reads = index_reads(w)
+        w.service.sweep()
+        assert reads.calls == ["job_deadline_items"]  # not due yet
+        w.now[0] = deadline + 1
+        reads.calls.clear()
+        w.service.sweep()
+        assert reads.calls == ["job_deadline_items", "due_job_item_pages"]
+        item = w.repo.get_job_item("j")
+        assert item is not None and float(item["deadline_at"]) > w.now[0]
+
+
+def test_a_write_before_the_job_items_brings_the_query_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing due at the read, but the holds' refresh wrote (it may have made an item due):
+    the Query is made, as it was before the read was shared."""
+    with world() as w:
+        reads = index_reads(w)
+        cordons = w.service.sweeper.cordons
+        monkeypatch.setattr(cordons, "sweep", lambda *a, **k: {"holds_changed": 1})
+        w.service.sweep()
+        assert reads.calls == ["job_deadline_items", "due_job_item_pages"]
