@@ -58,3 +58,23 @@ def test_a_write_before_the_job_items_brings_the_query_back(monkeypatch: pytest.
         monkeypatch.setattr(cordons, "sweep", lambda *a, **k: {"holds_changed": 1})
         w.service.sweep()
         assert reads.calls == ["job_deadline_items", "due_job_item_pages"]
+
+
+def test_a_failed_read_of_the_index_leaves_the_minute_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's whole read throttled (past botocore's retries) once: the holds read the
+    index themselves and the attribute syncs run, and the due job items are queried, as
+    before the read was shared; nothing fails."""
+    with world() as w:
+        reads = index_reads(w)
+        real = w.repo._repo.job_deadline_items
+        failures = [TimeoutError("Query: ThrottlingException (retries exhausted)")]
+
+        def throttled_once() -> list[dict[str, object]]:
+            if failures:
+                raise failures.pop()
+            return list(real())
+
+        monkeypatch.setattr(w.repo._repo, "job_deadline_items", throttled_once)
+        handled = w.service.sweep().detail["handled"]
+        assert "error" not in handled and handled.get("no_holds") == 1, handled
+        assert reads.calls == ["job_deadline_items", "due_job_item_pages"]  # the holds' own read
