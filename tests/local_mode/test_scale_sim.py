@@ -360,7 +360,7 @@ def test_a_small_scale_bench_run_recovers_with_nothing_dead_lettered(tasks: int)
 
 
 @pytest.mark.slow
-@pytest.mark.long  # ~3.5 min on one core: started first (tests/conftest.py)
+@pytest.mark.long  # ~2.5 min on one core: started first (tests/conftest.py)
 def test_the_largest_job_recovers_within_every_aws_request_and_item_limit() -> None:
     """8,192 tasks, one per GPU on 1,024 nodes (the largest job the loop protects, issue 40):
     its recovery makes no request AWS would refuse (the scale world's request guard: every
