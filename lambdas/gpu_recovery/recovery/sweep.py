@@ -211,8 +211,8 @@ class Sweep:
 
     def _job_deadlines(self) -> list[dict[str, Any]] | None:
         """The job table's deadline index, whole; None if it could not be read (the holds then
-        read it themselves and the due job items are queried: a failed read costs the minute
-        no more than the two reads it replaces would have)."""
+        read it themselves and the due job items are queried: the minute goes on as it did
+        before the read was shared)."""
         try:
             return self.data.job_deadline_items()
         except Exception:
