@@ -35,10 +35,14 @@ The flows (``FLOWS``):
 * ``held_autoclose`` — the same trip, with nobody to reset it: node-z, the node the breaker
   had acted on (rebooted a minute before the fault), is back healthy, so a window after the
   trip the breaker closes by itself (e-mailed), releases node-b's reboot and the job restarts;
-* ``large`` — the GPU fault of ``gpu_fault`` in a 4-rank job (one rank per node) above the
+* ``large`` — the GPU fault of ``gpu_fault`` in a 3-rank job (one rank per node) above the
   deployment's inline fan-out (``gang_inline_max_ranks`` 2 here: the default's 16 would take
   17 ranks, each rank's events a dozen calls more for every broken run): the gang is stopped
   and restarted in batches through the gang queue and its worker, whose calls are broken too;
+  every node is checked (``health_check_all_nodes``) and the peers do not exit on their own
+  (no NCCL cascade): the stack stops them, so their two checks are grouped (issue 50) and
+  start in one StartTask once every rank has ended (3 ranks, not 4 as before: every broken
+  run replays the flow, so its calls cost their square);
 * ``validation`` — the GPU fault of ``gpu_fault`` with validation after repair on, on a node
   whose first repair does not hold (issue 43): back from its reboot it passes an idle check
   but fails its validation under load, so it is rebooted again (escalation, under the
@@ -110,7 +114,7 @@ HEALTH_CHECK_RULE = "health-check-task-stopped"
 RANDOM_FAILURE_RATE = 0.01
 # validation: level 1 and a short load (the flow's time is the campaign's CPU), one repair not held.
 VALIDATION = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=30, timeout_seconds=600)
-LARGE_RANKS = 4  # above the flow's inline fan-out: the gang queue and its worker carry it
+LARGE_RANKS = 3  # above the flow's inline fan-out: the gang queue and its worker carry it
 LARGE_INLINE_MAX_RANKS = 2
 #: each attempt's training, from its gang's rendezvous (every rank RUNNING: a rank whose start a
 #: broken call delays holds the others, as NCCL's init does); every simulated minute is a
@@ -259,6 +263,7 @@ def _env(flow: str) -> dict[str, str]:
         env[C.ENV_POST_REPAIR_VALIDATION] = VALIDATION.to_json()
     if flow == "large":
         env[C.ENV_GANG_INLINE_MAX_RANKS] = str(LARGE_INLINE_MAX_RANKS)
+        env[C.ENV_HEALTH_CHECK_ALL_NODES] = "true"
     return env
 
 
@@ -318,7 +323,7 @@ class RecoveryScenario(Scenario[RunResult]):
                       "lost_verdict": "healthy",
                       "gpu_reset": "reset_fixable",
                       **{f: "replace" for f in RELOCATING}}.get(flow, "reboot_fixable")
-            sim.inject_gpu_fault(FAULTY, after=MIN, health=health, nccl_cascade=True)
+            sim.inject_gpu_fault(FAULTY, after=MIN, health=health, nccl_cascade=flow != "large")
 
     def each_minute(self, world: World, jobs: Mapping[str, Job | None]) -> None:
         job = jobs[JOB_ID]
@@ -352,6 +357,7 @@ class RecoveryScenario(Scenario[RunResult]):
         # Checked only after another check had answered: a coupled node (coupled_app_error).
         facts["coupled"] = sorted({t.node for t in checks if any(
             o.stopped_at is not None and o.stopped_at <= t.created_at for o in checks)})
+        facts["check_started_by"] = {t.node: t.started_by for t in checks}  # grouped checks share one
         return RunResult(
             **common, job_state=job.state.value, attempt=job.attempt, recoveries_used=job.recoveries_used,
             app_restarts_used=job.app_restarts_used,

@@ -7,7 +7,8 @@ The flows (``local_mode.campaigns``): a GPU reset instead of a reboot, the fast 
 GPU (quarantine, the job failed and e-mailed), an application error (restarted, and failed and
 e-mailed), relocation (at once, spare first, after waiting for a free node), a job HELD by the
 breaker until the operator's reset or until the breaker closes by itself, a gang above the
-inline fan-out (4 ranks, its inline limit 2: through the gang queue), an application error whose
+inline fan-out (3 ranks, its inline limit 2: through the gang queue; every node checked, the
+two the stack stopped in one StartTask), an application error whose
 third exit is coupled to the first two and checked once their checks find nothing (issue 50), two
 independent faults a second apart (both caught before the job runs on either again), a node lost
 from heartbeats (its agent silent, its ECS agent disconnected) and a preemption (suspend,
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from gpu_recovery.domain import started_by
 from local_mode.campaigns import recovery
 from local_mode.campaigns.catalog import RUNS as ALL_RUNS
 from local_mode.campaigns.runner import positions_of
@@ -64,6 +66,11 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
             assert any(s.startswith("recovery/gang.py:_stop_batch") for s in sites)
             assert any(s.startswith("recovery/gang.py:_start_call") for s in sites)
             assert any(c.operation == "SendMessageBatch" for c in result.calls)
+            # Every node checked; the two the stack stopped in one StartTask (issue 50).
+            assert result.suspects == {n: "REBOOT" if n == recovery.FAULTY else "HEALTHY"
+                                       for n in result.health_checks}
+            peers = {sb for n, sb in result.facts["check_started_by"].items() if n != recovery.FAULTY}
+            assert len(peers) == 1 and started_by.names_several_nodes(peers.pop())
         elif flow in ("app_error", "app_error_fails"):
             assert set(result.suspects.values()) == {"HEALTHY"}
         elif flow == "coupled_app_error":  # issue 50: the third exit coupled, checked last

@@ -14,6 +14,7 @@ from gpu_recovery.domain.validation import started_by as validation_started_by
 from gpu_recovery.queue.launcher import started_by as queue_started_by
 from gpu_recovery.recovery.gang import group_started_by
 from gpu_recovery.recovery.gpu_resets import gpu_reset_started_by
+from gpu_recovery.recovery.health_checks import group_started_by as check_group_started_by
 from gpu_recovery.recovery.health_checks import health_check_started_by
 from gpu_recovery.recovery.ranks import restart_started_by
 
@@ -55,7 +56,9 @@ def test_a_node_task_differs_by_every_part_and_repeats_for_the_same(unique: tupl
 
 def test_every_startedby_fits_ecs_36_characters_whatever_the_job_id_or_rank() -> None:
     long_job = "j" * 255
-    made = [started_by.rank_launch(started_by.RESTART, long_job, 99_999, "r8191", digest=10),
+    ten = (f"{'x' * 100}{i}:1.7e9:9" for i in range(10))
+    made = [started_by.node_task(started_by.HEALTH_CHECK_GROUP, *ten),
+            started_by.rank_launch(started_by.RESTART, long_job, 99_999, "r8191", digest=10),
             started_by.rank_launch(started_by.QUEUE_LAUNCH, long_job, 99_999, "r8191", digest=12),
             started_by.node_task(started_by.GPU_RESET, "x" * 100, 1.7e9),
             started_by.node_task(started_by.VALIDATION, "x" * 100, repr(1.7e9), 99)]
@@ -68,11 +71,24 @@ def test_each_kind_is_told_by_its_prefix_alone() -> None:
     begins with its own prefix only."""
     heads = [f"{prefix}-" for prefix in started_by.PREFIXES]
     assert not [(a, b) for a in heads for b in heads if a != b and b.startswith(a)]
-    kinds = {"check": started_by.HEALTH_CHECK, "reset": started_by.GPU_RESET,
-             "validation": started_by.VALIDATION, "restart": started_by.RESTART,
-             "queue": started_by.QUEUE_LAUNCH}
+    kinds = {"check": started_by.HEALTH_CHECK, "check group": started_by.HEALTH_CHECK_GROUP,
+             "reset": started_by.GPU_RESET, "validation": started_by.VALIDATION,
+             "restart": started_by.RESTART, "queue": started_by.QUEUE_LAUNCH}
     made = {kind: stored for kind, (_, _, stored) in STORED.items()}
     made["restart"] = group_started_by("job-1", 2, StartCall((0, 1), ("n1", "n2")))
+    made["check group"] = check_group_started_by([NODE, SimpleNamespace(
+        container_inst_id="def", hc_requested_at=1.5, hc_start_attempts=0)])
     assert sorted(kinds) == sorted(made) and sorted(kinds.values()) == sorted(started_by.PREFIXES)
     for kind, value in made.items():
         assert [head for head in heads if value.startswith(head)] == [f"{kinds[kind]}-"], value
+
+
+def test_a_group_of_checks_is_named_as_one_call_on_several_nodes_and_one_check_as_before() -> None:
+    """Given the checks of one StartTask on two nodes, When its startedBy is made, Then it says
+    it names several nodes (a take-over describes the call's tasks), is the same whatever the
+    order of the nodes, and a group of one is the node's own check's startedBy."""
+    other = SimpleNamespace(container_inst_id="def", hc_requested_at=1.5, hc_start_attempts=0)
+    made = check_group_started_by([NODE, other])
+    assert started_by.names_several_nodes(made) and made == check_group_started_by([other, NODE])
+    assert check_group_started_by([NODE]) == health_check_started_by(NODE)
+    assert not started_by.names_several_nodes(health_check_started_by(NODE))

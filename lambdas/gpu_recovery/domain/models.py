@@ -214,6 +214,10 @@ class Instance:
     hc_slot_token: str = ""  # the token holding its slots (none: claimed by the release before, counted)
     hc_claimed_at: float | None = None  # when it got its slot (its time limit runs from here)
     hc_waiting_for_slot: bool = False  # no slot free: waits in its owner's queue
+    # Checked only because every node of its job is (health_check_all_nodes), with no evidence
+    # of its own: once its GPUs are free it waits in its owner's queue for others to start with
+    # it, up to 10 a StartTask (recovery.health_checks).
+    hc_grouped: bool = False
     # "<job>#<attempt>" of jobs that left before the verdict (spare first): the check is
     # still the node's, and their suspect items hold the fault's evidence.
     hc_left: set[str] = field(default_factory=set)

@@ -7,6 +7,8 @@ must still be found after it):
 
 * a node task (a DCGM check, a GPU reset, a validation): its kind's prefix and a digest of
   what makes the start unique (the node, the decision or request it serves, the attempt);
+  the checks started together on up to 10 nodes by one StartTask share one (its own prefix:
+  a task of it is told from the others of the call by its container instance);
 * a rank (or a call of identical ranks): the launcher's prefix, a digest of the job id, the
   attempt and the rank (``r``) or the call (``g``).
 """
@@ -18,18 +20,24 @@ import hashlib
 MAX_LENGTH = 36  # ECS StartTask's startedBy
 # Each kind's prefix.
 HEALTH_CHECK = "gpu-recovery-hc"
+HEALTH_CHECK_GROUP = "gpu-recovery-hcg"  # the checks of one StartTask on several nodes
 GPU_RESET = "gpu-recovery-reset"
 VALIDATION = "gpu-recovery-val"
 RESTART = "gpurec"  # the ranks the recovery starts again
 QUEUE_LAUNCH = "q"  # the queue's launches
 #: every kind's prefix: a task whose startedBy begins with one of them (and "-") is the stack's
-PREFIXES = (HEALTH_CHECK, GPU_RESET, VALIDATION, RESTART, QUEUE_LAUNCH)
+PREFIXES = (HEALTH_CHECK, HEALTH_CHECK_GROUP, GPU_RESET, VALIDATION, RESTART, QUEUE_LAUNCH)
 NODE_TASK_DIGEST = 16  # hex characters of a node task's digest
 
 
 def is_restart(started_by: str) -> bool:
     """A rank the recovery's gang restart started (its job's attempt claimed as a restart)."""
     return started_by.startswith(f"{RESTART}-")
+
+
+def names_several_nodes(started_by: str) -> bool:
+    """A startedBy one StartTask gave tasks on several nodes (a group of checks)."""
+    return started_by.startswith(f"{HEALTH_CHECK_GROUP}-")
 
 
 def node_task(prefix: str, *unique: object) -> str:

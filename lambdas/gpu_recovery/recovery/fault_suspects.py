@@ -76,9 +76,11 @@ class FaultSuspects:
         except Exception:
             logger.warning("the fault's first exits not written", exc_info=True, extra={"job_id": job.job_id})
 
-    def request_check(self, job: Job, inst_id: str) -> str:
+    def request_check(self, job: Job, inst_id: str, *, grouped: bool = False) -> str:
         """The suspect node's decision: the fast path (definitive evidence), or its health
-        check opened (or joined); then its item needs no follow-up from the sweep."""
+        check opened (or joined); then its item needs no follow-up from the sweep.
+        ``grouped``: a node named only because every node is checked starts its check with
+        others of the job (``recovery.health_checks``)."""
         if job.state not in RECOVERING_JOB_STATES:
             return "job_moved_on"
         faults = self.faults
@@ -93,9 +95,21 @@ class FaultSuspects:
                 faults.health_check_requested(suspect)
                 marked.append(True)
 
-        result = self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id, opened=opened)
+        result = self.remediation.fast_path(job, inst_id) or self.health.request(job, inst_id, opened=opened,
+                                                                                 grouped=grouped)
         opened()
         return result
+
+    def start_grouped_checks(self, job: Job) -> None:
+        """Every rank of the attempt ended: the grouped checks still waiting start now (best
+        effort: the sweep's kick starts them within a minute otherwise)."""
+        if not (self.check_all_nodes and job.in_fault and job.state in RECOVERING_JOB_STATES):
+            return
+        try:
+            self.health.start_all_waiting(job.job_id)
+        except Exception:
+            logger.warning("grouped checks not started at the attempt's end", exc_info=True,
+                           extra={"job_id": job.job_id})
 
     def check_coupled(self, job: Job, coupled: Collection[str] | None = None) -> str:
         """The fault's checks found nothing (``FaultTally.escalated``): each node whose rank's

@@ -6,6 +6,13 @@ committed before StartTask; a delivery that died after it leaves a lease that ex
 whoever takes the claim over looks the task up by ``startedBy`` before starting one. The
 verdict is matched on that ``startedBy`` (not on the task ARN, whose write may have been the
 one that failed).
+
+A check of a node with no evidence of its own, checked only because every node of its job is
+(``health_check_all_nodes``), is *grouped* (``Instance.hc_grouped``): once its node's GPUs are
+free it waits in its job's queue, and the event that finds ``GROUP_SIZE`` waiting starts them
+in one StartTask (one claim each, under one startedBy the call's nodes share); the job's
+attempt end and the sweep's kick start the rest. At 1,024 nodes that is 103 StartTasks where
+it was 1,024, each a token of the ECS budget the stops of the job's other ranks wait for.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.escalation import history_from_item
+from gpu_recovery.domain.launch_plan import MAX_INSTANCES_PER_START
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect
@@ -76,12 +84,26 @@ logger = logging.getLogger(__name__)
 EVENT_START_TURN_SECONDS = 25.0
 START_TURN_SECONDS = 5.0
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
+GROUP_SIZE = MAX_INSTANCES_PER_START  # grouped checks a StartTask (ECS takes 10 instances a call)
+# A job's attempt end starts its grouped checks still waiting, this many StartTasks at most
+# (the sweep's kick, each minute, the rest).
+END_GROUPS = 10
 
 
 def health_check_started_by(instance: Instance) -> str:
     """Deterministic per check and placement attempt: the same claim finds its task."""
     return task_started_by.node_task(task_started_by.HEALTH_CHECK, instance.container_inst_id,
                                      instance.hc_requested_at, instance.hc_start_attempts)
+
+
+def group_started_by(instances: Sequence[Instance]) -> str:
+    """The startedBy of one StartTask on several nodes' checks: unique per the checks and
+    placement attempts it starts (each node's claim stores it, so a take-over finds the call's
+    tasks again and tells its own node's by its container instance)."""
+    if len(instances) == 1:
+        return health_check_started_by(instances[0])
+    return task_started_by.node_task(task_started_by.HEALTH_CHECK_GROUP, *sorted(
+        f"{i.container_inst_id}:{i.hc_requested_at}:{i.hc_start_attempts}" for i in instances))
 
 
 class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
@@ -91,7 +113,8 @@ class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
     slots: HealthCheckSlots
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float) -> bool: ...
+    def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float,
+                          grouped: bool = False) -> bool: ...
     def join_health_check(self, inst_id: str, job_id: str) -> bool: ...
     def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
                            per_job: int, cluster: int, now: float) -> HealthCheckClaim: ...
@@ -134,10 +157,12 @@ class HealthChecks:
         return self.verdicts.on_stopped(detail, invocation, decide_now=decide_now)
 
     # ------------------------------------------------------------ open / join
-    def request(self, job: Job, inst_id: str, *, opened: Callable[[], None] | None = None) -> str:
+    def request(self, job: Job, inst_id: str, *, opened: Callable[[], None] | None = None,
+                grouped: bool = False) -> str:
         """Open or join the health check of an instance (at most one per instance).
         ``opened``: called once the check is open or joined (its instance's deadline then
-        brings the sweep to it), before the start waits for its turn at the ECS budget."""
+        brings the sweep to it), before the start waits for its turn at the ECS budget.
+        ``grouped``: a check this opens starts with others of the job (the module's docstring)."""
         if not self.policy.modes.executes(Effect.HEALTH_CHECK):
             return self._diag_observed(job, inst_id)
         repo = self.data
@@ -145,14 +170,17 @@ class HealthChecks:
         if instance is not None and instance.state in HEALTH_CHECK_STATES and job.job_id in instance.hc_jobs:
             if opened is not None:  # joined by an earlier delivery
                 opened()
-            return self._start_read(instance, turn_within=EVENT_START_TURN_SECONDS) or "waiting_for_gpus"
+            return self._start_read(instance, turn_within=EVENT_START_TURN_SECONDS,
+                                    wait_for_group=True) or "waiting_for_gpus"
         now = clock.now()
-        if not repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS) \
+        if not repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS,
+                                      grouped=grouped) \
                 and not repo.join_health_check(inst_id, job.job_id):
             return self._instance_busy(job, inst_id)
         if opened is not None:
             opened()
-        return self.start_if_ready(inst_id, turn_within=EVENT_START_TURN_SECONDS) or "waiting_for_gpus"
+        return self.start_if_ready(inst_id, turn_within=EVENT_START_TURN_SECONDS,
+                                   wait_for_group=True) or "waiting_for_gpus"
 
     def _instance_busy(self, job: Job, inst_id: str) -> str:
         """The instance is already rebooting or quarantined (another job's fault): the
@@ -240,13 +268,18 @@ class HealthChecks:
         return "observed"
 
     # -------------------------------------------------------------------- start
-    def start_if_ready(self, inst_id: str, *, turn_within: float = START_TURN_SECONDS) -> str | None:
+    def start_if_ready(self, inst_id: str, *, turn_within: float = START_TURN_SECONDS,
+                       wait_for_group: bool = False) -> str | None:
         """Start the DCGM task once the instance's GPUs are free; finish a dead claim.
-        ``turn_within``: how long it may wait for its turn at the ECS budget."""
+        ``turn_within``: how long it may wait for its turn at the ECS budget.
+        ``wait_for_group``: a grouped check starts only with ``GROUP_SIZE`` waiting (a rank's
+        stop: more of its job's nodes are coming); else with those waiting now (the sweep)."""
         instance = self.data.get_instance(inst_id)
-        return self._start_read(instance, turn_within=turn_within) if instance is not None else None
+        return self._start_read(instance, turn_within=turn_within,
+                                wait_for_group=wait_for_group) if instance is not None else None
 
-    def _start_read(self, instance: Instance, *, turn_within: float = START_TURN_SECONDS) -> str | None:
+    def _start_read(self, instance: Instance, *, turn_within: float = START_TURN_SECONDS,
+                    wait_for_group: bool = False) -> str | None:
         inst_id = instance.container_inst_id
         now = clock.now()
         if instance.state is InstanceState.HEALTH_CHECKING:
@@ -260,8 +293,14 @@ class HealthChecks:
             return None  # a failed start backs off until its retry time (the sweep's)
         if self.tasks.gpus_busy(node_tasks.HEALTH_CHECK, instance):
             return None
-        started_by = health_check_started_by(instance)
         owner = instance.check_owner
+        if instance.hc_grouped:
+            # Its GPUs free, it waits for others of its job to start with it.
+            if not instance.hc_waiting_for_slot:
+                self.data.wait_for_health_check_slot(instance, owner, now)
+            return self.start_waiting(owner, at_least=GROUP_SIZE if wait_for_group else 1,
+                                      turn_within=turn_within).get(inst_id)
+        started_by = health_check_started_by(instance)
         settings = self.settings
         claimed = self.data.claim_health_check(
             instance, started_by, now + CLAIM_LEASE_SECONDS, owner=owner,
@@ -287,13 +326,88 @@ class HealthChecks:
             return taken, self._start(taken.instance, instance.hc_started_by, turn_within=turn_within)
         return taken, taken.task_arn or None
 
-    def kick(self, job_id: str, *, limit: int = 2) -> list[str]:
-        """A slot of ``job_id``'s was given back: start its next waiting checks."""
-        started = []
-        for inst_id in self.data.slots.waiting(job_id, limit):
-            task = self.start_if_ready(inst_id)
-            if task:
-                started.append(inst_id)
+    def kick(self, job_id: str, *, limit: int = 2, full_groups_only: bool = True) -> list[str]:
+        """A slot of ``job_id``'s was given back: start its next waiting checks (the nodes).
+        ``full_groups_only``: a grouped check is left to wait for its group (a verdict's slot
+        given back is no reason to start it in a smaller one); the sweep's kick, each minute,
+        starts whatever waits."""
+        return sorted(self.start_waiting(job_id, limit=limit, full_groups_only=full_groups_only))
+
+    def start_all_waiting(self, job_id: str) -> list[str]:
+        """Every rank of the job ended: no more of its nodes will come to wait, so its
+        grouped checks still waiting start now, ``GROUP_SIZE`` a StartTask (at most
+        ``END_GROUPS`` calls; the sweep's kick starts any left)."""
+        started: list[str] = []
+        for _ in range(END_GROUPS):
+            group = self.start_waiting(job_id, limit=GROUP_SIZE)
+            started += sorted(group)
+            if len(group) < GROUP_SIZE:
+                break
+        return started
+
+    def start_waiting(self, job_id: str, *, limit: int = GROUP_SIZE, at_least: int = 1,
+                      full_groups_only: bool = False,
+                      turn_within: float = START_TURN_SECONDS) -> dict[str, str]:
+        """Start up to ``limit`` (at most ``GROUP_SIZE``) of ``job_id``'s waiting checks in one
+        StartTask, if at least ``at_least`` wait (``full_groups_only``: grouped ones only
+        ``GROUP_SIZE`` together): each claimed (a full share or cluster leaves the rest
+        waiting), then started together. Node -> the task started there."""
+        ids = self.data.slots.waiting(job_id, min(limit, GROUP_SIZE))
+        if not ids or len(ids) < at_least:
+            return {}
+        # A check waits only once its node's GPUs were free (a suspect node is out of the
+        # stack's placements since): they are not looked up again.
+        waiting = [i for i in map(self.data.get_instance, ids) if i is not None
+                   and i.state is InstanceState.HEALTH_CHECK_PENDING and i.hc_waiting_for_slot]
+        if full_groups_only and sum(i.hc_grouped for i in waiting) < GROUP_SIZE:
+            waiting = [i for i in waiting if not i.hc_grouped]
+        if not waiting:
+            return {}
+        started_by, now, settings = group_started_by(waiting), clock.now(), self.settings
+        claimed: list[Instance] = []
+        for instance in waiting:
+            claim = self.data.claim_health_check(
+                instance, started_by, now + CLAIM_LEASE_SECONDS, owner=instance.check_owner,
+                per_job=settings.max_health_checks_per_job, cluster=settings.max_health_checks_in_flight,
+                now=now)
+            if claim.outcome in (Claim.CLUSTER_FULL, Claim.JOB_FULL):
+                break  # the rest wait on, in the queue they are in
+            if claim.instance is not None:
+                claimed.append(claim.instance)
+        if len(claimed) == 1:
+            task = self._start(claimed[0], started_by, turn_within=turn_within)
+            return {claimed[0].container_inst_id: task} if task else {}
+        return self._start_group(claimed, started_by, turn_within=turn_within) if claimed else {}
+
+    def _start_group(self, claimed: list[Instance], started_by: str, *, turn_within: float) -> dict[str, str]:
+        """One StartTask on the claimed nodes (``_start``'s, for several): a node not placed is
+        given back (an attempt counted) for the sweep's retry."""
+        repo, kind = self.data, node_tasks.HEALTH_CHECK
+        try:
+            placed = self.tasks.start_many(
+                kind, claimed, started_by, turn_within=turn_within,
+                release=lambda instance: repo.release_health_check_claim(  # refused: tried again in a minute
+                    instance, started_by, placement_failed=False,
+                    retry_at=clock.now() + RETRY_INTERVAL_SECONDS),
+                record=lambda instance, task_arn: self.tasks.record(kind, instance, started_by, task_arn,
+                                                                    deadline=self.deadline(instance)))
+        except RateLimited as limited:
+            for instance in claimed:  # StartTask never called: as ``_start``'s
+                repo.release_health_check_claim(instance, started_by, placement_failed=False,
+                                                retry_at=clock.now() + limited.wait_seconds)
+            self.metrics.add_metric("HealthCheckStartsDeferred", "Count", len(claimed))
+            return {}
+        started: dict[str, str] = {}
+        for instance in claimed:
+            answer = placed[instance.container_inst_id]
+            if answer.task_arn:
+                started[instance.container_inst_id] = answer.task_arn
+                continue
+            logger.warning("health check could not be placed", extra={
+                "instance": instance.container_inst_id, "reasons": answer.reasons,
+                "attempt": instance.hc_start_attempts + 1})
+            repo.release_health_check_claim(instance, started_by, placement_failed=True,
+                                            retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
         return started
 
     def _start(self, instance: Instance, started_by: str, *,

@@ -23,7 +23,7 @@ task within its time the one way (:meth:`NodeTasks.follow`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Literal, Protocol
@@ -40,7 +40,8 @@ from gpu_recovery.constants import (
     RETRY_INTERVAL_SECONDS,
     TAG_PURPOSE,
 )
-from gpu_recovery.domain.models import Instance, Rank
+from gpu_recovery.domain import started_by as task_started_by
+from gpu_recovery.domain.models import Instance, Rank, container_instance_id
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_on, started_already
@@ -210,7 +211,8 @@ class NodeTasks:
         if not self.data.take_over_node_task(fields, instance, now, now + CLAIM_LEASE_SECONDS):
             return TakeOver("raced")
         started_by, node = fields.read(instance).started_by, instance.container_inst_id
-        found = started_already(self.ecs, started_by, [node]).get(node)
+        found = started_already(self.ecs, started_by, [node],
+                                shared=task_started_by.names_several_nodes(started_by)).get(node)
         if found:
             self.record(kind, instance, started_by, found, deadline=deadline)
             return TakeOver("found", found)
@@ -280,30 +282,55 @@ class NodeTasks:
         """StartTask of ``kind`` on ``instance`` (``turn_within``: once the stack's ECS budget
         gives it a turn within that many seconds, else :class:`RateLimited`, StartTask never
         called). Refused: ``release()`` and the error raised; placed: ``record(task_arn)``."""
+        placed = self.start_many(kind, [instance], started_by, release=lambda _: release(),
+                                 record=lambda _, task_arn: record(task_arn), environment=environment,
+                                 turn_within=turn_within)
+        return placed[instance.container_inst_id]
+
+    def start_many(self, kind: NodeTaskKind, instances: Sequence[Instance], started_by: str, *,
+                   release: Callable[[Instance], object], record: Callable[[Instance, str], object],
+                   environment: Mapping[str, str] | None = None,
+                   turn_within: float | None = None) -> dict[str, Placed]:
+        """One StartTask of ``kind`` on up to 10 claimed ``instances`` (one task each, one
+        ``startedBy``: a call on several nodes takes a startedBy that says so,
+        ``domain.started_by.names_several_nodes``, so that a take-over describes the call's
+        tasks to find its own node's). Node id -> what was placed there; refused, each claim
+        released and the error raised; each task placed recorded (:meth:`start`)."""
         overrides = None
         if kind.container:
             overrides = {"containerOverrides": [{"name": kind.container, "environment": [
                 {"name": name, "value": value} for name, value in sorted((environment or {}).items())]}]}
-        inst_id = instance.container_inst_id
         try:
             if turn_within is not None:
                 self.ecs.prepay(1, in_turn_within=turn_within)
             placed, result = start_on(self.ecs, TaskRequest(
                 kind.task_definition(self.settings), started_by, overrides,
                 [{"key": TAG_PURPOSE, "value": kind.purpose}], kind.group),
-                {inst_id: instance.container_instance_arn or inst_id})
+                {i.container_inst_id: i.container_instance_arn or i.container_inst_id for i in instances})
         except RateLimited:
             raise  # never called: the stage decides when to try again
         except Exception as error:
             if refused(error):  # nothing was started: the next try may start it
-                release()
+                for instance in instances:
+                    release(instance)
             # Otherwise it may have started: the lease expires and the next try looks it up.
             raise
-        task_arn = placed.get(inst_id)
-        if task_arn is None:
-            return Placed(None, result.reasons())
-        record(task_arn)
-        self.metrics.add_metric(kind.started_metric, "Count", 1)
-        logger.info(f"{kind.name} started", extra={"instance": inst_id, "task": task_arn})
-        return Placed(task_arn)
+        out: dict[str, Placed] = {}
+        for instance in instances:
+            inst_id = instance.container_inst_id
+            task_arn = placed.get(inst_id)
+            if task_arn is None:
+                out[inst_id] = Placed(None, _reasons_for(result.failures, instance, len(instances)))
+                continue
+            record(instance, task_arn)
+            self.metrics.add_metric(kind.started_metric, "Count", 1)
+            logger.info(f"{kind.name} started", extra={"instance": inst_id, "task": task_arn})
+            out[inst_id] = Placed(task_arn)
+        return out
 
+
+def _reasons_for(failures: Sequence[Mapping[str, Any]], instance: Instance, nodes: int) -> str:
+    """Why ECS placed nothing on ``instance``: its failures (all of them, for a call on one node)."""
+    mine = failures if nodes == 1 else [
+        f for f in failures if container_instance_id(str(f.get("arn") or "")) == instance.container_inst_id]
+    return ", ".join(str(f.get("reason", "?")) for f in mine) or "unknown"

@@ -431,14 +431,17 @@ class TaskEvents:
         if current.attempt != rank.attempt or not current.state.is_terminal:
             return Outcome("recorded", job.job_id, {**detail, "why": "older attempt"})
         node = current.container_inst_id
+        grouped = False
         if not suspect and (redelivered or self.settings.check_all_nodes_on_fault):
             suspect = self._named_suspect(job, current)
+            # Named only because every node is checked: no evidence of its own to hurry it.
+            grouped = suspect and self.settings.check_all_nodes_on_fault
         coupled = (coupled or current.coupled) and not suspect  # a redelivery repeats its arrival
         if suspect and job.attempt == rank.attempt:
             if self.settings.check_all_nodes_on_fault or repo.faults.get_suspect(
                     job.job_id, job.attempt, node) is None:
                 self._open_suspect(job, current, None)
-            detail["health_checks"] = {node: self.suspects.request_check(job, node)}
+            detail["health_checks"] = {node: self.suspects.request_check(job, node, grouped=grouped)}
         if redelivered and job.stop_fanout and not job.stop_fanout.get("sent_at"):
             self._stop_gang(job)
         arrival = repo.latches.arrive(
@@ -480,6 +483,7 @@ class TaskEvents:
             total = len(repo.latches.suspect_nodes(job.job_id, attempt, job.world_size))
             job = repo.faults.record_total(job, total) or repo.get_job(job.job_id) or job
             logger.info("every rank ended", extra={"job_id": job.job_id, "suspects": total})
+        self.suspects.start_grouped_checks(job)
         job = repo.faults.counted(job)  # the verdicts counted on the tally's shards (all in?)
         if job.state is JobState.PENDING_HEALTHCHECK and job.tally.all_decided:
             return self.settlement.conclude(job)

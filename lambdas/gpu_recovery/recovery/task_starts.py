@@ -43,24 +43,27 @@ class TaskRequest:
     network: dict[str, Any] | None = None  # an awsvpc task's (``domain.task_network``)
 
 
-def started_already(ecs: StartsTasks, started_by: str, nodes: Collection[str]) -> dict[str, str]:
+def started_already(ecs: StartsTasks, started_by: str, nodes: Collection[str], *,
+                    shared: bool = False) -> dict[str, str]:
     """Node id -> the task of ``started_by`` on it, for a start that may have been made
     already. ``nodes``: every node that start is made on, not only those whose task is still
-    to be found (with one node, the task listed is that node's; with several, any of them may
-    be listed). A listed task ECS cannot describe yet (MISSING: not caught up) raises
+    to be found (with one node, the task listed is that node's, unless the startedBy is
+    ``shared`` by a call on several nodes; with several, any of them may be listed). A listed
+    task ECS cannot describe yet (MISSING: not caught up) raises
     :class:`EcsActionFailed`: where it runs is not known, and starting again could start a
     second one; the caller tries again later, as after a failed lookup."""
     arns = ecs.tasks_started_by(started_by)
     if not arns:
         return {}
-    if len(nodes) == 1:
+    if len(nodes) == 1 and not shared:
         return {next(iter(nodes)): arns[0]}
     described = ecs.describe_tasks(arns)
     unseen = set(arns) - {str(task.get("taskArn")) for task in described}
     if unseen:
         raise EcsActionFailed.missing("DescribeTasks", sorted(unseen))
-    return {container_instance_id(str(task.get("containerInstanceArn", ""))): str(task["taskArn"])
-            for task in described}
+    found = {container_instance_id(str(task.get("containerInstanceArn", ""))): str(task["taskArn"])
+             for task in described}
+    return {node: task for node, task in found.items() if node in nodes} if shared else found
 
 
 def start_on(ecs: StartsTasks, request: TaskRequest,

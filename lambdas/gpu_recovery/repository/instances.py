@@ -74,14 +74,18 @@ class Instances(NodeTaskClaims):
         return self.db.put_if_absent(self.instance_table_name, item, INSTANCE_PK)
 
     # ============================================================= health check
-    def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float) -> bool:
-        """AVAILABLE / SUSPECT (or unknown) -> HEALTH_CHECK_PENDING with this job waiting."""
+    def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float,
+                          grouped: bool = False) -> bool:
+        """AVAILABLE / SUSPECT (or unknown) -> HEALTH_CHECK_PENDING with this job waiting.
+        ``grouped``: the check waits for others of its job to start with it (``hc_grouped``)."""
         return self.db.apply(self.instance_update(
             inst_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT], allow_missing=True,
             to=InstanceState.HEALTH_CHECK_PENDING,
-            set_fields={"hc_requested_at": now, "hc_start_attempts": 0},
+            set_fields={"hc_requested_at": now, "hc_start_attempts": 0,
+                        **({"hc_grouped": True} if grouped else {})},
             add_to_sets={"hc_jobs": {job_id}},
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "waiting_jobs"],
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "waiting_jobs",
+                           *([] if grouped else ["hc_grouped"])],
             deadline_at=retry_at,
         ))
 

@@ -180,6 +180,7 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         hc_slot_token=str(item.get("hc_slot_token") or ""),
         hc_claimed_at=item.get("hc_claimed_at"),
         hc_waiting_for_slot=bool(item.get(HC_WAIT_PK)),
+        hc_grouped=bool(item.get("hc_grouped", False)),
         hc_left=set(item.get("hc_left", set())),
         reboot_requested_at=item.get("reboot_requested_at"),
         reboot_claimed_at=item.get("reboot_claimed_at"),
