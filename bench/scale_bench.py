@@ -262,11 +262,15 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
     # every task it stops itself (StopTask takes one task a call) and started every check (at
     # best 10 nodes a StartTask), all on the same bucket; then its start, the diag and the
     # restart's own start. Below the path above when only a few nodes are checked.
+    # A task the stack stops holds its node's GPUs until it has stopped (ECS's StopTask: the
+    # signal, then the task's exit, ``stop_delay_seconds`` here), so the last node's check
+    # starts that long after the last StopTask at the earliest.
     stopped = ecs_calls.get("StopTask", 0) - stats.throttled.get("ecs:StopTask", 0)
     checked = sum(cluster.health_checks.values())
     check_calls = stopped + math.ceil(checked / MAX_INSTANCES_PER_START)
-    checks_floor = (2 * cluster.run_delay_seconds + cluster.dcgm_seconds
-                    + control_bucket.floor_seconds(check_calls))
+    check_path = 2 * cluster.run_delay_seconds + cluster.dcgm_seconds + (cluster.stop_delay_seconds
+                                                                         if stopped else 0.0)
+    checks_floor = check_path + control_bucket.floor_seconds(check_calls)
     functions = {name: f.stats.as_dict(f.timeout) for name, f in sorted(world.lambdas.functions.items())}
     dead = Counter(d.function for d in world.lambdas.dead_letters)
     gang = world.gang_queue()
@@ -282,7 +286,7 @@ def _recovery_figures(world: ScaleWorld, job: TaggedJob, t_fault: float, outcome
     # The same path at the stack's own share of the bucket (``ecs_api_rate_per_second``, 36/s
     # by default: the rest is left to the account's other ECS clients by design).
     share = world.settings.ecs_api
-    share_floor = (max(data_plane_floor, 2 * cluster.run_delay_seconds + cluster.dcgm_seconds
+    share_floor = (max(data_plane_floor, check_path
                        + rate_limit.floor_seconds(check_calls, burst=share.burst, rate=share.rate))
                    + rate_limit.floor_seconds(restarts, burst=share.burst, rate=share.rate))
     took = all_running - t_fault if all_running else None
@@ -356,7 +360,8 @@ def _print(result: dict[str, Any]) -> None:
     t = result["fault_to_all_running_s"]
     floor = result["floor_detail"]
     checks = (f"the last check: {floor['stops_and_check_start_calls']:,} StopTasks and check starts at 40/s "
-              f"+ DCGM + starts {floor['checks_s']} s" if floor["checks_s"] > floor["data_plane_s"]
+              f"+ the last stop + DCGM + starts {floor['checks_s']} s"
+              if floor["checks_s"] > floor["data_plane_s"]
               else f"DCGM + reboot + starts {floor['data_plane_s']:.0f} s")
     print(f"  fault -> every rank RUNNING: {t if t is not None else '-'} s (floor {result['floor_s']} s: "
           f"{checks}, the restart's "
