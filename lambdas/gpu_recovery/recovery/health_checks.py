@@ -11,8 +11,8 @@ A check of a node with no evidence of its own, checked only because every node o
 (``health_check_all_nodes``), is *grouped* (``Instance.hc_grouped``): once its node's GPUs are
 free it waits in its job's queue, and the event that finds ``GROUP_SIZE`` waiting starts them
 in one StartTask (one claim each, under one startedBy the call's nodes share); the job's
-attempt end and the sweep's kick start the rest. At 1,024 nodes that is 103 StartTasks where
-it was 1,024, each a token of the ECS budget the stops of the job's other ranks wait for.
+attempt end and the sweep's kick start the rest. At 1,024 nodes that was 113 StartTasks where
+it was 1,024 (the scale bench), each a token of the ECS budget the other ranks' stops need.
 """
 
 from __future__ import annotations
