@@ -377,11 +377,14 @@ class HealthChecks:
         if len(claimed) == 1:
             task = self._start(claimed[0], started_by, turn_within=turn_within)
             return {claimed[0].container_inst_id: task} if task else {}
-        return self._start_group(claimed, started_by, turn_within=turn_within) if claimed else {}
+        return self._start_group(claimed, started_by, turn_within=turn_within)[0] if claimed else {}
 
-    def _start_group(self, claimed: list[Instance], started_by: str, *, turn_within: float) -> dict[str, str]:
-        """One StartTask on the claimed nodes (``_start``'s, for several): a node not placed is
-        given back (an attempt counted) for the sweep's retry."""
+    def _start_group(self, claimed: list[Instance], started_by: str, *,
+                     turn_within: float) -> tuple[dict[str, str], list[Instance]]:
+        """One StartTask on the claimed nodes, once its turn at the ECS budget has come (the
+        claims, leased for longer than any turn, keep a redelivered event from taking a token
+        of its own): node -> the task started there, and the nodes not placed, each given back
+        (an attempt counted) for the sweep's retry."""
         repo, kind = self.data, node_tasks.HEALTH_CHECK
         try:
             placed = self.tasks.start_many(
@@ -392,12 +395,16 @@ class HealthChecks:
                 record=lambda instance, task_arn: self.tasks.record(kind, instance, started_by, task_arn,
                                                                     deadline=self.deadline(instance)))
         except RateLimited as limited:
-            for instance in claimed:  # StartTask never called: as ``_start``'s
+            # The stack's ECS budget has no turn in time: StartTask was never called. The
+            # slots are given back at once (not held until the claims' lease expires) and the
+            # checks are tried again when a token is due (by the sweep; no failed invocation).
+            for instance in claimed:
                 repo.release_health_check_claim(instance, started_by, placement_failed=False,
                                                 retry_at=clock.now() + limited.wait_seconds)
             self.metrics.add_metric("HealthCheckStartsDeferred", "Count", len(claimed))
-            return {}
+            return {}, []
         started: dict[str, str] = {}
+        unplaced: list[Instance] = []
         for instance in claimed:
             answer = placed[instance.container_inst_id]
             if answer.task_arn:
@@ -408,38 +415,17 @@ class HealthChecks:
                 "attempt": instance.hc_start_attempts + 1})
             repo.release_health_check_claim(instance, started_by, placement_failed=True,
                                             retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
-        return started
+            unplaced.append(instance)
+        return started, unplaced
 
     def _start(self, instance: Instance, started_by: str, *,
                turn_within: float = START_TURN_SECONDS) -> str | None:
-        """StartTask on the claimed instance, once its turn at the ECS budget has come (the
-        claim, leased for longer than any turn, keeps a redelivered event from taking a
-        token of its own)."""
-        repo = self.data
-        try:
-            placed = self.tasks.start(
-                node_tasks.HEALTH_CHECK, instance, started_by, turn_within=turn_within,
-                release=lambda: repo.release_health_check_claim(  # refused: tried again in a minute
-                    instance, started_by, placement_failed=False,
-                    retry_at=clock.now() + RETRY_INTERVAL_SECONDS),
-                record=lambda task_arn: self.tasks.record(node_tasks.HEALTH_CHECK, instance, started_by,
-                                                          task_arn, deadline=self.deadline(instance)))
-        except RateLimited as limited:
-            # The stack's ECS budget has no turn in time: StartTask was never called. The
-            # slot is given back at once (not held until the claim's lease expires) and the
-            # check is tried again when a token is due (by the sweep; no failed invocation).
-            repo.release_health_check_claim(instance, started_by, placement_failed=False,
-                                            retry_at=clock.now() + limited.wait_seconds)
-            self.metrics.add_metric("HealthCheckStartsDeferred", "Count", 1)
-            return None
-        if placed.task_arn is None:
-            logger.warning("health check could not be placed", extra={
-                "instance": instance.container_inst_id, "reasons": placed.reasons,
-                "attempt": instance.hc_start_attempts + 1})
-            repo.release_health_check_claim(instance, started_by, placement_failed=True,
-                                            retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
+        """StartTask on the one claimed instance (``_start_group``'s); not placed, its slot
+        given back starts the job's next waiting check."""
+        started, unplaced = self._start_group([instance], started_by, turn_within=turn_within)
+        if unplaced:
             self._kick_after_release(instance)
-        return placed.task_arn
+        return started.get(instance.container_inst_id)
 
     def _kick_after_release(self, instance: Instance) -> None:
         if instance.hc_owner:
