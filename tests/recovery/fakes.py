@@ -375,8 +375,12 @@ class FakeQueue:
     now: list[float]
     messages: list[tuple[dict[str, Any], float]] = field(default_factory=list)
     sends: int = 0
+    fail_next: int = 0  # the next sends raise (SQS unreachable), nothing sent
 
     def send(self, bodies: Sequence[Any], delay_seconds: int = 0) -> None:
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise RuntimeError("SendMessageBatch: connection reset")
         self.sends += 1
         self.messages += [(dict(b), self.now[0] + delay_seconds) for b in bodies]
 

@@ -5,6 +5,7 @@ held to their per-job share, oversized jobs refused loudly, and bounded e-mails.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -191,6 +192,40 @@ def test_a_batch_out_of_ecs_budget_goes_back_to_the_queue_delayed() -> None:
 
 # Slow tier (CI runs it: make test-slow): a whole emulated fan-out (~4-8 s); the other
 # fan-out tests here (large gangs, batches of ten, lookups by tags) stay in make test.
+def test_a_stop_intent_read_by_several_events_at_once_is_sent_once() -> None:
+    """A fault's first ranks stop together (a GPU's 8 one-GPU ranks): every event that read the
+    intent unsent used to send all its batches (4 sends of 82 batches at 8,192 ranks, racing
+    each other for the same ranks); one claims the sending, the others leave it."""
+    with world(gang_queue=True) as w:
+        arns = w.register_job("big", _nodes(WORLD))
+        unsent = w.repo.get_job("big")
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        job = w.repo.get_job("big")
+        assert job.stop_fanout.get("sent_at") and w.queue.sends == 1
+        # Another event read the intent before it was confirmed: it sends nothing.
+        read_before = replace(job, stop_fanout={k: v for k, v in job.stop_fanout.items() if k != "sent_at"})
+        assert not w.service.gang.stop(read_before)
+        assert w.queue.sends == 1 and unsent.stop_fanout == {}
+
+
+def test_a_stop_intent_whose_sender_died_is_sent_by_the_sweep_once_its_claim_is_stale() -> None:
+    with world(gang_queue=True, health_check_timeout_seconds=20_000) as w:
+        arns = w.register_job("big", _nodes(WORLD))
+        w.queue.fail_next = 1  # the claim is written, the send fails: the sender is gone
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        assert w.queue.messages == [] and not w.repo.get_job("big").stop_fanout.get("sent_at")
+        w.advance(C.CLAIM_LEASE_SECONDS - 5)
+        w.service.sweep()
+        assert w.queue.sends == 0  # the claim may still be its sender's
+        for _ in range(4):  # the job's next looks (its deadline, each minute) after the lease
+            w.advance(30)
+            w.service.sweep()
+        assert [m[0]["op"] for m in w.queue.messages] == ["stop"] and w.queue.sends == 1
+        assert w.repo.get_job("big").stop_fanout.get("sent_at")
+        w.drain_queue()
+        assert sorted(w.ecs.stop_calls) == sorted(arns[:-1])
+
+
 @pytest.mark.slow
 def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event() -> None:
     with world(gang_queue=True, health_check_timeout_seconds=20_000) as w:

@@ -124,6 +124,8 @@ class GangData(Protocol):
     def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]: ...
     def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
     def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool: ...
+    def claim_fanout_send(self, job: Job, kind: str, attempt: int, now: float,
+                          lease_seconds: float) -> bool: ...
     def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool: ...
     def record_stop_round(self, job: Job, attempt: int, rounds: int, now: float) -> bool: ...
     def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
@@ -165,6 +167,12 @@ class GangOps:
                     return Dispatched(False)
             else:
                 self.ranks.register_missing(job)  # a rank never registered could not be stopped
+        if not round_ and not self.inline(job) and not self.data.claim_fanout_send(
+                job, "stop_fanout", attempt, clock.now(), CLAIM_LEASE_SECONDS):
+            # Another invocation is sending it (a fault's first stopped ranks arrive together:
+            # each sent every batch, 4 sends of 82 batches at 8,192 ranks); the sweep sends it
+            # once the claim's lease is over if that one died first.
+            return Dispatched(False)
         work = batches(STOP, job.job_id, attempt, job.world_size, why=why, round_=round_,
                        remediation=remediation)
         sent = self._dispatch(job, work)
@@ -212,9 +220,15 @@ class GangOps:
             if job.state.is_terminal:
                 self.data.end_stop_fanout(job, attempt)
             return "stop_given_up"
-        if now < float(intent["sent_at"]) + RECHECK_SECONDS * 2 ** rounds:
+        if now < float(intent["sent_at"]) + RECHECK_SECONDS * 2 ** rounds + self.fanout_seconds(job):
             return "stop_waiting"
         return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
+
+    def fanout_seconds(self, job: Job) -> float:
+        """How long the stops of the job's ranks take at the stack's ECS budget: a paced round
+        asks again only after that (at 8,192 ranks the first round's recheck came while the
+        first fan-out was still stopping, and its batches raced it for the same ranks)."""
+        return job.world_size / self.settings.ecs_api.rate
 
     # -------------------------------------------------------------------- worker
     def run(self, batch: GangBatch, *, receive_count: int = 1,

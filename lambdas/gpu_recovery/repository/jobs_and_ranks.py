@@ -382,6 +382,17 @@ class JobsAndRanks(RecoveryTables):
             set_fields=fields, ledger=goodput.stop_marks(job.stopped, job.attempt))
         return self.db.transact([update, placement]) if placement is not None else self.db.apply(update)
 
+    def claim_fanout_send(self, job: Job, kind: str, attempt: int, now: float, lease_seconds: float) -> bool:
+        """Claim the sending of ``attempt``'s fan-out: true for one caller until it confirms it
+        (``record_fanout_sent``) or its lease runs out (it died before sending)."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={f"{kind}.claimed_at": now},
+            condition="#f.#a = :a AND attribute_not_exists(#f.#s) "
+                      "AND (attribute_not_exists(#f.#c) OR #f.#c < :stale)",
+            condition_values={":a": attempt, ":stale": now - lease_seconds},
+            condition_names={"#f": kind, "#a": "attempt", "#s": "sent_at", "#c": "claimed_at"}))
+
     def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
         """The fan-out's batches are on their queue (or were run): confirmed."""
         return self.db.apply(Update(
