@@ -16,6 +16,7 @@ from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.domain.fault_tally import tally_shard_count
 from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS
 from gpu_recovery.domain.latch import Latch
+from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.recovery import gang_restart
 from gpu_recovery.recovery import sweep as sweep_mod
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
@@ -251,6 +252,22 @@ def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event()
         changes = [i for i in range(1, len(rounds)) if rounds[i] != rounds[i - 1]]
         gaps = [b - a for a, b in itertools.pairwise(changes)]
         assert gaps == sorted(gaps) and gaps[-1] >= 2 * gaps[0]
+
+
+def test_a_stop_round_waits_for_the_fan_out_s_own_duration_at_the_stack_s_ecs_rate() -> None:
+    """Stops that take longer than the recheck at the stack's ECS rate (8,192 ranks at 36 a
+    second: 228 s) are not asked again while the first fan-out may still be stopping them."""
+    bucket = TokenBucket(rate=0.1, burst=100)  # 40 ranks: 400 s of StopTasks at this rate
+    with world(gang_queue=True, health_check_timeout_seconds=20_000, ecs_api=bucket) as w:
+        arns = w.register_job("big", _nodes(WORLD))
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        w.drain_queue()
+        asked, sent_at = len(w.ecs.stop_calls), w.now[0]
+        while len(w.ecs.stop_calls) == asked:  # the ranks never stop: the first re-ask
+            w.advance(60)
+            w.service.sweep()
+            w.drain_queue()
+        assert w.now[0] - sent_at >= RECHECK_SECONDS + WORLD / bucket.rate
 
 
 def test_health_checks_are_held_to_the_jobs_share_and_the_restart_waits_for_every_verdict() -> None:

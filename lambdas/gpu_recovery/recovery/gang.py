@@ -20,9 +20,11 @@ invocation runs short of time, sends the rest of itself back to the queue, delay
 batch is idempotent: a redelivered or resent one skips what is done (ranks STOPPED or
 registered) and repeats only what may not have happened (a StopTask of a rank marked but
 maybe not asked, on a redelivery; a StartTask only after its ``startedBy`` was looked
-up). Sending is confirmed on the intent (``sent_at``); the sweep sends an unconfirmed
-intent again, and asks stops again at a paced interval (1, 2, 4 ... minutes), never per
-redelivered event.
+up). Sending a queued stop fan-out is claimed on the intent first (``claimed_at``: the events
+that read it unsent at once, a fault's first stopped ranks, would each send every batch)
+and confirmed after (``sent_at``); the sweep sends an unconfirmed intent again once its claim
+is stale, and asks stops again at a paced interval (2, 4, 8 ... minutes after the fan-out's
+own duration at the stack's ECS rate), never per redelivered event.
 """
 
 from __future__ import annotations
