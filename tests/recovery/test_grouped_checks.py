@@ -169,3 +169,27 @@ def test_a_slot_given_back_does_not_start_a_group_before_it_is_full() -> None:
         _stopped_by_us(w, stopped[5:])
         assert w.ecs.start_calls == [1, 10, 1]
         assert all(len(c) == 1 for c in _checks(w).values()), _checks(w)
+
+
+def test_one_sweep_starts_every_group_left_waiting_not_ten_nodes() -> None:
+    """Given a 32-rank job, every node checked, whose checks' StartTasks were all refused while
+    its ranks stopped and at its attempt's end (throttled past botocore's retries): 31 nodes
+    wait for their checks
+    When the ECS budget is back and the sweep comes
+    Then one sweep starts them all, ten nodes a call (the minute's kick used to start ten: a
+    backlog of 31 took three minutes, one of 400 forty)."""
+    nodes = [f"node-{i:02d}" for i in range(32)]
+    with world(check_all_nodes_on_fault=True) as w:
+        arns = w.register_job("j", nodes)
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
+        w.ecs.failures["start_task"] = ["refuse"] * 1000
+        _stopped_by_us(w, arns)
+        w.ecs.failures["start_task"] = []
+        waiting = [n for n in nodes[1:] if not w.ecs.health_checks_on(n)]
+        assert len(waiting) == 31
+        calls = len(w.ecs.start_calls)
+        w.advance(61)
+        w.service.sweep()
+        assert all(len(w.ecs.health_checks_on(n)) == 1 for n in waiting), \
+            [n for n in waiting if not w.ecs.health_checks_on(n)]
+        assert w.ecs.start_calls[calls:] == [10, 10, 10, 1]

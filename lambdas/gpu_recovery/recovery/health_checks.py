@@ -11,7 +11,7 @@ A check of a node with no evidence of its own, checked only because every node o
 (``health_check_all_nodes``), is *grouped* (``Instance.hc_grouped``): once its node's GPUs are
 free it waits in its job's queue, and the event that finds ``GROUP_SIZE`` waiting starts them
 in one StartTask (one claim each, under one startedBy the call's nodes share); the job's
-attempt end and the sweep's kick start the rest. At 1,024 nodes that was 113 StartTasks where
+attempt end and the sweep's kick start the rest, ten a call. At 1,024 nodes that was 113 StartTasks where
 it was 1,024 (the scale bench), each a token of the ECS budget the other ranks' stops need.
 """
 
@@ -85,8 +85,8 @@ EVENT_START_TURN_SECONDS = 25.0
 START_TURN_SECONDS = 5.0
 FOLLOW_UP_SECONDS = 60  # the sweep finishes a verdict's reboot or drain after this
 GROUP_SIZE = MAX_INSTANCES_PER_START  # grouped checks a StartTask (ECS takes 10 instances a call)
-# A job's attempt end starts its grouped checks still waiting, this many StartTasks at most
-# (the sweep's kick, each minute, the rest).
+# A job's attempt end, and the sweep's kick each minute, start its grouped checks still
+# waiting, this many StartTasks at most.
 END_GROUPS = 10
 
 
@@ -334,9 +334,10 @@ class HealthChecks:
         return sorted(self.start_waiting(job_id, limit=limit, full_groups_only=full_groups_only))
 
     def start_all_waiting(self, job_id: str) -> list[str]:
-        """Every rank of the job ended: no more of its nodes will come to wait, so its
-        grouped checks still waiting start now, ``GROUP_SIZE`` a StartTask (at most
-        ``END_GROUPS`` calls; the sweep's kick starts any left)."""
+        """Start the job's waiting checks, ``GROUP_SIZE`` a StartTask, while full groups wait
+        (at most ``END_GROUPS`` calls): at its attempt's end (no more of its nodes will come
+        to wait) and at the sweep's minute kick (a backlog drains ten times as fast as ten
+        nodes a minute)."""
         started: list[str] = []
         for _ in range(END_GROUPS):
             group = self.start_waiting(job_id, limit=GROUP_SIZE)
@@ -476,7 +477,10 @@ class HealthChecks:
                 attempts = instance.hc_start_attempts
                 return self._undiagnosed(instance, f"the health check could not start "
                                                    f"({attempts} placement attempt(s))")
-            if self.start_if_ready(instance.container_inst_id) is None:
+            # A grouped check due again (its start failed) waits for its group here too: the
+            # sweep reaches such nodes one by one, so starting each with whatever waits started
+            # a backlog one node a call. Its job's kick, in the same sweep, starts the rest.
+            if self.start_if_ready(instance.container_inst_id, wait_for_group=instance.hc_grouped) is None:
                 self.data.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECK_PENDING,
                                               now + RETRY_INTERVAL_SECONDS)
             return "health_check_retried"

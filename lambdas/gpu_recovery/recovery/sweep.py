@@ -43,7 +43,7 @@ from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.gpu_resets import GpuResets
-from gpu_recovery.recovery.health_checks import GROUP_SIZE, HealthChecks
+from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.preflight.rounds import Preflights
@@ -415,7 +415,7 @@ class Sweep:
         """The job's health checks waiting for a slot (one may have been given back while
         its kick was lost, or the cluster's limit let go of one)."""
         if job.in_fault and not job.tally.all_decided:
-            self.health.kick(job.job_id, limit=GROUP_SIZE, full_groups_only=False)
+            self.health.start_all_waiting(job.job_id)
 
     def _counted_after_repair(self, job: Job) -> Job:
         """The job's tally with its shards added; short of verdicts, with the healthy ones
