@@ -19,7 +19,7 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.recovery import gang_restart
 from gpu_recovery.recovery import sweep as sweep_mod
-from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS
+from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS, SEND_CLAIM_SECONDS
 from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
 from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, World, ci_arn, world
@@ -215,14 +215,30 @@ def test_a_stop_intent_whose_sender_died_is_sent_by_the_sweep_once_its_claim_is_
         w.queue.fail_next = 1  # the claim is written, the send fails: the sender is gone
         w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
         assert w.queue.messages == [] and not w.repo.get_job("big").stop_fanout.get("sent_at")
-        w.advance(C.CLAIM_LEASE_SECONDS - 5)
+        w.advance(SEND_CLAIM_SECONDS - 5)
         w.service.sweep()
         assert w.queue.sends == 0  # the claim may still be its sender's
-        for _ in range(4):  # the job's next looks (its deadline, each minute) after the lease
+        for _ in range(4):  # the job's next looks (its deadline, each minute) after the claim
             w.advance(30)
             w.service.sweep()
         assert [m[0]["op"] for m in w.queue.messages] == ["stop"] and w.queue.sends == 1
         assert w.repo.get_job("big").stop_fanout.get("sent_at")
+        w.drain_queue()
+        assert sorted(w.ecs.stop_calls) == sorted(arns[:-1])
+
+
+def test_an_event_retried_a_minute_later_sends_the_stop_intent_its_dead_delivery_claimed() -> None:
+    """Lambda retries a failed event after a minute: the claim its delivery left is stale by
+    then, so the retry sends the intent itself (not only the sweep)."""
+    with world(gang_queue=True) as w:
+        arns = w.register_job("big", _nodes(WORLD))
+        event = w.task_stopped(arns[-1], exit_code=1)
+        w.queue.fail_next = 1
+        w.service.on_task_state_change(event)
+        assert w.queue.sends == 0
+        w.advance(60)
+        w.service.on_task_state_change(event)
+        assert w.queue.sends == 1 and w.repo.get_job("big").stop_fanout.get("sent_at")
         w.drain_queue()
         assert sorted(w.ecs.stop_calls) == sorted(arns[:-1])
 

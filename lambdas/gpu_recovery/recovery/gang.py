@@ -22,9 +22,10 @@ registered) and repeats only what may not have happened (a StopTask of a rank ma
 maybe not asked, on a redelivery; a StartTask only after its ``startedBy`` was looked
 up). Sending a queued stop fan-out is claimed on the intent first (``claimed_at``: the events
 that read it unsent at once, a fault's first stopped ranks, would each send every batch)
-and confirmed after (``sent_at``); the sweep sends an unconfirmed intent again once its claim
-is stale, and asks stops again at a paced interval (2, 4, 8 ... minutes after the fan-out's
-own duration at the stack's ECS rate), never per redelivered event.
+and confirmed after (``sent_at``); the event's retry (a minute later) or the sweep sends an
+unconfirmed intent again once its claim is stale (``SEND_CLAIM_SECONDS``). The sweep asks
+stops again at a paced interval (2, 4, 8 ... minutes after the fan-out's own duration at the
+stack's ECS rate), never per redelivered event.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ RECHECK_SECONDS = 120
 MAX_STOP_ROUNDS = 6
 REASK_AFTER_SECONDS = 30
 TIME_MARGIN_SECONDS = 10.0  # a batch stops and sends the rest of itself back this early
+# A claim to send a stop fan-out (a few SendMessageBatch calls) is stale after this: less than
+# Lambda's minute before it retries a failed event, so the retry finishes what its dead
+# delivery claimed (a sender slower than this, alive, makes a harmless second send).
+SEND_CLAIM_SECONDS = 30.0
 PREPAY_CALLS = 20
 
 
@@ -170,10 +175,10 @@ class GangOps:
             else:
                 self.ranks.register_missing(job)  # a rank never registered could not be stopped
         if not round_ and not self.inline(job) and not self.data.claim_fanout_send(
-                job, "stop_fanout", attempt, clock.now(), CLAIM_LEASE_SECONDS):
+                job, "stop_fanout", attempt, clock.now(), SEND_CLAIM_SECONDS):
             # Another invocation is sending it (a fault's first stopped ranks arrive together:
-            # each sent every batch, 4 sends of 82 batches at 8,192 ranks); the sweep sends it
-            # once the claim's lease is over if that one died first.
+            # each sent every batch, 4 sends of 82 batches at 8,192 ranks); if that one died
+            # first, its event's retry or the sweep sends it once the claim is stale.
             return Dispatched(False)
         work = batches(STOP, job.job_id, attempt, job.world_size, why=why, round_=round_,
                        remediation=remediation)
