@@ -19,7 +19,12 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.recovery import gang_restart
 from gpu_recovery.recovery import sweep as sweep_mod
-from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, RECHECK_SECONDS, SEND_CLAIM_SECONDS
+from gpu_recovery.recovery.gang import (
+    MAX_STOP_ROUNDS,
+    REASK_AFTER_SECONDS,
+    RECHECK_SECONDS,
+    SEND_CLAIM_SECONDS,
+)
 from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
 from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, World, ci_arn, world
@@ -283,7 +288,7 @@ def test_a_stop_round_waits_for_the_fan_out_s_own_duration_at_the_stack_s_ecs_ra
             w.advance(60)
             w.service.sweep()
             w.drain_queue()
-        assert w.now[0] - sent_at >= RECHECK_SECONDS + WORLD / bucket.rate
+        assert w.now[0] - sent_at >= WORLD / bucket.rate + REASK_AFTER_SECONDS
 
 
 def test_health_checks_are_held_to_the_jobs_share_and_the_restart_waits_for_every_verdict() -> None:

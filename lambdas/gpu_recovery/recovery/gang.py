@@ -24,8 +24,8 @@ up). Sending a queued stop fan-out is claimed on the intent first (``claimed_at`
 that read it unsent at once, a fault's first stopped ranks, would each send every batch)
 and confirmed after (``sent_at``); the event's retry (a minute later) or the sweep sends an
 unconfirmed intent again once its claim is stale (``SEND_CLAIM_SECONDS``). The sweep asks
-stops again at a paced interval (2, 4, 8 ... minutes after the fan-out's own duration at the
-stack's ECS rate), never per redelivered event.
+stops again at a paced interval (2, 4, 8 ... minutes, and never before the fan-out's own
+duration at the stack's ECS rate is over), never per redelivered event.
 """
 
 from __future__ import annotations
@@ -227,14 +227,16 @@ class GangOps:
             if job.state.is_terminal:
                 self.data.end_stop_fanout(job, attempt)
             return "stop_given_up"
-        if now < float(intent["sent_at"]) + RECHECK_SECONDS * 2 ** rounds + self.fanout_seconds(job):
+        wait = max(RECHECK_SECONDS * 2 ** rounds, self.fanout_seconds(job) + REASK_AFTER_SECONDS)
+        if now < float(intent["sent_at"]) + wait:
             return "stop_waiting"
         return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
 
     def fanout_seconds(self, job: Job) -> float:
         """How long the stops of the job's ranks take at the stack's ECS budget: a paced round
-        asks again only after that (8,192 ranks take 228 s at 36 a second, more than the first
-        recheck's 120 s: a round then would race the fan-out for the ranks it has not reached)."""
+        asks again no sooner than that and a re-ask's 30 s (8,192 ranks take 228 s at 36 a
+        second, more than the first recheck's 120 s: a round then would race the fan-out for the
+        ranks it has not reached)."""
         return job.world_size / self.settings.ecs_api.rate
 
     # -------------------------------------------------------------------- worker
