@@ -196,22 +196,19 @@ def test_a_batch_out_of_ecs_budget_goes_back_to_the_queue_delayed() -> None:
         assert len(set(w.ecs.stop_calls)) == WORLD - 1
 
 
-# Slow tier (CI runs it: make test-slow): a whole emulated fan-out (~4-8 s); the other
-# fan-out tests here (large gangs, batches of ten, lookups by tags) stay in make test.
 def test_a_stop_intent_read_by_several_events_at_once_is_sent_once() -> None:
     """A fault's first ranks stop together (a GPU's 8 one-GPU ranks): every event that read the
     intent unsent used to send all its batches (4 sends of 82 batches at 8,192 ranks, racing
     each other for the same ranks); one claims the sending, the others leave it."""
     with world(gang_queue=True) as w:
         arns = w.register_job("big", _nodes(WORLD))
-        unsent = w.repo.get_job("big")
         w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
         job = w.repo.get_job("big")
         assert job.stop_fanout.get("sent_at") and w.queue.sends == 1
         # Another event read the intent before it was confirmed: it sends nothing.
         read_before = replace(job, stop_fanout={k: v for k, v in job.stop_fanout.items() if k != "sent_at"})
         assert not w.service.gang.stop(read_before)
-        assert w.queue.sends == 1 and unsent.stop_fanout == {}
+        assert w.queue.sends == 1
 
 
 def test_a_stop_intent_whose_sender_died_is_sent_by_the_sweep_once_its_claim_is_stale() -> None:
@@ -248,6 +245,8 @@ def test_an_event_retried_a_minute_later_sends_the_stop_intent_its_dead_delivery
         assert sorted(w.ecs.stop_calls) == sorted(arns[:-1])
 
 
+# Slow tier (CI runs it: make test-slow): a whole emulated fan-out (~4-8 s); the other
+# fan-out tests here (large gangs, batches of ten, lookups by tags) stay in make test.
 @pytest.mark.slow
 def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event() -> None:
     with world(gang_queue=True, health_check_timeout_seconds=20_000) as w:
