@@ -25,7 +25,6 @@ rule, named in ``error`` as ``forbidden:<rule>``: see ``gpu_recovery.queue.acces
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from functools import partial
@@ -499,10 +498,6 @@ def openapi_document() -> dict[str, Any]:
 
 def openapi_json() -> str:
     return document_json(openapi_document())
-
-
-def openapi_digest() -> str:
-    return hashlib.sha256(openapi_json().encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:

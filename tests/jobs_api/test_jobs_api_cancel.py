@@ -203,3 +203,44 @@ def test_a_cancel_the_api_finishes_emits_the_jobs_goodput_once(api: Api,
     assert sorted(m["Cause"] for m in lost) == ["diagnosis", "restart"]
     assert all(set(m) - {"_aws", "GpuHoursLost"} == {"Cause", "service"} for m in lost)
     assert len([m for m in emitted if "JobEttr" in m]) == 1
+
+
+def test_a_large_gangs_cancel_sends_its_stop_batches_once_and_a_dead_senders_claim_goes_stale(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a gang whose stops go through the batch queue (every gang, ``GANG_INLINE_MAX_RANKS``
+    0), and a first cancel whose SendMessageBatch fails after it claimed the sending
+    When the cancel is asked again at once, and again once the claim is stale
+    Then the first retry sends nothing (the claim may still be sending), the later one sends the
+    batch once, and a retry after it sends nothing more."""
+    from gpu_recovery.adapters import aws
+    from gpu_recovery.constants import ENV_GANG_INLINE_MAX_RANKS, ENV_GANG_QUEUE_URL
+    from gpu_recovery.recovery.fanout_send import SEND_CLAIM_SECONDS
+    from tests.jobs_api.api_harness import ACCOUNT
+
+    sqs = boto3.client("sqs", region_name=REGION)
+    url = sqs.create_queue(QueueName="unused-gang")["QueueUrl"]
+    assert url.endswith(f"{ACCOUNT}/unused-gang")
+    monkeypatch.setenv(ENV_GANG_QUEUE_URL, url)
+    monkeypatch.setenv(ENV_GANG_INLINE_MAX_RANKS, "0")
+    refused = [1]
+
+    def refuse_once(**_: object) -> None:
+        if refused and refused.pop():
+            raise RuntimeError("SendMessageBatch: connection reset")
+
+    # On the session before the API's first request builds its clients (each copies the hooks).
+    aws.session().events.register("before-call.sqs.SendMessageBatch", refuse_once)
+    _, job = api.submit()
+    start_job(api, job["job_id"])
+    with pytest.raises(RuntimeError):
+        api.call("POST", f"/v1/jobs/{job['job_id']}/cancel", user_arn=OPS)
+
+    def queued() -> int:
+        return int(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+                   ["Attributes"]["ApproximateNumberOfMessages"])
+
+    assert _job(api, job["job_id"])["job_state"] == "CANCELING"
+    assert _cancel(api, job["job_id"])[0] == 200 and queued() == 0
+    api.now[0] += SEND_CLAIM_SECONDS + 1
+    assert _cancel(api, job["job_id"])[0] == 200 and queued() == 1
+    assert _cancel(api, job["job_id"])[0] == 200 and queued() == 1

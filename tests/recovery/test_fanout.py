@@ -19,12 +19,8 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.recovery import gang_restart
 from gpu_recovery.recovery import sweep as sweep_mod
-from gpu_recovery.recovery.gang import (
-    MAX_STOP_ROUNDS,
-    REASK_AFTER_SECONDS,
-    RECHECK_SECONDS,
-    SEND_CLAIM_SECONDS,
-)
+from gpu_recovery.recovery.fanout_send import SEND_CLAIM_SECONDS
+from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, REASK_AFTER_SECONDS, RECHECK_SECONDS
 from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
 from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, World, ci_arn, world

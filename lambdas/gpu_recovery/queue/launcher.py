@@ -67,7 +67,7 @@ from gpu_recovery.queue.admission import (
     classify_failure,
 )
 from gpu_recovery.recovery import RankRegistration
-from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_on, started_already
+from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_ranks
 from gpu_recovery.repository import from_ddb
 from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.scheduling import SchedulingRepository
@@ -368,11 +368,9 @@ class Launcher:
                                             master_port=int(plan.get("master_port") or spec.master_port),
                                             extra_env=self.control_env(item, rank))
                 tags = rank_tags(job_id, rank, world_size, attempt)
-                node = container_instance_id(ci_arn)
-                existing = started_already(self.ecs, sb, [node]) if resume else {}
-                task_arn = existing.get(node) or self._start_one(
-                    TaskRequest(td_arn, sb, overrides, tags, job_group(job_id),
-                                restart_network(item.get("network") or {}, [])), node, ci_arn)
+                task_arn = self._start_one(TaskRequest(td_arn, sb, overrides, tags, job_group(job_id),
+                                                       restart_network(item.get("network") or {}, [])),
+                                           ci_arn, may_exist=resume)
                 registered.append(self.recovery.register_rank(RankRegistration(
                     job_id=job_id, rank=rank, world_size=world_size, attempt=attempt,
                     task_arn=task_arn, task_definition_arn=td_arn, container_instance_arn=ci_arn,
@@ -419,15 +417,18 @@ class Launcher:
             raise LaunchError(FailureKind.USER_ERROR, f"task definition {ref} is INACTIVE")
         return td
 
-    def _start_one(self, request: TaskRequest, node: str, ci_arn: str) -> str:
+    def _start_one(self, request: TaskRequest, ci_arn: str, *, may_exist: bool) -> str:
         # The group names the job and the overrides carry RANK / WORLD_SIZE / ATTEMPT (the
         # registration convention): its events register the rank without DescribeTasks.
         # ``request.network``: the spec's, for a task definition in the awsvpc mode (checked
-        # at submit).
-        placed, result = start_on(self.ecs, request, {node: ci_arn})
-        if node in placed:
-            return placed[node]
-        reasons = [str(f.get("reason", "")) for f in result.failures]
+        # at submit). A resumed launch looks the rank's startedBy up before starting it.
+        node = container_instance_id(ci_arn)
+        started: list[str] = []
+        unplaced = start_ranks(self.ecs, request, {node: ci_arn}, lambda _, task: started.append(task),
+                               look_up=[node] if may_exist else ())
+        if started:
+            return started[0]
+        reasons = unplaced[node]
         kind = classify_failure(placement_reasons=reasons or ["UNKNOWN"])
         raise LaunchError(kind, f"StartTask on {ci_arn} failed: {', '.join(reasons) or 'no task'}")
 

@@ -23,7 +23,7 @@ maybe not asked, on a redelivery; a StartTask only after its ``startedBy`` was l
 up). Sending a queued stop fan-out is claimed on the intent first (``claimed_at``: the events
 that read it unsent at once, a fault's first stopped ranks, would each send every batch)
 and confirmed after (``sent_at``); the event's retry (a minute later) or the sweep sends an
-unconfirmed intent again once its claim is stale (``SEND_CLAIM_SECONDS``). The sweep asks
+unconfirmed intent again once its claim is stale (``recovery.fanout_send``). The sweep asks
 stops again at a paced interval (2, 4, 8 ... minutes, and never before the fan-out's own
 duration at the stack's ECS rate is over), never per redelivered event.
 """
@@ -55,11 +55,12 @@ from gpu_recovery.domain.gang_batches import (
 )
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, ranks_tag_value, spec_key
-from gpu_recovery.domain.models import Job, Rank, container_instance_id
+from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
 from gpu_recovery.domain.task_network import restart_network
+from gpu_recovery.recovery.fanout_send import send_once
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.ranks import (
     RankOperations,
@@ -68,7 +69,7 @@ from gpu_recovery.recovery.ranks import (
     tags_for_attempt,
 )
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
-from gpu_recovery.recovery.task_starts import TaskRequest, start_on, started_already
+from gpu_recovery.recovery.task_starts import TaskRequest, start_ranks
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.settings import Settings
@@ -81,10 +82,6 @@ RECHECK_SECONDS = 120
 MAX_STOP_ROUNDS = 6
 REASK_AFTER_SECONDS = 30
 TIME_MARGIN_SECONDS = 10.0  # a batch stops and sends the rest of itself back this early
-# A claim to send a stop fan-out (a few SendMessageBatch calls) is stale after this: less than
-# Lambda's minute before it retries a failed event, so the retry finishes what its dead
-# delivery claimed (a sender slower than this, alive, makes a harmless second send).
-SEND_CLAIM_SECONDS = 30.0
 PREPAY_CALLS = 20
 
 
@@ -174,14 +171,14 @@ class GangOps:
                     return Dispatched(False)
             else:
                 self.ranks.register_missing(job)  # a rank never registered could not be stopped
-        if not round_ and not self.inline(job) and not self.data.claim_fanout_send(
-                job, "stop_fanout", attempt, clock.now(), SEND_CLAIM_SECONDS):
-            # Another invocation is sending it (a fault's first stopped ranks arrive together:
-            # each sent every batch, 4 sends of 82 batches at 8,192 ranks); if that one died
-            # first, its event's retry or the sweep sends it once the claim is stale.
-            return Dispatched(False)
         work = batches(STOP, job.job_id, attempt, job.world_size, why=why, round_=round_,
                        remediation=remediation)
+        if not round_ and self.queue is not None and not self.inline(job):
+            # Sent once (``recovery.fanout_send``): False while another invocation holds the claim.
+            if not send_once(self.data, self.queue, job, "stop_fanout", attempt, work):
+                return Dispatched(False)
+            self.metrics.add_metric("GangBatchesSent", "Count", len(work))
+            return Dispatched(True)
         sent = self._dispatch(job, work)
         if not sent:
             return sent
@@ -189,7 +186,7 @@ class GangOps:
         if round_:
             self.data.record_stop_round(job, attempt, round_, now)
         else:
-            self.data.record_fanout_sent(job, "stop_fanout", attempt, now)
+            self.data.record_fanout_sent(job, "stop_fanout", attempt, now)  # run inline
         return sent
 
     def start(self, job: Job) -> Dispatched:
@@ -383,14 +380,7 @@ class GangOps:
             return [], [], False  # another delivery is starting them
         started_by = group_started_by(job.job_id, attempt, call)
         targets = {r.rank: self._target(r, moves) for r in claimed}
-        found: dict[str, str] = {}
-        if any(r.launch_attempt == attempt for r in claimed):
-            # A lease taken over: the task may exist already. Look before starting (on every
-            # node of the call: those of the ranks registered already have a task of it too).
-            found = started_already(self.ecs, started_by, call.nodes)
-        started: list[int] = []
-        reasons: dict[int, str] = {}
-        rest, complete = self._register_placed(job, claimed, found, targets, started_by, started)
+        on_node = {targets[r.rank]["node"]: r for r in claimed}  # a call starts one rank a node
         first = claimed[0]
         tags = tags_for_attempt(first.tags, attempt)
         if call.grouped:
@@ -398,40 +388,25 @@ class GangOps:
             tags.append({"key": TAG_RANKS, "value": ranks_tag_value(call.ranks)})
         request = TaskRequest(first.task_definition_arn, started_by,
                               overrides_for_attempt(first.overrides, attempt), tags, first.group or None)
-        for _ in range(max(1, self.settings.restart_start_retries)):
-            if not rest:
-                break
-            placed, result = start_on(
-                self.ecs, replace(request, network=restart_network(job.network, [r.subnet for r in rest])),
-                {targets[r.rank]["node"]: targets[r.rank]["arn"] for r in rest})
-            still, registered_all = self._register_placed(job, rest, placed, targets, started_by, started)
-            complete |= registered_all
-            if still:
-                logger.warning("restart placement failed", extra={
-                    "job_id": job.job_id, "ranks": [r.rank for r in still], "reasons": result.reasons()})
-                # ECS's reason per instance (RESOURCE:GPU, AGENT, MISSING): the rank's, for its wait.
-                for failure in result.failures:
-                    node = container_instance_id(str(failure.get("arn", "")))
-                    reasons.update({r.rank: str(failure.get("reason") or "") for r in still
-                                    if targets[r.rank]["node"] == node})
-            rest = still
-        return started, [(r, reasons.get(r.rank) or "no placement") for r in rest], complete
-
-    def _register_placed(self, job: Job, ranks: list[Rank], task_by_node: Mapping[str, str],
-                         targets: Mapping[int, Mapping[str, str]], started_by: str,
-                         started: list[int]) -> tuple[list[Rank], bool]:
-        """Register the ranks whose node has a task (appending them to ``started``); returns
-        the ranks without one, and whether a registration completed the attempt."""
-        unplaced: list[Rank] = []
+        started: list[int] = []
         complete = False
-        for rank in ranks:
-            task_arn = task_by_node.get(targets[rank.rank]["node"])
-            if task_arn:
-                complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
-                started.append(rank.rank)
-            else:
-                unplaced.append(rank)
-        return unplaced, complete
+
+        def register(node: str, task_arn: str) -> None:
+            nonlocal complete
+            rank = on_node[node]
+            complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
+            started.append(rank.rank)
+
+        # A lease taken over: the task may exist already. Look before starting (on every node of
+        # the call: those of the ranks registered already have a task of it too).
+        taken_over = any(r.launch_attempt == attempt for r in claimed)
+        unplaced = start_ranks(
+            self.ecs, request, {node: targets[r.rank]["arn"] for node, r in on_node.items()}, register,
+            look_up=call.nodes if taken_over else (), tries=self.settings.restart_start_retries,
+            network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
+        # ECS's reason per node (RESOURCE:GPU, AGENT, MISSING): the rank's, for its wait.
+        return started, [(on_node[node], ", ".join(r for r in why if r) or "no placement")
+                         for node, why in unplaced.items()], complete
 
     def _register(self, job: Job, rank: Rank, task_arn: str, target: Mapping[str, str],
                   started_by: str) -> bool:

@@ -41,10 +41,10 @@ from gpu_recovery.constants import (
     TAG_PURPOSE,
 )
 from gpu_recovery.domain import started_by as task_started_by
-from gpu_recovery.domain.models import Instance, Rank, container_instance_id
+from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
-from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_on, started_already
+from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, reasons_on, start_on, started_already
 from gpu_recovery.repository import node_task_claims as stored
 from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
@@ -320,7 +320,8 @@ class NodeTasks:
             inst_id = instance.container_inst_id
             task_arn = placed.get(inst_id)
             if task_arn is None:
-                out[inst_id] = Placed(None, _reasons_for(result.failures, instance, len(instances)))
+                reasons = reasons_on(result.failures, inst_id, len(instances))
+                out[inst_id] = Placed(None, ", ".join(reason or "?" for reason in reasons) or "unknown")
                 continue
             record(instance, task_arn)
             self.metrics.add_metric(kind.started_metric, "Count", 1)
@@ -328,9 +329,3 @@ class NodeTasks:
             out[inst_id] = Placed(task_arn)
         return out
 
-
-def _reasons_for(failures: Sequence[Mapping[str, Any]], instance: Instance, nodes: int) -> str:
-    """Why ECS placed nothing on ``instance``: its failures (all of them, for a call on one node)."""
-    mine = failures if nodes == 1 else [
-        f for f in failures if container_instance_id(str(f.get("arn") or "")) == instance.container_inst_id]
-    return ", ".join(str(f.get("reason", "?")) for f in mine) or "unknown"

@@ -11,12 +11,15 @@ is on; the one task of a start on one node is on that node.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
 from gpu_recovery.domain.models import container_instance_id
+
+logger = logging.getLogger(__name__)
 
 
 class StartsTasks(Protocol):
@@ -78,3 +81,47 @@ def start_on(ecs: StartsTasks, request: TaskRequest,
     if len(ids) == 1:  # a start on one node has its task, if any, there
         return ({ids[0]: result.task_arns[0]} if len(result.task_arns) == 1 else {}), result
     return {container_instance_id(arn): task for arn, task in result.placed.items()}, result
+
+
+def reasons_on(failures: Sequence[Mapping[str, Any]], node: str, nodes: int) -> list[str]:
+    """Why ECS placed nothing on ``node`` in a StartTask on ``nodes`` nodes: its failures' reasons
+    (all of them, for a call on one node)."""
+    mine = failures if nodes == 1 else [
+        f for f in failures if container_instance_id(str(f.get("arn") or "")) == node]
+    return [str(f.get("reason") or "") for f in mine]
+
+
+def start_ranks(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
+                keep: Callable[[str, str], object], *, look_up: Collection[str] = (), tries: int = 1,
+                network: Callable[[Collection[str]], dict[str, Any] | None] | None = None
+                ) -> dict[str, list[str]]:
+    """Start ranks exactly once: the one way a queue launch and a gang restart start theirs.
+
+    ``request`` on each of ``nodes`` (node id -> container instance ARN; up to 10, one rank
+    each). ``look_up``: a start that may have been made already (a resumed launch, a restart's
+    lease taken over) names every node it was made on, and the tasks of its startedBy are
+    looked up first. ``keep(node, task)`` is told each node's task as soon as it is known (found,
+    or placed), before the next StartTask, so that a crash after it loses no task; the nodes
+    still without one are started again, ``tries`` StartTasks at the most (``network``: the
+    request's network for the nodes left). Returns the nodes left without a task, each with ECS's
+    reasons (none: ECS gave no failure for it)."""
+    found = started_already(ecs, request.started_by, look_up) if look_up else {}
+    rest = dict(nodes)
+    for node in [node for node in rest if node in found]:
+        keep(node, found[node])
+        del rest[node]
+    reasons: dict[str, list[str]] = {}
+    for _ in range(max(1, tries)):
+        if not rest:
+            break
+        call = replace(request, network=network(rest)) if network else request
+        placed, result = start_on(ecs, call, rest)
+        for node, task in placed.items():
+            keep(node, task)
+        if len(placed) < len(rest):
+            logger.warning("start not placed", extra={"started_by": request.started_by,
+                                                      "nodes": sorted(set(rest) - set(placed)),
+                                                      "reasons": result.reasons()})
+        reasons = {node: reasons_on(result.failures, node, len(rest)) for node in rest if node not in placed}
+        rest = {node: arn for node, arn in rest.items() if node not in placed}
+    return {node: reasons.get(node, []) for node in rest}

@@ -23,7 +23,7 @@ from gpu_recovery.constants import (
     job_item_key,
 )
 from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.repository import Repository, Update, from_ddb, is_condition_failure, to_ddb
+from gpu_recovery.repository import Repository, from_ddb, is_condition_failure, to_ddb
 
 
 class InvalidPageToken(ValueError):
@@ -116,12 +116,6 @@ class JobQueueRepository:
         return self.base.apply(self.base.job_transition(
             job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
             set_fields=fields, remove_fields=remove))
-
-    def record_stop_sent(self, job_id: str, attempt: int, now: float) -> bool:
-        return self.base.db.apply(Update(
-            table=self.base.job_table_name, key={JOB_PK: job_item_key(job_id)},
-            set_fields={"stop_fanout.sent_at": now}, condition="#f.#a = :a",
-            condition_values={":a": attempt}, condition_names={"#f": "stop_fanout", "#a": "attempt"}))
 
     def request_rank_stop(self, rank: Rank, from_states: Iterable[RankState], reason: str) -> bool:
         return self.base.apply(self.base.rank_update(

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_recovery import clock
 from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX, JobState, RankState
 from gpu_recovery.domain.gang_batches import STOP, batches
 from gpu_recovery.domain.state_machine import can_transition, check_transition
 from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
 from gpu_recovery.queue.jobs_api.context import RACE_RETRIES, JobsApiContext
 from gpu_recovery.queue.jobs_api.errors import Conflict
+from gpu_recovery.recovery.fanout_send import send_once
 
 QUEUED_STATES = QUEUED_JOB_STATES
 
@@ -66,9 +66,9 @@ def _stop_and_finish(context: JobsApiContext, job_id: str, user: str, *,
         # handler finishes the cancel once every rank ended.
         if context.gang_queue is not None and job.stop_fanout and not job.stop_fanout.get("sent_at"):
             why = str(job.stop_fanout.get("why") or f"canceled by {user}")
-            context.gang_queue.send([b.body() for b in batches(
-                STOP, job.job_id, job.attempt, job.world_size, why=why, remediation=False)])
-            context.repo.record_stop_sent(job.job_id, job.attempt, clock.now())
+            # Sent once, as the recovery sends it (the sweep may read the intent unsent too).
+            send_once(context.repo.base, context.gang_queue, job, "stop_fanout", job.attempt, batches(
+                STOP, job.job_id, job.attempt, job.world_size, why=why, remediation=False))
         return [], job.state, False
     ranks = [r for r in context.repo.get_ranks(job) if r.attempt == job.attempt]
     why = f"{SYSTEM_STOP_REASON_PREFIX} canceled by {user}"

@@ -115,12 +115,6 @@ class NodeActionGate:
         self._cluster_count = _CachedCount(now, count)
         return count
 
-    def ask(self, *, node: str, action: str, job_ids: Iterable[str], reason: str,
-            now: float) -> tuple[breaker_policy.BreakerDecision, Update | None]:
-        answer = self.decide(node=node, action=action, job_ids=job_ids, reason=reason, now=now)
-        assert answer.breaker is not None
-        return answer.breaker, answer.update
-
     def decide(self, *, node: str, action: str | None, job_ids: Iterable[str], reason: str, now: float,
                cordon_unless_drained: bool = False, drains_if_allowed: bool = False,
                cause: Mapping[str, str] | None = None) -> GateAnswer:
