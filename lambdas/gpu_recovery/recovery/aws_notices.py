@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -118,23 +119,21 @@ class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):
     def drain(self, container_instance_arn: str) -> str: ...
 
 
+@dataclass(eq=False, repr=False)
 class AwsNotices:
-    def __init__(self, data: NoticeData, ecs: NoticeEcs, cordons: Any, notices: Any,
-                 capacity: CapacityPort | None = None, *, policy: RemediationPolicy, metrics: MetricsPort,
-                 settings: Settings, stop_gang: Callable[[Job], Any] | None = None,
-                 reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.policy = policy
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.cordons = cordons  # recovery.cordons.Cordons: the attribute put after the commit
-        self.notices = notices  # recovery.notices: the e-mails' outbox
-        self.capacity = capacity
-        # A job moved off the node by a stop (no control channel): its stop intent sent
-        # (GangOps.stop); told: its fault seen (its nodes reserved for its restart).
-        self.stop_gang = stop_gang
-        self.reactions = reactions or Reactions()
+    data: NoticeData
+    ecs: NoticeEcs
+    cordons: Any  # recovery.cordons.Cordons: the attribute put after the commit
+    notices: Any  # recovery.notices: the e-mails' outbox
+    capacity: CapacityPort | None = None
+    _: KW_ONLY
+    policy: RemediationPolicy
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
+    # A job moved off the node by a stop (no control channel): its stop intent sent
+    # (GangOps.stop); told: its fault seen (its nodes reserved for its restart).
+    stop_gang: Callable[[Job], Any] | None = None
+    reactions: Reactions = field(default_factory=Reactions)
 
     # ------------------------------------------------------------------ the event
     def on_event(self, event: dict[str, Any]) -> Outcome:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -60,17 +61,17 @@ class NodeAttributes(Protocol):
     def delete_attributes_many(self, entries: Sequence[tuple[str, str]]) -> set[str]: ...
 
 
+@dataclass(eq=False, repr=False)
 class Cordons:
-    def __init__(self, data: CordonData, ecs: NodeAttributes, notices: Notices, gate: Any, *,
-                 metrics: MetricsPort, reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.notices = notices
-        self.gate = gate  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
-        # Told: the sweep starts (the spare and reserved holds refreshed first, on its read of
-        # the worklist; answers what was done).
-        self.reactions = reactions or Reactions()
+    data: CordonData
+    ecs: NodeAttributes
+    notices: Notices
+    gate: Any  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
+    _: KW_ONLY
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    # Told: the sweep starts (the spare and reserved holds refreshed first, on its read of
+    # the worklist; answers what was done).
+    reactions: Reactions = field(default_factory=Reactions)
 
     # --------------------------------------------------------------------- sync
     def sync(self, node: str, members: list[str] | None = None, read: Worklist | None = None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from gpu_recovery import clock
@@ -34,16 +35,16 @@ COUPLED_PER_STEP = 256
 COUPLED_CHECKS_INLINE = 16
 
 
+@dataclass(eq=False, repr=False)
 class FaultSuspects:
     """``check_all_nodes``: every exit of a fault names a suspect (``health_check_all_nodes``)."""
 
-    def __init__(self, faults: FaultRepository, latches: LatchRepository, health: HealthChecks,
-                 remediation: NodeRemediation, *, check_all_nodes: bool) -> None:
-        self.faults = faults
-        self.latches = latches
-        self.check_all_nodes = check_all_nodes
-        self.health = health
-        self.remediation = remediation
+    faults: FaultRepository
+    latches: LatchRepository
+    health: HealthChecks
+    remediation: NodeRemediation
+    _: KW_ONLY
+    check_all_nodes: bool
 
     def open(self, job: Job, rank: Rank, record: dict[str, Any]) -> Suspect:
         """The rank's node is a suspect of the job's fault: its item (with the evidence and

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -135,20 +135,19 @@ class GangData(Protocol):
     def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class GangOps:
-    def __init__(self, data: GangData, ecs: EcsPort, ranks: RankOperations, faults: FaultRepository,
-                 queue: GangQueuePort | None = None, *, policy: RemediationPolicy, metrics: MetricsPort,
-                 settings: Settings, reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.ranks = ranks
-        self.queue = queue
-        self.faults = faults
-        self.policy = policy
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        # Told: a restart's ranks all started, a rank not placed, a stopped task's lost event.
-        self.reactions = reactions or Reactions()
+    data: GangData
+    ecs: EcsPort
+    ranks: RankOperations
+    faults: FaultRepository
+    queue: GangQueuePort | None = None
+    _: KW_ONLY
+    policy: RemediationPolicy
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
+    # Told: a restart's ranks all started, a rank not placed, a stopped task's lost event.
+    reactions: Reactions = field(default_factory=Reactions)
 
     # ------------------------------------------------------------------ dispatch
     def inline(self, job: Job) -> bool:

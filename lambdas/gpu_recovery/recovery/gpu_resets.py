@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -77,18 +78,17 @@ class GpuResetData(Protocol):
                             also: Sequence[Update] = ()) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class GpuResets:
-    def __init__(self, data: GpuResetData, ecs: StopsTasks, tasks: NodeTasks, reboots: Reboots,
-                 notices: Notices, *, metrics: MetricsPort, settings: Settings,
-                 escalation: EscalationPolicy) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.tasks = tasks
-        self.reboots = reboots
-        self.notices = notices
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.escalation = escalation
+    data: GpuResetData
+    ecs: StopsTasks
+    tasks: NodeTasks
+    reboots: Reboots
+    notices: Notices
+    _: KW_ONLY
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
+    escalation: EscalationPolicy
 
     def deadline(self, instance: Instance) -> float:
         """The reset's time limit from its decision: then the reboot instead."""

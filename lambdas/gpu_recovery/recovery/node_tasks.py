@@ -158,17 +158,16 @@ class ClaimData(Protocol):
     def rearm_node_task(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class NodeTasks:
     """A node task's claim up to StartTask (``claim_and_start``, for the kinds that wait for
     the node's GPUs) and StartTask itself (``start``, every kind). One per service, built by
     the composition root (``RecoveryService``) and shared by the stages of every kind."""
 
-    def __init__(self, ecs: NodeTaskEcs, data: ClaimData, metrics: MetricsPort,
-                 settings: Settings) -> None:
-        self.ecs = ecs
-        self.data = data
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
+    ecs: NodeTaskEcs
+    data: ClaimData
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
 
     def claim_and_start(self, kind: NodeTaskKind, stage: WaitsForGpus, instance: Instance) -> str:
         """The claim's lifecycle up to StartTask: a task recorded runs; a claim with no task

@@ -47,13 +47,13 @@ def budget_lines(job: Job) -> list[str]:
             f"used, application-error restarts {job.app_restarts_used} of {job.max_app_restarts} used"]
 
 
+@dataclass(eq=False, repr=False)
 class Notices:
     """The e-mails: built, owed in the decision's transaction (the outbox), sent after it."""
 
-    def __init__(self, outbox: NoticeRepository, faults: FaultRepository, notifier: NotifierPort) -> None:
-        self.outbox = outbox
-        self.faults = faults  # a job's e-mail names the ranks of its suspect node
-        self.notifier = notifier
+    outbox: NoticeRepository
+    faults: FaultRepository  # a job's e-mail names the ranks of its suspect node
+    notifier: NotifierPort
 
     # ------------------------------------------------------------------ build
     def for_job(self, job: Job, instance: Instance | None, kind: NotificationKind, headline: str, *,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -69,15 +70,15 @@ class HoldData(Protocol):
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
 
 
+@dataclass(eq=False, repr=False)
 class PlacementHolds:
-    def __init__(self, data: HoldData, ecs: ListsContainerInstances, cordons: Cordons,
-                 restarts: GangRestart, nodes: RestartNodes, *, settings: Settings) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.settings = settings
-        self.cordons = cordons
-        self.restarts = restarts
-        self.nodes = nodes  # the restarts' free nodes and the holds on them
+    data: HoldData
+    ecs: ListsContainerInstances
+    cordons: Cordons
+    restarts: GangRestart
+    nodes: RestartNodes  # the restarts' free nodes and the holds on them
+    _: KW_ONLY
+    settings: Settings
 
     # ------------------------------------------------------------------ refresh
     def refresh(self, read: Worklist | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -319,18 +319,18 @@ class RankData(Protocol):
     def mark_refused(self, job_id: str, world_size: int, now: float, also: Sequence[Update] = ()) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class RankOperations:
     """``tag_lookups``: the tag lookup worker's queue (unknown tasks' events described
     together), or None (each looked up here)."""
 
-    def __init__(self, data: RankData, ecs: EcsPort, notices: Notices, *, metrics: MetricsPort,
-                 settings: Settings, tag_lookups: GangQueuePort | None = None) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.tag_lookups = tag_lookups
-        self.notices = notices  # e-mails, owed with the decision they report
+    data: RankData
+    ecs: EcsPort
+    notices: Notices  # e-mails, owed with the decision they report
+    _: KW_ONLY
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
+    tag_lookups: GangQueuePort | None = None
 
     # ------------------------------------------------------------- registration
     def register_rank(self, reg: RankRegistration) -> Rank:

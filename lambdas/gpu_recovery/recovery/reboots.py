@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from typing import Any, Protocol
@@ -115,29 +115,26 @@ class RebootData(MarksNodesBack, Protocol):
                           also: Sequence[Update] = ()) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class Reboots:
     """``gate``: the breaker every node action asks; ``cordons``: the node attributes kept in sync."""
 
-    def __init__(self, data: RebootData, ecs: EcsPort, ranks: RankOperations, gang: GangOps,
-                 gate: NodeActionGate, cordons: Cordons, notices: Notices, *, rebooter: RebootPort,
-                 replacer: ReplacePort,
-                 policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
-                 reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.rebooter = rebooter
-        self.replacer = replacer
-        self.policy = policy
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.ranks = ranks
-        self.gang = gang  # a failed job's ranks stopped
-        self.gate = gate
-        self.notices = notices  # the outbox
-        # Told: a repaired node is back (it validates under load before it is AVAILABLE);
-        # with nothing reacting, it is straight back (``mark_available``).
-        self.reactions = reactions or Reactions()
-        self.cordons = cordons
+    data: RebootData
+    ecs: EcsPort
+    ranks: RankOperations
+    gang: GangOps  # a failed job's ranks stopped
+    gate: NodeActionGate
+    cordons: Cordons
+    notices: Notices  # the outbox
+    _: KW_ONLY
+    rebooter: RebootPort
+    replacer: ReplacePort
+    policy: RemediationPolicy
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
+    # Told: a repaired node is back (it validates under load before it is AVAILABLE);
+    # with nothing reacting, it is straight back (``mark_available``).
+    reactions: Reactions = field(default_factory=Reactions)
 
     # -------------------------------------------------------------------- issue
     def issue(self, instance: Instance, *, agent_connected: bool | None = None, marked: bool = False) -> str:

@@ -73,14 +73,13 @@ class NodesHeldData(Protocol):
     def job_from_item(self, item: dict[str, Any]) -> Job: ...
 
 
+@dataclass(eq=False, repr=False)
 class RestartNodes:
     """``scheduling``: the jobs holding nodes (its index)."""
 
-    def __init__(self, data: NodesHeldData, scheduling: SchedulingRepository,
-                 ecs: ListsContainerInstances) -> None:
-        self.data = data
-        self.scheduling = scheduling
-        self.ecs = ecs
+    data: NodesHeldData
+    scheduling: SchedulingRepository
+    ecs: ListsContainerInstances
 
     # ------------------------------------------------------------------ held
     def nodes_of(self, job: Job) -> set[str]:

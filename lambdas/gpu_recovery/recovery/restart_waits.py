@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -50,16 +51,16 @@ class NodesAndTheirTasks(Protocol):
     def tasks_on(self, container_instance: str) -> list[dict[str, Any]]: ...
 
 
+@dataclass(eq=False, repr=False)
 class RestartWaits:
     """``wait_seconds``: how long a restart waits for its nodes to free up (``relocation_wait_seconds``)."""
 
-    def __init__(self, data: WaitData, ecs: NodesAndTheirTasks, fail: Callable[[Job, str, str], object], *,
-                 wait_seconds: int, metrics: MetricsPort) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.wait_seconds = wait_seconds
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.fail = fail  # (job, reason, operator action): FAILED with its e-mail, once
+    data: WaitData
+    ecs: NodesAndTheirTasks
+    fail: Callable[[Job, str, str], object]  # (job, reason, operator action): FAILED with its e-mail, once
+    _: KW_ONLY
+    wait_seconds: int
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
 
     # -------------------------------------------------------------------- look
     def blocked(self, job: Job, *, leaving: Iterable[str] = (), attempt: int | None = None) -> dict[str, str]:

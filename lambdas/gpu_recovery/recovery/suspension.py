@@ -22,7 +22,7 @@ leaves.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -61,16 +61,16 @@ class SuspensionReads(Protocol):
     def get_job(self, job_id: str) -> Job | None: ...
 
 
+@dataclass(eq=False, repr=False)
 class Suspensions:
-    def __init__(self, data: SuspensionReads, store: SuspensionRepository, notices: Notices, gang: GangOps, *,
-                 metrics: MetricsPort, reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.store = store
-        self.notices = notices
-        self.gang = gang
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        # Told: a job moved off a node (a warned node may be repaired now).
-        self.reactions = reactions or Reactions()
+    data: SuspensionReads
+    store: SuspensionRepository
+    notices: Notices
+    gang: GangOps
+    _: KW_ONLY
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    # Told: a job moved off a node (a warned node may be repaired now).
+    reactions: Reactions = field(default_factory=Reactions)
 
     # ----------------------------------------------------------------- request
     def request(self, job_id: str, attempt: int, *, kind: SuspendKind, reason: str, grace_seconds: int,

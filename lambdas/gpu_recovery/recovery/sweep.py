@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import KW_ONLY, dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -101,33 +102,29 @@ class SweepData(Protocol):
     def clear_instance_deadline(self, inst_id: str, state: InstanceState) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class Sweep:
-    def __init__(self, data: SweepData, faults: TaskEvents, health: HealthChecks, reboots: Reboots,
-                 restarts: GangRestart, breaker: BreakerOperations, suspensions: Suspensions,
-                 gang: GangOps, preflights: Preflights, warnings: GpuWarnings | None = None, *,
-                 validations: Any = None, aws_notices: Any = None, suspects: FaultSuspects,
-                 settlement: JobSettlement, resets: GpuResets, cordons: Cordons, holds: HeldJobs,
-                 notices: Notices, metrics: MetricsPort, settings: Settings) -> None:
-        self.data = data
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.faults = faults
-        self.health = health
-        self.reboots = reboots
-        self.restarts = restarts
-        self.breaker = breaker
-        self.suspensions = suspensions
-        self.gang = gang
-        self.preflights = preflights
-        self.warnings = warnings
-        self.validations = validations  # recovery.validations.Validations
-        self.aws_notices = aws_notices  # recovery.aws_notices.AwsNotices
-        self.suspects = suspects
-        self.settlement = settlement
-        self.resets = resets
-        self.cordons = cordons
-        self.holds = holds
-        self.notices = notices  # the outbox: an e-mail whose sender died
+    data: SweepData
+    faults: TaskEvents
+    health: HealthChecks
+    reboots: Reboots
+    restarts: GangRestart
+    breaker: BreakerOperations
+    suspensions: Suspensions
+    gang: GangOps
+    preflights: Preflights
+    warnings: GpuWarnings | None = None
+    _: KW_ONLY
+    validations: Any = None  # recovery.validations.Validations
+    aws_notices: Any = None  # recovery.aws_notices.AwsNotices
+    suspects: FaultSuspects
+    settlement: JobSettlement
+    resets: GpuResets
+    cordons: Cordons
+    holds: HeldJobs
+    notices: Notices  # the outbox: an e-mail whose sender died
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()

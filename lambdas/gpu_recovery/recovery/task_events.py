@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from gpu_recovery import clock
@@ -88,26 +88,24 @@ _STILL_HELD = frozenset({"health_check_requested", "coupled_exit", "recorded", "
 FAULT_JOB_STATES = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
 
+@dataclass(eq=False, repr=False)
 class TaskEvents:
-    def __init__(self, data: TaskEventData, ranks: RankOperations, suspects: FaultSuspects,
-                 restarts: GangRestart, remediation: NodeRemediation, suspensions: Suspensions,
-                 gang: GangOps, notices: Notices, settlement: JobSettlement, *, policy: RemediationPolicy,
-                 metrics: MetricsPort, settings: Settings, reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.policy = policy
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.ranks = ranks
-        self.suspects = suspects  # which exits name a suspect; their checks
-        self.restarts = restarts
-        self.remediation = remediation
-        self.suspensions = suspensions
-        self.gang = gang
-        self.notices = notices  # the outbox
-        self.settlement = settlement
-        # Told: a fault seen (its nodes reserved for its job at once); any task's stop (the
-        # node it may have freed).
-        self.reactions = reactions or Reactions()
+    data: TaskEventData
+    ranks: RankOperations
+    suspects: FaultSuspects  # which exits name a suspect; their checks
+    restarts: GangRestart
+    remediation: NodeRemediation
+    suspensions: Suspensions
+    gang: GangOps
+    notices: Notices  # the outbox
+    settlement: JobSettlement
+    _: KW_ONLY
+    policy: RemediationPolicy
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
+    # Told: a fault seen (its nodes reserved for its job at once); any task's stop (the
+    # node it may have freed).
+    reactions: Reactions = field(default_factory=Reactions)
 
     def on_task_state_change(self, detail: EcsTaskDetail, known: Rank | None = None) -> Outcome:
         """``known``: the task's rank, found by the tag lookup worker."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -115,25 +115,23 @@ class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):
     """StopTask, and the cluster's nodes (a replacement found)."""
 
 
+@dataclass(eq=False, repr=False)
 class Validations:
-    def __init__(self, data: ValidationData, ecs: ValidationEcs, tasks: NodeTasks, reboots: Reboots,
-                 remediation: NodeRemediation, cordons: Cordons, gate: NodeActionGate, notices: Notices, *,
-                 verdicts: VerdictReaderPort, replacer: ReplacePort,
-                 metrics: MetricsPort, settings: Settings, reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.tasks = tasks
-        self.verdicts = verdicts
-        self.replacer = replacer
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.reboots = reboots
-        self.remediation = remediation
-        self.cordons = cordons
-        self.gate = gate
-        self.notices = notices  # the outbox
-        # Told: a failed validation released the jobs waiting for the node.
-        self.reactions = reactions or Reactions()
+    data: ValidationData
+    ecs: ValidationEcs
+    tasks: NodeTasks
+    reboots: Reboots
+    remediation: NodeRemediation
+    cordons: Cordons
+    gate: NodeActionGate
+    notices: Notices  # the outbox
+    _: KW_ONLY
+    verdicts: VerdictReaderPort
+    replacer: ReplacePort
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
+    # Told: a failed validation released the jobs waiting for the node.
+    reactions: Reactions = field(default_factory=Reactions)
 
     @property
     def policy(self) -> policy.ValidationPolicy:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -89,18 +89,17 @@ class WarningData(ReadsNodeItems, Protocol):
     def clear_warning(self, node: str, rule: str, now: float, *, uncordon: bool) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class GpuWarnings:
-    def __init__(self, data: WarningData, remediation: NodeRemediation, gate: NodeActionGate,
-                 cordons: Cordons, notices: Notices, *, policy: RemediationPolicy, metrics: MetricsPort,
-                 settings: Settings) -> None:
-        self.data = data
-        self.policy = policy
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.remediation = remediation
-        self.gate = gate
-        self.cordons = cordons
-        self.notices = notices  # the outbox
+    data: WarningData
+    remediation: NodeRemediation
+    gate: NodeActionGate
+    cordons: Cordons
+    notices: Notices  # the outbox
+    _: KW_ONLY
+    policy: RemediationPolicy
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
 
     # ------------------------------------------------------------------ the step
     def at_report(self, inst_id: str) -> str:

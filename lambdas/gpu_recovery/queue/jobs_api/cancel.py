@@ -11,7 +11,6 @@ from gpu_recovery.domain.state_machine import can_transition, check_transition
 from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
 from gpu_recovery.queue.jobs_api.context import RACE_RETRIES, JobsApiContext
 from gpu_recovery.queue.jobs_api.errors import Conflict
-from gpu_recovery.recovery.fanout_send import send_once
 
 QUEUED_STATES = QUEUED_JOB_STATES
 
@@ -66,7 +65,10 @@ def _stop_and_finish(context: JobsApiContext, job_id: str, user: str, *,
         # handler finishes the cancel once every rank ended.
         if context.gang_queue is not None and job.stop_fanout and not job.stop_fanout.get("sent_at"):
             why = str(job.stop_fanout.get("why") or f"canceled by {user}")
-            # Sent once, as the recovery sends it (the sweep may read the intent unsent too).
+            # Sent once, as the recovery sends it (the sweep may read the intent unsent too);
+            # imported here: only a large gang's cancel needs it (the API's cold start).
+            from gpu_recovery.recovery.fanout_send import send_once
+
             send_once(context.repo.base, context.gang_queue, job, "stop_fanout", job.attempt, batches(
                 STOP, job.job_id, job.attempt, job.world_size, why=why, remediation=False))
         return [], job.state, False

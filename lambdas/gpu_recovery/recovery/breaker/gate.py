@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -71,6 +71,7 @@ class BreakerData(Protocol):
     def breaker_update(self, state: Mapping[str, Any], read_version: int | None) -> Update: ...
 
 
+@dataclass(eq=False, repr=False)
 class NodeActionGate:
     """The blast-radius breaker in front of every automatic reboot, replacement and
     quarantine: a node decision, a timed-out reboot or health check, a node lost with
@@ -78,14 +79,13 @@ class NodeActionGate:
     to be written in the caller's own transaction (conditional on the version read), so a
     crash never counts an action that was not recorded, nor records one not counted."""
 
-    def __init__(self, data: BreakerData, ecs: ListsContainerInstances, notices: Notices, *,
-                 metrics: MetricsPort, settings: Settings) -> None:
-        self.data = data
-        self.ecs = ecs
-        self.notices = notices
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self._cluster_count: _CachedCount | None = None
+    data: BreakerData
+    ecs: ListsContainerInstances
+    notices: Notices
+    _: KW_ONLY
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
+    _cluster_count: _CachedCount | None = field(default=None, init=False)
 
     def cluster_gpu_nodes(self, stored: dict[str, Any] | None = None) -> int:
         """GPU container instances of the cluster (ACTIVE or DRAINING), cached a minute.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -79,12 +79,13 @@ class HoldData(EndsJobs, Protocol):
     def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class HeldJobs:
-    def __init__(self, data: HoldData, notices: Notices, *, metrics: MetricsPort, settings: Settings) -> None:
-        self.data = data
-        self.notices = notices
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
+    data: HoldData
+    notices: Notices
+    _: KW_ONLY
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
 
     # ------------------------------------------------------------------ enter
     def hold(self, job: Job, unusable: list[str]) -> Outcome | None:

@@ -24,12 +24,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as cordon_policy
-from gpu_recovery.domain.breaker import breaker as policy
+from gpu_recovery.domain.breaker import breaker as rules
 from gpu_recovery.domain.escalation import (
     NodeFaultRecord,
     fault_summary,
@@ -95,7 +95,7 @@ def reset_breaker(repo: BreakerRecords, *, now: float, resume_backlog: bool, by:
 def _reset(stored: dict[str, Any] | None, *, now: float, resume_backlog: bool, by: str,
            max_backlog_age_seconds: float | None) -> ResetResult:
     """The breaker's item once reset (an operator's, or its own close): what to write."""
-    result = policy.reset(stored, now=now, resume_backlog=resume_backlog,
+    result = rules.reset(stored, now=now, resume_backlog=resume_backlog,
                           max_backlog_age_seconds=max_backlog_age_seconds, by=by)
     state = dict(result.state)
     waiting = [dict(e) for e in dict((stored or {}).get("released") or {}).values()]
@@ -111,48 +111,47 @@ def _reset(stored: dict[str, Any] | None, *, now: float, resume_backlog: bool, b
     return ResetResult(True, result.released, result.dropped + tuple(stale), state)
 
 
-def acted_on_views(repo: BreakerRecords, stored: dict[str, Any] | None) -> dict[str, policy.ActedOnNode]:
+def acted_on_views(repo: BreakerRecords, stored: dict[str, Any] | None) -> dict[str, rules.ActedOnNode]:
     """What the nodes the tripped breaker had acted on look like now: one batch read of
     their items (at most the breaker's limit of them, never a scan). A fault decided on a
     node after the trip (its fault history) is a failure again."""
-    state = policy.normalize(stored)
-    nodes = policy.acted_on_nodes(state)
+    state = rules.normalize(stored)
+    nodes = rules.acted_on_nodes(state)
     if not nodes:
         return {}
     tripped_at = float(state["tripped_at"] or 0)
     views = {}
     for node, instance in repo.get_instances(nodes).items():
         again = any(float(r.get("at") or 0) > tripped_at for r in instance.fault_history)
-        views[node] = policy.ActedOnNode(instance.state, cordoned=instance.cordoned, failed_again=again)
+        views[node] = rules.ActedOnNode(instance.state, cordoned=instance.cordoned, failed_again=again)
     return views
 
 
 def assess(repo: BreakerRecords, stored: dict[str, Any] | None, *, now: float,
-           settings: policy.BreakerPolicy) -> policy.AutoCloseAnswer:
+           settings: rules.BreakerPolicy) -> rules.AutoCloseAnswer:
     """May the breaker close by itself now, and why (the sweep's question, and ``breaker show``'s)."""
-    state = policy.normalize(stored)
-    if state["state"] != policy.TRIPPED or not settings.auto_close or state["needs_operator"]:
-        views: dict[str, policy.ActedOnNode] = {}  # the answer needs no node
+    state = rules.normalize(stored)
+    if state["state"] != rules.TRIPPED or not settings.auto_close or state["needs_operator"]:
+        views: dict[str, rules.ActedOnNode] = {}  # the answer needs no node
     else:
         views = acted_on_views(repo, stored)
-    return policy.assess_auto_close(state, now=now, policy=settings, nodes_now=views,
+    return rules.assess_auto_close(state, now=now, policy=settings, nodes_now=views,
                                     cluster_gpu_nodes=int((stored or {}).get("cluster_gpu_nodes") or 0))
 
 
+@dataclass(eq=False, repr=False)
 class BreakerOperations:
-    def __init__(self, data: BreakerRecords, remediation: NodeRemediation, gate: NodeActionGate,
-                 notices: Notices, *, policy: RemediationPolicy, metrics: MetricsPort,
-                 settings: Settings) -> None:
-        self.data = data
-        self.policy = policy
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.settings = settings
-        self.remediation = remediation
-        self.gate = gate
-        self.notices = notices  # the outbox
+    data: BreakerRecords
+    remediation: NodeRemediation
+    gate: NodeActionGate
+    notices: Notices  # the outbox
+    _: KW_ONLY
+    policy: RemediationPolicy
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    settings: Settings
 
     def status(self, now: float, stored: dict[str, Any] | None = None, *,
-               count_cluster: bool = True) -> policy.BreakerStatus:
+               count_cluster: bool = True) -> rules.BreakerStatus:
         """The breaker's state (``stored``: the item already read, if any). The cluster is
         counted only while the breaker is busy (an idle one reports no utilisation), and only
         with ``count_cluster``: the sweep's metrics, every minute, use the count its last
@@ -161,10 +160,10 @@ class BreakerOperations:
             stored = self.data.get_breaker()
         settings = self.settings.remediation.breaker
         nodes = 0
-        if policy.is_busy(stored, now=now, policy=settings):
+        if rules.is_busy(stored, now=now, policy=settings):
             recorded = (stored or {}).get("cluster_gpu_nodes")
             nodes = self.gate.cluster_gpu_nodes(stored) if count_cluster else int(recorded or 0)
-        return policy.status(stored, now=now, cluster_gpu_nodes=nodes, policy=settings)
+        return rules.status(stored, now=now, cluster_gpu_nodes=nodes, policy=settings)
 
     def sweep(self, now: float, stored: dict[str, Any] | None = None, *, read: bool = True) -> dict[str, int]:
         """Every minute: the breaker's metrics, then the released backlog (oldest first,
@@ -184,7 +183,7 @@ class BreakerOperations:
             self.metrics.add_metric("BreakerUtilization", "Percent", 100 * metrics["BreakerUtilization"])
         self.metrics.add_metric("BreakerBacklog", "Count", metrics["BreakerBacklog"])
         done: dict[str, int] = {}
-        if stored.get("state") == policy.TRIPPED:
+        if stored.get("state") == rules.TRIPPED:
             outcome = self._auto_close(stored, now)
             if outcome:
                 done[outcome] = 1
@@ -206,20 +205,20 @@ class BreakerOperations:
         if not settings.enabled:
             return ""
         answer = assess(self.data, stored, now=now, settings=settings)
-        recorded = bool(policy.normalize(stored)["needs_operator"])
-        if answer.verdict is not policy.AutoClose.CLOSE and (answer.verdict is not policy.AutoClose.OPERATOR
+        recorded = bool(rules.normalize(stored)["needs_operator"])
+        if answer.verdict is not rules.AutoClose.CLOSE and (answer.verdict is not rules.AutoClose.OPERATOR
                                                              or recorded):
             return ""
         read_version = int(stored.get("version") or 0)
         notices = self.notices
-        if answer.verdict is policy.AutoClose.CLOSE:
-            result = _reset(stored, now=now, resume_backlog=True, by=policy.CLOSED_BY_ITSELF,
+        if answer.verdict is rules.AutoClose.CLOSE:
+            result = _reset(stored, now=now, resume_backlog=True, by=rules.CLOSED_BY_ITSELF,
                             max_backlog_age_seconds=DEFAULT_MAX_BACKLOG_AGE_SECONDS)
             state = {**result.state, "auto_close": settings.auto_close}
             owed = self._closed_notice(answer, stored, result)
             outcome, level = "breaker_closed_by_itself", logging.WARNING
         else:
-            state = {**policy.needs_operator(stored, now=now, reason=answer.reason),
+            state = {**rules.needs_operator(stored, now=now, reason=answer.reason),
                      "auto_close": settings.auto_close}
             owed = self._needs_operator_notice(answer, stored)
             outcome, level = "breaker_needs_operator", logging.ERROR
@@ -229,7 +228,7 @@ class BreakerOperations:
         logger.log(level, "blast-radius breaker: " + outcome.replace("_", " "), extra={"why": answer.reason})
         return outcome
 
-    def _closed_notice(self, answer: policy.AutoCloseAnswer, stored: dict[str, Any],
+    def _closed_notice(self, answer: rules.AutoCloseAnswer, stored: dict[str, Any],
                        result: ResetResult) -> Owed:
         released = len(result.state.get("released") or {})
         dropped = f"; {len(result.dropped)} older than a day dropped" if result.dropped else ""
@@ -249,8 +248,8 @@ class BreakerOperations:
                      for node, e in sorted(dict(result.state.get("released") or {}).items())])
 
     @staticmethod
-    def _needs_operator_notice(answer: policy.AutoCloseAnswer, stored: dict[str, Any]) -> Owed:
-        backlog = policy.normalize(stored)["backlog"]
+    def _needs_operator_notice(answer: rules.AutoCloseAnswer, stored: dict[str, Any]) -> Owed:
+        backlog = rules.normalize(stored)["backlog"]
         return Notices.for_node(
             NotificationKind.BREAKER_NEEDS_OPERATOR,
             "Breaker stays open until an operator resets it (remediation did not fix the nodes)",
@@ -280,7 +279,7 @@ class BreakerOperations:
         read_version = int(stored.get("version") or 0)
         gate = self.gate
         nodes = gate.cluster_gpu_nodes(stored)
-        admitted = policy.admit_release(stored, node=node, action=action.value, now=now,
+        admitted = rules.admit_release(stored, node=node, action=action.value, now=now,
                                         cluster_gpu_nodes=nodes,
                                         policy=self.settings.remediation.breaker)
         if not admitted.allowed:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -75,14 +75,14 @@ class HandoverData(Protocol):
                        exited_at: float | None = None) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class PreflightHandover:
-    def __init__(self, data: HandoverData, remediation: NodeRemediation, gang: GangOps, *,
-                 metrics: MetricsPort, reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.remediation = remediation
-        self.gang = gang
-        self.reactions = reactions or Reactions()  # told: a fault seen (the job's nodes reserved)
+    data: HandoverData
+    remediation: NodeRemediation
+    gang: GangOps
+    _: KW_ONLY
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    reactions: Reactions = field(default_factory=Reactions)  # told: a fault seen (the job's nodes reserved)
 
     def hand_over(self, item: Mapping[str, Any]) -> str:
         """The pinned nodes of a concluded preflight (its item) to the recovery loop."""

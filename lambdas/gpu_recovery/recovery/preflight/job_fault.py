@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -53,11 +53,11 @@ class JobFaultData(EndsJobs, Protocol):
     def get_job(self, job_id: str) -> Job | None: ...
 
 
+@dataclass(eq=False, repr=False)
 class PreflightJobFault:
-    def __init__(self, data: JobFaultData, notices: Notices, metrics: MetricsPort) -> None:
-        self.data = data
-        self.notices = notices
-        self.metrics = metrics  # the service's relay: the invocation's metrics
+    data: JobFaultData
+    notices: Notices
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
 
     def end(self, item: Mapping[str, Any]) -> str:
         """The job of a ``job_fault`` preflight (its item) to FAILED, told why."""

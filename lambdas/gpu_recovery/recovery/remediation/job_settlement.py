@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -101,20 +101,19 @@ class SettlementData(Protocol):
                        ledger: Mapping[str, Any] | None = None) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)
 class JobSettlement:
     """``held_job_deadline_seconds``: how long a job may be HELD by the breaker (0: never)."""
 
-    def __init__(self, data: SettlementData, notices: Notices, owed: RemediationNotices, *,
-                 policy: RemediationPolicy, metrics: MetricsPort, held_job_deadline_seconds: int,
-                 reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.policy = policy
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.held_job_deadline_seconds = held_job_deadline_seconds
-        self.notices = notices
-        self.owed = owed
-        # Told: a fault's coupled nodes to check, a job's restart due.
-        self.reactions = reactions or Reactions()
+    data: SettlementData
+    notices: Notices
+    owed: RemediationNotices
+    _: KW_ONLY
+    policy: RemediationPolicy
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    held_job_deadline_seconds: int
+    # Told: a fault's coupled nodes to check, a job's restart due.
+    reactions: Reactions = field(default_factory=Reactions)
 
     def job_verdict(self, job: Job, inst_id: str, label: SuspectVerdict, plan: RemediationPlan | None,
                     evidence: Evidence | None, findings: dict[str, Any], history: Iterable[NodeFaultRecord],

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -140,29 +140,26 @@ class DecisionData(ReadsNodeItems, RecordsNodeDecisions, Protocol):
     def count_healthy_verdicts(self, inst_id: str, verdicts: Sequence[JobVerdict]) -> None: ...
 
 
+@dataclass(eq=False, repr=False)
 class NodeRemediation:
     """The node decision; built by the composition root with the stages it hands over to: the
     jobs' settlement, the GPU reset, the tenant-evidence clearances, and the e-mails it owes."""
 
-    def __init__(self, data: DecisionData, ranks: RankOperations, reboots: Reboots, gate: NodeActionGate,
-                 cordons: Cordons, notices: Notices, owed_notices: RemediationNotices,
-                 settlement: JobSettlement, resets: GpuResets, tenant_evidence: TenantEvidence, *,
-                 policy: RemediationPolicy, metrics: MetricsPort,
-                 reactions: Reactions | None = None) -> None:
-        self.data = data
-        self.policy = policy
-        self.metrics = metrics  # the service's relay: the invocation's metrics
-        self.ranks = ranks
-        self.reboots = reboots
-        # Told: a verdict lets a job restart (or leave its node).
-        self.reactions = reactions or Reactions()
-        self.gate = gate
-        self.cordons = cordons
-        self.notices = notices  # the outbox
-        self.owed_notices = owed_notices
-        self.settlement = settlement
-        self.resets = resets
-        self.tenant_evidence = tenant_evidence
+    data: DecisionData
+    ranks: RankOperations
+    reboots: Reboots
+    gate: NodeActionGate
+    cordons: Cordons
+    notices: Notices  # the outbox
+    owed_notices: RemediationNotices
+    settlement: JobSettlement
+    resets: GpuResets
+    tenant_evidence: TenantEvidence
+    _: KW_ONLY
+    policy: RemediationPolicy
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
+    # Told: a verdict lets a job restart (or leave its node).
+    reactions: Reactions = field(default_factory=Reactions)
 
     # ------------------------------------------------------------ evidence / plan
 

@@ -10,7 +10,7 @@ what was done.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.evidence import Evidence
@@ -74,14 +74,14 @@ def describe_node_effects(instance: Instance, plan: RemediationPlan | None) -> s
     return f"{node} back in service"
 
 
+@dataclass(eq=False, repr=False)
 class RemediationNotices:
     """The builders of a remediation's e-mails (each returns what to owe: an
     :class:`~gpu_recovery.recovery.notices.Owed`, or None when nothing is owed)."""
 
-    def __init__(self, notices: Notices, gate: NodeActionGate, cordons: Cordons) -> None:
-        self.notices = notices
-        self.gate = gate
-        self.cordons = cordons
+    notices: Notices
+    gate: NodeActionGate
+    cordons: Cordons
 
     def decision_notices(self, after: Instance, plan: RemediationPlan, evidence: Evidence,
                          label: SuspectVerdict, verdicts: list[tuple[JobVerdict, JobOutcome]],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -69,17 +69,17 @@ class ClearanceData(Protocol):
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
+@dataclass(eq=False, repr=False)
 class TenantEvidence:
     """``limit``: how many of a tenant's suspects the stack's check may clear (the preflight's
     settings); ``sources``: what evidence is the tenant's (the catalog's)."""
 
-    def __init__(self, data: ClearanceData, notices: Notices, *, limit: TenantEvidenceLimit,
-                 sources: EvidenceSources, metrics: MetricsPort) -> None:
-        self.data = data
-        self.notices = notices
-        self.limit = limit
-        self.sources = sources
-        self.metrics = metrics  # the service's relay: the invocation's metrics
+    data: ClearanceData
+    notices: Notices
+    _: KW_ONLY
+    limit: TenantEvidenceLimit
+    sources: EvidenceSources
+    metrics: MetricsPort  # the service's relay: the invocation's metrics
 
     def clearance(self, evidence: Evidence, label: SuspectVerdict,
                   from_states: Iterable[InstanceState]) -> Clearance | None:
