@@ -1,5 +1,5 @@
 """``recovery.task_starts``: a start that may repeat one finds the tasks already started, node
-by node, and a StartTask's answer is read node by node; ``start_ranks``, the one way a queue
+by node, and a StartTask's answer is read node by node; ``start_once``, the one way a queue
 launch and a gang restart start ranks, keeps each task before its next StartTask and starts a
 node no more than once."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
-from gpu_recovery.recovery.task_starts import TaskRequest, start_on, start_ranks, started_already
+from gpu_recovery.recovery.task_starts import TaskRequest, start_on, start_once, started_already
 from tests.recovery.fakes import FakeEcs, ci_arn
 
 
@@ -77,7 +77,7 @@ def test_start_ranks_keeps_what_a_lost_answer_started_and_starts_only_the_other_
     ecs = FakeEcs()
     first, _ = start_on(ecs, REQUEST, {"node-a": NODES["node-a"]})  # the answer a crash lost
     kept: list[tuple[str, str, int]] = []
-    unplaced = start_ranks(ecs, REQUEST, NODES, look_up=list(NODES),
+    unplaced = start_once(ecs, REQUEST, NODES, look_up=list(NODES),
                            keep=lambda node, task: kept.append((node, task, len(ecs.start_calls))))
     assert unplaced == {}
     assert kept[0] == ("node-a", first["node-a"], 1)  # kept before the StartTask of the others
@@ -96,8 +96,8 @@ def test_start_ranks_tries_the_nodes_left_again_on_their_network_and_says_why_th
 
     kept: dict[str, str] = {}
     one = {"node-a": NODES["node-a"]}
-    unplaced = start_ranks(ecs, REQUEST, one, kept.__setitem__, tries=2, network=network)
+    unplaced = start_once(ecs, REQUEST, one, kept.__setitem__, tries=2, network=network)
     assert unplaced == {"node-a": ["RESOURCE:GPU"]} and kept == {} and ecs.start_calls == [1, 1]
-    assert start_ranks(ecs, REQUEST, NODES, kept.__setitem__, tries=3, network=network) == {}
+    assert start_once(ecs, REQUEST, NODES, kept.__setitem__, tries=3, network=network) == {}
     assert sorted(kept) == sorted(NODES) and ecs.start_calls == [1, 1, 3]
     assert networks[-1] == sorted(NODES) and ecs.networks[-1] == network(NODES)

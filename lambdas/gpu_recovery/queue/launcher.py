@@ -67,7 +67,7 @@ from gpu_recovery.queue.admission import (
     classify_failure,
 )
 from gpu_recovery.recovery import RankRegistration
-from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_ranks
+from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_once
 from gpu_recovery.repository import from_ddb
 from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.scheduling import SchedulingRepository
@@ -424,7 +424,7 @@ class Launcher:
         # at submit). A resumed launch looks the rank's startedBy up before starting it.
         node = container_instance_id(ci_arn)
         started: list[str] = []
-        unplaced = start_ranks(self.ecs, request, {node: ci_arn}, lambda _, task: started.append(task),
+        unplaced = start_once(self.ecs, request, {node: ci_arn}, lambda _, task: started.append(task),
                                look_up=[node] if may_exist else ())
         if started:
             return started[0]

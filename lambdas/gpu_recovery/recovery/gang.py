@@ -69,7 +69,7 @@ from gpu_recovery.recovery.ranks import (
     tags_for_attempt,
 )
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
-from gpu_recovery.recovery.task_starts import TaskRequest, start_ranks
+from gpu_recovery.recovery.task_starts import TaskRequest, start_once
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.settings import Settings
@@ -399,7 +399,7 @@ class GangOps:
         # A lease taken over: the task may exist already. Look before starting (on every node of
         # the call: those of the ranks registered already have a task of it too).
         taken_over = any(r.launch_attempt == attempt for r in claimed)
-        unplaced = start_ranks(
+        unplaced = start_once(
             self.ecs, request, {node: targets[r.rank]["arn"] for node, r in on_node.items()}, register,
             look_up=call.nodes if taken_over else (), tries=self.settings.restart_start_retries,
             network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))

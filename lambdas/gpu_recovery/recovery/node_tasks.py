@@ -44,7 +44,7 @@ from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
-from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, reasons_on, start_on, started_already
+from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_once, started_already
 from gpu_recovery.repository import node_task_claims as stored
 from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
@@ -302,10 +302,12 @@ class NodeTasks:
         try:
             if turn_within is not None:
                 self.ecs.prepay(1, in_turn_within=turn_within)
-            placed, result = start_on(self.ecs, TaskRequest(
+            placed: dict[str, str] = {}
+            unplaced = start_once(self.ecs, TaskRequest(
                 kind.task_definition(self.settings), started_by, overrides,
                 [{"key": TAG_PURPOSE, "value": kind.purpose}], kind.group),
-                {i.container_inst_id: i.container_instance_arn or i.container_inst_id for i in instances})
+                {i.container_inst_id: i.container_instance_arn or i.container_inst_id for i in instances},
+                placed.__setitem__)
         except RateLimited:
             raise  # never called: the stage decides when to try again
         except Exception as error:
@@ -319,7 +321,7 @@ class NodeTasks:
             inst_id = instance.container_inst_id
             task_arn = placed.get(inst_id)
             if task_arn is None:
-                reasons = reasons_on(result.failures, inst_id, len(instances))
+                reasons = unplaced.get(inst_id, [])
                 out[inst_id] = Placed(None, ", ".join(reason or "?" for reason in reasons) or "unknown")
                 continue
             record(instance, task_arn)

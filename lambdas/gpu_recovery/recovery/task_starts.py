@@ -1,5 +1,5 @@
 """Starting a task exactly once: the one way every start of the stack's takes (a rank of a
-queue launch, a call of identical ranks of a gang restart, a node task).
+queue launch, a call of identical ranks of a gang restart, a node task), :func:`start_once`.
 
 Every start carries a ``startedBy`` deterministic per start (``domain.started_by``). A start
 that may repeat one already made (its answer was lost, its claim or lease was taken over, its
@@ -91,20 +91,18 @@ def reasons_on(failures: Sequence[Mapping[str, Any]], node: str, nodes: int) -> 
     return [str(f.get("reason") or "") for f in mine]
 
 
-def start_ranks(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
-                keep: Callable[[str, str], object], *, look_up: Collection[str] = (), tries: int = 1,
-                network: Callable[[Collection[str]], dict[str, Any] | None] | None = None
-                ) -> dict[str, list[str]]:
-    """Start ranks exactly once: the one way a queue launch and a gang restart start theirs.
-
-    ``request`` on each of ``nodes`` (node id -> container instance ARN; up to 10, one rank
-    each). ``look_up``: a start that may have been made already (a resumed launch, a restart's
-    lease taken over) names every node it was made on, and the tasks of its startedBy are
-    looked up first. ``keep(node, task)`` is told each node's task as soon as it is known (found,
-    or placed), before the next StartTask, so that a crash after it loses no task; the nodes
-    still without one are started again, ``tries`` StartTasks at the most (``network``: the
-    request's network for the nodes left). Returns the nodes left without a task, each with ECS's
-    reasons (none: ECS gave no failure for it)."""
+def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
+               keep: Callable[[str, str], object], *, look_up: Collection[str] = (), tries: int = 1,
+               network: Callable[[Collection[str]], dict[str, Any] | None] | None = None
+               ) -> dict[str, list[str]]:
+    """Start ``request`` exactly once on each of ``nodes`` (node id -> container instance ARN;
+    up to 10, one task each). ``look_up``: a start that may have been made already (a resumed
+    launch, a restart's lease taken over) names every node it was made on, and the tasks of its
+    startedBy are looked up first. ``keep(node, task)`` is told each node's task as soon as it is
+    known (found, or placed), before the next StartTask, so that a crash after it loses no task;
+    the nodes still without one are started again, ``tries`` StartTasks at the most
+    (``network``: the request's network for the nodes left). Returns the nodes left without a
+    task, each with ECS's reasons (none: ECS gave no failure for it)."""
     found = started_already(ecs, request.started_by, look_up) if look_up else {}
     rest = dict(nodes)
     for node in [node for node in rest if node in found]:
