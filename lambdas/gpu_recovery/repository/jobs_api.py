@@ -117,6 +117,13 @@ class JobQueueRepository:
             job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
             set_fields=fields, remove_fields=remove))
 
+    def claim_fanout_send(self, job: Job, kind: str, attempt: int, now: float, lease_seconds: float) -> bool:
+        """A large gang's stop fan-out, sent once (``recovery.fanout_send``): the recovery's claim."""
+        return self.base.claim_fanout_send(job, kind, attempt, now, lease_seconds)
+
+    def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
+        return self.base.record_fanout_sent(job, kind, attempt, now)
+
     def request_rank_stop(self, rank: Rank, from_states: Iterable[RankState], reason: str) -> bool:
         return self.base.apply(self.base.rank_update(
             rank, RankState.STOP_REQUESTED, from_states=from_states,
