@@ -37,6 +37,7 @@ from gpu_recovery.domain.states import (
     InstanceState,
     JobState,
 )
+from gpu_recovery.recovery.aws_notices import AwsNotices
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.breaker.operations import BreakerOperations
 from gpu_recovery.recovery.cordons import UNCHANGED_HOLDS, Cordons
@@ -52,6 +53,7 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
+from gpu_recovery.recovery.validations import Validations
 from gpu_recovery.recovery.warnings import GpuWarnings
 from gpu_recovery.repository.cordons import Worklist
 from gpu_recovery.repository.faults import FaultRepository, suspect_from_item
@@ -115,8 +117,8 @@ class Sweep:
     preflights: Preflights
     warnings: GpuWarnings | None = None
     _: KW_ONLY
-    validations: Any = None  # recovery.validations.Validations
-    aws_notices: Any = None  # recovery.aws_notices.AwsNotices
+    validations: Validations | None = None
+    aws_notices: AwsNotices | None = None
     suspects: FaultSuspects
     settlement: JobSettlement
     resets: GpuResets
@@ -235,7 +237,7 @@ class Sweep:
         if instance.state in HEALTH_CHECK_STATES:
             return self.health.sweep(instance, now)
         if instance.validating and self.validations is not None:
-            return str(self.validations.sweep(instance, now))  # back from its repair, proving itself
+            return self.validations.sweep(instance, now)  # back from its repair, proving itself
         if instance.state is InstanceState.REBOOTING and instance.reset_pending:
             return self.resets.sweep(instance, now)  # a GPU reset first
         if instance.state is InstanceState.REBOOTING:
@@ -245,12 +247,12 @@ class Sweep:
             return self.reboots.finish_quarantine(instance)
         if instance.state is InstanceState.QUARANTINED and instance.replacement_watch \
                 and self.validations is not None:
-            return str(self.validations.watch_replacement(instance, now))  # its replacement, to validate
+            return self.validations.watch_replacement(instance, now)  # its replacement, to validate
         if instance.state is InstanceState.AVAILABLE and instance.waiting_jobs:
             self.reboots.release_waiting(instance)  # back after its reboot; a delivery died after
             return "released_waiting_jobs"
         if instance.notice and self.aws_notices is not None:
-            return str(self.aws_notices.sweep(instance.container_inst_id, now))  # AWS takes the node away
+            return self.aws_notices.sweep(instance.container_inst_id, now)  # AWS takes the node away
         if instance.warning and self.warnings is not None \
                 and instance.state in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
             return self.warnings.sweep(instance, now)  # a driver warning: repair, or move its jobs
