@@ -60,7 +60,8 @@ from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
-from gpu_recovery.recovery.notices import Owed
+from gpu_recovery.recovery.cordons import Cordons
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import (
     ListsContainerInstances,
     MetricsPort,
@@ -123,8 +124,8 @@ class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):
 class AwsNotices:
     data: NoticeData
     ecs: NoticeEcs
-    cordons: Any  # recovery.cordons.Cordons: the attribute put after the commit
-    notices: Any  # recovery.notices: the e-mails' outbox
+    cordons: Cordons  # the attribute put after the commit
+    notices: Notices  # the e-mails' outbox
     capacity: CapacityPort | None = None
     _: KW_ONLY
     policy: RemediationPolicy

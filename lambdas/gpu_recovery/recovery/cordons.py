@@ -27,6 +27,7 @@ from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as policy
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.reactions import HoldsDue, Reactions
@@ -66,7 +67,7 @@ class Cordons:
     data: CordonData
     ecs: NodeAttributes
     notices: Notices
-    gate: Any  # reboots.NodeActionGate: the breaker item (the cordon limit's state)
+    gate: NodeActionGate  # the breaker item (the cordon limit's state)
     _: KW_ONLY
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     # Told: the sweep starts (the spare and reserved holds refreshed first, on its read of
