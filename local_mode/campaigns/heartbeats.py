@@ -26,7 +26,16 @@ from gpu_recovery.domain.heartbeat_policy import ReportedTask
 
 from ..sim.ecs import SimulatedEcs
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
+from .runner import (
+    DYNAMODB,
+    MIN,
+    SETTLE_SECONDS,
+    CampaignResult,
+    Scenario,
+    ecs_status,
+    mail_problems,
+    run_flow,
+)
 
 JOB_ID = "lost-node-job"
 LOST, PEER = "node-b", "node-a"
@@ -88,6 +97,10 @@ class NodeLost(Scenario[RunResult]):
     """Node-b loses power once calls are counted: its agent silent, its ECS agent disconnected."""
 
     run_limit_seconds = RUN_LIMIT_SECONDS
+    # The lost node's rank is stopped by the gang's stop intent; with its stop mark broken, its
+    # stop is asked again at the paced round 2 minutes after the send, at a sweep's minute:
+    # a minute more than the flows' settle, so a round one sweep later still ends in the flow.
+    settle_seconds = SETTLE_SECONDS + MIN
 
     def __init__(self) -> None:
         self.agents: _Agents | None = None

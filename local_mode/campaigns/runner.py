@@ -108,6 +108,8 @@ class Scenario(ABC, Generic[R]):
 
     #: simulated seconds the flow has to end (its jobs terminal) before it is judged as it is
     run_limit_seconds: float = 60 * MIN
+    #: once it ended, calls no longer broken: how long retries, sweeps and the outbox settle
+    settle_seconds: float = SETTLE_SECONDS
 
     def world_options(self) -> dict[str, Any]:
         """``build_world`` options (``extra_env`` merged over the handlers' quiet logs)."""
@@ -204,7 +206,7 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
 
         sim.run_until_true(ended, max_seconds=scenario.run_limit_seconds)
         calls.disarm()
-        sim.run_for(SETTLE_SECONDS)
+        sim.run_for(scenario.settle_seconds)
         common = {
             "fault": fault, "fired": calls.fired, "then_fired": calls.then_fired, "calls": list(calls.calls),
             "stuck": stuck_items(world, repo),
