@@ -100,4 +100,5 @@ def test_start_ranks_tries_the_nodes_left_again_on_their_network_and_says_why_th
     assert unplaced == {"node-a": ["RESOURCE:GPU"]} and kept == {} and ecs.start_calls == [1, 1]
     assert start_once(ecs, REQUEST, NODES, kept.__setitem__, tries=3, network=network) == {}
     assert sorted(kept) == sorted(NODES) and ecs.start_calls == [1, 1, 3]
-    assert networks[-1] == sorted(NODES) and ecs.networks[-1] == network(NODES)
+    assert networks[-1] == sorted(NODES)
+    assert ecs.networks[-1] == {"awsvpcConfiguration": {"subnets": sorted(NODES)}}
