@@ -403,6 +403,10 @@ class GangOps:
             self.ecs, request, {node: targets[r.rank]["arn"] for node, r in on_node.items()}, register,
             look_up=call.nodes if taken_over else (), tries=self.settings.restart_start_retries,
             network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
+        if unplaced:
+            logger.warning("restart placement failed", extra={
+                "job_id": job.job_id, "ranks": [on_node[node].rank for node in unplaced],
+                "reasons": dict(unplaced)})
         # ECS's reason per node (RESOURCE:GPU, AGENT, MISSING): the rank's, for its wait.
         return started, [(on_node[node], ", ".join(r for r in why if r) or "no placement")
                          for node, why in unplaced.items()], complete

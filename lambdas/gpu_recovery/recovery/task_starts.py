@@ -11,15 +11,12 @@ is on; the one task of a start on one node is on that node.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
 from gpu_recovery.domain.models import container_instance_id
-
-logger = logging.getLogger(__name__)
 
 
 class StartsTasks(Protocol):
@@ -102,7 +99,8 @@ def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
     known (found, or placed), before the next StartTask, so that a crash after it loses no task;
     the nodes still without one are started again, ``tries`` StartTasks at the most
     (``network``: the request's network for the nodes left). Returns the nodes left without a
-    task, each with ECS's reasons (none: ECS gave no failure for it)."""
+    task, each with ECS's reasons (none: ECS gave no failure for it); the caller says what that
+    leads to, and logs it."""
     found = started_already(ecs, request.started_by, look_up) if look_up else {}
     rest = dict(nodes)
     for node in [node for node in rest if node in found]:
@@ -116,10 +114,6 @@ def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
         placed, result = start_on(ecs, call, rest)
         for node, task in placed.items():
             keep(node, task)
-        if len(placed) < len(rest):
-            logger.warning("start not placed", extra={"started_by": request.started_by,
-                                                      "nodes": sorted(set(rest) - set(placed)),
-                                                      "reasons": result.reasons()})
         reasons = {node: reasons_on(result.failures, node, len(rest)) for node in rest if node not in placed}
         rest = {node: arn for node, arn in rest.items() if node not in placed}
     return {node: reasons.get(node, []) for node in rest}
