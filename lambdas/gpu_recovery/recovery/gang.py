@@ -60,7 +60,7 @@ from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
 from gpu_recovery.domain.task_network import restart_network
-from gpu_recovery.recovery.fanout_send import send_once
+from gpu_recovery.recovery.fanout_send import SendsFanouts, send_once
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.ranks import (
     RankOperations,
@@ -118,9 +118,9 @@ def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
     return task_started_by.rank_launch(task_started_by.RESTART, job_id, attempt, f"g{call.key}", digest=10)
 
 
-class GangData(Protocol):
-    """A batch's ranks (their stop asked, their launch claimed), its job's fan-out marks, the
-    latch the ranks arrive on."""
+class GangData(SendsFanouts, Protocol):
+    """A batch's ranks (their stop asked, their launch claimed), its job's fan-out marks (its
+    sends', ``SendsFanouts``), the latch the ranks arrive on."""
 
     latches: LatchRepository
 
@@ -128,9 +128,6 @@ class GangData(Protocol):
     def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]: ...
     def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
     def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool: ...
-    def claim_fanout_send(self, job: Job, kind: str, attempt: int, now: float,
-                          lease_seconds: float) -> bool: ...
-    def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool: ...
     def record_stop_round(self, job: Job, attempt: int, rounds: int, now: float) -> bool: ...
     def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
 
