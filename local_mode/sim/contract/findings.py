@@ -4,7 +4,7 @@ limit reads."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,3 +52,18 @@ class ProseLimit:
     citation: str  # the API reference page (and section) that states it
     check: Check
     stateful: bool = False  # reads the emulated account's state
+
+
+# The checks every service's limits share.
+def utf8_bytes(text: Any) -> int:
+    return len(str(text).encode("utf-8"))
+
+
+def too_many(member: str, items: Any, limit: int, what: str) -> Iterator[Finding]:
+    if isinstance(items, list | tuple | dict) and len(items) > limit:
+        yield Finding(member, f"{len(items)} {what}", f"at most {limit} {what}")
+
+
+def out_of_range(member: str, value: Any, low: int, high: int) -> Iterator[Finding]:
+    if isinstance(value, int) and not low <= value <= high:
+        yield Finding(member, value, f"between {low} and {high}")

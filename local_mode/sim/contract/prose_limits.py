@@ -14,7 +14,8 @@ violation that fails the run.
 
 Where partitions differ, the stricter figure is used: SQS messages and asynchronous Lambda
 payloads are 256 KiB in the API references of the China partition (the stack synthesizes for
-it), 1 MiB in the commercial one since 2025.
+it), 1 MiB in the commercial one since 2025. DynamoDB's limits are ``dynamodb_limits``', SNS's
+and SQS's ``messaging_limits``'.
 """
 
 from __future__ import annotations
@@ -26,34 +27,13 @@ from typing import Any
 import regex
 
 from . import dynamodb_limits as ddb
-from .findings import Finding, ProseLimit, RequestState
+from . import messaging_limits as messaging
+from .findings import Finding, ProseLimit, RequestState, out_of_range, too_many, utf8_bytes
 
 # ------------------------------------------------------------------------------ citations
 ECS_API = "Amazon ECS API Reference"
 ECS_TAG = f"{ECS_API}, Tag (data type): 'The following basic restrictions apply to tags'"
 ECS_ATTRIBUTE = f"{ECS_API}, Attribute (data type): name, value"
-SNS_PUBLISH = "Amazon SNS API Reference, Publish"
-SNS_ATTRIBUTES = "Amazon SNS Developer Guide, Amazon SNS message attributes"
-SQS_BATCH = (
-    "Amazon SQS API Reference, SendMessageBatch (docs.amazonaws.cn: 256 KiB; "
-    "commercial partition 1 MiB since 2025)"
-)
-SQS_QUOTAS = "Amazon SQS Developer Guide, Amazon SQS message quotas"
-
-
-# ------------------------------------------------------------------------------ helpers
-def _utf8(text: Any) -> int:
-    return len(str(text).encode("utf-8"))
-
-
-def _too_many(member: str, items: Any, limit: int, what: str) -> Iterator[Finding]:
-    if isinstance(items, list | tuple | dict) and len(items) > limit:
-        yield Finding(member, f"{len(items)} {what}", f"at most {limit} {what}")
-
-
-def _range(member: str, value: Any, low: int, high: int) -> Iterator[Finding]:
-    if isinstance(value, int) and not low <= value <= high:
-        yield Finding(member, value, f"between {low} and {high}")
 
 
 # =================================================================================== ECS
@@ -75,7 +55,7 @@ def _started_by(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]
 
 
 def _start_task_instances(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _too_many("containerInstances", params.get("containerInstances"), 10, "container instances")
+    yield from too_many("containerInstances", params.get("containerInstances"), 10, "container instances")
 
 
 def _overrides_size(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
@@ -110,23 +90,23 @@ def _stop_reason(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding
 
 
 def _describe_tasks(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _too_many("tasks", params.get("tasks"), 100, "tasks")
+    yield from too_many("tasks", params.get("tasks"), 100, "tasks")
 
 
 def _describe_cis(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _too_many("containerInstances", params.get("containerInstances"), 100, "container instances")
+    yield from too_many("containerInstances", params.get("containerInstances"), 100, "container instances")
 
 
 def _describe_clusters(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _too_many("clusters", params.get("clusters"), 100, "clusters")
+    yield from too_many("clusters", params.get("clusters"), 100, "clusters")
 
 
 def _list_attributes(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _range("maxResults", params.get("maxResults"), 1, 100)
+    yield from out_of_range("maxResults", params.get("maxResults"), 1, 100)
 
 
 def _update_cis_state(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _too_many("containerInstances", params.get("containerInstances"), 10, "container instances")
+    yield from too_many("containerInstances", params.get("containerInstances"), 10, "container instances")
     status = params.get("status")
     if status is not None and status not in ("ACTIVE", "DRAINING"):
         yield Finding("status", status, "ACTIVE or DRAINING (the only valid values for this action)")
@@ -142,16 +122,16 @@ def _list_tasks(params: Mapping[str, Any], state: RequestState) -> Iterator[Find
                 "startedBy must be the only filter",
             )
         yield from _started_by(params, state)
-    yield from _range("maxResults", params.get("maxResults"), 1, 100)
+    yield from out_of_range("maxResults", params.get("maxResults"), 1, 100)
 
 
 def _list_cis(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _range("maxResults", params.get("maxResults"), 1, 100)
+    yield from out_of_range("maxResults", params.get("maxResults"), 1, 100)
 
 
 def _attribute_targets(params: Mapping[str, Any], *, deleting: bool) -> Iterator[Finding]:
     attributes = list(params.get("attributes") or [])
-    yield from _too_many("attributes", attributes, 10, "attributes a call")
+    yield from too_many("attributes", attributes, 10, "attributes a call")
     for i, attribute in enumerate(attributes):
         name, value = attribute.get("name"), attribute.get("value")
         if name is not None and not ATTRIBUTE_NAME.fullmatch(str(name)):
@@ -228,123 +208,6 @@ def _custom_attribute_count(params: Mapping[str, Any], state: RequestState) -> I
             )
 
 
-# ================================================================================== SNS
-SNS_MESSAGE_BYTES = 262_144
-SNS_ATTRIBUTE_NAME = regex.compile(r"[A-Za-z0-9_.-]{1,256}")
-SNS_DATA_TYPE = regex.compile(r"(String|String\.Array|Number|Binary)(\..+)?")
-
-
-def _sns_subject(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    subject = params.get("Subject")
-    if subject is None:
-        return
-    text = str(subject)
-    if not text or len(text) >= 100:
-        yield Finding("Subject", subject, "1 to 99 characters (less than 100)")
-    if any(ord(c) < 0x20 or ord(c) > 0x7E for c in text):
-        yield Finding(
-            "Subject", subject, "printable ASCII only: no line breaks, control or non-ASCII characters"
-        )
-
-
-def _message_attributes(member: str, attributes: Mapping[str, Any] | None) -> Iterator[Finding]:
-    for name, attribute in (attributes or {}).items():
-        path = f"{member}[{name!r}]"
-        if (
-            not SNS_ATTRIBUTE_NAME.fullmatch(name)
-            or name.startswith(".")
-            or name.endswith(".")
-            or ".." in name
-            or name.lower().startswith(("aws.", "amazon."))
-        ):
-            yield Finding(
-                path,
-                name,
-                "letters, digits, _ - . (not first, last or doubled), up to 256, "
-                "not starting with AWS. or Amazon.",
-            )
-        data_type = str((attribute or {}).get("DataType", ""))
-        if not SNS_DATA_TYPE.fullmatch(data_type) or _utf8(data_type) > 256:
-            yield Finding(
-                f"{path}.DataType", data_type, "String, String.Array, Number or Binary (up to 256 bytes)"
-            )
-        if data_type.startswith(("String", "Number")) and not (attribute or {}).get("StringValue"):
-            yield Finding(f"{path}.StringValue", (attribute or {}).get("StringValue"), "not empty")
-
-
-def _attributes_bytes(attributes: Mapping[str, Any] | None) -> int:
-    total = 0
-    for name, attribute in (attributes or {}).items():
-        attribute = attribute or {}
-        total += _utf8(name) + _utf8(attribute.get("DataType", ""))
-        value = attribute.get("StringValue")
-        if value is None:
-            value = attribute.get("BinaryValue") or b""
-            total += len(value) if isinstance(value, bytes | bytearray) else _utf8(value)
-        else:
-            total += _utf8(value)
-    return total
-
-
-def _sns_message(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    message = params.get("Message")
-    if message is not None and not str(message):
-        yield Finding("Message", message, "not empty")
-    attributes = params.get("MessageAttributes")
-    yield from _message_attributes("MessageAttributes", attributes)
-    size = _utf8(message or "") + _attributes_bytes(attributes)
-    if size > SNS_MESSAGE_BYTES:
-        yield Finding(
-            "Message",
-            f"{size} bytes with its attributes",
-            f"at most {SNS_MESSAGE_BYTES} bytes (256 KB), message attributes included",
-        )
-
-
-# ================================================================================== SQS
-SQS_MESSAGE_BYTES = 262_144
-SQS_BATCH_ID = regex.compile(r"[A-Za-z0-9_-]{1,80}")
-SQS_BODY = regex.compile("[\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
-
-
-def _sqs_entry(path: str, entry: Mapping[str, Any]) -> Iterator[Finding]:
-    body = entry.get("MessageBody")
-    if body is not None and (not str(body) or not SQS_BODY.fullmatch(str(body))):
-        yield Finding(
-            f"{path}.MessageBody", body, "not empty; XML characters only (#x9 #xA #xD #x20-#xD7FF ...)"
-        )
-    yield from _range(f"{path}.DelaySeconds", entry.get("DelaySeconds"), 0, 900)
-    yield from _too_many(
-        f"{path}.MessageAttributes", entry.get("MessageAttributes"), 10, "message attributes"
-    )
-    yield from _message_attributes(f"{path}.MessageAttributes", entry.get("MessageAttributes"))
-
-
-def _sqs_batch(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    entries = list(params.get("Entries") or [])
-    yield from _too_many("Entries", entries, 10, "entries")
-    ids: set[str] = set()
-    total = 0
-    for i, entry in enumerate(entries):
-        entry_id = str(entry.get("Id", ""))
-        if not SQS_BATCH_ID.fullmatch(entry_id):
-            yield Finding(f"Entries[{i}].Id", entry_id, "up to 80 letters, digits, hyphens and underscores")
-        if entry_id in ids:
-            yield Finding(f"Entries[{i}].Id", entry_id, "unique within the batch")
-        ids.add(entry_id)
-        yield from _sqs_entry(f"Entries[{i}]", entry)
-        total += _utf8(entry.get("MessageBody") or "") + _attributes_bytes(entry.get("MessageAttributes"))
-    if total > SQS_MESSAGE_BYTES:
-        yield Finding("Entries", f"{total} bytes", f"at most {SQS_MESSAGE_BYTES} bytes (256 KiB) a batch")
-
-
-def _sqs_send(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _sqs_entry("", params)
-    size = _utf8(params.get("MessageBody") or "") + _attributes_bytes(params.get("MessageAttributes"))
-    if size > SQS_MESSAGE_BYTES:
-        yield Finding("MessageBody", f"{size} bytes", f"at most {SQS_MESSAGE_BYTES} bytes (256 KiB)")
-
-
 # ======================================================================= the other services
 LAMBDA_EVENT_PAYLOAD = 262_144
 LAMBDA_SYNC_PAYLOAD = 6 * 1024 * 1024
@@ -352,7 +215,7 @@ LAMBDA_SYNC_PAYLOAD = 6 * 1024 * 1024
 
 def _invoke(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
     payload = params.get("Payload") or b""
-    size = len(payload) if isinstance(payload, bytes | bytearray) else _utf8(payload)
+    size = len(payload) if isinstance(payload, bytes | bytearray) else utf8_bytes(payload)
     limit = LAMBDA_EVENT_PAYLOAD if params.get("InvocationType") == "Event" else LAMBDA_SYNC_PAYLOAD
     if size > limit:
         yield Finding("Payload", f"{size} bytes", f"at most {limit} bytes for this invocation type")
@@ -371,8 +234,8 @@ def _get_log_events(params: Mapping[str, Any], _: RequestState) -> Iterator[Find
 
 
 def _describe_asg_instances(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
-    yield from _too_many("InstanceIds", params.get("InstanceIds"), 50, "instance IDs")
-    yield from _range("MaxRecords", params.get("MaxRecords"), 1, 50)
+    yield from too_many("InstanceIds", params.get("InstanceIds"), 50, "instance IDs")
+    yield from out_of_range("MaxRecords", params.get("MaxRecords"), 1, 50)
 
 
 def _describe_instances(params: Mapping[str, Any], _: RequestState) -> Iterator[Finding]:
@@ -484,37 +347,7 @@ LIMITS: tuple[ProseLimit, ...] = (
         f"{ECS_API}, DeleteAttributes (attributes)",
         _delete_attributes,
     ),
-    ProseLimit(
-        "sns:Publish",
-        "Subject",
-        "less than 100 characters, printable ASCII, no line breaks or control characters",
-        f"{SNS_PUBLISH} (Subject); Amazon Managed Service for Prometheus User Guide, "
-        "Understanding Amazon SNS message validation rules",
-        _sns_subject,
-    ),
-    ProseLimit(
-        "sns:Publish",
-        "Message, MessageAttributes",
-        "message not empty; at most 262,144 bytes with its "
-        "attributes; attribute names, types and non-empty values",
-        f"{SNS_PUBLISH} (Message); {SNS_ATTRIBUTES}",
-        _sns_message,
-    ),
-    ProseLimit(
-        "sqs:SendMessageBatch",
-        "Entries",
-        "up to 10 entries; Id up to 80 [A-Za-z0-9_-], unique; bodies "
-        "not empty, XML characters, 262,144 bytes a batch; DelaySeconds 0-900; 10 attributes a message",
-        f"{SQS_BATCH}; {SQS_QUOTAS}",
-        _sqs_batch,
-    ),
-    ProseLimit(
-        "sqs:SendMessage",
-        "MessageBody",
-        "not empty, XML characters, 262,144 bytes; DelaySeconds 0-900",
-        "Amazon SQS API Reference, SendMessage; " + SQS_QUOTAS,
-        _sqs_send,
-    ),
+    *messaging.LIMITS,
     ProseLimit(
         "lambda:Invoke",
         "Payload, FunctionName",
@@ -565,9 +398,7 @@ OPERATIONS: dict[str, str] = {
     "TimeoutSeconds 30-2592000: the model's)",
     "ssm:DescribeInstanceInformation": "AWS Systems Manager API Reference, DescribeInstanceInformation "
     "(Filters values 1-100, MaxResults 5-50: the model's)",
-    "sns:Publish": SNS_PUBLISH,
-    "sqs:SendMessageBatch": "Amazon SQS API Reference, SendMessageBatch",
-    "sqs:SendMessage": "Amazon SQS API Reference, SendMessage",
+    **messaging.OPERATIONS,
     "logs:GetLogEvents": "Amazon CloudWatch Logs API Reference, GetLogEvents (limit 1-10000: the model's)",
     "autoscaling:DescribeAutoScalingInstances": "Amazon EC2 Auto Scaling API Reference, "
     "DescribeAutoScalingInstances",
