@@ -260,6 +260,20 @@ def scheduled_event(
     )
 
 
+_RECEIPT_PREFIX = "AQEB"
+
+
+def receipt_handle(message_id: str) -> str:
+    """The receipt handle a received message's record carries (the simulated queues read the
+    message back from it: ``message_id_of``)."""
+    return f"{_RECEIPT_PREFIX}{message_id}"
+
+
+def message_id_of(handle: str) -> str | None:
+    """The message a receipt handle of ``receipt_handle``'s names (None: not one of ours)."""
+    return handle[len(_RECEIPT_PREFIX):] if handle.startswith(_RECEIPT_PREFIX) else None
+
+
 def sqs_record(message_id: str, body: str, queue_arn: str, *, receive_count: int = 1,
                sent_at: float | None = None, first_received_at: float | None = None,
                region: str = REGION) -> dict[str, Any]:
@@ -269,7 +283,7 @@ def sqs_record(message_id: str, body: str, queue_arn: str, *, receive_count: int
     first_ms = sent_ms if first_received_at is None else str(int(first_received_at * 1000))
     return {
         "messageId": message_id,
-        "receiptHandle": f"AQEB{message_id.replace('-', '')}",
+        "receiptHandle": receipt_handle(message_id),
         "body": body,
         "attributes": {
             "ApproximateReceiveCount": str(receive_count),

@@ -1,6 +1,7 @@
 """SQS in the scale world, on the engine: a standard queue (:class:`SqsQueue`: the shared
 queue model, :class:`~local_mode.sim.sqs_model.MessageQueue`, with seeded ids), its client
-(:class:`SqsClient`: ``SendMessageBatch`` of 10 entries, 256 KB a message, ``DelaySeconds``),
+(:class:`SqsClient`: ``SendMessageBatch`` of 10 entries, 256 KB a message, ``DelaySeconds``;
+``ChangeMessageVisibilityBatch``),
 the fan-out queue port the recovery code sends through (:class:`SimQueuePort`), and Lambda's
 poller, the engine-timed delivery (:meth:`SqsQueue.attach`, :class:`SqsEventSource`: batch
 size, batching window, maximum concurrency, ``ReportBatchItemFailures``). Visibility, receive
@@ -20,7 +21,7 @@ from .aws_calls import Account, SimClient
 from .bus import failed_message_ids
 from .engine import Simulation
 from .lambdas import Invocation, LambdaService
-from .sqs_model import Message, MessageQueue
+from .sqs_model import BatchRefused, Message, MessageQueue, change_visibility_batch
 
 SQS_MAX_MESSAGE_BYTES = 256 * 1024  # the long-standing limit (stricter than today's 1 MiB)
 SQS_MAX_BATCH = 10
@@ -59,6 +60,16 @@ class SqsClient(SimClient):
             return {"MessageId": message.message_id}
 
         return self._call("SendMessage", params, one)
+
+    def change_message_visibility_batch(self, **params: Any) -> dict[str, Any]:
+        def change(p: dict[str, Any]) -> dict[str, Any]:
+            queue = self._queue("ChangeMessageVisibilityBatch", p["QueueUrl"])
+            try:
+                return change_visibility_batch(queue, list(p.get("Entries") or []))
+            except BatchRefused as refused:
+                raise self.error("ChangeMessageVisibilityBatch", refused.code, refused.message) from None
+
+        return self._call("ChangeMessageVisibilityBatch", params, change)
 
     def _send_batch(self, p: dict[str, Any]) -> dict[str, Any]:
         queue = self._queue("SendMessageBatch", p["QueueUrl"])

@@ -28,8 +28,9 @@ import heapq
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from ..events import ACCOUNT_ID, REGION
+from ..events import ACCOUNT_ID, REGION, message_id_of
 
 
 @dataclass
@@ -65,8 +66,9 @@ class MessageQueue:
         if dead_letter is not None and max_receive_count is None:
             raise ValueError("a redrive policy needs max_receive_count")
         self.name = name
-        self.url = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT_ID}/{name}"
-        self.arn = f"arn:aws:sqs:{REGION}:{ACCOUNT_ID}:{name}"
+        self.url = ""
+        self.arn = ""
+        self.known_as(f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT_ID}/{name}")
         self.clock = clock
         self.visibility_timeout = visibility_timeout
         self.max_receive_count = max_receive_count
@@ -82,6 +84,12 @@ class MessageQueue:
         # (visible_at, sent_at, seq, id) of each message's current visibility; older entries
         # of a message (received, its visibility changed) or of a deleted one are skipped
         self._due: list[tuple[float, float, int, str]] = []
+
+    def known_as(self, url: str) -> None:
+        """The queue at ``url`` (``https://sqs.<region>.<domain>/<account>/<name>``), and the
+        ARN its event source's records name: the URL the functions are told, as in AWS."""
+        _, _, host, account, name = url.split("/", 4)
+        self.url, self.arn = url, f"arn:aws:sqs:{host.split('.')[1]}:{account}:{name}"
 
     # --- sending ----------------------------------------------------------------------
     def send(self, body: str, delay_seconds: float = 0.0) -> Message:
@@ -154,6 +162,17 @@ class MessageQueue:
         self.deleted += 1
         return True
 
+    def change_visibility(self, message_id: str, seconds: float) -> str | None:
+        """ChangeMessageVisibility of a received message: visible ``seconds`` from now; the
+        error code SQS answers when it is not in flight (deleted, or visible already)."""
+        message = self.messages.get(message_id)
+        now = self.clock()
+        if message is None or message.receive_count == 0 or message.visible_at <= now:
+            return "AWS.SimpleQueueService.MessageNotInflight"
+        message.visible_at = now + max(0.0, seconds)
+        self._push(message)
+        return None
+
     def visible_again_at(self, message_ids: set[str] | list[str]) -> float | None:
         """When the earliest of these messages (received, not deleted) is visible again."""
         return min((self.messages[i].visible_at for i in message_ids if i in self.messages), default=None)
@@ -164,3 +183,51 @@ class MessageQueue:
 
     def reset_stats(self) -> None:
         self.sent = self.deleted = self.moved_to_dead_letter = 0
+
+
+MAX_BATCH_ENTRIES = 10  # entries of a ...Batch request
+MAX_VISIBILITY_TIMEOUT_SECONDS = 43_200  # 12 hours
+
+
+class BatchRefused(Exception):
+    """A batch request SQS refuses whole: its error code and message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def change_visibility_batch(queue: MessageQueue, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """ChangeMessageVisibilityBatch on ``queue``, answered as SQS answers it: each entry
+    ``Successful`` or ``Failed`` (a receipt handle not ours, a message not in flight); a
+    batch empty, too long or with ids repeated, or a timeout out of range, refused whole."""
+    if not entries:
+        raise BatchRefused("AWS.SimpleQueueService.EmptyBatchRequest",
+                           "There should be at least one ChangeMessageVisibilityBatchRequestEntry in the "
+                           "request.")
+    if len(entries) > MAX_BATCH_ENTRIES:
+        raise BatchRefused("AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+                           f"Maximum number of entries per request are {MAX_BATCH_ENTRIES}. "
+                           f"You have sent {len(entries)}.")
+    ids = [entry["Id"] for entry in entries]
+    if len(set(ids)) != len(ids):
+        raise BatchRefused("AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+                           "Id must be distinct among batch entries.")
+    successful: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    for entry in entries:
+        seconds = int(entry.get("VisibilityTimeout") or 0)
+        if not 0 <= seconds <= MAX_VISIBILITY_TIMEOUT_SECONDS:
+            raise BatchRefused("InvalidParameterValue",
+                               f"Value {seconds} for parameter VisibilityTimeout is invalid. Reason: Must be "
+                               f"between 0 and {MAX_VISIBILITY_TIMEOUT_SECONDS}, if provided.")
+        message_id = message_id_of(str(entry["ReceiptHandle"]))
+        code = ("ReceiptHandleIsInvalid" if message_id is None
+                else queue.change_visibility(message_id, seconds))
+        if code is None:
+            successful.append({"Id": entry["Id"]})
+        else:
+            failed.append({"Id": entry["Id"], "SenderFault": True, "Code": code,
+                           "Message": "The receipt handle names no message in flight."})
+    return {"Successful": successful, "Failed": failed}

@@ -23,10 +23,11 @@ from typing import Any, Protocol
 
 from gpu_recovery import constants as C
 
-from ..api_hooks import hook_answer
+from ..api_hooks import hook_answer, hook_error
 from ..emulator import LocalAws
 from . import deployment as D
 from .bus import EventBus, Target
+from .sqs_model import BatchRefused, change_visibility_batch
 
 SWEEP_SCHEDULE = D.SWEEP_SCHEDULE.name
 GANG_QUEUE = D.GANG_QUEUE.name
@@ -124,7 +125,8 @@ def wire_recovery_handlers(
 
 def route_queues(bus: EventBus) -> None:
     """The handlers' SendMessageBatch to the gang queue or the tag lookup queue lands in the
-    bus's queue of that name (in simulated time) instead of moto's, answered as SQS answers it.
+    bus's queue of that name (in simulated time) instead of moto's, answered as SQS answers it;
+    so does a worker's ChangeMessageVisibilityBatch of the messages it received from one.
     The tag lookup queue is named in the handlers' environment here, with its worker wired
     (as infra deploys the two together; the gang queue's URL is set by ``LocalAws``)."""
     local = LocalAws.active()
@@ -134,6 +136,9 @@ def route_queues(bus: EventBus) -> None:
     if D.TAG_LOOKUP_QUEUE.name in bus.queues:
         by_url[local.use_tag_lookup_queue()] = D.TAG_LOOKUP_QUEUE.name
     by_url.pop("", None)
+    for url, name in by_url.items():
+        if name in bus.queues:  # its records name the queue the handlers were told of
+            bus.queues[name].queue.known_as(url)
 
     def send_batch(params: dict[str, Any], context: dict[str, Any]) -> Any:
         name = by_url.get(params.get("QueueUrl") or "")
@@ -148,3 +153,17 @@ def route_queues(bus: EventBus) -> None:
             "Failed": []})
 
     local.hooks.on_before_call("sqs", "SendMessageBatch", send_batch)
+
+    def change_visibility(params: dict[str, Any], context: dict[str, Any]) -> Any:
+        # A worker brings its failed messages forward (adapters.queue.Redeliveries), naming
+        # the queue by its URL as the record's ARN gives it.
+        source = next((s for s in bus.queues.values() if s.queue.url == params.get("QueueUrl")), None)
+        if source is None:
+            return None
+        try:
+            answer = change_visibility_batch(source.queue, list(params.get("Entries") or []))
+        except BatchRefused as refused:
+            return hook_error("sqs", refused.code, refused.message)
+        return hook_answer("sqs", answer)
+
+    local.hooks.on_before_call("sqs", "ChangeMessageVisibilityBatch", change_visibility)

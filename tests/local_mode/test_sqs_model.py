@@ -1,12 +1,14 @@
 """The one SQS queue model both simulated worlds deliver from (``local_mode.sim.sqs_model``):
 delay seconds, receive order, visibility from the receive, receive counts and SQS's redrive
-rule (moved on the receive attempt that would exceed maxReceiveCount)."""
+rule (moved on the receive attempt that would exceed maxReceiveCount), a visibility changed
+by ChangeMessageVisibilityBatch."""
 
 from __future__ import annotations
 
 import pytest
 
-from local_mode.sim.sqs_model import MessageQueue
+from local_mode.events import receipt_handle
+from local_mode.sim.sqs_model import BatchRefused, MessageQueue, change_visibility_batch
 
 
 class Clock:
@@ -82,3 +84,36 @@ def test_a_redrive_policy_needs_its_dead_letter_queue() -> None:
         MessageQueue("q", clock=Clock(), max_receive_count=3)
     with pytest.raises(ValueError):
         MessageQueue("q", clock=Clock(), dead_letter=MessageQueue("d", clock=Clock()))
+
+
+def test_change_message_visibility_batch_brings_a_message_in_flight_back_when_asked() -> None:
+    """Given a queue with a 360 s visibility timeout and two messages, one received
+    When ChangeMessageVisibilityBatch asks both back in 60 s (by their receipt handles)
+    Then the received one is visible 60 s later, not 360 s; the other, not in flight, is
+    answered Failed (MessageNotInflight), as SQS answers; a batch of eleven, repeated ids or
+    a timeout past 12 hours are refused whole."""
+    clock = Clock()
+    queue = MessageQueue("q", clock=clock, visibility_timeout=360)
+    received = queue.send("a")
+    waiting = queue.send("b", delay_seconds=900)
+    assert [m.message_id for m in queue.receive(10)] == [received.message_id]
+    clock.now += 5
+    answer = change_visibility_batch(queue, [
+        {"Id": "0", "ReceiptHandle": receipt_handle(received.message_id), "VisibilityTimeout": 60},
+        {"Id": "1", "ReceiptHandle": receipt_handle(waiting.message_id), "VisibilityTimeout": 60},
+        {"Id": "2", "ReceiptHandle": "not-ours", "VisibilityTimeout": 60}])
+    assert answer["Successful"] == [{"Id": "0"}]
+    assert [(f["Id"], f["Code"]) for f in answer["Failed"]] == [
+        ("1", "AWS.SimpleQueueService.MessageNotInflight"), ("2", "ReceiptHandleIsInvalid")]
+    assert queue.next_visible() == pytest.approx(1065)
+    clock.now = 1065
+    (again,) = queue.receive(10)
+    assert (again.message_id, again.receive_count) == (received.message_id, 2)
+    entry = {"ReceiptHandle": receipt_handle(again.message_id), "VisibilityTimeout": 60}
+    for entries, code in (([{**entry, "Id": str(i)} for i in range(11)], "TooManyEntriesInBatchRequest"),
+                          ([{**entry, "Id": "x"}, {**entry, "Id": "x"}], "BatchEntryIdsNotDistinct"),
+                          ([{**entry, "Id": "0", "VisibilityTimeout": 43_201}], "InvalidParameterValue"),
+                          ([], "EmptyBatchRequest")):
+        with pytest.raises(BatchRefused, match=code):
+            change_visibility_batch(queue, entries)
+    assert queue.next_visible() == pytest.approx(1065 + 360)  # nothing refused changed it
