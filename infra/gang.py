@@ -18,15 +18,16 @@ Built in two steps, because every function's environment names the queue:
   claims may outlive it. A batch sends the rest of itself back to the queue 10 s before
   its time is up, so a shorter timeout only means more (cheap) continuations.
 * **Queue**: visibility 6x the worker's timeout (AWS's advice for a Lambda event source:
-  room for the poller's retries of a throttled invoke); SQS-managed encryption, TLS only.
+  room for the poller's retries of a throttled invoke; a batch failed on its first receive
+  is asked back 75 s later by the worker itself); SQS-managed encryption, TLS only.
   A batch that failed ``GANG_QUEUE_MAX_RECEIVES`` (5) receives goes to the DLQ (14 days;
   alarmed in infra/monitoring.py; replay: docs/operations.md).
 * **Event source**: batch size 1 (a batch is up to 100 ranks of ECS work already), partial
   batch responses (``ReportBatchItemFailures``), maximum concurrency from the config.
 * **Worker role**: ECS start/stop/describe/list tasks and describe/list container instances
   in the cluster (``ClusterAccess``, PassRole as the other functions), the job and
-  instance tables, the alert topic, receive/delete on its queue and send on it (the rest
-  of a batch, sent back).
+  instance tables, the alert topic, receive, delete and change visibility on its queue
+  and send on it (the rest of a batch, sent back).
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ from infra.tables import RecoveryTables
 WORKER_HANDLER = "handlers.gang_worker.lambda_handler"
 WORKER_TIMEOUT = Duration.seconds(GANG_WORKER_TIMEOUT_SECONDS)
 VISIBILITY_TIMEOUT = Duration.seconds(GANG_QUEUE_VISIBILITY_TIMEOUT_SECONDS)
-# What a Lambda event source mapping needs of its queue (AWSLambdaSQSQueueExecutionRole).
-CONSUME_ACTIONS = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"]
+# What a Lambda event source mapping needs of its queue (AWSLambdaSQSQueueExecutionRole), and
+# the worker's own ChangeMessageVisibility: a failed message back sooner (adapters.queue).
+CONSUME_ACTIONS = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+                   "sqs:ChangeMessageVisibility"]
 # SendMessageBatch is authorized as sqs:SendMessage.
 SEND_ACTIONS = ["sqs:SendMessage"]
 

@@ -9,12 +9,13 @@ so a job of thousands of tag-registered tasks starting at once costs one Describ
 100 tasks, under the stack's Describe budget (its own token bucket item), at most
 ``TAG_LOOKUP_WORKER_CONCURRENCY`` batches at a time.
 
-* **Queue**: visibility 6x the worker's timeout; SQS-managed encryption, TLS only. A
+* **Queue**: visibility 6x the worker's timeout (a message failed on its first receive is
+  asked back 75 s later by the worker itself); SQS-managed encryption, TLS only. A
   message that failed ``TAG_LOOKUP_MAX_RECEIVES`` receives goes to the DLQ (14 days,
   alarmed in infra/monitoring.py).
 * **Worker role**: DescribeTasks (and what handling a task's event needs: the recovery
   functions' ECS, EC2 and SSM calls), the job and instance tables, the alert topic,
-  receive/delete on its queue and send on the gang queue.
+  receive, delete and change visibility on its queue, and send on the gang queue.
 """
 
 from __future__ import annotations

@@ -117,7 +117,8 @@ def build_recovery_service(settings: Settings, clients: RecoveryClients,
     from gpu_recovery.adapters.compute import RebootAdapter
     from gpu_recovery.adapters.logs import VerdictLogReader
     from gpu_recovery.adapters.notifier import SnsNotifier
-    from gpu_recovery.adapters.queue import GangQueue
+    from gpu_recovery.adapters.queue import GangQueue, Redeliveries
+    from gpu_recovery.constants import CLAIM_LEASE_SECONDS
     from gpu_recovery.recovery import RecoveryService
     from gpu_recovery.repository import Repository
 
@@ -138,6 +139,7 @@ def build_recovery_service(settings: Settings, clients: RecoveryClients,
         tag_lookups=(GangQueue(clients.sqs, settings.tag_lookup_queue_url)
                      if settings.tag_lookup_queue_url and clients.sqs is not None else None),
         capacity=CapacityReservations(clients.ec2),
+        redeliveries=(Redeliveries(clients.sqs, CLAIM_LEASE_SECONDS) if clients.sqs is not None else None),
     )
 
 

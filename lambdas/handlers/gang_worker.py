@@ -3,8 +3,8 @@
 Each SQS message is one batch (``gpu_recovery.domain.gang_batches``). A batch that cannot
 finish (the ECS budget, this invocation's time) sends the rest of itself back to the
 queue and counts as done; an AWS error fails only its own message (a partial batch
-response, Powertools' ``BatchProcessor``), which SQS delivers again; a malformed message
-is logged and dropped.
+response, Powertools' ``BatchProcessor``), which SQS delivers again (75 s later the first
+time, ``RecoveryService.redeliver_soon``); a malformed message is logged and dropped.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -46,9 +47,17 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
     """The body (``handlers._common``): the SQS batch's partial batch response. A processor
     per call: concurrent invocations (the simulators run them in one process) never share
     one's record state."""
-    return dict(process_partial_response(
-        event=event, record_handler=lambda record: handle_record(record, service, time_left),
-        processor=BatchProcessor(event_type=EventType.SQS)))
+    records = event.get("Records") or []
+    try:
+        response: dict[str, Any] = dict(process_partial_response(
+            event=event, record_handler=lambda record: handle_record(record, service, time_left),
+            processor=BatchProcessor(event_type=EventType.SQS)))
+    except BatchProcessingError:  # every record failed: the invocation fails, each comes back
+        service.redeliver_soon(records)
+        raise
+    failed = {failure["itemIdentifier"] for failure in response.get("batchItemFailures") or []}
+    service.redeliver_soon([record for record in records if record.get("messageId") in failed])
+    return response
 
 
 @logger.inject_lambda_context

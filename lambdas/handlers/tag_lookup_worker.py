@@ -5,8 +5,9 @@ task's event with its rank (``RecoveryService.on_tag_lookups``).
 Each message is ``{"detail": <ECS task state-change detail>}``, sent by the task handler
 for a task it found neither registered, nor following the registration convention, nor
 known to be unprotected. The Describe failing (the budget, throttling) fails the whole
-batch (SQS delivers it again after the visibility timeout); a handling error fails its own
-message (a partial batch response); a malformed message is logged and dropped.
+batch; a handling error fails its own message (a partial batch response); a failed message
+comes back 75 s later the first time (``RecoveryService.redeliver_soon``), after the queue's
+visibility timeout later; a malformed message is logged and dropped.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
     together, so one call covers every message (and its failure fails them all)."""
     records = event.get("Records") or []
     parsed: list[tuple[str, EcsTaskDetail]] = []
+    by_id = {record.get("messageId"): record for record in records}
     for record in records:
         try:
             body = json.loads(record["body"])
@@ -46,6 +48,7 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
     except Exception as error:
         logger.warning("tag lookup batch failed: delivered again", extra={
             "messages": len(parsed), "error": f"{type(error).__name__}: {error}"[:1000]})
+        service.redeliver_soon([by_id[message_id] for message_id, _ in parsed])
         return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id, _ in parsed]}
     failures = []
     for (message_id, detail), outcome in zip(parsed, outcomes, strict=True):
@@ -53,6 +56,7 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
             logger.warning("task event failed after its lookup: delivered again", extra={
                 "task": detail.taskArn, "error": f"{type(outcome).__name__}: {outcome}"[:1000]})
             failures.append({"itemIdentifier": message_id})
+    service.redeliver_soon([by_id[failure["itemIdentifier"]] for failure in failures])
     return {"batchItemFailures": failures}
 
 

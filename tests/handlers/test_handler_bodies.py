@@ -36,6 +36,7 @@ class Service:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.invocations: list[Any] = []
+        self.brought_forward: list[list[str]] = []  # the message ids of each redeliver_soon
 
     def on_task_state_change(self, detail: Any) -> Outcome:
         self.calls.append(("task", detail.taskArn))
@@ -53,6 +54,10 @@ class Service:
     def sweep(self, time_left: Any = None) -> Outcome:
         self.calls.append(("sweep", time_left() if time_left else None))
         return Outcome("swept")
+
+    def redeliver_soon(self, records: list[dict[str, Any]]) -> int:
+        self.brought_forward.append([record["messageId"] for record in records])
+        return len(records)
 
     def on_gang_batch(self, body: dict[str, Any], *, receive_count: int, time_left: Any) -> Outcome:
         self.calls.append(("gang", (body["id"], receive_count, time_left() if time_left else None)))
@@ -120,9 +125,12 @@ def test_gang_worker_partial_batch_response_is_powertools() -> None:
     # Malformed messages are dropped (deleted: retrying cannot fix them); the failing one comes back.
     assert out == {"batchItemFailures": [{"itemIdentifier": "m3"}]}
     assert service.calls == [("gang", ("a", 2, 40.0)), ("gang", ("b", 2, 40.0))]
-    # Every record failing fails the invocation, as Powertools' BatchProcessor does in Lambda.
+    assert service.brought_forward == [["m3"]]  # the failed one, asked back sooner
+    # Every record failing fails the invocation, as Powertools' BatchProcessor does in Lambda
+    # (each asked back sooner all the same).
     with pytest.raises(BatchProcessingError):
         handle(_sqs(json.dumps({"id": "c", "fail": True})), service)
+    assert service.brought_forward == [["m3"], ["m0"]]
 
 
 @pytest.mark.parametrize("name", RECOVERY_HANDLERS + HEARTBEAT_HANDLERS)

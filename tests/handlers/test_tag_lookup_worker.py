@@ -24,6 +24,11 @@ class Service:
     def __init__(self, result: Any) -> None:
         self.result = result
         self.seen: list[Any] = []
+        self.brought_forward: list[list[str]] = []  # the message ids of each redeliver_soon
+
+    def redeliver_soon(self, records: list[dict[str, Any]]) -> int:
+        self.brought_forward.append([record["messageId"] for record in records])
+        return len(records)
 
     def on_tag_lookups(self, details: list[Any]) -> list[Any]:
         self.seen = details
@@ -40,6 +45,8 @@ def test_partial_batch_response() -> None:
     out = handle(_sqs(good, "not json", good), service)
     assert len(service.seen) == 2  # the malformed message is dropped
     assert out == {"batchItemFailures": [{"itemIdentifier": "m2"}]}
+    assert service.brought_forward == [["m2"]]  # the failed one, asked back sooner
     failing = Service(RuntimeError("ECS Describe budget exhausted"))
     assert handle(_sqs(good, good), failing) == {
         "batchItemFailures": [{"itemIdentifier": "m0"}, {"itemIdentifier": "m1"}]}
+    assert failing.brought_forward == [["m0", "m1"]]

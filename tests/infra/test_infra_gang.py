@@ -125,7 +125,8 @@ def test_the_worker_gets_only_what_a_batch_needs(default_synth: Synth) -> None:
     queue_id, _ = _one(default_synth, "AWS::SQS::Queue", "GangFanoutQueue")
     sqs = [s for s in statements if any(a.startswith("sqs:") for a in statement_actions(s))]
     assert {frozenset(statement_actions(s)) for s in sqs} == {
-        frozenset({"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}),
+        frozenset({"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+                   "sqs:ChangeMessageVisibility"}),
         frozenset({"sqs:SendMessage"})}
     assert all(s["Resource"] == {"Fn::GetAtt": [queue_id, "Arn"]} for s in sqs)
     tables = json.dumps([s["Resource"] for s in statements if "dynamodb:PutItem" in statement_actions(s)])

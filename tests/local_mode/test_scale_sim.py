@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery import constants as C
+from gpu_recovery.adapters.queue import Redeliveries
 from gpu_recovery.domain import goodput
 from local_mode.scale_recovery import launch_tagged_job
 from local_mode.sim.aws_calls import Account, ClientFailure
@@ -258,6 +259,36 @@ def test_a_timed_out_batch_comes_back_whole_after_the_visibility_timeout(sim: Si
     # The first batch times out inside "slow": "fast" comes back too (it was not deleted).
     assert firsts[:2] == [("fast", 1), ("slow", 1)]
     assert ("fast", 2) in firsts
+
+
+def test_a_worker_brings_its_failed_message_back_sooner_through_the_queues_client(sim: Simulation) -> None:
+    """Given a queue with a 60 s visibility timeout and a worker that fails a message's first
+    receive and asks it back in 5 s (``adapters.queue.Redeliveries`` on the queue's client,
+    ChangeMessageVisibilityBatch on the queue its records name)
+    When the message is sent
+    Then its second receive comes 5 s after the first, not 60; the third failure is left to
+    the visibility timeout (only a first receive is brought forward)."""
+    queue = SqsQueue(sim, Account(sim), "work", visibility_timeout=60)
+    lambdas = LambdaService(sim)
+    client = queue.client()
+    seen: list[tuple[int, float]] = []
+
+    def handler(_container: Any, event: dict[str, Any]) -> dict[str, Any]:
+        records = event["Records"]
+        count = int(records[0]["attributes"]["ApproximateReceiveCount"])
+        seen.append((count, sim.now - sim.start))
+        if count >= 3:
+            return {"batchItemFailures": []}
+        Redeliveries(client, 5).bring_forward(records)
+        return {"batchItemFailures": [{"itemIdentifier": r["messageId"]} for r in records]}
+
+    lambdas.add_function("worker", handler, timeout=10)
+    queue.attach(lambdas, "worker", batch_size=1)
+    sim.run_process(lambda: queue.port().send([{"id": "m"}]))
+    sim.run(until=sim.now + 300)
+    (first, t1), (second, t2), (third, t3) = seen
+    assert (first, second, third) == (1, 2, 3)
+    assert t2 - t1 == pytest.approx(5, abs=1) and t3 - t2 == pytest.approx(60, abs=1)
 
 
 def test_send_message_batch_is_validated_as_sqs_does(sim: Simulation) -> None:

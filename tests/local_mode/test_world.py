@@ -4,11 +4,13 @@ recovery Lambdas wired as infra deploys them, the handlers' services forgotten a
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
+from local_mode.sim.broken_calls import THROTTLE
 from local_mode.sim.deployment import TAG_LOOKUP_QUEUE
 from local_mode.sim.wiring import GANG_QUEUE, SWEEP_SCHEDULE
 from local_mode.world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, build_world
@@ -60,6 +62,42 @@ def test_a_job_registered_by_its_tags_alone_is_registered_through_the_tag_lookup
         assert job is not None and job.state is C.JobState.RUNNING and job.world_size == 2
         assert world.job("by-tags")["source"] == "ecs-tags"
         assert [(r.rank, r.task_arn) for r in repo.get_ranks(job)] == list(enumerate(arns))
+
+
+def _tag_registered_job(fault: int | None) -> tuple[list[Any], Any, list[Any], Any]:
+    """A two-rank job registered by its tags alone, the world's calls counted from its start
+    (``fault``: that call throttled): the calls, the one broken, the worker's deliveries, the job."""
+    with build_world() as world:
+        world.ecs.add_node("node-a")
+        world.ecs.add_node("node-b")
+        td = world.ecs.register_training_task_definition("train", gpus=8)
+        world.aws.call_faults.arm(fault, THROTTLE)
+        world.ecs.start_job("by-tags", td, ["node-a", "node-b"])
+        world.ecs.run_for(600)
+        faults = world.aws.call_faults
+        return list(faults.calls), faults.fired, world.bus.delivered_to("tag_lookup_worker"), \
+            world.repo.get_job("by-tags")
+
+
+def test_a_failed_tag_lookup_comes_back_after_the_claims_lease_not_the_queues_visibility_timeout() -> None:
+    """Given a tag-registered job whose lookup's DescribeTasks is throttled (the worker's whole
+    batch fails)
+    When the worker reports its two messages failed
+    Then it asks SQS to show them again once any claim it made has ended its lease
+    (ChangeMessageVisibilityBatch): the second delivery comes 75 s after the first, not after
+    the queue's visibility timeout (six minutes), and registers the job."""
+    calls, _, _, _ = _tag_registered_job(None)
+    describe = next(c.index for c in calls if c.operation == "DescribeTasks")
+    _, fired, deliveries, job = _tag_registered_job(describe)
+    assert fired is not None and fired.operation == "DescribeTasks"
+    first, second = deliveries[:2]
+    assert first.result == {"batchItemFailures": [{"itemIdentifier": m["itemIdentifier"]}
+                                                  for m in first.result["batchItemFailures"]]}
+    assert len(first.result["batchItemFailures"]) == 2
+    assert C.CLAIM_LEASE_SECONDS <= second.time - first.time < C.CLAIM_LEASE_SECONDS + 1 \
+        < C.TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS
+    assert second.ok and second.result == {"batchItemFailures": []}
+    assert job is not None and job.state is C.JobState.RUNNING and job.world_size == 2
 
 
 def test_the_schedules_are_the_ones_asked_for() -> None:

@@ -92,6 +92,12 @@ class VerdictReaderPort(Protocol):
     def read_verdict(self, task_arn: str) -> dict[str, Any] | None: ...
 
 
+class RedeliveryPort(Protocol):
+    """A worker's failed queue messages, brought back sooner (``adapters.queue.Redeliveries``)."""
+
+    def bring_forward(self, records: Sequence[Mapping[str, Any]]) -> int: ...
+
+
 class MetricsPort(Protocol):
     def add_metric(self, name: str, unit: str, value: float) -> None: ...
 

@@ -38,6 +38,7 @@ from gpu_recovery.recovery.ports import (
     NotifierPort,
     Outcome,
     RebootPort,
+    RedeliveryPort,
     ReplacePort,
     VerdictReaderPort,
 )
@@ -86,12 +87,13 @@ class RecoveryService:
                  verdicts: VerdictReaderPort, settings: Settings, metrics: MetricsPort | None = None, *,
                  catalog: FaultCatalog | None = None, replacer: ReplacePort | None = None,
                  gang_queue: GangQueuePort | None = None, tag_lookups: GangQueuePort | None = None,
-                 capacity: CapacityPort | None = None) -> None:
+                 capacity: CapacityPort | None = None, redeliveries: RedeliveryPort | None = None) -> None:
         policy = settings.remediation.policy(catalog or default_catalog(), settings.suspect_exit_codes)
         self._metrics = MetricsRelay(metrics)
         # The ports, kept for callers that share them (queue scheduler, tests).
         self.repo, self.ecs, self.settings, self.policy, self.verdicts = repo, ecs, settings, policy, verdicts
         replacer = replacer or NoReplacer()
+        self.redeliveries = redeliveries
         # The e-mails, owed with the decisions they report (the outbox), for every stage.
         notices = Notices(repo.notices, repo.faults, notifier)
         self.ranks = RankOperations(repo, ecs, notices, metrics=self._metrics, settings=settings,
@@ -226,6 +228,12 @@ class RecoveryService:
             except Exception as error:
                 outcomes.append(error)
         return outcomes
+
+    def redeliver_soon(self, records: Sequence[Mapping[str, Any]]) -> int:
+        """A worker's failed messages (the records of its SQS event): on their first receive,
+        visible again once any claim they made has ended its lease, not after the queue's
+        visibility timeout (``adapters.queue.Redeliveries``); how many were."""
+        return self.redeliveries.bring_forward(records) if self.redeliveries is not None and records else 0
 
     def _lost_stopped_event(self, task: dict[str, Any]) -> Outcome:
         """A task found STOPPED by DescribeTasks whose STOPPED event never arrived (or was
