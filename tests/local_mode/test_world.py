@@ -91,9 +91,7 @@ def test_a_failed_tag_lookup_comes_back_after_the_claims_lease_not_the_queues_vi
     _, fired, deliveries, job = _tag_registered_job(describe)
     assert fired is not None and fired.operation == "DescribeTasks"
     first, second = deliveries[:2]
-    assert first.result == {"batchItemFailures": [{"itemIdentifier": m["itemIdentifier"]}
-                                                  for m in first.result["batchItemFailures"]]}
-    assert len(first.result["batchItemFailures"]) == 2
+    assert first.ok and len(first.result["batchItemFailures"]) == 2  # both messages failed
     assert C.CLAIM_LEASE_SECONDS <= second.time - first.time < C.CLAIM_LEASE_SECONDS + 1 \
         < C.TAG_LOOKUP_VISIBILITY_TIMEOUT_SECONDS
     assert second.ok and second.result == {"batchItemFailures": []}
