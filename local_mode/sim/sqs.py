@@ -21,10 +21,16 @@ from .aws_calls import Account, SimClient
 from .bus import failed_message_ids
 from .engine import Simulation
 from .lambdas import Invocation, LambdaService
-from .sqs_model import BatchRefused, Message, MessageQueue, change_visibility_batch
+from .sqs_model import (
+    MAX_BATCH_ENTRIES,
+    BatchRefused,
+    Message,
+    MessageQueue,
+    change_visibility_batch,
+    check_batch,
+)
 
 SQS_MAX_MESSAGE_BYTES = 256 * 1024  # the long-standing limit (stricter than today's 1 MiB)
-SQS_MAX_BATCH = 10
 SQS_MAX_DELAY_SECONDS = 900
 POLL_DELAY_SECONDS = 0.2  # Lambda's poller: a message is picked up this long after it is visible
 
@@ -74,17 +80,10 @@ class SqsClient(SimClient):
     def _send_batch(self, p: dict[str, Any]) -> dict[str, Any]:
         queue = self._queue("SendMessageBatch", p["QueueUrl"])
         entries = p["Entries"]
-        if not entries:
-            raise self.error("SendMessageBatch", "AWS.SimpleQueueService.EmptyBatchRequest",
-                             "There should be at least one SendMessageBatchRequestEntry in the request.")
-        if len(entries) > SQS_MAX_BATCH:
-            raise self.error("SendMessageBatch", "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
-                             f"Maximum number of entries per request are {SQS_MAX_BATCH}. You have sent "
-                             f"{len(entries)}.")
-        ids = [e["Id"] for e in entries]
-        if len(set(ids)) != len(ids):
-            raise self.error("SendMessageBatch", "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
-                             "Id must be distinct among batch entries.")
+        try:
+            check_batch("SendMessageBatch", entries)
+        except BatchRefused as refused:
+            raise self.error("SendMessageBatch", refused.code, refused.message) from None
         if sum(len(e["MessageBody"].encode()) for e in entries) > SQS_MAX_MESSAGE_BYTES:
             raise self.error("SendMessageBatch", "AWS.SimpleQueueService.BatchRequestTooLong",
                              f"Batch requests cannot be longer than {SQS_MAX_MESSAGE_BYTES} bytes.")
@@ -109,8 +108,8 @@ class SimQueuePort:
         self.queue_url = queue_url
 
     def send(self, bodies: list[dict[str, Any]], delay_seconds: int = 0) -> None:
-        for start in range(0, len(bodies), SQS_MAX_BATCH):
-            chunk = bodies[start:start + SQS_MAX_BATCH]
+        for start in range(0, len(bodies), MAX_BATCH_ENTRIES):
+            chunk = bodies[start:start + MAX_BATCH_ENTRIES]
             response = self._client.send_message_batch(
                 QueueUrl=self.queue_url,
                 Entries=[{"Id": str(i), "MessageBody": json.dumps(body, sort_keys=True),

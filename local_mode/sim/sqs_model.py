@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import ACCOUNT_ID, REGION, message_id_of
+from .contract.authorization import queue_arn
 
 
 @dataclass
@@ -86,10 +87,9 @@ class MessageQueue:
         self._due: list[tuple[float, float, int, str]] = []
 
     def known_as(self, url: str) -> None:
-        """The queue at ``url`` (``https://sqs.<region>.<domain>/<account>/<name>``), and the
-        ARN its event source's records name: the URL the functions are told, as in AWS."""
-        _, _, host, account, name = url.split("/", 4)
-        self.url, self.arn = url, f"arn:aws:sqs:{host.split('.')[1]}:{account}:{name}"
+        """The queue at ``url``, and the ARN its event source's records name: the URL the
+        functions are told, as in AWS."""
+        self.url, self.arn = url, queue_arn(url)
 
     # --- sending ----------------------------------------------------------------------
     def send(self, body: str, delay_seconds: float = 0.0) -> Message:
@@ -198,14 +198,11 @@ class BatchRefused(Exception):
         self.message = message
 
 
-def change_visibility_batch(queue: MessageQueue, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """ChangeMessageVisibilityBatch on ``queue``, answered as SQS answers it: each entry
-    ``Successful`` or ``Failed`` (a receipt handle not ours, a message not in flight); a
-    batch empty, too long or with ids repeated, or a timeout out of range, refused whole."""
+def check_batch(operation: str, entries: list[dict[str, Any]]) -> None:
+    """What SQS refuses of any ...Batch request whole: no entry, more than 10, an Id twice."""
     if not entries:
         raise BatchRefused("AWS.SimpleQueueService.EmptyBatchRequest",
-                           "There should be at least one ChangeMessageVisibilityBatchRequestEntry in the "
-                           "request.")
+                           f"There should be at least one {operation}RequestEntry in the request.")
     if len(entries) > MAX_BATCH_ENTRIES:
         raise BatchRefused("AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
                            f"Maximum number of entries per request are {MAX_BATCH_ENTRIES}. "
@@ -214,6 +211,13 @@ def change_visibility_batch(queue: MessageQueue, entries: list[dict[str, Any]]) 
     if len(set(ids)) != len(ids):
         raise BatchRefused("AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
                            "Id must be distinct among batch entries.")
+
+
+def change_visibility_batch(queue: MessageQueue, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """ChangeMessageVisibilityBatch on ``queue``, answered as SQS answers it: each entry
+    ``Successful`` or ``Failed`` (a receipt handle not ours, a message not in flight); a
+    batch empty, too long or with ids repeated, or a timeout out of range, refused whole."""
+    check_batch("ChangeMessageVisibilityBatch", entries)
     successful: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     for entry in entries:

@@ -318,7 +318,7 @@ def test_a_start_task_refused_on_one_of_its_instances_reports_what_was_placed() 
     result = EcsAdapter(Ecs(start_task=[answer]), "c").start_task(task_definition="td",
                                                                    container_instance_arns=[ARN, other])
     assert result.placed == {ARN: "arn:task/c/t1"} and not result.placement_failed
-    assert result.reasons() == "RESOURCE:GPU"
+    assert [f["reason"] for f in result.failures] == ["RESOURCE:GPU"]
     refused = EcsAdapter(Ecs(start_task=[{"tasks": [], "failures": [{"arn": ARN, "reason": "AGENT"}]}]),
                          "c").start_task(task_definition="td", container_instance_arn=ARN)
     assert refused.placement_failed and refused.task_arns == []

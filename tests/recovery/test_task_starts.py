@@ -40,7 +40,7 @@ def test_a_start_on_several_nodes_tells_each_node_s_task_and_what_was_not_placed
     assert ecs.start_calls == [3] and not result.failures
     ecs.failures["start_task"] = ["place_nothing"]
     placed, result = start_on(ecs, REQUEST, {"node-d": ci_arn("node-d")})
-    assert placed == {} and result.reasons() == "RESOURCE:GPU"
+    assert placed == {} and [f["reason"] for f in result.failures] == ["RESOURCE:GPU"]
 
 
 def test_a_start_on_one_node_has_its_task_there_even_where_the_answer_names_no_node() -> None:

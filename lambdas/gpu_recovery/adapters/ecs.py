@@ -62,9 +62,6 @@ class StartResult:
         """ECS answers 200 with ``failures`` when a task cannot be placed."""
         return not self.task_arns and bool(self.failures)
 
-    def reasons(self) -> str:
-        return ", ".join(str(f.get("reason", "?")) for f in self.failures) or "unknown"
-
 
 class AttributeLimitExceeded(Exception):
     """ECS refused PutAttributes: the container instance already carries the 10 custom
