@@ -225,14 +225,13 @@ class Launcher:
         self.task_definitions = task_definitions
         self.hosts = hosts
         self.max_launch_resumes = max_launch_resumes
-        #: seconds left of the tick's time budget (the scheduler sets it; None: no budget)
-        self.time_left: Callable[[], float] | None = None
 
     # -------------------------------------------------------------- new launch
-    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode],
-               charge: ChargeClaim | None = None) -> LaunchOutcome:
+    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode], charge: ChargeClaim | None = None, *,
+               time_left: Callable[[], float] | None = None) -> LaunchOutcome:
         """Claim the job for a new attempt on ``nodes`` (rank i on nodes[i]), with its quota
-        ``charge``, and start it. A SUSPENDED job is resumed (``RESUME_COUNT`` + 1)."""
+        ``charge``, and start it. A SUSPENDED job is resumed (``RESUME_COUNT`` + 1).
+        ``time_left``: of the tick's budget (None: none); the launch yields short of it."""
         item = from_ddb(dict(item))
         job_id = item["job_id"]
         try:
@@ -283,10 +282,12 @@ class Launcher:
         item = {**item, "attempt": attempt, "launch": plan, "job_state": JobState.STARTING.value,
                 "launch_claimed_at": now,
                 "resume_count": int(item.get("resume_count") or 0) + (1 if resumed else 0)}
-        return self._start_ranks(item, spec, attempt, plan, resume=False, nodes=(node_arns, ec2_ids))
+        return self._start_ranks(item, spec, attempt, plan, resume=False, nodes=(node_arns, ec2_ids),
+                                 time_left=time_left)
 
     # ---------------------------------------------------------------- resume
-    def resume(self, job_id: str, entry: Mapping[str, Any]) -> LaunchOutcome:
+    def resume(self, job_id: str, entry: Mapping[str, Any], *,
+               time_left: Callable[[], float] | None = None) -> LaunchOutcome:
         """Finish (or clean up) a launch a dead tick left in the ledger."""
         attempt, resumes = int(entry.get("attempt", 0)), int(entry.get("resumes", 0))
         item = self.store.job_item(job_id)
@@ -310,7 +311,8 @@ class Launcher:
             spec = LaunchSpec.from_item(item)
         except (KeyError, ValueError, TypeError) as error:
             return self._abort(item, attempt, [], FailureKind.USER_ERROR, f"malformed spec: {error}")
-        outcome = self._start_ranks(item, spec, attempt, item.get("launch") or {}, resume=True)
+        outcome = self._start_ranks(item, spec, attempt, item.get("launch") or {}, resume=True,
+                                    time_left=time_left)
         if outcome.action == "launched":
             outcome.action = "resumed"
         return outcome
@@ -339,7 +341,8 @@ class Launcher:
 
     # ----------------------------------------------------------------- start
     def _start_ranks(self, item: dict[str, Any], spec: LaunchSpec, attempt: int, plan: Mapping[str, Any],
-                     *, resume: bool, nodes: tuple[list[str], list[str]] | None = None) -> LaunchOutcome:
+                     *, resume: bool, nodes: tuple[list[str], list[str]] | None = None,
+                     time_left: Callable[[], float] | None = None) -> LaunchOutcome:
         job_id = item["job_id"]
         world_size = int(plan.get("world_size") or item.get("world_size") or 1)
         node_arns, ec2_ids = nodes or self.store.plan_nodes(job_id, attempt, world_size)
@@ -353,7 +356,7 @@ class Launcher:
                 if rank in known:
                     registered.append(known[rank])
                     continue
-                if self.time_left is not None and self.time_left() < LAUNCH_TIME_MARGIN_SECONDS:
+                if time_left is not None and time_left() < LAUNCH_TIME_MARGIN_SECONDS:
                     # The tick's budget is spent: the next tick resumes it (ranks started so
                     # far are registered; the rest are looked up by startedBy first).
                     self.store.yield_launch(job_id)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -168,10 +168,11 @@ class SchedulerData(Protocol):
 
 
 class QueueScheduler:
-    def __init__(self, repo: SchedulerData, launcher: Launcher, cluster: ClusterReader, lease: Lease,
-                 config: SchedulerConfig | None = None, sharing: TimeSharing | None = None,
-                 quotas: QuotaRepository | None = None) -> None:
+    def __init__(self, repo: SchedulerData, store: SchedulingRepository, launcher: Launcher,
+                 cluster: ClusterReader, lease: Lease, config: SchedulerConfig | None = None,
+                 sharing: TimeSharing | None = None, quotas: QuotaRepository | None = None) -> None:
         self.repo = repo
+        self.store = store  # the launch ledger, the queue's head, a launch's planned nodes
         self.launcher = launcher
         self.cluster = cluster
         self.lease = lease
@@ -186,37 +187,39 @@ class QueueScheduler:
             return TickResult(action="busy")
         started = time.monotonic()
         budget = min(self.config.time_budget_seconds, time_budget_seconds or self.config.time_budget_seconds)
-        self.launcher.time_left = lambda: budget - (time.monotonic() - started)
+        def time_left() -> float:  # of the tick's budget: a launch stops short of it
+            return budget - (time.monotonic() - started)
+
         try:
             result = TickResult()
-            self._resume_stuck(result)
+            self._resume_stuck(result, time_left)
             if self.sharing is not None:
                 done = self.sharing.housekeeping(clock.now())
                 result.quota_released, result.demoted = done["released"], done["demoted"]
-            self._admit(result, lambda: time.monotonic() - started > budget)
+            self._admit(result, time_left)
             return result
         finally:
             self.lease.release()
 
     # ---------------------------------------------------------------- resume
-    def _resume_stuck(self, result: TickResult) -> None:
+    def _resume_stuck(self, result: TickResult, time_left: Callable[[], float]) -> None:
         now = clock.now()
         stale = self.config.stale_launch_seconds
         self._launching = set()
-        for job_id, entry in sorted(self.launcher.store.ledger_entries().items()):
+        for job_id, entry in sorted(self.store.ledger_entries().items()):
             if now - float(entry.get("claimed_at") or 0) < stale:
                 # A launch a dead tick left half-done, not resumed yet: its planned nodes are
                 # its own, no other job may take their GPUs meanwhile.
                 self._launching.update(self._planned_nodes(job_id, entry))
                 continue
-            outcome = self.launcher.resume(job_id, entry)
+            outcome = self.launcher.resume(job_id, entry, time_left=time_left)
             result.resumed.append(outcome.as_dict())
             if outcome.action in ("requeued", "failed"):
                 result.launch_failures += 1
         # Gang restarts of queue jobs by the recovery loop are resumed by its sweep.
 
     # ----------------------------------------------------------------- admit
-    def _admit(self, result: TickResult, out_of_time: Any) -> None:
+    def _admit(self, result: TickResult, time_left: Callable[[], float]) -> None:
         now = clock.now()
         planner: TickPlanner | None = None
         infos: dict[str, NodeInfo] = {}
@@ -245,12 +248,12 @@ class QueueScheduler:
                     elif step.kind is StepKind.ADMIT:
                         charge = self.sharing.charge_for(planner.quotas, item) if self.sharing else None
                         outcome = self.launcher.launch(item, [infos[i].placed for i in step.nodes],
-                                                       charge=charge)
+                                                       charge=charge, time_left=time_left)
                         self._record(result, outcome)
                     else:
                         unplaced += 1
                         self._not_placed(result, step, item)
-            stop = self._should_stop(result, planner, unplaced, out_of_time)
+            stop = self._should_stop(result, planner, unplaced, time_left)
             if stop:
                 result.stop_reason = stop
                 return
@@ -317,14 +320,14 @@ class QueueScheduler:
             self.sharing.holding.record_wait_reason(step.job_id, why)
 
     def _should_stop(self, result: TickResult, admitter: TickPlanner | None, unplaced: int,
-                     out_of_time: Any) -> str:
+                     time_left: Callable[[], float]) -> str:
         if admitter is not None and admitter.exhausted:
             return "no free GPUs left on unreserved nodes"
         if unplaced >= self.config.max_unplaced:
             return f"{unplaced} jobs could not be placed"
         if len(result.admitted) >= self.config.max_admissions:
             return "admission limit for one tick"
-        if out_of_time():
+        if time_left() < 0:
             return "time budget spent"
         return ""
 
@@ -337,15 +340,15 @@ class QueueScheduler:
             result.launch_failures += 1
 
     def _queue_head(self) -> Iterator[dict[str, Any]]:
-        return self.launcher.store.queue_head(self.config.page_size)
+        return self.store.queue_head(self.config.page_size)
 
     # -------------------------------------------------------------- snapshot
     def _planned_nodes(self, job_id: str, entry: Mapping[str, Any]) -> set[str]:
-        item = self.launcher.store.job_item(job_id) or {}
+        item = self.store.job_item(job_id) or {}
         if int(item.get("attempt") or 0) != int(entry.get("attempt") or -1) or item.get("launched_at"):
             return set()
         plan = item.get("launch") or {}
-        nodes, _ = self.launcher.store.plan_nodes(job_id, int(entry.get("attempt") or 0),
+        nodes, _ = self.store.plan_nodes(job_id, int(entry.get("attempt") or 0),
                                                   int(plan.get("world_size") or item.get("world_size") or 1))
         return {container_instance_id(str(arn)) for arn in nodes if arn}
 
@@ -437,7 +440,7 @@ class QueueScheduler:
         """
         held: set[str] = set()
         waits: list[RelocationWait] = []
-        for item in self.launcher.store.jobs_in_recovery():
+        for item in self.store.jobs_in_recovery():
             job = job_from_item(item)
             if job.relocation_wait is not None and job.state is JobState.PENDING_RESTART:
                 waits.append(job.relocation_wait)
@@ -505,7 +508,7 @@ def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: Re
     launcher = Launcher(repo, ecs_adapter, recovery, task_definitions, hosts, store, lease.owner,
                         sharing=config.sharing)
     sharing = TimeSharing(repo, holding, recovery, config.sharing) if holding is not None else None
-    return QueueScheduler(repo, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas)
+    return QueueScheduler(repo, store, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas)
 
 
 def _wrap_raw_clients(task_definitions: TaskDefinitionPort | None, hosts: HostAddressPort | None,
