@@ -19,7 +19,7 @@ from gpu_recovery.recovery.health_checks import health_check_started_by
 from gpu_recovery.recovery.ranks import restart_started_by
 
 NODE = SimpleNamespace(container_inst_id="abc", reboot_requested_at=1.5, hc_requested_at=1.5,
-                       hc_start_attempts=0)
+                       check=SimpleNamespace(attempts=0))
 
 
 STORED = {  # what the code before this module made for the same start
@@ -77,7 +77,7 @@ def test_each_kind_is_told_by_its_prefix_alone() -> None:
     made = {kind: stored for kind, (_, _, stored) in STORED.items()}
     made["restart"] = group_started_by("job-1", 2, StartCall((0, 1), ("n1", "n2")))
     made["check group"] = check_group_started_by([NODE, SimpleNamespace(
-        container_inst_id="def", hc_requested_at=1.5, hc_start_attempts=0)])
+        container_inst_id="def", hc_requested_at=1.5, check=SimpleNamespace(attempts=0))])
     assert sorted(kinds) == sorted(made) and sorted(kinds.values()) == sorted(started_by.PREFIXES)
     for kind, value in made.items():
         assert [head for head in heads if value.startswith(head)] == [f"{kinds[kind]}-"], value
@@ -87,7 +87,7 @@ def test_a_group_of_checks_is_named_as_one_call_on_several_nodes_and_one_check_a
     """Given the checks of one StartTask on two nodes, When its startedBy is made, Then it says
     it names several nodes (a take-over describes the call's tasks), is the same whatever the
     order of the nodes, and a group of one is the node's own check's startedBy."""
-    other = SimpleNamespace(container_inst_id="def", hc_requested_at=1.5, hc_start_attempts=0)
+    other = SimpleNamespace(container_inst_id="def", hc_requested_at=1.5, check=SimpleNamespace(attempts=0))
     made = check_group_started_by([NODE, other])
     assert started_by.names_several_nodes(made) and made == check_group_started_by([other, NODE])
     assert check_group_started_by([NODE]) == health_check_started_by(NODE)

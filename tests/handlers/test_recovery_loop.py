@@ -468,7 +468,7 @@ def test_health_check_placement_failure_is_retried_until_gpus_free(cluster: Clus
     cluster.sim.inject_task_exit(tasks[1], exit_code=1, after=MIN)
     cluster.sim.run_for(2 * MIN + 30)  # the first try and one sweep retry fail
     inst = cluster.instance("node-b")
-    assert inst.state is InstanceState.HEALTH_CHECK_PENDING and inst.hc_start_attempts >= 2
+    assert inst.state is InstanceState.HEALTH_CHECK_PENDING and inst.check.attempts >= 2
     assert cluster.counter("health_checks_started") == 0
 
     aws.client("ecs").stop_task(cluster=cluster.local.cluster_name, task=tenant, reason="tenant done")
@@ -694,11 +694,11 @@ def test_health_check_without_a_verdict_is_retried(request: pytest.FixtureReques
         cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable",
                                      nccl_cascade=True)
         cluster.sim.run_for(3 * MIN)
-        first = cluster.instance("node-b").hc_task_arn
+        first = cluster.instance("node-b").check.task_arn
         cluster.sim.inject_task_exit(first, 137, after=5)
         cluster.sim.run_for(MIN)
         inst = cluster.instance("node-b")  # started again by the next sweep, as a new claim
-        assert inst.hc_start_attempts == 1 and inst.hc_task_arn != first
+        assert inst.check.attempts == 1 and inst.check.task_arn != first
         cluster.sim.run_for(20 * MIN)
         assert cluster.counter("health_checks_started") == 2
         assert cluster.job("oom-hc").attempt == 2

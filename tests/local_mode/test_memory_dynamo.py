@@ -23,7 +23,7 @@ from gpu_recovery.domain.rate_limit import TokenBucket
 from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.domain.states import InstanceState, JobState, RankState
 from gpu_recovery.repository import RankStop, Repository, health_check_slots
-from gpu_recovery.repository.node_task_claims import HEALTH_CHECK as CHECK_CLAIM
+from gpu_recovery.repository.claim_fields import HEALTH_CHECK as CHECK_CLAIM
 from gpu_recovery.repository.rate_limit import RateLimitRepository
 from local_mode.emulator import LocalAws
 from local_mode.sim.dynamo import MAX_ITEM_BYTES, MemoryDynamo, item_size

@@ -67,7 +67,7 @@ def test_a_verdict_line_still_unreadable_is_left_for_the_sweep_not_guessed_from_
         outcome = w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
         assert outcome.action == "verdict_log_pending"
         instance = w.repo.get_instance(FAULTY)
-        assert instance.state is InstanceState.HEALTH_CHECKING and instance.hc_task_arn == task.arn
+        assert instance.state is InstanceState.HEALTH_CHECKING and instance.check.task_arn == task.arn
         assert (instance.deadline_at or 0) <= w.now[0] + VERDICT_LOG_RETRY_SECONDS
         assert w.rebooter.calls == [] and w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
         reader.readable_from = reader.reads + 1

@@ -11,6 +11,7 @@ import contextlib
 import pytest
 
 from gpu_recovery import constants as C
+from gpu_recovery.domain.models import GPU_RESET_TASK
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.recovery.node_tasks import POLL_SECONDS
@@ -49,7 +50,7 @@ def test_a_reset_class_xid_resets_the_gpus_and_the_job_restarts_on_the_same_node
         assert w.ecs.health_checks_on(FAULTY) == []
         instance = w.repo.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.reset_pending
-        assert instance.reset_task_arn == task.arn
+        assert instance.task(GPU_RESET_TASK).task_arn == task.arn
         job = w.repo.get_job("j")
         assert job.state is C.JobState.PENDING_RESTART and w.repo.faults.labels(job)[FAULTY] == "REBOOT"
         [record] = w.repo.get_instance_item(FAULTY)["fault_history"]
@@ -150,10 +151,10 @@ def test_a_lost_start_task_answer_never_starts_a_second_reset() -> None:
         w.ecs.failures["start_task"] = ["lose"]
         arns = xid_fault(w)
         [task] = resets_on(w, FAULTY)
-        assert not w.repo.get_instance(FAULTY).reset_task_arn
+        assert not w.repo.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn
         sweeps(w, 4)  # past the claim's lease: taken over, looked up by startedBy
         assert resets_on(w, FAULTY) == [task]
-        assert w.repo.get_instance(FAULTY).reset_task_arn == task.arn
+        assert w.repo.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn == task.arn
         peer_stopped(w, arns)
         assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
 
@@ -174,7 +175,7 @@ def test_a_lost_write_of_the_reset_is_finished_by_the_sweep(intent: str) -> None
         arns = xid_fault(w)
         sweeps(w, 4)
         [task] = resets_on(w, FAULTY)
-        assert w.repo.get_instance(FAULTY).reset_task_arn == task.arn
+        assert w.repo.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn == task.arn
         peer_stopped(w, arns)
         assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
 

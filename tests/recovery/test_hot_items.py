@@ -68,8 +68,7 @@ def test_a_claim_answers_with_the_instance_as_it_wrote_it(per_job: int) -> None:
     assert answer.outcome is Claim.CLAIMED and answer.instance is not None and stored is not None
     assert answer.instance.hc_slot_shard == stored.hc_slot_shard == home + 1  # not its home shard
     assert answer.instance.hc_job_slot is stored.hc_job_slot is (per_job < 16)
-    for name in ("state", "hc_started_by", "hc_lease_until", "hc_owner", "hc_claimed_at",
-                 "hc_waiting_for_slot", "deadline_at", "hc_start_attempts", "hc_requested_at"):
+    for name in ("state", "tasks", "hc_owner", "hc_waiting_for_slot", "deadline_at", "hc_requested_at"):
         assert getattr(answer.instance, name) == getattr(stored, name), name
     # Released with what the answer says: the slots it took are given back.
     assert repo.release_health_check_claim(answer.instance, "sb-2", placement_failed=False, retry_at=T0 + 30)
@@ -371,7 +370,7 @@ def test_a_dcgm_start_the_ecs_budget_refuses_gives_its_slot_back_at_once(
         w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
         instance = w.repo.get_instance("node-0")
         assert instance is not None and instance.state.value == "HEALTH_CHECK_PENDING"
-        assert instance.hc_start_attempts == 0 and instance.deadline_at == w.now[0] + 3.0
+        assert instance.check.attempts == 0 and instance.deadline_at == w.now[0] + 3.0
         assert w.repo.slots.running() == 0  # the slot is free again, on the shard it was taken on
         assert _shard_counts(w.repo) == {}
         w.advance(3)

@@ -13,9 +13,9 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import InstanceState
-from gpu_recovery.repository import node_task_claims as stored
+from gpu_recovery.repository import claim_fields as stored
 from gpu_recovery.repository.base import to_ddb
-from gpu_recovery.repository.node_task_claims import ClaimFields, TaskClaim
+from gpu_recovery.repository.claim_fields import ClaimFields
 from tests.recovery.fakes import World, world
 
 NODE = "node-a"
@@ -26,6 +26,13 @@ def node(w: World, **fields: Any) -> Instance:
     item = {C.INSTANCE_PK: NODE, "instance_state": InstanceState.REBOOTING.value, **fields}
     boto3.resource("dynamodb", region_name="us-east-1").Table("instances").put_item(Item=to_ddb(item))
     return read(w)
+
+
+def the_claim(fields: ClaimFields, instance: Instance | None) -> tuple[str, float, str]:
+    """The claim's startedBy, claim time (0.0: none) and task, as ``instance`` holds it."""
+    assert instance is not None
+    claim = fields.read(instance)
+    return claim.started_by, claim.claimed_at or 0.0, claim.task_arn
 
 
 def read(w: World) -> Instance:
@@ -54,11 +61,11 @@ def test_one_claimer_wins_and_a_dead_claim_is_taken_over_once(fields: ClaimField
         assert w.repo.claim_node_task(fields, unclaimed, "claim-1", now, now + 60)
         assert not w.repo.claim_node_task(fields, unclaimed, "claim-2", now, now + 60)  # the loser
         claimed = read(w)
-        assert fields.read(claimed) == TaskClaim("claim-1", now, "")
+        assert the_claim(fields, claimed) == ("claim-1", now, "")
         w.advance(600)
         assert w.repo.take_over_node_task(fields, claimed, w.now[0], w.now[0] + 60)
         assert not w.repo.take_over_node_task(fields, claimed, w.now[0], w.now[0] + 60)  # read before
-        assert fields.read(read(w)) == TaskClaim("claim-1", w.now[0], "")
+        assert the_claim(fields, read(w)) == ("claim-1", w.now[0], "")
 
 
 @pytest.mark.parametrize(("fields", "make"), KINDS)
@@ -75,7 +82,7 @@ def test_a_recorded_task_is_the_claim_s_and_is_never_released_as_not_started(fie
         assert fields.read(running).task_arn == "arn:task" and running.deadline_at == now + 120
         # A start whose answer came late says "not placed": the recorded task stays.
         assert not w.repo.release_node_task(fields, running, "claim-1", now + 60)
-        assert fields.read(read(w)) == TaskClaim("claim-1", now, "arn:task")
+        assert the_claim(fields, read(w)) == ("claim-1", now, "arn:task")
 
 
 def test_a_task_ended_without_a_verdict_gives_the_validation_s_claim_back_as_an_attempt() -> None:
@@ -84,7 +91,7 @@ def test_a_task_ended_without_a_verdict_gives_the_validation_s_claim_back_as_an_
         running = validating(w, started_by="claim-1", claimed_at=now, task_arn="arn:task")
         assert w.repo.release_node_task(stored.VALIDATION, running, "claim-1", now + 60, attempt_used=True)
         released = read(w)
-        assert stored.VALIDATION.read(released) == TaskClaim("", 0.0, "")
+        assert the_claim(stored.VALIDATION, released) == ("", 0.0, "")
         assert released.validation["attempts"] == 2 and released.validation["since"] == now - 60
         assert released.deadline_at == now + 60
 
@@ -94,7 +101,7 @@ def test_a_refused_start_gives_the_reset_s_claim_back_without_counting() -> None
         now = w.now[0]
         claimed = resetting(w, reset_started_by="claim-1", reset_claimed_at=now)
         assert w.repo.release_node_task(stored.GPU_RESET, claimed, "claim-1", now + 60)
-        assert stored.GPU_RESET.read(read(w)) == TaskClaim("", 0.0, "")
+        assert the_claim(stored.GPU_RESET, read(w)) == ("", 0.0, "")
 
 
 @pytest.mark.parametrize(("fields", "make", "moved_on"), [
@@ -137,13 +144,13 @@ def test_a_health_check_s_dead_claim_is_taken_over_once_its_lease_ends_and_keeps
         assert w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
         assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)  # the loser
         taken = read(w)
-        assert stored.HEALTH_CHECK.read(taken) == TaskClaim("claim-1", claimed_at, "")
-        assert taken.hc_lease_until == w.now[0] + 75 and taken.deadline_at == w.now[0] + 75
+        assert the_claim(stored.HEALTH_CHECK, taken) == ("claim-1", claimed_at, "")
+        assert taken.check.lease_until == w.now[0] + 75 and taken.deadline_at == w.now[0] + 75
         assert not w.repo.record_node_task(stored.HEALTH_CHECK, taken, "claim-2", "arn:hc", w.now[0] + 300)
         assert w.repo.record_node_task(stored.HEALTH_CHECK, taken, "claim-1", "arn:hc", w.now[0] + 300)
         running = read(w)
-        assert stored.HEALTH_CHECK.read(running) == TaskClaim("claim-1", claimed_at, "arn:hc")
-        assert running.hc_lease_until is None and running.deadline_at == w.now[0] + 300
+        assert the_claim(stored.HEALTH_CHECK, running) == ("claim-1", claimed_at, "arn:hc")
+        assert running.check.lease_until is None and running.deadline_at == w.now[0] + 300
         w.advance(600)
         assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, running, w.now[0], w.now[0] + 75)
 
@@ -156,7 +163,7 @@ def test_no_health_check_claim_write_holds_once_the_node_left_its_check() -> Non
         w.advance(100)
         assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
         assert not w.repo.record_node_task(stored.HEALTH_CHECK, held, "claim-1", "arn:hc", w.now[0] + 300)
-        assert read(w).state is InstanceState.REBOOTING and read(w).hc_task_arn == ""
+        assert read(w).state is InstanceState.REBOOTING and read(w).check.task_arn == ""
 
 
 def test_a_health_check_s_claim_given_back_returns_the_node_to_pending_and_counts_as_its_kind_says() -> None:
@@ -168,20 +175,20 @@ def test_a_health_check_s_claim_given_back_returns_the_node_to_pending_and_count
         assert w.repo.release_health_check_claim(checking(w, hc_start_attempts=1), "claim-1",
                                                  placement_failed=True, retry_at=now + 60)
         released = read(w)
-        assert released.state is InstanceState.HEALTH_CHECK_PENDING and released.hc_start_attempts == 2
-        assert stored.HEALTH_CHECK.read(released) == TaskClaim("", 0.0, "")
-        assert released.hc_lease_until is None
+        assert released.state is InstanceState.HEALTH_CHECK_PENDING and released.check.attempts == 2
+        assert the_claim(stored.HEALTH_CHECK, released) == ("", 0.0, "")
+        assert released.check.lease_until is None
         assert released.deadline_at == now + 60
         assert w.repo.release_health_check_claim(checking(w, hc_start_attempts=1), "claim-1",
                                                  placement_failed=False, retry_at=now + 60)
-        assert read(w).hc_start_attempts == 1
+        assert read(w).check.attempts == 1
         running = checking(w, hc_start_attempts=1, hc_task_arn="arn:hc")
         assert not w.repo.release_health_check_claim(running, "claim-1", placement_failed=True, retry_at=now)
         assert not w.repo.retry_health_check(running, "claim-2", now + 60)  # another claim's
         assert w.repo.retry_health_check(running, "claim-1", now + 60)
         retried = read(w)
-        assert retried.state is InstanceState.HEALTH_CHECK_PENDING and retried.hc_start_attempts == 2
-        assert stored.HEALTH_CHECK.read(retried) == TaskClaim("", 0.0, "")
+        assert retried.state is InstanceState.HEALTH_CHECK_PENDING and retried.check.attempts == 2
+        assert the_claim(stored.HEALTH_CHECK, retried) == ("", 0.0, "")
 
 
 def test_a_validation_passes_only_on_its_own_claim_which_must_exist() -> None:

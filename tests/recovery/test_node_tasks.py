@@ -5,22 +5,28 @@ answer (recorded, given back, kept until its lease expires). The stages' own tes
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import boto3
 import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
-from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.models import (
+    GPU_RESET_TASK,
+    HEALTH_CHECK_TASK,
+    NO_CLAIM,
+    VALIDATION_TASK,
+    Instance,
+    TaskClaim,
+)
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.node_tasks import NodeTaskKind
 from gpu_recovery.recovery.task_starts import started_already
-from gpu_recovery.repository import node_task_claims as stored
+from gpu_recovery.repository import claim_fields as stored
 from gpu_recovery.repository.base import to_ddb
-from gpu_recovery.repository.node_task_claims import TaskClaim
+from gpu_recovery.repository.claim_fields import ClaimFields
+from gpu_recovery.repository.records import instance_from_item
 from tests.recovery.fakes import LostResponse, World, world
 
 KINDS = [node_tasks.HEALTH_CHECK, node_tasks.GPU_RESET, node_tasks.VALIDATION]
@@ -175,8 +181,15 @@ def claim_and_start(w: World, stage: Stage, instance: Instance) -> str:
     return w.service.node_tasks.claim_and_start(node_tasks.GPU_RESET, stage, instance)
 
 
-def stored_claim(w: World) -> TaskClaim:
-    return stored.GPU_RESET.read(w.repo.get_instance("node-a"))
+def the_claim(fields: ClaimFields, instance: Instance | None) -> tuple[str, float, str]:
+    """The claim's startedBy, claim time (0.0: none) and task, as ``instance`` holds it."""
+    assert instance is not None
+    claim = fields.read(instance)
+    return claim.started_by, claim.claimed_at or 0.0, claim.task_arn
+
+
+def stored_claim(w: World) -> tuple[str, float, str]:
+    return the_claim(stored.GPU_RESET, w.repo.get_instance("node-a"))
 
 
 def test_a_recorded_task_runs_and_a_live_claim_is_its_claimer_s() -> None:
@@ -195,7 +208,7 @@ def test_a_dead_claim_is_taken_over_and_its_task_looked_up_before_one_is_started
         nothing_started = Stage()
         assert claim_and_start(w, nothing_started, dead) == "started"
         assert nothing_started.asked == ["start_task claim-1"]
-        assert stored_claim(w) == TaskClaim("claim-1", w.now[0], "")  # the lease runs from the take-over
+        assert stored_claim(w) == ("claim-1", w.now[0], "")  # the lease runs from the take-over
         lost_race = Stage()  # a second taker read the claim before the first took it over
         assert claim_and_start(w, lost_race, dead) == "raced" and lost_race.asked == []
     with world() as w:
@@ -204,7 +217,7 @@ def test_a_dead_claim_is_taken_over_and_its_task_looked_up_before_one_is_started
                                 started_by="claim-1").task_arns[0]
         started_before = Stage()  # its answer was lost: the task exists, and is recorded
         assert claim_and_start(w, started_before, dead) == "gpu_reset_found" and started_before.asked == []
-        assert stored_claim(w) == TaskClaim("claim-1", w.now[0], task)
+        assert stored_claim(w) == ("claim-1", w.now[0], task)
 
 
 def test_a_new_claim_waits_for_the_node_s_gpus_then_starts() -> None:
@@ -217,7 +230,7 @@ def test_a_new_claim_waits_for_the_node_s_gpus_then_starts() -> None:
         free, lost_race = Stage(), Stage()
         unclaimed = resetting(w)
         assert claim_and_start(w, free, unclaimed) == "started" and free.asked == ["start_task claim-new"]
-        assert stored_claim(w) == TaskClaim("claim-new", w.now[0], "")
+        assert stored_claim(w) == ("claim-new", w.now[0], "")
         assert claim_and_start(w, lost_race, unclaimed) == "raced" and lost_race.asked == []
 
 
@@ -227,29 +240,39 @@ def test_a_refused_start_under_a_claim_gives_it_back_and_a_placed_one_is_recorde
         claimed = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0])
         with pytest.raises(Exception, match="Rate exceeded"):
             w.service.node_tasks.start_claimed(node_tasks.GPU_RESET, Stage(), claimed, "claim-1")
-        assert stored_claim(w) == TaskClaim("", 0.0, "")
+        assert stored_claim(w) == ("", 0.0, "")
         claimed = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0])
         placed = w.service.node_tasks.start_claimed(node_tasks.GPU_RESET, Stage(), claimed, "claim-1")
-        assert placed.task_arn and stored_claim(w) == TaskClaim("claim-1", w.now[0], placed.task_arn)
+        assert placed.task_arn and stored_claim(w) == ("claim-1", w.now[0], placed.task_arn)
         instance = w.repo.get_instance("node-a")
         assert instance.deadline_at == w.now[0] + node_tasks.POLL_SECONDS  # the sweep looks at it then
 
 
 def test_each_kind_declares_where_its_claim_is_stored() -> None:
     """A GPU reset keeps its claim in top-level attributes, a validation in its map (the
-    other keys of the map kept), a health check in its ``hc_*`` attributes, its lease apart."""
+    other keys of the map kept), a health check in its ``hc_*`` attributes, its lease apart;
+    the instance holds each the one way (``Instance.tasks``, by kind)."""
     assert node_tasks.HEALTH_CHECK.claim is stored.HEALTH_CHECK
-    check = stored.HEALTH_CHECK.claimed(Instance("node-a"), "claim-h", 7.0)
-    assert stored.HEALTH_CHECK.read(check) == TaskClaim("claim-h", 7.0, "")
     assert stored.HEALTH_CHECK.lease_until == "hc_lease_until"
     assert stored.HEALTH_CHECK.state is InstanceState.HEALTH_CHECKING
-    node = Instance("node-a", validation={"since": 1.0, "attempts": 2})
-    claimed = stored.VALIDATION.claimed(node, "claim-v", 5.0)
-    assert claimed.validation == {"since": 1.0, "attempts": 2, "started_by": "claim-v", "claimed_at": 5.0}
-    assert stored.VALIDATION.read(claimed) == TaskClaim("claim-v", 5.0, "")
+    item = {C.INSTANCE_PK: "node-a", "hc_started_by": "claim-h", "hc_claimed_at": 7.0, "hc_lease_until": 82.0,
+            "hc_start_attempts": 1, "reset_started_by": "claim-r", "reset_claimed_at": 6.0,
+            "reset_task_arn": "arn:r", "validation": {"since": 1.0, "attempts": 2, "started_by": "claim-v",
+                                                       "claimed_at": 5.0}}
+    instance = instance_from_item(item)
+    assert instance.tasks == {
+        HEALTH_CHECK_TASK: TaskClaim("claim-h", 7.0, "", lease_until=82.0, attempts=1),
+        GPU_RESET_TASK: TaskClaim("claim-r", 6.0, "arn:r"),
+        VALIDATION_TASK: TaskClaim("claim-v", 5.0, "", attempts=2)}
+    assert instance.check is instance.tasks[HEALTH_CHECK_TASK] and instance.validation["since"] == 1.0
+    assert instance_from_item({C.INSTANCE_PK: "node-b"}).tasks == {}
+    check = stored.HEALTH_CHECK.claimed(Instance("node-a"), "claim-h", 7.0)
+    assert the_claim(stored.HEALTH_CHECK, check) == ("claim-h", 7.0, "")
+    claimed = stored.VALIDATION.claimed(Instance("node-a", validation={"since": 1.0}), "claim-v", 5.0)
+    assert the_claim(stored.VALIDATION, claimed) == ("claim-v", 5.0, "")
     reset = stored.GPU_RESET.claimed(Instance("node-a"), "claim-r", 6.0)
-    assert (reset.reset_started_by, reset.reset_claimed_at) == ("claim-r", 6.0)
-    assert stored.GPU_RESET.read(reset) == TaskClaim("claim-r", 6.0, "")
+    assert reset.task(GPU_RESET_TASK) == TaskClaim("claim-r", 6.0, "")
+    assert reset.task(VALIDATION_TASK) == NO_CLAIM
 
 
 def test_the_sweep_s_look_asks_again_once_before_it_calls_a_task_gone() -> None:
@@ -279,11 +302,12 @@ def test_a_claim_s_lease_ends_where_its_kind_keeps_it_and_a_take_over_renews_it_
     assert not stored.GPU_RESET.lease_ended(reset, 174.0, 75)
     assert stored.GPU_RESET.lease_ended(reset, 175.0, 75)
     assert stored.GPU_RESET.read(stored.GPU_RESET.taken_over(reset, 200.0, 275.0)).claimed_at == 200.0
-    check = replace(stored.HEALTH_CHECK.claimed(Instance("node-a"), "claim-h", 100.0), hc_lease_until=500.0)
+    check = stored.HEALTH_CHECK.with_claim(Instance("node-a"), started_by="claim-h", claimed_at=100.0,
+                                          lease_until=500.0)
     assert not stored.HEALTH_CHECK.lease_ended(check, 499.0, 75)  # its claim time is not its lease
     assert stored.HEALTH_CHECK.lease_ended(check, 500.0, 75)
     taken = stored.HEALTH_CHECK.taken_over(check, 600.0, 675.0)
-    assert (taken.hc_claimed_at, taken.hc_lease_until) == (100.0, 675.0)
+    assert (taken.check.claimed_at, taken.check.lease_until) == (100.0, 675.0)
 
 
 def checking(w: World, **claim: object) -> Instance:
@@ -310,8 +334,9 @@ def test_a_health_check_s_dead_claim_is_taken_over_the_way_every_kind_s_is() -> 
         taken = tasks.take_over(tasks_of, dead, w.now[0], deadline=w.now[0] + 3600)
         assert taken.step == "taken" and taken.instance is not None
         lease_until = w.now[0] + C.CLAIM_LEASE_SECONDS
-        assert (taken.instance.hc_claimed_at, taken.instance.hc_lease_until) == (w.now[0] - 100, lease_until)
-        assert w.repo.get_instance("node-a").hc_lease_until == taken.instance.hc_lease_until
+        assert (taken.instance.check.claimed_at, taken.instance.check.lease_until) == (w.now[0] - 100,
+                                                                                       lease_until)
+        assert w.repo.get_instance("node-a").check.lease_until == taken.instance.check.lease_until
         assert tasks.take_over(tasks_of, dead, w.now[0], deadline=w.now[0] + 3600).step == "raced"
     with world() as w:
         tasks = w.service.node_tasks
@@ -320,7 +345,7 @@ def test_a_health_check_s_dead_claim_is_taken_over_the_way_every_kind_s_is() -> 
         found = tasks.take_over(tasks_of, checking(w), w.now[0], deadline=w.now[0] + 3600)
         assert (found.step, found.task_arn, found.instance) == ("found", task, None)
         recorded = w.repo.get_instance("node-a")
-        assert stored.HEALTH_CHECK.read(recorded) == TaskClaim("claim-1", w.now[0] - 100, task)
+        assert the_claim(stored.HEALTH_CHECK, recorded) == ("claim-1", w.now[0] - 100, task)
         assert recorded.deadline_at == w.now[0] + node_tasks.HEALTH_CHECK_POLL_SECONDS
         assert w.ecs.start_calls == [1] and len(w.ecs.tasks) == 1  # the claimer's; none started since
 

@@ -111,7 +111,7 @@ def test_the_release_gives_the_token_back_after_its_commit() -> None:
     assert repo.release_health_check_claim(answer.instance, "sb-n1", placement_failed=True, retry_at=T0 + 30)
     assert repo.slots.running() == 0 and _job_holders(repo) == set()
     back = repo.get_instance("n1")
-    assert back is not None and back.hc_slot_token == "" and back.hc_start_attempts == 1
+    assert back is not None and back.hc_slot_token == "" and back.check.attempts == 1
     # A release that did not commit (the claim moved on) gives nothing back.
     again = repo.claim_health_check(back, "sb-n1-2", T0 + 75, owner="j1", per_job=4, cluster=16, now=T0)
     assert again.outcome is Claim.CLAIMED

@@ -115,7 +115,7 @@ def test_a_verdict_is_applied_when_the_task_arn_was_never_recorded() -> None:  #
         w.repo.fail_once("record_node_task", "refuse")
         with pytest.raises(TimeoutError):
             fault(w, arns)
-        assert w.repo.get_instance(FAULTY).hc_task_arn == ""
+        assert w.repo.get_instance(FAULTY).check.task_arn == ""
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
         assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
@@ -154,7 +154,7 @@ def test_a_lost_start_task_answer_never_starts_a_second_check() -> None:  # defe
             w.advance(60)
             w.service.sweep()
         [task] = w.ecs.health_checks_on(FAULTY)
-        assert w.repo.get_instance(FAULTY).hc_task_arn == task.arn  # found by startedBy
+        assert w.repo.get_instance(FAULTY).check.task_arn == task.arn  # found by startedBy
 
 
 def test_a_refused_start_task_is_retried() -> None:
@@ -325,7 +325,7 @@ def test_a_check_whose_turn_at_the_ecs_budget_is_far_off_waits_pending_for_the_s
         w.ecs.failures["prepay_in_turn"] = ["rate_limited"]
         fault(w, arns)
         instance = w.repo.get_instance(FAULTY)
-        assert instance.state is InstanceState.HEALTH_CHECK_PENDING and not instance.hc_started_by
+        assert instance.state is InstanceState.HEALTH_CHECK_PENDING and not instance.check.started_by
         assert instance.deadline_at == pytest.approx(w.now[0] + 7.0, abs=1.0)
         assert w.ecs.health_checks_on(FAULTY) == [] and w.repo.slots.running() == 0
         w.advance(8)

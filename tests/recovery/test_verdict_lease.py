@@ -210,7 +210,7 @@ def test_a_copy_finding_the_lease_held_reads_a_few_times_then_leaves_it_to_the_s
         assert w.now[0] - start <= TIMEOUT - 10  # inside its budget, with its margin
         assert decisions[0] == 0 and w.rebooter.calls == []
         instance = w.repo.get_instance(FAULTY)
-        assert instance.state is InstanceState.HEALTH_CHECKING and instance.hc_task_arn == detail.taskArn
+        assert instance.state is InstanceState.HEALTH_CHECKING and instance.check.task_arn == detail.taskArn
         assert instance.deadline_at is not None
         assert instance.deadline_at <= w.now[0] + VERDICT_LEASE_SECONDS + 6
 

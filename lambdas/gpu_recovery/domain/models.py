@@ -194,6 +194,28 @@ class Suspect:
         return self.verdict is SuspectVerdict.PENDING
 
 
+# The kinds of task the stack runs on a node, each keeping its claim in ``Instance.tasks``.
+HEALTH_CHECK_TASK = "health_check"
+GPU_RESET_TASK = "gpu_reset"
+VALIDATION_TASK = "validation"
+
+
+@dataclass(frozen=True)
+class TaskClaim:
+    """The claim of a task the stack runs on a node (a health check, a GPU reset, a
+    validation), one shape for every kind: its ``startedBy``, committed before StartTask and
+    found by ListTasks, and the task StartTask answered."""
+
+    started_by: str = ""  # "": not claimed
+    claimed_at: float | None = None  # its lease (or, for a check, its time limit) runs from here
+    task_arn: str = ""  # "": not recorded (not started, or its answer lost)
+    lease_until: float | None = None  # a lease kept apart (the health check's)
+    attempts: int = 0  # tasks of this kind that ended without a result (where counted)
+
+
+NO_CLAIM = TaskClaim()
+
+
 @dataclass
 class Instance:
     """A container instance as the recovery loop sees it."""
@@ -202,17 +224,14 @@ class Instance:
     state: InstanceState = InstanceState.AVAILABLE
     container_instance_arn: str = ""
     ec2_instance_id: str = ""
+    # The claims of the tasks the stack runs on it, by kind (HEALTH_CHECK_TASK, ...).
+    tasks: dict[str, TaskClaim] = field(default_factory=dict)
     hc_jobs: set[str] = field(default_factory=set)  # jobs waiting for this verdict
-    hc_task_arn: str = ""
-    hc_started_by: str = ""  # the claim: committed before StartTask, found by ListTasks
-    hc_start_attempts: int = 0
     hc_requested_at: float | None = None
-    hc_lease_until: float | None = None  # the claimer may still be starting the task
     hc_owner: str = ""  # the job whose share of health checks this running check holds
     hc_job_slot: bool = True  # it holds a slot of its owner's share (none when no share is kept)
     hc_slot_shard: int | None = None  # the shard of the cluster's slots it holds one of (None: unsharded)
     hc_slot_token: str = ""  # the token holding its slots (none: claimed by the release before, counted)
-    hc_claimed_at: float | None = None  # when it got its slot (its time limit runs from here)
     hc_waiting_for_slot: bool = False  # no slot free: waits in its owner's queue
     # Checked only because every node of its job is (health_check_all_nodes), with no evidence
     # of its own: once its GPUs are free it waits in its owner's queue for others to start with
@@ -225,12 +244,8 @@ class Instance:
     reboot_claimed_at: float | None = None  # intent: a delivery is calling the reboot API
     reboot_issued_at: float | None = None  # confirmed: the reboot API answered
     # A REBOOTING node whose remediation is a GPU reset first (recovery.gpu_resets): the
-    # reboot is issued only if the reset fails. The claim (startedBy, committed before
-    # StartTask) and the task it started.
+    # reboot is issued only if the reset fails (its claim in ``tasks``).
     reset_pending: bool = False
-    reset_started_by: str = ""
-    reset_claimed_at: float | None = None
-    reset_task_arn: str = ""
     disconnected_at: float | None = None  # agent seen disconnected after the reboot request
     disconnected_version: int = 0  # that event's detail.version (0: unknown)
     disconnected_agent: str = ""  # the agent's version then (versionInfo.agentVersion)
@@ -273,6 +288,15 @@ class Instance:
     # Terminated in its Auto Scaling group: the node the group launches in its place is
     # validated once it registers ({"since", "until", "group"}; {} when none is awaited).
     replacement_watch: dict[str, Any] = field(default_factory=dict)
+
+    def task(self, kind: str) -> TaskClaim:
+        """The claim of its task of ``kind`` (NO_CLAIM: none)."""
+        return self.tasks.get(kind, NO_CLAIM)
+
+    @property
+    def check(self) -> TaskClaim:
+        """The claim of its health check (the kind most stages read)."""
+        return self.task(HEALTH_CHECK_TASK)
 
     @property
     def validating(self) -> bool:

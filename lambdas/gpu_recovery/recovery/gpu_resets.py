@@ -42,7 +42,7 @@ from gpu_recovery.domain.escalation import (
     stored_history_with,
 )
 from gpu_recovery.domain.fault_vocabulary import Action
-from gpu_recovery.domain.models import Instance, container_instance_id
+from gpu_recovery.domain.models import GPU_RESET_TASK, Instance, container_instance_id
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsTaskDetail
@@ -127,8 +127,8 @@ class GpuResets:
         instance = self.data.get_instance(inst_id) if inst_id else None
         if instance is None:
             return Outcome("ignored", detail={"why": "untracked instance"})
-        if not resetting(instance) or not instance.reset_started_by \
-                or detail.startedBy != instance.reset_started_by:
+        claimed = instance.task(GPU_RESET_TASK).started_by
+        if not resetting(instance) or not claimed or detail.startedBy != claimed:
             return Outcome("duplicate", detail={"instance": inst_id, "state": instance.state.value})
         exit_code = detail.exit_code()
         result = {"task_arn": detail.taskArn, "exit_code": exit_code, "at": clock.now(),
@@ -189,8 +189,8 @@ class GpuResets:
         """Scheduled while the reset is pending: start what never started, read a result
         whose event was lost, and fall back to the reboot once out of time."""
         if now >= self.deadline(instance):
-            if instance.reset_task_arn:
-                self.ecs.stop_task(instance.reset_task_arn,
+            if task_arn := instance.task(GPU_RESET_TASK).task_arn:
+                self.ecs.stop_task(task_arn,
                                         f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
             return self.fall_back(instance, "the GPU reset did not finish in time")
         return self.tasks.follow(node_tasks.GPU_RESET, self, instance, now)

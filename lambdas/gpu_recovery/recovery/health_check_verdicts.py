@@ -34,9 +34,9 @@ from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, reb
 from gpu_recovery.recovery.stage_data import ReadsNodeItems
 from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import is_contention
+from gpu_recovery.repository.claim_fields import HEALTH_CHECK as CHECK_CLAIM
+from gpu_recovery.repository.claim_fields import ClaimFields
 from gpu_recovery.repository.faults import FaultRepository
-from gpu_recovery.repository.node_task_claims import HEALTH_CHECK as CHECK_CLAIM
-from gpu_recovery.repository.node_task_claims import ClaimFields
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,8 @@ class HealthCheckVerdicts:
     def ours(instance: Instance, detail: EcsTaskDetail) -> bool:
         """The stopped task is the instance's running check (matched on its startedBy)."""
         return instance.state is InstanceState.HEALTH_CHECKING and bool(
-            (instance.hc_started_by and detail.startedBy == instance.hc_started_by)
-            or (instance.hc_task_arn and detail.taskArn == instance.hc_task_arn))
+            (instance.check.started_by and detail.startedBy == instance.check.started_by)
+            or (instance.check.task_arn and detail.taskArn == instance.check.task_arn))
 
     def on_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None, *,
                    decide_now: bool = False) -> Outcome:
@@ -200,7 +200,7 @@ class HealthCheckVerdicts:
         (its write may have been the one lost) with the sweep's poll due soon, and this
         invocation's verdict lease is given up (a duplicate copy need not wait for it)."""
         inst_id = instance.container_inst_id
-        self.data.record_node_task(CHECK_CLAIM, instance, instance.hc_started_by, detail.taskArn,
+        self.data.record_node_task(CHECK_CLAIM, instance, instance.check.started_by, detail.taskArn,
                                    clock.now() + VERDICT_LOG_RETRY_SECONDS)
         if lease is not None:
             lease.give_up()
@@ -238,7 +238,7 @@ class HealthCheckVerdicts:
         instance = repo.instance_from_item(last)
         if taken is None:
             return self.reboots.converge_after_verdict(instance)
-        repo.record_node_task(CHECK_CLAIM, instance, instance.hc_started_by, detail.taskArn,
+        repo.record_node_task(CHECK_CLAIM, instance, instance.check.started_by, detail.taskArn,
                               taken.until + verdict_lease.SWEEP_AFTER_LEASE_SECONDS)
         return Outcome("verdict_lease_held", detail={"instance": inst_id, "until": taken.until})
 
@@ -253,7 +253,7 @@ class HealthCheckVerdicts:
             # The check itself did not run (image pull, OOM, ...): run it again.
             logger.warning("health check ended without a verdict", extra={
                 "instance": inst_id, "exit_code": exit_code, "reason": detail.stoppedReason})
-            if not repo.retry_health_check(instance, instance.hc_started_by,
+            if not repo.retry_health_check(instance, instance.check.started_by,
                                            clock.now() + RETRY_INTERVAL_SECONDS):
                 return None
             self.released(instance)
@@ -269,7 +269,7 @@ class HealthCheckVerdicts:
         plan = self.remediation.plan(evidence, raw, now=now)
         applied = self.remediation.apply(
             instance, raw, plan, evidence, jobs, from_states=(InstanceState.HEALTH_CHECKING,),
-            hc_started_by=instance.hc_started_by, hc_jobs_count=len(instance.hc_jobs), findings=findings)
+            hc_started_by=instance.check.started_by, hc_jobs_count=len(instance.hc_jobs), findings=findings)
         if applied is None:
             return None
         self.released(instance)

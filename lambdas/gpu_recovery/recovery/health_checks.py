@@ -67,9 +67,9 @@ from gpu_recovery.recovery.stage_data import RecordsObservedFaults
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
 from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.claim_fields import ClaimFields
 from gpu_recovery.repository.health_check_slots import Claim, HealthCheckClaim, HealthCheckSlots
 from gpu_recovery.repository.node_decisions import JobVerdict
-from gpu_recovery.repository.node_task_claims import ClaimFields
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ END_GROUPS = 10
 def health_check_started_by(instance: Instance) -> str:
     """Deterministic per check and placement attempt: the same claim finds its task."""
     return task_started_by.node_task(task_started_by.HEALTH_CHECK, instance.container_inst_id,
-                                     instance.hc_requested_at, instance.hc_start_attempts)
+                                     instance.hc_requested_at, instance.check.attempts)
 
 
 def group_started_by(instances: Sequence[Instance]) -> str:
@@ -103,7 +103,7 @@ def group_started_by(instances: Sequence[Instance]) -> str:
     if len(instances) == 1:
         return health_check_started_by(instances[0])
     return task_started_by.node_task(task_started_by.HEALTH_CHECK_GROUP, *sorted(
-        f"{i.container_inst_id}:{i.hc_requested_at}:{i.hc_start_attempts}" for i in instances))
+        f"{i.container_inst_id}:{i.hc_requested_at}:{i.check.attempts}" for i in instances))
 
 
 class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
@@ -283,12 +283,12 @@ class HealthChecks:
         inst_id = instance.container_inst_id
         now = clock.now()
         if instance.state is InstanceState.HEALTH_CHECKING:
-            if instance.hc_task_arn:
+            if instance.check.task_arn:
                 return None  # running
             return self._take_over(instance, now, turn_within=turn_within)[1]
         if instance.state is not InstanceState.HEALTH_CHECK_PENDING:
             return None
-        if instance.hc_start_attempts and not instance.hc_waiting_for_slot \
+        if instance.check.attempts and not instance.hc_waiting_for_slot \
                 and (instance.deadline_at or 0.0) > now:
             return None  # a failed start backs off until its retry time (the sweep's)
         if self.tasks.gpus_busy(node_tasks.HEALTH_CHECK, instance):
@@ -323,7 +323,7 @@ class HealthChecks:
         or taken over and started; with the check's task, if one runs now."""
         taken = self.tasks.take_over(node_tasks.HEALTH_CHECK, instance, now, deadline=self.deadline(instance))
         if taken.instance is not None:
-            return taken, self._start(taken.instance, instance.hc_started_by, turn_within=turn_within)
+            return taken, self._start(taken.instance, instance.check.started_by, turn_within=turn_within)
         return taken, taken.task_arn or None
 
     def kick(self, job_id: str, *, limit: int = 2, full_groups_only: bool = True) -> list[str]:
@@ -413,7 +413,7 @@ class HealthChecks:
                 continue
             logger.warning("health check could not be placed", extra={
                 "instance": instance.container_inst_id, "reasons": answer.reasons,
-                "attempt": instance.hc_start_attempts + 1})
+                "attempt": instance.check.attempts + 1})
             repo.release_health_check_claim(instance, started_by, placement_failed=True,
                                             retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
             unplaced.append(instance)
@@ -439,7 +439,7 @@ class HealthChecks:
     def deadline(self, instance: Instance, now: float | None = None) -> float:
         """The check's time limit: from its claim once claimed (a take-over keeps the claim's
         time), from its request while it waits for one."""
-        claimed = instance.hc_claimed_at if instance.state is InstanceState.HEALTH_CHECKING else None
+        claimed = instance.check.claimed_at if instance.state is InstanceState.HEALTH_CHECKING else None
         started = claimed or instance.hc_requested_at or (clock.now() if now is None else now)
         return started + self.settings.health_check_timeout_seconds
 
@@ -473,8 +473,8 @@ class HealthChecks:
             return self._sweep_waiting(instance, now)
         out_of_time = now >= self.deadline(instance, now)
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
-            if out_of_time or instance.hc_start_attempts >= settings.health_check_start_retries:
-                attempts = instance.hc_start_attempts
+            if out_of_time or instance.check.attempts >= settings.health_check_start_retries:
+                attempts = instance.check.attempts
                 return self._undiagnosed(instance, f"the health check could not start "
                                                    f"({attempts} placement attempt(s))")
             # A grouped check due again (its start failed) waits for its group here too: the
@@ -487,13 +487,13 @@ class HealthChecks:
         if out_of_time:
             # A check that ended has its verdict in its exit code (its line, lost, is not
             # waited for any more); one with none is the stack's failure, not the node's.
-            task = self.ecs.describe_task(instance.hc_task_arn) if instance.hc_task_arn else None
+            task = self.ecs.describe_task(instance.check.task_arn) if instance.check.task_arn else None
             if task is not None and task.get("lastStatus") == "STOPPED":
                 outcome = self.on_stopped(EcsTaskDetail.model_validate(task), decide_now=True)
                 if outcome.action != "health_check_retry":
                     return outcome.action
-            elif instance.hc_task_arn:
-                self.ecs.stop_task(instance.hc_task_arn, f"{SYSTEM_STOP_REASON_PREFIX} check timed out")
+            elif instance.check.task_arn:
+                self.ecs.stop_task(instance.check.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} check timed out")
             return self._undiagnosed(instance, f"no verdict in {settings.health_check_timeout_seconds} s")
         # Within its time: its task looked at (a lost STOPPED event read from ECS), or its
         # claim with none taken over once its lease ends (``NodeTasks.follow``).

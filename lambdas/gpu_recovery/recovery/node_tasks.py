@@ -45,8 +45,8 @@ from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_once, started_already
-from gpu_recovery.repository import node_task_claims as stored
-from gpu_recovery.repository.node_task_claims import ClaimFields
+from gpu_recovery.repository import claim_fields as stored
+from gpu_recovery.repository.claim_fields import ClaimFields
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -54,8 +54,8 @@ def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: Node
         plan = undiagnosed(remediation.plan(evidence, raw, now=now), reason)
         checking = instance.state is InstanceState.HEALTH_CHECKING
         findings: dict[str, Any] = {"verdict": "undiagnosed", "reason": what[:300]}
-        if instance.hc_task_arn:
-            findings["task_arn"] = instance.hc_task_arn
+        if instance.check.task_arn:
+            findings["task_arn"] = instance.check.task_arn
 
         def operator_notice(after: Instance, _plan: RemediationPlan) -> Owed:
             return remediation.notices.for_node(
@@ -71,7 +71,8 @@ def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: Node
 
         applied = remediation.apply(
             instance, raw, plan, evidence, jobs, from_states=(instance.state,),
-            hc_started_by=instance.hc_started_by if checking else None, hc_jobs_count=len(instance.hc_jobs),
+            hc_started_by=instance.check.started_by if checking else None,
+            hc_jobs_count=len(instance.hc_jobs),
             findings=findings, node_notice=operator_notice)
         if applied is not None:
             metrics.add_metric("HealthChecksUndiagnosed", "Count", 1)

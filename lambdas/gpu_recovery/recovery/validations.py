@@ -47,7 +47,7 @@ from gpu_recovery.domain.cordon import ECS_HELD, ECS_PENDING, validating_record
 from gpu_recovery.domain.escalation import history_from_item
 from gpu_recovery.domain.evidence import DcgmFindings
 from gpu_recovery.domain.fault_vocabulary import Trigger
-from gpu_recovery.domain.models import Instance, Job, container_instance_id
+from gpu_recovery.domain.models import VALIDATION_TASK, Instance, Job, container_instance_id
 from gpu_recovery.domain.remediation_plan import plan_remediation
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.domain.validation import Repair, Result
@@ -263,7 +263,7 @@ class Validations:
         if raw is None:
             return Outcome("ignored", detail={"why": "untracked instance"})
         instance = repo.instance_from_item(raw)
-        if not instance.validating or detail.startedBy != instance.validation.get("started_by"):
+        if not instance.validating or detail.startedBy != instance.task(VALIDATION_TASK).started_by:
             return Outcome("duplicate", detail={"instance": inst_id, "state": instance.state.value})
         exit_code = detail.exit_code()
         result = policy.judge(exit_code)
@@ -277,7 +277,7 @@ class Validations:
         stopped = detail.stoppedAt.timestamp() if detail.stoppedAt else clock.now()
         if line is None and clock.now() < stopped + LOG_GRACE_SECONDS:
             # Its evidence (which GPU, which test) is on its way: the sweep's poll reads it.
-            self.tasks.record(node_tasks.VALIDATION, instance, str(instance.validation["started_by"]),
+            self.tasks.record(node_tasks.VALIDATION, instance, instance.task(VALIDATION_TASK).started_by,
                               detail.taskArn, deadline=self.deadline(instance))
             self.tasks.rearm(node_tasks.VALIDATION, instance,
                              min(self.deadline(instance), clock.now() + RETRY_INTERVAL_SECONDS))
@@ -312,10 +312,10 @@ class Validations:
 
     def _no_verdict(self, instance: Instance, raw: dict[str, Any], why: str) -> str:
         """Started again with a new startedBy, at most START_RETRIES times; then a failure."""
-        attempts = int(instance.validation.get("attempts") or 0) + 1
+        attempts = instance.task(VALIDATION_TASK).attempts + 1
         if attempts >= policy.START_RETRIES:
             return self._stalled(instance, f"{why}; {attempts} attempt(s)")
-        started_by = str(instance.validation.get("started_by") or "")
+        started_by = instance.task(VALIDATION_TASK).started_by
         retry_at = clock.now() + RETRY_INTERVAL_SECONDS
         if not self.tasks.release(node_tasks.VALIDATION, instance, started_by, retry_at, attempt_used=True):
             return "raced"

@@ -11,7 +11,8 @@
 * ``warnings`` — the driver's warning on a node: its cordon, the jobs asked to move, its end.
 * ``aws_notices`` — AWS's notice on a node: its cordon, the jobs asked to leave, its end.
 * ``validations`` — a repaired node's validation: passed, stalled (a failure is a node decision).
-* ``node_task_claims`` — the claim of a node task (a check, a reset, a validation), where each kind keeps it.
+* ``claim_fields`` — where each kind of node task (a check, a reset, a validation) keeps its claim.
+* ``node_task_claims`` — a node task's claim: made, recorded, taken over, given back, for every kind.
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
 * ``verdict_leases`` — the lease one delivery of a health check's STOPPED event takes on its verdict.

@@ -16,8 +16,8 @@ from typing import Any
 
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.claim_fields import GPU_RESET as CLAIM
 from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
-from gpu_recovery.repository.node_task_claims import GPU_RESET as CLAIM
 
 # The reset attributes a new decision (or a fallback) clears.
 RESET_ATTRIBUTES = ("reset_pending", *CLAIM.paths)
@@ -31,7 +31,7 @@ class GpuResets(Instances):
         """The reset and its diag passed: REBOOTING -> AVAILABLE, as a node back from its
         reboot (its waiting jobs are then released the same way); with ``validation`` the
         node validates first, as after a reboot (``mark_instance_back``)."""
-        return self.mark_instance_back(instance, now, reset_started_by=instance.reset_started_by,
+        return self.mark_instance_back(instance, now, reset_started_by=CLAIM.read(instance).started_by,
                                        last_reset=result, validation=validation,
                                        validating_cordon=validating_cordon)
 

@@ -18,13 +18,13 @@ from gpu_recovery.constants import INSTANCE_PK
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
+from gpu_recovery.repository.claim_fields import HEALTH_CHECK as CHECK_CLAIM
 from gpu_recovery.repository.health_check_slots import (
     WAIT_SWEEP_SECONDS,
     Claim,
     HealthCheckClaim,
     HealthCheckSlots,
 )
-from gpu_recovery.repository.node_task_claims import HEALTH_CHECK as CHECK_CLAIM
 from gpu_recovery.repository.node_task_claims import NodeTaskClaims
 
 #: What a reboot request forgets of the agent's last outage (``record_agent_disconnected``).
@@ -108,16 +108,17 @@ class Instances(NodeTaskClaims):
             set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until, "hc_owner": owner,
                         "hc_claimed_at": now, "hc_job_slot": job_slot},
             remove_fields=HealthCheckSlots.wait_attributes(), deadline_at=lease_until,
-            extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
+            extra_condition="#att = :att", extra_values={":att": instance.check.attempts},
             extra_names={"#att": "hc_start_attempts"},
         )
         taken = self.slots.claim(claim, owner, per_job=per_job if job_slot else None, cluster=cluster,
                                  now=now)
         if taken.outcome is not Claim.CLAIMED:
             return HealthCheckClaim(taken.outcome)
+        claimed = CHECK_CLAIM.with_claim(instance, started_by=started_by, claimed_at=now,
+                                         lease_until=lease_until)
         return HealthCheckClaim(Claim.CLAIMED, replace(
-            instance, state=InstanceState.HEALTH_CHECKING, hc_started_by=started_by,
-            hc_lease_until=lease_until, hc_owner=owner, hc_claimed_at=now, hc_job_slot=job_slot,
+            claimed, state=InstanceState.HEALTH_CHECKING, hc_owner=owner, hc_job_slot=job_slot,
             hc_slot_shard=taken.shard, hc_slot_token=taken.token, hc_waiting_for_slot=False,
             deadline_at=lease_until))
 
@@ -127,7 +128,7 @@ class Instances(NodeTaskClaims):
         return self.db.apply(self.instance_update(
             instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
             set_fields=HealthCheckSlots.wait_fields(owner), deadline_at=now + WAIT_SWEEP_SECONDS,
-            extra_condition="#att = :att", extra_values={":att": instance.hc_start_attempts},
+            extra_condition="#att = :att", extra_values={":att": instance.check.attempts},
             extra_names={"#att": "hc_start_attempts"}))
 
     def abandon_health_check(self, instance: Instance, reason: str) -> bool:
@@ -139,7 +140,7 @@ class Instances(NodeTaskClaims):
             remove_fields=["hc_jobs", "hc_left", "hc_started_by", "hc_lease_until",
                            *HealthCheckSlots.wait_attributes()],
             clear_deadline=True, extra_condition="#att = :att",
-            extra_values={":att": instance.hc_start_attempts}, extra_names={"#att": "hc_start_attempts"}))
+            extra_values={":att": instance.check.attempts}, extra_names={"#att": "hc_start_attempts"}))
 
     def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
                                    retry_at: float) -> bool:

@@ -27,6 +27,7 @@ from gpu_recovery.domain.models import EarlierTask, Instance, Job, Rank
 from gpu_recovery.domain.relocation import RelocationWait
 from gpu_recovery.domain.restart_wait import RestartWait
 from gpu_recovery.domain.states import InstanceState, JobState, RankState
+from gpu_recovery.repository import claim_fields
 from gpu_recovery.repository.base import from_ddb, to_ddb
 
 
@@ -168,17 +169,13 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         state=InstanceState(item.get("instance_state", InstanceState.AVAILABLE.value)),
         container_instance_arn=item.get("container_instance_arn", ""),
         ec2_instance_id=item.get("ec2_instance_id", ""),
+        tasks=claim_fields.claims_of(item),
         hc_jobs=set(item.get("hc_jobs", set())),
-        hc_task_arn=item.get("hc_task_arn", ""),
-        hc_started_by=item.get("hc_started_by", ""),
-        hc_start_attempts=int(item.get("hc_start_attempts", 0)),
         hc_requested_at=item.get("hc_requested_at"),
-        hc_lease_until=item.get("hc_lease_until"),
         hc_owner=str(item.get("hc_owner") or ""),
         hc_job_slot=bool(item.get("hc_job_slot", True)),
         hc_slot_shard=None if item.get("hc_slot_shard") is None else int(item["hc_slot_shard"]),
         hc_slot_token=str(item.get("hc_slot_token") or ""),
-        hc_claimed_at=item.get("hc_claimed_at"),
         hc_waiting_for_slot=bool(item.get(HC_WAIT_PK)),
         hc_grouped=bool(item.get("hc_grouped", False)),
         hc_left=set(item.get("hc_left", set())),
@@ -186,9 +183,6 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         reboot_claimed_at=item.get("reboot_claimed_at"),
         reboot_issued_at=item.get("reboot_issued_at"),
         reset_pending=bool(item.get("reset_pending", False)),
-        reset_started_by=str(item.get("reset_started_by") or ""),
-        reset_claimed_at=item.get("reset_claimed_at"),
-        reset_task_arn=str(item.get("reset_task_arn") or ""),
         disconnected_at=item.get("disconnected_at"),
         disconnected_version=int(item.get("disconnected_version", 0)),
         disconnected_agent=str(item.get("disconnected_agent") or ""),

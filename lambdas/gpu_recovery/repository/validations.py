@@ -30,8 +30,8 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.claim_fields import VALIDATION as CLAIM
 from gpu_recovery.repository.instances import Instances
-from gpu_recovery.repository.node_task_claims import VALIDATION as CLAIM
 
 # The node's validation: set when it is back from its repair, removed by its result.
 VALIDATION = "validation"
