@@ -498,3 +498,35 @@ def test_a_node_that_frees_is_reserved_for_a_relocatable_job_waiting_for_one(qc)
     qc.table().update_item(Key={C.JOB_PK: C.job_item_key("waiting-job")},
                            UpdateExpression="REMOVE relocation_wait")
     assert qc.scheduler().tick().admitted == [queued]
+
+
+def test_a_launch_yields_at_the_tick_s_time_budget_and_the_next_tick_finishes_it(qc, monkeypatch):
+    """Given a 3x8 job whose StartTasks take 30 s each and a tick of a 45 s budget
+    When the scheduler ticks
+    Then the launch stops short of the budget (10 s margin) with two ranks started and
+    registered, and the next tick resumes it at once (not after the 2-minute staleness),
+    starting the third rank only: each rank started once."""
+    from gpu_recovery.queue import scheduler as scheduler_mod
+
+    job = qc.submit(nnodes=3, gpus=8)
+    elapsed = [0.0]
+    monkeypatch.setattr(scheduler_mod, "time", SimpleNamespace(monotonic=lambda: elapsed[0]))
+    sched = qc.scheduler()
+    real_start = sched.launcher._start_one
+
+    def slow_start(*args: Any, **kwargs: Any) -> str:
+        elapsed[0] += 30.0
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(sched.launcher, "_start_one", slow_start)
+    started = qc.sim.counters["tasks_started"]
+    first = sched.tick(time_budget_seconds=45)
+    [launch] = first.launches
+    assert launch["action"] == "interrupted" and launch["reason"] == "time budget: 2 of 3 ranks started"
+    assert qc.sim.counters["tasks_started"] == started + 2 and qc.item(job).get("launched_at") is None
+    assert {qc.repo.get_rank(job, r).attempt for r in (0, 1)} == {1}
+    elapsed[0] = 0.0
+    second = sched.tick(time_budget_seconds=45)
+    assert [r["action"] for r in second.resumed] == ["resumed"]
+    assert qc.sim.counters["tasks_started"] == started + 3 and len(qc.live_tasks(job)) == 3
+    assert qc.item(job)["launched_at"] is not None
