@@ -56,6 +56,7 @@ from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+
 def gpu_reset_started_by(instance: Instance) -> str:
     """Deterministic per node and decision (its reboot request): the same claim finds its task."""
     return task_started_by.node_task(task_started_by.GPU_RESET, instance.container_inst_id,

@@ -48,7 +48,6 @@ from gpu_recovery.repository.time_sharing import SuspensionRepository
 logger = logging.getLogger(__name__)
 
 
-
 def _retry_after(job: Job) -> int:
     return NOTICE_RETRY_SECONDS if (job.suspend.get("avoid") or {}).get("notice") else RETRY_INTERVAL_SECONDS
 
