@@ -187,6 +187,7 @@ class QueueScheduler:
             return TickResult(action="busy")
         started = time.monotonic()
         budget = min(self.config.time_budget_seconds, time_budget_seconds or self.config.time_budget_seconds)
+
         def time_left() -> float:  # of the tick's budget: a launch stops short of it
             return budget - (time.monotonic() - started)
 
@@ -349,7 +350,7 @@ class QueueScheduler:
             return set()
         plan = item.get("launch") or {}
         nodes, _ = self.store.plan_nodes(job_id, int(entry.get("attempt") or 0),
-                                                  int(plan.get("world_size") or item.get("world_size") or 1))
+                                         int(plan.get("world_size") or item.get("world_size") or 1))
         return {container_instance_id(str(arn)) for arn in nodes if arn}
 
     def snapshot(self) -> dict[str, NodeInfo]:

@@ -191,8 +191,7 @@ class GpuResets:
         whose event was lost, and fall back to the reboot once out of time."""
         if now >= self.deadline(instance):
             if task_arn := instance.task(GPU_RESET_TASK).task_arn:
-                self.ecs.stop_task(task_arn,
-                                        f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
+                self.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
             return self.fall_back(instance, "the GPU reset did not finish in time")
         return self.tasks.follow(node_tasks.GPU_RESET, self, instance, now)
 
