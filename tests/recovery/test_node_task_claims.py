@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from gpu_recovery import constants as C
-from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.models import NO_CLAIM, Instance
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository import claim_fields as stored
 from gpu_recovery.repository.base import to_ddb
@@ -203,3 +203,22 @@ def test_a_validation_passes_only_on_its_own_claim_which_must_exist() -> None:
         assert read(w).state is InstanceState.REBOOTING
         assert w.repo.pass_validation(read(w), {"result": "passed"}, w.now[0])
         assert read(w).state is InstanceState.AVAILABLE
+
+
+def test_a_new_kind_is_one_declaration_its_claim_read_the_one_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a fourth kind (a NIC check) declared only where its claim is stored, listed in
+    KINDS, When its claim is made, its task recorded and the claim given back, Then the node
+    read back holds it in ``Instance.tasks`` under its kind, beside the others', with nothing
+    added to the instance's model or to the item's reader."""
+    nic = ClaimFields("nic_check", "nic_started_by", "nic_claimed_at", "nic_task_arn", lambda _: ("", {}, {}))
+    monkeypatch.setattr(stored, "KINDS", (*stored.KINDS, nic))
+    with world() as w:
+        now = w.now[0]
+        instance = resetting(w, reset_started_by="claim-r", reset_claimed_at=now - 5)
+        assert instance.task("nic_check") == NO_CLAIM
+        assert w.repo.claim_node_task(nic, instance, "claim-n", now, now + 75)
+        assert w.repo.record_node_task(nic, read(w), "claim-n", "arn:nic", now + 120)
+        assert the_claim(nic, read(w)) == ("claim-n", now, "arn:nic")
+        assert the_claim(stored.GPU_RESET, read(w)) == ("claim-r", now - 5, "")
+        assert w.repo.release_node_task(nic, read(w), "claim-n", now + 60, attempt_used=True)
+        assert set(read(w).tasks) == {"gpu_reset"}
