@@ -280,7 +280,7 @@ def storm() -> dict[str, Any]:
             qc.sim.run_for(60.0)
         failed = sum(qc.state(j) is JobState.FAILED for j in jobs)
         held = sum(qc.state(j) is JobState.HELD for j in jobs)
-        breaker = (qc.repo.get_breaker() or {}).get("state", "closed")
+        breaker = (qc.repo.breaker.read() or {}).get("state", "closed")
     return {"jobs": len(jobs), "jobs_failed": failed, "jobs_held": held,
             "tasks_placed_on_known_bad_nodes": bad_placements, "breaker": breaker}
 

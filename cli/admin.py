@@ -209,7 +209,7 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
     from gpu_recovery.recovery.breaker.operations import assess, reset_breaker
     from gpu_recovery.repository.scheduling import SchedulingRepository
 
-    stored = repo.get_breaker()
+    stored = repo.breaker.read()
     if args.breaker_command == "show":
         state = policy.normalize(stored)
         window_seconds = float((stored or {}).get("window_seconds") or 600)
@@ -247,7 +247,7 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
             print("cluster_gpu_nodes: not counted yet; the breaker lists the cluster only when one more "
                   "node could exceed its smallest limit (limit is that minimum until then)", file=sys.stderr)
         return 0
-    result = reset_breaker(repo, now=now, resume_backlog=bool(args.resume_backlog), by=_caller(),
+    result = reset_breaker(repo.breaker, now=now, resume_backlog=bool(args.resume_backlog), by=_caller(),
                            max_backlog_age_seconds=args.max_backlog_age_hours * 3600)
     if not result.done:
         print("error: the breaker changed while resetting it three times in a row; try again",

@@ -236,7 +236,7 @@ def breaker() -> ScenarioResult:
         nodes, jobs = _storm(w, faulty)
         w.ecs.run_for(25 * MIN)
         rebooted = [n for n in nodes if w.ecs.node(n).reboots]
-        state = w.repo.get_breaker() or {}
+        state = w.repo.breaker.read() or {}
         held = sorted(w.node_name(b["node"]) for b in state.get("backlog", []))
         trips = [n for n in w.aws.notifications()
                  if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "breaker_tripped"]
@@ -253,7 +253,7 @@ def breaker() -> ScenarioResult:
         _expect(problems, "jobs on held nodes", waiting, {j: ("HELD", 0) for j in on_held})
         # The operator resets the breaker and resumes its backlog: the sweep carries it out.
         reset_at = w.ecs.now()
-        reset = reset_breaker(w.repo, now=reset_at, resume_backlog=True, by="demo-operator")
+        reset = reset_breaker(w.repo.breaker, now=reset_at, resume_backlog=True, by="demo-operator")
         w.ecs.run_for(10 * MIN)
         after = sorted(n for n in nodes if w.ecs.node(n).reboots)
         _expect(problems, "reset", reset.done, True)
@@ -309,12 +309,12 @@ def breaker_autoclose() -> ScenarioResult:
         nodes, jobs = _storm(w)
         w.ecs.run_for(20 * MIN)
         problems: list[str] = []
-        state = w.repo.get_breaker() or {}
+        state = w.repo.breaker.read() or {}
         tripped_at = float(state.get("tripped_at") or 0)
         _expect(problems, "breaker at minute 20", state.get("state"), "tripped")
         _expect(problems, "job-3 while tripped", w.job("job-3").get("job_state"), "HELD")
         w.ecs.run_for(15 * MIN)  # the window (10 min) since the trip has passed
-        state = w.repo.get_breaker() or {}
+        state = w.repo.breaker.read() or {}
         _expect(problems, "breaker a window after the trip", (state.get("state"), state.get("last_reset_by")),
                 ("closed", "the breaker itself (auto close)"))
         closed = _kinds(w, "breaker_closed")
@@ -333,7 +333,7 @@ def breaker_autoclose() -> ScenarioResult:
         _expect(problems, "failed jobs", [j for j in jobs if w.job(j).get("job_state") == "FAILED"], [])
         _expect(problems, "breaker e-mails", (len(_kinds(w, "breaker_tripped")),
                                               len(_kinds(w, "breaker_needs_operator"))), (1, 0))
-        _expect(problems, "breaker at the end", (w.repo.get_breaker() or {}).get("state"), "closed")
+        _expect(problems, "breaker at the end", (w.repo.breaker.read() or {}).get("state"), "closed")
         return _finish(w, "breaker_autoclose", title, problems, jobs,
                        {"tripped_at": tripped_at, "closed_at": state.get("last_reset_at"),
                         "rebooted": sorted(n for n in nodes if w.ecs.node(n).reboots)})
@@ -351,7 +351,7 @@ def breaker_refault() -> ScenarioResult:
         w.ecs.inject_xid("node-01", 79, after=20 * MIN, nccl_cascade=True)
         w.ecs.run_for(50 * MIN)
         problems: list[str] = []
-        state = w.repo.get_breaker() or {}
+        state = w.repo.breaker.read() or {}
         node_01 = w.ecs.node("node-01").container_instance_id
         _expect(problems, "breaker", state.get("state"), "tripped")
         reason = str((state.get("needs_operator") or {}).get("reason") or "")

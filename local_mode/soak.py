@@ -259,7 +259,7 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
         result.problems.append(f"tasks started twice (one startedBy, one node): {twice}")
     # Faults at random can put more nodes than the limit in one window (a small storm, by the
     # breaker's own rule): a trip is fine, a breaker still open once the faults stopped is not.
-    breaker = repo.get_breaker() or {}
+    breaker = repo.breaker.read() or {}
     if breaker.get("state", "closed") != "closed":
         why = breaker.get("needs_operator") or breaker.get("trip_reason")
         result.problems.append(f"the breaker tripped {trips} time(s) and is still {breaker.get('state')} "

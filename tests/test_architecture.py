@@ -23,8 +23,8 @@
   ``repository/notices.py``...), and by nothing else in ``lambdas/`` or ``cli/``.
 * **The breaker in one place**: outside ``domain/breaker/``, ``recovery/breaker/`` and
   ``repository/breaker.py`` nothing decides or writes the breaker's state
-  (``record_action``, ``admit_release``, the policy's ``reset``, ``save_breaker``,
-  ``breaker_update``, ``drop_released``); the admin CLI goes through
+  (``record_action``, ``admit_release``, the policy's ``reset``, ``breaker.save``,
+  ``breaker.update``, ``breaker.drop_released``); the admin CLI goes through
   ``recovery.breaker.operations``.
 * **One world builder**: only ``local_mode/world.py`` (``build_world``) constructs the
   ``EventBus`` and the ``SimulatedEcs`` (the scale simulator's ``ScaleWorld`` its own bus,
@@ -703,8 +703,8 @@ BREAKER_REPOSITORY = REPOSITORY / "breaker.py"
 BREAKER_POLICY = "gpu_recovery.domain.breaker.breaker"
 #: the policy's functions that decide a new state of the breaker
 BREAKER_DECISIONS = frozenset({"record_action", "admit_release", "reset"})
-#: the repository's writes of the breaker's item
-BREAKER_WRITES = frozenset({"save_breaker", "breaker_update", "drop_released"})
+#: the breaker repository's writes of its item (``repo.breaker``)
+BREAKER_WRITES = frozenset({"save", "update", "drop_released"})
 
 
 def breaker_findings(source: str, path: str) -> list[Finding]:
@@ -726,7 +726,7 @@ def breaker_findings(source: str, path: str) -> list[Finding]:
             if node.func.attr in BREAKER_DECISIONS and receiver in policy_names:
                 findings.append(Finding(path, node.lineno, f"decides the breaker's state: {receiver}."
                                                            f"{node.func.attr}(...)"))
-            elif node.func.attr in BREAKER_WRITES:
+            elif node.func.attr in BREAKER_WRITES and receiver.rpartition(".")[2] == "breaker":
                 findings.append(Finding(path, node.lineno, f"writes the breaker's item: .{node.func.attr}()"))
     return findings
 
@@ -753,7 +753,7 @@ BREAKER_SNIPPETS = [
     "from gpu_recovery.domain.breaker.breaker import admit_release",
     "import gpu_recovery.domain.breaker.breaker as b\nb.admit_release(s, node=n, action=a, now=t,"
     " cluster_gpu_nodes=4)",
-    "repo.save_breaker(state, version)",
+    "repo.breaker.save(state, version)",
 ]
 
 
@@ -764,7 +764,7 @@ def test_the_breaker_check_finds_its_state_changed_elsewhere(snippet: str) -> No
     Then it is reported (reading it, as `breaker show` and doctor do, is not)."""
     assert breaker_findings(snippet, "snippet.py"), snippet
     assert breaker_findings("from gpu_recovery.domain.breaker import breaker\n"
-                            "state = breaker.normalize(repo.get_breaker())\nbreaker.status(state, now=t,"
+                            "state = breaker.normalize(repo.breaker.read())\nbreaker.status(state, now=t,"
                             " cluster_gpu_nodes=4)\n", "snippet.py") == []
 
 

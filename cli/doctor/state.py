@@ -75,7 +75,7 @@ class StateChecks(NodeChecks):
 
         resource = self.session.resource("dynamodb", config=Config(retries={"mode": "standard"}))
         repo = Repository(resource, self.out("JobTableName") or "-", self.out("InstanceTableName"))
-        stored = repo.get_breaker()
+        stored = repo.breaker.read()
         state = breaker.normalize(stored)
         if state["state"] != breaker.TRIPPED:
             acted = "never acted" if stored is None else f"tripped {state['trips']} time(s) so far"

@@ -264,7 +264,7 @@ class TenantPreflight(Scenario[EvidenceResult]):
             **common, flow=self.flow, jobs=jobs, reboots={n: sim.nodes[n].reboots for n in self.nodes},
             health_checks=checks, cordoned=out, preflights=preflights,
             learned=list(repo.preflight.baselines(NODE_CLASS, [2])[2].sample_ids),
-            breaker_state=str((repo.get_breaker() or {}).get("state", "closed")),
+            breaker_state=str((repo.breaker.read() or {}).get("state", "closed")),
             facts={"lied_on": sorted(self.lied_on)})
 
 

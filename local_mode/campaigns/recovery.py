@@ -343,13 +343,13 @@ class RecoveryScenario(Scenario[RunResult]):
         final = sorted(world.node_name(r.container_inst_id) for r in repo.get_ranks(job)
                        if r.attempt == job.attempt)
         facts["gpu_resets"] = sum(1 for t in sim.tasks.values() if t.gpu_reset and t.node == FAULTY)
-        facts["breaker_state"] = (repo.get_breaker() or {}).get("state", "closed")
+        facts["breaker_state"] = (repo.breaker.read() or {}).get("state", "closed")
         if self.flow == "validation":
             ran = [t for t in sim.tasks.values() if t.validation and t.node == FAULTY and t.done]
             facts["validations"] = {"failed": sum(1 for t in ran if t.exit_code not in (0, None)),
                                     "passed": sum(1 for t in ran if t.exit_code == 0)}
             facts["placed_on_latent"] = [p.time for p in sim.placements if p.training and p.latent]
-        facts["closed_by"] = (repo.get_breaker() or {}).get("last_reset_by")
+        facts["closed_by"] = (repo.breaker.read() or {}).get("last_reset_by")
         facts["placed_on_faulty"] = [(p.time, p.node) for p in sim.placements
                                      if p.training and p.health != "healthy"]
         facts["goodput"] = goodput_truth.compare(repo, sim, JOB_ID)
@@ -496,7 +496,7 @@ def _another_node_acted_on(world: World, flow: str) -> None:
                                              z.instance_id))
     decided = breaker_policy.record_action(None, node=node, action="reboot", now=sim.now() - MIN,
                                            cluster_gpu_nodes=nodes)
-    repo.save_breaker({**decided.state, "cluster_gpu_nodes": nodes}, None)
+    repo.breaker.save({**decided.state, "cluster_gpu_nodes": nodes}, None)
 
 
 def nodes_of(flow: str) -> tuple[str, ...]:
@@ -525,7 +525,7 @@ def _operator(repo: Repository, sim: SimulatedEcs, facts: dict[str, Any], *,
             facts.setdefault("held", sim.now())
         if resets and facts.get("held") and sim.now() >= facts["held"] + MIN:
             # Through the emulator's own client (``repo``): the operator's call, never broken.
-            result = reset_breaker(repo, now=sim.now(), resume_backlog=True, by="campaign-operator")
+            result = reset_breaker(repo.breaker, now=sim.now(), resume_backlog=True, by="campaign-operator")
             if result.done:
                 facts["reset_at"] = sim.now()
 

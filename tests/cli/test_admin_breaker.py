@@ -37,7 +37,7 @@ def _tripped(repo: Repository) -> None:
     for i, node in enumerate(["n1", "n2", "n3", "n4"]):
         decided = breaker.record_action(state, node=node, action="reboot", now=NOW + i, cluster_gpu_nodes=10,
                                         policy=policy, job_id=f"job-{i}", reason="XID 79")
-        assert repo.save_breaker({**decided.state, "limit": decided.limit, "cluster_gpu_nodes": 10},
+        assert repo.breaker.save({**decided.state, "limit": decided.limit, "cluster_gpu_nodes": 10},
                                  None if state is None else state["version"])
         state = decided.state
 
@@ -90,7 +90,7 @@ def test_reset_resuming_the_backlog_releases_it_for_the_sweep(repo: Repository,
     assert code == 0 and shown["state"] == "closed"
     assert [e["node"] for e in shown["released"]] == ["n3", "n4"]
     assert "carries them out within a minute" in err
-    stored = repo.get_breaker()
+    stored = repo.breaker.read()
     assert stored["state"] == "closed" and stored["backlog"] == [] and stored["last_reset_by"] == "oncall"
     assert sorted(stored["released"]) == ["n3", "n4"]  # the recovery sweep's to carry out
 
@@ -100,7 +100,7 @@ def test_reset_dropping_the_backlog_releases_nothing(repo: Repository,
     _tripped(repo)
     code, shown, err = _run(repo, capsys, "reset", "--drop-backlog")
     assert code == 0 and shown["released"] == [] and len(shown["dropped"]) == 2
-    assert not repo.get_breaker().get("released")
+    assert not repo.breaker.read().get("released")
     assert "dropped" in err
 
 
@@ -119,7 +119,7 @@ def test_show_says_when_the_cluster_was_not_counted(repo: Repository, capsys: py
     """Given one node action (the breaker needed no cluster count), Then show prints
     cluster_gpu_nodes null and says why, instead of a count of 0."""
     decided = breaker.record_action(None, node="n1", action="reboot", now=NOW, cluster_gpu_nodes=0)
-    assert repo.save_breaker({**decided.state, "limit": decided.limit}, None)
+    assert repo.breaker.save({**decided.state, "limit": decided.limit}, None)
     monkeypatch.setattr("time.time", lambda: NOW + 60)
     code, shown, err = _run(repo, capsys, "show")
     assert code == 0 and shown["cluster_gpu_nodes"] is None and shown["nodes_in_window"] == ["n1"]

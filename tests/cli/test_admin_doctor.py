@@ -338,7 +338,7 @@ def _trip_the_breaker(local: Any) -> None:
     for i, node in enumerate(("node-x", "node-y", "node-z")):
         decided = breaker.record_action(state, node=node, action="reboot", now=clock.now() - 60 + i,
                                         cluster_gpu_nodes=4)
-        assert repo.save_breaker(decided.state, None if state is None else state["version"])
+        assert repo.breaker.save(decided.state, None if state is None else state["version"])
         state = decided.state
     assert state is not None and state["state"] == breaker.TRIPPED
 

@@ -115,12 +115,12 @@ def test_an_uncountable_cluster_never_trips_the_breaker() -> None:
         w.ecs.spare_nodes = [f"n-{i}" for i in range(14)]  # a 16-node cluster: 3 nodes a window
         decided = breaker.record_action(None, node="n-0", action="reboot", now=w.now[0] - 60,
                                         cluster_gpu_nodes=16)
-        assert w.repo.save_breaker({k: v for k, v in decided.state.items() if k != "cluster_gpu_nodes"}, None)
+        assert w.repo.breaker.save({k: v for k, v in decided.state.items() if k != "cluster_gpu_nodes"}, None)
         arns = w.register_job("j", [PEER, FAULTY])
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
         [task] = w.ecs.health_checks_on(FAULTY)
-        stored = w.repo.get_breaker()
+        stored = w.repo.breaker.read()
         assert breaker.needs_cluster_count(stored, node=FAULTY, now=w.now[0],
                                            policy=w.service.settings.remediation.breaker)
         throttled = {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}
@@ -129,10 +129,10 @@ def test_an_uncountable_cluster_never_trips_the_breaker() -> None:
         with pytest.raises(ClusterCountUnavailable):
             w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
         assert w.ecs.cluster_listings > listed
-        assert (w.repo.get_breaker() or {}).get("state") != "tripped"
+        assert (w.repo.breaker.read() or {}).get("state") != "tripped"
         assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING  # nothing committed
         w.ecs.fail_listing = None
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-        stored: dict[str, Any] = w.repo.get_breaker() or {}
+        stored: dict[str, Any] = w.repo.breaker.read() or {}
         assert stored.get("state") == "closed" and stored.get("cluster_gpu_nodes") == 16
         assert w.rebooter.calls == [f"i-{FAULTY}"]

@@ -250,6 +250,6 @@ def _reset_breaker(exports: dict[str, str]) -> None:
                               region_name=exports["AWS_DEFAULT_REGION"], aws_access_key_id="testing",
                               aws_secret_access_key="testing")  # the emulator's
     repo = Repository(dynamodb, tables["JobTableName"], tables["InstanceTableName"])
-    stored = repo.get_breaker()
+    stored = repo.breaker.read()
     if stored and (stored.get("window") or stored.get("state") != "closed" or stored.get("backlog")):
-        reset_breaker(repo, now=time.time(), resume_backlog=True, by="doc-tests")
+        reset_breaker(repo.breaker, now=time.time(), resume_backlog=True, by="doc-tests")

@@ -261,7 +261,7 @@ def test_node_lost_too_long_with_agent_disconnected_fails_and_quarantines(world)
     assert (entry["cause"], entry["action"], entry["executed"]) == (
         "builtin:node-unreachable", "replace", True)
     assert entry["evidence"]["trigger"] == "node_lost"
-    assert [w["node"] for w in loop.repo.get_breaker()["window"]] == [NODE]
+    assert [w["node"] for w in loop.repo.breaker.read()["window"]] == [NODE]
     assert HB_PK not in world.item("j1#0")
     world.clock.advance(60)
     assert loop.heartbeat.sweep().read == 0  # nothing left to re-read
@@ -283,7 +283,7 @@ def test_observe_mode_and_a_lost_node_stop_and_drain_nothing(world) -> None:
     assert [(r["action"], r["executed"]) for r in history] == [("replace", False)]
     assert [n.kind for n in world.notifier.sent] == [NotificationKind.OBSERVED]
     assert "Would have done (not carried out): stop_tasks, drain" in world.notifier.sent[0].body
-    assert loop.repo.get_breaker() is None  # nothing acted on, nothing counted
+    assert loop.repo.breaker.read() is None  # nothing acted on, nothing counted
     world.clock.advance(60)
     loop.heartbeat.sweep()
     assert HB_PK not in world.item("j1#0") and loop.ecs.stop_calls == []
@@ -297,7 +297,7 @@ def test_a_tripped_breaker_holds_the_quarantine_of_a_lost_node(world) -> None:
     loop = _Loop(world, cluster_nodes=2)
     decided = breaker.record_action(None, node="other", action="reboot", now=world.clock() + 800,
                                     cluster_gpu_nodes=2)
-    assert loop.repo.save_breaker(decided.state, None)
+    assert loop.repo.breaker.save(decided.state, None)
     assert _lost_too_long(world, loop).failed == ["j1"]
     assert loop.ecs.drained == [] and loop.ecs.stop_calls == [task_arn("j1", 0)]
     inst = loop.repo.get_instance(NODE)
@@ -305,7 +305,7 @@ def test_a_tripped_breaker_holds_the_quarantine_of_a_lost_node(world) -> None:
     assert inst.breaker_blocked["quarantine_only"] is True
     # Known bad all the same: cordoned (no new work) with the quarantine held.
     assert inst.cordoned and inst.cordon["cause"] == "builtin:node-unreachable"
-    state = loop.repo.get_breaker()
+    state = loop.repo.breaker.read()
     assert state["state"] == "tripped" and [b["node"] for b in state["backlog"]] == [NODE]
     kinds = [n.kind for n in world.notifier.sent]
     assert kinds.count(NotificationKind.BREAKER_TRIPPED) == 1 and NotificationKind.NODE_LOST in kinds

@@ -101,7 +101,7 @@ class Record:
             self._next(), self.world.ecs.now(), str(attributes.get(C.NOTIFICATION_KIND_ATTRIBUTE)),
             str(params.get("Subject", "")), body,
             (repo.get_job_item(job_id) or {}) if job_id not in ("", "-") else {},
-            {i: item for i, item in instances.items() if item}, dict(repo.get_breaker() or {})))
+            {i: item for i, item in instances.items() if item}, dict(repo.breaker.read() or {})))
         return None
 
     # ------------------------------------------------------------------ queries
@@ -252,7 +252,7 @@ def _quiet_for(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
 def _breaker_holds(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     """No node action between the trip and the breaker's close (its e-mail, or a reset)."""
     closed = next((o.at for o in record.mails if o.kind == "breaker_closed" and o.n > mail.n), float("inf"))
-    reset_at = float((record.world.repo.get_breaker() or {}).get("last_reset_at") or 0)
+    reset_at = float((record.world.repo.breaker.read() or {}).get("last_reset_at") or 0)
     until = min(closed, reset_at if reset_at >= mail.at else float("inf"))
     acted = [c for c in record.calls if c.n > mail.n and c.at < until and c.operation in NODE_EFFECTS
              and not (c.operation == "UpdateContainerInstancesState" and c.params.get("status") == "ACTIVE")]
@@ -365,7 +365,7 @@ def _cordon_held(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     node = mail.field("Container instance")
     if not (mail.instances.get(node) or {}).get("cordon"):
         return f"{node} was not cordoned in the table"
-    reset_at = float((record.world.repo.get_breaker() or {}).get("last_reset_at") or 0)
+    reset_at = float((record.world.repo.breaker.read() or {}).get("last_reset_at") or 0)
     put = [c for c in record.calls if c.n > mail.n and c.operation == "PutAttributes"
            and node in repr(c.params) and UNAVAILABLE_ATTRIBUTE in repr(c.params)
            and not (reset_at >= mail.at and c.at >= reset_at)]

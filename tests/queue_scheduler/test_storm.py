@@ -48,7 +48,7 @@ def test_a_fault_storm_places_nothing_on_a_held_or_rebooting_node() -> None:
                     if task.node in bad:
                         bad_placements.append(f"{task.tags.get(C.TAG_JOB_ID)} on {task.node}")
             qc.sim.run_for(MIN)
-        breaker = qc.repo.get_breaker() or {}
+        breaker = qc.repo.breaker.read() or {}
         held = qc.repo.get_instance(qc.sim.node("node-7").container_instance_id)
         assert breaker.get("state") == "tripped"
         assert held.state is InstanceState.SUSPECT and held.cordoned

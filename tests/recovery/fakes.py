@@ -344,20 +344,30 @@ class Flaky:
     """Wraps the repository: the named intent executes, then raises (lost response),
     or raises without executing (refused), once."""
 
-    def __init__(self, repo: Repository) -> None:
+    #: the aggregates the stages are handed on their own: their intents are named
+    #: ``"breaker.save"``, ``"aws_notices.end_notice"``...
+    AGGREGATES = frozenset({"breaker", "verdict_leases", "warnings", "aws_notices"})
+
+    def __init__(self, repo: Any, faults: dict[str, str] | None = None, prefix: str = "") -> None:
         self._repo = repo
-        self._faults: dict[str, str] = {}
+        self._faults: dict[str, str] = {} if faults is None else faults
+        self._prefix = prefix
 
     def fail_once(self, intent: str, how: str) -> None:
         self._faults[intent] = how
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._repo, name)
-        if not callable(real) or name not in self._faults:
+        key = self._prefix + name
+        if not self._prefix and name in self.AGGREGATES:
+            # One wrapper each, kept: the stages and the test patch the same object.
+            wrapped = self.__dict__[name] = Flaky(real, self._faults, f"{name}.")
+            return wrapped
+        if not callable(real) or key not in self._faults:
             return real
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            how = self._faults.pop(name, None)
+            how = self._faults.pop(key, None)
             if how == "refuse":
                 raise TimeoutError(f"{name}: throttled (injected)")
             result = real(*args, **kwargs)
@@ -418,7 +428,7 @@ class World:
         for i, node in enumerate(nodes):
             decided = breaker.record_action(state, node=node, action="reboot", now=self.now[0] - 60 + i,
                                             cluster_gpu_nodes=2)
-            assert self.repo.save_breaker(decided.state, None if state is None else state["version"])
+            assert self.repo.breaker.save(decided.state, None if state is None else state["version"])
             state = decided.state
 
     def register_job(self, job_id: str, nodes: list[str], attempt: int = 1,

@@ -28,7 +28,7 @@ def report_xid(w: World, node: str, xid: int) -> None:
 
 def trip_with_backlog(w: World, backlog: list[str], window: tuple[str, ...] = ()) -> None:
     """The breaker tripped, ``backlog`` held back (oldest first), whatever it stored before."""
-    stored = w.repo.get_breaker()
+    stored = w.repo.breaker.read()
     version = int(stored["version"]) if stored else None
     state = breaker.new_state()
     state.update(state="tripped", version=(version or 0) + 1, tripped_at=w.now[0], trip_reason="test",
@@ -36,7 +36,7 @@ def trip_with_backlog(w: World, backlog: list[str], window: tuple[str, ...] = ()
                  trips=1, window=[{"node": n, "action": "reboot", "at": w.now[0]} for n in window],
                  backlog=[{"node": n, "action": "reboot", "at": w.now[0] + i, "job_id": "", "reason": "held"}
                           for i, n in enumerate(backlog)])
-    assert w.repo.save_breaker(state, version)
+    assert w.repo.breaker.save(state, version)
 
 
 def rebooting(w: World, job: str, nodes: list[str]) -> None:

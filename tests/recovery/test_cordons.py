@@ -229,7 +229,7 @@ def test_the_cordon_limit_trips_loudly_holds_the_attribute_and_a_reset_puts_it()
         assert len(loud) == 1 and "n-2" in loud[0].body and "reset" in loud[0].body
         w.service.sweep()
         assert not _has_attribute(w, "n-2")  # still held: the limit never closes by itself
-        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=False, by="oncall").done
+        assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=False, by="oncall").done
         w.service.sweep()
         assert _has_attribute(w, "n-2") and w.repo.get_instance("n-2").cordon["ecs"] == cordon.ECS_APPLIED
         assert w.repo.cordons.pending() == {}
@@ -270,7 +270,7 @@ def test_the_trip_email_lists_the_held_node_its_jobs_and_what_a_reset_does() -> 
         arns = w.register_job("j", [PEER, FAULTY])
         state = breaker.record_action(None, node="x-1", action="reboot", now=w.now[0] - 60,
                                       cluster_gpu_nodes=2).state
-        assert w.repo.save_breaker(state, None)
+        assert w.repo.breaker.save(state, None)
         fault_with_reboot_verdict(w, arns)
         [mail] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.BREAKER_TRIPPED]
         assert f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD until the breaker closes" in mail.body

@@ -30,11 +30,11 @@ def item() -> dict[str, Any]:
 
 
 def end_warning(w: World) -> bool:
-    return bool(w.repo.clear_warning(NODE, "xid-63-rate", w.now[0], uncordon=True))
+    return bool(w.repo.warnings.clear_warning(NODE, "xid-63-rate", w.now[0], uncordon=True))
 
 
 def end_notice(w: World) -> bool:
-    return bool(w.repo.end_notice(NODE, "event-1", w.now[0], uncordon=True))
+    return bool(w.repo.aws_notices.end_notice(NODE, "event-1", w.now[0], uncordon=True))
 
 
 @pytest.mark.parametrize(("record", "its_cordon", "end"), [

@@ -268,7 +268,7 @@ def test_a_reset_the_breaker_held_is_released_as_a_reset_and_the_held_job_restar
         assert resets_on(w, FAULTY) == [] and w.rebooter.calls == []
         assert w.repo.get_instance(FAULTY).breaker_blocked["action"] == "reset_gpu"
         assert w.repo.get_job("j").state is C.JobState.HELD
-        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
+        assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=True, by="oncall").done
         sweeps(w, 1)
         [task] = resets_on(w, FAULTY)
         instance = w.repo.get_instance(FAULTY)

@@ -105,7 +105,7 @@ def test_the_breakers_item_in_a_storm_over_a_10000_node_cluster_fits_one_item(
     assert len(state["backlog"]) == breaker_policy.MAX_BACKLOG and state["backlog_dropped"] == 100
     assert "the backlog is full" in decisions[-1].reason
     assert len(cordons["window"]) == cordon_policy.MAX_WINDOW_NODES
-    assert repo.save_breaker({**state, "cordons": cordons}, None)
+    assert repo.breaker.save({**state, "cordons": cordons}, None)
     size = dynamo.item_bytes(INSTANCES)[f"{INSTANCES}:{C.BREAKER_ITEM_KEY}"]
     assert size < MAX_ITEM_BYTES, size
 

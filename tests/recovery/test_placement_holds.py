@@ -89,7 +89,7 @@ def test_a_sweep_reads_the_worklist_once_unless_its_refresh_changed_a_hold() -> 
 
         # The sweep's first read (with the breaker's item, one BatchGetItem), and any other.
         w.repo.cordons.worklist = counted(w.repo.cordons.worklist)  # type: ignore[method-assign]
-        w.repo.worklist_and_breaker = counted(w.repo.worklist_and_breaker)  # type: ignore[method-assign]
+        w.repo.breaker.worklist_and_state = counted(w.repo.breaker.worklist_and_state)  # type: ignore[method-assign]
         w.ecs.spare_nodes = ["n-1", "n-2"]
         assert w.service.sweep().detail["handled"]["holds_changed"] == 1
         changed = len(reads)

@@ -37,7 +37,7 @@ def test_a_tripped_breaker_holds_the_reboot_and_keeps_it_in_its_backlog() -> Non
         assert w.rebooter.calls == []
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and inst.breaker_blocked["action"] == "reboot"
-        assert [b["node"] for b in w.repo.get_breaker()["backlog"]] == ["x-2", FAULTY]
+        assert [b["node"] for b in w.repo.breaker.read()["backlog"]] == ["x-2", FAULTY]
         job = w.repo.get_job("j")
         assert job.state is C.JobState.PENDING_RESTART and w.repo.faults.labels(job)[FAULTY] == "BLOCKED"
         assert job.tally.held == 1 and job.recoveries_used == 0
@@ -48,13 +48,13 @@ def test_the_released_backlog_is_carried_out_by_the_sweep_once() -> None:
         arns = w.register_job("j", [PEER, FAULTY])
         w.trip_breaker(["x-1", "x-2"])
         fault_with_reboot_verdict(w, arns)
-        reset = reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall")
+        reset = reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=True, by="oncall")
         assert reset.done and {e["node"] for e in reset.released} == {"x-2", FAULTY}
         w.service.sweep()
         w.service.sweep()
         assert w.rebooter.calls == [f"i-{FAULTY}"]  # x-2 is not a node this table knows: dropped
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.REBOOTING
-        assert not w.repo.get_breaker().get("released")
+        assert not w.repo.breaker.read().get("released")
 
 
 def test_a_lost_answer_of_the_fast_path_decision_is_finished_by_the_sweep() -> None:
@@ -153,7 +153,7 @@ def test_a_reboot_timeout_with_the_breaker_at_its_limit_does_not_drain() -> None
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and inst.breaker_blocked["action"] == "replace"
         assert inst.breaker_blocked["rule"] == "builtin:reboot-timeout"
-        assert [b["node"] for b in w.repo.get_breaker()["backlog"]] == ["x-2", FAULTY]
+        assert [b["node"] for b in w.repo.breaker.read()["backlog"]] == ["x-2", FAULTY]
         assert w.repo.get_job("j").state is C.JobState.FAILED
         history = w.repo.get_instance_item(FAULTY)["fault_history"]
         assert (history[-1]["cause"], history[-1]["executed"]) == ("builtin:reboot-timeout", False)
@@ -166,7 +166,7 @@ def test_a_reboot_timeout_counts_against_the_breaker_when_it_drains() -> None:
         w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         w.service.sweep()
         assert w.ecs.drained and w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
-        assert [e["node"] for e in w.repo.get_breaker()["window"]] == [FAULTY]  # the quarantine, now
+        assert [e["node"] for e in w.repo.breaker.read()["window"]] == [FAULTY]  # the quarantine, now
 
 
 def test_drain_observed_a_health_check_timeout_leaves_the_node_undrained() -> None:
@@ -203,33 +203,33 @@ def test_a_reset_releases_at_most_the_windows_allowance_per_sweep() -> None:
         w.ecs.spare_nodes = [f"n-{i}" for i in range(10)]
         held = [f"n-{i}" for i in range(5)]
         _held(w, held)
-        assert w.repo.get_breaker()["state"] == "tripped"
-        assert reset_breaker(w.repo, now=w.now[0] + 10, resume_backlog=True, by="oncall").done
+        assert w.repo.breaker.read()["state"] == "tripped"
+        assert reset_breaker(w.repo.breaker, now=w.now[0] + 10, resume_backlog=True, by="oncall").done
         w.advance(60)
         w.service.sweep()
         assert w.rebooter.calls == ["i-n-0", "i-n-1"]
         w.advance(60)
         w.service.sweep()
         assert len(w.rebooter.calls) == 2
-        assert sorted(w.repo.get_breaker()["released"]) == ["n-2", "n-3", "n-4"]
+        assert sorted(w.repo.breaker.read()["released"]) == ["n-2", "n-3", "n-4"]
         w.advance(10 * 60)
         w.service.sweep()
         assert w.rebooter.calls == ["i-n-0", "i-n-1", "i-n-2", "i-n-3"]
         w.advance(10 * 60)
         w.service.sweep()
-        assert len(w.rebooter.calls) == 5 and not w.repo.get_breaker()["released"]
-        assert w.repo.get_breaker()["state"] == "closed"
+        assert len(w.rebooter.calls) == 5 and not w.repo.breaker.read()["released"]
+        assert w.repo.breaker.read()["state"] == "closed"
 
 
 def test_drop_backlog_also_drops_what_an_earlier_reset_released_and_is_still_waiting() -> None:
     with world() as w:
         w.ecs.spare_nodes = [f"n-{i}" for i in range(5)]
         _held(w, ["n-0", "n-1", "n-2"])
-        assert reset_breaker(w.repo, now=w.now[0] + 10, resume_backlog=True, by="oncall").done
+        assert reset_breaker(w.repo.breaker, now=w.now[0] + 10, resume_backlog=True, by="oncall").done
         w.advance(60)
         w.service.sweep()
         assert w.rebooter.calls == ["i-n-0"]  # 20 % of 5: one node per window
-        dropped = reset_breaker(w.repo, now=w.now[0], resume_backlog=False, by="oncall")
+        dropped = reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=False, by="oncall")
         assert sorted(e["node"] for e in dropped.dropped) == ["n-1", "n-2"]
         w.advance(20 * 60)
         w.service.sweep()
@@ -247,14 +247,14 @@ def test_the_breaker_sweep_emits_its_state_and_utilisation() -> None:
         w.service.sweep()
         assert metrics.last("BreakerOpen") == ("Count", 0)
         decided = breaker.record_action(None, node="n-0", action="reboot", now=w.now[0], cluster_gpu_nodes=10)
-        assert w.repo.save_breaker(decided.state, None)  # a first action: nothing counted
+        assert w.repo.breaker.save(decided.state, None)  # a first action: nothing counted
         listed = w.ecs.cluster_listings
         w.service.sweep()
         assert metrics.last("BreakerOpen") == ("Count", 0.0)
         assert metrics.last("BreakerUtilization") is None  # a share of an unknown cluster means nothing
         assert w.ecs.cluster_listings == listed
-        stored = w.repo.get_breaker()
-        assert w.repo.save_breaker({**decided.state, "version": decided.state["version"] + 1,
+        stored = w.repo.breaker.read()
+        assert w.repo.breaker.save({**decided.state, "version": decided.state["version"] + 1,
                                     "cluster_gpu_nodes": 10}, int(stored["version"]))
         w.service.sweep()
         assert metrics.last("BreakerUtilization") == ("Percent", pytest.approx(50.0))
@@ -273,10 +273,10 @@ def test_an_idle_sweep_reads_the_breaker_with_its_worklist_and_a_sweep_that_acte
         metrics = _Metrics()
         w.service.metrics = metrics
         decided = breaker.record_action(None, node="n-0", action="reboot", now=w.now[0], cluster_gpu_nodes=10)
-        assert w.repo.save_breaker({**decided.state, "cluster_gpu_nodes": 10}, None)
+        assert w.repo.breaker.save({**decided.state, "cluster_gpu_nodes": 10}, None)
         reads: list[str] = []
-        read = w.repo.get_breaker
-        w.repo.get_breaker = lambda: reads.append("breaker") or read()  # type: ignore[method-assign]
+        read = w.repo.breaker.read
+        w.repo.breaker.read = lambda: reads.append("breaker") or read()  # type: ignore[method-assign]
         w.service.sweep()
         assert reads == []
         assert metrics.last("BreakerUtilization") == ("Percent", pytest.approx(50.0))  # from the batch's item
@@ -364,10 +364,10 @@ def test_the_breaker_records_the_clusters_size_only_when_it_counted_it() -> None
     acted on within the window, Then the cluster is counted and its real size recorded."""
     with world() as w:
         fault_with_reboot_verdict(w, w.register_job("j", [PEER, FAULTY]))
-        stored = w.repo.get_breaker()
+        stored = w.repo.breaker.read()
         assert stored["window"] and "cluster_gpu_nodes" not in stored
         arns = w.register_job("k", ["node-c", "node-d"])
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         [task] = w.ecs.health_checks_on("node-d")
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-        assert w.repo.get_breaker()["cluster_gpu_nodes"] == 4
+        assert w.repo.breaker.read()["cluster_gpu_nodes"] == 4

@@ -75,7 +75,8 @@ def test_two_copies_interleaved_make_one_transaction_and_the_second_waits() -> N
         detail = _check_stopped(w)
         decisions = _count_decisions(w)
         a = Invocation("req-a", w.now[0] + TIMEOUT)
-        assert w.repo.claim_verdict(detail.taskArn, a.request_id, lease_end(a, w.now[0]), w.now[0]).taken
+        leases = w.repo.verdict_leases
+        assert leases.claim(detail.taskArn, a.request_id, lease_end(a, w.now[0]), w.now[0]).taken
         finished: list[str] = []
         pauses = _sleeper(w, lambda: finished.append(w.service.on_health_check_stopped(detail, a).action))
         b = Invocation("req-b", w.now[0] + 0.3 + TIMEOUT)
@@ -93,7 +94,7 @@ def test_a_holder_that_died_after_the_lease_is_finished_by_lambdas_retry() -> No
     with world() as w:
         detail = _check_stopped(w)
         died = Invocation("req-a", w.now[0] + TIMEOUT)
-        assert w.repo.claim_verdict(detail.taskArn, died.request_id, died.deadline, w.now[0]).taken
+        assert w.repo.verdict_leases.claim(detail.taskArn, died.request_id, died.deadline, w.now[0]).taken
         w.advance(TIMEOUT + 1)  # its failure, then Lambda's retry a minute on
         pauses = _sleeper(w)
         retry = Invocation("req-a", w.now[0] + TIMEOUT)
@@ -110,7 +111,7 @@ def test_a_lost_answer_on_the_lease_write_is_passed_by_the_retry() -> None:
         detail = _check_stopped(w)
         pauses = _sleeper(w)
         a = Invocation("req-a", w.now[0] + TIMEOUT)
-        w.repo.fail_once("claim_verdict", "lose")
+        w.repo.fail_once("verdict_leases.claim", "lose")
         with pytest.raises(LostResponse):
             w.service.on_health_check_stopped(detail, a)
         assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
@@ -125,7 +126,7 @@ def test_another_copy_takes_over_an_expired_lease() -> None:
     Then it takes the lease over and applies the verdict, without waiting."""
     with world() as w:
         detail = _check_stopped(w)
-        assert w.repo.claim_verdict(detail.taskArn, "req-a", w.now[0] + TIMEOUT, w.now[0]).taken
+        assert w.repo.verdict_leases.claim(detail.taskArn, "req-a", w.now[0] + TIMEOUT, w.now[0]).taken
         w.advance(TIMEOUT + 0.5)
         pauses = _sleeper(w)
         assert w.service.on_health_check_stopped(detail, Invocation("req-b", w.now[0] + TIMEOUT)).action \
@@ -141,7 +142,7 @@ def test_a_waiting_copy_takes_over_once_the_dead_holders_lease_expires() -> None
     over and applies the verdict."""
     with world() as w:
         detail = _check_stopped(w)
-        assert w.repo.claim_verdict(detail.taskArn, "req-a", w.now[0] + 8, w.now[0]).taken
+        assert w.repo.verdict_leases.claim(detail.taskArn, "req-a", w.now[0] + 8, w.now[0]).taken
         start = w.now[0]
         pauses = _sleeper(w)
         outcome = w.service.on_health_check_stopped(detail, Invocation("req-b", start + TIMEOUT))
@@ -190,7 +191,7 @@ def test_a_copy_finding_the_lease_held_reads_a_few_times_then_leaves_it_to_the_s
 
         def renewing() -> None:  # the holder, alive, renews whenever the copy looks
             until = min(holder.deadline, w.now[0] + VERDICT_LEASE_SECONDS)
-            assert w.repo.claim_verdict(detail.taskArn, holder.request_id, until, w.now[0]).taken
+            assert w.repo.verdict_leases.claim(detail.taskArn, holder.request_id, until, w.now[0]).taken
 
         renewing()
         reads = [0]
@@ -232,12 +233,12 @@ def test_the_lease_is_taken_kept_by_its_holder_and_refused_to_others_until_it_ex
     it, the other takes it; the item carries the job table's TTL a day on."""
     repo = memory_repository()
     task = "arn:aws:ecs:us-east-1:111122223333:task/cluster/0123abcd"
-    assert repo.claim_verdict(task, "req-a", T0 + 60, T0).taken
-    assert repo.claim_verdict(task, "req-a", T0 + 60, T0 + 0.2).taken  # the same PutItem again
-    other = repo.claim_verdict(task, "req-b", T0 + 61, T0 + 1)
+    assert repo.verdict_leases.claim(task, "req-a", T0 + 60, T0).taken
+    assert repo.verdict_leases.claim(task, "req-a", T0 + 60, T0 + 0.2).taken  # the same PutItem again
+    other = repo.verdict_leases.claim(task, "req-b", T0 + 61, T0 + 1)
     assert not other.taken and other.until == T0 + 60
-    assert not repo.claim_verdict(task, "req-b", T0 + 61, T0 + 60).taken  # not yet past it
-    assert repo.claim_verdict(task, "req-b", T0 + 121, T0 + 60.5).taken
+    assert not repo.verdict_leases.claim(task, "req-b", T0 + 61, T0 + 60).taken  # not yet past it
+    assert repo.verdict_leases.claim(task, "req-b", T0 + 121, T0 + 60.5).taken
     item = repo.db.get(JOBS, {C.JOB_PK: "VERDICT#0123abcd"})
     assert item is not None and item["holder"] == "req-b" and float(item["lease_until"]) == T0 + 121
     assert int(item[C.JOB_TABLE_TTL_ATTRIBUTE]) == int(T0 + 60.5 + VERDICT_LEASE_TTL_SECONDS)

@@ -91,12 +91,17 @@ class CapacityPort(Protocol):
 
 
 class NoticeData(ReadsNodeItems, Protocol):
-    """The node and the jobs on it, and the notice's intents (``repository/aws_notices.py``)."""
+    """The node and the jobs on it."""
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def put_instance_if_absent(self, instance: Instance) -> bool: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+
+
+class NoticeRecords(Protocol):
+    """The notice's intents (``repository/aws_notices.py``)."""
+
     def record_notice(self, node: str, record: Mapping[str, Any], *, replaces: str, deadline_at: float,
                       cordon: Mapping[str, Any] | None, version: float,
                       also: Sequence[Update] = ()) -> bool: ...
@@ -123,6 +128,7 @@ class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):
 @dataclass(eq=False, repr=False)
 class AwsNotices:
     data: NoticeData
+    records: NoticeRecords
     ecs: NoticeEcs
     cordons: Cordons  # the attribute put after the commit
     notices: Notices  # the e-mails' outbox
@@ -211,7 +217,7 @@ class AwsNotices:
             owed = self._node_notice(notice, inst_id, ec2_id, busy, already_cordoned=cordon is None)
             record = {**notice.as_record(), "jobs": {}}
             replaces = str(current.get("key") or "")
-            if not repo.record_notice(inst_id, record, replaces=replaces, deadline_at=now,
+            if not self.records.record_notice(inst_id, record, replaces=replaces, deadline_at=now,
                                       cordon=cordon, version=now, also=self.notices.owe([owed], now)):
                 return "raced"
             self.notices.send([owed])
@@ -248,7 +254,7 @@ class AwsNotices:
 
     def _ask(self, inst_id: str, record: dict[str, Any], job: Job, now: float) -> int:
         """Ask one job on the node to checkpoint and move (1), or note that it cannot be (0)."""
-        repo, modes = self.data, self.policy.modes
+        modes = self.policy.modes
         key, deadline = str(record["key"]), _float(record.get("deadline"))
         movable = (job.is_queue_job and job.state is JobState.RUNNING and modes.executes(Effect.STOP_TASKS)
                    and modes.executes(Effect.RESTART_JOB))
@@ -265,7 +271,7 @@ class AwsNotices:
                     "restarts elsewhere from that checkpoint")
             suspend = {**suspend_record(SuspendKind.MOVED, told, grace_seconds=int(bound), now=now),
                        "avoid": avoid}
-            done = repo.ask_job_to_leave(inst_id, key, job.job_id, job.attempt,
+            done = self.records.ask_job_to_leave(inst_id, key, job.job_id, job.attempt,
                                          job_entry(job.job_id, job.attempt, now, "move"), suspend,
                                          now + bound,
                                          f"move requested ({told})")
@@ -278,7 +284,7 @@ class AwsNotices:
         if job.state is JobState.RUNNING:
             owed = self._told(inst_id, job, why, deadline)
         entry = job_entry(job.job_id, job.attempt, now, "stays")
-        if repo.note_notice_job(inst_id, key, job.job_id, entry, also=self.notices.owe([owed], now)):
+        if self.records.note_notice_job(inst_id, key, job.job_id, entry, also=self.notices.owe([owed], now)):
             self.notices.send([owed])
         return 0
 
@@ -366,7 +372,7 @@ class AwsNotices:
             checkpoint_at = goodput.checkpoint_before(job.checkpoint, now)
             ledger = goodput.fault_marks(fault_at=now, checkpoint_at=checkpoint_at, node=inst_id,
                                          rule=f"aws-notice:{record.get('kind')}")
-            if not repo.move_job_off_notice(inst_id, key, job, rank.rank,
+            if not self.records.move_job_off_notice(inst_id, key, job, rank.rank,
                                             job_entry(job_id, job.attempt, now, "stopped"),
                                             reason=reason, now=now, deadline_at=now + NOTICE_RETRY_SECONDS,
                                             ledger=ledger, also=self.notices.owe([owed], now)):
@@ -390,21 +396,20 @@ class AwsNotices:
         yet are asked; those still there at the deadline are counted); once none does, at the
         end of a maintenance window (the node returns) or never (the capacity goes for good: the
         cordon stays). A rebalance (no date) is left once its jobs were asked."""
-        repo = self.data
         deadline, key = _float(record.get("deadline")), str(record["key"])
         window_end = _float(record.get("window_end"))
         comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
         if deadline is None:
-            repo.settle_notice(inst_id, key)
+            self.records.settle_notice(inst_id, key)
         elif live or (now < deadline and drain_owed):
             # Jobs to move, or a drain ECS has not confirmed: looked at again within the minute
             # (and when the jobs with no control channel are due to be stopped: ``stop_at``).
-            repo.rearm_notice(inst_id, key, next_look(deadline, now, NOTICE_RETRY_SECONDS,
+            self.records.rearm_notice(inst_id, key, next_look(deadline, now, NOTICE_RETRY_SECONDS,
                                                       RECOVERY_SWEEP_RATE_SECONDS))
         elif comes_back:
-            repo.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
+            self.records.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
         else:
-            repo.settle_notice(inst_id, key)
+            self.records.settle_notice(inst_id, key)
 
     # ------------------------------------------------------------------ the sweep
     def sweep(self, inst_id: str, now: float) -> str:
@@ -435,14 +440,14 @@ class AwsNotices:
             window_end = _float(record.get("window_end"))
             comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
             if comes_back and now < (window_end or 0):
-                if repo.settle_notice(inst_id, key, {"notice.ended_at": now, "notice.left": left}):
-                    repo.rearm_notice(inst_id, key, float(window_end or now))
+                if self.records.settle_notice(inst_id, key, {"notice.ended_at": now, "notice.left": left}):
+                    self.records.rearm_notice(inst_id, key, float(window_end or now))
                 return "notice_window"
             if not comes_back:
-                return "notice_capacity_gone" if repo.settle_notice(
+                return "notice_capacity_gone" if self.records.settle_notice(
                     inst_id, key, {"notice.ended_at": now, "notice.left": left}) else "raced"
         uncordon = bool(instance.cordon.get("notice"))
-        if repo.end_notice(inst_id, key, now, uncordon=uncordon):
+        if self.records.end_notice(inst_id, key, now, uncordon=uncordon):
             if uncordon:
                 after_commit("aws-notice uncordon", self.cordons.sync_quietly, inst_id)
             return "notice_window_over"
@@ -458,7 +463,7 @@ class AwsNotices:
         if not owes_drain(record):
             return True
         self.ecs.drain(instance.container_instance_arn or instance.container_inst_id)
-        if not self.data.record_notice_drained(instance.container_inst_id, str(record["key"]), now):
+        if not self.records.record_notice_drained(instance.container_inst_id, str(record["key"]), now):
             return False
         logger.warning("node drained: AWS takes its capacity", extra={
             "instance": instance.container_inst_id, "notice": record.get("kind")})

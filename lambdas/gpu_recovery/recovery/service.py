@@ -107,13 +107,13 @@ class RecoveryService:
         self.suspensions = Suspensions(repo, suspension_items, notices, self.gang,
                                        metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
-        holds = HeldJobs(repo, notices, metrics=self._metrics, settings=settings)
+        holds = HeldJobs(repo, repo.breaker, notices, metrics=self._metrics, settings=settings)
         restart_nodes = RestartNodes(repo, SchedulingRepository(repo), ecs)
         self.restarts = GangRestart(repo, ecs, notices, self.gang, holds, restart_nodes, suspension_items,
                                     policy=policy, metrics=self._metrics, settings=settings,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
-        gate = NodeActionGate(repo, ecs, notices, metrics=self._metrics, settings=settings)
+        gate = NodeActionGate(repo.breaker, ecs, notices, metrics=self._metrics, settings=settings)
         cordons = Cordons(repo, ecs, notices, gate, metrics=self._metrics, reactions=reactions)
         self.reboots = Reboots(repo, ecs, self.ranks, self.gang, gate, cordons, notices, rebooter=rebooter,
                                replacer=replacer, policy=policy, metrics=self._metrics,
@@ -138,10 +138,10 @@ class RecoveryService:
                                        notices, verdicts=verdicts, replacer=replacer,
                                        metrics=self._metrics, settings=settings, reactions=reactions)
         self.health = HealthChecks(repo, ecs, tasks, self.reboots, self.remediation, settlement, owed,
-                                   notices, verdicts=verdicts, leases=repo, policy=policy,
+                                   notices, verdicts=verdicts, leases=repo.verdict_leases, policy=policy,
                                    metrics=self._metrics, settings=settings, reactions=reactions)
-        self.warnings = GpuWarnings(repo, self.remediation, gate, cordons, notices, policy=policy,
-                                    metrics=self._metrics, settings=settings)
+        self.warnings = GpuWarnings(repo, repo.warnings, self.remediation, gate, cordons, notices,
+                                    policy=policy, metrics=self._metrics, settings=settings)
         self.placement = PlacementHolds(repo, ecs, cordons, self.restarts, restart_nodes, settings=settings)
         # Which exits of a fault name a suspect, and their checks (issue 50).
         self.suspects = FaultSuspects(repo.faults, repo.latches, self.health, self.remediation,
@@ -149,14 +149,14 @@ class RecoveryService:
         self.faults = TaskEvents(repo, self.ranks, self.suspects, self.restarts, self.remediation,
                                  self.suspensions, self.gang, notices, settlement, policy=policy,
                                  metrics=self._metrics, settings=settings, reactions=reactions)
-        self.breaker = BreakerOperations(repo, self.remediation, gate, notices, policy=policy,
+        self.breaker = BreakerOperations(repo, repo.breaker, self.remediation, gate, notices, policy=policy,
                                          metrics=self._metrics, settings=settings)
         handover = PreflightHandover(repo, self.remediation, self.gang, metrics=self._metrics,
                                      reactions=reactions)
         self.preflights = Preflights(repo, handover, notices, tenant_evidence, metrics=self._metrics,
                                      settings=settings)
         # AWS's notices that capacity goes away (docs/aws-notices.md).
-        self.aws_notices = AwsNotices(repo, ecs, cordons, notices, capacity, policy=policy,
+        self.aws_notices = AwsNotices(repo, repo.aws_notices, ecs, cordons, notices, capacity, policy=policy,
                                       metrics=self._metrics, settings=settings, stop_gang=self.gang.stop,
                                       reactions=reactions)
         self.sweeper = Sweep(repo, self.faults, self.health, self.reboots, self.restarts, self.breaker,

@@ -55,7 +55,6 @@ from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.validations import Validations
 from gpu_recovery.recovery.warnings import GpuWarnings
-from gpu_recovery.repository.cordons import Worklist
 from gpu_recovery.repository.faults import FaultRepository, suspect_from_item
 from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS, HealthCheckSlots
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
@@ -93,7 +92,6 @@ class SweepData(Protocol):
     def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]: ...
     def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]: ...
     def job_deadline_items(self) -> list[dict[str, Any]]: ...
-    def worklist_and_breaker(self) -> tuple[Worklist, dict[str, Any] | None]: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def job_from_item(self, item: dict[str, Any]) -> Job: ...
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
@@ -147,7 +145,7 @@ class Sweep:
         # Query is not made (an idle minute: three reads, not four).
         breaker, unread, job_deadlines = None, True, None
         try:
-            read, breaker = self.data.worklist_and_breaker()
+            read, breaker = self.breaker.worklist_and_state()
             job_deadlines = self._job_deadlines()
             done = self.cordons.sweep(read, job_deadlines=job_deadlines, short_of_time=partial(
                 self._short_of_time, time_left, TIME_MARGIN_SECONDS + STEPS_SHARE_SECONDS))

@@ -36,7 +36,7 @@ MARGIN_SECONDS = 10.0
 class VerdictLeases(Protocol):
     """The leases' one operation (``repository/verdict_leases.py``)."""
 
-    def claim_verdict(self, task_arn: str, holder: str, until: float, now: float) -> VerdictLease: ...
+    def claim(self, task_arn: str, holder: str, until: float, now: float) -> VerdictLease: ...
 
 
 @dataclass
@@ -54,14 +54,14 @@ class HeldLease:
         if self.until - now >= RENEW_BELOW_SECONDS:
             return True
         until = lease_end(self.invocation, now)
-        lease = self.leases.claim_verdict(self.task_arn, self.invocation.request_id, until, now)
+        lease = self.leases.claim(self.task_arn, self.invocation.request_id, until, now)
         if lease.taken:
             self.until = until
         return lease.taken
 
     def give_up(self) -> None:
         now = clock.now()
-        self.leases.claim_verdict(self.task_arn, self.invocation.request_id, now, now)
+        self.leases.claim(self.task_arn, self.invocation.request_id, now, now)
 
 
 def lease_end(invocation: Invocation, now: float) -> float:
@@ -85,7 +85,7 @@ def take(leases: VerdictLeases, metrics: MetricsPort, task_arn: str, invocation:
     while True:
         now = clock.now()
         until = lease_end(invocation, now)
-        lease = leases.claim_verdict(task_arn, invocation.request_id, until, now)
+        lease = leases.claim(task_arn, invocation.request_id, until, now)
         if lease.taken:
             return HeldLease(leases, task_arn, invocation, until)
         pause = max(MIN_PAUSE_SECONDS, lease.until - now + 0.1)

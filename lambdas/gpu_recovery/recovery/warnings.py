@@ -68,14 +68,18 @@ _STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
 
 class WarningData(ReadsNodeItems, Protocol):
-    """The warned node, the jobs on it, the warning's intents (``repository/warnings.py``) and
-    the holds it is kept out of placement by."""
+    """The warned node, the jobs on it and the holds it is kept out of placement by."""
 
     cordons: CordonRepository
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+
+
+class WarningRecords(Protocol):
+    """The warning's intents (``repository/warnings.py``)."""
+
     def cordon_for_warning(self, node: str, rule: str, record: Mapping[str, Any], version: float,
                            deadline_at: float, breaker: Update | None = None,
                            also: Sequence[Update] = ()) -> bool: ...
@@ -92,6 +96,7 @@ class WarningData(ReadsNodeItems, Protocol):
 @dataclass(eq=False, repr=False)
 class GpuWarnings:
     data: WarningData
+    records: WarningRecords
     remediation: NodeRemediation
     gate: NodeActionGate
     cordons: Cordons
@@ -139,13 +144,13 @@ class GpuWarnings:
         if record.get("decided_at") and warning is not None and not stale:
             # Decided already, the node left as it was (observe mode, or its repair held by the
             # breaker: its backlog carries it out): nothing more until it changes.
-            return "warning_decided" if repo.settle_warning(inst_id, rule) else "raced"
+            return "warning_decided" if self.records.settle_warning(inst_id, rule) else "raced"
         if warning is None or stale or plan.action not in NODE_ACTIONS or not plan.decision.skip_health_check:
             why = ("its latest GPU report predates the node's last repair" if stale and warning is not None
                    else "the node's latest GPU report no longer shows it" if warning is None
                    else f"the catalog decides {plan.action.value} on the same evidence")
             uncordon = instance.cordoned and instance.cordon.get("cause") == rule
-            if repo.clear_warning(inst_id, rule, now, uncordon=uncordon):
+            if self.records.clear_warning(inst_id, rule, now, uncordon=uncordon):
                 logger.info("driver warning cleared", extra={"instance": inst_id, "rule": rule, "why": why})
                 if uncordon:
                     after_commit("uncordon", self.cordons.sync_quietly, inst_id)
@@ -213,7 +218,7 @@ class GpuWarnings:
         if not instance.cordoned:
             if not self._cordon(inst_id, rule, warning, next_look):
                 return "raced"
-        elif not repo.rearm_warning(inst_id, rule, next_look):
+        elif not self.records.rearm_warning(inst_id, rule, next_look):
             return "raced"
         asked_now = 0
         for job_id in sorted({r.job_id for r in busy} | ({holder} if holder else set())):
@@ -230,10 +235,10 @@ class GpuWarnings:
                                   cordon_unless_drained=True)
         cordon = answer.cordon_record(cause=rule, reason=f"driver warning: {warning.describe()}", now=now)
         if cordon is None:
-            return self.data.rearm_warning(inst_id, rule, next_look)
+            return self.records.rearm_warning(inst_id, rule, next_look)
         limit = self.cordons.limit_tripped_notice(answer.cordon, inst_id, warning.reason) \
             if answer.cordon is not None and answer.cordon.tripped_now else None
-        if not self.data.cordon_for_warning(inst_id, rule, cordon, now, next_look, answer.update,
+        if not self.records.cordon_for_warning(inst_id, rule, cordon, now, next_look, answer.update,
                                                  also=self.notices.owe([limit], now)):
             return False
         self.notices.send([limit])
@@ -243,7 +248,6 @@ class GpuWarnings:
     def _ask(self, instance: Instance, rule: str, record: dict[str, Any], warning: DriverWarning, job: Job,
              now: float) -> int:
         """Ask one job on the warned node to move (1), or note that it stays (0)."""
-        repo = self.data
         inst_id = instance.container_inst_id
         bound = self.settings.remediation.warning_checkpoint_seconds
         modes = self.policy.modes
@@ -255,7 +259,7 @@ class GpuWarnings:
             why = (f"driver warning on {inst_id}: {warning.describe()}; checkpoint and stop within "
                    f"{bound} s: the job restarts elsewhere from that checkpoint and the node is repaired")
             suspend = {**suspend_record(SuspendKind.MOVED, why, grace_seconds=bound, now=now), "avoid": avoid}
-            done = repo.ask_job_to_move(inst_id, rule, job.job_id, job.attempt,
+            done = self.records.ask_job_to_move(inst_id, rule, job.job_id, job.attempt,
                                         job_entry(job.job_id, job.attempt, now, "move"), suspend, now + bound,
                                         f"move requested ({why})")
             if done:
@@ -267,7 +271,8 @@ class GpuWarnings:
             why = self._why_it_stays(job, warning, bound)
             owed = self._stays_notice(job, instance, warning, why) if job.state is JobState.RUNNING else None
             entry = job_entry(job.job_id, job.attempt, now, "stays")
-            if repo.note_job_stays(inst_id, rule, job.job_id, entry, also=self.notices.owe([owed], now)):
+            owes = self.notices.owe([owed], now)
+            if self.records.note_job_stays(inst_id, rule, job.job_id, entry, also=owes):
                 self.notices.send([owed])
         return 0
 

@@ -16,9 +16,11 @@
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
 * ``verdict_leases`` — the lease one delivery of a health check's STOPPED event takes on its verdict.
-* ``faults``, ``latches``, ``health_check_slots``, ``cordons``, ``notices`` — the
-  sub-repositories a :class:`Repository` carries (``repo.faults``, ``repo.latches``,
-  ``repo.slots``, ``repo.cordons``, ``repo.notices``).
+* ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices``, ``faults``, ``latches``,
+  ``health_check_slots``, ``cordons``, ``notices`` — the sub-repositories a
+  :class:`Repository` carries, each handed to the stages that use it (``repo.breaker``,
+  ``repo.verdict_leases``, ``repo.warnings``, ``repo.aws_notices``, ``repo.faults``,
+  ``repo.latches``, ``repo.slots``, ``repo.cordons``, ``repo.notices``).
 * ``heartbeat``, ``scheduling``, ``time_sharing``, ``jobs_api``, ``rate_limit`` — the
   other services' records, on the same tables.
 

@@ -21,14 +21,19 @@ from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 
 
-class AwsNoticeRecords(JobsAndRanks):
-    """Intents of the notice stage (the node's notice and cordon, the jobs asked, its end)."""
+class AwsNoticeRepository:
+    """Intents of the notice stage (the node's notice and cordon, the jobs asked, its end):
+    ``repo.aws_notices``."""
+
+    def __init__(self, jobs: JobsAndRanks) -> None:
+        self.jobs = jobs
+        self.db, self.cordons, self.faults, self.latches = jobs.db, jobs.cordons, jobs.faults, jobs.latches
 
     def _notice_update(self, node: str, key: str, *, set_fields: Mapping[str, Any] | None = None,
                        remove: Sequence[str] = (), deadline_at: float | None = None,
                        clear_deadline: bool = False) -> Update:
         """An update of the node, only while it carries the notice ``key``."""
-        return self.instance_update(
+        return self.jobs.instance_update(
             node, set_fields=dict(set_fields or {}), remove_fields=list(remove), deadline_at=deadline_at,
             clear_deadline=clear_deadline, extra_condition="#n.#nk = :nk", extra_values={":nk": key},
             extra_names={"#n": "notice", "#nk": "key"})
@@ -44,7 +49,7 @@ class AwsNoticeRecords(JobsAndRanks):
             fields.update(self.cordons.cordon_fields(cordon, version))
             updates.append(self.cordons.sync_update(node, version))
         condition = "attribute_not_exists(#n)" if not replaces else "#n.#nk = :old"
-        update = self.instance_update(
+        update = self.jobs.instance_update(
             node, set_fields=fields, deadline_at=deadline_at, extra_condition=condition,
             extra_values={":old": replaces} if replaces else {},
             extra_names={"#n": "notice", **({"#nk": "key"} if replaces else {})})
@@ -58,9 +63,10 @@ class AwsNoticeRecords(JobsAndRanks):
         call go_suspend(); past it, a notice with a deadline stops its ranks: ``recovery.suspension``)."""
         node_update = self._notice_update(node, key,
                                           set_fields={f"notice.jobs.{job_key(job_id)}": dict(entry)})
-        job_update = self.job_transition(
+        job_update = self.jobs.job_transition(
             job_id, JobState.SUSPENDING, from_states=[JobState.RUNNING], attempt=attempt, reason=reason,
-            actor="recovery", set_fields={"suspend": dict(suspend), **self.job_deadline_fields(deadline_at)})
+            actor="recovery",
+            set_fields={"suspend": dict(suspend), **self.jobs.job_deadline_fields(deadline_at)})
         return self.db.transact([node_update, job_update, *also])
 
     def move_job_off_notice(self, node: str, key: str, job: Job, rank: int, entry: Mapping[str, Any], *,
@@ -75,12 +81,13 @@ class AwsNoticeRecords(JobsAndRanks):
         node_update = self._notice_update(node, key,
                                           set_fields={f"notice.jobs.{job_key(job.job_id)}": dict(entry)})
         tally = FaultTally(attempt=job.attempt, decided=1, fatal=1, opened_by=NOTICE_FAULT)
-        job_update = self.job_transition(
+        job_update = self.jobs.job_transition(
             job.job_id, JobState.PENDING_RESTART, from_states=[JobState.RUNNING], attempt=job.attempt,
             reason=reason, actor="recovery",
             set_fields={"fault": tally.to_item(), "fault_started_at": now, "relocate": True,
-                        "restart_reason": reason[:500], **self.stop_fanout_fields(job.attempt, reason, now),
-                        **self.job_deadline_fields(deadline_at)},
+                        "restart_reason": reason[:500],
+                        **self.jobs.stop_fanout_fields(job.attempt, reason, now),
+                        **self.jobs.job_deadline_fields(deadline_at)},
             ledger=ledger)
         suspect = self.faults.decide_suspect(
             job, node, SuspectVerdict.UNAVAILABLE, findings={"source": "aws notice", "why": reason[:300]},

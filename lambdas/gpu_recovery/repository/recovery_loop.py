@@ -1,18 +1,29 @@
-"""The recovery loop's repository, one class over the modules of its aggregates."""
+"""The recovery loop's repository: the aggregates of its two tables, one object the
+composition root builds the stages' data from."""
 
 from __future__ import annotations
 
-from gpu_recovery.repository.aws_notices import AwsNoticeRecords
-from gpu_recovery.repository.breaker import BreakerState
+from typing import Any
+
+from gpu_recovery.repository.aws_notices import AwsNoticeRepository
+from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.gpu_resets import GpuResets
 from gpu_recovery.repository.node_decisions import NodeDecisions
 from gpu_recovery.repository.validations import Validations
-from gpu_recovery.repository.verdict_leases import VerdictLeases
-from gpu_recovery.repository.warnings import DriverWarnings
+from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
+from gpu_recovery.repository.warnings import WarningRepository
 
 
-class Repository(NodeDecisions, GpuResets, Validations, BreakerState, VerdictLeases, DriverWarnings,
-                 AwsNoticeRecords):
-    """The recovery loop's repository: the intents of every aggregate of its two tables
-    (jobs and ranks, instances, node decisions, the breaker), one object the stages share.
-    Each method lives in the module of its aggregate (see the package docstring)."""
+class Repository(NodeDecisions, GpuResets, Validations):
+    """The intents of jobs and ranks, instances and the node decisions over both (its own
+    members, each in the module of its aggregate: see the package docstring), and the
+    aggregates a stage is handed on its own: ``breaker``, ``verdict_leases``, ``warnings``,
+    ``aws_notices`` (beside the tables' ``faults``, ``latches``, ``slots``, ``cordons``...)."""
+
+    def __init__(self, dynamodb: Any, job_table: str, instance_table: str, *,
+                 deadline_shards: int = 1) -> None:
+        super().__init__(dynamodb, job_table, instance_table, deadline_shards=deadline_shards)
+        self.breaker = BreakerRepository(self)  # the blast-radius breaker, the jobs it holds
+        self.verdict_leases = VerdictLeaseRepository(self)  # one delivery works a check's verdict
+        self.warnings = WarningRepository(self)  # the driver's warnings on a node
+        self.aws_notices = AwsNoticeRepository(self)  # AWS's notices on a node

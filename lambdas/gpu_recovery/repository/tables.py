@@ -2,9 +2,9 @@
 sub-repositories over them, the builders of conditional updates (a job's transition, a
 rank's, an instance's) and the sweep's reads of the deadline index.
 
-:class:`RecoveryTables` is the base of each aggregate's intents (``jobs_and_ranks``,
-``instances``, ``node_decisions``, ``breaker``); ``gpu_recovery.repository.Repository``
-is their union. The generic builders are also what the heartbeat and queue repositories,
+:class:`RecoveryTables` is the base of the intents of jobs and ranks, instances and the node
+decisions (``gpu_recovery.repository.Repository`` is their union), and what the aggregates
+it carries are built over (``breaker``, ``warnings``...). The generic builders are also what the heartbeat and queue repositories,
 which share these tables, build their own intents with.
 """
 

@@ -27,10 +27,13 @@ class VerdictLease:
     until: float
 
 
-class VerdictLeases(RecoveryTables):
-    """Intents of the verdict lease."""
+class VerdictLeaseRepository:
+    """Intents of the verdict lease (``repo.verdict_leases``)."""
 
-    def claim_verdict(self, task_arn: str, holder: str, until: float, now: float) -> VerdictLease:
+    def __init__(self, tables: RecoveryTables) -> None:
+        self.db, self.table = tables.db, tables.job_table_name
+
+    def claim(self, task_arn: str, holder: str, until: float, now: float) -> VerdictLease:
         """Take (or keep) the lease on ``task_arn``'s verdict for ``holder`` (an invocation's
         request id) until ``until`` (its deadline: after it the holder cannot be running).
         Free, already the holder's (botocore's retry of a PutItem whose answer was lost,
@@ -40,11 +43,11 @@ class VerdictLeases(RecoveryTables):
         item = {JOB_PK: key, "item_type": "VERDICT_LEASE", "task_arn": task_arn, "holder": holder,
                 "lease_until": until, JOB_TABLE_TTL_ATTRIBUTE: int(now + VERDICT_LEASE_TTL_SECONDS)}
         if self.db.put_conditional(
-                self.job_table_name, to_ddb(item),
+                self.table, to_ddb(item),
                 "attribute_not_exists(#k) OR #h = :me OR #u < :now",
                 {"#k": JOB_PK, "#h": "holder", "#u": "lease_until"},
                 {":me": holder, ":now": to_ddb(now)}):
             return VerdictLease(taken=True, until=until)
-        held = self.db.get(self.job_table_name, {JOB_PK: key})
+        held = self.db.get(self.table, {JOB_PK: key})
         # Gone since (the TTL, a day on): free now; the caller's next try takes it.
         return VerdictLease(taken=False, until=float(held["lease_until"]) if held else now)

@@ -14,20 +14,25 @@ from typing import Any
 from gpu_recovery.domain.gpu_warnings import job_key
 from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
+from gpu_recovery.repository.tables import RecoveryTables
 
 #: Nodes a warning is acted on in: no recovery owns them.
 WARNED_STATES = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
 
 
-class DriverWarnings(JobsAndRanks):
-    """Intents of the warning stage (the cordon, the jobs asked to move, the end of it)."""
+class WarningRepository:
+    """Intents of the warning stage (the cordon, the jobs asked to move, the end of it):
+    ``repo.warnings``."""
+
+    def __init__(self, tables: RecoveryTables) -> None:
+        self.tables = tables
+        self.db, self.cordons = tables.db, tables.cordons
 
     def _warning_update(self, node: str, rule: str, *, set_fields: Mapping[str, Any] | None = None,
                         names: Mapping[str, str] | None = None, remove: Sequence[str] = (),
                         deadline_at: float | None = None, clear_deadline: bool = False) -> Update:
         """An update of a warned node, only while it still carries that warning's record."""
-        return self.instance_update(
+        return self.tables.instance_update(
             node, from_states=WARNED_STATES, set_fields=dict(set_fields or {}), remove_fields=list(remove),
             deadline_at=deadline_at, clear_deadline=clear_deadline,
             extra_condition="#w.#wr = :wr", extra_values={":wr": rule},
@@ -51,9 +56,10 @@ class DriverWarnings(JobsAndRanks):
         until ``deadline_at`` to checkpoint and call go_suspend())."""
         node_update = self._warning_update(node, rule,
                                            set_fields={f"warning.jobs.{job_key(job_id)}": dict(entry)})
-        job_update = self.job_transition(
+        job_update = self.tables.job_transition(
             job_id, JobState.SUSPENDING, from_states=[JobState.RUNNING], attempt=attempt, reason=reason,
-            actor="recovery", set_fields={"suspend": dict(suspend), **self.job_deadline_fields(deadline_at)})
+            actor="recovery",
+            set_fields={"suspend": dict(suspend), **self.tables.job_deadline_fields(deadline_at)})
         return self.db.transact([node_update, job_update, *also])
 
     def note_job_stays(self, node: str, rule: str, job_id: str, entry: Mapping[str, Any],

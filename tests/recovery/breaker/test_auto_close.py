@@ -33,7 +33,7 @@ def _tripped(w: World) -> None:
     w.trip_breaker([REBOOTED])
     arns = w.register_job("j", [PEER, FAULTY])
     reboot_fault(w, arns)
-    stored = w.repo.get_breaker()
+    stored = w.repo.breaker.read()
     assert stored["state"] == policy.TRIPPED and stored["tripped_nodes"] == [REBOOTED]
     assert w.repo.get_job("j").state is JobState.HELD
 
@@ -52,13 +52,13 @@ def test_it_closes_by_itself_a_window_after_the_trip_releases_the_backlog_and_sa
     restarts on its nodes once node-b is back; later sweeps send nothing more."""
     with world() as w:
         _tripped(w)
-        tripped_at = w.repo.get_breaker()["tripped_at"]
+        tripped_at = w.repo.breaker.read()["tripped_at"]
         while w.now[0] + 61 < tripped_at + WINDOW:
             sweep_minutes(w, 1)
-            assert w.repo.get_breaker()["state"] == policy.TRIPPED
+            assert w.repo.breaker.read()["state"] == policy.TRIPPED
         assert w.rebooter.calls == [] and not sent(w, NotificationKind.BREAKER_CLOSED)
         sweep_minutes(w, 1)
-        stored = w.repo.get_breaker()
+        stored = w.repo.breaker.read()
         assert stored["state"] == policy.CLOSED and stored["last_reset_by"] == policy.CLOSED_BY_ITSELF
         [mail] = sent(w, NotificationKind.BREAKER_CLOSED)
         assert (f"breaker closed by itself: nodes {REBOOTED} back healthy; 1 held-back action(s) released at "
@@ -79,13 +79,13 @@ def test_a_duplicate_sweep_that_read_the_tripped_breaker_neither_closes_it_twice
     with world() as w:
         _tripped(w)
         w.advance(WINDOW + 60)
-        stored = w.repo.get_breaker()
+        stored = w.repo.breaker.read()
         ops = w.service.breaker
         assert ops._auto_close(dict(stored), w.now[0]) == "breaker_closed_by_itself"
         assert ops._auto_close(dict(stored), w.now[0]) == "breaker_raced"  # its version moved
         assert ops.sweep(w.now[0]).get("breaker_closed_by_itself") is None
         assert len(sent(w, NotificationKind.BREAKER_CLOSED)) == 1
-        assert w.repo.get_breaker()["version"] == stored["version"] + 1 + 1  # closed, then the release
+        assert w.repo.breaker.read()["version"] == stored["version"] + 1 + 1  # closed, then the release
 
 
 @pytest.mark.parametrize("how", ["lose", "refuse"])
@@ -97,13 +97,13 @@ def test_a_close_whose_answer_was_lost_mails_once_through_the_outbox_and_a_refus
     with world() as w:
         _tripped(w)
         w.advance(WINDOW + 60)
-        w.repo.fail_once("save_breaker", how)
+        w.repo.fail_once("breaker.save", how)
         with pytest.raises(Exception, match="injected"):
             w.service.breaker.sweep(w.now[0])
-        closed = w.repo.get_breaker()["state"] == policy.CLOSED
+        closed = w.repo.breaker.read()["state"] == policy.CLOSED
         assert closed is (how == "lose") and not sent(w, NotificationKind.BREAKER_CLOSED)
         sweep_minutes(w, 4)
-        assert w.repo.get_breaker()["state"] == policy.CLOSED
+        assert w.repo.breaker.read()["state"] == policy.CLOSED
         assert len(sent(w, NotificationKind.BREAKER_CLOSED)) == 1
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
@@ -123,14 +123,14 @@ def test_a_node_it_acted_on_that_faults_again_leaves_it_open_until_an_operator_r
                                                 {"at": w.now[0], "cause": "xid-79", "action": "reboot",
                                                  "executed": False}]}))
         sweep_minutes(w, 15)
-        stored = w.repo.get_breaker()
+        stored = w.repo.breaker.read()
         assert stored["state"] == policy.TRIPPED
         assert "node-x failed again" in stored["needs_operator"]["reason"]
         [mail] = sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
         assert ("breaker stays open until an operator resets it: node-x failed again after its "
                 "remediation") in mail
         assert not sent(w, NotificationKind.BREAKER_CLOSED) and w.rebooter.calls == []
-        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
+        assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=True, by="oncall").done
         sweep_minutes(w, 1)
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
@@ -145,7 +145,7 @@ def test_auto_close_off_keeps_todays_behaviour(capsys: pytest.CaptureFixture[str
         [held] = sent(w, NotificationKind.JOB_HELD)
         assert "closes by itself" not in held and "waiting for the breaker's reset" in held
         sweep_minutes(w, 40)
-        assert w.repo.get_breaker()["state"] == policy.TRIPPED and w.rebooter.calls == []
+        assert w.repo.breaker.read()["state"] == policy.TRIPPED and w.rebooter.calls == []
         assert not sent(w, NotificationKind.BREAKER_CLOSED)
         assert not sent(w, NotificationKind.BREAKER_NEEDS_OPERATOR)
         assert breaker_command(argparse.Namespace(breaker_command="show", json=True), w.repo, w.now[0]) == 0

@@ -32,7 +32,7 @@ def _held(w: World, job_id: str = "j", **tags: str) -> list[str]:
 
 def _reset_and_back(w: World) -> None:
     """The operator resumes the backlog; the sweep reboots node-b and it comes back."""
-    assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
+    assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=True, by="oncall").done
     sweep_minutes(w, 1)
     assert w.rebooter.calls == [f"i-{FAULTY}"]
     t = w.now[0]
@@ -88,7 +88,7 @@ def test_a_reset_that_resumes_the_backlog_reboots_the_node_and_the_held_job_rest
 def test_the_held_job_waits_while_the_released_node_reboots() -> None:
     with world() as w:
         _held(w)
-        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=True, by="oncall").done
+        assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=True, by="oncall").done
         sweep_minutes(w, 3)
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.REBOOTING
         assert w.repo.get_job("j").state is JobState.HELD
@@ -102,7 +102,7 @@ def test_a_refused_hold_is_finished_by_the_sweep_and_a_lost_resume_is_not_charge
     with world(held_job_deadline_seconds=7200) as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.trip_breaker(["x-1", "x-2"])
-        w.repo.fail_once("hold_job", "refuse")
+        w.repo.fail_once("breaker.hold_job", "refuse")
         with pytest.raises(TimeoutError):  # the event is retried; the sweep finishes it anyway
             reboot_fault(w, arns)
         assert w.repo.get_job("j").state is JobState.PENDING_RESTART
@@ -113,7 +113,7 @@ def test_a_refused_hold_is_finished_by_the_sweep_and_a_lost_resume_is_not_charge
         w.service.sweep()
         assert w.repo.get_job("j").state is JobState.HELD
         _reset_and_back(w)
-        w.repo.fail_once("resume_held_job", "lose")
+        w.repo.fail_once("breaker.resume_held_job", "lose")
         sweep_minutes(w, 1)  # the step fails after the write: the job is PENDING_RESTART
         job = w.repo.get_job("j")
         assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 1
@@ -129,7 +129,7 @@ def test_a_reset_that_drops_the_backlog_fails_the_held_job_saying_so() -> None:
     node stays SUSPECT and cordoned."""
     with world() as w:
         _held(w)
-        assert reset_breaker(w.repo, now=w.now[0], resume_backlog=False, by="oncall").done
+        assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=False, by="oncall").done
         sweep_minutes(w, 1)
         job = w.repo.get_job("j")
         assert job.state is JobState.FAILED

@@ -67,8 +67,8 @@ class _CachedCount:
 class BreakerData(Protocol):
     """The breaker's item: read, and its conditional write (in the caller's transaction)."""
 
-    def get_breaker(self) -> dict[str, Any] | None: ...
-    def breaker_update(self, state: Mapping[str, Any], read_version: int | None) -> Update: ...
+    def read(self) -> dict[str, Any] | None: ...
+    def update(self, state: Mapping[str, Any], read_version: int | None) -> Update: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -79,7 +79,7 @@ class NodeActionGate:
     to be written in the caller's own transaction (conditional on the version read), so a
     crash never counts an action that was not recorded, nor records one not counted."""
 
-    data: BreakerData
+    breaker: BreakerData
     ecs: ListsContainerInstances
     notices: Notices
     _: KW_ONLY
@@ -103,7 +103,7 @@ class NodeActionGate:
             count = sum(1 for ci in self.ecs.container_instances(missing_ok=False)
                         if gpu_count(ci.get("registeredResources")) > 0)
         except (ClientError, BotoCoreError, EcsActionFailed) as error:
-            item = stored if stored is not None else self.data.get_breaker()
+            item = stored if stored is not None else self.breaker.read()
             last = (item or {}).get("cluster_gpu_nodes")
             if last is None:
                 raise ClusterCountUnavailable(
@@ -121,8 +121,7 @@ class NodeActionGate:
         """The breaker's answer to a node action (``action``; None: none asked) and, for a
         node known bad (``cordon_unless_drained``) that will not be drained, the cordon
         limit's answer to its ECS attribute: both in one update of the breaker's item."""
-        repo = self.data
-        stored = repo.get_breaker()
+        stored = self.breaker.read()
         read_version = int(stored.get("version") or 0) if stored else None
         policy = self.settings.remediation.breaker
         last_count = int((stored or {}).get("cluster_gpu_nodes") or 0)
@@ -184,7 +183,7 @@ class NodeActionGate:
             state["cluster_gpu_nodes"] = nodes
         elif stored and stored.get("cluster_gpu_nodes") is not None:
             state["cluster_gpu_nodes"] = stored["cluster_gpu_nodes"]
-        return self.data.breaker_update(state, read_version)
+        return self.breaker.update(state, read_version)
 
     def tripped_notice(self, decided: breaker_policy.BreakerDecision, inst_id: str,
                        fates: Mapping[str, str] | None = None) -> Owed:

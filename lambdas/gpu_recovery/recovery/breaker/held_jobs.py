@@ -67,21 +67,27 @@ def _at(seconds: float) -> str:
 
 
 class HoldData(EndsJobs, Protocol):
-    """The job's hold (entered, resumed, failed), its nodes and suspects, the breaker."""
+    """The job (its failure, its next look), its nodes and suspects."""
 
     faults: FaultRepository
 
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
-    def get_breaker(self) -> dict[str, Any] | None: ...
+    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
+
+
+class Holds(Protocol):
+    """The breaker's item (its backlog) and the job's hold, entered and resumed."""
+
+    def read(self) -> dict[str, Any] | None: ...
     def hold_job(self, job: Job, hold: BreakerHold, deadline_at: float,
                  also: Sequence[Update] = ()) -> bool: ...
     def resume_held_job(self, job: Job, hold: BreakerHold, reason: str, now: float) -> bool: ...
-    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
 class HeldJobs:
     data: HoldData
+    breaker: Holds
     notices: Notices
     _: KW_ONLY
     metrics: MetricsPort  # the service's relay: the invocation's metrics
@@ -104,7 +110,7 @@ class HeldJobs:
         nodes = sorted(held_here | set(unusable))
         instances = repo.get_instances(nodes)
         views = {n: node_view(instances.get(n)) for n in nodes}
-        breaker = repo.get_breaker()
+        breaker = self.breaker.read()
         backlog = backlog_nodes(breaker)
         if not holdable(views, backlog=backlog):
             return None
@@ -127,8 +133,8 @@ class HeldJobs:
             why = "reboot held back by the blast-radius breaker" + (f": {reasons[0]}" if reasons else "")
             hold = BreakerHold.start(job.job_id, job.attempt, now, seconds, waiting, spend=spend, why=why)
         notice = self._held_notice(replace(job, state=JobState.HELD), hold) if existing is None else None
-        if not repo.hold_job(job, hold, min(hold.until, now + RETRY_INTERVAL_SECONDS),
-                             also=self.notices.owe([notice], now)):
+        if not self.breaker.hold_job(job, hold, min(hold.until, now + RETRY_INTERVAL_SECONDS),
+                                         also=self.notices.owe([notice], now)):
             return Outcome("duplicate", job.job_id)
         self.notices.send([notice])
         self.metrics.add_metric("JobsHeld", "Count", 1)
@@ -146,7 +152,7 @@ class HeldJobs:
             self.fail(job, "held without a record of what it waits for")
             return "held_failed"
         instances = repo.get_instances(list(hold.nodes))
-        breaker = repo.get_breaker() or {}
+        breaker = self.breaker.read() or {}
         judged = judge_hold(hold, {n: node_view(instances.get(n)) for n in hold.nodes},
                             backlog=backlog_nodes(breaker), now=now,
                             reset_by=str(breaker.get("last_reset_by") or ""))
@@ -154,7 +160,7 @@ class HeldJobs:
             self.fail(job, judged.reason)
             return "held_failed"
         if judged.action is HoldAction.RESUME:
-            if not repo.resume_held_job(job, hold, judged.reason, now):
+            if not self.breaker.resume_held_job(job, hold, judged.reason, now):
                 return "held_raced"
             return f"held_resumed_{restart(job.job_id).action}"
         repo.rearm_job(job, min(hold.until, now + RETRY_INTERVAL_SECONDS))

@@ -47,6 +47,7 @@ from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
 from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions
 from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.cordons import Worklist
 from gpu_recovery.repository.node_decisions import NodeDecision
 from gpu_recovery.settings import Settings
 
@@ -57,15 +58,24 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BACKLOG_AGE_SECONDS = 24 * 3600
 
 
-class BreakerRecords(ReadsNodeItems, RecordsNodeDecisions, Protocol):
-    """The breaker's item, the nodes it acted on and held back, and a released action's decision."""
+class BreakerItem(Protocol):
+    """The breaker's item: read, written on the version read, a released entry dropped."""
 
-    def get_breaker(self) -> dict[str, Any] | None: ...
-    def save_breaker(self, state: Mapping[str, Any], read_version: int | None,
-                     also: Sequence[Update] = ()) -> bool: ...
+    def read(self) -> dict[str, Any] | None: ...
+    def worklist_and_state(self) -> tuple[Worklist, dict[str, Any] | None]: ...
+    def save(self, state: Mapping[str, Any], read_version: int | None,
+             also: Sequence[Update] = ()) -> bool: ...
     def drop_released(self, node: str) -> bool: ...
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+
+
+class ReadsInstances(Protocol):
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+
+
+class ReleaseData(ReadsInstances, ReadsNodeItems, RecordsNodeDecisions, Protocol):
+    """The nodes the breaker acted on and held back, and a released action's decision."""
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
 
 
 @dataclass(frozen=True)
@@ -76,18 +86,18 @@ class ResetResult:
     state: dict[str, Any]
 
 
-def reset_breaker(repo: BreakerRecords, *, now: float, resume_backlog: bool, by: str,
+def reset_breaker(breaker: BreakerItem, *, now: float, resume_backlog: bool, by: str,
                   max_backlog_age_seconds: float | None = DEFAULT_MAX_BACKLOG_AGE_SECONDS) -> ResetResult:
     """Close the breaker (the operator's reset). With ``resume_backlog`` the held-back
     actions are released: the recovery sweep carries them out, a window's allowance at a
     time. Dropping the backlog also drops what an earlier reset released and the window has
     not let through yet (it is the same held-back work)."""
     for _ in range(3):
-        stored = repo.get_breaker()
+        stored = breaker.read()
         read_version = int(stored.get("version") or 0) if stored else None
         result = _reset(stored, now=now, resume_backlog=resume_backlog, by=by,
                         max_backlog_age_seconds=max_backlog_age_seconds)
-        if repo.save_breaker(result.state, read_version):
+        if breaker.save(result.state, read_version):
             return result
     return ResetResult(False, (), (), {})
 
@@ -111,7 +121,7 @@ def _reset(stored: dict[str, Any] | None, *, now: float, resume_backlog: bool, b
     return ResetResult(True, result.released, result.dropped + tuple(stale), state)
 
 
-def acted_on_views(repo: BreakerRecords, stored: dict[str, Any] | None) -> dict[str, rules.ActedOnNode]:
+def acted_on_views(repo: ReadsInstances, stored: dict[str, Any] | None) -> dict[str, rules.ActedOnNode]:
     """What the nodes the tripped breaker had acted on look like now: one batch read of
     their items (at most the breaker's limit of them, never a scan). A fault decided on a
     node after the trip (its fault history) is a failure again."""
@@ -127,7 +137,7 @@ def acted_on_views(repo: BreakerRecords, stored: dict[str, Any] | None) -> dict[
     return views
 
 
-def assess(repo: BreakerRecords, stored: dict[str, Any] | None, *, now: float,
+def assess(repo: ReadsInstances, stored: dict[str, Any] | None, *, now: float,
            settings: rules.BreakerPolicy) -> rules.AutoCloseAnswer:
     """May the breaker close by itself now, and why (the sweep's question, and ``breaker show``'s)."""
     state = rules.normalize(stored)
@@ -141,7 +151,8 @@ def assess(repo: BreakerRecords, stored: dict[str, Any] | None, *, now: float,
 
 @dataclass(eq=False, repr=False)
 class BreakerOperations:
-    data: BreakerRecords
+    data: ReleaseData
+    breaker: BreakerItem
     remediation: NodeRemediation
     gate: NodeActionGate
     notices: Notices  # the outbox
@@ -150,6 +161,10 @@ class BreakerOperations:
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     settings: Settings
 
+    def worklist_and_state(self) -> tuple[Worklist, dict[str, Any] | None]:
+        """The cordon worklist and the breaker's item, in one read: the sweep's first."""
+        return self.breaker.worklist_and_state()
+
     def status(self, now: float, stored: dict[str, Any] | None = None, *,
                count_cluster: bool = True) -> rules.BreakerStatus:
         """The breaker's state (``stored``: the item already read, if any). The cluster is
@@ -157,7 +172,7 @@ class BreakerOperations:
         with ``count_cluster``: the sweep's metrics, every minute, use the count its last
         decision was measured against (no ECS listing a minute)."""
         if stored is None:
-            stored = self.data.get_breaker()
+            stored = self.breaker.read()
         settings = self.settings.remediation.breaker
         nodes = 0
         if rules.is_busy(stored, now=now, policy=settings):
@@ -170,7 +185,7 @@ class BreakerOperations:
         while the window has room). ``read=False``: ``stored`` is the breaker's item (None:
         there is none) as the caller read it, nothing it did since able to change it."""
         if read:
-            stored = self.data.get_breaker()
+            stored = self.breaker.read()
         if stored is None:
             self.metrics.add_metric("BreakerOpen", "Count", 0)
             return {}
@@ -188,7 +203,7 @@ class BreakerOperations:
             if outcome:
                 done[outcome] = 1
             if outcome == "breaker_closed_by_itself":
-                stored = self.data.get_breaker() or {}
+                stored = self.breaker.read() or {}
         entries = sorted(dict(stored.get("released") or {}).items(),
                          key=lambda kv: (float(kv[1].get("at") or 0), kv[0]))
         for node, entry in entries:
@@ -222,7 +237,7 @@ class BreakerOperations:
                      "auto_close": settings.auto_close}
             owed = self._needs_operator_notice(answer, stored)
             outcome, level = "breaker_needs_operator", logging.ERROR
-        if not self.data.save_breaker(state, read_version, notices.owe([owed], now)):
+        if not self.breaker.save(state, read_version, notices.owe([owed], now)):
             return "breaker_raced"  # written meanwhile: the next sweep decides again
         notices.send([owed])
         logger.log(level, "blast-radius breaker: " + outcome.replace("_", " "), extra={"why": answer.reason})
@@ -271,9 +286,9 @@ class BreakerOperations:
         effect = {Action.REBOOT: Effect.REBOOT, Action.RESET_GPU: Effect.RESET_GPU}.get(action, Effect.DRAIN)
         if instance is None or instance.state is not InstanceState.SUSPECT or not instance.breaker_blocked \
                 or not self.policy.modes.executes(effect):
-            repo.drop_released(node)
+            self.breaker.drop_released(node)
             return "backlog_dropped"
-        stored = repo.get_breaker()
+        stored = self.breaker.read()
         if stored is None or node not in dict(stored.get("released") or {}):
             return "backlog_gone"  # carried out or dropped meanwhile
         read_version = int(stored.get("version") or 0)
