@@ -199,15 +199,15 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("reap, young", lambda: repo.slots.reap(now[0] + 60))
         step("reap, old", lambda: repo.slots.reap(now[0] + 7200))
         step("running after reaping", lambda: repo.slots.running_by_shard())
-        step("take over hc claim, leased", lambda: repo.take_over_node_task(
+        step("take over hc claim, leased", lambda: repo.node_tasks.take_over(
             CHECK_CLAIM, repo.get_instance("n0"), now[0], now[0] + 75))
-        step("take over hc claim, lease ended", lambda: repo.take_over_node_task(
+        step("take over hc claim, lease ended", lambda: repo.node_tasks.take_over(
             CHECK_CLAIM, repo.get_instance("n0"), now[0] + 100, now[0] + 175))
-        step("record hc task", lambda: repo.record_node_task(
+        step("record hc task", lambda: repo.node_tasks.record(
             CHECK_CLAIM, repo.get_instance("n0"), "sb-1", "arn:hc-task", now[0] + 300))
-        step("record hc task, other claim", lambda: repo.record_node_task(
+        step("record hc task, other claim", lambda: repo.node_tasks.record(
             CHECK_CLAIM, repo.get_instance("n0"), "sb-2", "x", now[0]))
-        step("take over hc claim, recorded", lambda: repo.take_over_node_task(
+        step("take over hc claim, recorded", lambda: repo.node_tasks.take_over(
             CHECK_CLAIM, repo.get_instance("n0"), now[0] + 1000, now[0] + 1075))
         step("instances", lambda: repo.get_instances(["n0", "n1", "n7", "n9"]))
         step("due instances", lambda: repo.due_instances(now[0] + 3600))

@@ -168,7 +168,7 @@ def test_a_refused_start_task_is_retried_once_by_the_sweep() -> None:
         assert len(resets_on(w, FAULTY)) == 1
 
 
-@pytest.mark.parametrize("intent", ["claim_node_task", "record_node_task"])
+@pytest.mark.parametrize("intent", ["node_tasks.claim", "node_tasks.record"])
 def test_a_lost_write_of_the_reset_is_finished_by_the_sweep(intent: str) -> None:
     with world() as w:
         w.repo.fail_once(intent, "lose")
@@ -182,7 +182,7 @@ def test_a_lost_write_of_the_reset_is_finished_by_the_sweep(intent: str) -> None
 
 def test_a_lost_fallback_write_is_finished_once() -> None:
     with world() as w:
-        w.repo.fail_once("fall_back_to_reboot", "lose")
+        w.repo.fail_once("gpu_resets.fall_back_to_reboot", "lose")
         arns = xid_fault(w)
         [task] = resets_on(w, FAULTY)
         peer_stopped(w, arns)

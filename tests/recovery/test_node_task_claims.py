@@ -58,13 +58,13 @@ def test_one_claimer_wins_and_a_dead_claim_is_taken_over_once(fields: ClaimField
     with world() as w:
         unclaimed = make(w)
         now = w.now[0]
-        assert w.repo.claim_node_task(fields, unclaimed, "claim-1", now, now + 60)
-        assert not w.repo.claim_node_task(fields, unclaimed, "claim-2", now, now + 60)  # the loser
+        assert w.repo.node_tasks.claim(fields, unclaimed, "claim-1", now, now + 60)
+        assert not w.repo.node_tasks.claim(fields, unclaimed, "claim-2", now, now + 60)  # the loser
         claimed = read(w)
         assert the_claim(fields, claimed) == ("claim-1", now, "")
         w.advance(600)
-        assert w.repo.take_over_node_task(fields, claimed, w.now[0], w.now[0] + 60)
-        assert not w.repo.take_over_node_task(fields, claimed, w.now[0], w.now[0] + 60)  # read before
+        assert w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60)
+        assert not w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60)  # read before
         assert the_claim(fields, read(w)) == ("claim-1", w.now[0], "")
 
 
@@ -74,14 +74,14 @@ def test_a_recorded_task_is_the_claim_s_and_is_never_released_as_not_started(fie
     with world() as w:
         now = w.now[0]
         claimed = make(w)
-        assert w.repo.claim_node_task(fields, claimed, "claim-1", now, now + 60)
+        assert w.repo.node_tasks.claim(fields, claimed, "claim-1", now, now + 60)
         claimed = read(w)
-        assert not w.repo.record_node_task(fields, claimed, "claim-other", "arn:task", now + 120)
-        assert w.repo.record_node_task(fields, claimed, "claim-1", "arn:task", now + 120)
+        assert not w.repo.node_tasks.record(fields, claimed, "claim-other", "arn:task", now + 120)
+        assert w.repo.node_tasks.record(fields, claimed, "claim-1", "arn:task", now + 120)
         running = read(w)
         assert fields.read(running).task_arn == "arn:task" and running.deadline_at == now + 120
         # A start whose answer came late says "not placed": the recorded task stays.
-        assert not w.repo.release_node_task(fields, running, "claim-1", now + 60)
+        assert not w.repo.node_tasks.release(fields, running, "claim-1", now + 60)
         assert the_claim(fields, read(w)) == ("claim-1", now, "arn:task")
 
 
@@ -89,7 +89,7 @@ def test_a_task_ended_without_a_verdict_gives_the_validation_s_claim_back_as_an_
     with world() as w:
         now = w.now[0]
         running = validating(w, started_by="claim-1", claimed_at=now, task_arn="arn:task")
-        assert w.repo.release_node_task(stored.VALIDATION, running, "claim-1", now + 60, attempt_used=True)
+        assert w.repo.node_tasks.release(stored.VALIDATION, running, "claim-1", now + 60, attempt_used=True)
         released = read(w)
         assert the_claim(stored.VALIDATION, released) == ("", 0.0, "")
         assert released.validation["attempts"] == 2 and released.validation["since"] == now - 60
@@ -100,7 +100,7 @@ def test_a_refused_start_gives_the_reset_s_claim_back_without_counting() -> None
     with world() as w:
         now = w.now[0]
         claimed = resetting(w, reset_started_by="claim-1", reset_claimed_at=now)
-        assert w.repo.release_node_task(stored.GPU_RESET, claimed, "claim-1", now + 60)
+        assert w.repo.node_tasks.release(stored.GPU_RESET, claimed, "claim-1", now + 60)
         assert the_claim(stored.GPU_RESET, read(w)) == ("", 0.0, "")
 
 
@@ -120,8 +120,8 @@ def test_no_write_holds_once_what_the_claim_served_moved_on(fields: ClaimFields,
         now = w.now[0]
         before = make(w)
         moved_on(w, before)
-        assert not w.repo.claim_node_task(fields, before, "claim-1", now, now + 60)
-        assert not w.repo.rearm_node_task(fields, before, now + 60)
+        assert not w.repo.node_tasks.claim(fields, before, "claim-1", now, now + 60)
+        assert not w.repo.node_tasks.rearm(fields, before, now + 60)
         assert fields.read(read(w)).started_by == ""
 
 
@@ -139,20 +139,21 @@ def test_a_health_check_s_dead_claim_is_taken_over_once_its_lease_ends_and_keeps
     with world() as w:
         claimed_at = w.now[0]
         held = checking(w)
-        assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)  # leased
+        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)  # leased
         w.advance(100)
-        assert w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
-        assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)  # the loser
+        assert w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
+        # the loser:
+        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
         taken = read(w)
         assert the_claim(stored.HEALTH_CHECK, taken) == ("claim-1", claimed_at, "")
         assert taken.check.lease_until == w.now[0] + 75 and taken.deadline_at == w.now[0] + 75
-        assert not w.repo.record_node_task(stored.HEALTH_CHECK, taken, "claim-2", "arn:hc", w.now[0] + 300)
-        assert w.repo.record_node_task(stored.HEALTH_CHECK, taken, "claim-1", "arn:hc", w.now[0] + 300)
+        assert not w.repo.node_tasks.record(stored.HEALTH_CHECK, taken, "claim-2", "arn:hc", w.now[0] + 300)
+        assert w.repo.node_tasks.record(stored.HEALTH_CHECK, taken, "claim-1", "arn:hc", w.now[0] + 300)
         running = read(w)
         assert the_claim(stored.HEALTH_CHECK, running) == ("claim-1", claimed_at, "arn:hc")
         assert running.check.lease_until is None and running.deadline_at == w.now[0] + 300
         w.advance(600)
-        assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, running, w.now[0], w.now[0] + 75)
+        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, running, w.now[0], w.now[0] + 75)
 
 
 def test_no_health_check_claim_write_holds_once_the_node_left_its_check() -> None:
@@ -161,8 +162,8 @@ def test_no_health_check_claim_write_holds_once_the_node_left_its_check() -> Non
         held = checking(w)
         node(w)  # the verdict: REBOOTING
         w.advance(100)
-        assert not w.repo.take_over_node_task(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
-        assert not w.repo.record_node_task(stored.HEALTH_CHECK, held, "claim-1", "arn:hc", w.now[0] + 300)
+        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
+        assert not w.repo.node_tasks.record(stored.HEALTH_CHECK, held, "claim-1", "arn:hc", w.now[0] + 300)
         assert read(w).state is InstanceState.REBOOTING and read(w).check.task_arn == ""
 
 
@@ -196,12 +197,12 @@ def test_a_validation_passes_only_on_its_own_claim_which_must_exist() -> None:
     does not land; on its own claim the node is AVAILABLE."""
     with world() as w:
         unclaimed = validating(w)
-        assert not w.repo.pass_validation(unclaimed, {"result": "passed"}, w.now[0])
+        assert not w.repo.validations.pass_validation(unclaimed, {"result": "passed"}, w.now[0])
         stale = validating(w, started_by="claim-1", claimed_at=w.now[0], task_arn="arn:task")
         validating(w, started_by="claim-2", claimed_at=w.now[0], task_arn="arn:task-2")  # a new attempt's
-        assert not w.repo.pass_validation(stale, {"result": "passed"}, w.now[0])
+        assert not w.repo.validations.pass_validation(stale, {"result": "passed"}, w.now[0])
         assert read(w).state is InstanceState.REBOOTING
-        assert w.repo.pass_validation(read(w), {"result": "passed"}, w.now[0])
+        assert w.repo.validations.pass_validation(read(w), {"result": "passed"}, w.now[0])
         assert read(w).state is InstanceState.AVAILABLE
 
 
@@ -216,9 +217,9 @@ def test_a_new_kind_is_one_declaration_its_claim_read_the_one_way(monkeypatch: p
         now = w.now[0]
         instance = resetting(w, reset_started_by="claim-r", reset_claimed_at=now - 5)
         assert instance.task("nic_check") == NO_CLAIM
-        assert w.repo.claim_node_task(nic, instance, "claim-n", now, now + 75)
-        assert w.repo.record_node_task(nic, read(w), "claim-n", "arn:nic", now + 120)
+        assert w.repo.node_tasks.claim(nic, instance, "claim-n", now, now + 75)
+        assert w.repo.node_tasks.record(nic, read(w), "claim-n", "arn:nic", now + 120)
         assert the_claim(nic, read(w)) == ("claim-n", now, "arn:nic")
         assert the_claim(stored.GPU_RESET, read(w)) == ("claim-r", now - 5, "")
-        assert w.repo.release_node_task(nic, read(w), "claim-n", now + 60, attempt_used=True)
+        assert w.repo.node_tasks.release(nic, read(w), "claim-n", now + 60, attempt_used=True)
         assert set(read(w).tasks) == {"gpu_reset"}

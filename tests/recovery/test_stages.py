@@ -112,7 +112,7 @@ def test_a_verdict_is_applied_when_the_task_arn_was_never_recorded() -> None:  #
     verdict arrives, Then it is matched on the claim's startedBy and applied."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        w.repo.fail_once("record_node_task", "refuse")
+        w.repo.fail_once("node_tasks.record", "refuse")
         with pytest.raises(TimeoutError):
             fault(w, arns)
         assert w.repo.get_instance(FAULTY).check.task_arn == ""

@@ -218,7 +218,7 @@ class AwsNotices:
             record = {**notice.as_record(), "jobs": {}}
             replaces = str(current.get("key") or "")
             if not self.records.record_notice(inst_id, record, replaces=replaces, deadline_at=now,
-                                      cordon=cordon, version=now, also=self.notices.owe([owed], now)):
+                                              cordon=cordon, version=now, also=self.notices.owe([owed], now)):
                 return "raced"
             self.notices.send([owed])
             self.metrics.add_metric("AwsNotices", "Count", 1)
@@ -272,9 +272,9 @@ class AwsNotices:
             suspend = {**suspend_record(SuspendKind.MOVED, told, grace_seconds=int(bound), now=now),
                        "avoid": avoid}
             done = self.records.ask_job_to_leave(inst_id, key, job.job_id, job.attempt,
-                                         job_entry(job.job_id, job.attempt, now, "move"), suspend,
-                                         now + bound,
-                                         f"move requested ({told})")
+                                                 job_entry(job.job_id, job.attempt, now, "move"), suspend,
+                                                 now + bound,
+                                                 f"move requested ({told})")
             if done:
                 self.metrics.add_metric("NoticeMovesRequested", "Count", 1)
                 logger.warning("job asked to move off a node AWS takes away", extra={
@@ -372,10 +372,10 @@ class AwsNotices:
             checkpoint_at = goodput.checkpoint_before(job.checkpoint, now)
             ledger = goodput.fault_marks(fault_at=now, checkpoint_at=checkpoint_at, node=inst_id,
                                          rule=f"aws-notice:{record.get('kind')}")
-            if not self.records.move_job_off_notice(inst_id, key, job, rank.rank,
-                                            job_entry(job_id, job.attempt, now, "stopped"),
-                                            reason=reason, now=now, deadline_at=now + NOTICE_RETRY_SECONDS,
-                                            ledger=ledger, also=self.notices.owe([owed], now)):
+            entry = job_entry(job_id, job.attempt, now, "stopped")
+            if not self.records.move_job_off_notice(inst_id, key, job, rank.rank, entry, reason=reason,
+                                                    now=now, deadline_at=now + NOTICE_RETRY_SECONDS,
+                                                    ledger=ledger, also=self.notices.owe([owed], now)):
                 return 0, False  # raced (or its answer lost): read again
             moved = 1
             self.notices.send([owed])
@@ -405,7 +405,7 @@ class AwsNotices:
             # Jobs to move, or a drain ECS has not confirmed: looked at again within the minute
             # (and when the jobs with no control channel are due to be stopped: ``stop_at``).
             self.records.rearm_notice(inst_id, key, next_look(deadline, now, NOTICE_RETRY_SECONDS,
-                                                      RECOVERY_SWEEP_RATE_SECONDS))
+                                                              RECOVERY_SWEEP_RATE_SECONDS))
         elif comes_back:
             self.records.rearm_notice(inst_id, key, max(deadline, float(window_end or deadline)))
         else:

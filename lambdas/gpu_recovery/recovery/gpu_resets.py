@@ -69,11 +69,15 @@ def resetting(instance: Instance | None) -> bool:
 
 
 class GpuResetData(Protocol):
-    """What the GPU reset reads and writes: the node, and the reset's intents on its item
-    (``repository/gpu_resets.py``)."""
+    """The node the GPU reset reads."""
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
+
+
+class ResetRecords(Protocol):
+    """The reset's intent on the node's item (``repository/gpu_resets.py``)."""
+
     def fall_back_to_reboot(self, instance: Instance, *, result: dict[str, Any], reason: str,
                             fault_history: list[dict[str, Any]] | None, now: float, deadline_at: float,
                             also: Sequence[Update] = ()) -> bool: ...
@@ -82,6 +86,7 @@ class GpuResetData(Protocol):
 @dataclass(eq=False, repr=False)
 class GpuResets:
     data: GpuResetData
+    records: ResetRecords
     ecs: StopsTasks
     tasks: NodeTasks
     reboots: Reboots
@@ -172,7 +177,7 @@ class GpuResets:
                             "dcgmi diag) for why the reset failed; a node whose resets keep failing is "
                             "rebooted, then replaced, by escalation.")
         reason = f"reboot: GPU reset failed ({why})"
-        if not repo.fall_back_to_reboot(
+        if not self.records.fall_back_to_reboot(
                 instance, result={**(result or {}), "result": "failed", "why": why[:300], "at": now},
                 reason=reason, fault_history=history, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
                 also=self.notices.owe([notice], now)):

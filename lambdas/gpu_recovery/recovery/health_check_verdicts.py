@@ -28,14 +28,13 @@ from gpu_recovery.domain.models import Instance, Job, container_instance_id
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import verdict_lease
+from gpu_recovery.recovery.node_tasks import HEALTH_CHECK, NodeTaskKind
 from gpu_recovery.recovery.ports import Invocation, MetricsPort, Outcome, VerdictReaderPort
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
 from gpu_recovery.recovery.stage_data import ReadsNodeItems
 from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import is_contention
-from gpu_recovery.repository.claim_fields import HEALTH_CHECK as CHECK_CLAIM
-from gpu_recovery.repository.claim_fields import ClaimFields
 from gpu_recovery.repository.faults import FaultRepository
 
 logger = logging.getLogger(__name__)
@@ -81,18 +80,22 @@ class CheckVerdictData(ReadsNodeItems, Protocol):
     faults: FaultRepository
 
     def get_job(self, job_id: str) -> Job | None: ...
-    def record_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
-                         deadline_at: float) -> bool: ...
     def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool: ...
+
+
+class RecordsTasks(Protocol):
+    def record_until(self, kind: NodeTaskKind, instance: Instance, started_by: str, task_arn: str,
+                     look_at: float) -> None: ...
 
 
 class HealthCheckVerdicts:
     """``released(instance)``: the check let its slot go (its job's next waiting check may start)."""
 
-    def __init__(self, data: CheckVerdictData, leases: VerdictLeases, verdicts: VerdictReaderPort,
-                 reboots: Reboots, remediation: NodeRemediation, *, catalog: FaultCatalog,
-                 metrics: MetricsPort, released: Callable[[Instance], None]) -> None:
+    def __init__(self, data: CheckVerdictData, tasks: RecordsTasks, leases: VerdictLeases,
+                 verdicts: VerdictReaderPort, reboots: Reboots, remediation: NodeRemediation, *,
+                 catalog: FaultCatalog, metrics: MetricsPort, released: Callable[[Instance], None]) -> None:
         self.data = data
+        self.tasks = tasks  # the check's task recorded again (``recovery.node_tasks``)
         self.leases = leases
         self.reader = verdicts  # the check's verdict line
         self.reboots = reboots
@@ -200,8 +203,8 @@ class HealthCheckVerdicts:
         (its write may have been the one lost) with the sweep's poll due soon, and this
         invocation's verdict lease is given up (a duplicate copy need not wait for it)."""
         inst_id = instance.container_inst_id
-        self.data.record_node_task(CHECK_CLAIM, instance, instance.check.started_by, detail.taskArn,
-                                   clock.now() + VERDICT_LOG_RETRY_SECONDS)
+        self.tasks.record_until(HEALTH_CHECK, instance, instance.check.started_by, detail.taskArn,
+                                clock.now() + VERDICT_LOG_RETRY_SECONDS)
         if lease is not None:
             lease.give_up()
         self.metrics.add_metric("VerdictsWaitingForLogLine", "Count", 1)
@@ -238,8 +241,8 @@ class HealthCheckVerdicts:
         instance = repo.instance_from_item(last)
         if taken is None:
             return self.reboots.converge_after_verdict(instance)
-        repo.record_node_task(CHECK_CLAIM, instance, instance.check.started_by, detail.taskArn,
-                              taken.until + verdict_lease.SWEEP_AFTER_LEASE_SECONDS)
+        self.tasks.record_until(HEALTH_CHECK, instance, instance.check.started_by, detail.taskArn,
+                                taken.until + verdict_lease.SWEEP_AFTER_LEASE_SECONDS)
         return Outcome("verdict_lease_held", detail={"instance": inst_id, "until": taken.until})
 
     def _apply(self, instance: Instance, raw: dict[str, Any], detail: EcsTaskDetail,

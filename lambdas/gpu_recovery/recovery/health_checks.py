@@ -67,7 +67,6 @@ from gpu_recovery.recovery.stage_data import RecordsObservedFaults
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
 from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.claim_fields import ClaimFields
 from gpu_recovery.repository.health_check_slots import Claim, HealthCheckClaim, HealthCheckSlots
 from gpu_recovery.repository.node_decisions import JobVerdict
 from gpu_recovery.settings import Settings
@@ -119,8 +118,6 @@ class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
     def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
                            per_job: int, cluster: int, now: float) -> HealthCheckClaim: ...
     def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool: ...
-    def take_over_node_task(self, fields: ClaimFields, instance: Instance, now: float,
-                            lease_until: float) -> bool: ...
     def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
                                    retry_at: float) -> bool: ...
     def abandon_health_check(self, instance: Instance, reason: str) -> bool: ...
@@ -147,7 +144,7 @@ class HealthChecks:
         self.owed_notices = owed_notices
         self.notices = notices  # the outbox
         self.reactions = reactions or Reactions()  # told: a verdict lets a job restart, or move
-        self.verdicts = HealthCheckVerdicts(data, leases, verdicts, reboots, remediation,
+        self.verdicts = HealthCheckVerdicts(data, tasks, leases, verdicts, reboots, remediation,
                                             catalog=policy.catalog, metrics=metrics,
                                             released=self._kick_after_release)
 

@@ -142,20 +142,23 @@ class NodeTaskEcs(StartsTasks, Protocol):
     def describe_task(self, task_arn: str) -> dict[str, Any] | None: ...
 
 
-class ClaimData(Protocol):
-    """What a node task reads and writes: the ranks still holding a node's GPUs, and the
-    claim's intents (``repository.node_task_claims``)."""
+class RanksOnNodes(Protocol):
+    """The ranks still holding a node's GPUs."""
 
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
-    def claim_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
-                        lease_until: float) -> bool: ...
-    def take_over_node_task(self, fields: ClaimFields, instance: Instance, now: float,
-                            lease_until: float) -> bool: ...
-    def release_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
-                          attempt_used: bool = False) -> bool: ...
-    def record_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
-                         deadline_at: float) -> bool: ...
-    def rearm_node_task(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool: ...
+
+
+class Claims(Protocol):
+    """The claim's intents, every kind's (``repository.node_task_claims``: ``repo.node_tasks``)."""
+
+    def claim(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
+              lease_until: float) -> bool: ...
+    def take_over(self, fields: ClaimFields, instance: Instance, now: float, lease_until: float) -> bool: ...
+    def release(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
+                attempt_used: bool = False) -> bool: ...
+    def record(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
+               deadline_at: float) -> bool: ...
+    def rearm(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -165,7 +168,8 @@ class NodeTasks:
     the composition root (``RecoveryService``) and shared by the stages of every kind."""
 
     ecs: NodeTaskEcs
-    data: ClaimData
+    data: RanksOnNodes
+    claims: Claims
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     settings: Settings
 
@@ -187,7 +191,7 @@ class NodeTasks:
             self.rearm(kind, instance, min(stage.deadline(instance), now + RETRY_INTERVAL_SECONDS))
             return f"{kind.outcome}_waiting_for_gpus"
         started_by = stage.new_started_by(instance)
-        if not self.data.claim_node_task(fields, instance, started_by, now, now + CLAIM_LEASE_SECONDS):
+        if not self.claims.claim(fields, instance, started_by, now, now + CLAIM_LEASE_SECONDS):
             return "raced"
         return stage.start_task(fields.claimed(instance, started_by, now), started_by)
 
@@ -207,7 +211,7 @@ class NodeTasks:
         fields = kind.claim
         if not fields.lease_ended(instance, now, CLAIM_LEASE_SECONDS):
             return TakeOver("claimed")
-        if not self.data.take_over_node_task(fields, instance, now, now + CLAIM_LEASE_SECONDS):
+        if not self.claims.take_over(fields, instance, now, now + CLAIM_LEASE_SECONDS):
             return TakeOver("raced")
         started_by, node = fields.read(instance).started_by, instance.container_inst_id
         found = started_already(self.ecs, started_by, [node],
@@ -230,18 +234,23 @@ class NodeTasks:
                deadline: float) -> None:
         """The task to wait for: its STOPPED event, or the sweep's look within the kind's
         ``poll_seconds`` (by ``deadline`` at the latest, when the task is out of time)."""
-        self.data.record_node_task(kind.claim, instance, started_by, task_arn,
-                                   min(deadline, clock.now() + kind.poll_seconds))
+        look_at = min(deadline, clock.now() + kind.poll_seconds)
+        self.record_until(kind, instance, started_by, task_arn, look_at)
+
+    def record_until(self, kind: NodeTaskKind, instance: Instance, started_by: str, task_arn: str,
+                     look_at: float) -> None:
+        """The task recorded (again), the sweep's look at ``look_at`` (a verdict whose log line
+        is late, or whose lease another copy holds: ``recovery.health_check_verdicts``)."""
+        self.claims.record(kind.claim, instance, started_by, task_arn, look_at)
 
     def release(self, kind: NodeTaskKind, instance: Instance, started_by: str, retry_at: float, *,
                 attempt_used: bool = False) -> bool:
-        """Nothing runs under the claim (see ``NodeTaskClaims.release_node_task``)."""
-        return self.data.release_node_task(kind.claim, instance, started_by, retry_at,
-                                           attempt_used=attempt_used)
+        """Nothing runs under the claim (see ``NodeTaskClaims.release``)."""
+        return self.claims.release(kind.claim, instance, started_by, retry_at, attempt_used=attempt_used)
 
     def rearm(self, kind: NodeTaskKind, instance: Instance, deadline_at: float) -> bool:
         """The sweep looks at the node's task again at ``deadline_at``."""
-        return self.data.rearm_node_task(kind.claim, instance, deadline_at)
+        return self.claims.rearm(kind.claim, instance, deadline_at)
 
     def follow(self, kind: NodeTaskKind, stage: FollowsTask, instance: Instance, now: float) -> str:
         """The sweep's look at a node task within its time: a recorded task is looked at

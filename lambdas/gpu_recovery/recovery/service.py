@@ -119,14 +119,15 @@ class RecoveryService:
                                replacer=replacer, policy=policy, metrics=self._metrics,
                                settings=settings, reactions=reactions)
         # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
-        self.node_tasks = tasks = NodeTasks(ecs, repo, self._metrics, settings)
+        self.node_tasks = tasks = NodeTasks(ecs, repo, repo.node_tasks, self._metrics, settings)
         # The node decision and the stages it hands over to.
         owed = RemediationNotices(notices, gate, cordons)
         settlement = JobSettlement(repo, notices, owed, policy=policy, metrics=self._metrics,
                                    held_job_deadline_seconds=settings.held_job_deadline_seconds,
                                    reactions=reactions)
-        self.resets = resets = GpuResets(repo, ecs, tasks, self.reboots, notices, metrics=self._metrics,
-                                         settings=settings, escalation=policy.escalation)
+        self.resets = resets = GpuResets(repo, repo.gpu_resets, ecs, tasks, self.reboots, notices,
+                                         metrics=self._metrics, settings=settings,
+                                         escalation=policy.escalation)
         tenant_evidence = TenantEvidence(repo, notices, limit=settings.preflight.tenant_limit,
                                          sources=policy.catalog.evidence_sources, metrics=self._metrics)
         self.remediation = NodeRemediation(repo, self.ranks, self.reboots, gate, cordons, notices, owed,
@@ -134,8 +135,8 @@ class RecoveryService:
                                            metrics=self._metrics, reactions=reactions)
         self.unreachable = NodeUnreachable(repo, self.remediation, self.gang, policy=policy,
                                            metrics=self._metrics)
-        self.validations = Validations(repo, ecs, tasks, self.reboots, self.remediation, cordons, gate,
-                                       notices, verdicts=verdicts, replacer=replacer,
+        self.validations = Validations(repo, repo.validations, ecs, tasks, self.reboots, self.remediation,
+                                       cordons, gate, notices, verdicts=verdicts, replacer=replacer,
                                        metrics=self._metrics, settings=settings, reactions=reactions)
         self.health = HealthChecks(repo, ecs, tasks, self.reboots, self.remediation, settlement, owed,
                                    notices, verdicts=verdicts, leases=repo.verdict_leases, policy=policy,

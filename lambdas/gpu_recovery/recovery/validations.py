@@ -87,9 +87,8 @@ APPLY_ROUNDS = 3
 
 
 class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
-    """What the validation reads and writes: the node and the jobs waiting for it, the
-    validation's intents on the node's item (``repository/validations.py``), the decision a
-    failed one leads to, and the replacement watch."""
+    """What the validation reads and writes besides its own records: the node and the jobs
+    waiting for it, and the decision a failed one leads to."""
 
     faults: FaultRepository
 
@@ -98,13 +97,19 @@ class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
     def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
     def get_job(self, job_id: str) -> Job | None: ...
+    def node_back_updates(self, job: Job, inst_id: str, note: str = "",
+                          validation: dict[str, Any] | None = None) -> list[Update]: ...
+
+
+class ValidationRecords(Protocol):
+    """The validation's intents on the node's item (``repository/validations.py``), and the
+    replacement watch."""
+
     def stall_validation(self, instance: Instance, now: float, until: float,
                          also: list[Update] | tuple[Update, ...] = ()) -> bool: ...
     def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool: ...
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]: ...
     def job_history_note(self, job: Job, note: str) -> Update: ...
-    def node_back_updates(self, job: Job, inst_id: str, note: str = "",
-                          validation: dict[str, Any] | None = None) -> list[Update]: ...
     def adopt_replacement(self, watcher: Instance, container_inst_id: str, *, arn: str, ec2_instance_id: str,
                           validation: dict[str, Any], cordon: dict[str, Any], now: float) -> bool: ...
     def close_replacement_watch(self, watcher: Instance) -> bool: ...
@@ -118,6 +123,7 @@ class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):
 @dataclass(eq=False, repr=False)
 class Validations:
     data: ValidationData
+    records: ValidationRecords
     ecs: ValidationEcs
     tasks: NodeTasks
     reboots: Reboots
@@ -180,7 +186,7 @@ class Validations:
         is; its failure's cause is ``FALLBACK_CAUSE`` (a new machine: none of its own yet)."""
         watch = watcher.replacement_watch
         if not self.policy.enabled or now >= float(watch.get("until") or 0):
-            self.data.close_replacement_watch(watcher)
+            self.records.close_replacement_watch(watcher)
             if self.policy.enabled:
                 self.metrics.add_metric("ReplacementsNotSeen", "Count", 1)
                 logger.warning("no replacement registered for a terminated node", extra={
@@ -203,9 +209,9 @@ class Validations:
             cordon = validating_record(repair=Repair.REPLACEMENT.value, now=now, ecs=ECS_PENDING,
                                        reason=f"replaces {watcher.container_inst_id}: validating "
                                               f"({self.policy.describe()})")
-            if not self.data.adopt_replacement(watcher, node, arn=str(ci["containerInstanceArn"]),
-                                                    ec2_instance_id=ec2_id, validation=record, cordon=cordon,
-                                                    now=now):
+            if not self.records.adopt_replacement(watcher, node, arn=str(ci["containerInstanceArn"]),
+                                                  ec2_instance_id=ec2_id, validation=record, cordon=cordon,
+                                                  now=now):
                 return "raced"
             logger.info("replacement node registered: validating", extra={
                 "instance": node, "replaces": watcher.container_inst_id})
@@ -215,7 +221,7 @@ class Validations:
                 after_commit("validation start", self.start, fresh)
             return "replacement_validating"
         next_look = min(float(watch["until"]), now + RETRY_INTERVAL_SECONDS)
-        self.data.rearm_replacement_watch(watcher, next_look)
+        self.records.rearm_replacement_watch(watcher, next_look)
         return "replacement_awaited"
 
     # -------------------------------------------------------------------- start
@@ -298,7 +304,7 @@ class Validations:
         inst_id, now = instance.container_inst_id, clock.now()
         record = policy.result_record(Result.PASSED, validation=instance.validation, now=now, exit_code=0,
                                       task_arn=task_arn)
-        if not self.data.pass_validation(instance, record, now):
+        if not self.records.pass_validation(instance, record, now):
             return "duplicate"
         self.metrics.add_metric("ValidationsPassed", "Count", 1)
         self.metrics.add_metric("ValidationSeconds", "Seconds", record["seconds"])
@@ -343,7 +349,7 @@ class Validations:
                 operator_action="Look at why the stack's validation task cannot run (its image, the task "
                                 "definition, the node's ECS agent, `doctor`): it is tried again meanwhile.")
             also = self.notices.owe([notice], now)
-        if not self.data.stall_validation(instance, now, now + self.policy.timeout_seconds, also):
+        if not self.records.stall_validation(instance, now, now + self.policy.timeout_seconds, also):
             return "raced"
         if also:
             self.notices.send([notice])
@@ -402,7 +408,7 @@ class Validations:
                                              gate=gate)
         to = decision.to or InstanceState.SUSPECT  # observe mode left it alone: out of service, cordoned
         repaired_again = to is InstanceState.REBOOTING
-        decision = replace(decision, to=to, validation=repo.validation_condition(instance),
+        decision = replace(decision, to=to, validation=self.records.validation_condition(instance),
                            release_waiting=not repaired_again, last_validation=record)
         after = projected(instance, decision)
         note = (f"{policy.history_note(inst_id, record)}; "
@@ -445,7 +451,7 @@ class Validations:
             if release:
                 updates += repo.node_back_updates(job, instance.container_inst_id, note, validation)
             else:
-                updates.append(repo.job_history_note(job, note))
+                updates.append(self.records.job_history_note(job, note))
         return jobs, updates
 
     def _failed_notice(self, after: Instance, plan: Any, evidence: Any, record: dict[str, Any],

@@ -239,7 +239,7 @@ class GpuWarnings:
         limit = self.cordons.limit_tripped_notice(answer.cordon, inst_id, warning.reason) \
             if answer.cordon is not None and answer.cordon.tripped_now else None
         if not self.records.cordon_for_warning(inst_id, rule, cordon, now, next_look, answer.update,
-                                                 also=self.notices.owe([limit], now)):
+                                               also=self.notices.owe([limit], now)):
             return False
         self.notices.send([limit])
         after_commit("cordon", self.remediation.after_cordon, answer, inst_id)
@@ -259,9 +259,9 @@ class GpuWarnings:
             why = (f"driver warning on {inst_id}: {warning.describe()}; checkpoint and stop within "
                    f"{bound} s: the job restarts elsewhere from that checkpoint and the node is repaired")
             suspend = {**suspend_record(SuspendKind.MOVED, why, grace_seconds=bound, now=now), "avoid": avoid}
-            done = self.records.ask_job_to_move(inst_id, rule, job.job_id, job.attempt,
-                                        job_entry(job.job_id, job.attempt, now, "move"), suspend, now + bound,
-                                        f"move requested ({why})")
+            entry = job_entry(job.job_id, job.attempt, now, "move")
+            done = self.records.ask_job_to_move(inst_id, rule, job.job_id, job.attempt, entry, suspend,
+                                                now + bound, f"move requested ({why})")
             if done:
                 self.metrics.add_metric("WarningMovesRequested", "Count", 1)
                 logger.warning("job asked to move off a warned node", extra={

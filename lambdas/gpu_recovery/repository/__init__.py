@@ -1,13 +1,13 @@
 """The only DynamoDB user: one module per aggregate's records, over shared plumbing.
 
-* ``recovery_loop`` — :class:`Repository`, the recovery loop's: every aggregate's intents below.
+* ``recovery_loop`` — :class:`Repository`, the recovery loop's: the aggregates below.
 * ``base`` — value mapping, :class:`Update`, transactions, batched reads.
 * ``records`` — job, rank and instance items as the domain's objects, and back.
 * ``tables`` — what the recovery loop's repositories share: the two tables, the builders
   of a job's, a rank's and an instance's conditional update, the deadline index.
 * ``jobs_and_ranks`` — a job and its ranks: reads, registration, intents.
 * ``instances`` — a container instance: its health check, reboot, quarantine, history.
-* ``gpu_resets`` — a node's GPU reset: passed or fallen back to a reboot.
+* ``gpu_resets`` — a node's GPU reset fallen back to a reboot (its pass is a node back).
 * ``warnings`` — the driver's warning on a node: its cordon, the jobs asked to move, its end.
 * ``aws_notices`` — AWS's notice on a node: its cordon, the jobs asked to leave, its end.
 * ``validations`` — a repaired node's validation: passed, stalled (a failure is a node decision).
@@ -16,9 +16,10 @@
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
 * ``verdict_leases`` — the lease one delivery of a health check's STOPPED event takes on its verdict.
-* ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices``, ``faults``, ``latches``,
-  ``health_check_slots``, ``cordons``, ``notices`` — the sub-repositories a
-  :class:`Repository` carries, each handed to the stages that use it (``repo.breaker``,
+* ``node_task_claims``, ``validations``, ``gpu_resets``, ``breaker``, ``verdict_leases``,
+  ``warnings``, ``aws_notices``, ``faults``, ``latches``, ``health_check_slots``, ``cordons``,
+  ``notices`` — the sub-repositories a :class:`Repository` carries, each handed to the stages
+  that use it (``repo.node_tasks``, ``repo.validations``, ``repo.gpu_resets``, ``repo.breaker``,
   ``repo.verdict_leases``, ``repo.warnings``, ``repo.aws_notices``, ``repo.faults``,
   ``repo.latches``, ``repo.slots``, ``repo.cordons``, ``repo.notices``).
 * ``heartbeat``, ``scheduling``, ``time_sharing``, ``jobs_api``, ``rate_limit`` — the

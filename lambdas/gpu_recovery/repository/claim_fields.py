@@ -94,7 +94,7 @@ class ClaimFields:
         return self.lease_ends_at(instance, lease_seconds) <= now
 
     def taken_over(self, instance: Instance, now: float, lease_until: float) -> Instance:
-        """``instance`` as a take-over wrote it (``NodeTaskClaims.take_over_node_task``)."""
+        """``instance`` as a take-over wrote it (``NodeTaskClaims.take_over``)."""
         if self.lease_until:
             return self.with_claim(instance, lease_until=lease_until)
         return self.with_claim(instance, claimed_at=now)

@@ -4,7 +4,7 @@ A node whose decision is ``reset_gpu`` is REBOOTING with ``reset_pending``: the 
 it exactly as for a reboot, and the reboot is issued only if the reset fails. The claim
 (``reset_started_by``, deterministic per node and decision) is committed before StartTask;
 the task's ARN after it; the result from the task's STOPPED event: passed (REBOOTING ->
-AVAILABLE, the same write as a node back from its reboot) or failed (``reset_pending``
+AVAILABLE, the same write as a node back from its reboot, in ``instances``) or failed (``reset_pending``
 goes, a new reboot request takes its place: today's reboot flow). Every write is
 conditional on the decision it belongs to (``reboot_requested_at``) and on the claim.
 """
@@ -22,18 +22,12 @@ from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
 # The reset attributes a new decision (or a fallback) clears.
 RESET_ATTRIBUTES = ("reset_pending", *CLAIM.paths)
 
-class GpuResets(Instances):
-    """Intents of a node's GPU reset (its claim's are ``node_task_claims``'s, ``GPU_RESET``)."""
+class GpuResetRepository:
+    """Intents of a node's GPU reset (``repo.gpu_resets``; its claim's are ``node_task_claims``'s,
+    ``GPU_RESET``, and its pass is a node back: ``Instances.record_gpu_reset_passed``)."""
 
-    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
-                                validation: dict[str, Any] | None = None,
-                                validating_cordon: dict[str, Any] | None = None) -> bool:
-        """The reset and its diag passed: REBOOTING -> AVAILABLE, as a node back from its
-        reboot (its waiting jobs are then released the same way); with ``validation`` the
-        node validates first, as after a reboot (``mark_instance_back``)."""
-        return self.mark_instance_back(instance, now, reset_started_by=CLAIM.read(instance).started_by,
-                                       last_reset=result, validation=validation,
-                                       validating_cordon=validating_cordon)
+    def __init__(self, instances: Instances) -> None:
+        self.db, self.node_tasks = instances.db, instances.node_tasks
 
     def fall_back_to_reboot(self, instance: Instance, *, result: dict[str, Any], reason: str,
                             fault_history: list[dict[str, Any]] | None, now: float, deadline_at: float,
@@ -48,6 +42,6 @@ class GpuResets(Instances):
             fields["fault_history"] = fault_history
         condition, values, names = CLAIM.held(instance)
         removed = [*RESET_ATTRIBUTES, "reboot_claimed_at", "reboot_issued_at", *AGENT_OUTAGE_ATTRIBUTES]
-        return self.db.transact([self.claim_update(CLAIM, instance, condition, values, names,
-                                                   set_fields=fields, remove_fields=removed,
-                                                   deadline_at=deadline_at), *also])
+        update = self.node_tasks.claim_update(CLAIM, instance, condition, values, names, set_fields=fields,
+                                              remove_fields=removed, deadline_at=deadline_at)
+        return self.db.transact([update, *also])

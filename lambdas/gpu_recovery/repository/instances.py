@@ -18,6 +18,7 @@ from gpu_recovery.constants import INSTANCE_PK
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
+from gpu_recovery.repository.claim_fields import GPU_RESET as RESET_CLAIM
 from gpu_recovery.repository.claim_fields import HEALTH_CHECK as CHECK_CLAIM
 from gpu_recovery.repository.health_check_slots import (
     WAIT_SWEEP_SECONDS,
@@ -25,14 +26,14 @@ from gpu_recovery.repository.health_check_slots import (
     HealthCheckClaim,
     HealthCheckSlots,
 )
-from gpu_recovery.repository.node_task_claims import NodeTaskClaims
+from gpu_recovery.repository.tables import RecoveryTables
 
 #: What a reboot request forgets of the agent's last outage (``record_agent_disconnected``).
 AGENT_OUTAGE_ATTRIBUTES = ("disconnected_at", "disconnected_version", "disconnected_agent", "reconnected_at",
                            "reconnected_version", "reconnected_agent")
 
 
-class Instances(NodeTaskClaims):
+class Instances(RecoveryTables):
     """Reads and intents of container instances (a node task's claim among them)."""
 
     # ==================================================================== reads
@@ -146,7 +147,7 @@ class Instances(NodeTaskClaims):
                                    retry_at: float) -> bool:
         """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING, its slot
         given back (after the commit); a placement that failed counts as an attempt."""
-        return self._released(instance, [self.release_update(
+        return self._released(instance, [self.node_tasks.release_update(
             CHECK_CLAIM, instance, started_by, retry_at, counted=placement_failed,
             to=InstanceState.HEALTH_CHECK_PENDING, also_removed=HealthCheckSlots.held_attributes()),
             *self.slots.release(instance)])
@@ -154,7 +155,7 @@ class Instances(NodeTaskClaims):
     def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool:
         """The check ended without a verdict (image pull, OOM...): run it again (its slot
         given back after the commit; it takes one again when it starts)."""
-        return self._released(instance, [self.release_update(
+        return self._released(instance, [self.node_tasks.release_update(
             CHECK_CLAIM, instance, started_by, retry_at, attempt_used=True,
             to=InstanceState.HEALTH_CHECK_PENDING, also_removed=HealthCheckSlots.held_attributes()),
             *self.slots.release(instance)])
@@ -313,6 +314,16 @@ class Instances(NodeTaskClaims):
             extra_values={":rq": instance.reboot_requested_at, ":dc": instance.disconnected_at},
             extra_names={"#rq": "reboot_requested_at", "#dc": "disconnected_at", "#ra": "reconnected_at"},
         ))
+
+    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
+                                validation: dict[str, Any] | None = None,
+                                validating_cordon: dict[str, Any] | None = None) -> bool:
+        """The reset and its diag passed: REBOOTING -> AVAILABLE, as a node back from its
+        reboot (its waiting jobs are then released the same way); with ``validation`` the
+        node validates first, as after a reboot (:meth:`mark_instance_back`)."""
+        return self.mark_instance_back(instance, now, reset_started_by=RESET_CLAIM.read(instance).started_by,
+                                       last_reset=result, validation=validation,
+                                       validating_cordon=validating_cordon)
 
     def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
                            last_reset: dict[str, Any] | None = None,

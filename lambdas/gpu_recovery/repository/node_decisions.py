@@ -80,7 +80,7 @@ class NodeDecision:
     # held it): its record stays, marked decided, so the warning is not decided again.
     warning_decided: bool = False
     # A failed validation's decision (recovery.validations): written only on that validation
-    # and its claim (``Validations.validation_condition``), and, when the node leaves repair,
+    # and its claim (``ValidationRepository.validation_condition``), and, when the node leaves repair,
     # letting its waiting jobs go in the same transaction (their updates in ``also``).
     validation: tuple[str, dict[str, Any], dict[str, str]] | None = None
     release_waiting: bool = False

@@ -25,22 +25,25 @@ from typing import Any
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.claim_fields import ClaimFields, both, names_of
-from gpu_recovery.repository.tables import RecoveryTables
 
 
-class NodeTaskClaims(RecoveryTables):
-    """A node task's claim, for every kind declared by :class:`ClaimFields`."""
+class NodeTaskClaims:
+    """A node task's claim, for every kind declared by :class:`ClaimFields` (``repo.node_tasks``)."""
+
+    def __init__(self, tables: Any) -> None:  # the RecoveryTables that carry it
+        self.tables = tables
+        self.db = tables.db
 
     def claim_update(self, fields: ClaimFields, instance: Instance, claim: str, values: dict[str, Any],
                      names: dict[str, str], **changes: Any) -> Update:
         """A write on the node while its kind's claim is held (its state), on what the claim
         serves (its scope) and on ``claim`` (a condition on the claim itself, "": none)."""
         condition, values, names = both(fields.scope(instance), (claim, values, names))
-        return self.instance_update(
+        return self.tables.instance_update(
             instance.container_inst_id, from_states=[fields.state], extra_condition=condition or None,
             extra_values=values, extra_names=names, **changes)
 
-    def claim_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
+    def claim(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
                         lease_until: float) -> bool:
         """The intent to start the task (one claimer), committed before StartTask; the sweep
         looks at it at ``lease_until`` (its claimer may have died)."""
@@ -49,7 +52,7 @@ class NodeTaskClaims(RecoveryTables):
             fields, instance, f"attribute_not_exists({sb})", {}, names,
             set_fields={fields.started_by: started_by, fields.claimed_at: now}, deadline_at=lease_until))
 
-    def take_over_node_task(self, fields: ClaimFields, instance: Instance, now: float,
+    def take_over(self, fields: ClaimFields, instance: Instance, now: float,
                             lease_until: float) -> bool:
         """A claim whose task was never recorded (its claimer died, or StartTask's answer was
         lost) and whose lease has ended: the taker looks the task up by its startedBy before
@@ -70,7 +73,7 @@ class NodeTaskClaims(RecoveryTables):
             {":sb": fields.read(instance).started_by, **lease_values},
             {**sb_names, **ta_names, **lease_names}, set_fields=renewed, deadline_at=lease_until))
 
-    def release_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
+    def release(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
                           attempt_used: bool = False) -> bool:
         """Nothing runs: StartTask refused or placed nothing (no task recorded), or the task
         ended without a verdict (``attempt_used``: counted, the next start is a new attempt
@@ -81,7 +84,7 @@ class NodeTaskClaims(RecoveryTables):
     def release_update(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
                        attempt_used: bool = False, counted: bool | None = None,
                        also_removed: Sequence[str] = (), **changes: Any) -> Update:
-        """``release_node_task``'s write, for a kind whose release does more in it (the health
+        """``release``'s write, for a kind whose release does more in it (the health
         check's: back to HEALTH_CHECK_PENDING, its slots' attributes removed). ``counted``:
         the attempt is counted (by default when it was used)."""
         sb, names = names_of(fields.started_by, "sb")
@@ -97,7 +100,7 @@ class NodeTaskClaims(RecoveryTables):
             increments={fields.attempts: 1} if counted and fields.attempts else None, deadline_at=retry_at,
             **changes)
 
-    def record_node_task(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
+    def record(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
                          deadline_at: float) -> bool:
         """StartTask answered (or the task's STOPPED event came first): the task to wait for
         (its STOPPED event, or the sweep's look); a lease kept apart ends with it."""
@@ -107,6 +110,6 @@ class NodeTaskClaims(RecoveryTables):
             set_fields={fields.task_arn: task_arn}, deadline_at=deadline_at,
             remove_fields=[fields.lease_until] if fields.lease_until else None))
 
-    def rearm_node_task(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool:
+    def rearm(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool:
         """Still waiting (GPUs busy, a claim in flight, the task running): looked at again then."""
         return self.db.apply(self.claim_update(fields, instance, "", {}, {}, deadline_at=deadline_at))

@@ -4,8 +4,9 @@ rank's, an instance's) and the sweep's reads of the deadline index.
 
 :class:`RecoveryTables` is the base of the intents of jobs and ranks, instances and the node
 decisions (``gpu_recovery.repository.Repository`` is their union), and what the aggregates
-it carries are built over (``breaker``, ``warnings``...). The generic builders are also what the heartbeat and queue repositories,
-which share these tables, build their own intents with.
+it carries are built over (``node_tasks``, ``breaker``, ``warnings``...). The generic
+builders are also what the heartbeat and queue repositories, which share these tables,
+build their own intents with.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_check_slots import HealthCheckSlots
 from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.node_task_claims import NodeTaskClaims
 from gpu_recovery.repository.notices import NoticeRepository
 from gpu_recovery.repository.preflight import PreflightRepository
 from gpu_recovery.repository.tenant_evidence import TenantEvidenceRepository
@@ -68,6 +70,7 @@ class RecoveryTables:
         self.notices = NoticeRepository(self)  # e-mails owed (the outbox)
         self.preflight = PreflightRepository(self)  # gang preflights and the fleet's baselines
         self.tenant_evidence = TenantEvidenceRepository(self)  # suspects the stack's check cleared
+        self.node_tasks = NodeTaskClaims(self)  # a node task's claim, every kind's
 
     # ================================================================== mapping
     job_from_item = staticmethod(records.job_from_item)

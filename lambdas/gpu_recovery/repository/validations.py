@@ -37,8 +37,14 @@ from gpu_recovery.repository.instances import Instances
 VALIDATION = "validation"
 
 
-class Validations(Instances):
-    """Intents of a repaired node's validation."""
+class ValidationRepository:
+    """Intents of a repaired node's validation (``repo.validations``)."""
+
+    def __init__(self, instances: Instances) -> None:
+        self.instances = instances
+        self.db, self.cordons, self.node_tasks = instances.db, instances.cordons, instances.node_tasks
+        self.job_table_name = instances.job_table_name
+        self.instance_table_name = instances.instance_table_name
 
     def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool:
         """The validation passed: REBOOTING -> AVAILABLE, its cordon cleared, as a node back
@@ -48,8 +54,9 @@ class Validations(Instances):
         if not CLAIM.read(instance).started_by:
             return False
         condition, values, names = CLAIM.serving(instance)
-        return self.back_to_available(instance, now, {"last_validation": result, "validated_at": now},
-                                      [VALIDATION, "suspect_fence"], condition, values, names)
+        result_fields = {"last_validation": result, "validated_at": now}
+        return self.instances.back_to_available(instance, now, result_fields, [VALIDATION, "suspect_fence"],
+                                                condition, values, names)
 
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]:
         """The condition a failed validation's node decision is written on: this validation,
@@ -93,13 +100,13 @@ class Validations(Instances):
         return self.db.apply(self._close_watch(watcher, found=""))
 
     def rearm_replacement_watch(self, watcher: Instance, deadline_at: float) -> bool:
-        return self.db.apply(self.instance_update(
+        return self.db.apply(self.instances.instance_update(
             watcher.container_inst_id, from_states=[InstanceState.QUARANTINED], deadline_at=deadline_at,
             extra_condition="#w.#si = :si", extra_values={":si": watcher.replacement_watch.get("since")},
             extra_names={"#w": "replacement_watch", "#si": "since"}))
 
     def _close_watch(self, watcher: Instance, *, found: str) -> Update:
-        return self.instance_update(
+        return self.instances.instance_update(
             watcher.container_inst_id, from_states=[InstanceState.QUARANTINED],
             set_fields={"replaced_by": found} if found else None, remove_fields=["replacement_watch"],
             clear_deadline=True, extra_condition="#w.#si = :si",
@@ -116,6 +123,6 @@ class Validations(Instances):
         fields: dict[str, Any] = {f"{VALIDATION}.attempts": 0, f"{VALIDATION}.until": until}
         if not instance.validation.get("stalled_at"):
             fields[f"{VALIDATION}.stalled_at"] = now
-        update = self.claim_update(CLAIM, instance, condition, values, names, set_fields=fields,
-                                   remove_fields=list(CLAIM.paths), deadline_at=now + 60)
+        update = self.node_tasks.claim_update(CLAIM, instance, condition, values, names, set_fields=fields,
+                                              remove_fields=list(CLAIM.paths), deadline_at=now + 60)
         return self.db.transact([update, *also]) if also else self.db.apply(update)

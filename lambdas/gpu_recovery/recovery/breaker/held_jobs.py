@@ -134,7 +134,7 @@ class HeldJobs:
             hold = BreakerHold.start(job.job_id, job.attempt, now, seconds, waiting, spend=spend, why=why)
         notice = self._held_notice(replace(job, state=JobState.HELD), hold) if existing is None else None
         if not self.breaker.hold_job(job, hold, min(hold.until, now + RETRY_INTERVAL_SECONDS),
-                                         also=self.notices.owe([notice], now)):
+                                     also=self.notices.owe([notice], now)):
             return Outcome("duplicate", job.job_id)
         self.notices.send([notice])
         self.metrics.add_metric("JobsHeld", "Count", 1)
