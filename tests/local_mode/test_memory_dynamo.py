@@ -165,30 +165,30 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("job", lambda: repo.get_job("j1"))
         step("job item", lambda: repo.get_job_item("j1"))
         # Health checks on the instance items, with the cluster's and the job's slots.
-        step("open hc", lambda: repo.open_health_check("n0", "j1", now=now[0], retry_at=now[0] + 60))
-        step("open hc again", lambda: repo.open_health_check("n0", "j1", now=now[0], retry_at=now[0] + 60))
-        step("join hc", lambda: repo.join_health_check("n0", "j9"))
-        step("open hc unknown node", lambda: repo.open_health_check("n7", "j1", now=now[0],
+        step("open hc", lambda: repo.health_checks.open("n0", "j1", now=now[0], retry_at=now[0] + 60))
+        step("open hc again", lambda: repo.health_checks.open("n0", "j1", now=now[0], retry_at=now[0] + 60))
+        step("join hc", lambda: repo.health_checks.join("n0", "j9"))
+        step("open hc unknown node", lambda: repo.health_checks.open("n7", "j1", now=now[0],
                                                                     retry_at=now[0] + 30))
-        step("open hc n1", lambda: repo.open_health_check("n1", "j1", now=now[0], retry_at=now[0] + 60))
+        step("open hc n1", lambda: repo.health_checks.open("n1", "j1", now=now[0], retry_at=now[0] + 60))
         n0 = repo.get_instance("n0")
         assert n0 is not None
         # A cluster limit of 2 (two shards of one slot): n0's shard is shard 0, the one shard of
         # a limit of 1 (the cluster-full step below).
         assert stable_shard("n0", 2) == 0
-        step("claim hc", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
+        step("claim hc", lambda: repo.health_checks.claim(n0, "sb-1", now[0] + 75, owner="j1", per_job=1,
                                                          cluster=2, now=now[0]).outcome.value)
         # (Raced: with room on the slot items; a full share answers before the instance is tried.)
-        step("claim hc again", lambda: repo.claim_health_check(n0, "sb-1", now[0] + 75, owner="j1", per_job=4,
-                                                               cluster=5, now=now[0]).outcome.value)
+        step("claim hc again", lambda: repo.health_checks.claim(
+            n0, "sb-1", now[0] + 75, owner="j1", per_job=4, cluster=5, now=now[0]).outcome.value)
         n1 = repo.get_instance("n1")
         assert n1 is not None
-        step("claim hc, job full", lambda: repo.claim_health_check(
+        step("claim hc, job full", lambda: repo.health_checks.claim(
             n1, "sb-3", now[0] + 75, owner="j1", per_job=1, cluster=5, now=now[0]).outcome.value)
-        step("claim hc, cluster full", lambda: repo.claim_health_check(
+        step("claim hc, cluster full", lambda: repo.health_checks.claim(
             n1, "sb-3", now[0] + 75, owner="j1", per_job=9, cluster=1,
             now=now[0]).outcome.value)
-        step("wait for a slot", lambda: repo.wait_for_health_check_slot(n1, "j1", now[0]))
+        step("wait for a slot", lambda: repo.health_checks.wait_for_slot(n1, "j1", now[0]))
         step("waiting", lambda: repo.slots.waiting("j1", 10))
         step("running", lambda: repo.slots.running())
         # The reaper: a token its instance holds is never reaped; one nobody holds is, once old.

@@ -37,7 +37,7 @@ def _buckets(db: MemoryDynamo, table: str) -> set[Any]:
 
 def _open_checks(repo: Repository, nodes: list[str]) -> None:
     for i, node in enumerate(nodes):
-        assert repo.open_health_check(node, "j1", now=T0, retry_at=T0 + 60 + i)
+        assert repo.health_checks.open(node, "j1", now=T0, retry_at=T0 + 60 + i)
 
 
 def test_each_item_takes_its_keys_shard_and_every_shard_is_read_oldest_first() -> None:

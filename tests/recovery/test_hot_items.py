@@ -24,7 +24,7 @@ from tests.recovery.fakes import World, world
 
 
 def _claim(repo: Repository, instance: Instance, *, cluster: int, per_job: int = 10_000) -> Claim:
-    return repo.claim_health_check(instance, f"sb-{instance.container_inst_id}", T0 + 75,
+    return repo.health_checks.claim(instance, f"sb-{instance.container_inst_id}", T0 + 75,
                                    owner="j1", per_job=per_job, cluster=cluster, now=T0).outcome
 
 
@@ -62,7 +62,7 @@ def test_a_claim_answers_with_the_instance_as_it_wrote_it(per_job: int) -> None:
     first = pending_health_check(repo, nodes[0])
     assert _claim(repo, first, cluster=16, per_job=per_job) is Claim.CLAIMED  # takes shard 7's one slot
     second = pending_health_check(repo, nodes[1])
-    answer = repo.claim_health_check(second, "sb-2", T0 + 75, owner="j1", per_job=per_job, cluster=16,
+    answer = repo.health_checks.claim(second, "sb-2", T0 + 75, owner="j1", per_job=per_job, cluster=16,
                                      now=T0 + 1)
     stored = repo.get_instance(nodes[1])
     assert answer.outcome is Claim.CLAIMED and answer.instance is not None and stored is not None
@@ -71,7 +71,7 @@ def test_a_claim_answers_with_the_instance_as_it_wrote_it(per_job: int) -> None:
     for name in ("state", "tasks", "hc_owner", "hc_waiting_for_slot", "deadline_at", "hc_requested_at"):
         assert getattr(answer.instance, name) == getattr(stored, name), name
     # Released with what the answer says: the slots it took are given back.
-    assert repo.release_health_check_claim(answer.instance, "sb-2", placement_failed=False, retry_at=T0 + 30)
+    assert repo.health_checks.release_claim(answer.instance, "sb-2", placement_failed=False, retry_at=T0 + 30)
     assert _shard_counts(repo) == {home: 1}
 
 
@@ -79,7 +79,8 @@ def test_a_claim_that_took_nothing_answers_without_an_instance() -> None:
     repo = memory_repository()
     instance = pending_health_check(repo, "n1")
     assert _claim(repo, instance, cluster=8) is Claim.CLAIMED
-    again = repo.claim_health_check(instance, "sb-n1", T0 + 75, owner="j1", per_job=10_000, cluster=8, now=T0)
+    again = repo.health_checks.claim(instance, "sb-n1", T0 + 75, owner="j1", per_job=10_000, cluster=8,
+                                     now=T0)
     assert again.outcome is Claim.RACED and again.instance is None
 
 
@@ -114,7 +115,7 @@ def test_the_release_gives_the_slot_back_to_the_shard_the_claim_recorded() -> No
     assert _claim(repo, second, cluster=16) is Claim.CLAIMED  # shard 3 full: shard 4
     second_now = repo.get_instance(node[1])
     assert second_now is not None and second_now.hc_slot_shard == 4
-    assert repo.retry_health_check(second_now, f"sb-{node[1]}", T0 + 30)
+    assert repo.health_checks.retry(second_now, f"sb-{node[1]}", T0 + 30)
     assert _shard_counts(repo) == {3: 1}
     back = repo.get_instance(node[1])
     assert back is not None and back.hc_slot_shard is None and back.state.value == "HEALTH_CHECK_PENDING"
@@ -134,7 +135,7 @@ def test_a_check_claimed_before_the_shards_is_released_on_the_unsharded_item() -
     legacy = repo.get_instance("n1")
     assert legacy is not None and legacy.hc_slot_shard is None
     assert repo.slots.running() == 1
-    assert repo.retry_health_check(legacy, "sb-n1", T0 + 30)
+    assert repo.health_checks.retry(legacy, "sb-n1", T0 + 30)
     assert repo.slots.running() == 0
     assert _shard_counts(repo) == {}
 

@@ -173,20 +173,20 @@ def test_a_health_check_s_claim_given_back_returns_the_node_to_pending_and_count
     verdict is given back as a used attempt, its task with it."""
     with world() as w:
         now = w.now[0]
-        assert w.repo.release_health_check_claim(checking(w, hc_start_attempts=1), "claim-1",
+        assert w.repo.health_checks.release_claim(checking(w, hc_start_attempts=1), "claim-1",
                                                  placement_failed=True, retry_at=now + 60)
         released = read(w)
         assert released.state is InstanceState.HEALTH_CHECK_PENDING and released.check.attempts == 2
         assert the_claim(stored.HEALTH_CHECK, released) == ("", 0.0, "")
         assert released.check.lease_until is None
         assert released.deadline_at == now + 60
-        assert w.repo.release_health_check_claim(checking(w, hc_start_attempts=1), "claim-1",
+        assert w.repo.health_checks.release_claim(checking(w, hc_start_attempts=1), "claim-1",
                                                  placement_failed=False, retry_at=now + 60)
         assert read(w).check.attempts == 1
         running = checking(w, hc_start_attempts=1, hc_task_arn="arn:hc")
-        assert not w.repo.release_health_check_claim(running, "claim-1", placement_failed=True, retry_at=now)
-        assert not w.repo.retry_health_check(running, "claim-2", now + 60)  # another claim's
-        assert w.repo.retry_health_check(running, "claim-1", now + 60)
+        assert not w.repo.health_checks.release_claim(running, "claim-1", placement_failed=True, retry_at=now)
+        assert not w.repo.health_checks.retry(running, "claim-2", now + 60)  # another claim's
+        assert w.repo.health_checks.retry(running, "claim-1", now + 60)
         retried = read(w)
         assert retried.state is InstanceState.HEALTH_CHECK_PENDING and retried.check.attempts == 2
         assert the_claim(stored.HEALTH_CHECK, retried) == ("", 0.0, "")

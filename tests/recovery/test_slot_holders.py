@@ -28,7 +28,7 @@ SHARDS = C.HEALTH_CHECK_SLOT_SHARDS
 
 def _claim(repo: Repository, instance: Instance, *, cluster: int = 2048, per_job: int = 10_000,
            now: float = T0) -> Claim:
-    return repo.claim_health_check(instance, f"sb-{instance.container_inst_id}", now + 75, owner="j1",
+    return repo.health_checks.claim(instance, f"sb-{instance.container_inst_id}", now + 75, owner="j1",
                                    per_job=per_job, cluster=cluster, now=now).outcome
 
 
@@ -48,7 +48,7 @@ def _all_holders(repo: Repository) -> set[str]:
 
 def test_a_claim_puts_its_token_on_its_shard_and_the_instance_records_it() -> None:
     repo = memory_repository()
-    answer = repo.claim_health_check(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1",
+    answer = repo.health_checks.claim(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1",
                                      per_job=4, cluster=16, now=T0)
     assert answer.outcome is Claim.CLAIMED and answer.instance is not None
     stored = repo.get_instance("n1")
@@ -74,7 +74,7 @@ def test_no_slot_write_is_in_a_transaction() -> None:
     assert _claim(repo, pending_health_check(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
     claimed = repo.get_instance("n1")
     assert claimed is not None
-    assert repo.retry_health_check(claimed, "sb-n1", T0 + 30)
+    assert repo.health_checks.retry(claimed, "sb-n1", T0 + 30)
     assert repo.slots.running() == 0 and _job_holders(repo) == set()
     slot_keys = [k for k in sent if str(next(iter(k.values()))).startswith(C.HEALTH_CHECK_SLOTS_KEY)
                  or k.get(C.JOB_PK) == C.health_check_slots_key("j1")]
@@ -104,18 +104,18 @@ def test_a_raced_claim_gives_its_own_token_back_not_the_winners() -> None:
 
 def test_the_release_gives_the_token_back_after_its_commit() -> None:
     repo = memory_repository()
-    answer = repo.claim_health_check(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1",
+    answer = repo.health_checks.claim(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1",
                                      per_job=4, cluster=16, now=T0)
     assert answer.instance is not None
     assert repo.slots.release(answer.instance) == []  # nothing in the instance's transaction
-    assert repo.release_health_check_claim(answer.instance, "sb-n1", placement_failed=True, retry_at=T0 + 30)
+    assert repo.health_checks.release_claim(answer.instance, "sb-n1", placement_failed=True, retry_at=T0 + 30)
     assert repo.slots.running() == 0 and _job_holders(repo) == set()
     back = repo.get_instance("n1")
     assert back is not None and back.hc_slot_token == "" and back.check.attempts == 1
     # A release that did not commit (the claim moved on) gives nothing back.
-    again = repo.claim_health_check(back, "sb-n1-2", T0 + 75, owner="j1", per_job=4, cluster=16, now=T0)
+    again = repo.health_checks.claim(back, "sb-n1-2", T0 + 75, owner="j1", per_job=4, cluster=16, now=T0)
     assert again.outcome is Claim.CLAIMED
-    assert not repo.release_health_check_claim(answer.instance, "sb-n1", placement_failed=False,
+    assert not repo.health_checks.release_claim(answer.instance, "sb-n1", placement_failed=False,
                                                retry_at=T0 + 30)
     assert repo.slots.running() == 1
 
@@ -134,7 +134,7 @@ def test_a_lost_release_is_freed_by_the_reaper_once_old_not_before(monkeypatch: 
     assert claimed is not None
     with monkeypatch.context() as patch:
         _lose_give_backs(repo, patch)
-        assert repo.retry_health_check(claimed, "sb-n1", T0 + 30)  # committed; its give-back lost
+        assert repo.health_checks.retry(claimed, "sb-n1", T0 + 30)  # committed; its give-back lost
     assert repo.slots.running() == 1 and _job_holders(repo) == {claimed.hc_slot_token}
     assert repo.slots.reap(T0 + REAP_AFTER_SECONDS - 1) == 0  # young: a release may be in flight
     assert repo.slots.running() == 1
@@ -208,7 +208,7 @@ def test_a_check_claimed_by_the_release_before_gives_back_its_counts() -> None:
     # A new claim's condition counts holders only (the legacy count is not its limit).
     assert _claim(repo, pending_health_check(repo, "n2"), per_job=1, cluster=16) is Claim.CLAIMED
     assert repo.slots.running() == 2
-    assert repo.retry_health_check(legacy, "sb-n1", T0 + 30)
+    assert repo.health_checks.retry(legacy, "sb-n1", T0 + 30)
     assert repo.slots.running() == 1
     job_item = repo.db.get(JOBS, {C.JOB_PK: C.health_check_slots_key("j1")}) or {}
     assert int(job_item.get("running") or 0) == 0 and len(job_item.get(HOLDERS) or ()) == 1

@@ -128,7 +128,7 @@ def test_a_lost_claim_answer_is_finished_by_the_next_sweep() -> None:  # defect 
     the sweep after the claim's lease starts the check, once, within two minutes."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        w.repo.fail_once("claim_health_check", "lose")
+        w.repo.fail_once("health_checks.claim", "lose")
         with pytest.raises(LostResponse):
             fault(w, arns)
         assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING

@@ -75,27 +75,36 @@ def _conflicted(error: ClientError) -> bool:
 
 class CheckVerdictData(ReadsNodeItems, Protocol):
     """What a verdict reads and writes: the node, the jobs waiting for it, their suspects'
-    recorded evidence, and the check's task (recorded again, or its check retried)."""
+    recorded evidence."""
 
     faults: FaultRepository
 
     def get_job(self, job_id: str) -> Job | None: ...
-    def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool: ...
 
 
 class RecordsTasks(Protocol):
+    """The check's task recorded again (``recovery.node_tasks``)."""
+
     def record_until(self, kind: NodeTaskKind, instance: Instance, started_by: str, task_arn: str,
                      look_at: float) -> None: ...
+
+
+class RetriesChecks(Protocol):
+    """A check that ended without a verdict run again (``repository/health_checks.py``)."""
+
+    def retry(self, instance: Instance, started_by: str, retry_at: float) -> bool: ...
 
 
 class HealthCheckVerdicts:
     """``released(instance)``: the check let its slot go (its job's next waiting check may start)."""
 
-    def __init__(self, data: CheckVerdictData, tasks: RecordsTasks, leases: VerdictLeases,
-                 verdicts: VerdictReaderPort, reboots: Reboots, remediation: NodeRemediation, *,
-                 catalog: FaultCatalog, metrics: MetricsPort, released: Callable[[Instance], None]) -> None:
+    def __init__(self, data: CheckVerdictData, checks: RetriesChecks, tasks: RecordsTasks,
+                 leases: VerdictLeases, verdicts: VerdictReaderPort, reboots: Reboots,
+                 remediation: NodeRemediation, *, catalog: FaultCatalog, metrics: MetricsPort,
+                 released: Callable[[Instance], None]) -> None:
         self.data = data
-        self.tasks = tasks  # the check's task recorded again (``recovery.node_tasks``)
+        self.checks = checks
+        self.tasks = tasks
         self.leases = leases
         self.reader = verdicts  # the check's verdict line
         self.reboots = reboots
@@ -256,8 +265,8 @@ class HealthCheckVerdicts:
             # The check itself did not run (image pull, OOM, ...): run it again.
             logger.warning("health check ended without a verdict", extra={
                 "instance": inst_id, "exit_code": exit_code, "reason": detail.stoppedReason})
-            if not repo.retry_health_check(instance, instance.check.started_by,
-                                           clock.now() + RETRY_INTERVAL_SECONDS):
+            retry_at = clock.now() + RETRY_INTERVAL_SECONDS
+            if not self.checks.retry(instance, instance.check.started_by, retry_at):
                 return None
             self.released(instance)
             return Outcome("health_check_retry", detail={"instance": inst_id})

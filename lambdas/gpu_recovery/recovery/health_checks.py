@@ -47,7 +47,12 @@ from gpu_recovery.domain.states import (
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.goodput_metrics import job_failed
-from gpu_recovery.recovery.health_check_verdicts import VERDICT_ROUNDS, CheckVerdictData, HealthCheckVerdicts
+from gpu_recovery.recovery.health_check_verdicts import (
+    VERDICT_ROUNDS,
+    CheckVerdictData,
+    HealthCheckVerdicts,
+    RetriesChecks,
+)
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import (
@@ -106,34 +111,40 @@ def group_started_by(instances: Sequence[Instance]) -> str:
 
 
 class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
-    """What the check reads and writes besides its verdict's: its intents on the node's item
-    (``repository/instances.py``), the slots it waits for, a busy node's known verdict."""
+    """What the check reads and writes besides its verdict's and its own records: the node,
+    the slots it waits for, a busy node's known verdict."""
 
     slots: HealthCheckSlots
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float,
-                          grouped: bool = False) -> bool: ...
-    def join_health_check(self, inst_id: str, job_id: str) -> bool: ...
-    def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
-                           per_job: int, cluster: int, now: float) -> HealthCheckClaim: ...
-    def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool: ...
-    def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
-                                   retry_at: float) -> bool: ...
-    def abandon_health_check(self, instance: Instance, reason: str) -> bool: ...
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool: ...
     def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
                                         restart: bool, also: Sequence[Update] = ()) -> bool: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
+class HealthCheckRecords(RetriesChecks, Protocol):
+    """The check's intents on the node's item (``repository/health_checks.py``)."""
+
+    def open(self, inst_id: str, job_id: str, *, now: float, retry_at: float,
+             grouped: bool = False) -> bool: ...
+    def join(self, inst_id: str, job_id: str) -> bool: ...
+    def claim(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
+              per_job: int, cluster: int, now: float) -> HealthCheckClaim: ...
+    def wait_for_slot(self, instance: Instance, owner: str, now: float) -> bool: ...
+    def release_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
+                      retry_at: float) -> bool: ...
+    def abandon(self, instance: Instance, reason: str) -> bool: ...
+
+
 class HealthChecks:
-    def __init__(self, data: HealthCheckData, ecs: StopsAndDescribesTasks, tasks: NodeTasks,
-                 reboots: Reboots, remediation: NodeRemediation, settlement: JobSettlement,
+    def __init__(self, data: HealthCheckData, records: HealthCheckRecords, ecs: StopsAndDescribesTasks,
+                 tasks: NodeTasks, reboots: Reboots, remediation: NodeRemediation, settlement: JobSettlement,
                  owed_notices: RemediationNotices, notices: Notices, *, verdicts: VerdictReaderPort,
                  leases: VerdictLeases, policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
                  reactions: Reactions | None = None) -> None:
         self.data = data
+        self.records = records
         self.ecs = ecs
         self.tasks = tasks
         self.policy = policy
@@ -144,7 +155,7 @@ class HealthChecks:
         self.owed_notices = owed_notices
         self.notices = notices  # the outbox
         self.reactions = reactions or Reactions()  # told: a verdict lets a job restart, or move
-        self.verdicts = HealthCheckVerdicts(data, tasks, leases, verdicts, reboots, remediation,
+        self.verdicts = HealthCheckVerdicts(data, records, tasks, leases, verdicts, reboots, remediation,
                                             catalog=policy.catalog, metrics=metrics,
                                             released=self._kick_after_release)
 
@@ -170,9 +181,9 @@ class HealthChecks:
             return self._start_read(instance, turn_within=EVENT_START_TURN_SECONDS,
                                     wait_for_group=True) or "waiting_for_gpus"
         now = clock.now()
-        if not repo.open_health_check(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS,
-                                      grouped=grouped) \
-                and not repo.join_health_check(inst_id, job.job_id):
+        if not self.records.open(inst_id, job.job_id, now=now, retry_at=now + RETRY_INTERVAL_SECONDS,
+                                 grouped=grouped) \
+                and not self.records.join(inst_id, job.job_id):
             return self._instance_busy(job, inst_id)
         if opened is not None:
             opened()
@@ -294,17 +305,17 @@ class HealthChecks:
         if instance.hc_grouped:
             # Its GPUs free, it waits for others of its job to start with it.
             if not instance.hc_waiting_for_slot:
-                self.data.wait_for_health_check_slot(instance, owner, now)
+                self.records.wait_for_slot(instance, owner, now)
             return self.start_waiting(owner, at_least=GROUP_SIZE if wait_for_group else 1,
                                       turn_within=turn_within).get(inst_id)
         started_by = health_check_started_by(instance)
         settings = self.settings
-        claimed = self.data.claim_health_check(
+        claimed = self.records.claim(
             instance, started_by, now + CLAIM_LEASE_SECONDS, owner=owner,
             per_job=settings.max_health_checks_per_job, cluster=settings.max_health_checks_in_flight, now=now)
         if claimed.outcome in (Claim.CLUSTER_FULL, Claim.JOB_FULL):
             if not instance.hc_waiting_for_slot:
-                self.data.wait_for_health_check_slot(instance, owner, now)
+                self.records.wait_for_slot(instance, owner, now)
                 logger.info("health check waits for a slot", extra={"instance": inst_id, "job_id": owner,
                                                                     "why": claimed.outcome.value})
             return None
@@ -364,7 +375,7 @@ class HealthChecks:
         started_by, now, settings = group_started_by(waiting), clock.now(), self.settings
         claimed: list[Instance] = []
         for instance in waiting:
-            claim = self.data.claim_health_check(
+            claim = self.records.claim(
                 instance, started_by, now + CLAIM_LEASE_SECONDS, owner=instance.check_owner,
                 per_job=settings.max_health_checks_per_job, cluster=settings.max_health_checks_in_flight,
                 now=now)
@@ -383,11 +394,11 @@ class HealthChecks:
         claims, leased for longer than any turn, keep a redelivered event from taking a token
         of its own): node -> the task started there, and the nodes not placed, each given back
         (an attempt counted) for the sweep's retry."""
-        repo, kind = self.data, node_tasks.HEALTH_CHECK
+        kind = node_tasks.HEALTH_CHECK
         try:
             placed = self.tasks.start_many(
                 kind, claimed, started_by, turn_within=turn_within,
-                release=lambda instance: repo.release_health_check_claim(  # refused: tried again in a minute
+                release=lambda instance: self.records.release_claim(  # refused: tried again in a minute
                     instance, started_by, placement_failed=False,
                     retry_at=clock.now() + RETRY_INTERVAL_SECONDS),
                 record=lambda instance, task_arn: self.tasks.record(kind, instance, started_by, task_arn,
@@ -397,8 +408,8 @@ class HealthChecks:
             # slots are given back at once (not held until the claims' lease expires) and the
             # checks are tried again when a token is due (by the sweep; no failed invocation).
             for instance in claimed:
-                repo.release_health_check_claim(instance, started_by, placement_failed=False,
-                                                retry_at=clock.now() + limited.wait_seconds)
+                self.records.release_claim(instance, started_by, placement_failed=False,
+                                           retry_at=clock.now() + limited.wait_seconds)
             self.metrics.add_metric("HealthCheckStartsDeferred", "Count", len(claimed))
             return {}, []
         started: dict[str, str] = {}
@@ -411,8 +422,8 @@ class HealthChecks:
             logger.warning("health check could not be placed", extra={
                 "instance": instance.container_inst_id, "reasons": answer.reasons,
                 "attempt": instance.check.attempts + 1})
-            repo.release_health_check_claim(instance, started_by, placement_failed=True,
-                                            retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
+            self.records.release_claim(instance, started_by, placement_failed=True,
+                                       retry_at=clock.now() + RETRY_INTERVAL_SECONDS)
             unplaced.append(instance)
         return started, unplaced
 
@@ -456,11 +467,11 @@ class HealthChecks:
         # does a node a rank's stop fenced as a suspect (out of placement until it is judged).
         if not instance.hc_left and not instance.fenced \
                 and not any(j is not None and j.state in RECOVERING_JOB_STATES for j in jobs):
-            self.data.abandon_health_check(instance, "every job waiting for it moved on")
+            self.records.abandon(instance, "every job waiting for it moved on")
             return "health_check_abandoned"
         if self.start_if_ready(instance.container_inst_id) is None:
             owner = instance.hc_owner or instance.check_owner
-            self.data.wait_for_health_check_slot(instance, owner, now)
+            self.records.wait_for_slot(instance, owner, now)
         return "health_check_waiting_for_slot"
 
     def sweep(self, instance: Instance, now: float) -> str:

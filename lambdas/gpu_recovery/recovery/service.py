@@ -138,9 +138,10 @@ class RecoveryService:
         self.validations = Validations(repo, repo.validations, ecs, tasks, self.reboots, self.remediation,
                                        cordons, gate, notices, verdicts=verdicts, replacer=replacer,
                                        metrics=self._metrics, settings=settings, reactions=reactions)
-        self.health = HealthChecks(repo, ecs, tasks, self.reboots, self.remediation, settlement, owed,
-                                   notices, verdicts=verdicts, leases=repo.verdict_leases, policy=policy,
-                                   metrics=self._metrics, settings=settings, reactions=reactions)
+        self.health = HealthChecks(repo, repo.health_checks, ecs, tasks, self.reboots, self.remediation,
+                                   settlement, owed, notices, verdicts=verdicts, leases=repo.verdict_leases,
+                                   policy=policy, metrics=self._metrics, settings=settings,
+                                   reactions=reactions)
         self.warnings = GpuWarnings(repo, repo.warnings, self.remediation, gate, cordons, notices,
                                     policy=policy, metrics=self._metrics, settings=settings)
         self.placement = PlacementHolds(repo, ecs, cordons, self.restarts, restart_nodes, settings=settings)

@@ -1,5 +1,5 @@
-"""A container instance: reads, registration and intents (its health check, its reboot,
-its quarantine and termination, its fault history).
+"""A container instance: reads, registration and intents (its reboot, its quarantine and
+termination, its fault history; its health check's are ``health_checks``).
 
 Every intent is a conditional write on the instance's state and on the attribute of the
 step it records (``hc_started_by``, ``reboot_requested_at``...): a step whose intent is
@@ -10,22 +10,14 @@ is finished, not repeated, by the next one (or the sweep).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import INSTANCE_PK
 from gpu_recovery.domain.models import Instance, Job
-from gpu_recovery.domain.states import HEALTH_CHECK_STATES, InstanceState
+from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 from gpu_recovery.repository.claim_fields import GPU_RESET as RESET_CLAIM
-from gpu_recovery.repository.claim_fields import HEALTH_CHECK as CHECK_CLAIM
-from gpu_recovery.repository.health_check_slots import (
-    WAIT_SWEEP_SECONDS,
-    Claim,
-    HealthCheckClaim,
-    HealthCheckSlots,
-)
 from gpu_recovery.repository.tables import RecoveryTables
 
 #: What a reboot request forgets of the agent's last outage (``record_agent_disconnected``).
@@ -34,7 +26,7 @@ AGENT_OUTAGE_ATTRIBUTES = ("disconnected_at", "disconnected_version", "disconnec
 
 
 class Instances(RecoveryTables):
-    """Reads and intents of container instances (a node task's claim among them)."""
+    """Reads and intents of container instances."""
 
     # ==================================================================== reads
     def get_instance(self, container_inst_id: str) -> Instance | None:
@@ -74,93 +66,8 @@ class Instances(RecoveryTables):
         item = {k: v for k, v in item.items() if v != ""}
         return self.db.put_if_absent(self.instance_table_name, item, INSTANCE_PK)
 
-    # ============================================================= health check
-    def open_health_check(self, inst_id: str, job_id: str, *, now: float, retry_at: float,
-                          grouped: bool = False) -> bool:
-        """AVAILABLE / SUSPECT (or unknown) -> HEALTH_CHECK_PENDING with this job waiting.
-        ``grouped``: the check waits for others of its job to start with it (``hc_grouped``)."""
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT], allow_missing=True,
-            to=InstanceState.HEALTH_CHECK_PENDING,
-            set_fields={"hc_requested_at": now, "hc_start_attempts": 0,
-                        **({"hc_grouped": True} if grouped else {})},
-            add_to_sets={"hc_jobs": {job_id}},
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "waiting_jobs",
-                           *([] if grouped else ["hc_grouped"])],
-            deadline_at=retry_at,
-        ))
-
-    def join_health_check(self, inst_id: str, job_id: str) -> bool:
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=HEALTH_CHECK_STATES, add_to_sets={"hc_jobs": {job_id}}))
-
-    def claim_health_check(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
-                           per_job: int, cluster: int, now: float) -> HealthCheckClaim:
-        """HEALTH_CHECK_PENDING -> HEALTH_CHECKING with a slot of the cluster's and one of
-        ``owner``'s: the claim is committed before StartTask, and its startedBy finds the
-        task again if the answer to StartTask is lost. A job's share as large as the
-        cluster's can never be the limit that binds: no share is counted then (one hot
-        item less in every claim and verdict), and the instance says so for the release.
-        CLAIMED comes with the instance as the claim wrote it (its shard, its job slot)."""
-        job_slot = HealthCheckSlots.keeps_job_share(per_job=per_job, cluster=cluster)
-        claim = self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
-            to=InstanceState.HEALTH_CHECKING,
-            set_fields={"hc_started_by": started_by, "hc_lease_until": lease_until, "hc_owner": owner,
-                        "hc_claimed_at": now, "hc_job_slot": job_slot},
-            remove_fields=HealthCheckSlots.wait_attributes(), deadline_at=lease_until,
-            extra_condition="#att = :att", extra_values={":att": instance.check.attempts},
-            extra_names={"#att": "hc_start_attempts"},
-        )
-        taken = self.slots.claim(claim, owner, per_job=per_job if job_slot else None, cluster=cluster,
-                                 now=now)
-        if taken.outcome is not Claim.CLAIMED:
-            return HealthCheckClaim(taken.outcome)
-        claimed = CHECK_CLAIM.with_claim(instance, started_by=started_by, claimed_at=now,
-                                         lease_until=lease_until)
-        return HealthCheckClaim(Claim.CLAIMED, replace(
-            claimed, state=InstanceState.HEALTH_CHECKING, hc_owner=owner, hc_job_slot=job_slot,
-            hc_slot_shard=taken.shard, hc_slot_token=taken.token, hc_waiting_for_slot=False,
-            deadline_at=lease_until))
-
-    def wait_for_health_check_slot(self, instance: Instance, owner: str, now: float) -> bool:
-        """No slot free: the pending check waits in its owner's queue (no time limit while it
-        waits; the sweep looks at it every ten minutes)."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
-            set_fields=HealthCheckSlots.wait_fields(owner), deadline_at=now + WAIT_SWEEP_SECONDS,
-            extra_condition="#att = :att", extra_values={":att": instance.check.attempts},
-            extra_names={"#att": "hc_start_attempts"}))
-
-    def abandon_health_check(self, instance: Instance, reason: str) -> bool:
-        """A pending check no job waits for any more (they all moved on): the node is
-        AVAILABLE again, as it was before it was suspected."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.HEALTH_CHECK_PENDING],
-            to=InstanceState.AVAILABLE, set_fields={"hc_abandoned": reason[:300]},
-            remove_fields=["hc_jobs", "hc_left", "hc_started_by", "hc_lease_until",
-                           *HealthCheckSlots.wait_attributes()],
-            clear_deadline=True, extra_condition="#att = :att",
-            extra_values={":att": instance.check.attempts}, extra_names={"#att": "hc_start_attempts"}))
-
-    def release_health_check_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
-                                   retry_at: float) -> bool:
-        """StartTask answered and started nothing: back to HEALTH_CHECK_PENDING, its slot
-        given back (after the commit); a placement that failed counts as an attempt."""
-        return self._released(instance, [self.node_tasks.release_update(
-            CHECK_CLAIM, instance, started_by, retry_at, counted=placement_failed,
-            to=InstanceState.HEALTH_CHECK_PENDING, also_removed=HealthCheckSlots.held_attributes()),
-            *self.slots.release(instance)])
-
-    def retry_health_check(self, instance: Instance, started_by: str, retry_at: float) -> bool:
-        """The check ended without a verdict (image pull, OOM...): run it again (its slot
-        given back after the commit; it takes one again when it starts)."""
-        return self._released(instance, [self.node_tasks.release_update(
-            CHECK_CLAIM, instance, started_by, retry_at, attempt_used=True,
-            to=InstanceState.HEALTH_CHECK_PENDING, also_removed=HealthCheckSlots.held_attributes()),
-            *self.slots.release(instance)])
-
-    def _released(self, instance: Instance, updates: list[Update], *, leaving: bool = True) -> bool:
+    def commit_leaving_check(self, instance: Instance, updates: list[Update], *,
+                             leaving: bool = True) -> bool:
         """A way out of HEALTH_CHECKING committed, then (``leaving``) its slots given back
         (plain writes, best effort: the sweep's reaper frees what a lost one leaves)."""
         if not self.db.transact(updates):

@@ -196,7 +196,7 @@ class NodeDecisions(JobsAndRanks, Instances):
             updates.append(breaker)
         updates += cordon_sync
         updates += list(also)
-        return self._released(instance, updates, leaving=releasing)
+        return self.commit_leaving_check(instance, updates, leaving=releasing)
 
     def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update:
         """NODE_LOST -> FAILED on the same attempt (its node unreachable), with the fault's
@@ -365,5 +365,5 @@ class NodeDecisions(JobsAndRanks, Instances):
                 set_fields={"last_error": failure.reason[:1000],
                             **self.stop_fanout_fields(job.attempt, failure.reason, now),
                             **self.job_deadline_fields(now + 60)}))
-        return self._released(instance, [*updates, *also],
+        return self.commit_leaving_check(instance, [*updates, *also],
                               leaving=instance.state is InstanceState.HEALTH_CHECKING)

@@ -13,7 +13,7 @@ validation's decision, its stall) takes its condition from the declaration (``he
 The health check's claim is declared too (``HEALTH_CHECK``): its task is recorded, a dead
 claim taken over and a claim given back by the same intents (its release, ``release_update``,
 also moves the node back to HEALTH_CHECK_PENDING and drops its slots' attributes, in
-``instances``). Making it is its own (``instances.claim_health_check``): it takes a slot of
+``health_checks``). Making it is its own (``HealthCheckRepository.claim``): it takes a slot of
 the cluster's and of its job's share, then moves the node to HEALTH_CHECKING.
 """
 

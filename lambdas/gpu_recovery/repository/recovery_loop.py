@@ -8,6 +8,7 @@ from typing import Any
 from gpu_recovery.repository.aws_notices import AwsNoticeRepository
 from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.gpu_resets import GpuResetRepository
+from gpu_recovery.repository.health_checks import HealthCheckRepository
 from gpu_recovery.repository.node_decisions import NodeDecisions
 from gpu_recovery.repository.validations import ValidationRepository
 from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
@@ -17,9 +18,9 @@ from gpu_recovery.repository.warnings import WarningRepository
 class Repository(NodeDecisions):
     """The intents of jobs and ranks, instances and the node decisions over both (its own
     members, each in the module of its aggregate: see the package docstring), and the
-    aggregates a stage is handed on its own: ``breaker``, ``verdict_leases``, ``warnings``,
-    ``aws_notices``, ``validations``, ``gpu_resets`` (beside the tables' ``node_tasks``, ``faults``,
-    ``latches``, ``slots``, ``cordons``...)."""
+    aggregates a stage is handed on its own: ``health_checks``, ``validations``,
+    ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices`` (beside the
+    tables' ``node_tasks``, ``faults``, ``latches``, ``slots``, ``cordons``...)."""
 
     def __init__(self, dynamodb: Any, job_table: str, instance_table: str, *,
                  deadline_shards: int = 1) -> None:
@@ -30,3 +31,4 @@ class Repository(NodeDecisions):
         self.aws_notices = AwsNoticeRepository(self)  # AWS's notices on a node
         self.validations = ValidationRepository(self)  # a repaired node's validation
         self.gpu_resets = GpuResetRepository(self)  # a node's GPU reset fallen back to a reboot
+        self.health_checks = HealthCheckRepository(self)  # a node's health check: opened, claimed...
