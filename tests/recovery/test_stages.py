@@ -204,7 +204,7 @@ def test_a_lost_reboot_answer_never_reboots_twice() -> None:  # defect 6
 
 def test_a_lost_reboot_marker_write_never_reboots_twice() -> None:
     with world() as w:
-        w.repo.fail_once("record_reboot_issued", "refuse")
+        w.repo.fail_once("reboots.record_issued", "refuse")
         _to_rebooting(w)
         w.ecs.agent_connected[FAULTY] = False
         for _ in range(8):

@@ -84,25 +84,13 @@ REBOOT_CONFIRM_SECONDS = 300
 
 
 class RebootData(MarksNodesBack, Protocol):
-    """The reboot's (and the replacement's) intents on the node's item
-    (``repository/instances.py``), the jobs waiting for it, a node that ran out of time."""
+    """The node back, the jobs waiting for it, a node that ran out of time."""
 
     faults: FaultRepository
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
-    def claim_reboot(self, instance: Instance, now: float) -> bool: ...
-    def take_over_reboot_claim(self, instance: Instance, now: float) -> bool: ...
-    def release_reboot_claim(self, instance: Instance, claimed_at: float, retry_at: float) -> bool: ...
-    def record_reboot_issued(self, instance: Instance, path: str, now: float, deadline_at: float) -> bool: ...
-    def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool: ...
-    def record_termination(self, inst_id: str, result: str, now: float,
-                           watch: dict[str, Any] | None = None) -> bool: ...
-    def record_drained(self, inst_id: str, *, terminate_next: bool = False,
-                       uncordon: bool = False) -> bool: ...
-    def record_agent_disconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
-    def record_agent_reconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
     def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str, note: str = "",
                             validation: dict[str, Any] | None = None) -> bool: ...
     def clear_waiting_deadline(self, inst_id: str) -> bool: ...
@@ -115,11 +103,28 @@ class RebootData(MarksNodesBack, Protocol):
                           also: Sequence[Update] = ()) -> bool: ...
 
 
+class RebootRecords(Protocol):
+    """The reboot's (and the replacement's) intents on the node's item (``repository/reboots.py``)."""
+
+    def claim(self, instance: Instance, now: float) -> bool: ...
+    def take_over_claim(self, instance: Instance, now: float) -> bool: ...
+    def release_claim(self, instance: Instance, claimed_at: float, retry_at: float) -> bool: ...
+    def record_issued(self, instance: Instance, path: str, now: float, deadline_at: float) -> bool: ...
+    def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool: ...
+    def record_termination(self, inst_id: str, result: str, now: float,
+                           watch: dict[str, Any] | None = None) -> bool: ...
+    def record_drained(self, inst_id: str, *, terminate_next: bool = False,
+                       uncordon: bool = False) -> bool: ...
+    def record_agent_disconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
+    def record_agent_reconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
+
+
 @dataclass(eq=False, repr=False)
 class Reboots:
     """``gate``: the breaker every node action asks; ``cordons``: the node attributes kept in sync."""
 
     data: RebootData
+    records: RebootRecords
     ecs: EcsPort
     ranks: RankOperations
     gang: GangOps  # a failed job's ranks stopped
@@ -144,15 +149,14 @@ class Reboots:
         now = clock.now()
         progress = evidence.reboot_progress(instance, now=now, lease_seconds=REBOOT_CONFIRM_SECONDS,
                                             agent_connected=agent_connected)
-        repo = self.data
         if progress in (RebootProgress.NOT_ISSUED, RebootProgress.UNCONFIRMED) and not marked:
             self.mark(instance)
         if progress is RebootProgress.NOT_ISSUED:
-            claimed = repo.claim_reboot(instance, now)
+            claimed = self.records.claim(instance, now)
         elif progress is RebootProgress.UNCONFIRMED:
             logger.warning("reboot not confirmed and no sign of it: issuing it again", extra={
                 "instance": instance.container_inst_id, "claimed_at": instance.reboot_claimed_at})
-            claimed = repo.take_over_reboot_claim(instance, now)
+            claimed = self.records.take_over_claim(instance, now)
         else:
             return progress.value.lower()
         if not claimed:
@@ -163,10 +167,10 @@ class Reboots:
                 f"gpu-recovery: {instance.reboot_reason or 'DCGM asked for a reboot'}"[:100])
         except Exception as error:
             if refused(error):  # nothing happened: the next try may issue it
-                repo.release_reboot_claim(instance, now, now + RETRY_INTERVAL_SECONDS)
+                self.records.release_claim(instance, now, now + RETRY_INTERVAL_SECONDS)
             raise
         timeout_at = (instance.reboot_requested_at or now) + self.settings.reboot_timeout_seconds
-        repo.record_reboot_issued(instance, path, clock.now(), min(timeout_at, now + RETRY_INTERVAL_SECONDS))
+        self.records.record_issued(instance, path, clock.now(), min(timeout_at, now + RETRY_INTERVAL_SECONDS))
         self.metrics.add_metric("Reboots", "Count", 1)
         logger.info("reboot requested", extra={"instance": instance.container_inst_id,
                                                "ec2_instance": instance.ec2_instance_id, "via": path})
@@ -180,8 +184,8 @@ class Reboots:
             # Raises (EcsActionFailed) unless ECS confirmed it: the drain is then recorded by
             # the sweep's next try, never before ECS said so.
             self.ecs.drain(fresh.container_instance_arn or fresh.container_inst_id)
-            if self.data.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending,
-                                             uncordon=fresh.cordoned):
+            if self.records.record_drained(fresh.container_inst_id, terminate_next=fresh.terminate_pending,
+                                           uncordon=fresh.cordoned):
                 self.metrics.add_metric("Quarantines", "Count", 1)
                 logger.warning("instance quarantined", extra={"instance": fresh.container_inst_id,
                                                               "why": fresh.quarantine_reason})
@@ -197,7 +201,7 @@ class Reboots:
         call is repeated; the result is recorded after."""
         now = clock.now()
         retaken = instance.terminate_claimed_at is not None
-        if not self.data.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
+        if not self.records.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
             return "in_flight"
         ec2_id = self.ranks.ec2_instance_id(instance)
         found = self.replacer.groups_of([ec2_id]).get(ec2_id) if ec2_id.startswith("i-") else None
@@ -217,7 +221,7 @@ class Reboots:
         # The node the group launches in its place is validated before it takes work.
         watch = replacement_watch(since=now, group=group) \
             if group and self.settings.validation.enabled else None
-        self.data.record_termination(instance.container_inst_id, result, now, watch)
+        self.records.record_termination(instance.container_inst_id, result, now, watch)
         logger.warning("instance replaced", extra={"instance": instance.container_inst_id, "result": result})
         return result
 
@@ -302,13 +306,13 @@ class Reboots:
         if instance.validating:  # back already, proving itself (recovery.validations)
             return Outcome("ignored", detail={"instance": inst_id, "why": "validating after its repair"})
         if evidence.is_new_disconnect(instance, event):
-            self.data.record_agent_disconnected(instance, event.at, event.version, event.agent_version)
+            self.records.record_agent_disconnected(instance, event.at, event.version, event.agent_version)
             return Outcome("agent_disconnected", detail={"instance": inst_id})
         judged = evidence.judge_return(instance, event, clock.now())
         if judged.back:
             return self._mark_back(instance, judged.why)
         if evidence.is_first_reconnect(instance, event):
-            self.data.record_agent_reconnected(instance, event.at, event.version, event.agent_version)
+            self.records.record_agent_reconnected(instance, event.at, event.version, event.agent_version)
             logger.info("agent reconnected without proof of the reboot",
                         extra={"instance": inst_id, "why": judged.why})
             return Outcome("agent_reconnected", detail={"instance": inst_id, "why": judged.why})

@@ -115,8 +115,8 @@ class RecoveryService:
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
         gate = NodeActionGate(repo.breaker, ecs, notices, metrics=self._metrics, settings=settings)
         cordons = Cordons(repo, ecs, notices, gate, metrics=self._metrics, reactions=reactions)
-        self.reboots = Reboots(repo, ecs, self.ranks, self.gang, gate, cordons, notices, rebooter=rebooter,
-                               replacer=replacer, policy=policy, metrics=self._metrics,
+        self.reboots = Reboots(repo, repo.reboots, ecs, self.ranks, self.gang, gate, cordons, notices,
+                               rebooter=rebooter, replacer=replacer, policy=policy, metrics=self._metrics,
                                settings=settings, reactions=reactions)
         # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
         self.node_tasks = tasks = NodeTasks(ecs, repo, repo.node_tasks, self._metrics, settings)

@@ -1,5 +1,5 @@
-"""A container instance: reads, registration and intents (its reboot, its quarantine and
-termination, its fault history; its health check's are ``health_checks``).
+"""A container instance: reads, registration and intents (its fault history, its way back
+from a repair; its health check's are ``health_checks``, its reboot's ``reboots``).
 
 Every intent is a conditional write on the instance's state and on the attribute of the
 step it records (``hc_started_by``, ``reboot_requested_at``...): a step whose intent is
@@ -106,121 +106,6 @@ class Instances(RecoveryTables):
         return self.db.apply(self.instance_update(
             inst_id, set_fields=fields, extra_condition="attribute_exists(#k)",
             extra_names={"#k": INSTANCE_PK}))
-
-    # ================================================== quarantine, termination
-    def record_drained(self, inst_id: str, *, terminate_next: bool = False, uncordon: bool = False) -> bool:
-        """ECS confirmed the quarantine's DRAINING: nothing left for the sweep (unless the
-        node is still to be terminated in its Auto Scaling group). DRAINING keeps every
-        placement off the node from now on, so a cordon it had (``uncordon``) is cleared
-        with it: an operator who sets the node ACTIVE again finds it placeable."""
-        fields: dict[str, Any] = {}
-        remove = ["drain_pending"]
-        sync: list[Update] = []
-        if uncordon:
-            now = clock.now()
-            fields, gone, update = self.cordons.uncordon_updates(inst_id, now)
-            remove += gone
-            sync.append(update)
-        return self.db.transact([self.instance_update(
-            inst_id, from_states=[InstanceState.QUARANTINED], set_fields=fields, remove_fields=remove,
-            clear_deadline=not terminate_next, extra_condition="attribute_exists(#dp)",
-            extra_names={"#dp": "drain_pending"}), *sync])
-
-    def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool:
-        """The intent to call TerminateInstanceInAutoScalingGroup, committed before the call;
-        a claim older than the lease (its holder died) may be taken over, and the taker
-        looks the instance up before calling again."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.QUARANTINED],
-            set_fields={"terminate_claimed_at": now},
-            extra_condition="attribute_exists(#tp) AND (attribute_not_exists(#tc) OR #tc < :stale)",
-            extra_values={":stale": now - lease_seconds},
-            extra_names={"#tp": "terminate_pending", "#tc": "terminate_claimed_at"},
-        ))
-
-    def record_termination(self, inst_id: str, result: str, now: float,
-                           watch: dict[str, Any] | None = None) -> bool:
-        """The termination was requested (or found done / impossible): confirmed. ``watch``
-        (domain.validation.replacement_watch): the node its group launches in its place is
-        awaited, to validate it (the sweep looks for it every minute until then)."""
-        return self.db.apply(self.instance_update(
-            inst_id, from_states=[InstanceState.QUARANTINED],
-            set_fields={"terminate_result": result[:300], "terminated_at": now,
-                        **({"replacement_watch": watch} if watch else {})},
-            remove_fields=["terminate_pending"], clear_deadline=not watch,
-            deadline_at=now + 60 if watch else None,
-            extra_condition="attribute_exists(#tp)", extra_names={"#tp": "terminate_pending"},
-        ))
-
-    # =================================================================== reboot
-    def claim_reboot(self, instance: Instance, now: float) -> bool:
-        """The intent to call the reboot API, committed before the call (one caller at a
-        time; a claim whose answer was never recorded is taken over only by
-        :meth:`take_over_reboot_claim`)."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reboot_claimed_at": now},
-            extra_condition="#rq = :rq AND attribute_not_exists(#rc) AND attribute_not_exists(#ri)",
-            extra_values={":rq": instance.reboot_requested_at},
-            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
-        ))
-
-    def take_over_reboot_claim(self, instance: Instance, now: float) -> bool:
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reboot_claimed_at": now},
-            extra_condition="#rq = :rq AND #rc = :rc AND attribute_not_exists(#ri)",
-            extra_values={":rq": instance.reboot_requested_at, ":rc": instance.reboot_claimed_at},
-            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
-        ))
-
-    def record_reboot_issued(self, instance: Instance, path: str, now: float, deadline_at: float) -> bool:
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reboot_issued_at": now, "reboot_path": path}, deadline_at=deadline_at,
-            extra_condition="#rq = :rq", extra_values={":rq": instance.reboot_requested_at},
-            extra_names={"#rq": "reboot_requested_at"},
-        ))
-
-    def release_reboot_claim(self, instance: Instance, claimed_at: float, retry_at: float) -> bool:
-        """The reboot API refused the call (nothing happened): let the next try issue it."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            remove_fields=["reboot_claimed_at"], deadline_at=retry_at,
-            extra_condition="#rq = :rq AND #rc = :rc AND attribute_not_exists(#ri)",
-            extra_values={":rq": instance.reboot_requested_at, ":rc": claimed_at},
-            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
-        ))
-
-    def record_agent_disconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool:
-        """The agent seen disconnected after the reboot request: the first time, or again
-        after the reconnect recorded as read (that outage was not the reboot: the new one
-        replaces it)."""
-        if instance.reconnected_at is None:
-            condition, values = "attribute_not_exists(#dc)", {}
-        else:
-            condition, values = "#ra = :ra", {":ra": instance.reconnected_at}
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"disconnected_at": at, "disconnected_version": version, "disconnected_agent": agent},
-            remove_fields=["reconnected_at", "reconnected_version", "reconnected_agent"],
-            extra_condition=f"#rq = :rq AND {condition}",
-            extra_values={":rq": instance.reboot_requested_at, **values},
-            extra_names={"#rq": "reboot_requested_at",
-                         **({"#dc": "disconnected_at"} if instance.reconnected_at is None
-                            else {"#ra": "reconnected_at"})},
-        ))
-
-    def record_agent_reconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool:
-        """The agent's first reconnect after the recorded disconnect, when it did not bring
-        the node back (domain.policy: no proof of a reboot yet)."""
-        return self.db.apply(self.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reconnected_at": at, "reconnected_version": version, "reconnected_agent": agent},
-            extra_condition="#rq = :rq AND #dc = :dc AND attribute_not_exists(#ra)",
-            extra_values={":rq": instance.reboot_requested_at, ":dc": instance.disconnected_at},
-            extra_names={"#rq": "reboot_requested_at", "#dc": "disconnected_at", "#ra": "reconnected_at"},
-        ))
 
     def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
                                 validation: dict[str, Any] | None = None,
