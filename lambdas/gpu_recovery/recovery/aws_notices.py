@@ -28,7 +28,7 @@ retried delivery, or the sweep after a delivery died finds the step done and goe
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -71,7 +71,7 @@ from gpu_recovery.recovery.ports import (
 )
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions
 from gpu_recovery.recovery.stage_data import ReadsNodeItems
-from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.aws_notices import AwsNoticeRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -99,26 +99,6 @@ class NoticeData(ReadsNodeItems, Protocol):
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
 
 
-class NoticeRecords(Protocol):
-    """The notice's intents (``repository/aws_notices.py``)."""
-
-    def record_notice(self, node: str, record: Mapping[str, Any], *, replaces: str, deadline_at: float,
-                      cordon: Mapping[str, Any] | None, version: float,
-                      also: Sequence[Update] = ()) -> bool: ...
-    def ask_job_to_leave(self, node: str, key: str, job_id: str, attempt: int, entry: Mapping[str, Any],
-                         suspend: Mapping[str, Any], deadline_at: float, reason: str,
-                         also: Sequence[Update] = ()) -> bool: ...
-    def move_job_off_notice(self, node: str, key: str, job: Job, rank: int, entry: Mapping[str, Any], *,
-                            reason: str, now: float, deadline_at: float, ledger: Mapping[str, Any],
-                            also: Sequence[Update] = ()) -> bool: ...
-    def note_notice_job(self, node: str, key: str, job_id: str, entry: Mapping[str, Any],
-                        also: Sequence[Update] = ()) -> bool: ...
-    def record_notice_drained(self, node: str, key: str, at: float) -> bool: ...
-    def rearm_notice(self, node: str, key: str, deadline_at: float) -> bool: ...
-    def settle_notice(self, node: str, key: str, fields: Mapping[str, Any] | None = None) -> bool: ...
-    def end_notice(self, node: str, key: str, now: float, *, uncordon: bool) -> bool: ...
-
-
 class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):
     """The nodes a notice names (found by a query), their drain, and a rank's stop."""
 
@@ -128,7 +108,7 @@ class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):
 @dataclass(eq=False, repr=False)
 class AwsNotices:
     data: NoticeData
-    records: NoticeRecords
+    records: AwsNoticeRepository
     ecs: NoticeEcs
     cordons: Cordons  # the attribute put after the commit
     notices: Notices  # the e-mails' outbox

@@ -24,7 +24,6 @@ DescribeTasks, and one that never ends is stopped and replaced by the reboot.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
@@ -51,7 +50,7 @@ from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, StopsTasks, after_commit
 from gpu_recovery.recovery.reboots import Reboots
-from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.gpu_resets import GpuResetRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -75,18 +74,10 @@ class GpuResetData(Protocol):
     def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
 
 
-class ResetRecords(Protocol):
-    """The reset's intent on the node's item (``repository/gpu_resets.py``)."""
-
-    def fall_back_to_reboot(self, instance: Instance, *, result: dict[str, Any], reason: str,
-                            fault_history: list[dict[str, Any]] | None, now: float, deadline_at: float,
-                            also: Sequence[Update] = ()) -> bool: ...
-
-
 @dataclass(eq=False, repr=False)
 class GpuResets:
     data: GpuResetData
-    records: ResetRecords
+    records: GpuResetRepository
     ecs: StopsTasks
     tasks: NodeTasks
     reboots: Reboots

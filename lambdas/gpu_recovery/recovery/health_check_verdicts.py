@@ -33,9 +33,10 @@ from gpu_recovery.recovery.ports import Invocation, MetricsPort, Outcome, Verdic
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
 from gpu_recovery.recovery.stage_data import ReadsNodeItems
-from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.health_checks import HealthCheckRepository
+from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
 
 logger = logging.getLogger(__name__)
 
@@ -89,17 +90,11 @@ class RecordsTasks(Protocol):
                      look_at: float) -> None: ...
 
 
-class RetriesChecks(Protocol):
-    """A check that ended without a verdict run again (``repository/health_checks.py``)."""
-
-    def retry(self, instance: Instance, started_by: str, retry_at: float) -> bool: ...
-
-
 class HealthCheckVerdicts:
     """``released(instance)``: the check let its slot go (its job's next waiting check may start)."""
 
-    def __init__(self, data: CheckVerdictData, checks: RetriesChecks, tasks: RecordsTasks,
-                 leases: VerdictLeases, verdicts: VerdictReaderPort, reboots: Reboots,
+    def __init__(self, data: CheckVerdictData, checks: HealthCheckRepository, tasks: RecordsTasks,
+                 leases: VerdictLeaseRepository, verdicts: VerdictReaderPort, reboots: Reboots,
                  remediation: NodeRemediation, *, catalog: FaultCatalog, metrics: MetricsPort,
                  released: Callable[[Instance], None]) -> None:
         self.data = data

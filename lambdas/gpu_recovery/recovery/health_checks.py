@@ -51,7 +51,6 @@ from gpu_recovery.recovery.health_check_verdicts import (
     VERDICT_ROUNDS,
     CheckVerdictData,
     HealthCheckVerdicts,
-    RetriesChecks,
 )
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
@@ -70,10 +69,11 @@ from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.stage_data import RecordsObservedFaults
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
-from gpu_recovery.recovery.verdict_lease import VerdictLeases
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.health_check_slots import Claim, HealthCheckClaim, HealthCheckSlots
+from gpu_recovery.repository.health_check_slots import Claim, HealthCheckSlots
+from gpu_recovery.repository.health_checks import HealthCheckRepository
 from gpu_recovery.repository.node_decisions import JobVerdict
+from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -123,26 +123,12 @@ class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
-class HealthCheckRecords(RetriesChecks, Protocol):
-    """The check's intents on the node's item (``repository/health_checks.py``)."""
-
-    def open(self, inst_id: str, job_id: str, *, now: float, retry_at: float,
-             grouped: bool = False) -> bool: ...
-    def join(self, inst_id: str, job_id: str) -> bool: ...
-    def claim(self, instance: Instance, started_by: str, lease_until: float, *, owner: str,
-              per_job: int, cluster: int, now: float) -> HealthCheckClaim: ...
-    def wait_for_slot(self, instance: Instance, owner: str, now: float) -> bool: ...
-    def release_claim(self, instance: Instance, started_by: str, *, placement_failed: bool,
-                      retry_at: float) -> bool: ...
-    def abandon(self, instance: Instance, reason: str) -> bool: ...
-
-
 class HealthChecks:
-    def __init__(self, data: HealthCheckData, records: HealthCheckRecords, ecs: StopsAndDescribesTasks,
+    def __init__(self, data: HealthCheckData, records: HealthCheckRepository, ecs: StopsAndDescribesTasks,
                  tasks: NodeTasks, reboots: Reboots, remediation: NodeRemediation, settlement: JobSettlement,
                  owed_notices: RemediationNotices, notices: Notices, *, verdicts: VerdictReaderPort,
-                 leases: VerdictLeases, policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
-                 reactions: Reactions | None = None) -> None:
+                 leases: VerdictLeaseRepository, policy: RemediationPolicy, metrics: MetricsPort,
+                 settings: Settings, reactions: Reactions | None = None) -> None:
         self.data = data
         self.records = records
         self.ecs = ecs

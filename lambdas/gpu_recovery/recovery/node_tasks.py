@@ -47,6 +47,7 @@ from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_once, started_already
 from gpu_recovery.repository import claim_fields as stored
 from gpu_recovery.repository.claim_fields import ClaimFields
+from gpu_recovery.repository.node_task_claims import NodeTaskClaims
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -148,19 +149,6 @@ class RanksOnNodes(Protocol):
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
 
 
-class Claims(Protocol):
-    """The claim's intents, every kind's (``repository.node_task_claims``: ``repo.node_tasks``)."""
-
-    def claim(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
-              lease_until: float) -> bool: ...
-    def take_over(self, fields: ClaimFields, instance: Instance, now: float, lease_until: float) -> bool: ...
-    def release(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
-                attempt_used: bool = False) -> bool: ...
-    def record(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
-               deadline_at: float) -> bool: ...
-    def rearm(self, fields: ClaimFields, instance: Instance, deadline_at: float) -> bool: ...
-
-
 @dataclass(eq=False, repr=False)
 class NodeTasks:
     """A node task's claim up to StartTask (``claim_and_start``, for the kinds that wait for
@@ -169,7 +157,7 @@ class NodeTasks:
 
     ecs: NodeTaskEcs
     data: RanksOnNodes
-    claims: Claims
+    claims: NodeTaskClaims
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     settings: Settings
 

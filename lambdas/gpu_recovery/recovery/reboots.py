@@ -73,6 +73,7 @@ from gpu_recovery.recovery.stage_data import MarksNodesBack
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.node_decisions import JobFailure
+from gpu_recovery.repository.reboots import RebootRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -103,28 +104,12 @@ class RebootData(MarksNodesBack, Protocol):
                           also: Sequence[Update] = ()) -> bool: ...
 
 
-class RebootRecords(Protocol):
-    """The reboot's (and the replacement's) intents on the node's item (``repository/reboots.py``)."""
-
-    def claim(self, instance: Instance, now: float) -> bool: ...
-    def take_over_claim(self, instance: Instance, now: float) -> bool: ...
-    def release_claim(self, instance: Instance, claimed_at: float, retry_at: float) -> bool: ...
-    def record_issued(self, instance: Instance, path: str, now: float, deadline_at: float) -> bool: ...
-    def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool: ...
-    def record_termination(self, inst_id: str, result: str, now: float,
-                           watch: dict[str, Any] | None = None) -> bool: ...
-    def record_drained(self, inst_id: str, *, terminate_next: bool = False,
-                       uncordon: bool = False) -> bool: ...
-    def record_agent_disconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
-    def record_agent_reconnected(self, instance: Instance, at: float, version: int, agent: str) -> bool: ...
-
-
 @dataclass(eq=False, repr=False)
 class Reboots:
     """``gate``: the breaker every node action asks; ``cordons``: the node attributes kept in sync."""
 
     data: RebootData
-    records: RebootRecords
+    records: RebootRepository
     ecs: EcsPort
     ranks: RankOperations
     gang: GangOps  # a failed job's ranks stopped

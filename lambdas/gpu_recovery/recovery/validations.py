@@ -74,6 +74,7 @@ from gpu_recovery.recovery.remediation.notices import describe_node_effects, det
 from gpu_recovery.recovery.stage_data import MarksNodesBack, RecordsNodeDecisions
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.validations import ValidationRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -101,21 +102,6 @@ class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
                           validation: dict[str, Any] | None = None) -> list[Update]: ...
 
 
-class ValidationRecords(Protocol):
-    """The validation's intents on the node's item (``repository/validations.py``), and the
-    replacement watch."""
-
-    def stall_validation(self, instance: Instance, now: float, until: float,
-                         also: list[Update] | tuple[Update, ...] = ()) -> bool: ...
-    def pass_validation(self, instance: Instance, result: dict[str, Any], now: float) -> bool: ...
-    def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]: ...
-    def job_history_note(self, job: Job, note: str) -> Update: ...
-    def adopt_replacement(self, watcher: Instance, container_inst_id: str, *, arn: str, ec2_instance_id: str,
-                          validation: dict[str, Any], cordon: dict[str, Any], now: float) -> bool: ...
-    def close_replacement_watch(self, watcher: Instance) -> bool: ...
-    def rearm_replacement_watch(self, watcher: Instance, deadline_at: float) -> bool: ...
-
-
 class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):
     """StopTask, and the cluster's nodes (a replacement found)."""
 
@@ -123,7 +109,7 @@ class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):
 @dataclass(eq=False, repr=False)
 class Validations:
     data: ValidationData
-    records: ValidationRecords
+    records: ValidationRepository
     ecs: ValidationEcs
     tasks: NodeTasks
     reboots: Reboots

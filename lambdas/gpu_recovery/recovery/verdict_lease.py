@@ -13,11 +13,11 @@ copies from racing: the verdict's transaction conditions are what make it land o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.recovery.ports import Invocation, MetricsPort
-from gpu_recovery.repository.verdict_leases import VerdictLease
+from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
 
 #: how long a lease lasts unless renewed: a dead holder blocks the verdict this long at most
 VERDICT_LEASE_SECONDS = 10.0
@@ -33,17 +33,11 @@ SWEEP_AFTER_LEASE_SECONDS = 5.0
 MARGIN_SECONDS = 10.0
 
 
-class VerdictLeases(Protocol):
-    """The leases' one operation (``repository/verdict_leases.py``)."""
-
-    def claim(self, task_arn: str, holder: str, until: float, now: float) -> VerdictLease: ...
-
-
 @dataclass
 class HeldLease:
     """The lease this invocation holds; ``keep`` renews it before a pause."""
 
-    leases: VerdictLeases
+    leases: VerdictLeaseRepository
     task_arn: str
     invocation: Invocation
     until: float
@@ -75,7 +69,7 @@ class LeaseHeld:
     until: float
 
 
-def take(leases: VerdictLeases, metrics: MetricsPort, task_arn: str, invocation: Invocation,
+def take(leases: VerdictLeaseRepository, metrics: MetricsPort, task_arn: str, invocation: Invocation,
          reread: Any, still_ours: Any) -> HeldLease | LeaseHeld | None:
     """Take the lease, or look LEASE_READS times for it to be free. ``reread()``: the
     instance item read again (None: gone); ``still_ours(item)``: the check is still to be

@@ -27,7 +27,6 @@ is answered (each step a conditional write, so a delivery that dies is finished 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, Protocol
 
@@ -56,8 +55,8 @@ from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
 from gpu_recovery.recovery.stage_data import ReadsNodeItems
-from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.warnings import WarningRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -77,26 +76,10 @@ class WarningData(ReadsNodeItems, Protocol):
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
 
 
-class WarningRecords(Protocol):
-    """The warning's intents (``repository/warnings.py``)."""
-
-    def cordon_for_warning(self, node: str, rule: str, record: Mapping[str, Any], version: float,
-                           deadline_at: float, breaker: Update | None = None,
-                           also: Sequence[Update] = ()) -> bool: ...
-    def ask_job_to_move(self, node: str, rule: str, job_id: str, attempt: int, entry: Mapping[str, Any],
-                        suspend: Mapping[str, Any], deadline_at: float, reason: str,
-                        also: Sequence[Update] = ()) -> bool: ...
-    def note_job_stays(self, node: str, rule: str, job_id: str, entry: Mapping[str, Any],
-                       also: Sequence[Update] = ()) -> bool: ...
-    def settle_warning(self, node: str, rule: str) -> bool: ...
-    def rearm_warning(self, node: str, rule: str, deadline_at: float) -> bool: ...
-    def clear_warning(self, node: str, rule: str, now: float, *, uncordon: bool) -> bool: ...
-
-
 @dataclass(eq=False, repr=False)
 class GpuWarnings:
     data: WarningData
-    records: WarningRecords
+    records: WarningRepository
     remediation: NodeRemediation
     gate: NodeActionGate
     cordons: Cordons

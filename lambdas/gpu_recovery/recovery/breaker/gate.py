@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -27,6 +27,7 @@ from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import ListsContainerInstances, MetricsPort
 from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -64,13 +65,6 @@ class _CachedCount:
     count: int
 
 
-class BreakerData(Protocol):
-    """The breaker's item: read, and its conditional write (in the caller's transaction)."""
-
-    def read(self) -> dict[str, Any] | None: ...
-    def update(self, state: Mapping[str, Any], read_version: int | None) -> Update: ...
-
-
 @dataclass(eq=False, repr=False)
 class NodeActionGate:
     """The blast-radius breaker in front of every automatic reboot, replacement and
@@ -79,7 +73,7 @@ class NodeActionGate:
     to be written in the caller's own transaction (conditional on the version read), so a
     crash never counts an action that was not recorded, nor records one not counted."""
 
-    breaker: BreakerData
+    breaker: BreakerRepository
     ecs: ListsContainerInstances
     notices: Notices
     _: KW_ONLY

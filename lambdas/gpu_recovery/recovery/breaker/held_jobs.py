@@ -22,10 +22,10 @@ Cost: per held job a minute, one job item and the few nodes it waits for; nothin
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind
@@ -45,7 +45,7 @@ from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.stage_data import EndsJobs
-from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.settings import Settings
 
@@ -75,19 +75,10 @@ class HoldData(EndsJobs, Protocol):
     def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
 
 
-class Holds(Protocol):
-    """The breaker's item (its backlog) and the job's hold, entered and resumed."""
-
-    def read(self) -> dict[str, Any] | None: ...
-    def hold_job(self, job: Job, hold: BreakerHold, deadline_at: float,
-                 also: Sequence[Update] = ()) -> bool: ...
-    def resume_held_job(self, job: Job, hold: BreakerHold, reason: str, now: float) -> bool: ...
-
-
 @dataclass(eq=False, repr=False)
 class HeldJobs:
     data: HoldData
-    breaker: Holds
+    breaker: BreakerRepository
     notices: Notices
     _: KW_ONLY
     metrics: MetricsPort  # the service's relay: the invocation's metrics

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
@@ -46,7 +46,7 @@ from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
 from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions
-from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.cordons import Worklist
 from gpu_recovery.repository.node_decisions import NodeDecision
 from gpu_recovery.settings import Settings
@@ -56,16 +56,6 @@ logger = logging.getLogger(__name__)
 # A released entry older than this is dropped, not replayed (stale backlogs are a hazard:
 # NVSentinel #450); the operator may pass another age to the reset.
 DEFAULT_MAX_BACKLOG_AGE_SECONDS = 24 * 3600
-
-
-class BreakerItem(Protocol):
-    """The breaker's item: read, written on the version read, a released entry dropped."""
-
-    def read(self) -> dict[str, Any] | None: ...
-    def worklist_and_state(self) -> tuple[Worklist, dict[str, Any] | None]: ...
-    def save(self, state: Mapping[str, Any], read_version: int | None,
-             also: Sequence[Update] = ()) -> bool: ...
-    def drop_released(self, node: str) -> bool: ...
 
 
 class ReadsInstances(Protocol):
@@ -86,7 +76,7 @@ class ResetResult:
     state: dict[str, Any]
 
 
-def reset_breaker(breaker: BreakerItem, *, now: float, resume_backlog: bool, by: str,
+def reset_breaker(breaker: BreakerRepository, *, now: float, resume_backlog: bool, by: str,
                   max_backlog_age_seconds: float | None = DEFAULT_MAX_BACKLOG_AGE_SECONDS) -> ResetResult:
     """Close the breaker (the operator's reset). With ``resume_backlog`` the held-back
     actions are released: the recovery sweep carries them out, a window's allowance at a
@@ -152,7 +142,7 @@ def assess(repo: ReadsInstances, stored: dict[str, Any] | None, *, now: float,
 @dataclass(eq=False, repr=False)
 class BreakerOperations:
     data: ReleaseData
-    breaker: BreakerItem
+    breaker: BreakerRepository
     remediation: NodeRemediation
     gate: NodeActionGate
     notices: Notices  # the outbox
