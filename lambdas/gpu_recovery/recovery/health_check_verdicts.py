@@ -28,7 +28,7 @@ from gpu_recovery.domain.models import Instance, Job, container_instance_id
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import verdict_lease
-from gpu_recovery.recovery.node_tasks import HEALTH_CHECK, NodeTaskKind
+from gpu_recovery.recovery.node_tasks import HEALTH_CHECK, NodeTasks
 from gpu_recovery.recovery.ports import Invocation, MetricsPort, Outcome, VerdictReaderPort
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
@@ -83,17 +83,10 @@ class CheckVerdictData(ReadsNodeItems, Protocol):
     def get_job(self, job_id: str) -> Job | None: ...
 
 
-class RecordsTasks(Protocol):
-    """The check's task recorded again (``recovery.node_tasks``)."""
-
-    def record_until(self, kind: NodeTaskKind, instance: Instance, started_by: str, task_arn: str,
-                     look_at: float) -> None: ...
-
-
 class HealthCheckVerdicts:
     """``released(instance)``: the check let its slot go (its job's next waiting check may start)."""
 
-    def __init__(self, data: CheckVerdictData, checks: HealthCheckRepository, tasks: RecordsTasks,
+    def __init__(self, data: CheckVerdictData, checks: HealthCheckRepository, tasks: NodeTasks,
                  leases: VerdictLeaseRepository, verdicts: VerdictReaderPort, reboots: Reboots,
                  remediation: NodeRemediation, *, catalog: FaultCatalog, metrics: MetricsPort,
                  released: Callable[[Instance], None]) -> None:

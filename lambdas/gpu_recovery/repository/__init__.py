@@ -22,9 +22,9 @@
   ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices``, ``faults``, ``latches``,
   ``health_check_slots``, ``cordons``, ``notices`` — the sub-repositories a
   :class:`Repository` carries, each handed to the stages that use it (``repo.node_tasks``,
-  ``repo.health_checks``, ``repo.reboots``, ``repo.validations``, ``repo.gpu_resets``, ``repo.breaker``,
-  ``repo.verdict_leases``, ``repo.warnings``, ``repo.aws_notices``, ``repo.faults``,
-  ``repo.latches``, ``repo.slots``, ``repo.cordons``, ``repo.notices``).
+  ``repo.health_checks``, ``repo.reboots``, ``repo.validations``, ``repo.gpu_resets``,
+  ``repo.breaker``, ``repo.verdict_leases``, ``repo.warnings``, ``repo.aws_notices``,
+  ``repo.faults``, ``repo.latches``, ``repo.slots``, ``repo.cordons``, ``repo.notices``).
 * ``heartbeat``, ``scheduling``, ``time_sharing``, ``jobs_api``, ``rate_limit`` — the
   other services' records, on the same tables.
 

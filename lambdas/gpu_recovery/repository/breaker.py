@@ -64,7 +64,7 @@ class BreakerRepository:
                       condition_names=names)
 
     def save(self, state: Mapping[str, Any], read_version: int | None,
-                     also: Sequence[Update] = ()) -> bool:
+             also: Sequence[Update] = ()) -> bool:
         """The breaker's new state (conditional on ``read_version``), with ``also`` (the
         notices it owes: closed by itself, stays open until an operator) in one transaction."""
         return self.db.transact([self.update(state, read_version), *also])

@@ -4,9 +4,9 @@ A node whose decision is ``reset_gpu`` is REBOOTING with ``reset_pending``: the 
 it exactly as for a reboot, and the reboot is issued only if the reset fails. The claim
 (``reset_started_by``, deterministic per node and decision) is committed before StartTask;
 the task's ARN after it; the result from the task's STOPPED event: passed (REBOOTING ->
-AVAILABLE, the same write as a node back from its reboot, in ``instances``) or failed (``reset_pending``
-goes, a new reboot request takes its place: today's reboot flow). Every write is
-conditional on the decision it belongs to (``reboot_requested_at``) and on the claim.
+AVAILABLE, the same write as a node back from its reboot, in ``instances``) or failed
+(``reset_pending`` goes, a new reboot request takes its place: today's reboot flow). Every
+write is conditional on the decision it belongs to (``reboot_requested_at``) and on the claim.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
 
 # The reset attributes a new decision (or a fallback) clears.
 RESET_ATTRIBUTES = ("reset_pending", *CLAIM.paths)
+
 
 class GpuResetRepository:
     """Intents of a node's GPU reset (``repo.gpu_resets``; its claim's are ``node_task_claims``'s,

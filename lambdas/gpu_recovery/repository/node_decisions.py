@@ -366,4 +366,4 @@ class NodeDecisions(JobsAndRanks, Instances):
                             **self.stop_fanout_fields(job.attempt, failure.reason, now),
                             **self.job_deadline_fields(now + 60)}))
         return self.commit_leaving_check(instance, [*updates, *also],
-                              leaving=instance.state is InstanceState.HEALTH_CHECKING)
+                                         leaving=instance.state is InstanceState.HEALTH_CHECKING)

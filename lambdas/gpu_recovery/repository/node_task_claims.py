@@ -44,7 +44,7 @@ class NodeTaskClaims:
             extra_values=values, extra_names=names, **changes)
 
     def claim(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
-                        lease_until: float) -> bool:
+              lease_until: float) -> bool:
         """The intent to start the task (one claimer), committed before StartTask; the sweep
         looks at it at ``lease_until`` (its claimer may have died)."""
         sb, names = names_of(fields.started_by, "sb")
@@ -53,7 +53,7 @@ class NodeTaskClaims:
             set_fields={fields.started_by: started_by, fields.claimed_at: now}, deadline_at=lease_until))
 
     def take_over(self, fields: ClaimFields, instance: Instance, now: float,
-                            lease_until: float) -> bool:
+                  lease_until: float) -> bool:
         """A claim whose task was never recorded (its claimer died, or StartTask's answer was
         lost) and whose lease has ended: the taker looks the task up by its startedBy before
         starting one. One taker wins: the lease, as read, is the condition."""
@@ -74,7 +74,7 @@ class NodeTaskClaims:
             {**sb_names, **ta_names, **lease_names}, set_fields=renewed, deadline_at=lease_until))
 
     def release(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
-                          attempt_used: bool = False) -> bool:
+                attempt_used: bool = False) -> bool:
         """Nothing runs: StartTask refused or placed nothing (no task recorded), or the task
         ended without a verdict (``attempt_used``: counted, the next start is a new attempt
         with its own startedBy). The next try claims it again at ``retry_at``."""
@@ -101,7 +101,7 @@ class NodeTaskClaims:
             **changes)
 
     def record(self, fields: ClaimFields, instance: Instance, started_by: str, task_arn: str,
-                         deadline_at: float) -> bool:
+               deadline_at: float) -> bool:
         """StartTask answered (or the task's STOPPED event came first): the task to wait for
         (its STOPPED event, or the sweep's look); a lease kept apart ends with it."""
         sb, names = names_of(fields.started_by, "sb")

@@ -59,6 +59,8 @@ DEFAULT_MAX_BACKLOG_AGE_SECONDS = 24 * 3600
 
 
 class ReadsInstances(Protocol):
+    """The nodes the breaker acted on, read in one batch (its auto-close)."""
+
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
 
 
