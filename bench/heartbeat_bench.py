@@ -85,11 +85,11 @@ def _seed_job(job_id: str, ranks: int, node: str, hb: float | None) -> list[str]
     repo = runtime.repository()
     repo.put_instance_if_absent(Instance(node, container_instance_arn=f"arn:aws:ecs:us-east-1:123456789012:"
                                                                      f"container-instance/gpu-cluster/{node}"))
-    repo.create_job_if_absent(Job(job_id, JobState.RUNNING, ranks))
+    repo.registrations.create_job_if_absent(Job(job_id, JobState.RUNNING, ranks))
     arns = []
     for r in range(ranks):
         arn = f"arn:aws:ecs:us-east-1:123456789012:task/gpu-cluster/{job_id}-{r}"
-        repo.put_rank_registration(Rank(job_id, r, RankState.RUNNING, 1, arn, "td", node))
+        repo.registrations.put_rank_registration(Rank(job_id, r, RankState.RUNNING, 1, arn, "td", node))
         arns.append(arn)
     return arns
 

@@ -108,10 +108,11 @@ def measure(old: bool, nodes: int = NODES) -> dict[str, Any]:
             for n in range(nodes):
                 node, job = f"node{n:05d}", f"job{n:05d}"
                 repo.put_instance_if_absent(Instance(node))
-                repo.create_job_if_absent(Job(job, JobState.RUNNING, RANKS, created_at=T0, updated_at=T0))
+                repo.registrations.create_job_if_absent(Job(job, JobState.RUNNING, RANKS, created_at=T0,
+                                                            updated_at=T0))
                 for r in range(RANKS):
                     rank = Rank(job, r, RankState.RUNNING, 1, task_arn(job, r), "td", node)
-                    repo.put_rank_registration(rank)
+                    repo.registrations.put_rank_registration(rank)
 
             def cycle(start: float) -> None:
                 for n in range(nodes):

@@ -411,7 +411,7 @@ def test_untagged_tasks_are_ignored(cluster: Cluster) -> None:
     arn = cluster.local.client("ecs").start_task(
         cluster=cluster.local.cluster_name, taskDefinition=cluster.train_td,
         containerInstances=[cluster.sim.node("node-a").container_instance_arn])["tasks"][0]["taskArn"]
-    assert runtime.recovery_service().repo.find_rank_by_task(arn) is None
+    assert runtime.recovery_service().repo.registrations.find_rank_by_task(arn) is None
 
 
 @pytest.fixture

@@ -61,10 +61,11 @@ def _cluster(clk: ManualClock) -> tuple[HeartbeatService, PartitionThroughput]:
     for n in range(NODES):
         node, job = f"node{n:04d}", f"job{n:04d}"
         repo.put_instance_if_absent(Instance(node))
-        repo.create_job_if_absent(Job(job, JobState.RUNNING, RANKS, created_at=T0, updated_at=T0))
+        repo.registrations.create_job_if_absent(Job(job, JobState.RUNNING, RANKS, created_at=T0,
+                                                    updated_at=T0))
         for r in range(RANKS):
             rank = Rank(job, r, RankState.RUNNING, 1, task_arn(job, r), "td", node)
-            assert repo.put_rank_registration(rank)
+            assert repo.registrations.put_rank_registration(rank)
         _report(service, n, T0)
     throughput = PartitionThroughput(WRITE_LIMIT, PARTITION_READ_UNITS_PER_SECOND / SCALE)
     db.partition_throughput = throughput

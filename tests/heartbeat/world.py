@@ -122,7 +122,7 @@ class World:
                  state: JobState = JobState.RUNNING, rank_state: RankState = RankState.RUNNING,
                  attempt: int = 1) -> list[Rank]:
         now = self.clock()
-        self.repo.create_job_if_absent(Job(job_id, state, world_size, attempt=attempt,
+        self.repo.registrations.create_job_if_absent(Job(job_id, state, world_size, attempt=attempt,
                                            created_at=now, updated_at=now))
         ranks = []
         for r in range(world_size):
@@ -133,7 +133,7 @@ class World:
             rank = Rank(job_id, r, rank_state, attempt, task_arn(job_id, r, attempt),
                         "arn:aws:ecs:us-east-1:123456789012:task-definition/train:1", node,
                         registered_at=now)
-            assert self.repo.put_rank_registration(rank)
+            assert self.repo.registrations.put_rank_registration(rank)
             ranks.append(rank)
         return ranks
 

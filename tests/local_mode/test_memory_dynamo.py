@@ -96,14 +96,14 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("instance again", lambda: repo.put_instance_if_absent(Instance("n0")))
         job = Job(job_id="j1", state=JobState.RUNNING, world_size=4, attempt=1, max_recovery_attempts=3,
                   created_at=T0, updated_at=T0)
-        step("job", lambda: repo.create_job_if_absent(job))
-        step("job again", lambda: repo.create_job_if_absent(job))
+        step("job", lambda: repo.registrations.create_job_if_absent(job))
+        step("job again", lambda: repo.registrations.create_job_if_absent(job))
         for r in range(4):
-            step(f"rank {r}", lambda r=r: repo.put_rank_registration(_rank(r)))
-        step("rank 2 again", lambda: repo.put_rank_registration(_rank(2)))
+            step(f"rank {r}", lambda r=r: repo.registrations.put_rank_registration(_rank(r)))
+        step("rank 2 again", lambda: repo.registrations.put_rank_registration(_rank(2)))
         step("get_ranks", lambda: repo.get_ranks(job))
-        step("by task", lambda: repo.find_rank_by_task(_rank(3).task_arn))
-        step("by task, unknown", lambda: repo.find_rank_by_task("arn:unknown"))
+        step("by task", lambda: repo.registrations.find_rank_by_task(_rank(3).task_arn))
+        step("by task, unknown", lambda: repo.registrations.find_rank_by_task("arn:unknown"))
         step("live on n1", lambda: repo.live_ranks_on_instance("n1"))
         step("mark running (not STARTING)", lambda: repo.mark_rank_running(_rank(1)))
         # A fault: node n0's suspect item (idempotent), then the job enters recovery with rank
@@ -243,7 +243,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("claim launch again", lambda: repo.claim_rank_launch(_rank(2), 2, now[0] + 75, now[0]))
         step("claim launch after lease", lambda: repo.claim_rank_launch(_rank(2), 2, now[0] + 200,
                                                                         now[0] + 100))
-        step("register attempt 2", lambda: repo.put_rank_registration(
+        step("register attempt 2", lambda: repo.registrations.put_rank_registration(
             _rank(2, attempt=2, state=RankState.STARTING)))
         step("confirm running", lambda: repo.confirm_job_running("j1", 2, "all running"))
         # Item size: an update that would pass 400 KB is refused, the item unchanged.

@@ -347,7 +347,8 @@ class Flaky:
     #: the aggregates the stages are handed on their own: their intents are named
     #: ``"breaker.save"``, ``"aws_notices.end_notice"``...
     AGGREGATES = frozenset({"breaker", "verdict_leases", "warnings", "aws_notices", "node_tasks",
-                            "validations", "gpu_resets", "health_checks", "reboots"})
+                            "validations", "gpu_resets", "health_checks", "reboots",
+                            "registrations"})
 
     def __init__(self, repo: Any, faults: dict[str, str] | None = None, prefix: str = "") -> None:
         self._repo = repo

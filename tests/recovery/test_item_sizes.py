@@ -134,8 +134,8 @@ def test_a_job_with_many_recoveries_keeps_an_exact_bounded_goodput_ledger(
     now = [NOW]
     clock.set_clock(lambda: now[0], lambda s: now.__setitem__(0, now[0] + s))
     try:
-        assert repo.create_job_if_absent(Job("j", C.JobState.RUNNING, 2, created_at=NOW, updated_at=NOW,
-                                             max_recovery_attempts=10_000))
+        assert repo.registrations.create_job_if_absent(Job("j", C.JobState.RUNNING, 2, created_at=NOW,
+                                                           updated_at=NOW, max_recovery_attempts=10_000))
         for i in range(recoveries):
             now[0] += 100
             marks = goodput.fault_marks(fault_at=now[0] - 5, checkpoint_at=now[0] - 35, node=f"n{i % 40}",

@@ -108,13 +108,13 @@ class CountingIndexLookups:
 
     def __init__(self, repo: Any) -> None:
         self.calls: list[str] = []
-        real = repo.look_up_task
+        real = repo.registrations.look_up_task
 
         def look_up_task(task_arn: str) -> Any:
             self.calls.append(task_arn)
             return real(task_arn)
 
-        repo.look_up_task = look_up_task
+        repo.registrations.look_up_task = look_up_task
 
 
 def test_a_registered_rank_s_events_read_it_by_its_key_not_through_the_task_index() -> None:
@@ -314,4 +314,5 @@ def test_a_failed_describe_fails_the_whole_lookup_batch() -> None:
         arn = "arn:aws:ecs:us-east-1:111122223333:task/gpu-cluster/" + "ab" * 16
         with pytest.raises(RuntimeError):
             w.service.on_tag_lookups([event(task=arn, group="family:train", env=[])])
-        assert w.repo.look_up_task(arn).unprotected is False  # nothing remembered: looked up again
+        # nothing remembered: looked up again
+        assert w.repo.registrations.look_up_task(arn).unprotected is False

@@ -8,7 +8,7 @@ every rank. Stopping a gang is a fan-out of its own (``recovery.gang``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
@@ -50,10 +50,9 @@ from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.task_convention import container_environment, convention_job_id, convention_rank
-from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
-from gpu_recovery.repository.jobs_and_ranks import TaskLookup
 from gpu_recovery.repository.latches import Arrival, LatchRepository
+from gpu_recovery.repository.registrations import RegistrationRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -301,7 +300,8 @@ def tags_for_attempt(tags: list[dict[str, str]], attempt: int) -> list[dict[str,
 
 
 class RankData(Protocol):
-    """A rank's registration (its job, node and latch arrival), its task looked up, a refused job."""
+    """A rank's job and node, and its latch arrival (its registration's own intents are
+    ``repo.registrations``)."""
 
     faults: FaultRepository
     latches: LatchRepository
@@ -309,14 +309,8 @@ class RankData(Protocol):
     def get_job(self, job_id: str) -> Job | None: ...
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def create_job_if_absent(self, job: Job) -> bool: ...
-    def put_rank_registration(self, rank: Rank) -> bool: ...
     def put_instance_if_absent(self, instance: Instance) -> bool: ...
     def record_ec2_instance_id(self, inst_id: str, ec2_instance_id: str) -> bool: ...
-    def look_up_task(self, task_arn: str) -> TaskLookup: ...
-    def remember_unprotected_task(self, task_arn: str, now: float) -> None: ...
-    def mark_not_relocatable(self, job_id: str) -> bool: ...
-    def mark_refused(self, job_id: str, world_size: int, now: float, also: Sequence[Update] = ()) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -325,6 +319,7 @@ class RankOperations:
     together), or None (each looked up here)."""
 
     data: RankData
+    records: RegistrationRepository
     ecs: EcsPort
     notices: Notices  # e-mails, owed with the decision they report
     _: KW_ONLY
@@ -350,7 +345,7 @@ class RankOperations:
         max_app = (reg.max_app_restarts if reg.max_app_restarts is not None
                    else self.settings.max_app_restarts)
         relocatable = _tag_relocatable(reg.tags)
-        created = repo.create_job_if_absent(Job(
+        created = self.records.create_job_if_absent(Job(
             job_id=reg.job_id,
             state=JobState.RUNNING if reg.state is RankState.RUNNING else JobState.STARTING,
             world_size=reg.world_size, attempt=reg.attempt, max_recovery_attempts=max_attempts,
@@ -360,7 +355,7 @@ class RankOperations:
         if not created and not relocatable and reg.tags:
             job = repo.get_job(reg.job_id)
             if job is not None and job.relocatable_tags and not job.is_queue_job:
-                repo.mark_not_relocatable(reg.job_id)
+                self.records.mark_not_relocatable(reg.job_id)
         # A later attempt (the queue starting a suspended or requeued job again) keeps the
         # rank's earlier tasks on its item: their logs stay readable by attempt. Read before
         # the put instead of after it (the same two calls); attempt 1 has none to keep.
@@ -373,7 +368,7 @@ class RankOperations:
             started_by=reg.started_by, registered_at=now, gpus=reg.gpus, subnet=reg.subnet,
             earlier_tasks=previous.tasks_before(reg.attempt) if previous is not None else (),
         )
-        written = repo.put_rank_registration(rank)
+        written = self.records.put_rank_registration(rank)
         if written:
             logger.info("rank registered", extra={"job_id": reg.job_id, "rank": reg.rank,
                                                   "attempt": reg.attempt, "task": reg.task_arn})
@@ -401,7 +396,7 @@ class RankOperations:
             group=previous.group,
             started_by=started_by, registered_at=clock.now(), gpus=previous.gpus,
             earlier_tasks=previous.tasks_before(job.attempt))
-        repo.put_rank_registration(rank)
+        self.records.put_rank_registration(rank)
         return repo.latches.arrive(job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
                                    node=inst_id, registered_at=rank.registered_at)
 
@@ -431,7 +426,7 @@ class RankOperations:
             rank = repo.get_rank(*named)
             if rank is not None and rank.task_arn == detail.taskArn:
                 return rank
-        known = repo.look_up_task(detail.taskArn)
+        known = self.records.look_up_task(detail.taskArn)
         if known.rank is not None:
             return known.rank
         if mode != "tags":
@@ -469,11 +464,10 @@ class RankOperations:
         from the table, the rest described together (DescribeTasks takes 100). A task ECS
         answers MISSING is left out (its event fails and is delivered again, see
         ``rank_for_task``)."""
-        repo = self.data
         resolved: dict[str, Rank | None] = {}
         unknown: list[str] = []
         for arn in dict.fromkeys(task_arns):
-            known = repo.look_up_task(arn)
+            known = self.records.look_up_task(arn)
             if known.rank is not None or known.unprotected:
                 resolved[arn] = known.rank
             else:
@@ -498,7 +492,7 @@ class RankOperations:
             return self._rank_of_grouped_task(task, several)
         except NotProtected as reason:
             logger.debug("task not protected", extra={"task": task_arn, "why": str(reason)})
-            self.data.remember_unprotected_task(task_arn, clock.now())
+            self.records.remember_unprotected_task(task_arn, clock.now())
             return None
         return self.register_rank(reg)
 
@@ -564,8 +558,8 @@ class RankOperations:
             what_was_done="Nothing: its ranks are not registered, a GPU fault in this job is not recovered",
             operator_action=refused.operator_action))
         now = clock.now()
-        if not self.data.mark_refused(refused.job_id, refused.world_size, now,
-                                           also=self.notices.owe([notice], now)):
+        if not self.records.mark_refused(refused.job_id, refused.world_size, now,
+                                         also=self.notices.owe([notice], now)):
             return
         self.metrics.add_metric("JobsRefused", "Count", 1)
         self.notices.send([notice])

@@ -96,8 +96,8 @@ class RecoveryService:
         self.redeliveries = redeliveries
         # The e-mails, owed with the decisions they report (the outbox), for every stage.
         notices = Notices(repo.notices, repo.faults, notifier)
-        self.ranks = RankOperations(repo, ecs, notices, metrics=self._metrics, settings=settings,
-                                    tag_lookups=tag_lookups)
+        self.ranks = RankOperations(repo, repo.registrations, ecs, notices, metrics=self._metrics,
+                                    settings=settings, tag_lookups=tag_lookups)
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
         reactions = Reactions()

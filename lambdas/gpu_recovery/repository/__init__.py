@@ -5,7 +5,8 @@
 * ``records`` — job, rank and instance items as the domain's objects, and back.
 * ``tables`` — what the recovery loop's repositories share: the two tables, the builders
   of a job's, a rank's and an instance's conditional update, the deadline index.
-* ``jobs_and_ranks`` — a job and its ranks: reads, registration, intents.
+* ``jobs_and_ranks`` — a job and its ranks: reads, intents.
+* ``registrations`` — a rank's registration: its job and rank items, its task looked up.
 * ``instances`` — a container instance: reads, registration, its fault history, its way back.
 * ``reboots`` — a node's reboot, quarantine and termination, its agent's outage.
 * ``health_checks`` — a node's health check: opened, claimed with its slots, given back, retried.
@@ -18,11 +19,11 @@
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
 * ``verdict_leases`` — the lease one delivery of a health check's STOPPED event takes on its verdict.
-* ``node_task_claims``, ``health_checks``, ``reboots``, ``validations``, ``gpu_resets``,
-  ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices``, ``faults``, ``latches``,
-  ``health_check_slots``, ``cordons``, ``notices`` — the sub-repositories a
-  :class:`Repository` carries, each handed to the stages that use it (``repo.node_tasks``,
-  ``repo.health_checks``, ``repo.reboots``, ``repo.validations``, ``repo.gpu_resets``,
+* ``registrations``, ``node_task_claims``, ``health_checks``, ``reboots``, ``validations``,
+  ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices``, ``faults``,
+  ``latches``, ``health_check_slots``, ``cordons``, ``notices`` — the sub-repositories a
+  :class:`Repository` carries, each handed to the stages that use it (``repo.registrations``,
+  ``repo.node_tasks``, ``repo.health_checks``, ``repo.reboots``, ``repo.validations``, ``repo.gpu_resets``,
   ``repo.breaker``, ``repo.verdict_leases``, ``repo.warnings``, ``repo.aws_notices``,
   ``repo.faults``, ``repo.latches``, ``repo.slots``, ``repo.cordons``, ``repo.notices``).
 * ``heartbeat``, ``scheduling``, ``time_sharing``, ``jobs_api``, ``rate_limit`` — the

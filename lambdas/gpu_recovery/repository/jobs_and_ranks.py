@@ -1,6 +1,6 @@
-"""A job and its ranks: reads, registration and intents (one aggregate: the job item and
-its rank items, written together in one transaction when a rank's stop and the job's
-reaction belong together).
+"""A job and its ranks: reads and intents (one aggregate: the job item and its rank items,
+written together in one transaction when a rank's stop and the job's reaction belong
+together; their registration is ``registrations``).
 
 Every intent is a conditional write on the job's state (checked against the one job
 state machine) and attempt, or on the rank's state and task: False when the condition did
@@ -18,17 +18,11 @@ from gpu_recovery.constants import (
     DEADLINE_SK,
     JOB_BY_INSTANCE_INDEX,
     JOB_BY_INSTANCE_PK,
-    JOB_BY_TASK_INDEX,
-    JOB_BY_TASK_PK,
     JOB_PK,
-    JOB_TABLE_TTL_ATTRIBUTE,
     QUEUE_PK,
     QUEUE_SK,
-    UNPROTECTED_TASK_TTL_SECONDS,
     job_item_key,
     rank_item_key,
-    refused_item_key,
-    unprotected_task_key,
 )
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.fault_tally import FaultTally
@@ -44,7 +38,7 @@ from gpu_recovery.domain.states import (
     RankState,
     SuspectVerdict,
 )
-from gpu_recovery.repository.base import Update, from_ddb, state_condition, to_ddb
+from gpu_recovery.repository.base import Update, from_ddb, state_condition
 from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES, RecoveryTables
 
 # The budgets a restart spends, and the job item's counter of each.
@@ -108,38 +102,6 @@ class JobsAndRanks(RecoveryTables):
         ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)]
         return sorted(ranks, key=lambda r: r.rank)
 
-    def find_rank_by_task(self, task_arn: str) -> Rank | None:
-        return self.look_up_task(task_arn).rank
-
-    def look_up_task(self, task_arn: str) -> TaskLookup:
-        """The task's rank, or its negative record (one index query: both carry the task key)."""
-        response = self.db.query_page(
-            self.job_table_name,
-            IndexName=JOB_BY_TASK_INDEX,
-            KeyConditionExpression="#t = :t",
-            ExpressionAttributeNames={"#t": JOB_BY_TASK_PK},
-            ExpressionAttributeValues={":t": task_arn},
-            Limit=3,
-        )
-        negative = unprotected_task_key(task_arn)
-        keys = [str(i[JOB_PK]) for i in response.get("Items", [])]
-        for key in keys:
-            if key == negative:
-                continue
-            # The index holds keys only (and is eventually consistent): read the item by key.
-            item = self.db.get(self.job_table_name, {JOB_PK: key})
-            if item and "rank" in item:
-                return TaskLookup(rank=self.rank_from_item(item))
-        return TaskLookup(unprotected=negative in keys)
-
-    def remember_unprotected_task(self, task_arn: str, now: float) -> None:
-        """DescribeTasks showed the task is no protected rank: its later events (and
-        duplicates) find this record and cost no DescribeTasks. Idempotent; DynamoDB's TTL
-        deletes it after ``UNPROTECTED_TASK_TTL_SECONDS``."""
-        self.db.put_if_absent(self.job_table_name, to_ddb({
-            JOB_PK: unprotected_task_key(task_arn), JOB_BY_TASK_PK: task_arn, "item_type": "UNPROTECTED_TASK",
-            "recorded_at": now, JOB_TABLE_TTL_ATTRIBUTE: int(now + UNPROTECTED_TASK_TTL_SECONDS)}), JOB_PK)
-
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]:
         """Ranks still holding GPUs on an instance (sparse index: history is never read)."""
         items = self.db.query_all(
@@ -150,28 +112,6 @@ class JobsAndRanks(RecoveryTables):
             ExpressionAttributeValues={":i": container_inst_id},
         )
         return [self.rank_from_item(i) for i in items]
-
-    # ============================================================ registration
-    def create_job_if_absent(self, job: Job) -> bool:
-        return self.db.put_if_absent(self.job_table_name, self.job_to_item(job), JOB_PK)
-
-    def put_rank_registration(self, rank: Rank) -> bool:
-        """Write a rank unless the table already has this task or a newer attempt."""
-        return self.db.put_conditional(
-            self.job_table_name,
-            self.rank_to_item(rank),
-            "attribute_not_exists(#k) OR (#a < :a) OR (#a = :a AND #t <> :t AND #s IN (:starting))",
-            {"#k": JOB_PK, "#a": "attempt", "#t": JOB_BY_TASK_PK, "#s": "rank_state"},
-            {":a": rank.attempt, ":t": rank.task_arn, ":starting": RankState.STARTING.value},
-        )
-
-    def mark_refused(self, job_id: str, world_size: int, now: float, also: Sequence[Update] = ()) -> bool:
-        """A tagged job too large to protect: True the first time only (operators are told once,
-        ``also``: the e-mail owed)."""
-        return self.db.transact([Update(
-            table=self.job_table_name, key={JOB_PK: refused_item_key(job_id)},
-            set_fields={"item_type": "REFUSED", "world_size": world_size, "refused_at": now},
-            condition="attribute_not_exists(#k)", condition_names={"#k": JOB_PK}), *also])
 
     # ================================================================ rank intents
     def mark_rank_running(self, rank: Rank, at: float | None = None) -> bool:
@@ -331,13 +271,6 @@ class JobsAndRanks(RecoveryTables):
             table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
             set_fields={"checkpoint": {"step": step, "at": now, "attempt": attempt}},
             condition=condition, condition_values=values, condition_names=names))
-
-    def mark_not_relocatable(self, job_id: str) -> bool:
-        """A rank of the job lacks gpu-recovery:relocatable=true: the job is not relocatable."""
-        return self.db.apply(Update(
-            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
-            set_fields={"relocatable": False}, condition="#r = :t",
-            condition_values={":t": True}, condition_names={"#r": "relocatable"}))
 
     def rearm_job(self, job: Job, deadline_at: float) -> bool:
         """Push a job's deadline (no history entry: nothing happened to the job)."""

@@ -11,6 +11,7 @@ from gpu_recovery.repository.gpu_resets import GpuResetRepository
 from gpu_recovery.repository.health_checks import HealthCheckRepository
 from gpu_recovery.repository.node_decisions import NodeDecisions
 from gpu_recovery.repository.reboots import RebootRepository
+from gpu_recovery.repository.registrations import RegistrationRepository
 from gpu_recovery.repository.validations import ValidationRepository
 from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
 from gpu_recovery.repository.warnings import WarningRepository
@@ -19,7 +20,8 @@ from gpu_recovery.repository.warnings import WarningRepository
 class Repository(NodeDecisions):
     """The intents of jobs and ranks, instances and the node decisions over both (its own
     members, each in the module of its aggregate: see the package docstring), and the
-    aggregates a stage is handed on its own: ``health_checks``, ``reboots``, ``validations``,
+    aggregates a stage is handed on its own: ``registrations``, ``health_checks``, ``reboots``,
+    ``validations``,
     ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices`` (beside the
     tables' ``node_tasks``, ``faults``, ``latches``, ``slots``, ``cordons``...)."""
 
@@ -34,3 +36,4 @@ class Repository(NodeDecisions):
         self.gpu_resets = GpuResetRepository(self)  # a node's GPU reset fallen back to a reboot
         self.health_checks = HealthCheckRepository(self)  # a node's health check: opened, claimed...
         self.reboots = RebootRepository(self)  # a node's reboot, quarantine, termination
+        self.registrations = RegistrationRepository(self)  # a rank's registration, its task looked up
