@@ -21,9 +21,9 @@ class Repository(NodeDecisions):
     """The intents of jobs and ranks, instances and the node decisions over both (its own
     members, each in the module of its aggregate: see the package docstring), and the
     aggregates a stage is handed on its own: ``registrations``, ``health_checks``, ``reboots``,
-    ``validations``,
-    ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices`` (beside the
-    tables' ``node_tasks``, ``faults``, ``latches``, ``slots``, ``cordons``...)."""
+    ``validations``, ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``,
+    ``aws_notices`` (built here: they use the jobs' or the instances' builders), beside the
+    tables' own (``node_tasks``, ``faults``, ``latches``, ``slots``, ``cordons``...)."""
 
     def __init__(self, dynamodb: Any, job_table: str, instance_table: str, *,
                  deadline_shards: int = 1) -> None:
