@@ -236,16 +236,16 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
             remove_fields=["stop_fanout"])))
         pending = repo.get_job("j1")
         assert pending is not None
-        step("claim restart", lambda: repo.claim_gang_restart(pending, now=now[0], deadline_at=now[0] + 60))
-        step("claim restart again", lambda: repo.claim_gang_restart(pending, now=now[0],
-                                                                    deadline_at=now[0] + 60))
-        step("claim launch", lambda: repo.claim_rank_launch(_rank(2), 2, now[0] + 75, now[0]))
-        step("claim launch again", lambda: repo.claim_rank_launch(_rank(2), 2, now[0] + 75, now[0]))
-        step("claim launch after lease", lambda: repo.claim_rank_launch(_rank(2), 2, now[0] + 200,
-                                                                        now[0] + 100))
+        step("claim restart", lambda: repo.restarts.claim(pending, now=now[0], deadline_at=now[0] + 60))
+        step("claim restart again", lambda: repo.restarts.claim(pending, now=now[0], deadline_at=now[0] + 60))
+        launches = repo.fanouts
+        step("claim launch", lambda: launches.claim_rank_launch(_rank(2), 2, now[0] + 75, now[0]))
+        step("claim launch again", lambda: launches.claim_rank_launch(_rank(2), 2, now[0] + 75, now[0]))
+        step("claim launch after lease", lambda: launches.claim_rank_launch(_rank(2), 2, now[0] + 200,
+                                                                            now[0] + 100))
         step("register attempt 2", lambda: repo.registrations.put_rank_registration(
             _rank(2, attempt=2, state=RankState.STARTING)))
-        step("confirm running", lambda: repo.confirm_job_running("j1", 2, "all running"))
+        step("confirm running", lambda: repo.restarts.confirm_running("j1", 2, "all running"))
         # Item size: an update that would pass 400 KB is refused, the item unchanged.
         step("too large", lambda: repo.apply(repo.instance_update("n3", set_fields={"blob": "x" * 450_000})))
         # Raw calls: paging through indexes, both orders, COUNT, ranges, ReturnValues.

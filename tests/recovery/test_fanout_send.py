@@ -19,13 +19,13 @@ def test_a_fan_out_is_sent_once_its_dead_claim_goes_stale_and_another_attempt_ca
         assert job is not None and job.stop_fanout.get("claimed_at") and not job.stop_fanout.get("sent_at")
         work = batches(STOP, job.job_id, job.attempt, job.world_size, why="test")
         # While the claim may still be sending, nobody else sends:
-        assert not send_once(w.repo, w.queue, job, "stop_fanout", job.attempt, work)
+        assert not send_once(w.repo.fanouts, w.queue, job, "stop_fanout", job.attempt, work)
         w.advance(SEND_CLAIM_SECONDS + 1)
         # Once it is stale: not a sender of another attempt's intent, but one of this one's.
-        assert not send_once(w.repo, w.queue, job, "stop_fanout", job.attempt + 1, work)
+        assert not send_once(w.repo.fanouts, w.queue, job, "stop_fanout", job.attempt + 1, work)
         assert w.queue.sends == 0
-        assert send_once(w.repo, w.queue, job, "stop_fanout", job.attempt, work)
+        assert send_once(w.repo.fanouts, w.queue, job, "stop_fanout", job.attempt, work)
         assert w.queue.sends == 1 and (w.repo.get_job("big") or job).stop_fanout.get("sent_at")
         w.advance(SEND_CLAIM_SECONDS + 1)
-        assert not send_once(w.repo, w.queue, job, "stop_fanout", job.attempt, work)  # sent: once
+        assert not send_once(w.repo.fanouts, w.queue, job, "stop_fanout", job.attempt, work)  # sent: once
         assert w.queue.sends == 1

@@ -147,9 +147,9 @@ def test_a_job_with_many_recoveries_keeps_an_exact_bounded_goodput_ledger(
                 "j", C.JobState.PENDING_RESTART, from_states=[C.JobState.PENDING_HEALTHCHECK], attempt=i + 1,
                 reason="verdict", actor="test", ledger=goodput.cause_marks("repair")))
             now[0] += 40
-            assert repo.claim_gang_restart(repo.get_job("j"), now=now[0], deadline_at=now[0] + 60)
+            assert repo.restarts.claim(repo.get_job("j"), now=now[0], deadline_at=now[0] + 60)
             now[0] += 10
-            assert repo.confirm_job_running("j", i + 2, "running")
+            assert repo.restarts.confirm_running("j", i + 2, "running")
         item = repo.get_job_item("j")
         assert item is not None
         ledger = goodput.ledger_of(item, now[0])

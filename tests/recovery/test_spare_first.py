@@ -132,7 +132,8 @@ def test_a_verdict_that_lands_first_wins_and_the_job_takes_todays_path() -> None
         w.ecs.spare_nodes.append(SPARE)
         _node_verdict(w, REPLACE)  # lands first (the verdict relocates the job onto the spare)
         node = w.repo.get_instance(FAULTY).container_inst_id
-        assert not w.repo.leave_suspects_before_verdict(waiting, [node], reason="late", deadline_at=0.0)
+        assert not w.repo.restarts.leave_suspects_before_verdict(waiting, [node], reason="late",
+                                                                 deadline_at=0.0)
         assert w.service.restarts.spare_first(waiting).action != "restarting"
         job = w.repo.get_job("j")
         assert (job.attempt, job.recoveries_used) == (2, 1)
@@ -188,7 +189,7 @@ def test_a_move_that_died_after_leaving_the_node_is_finished_by_the_sweep() -> N
     with _spare_world() as w:
         w.ecs.spare_nodes.append(SPARE)
         arns = w.register_job("j", [PEER, FAULTY], tags=RELOCATABLE)
-        w.repo.fail_once("claim_gang_restart", "refuse")  # type: ignore[attr-defined]
+        w.repo.fail_once("restarts.claim", "refuse")  # type: ignore[attr-defined]
         with pytest.raises(TimeoutError):  # the event's delivery dies; the sweep goes on
             _rank_1_dies(w, arns)
         job = w.repo.get_job("j")

@@ -10,29 +10,22 @@ sweep too)."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from gpu_recovery import clock
 from gpu_recovery.domain.gang_batches import GangBatch, GangQueuePort
 from gpu_recovery.domain.models import Job
+from gpu_recovery.repository.gang_fanouts import GangFanoutRepository
 
 # Stale after this: less than Lambda's minute before it retries a failed event (a sender
 # slower than this, alive, makes a harmless second send).
 SEND_CLAIM_SECONDS = 30.0
 
 
-class SendsFanouts(Protocol):
-    def claim_fanout_send(self, job: Job, kind: str, attempt: int, now: float,
-                          lease_seconds: float) -> bool: ...
-    def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool: ...
-
-
-def send_once(data: SendsFanouts, queue: GangQueuePort, job: Job, kind: str, attempt: int,
+def send_once(fanouts: GangFanoutRepository, queue: GangQueuePort, job: Job, kind: str, attempt: int,
               work: list[GangBatch]) -> bool:
     """Claim, send and confirm ``attempt``'s fan-out ``kind``; False when another sender holds
     its claim (or it was sent)."""
-    if not data.claim_fanout_send(job, kind, attempt, clock.now(), SEND_CLAIM_SECONDS):
+    if not fanouts.claim_send(job, kind, attempt, clock.now(), SEND_CLAIM_SECONDS):
         return False
     queue.send([batch.body() for batch in work])
-    data.record_fanout_sent(job, kind, attempt, clock.now())
+    fanouts.record_sent(job, kind, attempt, clock.now())
     return True

@@ -60,7 +60,7 @@ from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
 from gpu_recovery.domain.task_network import restart_network
-from gpu_recovery.recovery.fanout_send import SendsFanouts, send_once
+from gpu_recovery.recovery.fanout_send import send_once
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.ranks import (
     RankOperations,
@@ -71,6 +71,7 @@ from gpu_recovery.recovery.ranks import (
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
 from gpu_recovery.recovery.task_starts import TaskRequest, start_once
 from gpu_recovery.repository.faults import FaultRepository
+from gpu_recovery.repository.gang_fanouts import GangFanoutRepository
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.settings import Settings
 
@@ -118,23 +119,20 @@ def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
     return task_started_by.rank_launch(task_started_by.RESTART, job_id, attempt, f"g{call.key}", digest=10)
 
 
-class GangData(SendsFanouts, Protocol):
-    """A batch's ranks (their stop asked, their launch claimed), its job's fan-out marks (its
-    sends', ``SendsFanouts``), the latch the ranks arrive on."""
+class GangData(Protocol):
+    """A batch's job and ranks (their stop asked), the latch the ranks arrive on."""
 
     latches: LatchRepository
 
     def get_job(self, job_id: str) -> Job | None: ...
     def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]: ...
     def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
-    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool: ...
-    def record_stop_round(self, job: Job, attempt: int, rounds: int, now: float) -> bool: ...
-    def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
 class GangOps:
     data: GangData
+    fanouts: GangFanoutRepository  # the fan-outs' sends and rounds, each rank's launch lease
     ecs: EcsPort
     ranks: RankOperations
     faults: FaultRepository
@@ -171,7 +169,7 @@ class GangOps:
                        remediation=remediation)
         if not round_ and self.queue is not None and not self.inline(job):
             # Sent once (``recovery.fanout_send``): False while another invocation holds the claim.
-            if not send_once(self.data, self.queue, job, "stop_fanout", attempt, work):
+            if not send_once(self.fanouts, self.queue, job, "stop_fanout", attempt, work):
                 return Dispatched(False)
             self.metrics.add_metric("GangBatchesSent", "Count", len(work))
             return Dispatched(True)
@@ -180,9 +178,9 @@ class GangOps:
             return sent
         now = clock.now()
         if round_:
-            self.data.record_stop_round(job, attempt, round_, now)
+            self.fanouts.record_stop_round(job, attempt, round_, now)
         else:
-            self.data.record_fanout_sent(job, "stop_fanout", attempt, now)  # run inline
+            self.fanouts.record_sent(job, "stop_fanout", attempt, now)  # run inline
         return sent
 
     def start(self, job: Job) -> Dispatched:
@@ -193,7 +191,7 @@ class GangOps:
             return Dispatched(True)
         sent = self._dispatch(job, batches(START, job.job_id, attempt, job.world_size))
         if sent:
-            self.data.record_fanout_sent(job, "start_fanout", attempt, clock.now())
+            self.fanouts.record_sent(job, "start_fanout", attempt, clock.now())
         return sent
 
     def _dispatch(self, job: Job, work: list[GangBatch]) -> Dispatched:
@@ -211,19 +209,27 @@ class GangOps:
         intent = job.stop_fanout
         attempt = int(intent.get("attempt") or job.attempt)
         if Latch.ENDED in self.data.latches.complete(job.job_id, attempt, job.world_size):
-            self.data.end_stop_fanout(job, attempt)
+            self.fanouts.end_stop(job, attempt)
             return "stopped"
         if not intent.get("sent_at"):
             return "stop_sent" if self.stop(job) else "stop_pending"
         rounds = int(intent.get("rounds") or 0)
         if rounds >= MAX_STOP_ROUNDS:
             if job.state.is_terminal:
-                self.data.end_stop_fanout(job, attempt)
+                self.fanouts.end_stop(job, attempt)
             return "stop_given_up"
         wait = max(RECHECK_SECONDS * 2 ** rounds, self.fanout_seconds(job) + REASK_AFTER_SECONDS)
         if now < float(intent["sent_at"]) + wait:
             return "stop_waiting"
         return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
+
+    def stopped(self, job: Job, attempt: int) -> None:
+        """Every rank of ``attempt`` ended: nothing is left to stop (the intent is done)."""
+        self.fanouts.end_stop(job, attempt)
+
+    def release_launch(self, rank: Rank, attempt: int) -> None:
+        """A rank of ``attempt`` not placed: its launch lease ends, for the next try to take."""
+        self.fanouts.release_rank_launch(rank, attempt)
 
     def fanout_seconds(self, job: Job) -> float:
         """How long the stops of the job's ranks take at the stack's ECS budget: a paced round
@@ -368,10 +374,10 @@ class GangOps:
         """Start the ranks of one call whose lease this delivery wins; returns the ranks
         started (and registered), those that could not be placed, and whether a
         registration completed the attempt's latch."""
-        repo = self.data
         attempt = job.attempt
         now = clock.now()
-        claimed = [r for r in todo if repo.claim_rank_launch(r, attempt, now + CLAIM_LEASE_SECONDS, now)]
+        lease_until = now + CLAIM_LEASE_SECONDS
+        claimed = [r for r in todo if self.fanouts.claim_rank_launch(r, attempt, lease_until, now)]
         if not claimed:
             return [], [], False  # another delivery is starting them
         started_by = group_started_by(job.job_id, attempt, call)

@@ -68,6 +68,7 @@ from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.restart_notices import fault_lines, restart_summary
 from gpu_recovery.recovery.restart_waits import NodesAndTheirTasks, RestartWaits
 from gpu_recovery.recovery.stage_data import RestartData
+from gpu_recovery.repository.restarts import RestartRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 from gpu_recovery.settings import Settings
 
@@ -85,15 +86,18 @@ _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the
 
 
 class GangRestart:
-    """``holds``: the jobs the breaker holds; ``nodes``: what recoveries hold, free nodes for a
-    relocation; ``suspension_items``: a lent spare's queue job read."""
+    """``records``: the restart's own intents (its claim, its waits, its requeue); ``holds``:
+    the jobs the breaker holds; ``nodes``: what recoveries hold, free nodes for a relocation;
+    ``suspension_items``: a lent spare's queue job read."""
 
-    def __init__(self, data: RestartData, ecs: NodesAndTheirTasks, notices: Notices, gang: GangOps,
-                 holds: HeldJobs, nodes: RestartNodes, suspension_items: SuspensionRepository, *,
+    def __init__(self, data: RestartData, records: RestartRepository, ecs: NodesAndTheirTasks,
+                 notices: Notices, gang: GangOps, holds: HeldJobs, nodes: RestartNodes,
+                 suspension_items: SuspensionRepository, *,
                  policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
                  request_suspend: Callable[..., bool] | None = None,
                  reactions: Reactions | None = None) -> None:
         self.data = data
+        self.records = records
         self.policy = policy
         self.metrics = metrics  # the service's relay: the invocation's metrics
         self.settings = settings
@@ -103,7 +107,7 @@ class GangRestart:
         self.nodes = nodes
         self.suspension_items = suspension_items
         # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
-        self.waits = RestartWaits(data, ecs,
+        self.waits = RestartWaits(data, records, ecs,
                                   lambda job, reason, action: self.fail_waiting(job, reason, action),
                                   wait_seconds=settings.relocation_wait_seconds, metrics=metrics)
         # Told: a job's restart placed every rank, or the job ended (its reservations go; the
@@ -163,7 +167,7 @@ class GangRestart:
                     return moved
             return self.waits.wait(job, blocked)
         now = clock.now()
-        if not repo.claim_gang_restart(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS):
+        if not self.records.claim(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS):
             return Outcome("duplicate", job_id)
         started = repo.get_job(job_id) or job
         return self._launch(started)
@@ -283,7 +287,7 @@ class GangRestart:
         after = f" (after waiting {round(now - waited.since)} s for a free node)" if waited else ""
         reason = f"relocated: {described}; {why}{after}"
         placement = self.data.faults.placement_update(job.job_id, job.attempt + 1, moves, reason)
-        if not self.data.claim_gang_restart(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
+        if not self.records.claim(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
                                                  placement=placement, moves=moves, reason=reason):
             return Outcome("duplicate", job.job_id)
         self.metrics.add_metric("Relocations", "Count", 1)
@@ -350,7 +354,7 @@ class GangRestart:
                                {"why": "no healthy free node: waiting for the verdicts"})
             why = (f"node(s) suspect: {', '.join(pending[:10])} left before the DCGM verdict (checked and "
                    f"remediated in the background)")
-            if repo.leave_suspects_before_verdict(job, pending, reason=f"spare first: {why}",
+            if self.records.leave_suspects_before_verdict(job, pending, reason=f"spare first: {why}",
                                                   deadline_at=clock.now() + RETRY_INTERVAL_SECONDS):
                 self.metrics.add_metric("SpareFirstMoves", "Count", 1)
                 left = repo.get_job(job.job_id)
@@ -378,7 +382,7 @@ class GangRestart:
                                           operator_action=_NO_SPARE_ACTION)
                 return Outcome("restart_failed", job.job_id, {"why": "no spare node"})
             wait = RelocationWait.start(job.job_id, job.attempt, now, seconds, leaving, gpus, why)
-            if repo.wait_for_relocation(job, wait, now + RETRY_INTERVAL_SECONDS):
+            if self.records.wait_for_relocation(job, wait, now + RETRY_INTERVAL_SECONDS):
                 self.metrics.add_metric("RelocationWaits", "Count", 1)
                 return Outcome("waiting", job.job_id, {"why": "no healthy free node", "until": wait.until})
             fresh = repo.get_job(job.job_id)
@@ -425,7 +429,7 @@ class GangRestart:
             operator_action="Nothing for the job; look after the faulty node.",
             # Still the fault's attempt: the scheduler starts the next one.
             details=fault_lines(self.data.faults, job, job.attempt))
-        if not self.data.requeue_for_relocation(
+        if not self.records.requeue_for_relocation(
                 job, queue_order=order, relocation=relocation,
                 reason=f"relocation: back in the queue at the head of its priority ({why})",
                 also=self.notices.owe([notice], now)):
@@ -457,7 +461,7 @@ class GangRestart:
         )
         # The history says how the repaired nodes proved themselves (validation after repair).
         reason = "; ".join(["every rank restarted", *validations])
-        if not self.data.confirm_job_running(job.job_id, job.attempt, reason,
+        if not self.records.confirm_running(job.job_id, job.attempt, reason,
                                                   actor="recovery", also=self.notices.owe([notice]),
                                                   ledger={**self._running_marks(job),
                                                           **goodput.validation_marks(validated)}):
@@ -496,7 +500,7 @@ class GangRestart:
         """STARTING -> RUNNING only once every rank of the attempt is registered."""
         if Latch.REGISTERED not in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
             return False
-        return self.data.confirm_job_running(job.job_id, job.attempt, reason, actor,
+        return self.records.confirm_running(job.job_id, job.attempt, reason, actor,
                                                   ledger=self._running_marks(job))
 
     def _running_marks(self, job: Job) -> dict[str, float]:
@@ -534,7 +538,7 @@ class GangRestart:
         detail = f"{why}, held by {self.waits.holder(ref)}" if why.upper().startswith("RESOURCE") else why
         outcome = self.waits.wait(fresh, {node: f"{detail} (StartTask)"})
         if outcome.action in ("waiting", "duplicate"):
-            self.data.release_rank_launch(rank, fresh.attempt)
+            self.gang.release_launch(rank, fresh.attempt)
 
     def _fail_restart(self, job: Job, rank: Rank, why: str) -> None:
         reason = (f"could not start rank {rank.rank} on {rank.container_inst_id} for attempt {job.attempt}: "

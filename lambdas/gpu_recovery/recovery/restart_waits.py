@@ -28,6 +28,7 @@ from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.domain.restart_wait import RestartWait, blocked_by
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
+from gpu_recovery.repository.restarts import RestartRepository
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +37,10 @@ _ACTION = ("Free the node(s) named (or let the job move: tag its tasks gpu-recov
 
 
 class WaitData(Protocol):
-    """The job, its ranks (where they restart) and its wait for placement."""
+    """The job, its ranks (where they restart), its deadline pushed."""
 
     def get_job(self, job_id: str) -> Job | None: ...
     def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]: ...
-    def wait_for_placement(self, job: Job, wait: RestartWait, deadline_at: float) -> bool: ...
     def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
 
 
@@ -56,6 +56,7 @@ class RestartWaits:
     """``wait_seconds``: how long a restart waits for its nodes to free up (``relocation_wait_seconds``)."""
 
     data: WaitData
+    records: RestartRepository  # the wait for placement
     ecs: NodesAndTheirTasks
     fail: Callable[[Job, str, str], object]  # (job, reason, operator action): FAILED with its e-mail, once
     _: KW_ONLY
@@ -121,7 +122,7 @@ class RestartWaits:
             if seconds <= 0:
                 self.fail(job, wait.timeout_reason(), _ACTION)
                 return Outcome("restart_failed", job.job_id, {"why": "nodes not free", "blocked": blocked})
-            if repo.wait_for_placement(job, wait, now + RETRY_INTERVAL_SECONDS):
+            if self.records.wait_for_placement(job, wait, now + RETRY_INTERVAL_SECONDS):
                 self.metrics.add_metric("RestartWaits", "Count", 1)
                 return Outcome("waiting", job.job_id, {"why": "nodes not free", "until": wait.until,
                                                        "blocked": blocked})

@@ -101,16 +101,16 @@ class RecoveryService:
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
         reactions = Reactions()
-        self.gang = GangOps(repo, ecs, self.ranks, FaultRepository(repo), gang_queue, policy=policy,
-                            metrics=self._metrics, settings=settings, reactions=reactions)
+        self.gang = GangOps(repo, repo.fanouts, ecs, self.ranks, FaultRepository(repo), gang_queue,
+                            policy=policy, metrics=self._metrics, settings=settings, reactions=reactions)
         suspension_items = SuspensionRepository(repo)
         self.suspensions = Suspensions(repo, suspension_items, notices, self.gang,
                                        metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
         holds = HeldJobs(repo, repo.breaker, notices, metrics=self._metrics, settings=settings)
         restart_nodes = RestartNodes(repo, SchedulingRepository(repo), ecs)
-        self.restarts = GangRestart(repo, ecs, notices, self.gang, holds, restart_nodes, suspension_items,
-                                    policy=policy, metrics=self._metrics, settings=settings,
+        self.restarts = GangRestart(repo, repo.restarts, ecs, notices, self.gang, holds, restart_nodes,
+                                    suspension_items, policy=policy, metrics=self._metrics, settings=settings,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
         gate = NodeActionGate(repo.breaker, ecs, notices, metrics=self._metrics, settings=settings)

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpu_recovery.domain.models import Instance, Job, Rank
-from gpu_recovery.domain.relocation import RelocationWait
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.restart_waits import WaitData
 from gpu_recovery.repository.base import Update
@@ -90,12 +89,11 @@ class TaskEventData(EndsJobs, ReadsNodeItems, RecordsObservedFaults, Protocol):
                          last_fault: dict[str, Any] | None = None,
                          ledger: Mapping[str, Any] | None = None) -> bool: ...
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = ...) -> bool: ...
-    def end_stop_fanout(self, job: Job, attempt: int) -> bool: ...
 
 
 class RestartData(WaitData, EndsJobs, Protocol):
-    """The restart's claim and its job's transitions (running again, relocated, requeued,
-    waiting, failed), the fault's tally and suspects, the nodes its ranks ran on."""
+    """What a restart reads (its job and ranks, the fault's tally and suspects, the nodes its
+    ranks ran on) and its job's end; its own transitions are ``repo.restarts``'."""
 
     faults: FaultRepository
     latches: LatchRepository
@@ -103,14 +101,3 @@ class RestartData(WaitData, EndsJobs, Protocol):
 
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
-    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float,
-                           placement: Update | None = None, moves: Mapping[str, Any] | None = None,
-                           reason: str = "") -> bool: ...
-    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = ...,
-                            also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool: ...
-    def release_rank_launch(self, rank: Rank, attempt: int) -> bool: ...
-    def leave_suspects_before_verdict(self, job: Job, nodes: Sequence[str], *, reason: str,
-                                      deadline_at: float) -> bool: ...
-    def wait_for_relocation(self, job: Job, wait: RelocationWait, deadline_at: float) -> bool: ...
-    def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
-                               reason: str, also: Sequence[Update] = ()) -> bool: ...

@@ -476,7 +476,7 @@ class TaskEvents:
         if job.attempt != attempt:
             return "older_attempt"
         if job.stop_fanout and int(job.stop_fanout.get("attempt") or 0) == attempt:
-            repo.end_stop_fanout(job, attempt)
+            self.gang.stopped(job, attempt)
         if job.in_fault and job.tally.total is None and job.state in RECOVERING_JOB_STATES:
             total = len(repo.latches.suspect_nodes(job.job_id, attempt, job.world_size))
             job = repo.faults.record_total(job, total) or repo.get_job(job.job_id) or job

@@ -19,24 +19,18 @@ from gpu_recovery.constants import (
     JOB_BY_INSTANCE_INDEX,
     JOB_BY_INSTANCE_PK,
     JOB_PK,
-    QUEUE_PK,
-    QUEUE_SK,
     job_item_key,
     rank_item_key,
 )
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.domain.relocation import RelocationWait
-from gpu_recovery.domain.restart_wait import RestartWait
 from gpu_recovery.domain.state_machine import sources_of
 from gpu_recovery.domain.states import (
-    HEALTH_CHECK_STATES,
     HOLDING_RANK_STATES,
     LIVE_RANK_STATES,
     JobState,
     RankState,
-    SuspectVerdict,
 )
 from gpu_recovery.repository.base import Update, from_ddb, state_condition
 from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES, RecoveryTables
@@ -142,19 +136,6 @@ class JobsAndRanks(RecoveryTables):
                                                 set_fields={"suspect_fence": dict(stop.fence)}))
         return updates
 
-    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
-        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
-        of the previous attempt. A holder that died lets the lease expire; the next one
-        looks the task up by startedBy before starting it."""
-        return self.db.apply(Update(
-            table=self.job_table_name,
-            key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
-            set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
-            condition=("#a = :prev AND (attribute_not_exists(#la) OR #la <> :a OR #lu < :now)"),
-            condition_values={":prev": attempt - 1, ":a": attempt, ":now": now},
-            condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
-        ))
-
     # ================================================================= job intents
     def stop_fanout_fields(self, attempt: int, why: str, now: float) -> dict[str, Any]:
         """The intent to stop every live rank of ``attempt`` (a fan-out of StopTask batches),
@@ -232,13 +213,6 @@ class JobsAndRanks(RecoveryTables):
         rank = self._rank_stop_updates(rank_stop) if rank_stop is not None else []
         return self.db.transact([*rank, job_update, *also])
 
-    def confirm_job_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery",
-                            also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool:
-        return self.db.transact([self.job_transition(
-            job_id, JobState.RUNNING, from_states=[JobState.STARTING], attempt=attempt,
-            reason=reason, actor=actor, remove_fields=[*DEADLINE_ATTRIBUTES, "start_fanout"],
-            ledger=ledger), *also])
-
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = "recovery") -> bool:
         return self.db.apply(self.job_transition(
             job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
@@ -292,70 +266,6 @@ class JobsAndRanks(RecoveryTables):
             condition_names={"#st": "job_state", "#dl": DEADLINE_SK},
         ))
 
-    def claim_gang_restart(self, job: Job, *, now: float, deadline_at: float,
-                           placement: Update | None = None, moves: Mapping[str, Any] | None = None,
-                           reason: str = "") -> bool:
-        """PENDING_RESTART -> STARTING with attempt + 1 and the intent to start every rank
-        (a fan-out of StartTask batches), exactly once per fault. A relocation's placement
-        item (node -> target) is written in the same transaction: whoever resumes the launch
-        starts every rank where this claim said."""
-        new_attempt = job.attempt + 1
-        fields: dict[str, Any] = {"attempt": new_attempt, "restarted_attempt": new_attempt,
-                                  "restarted_at": now, **self.job_deadline_fields(deadline_at),
-                                  "start_fanout": {"attempt": new_attempt, "at": now}}
-        if placement is not None:
-            fields["relocated_attempt"] = new_attempt
-            fields["relocations"] = [*self._relocations(job.job_id), {
-                "at": now, "attempt": new_attempt, "reason": reason[:500],
-                "moves": {node: str(m.get("node", "")) for node, m in list((moves or {}).items())[:20]},
-                "nodes_moved": len(moves or {})}][-20:]
-        update = self.job_transition(
-            job.job_id, JobState.STARTING, from_states=[JobState.PENDING_RESTART],
-            attempt=job.attempt, reason=reason or f"gang restart, attempt {new_attempt}", actor="recovery",
-            set_fields=fields, ledger=goodput.stop_marks(job.stopped, job.attempt))
-        return self.db.transact([update, placement]) if placement is not None else self.db.apply(update)
-
-    def claim_fanout_send(self, job: Job, kind: str, attempt: int, now: float, lease_seconds: float) -> bool:
-        """Claim the sending of ``attempt``'s fan-out: true for one caller until it confirms it
-        (``record_fanout_sent``) or its lease runs out (it died before sending)."""
-        return self.db.apply(Update(
-            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
-            set_fields={f"{kind}.claimed_at": now},
-            condition="#f.#a = :a AND attribute_not_exists(#f.#s) "
-                      "AND (attribute_not_exists(#f.#c) OR #f.#c < :stale)",
-            condition_values={":a": attempt, ":stale": now - lease_seconds},
-            condition_names={"#f": kind, "#a": "attempt", "#s": "sent_at", "#c": "claimed_at"}))
-
-    def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
-        """The fan-out's batches are on their queue (or were run): confirmed."""
-        return self.db.apply(Update(
-            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
-            set_fields={f"{kind}.sent_at": now},
-            condition="#f.#a = :a", condition_values={":a": attempt},
-            condition_names={"#f": kind, "#a": "attempt"}))
-
-    def record_stop_round(self, job: Job, attempt: int, rounds: int, now: float) -> bool:
-        """The stops of ``attempt`` were asked again (a paced round): when, and how often."""
-        return self.db.apply(Update(
-            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
-            set_fields={"stop_fanout.rounds": rounds, "stop_fanout.sent_at": now},
-            condition="#f.#a = :a AND (attribute_not_exists(#f.#r) OR #f.#r < :r)",
-            condition_values={":a": attempt, ":r": rounds},
-            condition_names={"#f": "stop_fanout", "#a": "attempt", "#r": "rounds"}))
-
-    def end_stop_fanout(self, job: Job, attempt: int) -> bool:
-        """Every rank of ``attempt`` ended: nothing is left to stop (a terminal job leaves the
-        deadline index)."""
-        update = Update(
-            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
-            # When the gang was stopped: the goodput ledger's stopping time ends there.
-            set_fields={"stopped": {"attempt": attempt, "at": clock.now()}},
-            remove_fields=["stop_fanout", *(DEADLINE_ATTRIBUTES if job.state.is_terminal else [])],
-            condition="#f.#a = :a AND #st = :st",
-            condition_values={":a": attempt, ":st": job.state.value},
-            condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})
-        return self.db.apply(update)
-
     def conclude_fault(self, job: Job, to: JobState, *, reason: str, error: str, spend: str,
                        restart_reason: str, deadline_at: float | None, also: Sequence[Update] = (),
                        ledger: Mapping[str, Any] | None = None) -> bool:
@@ -378,82 +288,3 @@ class JobsAndRanks(RecoveryTables):
             set_fields=fields, increments={SPEND_COUNTER[spend]: 1} if spend else None,
             extra_condition=condition, extra_values=values, extra_names=names,
             ledger={**goodput.stop_marks(job.stopped, job.attempt), **(ledger or {})}), *also])
-
-    def _relocations(self, job_id: str) -> list[dict[str, Any]]:
-        item = self.get_job_item(job_id) or {}
-        return list(item.get("relocations") or [])
-
-    def wait_for_relocation(self, job: Job, wait: RelocationWait, deadline_at: float) -> bool:
-        """No healthy free node for a relocatable job: it stays PENDING_RESTART with its
-        wait (once per fault: a duplicate or late delivery neither extends nor restarts it)
-        and a deadline, so the sweep tries again. Nothing is charged."""
-        return self.db.apply(self.job_transition(
-            job.job_id, JobState.PENDING_RESTART, from_states=[JobState.PENDING_RESTART],
-            attempt=job.attempt, reason=wait.waiting_reason(), actor="recovery",
-            set_fields={"relocation_wait": wait.to_item(), **self.job_deadline_fields(deadline_at)},
-            extra_condition="attribute_not_exists(#rw) OR #rw.#ra <> :att",
-            extra_names={"#rw": "relocation_wait", "#ra": "attempt"}))
-
-    def wait_for_placement(self, job: Job, wait: RestartWait, deadline_at: float) -> bool:
-        """A restart that could not be placed waits for its nodes (PENDING_RESTART before its
-        claim, STARTING after it), once per attempt (a duplicate neither extends nor restarts
-        the wait), with a deadline for the sweep's next try. Nothing is charged."""
-        return self.db.apply(self.job_transition(
-            job.job_id, job.state, from_states=[job.state], attempt=job.attempt,
-            reason=wait.waiting_reason(), actor="recovery",
-            set_fields={"restart_wait": wait.to_item(), **self.job_deadline_fields(deadline_at)},
-            extra_condition="attribute_not_exists(#rw) OR #rw.#ra <> :att",
-            extra_names={"#rw": "restart_wait", "#ra": "attempt"}))
-
-    def release_rank_launch(self, rank: Rank, attempt: int) -> bool:
-        """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
-        next try (the sweep's, or a node freeing) may start it (looking it up first)."""
-        return self.db.apply(Update(
-            table=self.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
-            set_fields={"launch_lease_until": 0}, condition="#a = :prev AND #la = :a",
-            condition_values={":prev": attempt - 1, ":a": attempt},
-            condition_names={"#a": "attempt", "#la": "launch_attempt"}))
-
-    def leave_suspects_before_verdict(self, job: Job, nodes: Sequence[str], *, reason: str,
-                                      deadline_at: float) -> bool:
-        """Spare first: the job leaves its suspect ``nodes`` before their verdicts, at once
-        and once per fault: PENDING_HEALTHCHECK -> PENDING_RESTART to relocate (on the tally
-        as read, so a verdict landing meanwhile makes one of the two fail), one
-        infrastructure recovery charged, each suspect PENDING -> LEFT, and on each node's
-        open health check the job moved from ``hc_jobs`` (its verdict no longer waited for)
-        to ``hc_left`` (the check goes on for the node; the evidence is on the suspect)."""
-        faults = self.faults
-        now = clock.now()
-        condition, values, names = faults.tally_condition(job)
-        updates = [self.job_transition(
-            job.job_id, JobState.PENDING_RESTART, from_states=[JobState.PENDING_HEALTHCHECK],
-            attempt=job.attempt, reason=reason, actor="recovery",
-            set_fields={"relocate": True, "restart_reason": reason[:500],
-                        "left_before_verdict": {"attempt": job.attempt, "at": now, "nodes": list(nodes)},
-                        **self.job_deadline_fields(deadline_at)},
-            increments={"fault.decided": len(nodes), "fault.fatal": len(nodes),
-                        SPEND_COUNTER[SPEND_INFRASTRUCTURE]: 1},
-            extra_condition=condition, extra_values=values, extra_names=names)]
-        left = f"{job.job_id}#{job.attempt}"
-        for node in nodes:
-            updates.append(faults.decide_suspect(
-                job, node, SuspectVerdict.LEFT, findings={"source": "left before the verdict", "at": now},
-                record=None, rebooting=False, now=now))
-            updates.append(self.instance_update(
-                node, from_states=HEALTH_CHECK_STATES, delete_from_sets={"hc_jobs": {job.job_id}},
-                add_to_sets={"hc_left": {left}}, extra_condition="contains(#hcj, :job)",
-                extra_values={":job": job.job_id}, extra_names={"#hcj": "hc_jobs"}))
-        return self.db.transact(updates)
-
-    def requeue_for_relocation(self, job: Job, *, queue_order: str, relocation: dict[str, Any],
-                               reason: str, also: Sequence[Update] = ()) -> bool:
-        """A queue job leaves its unusable nodes: PENDING_RESTART -> PENDING_RESOURCES at the
-        head of its priority; the scheduler places it on healthy nodes (attempt + 1, a new
-        MASTER_ADDR) and records where each rank moved."""
-        return self.db.transact([self.job_transition(
-            job.job_id, JobState.PENDING_RESOURCES, from_states=[JobState.PENDING_RESTART],
-            attempt=job.attempt, reason=reason, actor="recovery",
-            set_fields={QUEUE_PK: "QUEUE", QUEUE_SK: queue_order, "not_before": 0,
-                        "relocation": relocation},
-            remove_fields=[*DEADLINE_ATTRIBUTES, "relocate", "launched_at", "launch_claimed_at"],
-        ), *also])

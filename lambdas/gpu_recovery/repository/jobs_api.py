@@ -36,6 +36,8 @@ class JobQueueRepository:
     def __init__(self, base: Repository) -> None:
         self.base = base
         self._jobs = base._ddb.Table(base.job_table_name)
+        # A large gang's stop fan-out, sent once as the recovery sends it (``recovery.fanout_send``).
+        self.fanouts = base.fanouts
 
     # ------------------------------------------------------------------ reads
     def job_item(self, job_id: str) -> dict[str, Any] | None:
@@ -116,13 +118,6 @@ class JobQueueRepository:
         return self.base.apply(self.base.job_transition(
             job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
             set_fields=fields, remove_fields=remove))
-
-    def claim_fanout_send(self, job: Job, kind: str, attempt: int, now: float, lease_seconds: float) -> bool:
-        """A large gang's stop fan-out, sent once (``recovery.fanout_send``): the recovery's claim."""
-        return self.base.claim_fanout_send(job, kind, attempt, now, lease_seconds)
-
-    def record_fanout_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
-        return self.base.record_fanout_sent(job, kind, attempt, now)
 
     def request_rank_stop(self, rank: Rank, from_states: Iterable[RankState], reason: str) -> bool:
         return self.base.apply(self.base.rank_update(

@@ -7,11 +7,13 @@ from typing import Any
 
 from gpu_recovery.repository.aws_notices import AwsNoticeRepository
 from gpu_recovery.repository.breaker import BreakerRepository
+from gpu_recovery.repository.gang_fanouts import GangFanoutRepository
 from gpu_recovery.repository.gpu_resets import GpuResetRepository
 from gpu_recovery.repository.health_checks import HealthCheckRepository
 from gpu_recovery.repository.node_decisions import NodeDecisions
 from gpu_recovery.repository.reboots import RebootRepository
 from gpu_recovery.repository.registrations import RegistrationRepository
+from gpu_recovery.repository.restarts import RestartRepository
 from gpu_recovery.repository.validations import ValidationRepository
 from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
 from gpu_recovery.repository.warnings import WarningRepository
@@ -37,3 +39,5 @@ class Repository(NodeDecisions):
         self.health_checks = HealthCheckRepository(self)  # a node's health check: opened, claimed...
         self.reboots = RebootRepository(self)  # a node's reboot, quarantine, termination
         self.registrations = RegistrationRepository(self)  # a rank's registration, its task looked up
+        self.fanouts = GangFanoutRepository(self)  # a gang's fan-outs sent once, each rank's launch lease
+        self.restarts = RestartRepository(self)  # a job's gang restart: claimed, waiting, requeued

@@ -69,7 +69,7 @@ def _stop_and_finish(context: JobsApiContext, job_id: str, user: str, *,
             # imported here: only a large gang's cancel needs it (the API's cold start).
             from gpu_recovery.recovery.fanout_send import send_once
 
-            send_once(context.repo, context.gang_queue, job, "stop_fanout", job.attempt, batches(
+            send_once(context.repo.fanouts, context.gang_queue, job, "stop_fanout", job.attempt, batches(
                 STOP, job.job_id, job.attempt, job.world_size, why=why, remediation=False))
         return [], job.state, False
     ranks = [r for r in context.repo.get_ranks(job) if r.attempt == job.attempt]

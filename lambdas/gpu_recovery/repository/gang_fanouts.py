@@ -1,0 +1,86 @@
+"""A large gang's fan-outs (``recovery.gang``): the stop and start intents' sends claimed and
+confirmed, the paced stop rounds, the stop's end, and each rank's launch lease.
+
+The intents themselves (``stop_fanout``, ``start_fanout`` on the job item) are committed with
+the job's transition (``jobs_and_ranks``, ``restarts``); these records say how far their
+sending went, so that a redelivery or the sweep sends what is unsent and nothing twice.
+"""
+
+from __future__ import annotations
+
+from gpu_recovery import clock
+from gpu_recovery.constants import JOB_PK, job_item_key, rank_item_key
+from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES, RecoveryTables
+
+
+class GangFanoutRepository:
+    """Intents of a gang's fan-outs (``repo.fanouts``)."""
+
+    def __init__(self, tables: RecoveryTables) -> None:
+        self.db, self.job_table_name = tables.db, tables.job_table_name
+
+    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
+        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
+        of the previous attempt. A holder that died lets the lease expire; the next one
+        looks the task up by startedBy before starting it."""
+        return self.db.apply(Update(
+            table=self.job_table_name,
+            key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
+            condition=("#a = :prev AND (attribute_not_exists(#la) OR #la <> :a OR #lu < :now)"),
+            condition_values={":prev": attempt - 1, ":a": attempt, ":now": now},
+            condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
+        ))
+
+    def claim_send(self, job: Job, kind: str, attempt: int, now: float, lease_seconds: float) -> bool:
+        """Claim the sending of ``attempt``'s fan-out: true for one caller until it confirms it
+        (``record_sent``) or its lease runs out (it died before sending)."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={f"{kind}.claimed_at": now},
+            condition="#f.#a = :a AND attribute_not_exists(#f.#s) "
+                      "AND (attribute_not_exists(#f.#c) OR #f.#c < :stale)",
+            condition_values={":a": attempt, ":stale": now - lease_seconds},
+            condition_names={"#f": kind, "#a": "attempt", "#s": "sent_at", "#c": "claimed_at"}))
+
+    def record_sent(self, job: Job, kind: str, attempt: int, now: float) -> bool:
+        """The fan-out's batches are on their queue (or were run): confirmed."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={f"{kind}.sent_at": now},
+            condition="#f.#a = :a", condition_values={":a": attempt},
+            condition_names={"#f": kind, "#a": "attempt"}))
+
+    def record_stop_round(self, job: Job, attempt: int, rounds: int, now: float) -> bool:
+        """The stops of ``attempt`` were asked again (a paced round): when, and how often."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={"stop_fanout.rounds": rounds, "stop_fanout.sent_at": now},
+            condition="#f.#a = :a AND (attribute_not_exists(#f.#r) OR #f.#r < :r)",
+            condition_values={":a": attempt, ":r": rounds},
+            condition_names={"#f": "stop_fanout", "#a": "attempt", "#r": "rounds"}))
+
+    def end_stop(self, job: Job, attempt: int) -> bool:
+        """Every rank of ``attempt`` ended: nothing is left to stop (a terminal job leaves the
+        deadline index)."""
+        update = Update(
+            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
+            # When the gang was stopped: the goodput ledger's stopping time ends there.
+            set_fields={"stopped": {"attempt": attempt, "at": clock.now()}},
+            remove_fields=["stop_fanout", *(DEADLINE_ATTRIBUTES if job.state.is_terminal else [])],
+            condition="#f.#a = :a AND #st = :st",
+            condition_values={":a": attempt, ":st": job.state.value},
+            condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})
+        return self.db.apply(update)
+
+    def release_rank_launch(self, rank: Rank, attempt: int) -> bool:
+        """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
+        next try (the sweep's, or a node freeing) may start it (looking it up first)."""
+        return self.db.apply(Update(
+            table=self.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            set_fields={"launch_lease_until": 0}, condition="#a = :prev AND #la = :a",
+            condition_values={":prev": attempt - 1, ":a": attempt},
+            condition_names={"#a": "attempt", "#la": "launch_attempt"}))
+
