@@ -625,7 +625,7 @@ def test_the_condition_check_finds_conditions_written_outside(snippet: str) -> N
     When scanned as a module outside the repository
     Then it is reported (and a plain sentence or an intent call is not)."""
     assert condition_findings(snippet, "snippet.py"), snippet
-    assert condition_findings("repo.enter_recovery(job_id, attempt, reason='fault: #3 = bad')\n"
+    assert condition_findings("repo.rank_events.enter_recovery(job_id, attempt, reason='fault: #3 = bad')\n"
                               "TEXT = 'the node is back (size of the set: 3)'\n", "snippet.py") == []
 
 

@@ -460,9 +460,9 @@ def test_doctor_lists_the_jobs_past_their_due_time(account: Account,
     def in_recovery(job_id: str, deadline_at: float) -> None:
         job = Job(job_id, JobState.RUNNING, world_size=2, created_at=now - 7200)
         assert repo.registrations.create_job_if_absent(job)
-        assert repo.enter_recovery(job_id, 1, from_states=[JobState.RUNNING], now=now - 3600,
-                                   reason="rank 1 exited 1 on node-b (suspect GPU fault)",
-                                   deadline_at=deadline_at)
+        assert repo.rank_events.enter_recovery(job_id, 1, from_states=[JobState.RUNNING], now=now - 3600,
+                                               reason="rank 1 exited 1 on node-b (suspect GPU fault)",
+                                               deadline_at=deadline_at)
 
     in_recovery("stuck", now - 40 * 60)
     in_recovery("due", now - 60)

@@ -105,7 +105,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("by task", lambda: repo.registrations.find_rank_by_task(_rank(3).task_arn))
         step("by task, unknown", lambda: repo.registrations.find_rank_by_task("arn:unknown"))
         step("live on n1", lambda: repo.live_ranks_on_instance("n1"))
-        step("mark running (not STARTING)", lambda: repo.mark_rank_running(_rank(1)))
+        step("mark running (not STARTING)", lambda: repo.rank_events.mark_running(_rank(1)))
         # A fault: node n0's suspect item (idempotent), then the job enters recovery with rank
         # 0's stop, atomically; a duplicate loses.
         faults = repo.faults
@@ -117,19 +117,20 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         rank0 = repo.get_rank("j1", 0)
         assert rank0 is not None
         stop0 = RankStop(rank0, RankState.FAILED, {"exit_code": 1, "stop_reason": "exit 1"})
-        step("enter recovery", lambda: repo.enter_recovery(
+        step("enter recovery", lambda: repo.rank_events.enter_recovery(
             "j1", 1, from_states=[JobState.RUNNING], reason="rank 0 exited 1", now=now[0],
             deadline_at=now[0] + 60, rank_stop=stop0))
-        step("enter recovery again", lambda: repo.enter_recovery(
+        step("enter recovery again", lambda: repo.rank_events.enter_recovery(
             "j1", 1, from_states=[JobState.RUNNING], reason="dup", now=now[0],
             deadline_at=now[0] + 60, rank_stop=stop0))
         rank1 = repo.get_rank("j1", 1)
         assert rank1 is not None
         step("open suspect n1", lambda: faults.open_suspect("j1", 1, "n1", rank=1, record={"at": now[0]},
                                                             now=now[0], retry_at=now[0] + 60))
-        step("rank 1 stopped", lambda: repo.record_rank_stop(
+        step("rank 1 stopped", lambda: repo.rank_events.record_stop(
             RankStop(rank1, RankState.FAILED, {"exit_code": 1})))
-        step("rank 1 stopped again", lambda: repo.record_rank_stop(RankStop(rank1, RankState.FAILED, {})))
+        step("rank 1 stopped again", lambda: repo.rank_events.record_stop(
+            RankStop(rank1, RankState.FAILED, {})))
         step("suspects by index", lambda: faults.suspects("j1", 1))
         step("suspects, limit 1", lambda: faults.suspects("j1", 1, limit=1))
         step("health check requested", lambda: faults.health_check_requested(

@@ -296,7 +296,7 @@ def test_a_handover_whose_delivery_died_is_finished_by_the_sweep(w: World) -> No
     queue_job(w, "j", nodes, mode="restarts")
     fabric = Fabric()
     fabric.degrade_link("node-0", "node-1", 0.3)
-    w.repo.fail_once("enter_recovery", "refuse")
+    w.repo.fail_once("rank_events.enter_recovery", "refuse")
     with pytest.raises(TimeoutError):
         Ranks(w, "j", nodes, fabric).run()
     item = w.repo.preflight.get("j", 1)
@@ -379,7 +379,7 @@ def test_a_handover_run_again_by_the_sweep_fences_and_reserves_once_the_job_is_i
     queue_job(w, "j", nodes, mode="restarts")
     fabric = Fabric()
     fabric.degrade_link("node-0", "node-1", 0.3)
-    w.repo.fail_once("enter_recovery", "refuse")
+    w.repo.fail_once("rank_events.enter_recovery", "refuse")
     with pytest.raises(TimeoutError):
         Ranks(w, "j", nodes, fabric).run()
     # Not in recovery: no fence (the sweep would check a fenced node alone, for nothing).

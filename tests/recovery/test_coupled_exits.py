@@ -143,7 +143,7 @@ def test_an_exit_judged_a_suspect_by_a_delivery_that_died_stays_one() -> None:
         arns = w.register_job("j", NODES)
         events = _exits(w, arns, [4, 1, 0, 2, 3, 5], {4: 0, 0: 3, 1: 4, 2: 5, 3: 6, 5: 7})
         w.service.on_task_state_change(events[0])
-        w.repo.fail_once("record_rank_stop", "refuse")
+        w.repo.fail_once("rank_events.record_stop", "refuse")
         with contextlib.suppress(TimeoutError):  # the delivery dies: Lambda retries it later
             w.service.on_task_state_change(events[1])
         # Rank 0 (t+3 s): two suspects known, after the earliest: coupled.

@@ -77,8 +77,8 @@ def test_the_jobs_holding_nodes_are_found_in_every_shard() -> None:
     for job_id in jobs:
         assert repo.registrations.create_job_if_absent(Job(job_id, JobState.RUNNING, world_size=2,
                                                            created_at=T0))
-        assert repo.enter_recovery(job_id, 1, from_states=[JobState.RUNNING], reason="GPU fault", now=T0,
-                                   deadline_at=T0 + 60)
+        assert repo.rank_events.enter_recovery(job_id, 1, from_states=[JobState.RUNNING], reason="GPU fault",
+                                               now=T0, deadline_at=T0 + 60)
     held = {item["job_id"] for item in SchedulingRepository(repo).jobs_holding_nodes()}
     assert held == set(jobs)
     assert len(_buckets(db, JOBS)) > 1 and _buckets(db, JOBS) <= set(repo.db.deadline_buckets())

@@ -140,8 +140,9 @@ def test_a_job_with_many_recoveries_keeps_an_exact_bounded_goodput_ledger(
             now[0] += 100
             marks = goodput.fault_marks(fault_at=now[0] - 5, checkpoint_at=now[0] - 35, node=f"n{i % 40}",
                                         rule=f"rule-{i % 13}")
-            assert repo.enter_recovery("j", i + 1, from_states=[C.JobState.RUNNING], reason="fault",
-                                       now=now[0], deadline_at=now[0] + 60, ledger=marks)
+            assert repo.rank_events.enter_recovery("j", i + 1, from_states=[C.JobState.RUNNING],
+                                                   reason="fault", now=now[0], deadline_at=now[0] + 60,
+                                                   ledger=marks)
             now[0] += 30
             assert repo.db.apply(repo.job_transition(
                 "j", C.JobState.PENDING_RESTART, from_states=[C.JobState.PENDING_HEALTHCHECK], attempt=i + 1,

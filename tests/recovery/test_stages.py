@@ -26,7 +26,7 @@ def test_a_retried_stop_event_finishes_what_a_lost_write_left() -> None:  # defe
     not taken for a harmless duplicate)."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        w.repo.fail_once("enter_recovery", "lose")
+        w.repo.fail_once("rank_events.enter_recovery", "lose")
         with pytest.raises(LostResponse):
             fault(w, arns)
         job = w.repo.get_job("j")
@@ -41,7 +41,7 @@ def test_a_retried_stop_event_finishes_what_a_lost_write_left() -> None:  # defe
 def test_a_throttled_stop_write_leaves_nothing_half_written() -> None:
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        w.repo.fail_once("enter_recovery", "refuse")
+        w.repo.fail_once("rank_events.enter_recovery", "refuse")
         with pytest.raises(TimeoutError):
             fault(w, arns)
         assert w.repo.get_job("j").state is JobState.RUNNING

@@ -17,6 +17,7 @@ from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import RankStop
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
+from gpu_recovery.repository.rank_events import RankEventRepository
 
 
 class EndsJobs(Protocol):
@@ -71,23 +72,11 @@ class TaskEventData(EndsJobs, ReadsNodeItems, RecordsObservedFaults, Protocol):
 
     faults: FaultRepository
     latches: LatchRepository
+    rank_events: RankEventRepository  # the rank running or stopped, the fault or restart it opens
 
     def get_job(self, job_id: str) -> Job | None: ...
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def mark_rank_running(self, rank: Rank, at: float | None = None) -> bool: ...
-    def mark_running_interval(self, job_id: str, attempt: int, *, cause: str, until: float,
-                              reason: str) -> bool: ...
-    def record_rank_stop(self, stop: RankStop) -> bool: ...
-    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
-                       now: float, deadline_at: float, rank_stop: RankStop | None = None,
-                       actor: str = ..., ledger: Mapping[str, Any] | None = None,
-                       opened_by: str = "", exited_at: float | None = None) -> bool: ...
-    def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
-                         deadline_at: float, spend: str, restart_reason: str,
-                         rank_stop: RankStop | None = None,
-                         last_fault: dict[str, Any] | None = None,
-                         ledger: Mapping[str, Any] | None = None) -> bool: ...
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = ...) -> bool: ...
 
 

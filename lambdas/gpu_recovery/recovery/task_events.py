@@ -142,7 +142,7 @@ class TaskEvents:
         now = clock.now()
         ran = min(detail.updatedAt.timestamp(), now) if detail.updatedAt is not None else now
         if rank.state is RankState.STARTING:
-            self.data.mark_rank_running(rank, ran)
+            self.data.rank_events.mark_running(rank, ran)
         if rank.rank != 0 and started_by.is_restart(rank.started_by):
             # A gang restart's rank: the batch that registered the last rank confirmed the job,
             # and only rank 0's RUNNING marks the attempt's goodput: no job read per rank.
@@ -157,8 +157,8 @@ class TaskEvents:
             # A gang restart is RUNNING once its last rank's StartTask was accepted; its tasks
             # then pull and start: until rank 0 runs, that is restart, not training (issue 52).
             # Once per attempt (rank 0 only: one write per restart, whatever the job's size).
-            self.data.mark_running_interval(job.job_id, job.attempt, cause=goodput.RESTART, until=ran,
-                                                 reason="rank 0 running")
+            self.data.rank_events.mark_running_interval(job.job_id, job.attempt, cause=goodput.RESTART,
+                                                        until=ran, reason="rank 0 running")
         return Outcome("running", rank.job_id, {"rank": rank.rank})
 
     # ------------------------------------------------------------------ STOPPED
@@ -258,10 +258,11 @@ class TaskEvents:
             reason = f"rank {rank.rank} {what}: {policy.describe_failure(stop)}{decided}; {budget.reason}"
             spend = {Budget.INFRASTRUCTURE: SPEND_INFRASTRUCTURE,
                      Budget.APPLICATION: SPEND_APPLICATION}.get(budget.charged, "")
-            return repo.restart_in_place(job, from_states=FAULT_JOB_STATES, reason=reason, now=now,
-                                         deadline_at=now + RETRY_INTERVAL_SECONDS, spend=spend,
-                                         restart_reason=f"{what}: {budget.reason}", rank_stop=rank_stop,
-                                         last_fault=last_fault, ledger=ledger)
+            return repo.rank_events.restart_in_place(
+                job, from_states=FAULT_JOB_STATES, reason=reason, now=now,
+                deadline_at=now + RETRY_INTERVAL_SECONDS, spend=spend,
+                restart_reason=f"{what}: {budget.reason}", rank_stop=rank_stop,
+                last_fault=last_fault, ledger=ledger)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             would = ", ".join(e.value for e in assessment.plan.record_only)
             reason = (f"rank {rank.rank} failed: {policy.describe_failure(stop)}; observe mode: would have "
@@ -315,7 +316,7 @@ class TaskEvents:
                 self.suspects.note_exit(job, exited_at)
         if reaction is StopReaction.COUPLED and rank_stop is not None:
             rank_stop = replace(rank_stop, fields={**rank_stop.fields, "coupled": True})
-        return rank_stop is None or repo.record_rank_stop(rank_stop)
+        return rank_stop is None or repo.rank_events.record_stop(rank_stop)
 
     def _open_suspect(self, job: Job, rank: Rank, assessment: Assessment | None) -> Suspect:
         now = clock.now()
@@ -339,7 +340,7 @@ class TaskEvents:
                         from_states: Iterable[JobState], ledger: dict[str, Any] | None = None,
                         exited_at: float | None = None) -> bool:
         now = clock.now()
-        entered = self.data.enter_recovery(
+        entered = self.data.rank_events.enter_recovery(
             job.job_id, job.attempt, from_states=from_states, reason=reason,
             now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop, ledger=ledger,
             exited_at=exited_at)

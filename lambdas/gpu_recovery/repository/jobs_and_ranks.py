@@ -23,7 +23,6 @@ from gpu_recovery.constants import (
     rank_item_key,
 )
 from gpu_recovery.domain import goodput
-from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.state_machine import sources_of
 from gpu_recovery.domain.states import (
@@ -108,29 +107,17 @@ class JobsAndRanks(RecoveryTables):
         return [self.rank_from_item(i) for i in items]
 
     # ================================================================ rank intents
-    def mark_rank_running(self, rank: Rank, at: float | None = None) -> bool:
-        """STARTING -> RUNNING (``at``: its task's RUNNING time, the goodput ledger's restart end)."""
-        return self.db.apply(self.rank_update(rank, RankState.RUNNING, from_states=[RankState.STARTING],
-                                              set_fields={"running_at": at} if at is not None else None))
-
     def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool:
         """Mark a live rank STOP_REQUESTED (once) before asking ECS to stop it."""
         return self.db.apply(self.rank_update(rank, RankState.STOP_REQUESTED, from_states=LIVE_RANK_STATES,
                                               set_fields={"stop_reason": why[:300],
                                                           "stop_requested_at": now}))
 
-    def record_rank_stop(self, stop: RankStop) -> bool:
-        if stop.fence:
-            return self.db.transact(self._rank_stop_updates(stop))
-        return self.db.apply(self._rank_stop_update(stop))
-
-    def _rank_stop_update(self, stop: RankStop) -> Update:
-        return self.rank_update(stop.rank, stop.to, from_states=HOLDING_RANK_STATES, set_fields=stop.fields)
-
-    def _rank_stop_updates(self, stop: RankStop) -> list[Update]:
-        """The rank's stop, and the fence of its node when the stop makes it a suspect (an
-        unconditional SET: the node's item exists since the rank registered)."""
-        updates = [self._rank_stop_update(stop)]
+    def rank_stop_updates(self, stop: RankStop) -> list[Update]:
+        """The rank's stop (first), and the fence of its node when the stop makes it a suspect
+        (an unconditional SET: the node's item exists since the rank registered)."""
+        updates = [self.rank_update(stop.rank, stop.to, from_states=HOLDING_RANK_STATES,
+                                    set_fields=stop.fields)]
         if stop.fence and stop.rank.container_inst_id:
             updates.append(self.instance_update(stop.rank.container_inst_id,
                                                 set_fields={"suspect_fence": dict(stop.fence)}))
@@ -141,52 +128,6 @@ class JobsAndRanks(RecoveryTables):
         """The intent to stop every live rank of ``attempt`` (a fan-out of StopTask batches),
         committed with the job's transition; the sweep sends it again until confirmed."""
         return {"stop_fanout": {"attempt": attempt, "why": why[:300], "at": now, "rounds": 0}}
-
-    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
-                       now: float, deadline_at: float, rank_stop: RankStop | None = None,
-                       actor: str = "recovery", ledger: Mapping[str, Any] | None = None,
-                       opened_by: str = "", exited_at: float | None = None) -> bool:
-        """The first suspect of a fault: job -> PENDING_HEALTHCHECK with a fresh tally (``opened_by``:
-        what opened it when not a rank's end, ``FaultTally.opened_by``; ``exited_at``: when the
-        rank that opened it stopped, the fault's first exit) and the
-        intent to stop every other rank (with the rank's stop in the same transaction, so a
-        retry never finds one written without the other). The suspect itself is an item of
-        its own (``FaultRepository.open_suspect``), written before."""
-        job = self.job_transition(
-            job_id, JobState.PENDING_HEALTHCHECK, from_states=from_states, attempt=attempt,
-            reason=reason, actor=actor,
-            set_fields={"fault": FaultTally(attempt=attempt, opened_by=opened_by,
-                                            exits=() if exited_at is None else (exited_at,)).to_item(),
-                        "fault_started_at": now, "last_error": reason[:1000],
-                        **self.stop_fanout_fields(attempt, reason, now),
-                        # In the deadline index while in recovery: the queue scheduler holds
-                        # the job's nodes, and the sweep finishes what a delivery left undone.
-                        **self.job_deadline_fields(deadline_at)},
-            remove_fields=["relocate", "restart_reason"], ledger=ledger,
-        )
-        return self._with_rank(job, rank_stop)
-
-    def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
-                         deadline_at: float, spend: str, restart_reason: str,
-                         rank_stop: RankStop | None = None,
-                         last_fault: dict[str, Any] | None = None,
-                         ledger: Mapping[str, Any] | None = None) -> bool:
-        """A fault that needs no node action (an application error within its budget, a
-        transient fault): job -> PENDING_RESTART on the same nodes, the budget charged, every
-        other rank to be stopped, with the rank's stop in the same transaction."""
-        fields: dict[str, Any] = {
-            "fault": FaultTally(attempt=job.attempt).to_item(), "fault_started_at": now,
-            "last_error": reason[:1000], "restart_reason": restart_reason[:500],
-            **self.stop_fanout_fields(job.attempt, reason, now), **self.job_deadline_fields(deadline_at)}
-        if last_fault is not None:
-            fields["last_fault"] = last_fault
-        update = self.job_transition(
-            job.job_id, JobState.PENDING_RESTART, from_states=from_states, attempt=job.attempt,
-            reason=reason, actor="recovery", set_fields=fields,
-            increments={SPEND_COUNTER[spend]: 1} if spend else None,
-            remove_fields=["relocate"], ledger=ledger,
-        )
-        return self._with_rank(update, rank_stop)
 
     def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
                    actor: str = "recovery", fields: dict[str, Any] | None = None,
@@ -207,30 +148,19 @@ class JobsAndRanks(RecoveryTables):
             remove = []
         job = self.job_transition(job_id, to, from_states=sources, attempt=attempt, reason=reason,
                                   actor=actor, set_fields=extra, remove_fields=remove, ledger=ledger)
-        return self._with_rank(job, rank_stop, also)
+        return self.commit_with_rank_stop(job, rank_stop, also)
 
-    def _with_rank(self, job_update: Update, rank_stop: RankStop | None, also: Sequence[Update] = ()) -> bool:
-        rank = self._rank_stop_updates(rank_stop) if rank_stop is not None else []
+    def commit_with_rank_stop(self, job_update: Update, rank_stop: RankStop | None,
+                              also: Sequence[Update] = ()) -> bool:
+        """A job's transition in one transaction with the rank's stop that caused it (a retry
+        never finds one written without the other) and ``also``."""
+        rank = self.rank_stop_updates(rank_stop) if rank_stop is not None else []
         return self.db.transact([*rank, job_update, *also])
 
     def mark_job_canceled(self, job_id: str, reason: str, actor: str = "recovery") -> bool:
         return self.db.apply(self.job_transition(
             job_id, JobState.CANCELED, from_states=[JobState.CANCELING], attempt=None,
             reason=reason, actor=actor))
-
-    def mark_running_interval(self, job_id: str, attempt: int, *, cause: str, until: float,
-                              reason: str) -> bool:
-        """A RUNNING job's ledger mark (``goodput.interval_marks``): the RUNNING time of
-        ``attempt`` so far was ``cause`` until ``until``. Once per attempt and cause (a
-        redelivery finds it written: ``gp_<cause>_attempt`` on the item); nothing when the job
-        left RUNNING or that attempt."""
-        once_key = f"gp_{cause}_attempt"
-        update = self.job_transition(
-            job_id, JobState.RUNNING, from_states=[JobState.RUNNING], attempt=attempt, reason=reason,
-            actor="recovery", set_fields={once_key: attempt},
-            extra_condition="attribute_not_exists(#once) OR #once < :att", extra_names={"#once": once_key},
-            ledger=goodput.interval_marks(cause, until))
-        return self.db.apply(update)
 
     def record_checkpoint(self, job_id: str, attempt: int, step: int, now: float) -> bool:
         """Rank 0 saved a checkpoint (``gpu_recovery_client.checkpoint_saved``): kept on the job

@@ -11,6 +11,7 @@ from gpu_recovery.repository.gang_fanouts import GangFanoutRepository
 from gpu_recovery.repository.gpu_resets import GpuResetRepository
 from gpu_recovery.repository.health_checks import HealthCheckRepository
 from gpu_recovery.repository.node_decisions import NodeDecisions
+from gpu_recovery.repository.rank_events import RankEventRepository
 from gpu_recovery.repository.reboots import RebootRepository
 from gpu_recovery.repository.registrations import RegistrationRepository
 from gpu_recovery.repository.restarts import RestartRepository
@@ -20,12 +21,13 @@ from gpu_recovery.repository.warnings import WarningRepository
 
 
 class Repository(NodeDecisions):
-    """The intents of jobs and ranks, instances and the node decisions over both (its own
-    members, each in the module of its aggregate: see the package docstring), and the
-    aggregates a stage is handed on its own: ``registrations``, ``health_checks``, ``reboots``,
-    ``validations``, ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``,
-    ``aws_notices`` (built here: they use the jobs' or the instances' builders), beside the
-    tables' own (``node_tasks``, ``faults``, ``latches``, ``slots``, ``cordons``...)."""
+    """The reads of jobs, ranks and instances, a job's end and the node decisions over both
+    (its own members, each in the module of its aggregate: see the package docstring), and the
+    aggregates a stage is handed on its own: ``registrations``, ``rank_events``, ``fanouts``,
+    ``restarts``, ``health_checks``, ``reboots``, ``validations``, ``gpu_resets``, ``breaker``,
+    ``verdict_leases``, ``warnings``, ``aws_notices`` (built here: they use the jobs' or the
+    instances' builders), beside the tables' own (``node_tasks``, ``faults``, ``latches``,
+    ``slots``, ``cordons``...)."""
 
     def __init__(self, dynamodb: Any, job_table: str, instance_table: str, *,
                  deadline_shards: int = 1) -> None:
@@ -41,3 +43,4 @@ class Repository(NodeDecisions):
         self.registrations = RegistrationRepository(self)  # a rank's registration, its task looked up
         self.fanouts = GangFanoutRepository(self)  # a gang's fan-outs sent once, each rank's launch lease
         self.restarts = RestartRepository(self)  # a job's gang restart: claimed, waiting, requeued
+        self.rank_events = RankEventRepository(self)  # a rank running or stopped, the fault it opens

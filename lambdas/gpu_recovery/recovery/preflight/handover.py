@@ -39,7 +39,7 @@ pool, the container-instance reads of the refresh), StopTask (the control API's 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -56,6 +56,7 @@ from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.preflight import PreflightRepository
+from gpu_recovery.repository.rank_events import RankEventRepository
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +68,9 @@ class HandoverData(Protocol):
     faults: FaultRepository
     latches: LatchRepository
     preflight: PreflightRepository
+    rank_events: RankEventRepository  # the fault entered, as a rank's end enters it
 
     def get_job(self, job_id: str) -> Job | None: ...
-    def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
-                       now: float, deadline_at: float, actor: str = ...,
-                       ledger: Mapping[str, Any] | None = None, opened_by: str = "",
-                       exited_at: float | None = None) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -103,11 +101,11 @@ class PreflightHandover:
         reason = f"gang preflight pinned {nodes}: {str(pinned[0].get('reason') or '')[:200]}"
         in_recovery = joining
         if job.state in ACTIVE_JOB_STATES:
-            entered = repo.enter_recovery(job_id, attempt, from_states=ACTIVE_JOB_STATES, reason=reason,
-                                          now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
-                                          opened_by=Trigger.PREFLIGHT.value,
-                                          # The attempt ran its preflight, not training (issue 52).
-                                          ledger=goodput.interval_marks(goodput.PREFLIGHT, now))
+            entered = repo.rank_events.enter_recovery(
+                job_id, attempt, from_states=ACTIVE_JOB_STATES, reason=reason,
+                now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, opened_by=Trigger.PREFLIGHT.value,
+                # The attempt ran its preflight, not training (issue 52).
+                ledger=goodput.interval_marks(goodput.PREFLIGHT, now))
             in_recovery = entered
             if entered:
                 self.metrics.add_metric("FaultsDetected", "Count", 1)

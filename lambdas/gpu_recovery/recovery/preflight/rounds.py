@@ -67,6 +67,7 @@ from gpu_recovery.recovery.preflight.job_fault import JobFaultData, PreflightJob
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, JOB_FAULT, PASSED, PINNED, RUNNING
+from gpu_recovery.repository.rank_events import RankEventRepository
 from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -97,9 +98,7 @@ class PreflightData(JobFaultData, Protocol):
     job's ledger mark of its preflight time; and what a job's own fault ends (``JobFaultData``)."""
 
     latches: LatchRepository
-
-    def mark_running_interval(self, job_id: str, attempt: int, *, cause: str, until: float,
-                              reason: str) -> bool: ...
+    rank_events: RankEventRepository  # the job's ledger mark of its preflight time
 
 
 class Preflights:
@@ -374,7 +373,7 @@ class Preflights:
             # The job trains from now: its RUNNING time so far was the preflight's (issue 52). A
             # lost mark leaves that time in productive; the preflight's outcome stands.
             after_commit("preflight in the goodput ledger", partial(
-                repo.mark_running_interval, job_id, attempt, cause=goodput.PREFLIGHT, until=now,
+                repo.rank_events.mark_running_interval, job_id, attempt, cause=goodput.PREFLIGHT, until=now,
                 reason="gang preflight concluded"))
         return concluded
 
