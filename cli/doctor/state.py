@@ -96,7 +96,7 @@ class StateChecks(NodeChecks):
         now = self.now()
         jobs: list[dict[str, Any]] = []
         last_page_full = False  # then there may be more than were read
-        for page in itertools.islice(repo.due_job_item_pages(overdue_cutoff(now), OVERDUE_PAGE),
+        for page in itertools.islice(repo.deadlines.due_job_item_pages(overdue_cutoff(now), OVERDUE_PAGE),
                                      OVERDUE_MAX_PAGES):
             jobs += [item for item in page if item.get("item_type") == "JOB"]
             last_page_full = len(page) == OVERDUE_PAGE

@@ -227,9 +227,9 @@ def stuck_items(world: World, repo: Repository) -> list[str]:
     """Every instance and job item still holding a deadline (nodes by their simulated name)."""
     far = world.ecs.now() + 10**7
     stuck = [f"instance {world.node_name(i.container_inst_id)} {i.state.value}"
-             for i in repo.due_instances(far)]
+             for i in repo.deadlines.due_instances(far)]
     stuck += [f"job item {it.get('job_id_rank')} {it.get('job_state') or it.get('item_type')}"
-              for it in repo.due_job_items(far)]
+              for it in repo.deadlines.due_job_items(far)]
     return stuck
 
 

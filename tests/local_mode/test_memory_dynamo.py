@@ -211,10 +211,10 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("take over hc claim, recorded", lambda: repo.node_tasks.take_over(
             CHECK_CLAIM, repo.get_instance("n0"), now[0] + 1000, now[0] + 1075))
         step("instances", lambda: repo.get_instances(["n0", "n1", "n7", "n9"]))
-        step("due instances", lambda: repo.due_instances(now[0] + 3600))
-        step("due instances, none yet", lambda: repo.due_instances(T0))
-        step("due jobs", lambda: repo.due_job_items(now[0] + 3600))
-        step("due jobs, one page of 1", lambda: repo.due_job_items(now[0] + 3600, limit=1))
+        step("due instances", lambda: repo.deadlines.due_instances(now[0] + 3600))
+        step("due instances, none yet", lambda: repo.deadlines.due_instances(T0))
+        step("due jobs", lambda: repo.deadlines.due_job_items(now[0] + 3600))
+        step("due jobs, one page of 1", lambda: repo.deadlines.due_job_items(now[0] + 3600, limit=1))
         # A transaction whose second update fails: nothing is written.
         step("transaction cancelled", lambda: repo.transact([
             repo.instance_update("n1", from_states=[InstanceState.AVAILABLE], set_fields={"mark": "x"}),

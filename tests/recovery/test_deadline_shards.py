@@ -46,12 +46,12 @@ def test_each_item_takes_its_keys_shard_and_every_shard_is_read_oldest_first() -
     _open_checks(repo, NODES)
     buckets = _buckets(db, INSTANCES)
     assert buckets <= set(repo.db.deadline_buckets()) and len(buckets) == 4
-    due = repo.due_instances(T0 + 10_000)
+    due = repo.deadlines.due_instances(T0 + 10_000)
     assert [i.container_inst_id for i in due] == NODES  # all of them, oldest deadline first
-    assert [i.container_inst_id for i in repo.due_instances(T0 + 10_000, limit=5)] == NODES[:5]
-    assert {i.container_inst_id for i in repo.due_instances(T0 + 60 + 11)} == set(NODES[:12])
-    paged = [i.container_inst_id for page in repo.due_instance_pages(T0 + 10_000, 3) for i in page]
-    assert sorted(paged) == NODES and all(page for page in repo.due_instance_pages(T0 + 10_000, 3))
+    assert [i.container_inst_id for i in repo.deadlines.due_instances(T0 + 10_000, limit=5)] == NODES[:5]
+    assert {i.container_inst_id for i in repo.deadlines.due_instances(T0 + 60 + 11)} == set(NODES[:12])
+    paged = [i.container_inst_id for page in repo.deadlines.due_instance_pages(T0 + 10_000, 3) for i in page]
+    assert sorted(paged) == NODES and all(page for page in repo.deadlines.due_instance_pages(T0 + 10_000, 3))
 
 
 def test_one_shard_is_the_unsharded_index() -> None:
@@ -67,7 +67,7 @@ def test_raising_the_shard_count_strands_nothing_written_before() -> None:
     _open_checks(_repository(db, 1), NODES[:6])
     _open_checks(_repository(db, 3), NODES[6:12])
     wider = _repository(db, 8)
-    assert {i.container_inst_id for i in wider.due_instances(T0 + 10_000)} == set(NODES[:12])
+    assert {i.container_inst_id for i in wider.deadlines.due_instances(T0 + 10_000)} == set(NODES[:12])
 
 
 def test_the_jobs_holding_nodes_are_found_in_every_shard() -> None:

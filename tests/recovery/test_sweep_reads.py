@@ -13,7 +13,7 @@ from tests.recovery.fakes import CountedCalls, World, world
 def index_reads(w: World) -> CountedCalls:
     """The whole reads of the job table's deadline index and the due job items' Queries
     (pages asked for), counted on the real repository under the Flaky wrapper."""
-    return CountedCalls(w.repo._repo, ("job_deadline_items", "due_job_item_pages"))
+    return CountedCalls(w.repo._repo.deadlines, ("job_items", "due_job_item_pages"))
 
 
 def _waiting_for_its_check(w: World) -> float:
@@ -30,7 +30,7 @@ def test_an_idle_minute_reads_the_index_once() -> None:
     with world() as w:
         reads = index_reads(w)
         assert w.service.sweep().action == "swept"
-        assert reads.calls == ["job_deadline_items"]
+        assert reads.calls == ["job_items"]
 
 
 def test_a_due_job_item_is_queried_and_moved_on() -> None:
@@ -40,11 +40,11 @@ def test_a_due_job_item_is_queried_and_moved_on() -> None:
         deadline = _waiting_for_its_check(w)
         reads = index_reads(w)
         w.service.sweep()
-        assert reads.calls == ["job_deadline_items"]  # not due yet
+        assert reads.calls == ["job_items"]  # not due yet
         w.now[0] = deadline + 1
         reads.calls.clear()
         w.service.sweep()
-        assert reads.calls == ["job_deadline_items", "due_job_item_pages"]
+        assert reads.calls == ["job_items", "due_job_item_pages"]
         item = w.repo.get_job_item("j")
         assert item is not None and float(item["deadline_at"]) > w.now[0]
 
@@ -57,7 +57,7 @@ def test_a_write_before_the_job_items_brings_the_query_back(monkeypatch: pytest.
         cordons = w.service.sweeper.cordons
         monkeypatch.setattr(cordons, "sweep", lambda *a, **k: {"holds_changed": 1})
         w.service.sweep()
-        assert reads.calls == ["job_deadline_items", "due_job_item_pages"]
+        assert reads.calls == ["job_items", "due_job_item_pages"]
 
 
 def test_a_failed_read_of_the_index_leaves_the_minute_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +66,7 @@ def test_a_failed_read_of_the_index_leaves_the_minute_as_it_was(monkeypatch: pyt
     before the read was shared; nothing fails."""
     with world() as w:
         reads = index_reads(w)
-        real = w.repo._repo.job_deadline_items
+        real = w.repo._repo.deadlines.job_items
         failures = [TimeoutError("Query: ThrottlingException (retries exhausted)")]
 
         def throttled_once() -> list[dict[str, object]]:
@@ -74,7 +74,7 @@ def test_a_failed_read_of_the_index_leaves_the_minute_as_it_was(monkeypatch: pyt
                 raise failures.pop()
             return list(real())
 
-        monkeypatch.setattr(w.repo._repo, "job_deadline_items", throttled_once)
+        monkeypatch.setattr(w.repo._repo.deadlines, "job_items", throttled_once)
         handled = w.service.sweep().detail["handled"]
         assert "error" not in handled and handled.get("no_holds") == 1, handled
-        assert reads.calls == ["job_deadline_items", "due_job_item_pages"]  # the holds' own read
+        assert reads.calls == ["job_items", "due_job_item_pages"]  # the holds' own read

@@ -55,6 +55,7 @@ from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.validations import Validations
 from gpu_recovery.recovery.warnings import GpuWarnings
+from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository, suspect_from_item
 from gpu_recovery.repository.health_check_slots import REAP_EVERY_SECONDS, HealthCheckSlots
 from gpu_recovery.repository.heartbeat import hung_attr, lost_attr
@@ -87,11 +88,9 @@ class SweepData(Protocol):
 
     faults: FaultRepository
     latches: LatchRepository
+    deadlines: DeadlineIndex  # what is due, and every job item carrying a deadline
     slots: HealthCheckSlots
 
-    def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]: ...
-    def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]: ...
-    def job_deadline_items(self) -> list[dict[str, Any]]: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def job_from_item(self, item: dict[str, Any]) -> Job: ...
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
@@ -194,14 +193,14 @@ class Sweep:
         return Outcome("swept", detail={"handled": handled})
 
     def _instance_steps(self, now: float) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
-        for page in self.data.due_instance_pages(now, DUE_PAGE):
+        for page in self.data.deadlines.due_instance_pages(now, DUE_PAGE):
             yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in page]
 
     def _job_item_steps(self, now: float, overdue: OverdueTally, *, none_due: Callable[[], bool]
                         ) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
         """``none_due()``, asked when the first page is: the sweep's read of the index,
         nothing written since, says no job item is due (the page the Query would give)."""
-        pages = iter([[]]) if none_due() else self.data.due_job_item_pages(now, DUE_PAGE)
+        pages = iter([[]]) if none_due() else self.data.deadlines.due_job_item_pages(now, DUE_PAGE)
         for page in pages:
             overdue.add_page(item[DEADLINE_SK] for item in page if item.get("item_type") == "JOB")
             yield [(partial(self._job_item, item, now), {"key": item.get("job_id_rank")}) for item in page]
@@ -211,7 +210,7 @@ class Sweep:
         read it themselves and the due job items are queried: the minute goes on as it did
         before the read was shared)."""
         try:
-            return self.data.job_deadline_items()
+            return self.data.deadlines.job_items()
         except Exception:
             logger.exception("job deadline index read failed")
             return None

@@ -108,7 +108,7 @@ class SchedulingRepository:
         """Jobs in PENDING_HEALTHCHECK / PENDING_RESTART / HELD: they carry a deadline, so the
         sparse deadline index lists them (as many items as jobs in recovery)."""
         states = {s.value for s in RECOVERING_JOB_STATES}
-        return [from_ddb(dict(i)) for i in self.repo.job_deadline_items()
+        return [from_ddb(dict(i)) for i in self.repo.deadlines.job_items()
                 if i.get("item_type") == "JOB" and i.get("job_state") in states]
 
     def jobs_holding_nodes(self, deadline_items: Sequence[Mapping[str, Any]] | None = None
@@ -117,7 +117,7 @@ class SchedulingRepository:
         yet (STARTING with the recovery loop's restart of that attempt): each holds its nodes
         until every rank is placed. Both carry a deadline: one read of the sparse index
         (``deadline_items``: that read, as the caller just made it)."""
-        items = self.repo.job_deadline_items() if deadline_items is None else deadline_items
+        items = self.repo.deadlines.job_items() if deadline_items is None else deadline_items
         states = {s.value for s in RECOVERING_JOB_STATES}
         return [from_ddb(dict(i)) for i in items if i.get("item_type") == "JOB" and (
             i.get("job_state") in states

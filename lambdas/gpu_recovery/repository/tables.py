@@ -1,6 +1,6 @@
 """What every repository of the recovery loop's two tables shares: the tables, the
-sub-repositories over them, the builders of conditional updates (a job's transition, a
-rank's, an instance's) and the sweep's reads of the deadline index.
+sub-repositories over them (the deadline index's reads among them) and the builders of
+conditional updates (a job's transition, a rank's, an instance's).
 
 :class:`RecoveryTables` is the base of the intents of jobs and ranks, instances and the node
 decisions (``gpu_recovery.repository.Repository`` is their union), and what the aggregates
@@ -11,13 +11,12 @@ build their own intents with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
     DEADLINE_BUCKET,
-    DEADLINE_INDEX,
     DEADLINE_PK,
     DEADLINE_SK,
     HB_PK,
@@ -29,7 +28,7 @@ from gpu_recovery.constants import (
     rank_item_key,
 )
 from gpu_recovery.domain.goodput import GP
-from gpu_recovery.domain.models import Instance, Rank
+from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.state_machine import check_transition
 from gpu_recovery.domain.states import (
     HEARTBEAT_WATCHED_RANK_STATES,
@@ -39,8 +38,9 @@ from gpu_recovery.domain.states import (
     RankState,
 )
 from gpu_recovery.repository import records
-from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
+from gpu_recovery.repository.base import DynamoGateway, Update, state_condition
 from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_check_slots import HealthCheckSlots
 from gpu_recovery.repository.latches import LatchRepository
@@ -71,6 +71,8 @@ class RecoveryTables:
         self.preflight = PreflightRepository(self)  # gang preflights and the fleet's baselines
         self.tenant_evidence = TenantEvidenceRepository(self)  # suspects the stack's check cleared
         self.node_tasks = NodeTaskClaims(self)  # a node task's claim, every kind's
+        # The sweep's reads of the deadline index, and the scheduler's of the jobs holding nodes.
+        self.deadlines = DeadlineIndex(self.db, job_table, instance_table)
 
     # ================================================================== mapping
     job_from_item = staticmethod(records.job_from_item)
@@ -78,69 +80,6 @@ class RecoveryTables:
     rank_from_item = staticmethod(records.rank_from_item)
     rank_to_item = staticmethod(records.rank_to_item)
     instance_from_item = staticmethod(records.instance_from_item)
-
-    # ============================================== the deadline index (the sweep)
-    def due_instances(self, now: float, limit: int | None = None) -> list[Instance]:
-        return [self.instance_from_item(i) for i in self._due(self.instance_table_name, now, limit)]
-
-    def due_job_items(self, now: float, limit: int | None = None) -> list[dict[str, Any]]:
-        return [from_ddb(dict(i)) for i in self._due(self.job_table_name, now, limit)]
-
-    def job_deadline_items(self) -> list[dict[str, Any]]:
-        """Every item of the job table that carries a deadline, due or not, every shard of the
-        index, as stored: the jobs holding nodes are among them, and the sweep knows from
-        the same read whether any job item is due."""
-        return [item for bucket in self.db.deadline_buckets() for item in self.db.query_all(
-            self.job_table_name, IndexName=DEADLINE_INDEX, KeyConditionExpression="#p = :v",
-            ExpressionAttributeNames={"#p": DEADLINE_PK}, ExpressionAttributeValues={":v": bucket})]
-
-    def due_instance_pages(self, now: float, page: int) -> Iterator[list[Instance]]:
-        """:meth:`due_instances` a page at a time, read as the caller asks for the next."""
-        for items in self._due_pages(self.instance_table_name, now, page):
-            yield [self.instance_from_item(i) for i in items]
-
-    def due_job_item_pages(self, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
-        for items in self._due_pages(self.job_table_name, now, page):
-            yield [from_ddb(dict(i)) for i in items]
-
-    def _due_queries(self, now: float) -> list[dict[str, Any]]:
-        """One Query per shard of the index (constants.DEADLINE_SHARDS_MAX), the shard the
-        minute names first."""
-        return [dict(
-            IndexName=DEADLINE_INDEX,
-            KeyConditionExpression="#b = :b AND #d <= :now",
-            ExpressionAttributeNames={"#b": DEADLINE_PK, "#d": DEADLINE_SK},
-            ExpressionAttributeValues={":b": bucket, ":now": to_ddb(float(now))},
-        ) for bucket in self.db.deadline_buckets(rotate=int(now // 60))]
-
-    def _due(self, table: str, now: float, limit: int | None) -> list[dict[str, Any]]:
-        """Items whose deadline passed, oldest first (at most ``limit``: one page a shard)."""
-        if limit is None:
-            items = [i for q in self._due_queries(now) for i in self.db.query_all(table, **q)]
-        else:
-            items = [i for q in self._due_queries(now)
-                     for i in self.db.query_page(table, Limit=limit, **q).get("Items", [])]
-        if self.db.deadline_shards > 1:
-            items.sort(key=lambda i: i[DEADLINE_SK])
-        return items if limit is None else items[:limit]
-
-    def _due_pages(self, table: str, now: float, page: int) -> Iterator[list[dict[str, Any]]]:
-        """Pages from where the last one ended (an item handled meanwhile moved to a later
-        deadline; one whose step failed keeps its place, before the next page: neither is
-        read twice in one pass), shard after shard; an empty page is handed over only when
-        nothing at all is due (the reader knows it read)."""
-        handed = False
-        for kwargs in self._due_queries(now):
-            while True:
-                response = self.db.query_page(table, Limit=page, **kwargs)
-                if response.get("Items"):
-                    handed = True
-                    yield list(response["Items"])
-                if "LastEvaluatedKey" not in response:
-                    break
-                kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
-        if not handed:
-            yield []
 
     # ======================================================= generic (shared) API
     def apply(self, update: Update) -> bool:
