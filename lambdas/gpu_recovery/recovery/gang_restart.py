@@ -288,7 +288,7 @@ class GangRestart:
         reason = f"relocated: {described}; {why}{after}"
         placement = self.data.faults.placement_update(job.job_id, job.attempt + 1, moves, reason)
         if not self.records.claim(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS,
-                                                 placement=placement, moves=moves, reason=reason):
+                                  placement=placement, moves=moves, reason=reason):
             return Outcome("duplicate", job.job_id)
         self.metrics.add_metric("Relocations", "Count", 1)
         started = self.data.get_job(job.job_id) or job
@@ -355,7 +355,7 @@ class GangRestart:
             why = (f"node(s) suspect: {', '.join(pending[:10])} left before the DCGM verdict (checked and "
                    f"remediated in the background)")
             if self.records.leave_suspects_before_verdict(job, pending, reason=f"spare first: {why}",
-                                                  deadline_at=clock.now() + RETRY_INTERVAL_SECONDS):
+                                                          deadline_at=clock.now() + RETRY_INTERVAL_SECONDS):
                 self.metrics.add_metric("SpareFirstMoves", "Count", 1)
                 left = repo.get_job(job.job_id)
                 if left is None or left.state is not JobState.PENDING_RESTART or left.attempt != job.attempt:
@@ -462,9 +462,9 @@ class GangRestart:
         # The history says how the repaired nodes proved themselves (validation after repair).
         reason = "; ".join(["every rank restarted", *validations])
         if not self.records.confirm_running(job.job_id, job.attempt, reason,
-                                                  actor="recovery", also=self.notices.owe([notice]),
-                                                  ledger={**self._running_marks(job),
-                                                          **goodput.validation_marks(validated)}):
+                                            actor="recovery", also=self.notices.owe([notice]),
+                                            ledger={**self._running_marks(job),
+                                                    **goodput.validation_marks(validated)}):
             return False
         self.released(job.job_id)
         self.notices.send([notice])
@@ -501,7 +501,7 @@ class GangRestart:
         if Latch.REGISTERED not in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
             return False
         return self.records.confirm_running(job.job_id, job.attempt, reason, actor,
-                                                  ledger=self._running_marks(job))
+                                            ledger=self._running_marks(job))
 
     def _running_marks(self, job: Job) -> dict[str, float]:
         """When the attempt's gang was running: rank 0 seen running (its task's RUNNING, else

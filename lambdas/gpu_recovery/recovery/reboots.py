@@ -92,9 +92,6 @@ class RebootData(MarksNodesBack, Protocol):
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
-    def release_waiting_job(self, inst_id: str, job: Job | None, job_id: str, note: str = "",
-                            validation: dict[str, Any] | None = None) -> bool: ...
-    def clear_waiting_deadline(self, inst_id: str) -> bool: ...
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool: ...
     def time_out_instance(self, instance: Instance, *, quarantine: bool, what: str,
                           failures: Sequence[JobFailure], actor: str = "sweep",
@@ -323,9 +320,9 @@ class Reboots:
         inst_id = instance.container_inst_id
         now = clock.now()
         if reset_result is not None:
-            back = self.data.record_gpu_reset_passed(instance, reset_result, now)
+            back = self.data.nodes_back.record_gpu_reset_passed(instance, reset_result, now)
         else:
-            back = self.data.mark_instance_back(instance, now)
+            back = self.data.nodes_back.mark_instance_back(instance, now)
         if not back:
             return Outcome("duplicate", detail={"instance": inst_id})
         logger.info("instance back", extra={"instance": inst_id, "repair": repair.value, "evidence": why})
@@ -349,13 +346,13 @@ class Reboots:
         restarted = []
         for job_id in sorted(instance.waiting_jobs):
             job = self.data.get_job(job_id)
-            self.data.release_waiting_job(inst_id, job, job_id, validation=validation)
+            self.data.nodes_back.release_waiting_job(inst_id, job, job_id, validation=validation)
             if job is None:
                 continue
             outcome = self.reactions.emit(RestartDue(job_id))
             if outcome is not None and outcome.action in ("restarted", "restarting"):
                 restarted.append(job_id)
-        self.data.clear_waiting_deadline(inst_id)
+        self.data.nodes_back.clear_waiting_deadline(inst_id)
         return restarted
 
     # -------------------------------------------------------------------- sweep

@@ -17,6 +17,7 @@ from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import RankStop
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
+from gpu_recovery.repository.nodes_back import NodeBackRepository
 from gpu_recovery.repository.rank_events import RankEventRepository
 
 
@@ -41,15 +42,10 @@ class ReadsNodeItems(Protocol):
 
 
 class MarksNodesBack(Protocol):
-    """A repaired node back (after a reboot, or a GPU reset that passed), its validation next."""
+    """A repaired node back (after a reboot, or a GPU reset that passed), its validation next,
+    the jobs waiting for it released (``repo.nodes_back``)."""
 
-    def mark_instance_back(self, instance: Instance, now: float, *, reset_started_by: str = "",
-                           last_reset: dict[str, Any] | None = None,
-                           validation: dict[str, Any] | None = None,
-                           validating_cordon: dict[str, Any] | None = None) -> bool: ...
-    def record_gpu_reset_passed(self, instance: Instance, result: dict[str, Any], now: float, *,
-                                validation: dict[str, Any] | None = None,
-                                validating_cordon: dict[str, Any] | None = None) -> bool: ...
+    nodes_back: NodeBackRepository
 
 
 class RecordsNodeDecisions(Protocol):

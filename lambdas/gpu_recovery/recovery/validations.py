@@ -98,8 +98,6 @@ class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
     def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
     def get_job(self, job_id: str) -> Job | None: ...
-    def node_back_updates(self, job: Job, inst_id: str, note: str = "",
-                          validation: dict[str, Any] | None = None) -> list[Update]: ...
 
 
 class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):
@@ -147,11 +145,12 @@ class Validations:
         held = (instance.cordon or {}).get("ecs") == ECS_HELD  # the cordon limit keeps it held
         cordon = validating_record(repair=repair.value, now=now, ecs=ECS_HELD if held else ECS_PENDING,
                                    reason=f"back after {repair.words}: validating ({settings.describe()})")
+        back = repo.nodes_back
         if reset_result is not None:
-            ok = repo.record_gpu_reset_passed(instance, reset_result, now, validation=record,
+            ok = back.record_gpu_reset_passed(instance, reset_result, now, validation=record,
                                               validating_cordon=cordon)
         else:
-            ok = repo.mark_instance_back(instance, now, validation=record, validating_cordon=cordon)
+            ok = back.mark_instance_back(instance, now, validation=record, validating_cordon=cordon)
         if not ok:
             return Outcome("duplicate", detail={"instance": inst_id})
         logger.info("node back from its repair: validating", extra={
@@ -435,7 +434,8 @@ class Validations:
                 continue
             jobs.append(job)
             if release:
-                updates += repo.node_back_updates(job, instance.container_inst_id, note, validation)
+                updates += repo.nodes_back.node_back_updates(job, instance.container_inst_id, note,
+                                                             validation)
             else:
                 updates.append(self.records.job_history_note(job, note))
         return jobs, updates

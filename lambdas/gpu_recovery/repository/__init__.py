@@ -7,7 +7,9 @@
   of a job's, a rank's and an instance's conditional update, the deadline index.
 * ``jobs_and_ranks`` — a job and its ranks: reads, intents.
 * ``registrations`` — a rank's registration: its job and rank items, its task looked up.
-* ``instances`` — a container instance: reads, registration, its fault history, its way back.
+* ``instances`` — a container instance: reads, registration, its fault history.
+* ``nodes_back`` — a node back from its repair: AVAILABLE (or validating), its jobs released.
+* ``deadlines`` — the deadline index: what is due, every job item carrying a deadline.
 * ``reboots`` — a node's reboot, quarantine and termination, its agent's outage.
 * ``health_checks`` — a node's health check: opened, claimed with its slots, given back, retried.
 * ``gpu_resets`` — a node's GPU reset fallen back to a reboot (its pass is a node back).
@@ -19,21 +21,22 @@
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
 * ``verdict_leases`` — the lease one delivery of a health check's STOPPED event takes on its verdict.
-* ``registrations``, ``rank_events``, ``gang_fanouts``, ``restarts``, ``node_task_claims``,
-  ``health_checks``, ``reboots``, ``validations``, ``gpu_resets``, ``breaker``,
-  ``verdict_leases``, ``warnings``, ``aws_notices``, ``faults``, ``latches``,
-  ``health_check_slots``, ``cordons``, ``notices`` — the sub-repositories a
+* ``registrations``, ``rank_events``, ``gang_fanouts``, ``restarts``, ``nodes_back``,
+  ``deadlines``, ``node_task_claims``, ``health_checks``, ``reboots``, ``validations``,
+  ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices``, ``faults``,
+  ``latches``, ``health_check_slots``, ``cordons``, ``notices`` — the sub-repositories a
   :class:`Repository` carries, each handed to the stages that use it (``repo.registrations``,
-  ``repo.rank_events``, ``repo.fanouts``, ``repo.restarts``, ``repo.node_tasks``,
-  ``repo.health_checks``, ``repo.reboots``, ``repo.validations``, ``repo.gpu_resets``,
-  ``repo.breaker``, ``repo.verdict_leases``, ``repo.warnings``, ``repo.aws_notices``,
-  ``repo.faults``, ``repo.latches``, ``repo.slots``, ``repo.cordons``, ``repo.notices``).
+  ``repo.rank_events``, ``repo.fanouts``, ``repo.restarts``, ``repo.nodes_back``,
+  ``repo.deadlines``, ``repo.node_tasks``, ``repo.health_checks``, ``repo.reboots``,
+  ``repo.validations``, ``repo.gpu_resets``, ``repo.breaker``, ``repo.verdict_leases``,
+  ``repo.warnings``, ``repo.aws_notices``, ``repo.faults``, ``repo.latches``, ``repo.slots``,
+  ``repo.cordons``, ``repo.notices``).
 * ``heartbeat``, ``scheduling``, ``time_sharing``, ``jobs_api``, ``rate_limit`` — the
   other services' records, on the same tables.
 
 Services receive repositories from ``gpu_recovery.runtime`` and call their intents
-(``rank_events.enter_recovery``, ``health_checks.claim``, ``reboots.record_issued``...); no condition
-expression is written outside this package. An intent returns False when its condition did
+(``rank_events.enter_recovery``, ``health_checks.claim``, ``reboots.record_issued``...); no
+condition expression is written outside this package. An intent returns False when its condition did
 not hold (a duplicate, a race lost, a state moved on); it raises on any other error, having
 written nothing (single items and transactions are all-or-nothing).
 """

@@ -25,7 +25,7 @@ RESET_ATTRIBUTES = ("reset_pending", *CLAIM.paths)
 
 class GpuResetRepository:
     """Intents of a node's GPU reset (``repo.gpu_resets``; its claim's are ``node_task_claims``'s,
-    ``GPU_RESET``, and its pass is a node back: ``Instances.record_gpu_reset_passed``)."""
+    ``GPU_RESET``, and its pass is a node back: ``nodes_back.record_gpu_reset_passed``)."""
 
     def __init__(self, instances: Instances) -> None:
         self.db, self.node_tasks = instances.db, instances.node_tasks

@@ -11,6 +11,7 @@ from gpu_recovery.repository.gang_fanouts import GangFanoutRepository
 from gpu_recovery.repository.gpu_resets import GpuResetRepository
 from gpu_recovery.repository.health_checks import HealthCheckRepository
 from gpu_recovery.repository.node_decisions import NodeDecisions
+from gpu_recovery.repository.nodes_back import NodeBackRepository
 from gpu_recovery.repository.rank_events import RankEventRepository
 from gpu_recovery.repository.reboots import RebootRepository
 from gpu_recovery.repository.registrations import RegistrationRepository
@@ -21,13 +22,14 @@ from gpu_recovery.repository.warnings import WarningRepository
 
 
 class Repository(NodeDecisions):
-    """The reads of jobs, ranks and instances, a job's end and the node decisions over both
-    (its own members, each in the module of its aggregate: see the package docstring), and the
+    """The reads of jobs, ranks and instances, the intents several stages share (a job's end,
+    a deadline pushed, a node's fault history) and the node decisions over both (its own
+    members, each in the module of its aggregate: see the package docstring), and the
     aggregates a stage is handed on its own: ``registrations``, ``rank_events``, ``fanouts``,
-    ``restarts``, ``health_checks``, ``reboots``, ``validations``, ``gpu_resets``, ``breaker``,
-    ``verdict_leases``, ``warnings``, ``aws_notices`` (built here: they use the jobs' or the
-    instances' builders), beside the tables' own (``node_tasks``, ``faults``, ``latches``,
-    ``slots``, ``cordons``...)."""
+    ``restarts``, ``nodes_back``, ``health_checks``, ``reboots``, ``validations``,
+    ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices`` (built here:
+    they use the jobs' or the instances' builders), beside the tables' own (``node_tasks``,
+    ``deadlines``, ``faults``, ``latches``, ``slots``, ``cordons``...)."""
 
     def __init__(self, dynamodb: Any, job_table: str, instance_table: str, *,
                  deadline_shards: int = 1) -> None:
@@ -36,7 +38,8 @@ class Repository(NodeDecisions):
         self.verdict_leases = VerdictLeaseRepository(self)  # one delivery works a check's verdict
         self.warnings = WarningRepository(self)  # the driver's warnings on a node
         self.aws_notices = AwsNoticeRepository(self)  # AWS's notices on a node
-        self.validations = ValidationRepository(self)  # a repaired node's validation
+        self.nodes_back = NodeBackRepository(self)  # a node back from its repair, its jobs released
+        self.validations = ValidationRepository(self, self.nodes_back)  # a repaired node's validation
         self.gpu_resets = GpuResetRepository(self)  # a node's GPU reset fallen back to a reboot
         self.health_checks = HealthCheckRepository(self)  # a node's health check: opened, claimed...
         self.reboots = RebootRepository(self)  # a node's reboot, quarantine, termination

@@ -32,6 +32,7 @@ from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.claim_fields import VALIDATION as CLAIM
 from gpu_recovery.repository.instances import Instances
+from gpu_recovery.repository.nodes_back import NodeBackRepository
 
 # The node's validation: set when it is back from its repair, removed by its result.
 VALIDATION = "validation"
@@ -40,8 +41,8 @@ VALIDATION = "validation"
 class ValidationRepository:
     """Intents of a repaired node's validation (``repo.validations``)."""
 
-    def __init__(self, instances: Instances) -> None:
-        self.instances = instances
+    def __init__(self, instances: Instances, nodes_back: NodeBackRepository) -> None:
+        self.instances, self.nodes_back = instances, nodes_back
         self.db, self.cordons, self.node_tasks = instances.db, instances.cordons, instances.node_tasks
         self.job_table_name = instances.job_table_name
         self.instance_table_name = instances.instance_table_name
@@ -55,8 +56,8 @@ class ValidationRepository:
             return False
         condition, values, names = CLAIM.serving(instance)
         result_fields = {"last_validation": result, "validated_at": now}
-        return self.instances.back_to_available(instance, now, result_fields, [VALIDATION, "suspect_fence"],
-                                                condition, values, names)
+        return self.nodes_back.back_to_available(instance, now, result_fields, [VALIDATION, "suspect_fence"],
+                                                 condition, values, names)
 
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]:
         """The condition a failed validation's node decision is written on: this validation,
