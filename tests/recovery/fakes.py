@@ -358,6 +358,10 @@ class Flaky:
     def fail_once(self, intent: str, how: str) -> None:
         self._faults[intent] = how
 
+    def armed(self) -> list[str]:
+        """The faults armed and not fired yet."""
+        return sorted(self._faults)
+
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._repo, name)
         key = self._prefix + name
@@ -516,6 +520,9 @@ def world(*, gang_queue: bool = False, verdicts: Any = None, tag_lookups: Any = 
         clock.set_clock(lambda: now[0], lambda seconds: now.__setitem__(0, now[0] + seconds))
         try:
             yield World(service, flaky, ecs, rebooter, notifier, now, replacer, queue)
+            # A fault armed that no call reached (an intent renamed, a path not taken) would
+            # leave its test passing on a failure that never happened.
+            assert not flaky.armed(), f"injected faults never fired: {flaky.armed()}"
         finally:
             clock.reset_clock()
 

@@ -335,3 +335,11 @@ def test_a_check_whose_turn_at_the_ecs_budget_is_far_off_waits_pending_for_the_s
         w.advance(60)
         w.service.sweep()
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
+
+
+def test_a_fault_armed_that_no_call_reaches_fails_its_test() -> None:
+    """An injected fault that never fires (its intent renamed or moved to another aggregate)
+    fails the test that armed it, instead of letting it pass on a failure that never happened."""
+    with pytest.raises(AssertionError, match=r"never fired.*rank_events\.enter_recovery"), world() as w:
+        w.register_job("j", [PEER, FAULTY])
+        w.repo.fail_once("rank_events.enter_recovery", "refuse")
