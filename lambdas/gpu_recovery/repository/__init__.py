@@ -36,9 +36,9 @@
 
 Services receive repositories from ``gpu_recovery.runtime`` and call their intents
 (``rank_events.enter_recovery``, ``health_checks.claim``, ``reboots.record_issued``...); no
-condition expression is written outside this package. An intent returns False when its condition did
-not hold (a duplicate, a race lost, a state moved on); it raises on any other error, having
-written nothing (single items and transactions are all-or-nothing).
+condition expression is written outside this package. An intent returns False when its
+condition did not hold (a duplicate, a race lost, a state moved on); it raises on any other
+error, having written nothing (single items and transactions are all-or-nothing).
 """
 
 from __future__ import annotations

@@ -21,19 +21,6 @@ class GangFanoutRepository:
     def __init__(self, tables: RecoveryTables) -> None:
         self.db, self.job_table_name = tables.db, tables.job_table_name
 
-    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
-        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
-        of the previous attempt. A holder that died lets the lease expire; the next one
-        looks the task up by startedBy before starting it."""
-        return self.db.apply(Update(
-            table=self.job_table_name,
-            key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
-            set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
-            condition=("#a = :prev AND (attribute_not_exists(#la) OR #la <> :a OR #lu < :now)"),
-            condition_values={":prev": attempt - 1, ":a": attempt, ":now": now},
-            condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
-        ))
-
     def claim_send(self, job: Job, kind: str, attempt: int, now: float, lease_seconds: float) -> bool:
         """Claim the sending of ``attempt``'s fan-out: true for one caller until it confirms it
         (``record_sent``) or its lease runs out (it died before sending)."""
@@ -75,6 +62,19 @@ class GangFanoutRepository:
             condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})
         return self.db.apply(update)
 
+    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
+        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
+        of the previous attempt. A holder that died lets the lease expire; the next one
+        looks the task up by startedBy before starting it."""
+        return self.db.apply(Update(
+            table=self.job_table_name,
+            key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+            set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
+            condition=("#a = :prev AND (attribute_not_exists(#la) OR #la <> :a OR #lu < :now)"),
+            condition_values={":prev": attempt - 1, ":a": attempt, ":now": now},
+            condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
+        ))
+
     def release_rank_launch(self, rank: Rank, attempt: int) -> bool:
         """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
         next try (the sweep's, or a node freeing) may start it (looking it up first)."""
@@ -83,4 +83,3 @@ class GangFanoutRepository:
             set_fields={"launch_lease_until": 0}, condition="#a = :prev AND #la = :a",
             condition_values={":prev": attempt - 1, ":a": attempt},
             condition_names={"#a": "attempt", "#la": "launch_attempt"}))
-

@@ -129,4 +129,3 @@ class NodeBackRepository:
             inst_id, from_states=[InstanceState.AVAILABLE], clear_deadline=True,
             extra_condition="attribute_not_exists(#wj) OR size(#wj) = :zero",
             extra_values={":zero": 0}, extra_names={"#wj": "waiting_jobs"}))
-

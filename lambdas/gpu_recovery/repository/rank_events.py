@@ -96,4 +96,3 @@ class RankEventRepository:
             extra_condition="attribute_not_exists(#once) OR #once < :att", extra_names={"#once": once_key},
             ledger=goodput.interval_marks(cause, until))
         return self.db.apply(update)
-

@@ -129,4 +129,3 @@ class RestartRepository:
                         "relocation": relocation},
             remove_fields=[*DEADLINE_ATTRIBUTES, "relocate", "launched_at", "launch_claimed_at"],
         ), *also])
-
