@@ -317,7 +317,7 @@ def test_a_lost_node_decision_whose_answer_was_lost_is_finished_by_the_next_swee
     and the recovery sweep drains the node (its follow-up deadline)."""
     world.seed_job("j1", world_size=1)
     loop = _Loop(world)
-    loop.repo.fail_once("record_node_decision", "lose")
+    loop.repo.fail_once("decisions.record", "lose")
     assert _lost_too_long(world, loop).failed == []
     assert world.job_state("j1") is JobState.FAILED and loop.ecs.stop_calls == [] and loop.ecs.drained == []
     world.clock.advance(61)

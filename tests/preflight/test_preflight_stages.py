@@ -523,7 +523,7 @@ def test_a_clearance_is_counted_with_its_decision_whatever_is_lost_after_the_com
         for node in ("node-2", "node-5"):
             task = next(t for t in reversed(w.ecs.health_checks_on(node)) if t.last_status != "STOPPED")
             event = w.health_check_stopped(task, 0)
-            w.repo.fail_once("record_node_decision", "lose")
+            w.repo.fail_once("decisions.record", "lose")
             with pytest.raises(LostResponse):
                 w.service.on_health_check_stopped(event)
             w.service.on_health_check_stopped(event)  # Lambda's retry

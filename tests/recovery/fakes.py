@@ -348,7 +348,8 @@ class Flaky:
     #: ``"breaker.save"``, ``"aws_notices.end_notice"``...
     AGGREGATES = frozenset({"breaker", "verdict_leases", "warnings", "aws_notices", "node_tasks",
                             "validations", "gpu_resets", "health_checks", "reboots",
-                            "registrations", "fanouts", "restarts", "rank_events", "nodes_back"})
+                            "registrations", "fanouts", "restarts", "rank_events", "nodes_back",
+                            "decisions"})
 
     def __init__(self, repo: Any, faults: dict[str, str] | None = None, prefix: str = "") -> None:
         self._repo = repo

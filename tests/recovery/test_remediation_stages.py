@@ -63,7 +63,7 @@ def test_a_lost_answer_of_the_fast_path_decision_is_finished_by_the_sweep() -> N
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
         report_xid(w, FAULTY, 79)
-        w.repo.fail_once("record_node_decision", "lose")
+        w.repo.fail_once("decisions.record", "lose")
         with pytest.raises(LostResponse):
             w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert w.rebooter.calls == [] and w.ecs.health_checks_on(FAULTY) == []

@@ -34,15 +34,15 @@ def _check_stopped(w: World) -> EcsTaskDetail:
 
 def _count_decisions(w: World) -> list[int]:
     """How many node decisions (the verdict's transaction) were written, as they are."""
-    real = w.repo._repo
-    decide = real.record_node_decision
+    real = w.repo._repo.decisions
+    decide = real.record
     count = [0]
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         count[0] += 1
         return decide(*args, **kwargs)
 
-    real.record_node_decision = counted
+    real.record = counted
     return count
 
 

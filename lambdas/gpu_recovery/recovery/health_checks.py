@@ -67,12 +67,10 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
-from gpu_recovery.recovery.stage_data import RecordsObservedFaults
+from gpu_recovery.recovery.stage_data import RecordsNodeDecisions, RecordsObservedFaults
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
-from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.health_check_slots import Claim, HealthCheckSlots
 from gpu_recovery.repository.health_checks import HealthCheckRepository
-from gpu_recovery.repository.node_decisions import JobVerdict
 from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
 from gpu_recovery.settings import Settings
 
@@ -110,7 +108,7 @@ def group_started_by(instances: Sequence[Instance]) -> str:
         f"{i.container_inst_id}:{i.hc_requested_at}:{i.check.attempts}" for i in instances))
 
 
-class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
+class HealthCheckData(CheckVerdictData, RecordsNodeDecisions, RecordsObservedFaults, Protocol):
     """What the check reads and writes besides its verdict's and its own records: the node,
     the slots it waits for, a busy node's known verdict."""
 
@@ -118,8 +116,6 @@ class HealthCheckData(CheckVerdictData, RecordsObservedFaults, Protocol):
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool: ...
-    def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
-                                        restart: bool, also: Sequence[Update] = ()) -> bool: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
@@ -203,7 +199,7 @@ class HealthChecks:
             after = replace(job, state=record.to, last_error=record.last_error or job.last_error)
             notice = self.owed_notices.outcome_notice(after, outcome, instance, None, None, label)
             owed = self.notices.owe([notice], now)
-            if self.data.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot,
+            if self.data.decisions.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot,
                                                               also=owed):
                 self.notices.send([notice])
                 if outcome.fails:
@@ -247,7 +243,7 @@ class HealthChecks:
         notice = self.owed_notices.outcome_notice(
             replace(job, state=record.to, last_error=record.last_error or job.last_error), outcome, instance,
             plan, evidence, SuspectVerdict.BLOCKED)
-        if not repo.record_verdict_of_busy_instance(instance, record, restart=False,
+        if not repo.decisions.record_verdict_of_busy_instance(instance, record, restart=False,
                                                     also=self.notices.owe([notice], now)):
             return "raced"
         self.notices.send([notice])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
 from functools import partial
@@ -69,8 +69,7 @@ from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort, Outcome, RebootPort, ReplacePort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import NodeBack, Reactions, RestartDue
-from gpu_recovery.recovery.stage_data import MarksNodesBack
-from gpu_recovery.repository.base import Update
+from gpu_recovery.recovery.stage_data import MarksNodesBack, RecordsNodeDecisions
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.node_decisions import JobFailure
 from gpu_recovery.repository.reboots import RebootRepository
@@ -84,7 +83,7 @@ logger = logging.getLogger(__name__)
 REBOOT_CONFIRM_SECONDS = 300
 
 
-class RebootData(MarksNodesBack, Protocol):
+class RebootData(MarksNodesBack, RecordsNodeDecisions, Protocol):
     """The node back, the jobs waiting for it, a node that ran out of time."""
 
     faults: FaultRepository
@@ -93,12 +92,6 @@ class RebootData(MarksNodesBack, Protocol):
     def get_job(self, job_id: str) -> Job | None: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool: ...
-    def time_out_instance(self, instance: Instance, *, quarantine: bool, what: str,
-                          failures: Sequence[JobFailure], actor: str = "sweep",
-                          fault_history: list[dict[str, Any]] | None = None,
-                          breaker_blocked: dict[str, Any] | None = None,
-                          breaker: Update | None = None, cordon: dict[str, Any] | None = None,
-                          also: Sequence[Update] = ()) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -481,7 +474,7 @@ class Reboots:
                 container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
                 what_happened=f"Instance {inst_id} {what}", what_was_done="Nothing" + done,
                 operator_action="Check the instance and drain it by hand if it is faulty."))
-        if not self.data.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
+        if not self.data.decisions.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
                                                 fault_history=history, breaker_blocked=blocked,
                                                 breaker=update, cordon=cordon,
                                                 also=self.notices.owe(notices, now)):

@@ -16,7 +16,7 @@ from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import RankStop
 from gpu_recovery.repository.latches import LatchRepository
-from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
+from gpu_recovery.repository.node_decisions import NodeDecisionRepository
 from gpu_recovery.repository.nodes_back import NodeBackRepository
 from gpu_recovery.repository.rank_events import RankEventRepository
 
@@ -49,11 +49,10 @@ class MarksNodesBack(Protocol):
 
 
 class RecordsNodeDecisions(Protocol):
-    """A node's decision in one transaction: the instance, the jobs it settles, the breaker."""
+    """A node's decision in one transaction: the instance, the jobs it settles, the breaker
+    (``repo.decisions``)."""
 
-    def record_node_decision(self, instance: Instance, decision: NodeDecision,
-                             jobs: Sequence[JobVerdict], now: float,
-                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool: ...
+    decisions: NodeDecisionRepository
 
 
 class RecordsObservedFaults(Protocol):

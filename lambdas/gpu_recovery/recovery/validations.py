@@ -403,7 +403,7 @@ class Validations:
         notices = remediation.owed_notices.decision_notices(after, plan, evidence, label, [], gate,
                                                             waiting=bool(jobs), anywhere=False)
         notices.append(self._failed_notice(after, plan, evidence, record, jobs, repaired_again))
-        if not repo.record_node_decision(instance, decision, [], now, breaker_update,
+        if not repo.decisions.record(instance, decision, [], now, breaker_update,
                                          also=[*updates, *remediation.notices.owe(notices, now)]):
             return None
         self.metrics.add_metric("ValidationsFailed", "Count", 1)

@@ -21,21 +21,21 @@
 * ``node_decisions`` — one transaction over a node and every job waiting for it.
 * ``breaker`` — the blast-radius breaker's item and the jobs it holds.
 * ``verdict_leases`` — the lease one delivery of a health check's STOPPED event takes on its verdict.
-* ``registrations``, ``rank_events``, ``gang_fanouts``, ``restarts``, ``nodes_back``,
-  ``deadlines``, ``node_task_claims``, ``health_checks``, ``reboots``, ``validations``,
-  ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices``, ``faults``,
-  ``latches``, ``health_check_slots``, ``cordons``, ``notices`` — the sub-repositories a
-  :class:`Repository` carries, each handed to the stages that use it (``repo.registrations``,
-  ``repo.rank_events``, ``repo.fanouts``, ``repo.restarts``, ``repo.nodes_back``,
-  ``repo.deadlines``, ``repo.node_tasks``, ``repo.health_checks``, ``repo.reboots``,
-  ``repo.validations``, ``repo.gpu_resets``, ``repo.breaker``, ``repo.verdict_leases``,
-  ``repo.warnings``, ``repo.aws_notices``, ``repo.faults``, ``repo.latches``, ``repo.slots``,
-  ``repo.cordons``, ``repo.notices``).
+* ``node_decisions``, ``registrations``, ``rank_events``, ``gang_fanouts``, ``restarts``,
+  ``nodes_back``, ``deadlines``, ``node_task_claims``, ``health_checks``, ``reboots``,
+  ``validations``, ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``,
+  ``aws_notices``, ``faults``, ``latches``, ``health_check_slots``, ``cordons``, ``notices`` —
+  the sub-repositories a :class:`Repository` carries, each handed to the stages that use it
+  (``repo.decisions``, ``repo.registrations``, ``repo.rank_events``, ``repo.fanouts``,
+  ``repo.restarts``, ``repo.nodes_back``, ``repo.deadlines``, ``repo.node_tasks``,
+  ``repo.health_checks``, ``repo.reboots``, ``repo.validations``, ``repo.gpu_resets``,
+  ``repo.breaker``, ``repo.verdict_leases``, ``repo.warnings``, ``repo.aws_notices``,
+  ``repo.faults``, ``repo.latches``, ``repo.slots``, ``repo.cordons``, ``repo.notices``).
 * ``heartbeat``, ``scheduling``, ``time_sharing``, ``jobs_api``, ``rate_limit`` — the
   other services' records, on the same tables.
 
 Services receive repositories from ``gpu_recovery.runtime`` and call their intents
-(``rank_events.enter_recovery``, ``health_checks.claim``, ``reboots.record_issued``...); no
+(``rank_events.enter_recovery``, ``decisions.record``, ``health_checks.claim``...); no
 condition expression is written outside this package. An intent returns False when its
 condition did not hold (a duplicate, a race lost, a state moved on); it raises on any other
 error, having written nothing (single items and transactions are all-or-nothing).

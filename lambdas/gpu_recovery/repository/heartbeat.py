@@ -297,7 +297,7 @@ class HeartbeatRepository:
             set_fields=fields, remove_fields=remove, extra_condition=condition, extra_names=names))
 
     # A node lost with its agent disconnected is a node decision of the recovery loop
-    # (``Repository.record_node_decision`` with ``lost_job_failure``): the breaker and observe
+    # (``NodeDecisionRepository.record`` with ``lost_job_failure``): the breaker and observe
     # mode apply to its quarantine like to any other.
 
 

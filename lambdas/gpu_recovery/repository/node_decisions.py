@@ -58,7 +58,7 @@ class JobVerdict:
 
 @dataclass(frozen=True)
 class NodeDecision:
-    """What a node decision does to the instance item (see ``record_node_decision``)."""
+    """What a node decision does to the instance item (see ``NodeDecisionRepository.record``)."""
 
     from_states: tuple[InstanceState, ...]
     to: InstanceState | None  # None: the state stays
@@ -100,12 +100,17 @@ class JobFailure:
     suspect_rebooting: bool = False  # it waited for the node's reboot (no longer)
 
 
-class NodeDecisions(JobsAndRanks, Instances):
-    """The transactions that decide a node and the jobs waiting for it."""
+class NodeDecisionRepository:
+    """The transactions that decide a node and the jobs waiting for it (``repo.decisions``):
+    written over both tables, with the jobs' and the instances' builders."""
 
-    def record_node_decision(self, instance: Instance, decision: NodeDecision,
-                             jobs: Sequence[JobVerdict], now: float,
-                             breaker: Update | None = None, also: Sequence[Update] = ()) -> bool:
+    def __init__(self, jobs: JobsAndRanks, instances: Instances) -> None:
+        self.jobs, self.instances = jobs, instances
+        self.db, self.job_table_name = jobs.db, jobs.job_table_name
+        self.cordons, self.faults, self.slots = instances.cordons, instances.faults, instances.slots
+
+    def record(self, instance: Instance, decision: NodeDecision, jobs: Sequence[JobVerdict], now: float,
+               breaker: Update | None = None, also: Sequence[Update] = ()) -> bool:
         """One node decision (a health check's verdict, or a definitive fault without one)
         on the instance, every job waiting for it and the blast-radius breaker, atomically.
         A verdict applies only to its own check (its startedBy) and only if no job joined
@@ -178,7 +183,7 @@ class NodeDecisions(JobsAndRanks, Instances):
             values[":hcn"] = decision.hc_jobs_count
             names["#hcj"] = "hc_jobs"
         follow_up = decision.follow_up_at is not None
-        updates = [self.instance_update(
+        updates = [self.instances.instance_update(
             instance.container_inst_id, from_states=decision.from_states, to=to,
             set_fields=fields, remove_fields=remove,
             deadline_at=decision.follow_up_at, clear_deadline=not follow_up,
@@ -196,19 +201,19 @@ class NodeDecisions(JobsAndRanks, Instances):
             updates.append(breaker)
         updates += cordon_sync
         updates += list(also)
-        return self.commit_leaving_check(instance, updates, leaving=releasing)
+        return self.instances.commit_leaving_check(instance, updates, leaving=releasing)
 
     def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update:
         """NODE_LOST -> FAILED on the same attempt (its node unreachable), with the fault's
         evidence and decision and the intent to stop its ranks; for
-        :meth:`record_node_decision` (``also``) or :meth:`fail_lost_job`."""
+        :meth:`record` (``also``) or :meth:`fail_lost_job`."""
         now = clock.now()
         fields: dict[str, Any] = {"last_error": reason[:1000],
-                                  **self.stop_fanout_fields(job.attempt, reason, now),
-                                  **self.job_deadline_fields(now + 60)}
+                                  **self.jobs.stop_fanout_fields(job.attempt, reason, now),
+                                  **self.jobs.job_deadline_fields(now + 60)}
         if last_fault is not None:
             fields["last_fault"] = last_fault
-        return self.job_transition(
+        return self.jobs.job_transition(
             job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
             reason=reason, actor="heartbeat", set_fields=fields)
 
@@ -222,7 +227,7 @@ class NodeDecisions(JobsAndRanks, Instances):
                                         restart: bool, also: Sequence[Update] = ()) -> bool:
         """A job joins an instance already rebooting or quarantined by another job's fault:
         the verdict it waits for is already known."""
-        updates = [self.instance_update(
+        updates = [self.instances.instance_update(
             instance.container_inst_id, from_states=[instance.state],
             add_to_sets={"waiting_jobs": {verdict.job.job_id}} if restart else None)]
         updates += self.job_verdict_updates(instance.container_inst_id, verdict)
@@ -249,15 +254,15 @@ class NodeDecisions(JobsAndRanks, Instances):
         if verdict.last_error:
             fields["last_error"] = verdict.last_error[:1000]
         if verdict.deadline_at is not None:
-            fields.update(self.job_deadline_fields(verdict.deadline_at))
+            fields.update(self.jobs.job_deadline_fields(verdict.deadline_at))
         if verdict.relocate:
             fields["relocate"] = True
         if verdict.restart_reason:
             fields["restart_reason"] = verdict.restart_reason[:500]
-        terminal = verdict.to.is_terminal
-        if terminal:
-            fields.update(self.stop_fanout_fields(job.attempt, verdict.last_error or verdict.reason, now))
-            fields.update(self.job_deadline_fields(now + 60))
+        if verdict.to.is_terminal:
+            why = verdict.last_error or verdict.reason
+            fields.update(self.jobs.stop_fanout_fields(job.attempt, why, now))
+            fields.update(self.jobs.job_deadline_fields(now + 60))
         counts = {"fault.decided": 1}
         if verdict.label in FATAL_SUSPECT_VERDICTS:
             counts["fault.fatal"] = 1
@@ -275,7 +280,7 @@ class NodeDecisions(JobsAndRanks, Instances):
         if verdict.spend:
             counts[SPEND_COUNTER[verdict.spend]] = 1
         condition, values, names = faults.tally_condition(job)
-        update = self.job_transition(
+        update = self.jobs.job_transition(
             job.job_id, verdict.to, from_states=[job.state], attempt=job.attempt,
             reason=verdict.reason or f"verdict {verdict.label.value} on {inst_id}", actor="recovery",
             set_fields=fields, increments=counts, extra_condition=condition, extra_values=values,
@@ -321,7 +326,7 @@ class NodeDecisions(JobsAndRanks, Instances):
             version = clock.now()
             fields.update(self.cordons.cordon_fields(cordon, version))
             cordon_sync.append(self.cordons.sync_update(inst_id, version))
-        updates = [self.instance_update(
+        updates = [self.instances.instance_update(
             inst_id, from_states=[instance.state],
             to=InstanceState.QUARANTINED if quarantine else InstanceState.SUSPECT,
             set_fields=fields, remove_fields=["hc_jobs", "hc_left", "waiting_jobs", "hc_lease_until",
@@ -359,11 +364,11 @@ class NodeDecisions(JobsAndRanks, Instances):
                     condition_names={"#st": "job_state", **names}))
                 continue
             updates.append(faults.relabel_suspect(job, inst_id, failure.label))
-            updates.append(self.job_transition(
+            updates.append(self.jobs.job_transition(
                 job.job_id, JobState.FAILED, from_states=[job.state], attempt=job.attempt,
                 reason=failure.reason, actor=actor,
                 set_fields={"last_error": failure.reason[:1000],
-                            **self.stop_fanout_fields(job.attempt, failure.reason, now),
-                            **self.job_deadline_fields(now + 60)}))
-        return self.commit_leaving_check(instance, [*updates, *also],
+                            **self.jobs.stop_fanout_fields(job.attempt, failure.reason, now),
+                            **self.jobs.job_deadline_fields(now + 60)}))
+        return self.instances.commit_leaving_check(instance, [*updates, *also],
                                          leaving=instance.state is InstanceState.HEALTH_CHECKING)

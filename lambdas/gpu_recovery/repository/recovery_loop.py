@@ -10,7 +10,9 @@ from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.gang_fanouts import GangFanoutRepository
 from gpu_recovery.repository.gpu_resets import GpuResetRepository
 from gpu_recovery.repository.health_checks import HealthCheckRepository
-from gpu_recovery.repository.node_decisions import NodeDecisions
+from gpu_recovery.repository.instances import Instances
+from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
+from gpu_recovery.repository.node_decisions import NodeDecisionRepository
 from gpu_recovery.repository.nodes_back import NodeBackRepository
 from gpu_recovery.repository.rank_events import RankEventRepository
 from gpu_recovery.repository.reboots import RebootRepository
@@ -21,19 +23,20 @@ from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
 from gpu_recovery.repository.warnings import WarningRepository
 
 
-class Repository(NodeDecisions):
-    """The reads of jobs, ranks and instances, the intents several stages share (a job's end,
-    a deadline pushed, a node's fault history) and the node decisions over both (its own
-    members, each in the module of its aggregate: see the package docstring), and the
-    aggregates a stage is handed on its own: ``registrations``, ``rank_events``, ``fanouts``,
-    ``restarts``, ``nodes_back``, ``health_checks``, ``reboots``, ``validations``,
-    ``gpu_resets``, ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices`` (built here:
-    they use the jobs' or the instances' builders), beside the tables' own (``node_tasks``,
-    ``deadlines``, ``faults``, ``latches``, ``slots``, ``cordons``...)."""
+class Repository(JobsAndRanks, Instances):
+    """The reads of jobs, ranks and instances and the intents several stages share (a job's
+    end, a deadline pushed, a node's fault history: its own members, each in the module of its
+    aggregate, see the package docstring), and the aggregates a stage is handed on its own:
+    ``decisions``, ``registrations``, ``rank_events``, ``fanouts``, ``restarts``,
+    ``nodes_back``, ``health_checks``, ``reboots``, ``validations``, ``gpu_resets``,
+    ``breaker``, ``verdict_leases``, ``warnings``, ``aws_notices`` (built here: they use the
+    jobs' or the instances' builders), beside the tables' own (``node_tasks``, ``deadlines``,
+    ``faults``, ``latches``, ``slots``, ``cordons``...)."""
 
     def __init__(self, dynamodb: Any, job_table: str, instance_table: str, *,
                  deadline_shards: int = 1) -> None:
         super().__init__(dynamodb, job_table, instance_table, deadline_shards=deadline_shards)
+        self.decisions = NodeDecisionRepository(self, self)  # a node decided with its waiting jobs
         self.breaker = BreakerRepository(self)  # the blast-radius breaker, the jobs it holds
         self.verdict_leases = VerdictLeaseRepository(self)  # one delivery works a check's verdict
         self.warnings = WarningRepository(self)  # the driver's warnings on a node

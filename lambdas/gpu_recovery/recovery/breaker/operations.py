@@ -309,7 +309,7 @@ class BreakerOperations:
             quarantine_reason=why if to is InstanceState.QUARANTINED else "",
             reboot_reason=why if to is InstanceState.REBOOTING else "", terminate=terminate,
             follow_up_at=now + FOLLOW_UP_SECONDS, reset=action is Action.RESET_GPU)
-        if not repo.record_node_decision(instance, decision, [], now, update):
+        if not repo.decisions.record(instance, decision, [], now, update):
             return "backlog_raced"  # the node or the breaker changed: the next sweep decides again
         fresh = repo.get_instance(node) or instance
         self.remediation.carry_out(fresh)

@@ -21,7 +21,7 @@ XID 79). Both go through :meth:`NodeRemediation.apply`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -137,7 +137,6 @@ class DecisionData(ReadsNodeItems, RecordsNodeDecisions, Protocol):
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
                           last_fault: dict[str, Any] | None, read_version: int) -> bool: ...
-    def count_healthy_verdicts(self, inst_id: str, verdicts: Sequence[JobVerdict]) -> None: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -261,12 +260,12 @@ class NodeRemediation:
         also = self.notices.owe(notices, now)
         if clearance is not None:
             also += [*clearance.updates, *self.notices.owe([clearance.notice], now)]
-        if not repo.record_node_decision(instance, decision, [v for v, _ in verdicts], now, breaker_update,
+        if not repo.decisions.record(instance, decision, [v for v, _ in verdicts], now, breaker_update,
                                          also=also):
             return None
         # Healthy verdicts that only count, on their tally shards before anyone settles the
         # job (a failure here is counted by the sweep: FaultRepository.recount).
-        after_commit("healthy verdicts counted", repo.count_healthy_verdicts, inst_id,
+        after_commit("healthy verdicts counted", repo.decisions.count_healthy_verdicts, inst_id,
                      [v for v, _ in verdicts])
         after_commit("cleared suspect counted", self.tenant_evidence.counted, clearance, evidence.job_id)
         logger.info("node decision applied", extra={

@@ -13,7 +13,7 @@ through its own intent (the sweep finishes them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -39,7 +39,6 @@ from gpu_recovery.recovery.remediation.node_decision import (
 )
 from gpu_recovery.recovery.remediation.notices import observed_node_effects
 from gpu_recovery.recovery.stage_data import RecordsNodeDecisions, RecordsObservedFaults
-from gpu_recovery.repository.base import Update
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +87,6 @@ class UnreachableData(RecordsNodeDecisions, RecordsObservedFaults, Protocol):
     def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
-    def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update: ...
-    def fail_lost_job(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None,
-                      also: Sequence[Update] = ()) -> bool: ...
 
 
 class NodeUnreachable:
@@ -164,10 +160,11 @@ class NodeUnreachable:
                        if plan.escalation.page_operator and not observed else None]
             owed = self.notices.owe(notices, now)
             if decision is not None and instance is not None:
-                done = repo.record_node_decision(instance, decision, [], now, breaker_update,
-                                                 also=[repo.lost_job_failure(job, reason, last_fault), *owed])
+                failure = repo.decisions.lost_job_failure(job, reason, last_fault)
+                done = repo.decisions.record(instance, decision, [], now, breaker_update,
+                                             also=[failure, *owed])
             else:
-                done = repo.fail_lost_job(job, reason, last_fault, also=owed)
+                done = repo.decisions.fail_lost_job(job, reason, last_fault, also=owed)
                 if done and observed and raw is not None:
                     after_commit("observed fault", self._record_observed, inst_id, job_id,
                                  self.remediation.history_with(history, plan, evidence, now), evidence, plan,
