@@ -1,0 +1,96 @@
+"""A gang's fan-out records (``repository.gang_fanouts``, ``repo.fanouts``) on the emulator's
+DynamoDB: a send is claimed by one caller until it is confirmed or its claim goes stale, the
+paced stop rounds only go forward, a stop ends once, and a rank's launch lease has one holder
+until it runs out or is given back."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.states import JobState
+from tests.recovery.fakes import World, world
+from tests.repository.items import job_item, set_job_fields
+
+JOB = "job-a"
+
+
+def job_with_stop(w: World) -> Job:
+    """JOB running attempt 1 on two nodes, its stop intent committed and not sent."""
+    w.register_job(JOB, ["node-a", "node-b"])
+    set_job_fields(JOB, stop_fanout={"attempt": 1, "why": "rank 0 exited", "at": w.now[0]})
+    job = w.repo.get_job(JOB)
+    assert job is not None
+    return job
+
+
+def rank_zero(w: World) -> Rank:
+    rank = w.repo.get_rank(JOB, 0)
+    assert rank is not None
+    return rank
+
+
+def test_a_send_is_claimed_by_one_caller_until_it_is_confirmed_or_its_claim_goes_stale() -> None:
+    with world() as w:
+        fanouts, job = w.repo.fanouts, job_with_stop(w)
+        now = w.now[0]
+        assert fanouts.claim_send(job, "stop_fanout", 1, now, lease_seconds=60)
+        assert not fanouts.claim_send(job, "stop_fanout", 1, now + 59, lease_seconds=60)  # held
+        # Its holder died before sending: the claim is stale, the next caller takes it.
+        assert fanouts.claim_send(job, "stop_fanout", 1, now + 61, lease_seconds=60)
+        assert fanouts.record_sent(job, "stop_fanout", 1, now + 62)
+        assert job_item(JOB)["stop_fanout"]["sent_at"] == now + 62
+        # Sent: no one sends it again, however late.
+        assert not fanouts.claim_send(job, "stop_fanout", 1, now + 3600, lease_seconds=60)
+
+
+def test_another_attempts_send_is_neither_claimed_nor_confirmed() -> None:
+    with world() as w:
+        fanouts, job = w.repo.fanouts, job_with_stop(w)
+        assert not fanouts.claim_send(job, "stop_fanout", 2, w.now[0], lease_seconds=60)
+        assert not fanouts.record_sent(job, "stop_fanout", 2, w.now[0])
+        assert not fanouts.claim_send(job, "start_fanout", 1, w.now[0], lease_seconds=60)  # none
+        assert "sent_at" not in job_item(JOB)["stop_fanout"]
+
+
+def test_the_paced_stop_rounds_only_go_forward() -> None:
+    with world() as w:
+        fanouts, job = w.repo.fanouts, job_with_stop(w)
+        now = w.now[0]
+        assert fanouts.record_stop_round(job, 1, 2, now)
+        assert not fanouts.record_stop_round(job, 1, 2, now + 1)  # a duplicate
+        assert not fanouts.record_stop_round(job, 1, 1, now + 2)  # a late, older round
+        assert job_item(JOB)["stop_fanout"]["sent_at"] == now
+        assert fanouts.record_stop_round(job, 1, 3, now + 3)
+        assert job_item(JOB)["stop_fanout"]["rounds"] == 3
+
+
+def test_a_stop_ends_once_and_only_on_the_state_it_was_read_in() -> None:
+    with world() as w:
+        fanouts, job = w.repo.fanouts, job_with_stop(w)
+        moved = replace(job, state=JobState.PENDING_HEALTHCHECK)
+        assert not fanouts.end_stop(moved, 1)  # the job moved on since it was read
+        assert not fanouts.end_stop(job, 2)  # another attempt's
+        assert fanouts.end_stop(job, 1)
+        item = job_item(JOB)
+        assert "stop_fanout" not in item and item["stopped"]["attempt"] == 1
+        assert not fanouts.end_stop(job, 1)  # a redelivery finds nothing to end
+
+
+def test_a_ranks_launch_lease_has_one_holder_until_it_runs_out_or_is_given_back() -> None:
+    with world() as w:
+        w.register_job(JOB, ["node-a", "node-b"])
+        fanouts, rank = w.repo.fanouts, rank_zero(w)
+        now = w.now[0]
+        assert fanouts.claim_rank_launch(rank, 2, now + 75, now)
+        assert not fanouts.claim_rank_launch(rank, 2, now + 80, now + 5)  # held
+        assert fanouts.claim_rank_launch(rank, 2, now + 150, now + 76)  # its holder died: ran out
+        assert fanouts.release_rank_launch(rank, 2)  # not placed: the next try may start it
+        assert fanouts.claim_rank_launch(rank, 2, now + 160, now + 77)
+        # Only the attempt after the rank's: a lease for any other is refused, and so is its
+        # release.
+        assert not fanouts.claim_rank_launch(rank, 3, now + 160, now + 77)
+        assert not fanouts.release_rank_launch(rank, 3)
+        item: dict[str, Any] = job_item(JOB, rank=0)
+        assert item["launch_attempt"] == 2 and item["launch_lease_until"] == now + 160
