@@ -49,7 +49,7 @@ class Assessment:
 
 
 def fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
-                 budget: BudgetOutcome | None) -> dict[str, Any]:
+                budget: BudgetOutcome | None) -> dict[str, Any]:
     """The goodput facts of a rank's fault (``domain.goodput``): when it happened (the
     evidence's time: the task's stop), the last checkpoint reported before it, its node
     and catalog rule, and whether it is the job's own (an application error)."""

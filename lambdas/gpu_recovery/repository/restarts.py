@@ -30,9 +30,8 @@ class RestartRepository:
         self.jobs = jobs
         self.db, self.faults = jobs.db, jobs.faults
 
-    def claim(self, job: Job, *, now: float, deadline_at: float,
-                           placement: Update | None = None, moves: Mapping[str, Any] | None = None,
-                           reason: str = "") -> bool:
+    def claim(self, job: Job, *, now: float, deadline_at: float, placement: Update | None = None,
+              moves: Mapping[str, Any] | None = None, reason: str = "") -> bool:
         """PENDING_RESTART -> STARTING with attempt + 1 and the intent to start every rank
         (a fan-out of StartTask batches), exactly once per fault. A relocation's placement
         item (node -> target) is written in the same transaction: whoever resumes the launch
@@ -54,7 +53,7 @@ class RestartRepository:
         return self.db.transact([update, placement]) if placement is not None else self.db.apply(update)
 
     def confirm_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery",
-                            also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool:
+                        also: Sequence[Update] = (), ledger: Mapping[str, Any] | None = None) -> bool:
         return self.db.transact([self.jobs.job_transition(
             job_id, JobState.RUNNING, from_states=[JobState.STARTING], attempt=attempt,
             reason=reason, actor=actor, remove_fields=[*DEADLINE_ATTRIBUTES, "start_fanout"],

@@ -170,7 +170,7 @@ class RemediationNotices:
                                                  f"{plan.action.value}: {plan.decision.reason}")
 
     def unreachable_notice(self, job: Job, instance: Instance, plan: RemediationPlan, evidence: Evidence,
-                            observed: bool) -> Owed:
+                           observed: bool) -> Owed:
         details = details_of(evidence, plan, job_failed=True)
         if observed:
             return self.notices.for_job(
