@@ -349,7 +349,7 @@ class Flaky:
     AGGREGATES = frozenset({"breaker", "verdict_leases", "warnings", "aws_notices", "node_tasks",
                             "validations", "gpu_resets", "health_checks", "reboots",
                             "registrations", "fanouts", "restarts", "rank_events", "nodes_back",
-                            "decisions"})
+                            "decisions", "deadlines"})
 
     def __init__(self, repo: Any, faults: dict[str, str] | None = None, prefix: str = "") -> None:
         self._repo = repo

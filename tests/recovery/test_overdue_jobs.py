@@ -49,15 +49,15 @@ def test_a_job_whose_step_fails_at_every_sweep_is_overdue_after_15_minutes(
         w.service.metrics = metrics
         stuck_deadline = _faulted(w, "stuck", ["node-a", "node-b"])
         _faulted(w, "moving", ["node-c", "node-d"])
-        repo = w.repo._repo  # the real repository under the Flaky wrapper
-        rearm = repo.rearm_job
+        deadlines = w.repo._repo.deadlines  # the real repository's, under the Flaky wrapper
+        rearm = deadlines.rearm_job
 
         def throttled(job: Any, deadline_at: float) -> bool:
             if job.job_id == "stuck":
                 raise TimeoutError("UpdateItem: ThrottlingException (retries exhausted)")
             return bool(rearm(job, deadline_at))
 
-        monkeypatch.setattr(repo, "rearm_job", throttled)
+        monkeypatch.setattr(deadlines, "rearm_job", throttled)
         counts = []
         while w.now[0] < stuck_deadline + OVERDUE_AFTER_SECONDS + 120:
             w.advance(60)
@@ -74,7 +74,7 @@ def test_a_job_whose_step_fails_at_every_sweep_is_overdue_after_15_minutes(
         moving = w.repo.get_job_item("moving")
         assert moving is not None and float(moving["deadline_at"]) > w.now[0]  # re-armed each time
 
-        monkeypatch.setattr(repo, "rearm_job", rearm)  # the throttling is over
+        monkeypatch.setattr(deadlines, "rearm_job", rearm)  # the throttling is over
         w.advance(60)
         w.service.sweep()  # reads it overdue one last time, then re-arms it
         assert metrics.of(METRIC_OVERDUE_JOBS)[-1] == ("Count", 1)

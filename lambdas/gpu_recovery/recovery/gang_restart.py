@@ -224,7 +224,7 @@ class GangRestart:
         except (ClientError, BotoCoreError) as error:
             # No cluster access from this function (or throttled): the sweep tries again.
             logger.warning("relocation snapshot failed", extra={"job_id": job.job_id, "error": str(error)})
-            self.data.rearm_job(job, clock.now())
+            self.data.deadlines.rearm_job(job, clock.now())
             return Outcome("waiting", job.job_id, {"why": "cluster snapshot failed"})
         if job.is_queue_job:
             # relocate_instead_of_wait: only when healthy free nodes exist now; otherwise the
@@ -493,7 +493,7 @@ class GangRestart:
             self._launch(job)
         fresh = self.data.get_job(job.job_id)
         if fresh is not None and fresh.state is JobState.STARTING and fresh.attempt == job.attempt:
-            self.data.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
+            self.data.deadlines.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
         return action
 
     def confirm_running(self, job: Job, reason: str, actor: str = "recovery") -> bool:

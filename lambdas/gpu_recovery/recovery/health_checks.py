@@ -69,6 +69,7 @@ from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.stage_data import RecordsNodeDecisions, RecordsObservedFaults
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
+from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.health_check_slots import Claim, HealthCheckSlots
 from gpu_recovery.repository.health_checks import HealthCheckRepository
 from gpu_recovery.repository.verdict_leases import VerdictLeaseRepository
@@ -110,12 +111,12 @@ def group_started_by(instances: Sequence[Instance]) -> str:
 
 class HealthCheckData(CheckVerdictData, RecordsNodeDecisions, RecordsObservedFaults, Protocol):
     """What the check reads and writes besides its verdict's and its own records: the node,
-    the slots it waits for, a busy node's known verdict."""
+    the slots it waits for, a busy node's known verdict, its deadline pushed."""
 
+    deadlines: DeadlineIndex
     slots: HealthCheckSlots
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
@@ -471,8 +472,9 @@ class HealthChecks:
             # sweep reaches such nodes one by one, so starting each with whatever waits started
             # a backlog one node a call. Its job's kick, in the same sweep, starts the rest.
             if self.start_if_ready(instance.container_inst_id, wait_for_group=instance.hc_grouped) is None:
-                self.data.rearm_instance(instance.container_inst_id, InstanceState.HEALTH_CHECK_PENDING,
-                                              now + RETRY_INTERVAL_SECONDS)
+                inst_id = instance.container_inst_id
+                self.data.deadlines.rearm_instance(inst_id, InstanceState.HEALTH_CHECK_PENDING,
+                                                   now + RETRY_INTERVAL_SECONDS)
             return "health_check_retried"
         if out_of_time:
             # A check that ended has its verdict in its exit code (its line, lost, is not

@@ -70,6 +70,7 @@ from gpu_recovery.recovery.ports import EcsPort, MetricsPort, Outcome, RebootPor
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import NodeBack, Reactions, RestartDue
 from gpu_recovery.recovery.stage_data import MarksNodesBack, RecordsNodeDecisions
+from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.node_decisions import JobFailure
 from gpu_recovery.repository.reboots import RebootRepository
@@ -84,14 +85,14 @@ REBOOT_CONFIRM_SECONDS = 300
 
 
 class RebootData(MarksNodesBack, RecordsNodeDecisions, Protocol):
-    """The node back, the jobs waiting for it, a node that ran out of time."""
+    """The node back, the jobs waiting for it, a node that ran out of time, its deadline pushed."""
 
+    deadlines: DeadlineIndex
     faults: FaultRepository
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_job(self, job_id: str) -> Job | None: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
-    def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -381,7 +382,7 @@ class Reboots:
             judged = self._judge(fresh, observed)
             if judged.action in ("instance_available", "validating"):
                 return "back"
-        self.data.rearm_instance(instance.container_inst_id, InstanceState.REBOOTING,
+        self.data.deadlines.rearm_instance(instance.container_inst_id, InstanceState.REBOOTING,
                                       min(requested + self.settings.reboot_timeout_seconds,
                                           now + RETRY_INTERVAL_SECONDS))
         return f"rebooting_{issued}"

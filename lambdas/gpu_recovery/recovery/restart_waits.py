@@ -28,6 +28,7 @@ from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.relocation import gpu_count
 from gpu_recovery.domain.restart_wait import RestartWait, blocked_by
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
+from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.restarts import RestartRepository
 
 logger = logging.getLogger(__name__)
@@ -39,9 +40,10 @@ _ACTION = ("Free the node(s) named (or let the job move: tag its tasks gpu-recov
 class WaitData(Protocol):
     """The job, its ranks (where they restart), its deadline pushed."""
 
+    deadlines: DeadlineIndex
+
     def get_job(self, job_id: str) -> Job | None: ...
     def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]: ...
-    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
 
 
 class NodesAndTheirTasks(Protocol):
@@ -137,6 +139,6 @@ class RestartWaits:
             self.fail(job, ended.timeout_reason(), _ACTION)
             return Outcome("restart_failed", job.job_id,
                            {"why": "nodes not free in time", "blocked": blocked})
-        repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+        repo.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
         return Outcome("waiting", job.job_id,
                        {"why": "nodes not free", "until": wait.until, "blocked": blocked})

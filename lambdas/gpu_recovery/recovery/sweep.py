@@ -96,9 +96,6 @@ class SweepData(Protocol):
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
-    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
-    def clear_job_deadline(self, job_id: str, state: JobState, deadline_at: Any) -> bool: ...
-    def clear_instance_deadline(self, inst_id: str, state: InstanceState) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -253,7 +250,7 @@ class Sweep:
         if instance.warning and self.warnings is not None \
                 and instance.state in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
             return self.warnings.sweep(instance, now)  # a driver warning: repair, or move its jobs
-        self.data.clear_instance_deadline(instance.container_inst_id, instance.state)
+        self.data.deadlines.clear_instance(instance.container_inst_id, instance.state)
         return "cleared"
 
     def _job_item(self, item: dict[str, Any], now: float) -> str:
@@ -308,7 +305,7 @@ class Sweep:
             if now >= give_up_at and self._still_in_repair(job):
                 # A node it waits for is still being repaired (a repair that did not hold,
                 # validated again): the node's own deadlines bound that, not this backstop.
-                repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+                repo.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
                 return "restart_waiting_for_repair"
             if now >= give_up_at:
                 self.restarts.fail_pending_restart(job, why)
@@ -320,7 +317,7 @@ class Sweep:
                 self._counted_after_repair(job)  # the restart's gate adds the shards
             outcome = self.restarts.try_restart(job.job_id)
             if outcome.action == "waiting":
-                repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+                repo.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return f"restart_{outcome.action}"
         if job.state is JobState.HELD:
             # Waiting for the breaker's reset (domain.breaker.hold): go on, fail, or wait.
@@ -340,7 +337,7 @@ class Sweep:
             fresh = repo.get_job(job.job_id) or job
             if fresh.state is JobState.PENDING_HEALTHCHECK and fresh.in_fault:
                 self._settle_fault(fresh)
-            repo.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
+            repo.deadlines.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
             return "health_check_waiting"
         if job.state is JobState.STARTING and job.restarted_attempt == job.attempt:
             return self.restarts.resume(job)
@@ -349,7 +346,7 @@ class Sweep:
             # confirm it. Those events lost, every rank registered: confirm it here.
             if self.restarts.confirm_running(job, "every rank registered (confirmed by the sweep)"):
                 return "launch_confirmed"
-            repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+            repo.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return "launch_waiting"
         if job.state in (JobState.NODE_LOST, JobState.HUNG):
             return self._heartbeat_backstop(job, item, now)
@@ -363,16 +360,16 @@ class Sweep:
                 self.faults.on_attempt_ended(repo.get_job(job.job_id) or job, job.attempt)
             latest = repo.get_job(job.job_id)
             if latest is not None and latest.stop_fanout:
-                repo.rearm_job(latest, now + RETRY_INTERVAL_SECONDS)
+                repo.deadlines.rearm_job(latest, now + RETRY_INTERVAL_SECONDS)
             return action
         if job.state is JobState.RUNNING or job.state.is_terminal or job.state in QUEUE_OWNED_JOB_STATES:
-            repo.clear_job_deadline(job.job_id, job.state, item.get("deadline_at"))
+            repo.deadlines.clear_job(job.job_id, job.state, item.get("deadline_at"))
             return "cleared"
         # Every other state has a step above: one without is a bug, never a reason to drop
         # the job from the index (it would be forgotten). Look again, loudly.
         logger.error("job due with no step for its state", extra={"job_id": job.job_id,
                                                                   "state": job.state.value})
-        repo.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+        repo.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
         return "no_step"
 
     def _still_in_repair(self, job: Job) -> bool:
@@ -392,14 +389,14 @@ class Sweep:
         reported keeps running, e-mailed)."""
         escalate_at = item.get("heartbeat_escalate_at")
         if escalate_at is None or now < float(escalate_at) + BACKSTOP_MARGIN_SECONDS:
-            self.data.rearm_job(job, backstop_deadline(now, None if escalate_at is None
+            self.data.deadlines.rearm_job(job, backstop_deadline(now, None if escalate_at is None
                                                             else float(escalate_at)))
             return "heartbeat_waiting"
         attr = lost_attr(job.attempt) if job.state is JobState.NODE_LOST else hung_attr(job.attempt)
         ranks = sorted(int(r) for r in item.get(attr) or () if str(r).isdigit())
         rank = self.data.get_rank(job.job_id, ranks[0]) if ranks else None
         if rank is None or rank.attempt != job.attempt:
-            self.data.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
+            self.data.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return "heartbeat_waiting"
         reason = (f"rank {rank.rank} {job.state.value} on {rank.container_inst_id} past the time the "
                   "heartbeat sweep hands it to the recovery loop")

@@ -9,7 +9,7 @@
 * ``registrations`` — a rank's registration: its job and rank items, its task looked up.
 * ``instances`` — a container instance: reads, registration, its fault history.
 * ``nodes_back`` — a node back from its repair: AVAILABLE (or validating), its jobs released.
-* ``deadlines`` — the deadline index: what is due, every job item carrying a deadline.
+* ``deadlines`` — the deadline index: what is due, every job item carrying one, one pushed or cleared.
 * ``reboots`` — a node's reboot, quarantine and termination, its agent's outage.
 * ``health_checks`` — a node's health check: opened, claimed with its slots, given back, retried.
 * ``gpu_resets`` — a node's GPU reset fallen back to a reboot (its pass is a node back).

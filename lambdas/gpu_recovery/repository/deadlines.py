@@ -1,9 +1,12 @@
 """The deadline index (``constants.DEADLINE_INDEX``, sharded): the items whose deadline passed,
 read by the sweep a page at a time, and every job item carrying a deadline (the jobs holding
-nodes are among them: the queue scheduler's read, and the sweep's first).
+nodes are among them: the queue scheduler's read, and the sweep's first); and a deadline pushed
+(a stage or the sweep looks again later) or cleared (nothing is left to do), on the state the
+item was read in.
 
-An intent that leaves work for later sets a deadline (``RecoveryTables.job_deadline_fields``,
-``instance_update(deadline_at=...)``); the sweep finds it here and finishes the work.
+An intent that leaves work for later sets a deadline with its own write
+(``RecoveryTables.job_deadline_fields``, ``instance_update(deadline_at=...)``); the sweep
+finds it here and finishes the work.
 """
 
 from __future__ import annotations
@@ -11,18 +14,68 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gpu_recovery.constants import DEADLINE_INDEX, DEADLINE_PK, DEADLINE_SK
-from gpu_recovery.domain.models import Instance
+from gpu_recovery import clock
+from gpu_recovery.constants import (
+    DEADLINE_BUCKET,
+    DEADLINE_INDEX,
+    DEADLINE_PK,
+    DEADLINE_SK,
+    INSTANCE_PK,
+    JOB_PK,
+    job_item_key,
+)
+from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.repository import records
-from gpu_recovery.repository.base import DynamoGateway, from_ddb, to_ddb
+from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
 
 
 class DeadlineIndex:
-    """Reads of the deadline index on both tables (``repo.deadlines``)."""
+    """The deadline index on both tables: what is due, a deadline pushed or cleared
+    (``repo.deadlines``)."""
 
     def __init__(self, db: DynamoGateway, job_table: str, instance_table: str) -> None:
         self.db, self.job_table, self.instance_table = db, job_table, instance_table
 
+    # ==================================================================== writes
+    def rearm_job(self, job: Job, deadline_at: float) -> bool:
+        """Push a job's deadline (no history entry: nothing happened to the job)."""
+        return self.db.apply(Update(
+            table=self.job_table, key={JOB_PK: job_item_key(job.job_id)},
+            set_fields={DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: deadline_at},
+            condition="#st = :st AND #att = :att",
+            condition_values={":st": job.state.value, ":att": job.attempt},
+            condition_names={"#st": "job_state", "#att": "attempt"},
+        ))
+
+    def clear_job(self, job_id: str, state: JobState, deadline_at: Any) -> bool:
+        """Only the deadline the sweep read: a newer one (a new state) stays."""
+        return self.db.apply(Update(
+            table=self.job_table, key={JOB_PK: job_item_key(job_id)},
+            remove_fields=[DEADLINE_PK, DEADLINE_SK],
+            condition="#st = :st AND #dl = :dl",
+            condition_values={":st": state.value, ":dl": deadline_at},
+            condition_names={"#st": "job_state", "#dl": DEADLINE_SK},
+        ))
+
+    def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:
+        """Push a node's deadline while it is still in ``state``."""
+        return self.db.apply(self._on_instance(inst_id, state, set_fields={
+            DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: deadline_at}))
+
+    def clear_instance(self, inst_id: str, state: InstanceState) -> bool:
+        """Nothing left for the sweep on the node while it is still in ``state``."""
+        return self.db.apply(self._on_instance(inst_id, state, remove_fields=[DEADLINE_PK, DEADLINE_SK]))
+
+    def _on_instance(self, inst_id: str, state: InstanceState, *, set_fields: dict[str, Any] | None = None,
+                     remove_fields: list[str] | None = None) -> Update:
+        condition, values, names = state_condition("instance_state", [state.value], "is")
+        return Update(table=self.instance_table, key={INSTANCE_PK: inst_id},
+                      set_fields={**(set_fields or {}), "updated_at": clock.now()},
+                      remove_fields=remove_fields or [], condition=condition, condition_values=values,
+                      condition_names=names)
+
+    # ===================================================================== reads
     def due_instances(self, now: float, limit: int | None = None) -> list[Instance]:
         return [records.instance_from_item(i) for i in self._due(self.instance_table, now, limit)]
 

@@ -16,7 +16,6 @@ from typing import Any
 from gpu_recovery import clock
 from gpu_recovery.constants import INSTANCE_PK
 from gpu_recovery.domain.models import Instance
-from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update, from_ddb, to_ddb
 from gpu_recovery.repository.tables import RecoveryTables
 
@@ -75,12 +74,6 @@ class Instances(RecoveryTables):
         if leaving:
             self.slots.give_back(instance)
         return True
-
-    def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:
-        return self.db.apply(self.instance_update(inst_id, from_states=[state], deadline_at=deadline_at))
-
-    def clear_instance_deadline(self, inst_id: str, state: InstanceState) -> bool:
-        return self.db.apply(self.instance_update(inst_id, from_states=[state], clear_deadline=True))
 
     # ======================================================= the fault history
     def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],

@@ -15,7 +15,6 @@ from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
-    DEADLINE_SK,
     JOB_BY_INSTANCE_INDEX,
     JOB_BY_INSTANCE_PK,
     JOB_PK,
@@ -175,26 +174,6 @@ class JobsAndRanks(RecoveryTables):
             table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
             set_fields={"checkpoint": {"step": step, "at": now, "attempt": attempt}},
             condition=condition, condition_values=values, condition_names=names))
-
-    def rearm_job(self, job: Job, deadline_at: float) -> bool:
-        """Push a job's deadline (no history entry: nothing happened to the job)."""
-        return self.db.apply(Update(
-            table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
-            set_fields=self.job_deadline_fields(deadline_at),
-            condition="#st = :st AND #att = :att",
-            condition_values={":st": job.state.value, ":att": job.attempt},
-            condition_names={"#st": "job_state", "#att": "attempt"},
-        ))
-
-    def clear_job_deadline(self, job_id: str, state: JobState, deadline_at: Any) -> bool:
-        """Only the deadline the sweep read: a newer one (a new state) stays."""
-        return self.db.apply(Update(
-            table=self.job_table_name, key={JOB_PK: job_item_key(job_id)},
-            remove_fields=list(DEADLINE_ATTRIBUTES),
-            condition="#st = :st AND #dl = :dl",
-            condition_values={":st": state.value, ":dl": deadline_at},
-            condition_names={"#st": "job_state", "#dl": DEADLINE_SK},
-        ))
 
     def conclude_fault(self, job: Job, to: JobState, *, reason: str, error: str, spend: str,
                        restart_reason: str, deadline_at: float | None, also: Sequence[Update] = (),

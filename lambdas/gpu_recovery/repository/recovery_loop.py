@@ -25,7 +25,7 @@ from gpu_recovery.repository.warnings import WarningRepository
 
 class Repository(JobsAndRanks, Instances):
     """The reads of jobs, ranks and instances and the intents several stages share (a job's
-    end, a deadline pushed, a node's fault history: its own members, each in the module of its
+    end, a rank's stop asked, a node's fault history: its own members, each in the module of its
     aggregate, see the package docstring), and the aggregates a stage is handed on its own:
     ``decisions``, ``registrations``, ``rank_events``, ``fanouts``, ``restarts``,
     ``nodes_back``, ``health_checks``, ``reboots``, ``validations``, ``gpu_resets``,

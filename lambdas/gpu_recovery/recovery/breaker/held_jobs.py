@@ -46,6 +46,7 @@ from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.stage_data import EndsJobs
 from gpu_recovery.repository.breaker import BreakerRepository
+from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.settings import Settings
 
@@ -69,10 +70,10 @@ def _at(seconds: float) -> str:
 class HoldData(EndsJobs, Protocol):
     """The job (its failure, its next look), its nodes and suspects."""
 
+    deadlines: DeadlineIndex
     faults: FaultRepository
 
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
-    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -154,7 +155,7 @@ class HeldJobs:
             if not self.breaker.resume_held_job(job, hold, judged.reason, now):
                 return "held_raced"
             return f"held_resumed_{restart(job.job_id).action}"
-        repo.rearm_job(job, min(hold.until, now + RETRY_INTERVAL_SECONDS))
+        repo.deadlines.rearm_job(job, min(hold.until, now + RETRY_INTERVAL_SECONDS))
         return "held_waiting"
 
     # ------------------------------------------------------------------ fail
