@@ -96,7 +96,7 @@ def test_terminal_job_is_never_revived(world) -> None:
     world.clock.advance(200)
     svc.sweep()
     assert world.job_state("j1") is JobState.NODE_LOST
-    world.repo.apply(world.repo.job_transition("j1", JobState.FAILED, from_states=[JobState.NODE_LOST],
+    world.repo.db.apply(world.repo.job_transition("j1", JobState.FAILED, from_states=[JobState.NODE_LOST],
                                                attempt=1, reason="operator", actor="test"))
     result = world.report(svc, NODE, task_arn("j1", 0))
     assert result.revived == []
@@ -111,7 +111,7 @@ def test_terminal_rank_is_ignored_and_unindexed(world) -> None:
     ranks = world.seed_job("j1", world_size=1)
     svc = world.service()
     world.report(svc, NODE, task_arn("j1", 0))
-    assert world.repo.apply(world.repo.rank_update(ranks[0], RankState.DONE,
+    assert world.repo.db.apply(world.repo.rank_update(ranks[0], RankState.DONE,
                                                    from_states=[RankState.RUNNING]))
     assert HB_PK not in world.item("j1#0")
     result = world.report(svc, NODE, task_arn("j1", 0), at=world.clock() + 1)
@@ -416,7 +416,7 @@ def test_gpu_signal_does_not_clobber_recovery_states(world) -> None:
     """Given a node REBOOTING, When a hardware signal arrives, Then it stays REBOOTING
     (operators are still told once)."""
     world.seed_job("j1", world_size=1)
-    world.repo.apply(world.repo.instance_update(NODE, to=InstanceState.REBOOTING))
+    world.repo.db.apply(world.repo.instance_update(NODE, to=InstanceState.REBOOTING))
     svc = world.service()
     svc.report_gpu(NODE, world.clock(), [{**HEALTHY, "ecc_uncorrected_volatile": 3}])
     assert world.instance_state(NODE) is InstanceState.REBOOTING

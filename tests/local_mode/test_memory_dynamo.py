@@ -216,22 +216,22 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("due jobs", lambda: repo.deadlines.due_job_items(now[0] + 3600))
         step("due jobs, one page of 1", lambda: repo.deadlines.due_job_items(now[0] + 3600, limit=1))
         # A transaction whose second update fails: nothing is written.
-        step("transaction cancelled", lambda: repo.transact([
+        step("transaction cancelled", lambda: repo.db.transact([
             repo.instance_update("n1", from_states=[InstanceState.AVAILABLE], set_fields={"mark": "x"}),
             repo.instance_update("n2", from_states=[InstanceState.QUARANTINED], set_fields={"mark": "y"})]))
-        step("transaction", lambda: repo.transact([
+        step("transaction", lambda: repo.db.transact([
             repo.instance_update("n1", from_states=[InstanceState.AVAILABLE], set_fields={"mark": "x"},
                                  increments={"count": 2}, add_to_sets={"tags": {"a", "b"}}),
             repo.instance_update("n2", from_states=[InstanceState.AVAILABLE],
                                  remove_fields=["ec2_instance_id"], deadline_at=now[0] + 10)]))
-        step("delete from set", lambda: repo.apply(repo.instance_update(
+        step("delete from set", lambda: repo.db.apply(repo.instance_update(
             "n1", delete_from_sets={"tags": {"a"}}, increments={"count": -1})))
-        step("apply returning", lambda: repo.apply_returning(repo.instance_update(
+        step("apply returning", lambda: repo.db.apply_returning(repo.instance_update(
             "n3", set_fields={"nested": {"a": [1, 2, {"b": Decimal("2.5")}], "s": {"x"}}})))
-        step("apply returning, condition fails", lambda: repo.apply_returning(repo.instance_update(
+        step("apply returning, condition fails", lambda: repo.db.apply_returning(repo.instance_update(
             "n3", from_states=[InstanceState.REBOOTING], set_fields={"z": 1})))
         # The restart: PENDING_RESTART, the claim (once), rank launch leases.
-        step("to pending restart", lambda: repo.apply(repo.job_transition(
+        step("to pending restart", lambda: repo.db.apply(repo.job_transition(
             "j1", JobState.PENDING_RESTART, from_states=[JobState.PENDING_HEALTHCHECK], attempt=1,
             reason="verdicts in", actor="test", set_fields={"fault.reboot": 1},
             remove_fields=["stop_fanout"])))
@@ -248,7 +248,8 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
             _rank(2, attempt=2, state=RankState.STARTING)))
         step("confirm running", lambda: repo.restarts.confirm_running("j1", 2, "all running"))
         # Item size: an update that would pass 400 KB is refused, the item unchanged.
-        step("too large", lambda: repo.apply(repo.instance_update("n3", set_fields={"blob": "x" * 450_000})))
+        step("too large",
+             lambda: repo.db.apply(repo.instance_update("n3", set_fields={"blob": "x" * 450_000})))
         # Raw calls: paging through indexes, both orders, COUNT, ranges, ReturnValues.
         jobs = ddb.Table(JOBS)
         step("by-job-id pages", lambda: [i for page in _pages(
@@ -304,7 +305,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
             {"ConditionCheck": {"TableName": INSTANCES, "Key": {C.INSTANCE_PK: "n2"},
                                 "ConditionExpression": "attribute_not_exists(#k)",
                                 "ExpressionAttributeNames": {"#k": C.INSTANCE_PK}}}]))
-        step("same item twice in a transaction", lambda: repo.transact([
+        step("same item twice in a transaction", lambda: repo.db.transact([
             repo.instance_update("n1", set_fields={"a": 1}),
             repo.instance_update("n1", set_fields={"b": 1})]))
     finally:
@@ -449,9 +450,9 @@ def test_the_repository_retries_a_conflicting_transaction_after_the_window() -> 
         for n in ("n1", "n2"):
             repo.put_instance_if_absent(Instance(n))
         updates = [repo.instance_update(n, set_fields={"x": 1}) for n in ("n1", "n2")]
-        assert repo.transact(updates)
+        assert repo.db.transact(updates)
         who[0] = "b"
-        assert repo.transact(updates)  # conflicted, waited, written
+        assert repo.db.transact(updates)  # conflicted, waited, written
         assert ddb.meter.total.conflicts >= 1 and now[0] > 100.0
     finally:
         clock.reset_clock()
@@ -467,7 +468,7 @@ def test_metering_counts_keys_requested_units_and_transactions_twice() -> None:
     assert (usage.items_read, usage.read_units, usage.calls["BatchGetItem"]) == (3, 3.0, 1)
     ddb.Table(INSTANCES).put_item(Item={C.INSTANCE_PK: "big", "pad": "x" * 5000})
     ddb.meter.reset()
-    assert repo.transact([repo.instance_update("n1", set_fields={"a": 1}),
+    assert repo.db.transact([repo.instance_update("n1", set_fields={"a": 1}),
                           repo.instance_update("big", set_fields={"a": 1})])
     usage = ddb.meter.total
     assert usage.items_written == 2

@@ -274,7 +274,7 @@ def test_canceled_while_half_launched_stops_the_orphan(qc, monkeypatch):
     with pytest.raises(RuntimeError):
         qc.scheduler().tick()
     monkeypatch.undo()
-    qc.repo.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
+    qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
                                          attempt=None, reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     result = qc.scheduler().tick()
@@ -304,7 +304,7 @@ def test_an_abandoned_launch_looks_up_only_its_first_rank_not_registered(qc, mon
         qc.scheduler().tick()
     monkeypatch.undo()
     assert len(qc.live_tasks(job)) == 3
-    qc.repo.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
+    qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
                                          attempt=None, reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     sched = qc.scheduler()
@@ -417,7 +417,7 @@ def test_canceled_before_any_rank_started_reaches_canceled(qc, monkeypatch):
         sched.tick()
     monkeypatch.undo()
     assert qc.live_tasks(job) == []
-    qc.repo.apply(qc.repo.job_transition(job, JobState.CANCELING, from_states=[JobState.STARTING],
+    qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELING, from_states=[JobState.STARTING],
                                          attempt=None, reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     result = qc.scheduler().tick()

@@ -22,7 +22,7 @@ def fault_with_reboot_verdict(w: World, arns: list[str]) -> None:
 
 def report_xid(w: World, node: str, xid: int) -> None:
     """What the heartbeat service keeps when the node agent reports an XID."""
-    w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node},
+    w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: node},
                         set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": xid}]}))
 
 

@@ -33,7 +33,7 @@ def notify(w: World, kind: str, node: str = NODE, **options: Any) -> dict[str, A
 def queue_job(w: World, job_id: str, nodes: list[str]) -> list[str]:
     """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""
     arns = w.register_job(job_id, nodes)
-    w.repo.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
+    w.repo.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
         "source": "queue", "priority": 10, "submitted_at": w.now[0] - 600,
         "job_state": JobState.RUNNING.value}))
     return arns
@@ -320,7 +320,7 @@ def test_a_notice_cordon_outlives_the_node_s_return_from_a_reboot() -> None:
     with world() as w:
         w.ecs.spare_nodes = [NODE]
         notify(w, "scheduled_retirement", lead_seconds=3600)
-        w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: NODE},
+        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: NODE},
                             set_fields={"instance_state": C.InstanceState.REBOOTING.value}))
         instance = w.repo.get_instance(NODE)
         assert w.repo.nodes_back.back_to_available(instance, w.now[0], {}, [], "attribute_exists(#k)", {},

@@ -250,7 +250,7 @@ def test_a_healthy_verdict_on_a_cordoned_node_clears_its_cordon() -> None:
     """Given a cordoned node whose diag then passes, Then it is healthy again: uncordoned."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY}, set_fields={
+        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY}, set_fields={
             "ec2_instance_id": f"i-{FAULTY}", "cordon_version": w.now[0] - 5,
             "cordon": cordon.cordon_record(cause="xid-79", reason="test", now=w.now[0] - 5,
                                            ecs=cordon.ECS_APPLIED)}))

@@ -103,7 +103,7 @@ def test_the_backstop_finds_a_validating_node_due_in_any_shard() -> None:
     db = _tables()
     repo = _repository(db, 4)
     for node in NODES[:8]:
-        assert repo.apply(repo.instance_update(node, set_fields={"instance_state": "REBOOTING",
+        assert repo.db.apply(repo.instance_update(node, set_fields={"instance_state": "REBOOTING",
                                                                  "validation": {"since": T0}},
                                                deadline_at=T0 + 60, allow_missing=True))
     assert len(_buckets(db, INSTANCES)) > 1

@@ -80,7 +80,7 @@ def test_a_node_remediated_five_times_in_a_week_is_quarantined_and_an_operator_p
         arns = w.register_job("j", [PEER, FAULTY])
         history = [{"at": w.now[0] - i * DAY, "cause": f"cause-{i}", "action": "reboot", "executed": True}
                    for i in range(1, 6)]
-        w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
+        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
                             set_fields={"fault_history": history}))
         fault_with_reboot_verdict(w, arns)
         assert w.rebooter.calls == []
@@ -189,7 +189,7 @@ def test_drain_observed_a_health_check_timeout_leaves_the_node_undrained() -> No
 def _held(w: World, nodes: list[str]) -> None:
     """``nodes`` held back by a tripped breaker (SUSPECT, reboot in the backlog)."""
     for node in nodes:
-        w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
+        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
             "instance_state": "SUSPECT", "ec2_instance_id": f"i-{node}",
             "breaker_blocked": {"action": "reboot", "at": w.now[0], "rule": "xid-79", "jobs": []}}))
     trip_with_backlog(w, nodes)

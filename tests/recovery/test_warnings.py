@@ -35,7 +35,7 @@ def warn(w: World, node: str, rates: tuple[CounterRate, ...] = (), **gpu: Any) -
                               catalog=default_catalog())
     warning = driver_warning(evidence, default_catalog())
     assert warning is not None
-    w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
+    w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
         **item, "warning": warning_record(warning, since=w.now[0], rates=evidence.counter_rates),
         C.DEADLINE_PK: C.DEADLINE_BUCKET, C.DEADLINE_SK: w.now[0]}))
     return warning.rule_id
@@ -43,14 +43,14 @@ def warn(w: World, node: str, rates: tuple[CounterRate, ...] = (), **gpu: Any) -
 
 def calm(w: World, node: str) -> None:
     """The node's next report shows nothing (the driver cleared it, the reset applied it)."""
-    w.repo.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
+    w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
         "gpu_telemetry": [{"i": 0, "u": "GPU-0", "ra": "none"}], "last_gpu_report_at": w.now[0]}))
 
 
 def queue_job(w: World, job_id: str, nodes: list[str]) -> list[str]:
     """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""
     arns = w.register_job(job_id, nodes)
-    w.repo.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
+    w.repo.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
         "source": "queue", "priority": 10, "submitted_at": w.now[0] - 600,
         "job_state": JobState.RUNNING.value}))
     return arns

@@ -31,7 +31,6 @@ from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.reactions import HoldsDue, Reactions
-from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.cordons import CordonRepository, Worklist
 
 logger = logging.getLogger(__name__)
@@ -50,7 +49,6 @@ class CordonData(Protocol):
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
     def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
-    def transact(self, updates: Sequence[Update]) -> bool: ...
 
 
 class NodeAttributes(Protocol):
@@ -150,8 +148,7 @@ class Cordons:
             operator_action=("Remove one of the node's own custom attributes (aws ecs list-attributes / "
                              "delete-attributes): the next sweep puts the stack's."))
         now = clock.now()
-        if self.data.transact([*self.data.cordons.refused_updates(new),
-                                    *self.notices.owe([owed], now)]):
+        if self.data.cordons.record_refused(new, also=self.notices.owe([owed], now)):
             self.notices.send([owed])
         return "attribute_limit"
 

@@ -136,11 +136,13 @@ class CordonRepository:
             grouped.setdefault(shard_of(parsed[0]) if shard is None else shard, set()).add(member)
         return grouped
 
-    def refused_updates(self, members: Iterable[str]) -> list[Update]:
-        """``members``' attribute was refused by ECS (no room on the node): reported once,
-        still pending (the sweep tries again); forgotten with them once synced."""
-        return [Update(table=self.table, key=self._key(shard), add_to_sets={_REFUSED: found})
-                for shard, found in sorted(self._by_shard(members).items())]
+    def record_refused(self, members: Iterable[str], also: Sequence[Update] = ()) -> bool:
+        """``members``' attribute was refused by ECS (no room on the node): reported once (the
+        e-mail owed, ``also``, in the same transaction), still pending (the sweep tries again);
+        forgotten with them once synced."""
+        return self.base.db.transact([
+            *(Update(table=self.table, key=self._key(shard), add_to_sets={_REFUSED: found})
+              for shard, found in sorted(self._by_shard(members).items())), *also])
 
     def set_holds(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None], now: float) -> bool:
         """Apply ``changes`` (node -> new hold, None: released) to the holds read, with the

@@ -104,7 +104,7 @@ class HeartbeatRepository:
     def node_items(self, node_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         keys = [{INSTANCE_PK: n} for n in sorted(set(node_ids))]
         return {str(raw[INSTANCE_PK]): from_ddb(dict(raw))
-                for raw in self.base._batch_get(self.base.instance_table_name, keys)}
+                for raw in self.base.db.batch_get(self.base.instance_table_name, keys)}
 
     def rank_item(self, key: str) -> dict[str, Any] | None:
         raw = self._jobs.get_item(Key={JOB_PK: key}, ConsistentRead=True).get("Item")
@@ -135,7 +135,7 @@ class HeartbeatRepository:
                 "ExpressionAttributeNames": {"#b": HB_PK, "#h": HB_SK},
                 "ExpressionAttributeValues": {":b": _shard_key(shard), ":cutoff": to_ddb(float(cutoff))},
             }))
-        items = [from_ddb(dict(raw)) for raw in self.base._batch_get(self.base.job_table_name, keys)]
+        items = [from_ddb(dict(raw)) for raw in self.base.db.batch_get(self.base.job_table_name, keys)]
         return sorted((i for i in items if i.get(HB_PK) and isinstance(i.get(HB_AT), int | float)
                        and not isinstance(i.get(HB_AT), bool) and float(i[HB_AT]) < cutoff),
                       key=lambda i: str(i[JOB_PK]))
@@ -169,7 +169,7 @@ class HeartbeatRepository:
         Reports are ordered by the server's receive time: a node clock that steps back
         (within the allowed skew) is not a replay.
         """
-        return self.base.apply_returning(
+        return self.base.db.apply_returning(
             self._report_update(node_id, TASKS_REPORT_KEY, report_ts, fields))
 
     def _report_update(self, node_id: str, key_attr: str, report_ts: float,
@@ -195,13 +195,13 @@ class HeartbeatRepository:
                           fields: dict[str, Any], clear_error: bool) -> bool:
         """Write a GPU report over the version read (optimistic: a concurrent report
         of the same node makes this one fail, and the caller re-reads)."""
-        return self.base.apply(self._report_update(
+        return self.base.db.apply(self._report_update(
             node_id, GPU_REPORT_KEY, report_ts, fields, version,
             {"remove_fields": ["gpu_report_error"] if clear_error else []}))
 
     def flag_suspect(self, node_id: str, now: float, reason: str) -> bool:
         """AVAILABLE (or unknown) -> SUSPECT."""
-        return self.base.apply(self.base.instance_update(
+        return self.base.db.apply(self.base.instance_update(
             node_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
             allow_missing=True, set_fields={"suspect_since": now, "suspect_reason": reason[:500]}))
 
@@ -218,7 +218,7 @@ class HeartbeatRepository:
             condition += " OR #w.#s < :rep"
             values[":rep"] = stale_before
             names["#s"] = "since"
-        return self.base.apply(self.base.instance_update(
+        return self.base.db.apply(self.base.instance_update(
             node_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT],
             set_fields={"warning": record}, deadline_at=now, extra_condition=condition,
             extra_values=values, extra_names=names))
@@ -226,7 +226,7 @@ class HeartbeatRepository:
     # ------------------------------------------------------------------ ranks
     def refresh_rank(self, rank: Rank, fields: dict[str, Any]) -> bool:
         """Record a heartbeat on a rank still in the state (and task) it was read in."""
-        return self.base.apply(self.base.rank_update(rank, rank.state, from_states=[rank.state],
+        return self.base.db.apply(self.base.rank_update(rank, rank.state, from_states=[rank.state],
                                                      set_fields=fields))
 
     def move_rank(self, rank: Rank, from_state: RankState, to: RankState, fields: dict[str, Any],
@@ -245,7 +245,7 @@ class HeartbeatRepository:
             delete_from_sets={d: member for d in (delete or set())},
             condition=condition, condition_values=values, condition_names=names,
         )
-        return self.base.transact([rank_update, job_update])
+        return self.base.db.transact([rank_update, job_update])
 
     def mark_rank_lost(self, rank: Rank, heartbeat_seen: Any, fields: dict[str, Any]) -> bool:
         """RUNNING / HUNG -> NODE_LOST, unless a heartbeat landed since ``heartbeat_seen``."""
@@ -263,11 +263,11 @@ class HeartbeatRepository:
             delete_from_sets={hung_attr(rank.attempt): member} if rank.state is RankState.HUNG else {},
             condition=condition, condition_values=values, condition_names=names,
         )
-        return self.base.transact([rank_update, job_update])
+        return self.base.db.transact([rank_update, job_update])
 
     def unwatch_rank(self, rank: Rank) -> bool:
         """Drop a rank from the heartbeat index (its job no longer needs watching)."""
-        return self.base.apply(Update(
+        return self.base.db.apply(Update(
             table=self.base.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
             remove_fields=[HB_PK],
             condition="#t = :t AND attribute_exists(#hb)",
@@ -292,7 +292,7 @@ class HeartbeatRepository:
             remove = [*self.base.deadline_attributes(), "heartbeat_escalate_at"]
         elif deadline_at is not None:
             fields = {**self.base.job_deadline_fields(deadline_at), "heartbeat_escalate_at": escalate_at}
-        return self.base.apply(self.base.job_transition(
+        return self.base.db.apply(self.base.job_transition(
             job_id, target, from_states=[source], attempt=attempt, reason=reason, actor=actor,
             set_fields=fields, remove_fields=remove, extra_condition=condition, extra_names=names))
 

@@ -115,11 +115,11 @@ class JobQueueRepository:
             fields.update(self.base.job_deadline_fields(now + 60))
         elif clear_deadline:
             remove += self.base.deadline_attributes()
-        return self.base.apply(self.base.job_transition(
+        return self.base.db.apply(self.base.job_transition(
             job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
             set_fields=fields, remove_fields=remove))
 
     def request_rank_stop(self, rank: Rank, from_states: Iterable[RankState], reason: str) -> bool:
-        return self.base.apply(self.base.rank_update(
+        return self.base.db.apply(self.base.rank_update(
             rank, RankState.STOP_REQUESTED, from_states=from_states,
             set_fields={"stop_reason": reason[:300]}))

@@ -1,17 +1,17 @@
 """What every repository of the recovery loop's two tables shares: the tables, the
-sub-repositories over them (the deadline index's reads among them) and the builders of
-conditional updates (a job's transition, a rank's, an instance's).
+sub-repositories over them (the deadline index among them) and the builders of conditional
+updates (a job's transition, a rank's, an instance's).
 
-:class:`RecoveryTables` is the base of the intents of jobs and ranks, instances and the node
-decisions (``gpu_recovery.repository.Repository`` is their union), and what the aggregates
-it carries are built over (``node_tasks``, ``breaker``, ``warnings``...). The generic
-builders are also what the heartbeat and queue repositories, which share these tables,
-build their own intents with.
+:class:`RecoveryTables` is the base of the intents of jobs and ranks and of instances
+(``gpu_recovery.repository.Repository`` is their union), and what the aggregates it carries
+are built over (``node_tasks``, ``breaker``, ``warnings``...). The builders are also what the
+heartbeat and queue repositories, which share these tables, build their own intents with;
+they write through the tables' gateway (``db``: ``DynamoGateway``), which no stage sees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_recovery import clock
@@ -81,19 +81,7 @@ class RecoveryTables:
     rank_to_item = staticmethod(records.rank_to_item)
     instance_from_item = staticmethod(records.instance_from_item)
 
-    # ======================================================= generic (shared) API
-    def apply(self, update: Update) -> bool:
-        return self.db.apply(update)
-
-    def apply_returning(self, update: Update) -> dict[str, Any] | None:
-        return self.db.apply_returning(update)
-
-    def transact(self, updates: Sequence[Update]) -> bool:
-        return self.db.transact(updates)
-
-    def _batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        return self.db.batch_get(table, keys)
-
+    # ================================================================ builders
     def job_transition(
         self,
         job_id: str,

@@ -118,7 +118,7 @@ def test_a_node_it_acted_on_that_faults_again_leaves_it_open_until_an_operator_r
         assert item is not None
         w.advance(120)
         # node-x's new fault, decided after the trip (held back by the tripped breaker)
-        w.repo.apply(w.repo.instance_update(REBOOTED, from_states=[C.InstanceState.AVAILABLE],
+        w.repo.db.apply(w.repo.instance_update(REBOOTED, from_states=[C.InstanceState.AVAILABLE],
                                             to=C.InstanceState.SUSPECT, set_fields={"fault_history": [
                                                 {"at": w.now[0], "cause": "xid-79", "action": "reboot",
                                                  "executed": False}]}))
