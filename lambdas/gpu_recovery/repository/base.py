@@ -19,7 +19,13 @@ from typing import Any, TypeVar
 from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
-from gpu_recovery.constants import DEADLINE_BUCKET, DEADLINE_PK, DEADLINE_SHARDS_MAX, deadline_bucket
+from gpu_recovery.constants import (
+    DEADLINE_BUCKET,
+    DEADLINE_PK,
+    DEADLINE_SHARDS_MAX,
+    DEADLINE_SK,
+    deadline_bucket,
+)
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.shards import stable_shard
 
@@ -58,6 +64,9 @@ BATCH_GET_PATIENCE_SECONDS = 10.0
 BATCH_GET_ROUNDS = 12
 BATCH_GET_MARGIN_SECONDS = 5.0
 T = TypeVar("T")
+
+# An item leaves the deadline index by losing both.
+DEADLINE_ATTRIBUTES = (DEADLINE_PK, DEADLINE_SK)
 
 
 # ----------------------------------------------------------------------------- values

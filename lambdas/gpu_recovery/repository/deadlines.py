@@ -27,7 +27,14 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.repository import records
-from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
+from gpu_recovery.repository.base import (
+    DEADLINE_ATTRIBUTES,
+    DynamoGateway,
+    Update,
+    from_ddb,
+    state_condition,
+    to_ddb,
+)
 
 
 class DeadlineIndex:
@@ -52,7 +59,7 @@ class DeadlineIndex:
         """Only the deadline the sweep read: a newer one (a new state) stays."""
         return self.db.apply(Update(
             table=self.job_table, key={JOB_PK: job_item_key(job_id)},
-            remove_fields=[DEADLINE_PK, DEADLINE_SK],
+            remove_fields=list(DEADLINE_ATTRIBUTES),
             condition="#st = :st AND #dl = :dl",
             condition_values={":st": state.value, ":dl": deadline_at},
             condition_names={"#st": "job_state", "#dl": DEADLINE_SK},
@@ -65,7 +72,7 @@ class DeadlineIndex:
 
     def clear_instance(self, inst_id: str, state: InstanceState) -> bool:
         """Nothing left for the sweep on the node while it is still in ``state``."""
-        return self.db.apply(self._on_instance(inst_id, state, remove_fields=[DEADLINE_PK, DEADLINE_SK]))
+        return self.db.apply(self._on_instance(inst_id, state, remove_fields=list(DEADLINE_ATTRIBUTES)))
 
     def _on_instance(self, inst_id: str, state: InstanceState, *, set_fields: dict[str, Any] | None = None,
                      remove_fields: list[str] | None = None) -> Update:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from gpu_recovery import clock
 from gpu_recovery.constants import JOB_PK, job_item_key, rank_item_key
 from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES, RecoveryTables
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
+from gpu_recovery.repository.tables import RecoveryTables
 
 
 class GangFanoutRepository:
@@ -56,7 +56,7 @@ class GangFanoutRepository:
             table=self.job_table_name, key={JOB_PK: job_item_key(job.job_id)},
             # When the gang was stopped: the goodput ledger's stopping time ends there.
             set_fields={"stopped": {"attempt": attempt, "at": clock.now()}},
-            remove_fields=["stop_fanout", *(DEADLINE_ATTRIBUTES if job.state.is_terminal else [])],
+            remove_fields=["stop_fanout", *(DEADLINE_ATTRIBUTES if job.state.is_terminal else ())],
             condition="#f.#a = :a AND #st = :st",
             condition_values={":a": attempt, ":st": job.state.value},
             condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})

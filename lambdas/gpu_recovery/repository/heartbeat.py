@@ -34,6 +34,7 @@ from gpu_recovery.domain.heartbeat_policy import heartbeat_shard, heartbeat_slot
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES
 from gpu_recovery.repository import Repository, Update, from_ddb, to_ddb
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES
 
 # Job states in which ranks are watched (a queue job is STARTING until every rank runs).
 WATCHED_JOB_STATES = tuple(sorted(ACTIVE_JOB_STATES, key=lambda s: s.value))  # heartbeats count for these
@@ -289,7 +290,7 @@ class HeartbeatRepository:
         fields: dict[str, Any] = {}
         remove: list[str] = []
         if target is JobState.RUNNING:
-            remove = [*self.base.deadline_attributes(), "heartbeat_escalate_at"]
+            remove = [*DEADLINE_ATTRIBUTES, "heartbeat_escalate_at"]
         elif deadline_at is not None:
             fields = {**self.base.job_deadline_fields(deadline_at), "heartbeat_escalate_at": escalate_at}
         return self.base.db.apply(self.base.job_transition(

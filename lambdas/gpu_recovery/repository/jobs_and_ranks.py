@@ -30,8 +30,8 @@ from gpu_recovery.domain.states import (
     JobState,
     RankState,
 )
-from gpu_recovery.repository.base import Update, from_ddb, state_condition
-from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES, RecoveryTables
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update, from_ddb, state_condition
+from gpu_recovery.repository.tables import RecoveryTables
 
 # The budgets a restart spends, and the job item's counter of each.
 SPEND_INFRASTRUCTURE = "infrastructure"

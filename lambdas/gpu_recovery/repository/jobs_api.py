@@ -24,6 +24,7 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.repository import Repository, from_ddb, is_condition_failure, to_ddb
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES
 
 
 class InvalidPageToken(ValueError):
@@ -114,7 +115,7 @@ class JobQueueRepository:
             fields["stop_fanout"]["remediation"] = False
             fields.update(self.base.job_deadline_fields(now + 60))
         elif clear_deadline:
-            remove += self.base.deadline_attributes()
+            remove += DEADLINE_ATTRIBUTES
         return self.base.db.apply(self.base.job_transition(
             job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
             set_fields=fields, remove_fields=remove))

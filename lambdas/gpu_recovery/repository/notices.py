@@ -18,9 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_recovery.constants import JOB_PK, JOB_TABLE_TTL_ATTRIBUTE, NotificationKind, notice_item_key
+from gpu_recovery.constants import (
+    JOB_PK,
+    JOB_TABLE_TTL_ATTRIBUTE,
+    NotificationKind,
+    notice_item_key,
+)
 from gpu_recovery.domain.notifications import Notification
-from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
 
 NOTICE_ITEM_TYPE = "NOTICE"
 #: a sent notice stays this long (what was mailed, for an operator), then DynamoDB's TTL removes it
@@ -53,7 +58,7 @@ class NoticeRepository:
         return self.base.db.apply(Update(
             table=self.table, key={JOB_PK: self.key_of(notification, owner)},
             set_fields={"sent_at": now, JOB_TABLE_TTL_ATTRIBUTE: int(now + SENT_NOTICE_TTL_SECONDS)},
-            remove_fields=self.base.deadline_attributes(),
+            remove_fields=list(DEADLINE_ATTRIBUTES),
             condition="attribute_exists(#k)", condition_names={"#k": JOB_PK}))
 
     @staticmethod

@@ -32,7 +32,7 @@ from gpu_recovery.constants import (
     rank_item_key,
 )
 from gpu_recovery.domain.preflight.baseline import Baseline, sizes_of
-from gpu_recovery.repository.base import Update, from_ddb, to_ddb
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update, from_ddb, to_ddb
 
 PREFLIGHT_ITEM_TYPE = "PREFLIGHT"
 
@@ -157,7 +157,7 @@ class PreflightRepository:
         if handover_at is not None:
             fields.update(self.base.job_deadline_fields(handover_at))
         else:
-            remove = self.base.deadline_attributes()
+            remove = list(DEADLINE_ATTRIBUTES)
         updates = [Update(table=self.table, key={JOB_PK: preflight_item_key(job_id, attempt)},
                           set_fields=fields, remove_fields=remove, **_at(RUNNING, from_round))]
         updates += [self._learn(b) for b in learned]
@@ -169,7 +169,7 @@ class PreflightRepository:
         return self.base.db.apply(Update(
             table=self.table, key={JOB_PK: preflight_item_key(job_id, attempt)},
             set_fields={"handed_over": True, "handed_over_at": now},
-            remove_fields=self.base.deadline_attributes(),
+            remove_fields=list(DEADLINE_ATTRIBUTES),
             condition="#st IN (:st, :jf)", condition_values={":st": PINNED, ":jf": JOB_FAULT},
             condition_names={"#st": "status"}))
 
@@ -178,14 +178,14 @@ class PreflightRepository:
         return self.base.db.apply(Update(
             table=self.table, key={JOB_PK: preflight_item_key(job_id, attempt)},
             set_fields={"status": ABANDONED, "verdict": why[:500], "concluded_at": now},
-            remove_fields=self.base.deadline_attributes(),
+            remove_fields=list(DEADLINE_ATTRIBUTES),
             condition="#st = :st", condition_values={":st": RUNNING}, condition_names={"#st": "status"}))
 
     def settle(self, job_id: str, attempt: int) -> bool:
         """A concluded preflight out of the deadline index (nothing is due)."""
         return self.base.db.apply(Update(
             table=self.table, key={JOB_PK: preflight_item_key(job_id, attempt)},
-            remove_fields=self.base.deadline_attributes(),
+            remove_fields=list(DEADLINE_ATTRIBUTES),
             condition="#st <> :st", condition_values={":st": RUNNING}, condition_names={"#st": "status"}))
 
     def rearm(self, job_id: str, attempt: int, deadline_at: float) -> bool:

@@ -18,9 +18,8 @@ from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.relocation import RelocationWait
 from gpu_recovery.domain.restart_wait import RestartWait
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES, JobState, SuspectVerdict
-from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
 from gpu_recovery.repository.jobs_and_ranks import SPEND_COUNTER, SPEND_INFRASTRUCTURE, JobsAndRanks
-from gpu_recovery.repository.tables import DEADLINE_ATTRIBUTES
 
 
 class RestartRepository:

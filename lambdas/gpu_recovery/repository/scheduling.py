@@ -27,7 +27,7 @@ from gpu_recovery.domain.states import (
     WAITING_JOB_STATES,
     JobState,
 )
-from gpu_recovery.repository.base import Update, from_ddb, to_ddb
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update, from_ddb, to_ddb
 from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository
 
@@ -224,7 +224,7 @@ class SchedulingRepository:
             set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": not_before,
                         "resource_failures": resource_failures, "attempts": list(attempts),
                         "last_error": reason[:1000]},
-            remove_fields=["launch_claimed_at", *self.repo.deadline_attributes()],
+            remove_fields=["launch_claimed_at", *DEADLINE_ATTRIBUTES],
         ))
 
     def fail_launch(self, job_id: str, attempt: int, *, reason: str, failure_kind: str,
@@ -234,7 +234,7 @@ class SchedulingRepository:
             reason=reason, actor="scheduler",
             set_fields={"attempts": list(attempts), "last_error": reason[:1000],
                         "failure_kind": failure_kind},
-            remove_fields=["launch_claimed_at", *self.repo.deadline_attributes()],
+            remove_fields=["launch_claimed_at", *DEADLINE_ATTRIBUTES],
         ))
 
     def cancel_unlaunched(self, job_id: str, reason: str) -> bool:

@@ -38,7 +38,7 @@ from gpu_recovery.domain.states import (
     RankState,
 )
 from gpu_recovery.repository import records
-from gpu_recovery.repository.base import DynamoGateway, Update, state_condition
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, DynamoGateway, Update, state_condition
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
@@ -48,8 +48,6 @@ from gpu_recovery.repository.node_task_claims import NodeTaskClaims
 from gpu_recovery.repository.notices import NoticeRepository
 from gpu_recovery.repository.preflight import PreflightRepository
 from gpu_recovery.repository.tenant_evidence import TenantEvidenceRepository
-
-DEADLINE_ATTRIBUTES = [DEADLINE_PK, DEADLINE_SK]
 
 
 class RecoveryTables:
@@ -213,7 +211,3 @@ class RecoveryTables:
 
     def job_deadline_fields(self, deadline_at: float) -> dict[str, Any]:
         return {DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: deadline_at}
-
-    @staticmethod
-    def deadline_attributes() -> list[str]:
-        return list(DEADLINE_ATTRIBUTES)

@@ -36,10 +36,16 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.states import HOLDING_JOB_STATES, QUEUED_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import QuotaEntry, quota_key
-from gpu_recovery.repository.base import DynamoGateway, Update, from_ddb, state_condition, to_ddb
+from gpu_recovery.repository.base import (
+    DEADLINE_ATTRIBUTES,
+    DynamoGateway,
+    Update,
+    from_ddb,
+    state_condition,
+    to_ddb,
+)
 from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 
-_DEADLINE_ATTRS = JobsAndRanks.deadline_attributes()
 _NOT_HOLDING = sorted(s.value for s in JobState if s not in HOLDING_JOB_STATES)
 _QUEUED = sorted(s.value for s in QUEUED_JOB_STATES)
 _HOLDING_ATTRS = [HOLDING_PK, HOLDING_SK]
@@ -258,7 +264,7 @@ class SuspensionRepository:
         update = self.base.job_transition(
             job_id, JobState.SUSPENDED, from_states=[JobState.SUSPENDING], attempt=attempt, reason=reason,
             actor=actor, set_fields=fields, increments={"suspend_count": 1},
-            remove_fields=[*_DEADLINE_ATTRS, "launched_at", "launch_claimed_at", "wait_reason",
+            remove_fields=[*DEADLINE_ATTRIBUTES, "launched_at", "launch_claimed_at", "wait_reason",
                            *([QUEUE_PK, QUEUE_SK] if hold else [])])
         return self.db.transact([update, *also]) if also else self.db.apply(update)
 
@@ -268,7 +274,7 @@ class SuspensionRepository:
         bound (no go_suspend(), no stop asked yet): it keeps running; rank 0 is told no more."""
         update = self.base.job_transition(
             job_id, JobState.RUNNING, from_states=[JobState.SUSPENDING], attempt=attempt, reason=reason,
-            actor="recovery", set_fields={"moves": moves}, remove_fields=["suspend", *_DEADLINE_ATTRS],
+            actor="recovery", set_fields={"moves": moves}, remove_fields=["suspend", *DEADLINE_ATTRIBUTES],
             extra_condition="#sp.#sk = :moved AND attribute_not_exists(#sp.#sr)",
             extra_values={":moved": "moved"},
             extra_names={"#sp": "suspend", "#sk": "kind", "#sr": "stop_requested_at"})
