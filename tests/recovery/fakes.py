@@ -28,6 +28,7 @@ from gpu_recovery.domain.notifications import Notification
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery import RankRegistration, RecoveryService
 from gpu_recovery.repository import Repository
+from gpu_recovery.repository.base import DynamoGateway
 from gpu_recovery.settings import Settings
 from local_mode.sim.contract.requests import RequestGuard
 from local_mode.sim.contract.state import MotoState, key_schemas
@@ -344,13 +345,6 @@ class Flaky:
     """Wraps the repository: the named intent executes, then raises (lost response),
     or raises without executing (refused), once."""
 
-    #: the aggregates the stages are handed on their own: their intents are named
-    #: ``"breaker.save"``, ``"aws_notices.end_notice"``...
-    AGGREGATES = frozenset({"breaker", "verdict_leases", "warnings", "aws_notices", "node_tasks",
-                            "validations", "gpu_resets", "health_checks", "reboots",
-                            "registrations", "fanouts", "restarts", "rank_events", "nodes_back",
-                            "decisions", "deadlines"})
-
     def __init__(self, repo: Any, faults: dict[str, str] | None = None, prefix: str = "") -> None:
         self._repo = repo
         self._faults: dict[str, str] = {} if faults is None else faults
@@ -366,8 +360,10 @@ class Flaky:
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._repo, name)
         key = self._prefix + name
-        if not self._prefix and name in self.AGGREGATES:
-            # One wrapper each, kept: the stages and the test patch the same object.
+        if not self._prefix and _is_aggregate(real):
+            # The aggregates the stages are handed on their own: their intents are named
+            # "breaker.save", "aws_notices.end_notice"... One wrapper each, kept: the stages
+            # and the test patch the same object.
             wrapped = self.__dict__[name] = Flaky(real, self._faults, f"{name}.")
             return wrapped
         if not callable(real) or key not in self._faults:
@@ -383,6 +379,13 @@ class Flaky:
             return result
 
         return wrapper
+
+
+def _is_aggregate(attribute: Any) -> bool:
+    """An object of the repository package the repository carries (``repo.breaker``,
+    ``repo.decisions``...), not its gateway (``db``)."""
+    module = type(attribute).__module__
+    return module.startswith("gpu_recovery.repository.") and not isinstance(attribute, DynamoGateway)
 
 
 @dataclass
