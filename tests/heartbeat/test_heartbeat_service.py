@@ -97,7 +97,7 @@ def test_terminal_job_is_never_revived(world) -> None:
     svc.sweep()
     assert world.job_state("j1") is JobState.NODE_LOST
     world.repo.db.apply(world.repo.job_transition("j1", JobState.FAILED, from_states=[JobState.NODE_LOST],
-                                               attempt=1, reason="operator", actor="test"))
+                                                  attempt=1, reason="operator", actor="test"))
     result = world.report(svc, NODE, task_arn("j1", 0))
     assert result.revived == []
     assert world.job_state("j1") is JobState.FAILED
@@ -112,7 +112,7 @@ def test_terminal_rank_is_ignored_and_unindexed(world) -> None:
     svc = world.service()
     world.report(svc, NODE, task_arn("j1", 0))
     assert world.repo.db.apply(world.repo.rank_update(ranks[0], RankState.DONE,
-                                                   from_states=[RankState.RUNNING]))
+                                                      from_states=[RankState.RUNNING]))
     assert HB_PK not in world.item("j1#0")
     result = world.report(svc, NODE, task_arn("j1", 0), at=world.clock() + 1)
     assert result.refreshed == 0

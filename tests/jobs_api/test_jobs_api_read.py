@@ -190,7 +190,7 @@ def test_events_name_the_state_each_transition_really_left(api: Api) -> None:
                         (JobState.NODE_LOST, [JobState.STARTING, JobState.RUNNING])):
         api.tick(1)
         assert repo.db.apply(repo.job_transition(job["job_id"], to, from_states=sources, attempt=None,
-                                              reason="test", actor="recovery"))
+                                                 reason="test", actor="recovery"))
     events = api.call("GET", f"/v1/jobs/{job['job_id']}/events")[1]["events"]
     assert [(e["from"], e["to"]) for e in events] == [
         ("", "QUEUED"), ("QUEUED", "STARTING"), ("STARTING", "RUNNING"), ("RUNNING", "NODE_LOST")]

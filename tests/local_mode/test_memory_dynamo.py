@@ -469,7 +469,7 @@ def test_metering_counts_keys_requested_units_and_transactions_twice() -> None:
     ddb.Table(INSTANCES).put_item(Item={C.INSTANCE_PK: "big", "pad": "x" * 5000})
     ddb.meter.reset()
     assert repo.db.transact([repo.instance_update("n1", set_fields={"a": 1}),
-                          repo.instance_update("big", set_fields={"a": 1})])
+                             repo.instance_update("big", set_fields={"a": 1})])
     usage = ddb.meter.total
     assert usage.items_written == 2
     assert usage.write_units == 2 * 1 + 2 * 5  # 1 KB rounded up, twice in a transaction

@@ -275,7 +275,7 @@ def test_canceled_while_half_launched_stops_the_orphan(qc, monkeypatch):
         qc.scheduler().tick()
     monkeypatch.undo()
     qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
-                                         attempt=None, reason="user cancel", actor="api"))
+                                            attempt=None, reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     result = qc.scheduler().tick()
     assert [r["action"] for r in result.resumed] == ["abandoned"]
@@ -305,7 +305,7 @@ def test_an_abandoned_launch_looks_up_only_its_first_rank_not_registered(qc, mon
     monkeypatch.undo()
     assert len(qc.live_tasks(job)) == 3
     qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
-                                         attempt=None, reason="user cancel", actor="api"))
+                                            attempt=None, reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     sched = qc.scheduler()
     lookups: list[str] = []
@@ -418,7 +418,7 @@ def test_canceled_before_any_rank_started_reaches_canceled(qc, monkeypatch):
     monkeypatch.undo()
     assert qc.live_tasks(job) == []
     qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELING, from_states=[JobState.STARTING],
-                                         attempt=None, reason="user cancel", actor="api"))
+                                            attempt=None, reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     result = qc.scheduler().tick()
     assert [r["action"] for r in result.resumed] == ["abandoned"]

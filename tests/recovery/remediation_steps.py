@@ -23,7 +23,7 @@ def fault_with_reboot_verdict(w: World, arns: list[str]) -> None:
 def report_xid(w: World, node: str, xid: int) -> None:
     """What the heartbeat service keeps when the node agent reports an XID."""
     w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: node},
-                        set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": xid}]}))
+                           set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": xid}]}))
 
 
 def trip_with_backlog(w: World, backlog: list[str], window: tuple[str, ...] = ()) -> None:

@@ -321,7 +321,7 @@ def test_a_notice_cordon_outlives_the_node_s_return_from_a_reboot() -> None:
         w.ecs.spare_nodes = [NODE]
         notify(w, "scheduled_retirement", lead_seconds=3600)
         w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: NODE},
-                            set_fields={"instance_state": C.InstanceState.REBOOTING.value}))
+                               set_fields={"instance_state": C.InstanceState.REBOOTING.value}))
         instance = w.repo.get_instance(NODE)
         assert w.repo.nodes_back.back_to_available(instance, w.now[0], {}, [], "attribute_exists(#k)", {},
                                                    {"#k": C.INSTANCE_PK})

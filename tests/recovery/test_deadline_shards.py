@@ -104,8 +104,8 @@ def test_the_backstop_finds_a_validating_node_due_in_any_shard() -> None:
     repo = _repository(db, 4)
     for node in NODES[:8]:
         assert repo.db.apply(repo.instance_update(node, set_fields={"instance_state": "REBOOTING",
-                                                                 "validation": {"since": T0}},
-                                               deadline_at=T0 + 60, allow_missing=True))
+                                                                    "validation": {"since": T0}},
+                                                  deadline_at=T0 + 60, allow_missing=True))
     assert len(_buckets(db, INSTANCES)) > 1
     assert forgotten_validations(repo, T0 + 30, NODES[:8]) == {}
     late = forgotten_validations(repo, T0 + 60 + 3_600, NODES[:8])

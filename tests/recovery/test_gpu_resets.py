@@ -246,7 +246,7 @@ def test_a_node_reset_twice_in_the_window_is_rebooted() -> None:
         history = [{"at": w.now[0] - 3600 * (i + 1), "cause": "xid-119", "action": "reset_gpu",
                     "executed": True} for i in range(2)]
         w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
-                            set_fields={"fault_history": history}))
+                               set_fields={"fault_history": history}))
         report_xid(w, FAULTY, 119)
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert resets_on(w, FAULTY) == [] and w.rebooter.calls == [f"i-{FAULTY}"]

@@ -81,7 +81,7 @@ def test_a_node_remediated_five_times_in_a_week_is_quarantined_and_an_operator_p
         history = [{"at": w.now[0] - i * DAY, "cause": f"cause-{i}", "action": "reboot", "executed": True}
                    for i in range(1, 6)]
         w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
-                            set_fields={"fault_history": history}))
+                               set_fields={"fault_history": history}))
         fault_with_reboot_verdict(w, arns)
         assert w.rebooter.calls == []
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED

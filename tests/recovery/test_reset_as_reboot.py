@@ -42,7 +42,7 @@ def test_a_reset_bucket_xid_takes_todays_fast_path_reboot() -> None:
     with world(remediation=RESET_OFF) as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
-                            set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": 119}]}))
+                               set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": 119}]}))
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert w.rebooter.calls == [f"i-{FAULTY}"] and w.ecs.health_checks_on(FAULTY) == []
         plan = w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]

@@ -201,7 +201,7 @@ class HealthChecks:
             notice = self.owed_notices.outcome_notice(after, outcome, instance, None, None, label)
             owed = self.notices.owe([notice], now)
             if self.data.decisions.record_verdict_of_busy_instance(instance, record, record.waits_for_reboot,
-                                                              also=owed):
+                                                                   also=owed):
                 self.notices.send([notice])
                 if outcome.fails:
                     job_failed(self.metrics, self.data, job.job_id)
@@ -245,7 +245,7 @@ class HealthChecks:
             replace(job, state=record.to, last_error=record.last_error or job.last_error), outcome, instance,
             plan, evidence, SuspectVerdict.BLOCKED)
         if not repo.decisions.record_verdict_of_busy_instance(instance, record, restart=False,
-                                                    also=self.notices.owe([notice], now)):
+                                                              also=self.notices.owe([notice], now)):
             return "raced"
         self.notices.send([notice])
         self.metrics.add_metric("ObservedFaults", "Count", 1)

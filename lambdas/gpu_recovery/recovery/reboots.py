@@ -383,8 +383,8 @@ class Reboots:
             if judged.action in ("instance_available", "validating"):
                 return "back"
         self.data.deadlines.rearm_instance(instance.container_inst_id, InstanceState.REBOOTING,
-                                      min(requested + self.settings.reboot_timeout_seconds,
-                                          now + RETRY_INTERVAL_SECONDS))
+                                           min(requested + self.settings.reboot_timeout_seconds,
+                                               now + RETRY_INTERVAL_SECONDS))
         return f"rebooting_{issued}"
 
     @staticmethod
@@ -476,9 +476,9 @@ class Reboots:
                 what_happened=f"Instance {inst_id} {what}", what_was_done="Nothing" + done,
                 operator_action="Check the instance and drain it by hand if it is faulty."))
         if not self.data.decisions.time_out_instance(instance, quarantine=drain, what=what, failures=failures,
-                                                fault_history=history, breaker_blocked=blocked,
-                                                breaker=update, cordon=cordon,
-                                                also=self.notices.owe(notices, now)):
+                                                     fault_history=history, breaker_blocked=blocked,
+                                                     breaker=update, cordon=cordon,
+                                                     also=self.notices.owe(notices, now)):
             return "raced"
         self.notices.send(notices)
         if tripped is not None:

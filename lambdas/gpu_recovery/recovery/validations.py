@@ -404,7 +404,7 @@ class Validations:
                                                             waiting=bool(jobs), anywhere=False)
         notices.append(self._failed_notice(after, plan, evidence, record, jobs, repaired_again))
         if not repo.decisions.record(instance, decision, [], now, breaker_update,
-                                         also=[*updates, *remediation.notices.owe(notices, now)]):
+                                     also=[*updates, *remediation.notices.owe(notices, now)]):
             return None
         self.metrics.add_metric("ValidationsFailed", "Count", 1)
         logger.warning("validation failed", extra={

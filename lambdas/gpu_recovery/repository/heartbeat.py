@@ -228,7 +228,7 @@ class HeartbeatRepository:
     def refresh_rank(self, rank: Rank, fields: dict[str, Any]) -> bool:
         """Record a heartbeat on a rank still in the state (and task) it was read in."""
         return self.base.db.apply(self.base.rank_update(rank, rank.state, from_states=[rank.state],
-                                                     set_fields=fields))
+                                                        set_fields=fields))
 
     def move_rank(self, rank: Rank, from_state: RankState, to: RankState, fields: dict[str, Any],
                   *, add: set[str] | None = None, delete: set[str] | None = None,

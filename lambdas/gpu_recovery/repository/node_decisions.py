@@ -371,4 +371,4 @@ class NodeDecisionRepository:
                             **self.jobs.stop_fanout_fields(job.attempt, failure.reason, now),
                             **self.jobs.job_deadline_fields(now + 60)}))
         return self.instances.commit_leaving_check(instance, [*updates, *also],
-                                         leaving=instance.state is InstanceState.HEALTH_CHECKING)
+                                                   leaving=instance.state is InstanceState.HEALTH_CHECKING)

@@ -119,9 +119,9 @@ def test_a_node_it_acted_on_that_faults_again_leaves_it_open_until_an_operator_r
         w.advance(120)
         # node-x's new fault, decided after the trip (held back by the tripped breaker)
         w.repo.db.apply(w.repo.instance_update(REBOOTED, from_states=[C.InstanceState.AVAILABLE],
-                                            to=C.InstanceState.SUSPECT, set_fields={"fault_history": [
-                                                {"at": w.now[0], "cause": "xid-79", "action": "reboot",
-                                                 "executed": False}]}))
+                                               to=C.InstanceState.SUSPECT, set_fields={"fault_history": [
+                                                   {"at": w.now[0], "cause": "xid-79", "action": "reboot",
+                                                    "executed": False}]}))
         sweep_minutes(w, 15)
         stored = w.repo.breaker.read()
         assert stored["state"] == policy.TRIPPED

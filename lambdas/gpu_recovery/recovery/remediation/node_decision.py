@@ -261,7 +261,7 @@ class NodeRemediation:
         if clearance is not None:
             also += [*clearance.updates, *self.notices.owe([clearance.notice], now)]
         if not repo.decisions.record(instance, decision, [v for v, _ in verdicts], now, breaker_update,
-                                         also=also):
+                                     also=also):
             return None
         # Healthy verdicts that only count, on their tally shards before anyone settles the
         # job (a failure here is counted by the sweep: FaultRepository.recount).
