@@ -66,10 +66,11 @@ def test_a_restart_in_place_charges_its_budget_once() -> None:
         events, now = w.repo.rank_events, w.now[0]
         job = w.repo.get_job(JOB)
         assert job is not None
-        for _ in range(2):  # a redelivery of the same event
-            events.restart_in_place(job, from_states=ACTIVE, reason="rank 0 exited 1", now=now,
-                                    deadline_at=now + 60, spend="application",
-                                    restart_reason="application error", rank_stop=stop_of(w, 0))
+        written = [events.restart_in_place(  # the event, then its redelivery
+            job, from_states=ACTIVE, reason="rank 0 exited 1", now=now, deadline_at=now + 60,
+            spend="application", restart_reason="application error", rank_stop=stop_of(w, 0))
+            for _ in range(2)]
+        assert written == [True, False]
         item = job_item(JOB)
         assert item["job_state"] == "PENDING_RESTART" and item["app_restarts_used"] == 1
 
