@@ -11,16 +11,13 @@ finds it here and finishes the work.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
-from gpu_recovery import clock
 from gpu_recovery.constants import (
-    DEADLINE_BUCKET,
     DEADLINE_INDEX,
     DEADLINE_PK,
     DEADLINE_SK,
-    INSTANCE_PK,
     JOB_PK,
     job_item_key,
 )
@@ -32,24 +29,38 @@ from gpu_recovery.repository.base import (
     DynamoGateway,
     Update,
     from_ddb,
-    state_condition,
     to_ddb,
 )
+
+
+class DeadlineTables(Protocol):
+    """What the index is built over (``RecoveryTables``, which builds it): the gateway, the two
+    tables and their builders of a deadline (the instance's update, the job's fields)."""
+
+    db: DynamoGateway
+    job_table_name: str
+    instance_table_name: str
+
+    def job_deadline_fields(self, deadline_at: float) -> dict[str, Any]: ...
+    def instance_update(self, container_inst_id: str, *, from_states: Iterable[InstanceState] | None = ...,
+                        deadline_at: float | None = ..., clear_deadline: bool = ...) -> Update: ...
 
 
 class DeadlineIndex:
     """The deadline index on both tables: what is due, a deadline pushed or cleared
     (``repo.deadlines``)."""
 
-    def __init__(self, db: DynamoGateway, job_table: str, instance_table: str) -> None:
-        self.db, self.job_table, self.instance_table = db, job_table, instance_table
+    def __init__(self, tables: DeadlineTables) -> None:
+        self.tables = tables
+        self.db, self.job_table = tables.db, tables.job_table_name
+        self.instance_table = tables.instance_table_name
 
     # ==================================================================== writes
     def rearm_job(self, job: Job, deadline_at: float) -> bool:
         """Push a job's deadline (no history entry: nothing happened to the job)."""
         return self.db.apply(Update(
             table=self.job_table, key={JOB_PK: job_item_key(job.job_id)},
-            set_fields={DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: deadline_at},
+            set_fields=self.tables.job_deadline_fields(deadline_at),
             condition="#st = :st AND #att = :att",
             condition_values={":st": job.state.value, ":att": job.attempt},
             condition_names={"#st": "job_state", "#att": "attempt"},
@@ -67,20 +78,12 @@ class DeadlineIndex:
 
     def rearm_instance(self, inst_id: str, state: InstanceState, deadline_at: float) -> bool:
         """Push a node's deadline while it is still in ``state``."""
-        return self.db.apply(self._on_instance(inst_id, state, set_fields={
-            DEADLINE_PK: DEADLINE_BUCKET, DEADLINE_SK: deadline_at}))
+        update = self.tables.instance_update(inst_id, from_states=[state], deadline_at=deadline_at)
+        return self.db.apply(update)
 
     def clear_instance(self, inst_id: str, state: InstanceState) -> bool:
         """Nothing left for the sweep on the node while it is still in ``state``."""
-        return self.db.apply(self._on_instance(inst_id, state, remove_fields=list(DEADLINE_ATTRIBUTES)))
-
-    def _on_instance(self, inst_id: str, state: InstanceState, *, set_fields: dict[str, Any] | None = None,
-                     remove_fields: list[str] | None = None) -> Update:
-        condition, values, names = state_condition("instance_state", [state.value], "is")
-        return Update(table=self.instance_table, key={INSTANCE_PK: inst_id},
-                      set_fields={**(set_fields or {}), "updated_at": clock.now()},
-                      remove_fields=remove_fields or [], condition=condition, condition_values=values,
-                      condition_names=names)
+        return self.db.apply(self.tables.instance_update(inst_id, from_states=[state], clear_deadline=True))
 
     # ===================================================================== reads
     def due_instances(self, now: float, limit: int | None = None) -> list[Instance]:

@@ -70,7 +70,7 @@ class RecoveryTables:
         self.tenant_evidence = TenantEvidenceRepository(self)  # suspects the stack's check cleared
         self.node_tasks = NodeTaskClaims(self)  # a node task's claim, every kind's
         # The sweep's reads of the deadline index, and the scheduler's of the jobs holding nodes.
-        self.deadlines = DeadlineIndex(self.db, job_table, instance_table)
+        self.deadlines = DeadlineIndex(self)
 
     # ================================================================== mapping
     job_from_item = staticmethod(records.job_from_item)
