@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
@@ -171,6 +172,93 @@ def test_race_on_start_task_requeues_with_backoff_60_then_120():
         qc.sim.run_for(120)
         assert scheduler.tick().admitted == [job]
         assert qc.item(job)["attempt"] == 3 and qc.item(job)["resource_failures"] == 0
+    finally:
+        gen.close()
+
+
+def _launch_that_fails_on_node_1(qc: Any) -> tuple[str, Any, list[str]]:
+    """A 2-node job on a 2-node cluster whose node-1 another tenant takes between the tick's
+    snapshot and its StartTask (once): rank 0 starts, rank 1 is not placed."""
+    job = qc.submit(nnodes=2, gpus=8)
+    scheduler = qc.scheduler()
+    real_snapshot = scheduler.snapshot
+    thieves: list[str] = []
+
+    def racing_snapshot():
+        nodes = real_snapshot()
+        if not thieves:
+            thieves.append(steal_gpus(qc, "node-1"))
+        return nodes
+
+    scheduler.snapshot = racing_snapshot  # type: ignore[method-assign]
+    return job, scheduler, thieves
+
+
+def test_a_failed_launch_whose_stop_is_refused_stops_its_rank_on_the_next_tick(monkeypatch):
+    """Given a 2-node launch that fails on rank 1 (RESOURCE:GPU) after starting rank 0, and
+    ECS throttling the StopTask of rank 0
+    When the scheduler ticks again a minute later
+    Then the job was requeued, its launch kept in the ledger, and the next tick stops rank 0
+    before anything else: no task of the failed launch is left running, and the job is not
+    launched again in that tick."""
+    gen = make_queue_cluster(nodes=[8, 8])
+    qc = next(gen)
+    try:
+        job, scheduler, thieves = _launch_that_fails_on_node_1(qc)
+        ecs = scheduler.launcher.ecs
+        stop_task = ecs.stop_task
+
+        def throttled(task_arn: str, reason: str) -> None:
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
+                              "StopTask")
+
+        monkeypatch.setattr(ecs, "stop_task", throttled)
+        result = scheduler.tick()
+        monkeypatch.setattr(ecs, "stop_task", stop_task)
+        assert [launch["action"] for launch in result.launches] == ["requeued"]
+        assert qc.state(job) is JobState.PENDING_RESOURCES and len(qc.live_tasks(job)) == 1
+        assert job in scheduler.store.ledger_entries()
+        aws.client("ecs").stop_task(cluster=qc.local.cluster_name, task=thieves[0])  # node-1 free again
+        qc.sim.run_for(61)
+        result = scheduler.tick()
+        assert [r["action"] for r in result.resumed] == ["abandoned"] and result.launches == []
+        qc.sim.run_for(30)
+        assert qc.live_tasks(job) == []
+        assert job not in scheduler.store.ledger_entries()
+        assert qc.item(job)["attempt"] == 1
+    finally:
+        gen.close()
+
+
+def test_a_tick_that_dies_after_requeueing_a_failed_launch_leaves_no_rank_running(monkeypatch):
+    """Given a 2-node launch that fails on rank 1 after starting rank 0, and a tick that dies
+    after the job was requeued, before any stop
+    When ticks run after the job's backoff (two other nodes free), then after the launch's
+    staleness delay
+    Then the job is not launched again while its launch is in the ledger, and the stale
+    launch's resume stops rank 0."""
+    gen = make_queue_cluster(nodes=[8, 8, 8, 8])
+    qc = next(gen)
+    try:
+        job, scheduler, thieves = _launch_that_fails_on_node_1(qc)
+        def dies(*_: Any) -> bool:
+            raise RuntimeError("died")
+
+        monkeypatch.setattr(launcher_mod.Launcher, "_stop", dies)
+        with pytest.raises(RuntimeError):
+            scheduler.tick()
+        monkeypatch.undo()
+        assert qc.state(job) is JobState.PENDING_RESOURCES and len(qc.live_tasks(job)) == 1
+        aws.client("ecs").stop_task(cluster=qc.local.cluster_name, task=thieves[0])
+        qc.sim.run_for(61)  # past the backoff, within the launch's staleness delay
+        result = qc.scheduler().tick()
+        assert result.resumed == [] and result.launches == []
+        assert len(qc.live_tasks(job)) == 1
+        qc.sim.run_for(60)
+        result = qc.scheduler().tick()
+        assert [r["action"] for r in result.resumed] == ["abandoned"]
+        qc.sim.run_for(30)
+        assert qc.live_tasks(job) == []
     finally:
         gen.close()
 

@@ -18,11 +18,13 @@ rank not registered for the attempt, ``ListTasks(startedBy)`` first (register th
 found), ``StartTask`` only when none exists. No rank is ever started twice.
 
 Failures: a placement failure (``RESOURCE:GPU`` ...) or a vanished node is
-INSUFFICIENT_RESOURCES: started ranks are stopped, the job goes back to
-PENDING_RESOURCES with its original ``queue_order`` (priority, submitted_at) and
-``not_before = now + backoff`` (60 s doubling to 10 min). A task-definition / override
-error is USER_ERROR: FAILED, never retried. Throttling and other unknown errors are
-treated like a crash (resumed later, at most ``max_launch_resumes`` times).
+INSUFFICIENT_RESOURCES: the job goes back to PENDING_RESOURCES with its original
+``queue_order`` (priority, submitted_at) and ``not_before = now + backoff`` (60 s doubling to
+10 min), then its started ranks are stopped. A task-definition / override error is
+USER_ERROR: FAILED, never retried. Throttling and other unknown errors are treated like a
+crash (resumed later, at most ``max_launch_resumes`` times). A launch that ended short
+leaves the ledger once ECS took every stop (``_leave_ledger``): until then the next tick
+resumes it first and stops what is still live.
 
 AWS is reached through the adapters ``runtime.queue_scheduler`` builds (``EcsAdapter``,
 ``TaskDefinitions``, ``HostAddresses``). They pass AWS errors through as botocore raised
@@ -296,14 +298,16 @@ class Launcher:
             return LaunchOutcome(job_id, "ledger_cleared", attempt)
         state = JobState(item["job_state"])
         if state not in STARTED_JOB_STATES:
-            # Canceled / failed / in recovery meanwhile: stop tasks only this launch knows.
-            stopped = self._stop_unregistered(item, attempt, all_ranks=state in ENDING_JOB_STATES)
+            # Ended, or requeued or failed by this launch's own abort: every task it started is
+            # stopped. In recovery meanwhile: only the tasks this launch alone knows.
+            stopped, all_stopped = self._stop_unregistered(
+                item, attempt, all_ranks=state in ENDING_JOB_STATES or state is JobState.PENDING_RESOURCES)
             self._finish_cancel_if_no_rank(job_id, item, attempt)
-            self.store.launch_done(job_id)
+            self._leave_ledger(job_id, all_stopped)
             return LaunchOutcome(job_id, "abandoned", attempt, stopped, reason=state.value)
         # A large launch may span a few ticks (each within its time budget) by design.
         if resumes >= self.max_launch_resumes + int(item.get("world_size") or 1) // 256:
-            self._stop_unregistered(item, attempt)
+            self._stop_unregistered(item, attempt)  # the registered ranks are the abort's to stop
             return self._abort(item, attempt, list(self._registered_ranks(item, attempt).values()),
                                FailureKind.UNKNOWN, f"launch did not complete after {resumes} resume(s)")
         self.store.bump_resumes(job_id)
@@ -318,13 +322,14 @@ class Launcher:
         return outcome
 
     def _stop_unregistered(self, item: Mapping[str, Any], attempt: int, *,
-                           all_ranks: bool = False) -> list[str]:
-        """Stop this attempt's tasks found by startedBy (registered ones too with ``all_ranks``)."""
+                           all_ranks: bool = False) -> tuple[list[str], bool]:
+        """Stop this attempt's tasks found by startedBy (registered ones too with ``all_ranks``):
+        the tasks, and whether ECS took every registered one's stop (``_stop``)."""
         job_id = item["job_id"]
         world_size = int((item.get("launch") or {}).get("world_size") or item.get("world_size") or 1)
         registered = self._registered_ranks(item, attempt)
-        if all_ranks:
-            self._stop(list(registered.values()), f"launch of attempt {attempt} abandoned")
+        all_stopped = self._stop(list(registered.values()), f"launch of attempt {attempt} abandoned") \
+            if all_ranks else True
         known = {r.task_arn for r in registered.values()}
         stopped: list[str] = sorted(known) if all_ranks else []
         # Ranks start in order, each registered as soon as its StartTask answers (a resume
@@ -332,12 +337,12 @@ class Launcher:
         # rank not registered may have a task no one knows. One ListTasks, whatever the size.
         unregistered = next((rank for rank in range(world_size) if rank not in registered), None)
         if unregistered is None:
-            return stopped
+            return stopped, all_stopped
         for arn in self.ecs.tasks_started_by(started_by(job_id, attempt, unregistered)):
             if arn not in known:
                 self.ecs.stop_task(arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt {attempt} abandoned")
                 stopped.append(arn)
-        return stopped
+        return stopped, all_stopped
 
     # ----------------------------------------------------------------- start
     def _start_ranks(self, item: dict[str, Any], spec: LaunchSpec, attempt: int, plan: Mapping[str, Any],
@@ -456,12 +461,12 @@ class Launcher:
                  "outcome": "STARTED", "failure_kind": "", "reason": ""}
         attempts = _with_entry(item.get("attempts"), entry)
         done = self.store.finish_launch(job_id, attempt, attempts, now)
-        self.store.launch_done(job_id)
         tasks = [r.task_arn for r in ranks]
         if not done:
             # Canceled (or ended) while we were starting: stop what we started.
-            self._stop(ranks, "job canceled while it was being launched")
+            self._leave_ledger(job_id, self._stop(ranks, "job canceled while it was being launched"))
             return LaunchOutcome(job_id, "canceled_during_launch", attempt, tasks)
+        self.store.launch_done(job_id)
         logger.info("job launched", extra={"job_id": job_id, "attempt": attempt, "tasks": tasks})
         return LaunchOutcome(job_id, "launched", attempt, tasks)
 
@@ -484,9 +489,8 @@ class Launcher:
             applied = self.store.fail_launch(job_id, attempt, reason=f"start failed ({kind.value}): {reason}",
                                              failure_kind=kind.value, attempts=attempts)
             action = "failed"
-        self.store.launch_done(job_id)
-        self._stop(ranks, f"launch of attempt {attempt} failed ({kind.value})")
-        # Tasks started but not registered (crash window) are found by startedBy.
+        # A task started but not registered (a crash window) is found by startedBy on resume.
+        self._leave_ledger(job_id, self._stop(ranks, f"launch of attempt {attempt} failed ({kind.value})"))
         if not applied:
             action = "raced"
             # Typically a cancel that landed during the launch.
@@ -497,7 +501,10 @@ class Launcher:
                                                "kind": kind.value, "reason": reason, "action": action})
         return LaunchOutcome(job_id, action, attempt, [r.task_arn for r in ranks], kind.value, reason)
 
-    def _stop(self, ranks: list[Rank], why: str) -> None:
+    def _stop(self, ranks: list[Rank], why: str) -> bool:
+        """Stop a launch's ranks; whether ECS took every stop (a refused or lost one is asked
+        again by the next tick: see ``_leave_ledger``)."""
+        all_stopped = True
         for rank in ranks:
             if rank.state in LIVE_RANK_STATES:
                 self.repo.request_rank_stop(rank, why, clock.now())
@@ -505,6 +512,18 @@ class Launcher:
                 self.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}")
             except (ClientError, BotoCoreError):
                 logger.exception("could not stop a rank", extra={"task": rank.task_arn})
+                all_stopped = False
+        return all_stopped
+
+    def _leave_ledger(self, job_id: str, all_stopped: bool) -> None:
+        """A launch that ended short leaves the ledger once every task it started is stopped.
+        Until then its entry stays, for the next tick to resume first (before the job may be
+        admitted again), whose resume stops every rank still live: a stop ECS refused, or a tick
+        that died between the launch's end and its stops, leaves no task running."""
+        if all_stopped:
+            self.store.launch_done(job_id)
+        else:
+            self.store.yield_launch(job_id)
 
 
 def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any], nodes: list[str],

@@ -180,6 +180,7 @@ class QueueScheduler:
         self.sharing = sharing  # None: no quota table (quotas, preemption and demotion off)
         self.quotas = quotas
         self._launching: set[str] = set()  # nodes of launches a dead tick left (this tick)
+        self._in_flight: set[str] = set()  # jobs in the launch ledger as this tick began
 
     # ------------------------------------------------------------------ tick
     def tick(self, time_budget_seconds: float | None = None) -> TickResult:
@@ -207,7 +208,11 @@ class QueueScheduler:
         now = clock.now()
         stale = self.config.stale_launch_seconds
         self._launching = set()
-        for job_id, entry in sorted(self.store.ledger_entries().items()):
+        entries = self.store.ledger_entries()
+        # Not admitted again this tick: a launch requeued by its own abort stays in the ledger
+        # until every task it started is stopped (``Launcher._leave_ledger``).
+        self._in_flight = set(entries)
+        for job_id, entry in sorted(entries.items()):
             if now - float(entry.get("claimed_at") or 0) < stale:
                 # A launch a dead tick left half-done, not resumed yet: its planned nodes are
                 # its own, no other job may take their GPUs meanwhile.
@@ -237,7 +242,7 @@ class QueueScheduler:
                     result.nodes_seen = len(infos)
                     planner = self._planner(infos)
                 queued = _queued(item, self.config.lend_spares)
-                if queued is None:
+                if queued is None or item.get("job_id") in self._in_flight:
                     unplaced += 1
                 else:
                     step = planner.offer(queued)
