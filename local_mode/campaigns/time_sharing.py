@@ -14,8 +14,9 @@ run every minute; the rank-0 program retries a failed call at its next poll.
 ``throttle`` (refused, not executed) or ``lost_response`` (executed, the caller never
 hears back). ``check(result)`` lists what ended wrong: both jobs must complete, alice's
 suspended and resumed exactly once, bob's started exactly once, every rank started once
-per attempt, no recovery spent, both users' quota usage back to zero, nothing stuck and
-nothing in a DLQ.
+per attempt, no recovery spent, both users' quota usage back to zero, no task of an earlier
+attempt left running (a suspended attempt's, or a launch's that ECS failed to place: each
+stopped by the stack), nothing stuck and nothing in a DLQ.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class RunResult(CampaignResult):
     tasks_started: dict[str, list[int]]  # "low" / "high" -> training tasks started per attempt
     usage: dict[str, int]  # quota usage left per user
     checkpoints: int  # times alice's rank 0 saved a checkpoint after being told to suspend
+    #: training tasks of an attempt before their job's last that the stack never stopped (a
+    #: suspended attempt's, an aborted launch's): they ran on, holding their GPUs
+    left_running: list[str]
 
     def expectations(self) -> list[str]:
         return expectations(self)
@@ -78,6 +82,8 @@ def expectations(result: RunResult) -> list[str]:
         problems.append(f"quota usage left {result.usage} (want 0)")
     if result.checkpoints != 1:
         problems.append(f"rank 0 saved {result.checkpoints} checkpoint(s) (want 1)")
+    if result.left_running:
+        problems.append(f"tasks of an earlier attempt not stopped by the stack: {result.left_running}")
     # A preemption fails nobody: no job-failure e-mail may be sent.
     jobs = [str(j.get("job_id")) for j in (low, high)]
     problems += mail_problems(result.mails, {(kind, job): (0, 0) for job in jobs
@@ -175,17 +181,21 @@ class Preemption(Scenario[RunResult]):
         assert quotas is not None and program is not None
         jobs = {"low": repo.get_job_item(self.low) or {}, "high": repo.get_job_item(self.high) or {}}
         started: dict[str, list[int]] = {}
+        left_running: list[str] = []
         for name, job_id in (("low", self.low), ("high", self.high)):
             attempts = int(jobs[name].get("attempt") or 0)
-            started[name] = [sum(1 for t in sim.tasks.values() if not t.health_check
-                                 and t.tags.get(C.TAG_JOB_ID) == job_id
-                                 and t.tags.get(C.TAG_ATTEMPT) == str(a)) for a in range(1, attempts + 1)]
+            tasks = [t for t in sim.tasks.values()
+                     if not t.health_check and t.tags.get(C.TAG_JOB_ID) == job_id]
+            started[name] = [sum(1 for t in tasks if t.tags.get(C.TAG_ATTEMPT) == str(a))
+                             for a in range(1, attempts + 1)]
+            left_running += [f"{name} attempt {t.tags.get(C.TAG_ATTEMPT)} on {t.node}" for t in tasks
+                             if t.tags.get(C.TAG_ATTEMPT) != str(attempts) and t.stop_code != "UserInitiated"]
         usage = {user: int((quotas.get(user, level) or {}).get("used_nodes") or 0)
                  for user, level in (("alice", int(Priority.LOW)), ("bob", int(Priority.HIGH)))}
         common["stuck"] = common["stuck"] + [f"charge of {j.get('job_id')}" for j in jobs.values()
                                              if j.get("quota_charge")]
         return RunResult(**common, jobs=jobs, tasks_started=started, usage=usage,
-                         checkpoints=program.checkpoints)
+                         checkpoints=program.checkpoints, left_running=left_running)
 
 
 def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
