@@ -90,6 +90,7 @@ def measure(old: bool, nodes: int = NODES) -> dict[str, Any]:
     from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
     from gpu_recovery.domain.models import Instance, Job, Rank
     from gpu_recovery.heartbeat.service import HeartbeatService
+    from gpu_recovery.recovery.notices import Notices
     from gpu_recovery.repository import Repository
     from gpu_recovery.repository.heartbeat import HeartbeatRepository
     from local_mode.sim.dynamo import PartitionThroughput
@@ -103,8 +104,8 @@ def measure(old: bool, nodes: int = NODES) -> dict[str, Any]:
             repo = Repository(db, C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME)
             # Nothing here reaches ECS, SNS or the recovery loop (every rank keeps reporting).
             unused: Any = None
-            service = HeartbeatService(HeartbeatRepository(repo), HeartbeatSettings(), unused, unused,
-                                       lambda: unused)
+            service = HeartbeatService(HeartbeatRepository(repo), HeartbeatSettings(), unused,
+                                       Notices(repo.notices, repo.faults, unused), lambda: unused)
             for n in range(nodes):
                 node, job = f"node{n:05d}", f"job{n:05d}"
                 repo.put_instance_if_absent(Instance(node))

@@ -192,6 +192,7 @@ def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
     sessions with ``aws.reset()``; a new session builds a new service)."""
     from gpu_recovery.adapters.notifier import SnsNotifier
     from gpu_recovery.heartbeat.service import HeartbeatService
+    from gpu_recovery.recovery.notices import Notices
     from gpu_recovery.repository.heartbeat import HeartbeatRepository
     from gpu_recovery.settings import Settings, heartbeat_settings
 
@@ -205,7 +206,8 @@ def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
                 repo=HeartbeatRepository(repo),
                 settings=heartbeat_settings(),
                 ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api),
-                notifier=SnsNotifier(aws.client("sns"), settings.topic_arn),
+                notices=Notices(repo.notices, repo.faults,
+                                SnsNotifier(aws.client("sns"), settings.topic_arn)),
                 recovery=lambda: recovery_service(),
                 catalog=fault_catalog(settings),
             )

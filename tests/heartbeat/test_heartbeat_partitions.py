@@ -24,6 +24,7 @@ from gpu_recovery.constants import HB_AT, HB_BUCKET, HB_PK, HB_SK, JobState, Ran
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.heartbeat.service import HeartbeatService
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.repository import Repository, base
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
@@ -56,8 +57,8 @@ def _cluster(clk: ManualClock) -> tuple[HeartbeatService, PartitionThroughput]:
     (seeded with the throughput model off: the set-up is not the measured second)."""
     db = MemoryDynamo({JOBS: "job", INSTANCES: "instance"}, now=clk)
     repo = Repository(db, JOBS, INSTANCES)
-    service = HeartbeatService(HeartbeatRepository(repo), HeartbeatSettings(), StubEcs(), StubNotifier(),
-                               StubRecovery)
+    service = HeartbeatService(HeartbeatRepository(repo), HeartbeatSettings(), StubEcs(),
+                               Notices(repo.notices, repo.faults, StubNotifier()), StubRecovery)
     for n in range(NODES):
         node, job = f"node{n:04d}", f"job{n:04d}"
         repo.put_instance_if_absent(Instance(node))

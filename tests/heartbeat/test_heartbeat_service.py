@@ -14,6 +14,7 @@ from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.heartbeat.results import ReplayedReport, SweepResult
 from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.recovery import RecoveryService
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.settings import Settings
 from tests.heartbeat.world import NODE, NODE_B, task_arn
@@ -227,7 +228,8 @@ class _Loop:
         world.ecs.connected = False
         self.heartbeat = HeartbeatService(HeartbeatRepository(world.repo),
                                           HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
-                                          world.notifier, lambda: self.service)
+                                          Notices(world.repo.notices, world.repo.faults, world.notifier),
+                                          lambda: self.service)
 
 
 def _lost_too_long(world, loop: _Loop, job: str = "j1") -> SweepResult:

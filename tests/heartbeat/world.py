@@ -20,6 +20,7 @@ from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.heartbeat.tokens import TokenStore
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from local_mode.emulator import LocalAws
 from tests.fixtures.clock import ManualClock
@@ -115,8 +116,9 @@ class World:
         self.tokens = TokenStore(aws.resource("dynamodb").Table(DEFAULT_NODE_TOKEN_TABLE_NAME))
 
     def service(self, catalog: FaultCatalog | None = None, **settings: Any) -> HeartbeatService:
-        return HeartbeatService(HeartbeatRepository(self.repo), HeartbeatSettings(**settings),
-                                self.ecs, self.notifier, lambda: self.recovery, catalog=catalog)
+        notices = Notices(self.repo.notices, self.repo.faults, self.notifier)
+        return HeartbeatService(HeartbeatRepository(self.repo), HeartbeatSettings(**settings), self.ecs,
+                                notices, lambda: self.recovery, catalog=catalog)
 
     def seed_job(self, job_id: str, world_size: int = 2, nodes: tuple[str, ...] = (NODE,),
                  state: JobState = JobState.RUNNING, rank_state: RankState = RankState.RUNNING,

@@ -7,15 +7,10 @@ from typing import Any, Protocol
 
 from gpu_recovery.constants import JobState
 from gpu_recovery.domain.models import Rank
-from gpu_recovery.domain.notifications import Notification
 
 
 class EcsPort(Protocol):
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
-
-
-class NotifierPort(Protocol):
-    def publish(self, notification: Notification) -> str: ...
 
 
 class RecoveryPort(Protocol):

@@ -25,8 +25,8 @@ hung) cost a few more writes, but only when they happen.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -46,9 +46,9 @@ from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.gpu_warnings import DriverWarning, driver_warning, repaired_at, warning_record
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
-from gpu_recovery.domain.notifications import NotificationFacts, build
+from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, STARTED_JOB_STATES
-from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NotifierPort, NullMetrics, RecoveryPort
+from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NullMetrics, RecoveryPort
 from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport, ReportResult, SweepResult
 from gpu_recovery.repository.heartbeat import (
     GPU_REPORT_VERSION,
@@ -58,7 +58,12 @@ from gpu_recovery.repository.heartbeat import (
     lost_attr,
 )
 
+if TYPE_CHECKING:  # the outbox is handed in (runtime): not loaded when the handler is imported
+    from gpu_recovery.recovery.notices import Notices, Owed
+    from gpu_recovery.repository.base import Update
+
 logger = logging.getLogger(__name__)
+_SUSPECT_HEADLINE = "GPU node shows hardware errors"
 
 ACTOR = "heartbeat"
 WATCHED = HEARTBEAT_WATCHED_RANK_STATES
@@ -75,7 +80,7 @@ class HeartbeatService:
         repo: HeartbeatRepository,
         settings: HeartbeatSettings,
         ecs: EcsPort,
-        notifier: NotifierPort,
+        notices: Notices,
         recovery: Callable[[], RecoveryPort],
         metrics: MetricsPort | None = None,
         catalog: FaultCatalog | None = None,
@@ -87,7 +92,7 @@ class HeartbeatService:
         # signal "needs" must be what recovery will do about it.
         self.catalog = catalog or default_catalog()
         self.ecs = ecs
-        self.notifier = notifier
+        self.notices = notices  # the e-mails: owed in the write that decides them, sent after it
         self._recovery = recovery
         self.metrics = metrics or NullMetrics()
 
@@ -206,12 +211,15 @@ class HeartbeatService:
             if ok:
                 result.unhung.append(label)
         elif state is RankState.RUNNING and verdict.hung:
+            owed = self._hung_notice(rank, item, task.step, now)
             ok = self._rank_and_job(rank, RankState.RUNNING, RankState.HUNG, fields,
                                     add={hung_attr(rank.attempt)}, remove=[],
-                                    reason=f"rank {rank.rank} stuck at step {task.step}")
+                                    reason=f"rank {rank.rank} stuck at step {task.step}",
+                                    also=self.notices.owe([owed], now))
             if ok:
                 result.hung.append(label)
-                self._on_hung(rank, item, task.step, now)
+                self.notices.send([owed])
+                self._on_hung(rank, task.step)
         else:
             ok = self.repo.refresh_rank(rank, fields)
         if ok:
@@ -232,10 +240,10 @@ class HeartbeatService:
 
     def _rank_and_job(self, rank: Rank, from_state: RankState, to: RankState, fields: dict[str, Any],
                       *, reason: str, add: set[str] | None = None, delete: set[str] | None = None,
-                      remove: list[str] | None = None) -> bool:
-        """Rank transition + the job's per-attempt set, atomically; then settle the job."""
+                      remove: list[str] | None = None, also: Sequence[Update] = ()) -> bool:
+        """Rank transition + the job's per-attempt set (+ an e-mail owed), atomically; then settle."""
         if not self.repo.move_rank(rank, from_state, to, fields, add=add, delete=delete,
-                                   remove=remove):
+                                   remove=remove, also=also):
             job = self.repo.get_job(rank.job_id)
             if job is None or job.attempt != rank.attempt or job.state not in WATCHED_JOB_STATES:
                 # A terminal / recovering / newer job never comes back through a heartbeat.
@@ -303,12 +311,12 @@ class HeartbeatService:
             return None, None
         return policy.backstop_deadline(now, escalate_at), escalate_at
 
-    def _on_hung(self, rank: Rank, item: dict[str, Any], step: int | None, now: float) -> None:
+    def _hung_notice(self, rank: Rank, item: dict[str, Any], step: int | None, now: float) -> Owed:
+        """The e-mail of a rank found hung (its job's budget read before the move commits)."""
         since = item.get("step_changed_at") or now
         recover = self.settings.hang_action == "recover"
-        self.metrics.add_metric("RanksHung", "Count", 1)
         used, allowed = self._recoveries(rank.job_id)
-        self._publish(NotificationKind.HUNG, "Training rank hung", NotificationFacts(
+        return self.notices.for_facts(NotificationKind.HUNG, "Training rank hung", NotificationFacts(
             job_id=rank.job_id, ranks=[rank.rank], container_inst_id=rank.container_inst_id,
             instance_id=rank.ec2_instance_id,
             what_happened=(f"rank {rank.rank} has reported step {step} for {int(now - since)} s "
@@ -321,7 +329,10 @@ class HeartbeatService:
                              "Look at the rank's logs (NCCL timeouts, deadlocks, data loader); "
                              "stop the job if it does not progress again."),
         ))
-        if recover:
+
+    def _on_hung(self, rank: Rank, step: int | None) -> None:
+        self.metrics.add_metric("RanksHung", "Count", 1)
+        if self.settings.hang_action == "recover":
             self._recovery().report_suspected_fault(
                 rank.job_id, rank.attempt, rank.container_inst_id,
                 f"rank {rank.rank} hung at step {step} on {rank.container_inst_id}")
@@ -373,45 +384,48 @@ class HeartbeatService:
             if events != old_events:
                 fields["gpu_events"] = events
             version = int(node.get(GPU_REPORT_VERSION) or 0)
-            if self.repo.record_gpu_report(node_id, reported_at, version, fields,
-                                           clear_error=not error):
+            evidence = build_evidence(node_id=node_id, fault_at=now, trigger=Trigger.TELEMETRY,
+                                      instance_item={**node, **fields}, catalog=self.catalog)
+            warning = driver_warning(evidence, self.catalog)
+            fresh, notify = update.fresh, update.notify
+            if warning is not None:
+                # The recovery loop acts on the warning and says so: the node's GPU state is not
+                # flagged SUSPECT or e-mailed here (its XIDs still are).
+                fresh = [s for s in fresh if s.kind in policy.EVENT_SIGNAL_KINDS]
+                notify = [s for s in notify if s.kind in policy.EVENT_SIGNAL_KINDS]
+            # The e-mail is owed in the write that records it notified (the outbox).
+            owed = self._suspect_notice(node_id, node, fresh, notify) if fresh and notify else None
+            if self.repo.record_gpu_report(node_id, reported_at, version, fields, clear_error=not error,
+                                           also=self.notices.owe([owed], now)):
                 break
         else:
             raise ReplayedReport(f"GPU reports of node {node_id} keep arriving concurrently; "
                                  "send one report at a time")
-        warning = self._warning(node_id, {**node, **fields}, now)
-        fresh, notify = update.fresh, update.notify
         if warning is not None:
             result.warning = warning.rule_id
-            # The recovery loop acts on the warning and says so: the node's GPU state is not
-            # flagged SUSPECT or e-mailed here (its XIDs still are).
-            fresh = [s for s in fresh if s.kind in policy.EVENT_SIGNAL_KINDS]
-            notify = [s for s in notify if s.kind in policy.EVENT_SIGNAL_KINDS]
+            self._warning(node_id, {**node, **fields}, warning, evidence.counter_rates, now)
         if fresh:
             result.new_signals = [s.fingerprint for s in fresh]
             result.suppressed = [s.fingerprint for s in update.suppressed if s in fresh]
             result.suspect = self._flag_suspect(node_id, fresh, notify, now)
             result.notified = bool(notify)
+            self.notices.send([owed])
         return result
 
-    def _warning(self, node_id: str, item: dict[str, Any], now: float) -> DriverWarning | None:
-        """The driver's warning in this report (a catalog rule with a ``warning``), if any; on a
-        node no recovery owns, its record (the intent) due for the recovery sweep now, once
-        per rule (docs/driver-warnings.md)."""
-        evidence = build_evidence(node_id=node_id, fault_at=now, trigger=Trigger.TELEMETRY,
-                                  instance_item=item, catalog=self.catalog)
-        warning = driver_warning(evidence, self.catalog)
-        if warning is None:
-            return None
+    def _warning(self, node_id: str, item: dict[str, Any], warning: DriverWarning,
+                 rates: Any, now: float) -> None:
+        """The driver's warning in this report (a catalog rule with a ``warning``): on a node no
+        recovery owns, its record (the intent) due for the recovery sweep now, once per rule
+        (docs/driver-warnings.md)."""
         state = str(item.get("instance_state") or InstanceState.AVAILABLE.value)
         kept = item.get("warning") or {}
         repaired = repaired_at(item)
         if state not in (InstanceState.AVAILABLE.value, InstanceState.SUSPECT.value):
-            return warning  # a recovery owns the node: its repair answers the warning too
+            return  # a recovery owns the node: its repair answers the warning too
         if kept.get("rule") == warning.rule_id and (repaired is None
                                                    or float(kept.get("since") or 0) >= repaired):
-            return warning  # recorded already
-        record = warning_record(warning, since=now, rates=evidence.counter_rates)
+            return  # recorded already
+        record = warning_record(warning, since=now, rates=rates)
         if self.repo.record_warning(node_id, record, now, stale_before=repaired):
             self.metrics.add_metric("DriverWarnings", "Count", 1)
             logger.warning("driver warning", extra={"node_id": node_id, "rule": warning.rule_id,
@@ -423,7 +437,6 @@ class HeartbeatService:
             except Exception:
                 logger.warning("driver warning not acted on yet; the recovery sweep does it", exc_info=True,
                                extra={"node_id": node_id})
-        return warning
 
     def _flag_suspect(self, node_id: str, fresh: list[HardwareSignal], notify: list[HardwareSignal],
                       now: float) -> bool:
@@ -432,19 +445,22 @@ class HeartbeatService:
         self.metrics.add_metric("HardwareSignals", "Count", len(fresh))
         if not notify:
             self.metrics.add_metric("HardwareSignalNotificationsSuppressed", "Count", len(fresh))
-            return flagged
-        instance = self.repo.get_instance(node_id)
+        return flagged
+
+    def _suspect_notice(self, node_id: str, node: dict[str, Any], fresh: list[HardwareSignal],
+                        notify: list[HardwareSignal]) -> Owed:
+        """A node's new hardware signals' e-mail, from the node item read before the report's write."""
         live = self.repo.live_ranks_on_instance(node_id)
         jobs = sorted({r.job_id for r in live})
-        state = instance.state.value if instance else InstanceState.SUSPECT.value
+        state = str(node.get("instance_state") or "")
         held = len(fresh) - len(notify)
         # One job on the node: its ranks here and its recovery count; several: only their ids.
         used, allowed = self._recoveries(jobs[0]) if len(jobs) == 1 else (0, None)
-        self._publish(NotificationKind.SUSPECT_NODE, "GPU node shows hardware errors", NotificationFacts(
+        flagged = state in ("", InstanceState.AVAILABLE.value)
+        return self.notices.for_facts(NotificationKind.SUSPECT_NODE, _SUSPECT_HEADLINE, NotificationFacts(
             job_id=", ".join(jobs), container_inst_id=node_id,
             ranks=sorted({r.rank for r in live}) if len(jobs) == 1 else (),
-            attempt=used, max_attempts=allowed,
-            instance_id=instance.ec2_instance_id if instance else "",
+            attempt=used, max_attempts=allowed, instance_id=str(node.get("ec2_instance_id") or ""),
             what_happened=("GPU telemetry: " + "; ".join(s.describe() for s in notify[:16])
                            + (f"; and {len(notify) - 16} more" if len(notify) > 16 else "")
                            + (f" ({held} other new signal(s) of recently notified kinds)"
@@ -456,7 +472,6 @@ class HeartbeatService:
             operator_action=("Drain the node when its jobs allow, run a DCGM diagnostic "
                              "(dcgmi diag -r 2) and reboot or replace the GPU as the signal says."),
         ))
-        return flagged
 
     # ==================================================================== sweep
     def sweep(self) -> SweepResult:
@@ -583,8 +598,3 @@ class HeartbeatService:
         job = self.repo.get_job(job_id)
         return (job.recoveries_used, job.max_recovery_attempts) if job else (0, None)
 
-    def _publish(self, kind: NotificationKind, headline: str, facts: NotificationFacts) -> None:
-        try:
-            self.notifier.publish(build(kind, headline, facts))
-        except Exception:
-            logger.exception("notification failed", extra={"kind": kind.value, "job_id": facts.job_id})

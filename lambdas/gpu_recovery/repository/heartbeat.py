@@ -8,7 +8,7 @@ outside the repository package.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpu_recovery import clock
@@ -193,12 +193,13 @@ class HeartbeatRepository:
                       condition_names=names, **(extra or {}))
 
     def record_gpu_report(self, node_id: str, report_ts: float, version: int,
-                          fields: dict[str, Any], clear_error: bool) -> bool:
+                          fields: dict[str, Any], clear_error: bool, also: Sequence[Update] = ()) -> bool:
         """Write a GPU report over the version read (optimistic: a concurrent report
-        of the same node makes this one fail, and the caller re-reads)."""
-        return self.base.db.apply(self._report_update(
-            node_id, GPU_REPORT_KEY, report_ts, fields, version,
-            {"remove_fields": ["gpu_report_error"] if clear_error else []}))
+        of the same node makes this one fail, and the caller re-reads); with ``also`` (the
+        e-mail it decides, owed) in one transaction."""
+        update = self._report_update(node_id, GPU_REPORT_KEY, report_ts, fields, version,
+                                     {"remove_fields": ["gpu_report_error"] if clear_error else []})
+        return self.base.db.transact([update, *also]) if also else self.base.db.apply(update)
 
     def flag_suspect(self, node_id: str, now: float, reason: str) -> bool:
         """AVAILABLE (or unknown) -> SUSPECT."""
@@ -232,9 +233,9 @@ class HeartbeatRepository:
 
     def move_rank(self, rank: Rank, from_state: RankState, to: RankState, fields: dict[str, Any],
                   *, add: set[str] | None = None, delete: set[str] | None = None,
-                  remove: list[str] | None = None) -> bool:
-        """Rank transition and the job's per-attempt lost / hung sets, atomically; only
-        while the job is watched and on the rank's attempt."""
+                  remove: list[str] | None = None, also: Sequence[Update] = ()) -> bool:
+        """Rank transition and the job's per-attempt lost / hung sets (and ``also``: an e-mail
+        owed), atomically; only while the job is watched and on the rank's attempt."""
         rank_update = self.base.rank_update(rank, to, from_states=[from_state], set_fields=fields)
         rank_update.remove_fields.extend(remove or [])
         member = {str(rank.rank)}
@@ -246,7 +247,7 @@ class HeartbeatRepository:
             delete_from_sets={d: member for d in (delete or set())},
             condition=condition, condition_values=values, condition_names=names,
         )
-        return self.base.db.transact([rank_update, job_update])
+        return self.base.db.transact([rank_update, job_update, *also])
 
     def mark_rank_lost(self, rank: Rank, heartbeat_seen: Any, fields: dict[str, Any]) -> bool:
         """RUNNING / HUNG -> NODE_LOST, unless a heartbeat landed since ``heartbeat_seen``."""
