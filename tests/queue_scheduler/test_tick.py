@@ -241,6 +241,7 @@ def test_a_tick_that_dies_after_requeueing_a_failed_launch_leaves_no_rank_runnin
     qc = next(gen)
     try:
         job, scheduler, thieves = _launch_that_fails_on_node_1(qc)
+
         def dies(*_: Any) -> bool:
             raise RuntimeError("died")
 

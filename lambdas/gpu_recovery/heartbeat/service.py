@@ -19,7 +19,7 @@ Bookkeeping (job table):
 Writes per task report: one conditional UpdateItem per reported watched rank plus one
 on the container-instance item (``last_report_at``); reads: one Query of the node's
 live ranks (sparse ``by-container-instance`` index). State changes (lost, revived,
-hung) cost a few more writes, but only when they happen.
+hung) cost a few more writes, but only when they happen. E-mails are owed in their write.
 """
 
 from __future__ import annotations
@@ -393,8 +393,8 @@ class HeartbeatService:
                 # flagged SUSPECT or e-mailed here (its XIDs still are).
                 fresh = [s for s in fresh if s.kind in policy.EVENT_SIGNAL_KINDS]
                 notify = [s for s in notify if s.kind in policy.EVENT_SIGNAL_KINDS]
-            # The e-mail is owed in the write that records it notified (the outbox).
             owed = self._suspect_notice(node_id, node, fresh, notify) if fresh and notify else None
+            # Owed in the write that records the signals notified (the outbox).
             if self.repo.record_gpu_report(node_id, reported_at, version, fields, clear_error=not error,
                                            also=self.notices.owe([owed], now)):
                 break
@@ -413,7 +413,7 @@ class HeartbeatService:
         return result
 
     def _warning(self, node_id: str, item: dict[str, Any], warning: DriverWarning,
-                 rates: Any, now: float) -> None:
+                 rates: Iterable[gpu_counters.CounterRate], now: float) -> None:
         """The driver's warning in this report (a catalog rule with a ``warning``): on a node no
         recovery owns, its record (the intent) due for the recovery sweep now, once per rule
         (docs/driver-warnings.md)."""
