@@ -170,6 +170,24 @@ def then_breaking(then: tuple[int, str] | None) -> Iterator[None]:
         _then[:] = before
 
 
+def broken_after(run: Callable[[tuple[int, str] | None], Any], first: tuple[int, str],
+                 calls: Iterable[ApiCall]) -> list[str]:
+    """Each of ``calls`` (of the run that ``first`` broke) broken in turn in every mode its
+    operation takes, after ``first`` (:func:`then_breaking`): what ended wrong, a line per call
+    and mode (none: every run ended right)."""
+    failures = []
+    for call in calls:
+        for then in modes_of(call.service, call.operation):
+            with then_breaking((call.index, then)):
+                result = run(first)
+            broke = f"{call.service}.{call.operation} ({call.index}, {call.site}) {then}"
+            if result.fired is None or result.then_fired is None:
+                failures.append(f"{broke}: a fault never fired")
+            elif result.problems():
+                failures.append(f"{broke}: {result.problems()}")
+    return failures
+
+
 def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
              dynamodb: str = DYNAMODB) -> R:
     """``scenario`` with ``fault`` (n-th call once armed, mode) broken once (None: unbroken, or

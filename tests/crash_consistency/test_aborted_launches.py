@@ -18,8 +18,8 @@ from functools import cache
 import pytest
 
 from local_mode.campaigns import time_sharing
-from local_mode.campaigns.runner import then_breaking
-from local_mode.sim.broken_calls import ApiCall, modes_of
+from local_mode.campaigns.runner import broken_after, then_breaking
+from local_mode.sim.broken_calls import ApiCall
 
 LAUNCHER = "queue/launcher.py"
 #: the first fault: the queue launch's second StartTask (bob's rank 1), answered with a failure
@@ -51,14 +51,4 @@ def _abort_window() -> tuple[tuple[int, str], list[ApiCall]]:
 def test_an_aborted_launch_with_its_own_calls_broken_leaves_no_rank_running() -> None:
     first, window = _abort_window()
     assert any(c.operation == "StopTask" for c in window), f"the abort stopped nothing: {window}"
-    failures = []
-    for call in window:
-        for then in modes_of(call.service, call.operation):
-            with then_breaking((call.index, then)):
-                result = time_sharing.run(first)
-            broke = f"{call.service}.{call.operation} ({call.index}, {call.site}) {then}"
-            if result.fired is None or result.then_fired is None:
-                failures.append(f"{broke}: a fault never fired")
-            elif result.problems():
-                failures.append(f"{broke}: {result.problems()}")
-    assert failures == []
+    assert broken_after(time_sharing.run, first, window) == []
