@@ -408,6 +408,44 @@ def test_an_abandoned_launch_looks_up_only_its_first_rank_not_registered(qc, mon
     assert qc.live_tasks(job) == []
 
 
+def test_a_resume_that_fails_holds_its_nodes_and_the_tick_admits_the_others(qc, monkeypatch):
+    """Given a 2-node launch a dead tick left half-done (stale), whose resume fails (throttled
+    past its retries), and another 2-node job queued
+    When the scheduler ticks
+    Then the other job is launched on the two nodes the stuck launch did not plan, the stuck
+    launch stays in the ledger, and the next tick resumes it."""
+    stuck = qc.submit(nnodes=2, gpus=8)
+    service = qc.recovery
+    register = service.register_rank
+
+    def dies_at_rank_1(reg):
+        if reg.rank == 1:
+            raise RuntimeError("died")
+        return register(reg)
+
+    monkeypatch.setattr(service, "register_rank", dies_at_rank_1)
+    with pytest.raises(RuntimeError):
+        qc.scheduler().tick()
+    monkeypatch.undo()
+    planned = {qc.node_of(t).name for t in qc.live_tasks(stuck)}
+    other = qc.submit(nnodes=2, gpus=8)
+    qc.sim.run_for(150)
+    sched = qc.scheduler()
+
+    def throttled(*_: Any, **__: Any) -> Any:
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "GetItem")
+
+    monkeypatch.setattr(sched.launcher, "resume", throttled)
+    result = sched.tick()
+    assert result.resumed == [{"job_id": stuck, "action": "resume_failed"}]
+    assert [launch["job_id"] for launch in result.launches] == [other]
+    assert {qc.node_of(t).name for t in qc.live_tasks(other)}.isdisjoint(planned)
+    assert stuck in sched.store.ledger_entries()
+    monkeypatch.undo()
+    assert [r["action"] for r in qc.scheduler().tick().resumed] == ["resumed"]
+    assert qc.item(stuck)["launched_at"] is not None
+
+
 def test_lease_excludes_a_concurrent_tick(qc):
     """Given one tick holding the lease
     When another scheduler ticks meanwhile

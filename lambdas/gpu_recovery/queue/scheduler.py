@@ -218,7 +218,16 @@ class QueueScheduler:
                 # its own, no other job may take their GPUs meanwhile.
                 self._launching.update(self._planned_nodes(job_id, entry))
                 continue
-            outcome = self.launcher.resume(job_id, entry, time_left=time_left)
+            try:
+                outcome = self.launcher.resume(job_id, entry, time_left=time_left)
+            except Exception:
+                # One launch's resume failing (a throttled call, a lost answer) does not stop the
+                # tick for every other job: its entry stays for the next tick, its nodes held.
+                logger.warning("launch not resumed; the next tick tries again", exc_info=True,
+                               extra={"job_id": job_id})
+                self._launching.update(self._planned_nodes(job_id, entry))
+                result.resumed.append({"job_id": job_id, "action": "resume_failed"})
+                continue
             result.resumed.append(outcome.as_dict())
             if outcome.action in ("requeued", "failed"):
                 result.launch_failures += 1
