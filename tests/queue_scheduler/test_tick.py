@@ -30,6 +30,27 @@ def steal_gpus(qc: Any, node: str) -> str:
     return resp["tasks"][0]["taskArn"]
 
 
+def throttled(operation: str) -> ClientError:
+    """AWS's throttle of ``operation``, past botocore's retries."""
+    return ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, operation)
+
+
+def tick_that_dies_registering(qc: Any, monkeypatch: Any, rank: int) -> None:
+    """A scheduler tick whose Lambda dies as its launch registers ``rank`` (that rank started,
+    the ranks before it registered)."""
+    register = qc.recovery.register_rank
+
+    def dies_at_rank(reg: Any) -> Any:
+        if reg.rank == rank:
+            raise RuntimeError("died")
+        return register(reg)
+
+    monkeypatch.setattr(qc.recovery, "register_rank", dies_at_rank)
+    with pytest.raises(RuntimeError):
+        qc.scheduler().tick()
+    monkeypatch.undo()
+
+
 def test_launches_a_gang_with_rendezvous_env_tags_and_started_by(qc):
     """Given four free 8-GPU nodes and a queued 2x8 job
     When the scheduler ticks
@@ -208,11 +229,10 @@ def test_a_failed_launch_whose_stop_is_refused_stops_its_rank_on_the_next_tick(m
         ecs = scheduler.launcher.ecs
         stop_task = ecs.stop_task
 
-        def throttled(task_arn: str, reason: str) -> None:
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
-                              "StopTask")
+        def refused(task_arn: str, reason: str) -> None:
+            raise throttled("StopTask")
 
-        monkeypatch.setattr(ecs, "stop_task", throttled)
+        monkeypatch.setattr(ecs, "stop_task", refused)
         result = scheduler.tick()
         monkeypatch.setattr(ecs, "stop_task", stop_task)
         assert [launch["action"] for launch in result.launches] == ["requeued"]
@@ -380,18 +400,7 @@ def test_an_abandoned_launch_looks_up_only_its_first_rank_not_registered(qc, mon
     own RUNNING event meanwhile, so rank 3: ranks start in order, each registered as it
     starts, so no later rank can have a task), and every task of the launch is stopped."""
     job = qc.submit(nnodes=4, gpus=8)
-    service = qc.recovery
-    register = service.register_rank
-
-    def dies_at_rank_2(reg):
-        if reg.rank == 2:
-            raise RuntimeError("died")
-        return register(reg)
-
-    monkeypatch.setattr(service, "register_rank", dies_at_rank_2)
-    with pytest.raises(RuntimeError):
-        qc.scheduler().tick()
-    monkeypatch.undo()
+    tick_that_dies_registering(qc, monkeypatch, 2)
     assert len(qc.live_tasks(job)) == 3
     qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
                                             attempt=None, reason="user cancel", actor="api"))
@@ -415,27 +424,16 @@ def test_a_resume_that_fails_holds_its_nodes_and_the_tick_admits_the_others(qc, 
     Then the other job is launched on the two nodes the stuck launch did not plan, the stuck
     launch stays in the ledger, and the next tick resumes it."""
     stuck = qc.submit(nnodes=2, gpus=8)
-    service = qc.recovery
-    register = service.register_rank
-
-    def dies_at_rank_1(reg):
-        if reg.rank == 1:
-            raise RuntimeError("died")
-        return register(reg)
-
-    monkeypatch.setattr(service, "register_rank", dies_at_rank_1)
-    with pytest.raises(RuntimeError):
-        qc.scheduler().tick()
-    monkeypatch.undo()
+    tick_that_dies_registering(qc, monkeypatch, 1)
     planned = {qc.node_of(t).name for t in qc.live_tasks(stuck)}
     other = qc.submit(nnodes=2, gpus=8)
     qc.sim.run_for(150)
     sched = qc.scheduler()
 
-    def throttled(*_: Any, **__: Any) -> Any:
-        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "GetItem")
+    def resume_throttled(*_: Any, **__: Any) -> Any:
+        raise throttled("GetItem")
 
-    monkeypatch.setattr(sched.launcher, "resume", throttled)
+    monkeypatch.setattr(sched.launcher, "resume", resume_throttled)
     result = sched.tick()
     assert result.resumed == [{"job_id": stuck, "action": "resume_failed"}]
     assert [launch["job_id"] for launch in result.launches] == [other]
