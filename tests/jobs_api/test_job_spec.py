@@ -26,6 +26,19 @@ def test_only_the_seven_levels_are_accepted(value: int) -> None:
             JobSpec.model_validate({**BASE, "priority": value})
 
 
+@given(st.floats(min_value=-1000, max_value=1000, allow_nan=False))
+def test_a_float_priority_is_a_level_only_when_it_is_one(value: float) -> None:
+    """Given a priority sent as a JSON number with a fraction part (10.0, -5.0, 12.5)
+    When a spec is validated
+    Then 10.0 is the level 10, and anything not a level is refused (-5.0 once sorted ahead of
+    every level, in no quota's reach)."""
+    if value in {float(p) for p in Priority}:
+        assert JobSpec.model_validate({**BASE, "priority": value}).priority == int(value)
+    else:
+        with pytest.raises(ValidationError):
+            JobSpec.model_validate({**BASE, "priority": value})
+
+
 @pytest.mark.parametrize("name", list(PRIORITY_NAMES))
 def test_level_names_map_to_values(name: str) -> None:
     """Given a level name in lower case

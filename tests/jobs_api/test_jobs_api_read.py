@@ -157,6 +157,25 @@ def test_token_of_another_filter_is_refused(api: Api) -> None:
     assert status == 400 and body["field"] == "next_token"
 
 
+@pytest.mark.parametrize("tamper", [
+    {"submitted_at": float("nan")}, {"submitted_at": 1e200}, {"submitted_at": 10**200},
+    {"submitted_at": "soon"}, {"submitted_at": True}, {"job_id_rank": ["x"]}, {"extra": 1},
+])
+def test_a_tampered_token_is_400_not_an_error(api: Api, tamper: dict[str, object]) -> None:
+    """Given a next_token this API returned, its key edited (a NaN, a number DynamoDB cannot
+    hold, a list, a key of another index)
+    When it is used
+    Then 400 naming next_token (the DynamoDB serializer's TypeError was a 500)."""
+    _submit_many(api, 3)
+    token = api.call("GET", "/v1/jobs", query={"limit": "1"}, user_arn=OPS)[1]["next_token"]
+    payload = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    payload["k"].update(tamper)
+    forged = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
+    status, body, _ = api.call("GET", "/v1/jobs", query={"limit": "1", "next_token": forged}, user_arn=OPS)
+    assert status == 400, body
+    assert body["field"] == "next_token"
+
+
 def test_events_are_the_history(api: Api) -> None:
     """Given a job submitted then canceled
     When its events are read

@@ -231,6 +231,12 @@ class JobSpec(BaseModel):
                 value = int(upper)
             else:
                 raise ValueError(f"must be one of {', '.join(PRIORITY_NAMES)}, {AUTO_PRIORITY}")
+        if isinstance(value, float):
+            # JSON's 10.0 is the level 10; -5.0 or 12.5 is no level (pydantic would turn -5.0 into
+            # the int -5, sorting ahead of every level and matching no quota).
+            if not value.is_integer():
+                raise ValueError("must be a priority level name or value, not a fraction")
+            value = int(value)
         if isinstance(value, int) and value not in PRIORITY_VALUES:
             allowed = ", ".join(f"{n}={v}" for n, v in PRIORITY_NAMES.items())
             raise ValueError(f"must be one of {allowed}")

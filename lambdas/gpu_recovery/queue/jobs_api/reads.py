@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -166,7 +167,7 @@ def list_jobs(
             raise InvalidRequest(
                 "next_token: belongs to a different query (same filters are needed)", "next_token"
             )
-        start_key = token["k"]
+        start_key = _start_key(token["k"], pk_attr, pk_value)
     items: list[dict[str, Any]] = []
     last_key: dict[str, Any] | None = None
     while True:
@@ -243,6 +244,18 @@ def _attempt(record: Mapping[str, Any]) -> dict[str, Any]:
         "failure_kind": record.get("failure_kind", ""),
         "reason": record.get("reason", ""),
     }
+
+
+def _start_key(key: Mapping[str, Any], index_pk: str, pk_value: str) -> dict[str, Any]:
+    """A token's key, as ``_index_key`` wrote it: a crafted one (a NaN, 1e200, a list) is a 400
+    here, not an error of the DynamoDB serializer's (a 500)."""
+    when = key.get(SUBMITTED_SK)
+    if set(key) != {JOB_PK, index_pk, SUBMITTED_SK} or key[index_pk] != pk_value \
+            or not isinstance(key[JOB_PK], str) or not 0 < len(key[JOB_PK]) <= 1024 \
+            or isinstance(when, bool) or not isinstance(when, (int, float)) \
+            or not math.isfinite(when) or not 0 <= when < 1e12:
+        raise InvalidRequest("next_token: is not a token this API returned", "next_token")
+    return dict(key)
 
 
 def _index_key(item: Mapping[str, Any], index_pk: str) -> dict[str, Any]:
