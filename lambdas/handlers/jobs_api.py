@@ -51,7 +51,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
 from gpu_recovery.adapters import aws
-from gpu_recovery.constants import JobState
+from gpu_recovery.constants import MAX_WORLD_SIZE, JobState
 from gpu_recovery.queue.api_models import (
     CancelResult,
     JobDetail,
@@ -422,7 +422,7 @@ def job_events(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobEvent
                     **_READ_ERRORS})
 def job_logs(
     job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)],
-    rank: Annotated[int, Query(ge=0, le=255)] = 0,
+    rank: Annotated[int, Query(ge=0, le=MAX_WORLD_SIZE - 1)] = 0,
     attempt: Annotated[int | None, Query(ge=1, le=10000, description="Default: the current attempt")] = None,
     next_token: Annotated[str | None, Query(max_length=4096)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 200,

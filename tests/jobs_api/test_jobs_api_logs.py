@@ -147,6 +147,9 @@ def test_logs_errors(api: Api) -> None:
     assert status == 400 and body["field"] == "attempt"
     status, body, _ = api.call("GET", path, query={"rank": "-1"})
     assert status == 400 and body["field"] == "rank"
+    # Past the job's ranks: the job's bound, not a fixed one (255 refused the ranks of larger jobs).
+    status, body, _ = api.call("GET", path, query={"rank": "300"})
+    assert status == 400 and body["field"] == "rank" and "between 0 and 1" in body["message"], body
 
 
 def test_logs_without_awslogs_is_404(api: Api) -> None:

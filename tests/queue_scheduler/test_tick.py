@@ -197,6 +197,32 @@ def test_race_on_start_task_requeues_with_backoff_60_then_120():
         gen.close()
 
 
+def test_a_relocated_job_whose_launch_fails_keeps_its_place_ahead_of_its_priority(qc):
+    """Given a job the recovery loop relocated (queued ahead of every job of its priority)
+    When its launch is not placed (its node's GPUs taken between snapshot and StartTask)
+    Then it is requeued ahead of its priority again, still relocated (it was requeued at the
+    plain order: behind its peers, and no longer allowed a hot spare)."""
+    job = qc.submit(nnodes=1, gpus=8, priority=20)
+    item = qc.item(job)
+    ahead = C.relocated_queue_order(20, float(item["submitted_at"]), job)
+    qc.table().update_item(Key={C.JOB_PK: item[C.JOB_PK]}, UpdateExpression="SET #k = :k",
+                           ExpressionAttributeNames={"#k": C.QUEUE_SK},
+                           ExpressionAttributeValues={":k": ahead})
+    scheduler = qc.scheduler()
+    real_snapshot = scheduler.snapshot
+
+    def racing_snapshot():
+        nodes = real_snapshot()
+        for node in nodes:  # every node's GPUs taken: wherever the job was planned
+            steal_gpus(qc, node)
+        return nodes
+
+    scheduler.snapshot = racing_snapshot  # type: ignore[method-assign]
+    assert scheduler.tick().launch_failures == 1
+    item = qc.item(job)
+    assert item["job_state"] == "PENDING_RESOURCES" and item[C.QUEUE_SK] == ahead
+
+
 def _launch_that_fails_on_node_1(qc: Any) -> tuple[str, Any, list[str]]:
     """A 2-node job on a 2-node cluster whose node-1 another tenant takes between the tick's
     snapshot and its StartTask (once): rank 0 starts, rank 1 is not placed."""

@@ -176,6 +176,33 @@ def test_user_suspend_holds_and_resume_requeues_at_the_original_position(tc):
     assert tc.state(second) is JobState.QUEUED and tc.state(late) is JobState.QUEUED
 
 
+def test_a_hold_that_lands_after_the_tick_read_the_queue_is_kept(tc, monkeypatch):
+    """Given a suspended job waiting in the queue to be resumed, in the page the scheduler's
+    tick has just read
+    When its owner holds it (suspend: out of the queue, still SUSPENDED) before the tick
+    launches it
+    Then the tick's claim fails: the job stays held, nothing is charged or started (the claim
+    was conditioned on the state only, and took the hold back)."""
+    job = tc.submit(nnodes=2, priority=LOW, user="alice", quota_subject="alice")
+    service = tc.jobs_service()
+    assert service.suspend(job, "alice")["held"] is True
+    assert service.resume(job, "alice")["changed"] is True
+    assert tc.state(job) is JobState.SUSPENDED and C.QUEUE_PK in tc.item(job)
+    scheduler = tc.scheduler()
+    read = scheduler._queue_head
+
+    def page_then_hold():  # the owner's request lands between the tick's read and its claim
+        items = list(read())
+        assert service.suspend(job, "alice")["held"] is True
+        return iter(items)
+
+    monkeypatch.setattr(scheduler, "_queue_head", page_then_hold)
+    assert scheduler.tick().admitted == []
+    item = tc.item(job)
+    assert item["job_state"] == "SUSPENDED" and item["held"] is True and C.QUEUE_PK not in item
+    assert not tc.live_tasks(job) and used(tc, "alice", LOW) == 0
+
+
 def test_running_user_suspend_is_graceful_then_held(tc):
     low = start_low(tc, run=3600)
     service = tc.jobs_service()

@@ -1,4 +1,4 @@
-"""A job's attempts as the jobs API shows them, pure.
+"""A job's attempts: the records the launcher writes, and as the jobs API shows them; pure.
 
 The launcher records an attempt when the scheduler starts it; gang restarts, suspensions and
 the end of an attempt are only in the job's history. Every transition into STARTING begins
@@ -12,7 +12,10 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpu_recovery.domain.models import container_instance_id
 from gpu_recovery.domain.states import JobState
+
+MAX_ATTEMPT_ENTRIES = 50  # of a job item's ``attempts`` and ``relocations``
 
 # The transition that ends a running attempt, and what the attempt's outcome is then.
 _ENDS: dict[str, str] = {
@@ -55,3 +58,35 @@ def attempt_records(stored: Iterable[Any], history: Iterable[Any],
             "reason": str(end.get("reason") or "") if end else "",
         }
     return [records[n] for n in sorted(records)]
+
+
+def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any], nodes: list[str],
+                      now: float) -> tuple[str, list[dict[str, Any]]]:
+    """A job the recovery loop relocated off faulty nodes: which nodes it left, where rank
+    0 now is and why (history reason, and the job's ``relocations`` list). Nodes, not
+    ranks: the record stays small whatever the job's size."""
+    relocation = dict(item.get("relocation") or {})
+    left = [str(n) for n in relocation.get("from_nodes") or []]
+    new_nodes = {container_instance_id(arn) for arn in nodes}
+    shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    why = str(relocation.get("reason") or "node fault")
+    entry = {"at": now, "attempt": plan["attempt"], "reason": why[:500], "left": left[:20],
+             "nodes": len(new_nodes), "master_addr": plan.get("master_addr", "")}
+    relocations = [*(item.get("relocations") or []), entry][-MAX_ATTEMPT_ENTRIES:]
+    text = (f"relocated (attempt {plan['attempt']}) off {shown or 'its unusable nodes'} to "
+            f"{len(new_nodes)} healthy node(s), rank 0 on {container_instance_id(nodes[0])}")
+    return f"{text}; {why}"[:500], relocations
+
+
+def last_suspend(item: Mapping[str, Any]) -> str:
+    suspend = item.get("suspend") or {}
+    if suspend.get("kind") == "preempted" and suspend.get("by_job"):
+        return f"; it had been preempted by job {suspend['by_job']}"
+    if suspend.get("reason"):
+        return f"; it had been suspended: {str(suspend['reason'])[:200]}"
+    return ""
+
+
+def with_entry(existing: Any, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    attempts = [a for a in (existing or []) if isinstance(a, dict) and a.get("attempt") != entry["attempt"]]
+    return [*attempts, entry][-MAX_ATTEMPT_ENTRIES:]

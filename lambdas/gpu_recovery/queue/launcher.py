@@ -18,8 +18,8 @@ rank not registered for the attempt, ``ListTasks(startedBy)`` first (register th
 found), ``StartTask`` only when none exists. No rank is ever started twice.
 
 Failures: a placement failure (``RESOURCE:GPU`` ...) or a vanished node is
-INSUFFICIENT_RESOURCES: the job goes back to PENDING_RESOURCES with its original
-``queue_order`` (priority, submitted_at) and ``not_before = now + backoff`` (60 s doubling to
+INSUFFICIENT_RESOURCES: the job goes back to PENDING_RESOURCES with its original (a relocated
+job's ahead of its priority) ``queue_order`` and ``not_before = now + backoff`` (60 s doubling to
 10 min), then its started ranks are stopped. A task-definition / override error is
 USER_ERROR: FAILED, never retried. Throttling and other unknown errors are treated like a
 crash (resumed later, at most ``max_launch_resumes`` times). A launch that ended short
@@ -47,6 +47,8 @@ from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import (
     CONTROL_TOKEN_ENV,
     CONTROL_URL_ENV,
+    QUEUE_SK,
+    RELOCATED_QUEUE_MARK,
     RESUME_COUNT_ENV,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
@@ -57,6 +59,7 @@ from gpu_recovery.constants import (
     RankState,
     job_group,
     queue_order,
+    relocated_queue_order,
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.control_token import make_token
@@ -68,6 +71,7 @@ from gpu_recovery.queue.admission import (
     backoff_seconds,
     classify_failure,
 )
+from gpu_recovery.queue.attempts import last_suspend, relocation_record, with_entry
 from gpu_recovery.recovery import RankRegistration
 from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_once
 from gpu_recovery.repository import from_ddb
@@ -81,7 +85,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MASTER_PORT = 29500
 # A launch stops starting ranks this long before its tick's budget is spent.
 LAUNCH_TIME_MARGIN_SECONDS = 10.0
-MAX_ATTEMPT_ENTRIES = 50
 # Container-instance attribute an operator can set (ECS_INSTANCE_ATTRIBUTES) to give a
 # node's address explicitly, e.g. for ECS Anywhere hosts.
 HOST_ADDRESS_ATTRIBUTE = "gpu-recovery.host-address"
@@ -266,13 +269,15 @@ class Launcher:
             # The class the gang preflight keeps its baseline for (ECS's built-in attribute
             # of EC2 container instances; ECS Anywhere hosts have none).
             "instance_type": str(master.attributes.get(INSTANCE_TYPE_ATTRIBUTE) or ""),
+            # Queued ahead of its priority (relocated): an abort requeues it there (``_abort``).
+            "relocated": f"#{RELOCATED_QUEUE_MARK}" in str(item.get(QUEUE_SK) or ""),
         }
         resumed = item.get("job_state") == JobState.SUSPENDED.value
         reason, moved = f"admitted: attempt {attempt} on {len(nodes)} node(s)", None
         if resumed:
             count = int(item.get("resume_count") or 0) + 1
             reason = (f"resumed (resume {count}, attempt {attempt}) on {len(nodes)} node(s)"
-                      f"{_last_suspend(item)}")
+                      f"{last_suspend(item)}")
         elif item.get("relocation"):
             reason, moved = relocation_record(item, plan, node_arns, now)
         plan_items = self.store.plan_updates(job_id, attempt, node_arns, ec2_ids)
@@ -459,7 +464,7 @@ class Launcher:
         now = clock.now()
         entry = {"attempt": attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": None,
                  "outcome": "STARTED", "failure_kind": "", "reason": ""}
-        attempts = _with_entry(item.get("attempts"), entry)
+        attempts = with_entry(item.get("attempts"), entry)
         done = self.store.finish_launch(job_id, attempt, attempts, now)
         tasks = [r.task_arn for r in ranks]
         if not done:
@@ -476,11 +481,12 @@ class Launcher:
         now = clock.now()
         entry = {"attempt": attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": now,
                  "outcome": "START_FAILED", "failure_kind": kind.value, "reason": reason[:500]}
-        attempts = _with_entry(item.get("attempts"), entry)
+        attempts = with_entry(item.get("attempts"), entry)
         if kind is FailureKind.INSUFFICIENT_RESOURCES:
             failures = int(item.get("resource_failures", 0)) + 1
             delay = backoff_seconds(failures)
-            order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at", 0.0)), job_id)
+            ordered = relocated_queue_order if (item.get("launch") or {}).get("relocated") else queue_order
+            order = ordered(int(item.get("priority", 0)), float(item.get("submitted_at", 0.0)), job_id)
             applied = self.store.requeue_after_failed_launch(
                 job_id, attempt, reason=f"start failed ({kind.value}): {reason}; retry in {delay} s",
                 queue_order=order, not_before=now + delay, resource_failures=failures, attempts=attempts)
@@ -524,38 +530,6 @@ class Launcher:
             self.store.launch_done(job_id)
         else:
             self.store.yield_launch(job_id)
-
-
-def relocation_record(item: Mapping[str, Any], plan: Mapping[str, Any], nodes: list[str],
-                      now: float) -> tuple[str, list[dict[str, Any]]]:
-    """A job the recovery loop relocated off faulty nodes: which nodes it left, where rank
-    0 now is and why (history reason, and the job's ``relocations`` list). Nodes, not
-    ranks: the record stays small whatever the job's size."""
-    relocation = dict(item.get("relocation") or {})
-    left = [str(n) for n in relocation.get("from_nodes") or []]
-    new_nodes = {container_instance_id(arn) for arn in nodes}
-    shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
-    why = str(relocation.get("reason") or "node fault")
-    entry = {"at": now, "attempt": plan["attempt"], "reason": why[:500], "left": left[:20],
-             "nodes": len(new_nodes), "master_addr": plan.get("master_addr", "")}
-    relocations = [*(item.get("relocations") or []), entry][-MAX_ATTEMPT_ENTRIES:]
-    text = (f"relocated (attempt {plan['attempt']}) off {shown or 'its unusable nodes'} to "
-            f"{len(new_nodes)} healthy node(s), rank 0 on {container_instance_id(nodes[0])}")
-    return f"{text}; {why}"[:500], relocations
-
-
-def _last_suspend(item: Mapping[str, Any]) -> str:
-    suspend = item.get("suspend") or {}
-    if suspend.get("kind") == "preempted" and suspend.get("by_job"):
-        return f"; it had been preempted by job {suspend['by_job']}"
-    if suspend.get("reason"):
-        return f"; it had been suspended: {str(suspend['reason'])[:200]}"
-    return ""
-
-
-def _with_entry(existing: Any, entry: dict[str, Any]) -> list[dict[str, Any]]:
-    attempts = [a for a in (existing or []) if isinstance(a, dict) and a.get("attempt") != entry["attempt"]]
-    return [*attempts, entry][-MAX_ATTEMPT_ENTRIES:]
 
 
 def rank_tags(job_id: str, rank: int, world_size: int, attempt: int) -> list[dict[str, str]]:

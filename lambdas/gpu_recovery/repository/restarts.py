@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_recovery import clock
-from gpu_recovery.constants import QUEUE_PK, QUEUE_SK
+from gpu_recovery.constants import QUEUE_BUCKET, QUEUE_PK, QUEUE_SK
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.relocation import RelocationWait
@@ -123,7 +123,7 @@ class RestartRepository:
         return self.db.transact([self.jobs.job_transition(
             job.job_id, JobState.PENDING_RESOURCES, from_states=[JobState.PENDING_RESTART],
             attempt=job.attempt, reason=reason, actor="recovery",
-            set_fields={QUEUE_PK: "QUEUE", QUEUE_SK: queue_order, "not_before": 0,
+            set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": 0,
                         "relocation": relocation},
             remove_fields=[*DEADLINE_ATTRIBUTES, "relocate", "launched_at", "launch_claimed_at"],
         ), *also])

@@ -170,8 +170,13 @@ class SchedulingRepository:
         relocated records where its ranks moved (``relocations``); a suspended job resumed
         counts it (``resume_count``)."""
         extra: dict[str, Any] = {"relocations": list(relocations)} if relocations is not None else {}
-        conditions = [] if current_attempt is not None else ["attribute_not_exists(#attempt0)"]
-        names = {} if current_attempt is not None else {"#attempt0": "attempt"}
+        # Still in the queue: a hold (which takes the job out of the queue index, its state kept)
+        # landing after the tick read its page is not undone by the claim.
+        conditions = ["attribute_exists(#queued)"]
+        names = {"#queued": QUEUE_PK}
+        if current_attempt is None:
+            conditions.append("attribute_not_exists(#attempt0)")
+            names["#attempt0"] = "attempt"
         updates: list[Update] = []
         if charge is not None and self.holding is not None:
             extra.update(self.holding.charge_fields(charge.charge, now))
@@ -183,7 +188,7 @@ class SchedulingRepository:
             job_id, JobState.STARTING,
             from_states=[JobState.SUSPENDED] if resumed else _WAITING,
             attempt=current_attempt,
-            extra_condition=" AND ".join(conditions) or None, extra_names=names or None,
+            extra_condition=" AND ".join(conditions), extra_names=names,
             reason=reason, actor="scheduler",
             # In the deadline index while it starts (the recovery sweep's backstop: it confirms a
             # launch whose ranks' RUNNING events were lost, docs/recovery-loop.md).
