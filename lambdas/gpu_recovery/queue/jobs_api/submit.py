@@ -25,6 +25,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.control_token import new_secret
 from gpu_recovery.domain.time_sharing import AUTO_PRIORITY, PRIORITY_VALUES, QuotaBook, resolve_auto_priority
 from gpu_recovery.queue.access import Principal, quota_subject
+from gpu_recovery.queue.host_access import host_access_refusal
 from gpu_recovery.queue.jobs_api.context import SOURCE_QUEUE, JobsApiContext
 from gpu_recovery.queue.jobs_api.errors import Conflict, InvalidRequest
 from gpu_recovery.queue.jobs_api.reads import job_summary
@@ -143,6 +144,11 @@ def _validate_against_aws(context: JobsApiContext, spec: JobSpec) -> JobSpec:
     context.authorize(lambda a: a.check_family(task_def.get("taskDefinitionArn", spec.task_definition)))
     context.authorize(lambda a: a.check_task_roles(
         [r for r in (task_def.get("taskRoleArn"), task_def.get("executionRoleArn")) if r]))
+    reach = host_access_refusal(task_def)
+    if reach is not None:
+        raise InvalidRequest(
+            f"task_definition: {spec.task_definition}: {reach}; a queue job may not reach the host the "
+            "stack judges its nodes from (docs/security.md)", "task_definition")
     mode = str(task_def.get("networkMode") or "bridge")
     if mode == "awsvpc" and spec.network is None:
         raise InvalidRequest(
