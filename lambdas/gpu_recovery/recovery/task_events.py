@@ -26,7 +26,7 @@ from typing import Any
 from gpu_recovery import clock
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, RETRY_INTERVAL_SECONDS, NotificationKind
 from gpu_recovery.domain import goodput, policy, started_by
-from gpu_recovery.domain.escalation import charges_job, history_from_item, stored_history_with
+from gpu_recovery.domain.escalation import charges_job, history_from_item
 from gpu_recovery.domain.fault_vocabulary import Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
 from gpu_recovery.domain.latch import Latch
@@ -267,22 +267,29 @@ class TaskEvents:
             would = ", ".join(e.value for e in assessment.plan.record_only)
             reason = (f"rank {rank.rank} failed: {policy.describe_failure(stop)}; observe mode: would have "
                       f"done {would}{decided}")
-            notice = self.notices.for_job(
-                replace(job, state=JobState.FAILED, last_error=reason[:1000]), repo.get_instance(node),
+            raw = repo.get_instance_item(node)
+            # The node's record of what would have been done, and its cordon (known bad all the
+            # same), in the job's FAILED write: a retry finds the job FAILED and does nothing more.
+            observed = self.remediation.observed(node, raw, assessment.plan, assessment.evidence,
+                                                 [job.job_id], now)
+            notices = [self.notices.for_job(
+                replace(job, state=JobState.FAILED, last_error=reason[:1000]),
+                repo.instance_from_item(raw) if raw else None,
                 NotificationKind.OBSERVED, "Observe mode: GPU fault detected, nothing done",
                 what_happened=reason[:1000],
                 what_was_done=("Nothing (observe mode): no StopTask, health check, reboot, drain or "
                                "termination; the job is marked FAILED in the job table"),
                 operator_action="Read what would have been done below and act by hand if needed.",
-                details=details_of(assessment.evidence, assessment.plan))
+                details=details_of(assessment.evidence, assessment.plan)), *observed.notices]
             done = ended(self.metrics, self.data, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason,
                 fields={"last_error": reason[:1000], "last_fault": last_fault},
-                rank_stop=rank_stop, also=self.notices.owe([notice], now)))
+                rank_stop=rank_stop, also=[*self.notices.owe(notices, now), *observed.updates]))
             if done:
-                self.notices.send([notice])
-            if done:
+                self.notices.send(notices)
                 self.metrics.add_metric("ObservedFaults", "Count", 1)
+                if observed.gate is not None:  # the ECS attribute (else the sweep's worklist)
+                    after_commit("cordon", self.remediation.after_cordon, observed.gate, node)
             return done
         if reaction is StopReaction.FAIL_JOB:
             reason = f"rank {rank.rank} failed: {policy.describe_failure(stop)}"
@@ -357,8 +364,6 @@ class TaskEvents:
         stop may name a suspect (``health_check_all_nodes``: the latest tally is needed)."""
         rank_only = written is not None and not self.settings.check_all_nodes_on_fault
         fresh, written = (job, written) if rank_only else (self.data.get_job(job.job_id) or job, None)
-        if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
-            self._observed(fresh, rank, assessment)
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
@@ -547,21 +552,6 @@ class TaskEvents:
         if job.tally.escalated:
             done["coupled"] = self.suspects.check_coupled(job)
         return done
-
-    def _observed(self, job: Job, rank: Rank, assessment: Assessment) -> None:
-        """Observe mode: record on the node what would have been done, and tell operators."""
-        now = clock.now()
-        plan = assessment.plan
-        history = None
-        if plan.node_record is not None:
-            history = stored_history_with((assessment.instance_item or {}).get("fault_history"),
-                                          plan.node_record, now, self.policy.escalation)
-        self.data.record_observed_fault(
-            rank.container_inst_id, fault_history=history,
-            last_fault={"at": now, "evidence": assessment.evidence.to_dict(), "plan": plan.to_dict(),
-                        "jobs": [job.job_id]})
-        # Known bad (a definitive fault) all the same: no new work on it (domain.cordon).
-        self.remediation.cordon_only(rank.container_inst_id, plan)
 
 
 def _as_written(rank: Rank, rank_stop: RankStop | None, reaction: StopReaction) -> Rank | None:
