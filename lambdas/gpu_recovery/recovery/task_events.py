@@ -19,7 +19,7 @@ fault's suspects and moves the job on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
@@ -56,6 +56,7 @@ from gpu_recovery.recovery.remediation.notices import details_of
 from gpu_recovery.recovery.stage_data import TaskEventData
 from gpu_recovery.recovery.stop_assessment import Assessment, fault_marks
 from gpu_recovery.recovery.suspension import Suspensions
+from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE, RankStop
 from gpu_recovery.settings import Settings
 
@@ -345,12 +346,12 @@ class TaskEvents:
 
     def _enter_recovery(self, job: Job, reason: str, rank_stop: RankStop | None,
                         from_states: Iterable[JobState], ledger: dict[str, Any] | None = None,
-                        exited_at: float | None = None) -> bool:
+                        exited_at: float | None = None, also: Sequence[Update] = ()) -> bool:
         now = clock.now()
         entered = self.data.rank_events.enter_recovery(
             job.job_id, job.attempt, from_states=from_states, reason=reason,
             now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop, ledger=ledger,
-            exited_at=exited_at)
+            exited_at=exited_at, also=also)
         if entered:
             self.metrics.add_metric("FaultsDetected", "Count", 1)
             logger.info("suspected GPU fault", extra={"job_id": job.job_id, "why": reason})
@@ -529,7 +530,18 @@ class TaskEvents:
         repo.faults.open_suspect(job_id, attempt, inst_id, rank=failing_rank,
                                  record={"at": now, "evidence": evidence.to_dict()}, now=now,
                                  retry_at=now + RETRY_INTERVAL_SECONDS)
-        if job.state in states and self._enter_recovery(job, reason, None, from_states=states):
+        # The node named a suspect at the latch (on the failing rank's shard: that rank has not
+        # ended, it is stopped now) by the write that puts the job in recovery, or at once when
+        # it is in recovery already: nothing calls this again (the heartbeat moved the rank in
+        # its own write), so a death after either still has it counted when every rank ended.
+        # Not for a job that does not enter (revived, moved on): a later fault of the attempt
+        # would count a suspect whose check nobody asks for.
+        counted = job.state is JobState.PENDING_HEALTHCHECK
+        if counted:
+            repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
+        elif self._enter_recovery(job, reason, None, from_states=states, also=[
+                repo.latches.suspect_arrival(job_id, attempt, failing_rank or 0, inst_id)]):
+            counted = True
             entered = repo.get_job(job_id)
             if entered is not None:
                 after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(entered))
@@ -537,8 +549,8 @@ class TaskEvents:
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": state})
-        # Counted with the failing rank's shard (that rank has not ended: it is stopped now).
-        repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
+        if not counted:  # another fault of the attempt entered recovery first
+            repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
         checks = {inst_id: self.suspects.request_check(job, inst_id)}
         self._stop_gang(job)
         return Outcome("health_check_requested", job_id,
