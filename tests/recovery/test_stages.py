@@ -337,6 +337,31 @@ def test_a_check_whose_turn_at_the_ecs_budget_is_far_off_waits_pending_for_the_s
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
 
 
+def test_a_hung_ranks_node_is_counted_when_its_report_dies_after_entering_recovery() -> None:
+    """Given the heartbeat's hung rank handed to the recovery loop, When the write that puts
+    the job in recovery executed but its answer was lost (nothing calls again: the heartbeat
+    moved the rank in its own write), Then that write named the node a suspect at the latch:
+    the sweep stops the ranks and starts its check, and once every rank ended the job waits
+    for the check's verdict (one suspect), not concluded on none."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.repo.fail_once("rank_events.enter_recovery", "lose")
+        with pytest.raises(LostResponse):
+            w.service.report_suspected_fault("j", 1, FAULTY, "rank 1 hung at step 7", 1)
+        w.advance(60)
+        w.service.sweep()  # the stop intent sent (the suspect's check waits for its GPUs)
+        assert set(arns) <= set(w.ecs.stop_calls)
+        for arn in arns:  # our stops, as ECS reports them
+            w.service.on_task_state_change(w.task_stopped(
+                arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total == 1
+        w.advance(60)
+        w.service.sweep()  # the suspect's check asked again: its node is free
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+        assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+
+
 def test_a_fault_armed_that_no_call_reaches_fails_its_test() -> None:
     """An injected fault that never fires (its intent renamed or moved to another aggregate)
     fails the test that armed it, instead of letting it pass on a failure that never happened."""
