@@ -11,6 +11,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from gpu_recovery import constants as C
@@ -19,6 +20,7 @@ from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.domain.validation import START_RETRIES, ValidationPolicy
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.node_tasks import POLL_SECONDS
+from tests.health_check.script_runner import run_check
 from tests.recovery.fakes import CLUSTER_ARN, EVENTS, FakeTask, LostResponse, World, ci_arn, world
 
 FAULTY, PEER = "node-b", "node-a"
@@ -253,6 +255,24 @@ def test_a_task_without_a_verdict_is_run_again_then_is_not_a_failed_repair() -> 
         w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
         assert w.repo.get_job("j").attempt == 2 and len(w.rebooter.calls) == 1
+
+
+def test_a_validation_whose_check_could_not_run_is_not_a_failed_repair(tmp_path: Path) -> None:
+    """The validation's dcgmi loses its DCGM host engine in every attempt: the real script says
+    inconclusive (exit 5). Run again, then stalled (the node stays validating, out of service
+    as it was, an operator told once): never rebooted again nor escalated."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_host_engine_connection_lost.json", 235),
+                    env=ON.task_environment())
+    with validating_world() as w:
+        fault_to_reboot(w)
+        comes_back(w)
+        for _ in range(START_RETRIES):
+            task = validations_on(w, FAULTY)[-1]
+            w.service.on_health_check_stopped(stopped(task, run.returncode, w.now[0]))
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is C.InstanceState.REBOOTING and instance.validation.get("stalled_at")
+        assert len(w.rebooter.calls) == 1 and not instance.last_validation
+        assert len([n for n in w.notifier.sent if "could not run" in n.subject]) == 1
 
 
 def test_a_validation_that_can_never_be_placed_is_not_a_failed_repair() -> None:

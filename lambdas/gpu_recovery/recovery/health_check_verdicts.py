@@ -250,7 +250,8 @@ class HealthCheckVerdicts:
         exit_code = detail.exit_code()
         verdict = policy.parse_verdict(exit_code)
         if verdict is None:
-            # The check itself did not run (image pull, OOM, ...): run it again.
+            # The check did not run (image pull, OOM, ...) or says it could not (its exit 5,
+            # inconclusive: dcgmi or nvidia-smi missing, no host engine): run it again.
             logger.warning("health check ended without a verdict", extra={
                 "instance": inst_id, "exit_code": exit_code, "reason": detail.stoppedReason})
             retry_at = clock.now() + RETRY_INTERVAL_SECONDS

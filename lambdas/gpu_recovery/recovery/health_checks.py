@@ -466,8 +466,8 @@ class HealthChecks:
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
             if out_of_time or instance.check.attempts >= settings.health_check_start_retries:
                 attempts = instance.check.attempts
-                return self._undiagnosed(instance, f"the health check could not start "
-                                                   f"({attempts} placement attempt(s))")
+                return self._undiagnosed(instance, f"the health check gave no verdict in {attempts} "
+                                                   "attempt(s) (not placed, or it could not run)")
             # A grouped check due again (its start failed) waits for its group here too: the
             # sweep reaches such nodes one by one, so starting each with whatever waits started
             # a backlog one node a call. Its job's kick, in the same sweep, starts the rest.
