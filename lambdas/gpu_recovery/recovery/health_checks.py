@@ -478,11 +478,12 @@ class HealthChecks:
             return "health_check_retried"
         if out_of_time:
             # A check that ended has its verdict in its exit code (its line, lost, is not
-            # waited for any more); one with none is the stack's failure, not the node's.
+            # waited for any more); one with none (or someone else's task) is the stack's
+            # failure, not the node's.
             task = self.ecs.describe_task(instance.check.task_arn) if instance.check.task_arn else None
             if task is not None and task.get("lastStatus") == "STOPPED":
                 outcome = self.on_stopped(EcsTaskDetail.model_validate(task), decide_now=True)
-                if outcome.action != "health_check_retry":
+                if outcome.action not in ("health_check_retry", node_tasks.FOREIGN_TASK):
                     return outcome.action
             elif instance.check.task_arn:
                 self.ecs.stop_task(instance.check.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} check timed out")
