@@ -48,6 +48,7 @@ from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettin
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, STARTED_JOB_STATES
+from gpu_recovery.heartbeat.escalation import NodeLostEscalation
 from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NullMetrics, RecoveryPort
 from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport, ReportResult, SweepResult
 from gpu_recovery.repository.heartbeat import (
@@ -95,6 +96,8 @@ class HeartbeatService:
         self.notices = notices  # the e-mails: owed in the write that decides them, sent after it
         self._recovery = recovery
         self.metrics = metrics or NullMetrics()
+        self.escalation = NodeLostEscalation(repo, settings, ecs, recovery, self.metrics,
+                                             lambda rank, why: self._unwatch(rank, reason=why))
 
     # ============================================================== task reports
     def report_tasks(self, node_id: str, reported_at: float, tasks: Iterable[ReportedTask],
@@ -514,7 +517,7 @@ class HeartbeatService:
         for (job_id, attempt, inst_id), lost in sorted(escalations.items(), key=lambda kv: kv[0]):
             node = node_items.get(inst_id)
             instance = self.repo.instance_from_item(node) if node else None
-            outcome = self._escalate(job_id, attempt, inst_id, lost, instance, now)
+            outcome = self.escalation.escalate(job_id, attempt, inst_id, lost, instance, now)
             if outcome == "recovery":
                 result.escalated.append(job_id)
             elif outcome == "failed":
@@ -537,60 +540,6 @@ class HeartbeatService:
         self.metrics.add_metric("RanksNodeLost", "Count", 1)
         self._settle_job(rank.job_id, rank.attempt, reason)
         return True
-
-    def _escalate(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
-                  instance: Instance | None, now: float) -> str:
-        """NODE_LOST too long: the recovery loop's diag if ECS still reaches the node; else
-        a node decision of the recovery loop (quarantine through the breaker and observe
-        mode; the job fails)."""
-        ranks = [r for r, _ in lost]
-        job = self.repo.get_job(job_id)
-        if job is None or job.attempt != attempt or job.state not in WATCHED_JOB_STATES:
-            if job is not None and job.attempt == attempt and job.state is JobState.FAILED:
-                # Perhaps failed by an earlier sweep's unreachable-node decision that died
-                # before every StopTask was asked: the decision finishes them (else: moved on).
-                return self._unreachable(job_id, attempt, inst_id, lost, "")
-            for rank in ranks:
-                self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))
-            return "unwatched"
-        lost_for = int(now - min(at for _, at in lost))
-        names = ", ".join(str(r.rank) for r in ranks)
-        reason = (f"rank(s) {names} NODE_LOST on {inst_id} for {lost_for} s "
-                  f"(limit {self.settings.node_lost_fail_seconds} s): suspected node fault")
-        arn = (instance.container_instance_arn if instance else "") or inst_id
-        try:
-            described = self.ecs.describe_container_instance(arn)
-        except Exception:
-            logger.warning("DescribeContainerInstances failed; retried next sweep", exc_info=True,
-                           extra={"instance": inst_id})
-            return "retry"
-        if described and described.get("agentConnected"):
-            # Only a job still NODE_LOST: a heartbeat may have revived it since the read.
-            self._recovery().report_suspected_fault(job_id, attempt, inst_id, reason,
-                                                    from_states=[JobState.NODE_LOST])
-            self.metrics.add_metric("NodeLostEscalated", "Count", 1)
-            return "recovery"
-        return self._unreachable(job_id, attempt, inst_id, lost, reason + "; ECS agent disconnected")
-
-    def _unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
-                     reason: str) -> str:
-        ranks = [r for r, _ in lost]
-        try:
-            outcome = self._recovery().node_unreachable(
-                job_id, attempt, inst_id, ranks, min(at for _, at in lost), reason)
-        except Exception:
-            # The decision (if committed) is on the job: the next sweep finishes its stops.
-            logger.warning("node-lost decision failed; retried next sweep", exc_info=True,
-                           extra={"job_id": job_id, "instance": inst_id})
-            return "retry"
-        if outcome in ("observed", "observed_before", "moved_on"):
-            # Nothing will stop these ranks (observe mode) or they are another decision's now.
-            for rank in ranks:
-                self._unwatch(rank, reason=f"node lost: {outcome}")
-        if outcome in ("failed", "observed"):
-            self.metrics.add_metric("NodeLostFailed", "Count", 1)
-            return "failed"
-        return "unwatched" if outcome in ("moved_on", "converged") else "retry"
 
     # ================================================================= helpers
     def _recoveries(self, job_id: str) -> tuple[int, int | None]:
