@@ -52,6 +52,7 @@ from gpu_recovery.heartbeat.escalation import NodeLostEscalation
 from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NullMetrics, RecoveryPort
 from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport, ReportResult, SweepResult
 from gpu_recovery.repository.heartbeat import (
+    DISCONNECTED_SEEN,
     GPU_REPORT_VERSION,
     WATCHED_JOB_STATES,
     HeartbeatRepository,
@@ -202,7 +203,8 @@ class HeartbeatService:
             # Back: the hang clock restarts, the job leaves NODE_LOST once no rank is lost.
             fields.setdefault("step_changed_at", now)
             ok = self._rank_and_job(rank, RankState.NODE_LOST, RankState.RUNNING, fields,
-                                    delete={lost_attr(rank.attempt)}, remove=["node_lost_at"],
+                                    delete={lost_attr(rank.attempt)},
+                                    remove=["node_lost_at", DISCONNECTED_SEEN],
                                     reason=f"heartbeat again from rank {rank.rank}")
             if ok:
                 result.revived.append(label)
@@ -485,7 +487,7 @@ class HeartbeatService:
         result = SweepResult(read=len(items))
         node_ids = sorted({i.get("container_inst_id", "") for i in items} - {""})
         node_items = self.repo.node_items(node_ids)
-        escalations: dict[tuple[str, int, str], list[tuple[Rank, float]]] = {}
+        escalations: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
         settle: set[tuple[str, int]] = set()
         for item in items:
             rank = self.repo.rank_from_item(item)
@@ -509,21 +511,21 @@ class HeartbeatService:
                     lost_at, now, self.settings.node_lost_fail_seconds
                 ):
                     key = (rank.job_id, rank.attempt, rank.container_inst_id)
-                    escalations.setdefault(key, []).append((rank, float(lost_at)))
+                    escalations.setdefault(key, []).append(item)
             elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):
                 result.unwatched.append(label)
         for job_id, attempt in sorted(settle):
             self._settle_job(job_id, attempt, "a rank is NODE_LOST")
         for (job_id, attempt, inst_id), lost in sorted(escalations.items(), key=lambda kv: kv[0]):
-            node = node_items.get(inst_id)
-            instance = self.repo.instance_from_item(node) if node else None
-            outcome = self.escalation.escalate(job_id, attempt, inst_id, lost, instance, now)
+            outcome = self.escalation.escalate(job_id, attempt, inst_id, lost, node_items.get(inst_id), now)
             if outcome == "recovery":
                 result.escalated.append(job_id)
+            elif outcome == "confirming":
+                result.confirming.append(job_id)
             elif outcome == "failed":
                 result.failed.append(job_id)
             elif outcome == "unwatched":
-                result.unwatched.extend(f"{r.job_id}#{r.rank}" for r, _ in lost)
+                result.unwatched.extend(_rank_label(i) for i in lost)
         self.metrics.add_metric("HeartbeatSweepRead", "Count", result.read)
         return result
 
