@@ -5,9 +5,10 @@ The flow: a 2-node tagged job; each node's agent reports its tasks every 30 s
 again at the next interval, as the agent does). Node-b loses power: its agent goes
 silent and its ECS agent disconnects (its task is still RUNNING for ECS). After
 ``heartbeat_stale_seconds`` the rank is NODE_LOST (the job too); after
-``node_lost_fail_seconds`` the heartbeat sweep hands it to the recovery loop: the node
-cannot be reached, so it is quarantined (drained) for a person, the job FAILED and
-e-mailed (``node_lost``), and its other rank stopped.
+``node_lost_fail_seconds`` the heartbeat sweep reads the ECS agent disconnected (stored, nothing
+decided) and, 3 minutes later, disconnected again with the node agent still silent: the
+node cannot be reached, so the recovery loop quarantines it (drained) for a person, the job
+FAILED and e-mailed (``node_lost``), and its other rank stopped.
 
 ``run(fault)`` breaks the n-th AWS call made once the job runs (the agents' reports, both
 sweeps and the handlers), once, as a throttle or a lost response; ``problems()`` lists

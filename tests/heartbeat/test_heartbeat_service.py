@@ -8,7 +8,12 @@ import pytest
 from gpu_recovery.constants import HB_PK, HB_SK, InstanceState, JobState, NotificationKind, RankState
 from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.fault_catalog import load_catalog
-from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
+from gpu_recovery.domain.heartbeat_policy import (
+    BACKSTOP_MARGIN_SECONDS,
+    MIN_DISCONNECT_CONFIRM_SECONDS,
+    HeartbeatSettings,
+    ReportedTask,
+)
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.heartbeat.results import ReplayedReport, SweepResult
@@ -233,13 +238,19 @@ class _Loop:
 
 
 def _lost_too_long(world, loop: _Loop, job: str = "j1") -> SweepResult:
+    """NODE_LOST past the limit with the node agent silent (``_lose``), the ECS agent read
+    disconnected at a first sweep (nothing decided) and again 3 minutes later: that sweep's result."""
     _lose(world, loop.heartbeat, job)
     world.clock.advance(700)
+    first = loop.heartbeat.sweep()
+    assert first.confirming == [job] and first.failed == []
+    world.clock.advance(MIN_DISCONNECT_CONFIRM_SECONDS)
     return loop.heartbeat.sweep()
 
 
 def test_node_lost_too_long_with_agent_disconnected_fails_and_quarantines(world) -> None:
-    """Given NODE_LOST too long and the ECS agent disconnected, Then one node decision: the
+    """Given NODE_LOST too long, its node agent silent and the ECS agent read disconnected at two
+    sweeps 3 minutes apart, Then one node decision: the
     job FAILED with the fault's evidence and decision, its task asked to stop, the node
     QUARANTINED + drained (counted by the breaker, recorded in the node's history with a
     summary of its evidence), one NODE_LOST notification; the rank leaves the heartbeat
@@ -333,6 +344,100 @@ def test_a_lost_node_decision_whose_answer_was_lost_is_finished_by_the_next_swee
     assert loop.ecs.stop_calls == [task_arn("j1", 0)] and len(loop.ecs.drained) == 1
     # The e-mail was owed with the decision (its outbox item): the sweep sent it, once.
     assert [n.kind for n in world.notifier.sent] == [NotificationKind.NODE_LOST]
+
+
+def test_a_lost_node_whose_host_still_reports_is_a_suspect_never_quarantined(world) -> None:
+    """Given a node whose ECS introspection fails (a tenant's container wedged dockerd): its
+    node agent keeps reporting, with no task, so the rank is NODE_LOST; When it stays so past
+    the limit with the ECS agent read disconnected at two sweeps, Then the job fails as for an
+    unreachable node (its task asked to stop) but the node is not condemned: SUSPECT (no new
+    work), not drained, nothing in its history or in the breaker's window, one e-mail saying so."""
+    world.seed_job("j1", world_size=1)
+    loop = _Loop(world)
+    svc = loop.heartbeat
+    world.report(svc, NODE, task_arn("j1", 0))
+    for _ in range(15):  # the host reports every minute, listing no task
+        world.clock.advance(60)
+        world.report(svc, NODE)
+        svc.sweep()
+    assert world.job_state("j1") is JobState.NODE_LOST
+    assert "missing from node" in world.item("j1#JOB")["history"][-1]["reason"]
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE  # one reading decides nothing
+    for _ in range(3):
+        world.clock.advance(60)
+        world.report(svc, NODE)
+        swept = svc.sweep()
+    assert swept.failed == ["j1"]
+    assert world.job_state("j1") is JobState.FAILED and loop.ecs.stop_calls == [task_arn("j1", 0)]
+    assert world.instance_state(NODE) is InstanceState.SUSPECT
+    assert loop.ecs.drained == [] and world.ecs.drained == []
+    node = world.node_item(NODE)
+    assert "fault_history" not in node and "ECS agent" in node["suspect_reason"]
+    assert loop.repo.breaker.read() is None
+    fault = world.item("j1#JOB")["last_fault"]
+    assert fault["plan"]["decision"]["rule_id"] == "builtin:ecs-agent-disconnected"
+    assert fault["plan"]["execute"] == ["stop_tasks"]
+    [mail] = world.notifier.sent
+    assert mail.kind is NotificationKind.NODE_LOST
+    assert "flagged SUSPECT" in mail.body and "not quarantined" in mail.body
+    world.clock.advance(60)
+    world.report(svc, NODE)
+    svc.sweep()  # the decision's stops converged: nothing asked again
+    assert loop.ecs.stop_calls == [task_arn("j1", 0)] and world.instance_state(NODE) is InstanceState.SUSPECT
+
+
+def test_a_lost_node_is_unreachable_only_when_a_later_reading_confirms_it(world) -> None:
+    """Given a node whose ECS agent and node agent are both silent, NODE_LOST past the limit,
+    When a sweep reads the ECS agent disconnected once, Then nothing is decided (the reading is
+    stored on the rank); a sweep a minute later decides nothing either, and the recovery sweep's
+    backstop, due before any later reading, waits for it instead of handing the job on; When a
+    sweep at least 3 minutes after the first reads it again, Then the node is quarantined as before."""
+    world.seed_job("j1", world_size=1)
+    loop = _Loop(world)
+    _lose(world, loop.heartbeat)
+    lost_at = world.clock()
+    world.clock.advance(601)
+    loop.heartbeat.sweep()
+    assert world.job_state("j1") is JobState.NODE_LOST
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE
+    assert loop.ecs.drained == [] and loop.ecs.stop_calls == [] and world.notifier.sent == []
+    first = world.clock()
+    assert world.item("j1#0")["ecs_disconnected_seen_at"] == first
+    assert world.item("j1#JOB")["heartbeat_escalate_at"] == first + MIN_DISCONNECT_CONFIRM_SECONDS
+    world.clock.advance(60)
+    assert loop.heartbeat.sweep().confirming == ["j1"]
+    world.clock.advance(lost_at + 600 + BACKSTOP_MARGIN_SECONDS + 10 - world.clock())  # its first deadline
+    loop.service.sweep()
+    assert world.job_state("j1") is JobState.NODE_LOST
+    assert loop.heartbeat.sweep().failed == ["j1"]
+    assert world.instance_state(NODE) is InstanceState.QUARANTINED and len(loop.ecs.drained) == 1
+    [entry] = world.node_item(NODE)["fault_history"]
+    assert (entry["cause"], entry["executed"]) == ("builtin:node-unreachable", True)
+
+
+def test_a_connected_reading_makes_the_next_disconnected_one_a_first_reading_again(world) -> None:
+    """Given a lost node's ECS agent read disconnected, When a later sweep reads it connected
+    (an agent update, a blip), Then the job goes to the recovery loop's check and the stored
+    reading is forgotten: a disconnected reading after that is a first one again, deciding nothing."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service(node_lost_fail_seconds=600)
+    _lose(world, svc)
+    world.clock.advance(700)
+    world.ecs.connected = False
+    swept = svc.sweep()
+    assert world.recovery.unreachable == [] and swept.confirming == ["j1"]
+    world.clock.advance(60)
+    world.ecs.connected = True
+    assert svc.sweep().escalated == ["j1"]  # the stub leaves the job NODE_LOST
+    assert "ecs_disconnected_seen_at" not in world.item("j1#0")
+    world.clock.advance(MIN_DISCONNECT_CONFIRM_SECONDS)
+    world.ecs.connected = False
+    swept = svc.sweep()
+    assert world.recovery.unreachable == [] and swept.confirming == ["j1"]
+    assert world.item("j1#0")["ecs_disconnected_seen_at"] == world.clock()
+    world.clock.advance(MIN_DISCONNECT_CONFIRM_SECONDS)
+    svc.sweep()
+    assert world.recovery.unreachable == [("j1", NODE, False)]  # confirmed: both agents silent
 
 
 def test_node_lost_fail_disabled(world) -> None:

@@ -81,6 +81,7 @@ class StubRecovery:
 
     from_states: list[Any] = field(default_factory=list)
     boots: list[tuple[str, float]] = field(default_factory=list)
+    unreachable: list[tuple[str, str, bool]] = field(default_factory=list)  # node decisions asked
 
     def report_suspected_fault(self, job_id: str, attempt: int, inst_id: str, reason: str,
                                failing_rank: int | None = None, from_states: Any = None) -> Any:
@@ -91,6 +92,11 @@ class StubRecovery:
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Any:
         self.boots.append((inst_id, boot_time))
         return None
+
+    def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: Any, lost_since: float,
+                         why: str, host_reporting: bool = False) -> str:
+        self.unreachable.append((job_id, inst_id, host_reporting))
+        return "raced"  # decided nothing: the job stays NODE_LOST
 
 
 @dataclass

@@ -97,6 +97,41 @@ def node_lost_expired(node_lost_at: float | None, now: float, fail_seconds: floa
     return fail_seconds > 0 and node_lost_at is not None and now - node_lost_at > fail_seconds
 
 
+# ------------------------------------------------------- a lost node's ECS agent
+# A lost node's ECS agent read disconnected counts only when a later sweep visit, at least
+# this long after (or heartbeat_stale_seconds, if longer), reads it disconnected again: an
+# agent update or a network blip disconnects and reconnects it (agentConnected false then
+# true proves nothing), and a host may be alive behind an agent that is not answering.
+MIN_DISCONNECT_CONFIRM_SECONDS = 180
+
+
+def disconnect_confirm_seconds(stale_seconds: float) -> int:
+    """How long after its first disconnected reading a lost node's ECS agent must read
+    disconnected again: as long as a node agent's silence must last, never under 3 minutes."""
+    return max(int(stale_seconds), MIN_DISCONNECT_CONFIRM_SECONDS)
+
+
+def first_disconnected_reading(readings: Iterable[tuple[Any, Any]]) -> float | None:
+    """The earliest disconnected reading stored on a job's lost ranks of one node, each given
+    as (its reading, its ``node_lost_at``): only a reading taken in the rank's current NODE_LOST
+    spell counts (None: no reading yet)."""
+    kept = [float(seen) for seen, lost_at in readings
+            if _number(seen) and _number(lost_at) and float(seen) >= float(lost_at)]
+    return min(kept) if kept else None
+
+
+def disconnect_confirmed(first_seen_at: float, now: float, stale_seconds: float) -> bool:
+    """The ECS agent read disconnected at ``first_seen_at`` and again now, long enough after."""
+    return now - first_seen_at >= disconnect_confirm_seconds(stale_seconds)
+
+
+def host_reporting(last_report_at: Any, first_seen_at: float, stale_seconds: float) -> bool:
+    """The node agent on the host reported since (or within ``stale_seconds`` before) the first
+    disconnected reading: the host is alive, only its ECS agent is not answering. False only
+    when both were silent all along (the node unreachable)."""
+    return _number(last_report_at) and float(last_report_at) >= first_seen_at - stale_seconds
+
+
 # ---------------------------------------------------------------------- hangs
 @dataclass(frozen=True)
 class StepVerdict:

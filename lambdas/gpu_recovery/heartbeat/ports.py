@@ -23,9 +23,10 @@ class RecoveryPort(Protocol):
     def gpu_warning(self, inst_id: str) -> Any: ...
 
     # The recovery loop's node decisions (the breaker, observe mode, the node's history):
-    # a node lost with its agent disconnected is one of them.
+    # a node lost with its ECS agent disconnected is one of them; ``host_reporting``: its node
+    # agent still reports, so the job fails and the node is only flagged SUSPECT.
     def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
-                         why: str) -> str: ...
+                         why: str, host_reporting: bool = ...) -> str: ...
 
 
 class MetricsPort(Protocol):

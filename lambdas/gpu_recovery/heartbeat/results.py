@@ -51,10 +51,12 @@ class SweepResult:
     read: int = 0
     marked_lost: list[str] = field(default_factory=list)
     escalated: list[str] = field(default_factory=list)
+    # jobs whose lost node's ECS agent read disconnected, waiting for the reading that confirms it
+    confirming: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     unwatched: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"read": self.read, "marked_lost": self.marked_lost, "escalated": self.escalated,
-                "failed": self.failed, "unwatched": self.unwatched}
+                "confirming": self.confirming, "failed": self.failed, "unwatched": self.unwatched}
 

@@ -48,9 +48,11 @@ from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettin
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, STARTED_JOB_STATES
+from gpu_recovery.heartbeat.escalation import NodeLostEscalation
 from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NullMetrics, RecoveryPort
 from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport, ReportResult, SweepResult
 from gpu_recovery.repository.heartbeat import (
+    DISCONNECTED_SEEN,
     GPU_REPORT_VERSION,
     WATCHED_JOB_STATES,
     HeartbeatRepository,
@@ -95,6 +97,8 @@ class HeartbeatService:
         self.notices = notices  # the e-mails: owed in the write that decides them, sent after it
         self._recovery = recovery
         self.metrics = metrics or NullMetrics()
+        self.escalation = NodeLostEscalation(repo, settings, ecs, recovery, self.metrics,
+                                             lambda rank, why: self._unwatch(rank, reason=why))
 
     # ============================================================== task reports
     def report_tasks(self, node_id: str, reported_at: float, tasks: Iterable[ReportedTask],
@@ -199,7 +203,8 @@ class HeartbeatService:
             # Back: the hang clock restarts, the job leaves NODE_LOST once no rank is lost.
             fields.setdefault("step_changed_at", now)
             ok = self._rank_and_job(rank, RankState.NODE_LOST, RankState.RUNNING, fields,
-                                    delete={lost_attr(rank.attempt)}, remove=["node_lost_at"],
+                                    delete={lost_attr(rank.attempt)},
+                                    remove=["node_lost_at", DISCONNECTED_SEEN],
                                     reason=f"heartbeat again from rank {rank.rank}")
             if ok:
                 result.revived.append(label)
@@ -482,7 +487,7 @@ class HeartbeatService:
         result = SweepResult(read=len(items))
         node_ids = sorted({i.get("container_inst_id", "") for i in items} - {""})
         node_items = self.repo.node_items(node_ids)
-        escalations: dict[tuple[str, int, str], list[tuple[Rank, float]]] = {}
+        escalations: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
         settle: set[tuple[str, int]] = set()
         for item in items:
             rank = self.repo.rank_from_item(item)
@@ -506,21 +511,21 @@ class HeartbeatService:
                     lost_at, now, self.settings.node_lost_fail_seconds
                 ):
                     key = (rank.job_id, rank.attempt, rank.container_inst_id)
-                    escalations.setdefault(key, []).append((rank, float(lost_at)))
+                    escalations.setdefault(key, []).append(item)
             elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):
                 result.unwatched.append(label)
         for job_id, attempt in sorted(settle):
             self._settle_job(job_id, attempt, "a rank is NODE_LOST")
         for (job_id, attempt, inst_id), lost in sorted(escalations.items(), key=lambda kv: kv[0]):
-            node = node_items.get(inst_id)
-            instance = self.repo.instance_from_item(node) if node else None
-            outcome = self._escalate(job_id, attempt, inst_id, lost, instance, now)
+            outcome = self.escalation.escalate(job_id, attempt, inst_id, lost, node_items.get(inst_id), now)
             if outcome == "recovery":
                 result.escalated.append(job_id)
+            elif outcome == "confirming":
+                result.confirming.append(job_id)
             elif outcome == "failed":
                 result.failed.append(job_id)
             elif outcome == "unwatched":
-                result.unwatched.extend(f"{r.job_id}#{r.rank}" for r, _ in lost)
+                result.unwatched.extend(_rank_label(i) for i in lost)
         self.metrics.add_metric("HeartbeatSweepRead", "Count", result.read)
         return result
 
@@ -537,60 +542,6 @@ class HeartbeatService:
         self.metrics.add_metric("RanksNodeLost", "Count", 1)
         self._settle_job(rank.job_id, rank.attempt, reason)
         return True
-
-    def _escalate(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
-                  instance: Instance | None, now: float) -> str:
-        """NODE_LOST too long: the recovery loop's diag if ECS still reaches the node; else
-        a node decision of the recovery loop (quarantine through the breaker and observe
-        mode; the job fails)."""
-        ranks = [r for r, _ in lost]
-        job = self.repo.get_job(job_id)
-        if job is None or job.attempt != attempt or job.state not in WATCHED_JOB_STATES:
-            if job is not None and job.attempt == attempt and job.state is JobState.FAILED:
-                # Perhaps failed by an earlier sweep's unreachable-node decision that died
-                # before every StopTask was asked: the decision finishes them (else: moved on).
-                return self._unreachable(job_id, attempt, inst_id, lost, "")
-            for rank in ranks:
-                self._unwatch(rank, reason="job is " + (job.state.value if job else "missing"))
-            return "unwatched"
-        lost_for = int(now - min(at for _, at in lost))
-        names = ", ".join(str(r.rank) for r in ranks)
-        reason = (f"rank(s) {names} NODE_LOST on {inst_id} for {lost_for} s "
-                  f"(limit {self.settings.node_lost_fail_seconds} s): suspected node fault")
-        arn = (instance.container_instance_arn if instance else "") or inst_id
-        try:
-            described = self.ecs.describe_container_instance(arn)
-        except Exception:
-            logger.warning("DescribeContainerInstances failed; retried next sweep", exc_info=True,
-                           extra={"instance": inst_id})
-            return "retry"
-        if described and described.get("agentConnected"):
-            # Only a job still NODE_LOST: a heartbeat may have revived it since the read.
-            self._recovery().report_suspected_fault(job_id, attempt, inst_id, reason,
-                                                    from_states=[JobState.NODE_LOST])
-            self.metrics.add_metric("NodeLostEscalated", "Count", 1)
-            return "recovery"
-        return self._unreachable(job_id, attempt, inst_id, lost, reason + "; ECS agent disconnected")
-
-    def _unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[tuple[Rank, float]],
-                     reason: str) -> str:
-        ranks = [r for r, _ in lost]
-        try:
-            outcome = self._recovery().node_unreachable(
-                job_id, attempt, inst_id, ranks, min(at for _, at in lost), reason)
-        except Exception:
-            # The decision (if committed) is on the job: the next sweep finishes its stops.
-            logger.warning("node-lost decision failed; retried next sweep", exc_info=True,
-                           extra={"job_id": job_id, "instance": inst_id})
-            return "retry"
-        if outcome in ("observed", "observed_before", "moved_on"):
-            # Nothing will stop these ranks (observe mode) or they are another decision's now.
-            for rank in ranks:
-                self._unwatch(rank, reason=f"node lost: {outcome}")
-        if outcome in ("failed", "observed"):
-            self.metrics.add_metric("NodeLostFailed", "Count", 1)
-            return "failed"
-        return "unwatched" if outcome in ("moved_on", "converged") else "retry"
 
     # ================================================================= helpers
     def _recoveries(self, job_id: str) -> tuple[int, int | None]:

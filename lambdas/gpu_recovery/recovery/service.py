@@ -298,9 +298,11 @@ class RecoveryService:
         return self.warnings.at_report(inst_id)
 
     def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
-                         why: str) -> str:
-        """The heartbeat service's node lost with its ECS agent disconnected: a node decision."""
-        return self.unreachable.decide(job_id, attempt, inst_id, lost, lost_since, why)
+                         why: str, host_reporting: bool = False) -> str:
+        """The heartbeat service's node lost with its ECS agent disconnected: a node decision
+        (``host_reporting``: its node agent still reports: the job fails, the node is a suspect)."""
+        return self.unreachable.decide(job_id, attempt, inst_id, lost, lost_since, why,
+                                       host_reporting=host_reporting)
 
     def try_gang_restart(self, job_id: str) -> Outcome:
         return self.restarts.try_restart(job_id)

@@ -42,6 +42,8 @@ WATCHED_JOB_STATES = tuple(sorted(ACTIVE_JOB_STATES, key=lambda s: s.value))  # 
 TASKS_REPORT_KEY = "last_tasks_report_ts"
 GPU_REPORT_KEY = "last_gpu_report_ts"
 GPU_REPORT_VERSION = "gpu_report_version"
+# On a NODE_LOST rank: when the sweep first read its node's ECS agent disconnected (this spell).
+DISCONNECTED_SEEN = "ecs_disconnected_seen_at"
 
 
 def lost_attr(attempt: int) -> str:
@@ -266,6 +268,29 @@ class HeartbeatRepository:
             condition=condition, condition_values=values, condition_names=names,
         )
         return self.base.db.transact([rank_update, job_update])
+
+    def record_disconnected(self, rank: Rank, seen_at: float, hand_over_by: float) -> bool:
+        """The first reading of a lost node's ECS agent disconnected, on the job's first lost
+        rank there (the intent: a later sweep visit that reads it disconnected again decides),
+        and the job's ``heartbeat_escalate_at`` moved to ``hand_over_by`` (the recovery
+        sweep's backstop waits for that visit); only while the rank and its job are NODE_LOST."""
+        rank_update = self.base.rank_update(rank, RankState.NODE_LOST, from_states=[RankState.NODE_LOST],
+                                            set_fields={DISCONNECTED_SEEN: seen_at})
+        job_update = Update(
+            table=self.base.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
+            set_fields={"heartbeat_escalate_at": hand_over_by, "updated_at": clock.now()},
+            condition="#att = :att AND #js = :js",
+            condition_values={":att": rank.attempt, ":js": JobState.NODE_LOST.value},
+            condition_names={"#att": "attempt", "#js": "job_state"},
+        )
+        return self.base.db.transact([rank_update, job_update])
+
+    def forget_disconnected(self, rank: Rank) -> bool:
+        """The node's ECS agent read connected again: its earlier disconnected reading no longer
+        counts (the next one starts over)."""
+        update = self.base.rank_update(rank, rank.state, from_states=[rank.state])
+        update.remove_fields.append(DISCONNECTED_SEEN)
+        return self.base.db.apply(update)
 
     def unwatch_rank(self, rank: Rank) -> bool:
         """Drop a rank from the heartbeat index (its job no longer needs watching)."""

@@ -7,8 +7,8 @@
   nothing on.
 * ``job_settlement`` — what the decision does to each waiting job (verdict, outcome,
   budget), and the conclusion of a fault whose suspects were all found healthy.
-* ``node_unreachable`` — a node lost with its ECS agent disconnected: quarantined for a
-  person, the job failed.
+* ``node_unreachable`` — a node lost with its ECS agent disconnected: the job failed; the node
+  quarantined for a person if its node agent was silent too, else only flagged SUSPECT.
 * ``notices`` — the e-mails each of these owes, built before its commit and owed in its
   transaction (``recovery.notices``: the outbox).
 

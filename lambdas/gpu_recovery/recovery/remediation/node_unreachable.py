@@ -1,19 +1,26 @@
 """The node-unreachable decision: a node the heartbeat service lost too long, with its ECS
-agent disconnected.
+agent disconnected (read so twice, minutes apart: ``heartbeat.escalation``).
 
-No diag can run on a node ECS cannot reach, so it is quarantined (drained) for a person,
-never terminated or rebooted automatically (a network partition looks the same). Observe
-mode and the breaker apply as to any node action. The job fails (its rank there cannot be
-confirmed stopped, so it cannot move): one transaction holds the node decision (through
-the gate), the node's history with the evidence, the job NODE_LOST -> FAILED with its
-fault record and the e-mails owed; then the drain and the StopTask of every rank, each
-through its own intent (the sweep finishes them).
+No diag can run on a node ECS cannot reach, so a node whose node agent is silent too is
+quarantined (drained) for a person, never terminated or rebooted automatically (a network
+partition looks the same). Observe mode and the breaker apply as to any node action. The
+job fails (its rank there cannot be confirmed stopped, so it cannot move): one transaction
+holds the node decision (through the gate), the node's history with the evidence, the job
+NODE_LOST -> FAILED with its fault record and the e-mails owed; then the drain and the
+StopTask of every rank, each through its own intent (the sweep finishes them).
+
+A node whose node agent still reports is alive: only its ECS agent (or the container runtime
+it drives, which a tenant's container can wedge) stopped answering, a missing answer that
+condemns nothing. The job fails the same way, but the node gets no node decision (no
+quarantine, no history record, nothing for the breaker): an AVAILABLE node is flagged SUSPECT
+(no new queue work until the stack's own health check passes it, or a person returns it) in
+the job's transaction.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -29,6 +36,7 @@ from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
+from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.remediation.job_settlement import fault_record
 from gpu_recovery.recovery.remediation.node_decision import (
@@ -45,6 +53,8 @@ logger = logging.getLogger(__name__)
 # The cause of a node lost with its ECS agent disconnected (no catalog rule can decide it:
 # the diag cannot run on a node ECS cannot reach).
 UNREACHABLE_RULE = "builtin:node-unreachable"
+# The cause of a node lost with its ECS agent disconnected while its node agent reports.
+AGENT_DISCONNECTED_RULE = "builtin:ecs-agent-disconnected"
 # A node that stays in one of these may be quarantined by that decision.
 _UNREACHABLE_FROM = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
 
@@ -69,13 +79,27 @@ def unreachable_plan(evidence: Evidence, policy: RemediationPolicy, history: Ite
     return RemediationPlan(decision, escalation, Action.REPLACE, False, None, execute, record_only, record)
 
 
+def agent_disconnected_plan(evidence: Evidence, policy: RemediationPolicy, now: float,
+                            why: str) -> RemediationPlan:
+    """A node lost too long whose ECS agent is disconnected while its node agent reports: the
+    host is alive, so no node action (the most a missing answer may ask is the stack's own
+    check); the job fails and its tasks are asked to stop. Nothing for the node's history."""
+    decision = Decision(Action.HEALTH_CHECK, AGENT_DISCONNECTED_RULE,
+                        f"{why}: the node is a suspect for the stack's own DCGM check (SUSPECT), never "
+                        "quarantined on a missing answer", Budget.NONE, skip_health_check=True)
+    escalation = escalate(Action.HEALTH_CHECK, AGENT_DISCONNECTED_RULE, (), now, policy.escalation)
+    execute, record_only = policy.modes.split((Effect.STOP_TASKS,))
+    return RemediationPlan(decision, escalation, Action.HEALTH_CHECK, False, None, execute, record_only, None)
+
+
 def unreachable_decided(job: Job, inst_id: str) -> bool:
-    """The job's fault on ``inst_id`` (this attempt) was decided as an unreachable node."""
+    """The job's fault on ``inst_id`` (this attempt) was decided as a lost node (unreachable,
+    or its ECS agent disconnected while it reports)."""
     stored = job.last_fault
     if stored.get("node") != inst_id or int(stored.get("attempt") or 0) != job.attempt:
         return False
     decision = (stored.get("plan") or {}).get("decision") or {}
-    return decision.get("rule_id") == UNREACHABLE_RULE
+    return decision.get("rule_id") in (UNREACHABLE_RULE, AGENT_DISCONNECTED_RULE)
 
 
 class UnreachableData(RecordsNodeDecisions, RecordsObservedFaults, Protocol):
@@ -102,8 +126,9 @@ class NodeUnreachable:
         self.gang = gang  # the job's other ranks stopped
 
     def decide(self, job_id: str, attempt: int, inst_id: str, lost: list[Rank], lost_since: float,
-               why: str) -> str:
-        """The heartbeat service's node lost too long with its ECS agent disconnected.
+               why: str, *, host_reporting: bool = False) -> str:
+        """The heartbeat service's node lost too long with its ECS agent disconnected
+        (``host_reporting``: while its node agent reports, :meth:`_fail_job_only`).
 
         One transaction: the node decision (quarantine through the breaker, or only recorded
         in observe mode), the node's history with the evidence, and the job NODE_LOST ->
@@ -129,6 +154,11 @@ class NodeUnreachable:
             now = clock.now()
             evidence = self.remediation.evidence(inst_id=inst_id, instance_item=raw,
                                                  trigger=Trigger.NODE_LOST, fault_at=lost_since, job=job)
+            if host_reporting:
+                outcome = self._fail_job_only(job, inst_id, lost, raw, evidence, why, now)
+                if outcome is None:
+                    continue
+                return outcome
             history = history_from_item((raw or {}).get("fault_history"))
             plan = unreachable_plan(evidence, self.policy, history, now, why)
             observed = not self.policy.modes.executes(Effect.STOP_TASKS)
@@ -171,18 +201,48 @@ class NodeUnreachable:
                                  now)
             if not done:
                 continue
-            logger.warning("node unreachable: job failed", extra={
-                "job_id": job_id, "instance": inst_id, "execute": [e.value for e in plan.execute],
-                "record_only": [e.value for e in plan.record_only]})
-            self.notices.send(notices)
-            self.metrics.add_metric("Failures", "Count", 1)
-            ended(self.metrics, self.data, job_id, True)
             if tripped is not None:
                 self.gate.tripped(tripped)
-            after_commit("node unreachable", self._after, gate, decision is not None, after, plan,
-                         failed, lost, reason)
+            self._committed(notices, gate, decision is not None, after, plan, failed, lost, reason)
             return "observed" if observed else "failed"
         return "raced"
+
+    def _fail_job_only(self, job: Job, inst_id: str, lost: list[Rank], raw: dict[str, Any] | None,
+                       evidence: Evidence, why: str, now: float) -> str | None:
+        """The host still reports: the job fails as for an unreachable node, in one transaction
+        with the e-mail owed and, for an AVAILABLE node, its SUSPECT flag; no node decision,
+        nothing in the node's history or the breaker's window. None: the job or the node
+        changed since the read (decide again)."""
+        repo = self.data
+        plan = agent_disconnected_plan(evidence, self.policy, now, why)
+        observed = not self.policy.modes.executes(Effect.STOP_TASKS)
+        instance = repo.instance_from_item(raw) if raw else Instance(inst_id)
+        flagged = raw is not None and instance.state is InstanceState.AVAILABLE
+        after = replace(instance, state=InstanceState.SUSPECT) if flagged else instance
+        reason = self._reason(why, plan)
+        failed = replace(job, state=JobState.FAILED, last_error=reason[:1000])
+        notices = [self.owed.agent_disconnected_notice(failed, after, plan, evidence, observed, flagged)]
+        flag = [repo.decisions.suspect_flag(inst_id, now, reason)] if flagged else []
+        if not repo.decisions.fail_lost_job(job, reason, fault_record(evidence, plan, now, node=inst_id,
+                                                                      attempt=job.attempt),
+                                            also=[*flag, *self.notices.owe(notices, now)]):
+            return None
+        self._committed(notices, None, False, after, plan, failed, lost, reason)
+        return "observed" if observed else "failed"
+
+    def _committed(self, notices: Sequence[Owed | None], gate: GateAnswer | None, decided: bool,
+                   after: Instance, plan: RemediationPlan, failed: Job, lost: list[Rank],
+                   reason: str) -> None:
+        """After a lost node's decision commits: its e-mails and metrics; then the cordon's
+        attribute, the drain (``decided``) and the ranks' stops."""
+        logger.warning("node lost: job failed", extra={
+            "job_id": failed.job_id, "instance": after.container_inst_id,
+            "rule": plan.decision.rule_id, "execute": [e.value for e in plan.execute],
+            "record_only": [e.value for e in plan.record_only]})
+        self.notices.send(notices)
+        self.metrics.add_metric("Failures", "Count", 1)
+        ended(self.metrics, self.data, failed.job_id, True)
+        after_commit("node unreachable", self._after, gate, decided, after, plan, failed, lost, reason)
 
     def _record_observed(self, inst_id: str, job_id: str, history: list[dict[str, Any]] | None,
                          evidence: Evidence, plan: RemediationPlan, now: float) -> None:

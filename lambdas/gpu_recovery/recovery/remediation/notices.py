@@ -189,6 +189,28 @@ class RemediationNotices:
                              "again and resubmit the job."),
             details=details)
 
+    def agent_disconnected_notice(self, job: Job, instance: Instance, plan: RemediationPlan,
+                                  evidence: Evidence, observed: bool, flagged: bool) -> Owed:
+        """A lost node whose host still reports (its node agent) while its ECS agent is
+        disconnected: the job failed, the node only flagged SUSPECT (``flagged``; else left as
+        it was), not quarantined."""
+        node = instance.container_inst_id
+        node_done = (f"{node} flagged SUSPECT (no new queue work), not quarantined: its node agent "
+                     "still reports, so the host is alive" if flagged else
+                     f"{node} left {instance.state.value} (only an AVAILABLE node is flagged SUSPECT)")
+        stops = ("Nothing stopped (observe mode): the job is marked FAILED in the job table only"
+                 if observed else "Job marked FAILED; its tasks were asked to stop (ECS stops the lost one "
+                                  "once its agent reconnects)")
+        return self.notices.for_job(
+            job, instance, NotificationKind.OBSERVED if observed else NotificationKind.NODE_LOST,
+            "Job failed: ECS agent disconnected, GPU node still reporting",
+            what_happened=job.last_error, what_was_done=f"{stops}; {node_done}",
+            operator_action=("Look at the host's ECS agent and container runtime (memory, disk and PID "
+                             "exhaustion by a container can wedge them); a passing health check returns "
+                             "a SUSPECT node to AVAILABLE, else return it by hand as the runbook says; "
+                             "resubmit the job."),
+            details=details_of(evidence, plan, job_failed=True))
+
     def page_operator_notice(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> Owed:
         return self.notices.for_node(
             NotificationKind.OPERATOR_ACTION, "GPU node keeps failing: quarantined, needs a person",
