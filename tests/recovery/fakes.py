@@ -53,6 +53,10 @@ class FakeTask:
     stop_code: str = ""
     stopped_reason: str = ""
     stopped_at: float | None = None
+    # ECS's createdAt / startedAt: set for the stack's own tasks (StartTask runs them at once);
+    # a test makes one late (pending, or started after its node came back) by changing them.
+    created_at: float | None = None
+    started_at: float | None = None
 
 
 class LostResponse(Exception):
@@ -136,7 +140,8 @@ class FakeEcs:
         placed = {}
         for instance in instances:
             arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
-            self.tasks[arn] = FakeTask(arn, instance.rsplit("/", 1)[-1], started_by, group or "")
+            self.tasks[arn] = FakeTask(arn, instance.rsplit("/", 1)[-1], started_by, group or "",
+                                       created_at=clock.now(), started_at=clock.now())
             placed[ci_arn(instance.rsplit("/", 1)[-1])] = arn
         if fault == "lose":
             raise LostResponse("StartTask: response lost")
@@ -157,11 +162,15 @@ class FakeEcs:
         return [t for t in (self.describe_task(a) for a in task_arns) if t is not None]
 
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
+        if self._fault("describe_task") == "refuse":
+            raise _throttled("DescribeTasks")
         task = self.tasks.get(task_arn)
         if task is None or task_arn in self.missing_tasks:
             return None
-        stopped = {"stoppedAt": datetime.fromtimestamp(task.stopped_at, tz=UTC)} if task.stopped_at else {}
-        return {**stopped, "taskArn": task.arn, "clusterArn": CLUSTER_ARN, "lastStatus": task.last_status,
+        times = {name: datetime.fromtimestamp(at, tz=UTC) for name, at in (
+            ("stoppedAt", task.stopped_at), ("createdAt", task.created_at), ("startedAt", task.started_at))
+            if at is not None}
+        return {**times, "taskArn": task.arn, "clusterArn": CLUSTER_ARN, "lastStatus": task.last_status,
                 "containerInstanceArn": ci_arn(task.node), "startedBy": task.started_by,
                 "group": task.group, "stopCode": task.stop_code, "stoppedReason": task.stopped_reason,
                 "containers": [{"name": "dcgm", "exitCode": task.exit_code}], "tags": []}
