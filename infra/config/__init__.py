@@ -326,7 +326,7 @@ class RecoveryConfig:
         "seconds of GPU load (DCGM targeted stress) after the diag (0: none)")
     validation_timeout_minutes: int = option(
         VALIDATION_DEFAULTS.timeout_seconds // 60, integer(1, MAX_VALIDATION_TIMEOUT_SECONDS // 60),
-        "a validation not done within this fails (escalated like any failure)")
+        "a validation task's time from its start; past it: stopped, no verdict (never a failed repair)")
     # --- time sharing (quotas, preemption, suspend)
     default_node_quotas: str | None = option(None, node_quotas(),
                                              "nodes per user and level (none: unlimited)")

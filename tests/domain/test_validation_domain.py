@@ -29,6 +29,7 @@ from gpu_recovery.domain.validation import (
     new_validation,
     repair_cause,
     started_by,
+    task_time_up,
 )
 
 POLICY = RemediationPolicy(catalog=default_catalog(), gpu_reset_enabled=True)
@@ -118,3 +119,13 @@ def test_a_validating_node_is_unavailable_to_every_scheduler_unless_the_cordon_l
     assert delete == []
     held = validating_record(repair="reboot", reason="back", now=1.0, ecs=ECS_HELD)
     assert placement.attribute_value(held, None) is None
+
+
+def test_a_task_still_running_at_until_keeps_a_whole_timeout_from_its_start() -> None:
+    """``until`` counts from the node's return; a task placed late is not cut short by it: it
+    has the timeout from its start (from its creation while pending), never less than until."""
+    up = partial(task_time_up, until=1600.0, timeout_seconds=600)
+    assert up(created=1000.0, started=1000.0) == 1600.0  # placed at once: until
+    assert up(created=1500.0, started=1550.0) == 2150.0  # GPUs busy, a slow pull: its own time
+    assert up(created=1500.0, started=None) == 2100.0  # still pending: counted from its creation
+    assert up(created=None, started=None) == 1600.0  # ECS gave neither: until

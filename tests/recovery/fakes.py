@@ -54,6 +54,10 @@ class FakeTask:
     stopped_reason: str = ""
     stopped_at: float | None = None
     task_definition: str = ""  # as StartTask was given it: a family or an ARN
+    # ECS's createdAt / startedAt: set for the stack's own tasks (StartTask runs them at once);
+    # a test makes one late (pending, or started after its node came back) by changing them.
+    created_at: float | None = None
+    started_at: float | None = None
 
     @property
     def task_definition_arn(self) -> str:
@@ -65,7 +69,6 @@ class FakeTask:
 
 class LostResponse(Exception):
     """The call executed; its answer never came back."""
-
 
 
 def _throttled(operation: str) -> Exception:
@@ -145,7 +148,8 @@ class FakeEcs:
         for instance in instances:
             arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
             self.tasks[arn] = FakeTask(arn, instance.rsplit("/", 1)[-1], started_by, group or "",
-                                       task_definition=task_definition)
+                                       task_definition=task_definition, created_at=clock.now(),
+                                       started_at=clock.now())
             placed[ci_arn(instance.rsplit("/", 1)[-1])] = arn
         if fault == "lose":
             raise LostResponse("StartTask: response lost")
@@ -166,11 +170,15 @@ class FakeEcs:
         return [t for t in (self.describe_task(a) for a in task_arns) if t is not None]
 
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
+        if self._fault("describe_task") == "refuse":
+            raise _throttled("DescribeTasks")
         task = self.tasks.get(task_arn)
         if task is None or task_arn in self.missing_tasks:
             return None
-        stopped = {"stoppedAt": datetime.fromtimestamp(task.stopped_at, tz=UTC)} if task.stopped_at else {}
-        return {**stopped, "taskArn": task.arn, "clusterArn": CLUSTER_ARN, "lastStatus": task.last_status,
+        times = {name: datetime.fromtimestamp(at, tz=UTC) for name, at in (
+            ("stoppedAt", task.stopped_at), ("createdAt", task.created_at), ("startedAt", task.started_at))
+            if at is not None}
+        return {**times, "taskArn": task.arn, "clusterArn": CLUSTER_ARN, "lastStatus": task.last_status,
                 "containerInstanceArn": ci_arn(task.node), "startedBy": task.started_by,
                 "group": task.group, "stopCode": task.stop_code, "stoppedReason": task.stopped_reason,
                 "taskDefinitionArn": task.task_definition_arn,

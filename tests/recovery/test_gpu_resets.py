@@ -150,6 +150,47 @@ def test_a_reset_that_never_ends_is_stopped_and_the_node_rebooted() -> None:
         assert [n.kind for n in w.notifier.sent].count(C.NotificationKind.GPU_RESET_FAILED) == 1
 
 
+def to_the_reset_deadline(w: World) -> None:
+    """The sweep's look just before the reset's time is up (the task running), then the clock
+    at that time, the sweep not run yet."""
+    deadline = w.repo.get_instance(FAULTY).reboot_requested_at + w.service.settings.gpu_reset_timeout_seconds
+    w.advance(deadline - 1 - w.now[0])
+    w.service.sweep()
+    w.advance(1)
+
+
+def test_a_reset_that_passed_whose_event_was_lost_is_read_at_its_deadline_not_rebooted() -> None:
+    """The reset exits 0 just before its time is up and its STOPPED event is lost: the sweep
+    asks ECS first, the node is back, no reboot, no reboot in its history (which would
+    count toward its replacement)."""
+    with world() as w:
+        arns = xid_fault(w)
+        [task] = resets_on(w, FAULTY)
+        peer_stopped(w, arns)
+        to_the_reset_deadline(w)
+        task.last_status, task.exit_code = "STOPPED", 0  # its event never arrives
+        w.service.sweep()
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.rebooter.calls == [] and task.arn not in w.ecs.stop_calls
+        assert [r["action"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["reset_gpu"]
+        assert C.NotificationKind.GPU_RESET_FAILED not in [n.kind for n in w.notifier.sent]
+
+
+def test_a_throttled_describe_at_the_reset_deadline_decides_nothing_and_the_next_look_does() -> None:
+    with world() as w:
+        arns = xid_fault(w)
+        [task] = resets_on(w, FAULTY)
+        peer_stopped(w, arns)
+        to_the_reset_deadline(w)
+        w.ecs.failures["describe_task"] = ["refuse"]
+        w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.reset_pending and w.rebooter.calls == [] and task.arn not in w.ecs.stop_calls
+        task.last_status, task.exit_code = "STOPPED", 0  # its event never arrives
+        sweeps(w, 1)
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE and w.rebooter.calls == []
+
+
 def test_a_reset_task_ecs_forgot_falls_back() -> None:
     with world() as w:
         xid_fault(w)

@@ -196,17 +196,112 @@ def test_a_job_that_cannot_move_fails_when_its_node_is_replaced_after_failed_val
         assert job.state is C.JobState.FAILED and "quarantined" in job.last_error
 
 
-def test_a_validation_out_of_time_is_stopped_and_counts_as_failed() -> None:
+def to_the_deadline(w: World, node: str = FAULTY) -> None:
+    """The sweep's look just before the validation's ``until`` (the task running), then the
+    clock at ``until``, the sweep not run yet."""
+    until = float(w.repo.get_instance(node).validation["until"])
+    w.advance(until - 1 - w.now[0])
+    w.service.sweep()
+    w.advance(1)
+
+
+def test_a_validation_that_passed_whose_event_was_lost_is_read_at_its_deadline_not_failed() -> None:
+    """The task exits 0 just before ``until``; its STOPPED event is lost (or dead-lettered):
+    at the deadline the sweep asks ECS first and hands the node back as the event would have,
+    with no second reboot and nothing in its fault history."""
     with validating_world() as w:
         fault_to_reboot(w)
         comes_back(w)
         [task] = validations_on(w, FAULTY)
-        sweeps(w, int(ON.timeout_seconds // POLL_SECONDS) + 1, POLL_SECONDS)
+        to_the_deadline(w)
+        task.last_status, task.exit_code, task.stopped_at = "STOPPED", 0, w.now[0] - 1  # no event
+        w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is C.InstanceState.AVAILABLE and instance.last_validation["result"] == "passed"
+        assert w.rebooter.calls == [f"i-{FAULTY}"] and task.arn not in w.ecs.stop_calls
+        assert [r["action"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["reboot"]
+        assert w.repo.get_job("j").attempt == 2
+        # The event, late, changes nothing.
+        assert w.service.on_health_check_stopped(stopped(task, 0, w.now[0])).action == "duplicate"
+
+
+def test_a_validation_placed_late_keeps_its_own_time_past_the_nodes_deadline() -> None:
+    """Another job's rank holds the GPUs until 100 s before ``until``: the task runs from then
+    on; at ``until`` it is neither stopped nor failed, and it passes later."""
+    with validating_world() as w:
+        fault_to_reboot(w)
+        other = w.register_job("k", [FAULTY])
+        comes_back(w)
+        assert validations_on(w, FAULTY) == []
+        until = float(w.repo.get_instance(FAULTY).validation["until"])
+        w.advance(until - 100 - w.now[0])
+        w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))
+        w.service.sweep()
+        [task] = validations_on(w, FAULTY)
+        sweeps(w, 4, POLL_SECONDS)  # past until, within its own time: looked at, left running
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.validating and not instance.last_validation and task.arn not in w.ecs.stop_calls
+        assert len(w.rebooter.calls) == 1 and instance.deadline_at is not None
+        assert w.service.on_health_check_stopped(stopped(task, 0, w.now[0])).action == "validation_passed"
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+
+
+def test_a_validation_task_past_its_own_time_is_stopped_without_a_verdict_not_failed() -> None:
+    """The task runs from the node's return and is still running at ``until``: stopped, and
+    no verdict (a missing answer never fails a repair): no second reboot, nothing in the
+    node's history; it is run again, and passes."""
+    with validating_world() as w:
+        fault_to_reboot(w)
+        comes_back(w)
+        [task] = validations_on(w, FAULTY)
+        to_the_deadline(w)
+        w.service.sweep()
         assert task.arn in w.ecs.stop_calls
-        item = w.repo.get_instance_item(FAULTY)
-        assert item["instance_state"] == "REBOOTING" and not item.get("validation")
-        assert item["last_validation"]["why"].startswith("the validation did not finish within 600 s")
-        assert len(w.rebooter.calls) == 2  # the timeout's verdict: reboot, escalated as any failure
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is C.InstanceState.REBOOTING and instance.validating
+        assert not instance.last_validation and len(w.rebooter.calls) == 1
+        assert [r["action"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["reboot"]
+        [_, again] = validations_on(w, FAULTY)
+        assert again.started_by != task.started_by and instance.validation["task_arn"] == again.arn
+        # The stopped task's own event is of a claim given back: nothing happens.
+        assert w.service.on_health_check_stopped(stopped(task, 143, w.now[0])).action == "duplicate"
+        w.service.on_health_check_stopped(stopped(again, 0, w.now[0]))
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+
+
+def test_a_task_the_stack_stopped_for_its_time_is_no_verdict_whatever_its_exit() -> None:
+    """The sweep stops the task past its time and dies before its write; the diag, cut short,
+    exits 1: the sweep's next look reads the stop as its own, no verdict, not a failure."""
+    with validating_world() as w:
+        fault_to_reboot(w)
+        comes_back(w)
+        [task] = validations_on(w, FAULTY)
+        to_the_deadline(w)
+        w.repo.fail_once("node_tasks.release", "refuse")
+        w.service.sweep()
+        assert task.arn in w.ecs.stop_calls and w.repo.get_instance(FAULTY).validation["task_arn"] == task.arn
+        task.last_status, task.exit_code, task.stopped_at = "STOPPED", 1, w.now[0]
+        task.stop_code, task.stopped_reason = "UserInitiated", "gpu-recovery: validation timed out"
+        sweeps(w, 1)
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.validating and not instance.last_validation and len(w.rebooter.calls) == 1
+        assert len(validations_on(w, FAULTY)) == 2  # run again
+
+
+def test_a_throttled_describe_at_the_deadline_decides_nothing_and_the_next_look_does() -> None:
+    with validating_world() as w:
+        fault_to_reboot(w)
+        comes_back(w)
+        [task] = validations_on(w, FAULTY)
+        to_the_deadline(w)
+        w.ecs.failures["describe_task"] = ["refuse"]
+        w.service.sweep()
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.validating and not instance.last_validation
+        assert task.arn not in w.ecs.stop_calls and len(w.rebooter.calls) == 1
+        task.last_status, task.exit_code, task.stopped_at = "STOPPED", 0, w.now[0]  # its event lost
+        sweeps(w, 1)
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE and len(w.rebooter.calls) == 1
 
 
 def test_a_lost_start_answer_is_found_by_its_started_by_never_started_twice() -> None:

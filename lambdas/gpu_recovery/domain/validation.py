@@ -14,16 +14,18 @@ minutes into real training (NVSentinel issue 695, which led to its post-remediat
 validation); SageMaker HyperPod's deep health checks stress a node before it goes back.
 
 * **pass** (exit 0): the node is AVAILABLE and the jobs waiting for it restart;
-* **fail** (exit 1-4, or no verdict in time): the verdict goes through the fault catalog as
-  new evidence (trigger ``validation``), and the escalation counts it under the cause of the
-  repair that did not hold (:func:`repair_cause`), so the node climbs the same ladder a job
+* **fail** (exit 1-4): the verdict goes through the fault catalog as new evidence
+  (trigger ``validation``), and the escalation counts it under the cause of the repair that
+  did not hold (:func:`repair_cause`), so the node climbs the same ladder a job
   would otherwise have paid for: reset, reset, reboot, reboot, replace (or quarantine and page
   after ``max_remediations``), within the breaker. A loop is impossible: every failure is an
   executed remediation of one cause, and escalation caps both;
-* **timeout** (``timeout_seconds`` after the node came back): the task is stopped and the
-  validation counts as failed with the health check's own timeout verdict (``reboot``: a
-  diag or load that never ends is what a GPU that hangs under load looks like; ``dcgmi``'s
-  own timeout, exit 124, gives ``reboot`` in the contract too), escalated like any failure.
+* **no verdict** (the task ended without one, or ran out of its time, :func:`task_time_up`):
+  never a failed repair, since a missing answer condemns no node: the node stays validating,
+  out of service, and the task is run again (``START_RETRIES`` times, then an operator is
+  told and it goes on being tried). A GPU that hangs under load gives its own verdict: the
+  task bounds its load with ``timeout(1)``, whose exit 124 is ``reboot`` in the health
+  check's contract.
 """
 
 from __future__ import annotations
@@ -63,8 +65,6 @@ class Result(str, Enum):
 # The health check's verdict exit codes (DcgmVerdict): 0 healthy, 1 reboot, 2 replace,
 # 3 operator action, 4 reset. Anything else is no verdict, its own inconclusive 5 included.
 _VERDICT_EXITS = frozenset(verdict.value for verdict in DcgmVerdict)
-# A validation out of time: the health check's own timeout verdict (dcgmi exit 124 -> reboot).
-TIMEOUT_EXIT_CODE = 1
 # The cause a failure is counted under when the repair's own is unknown (a replacement node).
 FALLBACK_CAUSE = "builtin:validation-failed"
 
@@ -170,6 +170,18 @@ def judge(exit_code: int | None) -> Result:
     if exit_code in _VERDICT_EXITS:
         return Result.FAILED
     return Result.NO_VERDICT
+
+
+def task_time_up(*, until: float, created: float | None, started: float | None,
+                 timeout_seconds: float) -> float:
+    """When a validation task ECS still has pending or running at the validation's ``until``
+    (which counts from the node's return) is out of time: ``timeout_seconds`` from when it
+    began running, from its creation while it is still pending, so a task placed late (GPUs
+    busy, a throttled or slow start, a slow image pull) gets a validation's whole time; never
+    before ``until`` (nor later, when ECS gives neither time). Bounded: pending that long, or
+    running that long, it is out of time."""
+    begun = started if started is not None else created
+    return until if begun is None else max(until, begun + timeout_seconds)
 
 
 def started_by(node: str, since: float, attempt: int) -> str:

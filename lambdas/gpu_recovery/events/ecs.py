@@ -39,6 +39,10 @@ class EcsTaskDetail(BaseModel):
     stoppedReason: str = ""
     version: int = 0
     updatedAt: datetime | None = None
+    # When ECS created the task and when it began RUNNING: a node task's own time counts from
+    # them (``domain.validation.task_time_up``), not from when the stack wanted it.
+    createdAt: datetime | None = None
+    startedAt: datetime | None = None
     stoppedAt: datetime | None = None
     # When the task's containers stopped (its own exit; ``stoppedAt`` is the later transition).
     executionStoppedAt: datetime | None = None

@@ -18,7 +18,10 @@ and the breaker counted it as a remediation when the decision was taken. This st
 
 The instance keeps a deadline the sweep reaches at every step (waiting for GPUs, a claim,
 a running task: ``sweep``), so a reset whose result event was lost is read from
-DescribeTasks, and one that never ends is stopped and replaced by the reboot.
+DescribeTasks, at its time limit too, and one that never ends is stopped and replaced by the
+reboot. That reboot is no verdict on the node: it is the repair its fault called for, by the
+heavier means a reset was tried before (the catalog's reset -> reboot ladder), recorded
+because it was done.
 """
 
 from __future__ import annotations
@@ -187,11 +190,18 @@ class GpuResets:
     def sweep(self, instance: Instance, now: float) -> str:
         """Scheduled while the reset is pending: start what never started, read a result
         whose event was lost, and fall back to the reboot once out of time."""
-        if now >= self.deadline(instance):
-            if task_arn := instance.task(GPU_RESET_TASK).task_arn:
+        if now < self.deadline(instance):
+            return self.tasks.follow(node_tasks.GPU_RESET, self, instance, now)
+        if task_arn := instance.task(GPU_RESET_TASK).task_arn:
+            # ECS asked first (a DescribeTasks failing raises: decided on the next visit): a
+            # reset that ended, its STOPPED event lost, is judged by its exit code, so one that
+            # passed is no reboot (a reboot in the node's history counts toward its replacement).
+            task = self.tasks.look(task_arn)
+            if task is not None and task.get("lastStatus") == "STOPPED":
+                return self.on_stopped(EcsTaskDetail.model_validate(task)).action
+            if task is not None:
                 self.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
-            return self.fall_back(instance, "the GPU reset did not finish in time")
-        return self.tasks.follow(node_tasks.GPU_RESET, self, instance, now)
+        return self.fall_back(instance, "the GPU reset did not finish in time")
 
     def gone(self, instance: Instance) -> str:
         return self.fall_back(instance, "the GPU reset task is gone (ECS no longer knows it)")

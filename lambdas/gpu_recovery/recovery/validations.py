@@ -23,9 +23,12 @@ waiting. Then, as the GPU reset does:
    started again, at most ``START_RETRIES`` times.
 
 The instance keeps a deadline the sweep reaches at every step (GPUs busy, a claim in
-flight, a running task: DescribeTasks for a lost event), and ``validation.until`` bounds
-the whole: a validation out of time is stopped and counts as failed (``domain.validation``
-says why).
+flight, a running task: DescribeTasks for a lost event). At ``validation.until`` (its
+timeout from the node's return) no task running is a validation that could not run; a task
+recorded is described first, as the health check's is at its deadline: stopped, its result
+is the one its event gives; pending or running, it keeps its own time
+(``domain.validation.task_time_up``: a task placed late gets a whole timeout), then is
+stopped with no verdict. A missing answer never fails a repair (``domain.validation``).
 """
 
 from __future__ import annotations
@@ -85,6 +88,9 @@ logger = logging.getLogger(__name__)
 LOG_PAUSES = (1.0, 2.0, 4.0)
 LOG_GRACE_SECONDS = 120.0
 APPLY_ROUNDS = 3
+# The stack's StopTask of a task past its time: whatever exit the cut-short diag gives then is
+# no answer of the node's (on_stopped reads it as no verdict).
+OUT_OF_TIME_REASON = f"{SYSTEM_STOP_REASON_PREFIX} validation timed out"
 
 
 class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
@@ -260,6 +266,8 @@ class Validations:
             return Outcome("duplicate", detail={"instance": inst_id, "state": instance.state.value})
         exit_code = detail.exit_code()
         result = policy.judge(exit_code)
+        if result is Result.FAILED and (detail.stoppedReason or "").startswith(OUT_OF_TIME_REASON):
+            result = Result.NO_VERDICT  # the stack's stop cut it short (``_out_of_time``)
         if result is Result.PASSED:
             return Outcome(self._passed(instance, detail.taskArn), detail={"instance": inst_id})
         if result is Result.NO_VERDICT:
@@ -347,15 +355,12 @@ class Validations:
 
     # ------------------------------------------------------------------ failure
     def _failed(self, instance: Instance, raw: dict[str, Any], exit_code: int | None,
-                findings: dict[str, Any], *, task_arn: str = "", why: str = "",
-                timed_out: bool = False) -> str:
+                findings: dict[str, Any], *, task_arn: str = "", why: str = "") -> str:
         """A node decision on the validation's evidence (see the module docstring), with
         every waiting job kept waiting (repaired again) or let go (the node left repair)."""
         repo = self.data
         for _ in range(APPLY_ROUNDS):
             done = self._decide(instance, raw, exit_code, findings, task_arn=task_arn, why=why)
-            if done is not None and timed_out:
-                self.metrics.add_metric("ValidationTimeouts", "Count", 1)
             if done is not None:
                 return done
             fresh = repo.get_instance_item(instance.container_inst_id)
@@ -474,24 +479,45 @@ class Validations:
     # -------------------------------------------------------------------- sweep
     def sweep(self, instance: Instance, now: float) -> str:
         """Scheduled while validating: start what never started, read a result whose event
-        was lost, and end a validation out of time as failed."""
-        v = instance.validation
-        if now >= self.deadline(instance) and not v.get("task_arn"):
+        was lost, and, once ``until`` is past, settle what ran out of time (``_out_of_time``)."""
+        if now < self.deadline(instance):
+            return self.tasks.follow(node_tasks.VALIDATION, self, instance, now)
+        task_arn = str(instance.validation.get("task_arn") or "")
+        if not task_arn:
             # Out of time with no task running (never placed, or none gave a verdict): the
             # stack's failure, not a failed repair.
             seconds = int(self.policy.timeout_seconds)
             return self._stalled(instance, f"the validation could not run within {seconds} s")
-        if now >= self.deadline(instance):
-            task_arn = str(v.get("task_arn") or "")
-            if task_arn:
-                self.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} validation timed out")
-            raw = self.data.get_instance_item(instance.container_inst_id) or {}
-            seconds = int(self.policy.timeout_seconds)
-            why = f"the validation did not finish within {seconds} s"
-            return self._failed(instance, raw, policy.TIMEOUT_EXIT_CODE,
-                                {"verdict": "reboot", "reasons": [why]}, task_arn=task_arn, why=why,
-                                timed_out=True)
-        return self.tasks.follow(node_tasks.VALIDATION, self, instance, now)
+        return self._out_of_time(instance, task_arn, now)
+
+    def _out_of_time(self, instance: Instance, task_arn: str, now: float) -> str:
+        """Past ``until`` with a task recorded: ECS is asked first (DescribeTasks; failing, it
+        raises and nothing is decided: the sweep's next visit asks again). Stopped: its result,
+        as its STOPPED event (lost, or still retried) gives it. Pending or running: looked at
+        again within its own time, then stopped with no verdict (run again), never a failure:
+        the node has given no answer."""
+        task = self.tasks.look(task_arn)
+        if task is None:
+            return self.gone(instance)
+        detail = EcsTaskDetail.model_validate(task)
+        if detail.lastStatus == "STOPPED":
+            return self.on_stopped(detail).action
+        seconds = self.policy.timeout_seconds
+        time_up = policy.task_time_up(
+            until=self.deadline(instance), timeout_seconds=seconds,
+            created=detail.createdAt.timestamp() if detail.createdAt else None,
+            started=detail.startedAt.timestamp() if detail.startedAt else None)
+        if now < time_up:  # placed late: it has not had its time yet
+            self.tasks.rearm(node_tasks.VALIDATION, instance,
+                             min(time_up, now + node_tasks.VALIDATION.poll_seconds))
+            return "validation_running"
+        # Stopped first, then the write: its STOPPED event, or the sweep after a crash between
+        # the two, settles it the same way, as no verdict (``OUT_OF_TIME_REASON``).
+        self.ecs.stop_task(task_arn, OUT_OF_TIME_REASON)
+        self.metrics.add_metric("ValidationTimeouts", "Count", 1)
+        raw = self.data.get_instance_item(instance.container_inst_id) or {}
+        return self._no_verdict(instance, raw, f"the validation task ({detail.lastStatus.lower()}) did not "
+                                               f"end within {seconds} s of its start")
 
     def gone(self, instance: Instance) -> str:
         raw = self.data.get_instance_item(instance.container_inst_id) or {}
