@@ -47,6 +47,9 @@ from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
 
+# A go_suspend() whose stop lost to the move's decline (the job RUNNING again) asks once more.
+GO_SUSPEND_ROUNDS = 2
+
 
 def _retry_after(job: Job) -> int:
     return NOTICE_RETRY_SECONDS if (job.suspend.get("avoid") or {}).get("notice") else RETRY_INTERVAL_SECONDS
@@ -89,26 +92,37 @@ class Suspensions:
         return done
 
     def go_suspend(self, job_id: str, rank: int, attempt: int | None = None) -> Outcome:
-        """A rank called ``go_suspend()``: suspend the job at once (seed: any rank may)."""
+        """A rank called ``go_suspend()``: suspend the job at once (seed: any rank may).
+        "suspending" only once the stop of this attempt's ranks is committed (the caller then
+        waits to be stopped): a move declined under the call (SUSPENDING -> RUNNING, the stop's
+        write refused) is suspended as the job's own, like a RUNNING job's go_suspend()."""
         job = self.data.get_job(job_id)
         if job is None:
             return Outcome("ignored", job_id, {"why": "job not found"})
         if attempt is not None and job.attempt != attempt:
             return Outcome("ignored", job_id, {"why": "older attempt", "state": job.state.value})
         why = f"rank {rank} called go_suspend()"
-        if job.state is JobState.RUNNING:
-            self.request(job.job_id, job.attempt, kind=SuspendKind.SELF, reason=why, grace_seconds=0,
-                         actor=f"rank {rank}")
-            job = self.data.get_job(job_id) or job
-        if job.state is not JobState.SUSPENDING:
-            return Outcome("ignored", job_id, {"why": f"job is {job.state.value}", "state": job.state.value})
-        stopping = self.stop(job, why=why, actor=f"rank {rank}")
-        return Outcome("suspending", job_id, {"stopping_ranks": stopping, "state": JobState.SUSPENDING.value})
+        ours = job.attempt
+        for _ in range(GO_SUSPEND_ROUNDS):
+            if job.state is JobState.RUNNING:
+                self.request(job.job_id, job.attempt, kind=SuspendKind.SELF, reason=why, grace_seconds=0,
+                             actor=f"rank {rank}")
+                job = self.data.get_job(job_id) or job
+            if job.state is not JobState.SUSPENDING or job.attempt != ours:
+                break
+            stopping, job = self._stop(job, why=why, actor=f"rank {rank}")
+            if job.state is not JobState.RUNNING or job.attempt != ours:
+                return Outcome("suspending", job_id, {"stopping_ranks": stopping, "state": job.state.value})
+        return Outcome("ignored", job_id, {"why": f"job is {job.state.value}", "state": job.state.value})
 
     # -------------------------------------------------------------------- stop
     def stop(self, job: Job, *, why: str, actor: str, forced: bool = False) -> list[int]:
         """Commit the intent to stop every rank (once), then send its fan-out (idempotent;
         the sweep sends it if this delivery dies)."""
+        return self._stop(job, why=why, actor=actor, forced=forced)[0]
+
+    def _stop(self, job: Job, *, why: str, actor: str, forced: bool = False) -> tuple[list[int], Job]:
+        """``stop``, with the job as read after the intent (not SUSPENDING: nothing sent)."""
         now = clock.now()
         if not job.suspend_stopping:
             if self.store.record_stop(job.job_id, job.attempt, now=now, why=why,
@@ -116,10 +130,10 @@ class Suspensions:
                 self.metrics.add_metric("SuspendsForced", "Count", 1)
             job = self.data.get_job(job.job_id) or job
             if job.state is not JobState.SUSPENDING:
-                return []
+                return [], job
         if job.stop_fanout.get("sent_at"):
-            return []
-        return self.gang.stop(job).stopped
+            return [], job
+        return self.gang.stop(job).stopped, job
 
     # ---------------------------------------------------------------- converge
     def converge(self, job: Job, *, reissue: bool) -> str:
