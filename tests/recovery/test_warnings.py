@@ -17,6 +17,7 @@ from gpu_recovery.domain.gpu_warnings import driver_warning, warning_record
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.queue.control import JobControlService
 from gpu_recovery.repository import Update
+from gpu_recovery.repository.time_sharing import SuspensionRepository
 from tests.recovery.fakes import LostResponse, World, ci_arn, world
 from tests.recovery.remediation_steps import reset_stopped, resets_on, sweeps
 
@@ -258,3 +259,68 @@ def test_a_go_suspend_racing_the_decline_of_its_move_suspends_the_job_as_its_own
         assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is False
         assert f"#{C.RELOCATED_QUEUE_MARK}" not in item[C.QUEUE_SK]  # its own suspend: its own position
         assert [m["outcome"] for m in item["moves"]] == ["declined"]
+
+
+# ------------------------------------------------------------- the owner's hold on a move
+def test_the_owners_suspend_during_a_move_holds_the_job_once_moved() -> None:
+    """`gpujobs suspend` on a job being moved (held: true): rank 0 checkpoints, every rank
+    stops; the job is SUSPENDED and held (not queued for the scheduler to restart), the move
+    recorded, the node repaired all the same."""
+    with world() as w:
+        arns = queue_job(w, "j", [PEER, NODE])
+        warn(w, NODE, ra="gpu_reset")
+        sweeps(w, 1)
+        assert SuspensionRepository(w.repo).set_hold("j", True, reason="suspend by u: held once stopped",
+                                                     actor="u")
+        assert w.service.go_suspend("j", 0, 1).action == "suspending"
+        stop_all(w, arns)
+        item = w.repo.get_job_item("j")
+        assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is True
+        assert C.QUEUE_SK not in item and C.QUEUE_PK not in item
+        [move] = item["moves"]
+        assert move["outcome"] == "moved" and "held" in move["detail"]
+        assert "held by its owner" in item["history"][-1]["reason"]
+        [mail] = [m for m in mails(w) if "moved off" in m.subject]
+        assert "gpujobs resume" in mail.body
+        assert len(resets_on(w, NODE)) == 1
+
+
+def test_a_held_move_whose_bound_passes_is_stopped_then_held_not_declined() -> None:
+    with world() as w:
+        arns = queue_job(w, "j", [NODE])
+        warn(w, NODE, rp=True)
+        sweeps(w, 1)
+        assert SuspensionRepository(w.repo).set_hold("j", True, reason="suspend by u", actor="u")
+        w.advance(600)
+        w.service.sweep()
+        job = w.repo.get_job("j")
+        assert job.state is JobState.SUSPENDING and job.suspend_stopping and arns[0] in w.ecs.stop_calls
+        stop_all(w, arns)
+        item = w.repo.get_job_item("j")
+        assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is True
+        assert C.QUEUE_SK not in item
+        assert [m["outcome"] for m in item["moves"]] == ["stopped_at_deadline"]
+
+
+def test_a_hold_that_lands_between_the_sweeps_read_and_the_decline_is_kept() -> None:
+    """The owner's suspend commits after the sweep read the move unheld: the decline's write
+    is refused (the move is held), and the same sweep stops the job instead of letting it run."""
+    with world() as w:
+        arns = queue_job(w, "j", [NODE])
+        warn(w, NODE, rp=True)
+        sweeps(w, 1)
+        store = w.service.suspensions.store
+        real = store.decline_move
+
+        def held_first(*args: Any, **kwargs: Any) -> bool:
+            assert store.set_hold("j", True, reason="suspend by u", actor="u")
+            return real(*args, **kwargs)
+
+        store.decline_move = held_first  # type: ignore[method-assign]
+        w.advance(600)
+        w.service.sweep()
+        job = w.repo.get_job("j")
+        assert job.state is JobState.SUSPENDING and job.suspend["hold"] is True and job.suspend_stopping
+        assert arns[0] in w.ecs.stop_calls and "moves" not in w.repo.get_job_item("j")
+        stop_all(w, arns)
+        assert w.repo.get_job_item("j")["held"] is True
