@@ -196,7 +196,8 @@ def control_status(
           responses={200: {"description": "Suspending",
                            "content": {"application/json": {"model": SuspendAck}}},
                      **_ERRORS,
-                     409: error_doc("Not RUNNING or SUSPENDING, or the caller's attempt is over")})
+                     409: error_doc("Not being suspended once the call is done (the job was not RUNNING or "
+                                    "SUSPENDING, or left them meanwhile), or the caller's attempt is over")})
 def go_suspend(
     attempt: Annotated[int | None, Query(ge=1, le=100_000, description="The rank's ATTEMPT")] = None,
 ) -> SuspendAck:

@@ -15,7 +15,9 @@ from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.gpu_counters import CounterRate
 from gpu_recovery.domain.gpu_warnings import driver_warning, warning_record
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.queue.control import JobControlService
 from gpu_recovery.repository import Update
+from gpu_recovery.repository.time_sharing import SuspensionRepository
 from tests.recovery.fakes import LostResponse, World, ci_arn, world
 from tests.recovery.remediation_steps import reset_stopped, resets_on, sweeps
 
@@ -223,3 +225,102 @@ def test_a_gpu_that_fails_before_the_move_takes_the_ordinary_recovery() -> None:
         instance = w.repo.get_instance(NODE)
         assert instance.state is InstanceState.REBOOTING and instance.reset_pending and not instance.warning
         assert w.ecs.health_checks_on(NODE) == []  # the driver said reset: no diag
+
+
+def test_a_go_suspend_racing_the_decline_of_its_move_suspends_the_job_as_its_own() -> None:
+    """Rank 0 calls go_suspend() at the move's bound: the call reads the job SUSPENDING, the
+    sweep's decline commits (RUNNING again), the stop's write is refused. The call suspends
+    the job as its own (like a RUNNING job's go_suspend()): the control API answers
+    SUSPENDING with the ranks it stops, never RUNNING with nothing left to stop the caller."""
+    with world() as w:
+        arns = queue_job(w, "j", [NODE])
+        warn(w, NODE, rp=True)
+        sweeps(w, 1)
+        assert w.repo.get_job("j").state is JobState.SUSPENDING
+        store = w.service.suspensions.store
+        real = store.record_stop
+
+        def declined_first(*args: Any, **kwargs: Any) -> bool:
+            if not w.repo.get_job_item("j").get("moves"):
+                w.advance(600)
+                w.service.sweep()  # the bound passes under the call: the move declined
+                assert w.repo.get_job("j").state is JobState.RUNNING
+            return real(*args, **kwargs)
+
+        store.record_stop = declined_first  # type: ignore[method-assign]
+        control = JobControlService(w.repo, w.service.go_suspend, secrets=lambda job_id: "")
+        answer = control.go_suspend("j", 0, 1)
+        assert answer["state"] == JobState.SUSPENDING.value and answer["stopping_ranks"] == [0]
+        job = w.repo.get_job("j")
+        assert job.state is JobState.SUSPENDING and job.suspend["kind"] == "self" and job.suspend_stopping
+        assert arns[0] in w.ecs.stop_calls
+        stop_all(w, arns)
+        item = w.repo.get_job_item("j")
+        assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is False
+        assert f"#{C.RELOCATED_QUEUE_MARK}" not in item[C.QUEUE_SK]  # its own suspend: its own position
+        assert [m["outcome"] for m in item["moves"]] == ["declined"]
+
+
+# ------------------------------------------------------------- the owner's hold on a move
+def test_the_owners_suspend_during_a_move_holds_the_job_once_moved() -> None:
+    """`gpujobs suspend` on a job being moved (held: true): rank 0 checkpoints, every rank
+    stops; the job is SUSPENDED and held (not queued for the scheduler to restart), the move
+    recorded, the node repaired all the same."""
+    with world() as w:
+        arns = queue_job(w, "j", [PEER, NODE])
+        warn(w, NODE, ra="gpu_reset")
+        sweeps(w, 1)
+        assert SuspensionRepository(w.repo).set_hold("j", True, reason="suspend by u: held once stopped",
+                                                     actor="u")
+        assert w.service.go_suspend("j", 0, 1).action == "suspending"
+        stop_all(w, arns)
+        item = w.repo.get_job_item("j")
+        assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is True
+        assert C.QUEUE_SK not in item and C.QUEUE_PK not in item
+        [move] = item["moves"]
+        assert move["outcome"] == "moved" and "held" in move["detail"]
+        assert "held by its owner" in item["history"][-1]["reason"]
+        [mail] = [m for m in mails(w) if "moved off" in m.subject]
+        assert "gpujobs resume" in mail.body
+        assert len(resets_on(w, NODE)) == 1
+
+
+def test_a_held_move_whose_bound_passes_is_stopped_then_held_not_declined() -> None:
+    with world() as w:
+        arns = queue_job(w, "j", [NODE])
+        warn(w, NODE, rp=True)
+        sweeps(w, 1)
+        assert SuspensionRepository(w.repo).set_hold("j", True, reason="suspend by u", actor="u")
+        w.advance(600)
+        w.service.sweep()
+        job = w.repo.get_job("j")
+        assert job.state is JobState.SUSPENDING and job.suspend_stopping and arns[0] in w.ecs.stop_calls
+        stop_all(w, arns)
+        item = w.repo.get_job_item("j")
+        assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is True
+        assert C.QUEUE_SK not in item
+        assert [m["outcome"] for m in item["moves"]] == ["stopped_at_deadline"]
+
+
+def test_a_hold_that_lands_between_the_sweeps_read_and_the_decline_is_kept() -> None:
+    """The owner's suspend commits after the sweep read the move unheld: the decline's write
+    is refused (the move is held), and the same sweep stops the job instead of letting it run."""
+    with world() as w:
+        arns = queue_job(w, "j", [NODE])
+        warn(w, NODE, rp=True)
+        sweeps(w, 1)
+        store = w.service.suspensions.store
+        real = store.decline_move
+
+        def held_first(*args: Any, **kwargs: Any) -> bool:
+            assert store.set_hold("j", True, reason="suspend by u", actor="u")
+            return real(*args, **kwargs)
+
+        store.decline_move = held_first  # type: ignore[method-assign]
+        w.advance(600)
+        w.service.sweep()
+        job = w.repo.get_job("j")
+        assert job.state is JobState.SUSPENDING and job.suspend["hold"] is True and job.suspend_stopping
+        assert arns[0] in w.ecs.stop_calls and "moves" not in w.repo.get_job_item("j")
+        stop_all(w, arns)
+        assert w.repo.get_job_item("j")["held"] is True

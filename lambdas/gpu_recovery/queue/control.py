@@ -89,10 +89,13 @@ class JobControlService:
         outcome = self._go_suspend(job_id, rank, attempt)
         fresh = self._job(job_id)
         state = str(fresh["job_state"])
-        if outcome.action != "suspending" and state not in (JobState.SUSPENDING.value,
-                                                            JobState.SUSPENDED.value):
+        # 200 only for a job being suspended (its ranks will be stopped: the client waits for
+        # that), whatever the outcome said: a job RUNNING again (a move declined under the call)
+        # is refused, never answered with nothing to stop it.
+        if state not in (JobState.SUSPENDING.value, JobState.SUSPENDED.value):
             raise ControlError(409, "not_running",
-                               f"job {job_id} is {state}: only a RUNNING or SUSPENDING job can be suspended")
+                               f"job {job_id} is {state}: not suspended (only a RUNNING or SUSPENDING job "
+                               "can be suspended)")
         return {"job_id": job_id, "rank": rank, "state": state,
                 "stopping_ranks": list(outcome.detail.get("stopping_ranks") or [])}
 

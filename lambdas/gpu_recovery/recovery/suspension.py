@@ -47,6 +47,11 @@ from gpu_recovery.repository.time_sharing import SuspensionRepository
 
 logger = logging.getLogger(__name__)
 
+# A go_suspend() whose stop lost to the move's decline (the job RUNNING again) asks once more.
+GO_SUSPEND_ROUNDS = 2
+# A finish that lost to the owner's suspend or resume (the hold changed) is read and made again.
+FINISH_ROUNDS = 3
+
 
 def _retry_after(job: Job) -> int:
     return NOTICE_RETRY_SECONDS if (job.suspend.get("avoid") or {}).get("notice") else RETRY_INTERVAL_SECONDS
@@ -89,26 +94,37 @@ class Suspensions:
         return done
 
     def go_suspend(self, job_id: str, rank: int, attempt: int | None = None) -> Outcome:
-        """A rank called ``go_suspend()``: suspend the job at once (seed: any rank may)."""
+        """A rank called ``go_suspend()``: suspend the job at once (seed: any rank may).
+        "suspending" only once the stop of this attempt's ranks is committed (the caller then
+        waits to be stopped): a move declined under the call (SUSPENDING -> RUNNING, the stop's
+        write refused) is suspended as the job's own, like a RUNNING job's go_suspend()."""
         job = self.data.get_job(job_id)
         if job is None:
             return Outcome("ignored", job_id, {"why": "job not found"})
         if attempt is not None and job.attempt != attempt:
             return Outcome("ignored", job_id, {"why": "older attempt", "state": job.state.value})
         why = f"rank {rank} called go_suspend()"
-        if job.state is JobState.RUNNING:
-            self.request(job.job_id, job.attempt, kind=SuspendKind.SELF, reason=why, grace_seconds=0,
-                         actor=f"rank {rank}")
-            job = self.data.get_job(job_id) or job
-        if job.state is not JobState.SUSPENDING:
-            return Outcome("ignored", job_id, {"why": f"job is {job.state.value}", "state": job.state.value})
-        stopping = self.stop(job, why=why, actor=f"rank {rank}")
-        return Outcome("suspending", job_id, {"stopping_ranks": stopping, "state": JobState.SUSPENDING.value})
+        ours = job.attempt
+        for _ in range(GO_SUSPEND_ROUNDS):
+            if job.state is JobState.RUNNING:
+                self.request(job.job_id, job.attempt, kind=SuspendKind.SELF, reason=why, grace_seconds=0,
+                             actor=f"rank {rank}")
+                job = self.data.get_job(job_id) or job
+            if job.state is not JobState.SUSPENDING or job.attempt != ours:
+                break
+            stopping, job = self._stop(job, why=why, actor=f"rank {rank}")
+            if job.state is not JobState.RUNNING or job.attempt != ours:
+                return Outcome("suspending", job_id, {"stopping_ranks": stopping, "state": job.state.value})
+        return Outcome("ignored", job_id, {"why": f"job is {job.state.value}", "state": job.state.value})
 
     # -------------------------------------------------------------------- stop
     def stop(self, job: Job, *, why: str, actor: str, forced: bool = False) -> list[int]:
         """Commit the intent to stop every rank (once), then send its fan-out (idempotent;
         the sweep sends it if this delivery dies)."""
+        return self._stop(job, why=why, actor=actor, forced=forced)[0]
+
+    def _stop(self, job: Job, *, why: str, actor: str, forced: bool = False) -> tuple[list[int], Job]:
+        """``stop``, with the job as read after the intent (not SUSPENDING: nothing sent)."""
         now = clock.now()
         if not job.suspend_stopping:
             if self.store.record_stop(job.job_id, job.attempt, now=now, why=why,
@@ -116,10 +132,10 @@ class Suspensions:
                 self.metrics.add_metric("SuspendsForced", "Count", 1)
             job = self.data.get_job(job.job_id) or job
             if job.state is not JobState.SUSPENDING:
-                return []
+                return [], job
         if job.stop_fanout.get("sent_at"):
-            return []
-        return self.gang.stop(job).stopped
+            return [], job
+        return self.gang.stop(job).stopped, job
 
     # ---------------------------------------------------------------- converge
     def converge(self, job: Job, *, reissue: bool) -> str:
@@ -137,11 +153,17 @@ class Suspensions:
                 self.gang.stop(job)
             return "stopping"
         deadline = float(job.suspend.get("deadline_at") or 0)
-        if now >= deadline and job.suspend.get("kind") == SuspendKind.MOVED.value \
-                and not (job.suspend.get("avoid") or {}).get("force"):
-            return "move_declined" if self.decline(job) else "raced"
+        if now >= deadline and _declinable(job):
+            if self.decline(job):
+                return "move_declined"
+            fresh = self.data.get_job(job.job_id)  # held meanwhile? then stopped like one
+            if fresh is None or fresh.state is not JobState.SUSPENDING or fresh.attempt != job.attempt \
+                    or fresh.suspend_stopping or _declinable(fresh):
+                return "raced"
+            job = fresh
         # A move off a node AWS takes away (``recovery.aws_notices``) is not declined: its ranks
         # are stopped before AWS takes the node (the job requeued at the head of its priority).
+        # Nor is a move its owner holds (``gpujobs suspend``): stopped like the owner's suspend.
         if now >= deadline:
             grace = int(job.suspend.get("grace_seconds") or 0)
             self.stop(job, why=f"grace of {grace} s over without go_suspend(): stopped by force",
@@ -162,10 +184,23 @@ class Suspensions:
         return f"suspend_{action}"
 
     def finish(self, job: Job) -> bool:
+        """SUSPENDED, every rank stopped: queued again or held, as the owner's hold stands when
+        it commits (a ``gpujobs suspend`` or ``resume`` that lands after the read: read again)."""
+        for _ in range(FINISH_ROUNDS):
+            if self._finish(job):
+                return True
+            fresh = self.data.get_job(job.job_id)
+            if fresh is None or fresh.state is not JobState.SUSPENDING or fresh.attempt != job.attempt \
+                    or _held(fresh) == _held(job):
+                return False
+            job = fresh
+        return False
+
+    def _finish(self, job: Job) -> bool:
         if job.suspend.get("kind") == SuspendKind.MOVED.value:
             return self._moved(job)
         item = self.store.job_item(job.job_id) or {}
-        hold = bool(job.suspend.get("hold"))
+        hold = _held(job)
         order = queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0.0), job.job_id)
         kind = str(job.suspend.get("kind") or "")
         cause = _cause(job.suspend)
@@ -183,7 +218,9 @@ class Suspensions:
     def _moved(self, job: Job) -> bool:
         """Every rank stopped at the job's checkpoint: back in the queue at the head of its
         priority (restarted on healthy nodes or a spare, from that checkpoint), the move on
-        its item, its e-mail owed; then the node may be repaired."""
+        its item, its e-mail owed; then the node may be repaired. A move its owner holds
+        (``gpujobs suspend``) is held instead, until resumed; stopped by force at its bound
+        when rank 0 did not call go_suspend()."""
         avoid = dict(job.suspend.get("avoid") or {})
         if avoid.get("notice"):
             return self._moved_off_notice(job, avoid)
@@ -191,32 +228,32 @@ class Suspensions:
         node = str(avoid.get("node") or "")
         now = clock.now()
         took = now - float(job.suspend.get("requested_at") or now)
-        entry = move_record(node=node, warning=avoid, at=now, outcome="moved", checkpoint_seconds=took)
+        hold = _held(job)
+        forced = "stopped by force" in str(job.suspend.get("stop_reason") or "")  # not by go_suspend()
+        outcome = "stopped_at_deadline" if forced else "moved"
+        entry = move_record(node=node, warning=avoid, at=now, outcome=outcome,
+                            detail="held by its owner until resumed" if hold else "",
+                            checkpoint_seconds=None if forced else took)
         moves = [*(item.get("moves") or []), entry][-MAX_MOVES_KEPT:]
         order = relocated_queue_order(int(item.get("priority", 0)), float(item.get("submitted_at") or 0.0),
                                       job.job_id)
-        what = avoided(avoid)
-        reason = (f"moved off {node} at its checkpoint ({int(took)} s after it was asked): "
-                  f"{avoid.get('reason') or 'driver warning'}; back in the queue at the head of its "
-                  "priority, it restarts on healthy nodes from that checkpoint")
+        words = _MoveWords(node, took, hold=hold, forced=forced)
         notice = self.notices.for_job(
-            replace(job, state=JobState.SUSPENDED), None, NotificationKind.GPU_WARNING,
-            "Job moved off a GPU node at its checkpoint, before the GPU failed",
+            replace(job, state=JobState.SUSPENDED), None, NotificationKind.GPU_WARNING, words.subject,
             what_happened=(f"Node {node} reported a driver warning: {avoid.get('reason') or '?'} "
                            f"({avoid.get('confidence') or '?'})"),
-            what_was_done=(f"Rank 0 saved a checkpoint and stopped the job {int(took)} s after it was "
-                           "asked; the job is back in the queue ahead of every job of its priority and "
-                           f"restarts on healthy nodes from that checkpoint; {node} takes no new work and is "
-                           f"repaired ({avoid.get('action') or 'as the catalog says'}). Avoided: {what}"),
-            operator_action=("None: the job resumes by itself (RESUME_COUNT + 1) and the node returns "
-                             "once repaired."))
-        if not self.store.finish(job.job_id, job.attempt, queue_order=order, hold=False, reason=reason,
+            what_was_done=(f"{words.stopped}; {words.then}; {node} takes no new work and is repaired "
+                           f"({avoid.get('action') or 'as the catalog says'}). Avoided: {avoided(avoid)}"),
+            operator_action=words.action)
+        reason = f"{words.how}: {avoid.get('reason') or 'driver warning'}; {words.then}"
+        if not self.store.finish(job.job_id, job.attempt, queue_order=order, hold=hold, reason=reason,
                                  moves=moves, also=self.notices.owe([notice], now)):
             return False
         self.notices.send([notice])
-        self.metrics.add_metric("JobsMovedAtCheckpoint", "Count", 1)
-        logger.warning("job moved off a warned node at its checkpoint", extra={
-            "job_id": job.job_id, "instance": node, "checkpoint_seconds": round(took, 1)})
+        self.metrics.add_metric("JobsSuspended" if forced else "JobsMovedAtCheckpoint", "Count", 1)
+        logger.warning("job moved off a warned node", extra={
+            "job_id": job.job_id, "instance": node, "held": hold, "forced": forced,
+            "checkpoint_seconds": None if forced else round(took, 1)})
         if node:
             after_commit("repair the node the job left", self.reactions.emit, JobLeftNode(node))
         return True
@@ -239,19 +276,23 @@ class Suspensions:
         why = str(avoid.get("reason") or "AWS notice")
         how = ("stopped before AWS takes the node (no go_suspend() in time: it resumes from its last "
                "checkpoint)" if forced else f"moved at its checkpoint ({int(took)} s after it was asked)")
-        reason = f"waiting for capacity: {why}; {how} off {node}; queued at the head of its priority"
+        hold = _held(job)
+        reason = (f"{how} off {node} ({why}); held by its owner until resumed (gpujobs resume)" if hold else
+                  f"waiting for capacity: {why}; {how} off {node}; queued at the head of its priority")
         notice = self.notices.for_job(
             replace(job, state=JobState.SUSPENDED), None, NotificationKind.CAPACITY_NOTICE,
             ("Job stopped before AWS took its node" if forced else
              "Job moved off a node AWS takes away, at its checkpoint"),
             what_happened=f"AWS announced for node {node}: {why}",
-            what_was_done=(f"The job was {how}; it is back in the queue ahead of every job of its priority "
-                           "and "
-                           f"restarts on other nodes when capacity exists; {node} takes no new work"),
-            operator_action=("None: the job resumes by itself (RESUME_COUNT + 1). " + (
+            what_was_done=(f"The job was {how}; " + (
+                "it is held by its owner until resumed (gpujobs resume)" if hold else
+                "it is back in the queue ahead of every job of its priority and restarts on other nodes "
+                "when capacity exists") + f"; {node} takes no new work"),
+            operator_action=(("Its owner resumes it (gpujobs resume). " if hold else
+                              "None: the job resumes by itself (RESUME_COUNT + 1). ") + (
                 "Make its training loop call receive_suspend_command() every step to lose no work next time."
                 if forced else "")).strip())
-        if not self.store.finish(job.job_id, job.attempt, queue_order=order, hold=False, reason=reason,
+        if not self.store.finish(job.job_id, job.attempt, queue_order=order, hold=hold, reason=reason,
                                  moves=moves, also=self.notices.owe([notice], now)):
             return False
         self.notices.send([notice])
@@ -297,6 +338,62 @@ class Suspensions:
         self.metrics.add_metric("WarningMovesDeclined", "Count", 1)
         logger.warning("move off a warned node declined", extra={"job_id": job.job_id, "instance": node})
         return True
+
+
+@dataclass(frozen=True)
+class _MoveWords:
+    """What the history and the e-mail say of a move off a warned node, every rank stopped."""
+
+    node: str
+    took: float
+    _: KW_ONLY
+    hold: bool  # its owner holds it (gpujobs suspend)
+    forced: bool  # stopped at the bound without go_suspend() (its owner suspended it)
+
+    @property
+    def how(self) -> str:
+        if self.forced:
+            return (f"stopped off {self.node} at the end of its move's bound (its owner suspended it; "
+                    "no go_suspend())")
+        return f"moved off {self.node} at its checkpoint ({int(self.took)} s after it was asked)"
+
+    @property
+    def then(self) -> str:
+        if self.hold:
+            return "held by its owner until resumed (gpujobs resume)"
+        return ("back in the queue at the head of its priority, it restarts on healthy nodes from "
+                + ("its last checkpoint" if self.forced else "that checkpoint"))
+
+    @property
+    def subject(self) -> str:
+        if self.forced:
+            return "Job stopped off a GPU node with a driver warning, as its owner asked"
+        return "Job moved off a GPU node at its checkpoint, before the GPU failed"
+
+    @property
+    def stopped(self) -> str:
+        if self.forced:
+            return ("The job was stopped at the end of its move's bound (its owner suspended it and rank 0 "
+                    "did not call go_suspend(): it resumes from its last checkpoint)")
+        return f"Rank 0 saved a checkpoint and stopped the job {int(self.took)} s after it was asked"
+
+    @property
+    def action(self) -> str:
+        if self.hold:
+            return "Its owner resumes it (gpujobs resume); the node returns once repaired."
+        return "None: the job resumes by itself (RESUME_COUNT + 1) and the node returns once repaired."
+
+
+def _held(job: Job) -> bool:
+    """Its owner holds the job once stopped (``gpujobs suspend``; a move too)."""
+    return bool(job.suspend.get("hold"))
+
+
+def _declinable(job: Job) -> bool:
+    """A move off a warned node that keeps running when its bound passes: not a move off a
+    node AWS takes away, not one its owner holds."""
+    return job.suspend.get("kind") == SuspendKind.MOVED.value and not _held(job) \
+        and not (job.suspend.get("avoid") or {}).get("force")
 
 
 def _cause(suspend: dict[str, Any]) -> str:

@@ -49,6 +49,8 @@ from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 _NOT_HOLDING = sorted(s.value for s in JobState if s not in HOLDING_JOB_STATES)
 _QUEUED = sorted(s.value for s in QUEUED_JOB_STATES)
 _HOLDING_ATTRS = [HOLDING_PK, HOLDING_SK]
+# A suspend its owner does not hold (``suspend.hold`` absent or False; ``:held`` is True).
+_NOT_HELD = "attribute_not_exists(#sp.#h) OR #sp.#h <> :held"
 
 
 @dataclass(frozen=True)
@@ -255,7 +257,11 @@ class SuspensionRepository:
                also: Sequence[Update] = ()) -> bool:
         """SUSPENDING -> SUSPENDED: every rank stopped. Back in the queue at its original
         position (a move off a warned node: at the head of its priority), or held (a user's
-        suspend) until resumed. ``moves``: the job's moves with this one (a move)."""
+        suspend) until resumed. ``moves``: the job's moves with this one (a move).
+
+        ``hold`` is the suspend's hold as read, and the condition is that it still is: a
+        suspend or resume by the owner (``set_hold``) committed since is not overwritten
+        (False: the caller reads the job again)."""
         fields: dict[str, Any] = {"held": hold, "not_before": 0}
         if not hold:
             fields.update({QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order})
@@ -265,19 +271,22 @@ class SuspensionRepository:
             job_id, JobState.SUSPENDED, from_states=[JobState.SUSPENDING], attempt=attempt, reason=reason,
             actor=actor, set_fields=fields, increments={"suspend_count": 1},
             remove_fields=[*DEADLINE_ATTRIBUTES, "launched_at", "launch_claimed_at", "wait_reason",
-                           *([QUEUE_PK, QUEUE_SK] if hold else [])])
+                           *([QUEUE_PK, QUEUE_SK] if hold else [])],
+            extra_condition="#sp.#h = :held" if hold else _NOT_HELD, extra_values={":held": True},
+            extra_names={"#sp": "suspend", "#h": "hold"})
         return self.db.transact([update, *also]) if also else self.db.apply(update)
 
     def decline_move(self, job_id: str, attempt: int, *, reason: str, moves: list[dict[str, Any]],
                      also: Sequence[Update] = ()) -> bool:
         """SUSPENDING -> RUNNING: a move off a warned node that the job did not take within its
-        bound (no go_suspend(), no stop asked yet): it keeps running; rank 0 is told no more."""
+        bound (no go_suspend(), no stop asked yet, not held by its owner: a held move is
+        stopped instead): it keeps running; rank 0 is told no more."""
         update = self.base.job_transition(
             job_id, JobState.RUNNING, from_states=[JobState.SUSPENDING], attempt=attempt, reason=reason,
             actor="recovery", set_fields={"moves": moves}, remove_fields=["suspend", *DEADLINE_ATTRIBUTES],
-            extra_condition="#sp.#sk = :moved AND attribute_not_exists(#sp.#sr)",
-            extra_values={":moved": "moved"},
-            extra_names={"#sp": "suspend", "#sk": "kind", "#sr": "stop_requested_at"})
+            extra_condition=f"#sp.#sk = :moved AND attribute_not_exists(#sp.#sr) AND ({_NOT_HELD})",
+            extra_values={":moved": "moved", ":held": True},
+            extra_names={"#sp": "suspend", "#sk": "kind", "#sr": "stop_requested_at", "#h": "hold"})
         return self.db.transact([update, *also])
 
     def hold_waiting(self, job_id: str, current: JobState, *, suspend: Mapping[str, Any], reason: str,
