@@ -1,19 +1,17 @@
-# dcgm_health_check.sh - GPU health check, run as an ECS task in the DCGM image as
-# ["sh", "-c", <this text>]: POSIX sh (dash), no $0, no python/jq; needs awk, sed,
-# hostname, dcgmi, nvidia-smi. Contract, JSON fields and sources: health_check/README.md.
-# EXIT CODES (the worst wins: 2 > 1 > 4 > 3 > 0):
+# dcgm_health_check.sh - GPU health check task, run as ["sh", "-c", <this text>] in the DCGM
+# image: POSIX sh (dash), no $0; needs awk, sed, hostname, dcgmi, nvidia-smi. Contract, JSON
+# fields, environment and sources: health_check/README.md.
+# EXIT CODES (the worst wins: 2 > 1 > 4 > 3 > 5 > 0):
 #   2 replace: row-remap failure, dcgmi exit 205, or an isolate (2) DCGM error.
-#   1 reboot:  any failure a GPU reset is not known to clear (dcgmi failed, ECC
-#              with no pending remap or reset request, pages pending retirement,
-#              recovery action Reboot / Drain P2P, dcgmi or nvidia-smi cannot run).
-#   4 reset:   only pending row remaps / recovery action Reset or Drain and Reset,
-#              with their GPUs' uncorrected ECC and reset-severity (6) DCGM errors.
+#   1 reboot:  any failure a GPU reset is not known to clear (dcgmi failed, ECC with no
+#     pending remap or reset request, pages pending retirement, recovery action Reboot/Drain P2P).
+#   4 reset:   only pending row remaps / recovery action Reset or Drain and Reset, with
+#     their GPUs' uncorrected ECC and reset-severity (6) DCGM errors.
 #   3 operator_action: dcgmi failed only on configuration (5) errors.
+#   5 inconclusive: the check could not run or evaluate (dcgmi or nvidia-smi missing,
+#     dcgmi ran no test, awk failed): no verdict on the GPUs.
 #   0 healthy: dcgmi passed and no hardware signal.
 # STDOUT: one JSON line, the verdict; everything else goes to stderr.
-# ENV: DCGM_LEVEL 1..4 (default 2), DCGMI, NVIDIA_SMI, DCGM_TIMEOUT (seconds),
-#   VALIDATION_LOAD_SECONDS (0: none) of GPU load after the diag (validation after repair),
-#   VALIDATION_LOAD_TEST (targeted_stress): a second dcgmi diag, judged by the same rules.
 
 hc_log() { printf 'dcgm_health_check: %s\n' "$*" >&2; }
 
@@ -41,7 +39,7 @@ else
   hc_log "nvidia-smi not found: $NVIDIA_SMI"
 fi
 
-HC_DIAG_FOUND=0; HC_DIAG_RC=127; HC_DIAG_OUT=
+HC_DIAG_FOUND=0; HC_DIAG_RC=null; HC_DIAG_OUT=
 if command -v "$DCGMI" >/dev/null 2>&1; then
   HC_DIAG_FOUND=1
   hc_log "running: $DCGMI diag -r $HC_LEVEL -j"
@@ -128,7 +126,7 @@ function val(k, v) {
   else if (k == "error_severity") { ES[d] = v; if (v + 0 == 2) iso = 1 }
   else if (k == "error_category") EC[d] = v
   else if (k == "warning" || k == "error") EM[d] = v
-  else if (k == "runtime_error" && v != "") rte = v
+  else if (k == "runtime_error" && v != "") RT[ph + 0] = v
 }
 # One DCGM error object: config (5) and reset (6) severities explain their test.
 function err(x,  key, v) {
@@ -146,6 +144,13 @@ function err(x,  key, v) {
 function E(k) { return ENVIRON["HC_" k] }
 function gw(u) { return "GPU " ((u in UI) ? UI[u] " (" u ")" : u) }
 function reason(lv, s) { if (lv > V) V = lv; R[++nr] = s }
+function nv(s) { IV[++ni] = s }
+# No test ran (exit != 0 or a runtime error), bar DCGM statuses naming a GPU state
+# (-18 GPU lost, -19 reset required, -57 NVML driver timeout, -67 detached): no evidence.
+function cr(rc, p) {
+  if (!(rc || RT[p] != "") || rc ~ /^(23[78]|199|189)$/) return 0
+  rs = (RT[p] == "") ? "" : ": " RT[p]; RT[p] = ""; return 1
+}
 function rr(s) { nrs++; R[++nr] = s }
 # nvidia-smi -q "GPU Recovery Action" (man page values); anything else is unknown.
 function rname(v) {
@@ -167,7 +172,7 @@ END {
     if (c == "{" || c == "[") {
       d++; T[d] = c; K[d] = ""; WK = (c == "{"); KO[d] = (d > 1 && T[d-1] == "{") ? K[d-1] : ""
       EI[d] = ES[d] = EC[d] = EM[d] = ""
-      if (c == "{" && !td && d > 2 && T[d-1] == "[" && KO[d-1] == "tests") { td = d; tn = ""; tf = 0 }
+      if (c == "{" && !td && d > 2 && T[d-1] == "[" && KO[d-1] == "tests") { td = d; tn = ""; tf = 0; nt++ }
       i++; continue
     }
     if (c == "}" || c == "]") {
@@ -181,7 +186,7 @@ END {
       d--; i++
       if (d <= 0) {  # the diag JSON ends, the load JSON follows the marker line
         j = index(substr(J, i), "\n@@load@@\n"); if (!j || ph) break
-        ph = 1; nf1 = nf; i += j + 9; j = index(substr(J, i), "{"); ljson = (j > 0); if (!j) break
+        ph = 1; nf1 = nf; nt1 = nt; i += j + 9; j = index(substr(J, i), "{"); ljson = (j > 0); if (!j) break
         i += j - 1; d = 0
       }
       continue
@@ -201,16 +206,17 @@ END {
     i = (j > i) ? j : i + 1
   }
 
-  if (!ph) nf1 = nf
+  if (!ph) { nf1 = nf; nt1 = nt }
   V = 0; nr = 0; nn = 0; drc = E("DIAG_RC") + 0; cfg = (ne > 0 && !ncfg); OP = 0
   LD = E("LOAD") + 0; lrc = E("LOAD_RC") + 0; lw = "GPU load (" E("LOAD_TEST") ", " LD " s)"
   rst = (rids != "" && !nxr); DR = ""
   if (E("LEVEL_BAD") == 1) N[++nn] = "invalid DCGM_LEVEL \"" E("LEVEL_RAW") "\"; used level 2"
   if (E("LOAD_BAD") == 1) N[++nn] = "invalid VALIDATION_LOAD_SECONDS; no GPU load"
-  if (E("DIAG_FOUND") != 1) reason(1, "dcgmi cannot run (not found: " ENVIRON["DCGMI"] ")")
+  if (E("DIAG_FOUND") != 1) nv("dcgmi cannot run (not found: " ENVIRON["DCGMI"] ")")
   else {
     if (drc == 205) reason(2, "dcgmi diag reported an isolate error (exit 205): isolate/replace the GPU")
     else if (drc == 124) reason(1, "dcgmi diag timed out")
+    else if (!nt1 && cr(drc, 0)) nv("dcgmi diag ran no test (exit " drc ")" rs)
     else if (drc != 0 && cfg || nf1 && cfg) OP = 1
     else if (drc != 0 && rst || nf1 && rst) { DR = "dcgmi diag failed (exit " drc ") only on reset-severity errors (DCGM error " rids ")"; OP = (cids != "") }
     else if (drc != 0) reason(1, "dcgmi diag failed (exit " drc ")")
@@ -218,6 +224,7 @@ END {
     if (LD) {
       if (lrc == 205) reason(2, lw " reported an isolate error (exit 205)")
       else if (lrc == 124) reason(1, lw " did not finish in time (exit 124)")
+      else if (nt == nt1 && cr(lrc, 1)) nv(lw " ran no test (exit " lrc ")" rs)
       else if ((lrc || nf > nf1) && cfg) OP = 1
       else if ((lrc || nf > nf1) && rst) { if (DR == "") DR = lw " failed (exit " lrc ") only on reset-severity errors (DCGM error " rids ")" }
       else if (lrc) reason(1, lw " failed (exit " lrc ")")
@@ -225,12 +232,12 @@ END {
       if (!ljson) N[++nn] = "the GPU load printed no JSON"
     }
     if (iso) reason(2, "dcgmi diag reported an isolate-severity error")
-    if (rte != "") reason(1, "dcgmi runtime error: " rte)
+    for (x = 0; x < 2; x++) if (RT[x] != "") reason(1, "dcgmi runtime error: " RT[x])
     if (!json) N[++nn] = "dcgmi printed no JSON"
   }
 
   ng = 0; ns = 0
-  if (E("SMI_FOUND") != 1) reason(1, "nvidia-smi cannot run (not found: " ENVIRON["NVIDIA_SMI"] ")")
+  if (E("SMI_FOUND") != 1) nv("nvidia-smi cannot run (not found: " ENVIRON["NVIDIA_SMI"] ")")
   else {
     if (E("GPU_RC") != 0) reason(1, "nvidia-smi --query-gpu failed (exit " E("GPU_RC") ")")
     m = split(E("GPU_OUT"), L, "\n")
@@ -287,7 +294,9 @@ END {
     s = "dcgmi diag failed only on configuration errors (DCGM error " cids "): an operator must fix the configuration, a reboot does not"
     if (V) N[++nn] = s; else { V = 3; R[++nr] = s }
   }
-  split("healthy reboot replace operator_action reset", VN, " ")
+  for (x = 1; x <= ni; x++) if (V) N[++nn] = IV[x]; else R[++nr] = IV[x]
+  if (!V && ni) V = 5
+  split("healthy reboot replace operator_action reset inconclusive", VN, " ")
   printf "{\"verdict\":\"%s\",\"exit_code\":%d,\"dcgm_level\":%d,\"dcgmi_exit_code\":%s,", VN[V + 1], V, E("LEVEL"), (E("DIAG_FOUND") == 1) ? drc : "null"
   printf "\"failed_tests\":%s,\"errors\":%s,\"gpus\":[%s],\"smi_exit_code\":%s,\"smi_errors\":%s,", list(FL, nf), raw(ER, ne), g, (E("SMI_FOUND") == 1) ? E("GPU_RC") + 0 : "null", list(SE, ns)
   printf "\"load\":%s,", (LD && E("DIAG_FOUND") == 1) ? "{\"test\":\"" E("LOAD_TEST") "\",\"seconds\":" LD ",\"dcgmi_exit_code\":" lrc "}" : "null"
@@ -295,19 +304,15 @@ END {
   exit V
 }'
 
-if [ "$HC_LOAD" -gt 0 ]; then
-  printf '%s\n@@load@@\n%s\n' "$HC_DIAG_OUT" "$HC_LOAD_OUT" | awk "$HC_AWK"
-else
-  printf '%s\n' "$HC_DIAG_OUT" | awk "$HC_AWK"
-fi
+# A dead awk can exit 2 or 137 too: only a whole verdict line is a verdict.
+HC_OUT=$(printf '%s\n@@load@@\n%s\n' "$HC_DIAG_OUT" "$HC_LOAD_OUT" | awk "$HC_AWK")
 HC_RC=$?
-case "$HC_RC" in
-  0|1|2|3|4) ;;
+case "$HC_RC $HC_OUT" in
+  [0-5]' {"verdict":"'*'","exit_code":'"$HC_RC"',"'*'"}') printf '%s\n' "$HC_OUT" ;;
   *)
-    hc_log "result evaluation failed (awk exit $HC_RC); defaulting to reboot"
-    [ "$HC_DIAG_FOUND" = 1 ] || HC_DIAG_RC=null
-    printf '{"verdict":"reboot","exit_code":1,"dcgm_level":%s,"dcgmi_exit_code":%s,"failed_tests":[],"errors":[],"gpus":[],"smi_exit_code":null,"smi_errors":[],"load":null,"reasons":["health check could not evaluate results"],"notes":[],"hostname":"%s"}\n' \
+    hc_log "results not evaluated (awk exit $HC_RC): no verdict"
+    printf '{"verdict":"inconclusive","exit_code":5,"dcgm_level":%s,"dcgmi_exit_code":%s,"failed_tests":[],"errors":[],"gpus":[],"smi_exit_code":null,"smi_errors":[],"load":null,"reasons":["health check could not evaluate results"],"notes":[],"hostname":"%s"}\n' \
       "$HC_LEVEL" "$HC_DIAG_RC" "$(printf '%s' "$HC_HOST" | tr -cd 'A-Za-z0-9._-')"
-    HC_RC=1 ;;
+    HC_RC=5 ;;
 esac
 exit "$HC_RC"

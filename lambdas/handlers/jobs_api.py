@@ -66,9 +66,10 @@ from gpu_recovery.queue.api_models import (
     QuotaView,
     SuspendResult,
 )
-from gpu_recovery.queue.jobs_api.errors import QueueError
+from gpu_recovery.queue.jobs_api.errors import IdempotencyKeyReused, QueueError
 from gpu_recovery.queue.jobs_api.reads import DEFAULT_LIMIT, MAX_LIMIT
 from gpu_recovery.queue.jobs_api.service import JobQueueService
+from gpu_recovery.queue.jobs_api.submit import IDEMPOTENCY_WINDOW_SECONDS
 from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
 from gpu_recovery.queue.models import JobSpec
 from gpu_recovery.queue.spec_errors import first_problem
@@ -86,7 +87,7 @@ API_TITLE = "GPU training jobs API"
 API_VERSION = "1.0.0"
 MAX_BODY_BYTES = 128 * 1024
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+IDEMPOTENCY_TTL_SECONDS = IDEMPOTENCY_WINDOW_SECONDS
 LOCAL_USER_HEADER = "X-Local-User"
 DEFAULT_LOCAL_USER = "arn:aws:iam::123456789012:user/local"
 JOB_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,80}$"
@@ -177,7 +178,12 @@ def _idempotency() -> tuple[IdempotencyConfig, Any]:
 
 def _submit_once(request: dict[str, Any]) -> dict[str, Any]:
     spec = JobSpec.model_validate(request["spec"])
-    return service().submit(spec, request["caller"])
+    # The key goes on with the job too: a retry whose Powertools record expired (the first
+    # try timed out after writing the job) or was dropped still finds the job it made.
+    submitted = service().submit_once(spec, request["caller"], request["key"])
+    if submitted.replayed:
+        app.append_context(idempotent_replay=True)
+    return submitted.job
 
 
 def _mark_replay(response: Any, idempotent_data: DataRecord) -> Any:
@@ -230,8 +236,7 @@ def _queue_error(error: QueueError) -> Response:
 
 @app.exception_handler(IdempotencyValidationError)
 def _idempotency_mismatch(error: IdempotencyValidationError) -> Response:
-    return error_response(409, "idempotency_key_reused",
-                          f"{IDEMPOTENCY_HEADER} was already used with a different request body")
+    return _queue_error(IdempotencyKeyReused())
 
 
 @app.exception_handler(IdempotencyAlreadyInProgressError)
@@ -251,7 +256,8 @@ def _not_found(error: Exception) -> Response:
     "/v1/jobs",
     summary="Submit a job",
     description="Queues a multi-node job. With an Idempotency-Key header a retried submission "
-    "returns the same job (24 h); the same key with a different body is refused with 409.",
+    "returns the same job (24 h; 201 with Idempotent-Replayed: true), also when the first try "
+    "wrote the job but never answered; the same key with a different body is refused with 409.",
     responses={
         201: {"description": "Queued", "content": {"application/json": {"model": JobSummary}}},
         400: _E400,

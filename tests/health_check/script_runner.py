@@ -42,7 +42,8 @@ GPU_FIELDS = {"index", "uuid", "ecc_uncorrected_volatile", "remap_pending", "rem
               "recovery_action", "retired_pages_pending"}
 RECOVERY_ACTIONS = {"none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset", "unknown"}
 ERROR_FIELDS = {"test", "error_id", "severity", "category", "message"}
-VERDICT_FOR_CODE = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action", 4: "reset"}
+VERDICT_FOR_CODE = {0: "healthy", 1: "reboot", 2: "replace", 3: "operator_action", 4: "reset",
+                    5: "inconclusive"}
 
 HAVE_DASH = Path("/bin/dash").exists()
 SHELLS = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_recovery.domain.states import DCGM_INCONCLUSIVE_EXIT_CODE
 from tests.health_check.script_runner import SHELLS, run_check
 
 LOAD_ENV = {"DCGM_LEVEL": "1", "VALIDATION_LOAD_SECONDS": "45"}
@@ -62,3 +63,13 @@ def test_without_a_load_the_check_is_unchanged(tmp_path):
                     load=("dcgmi_targeted_stress_fail.json", 226))
     assert bad.returncode == 0 and bad.verdict["load"] is None
     assert "invalid VALIDATION_LOAD_SECONDS; no GPU load" in bad.verdict["notes"]
+
+
+def test_a_load_that_could_not_run_is_inconclusive_not_a_failed_repair(tmp_path):
+    """The diag passes, then the load loses its host engine (DCGM -21, exit 235, no test ran):
+    no verdict (exit 5), so the validation is run again, never counted as a failed repair."""
+    run = run_check(tmp_path, env=LOAD_ENV, load=("dcgmi_host_engine_connection_lost.json", 235))
+    assert (run.returncode, run.verdict["verdict"]) == (DCGM_INCONCLUSIVE_EXIT_CODE, "inconclusive")
+    assert run.verdict["load"]["dcgmi_exit_code"] == 235
+    [why] = run.verdict["reasons"]
+    assert why.startswith("GPU load (targeted_stress, 45 s) ran no test (exit 235): Error: Unable to")

@@ -96,21 +96,32 @@ def test_first_runs_then_the_median_and_a_slow_run_is_never_learned() -> None:
     assert len(b.samples) == bl.MAX_SAMPLES and 120.0 not in b.samples  # the item does not grow
 
 
+def taught(klass: str, nodes: int, runs: dict[str, list[float]]) -> bl.Baseline:
+    """A baseline as these users' passing runs taught it (in turn, each run learned)."""
+    b = bl.Baseline(klass, nodes)
+    for user, values in runs.items():
+        for i, value in enumerate(values):
+            b = bl.learn(b, value, f"{user}-job#{i}", user=user) or b
+    return b
+
+
 def test_an_operator_floor_bounds_the_threshold_and_sizes_borrow_the_nearest_learned() -> None:
     policy = bl.BaselinePolicy(floors={"p5.48xlarge": 250.0})
-    learned = bl.Baseline("p5.48xlarge", 16, (300.0, 310.0, 320.0))
+    learned = taught("p5.48xlarge", 16, {"ann": [300.0], "bob": [310.0], "cat": [320.0]})
     assert bl.threshold(policy, learned, 16).gbps == pytest.approx(250.0)  # 0.8 x 310 = 248 < floor
     assert bl.with_floor(policy, "p5.48xlarge", 4, {}).gbps == pytest.approx(250.0)  # never learned
-    by_size = {16: learned, 8: bl.Baseline("p5.48xlarge", 8, (330.0,))}
+    by_size = {16: learned, 8: taught("p5.48xlarge", 8, {"ann": [330.0]})}
     borrowed = bl.reference_for(by_size, 8, bl.BaselinePolicy())
     assert borrowed is learned  # 8 has too few runs: the larger job's reference
     assert bl.reference_for(by_size, 1, bl.BaselinePolicy()) is None  # a loopback borrows from nobody
-    young = {4: bl.Baseline("p5.48xlarge", 4, (300.0,)), 16: bl.Baseline("p5.48xlarge", 16)}
+    young = {4: taught("p5.48xlarge", 4, {"ann": [300.0]}), 16: bl.Baseline("p5.48xlarge", 16)}
     first = bl.reference_for(young, 16, bl.BaselinePolicy())  # a young fleet: another size's first runs
     assert first is young[4] and bl.threshold(bl.BaselinePolicy(), first, 16).gbps == pytest.approx(100.0)
     assert bl.node_class("", 8) == "8gpu" and bl.node_class("p5.48xlarge", 8) == "p5.48xlarge"
     with pytest.raises(ValueError):
         bl.BaselinePolicy(slow_fraction=0)
+    with pytest.raises(ValueError):
+        bl.BaselinePolicy(min_users=0)
 
 
 def test_a_forged_table_is_not_learned_and_does_not_make_an_honest_run_slow() -> None:
@@ -122,19 +133,52 @@ def test_a_forged_table_is_not_learned_and_does_not_make_an_honest_run_slow() ->
         assert "physical bound" in bl.refusal(fresh, 299_000.0, policy)
         assert not bl.threshold(policy, fresh, 2).slow(299.0)
     # A forged first sample within the bound is learned but judges nobody alone.
-    forged = bl.learn(bl.Baseline("p5.48xlarge", 2), 490.0, "forger#1")
-    assert forged is not None and not bl.threshold(policy, forged, 2).slow(299.0)
-    honest = bl.Baseline("p5.48xlarge", 2, (299.0, 301.0, 300.0))
+    forged = bl.learn(bl.Baseline("p5.48xlarge", 2), 490.0, "forger#1", user="mallory")
+    assert forged is not None and not bl.threshold(policy, forged, 2, "ann").slow(299.0)
+    honest = taught("p5.48xlarge", 2, {"ann": [299.0], "bob": [301.0], "cat": [300.0]})
     assert bl.learn(honest, 490.0, "forger#2") is None and "median" in bl.refusal(honest, 490.0, policy)
-    # Honest runs outvote one forged sample: the median is theirs.
+    # Honest users outvote one forged sample: the median is theirs.
     b = forged
-    for i in range(2):
-        b = bl.learn(b, 300.0, f"honest#{i}") or b
-    judged = bl.threshold(policy, b, 2)
+    for user in ("ann", "bob"):
+        b = bl.learn(b, 300.0, f"{user}#1", user=user) or b
+    judged = bl.threshold(policy, b, 2, "dan")
     assert judged.gbps == pytest.approx(240.0) and not judged.slow(299.0)
-    # An item learned before the bound existed: its impossible samples count for nothing.
-    old = bl.Baseline("p5.48xlarge", 2, (299_000.0, 299_000.0, 299_000.0))
-    assert bl.threshold(policy, old, 2).gbps == pytest.approx(100.0)
+
+
+def test_one_user_forging_many_runs_does_not_move_what_others_are_judged_by() -> None:
+    """Issue 49 (the audit): three forged 500 GB/s runs for 2 x p5 raised everyone's threshold
+    from 232 to 400 GB/s, and twelve ratcheted it there from eight honest runs at 290."""
+    policy = bl.BaselinePolicy()
+    b = taught("p5.48xlarge", 2, {"mallory": [500.0] * 3})
+    assert bl.threshold(policy, b, 2, "ann").gbps == pytest.approx(100.0)  # the hardware judges ann
+    assert not bl.threshold(policy, b, 2, "ann").slow(290.0)
+    assert bl.threshold(policy, b, 2, "mallory").gbps == pytest.approx(400.0)  # her runs judge her
+    # Eight honest runs by three users, then twelve forged ones just under 1.5 x the median.
+    b = taught("p5.48xlarge", 2, {"ann": [290.0, 291.0, 289.0], "bob": [290.0, 292.0, 288.0],
+                                  "cat": [290.0, 290.0]})
+    for i in range(12):
+        b = bl.learn(b, min(500.0, 1.49 * (b.reference("mallory", policy) or bl.Reference(0.0, "")).median),
+                     f"forged#{i}", policy, user="mallory") or b
+    for user in ("ann", "dan"):  # dan: a first-time user, judged by the fleet
+        judged = bl.threshold(policy, b, 2, user)
+        assert judged.gbps == pytest.approx(232.0) and not judged.slow(290.0) and judged.slow(150.0)
+    # Honest users teach as before, whatever the forger posted first.
+    b = taught("p5.48xlarge", 2, {"mallory": [500.0] * 3, "ann": [300.0], "bob": [290.0], "cat": [280.0]})
+    judged = bl.threshold(policy, b, 2, "dan")  # 0.8 x median(500, 300, 290, 280)
+    assert judged.gbps == pytest.approx(236.0) and "median of 4 users' medians" in judged.source
+
+
+def test_the_item_is_bounded_in_users_and_runs_and_the_old_shape_is_read_then_rewritten() -> None:
+    b = taught("p5.48xlarge", 2, {f"user-{u}": [290.0 + u % 5] * 20 for u in range(40)})
+    assert len(b.users) == bl.MAX_USERS and all(len(r.samples) == bl.MAX_SAMPLES for r in b.users.values())
+    assert len(str(b.to_item())) < 12_000  # a few KB, whatever the number of users or runs
+    assert bl.Baseline.from_item(b.to_item(), "p5.48xlarge", 2) == b
+    # Before issue 49's per-user runs: whose samples they were is unknown (maybe a forgery).
+    old = bl.Baseline.from_item({"samples": [500.0] * 8, "sample_ids": [f"j{i}#1" for i in range(8)],
+                                 "version": 8}, "p5.48xlarge", 2)
+    assert not old.taught and bl.threshold(bl.BaselinePolicy(), old, 2, "ann").gbps == pytest.approx(100.0)
+    again = bl.learn(old, 290.0, "ann-job#1", user="ann")
+    assert again is not None and again.version == 9 and "samples" not in again.to_item()
 
 
 def test_the_physical_bounds_name_their_source() -> None:

@@ -39,13 +39,17 @@ def w() -> Iterator[World]:
 
 
 def queue_job(
-    w: World, job_id: str, nodes: list[str], *, mode: str = "auto", restarted: bool = True, gpus: int = 8
+    w: World, job_id: str, nodes: list[str], *, mode: str = "auto", restarted: bool = True, gpus: int = 8,
+    user: str = "", instance_type: str = "",
 ) -> None:
     """A queue job's ranks (one per node) at attempt 1, as the launcher and a gang restart leave it."""
     w.register_job(job_id, nodes)
-    fields = {"preflight": mode, "gpus_per_node": gpus, "source": "queue", "launch": {"instance_type": ""}}
+    fields: dict[str, Any] = {"preflight": mode, "gpus_per_node": gpus, "source": "queue",
+                              "launch": {"instance_type": instance_type}}
     if restarted:
         fields["restarted_attempt"] = 1
+    if user:
+        fields.update(user=f"arn:aws:iam::123456789012:user/{user}", quota_subject=user)
     names = {f"#f{i}": k for i, k in enumerate(fields)}
     boto3.resource("dynamodb", region_name="us-east-1").Table("jobs").update_item(
         Key={C.JOB_PK: C.job_item_key(job_id)},
@@ -151,6 +155,44 @@ def test_a_forged_x1000_table_is_not_learned_and_the_next_honest_job_is_not_pinn
     assert Ranks(w, "honest", honest, Fabric()).run() == {0: "train", 1: "train"}
     item = w.repo.preflight.get("honest", 1)
     assert item["status"] == "passed" and not item.get("pinned") and w.rebooter.calls == []
+
+
+def test_one_users_forged_runs_do_not_make_another_users_honest_job_slow(w: World) -> None:
+    """Issue 49 (the audit): plausible forged tables (under the physical bound) were learned, and
+    three raised the 2 x p5 threshold everyone is held to over an honest run: the victim's nodes
+    became suspects at its expense. A user's runs are now one vote: they judge that user alone
+    until other users teach, and the fleet's median of users' medians still catches a bad link."""
+    def run(job: str, user: str, index: int, fabric: Fabric) -> dict[int, str]:
+        nodes = [f"node-{2 * index}", f"node-{2 * index + 1}"]
+        queue_job(w, job, nodes, mode="always", user=user, instance_type="p5.48xlarge")
+        return Ranks(w, job, nodes, fabric).run()
+
+    for i in range(6):  # x1.6: ~477 GB/s, under p5's 500 GB/s bound: learned, as mallory's
+        assert run(f"forger-{i}", "mallory", i, ForgingFabric(1.6)) == {0: "train", 1: "train"}
+    assert len(w.repo.preflight.baselines("p5.48xlarge", [2])[2].samples) == 6
+    for i, user in enumerate(("ann", "bob", "cat", "dan")):  # honest: ~298 GB/s
+        assert run(user, user, 6 + i, Fabric()) == {0: "train", 1: "train"}
+        item = w.repo.preflight.get(user, 1)
+        assert item["status"] == "passed" and not item.get("pinned"), item["verdict"]
+    judged = w.repo.preflight.get("dan", 1)["thresholds"]["2"]  # 0.8 x median(477, 298, 298, 298)
+    assert judged["gbps"] == pytest.approx(0.8 * 298, rel=0.02) and "of 4 users' medians" in judged["source"]
+    degraded = Fabric()
+    degraded.degrade_link("node-20", "node-21", 0.3)
+    assert run("eve", "eve", 10, degraded) == {0: "stop", 1: "stop"}
+    assert w.repo.preflight.get("eve", 1)["status"] == "pinned" and w.rebooter.calls == []
+
+
+def test_a_baseline_item_of_the_old_shape_judges_nobody_and_is_rewritten_by_the_next_run(w: World) -> None:
+    """Its user-less samples may be the forgery (x1.6 here): read as nothing, then migrated."""
+    table = boto3.resource("dynamodb", region_name="us-east-1").Table("instances")
+    key = {C.INSTANCE_PK: f"{C.PREFLIGHT_BASELINE_PREFIX}p5.48xlarge#2"}
+    table.put_item(Item={**key, "item_type": "PREFLIGHT_BASELINE", "samples": [477] * 8, "version": 8,
+                         "sample_ids": [f"old-{i}#1" for i in range(8)]})
+    queue_job(w, "ann", nodes_of(2), mode="always", user="ann", instance_type="p5.48xlarge")
+    assert Ranks(w, "ann", nodes_of(2), Fabric()).run() == {0: "train", 1: "train"}
+    item = table.get_item(Key=key)["Item"]
+    assert item["version"] == 9 and "samples" not in item and "sample_ids" not in item
+    assert w.repo.preflight.baselines("p5.48xlarge", [2])[2].sample_ids == ("ann#1",)
 
 
 def test_a_passing_preflight_lets_every_rank_train_and_learns_its_run_once(w: World) -> None:

@@ -53,6 +53,14 @@ class FakeTask:
     stop_code: str = ""
     stopped_reason: str = ""
     stopped_at: float | None = None
+    task_definition: str = ""  # as StartTask was given it: a family or an ARN
+
+    @property
+    def task_definition_arn(self) -> str:
+        """As ECS names it in the task's events and in DescribeTasks."""
+        if not self.task_definition or self.task_definition.startswith("arn:"):
+            return self.task_definition
+        return f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/{self.task_definition}:1"
 
 
 class LostResponse(Exception):
@@ -136,7 +144,8 @@ class FakeEcs:
         placed = {}
         for instance in instances:
             arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
-            self.tasks[arn] = FakeTask(arn, instance.rsplit("/", 1)[-1], started_by, group or "")
+            self.tasks[arn] = FakeTask(arn, instance.rsplit("/", 1)[-1], started_by, group or "",
+                                       task_definition=task_definition)
             placed[ci_arn(instance.rsplit("/", 1)[-1])] = arn
         if fault == "lose":
             raise LostResponse("StartTask: response lost")
@@ -164,6 +173,7 @@ class FakeEcs:
         return {**stopped, "taskArn": task.arn, "clusterArn": CLUSTER_ARN, "lastStatus": task.last_status,
                 "containerInstanceArn": ci_arn(task.node), "startedBy": task.started_by,
                 "group": task.group, "stopCode": task.stop_code, "stoppedReason": task.stopped_reason,
+                "taskDefinitionArn": task.task_definition_arn,
                 "containers": [{"name": "dcgm", "exitCode": task.exit_code}], "tags": []}
 
     def tasks_started_by(self, started_by: str) -> list[str]:
@@ -481,7 +491,8 @@ class World:
         detail = event["detail"]
         stamp = datetime.fromtimestamp(self.now[0], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
         detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
-                      startedBy=task.started_by, stoppingAt=stamp, stoppedAt=stamp, updatedAt=stamp)
+                      startedBy=task.started_by, stoppingAt=stamp, stoppedAt=stamp, updatedAt=stamp,
+                      taskDefinitionArn=task.task_definition_arn)
         detail["containers"][0]["exitCode"] = exit_code
         return EcsTaskDetail.model_validate(detail)
 

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.repository import Update
-from tests.recovery.fakes import CLUSTER_ARN, EVENTS, FakeTask, World, ci_arn
+from tests.recovery.fakes import ACCOUNT, CLUSTER, CLUSTER_ARN, EVENTS, REGION, FakeTask, World, ci_arn
 
 FAULTY = "node-b"
+# Someone else's task definition (not the stack's health-check, validation or reset one).
+FOREIGN_DEFINITION = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/not-the-stacks:1"
+
+
+def impostor(w: World, task: FakeTask) -> FakeTask:
+    """A task someone with ecs:StartTask started on ``task``'s node with its group and its
+    startedBy (ListTasks shows it) but a task definition of their own."""
+    arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{uuid.uuid4().hex}"
+    foreign = FakeTask(arn, task.node, task.started_by, task.group, task_definition=FOREIGN_DEFINITION)
+    w.ecs.tasks[arn] = foreign
+    return foreign
 
 
 def fault_with_reboot_verdict(w: World, arns: list[str]) -> None:
@@ -57,7 +69,7 @@ def reset_stopped(task: FakeTask, exit_code: int | None) -> EcsTaskDetail:
     task.last_status, task.exit_code = "STOPPED", exit_code
     detail = json.loads((EVENTS / "health_check_task_stopped.json").read_text())["detail"]
     detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
-                  startedBy=task.started_by, group=task.group)
+                  startedBy=task.started_by, group=task.group, taskDefinitionArn=task.task_definition_arn)
     detail["containers"][0]["exitCode"] = exit_code
     return EcsTaskDetail.model_validate(detail)
 

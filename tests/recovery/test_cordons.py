@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from cli.admin import uncordon_command
 from gpu_recovery import constants as C
 from gpu_recovery.domain import cordon
@@ -18,7 +20,7 @@ from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.queue.admission import node_ineligibility
 from gpu_recovery.recovery.breaker.operations import reset_breaker
 from gpu_recovery.repository import Update
-from tests.recovery.fakes import World, world
+from tests.recovery.fakes import LostResponse, World, world
 from tests.recovery.remediation_steps import (
     fault_with_reboot_verdict,
     rebooting,
@@ -92,6 +94,30 @@ def test_observe_mode_leaves_a_definitive_fault_available_but_cordoned() -> None
         inst = w.repo.get_instance(FAULTY)
         assert inst.state is C.InstanceState.AVAILABLE and inst.cordoned
         assert not _eligible(w, FAULTY) and _has_attribute(w, FAULTY)
+
+
+def test_observe_mode_cordons_a_definitive_fault_in_the_write_that_fails_its_job() -> None:
+    """Given observe mode, When XID 79 kills a rank and its delivery dies right after the job's
+    FAILED write (its answer lost), Then that write held the node's cordon and its observed
+    fault: Lambda's retry finds a duplicate, the sweep puts the ECS attribute from the
+    worklist, and the node's history keeps the fault (escalation reads it)."""
+    observe = RemediationSettings(modes=parse_remediation_mode("observe"))
+    with world(remediation=observe) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        report_xid(w, FAULTY, 79)
+        w.repo.fail_once("finish_job", "lose")
+        with pytest.raises(LostResponse):
+            w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert w.repo.get_job("j").state is C.JobState.FAILED
+        assert w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1)).action == "duplicate"
+        w.advance(60)
+        w.service.sweep()
+        inst = w.repo.get_instance(FAULTY)
+        assert inst.state is C.InstanceState.AVAILABLE and inst.cordoned
+        assert not _eligible(w, FAULTY) and _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
+        item = w.repo.get_instance_item(FAULTY)
+        assert item["last_fault"]["jobs"] == ["j"] and len(item["fault_history"]) == 1
+        assert w.rebooter.calls == [] and w.ecs.stop_calls == []
 
 
 def test_a_rebooting_node_is_cordoned_until_it_is_back() -> None:

@@ -14,10 +14,10 @@ from gpu_recovery import constants as C
 from gpu_recovery.domain.models import GPU_RESET_TASK
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
-from gpu_recovery.recovery.node_tasks import POLL_SECONDS
+from gpu_recovery.recovery.node_tasks import FOREIGN_TASK, POLL_SECONDS
 from gpu_recovery.repository import Update
 from tests.recovery.fakes import LostResponse, World, world
-from tests.recovery.remediation_steps import report_xid, reset_stopped, resets_on, sweeps
+from tests.recovery.remediation_steps import impostor, report_xid, reset_stopped, resets_on, sweeps
 
 FAULTY, PEER = "node-b", "node-a"
 
@@ -65,6 +65,19 @@ def test_a_reset_class_xid_resets_the_gpus_and_the_job_restarts_on_the_same_node
         assert C.NotificationKind.GPU_RESET_FAILED not in [n.kind for n in w.notifier.sent]
         # The event again changes nothing.
         assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "duplicate"
+
+
+def test_a_task_with_the_resets_started_by_but_another_definition_is_not_its_result() -> None:
+    """Someone else's task with the reset's group and startedBy exits 0: ignored, the node is
+    still being reset (not handed back unreset); the stack's own reset task decides."""
+    with world() as w:
+        arns = xid_fault(w)
+        [task] = resets_on(w, FAULTY)
+        peer_stopped(w, arns)
+        assert w.service.on_health_check_stopped(reset_stopped(impostor(w, task), 0)).action == FOREIGN_TASK
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is C.InstanceState.REBOOTING and instance.reset_pending
+        assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
 
 
 def test_a_health_check_reset_verdict_resets() -> None:

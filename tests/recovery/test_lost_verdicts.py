@@ -7,9 +7,13 @@ asking the node, not by a quarantine. The recovery with fakes of the ports."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from gpu_recovery import constants as C
 from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.domain.validation import ValidationPolicy
+from tests.health_check.script_runner import run_check
 from tests.recovery.fakes import World, world
 
 PEER, FAULTY = "node-a", "node-b"
@@ -93,6 +97,36 @@ def test_a_check_that_cannot_be_placed_does_not_count_against_the_node() -> None
         assert w.ecs.health_checks_on(FAULTY) == []
         _not_condemned(w)
         assert [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
+
+
+class _ScriptLine:
+    """The verdict line the real health-check script printed."""
+
+    def __init__(self, line: dict[str, Any]) -> None:
+        self.line = line
+
+    def read_verdict(self, task_arn: str) -> dict[str, Any]:
+        return self.line
+
+
+def test_a_check_that_could_not_run_is_run_again_then_leaves_the_node_as_it_was(tmp_path: Path) -> None:
+    """The check's dcgmi loses its DCGM host engine (no test ran): the real script says
+    inconclusive (exit 5), no verdict. Each attempt is run again; when every one says so the node
+    leaves its check as it was (undiagnosed), an operator is told, and nothing is rebooted."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_host_engine_connection_lost.json", 235))
+    with world(health_check_start_retries=3, verdicts=_ScriptLine(run.verdict)) as w:
+        _check_running(w)
+        for _ in range(3):
+            [check] = [t for t in w.ecs.health_checks_on(FAULTY) if t.last_status != "STOPPED"]
+            outcome = w.service.on_health_check_stopped(w.health_check_stopped(check, run.returncode))
+            assert outcome.action == "health_check_retry"
+            for _ in range(3):
+                w.advance(61)
+                w.service.sweep()
+        assert w.rebooter.calls == []
+        _not_condemned(w)
+        told = [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
+        assert len(told) == 1 and "could not run" in told[0].body
 
 
 def _rebooting(w: World) -> None:

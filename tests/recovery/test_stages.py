@@ -9,7 +9,9 @@ import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import CLAIM_LEASE_SECONDS, InstanceState, JobState, RankState
+from gpu_recovery.recovery.node_tasks import FOREIGN_TASK
 from tests.recovery.fakes import CountedCalls, LostResponse, World, world
+from tests.recovery.remediation_steps import impostor
 
 FAULTY, PEER = "node-b", "node-a"
 
@@ -121,6 +123,26 @@ def test_a_verdict_is_applied_when_the_task_arn_was_never_recorded() -> None:  #
         assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
         assert w.repo.get_job("j").state is JobState.PENDING_RESTART
         assert w.rebooter.calls == [f"i-{FAULTY}"]
+
+
+def test_a_task_with_the_checks_started_by_but_another_definition_is_no_verdict(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Given a task someone else started with the running check's group and startedBy (read
+    from ListTasks) but their own task definition, that exits 2 (replace), When its STOPPED
+    event comes, Then it is ignored and logged: the node stays HEALTH_CHECKING, nothing is
+    drained or replaced, and the stack's own check still gives the verdict."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        fault(w, arns)
+        [check] = w.ecs.health_checks_on(FAULTY)
+        with caplog.at_level("WARNING"):
+            outcome = w.service.on_health_check_stopped(w.health_check_stopped(impostor(w, check), 2))
+        assert outcome.action == FOREIGN_TASK
+        assert any("another task definition" in r.message for r in caplog.records)
+        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.ecs.drained == [] and w.rebooter.calls == []
+        w.service.on_health_check_stopped(w.health_check_stopped(check, 0))
+        assert w.repo.faults.get_suspect("j", 1, FAULTY).findings["verdict"] == "healthy"
 
 
 def test_a_lost_claim_answer_is_finished_by_the_next_sweep() -> None:  # defect 4
@@ -335,6 +357,31 @@ def test_a_check_whose_turn_at_the_ecs_budget_is_far_off_waits_pending_for_the_s
         w.advance(60)
         w.service.sweep()
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
+
+
+def test_a_hung_ranks_node_is_counted_when_its_report_dies_after_entering_recovery() -> None:
+    """Given the heartbeat's hung rank handed to the recovery loop, When the write that puts
+    the job in recovery executed but its answer was lost (nothing calls again: the heartbeat
+    moved the rank in its own write), Then that write named the node a suspect at the latch:
+    the sweep stops the ranks and starts its check, and once every rank ended the job waits
+    for the check's verdict (one suspect), not concluded on none."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.repo.fail_once("rank_events.enter_recovery", "lose")
+        with pytest.raises(LostResponse):
+            w.service.report_suspected_fault("j", 1, FAULTY, "rank 1 hung at step 7", 1)
+        w.advance(60)
+        w.service.sweep()  # the stop intent sent (the suspect's check waits for its GPUs)
+        assert set(arns) <= set(w.ecs.stop_calls)
+        for arn in arns:  # our stops, as ECS reports them
+            w.service.on_task_state_change(w.task_stopped(
+                arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        job = w.repo.get_job("j")
+        assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total == 1
+        w.advance(60)
+        w.service.sweep()  # the suspect's check asked again: its node is free
+        assert len(w.ecs.health_checks_on(FAULTY)) == 1
+        assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
 
 
 def test_a_fault_armed_that_no_call_reaches_fails_its_test() -> None:

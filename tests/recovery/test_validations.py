@@ -11,6 +11,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from gpu_recovery import constants as C
@@ -18,8 +19,10 @@ from gpu_recovery.domain import placement
 from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.domain.validation import START_RETRIES, ValidationPolicy
 from gpu_recovery.events.ecs import EcsTaskDetail
-from gpu_recovery.recovery.node_tasks import POLL_SECONDS
+from gpu_recovery.recovery.node_tasks import FOREIGN_TASK, POLL_SECONDS
+from tests.health_check.script_runner import run_check
 from tests.recovery.fakes import CLUSTER_ARN, EVENTS, FakeTask, LostResponse, World, ci_arn, world
+from tests.recovery.remediation_steps import FOREIGN_DEFINITION, impostor
 
 FAULTY, PEER = "node-b", "node-a"
 ON = ValidationPolicy(enabled=True, dcgm_level=1, load_seconds=45, timeout_seconds=600)
@@ -40,7 +43,7 @@ def stopped(task: FakeTask, exit_code: int | None, now: float) -> EcsTaskDetail:
     task.last_status, task.exit_code, task.stopped_at = "STOPPED", exit_code, now
     detail = json.loads((EVENTS / "health_check_task_stopped.json").read_text())["detail"]
     detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
-                  startedBy=task.started_by, group=task.group)
+                  startedBy=task.started_by, group=task.group, taskDefinitionArn=task.task_definition_arn)
     detail["containers"][0]["exitCode"] = exit_code
     return EcsTaskDetail.model_validate(detail)
 
@@ -219,6 +222,38 @@ def test_a_lost_start_answer_is_found_by_its_started_by_never_started_twice() ->
         assert w.repo.get_job("j").attempt == 2
 
 
+def test_a_task_with_the_validations_started_by_but_another_definition_is_not_its_result() -> None:
+    """Someone else's task with the validation's group and startedBy exits 0: ignored, the node
+    stays validating (out of placement); the stack's own validation task decides."""
+    with validating_world() as w:
+        fault_to_reboot(w)
+        comes_back(w)
+        [task] = validations_on(w, FAULTY)
+        outcome = w.service.on_health_check_stopped(stopped(impostor(w, task), 0, w.now[0]))
+        assert outcome.action == FOREIGN_TASK
+        assert w.repo.get_instance(FAULTY).validating
+        w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
+        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+
+
+def test_a_task_found_by_its_started_by_that_is_someone_elses_is_not_followed() -> None:
+    """The validation's StartTask answer was lost; the task the take-over finds by its startedBy
+    runs another task definition (someone else's). The sweep treats it as gone: a new
+    validation task of the stack's is started, never a timeout counted as a failed repair."""
+    with validating_world() as w:
+        fault_to_reboot(w)
+        w.ecs.failures["start_task"] = ["lose"]
+        with contextlib.suppress(LostResponse):
+            comes_back(w)
+        [found] = validations_on(w, FAULTY)
+        found.task_definition = FOREIGN_DEFINITION
+        sweeps(w, 3, POLL_SECONDS)  # the take-over records it, the next look finds it foreign
+        [ours] = [t for t in validations_on(w, FAULTY) if t.task_definition != FOREIGN_DEFINITION]
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.validating and instance.validation["task_arn"] == ours.arn
+        assert len(w.rebooter.calls) == 1 and not instance.last_validation
+
+
 def test_a_lost_result_event_is_read_by_the_sweep() -> None:
     with validating_world() as w:
         fault_to_reboot(w)
@@ -253,6 +288,24 @@ def test_a_task_without_a_verdict_is_run_again_then_is_not_a_failed_repair() -> 
         w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
         assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
         assert w.repo.get_job("j").attempt == 2 and len(w.rebooter.calls) == 1
+
+
+def test_a_validation_whose_check_could_not_run_is_not_a_failed_repair(tmp_path: Path) -> None:
+    """The validation's dcgmi loses its DCGM host engine in every attempt: the real script says
+    inconclusive (exit 5). Run again, then stalled (the node stays validating, out of service
+    as it was, an operator told once): never rebooted again nor escalated."""
+    run = run_check(tmp_path, dcgmi=("dcgmi_host_engine_connection_lost.json", 235),
+                    env=ON.task_environment())
+    with validating_world() as w:
+        fault_to_reboot(w)
+        comes_back(w)
+        for _ in range(START_RETRIES):
+            task = validations_on(w, FAULTY)[-1]
+            w.service.on_health_check_stopped(stopped(task, run.returncode, w.now[0]))
+        instance = w.repo.get_instance(FAULTY)
+        assert instance.state is C.InstanceState.REBOOTING and instance.validation.get("stalled_at")
+        assert len(w.rebooter.calls) == 1 and not instance.last_validation
+        assert len([n for n in w.notifier.sent if "could not run" in n.subject]) == 1
 
 
 def test_a_validation_that_can_never_be_placed_is_not_a_failed_repair() -> None:

@@ -175,9 +175,9 @@ def suspects_for_fault(failed_instance: str, job_instances: Iterable[str], *,
 
 # ==================================================================== DCGM verdicts
 def parse_verdict(exit_code: int | None) -> DcgmVerdict | None:
-    """The health check's exit-code contract; anything else means it did not run.
-    (What a verdict does to the node and its jobs is the fault catalog's:
-    ``recovery.remediation``.)"""
+    """The health check's exit-code contract; anything else means it gave no verdict: it did
+    not run, or it says so itself (``DCGM_INCONCLUSIVE_EXIT_CODE``). (What a verdict does to
+    the node and its jobs is the fault catalog's: ``recovery.remediation``.)"""
     if exit_code is None:
         return None
     try:

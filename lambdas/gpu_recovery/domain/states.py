@@ -129,6 +129,13 @@ class DcgmVerdict(int, Enum):
     RESET = 4
 
 
+# The check's own "no verdict" (its verdict line says "inconclusive"): it could not run or
+# could not evaluate (dcgmi or nvidia-smi missing, no DCGM host engine, its awk failed), so it
+# says nothing about the GPUs. Not a DcgmVerdict on purpose: like a task that never ran, the
+# check is run again, then the node is undiagnosed (a validation stalls), never repaired.
+DCGM_INCONCLUSIVE_EXIT_CODE = 5
+
+
 class SuspectVerdict(str, Enum):
     """What a job records per suspect instance (``job.suspects``)."""
 

@@ -38,6 +38,7 @@ from typing import Any
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.classify import Decision
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget
+from gpu_recovery.domain.states import DcgmVerdict
 
 
 class Repair(str, Enum):
@@ -56,12 +57,12 @@ class Repair(str, Enum):
 class Result(str, Enum):
     PASSED = "passed"
     FAILED = "failed"
-    NO_VERDICT = "no_verdict"  # the task did not run (image pull, OOM...): run it again
+    NO_VERDICT = "no_verdict"  # the task did not run (image pull, OOM...) or was inconclusive: run it again
 
 
-# The health check's exit codes (constants.DcgmVerdict): 0 healthy, 1 reboot, 2 replace,
-# 3 operator action, 4 reset. Anything else is no verdict.
-_VERDICT_EXITS = frozenset({0, 1, 2, 3, 4})
+# The health check's verdict exit codes (DcgmVerdict): 0 healthy, 1 reboot, 2 replace,
+# 3 operator action, 4 reset. Anything else is no verdict, its own inconclusive 5 included.
+_VERDICT_EXITS = frozenset(verdict.value for verdict in DcgmVerdict)
 # A validation out of time: the health check's own timeout verdict (dcgmi exit 124 -> reboot).
 TIMEOUT_EXIT_CODE = 1
 # The cause a failure is counted under when the repair's own is unknown (a replacement node).

@@ -120,6 +120,8 @@ class GpuResets:
     # ------------------------------------------------------------------- result
     def on_stopped(self, detail: EcsTaskDetail) -> Outcome:
         """The reset task stopped: its exit code is the result (0: reset and diag passed)."""
+        if not self.tasks.runs_our_definition(node_tasks.GPU_RESET, detail):
+            return Outcome(node_tasks.FOREIGN_TASK, detail={"task": detail.taskArn})
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         instance = self.data.get_instance(inst_id) if inst_id else None
         if instance is None:

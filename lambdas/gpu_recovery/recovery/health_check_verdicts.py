@@ -2,11 +2,12 @@
 lost, from DescribeTasks through the sweep's poll).
 
 The verdict is matched on the check's ``startedBy`` (not on the task ARN, whose write may
-have been the one that failed), its JSON line read from the check's log (waited for a little:
-CloudWatch Logs makes a line readable some seconds after it was written), and applied by the
-remediation (``recovery.remediation``) in one transaction whose conditions make it land once.
-One delivery of the event holds the verdict's lease (``recovery.verdict_lease``) so that
-duplicate copies do not race.
+have been the one that failed) and on the task definition's family (a task someone else gave
+that ``startedBy`` is no verdict: ``NodeTasks.runs_our_definition``), its JSON line read from
+the check's log (waited for a little: CloudWatch Logs makes a line readable some seconds after
+it was written), and applied by the remediation (``recovery.remediation``) in one transaction
+whose conditions make it land once. One delivery of the event holds the verdict's lease
+(``recovery.verdict_lease``) so that duplicate copies do not race.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gpu_recovery.domain.models import Instance, Job, container_instance_id
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import verdict_lease
-from gpu_recovery.recovery.node_tasks import HEALTH_CHECK, NodeTasks
+from gpu_recovery.recovery.node_tasks import FOREIGN_TASK, HEALTH_CHECK, NodeTasks
 from gpu_recovery.recovery.ports import Invocation, MetricsPort, Outcome, VerdictReaderPort
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
@@ -116,6 +117,8 @@ class HealthCheckVerdicts:
         verdict land once is its transaction's conditions (the instance still HEALTH_CHECKING
         with this check's startedBy), so a verdict worked without it is as safe, and the
         sweep's, rarely meets another. ``decide_now``: time is up, a line not read is lost."""
+        if not self.tasks.runs_our_definition(HEALTH_CHECK, detail):
+            return Outcome(FOREIGN_TASK, detail={"task": detail.taskArn})
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.data
         log_findings: dict[str, Any] | None = None
@@ -250,7 +253,8 @@ class HealthCheckVerdicts:
         exit_code = detail.exit_code()
         verdict = policy.parse_verdict(exit_code)
         if verdict is None:
-            # The check itself did not run (image pull, OOM, ...): run it again.
+            # The check did not run (image pull, OOM, ...) or says it could not (its exit 5,
+            # inconclusive: dcgmi or nvidia-smi missing, no host engine): run it again.
             logger.warning("health check ended without a verdict", extra={
                 "instance": inst_id, "exit_code": exit_code, "reason": detail.stoppedReason})
             retry_at = clock.now() + RETRY_INTERVAL_SECONDS

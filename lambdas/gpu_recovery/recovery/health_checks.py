@@ -466,8 +466,8 @@ class HealthChecks:
         if instance.state is InstanceState.HEALTH_CHECK_PENDING:
             if out_of_time or instance.check.attempts >= settings.health_check_start_retries:
                 attempts = instance.check.attempts
-                return self._undiagnosed(instance, f"the health check could not start "
-                                                   f"({attempts} placement attempt(s))")
+                return self._undiagnosed(instance, f"the health check gave no verdict in {attempts} "
+                                                   "attempt(s) (not placed, or it could not run)")
             # A grouped check due again (its start failed) waits for its group here too: the
             # sweep reaches such nodes one by one, so starting each with whatever waits started
             # a backlog one node a call. Its job's kick, in the same sweep, starts the rest.
@@ -478,11 +478,12 @@ class HealthChecks:
             return "health_check_retried"
         if out_of_time:
             # A check that ended has its verdict in its exit code (its line, lost, is not
-            # waited for any more); one with none is the stack's failure, not the node's.
+            # waited for any more); one with none (or someone else's task) is the stack's
+            # failure, not the node's.
             task = self.ecs.describe_task(instance.check.task_arn) if instance.check.task_arn else None
             if task is not None and task.get("lastStatus") == "STOPPED":
                 outcome = self.on_stopped(EcsTaskDetail.model_validate(task), decide_now=True)
-                if outcome.action != "health_check_retry":
+                if outcome.action not in ("health_check_retry", node_tasks.FOREIGN_TASK):
                     return outcome.action
             elif instance.check.task_arn:
                 self.ecs.stop_task(instance.check.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} check timed out")

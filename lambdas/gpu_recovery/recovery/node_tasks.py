@@ -43,6 +43,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.queue.access import family_of
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_once, started_already
 from gpu_recovery.repository import claim_fields as stored
@@ -56,6 +57,8 @@ logger = logging.getLogger(__name__)
 # validation every two minutes, a health check (whose sweep also reads its verdict) every five.
 POLL_SECONDS = 120
 HEALTH_CHECK_POLL_SECONDS = 300
+# A stage's outcome for a task that is not the stack's (``NodeTasks.runs_our_definition``).
+FOREIGN_TASK = "foreign_task_ignored"
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,19 @@ class NodeTasks:
         """Nothing runs under the claim (see ``NodeTaskClaims.release``)."""
         return self.claims.release(kind.claim, instance, started_by, retry_at, attempt_used=attempt_used)
 
+    def runs_our_definition(self, kind: NodeTaskKind, task: EcsTaskDetail) -> bool:
+        """The task runs the kind's own task definition (its family). Its group and startedBy
+        are not enough: anyone with ecs:StartTask in the cluster can give a task of theirs the
+        ones of a running check (ListTasks shows its startedBy), and its exit code is no
+        verdict. Such a task is logged and counted, and the caller ignores it."""
+        if family_of(task.taskDefinitionArn) == family_of(kind.task_definition(self.settings)):
+            return True
+        self.metrics.add_metric("ForeignNodeTasksIgnored", "Count", 1)
+        logger.warning(f"task ignored: it has the startedBy of a {kind.name} but another task definition",
+                       extra={"task": task.taskArn, "task_definition": task.taskDefinitionArn,
+                              "started_by": task.startedBy, "group": task.group})
+        return False
+
     def rearm(self, kind: NodeTaskKind, instance: Instance, deadline_at: float) -> bool:
         """The sweep looks at the node's task again at ``deadline_at``."""
         return self.claims.rearm(kind.claim, instance, deadline_at)
@@ -247,10 +263,12 @@ class NodeTasks:
         claim = kind.claim.read(instance)
         if claim.task_arn:
             task = self.look(claim.task_arn)
-            if task is None:
+            detail = EcsTaskDetail.model_validate(task) if task is not None else None
+            # A task a take-over found by its startedBy alone may be someone else's: as gone.
+            if task is None or detail is None or not self.runs_our_definition(kind, detail):
                 return stage.gone(instance)
             if task.get("lastStatus") == "STOPPED":
-                return stage.on_stopped(EcsTaskDetail.model_validate(task)).action
+                return stage.on_stopped(detail).action
             self.rearm(kind, instance, min(stage.deadline(instance), now + kind.poll_seconds))
             return f"{kind.outcome}_running"
         started = stage.start(instance)

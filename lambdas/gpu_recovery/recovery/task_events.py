@@ -19,14 +19,14 @@ fault's suspects and moves the job on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from gpu_recovery import clock
 from gpu_recovery.constants import HEALTH_CHECK_GROUP, RETRY_INTERVAL_SECONDS, NotificationKind
 from gpu_recovery.domain import goodput, policy, started_by
-from gpu_recovery.domain.escalation import charges_job, history_from_item, stored_history_with
+from gpu_recovery.domain.escalation import charges_job, history_from_item
 from gpu_recovery.domain.fault_vocabulary import Action, Budget, Trigger
 from gpu_recovery.domain.job_budgets import BudgetOutcome, settle
 from gpu_recovery.domain.latch import Latch
@@ -56,6 +56,7 @@ from gpu_recovery.recovery.remediation.notices import details_of
 from gpu_recovery.recovery.stage_data import TaskEventData
 from gpu_recovery.recovery.stop_assessment import Assessment, fault_marks
 from gpu_recovery.recovery.suspension import Suspensions
+from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE, RankStop
 from gpu_recovery.settings import Settings
 
@@ -267,22 +268,29 @@ class TaskEvents:
             would = ", ".join(e.value for e in assessment.plan.record_only)
             reason = (f"rank {rank.rank} failed: {policy.describe_failure(stop)}; observe mode: would have "
                       f"done {would}{decided}")
-            notice = self.notices.for_job(
-                replace(job, state=JobState.FAILED, last_error=reason[:1000]), repo.get_instance(node),
+            raw = repo.get_instance_item(node)
+            # The node's record of what would have been done, and its cordon (known bad all the
+            # same), in the job's FAILED write: a retry finds the job FAILED and does nothing more.
+            observed = self.remediation.observed(node, raw, assessment.plan, assessment.evidence,
+                                                 [job.job_id], now)
+            notices = [self.notices.for_job(
+                replace(job, state=JobState.FAILED, last_error=reason[:1000]),
+                repo.instance_from_item(raw) if raw else None,
                 NotificationKind.OBSERVED, "Observe mode: GPU fault detected, nothing done",
                 what_happened=reason[:1000],
                 what_was_done=("Nothing (observe mode): no StopTask, health check, reboot, drain or "
                                "termination; the job is marked FAILED in the job table"),
                 operator_action="Read what would have been done below and act by hand if needed.",
-                details=details_of(assessment.evidence, assessment.plan))
+                details=details_of(assessment.evidence, assessment.plan)), *observed.notices]
             done = ended(self.metrics, self.data, job.job_id, repo.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason,
                 fields={"last_error": reason[:1000], "last_fault": last_fault},
-                rank_stop=rank_stop, also=self.notices.owe([notice], now)))
+                rank_stop=rank_stop, also=[*self.notices.owe(notices, now), *observed.updates]))
             if done:
-                self.notices.send([notice])
-            if done:
+                self.notices.send(notices)
                 self.metrics.add_metric("ObservedFaults", "Count", 1)
+                if observed.gate is not None:  # the ECS attribute (else the sweep's worklist)
+                    after_commit("cordon", self.remediation.after_cordon, observed.gate, node)
             return done
         if reaction is StopReaction.FAIL_JOB:
             reason = f"rank {rank.rank} failed: {policy.describe_failure(stop)}"
@@ -338,12 +346,12 @@ class TaskEvents:
 
     def _enter_recovery(self, job: Job, reason: str, rank_stop: RankStop | None,
                         from_states: Iterable[JobState], ledger: dict[str, Any] | None = None,
-                        exited_at: float | None = None) -> bool:
+                        exited_at: float | None = None, also: Sequence[Update] = ()) -> bool:
         now = clock.now()
         entered = self.data.rank_events.enter_recovery(
             job.job_id, job.attempt, from_states=from_states, reason=reason,
             now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, rank_stop=rank_stop, ledger=ledger,
-            exited_at=exited_at)
+            exited_at=exited_at, also=also)
         if entered:
             self.metrics.add_metric("FaultsDetected", "Count", 1)
             logger.info("suspected GPU fault", extra={"job_id": job.job_id, "why": reason})
@@ -357,8 +365,6 @@ class TaskEvents:
         stop may name a suspect (``health_check_all_nodes``: the latest tally is needed)."""
         rank_only = written is not None and not self.settings.check_all_nodes_on_fault
         fresh, written = (job, written) if rank_only else (self.data.get_job(job.job_id) or job, None)
-        if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
-            self._observed(fresh, rank, assessment)
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
@@ -524,7 +530,18 @@ class TaskEvents:
         repo.faults.open_suspect(job_id, attempt, inst_id, rank=failing_rank,
                                  record={"at": now, "evidence": evidence.to_dict()}, now=now,
                                  retry_at=now + RETRY_INTERVAL_SECONDS)
-        if job.state in states and self._enter_recovery(job, reason, None, from_states=states):
+        # The node named a suspect at the latch (on the failing rank's shard: that rank has not
+        # ended, it is stopped now) by the write that puts the job in recovery, or at once when
+        # it is in recovery already: nothing calls this again (the heartbeat moved the rank in
+        # its own write), so a death after either still has it counted when every rank ended.
+        # Not for a job that does not enter (revived, moved on): a later fault of the attempt
+        # would count a suspect whose check nobody asks for.
+        counted = job.state is JobState.PENDING_HEALTHCHECK
+        if counted:
+            repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
+        elif self._enter_recovery(job, reason, None, from_states=states, also=[
+                repo.latches.suspect_arrival(job_id, attempt, failing_rank or 0, inst_id)]):
+            counted = True
             entered = repo.get_job(job_id)
             if entered is not None:
                 after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(entered))
@@ -532,8 +549,8 @@ class TaskEvents:
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": state})
-        # Counted with the failing rank's shard (that rank has not ended: it is stopped now).
-        repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
+        if not counted:  # another fault of the attempt entered recovery first
+            repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
         checks = {inst_id: self.suspects.request_check(job, inst_id)}
         self._stop_gang(job)
         return Outcome("health_check_requested", job_id,
@@ -547,21 +564,6 @@ class TaskEvents:
         if job.tally.escalated:
             done["coupled"] = self.suspects.check_coupled(job)
         return done
-
-    def _observed(self, job: Job, rank: Rank, assessment: Assessment) -> None:
-        """Observe mode: record on the node what would have been done, and tell operators."""
-        now = clock.now()
-        plan = assessment.plan
-        history = None
-        if plan.node_record is not None:
-            history = stored_history_with((assessment.instance_item or {}).get("fault_history"),
-                                          plan.node_record, now, self.policy.escalation)
-        self.data.record_observed_fault(
-            rank.container_inst_id, fault_history=history,
-            last_fault={"at": now, "evidence": assessment.evidence.to_dict(), "plan": plan.to_dict(),
-                        "jobs": [job.job_id]})
-        # Known bad (a definitive fault) all the same: no new work on it (domain.cordon).
-        self.remediation.cordon_only(rank.container_inst_id, plan)
 
 
 def _as_written(rank: Rank, rank_stop: RankStop | None, reaction: StopReaction) -> Rank | None:

@@ -248,6 +248,8 @@ class Validations:
     # ------------------------------------------------------------------- result
     def on_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None) -> Outcome:
         """The validation task stopped: its exit code is the verdict (0: passed)."""
+        if not self.tasks.runs_our_definition(node_tasks.VALIDATION, detail):
+            return Outcome(node_tasks.FOREIGN_TASK, detail={"task": detail.taskArn})
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.data
         raw = repo.get_instance_item(inst_id) if inst_id else None

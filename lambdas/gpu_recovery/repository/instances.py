@@ -10,7 +10,7 @@ is finished, not repeated, by the next one (or the sweep).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_recovery import clock
@@ -93,9 +93,22 @@ class Instances(RecoveryTables):
     def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
                               last_fault: dict[str, Any]) -> bool:
         """Observe mode: what would have been done, on the node (its state untouched)."""
+        [update] = self.observed_fault_updates(inst_id, fault_history=fault_history, last_fault=last_fault)
+        return self.db.apply(update)
+
+    def observed_fault_updates(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
+                               last_fault: dict[str, Any], cordon: Mapping[str, Any] | None = None,
+                               version: float = 0.0) -> list[Update]:
+        """:meth:`record_observed_fault` as updates for the transaction of the decision that
+        observed it, with the node's ``cordon`` (intent ``version``) and its worklist member when
+        it is found bad: one write leaves it recorded and cordoned, or neither. Only a node the
+        loop knows (no item is created)."""
         fields: dict[str, Any] = {"last_fault": last_fault}
         if fault_history is not None:
             fields["fault_history"] = fault_history
-        return self.db.apply(self.instance_update(
-            inst_id, set_fields=fields, extra_condition="attribute_exists(#k)",
-            extra_names={"#k": INSTANCE_PK}))
+        sync = []
+        if cordon is not None:
+            fields.update(self.cordons.cordon_fields(cordon, version))
+            sync.append(self.cordons.sync_update(inst_id, version))
+        return [self.instance_update(inst_id, set_fields=fields, extra_condition="attribute_exists(#k)",
+                                     extra_names={"#k": INSTANCE_PK}), *sync]

@@ -7,6 +7,7 @@ every read and conditional write it needs is a method here.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -14,6 +15,7 @@ from botocore.exceptions import ClientError
 from gpu_recovery import clock
 from gpu_recovery.constants import (
     JOB_PK,
+    JOB_TABLE_TTL_ATTRIBUTE,
     QUEUE_PK,
     QUEUE_SK,
     STATE_PK,
@@ -24,11 +26,32 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.repository import Repository, from_ddb, is_condition_failure, to_ddb
-from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
+
+SUBMIT_KEY_ITEM_TYPE = "SUBMIT_KEY"
+
+
+def _submit_key_item_key(key: str) -> str:
+    """A caller's Idempotency-Key (``key``: the digest of both): upper case, never a job's id."""
+    return f"SUBMIT#{key}"
 
 
 class InvalidPageToken(ValueError):
     """DynamoDB refused the ExclusiveStartKey rebuilt from a page token."""
+
+
+@dataclass(frozen=True)
+class SubmitKey:
+    """A caller's Idempotency-Key as kept beside the job it made (written with it, in one
+    transaction): ``key`` the digest of the caller and the key, ``request`` the digest of the
+    request's body, ``nonce`` the submission's own random value (which submission wrote it),
+    ``job_id`` its job; it names the job until ``expires_at``."""
+
+    key: str
+    request: str
+    nonce: str
+    job_id: str = ""
+    expires_at: float = 0.0
 
 
 class JobQueueRepository:
@@ -90,17 +113,60 @@ class JobQueueRepository:
             raise
         return response.get("Items", []), response.get("LastEvaluatedKey")
 
+    def submit_key(self, key: str, now: float) -> SubmitKey | None:
+        """The job a caller's Idempotency-Key made (``key``: their digest), strongly
+        consistent; None for a key never used, or used longer ago than its window."""
+        raw = self.base.db.get(self.base.job_table_name, {JOB_PK: _submit_key_item_key(key)})
+        if not raw:
+            return None
+        held = SubmitKey(key=key, request=str(raw.get("request_digest") or ""),
+                         nonce=str(raw.get("nonce") or ""), job_id=str(raw.get("job_id") or ""),
+                         expires_at=float(raw.get("expires_at") or 0))
+        return held if held.expires_at > now else None
+
     # ----------------------------------------------------------------- writes
     def create_job(self, item: dict[str, Any]) -> bool:
-        """Put a new job item; False when its id is taken."""
+        """Put a new job item; False when its id is another job's. A PutItem that DynamoDB
+        carried out but whose answer was lost is sent again by botocore and then refused by
+        its own condition: the item found is this one (its ``control_secret``, random and
+        made for this item, is the same), so that is True too, not a second job."""
         try:
             self._jobs.put_item(Item=to_ddb(item), ConditionExpression="attribute_not_exists(#k)",
                                 ExpressionAttributeNames={"#k": JOB_PK})
             return True
         except ClientError as error:
-            if is_condition_failure(error):
-                return False
-            raise
+            if not is_condition_failure(error):
+                raise
+        return self._written(item)
+
+    def create_keyed_job(self, item: dict[str, Any], key: SubmitKey, now: float) -> SubmitKey | None:
+        """The new job item and its Idempotency-Key (``key``, naming the item's job), in one
+        transaction: the key is free, or its window has passed. Returns the key as it now
+        holds: ``key`` when this submission wrote both (also when the transaction's answer
+        was lost and botocore sent it again: the key read back has this ``nonce``), an
+        earlier submission's when the caller's key names a job already; None when only the
+        job id is another job's (the caller draws another)."""
+        table = self.base.job_table_name
+        job = Update(table=table, key={JOB_PK: item[JOB_PK]},
+                     set_fields={k: v for k, v in item.items() if k != JOB_PK},
+                     condition="attribute_not_exists(#k)", condition_names={"#k": JOB_PK})
+        claim = Update(
+            table=table, key={JOB_PK: _submit_key_item_key(key.key)},
+            set_fields={"item_type": SUBMIT_KEY_ITEM_TYPE, "job_id": key.job_id,
+                        "request_digest": key.request, "nonce": key.nonce, "expires_at": key.expires_at,
+                        JOB_TABLE_TTL_ATTRIBUTE: int(key.expires_at) + 1},
+            condition="attribute_not_exists(#k) OR #exp < :now",
+            condition_names={"#k": JOB_PK, "#exp": "expires_at"}, condition_values={":now": now})
+        if self.base.db.transact([job, claim]):
+            return key
+        return self.submit_key(key.key, now)
+
+    def _written(self, item: dict[str, Any]) -> bool:
+        """The job item at ``item``'s key is ``item`` as this caller wrote it (strongly consistent)."""
+        found = self._jobs.get_item(Key={JOB_PK: item[JOB_PK]}, ConsistentRead=True,
+                                    ProjectionExpression="#s",
+                                    ExpressionAttributeNames={"#s": "control_secret"}).get("Item")
+        return bool(found) and found.get("control_secret") == item["control_secret"]
 
     def move_job(self, job_id: str, current: JobState, to: JobState, *, reason: str, actor: str,
                  leave_queue: bool, clear_deadline: bool = False, stop_ranks_of: int | None = None) -> bool:

@@ -9,10 +9,12 @@
   with the job: the loopback results are on each rank's own item, and counted by the
   attempt's latch (``Latch.PREFLIGHT``); only failed loopbacks' ranks are listed (a few:
   more is the fabric, and the search stops).
-* ``PREFLIGHT_BASELINE#<node class>#<nodes>`` (instance table): the last passing runs'
-  busbw (``domain.preflight.baseline``), learned in the transaction that concludes a
+* ``PREFLIGHT_BASELINE#<node class>#<nodes>`` (instance table): each user's last passing
+  runs' busbw, for the users who taught it last (``domain.preflight.baseline``: a few KB,
+  whatever the number of users or ranks), learned in the transaction that concludes a
   passing preflight, conditional on the version read: a run is learned once, and two jobs
-  learning at once never lose a sample.
+  learning at once never lose a sample. An item of the old shape (user-less ``samples``) is
+  rewritten in the new one, its old attributes removed, by the first run learned.
 
 Every change is conditional on the status and the round it was decided on: a duplicate
 report, a late one of an earlier round, two invocations concluding the same round, all
@@ -48,6 +50,8 @@ RUNNING, PASSED, PINNED, INCONCLUSIVE, ABANDONED = "running", "passed", "pinned"
 JOB_FAULT = "job_fault"
 MAX_SUMMARY_LINES = 40
 MAX_LISTED = 8  # failed loopbacks listed on the item (more: the search stops anyway)
+# A baseline item's attributes from before its runs were kept per user (issue 49).
+_OLD_BASELINE_FIELDS = ("samples", "sample_ids")
 
 
 class PreflightRepository:
@@ -204,7 +208,8 @@ class PreflightRepository:
             table=self.instances,
             key={INSTANCE_PK: preflight_baseline_key(baseline.node_class, baseline.nodes)},
             set_fields={"item_type": BASELINE_ITEM_TYPE, **baseline.to_item()},
-            condition=condition, condition_values=values, condition_names={"#ver": "version"})
+            remove_fields=list(_OLD_BASELINE_FIELDS), condition=condition, condition_values=values,
+            condition_names={"#ver": "version"})
 
 
 def _at_parts(status: str, round_: int) -> tuple[str, dict[str, Any], dict[str, str]]:

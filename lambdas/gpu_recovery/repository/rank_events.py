@@ -8,13 +8,14 @@ running interval the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.states import JobState, RankState
+from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.jobs_and_ranks import SPEND_COUNTER, JobsAndRanks, RankStop
 
 
@@ -39,12 +40,14 @@ class RankEventRepository:
     def enter_recovery(self, job_id: str, attempt: int, *, from_states: Iterable[JobState], reason: str,
                        now: float, deadline_at: float, rank_stop: RankStop | None = None,
                        actor: str = "recovery", ledger: Mapping[str, Any] | None = None,
-                       opened_by: str = "", exited_at: float | None = None) -> bool:
+                       opened_by: str = "", exited_at: float | None = None,
+                       also: Sequence[Update] = ()) -> bool:
         """The first suspect of a fault: job -> PENDING_HEALTHCHECK with a fresh tally
         (``opened_by``: what opened it when not a rank's end, ``FaultTally.opened_by``;
         ``exited_at``: when the rank that opened it stopped, the fault's first exit) and the
         intent to stop every other rank (with the rank's stop in the same transaction, so a
-        retry never finds one written without the other). The suspect itself is an item of
+        retry never finds one written without the other; ``also``: what else the fault's
+        entry commits, e.g. its suspect's latch arrival). The suspect itself is an item of
         its own (``FaultRepository.open_suspect``), written before."""
         job = self.jobs.job_transition(
             job_id, JobState.PENDING_HEALTHCHECK, from_states=from_states, attempt=attempt,
@@ -58,7 +61,7 @@ class RankEventRepository:
                         **self.jobs.job_deadline_fields(deadline_at)},
             remove_fields=["relocate", "restart_reason"], ledger=ledger,
         )
-        return self.jobs.commit_with_rank_stop(job, rank_stop)
+        return self.jobs.commit_with_rank_stop(job, rank_stop, also)
 
     def restart_in_place(self, job: Job, *, from_states: Iterable[JobState], reason: str, now: float,
                          deadline_at: float, spend: str, restart_reason: str,

@@ -3,7 +3,7 @@
 * ``nccl_output`` — ``all_reduce_perf`` output parsed as nccl-tests prints it, and why a
   run failed whatever its bandwidth;
 * ``baseline`` — the busbw a run is held to, learned per node class and node count from
-  the fleet's passing runs (an operator floor on top);
+  the fleet's passing runs, one vote per user (an operator floor on top);
 * ``judge`` — one all-reduce's report judged: passed, slow, failed or hung;
 * ``pinning`` — a failed preflight pinned to the node(s) responsible: loopbacks, then
   halves and pairs, in rounds of disjoint groups;

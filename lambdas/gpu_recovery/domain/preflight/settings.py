@@ -4,8 +4,8 @@
   recovery restart unless their spec says otherwise (``auto``); 0: only jobs that ask;
 * ``round_seconds`` (120): the bound of each round after the first (a group that has not
   reported by then hung); the first round, which waits for every rank to start, gets twice;
-* ``slow_fraction`` (0.8), ``min_samples`` (3), ``first_runs_fraction`` (0.5): the baseline
-  rule (``baseline``);
+* ``slow_fraction`` (0.8), ``min_samples`` (3), ``first_runs_fraction`` (0.2), ``min_users``
+  (3: the distinct users whose runs judge everyone): the baseline rule (``baseline``);
 * ``floors`` ({}): operator floors in GB/s per node class (``{"p5.48xlarge": 250}``).
 
 Pure: the stack validates the context keys with the same function at synth, the functions
@@ -21,8 +21,10 @@ from typing import Any
 from gpu_recovery.domain.preflight.baseline import (
     DEFAULT_FIRST_RUNS_FRACTION,
     DEFAULT_MIN_SAMPLES,
+    DEFAULT_MIN_USERS,
     DEFAULT_SLOW_FRACTION,
     MAX_SAMPLES,
+    MAX_USERS,
     BaselinePolicy,
 )
 from gpu_recovery.domain.preflight.nccl_output import DEFAULT_LARGE_BYTES
@@ -41,8 +43,8 @@ MAX_MIN_NODES = 1024
 #: takes seconds, not the minutes of a full 8 B..8 GB sweep
 SWEEP_MIN_BYTES = DEFAULT_LARGE_BYTES
 SWEEP_MAX_BYTES = 1024 * 1024 * 1024
-KEYS = ("min_nodes", "round_seconds", "slow_fraction", "min_samples", "first_runs_fraction", "floors",
-        "cleared_limit", "cleared_window_hours")
+KEYS = ("min_nodes", "round_seconds", "slow_fraction", "min_samples", "first_runs_fraction", "min_users",
+        "floors", "cleared_limit", "cleared_window_hours")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ class PreflightPolicy:
         return {"min_nodes": self.min_nodes, "round_seconds": self.round_seconds,
                 "slow_fraction": self.baseline.slow_fraction, "min_samples": self.baseline.min_samples,
                 "first_runs_fraction": self.baseline.first_runs_fraction,
-                "floors": dict(self.baseline.floors), "cleared_limit": self.tenant_limit.limit,
+                "min_users": self.baseline.min_users, "floors": dict(self.baseline.floors),
+                "cleared_limit": self.tenant_limit.limit,
                 "cleared_window_hours": self.tenant_limit.window_seconds / 3600}
 
 
@@ -118,6 +121,7 @@ def parse_preflight_settings(raw: Mapping[str, Any] | None) -> PreflightPolicy:
         slow_fraction=_fraction(raw, "slow_fraction", DEFAULT_SLOW_FRACTION),
         min_samples=_integer(raw, "min_samples", DEFAULT_MIN_SAMPLES, 1, MAX_SAMPLES),
         first_runs_fraction=_fraction(raw, "first_runs_fraction", DEFAULT_FIRST_RUNS_FRACTION),
+        min_users=_integer(raw, "min_users", DEFAULT_MIN_USERS, 1, MAX_USERS),
         floors=parse_floors(raw.get("floors")))
     return PreflightPolicy(
         min_nodes=_integer(raw, "min_nodes", DEFAULT_MIN_NODES, 0, MAX_MIN_NODES),

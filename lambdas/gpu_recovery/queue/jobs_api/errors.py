@@ -48,3 +48,12 @@ class Forbidden(QueueError):
 class Conflict(QueueError):
     status = 409
     code = "conflict"
+
+
+class IdempotencyKeyReused(Conflict):
+    """The caller's Idempotency-Key already made a job from another body."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self) -> None:
+        super().__init__("Idempotency-Key was already used with a different request body")

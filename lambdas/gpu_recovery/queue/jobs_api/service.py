@@ -37,7 +37,7 @@ from gpu_recovery.queue.jobs_api.context import JobsApiContext
 from gpu_recovery.queue.jobs_api.logs import LOG_EVENTS_LIMIT, job_logs
 from gpu_recovery.queue.jobs_api.ports import JobsEcs, LogReader, TaskDefinitionReader
 from gpu_recovery.queue.jobs_api.reads import DEFAULT_LIMIT, get_job, job_events, job_summary, list_jobs
-from gpu_recovery.queue.jobs_api.submit import submit_job
+from gpu_recovery.queue.jobs_api.submit import Submission, submit_job
 from gpu_recovery.queue.jobs_api.suspension import resume_job, suspend_job
 from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger, SchedulerTrigger
 from gpu_recovery.queue.models import JobSpec
@@ -129,7 +129,11 @@ class JobQueueService:
 
     # The use cases.
     def submit(self, spec: JobSpec, user: str) -> dict[str, Any]:
-        return submit_job(self.context, spec, user)
+        return submit_job(self.context, spec, user).job
+
+    def submit_once(self, spec: JobSpec, user: str, idempotency_key: str) -> Submission:
+        """Submit under the caller's Idempotency-Key: the job it made already, if any."""
+        return submit_job(self.context, spec, user, idempotency_key)
 
     def get(self, job_id: str, user: str | None = None) -> dict[str, Any]:
         return get_job(self.context, job_id, user)

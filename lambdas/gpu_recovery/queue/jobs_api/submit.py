@@ -1,11 +1,19 @@
 """Submit: authorize, resolve AUTO priority, check the quota and what AWS can run, then
-create the QUEUED job item (a unique, readable job id) and wake the scheduler up."""
+create the QUEUED job item (a unique, readable job id) and wake the scheduler up.
+
+With an Idempotency-Key the job item is written together with the caller's key (the
+repository's ``create_keyed_job``), so a retry whose first try wrote the job but never
+answered (the Lambda timed out, Powertools' record of it expired or was dropped) finds the
+job the key made instead of making a second one."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 import secrets
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,14 +33,27 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.control_token import new_secret
 from gpu_recovery.domain.time_sharing import AUTO_PRIORITY, PRIORITY_VALUES, QuotaBook, resolve_auto_priority
 from gpu_recovery.queue.access import Principal, quota_subject
+from gpu_recovery.queue.host_access import host_access_refusal
 from gpu_recovery.queue.jobs_api.context import SOURCE_QUEUE, JobsApiContext
-from gpu_recovery.queue.jobs_api.errors import Conflict, InvalidRequest
+from gpu_recovery.queue.jobs_api.errors import Conflict, IdempotencyKeyReused, InvalidRequest
 from gpu_recovery.queue.jobs_api.reads import job_summary
 from gpu_recovery.queue.models import JobSpec, priority_name
+from gpu_recovery.repository.jobs_api import SubmitKey
 
 logger = logging.getLogger(__name__)
 
 _SLUG_MAX = 40
+# How long an Idempotency-Key names the job it made (the handler's Powertools records too).
+IDEMPOTENCY_WINDOW_SECONDS = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Submission:
+    """The answer to a submit: the job's summary; ``replayed`` when an earlier request with
+    the same Idempotency-Key made the job."""
+
+    job: dict[str, Any]
+    replayed: bool = False
 
 
 def slugify(name: str) -> str:
@@ -47,7 +68,21 @@ def new_job_id(name: str, now: float) -> str:
     return f"{slugify(name)}-{stamp}-{secrets.token_hex(2)}"
 
 
-def submit_job(context: JobsApiContext, spec: JobSpec, user: str) -> dict[str, Any]:
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def submit_job(context: JobsApiContext, spec: JobSpec, user: str,
+               idempotency_key: str | None = None) -> Submission:
+    """Queue ``spec`` for ``user``. With ``idempotency_key``: the job that key of this caller
+    made in the last 24 h if there is one (409 when it came with another body)."""
+    key = None
+    if idempotency_key:
+        key = SubmitKey(key=_digest([user, idempotency_key]), request=_digest(spec.model_dump(mode="json")),
+                        nonce=secrets.token_hex(16))
+        earlier = context.repo.submit_key(key.key, clock.now())
+        if earlier is not None:
+            return _replay(context, earlier, key)
     caller = Principal.parse(user)
     subject = quota_subject(user)
     context.authorize(lambda a: a.check_family(spec.task_definition))
@@ -79,13 +114,35 @@ def submit_job(context: JobsApiContext, spec: JobSpec, user: str) -> dict[str, A
             item["history"][0]["reason"] = f"submitted; {auto_note}"
         if caller.role:
             item["owner_role"] = caller.role
-        if context.repo.create_job(item):
+        if key is None:
+            if context.repo.create_job(item):
+                break
+            continue
+        held = context.repo.create_keyed_job(
+            item, SubmitKey(key.key, key.request, key.nonce, job_id, now + IDEMPOTENCY_WINDOW_SECONDS), now)
+        if held is not None and held.nonce != key.nonce:  # the same key's request, meanwhile
+            return _replay(context, held, key)
+        if held is not None:
             break
     else:  # pragma: no cover - 5 collisions of a 16-bit suffix in the same second
         raise Conflict("could not allocate a unique job id, retry")
     logger.info("job submitted", extra={"job_id": item["job_id"], "user": user})
     context.trigger("submitted", item["job_id"])
-    return job_summary(item)
+    return Submission(job_summary(item))
+
+
+def _replay(context: JobsApiContext, earlier: SubmitKey, key: SubmitKey) -> Submission:
+    """The job ``earlier`` (the caller's key, already used) made, as it is now; a different
+    body under the same key is refused as Powertools refuses it (409)."""
+    if earlier.request != key.request:
+        raise IdempotencyKeyReused()
+    item = context.repo.job_item(earlier.job_id)
+    if item is None:  # pragma: no cover - written in one transaction with its key, never deleted
+        raise Conflict(f"the job {earlier.job_id} of this Idempotency-Key is gone; retry with another key")
+    logger.info("job submitted before under this key", extra={"job_id": earlier.job_id})
+    if item.get("job_state") == JobState.QUEUED.value:  # the first try may have died before waking it
+        context.trigger("submitted", earlier.job_id)
+    return Submission(job_summary(item), replayed=True)
 
 
 def _new_item(context: JobsApiContext, job_id: str, spec: JobSpec, user: str, now: float) -> dict[str, Any]:
@@ -143,6 +200,11 @@ def _validate_against_aws(context: JobsApiContext, spec: JobSpec) -> JobSpec:
     context.authorize(lambda a: a.check_family(task_def.get("taskDefinitionArn", spec.task_definition)))
     context.authorize(lambda a: a.check_task_roles(
         [r for r in (task_def.get("taskRoleArn"), task_def.get("executionRoleArn")) if r]))
+    reach = host_access_refusal(task_def)
+    if reach is not None:
+        raise InvalidRequest(
+            f"task_definition: {spec.task_definition}: {reach}; a queue job may not reach the host the "
+            "stack judges its nodes from (docs/security.md)", "task_definition")
     mode = str(task_def.get("networkMode") or "bridge")
     if mode == "awsvpc" and spec.network is None:
         raise InvalidRequest(

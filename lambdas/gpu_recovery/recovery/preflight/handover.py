@@ -3,18 +3,21 @@
 Each pinned node becomes a **suspect of the attempt's fault** whose evidence says what the
 preflight found (``Trigger.PREFLIGHT``: its loopback, its groups, the link to its peer, with
 the busbw and the threshold) and whose plan the fault catalog made (default rule
-``preflight-pinned``: reboot without the DCGM diag, which passes a degraded NVLink/EFA path
-anyway; escalation replaces a node pinned again). The job enters recovery as for any fault
-(PENDING_HEALTHCHECK, every rank to be stopped), its pinned nodes named suspects at its
+``preflight-pinned``: **the stack's own DCGM check**, never a reboot, reset or replacement on
+the preflight's word, which is the tenant's: issue 49). The job enters recovery as for any
+fault (PENDING_HEALTHCHECK, every rank to be stopped), its pinned nodes named suspects at its
 latch, so the fault counts them once every rank ended. From there nothing is new:
 
-* the node decision (``remediation.node_decision``, the fast path) cordons and reboots,
-  resets or replaces each node, through the breaker and observe mode, recorded in the node's
-  fault history (so a node repaired and validated comes back, and one pinned again
-  escalates);
+* the node decision (``remediation.node_decision``) runs the check on each node and its
+  verdict decides as for any fault: a failed diag cordons and reboots or replaces the node,
+  through the breaker and observe mode, recorded in the node's fault history (escalation);
+  a passed diag **clears** it (``dcgm-healthy-after-preflight``: back to work). A
+  single-node diag does not see a degraded NVLink/EFA path, so such a node is cleared and
+  the job's next preflight may pin it again, until the job's (or its user's) limit of
+  cleared suspects (``remediation.tenant_evidence``) stops its preflights from pinning;
 * the job restarts without them: a spare or a relocation when it may move (queue jobs go
-  back to the queue at the head of their priority), otherwise it waits for the reboot
-  (PENDING_RESTART, its reason in its history). A fault the preflight found spends no
+  back to the queue at the head of their priority), otherwise it waits for the nodes'
+  check and any repair (PENDING_RESTART, its reason in its history). A fault the preflight found spends no
   budget (``job_settlement``): the attempt had not trained, so the job never fails for it.
 
 Intent first: the preflight's ``pinned`` conclusion (with a deadline) is committed before

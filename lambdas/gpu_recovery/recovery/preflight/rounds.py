@@ -28,11 +28,11 @@ sent again by the client and finds its result recorded; one that never comes is 
 round's bound, which the sweep reaches through the preflight item's deadline.
 
 The end: **passed** (every rank goes on to its command; the runs' busbw is learned, in the
-same transaction), **pinned** (the nodes go to the recovery loop: ``handover``; every rank
-is told to stop and waits for ECS to stop it), or **inconclusive** (too many places at
-fault, or a failure that went away: nothing is pinned, every rank goes on, the summary says
-why). The state machine holds nothing per rank: a rank finds its group from the round's
-spans of node numbers.
+same transaction, as its job's user's runs: one vote of the fleet's, never more), **pinned**
+(the nodes go to the recovery loop: ``handover``; every rank is told to stop and waits for
+ECS to stop it), or **inconclusive** (too many places at fault, or a failure that went
+away: nothing is pinned, every rank goes on, the summary says why). The state machine holds
+nothing per rank: a rank finds its group from the round's spans of node numbers.
 """
 
 from __future__ import annotations
@@ -154,12 +154,13 @@ class Preflights:
                           "poll_seconds": self._poll(nodes)}
         gpus = int(job.get("gpus_per_node") or 0)
         klass = node_class(str((job.get("launch") or {}).get("instance_type") or ""), gpus)
+        user = subject_of(job)
         baselines = repo.preflight.baselines(klass, {1, nodes, *BORROWED_SIZES})
-        thresholds = {str(n): with_floor(self.policy.baseline, klass, n, baselines).to_dict()
+        thresholds = {str(n): with_floor(self.policy.baseline, klass, n, baselines, user).to_dict()
                       for n in sorted({1, nodes})}
         deadline = now + self.policy.first_round_seconds
         fields = {"nodes": nodes, "node_class": klass, "gpus_per_node": gpus, "why": why, "created_at": now,
-                  "round_started_at": now, "thresholds": thresholds, "summary": []}
+                  "round_started_at": now, "thresholds": thresholds, "summary": [], "baseline_user": user}
         if repo.preflight.start(job_id, attempt, fields, deadline):
             self.metrics.add_metric("PreflightsStarted", "Count", 1)
             logger.info("gang preflight started", extra={"job_id": job_id, "attempt": attempt, "why": why})
@@ -276,6 +277,13 @@ class Preflights:
                                                now + self.policy.round_seconds, now)
         return self.data.preflight.get(str(item["pf_job_id"]), int(item["attempt"])) or item
 
+    def _user(self, item: Mapping[str, Any]) -> str:
+        """Whose runs the preflight's are (its job's quota subject), as recorded at its start; a
+        preflight started before it was recorded reads its job."""
+        if "baseline_user" in item:  # not "user": a key of the job table's user index
+            return str(item["baseline_user"])
+        return subject_of(self.data.get_job_item(str(item["pf_job_id"])) or {})
+
     @staticmethod
     def _threshold(item: Mapping[str, Any], size: int) -> Threshold:
         return Threshold.from_dict((item.get("thresholds") or {}).get(str(size)))
@@ -334,8 +342,8 @@ class Preflights:
         sizes = {t.size for t in tests}
         baselines = repo.preflight.baselines(str(item["node_class"]),
                                              sizes | {int(item["nodes"]), *BORROWED_SIZES})
-        klass = str(item["node_class"])
-        thresholds = {str(n): with_floor(self.policy.baseline, klass, n, baselines).to_dict()
+        klass, user = str(item["node_class"]), self._user(item)
+        thresholds = {str(n): with_floor(self.policy.baseline, klass, n, baselines, user).to_dict()
                       for n in sorted(sizes)}
         raw_tests = [{**t.to_dict(), "master_addr": addresses.get(pinning.members(t.nodes)[0], "")}
                      for t in tests]
@@ -405,16 +413,16 @@ class Preflights:
             samples[nodes] = results[GANG].busbw
         gang = results.get(GANG)
         verdict = "passed" + (f": gang {gang.line()}" if gang is not None else "")
+        user = self._user(item)  # its runs are its user's one vote (domain.preflight.baseline)
         for _ in range(_CONCLUDE_ROUNDS):
             current = repo.preflight.baselines(klass, samples)
             learned: list[Baseline] = []
             for size, busbw in samples.items():
                 if busbw is not None:
-                    taught = learn(current[size], busbw, f"{job_id}#{attempt}", self.policy.baseline)
+                    taught = learn(current[size], busbw, f"{job_id}#{attempt}", self.policy.baseline, user)
                     if taught is not None:
                         learned.append(taught)
-                    elif why := refusal(current[size], busbw, self.policy.baseline):
-                        # The tenant's table teaches nothing another job is judged by.
+                    elif why := refusal(current[size], busbw, self.policy.baseline, user):
                         logger.warning("preflight run not learned", extra={"job_id": job_id, "nodes": size,
                                                                            "why": why})
                         self.metrics.add_metric("PreflightSamplesRefused", "Count", 1)
@@ -475,6 +483,12 @@ class Preflights:
                 return "preflight_waiting_for_the_start"
         self._finish_round(item, now)
         return "preflight_round_timed_out"
+
+
+def subject_of(job: Mapping[str, Any]) -> str:
+    """The user a job's preflight runs are kept for: its quota subject (the identity its node
+    quota is charged to: ``queue.access.quota_subject``), else its user."""
+    return str(job.get("quota_subject") or job.get("user") or "")
 
 
 def _listed_ranks(raw: Any) -> list[int]:

@@ -34,6 +34,7 @@ from gpu_recovery.domain.escalation import (
     history_from_item,
     history_to_item,
     record_fault,
+    stored_history_with,
 )
 from gpu_recovery.domain.evidence import Evidence, build_evidence
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Trigger
@@ -60,6 +61,7 @@ from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
 from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions
+from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
@@ -119,6 +121,18 @@ def projected(instance: Instance, decision: NodeDecision) -> Instance:
 
 
 @dataclass(frozen=True)
+class Observed:
+    """A fault observed only, on its node (:meth:`NodeRemediation.observed`): ``updates`` for the
+    transaction of the decision that observed it, the e-mails they owe (``notices``), and the
+    cordon limit's answer (``gate``: after the commit, :meth:`NodeRemediation.after_cordon`
+    puts the attribute; None: no cordon written)."""
+
+    updates: list[Update]
+    notices: list[Owed | None]
+    gate: GateAnswer | None = None
+
+
+@dataclass(frozen=True)
 class Applied:
     plan: RemediationPlan
     label: SuspectVerdict
@@ -137,6 +151,9 @@ class DecisionData(ReadsNodeItems, RecordsNodeDecisions, Protocol):
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
                           last_fault: dict[str, Any] | None, read_version: int) -> bool: ...
+    def observed_fault_updates(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
+                               last_fault: dict[str, Any], cordon: Mapping[str, Any] | None = None,
+                               version: float = 0.0) -> list[Update]: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -391,32 +408,36 @@ class NodeRemediation:
             plan = plan.with_breaker(answer.breaker)
         return plan, answer.update, answer
 
-    def cordon_only(self, inst_id: str, plan: RemediationPlan) -> bool:
-        """A node found bad by a decision that changes nothing else on it (observe mode for
-        the whole fault): it takes no new work all the same. One transaction: its cordon,
-        the worklist, the cordon limit's state. Idempotent (a node already cordoned for the
-        same cause is left as it is)."""
-        if plan.action not in NODE_ACTIONS:
-            return False
-        repo = self.data
-        for _ in range(APPLY_ROUNDS):
-            instance = repo.get_instance(inst_id)
-            if instance is None:
-                return False
-            if instance.cordoned and instance.cordon.get("cause") == plan.decision.rule_id:
-                return True
-            now = clock.now()
-            answer = self.gate.decide(node=inst_id, action=None, job_ids=(), now=now,
-                                              reason=plan.decision.reason, cordon_unless_drained=True)
-            record = answer.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now)
-            notice = self.owed_notices.cordon_notice(answer, inst_id, plan)
-            if record is None or not repo.cordons.cordon(inst_id, record, now, answer.update,
-                                                         also=self.notices.owe([notice], now)):
-                continue
-            self.notices.send([notice])
-            after_commit("cordon", self.after_cordon, answer, inst_id)
-            return True
-        return False
+    def observed(self, inst_id: str, instance_item: Mapping[str, Any] | None, plan: RemediationPlan,
+                 evidence: Evidence, job_ids: list[str], now: float) -> Observed:
+        """Observe mode for the whole fault (nothing done to the node): the node's last fault
+        and history with what would have been done and, found bad (a node action decided), its
+        cordon with the cordon limit's state and e-mail, all built before the decision that
+        observed it commits and written in its transaction (:class:`Observed`): a delivery that
+        dies after that commit leaves the node cordoned (the sweep syncs its attribute from the
+        worklist). Nothing for a node the loop does not know; a node already cordoned for the
+        same cause keeps its cordon as it is."""
+        if instance_item is None:
+            return Observed([], [])
+        history = None
+        if plan.node_record is not None:
+            history = stored_history_with(instance_item.get("fault_history"), plan.node_record, now,
+                                          self.policy.escalation)
+        last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": job_ids}
+        instance = self.data.instance_from_item(instance_item)
+        gate, record = None, None
+        if plan.action in NODE_ACTIONS and not (instance.cordoned
+                                                and instance.cordon.get("cause") == plan.decision.rule_id):
+            # Known bad all the same: no new work on it (domain.cordon).
+            gate = self.gate.decide(node=inst_id, action=None, job_ids=(), now=now,
+                                    reason=plan.decision.reason, cordon_unless_drained=True)
+            record = gate.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now)
+        updates = self.data.observed_fault_updates(inst_id, fault_history=history, last_fault=last_fault,
+                                                   cordon=record, version=now)
+        if record is None or gate is None:
+            return Observed(updates, [])
+        return Observed([*updates, *([gate.update] if gate.update is not None else [])],
+                        [self.owed_notices.cordon_notice(gate, inst_id, plan)], gate)
 
     def after_cordon(self, gate: GateAnswer | None, inst_id: str, *, uncordoned: bool = False,
                      cordoned: bool = False) -> None:
