@@ -3,7 +3,8 @@
 Bookkeeping (job table):
 
 * a rank item carries ``last_heartbeat_at`` / ``last_seen_in_report_at`` and, while it
-  is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat), ``hb_shard`` and
+  is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat, its job in
+  WATCHED_JOB_STATES), ``hb_shard`` and
   ``hb_slot``: the sparse ``by-heartbeat-slot`` index then holds only watched ranks, over
   32 partition keys, sorted by the start of their last heartbeat's slot (half the stale
   threshold wide), so the sweep reads just the stale ones (``last_heartbeat_at < now -
@@ -69,9 +70,9 @@ _SUSPECT_HEADLINE = "GPU node shows hardware errors"
 ACTOR = "heartbeat"
 WATCHED = HEARTBEAT_WATCHED_RANK_STATES
 _GPU_REPORT_RETRIES = 3
-# A job with a NODE_LOST rank that stays as it is (its own machinery runs): settled, and its
-# lost ranks escalated, once it is RUNNING again.
-_SETTLES_LATER = frozenset({JobState.STARTING})
+# A job with a NODE_LOST rank that stays as it is (its own machinery runs: a launch, a
+# restart, a suspend): settled, and its lost ranks escalated, once it is RUNNING again.
+_SETTLES_LATER = frozenset({JobState.STARTING, JobState.SUSPENDING})
 
 
 def _rank_label(item: dict[str, Any]) -> str:
@@ -275,7 +276,8 @@ class HeartbeatService:
 
         NODE_LOST wins over HUNG; HUNG -> NODE_LOST is not a legal transition, so it goes
         through RUNNING. Only a RUNNING job settles: a STARTING one (launch, gang restart)
-        keeps its own machinery and deadline, and settles once it runs (the next sweep).
+        or a SUSPENDING one keeps its own machinery and deadline, and settles once it runs
+        (the next sweep).
         Every writer settles after its own change, so the last one sees the final sets.
         """
         item = self.repo.job_item(job_id)
