@@ -3,7 +3,8 @@
 Bookkeeping (job table):
 
 * a rank item carries ``last_heartbeat_at`` / ``last_seen_in_report_at`` and, while it
-  is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat), ``hb_shard`` and
+  is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat, its job in
+  WATCHED_JOB_STATES), ``hb_shard`` and
   ``hb_slot``: the sparse ``by-heartbeat-slot`` index then holds only watched ranks, over
   32 partition keys, sorted by the start of their last heartbeat's slot (half the stale
   threshold wide), so the sweep reads just the stale ones (``last_heartbeat_at < now -
@@ -47,7 +48,7 @@ from gpu_recovery.domain.gpu_warnings import DriverWarning, driver_warning, repa
 from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import NotificationFacts
-from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES, STARTED_JOB_STATES
+from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES
 from gpu_recovery.heartbeat.escalation import NodeLostEscalation
 from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NullMetrics, RecoveryPort
 from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport, ReportResult, SweepResult
@@ -70,6 +71,9 @@ _SUSPECT_HEADLINE = "GPU node shows hardware errors"
 ACTOR = "heartbeat"
 WATCHED = HEARTBEAT_WATCHED_RANK_STATES
 _GPU_REPORT_RETRIES = 3
+# A job with a NODE_LOST rank that stays as it is (its own machinery runs: a launch, a
+# restart, a suspend): settled, and its lost ranks escalated, once it is RUNNING again.
+_SETTLES_LATER = frozenset({JobState.STARTING, JobState.SUSPENDING})
 
 
 def _rank_label(item: dict[str, Any]) -> str:
@@ -268,18 +272,21 @@ class HeartbeatService:
                                                           "why": reason})
         return done
 
-    def _settle_job(self, job_id: str, attempt: int, reason: str) -> None:
-        """Make the job's state follow its lost / hung rank sets (conditional, convergent).
+    def _settle_job(self, job_id: str, attempt: int, reason: str) -> JobState | None:
+        """Make the job's state follow its lost / hung rank sets (conditional, convergent);
+        returns the state it is left in (None: gone, another attempt, or a step raced).
 
         NODE_LOST wins over HUNG; HUNG -> NODE_LOST is not a legal transition, so it goes
-        through RUNNING. Every writer settles after its own change, so the last one sees
-        the final sets.
+        through RUNNING. Only a RUNNING job settles: a STARTING one (launch, gang restart)
+        or a SUSPENDING one keeps its own machinery and deadline, and settles once it runs
+        (the next sweep).
+        Every writer settles after its own change, so the last one sees the final sets.
         """
         item = self.repo.job_item(job_id)
         if not item:
-            return
+            return None
         if int(item.get("attempt", 1)) != attempt:
-            return
+            return None
         state = JobState(item["job_state"])
         has_lost, has_hung = bool(item.get(lost_attr(attempt))), bool(item.get(hung_attr(attempt)))
         steps: list[tuple[JobState, JobState, str]] = []
@@ -289,18 +296,20 @@ class HeartbeatService:
         if state is JobState.HUNG and (not has_hung or has_lost):
             steps.append((JobState.HUNG, JobState.RUNNING, "none_hung_or_some_lost"))
             state = JobState.RUNNING
-        if state in STARTED_JOB_STATES and has_lost:
-            steps.append((state, JobState.NODE_LOST, "some_lost"))
+        if state is JobState.RUNNING and has_lost:
+            steps.append((JobState.RUNNING, JobState.NODE_LOST, "some_lost"))
         elif state is JobState.RUNNING and has_hung:
             steps.append((JobState.RUNNING, JobState.HUNG, "some_hung_none_lost"))
         for source, target, requires in steps:
             deadline_at, escalate_at = self._backstop(target)
             if not self.repo.settle_job(job_id, attempt, source, target, requires, reason, ACTOR,
                                         deadline_at=deadline_at, escalate_at=escalate_at):
-                return
+                return None
             logger.info("job %s -> %s", source.value, target.value,
                         extra={"job_id": job_id, "why": reason})
             self.metrics.add_metric(f"Jobs{target.value.title().replace('_', '')}", "Count", 1)
+            state = target
+        return state
 
     def _backstop(self, target: JobState) -> tuple[float | None, float | None]:
         """A job leaving RUNNING for NODE_LOST / HUNG stays in the deadline index (the
@@ -514,9 +523,11 @@ class HeartbeatService:
                     escalations.setdefault(key, []).append(item)
             elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):
                 result.unwatched.append(label)
-        for job_id, attempt in sorted(settle):
-            self._settle_job(job_id, attempt, "a rank is NODE_LOST")
+        waiting = {key for key in sorted(settle)
+                   if self._settle_job(*key, "a rank is NODE_LOST") in _SETTLES_LATER}
         for (job_id, attempt, inst_id), lost in sorted(escalations.items(), key=lambda kv: kv[0]):
+            if (job_id, attempt) in waiting:
+                continue  # escalated once the job runs and settles NODE_LOST (a later sweep)
             outcome = self.escalation.escalate(job_id, attempt, inst_id, lost, node_items.get(inst_id), now)
             if outcome == "recovery":
                 result.escalated.append(job_id)

@@ -36,8 +36,9 @@ from gpu_recovery.domain.states import ACTIVE_JOB_STATES
 from gpu_recovery.repository import Repository, Update, from_ddb, to_ddb
 from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES
 
-# Job states in which ranks are watched (a queue job is STARTING until every rank runs).
-WATCHED_JOB_STATES = tuple(sorted(ACTIVE_JOB_STATES, key=lambda s: s.value))  # heartbeats count for these
+# Job states in which ranks are watched (a queue job is STARTING until every rank runs; a
+# SUSPENDING job may go back to RUNNING, a move declined: a node lost meanwhile must be caught).
+WATCHED_JOB_STATES = tuple(sorted(ACTIVE_JOB_STATES | {JobState.SUSPENDING}, key=lambda s: s.value))
 # Attribute that orders a node's reports: the timestamp of its last accepted report.
 TASKS_REPORT_KEY = "last_tasks_report_ts"
 GPU_REPORT_KEY = "last_gpu_report_ts"
