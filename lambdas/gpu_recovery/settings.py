@@ -464,7 +464,8 @@ def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSetting
 
 def access_policy(env: Mapping[str, str] | None = None) -> AccessPolicy:
     """Who may do what through the jobs API (JSON lists or comma-separated values)."""
-    from gpu_recovery.queue.access import AccessPolicy, family_of
+    from gpu_recovery.domain.models import family_of
+    from gpu_recovery.queue.access import AccessPolicy
 
     env = os.environ if env is None else env
     health = {c.DEFAULT_HEALTH_CHECK_FAMILY}

@@ -398,6 +398,23 @@ def _moved_at_checkpoint(record: Record, mail: Mail, _m: re.Match[str]) -> str |
     return _tasks_ended(record, mail)
 
 
+def _stopped_at_bound(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+    """A move its owner suspended, stopped at its bound (no go_suspend()): suspended, not failed."""
+    moves = [m.get("outcome") for m in mail.job.get("moves") or []]
+    state = mail.job.get("job_state")
+    if state != "SUSPENDED" or not moves or moves[-1] != "stopped_at_deadline":
+        return f"the job was {state} with moves {moves}, not stopped at its move's bound"
+    return _tasks_ended(record, mail)
+
+
+def _held_by_owner(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+    if mail.job.get("job_state") != "SUSPENDED" or mail.job.get("held") is not True \
+            or C.QUEUE_PK in mail.job:
+        state, held = mail.job.get("job_state"), mail.job.get("held")
+        return f"the job was {state}, held={held}, not held out of the queue"
+    return None
+
+
 def _requeued_ahead_and_restarted(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     order = str(mail.job.get(C.QUEUE_SK) or "")
     if C.RELOCATED_QUEUE_MARK not in order:
@@ -503,7 +520,10 @@ CLAIMS: list[tuple[str, Check]] = [
     (r"kept out of placement until then", _kept_out),
     (r"Rank 0 saved a checkpoint and stopped the job \d+ s after it was asked", _moved_at_checkpoint),
     (r"the job is back in the queue ahead of every job of its priority and restarts on healthy nodes from "
-     r"that checkpoint", _requeued_ahead_and_restarted),
+     r"(that|its last) checkpoint", _requeued_ahead_and_restarted),
+    (r"The job was stopped at the end of its move's bound \(its owner suspended it and rank 0 did not call "
+     r"go_suspend\(\): it resumes from its last checkpoint\)", _stopped_at_bound),
+    (r"the job is held by its owner until resumed \(gpujobs resume\)", _held_by_owner),
     (rf"{NODE} takes no new work and is repaired \((\w+)\)\. Avoided: .*", _cordoned_and_repaired),
     (r"reboot of ([^;]+?)(?: and \d+ more)?", _rebooted),
     (r"terminated in its Auto Scaling group.*", _terminated),

@@ -21,6 +21,12 @@ def task_id(task_arn: str) -> str:
     return task_arn.rsplit("/", 1)[-1]
 
 
+def family_of(task_definition: str) -> str:
+    """``arn:...:task-definition/<family>:<rev>`` or ``<family>:<rev>`` -> family."""
+    tail = task_definition.rsplit("/", 1)[-1]
+    return tail.split(":", 1)[0]
+
+
 #: Earlier attempts' tasks a rank item keeps (the newest first out of it): each attempt's
 #: log is read by its task (``gpujobs logs --attempt``); bounded, so a rank item never grows
 #: with the attempts a job makes, and nothing grows with the job's ranks.

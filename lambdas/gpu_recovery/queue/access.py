@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_recovery import constants as c
+from gpu_recovery.domain.models import family_of
 from gpu_recovery.domain.task_network import SECURITY_GROUP_ID, SUBNET_ID
 
 _ARN_RE = re.compile(r"^arn:(?P<partition>aws[a-z-]*):(?P<service>iam|sts)::(?P<account>\d{12}):"
@@ -98,12 +99,6 @@ def quota_subject(arn: str) -> str:
         parts = resource.split("/")
         return "/".join(parts[1:3]) if len(parts) > 2 else resource
     return resource.rsplit("/", 1)[-1]
-
-
-def family_of(task_definition: str) -> str:
-    """``arn:...:task-definition/<family>:<rev>`` or ``<family>:<rev>`` -> family."""
-    tail = task_definition.rsplit("/", 1)[-1]
-    return tail.split(":", 1)[0]
 
 
 def role_name_of(role_arn: str) -> str:

@@ -41,9 +41,8 @@ from gpu_recovery.constants import (
     TAG_PURPOSE,
 )
 from gpu_recovery.domain import started_by as task_started_by
-from gpu_recovery.domain.models import Instance, Rank
+from gpu_recovery.domain.models import Instance, Rank, family_of
 from gpu_recovery.events.ecs import EcsTaskDetail
-from gpu_recovery.queue.access import family_of
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_once, started_already
 from gpu_recovery.repository import claim_fields as stored

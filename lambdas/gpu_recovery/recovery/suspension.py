@@ -242,7 +242,7 @@ class Suspensions:
             replace(job, state=JobState.SUSPENDED), None, NotificationKind.GPU_WARNING, words.subject,
             what_happened=(f"Node {node} reported a driver warning: {avoid.get('reason') or '?'} "
                            f"({avoid.get('confidence') or '?'})"),
-            what_was_done=(f"{words.stopped}; {words.then}; {node} takes no new work and is repaired "
+            what_was_done=(f"{words.stopped}; {words.done}; {node} takes no new work and is repaired "
                            f"({avoid.get('action') or 'as the catalog says'}). Avoided: {avoided(avoid)}"),
             operator_action=words.action)
         reason = f"{words.how}: {avoid.get('reason') or 'driver warning'}; {words.then}"
@@ -363,6 +363,14 @@ class _MoveWords:
             return "held by its owner until resumed (gpujobs resume)"
         return ("back in the queue at the head of its priority, it restarts on healthy nodes from "
                 + ("its last checkpoint" if self.forced else "that checkpoint"))
+
+    @property
+    def done(self) -> str:
+        """``then`` as the e-mail says it (each of its claims is checked: tests/notifications)."""
+        if self.hold:
+            return "the job is held by its owner until resumed (gpujobs resume)"
+        return ("the job is back in the queue ahead of every job of its priority and restarts on healthy "
+                "nodes from " + ("its last checkpoint" if self.forced else "that checkpoint"))
 
     @property
     def subject(self) -> str:
