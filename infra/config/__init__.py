@@ -225,7 +225,8 @@ class RecoveryConfig:
     lambda_architecture: str = option("x86_64", choice("x86_64", "arm64"), "CPU architecture of the Lambdas")
     # --- node heartbeats, the REST API and the job queue
     heartbeat_stale_seconds: int = option(180, integer(60, 86_400),
-                                          "a rank without heartbeat this long becomes NODE_LOST")
+                                          "a rank silent this long is NODE_LOST; also the least gap "
+                                          "between a lost node's two ECS reads")
     node_lost_fail_seconds: int = option(1800, integer(60, 604_800, zero_disables=True),
                                          "NODE_LOST this long goes to the recovery loop (0: never)")
     hang_seconds: int = option(0, integer(60, 604_800, zero_disables=True),
