@@ -389,22 +389,16 @@ def _kept_out(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     return None if (mail.instances.get(node) or {}).get("cordon") else f"{node} was not cordoned"
 
 
-def _moved_at_checkpoint(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
-    """The job was suspended (every rank stopped) by its move, not failed or restarted."""
-    moves = [m.get("outcome") for m in mail.job.get("moves") or []]
-    state = mail.job.get("job_state")
-    if state != "SUSPENDED" or not moves or moves[-1] != "moved":
-        return f"the job was {state} with moves {moves}, not suspended by its move"
-    return _tasks_ended(record, mail)
-
-
-def _stopped_at_bound(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
-    """A move its owner suspended, stopped at its bound (no go_suspend()): suspended, not failed."""
-    moves = [m.get("outcome") for m in mail.job.get("moves") or []]
-    state = mail.job.get("job_state")
-    if state != "SUSPENDED" or not moves or moves[-1] != "stopped_at_deadline":
-        return f"the job was {state} with moves {moves}, not stopped at its move's bound"
-    return _tasks_ended(record, mail)
+def _suspended_by_its_move(outcome: str) -> Check:
+    """The job was suspended (every rank stopped) by its move, whose last record is ``outcome``
+    (moved at its checkpoint, or stopped at its bound), not failed or restarted."""
+    def check(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
+        moves = [m.get("outcome") for m in mail.job.get("moves") or []]
+        state = mail.job.get("job_state")
+        if state != "SUSPENDED" or not moves or moves[-1] != outcome:
+            return f"the job was {state} with moves {moves}, not suspended by its move ({outcome})"
+        return _tasks_ended(record, mail)
+    return check
 
 
 def _held_by_owner(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
@@ -518,11 +512,12 @@ CLAIMS: list[tuple[str, Check]] = [
     (rf"{NODE}'s GPUs reset \(rebooted instead if the reset fails\)", _reset),
     (r"it returns to service when it passes", _descriptive),
     (r"kept out of placement until then", _kept_out),
-    (r"Rank 0 saved a checkpoint and stopped the job \d+ s after it was asked", _moved_at_checkpoint),
+    (r"Rank 0 saved a checkpoint and stopped the job \d+ s after it was asked",
+     _suspended_by_its_move("moved")),
     (r"the job is back in the queue ahead of every job of its priority and restarts on healthy nodes from "
      r"(that|its last) checkpoint", _requeued_ahead_and_restarted),
     (r"The job was stopped at the end of its move's bound \(its owner suspended it and rank 0 did not call "
-     r"go_suspend\(\): it resumes from its last checkpoint\)", _stopped_at_bound),
+     r"go_suspend\(\): it resumes from its last checkpoint\)", _suspended_by_its_move("stopped_at_deadline")),
     (r"the job is held by its owner until resumed \(gpujobs resume\)", _held_by_owner),
     (rf"{NODE} takes no new work and is repaired \((\w+)\)\. Avoided: .*", _cordoned_and_repaired),
     (r"reboot of ([^;]+?)(?: and \d+ more)?", _rebooted),

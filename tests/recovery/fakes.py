@@ -11,7 +11,7 @@ import copy
 import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +28,7 @@ from gpu_recovery.domain.notifications import Notification
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery import RankRegistration, RecoveryService
 from gpu_recovery.repository import Repository
-from gpu_recovery.repository.base import DynamoGateway
+from gpu_recovery.repository.base import DynamoGateway, Update
 from gpu_recovery.settings import Settings
 from local_mode.sim.contract.requests import RequestGuard
 from local_mode.sim.contract.state import MotoState, key_schemas
@@ -474,6 +474,22 @@ class World:
                       *({"key": k, "value": v} for k, v in (tags or {}).items())]))
             arns.append(arn)
         return arns
+
+    def register_queue_job(self, job_id: str, nodes: list[str]) -> list[str]:
+        """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""
+        arns = self.register_job(job_id, nodes)
+        self.repo.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
+            "source": "queue", "priority": 10, "submitted_at": self.now[0] - 600,
+            "job_state": C.JobState.RUNNING.value}))
+        return arns
+
+    def stopped_by_the_stack(self, arns: list[str]) -> None:
+        """Every rank's STOPPED event after the stack's StopTask (a suspend's, a move's, the
+        job's end); a delivery whose answer is lost counts as delivered."""
+        for arn in arns:
+            with suppress(LostResponse):
+                self.service.on_task_state_change(self.task_stopped(
+                    arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspended"))
 
     def task_stopped(self, task_arn: str, *, exit_code: int | None,
                      stop_code: str = "EssentialContainerExited",

@@ -6,7 +6,6 @@ foreign events. The whole flow, broken at every call: local_mode/campaigns/aws_n
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from gpu_recovery.domain import aws_notices as n
 from gpu_recovery.domain.placement import NOTICE, UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.repository import Update
 from local_mode.sim.aws_notices import notice_event
-from tests.recovery.fakes import REGION, LostResponse, World, world
+from tests.recovery.fakes import REGION, World, world
 from tests.recovery.remediation_steps import sweeps
 
 NODE, PEER, IDLE = "node-b", "node-a", "node-c"
@@ -28,23 +27,6 @@ def notify(w: World, kind: str, node: str = NODE, **options: Any) -> dict[str, A
     event, _deadline = notice_event(kind, now=w.now[0], region=REGION, account="123456789012",
                                     instance_id=f"i-{node}", **options)
     return w.service.on_aws_notice(event).as_dict() | {"event": event}
-
-
-def queue_job(w: World, job_id: str, nodes: list[str]) -> list[str]:
-    """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""
-    arns = w.register_job(job_id, nodes)
-    w.repo.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
-        "source": "queue", "priority": 10, "submitted_at": w.now[0] - 600,
-        "job_state": JobState.RUNNING.value}))
-    return arns
-
-
-def stop_all(w: World, arns: list[str]) -> None:
-    """Every rank's STOPPED event after the stack's StopTask."""
-    for arn in arns:
-        with contextlib.suppress(LostResponse):
-            w.service.on_task_state_change(w.task_stopped(
-                arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspended"))
 
 
 def mails(w: World) -> list[Any]:
@@ -65,7 +47,7 @@ class Block:
 
 def test_a_spot_warning_cordons_the_node_at_once_and_asks_its_queue_job_to_move_in_time() -> None:
     with world() as w:
-        queue_job(w, "train", [PEER, NODE])
+        w.register_queue_job("train", [PEER, NODE])
         done = notify(w, "spot_interruption")
         assert done["action"] == "aws_notice"
         instance = w.repo.get_instance(NODE)
@@ -84,7 +66,7 @@ def test_a_spot_warning_cordons_the_node_at_once_and_asks_its_queue_job_to_move_
 
 def test_a_duplicate_or_replayed_notice_changes_nothing_more() -> None:
     with world() as w:
-        queue_job(w, "train", [PEER, NODE])
+        w.register_queue_job("train", [PEER, NODE])
         event = notify(w, "spot_interruption")["event"]
         before = (w.repo.get_instance_item(NODE)["notice"], w.repo.get_job("train").suspend)
         again = w.service.on_aws_notice({**event, "id": "another-delivery"}).as_dict()
@@ -95,7 +77,7 @@ def test_a_duplicate_or_replayed_notice_changes_nothing_more() -> None:
 
 def test_a_notice_for_an_instance_of_no_node_of_this_cluster_writes_nothing() -> None:
     with world() as w:
-        queue_job(w, "train", [PEER, NODE])
+        w.register_queue_job("train", [PEER, NODE])
         done = notify(w, "spot_interruption", node="elsewhere")
         assert done["action"] == "aws_notice_no_node_of_this_cluster"
         assert w.repo.get_instance("elsewhere") is None and not mails(w)
@@ -104,12 +86,12 @@ def test_a_notice_for_an_instance_of_no_node_of_this_cluster_writes_nothing() ->
 
 def test_a_job_that_does_not_checkpoint_in_time_is_stopped_before_the_deadline_spending_nothing() -> None:
     with world() as w:
-        arns = queue_job(w, "train", [PEER, NODE])
+        arns = w.register_queue_job("train", [PEER, NODE])
         notify(w, "spot_interruption")
         sweeps(w, 1, every=n.SPOT_WARNING_SECONDS - n.STOP_MARGIN_SECONDS)  # no go_suspend() by then
         assert w.repo.get_job("train").suspend.get("stop_requested_at")  # not declined: stopped
         assert set(w.ecs.stop_calls) >= set(arns)
-        stop_all(w, arns)
+        w.stopped_by_the_stack(arns)
         job = w.repo.get_job_item("train")
         assert job["job_state"] == JobState.SUSPENDED.value
         assert [m["outcome"] for m in job["moves"]] == ["stopped_at_deadline"]
@@ -120,7 +102,7 @@ def test_a_job_that_does_not_checkpoint_in_time_is_stopped_before_the_deadline_s
 
 def test_a_capacity_block_warning_maps_its_reservation_to_nodes_and_drains_the_idle_one_too() -> None:
     with world(spare_nodes=0) as w:
-        queue_job(w, "train", [PEER, NODE])
+        w.register_queue_job("train", [PEER, NODE])
         w.ecs.spare_nodes = [IDLE]
         block = Block([NODE, IDLE])
         w.service.aws_notices.capacity = block
@@ -292,7 +274,7 @@ def test_after_a_reboot_maintenance_window_the_node_returns_to_service() -> None
 
 def test_a_rebalance_recommendation_asks_without_a_deadline_and_never_stops_the_job() -> None:
     with world() as w:
-        queue_job(w, "train", [PEER, NODE])
+        w.register_queue_job("train", [PEER, NODE])
         event = {"version": "0", "id": "x", "detail-type": n.REBALANCE_RECOMMENDATION, "source": "aws.ec2",
                  "account": "123456789012", "time": "2027-01-15T08:00:00Z", "region": REGION,
                  "resources": [], "detail": {"instance-id": f"i-{NODE}"}}

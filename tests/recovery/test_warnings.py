@@ -5,7 +5,6 @@ kind moved), or leaves a job that cannot move running, the node repaired once it
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from gpu_recovery import constants as C
@@ -18,7 +17,7 @@ from gpu_recovery.domain.models import Instance
 from gpu_recovery.queue.control import JobControlService
 from gpu_recovery.repository import Update
 from gpu_recovery.repository.time_sharing import SuspensionRepository
-from tests.recovery.fakes import LostResponse, World, ci_arn, world
+from tests.recovery.fakes import World, ci_arn, world
 from tests.recovery.remediation_steps import reset_stopped, resets_on, sweeps
 
 NODE, PEER = "node-b", "node-a"
@@ -47,23 +46,6 @@ def calm(w: World, node: str) -> None:
     """The node's next report shows nothing (the driver cleared it, the reset applied it)."""
     w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
         "gpu_telemetry": [{"i": 0, "u": "GPU-0", "ra": "none"}], "last_gpu_report_at": w.now[0]}))
-
-
-def queue_job(w: World, job_id: str, nodes: list[str]) -> list[str]:
-    """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""
-    arns = w.register_job(job_id, nodes)
-    w.repo.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
-        "source": "queue", "priority": 10, "submitted_at": w.now[0] - 600,
-        "job_state": JobState.RUNNING.value}))
-    return arns
-
-
-def stop_all(w: World, arns: list[str]) -> None:
-    """Every rank's STOPPED event after the stack's StopTask (the move's, or the job's end)."""
-    for arn in arns:
-        with contextlib.suppress(LostResponse):
-            w.service.on_task_state_change(w.task_stopped(
-                arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspended"))
 
 
 def mails(w: World, kind: C.NotificationKind = Kind.GPU_WARNING) -> list[Any]:
@@ -101,7 +83,7 @@ def test_an_idle_node_whose_driver_asks_for_a_reboot_is_rebooted_never_reset() -
 
 def test_a_warning_the_next_report_no_longer_shows_is_cleared_with_its_cordon() -> None:
     with world() as w:
-        arns = queue_job(w, "j", [NODE])
+        arns = w.register_queue_job("j", [NODE])
         warn(w, NODE, rp=True)
         sweeps(w, 1)
         assert w.repo.get_instance(NODE).cordoned
@@ -143,7 +125,7 @@ def test_a_repair_the_breaker_holds_is_decided_once_not_every_minute() -> None:
 # ------------------------------------------------------------------------- busy
 def test_a_busy_queue_job_is_moved_at_its_checkpoint_and_the_node_repaired_after() -> None:
     with world() as w:
-        arns = queue_job(w, "j", [PEER, NODE])
+        arns = w.register_queue_job("j", [PEER, NODE])
         warn(w, NODE, ra="gpu_reset")
         sweeps(w, 1)
         instance = w.repo.get_instance(NODE)
@@ -156,7 +138,7 @@ def test_a_busy_queue_job_is_moved_at_its_checkpoint_and_the_node_repaired_after
         # Rank 0 checkpoints and calls go_suspend(): every rank is stopped, the job queued
         # again ahead of its priority, then the node is repaired (the job's ranks gone).
         assert w.service.go_suspend("j", 0, 1).action == "suspending"
-        stop_all(w, arns)
+        w.stopped_by_the_stack(arns)
         item = w.repo.get_job_item("j")
         assert item["job_state"] == JobState.SUSPENDED.value
         assert f"#{C.RELOCATED_QUEUE_MARK}" in item[C.QUEUE_SK]
@@ -174,7 +156,7 @@ def test_a_busy_queue_job_is_moved_at_its_checkpoint_and_the_node_repaired_after
 
 def test_a_job_that_does_not_checkpoint_in_time_keeps_running_on_its_cordoned_node() -> None:
     with world() as w:
-        arns = queue_job(w, "j", [NODE])
+        arns = w.register_queue_job("j", [NODE])
         warn(w, NODE, rp=True)
         sweeps(w, 1)
         w.advance(600)
@@ -215,7 +197,7 @@ def test_a_gpu_that_fails_before_the_move_takes_the_ordinary_recovery() -> None:
     suspension dropped); its evidence carries the driver's own word (reset, fast path), and
     that node decision answers the warning. The job restarts from its last checkpoint."""
     with world() as w:
-        arns = queue_job(w, "j", [PEER, NODE])
+        arns = w.register_queue_job("j", [PEER, NODE])
         warn(w, NODE, ra="gpu_reset")
         sweeps(w, 1)
         assert w.repo.get_job("j").state is JobState.SUSPENDING
@@ -233,7 +215,7 @@ def test_a_go_suspend_racing_the_decline_of_its_move_suspends_the_job_as_its_own
     the job as its own (like a RUNNING job's go_suspend()): the control API answers
     SUSPENDING with the ranks it stops, never RUNNING with nothing left to stop the caller."""
     with world() as w:
-        arns = queue_job(w, "j", [NODE])
+        arns = w.register_queue_job("j", [NODE])
         warn(w, NODE, rp=True)
         sweeps(w, 1)
         assert w.repo.get_job("j").state is JobState.SUSPENDING
@@ -254,7 +236,7 @@ def test_a_go_suspend_racing_the_decline_of_its_move_suspends_the_job_as_its_own
         job = w.repo.get_job("j")
         assert job.state is JobState.SUSPENDING and job.suspend["kind"] == "self" and job.suspend_stopping
         assert arns[0] in w.ecs.stop_calls
-        stop_all(w, arns)
+        w.stopped_by_the_stack(arns)
         item = w.repo.get_job_item("j")
         assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is False
         assert f"#{C.RELOCATED_QUEUE_MARK}" not in item[C.QUEUE_SK]  # its own suspend: its own position
@@ -267,13 +249,13 @@ def test_the_owners_suspend_during_a_move_holds_the_job_once_moved() -> None:
     stops; the job is SUSPENDED and held (not queued for the scheduler to restart), the move
     recorded, the node repaired all the same."""
     with world() as w:
-        arns = queue_job(w, "j", [PEER, NODE])
+        arns = w.register_queue_job("j", [PEER, NODE])
         warn(w, NODE, ra="gpu_reset")
         sweeps(w, 1)
         assert SuspensionRepository(w.repo).set_hold("j", True, reason="suspend by u: held once stopped",
                                                      actor="u")
         assert w.service.go_suspend("j", 0, 1).action == "suspending"
-        stop_all(w, arns)
+        w.stopped_by_the_stack(arns)
         item = w.repo.get_job_item("j")
         assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is True
         assert C.QUEUE_SK not in item and C.QUEUE_PK not in item
@@ -287,7 +269,7 @@ def test_the_owners_suspend_during_a_move_holds_the_job_once_moved() -> None:
 
 def test_a_held_move_whose_bound_passes_is_stopped_then_held_not_declined() -> None:
     with world() as w:
-        arns = queue_job(w, "j", [NODE])
+        arns = w.register_queue_job("j", [NODE])
         warn(w, NODE, rp=True)
         sweeps(w, 1)
         assert SuspensionRepository(w.repo).set_hold("j", True, reason="suspend by u", actor="u")
@@ -295,7 +277,7 @@ def test_a_held_move_whose_bound_passes_is_stopped_then_held_not_declined() -> N
         w.service.sweep()
         job = w.repo.get_job("j")
         assert job.state is JobState.SUSPENDING and job.suspend_stopping and arns[0] in w.ecs.stop_calls
-        stop_all(w, arns)
+        w.stopped_by_the_stack(arns)
         item = w.repo.get_job_item("j")
         assert item["job_state"] == JobState.SUSPENDED.value and item["held"] is True
         assert C.QUEUE_SK not in item
@@ -306,7 +288,7 @@ def test_a_hold_that_lands_between_the_sweeps_read_and_the_decline_is_kept() -> 
     """The owner's suspend commits after the sweep read the move unheld: the decline's write
     is refused (the move is held), and the same sweep stops the job instead of letting it run."""
     with world() as w:
-        arns = queue_job(w, "j", [NODE])
+        arns = w.register_queue_job("j", [NODE])
         warn(w, NODE, rp=True)
         sweeps(w, 1)
         store = w.service.suspensions.store
@@ -322,5 +304,5 @@ def test_a_hold_that_lands_between_the_sweeps_read_and_the_decline_is_kept() -> 
         job = w.repo.get_job("j")
         assert job.state is JobState.SUSPENDING and job.suspend["hold"] is True and job.suspend_stopping
         assert arns[0] in w.ecs.stop_calls and "moves" not in w.repo.get_job_item("j")
-        stop_all(w, arns)
+        w.stopped_by_the_stack(arns)
         assert w.repo.get_job_item("j")["held"] is True

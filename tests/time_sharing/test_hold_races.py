@@ -5,15 +5,13 @@ finishes as the owner last said (the recovery's fakes on moto's DynamoDB)."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain.time_sharing import SuspendKind
-from gpu_recovery.repository import Update
-from tests.recovery.fakes import LostResponse, World, world
+from tests.recovery.fakes import World, world
 
 JobState = C.JobState
 
@@ -21,10 +19,7 @@ JobState = C.JobState
 def suspended_for_a_preemptor(w: World, *, hold: bool) -> list[str]:
     """A running 2-rank queue job preempted (held by its owner already when ``hold``), its
     rank 0 calling go_suspend(): its ranks are being stopped."""
-    arns = w.register_job("j", ["node-a", "node-b"])
-    w.repo.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key("j")}, set_fields={
-        "source": "queue", "priority": 10, "submitted_at": w.now[0] - 600,
-        "job_state": JobState.RUNNING.value}))
+    arns = w.register_queue_job("j", ["node-a", "node-b"])
     assert w.service.request_suspend("j", 1, kind=SuspendKind.PREEMPTED, reason="preempted by job h",
                                      grace_seconds=60, actor="scheduler", by_job="h")
     if hold:
@@ -48,13 +43,6 @@ def owner_lands_before_the_finish(w: World, hold: bool) -> list[bool]:
     return landed
 
 
-def stop_every_rank(w: World, arns: list[str]) -> None:
-    for arn in arns:
-        with contextlib.suppress(LostResponse):
-            w.service.on_task_state_change(w.task_stopped(
-                arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspended"))
-
-
 @pytest.mark.parametrize("held_before", [False, True], ids=["suspend", "resume"])
 def test_the_owners_word_that_lands_before_the_finish_is_what_the_job_ends_with(held_before: bool) -> None:
     """``suspend``: a preempted job the owner suspends as its ranks stop is held, not queued.
@@ -62,7 +50,7 @@ def test_the_owners_word_that_lands_before_the_finish_is_what_the_job_ends_with(
     with world() as w:
         arns = suspended_for_a_preemptor(w, hold=held_before)
         landed = owner_lands_before_the_finish(w, not held_before)
-        stop_every_rank(w, arns)
+        w.stopped_by_the_stack(arns)
         assert landed == [True]
         item = w.repo.get_job_item("j")
         assert item["job_state"] == JobState.SUSPENDED.value
