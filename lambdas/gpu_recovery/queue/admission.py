@@ -55,8 +55,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
-from gpu_recovery.constants import InstanceState
+from gpu_recovery.constants import QUEUE_SK, RELOCATED_QUEUE_MARK, InstanceState
 
 # Instance-table states in which the node must not receive new work.
 INELIGIBLE_INSTANCE_STATES = frozenset(
@@ -243,6 +244,12 @@ _TRANSIENT_CODES = frozenset(
      "InternalFailure", "InternalError", "RequestLimitExceeded", "ServiceUnavailable",
      "TooManyRequestsException"}
 )
+
+
+def queued_relocated(item: Mapping[str, Any]) -> bool:
+    """The job item is queued ahead of its priority: relocated off faulty nodes
+    (``constants.relocated_queue_order``)."""
+    return f"#{RELOCATED_QUEUE_MARK}" in str(item.get(QUEUE_SK) or "")
 
 
 def backoff_seconds(consecutive_resource_failures: int, base: int = 60, cap: int = 600) -> int:

@@ -47,8 +47,6 @@ from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import (
     CONTROL_TOKEN_ENV,
     CONTROL_URL_ENV,
-    QUEUE_SK,
-    RELOCATED_QUEUE_MARK,
     RESUME_COUNT_ENV,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
@@ -70,6 +68,7 @@ from gpu_recovery.queue.admission import (
     FailureKind,
     backoff_seconds,
     classify_failure,
+    queued_relocated,
 )
 from gpu_recovery.queue.attempts import last_suspend, relocation_record, with_entry
 from gpu_recovery.recovery import RankRegistration
@@ -270,7 +269,7 @@ class Launcher:
             # of EC2 container instances; ECS Anywhere hosts have none).
             "instance_type": str(master.attributes.get(INSTANCE_TYPE_ATTRIBUTE) or ""),
             # Queued ahead of its priority (relocated): an abort requeues it there (``_abort``).
-            "relocated": f"#{RELOCATED_QUEUE_MARK}" in str(item.get(QUEUE_SK) or ""),
+            "relocated": queued_relocated(item),
         }
         resumed = item.get("job_state") == JobState.SUSPENDED.value
         reason, moved = f"admitted: attempt {attempt} on {len(nodes)} node(s)", None

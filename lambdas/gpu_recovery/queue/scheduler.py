@@ -45,13 +45,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.constants import QUEUE_SK, RELOCATED_QUEUE_MARK
 from gpu_recovery.domain.models import Instance, Rank, container_instance_id
 from gpu_recovery.domain.placement import SPARE, lend, lent_of, may_borrow_spare, reserved_of, spares_of
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, keep_spares, reserve_for_waits
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import QuotaBook
-from gpu_recovery.queue.admission import Node, node_ineligibility
+from gpu_recovery.queue.admission import Node, node_ineligibility, queued_relocated
 from gpu_recovery.queue.launcher import (
     HostAddressPort,
     LaunchEcs,
@@ -472,7 +471,7 @@ class QueueScheduler:
 def _queued(item: Mapping[str, Any], lend_spares: bool = False) -> QueuedJob | None:
     try:
         priority = int(item.get("priority") or 0)
-        relocated = f"#{RELOCATED_QUEUE_MARK}" in str(item.get(QUEUE_SK) or "")
+        relocated = queued_relocated(item)
         return QueuedJob(
             job_id=str(item["job_id"]),
             user=subject_of(item),

@@ -206,9 +206,7 @@ class HeartbeatRepository:
 
     def flag_suspect(self, node_id: str, now: float, reason: str) -> bool:
         """AVAILABLE (or unknown) -> SUSPECT."""
-        return self.base.db.apply(self.base.instance_update(
-            node_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
-            allow_missing=True, set_fields={"suspect_since": now, "suspect_reason": reason[:500]}))
+        return self.base.db.apply(self.base.decisions.suspect_flag(node_id, now, reason, allow_missing=True))
 
     def record_warning(self, node_id: str, record: dict[str, Any], now: float, *,
                        stale_before: float | None = None) -> bool:

@@ -223,14 +223,14 @@ class NodeDecisionRepository:
         mode leaves it alone and this is recorded separately)."""
         return self.db.transact([self.lost_job_failure(job, reason, last_fault), *also])
 
-    def suspect_flag(self, inst_id: str, now: float, reason: str) -> Update:
-        """AVAILABLE -> SUSPECT (no new queue work; a passing health check returns it), as the
-        heartbeat service flags a node on telemetry: for :meth:`fail_lost_job`'s ``also`` when
-        the lost node's host still reports. Not a node decision: nothing in its history, nothing
-        for the breaker."""
+    def suspect_flag(self, inst_id: str, now: float, reason: str, *, allow_missing: bool = False) -> Update:
+        """AVAILABLE (or, ``allow_missing``, unknown) -> SUSPECT: no new queue work; a passing
+        health check returns it. The heartbeat service's flag on telemetry, and for
+        :meth:`fail_lost_job`'s ``also`` when the lost node's host still reports. Not a node
+        decision: nothing in its history, nothing for the breaker."""
         return self.instances.instance_update(
             inst_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
-            set_fields={"suspect_since": now, "suspect_reason": reason[:500]})
+            allow_missing=allow_missing, set_fields={"suspect_since": now, "suspect_reason": reason[:500]})
 
     def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
                                         restart: bool, also: Sequence[Update] = ()) -> bool:
