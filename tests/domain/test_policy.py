@@ -6,20 +6,14 @@ import pytest
 
 from gpu_recovery.constants import DcgmVerdict, InstanceState, JobState
 from gpu_recovery.domain import policy
-from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.policy import (
-    JobOutcome,
     StopKind,
     StopReaction,
     TaskStop,
 )
 
 SUSPECT = (1,)
-
-
-def job(attempts_left: int = 1) -> Job:
-    return Job("j", JobState.PENDING_HEALTHCHECK, world_size=2, max_recovery_attempts=1,
-               recoveries_used=1 - attempts_left)
 
 
 @pytest.mark.parametrize(
@@ -78,40 +72,11 @@ def test_stop_reaction_depends_on_the_job_state(kind: StopKind, state: JobState,
     assert policy.stop_reaction(kind, state, same) is expected
 
 
-def test_all_nodes_are_checked_when_configured() -> None:
-    assert policy.suspects_for_fault("b", ["a", "b"], check_all_nodes=False) == ["b"]
-    assert policy.suspects_for_fault("b", ["a", "b", "a"], check_all_nodes=True) == ["a", "b"]
-
-
 @pytest.mark.parametrize(("code", "verdict"), [(0, DcgmVerdict.HEALTHY), (1, DcgmVerdict.REBOOT),
                                                (2, DcgmVerdict.REPLACE), (3, DcgmVerdict.OPERATOR_ACTION),
                                                (4, DcgmVerdict.RESET), (5, None), (137, None), (None, None)])
 def test_parse_verdict_follows_the_exit_code_contract(code: int | None, verdict: DcgmVerdict | None) -> None:
     assert policy.parse_verdict(code) is verdict
-
-
-@pytest.mark.parametrize(
-    ("suspects", "relocatable", "expected"),
-    [
-        ({"a": "HEALTHY"}, False, JobOutcome.RESTART),
-        ({"a": "HEALTHY", "b": "PENDING"}, False, JobOutcome.WAIT),
-        ({"a": "REBOOT"}, False, JobOutcome.RESTART_AFTER_REBOOT),
-        ({"a": "REBOOT", "b": "PENDING"}, False, JobOutcome.RESTART_AFTER_REBOOT),
-        ({"a": "REBOOT", "b": "HEALTHY"}, False, JobOutcome.RESTART_AFTER_REBOOT),
-        ({"a": "REPLACE", "b": "REBOOT"}, False, JobOutcome.FAIL_NODE_FAULT),
-        ({"a": "REPLACE", "b": "REBOOT"}, True, JobOutcome.RELOCATE),
-        ({"a": "OPERATOR_ACTION"}, False, JobOutcome.FAIL_NODE_FAULT),
-        ({"a": "BLOCKED"}, True, JobOutcome.RELOCATE),
-        ({"a": "TIMEOUT"}, False, JobOutcome.FAIL_NODE_FAULT),
-    ],
-)
-def test_job_outcome_combines_every_suspect_instance(
-    suspects: dict[str, str], relocatable: bool, expected: JobOutcome
-) -> None:
-    """Given the verdicts of all suspect instances, Then the job's fate is decided once (the
-    budget is settled by the caller: a restart needs one left)."""
-    assert policy.job_outcome(suspects, relocatable=relocatable) is expected
-    assert expected.fails == expected.value.startswith("fail_")
 
 
 @pytest.mark.parametrize(
@@ -135,13 +100,6 @@ def test_fault_reaction_follows_the_catalog_decision(state: JobState, node_fault
                                  may_restart=may_restart) is StopReaction.RECORD
 
 
-
-
-def test_gang_restart_waits_for_every_instance() -> None:
-    ok = Instance("a", state=InstanceState.AVAILABLE)
-    assert policy.gang_ready([ok, Instance("b", state=InstanceState.AVAILABLE)])
-    assert not policy.gang_ready([ok, Instance("b", state=InstanceState.REBOOTING)])
-    assert not policy.gang_ready([ok, Instance("b", state=InstanceState.HEALTH_CHECKING)])
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from gpu_recovery.domain.remediation_mode import (
 
 def test_default_is_enforce_everything() -> None:
     modes = parse_remediation_mode("")
-    assert all(modes.executes(e) for e in Effect) and not modes.observes_anything
+    assert all(modes.executes(e) for e in Effect)
     assert parse_remediation_mode(None) == modes
 
 
@@ -151,14 +151,6 @@ def test_flapping_repeat_is_free_but_application_errors_always_pay() -> None:
     assert repeat.restart and repeat.charged is Budget.NONE and repeat.budgets == spent
     assert settle(JobBudgets(), Budget.APPLICATION, charge=False).restart is False
     assert settle(spent, Budget.NONE).restart
-
-
-def test_fields_and_the_legacy_single_budget() -> None:
-    legacy = JobBudgets.from_fields({"max_recovery_attempts": 2, "recoveries_used": 1})
-    assert (legacy.max_infra_recoveries, legacy.infra_recoveries_used, legacy.max_app_restarts) == (2, 1, 0)
-    budgets = JobBudgets(4, 1, 2, 2)
-    assert JobBudgets.from_fields(budgets.to_fields()) == budgets
-    assert JobBudgets.from_fields({}, default_max_app=1).max_app_restarts == 1
 
 
 def test_limits_are_validated_with_the_field_name() -> None:

@@ -28,6 +28,33 @@ def test_latch_shards_cover_every_rank_exactly_once(world_size: int) -> None:
     assert latch.latch_complete(world_size, shards) and not latch.latch_complete(world_size, shards - 1)
 
 
+@pytest.mark.parametrize(
+    ("verdicts", "pending", "relocatable", "expected"),
+    [
+        (["HEALTHY"], 0, False, JobOutcome.RESTART),
+        (["HEALTHY"], 1, False, JobOutcome.WAIT),
+        (["REBOOT"], 0, False, JobOutcome.RESTART_AFTER_REBOOT),
+        (["REBOOT"], 1, False, JobOutcome.RESTART_AFTER_REBOOT),
+        (["REBOOT", "HEALTHY"], 0, False, JobOutcome.RESTART_AFTER_REBOOT),
+        (["REPLACE", "REBOOT"], 0, False, JobOutcome.FAIL_NODE_FAULT),
+        (["REPLACE", "REBOOT"], 0, True, JobOutcome.RELOCATE),
+        (["OPERATOR_ACTION"], 0, False, JobOutcome.FAIL_NODE_FAULT),
+        (["BLOCKED"], 0, True, JobOutcome.RELOCATE),
+        (["TIMEOUT"], 0, False, JobOutcome.FAIL_NODE_FAULT),
+    ],
+)
+def test_a_tally_combines_every_suspect_nodes_verdict(verdicts: list[str], pending: int, relocatable: bool,
+                                                      expected: JobOutcome) -> None:
+    """Given the verdicts of a fault's suspect nodes (``pending`` still to come), Then the job's
+    fate is decided once: an unusable node relocates or fails it at once, a reboot restarts it
+    once the node is back, all healthy restarts it (the budget is settled by the caller)."""
+    tally = FaultTally(attempt=1, total=len(verdicts) + pending)
+    for label in verdicts:
+        tally = tally.with_verdict(SuspectVerdict(label))
+    assert tally.outcome(relocatable=relocatable) is expected
+    assert expected.fails == expected.value.startswith("fail_")
+
+
 def test_a_tally_decides_as_the_per_node_verdicts_did() -> None:
     tally = FaultTally(attempt=1)
     assert tally.outcome(relocatable=False) is JobOutcome.WAIT and not tally.ranks_ended
@@ -37,7 +64,6 @@ def test_a_tally_decides_as_the_per_node_verdicts_did() -> None:
     assert done.all_decided and done.outcome(relocatable=False) is JobOutcome.RESTART
     reboot = done.with_verdict(SuspectVerdict.REBOOT, waits_for_reboot=True)
     assert reboot.outcome(relocatable=False) is JobOutcome.RESTART_AFTER_REBOOT and reboot.rebooting == 1
-    assert not reboot.restart_ready()
     fatal = reboot.with_verdict(SuspectVerdict.TIMEOUT)
     assert fatal.outcome(relocatable=True) is JobOutcome.RELOCATE
     assert fatal.outcome(relocatable=False) is JobOutcome.FAIL_NODE_FAULT

@@ -331,11 +331,9 @@ class FakeReplacer:
     terminated: list[str] = field(default_factory=list)
     fail_next: str = ""  # "lose": the call executes, its answer is lost
 
-    def lifecycle_state(self, instance_id: str) -> str | None:
-        return "Terminating" if instance_id in self.terminated else "InService"
-
     def groups_of(self, instance_ids: list[str]) -> dict[str, tuple[str, str]]:
-        return {i: (str(self.lifecycle_state(i)), "gpu-nodes") for i in instance_ids if i.startswith("i-")}
+        return {i: ("Terminating" if i in self.terminated else "InService", "gpu-nodes")
+                for i in instance_ids if i.startswith("i-")}
 
     def terminate_in_asg(self, instance_id: str) -> str:
         self.terminated.append(instance_id)

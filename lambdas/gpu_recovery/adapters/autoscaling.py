@@ -9,12 +9,6 @@ class AutoScalingReplacer:
     def __init__(self, autoscaling_client: Any) -> None:
         self._asg = autoscaling_client
 
-    def lifecycle_state(self, instance_id: str) -> str | None:
-        """The instance's lifecycle state in its group (``InService``, ``Terminating``...),
-        or None when it belongs to no Auto Scaling group (or is gone)."""
-        found = self.groups_of([instance_id]).get(instance_id)
-        return found[0] if found else None
-
     def groups_of(self, instance_ids: list[str]) -> dict[str, tuple[str, str]]:
         """instance id -> (lifecycle state, Auto Scaling group name), for those of
         ``instance_ids`` that belong to a group: 50 a call (the API's limit); none, no call

@@ -98,12 +98,6 @@ class Notice:
     action: str = ""  # EC2's instance-action (terminate / stop / hibernate), a Health event's code
     extra: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def moves_by_force(self) -> bool:
-        """Whether a queue job that does not checkpoint in time is stopped before the deadline
-        (a dated loss of the node); a rebalance recommendation only asks."""
-        return self.deadline is not None
-
     def describe(self) -> str:
         """A line an operator reads ("capacity block cr-... ends at ...")."""
         when = iso(self.deadline) if self.deadline is not None else ""
@@ -223,12 +217,6 @@ def move_bound(deadline: float | None, now: float, fallback_seconds: int) -> flo
     if deadline is None:
         return float(fallback_seconds)
     return max(0.0, deadline - STOP_MARGIN_SECONDS - now)
-
-
-def enough_notice(deadline: float | None, now: float, grace_seconds: int) -> bool:
-    """Whether a job told now has its grace before the stop margin: the guarantee's premise
-    (every job given ``suspend_grace_seconds`` + 60 s of notice is off the node in time)."""
-    return deadline is None or deadline - now >= grace_seconds + STOP_MARGIN_SECONDS
 
 
 def stop_at(deadline: float, sweep_every_seconds: float) -> float:

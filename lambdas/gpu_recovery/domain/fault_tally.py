@@ -141,7 +141,3 @@ class FaultTally:
         if not self.all_decided:
             return JobOutcome.WAIT
         return JobOutcome.RESTART
-
-    def restart_ready(self) -> bool:
-        """The gang restart may go: every old rank ended, every verdict in, no node rebooting."""
-        return self.all_decided and self.rebooting <= 0

@@ -9,7 +9,6 @@ a flapping node's repeat is not charged again (``escalation.charges_job``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,13 +18,11 @@ DEFAULT_MAX_INFRA_RECOVERIES = 3
 DEFAULT_MAX_APP_RESTARTS = 0
 MAX_BUDGET = 20
 
-# Attribute names on the job item (the legacy single budget is read when these are absent).
+# Attribute names on the job item.
 FIELD_MAX_INFRA = "max_infra_recoveries"
 FIELD_INFRA_USED = "infra_recoveries_used"
 FIELD_MAX_APP = "max_app_restarts"
 FIELD_APP_USED = "app_restarts_used"
-LEGACY_MAX = "max_recovery_attempts"
-LEGACY_USED = "recoveries_used"
 
 
 def validate_limits(max_infra_recoveries: Any, max_app_restarts: Any) -> list[str]:
@@ -76,20 +73,6 @@ class JobBudgets:
         return {FIELD_MAX_INFRA: self.max_infra_recoveries, FIELD_INFRA_USED: self.infra_recoveries_used,
                 FIELD_MAX_APP: self.max_app_restarts, FIELD_APP_USED: self.app_restarts_used}
 
-    @classmethod
-    def from_fields(cls, item: Mapping[str, Any], *, default_max_infra: int = DEFAULT_MAX_INFRA_RECOVERIES,
-                    default_max_app: int = DEFAULT_MAX_APP_RESTARTS) -> JobBudgets:
-        """From a job item; a job written before the split keeps its single budget as the
-        infrastructure one."""
-        def number(*names: str, default: int) -> int:
-            for name in names:
-                if item.get(name) is not None:
-                    return int(item[name])
-            return default
-        return cls(max_infra_recoveries=number(FIELD_MAX_INFRA, LEGACY_MAX, default=default_max_infra),
-                   infra_recoveries_used=number(FIELD_INFRA_USED, LEGACY_USED, default=0),
-                   max_app_restarts=number(FIELD_MAX_APP, default=default_max_app),
-                   app_restarts_used=number(FIELD_APP_USED, default=0))
 
 
 @dataclass(frozen=True)

@@ -154,10 +154,6 @@ class Job:
         return self.state is JobState.SUSPENDING and bool(self.suspend.get("stop_requested_at"))
 
     @property
-    def attempts_left(self) -> int:
-        return max(0, self.max_recovery_attempts - self.recoveries_used)
-
-    @property
     def is_queue_job(self) -> bool:
         return self.source == "queue"
 

@@ -5,14 +5,13 @@ Every function here is pure: it takes what a stage read and returns a decision.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import (
     ACTIVE_JOB_STATES,
-    FATAL_SUSPECT_VERDICTS,
     RECOVERING_JOB_STATES,
     SYSTEM_STOP_REASON_PREFIX,
     UNUSABLE_INSTANCE_STATES,
@@ -20,7 +19,6 @@ from gpu_recovery.domain.states import (
     InstanceState,
     JobOutcome,
     JobState,
-    SuspectVerdict,
 )
 
 __all__ = ["UNUSABLE_INSTANCE_STATES", "JobOutcome"]
@@ -164,15 +162,6 @@ def describe_failure(stop: TaskStop) -> str:
     return f"{code}: {reason}"
 
 
-def suspects_for_fault(failed_instance: str, job_instances: Iterable[str], *,
-                       check_all_nodes: bool) -> list[str]:
-    """The instances a suspected fault health-checks: where a rank failed on its own, or
-    (``check_all_nodes``) every node of the job, in parallel, since the job is down anyway."""
-    if not check_all_nodes:
-        return [failed_instance]
-    return sorted({failed_instance, *job_instances})
-
-
 # ==================================================================== DCGM verdicts
 def parse_verdict(exit_code: int | None) -> DcgmVerdict | None:
     """The health check's exit-code contract; anything else means it gave no verdict: it did
@@ -186,24 +175,3 @@ def parse_verdict(exit_code: int | None) -> DcgmVerdict | None:
         return None
 
 
-def job_outcome(suspects: Mapping[str, str], *, relocatable: bool) -> JobOutcome:
-    """The job's fate from its verdicts for every suspect node of the fault (before its
-    budget is looked at): an unusable node relocates the job (or fails it), a reboot
-    restarts it once the node is back, all healthy restarts it without node action."""
-    verdicts = {SuspectVerdict(v) for v in suspects.values()}
-    if verdicts & FATAL_SUSPECT_VERDICTS:
-        return JobOutcome.RELOCATE if relocatable else JobOutcome.FAIL_NODE_FAULT
-    if SuspectVerdict.REBOOT in verdicts:
-        # Reboot now; the restart waits until every node is back and every other verdict
-        # is in (a later unusable node still relocates or fails the job).
-        return JobOutcome.RESTART_AFTER_REBOOT
-    if SuspectVerdict.PENDING in verdicts:
-        return JobOutcome.WAIT
-    return JobOutcome.RESTART
-
-
-# ============================================================= the gang
-# (A rebooted node's return, and issuing its reboot: domain.reboot_evidence.)
-def gang_ready(instances: Iterable[Instance]) -> bool:
-    """A job restarts only when every instance it needs is available again."""
-    return all(inst.state is InstanceState.AVAILABLE for inst in instances)

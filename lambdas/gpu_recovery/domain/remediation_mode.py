@@ -86,10 +86,6 @@ class RemediationModes:
         return (tuple(e for e in effects if self.executes(e)),
                 tuple(e for e in effects if not self.executes(e)))
 
-    @property
-    def observes_anything(self) -> bool:
-        return any(not self.executes(e) for e in Effect)
-
     def describe(self) -> str:
         parts = [self.default.value] + [f"{e.value}={m.value}" for e, m in sorted(
             self.per_effect.items(), key=lambda kv: kv[0].value) if m is not self.default]

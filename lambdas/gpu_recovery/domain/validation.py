@@ -122,9 +122,11 @@ class ValidationPolicy:
         load = f" + {self.load_seconds} s GPU load" if self.load_seconds else " (no GPU load)"
         return f"DCGM diag level {self.dcgm_level}{load}"
 
-    def task_environment(self) -> dict[str, str]:
-        """The health-check container's environment for a validation (health_check/README.md)."""
-        return {"DCGM_LEVEL": str(self.dcgm_level), "VALIDATION_LOAD_SECONDS": str(self.load_seconds)}
+    def task_environment(self, level: int | None = None, load_seconds: int | None = None) -> dict[str, str]:
+        """The health-check container's environment for a validation (health_check/README.md):
+        the level and load one validation recorded, else the policy's."""
+        return {"DCGM_LEVEL": str(level or self.dcgm_level),
+                "VALIDATION_LOAD_SECONDS": str(self.load_seconds if load_seconds is None else load_seconds)}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

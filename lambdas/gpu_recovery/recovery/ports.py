@@ -66,16 +66,12 @@ class RebootPort(Protocol):
 class ReplacePort(Protocol):
     """Replacement of an EC2 node in its Auto Scaling group (replace_action terminate_in_asg)."""
 
-    def lifecycle_state(self, instance_id: str) -> str | None: ...
     def groups_of(self, instance_ids: list[str]) -> dict[str, tuple[str, str]]: ...
     def terminate_in_asg(self, instance_id: str) -> str: ...
 
 
 class NoReplacer:
     """No Auto Scaling access configured: every node looks outside any group."""
-
-    def lifecycle_state(self, instance_id: str) -> str | None:
-        return None
 
     def groups_of(self, instance_ids: list[str]) -> dict[str, tuple[str, str]]:
         return {}

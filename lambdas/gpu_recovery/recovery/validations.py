@@ -242,9 +242,9 @@ class Validations:
 
     def _environment(self, instance: Instance) -> dict[str, str]:
         v = instance.validation
-        return {"DCGM_LEVEL": str(v.get("level") or self.policy.dcgm_level),
-                "VALIDATION_LOAD_SECONDS": str(v.get("load_seconds") if v.get("load_seconds") is not None
-                                               else self.policy.load_seconds)}
+        load = v.get("load_seconds")
+        return self.policy.task_environment(int(v.get("level") or 0) or None,
+                                            None if load is None else int(load))
 
     @staticmethod
     def deadline(instance: Instance) -> float:
