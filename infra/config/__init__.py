@@ -38,7 +38,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.breaker.hold import DEFAULT_HELD_JOB_DEADLINE_SECONDS, MAX_HELD_JOB_DEADLINE_SECONDS
 from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS, START_BATCH_RANKS
 from gpu_recovery.domain.job_budgets import DEFAULT_MAX_APP_RESTARTS, DEFAULT_MAX_INFRA_RECOVERIES, MAX_BUDGET
-from gpu_recovery.domain.preflight.baseline import DEFAULT_SLOW_FRACTION
+from gpu_recovery.domain.preflight.baseline import DEFAULT_MIN_USERS, DEFAULT_SLOW_FRACTION, MAX_USERS
 from gpu_recovery.domain.preflight.settings import (
     DEFAULT_MIN_NODES,
     DEFAULT_ROUND_SECONDS,
@@ -370,6 +370,9 @@ class RecoveryConfig:
     preflight_slow_fraction: float = option(
         DEFAULT_SLOW_FRACTION, number(0.05, 1.0),
         "a run under this share of its learned busbw baseline is slow")
+    preflight_min_users: int = option(
+        DEFAULT_MIN_USERS, integer(1, MAX_USERS),
+        "distinct users whose preflight runs must teach a baseline before it judges others")
     preflight_floors: str | None = option(
         None, preflight_floors(), "operator floors (GB/s) per instance type, never learned below")
 
@@ -391,7 +394,8 @@ class RecoveryConfig:
         """PREFLIGHT_SETTINGS: the functions validate it with the same parser."""
         settings: dict[str, Any] = {"min_nodes": self.preflight_min_nodes,
                                     "round_seconds": self.preflight_round_seconds,
-                                    "slow_fraction": self.preflight_slow_fraction}
+                                    "slow_fraction": self.preflight_slow_fraction,
+                                    "min_users": self.preflight_min_users}
         if self.preflight_floors:
             settings["floors"] = json.loads(self.preflight_floors)
         parse_preflight_settings(settings)

@@ -324,6 +324,21 @@ def test_bad_large_job_values_fail_synthesis_naming_the_key(key: str, value: obj
     assert says in str(error.value)
 
 
+def test_preflight_keys_reach_the_functions_settings() -> None:
+    """The preflight's deploy options become PREFLIGHT_SETTINGS as the functions parse it: the
+    users a baseline needs before it judges others (``min_users``) among them."""
+    from gpu_recovery.domain.preflight.settings import parse_preflight_settings
+
+    defaults = parse_preflight_settings(json.loads(
+        RecoveryConfig.from_context({"cluster_name": "c"}).preflight_settings_json))
+    assert defaults.baseline.min_users == 3
+    config = RecoveryConfig.from_context({"cluster_name": "c", "preflight_min_users": "5"})
+    assert parse_preflight_settings(json.loads(config.preflight_settings_json)).baseline.min_users == 5
+    for bad in ("0", "17", "many"):
+        with pytest.raises(ConfigError, match="'preflight_min_users'"):
+            RecoveryConfig.from_context({"cluster_name": "c", "preflight_min_users": bad})
+
+
 def test_the_ecs_budget_bounds_are_the_functions_bounds() -> None:
     """What synthesis accepts, the functions accept (settings.ecs_api_bucket), and the bounds
     are the same: a deployable value never fails a cold start."""
