@@ -21,6 +21,8 @@ from local_mode.campaigns import time_sharing
 from local_mode.campaigns.runner import broken_after, then_breaking
 from local_mode.sim.broken_calls import ApiCall
 
+from . import _baselines as baselines
+
 LAUNCHER = "queue/launcher.py"
 #: the first fault: the queue launch's second StartTask (bob's rank 1), answered with a failure
 FIRST_MODE = "ecs_failures"
@@ -29,7 +31,7 @@ FIRST_MODE = "ecs_failures"
 @cache
 def _calls(fault: tuple[int, str] | None) -> list[ApiCall]:
     if fault is None:
-        return time_sharing.run(None).calls
+        return baselines.baseline("time_sharing", time_sharing.run).calls  # type: ignore[no-any-return]
     with then_breaking(None):
         return time_sharing.run(fault).calls
 

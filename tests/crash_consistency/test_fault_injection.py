@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from functools import cache
 from typing import Any
 
 import pytest
@@ -33,15 +32,15 @@ from local_mode.campaigns import recovery as campaign
 from local_mode.campaigns.runner import positions_of, sample_positions
 from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE
 
+from . import _baselines as baselines
 from . import _forked as forked
 
 EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
 QUICK = os.environ.get("GPU_RECOVERY_TEST_TIER") == "quick"  # tests/conftest.py
 
 
-@cache
 def baseline() -> campaign.RunResult:
-    return campaign.run_recovery()
+    return baselines.baseline("gpu_fault", campaign.run_recovery)  # type: ignore[no-any-return]
 
 
 def positions() -> list[int]:

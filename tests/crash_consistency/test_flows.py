@@ -21,7 +21,6 @@ of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs
 from __future__ import annotations
 
 import os
-from functools import cache
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from local_mode.campaigns import recovery
 from local_mode.campaigns.catalog import RUNS as ALL_RUNS
 from local_mode.campaigns.runner import positions_of
 
+from . import _baselines as baselines
 from . import _forked as forked
 
 EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
@@ -39,9 +39,8 @@ EVERY_CALL = os.environ.get("GPU_RECOVERY_FAULTS") == "all"
 RUNS: dict[str, Any] = {flow: run for flow, run in ALL_RUNS.items() if flow != "gpu_fault"}
 
 
-@cache
 def baseline(flow: str) -> Any:
-    return RUNS[flow](None)
+    return baselines.baseline(flow, RUNS[flow])
 
 
 def positions(flow: str) -> list[int]:
@@ -86,6 +85,7 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
 
 
 # Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).
+baselines.prefetch(RUNS)
 CASES = [case for flow in sorted(RUNS)
          for case in forked.cases(flow, positions(flow), flow, calls=baseline(flow).calls)]
 

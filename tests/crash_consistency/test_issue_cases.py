@@ -18,7 +18,7 @@ e-mail, nothing forgotten after any event, nothing left pending.
 
 from __future__ import annotations
 
-from functools import cache, partial
+from functools import partial
 from typing import Any
 
 import pytest
@@ -28,9 +28,11 @@ from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.breaker.gate import ClusterCountUnavailable
 from local_mode.campaigns import recovery
+from local_mode.campaigns.catalog import RUNS
 from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE
 from tests.recovery.fakes import world
 
+from . import _baselines as baselines
 from . import _forked as forked
 
 FAULTY, PEER = "node-b", "node-a"
@@ -38,9 +40,8 @@ FAULTY, PEER = "node-b", "node-a"
 GROUP = pytest.mark.xdist_group("issue-26-cases")
 
 
-@cache
 def baseline(flow: str) -> recovery.RunResult:
-    return recovery.run(flow)
+    return baselines.baseline(flow, RUNS[flow])  # type: ignore[no-any-return]
 
 
 def first_call(flow: str, site: str, operation: str) -> int:

@@ -21,6 +21,8 @@ from local_mode.campaigns.catalog import RUNS
 from local_mode.campaigns.runner import broken_after, then_breaking
 from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE, ApiCall
 
+from . import _baselines as baselines
+
 #: (flow, the module whose first StartTask is broken, how): each makes the recovery take over
 CASES = [
     ("dead_gpu", "recovery/health_checks.py", LOST_RESPONSE),
@@ -39,7 +41,7 @@ def _module(call: ApiCall) -> str:
 def _calls(flow: str, fault: tuple[int, str] | None) -> list[ApiCall]:
     """The run's calls with their sites (unbroken: None)."""
     if fault is None:
-        return RUNS[flow](None).calls
+        return baselines.baseline(flow, RUNS[flow]).calls  # type: ignore[no-any-return]
     with then_breaking(None):
         return RUNS[flow](fault).calls
 
