@@ -13,12 +13,15 @@ sources is a new digest, so a run is never read for code it was not made with.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import pickle
+import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from functools import cache
 from importlib import metadata
@@ -54,8 +57,21 @@ def _store() -> Path:
     base = os.environ.get("GPU_RECOVERY_BASELINES_DIR") or os.path.join(tempfile.gettempdir(),
                                                                           "gpu-recovery-baselines")
     store = Path(base) / tree_digest()
-    store.mkdir(parents=True, exist_ok=True)
+    if not store.is_dir():
+        store.mkdir(parents=True, exist_ok=True)
+        _forget_old(Path(base))
+    with contextlib.suppress(OSError):
+        os.utime(store)  # read now: not an old store
     return store
+
+
+def _forget_old(base: Path, days: float = 2.0) -> None:
+    """The stores of trees no run read for ``days`` (each edit of the sources makes one)."""
+    cutoff = time.time() - days * 86400
+    for old in base.iterdir():
+        with contextlib.suppress(OSError):
+            if old.is_dir() and old.stat().st_mtime < cutoff:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def _made_under_lock(name: str, run: Run, lock: IO[str]) -> Any:
