@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_recovery.constants import HB_PK, HB_SK, InstanceState, JobState, NotificationKind, RankState
+from gpu_recovery.adapters import aws
+from gpu_recovery.constants import (
+    HB_PK,
+    HB_SK,
+    JOB_PK,
+    InstanceState,
+    JobState,
+    NotificationKind,
+    RankState,
+    job_item_key,
+)
 from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.heartbeat_policy import (
@@ -16,12 +26,21 @@ from gpu_recovery.domain.heartbeat_policy import (
 )
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
+from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.heartbeat.results import ReplayedReport, SweepResult
 from gpu_recovery.heartbeat.service import HeartbeatService
+from gpu_recovery.queue.time_sharing import TimeSharing
 from gpu_recovery.recovery import RecoveryService
 from gpu_recovery.recovery.notices import Notices
+from gpu_recovery.repository import Update
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
-from gpu_recovery.settings import Settings
+from gpu_recovery.repository.time_sharing import (
+    HoldingRepository,
+    QuotaCharge,
+    QuotaRepository,
+    SuspensionRepository,
+)
+from gpu_recovery.settings import Settings, TimeSharingSettings
 from tests.heartbeat.world import NODE, NODE_B, task_arn
 from tests.recovery.fakes import FakeEcs, FakeRebooter, FakeVerdicts, Flaky
 
@@ -588,3 +607,80 @@ def test_nvlink_replays_below_the_rate_raise_nothing(world) -> None:
         results.append(svc.report_gpu(NODE_B, world.clock(), [gpu]))
     assert not any(r.warning for r in results)
     assert "warning" not in world.node_item(NODE_B)
+
+
+# ------------------------------------------------- a node lost while its job is suspending
+
+
+def _charged_and_suspending(world, svc: HeartbeatService) -> HoldingRepository:
+    """A 1-rank queue job holding one node of alice's quota, heartbeating, then preempted with
+    the longest grace (its ranks are not asked to stop for an hour): SUSPENDING."""
+    quotas = QuotaRepository(aws.resource("dynamodb"), world.local.quota_table)
+    holding = HoldingRepository(world.repo, quotas)
+    charge = QuotaCharge("alice", 0, 1)
+    assert world.repo.db.transact([
+        Update(table=world.repo.job_table_name, key={JOB_PK: job_item_key("j1")},
+               set_fields={"source": "queue", **holding.charge_fields(charge, world.clock())}),
+        holding.quotas.charge_update(charge, limit_read=None, default_limit=None)])
+    world.report(svc, NODE, task_arn("j1", 0))
+    now = world.clock()
+    suspend = suspend_record(SuspendKind.PREEMPTED, "preempted by job h", grace_seconds=3600, now=now,
+                             by_job="h", by_user="bob", by_priority=100)
+    assert SuspensionRepository(world.repo).request("j1", 1, suspend=suspend, deadline_at=now + 3600,
+                                                    reason="preempted", actor="scheduler")
+    world.clock.advance(200)
+    svc.sweep()
+    assert world.job_state("j1") is JobState.SUSPENDING
+    assert world.rank_state("j1", 0) is RankState.NODE_LOST
+    return holding
+
+
+def _charge_released(world, holding: HoldingRepository) -> None:
+    """The scheduler's tick releases the quota charge of the job (it holds no nodes any more)."""
+    sharing = TimeSharing(HeartbeatRepository(world.repo), holding, None, TimeSharingSettings())  # type: ignore[arg-type]
+    assert sharing.housekeeping(world.clock())["released"] == ["j1"]
+    assert int(holding.quotas.get("alice", 0)["used_nodes"]) == 0
+
+
+@pytest.mark.parametrize("host_reporting", [False, True], ids=["both_agents_silent", "host_reporting"])
+def test_a_node_lost_for_good_while_its_job_is_suspending_fails_the_job(world, host_reporting: bool) -> None:
+    """Given a queue job SUSPENDING (a long grace) whose node falls silent, When its rank stays
+    NODE_LOST past the limit with the ECS agent read disconnected at two sweeps, Then the job is
+    not left SUSPENDING (its rank cannot be confirmed stopped, so it cannot resume elsewhere): it
+    fails as a RUNNING job would, the reason naming the node and the suspension not completed,
+    its task asked to stop, one e-mail; the node is quarantined (both agents silent) or flagged
+    SUSPECT (its host still reports); the scheduler's tick releases the job's quota charge."""
+    world.seed_job("j1", world_size=1)
+    loop = _Loop(world)
+    svc = loop.heartbeat
+    holding = _charged_and_suspending(world, svc)
+    world.clock.advance(700)
+    if host_reporting:
+        world.report(svc, NODE)  # the host reports, listing no task
+    assert svc.sweep().confirming == ["j1"]
+    world.clock.advance(MIN_DISCONNECT_CONFIRM_SECONDS)
+    if host_reporting:
+        world.report(svc, NODE)
+    assert svc.sweep().failed == ["j1"]
+    assert world.job_state("j1") is JobState.FAILED
+    error = world.item("j1#JOB")["last_error"]
+    assert NODE in error and "suspension could not be completed" in error
+    assert loop.ecs.stop_calls == [task_arn("j1", 0)]
+    node_after = InstanceState.SUSPECT if host_reporting else InstanceState.QUARANTINED
+    assert world.instance_state(NODE) is node_after
+    [mail] = world.notifier.sent
+    assert mail.kind is NotificationKind.NODE_LOST and "suspension could not be completed" in mail.body
+    _charge_released(world, holding)
+
+
+def test_a_node_lost_while_suspending_whose_ecs_agent_answers_is_left_to_the_suspension(world) -> None:
+    """Given a SUSPENDING job whose rank is NODE_LOST past the limit, When ECS still reaches the
+    node (agent connected), Then nothing is decided: its suspension's stop reaches the task."""
+    world.seed_job("j1", world_size=1)
+    svc = world.service(node_lost_fail_seconds=600)
+    _charged_and_suspending(world, svc)
+    world.clock.advance(700)
+    swept = svc.sweep()
+    assert swept.escalated == [] and swept.failed == [] and swept.confirming == []
+    assert world.recovery.calls == [] and world.recovery.unreachable == []
+    assert world.job_state("j1") is JobState.SUSPENDING

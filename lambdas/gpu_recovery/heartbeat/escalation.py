@@ -9,6 +9,11 @@ node agent still reports is alive: its ECS agent (or the container runtime it dr
 answering, so the job fails (its rank there cannot be confirmed stopped) but the node is
 only flagged SUSPECT. Only a node whose ECS agent and node agent were both silent at both
 readings is unreachable: quarantined for a person.
+
+A SUSPENDING job's lost ranks are escalated too, but only to that decision: while ECS reaches
+the node, its suspension's StopTask does (nothing is handed to the diag); a node lost for good
+leaves a rank no stop can confirm, so the job fails as a RUNNING one would (its suspension
+could not be completed) instead of staying SUSPENDING, holding its quota, forever.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ class NodeLostEscalation:
         item as the sweep read it): the recovery loop's diag if ECS still reaches the node;
         ECS's agent disconnected at two readings: the job fails, and the node is quarantined
         (through the breaker and observe mode) only if its node agent was silent too.
-        Returns recovery | confirming | failed | unwatched | retry."""
+        A SUSPENDING job whose node ECS still reaches is left to its suspension's stop.
+        Returns recovery | confirming | failed | unwatched | retry | suspending."""
         lost = [(self.repo.rank_from_item(i), float(i["node_lost_at"])) for i in items]
         ranks = [r for r, _ in lost]
         job = self.repo.get_job(job_id)
@@ -74,6 +80,8 @@ class NodeLostEscalation:
             for rank, item in zip(ranks, items, strict=True):
                 if item.get(DISCONNECTED_SEEN) is not None:
                     self.repo.forget_disconnected(rank)  # not sustained: a later one starts over
+            if job.state is JobState.SUSPENDING:
+                return "suspending"  # ECS reaches the node: the suspension's StopTask does too
             # Only a job still NODE_LOST: a heartbeat may have revived it since the read.
             self._recovery().report_suspected_fault(job_id, attempt, inst_id, reason,
                                                     from_states=[JobState.NODE_LOST])
@@ -86,7 +94,7 @@ class NodeLostEscalation:
             # One reading proves nothing: store it, and let the recovery sweep's backstop wait
             # for the visit that confirms it.
             wait = policy.disconnect_confirm_seconds(stale)
-            if self.repo.record_disconnected(min(ranks, key=lambda r: r.rank), now, now + wait):
+            if self.repo.record_disconnected(min(ranks, key=lambda r: r.rank), now, now + wait, job.state):
                 logger.info("ECS agent of a lost node read disconnected; confirmed at a visit %s s later or "
                             "more", wait, extra={"job_id": job_id, "instance": inst_id})
             return "confirming"

@@ -72,8 +72,12 @@ ACTOR = "heartbeat"
 WATCHED = HEARTBEAT_WATCHED_RANK_STATES
 _GPU_REPORT_RETRIES = 3
 # A job with a NODE_LOST rank that stays as it is (its own machinery runs: a launch, a
-# restart, a suspend): settled, and its lost ranks escalated, once it is RUNNING again.
+# restart, a suspend): settled once it is RUNNING again.
 _SETTLES_LATER = frozenset({JobState.STARTING, JobState.SUSPENDING})
+# Of those, a STARTING job's lost ranks are escalated once it runs. A SUSPENDING job's are
+# escalated as it is (``heartbeat.escalation``): a node lost for good leaves a rank no stop
+# can confirm, so the suspension could never complete (the job fails as a RUNNING one would).
+_ESCALATES_LATER = frozenset({JobState.STARTING})
 
 
 def _rank_label(item: dict[str, Any]) -> str:
@@ -524,7 +528,7 @@ class HeartbeatService:
             elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):
                 result.unwatched.append(label)
         waiting = {key for key in sorted(settle)
-                   if self._settle_job(*key, "a rank is NODE_LOST") in _SETTLES_LATER}
+                   if self._settle_job(*key, "a rank is NODE_LOST") in _ESCALATES_LATER}
         for (job_id, attempt, inst_id), lost in sorted(escalations.items(), key=lambda kv: kv[0]):
             if (job_id, attempt) in waiting:
                 continue  # escalated once the job runs and settles NODE_LOST (a later sweep)

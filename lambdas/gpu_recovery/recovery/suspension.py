@@ -35,10 +35,11 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.domain.gpu_warnings import MAX_MOVES_KEPT, avoided, move_record
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend_record
 from gpu_recovery.recovery.gang import GangOps
+from gpu_recovery.recovery.goodput_metrics import job_failed
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.reactions import JobLeftNode, Reactions
@@ -58,11 +59,14 @@ def _retry_after(job: Job) -> int:
 
 
 class SuspensionReads(Protocol):
-    """Besides its own intents (``SuspensionRepository``): the job, and its ranks' latch."""
+    """Besides its own intents (``SuspensionRepository``): the job, its ranks and their latch
+    (and the job's item, for its goodput metrics once it ended)."""
 
     latches: LatchRepository
 
     def get_job(self, job_id: str) -> Job | None: ...
+    def get_ranks(self, job: Job) -> list[Rank]: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -147,9 +151,11 @@ class Suspensions:
             return "suspended" if self.finish(job) else "raced"
         now = clock.now()
         if job.suspend_stopping:
-            if reissue:
-                self.gang.stop_due(job, now)
-            elif not job.stop_fanout.get("sent_at"):
+            if reissue and self.gang.stop_due(job, now) == "stop_given_up":
+                # The stop rounds are spent and a rank is still not confirmed stopped (its node
+                # lost: ECS never reports its task STOPPED): it cannot be resumed elsewhere.
+                return "failed" if self.fail_unstopped(job) else "raced"
+            if not reissue and not job.stop_fanout.get("sent_at"):
                 self.gang.stop(job)
             return "stopping"
         deadline = float(job.suspend.get("deadline_at") or 0)
@@ -170,6 +176,43 @@ class Suspensions:
                       actor="recovery", forced=True)
             return "forced"
         return "grace"
+
+    def fail_unstopped(self, job: Job) -> bool:
+        """The stop fan-out's rounds are spent and a rank of the attempt is still not confirmed
+        stopped (its node lost: StopTask went to a disconnected agent). The job cannot be resumed
+        elsewhere (a rank still running could write its checkpoint), so it fails as a RUNNING job
+        whose rank cannot be confirmed stopped does: FAILED (no longer holding nodes: the
+        scheduler's tick releases its quota charge), its owner e-mailed. The spent stop intent
+        stays for the sweep to end (a deadline now). Conditional on the job still SUSPENDING
+        on this attempt with its rounds spent: a last STOPPED event that finished it first wins."""
+        attempt = job.attempt
+        ranks = range(job.world_size)
+        stopped = self.data.latches.arrived(job.job_id, attempt, ranks, Latch.ENDED)
+        unstopped = [r for r in self.data.get_ranks(job) if r.attempt == attempt and r.rank not in stopped]
+        names = ", ".join(f"rank {r.rank} on {r.container_inst_id or '?'}" for r in unstopped[:8]) \
+            + (f" and {len(unstopped) - 8} more" if len(unstopped) > 8 else "")
+        rounds = int(job.stop_fanout.get("rounds") or 0)
+        nodes = sorted({r.container_inst_id for r in unstopped if r.container_inst_id})
+        reason = (f"suspension could not be completed ({_cause(job.suspend)}): {names or 'a rank'} not "
+                  f"confirmed stopped after {1 + rounds} StopTask rounds (its node lost: ECS never "
+                  "reported the task STOPPED); the job cannot be resumed elsewhere (a rank still "
+                  "running could write its checkpoint)")
+        now = clock.now()
+        notice = self.notices.for_job(
+            replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
+            "Job failed: its suspension could not be completed", what_happened=reason,
+            what_was_done="Job marked FAILED",
+            operator_action=(f"Check {', '.join(nodes) or 'the node'} (network, ECS agent, power): ECS "
+                             "stops the task once its agent reconnects. Resubmit the job (from its last "
+                             "checkpoint)."))
+        if not self.store.fail_unstopped(job.job_id, attempt, reason=reason, rounds=rounds, now=now,
+                                         also=self.notices.owe([notice], now)):
+            return False
+        self.notices.send([notice])
+        job_failed(self.metrics, self.data, job.job_id)
+        logger.warning("suspension not completed: job failed", extra={
+            "job_id": job.job_id, "unstopped": [r.rank for r in unstopped][:20], "nodes": nodes[:20]})
+        return True
 
     def sweep(self, job: Job, now: float) -> str:
         """The deadline of a SUSPENDING job passed: converge, then look again in a minute."""

@@ -268,18 +268,27 @@ class HeartbeatRepository:
         )
         return self.base.db.transact([rank_update, job_update])
 
-    def record_disconnected(self, rank: Rank, seen_at: float, hand_over_by: float) -> bool:
+    def record_disconnected(self, rank: Rank, seen_at: float, hand_over_by: float,
+                            job_state: JobState = JobState.NODE_LOST) -> bool:
         """The first reading of a lost node's ECS agent disconnected, on the job's first lost
         rank there (the intent: a later sweep visit that reads it disconnected again decides),
         and the job's ``heartbeat_escalate_at`` moved to ``hand_over_by`` (the recovery
-        sweep's backstop waits for that visit); only while the rank and its job are NODE_LOST."""
+        sweep's backstop waits for that visit); only while the rank is NODE_LOST and its job
+        in ``job_state`` as read (NODE_LOST, or SUSPENDING: no backstop moved, its suspension's
+        own deadline is the sweep's)."""
+        if job_state not in (JobState.NODE_LOST, JobState.SUSPENDING):
+            raise ValueError(f"a lost node's reading is kept for a NODE_LOST or SUSPENDING job, "
+                             f"not {job_state.value}")
         rank_update = self.base.rank_update(rank, RankState.NODE_LOST, from_states=[RankState.NODE_LOST],
                                             set_fields={DISCONNECTED_SEEN: seen_at})
+        fields: dict[str, Any] = {"updated_at": clock.now()}
+        if job_state is JobState.NODE_LOST:
+            fields["heartbeat_escalate_at"] = hand_over_by
         job_update = Update(
             table=self.base.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
-            set_fields={"heartbeat_escalate_at": hand_over_by, "updated_at": clock.now()},
+            set_fields=fields,
             condition="#att = :att AND #js = :js",
-            condition_values={":att": rank.attempt, ":js": JobState.NODE_LOST.value},
+            condition_values={":att": rank.attempt, ":js": job_state.value},
             condition_names={"#att": "attempt", "#js": "job_state"},
         )
         return self.base.db.transact([rank_update, job_update])

@@ -204,9 +204,12 @@ class NodeDecisionRepository:
         return self.instances.commit_leaving_check(instance, updates, leaving=releasing)
 
     def lost_job_failure(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None) -> Update:
-        """NODE_LOST -> FAILED on the same attempt (its node unreachable), with the fault's
-        evidence and decision and the intent to stop its ranks; for
-        :meth:`record` (``also``) or :meth:`fail_lost_job`."""
+        """NODE_LOST (or SUSPENDING: a node lost in a suspension's grace) -> FAILED on the same
+        attempt (its node unreachable), from the state as read, with the fault's evidence and
+        decision and the intent to stop its ranks; for :meth:`record` (``also``) or
+        :meth:`fail_lost_job`."""
+        if job.state not in (JobState.NODE_LOST, JobState.SUSPENDING):
+            raise ValueError(f"a lost node fails a NODE_LOST or SUSPENDING job, not {job.state.value}")
         now = clock.now()
         fields: dict[str, Any] = {"last_error": reason[:1000],
                                   **self.jobs.stop_fanout_fields(job.attempt, reason, now),
@@ -214,7 +217,7 @@ class NodeDecisionRepository:
         if last_fault is not None:
             fields["last_fault"] = last_fault
         return self.jobs.job_transition(
-            job.job_id, JobState.FAILED, from_states=[JobState.NODE_LOST], attempt=job.attempt,
+            job.job_id, JobState.FAILED, from_states=[job.state], attempt=job.attempt,
             reason=reason, actor="heartbeat", set_fields=fields)
 
     def fail_lost_job(self, job: Job, reason: str, last_fault: dict[str, Any] | None = None,

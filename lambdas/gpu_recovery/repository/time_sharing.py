@@ -276,6 +276,22 @@ class SuspensionRepository:
             extra_names={"#sp": "suspend", "#h": "hold"})
         return self.db.transact([update, *also]) if also else self.db.apply(update)
 
+    def fail_unstopped(self, job_id: str, attempt: int, *, reason: str, rounds: int, now: float,
+                       also: Sequence[Update] = ()) -> bool:
+        """SUSPENDING -> FAILED: the stop fan-out's ``rounds`` (as read: spent) passed with a rank
+        of ``attempt`` still not confirmed stopped. Only while the job is still SUSPENDING on that
+        attempt with that stop intent, its rounds not fewer than read (a STOPPED event that
+        finished the suspension first, or a newer intent, wins). The spent intent stays, due
+        ``now``: the sweep ends it (a terminal job's given-up stops) and the job leaves the
+        deadline index; FAILED holds no nodes, so the scheduler's tick releases the charge."""
+        return self.db.transact([self.base.job_transition(
+            job_id, JobState.FAILED, from_states=[JobState.SUSPENDING], attempt=attempt, reason=reason,
+            actor="recovery", set_fields={"last_error": reason[:1000], **self.base.job_deadline_fields(now)},
+            extra_condition="#sf.#sa = :att AND #sf.#r >= :r",
+            extra_values={":r": rounds},
+            extra_names={"#sf": "stop_fanout", "#sa": "attempt", "#r": "rounds"}),
+            *also])
+
     def decline_move(self, job_id: str, attempt: int, *, reason: str, moves: list[dict[str, Any]],
                      also: Sequence[Update] = ()) -> bool:
         """SUSPENDING -> RUNNING: a move off a warned node that the job did not take within its

@@ -57,6 +57,9 @@ UNREACHABLE_RULE = "builtin:node-unreachable"
 AGENT_DISCONNECTED_RULE = "builtin:ecs-agent-disconnected"
 # A node that stays in one of these may be quarantined by that decision.
 _UNREACHABLE_FROM = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
+# The job states the decision fails: NODE_LOST (a RUNNING job's lost rank), and SUSPENDING (a
+# rank lost in a suspension's grace: no stop can be confirmed, so it could never complete).
+_DECIDED_FROM = (JobState.NODE_LOST, JobState.SUSPENDING)
 
 
 def unreachable_plan(evidence: Evidence, policy: RemediationPolicy, history: Iterable[NodeFaultRecord],
@@ -90,6 +93,16 @@ def agent_disconnected_plan(evidence: Evidence, policy: RemediationPolicy, now: 
     escalation = escalate(Action.HEALTH_CHECK, AGENT_DISCONNECTED_RULE, (), now, policy.escalation)
     execute, record_only = policy.modes.split((Effect.STOP_TASKS,))
     return RemediationPlan(decision, escalation, Action.HEALTH_CHECK, False, None, execute, record_only, None)
+
+
+def _in_suspension(job: Job, inst_id: str, *, reason: str) -> str:
+    """The reason, for a SUSPENDING job naming the suspension that could not be completed."""
+    if job.state is not JobState.SUSPENDING or "suspension could not be completed" in reason:
+        return reason
+    kind = str(job.suspend.get("kind") or "")
+    return (f"{reason}; the job was being suspended ({kind or 'suspend'}) and its suspension could not be "
+            f"completed: its rank(s) on {inst_id} cannot be confirmed stopped, so it cannot be resumed "
+            "elsewhere (a rank still running could write its checkpoint)")
 
 
 def unreachable_decided(job: Job, inst_id: str) -> bool:
@@ -132,7 +145,8 @@ class NodeUnreachable:
 
         One transaction: the node decision (quarantine through the breaker, or only recorded
         in observe mode), the node's history with the evidence, and the job NODE_LOST ->
-        FAILED with its fault record; then the drain (its own intent, finished by the sweep)
+        FAILED (or, a node lost in a suspension's grace, SUSPENDING -> FAILED) with its fault
+        record; then the drain (its own intent, finished by the sweep)
         and the StopTask of every rank (intent per rank; ECS stops a rank on the lost node
         once its agent reconnects). A sweep that finds the job already FAILED by this
         decision asks the stops again (the lost ranks are stopped last, so they stay watched
@@ -148,8 +162,9 @@ class NodeUnreachable:
                     return "observed_before"
                 self._stop_all(job, lost, job.last_error or why, reissue=True)
                 return "converged"
-            if job.state is not JobState.NODE_LOST:
+            if job.state not in _DECIDED_FROM:
                 return "moved_on"
+            why = _in_suspension(job, inst_id, reason=why)
             raw = repo.get_instance_item(inst_id)
             now = clock.now()
             evidence = self.remediation.evidence(inst_id=inst_id, instance_item=raw,

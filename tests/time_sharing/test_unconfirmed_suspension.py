@@ -1,0 +1,99 @@
+"""A suspension whose ranks cannot all be confirmed stopped (a rank's node lost in the grace:
+StopTask goes to a disconnected agent and ECS never reports the task STOPPED) must not hold
+the job, or its quota charge, forever: once the stop fan-out's paced rounds are spent with a
+rank still not stopped, the job fails (it cannot be resumed elsewhere: a rank still running
+could write its checkpoint), its owner is e-mailed and the scheduler's tick releases its
+charge. Every rank stopped: SUSPENDED, as before (the recovery's fakes on moto's DynamoDB)."""
+
+from __future__ import annotations
+
+import boto3
+
+from gpu_recovery import constants as C
+from gpu_recovery.domain.time_sharing import SuspendKind
+from gpu_recovery.queue.time_sharing import TimeSharing
+from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS
+from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.time_sharing import HoldingRepository, QuotaCharge, QuotaRepository
+from gpu_recovery.settings import TimeSharingSettings
+from tests.recovery.fakes import REGION, World, world
+
+JobState = C.JobState
+NotificationKind = C.NotificationKind
+
+
+def charged(w: World) -> HoldingRepository:
+    """The job holds its two nodes against alice's quota (as the scheduler's launch claim wrote)."""
+    ddb = boto3.resource("dynamodb", region_name=REGION)
+    ddb.create_table(TableName="quota", BillingMode="PAY_PER_REQUEST", **C.table_definitions()["quota"])
+    holding = HoldingRepository(w.repo, QuotaRepository(ddb, "quota"))
+    charge = QuotaCharge("alice", 10, 2)
+    assert w.repo.db.transact([
+        Update(table="jobs", key={C.JOB_PK: C.job_item_key("j")},
+               set_fields=holding.charge_fields(charge, w.now[0])),
+        holding.quotas.charge_update(charge, limit_read=None, default_limit=None)])
+    return holding
+
+
+def preempted(w: World) -> list[str]:
+    """A running 2-rank queue job preempted, rank 0 calling go_suspend(): both ranks asked to stop."""
+    arns = w.register_queue_job("j", ["node-a", "node-b"])
+    assert w.service.request_suspend("j", 1, kind=SuspendKind.PREEMPTED, reason="preempted by job h",
+                                     grace_seconds=60, actor="scheduler", by_job="h")
+    assert w.service.go_suspend("j", 0, 1).action == "suspending"
+    assert sorted(w.ecs.stop_calls) == sorted(arns)
+    return arns
+
+
+def sweep_until_it_leaves_suspending(w: World, minutes: int) -> int:
+    """The recovery sweep every minute; the minutes it took the job to leave SUSPENDING."""
+    for minute in range(1, minutes + 1):
+        w.advance(60)
+        w.service.sweep()
+        if w.repo.get_job("j").state is not JobState.SUSPENDING:
+            return minute
+    return minutes + 1
+
+
+def test_a_suspension_whose_rank_is_never_confirmed_stopped_fails_the_job_once_its_stops_are_spent() -> None:
+    """Given a preempted job whose rank 1's node lost its ECS agent as it was being stopped (rank 0
+    stopped, rank 1's StopTask never confirmed), When the recovery sweep runs for hours, Then the job
+    does not stay SUSPENDING: once the stop rounds are spent (rank 1 asked 1 + MAX_STOP_ROUNDS times)
+    it is FAILED, the reason naming rank 1, its node and the suspension not completed; one FAILED
+    e-mail; the spent stop intent is ended and the job leaves the deadline index; the scheduler's
+    tick releases its quota charge."""
+    with world() as w:
+        arns = preempted(w)
+        holding = charged(w)
+        w.stopped_by_the_stack(arns[:1])  # rank 0 stopped; node-b's agent never answers
+        took = sweep_until_it_leaves_suspending(w, minutes=4 * 60)
+        job = w.repo.get_job("j")
+        assert job.state is JobState.FAILED, f"still {job.state.value} after {took} minutes"
+        assert w.ecs.stop_calls.count(arns[1]) == 1 + MAX_STOP_ROUNDS
+        assert w.ecs.stop_calls.count(arns[0]) == 1
+        error = job.last_error
+        assert "suspension could not be completed" in error and "rank 1" in error and "node-b" in error
+        [mail] = w.notifier.sent
+        assert mail.kind is NotificationKind.FAILED and "node-b" in mail.body
+        for _ in range(3):
+            w.advance(60)
+            w.service.sweep()
+        item = w.repo.get_job_item("j")
+        assert "stop_fanout" not in item and C.DEADLINE_SK not in item
+        assert w.ecs.stop_calls.count(arns[1]) == 1 + MAX_STOP_ROUNDS  # nothing asked again
+        sharing = TimeSharing(w.repo, holding, None, TimeSharingSettings())  # type: ignore[arg-type]
+        assert sharing.housekeeping(w.now[0])["released"] == ["j"]
+        assert int(holding.quotas.get("alice", 10)["used_nodes"]) == 0
+
+
+def test_a_suspension_whose_last_rank_stops_late_is_suspended_not_failed() -> None:
+    """Given the same suspension, When rank 1's agent reconnects during the paced rounds and ECS
+    reports its task STOPPED, Then the job is SUSPENDED (queued again), never failed."""
+    with world() as w:
+        arns = preempted(w)
+        w.stopped_by_the_stack(arns[:1])
+        assert sweep_until_it_leaves_suspending(w, minutes=30) == 31
+        w.stopped_by_the_stack(arns[1:])
+        job = w.repo.get_job("j")
+        assert job.state is JobState.SUSPENDED
+        assert w.notifier.sent == []
