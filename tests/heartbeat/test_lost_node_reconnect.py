@@ -171,6 +171,25 @@ def test_a_reconnect_whose_event_never_came_is_found_by_the_sweep(world) -> None
     assert world.instance_state(NODE) is InstanceState.AVAILABLE
 
 
+def test_a_missing_answer_at_the_sweeps_look_keeps_the_look(world) -> None:
+    """Given a lost node whose reconnect event is lost, When ECS answers it MISSING at the sweep's
+    look (ECS is eventually consistent), Then the sweep looks again 5 minutes later, finds its
+    agent back and starts its check (the look was dropped on the missing answer: found by the
+    node_wedged crash campaign, DescribeContainerInstances in its failure shape)."""
+    loop = _flagged_while_reporting(world)
+    loop.ecs.missing_nodes.add(NODE)
+    world.clock.advance(301)
+    loop.service.sweep()
+    assert _checks(loop) == [] and world.node_item(NODE).get(C.DEADLINE_SK) is not None
+    loop.ecs.missing_nodes.discard(NODE)
+    loop.ecs.agent_connected[NODE] = True
+    world.clock.advance(301)
+    loop.service.sweep()
+    [check] = _checks(loop)
+    assert loop.service.on_health_check_stopped(_stopped(check, 0)).action == "validation_passed"
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE
+
+
 def test_a_suspect_node_of_another_origin_is_untouched_by_a_reconnect(world) -> None:
     """Given a node SUSPECT for its telemetry, When a container-instance event of it arrives (a
     stale mark on it, or none), Then no check starts and it stays SUSPECT (its own path: a job's

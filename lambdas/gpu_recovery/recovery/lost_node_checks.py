@@ -35,7 +35,6 @@ from gpu_recovery import clock
 from gpu_recovery.constants import LOST_NODE_ATTRIBUTE
 from gpu_recovery.domain import validation as policy
 from gpu_recovery.domain.models import Instance, container_instance_id
-from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
@@ -140,9 +139,13 @@ class LostNodeChecks:
         (connected and ACTIVE: its check opens), its mark put if missing, looked at again."""
         inst_id = instance.container_inst_id
         described = self.ecs.describe_container_instance(instance.container_instance_arn or inst_id)
-        if described is None:  # ECS no longer knows it: no agent to wait for (a person's)
-            self.data.deadlines.clear_instance(inst_id, InstanceState.SUSPECT)
-            return "lost_node_not_in_ecs"
+        if described is None:
+            # ECS answered MISSING: no word on its agent this time (ECS is eventually consistent;
+            # as the reboot watch reads it). Looked at again: clearing the look here lost the
+            # node's only way back whenever its reconnect event was lost too; the rearm's
+            # condition (the lost node's flag, no check open) leaves a check opened meanwhile.
+            self.records.rearm_lost_node(instance, now + LOOK_SECONDS)
+            return "lost_node_not_described"
         if described.get("agentConnected") and described.get("status") == "ACTIVE":
             return self.reconnected(instance)
         if not any(a.get("name") == LOST_NODE_ATTRIBUTE for a in described.get("attributes") or []):
